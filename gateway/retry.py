@@ -1,0 +1,76 @@
+"""One retry helper for the whole gateway: exponential backoff with full jitter.
+
+Every network retry (model calls, platform sends, adapter reconnects) goes
+through :func:`retry_async`, so the policy lives in one place.  A caller says
+which failures are worth retrying through ``classify``: it returns ``None``
+for "give up now" or the minimum number of seconds the other side asked us
+to wait (``0.0`` when it said nothing, e.g. a plain 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delays of ``base * factor**attempt`` capped at ``cap``, with full jitter."""
+
+    base: float = 0.5
+    factor: float = 2.0
+    cap: float = 30.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        ceiling = min(self.cap, self.base * self.factor ** max(0, attempt))
+        return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+class RetryBudgetExhausted(Exception):
+    """Raised by nothing: the last error is re-raised.  Kept for readers looking for it."""
+
+
+async def retry_async(
+    call: Callable[[], Awaitable[T]],
+    *,
+    classify: Callable[[BaseException], float | None],
+    backoff: Backoff = Backoff(),
+    max_attempts: int = 5,
+    total_seconds: float | None = None,
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """Run ``call`` until it succeeds, ``classify`` says give up, or the budget is spent.
+
+    The budget is both ``max_attempts`` and ``total_seconds`` (wall time from
+    the first attempt): a wait that would cross the deadline is not taken and
+    the last error is raised instead.  ``on_retry(attempt, error, wait)`` is
+    called before each wait (for metrics and logs).
+    """
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classify decides
+            asked = classify(exc)
+            attempt += 1
+            if asked is None or attempt >= max_attempts:
+                raise
+            wait = max(asked, backoff.delay(attempt - 1))
+            if total_seconds is not None and time.monotonic() - started + wait > total_seconds:
+                raise
+            if on_retry is not None:
+                on_retry(attempt, exc, wait)
+            log.debug("retrying after %s (attempt %d, waiting %.2fs)", type(exc).__name__, attempt, wait)
+            await sleep(wait)

@@ -1,0 +1,66 @@
+import asyncio
+import time
+
+import pytest
+
+from gateway.ratelimit import RateLimiter, limiter_for
+from gateway.retry import Backoff, retry_async
+
+
+class Flaky(Exception):
+    def __init__(self, retry_after=0.0):
+        self.retry_after = retry_after
+
+
+async def test_retries_until_success_and_honours_the_servers_wait():
+    waits = []
+    calls = iter([Flaky(retry_after=7.0), Flaky(), "done"])
+
+    async def call():
+        item = next(calls)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def fake_sleep(s):
+        waits.append(s)
+
+    result = await retry_async(call, classify=lambda e: e.retry_after if isinstance(e, Flaky) else None,
+                               backoff=Backoff(base=0.1, cap=1.0), sleep=fake_sleep)
+    assert result == "done"
+    assert waits[0] >= 7.0 and 0.05 <= waits[1] <= 0.2
+
+
+async def test_gives_up_on_errors_classified_fatal():
+    async def call():
+        raise ValueError("bad request")
+
+    with pytest.raises(ValueError):
+        await retry_async(call, classify=lambda e: None)
+
+
+async def test_gives_up_when_the_total_time_would_be_exceeded():
+    attempts = 0
+
+    async def call():
+        nonlocal attempts
+        attempts += 1
+        raise Flaky(retry_after=60.0)
+
+    with pytest.raises(Flaky):
+        await retry_async(call, classify=lambda e: e.retry_after, total_seconds=5.0, max_attempts=10)
+    assert attempts == 1
+
+
+async def test_pause_holds_every_sender_of_the_token():
+    limiter = RateLimiter(rate=1000, burst=10)
+    limiter.pause(0.2)
+    started = time.monotonic()
+    await asyncio.gather(limiter.acquire(), limiter.acquire())
+    assert time.monotonic() - started >= 0.19
+
+
+async def test_one_limiter_per_token():
+    a = limiter_for("telegram", "123:abc", rate=30, burst=30)
+    assert limiter_for("telegram", "123:abc", rate=30, burst=30) is a
+    assert limiter_for("telegram", "456:def", rate=30, burst=30) is not a
