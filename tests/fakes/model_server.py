@@ -1,0 +1,207 @@
+"""A fake OpenAI-compatible model server on 127.0.0.1 (port 0) for tests and benchmarks.
+
+It speaks ``POST /v1/chat/completions`` (non-streaming) and ``GET /v1/models``,
+records every request, and answers by default with a reply that proves what
+the model was shown::
+
+    echo: <last user message> | turns: <number of user messages> | first: <first user message>
+
+Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
+one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``Hang``), and with
+``delay`` (seconds before every answer).  Run as a script it serves until
+killed, printing ``PORT <n>`` first (used by the benchmarks)::
+
+    python -m tests.fakes.model_server --delay 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class Reply:
+    text: str
+    prompt_tokens: int | None = None  # None: estimate from the request
+
+
+@dataclass
+class Fail:
+    status: int = 500
+    retry_after: float | None = None
+    message: str = "upstream failure"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict
+    call_id: str = "call_1"
+
+
+@dataclass
+class Hang:
+    seconds: float = 3600.0
+
+
+@dataclass
+class Recorded:
+    body: dict
+    headers: dict
+    at: float = field(default_factory=time.monotonic)
+
+    @property
+    def messages(self) -> list[dict]:
+        return self.body.get("messages", [])
+
+    @property
+    def last_user_text(self) -> str:
+        for m in reversed(self.messages):
+            if m.get("role") == "user":
+                return _text_of(m)
+        return ""
+
+
+def _text_of(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+class FakeModel:
+    def __init__(self, *, delay: float = 0.0, model_name: str = "fake-model"):
+        self.delay = delay
+        self.model_name = model_name
+        self.requests: list[Recorded] = []
+        self._script: list = []
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    # -- steering ---------------------------------------------------------
+    def script(self, *behaviours) -> None:
+        self._script.extend(behaviours)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def wait_for_requests(self, n: int, timeout: float = 10.0) -> list[Recorded]:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {n} model requests, got {len(self.requests)}")
+            await asyncio.sleep(0.01)
+        return self.requests
+
+    # -- server -----------------------------------------------------------
+    async def __aenter__(self) -> "FakeModel":
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Recorded(body=body, headers=dict(request.headers)))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            behaviour = self._script.pop(0) if self._script else None
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if isinstance(behaviour, Hang):
+                await asyncio.sleep(behaviour.seconds)
+            if isinstance(behaviour, Fail):
+                headers = {}
+                if behaviour.retry_after is not None:
+                    headers["Retry-After"] = str(behaviour.retry_after)
+                return web.json_response(
+                    {"error": {"message": behaviour.message, "type": "server_error"}},
+                    status=behaviour.status,
+                    headers=headers,
+                )
+            messages = body.get("messages", [])
+            prompt_tokens = sum(len(_text_of(m)) for m in messages) // 4 + 4 * len(messages)
+            if isinstance(behaviour, ToolCall):
+                message = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": behaviour.call_id,
+                            "type": "function",
+                            "function": {"name": behaviour.name, "arguments": json.dumps(behaviour.arguments)},
+                        }
+                    ],
+                }
+                finish = "tool_calls"
+            else:
+                if isinstance(behaviour, Reply):
+                    text = behaviour.text
+                    if behaviour.prompt_tokens is not None:
+                        prompt_tokens = behaviour.prompt_tokens
+                else:
+                    text = self.default_reply(messages)
+                message = {"role": "assistant", "content": text}
+                finish = "stop"
+            completion_tokens = len(message.get("content") or "") // 4 + 1
+            return web.json_response(
+                {
+                    "id": f"chatcmpl-{len(self.requests)}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", self.model_name),
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                }
+            )
+        finally:
+            self.in_flight -= 1
+
+    @staticmethod
+    def default_reply(messages: list[dict]) -> str:
+        users = [_text_of(m) for m in messages if m.get("role") == "user"]
+        last = users[-1] if users else ""
+        first = users[0] if users else ""
+        return f"echo: {last} | turns: {len(users)} | first: {first}"
+
+
+async def _serve(delay: float) -> None:
+    async with FakeModel(delay=delay) as fake:
+        print(f"PORT {fake.port}", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args()
+    try:
+        asyncio.run(_serve(args.delay))
+    except KeyboardInterrupt:
+        pass
