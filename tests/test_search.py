@@ -1,0 +1,347 @@
+"""Full-text search (state.fts): dispatch, sanitising, results, index sync."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from state import fts
+
+SESSIONS = """CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, user_id TEXT, user_name TEXT,
+    session_key TEXT, model TEXT, model_config TEXT, system_prompt TEXT, parent_session_id TEXT,
+    started_at REAL NOT NULL, ended_at REAL, end_reason TEXT, message_count INTEGER DEFAULT 0,
+    tool_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER DEFAULT 0, title TEXT)"""
+MESSAGES = """CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id), role TEXT NOT NULL, content TEXT, tool_call_id TEXT,
+    tool_calls TEXT, tool_name TEXT, timestamp REAL NOT NULL, token_count INTEGER, finish_reason TEXT,
+    reasoning TEXT, reasoning_details TEXT, codex_reasoning_items TEXT, platform_message_id TEXT)"""
+
+
+class Store:
+    """The two tables the state store owns, plus our install(): what search sees in production."""
+
+    def __init__(self, path):
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute(SESSIONS)
+        self.conn.execute(MESSAGES)
+        fts.install(self.conn)
+        self.clock = 1000.0
+
+    def session(self, sid, source="cli", model="m1"):
+        self.conn.execute("INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
+                          (sid, source, model, self.clock))
+        return sid
+
+    def add(self, sid, role, content=None, tool_calls=None, tool_name=None):
+        self.clock += 1
+        cur = self.conn.execute(
+            "INSERT INTO messages (session_id, role, content, tool_calls, tool_name, timestamp) VALUES (?,?,?,?,?,?)",
+            (sid, role, content, json.dumps(tool_calls) if tool_calls is not None else None, tool_name, self.clock),
+        )
+        return cur.lastrowid
+
+    def search(self, query, **kw):
+        return fts.search_messages(self.conn, query, **kw)
+
+    def ids(self, query, **kw):
+        return [hit["id"] for hit in self.search(query, **kw)]
+
+    def assert_in_sync(self):
+        for table in ("messages_fts", "messages_fts_trigram"):
+            self.conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "state.db")
+    yield s
+    s.conn.close()
+
+
+def call(name, **arguments):
+    return [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]
+
+
+# --- sanitize_query ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("docker deployment", '"docker" "deployment"'),
+        ('"exact phrase" here', '"exact phrase" "here"'),
+        ('say "unbalanced', '"say" "unbalanced"'),
+        ("chat-send", '"chat-send"'),
+        ("v1.2.3 config.yaml", '"v1.2.3" "config.yaml"'),
+        ("deploy*", '"deploy"*'),
+        ('"foo bar"*', '"foo bar"*'),
+        ("***", ""),
+        ("*deploy", '"deploy"'),
+        ("python NOT java", '"python" NOT "java"'),
+        ("docker OR kubernetes", '"docker" OR "kubernetes"'),
+        ("hello AND", '"hello"'),
+        ("AND OR NOT", ""),
+        ("NOT hello", '"hello"'),
+        ("a AND OR b", '"a" OR "b"'),
+        ("docker and kubernetes", '"docker" "and" "kubernetes"'),
+        ("NEAR(one two, 5)", '"one" "two" "5"'),
+        ("^start col:value (group)", '"start" "col" "value" "group"'),
+        ("C++ {x}", '"C" "x"'),
+        ("!!! ... ???", ""),
+        ('he said ""', '"he" "said"'),
+        ("tab\there\x00nul", '"tab" "here" "nul"'),
+        ("", ""),
+    ],
+)
+def test_sanitize_query(raw, expected):
+    assert fts.sanitize_query(raw) == expected
+
+
+def test_sanitize_keeps_at_most_max_terms():
+    assert fts.sanitize_query(" ".join(f"w{i}" for i in range(100))).count('"') == 2 * fts.MAX_TERMS
+
+
+# --- what a search returns -----------------------------------------------------
+
+
+def test_result_shape_with_context(store):
+    s = store.session("s1", source="telegram", model="gpt-x")
+    store.add(s, "user", "how do I restart the docker daemon?")
+    hit_id = store.add(s, "assistant", "Run systemctl restart docker and check the logs.")
+    store.add(s, "user", "x" * 300)
+    assert store.search("systemctl") == [
+        {
+            "id": hit_id,
+            "session_id": "s1",
+            "role": "assistant",
+            "timestamp": 1002.0,
+            "snippet": "Run >>>systemctl<<< restart docker and check the logs.",
+            "context": [
+                {"id": hit_id - 1, "role": "user", "content": "how do I restart the docker daemon?"},
+                {"id": hit_id + 1, "role": "user", "content": "x" * 200},
+            ],
+            "source": "telegram",
+            "model": "gpt-x",
+            "session_started": 1000.0,
+        }
+    ]
+
+
+def test_context_stays_inside_the_session(store):
+    a, b = store.session("a"), store.session("b")
+    store.add(a, "user", "alpha one")
+    only = store.add(b, "user", "lonely needle")
+    store.add(a, "user", "alpha two")
+    assert store.search("needle")[0]["context"] == []
+    assert only
+
+
+def test_words_in_tool_calls_and_tool_name_are_found_but_json_keys_are_not(store):
+    s = store.session("s1")
+    call_id = store.add(s, "assistant", None, tool_calls=call("web_search", query="zebrafish habitat"))
+    result_id = store.add(s, "tool", "3 results", tool_name="web_search")
+    assert store.ids("zebrafish") == [call_id]
+    assert sorted(store.ids("web_search")) == [call_id, result_id]
+    assert store.ids("arguments") == []
+    assert store.ids("function") == []
+    assert ">>>zebrafish<<<" in store.search("zebrafish")[0]["snippet"]
+
+
+def test_malformed_tool_calls_do_not_break_writes_or_search(store):
+    s = store.session("s1")
+    store.conn.execute(
+        "INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES (?, 'assistant', ?, 1)",
+        (s, "not json at all {"),
+    )
+    store.conn.execute(
+        "INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES (?, 'assistant', ?, 1)",
+        (s, json.dumps(["plain", 3, {"function": {"name": "calc", "arguments": {"x": "ocelot"}}}])),
+    )
+    assert len(store.ids("json")) == 1
+    assert len(store.ids("ocelot")) == 1
+    store.assert_in_sync()
+
+
+def test_hyphenated_and_dotted_terms(store):
+    s = store.session("s1")
+    hyph = store.add(s, "user", "the chat-send tool failed")
+    dot = store.add(s, "user", "upgrade to v1.2.3 today")
+    store.add(s, "user", "chat about how to send it")
+    assert store.ids("chat-send") == [hyph]
+    assert store.ids("v1.2.3") == [dot]
+
+
+def test_phrase_prefix_and_boolean_queries(store):
+    s = store.session("s1")
+    refused = store.add(s, "tool", "error: connection refused by host")
+    reset = store.add(s, "tool", "connection reset, request refused")
+    deployed = store.add(s, "user", "we deployed yesterday")
+    assert store.ids('"connection refused"') == [refused]
+    assert store.ids("deploy*") == [deployed]
+    assert sorted(store.ids("connection refused")) == [refused, reset]
+    assert store.ids("connection NOT reset") == [refused]
+    assert sorted(store.ids("yesterday OR host")) == [refused, deployed]
+
+
+def test_cjk_long_query_found_inside_a_sentence(store):
+    s = store.session("s1")
+    hit = store.add(s, "user", "我们昨天讨论了记忆断裂的问题，需要修复")
+    store.add(s, "user", "记忆很好，没有断裂")
+    assert store.ids("记忆断裂") == [hit]
+    assert store.search("记忆断裂")[0]["snippet"] == "我们昨天讨论了>>>记忆断裂<<<的问题，需要修复"
+
+
+def test_cjk_two_and_one_character_queries(store):
+    s = store.session("s1")
+    first = store.add(s, "user", "数据库断裂了")
+    second = store.add(s, "assistant", "请检查断裂的原因")
+    store.add(s, "user", "nothing chinese here")
+    assert store.ids("断裂") == [second, first]  # LIKE path: newest first
+    assert store.search("断裂")[0]["snippet"] == "请检查>>>断裂<<<的原因"
+    assert store.ids("库") == [first]
+
+
+def test_cjk_in_tool_call_arguments_escaped_as_ascii_json(store):
+    s = store.session("s1")
+    hit = store.add(s, "assistant", None, tool_calls=call("search", q="查询记忆断裂日志"))
+    assert "\\u" in store.conn.execute("SELECT tool_calls FROM messages WHERE id = ?", (hit,)).fetchone()[0]
+    assert store.ids("记忆断裂") == [hit]
+    assert store.ids("日志") == [hit]
+
+
+def test_mixed_cjk_queries_need_every_term(store):
+    s = store.session("s1")
+    both = store.add(s, "user", "AI 模型的记忆断裂")
+    store.add(s, "user", "模型的记忆断裂")
+    tested = store.add(s, "user", "记忆断裂测试 AI")
+    assert sorted(store.ids("记忆断裂 AI")) == [both, tested]
+    assert store.ids("记忆断裂 AI NOT 测试") == [both]
+    assert store.ids("记忆断裂 NOT 测试 NOT 模型") == []
+
+
+def test_cjk_is_case_insensitive_for_latin_terms(store):
+    s = store.session("s1")
+    hit = store.add(s, "user", "Docker 容器启动失败")
+    assert store.ids("docker 容器启动") == [hit]
+    assert store.ids("DOCKER") == [hit]
+
+
+def test_filters(store):
+    cli, tg = store.session("c", source="cli"), store.session("t", source="telegram")
+    dc = store.session("d", source="discord")
+    u_cli = store.add(cli, "user", "shared word")
+    a_tg = store.add(tg, "assistant", "shared word")
+    u_dc = store.add(dc, "user", "shared word")
+    assert store.ids("shared", source_filter=["cli"]) == [u_cli]
+    assert store.ids("shared", source_filter="telegram") == [a_tg]
+    assert sorted(store.ids("shared", exclude_sources=["telegram", "discord"])) == [u_cli]
+    assert sorted(store.ids("shared", role_filter=["user"])) == [u_cli, u_dc]
+    assert store.ids("shared", role_filter=["user"], exclude_sources=["cli"]) == [u_dc]
+    # the CJK paths honour the filters too
+    zh_cli = store.add(cli, "user", "记忆断裂")
+    store.add(tg, "user", "记忆断裂")
+    assert store.ids("记忆断裂", source_filter=["cli"]) == [zh_cli]
+    assert store.ids("断裂", source_filter=["cli"]) == [zh_cli]
+
+
+def test_limit(store):
+    s = store.session("s1")
+    for i in range(30):
+        store.add(s, "user", f"repeat {i}")
+    assert len(store.search("repeat")) == 20
+    assert len(store.search("repeat", limit=5)) == 5
+    assert store.search("repeat", limit=0) == []
+    assert len(store.search("断", limit=3)) == 0
+
+
+# --- ranking -----------------------------------------------------------------
+
+
+def test_best_match_first_then_newest(store):
+    s = store.session("s1")
+    weak = store.add(s, "user", "the kernel panicked after a long and winding upgrade of many packages")
+    strong = store.add(s, "user", "kernel kernel kernel")
+    tie_old = store.add(s, "user", "kernel bug")
+    tie_new = store.add(s, "user", "kernel bug")
+    assert store.ids("kernel") == [strong, tie_new, tie_old, weak]
+
+
+def test_ranking_only_looks_at_the_most_recent_window(store, monkeypatch):
+    monkeypatch.setattr(fts, "RANK_WINDOW", 3)
+    s = store.session("s1")
+    best_but_old = store.add(s, "user", "orca orca orca")
+    recent = [store.add(s, "user", f"an orca was seen near the pier number {i}") for i in range(3)]
+    got = store.ids("orca", limit=3)
+    assert best_but_old not in got
+    assert sorted(got) == recent
+    monkeypatch.setattr(fts, "RANK_WINDOW", 4)
+    assert store.ids("orca", limit=3)[0] == best_but_old
+
+
+# --- the index stays in sync --------------------------------------------------
+
+
+def test_update_and_delete_keep_both_indexes_in_sync(store):
+    s = store.session("s1")
+    mid = store.add(s, "user", "original words 原来的内容")
+    store.conn.execute("UPDATE messages SET content = ? WHERE id = ?", ("replacement 新的内容文字", mid))
+    assert store.ids("original") == []
+    assert store.ids("原来的") == []
+    assert store.ids("replacement") == [mid]
+    assert store.ids("新的内容") == [mid]
+    # an English message that gains CJK moves into the trigram index, and back out
+    store.conn.execute("UPDATE messages SET content = 'plain english' WHERE id = ?", (mid,))
+    assert store.ids("新的内容") == []
+    store.assert_in_sync()
+    store.conn.execute("DELETE FROM messages WHERE id = ?", (mid,))
+    assert store.ids("plain") == []
+    store.assert_in_sync()
+
+
+def test_only_cjk_messages_enter_the_trigram_index(store):
+    s = store.session("s1")
+    store.add(s, "user", "english only")
+    zh = store.add(s, "user", "中文内容")
+    store.add(s, "assistant", None)
+    rows = store.conn.execute("SELECT id FROM messages_fts_trigram_docsize").fetchall()
+    assert rows == [(zh,)]
+
+
+def test_rebuild_restores_a_damaged_index(store):
+    s = store.session("s1")
+    keep = store.add(s, "user", "persistent memory 持久的记忆")
+    store.conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('delete-all')")
+    store.conn.execute("INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES ('delete-all')")
+    assert store.ids("persistent") == []
+    fts.rebuild(store.conn)
+    assert store.ids("persistent") == [keep]
+    assert store.ids("持久的记忆") == [keep]
+    store.assert_in_sync()
+
+
+def test_install_is_idempotent_and_replaces_the_seed_index(tmp_path):
+    conn = sqlite3.connect(tmp_path / "seed.db", isolation_level=None)
+    conn.execute(SESSIONS)
+    conn.execute(MESSAGES)
+    # the seed's single external-content table and its triggers
+    conn.execute("CREATE VIRTUAL TABLE messages_fts USING fts5(content, content=messages, content_rowid=id)")
+    conn.execute("""CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END""")
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 1)")
+    conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'old 旧的消息内容', 1)")
+    conn.execute("BEGIN IMMEDIATE")
+    fts.install(conn)
+    conn.execute("COMMIT")
+    assert fts.installed_version(conn) == fts.INDEX_VERSION
+    assert [h["id"] for h in fts.search_messages(conn, "old")] == [1]
+    assert [h["id"] for h in fts.search_messages(conn, "旧的消息")] == [1]
+    before = conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
+    fts.install(conn)
+    assert conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall() == before
+    changes = conn.total_changes
+    fts.install(conn)
+    assert conn.total_changes == changes
+    conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'new', 2)")
+    assert [h["id"] for h in fts.search_messages(conn, "new")] == [2]

@@ -1,0 +1,83 @@
+"""Any user string given to search returns results or nothing, never an error."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from state import fts
+
+from test_search import Store
+
+# FTS5 syntax, operators, punctuation, CJK and ordinary words, mixed freely
+_PIECES = st.sampled_from(
+    ['"', "'", "*", "^", "(", ")", "{", "}", ":", "-", "+", ",", ".", "NEAR", "NEAR(", "AND", "OR", "NOT",
+     "and", "or", " ", "  ", "\t", "\n", "\\", "%", "_", "[", "]", "docker", "deploy", "chat-send", "v1.2",
+     "记忆", "断裂", "记忆断裂", "的", "ｈｅｌｌｏ", "é", "\u200b", "\u202e", "\x00", "\ud800", "🙂", "col:x",
+     "rowid", "rank", "MATCH", "'; DROP TABLE messages; --"]
+)
+QUERIES = st.one_of(
+    st.text(max_size=60),
+    st.lists(_PIECES, max_size=25).map("".join),
+    st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=12).map(" ".join),
+)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = Store(tmp_path_factory.mktemp("prop") / "state.db")
+    sid = s.session("s1")
+    for text in ["docker deploy failed", "chat-send works", "我们讨论了记忆断裂的问题", "NEAR the rowid",
+                 "v1.2 release", "100% done", "under_score", "ｈｅｌｌｏ wide", "emoji 🙂 here"]:
+        s.add(sid, "user", text)
+    yield s
+    s.conn.close()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=QUERIES)
+def test_any_query_returns_a_list_and_never_raises(store, query, caplog):
+    with caplog.at_level(logging.WARNING, logger="state.fts"):
+        hits = store.search(query)
+    assert isinstance(hits, list)
+    assert all(">>>" in h["snippet"] for h in hits)
+    # the sanitiser alone made the query valid: the last-resort guard never fired
+    assert caplog.records == []
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=QUERIES)
+def test_sanitized_queries_are_valid_fts5(store, query):
+    match = fts.sanitize_query(query)
+    if match:
+        store.conn.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (match,)).fetchone()
+
+
+@pytest.mark.parametrize(
+    "query",
+    ['"', '""', "*", "^", "NEAR", "NEAR(", "AND", "OR NOT", "(((", ":", "-", "\x00", "\ud800",
+     "x" * 10_240, "记忆断裂 " * 2_000, '"' * 10_240, "a OR " * 2_000, "NOT " * 3_000],
+)
+def test_hostile_queries(store, query, caplog):
+    with caplog.at_level(logging.WARNING, logger="state.fts"):
+        assert isinstance(store.search(query), list)
+    assert caplog.records == []
+
+
+def test_non_string_query_and_odd_limits(store):
+    assert store.search(None) == []
+    assert store.search("docker", limit="7")[0]["snippet"] == ">>>docker<<< deploy failed"
+    assert store.search("docker", limit=None)[0]["id"] == 1
+    assert store.search("docker", limit=-1) == []
+
+
+def test_search_on_a_read_only_connection(store, tmp_path):
+    ro = sqlite3.connect(f"file:{store.conn.execute('PRAGMA database_list').fetchone()[2]}?mode=ro", uri=True)
+    try:
+        assert [h["id"] for h in fts.search_messages(ro, "记忆断裂")] == [3]
+    finally:
+        ro.close()
