@@ -1,0 +1,46 @@
+"""The state store: sessions and messages in one shared SQLite database (WAL).
+
+    from state import SessionDB
+    db = SessionDB()            # $SWITCHBOARD_HOME/state.db, ~/.switchboard by default
+    sid = db.create_session(new_session_id(), "telegram", model="gpt-4o")
+    db.append_message(sid, "user", "hello")
+
+The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
+``state`` imports nothing from ``gateway``, ``adapters`` or ``compression``.
+"""
+
+from ._messages import Appended
+from .aio import AsyncSessionDB
+from .db import SessionDB
+from .errors import (
+    AmbiguousSession,
+    DatabaseRefused,
+    ImportFileError,
+    InvalidTitle,
+    NotADatabase,
+    SchemaTooNew,
+    SessionNotFound,
+    StateError,
+    TitleConflict,
+    WriteTimeout,
+)
+from .paths import default_db_path, default_home, new_session_id
+
+__all__ = [
+    "AmbiguousSession",
+    "Appended",
+    "AsyncSessionDB",
+    "DatabaseRefused",
+    "ImportFileError",
+    "InvalidTitle",
+    "NotADatabase",
+    "SchemaTooNew",
+    "SessionDB",
+    "SessionNotFound",
+    "StateError",
+    "TitleConflict",
+    "WriteTimeout",
+    "default_db_path",
+    "default_home",
+    "new_session_id",
+]

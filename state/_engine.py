@@ -1,0 +1,220 @@
+"""Connections and transactions: the one place that talks to sqlite3 directly.
+
+Every public method of :class:`state.SessionDB` is a plain function taking a
+connection, run either by :meth:`Engine.write` (one write connection, one
+``BEGIN IMMEDIATE`` transaction, patience measured in seconds) or by
+:meth:`Engine.read` (a connection per thread, one snapshot).  The async
+facade runs the same calls on its own threads, so there is one
+implementation.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from . import schema
+from ._lock import ProcessWriteLock
+from .errors import NotADatabase, StateError, WriteTimeout
+from .paths import prepare_db_file
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHECKPOINT_EVERY = 50  # writes between PASSIVE checkpoints
+_BUSY = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _BUSY
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+class Engine:
+    """Owns the write connection, the per-thread read connections and the write lock."""
+
+    def __init__(self, path: Path, *, write_timeout: float = 10.0, process_lock: bool = True):
+        self.path = Path(path)
+        self.write_timeout = float(write_timeout)
+        self._write_mutex = threading.Lock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_mutex = threading.Lock()
+        self._writes = 0
+        self._closed = False
+        self._wconn: sqlite3.Connection | None = None
+        self._plock: ProcessWriteLock | None = None
+        prepare_db_file(self.path)
+        self._wconn = self._connect(timeout=0.0)
+        try:
+            self._open_schema(self._wconn)
+        except BaseException:
+            self._wconn.close()
+            self._wconn = None
+            raise
+        if process_lock:
+            try:
+                self._plock = ProcessWriteLock(self.path.with_name(self.path.name + "-lock"))
+            except OSError as exc:  # read-only directory: SQLite's lock alone still keeps writes safe
+                log.warning("no writer queue file next to %s (%s); writes still work, slower under contention", self.path, exc)
+
+    # --- connections -------------------------------------------------------
+
+    def _connect(self, *, timeout: float) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise NotADatabase(str(self.path), f"cannot be opened ({exc})") from exc
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise NotADatabase(str(self.path)) from exc
+        return conn
+
+    def _open_schema(self, conn: sqlite3.Connection) -> None:
+        """Check the version (reading only); migrate under the write lock only when due."""
+        version = self._retry_busy(lambda: schema.read_version(conn, str(self.path)), time.monotonic() + self.write_timeout)
+        if version < schema.current_version():
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"), time.monotonic() + self.write_timeout)
+            self._begin_immediate(conn, time.monotonic() + self.write_timeout, time.monotonic())
+            try:
+                again = schema.read_version(conn, str(self.path))  # another process may have migrated meanwhile
+                if again < schema.current_version():
+                    log.info("migrating %s from schema %d to %d", self.path, again, schema.current_version())
+                    schema.migrate(conn, again)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        conn.execute("PRAGMA synchronous = NORMAL")
+
+    def _reader(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StateError("the state store is closed: open a new SessionDB")
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect(timeout=self.write_timeout)
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+            with self._readers_mutex:
+                self._readers.append(conn)
+        return conn
+
+    # --- transactions ------------------------------------------------------
+
+    def read(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, ...)`` on this thread's read connection, inside one snapshot."""
+        conn = self._reader()
+        conn.execute("BEGIN")
+        try:
+            return fn(conn, *args, **kwargs)
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+    def write(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, ...)`` in one ``BEGIN IMMEDIATE`` transaction: all of it or none.
+
+        Waits for other writers up to ``write_timeout`` seconds in total, then
+        raises :class:`WriteTimeout` with nothing written.
+        """
+        with self._write_mutex:
+            if self._closed or self._wconn is None:
+                raise StateError("the state store is closed: open a new SessionDB")
+            conn = self._wconn
+            start = time.monotonic()
+            deadline = start + self.write_timeout
+            queued = False
+            if self._plock is not None:
+                if not self._plock.acquire(deadline):
+                    raise WriteTimeout(str(self.path), time.monotonic() - start)
+                queued = True
+            try:
+                self._begin_immediate(conn, deadline, start)
+                try:
+                    result = fn(conn, *args, **kwargs)
+                    self._retry_busy(lambda: conn.execute("COMMIT"), deadline)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            finally:
+                if queued:
+                    self._plock.release()
+            self._writes += 1
+            if self._writes % CHECKPOINT_EVERY == 0:
+                self._checkpoint(conn, "PASSIVE")
+            return result
+
+    def _begin_immediate(self, conn: sqlite3.Connection, deadline: float, start: float) -> None:
+        try:
+            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), deadline)
+        except WriteTimeout:
+            raise WriteTimeout(str(self.path), time.monotonic() - start) from None
+
+    def _retry_busy(self, op: Callable[[], Any], deadline: float) -> Any:
+        """Retry ``op`` while the database is busy, with random jitter, until ``deadline``."""
+        delay = 0.001
+        while True:
+            try:
+                return op()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WriteTimeout(str(self.path), self.write_timeout) from exc
+                # jitter breaks the lock-step retries of competing processes
+                time.sleep(min(remaining, random.uniform(0.5, 1.5) * delay))
+                delay = min(delay * 2, 0.05)
+
+    # --- maintenance -------------------------------------------------------
+
+    def _checkpoint(self, conn: sqlite3.Connection, mode: str) -> tuple[int, int, int]:
+        try:
+            row = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+            return tuple(row)  # (busy, wal pages, checkpointed pages)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                return (1, -1, -1)
+            raise
+
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        mode = mode.upper()
+        if mode not in {"PASSIVE", "FULL", "RESTART", "TRUNCATE"}:
+            raise ValueError(f"checkpoint mode must be PASSIVE, FULL, RESTART or TRUNCATE, not {mode!r}")
+        with self._write_mutex:
+            if self._wconn is None:
+                raise StateError("the state store is closed: open a new SessionDB")
+            return self._checkpoint(self._wconn, mode)
+
+    def close(self) -> None:
+        with self._write_mutex:
+            if self._closed:
+                return
+            self._closed = True
+            if self._wconn is not None:
+                try:
+                    self._checkpoint(self._wconn, "PASSIVE")
+                except sqlite3.Error:
+                    pass
+                self._wconn.close()
+                self._wconn = None
+            if self._plock is not None:
+                self._plock.close()
+        with self._readers_mutex:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()

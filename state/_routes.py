@@ -1,0 +1,40 @@
+"""The routing table: which session a session key currently talks to."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from ._titles import like_escape
+from .errors import SessionNotFound
+
+
+def get_route(conn: sqlite3.Connection, session_key: str) -> str | None:
+    row = conn.execute("SELECT session_id FROM routes WHERE session_key = ?", (session_key,)).fetchone()
+    return row[0] if row else None
+
+
+def set_route(conn: sqlite3.Connection, session_key: str, session_id: str) -> None:
+    if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+        raise SessionNotFound(session_id)
+    conn.execute(
+        "INSERT INTO routes (session_key, session_id, updated_at) VALUES (?, ?, ?) "
+        "ON CONFLICT(session_key) DO UPDATE SET session_id = excluded.session_id, updated_at = excluded.updated_at",
+        (session_key, session_id, time.time()),
+    )
+
+
+def delete_route(conn: sqlite3.Connection, session_key: str) -> bool:
+    return conn.execute("DELETE FROM routes WHERE session_key = ?", (session_key,)).rowcount > 0
+
+
+def list_routes(conn: sqlite3.Connection, prefix: str | None = None) -> list[tuple[str, str]]:
+    if prefix:
+        rows = conn.execute(
+            "SELECT session_key, session_id FROM routes WHERE session_key LIKE ? ESCAPE '\\' ORDER BY session_key",
+            (like_escape(prefix) + "%",),
+        )
+    else:
+        rows = conn.execute("SELECT session_key, session_id FROM routes ORDER BY session_key")
+    # LIKE ignores ASCII case; keys are case-sensitive
+    return [(r[0], r[1]) for r in rows if not prefix or r[0].startswith(prefix)]

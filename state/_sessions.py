@@ -1,0 +1,289 @@
+"""Session rows: lifecycle, counters, lineage, listing, deletion."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any, Iterable
+
+from ._titles import check_free, like_escape, resolve_session_by_title, sanitize_title
+from .errors import AmbiguousSession, SessionNotFound
+
+PREVIEW_CHARS = 60
+_MAX_DEPTH = 10_000  # lineage walks stop here even if a cycle was written by hand
+
+
+def create_session(
+    conn: sqlite3.Connection,
+    session_id: str,
+    source: str,
+    model: str | None = None,
+    user_id: str | None = None,
+    parent_session_id: str | None = None,
+    *,
+    system_prompt: str | None = None,
+    model_config: Any = None,
+    session_key: str | None = None,
+    user_name: str | None = None,
+    title: str | None = None,
+    started_at: float | None = None,
+) -> str:
+    """Insert a session; creating an id that exists already changes nothing."""
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+        return session_id
+    if parent_session_id is not None and not conn.execute(
+        "SELECT 1 FROM sessions WHERE id = ?", (parent_session_id,)
+    ).fetchone():
+        raise SessionNotFound(parent_session_id)
+    clean = sanitize_title(title)
+    if clean:
+        check_free(conn, clean, session_id)
+    if model_config is not None and not isinstance(model_config, str):
+        model_config = json.dumps(model_config)
+    now = time.time() if started_at is None else started_at
+    conn.execute(
+        """INSERT INTO sessions (id, source, user_id, user_name, session_key, model, model_config,
+                                 system_prompt, parent_session_id, started_at, last_active, title)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (session_id, source, user_id, user_name, session_key, model, model_config,
+         system_prompt, parent_session_id, now, now, clean),
+    )
+    return session_id
+
+
+def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str) -> bool:
+    """Mark ended; the first end wins (ending twice keeps the first time and reason)."""
+    cur = conn.execute(
+        "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
+        (time.time(), end_reason, session_id),
+    )
+    return cur.rowcount > 0
+
+
+def reopen_session(conn: sqlite3.Connection, session_id: str) -> bool:
+    cur = conn.execute("UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?", (session_id,))
+    return cur.rowcount > 0
+
+
+def update_system_prompt(conn: sqlite3.Connection, session_id: str, system_prompt: str | None) -> bool:
+    return conn.execute("UPDATE sessions SET system_prompt = ? WHERE id = ?", (system_prompt, session_id)).rowcount > 0
+
+
+_TOKEN_COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
+_COSTS = ("estimated_cost_usd", "actual_cost_usd")
+_BILLING_TEXT = ("model", "billing_provider", "billing_base_url", "billing_mode", "cost_status", "cost_source", "pricing_version")
+
+
+def update_token_counts(conn: sqlite3.Connection, session_id: str, **values: Any) -> bool:
+    """Add token counts and costs to the session's totals; set the billing labels given."""
+    unknown = set(values) - set(_TOKEN_COUNTERS) - set(_COSTS) - set(_BILLING_TEXT)
+    if unknown:
+        raise TypeError(f"update_token_counts() got unexpected arguments: {', '.join(sorted(unknown))}")
+    sets: list[str] = []
+    params: list[Any] = []
+    for name in _TOKEN_COUNTERS:
+        sets.append(f"{name} = COALESCE({name}, 0) + ?")
+        params.append(int(values.get(name) or 0))
+    for name in _COSTS:
+        if values.get(name) is not None:
+            sets.append(f"{name} = COALESCE({name}, 0) + ?")
+            params.append(float(values[name]))
+    for name in _BILLING_TEXT:
+        if values.get(name) is not None:
+            sets.append(f"{name} = ?")
+            params.append(values[name])
+    params.append(session_id)
+    return conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", params).rowcount > 0
+
+
+def get_session(conn: sqlite3.Connection, session_id: str) -> dict | None:
+    row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return dict(row) if row else None
+
+
+def resolve_session_id(conn: sqlite3.Connection, ref: str) -> str:
+    """An exact id, a unique id prefix, or a title (the newest of its lineage)."""
+    ref = (ref or "").strip()
+    if not ref:
+        raise SessionNotFound(ref)
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
+        return ref
+    rows = conn.execute(
+        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 51",
+        (like_escape(ref) + "%",),
+    ).fetchall()
+    rows = [r for r in rows if r[0].startswith(ref)]  # LIKE ignores ASCII case; ids do not
+    if len(rows) == 1:
+        return rows[0][0]
+    if len(rows) > 1:
+        raise AmbiguousSession(ref, [r[0] for r in rows])
+    by_title = resolve_session_by_title(conn, ref)
+    if by_title:
+        return by_title
+    raise SessionNotFound(ref)
+
+
+# --- lineage ---------------------------------------------------------------
+
+
+def get_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict]:
+    """The chain of ancestors from the root down to ``session_id`` itself (empty if unknown)."""
+    rows = conn.execute(
+        """WITH RECURSIVE up(id, depth) AS (
+               SELECT id, 0 FROM sessions WHERE id = ?
+               UNION ALL
+               SELECT s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.id
+               WHERE s.parent_session_id IS NOT NULL AND up.depth < ?)
+           SELECT s.* FROM up JOIN sessions s ON s.id = up.id ORDER BY up.depth DESC""",
+        (session_id, _MAX_DEPTH),
+    ).fetchall()
+    return [dict(r) for r in rows]
+
+
+def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict]:
+    """Every session below ``session_id`` (children, their children ...), oldest first."""
+    rows = conn.execute(
+        """WITH RECURSIVE down(id, depth) AS (
+               SELECT id, 0 FROM sessions WHERE id = ?
+               UNION
+               SELECT s.id, down.depth + 1 FROM sessions s JOIN down ON s.parent_session_id = down.id
+               WHERE down.depth < ?)
+           SELECT s.* FROM down JOIN sessions s ON s.id = down.id WHERE down.depth > 0
+           ORDER BY s.started_at, s.id""",
+        (session_id, _MAX_DEPTH),
+    ).fetchall()
+    return [dict(r) for r in rows]
+
+
+def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str:
+    """Follow continuations of sessions ended by compression; the live end of the chain.
+
+    A session ended with ``end_reason='compression'`` continues in its newest
+    child (children started after the end are preferred over older ones,
+    which are delegations rather than continuations).  Returns
+    ``session_id`` itself when it was not compressed or is unknown.
+    """
+    current = session_id
+    seen = {current}
+    while True:
+        row = conn.execute(
+            """SELECT c.id FROM sessions p JOIN sessions c ON c.parent_session_id = p.id
+               WHERE p.id = ? AND p.end_reason = 'compression'
+               ORDER BY (c.started_at >= p.ended_at) DESC, c.started_at DESC, c.id DESC LIMIT 1""",
+            (current,),
+        ).fetchone()
+        if row is None or row[0] in seen:
+            return current
+        current = row[0]
+        seen.add(current)
+
+
+# --- listing ---------------------------------------------------------------
+
+
+def _with_preview(row: sqlite3.Row | dict) -> dict:
+    session = dict(row)
+    raw = (session.get("preview") or "").strip()
+    session["preview"] = raw[:PREVIEW_CHARS] + ("..." if len(raw) > PREVIEW_CHARS else "")
+    if session.get("last_active") is None:
+        session["last_active"] = session.get("started_at")
+    return session
+
+
+def list_sessions_rich(
+    conn: sqlite3.Connection,
+    source: str | None = None,
+    limit: int = 20,
+    offset: int = 0,
+    include_children: bool = False,
+    user_ids: Iterable[str] | None = None,
+    session_key: str | None = None,
+) -> list[dict]:
+    """Newest sessions first, each with ``preview`` (first user message) and ``last_active``.
+
+    Unless ``include_children``, child sessions are not listed on their own and a
+    compression chain shows as one row: its tip's, with ``lineage_root`` set to
+    the first session of the chain.  Reads one index and the session rows only:
+    preview and last activity are kept on the row as messages are appended.
+    """
+    where: list[str] = []
+    params: list[Any] = []
+    if source:
+        where.append("source = ?")
+        params.append(source)
+    if user_ids is not None:
+        ids = list(user_ids)
+        where.append(f"user_id IN ({', '.join('?' * len(ids))})" if ids else "0")
+        params.extend(ids)
+    if session_key is not None:
+        where.append("session_key = ?")
+        params.append(session_key)
+    if not include_children:
+        where.append("parent_session_id IS NULL")
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = conn.execute(
+        f"SELECT * FROM sessions {clause} ORDER BY started_at DESC, id DESC LIMIT ? OFFSET ?",
+        (*params, int(limit), int(offset)),
+    ).fetchall()
+    result = []
+    for row in rows:
+        session = _with_preview(row)
+        if not include_children and session.get("end_reason") == "compression":
+            tip_id = get_compression_tip(conn, session["id"])
+            if tip_id != session["id"]:
+                tip = _with_preview(get_session(conn, tip_id) or session)
+                tip["preview"] = tip["preview"] or session["preview"]
+                tip["lineage_root"] = session["id"]
+                session = tip
+        result.append(session)
+    return result
+
+
+def session_count(conn: sqlite3.Connection, source: str | None = None) -> int:
+    if source:
+        return conn.execute("SELECT COUNT(*) FROM sessions WHERE source = ?", (source,)).fetchone()[0]
+    return conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+
+
+# --- deletion --------------------------------------------------------------
+
+
+def _delete_ids(conn: sqlite3.Connection, ids: list[str]) -> None:
+    """Delete sessions, their messages and routes; their children stay, unparented."""
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        marks = ", ".join("?" * len(chunk))
+        conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN ({marks})", chunk)
+        conn.execute(f"DELETE FROM routes WHERE session_id IN ({marks})", chunk)
+        conn.execute(f"DELETE FROM messages WHERE session_id IN ({marks})", chunk)
+        conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
+
+
+def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
+    """Delete a session and its messages; returns False if it did not exist."""
+    if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+        return False
+    _delete_ids(conn, [session_id])
+    return True
+
+
+def prune_candidates(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None) -> list[str]:
+    """Ended sessions whose last activity (start, last message or end) is older than the cutoff."""
+    cutoff = time.time() - older_than_days * 86400
+    sql = (
+        "SELECT id FROM sessions WHERE ended_at IS NOT NULL "
+        "AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
+    )
+    params: list[Any] = [cutoff]
+    if source:
+        sql += " AND source = ?"
+        params.append(source)
+    return [r[0] for r in conn.execute(sql + " ORDER BY started_at", params)]
+
+
+def prune_sessions(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None) -> int:
+    """Delete ended sessions older than the cutoff; children are kept with their parent link cleared."""
+    ids = prune_candidates(conn, older_than_days, source)
+    _delete_ids(conn, ids)
+    return len(ids)

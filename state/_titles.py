@@ -1,0 +1,97 @@
+"""Session titles: cleaning, uniqueness and ``title #N`` lineages."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+from .errors import InvalidTitle, TitleConflict
+
+MAX_TITLE_LENGTH = 100
+
+# C0/C1 controls except the whitespace we fold into spaces below
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# zero-width characters, bidi embeddings/overrides/isolates, BOM, object replacement
+_INVISIBLE = re.compile("[\u200b-\u200f\u2028-\u202e\u2060-\u2069\u061c\u180e\ufeff\ufff9-\ufffc]")
+_SPACES = re.compile(r"\s+")
+_NUMBERED = re.compile(r"^(.*?) #(\d+)$")
+
+
+def sanitize_title(title: str | None) -> str | None:
+    """Strip invisible and control characters, fold whitespace; empty becomes None.
+
+    Raises :class:`InvalidTitle` when more than 100 characters remain.
+    """
+    if title is None:
+        return None
+    cleaned = _INVISIBLE.sub("", _CONTROL.sub("", str(title)))
+    cleaned = _SPACES.sub(" ", cleaned).strip()
+    if not cleaned:
+        return None
+    if len(cleaned) > MAX_TITLE_LENGTH:
+        raise InvalidTitle(f"{len(cleaned)} characters, at most {MAX_TITLE_LENGTH}: shorten it")
+    return cleaned
+
+
+def like_escape(text: str) -> str:
+    """Escape LIKE wildcards; use with ``ESCAPE '\\'``."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def check_free(conn: sqlite3.Connection, title: str, session_id: str) -> None:
+    row = conn.execute("SELECT id FROM sessions WHERE title = ? AND id != ?", (title, session_id)).fetchone()
+    if row:
+        raise TitleConflict(title, row[0])
+
+
+def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> bool:
+    clean = sanitize_title(title)
+    if clean:
+        check_free(conn, clean, session_id)
+    return conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, session_id)).rowcount > 0
+
+
+def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
+    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return row[0] if row else None
+
+
+def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict | None:
+    row = conn.execute("SELECT * FROM sessions WHERE title = ?", (title,)).fetchone()
+    return dict(row) if row else None
+
+
+def _lineage_rows(conn: sqlite3.Connection, base: str) -> list[sqlite3.Row]:
+    """The session titled ``base`` and those titled ``base #N``, newest first."""
+    rows = conn.execute(
+        "SELECT id, title, started_at FROM sessions WHERE title = ? OR title LIKE ? ESCAPE '\\' "
+        "ORDER BY started_at DESC, id DESC",
+        (base, like_escape(base) + " #%"),
+    ).fetchall()
+    exact = re.compile(re.escape(base) + r"(?: #\d+)?")
+    return [r for r in rows if exact.fullmatch(r["title"])]
+
+
+def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None:
+    """The newest session of the lineage ``title``, ``title #2``, ``title #3`` ..."""
+    clean = sanitize_title(title)
+    if not clean:
+        return None
+    rows = _lineage_rows(conn, clean)
+    return rows[0]["id"] if rows else None
+
+
+def get_next_title_in_lineage(conn: sqlite3.Connection, base_title: str) -> str:
+    """``base`` if free, else ``base #N`` one past the highest number in use."""
+    clean = sanitize_title(base_title) or ""
+    match = _NUMBERED.match(clean)
+    base = match.group(1) if match else clean
+    rows = _lineage_rows(conn, base)
+    if not rows:
+        return base
+    highest = 1
+    for row in rows:
+        numbered = _NUMBERED.match(row["title"])
+        if numbered and numbered.group(1) == base:
+            highest = max(highest, int(numbered.group(2)))
+    return f"{base} #{highest + 1}"

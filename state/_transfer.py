@@ -1,0 +1,187 @@
+"""Export, import and statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from . import schema
+from ._messages import get_messages
+from .errors import ImportFileError
+
+_SECRET_KEY = re.compile(r"api[_-]?key|secret|password|passwd|authorization|bearer|access[_-]?token|refresh[_-]?token", re.I)
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: ("[redacted]" if _SECRET_KEY.search(str(k)) and isinstance(v, str) else _redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    return value
+
+
+def _export_row(conn: sqlite3.Connection, row: sqlite3.Row) -> dict:
+    session = dict(row)
+    config = session.get("model_config")
+    if config:
+        try:
+            session["model_config"] = json.dumps(_redact(json.loads(config)), ensure_ascii=False)
+        except (json.JSONDecodeError, TypeError):
+            pass
+    session["messages"] = get_messages(conn, session["id"])
+    return session
+
+
+def export_session(conn: sqlite3.Connection, session_id: str) -> dict | None:
+    """One session and all its messages; secrets in ``model_config`` are redacted."""
+    row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return _export_row(conn, row) if row else None
+
+
+def iter_export(conn: sqlite3.Connection, source: str | None = None) -> Iterator[dict]:
+    sql = "SELECT * FROM sessions"
+    params: tuple = ()
+    if source:
+        sql += " WHERE source = ?"
+        params = (source,)
+    for row in conn.execute(sql + " ORDER BY started_at DESC, id DESC", params).fetchall():
+        yield _export_row(conn, row)
+
+
+def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict]:
+    return list(iter_export(conn, source))
+
+
+# --- import ----------------------------------------------------------------
+
+
+def _check_record(line_no: int, record: Any) -> None:
+    if not isinstance(record, dict):
+        raise ImportFileError(line_no, "expected a JSON object (one session with its messages)")
+    for key, kind in (("id", str), ("source", str)):
+        if not isinstance(record.get(key), kind) or not record.get(key):
+            raise ImportFileError(line_no, f"the session has no valid {key!r}")
+    if not isinstance(record.get("started_at"), (int, float)):
+        raise ImportFileError(line_no, "the session has no numeric 'started_at'")
+    messages = record.get("messages", [])
+    if not isinstance(messages, list):
+        raise ImportFileError(line_no, "'messages' must be a list")
+    for i, message in enumerate(messages, 1):
+        if not isinstance(message, dict):
+            raise ImportFileError(line_no, f"message {i} is not an object")
+        if not isinstance(message.get("role"), str) or not message.get("role"):
+            raise ImportFileError(line_no, f"message {i} has no 'role'")
+        if not isinstance(message.get("timestamp"), (int, float)):
+            raise ImportFileError(line_no, f"message {i} has no numeric 'timestamp'")
+
+
+def parse_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """Read and check every line first, so a bad line imports nothing."""
+    records = []
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise ImportFileError(0, f"cannot read {path}: {exc.strerror}") from exc
+    with handle:
+        try:
+            for line_no, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ImportFileError(line_no, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+                _check_record(line_no, record)
+                records.append((line_no, record))
+        except UnicodeDecodeError as exc:
+            raise ImportFileError(len(records) + 1, "not UTF-8 text") from exc
+    return records
+
+
+def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]]) -> dict:
+    """Restore exported sessions in the caller's one transaction.
+
+    Sessions whose id exists already are skipped (listed under ``skipped``);
+    message ids are kept when free.  A parent missing from both the database
+    and the file is dropped from the child.  Any failure raises
+    :class:`ImportFileError` naming the line, and nothing is imported.
+    """
+    records = list(records)
+    for line_no, record in records:
+        _check_record(line_no, record)
+    session_cols = schema.columns(conn, "sessions")
+    message_cols = schema.columns(conn, "messages") - {"session_id"}
+    in_file = {record["id"] for _, record in records}
+    imported, skipped, messages = [], [], 0
+    # parents first, so every parent link points at a row that exists
+    for line_no, record in sorted(records, key=lambda item: (item[1]["started_at"], item[0])):
+        sid = record["id"]
+        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+            skipped.append(sid)
+            continue
+        row = {k: v for k, v in record.items() if k in session_cols}
+        parent = row.get("parent_session_id")
+        if parent and parent not in in_file and not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone():
+            row["parent_session_id"] = None
+        for key, value in row.items():
+            if isinstance(value, (dict, list)):
+                row[key] = json.dumps(value, ensure_ascii=False)
+        try:
+            conn.execute(
+                f"INSERT INTO sessions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
+            )
+            for message in record.get("messages", []):
+                values = {k: v for k, v in message.items() if k in message_cols}
+                if values.get("id") is not None and conn.execute(
+                    "SELECT 1 FROM messages WHERE id = ?", (values["id"],)
+                ).fetchone():
+                    values.pop("id")
+                for key, value in values.items():
+                    if isinstance(value, (dict, list)):
+                        values[key] = json.dumps(value, ensure_ascii=False)
+                values["session_id"] = sid
+                conn.execute(
+                    f"INSERT INTO messages ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                    list(values.values()),
+                )
+                messages += 1
+        except sqlite3.IntegrityError as exc:
+            raise ImportFileError(line_no, f"session {sid} cannot be stored ({exc})") from exc
+        conn.execute(
+            """UPDATE sessions SET
+                 last_active = COALESCE(last_active, (SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = sessions.id), started_at),
+                 preview = COALESCE(preview, (SELECT substr(replace(replace(m.content, char(10), ' '), char(13), ' '), 1, 100)
+                            FROM messages m WHERE m.session_id = sessions.id AND m.role = 'user' AND m.content IS NOT NULL
+                            ORDER BY m.timestamp, m.id LIMIT 1))
+               WHERE id = ?""",
+            (sid,),
+        )
+        imported.append(sid)
+    return {"imported": len(imported), "messages": messages, "skipped": skipped}
+
+
+# --- statistics ------------------------------------------------------------
+
+
+def stats(conn: sqlite3.Connection, path: Path) -> dict:
+    by_source = {
+        r[0]: r[1] for r in conn.execute("SELECT source, COUNT(*) FROM sessions GROUP BY source ORDER BY COUNT(*) DESC, source")
+    }
+    def size(p: Path) -> int:
+        try:
+            return os.path.getsize(p)
+        except OSError:
+            return 0
+    return {
+        "path": str(path),
+        "sessions": sum(by_source.values()),
+        "messages": conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0],
+        "by_source": by_source,
+        "db_bytes": size(path),
+        "wal_bytes": size(path.with_name(path.name + "-wal")),
+        "schema_version": conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0],
+    }

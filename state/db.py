@@ -1,0 +1,369 @@
+"""``SessionDB``: the synchronous face of the store (the CLI, cron runs, tests).
+
+Each public method is one call to a function of ``state._sessions``,
+``_messages``, ``_titles``, ``_routes`` or ``_transfer`` through the engine,
+marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
+coroutines from those marks, so the daemon runs exactly this code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable, TypeVar
+
+from . import _messages, _routes, _sessions, _titles, _transfer
+from ._engine import Engine
+from ._messages import Appended
+from .paths import default_db_path
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reads(method: F) -> F:
+    method._state_kind = "read"  # type: ignore[attr-defined]
+    return method
+
+
+def _writes(method: F) -> F:
+    method._state_kind = "write"  # type: ignore[attr-defined]
+    return method
+
+
+class SessionDB:
+    """Sessions and messages in one SQLite database in WAL mode, shared by every process.
+
+    ``db_path`` defaults to ``$SWITCHBOARD_HOME/state.db``.  A write waits for
+    other writers up to ``write_timeout`` seconds, then raises
+    :class:`state.WriteTimeout` having written nothing.  Safe to share between
+    threads: writes are serialised, each reading thread gets its own connection.
+    """
+
+    MAX_TITLE_LENGTH = _titles.MAX_TITLE_LENGTH
+
+    def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
+        self.db_path = Path(db_path) if db_path is not None else default_db_path()
+        self._engine = Engine(self.db_path, write_timeout=write_timeout)
+
+    @property
+    def write_timeout(self) -> float:
+        return self._engine.write_timeout
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self) -> "SessionDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SessionDB({str(self.db_path)!r})"
+
+    # --- sessions ------------------------------------------------------------
+
+    @_writes
+    def create_session(
+        self,
+        session_id: str,
+        source: str,
+        model: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        *,
+        system_prompt: str | None = None,
+        model_config: Any = None,
+        session_key: str | None = None,
+        user_name: str | None = None,
+        title: str | None = None,
+    ) -> str:
+        """Create a session and return its id; an id that exists already is left as it is."""
+        return self._engine.write(
+            _sessions.create_session, session_id, source, model, user_id, parent_session_id,
+            system_prompt=system_prompt, model_config=model_config, session_key=session_key,
+            user_name=user_name, title=title,
+        )
+
+    @_writes
+    def end_session(self, session_id: str, end_reason: str) -> bool:
+        """Mark the session ended; the first end wins.  True if this call ended it."""
+        return self._engine.write(_sessions.end_session, session_id, end_reason)
+
+    @_writes
+    def reopen_session(self, session_id: str) -> bool:
+        """Clear ``ended_at`` and ``end_reason``.  False if the session does not exist."""
+        return self._engine.write(_sessions.reopen_session, session_id)
+
+    @_writes
+    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
+        return self._engine.write(_sessions.update_system_prompt, session_id, system_prompt)
+
+    @_writes
+    def update_token_counts(
+        self,
+        session_id: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        *,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        model: str | None = None,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
+    ) -> bool:
+        """Add to the session's token counts and costs; set the billing labels given."""
+        return self._engine.write(
+            _sessions.update_token_counts, session_id,
+            input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
+            cache_write_tokens=cache_write_tokens, reasoning_tokens=reasoning_tokens,
+            estimated_cost_usd=estimated_cost_usd, actual_cost_usd=actual_cost_usd, model=model,
+            billing_provider=billing_provider, billing_base_url=billing_base_url, billing_mode=billing_mode,
+            cost_status=cost_status, cost_source=cost_source, pricing_version=pricing_version,
+        )
+
+    @_reads
+    def get_session(self, session_id: str) -> dict | None:
+        return self._engine.read(_sessions.get_session, session_id)
+
+    @_reads
+    def resolve_session_id(self, prefix_or_title: str) -> str:
+        """Exact id, unique id prefix, or title (newest of its lineage).
+
+        Raises :class:`state.AmbiguousSession` (with ``candidates``) or
+        :class:`state.SessionNotFound`.
+        """
+        return self._engine.read(_sessions.resolve_session_id, prefix_or_title)
+
+    @_reads
+    def list_sessions_rich(
+        self,
+        source: str | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        include_children: bool = False,
+        user_ids: Iterable[str] | None = None,
+        session_key: str | None = None,
+    ) -> list[dict]:
+        """Newest first, with ``preview`` and ``last_active``; a compression chain is one row (its tip)."""
+        return self._engine.read(
+            _sessions.list_sessions_rich, source, limit, offset, include_children,
+            list(user_ids) if user_ids is not None else None, session_key,
+        )
+
+    @_reads
+    def session_count(self, source: str | None = None) -> int:
+        return self._engine.read(_sessions.session_count, source)
+
+    @_reads
+    def get_lineage(self, session_id: str) -> list[dict]:
+        """Ancestors from the root down to the session itself."""
+        return self._engine.read(_sessions.get_lineage, session_id)
+
+    @_reads
+    def get_descendants(self, session_id: str) -> list[dict]:
+        """Every session below this one, oldest first."""
+        return self._engine.read(_sessions.get_descendants, session_id)
+
+    @_reads
+    def get_compression_tip(self, session_id: str) -> str:
+        """The live end of a compression chain (the id itself when it was not compressed)."""
+        return self._engine.read(_sessions.get_compression_tip, session_id)
+
+    @_writes
+    def delete_session(self, session_id: str) -> bool:
+        """Delete a session, its messages and routes; children stay with no parent."""
+        return self._engine.write(_sessions.delete_session, session_id)
+
+    @_reads
+    def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[str]:
+        """The ids :meth:`prune_sessions` would delete now."""
+        return self._engine.read(_sessions.prune_candidates, older_than_days, source)
+
+    @_writes
+    def prune_sessions(self, older_than_days: float = 90, source: str | None = None) -> int:
+        """Delete ended sessions with no activity for ``older_than_days``; returns how many."""
+        return self._engine.write(_sessions.prune_sessions, older_than_days, source)
+
+    # --- titles ----------------------------------------------------------------
+
+    @staticmethod
+    def sanitize_title(title: str | None) -> str | None:
+        return _titles.sanitize_title(title)
+
+    @_writes
+    def set_session_title(self, session_id: str, title: str | None) -> bool:
+        """Set (or clear, with an empty title) the title.  False if the session does not exist.
+
+        Raises :class:`state.TitleConflict` naming the holder, or :class:`state.InvalidTitle`.
+        """
+        return self._engine.write(_titles.set_session_title, session_id, title)
+
+    @_reads
+    def get_session_title(self, session_id: str) -> str | None:
+        return self._engine.read(_titles.get_session_title, session_id)
+
+    @_reads
+    def get_session_by_title(self, title: str) -> dict | None:
+        return self._engine.read(_titles.get_session_by_title, title)
+
+    @_reads
+    def resolve_session_by_title(self, title: str) -> str | None:
+        """The newest session titled ``title`` or ``title #N``; None if there is none."""
+        return self._engine.read(_titles.resolve_session_by_title, title)
+
+    @_reads
+    def get_next_title_in_lineage(self, base_title: str) -> str:
+        """``base`` if unused, else ``base #N`` one past the highest in use."""
+        return self._engine.read(_titles.get_next_title_in_lineage, base_title)
+
+    # --- messages ----------------------------------------------------------
+
+    @_writes
+    def append_message(
+        self,
+        session_id: str,
+        role: str,
+        content: str | None = None,
+        tool_call_id: str | None = None,
+        tool_calls: Any = None,
+        tool_name: str | None = None,
+        token_count: int | None = None,
+        finish_reason: str | None = None,
+        reasoning: str | None = None,
+        reasoning_details: Any = None,
+        codex_reasoning_items: Any = None,
+        *,
+        platform_message_id: str | None = None,
+        timestamp: float | None = None,
+    ) -> int:
+        """Store a message; returns its id.  A ``platform_message_id`` seen before in
+        this session returns the first message's id and stores nothing."""
+        return self._engine.write(
+            _messages.append_message, session_id, role=role, content=content, tool_call_id=tool_call_id,
+            tool_calls=tool_calls, tool_name=tool_name, token_count=token_count, finish_reason=finish_reason,
+            reasoning=reasoning, reasoning_details=reasoning_details, codex_reasoning_items=codex_reasoning_items,
+            platform_message_id=platform_message_id, timestamp=timestamp,
+        )
+
+    @_writes
+    def append_inbound(
+        self,
+        session_id: str,
+        content: str | None,
+        *,
+        platform_message_id: str | None,
+        role: str = "user",
+        timestamp: float | None = None,
+        **fields: Any,
+    ) -> Appended:
+        """Store a platform event once.  Returns ``Appended(id, new)``: ``new`` is False
+        when this event was stored before (a redelivery the router must not answer again)."""
+        return self._engine.write(
+            _messages.append_inbound, session_id, role=role, content=content,
+            platform_message_id=platform_message_id, timestamp=timestamp, **fields,
+        )
+
+    @_writes
+    def append_messages(self, session_id: str, messages: list[dict]) -> list[int]:
+        """Store a turn's messages in one transaction: all of them or, on any error, none.
+
+        Keys are :meth:`append_message`'s parameters."""
+        return self._engine.write(_messages.append_messages, session_id, list(messages))
+
+    @_reads
+    def get_messages(self, session_id: str) -> list[dict]:
+        return self._engine.read(_messages.get_messages, session_id)
+
+    @_reads
+    def get_messages_as_conversation(self, session_id: str) -> list[dict]:
+        return self._engine.read(_messages.get_messages_as_conversation, session_id)
+
+    @_writes
+    def clear_messages(self, session_id: str) -> int:
+        """Delete the session's messages (the session stays); returns how many."""
+        return self._engine.write(_messages.clear_messages, session_id)
+
+    @_reads
+    def message_count(self, session_id: str | None = None) -> int:
+        return self._engine.read(_messages.message_count, session_id)
+
+    # --- search --------------------------------------------------------------
+
+    @_reads
+    def search_messages(
+        self,
+        query: str,
+        source_filter: list[str] | None = None,
+        exclude_sources: list[str] | None = None,
+        role_filter: list[str] | None = None,
+        limit: int = 20,
+    ) -> list[dict]:
+        """Full-text search (see ``state.fts``); never raises on any query string."""
+        from . import fts
+
+        return self._engine.read(
+            fts.search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
+            role_filter=role_filter, limit=limit,
+        )
+
+    # --- routes ------------------------------------------------------------
+
+    @_reads
+    def get_route(self, session_key: str) -> str | None:
+        return self._engine.read(_routes.get_route, session_key)
+
+    @_writes
+    def set_route(self, session_key: str, session_id: str) -> None:
+        return self._engine.write(_routes.set_route, session_key, session_id)
+
+    @_writes
+    def delete_route(self, session_key: str) -> bool:
+        return self._engine.write(_routes.delete_route, session_key)
+
+    @_reads
+    def list_routes(self, prefix: str | None = None) -> list[tuple[str, str]]:
+        return self._engine.read(_routes.list_routes, prefix)
+
+    # --- export, import, maintenance -------------------------------------------
+
+    @_reads
+    def export_session(self, session_id: str) -> dict | None:
+        """The session row plus ``messages``; secrets in ``model_config`` are redacted."""
+        return self._engine.read(_transfer.export_session, session_id)
+
+    @_reads
+    def export_all(self, source: str | None = None) -> list[dict]:
+        return self._engine.read(_transfer.export_all, source)
+
+    @_writes
+    def import_sessions(self, records: Iterable[tuple[int, dict]]) -> dict:
+        """Restore ``(line_no, session)`` pairs in one transaction; see ``state._transfer``."""
+        return self._engine.write(_transfer.import_sessions, list(records))
+
+    @_reads
+    def stats(self) -> dict:
+        """Counts (sessions, messages, by source), database and WAL size in bytes, schema version."""
+        return self._engine.read(_transfer.stats, self.db_path)
+
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
+        return self._engine.checkpoint(mode)
+
+
+def public_methods(kind: str) -> dict[str, Callable[..., Any]]:
+    """SessionDB's methods marked ``kind`` ("read" or "write"), by name."""
+    return {
+        name: member
+        for name, member in vars(SessionDB).items()
+        if not name.startswith("_") and getattr(member, "_state_kind", None) == kind
+    }
+
+
+__all__ = ["SessionDB", "public_methods"]

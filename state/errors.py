@@ -1,0 +1,113 @@
+"""The state store's errors.
+
+    StateError                       root of everything the store raises on purpose
+    ├── SessionNotFound              no session has that id, prefix or title
+    ├── AmbiguousSession             an id prefix matches several sessions (.candidates)
+    ├── InvalidTitle (ValueError)    a title is too long after cleaning
+    ├── TitleConflict (ValueError)   another session already holds the title (.holder_session_id)
+    ├── DatabaseRefused              the file cannot be opened as our store; it was left untouched
+    │   ├── NotADatabase             the file is not a SQLite database, or not a Switchboard one
+    │   └── SchemaTooNew             written by a newer Switchboard (.found, .supported)
+    ├── WriteTimeout                 another process held the write lock longer than write_timeout
+    └── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
+
+``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so code written
+against the seed document (which raised ``ValueError``) keeps working.  Every
+message says what to do next; the CLI prints it as one line.
+"""
+
+from __future__ import annotations
+
+
+class StateError(Exception):
+    """The state store refused or could not do something."""
+
+
+class SessionNotFound(StateError):
+    """No session matches."""
+
+    def __init__(self, ref: str):
+        self.ref = ref
+        super().__init__(
+            f"no session matches {ref!r}: run 'switchboard sessions list' to see ids and titles"
+        )
+
+
+class AmbiguousSession(StateError):
+    """An id prefix matches more than one session."""
+
+    def __init__(self, ref: str, candidates: list[str]):
+        self.ref = ref
+        self.candidates = list(candidates)
+        shown = ", ".join(self.candidates[:10])
+        more = f" (and {len(self.candidates) - 10} more)" if len(self.candidates) > 10 else ""
+        super().__init__(f"{ref!r} matches {len(self.candidates)} sessions: {shown}{more}; give more of the id")
+
+
+class InvalidTitle(StateError, ValueError):
+    """A title cannot be stored."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(f"invalid title: {reason}")
+
+
+class TitleConflict(StateError, ValueError):
+    """Another session already holds this title."""
+
+    def __init__(self, title: str, holder_session_id: str):
+        self.title = title
+        self.holder_session_id = holder_session_id
+        super().__init__(
+            f"title {title!r} is already in use by session {holder_session_id}: "
+            "choose another title or rename that session first"
+        )
+
+
+class DatabaseRefused(StateError):
+    """The file cannot be used as the state store; nothing in it was changed."""
+
+
+class NotADatabase(DatabaseRefused):
+    """The file is not a SQLite database, or not a Switchboard state store."""
+
+    def __init__(self, path: str, detail: str = "file is not a SQLite database"):
+        self.path = path
+        super().__init__(
+            f"{path}: {detail}; it was left untouched. Point SWITCHBOARD_HOME (or --home) at another "
+            "directory, or move the file away"
+        )
+
+
+class SchemaTooNew(DatabaseRefused):
+    """The database was written by a newer Switchboard."""
+
+    def __init__(self, path: str, found: int, supported: int):
+        self.path = path
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"{path}: schema version {found} is newer than this Switchboard understands ({supported}); "
+            "it was left untouched. Upgrade Switchboard to use it"
+        )
+
+
+class WriteTimeout(StateError):
+    """The write lock stayed busy for longer than the write timeout."""
+
+    def __init__(self, path: str, waited: float):
+        self.path = path
+        self.waited = waited
+        super().__init__(
+            f"{path}: another process held the write lock for {waited:.1f}s; nothing was written. "
+            "Find the process holding the database (fuser state.db) or raise write_timeout"
+        )
+
+
+class ImportFileError(StateError):
+    """A line of an import file cannot be restored; nothing from the file was imported."""
+
+    def __init__(self, line_no: int, reason: str):
+        self.line_no = line_no
+        self.reason = reason
+        super().__init__(f"line {line_no}: {reason}; nothing was imported. Fix or remove that line and retry")

@@ -1,0 +1,262 @@
+"""The schema as a forward-only chain of idempotent migrations.
+
+Version 1 is the earliest shape of the seed design (session storage, seed
+001); every later step adds what came after.  A fresh database runs the whole
+chain, so the current schema is simply the end of it.  Each step checks
+before it changes (a column that exists is not added again), so re-running a
+step after a crash half-way through is harmless; all pending steps run inside
+one ``BEGIN IMMEDIATE`` transaction together with the version bump.
+
+Later features extend the chain by appending a step from a module in
+``state/`` (``register(Migration(12, "pairing", _create_pairing))``) before a
+``SessionDB`` is opened; versions must follow each other without gaps.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import NotADatabase, SchemaTooNew
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+MIGRATIONS: list[Migration] = []
+
+
+def register(step: Migration) -> None:
+    """Append a step; its version must be the next one."""
+    expected = MIGRATIONS[-1].version + 1 if MIGRATIONS else 1
+    if step.version != expected:
+        raise ValueError(f"migration {step.name!r} has version {step.version}, expected {expected}")
+    MIGRATIONS.append(step)
+
+
+def current_version() -> int:
+    return MIGRATIONS[-1].version
+
+
+# --- helpers ---------------------------------------------------------------
+
+
+def columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
+
+
+def add_column(conn: sqlite3.Connection, table: str, column: str, decl: str) -> None:
+    if column not in columns(conn, table):
+        conn.execute(f'ALTER TABLE "{table}" ADD COLUMN "{column}" {decl}')
+
+
+def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
+    def apply(conn: sqlite3.Connection) -> None:
+        # executescript() would COMMIT the migration transaction, so run statement by statement
+        pending = ""
+        for line in sql.splitlines(keepends=True):
+            pending += line
+            if sqlite3.complete_statement(pending):
+                conn.execute(pending)
+                pending = ""
+        if pending.strip():
+            conn.execute(pending)
+
+    return apply
+
+
+# --- the chain -------------------------------------------------------------
+
+# v1: the seed's first shape (no title, no billing, no reasoning, no finish_reason)
+_V1 = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    user_id TEXT,
+    model TEXT,
+    model_config TEXT,
+    system_prompt TEXT,
+    parent_session_id TEXT REFERENCES sessions(id),
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT,
+    message_count INTEGER DEFAULT 0,
+    tool_call_count INTEGER DEFAULT 0,
+    input_tokens INTEGER DEFAULT 0,
+    output_tokens INTEGER DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    role TEXT NOT NULL,
+    content TEXT,
+    tool_call_id TEXT,
+    tool_calls TEXT,
+    tool_name TEXT,
+    timestamp REAL NOT NULL,
+    token_count INTEGER
+);
+CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source);
+CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id);
+CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC);
+CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp);
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(content, content=messages, content_rowid=id);
+CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES('delete', old.id, old.content);
+END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_update AFTER UPDATE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+"""
+
+V1_SQL = _V1  # the literal shape, for tests that build an earliest-schema database
+
+
+def _v2_finish_reason(conn):
+    add_column(conn, "messages", "finish_reason", "TEXT")
+
+
+def _v3_title(conn):
+    add_column(conn, "sessions", "title", "TEXT")
+
+
+def _v4_title_unique(conn):
+    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) WHERE title IS NOT NULL")
+
+
+def _v5_billing(conn):
+    for name, decl in [
+        ("cache_read_tokens", "INTEGER DEFAULT 0"),
+        ("cache_write_tokens", "INTEGER DEFAULT 0"),
+        ("reasoning_tokens", "INTEGER DEFAULT 0"),
+        ("billing_provider", "TEXT"),
+        ("billing_base_url", "TEXT"),
+        ("billing_mode", "TEXT"),
+        ("estimated_cost_usd", "REAL"),
+        ("actual_cost_usd", "REAL"),
+        ("cost_status", "TEXT"),
+        ("cost_source", "TEXT"),
+        ("pricing_version", "TEXT"),
+    ]:
+        add_column(conn, "sessions", name, decl)
+
+
+def _v6_reasoning(conn):
+    for name in ("reasoning", "reasoning_details", "codex_reasoning_items"):
+        add_column(conn, "messages", name, "TEXT")
+
+
+def _v7_session_key(conn):
+    add_column(conn, "sessions", "user_name", "TEXT")
+    add_column(conn, "sessions", "session_key", "TEXT")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_session_key ON sessions(session_key)")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_user_id ON sessions(user_id)")
+
+
+def _v8_platform_message_id(conn):
+    add_column(conn, "messages", "platform_message_id", "TEXT")
+    conn.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS idx_messages_platform_id "
+        "ON messages(session_id, platform_message_id) WHERE platform_message_id IS NOT NULL"
+    )
+
+
+def _v9_routes(conn):
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS routes ("
+        " session_key TEXT PRIMARY KEY,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id),"
+        " updated_at REAL NOT NULL)"
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_routes_session ON routes(session_id)")
+
+
+def _v10_listing(conn):
+    """Keep preview and last activity on the session row, so listing reads one index."""
+    add_column(conn, "sessions", "last_active", "REAL")
+    add_column(conn, "sessions", "preview", "TEXT")
+    conn.execute(
+        """UPDATE sessions SET
+             last_active = COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = sessions.id),
+                                    started_at),
+             preview = (SELECT substr(replace(replace(m.content, char(10), ' '), char(13), ' '), 1, 100)
+                        FROM messages m
+                        WHERE m.session_id = sessions.id AND m.role = 'user' AND m.content IS NOT NULL
+                        ORDER BY m.timestamp, m.id LIMIT 1)
+           WHERE last_active IS NULL"""
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_started ON sessions(source, started_at DESC)")
+
+
+def _v11_fts(conn):
+    """Replace the seed's single FTS table by the search design of ``state.fts``.
+
+    ``fts.install`` drops the seed's table and triggers and indexes the
+    existing messages.  When ``state.fts`` changes its index, it appends a
+    step here that calls ``install`` again.
+    """
+    from . import fts  # owned by the search module; imported late so schema has no cycle
+
+    fts.install(conn)
+
+
+for _step in [
+    Migration(1, "seed initial schema", _script(_V1)),
+    Migration(2, "messages.finish_reason", _v2_finish_reason),
+    Migration(3, "sessions.title", _v3_title),
+    Migration(4, "unique titles", _v4_title_unique),
+    Migration(5, "billing columns", _v5_billing),
+    Migration(6, "reasoning columns", _v6_reasoning),
+    Migration(7, "sessions.session_key, user_name", _v7_session_key),
+    Migration(8, "messages.platform_message_id", _v8_platform_message_id),
+    Migration(9, "routes", _v9_routes),
+    Migration(10, "listing columns", _v10_listing),
+    Migration(11, "search indexes", _v11_fts),
+]:
+    register(_step)
+
+
+# --- running it ------------------------------------------------------------
+
+
+def read_version(conn: sqlite3.Connection, path: str) -> int:
+    """The stored version; 0 for an empty file.  Refuses what is not ours.
+
+    Only reads: never takes the write lock.
+    """
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_version" in tables:
+            row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            version = int(row[0] or 0)
+        elif not tables:
+            version = 0
+        else:
+            raise NotADatabase(path, "a SQLite database, but not a Switchboard state store (no schema_version table)")
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            raise
+        raise NotADatabase(path) from exc
+    if version > current_version():
+        raise SchemaTooNew(path, version, current_version())
+    return version
+
+
+def migrate(conn: sqlite3.Connection, from_version: int) -> int:
+    """Apply every step after ``from_version``; the caller holds ``BEGIN IMMEDIATE``."""
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    for step in MIGRATIONS:
+        if step.version > from_version:
+            step.apply(conn)
+    conn.execute("DELETE FROM schema_version")
+    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (current_version(),))
+    return current_version()
