@@ -1,0 +1,52 @@
+"""The compression package's errors.
+
+    CompressionError                 root of everything compression raises on purpose
+    ├── NothingToCompress            too few messages to gain anything; nothing changed
+    ├── CompressionFailed            the summarizer raised, timed out or answered nothing;
+    │                                nothing changed (the summarizer's error is ``__cause__``)
+    └── SessionChanged               the session ended or lost messages while being compressed;
+                                     nothing changed
+
+``compress_session`` raises only these (and ``state`` errors from the store
+itself), always before it has written anything, so the gateway can catch
+:class:`CompressionError`, answer the turn uncompressed and start its cooldown.
+"""
+
+from __future__ import annotations
+
+
+class CompressionError(Exception):
+    """A compression did not happen; the session is as it was."""
+
+
+class NothingToCompress(CompressionError):
+    """The conversation is too short for a compression to gain anything."""
+
+    def __init__(self, session_id: str, message_count: int):
+        self.session_id = session_id
+        self.message_count = message_count
+        super().__init__(
+            f"nothing to compress: session {session_id} has {message_count} messages, all of them in the "
+            "protected head and recent tail; nothing was changed"
+        )
+
+
+class CompressionFailed(CompressionError):
+    """The summarizer failed; the session was left as it was."""
+
+    def __init__(self, session_id: str, reason: str):
+        self.session_id = session_id
+        self.reason = reason
+        super().__init__(
+            f"compression of session {session_id} failed: {reason}; nothing was changed. "
+            "Check the compression model's endpoint, or try /compress again later"
+        )
+
+
+class SessionChanged(CompressionError):
+    """The session was ended or rewritten while its summary was being written."""
+
+    def __init__(self, session_id: str, reason: str):
+        self.session_id = session_id
+        self.reason = reason
+        super().__init__(f"session {session_id} {reason} during compression; nothing was changed")
