@@ -1,0 +1,11 @@
+"""Telegram on python-telegram-bot: long polling or webhooks, HTML replies, forum topics as threads.
+
+Modules: ``adapter`` (lifecycle, inbound delivery, sending), ``polling``
+(offset advanced only past stored updates), ``webhook`` (our aiohttp
+endpoint with the secret header check), ``events`` (Message -> InboundMessage),
+``format`` (Markdown -> Telegram HTML), ``redact`` (token kept out of logs).
+"""
+
+from .adapter import TelegramAdapter
+
+__all__ = ["TelegramAdapter"]

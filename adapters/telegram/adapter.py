@@ -1,0 +1,459 @@
+"""The Telegram adapter: python-telegram-bot's ``Bot`` for every API call, our own loop around it.
+
+    adapter = TelegramAdapter(token="123:abc", commands=[("help", "Show commands")])
+    await adapter.start(handler)      # getMe, setMyCommands, deleteWebhook, then long polling
+    await adapter.send(ChatRef("telegram", "42"), "**hi**", reply_to="17")
+    await adapter.stop()
+
+Long polling by default; with ``webhook_url`` the adapter serves its own
+webhook endpoint (``webhook_listen``:``webhook_port``, the URL's path) and
+registers it with ``webhook_secret`` (generated when not given).
+``base_url``/``base_file_url`` point the library at another Bot API server
+(the file URL is derived from ``base_url`` when not given: ``.../bot`` ->
+``.../file/bot``).
+
+An update is acknowledged (offset advanced, webhook answered 200) only after
+the handler returned; when it raises, the update is delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+from urllib.parse import urlsplit
+
+from telegram import Bot, BotCommand, Message, ReplyParameters, Update
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.request import HTTPXRequest
+
+from gateway.errors import AdapterError
+from gateway.formatting import split_message, utf16_len
+from gateway.ratelimit import limiter_for
+from gateway.retry import Backoff, retry_async
+from gateway.types import AdapterHealth, Attachment, ChatRef, Delivery, InboundHandler, InboundMessage
+
+from .events import PLATFORM, Addressing, normalize
+from .format import is_parse_error, markdown_to_html
+from .polling import Poller
+from .redact import describe, install_redaction, retry_after_seconds
+from .webhook import WebhookServer
+
+log = logging.getLogger(__name__)
+
+MESSAGE_LIMIT = 4096  # UTF-16 code units, after entity parsing
+_COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
+
+
+class TelegramAdapter:
+    """One Telegram bot (see the module docstring)."""
+
+    platform = PLATFORM
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        base_url: str = "https://api.telegram.org/bot",
+        base_file_url: str | None = None,
+        commands: Sequence[tuple[str, str]] = (),
+        require_mention: bool = True,
+        free_response_channels: Sequence[str] = (),
+        vision: bool = False,
+        max_image_bytes: int = 5 * 1024 * 1024,
+        poll_timeout: int = 30,
+        stall_timeout_seconds: float = 90.0,
+        webhook_url: str | None = None,
+        webhook_listen: str = "127.0.0.1",
+        webhook_port: int = 8443,
+        webhook_secret: str | None = None,
+        reconnect_backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=60.0),
+        send_backoff: Backoff = Backoff(base=0.5, factor=2.0, cap=10.0),
+        send_attempts: int = 4,
+        send_budget_seconds: float = 120.0,
+        rate_per_second: float = 25.0,
+        rate_burst: int = 5,
+        request_timeout: float = 15.0,
+    ):
+        if not token or not token.strip():
+            raise AdapterError("telegram: no bot token configured (platforms.telegram.token); get one from @BotFather")
+        self._token = token.strip()
+        install_redaction(self._token)
+        self._base_url = base_url
+        self._base_file_url = base_file_url or _file_url_for(base_url)
+        self._commands = tuple(commands)
+        self._require_mention = require_mention
+        self._free = frozenset(str(c) for c in free_response_channels)
+        self._vision = vision
+        self._max_image_bytes = max_image_bytes
+        self._stall_timeout = float(stall_timeout_seconds)
+        # A long poll must come back well within the stall timeout, or a quiet chat looks stalled.
+        self._poll_timeout = max(1, min(int(poll_timeout), int(self._stall_timeout / 3)))
+        self._webhook_url = webhook_url
+        self._webhook_listen = webhook_listen
+        self._webhook_port = webhook_port
+        self._webhook_secret = webhook_secret or (secrets.token_urlsafe(32) if webhook_url else None)
+        if self._webhook_secret and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", self._webhook_secret):
+            raise AdapterError("telegram: webhook_secret may only contain A-Z, a-z, 0-9, _ and - (1-256 characters)")
+        self._reconnect_backoff = reconnect_backoff
+        self._send_backoff = send_backoff
+        self._send_attempts = send_attempts
+        self._send_budget = send_budget_seconds
+        self._rate = (rate_per_second, rate_burst)
+        self._request_timeout = request_timeout
+
+        self._health = AdapterHealth(platform=PLATFORM)
+        self._bot: Bot | None = None
+        self._handler: InboundHandler | None = None
+        self._who: Addressing | None = None
+        self._poller: Poller | None = None
+        self._poll_task: asyncio.Task | None = None
+        self._watchdog_task: asyncio.Task | None = None
+        self._webhook: WebhookServer | None = None
+        self._stopping = False
+
+    @classmethod
+    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool) -> "TelegramAdapter":
+        """Build from ``Config.platforms.telegram`` (attribute names as in gateway/config.py)."""
+        fields = {
+            "token": "token", "base_url": "base_url", "base_file_url": "base_file_url",  # file URL: derived when absent
+            "require_mention": "require_mention", "free_response_channels": "free_response_channels",
+            "stall_timeout_seconds": "stall_timeout_seconds", "max_image_bytes": "max_image_bytes",
+            "webhook_url": "webhook_url", "webhook_port": "webhook_port", "webhook_secret": "webhook_secret",
+            "webhook_listen": "webhook_listen", "poll_timeout": "poll_timeout",
+        }
+        kwargs: dict[str, Any] = {}
+        for ours, theirs in fields.items():
+            value = getattr(platform_cfg, theirs, None)
+            if value is None:
+                continue
+            if hasattr(value, "get_secret_value"):  # pydantic SecretStr
+                value = value.get_secret_value()
+            kwargs[ours] = value
+        return cls(commands=commands, vision=vision, **kwargs)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def bot(self) -> Bot:
+        if self._bot is None:
+            raise RuntimeError("TelegramAdapter.start() has not been called")
+        return self._bot
+
+    @property
+    def webhook_local_url(self) -> str | None:
+        """The local address of the webhook endpoint (webhook mode, once started)."""
+        return self._webhook.local_url if self._webhook is not None else None
+
+    def health(self) -> AdapterHealth:
+        return self._health
+
+    def _report(self, state: str, error: str | None) -> None:
+        self._health.state = state
+        if error is not None:
+            self._health.last_error = error
+
+    async def start(self, handler: InboundHandler) -> None:
+        if self._bot is not None:
+            raise RuntimeError("TelegramAdapter is already started")
+        self._handler = handler
+        self._stopping = False
+        self._health.state = "starting"
+        timeout = self._request_timeout
+        self._bot = Bot(
+            self._token,
+            base_url=self._base_url,
+            base_file_url=self._base_file_url,
+            request=HTTPXRequest(connection_pool_size=16, read_timeout=timeout, write_timeout=timeout,
+                                 connect_timeout=timeout, pool_timeout=timeout),
+            get_updates_request=HTTPXRequest(connection_pool_size=2, read_timeout=timeout,
+                                             write_timeout=timeout, connect_timeout=timeout, pool_timeout=timeout),
+        )
+        try:
+            await self._connect()
+        except BaseException:
+            await self._close_bot()
+            raise
+
+    async def _connect(self) -> None:
+        assert self._bot is not None
+        try:
+            await retry_async(self._bot.initialize, classify=_retry_network, backoff=self._reconnect_backoff,
+                              max_attempts=3)
+        except InvalidToken:
+            self._fail("Telegram rejected the bot token (401/404): check platforms.telegram.token")
+        except TelegramError as exc:
+            self._fail(f"could not reach the Telegram Bot API at {self._api_host()}: {describe(exc)}")
+        me = self._bot.bot
+        self._who = Addressing(me.id, me.username or "", self._require_mention, self._free)
+        await self._register_commands()
+        mode = "webhook" if self._webhook_url else "polling"
+        try:
+            if self._webhook_url:
+                await self._start_webhook()
+            else:
+                await self._bot.delete_webhook(drop_pending_updates=False)
+                self._start_polling()
+        except TelegramError as exc:
+            self._fail(f"could not start {mode}: {describe(exc)}")
+        self._health.state = "connected"
+        self._health.detail = f"@{me.username} ({mode})"
+        log.info("telegram connected as @%s (%s)", me.username, mode)
+
+    def _fail(self, reason: str) -> None:
+        self._health.state = "failed"
+        self._health.last_error = reason
+        log.error("telegram: %s", reason)
+        raise AdapterError(f"telegram: {reason}")
+
+    def _api_host(self) -> str:
+        return urlsplit(self._base_url).netloc or self._base_url
+
+    async def _register_commands(self) -> None:
+        commands = []
+        for name, description in self._commands:
+            if not _COMMAND_NAME.match(name) or not 1 <= len(description) <= 256:
+                log.warning("not registering command /%s with Telegram: names are 1-32 of a-z, 0-9, _ "
+                            "and descriptions 1-256 characters", name)
+                continue
+            commands.append(BotCommand(name, description))
+        if not commands:
+            return
+        try:
+            await self.bot.set_my_commands(commands)
+        except TelegramError as exc:  # the menu is a convenience; commands still work typed out
+            log.warning("could not register the telegram command menu: %s", describe(exc))
+
+    def _start_polling(self) -> None:
+        self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
+                              backoff=self._reconnect_backoff)
+        self._poll_task = asyncio.create_task(self._poller.run(), name="telegram:poller")
+        self._watchdog_task = asyncio.create_task(self._watchdog(), name="telegram:watchdog")
+
+    async def _watchdog(self) -> None:
+        """Restart polling when it claims to be up but no getUpdates came back for the stall timeout."""
+        interval = max(0.05, min(5.0, self._stall_timeout / 5))
+        while True:
+            await asyncio.sleep(interval)
+            poller = self._poller
+            if poller is None or poller.busy:
+                continue
+            silent = time.monotonic() - poller.last_beat
+            if silent <= self._stall_timeout:
+                continue
+            log.warning("telegram polling stalled (no answer for %.0fs); restarting it", silent)
+            self._report("reconnecting", f"polling stalled: no answer from Telegram for {silent:.0f}s; restarted")
+            offset = poller.offset
+            if self._poll_task is not None:
+                self._poll_task.cancel()
+                await asyncio.gather(self._poll_task, return_exceptions=True)
+            self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
+                                  backoff=self._reconnect_backoff)
+            self._poller.offset = offset
+            self._poll_task = asyncio.create_task(self._poller.run(), name="telegram:poller")
+
+    async def _start_webhook(self) -> None:
+        assert self._webhook_url and self._webhook_secret
+        path = urlsplit(self._webhook_url).path or "/"
+        self._webhook = WebhookServer(self.bot, self._deliver, host=self._webhook_listen, port=self._webhook_port,
+                                      path=path, secret=self._webhook_secret)
+        try:
+            await self._webhook.start()
+        except OSError as exc:
+            self._fail(f"could not listen for webhooks on {self._webhook_listen}:{self._webhook_port}: {exc}")
+        await self.bot.set_webhook(url=self._webhook_url, secret_token=self._webhook_secret,
+                                   allowed_updates=["message", "channel_post"])
+
+    async def stop(self) -> None:
+        if self._stopping or self._bot is None:
+            return
+        self._stopping = True
+        for task in (self._watchdog_task, self._poll_task):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._watchdog_task, self._poll_task) if t), return_exceptions=True)
+        self._watchdog_task = self._poll_task = None
+        if self._poller is not None:
+            await self._poller.confirm()
+            self._poller = None
+        if self._webhook is not None:
+            await self._webhook.stop()  # the webhook stays registered: Telegram queues updates until we return
+            self._webhook = None
+        await self._close_bot()
+        self._health.state = "stopped"
+        log.info("telegram adapter stopped")
+
+    async def _close_bot(self) -> None:
+        bot, self._bot = self._bot, None
+        if bot is not None:
+            try:
+                await bot.shutdown()
+            except Exception as exc:  # noqa: BLE001 - closing is best effort
+                log.debug("telegram bot shutdown: %s", describe(exc))
+
+    # -- inbound -------------------------------------------------------------------------
+
+    async def _deliver(self, update: Update) -> bool:
+        """Hand one update to the gateway; True when it may be acknowledged."""
+        self._health.last_event_at = time.time()
+        message = update.message or update.channel_post
+        if message is None or self._who is None or self._handler is None:
+            return True
+        try:
+            inbound = normalize(message, self._who)
+            if inbound is None:
+                return True
+            attachments = await self._attachments(message)
+            if attachments:
+                inbound = _with_attachments(inbound, attachments)
+            if not inbound.text and not inbound.attachments:
+                log.debug("ignoring an empty message %s in chat %s", inbound.message_id, inbound.chat_id)
+                return True
+        except Exception:  # noqa: BLE001 - an odd update is skipped, never fatal
+            log.exception("could not read telegram update %s; skipping it", update.update_id)
+            return True
+        try:
+            await self._handler(inbound)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged; the update is delivered again
+            log.exception("the gateway failed on telegram message %s in chat %s; it will be delivered again",
+                          inbound.message_id, inbound.chat_id)
+            self._health.last_error = f"handler failed on message {inbound.message_id}: {type(exc).__name__}: {exc}"
+            return False
+        return True
+
+    async def _attachments(self, message: Message) -> tuple[Attachment, ...]:
+        found: list[Attachment] = []
+        if message.photo:
+            found.append(await self._image(message.photo[-1].file_id, "photo.jpg", "image/jpeg",
+                                           message.photo[-1].file_size, candidates=message.photo))
+        doc = message.document
+        if doc is not None:
+            mime = doc.mime_type or None
+            if mime and mime.startswith("image/"):
+                found.append(await self._image(doc.file_id, doc.file_name or "image", mime, doc.file_size))
+            else:
+                found.append(Attachment(kind="file", name=doc.file_name or "file", mime_type=mime, size=doc.file_size))
+        for kind in ("audio", "video", "voice", "video_note", "animation", "sticker"):
+            media = getattr(message, kind, None)
+            if media is not None and not (kind == "animation" and doc is not None):
+                name = getattr(media, "file_name", None) or kind
+                found.append(Attachment(kind="file", name=name, mime_type=getattr(media, "mime_type", None),
+                                        size=getattr(media, "file_size", None)))
+        return tuple(found)
+
+    async def _image(self, file_id: str, name: str, mime: str, size: int | None, candidates=()) -> Attachment:
+        """Download an image when vision is on and it is small enough; otherwise describe it as a file."""
+        if candidates:  # photo sizes, smallest first: take the largest that fits
+            fitting = [p for p in candidates if p.file_size is None or p.file_size <= self._max_image_bytes]
+            if fitting:
+                file_id, size = fitting[-1].file_id, fitting[-1].file_size
+        if not self._vision:
+            return Attachment(kind="image", name=name, mime_type=mime, size=size)
+        if size is not None and size > self._max_image_bytes:
+            log.info("not downloading a %d-byte image (limit %d)", size, self._max_image_bytes)
+            return Attachment(kind="file", name=name, mime_type=mime, size=size)
+        try:
+            file = await self.bot.get_file(file_id)
+            if file.file_size is not None and file.file_size > self._max_image_bytes:
+                raise ValueError(f"{file.file_size} bytes is over the {self._max_image_bytes}-byte limit")
+            data = bytes(await file.download_as_bytearray())
+            if len(data) > self._max_image_bytes:
+                raise ValueError(f"{len(data)} bytes is over the {self._max_image_bytes}-byte limit")
+        except Exception as exc:  # noqa: BLE001 - the message still goes through without the image
+            log.warning("could not download a telegram image: %s", describe(exc))
+            return Attachment(kind="file", name=name, mime_type=mime, size=size)
+        return Attachment(kind="image", name=name, mime_type=mime, size=len(data), data=data)
+
+    # -- outbound ------------------------------------------------------------------------
+
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
+        if self._bot is None:
+            return Delivery(ok=False, error="telegram adapter is not running")
+        parts = split_message(text, MESSAGE_LIMIT, length=utf16_len)
+        if not parts:
+            return Delivery(ok=False, error="nothing to send: the reply is empty")
+        ids: list[str] = []
+        for index, part in enumerate(parts):
+            try:
+                sent = await self._send_part(chat, part, reply_to if index == 0 else None)
+            except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
+                error = f"part {index + 1}/{len(parts)} not delivered: {describe(exc)}"
+                log.warning("telegram send to chat %s failed: %s", chat.chat_id, error)
+                return Delivery(ok=False, message_ids=tuple(ids), error=error)
+            ids.append(str(sent.message_id))
+        return Delivery(ok=True, message_ids=tuple(ids))
+
+    async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None) -> Message:
+        limiter = limiter_for(PLATFORM, self._token, rate=self._rate[0], burst=self._rate[1])
+        kwargs: dict[str, Any] = {"chat_id": _chat_id(chat.chat_id)}
+        if chat.thread_id:
+            kwargs["message_thread_id"] = int(chat.thread_id)
+        # Quote the question in groups (several people talk there); in a DM it is noise.
+        if reply_to and reply_to.isdigit() and chat.chat_id.startswith("-"):
+            kwargs["reply_parameters"] = ReplyParameters(message_id=int(reply_to), allow_sending_without_reply=True)
+
+        async def attempt(**extra: Any) -> Message:
+            await limiter.acquire()
+            try:
+                return await self.bot.send_message(**kwargs, **extra)
+            except RetryAfter as exc:
+                limiter.pause(retry_after_seconds(exc) or 1.0)
+                raise
+
+        async def send(**extra: Any) -> Message:
+            return await retry_async(lambda: attempt(**extra), classify=_retry_send, backoff=self._send_backoff,
+                                     max_attempts=self._send_attempts, total_seconds=self._send_budget)
+
+        try:
+            return await send(text=markdown_to_html(part), parse_mode=ParseMode.HTML)
+        except BadRequest as exc:
+            if not is_parse_error(exc):
+                raise
+            log.info("Telegram rejected the formatting of a reply part (%s); sending it as plain text", exc)
+            return await send(text=part)
+
+    async def send_typing(self, chat: ChatRef) -> None:
+        if self._bot is None:
+            return
+        try:
+            await self._bot.send_chat_action(
+                chat_id=_chat_id(chat.chat_id), action=ChatAction.TYPING,
+                message_thread_id=int(chat.thread_id) if chat.thread_id else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - typing is best effort
+            log.debug("telegram typing indicator failed: %s", describe(exc))
+
+
+def _file_url_for(base_url: str) -> str:
+    """``https://host/bot`` -> ``https://host/file/bot`` (how the Bot API lays out file downloads)."""
+    root = base_url.rstrip("/")
+    root = root[: -len("/bot")] if root.endswith("/bot") else root
+    return f"{root}/file/bot"
+
+
+def _chat_id(chat_id: str) -> int | str:
+    return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
+
+
+def _retry_network(exc: BaseException) -> float | None:
+    if isinstance(exc, RetryAfter):
+        return retry_after_seconds(exc)
+    if isinstance(exc, NetworkError) and not isinstance(exc, BadRequest):  # TimedOut, 5xx, connection errors
+        return 0.0
+    return None
+
+
+def _retry_send(exc: BaseException) -> float | None:
+    # A timed-out send may have arrived; retrying risks a duplicate but never loses the reply.
+    return _retry_network(exc)
+
+
+def _with_attachments(msg: InboundMessage, attachments: tuple[Attachment, ...]) -> InboundMessage:
+    return replace(msg, attachments=attachments)

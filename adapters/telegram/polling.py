@@ -1,0 +1,121 @@
+"""Long polling that acknowledges an update only after the gateway stored it.
+
+PTB's ``Updater`` advances the offset as soon as it fetched a batch; here the
+loop awaits ``deliver(update)`` for each update in order and moves the offset
+past it only when that returned True.  When delivery fails, the next
+``getUpdates`` starts at the failed update, so Telegram hands it over again.
+
+409 Conflict (another process polls the same token, or a webhook is set),
+network errors and flood waits are logged, shown in health and retried with
+backoff: the loop itself never ends on an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from telegram import Bot, Update
+from telegram.error import Conflict, InvalidToken, RetryAfter, TelegramError
+
+from gateway.retry import Backoff
+
+from .redact import retry_after_seconds
+
+log = logging.getLogger(__name__)
+
+ALLOWED_UPDATES = ("message", "channel_post")
+CONFLICT_HINT = (
+    "Telegram answered 409 Conflict: another process is polling this bot token (or a webhook is set). "
+    "Stop the other bot instance or give this one its own token"
+)
+
+
+class Poller:
+    """Fetches updates and hands them to ``deliver`` one by one, in order."""
+
+    def __init__(
+        self,
+        bot: Bot,
+        deliver: Callable[[Update], Awaitable[bool]],
+        *,
+        report: Callable[[str, str | None], None],
+        poll_timeout: int,
+        backoff: Backoff,
+    ):
+        self._bot = bot
+        self._deliver = deliver
+        self._report = report  # (state, error) -> None
+        self._poll_timeout = poll_timeout
+        self._backoff = backoff
+        self.offset = 0
+        self.last_beat = time.monotonic()
+        self.busy = False  # inside deliver(): time spent there is not a stall
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                updates = await self._bot.get_updates(
+                    offset=self.offset or None,
+                    timeout=self._poll_timeout,
+                    allowed_updates=list(ALLOWED_UPDATES),
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every error is reported and retried
+                wait = self._backoff.delay(failures)
+                failures += 1
+                self._on_poll_error(exc, wait)
+                await asyncio.sleep(max(wait, retry_after_seconds(exc) or 0.0))
+                continue
+            self.beat()
+            if failures:
+                log.info("telegram polling is back after %d failed attempt(s)", failures)
+                failures = 0
+            self._report("connected", None)
+            handler_failures = 0
+            for update in updates:
+                self.busy = True
+                try:
+                    delivered = await self._deliver(update)
+                finally:
+                    self.busy = False
+                    self.beat()
+                if not delivered:
+                    # Not acknowledged: the next getUpdates starts at this update again.
+                    handler_failures += 1
+                    await asyncio.sleep(self._backoff.delay(handler_failures))
+                    break
+                self.offset = update.update_id + 1
+
+    def _on_poll_error(self, exc: BaseException, wait: float) -> None:
+        if isinstance(exc, Conflict):
+            log.error("%s; retrying in %.1fs (%s)", CONFLICT_HINT, wait, exc)
+            self._report("reconnecting", f"{CONFLICT_HINT} ({exc})")
+        elif isinstance(exc, InvalidToken):
+            log.error("Telegram rejected the bot token while polling; check platforms.telegram.token (retrying in %.1fs)", wait)
+            self._report("failed", "Telegram rejected the bot token (401/404): check platforms.telegram.token")
+        elif isinstance(exc, RetryAfter):
+            log.warning("Telegram asked to slow down polling: %s", exc)
+            self._report("reconnecting", str(exc))
+        elif isinstance(exc, TelegramError):
+            log.warning("telegram polling failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, wait)
+            self._report("reconnecting", f"{type(exc).__name__}: {exc}")
+        else:
+            log.exception("unexpected error while polling telegram; retrying in %.1fs", wait)
+            self._report("reconnecting", f"{type(exc).__name__}: {exc}")
+
+    async def confirm(self) -> None:
+        """Tell Telegram which updates are stored, so a restart does not fetch them again (best effort)."""
+        if not self.offset:
+            return
+        try:
+            await self._bot.get_updates(offset=self.offset, timeout=0, limit=1, read_timeout=3, connect_timeout=3)
+        except Exception as exc:  # noqa: BLE001 - a redelivery after restart is harmless (deduplicated)
+            log.debug("could not confirm the telegram offset on stop: %s", type(exc).__name__)

@@ -1,0 +1,486 @@
+"""A local fake of the Telegram Bot API, for tests and bench scripts.
+
+It speaks the slice of the Bot API that python-telegram-bot needs for a bot
+that long-polls (or takes webhooks), answers and shows "typing": every method
+is a POST to ``/bot<token>/<method>`` with form fields whose values are JSON
+(strings raw), answered with ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error_code": N, "description": ..., "parameters": ...}``.
+Files are served from ``/file/bot<token>/<path>``.
+
+    async with FakeTelegram() as tg:
+        bot = telegram.Bot(tg.token, base_url=tg.base_url, base_file_url=tg.base_file_url)
+        tg.dm(tg.user(42, "Ann"), "hello")           # queue an update for getUpdates
+        await tg.wait_for_sent(1)                     # poll until the bot answered
+        tg.sent[0].visible_text                       # what the user sees
+
+Every request is recorded in :attr:`FakeTelegram.requests`.  Failures are
+scripted per method: :meth:`fail_next` (an error answer, e.g. 429 with
+``retry_after``, 409, 400 "can't parse entities"), :meth:`drop_next` (the
+connection is cut without an answer) and :meth:`hang_next` (no answer until
+the client gives up).  ``parse_mode=HTML`` texts are checked the way Telegram
+does (known tags, balanced, ``<&>`` escaped) and rejected with the real
+error text when they are not; texts over 4,096 UTF-16 units after entity
+parsing are rejected too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import itertools
+import json
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import aiohttp
+from aiohttp import web
+
+DEFAULT_TOKEN = "123456789:AAFakeTokenForTestsOnly_abcdefghijk"
+_ALLOWED_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre",
+                 "tg-spoiler", "span", "blockquote", "tg-emoji"}
+_TAG = re.compile(r"<(/?)([a-zA-Z][\w-]*)((?:\s+[^>]*)?)>")
+_RAW_STRING_FIELDS = {"text", "parse_mode", "action", "url", "secret_token", "file_id", "caption"}
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+@dataclass
+class Recorded:
+    """One request the fake received."""
+
+    method: str
+    path: str
+    params: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class SentMessage:
+    """A message the bot sent and the fake accepted."""
+
+    message_id: int
+    chat_id: int | str
+    text: str
+    parse_mode: str | None
+    visible_text: str  # what the user sees: tags removed, entities unescaped
+    thread_id: int | None = None
+    reply_to: int | None = None
+
+
+@dataclass
+class _Scripted:
+    kind: str  # "fail" | "drop" | "hang"
+    status: int = 500
+    description: str = ""
+    retry_after: int | None = None
+
+
+class HTMLRejected(ValueError):
+    pass
+
+
+def check_html(text: str) -> str:
+    """The visible text of Telegram HTML, or :class:`HTMLRejected` with Telegram's message."""
+    stack: list[str] = []
+    visible: list[str] = []
+    pos = 0
+    for m in _TAG.finditer(text):
+        visible.append(text[pos : m.start()])
+        closing, name = m.group(1), m.group(2).lower()
+        byte_offset = len(text[: m.start()].encode())
+        if name not in _ALLOWED_TAGS:
+            raise HTMLRejected(f'Bad Request: can\'t parse entities: Unsupported start tag "{name}" at byte offset {byte_offset}')
+        if closing:
+            if not stack or stack[-1] != name:
+                raise HTMLRejected(f'Bad Request: can\'t parse entities: Unmatched end tag at byte offset {byte_offset}, expected "</{stack[-1] if stack else name}>", found "</{name}>"')
+            stack.pop()
+        else:
+            stack.append(name)
+        pos = m.end()
+    visible.append(text[pos:])
+    if stack:
+        raise HTMLRejected(f'Bad Request: can\'t parse entities: Can\'t find end tag corresponding to start tag "{stack[-1]}"')
+    plain = "".join(visible)
+    if "<" in plain or ">" in plain:
+        at = len(text[: text.find("<") if "<" in text else text.find(">")].encode())
+        raise HTMLRejected(f"Bad Request: can't parse entities: Unexpected end of name token at byte offset {at}")
+    for entity in re.finditer(r"&[^;\s]*;?", plain):
+        if not re.fullmatch(r"&(lt|gt|amp|quot|#\d+|#x[0-9a-fA-F]+);", entity.group()):
+            raise HTMLRejected("Bad Request: can't parse entities: Unsupported HTML entity")
+    return html.unescape(plain)
+
+
+class FakeTelegram:
+    """The fake Bot API server (an async context manager; bound to 127.0.0.1 on a free port)."""
+
+    def __init__(self, *, token: str = DEFAULT_TOKEN, bot_id: int = 7_000_001, bot_username: str = "switchboard_bot"):
+        self.token = token
+        self.bot_user = {"id": bot_id, "is_bot": True, "first_name": "Switchboard", "username": bot_username,
+                         "can_join_groups": True, "can_read_all_group_messages": False, "supports_inline_queries": False}
+        self.requests: list[Recorded] = []
+        self.sent: list[SentMessage] = []
+        self.commands: list[dict] = []
+        self.webhook: dict[str, Any] | None = None
+        self.files: dict[str, tuple[bytes, str]] = {}
+        self.confirmed_offset = 0
+        self._updates: deque[dict] = deque()
+        self._update_ids = itertools.count(1)
+        self._message_ids = itertools.count(100)
+        self._scripts: dict[str, deque[_Scripted]] = {}
+        self._changed: asyncio.Condition | None = None
+        self._closing = False
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> "FakeTelegram":
+        self._changed = asyncio.Condition()
+        app = web.Application(client_max_size=20 * 1024 * 1024)
+        app.router.add_route("*", "/bot{token}/{method}", self._api)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._file)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        self._closing = True
+        await self._notify()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> "FakeTelegram":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/bot"
+
+    @property
+    def base_file_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/file/bot"
+
+    # -- building inbound events -----------------------------------------------------
+
+    @staticmethod
+    def user(user_id: int, first_name: str = "Ann", *, username: str | None = None, last_name: str | None = None,
+             is_bot: bool = False) -> dict:
+        user = {"id": user_id, "is_bot": is_bot, "first_name": first_name}
+        if username:
+            user["username"] = username
+        if last_name:
+            user["last_name"] = last_name
+        return user
+
+    @staticmethod
+    def private_chat(user: dict) -> dict:
+        return {"id": user["id"], "type": "private", "first_name": user["first_name"]}
+
+    @staticmethod
+    def group_chat(chat_id: int = -1001234567890, title: str = "Team", *, forum: bool = False,
+                   supergroup: bool = True) -> dict:
+        chat = {"id": chat_id, "type": "supergroup" if supergroup else "group", "title": title}
+        if forum:
+            chat["is_forum"] = True
+        return chat
+
+    @staticmethod
+    def channel_chat(chat_id: int = -1009876543210, title: str = "News") -> dict:
+        return {"id": chat_id, "type": "channel", "title": title}
+
+    def bot_message(self, chat: dict, text: str) -> dict:
+        """A message as if this bot had sent it (to reply to)."""
+        return self.message(chat, self.bot_user, text, entities=[])
+
+    def message(self, chat: dict, sender: dict | None, text: str | None = None, *, thread_id: int | None = None,
+                topic: bool = False, reply_to: dict | None = None, entities: list[dict] | None = None,
+                caption: str | None = None, photo: list[dict] | None = None, document: dict | None = None,
+                **extra: Any) -> dict:
+        """A Message dict; entities for ``/commands`` and ``@mentions`` are found like Telegram does."""
+        msg: dict[str, Any] = {"message_id": next(self._message_ids), "date": int(time.time()), "chat": chat}
+        if sender is not None:
+            msg["from"] = sender
+        if chat.get("type") == "channel":
+            msg["sender_chat"] = chat
+        if text is not None:
+            msg["text"] = text
+            msg["entities"] = self.detect_entities(text) if entities is None else entities
+        if caption is not None:
+            msg["caption"] = caption
+            msg["caption_entities"] = self.detect_entities(caption)
+        if thread_id is not None:
+            msg["message_thread_id"] = thread_id
+        if topic:
+            msg["is_topic_message"] = True
+        if reply_to is not None:
+            msg["reply_to_message"] = reply_to
+        if photo is not None:
+            msg["photo"] = photo
+        if document is not None:
+            msg["document"] = document
+        msg.update(extra)
+        return msg
+
+    @staticmethod
+    def detect_entities(text: str) -> list[dict]:
+        entities = []
+        for m in re.finditer(r"(?<![\w/])/[a-zA-Z0-9_]{1,32}(?:@[a-zA-Z0-9_]{5,32})?|(?<!\w)@[a-zA-Z0-9_]{5,32}", text):
+            kind = "bot_command" if m.group().startswith("/") else "mention"
+            entities.append({"type": kind, "offset": utf16_len(text[: m.start()]), "length": utf16_len(m.group())})
+        return entities
+
+    def push(self, message: dict, *, kind: str = "message") -> dict:
+        """Queue an update carrying ``message``; returns the update."""
+        if kind == "message" and message.get("chat", {}).get("type") == "channel":
+            kind = "channel_post"
+        update = {"update_id": next(self._update_ids), kind: message}
+        self._updates.append(update)
+        self._notify_soon()
+        return update
+
+    def redeliver(self, update: dict) -> dict:
+        """Deliver the same message again under a new update id (a duplicate delivery)."""
+        kind = next(k for k in update if k != "update_id")
+        return self.push(update[kind], kind=kind)
+
+    def dm(self, sender: dict, text: str, **kw: Any) -> dict:
+        return self.push(self.message(self.private_chat(sender), sender, text, **kw))
+
+    def in_group(self, chat: dict, sender: dict, text: str, **kw: Any) -> dict:
+        return self.push(self.message(chat, sender, text, **kw))
+
+    def in_topic(self, chat: dict, sender: dict, text: str, thread_id: int, **kw: Any) -> dict:
+        return self.push(self.message(chat, sender, text, thread_id=thread_id, topic=True, **kw))
+
+    def add_file(self, file_id: str, data: bytes, path: str | None = None) -> dict:
+        path = path or f"photos/{file_id}.jpg"
+        self.files[file_id] = (data, path)
+        return {"file_id": file_id, "file_unique_id": f"u{file_id}", "file_size": len(data)}
+
+    # -- scripting failures ----------------------------------------------------------
+
+    def fail_next(self, method: str, times: int = 1, *, status: int = 500, description: str = "Internal Server Error",
+                  retry_after: int | None = None) -> None:
+        self._script(method, times, _Scripted("fail", status, description, retry_after))
+
+    def rate_limit_next(self, method: str = "sendMessage", times: int = 1, *, retry_after: int = 1) -> None:
+        self.fail_next(method, times, status=429, description=f"Too Many Requests: retry after {retry_after}",
+                       retry_after=retry_after)
+
+    def drop_next(self, method: str, times: int = 1) -> None:
+        self._script(method, times, _Scripted("drop"))
+
+    def hang_next(self, method: str, times: int = 1) -> None:
+        self._script(method, times, _Scripted("hang"))
+
+    def _script(self, method: str, times: int, item: _Scripted) -> None:
+        self._scripts.setdefault(method.lower(), deque()).extend([item] * times)
+
+    # -- assertions and waiting ------------------------------------------------------
+
+    def calls(self, method: str) -> list[dict]:
+        return [r.params for r in self.requests if r.method.lower() == method.lower()]
+
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            await asyncio.sleep(0.01)
+
+    async def wait_for_sent(self, n: int, timeout: float = 5.0) -> list[SentMessage]:
+        await self.wait_for(lambda: len(self.sent) >= n, timeout, f"{n} sent messages (have {len(self.sent)})")
+        return self.sent[:n]
+
+    async def wait_for_calls(self, method: str, n: int = 1, timeout: float = 5.0) -> list[dict]:
+        await self.wait_for(lambda: len(self.calls(method)) >= n, timeout, f"{n} {method} calls")
+        return self.calls(method)
+
+    async def wait_until_confirmed(self, update: dict, timeout: float = 5.0) -> None:
+        """Until the bot acknowledged ``update`` (asked for an offset past it)."""
+        await self.wait_for(lambda: self.confirmed_offset > update["update_id"], timeout,
+                            f"offset past update {update['update_id']}")
+
+    async def deliver_webhook(self, update: dict, url: str | None = None, *, secret: str | None = None,
+                              send_secret: bool = True) -> int:
+        """POST ``update`` to the webhook like Telegram does; returns the HTTP status."""
+        hook = self.webhook or {}
+        url = url or hook.get("url")
+        headers = {"Content-Type": "application/json"}
+        secret = hook.get("secret_token") if secret is None else secret
+        if send_secret and secret:
+            headers["X-Telegram-Bot-Api-Secret-Token"] = secret
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=json.dumps(update), headers=headers) as response:
+                return response.status
+
+    # -- the API -----------------------------------------------------------------------
+
+    def _notify_soon(self) -> None:
+        try:
+            asyncio.get_running_loop().create_task(self._notify())
+        except RuntimeError:  # pushed before the loop runs: the next poll sees it anyway
+            pass
+
+    async def _notify(self) -> None:
+        if self._changed is not None:
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _params(self, request: web.Request) -> dict[str, Any]:
+        if request.content_type == "application/json":
+            body = await request.read()
+            return json.loads(body) if body else {}
+        form = await request.post()
+        params: dict[str, Any] = {}
+        for key, value in form.items():
+            if not isinstance(value, str):
+                params[key] = {"filename": value.filename}
+                continue
+            if key in _RAW_STRING_FIELDS:
+                params[key] = value
+                continue
+            try:
+                params[key] = json.loads(value)
+            except ValueError:
+                params[key] = value
+        return params
+
+    @staticmethod
+    def _ok(result: Any) -> web.Response:
+        return web.json_response({"ok": True, "result": result})
+
+    @staticmethod
+    def _error(status: int, description: str, retry_after: int | None = None) -> web.Response:
+        body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
+        if retry_after is not None:
+            body["parameters"] = {"retry_after": retry_after}
+        return web.json_response(body, status=status)
+
+    async def _api(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        params = await self._params(request)
+        self.requests.append(Recorded(method, request.path.replace(self.token, "<token>"), params))
+        if request.match_info["token"] != self.token:
+            return self._error(401, "Unauthorized")
+        script = self._scripts.get(method.lower())
+        if script:
+            item = script.popleft()
+            if item.kind == "fail":
+                return self._error(item.status, item.description, item.retry_after)
+            if item.kind == "drop":
+                assert request.transport is not None
+                request.transport.abort()
+                return web.Response(status=500)
+            if item.kind == "hang":
+                while not self._closing:
+                    await asyncio.sleep(0.05)
+                return self._error(500, "shutting down")
+        handler = getattr(self, f"_m_{method.lower()}", None)
+        if handler is None:
+            return self._error(404, "Not Found: method not found")
+        return await handler(params)
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["token"] != self.token:
+            return web.Response(status=401)
+        path = request.match_info["path"]
+        for data, file_path in self.files.values():
+            if file_path == path:
+                return web.Response(body=data, content_type="application/octet-stream")
+        return web.Response(status=404)
+
+    async def _m_getme(self, params: dict) -> web.Response:
+        return self._ok(self.bot_user)
+
+    async def _m_deletewebhook(self, params: dict) -> web.Response:
+        self.webhook = None
+        return self._ok(True)
+
+    async def _m_setwebhook(self, params: dict) -> web.Response:
+        self.webhook = dict(params)
+        return self._ok(True)
+
+    async def _m_getwebhookinfo(self, params: dict) -> web.Response:
+        hook = self.webhook or {}
+        return self._ok({"url": hook.get("url", ""), "has_custom_certificate": False,
+                         "pending_update_count": len(self._updates)})
+
+    async def _m_setmycommands(self, params: dict) -> web.Response:
+        self.commands = list(params.get("commands") or [])
+        return self._ok(True)
+
+    async def _m_sendchataction(self, params: dict) -> web.Response:
+        return self._ok(True)
+
+    async def _m_getfile(self, params: dict) -> web.Response:
+        file_id = params.get("file_id")
+        if file_id not in self.files:
+            return self._error(400, "Bad Request: invalid file_id")
+        data, path = self.files[file_id]
+        return self._ok({"file_id": file_id, "file_unique_id": f"u{file_id}", "file_size": len(data),
+                         "file_path": path})
+
+    async def _m_getupdates(self, params: dict) -> web.Response:
+        if self.webhook:
+            return self._error(409, "Conflict: can't use getUpdates method while webhook is active; "
+                                    "use deleteWebhook to delete the webhook first")
+        offset = int(params.get("offset") or 0)
+        if offset:
+            self.confirmed_offset = max(self.confirmed_offset, offset)
+        while self._updates and self._updates[0]["update_id"] < offset:
+            self._updates.popleft()
+        limit = int(params.get("limit") or 100)
+        timeout = float(params.get("timeout") or 0)
+        assert self._changed is not None
+        deadline = time.monotonic() + timeout
+        async with self._changed:
+            while not self._updates and not self._closing and (left := deadline - time.monotonic()) > 0:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+        return self._ok([u for u in self._updates if u["update_id"] >= offset][:limit])
+
+    async def _m_sendmessage(self, params: dict) -> web.Response:
+        text = params.get("text") or ""
+        mode = params.get("parse_mode")
+        if mode and mode.upper() == "HTML":
+            try:
+                visible = check_html(text)
+            except HTMLRejected as exc:
+                return self._error(400, str(exc))
+        else:
+            visible = text
+        if not visible.strip():
+            return self._error(400, "Bad Request: message text is empty")
+        if utf16_len(visible) > 4096:
+            return self._error(400, "Bad Request: message is too long")
+        chat_id = params.get("chat_id")
+        reply = params.get("reply_parameters") or {}
+        sent = SentMessage(next(self._message_ids), chat_id, text, mode, visible, params.get("message_thread_id"),
+                           reply.get("message_id") if isinstance(reply, dict) else None)
+        self.sent.append(sent)
+        chat = {"id": chat_id, "type": "private" if isinstance(chat_id, int) and chat_id > 0 else "supergroup"}
+        if chat["type"] == "private":
+            chat["first_name"] = "user"
+        result = {"message_id": sent.message_id, "date": int(time.time()), "chat": chat, "from": self.bot_user,
+                  "text": visible}
+        if sent.thread_id is not None:
+            result["message_thread_id"] = sent.thread_id
+        return self._ok(result)
