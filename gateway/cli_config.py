@@ -1,0 +1,77 @@
+"""``switchboard config check|show``: validate the config file, or print it with secrets masked.
+
+A thin layer over :func:`gateway.config.load_config`; a bad file prints one
+line naming the file and key, and exits 78 (EX_CONFIG).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import yaml
+
+from gateway.config import Config, load_config
+from gateway.errors import ConfigError
+
+__all__ = ["config_group"]
+
+
+class ConfigFailure(click.ClickException):
+    """A ConfigError on its way out of the CLI: one line on stderr, exit 78."""
+
+    exit_code = ConfigError.exit_code
+
+    def show(self, file=None) -> None:  # noqa: A002 - click's signature
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def _config_option(func):
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=True, path_type=Path),  # existence is checked by load_config, with its message
+        default=None,
+        help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
+    )(func)
+
+
+def _load(ctx: click.Context, config_path: Path | None) -> Config:
+    if config_path is None:
+        # Let `switchboard --config FILE config check` work too, if the root group takes --config.
+        config_path = ctx.find_root().params.get("config") or ctx.find_root().params.get("config_path")
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        raise ConfigFailure(str(exc)) from None
+
+
+@click.group("config")
+def config_group() -> None:
+    """Check or show the gateway's config file."""
+
+
+@config_group.command("check")
+@_config_option
+@click.pass_context
+def check(ctx: click.Context, config_path: Path | None) -> None:
+    """Validate the config file; exit 78 with one line naming the key on a mistake."""
+    cfg = _load(ctx, config_path)
+    click.echo(f"{cfg.source}: ok")
+    for name, state in cfg.enabled_platforms().items():
+        click.echo(f"  {name}: {state}")
+    click.echo(f"  api: http://{cfg.api.host}:{cfg.api.port}  home: {cfg.home}")
+
+
+@config_group.command("show")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
+@click.pass_context
+def show(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
+    """Print the effective config (defaults filled in, ${VAR} expanded), secrets as ***."""
+    data = _load(ctx, config_path).redacted()
+    if as_json:
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False), nl=False)

@@ -1,0 +1,196 @@
+"""Logging for the daemon and the CLI: readable lines on a terminal, JSON lines
+otherwise, and no secret ever written.
+
+    setup_logging(cfg.logging.level, cfg.logging.format, secrets=cfg.secrets())
+
+One handler on the root logger writes to stderr.  A :class:`RedactingFilter`
+on that handler (so it sees every record that propagates, including those of
+httpx, discord.py and the Slack SDK) replaces each known secret value and
+anything shaped like a token with ``***`` in the message, its arguments, the
+exception text and the stack; the formatters then mask their final output
+once more, which catches secrets in ``extra=`` fields.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from datetime import datetime, timezone
+from typing import Any, Iterable, TextIO
+
+__all__ = ["JsonFormatter", "Redactor", "RedactingFilter", "TextFormatter", "setup_logging"]
+
+MASK = "***"
+# A known secret shorter than this is not masked: replacing e.g. "ab"
+# everywhere would shred the logs while protecting nothing worth having.
+MIN_SECRET_LENGTH = 6
+
+# Token shapes masked even when the config does not know them (a token in an
+# exception from a library, a user pasting one into a chat...).
+# Each pattern's first group, if any, is kept (the "Bearer " before the token).
+TOKEN_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"()(?<![0-9])[0-9]{3,}:[A-Za-z0-9_-]{30,}"),  # Telegram bot token (also inside /bot<token>/ URLs)
+    re.compile(r"()\bxox[abprse]-[A-Za-z0-9-]{8,}"),  # Slack bot/user/refresh tokens
+    re.compile(r"()\bxapp-[A-Za-z0-9-]{8,}"),  # Slack app-level token
+    re.compile(r"()\bsk-[A-Za-z0-9_-]{16,}"),  # OpenAI-style API keys (sk-..., sk-proj-...)
+    re.compile(r"()\b[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}"),  # Discord bot token
+    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"),  # Authorization: Bearer <token>
+    re.compile(r"(?i)(\bbot\s+)[A-Za-z0-9._-]{20,}"),  # Authorization: Bot <token> (Discord)
+    re.compile(r"(?i)([?&](?:token|access_token|api_key|key|secret)=)[^&\s#\"']+"),  # tokens in query strings
+)
+
+_MASK_AFTER_PREFIX = r"\1" + MASK
+
+_STANDARD_ATTRS = frozenset(
+    vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None)).keys() | {"message", "asctime", "taskName"}
+)
+
+
+class Redactor:
+    """Masks known secret values and token-shaped strings in text."""
+
+    def __init__(self, secrets: Iterable[str] = ()):
+        values = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+        self._known = re.compile("|".join(re.escape(v) for v in values)) if values else None
+
+    def __call__(self, text: str) -> str:
+        if self._known is not None:
+            text = self._known.sub(MASK, text)
+        for pattern in TOKEN_PATTERNS:
+            text = pattern.sub(_MASK_AFTER_PREFIX, text)
+        return text
+
+    def value(self, value: Any) -> Any:
+        """Mask inside strings, and strings inside lists and dicts (for ``extra=`` fields)."""
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, dict):
+            return {k: self.value(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.value(v) for v in value]
+        return value
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites each record so no secret survives in message, args, exception or stack."""
+
+    def __init__(self, redactor: Redactor):
+        super().__init__()
+        self.redactor = redactor
+        self._exc_formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad %-format call: keep what we have, still masked
+            message = f"{record.msg} {record.args!r}"
+        record.msg = self.redactor(message)
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._exc_formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redactor(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redactor(record.stack_info)
+        return True
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and not k.startswith("_")}
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-11-22 01:02:03,456 INFO    gateway.router: message key=value``."""
+
+    def __init__(self, redactor: Redactor):
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        self.redactor = redactor
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = _extras(record)
+        if extras:
+            tail = " ".join(f"{k}={v}" for k, v in extras.items())
+            head, sep, rest = line.partition("\n")
+            line = f"{head} {tail}{sep}{rest}"
+        return self.redactor(line)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``{"ts", "level", "logger", "msg", ...extra, "exc"?, "stack"?}``."""
+
+    def __init__(self, redactor: Redactor):
+        super().__init__()
+        self.redactor = redactor
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in _extras(record).items():
+            out.setdefault(key, value)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = record.stack_info
+        # Mask the values before encoding: JSON escaping could split a secret.
+        return json.dumps(self.redactor.value(out), ensure_ascii=False, default=lambda v: self.redactor(str(v)))
+
+
+class _SwitchboardHandler(logging.StreamHandler):
+    """Marks our handler so a second setup_logging() replaces it instead of doubling output."""
+
+
+def setup_logging(
+    level: str = "INFO",
+    fmt: str = "auto",
+    secrets: Iterable[str] = (),
+    *,
+    stream: TextIO | None = None,
+) -> None:
+    """Send every log record to ``stream`` (default stderr), masked.
+
+    ``fmt``: ``"text"``, ``"json"``, or ``"auto"`` (text when the stream is a
+    terminal, JSON lines otherwise).  Calling it again replaces the handler,
+    e.g. once the config's secrets are known.  Below DEBUG, httpx's
+    one-line-per-request logging is kept at WARNING.
+    """
+    if fmt not in ("auto", "text", "json"):
+        raise ValueError(f"log format must be auto, text or json (got {fmt!r})")
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    if not isinstance(numeric, int):
+        raise ValueError(f"log level must be DEBUG, INFO, WARNING, ERROR or CRITICAL (got {level!r})")
+    stream = sys.stderr if stream is None else stream
+    if fmt == "auto":
+        isatty = getattr(stream, "isatty", None)
+        fmt = "text" if isatty is not None and isatty() else "json"
+
+    secrets = list(secrets)
+    redactor = Redactor(secrets)
+    handler = _SwitchboardHandler(stream)
+    handler.addFilter(RedactingFilter(redactor))
+    handler.setFormatter(TextFormatter(redactor) if fmt == "text" else JsonFormatter(redactor))
+
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _SwitchboardHandler)]:
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    quiet = logging.WARNING if numeric > logging.DEBUG else logging.NOTSET
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(quiet)
+    short = sum(1 for s in set(secrets) if s and len(s) < MIN_SECRET_LENGTH)
+    if short:
+        logging.getLogger(__name__).warning(
+            "%d configured secret(s) are shorter than %d characters and are not masked in logs; use longer secrets",
+            short,
+            MIN_SECRET_LENGTH,
+        )
