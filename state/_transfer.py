@@ -7,7 +7,7 @@ import os
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from . import schema
 from ._messages import get_messages
@@ -54,6 +54,21 @@ def iter_export(conn: sqlite3.Connection, source: str | None = None) -> Iterator
 
 def export_all(conn: sqlite3.Connection, source: str | None = None) -> list[dict]:
     return list(iter_export(conn, source))
+
+
+def write_export(conn: sqlite3.Connection, handle: IO[str], source: str | None = None,
+                 session_id: str | None = None) -> int:
+    """Write sessions as JSON lines (one session with its messages per line); returns how many."""
+    if session_id is not None:
+        one = export_session(conn, session_id)
+        records: Iterable[dict] = [one] if one else []
+    else:
+        records = iter_export(conn, source)
+    count = 0
+    for record in records:
+        handle.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        count += 1
+    return count
 
 
 # --- import ----------------------------------------------------------------

@@ -9,9 +9,9 @@ coroutines from those marks, so the daemon runs exactly this code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import IO, Any, Callable, Iterable, TypeVar
 
-from . import _messages, _routes, _sessions, _titles, _transfer
+from . import _messages, _pairing, _routes, _sessions, _titles, _transfer
 from ._engine import Engine
 from ._messages import Appended
 from .paths import default_db_path
@@ -342,6 +342,11 @@ class SessionDB:
     def export_all(self, source: str | None = None) -> list[dict]:
         return self._engine.read(_transfer.export_all, source)
 
+    @_reads
+    def write_export(self, handle: IO[str], source: str | None = None, session_id: str | None = None) -> int:
+        """Stream sessions to ``handle`` as JSON lines from one snapshot; returns how many."""
+        return self._engine.read(_transfer.write_export, handle, source, session_id)
+
     @_writes
     def import_sessions(self, records: Iterable[tuple[int, dict]]) -> dict:
         """Restore ``(line_no, session)`` pairs in one transaction; see ``state._transfer``."""
@@ -355,6 +360,34 @@ class SessionDB:
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
         return self._engine.checkpoint(mode)
+
+    # --- pairing ---------------------------------------------------------------
+
+    @_reads
+    def is_user_approved(self, platform: str, user_id: str) -> bool:
+        return self._engine.read(_pairing.is_user_approved, platform, user_id)
+
+    @_writes
+    def request_pairing(self, platform: str, user_id: str, user_name: str | None, code: str, *,
+                        now: float, ttl: float, max_pending: int) -> dict | None:
+        """The user's pending pairing request, or a new one with ``code``; None when
+        ``max_pending`` requests are already open on the platform."""
+        return self._engine.write(_pairing.request_pairing, platform, user_id, user_name, code,
+                                  now=now, ttl=ttl, max_pending=max_pending)
+
+    @_reads
+    def list_pairing(self, now: float | None = None) -> dict:
+        """``{"pending": [...], "approved": [...]}``."""
+        return self._engine.read(_pairing.list_pairing, now)
+
+    @_writes
+    def approve_pairing(self, platform: str, code: str, now: float | None = None) -> dict:
+        """Approve the user holding ``code``; raises :class:`state.PairingNotFound`."""
+        return self._engine.write(_pairing.approve_pairing, platform, code, now)
+
+    @_writes
+    def revoke_user(self, platform: str, user_id: str) -> bool:
+        return self._engine.write(_pairing.revoke_user, platform, user_id)
 
 
 def public_methods(kind: str) -> dict[str, Callable[..., Any]]:

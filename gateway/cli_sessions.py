@@ -1,0 +1,299 @@
+"""``switchboard sessions``: list, show, search, export, import, delete, rename, prune, stats.
+
+A thin layer: open the store, call one ``SessionDB`` method, print.  State
+errors become one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from state import SessionDB, StateError, default_home
+from state._transfer import parse_jsonl
+
+_HOME_KEY = "switchboard.sessions.home"
+
+
+def _open(ctx: click.Context) -> SessionDB:
+    home = ctx.meta.get(_HOME_KEY) or default_home()
+    return SessionDB(Path(home) / "state.db")
+
+
+def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Open the store for the command, close it after, and turn StateError into one line."""
+
+    @functools.wraps(command)
+    @click.pass_context
+    def run(ctx: click.Context, *args: Any, **kwargs: Any) -> Any:
+        db = None
+        try:
+            db = _open(ctx)
+            return command(db, *args, **kwargs)
+        except StateError as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            if db is not None:
+                db.close()
+
+    return run
+
+
+def _console() -> Console:
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _json_out(value: Any) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
+
+
+def relative_time(ts: float | None, now: float | None = None) -> str:
+    if not ts:
+        return "-"
+    delta = (time.time() if now is None else now) - ts
+    if delta < 60:
+        return "just now"
+    if delta < 3600:
+        return f"{int(delta // 60)}m ago"
+    if delta < 86400:
+        return f"{int(delta // 3600)}h ago"
+    if delta < 2 * 86400:
+        return "yesterday"
+    if delta < 30 * 86400:
+        return f"{int(delta // 86400)}d ago"
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d")
+
+
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if not yes and not click.confirm(question, default=False):
+        raise click.ClickException("nothing was changed (pass --yes to skip this question)")
+
+
+@click.group("sessions")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Switchboard home holding state.db (default: $SWITCHBOARD_HOME or ~/.switchboard).")
+@click.pass_context
+def sessions(ctx: click.Context, home: Path | None) -> None:
+    """Browse, search, export and clean up stored conversations."""
+    if home is not None:
+        ctx.meta[_HOME_KEY] = home
+
+
+@sessions.command("list")
+@click.option("--source", help="Only sessions from this platform (telegram, discord, slack, cli, cron).")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@_with_db
+def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
+    """List recent sessions: title, preview, last activity, id."""
+    rows = db.list_sessions_rich(source=source, limit=limit, include_children=show_all)
+    if as_json:
+        _json_out([{k: v for k, v in row.items() if k != "system_prompt"} for row in rows])
+        return
+    if not rows:
+        click.echo("No sessions." if not source else f"No sessions from {source}.")
+        return
+    table = Table(box=None, header_style="bold")
+    table.add_column("Title", max_width=30, overflow="ellipsis", no_wrap=True)
+    table.add_column("Preview", max_width=50, overflow="ellipsis", no_wrap=True)
+    table.add_column("Last active", no_wrap=True)
+    table.add_column("Src", no_wrap=True)
+    table.add_column("ID", no_wrap=True, min_width=max(len(r["id"]) for r in rows))
+    for row in rows:
+        table.add_row(row.get("title") or "—", row.get("preview") or "", relative_time(row.get("last_active")),
+                      row["source"], row["id"])
+    _console().print(table)
+
+
+@sessions.command("show")
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True, help="Print the session and its messages as JSON.")
+@_with_db
+def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
+    """Show one session (by id, unique id prefix, or title) and its messages."""
+    session_id = db.resolve_session_id(ref)
+    data = db.export_session(session_id)
+    if data is None:  # deleted between the two calls
+        raise click.ClickException(f"session {session_id} no longer exists")
+    if as_json:
+        _json_out(data)
+        return
+    lines = [
+        f"Session   {data['id']}",
+        f"Title     {data.get('title') or '—'}",
+        f"Source    {data['source']}" + (f"  user {data['user_name'] or data['user_id']}" if data.get("user_id") else ""),
+        f"Model     {data.get('model') or '—'}",
+        f"Started   {_when(data['started_at'])}",
+        f"Ended     {_when(data['ended_at'])}" + (f" ({data['end_reason']})" if data.get("end_reason") else ""),
+        f"Messages  {data['message_count']}  tool calls {data['tool_call_count']}  "
+        f"tokens in {data['input_tokens']} out {data['output_tokens']}",
+    ]
+    if data.get("parent_session_id"):
+        lines.append(f"Parent    {data['parent_session_id']}")
+    tip = db.get_compression_tip(session_id)
+    if tip != session_id:
+        lines.append(f"Continued {tip}")
+    click.echo("\n".join(lines))
+    for message in data["messages"]:
+        head = f"[{_when(message['timestamp'])}] {message['role']}"
+        if message.get("tool_name"):
+            head += f" ({message['tool_name']})"
+        click.echo(f"\n{head}")
+        if message.get("content"):
+            click.echo(message["content"])
+        for call in message.get("tool_calls") or []:
+            fn = call.get("function", {}) if isinstance(call, dict) else {}
+            click.echo(f"  -> {fn.get('name', '?')}({fn.get('arguments', '')})")
+
+
+@sessions.command("search")
+@click.argument("query")
+@click.option("--source", multiple=True, help="Only this platform (repeatable).")
+@click.option("--role", multiple=True, help="Only this role: user, assistant, tool (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@_with_db
+def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[str, ...], limit: int,
+               as_json: bool) -> None:
+    """Full-text search over every stored message (any text is accepted)."""
+    results = db.search_messages(query, source_filter=list(source) or None, role_filter=list(role) or None,
+                                 limit=limit)
+    if as_json:
+        _json_out(results)
+        return
+    if not results:
+        click.echo("No matches.")
+        return
+    table = Table(box=None, header_style="bold")
+    table.add_column("When", no_wrap=True)
+    table.add_column("Src", no_wrap=True)
+    table.add_column("Role", no_wrap=True)
+    table.add_column("Snippet", overflow="fold")
+    table.add_column("Session", no_wrap=True, min_width=max(len(r["session_id"]) for r in results))
+    for hit in results:
+        table.add_row(relative_time(hit["timestamp"]), hit.get("source") or "", hit["role"],
+                      (hit.get("snippet") or "").replace("\n", " "), hit["session_id"])
+    _console().print(table)
+
+
+@sessions.command("export")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@click.option("--source", help="Only sessions from this platform.")
+@click.option("--session-id", help="Only this session (id, prefix or title).")
+@_with_db
+def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | None) -> None:
+    """Write sessions to FILE as JSON lines (one session with its messages per line; - for stdout)."""
+    wanted = db.resolve_session_id(session_id) if session_id else None
+    if str(file) == "-":
+        count = db.write_export(sys.stdout, source=source, session_id=wanted)
+        click.echo(f"exported {count} sessions", err=True)
+        return
+    partial = file.with_name(f".{file.name}.partial")
+    try:
+        # conversations are private: the file is readable by its owner only
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            count = db.write_export(handle, source=source, session_id=wanted)
+        os.replace(partial, file)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise click.ClickException(f"cannot write {file}: {exc.strerror}") from exc
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    click.echo(f"exported {count} sessions to {file}")
+
+
+@sessions.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@_with_db
+def import_cmd(db: SessionDB, file: Path) -> None:
+    """Restore sessions from an export; sessions already present are skipped."""
+    result = db.import_sessions(parse_jsonl(file))
+    click.echo(f"imported {result['imported']} sessions ({result['messages']} messages) from {file}")
+    if result["skipped"]:
+        shown = ", ".join(result["skipped"][:10]) + (" ..." if len(result["skipped"]) > 10 else "")
+        click.echo(f"skipped {len(result['skipped'])} sessions already present: {shown}")
+
+
+@sessions.command("delete")
+@click.argument("ref")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@_with_db
+def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
+    """Delete a session and its messages (its children are kept)."""
+    session_id = db.resolve_session_id(ref)
+    session = db.get_session(session_id) or {}
+    label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
+    _confirm(f"Delete session {label} and its {session.get('message_count', 0)} messages?", yes)
+    if not db.delete_session(session_id):
+        raise click.ClickException(f"session {session_id} no longer exists")
+    click.echo(f"deleted {label}")
+
+
+@sessions.command("rename")
+@click.argument("ref")
+@click.argument("title", nargs=-1, required=True)
+@_with_db
+def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
+    """Set a session's title (words need no quotes)."""
+    session_id = db.resolve_session_id(ref)
+    db.set_session_title(session_id, " ".join(title))
+    new = db.get_session_title(session_id)
+    click.echo(f"{session_id} is now titled {new!r}" if new else f"{session_id} has no title now")
+
+
+@sessions.command("prune")
+@click.option("--older-than", "days", type=click.FloatRange(min=0), default=90, show_default=True,
+              help="Days without activity.")
+@click.option("--source", help="Only sessions from this platform.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@_with_db
+def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None:
+    """Delete ended sessions inactive for DAYS; children of a pruned session are kept."""
+    candidates = db.prune_candidates(days, source)
+    if not candidates:
+        click.echo("Nothing to prune.")
+        return
+    _confirm(f"Delete {len(candidates)} ended sessions inactive for {days:g} days?", yes)
+    click.echo(f"pruned {db.prune_sessions(days, source)} sessions")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+@sessions.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@_with_db
+def stats_cmd(db: SessionDB, as_json: bool) -> None:
+    """Counts by source, database and WAL size."""
+    stats = db.stats()
+    if as_json:
+        _json_out(stats)
+        return
+    click.echo(f"Total sessions: {stats['sessions']}")
+    click.echo(f"Total messages: {stats['messages']}")
+    for source, count in stats["by_source"].items():
+        click.echo(f"  {source}: {count} sessions")
+    click.echo(f"Database size: {_size(stats['db_bytes'])} (WAL {_size(stats['wal_bytes'])})")
+    click.echo(f"Database: {stats['path']}")

@@ -1,0 +1,186 @@
+"""`switchboard sessions`: what a user sees from each command."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from gateway.cli_sessions import sessions
+from state import SessionDB
+
+
+@pytest.fixture
+def run(home):
+    runner = CliRunner()
+
+    def invoke(*args, input=None):
+        return runner.invoke(sessions, list(args), input=input, catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture
+def filled(home):
+    with SessionDB(home / "state.db") as db:
+        db.create_session("20250301_100000_aaaa0001", "telegram", model="m", title="docker work")
+        db.append_message("20250301_100000_aaaa0001", "user", "How do I fix the docker build?")
+        db.append_message("20250301_100000_aaaa0001", "assistant", "Pin the base image.",
+                          tool_calls=[{"id": "c", "function": {"name": "shell", "arguments": '{"cmd": "docker ps"}'}}])
+        db.create_session("20250302_100000_bbbb0002", "discord")
+        db.append_message("20250302_100000_bbbb0002", "user", "我们讨论了记忆断裂的问题")
+        db.create_session("20250302_100000_bbbb0003", "cli")
+    return home
+
+
+def test_every_command_has_help(run):
+    for name in sessions.commands:
+        result = run(name, "--help")
+        assert result.exit_code == 0, name
+        assert "Usage:" in result.output
+
+
+def test_list_human_and_json(run, filled):
+    result = run("list")
+    assert result.exit_code == 0
+    assert "docker work" in result.output
+    assert "How do I fix the docker build?" in result.output
+    assert "20250301_100000_aaaa0001" in result.output
+    assert "just now" in result.output
+    rows = json.loads(run("list", "--json").output)
+    assert [r["id"] for r in rows] == ["20250302_100000_bbbb0003", "20250302_100000_bbbb0002", "20250301_100000_aaaa0001"]
+    rows = json.loads(run("list", "--json", "--source", "discord", "--limit", "5").output)
+    assert [(r["id"], r["preview"]) for r in rows] == [("20250302_100000_bbbb0002", "我们讨论了记忆断裂的问题")]
+
+
+def test_list_empty_store(run):
+    result = run("list")
+    assert (result.exit_code, result.output) == (0, "No sessions.\n")
+
+
+def test_show_by_prefix_and_title(run, filled):
+    result = run("show", "20250301")
+    assert result.exit_code == 0
+    assert "Session   20250301_100000_aaaa0001" in result.output
+    assert "Pin the base image." in result.output
+    assert '-> shell({"cmd": "docker ps"})' in result.output
+    assert json.loads(run("show", "docker work", "--json").output)["id"] == "20250301_100000_aaaa0001"
+
+
+def test_ambiguous_prefix_lists_candidates(run, filled):
+    result = run("show", "20250302")
+    assert result.exit_code == 1
+    assert "20250302_100000_bbbb0002" in result.stderr and "20250302_100000_bbbb0003" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_session_is_one_clear_line(run, filled):
+    result = run("show", "nope")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "Error: no session matches 'nope': run 'switchboard sessions list' to see ids and titles")
+
+
+def test_search(run, filled):
+    hits = json.loads(run("search", "docker", "--json").output)
+    assert {h["session_id"] for h in hits} == {"20250301_100000_aaaa0001"}
+    assert json.loads(run("search", "记忆断裂", "--json").output)[0]["session_id"] == "20250302_100000_bbbb0002"
+    assert json.loads(run("search", "docker", "--role", "assistant", "--json").output)[0]["role"] == "assistant"
+    assert json.loads(run("search", "docker", "--source", "discord", "--json").output) == []
+    result = run("search", '"unbalanced AND (')
+    assert result.exit_code == 0
+    human = run("search", "docker")
+    assert ">>>docker<<<" in human.output or ">>>Docker<<<" in human.output
+
+
+def test_export_import_round_trip(run, filled, tmp_path, monkeypatch):
+    dump = tmp_path / "backup.jsonl"
+    result = run("export", str(dump))
+    assert result.exit_code == 0 and "exported 3 sessions" in result.output
+    assert (dump.stat().st_mode & 0o777) == 0o600
+    lines = dump.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 3 and all(json.loads(line)["messages"] is not None for line in lines)
+    one = tmp_path / "one.jsonl"
+    run("export", str(one), "--session-id", "docker work")
+    assert [json.loads(line)["id"] for line in one.read_text().splitlines()] == ["20250301_100000_aaaa0001"]
+
+    other = tmp_path / "other-home"
+    monkeypatch.setenv("SWITCHBOARD_HOME", str(other))
+    result = run("import", str(dump))
+    assert result.exit_code == 0 and "imported 3 sessions (3 messages)" in result.output
+    again = tmp_path / "again.jsonl"
+    run("export", str(again))
+    assert [json.loads(x) for x in again.read_text().splitlines()] == [json.loads(x) for x in lines]
+    assert "skipped 3 sessions already present" in run("import", str(dump)).output
+    assert json.loads(run("search", "记忆断裂", "--json").output)[0]["session_id"] == "20250302_100000_bbbb0002"
+
+
+def test_a_malformed_import_line_imports_nothing(run, home, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    good = {"id": "s1", "source": "cli", "started_at": time.time(), "messages": []}
+    bad.write_text(json.dumps(good) + "\n" + '{"id": "s2", "source": ' + "\n", encoding="utf-8")
+    result = run("import", str(bad))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: line 2: not valid JSON")
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text(json.dumps(good) + "\n" + json.dumps({"id": "s3", "source": "cli", "started_at": 1,
+                                                              "messages": [{"content": "no role", "timestamp": 1}]}))
+    result = run("import", str(missing))
+    assert result.exit_code == 1 and "line 2: message 1 has no 'role'" in result.stderr
+    with SessionDB(home / "state.db") as db:
+        assert db.session_count() == 0
+
+
+def test_delete_asks_first(run, filled):
+    result = run("delete", "20250302_100000_bbbb0003", input="n\n")
+    assert result.exit_code == 1 and "nothing was changed" in result.stderr
+    result = run("delete", "20250302_100000_bbbb0003", input="y\n")
+    assert result.exit_code == 0 and "deleted 20250302_100000_bbbb0003" in result.output
+    assert run("delete", "docker work", "--yes").exit_code == 0
+    assert [r["id"] for r in json.loads(run("list", "--json").output)] == ["20250302_100000_bbbb0002"]
+
+
+def test_rename(run, filled):
+    result = run("rename", "20250302_100000_bbbb0003", "my", "new", "title")
+    assert result.exit_code == 0 and "'my new title'" in result.output
+    assert json.loads(run("show", "my new title", "--json").output)["id"] == "20250302_100000_bbbb0003"
+    result = run("rename", "20250302_100000_bbbb0002", "docker", "work")
+    assert result.exit_code == 1
+    assert "already in use by session 20250301_100000_aaaa0001" in result.stderr
+
+
+def test_prune(run, filled):
+    with SessionDB(filled / "state.db") as db:
+        db.end_session("20250302_100000_bbbb0003", "done")
+        db._engine.write(lambda conn: conn.execute(
+            "UPDATE sessions SET started_at = 0, last_active = 0, ended_at = 1 WHERE id = '20250302_100000_bbbb0003'"))
+    assert run("prune", "--older-than", "30", "--source", "telegram").output == "Nothing to prune.\n"
+    result = run("prune", "--older-than", "30", "--yes")
+    assert (result.exit_code, result.output) == (0, "pruned 1 sessions\n")
+
+
+def test_stats(run, filled):
+    result = run("stats")
+    assert result.exit_code == 0
+    assert "Total sessions: 3" in result.output and "Total messages: 3" in result.output
+    assert "  telegram: 1 sessions" in result.output and "Database size:" in result.output
+    assert json.loads(run("stats", "--json").output)["by_source"] == {"cli": 1, "discord": 1, "telegram": 1}
+
+
+def test_home_option_selects_the_database(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    with SessionDB(elsewhere / "state.db") as db:
+        db.create_session("only-here", "cli")
+    result = CliRunner().invoke(sessions, ["--home", str(elsewhere), "list", "--json"])
+    assert [r["id"] for r in json.loads(result.output)] == ["only-here"]
+
+
+def test_a_broken_database_is_one_line(tmp_path):
+    home = tmp_path / "broken"
+    home.mkdir()
+    (home / "state.db").write_text("not sqlite at all" * 100)
+    result = CliRunner().invoke(sessions, ["--home", str(home), "stats"])
+    assert result.exit_code == 1
+    assert "not a SQLite database" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,335 @@
+"""SessionDB: files, sessions, messages, counters, routes, lineage, listing, deletion, pruning."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+
+import pytest
+
+from state import (
+    AmbiguousSession,
+    Appended,
+    SessionDB,
+    SessionNotFound,
+    StateError,
+    default_home,
+    new_session_id,
+)
+
+
+def test_default_location_is_private(home, db):
+    db.create_session("s1", "cli")
+    db.append_message("s1", "user", "hi")
+    assert db.db_path == home / "state.db"
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        assert stat.S_IMODE(os.stat(home / name).st_mode) == 0o600, name
+
+
+def test_default_home_falls_back_to_dot_switchboard(monkeypatch, tmp_path):
+    monkeypatch.delenv("SWITCHBOARD_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_home() == tmp_path / ".switchboard"
+
+
+def test_new_session_ids_sort_by_time_and_differ():
+    first, second = new_session_id(1_700_000_000), new_session_id(1_700_000_001)
+    assert re.fullmatch(r"\d{8}_\d{6}_[0-9a-f]{8}", first)
+    assert first < second
+    assert new_session_id(5) != new_session_id(5)
+
+
+def test_create_and_get_session(db):
+    assert db.create_session("s1", "telegram", model="m1", user_id="u1", system_prompt="be brief",
+                             model_config={"temperature": 0.2}, session_key="agent:main:telegram:dm:1",
+                             user_name="Ann") == "s1"
+    session = db.get_session("s1")
+    assert {k: session[k] for k in ("id", "source", "model", "user_id", "user_name", "session_key",
+                                     "system_prompt", "model_config", "message_count", "ended_at")} == {
+        "id": "s1", "source": "telegram", "model": "m1", "user_id": "u1", "user_name": "Ann",
+        "session_key": "agent:main:telegram:dm:1", "system_prompt": "be brief",
+        "model_config": '{"temperature": 0.2}', "message_count": 0, "ended_at": None,
+    }
+    assert db.get_session("nope") is None
+    # creating an existing id changes nothing
+    db.create_session("s1", "cli", model="other")
+    assert db.get_session("s1")["model"] == "m1"
+
+
+def test_create_with_unknown_parent_is_refused(db):
+    with pytest.raises(SessionNotFound):
+        db.create_session("child", "cli", parent_session_id="ghost")
+    assert db.get_session("child") is None
+
+
+def test_end_twice_keeps_the_first_and_reopen_clears(db):
+    db.create_session("s1", "cli")
+    assert db.end_session("s1", "user_exit") is True
+    first = db.get_session("s1")
+    assert db.end_session("s1", "compression") is False
+    again = db.get_session("s1")
+    assert (again["end_reason"], again["ended_at"]) == ("user_exit", first["ended_at"])
+    assert db.reopen_session("s1") is True
+    assert (db.get_session("s1")["ended_at"], db.get_session("s1")["end_reason"]) == (None, None)
+    assert db.reopen_session("ghost") is False
+
+
+def test_messages_round_trip_and_counters(db):
+    db.create_session("s1", "cli")
+    calls = [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": '{"cmd": "ls"}'}},
+             {"id": "c2", "type": "function", "function": {"name": "web", "arguments": "{}"}}]
+    t = time.time()
+    ids = [
+        db.append_message("s1", "system", "you are helpful", timestamp=t + 1),
+        db.append_message("s1", "user", "list files", timestamp=t + 2),
+        db.append_message("s1", "assistant", None, tool_calls=calls, finish_reason="tool_calls",
+                          reasoning="need ls", reasoning_details=[{"type": "summary"}], timestamp=t + 3),
+        db.append_message("s1", "tool", "a.txt", tool_call_id="c1", tool_name="terminal", timestamp=t + 4),
+    ]
+    assert ids == sorted(ids)
+    session = db.get_session("s1")
+    assert (session["message_count"], session["tool_call_count"], session["last_active"]) == (4, 2, t + 4)
+    messages = db.get_messages("s1")
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[2]["tool_calls"] == calls
+    assert messages[2]["reasoning_details"] == [{"type": "summary"}]
+    assert (messages[2]["finish_reason"], messages[2]["reasoning"]) == ("tool_calls", "need ls")
+    assert db.get_messages_as_conversation("s1") == [
+        {"role": "system", "content": "you are helpful"},
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "content": "a.txt", "tool_call_id": "c1", "tool_name": "terminal"},
+    ]
+    assert db.message_count("s1") == 4
+
+
+def test_append_to_unknown_session_is_refused_and_stores_nothing(db):
+    with pytest.raises(SessionNotFound):
+        db.append_message("ghost", "user", "hello")
+    assert db.message_count() == 0
+
+
+def test_a_redelivered_platform_event_is_stored_once(db):
+    db.create_session("s1", "telegram")
+    db.create_session("s2", "telegram")
+    first = db.append_message("s1", "user", "hello", platform_message_id="42")
+    assert db.append_message("s1", "user", "hello", platform_message_id="42") == first
+    assert db.append_inbound("s1", "hello", platform_message_id="42") == Appended(first, False)
+    fresh = db.append_inbound("s1", "next", platform_message_id="43")
+    assert fresh.new is True and fresh.id > first
+    # the same platform id in another session is another message
+    assert db.append_inbound("s2", "hello", platform_message_id="42").new is True
+    assert [m["content"] for m in db.get_messages("s1")] == ["hello", "next"]
+    assert db.get_session("s1")["message_count"] == 2
+
+
+def test_batch_append_is_all_or_nothing(db):
+    db.create_session("s1", "cli")
+    ids = db.append_messages("s1", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    assert len(ids) == 2
+    with pytest.raises(ValueError):
+        db.append_messages("s1", [{"role": "assistant", "content": "partial"}, {"content": "no role"}])
+    with pytest.raises(TypeError):
+        db.append_messages("s1", [{"role": "assistant", "content": "x"}, {"role": "user", "bogus": 1}])
+    assert [m["content"] for m in db.get_messages("s1")] == ["q", "a"]
+    assert db.get_session("s1")["message_count"] == 2
+
+
+def test_update_token_counts_adds(db):
+    db.create_session("s1", "cli")
+    db.update_token_counts("s1", input_tokens=10, output_tokens=5, estimated_cost_usd=0.01, billing_provider="x")
+    db.update_token_counts("s1", input_tokens=1, output_tokens=2, cache_read_tokens=3, estimated_cost_usd=0.02)
+    s = db.get_session("s1")
+    assert (s["input_tokens"], s["output_tokens"], s["cache_read_tokens"], s["billing_provider"]) == (11, 7, 3, "x")
+    assert s["estimated_cost_usd"] == pytest.approx(0.03)
+
+
+def test_clear_messages_keeps_the_session(db):
+    db.create_session("s1", "cli")
+    db.append_message("s1", "user", "hello")
+    assert db.clear_messages("s1") == 1
+    assert db.get_messages("s1") == []
+    s = db.get_session("s1")
+    assert (s["message_count"], s["preview"]) == (0, None)
+
+
+def test_routes(db):
+    db.create_session("s1", "telegram")
+    db.create_session("s2", "discord")
+    assert db.get_route("agent:main:telegram:dm:1") is None
+    db.set_route("agent:main:telegram:dm:1", "s1")
+    db.set_route("agent:main:discord:dm:9", "s2")
+    db.set_route("agent:main:telegram:dm:1", "s2")
+    assert db.get_route("agent:main:telegram:dm:1") == "s2"
+    assert db.list_routes() == [("agent:main:discord:dm:9", "s2"), ("agent:main:telegram:dm:1", "s2")]
+    assert db.list_routes("agent:main:telegram") == [("agent:main:telegram:dm:1", "s2")]
+    assert db.list_routes("AGENT:") == []
+    assert db.delete_route("agent:main:discord:dm:9") is True
+    assert db.delete_route("agent:main:discord:dm:9") is False
+    with pytest.raises(SessionNotFound):
+        db.set_route("k", "ghost")
+
+
+def test_resolve_session_id(db):
+    db.create_session("20250305_091523_aaaa1111", "cli", title="fix docker")
+    db.create_session("20250305_091523_aaaa2222", "cli")
+    db.create_session("20250306_101010_bbbb3333", "cli")
+    assert db.resolve_session_id("20250305_091523_aaaa1111") == "20250305_091523_aaaa1111"
+    assert db.resolve_session_id("20250306") == "20250306_101010_bbbb3333"
+    with pytest.raises(AmbiguousSession) as err:
+        db.resolve_session_id("20250305")
+    assert sorted(err.value.candidates) == ["20250305_091523_aaaa1111", "20250305_091523_aaaa2222"]
+    assert "20250305_091523_aaaa2222" in str(err.value)
+    assert db.resolve_session_id("fix docker") == "20250305_091523_aaaa1111"
+    with pytest.raises(SessionNotFound):
+        db.resolve_session_id("nothing like it")
+    with pytest.raises(SessionNotFound):
+        db.resolve_session_id("2025030_")  # a LIKE wildcard is a literal here
+
+
+def _chain(db, now):
+    """root -(compression)-> mid -(compression)-> tip, plus a delegated child of root."""
+    db.create_session("root", "cli", title="proj")
+    db.append_message("root", "user", "first question\nwith a newline", timestamp=now)
+    db.create_session("helper", "cli", parent_session_id="root")
+    db.end_session("root", "compression")
+    db.create_session("mid", "cli", parent_session_id="root", title="proj #2")
+    db.end_session("mid", "compression")
+    db.create_session("tip", "cli", parent_session_id="mid", title="proj #3")
+    db.append_message("tip", "user", "later", timestamp=now + 10)
+
+
+def test_lineage_descendants_and_compression_tip(db):
+    _chain(db, time.time())
+    assert [s["id"] for s in db.get_lineage("tip")] == ["root", "mid", "tip"]
+    assert [s["id"] for s in db.get_lineage("root")] == ["root"]
+    assert db.get_lineage("ghost") == []
+    assert [s["id"] for s in db.get_descendants("root")] == ["helper", "mid", "tip"]
+    assert db.get_compression_tip("root") == "tip"
+    assert db.get_compression_tip("mid") == "tip"
+    assert db.get_compression_tip("helper") == "helper"
+    assert db.get_compression_tip("ghost") == "ghost"
+
+
+def test_listing_shows_a_chain_as_its_tip(db):
+    now = time.time()
+    _chain(db, now)
+    db.create_session("other", "telegram")
+    db.append_message("other", "user", "x" * 80)
+    rows = db.list_sessions_rich()
+    assert [(r["id"], r.get("lineage_root")) for r in rows] == [("other", None), ("tip", "root")]
+    assert rows[0]["preview"] == "x" * 60 + "..."
+    assert rows[1]["preview"] == "later"
+    assert rows[1]["last_active"] == pytest.approx(now + 10)
+    every = db.list_sessions_rich(include_children=True)
+    assert [r["id"] for r in every] == ["other", "tip", "mid", "helper", "root"]
+    assert next(r for r in every if r["id"] == "root")["preview"] == "first question with a newline"
+    assert [r["id"] for r in db.list_sessions_rich(source="telegram")] == ["other"]
+    assert [r["id"] for r in db.list_sessions_rich(limit=1, offset=1)] == ["tip"]
+
+
+def test_listing_filters_by_user_and_key(db):
+    db.create_session("a", "telegram", user_id="u1", session_key="k1")
+    db.create_session("b", "telegram", user_id="u2", session_key="k2")
+    assert [r["id"] for r in db.list_sessions_rich(user_ids=["u2"])] == ["b"]
+    assert db.list_sessions_rich(user_ids=[]) == []
+    assert [r["id"] for r in db.list_sessions_rich(session_key="k1")] == ["a"]
+
+
+def test_delete_session_keeps_children_and_drops_routes(db):
+    _chain(db, time.time())
+    db.set_route("key", "mid")
+    assert db.delete_session("mid") is True
+    assert db.delete_session("mid") is False
+    assert db.get_session("tip")["parent_session_id"] is None
+    assert db.get_route("key") is None
+    assert db.get_messages("mid") == []
+
+
+def _age(db, session_id, days):
+    """Backdate a session (the only way to make old data without waiting)."""
+    past = time.time() - days * 86400
+    conn = db._engine._wconn
+    conn.execute("UPDATE sessions SET started_at = ?, last_active = ?, ended_at = CASE WHEN ended_at IS NULL "
+                 "THEN NULL ELSE ? END WHERE id = ?", (past, past, past, session_id))
+
+
+def test_prune_a_chain_whose_old_part_ended(db):
+    db.create_session("A", "cli")
+    db.append_message("A", "user", "old")
+    db.end_session("A", "compression")
+    db.create_session("B", "cli", parent_session_id="A")
+    db.end_session("B", "compression")
+    db.create_session("C", "cli", parent_session_id="B")
+    db.append_message("C", "user", "recent")
+    db.create_session("never_ended", "cli")
+    for sid in ("A", "B", "never_ended"):
+        _age(db, sid, 100)
+    assert db.prune_candidates(90) == ["A", "B"]
+    assert db.prune_sessions(older_than_days=90) == 2
+    assert db.get_session("A") is None and db.get_session("B") is None
+    assert db.get_session("C")["parent_session_id"] is None
+    assert db.get_session("never_ended") is not None
+    assert [m["content"] for m in db.get_messages("C")] == ["recent"]
+    assert db.prune_sessions(older_than_days=90) == 0
+
+
+def test_prune_by_source(db):
+    for sid, source in (("t", "telegram"), ("d", "discord")):
+        db.create_session(sid, source)
+        db.end_session(sid, "done")
+        _age(db, sid, 40)
+    assert db.prune_sessions(older_than_days=30, source="telegram") == 1
+    assert db.get_session("d") is not None
+
+
+def test_stats_and_checkpoint(db):
+    db.create_session("a", "telegram")
+    db.create_session("b", "telegram")
+    db.create_session("c", "cli")
+    db.append_message("a", "user", "x")
+    stats = db.stats()
+    assert {k: stats[k] for k in ("sessions", "messages", "by_source")} == {
+        "sessions": 3, "messages": 1, "by_source": {"telegram": 2, "cli": 1}}
+    assert stats["db_bytes"] > 0 and stats["wal_bytes"] > 0
+    busy, _, _ = db.checkpoint("TRUNCATE")
+    assert busy == 0
+    assert db.stats()["wal_bytes"] == 0
+    with pytest.raises(ValueError):
+        db.checkpoint("BOGUS")
+
+
+def test_closed_store_says_so(home):
+    store = SessionDB()
+    store.close()
+    with pytest.raises(StateError, match="closed"):
+        store.create_session("s", "cli")
+    with pytest.raises(StateError, match="closed"):
+        store.get_session("s")
+
+
+def test_threads_share_one_store(db):
+    import threading
+
+    db.create_session("s", "cli")
+    errors = []
+
+    def work(n):
+        try:
+            for i in range(50):
+                db.append_message("s", "user", f"{n}-{i}")
+                db.get_messages("s")
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert db.get_session("s")["message_count"] == 200
+    assert len({m["content"] for m in db.get_messages("s")}) == 200
