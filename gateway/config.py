@@ -26,6 +26,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -85,6 +86,25 @@ ResetMode = Literal["idle", "daily", "both", "none"]
 class _Model(BaseModel):
     # coerce_numbers_to_str: YAML reads `- 123456` (a Telegram user id) as an int.
     model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_means_default(cls, data: Any) -> Any:
+        # `sessions:` with every line under it commented out, or `allowed_users:`
+        # with nothing after it, is YAML null: take the default rather than fail.
+        if isinstance(data, dict):
+            blank = [
+                k for k, v in data.items()
+                if v is None and k in cls.model_fields and not cls.model_fields[k].is_required()
+                and not _accepts_none(cls.model_fields[k].annotation)
+            ]
+            if blank:
+                data = {k: v for k, v in data.items() if k not in blank}
+        return data
+
+
+def _accepts_none(annotation: Any) -> bool:
+    return annotation is Any or type(None) in typing.get_args(annotation)
 
 
 def _secret(**kwargs: Any) -> Any:
@@ -307,6 +327,9 @@ class TelegramConfig(_PlatformConfig):
     PLATFORM: ClassVar[str] = "telegram"
     token: str = _secret()
     base_url: HttpUrl = "https://api.telegram.org/bot"  # python-telegram-bot appends the token
+    base_file_url: OptionalHttpUrl = None  # None: derived from base_url (.../bot -> .../file/bot)
+    poll_timeout: int = Field(30, ge=0, le=120)  # long-polling getUpdates timeout, seconds
+    max_image_bytes: int = Field(5 * 1024 * 1024, ge=1)  # larger photos are not downloaded for vision
     webhook_url: OptionalHttpUrl = None  # unset: long polling
     webhook_listen: str = "127.0.0.1"
     webhook_port: int = Field(8443, ge=0, le=65535)

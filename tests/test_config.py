@@ -137,6 +137,15 @@ def test_home_defaults_to_dot_switchboard_and_relative_paths_follow_the_file(tmp
     assert cfg.model.persona_text() == "Be brief."
 
 
+def test_a_blank_value_means_the_default(tmp_path):
+    text = "sessions:\n  # everything commented out\nauth:\n  allowed_users:\ntimezone:\nplatforms:\n  telegram:\n    token:\n"
+    cfg = load_config(write(tmp_path, text), env={})
+    assert cfg.sessions.reset.mode == "both"
+    assert cfg.auth.allowed_users == ()
+    assert cfg.timezone == "UTC"
+    assert cfg.enabled_platforms()["telegram"] == "off: platforms.telegram.token is not set"
+
+
 def test_config_is_frozen_and_lists_are_tuples(tmp_path):
     cfg = load_config(
         write(tmp_path, "auth:\n  allowed_users: [telegram:1]\nidentities:\n  alice: [telegram:1, slack:U1]\n"), env={}
