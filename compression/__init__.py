@@ -20,6 +20,7 @@ from .errors import CompressionError, CompressionFailed, NothingToCompress, Sess
 from .plan import Plan, fit_to_window, plan
 from .prompt import build_summary_request, render_transcript, target_summary_tokens
 from .redact import REDACTED, redact
+from .split import END_REASON, CompressionResult, Summarize, compress_session
 from .summary import SUMMARY_MARKER, is_summary, make_summary_message, summary_text
 from .tokens import (
     CONTEXT_LENGTHS,
@@ -37,15 +38,19 @@ from .tokens import (
 __all__ = [
     "CONTEXT_LENGTHS",
     "DEFAULT_CONTEXT_LENGTH",
+    "END_REASON",
     "IMAGE_TOKENS",
     "REDACTED",
     "SUMMARY_MARKER",
     "CompressionError",
     "CompressionFailed",
+    "CompressionResult",
     "NothingToCompress",
     "Plan",
     "SessionChanged",
+    "Summarize",
     "build_summary_request",
+    "compress_session",
     "context_length_for",
     "estimate_message_tokens",
     "estimate_text_tokens",

@@ -1,0 +1,306 @@
+"""The store-side split, with a real AsyncSessionDB on a temp dir and a recording summarizer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from compression import (
+    SUMMARY_MARKER,
+    CompressionFailed,
+    CompressionResult,
+    NothingToCompress,
+    SessionChanged,
+    compress_session,
+    estimate_tokens,
+    is_summary,
+    summary_text,
+)
+from state import AsyncSessionDB
+
+KEY = "telegram:dm:42"
+
+
+class Summarizer:
+    """A fake model for summaries: records each request, answers with the next text."""
+
+    def __init__(self, *texts: str):
+        self.texts = list(texts)
+        self.requests: list[list[dict]] = []
+        self.called = asyncio.Event()
+        self.release: asyncio.Event | None = None
+        self.error: BaseException | None = None
+
+    async def __call__(self, messages: list[dict]) -> str:
+        self.requests.append(messages)
+        self.called.set()
+        if self.release is not None:
+            await self.release.wait()
+        if self.error is not None:
+            raise self.error
+        return self.texts.pop(0) if self.texts else "Goals: keep going."
+
+    def last_body(self) -> str:
+        return self.requests[-1][-1]["content"]
+
+
+@pytest.fixture
+async def adb(tmp_path):
+    store = await AsyncSessionDB.open(tmp_path / "state.db")
+    yield store
+    await store.close()
+
+
+async def new_session(adb, sid: str, *, title: str | None = "my project", key: str | None = KEY, turns: int = 15,
+                      tool_at: int | None = None) -> list[dict]:
+    await adb.create_session(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.",
+                             session_key=key, user_name="Ada", title=title)
+    if key is not None:
+        await adb.set_route(key, sid)
+    messages = conversation(turns, tag=sid, tool_at=tool_at)
+    await adb.append_messages(sid, messages)
+    return messages
+
+
+def conversation(turns: int, *, tag: str = "", tool_at: int | None = None, start: int = 0) -> list[dict]:
+    out = []
+    for i in range(start, start + turns):
+        out.append({"role": "user", "content": f"{tag} question {i} " + "q" * 200,
+                    "platform_message_id": f"{tag}-{i}"})
+        if i == tool_at:
+            out.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call{i}", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}]})
+            out.append({"role": "tool", "tool_call_id": f"call{i}", "tool_name": "search", "content": "r" * 300})
+        out.append({"role": "assistant", "content": f"{tag} answer {i} " + "a" * 200})
+    return out
+
+
+async def snapshot(adb) -> dict:
+    """Everything a compression could change."""
+    sessions = await adb.list_sessions_rich(include_children=True, limit=100)
+    return {
+        "sessions": [(s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions],
+        "routes": await adb.list_routes(),
+        "messages": {s["id"]: await adb.get_messages(s["id"]) for s in sessions},
+    }
+
+
+async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(adb):
+    original = await new_session(adb, "root", turns=15)
+    summarizer = Summarizer("Goals: ship v2.\nFacts: staging host stg-7.example.net, port 8443.",
+                            "Goals: ship v2.\nFacts: staging host stg-7.example.net, port 8443. Tests pass.")
+
+    first = await compress_session(adb, "root", summarizer, context_length=2_000)
+
+    assert isinstance(first, CompressionResult)
+    assert first.old_session_id == "root" and first.title == "my project #2" and first.session_key == KEY
+    root, child = await adb.get_session("root"), await adb.get_session(first.new_session_id)
+    assert root["end_reason"] == "compression" and root["ended_at"] is not None
+    assert child["parent_session_id"] == "root" and child["ended_at"] is None
+    for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt"):
+        assert child[field] == root[field]
+    assert await adb.get_route(KEY) == first.new_session_id
+    # The parent keeps its full history, untouched.
+    assert [(m["role"], m["content"]) for m in await adb.get_messages("root")] == [
+        (m["role"], m["content"]) for m in original
+    ]
+    # The child: head, the marked summary, the tail.
+    stored = await adb.get_messages_as_conversation(first.new_session_id)
+    assert [m["content"] for m in stored[:3]] == [m["content"] for m in original[:3]]
+    assert is_summary(stored[3]) and stored[3]["content"].startswith(SUMMARY_MARKER)
+    assert "stg-7.example.net" in summary_text(stored[3])
+    assert [m["content"] for m in stored[4:]] == [m["content"] for m in original[-len(stored[4:]):]]
+    assert len(stored) - 4 >= 6
+    assert first.messages_before == 30 and first.messages_after == len(stored)
+    assert first.tokens_before == estimate_tokens(original) and first.tokens_after == estimate_tokens(stored)
+    assert first.tokens_after < first.tokens_before
+    assert first.describe() == (
+        f"Compressed: 30 → {len(stored)} messages, ~{round(first.tokens_before, -3):,} → "
+        f"~{round(first.tokens_after, -2):,} tokens. Continuing as \"my project #2\"."
+    )
+
+    # The conversation goes on in the child, then is compressed again.
+    await adb.append_messages(first.new_session_id, conversation(10, tag="root", start=15))
+    second = await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
+
+    assert second.title == "my project #3"
+    assert (await adb.get_session(second.new_session_id))["parent_session_id"] == first.new_session_id
+    assert await adb.get_route(KEY) == second.new_session_id
+    assert await adb.get_compression_tip("root") == second.new_session_id
+    assert await adb.resolve_session_by_title("my project") == second.new_session_id
+    assert [s["id"] for s in await adb.get_lineage(second.new_session_id)] == [
+        "root", first.new_session_id, second.new_session_id]
+    listed = await adb.list_sessions_rich()
+    assert [(s["id"], s.get("lineage_root")) for s in listed] == [(second.new_session_id, "root")]
+    # Nothing stored was lost anywhere in the chain.
+    assert await adb.message_count("root") == 30
+    assert await adb.message_count(first.new_session_id) == len(stored) + 20
+
+
+async def test_the_second_summary_is_built_on_the_first(adb):
+    await new_session(adb, "root", turns=15)
+    summarizer = Summarizer("Facts: the deploy key is in /etc/app/deploy.pem; budget 4,200 EUR.", "updated")
+    first = await compress_session(adb, "root", summarizer, context_length=2_000)
+    assert "EARLIER SUMMARY" not in summarizer.last_body()
+    await adb.append_messages(first.new_session_id, conversation(10, tag="later", start=15))
+
+    await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
+
+    body = summarizer.last_body()
+    assert "EARLIER SUMMARY" in body
+    assert "/etc/app/deploy.pem" in body and "4,200 EUR" in body
+    assert "later question 15" in body  # and the new middle, not the old one again
+    assert "root question 5" not in body
+
+
+async def test_focus_reaches_the_summarizer(adb):
+    await new_session(adb, "root", turns=12)
+    summarizer = Summarizer("s")
+    await compress_session(adb, "root", summarizer, context_length=2_000, focus="the invoice numbers")
+    assert "FOCUS" in summarizer.last_body() and "the invoice numbers" in summarizer.last_body()
+
+
+async def test_an_untitled_session_stays_untitled(adb):
+    await new_session(adb, "plain", title=None, turns=12)
+    result = await compress_session(adb, "plain", Summarizer("s"), context_length=2_000)
+    assert result.title is None
+    assert (await adb.get_session(result.new_session_id))["title"] is None
+    assert result.describe().endswith("Continuing in a new session.")
+
+
+async def test_tool_calls_stay_with_their_results_in_the_child(adb):
+    # The last six messages would start with the tool result: the cut has to move back to its call.
+    original = await new_session(adb, "tools", turns=18, tool_at=15)
+    assert original[-6]["role"] == "tool" and original[-7].get("tool_calls")
+    result = await compress_session(adb, "tools", Summarizer("s"), context_length=600)
+    stored = await adb.get_messages_as_conversation(result.new_session_id)
+    tail = stored[4:]
+    assert [m["content"] for m in tail] == [m["content"] for m in original[-7:]]
+    assert tail[0]["tool_calls"][0]["id"] == "call15"
+    assert tail[1] == {"role": "tool", "content": "r" * 300, "tool_call_id": "call15", "tool_name": "search"}
+
+
+async def test_the_summary_is_redacted_but_copied_messages_are_not(adb):
+    await new_session(adb, "s", turns=12)
+    await adb.append_messages("s", [{"role": "user", "content": "use sk-live-abcdefghijklmnopqrstuvwxyz01"},
+                                    {"role": "assistant", "content": "ok"}])
+    summarizer = Summarizer("Facts: the API key is sk-abcdefghijklmnopqrstuvwxyz0123 and password: hunter22")
+    result = await compress_session(adb, "s", summarizer, context_length=2_000)
+    stored = await adb.get_messages_as_conversation(result.new_session_id)
+    text = summary_text(stored[3])
+    assert "sk-abcdefghijklmnopqrstuvwxyz0123" not in text and "hunter22" not in text
+    assert "[REDACTED]" in text and result.summary == text
+    assert stored[-2]["content"] == "use sk-live-abcdefghijklmnopqrstuvwxyz01"  # the user's own message, verbatim
+
+
+async def test_a_redelivered_platform_event_is_still_recognised_in_the_child(adb):
+    await new_session(adb, "s", turns=12)
+    result = await compress_session(adb, "s", Summarizer("s"), context_length=2_000)
+    again = await adb.append_inbound(result.new_session_id, "s question 11 ...", platform_message_id="s-11")
+    assert again.new is False
+
+
+async def test_a_short_conversation_is_not_compressed_and_nothing_changes(adb):
+    await new_session(adb, "short", turns=4)
+    before = await snapshot(adb)
+    summarizer = Summarizer("s")
+    with pytest.raises(NothingToCompress, match="nothing to compress"):
+        await compress_session(adb, "short", summarizer, context_length=2_000)
+    assert summarizer.requests == []
+    assert await snapshot(adb) == before
+
+
+async def test_a_failing_summarizer_changes_nothing_and_the_session_goes_on(adb):
+    await new_session(adb, "s", turns=15)
+    before = await snapshot(adb)
+    summarizer = Summarizer()
+    summarizer.error = ConnectionError("connection reset by peer")
+
+    with pytest.raises(CompressionFailed, match="connection reset by peer") as info:
+        await compress_session(adb, "s", summarizer, context_length=2_000)
+
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert await snapshot(adb) == before
+    # The turn is still answered in the same session.
+    await adb.append_messages("s", [{"role": "assistant", "content": "answered anyway"}])
+    assert (await adb.get_messages_as_conversation(await adb.get_route(KEY)))[-1]["content"] == "answered anyway"
+
+
+async def test_a_hanging_summarizer_times_out_and_changes_nothing(adb):
+    await new_session(adb, "s", turns=15)
+    before = await snapshot(adb)
+    summarizer = Summarizer("never sent")
+    summarizer.release = asyncio.Event()  # never set: the model hangs
+
+    with pytest.raises(CompressionFailed, match="did not answer within 0.2s"):
+        await compress_session(adb, "s", summarizer, context_length=2_000, timeout=0.2)
+
+    assert await snapshot(adb) == before
+
+
+async def test_an_empty_summary_is_a_failure(adb):
+    await new_session(adb, "s", turns=15)
+    before = await snapshot(adb)
+    with pytest.raises(CompressionFailed, match="empty summary"):
+        await compress_session(adb, "s", Summarizer("   \n"), context_length=2_000)
+    assert await snapshot(adb) == before
+
+
+async def test_a_session_ended_meanwhile_is_left_alone(adb):
+    await new_session(adb, "s", turns=15)
+    summarizer = Summarizer("s")
+    summarizer.release = asyncio.Event()
+    task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
+    await summarizer.called.wait()
+    await adb.end_session("s", "reset")  # e.g. /reset while the summary was being written
+    before = await snapshot(adb)
+    summarizer.release.set()
+    with pytest.raises(SessionChanged, match="was ended"):
+        await task
+    assert await snapshot(adb) == before
+    with pytest.raises(SessionChanged, match="already ended"):
+        await compress_session(adb, "s", summarizer, context_length=2_000)
+
+
+async def test_messages_stored_during_the_summary_are_carried_over(adb):
+    await new_session(adb, "s", turns=15)
+    summarizer = Summarizer("s")
+    summarizer.release = asyncio.Event()
+    task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
+    await summarizer.called.wait()
+    await adb.append_messages("s", [{"role": "user", "content": "arrived mid-compression"}])
+    summarizer.release.set()
+    result = await task
+    assert (await adb.get_messages_as_conversation(result.new_session_id))[-1]["content"] == "arrived mid-compression"
+    assert (await adb.get_messages_as_conversation("s"))[-1]["content"] == "arrived mid-compression"
+    assert result.messages_before == 31
+
+
+async def test_other_sessions_are_served_while_one_compresses(adb):
+    await new_session(adb, "slow", title="slow chat", key="telegram:dm:1", turns=15)
+    await new_session(adb, "fast", title="fast chat", key="telegram:dm:2", turns=15)
+    slow = Summarizer("slow summary")
+    slow.release = asyncio.Event()
+    pending = asyncio.create_task(compress_session(adb, "slow", slow, context_length=2_000))
+    await slow.called.wait()
+
+    # While "slow" waits for its summary, another chat is answered and even compressed.
+    await adb.append_messages("fast", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    fast = await compress_session(adb, "fast", Summarizer("fast summary"), context_length=2_000)
+    assert await adb.get_route("telegram:dm:2") == fast.new_session_id
+    assert not pending.done()
+    assert await adb.get_route("telegram:dm:1") == "slow"
+
+    slow.release.set()
+    done = await pending
+    assert await adb.get_route("telegram:dm:1") == done.new_session_id
+
+
+def test_describe_is_the_compress_reply():
+    result = CompressionResult("a", "b", "my project #2", KEY, 48, 11, 61_240, 9_180, "s")
+    assert result.describe() == (
+        'Compressed: 48 → 11 messages, ~61,000 → ~9,000 tokens. Continuing as "my project #2".'
+    )
+    untitled = CompressionResult("a", "b", None, None, 12, 10, 950, 87, "s")
+    assert untitled.describe() == "Compressed: 12 → 10 messages, ~1,000 → ~87 tokens. Continuing in a new session."
