@@ -123,7 +123,8 @@ def _check_url(schemes: tuple[str, ...]):
             return value
         scheme, sep, rest = value.partition("://")
         if not sep or scheme.lower() not in schemes or not rest or rest.startswith("/"):
-            raise ValueError(f"must be a {' or '.join(schemes)} URL like {schemes[-1]}://host/path (got {_config_load.describe(value)})")
+            starts = " or ".join(f"{scheme}://" for scheme in schemes)
+            raise ValueError(f"must be a URL starting with {starts} (got {_config_load.describe(value)})")
         return value
 
     return check
@@ -267,8 +268,9 @@ class SessionsConfig(_Model):
         chat_type = str(getattr(chat_type, "value", chat_type))
         r = self.reset
         fields = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
-        for override in (getattr(r.by_platform, platform, None) if platform in PLATFORMS else None,
-                         getattr(r.by_type, chat_type, None) if chat_type in CHAT_TYPES else None):
+        by_platform = getattr(r.by_platform, platform) if platform in PLATFORMS else None
+        by_type = getattr(r.by_type, chat_type) if chat_type in CHAT_TYPES else None
+        for override in (by_platform, by_type):  # later wins
             if override is not None:
                 fields.update({k: v for k, v in override.model_dump().items() if v is not None})
         return ResetPolicy(**fields)

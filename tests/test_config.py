@@ -344,7 +344,7 @@ MISTAKES = [
     ("owner unknown", "auth:\n  owner: bob\n", {}, "auth.owner", "'bob' is not a name under identities"),
     ("account in two identities", "identities:\n  a: [telegram:1]\n  b: [telegram:1]\n", {}, "identities.b[0]",
      "already listed under identity 'a'"),
-    ("bad url", "model:\n  base_url: localhost:8000\n", {}, "model.base_url", "must be a http or https URL"),
+    ("bad url", "model:\n  base_url: localhost:8000\n", {}, "model.base_url", "must be a URL starting with http:// or https://"),
     ("persona twice", "model:\n  persona: hi\n  persona_file: config.yaml\n", {}, "model.persona_file", "not both"),
     ("bad log level", "logging:\n  level: verbose\n", {}, "logging.level", "must be one of DEBUG, INFO"),
 ]
