@@ -9,7 +9,8 @@
     │   ├── NotADatabase             the file is not a SQLite database, or not a Switchboard one
     │   └── SchemaTooNew             written by a newer Switchboard (.found, .supported)
     ├── WriteTimeout                 another process held the write lock longer than write_timeout
-    └── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
+    ├── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
+    └── PairingNotFound              no pending pairing request has that code (or it expired)
 
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so code written
 against the seed document (which raised ``ValueError``) keeps working.  Every
@@ -111,3 +112,15 @@ class ImportFileError(StateError):
         self.line_no = line_no
         self.reason = reason
         super().__init__(f"line {line_no}: {reason}; nothing was imported. Fix or remove that line and retry")
+
+
+class PairingNotFound(StateError):
+    """No pending pairing request has this code."""
+
+    def __init__(self, platform: str, code: str):
+        self.platform = platform
+        self.code = code
+        super().__init__(
+            f"no pending {platform} pairing request has code {code!r} (codes expire after an hour): "
+            "run 'switchboard pairing list' to see pending codes"
+        )

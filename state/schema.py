@@ -209,6 +209,12 @@ def _v11_fts(conn):
     fts.install(conn)
 
 
+def _v12_pairing(conn):
+    from . import _pairing
+
+    _pairing.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -221,6 +227,7 @@ for _step in [
     Migration(9, "routes", _v9_routes),
     Migration(10, "listing columns", _v10_listing),
     Migration(11, "search indexes", _v11_fts),
+    Migration(12, "pairing requests and approved users", _v12_pairing),
 ]:
     register(_step)
 

@@ -1,0 +1,87 @@
+"""Pairing: strangers' codes and the users the operator approved (no platform logic here)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from .errors import PairingNotFound
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS pairing_requests ("
+        " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT,"
+        " code TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL,"
+        " PRIMARY KEY (platform, user_id))"
+    )
+    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS idx_pairing_code ON pairing_requests(platform, code)")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS approved_users ("
+        " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT, approved_at REAL NOT NULL,"
+        " PRIMARY KEY (platform, user_id))"
+    )
+
+
+def is_user_approved(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
+    return conn.execute(
+        "SELECT 1 FROM approved_users WHERE platform = ? AND user_id = ?", (platform, user_id)
+    ).fetchone() is not None
+
+
+def request_pairing(conn: sqlite3.Connection, platform: str, user_id: str, user_name: str | None, code: str,
+                    *, now: float, ttl: float, max_pending: int) -> dict | None:
+    """The user's pending request (kept while valid) or a new one; None when ``max_pending`` are open."""
+    conn.execute("DELETE FROM pairing_requests WHERE expires_at <= ?", (now,))
+    row = conn.execute(
+        "SELECT platform, user_id, user_name, code, created_at, expires_at FROM pairing_requests"
+        " WHERE platform = ? AND user_id = ?", (platform, user_id),
+    ).fetchone()
+    if row is not None:
+        return dict(zip(("platform", "user_id", "user_name", "code", "created_at", "expires_at"), row))
+    pending = conn.execute("SELECT COUNT(*) FROM pairing_requests WHERE platform = ?", (platform,)).fetchone()[0]
+    if pending >= max_pending:
+        return None
+    conn.execute(
+        "INSERT INTO pairing_requests (platform, user_id, user_name, code, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+        (platform, user_id, user_name, code, now, now + ttl),
+    )
+    return {"platform": platform, "user_id": user_id, "user_name": user_name, "code": code,
+            "created_at": now, "expires_at": now + ttl}
+
+
+def list_pairing(conn: sqlite3.Connection, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    pending = conn.execute(
+        "SELECT platform, user_id, user_name, code, created_at, expires_at FROM pairing_requests"
+        " WHERE expires_at > ? ORDER BY created_at", (now,),
+    ).fetchall()
+    approved = conn.execute(
+        "SELECT platform, user_id, user_name, approved_at FROM approved_users ORDER BY approved_at"
+    ).fetchall()
+    return {
+        "pending": [dict(zip(("platform", "user_id", "user_name", "code", "created_at", "expires_at"), r)) for r in pending],
+        "approved": [dict(zip(("platform", "user_id", "user_name", "approved_at"), r)) for r in approved],
+    }
+
+
+def approve_pairing(conn: sqlite3.Connection, platform: str, code: str, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    row = conn.execute(
+        "SELECT user_id, user_name FROM pairing_requests WHERE platform = ? AND code = ? AND expires_at > ?",
+        (platform, code.strip().upper(), now),
+    ).fetchone()
+    if row is None:
+        raise PairingNotFound(platform, code)
+    conn.execute(
+        "INSERT OR REPLACE INTO approved_users (platform, user_id, user_name, approved_at) VALUES (?, ?, ?, ?)",
+        (platform, row[0], row[1], now),
+    )
+    conn.execute("DELETE FROM pairing_requests WHERE platform = ? AND user_id = ?", (platform, row[0]))
+    return {"platform": platform, "user_id": row[0], "user_name": row[1]}
+
+
+def revoke_user(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
+    removed = conn.execute("DELETE FROM approved_users WHERE platform = ? AND user_id = ?", (platform, user_id)).rowcount
+    conn.execute("DELETE FROM pairing_requests WHERE platform = ? AND user_id = ?", (platform, user_id))
+    return removed > 0
