@@ -72,6 +72,7 @@ __all__ = [
     "SlackConfig",
     "StoreConfig",
     "TelegramConfig",
+    "config_from_dict",
     "find_config_path",
     "load_config",
 ]
