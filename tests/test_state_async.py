@@ -1,0 +1,82 @@
+"""AsyncSessionDB: the same methods as coroutines, and the event loop never waits on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sqlite3
+
+import pytest
+
+from state import AsyncSessionDB, SessionDB, SessionNotFound, StateError
+from state.db import public_methods
+
+
+def test_every_public_method_has_a_coroutine():
+    names = set(public_methods("read")) | set(public_methods("write")) | {"checkpoint", "close"}
+    missing = [n for n in names if not inspect.iscoroutinefunction(getattr(AsyncSessionDB, n, None))]
+    assert missing == []
+    public = {n for n, m in vars(SessionDB).items() if callable(m) and not n.startswith("_")} - {"sanitize_title"}
+    assert public <= names
+
+
+async def test_round_trip_and_concurrent_appends(home):
+    adb = await AsyncSessionDB.open(home / "state.db")
+    try:
+        await adb.create_session("s", "telegram", title="async")
+        ids = await asyncio.gather(*(adb.append_message("s", "user", f"m{i}") for i in range(40)))
+        assert len(set(ids)) == 40
+        assert (await adb.get_session("s"))["message_count"] == 40
+        first = await adb.append_inbound("s", "event", platform_message_id="e1")
+        assert (await adb.append_inbound("s", "event", platform_message_id="e1")) == (first.id, False)
+        assert await adb.resolve_session_id("async") == "s"
+        assert [r["id"] for r in await adb.list_sessions_rich()] == ["s"]
+        assert len(await adb.search_messages("m7")) == 1
+        with pytest.raises(SessionNotFound):
+            await adb.append_message("ghost", "user", "x")
+    finally:
+        await adb.close()
+    with pytest.raises(StateError, match="closed"):
+        await adb.get_session("s")
+
+
+async def test_a_locked_database_does_not_block_the_loop(home):
+    adb = await AsyncSessionDB.open(home / "state.db")
+    await adb.create_session("s", "cli")
+    holder = sqlite3.connect(home / "state.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        write = asyncio.create_task(adb.append_message("s", "user", "waits for the lock"))
+        # the loop keeps running while the write waits on its thread
+        for _ in range(5000):
+            if ticks >= 50:
+                break
+            await asyncio.sleep(0.001)
+        assert ticks >= 50 and not write.done()
+        holder.execute("ROLLBACK")
+        assert isinstance(await asyncio.wait_for(write, 10), int)
+        assert [m["content"] for m in await adb.get_messages("s")] == ["waits for the lock"]
+    finally:
+        ticking.cancel()
+        holder.close()
+        await adb.close()
+
+
+async def test_close_finishes_queued_writes(home):
+    adb = AsyncSessionDB(SessionDB(home / "state.db"))
+    await adb.create_session("s", "cli")
+    pending = [asyncio.ensure_future(adb.append_message("s", "user", str(i))) for i in range(20)]
+    await asyncio.sleep(0)
+    await adb.close()
+    assert len(await asyncio.gather(*pending)) == 20
+    with SessionDB(home / "state.db") as db:
+        assert db.message_count("s") == 20
