@@ -1,0 +1,505 @@
+"""Run the gateway as a systemd service: render, install and remove the unit.
+
+    plan = plan_install("system", config=Path("/etc/switchboard/config.yaml"),
+                        home=Path("/var/lib/switchboard"), run_as="switchboard")
+    print(plan.unit_text)          # what would be written (--dry-run)
+    result = install(plan)         # writes the unit, creates the home and the env file
+    print(*plan.commands, sep="\\n")   # what the operator runs next
+
+Nothing here runs ``systemctl``: installing prints the exact commands (the
+operator runs them, as root for a system unit), so the same code is testable on
+a machine without systemd.  Only :func:`service_status` calls ``systemctl
+status``, and says plainly when systemd is not running.
+
+The templates live in ``systemd/`` at the top of the source tree; their
+``@NAME@`` placeholders are filled from a :class:`UnitSettings`.  Paths go into
+the unit verbatim, so a path that a unit file would need escaped (spaces,
+quotes, ``%``, ``$``, backslashes) is refused with a message instead of being
+half-escaped.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from . import lockfile
+from .errors import SwitchboardError
+
+log = logging.getLogger(__name__)
+
+Scope = Literal["system", "user"]
+
+UNIT_NAME = "switchboard.service"
+ENV_FILENAME = "switchboard.env"
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "systemd"
+TEMPLATES: dict[Scope, str] = {"system": "switchboard.service", "user": "switchboard-user.service"}
+ENV_EXAMPLE = "switchboard.env.example"
+SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
+WANTED_BY: dict[Scope, str] = {"system": "multi-user.target", "user": "default.target"}
+DEFAULT_GRACE_SECONDS = 30
+STOP_MARGIN_SECONDS = 15  # TimeoutStopSec = shutdown.grace_seconds + this
+# where ProtectHome= hides things, and where PrivateTmp= does
+HOME_ROOTS = (Path("/home"), Path("/root"), Path("/run/user"))
+TMP_ROOTS = (Path("/tmp"), Path("/var/tmp"))
+
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+@:,=~-]*$")
+_SAFE_USER = re.compile(r"^[a-z_][a-z0-9_-]*[$]?$", re.IGNORECASE)
+_PLACEHOLDER = re.compile(r"@[A-Z_]+@")
+
+
+class ServiceError(SwitchboardError):
+    """The unit cannot be rendered, installed or removed as asked; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class UnitSettings:
+    """Everything a rendered unit depends on; paths absolute."""
+
+    scope: Scope
+    switchboard: Path  # the virtual environment's `switchboard` script
+    config: Path
+    home: Path
+    env_file: Path
+    run_as: str | None = None  # system units only
+    grace_seconds: int = DEFAULT_GRACE_SECONDS
+
+    @property
+    def timeout_stop_seconds(self) -> int:
+        return self.grace_seconds + STOP_MARGIN_SECONDS
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    settings: UnitSettings
+    unit_path: Path
+    unit_text: str
+    commands: tuple[str, ...]  # to run after the unit is written, in order
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    plan: InstallPlan
+    unit_changed: bool  # False when an identical unit was already there
+    home_created: bool
+    env_file_created: bool
+    env_file_tightened: bool  # an existing env file was readable by others and is now 0600
+
+
+@dataclass(frozen=True)
+class UninstallResult:
+    unit_path: Path
+    removed: tuple[Path, ...]  # the unit file and its enablement links
+    commands: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    lines: tuple[str, ...]
+    running: bool
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.running else 3  # 3: "not running", as systemctl status says it
+
+
+# --- paths -----------------------------------------------------------------
+
+
+def default_unit_dir(scope: Scope) -> Path:
+    if scope == "system":
+        return SYSTEM_UNIT_DIR
+    config_home = os.environ.get("XDG_CONFIG_HOME", "").strip()
+    base = Path(config_home) if config_home else Path.home() / ".config"
+    return base / "systemd" / "user"
+
+
+def default_executable() -> Path:
+    """The ``switchboard`` script beside this interpreter (the virtual environment's, not the system's)."""
+    # not resolve(): a venv's python is a symlink to the base interpreter, and
+    # following it would leave the virtual environment
+    return Path(os.path.normpath(Path(sys.executable).absolute())).parent / "switchboard"
+
+
+def default_run_as() -> str:
+    """The account a system unit runs as when --run-as is not given."""
+    if os.geteuid() != 0:
+        return getpass.getuser()
+    sudo_user = os.environ.get("SUDO_USER", "").strip()
+    if sudo_user and sudo_user != "root":
+        return sudo_user
+    raise ServiceError(
+        "a system unit needs an account to run as, and root is not one: pass --run-as NAME "
+        "(a dedicated account, e.g. useradd --system --home-dir /var/lib/switchboard --shell "
+        "/usr/sbin/nologin switchboard)"
+    )
+
+
+def _check_path(what: str, path: Path) -> None:
+    if not _SAFE_PATH.match(str(path)):
+        raise ServiceError(
+            f"{what} {str(path)!r} contains characters a unit file would need escaped "
+            "(spaces, quotes, %, $ or backslashes): use a path without them"
+        )
+
+
+def _under(path: Path, roots: tuple[Path, ...]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+def _interpreter_of(script: Path) -> Path | None:
+    """The interpreter named in a script's ``#!`` line, if it names one by absolute path."""
+    try:
+        with script.open("rb") as fh:
+            first = fh.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    return Path(words[0]) if words and words[0].startswith("/") else None
+
+
+def _paths_the_daemon_reads(settings: UnitSettings) -> list[Path]:
+    """Every path the service must see: ProtectHome= and PrivateTmp= may hide any of them."""
+    paths = [settings.switchboard, settings.switchboard.resolve(), settings.config, settings.home, settings.env_file]
+    interpreter = _interpreter_of(settings.switchboard)
+    if interpreter is not None:
+        paths += [interpreter, interpreter.resolve()]
+    paths.append(Path(__file__).resolve().parent)  # an editable install runs from the source tree
+    return paths
+
+
+def protect_home_setting(settings: UnitSettings) -> str:
+    """``yes`` (home directories invisible) unless the daemon needs something under them."""
+    if any(_under(p, HOME_ROOTS) for p in _paths_the_daemon_reads(settings)):
+        # read-only keeps them visible; ReadWritePaths= still makes the home writable
+        return "read-only"
+    return "yes"
+
+
+# --- rendering -------------------------------------------------------------
+
+
+def read_template(name: str) -> str:
+    path = TEMPLATE_DIR / name
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ServiceError(
+            f"unit template {path} is missing: run switchboard from its source tree "
+            "(pip install -e .) so systemd/ is next to the gateway package"
+        ) from None
+
+
+def render_unit(settings: UnitSettings) -> str:
+    """The unit file for ``settings``: the scope's template with every placeholder filled."""
+    for what, path in (
+        ("the switchboard script", settings.switchboard),
+        ("the config", settings.config),
+        ("the home", settings.home),
+        ("the environment file", settings.env_file),
+    ):
+        if not path.is_absolute():
+            raise ServiceError(f"{what} path {str(path)!r} must be absolute")
+        _check_path(what, path)
+    values = {
+        "SWITCHBOARD": str(settings.switchboard),
+        "CONFIG": str(settings.config),
+        "HOME": str(settings.home),
+        "ENV_FILE": str(settings.env_file),
+        "TIMEOUT_STOP_SEC": str(settings.timeout_stop_seconds),
+    }
+    if settings.scope == "system":
+        if not settings.run_as:
+            raise ServiceError("a system unit needs an account to run as: pass --run-as NAME")
+        if not _SAFE_USER.match(settings.run_as):
+            raise ServiceError(f"{settings.run_as!r} is not a valid user name")
+        if settings.run_as == "root":
+            raise ServiceError(
+                "the gateway must not run as root: pass --run-as with a dedicated account "
+                "(useradd --system --home-dir /var/lib/switchboard --shell /usr/sbin/nologin switchboard)"
+            )
+        values["RUN_AS"] = settings.run_as
+        values["PROTECT_HOME"] = protect_home_setting(settings)
+    text = read_template(TEMPLATES[settings.scope])
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    left = sorted(set(_PLACEHOLDER.findall(text)))
+    if left:
+        raise ServiceError(f"template {TEMPLATES[settings.scope]} has placeholders nothing fills: {', '.join(left)}")
+    return text
+
+
+def grace_seconds_from_config(config: Path) -> int | None:
+    """``shutdown.grace_seconds`` when the config states it as a plain number, else None.
+
+    Read leniently (YAML only, no ``${VAR}`` expansion): the secrets the config
+    refers to may live only in the service's environment file.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    shutdown = data.get("shutdown") if isinstance(data, dict) else None
+    grace = shutdown.get("grace_seconds") if isinstance(shutdown, dict) else None
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+        return None
+    return int(-(-grace // 1))  # round up
+
+
+def systemctl_commands(scope: Scope, unit_path: Path, run_as: str | None = None) -> tuple[str, ...]:
+    """What to run after writing ``unit_path``, in order."""
+    ctl = "systemctl" if scope == "system" else "systemctl --user"
+    journal = "journalctl" if scope == "system" else "journalctl --user"
+    commands = []
+    if unit_path.parent != default_unit_dir(scope):
+        # systemd does not look in other directories; `link` makes it see this one
+        commands.append(f"{ctl} link {unit_path}")
+    commands += [f"{ctl} daemon-reload", f"{ctl} enable --now {UNIT_NAME}"]
+    if scope == "user":
+        # without lingering, the user manager (and the gateway) stops at logout
+        commands.append(f"loginctl enable-linger {run_as or getpass.getuser()}")
+    commands += [f"{ctl} status {UNIT_NAME}", f"{journal} -u {UNIT_NAME} -f"]
+    return tuple(commands)
+
+
+def plan_install(
+    scope: Scope,
+    *,
+    config: Path,
+    home: Path,
+    unit_dir: Path | None = None,
+    env_file: Path | None = None,
+    run_as: str | None = None,
+    executable: Path | None = None,
+    grace_seconds: int | None = None,
+) -> InstallPlan:
+    """Render the unit for real paths and say what installing it involves; changes nothing."""
+    if scope not in TEMPLATES:
+        raise ServiceError(f"unknown scope {scope!r}: use system or user")
+    switchboard = Path(os.path.normpath((executable or default_executable()).absolute()))
+    if not (switchboard.is_file() and os.access(switchboard, os.X_OK)):
+        raise ServiceError(
+            f"{switchboard} is not an executable switchboard script: install the package into "
+            "the virtual environment the service should use (pip install -e .) and run this "
+            "command with that environment's switchboard"
+        )
+    config = Path(config).expanduser()
+    if not config.is_file():
+        raise ServiceError(
+            f"config file {config} does not exist: write it first (start from config.example.yaml, "
+            "check it with switchboard config check --config FILE)"
+        )
+    config = config.resolve()
+    home = Path(home).expanduser().absolute().resolve()
+    env_file = Path(env_file).expanduser().absolute().resolve() if env_file else home / ENV_FILENAME
+    warnings: list[str] = []
+    if scope == "system":
+        run_as = run_as or default_run_as()
+        try:
+            pwd.getpwnam(run_as)
+        except KeyError:
+            warnings.append(
+                f"user {run_as!r} does not exist: create it before starting the service "
+                f"(useradd --system --home-dir {home} --shell /usr/sbin/nologin {run_as})"
+            )
+    else:
+        run_as = None
+    if grace_seconds is None:
+        grace_seconds = grace_seconds_from_config(config) or DEFAULT_GRACE_SECONDS
+    settings = UnitSettings(
+        scope=scope, switchboard=switchboard, config=config, home=home,
+        env_file=env_file, run_as=run_as, grace_seconds=grace_seconds,
+    )
+    text = render_unit(settings)
+    if scope == "system":
+        hidden = sorted({str(p) for p in _paths_the_daemon_reads(settings) if _under(p, TMP_ROOTS)})
+        if hidden:
+            warnings.append(
+                "PrivateTmp=yes gives the service its own empty /tmp, so it will not see "
+                f"{', '.join(hidden)}: use paths outside /tmp and /var/tmp"
+            )
+    unit_path = Path(unit_dir or default_unit_dir(scope)).expanduser().absolute() / UNIT_NAME
+    return InstallPlan(
+        settings=settings,
+        unit_path=unit_path,
+        unit_text=text,
+        commands=systemctl_commands(scope, unit_path, getpass.getuser() if scope == "user" else None),
+        warnings=tuple(warnings),
+    )
+
+
+# --- installing ------------------------------------------------------------
+
+
+def _write_atomically(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _ensure_home(settings: UnitSettings) -> bool:
+    home = settings.home
+    if home.exists():
+        if not home.is_dir():
+            raise ServiceError(f"home {home} exists and is not a directory: choose another --home")
+        return False
+    home.mkdir(mode=0o700, parents=True)
+    os.chmod(home, 0o700)  # mkdir's mode passes through the umask
+    if settings.scope == "system" and settings.run_as and os.geteuid() == 0:
+        try:
+            account = pwd.getpwnam(settings.run_as)
+        except KeyError:
+            pass  # warned about in the plan; root keeps it until the account exists
+        else:
+            os.chown(home, account.pw_uid, account.pw_gid)
+    return True
+
+
+def _ensure_env_file(path: Path) -> tuple[bool, bool]:
+    """Create the env file from the example (0600), or tighten an existing one to 0600.
+
+    Returns (created, tightened).  The contents are never read or printed.
+    """
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            os.chmod(path, 0o600)
+            return False, True
+        return False, False
+    example = read_template(ENV_EXAMPLE)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, example.encode("utf-8"))
+    finally:
+        os.close(fd)
+    return True, False
+
+
+def install(plan: InstallPlan) -> InstallResult:
+    """Write the unit; create the home (0700) and the env file (0600) when they are missing."""
+    home_created = _ensure_home(plan.settings)
+    env_created, env_tightened = _ensure_env_file(plan.settings.env_file)
+    unit_path = plan.unit_path
+    try:
+        unchanged = unit_path.read_text(encoding="utf-8") == plan.unit_text
+    except OSError:
+        unchanged = False
+    if not unchanged:
+        unit_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _write_atomically(unit_path, plan.unit_text, 0o644)
+        except PermissionError:
+            raise ServiceError(
+                f"cannot write {unit_path}: "
+                + ("run as root (sudo) for a system unit" if plan.settings.scope == "system" else "check that directory's permissions")
+            ) from None
+    log.info("unit %s %s", unit_path, "unchanged" if unchanged else "written")
+    return InstallResult(
+        plan=plan,
+        unit_changed=not unchanged,
+        home_created=home_created,
+        env_file_created=env_created,
+        env_file_tightened=env_tightened,
+    )
+
+
+def _enablement_links(scope: Scope, unit_path: Path) -> list[Path]:
+    """``<target>.wants/switchboard.service`` links that `systemctl enable` made (or would have)."""
+    links = []
+    for unit_dir in {unit_path.parent, default_unit_dir(scope)}:
+        link = unit_dir / f"{WANTED_BY[scope]}.wants" / UNIT_NAME
+        if link.is_symlink():
+            links.append(link)
+    return links
+
+
+def uninstall(scope: Scope, *, home: Path, unit_dir: Path | None = None) -> UninstallResult:
+    """Remove the unit file and its enablement links; the home and the env file stay.
+
+    Refused while a daemon holds the home's lock: stop the service first, so it
+    is not left running from a unit file that no longer exists.
+    """
+    unit_path = Path(unit_dir or default_unit_dir(scope)).expanduser().absolute() / UNIT_NAME
+    ctl = "systemctl" if scope == "system" else "systemctl --user"
+    if daemon_running(home):
+        raise ServiceError(
+            f"the daemon is running on {home}: stop it first ({ctl} disable --now {UNIT_NAME}), then uninstall"
+        )
+    removed = []
+    for path in _enablement_links(scope, unit_path) + ([unit_path] if unit_path.exists() or unit_path.is_symlink() else []):
+        try:
+            path.unlink()
+        except PermissionError:
+            raise ServiceError(f"cannot remove {path}: run as root (sudo) for a system unit") from None
+        removed.append(path)
+    commands = (f"{ctl} daemon-reload", f"{ctl} reset-failed {UNIT_NAME}") if removed else ()
+    return UninstallResult(unit_path=unit_path, removed=tuple(removed), commands=commands)
+
+
+# --- status ----------------------------------------------------------------
+
+
+def daemon_running(home: Path) -> bool:
+    """True when a daemon holds ``<home>/switchboard.lock``."""
+    return lockfile.is_locked(Path(home))
+
+
+def systemd_running() -> bool:
+    """Whether systemd is this machine's init (the test ``sd_booted()`` makes) and systemctl exists."""
+    return Path("/run/systemd/system").is_dir() and shutil.which("systemctl") is not None
+
+
+def service_status(scope: Scope, *, home: Path, unit_dir: Path | None = None) -> StatusReport:
+    """What is installed and what runs, as lines for the terminal."""
+    home = Path(home)
+    unit_path = Path(unit_dir or default_unit_dir(scope)).expanduser().absolute() / UNIT_NAME
+    flag = "--system" if scope == "system" else "--user"
+    lines = []
+    if unit_path.exists():
+        enabled = bool(_enablement_links(scope, unit_path))
+        lines.append(f"unit: {unit_path} ({'enabled' if enabled else 'installed, not enabled'})")
+    else:
+        lines.append(f"unit: not installed at {unit_path} (switchboard service install {flag})")
+    running = daemon_running(home)
+    if running:
+        pid = lockfile.holder_pid(home)
+        lines.append(f"daemon: running on {home}" + (f" (pid {pid})" if pid else ""))
+    else:
+        lines.append(f"daemon: not running on {home}")
+    if not systemd_running():
+        lines.append(
+            "systemd: not running on this machine (no /run/systemd/system), so there is no "
+            "service state to show; `switchboard run` starts the daemon in the foreground"
+        )
+        return StatusReport(lines=tuple(lines), running=running)
+    argv = ["systemctl"] + (["--user"] if scope == "user" else []) + ["status", "--no-pager", "--lines=10", UNIT_NAME]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        lines.append(f"systemd: `{' '.join(argv)}` failed: {exc}")
+    else:
+        lines.append(f"systemd ({' '.join(argv)}):")
+        lines.extend((proc.stdout or proc.stderr).rstrip("\n").splitlines())
+    return StatusReport(lines=tuple(lines), running=running)
