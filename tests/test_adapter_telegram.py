@@ -242,6 +242,33 @@ async def test_the_offset_moves_past_an_update_only_after_the_handler_returned(t
         await adapter.stop()
 
 
+async def test_an_update_in_flight_at_stop_is_delivered_again_after_restart(tg):
+    stored, entered = [], asyncio.Event()
+
+    async def handler(msg):
+        if msg.text == "in flight":  # the gateway never finishes storing this one
+            entered.set()
+            await asyncio.Event().wait()
+        stored.append(msg)
+
+    adapter = make_adapter(tg)
+    await adapter.start(handler)
+    done = tg.dm(BOB, "stored before")
+    update = tg.dm(ANN, "in flight")
+    await asyncio.wait_for(entered.wait(), 5)
+    await adapter.stop()
+    assert [m.text for m in stored] == ["stored before"]
+    assert tg.confirmed_offset == done["update_id"] + 1  # the stored one confirmed, the one in flight not
+
+    again, handler2 = make_adapter(tg), Recorder()
+    await again.start(handler2)
+    try:
+        [msg] = await handler2.wait_for(1)
+        assert (msg.text, msg.message_id) == ("in flight", str(update["message"]["message_id"]))
+    finally:
+        await again.stop()
+
+
 async def test_a_failing_handler_gets_the_update_again_and_the_adapter_lives_on(tg, bot, caplog):
     adapter, handler = bot
     handler.fail_times = 1

@@ -2,7 +2,7 @@
 
 Telegram's HTML mode knows a handful of tags (``b i s u code pre a
 blockquote``) and requires ``& < >`` to be escaped everywhere else.  The
-converter handles what models actually write: ``**bold**``, ``__bold__``,
+converter handles what models actually write: ``**bold**``,
 ``*italic*``, ``_italic_``, ``~~strike~~``, `` `code` ``, fenced code blocks
 (with a language), ``[links](url)``, ``# headings`` (shown bold) and ``-``/``*``
 bullets (shown as ``•``).  Anything else passes through escaped.
@@ -22,10 +22,8 @@ _INLINE_CODE = re.compile(r"`([^`\n]+)`")
 _LINK = re.compile(r"\[([^\]\n]+)\]\(\s*(https?://[^\s)]+|tg://[^\s)]+|mailto:[^\s)]+)\s*\)")
 _HEADING = re.compile(r"^[ \t]*#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
 _BULLET = re.compile(r"^([ \t]*)[*+-][ \t]+", re.M)
-_BOLD = (
-    re.compile(r"\*\*(?=\S)([^\n]+?)(?<=\S)\*\*"),
-    re.compile(r"(?<!\w)__(?=\S)([^\n]+?)(?<=\S)__(?!\w)"),
-)
+# ``__bold__`` is left alone: models write ``__init__`` unquoted far more often than they mean bold.
+_BOLD = (re.compile(r"\*\*(?=\S)([^\n]+?)(?<=\S)\*\*"),)
 _ITALIC = (
     re.compile(r"(?<![\w*])\*(?=[^\s*])([^\n*]+?)(?<=[^\s*])\*(?![\w*])"),
     re.compile(r"(?<![\w_])_(?=[^\s_])([^\n_]+?)(?<=[^\s_])_(?![\w_])"),
