@@ -1,0 +1,603 @@
+"""The Discord adapter on discord.py 2.7: connect, normalize, reply.
+
+Lifecycle: :meth:`DiscordAdapter.start` logs in (``GET /users/@me`` and
+``/oauth2/applications/@me``), checks the Message Content intent, registers
+the gateway's commands as global slash commands, opens the gateway websocket
+and returns once READY arrived; then a supervisor task watches the
+connection.  discord.py resumes dropped connections itself; the supervisor
+restarts the client (with :class:`gateway.retry.Backoff`) when the library
+gives up or the connection stalls (no frame, heartbeat ACKs included, for
+``stall_timeout_seconds``).
+
+Endpoints are process-wide: discord.py reads ``discord.http.Route.BASE`` and
+``DiscordWebSocket.DEFAULT_GATEWAY`` (class attributes), so ``api_base_url``
+and ``gateway_url`` apply to every discord.py client in the process; one
+Discord adapter per process is the supported setup.
+
+Sending: a reply is converted (:mod:`.format`), split at 2,000 characters,
+and every part goes through the token's one rate limiter and
+:func:`gateway.retry.retry_async`.  discord.py itself waits out short 429s
+per route; a 429 longer than 30 s (``max_ratelimit_timeout``) or one without
+Discord's ``Via`` header comes to us, pauses the limiter for every sender on
+this token and is retried.  A part Discord refuses as invalid (400) is resent
+as plain text.  Mentions never ping @everyone, @here or roles.
+
+Slash commands are deferred at once (Discord wants an answer within 3 s,
+before the gateway has persisted anything) and answered by follow-up: the
+interaction is remembered under the InboundMessage's ``message_id`` and used
+when ``send(..., reply_to=that id)`` comes (for 14 minutes, the token lives
+15; after that the reply goes to the channel).  Discord has no delivery
+acknowledgement for gateway events, so a handler failure is logged and the
+event is lost to the gateway; a failed slash command gets a follow-up saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import aiohttp
+import discord
+import yarl
+from discord import app_commands
+
+from gateway.errors import AdapterError
+from gateway.formatting import split_message
+from gateway.ratelimit import limiter_for
+from gateway.retry import Backoff, retry_async
+from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundHandler, InboundMessage
+
+from . import attachments as _attachments
+from . import events, redact
+from .format import to_discord, to_plain
+
+log = logging.getLogger(__name__)
+
+PLATFORM = "discord"
+MESSAGE_LIMIT = 2000
+DEFAULT_API_BASE_URL = "https://discord.com/api/v10"
+DEFAULT_GATEWAY_URL = "wss://gateway.discord.gg/"
+MESSAGE_CONTENT_HELP = (
+    "Discord did not grant the Message Content intent, so the bot cannot read messages. "
+    "Enable it in the Discord Developer Portal: your application -> Bot -> Privileged Gateway Intents -> "
+    "Message Content Intent (bots in 100+ servers also need Discord's approval), then restart."
+)
+BAD_TOKEN_HELP = (
+    "Discord rejected the bot token (401). Copy it again from the Discord Developer Portal "
+    "(your application -> Bot -> Reset Token) into platforms.discord.token."
+)
+_APP_FLAG_MESSAGE_CONTENT = (1 << 18) | (1 << 19)  # GATEWAY_MESSAGE_CONTENT, GATEWAY_MESSAGE_CONTENT_LIMITED
+_FATAL_CLOSE_CODES = {4004: BAD_TOKEN_HELP, 4014: MESSAGE_CONTENT_HELP}
+_INTERACTION_TTL = 14 * 60.0
+_COMMAND_ARGS_HELP = "Arguments (optional)"
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingInteraction:
+    application_id: int
+    token: str
+    channel_id: int
+    created: float  # monotonic
+
+
+class _Fatal(AdapterError):
+    """A start failure that retrying cannot fix (bad token, missing intent)."""
+
+
+def _intents() -> discord.Intents:
+    intents = discord.Intents.none()
+    intents.guilds = True  # channel and thread cache: tells a thread from a channel
+    intents.guild_messages = True
+    intents.dm_messages = True
+    intents.message_content = True  # privileged: see MESSAGE_CONTENT_HELP
+    return intents
+
+
+def _allowed_mentions() -> discord.AllowedMentions:
+    # The asker is pinged through the reply; nobody else, never @everyone/@here or roles.
+    return discord.AllowedMentions(everyone=False, roles=False, users=False, replied_user=True)
+
+
+def _retry_after(exc: discord.HTTPException) -> float:
+    """Seconds a 429 asked for (its ``Retry-After`` header), 1.0 when absent or unreadable."""
+    headers = getattr(exc.response, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After")))
+    except (TypeError, ValueError):
+        return 1.0
+
+
+class DiscordAdapter:
+    """One Discord bot: gateway events in, replies out."""
+
+    platform = PLATFORM
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        api_base_url: str = DEFAULT_API_BASE_URL,
+        gateway_url: str | None = None,
+        require_mention: bool = True,
+        free_response_channels: Sequence[str] = (),
+        stall_timeout_seconds: float = 120.0,
+        commands: Sequence[tuple[str, str]] = (),
+        vision: bool = False,
+        max_image_bytes: int = 8 * 1024 * 1024,
+        connect_timeout_seconds: float = 30.0,
+        sync_commands: bool = True,
+        send_rate: float = 5.0,
+        send_burst: int = 5,
+        send_attempts: int = 4,
+        send_total_seconds: float = 120.0,
+        send_backoff: Backoff = Backoff(base=0.5, cap=10.0),
+        reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0),
+    ):
+        if not token or not token.strip():
+            raise AdapterError("platforms.discord.token is empty: paste the bot token from the Discord Developer Portal")
+        if stall_timeout_seconds <= 0:
+            raise AdapterError("stall_timeout_seconds must be > 0")
+        self._token = token.strip()
+        self.api_base_url = api_base_url.rstrip("/")
+        self.gateway_url = gateway_url or DEFAULT_GATEWAY_URL
+        self.require_mention = require_mention
+        self.free_response_channels = frozenset(str(c) for c in free_response_channels)
+        self.stall_timeout_seconds = stall_timeout_seconds
+        self.commands = tuple((name.lower(), desc) for name, desc in commands)
+        self.vision = vision
+        self.max_image_bytes = max_image_bytes
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.sync_commands = sync_commands
+        self._send_rate, self._send_burst = send_rate, send_burst
+        self._send_attempts, self._send_total = send_attempts, send_total_seconds
+        self._send_backoff, self._reconnect_backoff = send_backoff, reconnect_backoff
+
+        self._health = AdapterHealth(PLATFORM)
+        self._handler: InboundHandler | None = None
+        self._client: discord.Client | None = None
+        self._connect_task: asyncio.Task | None = None
+        self._supervisor: asyncio.Task | None = None
+        self._connected = asyncio.Event()
+        self._last_seen = time.monotonic()
+        self._downloads: aiohttp.ClientSession | None = None
+        self._interactions: dict[str, _PendingInteraction] = {}
+        self._dm_channels: set[str] = set()
+        self._channel_cache: dict[int, events.Where] = {}
+        self._stopping = False
+        self._warned_empty_content = False
+        redact.install(self._token)
+
+    @classmethod
+    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool) -> "DiscordAdapter":
+        """Build from ``Config.platforms.discord`` (a ``gateway.config.DiscordConfig``)."""
+        return cls(
+            token=platform_cfg.token,
+            api_base_url=platform_cfg.api_base_url,
+            gateway_url=platform_cfg.gateway_url,
+            require_mention=platform_cfg.require_mention,
+            free_response_channels=platform_cfg.free_response_channels,
+            stall_timeout_seconds=platform_cfg.stall_timeout_seconds,
+            commands=commands,
+            vision=vision,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, handler: InboundHandler) -> None:
+        """Log in, connect, return once READY; :class:`AdapterError` says why not."""
+        if self._supervisor is not None:
+            raise RuntimeError("DiscordAdapter.start() called twice; stop() it first")
+        self._handler = handler
+        self._stopping = False
+        self._configure_endpoints()
+        self._health.state = "starting"
+        self._downloads = aiohttp.ClientSession()
+        try:
+            await self._connect_once()
+        except BaseException as exc:
+            self._health.state = "failed"
+            self._health.last_error = str(exc)
+            await self._close_client()
+            await self._downloads.close()
+            self._downloads = None
+            raise
+        self._supervisor = asyncio.create_task(self._supervise(), name="DiscordAdapter:supervisor")
+
+    async def stop(self) -> None:
+        """Disconnect (idempotent)."""
+        self._stopping = True
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
+        await self._close_client()
+        if self._downloads is not None:
+            await self._downloads.close()
+            self._downloads = None
+        if self._health.state != "failed":
+            self._health.state = "stopped"
+
+    def health(self) -> AdapterHealth:
+        return AdapterHealth(**self._health.as_dict())
+
+    def _configure_endpoints(self) -> None:
+        # Process-wide class attributes of discord.py (see the module docstring).
+        discord.http.Route.BASE = self.api_base_url
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self.gateway_url)
+
+    def _build_client(self) -> discord.Client:
+        client = discord.Client(
+            intents=_intents(),
+            enable_debug_events=True,  # socket_raw_receive: every frame, heartbeat ACKs included (stall watch)
+            max_ratelimit_timeout=30.0,  # longer 429s come to us, so the token's limiter pauses
+            allowed_mentions=_allowed_mentions(),
+        )
+        tree = app_commands.CommandTree(client)
+        for name, description in self.commands:
+            try:
+                tree.add_command(_slash_command(self, name, description))
+            except (TypeError, ValueError, app_commands.AppCommandError) as exc:
+                log.warning("discord: command /%s not registered (%s); it still works as a text command", name, exc)
+
+        async def setup_hook() -> None:
+            if self.sync_commands and self.commands:
+                try:
+                    await tree.sync()
+                except discord.HTTPException as exc:
+                    log.warning("discord: registering slash commands failed (%s); text commands still work", exc)
+
+        async def on_socket_raw_receive(_msg: Any) -> None:
+            self._last_seen = time.monotonic()
+            self._health.last_event_at = time.time()
+
+        async def on_connect() -> None:
+            self._mark_connected(client, "connected")
+
+        async def on_resumed() -> None:
+            self._mark_connected(client, "resumed")
+
+        async def on_disconnect() -> None:
+            if client is self._client and not self._stopping:
+                self._health.state = "reconnecting"
+                self._health.detail = "gateway connection lost; discord.py is resuming"
+
+        async def on_message(message: discord.Message) -> None:
+            await self._on_message(message)
+
+        client.setup_hook = setup_hook  # type: ignore[method-assign]
+        for fn in (on_socket_raw_receive, on_connect, on_resumed, on_disconnect, on_message):
+            client.event(fn)
+        return client
+
+    def _mark_connected(self, client: discord.Client, how: str) -> None:
+        self._last_seen = time.monotonic()
+        user = client.user
+        self._health.state = "connected"
+        self._health.detail = f"{how} as {user} ({user.id})" if user else how
+        self._connected.set()
+
+    async def _connect_once(self) -> None:
+        """One login + gateway connection; sets ``self._client`` or raises AdapterError."""
+        client = self._build_client()
+        self._client = client
+        self._connected = asyncio.Event()
+        try:
+            await asyncio.wait_for(client.login(self._token), self.connect_timeout_seconds)
+        except discord.LoginFailure:
+            raise _Fatal(BAD_TOKEN_HELP) from None
+        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise AdapterError(f"could not log in to Discord at {self.api_base_url}: {_describe(exc)}") from None
+        if not (client.application_flags.value & _APP_FLAG_MESSAGE_CONTENT):
+            raise _Fatal(MESSAGE_CONTENT_HELP)
+        self._last_seen = time.monotonic()
+        self._connect_task = task = asyncio.create_task(client.connect(reconnect=True), name="DiscordAdapter:gateway")
+        ready = asyncio.create_task(self._connected.wait())
+        try:
+            await asyncio.wait({task, ready}, timeout=self.connect_timeout_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if task.done():
+            raise _start_error(task)
+        if not self._connected.is_set():
+            raise AdapterError(f"no READY from the Discord gateway at {self.gateway_url} within "
+                               f"{self.connect_timeout_seconds:.0f}s")
+
+    async def _close_client(self) -> None:
+        client, task = self._client, self._connect_task
+        self._connect_task = None
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), 10.0)
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - closing a broken client is best effort
+                log.debug("discord: closing the client: %s", _describe(exc))
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _supervise(self) -> None:
+        """Restart the client when discord.py gives up or the connection stalls."""
+        while not self._stopping:
+            reason = await self._watch()
+            if self._stopping:
+                return
+            log.warning("discord: restarting the gateway connection: %s", reason)
+            self._health.state = "reconnecting"
+            self._health.last_error = reason
+            attempt = 0
+            while not self._stopping:
+                await self._close_client()
+                try:
+                    await self._connect_once()
+                    log.info("discord: reconnected")
+                    break
+                except _Fatal as exc:
+                    self._health.state = "failed"
+                    self._health.last_error = str(exc)
+                    log.error("discord: %s", exc)
+                    return
+                except AdapterError as exc:
+                    wait = self._reconnect_backoff.delay(attempt, random)
+                    attempt += 1
+                    self._health.last_error = str(exc)
+                    self._health.detail = f"reconnect attempt {attempt} failed; next in {wait:.1f}s"
+                    log.warning("discord: reconnect attempt %d failed: %s (next in %.1fs)", attempt, exc, wait)
+                    await asyncio.sleep(wait)
+
+    async def _watch(self) -> str:
+        """Wait until the connection task ends or stalls; return why."""
+        tick = max(0.05, min(self.stall_timeout_seconds / 4, 5.0))
+        while True:
+            task = self._connect_task
+            if task is None:
+                return "no connection"
+            done, _ = await asyncio.wait({task}, timeout=tick)
+            if done:
+                error = _start_error(task)
+                if isinstance(error, _Fatal):
+                    self._health.state = "failed"
+                    self._health.last_error = str(error)
+                    log.error("discord: %s", error)
+                    self._stopping = True
+                    return str(error)
+                return f"the gateway connection ended: {error}"
+            idle = time.monotonic() - self._last_seen
+            if idle > self.stall_timeout_seconds:
+                return f"no gateway frame (event or heartbeat ACK) for {idle:.0f}s"
+
+    # ------------------------------------------------------------------ inbound
+
+    async def _place(self, channel: Any) -> events.Where | None:
+        place = events.where(channel)
+        if place is not None:
+            return place
+        cached = self._channel_cache.get(channel.id)
+        if cached is not None:
+            return cached
+        client = self._client
+        if client is None:
+            return None
+        try:  # a channel missing from the cache (e.g. a thread the gateway never announced)
+            place = events.where(await client.fetch_channel(channel.id))
+        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("discord: could not look up channel %s: %s", channel.id, _describe(exc))
+            return None
+        if place is not None:
+            if len(self._channel_cache) > 4096:
+                self._channel_cache.clear()
+            self._channel_cache[channel.id] = place
+        return place
+
+    def _addressing(self) -> events.Addressing:
+        user = self._client.user if self._client else None
+        return events.Addressing(
+            bot_id=user.id if user else 0,
+            require_mention=self.require_mention,
+            free_response_channels=self.free_response_channels,
+            command_names=frozenset(name for name, _ in self.commands),
+        )
+
+    async def _on_message(self, message: discord.Message) -> None:
+        try:
+            addressing = self._addressing()
+            if events.ignore_reason(message, addressing.bot_id):
+                return
+            place = await self._place(message.channel)
+            if place is None:
+                log.warning("discord message %s skipped: unknown kind of channel %s", message.id, message.channel.id)
+                return
+            self._warn_if_content_missing(message, place)
+            if events.from_message(message, place, addressing) is None:
+                return
+            files = await _attachments.collect(message.attachments, self._downloads, vision=self.vision,
+                                               max_image_bytes=self.max_image_bytes)
+            inbound = events.from_message(message, place, addressing, attachments=files)
+        except Exception:  # noqa: BLE001 - one odd event must not kill the adapter
+            log.exception("discord message %s could not be normalized", getattr(message, "id", "?"))
+            return
+        if inbound is None:
+            return
+        if inbound.chat_type is ChatType.DM:
+            self._remember_dm(inbound.chat_id)
+        await self._deliver(inbound)
+
+    def _warn_if_content_missing(self, message: discord.Message, place: events.Where) -> None:
+        if (place.chat_type is ChatType.DM or message.content or message.attachments or message.embeds
+                or message.stickers or self._warned_empty_content):
+            return
+        self._warned_empty_content = True
+        log.warning("discord: a guild message arrived with empty content. %s", MESSAGE_CONTENT_HELP)
+
+    def _remember_dm(self, channel_id: str) -> None:
+        if len(self._dm_channels) > 10_000:
+            self._dm_channels.clear()
+        self._dm_channels.add(channel_id)
+
+    async def _deliver(self, inbound: InboundMessage) -> bool:
+        handler = self._handler
+        if handler is None:
+            return False
+        try:
+            await handler(inbound)
+            return True
+        except Exception:  # noqa: BLE001 - the handler's failure is logged; the adapter lives on
+            log.exception("discord: the gateway failed to take message %s from chat %s", inbound.message_id,
+                          inbound.chat_id)
+            return False
+
+    async def on_command(self, interaction: discord.Interaction, name: str, args: str | None) -> None:
+        """A slash command: defer first (3 s rule), hand it over, remember where the answer goes."""
+        try:
+            await interaction.response.defer(thinking=True)
+        except discord.HTTPException as exc:
+            log.warning("discord: deferring /%s failed (%s); the answer will go to the channel", name, _describe(exc))
+        place = await self._place(interaction.channel) if interaction.channel is not None else None
+        if place is None:
+            log.warning("discord: /%s from an unknown kind of channel; ignored", name)
+            return
+        inbound = events.from_command(interaction, place, name, args)
+        self._prune_interactions()
+        self._interactions[inbound.message_id or ""] = _PendingInteraction(
+            application_id=interaction.application_id, token=interaction.token,
+            channel_id=int(place.thread_id or place.chat_id), created=time.monotonic(),
+        )
+        if place.chat_type is ChatType.DM:
+            self._remember_dm(place.chat_id)
+        if not await self._deliver(inbound):
+            try:
+                await interaction.followup.send("Sorry, that command could not be processed. Please try again.",
+                                                ephemeral=True)
+            except discord.HTTPException as exc:
+                log.warning("discord: could not report a failed /%s: %s", name, _describe(exc))
+
+    def _prune_interactions(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, p in self._interactions.items() if now - p.created > _INTERACTION_TTL]:
+            del self._interactions[key]
+
+    # ------------------------------------------------------------------ outbound
+
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
+        """Send a Markdown reply, split at 2,000 characters; never raises."""
+        try:
+            return await self._send(chat, text, reply_to)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the contract: report, never raise
+            log.warning("discord: send to %s failed: %s", chat.chat_id, _describe(exc))
+            return Delivery(ok=False, error=_describe(exc))
+
+    async def _send(self, chat: ChatRef, text: str, reply_to: str | None) -> Delivery:
+        if self._client is None:
+            return Delivery(ok=False, error="the Discord adapter is not started")
+        parts = split_message(to_discord(text), MESSAGE_LIMIT) if text.strip() else []
+        if not parts:
+            return Delivery(ok=False, error="nothing to send: the reply is empty")
+        limiter = limiter_for(PLATFORM, self._token, rate=self._send_rate, burst=self._send_burst)
+        self._prune_interactions()
+        follow_up = reply_to if reply_to in self._interactions else None
+        channel_id = int(chat.thread_id or chat.chat_id)
+        reference = None
+        if follow_up is None and reply_to and reply_to.isdigit() and chat.chat_id not in self._dm_channels:
+            reference = discord.MessageReference(message_id=int(reply_to), channel_id=channel_id,
+                                                 fail_if_not_exists=False)
+        ids: list[str] = []
+        for index, part in enumerate(parts):
+            ref = reference if index == 0 else None
+            try:
+                msg_id = await self._send_part(limiter, channel_id, follow_up, part, ref)
+            except discord.HTTPException as exc:
+                if exc.status != 400 or to_plain(part) in ("", part):
+                    raise
+                log.info("discord refused a formatted part (%s); resending it as plain text", _describe(exc))
+                msg_id = await self._send_part(limiter, channel_id, follow_up, to_plain(part), ref)
+            ids.append(msg_id)
+        return Delivery(ok=True, message_ids=tuple(ids))
+
+    async def _send_part(self, limiter, channel_id: int, follow_up: str | None, content: str,
+                         reference: discord.MessageReference | None) -> str:
+        """Post one part (as the interaction's follow-up when ``follow_up`` is still pending).
+
+        One nonce for every attempt (with ``enforce_nonce``) lets Discord drop a
+        retry of a post whose answer we lost, so a part is never posted twice.
+        """
+        nonce = str(random.getrandbits(62))
+
+        async def attempt() -> str:
+            await limiter.acquire()
+            client = self._client
+            if client is None:
+                raise AdapterError("the Discord adapter stopped")
+            pending = self._interactions.get(follow_up) if follow_up else None
+            if pending is not None:
+                try:
+                    hook = discord.Webhook.partial(pending.application_id, pending.token, client=client)
+                    msg = await hook.send(content, wait=True, allowed_mentions=_allowed_mentions())
+                    return str(msg.id)
+                except discord.HTTPException as exc:
+                    if exc.status not in (401, 403, 404):  # 401/404: the token expired or the interaction is gone
+                        raise
+                    log.info("discord: follow-up refused (%s); answering in the channel", _describe(exc))
+                    self._interactions.pop(follow_up or "", None)
+            channel = client.get_partial_messageable(channel_id)
+            msg = await channel.send(content, reference=reference, allowed_mentions=_allowed_mentions(), nonce=nonce)
+            return str(msg.id)
+
+        def classify(exc: BaseException) -> float | None:
+            if isinstance(exc, discord.RateLimited):
+                limiter.pause(exc.retry_after)
+                return exc.retry_after
+            if isinstance(exc, discord.HTTPException):
+                if exc.status == 429:  # without Discord's Via header (e.g. a Cloudflare block): ours to wait out
+                    wait = _retry_after(exc)
+                    limiter.pause(wait)
+                    return wait
+                return 0.0 if exc.status >= 500 else None
+            if isinstance(exc, (aiohttp.ClientError, OSError, asyncio.TimeoutError)):
+                return 0.0
+            return None
+
+        return await retry_async(attempt, classify=classify, backoff=self._send_backoff,
+                                 max_attempts=self._send_attempts, total_seconds=self._send_total)
+
+    async def send_typing(self, chat: ChatRef) -> None:
+        client = self._client
+        if client is None:
+            return
+        try:
+            await client.get_partial_messageable(int(chat.thread_id or chat.chat_id)).typing()
+        except Exception as exc:  # noqa: BLE001 - best effort
+            log.debug("discord: typing indicator failed: %s", _describe(exc))
+
+
+def _slash_command(adapter: DiscordAdapter, name: str, description: str) -> app_commands.Command:
+    @app_commands.describe(args=_COMMAND_ARGS_HELP)
+    async def callback(interaction: discord.Interaction, args: str | None = None) -> None:
+        await adapter.on_command(interaction, name, args)
+
+    return app_commands.Command(name=name, description=(description or name)[:100], callback=callback)
+
+
+def _start_error(task: asyncio.Task) -> AdapterError:
+    """The AdapterError for a finished ``client.connect()`` task."""
+    if task.cancelled():
+        return AdapterError("the gateway connection was cancelled")
+    exc = task.exception()
+    if exc is None:
+        return AdapterError("the gateway connection closed")
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        return _Fatal(MESSAGE_CONTENT_HELP)
+    if isinstance(exc, discord.ConnectionClosed) and exc.code in _FATAL_CLOSE_CODES:
+        return _Fatal(_FATAL_CLOSE_CODES[exc.code])
+    if isinstance(exc, discord.LoginFailure):
+        return _Fatal(BAD_TOKEN_HELP)
+    return AdapterError(f"the Discord gateway connection failed: {_describe(exc)}")
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line, token-free description of ``exc``."""
+    text = str(exc) or type(exc).__name__
+    return redact.redact(f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text)

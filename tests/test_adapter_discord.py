@@ -1,0 +1,355 @@
+"""The Discord adapter on the real discord.py against a local fake Discord (REST + gateway websocket)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import pytest
+
+from adapters.discord import DiscordAdapter
+from gateway.errors import AdapterError
+from gateway.retry import Backoff
+from gateway.types import Adapter, Attachment, ChatRef, ChatType, InboundMessage
+from tests.fakes.discord import APP_FLAG_MESSAGE_CONTENT_LIMITED, FakeDiscord
+
+COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("title", "Show or set this session's title")]
+FAST = Backoff(base=0.02, factor=2.0, cap=0.2)
+
+
+class Recorder:
+    """The gateway's handler: records messages; can fail or hold until the test lets it return."""
+
+    def __init__(self) -> None:
+        self.messages: list[InboundMessage] = []
+        self.fail_times = 0
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, msg: InboundMessage) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_times:
+            self.fail_times -= 1
+            raise RuntimeError("database is locked")
+        self.messages.append(msg)
+
+    async def wait_for(self, n: int, timeout: float = 5.0) -> list[InboundMessage]:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self.messages) < n:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out waiting for {n} messages, got {self.messages}")
+            await asyncio.sleep(0.01)
+        return self.messages
+
+
+async def eventually(predicate, timeout: float = 5.0, what: str = "condition"):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (result := predicate()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+    return result
+
+
+def make_adapter(fake: FakeDiscord, **kw) -> DiscordAdapter:
+    settings = dict(token=fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url,
+                    commands=COMMANDS, stall_timeout_seconds=30, connect_timeout_seconds=5,
+                    send_backoff=FAST, reconnect_backoff=FAST)
+    settings.update(kw)
+    return DiscordAdapter(**settings)
+
+
+@pytest.fixture
+async def fake():
+    async with FakeDiscord() as server:
+        yield server
+
+
+@pytest.fixture
+async def started(fake):
+    adapters: list[DiscordAdapter] = []
+
+    async def start(**kw) -> tuple[DiscordAdapter, Recorder]:
+        adapter, handler = make_adapter(fake, **kw), Recorder()
+        adapters.append(adapter)
+        await adapter.start(handler)
+        return adapter, handler
+
+    yield start
+    for adapter in adapters:
+        await adapter.stop()
+
+
+@pytest.fixture
+async def bot(started):
+    return await started()
+
+
+def plain(msg: InboundMessage) -> InboundMessage:
+    return dataclasses.replace(msg, received_at=0.0)
+
+
+# -- start-up and health ------------------------------------------------------------------
+
+
+async def test_start_logs_in_registers_commands_and_reports_connected(fake, started):
+    adapter = make_adapter(fake)
+    assert isinstance(adapter, Adapter)
+    assert adapter.health().state == "stopped"
+    adapter, _ = await started()
+    paths = [(r.method, r.path) for r in fake.requests]
+    assert paths[:3] == [("GET", "/users/@me"), ("GET", "/oauth2/applications/@me"),
+                         ("PUT", f"/applications/{fake.application_id}/commands")]
+    assert [(c["name"], c["description"]) for c in fake.registered_commands] == [
+        ("help", "Show commands"), ("new", "Start a fresh session"), ("title", "Show or set this session's title")]
+    assert fake.registered_commands[0]["options"] == [
+        {"type": 3, "name": "args", "description": "Arguments (optional)", "required": False}]
+    identify = (await fake.wait_for_op(2))[0]["d"]
+    assert identify["intents"] & (1 << 15), "the Message Content intent is requested"
+    health = adapter.health()
+    assert health.state == "connected"
+    assert health.platform == "discord"
+    assert health.last_event_at is not None
+    assert f"switchboard ({fake.bot['id']})" in health.detail
+
+
+async def test_stop_is_idempotent_and_reports_stopped(bot):
+    adapter, _ = bot
+    await adapter.stop()
+    await adapter.stop()
+    assert adapter.health().state == "stopped"
+
+
+async def test_a_wrong_token_fails_start_with_the_fix(fake):
+    adapter = make_adapter(fake, token="not-the-token")
+    with pytest.raises(AdapterError, match="Reset Token"):
+        await adapter.start(Recorder())
+    health = adapter.health()
+    assert (health.state, "rejected the bot token" in health.last_error) == ("failed", True)
+    assert [r.path for r in fake.requests] == ["/users/@me"]
+
+
+async def test_missing_message_content_intent_in_the_portal_fails_start(fake):
+    fake.app_flags = 0  # the toggle is off in the developer portal
+    adapter = make_adapter(fake)
+    with pytest.raises(AdapterError, match="Bot -> Privileged Gateway Intents -> Message Content Intent"):
+        await adapter.start(Recorder())
+    assert adapter.health().state == "failed"
+    assert fake.gateway_ops == [], "no gateway connection is attempted"
+
+
+async def test_gateway_close_4014_fails_start_naming_the_setting(fake):
+    fake.app_flags = APP_FLAG_MESSAGE_CONTENT_LIMITED
+    fake.message_content_allowed = False  # the gateway closes with 4014 Disallowed intent(s)
+    adapter = make_adapter(fake)
+    with pytest.raises(AdapterError, match="Message Content Intent"):
+        await adapter.start(Recorder())
+    assert adapter.health().state == "failed"
+    await adapter.stop()
+    assert adapter.health().state == "failed"
+
+
+# -- normalization ------------------------------------------------------------------------
+
+
+async def test_dm_is_a_dm_with_exact_fields(fake, bot):
+    _, handler = bot
+    sent = await fake.dm(fake.alice, "hello there")
+    [msg] = await handler.wait_for(1)
+    assert plain(msg) == InboundMessage(
+        platform="discord", chat_type=ChatType.DM, chat_id=fake.alice["dm_channel_id"], user_id=fake.alice["id"],
+        text="hello there", message_id=sent["id"], thread_id=None, user_name="Alice", attachments=(),
+        addressed=True, received_at=0.0)
+
+
+async def test_channel_message_needs_a_mention_which_is_stripped(fake, bot):
+    _, handler = bot
+    await fake.channel_message(fake.general, fake.bob, "just chatting")
+    await fake.channel_message(fake.general, fake.bob, "@everyone party", mentions=())
+    sent = await fake.channel_message(fake.general, fake.bob, f"{fake.mention(fake.bot)}  what time is it?",
+                                      mentions=(fake.bot,))
+    [msg] = await handler.wait_for(1)
+    assert plain(msg) == InboundMessage(
+        platform="discord", chat_type=ChatType.CHANNEL, chat_id=fake.general["id"], user_id=fake.bob["id"],
+        text="what time is it?", message_id=sent["id"], user_name="Bob", received_at=0.0)
+
+
+async def test_nickname_mention_is_stripped_too(fake, bot):
+    _, handler = bot
+    await fake.channel_message(fake.general, fake.bob, f"<@!{fake.bot['id']}> hi", mentions=(fake.bot,))
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "hi"
+
+
+async def test_thread_message_is_a_thread_under_its_parent_channel(fake, bot):
+    _, handler = bot
+    sent = await fake.channel_message(fake.thread, fake.alice, f"{fake.mention(fake.bot)} in the thread",
+                                      mentions=(fake.bot,))
+    [msg] = await handler.wait_for(1)
+    assert (msg.chat_type, msg.chat_id, msg.thread_id, msg.text, msg.message_id) == (
+        ChatType.THREAD, fake.general["id"], fake.thread["id"], "in the thread", sent["id"])
+    assert msg.chat == ChatRef("discord", fake.general["id"], fake.thread["id"])
+
+
+async def test_a_thread_the_gateway_never_announced_is_looked_up(fake, bot):
+    _, handler = bot
+    late = fake.add_thread(fake.general, "created while we were away", owner=fake.bob)  # no THREAD_CREATE
+    await fake.channel_message(late, fake.bob, f"{fake.mention(fake.bot)} hi", mentions=(fake.bot,))
+    [msg] = await handler.wait_for(1)
+    assert (msg.chat_type, msg.chat_id, msg.thread_id) == (ChatType.THREAD, fake.general["id"], late["id"])
+    assert [r.path for r in fake.requests if r.method == "GET" and r.path.startswith("/channels/")] == [
+        f"/channels/{late['id']}"]
+
+
+async def test_reply_to_the_bot_is_addressed_reply_to_someone_else_is_not(fake, bot):
+    adapter, handler = bot
+    delivery = await adapter.send(ChatRef("discord", fake.general["id"]), "I am the bot")
+    bots_msg = fake.messages[fake.general["id"]][0]
+    bobs = await fake.channel_message(fake.general, fake.bob, "bob says")
+    await fake.channel_message(fake.general, fake.alice, "replying to bob", reply_to=bobs)
+    await fake.channel_message(fake.general, fake.alice, "replying to the bot", reply_to=bots_msg)
+    [msg] = await handler.wait_for(1)
+    assert delivery.ok and msg.text == "replying to the bot"
+
+
+async def test_known_text_command_is_addressed_without_mention(fake, bot):
+    _, handler = bot
+    await fake.channel_message(fake.general, fake.bob, "/unknown thing")
+    await fake.channel_message(fake.general, fake.bob, "/new")
+    [msg] = await handler.wait_for(1)
+    assert (msg.text, msg.is_command) == ("/new", True)
+
+
+async def test_free_response_channel_and_require_mention_off(fake, started):
+    _, handler = await started(free_response_channels=[fake.general["id"]])
+    await fake.channel_message(fake.general, fake.bob, "no mention needed here")
+    await fake.channel_message(fake.thread, fake.bob, "nor in its threads")
+    msgs = await handler.wait_for(2)
+    assert [m.text for m in msgs] == ["no mention needed here", "nor in its threads"]
+
+
+async def test_require_mention_false_answers_everything(fake, started):
+    other = fake.add_text_channel(fake.guild, "random")
+    _, handler = await started(require_mention=False)
+    await fake.channel_message(other, fake.bob, "anyone?")
+    [msg] = await handler.wait_for(1)
+    assert (msg.chat_id, msg.text, msg.addressed) == (other["id"], "anyone?", True)
+
+
+async def test_own_and_other_bots_messages_are_ignored(fake, bot):
+    _, handler = bot
+    await fake.dm(fake.alice, "echo of myself", author=fake.bot)
+    await fake.channel_message(fake.general, fake.other_bot, f"{fake.mention(fake.bot)} beep", mentions=(fake.bot,))
+    await fake.dm(fake.alice, "a human")
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "a human"
+
+
+async def test_duplicate_delivery_is_handed_over_with_the_same_id(fake, bot):
+    _, handler = bot
+    payload = await fake.dm(fake.alice, "once")
+    await fake.redeliver(payload)
+    first, second = await handler.wait_for(2)
+    assert first.message_id == second.message_id == payload["id"]
+
+
+async def test_handler_failure_is_logged_and_the_adapter_goes_on(fake, bot, caplog):
+    adapter, handler = bot
+    handler.fail_times = 1
+    await fake.dm(fake.alice, "lost")
+    await fake.dm(fake.alice, "kept")
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "kept"
+    assert "the gateway failed to take message" in caplog.text
+    assert adapter.health().state == "connected"
+
+
+async def test_attachments_image_downloaded_with_vision_files_described(fake, started):
+    _, handler = await started(vision=True, max_image_bytes=1000)
+    png = b"\x89PNG\r\n\x1a\n" + b"x" * 100
+    atts = (
+        fake.attachment("cat.png", png, "image/png"),
+        fake.attachment("report.pdf", b"%PDF-1.7", "application/pdf"),
+        fake.attachment("huge.jpg", b"y" * 2000, "image/jpeg"),
+        fake.attachment("liar.png", b"z" * 5000, "image/png", size=10),  # says 10 bytes, sends 5000
+    )
+    await fake.dm(fake.alice, "look", attachments=atts)
+    [msg] = await handler.wait_for(1)
+    url = lambda i: atts[i]["url"]  # noqa: E731
+    assert msg.attachments == (
+        Attachment(kind="image", name="cat.png", mime_type="image/png", size=len(png), url=url(0), data=png),
+        Attachment(kind="file", name="report.pdf", mime_type="application/pdf", size=8, url=url(1)),
+        Attachment(kind="image", name="huge.jpg", mime_type="image/jpeg", size=2000, url=url(2)),
+        Attachment(kind="image", name="liar.png", mime_type="image/png", size=10, url=url(3)),
+    )
+
+
+async def test_images_are_not_downloaded_without_vision(fake, bot):
+    _, handler = bot
+    att = fake.attachment("cat.png", b"png", "image/png")
+    await fake.dm(fake.alice, "", attachments=(att,))
+    [msg] = await handler.wait_for(1)
+    assert (msg.text, msg.attachments) == ("", (Attachment("image", "cat.png", "image/png", 3, att["url"]),))
+
+
+# -- connection faults --------------------------------------------------------------------
+
+
+async def test_dropped_connection_resumes_and_the_next_event_arrives(fake, bot):
+    adapter, handler = bot
+    await fake.drop_connections(code=4000)
+    [resume] = await fake.wait_for_op(6)
+    assert resume["d"]["session_id"].startswith("fake-session-")
+    await fake.wait_for_connections(1)
+    await fake.dm(fake.alice, "after the drop")
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "after the drop"
+    await eventually(lambda: adapter.health().state == "connected", what="connected")
+
+
+async def test_events_sent_while_disconnected_are_replayed_on_resume(fake, bot):
+    _, handler = bot
+    await fake.drop_connections(code=4000)
+    await fake.dm(fake.alice, "written during the outage")  # queued in the session, replayed on RESUME
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "written during the outage"
+
+
+async def test_invalid_session_makes_the_client_identify_again(fake, bot):
+    _, handler = bot
+    await fake.send_op(9, False)
+    await fake.wait_for_op(2, n=2, timeout=10)  # discord.py waits 5 s before identifying again (Discord's rule)
+    await fake.wait_for_connections(1)
+    await fake.dm(fake.alice, "new session")
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "new session"
+
+
+async def test_stalled_connection_is_restarted(fake, started):
+    adapter, handler = await started(stall_timeout_seconds=0.5)
+    fake.stall_connections()  # open but silent: no heartbeat ACK, no event
+    await eventually(lambda: adapter.health().state == "reconnecting", what="reconnecting")
+    assert "no gateway frame" in adapter.health().last_error
+    await fake.wait_for_op(2, n=2)  # a fresh client identified
+    await eventually(lambda: adapter.health().state == "connected", what="connected again")
+    await fake.dm(fake.alice, "are you back?")
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "are you back?"
+
+
+# -- logs ---------------------------------------------------------------------------------
+
+
+async def test_tokens_never_reach_the_logs(fake, bot, caplog):
+    caplog.set_level(logging.DEBUG)
+    adapter, handler = bot
+    interaction = await fake.slash_command("new", fake.alice, args="x")
+    [msg] = await handler.wait_for(1)
+    await adapter.send(msg.chat, "ok", reply_to=msg.message_id)
+    await fake.wait_for_sent(1)
+    await fake.dm(fake.alice, "more")
+    await handler.wait_for(2)
+    assert "INTERACTION_CREATE" in caplog.text, "debug logging was on"
+    assert fake.token not in caplog.text
+    assert interaction["token"] not in caplog.text
