@@ -30,6 +30,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from urllib.parse import quote
 
 from state import schema
@@ -101,7 +102,10 @@ def _counts(conn: sqlite3.Connection) -> tuple[int, int]:
 
 def _integrity_problems(conn: sqlite3.Connection, pragma: str = "integrity_check") -> list[str]:
     rows = [row[0] for row in conn.execute(f"PRAGMA {pragma}(20)")]
-    return [] if rows == ["ok"] else rows
+    if rows == ["ok"]:
+        return []
+    # one problem per line, without SQLite's "*** in database main ***" headings
+    return [line.strip() for row in rows for line in str(row).splitlines() if line.strip() and not line.startswith("***")]
 
 
 def check_file(path: Path) -> DatabaseSummary:
@@ -141,8 +145,17 @@ def check_file(path: Path) -> DatabaseSummary:
 # --- backup ----------------------------------------------------------------
 
 
-def backup(home: Path, target: Path, *, pages_per_step: int = PAGES_PER_STEP) -> DatabaseSummary:
-    """Copy ``<home>/state.db`` to ``target`` while it is in use; returns what the copy holds."""
+def backup(
+    home: Path,
+    target: Path,
+    *,
+    pages_per_step: int = PAGES_PER_STEP,
+    progress: Callable[[int, int], None] | None = None,
+) -> DatabaseSummary:
+    """Copy ``<home>/state.db`` to ``target`` while it is in use; returns what the copy holds.
+
+    ``progress(remaining, total)`` is called after every step of ``pages_per_step`` pages.
+    """
     source = db_path(home)
     target = Path(target).expanduser().absolute()
     if not source.is_file():
@@ -168,7 +181,7 @@ def backup(home: Path, target: Path, *, pages_per_step: int = PAGES_PER_STEP) ->
         try:
             dst = sqlite3.connect(partial, isolation_level=None)
             try:
-                src.backup(dst, pages=pages_per_step, progress=_log_progress)
+                src.backup(dst, pages=pages_per_step, progress=_progress_reporter(progress))
                 src.execute("COMMIT")
                 # one self-contained file: no -wal needed beside it
                 dst.execute("PRAGMA journal_mode = DELETE")
@@ -191,8 +204,13 @@ def backup(home: Path, target: Path, *, pages_per_step: int = PAGES_PER_STEP) ->
     return DatabaseSummary(target, version, sessions, messages, target.stat().st_size)
 
 
-def _log_progress(status: int, remaining: int, total: int) -> None:
-    log.debug("backup: %d of %d pages copied", total - remaining, total)
+def _progress_reporter(progress: Callable[[int, int], None] | None) -> Callable[[int, int, int], None]:
+    def report(status: int, remaining: int, total: int) -> None:
+        log.debug("backup: %d of %d pages copied", total - remaining, total)
+        if progress is not None:
+            progress(remaining, total)
+
+    return report
 
 
 # --- restore ---------------------------------------------------------------
