@@ -206,3 +206,14 @@ async def test_from_config_builds_a_working_adapter(tg):
         assert adapter.health().detail == "@switchboard_bot (polling)"
     finally:
         await adapter.stop()
+
+
+async def test_a_refused_webhook_fails_start_and_closes_the_endpoint(tg):
+    from gateway.errors import AdapterError
+
+    tg.fail_next("setWebhook", status=400, description="Bad Request: bad webhook: An HTTPS URL must be provided for webhook")
+    adapter = make_adapter(tg, webhook_url="http://insecure.example/hook", webhook_port=0)
+    with pytest.raises(AdapterError, match="(?i)could not start webhook: .*https url must be provided"):
+        await adapter.start(Recorder())
+    assert adapter.health().state == "failed"
+    assert adapter.webhook_local_url is None

@@ -40,6 +40,7 @@ from gateway.types import AdapterHealth, Attachment, ChatRef, Delivery, InboundH
 
 from .events import PLATFORM, Addressing, normalize
 from .format import is_parse_error, markdown_to_html
+from .media import collect_attachments
 from .polling import Poller
 from .redact import describe, install_redaction, retry_after_seconds
 from .webhook import WebhookServer
@@ -177,7 +178,7 @@ class TelegramAdapter:
         try:
             await self._connect()
         except BaseException:
-            await self._close_bot()
+            await self._teardown(confirm=False)
             raise
 
     async def _connect(self) -> None:
@@ -273,20 +274,24 @@ class TelegramAdapter:
         if self._stopping or self._bot is None:
             return
         self._stopping = True
-        for task in (self._watchdog_task, self._poll_task):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(t for t in (self._watchdog_task, self._poll_task) if t), return_exceptions=True)
+        await self._teardown(confirm=True)
+        self._health.state = "stopped"
+        log.info("telegram adapter stopped")
+
+    async def _teardown(self, *, confirm: bool) -> None:
+        tasks = [t for t in (self._watchdog_task, self._poll_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._watchdog_task = self._poll_task = None
         if self._poller is not None:
-            await self._poller.confirm()
+            if confirm:
+                await self._poller.confirm()
             self._poller = None
         if self._webhook is not None:
             await self._webhook.stop()  # the webhook stays registered: Telegram queues updates until we return
             self._webhook = None
         await self._close_bot()
-        self._health.state = "stopped"
-        log.info("telegram adapter stopped")
 
     async def _close_bot(self) -> None:
         bot, self._bot = self._bot, None
@@ -308,7 +313,8 @@ class TelegramAdapter:
             inbound = normalize(message, self._who)
             if inbound is None:
                 return True
-            attachments = await self._attachments(message)
+            attachments = await collect_attachments(self.bot, message, vision=self._vision,
+                                                    max_image_bytes=self._max_image_bytes)
             if attachments:
                 inbound = _with_attachments(inbound, attachments)
             if not inbound.text and not inbound.attachments:
@@ -327,49 +333,6 @@ class TelegramAdapter:
             self._health.last_error = f"handler failed on message {inbound.message_id}: {type(exc).__name__}: {exc}"
             return False
         return True
-
-    async def _attachments(self, message: Message) -> tuple[Attachment, ...]:
-        found: list[Attachment] = []
-        if message.photo:
-            found.append(await self._image(message.photo[-1].file_id, "photo.jpg", "image/jpeg",
-                                           message.photo[-1].file_size, candidates=message.photo))
-        doc = message.document
-        if doc is not None:
-            mime = doc.mime_type or None
-            if mime and mime.startswith("image/"):
-                found.append(await self._image(doc.file_id, doc.file_name or "image", mime, doc.file_size))
-            else:
-                found.append(Attachment(kind="file", name=doc.file_name or "file", mime_type=mime, size=doc.file_size))
-        for kind in ("audio", "video", "voice", "video_note", "animation", "sticker"):
-            media = getattr(message, kind, None)
-            if media is not None and not (kind == "animation" and doc is not None):
-                name = getattr(media, "file_name", None) or kind
-                found.append(Attachment(kind="file", name=name, mime_type=getattr(media, "mime_type", None),
-                                        size=getattr(media, "file_size", None)))
-        return tuple(found)
-
-    async def _image(self, file_id: str, name: str, mime: str, size: int | None, candidates=()) -> Attachment:
-        """Download an image when vision is on and it is small enough; otherwise describe it as a file."""
-        if candidates:  # photo sizes, smallest first: take the largest that fits
-            fitting = [p for p in candidates if p.file_size is None or p.file_size <= self._max_image_bytes]
-            if fitting:
-                file_id, size = fitting[-1].file_id, fitting[-1].file_size
-        if not self._vision:
-            return Attachment(kind="image", name=name, mime_type=mime, size=size)
-        if size is not None and size > self._max_image_bytes:
-            log.info("not downloading a %d-byte image (limit %d)", size, self._max_image_bytes)
-            return Attachment(kind="file", name=name, mime_type=mime, size=size)
-        try:
-            file = await self.bot.get_file(file_id)
-            if file.file_size is not None and file.file_size > self._max_image_bytes:
-                raise ValueError(f"{file.file_size} bytes is over the {self._max_image_bytes}-byte limit")
-            data = bytes(await file.download_as_bytearray())
-            if len(data) > self._max_image_bytes:
-                raise ValueError(f"{len(data)} bytes is over the {self._max_image_bytes}-byte limit")
-        except Exception as exc:  # noqa: BLE001 - the message still goes through without the image
-            log.warning("could not download a telegram image: %s", describe(exc))
-            return Attachment(kind="file", name=name, mime_type=mime, size=size)
-        return Attachment(kind="image", name=name, mime_type=mime, size=len(data), data=data)
 
     # -- outbound ------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ class Poller:
         self.offset = 0
         self.last_beat = time.monotonic()
         self.busy = False  # inside deliver(): time spent there is not a stall
+        self._handler_failures = 0  # consecutive: the wait before a redelivery grows with it
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -79,7 +80,6 @@ class Poller:
                 log.info("telegram polling is back after %d failed attempt(s)", failures)
                 failures = 0
             self._report("connected", None)
-            handler_failures = 0
             for update in updates:
                 self.busy = True
                 try:
@@ -89,9 +89,10 @@ class Poller:
                     self.beat()
                 if not delivered:
                     # Not acknowledged: the next getUpdates starts at this update again.
-                    handler_failures += 1
-                    await asyncio.sleep(self._backoff.delay(handler_failures))
+                    await asyncio.sleep(self._backoff.delay(self._handler_failures))
+                    self._handler_failures += 1
                     break
+                self._handler_failures = 0
                 self.offset = update.update_id + 1
 
     def _on_poll_error(self, exc: BaseException, wait: float) -> None:
