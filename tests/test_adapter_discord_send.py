@@ -149,6 +149,18 @@ async def test_a_429_once_then_the_reply_arrives_once(fake, bot):
     assert [m["content"] for m in fake.messages[fake.general["id"]]] == ["hello"]
 
 
+async def test_a_429_holds_every_send_on_the_token_for_retry_after(fake, bot):
+    adapter, _ = bot
+    other = fake.add_text_channel(fake.guild, "random")
+    fake.fail_next(1, status=429, retry_after=0.3, match=lambda r: r.path == f"/channels/{fake.general['id']}/messages")
+    first = asyncio.create_task(adapter.send(ChatRef("discord", fake.general["id"]), "one"))
+    [limited] = await fake.wait_for_requests(lambda r: r.method == "POST")
+    second = await adapter.send(ChatRef("discord", other["id"]), "two")  # another channel, same token
+    assert (await first).ok and second.ok
+    [to_other] = [r for r in sends(fake) if r.path == f"/channels/{other['id']}/messages"]
+    assert to_other.at - limited.at >= 0.3, "the other channel's send waited out the 429 too"
+
+
 async def test_a_429_without_via_pauses_our_limiter_and_is_retried(fake, bot):
     adapter, _ = bot
     fake.fail_next(1, status=429, retry_after=0.2, via=False)  # discord.py raises it: our retry loop's job

@@ -169,6 +169,7 @@ class DiscordAdapter:
         self._channel_cache: dict[int, events.Where] = {}
         self._stopping = False
         self._warned_empty_content = False
+        self._commands_synced = False
         redact.install(self._token)
 
     @classmethod
@@ -233,8 +234,9 @@ class DiscordAdapter:
         client = discord.Client(
             intents=_intents(),
             enable_debug_events=True,  # socket_raw_receive: every frame, heartbeat ACKs included (stall watch)
-            max_ratelimit_timeout=30.0,  # longer 429s come to us, so the token's limiter pauses
+            max_ratelimit_timeout=30.0,  # longer 429s come to us (discord.RateLimited) and are retried by us
             allowed_mentions=_allowed_mentions(),
+            http_trace=self._rate_limit_trace(),
         )
         tree = app_commands.CommandTree(client)
         for name, description in self.commands:
@@ -244,9 +246,10 @@ class DiscordAdapter:
                 log.warning("discord: command /%s not registered (%s); it still works as a text command", name, exc)
 
         async def setup_hook() -> None:
-            if self.sync_commands and self.commands:
+            if self.sync_commands and self.commands and not self._commands_synced:
                 try:
                     await tree.sync()
+                    self._commands_synced = True  # once per adapter: a restart need not re-register
                 except discord.HTTPException as exc:
                     log.warning("discord: registering slash commands failed (%s); text commands still work", exc)
 
@@ -272,6 +275,26 @@ class DiscordAdapter:
         for fn in (on_socket_raw_receive, on_connect, on_resumed, on_disconnect, on_message):
             client.event(fn)
         return client
+
+    def _rate_limit_trace(self) -> aiohttp.TraceConfig:
+        """Every 429 discord.py sees (it waits those out itself) also pauses our limiter for this token."""
+        trace = aiohttp.TraceConfig()
+
+        async def on_request_end(_session: Any, _ctx: Any, params: aiohttp.TraceRequestEndParams) -> None:
+            if params.response.status != 429:
+                return
+            try:
+                wait = float(params.response.headers.get("Retry-After", "1"))
+            except ValueError:
+                wait = 1.0
+            self._limiter().pause(wait)
+            log.info("discord: rate limited for %.2fs; pausing every send on this bot token", wait)
+
+        trace.on_request_end.append(on_request_end)
+        return trace
+
+    def _limiter(self):
+        return limiter_for(PLATFORM, self._token, rate=self._send_rate, burst=self._send_burst)
 
     def _mark_connected(self, client: discord.Client, how: str) -> None:
         self._last_seen = time.monotonic()
@@ -496,7 +519,7 @@ class DiscordAdapter:
         parts = split_message(to_discord(text), MESSAGE_LIMIT) if text.strip() else []
         if not parts:
             return Delivery(ok=False, error="nothing to send: the reply is empty")
-        limiter = limiter_for(PLATFORM, self._token, rate=self._send_rate, burst=self._send_burst)
+        limiter = self._limiter()
         self._prune_interactions()
         follow_up = reply_to if reply_to in self._interactions else None
         channel_id = int(chat.thread_id or chat.chat_id)

@@ -29,6 +29,7 @@ import datetime
 import itertools
 import json
 import logging
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -63,6 +64,7 @@ class Request:
     query: dict[str, str]
     body: Any  # parsed JSON, or None
     authorization: str | None
+    at: float = field(default_factory=time.monotonic)
 
 
 _RECORD = web.RequestKey("record", Request)
