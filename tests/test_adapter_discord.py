@@ -55,7 +55,7 @@ async def eventually(predicate, timeout: float = 5.0, what: str = "condition"):
 def make_adapter(fake: FakeDiscord, **kw) -> DiscordAdapter:
     settings = dict(token=fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url,
                     commands=COMMANDS, stall_timeout_seconds=30, connect_timeout_seconds=5,
-                    send_backoff=FAST, reconnect_backoff=FAST)
+                    send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
     settings.update(kw)
     return DiscordAdapter(**settings)
 
@@ -254,14 +254,23 @@ async def test_duplicate_delivery_is_handed_over_with_the_same_id(fake, bot):
     assert first.message_id == second.message_id == payload["id"]
 
 
-async def test_handler_failure_is_logged_and_the_adapter_goes_on(fake, bot, caplog):
+async def test_a_failing_handler_is_retried_since_discord_never_redelivers(fake, bot, caplog):
     adapter, handler = bot
-    handler.fail_times = 1
-    await fake.dm(fake.alice, "lost")
-    await fake.dm(fake.alice, "kept")
+    handler.fail_times = 2
+    sent = await fake.dm(fake.alice, "kept")
     [msg] = await handler.wait_for(1)
-    assert msg.text == "kept"
-    assert "the gateway failed to take message" in caplog.text
+    assert (msg.text, msg.message_id) == ("kept", sent["id"])
+    assert caplog.text.count("the gateway failed to take message") == 2
+
+
+async def test_a_handler_that_keeps_failing_is_logged_and_the_adapter_goes_on(fake, bot, caplog):
+    adapter, handler = bot
+    handler.fail_times = 4  # deliver_attempts
+    await fake.dm(fake.alice, "lost")
+    await eventually(lambda: "giving up after 4 tries" in caplog.text, what="give-up log")
+    await fake.dm(fake.alice, "next")
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "next"
     assert adapter.health().state == "connected"
 
 

@@ -49,7 +49,7 @@ async def fake():
 @pytest.fixture
 async def bot(fake):
     adapter = DiscordAdapter(token=fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url,
-                             commands=COMMANDS, connect_timeout_seconds=5, send_backoff=FAST, reconnect_backoff=FAST)
+                             commands=COMMANDS, connect_timeout_seconds=5, send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
     handler = Recorder()
     await adapter.start(handler)
     yield adapter, handler
@@ -257,9 +257,9 @@ async def test_expired_interaction_token_falls_back_to_the_channel(fake, bot):
     assert len(follow_up_attempts) == 1, "the expired token is tried once, not for every part"
 
 
-async def test_a_failed_command_tells_the_user(fake, bot):
+async def test_a_command_the_gateway_cannot_take_tells_the_user(fake, bot):
     _, handler = bot
-    handler.fail_times = 1
+    handler.fail_times = 4  # every attempt
     await fake.slash_command("new", fake.alice)
     [followup] = (await fake.wait_for_sent(1))
     assert followup["content"] == "Sorry, that command could not be processed. Please try again."

@@ -27,8 +27,9 @@ before the gateway has persisted anything) and answered by follow-up: the
 interaction is remembered under the InboundMessage's ``message_id`` and used
 when ``send(..., reply_to=that id)`` comes (for 14 minutes, the token lives
 15; after that the reply goes to the channel).  Discord has no delivery
-acknowledgement for gateway events, so a handler failure is logged and the
-event is lost to the gateway; a failed slash command gets a follow-up saying so.
+acknowledgement and no redelivery for gateway events, so a failing handler is
+retried here (``deliver_attempts`` with backoff) before the event is given up
+and logged; a slash command given up gets a follow-up telling the user.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class DiscordAdapter:
         send_total_seconds: float = 120.0,
         send_backoff: Backoff = Backoff(base=0.5, cap=10.0),
         reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0),
+        deliver_attempts: int = 4,
+        deliver_backoff: Backoff = Backoff(base=0.5, cap=5.0),
     ):
         if not token or not token.strip():
             raise AdapterError("platforms.discord.token is empty: paste the bot token from the Discord Developer Portal")
@@ -155,6 +158,7 @@ class DiscordAdapter:
         self._send_rate, self._send_burst = send_rate, send_burst
         self._send_attempts, self._send_total = send_attempts, send_total_seconds
         self._send_backoff, self._reconnect_backoff = send_backoff, reconnect_backoff
+        self._deliver_attempts, self._deliver_backoff = max(1, deliver_attempts), deliver_backoff
 
         self._health = AdapterHealth(PLATFORM)
         self._handler: InboundHandler | None = None
@@ -460,15 +464,22 @@ class DiscordAdapter:
         self._dm_channels.add(channel_id)
 
     async def _deliver(self, inbound: InboundMessage) -> bool:
+        """Hand ``inbound`` to the gateway, retrying a failing handler (Discord never redelivers)."""
         handler = self._handler
         if handler is None:
             return False
+
+        def on_retry(attempt: int, exc: BaseException, wait: float) -> None:
+            log.warning("discord: the gateway failed to take message %s (%s: %s); retry %d in %.1fs",
+                        inbound.message_id, type(exc).__name__, exc, attempt, wait)
+
         try:
-            await handler(inbound)
+            await retry_async(lambda: handler(inbound), classify=lambda exc: 0.0, backoff=self._deliver_backoff,
+                              max_attempts=self._deliver_attempts, on_retry=on_retry)
             return True
         except Exception:  # noqa: BLE001 - the handler's failure is logged; the adapter lives on
-            log.exception("discord: the gateway failed to take message %s from chat %s", inbound.message_id,
-                          inbound.chat_id)
+            log.exception("discord: the gateway failed to take message %s from chat %s; giving up after %d tries",
+                          inbound.message_id, inbound.chat_id, self._deliver_attempts)
             return False
 
     async def on_command(self, interaction: discord.Interaction, name: str, args: str | None) -> None:
