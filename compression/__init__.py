@@ -9,17 +9,17 @@ summary, tail; title ``#N``; the route moved).  The parent keeps its full
 history.  When the conversation is too short to compress
 (:class:`NothingToCompress`), :func:`fit_to_window` trims that one prompt.
 
-Modules: ``tokens`` (estimates, context lengths, the trigger), ``plan``
-(head / middle / tail), ``summary`` (the marked summary message), ``redact``
+Modules: ``tokens`` (estimates, context lengths, the trigger), ``planning``
+(head / middle / tail), ``summary`` (the marked summary message), ``redaction``
 (secrets), ``prompt`` (the summarizer's request), ``split`` (the store-side
 split), ``errors``.  This package imports ``state`` and nothing from
 ``gateway`` or ``adapters``; it never calls a model itself.
 """
 
 from .errors import CompressionError, CompressionFailed, NothingToCompress, SessionChanged
-from .plan import Plan, fit_to_window, plan
+from .planning import Plan, fit_to_window, plan
 from .prompt import build_summary_request, render_transcript, target_summary_tokens
-from .redact import REDACTED, redact
+from .redaction import REDACTED, redact
 from .split import END_REASON, CompressionResult, Summarize, compress_session
 from .summary import SUMMARY_MARKER, is_summary, make_summary_message, summary_text
 from .tokens import (

@@ -1,11 +1,11 @@
 """The request that asks a model to summarize the middle of a conversation.
 
-:func:`build_summary_request` turns a :class:`~compression.plan.Plan` into
+:func:`build_summary_request` turns a :class:`~compression.planning.Plan` into
 chat messages for ``summarize``: a system message with the rules and a user
 message holding the earlier summary (when the conversation was compressed
 before, so it is updated rather than lost), the transcript of the middle,
 the user's focus (``/compress <focus>``) and a target length.  Everything in
-it passes through :func:`~compression.redact.redact` first.
+it passes through :func:`~compression.redaction.redact` first.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from .plan import Plan
-from .redact import redact
+from .planning import Plan
+from .redaction import redact
 from .tokens import estimate_text_tokens
 
 TARGET_SHARE = 0.20

@@ -8,6 +8,14 @@ stays so the summary can still say *which* secret the user gave.
 
 The messages themselves are not touched: the head and tail are copied
 verbatim and the parent session keeps its full history.
+
+Speed matters (the middle of a long session is a few hundred kilobytes of
+text and ``re`` tries a pattern at every position unless it can skip ahead
+to a literal): each token shape runs only when its literal prefix occurs in
+the text, ``name: value`` pairs are found from their separator, and
+``Bearer <x>`` / ``password is <x>`` from the word, located with
+``str.find`` on a lower-cased copy.  Word-boundary checks are done on the
+match (a leading ``\\b`` or look-behind would stop the skipping).
 """
 
 from __future__ import annotations
@@ -15,56 +23,158 @@ from __future__ import annotations
 import re
 
 REDACTED = "[REDACTED]"
+_NO_REDACTED = r"(?!\[REDACTED\])"
 
-# Whole-token secrets recognisable by their shape.
-_TOKEN_PATTERNS = [
-    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
-    r"\bsk-(?:ant-|proj-|svcacct-|or-v1-)?[A-Za-z0-9_\-]{16,}",  # OpenAI, Anthropic, OpenRouter
-    r"\bgh[pousr]_[A-Za-z0-9]{20,}",  # GitHub tokens
-    r"\bgithub_pat_[A-Za-z0-9_]{20,}",
-    r"\bglpat-[A-Za-z0-9_\-]{20,}",  # GitLab
-    r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",  # Slack bot/user tokens
-    r"\bxapp-[A-Za-z0-9\-]{10,}",  # Slack app-level tokens
-    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
-    r"\bAIza[0-9A-Za-z_\-]{35}",  # Google API keys
-    r"\bhf_[A-Za-z0-9]{30,}",  # Hugging Face
-    r"\b\d{8,10}:[A-Za-z0-9_\-]{30,40}\b",  # Telegram bot tokens
-    r"\b[MNO][A-Za-z\d_\-]{23,27}\.[A-Za-z\d_\-]{6}\.[A-Za-z\d_\-]{27,40}\b",  # Discord bot tokens
-    r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWTs
+
+def _after_word_char(text: str, index: int) -> bool:
+    """True when the character before ``index`` is a letter or digit."""
+    return index > 0 and text[index - 1].isalnum()
+
+
+# --- whole-token secrets, recognisable by their shape --------------------------------
+
+# (literals one of which must occur, the pattern, led by that literal)
+_SHAPES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
+    (("-----BEGIN",), re.compile(
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)")),
+    (("sk-",), re.compile(r"sk-(?:ant-|proj-|svcacct-|or-v1-)?[A-Za-z0-9_\-]{16,}")),  # OpenAI, Anthropic
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"gh[pousr]_[A-Za-z0-9]{20,}")),  # GitHub
+    (("github_pat_",), re.compile(r"github_pat_[A-Za-z0-9_]{20,}")),
+    (("glpat-",), re.compile(r"glpat-[A-Za-z0-9_\-]{20,}")),  # GitLab
+    (("xox",), re.compile(r"xox[abposr]-[A-Za-z0-9\-]{10,}")),  # Slack bot/user tokens
+    (("xapp-",), re.compile(r"xapp-[A-Za-z0-9\-]{10,}")),  # Slack app-level tokens
+    (("AKIA", "ASIA"), re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])")),  # AWS key ids
+    (("AIza",), re.compile(r"AIza[0-9A-Za-z_\-]{35}")),  # Google API keys
+    (("hf_",), re.compile(r"hf_[A-Za-z0-9]{30,}")),  # Hugging Face
+    (("eyJ",), re.compile(r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")),  # JWTs
 ]
-_TOKENS = re.compile("|".join(f"(?:{p})" for p in _TOKEN_PATTERNS))
 
-# "Authorization: Bearer abc", "Basic dXNlcjpwYXNz"
-_AUTH_HEADER = re.compile(r"(?i)\b(bearer|basic|token)(\s+)([A-Za-z0-9_\-\.=+/]{12,})")
 
-# Credentials inside URLs: scheme://user:password@host
-_URL_CREDENTIALS = re.compile(r"([a-z][a-z0-9+.\-]*://[^\s:/@]+:)([^\s@/]+)(@)", re.IGNORECASE)
+def _whole_token(m: re.Match[str]) -> str:
+    start = m.start()
+    if start > 0 and (m.string[start - 1].isalnum() or m.string[start - 1] in "_-"):
+        return m.group(0)  # "task-abc..." is not an "sk-" key
+    return REDACTED
 
-# name = value / name: value / "name": "value" for names that hold secrets.  The
-# secret word must end the name or be followed by "_"/"-", so "max_tokens: 4000"
-# and "secretary: Bob" are left alone.
-_SECRET_NAME = (
+
+# Telegram bot tokens (123456789:AA...) are found from their colon, Discord bot
+# tokens (<24-27 chars>.<6>.<27+>) from their first dot; the part before is
+# checked on the match, then removed with the rest.
+_TELEGRAM = re.compile(r":[A-Za-z0-9_\-]{30,40}(?![A-Za-z0-9_\-])")
+_TELEGRAM_ID = re.compile(r"(?<![0-9A-Za-z])\d{8,10}$")
+_TELEGRAM_DONE = re.compile(r"(?<![0-9A-Za-z])\d{8,10}:\[REDACTED\]")
+_DISCORD = re.compile(r"\.[A-Za-z\d_\-]{6}\.[A-Za-z\d_\-]{27,40}(?![A-Za-z\d_\-])")
+_DISCORD_ID = re.compile(r"(?<![A-Za-z\d_\-])[MNO][A-Za-z\d_\-]{23,27}$")
+_DISCORD_DONE = re.compile(r"(?<![A-Za-z\d_\-])[MNO][A-Za-z\d_\-]{23,27}\.\[REDACTED\]")
+
+
+def _telegram(m: re.Match[str]) -> str:
+    found = _TELEGRAM_ID.search(m.string, max(0, m.start() - 11), m.start())
+    return ":" + REDACTED if found else m.group(0)
+
+
+def _discord(m: re.Match[str]) -> str:
+    found = _DISCORD_ID.search(m.string, max(0, m.start() - 29), m.start())
+    return "." + REDACTED if found else m.group(0)
+
+
+# --- credentials in URLs: scheme://user:password@host -----------------------------
+
+_URL_CREDENTIALS = re.compile(r"://([^\s:/@]+):([^\s@/]+)@")
+
+# --- name = value / name: value / "name": "value" --------------------------------
+
+# The secret word must start the name or follow "_"/"-", and end it or be
+# followed by "_"/"-": "DB_PASSWORD=x" and "api_key: x" are secrets,
+# "max_tokens: 4000" and "secretary: Bob" are not.
+_SECRET_NAME = re.compile(
+    r"(?i)(?:[\w\-]*[_\-])?"
     r"(?:password|passwd|passphrase|passcode|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key"
     r"|private[_\-]?key|client[_\-]?secret|credentials?)"
+    r"(?:[_\-][\w\-]*)?"
 )
-_KEY_VALUE = re.compile(
-    r"(?i)(\b(?:[\w\-]*[_\-])?" + _SECRET_NAME + r"(?:[_\-][\w\-]*)?\b[\"']?)"  # the name
-    r"(\s*[:=]\s*[\"']?)"  # the separator
-    r"(?!\[REDACTED\])([^\s\"',;]{3,})"  # the value
-)
-# "my password is hunter2": only for words that cannot mean anything else.
-_PASSWORD_IS = re.compile(
-    r"(?i)(\b(?:password|passwd|passphrase|passcode)\b)(\s+(?:is|was|=)\s+[\"']?)(?!\[REDACTED\])([^\s\"',;]{3,})"
-)
+_SEPARATED_VALUE = re.compile(r"([:=]\s*[\"']?)" + _NO_REDACTED + r"([^\s\"',;]{3,})")
+
+
+def _key_value(m: re.Match[str]) -> str:
+    text, end = m.string, m.start()
+    while end > 0 and text[end - 1] in " \t":
+        end -= 1
+    if end > 0 and text[end - 1] in "\"'":
+        end -= 1
+    start = end
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_-"):
+        start -= 1
+    if start == end or not _SECRET_NAME.fullmatch(text, start, end):
+        return m.group(0)
+    return m.group(1) + REDACTED
+
+
+# --- a word, then the secret: "Bearer abc1...", "my password is hunter2" ----------
+
+# A credential after bearer/basic/token has a digit or one of = + / (so
+# "token authentication" is left alone).
+_AUTH_WORDS = ("bearer", "basic", "token")
+_AUTH_VALUE = re.compile(r"\s+(?=[A-Za-z0-9_\-\.=+/]*[0-9=+/])([A-Za-z0-9_\-\.=+/]{12,})")
+# "is"/"was" only after words that cannot mean anything but a password.
+_PASSWORD_WORDS = ("password", "passwd", "passphrase", "passcode")
+_PASSWORD_VALUE = re.compile(r"\s+(?:is|was|=)\s+[\"']?" + _NO_REDACTED + r"([^\s\"',;]{3,})")
+
+
+_WORD_RULES = ((_AUTH_WORDS, _AUTH_VALUE), (_PASSWORD_WORDS, _PASSWORD_VALUE))
+
+
+def _after_words(text: str) -> str:
+    """Replace group 1 of a rule's pattern wherever it matches right after one of its words (any case)."""
+    spans: list[tuple[int, int]] = []
+    low = text.lower()
+    for words, value in _WORD_RULES:
+        if len(low) != len(text):  # a character whose lower case is longer: offsets differ, use re
+            for m in re.finditer("|".join(words), text, re.IGNORECASE):
+                if not _after_word_char(text, m.start()):
+                    found = value.match(text, m.end())
+                    if found:
+                        spans.append(found.span(1))
+            continue
+        for word in words:
+            at = low.find(word)
+            while at != -1:
+                if not _after_word_char(low, at):
+                    found = value.match(text, at + len(word))
+                    if found:
+                        spans.append(found.span(1))
+                at = low.find(word, at + len(word))
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end in sorted(spans):
+        if start < last:
+            continue
+        out.append(text[last:start])
+        out.append(REDACTED)
+        last = end
+    out.append(text[last:])
+    return "".join(out)
 
 
 def redact(text: str) -> str:
     """``text`` with keys, tokens, passwords and URL credentials replaced by ``[REDACTED]``."""
     if not text:
         return text
-    text = _TOKENS.sub(REDACTED, text)
-    text = _URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
-    text = _AUTH_HEADER.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
-    text = _KEY_VALUE.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
-    text = _PASSWORD_IS.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+    for literals, pattern in _SHAPES:
+        if any(literal in text for literal in literals):
+            text = pattern.sub(_whole_token, text)
+    if ":" in text:
+        text = _TELEGRAM.sub(_telegram, text)
+        if ":" + REDACTED in text:
+            text = _TELEGRAM_DONE.sub(REDACTED, text)
+    if "." in text:
+        text = _DISCORD.sub(_discord, text)
+        if "." + REDACTED in text:
+            text = _DISCORD_DONE.sub(REDACTED, text)
+    if "://" in text:
+        text = _URL_CREDENTIALS.sub(lambda m: f"://{m.group(1)}:{REDACTED}@", text)
+    text = _after_words(text)
+    if ":" in text or "=" in text:
+        text = _SEPARATED_VALUE.sub(_key_value, text)
     return text

@@ -1,6 +1,6 @@
 """The store side of a compression: summarize, then continue in a child session.
 
-:func:`compress_session` reads the session, cuts it (:func:`~compression.plan.plan`),
+:func:`compress_session` reads the session, cuts it (:func:`~compression.planning.plan`),
 asks ``summarize`` for the summary of the middle and, only once it has one,
 writes the split:
 
@@ -35,9 +35,9 @@ from typing import Any, Awaitable, Callable, Mapping
 from state import AsyncSessionDB, SessionNotFound, TitleConflict, new_session_id
 
 from .errors import CompressionFailed, NothingToCompress, SessionChanged
-from .plan import Plan, plan
+from .planning import Plan, plan
 from .prompt import build_summary_request
-from .redact import redact
+from .redaction import redact
 from .summary import make_summary_message
 from .tokens import estimate_tokens
 
@@ -241,6 +241,8 @@ def _prepare(
 
 async def _late_messages(db: AsyncSessionDB, session_id: str, stored: list[dict]) -> list[dict]:
     """Messages stored in the parent after ``stored`` was read (a turn racing the compression)."""
+    if await db.message_count(session_id) == len(stored):
+        return []  # the common case, without reading the whole session again
     now = await db.get_messages(session_id)
     known = {m["id"] for m in stored}
     if not known <= {m["id"] for m in now}:

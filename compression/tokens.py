@@ -108,6 +108,8 @@ def estimate_text_tokens(text: str) -> int:
     """Tokens in one string, rounded up; CJK characters count one each."""
     if not text:
         return 0
+    if text.isascii():  # the common case, without a regex pass
+        return math.ceil(len(text) / CHARS_PER_TOKEN)
     wide = len(_WIDE.findall(text))
     return wide + math.ceil((len(text) - wide) / CHARS_PER_TOKEN)
 
