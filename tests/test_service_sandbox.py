@@ -1,0 +1,339 @@
+"""The daemon's code runs under the system unit's seccomp restrictions.
+
+There is no systemd here to start the unit, so the test does what systemd
+would do for the restrictions that are seccomp filters: it reads them from the
+rendered unit (``SystemCallFilter=`` with the groups expanded by
+``systemd-analyze syscall-filter``, ``SystemCallErrorNumber=``,
+``RestrictAddressFamilies=``, ``MemoryDenyWriteExecute=``), installs the same
+filters with libseccomp (systemd's own library) in a child process together
+with ``no_new_privs``, and then ``exec``s Python with a workload that does
+what the daemon does: numpy with BLAS threads, pydantic-core, aiohttp and
+yarl, ssl, the openai SDK against the fake model server, the platform
+libraries' imports, the real ``SessionDB`` (WAL, FTS5), name resolution, and
+an sd_notify datagram.  The workload also tries what each restriction forbids
+(a writable+executable mapping, a netlink socket, a refused system call) and
+must be refused, so the test fails if the filters were not in force.  The
+last test runs ``switchboard run`` itself under the same filters, with a fake
+``NOTIFY_SOCKET``.
+
+Not emulated: the mount-namespace settings (ProtectSystem=strict,
+ReadWritePaths=, ProtectHome=, PrivateTmp=, PrivateDevices=), which only hide
+or freeze paths; the daemon writes nothing outside its home, where
+ReadWritePaths= lets it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from ctypes.util import find_library
+from pathlib import Path
+
+import pytest
+
+from gateway.service import plan_install
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs in the child: install the filters, then exec argv.  Only the standard library.
+LAUNCHER = textwrap.dedent(
+    r"""
+    import ctypes, json, os, sys
+
+    policy = json.load(open(sys.argv[1]))
+    argv = sys.argv[sys.argv.index("--") + 1:]
+    lib = ctypes.CDLL(policy["libseccomp"], use_errno=True)
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+
+    class Cmp(ctypes.Structure):  # struct scmp_arg_cmp
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(Cmp)]
+    ALLOW = 0x7FFF0000
+    ERRNO = lambda e: 0x00050000 | (e & 0xFFFF)
+    NE, EQ, GE, MASKED_EQ = 1, 4, 5, 7
+
+    def nr(name):
+        n = lib.seccomp_syscall_resolve_name(name.encode())
+        return n if n >= 0 else None  # not on this architecture
+
+    def load(default, rules):
+        ctx = lib.seccomp_init(default)
+        assert ctx, "seccomp_init failed"
+        for action, name, cmps in rules:
+            n = nr(name)
+            if n is None:
+                continue
+            arr = (Cmp * max(len(cmps), 1))(*[Cmp(*c) for c in cmps])
+            rc = lib.seccomp_rule_add_array(ctx, action, n, len(cmps), arr)
+            assert rc == 0, f"seccomp_rule_add({name}) = {rc}"
+        rc = lib.seccomp_load(ctx)  # sets no_new_privs first, like NoNewPrivileges=yes
+        assert rc == 0, f"seccomp_load = {rc}"
+        lib.seccomp_release(ctx)
+
+    # RestrictAddressFamilies= (allow list): socket() with any other family fails with EAFNOSUPPORT
+    families = set(policy["address_families"])
+    load(ALLOW, [(ERRNO(policy["eafnosupport"]), "socket", [(0, EQ, af, 0)]) for af in range(64) if af not in families]
+                + [(ERRNO(policy["eafnosupport"]), "socket", [(0, GE, 64, 0)])])
+    if policy["memory_deny_write_execute"]:
+        W, X, SHM_EXEC = 0x2, 0x4, 0o100000
+        eperm = ERRNO(policy["eperm"])
+        load(ALLOW, [
+            (eperm, "mmap", [(2, MASKED_EQ, W | X, W | X)]),
+            (eperm, "mprotect", [(2, MASKED_EQ, X, X)]),
+            (eperm, "pkey_mprotect", [(2, MASKED_EQ, X, X)]),
+            (eperm, "shmat", [(2, MASKED_EQ, SHM_EXEC, SHM_EXEC)]),
+        ])
+    # SystemCallFilter= (allow list) with SystemCallErrorNumber=; last, since seccomp() itself
+    # is not on the list (the kernel runs every filter and the strictest answer wins)
+    load(ERRNO(policy["errno"]), [(ALLOW, name, []) for name in policy["allowed_syscalls"]])
+    os.execv(argv[0], argv)
+    """
+)
+
+# What the daemon does, in one process; prints a JSON report.
+WORKLOAD = textwrap.dedent(
+    r"""
+    import asyncio, errno, json, mmap, os, socket, ssl, sys
+    from pathlib import Path
+
+    home, notify_path = Path(sys.argv[1]), sys.argv[2]
+    report = {}
+
+    import numpy as np
+    a = np.random.default_rng(0).random((400, 400))
+    b = a @ a.T  # BLAS, on its own threads
+    report["numpy"] = bool(np.linalg.eigvalsh(b[:100, :100]).min() > -1e-9)
+
+    import pydantic
+    class Model(pydantic.BaseModel):
+        x: int
+    report["pydantic"] = Model.model_validate({"x": "3"}).x == 3
+
+    # the compiled parts of the libraries the daemon loads
+    import yaml, telegram, telegram.ext, discord, slack_sdk, slack_bolt, apscheduler, rich, click
+    import prometheus_client, jiter, multidict, yarl, frozenlist, propcache, aiohttp
+    report["imports"] = True
+    report["ssl"] = ssl.create_default_context().verify_mode == ssl.CERT_REQUIRED
+
+    from state import SessionDB, new_session_id
+    with SessionDB(home / "state.db") as db:
+        sid = db.create_session(new_session_id(), "telegram")
+        db.append_message(sid, "user", "hello from the sandbox")
+        report["sqlite"] = [m["content"] for m in db.get_messages(sid)] == ["hello from the sandbox"]
+        report["fts5"] = len(db.search_messages("sandbox")) == 1
+
+    async def network():
+        from openai import AsyncOpenAI
+        from tests.fakes.model_server import FakeModel
+        loop = asyncio.get_running_loop()
+        # getaddrinfo with AI_ADDRCONFIG, as aiohttp's resolver calls it: glibc asks netlink,
+        # which RestrictAddressFamilies= refuses, and must fall back
+        infos = await loop.getaddrinfo("localhost", 443, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
+        report["resolve"] = bool(infos)
+        async with FakeModel() as model:
+            client = AsyncOpenAI(base_url=model.base_url, api_key="sandbox", max_retries=0)
+            reply = await client.chat.completions.create(
+                model="fake-model", messages=[{"role": "user", "content": "ping"}])
+            report["model"] = reply.choices[0].message.content.startswith("echo: ping")
+            await client.close()
+        report["threads"] = await loop.run_in_executor(None, sum, [1, 2]) == 3
+
+    asyncio.run(network())
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.sendto(b"READY=1", notify_path)
+    sock.close()
+
+    def refused(fn):
+        try:
+            fn()
+        except OSError as exc:
+            return errno.errorcode.get(exc.errno, str(exc.errno))
+        return "allowed"
+
+    report["wx_mapping"] = refused(lambda: mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC))
+    report["netlink_socket"] = refused(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))
+    report["sched_setaffinity"] = refused(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))
+    print(json.dumps(report), flush=True)
+    """
+)
+
+
+def _syscall_groups(analyze: str) -> dict[str, list[str]]:
+    """Every ``@group`` and its entries (names or nested groups), from systemd itself."""
+    out = subprocess.run([analyze, "syscall-filter"], capture_output=True, text=True, timeout=60, check=True).stdout
+    groups: dict[str, list[str]] = {}
+    current = None
+    for line in out.splitlines():
+        if line.startswith("@"):
+            current = groups.setdefault(line.strip(), [])
+        elif current is not None and line.startswith("    ") and not line.strip().startswith("#"):
+            current.append(line.strip())
+        elif not line.strip():
+            current = None
+    return groups
+
+
+def _expand(names: list[str], groups: dict[str, list[str]]) -> set[str]:
+    result: set[str] = set()
+    for name in names:
+        result |= _expand(groups[name], groups) if name.startswith("@") else {name}
+    return result
+
+
+def _unit_values(text: str, key: str) -> list[str]:
+    return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith(f"{key}=")]
+
+
+def policy_from_unit(unit_text: str, analyze: str, libseccomp: str) -> dict:
+    """The unit's seccomp settings as the launcher needs them, with systemd's semantics."""
+    groups = _syscall_groups(analyze)
+    allowed: set[str] | None = None
+    for value in _unit_values(unit_text, "SystemCallFilter"):
+        deny = value.startswith("~")
+        names = _expand(value.lstrip("~").split(), groups)
+        if allowed is None:
+            assert not deny, "the unit's first SystemCallFilter= is an allow list"
+            allowed = names
+        elif deny:
+            allowed -= names
+        else:
+            allowed |= names
+    assert allowed, "the unit has no SystemCallFilter="
+    (errno_name,) = _unit_values(unit_text, "SystemCallErrorNumber")
+    (families,) = _unit_values(unit_text, "RestrictAddressFamilies")
+    return {
+        "libseccomp": libseccomp,
+        "allowed_syscalls": sorted(allowed),
+        "errno": getattr(errno, errno_name),
+        "eperm": errno.EPERM,
+        "eafnosupport": errno.EAFNOSUPPORT,
+        "address_families": [int(getattr(socket, name)) for name in families.split()],
+        "memory_deny_write_execute": _unit_values(unit_text, "MemoryDenyWriteExecute") == ["yes"],
+    }
+
+
+@pytest.fixture
+def policy(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (it expands the syscall groups): apt-get install systemd")
+    libseccomp = find_library("seccomp")
+    if libseccomp is None:
+        pytest.skip("libseccomp is not installed (it builds the filters): apt-get install libseccomp2")
+    config = tmp_path / "config.yaml"
+    config.write_text("agent: main\n")
+    plan = plan_install("system", config=config, home=tmp_path / "home", unit_dir=tmp_path, run_as="daemon")
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(policy_from_unit(plan.unit_text, analyze, libseccomp)))
+    return path
+
+
+def test_policy_is_read_from_the_unit_with_systemds_groups(policy):
+    data = json.loads(policy.read_text())
+    allowed = set(data["allowed_syscalls"])
+    assert {"read", "write", "mmap", "futex", "epoll_wait", "socket", "connect", "clone3", "execve"} <= allowed
+    assert not {"setuid", "reboot", "mount", "sched_setaffinity", "setrlimit", "bpf"} & allowed  # ~@privileged @resources
+    assert data["address_families"] == [socket.AF_UNIX, socket.AF_INET, socket.AF_INET6]
+    assert data["memory_deny_write_execute"] is True
+    assert data["errno"] == errno.EPERM
+
+
+def test_daemon_workload_runs_under_the_units_seccomp_restrictions(policy, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify_path = str(tmp_path / "notify.sock")
+    notify.bind(notify_path)
+    notify.settimeout(60)
+    proc = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(policy), "--", sys.executable, "-c", WORKLOAD, str(home), notify_path],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {
+        "numpy": True, "pydantic": True, "imports": True, "ssl": True, "sqlite": True, "fts5": True,
+        "resolve": True, "model": True, "threads": True,
+        # and each restriction was really in force
+        "wx_mapping": "EPERM",  # MemoryDenyWriteExecute=
+        "netlink_socket": "EAFNOSUPPORT",  # RestrictAddressFamilies=
+        "sched_setaffinity": "EPERM",  # SystemCallFilter=~@resources, SystemCallErrorNumber=EPERM
+    }
+    assert notify.recv(4096) == b"READY=1"
+    notify.close()
+
+
+def test_without_the_filters_the_forbidden_calls_succeed(tmp_path):
+    """The control: the same probes outside the sandbox are allowed, so the refusals above come from the filters."""
+    probe = textwrap.dedent(
+        """
+        import mmap, os, socket
+        mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC).close()
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()
+        os.sched_setaffinity(0, os.sched_getaffinity(0))
+        print("allowed")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "allowed\n", proc.stderr
+
+
+def test_the_daemon_itself_runs_under_the_units_seccomp_restrictions(policy, tmp_path):
+    """`switchboard run` as the unit starts it: READY=1, watchdog pings, STOPPING=1 and exit 0 on SIGTERM."""
+    pytest.importorskip("gateway.daemon", reason="`switchboard run` (gateway.daemon) is not in this checkout yet")
+    import signal
+    import time
+
+    home = tmp_path / "home"
+    config = tmp_path / "daemon.yaml"
+    config.write_text(f"home: {home}\napi:\n  port: 0\n")  # every platform off: no token set
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WATCHDOG_", "TELEGRAM_", "DISCORD_", "SLACK_"))}
+    env |= {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000", "SWITCHBOARD_HOME": str(home)}
+    switchboard = Path(sys.executable).parent / "switchboard"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(policy), "--", str(switchboard), "run", "--config", str(config)],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    received: list[str] = []
+
+    def wait_for(prefix: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(m.startswith(prefix) for m in received):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(f"no {prefix} (got {received}); daemon stderr:\n{proc.communicate()[1][-3000:]}")
+            notify.settimeout(min(remaining, 1.0))
+            try:
+                received.append(notify.recv(4096).decode())
+            except socket.timeout:
+                pass
+
+    try:
+        wait_for("READY=1")
+        wait_for("WATCHDOG=1")  # pinged by the event loop, seccomp or not
+        proc.send_signal(signal.SIGTERM)
+        wait_for("STOPPING=1")
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
