@@ -1,0 +1,162 @@
+"""``switchboard``: the command line.  A thin layer: load, call one thing, turn errors into exit codes.
+
+    switchboard run                  the daemon (every configured platform + the local API)
+    switchboard chat [-c [TITLE]] [-r ID|TITLE]   talk to the agent from the terminal
+    switchboard sessions ...         list, show, search, export, import, rename, delete, prune, stats
+    switchboard pairing ...          list, approve, revoke strangers' pairing requests
+    switchboard config check|show    validate / print the effective config (secrets redacted)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import click
+
+import state
+from gateway.cli_config import config_group
+from gateway.config import Config, find_config_path, load_config
+from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
+
+CONFIG_OPTION = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
+)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _load_config(config_path: Path | None) -> Config:
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        _fail(str(exc), exc.exit_code)
+        raise  # unreachable
+
+
+def _home_for(config_path: Path | None) -> Path:
+    """The home the operator means: the config's when there is one, else $SWITCHBOARD_HOME."""
+    if config_path is not None:
+        return _load_config(config_path).home
+    try:
+        path = find_config_path()
+    except ConfigError:
+        return state.default_home()
+    return _load_config(path).home if path.is_file() else state.default_home()
+
+
+@click.group()
+@click.version_option(package_name="switchboard")
+def main() -> None:
+    """Switchboard: one LLM agent on Telegram, Discord and Slack, every conversation a saved session."""
+
+
+main.add_command(config_group)
+
+
+@main.command()
+@CONFIG_OPTION
+def run(config_path: Path | None) -> None:
+    """Run the gateway until SIGTERM/SIGINT (what the systemd unit starts)."""
+    from gateway import lockfile
+    from gateway.daemon import serve
+    from gateway.logging_setup import setup_logging
+
+    cfg = _load_config(config_path)
+    setup_logging(cfg.logging.level, cfg.logging.format, secrets=cfg.secrets())
+    cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        lock = lockfile.acquire(cfg.home)
+    except AlreadyRunning as exc:
+        _fail(str(exc))
+        return
+    with lock:
+        for name, status in cfg.enabled_platforms().items():
+            click.echo(f"{name}: {status}", err=True)
+        try:
+            code = asyncio.run(serve(cfg))
+        except SwitchboardError as exc:
+            _fail(str(exc))
+            return
+        except state.StateError as exc:
+            _fail(str(exc))
+            return
+    sys.exit(code)
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("-c", "--continue", "continue_", is_flag=False, flag_value="", default=None, metavar="[TITLE]",
+              help="Continue the most recent terminal session, or the newest of TITLE's lineage.")
+@click.option("-r", "--resume", "resume", default=None, metavar="ID|TITLE", help="Resume a session by id, prefix or title.")
+def chat(config_path: Path | None, continue_: str | None, resume: str | None) -> None:
+    """Talk to the agent from this terminal (source "cli"); slash commands work."""
+    from gateway.chat import run_chat
+    from gateway.logging_setup import setup_logging
+
+    cfg = _load_config(config_path)
+    setup_logging("WARNING", "text", secrets=cfg.secrets())
+    try:
+        asyncio.run(run_chat(cfg, continue_=continue_, resume=resume))
+    except (SwitchboardError, state.StateError) as exc:
+        _fail(str(exc))
+    except (KeyboardInterrupt, EOFError):
+        click.echo("")
+
+
+@main.group()
+def pairing() -> None:
+    """Strangers who asked to talk to the agent, and the users you approved."""
+
+
+def _pairing_db(config_path: Path | None) -> state.SessionDB:
+    return state.SessionDB(_home_for(config_path) / "state.db")
+
+
+@pairing.command("list")
+@CONFIG_OPTION
+def pairing_list(config_path: Path | None) -> None:
+    """Pending pairing codes and approved users."""
+    with _pairing_db(config_path) as db:
+        listing = db.list_pairing()
+    if not listing["pending"] and not listing["approved"]:
+        click.echo("No pending requests and no approved users.")
+        return
+    for p in listing["pending"]:
+        name = f" ({p['user_name']})" if p.get("user_name") else ""
+        click.echo(f"pending   {p['platform']:<9} {p['code']}  user {p['user_id']}{name}")
+    for a in listing["approved"]:
+        name = f" ({a['user_name']})" if a.get("user_name") else ""
+        click.echo(f"approved  {a['platform']:<9} user {a['user_id']}{name}")
+
+
+@pairing.command("approve")
+@CONFIG_OPTION
+@click.argument("platform")
+@click.argument("code")
+def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
+    """Let the user who received CODE on PLATFORM talk to the agent."""
+    with _pairing_db(config_path) as db:
+        try:
+            user = db.approve_pairing(platform, code)
+        except state.StateError as exc:
+            _fail(str(exc))
+            return
+    click.echo(f"Approved {platform} user {user['user_id']}. They can talk to the agent now.")
+
+
+@pairing.command("revoke")
+@CONFIG_OPTION
+@click.argument("platform")
+@click.argument("user_id")
+def pairing_revoke(config_path: Path | None, platform: str, user_id: str) -> None:
+    """Withdraw an approval (users in the config's allowlists stay allowed)."""
+    with _pairing_db(config_path) as db:
+        if not db.revoke_user(platform, user_id):
+            _fail(f"{platform} user {user_id} was not approved by pairing")
+    click.echo(f"Revoked {platform} user {user_id}.")

@@ -1,0 +1,242 @@
+"""Slash commands, parsed in the gateway so they are the same on every platform.
+
+A command never reaches the model.  ``/help``, ``/status``, ``/title``,
+``/sessions`` and ``/stop`` answer at once, even while a turn runs; the
+commands that change the session (``/new``, ``/reset``, ``/resume``,
+``/compress``) run in the session's lane, after a running turn.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+import state
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gateway.router import Lane, SessionRouter, Ticket
+
+log = logging.getLogger(__name__)
+
+_COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    args: str
+    known: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    name: str
+    description: str
+    usage: str
+    runs_now: bool
+    handler: Callable[["CommandContext"], Awaitable[str]]
+
+
+@dataclass(slots=True)
+class CommandContext:
+    command: Command
+    ticket: "Ticket"
+    router: "SessionRouter"
+    lane: "Lane"
+
+    @property
+    def db(self):
+        return self.router.db
+
+    @property
+    def session_id(self) -> str:
+        return self.ticket.session_id
+
+    @property
+    def user_id(self) -> str | None:
+        return self.ticket.msg.user_id
+
+
+class CommandSet:
+    """The registry of slash commands; later features add theirs with :meth:`add`."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, CommandSpec] = {}
+        self.compressor = None  # set by the daemon: async (ctx, focus) -> str
+
+    def add(self, name: str, description: str, usage: str, handler, *, runs_now: bool = False) -> None:
+        self._specs[name] = CommandSpec(name, description, usage, runs_now, handler)
+
+    def menu(self) -> list[tuple[str, str]]:
+        """(name, description) pairs for the platforms' native command menus."""
+        return [(s.name, s.description) for s in self._specs.values()]
+
+    def parse(self, text: str) -> Command | None:
+        m = _COMMAND.match(text.strip())
+        if not m:
+            return None
+        name = m.group(1).lower()
+        return Command(name, (m.group(2) or "").strip(), name in self._specs)
+
+    def runs_now(self, name: str) -> bool:
+        spec = self._specs.get(name)
+        return spec is None or spec.runs_now  # unknown commands just get a hint
+
+    async def run(self, command: Command, ticket, router, lane) -> str:
+        spec = self._specs.get(command.name)
+        if spec is None:
+            return f"Unknown command /{command.name}. Send /help to see what I understand."
+        return await spec.handler(CommandContext(command, ticket, router, lane))
+
+    def help_text(self) -> str:
+        lines = ["Commands:"]
+        lines += [f"{s.usage} - {s.description}" for s in self._specs.values()]
+        return "\n".join(lines)
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "never"
+    delta = max(0, now - ts)
+    if delta < 60:
+        return "just now"
+    if delta < 3600:
+        return f"{int(delta // 60)} min ago"
+    if delta < 86400:
+        return f"{int(delta // 3600)} h ago"
+    return f"{int(delta // 86400)} d ago"
+
+
+def _label(session: dict) -> str:
+    if session.get("title"):
+        return f'"{session["title"]}"'
+    preview = (session.get("preview") or "").strip().replace("\n", " ")
+    return f"“{preview[:40]}”" if preview else "(untitled)"
+
+
+# -- handlers -------------------------------------------------------------
+
+async def cmd_help(ctx: CommandContext) -> str:
+    return ctx.router.commands.help_text()
+
+
+async def cmd_new(ctx: CommandContext) -> str:
+    old = ctx.session_id
+    await ctx.db.end_session(old, "new_session")
+    new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
+    ctx.ticket.session_id = new_id
+    ctx.lane.last_prompt_tokens = None
+    return f"Started a new session. The previous one ({old}) is saved: /resume {old} to go back."
+
+
+async def cmd_title(ctx: CommandContext) -> str:
+    if not ctx.command.args:
+        title = await ctx.db.get_session_title(ctx.session_id)
+        return f"Session title: {title}" if title else "This session has no title. Set one with /title <name>."
+    try:
+        await ctx.db.set_session_title(ctx.session_id, ctx.command.args)
+    except state.TitleConflict as exc:
+        return f'The title "{exc.title}" is already used by session {exc.holder_session_id}. Choose another.'
+    except state.StateError as exc:
+        return f"Title not set: {exc}"
+    title = await ctx.db.get_session_title(ctx.session_id)
+    if title is None:
+        return "Session title cleared."
+    return f"Session title set: {title}"
+
+
+async def cmd_status(ctx: CommandContext) -> str:
+    s = await ctx.db.get_session(ctx.session_id)
+    context_length = getattr(ctx.router, "context_length", None)
+    used = ctx.lane.last_prompt_tokens
+    share = f"{used / context_length:.0%} of {context_length:,} tokens" if (used and context_length) else "not measured yet"
+    title = s.get("title") or "(untitled)"
+    return (
+        f"Session {s['id']}\nTitle: {title}\nMessages: {s.get('message_count', 0)}\n"
+        f"Tokens: {s.get('input_tokens', 0):,} in, {s.get('output_tokens', 0):,} out\n"
+        f"Context used: {share}"
+        + ("\nA reply is being written." if ctx.lane.current is not None or ctx.lane.busy else "")
+    )
+
+
+async def _own_sessions(ctx: CommandContext, limit: int = 10) -> list[dict]:
+    msg = ctx.ticket.msg
+    if msg.user_id is None:
+        return []
+    rows = await ctx.db.list_sessions_rich(source=msg.platform, limit=limit * 3, user_ids=[msg.user_id])
+    return rows[:limit]
+
+
+async def cmd_sessions(ctx: CommandContext) -> str:
+    rows = await _own_sessions(ctx)
+    if not rows:
+        return "You have no saved sessions yet."
+    now = ctx.router.clock()
+    lines = ["Your recent sessions:"]
+    for r in rows:
+        marker = " (current)" if r["id"] == ctx.session_id else ""
+        lines.append(f"{_label(r)} · {_ago(r.get('last_active'), now)} · {r['id']}{marker}")
+    lines.append("Switch with /resume <title or id>.")
+    return "\n".join(lines)
+
+
+async def cmd_resume(ctx: CommandContext) -> str:
+    if not ctx.command.args:
+        rows = [r for r in await _own_sessions(ctx) if r["id"] != ctx.session_id]
+        if not rows:
+            return "There is no other session to resume."
+        now = ctx.router.clock()
+        return "\n".join(["Resume one of these with /resume <title or id>:"] +
+                         [f"{_label(r)} · {_ago(r.get('last_active'), now)} · {r['id']}" for r in rows])
+    try:
+        target = await ctx.db.resolve_session_id(ctx.command.args)
+    except state.AmbiguousSession as exc:
+        return f"More than one session matches: {', '.join(exc.candidates[:5])}. Give more of the id."
+    except state.StateError:
+        return f'No session matches "{ctx.command.args}". /resume alone lists yours.'
+    target = await ctx.db.get_compression_tip(target) or target
+    session = await ctx.db.get_session(target)
+    msg = ctx.ticket.msg
+    if session is None or session.get("user_id") != msg.user_id or session.get("source") != msg.platform:
+        return f'No session of yours matches "{ctx.command.args}". /resume alone lists yours.'
+    if target == ctx.session_id:
+        return "That is the current session."
+    await ctx.db.end_session(ctx.session_id, "switched")
+    if session.get("ended_at") is not None:
+        await ctx.db.reopen_session(target)
+    await ctx.db.set_route(ctx.lane.key, target)
+    ctx.ticket.session_id = target
+    ctx.lane.last_prompt_tokens = None
+    return f"Resumed {_label(session)} ({target}, {session.get('message_count', 0)} messages)."
+
+
+async def cmd_stop(ctx: CommandContext) -> str:
+    if ctx.router.stop_turn(ctx.lane.key):
+        return "Stopping the current reply."
+    return "Nothing is running."
+
+
+async def cmd_compress(ctx: CommandContext) -> str:
+    compressor = ctx.router.commands.compressor
+    if compressor is None:
+        return "Compression is turned off (compression.enabled is false)."
+    return await compressor(ctx, ctx.command.args or None)
+
+
+def default_commands() -> CommandSet:
+    commands = CommandSet()
+    commands.add("help", "Show the commands", "/help", cmd_help, runs_now=True)
+    commands.add("new", "Start a fresh session (the old one is kept)", "/new", cmd_new)
+    commands.add("reset", "Same as /new", "/reset", cmd_new)
+    commands.add("title", "Show or set this session's title", "/title [name]", cmd_title, runs_now=True)
+    commands.add("status", "Session id, title, messages, tokens, context used", "/status", cmd_status, runs_now=True)
+    commands.add("resume", "Switch to one of your older sessions", "/resume [title|id]", cmd_resume)
+    commands.add("sessions", "Your recent sessions", "/sessions", cmd_sessions, runs_now=True)
+    commands.add("stop", "Cancel the reply being written", "/stop", cmd_stop, runs_now=True)
+    commands.add("compress", "Summarize the conversation so far and continue", "/compress [focus]", cmd_compress)
+    return commands
+
+

@@ -1,0 +1,233 @@
+"""The daemon: assembles the gateway from a :class:`~gateway.config.Config` and runs it.
+
+    gw = Gateway(config)              # store, model client, router, commands, local API
+    await gw.start()                  # opens state.db, serves the API, starts every adapter
+    ...                               # adapters call gw.on_inbound(msg); replies go back through them
+    await gw.stop()                   # drain turns within the grace period, then close in reverse order
+
+Adapters are found through the ``switchboard.adapters`` entry points (see
+pyproject.toml), so the gateway never imports a platform module: an adapter
+class offers ``from_config(platform_cfg, *, commands, vision)``.  Tests may
+pass ready-made adapters with ``Gateway(config, adapters={...})``.
+
+An adapter that fails to start (bad token, unreachable server) is logged
+with the reason and retried with backoff while the others serve; ``/healthz``
+shows it.  :func:`serve` adds signals, the sd_notify protocol and the lock
+that keeps a second daemon off the same home.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from importlib.metadata import entry_points
+
+import state
+from gateway.api import LocalApi
+from gateway.auth import AuthSettings, Authorizer
+from gateway.commands import default_commands
+from gateway.config import PLATFORMS, Config
+from gateway.keys import KeyPolicy
+from gateway.metrics import Metrics
+from gateway.model import ModelClient, ModelSettings
+from gateway.notify import Notifier
+from gateway.retry import Backoff
+from gateway.router import RouterSettings, SessionRouter
+from gateway.tools import ToolRegistry
+from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
+from gateway.types import Adapter, AdapterHealth, InboundMessage
+
+log = logging.getLogger(__name__)
+
+LOCAL_SOURCES = ("api", "cli")
+
+
+def auth_settings(config: Config) -> AuthSettings:
+    allowed = frozenset(f"{p}:{u}" for p in PLATFORMS for u in config.allowed_user_ids(p))
+    return AuthSettings(allow_all=config.auth.allow_all, allowed_users=allowed,
+                        unauthorized_dm=config.auth.unauthorized_dm, trusted_sources=frozenset(LOCAL_SOURCES))
+
+
+def load_adapters(config: Config, commands: list[tuple[str, str]]) -> tuple[dict[str, Adapter], dict[str, str]]:
+    """Build the adapter of every platform that is on; returns (adapters, why-off for the others)."""
+    available = {ep.name: ep for ep in entry_points(group="switchboard.adapters")}
+    adapters: dict[str, Adapter] = {}
+    off: dict[str, str] = {}
+    for name, status in config.enabled_platforms().items():
+        if status != "on":
+            off[name] = status
+            continue
+        ep = available.get(name)
+        if ep is None:
+            off[name] = f"off: no adapter installed for {name} (reinstall the package: make run)"
+            continue
+        cls = ep.load()
+        adapters[name] = cls.from_config(getattr(config.platforms, name), commands=commands, vision=config.model.vision)
+    return adapters, off
+
+
+class Gateway:
+    def __init__(self, config: Config, *, adapters: dict[str, Adapter] | None = None, clock=time.time,
+                 serve_api: bool = True):
+        self.config = config
+        self.serve_api = serve_api
+        self.clock = clock
+        self.metrics = Metrics()
+        self.commands = default_commands()
+        self.tools = ToolRegistry()
+        self.db: state.AsyncSessionDB | None = None
+        self.model = ModelClient(ModelSettings(
+            base_url=str(config.model.base_url), api_key=config.model.api_key, name=config.model.name,
+            timeout_seconds=config.model.timeout_seconds, max_concurrent_calls=config.model.max_concurrent_calls,
+            max_retries=config.model.max_retries, retry_total_seconds=config.model.retry_total_seconds,
+        ), metrics=self.metrics)
+        self._given_adapters = adapters
+        self.adapters: dict[str, Adapter] = {}
+        self.platforms_off: dict[str, str] = {}
+        self._supervisors: dict[str, asyncio.Task] = {}
+        self._start_errors: dict[str, str] = {}
+        self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
+        self.router: SessionRouter | None = None
+        self.started_at: float | None = None
+
+    # -- lifecycle --------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
+        self.db = await state.AsyncSessionDB.open(cfg.db_path, write_timeout=cfg.store.write_timeout_seconds)
+        persona = await asyncio.to_thread(cfg.model.persona_text) or DEFAULT_PERSONA
+        turn = AgentTurn(self.db, self.model, self.tools, TurnSettings(
+            agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
+            max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
+        ), clock=self.clock)
+        self.router = SessionRouter(
+            self.db, turn,
+            RouterSettings(
+                keys=KeyPolicy(cfg.agent, cfg.sessions.group_sessions_per_user, cfg.sessions.thread_sessions_per_user),
+                timezone=cfg.timezone, model_name=cfg.model.name,
+                reset_policy_for=cfg.sessions.reset_policy_for,
+            ),
+            authorizer=Authorizer(auth_settings(cfg), self.db, clock=self.clock),
+            commands=self.commands, metrics=self.metrics, clock=self.clock,
+        )
+        self.router.context_length = cfg.model.context_length
+        if self.serve_api:
+            await self.api.start()
+        if self._given_adapters is not None:
+            self.adapters = dict(self._given_adapters)
+            self.platforms_off = {name: (why if why != "on" else "off: not started in this process")
+                                  for name, why in cfg.enabled_platforms().items() if name not in self.adapters}
+        else:
+            self.adapters, self.platforms_off = load_adapters(cfg, self.commands.menu())
+        for name, why in self.platforms_off.items():
+            log.info("platform %s is %s", name, why)
+        for name, adapter in self.adapters.items():
+            self.router.register_output(
+                name,
+                lambda chat, text, reply_to, a=adapter: a.send(chat, text, reply_to=reply_to),
+                adapter.send_typing,
+            )
+            self._supervisors[name] = asyncio.create_task(self._supervise(name, adapter), name=f"adapter:{name}")
+        self.started_at = time.time()
+
+    async def on_inbound(self, msg: InboundMessage) -> None:
+        """The adapters' handler: returns once the message is persisted (or dropped on purpose)."""
+        await self.router.handle(msg)
+
+    async def _supervise(self, name: str, adapter: Adapter) -> None:
+        backoff = Backoff(base=1.0, cap=60.0)
+        attempt = 0
+        while True:
+            try:
+                await adapter.start(self.on_inbound)
+                self._start_errors.pop(name, None)
+                log.info("platform %s connected", name)
+                return  # from here the adapter keeps its own connection alive
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one platform's failure never stops the others
+                wait = backoff.delay(attempt)
+                attempt += 1
+                self._start_errors[name] = str(exc)
+                log.error("platform %s failed to start: %s; retrying in %.0fs", name, exc, wait)
+                await asyncio.sleep(wait)
+
+    async def stop(self, grace_seconds: float | None = None) -> None:
+        """Stop taking messages, finish running turns within the grace period, close everything."""
+        grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
+        if self.router is not None:
+            cancelled = await self.router.drain(grace)
+            for key in cancelled:
+                log.warning("turn for %s cancelled at shutdown after %.0fs; the user's message is stored "
+                            "and the next turn will answer it", key, grace)
+        for task in self._supervisors.values():
+            task.cancel()
+        await self.api.stop()
+        for name, adapter in reversed(list(self.adapters.items())):
+            try:
+                await adapter.stop()
+            except Exception:  # noqa: BLE001 - keep closing the rest
+                log.exception("platform %s did not stop cleanly", name)
+        await self.model.close()
+        if self.db is not None:
+            try:
+                await self.db.checkpoint("TRUNCATE")
+            except state.StateError as exc:
+                log.warning("final WAL checkpoint skipped: %s", exc)
+            await self.db.close()
+            self.db = None
+
+    # -- health -----------------------------------------------------------
+    def health(self) -> dict:
+        platforms: dict[str, dict] = {}
+        for name, why in self.platforms_off.items():
+            platforms[name] = AdapterHealth(name, state="disabled", detail=why).as_dict()
+        for name, adapter in self.adapters.items():
+            h = adapter.health().as_dict()
+            if name in self._start_errors:
+                h["state"] = "failed"
+                h["last_error"] = self._start_errors[name]
+            platforms[name] = h
+        ok = all(p["state"] in ("connected", "disabled") for p in platforms.values())
+        return {
+            "status": "ok" if ok else "degraded",
+            "platforms": platforms,
+            "api": {"state": "serving", "port": self.api.bound_port},
+            "active_sessions": self.router.active_lanes() if self.router else 0,
+            "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
+        }
+
+
+async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
+    """Run until SIGTERM/SIGINT; the exit code for ``switchboard run``."""
+    notifier = notifier or Notifier()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    gw = Gateway(config)
+    await gw.start()
+    watchdog = asyncio.create_task(_watchdog(notifier), name="watchdog")
+    summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
+    notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{gw.api.bound_port}; {summary}")
+    log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, gw.api.bound_port)
+    await stop.wait()
+    log.info("stopping: finishing running turns (up to %.0fs)", config.shutdown.grace_seconds)
+    notifier.send("STOPPING=1", "STATUS=draining running turns")
+    await gw.stop()
+    watchdog.cancel()
+    notifier.close()
+    log.info("stopped")
+    return 0
+
+
+async def _watchdog(notifier: Notifier) -> None:
+    """Ping systemd's watchdog from the event loop itself: a blocked loop misses pings and gets restarted."""
+    interval = notifier.watchdog_interval()
+    if interval is None:
+        return
+    while True:
+        notifier.send("WATCHDOG=1")
+        await asyncio.sleep(interval)

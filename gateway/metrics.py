@@ -1,0 +1,29 @@
+"""Prometheus metrics for ``GET /metrics``: one registry per gateway instance."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.messages_in = Counter("switchboard_messages_in", "Inbound messages accepted", ["platform"], registry=r)
+        self.messages_out = Counter("switchboard_messages_out", "Replies delivered", ["platform"], registry=r)
+        self.delivery_failures = Counter("switchboard_delivery_failures", "Replies the platform did not accept", ["platform"], registry=r)
+        self.turn_seconds = Histogram(
+            "switchboard_turn_seconds", "Agent turn latency, model included", ["platform"], registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+        self.model_errors = Counter("switchboard_model_errors", "Model calls that failed after every retry", registry=r)
+        self.model_retries = Counter("switchboard_model_retries", "Model call retries", registry=r)
+        self.db_write_retries = Gauge("switchboard_db_write_retries", "Database write retries since start", registry=r)
+        self.active_sessions = Gauge("switchboard_active_sessions", "Sessions with a turn running or queued", registry=r)
+        self.unauthorized = Counter("switchboard_unauthorized_messages", "Messages from users not allowed", ["platform"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

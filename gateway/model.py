@@ -1,0 +1,133 @@
+"""The model endpoint: any OpenAI-compatible server through the ``openai`` SDK.
+
+:class:`ModelClient` bounds concurrent calls (``model.max_concurrent_calls``),
+retries 429, 5xx, connection errors and timeouts with exponential backoff and
+jitter (honouring ``Retry-After``) within ``model.retry_total_seconds``, and
+raises :class:`gateway.errors.ModelUnavailable` after the last failure.
+The SDK's own retries are off so there is one policy, ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from gateway.errors import ModelUnavailable
+from gateway.retry import Backoff, retry_async
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    base_url: str
+    api_key: str
+    name: str
+    timeout_seconds: float = 120.0
+    max_concurrent_calls: int = 8
+    max_retries: int = 5
+    retry_total_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    message: dict  # the assistant message, OpenAI chat format
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+
+
+def _retry_after(exc: openai.APIStatusError) -> float:
+    value = exc.response.headers.get("retry-after") if exc.response is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def classify(exc: BaseException) -> float | None:
+    """Seconds to wait at least before retrying, or None when retrying cannot help."""
+    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
+        return 0.0
+    if isinstance(exc, openai.APIStatusError):
+        if exc.status_code == 429 or exc.status_code >= 500:
+            return _retry_after(exc)
+    return None
+
+
+class ModelClient:
+    def __init__(self, settings: ModelSettings, *, metrics=None, backoff: Backoff = Backoff(base=0.5, cap=20.0)):
+        self.settings = settings
+        self._metrics = metrics
+        self._backoff = backoff
+        self._client = openai.AsyncOpenAI(
+            base_url=settings.base_url,
+            api_key=settings.api_key or "not-needed",
+            timeout=settings.timeout_seconds,
+            max_retries=0,
+        )
+        self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
+
+    async def complete(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> Completion:
+        kwargs: dict[str, Any] = {"model": model or self.settings.name, "messages": messages}
+        if tools:
+            kwargs["tools"] = tools
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+
+        async def call():
+            async with self._slots:
+                return await self._client.chat.completions.create(**kwargs)
+
+        def on_retry(attempt: int, exc: BaseException, wait: float) -> None:
+            log.warning("model call failed (%s), retry %d in %.1fs", _describe(exc), attempt, wait)
+            if self._metrics:
+                self._metrics.model_retries.inc()
+
+        try:
+            response = await retry_async(
+                call,
+                classify=classify,
+                backoff=self._backoff,
+                max_attempts=self.settings.max_retries + 1,
+                total_seconds=self.settings.retry_total_seconds,
+                on_retry=on_retry,
+            )
+        except openai.OpenAIError as exc:
+            if self._metrics:
+                self._metrics.model_errors.inc()
+            raise ModelUnavailable(_describe(exc)) from exc
+        choice = response.choices[0]
+        message = choice.message.model_dump(exclude_none=True)
+        message.setdefault("content", None)
+        usage = response.usage
+        return Completion(
+            message=message,
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+            finish_reason=choice.finish_reason,
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}"
+    if isinstance(exc, openai.APITimeoutError):
+        return "timed out"
+    if isinstance(exc, openai.APIConnectionError):
+        return "connection failed"
+    return type(exc).__name__

@@ -1,0 +1,353 @@
+"""The session router: every inbound message lands in the right session, in order.
+
+For each message, :meth:`SessionRouter.handle`:
+
+1. asks the :class:`~gateway.auth.Authorizer` (a stranger gets a pairing code
+   in a DM and nothing in a group; nothing of theirs is stored);
+2. computes the session key and, under that key's lane lock, finds the
+   active session through the routing table, applying the reset policy
+   (never while a turn runs), creating a session when there is none;
+3. persists the user's message (a redelivered platform event is stored
+   once and not answered again) and queues it on the key's *lane*.
+
+Returning from ``handle`` means the message is persisted, so an adapter may
+acknowledge it to the platform.  Each lane runs one turn at a time; messages
+that arrive during a turn wait in order and are answered together by the
+next turn.  Many lanes run at once; the model client bounds concurrent calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+from zoneinfo import ZoneInfo
+
+import state
+from gateway.errors import ModelUnavailable
+from gateway.keys import KeyPolicy, session_key
+from gateway.reset import ResetPolicy, describe_reset, reset_reason
+from gateway.turn import AgentTurn, TurnRequest, TurnResult
+from gateway.types import ChatRef, Delivery, InboundMessage
+
+log = logging.getLogger(__name__)
+
+Sender = Callable[[ChatRef, str, str | None], Awaitable[Delivery]]
+Typing = Callable[[ChatRef], Awaitable[None]]
+
+TYPING_EVERY_SECONDS = 4.0
+
+
+class GatewayClosing(Exception):
+    """The gateway is shutting down and takes no new messages; the platform should redeliver later."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    keys: KeyPolicy = KeyPolicy()
+    timezone: str = "UTC"
+    model_name: str = "model"
+    reset_policy_for: Callable[[str, str], ResetPolicy] = lambda platform, chat_type: ResetPolicy()
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A message the router accepted; ``reply`` resolves with the text sent back."""
+
+    msg: InboundMessage
+    session_key: str
+    session_id: str
+    reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    notices: list[str] = field(default_factory=list)  # one-line notes sent before the reply
+
+    def resolve(self, text: str) -> None:
+        if not self.reply.done():
+            self.reply.set_result(text)
+
+
+@dataclass(eq=False)
+class Lane:
+    """One session key's queue and worker."""
+
+    key: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queue: deque = field(default_factory=deque)
+    worker: asyncio.Task | None = None
+    current: asyncio.Task | None = None  # the turn or command now running
+    last_prompt_tokens: int | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.worker is not None and not self.worker.done()
+
+
+class SessionRouter:
+    def __init__(self, db, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
+                 clock: Callable[[], float] = time.time):
+        self.db = db
+        self.turn = turn
+        self.settings = settings
+        self.authorizer = authorizer
+        self.commands = commands
+        self.metrics = metrics
+        self.clock = clock
+        self._tz = ZoneInfo(settings.timezone)
+        self._lanes: dict[str, Lane] = {}
+        self._senders: dict[str, Sender] = {}
+        self._typers: dict[str, Typing] = {}
+        self._closing = False
+        self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
+
+    # -- wiring -----------------------------------------------------------
+    def register_output(self, platform: str, send: Sender, typing: Typing | None = None) -> None:
+        """Where replies for ``platform`` go (the adapter's send and typing)."""
+        self._senders[platform] = send
+        if typing is not None:
+            self._typers[platform] = typing
+
+    def lane(self, key: str) -> Lane:
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane(key)
+        return lane
+
+    def active_lanes(self) -> int:
+        return sum(1 for lane in self._lanes.values() if lane.busy)
+
+    def key_for(self, msg: InboundMessage) -> str:
+        return session_key(msg, self.settings.keys)
+
+    # -- the entry point ----------------------------------------------------
+    async def handle(self, msg: InboundMessage) -> Ticket | None:
+        """Persist and queue ``msg``; None when it was dropped on purpose (stranger, duplicate)."""
+        if self._closing:
+            raise GatewayClosing("the gateway is shutting down; retry after it restarts")
+        verdict = await self.authorizer.check(msg)
+        if not verdict.allowed:
+            if self.metrics:
+                self.metrics.unauthorized.labels(msg.platform).inc()
+            if verdict.reply:
+                await self.deliver(msg.chat, verdict.reply, msg.message_id)
+            return None
+        if self.metrics:
+            self.metrics.messages_in.labels(msg.platform).inc()
+        key = self.key_for(msg)
+        lane = self.lane(key)
+        command = self.commands.parse(msg.text) if msg.is_command else None
+        async with lane.lock:
+            session_id, notice = await self._active_session(key, msg, lane)
+            ticket = Ticket(msg, key, session_id)
+            if notice:
+                ticket.notices.append(notice)
+                await self.deliver(msg.chat, notice, None)
+            if command is not None:
+                if msg.message_id and (key, msg.message_id) in self._recent_commands:
+                    return None
+                if msg.message_id:
+                    self._recent_commands.append((key, msg.message_id))
+                if self.commands.runs_now(command.name):
+                    # read-only or turn-control commands answer at once, even during a turn
+                    self._spawn(self._run_command(ticket, command, lane))
+                    return ticket
+                if not lane.busy:
+                    # session-changing commands run under the lane lock, so the next message
+                    # already lands in the session they leave behind
+                    await self._run_command(ticket, command, lane)
+                    return ticket
+                lane.queue.append(("command", ticket, command))
+            else:
+                appended = await self.db.append_inbound(
+                    session_id, _stored_text(msg), platform_message_id=msg.message_id,
+                )
+                if not appended.new:
+                    log.info("duplicate event %s for %s ignored", msg.message_id, key)
+                    return None
+                lane.queue.append(("chat", ticket, None))
+            if not lane.busy:
+                lane.worker = asyncio.create_task(self._drain(lane), name=f"lane:{key}")
+        return ticket
+
+    # -- sessions -----------------------------------------------------------
+    async def _active_session(self, key: str, msg: InboundMessage, lane: Lane) -> tuple[str, str | None]:
+        """The key's session after applying the reset policy; creates one when needed.  Lane lock held."""
+        session_id = await self.db.get_route(key)
+        session = await self.db.get_session(session_id) if session_id else None
+        previous = None
+        if session is not None and session.get("ended_at") is None:
+            if lane.busy:
+                return session_id, None
+            policy = self.settings.reset_policy_for(msg.platform, msg.chat_type.value)
+            last_active = session.get("last_active") or session.get("started_at") or 0
+            reason = reset_reason(policy, last_active, self.clock(), self._tz)
+            if reason is None:
+                return session_id, None
+            await self.db.end_session(session_id, reason)
+            previous = (session, reason, policy)
+        elif session is not None:
+            previous = None  # ended elsewhere (CLI, /new in another process): start fresh quietly
+        new_id = await self.start_session(key, msg, follows=previous[0] if previous else None,
+                                          reason=previous[1] if previous else None)
+        if previous is None:
+            return new_id, None
+        old, reason, policy = previous
+        return new_id, (
+            f"(Started a new session: {describe_reset(reason, policy)}. "
+            f"Send /resume {old['id']} to go back.)"
+        )
+
+    async def start_session(self, key: str, msg: InboundMessage, *, follows: dict | None = None,
+                            reason: str | None = None) -> str:
+        """Create a session for ``key`` and point the route at it.  Lane lock held by the caller."""
+        session_id = state.new_session_id()
+        await self.db.create_session(
+            session_id, msg.platform, model=self.settings.model_name, user_id=msg.user_id,
+            session_key=key, user_name=msg.user_name, system_prompt=self.turn.settings.persona,
+        )
+        if follows is not None:
+            title = f' "{follows["title"]}"' if follows.get("title") else ""
+            why = {"idle": "it was idle", "daily": "of the daily reset"}.get(reason or "", reason or "the user asked")
+            await self.db.append_message(
+                session_id, "system",
+                f"[Session note] This conversation continues from session {follows['id']}{title}, "
+                f"which ended because {why}. Its history is not shown here; the user can return to it with /resume.",
+            )
+        await self.db.set_route(key, session_id)
+        return session_id
+
+    # -- the lane worker ------------------------------------------------------
+    async def _drain(self, lane: Lane) -> None:
+        while lane.queue:
+            kind, ticket, command = lane.queue.popleft()
+            if kind == "command":
+                await self._run_command(ticket, command, lane, track=True)
+                continue
+            batch = [ticket]
+            while lane.queue and lane.queue[0][0] == "chat":
+                batch.append(lane.queue.popleft()[1])
+            await self._run_turn(lane, batch)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() and log.error("task failed", exc_info=t.exception()))
+        return task
+
+    async def _run_command(self, ticket: Ticket, command, lane: Lane, *, track: bool = False) -> None:
+        try:
+            if track:
+                lane.current = asyncio.current_task()
+            text = await self.commands.run(command, ticket, self, lane)
+        except Exception as exc:  # noqa: BLE001 - a command never takes the lane down
+            log.exception("command /%s failed", command.name)
+            text = f"/{command.name} failed: {exc}"
+        finally:
+            if track:
+                lane.current = None
+        ticket.resolve(text)
+        await self.deliver(ticket.msg.chat, text, ticket.msg.message_id)
+
+    async def _run_turn(self, lane: Lane, batch: list[Ticket]) -> None:
+        last = batch[-1]
+        msg = last.msg
+        started = time.monotonic()
+        req = TurnRequest(
+            session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
+            attachments=tuple(a for t in batch for a in t.msg.attachments),
+        )
+        typing = asyncio.create_task(self._keep_typing(msg.chat))
+        turn = asyncio.create_task(self.turn.run(req, last_prompt_tokens=lane.last_prompt_tokens))
+        lane.current = turn
+        try:
+            result: TurnResult = await turn
+            lane.last_prompt_tokens = result.prompt_tokens
+            for notice in result.notices:
+                last.notices.append(notice)
+                await self.deliver(msg.chat, notice, None)
+            text = result.reply or "(The model returned an empty answer.)"
+        except asyncio.CancelledError:
+            if turn.cancelled() and not _current_cancelling():
+                text = "Stopped. Your message is saved; send another to continue."
+            else:
+                turn.cancel()
+                for t in batch:
+                    t.resolve("")
+                raise
+        except ModelUnavailable as exc:
+            log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
+            text = (f"The model is unavailable right now ({exc}). Your message is saved; "
+                    "send another message to try again.")
+        except Exception:  # noqa: BLE001 - the user gets an answer, the lane lives on
+            log.exception("turn for %s failed", lane.key)
+            text = "Something went wrong while answering. Your message is saved; send another message to try again."
+        finally:
+            lane.current = None
+            typing.cancel()
+        if self.metrics:
+            self.metrics.turn_seconds.labels(msg.platform).observe(time.monotonic() - started)
+        for t in batch:
+            t.resolve(text)
+        await self.deliver(msg.chat, text, msg.message_id)
+
+    async def _keep_typing(self, chat: ChatRef) -> None:
+        typer = self._typers.get(chat.platform)
+        if typer is None:
+            return
+        while True:
+            try:
+                await typer(chat)
+            except Exception:  # noqa: BLE001 - typing is best effort
+                log.debug("typing indicator failed for %s", chat.platform, exc_info=True)
+            await asyncio.sleep(TYPING_EVERY_SECONDS)
+
+    async def deliver(self, chat: ChatRef, text: str, reply_to: str | None) -> Delivery:
+        send = self._senders.get(chat.platform)
+        if send is None:
+            return Delivery(ok=True)  # request/response sources (local API, CLI) read the ticket instead
+        try:
+            delivery = await send(chat, text, reply_to)
+        except Exception as exc:  # noqa: BLE001 - adapters should not raise; record it if one does
+            delivery = Delivery(ok=False, error=str(exc))
+        if self.metrics:
+            (self.metrics.messages_out if delivery.ok else self.metrics.delivery_failures).labels(chat.platform).inc()
+        if not delivery.ok:
+            log.error("reply to %s:%s not delivered: %s", chat.platform, chat.chat_id, delivery.error)
+        return delivery
+
+    # -- control --------------------------------------------------------------
+    def stop_turn(self, key: str) -> bool:
+        lane = self._lanes.get(key)
+        if lane and lane.current and not lane.current.done():
+            lane.current.cancel()
+            return True
+        return False
+
+    async def drain(self, grace_seconds: float) -> list[str]:
+        """Stop taking messages, let running turns finish within the grace period, cancel the rest.
+
+        Returns the keys whose work was cancelled (their user messages stay stored, unanswered)."""
+        self._closing = True
+        workers = {key: lane.worker for key, lane in self._lanes.items() if lane.busy}
+        if not workers:
+            return []
+        done, pending = await asyncio.wait(workers.values(), timeout=grace_seconds)
+        cancelled = [key for key, task in workers.items() if task in pending]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        return cancelled
+
+
+def _current_cancelling() -> int:
+    task = asyncio.current_task()
+    return task.cancelling() if task else 0
+
+
+def _stored_text(msg: InboundMessage) -> str:
+    """The user's text as stored: attachments are named so the history keeps them."""
+    if not msg.attachments:
+        return msg.text
+    names = ", ".join(f"{a.kind}: {a.name}" for a in msg.attachments)
+    return f"{msg.text}\n[attached {names}]" if msg.text else f"[attached {names}]"

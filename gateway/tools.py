@@ -1,0 +1,74 @@
+"""The tool registry: functions the model may call (OpenAI function calling).
+
+Later features (session search, memory, facts) register their tools here;
+the agent turn offers ``registry.schemas()`` to the model and runs each call
+with :meth:`ToolRegistry.call`, which turns any failure into a text result the
+model can read, so a broken tool never breaks a turn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool knows about the turn that called it."""
+
+    session_id: str
+    session_key: str
+    platform: str
+    user_id: str | None
+    agent: str
+    extra: dict = field(default_factory=dict)
+
+
+ToolHandler = Callable[[ToolContext, dict], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict  # JSON schema of the arguments object
+    handler: ToolHandler
+
+    def schema(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def schemas(self, only: set[str] | None = None) -> list[dict]:
+        return [t.schema() for n, t in sorted(self._tools.items()) if only is None or n in only]
+
+    async def call(self, name: str, arguments: str | None, ctx: ToolContext) -> str:
+        tool = self._tools.get(name)
+        if tool is None:
+            return f"error: there is no tool named {name!r}; available: {', '.join(self.names()) or 'none'}"
+        try:
+            args: Any = json.loads(arguments or "{}")
+            if not isinstance(args, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as exc:
+            return f"error: arguments for {name} are not valid JSON ({exc})"
+        try:
+            return await tool.handler(ctx, args)
+        except Exception as exc:  # noqa: BLE001 - the model reads the failure as the tool's result
+            log.warning("tool %s failed: %s", name, exc, exc_info=True)
+            return f"error: {name} failed: {exc}"

@@ -1,0 +1,139 @@
+"""One agent turn: prompt assembly, the model call with its tool loop, persistence.
+
+The user's messages are already persisted by the router before a turn
+starts.  A turn persists what the model produced (tool calls, tool results,
+the final answer) in one atomic batch together with its token usage, so a
+failed or cancelled turn leaves the session exactly as it was: the user's
+message saved, unanswered, and answered by the next turn.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+from zoneinfo import ZoneInfo
+
+from gateway.model import Completion, ModelClient
+from gateway.tools import ToolContext, ToolRegistry
+from gateway.types import Attachment
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PERSONA = (
+    "You are a helpful, concise assistant reachable through a chat gateway. "
+    "Answer in the user's language. Use Markdown sparingly; it is converted for the chat platform."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    agent: str = "main"
+    persona: str = DEFAULT_PERSONA
+    timezone: str = "UTC"
+    model_name: str | None = None
+    max_tool_iterations: int = 8
+    vision: bool = False
+
+
+@dataclass(slots=True)
+class TurnRequest:
+    """What the router asks of a turn."""
+
+    session_id: str
+    session_key: str
+    platform: str
+    user_id: str | None
+    attachments: tuple[Attachment, ...] = ()
+    system_notes: tuple[str, ...] = ()  # one-off notes for this prompt (e.g. "continues after a reset")
+    tool_names: set[str] | None = None  # None: every registered tool
+    model: str | None = None
+
+
+@dataclass(slots=True)
+class TurnResult:
+    session_id: str  # may differ from the request's when compression moved the conversation on
+    reply: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: int = 0
+    notices: list[str] = field(default_factory=list)  # lines for the user besides the reply
+
+
+PromptHook = Callable[[TurnRequest, list[dict], int | None], Awaitable[tuple[str, list[dict], list[str]]]]
+"""Called before each model call with (request, history, last reported prompt tokens); returns
+(session_id, history, notices).  Compression plugs in here."""
+
+
+class AgentTurn:
+    def __init__(self, db, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *, clock=None):
+        self.db = db
+        self.model = model
+        self.tools = tools
+        self.settings = settings
+        self.before_model_call: PromptHook | None = None
+        self._clock = clock
+
+    def system_prompt(self, platform: str) -> str:
+        now = dt.datetime.fromtimestamp(self._clock() if self._clock else dt.datetime.now().timestamp(), ZoneInfo(self.settings.timezone))
+        return (
+            f"{self.settings.persona}\n\n"
+            f"You are talking on {platform}. The current date is {now:%A, %d %B %Y}, {now:%H:%M} ({self.settings.timezone})."
+        )
+
+    def _with_attachments(self, history: list[dict], attachments: tuple[Attachment, ...]) -> list[dict]:
+        images = [a for a in attachments if a.kind == "image" and a.data]
+        if not (self.settings.vision and images) or not history or history[-1].get("role") != "user":
+            return history
+        last = dict(history[-1])
+        parts: list[dict] = [{"type": "text", "text": last.get("content") or ""}]
+        for image in images:
+            encoded = base64.b64encode(image.data).decode()
+            parts.append({"type": "image_url", "image_url": {"url": f"data:{image.mime_type or 'image/jpeg'};base64,{encoded}"}})
+        last["content"] = parts
+        return history[:-1] + [last]
+
+    async def run(self, req: TurnRequest, *, last_prompt_tokens: int | None = None) -> TurnResult:
+        session_id = req.session_id
+        history = await self.db.get_messages_as_conversation(session_id)
+        notices: list[str] = []
+        if self.before_model_call is not None:
+            session_id, history, notices = await self.before_model_call(req, history, last_prompt_tokens)
+        system = [{"role": "system", "content": self.system_prompt(req.platform)}]
+        system += [{"role": "system", "content": note} for note in req.system_notes]
+        prompt = system + self._with_attachments(history, req.attachments)
+        ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
+        tools = self.tools.schemas(req.tool_names)
+        produced: list[dict] = []
+        prompt_tokens = completion_tokens = tool_calls = 0
+        completion: Completion | None = None
+        for iteration in range(self.settings.max_tool_iterations + 1):
+            offer_tools = tools if iteration < self.settings.max_tool_iterations else None
+            completion = await self.model.complete(prompt + produced, tools=offer_tools, model=req.model)
+            prompt_tokens += completion.prompt_tokens
+            completion_tokens += completion.completion_tokens
+            calls = completion.message.get("tool_calls") or []
+            if not calls:
+                break
+            produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls})
+            for call in calls:
+                fn = call.get("function", {})
+                result = await self.tools.call(fn.get("name", ""), fn.get("arguments"), ctx)
+                tool_calls += 1
+                produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
+        assert completion is not None
+        reply = completion.message.get("content") or ""
+        to_store = [_for_store(m) for m in produced]
+        to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
+                         "token_count": completion.completion_tokens})
+        await self.db.append_messages(session_id, to_store)
+        await self.db.update_token_counts(session_id, input_tokens=prompt_tokens, output_tokens=completion_tokens)
+        return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
+
+
+def _for_store(message: dict) -> dict:
+    if message["role"] == "tool":
+        return {"role": "tool", "content": message["content"], "tool_call_id": message["tool_call_id"], "tool_name": message.get("name")}
+    return {"role": "assistant", "content": message.get("content"), "tool_calls": message["tool_calls"], "finish_reason": "tool_calls"}
