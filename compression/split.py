@@ -97,7 +97,8 @@ async def _summarize(summarize: Summarize, request: list[dict], session_id: str,
         else:
             text = await asyncio.wait_for(summarize(request), timeout)
     except asyncio.TimeoutError as exc:
-        raise CompressionFailed(session_id, f"the summarizer did not answer within {timeout:g}s") from exc
+        reason = f"did not answer within {timeout:g}s" if timeout is not None else "timed out"
+        raise CompressionFailed(session_id, f"the summarizer {reason}") from exc
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # any failure of the model call: nothing is written
@@ -195,6 +196,9 @@ async def compress_session(
     summary = make_summary_message(text, cut.head[-1] if cut.head else None)
     summary["timestamp"] = cut.head[-1].get("timestamp") if cut.head else cut.tail[0].get("timestamp")
     copied = [_copy(m) for m in cut.head] + [_copy(summary)] + [_copy(m) for m in cut.tail]
+    if estimate_tokens(copied) >= cut.tokens_before:
+        # A split that saves nothing would only trigger again on the next turn.
+        raise CompressionFailed(session_id, "the summary is not shorter than the messages it replaces")
 
     old_route = await db.get_route(key) if key is not None else None
     child_id, title = await _create_child(db, parent, key)

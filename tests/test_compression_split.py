@@ -304,3 +304,36 @@ def test_describe_is_the_compress_reply():
     )
     untitled = CompressionResult("a", "b", None, None, 12, 10, 950, 87, "s")
     assert untitled.describe() == "Compressed: 12 → 10 messages, ~1,000 → ~87 tokens. Continuing in a new session."
+
+
+async def test_a_summary_that_saves_nothing_changes_nothing(adb):
+    await new_session(adb, "s", turns=12)
+    before = await snapshot(adb)
+    with pytest.raises(CompressionFailed, match="not shorter"):
+        await compress_session(adb, "s", Summarizer("blah " * 20_000), context_length=2_000)
+    assert await snapshot(adb) == before
+
+
+async def test_a_timeout_raised_by_the_summarizer_itself_is_a_failure(adb):
+    await new_session(adb, "s", turns=12)
+    summarizer = Summarizer()
+    summarizer.error = TimeoutError("read timed out")
+    with pytest.raises(CompressionFailed, match="timed out"):
+        await compress_session(adb, "s", summarizer, context_length=2_000, timeout=None)
+
+
+async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
+    # The session is cleared while its summary is written: the split is written, the
+    # parent ended, then the check for messages that came meanwhile finds some gone.
+    await new_session(adb, "s", turns=15)
+    summarizer = Summarizer("s")
+    summarizer.release = asyncio.Event()
+    task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
+    await summarizer.called.wait()
+    await adb.clear_messages("s")
+    before = await snapshot(adb)
+    summarizer.release.set()
+    with pytest.raises(SessionChanged, match="lost messages"):
+        await task
+    assert await snapshot(adb) == before  # child deleted, route back, parent open again
+    assert await adb.get_route(KEY) == "s"
