@@ -21,6 +21,7 @@ half-escaped.
 from __future__ import annotations
 
 import getpass
+import grp
 import logging
 import os
 import pwd
@@ -307,10 +308,11 @@ def plan_install(
     home = Path(home).expanduser().absolute().resolve()
     env_file = Path(env_file).expanduser().absolute().resolve() if env_file else home / ENV_FILENAME
     warnings: list[str] = []
+    account = None
     if scope == "system":
         run_as = run_as or default_run_as()
         try:
-            pwd.getpwnam(run_as)
+            account = pwd.getpwnam(run_as)
         except KeyError:
             warnings.append(
                 f"user {run_as!r} does not exist: create it before starting the service "
@@ -325,6 +327,8 @@ def plan_install(
         env_file=env_file, run_as=run_as, grace_seconds=grace_seconds,
     )
     text = render_unit(settings)
+    if account is not None:
+        warnings.extend(_access_warnings(settings, account))
     if scope == "system":
         hidden = sorted({str(p) for p in _paths_the_daemon_reads(settings) if _under(p, TMP_ROOTS)})
         if hidden:
@@ -340,6 +344,65 @@ def plan_install(
         commands=systemctl_commands(scope, unit_path, getpass.getuser() if scope == "user" else None),
         warnings=tuple(warnings),
     )
+
+
+def _blocked_at(path: Path, account: pwd.struct_passwd, need: int) -> Path | None:
+    """Where ``account`` is stopped on its way to ``path`` (a directory it cannot enter, or
+    the file itself lacking ``need`` = r4/w2/x1 bits), or None.  Mode bits only, no ACLs."""
+    if account.pw_uid == 0:
+        return None
+    groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
+
+    def allows(st: os.stat_result, bits: int) -> bool:
+        if st.st_uid == account.pw_uid:
+            shift = 6
+        elif st.st_gid in groups:
+            shift = 3
+        else:
+            shift = 0
+        return (st.st_mode >> shift) & bits == bits
+
+    for step in [*reversed(path.parents), path]:
+        try:
+            st = step.stat()
+        except OSError:
+            return None  # does not exist (yet): nothing to say about its permissions
+        if not allows(st, need if step == path else 1):
+            return step
+    return None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _access_warnings(settings: UnitSettings, account: pwd.struct_passwd) -> list[str]:
+    """What the service account will not be able to read, execute or write."""
+    name = account.pw_name
+    venv_hint = (
+        "install switchboard in a virtual environment that account can read (for example "
+        "python3 -m venv /opt/switchboard; /opt/switchboard/bin/pip install .) and run that "
+        "environment's `switchboard service install`"
+    )
+    checks: list[tuple[Path, int, str]] = [(settings.switchboard, 5, venv_hint)]
+    interpreter = _interpreter_of(settings.switchboard)
+    if interpreter is not None:
+        checks.append((interpreter.resolve(), 1, venv_hint))
+    checks += [
+        (Path(__file__).resolve().parent, 5, venv_hint),
+        (settings.config, 4, f"let it read the file (chgrp {_group_name(account.pw_gid)} FILE; chmod g+r FILE)"),
+        (settings.home, 7, f"give it the home (chown -R {name} {settings.home})"),
+    ]
+    warnings = []
+    for path, need, hint in checks:
+        blocked = _blocked_at(path, account, need)
+        if blocked is not None:
+            where = "" if blocked == path else f" (no permission at {blocked})"
+            warnings.append(f"user {name!r} cannot use {path}{where}: {hint}")
+    return warnings
 
 
 # --- installing ------------------------------------------------------------

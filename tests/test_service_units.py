@@ -8,6 +8,7 @@ import re
 import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,35 @@ def test_bad_settings_are_refused_with_what_to_do(tmp_path, config, kwargs, mess
 def test_missing_user_is_a_warning_with_the_useradd_command(tmp_path, config):
     plan = plan_install("system", config=config, home=tmp_path / "home", run_as="switchboard-nosuchuser")
     assert any("useradd --system" in w and "switchboard-nosuchuser" in w for w in plan.warnings)
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every account can enter (pytest's own tmp_path sits in a private one)."""
+    path = Path(tempfile.mkdtemp(prefix="switchboard-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_files_the_service_account_cannot_reach_get_a_warning(open_dir):
+    tmp_path = open_dir
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)  # ours; the service account is another user
+    script = private / "venv" / "bin" / "switchboard"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/usr/bin/python3\n")
+    script.chmod(0o755)
+    config = tmp_path / "config.yaml"
+    config.write_text("agent: main\n")
+    config.chmod(0o600)
+    plan = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script)
+    assert f"user {RUN_AS!r} cannot use {script} (no permission at {private}): install switchboard in a virtual environment" in "\n".join(plan.warnings)
+    assert f"user {RUN_AS!r} cannot use {config}: let it read the file (chgrp daemon FILE; chmod g+r FILE)" in plan.warnings
+    private.chmod(0o755)
+    config.chmod(0o644)
+    plan = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script)
+    assert [w for w in plan.warnings if "cannot use" in w] == []
 
 
 def test_render_refuses_a_relative_path(tmp_path, config):
