@@ -386,7 +386,8 @@ class FakeDiscord:
 
     # ------------------------------------------------------------ waiting
 
-    async def _wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    async def wait_until(self, predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+        """Poll ``predicate`` (woken by every request and gateway op) until truthy or ``timeout``; returns it."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             result = predicate()
@@ -410,25 +411,25 @@ class FakeDiscord:
 
     async def wait_for_sent(self, n: int, timeout: float = 5.0) -> list[dict]:
         """Wait until the bot has posted at least ``n`` messages; returns them all."""
-        return await self._wait(lambda: (s := self.sent()) and len(s) >= n and s, timeout, f"{n} sent messages")
+        return await self.wait_until(lambda: (s := self.sent()) and len(s) >= n and s, timeout, f"{n} sent messages")
 
     async def wait_for_requests(self, predicate: Callable[[Request], bool], n: int = 1,
                                 timeout: float = 5.0) -> list[Request]:
         def found():
             hits = [r for r in self.requests if predicate(r)]
             return hits if len(hits) >= n else None
-        return await self._wait(found, timeout, f"{n} matching requests")
+        return await self.wait_until(found, timeout, f"{n} matching requests")
 
     async def wait_for_op(self, op: int, n: int = 1, timeout: float = 5.0) -> list[dict]:
         """Wait until the client has sent opcode ``op`` at least ``n`` times (2 IDENTIFY, 6 RESUME...)."""
         def found():
             hits = [p for p in self.gateway_ops if p.get("op") == op]
             return hits if len(hits) >= n else None
-        return await self._wait(found, timeout, f"{n} gateway op {op}")
+        return await self.wait_until(found, timeout, f"{n} gateway op {op}")
 
     async def wait_for_connections(self, n: int = 1, timeout: float = 5.0) -> None:
         """Wait until ``n`` identified (READY or RESUMED) websockets are open."""
-        await self._wait(lambda: sum(1 for c in self._connections if c.session) >= n, timeout, f"{n} connections")
+        await self.wait_until(lambda: sum(1 for c in self._connections if c.session) >= n, timeout, f"{n} connections")
 
     # ------------------------------------------------------------ server
 
