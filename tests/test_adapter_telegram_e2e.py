@@ -1,0 +1,124 @@
+"""End to end: fake Telegram <-> real python-telegram-bot <-> our adapter <-> the real gateway <-> fake model.
+
+The gateway is assembled as gateway/daemon.py documents it: ``Gateway(config)``
+finds the adapter through the ``switchboard.adapters`` entry point and builds
+it with ``TelegramAdapter.from_config`` (``base_url`` points it at the fake).
+What a user would see is asserted on the fake Telegram (messages sent back),
+what is remembered on the model's requests and in state.db.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import state
+from adapters.telegram import TelegramAdapter
+from gateway.config import Config
+from gateway.daemon import Gateway
+from tests.fakes.model_server import FakeModel
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import gateway_config
+
+ANN = FakeTelegram.user(111, "Ann")
+BOB = FakeTelegram.user(222, "Bob")
+EVE = FakeTelegram.user(666, "Eve")
+TEAM = FakeTelegram.group_chat(-1001234567890, "Team", forum=True)
+
+
+@pytest.fixture
+async def world(tmp_path):
+    async with FakeTelegram() as tg, FakeModel() as model:
+        config = gateway_config(
+            tmp_path / "home", model.base_url,
+            auth={"allowed_users": ["telegram:111", "telegram:222"]},
+            platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}},
+        )
+        # No adapters passed: the gateway finds TelegramAdapter through its entry point and from_config.
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            assert isinstance(gw.adapters["telegram"], TelegramAdapter)
+            await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", what="connected")
+            yield tg, model, gw, config
+        finally:
+            await gw.stop(grace_seconds=5)
+
+
+def routes(config: Config) -> list[str]:
+    db = state.SessionDB(config.db_path)
+    try:
+        return sorted(key for key, _ in db.list_routes())
+    finally:
+        db.close()
+
+
+async def test_a_dm_conversation_is_remembered_across_turns(world):
+    tg, model, gw, config = world
+    tg.dm(ANN, "my name is Ann")
+    await tg.wait_for_sent(1, timeout=10)
+    tg.dm(ANN, "what is my name?")
+    first, second = await tg.wait_for_sent(2, timeout=10)
+    assert first.chat_id == 111 and "echo: my name is Ann" in first.visible_text
+    assert "echo: what is my name? | turns: 2 | first: my name is Ann" in second.visible_text
+    assert routes(config) == ["agent:main:telegram:dm:111"]
+
+
+async def test_group_users_get_their_own_sessions_and_a_topic_is_its_own(world):
+    tg, model, gw, config = world
+    tg.in_group(TEAM, ANN, "@switchboard_bot hello from Ann")
+    await tg.wait_for_sent(1, timeout=10)
+    tg.in_group(TEAM, BOB, "@switchboard_bot hello from Bob")
+    await tg.wait_for_sent(2, timeout=10)
+    tg.in_topic(TEAM, ANN, "@switchboard_bot in the topic", thread_id=77)
+    sent = await tg.wait_for_sent(3, timeout=10)
+    assert [s.visible_text.split(" | ")[0] for s in sent] == [
+        "echo: hello from Ann", "echo: hello from Bob", "echo: in the topic"]
+    assert all("turns: 1" in s.visible_text for s in sent)  # three separate conversations
+    assert (sent[2].chat_id, sent[2].thread_id) == (-1001234567890, 77)
+    assert routes(config) == [
+        "agent:main:telegram:group:-1001234567890:111",
+        "agent:main:telegram:group:-1001234567890:222",
+        "agent:main:telegram:group:-1001234567890:77",
+    ]
+
+
+async def test_an_update_delivered_twice_is_answered_once(world):
+    tg, model, gw, config = world
+    update = tg.dm(ANN, "only once please")
+    tg.redeliver(update)
+    after = tg.dm(ANN, "next")
+    await tg.wait_for_sent(2, timeout=10)
+    await tg.wait_until_confirmed(after)
+    assert [s.visible_text.split(" | ")[0] for s in tg.sent] == ["echo: only once please", "echo: next"]
+    assert len(model.requests) == 2
+
+
+async def test_a_stranger_gets_a_pairing_code_in_a_dm_and_nothing_in_a_group(world):
+    tg, model, gw, config = world
+    tg.in_group(TEAM, EVE, "@switchboard_bot let me in")
+    tg.dm(EVE, "hello?")
+    [reply] = await tg.wait_for_sent(1, timeout=10)
+    last = tg.dm(ANN, "marker")
+    await tg.wait_for_sent(2, timeout=10)
+    await tg.wait_until_confirmed(last)
+    assert reply.chat_id == 666
+    assert "switchboard pairing approve telegram " in reply.visible_text
+    assert [s.chat_id for s in tg.sent] == [666, 111]  # nothing went to the group
+    assert len(model.requests) == 1  # the stranger never reached the model
+    assert routes(config) == ["agent:main:telegram:dm:111"]
+
+
+async def test_native_commands_reach_the_gateway_from_the_menu(world):
+    tg, model, gw, config = world
+    assert {c["command"] for c in tg.commands} >= {"help", "new", "reset", "status", "stop"}
+    tg.dm(ANN, "first topic")
+    await tg.wait_for_sent(1, timeout=10)
+    tg.dm(ANN, "/new")
+    await tg.wait_for_sent(2, timeout=10)
+    tg.in_group(TEAM, ANN, "/help@switchboard_bot")
+    await tg.wait_for_sent(3, timeout=10)
+    tg.dm(ANN, "second topic")
+    sent = await tg.wait_for_sent(4, timeout=10)
+    assert "/new" in sent[2].visible_text and sent[2].chat_id == -1001234567890  # the help text, in the group
+    assert "echo: second topic | turns: 1" in sent[3].visible_text  # a fresh session
+    assert len(model.requests) == 2
