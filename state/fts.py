@@ -16,6 +16,17 @@ Layout
   ``messages`` keep both in sync on insert, update and delete; they use only
   built-in SQL functions, so every connection, whatever process opened it,
   maintains the index.
+* Appends are indexed in batches.  Every FTS5 transaction writes a new
+  segment plus its bookkeeping (structure, averages, sizes: some eight pages
+  for a single message), so instead the insert trigger indexes the pending
+  messages together once every ``INDEX_BATCH`` ids, in the same transaction
+  as the append that completes the batch.  ``search_index_state.indexed_upto``
+  marks the last indexed id: every message at or below it is indexed (an
+  insert with an explicit older id is indexed at once, edits and deletes
+  below the mark update the index), none above it is.  Search indexes the few
+  pending messages in a private in-memory FTS5 table (the store's readers are
+  query-only) and scores them with the main index's statistics, so a message
+  is found, and ranked the same, the moment it is committed.
 
 Query dispatch (``search_messages``)
 ------------------------------------
@@ -44,8 +55,10 @@ the best-matching lines among them on top.  Equal scores go newest first.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sqlite3
+import threading
 import unicodedata
 from dataclasses import dataclass
 from typing import Iterable
@@ -57,6 +70,7 @@ __all__ = [
     "RANK_WINDOW",
     "install",
     "rebuild",
+    "flush",
     "optimize",
     "search_messages",
     "sanitize_query",
@@ -64,7 +78,10 @@ __all__ = [
 ]
 
 #: Bump when the tables, views or triggers below change; ``install`` then rebuilds.
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+
+#: Appended messages are indexed together, once every INDEX_BATCH ids (see module docstring).
+INDEX_BATCH = 32
 
 #: How many of the most recent matches are ranked by BM25 (see module docstring).
 RANK_WINDOW = 2000
@@ -100,6 +117,8 @@ def is_cjk(text: str) -> bool:
 # --- schema ----------------------------------------------------------------
 
 _OLD_OBJECTS = [  # everything any version of this module (or the seed) created
+    ("TABLE", "messages_vocab"),
+    ("TABLE", "messages_trigram_vocab"),
     ("TRIGGER", "messages_fts_insert"),
     ("TRIGGER", "messages_fts_delete"),
     ("TRIGGER", "messages_fts_update"),
@@ -110,6 +129,7 @@ _OLD_OBJECTS = [  # everything any version of this module (or the seed) created
     ("TABLE", "messages_fts_trigram"),
     ("VIEW", "messages_search_src"),
     ("VIEW", "messages_search_cjk"),
+    ("TABLE", "search_index_state"),
 ]
 
 
@@ -143,6 +163,9 @@ def _is_cjk_sql(p: str) -> str:
     )
 
 
+_UPTO = "(SELECT indexed_upto FROM search_index_state)"
+
+
 def _ddl() -> list[str]:
     src = (
         "CREATE VIEW messages_search_src AS "
@@ -163,34 +186,48 @@ def _ddl() -> list[str]:
         "content, tool_name, tool_calls, content='messages_search_cjk', content_rowid='id', "
         "tokenize='trigram')"
     )
+    state = "CREATE TABLE search_index_state (id INTEGER PRIMARY KEY CHECK (id = 1), indexed_upto INTEGER NOT NULL)"
 
-    def add(p: str) -> str:
+    def one(p: str, op: str, when: str) -> str:
+        """Add (op="") or remove (op="'delete', ") row ``p`` in both indexes when ``when`` holds."""
         vals = f"{p}.id, {p}.content, {p}.tool_name, {_tool_text(p + '.tool_calls')}"
+        cmd_fts = "messages_fts, " if op else ""
+        cmd_tri = "messages_fts_trigram, " if op else ""
         return (
-            f"INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) "
-            f"SELECT {vals} WHERE {_has_text(p + '.')};\n"
-            f"INSERT INTO messages_fts_trigram(rowid, content, tool_name, tool_calls) "
-            f"SELECT {vals} WHERE {_is_cjk_sql(p + '.')};\n"
+            f"INSERT INTO messages_fts({cmd_fts}rowid, content, tool_name, tool_calls) "
+            f"SELECT {op}{vals} WHERE {when} AND {_has_text(p + '.')};\n"
+            f"INSERT INTO messages_fts_trigram({cmd_tri}rowid, content, tool_name, tool_calls) "
+            f"SELECT {op}{vals} WHERE {when} AND {_is_cjk_sql(p + '.')};\n"
         )
 
-    def remove(p: str) -> str:
-        vals = f"{p}.id, {p}.content, {p}.tool_name, {_tool_text(p + '.tool_calls')}"
-        return (
-            f"INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls) "
-            f"SELECT 'delete', {vals} WHERE {_has_text(p + '.')};\n"
-            f"INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name, tool_calls) "
-            f"SELECT 'delete', {vals} WHERE {_is_cjk_sql(p + '.')};\n"
-        )
-
+    due = f"new.id >= {_UPTO} + {INDEX_BATCH}"
+    flush = (
+        # every INDEX_BATCH ids, index the pending rows in one go (one FTS segment for them all)
+        "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) "
+        f"SELECT id, content, tool_name, tool_calls FROM messages_search_src "
+        f"WHERE id > {_UPTO} AND id <= new.id AND {due};\n"
+        "INSERT INTO messages_fts_trigram(rowid, content, tool_name, tool_calls) "
+        f"SELECT id, content, tool_name, tool_calls FROM messages_search_cjk "
+        f"WHERE id > {_UPTO} AND id <= new.id AND {due};\n"
+        f"UPDATE search_index_state SET indexed_upto = new.id WHERE {due};\n"
+    )
     return [
         src,
         cjk,
         fts,
         tri,
-        f"CREATE TRIGGER messages_fts_ai AFTER INSERT ON messages BEGIN\n{add('new')}END",
-        f"CREATE TRIGGER messages_fts_ad AFTER DELETE ON messages BEGIN\n{remove('old')}END",
+        state,
+        # document frequencies, to score the pending tail like the index would (see _tail_scores)
+        "CREATE VIRTUAL TABLE messages_vocab USING fts5vocab(messages_fts, 'row')",
+        "CREATE VIRTUAL TABLE messages_trigram_vocab USING fts5vocab(messages_fts_trigram, 'row')",
+        # a row at or below the mark (an explicit, older id) is indexed at once; the others wait for the flush
+        f"CREATE TRIGGER messages_fts_ai AFTER INSERT ON messages BEGIN\n"
+        f"{one('new', '', f'new.id <= {_UPTO}')}{flush}END",
+        f"CREATE TRIGGER messages_fts_ad AFTER DELETE ON messages BEGIN\n"
+        f"{one('old', chr(39) + 'delete' + chr(39) + ', ', f'old.id <= {_UPTO}')}END",
         "CREATE TRIGGER messages_fts_au AFTER UPDATE OF id, content, tool_name, tool_calls ON messages BEGIN\n"
-        f"{remove('old')}{add('new')}END",
+        f"{one('old', chr(39) + 'delete' + chr(39) + ', ', f'old.id <= {_UPTO}')}"
+        f"{one('new', '', f'new.id <= {_UPTO}')}END",
         "CREATE TABLE IF NOT EXISTS search_index_version (version INTEGER NOT NULL)",
     ]
 
@@ -220,6 +257,7 @@ def install(conn: sqlite3.Connection) -> None:
         conn.execute(f'DROP {kind} IF EXISTS "{name}"')
     for stmt in _ddl():
         conn.execute(stmt)
+    conn.execute("INSERT INTO search_index_state (id, indexed_upto) VALUES (1, 0)")
     conn.execute("DELETE FROM search_index_version")
     conn.execute("INSERT INTO search_index_version (version) VALUES (?)", (INDEX_VERSION,))
     if conn.execute("SELECT 1 FROM messages LIMIT 1").fetchone():
@@ -236,12 +274,34 @@ def rebuild(conn: sqlite3.Connection) -> None:
             f"INSERT INTO {table}(rowid, content, tool_name, tool_calls)"
             f" SELECT id, content, tool_name, tool_calls FROM {view} ORDER BY id"
         )
+    conn.execute("UPDATE search_index_state SET indexed_upto = (SELECT ifnull(max(id), 0) FROM messages)")
+
+
+def flush(conn: sqlite3.Connection) -> int:
+    """Index the messages still waiting for their batch now; returns how many there were."""
+    upto = _indexed_upto(conn)
+    pending = conn.execute("SELECT count(*) FROM messages WHERE id > ?", (upto,)).fetchone()[0]
+    if pending:
+        top = conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+        for table, view in (("messages_fts", "messages_search_src"), ("messages_fts_trigram", "messages_search_cjk")):
+            conn.execute(
+                f"INSERT INTO {table}(rowid, content, tool_name, tool_calls)"
+                f" SELECT id, content, tool_name, tool_calls FROM {view} WHERE id > ? AND id <= ?",
+                (upto, top),
+            )
+        conn.execute("UPDATE search_index_state SET indexed_upto = ?", (top,))
+    return pending
 
 
 def optimize(conn: sqlite3.Connection) -> None:
     """Merge each index into one segment (faster queries; takes a while on a big store)."""
     conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
     conn.execute("INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES ('optimize')")
+
+
+def _indexed_upto(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT indexed_upto FROM search_index_state").fetchone()
+    return int(row[0]) if row else 0
 
 
 # --- query parsing -----------------------------------------------------------
@@ -412,7 +472,8 @@ def search_messages(
         if any(isinstance(t, _Term) and is_cjk(t.text) for t in items):
             hits = _search_cjk(conn, items, where, args, need_s, limit)
         else:
-            hits = _search_fts(conn, "messages_fts", sanitize_query(query), "", [], where, args, need_s, limit)
+            phrases = [t for t in items if isinstance(t, _Term)]
+            hits = _search_fts(conn, False, sanitize_query(query), phrases, "", [], where, args, need_s, limit)
     except sqlite3.OperationalError as exc:
         # Only a query the sanitiser let through by mistake gets here; say so and find nothing.
         if "fts5" not in str(exc):
@@ -427,33 +488,208 @@ _DETAIL = (
     " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id = ?"
 )
 
+_TABLES = {False: ("messages_fts", "tail_fts"), True: ("messages_fts_trigram", "tail_trigram")}
 
-def _search_fts(conn, table, match, extra_sql, extra_args, where, args, need_s, limit) -> list[dict]:
+
+def _search_fts(conn, trigram, match, phrases, like_sql, like_args, where, args, need_s, limit) -> list[dict]:
+    """Rank the newest ``RANK_WINDOW`` matches of the index and of the pending tail by BM25."""
+    table, tail_table = _TABLES[trigram]
     join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
     window = max(RANK_WINDOW, limit)
-    ranked = conn.execute(
-        f"SELECT id FROM ("
-        f" SELECT f.rowid AS id, bm25({table}) AS score FROM {table} f"
-        f" JOIN messages m ON m.id = f.rowid{join_s}"
-        f" WHERE {table} MATCH ?{extra_sql}{where}"
-        f" ORDER BY f.rowid DESC LIMIT ?"
-        f") ORDER BY score, id DESC LIMIT ?",
-        [match, *extra_args, *args, window, limit],
+    tail = _load_tail(conn, _indexed_upto(conn), where, args, join_s)
+    cands: list[tuple[float, int, bool]] = []  # (bm25, id, from the tail)
+    if tail is not None:
+        rows = tail.execute(
+            f"SELECT s.id, s.content, s.tool_name, s.tool_calls FROM {tail_table} f JOIN tail_src s ON s.id = f.rowid"
+            f" WHERE f.{tail_table} MATCH ?{_like_exists(like_sql, 'tail_src')} ORDER BY f.rowid DESC LIMIT ?",
+            [match, *like_args, window],
+        ).fetchall()
+        scores = _tail_scores(conn, trigram, phrases, rows)
+        cands += [(scores[row[0]], row[0], True) for row in rows]
+    seen = {c[1] for c in cands}
+    rows = conn.execute(
+        f"SELECT f.rowid, bm25(f.{table}) FROM {table} f JOIN messages m ON m.id = f.rowid{join_s}"
+        f" WHERE f.{table} MATCH ?{_like_exists(like_sql, 'messages_search_src')}{where}"
+        f" ORDER BY f.rowid DESC LIMIT ?",
+        [match, *like_args, *args, window],
     ).fetchall()
+    cands += [(score, msg_id, False) for msg_id, score in rows if msg_id not in seen]
+    cands.sort(key=lambda c: -c[1])
+    best = sorted(cands[:window], key=lambda c: (c[0], -c[1]))[:limit]
     hits = []
-    for (msg_id,) in ranked:
+    for _score, msg_id, from_tail in best:
         row = conn.execute(_DETAIL, (msg_id,)).fetchone()
         if row is None:
             continue
-        snip = conn.execute(
-            f"SELECT snippet({table}, -1, '>>>', '<<<', '...', {SNIPPET_TOKENS}) FROM {table}"
-            f" WHERE {table} MATCH ? AND rowid = ?",
+        where_db, t = (tail, tail_table) if from_tail else (conn, table)
+        snip = where_db.execute(
+            f"SELECT snippet(f.{t}, -1, '>>>', '<<<', '...', {SNIPPET_TOKENS}) FROM {t} f"
+            f" WHERE f.{t} MATCH ? AND f.rowid = ?",
             (match, msg_id),
         ).fetchone()
         hit = _row_dict(row)
         hit["snippet"] = snip[0] if snip and snip[0] else ""
         hits.append(hit)
     return hits
+
+
+def _like_exists(like_sql: str, src: str) -> str:
+    return f" AND EXISTS (SELECT 1 FROM {src} v WHERE v.id = f.rowid{like_sql})" if like_sql else ""
+
+
+_local = threading.local()
+
+
+def _memory() -> sqlite3.Connection:
+    """This thread's in-memory index for the pending tail (the store's readers are query-only)."""
+    mem = getattr(_local, "mem", None)
+    if mem is None:
+        mem = sqlite3.connect(":memory:", isolation_level=None)
+        mem.execute("CREATE TABLE tail_src (id INTEGER PRIMARY KEY, content, tool_name, tool_calls)")
+        mem.execute("CREATE VIRTUAL TABLE tail_fts USING fts5(content, tool_name, tool_calls)")
+        mem.execute("CREATE VIRTUAL TABLE tail_trigram USING fts5(content, tool_name, tool_calls, tokenize='trigram')")
+        _local.mem = mem
+    return mem
+
+
+def _load_tail(conn, upto: int, where: str, args: list, join_s: str) -> sqlite3.Connection | None:
+    """Index the messages above the mark (at most about INDEX_BATCH) in memory; None if there are none."""
+    rows = conn.execute(
+        "SELECT v.id, v.content, v.tool_name, v.tool_calls FROM messages_search_src v"
+        f" JOIN messages m ON m.id = v.id{join_s} WHERE v.id > ?{where}",
+        [upto, *args],
+    ).fetchall()
+    if not rows:
+        return None
+    mem = _memory()
+    mem.execute("BEGIN")
+    for table in ("tail_src", "tail_fts", "tail_trigram"):
+        mem.execute(f"DELETE FROM {table}")
+    mem.executemany("INSERT INTO tail_src (id, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)", rows)
+    mem.executemany("INSERT INTO tail_fts (rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)", rows)
+    mem.executemany(
+        "INSERT INTO tail_trigram (rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)",
+        [r for r in rows if is_cjk(" ".join(t for t in r[1:] if t))],
+    )
+    mem.execute("COMMIT")
+    return mem
+
+
+# FTS5's bm25() defaults
+_K1, _B = 1.2, 0.75
+
+
+def _tail_scores(conn, trigram: bool, phrases: list[_Term], rows) -> dict[int, float]:
+    """BM25 for pending messages, as the index will score them once they are flushed.
+
+    FTS5 can only score a row against the statistics of the table it is in,
+    and the in-memory tail table holds a few dozen rows; so the score is
+    computed here with the index's own statistics: its row count and average
+    length (its averages record) and each phrase's document frequency (from
+    the fts5vocab table; for a phrase of several tokens the rarest token's,
+    an upper bound).  Token counts use unicode61's rules (letters and digits,
+    case and diacritics folded) or, for the trigram index, substring counts.
+    """
+    table, vocab = ("messages_fts_trigram", "messages_trigram_vocab") if trigram else ("messages_fts", "messages_vocab")
+    n_rows, n_tokens = _index_totals(conn, table)
+    avgdl = n_tokens / n_rows if n_rows and n_tokens else 1.0
+    split = _trigrams if trigram else _tokens
+    idf = []
+    pats = []
+    for phrase in phrases:
+        toks = [phrase.text.lower()] if trigram else _tokens(phrase.text)
+        pats.append(toks)
+        df = _doc_freq(conn, vocab, toks, phrase.prefix, trigram)
+        value = math.log((n_rows - df + 0.5) / (df + 0.5)) if n_rows else 0.0
+        idf.append(value if value > 0 else 1e-6)
+    scores = {}
+    for msg_id, *cols in rows:
+        cols = [c for c in cols if c]
+        length = sum(len(split(c)) for c in cols)
+        score = 0.0
+        for phrase, toks, weight in zip(phrases, pats, idf):
+            if trigram:
+                freq = sum(_count_substring(c.lower(), toks[0]) for c in cols)
+            else:
+                freq = sum(_count_phrase(_tokens(c), toks, phrase.prefix) for c in cols)
+            if freq:
+                score += weight * (freq * (_K1 + 1)) / (freq + _K1 * (1 - _B + _B * length / avgdl))
+        scores[msg_id] = -score
+    return scores
+
+
+def _tokens(text: str) -> list[str]:
+    folded = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
+    return _WORD.findall(folded.lower())
+
+
+_WORD = re.compile(r"[^\W_]+")
+
+
+def _trigrams(text: str) -> range:
+    return range(max(0, len(text) - 2))
+
+
+def _count_substring(text: str, sub: str) -> int:
+    count, at = 0, text.find(sub)
+    while at != -1:
+        count += 1
+        at = text.find(sub, at + 1)
+    return count
+
+
+def _count_phrase(toks: list[str], phrase: list[str], prefix: bool) -> int:
+    if not phrase:
+        return 0
+    k = len(phrase)
+    count = 0
+    for i in range(len(toks) - k + 1):
+        if toks[i : i + k - 1] == phrase[:-1] and (
+            toks[i + k - 1].startswith(phrase[-1]) if prefix else toks[i + k - 1] == phrase[-1]
+        ):
+            count += 1
+    return count
+
+
+def _doc_freq(conn, vocab: str, toks: list[str], prefix: bool, trigram: bool) -> int:
+    if trigram:
+        grams = {toks[0][i : i + 3] for i in range(len(toks[0]) - 2)}
+        counts = [conn.execute(f"SELECT doc FROM {vocab} WHERE term = ?", (g,)).fetchone() for g in grams]
+        return min((c[0] if c else 0) for c in counts) if counts else 0
+    best = None
+    for i, tok in enumerate(toks):
+        if prefix and i == len(toks) - 1:
+            row = conn.execute(
+                f"SELECT sum(doc) FROM {vocab} WHERE term >= ? AND term < ?", (tok, tok + "\U0010ffff")
+            ).fetchone()
+        else:
+            row = conn.execute(f"SELECT doc FROM {vocab} WHERE term = ?", (tok,)).fetchone()
+        df = int(row[0] or 0) if row else 0
+        best = df if best is None else min(best, df)
+    return best or 0
+
+
+def _index_totals(conn, table: str) -> tuple[int, int]:
+    """(rows, tokens in all columns) from the index's averages record (FTS5 keeps it at rowid 1)."""
+    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
+    if not row or not row[0]:
+        return 0, 0
+    buf, values, i = bytes(row[0]), [], 0
+    while i < len(buf):
+        value, i = _varint(buf, i)
+        values.append(value)
+    return (values[0], sum(values[1:])) if values else (0, 0)
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """SQLite's variable-length integer (as FTS5 writes them)."""
+    value = 0
+    for j in range(8):
+        byte = buf[i + j]
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return value, i + j + 1
+    return (value << 8) | buf[i + 8], i + 9
 
 
 def _search_cjk(conn, items, where, args, need_s, limit) -> list[dict]:
@@ -468,21 +704,19 @@ def _search_cjk(conn, items, where, args, need_s, limit) -> list[dict]:
         negate = False
     long_terms = [t for t in required if len(t) >= 3]
     short_terms = [t for t in required if len(t) < 3]
-    extra_sql, extra_args = "", []
+    like_sql, like_args = "", []
     for term in short_terms:
-        extra_sql += _like_sql("v")
-        extra_args += [_like_arg(term)] * 3
+        like_sql += _like_sql("v")
+        like_args += [_like_arg(term)] * 3
     for term in excluded:
-        extra_sql += _like_sql("v", negate=True)
-        extra_args += [_like_arg(term)] * 3
+        like_sql += _like_sql("v", negate=True)
+        like_args += [_like_arg(term)] * 3
     if long_terms:
         match = " ".join(_quote(_Term(t)) for t in long_terms)
-        if extra_sql:
-            extra_sql = " AND m.id IN (SELECT v.id FROM messages_search_src v WHERE v.id = f.rowid" + extra_sql + ")"
-        return _search_fts(conn, "messages_fts_trigram", match, extra_sql, extra_args, where, args, need_s, limit)
+        return _search_fts(conn, True, match, [_Term(t) for t in long_terms], like_sql, like_args, where, args, need_s, limit)
     if not required:
         return []
-    return _search_like(conn, required, extra_sql, extra_args, where, args, need_s, limit)
+    return _search_like(conn, required, like_sql, like_args, where, args, need_s, limit)
 
 
 def _search_like(conn, terms, extra_sql, extra_args, where, args, need_s, limit) -> list[dict]:

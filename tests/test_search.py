@@ -49,6 +49,8 @@ class Store:
         return [hit["id"] for hit in self.search(query, **kw)]
 
     def assert_in_sync(self):
+        """Index the pending tail, then let FTS5 compare both indexes with the text they index."""
+        fts.flush(self.conn)
         for table in ("messages_fts", "messages_fts_trigram"):
             self.conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
 
@@ -305,13 +307,15 @@ def test_only_cjk_messages_enter_the_trigram_index(store):
     store.add(s, "user", "english only")
     zh = store.add(s, "user", "中文内容")
     store.add(s, "assistant", None)
-    rows = store.conn.execute("SELECT id FROM messages_fts_trigram_docsize").fetchall()
-    assert rows == [(zh,)]
+    assert fts.flush(store.conn) == 3
+    assert store.conn.execute("SELECT id FROM messages_fts_trigram_docsize").fetchall() == [(zh,)]
+    assert store.conn.execute("SELECT count(*) FROM messages_fts_docsize").fetchone() == (2,)
 
 
 def test_rebuild_restores_a_damaged_index(store):
     s = store.session("s1")
     keep = store.add(s, "user", "persistent memory 持久的记忆")
+    fts.flush(store.conn)
     store.conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('delete-all')")
     store.conn.execute("INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES ('delete-all')")
     assert store.ids("persistent") == []
@@ -345,3 +349,98 @@ def test_install_is_idempotent_and_replaces_the_seed_index(tmp_path):
     assert conn.total_changes == changes
     conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'new', 2)")
     assert [h["id"] for h in fts.search_messages(conn, "new")] == [2]
+
+
+# --- batched indexing: the newest messages wait for their batch, search still sees them --------
+
+
+def _indexed(store):
+    return [r[0] for r in store.conn.execute("SELECT id FROM messages_fts_docsize ORDER BY id")]
+
+
+def test_appends_are_indexed_in_batches_and_found_before_and_after(store):
+    s = store.session("s1")
+    ids = [store.add(s, "user", f"walrus number{i} 海象编号{i:03d}") for i in range(3 * fts.INDEX_BATCH + 5)]
+    indexed = _indexed(store)
+    assert indexed == ids[: len(indexed)]  # a prefix: everything up to the mark
+    assert len(ids) - len(indexed) < fts.INDEX_BATCH  # at most one batch waits
+    assert len(indexed) >= 3 * fts.INDEX_BATCH - 1
+    assert sorted(store.ids("walrus", limit=1000)) == ids
+    assert sorted(store.ids("海象编号", limit=1000)) == ids
+    assert store.ids(f"number{len(ids) - 1}") == [ids[-1]]  # waiting in the tail
+    assert store.ids("number0") == [ids[0]]  # in the index
+    assert store.search("海象编号004")[0]["snippet"] == "walrus number4 >>>海象编号004<<<"
+    last = store.search(f"number{len(ids) - 1}")[0]
+    assert last["snippet"] == f"walrus >>>number{len(ids) - 1}<<< 海象编号{len(ids) - 1:03d}"
+    store.assert_in_sync()
+
+
+def test_edits_and_deletes_on_both_sides_of_the_mark(store):
+    s = store.session("s1")
+    ids = [store.add(s, "user", f"otter {i}") for i in range(fts.INDEX_BATCH + 4)]
+    upto = fts._indexed_upto(store.conn)
+    indexed, pending = ids[0], ids[-1]
+    assert indexed <= upto < pending
+    for mid in (indexed, pending):
+        store.conn.execute("UPDATE messages SET content = 'beaver 河狸的家' WHERE id = ?", (mid,))
+    assert sorted(store.ids("beaver")) == [indexed, pending]
+    assert sorted(store.ids("河狸的家")) == [indexed, pending]
+    store.conn.execute("DELETE FROM messages WHERE id IN (?, ?)", (ids[1], ids[-2]))
+    assert len(store.ids("otter", limit=100)) == len(ids) - 4
+    store.assert_in_sync()
+    assert sorted(store.ids("beaver")) == [indexed, pending]
+
+
+def test_an_explicit_old_id_is_indexed_at_once(store):
+    s = store.session("s1")
+    for i in range(fts.INDEX_BATCH + 2):
+        store.add(s, "user", f"filler {i}")
+    store.conn.execute("DELETE FROM messages WHERE id = 3")
+    store.conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) VALUES (3, ?, 'user', 'restored heron', 1)", (s,))
+    assert 3 in _indexed(store)
+    assert store.ids("heron") == [3]
+    store.assert_in_sync()
+
+
+def test_tail_and_index_are_ranked_together(store):
+    s = store.session("s1")
+    weak = store.add(s, "user", "lynx seen far away across the valley on a grey and windy morning")
+    for i in range(fts.INDEX_BATCH):
+        store.add(s, "user", f"filler {i}")
+    strong = store.add(s, "user", "lynx lynx")
+    assert weak <= fts._indexed_upto(store.conn) < strong
+    assert store.ids("lynx") == [strong, weak]
+    assert store.ids("lynx", role_filter=["assistant"]) == []
+
+
+def test_a_query_only_reader_sees_the_tail(store, tmp_path):
+    s = store.session("s1")
+    mid = store.add(s, "user", "pending pelican 鹈鹕在等待")
+    reader = sqlite3.connect(tmp_path / "state.db")
+    reader.execute("PRAGMA query_only = ON")
+    try:
+        assert [h["id"] for h in fts.search_messages(reader, "pelican")] == [mid]
+        assert [h["id"] for h in fts.search_messages(reader, "鹈鹕在等待")] == [mid]
+        assert [h["id"] for h in fts.search_messages(reader, "鹈鹕")] == [mid]
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("query", ["marmot", "marm*", '"alpine marmot"', "marmot burrow", "土拨鼠洞穴"])
+def test_pending_messages_rank_as_they_will_once_indexed(store, query):
+    s = store.session("s1")
+    texts = [
+        "marmot", "an alpine marmot near the burrow", "marmot marmot burrow 土拨鼠洞穴",
+        "the alpine marmot whistles while another alpine marmot digs a deep burrow 土拨鼠洞穴 土拨鼠洞穴",
+        "marmots and more marmots, a marmot colony, 土拨鼠洞穴在山上",
+        "a long message about hiking in the mountains where at some point an alpine marmot appeared",
+    ]
+    for i in range(2 * fts.INDEX_BATCH):  # an index with some statistics
+        store.add(s, "user", f"filler line {i} about mountains and burrow entrances" + (" marmot" if i % 7 == 0 else ""))
+    fts.flush(store.conn)
+    for text in texts:
+        store.add(s, "user", text)
+    assert fts._indexed_upto(store.conn) < store.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+    before = store.ids(query, limit=50)
+    fts.flush(store.conn)
+    assert store.ids(query, limit=50) == before

@@ -1,0 +1,139 @@
+"""Append rate and file size: the seed's search design beside ours.
+
+    .venv/bin/python bench/write.py                    # 1,000,000 messages, 5,000 appends
+    .venv/bin/python bench/write.py --messages 50000   # a quick run
+
+For each design: a database of ``--messages`` corpus messages (about 10 %
+Chinese; built once into ``bench/.data/`` and reused), then ``--appends``
+single-message transactions (``BEGIN IMMEDIATE``, insert the message, bump the
+session's counter, ``COMMIT``; WAL, ``synchronous=NORMAL``) timed one by one.
+The appended rows are deleted afterwards so the next run starts from the same
+database.  Prints messages/s, p50/p99 append latency and file size per
+million messages, with where the bytes go.  When ``state.SessionDB`` exists,
+the same appends through ``SessionDB.append_message`` are measured too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _stores  # noqa: E402
+from bench._corpus import Corpus  # noqa: E402
+
+MB = 1024 * 1024
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def measure_appends(path: Path, appends: int) -> dict:
+    conn = _stores.connect(path)
+    base = conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+    corpus = Corpus(seed=7, start=1_800_000_000.0)
+    rows = list(corpus.messages(appends))
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        "INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
+        [(s.id, s.source, s.model, s.started_at) for s in corpus.sessions],
+    )
+    conn.execute("COMMIT")
+    lat = []
+    t0 = time.perf_counter()
+    for row in rows:
+        t = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO messages (session_id, role, content, tool_calls, tool_name, timestamp) VALUES (?,?,?,?,?,?)",
+            row,
+        )
+        conn.execute("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?", (row[0],))
+        conn.execute("COMMIT")
+        lat.append(time.perf_counter() - t)
+    elapsed = time.perf_counter() - t0
+    _cleanup(conn, base, corpus)
+    conn.close()
+    return {"rate": appends / elapsed, "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)}
+
+
+def _cleanup(conn, base: int, corpus: Corpus) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("DELETE FROM messages WHERE id > ?", (base,))
+    conn.executemany("DELETE FROM sessions WHERE id = ?", [(s.id,) for s in corpus.sessions])
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def measure_sessiondb(path: Path, appends: int) -> dict | None:
+    try:
+        from state import SessionDB
+    except ImportError:
+        return None
+    db = SessionDB(path)
+    conn = _stores.connect(path)
+    base = conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+    corpus = Corpus(seed=7, start=1_800_000_000.0)
+    rows = list(corpus.messages(appends))
+    import json
+
+    for s in corpus.sessions:
+        db.create_session(session_id=s.id, source=s.source, model=s.model)
+    lat = []
+    t0 = time.perf_counter()
+    for sid, role, content, tool_calls, tool_name, _ts in rows:
+        t = time.perf_counter()
+        db.append_message(sid, role=role, content=content,
+                          tool_calls=json.loads(tool_calls) if tool_calls else None, tool_name=tool_name)
+        lat.append(time.perf_counter() - t)
+    elapsed = time.perf_counter() - t0
+    db.close()
+    _cleanup(conn, base, corpus)
+    conn.close()
+    return {"rate": appends / elapsed, "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=1_000_000, help="size of the database appended to")
+    ap.add_argument("--appends", type=int, default=5_000, help="single-message transactions to time")
+    args = ap.parse_args(argv)
+
+    print(f"Appending {args.appends:,} messages, one per transaction, into {args.messages:,} messages "
+          f"(WAL, synchronous=NORMAL)")
+    results, sizes, parts = {}, {}, {}
+    for design in _stores.DESIGNS:
+        path = _stores.build(design, args.messages)
+        sizes[design] = _stores.db_size(path)
+        conn = _stores.connect(path)
+        parts[design] = _stores.breakdown(conn)
+        conn.close()
+        results[design] = measure_appends(path, args.appends)
+    per_m = 1_000_000 / args.messages
+    print()
+    print(f"{'design':10} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'MB per 1M msgs':>15}")
+    for design in _stores.DESIGNS:
+        r = results[design]
+        print(f"{design:10} {r['rate']:9,.0f} {r['p50'] * 1000:8.2f} {r['p99'] * 1000:8.2f} "
+              f"{sizes[design] * per_m / MB:15,.0f}")
+    seed, ours = results["seed"], results["ours"]
+    print(f"\nours / seed: append rate x{ours['rate'] / seed['rate']:.2f} (target >= 2.5), "
+          f"file size x{sizes['ours'] / sizes['seed']:.2f} (target <= 0.5)")
+    for design in _stores.DESIGNS:
+        print(f"\n{design}: where the bytes go (MB per 1M messages)")
+        for key, size in sorted(parts[design].items(), key=lambda kv: -kv[1]):
+            print(f"  {key:28} {size * per_m / MB:9,.0f}")
+    sdb = measure_sessiondb(_stores.path_for("ours", args.messages), args.appends)
+    if sdb:
+        print(f"\nours through SessionDB.append_message: {sdb['rate']:,.0f} msgs/s, "
+              f"p50 {sdb['p50'] * 1000:.2f} ms, p99 {sdb['p99'] * 1000:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
