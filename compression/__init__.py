@@ -1,8 +1,9 @@
 """Context compression: when a conversation outgrows the model's window.
 
-Before a model call the gateway asks :func:`should_compress` (with
-:func:`prompt_tokens` and :func:`context_length_for`); when it says yes it
-calls :func:`compress_session`, which summarizes the middle of the
+Before a model call the gateway calls :func:`prepare_history`, which asks
+:func:`should_compress` (with :func:`prompt_tokens`; the window comes from
+:func:`context_length_for` at start) and, when it says yes, calls
+:func:`compress_session`, which summarizes the middle of the
 conversation through the ``summarize`` callable it is given, ends the session
 with ``end_reason='compression'`` and continues it in a child session (head,
 summary, tail; title ``#N``; the route moved).  The parent keeps its full
@@ -12,7 +13,8 @@ history.  When the conversation is too short to compress
 Modules: ``tokens`` (estimates, context lengths, the trigger), ``planning``
 (head / middle / tail), ``summary`` (the marked summary message), ``redaction``
 (secrets), ``prompt`` (the summarizer's request), ``split`` (the store-side
-split), ``errors``.  This package imports ``state`` and nothing from
+split), ``trigger`` (:func:`prepare_history`: the whole before-the-model-call
+decision), ``errors``.  This package imports ``state`` and nothing from
 ``gateway`` or ``adapters``; it never calls a model itself.
 """
 
@@ -34,6 +36,7 @@ from .tokens import (
     prompt_tokens,
     should_compress,
 )
+from .trigger import Prepared, prepare_history
 
 __all__ = [
     "CONTEXT_LENGTHS",
@@ -47,6 +50,7 @@ __all__ = [
     "CompressionResult",
     "NothingToCompress",
     "Plan",
+    "Prepared",
     "SessionChanged",
     "Summarize",
     "build_summary_request",
@@ -60,6 +64,7 @@ __all__ = [
     "known_context_length",
     "make_summary_message",
     "plan",
+    "prepare_history",
     "prompt_tokens",
     "redact",
     "render_transcript",

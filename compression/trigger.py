@@ -1,0 +1,122 @@
+"""Before a model call: compress when the prompt reaches the threshold, else fit it.
+
+:func:`prepare_history` is the whole decision the gateway makes before each
+model call, in one place:
+
+1. size the prompt: the last reported ``usage.prompt_tokens`` plus an
+   estimate of what was added since (or an estimate of everything), plus the
+   system prompt's share (``overhead_tokens``);
+2. below ``threshold`` of the window: use the history as it is;
+3. at or above it, and ``allow_compression`` (the gateway's cooldown after a
+   failure says no): :func:`~compression.split.compress_session`, and go on
+   with the child session's history;
+4. when compression is not possible (too short, the summarizer failed or is
+   cooling down): the history as it is if it still fits the window, else
+   :func:`~compression.planning.fit_to_window` drops the oldest middle turns
+   from this one prompt (never from the store) and says so in ``notice``.
+
+It never raises a :class:`~compression.errors.CompressionError`: the reason
+compression did not happen is returned in ``failure`` (so the gateway can
+log it and start its cooldown) and the turn goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from state import AsyncSessionDB
+
+from .errors import CompressionError, CompressionFailed
+from .planning import fit_to_window
+from .split import DEFAULT_TIMEOUT, CompressionResult, Summarize, compress_session
+from .tokens import prompt_tokens, should_compress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The history to send, and what was done to get it."""
+
+    session_id: str  # the child's id after a compression
+    history: list[dict[str, Any]]
+    prompt_tokens: int  # the estimate the decision was made on (before any change)
+    compressed: CompressionResult | None = None
+    dropped: int = 0  # messages left out of this one prompt (still stored)
+    failure: CompressionError | None = None  # why a needed compression did not happen
+
+    @property
+    def notice(self) -> str | None:
+        """A line for the user, or None: what was compressed, or what this reply could not see."""
+        if self.compressed is not None:
+            return self.compressed.describe()
+        if self.dropped:
+            return (
+                f"This conversation no longer fits the model's context window, so the {self.dropped} oldest "
+                f"messages after its start were left out of this reply (they are still saved). "
+                "Use /compress to summarize them, or start a new conversation."
+            )
+        return None
+
+
+async def prepare_history(
+    db: AsyncSessionDB,
+    session_id: str,
+    history: list[dict[str, Any]],
+    summarize: Summarize,
+    *,
+    context_length: int,
+    threshold: float = 0.75,
+    reported_prompt_tokens: int | None = None,
+    reported_message_count: int | None = None,
+    overhead_tokens: int = 0,
+    reserve_tokens: int = 0,
+    allow_compression: bool = True,
+    session_key: str | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> Prepared:
+    """What to send for ``history`` (the stored conversation of ``session_id``), compressing if needed.
+
+    ``reported_prompt_tokens`` is the model's ``usage.prompt_tokens`` for a
+    prompt that held the first ``reported_message_count`` messages of
+    ``history`` (system prompt included in the report); without both, the
+    prompt is estimated.  ``overhead_tokens`` is what the prompt adds around
+    ``history`` (system prompt, notes), counted only when estimating.
+    ``reserve_tokens`` is kept free for the answer when fitting.
+    """
+    if (
+        reported_prompt_tokens is not None
+        and reported_message_count is not None
+        and reported_prompt_tokens >= 0
+        and 0 <= reported_message_count <= len(history)
+    ):
+        tokens = prompt_tokens(history, reported_prompt_tokens=reported_prompt_tokens,
+                               reported_message_count=reported_message_count)
+    else:  # no usable report (none yet, or the history shrank since): estimate it all
+        tokens = prompt_tokens(history) + overhead_tokens
+    if not should_compress(tokens, context_length, threshold):
+        return Prepared(session_id, history, tokens)
+
+    failure: CompressionError | None = None
+    if allow_compression:
+        try:
+            result = await compress_session(
+                db, session_id, summarize, context_length=context_length, threshold=threshold,
+                session_key=session_key, timeout=timeout,
+            )
+        except CompressionError as exc:
+            failure = exc
+            level = logging.WARNING if isinstance(exc, CompressionFailed) else logging.INFO
+            log.log(level, "session %s not compressed: %s", session_id, exc)
+        else:
+            child = await db.get_messages_as_conversation(result.new_session_id)
+            fitted, dropped = fit_to_window(child, context_length - overhead_tokens, reserve_tokens=reserve_tokens)
+            return Prepared(result.new_session_id, fitted, tokens, compressed=result, dropped=dropped)
+
+    fitted, dropped = fit_to_window(history, context_length - overhead_tokens, reserve_tokens=reserve_tokens)
+    return Prepared(session_id, fitted, tokens, dropped=dropped, failure=failure)
+
+
+__all__ = ["Prepared", "prepare_history"]
