@@ -301,6 +301,18 @@ async def test_a_dropped_connection_is_retried_and_the_next_event_arrives(tg, bo
     assert health.state == "connected" and health.last_error.startswith("NetworkError")
 
 
+async def test_an_outage_shows_in_health_and_polling_resumes_when_the_server_returns(tg, bot):
+    adapter, handler = bot
+    await tg.go_down()
+    await tg.wait_for(lambda: adapter.health().state == "reconnecting", what="reconnecting")
+    assert adapter.health().last_error.startswith("NetworkError")
+    tg.dm(ANN, "written during the outage")
+    await tg.come_back()
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "written during the outage"
+    assert adapter.health().state == "connected"
+
+
 async def test_a_409_conflict_is_reported_in_health_and_retried(tg, bot, caplog):
     adapter, handler = bot
     before = len(tg.calls("getUpdates"))

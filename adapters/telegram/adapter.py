@@ -237,12 +237,16 @@ class TelegramAdapter:
         self._watchdog_task = asyncio.create_task(self._watchdog(), name="telegram:watchdog")
 
     async def _watchdog(self) -> None:
-        """Restart polling when it claims to be up but no getUpdates came back for the stall timeout."""
+        """Restart polling when it claims to be up but no getUpdates came back for the stall timeout.
+
+        Only a poller in state "connected" counts: one that is backing off after
+        errors (409, network) is already reconnecting on its own schedule.
+        """
         interval = max(0.05, min(5.0, self._stall_timeout / 5))
         while True:
             await asyncio.sleep(interval)
             poller = self._poller
-            if poller is None or poller.busy:
+            if poller is None or poller.busy or self._health.state != "connected":
                 continue
             silent = time.monotonic() - poller.last_beat
             if silent <= self._stall_timeout:

@@ -17,7 +17,7 @@ Every request is recorded in :attr:`FakeTelegram.requests`.  Failures are
 scripted per method: :meth:`fail_next` (an error answer, e.g. 429 with
 ``retry_after``, 409, 400 "can't parse entities"), :meth:`drop_next` (the
 connection is cut without an answer) and :meth:`hang_next` (no answer until
-the client gives up).  ``parse_mode=HTML`` texts are checked the way Telegram
+the client gives up); :meth:`go_down`/:meth:`come_back` make a whole outage.  ``parse_mode=HTML`` texts are checked the way Telegram
 does (known tags, balanced, ``<&>`` escaped) and rejected with the real
 error text when they are not; texts over 4,096 UTF-16 units after entity
 parsing are rejected too.
@@ -141,22 +141,34 @@ class FakeTelegram:
 
     async def start(self) -> "FakeTelegram":
         self._changed = asyncio.Condition()
-        app = web.Application(client_max_size=20 * 1024 * 1024)
-        app.router.add_route("*", "/bot{token}/{method}", self._api)
-        app.router.add_get("/file/bot{token}/{path:.+}", self._file)
-        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self._listen(0)
         return self
 
-    async def stop(self) -> None:
+    async def go_down(self) -> None:
+        """Close the listener and every connection (an outage); queued updates are kept."""
         self._closing = True
         await self._notify()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def come_back(self) -> None:
+        """Listen again on the same port after :meth:`go_down`."""
+        self._closing = False
+        await self._listen(self.port)
+
+    async def _listen(self, port: int) -> None:
+        app = web.Application(client_max_size=20 * 1024 * 1024)
+        app.router.add_route("*", "/bot{token}/{method}", self._api)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._file)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        await self.go_down()
 
     async def __aenter__(self) -> "FakeTelegram":
         return await self.start()
