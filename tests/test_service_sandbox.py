@@ -1,25 +1,31 @@
-"""The daemon's code runs under the system unit's seccomp restrictions.
+"""The daemon runs under the system unit's restrictions.
 
-There is no systemd here to start the unit, so the test does what systemd
-would do for the restrictions that are seccomp filters: it reads them from the
-rendered unit (``SystemCallFilter=`` with the groups expanded by
-``systemd-analyze syscall-filter``, ``SystemCallErrorNumber=``,
-``RestrictAddressFamilies=``, ``MemoryDenyWriteExecute=``), installs the same
-filters with libseccomp (systemd's own library) in a child process together
-with ``no_new_privs``, and then ``exec``s Python with a workload that does
-what the daemon does: numpy with BLAS threads, pydantic-core, aiohttp and
-yarl, ssl, the openai SDK against the fake model server, the platform
-libraries' imports, the real ``SessionDB`` (WAL, FTS5), name resolution, and
-an sd_notify datagram.  The workload also tries what each restriction forbids
-(a writable+executable mapping, a netlink socket, a refused system call) and
-must be refused, so the test fails if the filters were not in force.  The
-last test runs ``switchboard run`` itself under the same filters, with a fake
-``NOTIFY_SOCKET``.
+There is no systemd here to start the unit, so these tests do what systemd
+would do, in a child process, then run the daemon's code there:
 
-Not emulated: the mount-namespace settings (ProtectSystem=strict,
-ReadWritePaths=, ProtectHome=, PrivateTmp=, PrivateDevices=), which only hide
-or freeze paths; the daemon writes nothing outside its home, where
-ReadWritePaths= lets it.
+- the seccomp settings, read from the rendered unit (``SystemCallFilter=`` with
+  the groups expanded by ``systemd-analyze syscall-filter``,
+  ``SystemCallErrorNumber=``, ``RestrictAddressFamilies=``,
+  ``MemoryDenyWriteExecute=``), installed with libseccomp (systemd's own
+  library) together with ``no_new_privs`` (``NoNewPrivileges=``);
+- the file-system settings, as mounts in a new mount namespace (root only):
+  ``ProtectSystem=strict`` with ``ReadWritePaths=<home>``,
+  ``ProtectHome=read-only``, ``PrivateTmp=``, ``PrivateDevices=``,
+  ``ProtectProc=invisible``/``ProcSubset=pid``, ``ProtectKernelTunables=``.
+
+Under them run a workload doing what the daemon does (numpy with BLAS threads,
+pydantic-core, aiohttp and yarl, ssl, the openai SDK against the fake model
+server, the platform libraries' imports, the real ``SessionDB`` with WAL and
+FTS5, name resolution, an sd_notify datagram), and ``switchboard run`` itself
+with a fake ``NOTIFY_SOCKET``.  Controls try what each restriction forbids (a
+writable+executable mapping, a netlink socket, a refused system call, writes
+outside the home) and must be refused, so the tests fail if the emulation
+were not in force.
+
+Not emulated (nothing in the daemon goes near them): PrivateUsers=,
+PrivateIPC=, ProtectHostname=, ProtectClock=, ProtectKernelModules/Logs=,
+ProtectControlGroups=, RestrictNamespaces=, RestrictRealtime=,
+RestrictSUIDSGID=, LockPersonality=, the empty CapabilityBoundingSet=.
 """
 
 from __future__ import annotations
@@ -291,22 +297,133 @@ def test_without_the_filters_the_forbidden_calls_succeed(tmp_path):
     assert proc.stdout == "allowed\n", proc.stderr
 
 
-def test_the_daemon_itself_runs_under_the_units_seccomp_restrictions(policy, tmp_path):
-    """`switchboard run` as the unit starts it: READY=1, watchdog pings, STOPPING=1 and exit 0 on SIGTERM."""
-    pytest.importorskip("gateway.daemon", reason="`switchboard run` (gateway.daemon) is not in this checkout yet")
+# Runs in the child before LAUNCHER, in a new mount namespace (unshare --mount):
+# the unit's file-system settings, as systemd sets them up.  Only the standard library.
+NAMESPACE = textwrap.dedent(
+    r"""
+    import os, subprocess, sys
+
+    home = sys.argv[1]
+    argv = sys.argv[sys.argv.index("--") + 1:]
+
+    def mount(*args):
+        subprocess.run(["mount", *args], check=True)
+
+    mount("--make-rprivate", "/")
+    stage = "/mnt"  # a private place to keep what the steps below cover up
+    mount("-t", "tmpfs", "-o", "mode=0700", "stage", stage)
+    os.mkdir(f"{stage}/home")
+    mount("--bind", home, f"{stage}/home")
+    os.mkdir(f"{stage}/dev")
+    mount("--rbind", "/dev", f"{stage}/dev")
+    # PrivateTmp=yes
+    for tmp in ("/tmp", "/var/tmp"):
+        mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", tmp)
+    # PrivateDevices=yes: only the pseudo devices
+    mount("-t", "tmpfs", "-o", "mode=0755", "dev", "/dev")
+    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+        open(f"/dev/{name}", "w").close()
+        mount("--bind", f"{stage}/dev/{name}", f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    mount("-t", "tmpfs", "-o", "mode=1777", "shm", "/dev/shm")
+    # ReadWritePaths=<home>: back at its path (PrivateTmp hid it when it is under /tmp), writable
+    os.makedirs(home, exist_ok=True)
+    mount("--bind", f"{stage}/home", home)
+    # ProtectProc=invisible, ProcSubset=pid
+    mount("-t", "proc", "-o", "hidepid=invisible,subset=pid", "proc", "/proc")
+    subprocess.run(["umount", "--recursive", "--lazy", stage], check=True)
+    # ProtectSystem=strict, ProtectHome=read-only, ProtectKernelTunables=yes: all else read-only
+    with open("/proc/self/mountinfo") as fh:
+        points = [line.split()[4] for line in fh]
+    for point in points:
+        if point not in (home, "/tmp", "/var/tmp", "/dev/shm", "/proc") and os.path.exists(point):
+            subprocess.run(["mount", "-o", "remount,bind,ro", point], capture_output=True)
+    os.execv(argv[0], argv)
+    """
+)
+
+# Tries what the file-system settings forbid; prints a JSON report.
+FS_PROBE = textwrap.dedent(
+    r"""
+    import json, os, sys
+
+    home = sys.argv[1]
+    def write(path):
+        try:
+            with open(path, "w") as fh:
+                fh.write("x")
+        except OSError as exc:
+            return exc.strerror
+        os.unlink(path)
+        return "ok"
+
+    print(json.dumps({
+        "etc": write("/etc/switchboard-probe"),
+        "usr": write("/usr/switchboard-probe"),
+        "root": write("/root/switchboard-probe"),
+        "source_tree": write(os.path.join(os.getcwd(), "switchboard-probe")),
+        "home": write(os.path.join(home, "probe")),
+        "tmp": write("/tmp/probe"),
+        "tmp_is_private": sorted(os.listdir("/tmp")) == sorted(p for p in home.split("/")[2:3] if p),
+        "dev": sorted(os.listdir("/dev")),
+        "proc_cpuinfo": os.path.exists("/proc/cpuinfo"),
+        "proc_self": os.path.exists("/proc/self/status"),
+    }))
+    """
+)
+
+
+def _mount_namespace_prefix() -> list[str]:
+    if os.geteuid() != 0:
+        pytest.skip("emulating the unit's mount settings needs root (mount namespaces); run the suite as root")
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        pytest.skip("unshare/mount are not installed: apt-get install util-linux mount")
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"this machine refuses new mount namespaces ({probe.stderr.strip()})")
+    return ["unshare", "--mount", "--propagation", "private"]
+
+
+def test_file_system_settings_emulation_really_confines(tmp_path):
+    """The control for the test below: inside the emulated namespace only the home and /tmp are writable."""
+    prefix = _mount_namespace_prefix()
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-c", NAMESPACE, str(home), "--", sys.executable, "-c", FS_PROBE, str(home)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report == {
+        "etc": "Read-only file system",
+        "usr": "Read-only file system",
+        "root": "Read-only file system",
+        "source_tree": "Read-only file system",
+        "home": "ok",
+        "tmp": "ok",
+        "tmp_is_private": True,  # only the way back to the home, nothing of the host's /tmp
+        "dev": ["full", "null", "random", "shm", "tty", "urandom", "zero"],
+        "proc_cpuinfo": False,
+        "proc_self": True,
+    }
+
+
+def _run_daemon_until_stopped(argv_prefix: list[str], home: Path) -> None:
+    """Start `switchboard run` under ``argv_prefix``; expect READY=1, WATCHDOG=1, then STOPPING=1 and exit 0 on SIGTERM."""
     import signal
     import time
 
-    home = tmp_path / "home"
-    config = tmp_path / "daemon.yaml"
+    config = home / "daemon.yaml"
     config.write_text(f"home: {home}\napi:\n  port: 0\n")  # every platform off: no token set
+    notify_path = home / "notify.sock"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
+    notify.bind(str(notify_path))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WATCHDOG_", "TELEGRAM_", "DISCORD_", "SLACK_"))}
-    env |= {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000", "SWITCHBOARD_HOME": str(home)}
+    env |= {"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "1000000", "SWITCHBOARD_HOME": str(home)}
     switchboard = Path(sys.executable).parent / "switchboard"
     proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, str(policy), "--", str(switchboard), "run", "--config", str(config)],
+        [*argv_prefix, str(switchboard), "run", "--config", str(config)],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     received: list[str] = []
@@ -326,7 +443,7 @@ def test_the_daemon_itself_runs_under_the_units_seccomp_restrictions(policy, tmp
 
     try:
         wait_for("READY=1")
-        wait_for("WATCHDOG=1")  # pinged by the event loop, seccomp or not
+        wait_for("WATCHDOG=1")  # pinged by the event loop
         proc.send_signal(signal.SIGTERM)
         wait_for("STOPPING=1")
         _, stderr = proc.communicate(timeout=60)
@@ -337,3 +454,26 @@ def test_the_daemon_itself_runs_under_the_units_seccomp_restrictions(policy, tmp
         notify.close()
     assert proc.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr
+    assert (home / "state.db").exists()  # it wrote its store in the home
+
+
+def test_the_daemon_itself_runs_under_the_units_seccomp_restrictions(policy, tmp_path):
+    """`switchboard run` as the unit starts it, with a fake NOTIFY_SOCKET."""
+    pytest.importorskip("gateway.daemon", reason="`switchboard run` (gateway.daemon) is not in this checkout yet")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    _run_daemon_until_stopped([sys.executable, "-c", LAUNCHER, str(policy), "--"], home)
+
+
+def test_the_daemon_runs_under_the_units_file_system_and_seccomp_restrictions(policy, tmp_path):
+    """All of it at once: mounts as the unit sets them, then the seccomp filters, then `switchboard run`."""
+    pytest.importorskip("gateway.daemon", reason="`switchboard run` (gateway.daemon) is not in this checkout yet")
+    prefix = _mount_namespace_prefix()
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    inside = home / "policy.json"  # PrivateTmp hides everything else under /tmp
+    shutil.copy(policy, inside)
+    _run_daemon_until_stopped(
+        [*prefix, sys.executable, "-c", NAMESPACE, str(home), "--", sys.executable, "-c", LAUNCHER, str(inside), "--"],
+        home,
+    )
