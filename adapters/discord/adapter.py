@@ -14,19 +14,12 @@ Endpoints are process-wide: discord.py reads ``discord.http.Route.BASE`` and
 and ``gateway_url`` apply to every discord.py client in the process; one
 Discord adapter per process is the supported setup.
 
-Sending: a reply is converted (:mod:`.format`), split at 2,000 characters,
-and every part goes through the token's one rate limiter and
-:func:`gateway.retry.retry_async`.  discord.py itself waits out short 429s
-per route; a 429 longer than 30 s (``max_ratelimit_timeout``) or one without
-Discord's ``Via`` header comes to us, pauses the limiter for every sender on
-this token and is retried.  A part Discord refuses as invalid (400) is resent
-as plain text.  Mentions never ping @everyone, @here or roles.
+Sending lives in :mod:`.outbound`.
 
 Slash commands are deferred at once (Discord wants an answer within 3 s,
 before the gateway has persisted anything) and answered by follow-up: the
 interaction is remembered under the InboundMessage's ``message_id`` and used
-when ``send(..., reply_to=that id)`` comes (for 14 minutes, the token lives
-15; after that the reply goes to the channel).  Discord has no delivery
+when ``send(..., reply_to=that id)`` comes.  Discord has no delivery
 acknowledgement and no redelivery for gateway events, so a failing handler is
 retried here (``deliver_attempts`` with backoff) before the event is given up
 and logged; a slash command given up gets a follow-up telling the user.
@@ -38,7 +31,6 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import aiohttp
@@ -47,19 +39,17 @@ import yarl
 from discord import app_commands
 
 from gateway.errors import AdapterError
-from gateway.formatting import split_message
-from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundHandler, InboundMessage
 
 from . import attachments as _attachments
 from . import events, redact
-from .format import to_discord, to_plain
+from .outbound import Outbound, allowed_mentions
+from .redact import describe
 
 log = logging.getLogger(__name__)
 
 PLATFORM = "discord"
-MESSAGE_LIMIT = 2000
 DEFAULT_API_BASE_URL = "https://discord.com/api/v10"
 DEFAULT_GATEWAY_URL = "wss://gateway.discord.gg/"
 MESSAGE_CONTENT_HELP = (
@@ -73,16 +63,7 @@ BAD_TOKEN_HELP = (
 )
 _APP_FLAG_MESSAGE_CONTENT = (1 << 18) | (1 << 19)  # GATEWAY_MESSAGE_CONTENT, GATEWAY_MESSAGE_CONTENT_LIMITED
 _FATAL_CLOSE_CODES = {4004: BAD_TOKEN_HELP, 4014: MESSAGE_CONTENT_HELP}
-_INTERACTION_TTL = 14 * 60.0
 _COMMAND_ARGS_HELP = "Arguments (optional)"
-
-
-@dataclass(frozen=True, slots=True)
-class _PendingInteraction:
-    application_id: int
-    token: str
-    channel_id: int
-    created: float  # monotonic
 
 
 class _Fatal(AdapterError):
@@ -96,20 +77,6 @@ def _intents() -> discord.Intents:
     intents.dm_messages = True
     intents.message_content = True  # privileged: see MESSAGE_CONTENT_HELP
     return intents
-
-
-def _allowed_mentions() -> discord.AllowedMentions:
-    # The asker is pinged through the reply; nobody else, never @everyone/@here or roles.
-    return discord.AllowedMentions(everyone=False, roles=False, users=False, replied_user=True)
-
-
-def _retry_after(exc: discord.HTTPException) -> float:
-    """Seconds a 429 asked for (its ``Retry-After`` header), 1.0 when absent or unreadable."""
-    headers = getattr(exc.response, "headers", None) or {}
-    try:
-        return max(0.0, float(headers.get("Retry-After")))
-    except (TypeError, ValueError):
-        return 1.0
 
 
 class DiscordAdapter:
@@ -155,9 +122,7 @@ class DiscordAdapter:
         self.max_image_bytes = max_image_bytes
         self.connect_timeout_seconds = connect_timeout_seconds
         self.sync_commands = sync_commands
-        self._send_rate, self._send_burst = send_rate, send_burst
-        self._send_attempts, self._send_total = send_attempts, send_total_seconds
-        self._send_backoff, self._reconnect_backoff = send_backoff, reconnect_backoff
+        self._reconnect_backoff = reconnect_backoff
         self._deliver_attempts, self._deliver_backoff = max(1, deliver_attempts), deliver_backoff
 
         self._health = AdapterHealth(PLATFORM)
@@ -168,8 +133,8 @@ class DiscordAdapter:
         self._connected = asyncio.Event()
         self._last_seen = time.monotonic()
         self._downloads: aiohttp.ClientSession | None = None
-        self._interactions: dict[str, _PendingInteraction] = {}
-        self._dm_channels: set[str] = set()
+        self._outbound = Outbound(token=self._token, client=lambda: self._client, rate=send_rate, burst=send_burst,
+                                  attempts=send_attempts, total_seconds=send_total_seconds, backoff=send_backoff)
         self._channel_cache: dict[int, events.Where] = {}
         self._stopping = False
         self._warned_empty_content = False
@@ -239,8 +204,8 @@ class DiscordAdapter:
             intents=_intents(),
             enable_debug_events=True,  # socket_raw_receive: every frame, heartbeat ACKs included (stall watch)
             max_ratelimit_timeout=30.0,  # longer 429s come to us (discord.RateLimited) and are retried by us
-            allowed_mentions=_allowed_mentions(),
-            http_trace=self._rate_limit_trace(),
+            allowed_mentions=allowed_mentions(),
+            http_trace=self._outbound.rate_limit_trace(),
         )
         tree = app_commands.CommandTree(client)
         for name, description in self.commands:
@@ -280,26 +245,6 @@ class DiscordAdapter:
             client.event(fn)
         return client
 
-    def _rate_limit_trace(self) -> aiohttp.TraceConfig:
-        """Every 429 discord.py sees (it waits those out itself) also pauses our limiter for this token."""
-        trace = aiohttp.TraceConfig()
-
-        async def on_request_end(_session: Any, _ctx: Any, params: aiohttp.TraceRequestEndParams) -> None:
-            if params.response.status != 429:
-                return
-            try:
-                wait = float(params.response.headers.get("Retry-After", "1"))
-            except ValueError:
-                wait = 1.0
-            self._limiter().pause(wait)
-            log.info("discord: rate limited for %.2fs; pausing every send on this bot token", wait)
-
-        trace.on_request_end.append(on_request_end)
-        return trace
-
-    def _limiter(self):
-        return limiter_for(PLATFORM, self._token, rate=self._send_rate, burst=self._send_burst)
-
     def _mark_connected(self, client: discord.Client, how: str) -> None:
         self._last_seen = time.monotonic()
         user = client.user
@@ -308,42 +253,45 @@ class DiscordAdapter:
         self._connected.set()
 
     async def _connect_once(self) -> None:
-        """One login + gateway connection; sets ``self._client`` or raises AdapterError."""
+        """One login + gateway connection; publishes ``self._client`` or cleans up and raises AdapterError."""
         client = self._build_client()
-        self._client = client
         self._connected = asyncio.Event()
         try:
-            await asyncio.wait_for(client.login(self._token), self.connect_timeout_seconds)
-        except discord.LoginFailure:
-            raise _Fatal(BAD_TOKEN_HELP) from None
-        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise AdapterError(f"could not log in to Discord at {self.api_base_url}: {_describe(exc)}") from None
-        if not (client.application_flags.value & _APP_FLAG_MESSAGE_CONTENT):
-            raise _Fatal(MESSAGE_CONTENT_HELP)
-        self._last_seen = time.monotonic()
-        self._connect_task = task = asyncio.create_task(client.connect(reconnect=True), name="DiscordAdapter:gateway")
-        ready = asyncio.create_task(self._connected.wait())
-        try:
-            await asyncio.wait({task, ready}, timeout=self.connect_timeout_seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-        if task.done():
-            raise _start_error(task)
-        if not self._connected.is_set():
-            raise AdapterError(f"no READY from the Discord gateway at {self.gateway_url} within "
-                               f"{self.connect_timeout_seconds:.0f}s")
+            try:
+                await asyncio.wait_for(client.login(self._token), self.connect_timeout_seconds)
+            except discord.LoginFailure:
+                raise _Fatal(BAD_TOKEN_HELP) from None
+            except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                raise AdapterError(f"could not log in to Discord at {self.api_base_url}: {describe(exc)}") from None
+            if not (client.application_flags.value & _APP_FLAG_MESSAGE_CONTENT):
+                raise _Fatal(MESSAGE_CONTENT_HELP)
+            self._client = client  # logged in: sends may use its REST session from here on
+            self._last_seen = time.monotonic()
+            self._connect_task = task = asyncio.create_task(client.connect(reconnect=True),
+                                                            name="DiscordAdapter:gateway")
+            ready = asyncio.create_task(self._connected.wait())
+            try:
+                await asyncio.wait({task, ready}, timeout=self.connect_timeout_seconds,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+            if task.done():
+                raise _start_error(task)
+            if not self._connected.is_set():
+                raise AdapterError(f"no READY from the Discord gateway at {self.gateway_url} within "
+                                   f"{self.connect_timeout_seconds:.0f}s")
+        except BaseException:
+            if self._client is client:
+                self._client = None
+            await _close(client, self._connect_task)
+            self._connect_task = None
+            raise
+        self._client = client
 
     async def _close_client(self) -> None:
         client, task = self._client, self._connect_task
-        self._connect_task = None
-        if client is not None:
-            try:
-                await asyncio.wait_for(client.close(), 10.0)
-            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - closing a broken client is best effort
-                log.debug("discord: closing the client: %s", _describe(exc))
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        self._client, self._connect_task = None, None
+        await _close(client, task)
 
     async def _supervise(self) -> None:
         """Restart the client when discord.py gives up or the connection stalls."""
@@ -410,7 +358,7 @@ class DiscordAdapter:
         try:  # a channel missing from the cache (e.g. a thread the gateway never announced)
             place = events.where(await client.fetch_channel(channel.id))
         except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            log.warning("discord: could not look up channel %s: %s", channel.id, _describe(exc))
+            log.warning("discord: could not look up channel %s: %s", channel.id, describe(exc))
             return None
         if place is not None:
             if len(self._channel_cache) > 4096:
@@ -448,7 +396,7 @@ class DiscordAdapter:
         if inbound is None:
             return
         if inbound.chat_type is ChatType.DM:
-            self._remember_dm(inbound.chat_id)
+            self._outbound.remember_dm(inbound.chat_id)
         await self._deliver(inbound)
 
     def _warn_if_content_missing(self, message: discord.Message, place: events.Where) -> None:
@@ -457,11 +405,6 @@ class DiscordAdapter:
             return
         self._warned_empty_content = True
         log.warning("discord: a guild message arrived with empty content. %s", MESSAGE_CONTENT_HELP)
-
-    def _remember_dm(self, channel_id: str) -> None:
-        if len(self._dm_channels) > 10_000:
-            self._dm_channels.clear()
-        self._dm_channels.add(channel_id)
 
     async def _deliver(self, inbound: InboundMessage) -> bool:
         """Hand ``inbound`` to the gateway, retrying a failing handler (Discord never redelivers)."""
@@ -487,124 +430,30 @@ class DiscordAdapter:
         try:
             await interaction.response.defer(thinking=True)
         except discord.HTTPException as exc:
-            log.warning("discord: deferring /%s failed (%s); the answer will go to the channel", name, _describe(exc))
+            log.warning("discord: deferring /%s failed (%s); the answer will go to the channel", name, describe(exc))
         place = await self._place(interaction.channel) if interaction.channel is not None else None
         if place is None:
             log.warning("discord: /%s from an unknown kind of channel; ignored", name)
             return
         inbound = events.from_command(interaction, place, name, args)
-        self._prune_interactions()
-        self._interactions[inbound.message_id or ""] = _PendingInteraction(
-            application_id=interaction.application_id, token=interaction.token,
-            channel_id=int(place.thread_id or place.chat_id), created=time.monotonic(),
-        )
+        self._outbound.remember_interaction(inbound.message_id or "", interaction.application_id, interaction.token)
         if place.chat_type is ChatType.DM:
-            self._remember_dm(place.chat_id)
+            self._outbound.remember_dm(place.chat_id)
         if not await self._deliver(inbound):
             try:
                 await interaction.followup.send("Sorry, that command could not be processed. Please try again.",
                                                 ephemeral=True)
             except discord.HTTPException as exc:
-                log.warning("discord: could not report a failed /%s: %s", name, _describe(exc))
-
-    def _prune_interactions(self) -> None:
-        now = time.monotonic()
-        for key in [k for k, p in self._interactions.items() if now - p.created > _INTERACTION_TTL]:
-            del self._interactions[key]
+                log.warning("discord: could not report a failed /%s: %s", name, describe(exc))
 
     # ------------------------------------------------------------------ outbound
 
     async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
-        """Send a Markdown reply, split at 2,000 characters; never raises."""
-        try:
-            return await self._send(chat, text, reply_to)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the contract: report, never raise
-            log.warning("discord: send to %s failed: %s", chat.chat_id, _describe(exc))
-            return Delivery(ok=False, error=_describe(exc))
-
-    async def _send(self, chat: ChatRef, text: str, reply_to: str | None) -> Delivery:
-        if self._client is None:
-            return Delivery(ok=False, error="the Discord adapter is not started")
-        parts = split_message(to_discord(text), MESSAGE_LIMIT) if text.strip() else []
-        if not parts:
-            return Delivery(ok=False, error="nothing to send: the reply is empty")
-        limiter = self._limiter()
-        self._prune_interactions()
-        follow_up = reply_to if reply_to in self._interactions else None
-        channel_id = int(chat.thread_id or chat.chat_id)
-        reference = None
-        if follow_up is None and reply_to and reply_to.isdigit() and chat.chat_id not in self._dm_channels:
-            reference = discord.MessageReference(message_id=int(reply_to), channel_id=channel_id,
-                                                 fail_if_not_exists=False)
-        ids: list[str] = []
-        for index, part in enumerate(parts):
-            ref = reference if index == 0 else None
-            try:
-                msg_id = await self._send_part(limiter, channel_id, follow_up, part, ref)
-            except discord.HTTPException as exc:
-                if exc.status != 400 or to_plain(part) in ("", part):
-                    raise
-                log.info("discord refused a formatted part (%s); resending it as plain text", _describe(exc))
-                msg_id = await self._send_part(limiter, channel_id, follow_up, to_plain(part), ref)
-            ids.append(msg_id)
-        return Delivery(ok=True, message_ids=tuple(ids))
-
-    async def _send_part(self, limiter, channel_id: int, follow_up: str | None, content: str,
-                         reference: discord.MessageReference | None) -> str:
-        """Post one part (as the interaction's follow-up when ``follow_up`` is still pending).
-
-        One nonce for every attempt (with ``enforce_nonce``) lets Discord drop a
-        retry of a post whose answer we lost, so a part is never posted twice.
-        """
-        nonce = str(random.getrandbits(62))
-
-        async def attempt() -> str:
-            await limiter.acquire()
-            client = self._client
-            if client is None:
-                raise AdapterError("the Discord adapter stopped")
-            pending = self._interactions.get(follow_up) if follow_up else None
-            if pending is not None:
-                try:
-                    hook = discord.Webhook.partial(pending.application_id, pending.token, client=client)
-                    msg = await hook.send(content, wait=True, allowed_mentions=_allowed_mentions())
-                    return str(msg.id)
-                except discord.HTTPException as exc:
-                    if exc.status not in (401, 403, 404):  # 401/404: the token expired or the interaction is gone
-                        raise
-                    log.info("discord: follow-up refused (%s); answering in the channel", _describe(exc))
-                    self._interactions.pop(follow_up or "", None)
-            channel = client.get_partial_messageable(channel_id)
-            msg = await channel.send(content, reference=reference, allowed_mentions=_allowed_mentions(), nonce=nonce)
-            return str(msg.id)
-
-        def classify(exc: BaseException) -> float | None:
-            if isinstance(exc, discord.RateLimited):
-                limiter.pause(exc.retry_after)
-                return exc.retry_after
-            if isinstance(exc, discord.HTTPException):
-                if exc.status == 429:  # without Discord's Via header (e.g. a Cloudflare block): ours to wait out
-                    wait = _retry_after(exc)
-                    limiter.pause(wait)
-                    return wait
-                return 0.0 if exc.status >= 500 else None
-            if isinstance(exc, (aiohttp.ClientError, OSError, asyncio.TimeoutError)):
-                return 0.0
-            return None
-
-        return await retry_async(attempt, classify=classify, backoff=self._send_backoff,
-                                 max_attempts=self._send_attempts, total_seconds=self._send_total)
+        """Send a Markdown reply, split at 2,000 characters; never raises (see :mod:`.outbound`)."""
+        return await self._outbound.send(chat, text, reply_to=reply_to)
 
     async def send_typing(self, chat: ChatRef) -> None:
-        client = self._client
-        if client is None:
-            return
-        try:
-            await client.get_partial_messageable(int(chat.thread_id or chat.chat_id)).typing()
-        except Exception as exc:  # noqa: BLE001 - best effort
-            log.debug("discord: typing indicator failed: %s", _describe(exc))
+        await self._outbound.send_typing(chat)
 
 
 def _slash_command(adapter: DiscordAdapter, name: str, description: str) -> app_commands.Command:
@@ -613,6 +462,18 @@ def _slash_command(adapter: DiscordAdapter, name: str, description: str) -> app_
         await adapter.on_command(interaction, name, args)
 
     return app_commands.Command(name=name, description=(description or name)[:100], callback=callback)
+
+
+async def _close(client: discord.Client | None, task: asyncio.Task | None) -> None:
+    """Close a client (bounded: a half-dead socket must not hold us) and its connection task."""
+    if client is not None:
+        try:
+            await asyncio.wait_for(client.close(), 10.0)
+        except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - closing a broken client is best effort
+            log.debug("discord: closing the client: %s", describe(exc))
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _start_error(task: asyncio.Task) -> AdapterError:
@@ -628,10 +489,4 @@ def _start_error(task: asyncio.Task) -> AdapterError:
         return _Fatal(_FATAL_CLOSE_CODES[exc.code])
     if isinstance(exc, discord.LoginFailure):
         return _Fatal(BAD_TOKEN_HELP)
-    return AdapterError(f"the Discord gateway connection failed: {_describe(exc)}")
-
-
-def _describe(exc: BaseException) -> str:
-    """A one-line, token-free description of ``exc``."""
-    text = str(exc) or type(exc).__name__
-    return redact.redact(f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text)
+    return AdapterError(f"the Discord gateway connection failed: {describe(exc)}")

@@ -62,3 +62,10 @@ def install(*secrets: str) -> None:
 def redact(text: str) -> str:
     """``text`` with every known secret and token pattern replaced."""
     return _REDACTOR.redact(text)
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line, token-free description of ``exc`` for logs and Delivery errors."""
+    name = type(exc).__name__
+    text = str(exc)
+    return redact(f"{name}: {text}" if text and text != name else name)

@@ -1,0 +1,203 @@
+"""Replies to Discord: format, split at 2,000 characters, pace, retry, answer slash commands.
+
+Every part goes through the bot token's one :func:`gateway.ratelimit.limiter_for`
+and :func:`gateway.retry.retry_async`.  discord.py waits out short 429s per
+route itself; :meth:`Outbound.rate_limit_trace` sees each of them on the wire
+and pauses the limiter, so every other sender on the token waits too.  A 429
+longer than 30 s (``discord.RateLimited``) or one without Discord's ``Via``
+header (a Cloudflare block) comes to the retry loop, which pauses the limiter
+and tries again.  A part Discord refuses as invalid (400) is resent as plain
+text.  Mentions never ping @everyone, @here or roles; one nonce per part (with
+``enforce_nonce``) keeps a retried post from appearing twice.
+
+A slash command's answer goes out as the interaction's follow-up (its token
+lives 15 minutes; we use it for 14); when the token is refused or gone, the
+reply goes to the channel.  :meth:`Outbound.send` never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import aiohttp
+import discord
+
+from gateway.errors import AdapterError
+from gateway.formatting import split_message
+from gateway.ratelimit import RateLimiter, limiter_for
+from gateway.retry import Backoff, retry_async
+from gateway.types import ChatRef, Delivery
+
+from .format import to_discord, to_plain
+from .redact import describe
+
+log = logging.getLogger(__name__)
+
+PLATFORM = "discord"
+MESSAGE_LIMIT = 2000
+INTERACTION_TTL = 14 * 60.0
+
+
+def allowed_mentions() -> discord.AllowedMentions:
+    # The asker is pinged through the reply; nobody else, never @everyone/@here or roles.
+    return discord.AllowedMentions(everyone=False, roles=False, users=False, replied_user=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingInteraction:
+    application_id: int
+    token: str
+    created: float  # monotonic
+
+
+class NotConnected(AdapterError):
+    """No logged-in client right now (starting or restarting); worth retrying."""
+
+
+def _retry_after(exc: discord.HTTPException) -> float:
+    """Seconds a 429 asked for (its ``Retry-After`` header), 1.0 when absent or unreadable."""
+    headers = getattr(exc.response, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After")))
+    except (TypeError, ValueError):
+        return 1.0
+
+
+class Outbound:
+    """The sending half of the adapter; ``client()`` returns the current logged-in client or None."""
+
+    def __init__(self, *, token: str, client: Callable[[], discord.Client | None], rate: float, burst: int,
+                 attempts: int, total_seconds: float, backoff: Backoff):
+        self._token = token
+        self._client = client
+        self._rate, self._burst = rate, burst
+        self._attempts, self._total, self._backoff = attempts, total_seconds, backoff
+        self._interactions: dict[str, PendingInteraction] = {}
+        self._dm_channels: set[str] = set()
+
+    def limiter(self) -> RateLimiter:
+        return limiter_for(PLATFORM, self._token, rate=self._rate, burst=self._burst)
+
+    def rate_limit_trace(self) -> aiohttp.TraceConfig:
+        """An aiohttp trace for the client: every 429 on the wire pauses this token's limiter."""
+        trace = aiohttp.TraceConfig()
+
+        async def on_request_end(_session: Any, _ctx: Any, params: aiohttp.TraceRequestEndParams) -> None:
+            if params.response.status != 429:
+                return
+            try:
+                wait = float(params.response.headers.get("Retry-After", "1"))
+            except ValueError:
+                wait = 1.0
+            self.limiter().pause(wait)
+            log.info("discord: rate limited for %.2fs; pausing every send on this bot token", wait)
+
+        trace.on_request_end.append(on_request_end)
+        return trace
+
+    def remember_interaction(self, key: str, application_id: int, token: str) -> None:
+        self._prune()
+        self._interactions[key] = PendingInteraction(application_id, token, time.monotonic())
+
+    def remember_dm(self, channel_id: str) -> None:
+        """DM replies carry no reply reference (it only adds noise there)."""
+        if len(self._dm_channels) > 10_000:
+            self._dm_channels.clear()
+        self._dm_channels.add(channel_id)
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, p in self._interactions.items() if now - p.created > INTERACTION_TTL]:
+            del self._interactions[key]
+
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
+        try:
+            return await self._send(chat, text, reply_to)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the contract: report, never raise
+            log.warning("discord: send to %s failed: %s", chat.chat_id, describe(exc))
+            return Delivery(ok=False, error=describe(exc))
+
+    async def _send(self, chat: ChatRef, text: str, reply_to: str | None) -> Delivery:
+        if self._client() is None:
+            return Delivery(ok=False, error="the Discord adapter is not connected")
+        parts = split_message(to_discord(text), MESSAGE_LIMIT) if text.strip() else []
+        if not parts:
+            return Delivery(ok=False, error="nothing to send: the reply is empty")
+        self._prune()
+        follow_up = reply_to if reply_to in self._interactions else None
+        channel_id = int(chat.thread_id or chat.chat_id)
+        reference = None
+        if follow_up is None and reply_to and reply_to.isdigit() and chat.chat_id not in self._dm_channels:
+            reference = discord.MessageReference(message_id=int(reply_to), channel_id=channel_id,
+                                                 fail_if_not_exists=False)
+        ids: list[str] = []
+        for index, part in enumerate(parts):
+            ref = reference if index == 0 else None
+            try:
+                msg_id = await self._send_part(channel_id, follow_up, part, ref)
+            except discord.HTTPException as exc:
+                if exc.status != 400 or to_plain(part) in ("", part):
+                    raise
+                log.info("discord refused a formatted part (%s); resending it as plain text", describe(exc))
+                msg_id = await self._send_part(channel_id, follow_up, to_plain(part), ref)
+            ids.append(msg_id)
+        return Delivery(ok=True, message_ids=tuple(ids))
+
+    async def _send_part(self, channel_id: int, follow_up: str | None, content: str,
+                         reference: discord.MessageReference | None) -> str:
+        """Post one part (as the interaction's follow-up while that is still usable); its message id."""
+        limiter = self.limiter()
+        nonce = str(random.getrandbits(62))  # the same for every attempt: Discord drops a repeat
+
+        async def attempt() -> str:
+            await limiter.acquire()
+            client = self._client()
+            if client is None:
+                raise NotConnected("the Discord client is reconnecting")
+            pending = self._interactions.get(follow_up) if follow_up else None
+            if pending is not None:
+                try:
+                    hook = discord.Webhook.partial(pending.application_id, pending.token, client=client)
+                    msg = await hook.send(content, wait=True, allowed_mentions=allowed_mentions())
+                    return str(msg.id)
+                except discord.HTTPException as exc:
+                    if exc.status not in (401, 403, 404):  # 401/404: the token expired or the interaction is gone
+                        raise
+                    log.info("discord: follow-up refused (%s); answering in the channel", describe(exc))
+                    self._interactions.pop(follow_up or "", None)
+            channel = client.get_partial_messageable(channel_id)
+            msg = await channel.send(content, reference=reference, allowed_mentions=allowed_mentions(), nonce=nonce)
+            return str(msg.id)
+
+        def classify(exc: BaseException) -> float | None:
+            if isinstance(exc, discord.RateLimited):
+                limiter.pause(exc.retry_after)
+                return exc.retry_after
+            if isinstance(exc, discord.HTTPException):
+                if exc.status == 429:  # without Discord's Via header (e.g. a Cloudflare block): ours to wait out
+                    wait = _retry_after(exc)
+                    limiter.pause(wait)
+                    return wait
+                return 0.0 if exc.status >= 500 else None
+            if isinstance(exc, (NotConnected, aiohttp.ClientError, OSError, asyncio.TimeoutError)):
+                return 0.0
+            return None
+
+        return await retry_async(attempt, classify=classify, backoff=self._backoff,
+                                 max_attempts=self._attempts, total_seconds=self._total)
+
+    async def send_typing(self, chat: ChatRef) -> None:
+        client = self._client()
+        if client is None:
+            return
+        try:
+            await client.get_partial_messageable(int(chat.thread_id or chat.chat_id)).typing()
+        except Exception as exc:  # noqa: BLE001 - best effort
+            log.debug("discord: typing indicator failed: %s", describe(exc))
