@@ -153,8 +153,8 @@ def fit_to_window(
     For a conversation too short to compress that still does not fit (a few
     huge messages): whole turns (a user message and every reply up to the
     next user message) are dropped from the middle, oldest first.  Leading
-    system messages, the first ``head`` messages and the last turn are always
-    kept, so the result may still be too large; the count says what was
+    system messages, the first ``head`` messages, a compression summary right
+    after them and the last turn are always kept, so the result may still be too large; the count says what was
     dropped.  Only the returned list is trimmed: the caller's list and the
     store are untouched.
     """
@@ -169,6 +169,8 @@ def fit_to_window(
     head_end = first + head
     while head_end < n and _is_tool_result(messages[head_end]):
         head_end += 1
+    if head_end < n and is_summary(messages[head_end]):
+        head_end += 1  # the summary of a compressed conversation is the last thing to lose
     # The last turn starts at the last user message; it is what is being answered.
     last_turn = n
     for i in range(n - 1, head_end - 1, -1):

@@ -254,3 +254,32 @@ def test_fit_to_window_never_drops_the_turn_being_answered():
     messages = chat(2)[:3] + [user("huge " + "h" * 35_000)]
     fitted, dropped = fit_to_window(messages, 1_000)
     assert fitted == messages and dropped == 0
+
+
+def test_fit_to_window_keeps_the_summary_of_a_compressed_conversation():
+    head = chat(2)[:3]
+    summary = make_summary_message("Facts: everything that matters.", head[-1])
+    messages = head + [summary] + chat(10, size=2_000) + [user("go on")]
+    fitted, dropped = fit_to_window(messages, 3_000)
+    assert fitted[:4] == head + [summary]
+    assert dropped > 0 and fitted[-1] == user("go on")
+
+
+@settings(max_examples=200, deadline=None)
+@given(_conversations(), st.integers(200, 20_000))
+def test_fit_to_window_never_orphans_a_tool_result(messages, window):
+    messages = [user("start")] + messages + [user("the question")]
+    messages = [{**m, "n": i} for i, m in enumerate(messages)]  # every message distinct
+    fitted, dropped = fit_to_window(messages, window)
+    assert len(fitted) == len(messages) - dropped
+    assert fitted[:3] == messages[:3] and fitted[-1] == messages[-1]
+    for i, m in enumerate(fitted):
+        if m["role"] == "tool":
+            j = i - 1
+            while fitted[j]["role"] == "tool":
+                j -= 1
+            assert fitted[j].get("tool_calls")
+    # one contiguous run of whole turns was cut out
+    k = next((i for i, (a, b) in enumerate(zip(fitted, messages)) if a != b), len(fitted))
+    assert fitted[k:] == messages[k + dropped:]
+    assert dropped == 0 or messages[k + dropped]["role"] == "user"
