@@ -58,6 +58,12 @@ def main() -> None:
 
 main.add_command(config_group)
 
+from gateway.cli_service import backup_cmd, restore_cmd, service as service_group  # noqa: E402
+
+main.add_command(service_group)
+main.add_command(backup_cmd)
+main.add_command(restore_cmd)
+
 
 @main.command()
 @CONFIG_OPTION

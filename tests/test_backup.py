@@ -246,3 +246,15 @@ def test_restore_refuses_the_live_database_itself(filled):
     result = run(restore_cmd, filled / "state.db", "--home", filled)
     assert result.exit_code == 1
     assert "is the live database itself" in result.output
+
+
+def test_switchboard_backup_and_restore_from_the_installed_command(filled, tmp_path):
+    switchboard = Path(sys.executable).parent / "switchboard"
+    target = tmp_path / "nightly.db"
+    env = {**os.environ, "SWITCHBOARD_HOME": str(filled)}
+    made = subprocess.run([switchboard, "backup", target], capture_output=True, text=True, timeout=60, env=env)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("backed up 1 sessions, 20 messages")
+    back = subprocess.run([switchboard, "restore", target], capture_output=True, text=True, timeout=60, env=env)
+    assert back.returncode == 0, back.stderr
+    assert "restored 1 sessions, 20 messages" in back.stdout

@@ -385,3 +385,15 @@ def test_system_unit_is_rated_at_most_1_5_by_systemd_analyze_security(tmp_path, 
     bare = text[: text.index("# --- hardening")] + text[text.index("[Install]"):]
     unit.write_text(bare)
     assert _exposure(analyze, unit) > 5.0
+
+
+def test_switchboard_service_is_mounted_on_the_main_command(tmp_path, config):
+    switchboard = Path(os.sys.executable).parent / "switchboard"
+    proc = subprocess.run(
+        [switchboard, "service", "install", "--user", "--dry-run", "--config", str(config),
+         "--home", str(tmp_path / "home"), "--unit-dir", str(tmp_path / "units")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"ExecStart={switchboard} run --config {config}" in proc.stdout
+    assert not (tmp_path / "units").exists()
