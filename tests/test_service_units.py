@@ -376,9 +376,19 @@ def _exposure(analyze: str, unit: Path, env=None, user=False) -> float:
     return float(match.group(1))
 
 
-def test_system_unit_is_rated_at_most_1_5_by_systemd_analyze_security(tmp_path, config):
+@pytest.mark.parametrize("protect_home", ["yes", "read-only"])
+def test_system_unit_is_rated_at_most_1_5_by_systemd_analyze_security(tmp_path, config, protect_home):
     analyze = _analyze()
-    unit = _render_to(tmp_path, "system", config)
+    script = tmp_path / "venv" / "bin" / "switchboard"
+    script.parent.mkdir(parents=True)
+    # an interpreter outside /home and /root gives ProtectHome=yes; one under /root, read-only
+    script.write_text("#!/usr/bin/python3\n" if protect_home == "yes" else "#!/root/venv/bin/python\n")
+    script.chmod(0o755)
+    plan = plan_install("system", config=config, home=tmp_path / "home", unit_dir=tmp_path / "system",
+                        run_as=RUN_AS, executable=script)
+    service.install(plan)
+    unit = plan.unit_path
+    assert parse_unit(unit.read_text())["Service"]["ProtectHome"] == [protect_home]
     assert _exposure(analyze, unit) <= 1.5
     # and the rating does move: without the hardening block the same unit is exposed
     text = unit.read_text()
