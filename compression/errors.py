@@ -8,8 +8,10 @@
                                      nothing changed
 
 ``compress_session`` raises only these (and ``state`` errors from the store
-itself), always before it has written anything, so the gateway can catch
-:class:`CompressionError`, answer the turn uncompressed and start its cooldown.
+itself), either before it has written anything or after undoing what it had
+written, so the gateway can catch :class:`CompressionError`, answer the turn
+uncompressed and start its cooldown.  ``prepare_history`` catches them itself
+and returns the reason in ``Prepared.failure``.
 """
 
 from __future__ import annotations

@@ -137,6 +137,8 @@ def build_summary_request(plan: Plan, *, focus: str | None = None) -> list[dict[
             "detail, and keep the rest brief:\n" + redact(focus.strip())
         )
     parts.append(
+        f"The conversation's first {len(plan.head)} and last {len(plan.tail)} messages are kept word for word "
+        "around your summary and are not shown here.\n"
         f"Write the {'updated ' if plan.previous_summary else ''}summary now, in about {target:,} tokens "
         f"(roughly {round(target * 0.75):,} words) at most, using the sections from your instructions."
     )
