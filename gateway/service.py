@@ -242,23 +242,39 @@ def render_unit(settings: UnitSettings) -> str:
     return text
 
 
-def grace_seconds_from_config(config: Path) -> int | None:
-    """``shutdown.grace_seconds`` when the config states it as a plain number, else None.
-
-    Read leniently (YAML only, no ``${VAR}`` expansion): the secrets the config
-    refers to may live only in the service's environment file.
-    """
+def _read_config_leniently(config: Path) -> dict:
+    """The config's YAML as written (no ``${VAR}`` expansion: the secrets it names may live
+    only in the service's environment file); {} when it cannot be read."""
     import yaml
 
     try:
         data = yaml.safe_load(config.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return None
-    shutdown = data.get("shutdown") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def grace_seconds_from_config(config: Path) -> int | None:
+    """``shutdown.grace_seconds`` when the config states it as a plain number, else None."""
+    shutdown = _read_config_leniently(config).get("shutdown")
     grace = shutdown.get("grace_seconds") if isinstance(shutdown, dict) else None
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
         return None
     return int(-(-grace // 1))  # round up
+
+
+def _config_home_mismatch(config: Path, home: Path) -> str | None:
+    """A warning when the config pins ``home:`` to another directory than the unit makes writable."""
+    value = _read_config_leniently(config).get("home")
+    if not isinstance(value, str) or "$" in value or value.startswith("~"):
+        return None  # follows SWITCHBOARD_HOME (which the unit sets), or depends on the account
+    pinned = Path(value) if Path(value).is_absolute() else config.parent / value
+    if pinned.resolve() == home:
+        return None
+    return (
+        f"{config} sets home: {value}, but the unit gives the service {home} (SWITCHBOARD_HOME, "
+        f"ReadWritePaths=): pass --home {pinned.resolve()}, or write home: ${{SWITCHBOARD_HOME}} in the config"
+    )
 
 
 def systemctl_commands(scope: Scope, unit_path: Path, run_as: str | None = None) -> tuple[str, ...]:
@@ -321,7 +337,12 @@ def plan_install(
     else:
         run_as = None
     if grace_seconds is None:
-        grace_seconds = grace_seconds_from_config(config) or DEFAULT_GRACE_SECONDS
+        grace_seconds = grace_seconds_from_config(config)
+    if grace_seconds is None:
+        grace_seconds = DEFAULT_GRACE_SECONDS
+    mismatch = _config_home_mismatch(config, home)
+    if mismatch:
+        warnings.append(mismatch)
     settings = UnitSettings(
         scope=scope, switchboard=switchboard, config=config, home=home,
         env_file=env_file, run_as=run_as, grace_seconds=grace_seconds,

@@ -87,6 +87,9 @@ def test_stop_timeout_outlasts_the_configured_grace_period(tmp_path):
     config.write_text("shutdown:\n  grace_seconds: 100\n")
     plan = plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path)
     assert parse_unit(plan.unit_text)["Service"]["TimeoutStopSec"] == ["115"]
+    config.write_text("shutdown:\n  grace_seconds: 0\n")
+    plan = plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path)
+    assert parse_unit(plan.unit_text)["Service"]["TimeoutStopSec"] == ["15"]
     config.write_text("shutdown:\n  grace_seconds: ${GRACE}\n")  # not a number here: the default
     plan = plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path)
     assert parse_unit(plan.unit_text)["Service"]["TimeoutStopSec"] == ["45"]
@@ -133,6 +136,17 @@ def test_protect_home_hides_home_directories_unless_the_service_needs_one(tmp_pa
     script.write_text("#!/root/.venv/bin/python\n")  # the interpreter itself under /root
     in_root = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script)
     assert parse_unit(in_root.unit_text)["Service"]["ProtectHome"] == ["read-only"]
+
+
+def test_a_config_pinning_another_home_gets_a_warning(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("home: /srv/elsewhere\n")
+    plan = plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path)
+    assert any("sets home: /srv/elsewhere" in w and "pass --home /srv/elsewhere" in w for w in plan.warnings)
+    config.write_text("home: ${SWITCHBOARD_HOME:-~/.switchboard}\n")  # follows the unit's SWITCHBOARD_HOME
+    assert plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path).warnings == ()
+    config.write_text(f"home: {tmp_path / 'home'}\n")
+    assert plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path).warnings == ()
 
 
 def test_paths_under_tmp_get_a_warning_about_private_tmp(tmp_path, config):
