@@ -172,8 +172,11 @@ def _interpreter_of(script: Path) -> Path | None:
 
 
 def _paths_the_daemon_reads(settings: UnitSettings) -> list[Path]:
-    """Every path the service must see: ProtectHome= and PrivateTmp= may hide any of them."""
-    paths = [settings.switchboard, settings.switchboard.resolve(), settings.config, settings.home, settings.env_file]
+    """Every path the service must see: ProtectHome= and PrivateTmp= may hide any of them.
+
+    Not the environment file: systemd reads it before it sets up the sandbox.
+    """
+    paths = [settings.switchboard, settings.switchboard.resolve(), settings.config, settings.home]
     interpreter = _interpreter_of(settings.switchboard)
     if interpreter is not None:
         paths += [interpreter, interpreter.resolve()]
