@@ -99,8 +99,9 @@ async def test_start_logs_in_registers_commands_and_reports_connected(fake, star
     assert adapter.health().state == "stopped"
     adapter, _ = await started()
     paths = [(r.method, r.path) for r in fake.requests]
-    assert paths[:3] == [("GET", "/users/@me"), ("GET", "/oauth2/applications/@me"),
-                         ("PUT", f"/applications/{fake.application_id}/commands")]
+    commands = f"/applications/{fake.application_id}/commands"
+    assert paths[:4] == [("GET", "/users/@me"), ("GET", "/oauth2/applications/@me"), ("GET", commands),
+                         ("PUT", commands)]
     assert [(c["name"], c["description"]) for c in fake.registered_commands] == [
         ("help", "Show commands"), ("new", "Start a fresh session"), ("title", "Show or set this session's title")]
     assert fake.registered_commands[0]["options"] == [
@@ -112,6 +113,33 @@ async def test_start_logs_in_registers_commands_and_reports_connected(fake, star
     assert health.platform == "discord"
     assert health.last_event_at is not None
     assert f"switchboard ({fake.bot['id']})" in health.detail
+
+
+async def test_unchanged_commands_are_not_registered_again(fake, started):
+    first, _ = await started()
+    await first.stop()
+    await started()  # the daemon restarted: same commands
+    puts = [r for r in fake.requests if r.method == "PUT"]
+    assert len(puts) == 1
+    await started(commands=COMMANDS + [("status", "Session info")])  # an upgrade added one
+    puts = [r for r in fake.requests if r.method == "PUT"]
+    assert len(puts) == 2 and [c["name"] for c in puts[1].body] == ["help", "new", "title", "status"]
+
+
+async def test_start_can_be_retried_after_a_failure(fake):
+    # The gateway retries start() with backoff; a failed attempt must leave nothing behind.
+    adapter, handler = make_adapter(fake), Recorder()
+    fake.fail_next(1, status=503, match=lambda r: r.path == "/users/@me")
+    with pytest.raises(AdapterError, match="could not log in to Discord"):
+        await adapter.start(handler)
+    assert adapter.health().state == "failed"
+    await adapter.start(handler)
+    try:
+        assert adapter.health().state == "connected"
+        await fake.dm(fake.alice, "hi")
+        assert [m.text for m in await handler.wait_for(1)] == ["hi"]
+    finally:
+        await adapter.stop()
 
 
 async def test_stop_is_idempotent_and_reports_stopped(bot):

@@ -200,6 +200,8 @@ class DiscordAdapter:
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self.gateway_url)
 
     def _build_client(self) -> discord.Client:
+        # The bot never joins voice: discord.py's "PyNaCl/davey is not installed" warnings would only mislead.
+        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
         client = discord.Client(
             intents=_intents(),
             enable_debug_events=True,  # socket_raw_receive: every frame, heartbeat ACKs included (stall watch)
@@ -217,7 +219,7 @@ class DiscordAdapter:
         async def setup_hook() -> None:
             if self.sync_commands and self.commands and not self._commands_synced:
                 try:
-                    await tree.sync()
+                    await _sync_commands(client, tree)
                     self._commands_synced = True  # once per adapter: a restart need not re-register
                 except discord.HTTPException as exc:
                     log.warning("discord: registering slash commands failed (%s); text commands still work", exc)
@@ -434,17 +436,14 @@ class DiscordAdapter:
         place = await self._place(interaction.channel) if interaction.channel is not None else None
         if place is None:
             log.warning("discord: /%s from an unknown kind of channel; ignored", name)
+            await _tell(interaction, name, "This command is not available here.")
             return
         inbound = events.from_command(interaction, place, name, args)
         self._outbound.remember_interaction(inbound.message_id or "", interaction.application_id, interaction.token)
         if place.chat_type is ChatType.DM:
             self._outbound.remember_dm(place.chat_id)
         if not await self._deliver(inbound):
-            try:
-                await interaction.followup.send("Sorry, that command could not be processed. Please try again.",
-                                                ephemeral=True)
-            except discord.HTTPException as exc:
-                log.warning("discord: could not report a failed /%s: %s", name, describe(exc))
+            await _tell(interaction, name, "Sorry, that command could not be processed. Please try again.")
 
     # ------------------------------------------------------------------ outbound
 
@@ -456,12 +455,40 @@ class DiscordAdapter:
         await self._outbound.send_typing(chat)
 
 
+def _command_signature(payloads: list[dict]) -> set[tuple]:
+    return {
+        (p["name"], p.get("description", ""),
+         tuple((o["name"], o["type"], bool(o.get("required")), o.get("description", "")) for o in p.get("options") or ()))
+        for p in payloads
+    }
+
+
+async def _sync_commands(client: discord.Client, tree: app_commands.CommandTree) -> None:
+    """Register the global slash commands, unless Discord already has exactly these (it limits re-creation)."""
+    app_id = client.application_id
+    have = await client.http.get_global_commands(app_id)
+    want = [cmd.to_dict(tree) for cmd in tree.get_commands()]
+    if _command_signature(have) == _command_signature(want):
+        log.debug("discord: slash commands already registered")
+        return
+    await tree.sync()
+    log.info("discord: registered %d slash commands", len(want))
+
+
 def _slash_command(adapter: DiscordAdapter, name: str, description: str) -> app_commands.Command:
     @app_commands.describe(args=_COMMAND_ARGS_HELP)
     async def callback(interaction: discord.Interaction, args: str | None = None) -> None:
         await adapter.on_command(interaction, name, args)
 
     return app_commands.Command(name=name, description=(description or name)[:100], callback=callback)
+
+
+async def _tell(interaction: discord.Interaction, name: str, text: str) -> None:
+    """An ephemeral follow-up (only the user sees it), best effort."""
+    try:
+        await interaction.followup.send(text, ephemeral=True)
+    except discord.HTTPException as exc:
+        log.warning("discord: could not answer /%s: %s", name, describe(exc))
 
 
 async def _close(client: discord.Client | None, task: asyncio.Task | None) -> None:

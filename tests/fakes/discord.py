@@ -501,6 +501,8 @@ class FakeDiscord:
             return _json(self._public(self.bot))
         if path == "/oauth2/applications/@me" and method == "GET":
             return _json(self._application())
+        if parts[0] == "applications" and parts[-1] == "commands" and method == "GET":
+            return _json(self.registered_commands)
         if parts[0] == "applications" and parts[-1] == "commands" and method == "PUT":
             self.registered_commands = [
                 dict(cmd, id=snowflake(), application_id=self.application_id, version=snowflake(), type=1)
