@@ -52,6 +52,8 @@ class Engine:
         self._closed = False
         self._wconn: sqlite3.Connection | None = None
         self._plock: ProcessWriteLock | None = None
+        self._checkpoint_due = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         prepare_db_file(self.path)
         self._wconn = self._connect(timeout=0.0)
         try:
@@ -62,7 +64,7 @@ class Engine:
             raise
         if process_lock:
             try:
-                self._plock = ProcessWriteLock(self.path.with_name(self.path.name + "-lock"))
+                self._plock = ProcessWriteLock(self.path)
             except OSError as exc:  # read-only directory: SQLite's lock alone still keeps writes safe
                 log.warning("no writer queue file next to %s (%s); writes still work, slower under contention", self.path, exc)
 
@@ -155,7 +157,7 @@ class Engine:
                     self._plock.release()
             self._writes += 1
             if self._writes % CHECKPOINT_EVERY == 0:
-                self._checkpoint(conn, "PASSIVE")
+                self._request_checkpoint()
             return result
 
     def _begin_immediate(self, conn: sqlite3.Connection, deadline: float, start: float) -> None:
@@ -191,6 +193,29 @@ class Engine:
                 return (1, -1, -1)
             raise
 
+    def _request_checkpoint(self) -> None:
+        """Wake the checkpointer: a checkpoint fsyncs twice, which no writer should wait for."""
+        if self._checkpointer is None:
+            self._checkpointer = threading.Thread(target=self._run_checkpoints, name=f"state-checkpoint:{self.path.name}",
+                                                  daemon=True)
+            self._checkpointer.start()
+        self._checkpoint_due.set()
+
+    def _run_checkpoints(self) -> None:
+        conn = self._connect(timeout=0.0)
+        try:
+            while True:
+                self._checkpoint_due.wait()
+                self._checkpoint_due.clear()
+                if self._closed:
+                    return
+                try:
+                    self._checkpoint(conn, "PASSIVE")
+                except sqlite3.Error as exc:  # never fatal: SQLite's own auto-checkpoint is the safety net
+                    log.warning("checkpoint of %s failed: %s", self.path, exc)
+        finally:
+            conn.close()
+
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         mode = mode.upper()
         if mode not in {"PASSIVE", "FULL", "RESTART", "TRUNCATE"}:
@@ -205,6 +230,9 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
+            if self._checkpointer is not None:
+                self._checkpoint_due.set()
+                self._checkpointer.join(timeout=self.write_timeout)
             if self._wconn is not None:
                 try:
                     self._checkpoint(self._wconn, "PASSIVE")

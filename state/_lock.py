@@ -1,16 +1,22 @@
-"""A kernel queue for this store's writers, in front of SQLite's own lock.
+"""A fair kernel queue for this store's writers, in front of SQLite's own lock.
 
 SQLite's busy handler sleeps in fixed steps (1, 2, 5, 10, 15, 20, 25 ms ...),
-so a writer that loses a race waits up to tens of milliseconds after the lock
-is already free, and every loser retries in step.  Our writers first take an
-exclusive ``flock`` on ``<db>-lock``: a waiter blocks in the kernel and is
-woken the moment the holder releases it, so the hand-off costs microseconds.
-SQLite's lock remains the real guard (a writer that does not use this file,
-such as the ``sqlite3`` shell, is still excluded); this file only orders ours.
+so a writer that loses a race waits long after the lock is free, and the
+process that just committed usually wins again.  Our writers instead queue
+on two ``flock`` files next to the database:
 
-A blocking ``flock`` has no timeout, so the wait runs on a helper thread and
-the caller waits on an event with its deadline; a request given up is
-released by the helper as soon as the kernel grants it.
+* ``<db>-lock`` is held for the whole write transaction;
+* ``<db>-queue`` is a turnstile: a writer takes it, then waits for the lock,
+  then lets the turnstile go.  So at most one writer waits on the lock, and
+  it gets the lock the moment the holder releases it; the holder cannot
+  barge back in, because to write again it must first pass the turnstile,
+  which the waiter still holds.  The hand-off costs microseconds.
+
+SQLite's lock remains the real guard (a writer that does not use these
+files, such as the ``sqlite3`` shell, is still excluded); the files only
+order ours.  A blocking ``flock`` has no timeout, so the wait runs on a
+helper thread and the caller waits on an event with its deadline; a request
+given up is released by the helper as soon as the kernel grants it.
 """
 
 from __future__ import annotations
@@ -36,12 +42,25 @@ class _Request:
         self.cancelled = False
 
 
-class ProcessWriteLock:
-    """Exclusive lock shared by every process writing one database."""
+def _try(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+class ProcessWriteLock:
+    """Exclusive, first-come-mostly-first-served lock shared by every process writing one database."""
+
+    def __init__(self, db_path: Path):
+        self.path = db_path.with_name(db_path.name + "-lock")
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self._gate = os.open(db_path.with_name(db_path.name + "-queue"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            os.close(self._fd)
+            raise
         self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._pending = 0  # requests handed to the helper and not finished by it
         self._state = threading.Lock()
@@ -51,20 +70,20 @@ class ProcessWriteLock:
         """Take the lock before ``deadline`` (a ``time.monotonic()`` value)."""
         with self._state:
             idle = self._pending == 0
-        if idle:
-            # never try the fast path while the helper waits on this same file
-            # description: the kernel would grant both and the helper's cleanup
-            # would release ours
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # never try the fast path while our helper waits on these same file
+        # descriptions: the kernel would grant both, and the helper's cleanup
+        # of a cancelled request would release ours
+        if idle and _try(self._gate):
+            got = _try(self._fd)
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+            if got:
                 return True
-            except BlockingIOError:
-                pass
         request = _Request()
         with self._state:
             self._pending += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=f"state-writelock:{self.path.name}", daemon=True)
+                self._thread = threading.Thread(target=self._serve, name=f"state-writelock:{self.path.name}",
+                                                daemon=True)
                 self._thread.start()
         self._requests.put(request)
         if request.done.wait(max(0.0, deadline - time.monotonic())):
@@ -80,10 +99,11 @@ class ProcessWriteLock:
 
     def close(self) -> None:
         self._requests.put(None)
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
+        for fd in (self._fd, self._gate):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _serve(self) -> None:
         while True:
@@ -93,18 +113,23 @@ class ProcessWriteLock:
             try:
                 with request.mutex:
                     skip = request.cancelled
-                if not skip:
+                if skip:
+                    continue
+                try:
+                    fcntl.flock(self._gate, fcntl.LOCK_EX)
                     try:
                         fcntl.flock(self._fd, fcntl.LOCK_EX)
-                    except OSError:  # closed underneath us
-                        log.debug("write lock file closed while waiting")
-                        return
-                    with request.mutex:
-                        if request.cancelled:
-                            fcntl.flock(self._fd, fcntl.LOCK_UN)
-                        else:
-                            request.acquired = True
-                            request.done.set()
+                    finally:
+                        fcntl.flock(self._gate, fcntl.LOCK_UN)
+                except OSError:  # the files were closed underneath us
+                    log.debug("write lock files closed while waiting")
+                    return
+                with request.mutex:
+                    if request.cancelled:
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    else:
+                        request.acquired = True
+                        request.done.set()
             finally:
                 with self._state:
                     self._pending -= 1

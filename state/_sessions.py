@@ -220,7 +220,9 @@ def list_sessions_rich(
         where.append("session_key = ?")
         params.append(session_key)
     if not include_children:
-        where.append("parent_session_id IS NULL")
+        # '+' keeps the planner off idx_sessions_parent (a NULL lookup then a sort of every
+        # root session): walking idx_sessions_recent in order and skipping children is cheaper
+        where.append("+parent_session_id IS NULL")
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = conn.execute(
         f"SELECT * FROM sessions {clause} ORDER BY started_at DESC, id DESC LIMIT ? OFFSET ?",

@@ -215,6 +215,13 @@ def _v12_pairing(conn):
     _pairing.create_tables(conn)
 
 
+def _v13_listing_indexes(conn):
+    """Indexes in exactly the listing's order, so the newest 20 are read without a sort."""
+    conn.execute("DROP INDEX IF EXISTS idx_sessions_source_started")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_recent ON sessions(started_at DESC, id DESC)")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_recent ON sessions(source, started_at DESC, id DESC)")
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -228,6 +235,7 @@ for _step in [
     Migration(10, "listing columns", _v10_listing),
     Migration(11, "search indexes", _v11_fts),
     Migration(12, "pairing requests and approved users", _v12_pairing),
+    Migration(13, "listing indexes", _v13_listing_indexes),
 ]:
     register(_step)
 

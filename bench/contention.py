@@ -1,0 +1,213 @@
+"""Write contention: 1, 4 and 8 writer processes appending messages, the seed's design beside ours.
+
+    .venv/bin/python bench/contention.py                  # 1, 4, 8 writers, 3 s each
+    .venv/bin/python bench/contention.py --seconds 1 --writers 8
+
+Each writer process appends single messages (one transaction each) to its own
+session as fast as it can for ``--seconds``, timing every append.  Prints the
+aggregate messages/s, p50/p99/max write latency, errors surfaced to the caller
+(a failed append is a lost message) and rows lost (appends reported as stored
+but missing from the database afterwards).
+
+* ``seed``: seed 001's contention handling: a 1 s SQLite busy timeout, then up
+  to 15 application retries sleeping 20-150 ms at random, ``BEGIN IMMEDIATE``,
+  a PASSIVE checkpoint every 50 writes; over the seed's tables with both FTS5
+  tables (unicode61 and trigram over every message), ``synchronous=NORMAL``.
+* ``ours``: ``state.SessionDB.append_message`` (writers queue on a kernel
+  lock in front of SQLite's, patience 10 s measured in time; the search
+  design of ``state.fts``).
+
+Databases live in a temporary directory that is removed afterwards; nothing
+touches ``~/.switchboard``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._corpus import Corpus  # noqa: E402
+from bench._stores import SEED_SCHEMA  # noqa: E402
+from state import SessionDB  # noqa: E402
+
+
+class SeedStore:
+    """The seed's write path, reproduced from seed 001 for comparison."""
+
+    RETRIES, MIN_S, MAX_S, CHECKPOINT_EVERY = 15, 0.020, 0.150, 50
+
+    def __init__(self, path: Path):
+        self.conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.writes = 0
+
+    @staticmethod
+    def create(path: Path) -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        for stmt in SEED_SCHEMA:
+            conn.execute(stmt)
+        conn.close()
+
+    def create_session(self, session_id: str, source: str) -> None:
+        self._write(lambda c: c.execute("INSERT INTO sessions (id, source, started_at) VALUES (?, ?, ?)",
+                                        (session_id, source, time.time())))
+
+    def append_message(self, session_id: str, role: str, content: str) -> int:
+        def op(c):
+            cur = c.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)",
+                            (session_id, role, content, time.time()))
+            c.execute("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?", (session_id,))
+            return cur.lastrowid
+        return self._write(op)
+
+    def _write(self, op):
+        for attempt in range(self.RETRIES):
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = op(self.conn)
+                    self.conn.execute("COMMIT")
+                except BaseException:
+                    self.conn.execute("ROLLBACK")
+                    raise
+                self.writes += 1
+                if self.writes % self.CHECKPOINT_EVERY == 0:
+                    try:
+                        self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    except sqlite3.OperationalError:
+                        pass
+                return result
+            except sqlite3.OperationalError as exc:
+                if ("locked" in str(exc) or "busy" in str(exc)) and attempt < self.RETRIES - 1:
+                    time.sleep(random.uniform(self.MIN_S, self.MAX_S))
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def count(self, session_id: str) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)).fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class OurStore:
+    def __init__(self, path: Path):
+        self.db = SessionDB(path)
+
+    @staticmethod
+    def create(path: Path) -> None:
+        SessionDB(path).close()
+
+    def create_session(self, session_id: str, source: str) -> None:
+        self.db.create_session(session_id, source)
+
+    def append_message(self, session_id: str, role: str, content: str) -> int:
+        return self.db.append_message(session_id, role, content)
+
+    def count(self, session_id: str) -> int:
+        return self.db.message_count(session_id)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+STORES = {"seed": SeedStore, "ours": OurStore}
+
+
+def _texts(worker: int, n: int = 2000) -> list[tuple[str, str]]:
+    corpus = Corpus(seed=100 + worker)
+    return [(row[1], row[2] or "(tool call)") for row in corpus.messages(n)]
+
+
+def _writer(design: str, path: str, worker: int, seconds: float, barrier, results) -> None:
+    store = STORES[design](Path(path))
+    session_id = f"w{worker}"
+    texts = _texts(worker)
+    latencies: list[float] = []
+    errors = 0
+    stored = 0
+    barrier.wait()
+    end = time.perf_counter() + seconds
+    i = 0
+    while True:
+        start = time.perf_counter()
+        if start >= end:
+            break
+        role, content = texts[i % len(texts)]
+        i += 1
+        try:
+            store.append_message(session_id, role, content)
+            stored += 1
+        except Exception:  # noqa: BLE001 - any failure surfaced to the caller counts
+            errors += 1
+        latencies.append(time.perf_counter() - start)
+    store.close()
+    results.put((worker, stored, errors, latencies))
+
+
+def run(design: str, writers: int, seconds: float, workdir: Path) -> dict:
+    path = workdir / f"{design}-{writers}.db"
+    STORES[design].create(path)
+    setup = STORES[design](path)
+    for w in range(writers):
+        setup.create_session(f"w{w}", "bench")
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(writers + 1)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(design, str(path), w, seconds, barrier, results)) for w in range(writers)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    outcomes = [results.get() for _ in procs]
+    elapsed = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    stored = sum(o[1] for o in outcomes)
+    errors = sum(o[2] for o in outcomes)
+    lost = sum(max(0, o[1] - setup.count(f"w{o[0]}")) for o in outcomes)
+    setup.close()
+    lat = sorted(x for o in outcomes for x in o[3])
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
+    return {
+        "design": design, "writers": writers, "rate": stored / elapsed, "p50": q[49] * 1000, "p99": q[98] * 1000,
+        "max": lat[-1] * 1000, "errors": errors, "lost": lost, "stored": stored,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--writers", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--designs", nargs="+", default=["seed", "ours"], choices=list(STORES))
+    args = parser.parse_args()
+    print(f"SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {mp.cpu_count()} CPUs, "
+          f"{args.seconds:g} s per run, one message per transaction")
+    print(f"{'design':<6} {'writers':>7} {'msg/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6} {'lost':>5} "
+          f"{'vs 1 writer':>11}")
+    single: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
+        for writers in args.writers:
+            for design in args.designs:
+                r = run(design, writers, args.seconds, Path(tmp))
+                if writers == 1:
+                    single[design] = r["rate"]
+                share = f"{r['rate'] / single[design] * 100:.0f} %" if design in single else "-"
+                print(f"{design:<6} {writers:>7} {r['rate']:>8.0f} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} "
+                      f"{r['errors']:>6} {r['lost']:>5} {share:>11}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
