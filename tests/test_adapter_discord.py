@@ -203,6 +203,14 @@ async def test_channel_message_needs_a_mention_which_is_stripped(fake, bot):
         text="what time is it?", message_id=sent["id"], user_name="Bob", received_at=0.0)
 
 
+async def test_other_mentions_read_as_names(fake, bot):
+    _, handler = bot
+    text = f"{fake.mention(fake.bot)} ask <@{fake.alice['id']}> about <#{fake.general['id']}> and <@999>"
+    await fake.channel_message(fake.general, fake.bob, text, mentions=(fake.bot, fake.alice))
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "ask @Alice about #general and <@999>"
+
+
 async def test_nickname_mention_is_stripped_too(fake, bot):
     _, handler = bot
     await fake.channel_message(fake.general, fake.bob, f"<@!{fake.bot['id']}> hi", mentions=(fake.bot,))

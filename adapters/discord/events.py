@@ -15,6 +15,9 @@ gateway knows, a channel (or a thread's parent) listed in
 ``free_response_channels``, or ``require_mention=False``.  Guild messages that
 are not addressed are dropped here, so is everything written by a bot
 (this one included) and system messages (pins, joins, thread created...).
+
+The text is what the user saw: the bot's own mention removed, other users'
+``<@id>`` shown as ``@Name`` and ``<#id>`` as ``#channel`` where known.
 """
 
 from __future__ import annotations
@@ -75,6 +78,21 @@ def strip_mentions(text: str, user_id: int, role_ids: tuple[int, ...] = ()) -> s
     return "\n".join(line.strip() for line in text.split("\n")).strip()
 
 
+def readable_mentions(message: discord.Message, text: str) -> str:
+    """Other users' ``<@id>`` as ``@Name`` and ``<#id>`` as ``#channel`` where known (what the user saw)."""
+    names = {user.id: user.display_name for user in message.mentions}
+
+    def user(m: re.Match) -> str:
+        name = names.get(int(m.group(1)))
+        return f"@{name}" if name else m.group(0)
+
+    def channel(m: re.Match) -> str:
+        found = message.guild.get_channel_or_thread(int(m.group(1))) if message.guild else None
+        return f"#{found.name}" if found is not None else m.group(0)
+
+    return re.sub(r"<#(\d+)>", channel, re.sub(r"<@!?(\d+)>", user, text))
+
+
 def _mentions_bot(message: discord.Message, bot_id: int, role_ids: tuple[int, ...]) -> bool:
     # message.mentions, not mentioned_in(): @everyone must not count as addressing the bot.
     if any(user.id == bot_id for user in message.mentions):
@@ -130,7 +148,7 @@ def from_message(
         log.debug("discord message %s ignored: %s", message.id, reason)
         return None
     roles = bot_role_ids(message)
-    text = strip_mentions(message.content, addressing.bot_id, roles)
+    text = readable_mentions(message, strip_mentions(message.content, addressing.bot_id, roles))
     addressed = (
         place.chat_type is ChatType.DM
         or not addressing.require_mention
