@@ -383,6 +383,25 @@ async def test_stalled_connection_is_restarted(fake, started):
     assert msg.text == "are you back?"
 
 
+async def test_a_failed_reconnect_is_retried_with_backoff(fake, started):
+    adapter, handler = await started(stall_timeout_seconds=0.5)
+    fake.fail_next(1, status=503, match=lambda r: r.path == "/users/@me")  # Discord is briefly down
+    fake.stall_connections()
+    await fake.wait_for_op(2, n=2)  # the second reconnect attempt got through
+    await eventually(lambda: adapter.health().state == "connected", what="connected again")
+    assert len([r for r in fake.requests if r.path == "/users/@me"]) == 3  # start, failed retry, good retry
+    await fake.dm(fake.alice, "hello again")
+    assert [m.text for m in await handler.wait_for(1)] == ["hello again"]
+
+
+async def test_empty_guild_messages_warn_about_the_intent(fake, bot, caplog):
+    _, handler = bot
+    await fake.channel_message(fake.general, fake.bob, "")  # what Discord sends without the intent
+    await fake.dm(fake.alice, "marker")
+    await handler.wait_for(1)
+    assert "Privileged Gateway Intents -> Message Content Intent" in caplog.text
+
+
 # -- logs ---------------------------------------------------------------------------------
 
 

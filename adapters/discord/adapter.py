@@ -316,7 +316,9 @@ class DiscordAdapter:
                     self._health.last_error = str(exc)
                     log.error("discord: %s", exc)
                     return
-                except AdapterError as exc:
+                except Exception as exc:  # noqa: BLE001 - anything else is worth another try
+                    if not isinstance(exc, AdapterError):
+                        log.exception("discord: unexpected error while reconnecting")
                     wait = self._reconnect_backoff.delay(attempt, random)
                     attempt += 1
                     self._health.last_error = str(exc)
@@ -403,7 +405,8 @@ class DiscordAdapter:
 
     def _warn_if_content_missing(self, message: discord.Message, place: events.Where) -> None:
         if (place.chat_type is ChatType.DM or message.content or message.attachments or message.embeds
-                or message.stickers or self._warned_empty_content):
+                or message.stickers or message.poll or getattr(message, "message_snapshots", None)
+                or self._warned_empty_content):
             return
         self._warned_empty_content = True
         log.warning("discord: a guild message arrived with empty content. %s", MESSAGE_CONTENT_HELP)
