@@ -1,0 +1,145 @@
+"""Gateway throughput and overhead through the local API.
+
+The gateway runs as `switchboard run` in its own process, the fake model
+server in another, the load generator in this one (all on 127.0.0.1).
+
+  (a) 100 sessions x 10 messages, model answers after 500 ms: total time beside the ideal
+      (10 x 500 ms: a session's turns are sequential), and the gateway's own time per turn
+      (client latency minus the model's 500 ms), p50/p99.
+  (b) the same with a model that answers at once: turns per second at saturation.
+  (c) the gateway process's peak RSS (VmHWM).
+
+    .venv/bin/python bench/gateway.py [--sessions 100] [--messages 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
+
+
+async def start_model(delay: float) -> tuple[asyncio.subprocess.Process, int]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.fakes.model_server", "--delay", str(delay),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )
+    line = (await proc.stdout.readline()).decode()
+    return proc, int(line.split()[1])
+
+
+async def start_gateway(home: Path, model_port: int) -> tuple[asyncio.subprocess.Process, int]:
+    home.parent.mkdir(parents=True, exist_ok=True)
+    config = home.parent / "bench-config.yaml"
+    config.write_text(yaml.safe_dump({
+        "home": str(home),
+        "model": {"base_url": f"http://127.0.0.1:{model_port}/v1", "name": "fake", "api_key": "x",
+                  "max_concurrent_calls": 256},
+        "api": {"port": 0},
+        "logging": {"level": "WARNING", "format": "json"},
+    }))
+    sock_path = home.parent / "notify.sock"
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    env = {**os.environ, "NOTIFY_SOCKET": str(sock_path)}
+    proc = await asyncio.create_subprocess_exec(SWITCHBOARD, "run", "--config", str(config), env=env,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    while True:
+        data = (await asyncio.wait_for(loop.sock_recv(sock, 4096), 60)).decode()
+        m = re.search(r"API on 127\.0\.0\.1:(\d+)", data)
+        if m:
+            sock.close()
+            return proc, int(m.group(1))
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run_load(port: int, sessions: int, messages: int, tag: str) -> tuple[float, list[float]]:
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    latencies: list[float] = []
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as http:
+        async def conversation(i: int) -> None:
+            for n in range(messages):
+                started = time.perf_counter()
+                async with http.post(url, json={"messages": [{"role": "user", "content": f"{tag} {i} msg {n}"}]},
+                                     headers={"X-Session-Key": f"{tag}-{i}"}) as r:
+                    body = await r.json()
+                    assert r.status == 200, body
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(conversation(i) for i in range(sessions)))
+        return time.perf_counter() - started, latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--messages", type=int, default=10)
+    parser.add_argument("--delay", type=float, default=0.5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        slow_model, slow_port = await start_model(args.delay)
+        fast_model, fast_port = await start_model(0.0)
+        try:
+            gw, port = await start_gateway(Path(tmp) / "slow" / "home", slow_port)
+            try:
+                await run_load(port, 5, 1, "warmup")
+                total, lat = await run_load(port, args.sessions, args.messages, "a")
+                ideal = args.messages * args.delay
+                overhead = [(x - args.delay) * 1000 for x in lat]
+                print(f"(a) {args.sessions} sessions x {args.messages} messages, model {args.delay * 1000:.0f} ms:")
+                print(f"    total {total:.2f} s, ideal {ideal:.2f} s, ratio {total / ideal:.3f} (target <= 1.2)")
+                print(f"    gateway overhead per turn: p50 {statistics.median(overhead):.1f} ms, "
+                      f"p99 {pct(overhead, 0.99):.1f} ms (target p99 <= 15 ms)")
+                rss_a = peak_rss_mb(gw.pid)
+            finally:
+                gw.terminate()
+                await gw.wait()
+            gw, port = await start_gateway(Path(tmp) / "fast" / "home", fast_port)
+            try:
+                await run_load(port, 5, 1, "warmup")
+                total, lat = await run_load(port, args.sessions, args.messages, "b")
+                turns = args.sessions * args.messages
+                print(f"(b) model answers at once: {turns} turns in {total:.2f} s = {turns / total:.0f} turns/s; "
+                      f"latency p50 {statistics.median(lat) * 1000:.1f} ms, p99 {pct(lat, 0.99) * 1000:.1f} ms")
+                rss_b = peak_rss_mb(gw.pid)
+            finally:
+                gw.terminate()
+                await gw.wait()
+            print(f"(c) gateway peak RSS: {max(rss_a, rss_b):.0f} MB (target <= 250 MB)")
+        finally:
+            for proc in (slow_model, fast_model):
+                proc.terminate()
+                await proc.wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
