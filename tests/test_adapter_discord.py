@@ -361,6 +361,15 @@ async def test_events_sent_while_disconnected_are_replayed_on_resume(fake, bot):
     assert msg.text == "written during the outage"
 
 
+async def test_reconnect_opcode_makes_the_client_resume(fake, bot):
+    _, handler = bot
+    await fake.send_op(7)
+    await fake.wait_for_op(6)
+    await fake.dm(fake.alice, "after op 7")
+    [msg] = await handler.wait_for(1)
+    assert msg.text == "after op 7"
+
+
 async def test_invalid_session_makes_the_client_identify_again(fake, bot):
     _, handler = bot
     await fake.send_op(9, False)
