@@ -54,24 +54,26 @@ the best-matching lines among them on top.  Equal scores go newest first.
 
 from __future__ import annotations
 
+import json
 import logging
-import math
-import re
 import sqlite3
 import threading
-import unicodedata
-from dataclasses import dataclass
 from typing import Iterable
+
+from ._fts_query import CJK_GLOB, MAX_TERMS, Term, is_cjk, parse, positive_terms, quote, sanitize_query
+from ._fts_rank import DF_SAMPLE, Scorer, substring_snippet
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "INDEX_VERSION",
+    "INDEX_BATCH",
     "RANK_WINDOW",
     "install",
     "rebuild",
     "flush",
     "optimize",
+    "installed_version",
     "search_messages",
     "sanitize_query",
     "is_cjk",
@@ -83,35 +85,10 @@ INDEX_VERSION = 2
 #: Appended messages are indexed together, once every INDEX_BATCH ids (see module docstring).
 INDEX_BATCH = 32
 
-#: How many of the most recent matches are ranked by BM25 (see module docstring).
-RANK_WINDOW = 2000
-
-#: Longest query we look at, and the most terms we keep from it.
-MAX_QUERY_CHARS = 10_000
-MAX_TERMS = 32
+#: How many of the most recent matches are ranked (see module docstring).
+RANK_WINDOW = 500
 
 CONTEXT_CHARS = 200
-SNIPPET_TOKENS = 24
-_LIKE_SNIPPET_CHARS = 60
-
-# Hiragana, katakana, CJK extension A, unified ideographs, Hangul syllables,
-# compatibility ideographs, and the supplementary ideograph planes.
-_CJK_RANGES = [
-    ("\u3040", "\u30ff"),
-    ("\u3400", "\u4dbf"),
-    ("\u4e00", "\u9fff"),
-    ("\uac00", "\ud7af"),
-    ("\uf900", "\ufaff"),
-    ("\U00020000", "\U0002fa1f"),
-]
-_CJK_RE = re.compile("[" + "".join(f"{lo}-{hi}" for lo, hi in _CJK_RANGES) + "]")
-# SQLite's GLOB compares code points inside [...], so the same ranges work in SQL.
-_CJK_GLOB = "*[" + "".join(f"{lo}-{hi}" for lo, hi in _CJK_RANGES) + "]*"
-
-
-def is_cjk(text: str) -> bool:
-    """Whether ``text`` contains a CJK character (the trigram index's criterion)."""
-    return bool(_CJK_RE.search(text or ""))
 
 
 # --- schema ----------------------------------------------------------------
@@ -159,7 +136,7 @@ def _has_text(p: str) -> str:
 def _is_cjk_sql(p: str) -> str:
     return (
         f"((ifnull({p}content, '') || ' ' || ifnull({p}tool_name, '') || ' ' || "
-        f"ifnull({_tool_text(p + 'tool_calls')}, '')) GLOB '{_CJK_GLOB}')"
+        f"ifnull({_tool_text(p + 'tool_calls')}, '')) GLOB '{CJK_GLOB}')"
     )
 
 
@@ -217,7 +194,7 @@ def _ddl() -> list[str]:
         fts,
         tri,
         state,
-        # document frequencies, to score the pending tail like the index would (see _tail_scores)
+        # document frequencies for BM25 (see state._fts_rank)
         "CREATE VIRTUAL TABLE messages_vocab USING fts5vocab(messages_fts, 'row')",
         "CREATE VIRTUAL TABLE messages_trigram_vocab USING fts5vocab(messages_fts_trigram, 'row')",
         # a row at or below the mark (an explicit, older id) is indexed at once; the others wait for the flush
@@ -304,103 +281,6 @@ def _indexed_upto(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-# --- query parsing -----------------------------------------------------------
-
-_OPERATORS = {"AND", "OR", "NOT"}
-# Characters FTS5 gives a meaning to outside quotes; outside a phrase we treat them as spaces.
-_SPECIAL = re.compile(r"[(){}\[\]^+,:;]")
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
-
-
-@dataclass(frozen=True)
-class _Term:
-    text: str
-    prefix: bool = False
-
-
-def _has_token_chars(text: str) -> bool:
-    # unicode61 keeps letters, numbers and private-use characters; everything else separates tokens
-    return any(ch.isalnum() or unicodedata.category(ch) == "Co" for ch in text)
-
-
-def _parse(text: str) -> list[_Term | str]:
-    """Split a user query into terms and the operators between them.
-
-    The result alternates term, operator, term...: quotes balanced (a stray
-    quote is ignored), operators only between two terms (of several in a row
-    the last wins), no term without a searchable character, at most
-    ``MAX_TERMS`` terms.
-    """
-    if not isinstance(text, str):
-        text = "" if text is None else str(text)
-    text = _UNSAFE.sub(" ", text[:MAX_QUERY_CHARS])
-    raw: list[_Term | str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch.isspace():
-            i += 1
-            continue
-        if ch == '"':
-            end = text.find('"', i + 1)
-            if end == -1:  # unbalanced quote: drop it
-                i += 1
-                continue
-            prefix = end + 1 < n and text[end + 1] == "*"
-            raw.append(_Term(text[i + 1 : end], prefix))
-            i = end + (2 if prefix else 1)
-            continue
-        j = i
-        while j < n and not text[j].isspace() and text[j] != '"':
-            j += 1
-        word = text[i:j]
-        i = j
-        if word in _OPERATORS:
-            raw.append(word)
-            continue
-        if word.startswith("NEAR("):  # the NEAR group itself; its terms stay
-            word = word[5:]
-        for piece in _SPECIAL.sub(" ", word).split():
-            prefix = piece.endswith("*")
-            raw.append(_Term(piece.replace("*", " ").strip(), prefix))
-
-    items: list[_Term | str] = []
-    pending: str | None = None
-    terms = 0
-    for item in raw:
-        if isinstance(item, str):
-            if items:
-                pending = item
-            continue
-        if not _has_token_chars(item.text):
-            continue
-        if terms == MAX_TERMS:
-            break
-        if pending is not None:
-            items.append(pending)
-            pending = None
-        items.append(item)
-        terms += 1
-    return items
-
-
-def _quote(term: _Term) -> str:
-    return '"' + term.text.replace('"', '""') + '"' + ("*" if term.prefix else "")
-
-
-def sanitize_query(text: str) -> str:
-    """Turn any user string into a valid FTS5 query for the unicode61 index.
-
-    Every term becomes a quoted phrase (so ``chat-send``, ``v1.2.3``,
-    ``C++``, ``a:b`` or ``NEAR`` are plain words, never syntax); ``word*``
-    stays a prefix query; balanced ``"phrases"`` are kept; unbalanced quotes,
-    parentheses, ``^``, ``+``, ``:`` and the like are dropped; ``AND``,
-    ``OR`` and ``NOT`` (upper case, as FTS5 wants) are kept only between two
-    terms.  Returns ``""`` when nothing searchable is left.
-    """
-    return " ".join(item if isinstance(item, str) else _quote(item) for item in _parse(text))
-
-
 # --- searching ---------------------------------------------------------------
 
 
@@ -464,16 +344,16 @@ def search_messages(
         limit = 20
     if limit <= 0:
         return []
-    items = _parse(query)
+    items = parse(query)
     if not items:
         return []
     where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
     try:
-        if any(isinstance(t, _Term) and is_cjk(t.text) for t in items):
+        if any(isinstance(t, Term) and is_cjk(t.text) for t in items):
             hits = _search_cjk(conn, items, where, args, need_s, limit)
         else:
-            phrases = [t for t in items if isinstance(t, _Term)]
-            hits = _search_fts(conn, False, sanitize_query(query), phrases, "", [], where, args, need_s, limit)
+            match = " ".join(item if isinstance(item, str) else quote(item) for item in items)
+            hits = _search_fts(conn, False, match, positive_terms(items), "", [], where, args, need_s, limit)
     except sqlite3.OperationalError as exc:
         # Only a query the sanitiser let through by mistake gets here; say so and find nothing.
         if "fts5" not in str(exc):
@@ -491,45 +371,53 @@ _DETAIL = (
 _TABLES = {False: ("messages_fts", "tail_fts"), True: ("messages_fts_trigram", "tail_trigram")}
 
 
-def _search_fts(conn, trigram, match, phrases, like_sql, like_args, where, args, need_s, limit) -> list[dict]:
-    """Rank the newest ``RANK_WINDOW`` matches of the index and of the pending tail by BM25."""
+def _search_fts(conn, trigram, match, terms, like_sql, like_args, where, args, need_s, limit) -> list[dict]:
+    """Rank the newest ``RANK_WINDOW`` matches (index and pending tail) by BM25."""
     table, tail_table = _TABLES[trigram]
-    join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
+    join = " JOIN messages m ON m.id = f.rowid" if where else ""
+    join += " JOIN sessions s ON s.id = m.session_id" if need_s else ""
     window = max(RANK_WINDOW, limit)
-    tail = _load_tail(conn, _indexed_upto(conn), where, args, join_s)
-    cands: list[tuple[float, int, bool]] = []  # (bm25, id, from the tail)
+    upto = _indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
+    texts: dict[int, tuple] = {}
+    tail = _load_tail(conn, upto, where, args, need_s)
     if tail is not None:
-        rows = tail.execute(
-            f"SELECT s.id, s.content, s.tool_name, s.tool_calls FROM {tail_table} f JOIN tail_src s ON s.id = f.rowid"
-            f" WHERE f.{tail_table} MATCH ?{_like_exists(like_sql, 'tail_src')} ORDER BY f.rowid DESC LIMIT ?",
-            [match, *like_args, window],
-        ).fetchall()
-        scores = _tail_scores(conn, trigram, phrases, rows)
-        cands += [(scores[row[0]], row[0], True) for row in rows]
-    seen = {c[1] for c in cands}
-    rows = conn.execute(
-        f"SELECT f.rowid, bm25(f.{table}) FROM {table} f JOIN messages m ON m.id = f.rowid{join_s}"
-        f" WHERE f.{table} MATCH ?{_like_exists(like_sql, 'messages_search_src')}{where}"
-        f" ORDER BY f.rowid DESC LIMIT ?",
+        mem, rows = tail
+        found = {r[0] for r in mem.execute(
+            f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?"
+            f"{_like_exists(like_sql, 'tail_src')}",
+            [match, *like_args],
+        )}
+        texts.update((r[0], r[1:]) for r in rows if r[0] in found)
+    ids = [r[0] for r in conn.execute(
+        f"SELECT f.rowid FROM {table} f{join} WHERE f.{table} MATCH ?{_like_exists(like_sql, 'messages_search_src')}"
+        f"{where} ORDER BY f.rowid DESC LIMIT ?",
         [match, *like_args, *args, window],
-    ).fetchall()
-    cands += [(score, msg_id, False) for msg_id, score in rows if msg_id not in seen]
-    cands.sort(key=lambda c: -c[1])
-    best = sorted(cands[:window], key=lambda c: (c[0], -c[1]))[:limit]
+    )]
+    known = {}
+    if len(terms) == 1 and not (where or like_sql) and window == DF_SAMPLE:
+        known[terms[0]] = (len(ids), ids[-1] if ids else 0)  # the candidates are that phrase's newest matches
+    missing = [i for i in ids if i not in texts]
+    if missing:
+        texts.update((r[0], r[1:]) for r in conn.execute(
+            "SELECT id, content, tool_name, tool_calls FROM messages_search_src"
+            " WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(missing),),
+        ))
+    newest = sorted(texts, reverse=True)[:window]
+    scorer = Scorer(conn, trigram, terms, upto, known)
+    sizes = scorer.lengths(conn, [i for i in newest if i <= upto])
+    ranked = [-neg for _score, neg in sorted((scorer.score(texts[i], sizes.get(i)), -i) for i in newest)[:limit]]
+    details = {r[0]: r for r in conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
+        " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each(?))",
+        (json.dumps(ranked),),
+    )}
     hits = []
-    for _score, msg_id, from_tail in best:
-        row = conn.execute(_DETAIL, (msg_id,)).fetchone()
-        if row is None:
-            continue
-        where_db, t = (tail, tail_table) if from_tail else (conn, table)
-        snip = where_db.execute(
-            f"SELECT snippet(f.{t}, -1, '>>>', '<<<', '...', {SNIPPET_TOKENS}) FROM {t} f"
-            f" WHERE f.{t} MATCH ? AND f.rowid = ?",
-            (match, msg_id),
-        ).fetchone()
-        hit = _row_dict(row)
-        hit["snippet"] = snip[0] if snip and snip[0] else ""
-        hits.append(hit)
+    for msg_id in ranked:
+        if msg_id in details:
+            hit = _row_dict(details[msg_id])
+            hit["snippet"] = scorer.snippet(texts[msg_id])
+            hits.append(hit)
     return hits
 
 
@@ -552,8 +440,9 @@ def _memory() -> sqlite3.Connection:
     return mem
 
 
-def _load_tail(conn, upto: int, where: str, args: list, join_s: str) -> sqlite3.Connection | None:
-    """Index the messages above the mark (at most about INDEX_BATCH) in memory; None if there are none."""
+def _load_tail(conn, upto: int, where: str, args: list, need_s: bool):
+    """Index the messages above the mark (about INDEX_BATCH at most) in memory: (connection, rows) or None."""
+    join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
     rows = conn.execute(
         "SELECT v.id, v.content, v.tool_name, v.tool_calls FROM messages_search_src v"
         f" JOIN messages m ON m.id = v.id{join_s} WHERE v.id > ?{where}",
@@ -572,130 +461,11 @@ def _load_tail(conn, upto: int, where: str, args: list, join_s: str) -> sqlite3.
         [r for r in rows if is_cjk(" ".join(t for t in r[1:] if t))],
     )
     mem.execute("COMMIT")
-    return mem
-
-
-# FTS5's bm25() defaults
-_K1, _B = 1.2, 0.75
-
-
-def _tail_scores(conn, trigram: bool, phrases: list[_Term], rows) -> dict[int, float]:
-    """BM25 for pending messages, as the index will score them once they are flushed.
-
-    FTS5 can only score a row against the statistics of the table it is in,
-    and the in-memory tail table holds a few dozen rows; so the score is
-    computed here with the index's own statistics: its row count and average
-    length (its averages record) and each phrase's document frequency (from
-    the fts5vocab table; for a phrase of several tokens the rarest token's,
-    an upper bound).  Token counts use unicode61's rules (letters and digits,
-    case and diacritics folded) or, for the trigram index, substring counts.
-    """
-    table, vocab = ("messages_fts_trigram", "messages_trigram_vocab") if trigram else ("messages_fts", "messages_vocab")
-    n_rows, n_tokens = _index_totals(conn, table)
-    avgdl = n_tokens / n_rows if n_rows and n_tokens else 1.0
-    split = _trigrams if trigram else _tokens
-    idf = []
-    pats = []
-    for phrase in phrases:
-        toks = [phrase.text.lower()] if trigram else _tokens(phrase.text)
-        pats.append(toks)
-        df = _doc_freq(conn, vocab, toks, phrase.prefix, trigram)
-        value = math.log((n_rows - df + 0.5) / (df + 0.5)) if n_rows else 0.0
-        idf.append(value if value > 0 else 1e-6)
-    scores = {}
-    for msg_id, *cols in rows:
-        cols = [c for c in cols if c]
-        length = sum(len(split(c)) for c in cols)
-        score = 0.0
-        for phrase, toks, weight in zip(phrases, pats, idf):
-            if trigram:
-                freq = sum(_count_substring(c.lower(), toks[0]) for c in cols)
-            else:
-                freq = sum(_count_phrase(_tokens(c), toks, phrase.prefix) for c in cols)
-            if freq:
-                score += weight * (freq * (_K1 + 1)) / (freq + _K1 * (1 - _B + _B * length / avgdl))
-        scores[msg_id] = -score
-    return scores
-
-
-def _tokens(text: str) -> list[str]:
-    folded = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
-    return _WORD.findall(folded.lower())
-
-
-_WORD = re.compile(r"[^\W_]+")
-
-
-def _trigrams(text: str) -> range:
-    return range(max(0, len(text) - 2))
-
-
-def _count_substring(text: str, sub: str) -> int:
-    count, at = 0, text.find(sub)
-    while at != -1:
-        count += 1
-        at = text.find(sub, at + 1)
-    return count
-
-
-def _count_phrase(toks: list[str], phrase: list[str], prefix: bool) -> int:
-    if not phrase:
-        return 0
-    k = len(phrase)
-    count = 0
-    for i in range(len(toks) - k + 1):
-        if toks[i : i + k - 1] == phrase[:-1] and (
-            toks[i + k - 1].startswith(phrase[-1]) if prefix else toks[i + k - 1] == phrase[-1]
-        ):
-            count += 1
-    return count
-
-
-def _doc_freq(conn, vocab: str, toks: list[str], prefix: bool, trigram: bool) -> int:
-    if trigram:
-        grams = {toks[0][i : i + 3] for i in range(len(toks[0]) - 2)}
-        counts = [conn.execute(f"SELECT doc FROM {vocab} WHERE term = ?", (g,)).fetchone() for g in grams]
-        return min((c[0] if c else 0) for c in counts) if counts else 0
-    best = None
-    for i, tok in enumerate(toks):
-        if prefix and i == len(toks) - 1:
-            row = conn.execute(
-                f"SELECT sum(doc) FROM {vocab} WHERE term >= ? AND term < ?", (tok, tok + "\U0010ffff")
-            ).fetchone()
-        else:
-            row = conn.execute(f"SELECT doc FROM {vocab} WHERE term = ?", (tok,)).fetchone()
-        df = int(row[0] or 0) if row else 0
-        best = df if best is None else min(best, df)
-    return best or 0
-
-
-def _index_totals(conn, table: str) -> tuple[int, int]:
-    """(rows, tokens in all columns) from the index's averages record (FTS5 keeps it at rowid 1)."""
-    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
-    if not row or not row[0]:
-        return 0, 0
-    buf, values, i = bytes(row[0]), [], 0
-    while i < len(buf):
-        value, i = _varint(buf, i)
-        values.append(value)
-    return (values[0], sum(values[1:])) if values else (0, 0)
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    """SQLite's variable-length integer (as FTS5 writes them)."""
-    value = 0
-    for j in range(8):
-        byte = buf[i + j]
-        value = (value << 7) | (byte & 0x7F)
-        if not byte & 0x80:
-            return value, i + j + 1
-    return (value << 8) | buf[i + 8], i + 9
+    return mem, rows
 
 
 def _search_cjk(conn, items, where, args, need_s, limit) -> list[dict]:
-    required: list[str] = []
-    excluded: list[str] = []
-    negate = False
+    required, excluded, negate = [], [], False
     for item in items:
         if isinstance(item, str):
             negate = item == "NOT"
@@ -712,8 +482,9 @@ def _search_cjk(conn, items, where, args, need_s, limit) -> list[dict]:
         like_sql += _like_sql("v", negate=True)
         like_args += [_like_arg(term)] * 3
     if long_terms:
-        match = " ".join(_quote(_Term(t)) for t in long_terms)
-        return _search_fts(conn, True, match, [_Term(t) for t in long_terms], like_sql, like_args, where, args, need_s, limit)
+        match = " ".join(quote(Term(t)) for t in long_terms)
+        terms = [Term(t) for t in long_terms]
+        return _search_fts(conn, True, match, terms, like_sql, like_args, where, args, need_s, limit)
     if not required:
         return []
     return _search_like(conn, required, like_sql, like_args, where, args, need_s, limit)
@@ -740,22 +511,10 @@ def _search_like(conn, terms, extra_sql, extra_args, where, args, need_s, limit)
 
 def _like_snippet(texts: list[str | None], terms: list[str]) -> str:
     for text in texts:
-        if not text:
-            continue
-        folded = text.lower()
-        for term in terms:
-            at = folded.find(term.lower())
-            if at == -1:
-                continue
-            start = max(0, at - _LIKE_SNIPPET_CHARS)
-            end = min(len(text), at + len(term) + _LIKE_SNIPPET_CHARS)
-            return (
-                ("..." if start else "")
-                + text[start:at]
-                + ">>>" + text[at : at + len(term)] + "<<<"
-                + text[at + len(term) : end]
-                + ("..." if end < len(text) else "")
-            )
+        if text:
+            cut, hits = substring_snippet(text, terms)
+            if hits:
+                return cut
     return ""
 
 

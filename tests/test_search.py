@@ -444,3 +444,27 @@ def test_pending_messages_rank_as_they_will_once_indexed(store, query):
     before = store.ids(query, limit=50)
     fts.flush(store.conn)
     assert store.ids(query, limit=50) == before
+
+
+@pytest.mark.parametrize("query", ["marmot", "alpine marmot", '"alpine marmot"', "marm*", "burrow OR colony",
+                                   "marmot NOT alpine", "土拨鼠洞穴"])
+def test_ranking_is_fts5_bm25(store, query):
+    """Below DF_SAMPLE matches, our scores order messages exactly as FTS5's own bm25() does."""
+    s = store.session("s1")
+    texts = [
+        "marmot", "an alpine marmot near the burrow", "marmot marmot burrow 土拨鼠洞穴", "a marmot colony",
+        "the alpine marmot whistles while another alpine marmot digs a deep burrow 土拨鼠洞穴 土拨鼠洞穴",
+        "marmots and more marmots, a marmot colony, 土拨鼠洞穴在山上", "Marmot! MARMOT? marmot.",
+        "a long message about hiking in the mountains where at some point an alpine marmot appeared",
+    ]
+    for i in range(3 * fts.INDEX_BATCH):
+        store.add(s, "user", texts[i % len(texts)] + f" filler{i}" + " word" * (i % 5))
+    fts.flush(store.conn)
+    trigram = fts.is_cjk(query)
+    table = "messages_fts_trigram" if trigram else "messages_fts"
+    expected = [r[0] for r in store.conn.execute(
+        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}), rowid DESC",
+        (fts.sanitize_query(query),),
+    )]
+    assert len(expected) > 10
+    assert store.ids(query, limit=100) == expected
