@@ -65,7 +65,7 @@ class CommandSet:
 
     def __init__(self) -> None:
         self._specs: dict[str, CommandSpec] = {}
-        self.compressor = None  # set by the daemon: async (ctx, focus) -> str
+        self.compressor = None  # set by the daemon: a gateway.compressing.Compressor
 
     def add(self, name: str, description: str, usage: str, handler, *, runs_now: bool = False) -> None:
         self._specs[name] = CommandSpec(name, description, usage, runs_now, handler)
@@ -223,7 +223,11 @@ async def cmd_compress(ctx: CommandContext) -> str:
     compressor = ctx.router.commands.compressor
     if compressor is None:
         return "Compression is turned off (compression.enabled is false)."
-    return await compressor(ctx, ctx.command.args or None)
+    session_id, text = await compressor.compress_now(ctx.session_id, ctx.lane.key, ctx.command.args or None)
+    if session_id != ctx.session_id:
+        ctx.ticket.session_id = session_id
+        ctx.lane.last_prompt_tokens = None
+    return text
 
 
 def default_commands() -> CommandSet:

@@ -171,7 +171,7 @@ class ModelConfig(_Model):
     base_url: HttpUrl = "http://127.0.0.1:8000/v1"
     api_key: str = _secret()
     name: str = Field("default", min_length=1)
-    context_length: int = Field(32768, ge=512)
+    context_length: Annotated[int | None, BeforeValidator(_empty_to_none)] = Field(None, ge=512)  # None: known-model table, else a default
     timeout_seconds: Seconds = 120.0
     max_concurrent_calls: int = Field(4, ge=1, le=256)
     vision: bool = False
@@ -452,6 +452,8 @@ class CompressionConfig(_Model):
     enabled: bool = True
     threshold: float = Field(0.75, gt=0, le=1)  # fraction of model.context_length
     model: OptionalText = None  # None: model.name
+    timeout_seconds: Seconds = 120.0  # the summarizer's budget; on timeout nothing changes
+    cooldown_seconds: Seconds = 600.0  # after a failed compression, no retry for this session for this long
 
 
 class RecallConfig(_Model):

@@ -24,10 +24,12 @@ import signal
 import time
 from importlib.metadata import entry_points
 
+import compression
 import state
 from gateway.api import LocalApi
 from gateway.auth import AuthSettings, Authorizer
 from gateway.commands import default_commands
+from gateway.compressing import Compressor
 from gateway.config import PLATFORMS, Config
 from gateway.keys import KeyPolicy
 from gateway.metrics import Metrics
@@ -90,6 +92,7 @@ class Gateway:
         self._start_errors: dict[str, str] = {}
         self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
         self.router: SessionRouter | None = None
+        self.cron = None  # cron (issue 6): gateway.cron.CronService, made in start()
         self.started_at: float | None = None
 
     # -- lifecycle --------------------------------------------------------
@@ -112,7 +115,17 @@ class Gateway:
             authorizer=Authorizer(auth_settings(cfg), self.db, clock=self.clock),
             commands=self.commands, metrics=self.metrics, clock=self.clock,
         )
-        self.router.context_length = cfg.model.context_length
+        context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
+        if warning:
+            log.warning("%s", warning)
+        self.router.context_length = context_length
+        self.compressor = Compressor(
+            self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,
+            summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
+            cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
+        )
+        turn.prompt_hook = self.compressor
+        self.commands.compressor = self.compressor if cfg.compression.enabled else None
         if self.serve_api:
             await self.api.start()
         if self._given_adapters is not None:
@@ -130,6 +143,13 @@ class Gateway:
                 adapter.send_typing,
             )
             self._supervisors[name] = asyncio.create_task(self._supervise(name, adapter), name=f"adapter:{name}")
+        # --- cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
+        # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
+        from gateway.cron import CronService
+
+        self.cron = CronService(self)
+        await self.cron.start(schedule=self.serve_api)
+        # --- end cron
         self.started_at = time.time()
 
     async def on_inbound(self, msg: InboundMessage) -> None:
@@ -157,6 +177,8 @@ class Gateway:
     async def stop(self, grace_seconds: float | None = None) -> None:
         """Stop taking messages, finish running turns within the grace period, close everything."""
         grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
+        if self.cron is not None:  # cron (issue 6): no new runs; running ones finish within the grace
+            await self.cron.stop(grace)
         if self.router is not None:
             cancelled = await self.router.drain(grace)
             for key in cancelled:

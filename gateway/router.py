@@ -257,7 +257,7 @@ class SessionRouter:
             attachments=tuple(a for t in batch for a in t.msg.attachments),
         )
         typing = asyncio.create_task(self._keep_typing(msg.chat))
-        turn = asyncio.create_task(self.turn.run(req, last_prompt_tokens=lane.last_prompt_tokens))
+        turn = asyncio.create_task(self.turn.run(req))
         lane.current = turn
         try:
             result: TurnResult = await turn

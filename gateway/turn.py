@@ -13,9 +13,10 @@ import base64
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
+import compression
 from gateway.model import Completion, ModelClient
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Attachment
@@ -62,9 +63,14 @@ class TurnResult:
     notices: list[str] = field(default_factory=list)  # lines for the user besides the reply
 
 
-PromptHook = Callable[[TurnRequest, list[dict], int | None], Awaitable[tuple[str, list[dict], list[str]]]]
-"""Called before each model call with (request, history, last reported prompt tokens); returns
-(session_id, history, notices).  Compression plugs in here."""
+class PromptHook(Protocol):
+    """Called before the model call (compression plugs in here, see ``gateway.compressing``)."""
+
+    async def before_model_call(self, req: TurnRequest, history: list[dict], system_tokens: int) -> tuple[str, list[dict], list[str]]:
+        """Returns (session id to continue in, history to send, notices for the user)."""
+
+    def record_usage(self, session_id: str, prompt_tokens: int, history_messages: int) -> None:
+        """The model's reported prompt size for a prompt holding ``history_messages`` of the history."""
 
 
 class AgentTurn:
@@ -73,7 +79,7 @@ class AgentTurn:
         self.model = model
         self.tools = tools
         self.settings = settings
-        self.before_model_call: PromptHook | None = None
+        self.prompt_hook: PromptHook | None = None
         self._clock = clock
 
     def system_prompt(self, platform: str) -> str:
@@ -95,14 +101,15 @@ class AgentTurn:
         last["content"] = parts
         return history[:-1] + [last]
 
-    async def run(self, req: TurnRequest, *, last_prompt_tokens: int | None = None) -> TurnResult:
+    async def run(self, req: TurnRequest) -> TurnResult:
         session_id = req.session_id
         history = await self.db.get_messages_as_conversation(session_id)
         notices: list[str] = []
-        if self.before_model_call is not None:
-            session_id, history, notices = await self.before_model_call(req, history, last_prompt_tokens)
         system = [{"role": "system", "content": self.system_prompt(req.platform)}]
         system += [{"role": "system", "content": note} for note in req.system_notes]
+        if self.prompt_hook is not None:
+            session_id, history, notices = await self.prompt_hook.before_model_call(
+                req, history, compression.estimate_tokens(system))
         prompt = system + self._with_attachments(history, req.attachments)
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         tools = self.tools.schemas(req.tool_names)
@@ -124,6 +131,8 @@ class AgentTurn:
                 tool_calls += 1
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
         assert completion is not None
+        if self.prompt_hook is not None:
+            self.prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
         reply = completion.message.get("content") or ""
         to_store = [_for_store(m) for m in produced]
         to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,

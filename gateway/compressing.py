@@ -1,0 +1,84 @@
+"""Wiring the ``compression`` package into the gateway: the trigger before each model call, ``/compress``.
+
+:class:`Compressor` is the turn's ``before_model_call`` hook.  It remembers
+the model's last reported ``usage.prompt_tokens`` per session (and how many
+history messages that prompt held) so :func:`compression.prepare_history`
+can size the next prompt without a tokenizer, and a cooldown per session
+after a failed compression so a broken summarizer never loops.  A
+compression runs inside its own session's turn: other sessions go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import compression
+from gateway.model import ModelClient
+from gateway.turn import TurnRequest
+
+log = logging.getLogger(__name__)
+
+RESERVE_FOR_ANSWER = 1024
+
+
+class Compressor:
+    def __init__(self, db, model: ModelClient, *, context_length: int, threshold: float, summary_model: str | None,
+                 timeout: float, cooldown: float, enabled: bool = True, clock=time.monotonic):
+        self.db = db
+        self.model = model
+        self.context_length = context_length
+        self.threshold = threshold
+        self.summary_model = summary_model
+        self.timeout = timeout
+        self.cooldown = cooldown
+        self.enabled = enabled
+        self.clock = clock
+        self._reported: dict[str, tuple[int, int]] = {}  # session -> (prompt_tokens, history messages)
+        self._failed_at: dict[str, float] = {}
+
+    async def summarize(self, messages: list[dict]) -> str:
+        completion = await self.model.complete(messages, model=self.summary_model, timeout=self.timeout)
+        return completion.message.get("content") or ""
+
+    def record_usage(self, session_id: str, prompt_tokens: int, history_messages: int) -> None:
+        if prompt_tokens > 0:
+            self._reported[session_id] = (prompt_tokens, history_messages)
+
+    def _cooling_down(self, session_id: str) -> bool:
+        failed = self._failed_at.get(session_id)
+        return failed is not None and self.clock() - failed < self.cooldown
+
+    async def before_model_call(self, req: TurnRequest, history: list[dict], system_tokens: int) -> tuple[str, list[dict], list[str]]:
+        """The history to send (maybe from a new child session) and lines for the user."""
+        reported = self._reported.get(req.session_id)
+        prepared = await compression.prepare_history(
+            self.db, req.session_id, history, self.summarize,
+            context_length=self.context_length, threshold=self.threshold,
+            reported_prompt_tokens=reported[0] if reported else None,
+            reported_message_count=reported[1] if reported else None,
+            overhead_tokens=system_tokens, reserve_tokens=RESERVE_FOR_ANSWER,
+            allow_compression=self.enabled and not self._cooling_down(req.session_id),
+            session_key=req.session_key, timeout=self.timeout,
+        )
+        if isinstance(prepared.failure, compression.CompressionFailed):
+            self._failed_at[req.session_id] = self.clock()
+        if prepared.compressed is not None:
+            self._reported.pop(req.session_id, None)
+        notice = prepared.notice
+        return prepared.session_id, prepared.history, [notice] if notice else []
+
+    async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]:
+        """``/compress [focus]``: returns (the session to continue in, the line for the user)."""
+        try:
+            result = await compression.compress_session(
+                self.db, session_id, self.summarize, context_length=self.context_length, threshold=self.threshold,
+                focus=focus, session_key=session_key, timeout=self.timeout,
+            )
+        except compression.NothingToCompress:
+            return session_id, "Nothing to compress yet: the conversation is still short. Nothing was changed."
+        except compression.CompressionError as exc:
+            log.warning("/compress of %s failed: %s", session_id, exc)
+            return session_id, f"Compression failed ({exc}). Nothing was changed; the conversation goes on as it was."
+        self._reported.pop(session_id, None)
+        return result.new_session_id, result.describe()

@@ -1,0 +1,138 @@
+"""Compression through the real gateway: the 75 % trigger, the #N chain, /compress, failures, isolation."""
+
+import asyncio
+
+import pytest
+
+import compression
+from tests.fakes.model_server import Fail, FakeModel, Hang, Reply
+from tests.harness import ApiClient, running_gateway
+
+KEY = "agent:main:api:dm:k"
+WINDOW = 4096  # threshold 0.75 -> 3072 tokens
+LONG = "details about the migration plan, the staging database and the rollback steps. " * 4
+
+
+@pytest.fixture
+async def model():
+    async with FakeModel() as fake:
+        yield fake
+
+
+def settings(**extra):
+    return {"model": {"context_length": WINDOW}, "compression": {"timeout_seconds": 2, "cooldown_seconds": 600, **extra}}
+
+
+async def chat(api, n, prefix="turn"):
+    return [await api.say("k", f"{prefix} {i}: {LONG}") for i in range(n)]
+
+
+def summary_requests(model):
+    return [r for r in model.requests if "summar" in (r.messages[0].get("content") or "").lower()]
+
+
+async def test_no_compression_below_the_threshold(tmp_path, model):
+    model.script(*[Reply("ok", prompt_tokens=2000)] * 8)
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 8)
+        await api.close()
+        sid = await gw.db.get_route(KEY)
+        assert (await gw.db.get_session(sid))["parent_session_id"] is None
+    assert summary_requests(model) == []
+
+
+async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(tmp_path, model):
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 6)
+        assert await api.say("k", "/title migration") == "Session title set: migration"
+        root = await gw.db.get_route(KEY)
+        model.script(Reply("ok", prompt_tokens=3500), Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
+        await api.say("k", "one more")  # reports 3,500 tokens: over 75 % of 4,096
+        answer = await api.say("k", "and now?")  # the trigger fires before this call
+        second = await gw.db.get_route(KEY)
+        assert second != root
+        assert answer.startswith('Compressed: ') and 'Continuing as "migration #2".' in answer
+        assert answer.endswith("after one")
+
+        await chat(api, 6, prefix="more")
+        model.script(Reply("ok", prompt_tokens=3600), Reply("SECOND SUMMARY"), Reply("after two"))
+        await api.say("k", "again")
+        await api.say("k", "and again?")
+        third = await gw.db.get_route(KEY)
+        await api.close()
+
+        parent, child, grandchild = [await gw.db.get_session(s) for s in (root, second, third)]
+        assert (child["parent_session_id"], grandchild["parent_session_id"]) == (root, second)
+        assert (parent["end_reason"], child["end_reason"]) == ("compression", "compression")
+        assert (child["title"], grandchild["title"]) == ("migration #2", "migration #3")
+        assert await gw.db.get_compression_tip(root) == third
+        assert await gw.db.resolve_session_id("migration") == third
+        # the parent keeps its whole history
+        assert len(await gw.db.get_messages(root)) == 2 * 7 + 1
+        child_messages = await gw.db.get_messages(third)
+        assert any(compression.is_summary(m) for m in child_messages)
+    # the second summary request carried the first summary forward
+    requests = summary_requests(model)
+    assert len(requests) == 2
+    assert "FIRST SUMMARY" in str(requests[1].messages)
+
+
+async def test_compress_command_with_a_focus(tmp_path, model):
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 7)
+        model.script(Reply("focused summary"))
+        answer = await api.say("k", "/compress keep the rollback steps")
+        await api.close()
+        assert answer.startswith("Compressed: 14 → ") and answer.endswith("Continuing in a new session.")
+    assert "keep the rollback steps" in str(summary_requests(model)[0].messages)
+
+
+async def test_compress_with_too_little_changes_nothing(tmp_path, model):
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 2)
+        before = await gw.db.get_route(KEY)
+        answer = await api.say("k", "/compress")
+        await api.close()
+        assert answer == "Nothing to compress yet: the conversation is still short. Nothing was changed."
+        assert await gw.db.get_route(KEY) == before
+
+
+@pytest.mark.parametrize("failure", ["error", "timeout"])
+async def test_a_failing_summarizer_changes_nothing_and_the_turn_is_answered(tmp_path, model, failure):
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 6)
+        sid = await gw.db.get_route(KEY)
+        stored_before = len(await gw.db.get_messages(sid))
+        broken = [Fail(500)] * 4 if failure == "error" else [Hang(30)]
+        model.script(Reply("ok", prompt_tokens=3300), *broken, Reply("still answered"))
+        await api.say("k", "push it over")
+        answer = await api.say("k", "are you there?")
+        assert answer == "still answered"
+        assert await gw.db.get_route(KEY) == sid
+        assert len(await gw.db.get_messages(sid)) == stored_before + 4
+        # the cooldown: the next turn does not try again
+        requests_before = len(model.requests)
+        await api.say("k", "one more")
+        assert len(model.requests) == requests_before + 1
+        await api.close()
+
+
+async def test_other_sessions_are_answered_while_one_compresses(tmp_path, model):
+    async with running_gateway(tmp_path, model, **settings(timeout_seconds=20)) as gw:
+        api = ApiClient(gw)
+        await chat(api, 6)
+        model.script(Reply("ok", prompt_tokens=3500))
+        await api.say("k", "over the line")
+        model.script(Hang(3))  # the summarizer is slow
+        slow = asyncio.create_task(api.say("k", "compress me"))
+        await model.wait_for_requests(len(model.requests) + 1)
+        other = await asyncio.wait_for(api.say("other", "hello"), 2)
+        assert other == "echo: hello | turns: 1 | first: hello"
+        assert not slow.done()
+        await slow
+        await api.close()
