@@ -4,15 +4,15 @@ FTS5's ``bm25()`` first counts, for every phrase of the query, all the
 messages that contain it (a scan of the whole posting list: most of a second
 for ``the`` over a million messages), then reads positions and sizes row by
 row.  We only rank a few hundred recent candidates, so we score them here with
-the same formula and the index's own statistics, each read in one lookup:
-the row count and total size from the index's averages record, and each
-phrase's document frequency from an ``fts5vocab`` table (exact for a single
-word; for a phrase of several words, the rarest word's count, an upper
-bound; for a prefix, the sum over the words it covers).  Tokens follow
-unicode61's rules (letters and digits; case and Latin diacritics folded); for
-the trigram index a term's frequency is the number of times the substring
-occurs and a column's length its number of trigrams, as FTS5 counts them.
-Snippets are cut from the same tokens, matches marked ``>>>like this<<<``.
+the same formula and the index's own statistics: the row count and total size
+from the index's averages record, each candidate's length from the index's
+size records, and each phrase's document frequency counted by the index (up to
+``DF_SAMPLE`` matches; beyond, extrapolated from how densely the newest ones
+are packed).  Term frequencies are counted in the text with unicode61's rules
+(letters and digits; case and Latin diacritics folded); for the trigram index
+as the number of times the substring occurs.  Below ``DF_SAMPLE`` matches the
+order is the one ``ORDER BY bm25()`` gives (a test checks it).  Snippets are
+cut from the same text, matches marked ``>>>like this<<<``.
 """
 
 from __future__ import annotations

@@ -40,16 +40,20 @@ Query dispatch (``search_messages``)
 
 Ranking
 -------
-Results are ordered by BM25 relevance (FTS5's ``bm25()``: terms rare in the
-whole history weigh more, a term repeated in a short message weighs more), but
-only among the ``RANK_WINDOW`` most recent matching messages.  For a query
-matching fewer messages than that -- nearly every real search -- this is plain
-BM25 over all matches.  For a term found in a large part of the history
-(``the``, ``error``) scoring every match would cost about a microsecond per
-match (a second over a million messages), so instead the user gets the most
-relevant of the latest ``RANK_WINDOW`` matches: recent conversations first,
-the best-matching lines among them on top.  Equal scores go newest first.
-``LIKE``-scan results (one or two CJK characters) are simply newest first.
+Results are ordered by BM25 relevance -- the formula of FTS5's ``bm25()``:
+a term rare in the whole history weighs more than a common one, a term
+repeated in a short message weighs more than once in a long one -- but only
+among the ``RANK_WINDOW`` (500) most recent matching messages, newest first on
+equal scores.  For a query matching fewer messages than that (nearly every
+real search) this is exactly the ranking ``ORDER BY bm25()`` would give over
+all matches.  For a term found in much of the history (``the``, ``error``),
+scoring every match costs about a microsecond each (a second over a million
+messages), so the user gets instead the best-matching of the latest 500
+matches: recent conversations, the most relevant lines among them on top.
+The scores are computed in ``state._fts_rank`` from the candidates' text with
+the index's statistics; the term weights of very common terms are estimated
+from a sample (they are small either way).  ``LIKE``-scan results (one or
+two CJK characters) are newest first.
 """
 
 from __future__ import annotations
@@ -77,16 +81,21 @@ __all__ = [
     "search_messages",
     "sanitize_query",
     "is_cjk",
+    "MAX_TERMS",
+    "MAX_LIMIT",
 ]
 
 #: Bump when the tables, views or triggers below change; ``install`` then rebuilds.
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 
 #: Appended messages are indexed together, once every INDEX_BATCH ids (see module docstring).
 INDEX_BATCH = 32
 
 #: How many of the most recent matches are ranked (see module docstring).
 RANK_WINDOW = 500
+
+#: The most results one search returns, whatever ``limit`` asks.
+MAX_LIMIT = 1000
 
 CONTEXT_CHARS = 200
 
@@ -141,6 +150,7 @@ def _is_cjk_sql(p: str) -> str:
 
 
 _UPTO = "(SELECT indexed_upto FROM search_index_state)"
+DELETE = "'delete', "  # FTS5's command to take a row out of an external-content index
 
 
 def _ddl() -> list[str]:
@@ -194,17 +204,15 @@ def _ddl() -> list[str]:
         fts,
         tri,
         state,
-        # document frequencies for BM25 (see state._fts_rank)
-        "CREATE VIRTUAL TABLE messages_vocab USING fts5vocab(messages_fts, 'row')",
-        "CREATE VIRTUAL TABLE messages_trigram_vocab USING fts5vocab(messages_fts_trigram, 'row')",
-        # a row at or below the mark (an explicit, older id) is indexed at once; the others wait for the flush
-        f"CREATE TRIGGER messages_fts_ai AFTER INSERT ON messages BEGIN\n"
+        # A row at or below the mark (an explicit, older id) is indexed at once; the others wait for
+        # the flush.  WHEN skips the whole body for the 31 appends out of 32 that only wait.
+        f"CREATE TRIGGER messages_fts_ai AFTER INSERT ON messages WHEN new.id <= {_UPTO} OR {due} BEGIN\n"
         f"{one('new', '', f'new.id <= {_UPTO}')}{flush}END",
-        f"CREATE TRIGGER messages_fts_ad AFTER DELETE ON messages BEGIN\n"
-        f"{one('old', chr(39) + 'delete' + chr(39) + ', ', f'old.id <= {_UPTO}')}END",
-        "CREATE TRIGGER messages_fts_au AFTER UPDATE OF id, content, tool_name, tool_calls ON messages BEGIN\n"
-        f"{one('old', chr(39) + 'delete' + chr(39) + ', ', f'old.id <= {_UPTO}')}"
-        f"{one('new', '', f'new.id <= {_UPTO}')}END",
+        f"CREATE TRIGGER messages_fts_ad AFTER DELETE ON messages WHEN old.id <= {_UPTO} BEGIN\n"
+        f"{one('old', DELETE, '1')}END",
+        "CREATE TRIGGER messages_fts_au AFTER UPDATE OF id, content, tool_name, tool_calls ON messages"
+        f" WHEN old.id <= {_UPTO} OR new.id <= {_UPTO} BEGIN\n"
+        f"{one('old', DELETE, f'old.id <= {_UPTO}')}{one('new', '', f'new.id <= {_UPTO}')}END",
         "CREATE TABLE IF NOT EXISTS search_index_version (version INTEGER NOT NULL)",
     ]
 
@@ -331,7 +339,7 @@ def search_messages(
 ) -> list[dict]:
     """Search messages; never raises because of what ``query`` contains.
 
-    Returns at most ``limit`` dicts, best first (see the module docstring for
+    Returns at most ``limit`` (capped at ``MAX_LIMIT``) dicts, best first (see the module docstring for
     the ranking), each with ``id``, ``session_id``, ``role``, ``timestamp``,
     ``snippet`` (matches marked ``>>>like this<<<``), ``context`` (the message
     before and the one after in the same session, each ``{"id", "role",
@@ -344,6 +352,7 @@ def search_messages(
         limit = 20
     if limit <= 0:
         return []
+    limit = min(limit, MAX_LIMIT)
     items = parse(query)
     if not items:
         return []
@@ -358,7 +367,7 @@ def search_messages(
         # Only a query the sanitiser let through by mistake gets here; say so and find nothing.
         if "fts5" not in str(exc):
             raise
-        log.warning("search query %r rejected by FTS5 (%s); returning no results", query[:200], exc)
+        log.warning("search query %r rejected by FTS5 (%s); returning no results", str(query)[:200], exc)
         return []
     return [_with_context(conn, hit) for hit in hits]
 
@@ -491,13 +500,26 @@ def _search_cjk(conn, items, where, args, need_s, limit) -> list[dict]:
 
 
 def _search_like(conn, terms, extra_sql, extra_args, where, args, need_s, limit) -> list[dict]:
+    """Newest first, by scanning.  When a required term has CJK, only CJK messages can match: those
+    are the rows of the trigram index (its ``_docsize`` table lists them) plus the pending tail."""
     join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
-    rows = conn.execute(
-        "SELECT v.id, v.content, v.tool_name, v.tool_calls FROM messages_search_src v"
-        f" JOIN messages m ON m.id = v.id{join_s}"
-        f" WHERE 1{extra_sql}{where} ORDER BY v.id DESC LIMIT ?",
-        [*extra_args, *args, limit],
-    ).fetchall()
+    select = "SELECT v.id, v.content, v.tool_name, v.tool_calls FROM"
+    rest = f" JOIN messages m ON m.id = v.id{join_s} WHERE 1{extra_sql}{where}"
+    if any(is_cjk(t) for t in terms):
+        upto = _indexed_upto(conn)
+        rows = conn.execute(
+            f"{select} messages_search_src v{rest} AND v.id > ? ORDER BY v.id DESC LIMIT ?",
+            [*extra_args, *args, upto, limit],
+        ).fetchall()
+        if len(rows) < limit:
+            rows += conn.execute(
+                f"{select} messages_fts_trigram_docsize d JOIN messages_search_src v ON v.id = d.id{rest}"
+                " AND d.id <= ? ORDER BY d.id DESC LIMIT ?",
+                [*extra_args, *args, upto, limit - len(rows)],
+            ).fetchall()
+    else:
+        rows = conn.execute(f"{select} messages_search_src v{rest} ORDER BY v.id DESC LIMIT ?",
+                            [*extra_args, *args, limit]).fetchall()
     hits = []
     for msg_id, content, tool_name, tool_calls in rows:
         row = conn.execute(_DETAIL, (msg_id,)).fetchone()

@@ -468,3 +468,13 @@ def test_ranking_is_fts5_bm25(store, query):
     )]
     assert len(expected) > 10
     assert store.ids(query, limit=100) == expected
+
+
+def test_short_terms_with_cjk_only_excluded_still_find_english_messages(store):
+    s = store.session("s1")
+    english = store.add(s, "user", "ok go")
+    store.add(s, "user", "ok 库存")
+    fts.flush(store.conn)
+    pending = store.add(s, "user", "go ok")
+    assert store.ids("ok NOT 库") == [pending, english]
+    assert store.ids("ok 库") == [english + 1]
