@@ -58,6 +58,10 @@ def main() -> None:
 
 main.add_command(config_group)
 
+from gateway.cli_cron import cron_group  # noqa: E402
+
+main.add_command(cron_group)
+
 from gateway.cli_service import backup_cmd, restore_cmd, service as service_group  # noqa: E402
 
 main.add_command(service_group)

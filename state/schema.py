@@ -222,6 +222,12 @@ def _v13_listing_indexes(conn):
     conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_recent ON sessions(source, started_at DESC, id DESC)")
 
 
+def _v14_cron(conn):
+    from . import _cron
+
+    _cron.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -236,6 +242,7 @@ for _step in [
     Migration(11, "search indexes", _v11_fts),
     Migration(12, "pairing requests and approved users", _v12_pairing),
     Migration(13, "listing indexes", _v13_listing_indexes),
+    Migration(14, "cron jobs, runs and leases", _v14_cron),
 ]:
     register(_step)
 

@@ -1,0 +1,340 @@
+"""``switchboard cron``: scheduled jobs in state.db (add, list, show, edit, pause, resume, remove, run, history).
+
+A thin layer over ``SessionDB``'s cron methods and :mod:`gateway.cron_schedule`.
+Every command first stores the config file's ``cron.jobs`` (so they are listed
+and runnable before the daemon ever started; removing a job from the file
+takes effect when the daemon restarts); a running daemon notices any
+change within its poll interval (5 s), no restart needed.  Jobs from the config
+file are edited there; pause and resume work on every job.
+
+``cron run JOB`` runs the job once in this process.  This process has no
+platform connection (starting one would compete with the daemon for the
+bot's updates), so a platform-bound answer is stored with delivery
+``pending`` and the daemon delivers it; ``local`` answers are shown here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+import state
+from gateway.config import Config, config_from_dict, find_config_path, load_config
+from gateway.cron_schedule import EXAMPLES, InvalidJob, format_duration, validate_job
+from gateway.errors import ConfigError, SwitchboardError
+from state._cron import CronJobNotFound
+
+CONFIG_OPTION = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
+)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _config(config_path: Path | None) -> Config:
+    """The config file's settings; without one, the defaults under $SWITCHBOARD_HOME (UTC)."""
+    try:
+        if config_path is None and not find_config_path().is_file():
+            return config_from_dict({})
+        return load_config(config_path)
+    except ConfigError as exc:
+        _fail(str(exc), exc.exit_code)
+        raise  # unreachable
+
+
+def _open(config_path: Path | None) -> tuple[Config, state.SessionDB]:
+    """Load the config, open the store and bring the config's jobs into it."""
+    from gateway.cron import config_jobs, first_run_at
+
+    cfg = _config(config_path)
+    cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    db = state.SessionDB(cfg.db_path, write_timeout=cfg.store.write_timeout_seconds)
+    now = time.time()
+    try:
+        if cfg.source is not None:
+            rows = [{**spec.as_row(), "next_run_at": first_run_at(schedule, now)}
+                    for spec, schedule in config_jobs(cfg, now=now)]
+            db.sync_config_cron_jobs(rows, now=now, remove_missing=False)  # the daemon removes dropped ones
+    except ConfigError as exc:
+        db.close()
+        _fail(str(exc), exc.exit_code)
+    except state.StateError as exc:
+        db.close()
+        _fail(str(exc))
+    return cfg, db
+
+
+def _when(ts: float | None, cfg: Config) -> str:
+    return dt.datetime.fromtimestamp(ts, cfg.tzinfo).strftime("%Y-%m-%d %H:%M") if ts else "-"
+
+
+def _job_or_fail(db: state.SessionDB, job_id: str) -> dict:
+    job = db.get_cron_job(job_id)
+    if job is None:
+        _fail(str(CronJobNotFound(job_id)))
+    return job
+
+
+def _status_line(run: dict, cfg: Config) -> str:
+    status = run["status"]
+    detail = ""
+    if run["delivery"] == "pending" and status == "delivering":
+        detail = f"waiting for the daemon to deliver to {run['deliver']}"
+    elif run["delivery"] == "pending":
+        detail = (f"attempt {run['delivery_attempts']} failed: {run['delivery_error']}; "
+                  f"next try {_when(run['next_delivery_at'], cfg)}")
+    elif run["delivery"] == "failed":
+        detail = f"gave up after {run['delivery_attempts']} attempts: {run['delivery_error']}"
+    elif run["delivery"] == "delivered":
+        detail = f"delivered to {run['deliver']} {_when(run['delivered_at'], cfg)}"
+    elif run["delivery"] in ("silent", "local"):
+        detail = {"silent": "answered [SILENT]: nothing sent", "local": "kept in the store (local)"}[run["delivery"]]
+    if run["error"]:
+        detail = run["error"]
+    return f"{status}" + (f" - {detail}" if detail else "")
+
+
+@click.group("cron")
+def cron_group() -> None:
+    """Scheduled jobs: the agent runs a prompt on a schedule and delivers the answer to a chat."""
+
+
+@cron_group.command("add")
+@CONFIG_OPTION
+@click.argument("name")
+@click.option("--schedule", "-s", required=True, help=f"When: {EXAMPLES}.")
+@click.option("--prompt", "-p", required=True, help="What the agent is asked at each run.")
+@click.option("--deliver", "-d", default="local", show_default=True,
+              help="local, telegram:<chat>[:<topic>], discord:<channel> or slack:<channel>[:<thread_ts>].")
+@click.option("--id", "job_id", default=None, help="The job's id (default: made from the name).")
+@click.option("--model", default=None, help="Model for this job (default: the config's model.name).")
+@click.option("--context", type=click.Choice(["fresh", "continue"]), default="fresh", show_default=True,
+              help="fresh: a new session each run; continue: one session that goes on.")
+@click.option("--grace", default=None, help="How late a missed run may still run after a restart (default 1h).")
+def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, deliver: str, job_id: str | None,
+             model: str | None, context: str, grace: str | None) -> None:
+    """Add a job called NAME."""
+    from gateway.cron import first_run_at
+
+    cfg, db = _open(config_path)
+    with db:
+        job_id = job_id or _free_id(db, name)
+        now = time.time()
+        try:
+            spec, sched = validate_job({"id": job_id, "name": name, "schedule": schedule, "prompt": prompt,
+                                        "deliver": deliver, "model": model, "context": context, "grace": grace},
+                                       cfg.tzinfo, now=now)
+            job = db.add_cron_job(spec.as_row(), source="cli", now=now, next_run_at=first_run_at(sched, now))
+        except InvalidJob as exc:
+            _fail(str(exc))
+            return
+        except state.StateError as exc:
+            _fail(str(exc))
+            return
+    click.echo(f"Added job {job['id']} ({job['name']}): {sched.describe()}, next run {_when(job['next_run_at'], cfg)} "
+               f"({cfg.timezone}); delivers to {job['deliver']}.")
+
+
+def _free_id(db: state.SessionDB, name: str) -> str:
+    import re
+
+    base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:56] or "job"
+    candidate, n = base, 2
+    while db.get_cron_job(candidate) is not None:
+        candidate, n = f"{base}-{n}", n + 1
+    return candidate
+
+
+@cron_group.command("list")
+@CONFIG_OPTION
+def cron_list(config_path: Path | None) -> None:
+    """Every job with its schedule, next run and last result."""
+    cfg, db = _open(config_path)
+    with db:
+        jobs = db.list_cron_jobs()
+    if not jobs:
+        click.echo("No scheduled jobs. Add one with: switchboard cron add NAME --schedule ... --prompt ...")
+        return
+    click.echo(f"{'ID':<20} {'NAME':<24} {'SCHEDULE':<26} {'NEXT RUN':<17} {'LAST':<16} {'DELIVER':<22} SOURCE")
+    for j in jobs:
+        nxt = "paused" if j["paused"] else (_when(j["next_run_at"], cfg) if j["next_run_at"] else "done")
+        click.echo(f"{j['id']:<20} {j['name'][:24]:<24} {j['schedule'][:26]:<26} {nxt:<17} "
+                   f"{(j['last_status'] or '-'):<16} {j['deliver'][:22]:<22} {j['source']}")
+
+
+@cron_group.command("show")
+@CONFIG_OPTION
+@click.argument("job_id")
+@click.option("--runs", default=5, show_default=True, help="How many recent runs to show.")
+def cron_show(config_path: Path | None, job_id: str, runs: int) -> None:
+    """A job's definition, its recent runs and the last answer (how `local` jobs are read)."""
+    cfg, db = _open(config_path)
+    with db:
+        job = _job_or_fail(db, job_id)
+        history = db.list_cron_runs(job_id, limit=runs)
+    nxt = "paused" if job["paused"] else (_when(job["next_run_at"], cfg) if job["next_run_at"] else "done (one-shot)")
+    for label, value in [("id", job["id"]), ("name", job["name"]), ("schedule", f"{job['schedule']} ({cfg.timezone})"),
+                         ("next run", nxt), ("deliver", job["deliver"]), ("model", job["model"] or cfg.model.name),
+                         ("context", job["context"]), ("grace", format_duration(job["grace_seconds"])),
+                         ("source", job["source"]), ("prompt", job["prompt"])]:
+        click.echo(f"{label + ':':<10} {value}")
+    if not history:
+        click.echo("\nNo runs yet.")
+        return
+    click.echo("\nRecent runs:")
+    for run in history:
+        click.echo(f"  #{run['id']:<5} {_when(run['started_at'], cfg)}  {_status_line(run, cfg)}")
+    last = next((r for r in history if r["output"] is not None), None)
+    if last is not None:
+        click.echo(f"\nLast answer (run #{last['id']}, {_when(last['started_at'], cfg)}, session {last['session_id']}):")
+        click.echo(last["output"])
+
+
+@cron_group.command("edit")
+@CONFIG_OPTION
+@click.argument("job_id")
+@click.option("--name", default=None)
+@click.option("--schedule", "-s", default=None, help=f"When: {EXAMPLES}.")
+@click.option("--prompt", "-p", default=None)
+@click.option("--deliver", "-d", default=None)
+@click.option("--model", default=None, help="Model for this job ('' for the config's model.name).")
+@click.option("--context", type=click.Choice(["fresh", "continue"]), default=None)
+@click.option("--grace", default=None)
+def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
+    """Change a job added with `cron add` (config jobs are edited in the config file)."""
+    from gateway.cron import first_run_at
+
+    cfg, db = _open(config_path)
+    with db:
+        job = _job_or_fail(db, job_id)
+        if job["source"] == "config":
+            _fail(f"job {job_id!r} is defined in the config file (cron.jobs); edit it there and restart the daemon")
+        given = {k: v for k, v in changes.items() if v is not None}
+        if not given:
+            _fail("nothing to change: give --name, --schedule, --prompt, --deliver, --model, --context or --grace")
+        now = time.time()
+        merged = {**{k: job[k] for k in ("id", "name", "schedule", "prompt", "deliver", "model", "context")},
+                  "grace": f"{int(job['grace_seconds'])}s", **given}
+        try:
+            spec, sched = validate_job(merged, cfg.tzinfo, now=now)
+        except InvalidJob as exc:
+            _fail(str(exc))
+            return
+        if "schedule" not in given:  # keep the interval's grid and the stored next run
+            next_run: Any = "keep"
+        else:
+            next_run = first_run_at(sched, now) if not job["paused"] else None
+        row = spec.as_row()
+        updated = db.update_cron_job(job_id, {k: row[k] for k in row if k != "id"}, now=now, next_run_at=next_run)
+    click.echo(f"Updated job {job_id}: next run {_when(updated['next_run_at'], cfg) if updated['next_run_at'] else '-'}.")
+
+
+@cron_group.command("pause")
+@CONFIG_OPTION
+@click.argument("job_id")
+def cron_pause(config_path: Path | None, job_id: str) -> None:
+    """Stop running a job until `cron resume`."""
+    cfg, db = _open(config_path)
+    with db:
+        _job_or_fail(db, job_id)
+        db.set_cron_job_paused(job_id, True, now=time.time())
+    click.echo(f"Paused job {job_id}.")
+
+
+@cron_group.command("resume")
+@CONFIG_OPTION
+@click.argument("job_id")
+def cron_resume(config_path: Path | None, job_id: str) -> None:
+    """Run a paused job again from its next time on (times passed while paused are not made up)."""
+    from gateway.cron_schedule import load_schedule
+
+    cfg, db = _open(config_path)
+    with db:
+        job = _job_or_fail(db, job_id)
+        now = time.time()
+        sched = load_schedule(job["schedule"], cfg.tzinfo, job["created_at"])
+        nxt = sched.next_after(now) if not sched.one_shot else job["next_run_at"]
+        updated = db.set_cron_job_paused(job_id, False, now=now, next_run_at=nxt)
+    shown = _when(updated["next_run_at"], cfg) if updated["next_run_at"] else "none (the one-shot time has passed)"
+    click.echo(f"Resumed job {job_id}: next run {shown}.")
+
+
+@cron_group.command("remove")
+@CONFIG_OPTION
+@click.argument("job_id")
+def cron_remove(config_path: Path | None, job_id: str) -> None:
+    """Delete a job and its run history (the sessions of its runs stay)."""
+    cfg, db = _open(config_path)
+    with db:
+        job = _job_or_fail(db, job_id)
+        if job["source"] == "config":
+            _fail(f"job {job_id!r} is defined in the config file (cron.jobs); remove it there (or pause it)")
+        db.remove_cron_job(job_id)
+    click.echo(f"Removed job {job_id}.")
+
+
+@cron_group.command("run")
+@CONFIG_OPTION
+@click.argument("job_id")
+def cron_run(config_path: Path | None, job_id: str) -> None:
+    """Run a job once now, in this process, and print the answer."""
+    from gateway.daemon import Gateway
+    from gateway.logging_setup import setup_logging
+
+    cfg, db = _open(config_path)
+    with db:
+        _job_or_fail(db, job_id)
+    setup_logging("WARNING", "text", secrets=cfg.secrets())
+
+    async def go() -> dict:
+        gw = Gateway(cfg, adapters={}, serve_api=False)
+        await gw.start()
+        try:
+            return await gw.cron.run_job(job_id)
+        finally:
+            await gw.stop(grace_seconds=5)
+
+    try:
+        run = asyncio.run(go())
+    except (SwitchboardError, state.StateError) as exc:
+        _fail(str(exc))
+        return
+    click.echo(f"Run #{run['id']} of {job_id}: {_status_line(run, cfg)}")
+    if run["session_id"]:
+        click.echo(f"Session: {run['session_id']}")
+    if run["output"] is not None:
+        click.echo("")
+        click.echo(run["output"])
+    if run["status"] in ("error", "skipped"):
+        sys.exit(1)
+
+
+@cron_group.command("history")
+@CONFIG_OPTION
+@click.argument("job_id", required=False)
+@click.option("--limit", "-n", default=20, show_default=True)
+def cron_history(config_path: Path | None, job_id: str | None, limit: int) -> None:
+    """Recent runs (of one job, or of all): scheduled time, start, end, status, session, error."""
+    cfg, db = _open(config_path)
+    with db:
+        if job_id is not None:
+            _job_or_fail(db, job_id)
+        runs = db.list_cron_runs(job_id, limit=limit)
+    if not runs:
+        click.echo("No runs recorded.")
+        return
+    click.echo(f"{'RUN':<6} {'JOB':<18} {'TRIGGER':<9} {'SCHEDULED':<17} {'STARTED':<17} {'ENDED':<17} {'SESSION':<28} STATUS")
+    for r in runs:
+        click.echo(f"{r['id']:<6} {r['job_id'][:18]:<18} {r['trigger']:<9} {_when(r['scheduled_at'], cfg):<17} "
+                   f"{_when(r['started_at'], cfg):<17} {_when(r['ended_at'], cfg):<17} {(r['session_id'] or '-'):<28} "
+                   f"{_status_line(r, cfg)}")
