@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from state import fts
+from state import SessionDB, fts
 
 SESSIONS = """CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, user_id TEXT, user_name TEXT,
     session_key TEXT, model TEXT, model_config TEXT, system_prompt TEXT, parent_session_id TEXT,
@@ -20,30 +20,29 @@ MESSAGES = """CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
 
 
 class Store:
-    """The two tables the state store owns, plus our install(): what search sees in production."""
+    """A real SessionDB, plus a plain connection to the same file for edits and index checks."""
 
     def __init__(self, path):
+        self.db = SessionDB(path)
         self.conn = sqlite3.connect(path, isolation_level=None)
-        self.conn.execute(SESSIONS)
-        self.conn.execute(MESSAGES)
-        fts.install(self.conn)
+        self.conn.execute("PRAGMA busy_timeout = 10000")
         self.clock = 1000.0
 
+    def close(self):
+        self.conn.close()
+        self.db.close()
+
     def session(self, sid, source="cli", model="m1"):
-        self.conn.execute("INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
-                          (sid, source, model, self.clock))
+        self.db.create_session(sid, source, model=model)
         return sid
 
     def add(self, sid, role, content=None, tool_calls=None, tool_name=None):
         self.clock += 1
-        cur = self.conn.execute(
-            "INSERT INTO messages (session_id, role, content, tool_calls, tool_name, timestamp) VALUES (?,?,?,?,?,?)",
-            (sid, role, content, json.dumps(tool_calls) if tool_calls is not None else None, tool_name, self.clock),
-        )
-        return cur.lastrowid
+        return self.db.append_message(sid, role, content, tool_calls=tool_calls, tool_name=tool_name,
+                                      timestamp=self.clock)
 
     def search(self, query, **kw):
-        return fts.search_messages(self.conn, query, **kw)
+        return self.db.search_messages(query, **kw)
 
     def ids(self, query, **kw):
         return [hit["id"] for hit in self.search(query, **kw)]
@@ -59,7 +58,7 @@ class Store:
 def store(tmp_path):
     s = Store(tmp_path / "state.db")
     yield s
-    s.conn.close()
+    s.close()
 
 
 def call(name, **arguments):
@@ -126,7 +125,7 @@ def test_result_shape_with_context(store):
             ],
             "source": "telegram",
             "model": "gpt-x",
-            "session_started": 1000.0,
+            "session_started": store.db.get_session("s1")["started_at"],
         }
     ]
 
@@ -207,7 +206,10 @@ def test_cjk_two_and_one_character_queries(store):
 
 def test_cjk_in_tool_call_arguments_escaped_as_ascii_json(store):
     s = store.session("s1")
-    hit = store.add(s, "assistant", None, tool_calls=call("search", q="查询记忆断裂日志"))
+    hit = store.conn.execute(
+        "INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES (?, 'assistant', ?, 1)",
+        (s, json.dumps(call("search", q="查询记忆断裂日志"))),
+    ).lastrowid
     assert "\\u" in store.conn.execute("SELECT tool_calls FROM messages WHERE id = ?", (hit,)).fetchone()[0]
     assert store.ids("记忆断裂") == [hit]
     assert store.ids("日志") == [hit]

@@ -35,7 +35,7 @@ def store(tmp_path_factory):
                  "v1.2 release", "100% done", "under_score", "ｈｅｌｌｏ wide", "emoji 🙂 here"]:
         s.add(sid, "user", text)
     yield s
-    s.conn.close()
+    s.close()
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
