@@ -119,6 +119,20 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
         click.echo("")
 
 
+@main.command()
+@CONFIG_OPTION
+def doctor(config_path: Path | None) -> None:
+    """Check the config, database, disk, permissions, model, platform tokens and the service."""
+    from gateway.doctor import run_checks
+
+    checks = asyncio.run(run_checks(config_path))
+    for check in checks:
+        click.echo(check.line())
+    failed = sum(1 for c in checks if c.ok is False)
+    click.echo(f"\n{failed} problem{'s' if failed != 1 else ''} found." if failed else "\nAll checks passed.")
+    sys.exit(1 if failed else 0)
+
+
 @main.group()
 def pairing() -> None:
     """Strangers who asked to talk to the agent, and the users you approved."""

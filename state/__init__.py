@@ -25,12 +25,14 @@ from .errors import (
     TitleConflict,
     WriteTimeout,
 )
+from .inspect import DatabaseReport, inspect_database
 from .paths import default_db_path, default_home, new_session_id
 
 __all__ = [
     "AmbiguousSession",
     "Appended",
     "AsyncSessionDB",
+    "DatabaseReport",
     "DatabaseRefused",
     "ImportFileError",
     "InvalidTitle",
@@ -44,5 +46,6 @@ __all__ = [
     "WriteTimeout",
     "default_db_path",
     "default_home",
+    "inspect_database",
     "new_session_id",
 ]

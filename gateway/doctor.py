@@ -1,0 +1,167 @@
+"""``switchboard doctor``: every check an operator would make by hand, each with its fix.
+
+Each :class:`Check` is ✓ (ok), ✗ (problem, with what to do) or – (could not
+be checked here, and why).  Network checks run concurrently with a timeout;
+nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+import state
+from gateway import service
+from gateway.config import Config, find_config_path, load_config
+from gateway.errors import ConfigError
+
+TIMEOUT = aiohttp.ClientTimeout(total=10)
+MIN_FREE_BYTES = 200 * 1024 * 1024
+WAL_WARN_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool | None  # None: skipped
+    detail: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        mark = {True: "✓", False: "✗", None: "–"}[self.ok]
+        text = f"{mark} {self.name}: {self.detail}"
+        return text + (f"\n    fix: {self.fix}" if self.fix and self.ok is False else "")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024 / 1024:.1f} MiB"
+
+
+def check_database(home: Path) -> list[Check]:
+    report = state.inspect_database(home / "state.db")
+    if not report.exists:
+        return [Check("database", True, f"{report.path} not created yet (the first start creates it)")]
+    if report.refused:
+        return [Check("database", False, report.refused, "restore a backup: switchboard restore FILE")]
+    checks = [
+        Check("database integrity", report.quick_check == "ok", f"PRAGMA quick_check: {report.quick_check}",
+              "stop the daemon and restore a backup: switchboard restore FILE"),
+        Check("schema", True, f"version {report.schema_version} (this Switchboard: {report.supported_version})"
+              + ("; migrates at next start" if report.schema_version < report.supported_version else "")),
+        Check("WAL", report.wal_bytes < WAL_WARN_BYTES, f"{_mib(report.wal_bytes)} (database {_mib(report.size_bytes)})",
+              "a long-lived reader blocks checkpoints: restart the daemon, or run switchboard backup to check"),
+    ]
+    return checks
+
+
+def check_disk(home: Path) -> Check:
+    probe = home if home.exists() else home.parent
+    free = shutil.disk_usage(probe).free
+    return Check("disk", free >= MIN_FREE_BYTES, f"{_mib(free)} free at {probe}",
+                 f"free space on the disk holding {probe}: a full disk stops every write")
+
+
+def check_permissions(home: Path) -> list[Check]:
+    checks = []
+    if home.exists():
+        mode = stat.S_IMODE(home.stat().st_mode)
+        checks.append(Check("home permissions", mode & 0o077 == 0, f"{home} is {mode:04o}", f"chmod 700 {home}"))
+    for name in ("state.db", service.ENV_FILENAME):
+        path = home / name
+        if path.exists():
+            mode = stat.S_IMODE(path.stat().st_mode)
+            checks.append(Check(f"{name} permissions", mode & 0o077 == 0, f"{path} is {mode:04o}", f"chmod 600 {path}"))
+    return checks
+
+
+async def check_model(http: aiohttp.ClientSession, cfg: Config) -> Check:
+    base = str(cfg.model.base_url).rstrip("/")
+    try:
+        async with http.get(f"{base}/models", headers={"Authorization": f"Bearer {cfg.model.api_key}"}) as r:
+            if r.status in (401, 403):
+                return Check("model", False, f"{base} refused the API key (HTTP {r.status})", "set model.api_key")
+            if r.status == 404:
+                return Check("model", True, f"{base} is reachable (it lists no models, so {cfg.model.name!r} was not checked)")
+            if r.status >= 400:
+                return Check("model", False, f"{base}/models answered HTTP {r.status}", "check model.base_url")
+            body = await r.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        return Check("model", False, f"cannot reach {base}: {type(exc).__name__} {exc}".strip(),
+                     "check model.base_url and that the model server is running")
+    names = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
+    if cfg.model.name in names:
+        return Check("model", True, f"{base} serves {cfg.model.name!r}")
+    shown = ", ".join(str(n) for n in names[:8]) or "none"
+    return Check("model", False, f"{base} does not serve {cfg.model.name!r} (it has: {shown})", "set model.name to one of those")
+
+
+async def _platform_call(http, name, method, url, headers, ok) -> Check:
+    try:
+        async with http.request(method, url, headers=headers) as r:
+            body = await r.json(content_type=None) if r.content_type.endswith("json") else {}
+            status = r.status
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        return Check(name, False, f"cannot reach the API: {type(exc).__name__}", f"check platforms.{name} URLs and the network")
+    who = ok(status, body)
+    if who:
+        return Check(name, True, f"token valid ({who})")
+    return Check(name, False, f"the token was refused (HTTP {status})", f"set a valid token for platforms.{name}")
+
+
+async def _ready(check: Check) -> Check:
+    return check
+
+
+async def check_platforms(http: aiohttp.ClientSession, cfg: Config) -> list[Check]:
+    calls = []
+    for name, status in cfg.enabled_platforms().items():
+        if status != "on":
+            calls.append(_ready(Check(name, None, status)))
+            continue
+        p = getattr(cfg.platforms, name)
+        if name == "telegram":
+            calls.append(_platform_call(http, name, "POST", f"{str(p.base_url)}{p.token}/getMe", {},
+                                        lambda s, b: b.get("ok") and "@" + str(b["result"].get("username"))))
+        elif name == "discord":
+            calls.append(_platform_call(http, name, "GET", f"{str(p.api_base_url).rstrip('/')}/users/@me",
+                                        {"Authorization": f"Bot {p.token}"},
+                                        lambda s, b: s == 200 and b.get("username")))
+        else:
+            calls.append(_platform_call(http, name, "POST", f"{str(p.api_base_url).rstrip('/')}/auth.test",
+                                        {"Authorization": f"Bearer {p.bot_token}"},
+                                        lambda s, b: b.get("ok") and f"{b.get('team')} as {b.get('user')}"))
+    return list(await asyncio.gather(*calls))
+
+
+def check_unit(home: Path) -> Check:
+    if not service.systemd_running():
+        return Check("service", None, "systemd is not running on this machine; the unit cannot be checked here")
+    report = service.service_status("system", home=home)
+    return Check("service", report.running, "; ".join(report.lines),
+                 "switchboard service install, then the systemctl commands it prints")
+
+
+async def run_checks(config_path: Path | None) -> list[Check]:
+    try:
+        path = find_config_path(config_path)
+        cfg = load_config(path)
+    except ConfigError as exc:
+        home = state.default_home()
+        return [Check("config", False, str(exc), "fix the key named above, then: switchboard config check"),
+                *check_database(home), check_disk(home), *check_permissions(home)]
+    checks = [Check("config", True, f"{cfg.source} is valid")]
+    home = cfg.home
+    checks += await asyncio.to_thread(check_database, home)
+    checks.append(await asyncio.to_thread(check_disk, home))
+    checks += check_permissions(home)
+    async with aiohttp.ClientSession(timeout=TIMEOUT, trust_env=False) as http:
+        model, platforms = await asyncio.gather(check_model(http, cfg), check_platforms(http, cfg))
+    checks.append(model)
+    checks += platforms
+    checks.append(await asyncio.to_thread(check_unit, home))
+    return checks

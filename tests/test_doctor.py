@@ -1,0 +1,96 @@
+"""`switchboard doctor` finds each failure it is built to find, and says how to fix it."""
+
+import asyncio
+import os
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import state
+from gateway.cli import main
+from tests.fakes.discord import FakeDiscord
+from tests.fakes.model_server import FakeModel
+from tests.fakes.slack import FakeSlack
+from tests.fakes.telegram import FakeTelegram
+
+
+def write_config(tmp_path, **cfg):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"home": str(tmp_path / "home"), **cfg}))
+    return path
+
+
+async def doctor(config):
+    # CliRunner is synchronous; run it off the loop so the fake servers keep answering
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["doctor", "--config", str(config)],
+                                     env={"HTTP_PROXY": "", "HTTPS_PROXY": ""})
+    return result.exit_code, result.output
+
+
+def line(output, name):
+    return next(l for l in output.splitlines() if l[2:].startswith(name + ":"))
+
+
+async def test_everything_healthy(tmp_path):
+    async with FakeModel(model_name="fake-model") as model, FakeTelegram() as tg:
+        config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"},
+                              platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}})
+        (tmp_path / "home").mkdir(mode=0o700)
+        state.SessionDB(tmp_path / "home" / "state.db").close()
+        code, out = await doctor(config)
+    assert code == 0, out
+    assert line(out, "model").startswith("✓") and "serves 'fake-model'" in line(out, "model")
+    assert line(out, "telegram") == "✓ telegram: token valid (@switchboard_bot)"
+    assert line(out, "database integrity").startswith("✓")
+    assert line(out, "discord").startswith("– discord: off:")
+    assert out.rstrip().endswith("All checks passed.")
+
+
+async def test_model_missing_or_unreachable(tmp_path):
+    async with FakeModel(model_name="other-model") as model:
+        config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"})
+        code, out = await doctor(config)
+    assert code == 1
+    assert line(out, "model") == f"✗ model: {model.base_url} does not serve 'fake-model' (it has: other-model)"
+    config = write_config(tmp_path, model={"base_url": "http://127.0.0.1:9/v1", "name": "x"})
+    code, out = await doctor(config)
+    assert code == 1 and "cannot reach http://127.0.0.1:9/v1" in out and "fix: check model.base_url" in out
+
+
+async def test_bad_platform_tokens(tmp_path):
+    async with FakeModel() as model, FakeTelegram() as tg, FakeDiscord() as dc, FakeSlack() as sl:
+        config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"}, platforms={
+            "telegram": {"token": "999:wrong-token-aaaaaaaaaaaaaaaaaaaaaaaaaa", "base_url": tg.base_url},
+            "discord": {"token": "wrong.discord.token", "api_base_url": dc.api_base_url},
+            "slack": {"bot_token": "xoxb-wrong", "app_token": sl.app_token, "api_base_url": sl.base_url},
+        })
+        code, out = await doctor(config)
+    assert code == 1
+    for name in ("telegram", "discord", "slack"):
+        assert line(out, name).startswith(f"✗ {name}: the token was refused"), out
+    assert "wrong-token" not in out and "xoxb-wrong" not in out  # tokens are never printed
+
+
+async def test_permissions_and_a_corrupt_database(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    os.chmod(home, 0o755)
+    (home / "state.db").write_bytes(b"this is not a database" * 100)
+    os.chmod(home / "state.db", 0o644)
+    async with FakeModel() as model:
+        config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"})
+        code, out = await doctor(config)
+    assert code == 1
+    assert line(out, "home permissions") == f"✗ home permissions: {home} is 0755"
+    assert f"fix: chmod 700 {home}" in out and f"fix: chmod 600 {home / 'state.db'}" in out
+    assert line(out, "database").startswith("✗ database:") and "not a SQLite database" in line(out, "database")
+
+
+async def test_a_bad_config_is_reported_and_the_rest_still_checked(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  max_concurrent_calls: many\n")
+    code, out = await doctor(config)
+    assert code == 1
+    assert line(out, "config").startswith("✗ config:") and "model.max_concurrent_calls" in out
+    assert "disk:" in out
