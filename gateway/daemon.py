@@ -30,7 +30,8 @@ from gateway.api import LocalApi
 from gateway.auth import AuthSettings, Authorizer
 from gateway.commands import default_commands
 from gateway.compressing import Compressor
-from gateway.config import PLATFORMS, Config
+from gateway.config import PLATFORMS, Config, load_config
+from gateway.errors import ConfigError
 from gateway.keys import KeyPolicy
 from gateway.metrics import Metrics
 from gateway.model import ModelClient, ModelSettings
@@ -52,12 +53,15 @@ def auth_settings(config: Config) -> AuthSettings:
                         unauthorized_dm=config.auth.unauthorized_dm, trusted_sources=frozenset(LOCAL_SOURCES))
 
 
-def load_adapters(config: Config, commands: list[tuple[str, str]]) -> tuple[dict[str, Adapter], dict[str, str]]:
+def load_adapters(config: Config, commands: list[tuple[str, str]], *, only: str | None = None,
+                  ) -> tuple[dict[str, Adapter], dict[str, str]]:
     """Build the adapter of every platform that is on; returns (adapters, why-off for the others)."""
     available = {ep.name: ep for ep in entry_points(group="switchboard.adapters")}
     adapters: dict[str, Adapter] = {}
     off: dict[str, str] = {}
     for name, status in config.enabled_platforms().items():
+        if only is not None and name != only:
+            continue
         if status != "on":
             off[name] = status
             continue
@@ -137,12 +141,7 @@ class Gateway:
         for name, why in self.platforms_off.items():
             log.info("platform %s is %s", name, why)
         for name, adapter in self.adapters.items():
-            self.router.register_output(
-                name,
-                lambda chat, text, reply_to, a=adapter: a.send(chat, text, reply_to=reply_to),
-                adapter.send_typing,
-            )
-            self._supervisors[name] = asyncio.create_task(self._supervise(name, adapter), name=f"adapter:{name}")
+            self._run_adapter(name, adapter)
         # --- cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
         from gateway.cron import CronService
@@ -155,6 +154,39 @@ class Gateway:
     async def on_inbound(self, msg: InboundMessage) -> None:
         """The adapters' handler: returns once the message is persisted (or dropped on purpose)."""
         await self.router.handle(msg)
+
+    def _run_adapter(self, name: str, adapter: Adapter) -> None:
+        self.adapters[name] = adapter
+        self.platforms_off.pop(name, None)
+        self.router.register_output(
+            name,
+            lambda chat, text, reply_to, a=adapter: a.send(chat, text, reply_to=reply_to),
+            adapter.send_typing,
+        )
+        self._supervisors[name] = asyncio.create_task(self._supervise(name, adapter), name=f"adapter:{name}")
+
+    async def restart_platform(self, name: str) -> None:
+        """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
+        supervisor = self._supervisors.pop(name, None)
+        if supervisor is not None:
+            supervisor.cancel()
+        adapter = self.adapters.pop(name, None)
+        self._start_errors.pop(name, None)
+        if adapter is not None:
+            try:
+                await adapter.stop()
+            except Exception:  # noqa: BLE001 - the new one starts anyway
+                log.exception("platform %s did not stop cleanly", name)
+        status = self.config.enabled_platforms()[name]
+        if status != "on":
+            self.platforms_off[name] = status
+            log.info("platform %s is %s", name, status)
+            return
+        built, off = load_adapters(self.config, self.commands.menu(), only=name)
+        if name in built:
+            self._run_adapter(name, built[name])
+        else:
+            self.platforms_off.update(off)
 
     async def _supervise(self, name: str, adapter: Adapter) -> None:
         backoff = Backoff(base=1.0, cap=60.0)
@@ -231,6 +263,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
     gw = Gateway(config)
     await gw.start()
+    reloads: list[asyncio.Task] = []
+    loop.add_signal_handler(signal.SIGHUP, lambda: reloads.append(asyncio.create_task(_reload(gw, notifier))))
     watchdog = asyncio.create_task(_watchdog(notifier), name="watchdog")
     summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{gw.api.bound_port}; {summary}")
@@ -243,6 +277,23 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     notifier.close()
     log.info("stopped")
     return 0
+
+
+async def _reload(gw: Gateway, notifier: Notifier) -> None:
+    """SIGHUP: re-read the config file; a bad file changes nothing (see gateway.reload)."""
+    from gateway.reload import apply_reload
+
+    source = gw.config.source
+    notifier.send("RELOADING=1", "STATUS=reloading the config")
+    try:
+        new = await asyncio.to_thread(load_config, source)
+    except ConfigError as exc:
+        log.error("config reload refused, the running config stays in force: %s", exc)
+    else:
+        result = await apply_reload(gw, new, auth_settings)
+        if result["needs_restart"]:
+            log.warning("these keys changed and need a restart to apply: %s", ", ".join(result["needs_restart"]))
+    notifier.send("READY=1", "STATUS=serving")
 
 
 async def _watchdog(notifier: Notifier) -> None:
