@@ -126,6 +126,7 @@ async def cmd_help(ctx: CommandContext) -> str:
 async def cmd_new(ctx: CommandContext) -> str:
     old = ctx.session_id
     await ctx.db.end_session(old, "new_session")
+    ctx.router.session_ended(old, ctx.lane.key)  # memory (issue 8): keep what matters, in the background
     new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
     ctx.ticket.session_id = new_id
     ctx.lane.last_prompt_tokens = None

@@ -97,6 +97,8 @@ class Gateway:
         self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
         self.router: SessionRouter | None = None
         self.cron = None  # cron (issue 6): gateway.cron.CronService, made in start()
+        self.recall = None  # recall (issue 8): gateway.recall.SessionRecall, made in start()
+        self.memory = None  # memory (issue 8): gateway.memory.MemoryService, made in start()
         self.started_at: float | None = None
 
     # -- lifecycle --------------------------------------------------------
@@ -130,6 +132,20 @@ class Gateway:
         )
         turn.prompt_hook = self.compressor
         self.commands.compressor = self.compressor if cfg.compression.enabled else None
+        # --- recall and memory (issue 8): session_search + memory tools, /search, the frozen memory
+        # snapshot in the system prompt, and a keep-what-matters turn when a reset or /new ends a session
+        from gateway.memory import MemoryService
+        from gateway.recall import RecallSettings, SessionRecall, search_command, session_search_tool
+
+        self.recall = SessionRecall(self.db, self.model, RecallSettings(model=cfg.recall.model, timezone=cfg.timezone))
+        self.memory = MemoryService(cfg)
+        self.tools.register(session_search_tool(self.recall, cfg))
+        self.tools.register(self.memory.tool())
+        self.commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
+                          search_command(self.recall, cfg), runs_now=True)
+        turn.prompt_blocks.append(self.memory.prompt_block)
+        self.router.on_session_end = lambda sid, key: self.memory.schedule_flush(turn, sid, key)
+        # --- end recall and memory
         if self.serve_api:
             await self.api.start()
         if self._given_adapters is not None:
@@ -216,6 +232,8 @@ class Gateway:
             for key in cancelled:
                 log.warning("turn for %s cancelled at shutdown after %.0fs; the user's message is stored "
                             "and the next turn will answer it", key, grace)
+        if self.memory is not None:  # memory (issue 8): flushes of ended sessions finish within the grace
+            await self.memory.drain(grace)
         for task in self._supervisors.values():
             task.cancel()
         await self.api.stop()

@@ -100,6 +100,8 @@ class SessionRouter:
         self._typers: dict[str, Typing] = {}
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
+        # memory (issue 8): told (session id, key) when a reset or /new ends a session; must not block
+        self.on_session_end: Callable[[str, str], object] | None = None
 
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None) -> None:
@@ -185,6 +187,7 @@ class SessionRouter:
             if reason is None:
                 return session_id, None
             await self.db.end_session(session_id, reason)
+            self.session_ended(session_id, key)
             previous = (session, reason, policy)
         elif session is not None:
             previous = None  # ended elsewhere (CLI, /new in another process): start fresh quietly
@@ -197,6 +200,14 @@ class SessionRouter:
             f"(Started a new session: {describe_reset(reason, policy)}. "
             f"Send /resume {old['id']} to go back.)"
         )
+
+    def session_ended(self, session_id: str, key: str) -> None:
+        """A reset or /new ended ``session_id``: let memory keep what matters (in the background)."""
+        if self.on_session_end is not None:
+            try:
+                self.on_session_end(session_id, key)
+            except Exception:  # noqa: BLE001 - memory is best effort; the reset goes on
+                log.exception("session-end hook failed for %s", session_id)
 
     async def start_session(self, key: str, msg: InboundMessage, *, follows: dict | None = None,
                             reason: str | None = None) -> str:

@@ -13,7 +13,7 @@ import base64
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
 
 import compression
@@ -80,6 +80,8 @@ class AgentTurn:
         self.tools = tools
         self.settings = settings
         self.prompt_hook: PromptHook | None = None
+        # memory (issue 8): each returns a block for the system prompt (None: nothing), given (request, session id)
+        self.prompt_blocks: list[Callable[[TurnRequest, str], Awaitable[str | None]]] = []
         self._clock = clock
 
     def system_prompt(self, platform: str) -> str:
@@ -105,7 +107,12 @@ class AgentTurn:
         session_id = req.session_id
         history = await self.db.get_messages_as_conversation(session_id)
         notices: list[str] = []
-        system = [{"role": "system", "content": self.system_prompt(req.platform)}]
+        blocks = [self.system_prompt(req.platform)]
+        for block_for in self.prompt_blocks:  # memory (issue 8): a snapshot frozen per session id
+            block = await block_for(req, session_id)
+            if block:
+                blocks.append(block)
+        system = [{"role": "system", "content": "\n\n".join(blocks)}]
         system += [{"role": "system", "content": note} for note in req.system_notes]
         if self.prompt_hook is not None:
             session_id, history, notices = await self.prompt_hook.before_model_call(

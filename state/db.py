@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, TypeVar
 
-from . import _cron, _messages, _pairing, _routes, _sessions, _titles, _transfer
+from . import _cron, _messages, _pairing, _recall, _routes, _sessions, _titles, _transfer
 from ._engine import Engine
 from ._messages import Appended
 from .paths import default_db_path

@@ -7,8 +7,9 @@ the model was shown::
     echo: <last user message> | turns: <number of user messages> | first: <first user message>
 
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
-one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``Hang``), and with
-``delay`` (seconds before every answer).  Run as a script it serves until
+one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``Hang``), with
+``delay`` (seconds before every answer), and with ``responder`` (a function of
+the request's messages whose string, when it returns one, replaces the echo).  Run as a script it serves until
 killed, printing ``PORT <n>`` first (used by the benchmarks)::
 
     python -m tests.fakes.model_server --delay 0.5
@@ -21,6 +22,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from aiohttp import web
 
@@ -85,6 +87,8 @@ class FakeModel:
         self.port: int | None = None
         self.in_flight = 0
         self.max_in_flight = 0
+        # optional: messages -> reply text, used instead of the default echo when it returns a string
+        self.responder: Callable[[list[dict]], str | None] | None = None
 
     # -- steering ---------------------------------------------------------
     def script(self, *behaviours) -> None:
@@ -162,7 +166,9 @@ class FakeModel:
                     if behaviour.prompt_tokens is not None:
                         prompt_tokens = behaviour.prompt_tokens
                 else:
-                    text = self.default_reply(messages)
+                    text = self.responder(messages) if self.responder is not None else None
+                    if text is None:
+                        text = self.default_reply(messages)
                 message = {"role": "assistant", "content": text}
                 finish = "stop"
             completion_tokens = len(message.get("content") or "") // 4 + 1
