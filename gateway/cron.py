@@ -127,6 +127,7 @@ class CronService:
         self._running: dict[str, asyncio.Task] = {}  # job id -> its run in this process
         self._delivering: set[int] = set()
         self._stopping = False
+        self.polls = 0  # completed polls (for health and tests)
 
     # -- wiring ---------------------------------------------------------------------
     @property
@@ -153,6 +154,13 @@ class CronService:
     def wake(self) -> None:
         """Poll now rather than at the end of the current interval."""
         self._wake.set()
+
+    def armed(self) -> dict[str, float]:
+        """Job id -> the time its alarm is set for, as apscheduler holds them now."""
+        if self._scheduler is None:
+            return {}
+        return {job.id: job.next_run_time.timestamp() for job in self._scheduler.get_jobs()
+                if job.next_run_time is not None}
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self, *, schedule: bool = True) -> None:
@@ -220,6 +228,7 @@ class CronService:
         jobs = await self.refresh()
         await self.run_due(jobs=jobs)
         await self.deliver_due()
+        self.polls += 1
 
     async def refresh(self) -> list[dict]:
         """Arm a timer for every active job at its ``next_run_at``; drop timers of the others."""
@@ -354,7 +363,7 @@ class CronService:
             await self._end(job, run, session_id, output=None, error=error)
             raise
         except ModelUnavailable as exc:
-            error = f"model unavailable: {exc}"
+            error = f"model unavailable: {_model_error(exc)}"
         except Exception as exc:  # noqa: BLE001 - recorded on the run; the job keeps its schedule
             log.exception("cron job %s failed", job["id"])
             error = f"{type(exc).__name__}: {exc}"
@@ -478,6 +487,15 @@ class CronService:
             return recorded
         finally:
             self._delivering.discard(run["id"])
+
+
+def _model_error(exc: ModelUnavailable) -> str:
+    """The client's summary ("HTTP 503") plus what the endpoint said, when it said something."""
+    body = getattr(exc.__cause__, "body", None)
+    said = body.get("message") if isinstance(body, dict) else None
+    if isinstance(said, str) and said.strip() and said.strip() not in str(exc):
+        return f"{exc}: {said.strip()[:500]}"
+    return str(exc)
 
 
 def _local(ts: float | None, tz) -> str:
