@@ -122,3 +122,30 @@ async def test_native_commands_reach_the_gateway_from_the_menu(world):
     assert "/new" in sent[2].visible_text and sent[2].chat_id == -1001234567890  # the help text, in the group
     assert "echo: second topic | turns: 1" in sent[3].visible_text  # a fresh session
     assert len(model.requests) == 2
+
+
+async def test_webhook_mode_through_the_gateway(tmp_path):
+    async with FakeTelegram() as tg, FakeModel() as model:
+        config = gateway_config(
+            tmp_path / "home", model.base_url,
+            auth={"allowed_users": ["telegram:111"]},
+            platforms={"telegram": {"token": tg.token, "base_url": tg.base_url, "webhook_url": "https://bot.example.com/tg",
+                                    "webhook_port": 0, "webhook_secret": "hook_secret_1"}},
+        )
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", what="connected")
+            assert tg.webhook["url"] == "https://bot.example.com/tg" and tg.calls("getUpdates") == []
+            url = gw.adapters["telegram"].webhook_local_url
+            chat = FakeTelegram.private_chat(ANN)
+            first = {"update_id": 1, "message": tg.message(chat, ANN, "over the webhook")}
+            assert await tg.deliver_webhook(first, url, secret="forged") == 403
+            assert await tg.deliver_webhook(first, url) == 200
+            assert await tg.deliver_webhook(first, url) == 200  # Telegram retried: stored once
+            assert await tg.deliver_webhook({"update_id": 2, "message": tg.message(chat, ANN, "marker")}, url) == 200
+            await tg.wait_for_sent(2, timeout=10)
+            assert [s.visible_text.split(" | ")[0] for s in tg.sent] == ["echo: over the webhook", "echo: marker"]
+            assert len(model.requests) == 2
+        finally:
+            await gw.stop(grace_seconds=5)
