@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
 import pytest
@@ -15,6 +16,15 @@ from tests.fakes.discord import FakeDiscord, Request
 
 COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("title", "Show or set this session's title")]
 FAST = Backoff(base=0.02, factor=2.0, cap=0.2)
+
+
+async def eventually(predicate, timeout: float = 5.0, what: str = "condition"):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (result := predicate()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+    return result
 
 
 class Recorder:
@@ -149,12 +159,14 @@ async def test_a_429_once_then_the_reply_arrives_once(fake, bot):
     assert [m["content"] for m in fake.messages[fake.general["id"]]] == ["hello"]
 
 
-async def test_a_429_holds_every_send_on_the_token_for_retry_after(fake, bot):
+async def test_a_429_holds_every_send_on_the_token_for_retry_after(fake, bot, caplog):
+    caplog.set_level(logging.INFO, logger="adapters.discord")
     adapter, _ = bot
     other = fake.add_text_channel(fake.guild, "random")
     fake.fail_next(1, status=429, retry_after=0.3, match=lambda r: r.path == f"/channels/{fake.general['id']}/messages")
     first = asyncio.create_task(adapter.send(ChatRef("discord", fake.general["id"]), "one"))
     [limited] = await fake.wait_for_requests(lambda r: r.method == "POST")
+    await eventually(lambda: "pausing every send on this bot token" in caplog.text, what="the 429 seen")
     second = await adapter.send(ChatRef("discord", other["id"]), "two")  # another channel, same token
     assert (await first).ok and second.ok
     [to_other] = [r for r in sends(fake) if r.path == f"/channels/{other['id']}/messages"]

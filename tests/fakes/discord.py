@@ -384,6 +384,10 @@ class FakeDiscord:
             headers = {}
         self._failures.append(_Failure(status, body, headers, match or _is_send, n))
 
+    def clear_failures(self) -> None:
+        """Forget every pending :meth:`fail_next`."""
+        self._failures.clear()
+
     # ------------------------------------------------------------ waiting
 
     async def wait_until(self, predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
