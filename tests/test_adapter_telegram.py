@@ -138,7 +138,7 @@ async def test_group_messages_reach_the_gateway_only_when_addressed(tg, bot):
         ("111", "what is the plan?", ChatType.GROUP, "-1001234567890"),
         ("222", "and then?", ChatType.GROUP, "-1001234567890"),
         ("222", "/title Trip plans", ChatType.GROUP, "-1001234567890"),
-        ("111", "ask , please", ChatType.GROUP, "-1001234567890"),
+        ("111", "ask, please", ChatType.GROUP, "-1001234567890"),
     ]
     assert all(m.addressed for m in msgs)
     assert msgs[2].is_command

@@ -45,7 +45,9 @@ def _utf16_slice_remove(text: str, spans: list[tuple[int, int]]) -> str:
     pieces.append(units[2 * pos :].decode("utf-16-le"))
     out = pieces[0]
     for piece in pieces[1:]:
-        if out and not out.endswith(("\n", " ")) and piece and not piece.startswith(("\n", " ")):
+        if piece.lstrip(" ")[:1] in {",", ".", ":", ";", "!", "?"}:  # "ask @bot, please" -> "ask, please"
+            out, piece = out.rstrip(" "), piece.lstrip(" ")
+        elif out and not out.endswith(("\n", " ")) and piece and not piece.startswith(("\n", " ")):
             out += " "
         elif out.endswith(" ") and piece.startswith(" "):
             piece = piece.lstrip(" ")
