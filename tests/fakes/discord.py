@@ -243,7 +243,7 @@ class FakeDiscord:
             "timestamp": _now(),
             "edited_timestamp": None,
             "tts": False,
-            "mention_everyone": False,
+            "mention_everyone": "@everyone" in content or "@here" in content,
             "mentions": [self._public(u) for u in mentions],
             "mention_roles": [],
             "attachments": list(attachments),
