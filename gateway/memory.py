@@ -202,7 +202,7 @@ class MemoryFiles:
             )
 
     def _locked(self, target: str):
-        return _FileLock(self.folder, self.folder / f".{FILES[target]}.lock")
+        return _FileLock(self.folder, self.folder / f".{self.path(target).name}.lock")
 
     def _write(self, target: str, entries: tuple[str, ...]) -> MemoryState:
         path = self.path(target)
