@@ -44,6 +44,7 @@ from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundHan
 
 from . import attachments as _attachments
 from . import events, redact
+from . import commands as _commands
 from .outbound import Outbound, allowed_mentions
 from .redact import describe
 
@@ -63,7 +64,6 @@ BAD_TOKEN_HELP = (
 )
 _APP_FLAG_MESSAGE_CONTENT = (1 << 18) | (1 << 19)  # GATEWAY_MESSAGE_CONTENT, GATEWAY_MESSAGE_CONTENT_LIMITED
 _FATAL_CLOSE_CODES = {4004: BAD_TOKEN_HELP, 4014: MESSAGE_CONTENT_HELP}
-_COMMAND_ARGS_HELP = "Arguments (optional)"
 
 
 class _Fatal(AdapterError):
@@ -212,14 +212,14 @@ class DiscordAdapter:
         tree = app_commands.CommandTree(client)
         for name, description in self.commands:
             try:
-                tree.add_command(_slash_command(self, name, description))
+                tree.add_command(_commands.slash_command(self.on_command, name, description))
             except (TypeError, ValueError, app_commands.AppCommandError) as exc:
                 log.warning("discord: command /%s not registered (%s); it still works as a text command", name, exc)
 
         async def setup_hook() -> None:
             if self.sync_commands and self.commands and not self._commands_synced:
                 try:
-                    await _sync_commands(client, tree)
+                    await _commands.sync_commands(client, tree)
                     self._commands_synced = True  # once per adapter: a restart need not re-register
                 except discord.HTTPException as exc:
                     log.warning("discord: registering slash commands failed (%s); text commands still work", exc)
@@ -439,14 +439,14 @@ class DiscordAdapter:
         place = await self._place(interaction.channel) if interaction.channel is not None else None
         if place is None:
             log.warning("discord: /%s from an unknown kind of channel; ignored", name)
-            await _tell(interaction, name, "This command is not available here.")
+            await _commands.tell(interaction, name, "This command is not available here.")
             return
         inbound = events.from_command(interaction, place, name, args)
         self._outbound.remember_interaction(inbound.message_id or "", interaction.application_id, interaction.token)
         if place.chat_type is ChatType.DM:
             self._outbound.remember_dm(place.chat_id)
         if not await self._deliver(inbound):
-            await _tell(interaction, name, "Sorry, that command could not be processed. Please try again.")
+            await _commands.tell(interaction, name, "Sorry, that command could not be processed. Please try again.")
 
     # ------------------------------------------------------------------ outbound
 
@@ -456,42 +456,6 @@ class DiscordAdapter:
 
     async def send_typing(self, chat: ChatRef) -> None:
         await self._outbound.send_typing(chat)
-
-
-def _command_signature(payloads: list[dict]) -> set[tuple]:
-    return {
-        (p["name"], p.get("description", ""),
-         tuple((o["name"], o["type"], bool(o.get("required")), o.get("description", "")) for o in p.get("options") or ()))
-        for p in payloads
-    }
-
-
-async def _sync_commands(client: discord.Client, tree: app_commands.CommandTree) -> None:
-    """Register the global slash commands, unless Discord already has exactly these (it limits re-creation)."""
-    app_id = client.application_id
-    have = await client.http.get_global_commands(app_id)
-    want = [cmd.to_dict(tree) for cmd in tree.get_commands()]
-    if _command_signature(have) == _command_signature(want):
-        log.debug("discord: slash commands already registered")
-        return
-    await tree.sync()
-    log.info("discord: registered %d slash commands", len(want))
-
-
-def _slash_command(adapter: DiscordAdapter, name: str, description: str) -> app_commands.Command:
-    @app_commands.describe(args=_COMMAND_ARGS_HELP)
-    async def callback(interaction: discord.Interaction, args: str | None = None) -> None:
-        await adapter.on_command(interaction, name, args)
-
-    return app_commands.Command(name=name, description=(description or name)[:100], callback=callback)
-
-
-async def _tell(interaction: discord.Interaction, name: str, text: str) -> None:
-    """An ephemeral follow-up (only the user sees it), best effort."""
-    try:
-        await interaction.followup.send(text, ephemeral=True)
-    except discord.HTTPException as exc:
-        log.warning("discord: could not answer /%s: %s", name, describe(exc))
 
 
 async def _close(client: discord.Client | None, task: asyncio.Task | None) -> None:
