@@ -112,9 +112,11 @@ async def test_an_unreachable_api_fails_start_with_the_host_named(tg):
 
 
 async def test_a_dm_becomes_one_exact_inbound_message(tg, bot):
-    _, handler = bot
+    adapter, handler = bot
+    assert adapter.health().last_event_at is None
     update = tg.dm(ANN, "hello there")
     [msg] = await handler.wait_for(1)
+    assert adapter.health().last_event_at is not None
     assert plain(msg) == InboundMessage(
         platform="telegram", chat_type=ChatType.DM, chat_id="111", user_id="111", text="hello there",
         message_id=str(update["message"]["message_id"]), thread_id=None, user_name="Ann Lee",

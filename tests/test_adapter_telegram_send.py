@@ -117,6 +117,16 @@ async def test_server_errors_are_retried_then_reported(tg, bot):
     assert len(tg.sent) == 1
 
 
+async def test_a_reply_to_a_group_that_became_a_supergroup_follows_it(tg, bot):
+    adapter, _ = bot
+    tg.fail_next("sendMessage", status=400, description="Bad Request: group chat was upgraded to a supergroup chat",
+                 parameters={"migrate_to_chat_id": -1005550001})
+    delivery = await adapter.send(ChatRef("telegram", "-4321"), "still here")
+    assert delivery.ok
+    assert [c["chat_id"] for c in tg.calls("sendMessage")] == [-4321, -1005550001]
+    assert [(s.chat_id, s.visible_text) for s in tg.sent] == [(-1005550001, "still here")]
+
+
 async def test_replies_in_a_topic_go_to_the_topic_and_quote_the_question(tg, bot):
     adapter, handler = bot
     tg.in_topic(TEAM, ANN, "@switchboard_bot status?", thread_id=77)

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from telegram import Bot, BotCommand, Message, ReplyParameters, Update
 from telegram.constants import ChatAction, ParseMode
-from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.error import BadRequest, ChatMigrated, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from gateway.errors import AdapterError
@@ -373,6 +373,10 @@ class TelegramAdapter:
             except RetryAfter as exc:
                 limiter.pause(retry_after_seconds(exc) or 1.0)
                 raise
+            except ChatMigrated as exc:  # a group became a supergroup: same conversation, new id
+                log.info("telegram chat %s moved to %s; sending there", kwargs["chat_id"], exc.new_chat_id)
+                kwargs["chat_id"] = exc.new_chat_id
+                raise
 
         async def send(**extra: Any) -> Message:
             return await retry_async(lambda: attempt(**extra), classify=_retry_send, backoff=self._send_backoff,
@@ -418,6 +422,8 @@ def _retry_network(exc: BaseException) -> float | None:
 
 
 def _retry_send(exc: BaseException) -> float | None:
+    if isinstance(exc, ChatMigrated):  # resend at once to the new chat id
+        return 0.0
     # A timed-out send may have arrived; retrying risks a duplicate but never loses the reply.
     return _retry_network(exc)
 

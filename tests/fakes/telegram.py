@@ -78,6 +78,7 @@ class _Scripted:
     status: int = 500
     description: str = ""
     retry_after: int | None = None
+    parameters: dict | None = None
 
 
 class HTMLRejected(ValueError):
@@ -284,8 +285,8 @@ class FakeTelegram:
     # -- scripting failures ----------------------------------------------------------
 
     def fail_next(self, method: str, times: int = 1, *, status: int = 500, description: str = "Internal Server Error",
-                  retry_after: int | None = None) -> None:
-        self._script(method, times, _Scripted("fail", status, description, retry_after))
+                  retry_after: int | None = None, parameters: dict | None = None) -> None:
+        self._script(method, times, _Scripted("fail", status, description, retry_after, parameters))
 
     def rate_limit_next(self, method: str = "sendMessage", times: int = 1, *, retry_after: int = 1) -> None:
         self.fail_next(method, times, status=429, description=f"Too Many Requests: retry after {retry_after}",
@@ -378,10 +379,11 @@ class FakeTelegram:
         return web.json_response({"ok": True, "result": result})
 
     @staticmethod
-    def _error(status: int, description: str, retry_after: int | None = None) -> web.Response:
+    def _error(status: int, description: str, retry_after: int | None = None,
+               parameters: dict | None = None) -> web.Response:
         body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
-        if retry_after is not None:
-            body["parameters"] = {"retry_after": retry_after}
+        if retry_after is not None or parameters:
+            body["parameters"] = dict(parameters or {}, **({"retry_after": retry_after} if retry_after is not None else {}))
         return web.json_response(body, status=status)
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
@@ -394,7 +396,7 @@ class FakeTelegram:
         if script:
             item = script.popleft()
             if item.kind == "fail":
-                return self._error(item.status, item.description, item.retry_after)
+                return self._error(item.status, item.description, item.retry_after, item.parameters)
             if item.kind == "drop":
                 assert request.transport is not None
                 request.transport.abort()
