@@ -128,6 +128,7 @@ class CronService:
         self._delivering: set[int] = set()
         self._stopping = False
         self.polls = 0  # completed polls (for health and tests)
+        self._soon = False
 
     # -- wiring ---------------------------------------------------------------------
     @property
@@ -218,8 +219,9 @@ class CronService:
             except Exception:  # noqa: BLE001 - a bad poll (locked db, ...) is retried at the next one
                 log.exception("cron poll failed; retrying in %.0fs", self._poll_seconds)
             self._wake.clear()
+            wait, self._soon = (min(self._poll_seconds, 0.25) if self._soon else self._poll_seconds), False
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_seconds)
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
             except asyncio.TimeoutError:
                 pass
 
@@ -452,7 +454,17 @@ class CronService:
                 out.append(done)
         return out
 
+    def _connecting(self, platform: str | None) -> bool:
+        """True while the platform's adapter is still starting (the daemon just came up): wait for it
+        rather than spend an attempt.  A failed or reconnecting adapter is tried, and its failure recorded."""
+        if platform not in self.gw.adapters:
+            return False
+        return self.gw.health()["platforms"][platform]["state"] in ("stopped", "starting")
+
     async def _deliver(self, run: dict, *, now: float) -> dict | None:
+        if self._connecting(parse_target(run["deliver"]).platform):
+            self._soon = True  # look again shortly rather than after a whole poll interval
+            return None
         claimed = await self.db.claim_cron_delivery(run["id"], now=now, hold_seconds=self.delivery_hold_seconds)
         if claimed is None:
             return None

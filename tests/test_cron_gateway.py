@@ -117,7 +117,7 @@ async def test_a_failed_delivery_is_recorded_retried_with_backoff_and_never_call
         assert tg.sent == []
         wait = run["next_delivery_at"] - clock()
         assert 15 <= wait <= 30  # the first backoff step (30 s, jittered)
-        gw.cron.wake()  # a poll before the time comes does not retry
+        gw.cron.poll_seconds = 0.05  # polls before the time comes do not retry
         polls = gw.cron.polls
         await until(lambda: gw.cron.polls > polls + 1, "two polls")
         assert tg.sent == [] and (await gw.db.get_cron_run(run["id"]))["delivery_attempts"] == 1
@@ -140,6 +140,7 @@ async def test_a_delivery_that_keeps_failing_is_given_up_as_failed(tmp_path, mod
     async with telegram_gateway(tmp_path, model, tg, clock=clock) as gw:
         await connected(gw)
         gw.cron.delivery_attempts = 3
+        gw.cron.poll_seconds = 0.05
         run = await gw.cron.run_job("morning")
         for attempt in (2, 3):
             clock.advance(3600)

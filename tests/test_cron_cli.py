@@ -1,0 +1,142 @@
+"""``switchboard cron ...``: in-process for the table-editing commands, the installed command as a
+subprocess for ``cron run`` (a second process contending for the job's lease)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import state
+from gateway.cli import main
+from gateway.cli_cron import cron_group
+from tests.fakes.model_server import FakeModel, Reply
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import running_gateway
+from tests.test_adapter_telegram import make_adapter
+from tests.test_cron_gateway import _delivered, until
+
+SWITCHBOARD = Path(sys.executable).parent / "switchboard"
+
+
+def write_config(tmp_path: Path, model_url: str = "http://127.0.0.1:9/v1", jobs=()) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "home": str(tmp_path / "home"),
+        "timezone": "Europe/Berlin",
+        "model": {"base_url": model_url, "name": "fake-model", "api_key": "sk-test-not-a-secret-0000", "max_retries": 0},
+        "cron": {"jobs": list(jobs)},
+    }))
+    return path
+
+
+def cli(config: Path, *args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(main, ["cron", *args, "--config", str(config)])
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_every_cron_command_has_help():
+    for name, command in cron_group.commands.items():
+        result = CliRunner().invoke(main, ["cron", name, "--help"])
+        assert result.exit_code == 0 and command.help and "--config" in result.output, name
+
+
+def test_add_list_show_edit_pause_resume_remove(tmp_path):
+    config = write_config(tmp_path, jobs=[{"id": "digest", "name": "Digest", "schedule": "0 18 * * 5", "prompt": "Weekly digest"}])
+    out = cli(config, "add", "Morning briefing", "-s", "0 8 * * 1-5", "-p", "What is on today?", "-d", "telegram:-100123:7")
+    assert out.startswith("Added job morning-briefing (Morning briefing): 0 8 * * 1-5, next run ")
+    assert out.rstrip().endswith("(Europe/Berlin); delivers to telegram:-100123:7.")
+    assert cli(config, "add", "Morning briefing", "-s", "every 2h", "-p", "x").startswith("Added job morning-briefing-2 ")
+    bad = cli(config, "add", "Broken", "-s", "0 8 * * 8", "-p", "x", code=1)
+    assert "error: schedule: '0 8 * * 8': the day of week field '8' is wrong" in bad and "'every 30m'" in bad
+    assert "sms" in cli(config, "add", "Broken", "-s", "every 1h", "-p", "x", "-d", "sms:1", code=1)
+    listing = cli(config, "list").splitlines()
+    assert [line.split()[0] for line in listing] == ["ID", "digest", "morning-briefing", "morning-briefing-2"]
+    assert listing[1].split()[-1] == "config" and listing[2].split()[-1] == "cli"
+
+    # config jobs are edited in the config file; pause works on every job
+    assert "is defined in the config file (cron.jobs); edit it there" in cli(config, "edit", "digest", "-p", "x", code=1)
+    assert "remove it there (or pause it)" in cli(config, "remove", "digest", code=1)
+    assert cli(config, "pause", "digest") == "Paused job digest.\n"
+    assert "paused" in cli(config, "list").splitlines()[1]
+    assert cli(config, "resume", "digest").startswith("Resumed job digest: next run ")
+
+    assert cli(config, "edit", "morning-briefing", "--prompt", "Anything new?", "--context", "continue").startswith(
+        "Updated job morning-briefing")
+    shown = cli(config, "show", "morning-briefing")
+    assert "prompt:    Anything new?" in shown and "context:   continue" in shown and "No runs yet." in shown
+    assert "nothing to change" in cli(config, "edit", "morning-briefing", code=1)
+    assert "'every fortnight'" in cli(config, "edit", "morning-briefing", "-s", "every fortnight", code=1)
+    assert cli(config, "remove", "morning-briefing-2") == "Removed job morning-briefing-2.\n"
+    assert "no scheduled job has the id 'morning-briefing-2'" in cli(config, "show", "morning-briefing-2", code=1)
+    assert cli(config, "history") == "No runs recorded.\n"
+
+
+async def run_cli(*args: str, timeout: float = 60) -> tuple[int, str]:
+    """The installed command in its own process; returns (exit code, stdout)."""
+    proc = await asyncio.create_subprocess_exec(
+        str(SWITCHBOARD), "cron", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert "sk-test-not-a-secret" not in out.decode() + err.decode()
+    return proc.returncode, out.decode()
+
+
+async def test_cron_run_in_a_second_process_respects_the_lease(tmp_path):
+    async with FakeModel() as model:
+        model.script(Reply("Three things today."))
+        config = write_config(tmp_path, model.base_url,
+                              jobs=[{"id": "brief", "name": "Brief", "schedule": "0 8 * * *", "prompt": "Plan?"}])
+        code, out = await run_cli("run", "brief", "--config", str(config))
+        assert code == 0, out
+        assert out.startswith("Run #1 of brief: ok - kept in the store (local)\nSession: ")
+        assert out.rstrip().endswith("Three things today.")
+
+        # another process holds the job's lease: the CLI does not run it a second time
+        db = state.SessionDB(tmp_path / "home" / "state.db")
+        try:
+            held = db.begin_cron_run("brief", holder="daemon-on-host:4242:abcd", now=time.time(), lease_seconds=120,
+                                     trigger="schedule", scheduled_at=None, deliver="local")
+            assert held["status"] == "running"
+            code, out = await run_cli("run", "brief", "--config", str(config))
+            assert code == 1
+            assert "skipped - the previous run was still going (held by daemon-on-host:4242:abcd)" in out
+            assert len(model.requests) == 1  # the second process never called the model
+            db.finish_cron_run(held["run"]["id"], holder="daemon-on-host:4242:abcd", now=time.time(), status="ok",
+                               output="x", delivery="local")
+        finally:
+            db.close()
+        history = cli(config, "history", "brief").splitlines()
+        assert [line.split()[0] for line in history] == ["RUN", "3", "2", "1"]
+        assert history[1].split()[2] == "manual" and "skipped" in history[1]
+        shown = cli(config, "show", "brief")
+        assert "Last answer (run #2" in shown and shown.rstrip().endswith("x")  # the newest answer
+
+
+async def test_a_cli_run_for_a_chat_waits_for_the_daemon_to_deliver(tmp_path):
+    async with FakeModel() as model, FakeTelegram() as tg:
+        job = {"id": "remind", "name": "Reminder", "schedule": "0 9 * * *", "prompt": "Remind me", "deliver": "telegram:111"}
+        config = write_config(tmp_path, model.base_url, jobs=[job])
+        model.script(Reply("Water the plants."))
+        code, out = await run_cli("run", "remind", "--config", str(config))
+        assert code == 0, out
+        assert out.startswith("Run #1 of remind: delivering - waiting for the daemon to deliver to telegram:111")
+        assert tg.sent == []
+        async with running_gateway(tmp_path / "home", model, adapters={"telegram": make_adapter(tg)},
+                                   cron={"jobs": [job]}, timezone="Europe/Berlin") as gw:
+            [sent] = await tg.wait_for_sent(1, timeout=15)
+            run = await until(lambda: _delivered(gw, 1), "the delivery recorded")
+        assert sent.visible_text == "Reminder\n\nWater the plants."
+        assert (run["status"], run["delivery"]) == ("ok", "delivered")
+        assert "delivered to telegram:111" in cli(config, "show", "remind")
+
+
+@pytest.mark.parametrize("args", [["list"], ["history"]])
+def test_commands_work_without_a_config_file(tmp_path, args):
+    result = CliRunner().invoke(main, ["cron", *args], env={"SWITCHBOARD_HOME": str(tmp_path), "SWITCHBOARD_CONFIG": None})
+    assert result.exit_code == 0 and result.output.startswith("No ")
