@@ -390,6 +390,10 @@ class CronService:
         finished = await self.db.finish_cron_run(run["id"], holder=self.holder, now=now, status=status,
                                                  session_id=session_id, output=output, error=error,
                                                  delivery=delivery, next_delivery_at=due)
+        if finished is None:
+            log.warning("cron job %s was removed while run %s was going; its result is dropped", job["id"], run["id"])
+            return {**run, "ended_at": now, "status": status, "session_id": session_id, "output": output,
+                    "error": error or "the job was removed during the run", "delivery": None}
         log.info("cron job %s run %s finished: %s", job["id"], run["id"], delivery or status)
         if delivery == "pending" and self.scheduling and not self._stopping:
             await self._deliver(finished, now=now)
@@ -408,8 +412,7 @@ class CronService:
             if session is not None and session.get("ended_at") is None:
                 return current
         when = run["scheduled_at"] or run["started_at"]
-        base = f"{job['name']} {dt.datetime.fromtimestamp(when, self.tz):%Y-%m-%d %H:%M}"
-        base = base[-state.SessionDB.MAX_TITLE_LENGTH + 4:] if len(base) > state.SessionDB.MAX_TITLE_LENGTH - 4 else base
+        base = f"{job['name'][:76]} {dt.datetime.fromtimestamp(when, self.tz):%Y-%m-%d %H:%M}"  # room for " #NN"
         session_id = state.new_session_id()
         for _ in range(5):
             title = await self.db.get_next_title_in_lineage(base)

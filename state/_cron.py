@@ -54,6 +54,7 @@ RUN_FIELDS = ("id", "job_id", "trigger", "scheduled_at", "started_at", "ended_at
               "output", "error", "note", "deliver", "delivery", "delivery_attempts", "next_delivery_at",
               "delivered_at", "delivery_error", "holder")
 EDITABLE = ("name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds")
+KEEP_RUNS = 1000  # runs kept per job; older ones are deleted as new ones finish
 
 
 def create_tables(conn: sqlite3.Connection) -> None:
@@ -259,16 +260,29 @@ def get_cron_lease(conn: sqlite3.Connection, job_id: str) -> dict | None:
 
 def finish_cron_run(conn: sqlite3.Connection, run_id: int, *, holder: str, now: float, status: str,
                     session_id: str | None = None, output: str | None = None, error: str | None = None,
-                    delivery: str | None = None, next_delivery_at: float | None = None) -> dict:
-    """Record how the run ended and release the lease (if still ours)."""
+                    delivery: str | None = None, next_delivery_at: float | None = None) -> dict | None:
+    """Record how the run ended and release the lease (if still ours); None if the job was removed."""
     conn.execute(
         "UPDATE cron_runs SET ended_at = ?, status = ?, session_id = COALESCE(?, session_id), output = ?, error = ?,"
         " delivery = ?, next_delivery_at = ? WHERE id = ?",
         (now, status, session_id, output, error, delivery, next_delivery_at, run_id),
     )
     run = get_cron_run(conn, run_id)
+    if run is None:  # the job was removed while it ran (its history went with it)
+        conn.execute("DELETE FROM cron_leases WHERE run_id = ? AND holder = ?", (run_id, holder))
+        return None
     conn.execute("DELETE FROM cron_leases WHERE job_id = ? AND holder = ?", (run["job_id"], holder))
+    _prune_runs(conn, run["job_id"])
     return run
+
+
+def _prune_runs(conn: sqlite3.Connection, job_id: str, keep: int = KEEP_RUNS) -> None:
+    """Keep the newest ``keep`` runs of a job; older ones go unless a delivery still waits."""
+    conn.execute(
+        "DELETE FROM cron_runs WHERE job_id = ? AND status != 'running' AND COALESCE(delivery, '') != 'pending'"
+        " AND id < (SELECT id FROM cron_runs WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+        (job_id, job_id, keep - 1),
+    )
 
 
 def set_cron_run_session(conn: sqlite3.Connection, run_id: int, session_id: str) -> None:

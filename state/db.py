@@ -486,8 +486,8 @@ class SessionDB:
     @_writes
     def finish_cron_run(self, run_id: int, *, holder: str, now: float, status: str, session_id: str | None = None,
                         output: str | None = None, error: str | None = None, delivery: str | None = None,
-                        next_delivery_at: float | None = None) -> dict:
-        """Record the run's end and release the lease."""
+                        next_delivery_at: float | None = None) -> dict | None:
+        """Record the run's end and release the lease; None when the job was removed meanwhile."""
         return self._engine.write(
             _cron.finish_cron_run, run_id, holder=holder, now=now, status=status, session_id=session_id,
             output=output, error=error, delivery=delivery, next_delivery_at=next_delivery_at,

@@ -248,3 +248,28 @@ def test_delivery_outbox_claims_once_and_records_every_attempt(tmp_path):
         done = db.record_cron_delivery(run["id"], now=61.0, ok=True)
         assert (done["status"], done["delivery"], done["delivery_attempts"], done["delivered_at"]) == (
             "ok", "delivered", 2, 61.0)
+
+
+def test_old_runs_are_pruned_but_waiting_deliveries_kept(tmp_path):
+    import sqlite3
+
+    from state import _cron
+
+    with state.SessionDB(tmp_path / "state.db") as db:
+        db.add_cron_job(JOB, source="cli", now=0.0, next_run_at=3600.0)
+        ids = []
+        for i in range(6):
+            run = db.begin_cron_run("j", holder="h", now=10.0 + i, lease_seconds=60, trigger="manual",
+                                    scheduled_at=None, deliver="local")["run"]
+            pending = i == 0  # the oldest still waits for its delivery
+            db.finish_cron_run(run["id"], holder="h", now=10.5 + i, status="delivering" if pending else "ok",
+                               output=str(i), delivery="pending" if pending else "local",
+                               next_delivery_at=11.0 if pending else None)
+            ids.append(run["id"])
+    conn = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        _cron._prune_runs(conn, "j", keep=3)
+    finally:
+        conn.close()
+    with state.SessionDB(tmp_path / "state.db") as db:
+        assert [r["id"] for r in db.list_cron_runs("j")] == [ids[5], ids[4], ids[3], ids[0]]
