@@ -120,7 +120,7 @@ def main(argv=None) -> None:
           f"{'LIKE p50':>9} {'p95':>7}")
     worst = 0.0
     for label, q in QUERIES.items():
-        o50, o95, hits = timed(lambda: fts.search_messages(ours, q, limit=20), args.runs)
+        o50, o95, _hits = timed(lambda: fts.search_messages(ours, q, limit=20), args.runs)
         s50, s95, _ = timed(lambda: seed_search(seed, q), args.slow_runs)
         l50, l95, _ = timed(lambda: like_scan(seed, q), args.slow_runs)
         cjk = len(_CJK.findall(q))
@@ -129,14 +129,13 @@ def main(argv=None) -> None:
         worst = max(worst, o95)
         print(f"{label:20} {q!r:24} {n:9,} {o50 * 1e3:9.1f} {o95 * 1e3:7.1f} {s50 * 1e3:9.1f} {s95 * 1e3:7.1f} "
               f"{l50 * 1e3:9.1f} {l95 * 1e3:7.1f}")
-        assert len(hits) == min(20, n) or n >= 20, (label, len(hits), n)
     print(f"\nworst p95 of ours over indexed queries: {worst * 1e3:.1f} ms (target <= 50 ms)")
     for q in ["日志", "库"]:
         o50, o95, _ = timed(lambda: fts.search_messages(ours, q, limit=20), args.slow_runs)
         print(f"  not indexed (LIKE path, 1-2 CJK characters) {q!r}: ours p50 {o50 * 1e3:.1f} ms, p95 {o95 * 1e3:.1f} ms")
 
     upto = fts._indexed_upto(ours)
-    print(f"\nSame answers? whole match sets, content column, messages 1..{upto:,}:")
+    print(f"\nSame answers? whole match sets, content column, message ids up to {upto:,} (ours' index mark):")
     same = True
     for q in [*QUERIES.values(), *EXTRA_CHECKS]:
         a, b = match_sets(seed, ours, q, upto)

@@ -34,33 +34,53 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def measure_appends(path: Path, appends: int) -> dict:
-    conn = _stores.connect(path)
-    base = conn.execute("SELECT max(id) FROM messages").fetchone()[0]
-    corpus = Corpus(seed=7, start=1_800_000_000.0)
-    rows = list(corpus.messages(appends))
-    conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(
-        "INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
-        [(s.id, s.source, s.model, s.started_at) for s in corpus.sessions],
-    )
-    conn.execute("COMMIT")
-    lat = []
-    t0 = time.perf_counter()
-    for row in rows:
-        t = time.perf_counter()
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "INSERT INTO messages (session_id, role, content, tool_calls, tool_name, timestamp) VALUES (?,?,?,?,?,?)",
-            row,
+class Appender:
+    """Single-message transactions into one design's database, timed one by one."""
+
+    def __init__(self, path: Path, appends: int):
+        self.conn = _stores.connect(path)
+        self.base = self.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+        self.corpus = Corpus(seed=7, start=1_800_000_000.0)
+        self.rows = list(self.corpus.messages(appends))
+        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.executemany(
+            "INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
+            [(s.id, s.source, s.model, s.started_at) for s in self.corpus.sessions],
         )
-        conn.execute("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?", (row[0],))
-        conn.execute("COMMIT")
-        lat.append(time.perf_counter() - t)
-    elapsed = time.perf_counter() - t0
-    _cleanup(conn, base, corpus)
-    conn.close()
-    return {"rate": appends / elapsed, "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)}
+        self.conn.execute("COMMIT")
+        self.lat: list[float] = []
+        self.elapsed = 0.0
+
+    def run(self, start: int, stop: int) -> None:
+        conn = self.conn
+        t0 = time.perf_counter()
+        for row in self.rows[start:stop]:
+            t = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO messages (session_id, role, content, tool_calls, tool_name, timestamp)"
+                " VALUES (?,?,?,?,?,?)",
+                row,
+            )
+            conn.execute("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?", (row[0],))
+            conn.execute("COMMIT")
+            self.lat.append(time.perf_counter() - t)
+        self.elapsed += time.perf_counter() - t0
+
+    def result(self) -> dict:
+        _cleanup(self.conn, self.base, self.corpus)
+        self.conn.close()
+        return {"rate": len(self.lat) / self.elapsed, "p50": _pct(self.lat, 0.5), "p99": _pct(self.lat, 0.99)}
+
+
+def measure_appends(paths: dict[str, Path], appends: int, rounds: int) -> dict[str, dict]:
+    """Appends in ``rounds`` alternating slices, so both designs see the same machine load."""
+    appenders = {d: Appender(p, appends) for d, p in paths.items()}
+    step = -(-appends // rounds)
+    for start in range(0, appends, step):
+        for a in appenders.values():
+            a.run(start, min(appends, start + step))
+    return {d: a.result() for d, a in appenders.items()}
 
 
 def _cleanup(conn, base: int, corpus: Corpus) -> None:
@@ -103,18 +123,19 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=1_000_000, help="size of the database appended to")
     ap.add_argument("--appends", type=int, default=5_000, help="single-message transactions to time")
+    ap.add_argument("--rounds", type=int, default=10, help="alternate the designs this many times")
     args = ap.parse_args(argv)
 
     print(f"Appending {args.appends:,} messages, one per transaction, into {args.messages:,} messages "
           f"(WAL, synchronous=NORMAL)")
-    results, sizes, parts = {}, {}, {}
+    sizes, parts, paths = {}, {}, {}
     for design in _stores.DESIGNS:
-        path = _stores.build(design, args.messages)
+        paths[design] = path = _stores.build(design, args.messages)
         sizes[design] = _stores.db_size(path)
         conn = _stores.connect(path)
         parts[design] = _stores.breakdown(conn)
         conn.close()
-        results[design] = measure_appends(path, args.appends)
+    results = measure_appends(paths, args.appends, args.rounds)
     per_m = 1_000_000 / args.messages
     print()
     print(f"{'design':10} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'MB per 1M msgs':>15}")
