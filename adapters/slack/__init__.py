@@ -1,0 +1,15 @@
+"""Slack adapter (slack-bolt async; Socket Mode or HTTP Events mode).
+
+    adapter = SlackAdapter(bot_token="xoxb-...", app_token="xapp-...")       # Socket Mode
+    adapter = SlackAdapter(bot_token="xoxb-...", signing_secret="...", mode="http", http_port=3000)
+    adapter = SlackAdapter.from_config(cfg.platforms.slack, commands=COMMANDS, vision=cfg.model.vision)
+
+Modules: :mod:`.adapter` (lifecycle, inbound events, ack rules, threads),
+:mod:`.events` (payload -> chat type / ids, pure), :mod:`.outbound`
+(splitting, pacing, retries, response_url), :mod:`.mrkdwn` (Markdown <-> Slack text).
+"""
+
+from .adapter import SlackAdapter
+from .mrkdwn import to_mrkdwn, to_plain
+
+__all__ = ["SlackAdapter", "to_mrkdwn", "to_plain"]

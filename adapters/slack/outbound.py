@@ -1,0 +1,161 @@
+"""Sending replies to Slack: split, paced, retried, with a plain-text fallback.
+
+Every part goes through the one :func:`gateway.ratelimit.limiter_for` limiter
+of the bot token.  A 429 pauses that limiter for ``Retry-After`` and the part
+is retried through :func:`gateway.retry.retry_async`; 5xx answers and network
+errors are retried with backoff; any other ``ok: false`` is final.  When
+Slack rejects the formatting (:data:`FORMAT_ERRORS`) the part is sent again
+with ``mrkdwn: false``.
+
+Slash-command replies go to the command's ``response_url`` (Slack allows 5
+posts within 30 minutes of the command); when it is used up, expired or
+failing, the reply falls back to ``chat.postMessage`` in the command's channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
+
+from gateway.errors import PlatformHTTPError, RateLimited
+from gateway.ratelimit import RateLimiter
+from gateway.retry import Backoff, retry_async
+
+log = logging.getLogger(__name__)
+
+PLATFORM = "slack"
+TEXT_LIMIT = 3900  # Slack truncates display around 4,000 characters; stay well under
+RESPONSE_URL_USES = 5
+RESPONSE_URL_TTL = 30 * 60.0
+# ok:false errors that mean "Slack did not accept this text as formatted": resend it plain.
+FORMAT_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "invalid_attachments", "invalid_arguments", "invalid_markdown"})
+
+
+@dataclass(slots=True)
+class ResponseRoute:
+    """A slash command's response_url and what is left of its allowance."""
+
+    url: str
+    channel_id: str
+    ephemeral: bool
+    expires_at: float
+    uses_left: int = RESPONSE_URL_USES
+
+    def usable(self) -> bool:
+        return self.uses_left > 0 and time.monotonic() < self.expires_at
+
+
+class PartFailed(Exception):
+    """One part could not be delivered; the message says why (no secrets)."""
+
+
+class Sender:
+    """Posts one reply part at a time for :class:`adapters.slack.SlackAdapter`."""
+
+    def __init__(self, client: AsyncWebClient, limiter: RateLimiter, *, backoff: Backoff, max_attempts: int, total_seconds: float):
+        self._client = client
+        self._limiter = limiter
+        self._backoff = backoff
+        self._max_attempts = max_attempts
+        self._total_seconds = total_seconds
+
+    def _classify(self, exc: BaseException) -> float | None:
+        if isinstance(exc, RateLimited):
+            self._limiter.pause(exc.retry_after)
+            return exc.retry_after
+        if isinstance(exc, SlackApiError):
+            status = getattr(exc.response, "status_code", 200)
+            if status == 429:
+                retry_after = _retry_after(exc.response.headers)
+                self._limiter.pause(retry_after)
+                log.warning("slack: rate limited, pausing sends for %.1fs", retry_after)
+                return retry_after
+            return 0.0 if status >= 500 else None
+        if isinstance(exc, PlatformHTTPError):
+            return 0.0 if exc.status >= 500 else None
+        if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)):
+            return 0.0
+        return None
+
+    async def _retry(self, call):
+        return await retry_async(
+            call,
+            classify=self._classify,
+            backoff=self._backoff,
+            max_attempts=self._max_attempts,
+            total_seconds=self._total_seconds,
+        )
+
+    async def post(self, channel: str, text: str, *, thread_ts: str | None) -> str:
+        """Post one part with chat.postMessage; returns its ts or raises :class:`PartFailed`."""
+
+        def attempt(plain: bool):
+            async def call():
+                async with self._limiter:
+                    return await self._client.chat_postMessage(
+                        channel=channel, text=text, thread_ts=thread_ts, mrkdwn=not plain, unfurl_links=False
+                    )
+
+            return call
+
+        try:
+            resp = await self._retry(attempt(False))
+        except SlackApiError as exc:
+            error = _error_code(exc)
+            if error not in FORMAT_ERRORS:
+                raise PartFailed(f"chat.postMessage failed: {error}") from None
+            log.warning("slack: formatted text rejected (%s) in %s; sending it as plain text", error, channel)
+            try:
+                resp = await self._retry(attempt(True))
+            except SlackApiError as exc2:
+                raise PartFailed(f"chat.postMessage failed: {_error_code(exc2)} (plain-text fallback too)") from None
+            except Exception as exc2:  # noqa: BLE001 - reported, never raised to the gateway
+                raise PartFailed(f"chat.postMessage failed: {type(exc2).__name__}") from None
+        except Exception as exc:  # noqa: BLE001
+            raise PartFailed(f"chat.postMessage failed: {type(exc).__name__}: {exc}") from None
+        return str(resp.get("ts") or "")
+
+    async def respond(self, route: ResponseRoute, text: str) -> None:
+        """Post one part to a slash command's response_url (raises :class:`PartFailed`)."""
+        webhook = AsyncWebhookClient(route.url, timeout=30)
+
+        async def call():
+            async with self._limiter:
+                resp = await webhook.send(
+                    text=text,
+                    response_type="ephemeral" if route.ephemeral else "in_channel",
+                    replace_original=False,
+                )
+            if resp.status_code == 429:
+                raise RateLimited(PLATFORM, _retry_after(resp.headers))
+            if resp.status_code != 200:
+                raise PlatformHTTPError(PLATFORM, resp.status_code, str(resp.body)[:200])
+            return resp
+
+        route.uses_left -= 1
+        try:
+            await self._retry(call)
+        except Exception as exc:  # noqa: BLE001
+            raise PartFailed(f"response_url failed: {exc}") from None
+
+
+def _retry_after(headers) -> float:
+    try:
+        value = headers.get("Retry-After") or headers.get("retry-after")
+        return max(0.0, float(value)) if value is not None else 1.0
+    except (TypeError, ValueError, AttributeError):
+        return 1.0
+
+
+def _error_code(exc: SlackApiError) -> str:
+    try:
+        return str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+    except Exception:  # noqa: BLE001 - a malformed answer
+        return "unknown_error"

@@ -1,0 +1,396 @@
+"""A local fake of the slice of Slack that slack-sdk / slack-bolt use.
+
+    async with FakeSlack() as slack:
+        adapter = SlackAdapter(bot_token=slack.bot_token, app_token=slack.app_token, api_base_url=slack.base_url)
+        await adapter.start(handler)
+        env = await slack.send_event(slack.message("D1", "U1", "hello"))   # a user writes in a DM
+        await slack.wait_for_ack(env)
+        await slack.wait_for_sent(1)                                        # the bot's replies
+
+It serves, on 127.0.0.1 and a free port:
+
+* the Web API under ``/api/<method>`` (``auth.test``, ``apps.connections.open``,
+  ``chat.postMessage``, ``users.info``, ``reactions.add``/``remove``, anything
+  else answers ``ok: true``), checking the bearer token, recording every call;
+* Socket Mode on ``/link``: a ``hello`` on connect, envelopes pushed by
+  :meth:`send_event` / :meth:`send_command`, acks recorded, pings answered
+  (unless :meth:`freeze`), :meth:`drop_connection` and :meth:`send_disconnect`;
+* slash-command ``response_url`` endpoints under ``/respond/<id>`` and file
+  downloads under ``/files/<id>`` (bearer token required);
+* as Slack's side of HTTP Events mode, :meth:`post_event` signs and POSTs an
+  event to the adapter's endpoint.
+
+Faults: :meth:`fail_next` (an HTTP status such as 429 with ``Retry-After``),
+:meth:`error_next` (``ok: false`` with an error code).  Usable from scripts
+(bench) as well as tests: nothing here depends on pytest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+import aiohttp
+from aiohttp import web
+
+
+@dataclass
+class Call:
+    """One request the fake received."""
+
+    method: str  # the API method ("chat.postMessage"), "response_url" or "file"
+    http_method: str
+    path: str
+    body: dict[str, Any]
+    authorization: str | None = None
+
+
+@dataclass
+class _Conn:
+    ws: web.WebSocketResponse
+    frozen: bool = False
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FakeSlack:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        bot_token: str = "xoxb-fake-bot-token-1234",
+        app_token: str = "xapp-fake-app-token-5678",
+        signing_secret: str = "fake-signing-secret",
+        bot_user_id: str = "UBOT",
+        bot_id: str = "BBOT",
+        team_id: str = "T0001",
+    ):
+        self.bot_token = bot_token
+        self.app_token = app_token
+        self.signing_secret = signing_secret
+        self.bot_user_id = bot_user_id
+        self.bot_id = bot_id
+        self.team_id = team_id
+        self.users: dict[str, str] = {"U1": "alice", "U2": "bob"}
+        self.files: dict[str, tuple[bytes, str]] = {}
+        self.calls: list[Call] = []
+        self.sent: list[dict[str, Any]] = []  # accepted chat.postMessage bodies
+        self.responses: list[dict[str, Any]] = []  # accepted response_url bodies
+        self.acks: list[dict[str, Any]] = []  # Socket Mode acks from the client
+        self.connections_opened = 0  # successful websocket connections
+        self._faults: dict[str, deque[tuple[int, dict, dict]]] = {}
+        self._conns: list[_Conn] = []
+        self._ts = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> "FakeSlack":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_get("/link", self._socket)
+        app.router.add_post("/respond/{id}", self._respond)
+        app.router.add_get("/files/{id}", self._file)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        for conn in list(self._conns):
+            await conn.ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as ``api_base_url`` (slack-sdk needs the trailing slash)."""
+        return f"{self.root}/api/"
+
+    # ------------------------------------------------------------------ faults
+
+    def fail_next(self, method: str, n: int = 1, *, status: int = 429, retry_after: float = 1, error: str = "ratelimited") -> None:
+        """Answer the next ``n`` calls of ``method`` (or "response_url") with HTTP ``status``."""
+        headers = {"Retry-After": str(int(retry_after) if float(retry_after).is_integer() else retry_after)} if status == 429 else {}
+        for _ in range(n):
+            self._faults.setdefault(method, deque()).append((status, {"ok": False, "error": error}, headers))
+
+    def error_next(self, method: str, error: str, n: int = 1) -> None:
+        """Answer the next ``n`` calls of ``method`` with HTTP 200 ``{"ok": false, "error": error}``."""
+        for _ in range(n):
+            self._faults.setdefault(method, deque()).append((200, {"ok": False, "error": error}, {}))
+
+    def _fault(self, method: str) -> web.Response | None:
+        queue = self._faults.get(method)
+        if not queue:
+            return None
+        status, body, headers = queue.popleft()
+        return web.json_response(body, status=status, headers=headers)
+
+    # ------------------------------------------------------------------ Web API
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body: dict[str, Any] = dict(request.query)
+        raw = await request.read()
+        if raw:
+            if request.content_type == "application/json":
+                body.update(json.loads(raw))
+            else:
+                body.update(parse_qsl(raw.decode()))
+        return body
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        body = await self._body(request)
+        auth = request.headers.get("Authorization")
+        self.calls.append(Call(method, request.method, request.path, body, auth))
+        token = (auth or "").removeprefix("Bearer ").strip() or str(body.get("token") or "")
+        expected = self.app_token if method == "apps.connections.open" else self.bot_token
+        if token != expected:
+            return web.json_response({"ok": False, "error": "invalid_auth"})
+        fault = self._fault(method)
+        if fault is not None:
+            return fault
+        if method == "auth.test":
+            return web.json_response({
+                "ok": True, "url": "https://fake.slack.test/", "team": "Fake Team", "user": "switchboard",
+                "team_id": self.team_id, "user_id": self.bot_user_id, "bot_id": self.bot_id, "is_enterprise_install": False,
+            })
+        if method == "apps.connections.open":
+            return web.json_response({"ok": True, "url": f"ws://127.0.0.1:{self.port}/link?ticket={next(self._ids)}"})
+        if method == "chat.postMessage":
+            ts = self.new_ts()
+            self.sent.append(body)
+            return web.json_response({
+                "ok": True, "channel": body.get("channel"), "ts": ts,
+                "message": {"type": "message", "text": body.get("text"), "user": self.bot_user_id, "bot_id": self.bot_id, "ts": ts},
+            })
+        if method == "users.info":
+            uid = str(body.get("user"))
+            if uid not in self.users:
+                return web.json_response({"ok": False, "error": "user_not_found"})
+            name = self.users[uid]
+            return web.json_response({"ok": True, "user": {"id": uid, "name": name, "real_name": name.title(), "profile": {"display_name": name}}})
+        return web.json_response({"ok": True})
+
+    def calls_to(self, method: str) -> list[Call]:
+        return [c for c in self.calls if c.method == method]
+
+    async def _respond(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        self.calls.append(Call("response_url", request.method, request.path, body))
+        fault = self._fault("response_url")
+        if fault is not None:
+            return fault
+        self.responses.append(body)
+        return web.Response(text="ok")
+
+    async def _file(self, request: web.Request) -> web.Response:
+        self.calls.append(Call("file", request.method, request.path, {}, request.headers.get("Authorization")))
+        if request.headers.get("Authorization") != f"Bearer {self.bot_token}":
+            return web.Response(status=403, text="no")
+        data, mime = self.files.get(request.match_info["id"], (b"", ""))
+        if not mime:
+            return web.Response(status=404)
+        return web.Response(body=data, content_type=mime)
+
+    def add_file(self, file_id: str, data: bytes, *, name: str, mimetype: str) -> dict[str, Any]:
+        """Store a downloadable file; returns the file object to put in an event's ``files``."""
+        self.files[file_id] = (data, mimetype)
+        url = f"{self.root}/files/{file_id}"
+        return {"id": file_id, "name": name, "title": name, "mimetype": mimetype, "size": len(data),
+                "url_private": url, "url_private_download": url}
+
+    # ------------------------------------------------------------------ Socket Mode
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(autoping=False)
+        await ws.prepare(request)
+        conn = _Conn(ws)
+        self._conns.append(conn)
+        self.connections_opened += 1
+        await ws.send_json({"type": "hello", "num_connections": len(self._conns),
+                            "debug_info": {"host": "fake", "approximate_connection_time": 3600},
+                            "connection_info": {"app_id": "A0001"}})
+        try:
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.PING:
+                    if not conn.frozen:
+                        await ws.pong(msg.data)
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    data = json.loads(msg.data)
+                    if "envelope_id" in data:
+                        self.acks.append(data)
+        finally:
+            conn.closed.set()
+            if conn in self._conns:
+                self._conns.remove(conn)
+        return ws
+
+    def _live(self) -> _Conn:
+        live = [c for c in self._conns if not c.ws.closed and not c.frozen]
+        if not live:
+            raise AssertionError("no live Socket Mode connection")
+        return live[-1]
+
+    async def wait_connected(self, count: int = 1, timeout: float = 5) -> None:
+        """Wait until ``count`` websocket connections were opened in total and one is live."""
+        await _until(lambda: self.connections_opened >= count and any(not c.ws.closed and not c.frozen for c in self._conns),
+                     timeout, f"{count} socket mode connection(s)")
+
+    async def push(self, envelope: dict[str, Any]) -> str:
+        await self._live().ws.send_json(envelope)
+        return envelope["envelope_id"]
+
+    async def send_event(self, event: dict[str, Any], *, event_id: str | None = None, envelope_id: str | None = None,
+                         retry_attempt: int = 0) -> str:
+        """Deliver an Events API event over Socket Mode; returns its envelope id."""
+        envelope = {
+            "envelope_id": envelope_id or f"env-{next(self._ids)}",
+            "type": "events_api",
+            "accepts_response_payload": False,
+            "retry_attempt": retry_attempt,
+            "retry_reason": "timeout" if retry_attempt else "",
+            "payload": self.event_callback(event, event_id=event_id),
+        }
+        return await self.push(envelope)
+
+    async def send_command(self, command: str, text: str = "", *, user: str = "U1", channel: str = "D1",
+                           channel_name: str = "directmessage") -> str:
+        """Deliver a slash command over Socket Mode; returns its envelope id (also its trigger id)."""
+        envelope_id = f"cmd-{next(self._ids)}"
+        return await self.push({
+            "envelope_id": envelope_id,
+            "type": "slash_commands",
+            "accepts_response_payload": True,
+            "payload": self.command_payload(command, text, user=user, channel=channel, channel_name=channel_name, trigger_id=envelope_id),
+        })
+
+    def command_payload(self, command: str, text: str, *, user: str, channel: str, channel_name: str, trigger_id: str) -> dict:
+        return {
+            "token": "legacy", "team_id": self.team_id, "team_domain": "fake", "channel_id": channel,
+            "channel_name": channel_name, "user_id": user, "user_name": self.users.get(user, user),
+            "command": command, "text": text, "api_app_id": "A0001", "is_enterprise_install": "false",
+            "response_url": f"{self.root}/respond/{trigger_id}", "trigger_id": trigger_id,
+        }
+
+    def event_callback(self, event: dict[str, Any], *, event_id: str | None = None) -> dict[str, Any]:
+        return {
+            "token": "legacy", "team_id": self.team_id, "api_app_id": "A0001", "event": event,
+            "type": "event_callback", "event_id": event_id or f"Ev{next(self._ids):08d}", "event_time": int(time.time()),
+            "authorizations": [{"enterprise_id": None, "team_id": self.team_id, "user_id": self.bot_user_id, "is_bot": True}],
+        }
+
+    async def wait_for_ack(self, envelope_id: str, timeout: float = 5) -> dict[str, Any]:
+        await _until(lambda: any(a["envelope_id"] == envelope_id for a in self.acks), timeout, f"ack of {envelope_id}")
+        return next(a for a in self.acks if a["envelope_id"] == envelope_id)
+
+    def acked(self, envelope_id: str) -> bool:
+        return any(a["envelope_id"] == envelope_id for a in self.acks)
+
+    async def drop_connection(self) -> None:
+        """Close every websocket from the server side (a network drop as the client sees it)."""
+        for conn in list(self._conns):
+            await conn.ws.close(code=1011, message=b"dropped by fake")
+
+    async def send_disconnect(self, reason: str = "refresh_requested") -> None:
+        """Slack's polite "please reconnect" message."""
+        await self._live().ws.send_json({"type": "disconnect", "reason": reason, "debug_info": {"host": "fake"}})
+
+    def freeze(self) -> None:
+        """Current connections stay open but go silent: no pongs, no events (a stall)."""
+        for conn in self._conns:
+            conn.frozen = True
+
+    # ------------------------------------------------------------------ waiting
+
+    async def wait_for_sent(self, n: int, timeout: float = 5) -> list[dict[str, Any]]:
+        await _until(lambda: len(self.sent) >= n, timeout, f"{n} chat.postMessage")
+        return self.sent[:n]
+
+    async def wait_for_calls(self, method: str, n: int, timeout: float = 5) -> list[Call]:
+        await _until(lambda: len(self.calls_to(method)) >= n, timeout, f"{n} {method} call(s)")
+        return self.calls_to(method)
+
+    # ------------------------------------------------------------------ HTTP Events mode (Slack's side)
+
+    def sign(self, body: str, timestamp: int | None = None) -> dict[str, str]:
+        ts = str(int(time.time()) if timestamp is None else timestamp)
+        digest = hmac.new(self.signing_secret.encode(), f"v0:{ts}:{body}".encode(), hashlib.sha256).hexdigest()
+        return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": f"v0={digest}"}
+
+    async def post_event(self, url: str, event: dict[str, Any] | None = None, *, payload: dict[str, Any] | None = None,
+                         event_id: str | None = None, retry_num: int | None = None, timestamp: int | None = None,
+                         bad_signature: bool = False) -> tuple[int, str]:
+        """POST a signed Events API request to the adapter, as Slack does; returns (status, body)."""
+        body = json.dumps(payload if payload is not None else self.event_callback(event or {}, event_id=event_id))
+        headers = {"Content-Type": "application/json", **self.sign(body, timestamp)}
+        if bad_signature:
+            headers["X-Slack-Signature"] = "v0=" + "0" * 64
+        if retry_num is not None:
+            headers["X-Slack-Retry-Num"] = str(retry_num)
+            headers["X-Slack-Retry-Reason"] = "http_timeout"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=body.encode(), headers=headers) as resp:
+                return resp.status, await resp.text()
+
+    # ------------------------------------------------------------------ event builders
+
+    def new_ts(self) -> str:
+        n = next(self._ts)
+        return f"{1700000000 + n}.{n:06d}"
+
+    def message(self, channel: str, user: str, text: str, *, ts: str | None = None, channel_type: str | None = None,
+                thread_ts: str | None = None, files: list | None = None, **extra: Any) -> dict[str, Any]:
+        """A ``message`` event (channel_type from the id: D -> im, else channel)."""
+        event = {
+            "type": "message", "channel": channel, "user": user, "text": text, "ts": ts or self.new_ts(),
+            "channel_type": channel_type or ("im" if channel.startswith("D") else "channel"),
+            "client_msg_id": f"cm-{next(self._ids)}", "team": self.team_id,
+        }
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        if files is not None:
+            event["files"] = files
+            event["subtype"] = "file_share"
+        event.update(extra)
+        return event
+
+    def mention(self, channel: str, user: str, text: str, *, ts: str | None = None, thread_ts: str | None = None) -> dict[str, Any]:
+        """An ``app_mention`` event (the text should contain ``<@BOT>``)."""
+        event = {"type": "app_mention", "channel": channel, "user": user, "text": text, "ts": ts or self.new_ts(),
+                 "client_msg_id": f"cm-{next(self._ids)}", "team": self.team_id}
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        return event
+
+
+async def _until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
