@@ -3,9 +3,10 @@
 * :func:`recall_hits`: a full-text search confined to a *scope* -- sessions of
   one agent (``session_key`` prefix) and of a set of accounts
   (``"platform:user_id"``) -- minus a set of sessions (the caller's lineage),
-  so that other users' messages never even enter the ranking window.  It runs
-  the very search of :mod:`state.fts` (same query syntax, BM25 ranking, CJK
-  dispatch, pending-tail handling) with the scope as an extra condition.
+  so that other users' messages never even enter the result.  Same query
+  syntax, CJK dispatch and pending-tail handling as :mod:`state.fts` (whose
+  helpers it uses); for a user's scope, the newest matches in the scope, for
+  the operator's (every account) fts's own BM25 ranking.
 * :func:`lineage_ids`: a session with all its ancestors and descendants.
 * :func:`recent_sessions`: the newest sessions in a scope (no search).
 * :func:`recall_sessions`: the rows and messages of a few sessions, for
@@ -81,19 +82,123 @@ def recall_hits(
     items = fts.parse(query)
     if not items:
         return {"hits": [], "excluded": excluded}
-    where, args = _scope_sql(agent_prefix, accounts, excluded, role_filter)
-    # fts joins messages ``m`` when there is a condition, and sessions ``s`` when asked to
     try:
-        if any(isinstance(t, fts.Term) and fts.is_cjk(t.text) for t in items):
-            hits = fts._search_cjk(conn, items, where, args, bool(where), limit)
+        if accounts is None:
+            hits = _ranked(conn, items, agent_prefix, excluded, role_filter, limit)
         else:
-            match = " ".join(item if isinstance(item, str) else fts.quote(item) for item in items)
-            hits = fts._search_fts(conn, False, match, fts.positive_terms(items), "", [], where, args, bool(where), limit)
+            ids = _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter)
+            hits = _newest_in(conn, items, ids, limit) if ids else []
     except sqlite3.OperationalError as exc:
         if "fts5" not in str(exc):
             raise
         hits = []
     return {"hits": hits, "excluded": excluded}
+
+
+def _ranked(conn, items, agent_prefix, excluded, role_filter, limit) -> list[dict]:
+    """Every account (the operator): :mod:`state.fts`'s own search (BM25 over the newest
+    matches) with the agent, lineage and role conditions."""
+    where, args = _scope_sql(agent_prefix, None, excluded, role_filter)
+    # fts joins messages ``m`` when there is a condition, and sessions ``s`` when asked to
+    if any(isinstance(t, fts.Term) and fts.is_cjk(t.text) for t in items):
+        return fts._search_cjk(conn, items, where, args, bool(where), limit)
+    match = " ".join(item if isinstance(item, str) else fts.quote(item) for item in items)
+    return fts._search_fts(conn, False, match, fts.positive_terms(items), "", [], where, args, bool(where), limit)
+
+
+def _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter) -> list[int]:
+    """The ids of every message in the scope, through the sessions' ``user_id`` index."""
+    user_ids = sorted({a.split(":", 1)[1] for a in accounts if ":" in a})
+    if not user_ids:
+        return []
+    where, args = _scope_sql(agent_prefix, accounts, excluded, role_filter)
+    return [r[0] for r in conn.execute(
+        "SELECT m.id FROM sessions s JOIN messages m ON m.session_id = s.id"
+        f" WHERE s.user_id IN (SELECT value FROM json_each(?)){where}",
+        [json.dumps(user_ids), *args],
+    )]
+
+
+def _newest_in(conn, items, ids: list[int], limit: int) -> list[dict]:
+    """The newest ``limit`` messages among ``ids`` that match the query (same syntax and
+    CJK dispatch as :func:`state.fts.search_messages`).
+
+    One user's scope is a small part of a big store: scanning a term's matches
+    newest first and keeping those whose id is in the scope (an in-memory
+    lookup, no join) stops after ``limit`` of them, where ranking the newest
+    matches of the scope would first have to walk every other user's.
+    Recall only groups these hits by session, so their order is recency.
+    """
+    like_sql, like_args = "", []
+    if any(isinstance(t, fts.Term) and fts.is_cjk(t.text) for t in items):
+        required, excluded, negate = [], [], False
+        for item in items:
+            if isinstance(item, str):
+                negate = item == "NOT"
+                continue
+            (excluded if negate else required).append(item.text.strip())
+            negate = False
+        for term in [t for t in required if len(t) < 3]:
+            like_sql += fts._like_sql("v")
+            like_args += [fts._like_arg(term)] * 3
+        for term in excluded:
+            like_sql += fts._like_sql("v", negate=True)
+            like_args += [fts._like_arg(term)] * 3
+        long_terms = [t for t in required if len(t) >= 3]
+        terms = required
+        if not long_terms:
+            if not required:
+                return []
+            found = [r[0] for r in conn.execute(
+                "SELECT v.id FROM messages_search_src v WHERE v.id IN (SELECT value FROM json_each(?))"
+                f"{like_sql} ORDER BY v.id DESC LIMIT ?",
+                [json.dumps(ids), *like_args, limit],
+            )]
+            return _details(conn, found, terms)
+        trigram, match = True, " ".join(fts.quote(fts.Term(t)) for t in long_terms)
+    else:
+        trigram = False
+        match = " ".join(item if isinstance(item, str) else fts.quote(item) for item in items)
+        terms = [t.text for t in fts.positive_terms(items)]
+    table, tail_table = ("messages_fts_trigram", "tail_trigram") if trigram else ("messages_fts", "tail_fts")
+    upto = fts._indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
+    found = [r[0] for r in conn.execute(
+        # '+' keeps the scope a filter on the index scan (newest first) instead of one lookup per id
+        f"SELECT f.rowid FROM {table} f WHERE f.{table} MATCH ? AND +f.rowid IN (SELECT value FROM json_each(?))"
+        f"{fts._like_exists(like_sql, 'messages_search_src')} ORDER BY f.rowid DESC LIMIT ?",
+        [match, json.dumps(ids), *like_args, limit],
+    )]
+    pending = [i for i in ids if i > upto]
+    if pending:  # appended since the last index batch: matched in memory, as fts does
+        tail = fts._load_tail(conn, upto, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(pending)], False)
+        if tail is not None:
+            mem, _rows = tail
+            found += [r[0] for r in mem.execute(
+                f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?{fts._like_exists(like_sql, 'tail_src')}",
+                [match, *like_args],
+            )]
+    return _details(conn, sorted(set(found), reverse=True)[:limit], terms)
+
+
+def _details(conn, ids: list[int], terms: list[str]) -> list[dict]:
+    if not ids:
+        return []
+    rows = {r[0]: r for r in conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"
+        " v.content, v.tool_name, v.tool_calls"
+        " FROM messages m JOIN sessions s ON s.id = m.session_id LEFT JOIN messages_search_src v ON v.id = m.id"
+        " WHERE m.id IN (SELECT value FROM json_each(?))",
+        (json.dumps(ids),),
+    )}
+    keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
+    hits = []
+    for msg_id in ids:
+        row = rows.get(msg_id)
+        if row is not None:
+            hit = dict(zip(keys, tuple(row[:7])))
+            hit["snippet"] = fts._like_snippet(list(row[7:]), terms)
+            hits.append(hit)
+    return hits
 
 
 def recent_sessions(

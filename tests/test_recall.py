@@ -3,6 +3,8 @@
 import datetime as dt
 import json
 import re
+import sqlite3
+from contextlib import closing
 
 import pytest
 
@@ -232,3 +234,23 @@ async def test_the_summarizer_model_is_configurable(tmp_path, model):
     (req,) = summary_requests(model)
     assert req.body["model"] == "tiny-summarizer"
     assert json.dumps(req.body).count("axolotl") >= 2
+
+
+async def test_indexed_and_just_appended_messages_are_both_found(tmp_path, model):
+    # the index takes appended messages in batches of 32: a search sees both the indexed and the pending ones
+    async with running_gateway(tmp_path, model) as gw:
+        lines = ["filler words"] * 80
+        lines[2], lines[78] = "the pelican migration started", "the pelican migration finished"
+        lines[4], lines[76] = "数据库迁移开始", "数据库迁移结束"
+        await seed(gw.db, "noise", "api", "someone-else", ["pelican pelican", "数据库"] * 15)
+        await seed(gw.db, "big", "api", "pat", lines)  # ids 31-110: up to 96 indexed, the last 14 pending
+        with closing(sqlite3.connect(f"file:{gw.config.db_path}?mode=ro", uri=True)) as conn:
+            assert conn.execute("SELECT indexed_upto FROM search_index_state").fetchone()[0] == 96
+        scope = recall_scope(gw.config, "main", "api", "pat")
+        english = await gw.recall.gather("pelican migration", scope)
+        cjk = await gw.recall.gather("数据库", scope)
+        negated = await gw.recall.gather("pelican NOT finished", scope)
+    assert [(f.session_id, f.hits) for f in english] == [("big", 2)]
+    assert english[0].snippets == ("the >>>pelican<<< >>>migration<<< finished", "the >>>pelican<<< >>>migration<<< started")
+    assert [(f.session_id, f.hits) for f in cjk] == [("big", 2)]
+    assert [(f.session_id, f.hits) for f in negated] == [("big", 1)]
