@@ -260,8 +260,11 @@ def parse_target(text: Any) -> Target:
     if not 2 <= len(parts) <= most or not all(p.strip() for p in parts[1:]):
         raise ValueError(f"{text!r} is not a {platform} target; write {_PLATFORM_TARGETS[platform]}")
     chat, thread = parts[1].strip(), (parts[2].strip() if len(parts) == 3 else None)
-    if platform in ("telegram", "discord") and not re.fullmatch(r"-?\d+", chat):
-        raise ValueError(f"{platform} chat ids are numbers (got {chat!r}); write {_PLATFORM_TARGETS[platform]}")
+    if platform == "telegram" and not re.fullmatch(r"-?\d+|@[A-Za-z]\w{3,}", chat):
+        raise ValueError(f"telegram chat ids are numbers, or @name for a public channel (got {chat!r}); "
+                         f"write {_PLATFORM_TARGETS[platform]}")
+    if platform == "discord" and not chat.isdigit():
+        raise ValueError(f"discord channel ids are numbers (got {chat!r}); write {_PLATFORM_TARGETS[platform]}")
     if platform == "telegram" and thread is not None and not thread.isdigit():
         raise ValueError(f"a telegram topic id is a number (got {thread!r})")
     return Target(platform, chat, thread)

@@ -7,7 +7,10 @@ happened on the run history and the sessions in state.db.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
+
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -72,8 +75,8 @@ async def test_a_run_is_a_cron_session_delivered_to_the_chat(tmp_path, model, tg
     assert (run["status"], run["delivery"], run["delivery_attempts"], run["trigger"]) == ("ok", "delivered", 1, "manual")
     assert session["source"] == "cron" and session["session_key"] == "agent:main:cron:morning"
     assert session["end_reason"] == "cron_complete"
-    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"]))
-    assert session["title"].startswith("Morning briefing 20") and len(session["title"]) == len("Morning briefing ") + len(started)
+    berlin = dt.datetime.fromtimestamp(run["started_at"], dt.timezone.utc).astimezone(ZoneInfo("Europe/Berlin"))
+    assert session["title"] == f"Morning briefing {berlin:%Y-%m-%d %H:%M}"  # in the configured timezone
     assert [(m["role"], m["content"]) for m in messages] == [("user", "What is on today?"), ("assistant", "Sunny, 3 meetings.")]
     [request] = model.requests
     assert "tools" not in request.body  # jobs cannot create jobs: no tools offered
@@ -84,14 +87,14 @@ async def test_a_run_is_a_cron_session_delivered_to_the_chat(tmp_path, model, tg
 async def test_titles_stay_unique_and_a_continue_job_keeps_one_session(tmp_path, model):
     jobs = [{"id": "a", "name": "Check", "schedule": "every 1h", "prompt": "first?"},
             {"id": "b", "name": "Diary", "schedule": "every 1h", "prompt": "again?", "context": "continue"}]
-    async with running_gateway(tmp_path, model, cron={"jobs": jobs}) as gw:
+    fixed = dt.datetime(2026, 11, 22, 9, 15, 30, tzinfo=dt.timezone.utc).timestamp()
+    async with running_gateway(tmp_path, model, clock=lambda: fixed, cron={"jobs": jobs}) as gw:
         one, two = await gw.cron.run_job("a"), await gw.cron.run_job("a")
         titles = [(await gw.db.get_session(r["session_id"]))["title"] for r in (one, two)]
         d1, d2 = await gw.cron.run_job("b"), await gw.cron.run_job("b")
         diary = await gw.db.get_session(d1["session_id"])
     assert one["session_id"] != two["session_id"]
-    if titles[0][:-3] == titles[1][:-3]:  # same minute: the second is numbered
-        assert titles[1] == titles[0] + " #2"
+    assert titles == ["Check 2026-11-22 09:15", "Check 2026-11-22 09:15 #2"]  # same minute: numbered
     assert d1["session_id"] == d2["session_id"] and diary["ended_at"] is None
     assert d2["output"] == "echo: again? | turns: 2 | first: again?"  # the second run saw the first
     assert (d1["delivery"], d1["status"]) == ("local", "ok")
