@@ -363,7 +363,7 @@ class MemoryService:
     def schedule_flush(self, turn, session_id: str, session_key: str, reason: str = "reset") -> asyncio.Task:
         """Run :func:`memory_flush_turn` for an ended session in the background; the next
         session on ``session_key`` waits for it before reading its snapshot."""
-        task = asyncio.create_task(memory_flush_turn(turn, session_id, reason=reason),
+        task = asyncio.create_task(memory_flush_turn(turn, session_id, reason=reason, memory=self),
                                    name=f"memory-flush:{session_id}")
         self._flushes[session_key] = task
 
@@ -399,16 +399,19 @@ FLUSH_PROMPT = (
 FLUSH_MAX_CALLS = 4
 
 
-async def memory_flush_turn(gw_or_turn, session_id: str, *, reason: str = "reset", min_messages: int = FLUSH_MIN_MESSAGES) -> bool:
+async def memory_flush_turn(gw_or_turn, session_id: str, *, reason: str = "reset", min_messages: int = FLUSH_MIN_MESSAGES,
+                            memory: "MemoryService | None" = None) -> bool:
     """Give the agent one turn, with only the memory tool, to keep what matters of ``session_id``.
 
-    ``gw_or_turn`` is the :class:`~gateway.daemon.Gateway` or its :class:`~gateway.turn.AgentTurn`.
+    ``gw_or_turn`` is the :class:`~gateway.daemon.Gateway` or its :class:`~gateway.turn.AgentTurn`;
+    ``memory`` (default: the gateway's) shows the model what memory holds now, so it adds only what is new.
     ``reason`` completes "this session is about to be ...": "reset" or "compressed".  Skipped
     (returns False) for sessions with fewer than ``min_messages`` messages, for cron sessions and
     when no memory tool is registered.  Nothing is added to the session's history; the model's
     writes land in the memory files.  Never raises for a model failure (logged, returns False).
     """
     turn = getattr(getattr(gw_or_turn, "router", None), "turn", None) or gw_or_turn
+    memory = memory or getattr(gw_or_turn, "memory", None)
     db, tools = turn.db, turn.tools
     if "memory" not in tools.names():
         return False
@@ -424,7 +427,13 @@ async def memory_flush_turn(gw_or_turn, session_id: str, *, reason: str = "reset
     platform = session.get("source") or "?"
     ctx = ToolContext(session_id=session_id, session_key=key, platform=platform, user_id=session.get("user_id"),
                       agent=_agent_of(key, turn.settings.agent))
-    prompt = [{"role": "system", "content": turn.system_prompt(platform)}, *history,
+    system = turn.system_prompt(platform)
+    files = memory.files_for(ctx.agent, platform, ctx.user_id) if memory is not None else None
+    live = await asyncio.to_thread(memory.render_block, files) if files is not None else None
+    if live:
+        system += "\n\n" + live.replace("as saved when this session started; changes you make apply from the next session",
+                                         "as it is now")
+    prompt = [{"role": "system", "content": system}, *history,
               {"role": "user", "content": FLUSH_PROMPT.format(reason=reason)}]
     schemas = tools.schemas({"memory"})
     calls_made = 0

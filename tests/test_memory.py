@@ -187,7 +187,8 @@ async def test_the_snapshot_is_frozen_within_a_session_and_fresh_in_the_next(tmp
 async def test_before_a_reset_the_agent_keeps_what_matters(tmp_path, model):
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
-        await api.say("lee", "my daughter's name is Ada")
+        model.script(ToolCall("memory", {"target": "user", "action": "add", "content": "Lee lives in Lyon"}), Reply("noted"))
+        await api.say("lee", "my daughter's name is Ada, and we live in Lyon")
         await api.say("lee", "she turns 7 in May")
         model.script(ToolCall("memory", {"target": "user", "action": "add", "content": "Lee's daughter Ada turns 7 in May"}),
                      Reply("kept"))
@@ -201,10 +202,14 @@ async def test_before_a_reset_the_agent_keeps_what_matters(tmp_path, model):
     assert [t["function"]["name"] for t in flush[0].body["tools"]] == ["memory"]
     assert flush[0].last_user_text.startswith("[System: this session is about to be reset")
     assert "she turns 7 in May" in json.dumps(flush[0].messages)
+    # the flush turn sees memory as it is now (the session's own prompt had it frozen empty)
+    assert "## Persistent memory (as it is now)" in system_prompt(flush[0])
+    assert "Lee lives in Lyon" in system_prompt(flush[0])
+    assert "Lee lives in Lyon" not in system_prompt(model.requests[2])
     # the next session's prompt has what was kept; the flush added nothing to the old session
-    assert "Lee's daughter Ada turns 7 in May" in system_prompt(model.requests[-1])
+    assert "Lee lives in Lyon\n§\nLee's daughter Ada turns 7 in May" in system_prompt(model.requests[-1])
     assert reply.startswith("echo: what do you know about my family?")
-    assert [m["role"] for m in old_messages] == ["user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in old_messages] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
 
 
 async def test_no_memory_turn_for_short_sessions_or_cron(tmp_path, model):
