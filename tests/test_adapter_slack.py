@@ -14,7 +14,10 @@ from gateway.retry import Backoff
 from gateway.types import Attachment, ChatRef, ChatType, InboundMessage
 from tests.fakes.slack import FakeSlack
 
-COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("status", "Session info"), ("stop", "Cancel the running turn")]
+COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("reset", "Same as /new"),
+            ("title", "Show or set this session's title"), ("status", "Session info"), ("resume", "Switch to an older session"),
+            ("sessions", "Your recent sessions"), ("stop", "Cancel the running turn"), ("compress", "Compress the conversation now"),
+            ("search", "Search your past sessions")]
 
 
 @pytest.fixture(autouse=True)
@@ -394,6 +397,9 @@ async def test_umbrella_command_and_channel_commands_are_ephemeral(running):
     assert (msg.text, msg.chat_type, msg.chat_id, msg.user_id) == ("/status", ChatType.CHANNEL, "C1", "U2")
     await adapter.send(msg.chat, "Session info", reply_to=msg.message_id)
     assert slack.responses[0]["response_type"] == "ephemeral"
+    await slack.wait_for_ack(await slack.send_command("/switchboard"))
+    await slack.wait_for_ack(await slack.send_command("/switchboard", "dance now"))
+    assert [m.text for m in await rec.wait_for(3)] == ["/status", "/help", "/switchboard dance now"]
 
 
 async def test_expired_response_url_falls_back_to_post_message(running):

@@ -524,10 +524,14 @@ class SlackAdapter:
         name = str(payload.get("command") or "").lstrip("/").lower()
         args = str(payload.get("text") or "").strip()
         if self._commands and name not in self._commands:
-            # One umbrella command (e.g. /switchboard new): Slack's built-in /status and
-            # /search would shadow same-named app commands.
+            # One umbrella command (/switchboard new ...): Slack's built-in /status and
+            # /search shadow same-named app commands, so an app may register just one.
             sub, _, rest = args.partition(" ")
-            name, args = (sub.lstrip("/").lower() or "help"), rest.strip()
+            sub = sub.lstrip("/").lower()
+            if sub in self._commands:
+                name, args = sub, rest.strip()
+            elif not sub and "help" in self._commands:
+                name = "help"
         channel = str(payload.get("channel_id") or "")
         user = str(payload.get("user_id") or "")
         if not channel or not user:

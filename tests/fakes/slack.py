@@ -36,7 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
 from aiohttp import web
@@ -356,6 +356,17 @@ class FakeSlack:
         async with aiohttp.ClientSession() as session:
             async with session.post(url, data=body.encode(), headers=headers) as resp:
                 return resp.status, await resp.text()
+
+    async def post_command(self, url: str, command: str, text: str = "", *, user: str = "U1", channel: str = "D1",
+                           channel_name: str = "directmessage") -> tuple[int, str, str]:
+        """POST a signed slash command (form-encoded, as Slack does); returns (status, body, trigger_id)."""
+        trigger_id = f"trig-{next(self._ids)}"
+        payload = self.command_payload(command, text, user=user, channel=channel, channel_name=channel_name, trigger_id=trigger_id)
+        body = urlencode(payload)
+        headers = {"Content-Type": "application/x-www-form-urlencoded", **self.sign(body)}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=body.encode(), headers=headers) as resp:
+                return resp.status, await resp.text(), trigger_id
 
     # ------------------------------------------------------------------ event builders
 
