@@ -480,3 +480,39 @@ def test_short_terms_with_cjk_only_excluded_still_find_english_messages(store):
     pending = store.add(s, "user", "go ok")
     assert store.ids("ok NOT 库") == [pending, english]
     assert store.ids("ok 库") == [english + 1]
+
+
+def _append_many(path, worker, n):
+    with SessionDB(path) as db:
+        db.create_session(f"w{worker}", "cli")
+        for i in range(n):
+            db.append_message(f"w{worker}", "user", f"parallel kestrel {worker} {i} 并行写入测试")
+
+
+def test_concurrent_writers_keep_the_batches_whole(store, tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(tmp_path / "state.db", w, 60)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len(store.ids("kestrel", limit=1000)) == 180
+    assert len(store.ids("并行写入测试", limit=1000)) == 180
+    assert len(store.ids('"kestrel 2"', limit=1000)) == 60
+    store.assert_in_sync()
+
+
+def test_optimize_and_rebuild_change_no_answer(store):
+    s = store.session("s1")
+    for i in range(fts.INDEX_BATCH * 2 + 3):
+        store.add(s, "user", f"heron {i} 苍鹭在河边" if i % 2 else f"egret {i}")
+    before = {q: store.ids(q, limit=100) for q in ("heron", "egret", "苍鹭在河边", "heron 7")}
+    fts.optimize(store.conn)
+    assert {q: store.ids(q, limit=100) for q in before} == before
+    fts.rebuild(store.conn)
+    assert fts._indexed_upto(store.conn) == store.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+    assert {q: store.ids(q, limit=100) for q in before} == before
+    store.assert_in_sync()
