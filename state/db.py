@@ -46,7 +46,12 @@ class SessionDB:
 
     @property
     def write_timeout(self) -> float:
+        """Seconds a write waits for other writers before :class:`state.WriteTimeout`."""
         return self._engine.write_timeout
+
+    @write_timeout.setter
+    def write_timeout(self, seconds: float) -> None:
+        self._engine.write_timeout = float(seconds)
 
     def close(self) -> None:
         self._engine.close()

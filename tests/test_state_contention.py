@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from state import SessionDB
+import pytest
+
+from state import SessionDB, WriteTimeout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,3 +59,43 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
             contents = [m["content"] for m in db.get_messages(f"s{worker}")]
             assert contents == [f"worker {worker} message {i}" for i in range(250)]
             assert db.get_session(f"s{worker}")["message_count"] == 250
+
+
+# a Switchboard writer that stays inside its write transaction until told to finish
+SLOW_WRITER = """
+import sys
+from state import SessionDB
+db = SessionDB(sys.argv[1])
+def slow(conn):
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('slow', 'cli', 0)")
+    print("inside", flush=True)
+    sys.stdin.readline()
+db._engine.write(slow)
+db.close()
+print("done", flush=True)
+"""
+
+
+def test_a_write_queued_behind_another_process_times_out_then_the_queue_moves_on(home):
+    path = home / "state.db"
+    SessionDB(path).close()
+    slow = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert slow.stdout.readline().strip() == "inside"
+        with SessionDB(path, write_timeout=0.2) as db:
+            with pytest.raises(WriteTimeout):
+                db.create_session("impatient", "cli")  # queued behind the slow writer, gives up
+            assert db.get_session("impatient") is None
+            db.write_timeout = 30.0
+            results = []
+            patient = threading.Thread(target=lambda: results.append(db.create_session("patient", "cli")))
+            patient.start()
+            slow.stdin.write("go\n")
+            slow.stdin.flush()
+            patient.join(timeout=30)
+            assert results == ["patient"]
+            assert db.get_session("slow") is not None and db.get_session("impatient") is None
+        assert slow.communicate(timeout=30)[0].strip() == "done"
+    finally:
+        slow.kill()
