@@ -140,3 +140,34 @@ async def test_a_cli_run_for_a_chat_waits_for_the_daemon_to_deliver(tmp_path):
 def test_commands_work_without_a_config_file(tmp_path, args):
     result = CliRunner().invoke(main, ["cron", *args], env={"SWITCHBOARD_HOME": str(tmp_path), "SWITCHBOARD_CONFIG": None})
     assert result.exit_code == 0 and result.output.startswith("No ")
+
+
+async def test_a_job_added_from_the_cli_is_run_and_delivered_by_the_daemon_process(tmp_path):
+    import os
+    import signal
+
+    async with FakeModel() as model, FakeTelegram() as tg:
+        config = write_config(tmp_path, model.base_url)
+        data = yaml.safe_load(config.read_text())
+        data.update(platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}}, api={"port": 0})
+        config.write_text(yaml.safe_dump(data))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
+        daemon = await asyncio.create_subprocess_exec(
+            str(SWITCHBOARD), "run", "--config", str(config), env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        try:
+            await tg.wait_for_calls("getUpdates", timeout=30)  # the daemon is polling Telegram
+            code, out = await run_cli("add", "Tea", "-s", "in 2s", "-p", "Time for tea?", "-d", "telegram:111",
+                                      "--config", str(config))
+            assert code == 0 and out.startswith("Added job tea (Tea): once at "), out
+            [sent] = await tg.wait_for_sent(1, timeout=30)  # picked up within a poll, run at its time
+            assert sent.chat_id == 111
+            assert sent.visible_text == "Tea\n\necho: Time for tea? | turns: 1 | first: Time for tea?"
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(daemon.communicate(), 30)
+        assert daemon.returncode == 0, err.decode()[-2000:]
+        history = cli(config, "history", "tea").splitlines()
+        assert len(history) == 2 and history[1].split()[2] == "schedule"
+        assert "ok - delivered to telegram:111" in history[1]
+        assert "done (one-shot)" in cli(config, "show", "tea")
