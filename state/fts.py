@@ -62,6 +62,7 @@ import json
 import logging
 import sqlite3
 import threading
+from contextlib import contextmanager
 from typing import Iterable
 
 from ._fts_query import CJK_GLOB, MAX_TERMS, Term, is_cjk, parse, positive_terms, quote, sanitize_query
@@ -246,11 +247,31 @@ def install(conn: sqlite3.Connection) -> None:
     conn.execute("DELETE FROM search_index_version")
     conn.execute("INSERT INTO search_index_version (version) VALUES (?)", (INDEX_VERSION,))
     if conn.execute("SELECT 1 FROM messages LIMIT 1").fetchone():
-        rebuild(conn)
+        _rebuild(conn)
+
+
+@contextmanager
+def _writing(conn: sqlite3.Connection):
+    """The caller's transaction if there is one, else our own ``BEGIN IMMEDIATE``."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def rebuild(conn: sqlite3.Connection) -> None:
     """Rebuild both indexes from ``messages`` (after a bulk import or a repair)."""
+    with _writing(conn):
+        _rebuild(conn)
+
+
+def _rebuild(conn: sqlite3.Connection) -> None:
     # FTS5's own 'rebuild' reads the content table with virtual tables disabled, and the views
     # use json_each(), so empty the indexes and feed them from the views ourselves.
     for table, view in (("messages_fts", "messages_search_src"), ("messages_fts_trigram", "messages_search_cjk")):
@@ -264,6 +285,11 @@ def rebuild(conn: sqlite3.Connection) -> None:
 
 def flush(conn: sqlite3.Connection) -> int:
     """Index the messages still waiting for their batch now; returns how many there were."""
+    with _writing(conn):
+        return _flush(conn)
+
+
+def _flush(conn: sqlite3.Connection) -> int:
     upto = _indexed_upto(conn)
     pending = conn.execute("SELECT count(*) FROM messages WHERE id > ?", (upto,)).fetchone()[0]
     if pending:
@@ -280,8 +306,9 @@ def flush(conn: sqlite3.Connection) -> int:
 
 def optimize(conn: sqlite3.Connection) -> None:
     """Merge each index into one segment (faster queries; takes a while on a big store)."""
-    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
-    conn.execute("INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES ('optimize')")
+    with _writing(conn):
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+        conn.execute("INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES ('optimize')")
 
 
 def _indexed_upto(conn: sqlite3.Connection) -> int:
