@@ -19,12 +19,9 @@ what was added since.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 from typing import Any, Iterable, Mapping
-
-log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 3.5
 MESSAGE_OVERHEAD = 4
