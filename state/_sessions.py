@@ -262,6 +262,10 @@ def _delete_ids(conn: sqlite3.Connection, ids: list[str]) -> None:
         conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
 
 
+def delete_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> None:
+    _delete_ids(conn, list(session_ids))
+
+
 def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     """Delete a session and its messages; returns False if it did not exist."""
     if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():

@@ -117,22 +117,48 @@ def parse_jsonl(path: Path) -> list[tuple[int, dict]]:
     return records
 
 
-def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]]) -> dict:
-    """Restore exported sessions in the caller's one transaction.
+IMPORT_CHUNK_MESSAGES = 2000  # messages per import transaction: live writers wait for one chunk at most
 
-    Sessions whose id exists already are skipped (listed under ``skipped``);
-    message ids are kept when free.  A parent missing from both the database
-    and the file is dropped from the child.  Any failure raises
-    :class:`ImportFileError` naming the line, and nothing is imported.
+
+def plan_import(records: Iterable[tuple[int, dict]], chunk_messages: int = IMPORT_CHUNK_MESSAGES,
+                ) -> tuple[list[list[tuple[int, dict]]], set[str]]:
+    """Check every record, order parents first, and cut the file into transactions.
+
+    Returns the chunks and the set of session ids in the file.
     """
     records = list(records)
     for line_no, record in records:
         _check_record(line_no, record)
+    # parents first, so every parent link points at a row that exists
+    records.sort(key=lambda item: (item[1]["started_at"], item[0]))
+    chunks: list[list[tuple[int, dict]]] = []
+    size = chunk_messages
+    for item in records:
+        weight = 1 + len(item[1].get("messages", []))
+        if size + weight > chunk_messages and (not chunks or chunks[-1]):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += weight
+    return chunks, {record["id"] for _, record in records}
+
+
+def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]],
+                    in_file: set[str] | None = None) -> dict:
+    """Restore exported sessions (ordered parents first) in the caller's transaction.
+
+    Sessions whose id exists already are skipped (listed under ``skipped``);
+    message ids are kept when free.  A parent missing from both the database
+    and the file (``in_file``: every id of the file) is dropped from the
+    child.  A failure raises :class:`ImportFileError` naming the line.
+    """
+    records = list(records)
+    for line_no, record in records:
+        _check_record(line_no, record)
+    in_file = {record["id"] for _, record in records} if in_file is None else in_file
     session_cols = schema.columns(conn, "sessions")
     message_cols = schema.columns(conn, "messages") - {"session_id"}
-    in_file = {record["id"] for _, record in records}
     imported, skipped, messages = [], [], 0
-    # parents first, so every parent link points at a row that exists
     for line_no, record in sorted(records, key=lambda item: (item[1]["started_at"], item[0])):
         sid = record["id"]
         if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
@@ -176,7 +202,7 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
             (sid,),
         )
         imported.append(sid)
-    return {"imported": len(imported), "messages": messages, "skipped": skipped}
+    return {"imported": len(imported), "messages": messages, "skipped": skipped, "ids": imported}
 
 
 # --- statistics ------------------------------------------------------------

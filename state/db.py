@@ -353,9 +353,31 @@ class SessionDB:
         return self._engine.read(_transfer.write_export, handle, source, session_id)
 
     @_writes
-    def import_sessions(self, records: Iterable[tuple[int, dict]]) -> dict:
-        """Restore ``(line_no, session)`` pairs in one transaction; see ``state._transfer``."""
-        return self._engine.write(_transfer.import_sessions, list(records))
+    def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = 2000) -> dict:
+        """Restore ``(line_no, session)`` pairs from an export: all of them or none.
+
+        Every record is checked before anything is written.  The writes go in
+        transactions of about ``chunk_messages`` messages, so a big import never keeps the
+        daemon's writes waiting for long; if one fails, the sessions already
+        imported from the same file are deleted again and the error (an
+        :class:`state.ImportFileError` naming the line) is raised.  Sessions
+        whose id exists already are skipped.  Returns ``imported``,
+        ``messages``, ``skipped`` (ids) and ``ids`` (imported).
+        """
+        chunks, in_file = _transfer.plan_import(records, chunk_messages)
+        total: dict = {"imported": 0, "messages": 0, "skipped": [], "ids": []}
+        try:
+            for chunk in chunks:
+                done = self._engine.write(_transfer.import_sessions, chunk, in_file)
+                total["imported"] += done["imported"]
+                total["messages"] += done["messages"]
+                total["skipped"] += done["skipped"]
+                total["ids"] += done["ids"]
+        except BaseException:
+            if total["ids"]:
+                self._engine.write(_sessions.delete_sessions, total["ids"])
+            raise
+        return total
 
     @_reads
     def stats(self) -> dict:

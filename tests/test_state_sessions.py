@@ -333,3 +333,27 @@ def test_threads_share_one_store(db):
     assert errors == []
     assert db.get_session("s")["message_count"] == 200
     assert len({m["content"] for m in db.get_messages("s")}) == 200
+
+
+def test_exports_redact_secrets_in_model_config(db):
+    db.create_session("s", "cli", model_config={"temperature": 0.1, "api_key": "sk-live-123",
+                                                 "headers": {"Authorization": "Bearer abc"}})
+    exported = db.export_session("s")
+    assert "sk-live-123" not in str(exported) and "Bearer abc" not in str(exported)
+    assert '"temperature": 0.1' in exported["model_config"]
+
+
+def test_a_failing_import_leaves_nothing_even_across_transactions(db):
+    db.create_session("taken", "cli")
+    good = [(i, {"id": f"s{i}", "source": "cli", "started_at": float(i),
+                 "messages": [{"role": "user", "content": f"m{i}", "timestamp": float(i)}]}) for i in range(1, 7)]
+    # the last session takes a title imported just before it: refused by SQLite in the last transaction
+    clash = (7, {"id": "s7", "source": "cli", "started_at": 7.0, "parent_session_id": "s6",
+                 "title": "t", "messages": []})
+    dup_title = (8, {"id": "s8", "source": "cli", "started_at": 8.0, "title": "t", "messages": []})
+    with pytest.raises(StateError, match="line 8"):
+        db.import_sessions(good + [clash, dup_title], chunk_messages=3)
+    assert db.session_count() == 1  # only "taken"
+    assert db.message_count() == 0
+    result = db.import_sessions(good)
+    assert (result["imported"], result["messages"]) == (6, 6)
