@@ -90,6 +90,9 @@ def run(config_path: Path | None) -> None:
             click.echo(f"{name}: {status}", err=True)
         try:
             code = asyncio.run(serve(cfg))
+        except ConfigError as exc:  # found at start-up (e.g. a cron job): still a config error, exit 78
+            _fail(str(exc), exc.exit_code)
+            return
         except SwitchboardError as exc:
             _fail(str(exc))
             return

@@ -7,6 +7,7 @@ line naming the file and key, and exits 78 (EX_CONFIG).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -58,6 +59,12 @@ def config_group() -> None:
 def check(ctx: click.Context, config_path: Path | None) -> None:
     """Validate the config file; exit 78 with one line naming the key on a mistake."""
     cfg = _load(ctx, config_path)
+    from gateway.cron import config_jobs  # cron jobs are checked by their own module, like the daemon does
+
+    try:
+        config_jobs(cfg, now=time.time())
+    except ConfigError as exc:
+        raise ConfigFailure(str(exc)) from None
     click.echo(f"{cfg.source}: ok")
     for name, state in cfg.enabled_platforms().items():
         click.echo(f"  {name}: {state}")

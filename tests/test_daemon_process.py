@@ -130,3 +130,16 @@ async def test_a_bad_config_exits_78_naming_the_key(tmp_path):
     err = (await proc.stderr.read()).decode()
     assert code == 78
     assert "sessions.reset.mode" in err and "sometimes" in err
+
+
+async def test_a_bad_cron_job_is_a_config_error_too(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"home": str(tmp_path / "home"), "api": {"port": 0}, "cron": {"jobs": [
+        {"id": "brief", "name": "Briefing", "schedule": "every 0m", "prompt": "hi", "deliver": "local"}]}}))
+    for argv in (["config", "check"], ["run"]):
+        proc = await asyncio.create_subprocess_exec(SWITCHBOARD, *argv, "--config", str(config),
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        code = await asyncio.wait_for(proc.wait(), 30)
+        err = (await proc.stderr.read()).decode()
+        assert code == 78, (argv, err)
+        assert "cron.jobs.0.schedule" in err
