@@ -41,8 +41,8 @@ turns itself off after one warning.  ``typing_reaction=None`` makes it a no-op.
 
 Stall detection (Socket Mode): a watchdog restarts the Socket Mode client
 when it reports connected but no envelope, hello or pong arrived for
-``stall_timeout_seconds`` (pings go every ``stall_timeout_seconds / 3``,
-at most 10 s); restarts back off with :class:`gateway.retry.Backoff`.
+``stall_timeout_seconds`` (slack-sdk pings every ``stall_timeout_seconds / 2``,
+at most 10 s, and drops a connection itself after 4 missed pongs); restarts back off with :class:`gateway.retry.Backoff`.
 In HTTP mode Slack connects to us, so silence is not a fault.
 """
 
@@ -145,7 +145,9 @@ class SlackAdapter:
         self._free_channels = frozenset(c.strip().lstrip("#") for c in free_response_channels)
         self._reply_in_thread = reply_in_thread
         self._stall_timeout = float(stall_timeout_seconds)
-        self._ping_interval = min(10.0, self._stall_timeout / 3)
+        # slack-sdk pings every ping_interval and gives up after 4 missed pongs; at stall/2 our
+        # watchdog (after stall_timeout) acts first, the library's check stays as a second net.
+        self._ping_interval = min(10.0, self._stall_timeout / 2)
         self._commands = {name.lower() for name, _ in commands}
         self._vision = vision
         self._max_image_bytes = max_image_bytes
@@ -373,23 +375,28 @@ class SlackAdapter:
             socket = self._socket
             if socket is None:
                 continue
-            client = socket.client
-            now = time.time()
-            connected = await client.is_connected()
-            heard = max(self._last_activity, client.last_ping_pong_time or 0.0)
-            if connected:
-                down_since = None
-                if now - heard > self._stall_timeout:
-                    log.warning("slack: no events or heartbeats for %.0fs; restarting the socket mode connection", now - heard)
-                    await self._restart_socket("stalled")
-                else:
-                    self._set_state("connected")
-            else:
-                down_since = down_since or now
-                self._set_state("reconnecting")
-                if now - down_since > self._stall_timeout:
-                    await self._restart_socket("reconnect did not succeed")
+            try:
+                client = socket.client
+                now = time.time()
+                connected = await client.is_connected()
+                heard = max(self._last_activity, client.last_ping_pong_time or 0.0)
+                if connected:
                     down_since = None
+                    if now - heard > self._stall_timeout:
+                        log.warning("slack: no events or heartbeats for %.0fs; restarting the socket mode connection", now - heard)
+                        await self._restart_socket("stalled")
+                    else:
+                        self._set_state("connected")
+                else:
+                    down_since = down_since or now
+                    self._set_state("reconnecting")
+                    if now - down_since > self._stall_timeout:
+                        await self._restart_socket("reconnect did not succeed")
+                        down_since = None
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the watchdog must outlive any surprise
+                log.exception("slack: watchdog check failed")
 
     async def _restart_socket(self, reason: str) -> None:
         self._set_state("reconnecting", f"socket {reason}")

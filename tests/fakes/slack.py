@@ -57,6 +57,7 @@ class Call:
 class _Conn:
     ws: web.WebSocketResponse
     frozen: bool = False
+    keepalive: bool = False
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -238,7 +239,8 @@ class FakeSlack:
         try:
             async for msg in ws:
                 if msg.type == aiohttp.WSMsgType.PING:
-                    if not conn.frozen:
+                    # slack-sdk's own pings carry "sdk-ping-pong:<t>"; aiohttp's heartbeat pings are empty.
+                    if not conn.frozen or (conn.keepalive and not msg.data):
                         await ws.pong(msg.data)
                 elif msg.type == aiohttp.WSMsgType.TEXT:
                     data = json.loads(msg.data)
@@ -320,10 +322,14 @@ class FakeSlack:
         """Slack's polite "please reconnect" message."""
         await self._live().ws.send_json({"type": "disconnect", "reason": reason, "debug_info": {"host": "fake"}})
 
-    def freeze(self) -> None:
-        """Current connections stay open but go silent: no pongs, no events (a stall)."""
+    def freeze(self, *, keepalive: bool = False) -> None:
+        """Current connections stay open but go silent: no pongs, no events (a stall).
+
+        ``keepalive=True`` still answers the transport's empty keepalive pings (as a
+        proxy in between might), so only a check on the Slack side notices."""
         for conn in self._conns:
             conn.frozen = True
+            conn.keepalive = keepalive
 
     # ------------------------------------------------------------------ waiting
 
