@@ -293,7 +293,8 @@ async def test_a_failed_send_returns_a_failed_delivery_instead_of_raising(runnin
     assert not delivery.ok and "channel_not_found" in delivery.error
     slack.fail_next("chat.postMessage", 10, status=503)
     delivery = await adapter.send(ChatRef("slack", "C1"), "server down")
-    assert not delivery.ok and slack.sent == []
+    assert not delivery.ok and delivery.error == "chat.postMessage failed: internal_error (HTTP 503)"
+    assert slack.sent == [] and len(slack.calls_to("chat.postMessage")) == 1 + 5  # 5 attempts, then it gives up
 
 
 # --------------------------------------------------------------------------- connection
@@ -307,6 +308,36 @@ async def test_dropped_connection_reconnects_and_the_next_event_is_delivered(run
     await slack.wait_for_ack(await slack.send_event(event), timeout=10)
     assert [m.text for m in rec.messages] == ["after the drop"]
     await _until(lambda: adapter.health().state == "connected")
+
+
+async def test_health_shows_reconnecting_while_slack_refuses_new_connections(slack):
+    async with started(slack, stall_timeout_seconds=1.0, reconnect_backoff=Backoff(base=0.05, cap=0.1)) as (adapter, rec):
+        slack.error_next("apps.connections.open", "internal_error", n=4)
+        await slack.drop_connection()
+        await _until(lambda: adapter.health().state == "reconnecting")
+        await slack.wait_connected(2, timeout=15)
+        await _until(lambda: adapter.health().state == "connected", timeout=10)
+        await slack.wait_for_ack(await slack.send_event(slack.message("D1", "U1", "back")), timeout=10)
+        assert [m.text for m in rec.messages] == ["back"]
+
+
+async def test_odd_payloads_are_skipped_and_the_adapter_keeps_going(running):
+    slack, adapter, rec = running
+    odd = [
+        {"type": "message", "channel": "D1", "user": "U1", "text": "no ts", "channel_type": "im"},
+        {"type": "message", "channel": "D1", "ts": "1.5", "text": "no user", "channel_type": "im"},
+        slack.message("D1", "U1", None),  # text: null
+        slack.message("D1", "U1", "files is not a list", files="nope"),
+        slack.message("D1", "U1", "<@UBOT>"),  # nothing left once the mention is stripped
+        {"type": "reaction_added", "user": "U1", "reaction": "eyes", "item": {"type": "message", "channel": "C1", "ts": "1.1"}},
+    ]
+    envs = [await slack.send_event(e) for e in odd]
+    envs.append(await slack.send_event(slack.message("D1", "U1", "normal")))
+    for env in envs:
+        await slack.wait_for_ack(env)
+    assert [m.text for m in rec.messages] == ["files is not a list", "normal"]
+    assert rec.messages[0].attachments == ()
+    assert adapter.health().state == "connected"
 
 
 async def test_disconnect_message_moves_to_a_new_connection(running):

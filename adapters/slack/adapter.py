@@ -261,6 +261,10 @@ class SlackAdapter:
             name="switchboard",
         )
 
+        @app.error
+        async def on_error(error):  # noqa: ANN001 - one line instead of bolt's traceback (ours is logged)
+            log.warning("slack: request not acknowledged: %s: %s", type(error).__name__, error)
+
         @app.event("message")
         async def on_message(event):  # noqa: ANN001 - bolt injects arguments by name
             await inbound.on_event(event, "message")

@@ -156,6 +156,8 @@ def _retry_after(headers) -> float:
 
 def _error_code(exc: SlackApiError) -> str:
     try:
-        return str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+        status = exc.response.status_code
+        error = str(exc.response.get("error") or "no error code")
+        return error if status == 200 else f"{error} (HTTP {status})"
     except Exception:  # noqa: BLE001 - a malformed answer
         return "unknown_error"

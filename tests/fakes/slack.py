@@ -133,8 +133,9 @@ class FakeSlack:
 
     # ------------------------------------------------------------------ faults
 
-    def fail_next(self, method: str, n: int = 1, *, status: int = 429, retry_after: float = 1, error: str = "ratelimited") -> None:
+    def fail_next(self, method: str, n: int = 1, *, status: int = 429, retry_after: float = 1, error: str | None = None) -> None:
         """Answer the next ``n`` calls of ``method`` (or "response_url") with HTTP ``status``."""
+        error = error or ("ratelimited" if status == 429 else "internal_error")
         headers = {"Retry-After": str(int(retry_after) if float(retry_after).is_integer() else retry_after)} if status == 429 else {}
         for _ in range(n):
             self._faults.setdefault(method, deque()).append((status, {"ok": False, "error": error}, headers))
