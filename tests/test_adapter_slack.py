@@ -391,6 +391,21 @@ async def test_invalid_tokens_fail_start_with_the_reason_and_no_secret(slack, ca
     assert "wrong-secret" not in caplog.text
 
 
+async def test_start_can_be_retried_after_a_failure(slack):
+    slack.error_next("auth.test", "service_unavailable")
+    adapter = make_adapter(slack)
+    rec = Recorder()
+    with pytest.raises(AdapterError, match="service_unavailable"):
+        await adapter.start(rec)
+    assert adapter.health().state == "failed"
+    await adapter.start(rec)  # what the daemon's supervisor does after a backoff
+    try:
+        await slack.wait_for_ack(await slack.send_event(slack.message("D1", "U1", "second try")))
+        assert [m.text for m in rec.messages] == ["second try"] and adapter.health().state == "connected"
+    finally:
+        await adapter.stop()
+
+
 def test_constructor_says_what_is_missing():
     with pytest.raises(ValueError, match="app_token"):
         SlackAdapter(bot_token="xoxb-1")
@@ -429,6 +444,15 @@ async def test_umbrella_command_and_channel_commands_are_ephemeral(running):
     await slack.wait_for_ack(await slack.send_command("/switchboard"))
     await slack.wait_for_ack(await slack.send_command("/switchboard", "dance now"))
     assert [m.text for m in await rec.wait_for(3)] == ["/status", "/help", "/switchboard dance now"]
+
+
+async def test_a_command_the_gateway_fails_on_gets_an_apology(running):
+    slack, adapter, rec = running
+    rec.fail_next = 1
+    await slack.wait_for_ack(await slack.send_command("/compress"))
+    await _until(lambda: len(slack.responses) == 1)
+    assert slack.responses[0]["text"] == "Sorry, that command failed. Please try again."
+    assert adapter.health().state == "connected"
 
 
 async def test_expired_response_url_falls_back_to_post_message(running):

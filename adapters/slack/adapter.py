@@ -203,6 +203,11 @@ class SlackAdapter:
         self._set_state("starting")
         try:
             await self._start(handler)
+        except asyncio.CancelledError:  # the daemon gave up on this start: leave nothing open
+            await self._close_resources()
+            self._started = False
+            self._set_state("stopped")
+            raise
         except Exception as exc:  # noqa: BLE001 - report with the reason, never a token
             error = exc if isinstance(exc, AdapterError) else AdapterError(f"slack: could not start: {type(exc).__name__}: {exc}")
             self._set_state("failed", str(error))
