@@ -174,7 +174,8 @@ async def test_the_snapshot_is_frozen_within_a_session_and_fresh_in_the_next(tmp
     assert tool_result["role"] == "tool" and tool_result["content"].startswith(
         "Added. USER.md [24/1,375 characters, 1 entries] now holds:\n1. Kim prefers metric units\n")
     assert on_disk == "Kim prefers metric units\n"
-    turns = [r for r in model.requests if FLUSH_MARK not in r.last_user_text]
+    turns = [r for r in model.requests if r.messages[0]["role"] == "system"
+             and "You are talking on" in system_prompt(r) and FLUSH_MARK not in r.last_user_text]
     first_session, next_session = turns[:3], turns[3]
     # the same prompt all session long, without the entry written during it
     assert len({system_prompt(r).split("The current date")[0] for r in first_session}) == 1
