@@ -9,7 +9,7 @@ import pytest
 
 from gateway.memory import LIMITS, SEPARATOR, MemoryFiles, MemoryRefused, memory_flush_turn, scan_content
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
-from tests.harness import ApiClient, running_gateway
+from tests.harness import ApiClient, Clock, running_gateway
 
 FLUSH_MARK = "[System: this session is about to be"
 
@@ -242,3 +242,33 @@ async def test_the_memory_tool_reports_refusals_to_the_model(tmp_path, model):
     results = [m["content"] for r in model.requests for m in r.messages[-1:] if m["role"] == "tool"]
     assert results[0].startswith("error: not stored: it tells the model to ignore its instructions")
     assert results[1] == "error: no entry contains 'nothing'. Current entries of MEMORY.md [0/2,200 characters, 0 entries]:\n(empty)"
+
+
+async def test_an_idle_reset_gets_the_memory_turn_too(tmp_path, model):
+    clock = Clock()
+    async with running_gateway(tmp_path, model, clock=clock, sessions={"reset": {"mode": "idle", "idle_minutes": 60}}) as gw:
+        api = ApiClient(gw)
+        await api.say("oli", "I am allergic to peanuts")
+        await api.say("oli", "and I cook on Sundays")
+        clock.advance(2 * 3600)
+        model.script(ToolCall("memory", {"target": "user", "action": "add", "content": "Oli is allergic to peanuts"}),
+                     Reply("kept"))
+        answer = await api.say("oli", "recipe ideas?")
+        await api.close()
+    flush = [r for r in model.requests if FLUSH_MARK in r.last_user_text]
+    assert len(flush) == 2 and "I am allergic to peanuts" in json.dumps(flush[0].messages)
+    assert answer.startswith("(Started a new session: the previous one was idle")
+    assert answer.endswith("echo: recipe ideas? | turns: 1 | first: recipe ideas?")
+    # the new session's first turn waited for the flush and starts with what it kept
+    assert "Oli is allergic to peanuts" in system_prompt(model.requests[-1])
+
+
+def test_memory_folders_are_named_after_the_identity_and_never_climb_out(tmp_path):
+    from gateway.config import config_from_dict
+    from gateway.identity import user_dir_name
+
+    cfg = config_from_dict({"home": str(tmp_path), "identities": {"alice": ["telegram:123", "discord:456"]}})
+    assert user_dir_name(cfg, "telegram", "123") == user_dir_name(cfg, "discord", "456") == "alice"
+    assert user_dir_name(cfg, "slack", "U9") == "slack_U9"
+    assert user_dir_name(cfg, "api", "../../etc") == "api_.._.._etc"
+    assert user_dir_name(cfg, "api", None) is None
