@@ -460,6 +460,25 @@ class RecallConfig(_Model):
     model: OptionalText = None  # None: model.name
 
 
+class FactWeightsConfig(_Model):
+    fts: float = Field(0.4, ge=0)
+    jaccard: float = Field(0.3, ge=0)
+    hrr: float = Field(0.3, ge=0)
+
+
+class FactsConfig(_Model):
+    """Holographic fact memory (issue 9, gateway.facts)."""
+
+    enabled: bool = True
+    model: OptionalText = None  # the extraction model; None: model.name
+    dimension: int = Field(1024, ge=64, le=16384)  # HRR vector length; changing it re-encodes facts as they are read
+    weights: FactWeightsConfig = FactWeightsConfig()
+    half_life_days: float = Field(90.0, ge=0)  # a fact confirmed this long ago counts half; 0: no decay
+    prefetch: bool = True  # relevant facts go with each message to the model (per chat: /facts on|off)
+    limit: int = Field(5, ge=1, le=50)  # facts per prefetch and per search
+    extract_delay_seconds: float = Field(60.0, ge=0)  # an ended session waits this long before its facts are extracted
+
+
 class CronJobConfig(BaseModel):
     """One scheduled job, loosely typed for now: the cron module validates the fields it uses."""
 
@@ -504,6 +523,7 @@ class Config(_Model):
     shutdown: ShutdownConfig = ShutdownConfig()
     compression: CompressionConfig = CompressionConfig()
     recall: RecallConfig = RecallConfig()
+    facts: FactsConfig = FactsConfig()
     cron: CronConfig = CronConfig()
     store: StoreConfig = StoreConfig()
 

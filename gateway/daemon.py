@@ -99,6 +99,7 @@ class Gateway:
         self.cron = None  # cron (issue 6): gateway.cron.CronService, made in start()
         self.recall = None  # recall (issue 8): gateway.recall.SessionRecall, made in start()
         self.memory = None  # memory (issue 8): gateway.memory.MemoryService, made in start()
+        self.facts = None  # facts (issue 9): gateway.facts.FactMemory, made in start()
         self.started_at: float | None = None
 
     # -- lifecycle --------------------------------------------------------
@@ -146,6 +147,23 @@ class Gateway:
         turn.prompt_blocks.append(self.memory.prompt_block)
         self.router.on_session_end = lambda sid, key: self.memory.schedule_flush(turn, sid, key)
         # --- end recall and memory
+        # --- facts (issue 9): the facts tool, its prompt block, prefetch into each model call, /facts on|off,
+        # extraction when a reset, /new or compression ends a session
+        from gateway.facts import FactMemory
+
+        self.facts = FactMemory(cfg, self.db, self.model, clock=self.clock)
+        if cfg.facts.enabled:
+            self.tools.register(self.facts.tool())
+            turn.prompt_blocks.append(self.facts.prompt_block)
+            turn.prefetch = self.facts.prefetch
+            self.commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
+                              self.facts.command, runs_now=True)
+            self.router.on_session_end = self.facts.on_session_end(self.router.on_session_end)
+            turn.prompt_hook = self.facts.watch_compression(self.compressor)
+            if self.commands.compressor is not None:
+                self.commands.compressor = turn.prompt_hook
+            await self.facts.start()
+        # --- end facts
         if self.serve_api:
             await self.api.start()
         if self._given_adapters is not None:
@@ -234,6 +252,8 @@ class Gateway:
                             "and the next turn will answer it", key, grace)
         if self.memory is not None:  # memory (issue 8): flushes of ended sessions finish within the grace
             await self.memory.drain(grace)
+        if self.facts is not None:  # facts (issue 9): extractions of ended sessions finish within the grace
+            await self.facts.drain(grace)
         for task in self._supervisors.values():
             task.cancel()
         await self.api.stop()

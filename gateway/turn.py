@@ -82,6 +82,9 @@ class AgentTurn:
         self.prompt_hook: PromptHook | None = None
         # memory (issue 8): each returns a block for the system prompt (None: nothing), given (request, session id)
         self.prompt_blocks: list[Callable[[TurnRequest, str], Awaitable[str | None]]] = []
+        # facts (issue 9): given (request, the user's message text), a block appended to that message for this
+        # turn's model calls only (never stored); None: nothing
+        self.prefetch: Callable[[TurnRequest, str], Awaitable[str | None]] | None = None
         self._clock = clock
 
     def system_prompt(self, platform: str) -> str:
@@ -118,6 +121,8 @@ class AgentTurn:
             session_id, history, notices = await self.prompt_hook.before_model_call(
                 req, history, compression.estimate_tokens(system))
         prompt = system + self._with_attachments(history, req.attachments)
+        if self.prefetch is not None and prompt[-1].get("role") == "user":  # facts (issue 9): recalled facts
+            prompt[-1] = await _with_prefetch(self.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         tools = self.tools.schemas(req.tool_names)
         produced: list[dict] = []
@@ -153,3 +158,16 @@ def _for_store(message: dict) -> dict:
     if message["role"] == "tool":
         return {"role": "tool", "content": message["content"], "tool_call_id": message["tool_call_id"], "tool_name": message.get("name")}
     return {"role": "assistant", "content": message.get("content"), "tool_calls": message["tool_calls"], "finish_reason": "tool_calls"}
+
+
+async def _with_prefetch(prefetch, req: TurnRequest, message: dict) -> dict:
+    """``message`` (the user's last) with the prefetch block appended, for the model call only."""
+    content = message.get("content")
+    text = content if isinstance(content, str) else " ".join(
+        p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text")
+    block = await prefetch(req, text or "")
+    if not block:
+        return message
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": block}]}
+    return {**message, "content": f"{text}\n\n{block}"}

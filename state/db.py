@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, TypeVar
 
-from . import _cron, _messages, _pairing, _recall, _routes, _sessions, _titles, _transfer
+from . import _cron, _facts, _messages, _pairing, _recall, _routes, _sessions, _titles, _transfer
 from ._engine import Engine
 from ._messages import Appended
 from .paths import default_db_path
@@ -546,6 +546,88 @@ class SessionDB:
     def record_cron_delivery(self, run_id: int, *, now: float, ok: bool, error: str | None = None,
                              retry_at: float | None = None) -> dict:
         return self._engine.write(_cron.record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
+
+    # --- facts ---------------------------------------------------------------
+    # Holographic fact memory (issue 9, state._facts): facts per (agent, user scope), their FTS5 index,
+    # the once-per-session extraction claim and the per-chat prefetch switch.  Times come from the caller.
+
+    @_writes
+    def add_fact(self, agent: str, user_scope: str, content: str, entities: list[str], *, session_id: str | None,
+                 trust: float, now: float, hrr: bytes | None) -> int:
+        """Store a fact; returns its id."""
+        return self._engine.write(_facts.add_fact, agent, user_scope, content, list(entities),
+                                  session_id=session_id, trust=trust, now=now, hrr=hrr)
+
+    @_writes
+    def add_facts(self, agent: str, user_scope: str, rows: list[dict], *, now: float) -> list[int]:
+        """Store several facts in one transaction (dicts: content, entities, session_id, trust, hrr)."""
+        return self._engine.write(_facts.add_facts, agent, user_scope, [dict(r) for r in rows], now=now)
+
+    @_writes
+    def confirm_fact(self, fact_id: int, *, now: float, trust_step: float) -> dict | None:
+        """Seen again: trust up by ``trust_step`` (at most 1.0), last-confirmed ``now``."""
+        return self._engine.write(_facts.confirm_fact, fact_id, now=now, trust_step=trust_step)
+
+    @_writes
+    def contradict_fact(self, fact_id: int, *, factor: float, superseded_by: int | None = None) -> dict | None:
+        """The user said otherwise: trust times ``factor``; ``superseded_by`` hides it behind its correction."""
+        return self._engine.write(_facts.contradict_fact, fact_id, factor=factor, superseded_by=superseded_by)
+
+    @_writes
+    def delete_fact(self, agent: str, user_scope: str, fact_id: int) -> bool:
+        return self._engine.write(_facts.delete_fact, agent, user_scope, fact_id)
+
+    @_writes
+    def claim_fact_extraction(self, session_id: str, *, now: float) -> bool:
+        """True for the first caller only (each ended session is extracted once)."""
+        return self._engine.write(_facts.claim_extraction, session_id, now=now)
+
+    @_writes
+    def finish_fact_extraction(self, session_id: str, *, added: int, confirmed: int) -> None:
+        return self._engine.write(_facts.finish_extraction, session_id, added=added, confirmed=confirmed)
+
+    @_writes
+    def release_fact_extraction(self, session_id: str) -> None:
+        """A failed extraction gives its claim back, so a later attempt may run."""
+        return self._engine.write(_facts.release_extraction, session_id)
+
+    @_writes
+    def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None:
+        return self._engine.write(_facts.set_facts_prefetch, session_key, on, now=now)
+
+    @_reads
+    def get_fact(self, fact_id: int) -> dict | None:
+        return self._engine.read(_facts.get_fact, fact_id)
+
+    @_reads
+    def fact_candidates(self, agent: str, user_scope: str, terms: list[str], *, limit: int,
+                        include_superseded: bool = False) -> list[dict]:
+        """Facts of the scope matching any term, best BM25 first, with ``hrr`` and ``fts_rank``."""
+        return self._engine.read(_facts.fact_candidates, agent, user_scope, list(terms), limit=limit,
+                                 include_superseded=include_superseded)
+
+    @_reads
+    def list_facts(self, agent: str, user_scope: str, *, limit: int = 20, include_superseded: bool = False) -> list[dict]:
+        """Most recently confirmed first."""
+        return self._engine.read(_facts.list_facts, agent, user_scope, limit=limit, include_superseded=include_superseded)
+
+    @_reads
+    def fact_count(self, agent: str, user_scope: str) -> int:
+        return self._engine.read(_facts.fact_count, agent, user_scope)
+
+    @_reads
+    def facts_prefetch_enabled(self, session_key: str) -> bool | None:
+        """The chat's prefetch choice; None when never set."""
+        return self._engine.read(_facts.facts_prefetch_enabled, session_key)
+
+    @_reads
+    def sessions_awaiting_facts(self, *, since: float, min_messages: int = 4, limit: int = 200) -> list[str]:
+        """Ended sessions (since ``since``, with a user, not cron) whose facts were never extracted."""
+        return self._engine.read(_facts.sessions_awaiting_facts, since=since, min_messages=min_messages, limit=limit)
+
+    @_reads
+    def get_fact_extraction(self, session_id: str) -> dict | None:
+        return self._engine.read(_facts.extraction_of, session_id)
 
 
 def public_methods(kind: str) -> dict[str, Callable[..., Any]]:

@@ -228,6 +228,12 @@ def _v14_cron(conn):
     _cron.create_tables(conn)
 
 
+def _v15_facts(conn):
+    from . import _facts
+
+    _facts.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -243,6 +249,7 @@ for _step in [
     Migration(12, "pairing requests and approved users", _v12_pairing),
     Migration(13, "listing indexes", _v13_listing_indexes),
     Migration(14, "cron jobs, runs and leases", _v14_cron),
+    Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts),
 ]:
     register(_step)
 

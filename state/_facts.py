@@ -1,0 +1,235 @@
+"""Facts kept across sessions (issue 9): the table, its FTS5 index, and the SQL.
+
+    facts              one row per fact: its text, entities (JSON list), the
+                       session it came from, trust (0..1), created and
+                       last-confirmed times, its HRR vector (float32 blob, made by
+                       ``gateway.facts.hrr``; this layer never looks inside) and
+                       ``superseded_by`` when a correction replaced it
+    facts_fts          external-content FTS5 index over (content, entities, owner),
+                       kept in sync by triggers; ``owner`` holds one token naming
+                       the (agent, user scope), so a search never leaves its scope
+                       and the scope costs one posting-list intersection
+    fact_extractions   sessions whose facts were extracted (a claim: each
+                       ended session is extracted once, whichever process sees it)
+    fact_prefs         per chat (session key): prefetch on or off
+
+Scope: facts belong to an agent and a user scope (the identity name when the
+account is linked to one, else ``platform:user_id``).  Times come from the
+caller's clock.  Search terms come in as plain words; this module quotes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from typing import Iterable
+
+FACT_FIELDS = ("id", "agent", "user_scope", "content", "entities", "session_id", "trust", "created_at",
+               "confirmed_at", "confirmations", "superseded_by")
+MAX_TERMS = 32
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    for sql in (
+        """CREATE TABLE IF NOT EXISTS facts (
+            id INTEGER PRIMARY KEY,
+            agent TEXT NOT NULL,
+            user_scope TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            content TEXT NOT NULL,
+            entities TEXT NOT NULL DEFAULT '[]',
+            session_id TEXT,
+            trust REAL NOT NULL,
+            created_at REAL NOT NULL,
+            confirmed_at REAL NOT NULL,
+            confirmations INTEGER NOT NULL DEFAULT 0,
+            hrr BLOB,
+            superseded_by INTEGER
+        )""",
+        "CREATE INDEX IF NOT EXISTS idx_facts_owner_recent ON facts(owner, confirmed_at DESC)",
+        """CREATE VIRTUAL TABLE IF NOT EXISTS facts_fts USING fts5(
+            content, entities, owner, content='facts', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+        )""",
+        """CREATE TRIGGER IF NOT EXISTS facts_fts_insert AFTER INSERT ON facts BEGIN
+            INSERT INTO facts_fts(rowid, content, entities, owner) VALUES (new.id, new.content, new.entities, new.owner);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS facts_fts_delete AFTER DELETE ON facts BEGIN
+            INSERT INTO facts_fts(facts_fts, rowid, content, entities, owner)
+                VALUES ('delete', old.id, old.content, old.entities, old.owner);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS facts_fts_update AFTER UPDATE OF content, entities, owner ON facts BEGIN
+            INSERT INTO facts_fts(facts_fts, rowid, content, entities, owner)
+                VALUES ('delete', old.id, old.content, old.entities, old.owner);
+            INSERT INTO facts_fts(rowid, content, entities, owner) VALUES (new.id, new.content, new.entities, new.owner);
+        END""",
+        """CREATE TABLE IF NOT EXISTS fact_extractions (
+            session_id TEXT PRIMARY KEY,
+            claimed_at REAL NOT NULL,
+            added INTEGER,
+            confirmed INTEGER
+        )""",
+        """CREATE TABLE IF NOT EXISTS fact_prefs (
+            session_key TEXT PRIMARY KEY,
+            prefetch INTEGER NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+    ):
+        conn.execute(sql)
+
+
+def owner_token(agent: str, user_scope: str) -> str:
+    """The single FTS token naming a scope (letters and digits only, so unicode61 keeps it whole)."""
+    return "o" + hashlib.blake2b(f"{agent}\x00{user_scope}".encode(), digest_size=10).hexdigest()
+
+
+def _row(row: sqlite3.Row, *, with_vector: bool = False) -> dict:
+    out = {k: row[k] for k in FACT_FIELDS}
+    out["entities"] = json.loads(out["entities"] or "[]")
+    if with_vector:
+        out["hrr"] = row["hrr"]
+    return out
+
+
+def _quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def add_fact(conn: sqlite3.Connection, agent: str, user_scope: str, content: str, entities: list[str], *,
+             session_id: str | None, trust: float, now: float, hrr: bytes | None) -> int:
+    cur = conn.execute(
+        "INSERT INTO facts (agent, user_scope, owner, content, entities, session_id, trust, created_at, confirmed_at, hrr)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (agent, user_scope, owner_token(agent, user_scope), content, json.dumps(list(entities), ensure_ascii=False),
+         session_id, float(trust), now, now, hrr),
+    )
+    return int(cur.lastrowid)
+
+
+def add_facts(conn: sqlite3.Connection, agent: str, user_scope: str, rows: list[dict], *, now: float) -> list[int]:
+    """Many facts in one transaction (each dict: content, entities, session_id, trust, hrr)."""
+    return [add_fact(conn, agent, user_scope, r["content"], r.get("entities") or [], session_id=r.get("session_id"),
+                     trust=r["trust"], now=now, hrr=r.get("hrr")) for r in rows]
+
+
+def confirm_fact(conn: sqlite3.Connection, fact_id: int, *, now: float, trust_step: float) -> dict | None:
+    """A near-duplicate was seen again: trust up (at most 1), last-confirmed now."""
+    conn.execute(
+        "UPDATE facts SET trust = min(1.0, trust + ?), confirmed_at = max(confirmed_at, ?), "
+        "confirmations = confirmations + 1 WHERE id = ?",
+        (float(trust_step), now, fact_id),
+    )
+    return get_fact(conn, fact_id)
+
+
+def contradict_fact(conn: sqlite3.Connection, fact_id: int, *, factor: float, superseded_by: int | None = None) -> dict | None:
+    """The user said otherwise: trust multiplied by ``factor``; a correction points the old fact at the new one."""
+    conn.execute(
+        "UPDATE facts SET trust = trust * ?, superseded_by = coalesce(?, superseded_by) WHERE id = ?",
+        (float(factor), superseded_by, fact_id),
+    )
+    return get_fact(conn, fact_id)
+
+
+def delete_fact(conn: sqlite3.Connection, agent: str, user_scope: str, fact_id: int) -> bool:
+    return conn.execute("DELETE FROM facts WHERE id = ? AND owner = ?",
+                        (fact_id, owner_token(agent, user_scope))).rowcount > 0
+
+
+def claim_extraction(conn: sqlite3.Connection, session_id: str, *, now: float) -> bool:
+    """True for the first caller only: it extracts the session's facts."""
+    return conn.execute("INSERT OR IGNORE INTO fact_extractions (session_id, claimed_at) VALUES (?, ?)",
+                        (session_id, now)).rowcount > 0
+
+
+def finish_extraction(conn: sqlite3.Connection, session_id: str, *, added: int, confirmed: int) -> None:
+    conn.execute("UPDATE fact_extractions SET added = ?, confirmed = ? WHERE session_id = ?", (added, confirmed, session_id))
+
+
+def release_extraction(conn: sqlite3.Connection, session_id: str) -> None:
+    """Extraction failed (model down): let a later attempt claim the session again."""
+    conn.execute("DELETE FROM fact_extractions WHERE session_id = ? AND added IS NULL", (session_id,))
+
+
+def set_facts_prefetch(conn: sqlite3.Connection, session_key: str, on: bool, *, now: float) -> None:
+    conn.execute(
+        "INSERT INTO fact_prefs (session_key, prefetch, updated_at) VALUES (?, ?, ?) "
+        "ON CONFLICT(session_key) DO UPDATE SET prefetch = excluded.prefetch, updated_at = excluded.updated_at",
+        (session_key, 1 if on else 0, now),
+    )
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def get_fact(conn: sqlite3.Connection, fact_id: int, *, with_vector: bool = False) -> dict | None:
+    row = conn.execute("SELECT * FROM facts WHERE id = ?", (fact_id,)).fetchone()
+    return _row(row, with_vector=with_vector) if row else None
+
+
+def fact_candidates(conn: sqlite3.Connection, agent: str, user_scope: str, terms: Iterable[str], *,
+                    limit: int, include_superseded: bool = False) -> list[dict]:
+    """Facts of the scope matching ANY of ``terms`` (FTS5 OR: loose recall), best BM25 first.
+
+    Each row has the fact's fields, ``hrr`` (the blob) and ``fts_rank`` (FTS5's
+    rank: negative, lower is better).  No terms: no rows.
+    """
+    words = list(dict.fromkeys(t for t in terms if t and t.strip()))[:MAX_TERMS]
+    if not words or limit <= 0:
+        return []
+    match = f"owner : {owner_token(agent, user_scope)} AND ({' OR '.join(_quote(w) for w in words)})"
+    rows = conn.execute(
+        "SELECT f.*, facts_fts.rank AS fts_rank FROM facts_fts JOIN facts f ON f.id = facts_fts.rowid "
+        "WHERE facts_fts MATCH ? " + ("" if include_superseded else "AND f.superseded_by IS NULL ")
+        + "ORDER BY facts_fts.rank LIMIT ?",
+        (match, int(limit)),
+    ).fetchall()
+    out = []
+    for row in rows:
+        fact = _row(row, with_vector=True)
+        fact["fts_rank"] = float(row["fts_rank"])
+        out.append(fact)
+    return out
+
+
+def list_facts(conn: sqlite3.Connection, agent: str, user_scope: str, *, limit: int = 20,
+               include_superseded: bool = False) -> list[dict]:
+    """The scope's facts, most recently confirmed first."""
+    rows = conn.execute(
+        "SELECT * FROM facts WHERE owner = ? " + ("" if include_superseded else "AND superseded_by IS NULL ")
+        + "ORDER BY confirmed_at DESC, id DESC LIMIT ?",
+        (owner_token(agent, user_scope), int(limit)),
+    ).fetchall()
+    return [_row(r) for r in rows]
+
+
+def fact_count(conn: sqlite3.Connection, agent: str, user_scope: str) -> int:
+    return conn.execute("SELECT count(*) FROM facts WHERE owner = ? AND superseded_by IS NULL",
+                        (owner_token(agent, user_scope),)).fetchone()[0]
+
+
+def facts_prefetch_enabled(conn: sqlite3.Connection, session_key: str) -> bool | None:
+    """The chat's choice (None: never set, the config's default applies)."""
+    row = conn.execute("SELECT prefetch FROM fact_prefs WHERE session_key = ?", (session_key,)).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def sessions_awaiting_facts(conn: sqlite3.Connection, *, since: float, min_messages: int = 4,
+                            limit: int = 200) -> list[str]:
+    """Sessions ended since ``since`` with a user and ``min_messages`` messages whose facts were never
+    extracted (nor claimed), oldest first; cron sessions left out."""
+    rows = conn.execute(
+        "SELECT s.id FROM sessions s LEFT JOIN fact_extractions x ON x.session_id = s.id "
+        "WHERE s.ended_at IS NOT NULL AND s.ended_at >= ? AND x.session_id IS NULL AND s.user_id IS NOT NULL "
+        "AND s.source != 'cron' AND ifnull(s.message_count, 0) >= ? ORDER BY s.ended_at LIMIT ?",
+        (since, min_messages, int(limit)),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def extraction_of(conn: sqlite3.Connection, session_id: str) -> dict | None:
+    row = conn.execute("SELECT * FROM fact_extractions WHERE session_id = ?", (session_id,)).fetchone()
+    return dict(row) if row else None
