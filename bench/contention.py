@@ -1,7 +1,7 @@
 """Write contention: 1, 4 and 8 writer processes appending messages, the seed's design beside ours.
 
-    .venv/bin/python bench/contention.py                  # 1, 4, 8 writers, 3 s each
-    .venv/bin/python bench/contention.py --seconds 1 --writers 8
+    .venv/bin/python bench/contention.py                  # 1, 4, 8 writers; 3 rounds of 2 s each
+    .venv/bin/python bench/contention.py --seconds 1 --rounds 1 --writers 1 8
 
 Each writer process appends single messages (one transaction each) to its own
 session as fast as it can for ``--seconds``, timing every append.  Prints the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import random
 import sqlite3
 import statistics
@@ -157,8 +158,9 @@ def _writer(design: str, path: str, worker: int, seconds: float, barrier, result
     results.put((worker, stored, errors, latencies))
 
 
-def run(design: str, writers: int, seconds: float, workdir: Path) -> dict:
-    path = workdir / f"{design}-{writers}.db"
+def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int) -> dict:
+    """One timed run in a fresh database: raw counts and latencies."""
+    path = workdir / f"{design}-{writers}-{round_no}.db"
     STORES[design].create(path)
     setup = STORES[design](path)
     for w in range(writers):
@@ -175,38 +177,52 @@ def run(design: str, writers: int, seconds: float, workdir: Path) -> dict:
     elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
-    stored = sum(o[1] for o in outcomes)
-    errors = sum(o[2] for o in outcomes)
     lost = sum(max(0, o[1] - setup.count(f"w{o[0]}")) for o in outcomes)
     setup.close()
-    lat = sorted(x for o in outcomes for x in o[3])
+    return {"stored": sum(o[1] for o in outcomes), "errors": sum(o[2] for o in outcomes), "lost": lost,
+            "elapsed": elapsed, "latencies": [x for o in outcomes for x in o[3]]}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Pool the rounds: total messages over total time, percentiles over every write."""
+    lat = sorted(x for r in runs for x in r["latencies"])
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
     return {
-        "design": design, "writers": writers, "rate": stored / elapsed, "p50": q[49] * 1000, "p99": q[98] * 1000,
-        "max": lat[-1] * 1000, "errors": errors, "lost": lost, "stored": stored,
+        "rate": sum(r["stored"] for r in runs) / sum(r["elapsed"] for r in runs),
+        "p50": q[49] * 1000, "p99": q[98] * 1000, "max": lat[-1] * 1000,
+        "errors": sum(r["errors"] for r in runs), "lost": sum(r["lost"] for r in runs),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of one run")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs per configuration, interleaved with the others so load changes hit all alike")
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--designs", nargs="+", default=["seed", "ours"], choices=list(STORES))
     args = parser.parse_args()
-    print(f"SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {mp.cpu_count()} CPUs, "
-          f"{args.seconds:g} s per run, one message per transaction")
+    print(f"SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {mp.cpu_count()} CPUs "
+          f"(load average {os.getloadavg()[0]:.1f} before); {args.rounds} rounds of {args.seconds:g} s per "
+          "configuration; one message per transaction")
+    runs: dict[tuple[str, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
+        for round_no in range(args.rounds):
+            for writers in args.writers:
+                for design in args.designs:
+                    runs.setdefault((design, writers), []).append(run(design, writers, args.seconds, Path(tmp), round_no))
+                    for suffix in ("", "-wal", "-shm", "-lock"):
+                        Path(tmp, f"{design}-{writers}-{round_no}.db{suffix}").unlink(missing_ok=True)
     print(f"{'design':<6} {'writers':>7} {'msg/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6} {'lost':>5} "
           f"{'vs 1 writer':>11}")
-    single: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
-        for writers in args.writers:
-            for design in args.designs:
-                r = run(design, writers, args.seconds, Path(tmp))
-                if writers == 1:
-                    single[design] = r["rate"]
-                share = f"{r['rate'] / single[design] * 100:.0f} %" if design in single else "-"
-                print(f"{design:<6} {writers:>7} {r['rate']:>8.0f} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} "
-                      f"{r['errors']:>6} {r['lost']:>5} {share:>11}", flush=True)
+    for writers in args.writers:
+        for design in args.designs:
+            r = summarize(runs[(design, writers)])
+            single = summarize(runs[(design, 1)])["rate"] if (design, 1) in runs else None
+            share = f"{r['rate'] / single * 100:.0f} %" if single else "-"
+            print(f"{design:<6} {writers:>7} {r['rate']:>8.0f} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} "
+                  f"{r['errors']:>6} {r['lost']:>5} {share:>11}")
+    print(f"load average {os.getloadavg()[0]:.1f} after (other processes on this machine share its CPUs)")
 
 
 if __name__ == "__main__":
