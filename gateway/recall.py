@@ -139,24 +139,32 @@ class SessionRecall:
             query, agent_prefix=scope.agent_prefix, accounts=scope.accounts,
             exclude_lineage_of=current_session_id, role_filter=role_filter, limit=s.hit_limit,
         )
+        # one group per conversation: a compressed conversation's sessions count together
         groups: dict[str, list[dict]] = {}
         for hit in found["hits"]:
-            groups.setdefault(hit["session_id"], []).append(hit)
-        # most hits first; ties go to the session holding the better-ranked hit (dicts keep hit order)
-        top = sorted(groups, key=lambda sid: -len(groups[sid]))[:wanted]
+            groups.setdefault(hit.get("conversation") or hit["session_id"], []).append(hit)
+        # most hits first; ties go to the group holding the better-ranked hit (dicts keep hit order)
+        top = sorted(groups, key=lambda root: -len(groups[root]))[:wanted]
         if not top:
             return []
-        sessions = await self.db.recall_sessions(top)
+        members = {root: list(dict.fromkeys(h["session_id"] for h in groups[root])) for root in top}
+        rows = {row["id"]: row for row in await self.db.recall_sessions([m for root in top for m in members[root]])}
 
         def cut() -> list[RecalledSession]:
             out = []
-            for row in sessions:
-                hits = groups[row["id"]]
-                text = truncate_around_matches(format_conversation(row["messages"]), query, s.window_chars)
+            for root in top:
+                parts = sorted((rows[m] for m in members[root] if m in rows),
+                               key=lambda r: (r.get("started_at") or 0, r["id"]))
+                if not parts:
+                    continue
+                text = "\n\n[... the conversation was compressed here and continued ...]\n\n".join(
+                    format_conversation(p["messages"]) for p in parts)
+                latest, hits = parts[-1], groups[root]
                 out.append(RecalledSession(
-                    session_id=row["id"], title=row.get("title"), started_at=row.get("started_at"),
-                    platform=row.get("source") or "?", hits=len(hits),
-                    snippets=tuple(h.get("snippet") or "" for h in hits[:5]), text=text,
+                    session_id=latest["id"], title=latest.get("title") or parts[0].get("title"),
+                    started_at=parts[0].get("started_at"), platform=latest.get("source") or "?", hits=len(hits),
+                    snippets=tuple(h.get("snippet") or "" for h in hits[:5]),
+                    text=truncate_around_matches(text, query, s.window_chars),
                 ))
             return out
 

@@ -71,9 +71,10 @@ def recall_hits(
 ) -> dict:
     """Search within the scope; returns ``{"hits": [...], "excluded": [...]}``.
 
-    Hits are best first, as :func:`state.fts.search_messages` ranks them, each
-    ``{"id", "session_id", "role", "timestamp", "snippet", "source", ...}``
-    (no ``context``: recall loads whole sessions).  ``excluded`` is the
+    Hits are best first (see :func:`_ranked` and :func:`_newest_in`), each
+    ``{"id", "session_id", "role", "timestamp", "snippet", "source", ...,
+    "conversation"}`` (no ``context``: recall loads whole sessions);
+    ``conversation`` is the first session of the hit's compression chain.  ``excluded`` is the
     lineage that was left out.  Never raises because of what ``query`` holds.
     """
     excluded = lineage_ids(conn, exclude_lineage_of)
@@ -92,7 +93,29 @@ def recall_hits(
         if "fts5" not in str(exc):
             raise
         hits = []
+    roots = _conversation_roots(conn, {h["session_id"] for h in hits})
+    for hit in hits:
+        hit["conversation"] = roots[hit["session_id"]]
     return {"hits": hits, "excluded": excluded}
+
+
+def _conversation_roots(conn, session_ids) -> dict[str, str]:
+    """Each session's first session of its compression chain (itself when it continues none):
+    a conversation that was compressed is recalled as one."""
+    roots = {}
+    for sid in session_ids:
+        current, seen = sid, {sid}
+        while True:
+            row = conn.execute(
+                "SELECT p.id, p.end_reason FROM sessions c JOIN sessions p ON p.id = c.parent_session_id WHERE c.id = ?",
+                (current,),
+            ).fetchone()
+            if row is None or row[1] != "compression" or row[0] in seen:
+                break
+            current = row[0]
+            seen.add(current)
+        roots[sid] = current
+    return roots
 
 
 def _ranked(conn, items, agent_prefix, excluded, role_filter, limit) -> list[dict]:

@@ -254,3 +254,18 @@ async def test_indexed_and_just_appended_messages_are_both_found(tmp_path, model
     assert english[0].snippets == ("the >>>pelican<<< >>>migration<<< finished", "the >>>pelican<<< >>>migration<<< started")
     assert [(f.session_id, f.hits) for f in cjk] == [("big", 2)]
     assert [(f.session_id, f.hits) for f in negated] == [("big", 1)]
+
+
+async def test_a_compressed_conversation_is_recalled_as_one(tmp_path, model):
+    async with running_gateway(tmp_path, model) as gw:
+        await seed(gw.db, "part1", "api", "quinn", ["the lighthouse budget is 40k", "noted"], title="Lighthouse")
+        await gw.db.end_session("part1", "compression")
+        await seed(gw.db, "part2", "api", "quinn", ["lighthouse budget raised to 55k", "ok"], parent="part1",
+                   title="Lighthouse #2")
+        await seed(gw.db, "other", "api", "quinn", ["a lighthouse photo", "nice"])
+        scope = recall_scope(gw.config, "main", "api", "quinn")
+        found = await gw.recall.gather("lighthouse budget", scope)
+    assert [(f.session_id, f.title, f.hits) for f in found] == [("part2", "Lighthouse #2", 2)]
+    text = found[0].text
+    assert text.index("the lighthouse budget is 40k") < text.index("[... the conversation was compressed here")
+    assert text.index("[... the conversation was compressed here") < text.index("lighthouse budget raised to 55k")
