@@ -99,3 +99,22 @@ def test_a_write_queued_behind_another_process_times_out_then_the_queue_moves_on
         assert slow.communicate(timeout=30)[0].strip() == "done"
     finally:
         slow.kill()
+
+
+OPENER = """
+import sys
+from state import SessionDB
+with SessionDB(sys.argv[1]) as db:
+    db.create_session(sys.argv[2], "cli")
+    db.append_message(sys.argv[2], "user", "first words")
+print("ok")
+"""
+
+
+def test_processes_opening_a_new_database_at_once_all_succeed(home):
+    path = home / "state.db"
+    procs = [_spawn(OPENER, str(path), f"s{i}") for i in range(4)]
+    assert [p.communicate(timeout=60) + (p.returncode,) for p in procs] == [("ok\n", "", 0)] * 4
+    with SessionDB(path) as db:
+        assert sorted(r["id"] for r in db.list_sessions_rich()) == ["s0", "s1", "s2", "s3"]
+        assert db.message_count() == 4

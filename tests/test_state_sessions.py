@@ -25,7 +25,7 @@ def test_default_location_is_private(home, db):
     db.append_message("s1", "user", "hi")
     assert db.db_path == home / "state.db"
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
-    for name in ("state.db", "state.db-wal", "state.db-shm"):
+    for name in ("state.db", "state.db-wal", "state.db-shm", "state.db-lock"):
         assert stat.S_IMODE(os.stat(home / name).st_mode) == 0o600, name
 
 
