@@ -1,0 +1,174 @@
+"""Fact memory through the real gateway: prefetch reaches the model and not the store, /facts on|off,
+extraction when a session ends (dedup, contradictions, catch-up at start), the facts tool."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+import state
+from gateway.facts.extract import EXTRACT_PROMPT
+from tests.fakes.model_server import FakeModel, Reply, ToolCall
+from tests.harness import ApiClient, running_gateway
+
+FACTS = {"facts": {"extract_delay_seconds": 0}}
+
+
+@pytest.fixture
+async def model():
+    async with FakeModel() as fake:
+        yield fake
+
+
+def extraction_requests(model):
+    return [r for r in model.requests if r.messages and r.messages[0].get("content") == EXTRACT_PROMPT]
+
+
+def chat_requests(model):
+    return [r for r in model.requests if r.messages and r.messages[0].get("content") != EXTRACT_PROMPT]
+
+
+async def until(condition, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.02)
+
+
+async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_path, model):
+    model.responder = lambda messages: "noted"  # (the default echo would repeat the block into the answer)
+    async with running_gateway(tmp_path, model, **FACTS) as gw:
+        await gw.facts.service.remember("main", "api:ann", "Ann's favourite editor is Helix", ["helix"])
+        await gw.facts.service.remember("main", "api:bob", "Bob's favourite editor is Emacs", ["emacs"])
+        api = ApiClient(gw)
+        reply = await api.say("ann", "which editor should I configure?")
+        sent = model.requests[-1]
+        session = await gw.db.get_route("agent:main:api:dm:ann")
+        stored = await gw.db.get_messages(session)
+
+        assert (await api.say("ann", "/facts off")).startswith("Fact recall is off for this chat")
+        await api.say("ann", "which editor again?")
+        off = model.requests[-1]
+        status = await api.say("ann", "/facts")
+        assert (await api.say("ann", "/facts on")).startswith("Fact recall is on for this chat")
+        await api.say("ann", "and the editor now?")
+        on_again = model.requests[-1]
+        await api.close()
+
+    last = sent.messages[-1]
+    assert last["role"] == "user" and last["content"].startswith("which editor should I configure?\n\n<memory-context>\n")
+    assert "Ann's favourite editor is Helix" in last["content"] and last["content"].endswith("</memory-context>")
+    assert "Emacs" not in json.dumps(sent.messages)  # another user's facts never come along
+    assert "## Fact memory" in sent.messages[0]["content"]
+    assert reply == "noted"
+    assert [m["content"] for m in stored if m["role"] == "user"] == ["which editor should I configure?"]
+    assert "memory-context" not in json.dumps(stored)
+    assert off.messages[-1] == {"role": "user", "content": "which editor again?"}
+    assert "</memory-context>" not in json.dumps(off.messages)
+    assert status.startswith("1 fact(s) stored about you. Recall before each message is off in this chat (/facts on")
+    assert "Ann's favourite editor is Helix" in status
+    assert "<memory-context>" in on_again.messages[-1]["content"]
+
+
+async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_path, model):
+    answers = [
+        {"facts": [{"text": "The user is migrating the shop to Postgres", "entities": ["postgres", "shop"]},
+                   {"text": "The user's cat is called Miso", "entities": ["miso"]}], "contradicted": []},
+        {"facts": [{"text": "The user is migrating the shop to Postgres.", "entities": ["postgres", "shop"]},
+                   {"text": "The user's cat is now called Mochi", "entities": ["mochi"]}], "contradicted": ["MISO_ID"]},
+    ]
+
+    def responder(messages):
+        if messages[0].get("content") != EXTRACT_PROMPT:
+            return None
+        answer = json.dumps(answers.pop(0))
+        return answer.replace('"MISO_ID"', str(miso_id[0])) if miso_id else answer
+
+    miso_id: list[int] = []
+    model.responder = responder
+    async with running_gateway(tmp_path, model, **FACTS) as gw:
+        api = ApiClient(gw)
+        await api.say("cy", "we are moving the shop to postgres")
+        await api.say("cy", "also my cat Miso says hi")
+        first = await gw.db.get_route("agent:main:api:dm:cy")
+        await api.say("cy", "/new")
+        await until(lambda: _extracted(gw, 1))
+        stored = await gw.db.list_facts("main", "api:cy")
+        miso_id.append(next(f["id"] for f in stored if "Miso" in f["content"]))
+        await api.say("cy", "the postgres migration is still on")
+        await api.say("cy", "and the cat is Mochi now, we renamed her")
+        await api.say("cy", "/new")
+        await until(lambda: _extracted(gw, 2))
+        after = {f["content"]: f for f in await gw.db.list_facts("main", "api:cy", include_superseded=True)}
+        extraction = await gw.db.get_fact_extraction(first)
+        await api.say("cy", "hello")
+        await api.close()
+
+    requests = extraction_requests(model)
+    assert len(requests) == 2  # one per ended session
+    assert "USER: we are moving the shop to postgres" in requests[0].messages[1]["content"]
+    assert f"{miso_id[0]}: The user's cat is called Miso" in requests[1].messages[1]["content"]  # shown with its id
+    assert sorted(after) == ["The user is migrating the shop to Postgres", "The user's cat is called Miso",
+                             "The user's cat is now called Mochi"]
+    postgres = after["The user is migrating the shop to Postgres"]
+    assert (postgres["trust"], postgres["confirmations"]) == (pytest.approx(0.6), 1)  # confirmed, not duplicated
+    assert after["The user's cat is called Miso"]["trust"] == pytest.approx(0.25)  # contradicted
+    assert extraction["added"] == 2 and extraction["confirmed"] == 0
+
+
+async def _extracted(gw, n):
+    return len(gw.facts.extracted) >= n
+
+
+async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_start(tmp_path, model):
+    db = state.SessionDB(tmp_path / "state.db")
+    db.create_session("old-1", "api", user_id="dee", session_key="agent:main:api:dm:dee")
+    for i, text in enumerate(["I run a bakery in Ghent", "Nice!", "We open at 7", "Noted."]):
+        db.append_message("old-1", "user" if i % 2 == 0 else "assistant", text)
+    db.end_session("old-1", "idle")
+    db.close()
+    model.responder = lambda messages: (json.dumps({"facts": [{"text": "The user runs a bakery in Ghent",
+                                                                 "entities": ["bakery", "ghent"]}]})
+                                        if messages[0].get("content") == EXTRACT_PROMPT else None)
+    async with running_gateway(tmp_path, model, **FACTS) as gw:
+        await until(lambda: _extracted(gw, 1))
+        found = await gw.facts.service.search("main", "api:dee", "where is the bakery?")
+    assert [f.content for f in found] == ["The user runs a bakery in Ghent"]
+    assert found[0].session_id == "old-1"
+
+
+async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, model):
+    async with running_gateway(tmp_path, model, **FACTS) as gw:
+        api = ApiClient(gw)
+        await api.say("eve", "I prefer tea")
+        await api.say("eve", "green tea, mostly")
+        sid = await gw.db.get_route("agent:main:api:dm:eve")
+        await api.say("eve", "/new")  # the default echo is no JSON: the extraction fails
+        await until(lambda: _extracted(gw, 1))
+        await api.close()
+        assert gw.facts.extracted[-1].skipped.startswith("failed: the answer holds no JSON object")
+        assert await gw.db.get_fact_extraction(sid) is None  # the claim was given back
+        assert await gw.db.list_facts("main", "api:eve") == []
+
+
+async def test_the_model_stores_and_finds_facts_with_the_tool(tmp_path, model):
+    model.script(ToolCall("facts", {"action": "add", "content": "Fay's server is called atlas", "entities": ["atlas"]}),
+                 Reply("stored"),
+                 ToolCall("facts", {"action": "search", "query": "what is the server called?"}, call_id="c2"),
+                 Reply("it is atlas"),
+                 ToolCall("facts", {"action": "search", "query": "server", "mode": "telepathy"}, call_id="c3"),
+                 Reply("bad mode"))
+    async with running_gateway(tmp_path, model, **FACTS) as gw:
+        api = ApiClient(gw)
+        assert await api.say("fay", "remember my server is called atlas") == "stored"
+        assert await api.say("fay", "what's my server called?") == "it is atlas"
+        await api.say("fay", "try telepathy")
+        await api.close()
+    tool_results = [m for r in model.requests for m in r.messages if m.get("role") == "tool"]
+    results = list(dict.fromkeys(m["content"] for m in tool_results))
+    assert results[0].startswith("Stored as #1.")
+    assert results[1].startswith("Facts (probe), best first:\n#1 (trust 0.70, confirmed ")
+    assert results[1].endswith(") Fay's server is called atlas")
+    assert results[2] == "error: unknown mode 'telepathy'; use one of probe, related, reason, contradict"
