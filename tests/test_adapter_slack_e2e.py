@@ -136,3 +136,28 @@ async def _until(predicate, timeout: float = 10) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
+
+
+async def test_http_events_mode_through_the_gateway(tmp_path):
+    async with FakeSlack() as slack, FakeModel() as model:
+        config = gateway_config(
+            tmp_path / "home", model.base_url,
+            auth={"allowed_users": ["slack:U1"]},
+            platforms={"slack": {"bot_token": slack.bot_token, "signing_secret": slack.signing_secret, "mode": "http",
+                                 "http_port": 0, "api_base_url": slack.base_url}},
+        )
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await _until(lambda: gw.health()["platforms"]["slack"]["state"] == "connected")
+            url = f"http://127.0.0.1:{gw.adapters['slack'].http_port}/slack/events"
+            event = slack.message("D1", "U1", "over http")
+            assert (await slack.post_event(url, event, bad_signature=True))[0] == 401
+            assert (await slack.post_event(url, event))[0] == 200
+            assert (await slack.post_event(url, event, retry_num=1))[0] == 200  # Slack retried: answered once
+            assert (await slack.post_event(url, slack.message("D1", "U1", "marker")))[0] == 200
+            await slack.wait_for_sent(2, timeout=10)
+            assert [first_line(s) for s in slack.sent] == ["echo: over http", "echo: marker"]
+            assert len(model.requests) == 2
+        finally:
+            await gw.stop(grace_seconds=5)
