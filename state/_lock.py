@@ -102,13 +102,25 @@ class ProcessWriteLock:
         self._state = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def _ticket(self) -> int:
-        """Draw the next ticket and lock its slot, atomically with respect to other writers."""
-        _lock(self._fd, _COUNTER_LOCK)
+    def _ticket(self, deadline: float) -> int:
+        """Draw the next ticket and lock its slot, atomically with respect to other writers.
+
+        Both locks are normally free or held for microseconds, so they are polled rather
+        than waited for: a writer stopped in the middle of drawing (Ctrl-Z) cannot make
+        anyone else wait past their deadline.
+        """
+        while not _lock(self._fd, _COUNTER_LOCK, wait=False):
+            if time.monotonic() >= deadline:
+                raise LockTimeout()
+            time.sleep(0.0001)
         try:
             raw = os.pread(self._fd, 8, _COUNTER_AT)
             ticket = int.from_bytes(raw, "little") if len(raw) == 8 else 0
-            _lock(self._fd, _slot(ticket))  # free unless SLOTS writers are still ahead of us
+            # free unless the writer SLOTS tickets back is still queued or running
+            while not _lock(self._fd, _slot(ticket), wait=False):
+                if time.monotonic() >= deadline:
+                    raise LockTimeout()
+                time.sleep(0.0005)
             os.pwrite(self._fd, (ticket + 1).to_bytes(8, "little"), _COUNTER_AT)
             return ticket
         finally:
@@ -116,7 +128,7 @@ class ProcessWriteLock:
 
     def run(self, deadline: float, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` in this writer's turn; :class:`LockTimeout` if the turn has not come by ``deadline``."""
-        ticket = self._ticket()
+        ticket = self._ticket(deadline)
         own, prev = _slot(ticket), _slot(ticket - 1)
         with self._state:
             idle = self._pending == 0
