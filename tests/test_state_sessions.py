@@ -57,6 +57,10 @@ def test_create_and_get_session(db):
     # creating an existing id changes nothing
     db.create_session("s1", "cli", model="other")
     assert db.get_session("s1")["model"] == "m1"
+    assert db.update_system_prompt("s1", "be thorough") is True
+    assert db.get_session("s1")["system_prompt"] == "be thorough"
+    assert db.update_system_prompt("ghost", "x") is False
+    assert (db.session_count(), db.session_count("telegram"), db.session_count("cli")) == (1, 1, 0)
 
 
 def test_create_with_unknown_parent_is_refused(db):
