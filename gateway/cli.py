@@ -16,38 +16,12 @@ from pathlib import Path
 import click
 
 import state
+from gateway.cli_common import CONFIG_OPTION, fail as _fail, home_for as _home_for, load_config_or_exit as _load_config
 from gateway.cli_config import config_group
-from gateway.config import Config, find_config_path, load_config
+from gateway.cli_cron import cron_group
+from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
+from gateway.cli_sessions import sessions as sessions_group
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
-
-CONFIG_OPTION = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
-)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def _load_config(config_path: Path | None) -> Config:
-    try:
-        return load_config(config_path)
-    except ConfigError as exc:
-        _fail(str(exc), exc.exit_code)
-        raise  # unreachable
-
-
-def _home_for(config_path: Path | None) -> Path:
-    """The home the operator means: the config's when there is one, else $SWITCHBOARD_HOME."""
-    if config_path is not None:
-        return _load_config(config_path).home
-    try:
-        path = find_config_path()
-    except ConfigError:
-        return state.default_home()
-    return _load_config(path).home if path.is_file() else state.default_home()
 
 
 @click.group()
@@ -56,17 +30,8 @@ def main() -> None:
     """Switchboard: one LLM agent on Telegram, Discord and Slack, every conversation a saved session."""
 
 
-main.add_command(config_group)
-
-from gateway.cli_cron import cron_group  # noqa: E402
-
-main.add_command(cron_group)
-
-from gateway.cli_service import backup_cmd, restore_cmd, service as service_group  # noqa: E402
-
-main.add_command(service_group)
-main.add_command(backup_cmd)
-main.add_command(restore_cmd)
+for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd):
+    main.add_command(command)
 
 
 @main.command()

@@ -25,31 +25,15 @@ from typing import Any
 import click
 
 import state
-from gateway.config import Config, config_from_dict, find_config_path, load_config
+from gateway.cli_common import CONFIG_OPTION, config_or_defaults, fail as _fail
+from gateway.config import Config
 from gateway.cron_schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
 from state._cron import CronJobNotFound
 
-CONFIG_OPTION = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
-)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
 def _config(config_path: Path | None) -> Config:
     """The config file's settings; without one, the defaults under $SWITCHBOARD_HOME (UTC)."""
-    try:
-        if config_path is None and not find_config_path().is_file():
-            return config_from_dict({})
-        return load_config(config_path)
-    except ConfigError as exc:
-        _fail(str(exc), exc.exit_code)
-        raise  # unreachable
+    return config_or_defaults(config_path)
 
 
 def _open(config_path: Path | None) -> tuple[Config, state.SessionDB]:
