@@ -243,17 +243,18 @@ class Gateway:
     async def stop(self, grace_seconds: float | None = None) -> None:
         """Stop taking messages, finish running turns within the grace period, close everything."""
         grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
-        if self.cron is not None:  # cron (issue 6): no new runs; running ones finish within the grace
-            await self.cron.stop(grace)
-        if self.router is not None:
-            cancelled = await self.router.drain(grace)
-            for key in cancelled:
-                log.warning("turn for %s cancelled at shutdown after %.0fs; the user's message is stored "
-                            "and the next turn will answer it", key, grace)
-        if self.memory is not None:  # memory (issue 8): flushes of ended sessions finish within the grace
-            await self.memory.drain(grace)
-        if self.facts is not None:  # facts (issue 9): extractions of ended sessions finish within the grace
-            await self.facts.drain(grace)
+        # Everything that is still working gets the same grace period, at the same time, so
+        # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
+        # turns (the router stops taking messages first), cron runs (issue 6), memory flushes
+        # (issue 8) and fact extractions (issue 9) of sessions that just ended.
+        draining = [self.router.drain(grace)] if self.router is not None else []
+        draining += [part.drain(grace) for part in (self.memory, self.facts) if part is not None]
+        if self.cron is not None:
+            draining.append(self.cron.stop(grace))
+        results = await asyncio.gather(*draining)
+        for key in (results[0] if self.router is not None else []):
+            log.warning("turn for %s cancelled at shutdown after %.0fs; the user's message is stored "
+                        "and the next turn will answer it", key, grace)
         for task in self._supervisors.values():
             task.cancel()
         await self.api.stop()
