@@ -28,6 +28,7 @@ from typing import Iterable
 FACT_FIELDS = ("id", "agent", "user_scope", "content", "entities", "session_id", "trust", "created_at",
                "confirmed_at", "confirmations", "superseded_by")
 MAX_TERMS = 32
+RECALL_WINDOW = 1000  # BM25 ranks the newest this many matches (see fact_candidates)
 
 
 def create_tables(conn: sqlite3.Connection) -> None:
@@ -171,21 +172,37 @@ def get_fact(conn: sqlite3.Connection, fact_id: int, *, with_vector: bool = Fals
 
 
 def fact_candidates(conn: sqlite3.Connection, agent: str, user_scope: str, terms: Iterable[str], *,
-                    limit: int, include_superseded: bool = False) -> list[dict]:
+                    limit: int, include_superseded: bool = False, window: int = RECALL_WINDOW) -> list[dict]:
     """Facts of the scope matching ANY of ``terms`` (FTS5 OR: loose recall), best BM25 first.
 
-    Each row has the fact's fields, ``hrr`` (the blob) and ``fts_rank`` (FTS5's
-    rank: negative, lower is better).  No terms: no rows.
+    BM25 ranks the scope's newest ``window`` matches only: their rowid bound
+    is found by walking the match list newest first, which FTS5 does without
+    ranking, and ranking every match of a common word among 100,000 facts
+    costs tens of milliseconds (the gateway's time decay discounts old facts
+    anyway).  The ranking query matches the words alone (BM25 over a query
+    holding the scope's token would scan that token's whole posting list for
+    its IDF) and the scope is checked on the joined row; when other scopes'
+    matches crowd that rowid range (a user with few facts among many), the
+    scope's token joins the MATCH instead, whose posting list is then short.
+    Each row has the fact's fields, ``hrr`` (the blob) and ``fts_rank``
+    (negative, lower is better).  No terms: no rows.
     """
     words = list(dict.fromkeys(t for t in terms if t and t.strip()))[:MAX_TERMS]
     if not words or limit <= 0:
         return []
-    match = f"owner : {owner_token(agent, user_scope)} AND ({' OR '.join(_quote(w) for w in words)})"
+    owner = owner_token(agent, user_scope)
+    any_word = " OR ".join(_quote(w) for w in words)
+    scoped = f"owner : {owner} AND ({any_word})"
+    newest = "SELECT rowid FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
+    edge_row = conn.execute(newest, (scoped, max(0, int(window) - 1))).fetchone()
+    edge = edge_row[0] if edge_row else 0
+    crowd_row = conn.execute(newest, (any_word, 4 * max(1, int(window)))).fetchone()
+    crowded = crowd_row is not None and crowd_row[0] > edge  # over 4 x window rows of any scope to rank
     rows = conn.execute(
         "SELECT f.*, facts_fts.rank AS fts_rank FROM facts_fts JOIN facts f ON f.id = facts_fts.rowid "
-        "WHERE facts_fts MATCH ? " + ("" if include_superseded else "AND f.superseded_by IS NULL ")
-        + "ORDER BY facts_fts.rank LIMIT ?",
-        (match, int(limit)),
+        "WHERE facts_fts MATCH ? AND facts_fts.rowid >= ? AND f.owner = ? "
+        + ("" if include_superseded else "AND f.superseded_by IS NULL ") + "ORDER BY facts_fts.rank LIMIT ?",
+        (scoped if crowded else any_word, edge, owner, int(limit)),
     ).fetchall()
     out = []
     for row in rows:

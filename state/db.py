@@ -601,10 +601,11 @@ class SessionDB:
 
     @_reads
     def fact_candidates(self, agent: str, user_scope: str, terms: list[str], *, limit: int,
-                        include_superseded: bool = False) -> list[dict]:
-        """Facts of the scope matching any term, best BM25 first, with ``hrr`` and ``fts_rank``."""
+                        include_superseded: bool = False, window: int = _facts.RECALL_WINDOW) -> list[dict]:
+        """Facts of the scope matching any term, best BM25 among its newest ``window`` matches first,
+        with ``hrr`` and ``fts_rank``."""
         return self._engine.read(_facts.fact_candidates, agent, user_scope, list(terms), limit=limit,
-                                 include_superseded=include_superseded)
+                                 include_superseded=include_superseded, window=window)
 
     @_reads
     def list_facts(self, agent: str, user_scope: str, *, limit: int = 20, include_superseded: bool = False) -> list[dict]:

@@ -172,3 +172,27 @@ async def test_the_model_stores_and_finds_facts_with_the_tool(tmp_path, model):
     assert results[1].startswith("Facts (probe), best first:\n#1 (trust 0.70, confirmed ")
     assert results[1].endswith(") Fay's server is called atlas")
     assert results[2] == "error: unknown mode 'telepathy'; use one of probe, related, reason, contradict"
+
+
+async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_it(tmp_path, model):
+    long = "details about the migration plan, the staging database and the rollback steps. " * 4
+    answer = json.dumps({"facts": [{"text": "The user plans a staging database migration", "entities": ["staging"]}]})
+
+    def responder(messages):
+        first = messages[0].get("content") or ""
+        return answer if first == EXTRACT_PROMPT else "SUMMARY: migration plan" if "summar" in first.lower() else None
+
+    model.responder = responder
+    async with running_gateway(tmp_path, model, model={"context_length": 4096}, **FACTS) as gw:
+        api = ApiClient(gw)
+        for i in range(7):
+            await api.say("gus", f"turn {i}: {long}")
+        root = await gw.db.get_route("agent:main:api:dm:gus")
+        reply = await api.say("gus", "/compress")
+        await until(lambda: _extracted(gw, 1))
+        await api.close()
+        facts = await gw.db.list_facts("main", "api:gus")
+    assert reply.startswith("Compressed: ")
+    assert gw.facts.extracted[0].session_id == root and gw.facts.extracted[0].added == 1
+    assert [f["content"] for f in facts] == ["The user plans a staging database migration"]
+    assert facts[0]["session_id"] == root

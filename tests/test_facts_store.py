@@ -75,6 +75,26 @@ async def test_facts_stay_in_their_scope_and_odd_queries_are_harmless(facts, db)
     assert await db.fact_count("main", "alice") == 1
 
 
+async def test_recall_ranks_the_scopes_newest_matches_whether_or_not_other_users_crowd_them(db):
+    def add(scope, text):
+        return db.add_fact("main", scope, text, [], session_id=None, trust=0.5, now=NOW, hrr=None)
+
+    alice_old = await add("alice", "tea tea tea with lemon")  # the best BM25, but the oldest
+    alice_new = [await add("alice", f"tea and note {i}") for i in range(5)]
+    for i in range(30):
+        await add("bob", f"tea for bob {i}")
+    newest3 = await db.fact_candidates("main", "alice", ["tea"], limit=10, window=3)
+    assert sorted(f["id"] for f in newest3) == alice_new[-3:]
+    everything = await db.fact_candidates("main", "alice", ["tea"], limit=10, window=100)
+    assert everything[0]["id"] == alice_old and len(everything) == 6
+    # carol has one old match behind 30 of bob's: her token joins the MATCH, and she still finds it
+    carol = await add("carol", "tea from carol")
+    for i in range(30):
+        await add("bob", f"more tea for bob {i}")
+    assert [f["id"] for f in await db.fact_candidates("main", "carol", ["tea"], limit=5, window=2)] == [carol]
+    assert all(f["user_scope"] == "alice" for f in await db.fact_candidates("main", "alice", ["tea"], limit=50, window=2))
+
+
 # --------------------------------------------------------------------------- the modes
 
 DISTRACTORS = [
