@@ -135,7 +135,7 @@ class Gateway:
         self.commands.compressor = self.compressor if cfg.compression.enabled else None
         # --- recall and memory (issue 8): session_search + memory tools, /search, the frozen memory
         # snapshot in the system prompt, and a keep-what-matters turn when a reset or /new ends a session
-        from gateway.memory import MemoryService
+        from gateway.memory import MemoryService, memory_flush_turn
         from gateway.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 
         self.recall = SessionRecall(self.db, self.model, RecallSettings(model=cfg.recall.model, timezone=cfg.timezone))
@@ -146,6 +146,7 @@ class Gateway:
                           search_command(self.recall, cfg), runs_now=True)
         turn.prompt_blocks.append(self.memory.prompt_block)
         self.router.on_session_end = lambda sid, key: self.memory.schedule_flush(turn, sid, key)
+        self.compressor.before_split = lambda sid: memory_flush_turn(self, sid, reason="compressed")
         # --- end recall and memory
         # --- facts (issue 9): the facts tool, its prompt block, prefetch into each model call, /facts on|off,
         # extraction when a reset, /new or compression ends a session
@@ -162,7 +163,7 @@ class Gateway:
             turn.prompt_hook = self.facts.watch_compression(self.compressor)
             if self.commands.compressor is not None:
                 self.commands.compressor = turn.prompt_hook
-            await self.facts.start()
+            await self.facts.start(sweep=self.serve_api)
         # --- end facts
         if self.serve_api:
             await self.api.start()

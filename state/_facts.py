@@ -28,6 +28,7 @@ from typing import Iterable
 FACT_FIELDS = ("id", "agent", "user_scope", "content", "entities", "session_id", "trust", "created_at",
                "confirmed_at", "confirmations", "superseded_by")
 MAX_TERMS = 32
+STALE_CLAIM_SECONDS = 3600.0
 RECALL_WINDOW = 1000  # BM25 ranks the newest this many matches (see fact_candidates)
 
 
@@ -141,9 +142,12 @@ def delete_fact(conn: sqlite3.Connection, agent: str, user_scope: str, fact_id: 
 
 
 def claim_extraction(conn: sqlite3.Connection, session_id: str, *, now: float) -> bool:
-    """True for the first caller only: it extracts the session's facts."""
-    return conn.execute("INSERT OR IGNORE INTO fact_extractions (session_id, claimed_at) VALUES (?, ?)",
-                        (session_id, now)).rowcount > 0
+    """True for the first caller only: it extracts the session's facts.  A claim left unfinished for
+    ``STALE_CLAIM_SECONDS`` (its process died) may be taken again."""
+    return conn.execute(
+        "INSERT INTO fact_extractions (session_id, claimed_at) VALUES (?, ?) ON CONFLICT(session_id) DO UPDATE "
+        "SET claimed_at = excluded.claimed_at WHERE added IS NULL AND claimed_at < ?",
+        (session_id, now, now - STALE_CLAIM_SECONDS)).rowcount > 0
 
 
 def finish_extraction(conn: sqlite3.Connection, session_id: str, *, added: int, confirmed: int) -> None:
@@ -234,15 +238,16 @@ def facts_prefetch_enabled(conn: sqlite3.Connection, session_key: str) -> bool |
     return None if row is None else bool(row[0])
 
 
-def sessions_awaiting_facts(conn: sqlite3.Connection, *, since: float, min_messages: int = 4,
+def sessions_awaiting_facts(conn: sqlite3.Connection, *, since: float, now: float, min_messages: int = 4,
                             limit: int = 200) -> list[str]:
     """Sessions ended since ``since`` with a user and ``min_messages`` messages whose facts were never
-    extracted (nor claimed), oldest first; cron sessions left out."""
+    extracted (nor claimed, or claimed by a process that died), oldest first; cron sessions left out."""
     rows = conn.execute(
         "SELECT s.id FROM sessions s LEFT JOIN fact_extractions x ON x.session_id = s.id "
-        "WHERE s.ended_at IS NOT NULL AND s.ended_at >= ? AND x.session_id IS NULL AND s.user_id IS NOT NULL "
-        "AND s.source != 'cron' AND ifnull(s.message_count, 0) >= ? ORDER BY s.ended_at LIMIT ?",
-        (since, min_messages, int(limit)),
+        "WHERE s.ended_at IS NOT NULL AND s.ended_at >= ? AND s.user_id IS NOT NULL AND s.source != 'cron' "
+        "AND (x.session_id IS NULL OR (x.added IS NULL AND x.claimed_at < ?)) "
+        "AND ifnull(s.message_count, 0) >= ? ORDER BY s.ended_at LIMIT ?",
+        (since, now - STALE_CLAIM_SECONDS, min_messages, int(limit)),
     ).fetchall()
     return [r[0] for r in rows]
 

@@ -622,9 +622,10 @@ class SessionDB:
         return self._engine.read(_facts.facts_prefetch_enabled, session_key)
 
     @_reads
-    def sessions_awaiting_facts(self, *, since: float, min_messages: int = 4, limit: int = 200) -> list[str]:
+    def sessions_awaiting_facts(self, *, since: float, now: float, min_messages: int = 4, limit: int = 200) -> list[str]:
         """Ended sessions (since ``since``, with a user, not cron) whose facts were never extracted."""
-        return self._engine.read(_facts.sessions_awaiting_facts, since=since, min_messages=min_messages, limit=limit)
+        return self._engine.read(_facts.sessions_awaiting_facts, since=since, now=now, min_messages=min_messages,
+                                 limit=limit)
 
     @_reads
     def get_fact_extraction(self, session_id: str) -> dict | None:

@@ -99,14 +99,19 @@ class FactMemory:
     # compressed), then one worker extracts them one at a time: background work that never competes with
     # the user's next turns.  Sessions still queued at shutdown are found again at the next start.
 
-    async def start(self) -> None:
+    async def start(self, *, sweep: bool = True) -> None:
+        """Start the extraction worker; ``sweep``: also queue recent ended sessions never extracted
+        (the daemon does; short-lived processes such as ``switchboard chat`` do not)."""
         if not self.settings.enabled:
             return
         self._wake = asyncio.Event()
         self._worker = asyncio.create_task(self._work(), name="facts-extractor")
-        since = self.service.clock() - SWEEP_DAYS * 86400
+        if not sweep:
+            return
+        now = self.service.clock()
         try:
-            waiting = await self.service.db.sessions_awaiting_facts(since=since, limit=SWEEP_LIMIT)
+            waiting = await self.service.db.sessions_awaiting_facts(since=now - SWEEP_DAYS * 86400, now=now,
+                                                                    limit=SWEEP_LIMIT)
         except Exception:  # noqa: BLE001 - the sweep is a catch-up; new sessions are still extracted
             log.warning("could not list ended sessions awaiting fact extraction", exc_info=True)
             waiting = []

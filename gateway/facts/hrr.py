@@ -46,7 +46,7 @@ TEXT, ENTITY, CAUSE, POLARITY, TRUE = ("\x00role:text", "\x00role:entity", "\x00
                                        "\x00value:true")
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)  # 8 KiB each: at most 64 MiB
 def _atom(token: str, dim: int) -> np.ndarray:
     seed = int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest(), "little")
     v = np.random.default_rng(seed).standard_normal(dim)
