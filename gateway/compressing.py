@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Awaitable, Callable
 
 import compression
 from gateway.model import ModelClient
@@ -36,10 +37,23 @@ class Compressor:
         self.clock = clock
         self._reported: dict[str, tuple[int, int]] = {}  # session -> (prompt_tokens, history messages)
         self._failed_at: dict[str, float] = {}
+        # Called with the session id once a compression is decided, before the summary is asked
+        # for: the memory turn (issue 8) that keeps what matters before the middle is summarized.
+        self.before_split: Callable[[str], Awaitable[object]] | None = None
 
     async def summarize(self, messages: list[dict]) -> str:
         completion = await self.model.complete(messages, model=self.summary_model, timeout=self.timeout)
         return completion.message.get("content") or ""
+
+    def _summarizer_for(self, session_id: str):
+        if self.before_split is None:
+            return self.summarize
+
+        async def summarize(messages: list[dict]) -> str:
+            await self.before_split(session_id)
+            return await self.summarize(messages)
+
+        return summarize
 
     def record_usage(self, session_id: str, prompt_tokens: int, history_messages: int) -> None:
         if prompt_tokens > 0:
@@ -53,7 +67,7 @@ class Compressor:
         """The history to send (maybe from a new child session) and lines for the user."""
         reported = self._reported.get(req.session_id)
         prepared = await compression.prepare_history(
-            self.db, req.session_id, history, self.summarize,
+            self.db, req.session_id, history, self._summarizer_for(req.session_id),
             context_length=self.context_length, threshold=self.threshold,
             reported_prompt_tokens=reported[0] if reported else None,
             reported_message_count=reported[1] if reported else None,
@@ -72,7 +86,8 @@ class Compressor:
         """``/compress [focus]``: returns (the session to continue in, the line for the user)."""
         try:
             result = await compression.compress_session(
-                self.db, session_id, self.summarize, context_length=self.context_length, threshold=self.threshold,
+                self.db, session_id, self._summarizer_for(session_id), context_length=self.context_length,
+                threshold=self.threshold,
                 focus=focus, session_key=session_key, timeout=self.timeout,
             )
         except compression.NothingToCompress:

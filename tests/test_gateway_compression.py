@@ -48,7 +48,9 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         await chat(api, 6)
         assert await api.say("k", "/title migration") == "Session title set: migration"
         root = await gw.db.get_route(KEY)
-        model.script(Reply("ok", prompt_tokens=3500), Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
+        # the trigger, then the memory turn before the split (issue 8), the summary, the answer
+        model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
+                     Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
         await api.say("k", "one more")  # reports 3,500 tokens: over 75 % of 4,096
         answer = await api.say("k", "and now?")  # the trigger fires before this call
         second = await gw.db.get_route(KEY)
@@ -57,7 +59,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         assert answer.endswith("after one")
 
         await chat(api, 6, prefix="more")
-        model.script(Reply("ok", prompt_tokens=3600), Reply("SECOND SUMMARY"), Reply("after two"))
+        model.script(Reply("ok", prompt_tokens=3600), Reply("nothing new"), Reply("SECOND SUMMARY"), Reply("after two"))
         await api.say("k", "again")
         await api.say("k", "and again?")
         third = await gw.db.get_route(KEY)
@@ -77,13 +79,16 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
     requests = summary_requests(model)
     assert len(requests) == 2
     assert "FIRST SUMMARY" in str(requests[1].messages)
+    # before each split the agent had a turn to keep what matters in memory
+    flushes = [r for r in model.requests if "about to be compressed" in str(r.messages)]
+    assert len(flushes) == 2
 
 
 async def test_compress_command_with_a_focus(tmp_path, model):
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 7)
-        model.script(Reply("focused summary"))
+        model.script(Reply("nothing new to remember"), Reply("focused summary"))
         answer = await api.say("k", "/compress keep the rollback steps")
         await api.close()
         assert answer.startswith("Compressed: 14 → ") and answer.endswith("Continuing in a new session.")
@@ -109,7 +114,8 @@ async def test_a_failing_summarizer_changes_nothing_and_the_turn_is_answered(tmp
         sid = await gw.db.get_route(KEY)
         stored_before = len(await gw.db.get_messages(sid))
         broken = [Fail(500)] * 4 if failure == "error" else [Hang(30)]
-        model.script(Reply("ok", prompt_tokens=3300), *broken, Reply("still answered"))
+        model.script(Reply("ok", prompt_tokens=3300), Reply("nothing new to remember"), *broken,
+                     Reply("still answered"))
         await api.say("k", "push it over")
         answer = await api.say("k", "are you there?")
         assert answer == "still answered"
@@ -128,9 +134,9 @@ async def test_other_sessions_are_answered_while_one_compresses(tmp_path, model)
         await chat(api, 6)
         model.script(Reply("ok", prompt_tokens=3500))
         await api.say("k", "over the line")
-        model.script(Hang(3))  # the summarizer is slow
+        model.script(Reply("nothing new to remember"), Hang(3))  # the memory turn, then a slow summarizer
         slow = asyncio.create_task(api.say("k", "compress me"))
-        await model.wait_for_requests(len(model.requests) + 1)
+        await model.wait_for_requests(len(model.requests) + 2)
         other = await asyncio.wait_for(api.say("other", "hello"), 2)
         assert other == "echo: hello | turns: 1 | first: hello"
         assert not slow.done()
