@@ -103,6 +103,23 @@ async def bench_discord(model, args, home: Path) -> list[float]:
             return [arrived[i] - injected[i] for i in range(args.messages)]
 
 
+async def bench_slack(model, args, home: Path) -> list[float]:
+    from adapters.slack import SlackAdapter
+    from tests.fakes.slack import FakeSlack
+
+    async with FakeSlack() as sl:
+        adapter = SlackAdapter(bot_token=sl.bot_token, app_token=sl.app_token, api_base_url=sl.base_url,
+                               send_rate=1e6, send_burst=1_000_000)
+        async with running_gateway(home, model, adapters={"slack": adapter}, **GATEWAY):
+            await wait_until(lambda: adapter.health().state == "connected", 30, "slack to connect")
+            injected = await inject(args.messages, args.rate, lambda i: sl.send_event(
+                sl.message(f"D{i % args.chats}", f"U{i % args.chats}", f"bench {i}")))
+            await wait_until(lambda: len(sl.calls_to("chat.postMessage")) >= args.messages, 120, "slack replies")
+            arrived = {int(str(c.body["text"]).split("bench ")[1].split(" ")[0]): c.at
+                       for c in sl.calls_to("chat.postMessage")}
+            return [arrived[i] - injected[i] for i in range(args.messages)]
+
+
 async def _async(value):
     return value
 
@@ -114,7 +131,7 @@ async def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="messages injected per second")
     parser.add_argument("--only", choices=["telegram", "discord", "slack"])
     args = parser.parse_args()
-    benches = {"telegram": bench_telegram, "discord": bench_discord}
+    benches = {"telegram": bench_telegram, "discord": bench_discord, "slack": bench_slack}
     proc, model = await start_model()
     try:
         with tempfile.TemporaryDirectory() as tmp:

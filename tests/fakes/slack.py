@@ -51,6 +51,7 @@ class Call:
     path: str
     body: dict[str, Any]
     authorization: str | None = None
+    at: float = field(default_factory=time.monotonic)  # arrival (benchmarks measure to it)
 
 
 @dataclass
