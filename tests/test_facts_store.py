@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 
 import state
-from gateway.facts import scoring
+from gateway.facts import hrr, scoring
 from gateway.facts.service import CONTRADICT_FACTOR, TRUST_NEW, TRUST_STEP, FactRefused, FactService, FactSettings
 
 DAY = 86400.0
@@ -111,6 +111,21 @@ async def test_probe_ranks_the_most_similar_fact_first(facts):
     assert (await top(facts, "what database does Alice prefer?"))[0] == "Alice's database of choice is Postgres 16"
 
 
+def test_probe_prefers_the_fact_that_is_about_the_query_among_equal_words():
+    # the same words and the same BM25: only the vectors (which entity each fact is about) tell them apart
+    def fact(fid, text, entities):
+        return {"id": fid, "content": text, "entities": [], "trust": 0.5, "created_at": NOW, "confirmed_at": NOW,
+                "session_id": None, "fts_rank": -1.0, "hrr": hrr.to_blob(hrr.encode_fact(text, entities))}
+
+    candidates = [fact(1, "Rust is used with Go in the backend", ["rust"]),
+                  fact(2, "Go is used with Rust in the backend", ["go"])]
+    by_rust = scoring.rank("rust", candidates, mode="probe", now=NOW)
+    assert [f.id for f in by_rust] == [1, 2]
+    assert by_rust[0].fts == by_rust[1].fts and by_rust[0].jaccard == by_rust[1].jaccard
+    assert by_rust[0].hrr > by_rust[1].hrr + 0.1
+    assert [f.id for f in scoring.rank("go", candidates, mode="probe", now=NOW)] == [2, 1]
+
+
 async def test_related_finds_the_fact_that_ties_the_name_to_others(facts):
     await store(facts, [("Docker is mentioned in many places", ["docker"])] + DISTRACTORS[2:] + [
         ("Grafana dashboards read from Prometheus and Docker", ["docker", "grafana", "prometheus"])])
@@ -125,10 +140,16 @@ async def test_reason_finds_the_fact_that_explains(facts):
 
 
 async def test_contradict_finds_the_fact_the_statement_denies(facts):
-    await store(facts, DISTRACTORS + [("Alice deploys everything with Docker", ["docker", "alice"])])
-    found = await top(facts, "Alice does not use Docker anymore", mode="contradict")
-    assert found[0] == "Alice deploys everything with Docker"
-    await store(facts, [("Alice never uses Kubernetes", ["kubernetes", "alice"])])
+    # the distractors share more words with the statement (and agree with it): text match alone picks them
+    await store(facts, DISTRACTORS + [
+        ("Alice does not use Docker Swarm anymore", ["docker swarm", "alice"]),
+        ("Alice never uses Docker on her laptop anymore", ["docker", "laptop"]),
+        ("Alice deploys everything with Docker", ["docker", "alice"])])
+    statement = "Alice does not use Docker anymore"
+    assert (await top(facts, statement, mode="contradict"))[0] == "Alice deploys everything with Docker"
+    assert (await top(facts, statement, mode="probe"))[0] != "Alice deploys everything with Docker"
+    await store(facts, [("Alice never uses Kubernetes", ["kubernetes", "alice"]),
+                        ("Alice runs Kubernetes dashboards in staging", ["kubernetes", "staging"])])
     assert (await top(facts, "Alice runs Kubernetes in production", mode="contradict"))[0] == "Alice never uses Kubernetes"
 
 

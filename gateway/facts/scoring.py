@@ -13,6 +13,12 @@ recalled (FTS5, OR of the query's words: three times the limit)::
   mode's raw values live on different scales (a probe cosine near 0.5, an
   unbinding's near 0.1 against noise of ±0.03 at d = 1,024), and scaling them
   like the BM25 rank lets the mode decide between candidates of similar text.
+* In ``related``, ``reason`` and ``contradict`` the question is not "which
+  facts say what the query says" but "which facts stand in this relation to
+  it" (a statement's best contradiction shares few of its words), so there the
+  text signals are multiplied by ``hrr``: ``(w_fts · fts + w_jaccard · jaccard)
+  · hrr + w_hrr · hrr``.  A fact that does not fit the mode gains nothing from
+  matching words; among those that do, the text decides.
 * ``age_days``: since the fact was last confirmed.  ``half_life_days`` is a true
   half-life: a fact confirmed that long ago counts half (``exp(-age·ln2/h)``);
   0 turns decay off.
@@ -155,7 +161,10 @@ def rank(query: str, candidates: list[dict], *, mode: str = "probe", weights: We
     trust = np.array([c["trust"] for c in candidates], dtype=float)
     age = now - np.array([c["confirmed_at"] for c in candidates], dtype=float)
     d = decay(age, half_life_days)
-    score = (weights.fts * fts + weights.jaccard * jac + weights.hrr * h_norm) * trust * d
+    text = weights.fts * fts + weights.jaccard * jac
+    if mode != "probe":  # the mode gates the text signals (see the module docstring)
+        text = text * h_norm
+    score = (text + weights.hrr * h_norm) * trust * d
     order = np.lexsort((-np.array([c["id"] for c in candidates]), -score))[:limit]
     return [ScoredFact(
         id=int(candidates[i]["id"]), content=candidates[i]["content"], entities=tuple(candidates[i].get("entities") or ()),
