@@ -218,7 +218,10 @@ class SlackAdapter:
             raise error from None
 
     async def _start(self, handler: InboundHandler) -> None:
-        self._client = AsyncWebClient(token=self._bot_token, base_url=self._api_base_url, timeout=30)
+        # One HTTP session for every Web API call: slack-sdk otherwise opens a new session (and
+        # connection) per call, which costs more CPU than the rest of a reply (bench/adapters.py).
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        self._client = AsyncWebClient(token=self._bot_token, base_url=self._api_base_url, timeout=30, session=self._http)
         try:
             auth = await asyncio.wait_for(self._client.auth_test(), self._connect_timeout)
         except SlackApiError as exc:
@@ -234,7 +237,6 @@ class SlackAdapter:
         limiter = limiter_for(PLATFORM, self._bot_token, rate=self._send_rate, burst=self._send_burst)
         self._sender = Sender(self._client, limiter, backoff=self._send_backoff, max_attempts=self._send_attempts,
                               total_seconds=self._send_total)
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
         self._inbound = Inbound(
             client=self._client, handler=handler, settings=self._settings, health=self._health, http=self._http,
             bot_token=self._bot_token, bot_user_id=self.bot_user_id, bot_id=self.bot_id, beat=self._pulse.beat,
