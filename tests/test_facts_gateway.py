@@ -3,6 +3,7 @@ extraction when a session ends (dedup, contradictions, catch-up at start), the f
 
 import asyncio
 import json
+import sqlite3
 import time
 
 import pytest
@@ -196,3 +197,18 @@ async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_
     assert gw.facts.extracted[0].session_id == root and gw.facts.extracted[0].added == 1
     assert [f["content"] for f in facts] == ["The user plans a staging database migration"]
     assert facts[0]["session_id"] == root
+
+
+async def test_a_broken_fact_index_costs_the_prefetch_never_the_answer(tmp_path, model, caplog):
+    async with running_gateway(tmp_path, model, **FACTS) as gw:
+        await gw.facts.service.remember("main", "api:ida", "Ida's favourite tea is sencha", ["sencha"])
+        conn = sqlite3.connect(gw.config.db_path)
+        conn.execute("DROP TABLE facts_fts")  # damage the index under the running daemon
+        conn.commit()
+        conn.close()
+        api = ApiClient(gw)
+        reply = await api.say("ida", "which tea do I like?")
+        await api.close()
+    assert reply.startswith("echo: which tea do I like?")
+    assert model.requests[-1].messages[-1] == {"role": "user", "content": "which tea do I like?"}
+    assert "fact prefetch for agent:main:api:dm:ida failed; answering without it" in caplog.text

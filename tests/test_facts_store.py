@@ -6,7 +6,9 @@ import pytest
 
 import state
 from gateway.facts import hrr, scoring
-from gateway.facts.service import CONTRADICT_FACTOR, TRUST_NEW, TRUST_STEP, FactRefused, FactService, FactSettings
+from gateway.config import config_from_dict
+from gateway.facts.service import (CONTRADICT_FACTOR, TRUST_NEW, TRUST_STEP, FactRefused, FactService, FactSettings,
+                                   user_scope)
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -93,6 +95,13 @@ async def test_recall_ranks_the_scopes_newest_matches_whether_or_not_other_users
         await add("bob", f"more tea for bob {i}")
     assert [f["id"] for f in await db.fact_candidates("main", "carol", ["tea"], limit=5, window=2)] == [carol]
     assert all(f["user_scope"] == "alice" for f in await db.fact_candidates("main", "alice", ["tea"], limit=50, window=2))
+
+
+def test_a_linked_identity_owns_the_facts_of_all_its_accounts(tmp_path):
+    cfg = config_from_dict({"home": str(tmp_path), "identities": {"hal": ["telegram:5", "discord:77"]}})
+    assert user_scope(cfg, "telegram", "5") == user_scope(cfg, "discord", "77") == "hal"
+    assert user_scope(cfg, "slack", "U1") == "slack:U1"
+    assert user_scope(cfg, "telegram", None) is None
 
 
 # --------------------------------------------------------------------------- the modes

@@ -110,18 +110,10 @@ class FactService:
         return Remembered(fact_id, "added", content)
 
     async def _near_duplicate(self, agent: str, scope: str, content: str, ents: list[str], vector) -> dict | None:
-        words = _text.token_set(content + " " + " ".join(ents))
         candidates = await self.db.fact_candidates(agent, scope, sorted(_text.token_set(content)), limit=20)
         if not candidates:
             return None
-        vecs = scoring.candidate_vectors(candidates, self.settings.dimension)
-        cos = hrr.cosine(vecs, vector[None, :])
-        best, best_sim = None, 0.0
-        for c, sim in zip(candidates, cos):
-            jac = _text.jaccard(words, _text.token_set(c["content"] + " " + " ".join(c["entities"])))
-            if (jac >= DUPLICATE_JACCARD or sim >= DUPLICATE_COSINE) and max(jac, sim) > best_sim:
-                best, best_sim = c, max(jac, float(sim))
-        return best
+        return await asyncio.to_thread(_closest_twin, content, ents, vector, candidates, self.settings.dimension)
 
     async def owned(self, agent: str, scope: str, fact_id) -> dict:
         try:
@@ -151,6 +143,18 @@ class FactService:
     async def forget(self, agent: str, scope: str, fact_id) -> None:
         fact = await self.owned(agent, scope, fact_id)
         await self.db.delete_fact(agent, scope, fact["id"])
+
+
+def _closest_twin(content: str, ents: list[str], vector, candidates: list[dict], dim: int) -> dict | None:
+    """The candidate that nearly duplicates the fact (content words this alike, or vectors), if any."""
+    words = _text.token_set(content + " " + " ".join(ents))
+    cos = hrr.cosine(scoring.candidate_vectors(candidates, dim), vector[None, :])
+    best, best_sim = None, 0.0
+    for c, sim in zip(candidates, cos):
+        jac = _text.jaccard(words, _text.token_set(c["content"] + " " + " ".join(c["entities"])))
+        if (jac >= DUPLICATE_JACCARD or sim >= DUPLICATE_COSINE) and max(jac, float(sim)) > best_sim:
+            best, best_sim = c, max(jac, float(sim))
+    return best
 
 
 def _clean(content: str) -> str:
