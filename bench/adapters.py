@@ -132,6 +132,12 @@ async def main() -> None:
     parser.add_argument("--only", choices=["telegram", "discord", "slack"])
     args = parser.parse_args()
     benches = {"telegram": bench_telegram, "discord": bench_discord, "slack": bench_slack}
+    if args.only is None:
+        # each platform in a fresh process, so one library's leftovers never load another's figures
+        for name in benches:
+            child = await asyncio.create_subprocess_exec(sys.executable, __file__, *sys.argv[1:], "--only", name)
+            await child.wait()
+        return
     proc, model = await start_model()
     try:
         with tempfile.TemporaryDirectory() as tmp:

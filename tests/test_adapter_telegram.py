@@ -276,8 +276,11 @@ async def test_a_failing_handler_gets_the_update_again_and_the_adapter_lives_on(
     handler.fail_times = 1
     first = tg.dm(ANN, "first")
     tg.dm(BOB, "second")
-    msgs = await handler.wait_for(2)
-    assert [(m.text, m.message_id) for m in msgs] == [("first", str(first["message"]["message_id"])), ("second", msgs[1].message_id)]
+    msgs = await handler.wait_for(3)
+    # Chats are independent, so Bob's message is stored while Ann's waits for its redelivery; it comes
+    # along in the refetched batch with the same message_id (the gateway stores and answers it once).
+    assert {(m.text, m.message_id) for m in msgs} == {("first", str(first["message"]["message_id"])),
+                                                      ("second", next(m.message_id for m in msgs if m.text == "second"))}
     assert "will be delivered again" in caplog.text
     assert adapter.health().state == "connected"
     assert "database is locked" in adapter.health().last_error

@@ -1,9 +1,10 @@
 """Long polling that acknowledges an update only after the gateway stored it.
 
 PTB's ``Updater`` advances the offset as soon as it fetched a batch; here the
-loop awaits ``deliver(update)`` for each update in order and moves the offset
-past it only when that returned True.  When delivery fails, the next
-``getUpdates`` starts at the failed update, so Telegram hands it over again.
+loop awaits ``deliver(update)`` for every update of a batch (different chats
+at once, one chat's updates in order) and moves the offset past the leading
+updates that returned True.  When delivery fails, the next ``getUpdates``
+starts at the first update not stored, so Telegram hands it over again.
 
 409 Conflict (another process polls the same token, or a webhook is set),
 network errors and flood waits are logged, shown in health and retried with
@@ -34,7 +35,7 @@ CONFLICT_HINT = (
 
 
 class Poller:
-    """Fetches updates and hands them to ``deliver`` one by one, in order."""
+    """Fetches updates and hands them to ``deliver``, in order within each chat."""
 
     def __init__(
         self,
@@ -80,20 +81,48 @@ class Poller:
                 log.info("telegram polling is back after %d failed attempt(s)", failures)
                 failures = 0
             self._report("connected", None)
-            for update in updates:
-                self.busy = True
-                try:
-                    delivered = await self._deliver(update)
-                finally:
-                    self.busy = False
-                    self.beat()
-                if not delivered:
-                    # Not acknowledged: the next getUpdates starts at this update again.
-                    await asyncio.sleep(self._backoff.delay(self._handler_failures))
-                    self._handler_failures += 1
-                    break
+            if not updates:
+                continue
+            self.busy = True
+            try:
+                delivered = await self._deliver_batch(updates)
+            finally:
+                self.busy = False
+                self.beat()
+            if delivered < len(updates):
+                # Not acknowledged: the next getUpdates starts at the first update not stored.
+                await asyncio.sleep(self._backoff.delay(self._handler_failures))
+                self._handler_failures += 1
+            else:
                 self._handler_failures = 0
-                self.offset = update.update_id + 1
+
+    async def _deliver_batch(self, updates: list[Update]) -> int:
+        """Deliver a batch: chats at once, each chat's updates in order; returns how many
+        leading updates were all stored (the offset moves past those only).
+
+        An update stored after an earlier one failed is fetched again with it and
+        recognised as a duplicate by the gateway, so nothing is answered twice.
+        """
+        stored = [False] * len(updates)
+        chats: dict[object, list[int]] = {}
+        for index, update in enumerate(updates):
+            chat = update.effective_chat
+            chats.setdefault(chat.id if chat is not None else ("update", update.update_id), []).append(index)
+
+        leading = 0
+
+        async def in_order(indexes: list[int]) -> None:
+            nonlocal leading
+            for index in indexes:
+                if not await self._deliver(updates[index]):
+                    return  # later updates of this chat wait for the redelivery, to keep its order
+                stored[index] = True
+                while leading < len(updates) and stored[leading]:
+                    leading += 1
+                    self.offset = updates[leading - 1].update_id + 1  # stop() confirms what is stored
+
+        await asyncio.gather(*(in_order(indexes) for indexes in chats.values()))
+        return leading
 
     def _on_poll_error(self, exc: BaseException, wait: float) -> None:
         if isinstance(exc, Conflict):
