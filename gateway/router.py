@@ -175,8 +175,8 @@ class SessionRouter:
     # -- sessions -----------------------------------------------------------
     async def _active_session(self, key: str, msg: InboundMessage, lane: Lane) -> tuple[str, str | None]:
         """The key's session after applying the reset policy; creates one when needed.  Lane lock held."""
-        session_id = await self.db.get_route(key)
-        session = await self.db.get_session(session_id) if session_id else None
+        session = await self.db.get_routed_session(key)
+        session_id = session["id"] if session else None
         previous = None
         if session is not None and session.get("ended_at") is None:
             if lane.busy:

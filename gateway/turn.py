@@ -149,8 +149,7 @@ class AgentTurn:
         to_store = [_for_store(m) for m in produced]
         to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
                          "token_count": completion.completion_tokens})
-        await self.db.append_messages(session_id, to_store)
-        await self.db.update_token_counts(session_id, input_tokens=prompt_tokens, output_tokens=completion_tokens)
+        await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
 
 

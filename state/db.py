@@ -100,6 +100,12 @@ class SessionDB:
         return self._engine.write(_sessions.reopen_session, session_id)
 
     @_writes
+    def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,
+                    output_tokens: int = 0) -> list[int]:
+        """A turn's messages and its token usage in one transaction: all of it or, on any error, none."""
+        return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens)
+
+    @_writes
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
         return self._engine.write(_sessions.update_system_prompt, session_id, system_prompt)
 
@@ -319,6 +325,11 @@ class SessionDB:
         )
 
     # --- routes ------------------------------------------------------------
+
+    @_reads
+    def get_routed_session(self, session_key: str) -> dict | None:
+        """The session row ``session_key`` routes to, or None."""
+        return self._engine.read(_routes.get_routed_session, session_key)
 
     @_reads
     def get_route(self, session_key: str) -> str | None:
@@ -630,6 +641,12 @@ class SessionDB:
     @_reads
     def get_fact_extraction(self, session_id: str) -> dict | None:
         return self._engine.read(_facts.extraction_of, session_id)
+
+
+def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int) -> list[int]:
+    ids = _messages.append_messages(conn, session_id, messages)
+    _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
+    return ids
 
 
 def public_methods(kind: str) -> dict[str, Callable[..., Any]]:

@@ -1,0 +1,24 @@
+import pytest
+
+from state import SessionDB, new_session_id
+
+
+def test_record_turn_stores_messages_and_usage_together(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        sid = db.create_session(new_session_id(), "api", session_key="k")
+        db.set_route("k", sid)
+        db.append_message(sid, "user", "hi")
+        ids = db.record_turn(sid, [{"role": "assistant", "content": "hello"}], input_tokens=12, output_tokens=3)
+        session = db.get_routed_session("k")
+        assert len(ids) == 1
+        assert (session["id"], session["input_tokens"], session["output_tokens"], session["message_count"]) == (sid, 12, 3, 2)
+        assert db.get_routed_session("nowhere") is None
+
+
+def test_a_failing_turn_record_leaves_nothing(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        sid = db.create_session(new_session_id(), "api")
+        with pytest.raises(Exception):
+            db.record_turn(sid, [{"role": "assistant", "content": "ok"}, {"content": "no role"}], input_tokens=5)
+        assert db.get_messages(sid) == []
+        assert db.get_session(sid)["input_tokens"] == 0
