@@ -316,9 +316,19 @@ NAMESPACE = textwrap.dedent(
     mount("--bind", home, f"{stage}/home")
     os.mkdir(f"{stage}/dev")
     mount("--rbind", "/dev", f"{stage}/dev")
+    # A checkout or virtual environment under /tmp (a CI clone) would vanish under PrivateTmp; the
+    # real unit never runs from /tmp (service install warns), so keep those trees visible here.
+    keep = sorted({"/".join(p.split("/")[:3]) for p in (os.getcwd(), os.path.realpath(argv[0]))
+                   if p.startswith("/tmp/")})
+    for i, path in enumerate(keep):
+        os.mkdir(f"{stage}/keep{i}")
+        mount("--rbind", path, f"{stage}/keep{i}")
     # PrivateTmp=yes
     for tmp in ("/tmp", "/var/tmp"):
         mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", tmp)
+    for i, path in enumerate(keep):
+        os.makedirs(path, exist_ok=True)
+        mount("--rbind", f"{stage}/keep{i}", path)
     # PrivateDevices=yes: only the pseudo devices
     mount("-t", "tmpfs", "-o", "mode=0755", "dev", "/dev")
     for name in ("null", "zero", "full", "random", "urandom", "tty"):
@@ -364,7 +374,8 @@ FS_PROBE = textwrap.dedent(
         "source_tree": write(os.path.join(os.getcwd(), "switchboard-probe")),
         "home": write(os.path.join(home, "probe")),
         "tmp": write("/tmp/probe"),
-        "tmp_is_private": sorted(os.listdir("/tmp")) == sorted(p for p in home.split("/")[2:3] if p),
+        "tmp_is_private": sorted(os.listdir("/tmp")) == sorted({p.split("/")[2] for p in (home, os.getcwd(), sys.prefix)
+                                                               if p.startswith("/tmp/")}),
         "dev": sorted(os.listdir("/dev")),
         "proc_cpuinfo": os.path.exists("/proc/cpuinfo"),
         "proc_self": os.path.exists("/proc/self/status"),
@@ -395,13 +406,11 @@ def test_file_system_settings_emulation_really_confines(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    # a checkout under /tmp is hidden by PrivateTmp rather than read-only: not writable either way
-    source_tree = "No such file or directory" if ROOT.resolve().is_relative_to("/tmp") else "Read-only file system"
     assert report == {
         "etc": "Read-only file system",
         "usr": "Read-only file system",
         "root": "Read-only file system",
-        "source_tree": source_tree,
+        "source_tree": "Read-only file system",
         "home": "ok",
         "tmp": "ok",
         "tmp_is_private": True,  # only the way back to the home, nothing of the host's /tmp
