@@ -39,11 +39,11 @@ async def start_model() -> tuple[asyncio.subprocess.Process, SimpleNamespace]:
     return proc, SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
 
 
-async def wait_until(predicate, timeout: float, what: str) -> None:
+async def wait_until(predicate, timeout: float, what: str, progress=None) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
+            raise RuntimeError(f"timed out waiting for {what}" + (f" ({progress()})" if progress else ""))
         await asyncio.sleep(0.005)
 
 
@@ -76,7 +76,8 @@ async def bench_telegram(model, args, home: Path) -> list[float]:
             await wait_until(lambda: adapter.health().state == "connected", 30, "telegram to connect")
             users = [tg.user(1000 + c, f"User{c}") for c in range(args.chats)]
             injected = await inject(args.messages, args.rate, lambda i: _async(tg.dm(users[i % args.chats], f"bench {i}")))
-            await wait_until(lambda: len(tg.sent) >= args.messages, 120, "telegram replies")
+            await wait_until(lambda: len(tg.sent) >= args.messages, 60, "telegram replies",
+                             lambda: f"{len(tg.sent)} sent; updates confirmed up to {tg.confirmed_offset}")
             arrived = {}
             for rec in tg.requests:
                 if rec.method.lower() == "sendmessage":

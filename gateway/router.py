@@ -230,15 +230,23 @@ class SessionRouter:
 
     # -- the lane worker ------------------------------------------------------
     async def _drain(self, lane: Lane) -> None:
-        while lane.queue:
-            kind, ticket, command = lane.queue.popleft()
+        while True:
+            # The batch and the history it is answered from are taken under the lane lock, which
+            # handle() holds while storing a message: a message is either in this turn's history
+            # and batch, or stored after both and answered by the next turn -- never twice.
+            async with lane.lock:
+                if not lane.queue:
+                    return
+                kind, ticket, command = lane.queue.popleft()
+                if kind == "chat":
+                    batch = [ticket]
+                    while lane.queue and lane.queue[0][0] == "chat":
+                        batch.append(lane.queue.popleft()[1])
+                    history = await self.db.get_messages_as_conversation(batch[-1].session_id)
             if kind == "command":
                 await self._run_command(ticket, command, lane, track=True)
-                continue
-            batch = [ticket]
-            while lane.queue and lane.queue[0][0] == "chat":
-                batch.append(lane.queue.popleft()[1])
-            await self._run_turn(lane, batch)
+            else:
+                await self._run_turn(lane, batch, history)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -259,7 +267,7 @@ class SessionRouter:
         ticket.resolve(text)
         await self.deliver(ticket.msg.chat, text, ticket.msg.message_id)
 
-    async def _run_turn(self, lane: Lane, batch: list[Ticket]) -> None:
+    async def _run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict]) -> None:
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
@@ -268,7 +276,7 @@ class SessionRouter:
             attachments=tuple(a for t in batch for a in t.msg.attachments),
         )
         typing = asyncio.create_task(self._keep_typing(msg.chat))
-        turn = asyncio.create_task(self.turn.run(req))
+        turn = asyncio.create_task(self.turn.run(req, history=history))
         lane.current = turn
         try:
             result: TurnResult = await turn

@@ -106,9 +106,11 @@ class AgentTurn:
         last["content"] = parts
         return history[:-1] + [last]
 
-    async def run(self, req: TurnRequest) -> TurnResult:
+    async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
+        """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
         session_id = req.session_id
-        history = await self.db.get_messages_as_conversation(session_id)
+        if history is None:
+            history = await self.db.get_messages_as_conversation(session_id)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
         for block_for in self.prompt_blocks:  # memory (issue 8): a snapshot frozen per session id
