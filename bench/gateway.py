@@ -142,4 +142,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    import uvloop
+
+    uvloop.run(main())
