@@ -152,4 +152,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    import uvloop  # the daemon's loop (switchboard run)
+
+    uvloop.run(main())
