@@ -13,6 +13,7 @@ from adapters.discord.format import to_discord, to_plain
 from gateway.retry import Backoff
 from gateway.types import ChatRef, ChatType, Delivery, InboundMessage
 from tests.fakes.discord import FakeDiscord, Request
+from tests.recording import Recorder
 
 COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("title", "Show or set this session's title")]
 FAST = Backoff(base=0.02, factor=2.0, cap=0.2)
@@ -25,29 +26,6 @@ async def eventually(predicate, timeout: float = 5.0, what: str = "condition"):
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
     return result
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
-        self.gate: asyncio.Event | None = None
-        self.fail_times = 0
-
-    async def __call__(self, msg: InboundMessage) -> None:
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail_times:
-            self.fail_times -= 1
-            raise RuntimeError("database is locked")
-        self.messages.append(msg)
-
-    async def wait_for(self, n: int, timeout: float = 5.0) -> list[InboundMessage]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(self.messages) < n:
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out waiting for {n} messages, got {self.messages}")
-            await asyncio.sleep(0.01)
-        return self.messages
 
 
 @pytest.fixture

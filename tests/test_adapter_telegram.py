@@ -13,36 +13,10 @@ from gateway.errors import AdapterError
 from gateway.retry import Backoff
 from gateway.types import Adapter, Attachment, ChatType, InboundMessage
 from tests.fakes.telegram import FakeTelegram
+from tests.recording import Recorder
 
 COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("title", "Show or set this session's title")]
 FAST = Backoff(base=0.02, factor=2.0, cap=0.2)
-
-
-class Recorder:
-    """The gateway's handler: records messages; can fail or hold until the test lets it return."""
-
-    def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
-        self.fail_times = 0
-        self.gate: asyncio.Event | None = None
-        self.entered = asyncio.Event()
-
-    async def __call__(self, msg: InboundMessage) -> None:
-        self.entered.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail_times:
-            self.fail_times -= 1
-            raise RuntimeError("database is locked")
-        self.messages.append(msg)
-
-    async def wait_for(self, n: int, timeout: float = 5.0) -> list[InboundMessage]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(self.messages) < n:
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out waiting for {n} messages, got {self.messages}")
-            await asyncio.sleep(0.01)
-        return self.messages
 
 
 def make_adapter(tg: FakeTelegram, **kw) -> TelegramAdapter:

@@ -1,0 +1,36 @@
+"""The gateway's side of an adapter test: a handler that records what the adapter hands over.
+
+A test can hold it (``gate``) to see what the adapter does while the gateway is
+still storing a message, or make it fail (``fail_times``) as a locked database would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.types import InboundMessage
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list[InboundMessage] = []
+        self.fail_times = 0
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+
+    async def __call__(self, msg: InboundMessage) -> None:
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_times:
+            self.fail_times -= 1
+            raise RuntimeError("database is locked")
+        self.messages.append(msg)
+
+    async def wait_for(self, n: int, timeout: float = 5.0) -> list[InboundMessage]:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self.messages) < n:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out waiting for {n} messages, got {self.messages}")
+            await asyncio.sleep(0.01)
+        return self.messages
