@@ -39,6 +39,9 @@ Sender = Callable[[ChatRef, str, str | None], Awaitable[Delivery]]
 Typing = Callable[[ChatRef], Awaitable[None]]
 
 TYPING_EVERY_SECONDS = 4.0
+# A reply that comes quicker than this needs no typing indicator: the user would not see it,
+# and it would cost a platform call (and rate-limit budget) per turn.
+TYPING_AFTER_SECONDS = 0.5
 
 
 class GatewayClosing(Exception):
@@ -313,6 +316,7 @@ class SessionRouter:
         typer = self._typers.get(chat.platform)
         if typer is None:
             return
+        await asyncio.sleep(TYPING_AFTER_SECONDS)
         while True:
             try:
                 await typer(chat)

@@ -137,3 +137,25 @@ async def test_pending_codes_are_capped_per_platform(tmp_path, model):
         sent = await platform.wait_sent(4)
     assert sum(1 for _, t in sent if t.startswith("I don't know you yet.")) == 3
     assert sent[3][1] == "I can't take new pairing requests right now. Please try again later."
+
+
+async def test_a_slow_reply_shows_typing_and_a_quick_one_does_not(tmp_path):
+    typing = []
+
+    class Typist(StandInPlatform):
+        async def send_typing(self, chat):
+            typing.append(chat)
+
+    platform = Typist()
+    async with FakeModel(delay=1.2) as slow:
+        async with running_gateway(tmp_path, slow, adapters={"telegram": platform},
+                                   auth={"allowed_users": ["telegram:42"]}):
+            await _started(platform)
+            await platform.deliver("take your time", message_id="1")
+            await platform.wait_sent(1)
+            assert len(typing) >= 1
+            slow.delay = 0
+            typing.clear()
+            await platform.deliver("quick one", message_id="2")
+            await platform.wait_sent(2)
+            assert typing == []
