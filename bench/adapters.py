@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import sys
 import tempfile
@@ -48,6 +49,8 @@ async def wait_until(predicate, timeout: float, what: str, progress=None) -> Non
 
 
 async def inject(count: int, rate: float, send_one) -> dict[int, float]:
+    gc.collect()
+    gc.freeze()  # as `switchboard run` does once started (gateway/daemon.py)
     sent_at: dict[int, float] = {}
     started = time.monotonic()
     for i in range(count):
