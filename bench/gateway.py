@@ -68,6 +68,12 @@ async def start_gateway(home: Path, model_port: int) -> tuple[asyncio.subprocess
             return proc, int(m.group(1))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the process has used so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -112,13 +118,17 @@ async def main() -> None:
             gw, port = await start_gateway(Path(tmp) / "slow" / "home", slow_port)
             try:
                 await run_load(port, 5, 1, "warmup")
+                cpu_before = cpu_seconds(gw.pid)
                 total, lat = await run_load(port, args.sessions, args.messages, "a")
+                cpu_per_turn = (cpu_seconds(gw.pid) - cpu_before) / (args.sessions * args.messages) * 1000
                 ideal = args.messages * args.delay
                 overhead = [(x - args.delay) * 1000 for x in lat]
                 print(f"(a) {args.sessions} sessions x {args.messages} messages, model {args.delay * 1000:.0f} ms:")
                 print(f"    total {total:.2f} s, ideal {ideal:.2f} s, ratio {total / ideal:.3f} (target <= 1.2)")
                 print(f"    gateway overhead per turn: p50 {statistics.median(overhead):.1f} ms, "
                       f"p99 {pct(overhead, 0.99):.1f} ms (target p99 <= 15 ms)")
+                print(f"    gateway CPU per turn (all its threads): {cpu_per_turn:.2f} ms; the overhead above is mostly "
+                      f"turns queueing for that CPU when {args.sessions} sessions send at the same moment")
                 rss_a = peak_rss_mb(gw.pid)
             finally:
                 gw.terminate()
