@@ -187,9 +187,10 @@ class Gateway:
         # --- end cron
         self.started_at = time.time()
 
-    async def on_inbound(self, msg: InboundMessage) -> None:
-        """The adapters' handler: returns once the message is persisted (or dropped on purpose)."""
-        await self.router.handle(msg)
+    async def on_inbound(self, msg: InboundMessage) -> bool:
+        """The adapters' handler: returns once the message is persisted (or dropped on purpose);
+        False when the gateway dropped it and nothing will be sent for it."""
+        return await self.router.handle(msg) is not None or self.router.answered_stranger(msg)
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         self.adapters[name] = adapter

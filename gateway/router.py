@@ -103,6 +103,7 @@ class SessionRouter:
         self._typers: dict[str, Typing] = {}
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
+        self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
         # memory (issue 8): told (session id, key) when a reset or /new ends a session; must not block
         self.on_session_end: Callable[[str, str], object] | None = None
 
@@ -122,6 +123,10 @@ class SessionRouter:
     def active_lanes(self) -> int:
         return sum(1 for lane in self._lanes.values() if lane.busy)
 
+    def answered_stranger(self, msg: InboundMessage) -> bool:
+        """Whether ``msg``, refused, still got an answer (a pairing code)."""
+        return msg.message_id is not None and (msg.platform, msg.message_id) in self._answered_strangers
+
     def key_for(self, msg: InboundMessage) -> str:
         return session_key(msg, self.settings.keys)
 
@@ -136,6 +141,7 @@ class SessionRouter:
                 self.metrics.unauthorized.labels(msg.platform).inc()
             if verdict.reply:
                 await self.deliver(msg.chat, verdict.reply, msg.message_id)
+                self._answered_strangers.append((msg.platform, msg.message_id))
             return None
         if self.metrics:
             self.metrics.messages_in.labels(msg.platform).inc()

@@ -111,10 +111,13 @@ class AdapterHealth:
         }
 
 
-InboundHandler = Callable[[InboundMessage], Awaitable[None]]
+InboundHandler = Callable[[InboundMessage], Awaitable[bool | None]]
 """The gateway's entry point.  It returns once the message is persisted (or
 deliberately dropped: unauthorized, duplicate, not addressed), so an adapter
-that awaits it before acknowledging the platform loses nothing."""
+that awaits it before acknowledging the platform loses nothing.  It returns
+False when nothing more will be sent for this message (a stranger in a group,
+a redelivered event): an adapter that showed a placeholder (a deferred slash
+command) can withdraw it."""
 
 
 @runtime_checkable

@@ -135,3 +135,17 @@ async def test_slash_commands_are_registered_and_answered_by_follow_up(world):
     assert help_reply["interaction_token"] == help_cmd["token"] and "/new" in help_reply["content"]
     assert "echo: second topic | turns: 1" in sent[3]["content"]  # a fresh session after /new
     assert len(model.requests) == 2
+
+
+async def test_a_strangers_slash_command_in_a_channel_is_withdrawn_not_left_thinking(world):
+    dc, model, gw, config = world
+    eve = dc.add_user("eve")
+    interaction = await dc.slash_command("status", eve, channel=dc.general)
+    await dc.wait_until(lambda: interaction["token"] in dc.withdrawn, 10, "the deferred answer withdrawn")
+    assert dc.followups == [] and model.requests == []
+    # a stranger's slash command in a DM still gets the pairing code, as its follow-up
+    dm_cmd = await dc.slash_command("status", eve)
+    await dc.wait_until(lambda: len(dc.followups) == 1, 10, "a follow-up")
+    assert dc.followups[0]["interaction_token"] == dm_cmd["token"]
+    assert "switchboard pairing approve discord " in dc.followups[0]["content"]
+    assert dm_cmd["token"] not in dc.withdrawn

@@ -411,20 +411,24 @@ class DiscordAdapter:
         self._warned_empty_content = True
         log.warning("discord: a guild message arrived with empty content. %s", MESSAGE_CONTENT_HELP)
 
-    async def _deliver(self, inbound: InboundMessage) -> bool:
-        """Hand ``inbound`` to the gateway, retrying a failing handler (Discord never redelivers)."""
+    async def _deliver(self, inbound: InboundMessage) -> bool | None:
+        """Hand ``inbound`` to the gateway, retrying a failing handler (Discord never redelivers).
+
+        True: taken (an answer will come); None: the gateway dropped it on purpose and will send
+        nothing; False: it could not be handed over."""
         handler = self._handler
         if handler is None:
             return False
+        taken = True
 
         def on_retry(attempt: int, exc: BaseException, wait: float) -> None:
             log.warning("discord: the gateway failed to take message %s (%s: %s); retry %d in %.1fs",
                         inbound.message_id, type(exc).__name__, exc, attempt, wait)
 
         try:
-            await retry_async(lambda: handler(inbound), classify=lambda exc: 0.0, backoff=self._deliver_backoff,
-                              max_attempts=self._deliver_attempts, on_retry=on_retry)
-            return True
+            taken = await retry_async(lambda: handler(inbound), classify=lambda exc: 0.0, backoff=self._deliver_backoff,
+                                      max_attempts=self._deliver_attempts, on_retry=on_retry)
+            return None if taken is False else True
         except Exception:  # noqa: BLE001 - the handler's failure is logged; the adapter lives on
             log.exception("discord: the gateway failed to take message %s from chat %s; giving up after %d tries",
                           inbound.message_id, inbound.chat_id, self._deliver_attempts)
@@ -445,7 +449,15 @@ class DiscordAdapter:
         self._outbound.remember_interaction(inbound.message_id or "", interaction.application_id, interaction.token)
         if place.chat_type is ChatType.DM:
             self._outbound.remember_dm(place.chat_id)
-        if not await self._deliver(inbound):
+        taken = await self._deliver(inbound)
+        if taken is None:
+            # The gateway answers nothing (e.g. a stranger in a channel): withdraw "thinking…" rather
+            # than leave Discord to say the application did not respond.
+            try:
+                await interaction.delete_original_response()
+            except discord.HTTPException as exc:
+                log.debug("discord: could not withdraw the deferred answer to /%s: %s", name, describe(exc))
+        elif not taken:
             await _commands.tell(interaction, name, "Sorry, that command could not be processed. Please try again.")
 
     # ------------------------------------------------------------------ outbound

@@ -130,6 +130,7 @@ class FakeDiscord:
         self.interaction_callbacks: list[dict] = []
         self.registered_commands: list[dict] = []
         self.interactions: dict[str, dict] = {}  # interaction token -> the INTERACTION_CREATE payload
+        self.withdrawn: list[str] = []  # interaction tokens whose deferred answer was deleted
         self.expired_tokens: set[str] = set()  # follow-ups with these answer 401 (tokens live 15 minutes)
         self.cdn_files: dict[str, tuple[bytes, str]] = {}
         self._failures: list[_Failure] = []
@@ -499,6 +500,11 @@ class FakeDiscord:
             return self._interaction_callback(parts[1], rec)
         if parts[0] == "webhooks" and method == "POST" and len(parts) == 3:
             return self._followup(parts[1], parts[2], rec)
+        if parts[0] == "webhooks" and method == "DELETE" and parts[3:] == ["messages", "@original"]:
+            if parts[2] not in self.interactions:
+                return _json({"message": "Unknown Webhook", "code": 10015}, status=404)
+            self.withdrawn.append(parts[2])  # the deferred "thinking…" answer was deleted
+            return web.Response(status=204)
         if not self._authorized(request):
             return _json({"message": "401: Unauthorized", "code": 0}, status=401)
         if path == "/users/@me" and method == "GET":
