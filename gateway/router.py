@@ -299,8 +299,8 @@ class SessionRouter:
                 text = "Stopped. Your message is saved; send another to continue."
             else:
                 turn.cancel()
-                for t in batch:
-                    t.resolve("")
+                for t in batch:  # shutdown ran out of grace: the messages stay stored, unanswered
+                    t.resolve("The gateway is restarting; your message is saved. Send another message once it is back.")
                 raise
         except ModelUnavailable as exc:
             log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
