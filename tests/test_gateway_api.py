@@ -316,3 +316,22 @@ async def test_the_state_directory_is_private(tmp_path, model):
     with state.SessionDB(home / "state.db") as db:
         assert db.stats()["sessions"] == 1
 
+
+
+async def test_a_turn_cut_off_by_shutdown_says_so_and_keeps_the_message(tmp_path, model):
+    from gateway.daemon import Gateway
+    from tests.harness import gateway_config
+
+    model.script(Hang(30))
+    gw = Gateway(gateway_config(tmp_path, model.base_url))
+    await gw.start()
+    api = ApiClient(gw)
+    pending = asyncio.create_task(api.say("k", "a very long question"))
+    await model.wait_for_requests(1)
+    stopping = asyncio.create_task(gw.stop(grace_seconds=0.3))
+    assert await pending == "The gateway is restarting; your message is saved. Send another message once it is back."
+    await stopping
+    await api.close()
+    with state.SessionDB(tmp_path / "state.db") as store:
+        stored = store.get_messages(store.get_route("agent:main:api:dm:k"))
+    assert [(m["role"], m["content"]) for m in stored] == [("user", "a very long question")]
