@@ -195,6 +195,8 @@ def fact_candidates(conn: sqlite3.Connection, agent: str, user_scope: str, terms
     if not words or limit <= 0:
         return []
     owner = owner_token(agent, user_scope)
+    if conn.execute("SELECT 1 FROM facts WHERE owner = ? LIMIT 1", (owner,)).fetchone() is None:
+        return []  # most users have no facts yet: one index probe instead of three full-text queries
     any_word = " OR ".join(_quote(w) for w in words)
     scoped = f"owner : {owner} AND ({any_word})"
     newest = "SELECT rowid FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
