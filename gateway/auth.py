@@ -88,6 +88,8 @@ class Authorizer:
             msg.platform, msg.user_id, msg.user_name, new_code(), now=now, ttl=CODE_TTL_SECONDS,
             max_pending=MAX_PENDING_PER_PLATFORM,
         )
+        if len(self._last_reply) > 10_000:  # forget strangers whose window has passed
+            self._last_reply = {k: t for k, t in self._last_reply.items() if now - t < REPLY_EVERY_SECONDS}
         self._last_reply[who] = now
         if request is None:
             log.warning("pairing request from %s user %s refused: too many pending", msg.platform, msg.user_id)

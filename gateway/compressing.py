@@ -21,6 +21,7 @@ from gateway.turn import TurnRequest
 log = logging.getLogger(__name__)
 
 RESERVE_FOR_ANSWER = 1024
+MAX_REMEMBERED = 20_000  # sessions whose last reported prompt size is kept
 
 
 class Compressor:
@@ -57,7 +58,10 @@ class Compressor:
 
     def record_usage(self, session_id: str, prompt_tokens: int, history_messages: int) -> None:
         if prompt_tokens > 0:
+            self._reported.pop(session_id, None)
             self._reported[session_id] = (prompt_tokens, history_messages)
+            if len(self._reported) > MAX_REMEMBERED:  # the oldest report: a later turn just estimates
+                self._reported.pop(next(iter(self._reported)))
 
     def _cooling_down(self, session_id: str) -> bool:
         failed = self._failed_at.get(session_id)
@@ -76,7 +80,9 @@ class Compressor:
             session_key=req.session_key, timeout=self.timeout,
         )
         if isinstance(prepared.failure, compression.CompressionFailed):
-            self._failed_at[req.session_id] = self.clock()
+            now = self.clock()
+            self._failed_at = {sid: at for sid, at in self._failed_at.items() if now - at < self.cooldown}
+            self._failed_at[req.session_id] = now
         if prepared.compressed is not None:
             self._reported.pop(req.session_id, None)
         notice = prepared.notice

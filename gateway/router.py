@@ -39,6 +39,7 @@ Sender = Callable[[ChatRef, str, str | None], Awaitable[Delivery]]
 Typing = Callable[[ChatRef], Awaitable[None]]
 
 TYPING_EVERY_SECONDS = 4.0
+MAX_IDLE_LANES = 10_000  # past this many chats seen, idle lanes are forgotten (their state is in the store)
 # A reply that comes quicker than this needs no typing indicator: the user would not see it,
 # and it would cost a platform call (and rate-limit budget) per turn.
 TYPING_AFTER_SECONDS = 0.5
@@ -117,8 +118,19 @@ class SessionRouter:
     def lane(self, key: str) -> Lane:
         lane = self._lanes.get(key)
         if lane is None:
+            if len(self._lanes) >= MAX_IDLE_LANES:
+                self._forget_idle_lanes()
             lane = self._lanes[key] = Lane(key)
         return lane
+
+    def _forget_idle_lanes(self) -> None:
+        """Drop lanes with nothing queued, running or waiting, so months of chats do not pile up.
+
+        Safe without awaiting: a handle() that holds a lane either acquired its free lock at
+        once (so it is locked) or waits behind whoever holds it (locked too)."""
+        for key in [k for k, lane in self._lanes.items()
+                    if not lane.lock.locked() and not lane.busy and not lane.queue and lane.current is None]:
+            del self._lanes[key]
 
     def active_lanes(self) -> int:
         return sum(1 for lane in self._lanes.values() if lane.busy)

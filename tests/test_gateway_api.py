@@ -335,3 +335,16 @@ async def test_a_turn_cut_off_by_shutdown_says_so_and_keeps_the_message(tmp_path
     with state.SessionDB(tmp_path / "state.db") as store:
         stored = store.get_messages(store.get_route("agent:main:api:dm:k"))
     assert [(m["role"], m["content"]) for m in stored] == [("user", "a very long question")]
+
+
+async def test_idle_lanes_are_forgotten_and_conversations_go_on(tmp_path, model, monkeypatch):
+    import gateway.router
+
+    monkeypatch.setattr(gateway.router, "MAX_IDLE_LANES", 3)  # a small bound, to see it work
+    async with running_gateway(tmp_path, model) as gw:
+        api = ApiClient(gw)
+        for i in range(6):
+            await api.say(f"user{i}", "hello")
+        assert len(gw.router._lanes) <= 4
+        assert await api.say("user0", "still me?") == "echo: still me? | turns: 2 | first: hello"
+        await api.close()
