@@ -21,6 +21,8 @@ import uuid
 
 from aiohttp import web
 
+import state
+
 from gateway.router import GatewayClosing
 from gateway.types import ChatType, InboundMessage
 
@@ -100,6 +102,9 @@ class LocalApi:
             ticket = await self.gateway.router.handle(msg)
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable")
+        except state.StateError as exc:  # not stored: the client may retry (with its Idempotency-Key)
+            log.error("API message not stored: %s", exc)
+            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable")
         if ticket is None:
             return _error(409, "this Idempotency-Key was already answered", "duplicate")
         reply = await ticket.reply
