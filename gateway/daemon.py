@@ -31,6 +31,10 @@ from gateway.api import LocalApi
 from gateway.auth import AuthSettings, Authorizer
 from gateway.commands import default_commands
 from gateway.compressing import Compressor
+from gateway.cron import CronService
+from gateway.facts import FactMemory
+from gateway.memory import MemoryService, memory_flush_turn
+from gateway.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 from gateway.config import PLATFORMS, Config, load_config
 from gateway.errors import ConfigError
 from gateway.keys import KeyPolicy
@@ -105,6 +109,7 @@ class Gateway:
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
+        """Open the store, wire the turn and its features, serve the API, start the platforms and cron."""
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
         self.db = await state.AsyncSessionDB.open(cfg.db_path, write_timeout=cfg.store.write_timeout_seconds)
@@ -123,6 +128,21 @@ class Gateway:
             authorizer=Authorizer(auth_settings(cfg), self.db, clock=self.clock),
             commands=self.commands, metrics=self.metrics, clock=self.clock,
         )
+        self._wire_compression(turn)
+        self._wire_recall_and_memory(turn)
+        await self._wire_facts(turn)
+        if self.serve_api:
+            await self.api.start()
+        self._start_platforms()
+        # cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
+        # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
+        self.cron = CronService(self)
+        await self.cron.start(schedule=self.serve_api)
+        self.started_at = time.time()
+
+    def _wire_compression(self, turn: AgentTurn) -> None:
+        """Compression (issue 5): the 75 % trigger before each model call and ``/compress``."""
+        cfg = self.config
         context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
         if warning:
             log.warning("%s", warning)
@@ -134,11 +154,11 @@ class Gateway:
         )
         turn.prompt_hook = self.compressor
         self.commands.compressor = self.compressor if cfg.compression.enabled else None
-        # --- recall and memory (issue 8): session_search + memory tools, /search, the frozen memory
-        # snapshot in the system prompt, and a keep-what-matters turn when a reset or /new ends a session
-        from gateway.memory import MemoryService, memory_flush_turn
-        from gateway.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 
+    def _wire_recall_and_memory(self, turn: AgentTurn) -> None:
+        """Recall and memory (issue 8): the session_search and memory tools, /search, the memory
+        snapshot frozen per session, and a keep-what-matters turn before a reset, /new or a split."""
+        cfg = self.config
         self.recall = SessionRecall(self.db, self.model, RecallSettings(model=cfg.recall.model, timezone=cfg.timezone))
         self.memory = MemoryService(cfg)
         self.tools.register(session_search_tool(self.recall, cfg))
@@ -148,26 +168,27 @@ class Gateway:
         turn.prompt_blocks.append(self.memory.prompt_block)
         self.router.on_session_end = lambda sid, key: self.memory.schedule_flush(turn, sid, key)
         self.compressor.before_split = lambda sid: memory_flush_turn(self, sid, reason="compressed")
-        # --- end recall and memory
-        # --- facts (issue 9): the facts tool, its prompt block, prefetch into each model call, /facts on|off,
-        # extraction when a reset, /new or compression ends a session
-        from gateway.facts import FactMemory
 
+    async def _wire_facts(self, turn: AgentTurn) -> None:
+        """Fact memory (issue 9): the facts tool, its prompt block, prefetch into each model call,
+        /facts on|off, and extraction when a reset, /new or compression ends a session."""
+        cfg = self.config
         self.facts = FactMemory(cfg, self.db, self.model, clock=self.clock)
-        if cfg.facts.enabled:
-            self.tools.register(self.facts.tool())
-            turn.prompt_blocks.append(self.facts.prompt_block)
-            turn.prefetch = self.facts.prefetch
-            self.commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
-                              self.facts.command, runs_now=True)
-            self.router.on_session_end = self.facts.on_session_end(self.router.on_session_end)
-            turn.prompt_hook = self.facts.watch_compression(self.compressor)
-            if self.commands.compressor is not None:
-                self.commands.compressor = turn.prompt_hook
-            await self.facts.start(sweep=self.serve_api)
-        # --- end facts
-        if self.serve_api:
-            await self.api.start()
+        if not cfg.facts.enabled:
+            return
+        self.tools.register(self.facts.tool())
+        turn.prompt_blocks.append(self.facts.prompt_block)
+        turn.prefetch = self.facts.prefetch
+        self.commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
+                          self.facts.command, runs_now=True)
+        self.router.on_session_end = self.facts.on_session_end(self.router.on_session_end)
+        turn.prompt_hook = self.facts.watch_compression(self.compressor)
+        if self.commands.compressor is not None:
+            self.commands.compressor = turn.prompt_hook
+        await self.facts.start(sweep=self.serve_api)
+
+    def _start_platforms(self) -> None:
+        cfg = self.config
         if self._given_adapters is not None:
             self.adapters = dict(self._given_adapters)
             self.platforms_off = {name: (why if why != "on" else "off: not started in this process")
@@ -176,16 +197,8 @@ class Gateway:
             self.adapters, self.platforms_off = load_adapters(cfg, self.commands.menu())
         for name, why in self.platforms_off.items():
             log.info("platform %s is %s", name, why)
-        for name, adapter in self.adapters.items():
+        for name, adapter in list(self.adapters.items()):
             self._run_adapter(name, adapter)
-        # --- cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
-        # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
-        from gateway.cron import CronService
-
-        self.cron = CronService(self)
-        await self.cron.start(schedule=self.serve_api)
-        # --- end cron
-        self.started_at = time.time()
 
     async def on_inbound(self, msg: InboundMessage) -> bool:
         """The adapters' handler: returns once the message is persisted (or dropped on purpose);
