@@ -289,6 +289,12 @@ class Gateway:
             self.db = None
 
     # -- health -----------------------------------------------------------
+    def _cron_health(self) -> dict:
+        """Scheduled jobs armed in this process and when the next one fires."""
+        armed = self.cron.armed() if self.cron is not None else {}
+        nxt = min(armed.values()) if armed else None
+        return {"jobs_armed": len(armed), "next_run_at": nxt}
+
     def health(self) -> dict:
         platforms: dict[str, dict] = {}
         for name, why in self.platforms_off.items():
@@ -305,6 +311,7 @@ class Gateway:
             "platforms": platforms,
             "api": {"state": "serving", "port": self.api.bound_port},
             "active_sessions": self.router.active_lanes() if self.router else 0,
+            "cron": self._cron_health(),
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
         }
 

@@ -210,6 +210,7 @@ async def test_missed_runs_are_coalesced_after_a_restart(tmp_path, model):
     async with running_gateway(tmp_path, model, clock=clock, cron={"jobs": [hourly, strict]}) as gw:
         first_due = (await gw.db.get_cron_job("hourly"))["next_run_at"]
         assert await until(lambda: "hourly" in gw.cron.armed(), "the alarm is set")
+        assert gw.health()["cron"]["jobs_armed"] == 2  # /healthz shows what is scheduled
     clock.advance(5.5 * 3600)  # down for 5.5 hours: due 5 times, the last 30 minutes ago
     async with running_gateway(tmp_path, model, clock=clock, cron={"jobs": [hourly, strict]}) as gw:
         runs = await until(lambda: _finished_runs(gw, 2), "the catch-up")

@@ -211,6 +211,7 @@ async def test_healthz_and_metrics(tmp_path, model):
                 metrics = await r.text()
     assert health["status"] == "ok"
     assert health["platforms"]["telegram"]["state"] == "disabled"
+    assert health["cron"] == {"jobs_armed": 0, "next_run_at": None}
     assert 'switchboard_messages_in_total{platform="api"} 1.0' in metrics
     assert "switchboard_turn_seconds_bucket" in metrics
 
