@@ -13,19 +13,11 @@ from gateway.errors import AdapterError
 from gateway.retry import Backoff
 from gateway.types import Adapter, Attachment, ChatRef, ChatType, InboundMessage
 from tests.fakes.discord import APP_FLAG_MESSAGE_CONTENT_LIMITED, FakeDiscord
+from tests.harness import eventually
 from tests.recording import Recorder
 
 COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("title", "Show or set this session's title")]
 FAST = Backoff(base=0.02, factor=2.0, cap=0.2)
-
-
-async def eventually(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (result := predicate()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-    return result
 
 
 def make_adapter(fake: FakeDiscord, **kw) -> DiscordAdapter:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-import state
 from adapters.discord import DiscordAdapter
 from gateway.commands import default_commands
 from gateway.config import Config
 from gateway.daemon import Gateway
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
+from tests.harness import stored_routes
 
 
 @pytest.fixture
@@ -46,14 +46,6 @@ async def world(tmp_path):
             await gw.stop()
 
 
-def routes(config: Config) -> list[str]:
-    db = state.SessionDB(config.db_path)
-    try:
-        return sorted(key for key, _ in db.list_routes())
-    finally:
-        db.close()
-
-
 def head(msg: dict) -> str:
     return msg["content"].split(" | ")[0]
 
@@ -66,7 +58,7 @@ async def test_a_dm_conversation_is_remembered_across_turns(world):
     first, second = await dc.wait_for_sent(2, timeout=10)
     assert first["channel_id"] == dc.alice["dm_channel_id"] and "echo: my name is Alice" in first["content"]
     assert "echo: what is my name? | turns: 2 | first: my name is Alice" in second["content"]
-    assert routes(config) == [f"agent:main:discord:dm:{dc.alice['dm_channel_id']}"]
+    assert stored_routes(config) == [f"agent:main:discord:dm:{dc.alice['dm_channel_id']}"]
 
 
 async def test_channel_users_get_their_own_sessions_and_a_thread_is_its_own(world):
@@ -82,7 +74,7 @@ async def test_channel_users_get_their_own_sessions_and_a_thread_is_its_own(worl
     assert all("turns: 1" in s["content"] for s in sent)  # three separate conversations
     assert [s["channel_id"] for s in sent] == [dc.general["id"], dc.general["id"], dc.thread["id"]]
     general, thread = dc.general["id"], dc.thread["id"]
-    assert routes(config) == sorted([
+    assert stored_routes(config) == sorted([
         f"agent:main:discord:channel:{general}:{dc.alice['id']}",
         f"agent:main:discord:channel:{general}:{dc.bob['id']}",
         f"agent:main:discord:group:{general}:{thread}",
@@ -115,7 +107,7 @@ async def test_a_stranger_gets_a_pairing_code_in_a_dm_and_nothing_in_a_channel(w
     assert "switchboard pairing approve discord " in reply["content"]
     assert [s["channel_id"] for s in sent] == [eve["dm_channel_id"], dc.alice["dm_channel_id"]]
     assert len(model.requests) == 1  # the stranger never reached the model
-    assert routes(config) == [f"agent:main:discord:dm:{dc.alice['dm_channel_id']}"]
+    assert stored_routes(config) == [f"agent:main:discord:dm:{dc.alice['dm_channel_id']}"]
 
 
 async def test_slash_commands_are_registered_and_answered_by_follow_up(world):

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-import state
 from adapters.slack import SlackAdapter
 from gateway.config import Config
 from gateway.daemon import Gateway
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
 from tests.harness import gateway_config
+from tests.harness import stored_routes
 
 
 @pytest.fixture(autouse=True)
@@ -45,14 +45,6 @@ async def world(tmp_path):
             await gw.stop(grace_seconds=5)
 
 
-def routes(config: Config) -> list[str]:
-    db = state.SessionDB(config.db_path)
-    try:
-        return sorted(key for key, _ in db.list_routes())
-    finally:
-        db.close()
-
-
 def first_line(sent: dict) -> str:
     return sent["text"].split(" | ")[0]
 
@@ -66,7 +58,7 @@ async def test_a_dm_conversation_is_remembered_across_turns(world):
     assert first["channel"] == "D1" and "echo: my name is Ann" in first["text"]
     assert "echo: what is my name? | turns: 2 | first: my name is Ann" in second["text"]
     assert "thread_ts" not in second
-    assert routes(config) == ["agent:main:slack:dm:D1"]
+    assert stored_routes(config) == ["agent:main:slack:dm:D1"]
 
 
 async def test_two_users_in_a_channel_get_two_sessions_and_a_thread_is_shared(world):
@@ -83,7 +75,7 @@ async def test_two_users_in_a_channel_get_two_sessions_and_a_thread_is_shared(wo
     assert [first_line(s) for s in sent] == ["echo: hello from Ann", "echo: hello from Bob", "echo: joining Ann's thread"]
     assert [(s["channel"], s["thread_ts"]) for s in sent] == [("C1", ann["ts"]), ("C1", bob["ts"]), ("C1", ann["ts"])]
     assert "turns: 2 | first: hello from Ann" in sent[2]["text"]
-    assert routes(config) == sorted([f"agent:main:slack:group:C1:{ann['ts']}", f"agent:main:slack:group:C1:{bob['ts']}"])
+    assert stored_routes(config) == sorted([f"agent:main:slack:group:C1:{ann['ts']}", f"agent:main:slack:group:C1:{bob['ts']}"])
 
 
 async def test_an_event_delivered_twice_is_answered_once(world):
@@ -110,7 +102,7 @@ async def test_a_stranger_gets_a_pairing_code_in_a_dm_and_nothing_in_a_channel(w
     assert reply["channel"] == "D9" and "switchboard pairing approve slack " in reply["text"]
     assert [s["channel"] for s in slack.sent] == ["D9", "D1"]  # nothing went to the channel
     assert len(model.requests) == 1  # the stranger never reached the model
-    assert routes(config) == ["agent:main:slack:dm:D1"]
+    assert stored_routes(config) == ["agent:main:slack:dm:D1"]
 
 
 async def test_slash_commands_reach_the_gateway_and_answer_through_the_response_url(world):

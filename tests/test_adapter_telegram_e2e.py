@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-import state
 from adapters.telegram import TelegramAdapter
 from gateway.config import Config
 from gateway.daemon import Gateway
 from tests.fakes.model_server import FakeModel
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import gateway_config
+from tests.harness import stored_routes
 
 ANN = FakeTelegram.user(111, "Ann")
 BOB = FakeTelegram.user(222, "Bob")
@@ -44,14 +44,6 @@ async def world(tmp_path):
             await gw.stop(grace_seconds=5)
 
 
-def routes(config: Config) -> list[str]:
-    db = state.SessionDB(config.db_path)
-    try:
-        return sorted(key for key, _ in db.list_routes())
-    finally:
-        db.close()
-
-
 async def test_a_dm_conversation_is_remembered_across_turns(world):
     tg, model, gw, config = world
     tg.dm(ANN, "my name is Ann")
@@ -60,7 +52,7 @@ async def test_a_dm_conversation_is_remembered_across_turns(world):
     first, second = await tg.wait_for_sent(2, timeout=10)
     assert first.chat_id == 111 and "echo: my name is Ann" in first.visible_text
     assert "echo: what is my name? | turns: 2 | first: my name is Ann" in second.visible_text
-    assert routes(config) == ["agent:main:telegram:dm:111"]
+    assert stored_routes(config) == ["agent:main:telegram:dm:111"]
 
 
 async def test_group_users_get_their_own_sessions_and_a_topic_is_its_own(world):
@@ -75,7 +67,7 @@ async def test_group_users_get_their_own_sessions_and_a_topic_is_its_own(world):
         "echo: hello from Ann", "echo: hello from Bob", "echo: in the topic"]
     assert all("turns: 1" in s.visible_text for s in sent)  # three separate conversations
     assert (sent[2].chat_id, sent[2].thread_id) == (-1001234567890, 77)
-    assert routes(config) == [
+    assert stored_routes(config) == [
         "agent:main:telegram:group:-1001234567890:111",
         "agent:main:telegram:group:-1001234567890:222",
         "agent:main:telegram:group:-1001234567890:77",
@@ -105,7 +97,7 @@ async def test_a_stranger_gets_a_pairing_code_in_a_dm_and_nothing_in_a_group(wor
     assert "switchboard pairing approve telegram " in reply.visible_text
     assert [s.chat_id for s in tg.sent] == [666, 111]  # nothing went to the group
     assert len(model.requests) == 1  # the stranger never reached the model
-    assert routes(config) == ["agent:main:telegram:dm:111"]
+    assert stored_routes(config) == ["agent:main:telegram:dm:111"]
 
 
 async def test_native_commands_reach_the_gateway_from_the_menu(world):
