@@ -4,8 +4,9 @@
     .venv/bin/python bench/contention.py --seconds 1 --rounds 1 --writers 1 8
 
 Each writer process appends single messages (one transaction each) to its own
-session as fast as it can for ``--seconds``, timing every append.  Prints the
-aggregate messages/s, p50/p99/max write latency, errors surfaced to the caller
+session as fast as it can for ``--seconds``, timing every append; all writers
+start at the same instant.  Prints the aggregate messages/s (appends finished
+inside that window of ``--seconds``, per second), p50/p99/max write latency, errors surfaced to the caller
 (a failed append is a lost message) and rows lost (appends reported as stored
 but missing from the database afterwards).
 
@@ -132,15 +133,20 @@ def _texts(worker: int, n: int = 2000) -> list[tuple[str, str]]:
     return [(row[1], row[2] or "(tool call)") for row in corpus.messages(n)]
 
 
-def _writer(design: str, path: str, worker: int, seconds: float, barrier, results) -> None:
+def _writer(design: str, path: str, worker: int, begin: float, seconds: float, barrier, results) -> None:
+    """Append from ``begin`` for ``seconds`` (perf_counter is the system's monotonic clock, the same in every
+    process); counts the appends that finished inside that window, so every design and writer count is
+    measured over the same window, without process start-up or tear-down."""
     store = STORES[design](Path(path))
     session_id = f"w{worker}"
     texts = _texts(worker)
     latencies: list[float] = []
     errors = 0
-    stored = 0
+    stored = in_window = 0
     barrier.wait()
-    end = time.perf_counter() + seconds
+    while time.perf_counter() < begin:
+        time.sleep(0.0005)
+    end = begin + seconds
     i = 0
     while True:
         start = time.perf_counter()
@@ -153,9 +159,11 @@ def _writer(design: str, path: str, worker: int, seconds: float, barrier, result
             stored += 1
         except Exception:  # noqa: BLE001 - any failure surfaced to the caller counts
             errors += 1
-        latencies.append(time.perf_counter() - start)
+        finished = time.perf_counter()
+        in_window += finished <= end
+        latencies.append(finished - start)
     store.close()
-    results.put((worker, stored, errors, latencies))
+    results.put((worker, stored, errors, latencies, in_window))
 
 
 def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int) -> dict:
@@ -168,19 +176,20 @@ def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int)
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(writers + 1)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(design, str(path), w, seconds, barrier, results)) for w in range(writers)]
+    begin = time.perf_counter() + 0.5 + 0.05 * writers  # after every writer has started and opened the store
+    procs = [ctx.Process(target=_writer, args=(design, str(path), w, begin, seconds, barrier, results))
+             for w in range(writers)]
     for p in procs:
         p.start()
     barrier.wait()
-    t0 = time.perf_counter()
     outcomes = [results.get() for _ in procs]
-    elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
     lost = sum(max(0, o[1] - setup.count(f"w{o[0]}")) for o in outcomes)
     setup.close()
     return {"stored": sum(o[1] for o in outcomes), "errors": sum(o[2] for o in outcomes), "lost": lost,
-            "elapsed": elapsed, "latencies": [x for o in outcomes for x in o[3]]}
+            "in_window": sum(o[4] for o in outcomes), "seconds": seconds,
+            "latencies": [x for o in outcomes for x in o[3]]}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -188,7 +197,7 @@ def summarize(runs: list[dict]) -> dict:
     lat = sorted(x for r in runs for x in r["latencies"])
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
     return {
-        "rate": sum(r["stored"] for r in runs) / sum(r["elapsed"] for r in runs),
+        "rate": sum(r["in_window"] for r in runs) / sum(r["seconds"] for r in runs),
         "p50": q[49] * 1000, "p99": q[98] * 1000, "max": lat[-1] * 1000,
         "errors": sum(r["errors"] for r in runs), "lost": sum(r["lost"] for r in runs),
     }

@@ -118,3 +118,70 @@ def test_processes_opening_a_new_database_at_once_all_succeed(home):
     with SessionDB(path) as db:
         assert sorted(r["id"] for r in db.list_sessions_rich()) == ["s0", "s1", "s2", "s3"]
         assert db.message_count() == 4
+
+
+# appends as fast as it can until the file named by argv[2] exists, then prints how many it stored
+GREEDY = """
+import os, sys
+from state import SessionDB
+db = SessionDB(sys.argv[1])
+print("writing", flush=True)
+n = 0
+while not os.path.exists(sys.argv[2]):
+    db.append_message("greedy", "user", f"greedy {n}")
+    n += 1
+db.close()
+print(n, flush=True)
+"""
+
+
+def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
+    """Each writer keeps its turn only for a short lease: the other process's writes are interleaved."""
+    path = home / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("greedy", "cli")
+        db.create_session("polite", "cli")
+    stop = home / "stop"
+    greedy = _spawn(GREEDY, str(path), str(stop))
+    try:
+        assert greedy.stdout.readline().strip() == "writing"
+        with SessionDB(path) as db:
+            for i in range(30):
+                db.append_message("polite", "user", f"polite {i}")
+            assert greedy.poll() is None  # all 30 stored while the greedy writer was still writing
+            stop.touch()
+            stored = int(greedy.communicate(timeout=30)[0].strip())
+            polite_ids = [m["id"] for m in db.get_messages("polite")]
+            greedy_ids = [m["id"] for m in db.get_messages("greedy")]
+        assert len(polite_ids) == 30 and len(greedy_ids) == stored
+        assert any(g > polite_ids[-1] for g in greedy_ids)  # it went on writing after our last one
+    finally:
+        greedy.kill()
+
+
+# writes once, then keeps the store open without writing until told to leave
+QUIET = """
+import sys
+from state import SessionDB
+db = SessionDB(sys.argv[1])
+db.append_message("quiet", "user", "one message")
+print("wrote", flush=True)
+sys.stdin.readline()
+db.close()
+"""
+
+
+def test_a_process_that_stops_writing_gives_its_turn_back(home):
+    path = home / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("quiet", "cli")
+    quiet = subprocess.Popen([sys.executable, "-c", QUIET, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert quiet.stdout.readline().strip() == "wrote"
+        with SessionDB(path, write_timeout=5.0) as db:
+            db.create_session("after", "cli")  # would time out if the quiet process still held its turn
+            assert db.get_session("after") is not None
+        assert quiet.poll() is None
+    finally:
+        quiet.kill()
