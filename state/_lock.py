@@ -10,10 +10,12 @@ in the kernel, in arrival order (a CLH queue lock over byte-range locks):
   byte ``t % K``;
 * it then waits for the slot of ticket ``t - 1``: the kernel grants it the
   moment that writer finishes and releases its slot (or dies);
-* it writes, and keeps its turn while it goes on writing (its next writes go
-  straight in, with no hand-off), for at most ``LEASE_SECONDS`` from when the
-  turn came; then, or once it has not written for ``IDLE_SECONDS`` (a helper
-  thread watches), it releases its own slot, which wakes exactly its successor.
+* it writes; while others have drawn tickets after it, it keeps its turn as
+  long as it goes on writing (its next writes go straight in, with no
+  hand-off), for at most ``LEASE_SECONDS`` from when the turn came; then, or
+  once it has not written for ``IDLE_SECONDS`` (a helper thread watches), or
+  at once when nobody waits, it releases its own slot, which wakes exactly
+  its successor.
 
 Nobody races for the lock and nobody barges in, so a writer waits for the
 writers ahead of it and no longer: with ``n`` writers queued, at most about
@@ -91,12 +93,13 @@ def _slot(ticket: int) -> int:
 
 
 class _Request:
-    __slots__ = ("fn", "own", "prev", "done", "mutex", "started", "cancelled", "result", "error")
+    __slots__ = ("fn", "ticket", "own", "prev", "done", "mutex", "started", "cancelled", "result", "error")
 
-    def __init__(self, fn: Callable[[], Any], own: int, prev: int) -> None:
+    def __init__(self, fn: Callable[[], Any], ticket: int) -> None:
         self.fn = fn
-        self.own = own
-        self.prev = prev
+        self.ticket = ticket
+        self.own = _slot(ticket)
+        self.prev = _slot(ticket - 1)
         self.done = threading.Event()
         self.mutex = threading.Lock()
         self.started = False
@@ -118,7 +121,7 @@ class ProcessWriteLock:
         self._state = threading.Lock()
         self._thread: threading.Thread | None = None
         # the turn we hold between writes: our slot, still locked, until the lease ends
-        self._leased: int | None = None
+        self._leased: int | None = None  # the ticket whose turn we hold
         self._lease_end = 0.0
         self._last_write = 0.0
         self._in_use = False
@@ -166,7 +169,9 @@ class ProcessWriteLock:
             finally:
                 with self._state:
                     self._in_use = False
-                    self._last_write = time.monotonic()
+                    self._last_write = now = time.monotonic()
+                    if now >= self._lease_end or not self._queued_behind(leased):
+                        self._release_locked()
         ticket = self._ticket(deadline)
         own, prev = _slot(ticket), _slot(ticket - 1)
         with self._state:
@@ -180,8 +185,8 @@ class ProcessWriteLock:
                 return fn()
             finally:
                 with self._state:
-                    self._hold_locked(own, came)
-        request = _Request(fn, own, prev)
+                    self._hold_locked(ticket, came)
+        request = _Request(fn, ticket)
         with self._state:
             self._pending += 1
             if self._thread is None:
@@ -199,11 +204,17 @@ class ProcessWriteLock:
             raise request.error
         return request.result
 
-    def _hold_locked(self, own: int, came: float) -> None:
-        """Keep the turn that came at ``came`` (our slot ``own`` stays locked) until the lease ends."""
+    def _queued_behind(self, ticket: int) -> bool:
+        """Whether another writer has drawn a ticket after ``ticket`` (and so waits for our turn to end)."""
+        raw = os.pread(self._fd, 8, _COUNTER_AT)
+        return len(raw) == 8 and int.from_bytes(raw, "little") > ticket + 1
+
+    def _hold_locked(self, ticket: int, came: float) -> None:
+        """Keep the turn of ``ticket``, which came at ``came`` (its slot stays locked), while writers wait
+        behind it and its lease lasts; with nobody waiting, the turn is given back at once."""
         now = time.monotonic()
-        self._leased, self._lease_end, self._last_write, self._in_use = own, came + LEASE_SECONDS, now, False
-        if self._closed or now >= self._lease_end:
+        self._leased, self._lease_end, self._last_write, self._in_use = ticket, came + LEASE_SECONDS, now, False
+        if self._closed or now >= self._lease_end or not self._queued_behind(ticket):
             self._release_locked()
             return
         if self._keeper is None:
@@ -215,9 +226,9 @@ class ProcessWriteLock:
     def _release_locked(self) -> None:
         if self._leased is None:
             return
-        own, self._leased = self._leased, None
+        ticket, self._leased = self._leased, None
         try:
-            _unlock(self._fd, own)
+            _unlock(self._fd, _slot(ticket))
         except OSError:  # the file is closed: the kernel dropped the lock with it
             pass
 
@@ -278,7 +289,7 @@ class ProcessWriteLock:
                 with self._state:
                     self._pending -= 1
                     counted = True
-                    self._hold_locked(request.own, came)
+                    self._hold_locked(request.ticket, came)
                 request.done.set()
             finally:
                 if not counted:
