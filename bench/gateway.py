@@ -5,11 +5,13 @@ server in another, the load generator in this one (all on 127.0.0.1).
 
   (a) 100 sessions x 10 messages, model answers after 500 ms: total time beside the ideal
       (10 x 500 ms: a session's turns are sequential), and the gateway's own time per turn
-      (client latency minus the model's 500 ms), p50/p99.
+      (what the client waited minus the time the model server held the request), p50/p99.
+      Run twice: every session sending its first message at the same instant, then the sessions'
+      starts spread evenly over --ramp seconds (one model delay by default), as users' would be.
   (b) the same with a model that answers at once: turns per second at saturation.
   (c) the gateway process's peak RSS (VmHWM).
 
-    .venv/bin/python bench/gateway.py [--sessions 100] [--messages 10]
+    .venv/bin/python bench/gateway.py [--sessions 100] [--messages 10] [--ramp 0.5]
 """
 
 from __future__ import annotations
@@ -81,23 +83,54 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def run_load(port: int, sessions: int, messages: int, tag: str) -> tuple[float, list[float]]:
+async def run_load(port: int, sessions: int, messages: int, tag: str,
+                   ramp: float = 0.0) -> tuple[float, list[tuple[int, str, float, float]]]:
+    """Each session sends its messages one after another; session ``i`` starts at ``ramp * i / sessions``.
+    Returns the total time and, per turn, (message number in its session, text, sent at, latency),
+    times from ``time.monotonic()`` (the system's clock, the same in every process)."""
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    latencies: list[float] = []
+    turns: list[tuple[int, str, float, float]] = []
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as http:
         async def conversation(i: int) -> None:
+            await asyncio.sleep(ramp * i / sessions)
             for n in range(messages):
-                started = time.perf_counter()
-                async with http.post(url, json={"messages": [{"role": "user", "content": f"{tag} {i} msg {n}"}]},
+                text = f"{tag} {i} msg {n}"
+                sent = time.monotonic()
+                async with http.post(url, json={"messages": [{"role": "user", "content": text}]},
                                      headers={"X-Session-Key": f"{tag}-{i}"}) as r:
                     body = await r.json()
                     assert r.status == 200, body
-                latencies.append((n, time.perf_counter() - started))
+                turns.append((n, text, sent, time.monotonic() - sent))
 
-        started = time.perf_counter()
+        started = time.monotonic()
         await asyncio.gather(*(conversation(i) for i in range(sessions)))
-        return time.perf_counter() - started, latencies  # (message number in its session, seconds)
+        return time.monotonic() - started, turns
+
+
+async def model_seconds(model_port: int) -> dict[str, float]:
+    """How long the model server held each request (by its last user message): the model's own time."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{model_port}/_timings") as r:
+            return {t["last_user"]: t["answered"] - t["at"] for t in await r.json() if t["answered"]}
+
+
+async def measure_a(args, port: int, model_port: int, pid: int, tag: str, ramp: float) -> None:
+    cpu_before = cpu_seconds(pid)
+    total, turns = await run_load(port, args.sessions, args.messages, tag, ramp)
+    cpu_per_turn = (cpu_seconds(pid) - cpu_before) / len(turns) * 1000
+    held = await model_seconds(model_port)
+    ideal = ramp * (args.sessions - 1) / args.sessions + args.messages * args.delay
+    # the gateway's own time: what the user waited minus what the model server took
+    own = [(latency - held[text]) * 1000 for _, text, _, latency in turns]
+    later = [(latency - held[text]) * 1000 for n, text, _, latency in turns if n > 0]
+    start = "all at the same instant" if not ramp else f"evenly over the first {ramp * 1000:.0f} ms"
+    print(f"    sessions starting {start}: total {total:.2f} s, ideal {ideal:.2f} s, ratio {total / ideal:.3f} "
+          f"(target <= 1.2)")
+    print(f"      gateway's own time per turn (latency minus the model server's time): "
+          f"p50 {statistics.median(own):.1f} ms, p99 {pct(own, 0.99):.1f} ms (target p99 <= 15 ms); "
+          f"leaving out each session's first turn (which creates it): p99 {pct(later, 0.99):.1f} ms")
+    print(f"      gateway CPU per turn (all its threads): {cpu_per_turn:.2f} ms")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -110,6 +143,8 @@ async def main() -> None:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--delay", type=float, default=0.5)
+    parser.add_argument("--ramp", type=float, default=0.5,
+                        help="(a) is also run with the sessions' starts spread evenly over this many seconds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         slow_model, slow_port = await start_model(args.delay)
@@ -118,19 +153,9 @@ async def main() -> None:
             gw, port = await start_gateway(Path(tmp) / "slow" / "home", slow_port)
             try:
                 await run_load(port, 5, 1, "warmup")
-                cpu_before = cpu_seconds(gw.pid)
-                total, lat = await run_load(port, args.sessions, args.messages, "a")
-                cpu_per_turn = (cpu_seconds(gw.pid) - cpu_before) / (args.sessions * args.messages) * 1000
-                ideal = args.messages * args.delay
-                overhead = [(x - args.delay) * 1000 for _, x in lat]
-                later = [(x - args.delay) * 1000 for n, x in lat if n > 0]
                 print(f"(a) {args.sessions} sessions x {args.messages} messages, model {args.delay * 1000:.0f} ms:")
-                print(f"    total {total:.2f} s, ideal {ideal:.2f} s, ratio {total / ideal:.3f} (target <= 1.2)")
-                print(f"    gateway overhead per turn: p50 {statistics.median(overhead):.1f} ms, "
-                      f"p99 {pct(overhead, 0.99):.1f} ms (target p99 <= 15 ms); without each session's first "
-                      f"turn (which creates it): p50 {statistics.median(later):.1f} ms, p99 {pct(later, 0.99):.1f} ms")
-                print(f"    gateway CPU per turn (all its threads): {cpu_per_turn:.2f} ms; the overhead above is mostly "
-                      f"turns queueing for that CPU when {args.sessions} sessions send at the same moment")
+                await measure_a(args, port, slow_port, gw.pid, "burst", 0.0)
+                await measure_a(args, port, slow_port, gw.pid, "ramp", args.ramp)
                 rss_a = peak_rss_mb(gw.pid)
             finally:
                 gw.terminate()
@@ -139,7 +164,7 @@ async def main() -> None:
             try:
                 await run_load(port, 5, 1, "warmup")
                 total, lat = await run_load(port, args.sessions, args.messages, "b")
-                lat = [x for _, x in lat]
+                lat = [x for *_, x in lat]
                 turns = args.sessions * args.messages
                 print(f"(b) model answers at once: {turns} turns in {total:.2f} s = {turns / total:.0f} turns/s; "
                       f"latency p50 {statistics.median(lat) * 1000:.1f} ms, p99 {pct(lat, 0.99) * 1000:.1f} ms")

@@ -57,6 +57,8 @@ class Recorded:
     body: dict
     headers: dict
     at: float = field(default_factory=time.monotonic)
+    answered: float | None = None  # time.monotonic() when the answer was ready (the system's clock: comparable
+    # across processes, so a benchmark can take the model's own time out of a latency it measured)
 
     @property
     def messages(self) -> list[dict]:
@@ -111,6 +113,7 @@ class FakeModel:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/_timings", self._timings)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -125,9 +128,16 @@ class FakeModel:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
 
+    async def _timings(self, request: web.Request) -> web.Response:
+        """Each request's last user message with when it arrived and when its answer was ready."""
+        return web.json_response([{"last_user": r.last_user_text, "at": r.at, "answered": r.answered}
+                                  for r in self.requests])
+
     async def _completions(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
         body = await request.json()
-        self.requests.append(Recorded(body=body, headers=dict(request.headers)))
+        record = Recorded(body=body, headers=dict(request.headers), at=arrived)
+        self.requests.append(record)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -188,6 +198,7 @@ class FakeModel:
             )
         finally:
             self.in_flight -= 1
+            record.answered = time.monotonic()
 
     @staticmethod
     def default_reply(messages: list[dict]) -> str:
