@@ -161,7 +161,17 @@ class SessionRouter:
         lane = self.lane(key)
         command = self.commands.parse(msg.text) if msg.is_command else None
         async with lane.lock:
-            session_id, notice = await self._active_session(key, msg, lane)
+            appended = None
+            if command is None:
+                # the common case in one store call: the routed session is open and fresh, so the
+                # message is stored in it at once; otherwise nothing was written and the policy decides
+                session, appended = await self.db.append_inbound_to_route(
+                    key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane))
+            if appended is not None:
+                session_id, notice = session["id"], None
+            else:
+                session_id, notice = await (self._apply_policy(key, msg, lane, session) if command is None
+                                            else self._active_session(key, msg, lane))
             ticket = Ticket(msg, key, session_id)
             if notice:
                 ticket.notices.append(notice)
@@ -182,9 +192,10 @@ class SessionRouter:
                     return ticket
                 lane.queue.append(("command", ticket, command))
             else:
-                appended = await self.db.append_inbound(
-                    session_id, _stored_text(msg), platform_message_id=msg.message_id,
-                )
+                if appended is None:
+                    appended = await self.db.append_inbound(
+                        session_id, _stored_text(msg), platform_message_id=msg.message_id,
+                    )
                 if not appended.new:
                     log.info("duplicate event %s for %s ignored", msg.message_id, key)
                     return None
@@ -194,17 +205,29 @@ class SessionRouter:
         return ticket
 
     # -- sessions -----------------------------------------------------------
+    def _keeps_session(self, msg: InboundMessage, lane: Lane):
+        """Whether the routed session goes on, as a predicate of its row (pure: the store runs it)."""
+        if lane.busy:
+            return _always  # a session with work still running is never reset
+        policy = self.settings.reset_policy_for(msg.platform, msg.chat_type.value)
+        now, tz = self.clock(), self._tz
+        return lambda session: reset_reason(policy, _last_active(session), now, tz) is None
+
     async def _active_session(self, key: str, msg: InboundMessage, lane: Lane) -> tuple[str, str | None]:
         """The key's session after applying the reset policy; creates one when needed.  Lane lock held."""
-        session = await self.db.get_routed_session(key)
+        return await self._apply_policy(key, msg, lane, await self.db.get_routed_session(key))
+
+    async def _apply_policy(self, key: str, msg: InboundMessage, lane: Lane,
+                            session: dict | None) -> tuple[str, str | None]:
+        """``session`` (the key's routed session row, None: no route) or, when the reset policy ends it
+        or it ended elsewhere, a new one; with the line telling the user why, if any."""
         session_id = session["id"] if session else None
         previous = None
         if session is not None and session.get("ended_at") is None:
             if lane.busy:
                 return session_id, None
             policy = self.settings.reset_policy_for(msg.platform, msg.chat_type.value)
-            last_active = session.get("last_active") or session.get("started_at") or 0
-            reason = reset_reason(policy, last_active, self.clock(), self._tz)
+            reason = reset_reason(policy, _last_active(session), self.clock(), self._tz)
             if reason is None:
                 return session_id, None
             await self.db.end_session(session_id, reason)
@@ -384,6 +407,14 @@ class SessionRouter:
 def _current_cancelling() -> int:
     task = asyncio.current_task()
     return task.cancelling() if task else 0
+
+
+def _always(session: dict) -> bool:
+    return True
+
+
+def _last_active(session: dict) -> float:
+    return session.get("last_active") or session.get("started_at") or 0
 
 
 def _stored_text(msg: InboundMessage) -> str:

@@ -240,6 +240,15 @@ def facts_prefetch_enabled(conn: sqlite3.Connection, session_key: str) -> bool |
     return None if row is None else bool(row[0])
 
 
+def prefetch_candidates(conn: sqlite3.Connection, session_key: str, default_on: bool, agent: str, user_scope: str,
+                        terms: Iterable[str], *, limit: int, window: int = RECALL_WINDOW) -> list[dict]:
+    """:func:`fact_candidates` when the chat's prefetch is on (``default_on`` when it never chose), else none."""
+    chosen = facts_prefetch_enabled(conn, session_key)
+    if not (default_on if chosen is None else chosen):
+        return []
+    return fact_candidates(conn, agent, user_scope, terms, limit=limit, window=window)
+
+
 def sessions_awaiting_facts(conn: sqlite3.Connection, *, since: float, now: float, min_messages: int = 4,
                             limit: int = 200) -> list[str]:
     """Sessions ended since ``since`` with a user and ``min_messages`` messages whose facts were never

@@ -282,6 +282,35 @@ class SessionDB:
         )
 
     @_writes
+    def append_inbound_to_route(
+        self,
+        session_key: str,
+        content: str | None,
+        *,
+        platform_message_id: str | None,
+        keep: Callable[[dict], bool] = lambda session: True,
+        role: str = "user",
+        timestamp: float | None = None,
+        **fields: Any,
+    ) -> tuple[dict | None, Appended | None]:
+        """In one transaction: the session ``session_key`` routes to and, when that session is open
+        and ``keep(session)`` holds, this event stored in it (as :meth:`append_inbound`).
+
+        Returns ``(session row or None, Appended or None)``; nothing is written when the second is
+        None (no route, an ended session, or one ``keep`` turned down: the caller decides what next).
+        """
+        def route_and_append(conn):
+            session = _routes.get_routed_session(conn, session_key)
+            if session is None or session.get("ended_at") is not None or not keep(session):
+                return session, None
+            appended = _messages.append_inbound(
+                conn, session["id"], role=role, content=content, platform_message_id=platform_message_id,
+                timestamp=timestamp, **fields)
+            return session, appended
+
+        return self._engine.write(route_and_append)
+
+    @_writes
     def append_messages(self, session_id: str, messages: list[dict]) -> list[int]:
         """Store a turn's messages in one transaction: all of them or, on any error, none.
 
@@ -626,6 +655,14 @@ class SessionDB:
     @_reads
     def fact_count(self, agent: str, user_scope: str) -> int:
         return self._engine.read(_facts.fact_count, agent, user_scope)
+
+    @_reads
+    def fact_prefetch_candidates(self, session_key: str, default_on: bool, agent: str, user_scope: str,
+                                 terms: list[str], *, limit: int) -> list[dict]:
+        """:meth:`fact_candidates` for a turn's prefetch, in the same read as the chat's choice: none when
+        the chat turned prefetch off (or never chose and ``default_on`` is False)."""
+        return self._engine.read(_facts.prefetch_candidates, session_key, default_on, agent, user_scope, list(terms),
+                                 limit=limit)
 
     @_reads
     def facts_prefetch_enabled(self, session_key: str) -> bool | None:

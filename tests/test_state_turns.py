@@ -22,3 +22,24 @@ def test_a_failing_turn_record_leaves_nothing(tmp_path):
             db.record_turn(sid, [{"role": "assistant", "content": "ok"}, {"content": "no role"}], input_tokens=5)
         assert db.get_messages(sid) == []
         assert db.get_session(sid)["input_tokens"] == 0
+
+
+def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        assert db.append_inbound_to_route("k", "hello?", platform_message_id="m0") == (None, None)  # no route yet
+        sid = db.create_session(new_session_id(), "telegram", session_key="k")
+        db.set_route("k", sid)
+
+        session, appended = db.append_inbound_to_route("k", "hi", platform_message_id="m1")
+        assert session["id"] == sid and appended.new
+        again = db.append_inbound_to_route("k", "hi", platform_message_id="m1")[1]  # the platform redelivers
+        assert (again.id, again.new) == (appended.id, False)
+
+        seen = []
+        session, appended = db.append_inbound_to_route("k", "stale?", platform_message_id="m2",
+                                                       keep=lambda row: seen.append(row["id"]) or False)
+        assert (session["id"], appended, seen) == (sid, None, [sid])  # turned down: nothing written
+        db.end_session(sid, "user_exit")
+        session, appended = db.append_inbound_to_route("k", "after the end", platform_message_id="m3")
+        assert session["ended_at"] is not None and appended is None
+        assert [m["content"] for m in db.get_messages(sid)] == ["hi"]

@@ -36,11 +36,8 @@ def make_prefetch(service: FactService, config):
         if scope is None or ":cron:" in (req.session_key or ""):
             return None
         try:
-            chosen = await service.db.facts_prefetch_enabled(req.session_key)
-            if not (service.settings.prefetch if chosen is None else chosen):
-                return None
             agent = _agent_of(req.session_key, config.agent)
-            found = await service.search(agent, scope, user_text[:MAX_QUERY_CHARS], limit=service.settings.limit)
+            found = await service.search_for_prefetch(req.session_key, agent, scope, user_text[:MAX_QUERY_CHARS])
         except Exception:  # noqa: BLE001 - recall is a bonus; the turn goes on without it
             log.warning("fact prefetch for %s failed; answering without it", req.session_key, exc_info=True)
             return None
