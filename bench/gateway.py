@@ -10,6 +10,8 @@ server in another, the load generator in this one (all on 127.0.0.1).
       starts spread evenly over --ramp seconds (one model delay by default), as users' would be.
   (b) the same with a model that answers at once: turns per second at saturation.
   (c) the gateway process's peak RSS (VmHWM).
+  (d) the CPU one model call costs in the openai SDK client alone, and what that sets as a floor
+      for (a) with every session sending at the same instant.
 
     .venv/bin/python bench/gateway.py [--sessions 100] [--messages 10] [--ramp 0.5]
 """
@@ -30,6 +32,7 @@ import aiohttp
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the gateway package, not this script (bench/gateway.py), for ``import gateway``
 SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
 
 
@@ -133,6 +136,28 @@ async def measure_a(args, port: int, model_port: int, pid: int, tag: str, ramp: 
     print(f"      gateway CPU per turn (all its threads): {cpu_per_turn:.2f} ms")
 
 
+async def sdk_cpu_per_call(model_port: int, calls: int = 300) -> float:
+    """CPU (ms) of one chat completion through the SDK client the gateway builds, against the fake model."""
+    import openai
+    from openai.types.chat import ChatCompletion
+
+    from gateway.model import _http_client
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{model_port}/v1", api_key="x", max_retries=0,
+                                http_client=_http_client(8))
+    body = {"model": "fake", "messages": [{"role": "system", "content": "You are helpful."}]
+            + [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(9)]}
+    try:
+        for _ in range(20):
+            await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+        started = time.process_time()
+        for _ in range(calls):
+            await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+        return (time.process_time() - started) / calls * 1000
+    finally:
+        await client.close()
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -173,6 +198,11 @@ async def main() -> None:
                 gw.terminate()
                 await gw.wait()
             print(f"(c) gateway peak RSS: {max(rss_a, rss_b):.0f} MB (target <= 250 MB)")
+            per_call = await sdk_cpu_per_call(fast_port)
+            print(f"(d) the openai SDK alone (the gateway's client, in this process): {per_call:.2f} ms of CPU per call "
+                  f"(request and response). When {args.sessions} sessions send at the same instant, their model calls "
+                  f"alone need ~{args.sessions * per_call:.0f} ms of CPU, ~{args.sessions * per_call / os.cpu_count():.0f} ms "
+                  f"on {os.cpu_count()} cores at best, before the last of them is answered, whatever else the gateway does")
         finally:
             for proc in (slow_model, fast_model):
                 proc.terminate()
