@@ -202,7 +202,7 @@ async def main() -> None:
             print(f"(d) the openai SDK alone (the gateway's client, in this process): {per_call:.2f} ms of CPU per call "
                   f"(request and response). When {args.sessions} sessions send at the same instant, their model calls "
                   f"alone need ~{args.sessions * per_call:.0f} ms of CPU, ~{args.sessions * per_call / os.cpu_count():.0f} ms "
-                  f"on {os.cpu_count()} cores at best, before the last of them is answered, whatever else the gateway does")
+                  f"on {os.cpu_count()} cores at best, all within the same moment, whatever else the gateway does")
         finally:
             for proc in (slow_model, fast_model):
                 proc.terminate()
