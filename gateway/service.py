@@ -11,7 +11,8 @@ operator runs them, as root for a system unit), so the same code is testable on
 a machine without systemd.  Only :func:`service_status` calls ``systemctl
 status``, and says plainly when systemd is not running.
 
-The templates live in ``systemd/`` at the top of the source tree; their
+The templates live in ``systemd/`` at the top of the source tree (a wheel
+installs them as data files under ``<prefix>/share/switchboard/systemd``); their
 ``@NAME@`` placeholders are filled from a :class:`UnitSettings`.  Paths go into
 the unit verbatim, so a path that a unit file would need escaped (spaces,
 quotes, ``%``, ``$``, backslashes) is refused with a message instead of being
@@ -29,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -42,7 +44,8 @@ Scope = Literal["system", "user"]
 
 UNIT_NAME = "switchboard.service"
 ENV_FILENAME = "switchboard.env"
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "systemd"
+SOURCE_TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "systemd"  # a checkout (pip install -e .)
+INSTALLED_TEMPLATE_PATH = ("share", "switchboard", "systemd")  # a wheel's data files (pyproject.toml)
 TEMPLATES: dict[Scope, str] = {"system": "switchboard.service", "user": "switchboard-user.service"}
 ENV_EXAMPLE = "switchboard.env.example"
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
@@ -195,15 +198,23 @@ def protect_home_setting(settings: UnitSettings) -> str:
 # --- rendering -------------------------------------------------------------
 
 
+def template_dirs() -> list[Path]:
+    """Where the unit templates may be: the source tree's ``systemd/``, then the installed data files."""
+    bases = dict.fromkeys([sysconfig.get_path("data"), sys.prefix])
+    return [SOURCE_TEMPLATE_DIR, *(Path(base).joinpath(*INSTALLED_TEMPLATE_PATH) for base in bases)]
+
+
 def read_template(name: str) -> str:
-    path = TEMPLATE_DIR / name
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ServiceError(
-            f"unit template {path} is missing: run switchboard from its source tree "
-            "(pip install -e .) so systemd/ is next to the gateway package"
-        ) from None
+    places = [d / name for d in template_dirs()]
+    for path in places:
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+    raise ServiceError(
+        f"unit template {name} is missing (looked in {', '.join(str(p.parent) for p in places)}): "
+        "reinstall switchboard (pip install .), or run it from its source tree"
+    )
 
 
 def render_unit(settings: UnitSettings) -> str:

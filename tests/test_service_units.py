@@ -227,7 +227,7 @@ def test_install_writes_the_unit_creates_home_and_private_env_file(tmp_path, con
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
     env_file = home / "switchboard.env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert env_file.read_text() == (service.TEMPLATE_DIR / "switchboard.env.example").read_text()
+    assert env_file.read_text() == (service.SOURCE_TEMPLATE_DIR / "switchboard.env.example").read_text()
     assert result.output.splitlines() == [
         f"wrote: {unit_file}",
         f"created home {home} (mode 0700)",
@@ -421,3 +421,19 @@ def test_switchboard_service_is_mounted_on_the_main_command(tmp_path, config):
     assert proc.returncode == 0, proc.stderr
     assert f"ExecStart={switchboard} run --config {config}" in proc.stdout
     assert not (tmp_path / "units").exists()
+
+
+def test_an_installed_wheel_finds_its_unit_templates_outside_the_source_tree(tmp_path, monkeypatch, config):
+    prefix = tmp_path / "venv"
+    installed = prefix / "share" / "switchboard" / "systemd"
+    installed.mkdir(parents=True)
+    for name in ("switchboard.service", "switchboard-user.service", "switchboard.env.example"):
+        shutil.copy(service.SOURCE_TEMPLATE_DIR / name, installed / name)
+    monkeypatch.setattr(service, "SOURCE_TEMPLATE_DIR", tmp_path / "no-checkout" / "systemd")
+    monkeypatch.setattr(service.sys, "prefix", str(prefix))
+    monkeypatch.setattr(service.sysconfig, "get_path", lambda name: str(prefix))
+    assert service.read_template("switchboard.service") == (installed / "switchboard.service").read_text()
+
+    (installed / "switchboard.service").unlink()
+    with pytest.raises(ServiceError, match=r"unit template switchboard.service is missing .*reinstall switchboard"):
+        service.read_template("switchboard.service")
