@@ -20,7 +20,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Iterable, TextIO
 
-__all__ = ["JsonFormatter", "Redactor", "RedactingFilter", "TextFormatter", "setup_logging"]
+__all__ = ["JsonFormatter", "Redactor", "RedactingFilter", "TextFormatter", "protect_loggers", "redact", "setup_logging"]
 
 MASK = "***"
 # A known secret shorter than this is not masked: replacing e.g. "ab"
@@ -39,6 +39,8 @@ TOKEN_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"),  # Authorization: Bearer <token>
     re.compile(r"(?i)(\bbot\s+)[A-Za-z0-9._-]{20,}"),  # Authorization: Bot <token> (Discord)
     re.compile(r"(?i)([?&](?:token|access_token|api_key|key|secret)=)[^&\s#\"']+"),  # tokens in query strings
+    re.compile(r"(/(?:webhooks|interactions)/[0-9]+/)[A-Za-z0-9_.-]+"),  # Discord interaction/webhook token in a URL
+    re.compile(r"""(["']token["']\s*:\s*["'])[^"']+"""),  # "token": "..." in a logged payload (Discord events)
 )
 
 _MASK_AFTER_PREFIX = r"\1" + MASK
@@ -52,8 +54,17 @@ class Redactor:
     """Masks known secret values and token-shaped strings in text."""
 
     def __init__(self, secrets: Iterable[str] = ()):
-        values = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
-        self._known = re.compile("|".join(re.escape(v) for v in values)) if values else None
+        self._secrets: set[str] = set()
+        self._known: re.Pattern[str] | None = None
+        self.add(*secrets)
+
+    def add(self, *secrets: str) -> None:
+        """Mask these values too (shorter than ``MIN_SECRET_LENGTH``: ignored)."""
+        new = {s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH} - self._secrets
+        if new:
+            self._secrets |= new
+            values = sorted(self._secrets, key=len, reverse=True)
+            self._known = re.compile("|".join(re.escape(v) for v in values))
 
     def __call__(self, text: str) -> str:
         if self._known is not None:
@@ -95,6 +106,28 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = self.redactor(record.stack_info)
         return True
+
+
+# For the platform libraries, which log tokens before any handler of ours sees the record (request
+# URLs carrying the bot token, gateway payloads carrying interaction tokens), and for the adapters'
+# error texts: one redactor for the process, fed by each adapter with its own token.
+_LIBRARY_REDACTOR = Redactor()
+_LIBRARY_FILTER = RedactingFilter(_LIBRARY_REDACTOR)
+
+
+def protect_loggers(names: Iterable[str], *secrets: str) -> None:
+    """Mask ``secrets`` and every token shape in the records of the loggers ``names`` (the loggers
+    themselves, so whatever handler a record reaches sees it masked).  Idempotent."""
+    _LIBRARY_REDACTOR.add(*secrets)
+    for name in names:
+        logger = logging.getLogger(name)
+        if _LIBRARY_FILTER not in logger.filters:
+            logger.addFilter(_LIBRARY_FILTER)
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret given to :func:`protect_loggers` and every token shape masked."""
+    return _LIBRARY_REDACTOR(text)
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:

@@ -184,3 +184,26 @@ def test_bad_level_or_format_is_refused():
         setup("INFO", "xml")
     with pytest.raises(ValueError, match="log level must be"):
         setup("LOUD")
+
+
+def test_a_library_logger_protected_by_an_adapter_is_masked_before_any_handler():
+    """Whatever handler a library's record reaches (here one that is not ours), the adapter's token and
+    Discord's interaction tokens are already masked; the adapters' error texts use the same redact()."""
+    from gateway.logging_setup import protect_loggers, redact
+
+    protect_loggers(["somelib.http"], "adapter-own-secret-value")
+    seen = io.StringIO()
+    foreign = logging.StreamHandler(seen)
+    lib = logging.getLogger("somelib.http")
+    lib.addHandler(foreign)
+    lib.propagate = False
+    try:
+        lib.warning("POST /webhooks/1234567890/aNteRacTionToken.abc_123-x/messages with adapter-own-secret-value")
+        lib.warning("event %r", {"t": "INTERACTION_CREATE", "d": {"token": "aW50ZXJhY3Rpb24"}})
+    finally:
+        lib.removeHandler(foreign)
+        lib.propagate = True
+    lines = seen.getvalue().splitlines()
+    assert lines == ["POST /webhooks/1234567890/***/messages with ***",
+                     "event {'t': 'INTERACTION_CREATE', 'd': {'token': '***'}}"]
+    assert redact(f"401 for bot{TG_TOKEN} and adapter-own-secret-value") == "401 for bot*** and ***"
