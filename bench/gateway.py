@@ -141,10 +141,10 @@ async def sdk_cpu_per_call(model_port: int, calls: int = 300) -> float:
     import openai
     from openai.types.chat import ChatCompletion
 
-    from gateway.model import _http_client
+    from gateway.model import http_client
 
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{model_port}/v1", api_key="x", max_retries=0,
-                                http_client=_http_client(8))
+                                http_client=http_client(8))
     body = {"model": "fake", "messages": [{"role": "system", "content": "You are helpful."}]
             + [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"} for i in range(9)]}
     try:

@@ -53,7 +53,7 @@ def _pool_limits(max_calls: int):
                                            keepalive_expiry=DEFAULT_CONNECTION_LIMITS.keepalive_expiry)
 
 
-def _http_client(max_calls: int):
+def http_client(max_calls: int):
     """The SDK's aiohttp transport, else its default (httpx).
 
     With 100 calls in flight the httpx pool walks every connection on every request (and polls
@@ -96,7 +96,7 @@ class ModelClient:
             api_key=settings.api_key or "not-needed",
             timeout=settings.timeout_seconds,
             max_retries=0,
-            http_client=_http_client(settings.max_concurrent_calls),
+            http_client=http_client(settings.max_concurrent_calls),
         )
         self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
 

@@ -162,16 +162,17 @@ class SessionRouter:
         command = self.commands.parse(msg.text) if msg.is_command else None
         async with lane.lock:
             appended = None
-            if command is None:
+            if command is not None:
+                session_id, notice = await self._active_session(key, msg, lane)
+            else:
                 # the common case in one store call: the routed session is open and fresh, so the
                 # message is stored in it at once; otherwise nothing was written and the policy decides
                 session, appended = await self.db.append_inbound_to_route(
                     key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane))
-            if appended is not None:
-                session_id, notice = session["id"], None
-            else:
-                session_id, notice = await (self._apply_policy(key, msg, lane, session) if command is None
-                                            else self._active_session(key, msg, lane))
+                if appended is not None:
+                    session_id, notice = session["id"], None
+                else:
+                    session_id, notice = await self._apply_policy(key, msg, lane, session)
             ticket = Ticket(msg, key, session_id)
             if notice:
                 ticket.notices.append(notice)

@@ -9,21 +9,7 @@ from adapters.telegram.format import markdown_to_html
 from gateway.formatting import utf16_len
 from gateway.types import ChatRef, ChatType
 from tests.fakes.telegram import FakeTelegram, check_html
-from tests.test_adapter_telegram import ANN, TEAM, Recorder, make_adapter
-
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def bot(tg):
-    adapter, handler = make_adapter(tg), Recorder()
-    await adapter.start(handler)
-    yield adapter, handler
-    await adapter.stop()
+from tests.test_adapter_telegram import ANN, TEAM, Recorder, bot, make_adapter, tg  # noqa: F401 - bot, tg: fixtures
 
 
 DM = ChatRef("telegram", "111")

@@ -470,7 +470,6 @@ def _run_daemon_until_stopped(argv_prefix: list[str], home: Path) -> None:
 
 def test_the_daemon_itself_runs_under_the_units_seccomp_restrictions(policy, tmp_path):
     """`switchboard run` as the unit starts it, with a fake NOTIFY_SOCKET."""
-    pytest.importorskip("gateway.daemon", reason="`switchboard run` (gateway.daemon) is not in this checkout yet")
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     _run_daemon_until_stopped([sys.executable, "-c", LAUNCHER, str(policy), "--"], home)
@@ -478,7 +477,6 @@ def test_the_daemon_itself_runs_under_the_units_seccomp_restrictions(policy, tmp
 
 def test_the_daemon_runs_under_the_units_file_system_and_seccomp_restrictions(policy, tmp_path):
     """All of it at once: mounts as the unit sets them, then the seccomp filters, then `switchboard run`."""
-    pytest.importorskip("gateway.daemon", reason="`switchboard run` (gateway.daemon) is not in this checkout yet")
     prefix = _mount_namespace_prefix()
     home = tmp_path / "home"
     home.mkdir(mode=0o700)

@@ -84,19 +84,20 @@ class FactService:
                      limit: int | None = None) -> list[scoring.ScoredFact]:
         if mode not in scoring.MODES:
             raise FactRefused(f"unknown mode {mode!r}; use one of {', '.join(scoring.MODES)}")
-        limit = max(1, min(int(limit or self.settings.limit), 50))
-        terms = scoring.recall_terms(query, mode)
-        candidates = await self.db.fact_candidates(agent, scope, terms, limit=3 * limit)
+        limit = self._limit(limit)
+        candidates = await self.db.fact_candidates(agent, scope, scoring.recall_terms(query, mode), limit=3 * limit)
         return await self._rank(query, candidates, mode, limit)
 
     async def search_for_prefetch(self, session_key: str, agent: str, scope: str, query: str) -> list[scoring.ScoredFact]:
         """:meth:`search` for a turn's prefetch: nothing when the chat turned prefetch off (``/facts off``),
         with that choice and the candidates read together (one store call per turn, not two)."""
-        limit = max(1, min(int(self.settings.limit), 50))
-        terms = scoring.recall_terms(query, "probe")
-        candidates = await self.db.fact_prefetch_candidates(session_key, self.settings.prefetch, agent, scope, terms,
-                                                            limit=3 * limit)
+        limit = self._limit(None)
+        candidates = await self.db.fact_prefetch_candidates(session_key, self.settings.prefetch, agent, scope,
+                                                            scoring.recall_terms(query, "probe"), limit=3 * limit)
         return await self._rank(query, candidates, "probe", limit)
+
+    def _limit(self, limit: int | None) -> int:
+        return max(1, min(int(limit or self.settings.limit), 50))
 
     async def _rank(self, query: str, candidates: list[dict], mode: str, limit: int) -> list[scoring.ScoredFact]:
         if not candidates:
