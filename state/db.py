@@ -1,7 +1,8 @@
 """``SessionDB``: the synchronous face of the store (the CLI, cron runs, tests).
 
 Each public method is one call to a function of ``state._sessions``,
-``_messages``, ``_titles``, ``_routes`` or ``_transfer`` through the engine,
+``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
+``_cron``, ``_facts`` or ``_recovery`` through the engine,
 marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, TypeVar
 
-from . import _cron, _facts, _messages, _pairing, _recall, _routes, _sessions, _titles, _transfer
+from . import _cron, _facts, _messages, _pairing, _recall, _recovery, _routes, _sessions, _titles, _transfer
 from ._engine import Engine
 from ._messages import Appended
 from .paths import default_db_path
@@ -101,9 +102,14 @@ class SessionDB:
 
     @_writes
     def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,
-                    output_tokens: int = 0) -> list[int]:
-        """A turn's messages and its token usage in one transaction: all of it or, on any error, none."""
-        return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens)
+                    output_tokens: int = 0, answered: Iterable[int] = (), delivery: dict | None = None) -> list[int]:
+        """A turn's messages and its token usage in one transaction: all of it or, on any error, none.
+
+        ``answered`` are the ids of the user messages this turn answers (their inbox rows go);
+        ``delivery`` (``id``, platform, chat_id, thread_id, reply_to, text) records the pending
+        send of the reply, tied to the last message stored."""
+        return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens,
+                                  list(answered), delivery)
 
     @_writes
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
@@ -272,12 +278,16 @@ class SessionDB:
         platform_message_id: str | None,
         role: str = "user",
         timestamp: float | None = None,
+        inbox: dict | None = None,
         **fields: Any,
     ) -> Appended:
         """Store a platform event once.  Returns ``Appended(id, new)``: ``new`` is False
-        when this event was stored before (a redelivery the router must not answer again)."""
+        when this event was stored before (a redelivery the router must not answer again).
+
+        With ``inbox`` (where to answer: see ``state._recovery.INBOX_FIELDS``) a new message
+        is also put in the inbox, in the same transaction, until a turn answers it."""
         return self._engine.write(
-            _messages.append_inbound, session_id, role=role, content=content,
+            _append_inbound, session_id, inbox, role=role, content=content,
             platform_message_id=platform_message_id, timestamp=timestamp, **fields,
         )
 
@@ -291,6 +301,7 @@ class SessionDB:
         keep: Callable[[dict], bool] = lambda session: True,
         role: str = "user",
         timestamp: float | None = None,
+        inbox: dict | None = None,
         **fields: Any,
     ) -> tuple[dict | None, Appended | None]:
         """In one transaction: the session ``session_key`` routes to and, when that session is open
@@ -303,8 +314,8 @@ class SessionDB:
             session = _routes.get_routed_session(conn, session_key)
             if session is None or session.get("ended_at") is not None or not keep(session):
                 return session, None
-            appended = _messages.append_inbound(
-                conn, session["id"], role=role, content=content, platform_message_id=platform_message_id,
+            appended = _append_inbound(
+                conn, session["id"], inbox, role=role, content=content, platform_message_id=platform_message_id,
                 timestamp=timestamp, **fields)
             return session, appended
 
@@ -679,11 +690,57 @@ class SessionDB:
     def get_fact_extraction(self, session_id: str) -> dict | None:
         return self._engine.read(_facts.extraction_of, session_id)
 
+    # --- recovery: the inbox, the delivery record ---------------------------------
 
-def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int) -> list[int]:
+    @_writes
+    def settle_inbox(self, message_ids: Iterable[int], delivery: dict | None = None, *,
+                     session_id: str | None = None) -> None:
+        """These messages got their answer (a line standing in for a reply): drop their inbox rows and,
+        with ``delivery``, record the pending send of that line, in one transaction."""
+        self._engine.write(_recovery.settle, list(message_ids), delivery, session_id=session_id)
+
+    @_reads
+    def unanswered_messages(self) -> list[dict]:
+        """Every stored platform message that no turn has answered yet, oldest first."""
+        return self._engine.read(_recovery.unanswered)
+
+    @_reads
+    def pending_deliveries(self) -> list[dict]:
+        """Replies stored but not yet confirmed sent, oldest first."""
+        return self._engine.read(_recovery.pending_deliveries)
+
+    @_writes
+    def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None) -> bool:
+        return self._engine.write(_recovery.update_delivery, delivery_id, sent_ids=sent_ids, status=status, error=error)
+
+    @_reads
+    def get_delivery(self, delivery_id: str) -> dict | None:
+        return self._engine.read(_recovery.get_delivery, delivery_id)
+
+    @_reads
+    def list_deliveries(self, session_id: str) -> list[dict]:
+        return self._engine.read(_recovery.list_deliveries, session_id)
+
+    @_reads
+    def recovery_counts(self) -> dict:
+        """``unanswered`` messages, ``deliveries_pending`` and held ``dead_letters``."""
+        return self._engine.read(_recovery.recovery_counts)
+
+
+def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
+                 answered: list[int], delivery: dict | None) -> list[int]:
     ids = _messages.append_messages(conn, session_id, messages)
     _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
+    if answered or delivery is not None:
+        _recovery.settle(conn, answered, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)
     return ids
+
+
+def _append_inbound(conn, session_id: str, inbox: dict | None, **message: Any) -> Appended:
+    appended = _messages.append_inbound(conn, session_id, **message)
+    if inbox is not None and appended.new:
+        _recovery.add_to_inbox(conn, appended.id, session_id, inbox)
+    return appended
 
 
 def public_methods(kind: str) -> dict[str, Callable[..., Any]]:

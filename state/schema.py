@@ -234,6 +234,12 @@ def _v15_facts(conn):
     _facts.create_tables(conn)
 
 
+def _v16_recovery(conn):
+    from . import _recovery
+
+    _recovery.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -250,6 +256,7 @@ for _step in [
     Migration(13, "listing indexes", _v13_listing_indexes),
     Migration(14, "cron jobs, runs and leases", _v14_cron),
     Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts),
+    Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery),
 ]:
     register(_step)
 

@@ -1,0 +1,190 @@
+"""What makes a stop harmless: the inbox of unanswered messages and the delivery record.
+
+**The inbox.**  A platform message is stored together with an inbox row naming
+where to answer it (platform, chat, thread, the message to reply to, who sent
+it).  The row goes away in the same transaction that stores the turn which
+answered the message, or the one line that stood in for an answer (the model
+was unavailable, the user stopped the turn, the message was too old to answer
+blindly after a restart).  So after a kill, a crash or a power cut, the rows
+left are exactly the messages that still need an answer.
+
+**The delivery record.**  A reply is stored with a ``pending`` delivery row
+before it is sent; as the platform confirms parts, their ids are recorded,
+and the row becomes ``sent`` (or ``failed`` with the platform's reason).  At
+start, pending rows are sent again from the first unconfirmed part, so a crash
+between the model's answer and the send costs neither the answer nor a second
+model call.
+
+**Dead letters** (table only here, see ``state._deadletters``): platform events
+whose handling failed again and again, set aside so the chat moves on.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Iterable
+
+INBOX_FIELDS = ("session_key", "platform", "chat_id", "thread_id", "chat_type", "user_id", "user_name",
+                "platform_message_id", "received_at")
+DELIVERY_FIELDS = ("platform", "chat_id", "thread_id", "reply_to", "text", "kind")
+DELIVERY_STATUSES = ("pending", "sent", "failed")
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS inbox (
+               message_id INTEGER PRIMARY KEY,
+               session_id TEXT NOT NULL,
+               session_key TEXT NOT NULL,
+               platform TEXT NOT NULL,
+               chat_id TEXT NOT NULL,
+               thread_id TEXT,
+               chat_type TEXT NOT NULL,
+               user_id TEXT,
+               user_name TEXT,
+               platform_message_id TEXT,
+               received_at REAL NOT NULL)"""
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_inbox_session ON inbox(session_id)")
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS deliveries (
+               id TEXT PRIMARY KEY,
+               session_id TEXT,
+               message_id INTEGER,
+               kind TEXT NOT NULL DEFAULT 'reply',
+               platform TEXT NOT NULL,
+               chat_id TEXT NOT NULL,
+               thread_id TEXT,
+               reply_to TEXT,
+               text TEXT NOT NULL,
+               sent_ids TEXT NOT NULL DEFAULT '[]',
+               status TEXT NOT NULL DEFAULT 'pending',
+               error TEXT,
+               attempts INTEGER NOT NULL DEFAULT 0,
+               created_at REAL NOT NULL,
+               updated_at REAL NOT NULL)"""
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_deliveries_pending ON deliveries(created_at) WHERE status = 'pending'")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_deliveries_session ON deliveries(session_id)")
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS dead_letters (
+               id INTEGER PRIMARY KEY,
+               platform TEXT NOT NULL,
+               event_id TEXT,
+               payload TEXT NOT NULL,
+               message TEXT,
+               error TEXT NOT NULL,
+               attempts INTEGER NOT NULL DEFAULT 1,
+               status TEXT NOT NULL DEFAULT 'held',
+               created_at REAL NOT NULL,
+               updated_at REAL NOT NULL)"""
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_dead_letters_status ON dead_letters(status, id)")
+
+
+# --- the inbox ---------------------------------------------------------------
+
+
+def add_to_inbox(conn: sqlite3.Connection, message_id: int, session_id: str, entry: dict) -> None:
+    """Mark message ``message_id`` as awaiting an answer at ``entry``'s chat (see INBOX_FIELDS)."""
+    unknown = set(entry) - set(INBOX_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown inbox fields: {', '.join(sorted(unknown))}")
+    row = {key: entry.get(key) for key in INBOX_FIELDS}
+    if row["received_at"] is None:
+        row["received_at"] = time.time()
+    conn.execute(
+        f"INSERT OR IGNORE INTO inbox (message_id, session_id, {', '.join(INBOX_FIELDS)}) "
+        f"VALUES (?, ?, {', '.join('?' * len(INBOX_FIELDS))})",
+        (message_id, session_id, *(row[k] for k in INBOX_FIELDS)),
+    )
+
+
+def unanswered(conn: sqlite3.Connection) -> list[dict]:
+    """Every message still awaiting an answer, oldest first, with its text."""
+    rows = conn.execute(
+        "SELECT i.*, m.content AS text FROM inbox i JOIN messages m ON m.id = i.message_id ORDER BY i.message_id"
+    )
+    return [dict(r) for r in rows]
+
+
+def settle(conn: sqlite3.Connection, message_ids: Iterable[int], delivery: dict | None, *,
+           session_id: str | None = None, reply_message_id: int | None = None) -> None:
+    """The messages ``message_ids`` are answered: drop their inbox rows and, with ``delivery``
+    (``id`` plus DELIVERY_FIELDS), record the pending send of that answer."""
+    ids = list(message_ids)
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        conn.execute(f"DELETE FROM inbox WHERE message_id IN ({', '.join('?' * len(chunk))})", chunk)
+    if delivery is not None:
+        add_delivery(conn, delivery, session_id=session_id, message_id=reply_message_id)
+
+
+def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> None:
+    """Part of deleting sessions: their inbox rows and delivery records go with them."""
+    conn.execute(f"DELETE FROM inbox WHERE session_id IN ({marks})", chunk)
+    conn.execute(f"DELETE FROM deliveries WHERE session_id IN ({marks})", chunk)
+
+
+# --- the delivery record -----------------------------------------------------
+
+
+def add_delivery(conn: sqlite3.Connection, delivery: dict, *, session_id: str | None,
+                 message_id: int | None) -> None:
+    unknown = set(delivery) - {"id", *DELIVERY_FIELDS}
+    if unknown:
+        raise TypeError(f"unknown delivery fields: {', '.join(sorted(unknown))}")
+    now = time.time()
+    conn.execute(
+        "INSERT INTO deliveries (id, session_id, message_id, kind, platform, chat_id, thread_id, reply_to, text, "
+        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (delivery["id"], session_id, message_id, delivery.get("kind") or "reply", delivery["platform"],
+         delivery["chat_id"], delivery.get("thread_id"), delivery.get("reply_to"), delivery["text"], now, now),
+    )
+
+
+def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: list[str], status: str,
+                    error: str | None = None) -> bool:
+    """Record the parts confirmed so far (``sent_ids``) and the row's status."""
+    if status not in DELIVERY_STATUSES:
+        raise ValueError(f"delivery status must be one of {', '.join(DELIVERY_STATUSES)}, not {status!r}")
+    return conn.execute(
+        "UPDATE deliveries SET sent_ids = ?, status = ?, error = ?, attempts = attempts + (? != 'pending'), "
+        "updated_at = ? WHERE id = ?",
+        (json.dumps(list(sent_ids)), status, error, status, time.time(), delivery_id),
+    ).rowcount > 0
+
+
+def pending_deliveries(conn: sqlite3.Connection) -> list[dict]:
+    """Replies stored but not confirmed sent, oldest first (``sent_ids`` decoded)."""
+    rows = conn.execute("SELECT * FROM deliveries WHERE status = 'pending' ORDER BY created_at, id")
+    return [_decode_delivery(r) for r in rows]
+
+
+def get_delivery(conn: sqlite3.Connection, delivery_id: str) -> dict | None:
+    row = conn.execute("SELECT * FROM deliveries WHERE id = ?", (delivery_id,)).fetchone()
+    return _decode_delivery(row) if row else None
+
+
+def list_deliveries(conn: sqlite3.Connection, session_id: str) -> list[dict]:
+    rows = conn.execute("SELECT * FROM deliveries WHERE session_id = ? ORDER BY created_at, id", (session_id,))
+    return [_decode_delivery(r) for r in rows]
+
+
+def recovery_counts(conn: sqlite3.Connection) -> dict:
+    """How much waits: messages unanswered, replies not yet confirmed, dead letters held."""
+    inbox = conn.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
+    pending = conn.execute("SELECT COUNT(*) FROM deliveries WHERE status = 'pending'").fetchone()[0]
+    dead = conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = 'held'").fetchone()[0]
+    return {"unanswered": inbox, "deliveries_pending": pending, "dead_letters": dead}
+
+
+def _decode_delivery(row: sqlite3.Row) -> dict:
+    out = dict(row)
+    try:
+        out["sent_ids"] = json.loads(out.get("sent_ids") or "[]")
+    except (TypeError, json.JSONDecodeError):
+        out["sent_ids"] = []
+    return out

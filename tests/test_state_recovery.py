@@ -1,0 +1,60 @@
+"""The inbox of unanswered messages and the delivery record, at the store."""
+
+from __future__ import annotations
+
+import pytest
+
+from state import SessionDB
+
+WHERE = {"session_key": "agent:main:telegram:dm:42", "platform": "telegram", "chat_id": "42", "chat_type": "dm",
+         "user_id": "42", "platform_message_id": "7"}
+
+
+@pytest.fixture
+def db(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s1", "telegram")
+        yield db
+
+
+def test_a_stored_message_waits_in_the_inbox_until_a_turn_answers_it(db):
+    first = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    assert [(m["message_id"], m["text"], m["chat_id"]) for m in db.unanswered_messages()] == [(first.id, "hello", "42")]
+    db.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[first.id],
+                   delivery={"id": "d1", "platform": "telegram", "chat_id": "42", "reply_to": "7", "text": "hi"})
+    assert db.unanswered_messages() == []
+    [pending] = db.pending_deliveries()
+    assert (pending["id"], pending["text"], pending["sent_ids"], pending["status"]) == ("d1", "hi", [], "pending")
+
+
+def test_a_redelivered_event_is_not_put_in_the_inbox_again(db):
+    first = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    db.settle_inbox([first.id])
+    again = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    assert not again.new
+    assert db.unanswered_messages() == []
+
+
+def test_a_message_that_arrived_during_a_turn_stays_unanswered_after_it(db):
+    first = db.append_inbound("s1", "one", platform_message_id="7", inbox=WHERE)
+    second = db.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8"})
+    db.record_turn("s1", [{"role": "assistant", "content": "answer to one"}], answered=[first.id])
+    assert [m["message_id"] for m in db.unanswered_messages()] == [second.id]
+
+
+def test_a_confirmed_delivery_is_no_longer_pending(db):
+    db.settle_inbox([], {"id": "d2", "platform": "telegram", "chat_id": "42", "text": "line", "kind": "notice"},
+                    session_id="s1")
+    assert db.update_delivery("d2", sent_ids=["100"], status="sent")
+    assert db.pending_deliveries() == []
+    assert db.get_delivery("d2")["sent_ids"] == ["100"]
+    assert db.recovery_counts() == {"unanswered": 0, "deliveries_pending": 0, "dead_letters": 0}
+
+
+def test_deleting_a_session_takes_its_inbox_and_deliveries_along(db):
+    first = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    db.settle_inbox([], {"id": "d3", "platform": "telegram", "chat_id": "42", "text": "x"}, session_id="s1")
+    assert first.new
+    db.delete_session("s1")
+    assert db.recovery_counts()["unanswered"] == 0
+    assert db.pending_deliveries() == []
