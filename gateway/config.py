@@ -252,10 +252,22 @@ class ResetConfig(_Model):
     by_type: ResetByType = ResetByType()
 
 
+def _duration_seconds(value: Any) -> Any:
+    """``1h``, ``30m``, ``2d`` (as cron's schedules take them) or a number of seconds."""
+    if isinstance(value, str):
+        from gateway.cron_schedule import parse_duration  # lazy: the scheduler library loads only when needed
+
+        return parse_duration(value.strip())
+    return value
+
+
 class SessionsConfig(_Model):
     group_sessions_per_user: bool = True
     thread_sessions_per_user: bool = False
     reset: ResetConfig = ResetConfig()
+    # After a restart, unanswered messages newer than this are answered; older ones get one line
+    # saying so instead (an answer to an hour-old question is rarely what the user wants).
+    resume_within: Annotated[float, BeforeValidator(_duration_seconds), Field(gt=0)] = 3600.0
 
     def reset_policy_for(self, platform: str, chat_type: str) -> ResetPolicy:
         """The effective reset policy for one chat.

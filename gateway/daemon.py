@@ -45,11 +45,14 @@ from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
-from gateway.types import Adapter, AdapterHealth, InboundMessage
+from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
 
 log = logging.getLogger(__name__)
 
 LOCAL_SOURCES = ("api", "cli")
+# A reply due while its platform is still connecting (resumed at start, or during a reload's
+# restart of that adapter) waits this long for it before the adapter is asked anyway.
+SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
 
 
 def auth_settings(config: Config) -> AuthSettings:
@@ -98,6 +101,7 @@ class Gateway:
         self.adapters: dict[str, Adapter] = {}
         self.platforms_off: dict[str, str] = {}
         self._supervisors: dict[str, asyncio.Task] = {}
+        self._connected: dict[str, asyncio.Event] = {}  # set once a platform's adapter has started
         self._start_errors: dict[str, str] = {}
         self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
         self.router: SessionRouter | None = None
@@ -123,7 +127,7 @@ class Gateway:
             RouterSettings(
                 keys=KeyPolicy(cfg.agent, cfg.sessions.group_sessions_per_user, cfg.sessions.thread_sessions_per_user),
                 timezone=cfg.timezone, model_name=cfg.model.name,
-                reset_policy_for=cfg.sessions.reset_policy_for,
+                reset_policy_for=cfg.sessions.reset_policy_for, resume_within=cfg.sessions.resume_within,
             ),
             authorizer=Authorizer(auth_settings(cfg), self.db, clock=self.clock),
             commands=self.commands, metrics=self.metrics, clock=self.clock,
@@ -133,7 +137,15 @@ class Gateway:
         await self._wire_facts(turn)
         if self.serve_api:
             await self.api.start()
+        # What a stop left undone is read before any platform runs, and queued (synchronously, right
+        # after the platforms' outputs are registered) before any of their new messages is taken.
+        undone = await self._undone_work()
         self._start_platforms()
+        if undone is not None:
+            counts = self.router.recover(*undone)
+            if any(counts.values()):
+                log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
+                         "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
         # cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
         self.cron = CronService(self)
@@ -187,6 +199,13 @@ class Gateway:
             self.commands.compressor = turn.prompt_hook
         await self.facts.start(sweep=self.serve_api)
 
+    async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
+        """Replies stored but not confirmed sent, and messages no turn answered; None where this
+        process serves no platform (``switchboard chat``, ``cron run``: the daemon resumes them)."""
+        if not self.serve_api:
+            return None
+        return await self.db.pending_deliveries(), await self.db.unanswered_messages()
+
     def _start_platforms(self) -> None:
         cfg = self.config
         if self._given_adapters is not None:
@@ -208,11 +227,19 @@ class Gateway:
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         self.adapters[name] = adapter
         self.platforms_off.pop(name, None)
-        self.router.register_output(
-            name,
-            lambda chat, text, reply_to, a=adapter: a.send(chat, text, reply_to=reply_to),
-            adapter.send_typing,
-        )
+        connected = self._connected[name] = asyncio.Event()
+
+        async def send(chat: ChatRef, text: str, reply_to: str | None, progress: SendProgress | None) -> Delivery:
+            if not connected.is_set():  # a reply resumed at start, or sent while the adapter restarts
+                try:
+                    await asyncio.wait_for(connected.wait(), SEND_WAITS_FOR_CONNECTION_SECONDS)
+                except asyncio.TimeoutError:
+                    pass  # the adapter says why it cannot send; a resumed reply stays pending
+            if progress is None:
+                return await adapter.send(chat, text, reply_to=reply_to)
+            return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
+
+        self.router.register_output(name, send, adapter.send_typing)
         self._supervisors[name] = asyncio.create_task(self._supervise(name, adapter), name=f"adapter:{name}")
 
     async def restart_platform(self, name: str) -> None:
@@ -244,6 +271,7 @@ class Gateway:
         while True:
             try:
                 await adapter.start(self.on_inbound)
+                self._connected[name].set()
                 self._start_errors.pop(name, None)
                 log.info("platform %s connected", name)
                 return  # from here the adapter keeps its own connection alive

@@ -19,8 +19,10 @@ next turn.  Many lanes run at once; the model client bounds concurrent calls.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -30,12 +32,12 @@ import state
 from gateway.errors import ModelUnavailable
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
-from gateway.turn import AgentTurn, TurnRequest, TurnResult
-from gateway.types import ChatRef, Delivery, InboundMessage
+from gateway.turn import EMPTY_ANSWER, AgentTurn, TurnRequest, TurnResult
+from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 
 log = logging.getLogger(__name__)
 
-Sender = Callable[[ChatRef, str, str | None], Awaitable[Delivery]]
+Sender = Callable[[ChatRef, str, str | None, SendProgress | None], Awaitable[Delivery]]
 Typing = Callable[[ChatRef], Awaitable[None]]
 
 TYPING_EVERY_SECONDS = 4.0
@@ -55,6 +57,7 @@ class RouterSettings:
     timezone: str = "UTC"
     model_name: str = "model"
     reset_policy_for: Callable[[str, str], ResetPolicy] = lambda platform, chat_type: ResetPolicy()
+    resume_within: float = 3600.0  # after a restart, older unanswered messages get a line, not an answer
 
 
 @dataclass(eq=False)
@@ -66,6 +69,8 @@ class Ticket:
     session_id: str
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     notices: list[str] = field(default_factory=list)  # one-line notes sent before the reply
+    stored_id: int | None = None  # the message's row in the store
+    inboxed: bool = False  # it waits in the store's inbox until its answer is stored
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -160,6 +165,10 @@ class SessionRouter:
         key = self.key_for(msg)
         lane = self.lane(key)
         command = self.commands.parse(msg.text) if msg.is_command else None
+        # A platform message waits in the store's inbox until its answer is stored, so a restart
+        # answers what a crash left unanswered; request/response sources (API, CLI) have no chat to
+        # answer later in.
+        inbox = _inbox_entry(key, msg) if msg.platform in self._senders else None
         async with lane.lock:
             appended = None
             if command is not None:
@@ -168,7 +177,8 @@ class SessionRouter:
                 # the common case in one store call: the routed session is open and fresh, so the
                 # message is stored in it at once; otherwise nothing was written and the policy decides
                 session, appended = await self.db.append_inbound_to_route(
-                    key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane))
+                    key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
+                    inbox=inbox)
                 if appended is not None:
                     session_id, notice = session["id"], None
                 else:
@@ -195,11 +205,12 @@ class SessionRouter:
             else:
                 if appended is None:
                     appended = await self.db.append_inbound(
-                        session_id, _stored_text(msg), platform_message_id=msg.message_id,
+                        session_id, _stored_text(msg), platform_message_id=msg.message_id, inbox=inbox,
                     )
                 if not appended.new:
                     log.info("duplicate event %s for %s ignored", msg.message_id, key)
                     return None
+                ticket.stored_id, ticket.inboxed = appended.id, inbox is not None
                 lane.queue.append(("chat", ticket, None))
             if not lane.busy:
                 lane.worker = asyncio.create_task(self._drain(lane), name=f"lane:{key}")
@@ -290,6 +301,10 @@ class SessionRouter:
                     history = await self.db.get_messages_as_conversation(batch[-1].session_id)
             if kind == "command":
                 await self._run_command(ticket, command, lane, track=True)
+            elif kind == "send":  # a reply stored before a restart, not yet confirmed sent
+                await self._send_recorded(ticket)
+            elif kind == "expired":  # messages a restart found unanswered, too old to answer blindly
+                await self._answer_expired(ticket)
             else:
                 await self._run_turn(lane, batch, history)
 
@@ -316,26 +331,30 @@ class SessionRouter:
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
+        answered = tuple(t.stored_id for t in batch if t.inboxed and t.stored_id is not None)
+        plan = self._delivery_plan(msg) if answered else None
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
-            attachments=tuple(a for t in batch for a in t.msg.attachments),
+            attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
         )
         typing = asyncio.create_task(self._keep_typing(msg.chat))
         turn = asyncio.create_task(self.turn.run(req, history=history))
         lane.current = turn
+        recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
         try:
             result: TurnResult = await turn
+            recorded = True
             lane.last_prompt_tokens = result.prompt_tokens
             for notice in result.notices:
                 last.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
-            text = result.reply or "(The model returned an empty answer.)"
+            text = result.reply or EMPTY_ANSWER
         except asyncio.CancelledError:
             if turn.cancelled() and not _current_cancelling():
                 text = "Stopped. Your message is saved; send another to continue."
             else:
                 turn.cancel()
-                for t in batch:  # shutdown ran out of grace: the messages stay stored, unanswered
+                for t in batch:  # shutdown ran out of grace: the messages stay stored, and in the inbox
                     t.resolve("The gateway is restarting; your message is saved. Send another message once it is back.")
                 raise
         except ModelUnavailable as exc:
@@ -352,7 +371,54 @@ class SessionRouter:
             self.metrics.turn_seconds.labels(msg.platform).observe(time.monotonic() - started)
         for t in batch:
             t.resolve(text)
-        await self.deliver(msg.chat, text, msg.message_id)
+        if plan is None:
+            await self.deliver(msg.chat, text, msg.message_id)
+            return
+        if not recorded:
+            # the line that stands in for an answer settles the messages, so a restart does not retry them
+            plan = {**plan, "text": text, "kind": "notice"}
+            if not await self._settle(answered, plan, last.session_id):
+                await self.deliver(msg.chat, text, msg.message_id)
+                return
+        await self._send_recorded({**plan, "text": text, "sent_ids": []})
+
+    async def _settle(self, answered: tuple[int, ...], delivery: dict | None, session_id: str | None) -> bool:
+        """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store failed."""
+        try:
+            await self.db.settle_inbox(answered, delivery, session_id=session_id)
+            return True
+        except state.StateError as exc:
+            log.error("could not record the answer to %d message(s) in %s: %s; a restart may answer them again",
+                      len(answered), session_id, exc)
+            return False
+
+    def _delivery_plan(self, msg: InboundMessage) -> dict:
+        """Where the reply to ``msg`` goes, as the delivery record keeps it (the text is added once known)."""
+        return {"id": uuid.uuid4().hex, "platform": msg.platform, "chat_id": msg.chat_id,
+                "thread_id": msg.thread_id, "reply_to": msg.message_id}
+
+    async def _send_recorded(self, record: dict) -> Delivery:
+        """Send a reply held in the delivery record, from its first unconfirmed part, noting each part
+        the platform confirms; the record ends ``sent``, ``failed`` or (adapter not running) ``pending``."""
+        delivery_id = record["id"]
+        finished = False
+
+        async def note(sent_ids: list[str], last: bool) -> None:
+            nonlocal finished
+            await self.db.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending")
+            finished = last
+
+        chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
+        progress = SendProgress(record.get("sent_ids") or (), note)
+        delivery = await self.deliver(chat, record["text"], record.get("reply_to"), progress=progress)
+        if not finished:
+            status = "sent" if delivery.ok else ("pending" if delivery.retry_later else "failed")
+            try:
+                await self.db.update_delivery(delivery_id, sent_ids=list(progress.sent_ids), status=status,
+                                              error=delivery.error)
+            except state.StateError as exc:
+                log.error("could not record the delivery of %s: %s", delivery_id, exc)
+        return delivery
 
     async def _keep_typing(self, chat: ChatRef) -> None:
         typer = self._typers.get(chat.platform)
@@ -366,12 +432,13 @@ class SessionRouter:
                 log.debug("typing indicator failed for %s", chat.platform, exc_info=True)
             await asyncio.sleep(TYPING_EVERY_SECONDS)
 
-    async def deliver(self, chat: ChatRef, text: str, reply_to: str | None) -> Delivery:
+    async def deliver(self, chat: ChatRef, text: str, reply_to: str | None, *,
+                      progress: SendProgress | None = None) -> Delivery:
         send = self._senders.get(chat.platform)
         if send is None:
             return Delivery(ok=True)  # request/response sources (local API, CLI) read the ticket instead
         try:
-            delivery = await send(chat, text, reply_to)
+            delivery = await send(chat, text, reply_to, progress)
         except Exception as exc:  # noqa: BLE001 - adapters should not raise; record it if one does
             delivery = Delivery(ok=False, error=str(exc))
         if self.metrics:
@@ -379,6 +446,66 @@ class SessionRouter:
         if not delivery.ok:
             log.error("reply to %s:%s not delivered: %s", chat.platform, chat.chat_id, delivery.error)
         return delivery
+
+    # -- after a restart -------------------------------------------------------
+    def recover(self, pending: list[dict], unanswered: list[dict]) -> dict[str, int]:
+        """Queue what a stop left undone, before any new message is taken: replies stored but not
+        confirmed sent (sent again without a model call), then the messages no turn answered (one
+        turn per session, as a batch; older than ``resume_within``: one line instead of an answer).
+
+        Only for platforms whose output is registered; the rest wait for a start that runs them.
+        New messages for the same session queue behind.  Returns counts for the log."""
+        counts = {"replies": 0, "sessions": 0, "expired": 0}
+        for record in pending:
+            if record["platform"] not in self._senders:
+                continue
+            key = record.get("session_key") or f"delivery:{record['id']}"
+            self.lane(key).queue.append(("send", record, None))
+            counts["replies"] += 1
+            self._wake(key)
+        by_key: dict[str, list[Ticket]] = {}
+        for row in unanswered:
+            if row["platform"] not in self._senders:
+                continue
+            by_key.setdefault(row["session_key"], []).append(_resumed_ticket(row))
+        cutoff = self.clock() - self.settings.resume_within
+        for key, tickets in by_key.items():
+            lane = self.lane(key)
+            if tickets[-1].msg.received_at < cutoff:
+                lane.queue.append(("expired", tickets, None))
+                counts["expired"] += 1
+            else:
+                lane.queue.extend(("chat", ticket, None) for ticket in tickets)
+                counts["sessions"] += 1
+            self._wake(key)
+        return counts
+
+    def _wake(self, key: str) -> None:
+        lane = self.lane(key)
+        if not lane.busy:
+            lane.worker = asyncio.create_task(self._drain(lane), name=f"lane:{key}")
+
+    async def _answer_expired(self, tickets: list[Ticket]) -> None:
+        """One line for messages a restart found unanswered and too old to answer blindly."""
+        first, last = tickets[0].msg, tickets[-1].msg
+        when = self._local_time(first.received_at)
+        if len(tickets) == 1:
+            what = f"your message from {when}"
+        else:
+            what = f"your {len(tickets)} messages from {when} to {self._local_time(last.received_at)}"
+        text = f"I restarted and did not answer {what}. Send it again if it still matters."
+        answered = tuple(t.stored_id for t in tickets if t.stored_id is not None)
+        record = {**self._delivery_plan(last), "text": text, "kind": "notice"}
+        for t in tickets:
+            t.resolve(text)
+        if await self._settle(answered, record, tickets[-1].session_id):
+            await self._send_recorded({**record, "sent_ids": []})
+
+    def _local_time(self, ts: float) -> str:
+        """``14:02`` today, ``Mon 21 Nov 14:02`` on another day, in the gateway's time zone."""
+        at = dt.datetime.fromtimestamp(ts, self._tz)
+        today = dt.datetime.fromtimestamp(self.clock(), self._tz).date()
+        return f"{at:%H:%M}" if at.date() == today else f"{at:%a %d %b %H:%M}"
 
     # -- control --------------------------------------------------------------
     def stop_turn(self, key: str) -> bool:
@@ -416,6 +543,23 @@ def _always(session: dict) -> bool:
 
 def _last_active(session: dict) -> float:
     return session.get("last_active") or session.get("started_at") or 0
+
+
+def _inbox_entry(key: str, msg: InboundMessage) -> dict:
+    """What a restart needs to answer ``msg`` in the right place (see ``state._recovery``)."""
+    return {"session_key": key, "platform": msg.platform, "chat_id": msg.chat_id, "thread_id": msg.thread_id,
+            "chat_type": msg.chat_type.value, "user_id": msg.user_id, "user_name": msg.user_name,
+            "platform_message_id": msg.message_id, "received_at": msg.received_at}
+
+
+def _resumed_ticket(row: dict) -> Ticket:
+    """A ticket for a stored message that a stop left unanswered, as if it had just arrived."""
+    msg = InboundMessage(
+        platform=row["platform"], chat_type=ChatType(row["chat_type"]), chat_id=row["chat_id"],
+        user_id=row["user_id"], text=row["text"] or "", message_id=row["platform_message_id"],
+        thread_id=row["thread_id"], user_name=row["user_name"], received_at=row["received_at"],
+    )
+    return Ticket(msg, row["session_key"], row["session_id"], stored_id=row["message_id"], inboxed=True)
 
 
 def _stored_text(msg: InboundMessage) -> str:

@@ -23,6 +23,8 @@ from gateway.types import Attachment
 
 log = logging.getLogger(__name__)
 
+EMPTY_ANSWER = "(The model returned an empty answer.)"  # what the user is sent when the reply is empty
+
 DEFAULT_PERSONA = (
     "You are a helpful, concise assistant reachable through a chat gateway. "
     "Answer in the user's language. Use Markdown sparingly; it is converted for the chat platform."
@@ -51,6 +53,11 @@ class TurnRequest:
     system_notes: tuple[str, ...] = ()  # one-off notes for this prompt (e.g. "continues after a reset")
     tool_names: set[str] | None = None  # None: every registered tool
     model: str | None = None
+    # Crash safety: the stored user messages this turn answers (their inbox rows go with the reply),
+    # and where the reply will be sent (id, platform, chat_id, thread_id, reply_to), recorded as a
+    # pending delivery in the same transaction as the reply.  Empty/None for cron and local callers.
+    answered: tuple[int, ...] = ()
+    delivery: dict | None = None
 
 
 @dataclass(slots=True)
@@ -151,7 +158,9 @@ class AgentTurn:
         to_store = [_for_store(m) for m in produced]
         to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
                          "token_count": completion.completion_tokens})
-        await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens)
+        delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
+        await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
+                                  answered=req.answered, delivery=delivery)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
 
 

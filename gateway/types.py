@@ -84,11 +84,46 @@ class InboundMessage:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """What happened to one outbound reply: ``ok`` only when the platform accepted every part."""
+    """What happened to one outbound reply: ``ok`` only when the platform accepted every part.
+
+    ``retry_later`` marks a failure that says nothing about the reply (the adapter was not
+    running): the delivery record keeps it pending for the next start instead of failing it."""
 
     ok: bool
     message_ids: tuple[str, ...] = ()
     error: str | None = None
+    retry_later: bool = False
+
+
+PartConfirmed = Callable[[list[str], bool], Awaitable[None]]
+"""Told ``(ids of the parts confirmed so far, whether that was the last part)``."""
+
+
+class SendProgress:
+    """How far one reply got: the platform ids of the parts already confirmed, in order.
+
+    An adapter's ``send`` given a progress skips the parts it already holds (a reply
+    resent after a restart goes on from the first unconfirmed part) and awaits
+    :meth:`confirmed` after each part the platform accepts, so the delivery record
+    can note it before the next part goes out.  Splitting a text is deterministic,
+    which is what makes "part N" mean the same thing after a restart.
+    """
+
+    __slots__ = ("sent_ids", "_on_part")
+
+    def __init__(self, sent_ids: list[str] | tuple[str, ...] = (), on_part: PartConfirmed | None = None):
+        self.sent_ids: list[str] = list(sent_ids)
+        self._on_part = on_part
+
+    @property
+    def skip(self) -> int:
+        """How many leading parts are already delivered."""
+        return len(self.sent_ids)
+
+    async def confirmed(self, message_id: str, *, last: bool) -> None:
+        self.sent_ids.append(str(message_id))
+        if self._on_part is not None:
+            await self._on_part(list(self.sent_ids), last)
 
 
 @dataclass(slots=True)
@@ -129,8 +164,10 @@ class Adapter(Protocol):
     async def start(self, handler: InboundHandler) -> None:
         """Connect and begin delivering events to ``handler``; returns once connected."""
 
-    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
-        """Send a reply (Markdown), split and formatted for the platform."""
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None,
+                   progress: SendProgress | None = None) -> Delivery:
+        """Send a reply (Markdown), split and formatted for the platform; with ``progress``,
+        skip the parts it holds and report each part the platform confirms (see SendProgress)."""
 
     async def send_typing(self, chat: ChatRef) -> None:
         """Show a typing indicator (best effort)."""

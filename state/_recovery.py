@@ -159,7 +159,9 @@ def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: lis
 
 def pending_deliveries(conn: sqlite3.Connection) -> list[dict]:
     """Replies stored but not confirmed sent, oldest first (``sent_ids`` decoded)."""
-    rows = conn.execute("SELECT * FROM deliveries WHERE status = 'pending' ORDER BY created_at, id")
+    rows = conn.execute(
+        "SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
+        "WHERE d.status = 'pending' ORDER BY d.created_at, d.id")
     return [_decode_delivery(r) for r in rows]
 
 

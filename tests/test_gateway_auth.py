@@ -26,8 +26,10 @@ class StandInPlatform:
     async def start(self, handler):
         self.handler = handler
 
-    async def send(self, chat, text, *, reply_to=None):
+    async def send(self, chat, text, *, reply_to=None, progress=None):
         self.sent.append((chat, text))
+        if progress is not None:
+            await progress.confirmed(str(len(self.sent)), last=True)
         return Delivery(ok=True, message_ids=(str(len(self.sent)),))
 
     async def send_typing(self, chat):

@@ -40,7 +40,7 @@ from discord import app_commands
 
 from gateway.errors import AdapterError
 from gateway.retry import Backoff, retry_async
-from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundHandler, InboundMessage
+from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundHandler, InboundMessage, SendProgress
 
 from . import attachments as _attachments
 from . import events, redact
@@ -462,9 +462,10 @@ class DiscordAdapter:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None,
+                   progress: SendProgress | None = None) -> Delivery:
         """Send a Markdown reply, split at 2,000 characters; never raises (see :mod:`.outbound`)."""
-        return await self._outbound.send(chat, text, reply_to=reply_to)
+        return await self._outbound.send(chat, text, reply_to=reply_to, progress=progress)
 
     async def send_typing(self, chat: ChatRef) -> None:
         await self._outbound.send_typing(chat)

@@ -31,7 +31,7 @@ from gateway.errors import AdapterError
 from gateway.formatting import split_message
 from gateway.ratelimit import RateLimiter, limiter_for
 from gateway.retry import Backoff, retry_async
-from gateway.types import ChatRef, Delivery
+from gateway.types import ChatRef, Delivery, SendProgress
 
 from .format import to_discord, to_plain
 from .redact import describe
@@ -115,18 +115,20 @@ class Outbound:
         for key in [k for k, p in self._interactions.items() if now - p.created > INTERACTION_TTL]:
             del self._interactions[key]
 
-    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None,
+                   progress: SendProgress | None = None) -> Delivery:
+        progress = progress if progress is not None else SendProgress()
         try:
-            return await self._send(chat, text, reply_to)
+            return await self._send(chat, text, reply_to, progress)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the contract: report, never raise
             log.warning("discord: send to %s failed: %s", chat.chat_id, describe(exc))
-            return Delivery(ok=False, error=describe(exc))
+            return Delivery(ok=False, message_ids=tuple(progress.sent_ids), error=describe(exc))
 
-    async def _send(self, chat: ChatRef, text: str, reply_to: str | None) -> Delivery:
+    async def _send(self, chat: ChatRef, text: str, reply_to: str | None, progress: SendProgress) -> Delivery:
         if self._client() is None:
-            return Delivery(ok=False, error="the Discord adapter is not connected")
+            return Delivery(ok=False, error="the Discord adapter is not connected", retry_later=True)
         parts = split_message(to_discord(text), MESSAGE_LIMIT) if text.strip() else []
         if not parts:
             return Delivery(ok=False, error="nothing to send: the reply is empty")
@@ -137,8 +139,9 @@ class Outbound:
         if follow_up is None and reply_to and reply_to.isdigit() and chat.chat_id not in self._dm_channels:
             reference = discord.MessageReference(message_id=int(reply_to), channel_id=channel_id,
                                                  fail_if_not_exists=False)
-        ids: list[str] = []
         for index, part in enumerate(parts):
+            if index < progress.skip:
+                continue  # confirmed before a restart
             ref = reference if index == 0 else None
             try:
                 msg_id = await self._send_part(channel_id, follow_up, part, ref)
@@ -147,8 +150,8 @@ class Outbound:
                     raise
                 log.info("discord refused a formatted part (%s); resending it as plain text", describe(exc))
                 msg_id = await self._send_part(channel_id, follow_up, to_plain(part), ref)
-            ids.append(msg_id)
-        return Delivery(ok=True, message_ids=tuple(ids))
+            await progress.confirmed(msg_id, last=index == len(parts) - 1)
+        return Delivery(ok=True, message_ids=tuple(progress.sent_ids))
 
     async def _send_part(self, channel_id: int, follow_up: str | None, content: str,
                          reference: discord.MessageReference | None) -> str:

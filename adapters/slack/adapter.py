@@ -66,7 +66,7 @@ from gateway.errors import AdapterError
 from gateway.formatting import split_message
 from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff
-from gateway.types import AdapterHealth, ChatRef, Delivery, InboundHandler
+from gateway.types import AdapterHealth, ChatRef, Delivery, InboundHandler, SendProgress
 
 from .connection import HttpEndpoint, Pulse, SocketConnection
 from .inbound import Inbound, InboundSettings, Lru
@@ -319,27 +319,32 @@ class SlackAdapter:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None,
+                   progress: SendProgress | None = None) -> Delivery:
         """Post a Markdown reply as mrkdwn, in ``chat.thread_id`` when set; never raises."""
         sender, inbound = self._sender, self._inbound
         if sender is None or inbound is None or not self._started:
-            return Delivery(ok=False, error="slack adapter is not running")
+            return Delivery(ok=False, error="slack adapter is not running", retry_later=True)
         parts = split_message(to_mrkdwn(text), TEXT_LIMIT)
         if not parts:
             return Delivery(ok=False, error="empty reply: nothing to send")
         route = inbound.routes.get(reply_to) if reply_to else None
-        sent: list[str] = []
+        progress = progress if progress is not None else SendProgress()
+        sent = progress.sent_ids
         try:
-            for part in parts:
+            for index, part in enumerate(parts):
+                if index < progress.skip:
+                    continue  # confirmed before a restart
+                last = index == len(parts) - 1
                 if route is not None and route.usable():
                     try:
                         await sender.respond(route, part)
-                        sent.append(f"response_url:{len(sent)}")  # Slack returns no ts for these
+                        await progress.confirmed(f"response_url:{index}", last=last)  # Slack returns no ts
                         continue
                     except PartFailed as exc:
                         log.warning("slack: %s; falling back to chat.postMessage", exc)
                         route = None
-                sent.append(await sender.post(chat.chat_id, part, thread_ts=chat.thread_id))
+                await progress.confirmed(await sender.post(chat.chat_id, part, thread_ts=chat.thread_id), last=last)
         except PartFailed as exc:
             self._health.last_error = str(exc)
             log.warning("slack: reply to %s not delivered after %d of %d parts: %s", chat.chat_id, len(sent), len(parts), exc)

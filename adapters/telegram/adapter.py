@@ -36,7 +36,7 @@ from gateway.errors import AdapterError
 from gateway.formatting import split_message, utf16_len
 from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff, retry_async
-from gateway.types import AdapterHealth, Attachment, ChatRef, Delivery, InboundHandler, InboundMessage
+from gateway.types import AdapterHealth, Attachment, ChatRef, Delivery, InboundHandler, InboundMessage, SendProgress
 
 from .events import PLATFORM, Addressing, normalize
 from .format import is_parse_error, markdown_to_html
@@ -340,22 +340,25 @@ class TelegramAdapter:
 
     # -- outbound ------------------------------------------------------------------------
 
-    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None,
+                   progress: SendProgress | None = None) -> Delivery:
         if self._bot is None:
-            return Delivery(ok=False, error="telegram adapter is not running")
+            return Delivery(ok=False, error="telegram adapter is not running", retry_later=True)
         parts = split_message(text, MESSAGE_LIMIT, length=utf16_len)
         if not parts:
             return Delivery(ok=False, error="nothing to send: the reply is empty")
-        ids: list[str] = []
+        progress = progress if progress is not None else SendProgress()
         for index, part in enumerate(parts):
+            if index < progress.skip:
+                continue  # confirmed before a restart
             try:
                 sent = await self._send_part(chat, part, reply_to if index == 0 else None)
             except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
                 error = f"part {index + 1}/{len(parts)} not delivered: {describe(exc)}"
                 log.warning("telegram send to chat %s failed: %s", chat.chat_id, error)
-                return Delivery(ok=False, message_ids=tuple(ids), error=error)
-            ids.append(str(sent.message_id))
-        return Delivery(ok=True, message_ids=tuple(ids))
+                return Delivery(ok=False, message_ids=tuple(progress.sent_ids), error=error)
+            await progress.confirmed(str(sent.message_id), last=index == len(parts) - 1)
+        return Delivery(ok=True, message_ids=tuple(progress.sent_ids))
 
     async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None) -> Message:
         limiter = limiter_for(PLATFORM, self._token, rate=self._rate[0], burst=self._rate[1])
