@@ -41,6 +41,7 @@ from gateway.keys import KeyPolicy
 from gateway.metrics import Metrics
 from gateway.model import ModelClient, ModelSettings
 from gateway.notify import Notifier
+from gateway.oversize import max_message_tokens
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
 from gateway.tools import ToolRegistry
@@ -147,6 +148,7 @@ class Gateway:
         if warning:
             log.warning("%s", warning)
         self.router.context_length = context_length
+        turn.max_message_tokens = max_message_tokens(context_length, cfg.model.max_message_share)
         self.compressor = Compressor(
             self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,
             summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
