@@ -125,13 +125,28 @@ async def cmd_help(ctx: CommandContext) -> str:
 
 
 async def cmd_new(ctx: CommandContext) -> str:
+    try:  # /new <title>: a title that cannot be used is refused before anything changes
+        title = ctx.db.sanitize_title(ctx.command.args)
+    except state.InvalidTitle as exc:
+        return f"No new session started: the title is not valid ({exc})."
+    holder = await ctx.db.get_session_by_title(title) if title else None
+    if holder is not None:
+        return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
     await ctx.db.end_session(old, "new_session")
     ctx.router.session_ended(old, ctx.lane.key)  # memory (issue 8): keep what matters, in the background
     new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
     ctx.ticket.session_id = new_id
     ctx.lane.last_prompt_tokens = None
-    return f"Started a new session. The previous one ({old}) is saved: /resume {old} to go back."
+    named = ""
+    if title:
+        try:
+            await ctx.db.set_session_title(new_id, title)
+            named = f' "{title}"'
+        except state.TitleConflict as exc:  # taken in the meantime: the session starts untitled
+            return (f"Started a new session, untitled: {await _title_taken(ctx, exc.title, exc.holder_session_id)} "
+                    f"The previous one ({old}) is saved: /resume {old} to go back.")
+    return f"Started a new session{named}. The previous one ({old}) is saved: /resume {old} to go back."
 
 
 async def _title_taken(ctx: CommandContext, title: str, holder_id: str) -> str:
@@ -276,8 +291,8 @@ async def cmd_compress(ctx: CommandContext) -> str:
 def default_commands() -> CommandSet:
     commands = CommandSet()
     commands.add("help", "Show the commands", "/help", cmd_help, runs_now=True)
-    commands.add("new", "Start a fresh session (the old one is kept)", "/new", cmd_new)
-    commands.add("reset", "Same as /new", "/reset", cmd_new)
+    commands.add("new", "Start a fresh session (the old one is kept), titled if a name is given", "/new [title]", cmd_new)
+    commands.add("reset", "Same as /new", "/reset [title]", cmd_new)
     commands.add("title", "Show or set this session's title", "/title [name]", cmd_title, runs_now=True)
     commands.add("status", "Session id, title, messages, tokens, context used", "/status", cmd_status, runs_now=True)
     commands.add("resume", "Switch to one of your older sessions", "/resume [title|id]", cmd_resume)

@@ -204,7 +204,11 @@ class Gateway:
 
     async def on_inbound(self, msg: InboundMessage) -> bool:
         """The adapters' handler: returns once the message is persisted (or dropped on purpose);
-        False when the gateway dropped it and nothing will be sent for it."""
+        False when the gateway dropped it and nothing will be sent for it.  A message of only
+        whitespace, with no attachment, is dropped unanswered and not stored."""
+        if not msg.text.strip() and not msg.attachments:
+            log.debug("ignoring a blank message %s from %s", msg.message_id, msg.platform)
+            return False
         return await self.router.handle(msg) is not None or self.router.answered_stranger(msg)
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
