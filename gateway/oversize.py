@@ -44,7 +44,7 @@ def shorten_oversized(history: list[dict], max_tokens: int | None) -> Shortened:
     first_new = _first_unanswered(history)
     for i, message in enumerate(history):
         content = message.get("content")
-        if not isinstance(content, str):
+        if not isinstance(content, str) or len(content) <= max_tokens:  # never more tokens than characters
             continue
         tokens = estimate_text_tokens(content)
         if tokens <= max_tokens:

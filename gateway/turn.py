@@ -86,7 +86,7 @@ class AgentTurn:
         # facts (issue 9): given (request, the user's message text), a block appended to that message for this
         # turn's model calls only (never stored); None: nothing
         self.prefetch: Callable[[TurnRequest, str], Awaitable[str | None]] | None = None
-        # the most one message may take of the context window (sessions.max_message_share); None: no limit
+        # the most one message may take of the context window (model.max_message_share); None: no limit
         self.max_message_tokens: int | None = None
         self._clock = clock
 
