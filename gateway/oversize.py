@@ -31,7 +31,7 @@ class Shortened:
 
 
 def max_message_tokens(context_length: int, share: float) -> int:
-    """The most one message may take of the window (``sessions.max_message_share``)."""
+    """The most one message may take of the window (``model.max_message_share``)."""
     return max(1, int(context_length * share))
 
 
