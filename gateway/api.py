@@ -91,6 +91,8 @@ class LocalApi:
                 break
         if not text:
             return _error(400, "no user message with text content in 'messages'")
+        if not text.strip():
+            return _error(400, "the last user message is only whitespace: send some text")
         key = request.headers.get("X-Session-Key") or body.get("user")
         if not key or not isinstance(key, str) or len(key) > 256:
             return _error(400, "choose a session with the X-Session-Key header or the 'user' field (at most 256 characters)")

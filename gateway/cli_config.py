@@ -62,9 +62,14 @@ def check(ctx: click.Context, config_path: Path | None) -> None:
     from gateway.cron import config_jobs  # cron jobs are checked by their own module, like the daemon does
 
     try:
-        config_jobs(cfg, now=time.time())
+        jobs = config_jobs(cfg, now=time.time())
     except ConfigError as exc:
         raise ConfigFailure(str(exc)) from None
+    from gateway.cron import target_problem
+
+    for i, (spec, _schedule) in enumerate(jobs):  # valid, but its answers could never be delivered
+        if (problem := target_problem(cfg, spec.deliver)) is not None:
+            click.echo(f"warning: {cfg.source}: cron.jobs.{i}.deliver: {problem}", err=True)
     click.echo(f"{cfg.source}: ok")
     for name, state in cfg.enabled_platforms().items():
         click.echo(f"  {name}: {state}")

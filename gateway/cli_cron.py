@@ -77,6 +77,8 @@ def _status_line(run: dict, cfg: Config) -> str:
     elif run["delivery"] == "pending":
         detail = (f"attempt {run['delivery_attempts']} failed: {run['delivery_error']}; "
                   f"next try {_when(run['next_delivery_at'], cfg)}")
+    elif run["delivery"] == "failed" and (run["delivery_error"] or "").startswith("not retried: "):
+        detail = f"delivery failed, {run['delivery_error']}"
     elif run["delivery"] == "failed":
         detail = f"gave up after {run['delivery_attempts']} attempts: {run['delivery_error']}"
     elif run["delivery"] == "delivered":
@@ -118,6 +120,7 @@ def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, de
             spec, sched = validate_job({"id": job_id, "name": name, "schedule": schedule, "prompt": prompt,
                                         "deliver": deliver, "model": model, "context": context, "grace": grace},
                                        cfg.tzinfo, now=now)
+            _refuse_unreachable(cfg, spec.deliver)
             job = db.add_cron_job(spec.as_row(), source="cli", now=now, next_run_at=first_run_at(sched, now))
         except InvalidJob as exc:
             _fail(str(exc))
@@ -127,6 +130,15 @@ def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, de
             return
     click.echo(f"Added job {job['id']} ({job['name']}): {sched.describe()}, next run {_when(job['next_run_at'], cfg)} "
                f"({cfg.timezone}); delivers to {job['deliver']}.")
+
+
+def _refuse_unreachable(cfg: Config, deliver: str) -> None:
+    """Exit with one line when ``deliver`` is on a platform that is off: every run would fail to deliver."""
+    from gateway.cron import target_problem
+
+    problem = target_problem(cfg, deliver)
+    if problem is not None:
+        _fail(f"deliver: {problem}")
 
 
 def _free_id(db: state.SessionDB, name: str) -> str:
@@ -214,6 +226,8 @@ def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
         except InvalidJob as exc:
             _fail(str(exc))
             return
+        if "deliver" in given:
+            _refuse_unreachable(cfg, spec.deliver)
         if "schedule" not in given:  # keep the interval's grid and the stored next run
             next_run: Any = "keep"
         else:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+OWN_SESSIONS_SCANNED = 5_000  # /resume looks for a match among this many of the user's newest sessions
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 
 
@@ -124,13 +125,40 @@ async def cmd_help(ctx: CommandContext) -> str:
 
 
 async def cmd_new(ctx: CommandContext) -> str:
+    try:  # /new <title>: a title that cannot be used is refused before anything changes
+        title = ctx.db.sanitize_title(ctx.command.args)
+    except state.InvalidTitle as exc:
+        return f"No new session started: the title is not valid ({exc})."
+    holder = await ctx.db.get_session_by_title(title) if title else None
+    if holder is not None:
+        return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
     await ctx.db.end_session(old, "new_session")
     ctx.router.session_ended(old, ctx.lane.key)  # memory (issue 8): keep what matters, in the background
     new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
     ctx.ticket.session_id = new_id
     ctx.lane.last_prompt_tokens = None
-    return f"Started a new session. The previous one ({old}) is saved: /resume {old} to go back."
+    named = ""
+    if title:
+        try:
+            await ctx.db.set_session_title(new_id, title)
+            named = f' "{title}"'
+        except state.TitleConflict as exc:  # taken in the meantime: the session starts untitled
+            return (f"Started a new session, untitled: {await _title_taken(ctx, exc.title, exc.holder_session_id)} "
+                    f"The previous one ({old}) is saved: /resume {old} to go back.")
+    return f"Started a new session{named}. The previous one ({old}) is saved: /resume {old} to go back."
+
+
+async def _title_taken(ctx: CommandContext, title: str, holder_id: str) -> str:
+    """The line for a title already in use: the holder is named only when it is one of the user's own."""
+    holder = await ctx.db.get_session(holder_id)
+    if holder is not None and _owned_by(holder, ctx.ticket.msg):
+        return f'The title "{title}" is already used by your session {holder_id}. Choose another.'
+    return f'The title "{title}" is already taken. Choose another.'
+
+
+def _owned_by(session: dict, msg) -> bool:
+    return msg.user_id is not None and session.get("user_id") == msg.user_id and session.get("source") == msg.platform
 
 
 async def cmd_title(ctx: CommandContext) -> str:
@@ -140,7 +168,7 @@ async def cmd_title(ctx: CommandContext) -> str:
     try:
         await ctx.db.set_session_title(ctx.session_id, ctx.command.args)
     except state.TitleConflict as exc:
-        return f'The title "{exc.title}" is already used by session {exc.holder_session_id}. Choose another.'
+        return await _title_taken(ctx, exc.title, exc.holder_session_id)
     except state.StateError as exc:
         return f"Title not set: {exc}"
     title = await ctx.db.get_session_title(ctx.session_id)
@@ -171,6 +199,35 @@ async def _own_sessions(ctx: CommandContext, limit: int = 10) -> list[dict]:
     return rows[:limit]
 
 
+async def _find_own(ctx: CommandContext, ref: str) -> tuple[dict | None, list[dict]]:
+    """The one session of the user's that ``ref`` names (exact id, unique id prefix, else a title: the
+    newest of its lineage), or None with the candidates when an id prefix fits several of theirs.
+
+    Only the user's own sessions are looked at, so an answer never tells whether anyone else's
+    session exists (the store's resolver looks at every session)."""
+    msg = ctx.ticket.msg
+    ref = ref.strip()
+    if msg.user_id is None or not ref:
+        return None, []
+    rows = await ctx.db.list_sessions_rich(source=msg.platform, user_ids=[msg.user_id], include_children=True,
+                                           limit=OWN_SESSIONS_SCANNED)
+    for row in rows:
+        if row["id"] == ref:
+            return row, []
+    prefixed = [r for r in rows if r["id"].startswith(ref)]
+    if len(prefixed) > 1:
+        return None, prefixed
+    if prefixed:
+        return prefixed[0], []
+    try:
+        title = ctx.db.sanitize_title(ref)
+    except state.InvalidTitle:
+        return None, []
+    lineage = re.compile(rf"{re.escape(title or '')}(?: #\d+)?")
+    titled = [r for r in rows if r.get("title") and lineage.fullmatch(r["title"])]
+    return (max(titled, key=lambda r: (r.get("started_at") or 0, r["id"])) if titled else None), []
+
+
 async def cmd_sessions(ctx: CommandContext) -> str:
     rows = await _own_sessions(ctx)
     if not rows:
@@ -192,17 +249,17 @@ async def cmd_resume(ctx: CommandContext) -> str:
         now = ctx.router.clock()
         return "\n".join(["Resume one of these with /resume <title or id>:"] +
                          [f"{_label(r)} · {_ago(r.get('last_active'), now)} · {r['id']}" for r in rows])
-    try:
-        target = await ctx.db.resolve_session_id(ctx.command.args)
-    except state.AmbiguousSession as exc:
-        return f"More than one session matches: {', '.join(exc.candidates[:5])}. Give more of the id."
-    except state.StateError:
-        return f'No session matches "{ctx.command.args}". /resume alone lists yours.'
-    target = await ctx.db.get_compression_tip(target) or target
+    ref = ctx.command.args
+    found, candidates = await _find_own(ctx, ref)
+    if candidates:
+        shown = ", ".join(r["id"] for r in candidates[:5])
+        return f'More than one of your sessions matches "{ref}": {shown}. Give more of the id.'
+    if found is None:
+        return f'No session of yours matches "{ref}". /resume alone lists yours.'
+    target = await ctx.db.get_compression_tip(found["id"]) or found["id"]
     session = await ctx.db.get_session(target)
-    msg = ctx.ticket.msg
-    if session is None or session.get("user_id") != msg.user_id or session.get("source") != msg.platform:
-        return f'No session of yours matches "{ctx.command.args}". /resume alone lists yours.'
+    if session is None or not _owned_by(session, ctx.ticket.msg):
+        target, session = found["id"], found
     if target == ctx.session_id:
         return "That is the current session."
     await ctx.db.end_session(ctx.session_id, "switched")
@@ -234,8 +291,8 @@ async def cmd_compress(ctx: CommandContext) -> str:
 def default_commands() -> CommandSet:
     commands = CommandSet()
     commands.add("help", "Show the commands", "/help", cmd_help, runs_now=True)
-    commands.add("new", "Start a fresh session (the old one is kept)", "/new", cmd_new)
-    commands.add("reset", "Same as /new", "/reset", cmd_new)
+    commands.add("new", "Start a fresh session (the old one is kept), titled if a name is given", "/new [title]", cmd_new)
+    commands.add("reset", "Same as /new", "/reset [title]", cmd_new)
     commands.add("title", "Show or set this session's title", "/title [name]", cmd_title, runs_now=True)
     commands.add("status", "Session id, title, messages, tokens, context used", "/status", cmd_status, runs_now=True)
     commands.add("resume", "Switch to one of your older sessions", "/resume [title|id]", cmd_resume)

@@ -180,6 +180,8 @@ class ModelConfig(_Model):
     persona: OptionalText = None
     persona_file: Annotated[Path | None, BeforeValidator(_empty_to_none)] = None
     max_tool_iterations: int = Field(8, ge=1, le=100)
+    # a message estimated above this share of the context window is stored whole but sent cut down
+    max_message_share: float = Field(0.5, ge=0.05, le=1)
 
     @field_validator("persona_file")
     @classmethod

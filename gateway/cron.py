@@ -20,7 +20,11 @@ agent turn without tools (jobs cannot create jobs), end the session with
 ``cron_complete`` or ``cron_error``, and put the answer in the outbox.  The
 daemon delivers it through the router, so the adapter's rate limiter
 applies and a busy conversation in that chat does not hold it up; a failed
-delivery is recorded as ``delivery_failed`` and retried with backoff.
+delivery is recorded as ``delivery_failed`` and retried with backoff, except
+a failure no retry can mend (the platform is off, the chat does not exist, the
+bot is forbidden to post there: :func:`permanent_failure`), which is recorded
+as failed at once with its reason.  ``cron add``/``edit`` refuse a target on a
+platform that is off, and ``config check`` warns of one (:func:`target_problem`).
 An answer of exactly ``[SILENT]`` is not delivered.
 
 Times missed while no daemon ran: at start (and at every poll) a job whose
@@ -39,6 +43,7 @@ import asyncio
 import datetime as dt
 import logging
 import os
+import re
 import socket
 import uuid
 from typing import Any
@@ -97,6 +102,31 @@ def config_jobs(config: Any, *, now: float) -> list[tuple[JobSpec, Schedule]]:
         seen[spec.id] = i
         out.append((spec, schedule))
     return out
+
+
+def target_problem(config: Any, deliver: str) -> str | None:
+    """Why answers for ``deliver`` cannot be delivered with ``config`` (its platform is off), or None."""
+    platform = parse_target(deliver).platform
+    if platform is None:
+        return None
+    status = config.enabled_platforms().get(platform, f"off: {platform} is not a platform this gateway knows")
+    if status == "on":
+        return None
+    why = status.removeprefix("off: ")
+    return (f"{platform} is off ({why}), so answers for {deliver} could not be delivered; turn it on in the config "
+            f"(platforms.{platform}) and restart the daemon, or deliver to local")
+
+
+# What the platforms say when a chat cannot be reached however often the answer is sent again:
+# Telegram "Chat not found" / "Forbidden: bot was blocked by the user", Discord "403 Forbidden" /
+# "Unknown Channel", Slack "channel_not_found" / "not_in_channel" / "is_archived".
+_PERMANENT = re.compile(r"chat not found|channel_not_found|unknown channel|not_in_channel|is_archived|forbidden|\b403\b",
+                        re.IGNORECASE)
+
+
+def permanent_failure(error: str | None) -> bool:
+    """Whether a failed delivery's ``error`` means a retry cannot succeed (no such chat, not allowed there)."""
+    return bool(error) and _PERMANENT.search(error) is not None
 
 
 def first_run_at(schedule: Schedule, now: float) -> float | None:
@@ -480,18 +510,25 @@ class CronService:
             if target.platform not in self.gw.adapters:
                 why = self.gw.platforms_off.get(target.platform, "not configured")
                 ok, error = False, f"{target.platform} is not running in the daemon ({why})"
+                permanent = why.startswith("off")  # off in the config: no retry turns it on
             else:
                 delivery = await self.gw.router.deliver(ChatRef(target.platform, target.chat_id, target.thread_id),
                                                         text, None)
                 ok, error = delivery.ok, delivery.error
+                permanent = not ok and permanent_failure(error)
             attempts = claimed["delivery_attempts"] + 1
             retry_at = None
-            if not ok and attempts < self.delivery_attempts:
+            if not ok and not permanent and attempts < self.delivery_attempts:
                 retry_at = self.now() + self.delivery_backoff.delay(attempts - 1)
+            if permanent:
+                error = f"not retried: {error}"
             recorded = await self.db.record_cron_delivery(run["id"], now=self.now(), ok=ok, error=error,
                                                           retry_at=retry_at)
             if ok:
                 log.info("cron job %s run %s delivered to %s", run["job_id"], run["id"], target)
+            elif permanent:
+                log.error("cron job %s run %s: delivery to %s failed for good: %s",
+                          run["job_id"], run["id"], target, error)
             elif retry_at is not None:
                 log.warning("cron job %s run %s: delivery to %s failed (attempt %d of %d): %s; retrying at %s",
                             run["job_id"], run["id"], target, attempts, self.delivery_attempts, error,

@@ -41,6 +41,7 @@ from gateway.keys import KeyPolicy
 from gateway.metrics import Metrics
 from gateway.model import ModelClient, ModelSettings
 from gateway.notify import Notifier
+from gateway.oversize import max_message_tokens
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
 from gateway.tools import ToolRegistry
@@ -159,6 +160,7 @@ class Gateway:
         if warning:
             log.warning("%s", warning)
         self.router.context_length = context_length
+        turn.max_message_tokens = max_message_tokens(context_length, cfg.model.max_message_share)
         self.compressor = Compressor(
             self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,
             summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
@@ -221,7 +223,11 @@ class Gateway:
 
     async def on_inbound(self, msg: InboundMessage) -> bool:
         """The adapters' handler: returns once the message is persisted (or dropped on purpose);
-        False when the gateway dropped it and nothing will be sent for it."""
+        False when the gateway dropped it and nothing will be sent for it.  A message of only
+        whitespace, with no attachment, is dropped unanswered and not stored."""
+        if not msg.text.strip() and not msg.attachments:
+            log.debug("ignoring a blank message %s from %s", msg.message_id, msg.platform)
+            return False
         return await self.router.handle(msg) is not None or self.router.answered_stranger(msg)
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:

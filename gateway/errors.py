@@ -6,6 +6,11 @@
     │   ├── PlatformHTTPError        the platform answered with an error status
     │   └── RateLimited              the platform said "wait retry_after seconds" (not a failure)
     ├── ModelUnavailable             the model endpoint failed after every retry
+    │   └── ModelRefused             it refused the request itself (4xx): retrying cannot help
+    │       ├── ContextTooLong       400: the prompt is larger than the model's context window
+    │       ├── ModelAuthRejected    401: the API key was refused
+    │       ├── ModelForbidden       403: the key may not use this model
+    │       └── ModelNotFound        404: no such model (or endpoint)
     └── AlreadyRunning               another daemon holds this home's lock
 
 ``state.StateError`` is the store's own root (``state`` imports nothing from
@@ -55,7 +60,36 @@ class RateLimited(AdapterError):
 
 
 class ModelUnavailable(SwitchboardError):
-    """The model endpoint failed after every retry."""
+    """The model endpoint failed after every retry: a later message may work."""
+
+
+class ModelRefused(ModelUnavailable):
+    """The model endpoint refused the request with a 4xx; the same request would be refused again.
+
+    Fix what the subclass names (the prompt, ``model.api_key``, ``model.name``) before trying again.
+    """
+
+    def __init__(self, status: int, summary: str):
+        self.status = status
+        super().__init__(summary)
+
+
+class ContextTooLong(ModelRefused):
+    """The prompt is larger than the model's context window (400, ``context_length_exceeded``):
+    shorten the conversation with /compress, or start a new one with /new; check ``model.context_length``."""
+
+
+class ModelAuthRejected(ModelRefused):
+    """The endpoint refused the API key (401): set ``model.api_key`` to a key the endpoint accepts."""
+
+
+class ModelForbidden(ModelRefused):
+    """The endpoint refused access (403): give ``model.api_key`` access to ``model.name``, or pick a model it may use."""
+
+
+class ModelNotFound(ModelRefused):
+    """The endpoint does not know the model (404): check ``model.name`` against the server's model list and
+    ``model.base_url`` (it usually ends in /v1)."""
 
 
 class AlreadyRunning(SwitchboardError):

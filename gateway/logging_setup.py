@@ -181,6 +181,10 @@ class _SwitchboardHandler(logging.StreamHandler):
     """Marks our handler so a second setup_logging() replaces it instead of doubling output."""
 
 
+# HTTP clients that log every request at INFO (httpx2 is the openai SDK's aiohttp transport): a line per model call
+QUIET_PER_REQUEST = ("httpx", "httpcore", "httpx2")
+
+
 def setup_logging(
     level: str = "INFO",
     fmt: str = "auto",
@@ -192,8 +196,8 @@ def setup_logging(
 
     ``fmt``: ``"text"``, ``"json"``, or ``"auto"`` (text when the stream is a
     terminal, JSON lines otherwise).  Calling it again replaces the handler,
-    e.g. once the config's secrets are known.  Below DEBUG, httpx's
-    one-line-per-request logging is kept at WARNING.
+    e.g. once the config's secrets are known.  Below DEBUG, the HTTP
+    clients' one-line-per-request logging (every model call) is kept at WARNING.
     """
     if fmt not in ("auto", "text", "json"):
         raise ValueError(f"log format must be auto, text or json (got {fmt!r})")
@@ -218,7 +222,7 @@ def setup_logging(
     root.addHandler(handler)
     root.setLevel(numeric)
     quiet = logging.WARNING if numeric > logging.DEBUG else logging.NOTSET
-    for name in ("httpx", "httpcore"):
+    for name in QUIET_PER_REQUEST:
         logging.getLogger(name).setLevel(quiet)
     short = sum(1 for s in set(secrets) if s and len(s) < MIN_SECRET_LENGTH)
     if short:

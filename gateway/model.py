@@ -3,7 +3,9 @@
 :class:`ModelClient` bounds concurrent calls (``model.max_concurrent_calls``),
 retries 429, 5xx, connection errors and timeouts with exponential backoff and
 jitter (honouring ``Retry-After``) within ``model.retry_total_seconds``, and
-raises :class:`gateway.errors.ModelUnavailable` after the last failure.
+raises :class:`gateway.errors.ModelUnavailable` after the last failure.  A
+refusal (400 for context length, 401, 403, 404) is not retried and raises
+its own subclass (:func:`as_model_error`), so the user is told what to fix.
 The SDK's own retries are off so there is one policy, ours.
 """
 
@@ -17,7 +19,14 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
-from gateway.errors import ModelUnavailable
+from gateway.errors import (
+    ContextTooLong,
+    ModelAuthRejected,
+    ModelForbidden,
+    ModelNotFound,
+    ModelRefused,
+    ModelUnavailable,
+)
 from gateway.retry import Backoff, retry_async
 
 log = logging.getLogger(__name__)
@@ -86,6 +95,31 @@ def classify(exc: BaseException) -> float | None:
     return None
 
 
+_CONTEXT_WORDS = ("context length", "context window", "context size", "maximum context", "too many tokens",
+                  "prompt is too long")
+_REFUSALS: dict[int, type[ModelRefused]] = {401: ModelAuthRejected, 403: ModelForbidden, 404: ModelNotFound}
+
+
+def _is_context_length(exc: openai.APIStatusError) -> bool:
+    """OpenAI says ``code: context_length_exceeded``; vLLM, llama.cpp and others only say it in words."""
+    if getattr(exc, "code", None) == "context_length_exceeded":
+        return True
+    said = f"{getattr(exc, 'type', '') or ''} {exc.message or ''}".lower().replace("_", " ")
+    return any(words in said for words in _CONTEXT_WORDS) or "exceed context" in said
+
+
+def as_model_error(exc: BaseException) -> ModelUnavailable:
+    """The gateway's error for the client's last failure: a typed refusal for a 4xx that
+    says what to fix, else :class:`ModelUnavailable` (a later message may work)."""
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status in (400, 413) and _is_context_length(exc):
+            return ContextTooLong(status, f"HTTP {status}: context length exceeded")
+        if status in _REFUSALS:
+            return _REFUSALS[status](status, _describe(exc))
+    return ModelUnavailable(_describe(exc))
+
+
 class ModelClient:
     def __init__(self, settings: ModelSettings, *, metrics=None, backoff: Backoff = Backoff(base=0.5, cap=20.0)):
         self.settings = settings
@@ -138,7 +172,7 @@ class ModelClient:
         except openai.OpenAIError as exc:
             if self._metrics:
                 self._metrics.model_errors.inc()
-            raise ModelUnavailable(_describe(exc)) from exc
+            raise as_model_error(exc) from exc
         choice = response.choices[0]
         message = choice.message.model_dump(exclude_none=True)
         message.setdefault("content", None)

@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 
 import state
 from gateway.errors import ModelUnavailable
+from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.turn import EMPTY_ANSWER, AgentTurn, TurnRequest, TurnResult
@@ -359,8 +360,7 @@ class SessionRouter:
                 raise
         except ModelUnavailable as exc:
             log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
-            text = (f"The model is unavailable right now ({exc}). Your message is saved; "
-                    "send another message to try again.")
+            text = failure_line(exc)
         except Exception:  # noqa: BLE001 - the user gets an answer, the lane lives on
             log.exception("turn for %s failed", lane.key)
             text = "Something went wrong while answering. Your message is saved; send another message to try again."

@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 import compression
 from gateway.model import Completion, ModelClient
+from gateway.oversize import shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Attachment
 
@@ -92,6 +93,8 @@ class AgentTurn:
         # facts (issue 9): given (request, the user's message text), a block appended to that message for this
         # turn's model calls only (never stored); None: nothing
         self.prefetch: Callable[[TurnRequest, str], Awaitable[str | None]] | None = None
+        # the most one message may take of the context window (model.max_message_share); None: no limit
+        self.max_message_tokens: int | None = None
         self._clock = clock
 
     def system_prompt(self, platform: str) -> str:
@@ -126,9 +129,13 @@ class AgentTurn:
                 blocks.append(block)
         system = [{"role": "system", "content": "\n\n".join(blocks)}]
         system += [{"role": "system", "content": note} for note in req.system_notes]
+        shortened = shorten_oversized(history, self.max_message_tokens)  # stored whole, sent cut down
+        history = shortened.messages
         if self.prompt_hook is not None:
             session_id, history, notices = await self.prompt_hook.before_model_call(
                 req, history, compression.estimate_tokens(system))
+            history = shorten_oversized(history, self.max_message_tokens).messages  # a compressed session's copy
+        notices = [*shortened.notices, *notices]
         prompt = system + self._with_attachments(history, req.attachments)
         if self.prefetch is not None and prompt[-1].get("role") == "user":  # facts (issue 9): recalled facts
             prompt[-1] = await _with_prefetch(self.prefetch, req, prompt[-1])

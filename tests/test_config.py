@@ -330,6 +330,8 @@ MISTAKES = [
     ("out of range", "sessions:\n  reset:\n    at_hour: 25\n", {}, "sessions.reset.at_hour", "must be at most 23 (got 25)"),
     ("below range", "model:\n  max_concurrent_calls: 0\n", {}, "model.max_concurrent_calls", "must be at least 1 (got 0)"),
     ("threshold range", "compression:\n  threshold: 1.5\n", {}, "compression.threshold", "must be at most 1 (got 1.5)"),
+    ("message share range", "model:\n  max_message_share: 0\n", {}, "model.max_message_share",
+     "must be at least 0.05 (got 0)"),
     ("unset variable", "platforms:\n  telegram:\n    token: ${NOPE_TOKEN}\n", {}, "platforms.telegram.token",
      "environment variable NOPE_TOKEN is not set"),
     ("malformed variable", "agent: '${1X}'\n", {}, "agent", 'malformed "${1X}"'),

@@ -24,13 +24,17 @@ from tests.test_cron_gateway import _delivered, until
 SWITCHBOARD = Path(sys.executable).parent / "switchboard"
 
 
-def write_config(tmp_path: Path, model_url: str = "http://127.0.0.1:9/v1", jobs=()) -> Path:
+TELEGRAM_ON = {"telegram": {"token": "123456:not-a-real-telegram-token-0000000"}}
+
+
+def write_config(tmp_path: Path, model_url: str = "http://127.0.0.1:9/v1", jobs=(), platforms=None) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({
         "home": str(tmp_path / "home"),
         "timezone": "Europe/Berlin",
         "model": {"base_url": model_url, "name": "fake-model", "api_key": "sk-test-not-a-secret-0000", "max_retries": 0},
         "cron": {"jobs": list(jobs)},
+        **({"platforms": platforms} if platforms else {}),
     }))
     return path
 
@@ -48,7 +52,8 @@ def test_every_cron_command_has_help():
 
 
 def test_add_list_show_edit_pause_resume_remove(tmp_path):
-    config = write_config(tmp_path, jobs=[{"id": "digest", "name": "Digest", "schedule": "0 18 * * 5", "prompt": "Weekly digest"}])
+    config = write_config(tmp_path, jobs=[{"id": "digest", "name": "Digest", "schedule": "0 18 * * 5", "prompt": "Weekly digest"}],
+                          platforms=TELEGRAM_ON)
     out = cli(config, "add", "Morning briefing", "-s", "0 8 * * 1-5", "-p", "What is on today?", "-d", "telegram:-100123:7")
     assert out.startswith("Added job morning-briefing (Morning briefing): 0 8 * * 1-5, next run ")
     assert out.rstrip().endswith("(Europe/Berlin); delivers to telegram:-100123:7.")
@@ -134,6 +139,44 @@ async def test_a_cli_run_for_a_chat_waits_for_the_daemon_to_deliver(tmp_path):
         assert sent.visible_text == "Reminder\n\nWater the plants."
         assert (run["status"], run["delivery"]) == ("ok", "delivered")
         assert "delivered to telegram:111" in cli(config, "show", "remind")
+
+
+def test_a_target_on_a_platform_that_is_off_is_refused_by_add_and_edit(tmp_path):
+    config = write_config(tmp_path)
+    refused = ("error: deliver: telegram is off (platforms.telegram.token is not set), so answers for telegram:123 "
+               "could not be delivered; turn it on in the config (platforms.telegram) and restart the daemon, "
+               "or deliver to local\n")
+    assert cli(config, "add", "Tea", "-s", "every 1h", "-p", "Tea?", "-d", "telegram:123", code=1) == refused
+    assert cli(config, "list").startswith("No scheduled jobs.")
+    assert cli(config, "add", "Tea", "-s", "every 1h", "-p", "Tea?").startswith("Added job tea ")
+    assert cli(config, "edit", "tea", "-d", "telegram:123", code=1) == refused
+    assert "deliver:   local" in cli(config, "show", "tea")  # the refused edit changed nothing
+
+
+def test_config_check_warns_of_a_config_job_that_cannot_deliver(tmp_path):
+    config = write_config(tmp_path, jobs=[{"id": "tea", "name": "Tea", "schedule": "every 1h", "prompt": "Tea?",
+                                           "deliver": "discord:42"},
+                                          {"id": "log", "name": "Log", "schedule": "every 1h", "prompt": "Log?"}])
+    result = CliRunner().invoke(main, ["config", "check", "--config", str(config)])
+    assert result.exit_code == 0 and result.stdout.startswith(f"{config}: ok")
+    assert result.stderr.splitlines() == [
+        f"warning: {config}: cron.jobs.0.deliver: discord is off (platforms.discord.token is not set), so answers "
+        "for discord:42 could not be delivered; turn it on in the config (platforms.discord) and restart the daemon, "
+        "or deliver to local"]
+
+
+async def test_history_shows_why_a_delivery_failed_for_good(tmp_path):
+    async with FakeModel() as model, FakeTelegram() as tg:
+        job = {"id": "remind", "name": "Reminder", "schedule": "0 9 * * *", "prompt": "Remind me", "deliver": "telegram:404"}
+        config = write_config(tmp_path, model.base_url, jobs=[job], platforms=TELEGRAM_ON)
+        tg.fail_next("sendMessage", status=400, description="Bad Request: chat not found")
+        async with running_gateway(tmp_path / "home", model, adapters={"telegram": make_adapter(tg)},
+                                   cron={"jobs": [job]}, timezone="Europe/Berlin") as gw:
+            await until(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", "telegram connected")
+            await gw.cron.run_job("remind")
+    [line] = cli(config, "history").splitlines()[1:]
+    assert line.endswith("delivery_failed - delivery failed, not retried: part 1/1 not delivered: "
+                         "BadRequest: Chat not found")
 
 
 @pytest.mark.parametrize("args", [["list"], ["history"]])

@@ -111,12 +111,12 @@ async def test_silent_answers_are_not_delivered(tmp_path, model, tg):
 
 async def test_a_failed_delivery_is_recorded_retried_with_backoff_and_never_called_delivered(tmp_path, model, tg):
     clock = Clock()
-    tg.fail_next("sendMessage", status=403, description="Forbidden: bot was blocked by the user")
+    tg.fail_next("sendMessage", 4, status=502, description="Bad Gateway")  # the adapter's own 4 tries
     async with telegram_gateway(tmp_path, model, tg, clock=clock) as gw:
         await connected(gw)
         run = await gw.cron.run_job("morning")
         assert (run["status"], run["delivery"], run["delivery_attempts"]) == ("delivery_failed", "pending", 1)
-        assert "blocked by the user" in run["delivery_error"] and run["delivered_at"] is None
+        assert "Bad Gateway" in run["delivery_error"] and run["delivered_at"] is None
         assert tg.sent == []
         wait = run["next_delivery_at"] - clock()
         assert 15 <= wait <= 30  # the first backoff step (30 s, jittered)
@@ -139,7 +139,7 @@ async def _delivered(gw, run_id):
 
 async def test_a_delivery_that_keeps_failing_is_given_up_as_failed(tmp_path, model, tg):
     clock = Clock()
-    tg.fail_next("sendMessage", 5, status=400, description="Bad Request: chat not found")
+    tg.fail_next("sendMessage", 20, status=502, description="Bad Gateway")
     async with telegram_gateway(tmp_path, model, tg, clock=clock) as gw:
         await connected(gw)
         gw.cron.delivery_attempts = 3
@@ -155,8 +155,8 @@ async def test_a_delivery_that_keeps_failing_is_given_up_as_failed(tmp_path, mod
         await until(lambda: gw.cron.polls > polls + 1, "two more polls")
         final = await gw.db.get_cron_run(run["id"])
     assert (final["status"], final["delivery"], final["delivery_attempts"]) == ("delivery_failed", "failed", 3)
-    assert "Chat not found" in final["delivery_error"] and final["delivered_at"] is None
-    assert tg.sent == [] and len(tg.calls("sendMessage")) == 3
+    assert "Bad Gateway" in final["delivery_error"] and final["delivered_at"] is None
+    assert tg.sent == [] and len(tg.calls("sendMessage")) == 3 * 4  # 3 deliveries, each tried 4 times by the adapter
 
 
 async def _attempts(gw, run_id, n):
@@ -164,11 +164,32 @@ async def _attempts(gw, run_id, n):
     return run if run["delivery_attempts"] >= n else None
 
 
-async def test_delivery_to_a_platform_the_daemon_does_not_run_fails_visibly(tmp_path, model):
+async def test_delivery_to_a_platform_that_is_off_fails_at_once_and_is_not_retried(tmp_path, model):
     async with running_gateway(tmp_path, model, cron={"jobs": [{**MORNING, "deliver": "slack:C123"}]}) as gw:
         run = await gw.cron.run_job("morning")
-    assert (run["status"], run["delivery"]) == ("delivery_failed", "pending")
-    assert run["delivery_error"].startswith("slack is not running in the daemon")
+    assert (run["status"], run["delivery"], run["delivery_attempts"]) == ("delivery_failed", "failed", 1)
+    assert run["delivery_error"] == ("not retried: slack is not running in the daemon "
+                                     "(off: platforms.slack.bot_token is not set)")
+    assert run["next_delivery_at"] is None
+
+
+@pytest.mark.parametrize("status,description", [
+    (400, "Bad Request: chat not found"),
+    (403, "Forbidden: bot was blocked by the user"),
+])
+async def test_a_chat_that_cannot_be_reached_fails_at_once_with_its_reason(tmp_path, model, tg, status, description):
+    tg.fail_next("sendMessage", 5, status=status, description=description)
+    async with telegram_gateway(tmp_path, model, tg) as gw:
+        await connected(gw)
+        gw.cron.poll_seconds = 0.05
+        run = await gw.cron.run_job("morning")
+        polls = gw.cron.polls
+        await until(lambda: gw.cron.polls > polls + 2, "three more polls")
+        final = await gw.db.get_cron_run(run["id"])
+    assert (final["status"], final["delivery"], final["delivery_attempts"]) == ("delivery_failed", "failed", 1)
+    assert final["delivery_error"].startswith("not retried: ")
+    assert description.split(": ")[1] in final["delivery_error"].lower()
+    assert final["next_delivery_at"] is None and len(tg.calls("sendMessage")) == 1
 
 
 async def test_delivery_goes_out_while_a_conversation_in_that_chat_is_busy(tmp_path, model, tg):
@@ -305,3 +326,18 @@ async def test_cli_changes_are_picked_up_by_a_running_daemon(tmp_path, model):
         assert len(await gw.db.list_cron_runs("ping")) == 1  # paused: nothing ran
         await cli("remove", "ping")
         assert await gw.db.get_cron_job("ping") is None
+
+
+async def test_a_slack_channel_that_does_not_exist_fails_at_once(tmp_path, model):
+    from tests.fakes.slack import FakeSlack
+    from tests.test_adapter_slack import make_adapter as make_slack_adapter
+
+    async with FakeSlack() as slack:
+        slack.error_next("chat.postMessage", "channel_not_found", n=5)
+        job = {**MORNING, "deliver": "slack:C404"}
+        async with running_gateway(tmp_path, model, adapters={"slack": make_slack_adapter(slack)},
+                                   cron={"jobs": [job]}) as gw:
+            await until(lambda: gw.health()["platforms"]["slack"]["state"] == "connected", "slack connected")
+            run = await gw.cron.run_job("morning")
+    assert (run["status"], run["delivery"], run["delivery_attempts"]) == ("delivery_failed", "failed", 1)
+    assert run["delivery_error"].startswith("not retried: ") and "channel_not_found" in run["delivery_error"]

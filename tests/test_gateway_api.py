@@ -61,7 +61,7 @@ async def test_title_new_and_resume(tmp_path, model):
         assert second != first
         # a duplicate title is refused, naming the holder
         assert await api.say("u", "/title Trip planning") == (
-            f'The title "Trip planning" is already used by session {first}. Choose another.')
+            f'The title "Trip planning" is already used by your session {first}. Choose another.')
         assert (await api.say("u", "/resume Trip planning")).startswith('Resumed "Trip planning"')
         assert await api.say("u", "and the hotel?") == "echo: and the hotel? | turns: 2 | first: let's plan the trip"
         listing = await api.say("u", "/sessions")

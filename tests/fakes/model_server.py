@@ -9,7 +9,9 @@ the model was shown::
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
 one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``Hang``), with
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
-the request's messages whose string, when it returns one, replaces the echo).  Run as a script it serves until
+the request's messages whose string, when it returns one, replaces the echo), and with
+``context_limit`` (a prompt estimated above that many tokens is refused with
+OpenAI's 400 ``context_length_exceeded``).  Run as a script it serves until
 killed, printing ``PORT <n>`` first (used by the benchmarks)::
 
     python -m tests.fakes.model_server --delay 0.5
@@ -38,6 +40,20 @@ class Fail:
     status: int = 500
     retry_after: float | None = None
     message: str = "upstream failure"
+    code: str | None = None  # OpenAI's error code, e.g. "invalid_api_key", "model_not_found"
+    type: str = "server_error"
+
+
+def refusal(status: int) -> Fail:
+    """How OpenAI's API answers a bad key (401), a model the key may not use (403), an unknown model (404)."""
+    return {
+        401: Fail(401, message="Incorrect API key provided. You can find your API key at the dashboard.",
+                  code="invalid_api_key", type="invalid_request_error"),
+        403: Fail(403, message="You are not allowed to use this model.", code="model_not_allowed",
+                  type="invalid_request_error"),
+        404: Fail(404, message="The model `fake-model` does not exist or you do not have access to it.",
+                  code="model_not_found", type="invalid_request_error"),
+    }[status]
 
 
 @dataclass
@@ -91,6 +107,8 @@ class FakeModel:
         self.max_in_flight = 0
         # optional: messages -> reply text, used instead of the default echo when it returns a string
         self.responder: Callable[[list[dict]], str | None] | None = None
+        # optional: prompts estimated above this many tokens get a 400 context_length_exceeded
+        self.context_limit: int | None = None
 
     # -- steering ---------------------------------------------------------
     def script(self, *behaviours) -> None:
@@ -151,12 +169,19 @@ class FakeModel:
                 if behaviour.retry_after is not None:
                     headers["Retry-After"] = str(behaviour.retry_after)
                 return web.json_response(
-                    {"error": {"message": behaviour.message, "type": "server_error"}},
+                    {"error": {"message": behaviour.message, "type": behaviour.type, "param": None,
+                               "code": behaviour.code}},
                     status=behaviour.status,
                     headers=headers,
                 )
             messages = body.get("messages", [])
             prompt_tokens = sum(len(_text_of(m)) for m in messages) // 4 + 4 * len(messages)
+            if self.context_limit is not None and prompt_tokens > self.context_limit:
+                return web.json_response({"error": {
+                    "message": (f"This model's maximum context length is {self.context_limit} tokens. However, your "
+                                f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."),
+                    "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}},
+                    status=400)
             if isinstance(behaviour, ToolCall):
                 message = {
                     "role": "assistant",
