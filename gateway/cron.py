@@ -60,6 +60,7 @@ from gateway.cron_schedule import (
 from gateway.errors import ConfigError, ModelUnavailable
 from gateway.keys import cron_key
 from gateway.retry import Backoff
+from gateway.tasks import spawn
 from gateway.turn import TurnRequest
 from gateway.types import ChatRef
 from state._cron import CronJobNotFound
@@ -177,7 +178,7 @@ class CronService:
                         run["id"], run["job_id"])
         self._scheduler = AsyncIOScheduler(timezone=self.tz)
         self._scheduler.start()
-        self._poll_task = asyncio.create_task(self._poll_loop(), name="cron:poll")
+        self._poll_task = spawn(self._poll_loop(), name="cron:poll")
 
     async def sync_config(self) -> dict:
         now = self.now()
@@ -334,7 +335,7 @@ class CronService:
         if started["status"] == "busy":
             log.warning("cron job %s not started: %s", job["id"], run["error"])
             return run
-        task = asyncio.create_task(self._execute(job, run), name=f"cron:{job['id']}:{run['id']}")
+        task = spawn(self._execute(job, run), name=f"cron:{job['id']}:{run['id']}")
         self._running[job["id"]] = task
         task.add_done_callback(lambda t, job_id=job["id"]: self._running.pop(job_id, None) if self._running.get(job_id) is t else None)
         if wait:
@@ -343,7 +344,7 @@ class CronService:
 
     async def _execute(self, job: dict, run: dict) -> dict:
         key = cron_key(self.gw.config.agent, job["id"])
-        renewer = asyncio.create_task(self._renew(job["id"]), name=f"cron:{job['id']}:lease")
+        renewer = spawn(self._renew(job["id"]), name=f"cron-lease:{job['id']}")
         session_id = None
         output = error = None
         try:

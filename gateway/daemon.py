@@ -43,6 +43,7 @@ from gateway.model import ModelClient, ModelSettings
 from gateway.notify import Notifier
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
+from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
 from gateway.types import Adapter, AdapterHealth, InboundMessage
@@ -213,7 +214,7 @@ class Gateway:
             lambda chat, text, reply_to, a=adapter: a.send(chat, text, reply_to=reply_to),
             adapter.send_typing,
         )
-        self._supervisors[name] = asyncio.create_task(self._supervise(name, adapter), name=f"adapter:{name}")
+        self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
 
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
@@ -331,7 +332,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     gc.freeze()
     reloads: list[asyncio.Task] = []
     loop.add_signal_handler(signal.SIGHUP, lambda: reloads.append(asyncio.create_task(_reload(gw, notifier))))
-    watchdog = asyncio.create_task(_watchdog(notifier), name="watchdog")
+    watchdog = spawn(_watchdog(notifier), name="watchdog")
     summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{gw.api.bound_port}; {summary}")
     log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, gw.api.bound_port)

@@ -30,6 +30,7 @@ import state
 from gateway.errors import ModelUnavailable
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
+from gateway.tasks import spawn
 from gateway.turn import AgentTurn, TurnRequest, TurnResult
 from gateway.types import ChatRef, Delivery, InboundMessage
 
@@ -202,7 +203,7 @@ class SessionRouter:
                     return None
                 lane.queue.append(("chat", ticket, None))
             if not lane.busy:
-                lane.worker = asyncio.create_task(self._drain(lane), name=f"lane:{key}")
+                lane.worker = spawn(self._drain(lane), name=f"lane:{key}")
         return ticket
 
     # -- sessions -----------------------------------------------------------
@@ -294,9 +295,7 @@ class SessionRouter:
                 await self._run_turn(lane, batch, history)
 
     def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.create_task(coro)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception() and log.error("task failed", exc_info=t.exception()))
-        return task
+        return spawn(coro, name=f"router:{coro.__qualname__}")
 
     async def _run_command(self, ticket: Ticket, command, lane: Lane, *, track: bool = False) -> None:
         try:
@@ -320,7 +319,7 @@ class SessionRouter:
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments),
         )
-        typing = asyncio.create_task(self._keep_typing(msg.chat))
+        typing = spawn(self._keep_typing(msg.chat), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
         lane.current = turn
         try:
