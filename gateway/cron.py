@@ -191,6 +191,17 @@ class CronService:
                 log.info("cron jobs from the config %s: %s", what, ", ".join(changes[what]))
         return changes
 
+    async def reload(self) -> dict:
+        """The config's ``cron`` section changed (SIGHUP; ``gw.config`` is already the new one): store
+        its jobs and re-arm the timers from the table.  A job whose schedule is unchanged keeps its
+        ``next_run_at``; a run is only ever started by taking that time in the store, so a reload
+        neither runs a job twice nor loses its next run.  Returns {added, changed, removed}."""
+        changes = await self.sync_config()
+        if self.scheduling and not self._stopping:
+            await self.refresh()
+            self.wake()  # a new or moved job already due runs now, through the usual catch-up rules
+        return changes
+
     async def stop(self, grace_seconds: float = 30.0) -> None:
         """No new runs; running ones get ``grace_seconds`` to finish, then are cancelled (recorded as errors)."""
         self._stopping = True
