@@ -21,9 +21,10 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
+import state
 from gateway.config import PLATFORMS, Config, load_config
 from gateway.cron import config_jobs
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,9 @@ async def reload_config(gw, auth_settings, *, load=load_config) -> ReloadResult:
     try:
         result = await apply_reload(gw, new, auth_settings)
     except Exception as exc:  # noqa: BLE001 - reported below; the running config is put back
-        result = ReloadResult(error=f"{type(exc).__name__}: {exc}")
-        log.error("%s", result.summary(), exc_info=True)
+        expected = isinstance(exc, (SwitchboardError, state.StateError))  # says what to do; no traceback needed
+        result = ReloadResult(error=str(exc) if expected else f"{type(exc).__name__}: {exc}")
+        log.error("%s", result.summary(), exc_info=not expected)
         return result
     (log.warning if result.needs_restart else log.info)("%s", result.summary())
     return result

@@ -16,7 +16,7 @@ from gateway.reload import needs_restart
 from tests.fakes.model_server import FakeModel
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import eventually, merge
-from tests.test_daemon_process import NotifySocket, start_daemon
+from tests.test_daemon_process import SWITCHBOARD, NotifySocket, start_daemon
 
 
 class LogReader:
@@ -252,3 +252,25 @@ async def _wait_health(daemon: Daemon, predicate, timeout: float = 20.0) -> dict
             raise AssertionError(f"/healthz never matched; last: {health}")
         await asyncio.sleep(0.05)
     return health
+
+
+async def test_a_reload_that_fails_while_applying_puts_the_running_config_back(tmp_path):
+    hourly = {"id": "brief", "schedule": "every 1h", "prompt": "the hourly brief", "deliver": "local"}
+    async with FakeModel() as model, FakeTelegram() as tg:
+        async with Daemon(tmp_path, _base(tmp_path, model, cron={"jobs": [hourly]})) as daemon:
+            add = await asyncio.create_subprocess_exec(
+                SWITCHBOARD, "cron", "add", "Clash", "--id", "clash", "-s", "every 2h", "-p", "cli job",
+                "--config", str(daemon.config), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            assert await add.wait() == 0, (await add.stderr.read()).decode()
+            before = await _wait_health(daemon, lambda h: h["cron"]["jobs_armed"] == 2)
+
+            # telegram on, and a config job whose id the CLI job already has: the telegram part is
+            # applied first, then storing the jobs fails, so telegram must be turned off again
+            clash = {"id": "clash", "schedule": "every 3h", "prompt": "config job", "deliver": "local"}
+            msg = await daemon.reload(
+                {"cron": {"jobs": [hourly, clash]}, "platforms": {"telegram": {"token": tg.token, "base_url": tg.base_url}}},
+                expect="config reload failed while applying it, the running config was put back")
+            assert "'switchboard cron remove clash'" in msg
+            after = await daemon.health()
+    assert after["platforms"]["telegram"]["state"] == "disabled"
+    assert after["cron"] == before["cron"]
