@@ -320,6 +320,9 @@ class Gateway:
         }
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     """Run until SIGTERM/SIGINT; the exit code for ``switchboard run``.
 
@@ -359,9 +362,6 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     notifier.close()
     log.info("stopped")
     return 0
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _force_exit(sig: signal.Signals) -> None:
