@@ -3,17 +3,32 @@
     POST /v1/chat/completions   OpenAI-compatible; the gateway keeps the history, so only the
                                 last user message of ``messages`` is taken.  The session is
                                 chosen by the ``X-Session-Key`` header, else the ``user`` field
-                                (source ``api``).  ``Idempotency-Key`` makes a retried request
-                                store (and answer) once.
-    GET  /healthz               each adapter's state, last event time and last error
+                                (source ``api``).
+    GET  /healthz               status (ok, degraded, draining), each adapter's state, cron
     GET  /metrics               Prometheus text format
 
+``Idempotency-Key`` works as Stripe's does: the first request is stored and
+answered once; a retry with the same key and the same message gets the stored
+reply (200), or 409 while the first one is still being answered; the same key
+with another message is refused with 422 (the key belongs to the first one).
+
+503 with ``Retry-After`` means the message was not answered because the
+gateway is shutting down: refused at the door, or stored and cut off by the
+shutdown grace period (a retry with the same ``Idempotency-Key`` then gets
+its answer once it exists).  A body that is not JSON, or holds a lone UTF-16
+surrogate (``"\\ud800"``), gets 400.
+
 A bearer token (``api.token``) is required on every endpoint when set; the
-config refuses a non-loopback ``api.host`` without one.
+config refuses a non-loopback ``api.host`` without one.  A port that cannot
+be bound is a :class:`~gateway.errors.ConfigError` naming ``api.port`` (exit
+78), with the process that holds it when it can be found.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import hashlib
 import hmac
 import logging
 import time
@@ -23,16 +38,52 @@ from aiohttp import web
 
 import state
 
-from gateway.router import GatewayClosing
+from gateway.errors import ConfigError
+from gateway.portholder import port_holder
+from gateway.router import GatewayClosing, Ticket
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_IDEMPOTENCY_KEY = 255
+RETRY_AFTER_SHUTDOWN_SECONDS = 10  # about what a restart takes
+RETRY_AFTER_RUNNING_SECONDS = 1
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind}}, status=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error", *,
+           retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.json_response({"error": {"message": message, "type": kind}}, status=status, headers=headers)
+
+
+def _mismatch() -> web.Response:
+    return _error(422, "this Idempotency-Key was already used for another request (a different message); "
+                       "use a new key for a new message", "idempotency_key_reused")
+
+
+def _is_text(value: str) -> bool:
+    """False for a string UTF-8 cannot encode (a lone surrogate, from JSON or a header's raw bytes)."""
+    return _lone_surrogate_at(value, "value") is None
+
+
+def _lone_surrogate_at(value, path: str) -> str | None:
+    """Where in a parsed JSON value a string holds a lone surrogate (which UTF-8 cannot store), if anywhere."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((key, f"a key in {where or 'the body'}"))
+                stack.append((child, f"{where}.{key}" if where else str(key)))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return None
 
 
 class LocalApi:
@@ -43,6 +94,7 @@ class LocalApi:
         self.token = token or None
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
+        self._running: dict[tuple[str, str], str] = {}  # (session, Idempotency-Key) -> text, while answered
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._auth])
@@ -52,12 +104,35 @@ class LocalApi:
         return app
 
     async def start(self) -> None:
+        """Listen on ``api.host:api.port``; a port that cannot be bound raises ConfigError naming it."""
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise await self._bind_error(exc) from None
         self.bound_port = site._server.sockets[0].getsockname()[1]
         log.info("local API listening on http://%s:%d", self.host, self.bound_port)
+
+    async def _bind_error(self, exc: OSError) -> ConfigError:
+        source = getattr(self.gateway.config, "source", None)
+        file = str(source) if source else None
+        address = f"{self.host}:{self.port}"
+        if exc.errno == errno.EADDRINUSE:
+            holder = await asyncio.to_thread(port_holder, self.port)
+            by = f" by {holder}" if holder else ""
+            return ConfigError(f"{address} is already in use{by}; stop that process or choose another api.port "
+                               "(0 picks a free one)", file=file, key="api.port")
+        if exc.errno == errno.EACCES:
+            return ConfigError(f"not allowed to listen on {address} (ports below 1024 need privileges); "
+                               "choose an api.port of 1024 or more", file=file, key="api.port")
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return ConfigError(f"{self.host} is not an address of this machine; use 127.0.0.1 or one of its "
+                               "interfaces' addresses", file=file, key="api.host")
+        return ConfigError(f"cannot listen on {address}: {exc.strerror or exc}", file=file, key="api.port")
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -75,10 +150,14 @@ class LocalApi:
     async def chat_completions(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             return _error(400, "the body is not valid JSON")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return _error(400, "expected a JSON object with a 'messages' list")
+        where = _lone_surrogate_at(body, "")
+        if where is not None:
+            return _error(400, f"the string at {where} holds a lone UTF-16 surrogate (such as \\ud800 without its "
+                               "pair), which is not text; send valid Unicode")
         if body.get("stream"):
             return _error(400, "streaming is not supported; send stream: false")
         text = None
@@ -94,32 +173,105 @@ class LocalApi:
         if not text.strip():
             return _error(400, "the last user message is only whitespace: send some text")
         key = request.headers.get("X-Session-Key") or body.get("user")
-        if not key or not isinstance(key, str) or len(key) > 256:
+        if not key or not isinstance(key, str) or len(key) > 256 or not _is_text(key):
             return _error(400, "choose a session with the X-Session-Key header or the 'user' field (at most 256 characters)")
+        idempotency_key = request.headers.get("Idempotency-Key")
+        if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY
+                                            or not _is_text(idempotency_key)):
+            return _error(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text")
         msg = InboundMessage(
             platform="api", chat_type=ChatType.DM, chat_id=key, user_id=key, user_name=key, text=text,
-            message_id=request.headers.get("Idempotency-Key"),
+            message_id=idempotency_key,
         )
+        if idempotency_key is None:
+            return await self._answer(msg)
+        slot = (key, idempotency_key)
+        running = self._running.get(slot)
+        if running is not None:
+            return self._still_running(running, text)
+        self._running[slot] = text
         try:
-            ticket = await self.gateway.router.handle(msg)
+            return await self._answer(msg)
+        finally:
+            del self._running[slot]
+
+    async def _answer(self, msg: InboundMessage) -> web.Response:
+        router = self.gateway.router
+        try:
+            ticket = await router.handle(msg)
         except GatewayClosing as exc:
-            return _error(503, str(exc), "unavailable")
+            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS)
         except state.StateError as exc:  # not stored: the client may retry (with its Idempotency-Key)
             log.error("API message not stored: %s", exc)
             return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable")
         if ticket is None:
-            return _error(409, "this Idempotency-Key was already answered", "duplicate")
-        reply = await ticket.reply
+            return await self._replay(msg)
+        try:
+            reply = await ticket.reply
+        except GatewayClosing:
+            return self._cut_off()
+        if self._cut_off_by_shutdown(ticket):
+            return self._cut_off()
         content = "\n\n".join([*ticket.notices, reply]) if ticket.notices else reply
+        return self._completion(content, ticket.session_id, ticket.session_key, msg.message_id, time.time())
+
+    def _cut_off_by_shutdown(self, ticket: Ticket) -> bool:
+        """Whether the turn that resolved ``ticket`` was cancelled by the shutdown grace period (its
+        lane's worker was cancelled while the gateway drains) rather than answered."""
+        if not self.gateway.draining:
+            return False
+        worker = self.gateway.router.lane(ticket.session_key).worker
+        return worker is not None and (worker.cancelled() or worker.cancelling() > 0)
+
+    @staticmethod
+    def _cut_off() -> web.Response:
+        return _error(503, "the gateway stopped before answering; your message is saved. Retry once it is back "
+                           "(with the same Idempotency-Key, to get its answer without sending it twice)",
+                      "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS)
+
+    @staticmethod
+    def _still_running(first_text: str, text: str) -> web.Response:
+        if first_text != text:
+            return _mismatch()
+        return _error(409, "the first request with this Idempotency-Key is still being answered; retry when it "
+                           "has finished to get its reply", "conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
+
+    async def _replay(self, msg: InboundMessage) -> web.Response:
+        """A message seen before (same Idempotency-Key in this session): the stored reply to it."""
+        db = self.gateway.db
+        session_key = self.gateway.router.key_for(msg)
+        session_id = await db.get_route(session_key)
+        messages = await db.get_messages(session_id) if session_id else []
+        at = next((i for i, m in enumerate(messages)
+                   if m["role"] == "user" and m.get("platform_message_id") == msg.message_id), None)
+        if at is None:  # a command: its effect is not repeated and its answer is not stored
+            return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
+                          "conflict")
+        if messages[at]["content"] != msg.text:
+            return _mismatch()
+        reply = next((m for m in messages[at + 1:]
+                      if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")), None)
+        if reply is None:
+            return _error(409, "the message with this Idempotency-Key is stored but not answered yet; retry later "
+                               "to get its reply", "conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
+        return self._completion(reply["content"], session_id, session_key, msg.message_id,
+                                reply.get("timestamp") or time.time())
+
+    def _completion(self, content: str, session_id: str, session_key: str, idempotency_key: str | None,
+                    created: float) -> web.Response:
+        if idempotency_key is None:
+            completion_id = uuid.uuid4().hex[:24]
+        else:  # a replay answers with the same id
+            completion_id = hashlib.sha256(f"{session_key}\0{idempotency_key}".encode()).hexdigest()[:24]
         return web.json_response({
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "id": f"chatcmpl-{completion_id}",
             "object": "chat.completion",
-            "created": int(time.time()),
+            "created": int(created),
             "model": self.gateway.config.model.name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            "session_id": ticket.session_id,
-            "session_key": ticket.session_key,
+            "session_id": session_id,
+            "session_key": session_key,
         })
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -65,6 +65,7 @@ from gateway.cron_schedule import (
 from gateway.errors import ConfigError, ModelUnavailable
 from gateway.keys import cron_key
 from gateway.retry import Backoff
+from gateway.tasks import spawn
 from gateway.turn import TurnRequest
 from gateway.types import ChatRef
 from state._cron import CronJobNotFound
@@ -207,7 +208,7 @@ class CronService:
                         run["id"], run["job_id"])
         self._scheduler = AsyncIOScheduler(timezone=self.tz)
         self._scheduler.start()
-        self._poll_task = asyncio.create_task(self._poll_loop(), name="cron:poll")
+        self._poll_task = spawn(self._poll_loop(), name="cron:poll")
 
     async def sync_config(self) -> dict:
         now = self.now()
@@ -218,6 +219,17 @@ class CronService:
         for what in ("added", "changed", "removed"):
             if changes[what]:
                 log.info("cron jobs from the config %s: %s", what, ", ".join(changes[what]))
+        return changes
+
+    async def reload(self) -> dict:
+        """The config's ``cron`` section changed (SIGHUP; ``gw.config`` is already the new one): store
+        its jobs and re-arm the timers from the table.  A job whose schedule is unchanged keeps its
+        ``next_run_at``; a run is only ever started by taking that time in the store, so a reload
+        neither runs a job twice nor loses its next run.  Returns {added, changed, removed}."""
+        changes = await self.sync_config()
+        if self.scheduling and not self._stopping:
+            await self.refresh()
+            self.wake()  # a new or moved job already due runs now, through the usual catch-up rules
         return changes
 
     async def stop(self, grace_seconds: float = 30.0) -> None:
@@ -364,7 +376,7 @@ class CronService:
         if started["status"] == "busy":
             log.warning("cron job %s not started: %s", job["id"], run["error"])
             return run
-        task = asyncio.create_task(self._execute(job, run), name=f"cron:{job['id']}:{run['id']}")
+        task = spawn(self._execute(job, run), name=f"cron:{job['id']}:{run['id']}")
         self._running[job["id"]] = task
         task.add_done_callback(lambda t, job_id=job["id"]: self._running.pop(job_id, None) if self._running.get(job_id) is t else None)
         if wait:
@@ -373,7 +385,7 @@ class CronService:
 
     async def _execute(self, job: dict, run: dict) -> dict:
         key = cron_key(self.gw.config.agent, job["id"])
-        renewer = asyncio.create_task(self._renew(job["id"]), name=f"cron:{job['id']}:lease")
+        renewer = spawn(self._renew(job["id"]), name=f"cron-lease:{job['id']}")
         session_id = None
         output = error = None
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import time
 from importlib.metadata import entry_points
@@ -35,15 +36,16 @@ from gateway.cron import CronService
 from gateway.facts import FactMemory
 from gateway.memory import MemoryService, memory_flush_turn
 from gateway.recall import RecallSettings, SessionRecall, search_command, session_search_tool
-from gateway.config import PLATFORMS, Config, load_config
-from gateway.errors import ConfigError
+from gateway.config import PLATFORMS, Config
 from gateway.keys import KeyPolicy
 from gateway.metrics import Metrics
 from gateway.model import ModelClient, ModelSettings
 from gateway.notify import Notifier
 from gateway.oversize import max_message_tokens
+from gateway.reload import reload_config
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
+from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
 from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
@@ -111,6 +113,7 @@ class Gateway:
         self.memory = None  # memory (issue 8): gateway.memory.MemoryService, made in start()
         self.facts = None  # facts (issue 9): gateway.facts.FactMemory, made in start()
         self.started_at: float | None = None
+        self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -246,7 +249,7 @@ class Gateway:
             return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
 
         self.router.register_output(name, send, adapter.send_typing)
-        self._supervisors[name] = asyncio.create_task(self._supervise(name, adapter), name=f"adapter:{name}")
+        self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
 
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
@@ -293,6 +296,7 @@ class Gateway:
     async def stop(self, grace_seconds: float | None = None) -> None:
         """Stop taking messages, finish running turns within the grace period, close everything."""
         grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
+        self.draining = True
         # Everything that is still working gets the same grace period, at the same time, so
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
         # turns (the router stops taking messages first), cron runs (issue 6), memory flushes
@@ -341,7 +345,7 @@ class Gateway:
             platforms[name] = h
         ok = all(p["state"] in ("connected", "disabled") for p in platforms.values())
         return {
-            "status": "ok" if ok else "degraded",
+            "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
             "api": {"state": "serving", "port": self.api.bound_port},
             "active_sessions": self.router.active_lanes() if self.router else 0,
@@ -350,28 +354,43 @@ class Gateway:
         }
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
-    """Run until SIGTERM/SIGINT; the exit code for ``switchboard run``."""
+    """Run until SIGTERM/SIGINT; the exit code for ``switchboard run``.
+
+    SIGHUP reloads the config (one at a time; see :mod:`gateway.reload`).  A second SIGTERM or
+    SIGINT while the running turns drain ends the process at once (exit 128 + the signal)."""
     notifier = notifier or Notifier()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     gw = Gateway(config)
-    await gw.start()
+    try:
+        await gw.start()
+    except BaseException:
+        await _close_after_failed_start(gw)
+        raise
     # Everything built at start-up (libraries, clients, config) lives as long as the process: keep
     # it out of the collector's full passes, which otherwise pause the loop for tens of ms.
     gc.collect()
     gc.freeze()
-    reloads: list[asyncio.Task] = []
-    loop.add_signal_handler(signal.SIGHUP, lambda: reloads.append(asyncio.create_task(_reload(gw, notifier))))
-    watchdog = asyncio.create_task(_watchdog(notifier), name="watchdog")
+    reloads = Reloads(gw, notifier)
+    loop.add_signal_handler(signal.SIGHUP, reloads.request)
+    watchdog = spawn(_watchdog(notifier), name="watchdog")
     summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{gw.api.bound_port}; {summary}")
     log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, gw.api.bound_port)
     await stop.wait()
-    log.info("stopping: finishing running turns (up to %.0fs)", config.shutdown.grace_seconds)
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, _force_exit, sig)
+    loop.remove_signal_handler(signal.SIGHUP)
+    log.info("stopping: finishing running turns (up to %.0fs; send the signal again to exit at once)",
+             gw.config.shutdown.grace_seconds)
     notifier.send("STOPPING=1", "STATUS=draining running turns")
+    await reloads.cancel()
     await gw.stop()
     watchdog.cancel()
     notifier.close()
@@ -379,21 +398,62 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     return 0
 
 
-async def _reload(gw: Gateway, notifier: Notifier) -> None:
-    """SIGHUP: re-read the config file; a bad file changes nothing (see gateway.reload)."""
-    from gateway.reload import apply_reload
+def _force_exit(sig: signal.Signals) -> None:
+    """The second SIGTERM/SIGINT: leave now.  Stored messages stay stored; turns still running are cut
+    off (the store is a SQLite WAL database, which a sudden exit does not corrupt)."""
+    log.warning("second %s while stopping: exiting now without waiting for running turns",
+                signal.Signals(sig).name)
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    os._exit(128 + sig)
 
-    source = gw.config.source
-    notifier.send("RELOADING=1", "STATUS=reloading the config")
+
+async def _close_after_failed_start(gw: Gateway) -> None:
+    """Close what a failed start had opened (the store, the model client...); the start's error is the news."""
     try:
-        new = await asyncio.to_thread(load_config, source)
-    except ConfigError as exc:
-        log.error("config reload refused, the running config stays in force: %s", exc)
-    else:
-        result = await apply_reload(gw, new, auth_settings)
-        if result["needs_restart"]:
-            log.warning("these keys changed and need a restart to apply: %s", ", ".join(result["needs_restart"]))
-    notifier.send("READY=1", "STATUS=serving")
+        await gw.stop(grace_seconds=0)
+    except Exception:  # noqa: BLE001 - the original error is raised by the caller
+        log.debug("cleanup after a failed start failed", exc_info=True)
+
+
+class Reloads:
+    """SIGHUP: one reload at a time, each announced to systemd (``RELOADING=1`` ... ``READY=1``)."""
+
+    def __init__(self, gw: Gateway, notifier: Notifier):
+        self.gw = gw
+        self.notifier = notifier
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    def request(self) -> None:
+        task = spawn(self._reload(), name="reload")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload(self) -> None:
+        async with self._lock:
+            await _reload(self.gw, self.notifier)
+
+    async def cancel(self) -> None:
+        """At shutdown: a reload still going is cancelled (the config in force is whatever it reached)."""
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+
+
+async def _reload(gw: Gateway, notifier: Notifier) -> None:
+    """Re-read the config file and apply it (see gateway.reload); systemd hears of it either way."""
+    notifier.reloading()
+    result = None
+    try:
+        result = await reload_config(gw, auth_settings)
+    finally:
+        status = "serving" if result is None or result.error is None else "serving; the last reload failed"
+        notifier.send("READY=1", f"STATUS={status}")
 
 
 async def _watchdog(notifier: Notifier) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from gateway.errors import ModelUnavailable, SwitchboardError
 from gateway.identity import user_dir_name
+from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
 
 log = logging.getLogger(__name__)
@@ -363,15 +364,12 @@ class MemoryService:
     def schedule_flush(self, turn, session_id: str, session_key: str, reason: str = "reset") -> asyncio.Task:
         """Run :func:`memory_flush_turn` for an ended session in the background; the next
         session on ``session_key`` waits for it before reading its snapshot."""
-        task = asyncio.create_task(memory_flush_turn(turn, session_id, reason=reason, memory=self),
-                                   name=f"memory-flush:{session_id}")
+        task = spawn(memory_flush_turn(turn, session_id, reason=reason, memory=self), name=f"memory-flush:{session_id}")
         self._flushes[session_key] = task
 
         def done(t: asyncio.Task) -> None:
             if self._flushes.get(session_key) is t:
                 del self._flushes[session_key]
-            if not t.cancelled() and t.exception() is not None:
-                log.error("memory flush for %s failed", session_id, exc_info=t.exception())
 
         task.add_done_callback(done)
         return task

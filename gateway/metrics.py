@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gateway import tasks
+
+
+class _TaskFailures:
+    """``switchboard_background_task_failures_total{task}``: read from :mod:`gateway.tasks` at each scrape."""
+
+    def collect(self):
+        family = CounterMetricFamily("switchboard_background_task_failures",
+                                     "Background tasks that ended with an exception (logged with a traceback)",
+                                     labels=["task"])
+        for kind, count in sorted(tasks.failures().items()):
+            family.add_metric([kind], count)
+        yield family
 
 
 class Metrics:
@@ -24,6 +39,7 @@ class Metrics:
         self.db_write_retries = Gauge("switchboard_db_write_retries", "Database write retries since start", registry=r)
         self.active_sessions = Gauge("switchboard_active_sessions", "Sessions with a turn running or queued", registry=r)
         self.unauthorized = Counter("switchboard_unauthorized_messages", "Messages from users not allowed", ["platform"], registry=r)
+        r.register(_TaskFailures())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,6 +3,12 @@
 Without ``NOTIFY_SOCKET`` every call is a no-op, so the daemon runs the same
 under systemd, in a terminal and in tests.  ``WATCHDOG_USEC`` sets the
 interval; :func:`watchdog_interval` returns half of it (when to ping).
+
+A reload follows ``Type=notify-reload``'s protocol (also understood by
+``Type=notify`` units with ``ExecReload=``): :meth:`Notifier.reloading` sends
+``RELOADING=1`` with ``MONOTONIC_USEC`` (the CLOCK_MONOTONIC time it started,
+in microseconds), and ``READY=1`` follows when the reload is over, applied or
+not.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,10 @@ class Notifier:
         """Seconds between WATCHDOG=1 pings (half the configured interval), or None."""
         return self._watchdog_usec / 2e6 if self._watchdog_usec and self.enabled else None
 
+    def reloading(self, status: str = "reloading the config") -> None:
+        """``RELOADING=1`` stamped with CLOCK_MONOTONIC (systemd ignores one without the stamp)."""
+        self.send("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec()}", f"STATUS={status}")
+
     def send(self, *lines: str) -> None:
         if not self._address:
             return
@@ -48,3 +59,8 @@ class Notifier:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+def monotonic_usec() -> int:
+    """CLOCK_MONOTONIC in microseconds, the clock systemd compares ``MONOTONIC_USEC`` with."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000

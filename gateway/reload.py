@@ -4,22 +4,63 @@ Applied live: ``auth`` and ``platforms.<p>.allowed_users`` (allowlists),
 ``sessions`` (reset policies, key policy for new keys), ``platforms``
 (tokens and settings: a changed platform's adapter alone is restarted, a
 platform turned on is started, one turned off is stopped), ``cron.jobs``
-and ``shutdown``.  Everything else (``home``, ``agent``, ``model``, ``api``,
-``logging``, ``store``, ...) is reported as needing a restart; the running
-values stay in force.  A config that does not validate changes nothing.
+(stored and re-armed: a job whose schedule did not change keeps its next
+run) and ``shutdown``.  Everything else (``home``, ``agent``, ``model``,
+``api``, ``logging``, ``store``, ...) is reported as needing a restart; the
+running values stay in force.
+
+Every reload logs one line: what was applied and what needs a restart, or
+why nothing was.  A file that does not load or validate (cron jobs included)
+changes nothing; an error while applying puts the running config back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+from dataclasses import dataclass, field
 
-from gateway.config import PLATFORMS, Config
+import state
+from gateway.config import PLATFORMS, Config, load_config
+from gateway.cron import config_jobs
+from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
 
 log = logging.getLogger(__name__)
 
 LIVE_SECTIONS = ("auth", "sessions", "platforms", "cron", "shutdown")
+
+
+@dataclass
+class ReloadResult:
+    """What one reload did; ``error`` set means the running config stayed in force."""
+
+    applied: list[str] = field(default_factory=list)  # live sections that changed
+    restarted_platforms: list[str] = field(default_factory=list)
+    cron: dict = field(default_factory=dict)  # {added, changed, removed} job ids
+    needs_restart: list[str] = field(default_factory=list)
+    error: str | None = None
+    refused: bool = False  # the file did not load or validate (else: applying it failed)
+
+    def summary(self) -> str:
+        """The one log line for this reload."""
+        if self.refused:
+            return f"config reload refused, the running config stays in force: {self.error}"
+        if self.error is not None:
+            return f"config reload failed while applying it, the running config was put back: {self.error}"
+        parts = []
+        for section in self.applied:
+            if section == "platforms" and self.restarted_platforms:
+                parts.append(f"platforms (restarted {', '.join(self.restarted_platforms)})")
+            elif section == "cron":
+                jobs = "; ".join(f"{what} {', '.join(ids)}" for what, ids in self.cron.items() if ids)
+                parts.append(f"cron ({jobs or 'no job changed'})")
+            else:
+                parts.append(section)
+        applied = f"applied {', '.join(parts)}" if parts else "no live setting changed"
+        restart = f"; these keys need a restart to apply: {', '.join(self.needs_restart)}" if self.needs_restart else ""
+        return f"config reloaded: {applied}{restart}"
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -40,10 +81,46 @@ def needs_restart(old: Config, new: Config) -> list[str]:
     return [k for k in diff if k.split(".")[0] not in LIVE_SECTIONS]
 
 
-async def apply_reload(gw, new: Config, auth_settings) -> dict:
-    """Apply ``new`` to the running gateway ``gw``; returns what changed and what needs a restart."""
+async def reload_config(gw, auth_settings, *, load=load_config) -> ReloadResult:
+    """Re-read ``gw.config.source``, apply it to the running gateway ``gw`` and log one line saying
+    what happened.  Never raises for a bad file or a failed apply: ``error`` says why."""
+    try:
+        new = await asyncio.to_thread(load, gw.config.source)
+        config_jobs(new, now=gw.clock())  # cron jobs are validated by their own module
+    except ConfigError as exc:
+        result = ReloadResult(error=str(exc), refused=True)
+        log.error("%s", result.summary())
+        return result
+    try:
+        result = await apply_reload(gw, new, auth_settings)
+    except Exception as exc:  # noqa: BLE001 - reported below; the running config is put back
+        expected = isinstance(exc, (SwitchboardError, state.StateError))  # says what to do; no traceback needed
+        result = ReloadResult(error=str(exc) if expected else f"{type(exc).__name__}: {exc}")
+        log.error("%s", result.summary(), exc_info=not expected)
+        return result
+    (log.warning if result.needs_restart else log.info)("%s", result.summary())
+    return result
+
+
+async def apply_reload(gw, new: Config, auth_settings) -> ReloadResult:
+    """Apply ``new`` to the running gateway ``gw``.  On an error part-way, the sections already
+    applied are applied again from the running config, then the error is raised."""
     old: Config = gw.config
-    restart = needs_restart(old, new)
+    result = ReloadResult(applied=[s for s in LIVE_SECTIONS if getattr(old, s) != getattr(new, s)],
+                          needs_restart=needs_restart(old, new))
+    try:
+        result.restarted_platforms, result.cron = await _apply(gw, old, new, auth_settings)
+    except BaseException:
+        try:
+            await _apply(gw, gw.config, old, auth_settings)
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            log.exception("could not put the running config back after a failed reload")
+        gw.config = old
+        raise
+    return result
+
+
+async def _apply(gw, old: Config, new: Config, auth_settings) -> tuple[list[str], dict]:
     router = gw.router
     router.authorizer.update(auth_settings(new))
     router.settings = dataclasses.replace(
@@ -57,15 +134,14 @@ async def apply_reload(gw, new: Config, auth_settings) -> dict:
     for name in PLATFORMS:
         if old_platforms[name] != new_platforms[name] or (name in gw.adapters) != (new.enabled_platforms()[name] == "on"):
             restarted.append(name)
-    # Swap the config before touching adapters: they are rebuilt from it.
+    # Swap the config before touching adapters and cron: they are rebuilt from it.
     gw.config = _keep_restart_only_values(old, new)
     for name in restarted:
         await gw.restart_platform(name)
+    cron = {}
     if getattr(gw, "cron", None) is not None and old.cron != new.cron:
-        await gw.cron.reload()
-    log.info("config reloaded: platforms restarted: %s; needs a restart to apply: %s",
-             ", ".join(restarted) or "none", ", ".join(restart) or "nothing")
-    return {"restarted_platforms": restarted, "needs_restart": restart}
+        cron = await gw.cron.reload()
+    return restarted, cron
 
 
 def _keep_restart_only_values(old: Config, new: Config) -> Config:
@@ -73,4 +149,4 @@ def _keep_restart_only_values(old: Config, new: Config) -> Config:
     return old.model_copy(update={section: getattr(new, section) for section in LIVE_SECTIONS})
 
 
-__all__ = ["apply_reload", "changed_keys", "needs_restart"]
+__all__ = ["ReloadResult", "apply_reload", "changed_keys", "needs_restart", "reload_config"]

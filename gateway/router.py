@@ -33,6 +33,7 @@ from gateway.errors import ModelUnavailable
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
+from gateway.tasks import spawn
 from gateway.turn import EMPTY_ANSWER, AgentTurn, TurnRequest, TurnResult
 from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 
@@ -214,7 +215,7 @@ class SessionRouter:
                 ticket.stored_id, ticket.inboxed = appended.id, inbox is not None
                 lane.queue.append(("chat", ticket, None))
             if not lane.busy:
-                lane.worker = asyncio.create_task(self._drain(lane), name=f"lane:{key}")
+                lane.worker = spawn(self._drain(lane), name=f"lane:{key}")
         return ticket
 
     # -- sessions -----------------------------------------------------------
@@ -310,9 +311,7 @@ class SessionRouter:
                 await self._run_turn(lane, batch, history)
 
     def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.create_task(coro)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception() and log.error("task failed", exc_info=t.exception()))
-        return task
+        return spawn(coro, name=f"router:{coro.__qualname__}")
 
     async def _run_command(self, ticket: Ticket, command, lane: Lane, *, track: bool = False) -> None:
         try:
@@ -338,7 +337,7 @@ class SessionRouter:
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
         )
-        typing = asyncio.create_task(self._keep_typing(msg.chat))
+        typing = spawn(self._keep_typing(msg.chat), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
         lane.current = turn
         recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
@@ -483,7 +482,7 @@ class SessionRouter:
     def _wake(self, key: str) -> None:
         lane = self.lane(key)
         if not lane.busy:
-            lane.worker = asyncio.create_task(self._drain(lane), name=f"lane:{key}")
+            lane.worker = spawn(self._drain(lane), name=f"lane:{key}")
 
     async def _answer_expired(self, tickets: list[Ticket]) -> None:
         """One line for messages a restart found unanswered and too old to answer blindly."""

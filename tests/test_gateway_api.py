@@ -3,6 +3,7 @@
 import asyncio
 
 import aiohttp
+import openai
 import pytest
 
 import state
@@ -161,7 +162,7 @@ async def test_stop_cancels_the_running_turn_and_keeps_the_message(tmp_path, mod
         await api.close()
 
 
-async def test_an_idempotency_key_stores_and_answers_once(tmp_path, model):
+async def test_an_idempotency_key_stores_and_answers_once_and_a_retry_gets_the_stored_reply(tmp_path, model):
     async with running_gateway(tmp_path, model) as gw:
         url = f"http://127.0.0.1:{gw.api.bound_port}/v1/chat/completions"
         body = {"model": "x", "messages": [{"role": "user", "content": "once"}]}
@@ -169,10 +170,15 @@ async def test_an_idempotency_key_stores_and_answers_once(tmp_path, model):
         async with aiohttp.ClientSession() as http:
             async with http.post(url, json=body, headers=headers) as r1:
                 assert r1.status == 200
+                first = await r1.json()
             async with http.post(url, json=body, headers=headers) as r2:
-                assert r2.status == 409
+                assert r2.status == 200
+                again = await r2.json()
         stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+    assert again["choices"][0]["message"]["content"] == "echo: once | turns: 1 | first: once"
+    assert (again["id"], again["session_id"]) == (first["id"], first["session_id"])
     assert [m["content"] for m in stored if m["role"] == "user"] == ["once"]
+    assert len(model.requests) == 1
 
 
 async def test_bad_requests_get_clear_errors(tmp_path, model):
@@ -319,7 +325,7 @@ async def test_the_state_directory_is_private(tmp_path, model):
 
 
 
-async def test_a_turn_cut_off_by_shutdown_says_so_and_keeps_the_message(tmp_path, model):
+async def test_a_turn_cut_off_by_shutdown_is_a_503_with_retry_after_and_keeps_the_message(tmp_path, model):
     from gateway.daemon import Gateway
     from tests.harness import gateway_config
 
@@ -330,9 +336,13 @@ async def test_a_turn_cut_off_by_shutdown_says_so_and_keeps_the_message(tmp_path
     pending = asyncio.create_task(api.say("k", "a very long question"))
     await model.wait_for_requests(1)
     stopping = asyncio.create_task(gw.stop(grace_seconds=0.3))
-    assert await pending == "The gateway is restarting; your message is saved. Send another message once it is back."
+    with pytest.raises(openai.APIStatusError) as cut:
+        await pending
     await stopping
     await api.close()
+    assert cut.value.status_code == 503
+    assert cut.value.response.headers["Retry-After"] == "10"
+    assert "stopped before answering; your message is saved" in cut.value.message
     with state.SessionDB(tmp_path / "state.db") as store:
         stored = store.get_messages(store.get_route("agent:main:api:dm:k"))
     assert [(m["role"], m["content"]) for m in stored] == [("user", "a very long question")]

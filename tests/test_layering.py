@@ -14,7 +14,7 @@ FORBIDDEN = {
 # adapters may import only these gateway modules (the boundary types and shared helpers, such as the
 # one redaction that keeps tokens out of logs)
 ADAPTER_ALLOWED_GATEWAY = {"gateway.types", "gateway.errors", "gateway.retry", "gateway.ratelimit", "gateway.config",
-                           "gateway.formatting", "gateway.logging_setup"}
+                           "gateway.formatting", "gateway.logging_setup", "gateway.tasks"}
 
 
 def _imports(path: Path) -> set[str]:

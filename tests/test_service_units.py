@@ -59,6 +59,7 @@ def test_system_unit_holds_the_real_paths_and_the_service_contract(tmp_path, con
     svc = unit["Service"]
     switchboard = service.default_executable()
     assert svc["ExecStart"] == [f"{switchboard} run --config {config}"]
+    assert svc["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # `systemctl reload` is SIGHUP
     assert switchboard.parent == Path(os.path.normpath(Path(os.sys.executable).absolute())).parent
     assert svc["User"] == [RUN_AS]
     assert svc["Environment"] == [f"SWITCHBOARD_HOME={home}", "PYTHONUNBUFFERED=1"]
@@ -100,6 +101,7 @@ def test_user_unit_has_no_user_and_targets_the_user_manager(tmp_path, config):
     unit = parse_unit(plan.unit_text)
     assert "User" not in unit["Service"]
     assert unit["Service"]["RestartPreventExitStatus"] == ["78"]
+    assert unit["Service"]["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert unit["Install"]["WantedBy"] == ["default.target"]
     assert plan.commands == (
         f"systemctl --user link {tmp_path}/units/switchboard.service",

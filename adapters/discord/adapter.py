@@ -40,6 +40,7 @@ from discord import app_commands
 
 from gateway.errors import AdapterError
 from gateway.retry import Backoff, retry_async
+from gateway.tasks import spawn
 from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundHandler, InboundMessage, SendProgress
 
 from . import attachments as _attachments
@@ -175,7 +176,7 @@ class DiscordAdapter:
             await self._downloads.close()
             self._downloads = None
             raise
-        self._supervisor = asyncio.create_task(self._supervise(), name="DiscordAdapter:supervisor")
+        self._supervisor = spawn(self._supervise(), name="discord:supervisor")
 
     async def stop(self) -> None:
         """Disconnect (idempotent)."""

@@ -66,6 +66,7 @@ from gateway.errors import AdapterError
 from gateway.formatting import split_message
 from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff
+from gateway.tasks import spawn
 from gateway.types import AdapterHealth, ChatRef, Delivery, InboundHandler, SendProgress
 
 from .connection import HttpEndpoint, Pulse, SocketConnection
@@ -294,7 +295,7 @@ class SlackAdapter:
         return app
 
     def _spawn(self, coro, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
+        task = spawn(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -32,6 +32,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
+from gateway.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class SocketConnection:
     async def open(self) -> None:
         """Connect (raises :class:`AdapterError` with the reason) and start the watchdog."""
         self._handler = await self._connect()
-        self._watchdog = asyncio.create_task(self._watch(), name="slack:watchdog")
+        self._watchdog = spawn(self._watch(), name="slack:watchdog")
 
     async def close(self) -> None:
         self._stopping = True

@@ -36,6 +36,7 @@ from gateway.errors import AdapterError
 from gateway.formatting import split_message, utf16_len
 from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff, retry_async
+from gateway.tasks import spawn
 from gateway.types import AdapterHealth, Attachment, ChatRef, Delivery, InboundHandler, InboundMessage, SendProgress
 
 from .events import PLATFORM, Addressing, normalize
@@ -233,8 +234,8 @@ class TelegramAdapter:
     def _start_polling(self) -> None:
         self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
                               backoff=self._reconnect_backoff)
-        self._poll_task = asyncio.create_task(self._poller.run(), name="telegram:poller")
-        self._watchdog_task = asyncio.create_task(self._watchdog(), name="telegram:watchdog")
+        self._poll_task = spawn(self._poller.run(), name="telegram:poller")
+        self._watchdog_task = spawn(self._watchdog(), name="telegram:watchdog")
 
     async def _watchdog(self) -> None:
         """Restart polling when it claims to be up but no getUpdates came back for the stall timeout.
@@ -260,7 +261,7 @@ class TelegramAdapter:
             self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
                                   backoff=self._reconnect_backoff)
             self._poller.offset = offset
-            self._poll_task = asyncio.create_task(self._poller.run(), name="telegram:poller")
+            self._poll_task = spawn(self._poller.run(), name="telegram:poller")
 
     async def _start_webhook(self) -> None:
         assert self._webhook_url and self._webhook_secret

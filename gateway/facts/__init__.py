@@ -26,6 +26,7 @@ from gateway.facts.prefetch import make_prefetch, memory_context
 from gateway.facts.scoring import MODES, ScoredFact, Weights, rank
 from gateway.facts.service import FactRefused, FactService, FactSettings, Remembered, user_scope
 from gateway.facts.tool import facts_tool
+from gateway.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class FactMemory:
         if not self.settings.enabled:
             return
         self._wake = asyncio.Event()
-        self._worker = asyncio.create_task(self._work(), name="facts-extractor")
+        self._worker = spawn(self._work(), name="facts-extractor")
         if not sweep:
             return
         now = self.service.clock()
