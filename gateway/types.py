@@ -5,14 +5,57 @@ it to the gateway through an :data:`InboundHandler` callback; the gateway
 answers through the adapter's :meth:`Adapter.send`.  Adapters import this
 module and nothing else from ``gateway`` (the router never reaches into an
 adapter and an adapter never reaches into the router).
+
+Text is made safe here, at the boundary, the same for every platform (and the
+local API and the terminal chat, which build the same type): every string of
+an :class:`InboundMessage` and an :class:`Attachment` goes through
+:func:`clean_text` when the object is made, so nothing downstream (the store,
+the session key, the model request) ever sees a lone surrogate or a NUL.
+
+An event the gateway fails on again and again is handed to a
+:data:`DeadLetterHandler` instead, so the platform's offset or ack can move on.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, runtime_checkable
+
+
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode without control characters, safe to store, key and send on.
+
+    - a surrogate pair (two code points in a Python str) becomes the character it
+      encodes; a lone surrogate (JSON can carry ``"\\ud800"``) becomes U+FFFD;
+    - a carriage return becomes a newline (``"\\r\\n"`` one newline), so Windows
+      and old Mac line ends read like every other;
+    - NUL and every other C0 control character except tab and newline is dropped.
+
+    Pure, idempotent, and the identity (the same object) for ordinary text.
+    """
+    if not _UNSAFE.search(text):
+        return text
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub("", text)
+
+
+def _clean_fields(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, str):
+            cleaned = clean_text(value)
+            if cleaned is not value:
+                object.__setattr__(obj, name, cleaned)
 
 
 class ChatType(str, enum.Enum):
@@ -49,6 +92,9 @@ class Attachment:
     url: str | None = None
     data: bytes | None = None
 
+    def __post_init__(self) -> None:
+        _clean_fields(self, ("kind", "name", "mime_type", "url"))
+
 
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
@@ -73,6 +119,9 @@ class InboundMessage:
     addressed: bool = True
     received_at: float = field(default_factory=time.time)
 
+    def __post_init__(self) -> None:
+        _clean_fields(self, _MESSAGE_TEXT_FIELDS)
+
     @property
     def chat(self) -> ChatRef:
         return ChatRef(self.platform, self.chat_id, self.thread_id)
@@ -80,6 +129,9 @@ class InboundMessage:
     @property
     def is_command(self) -> bool:
         return self.text.lstrip().startswith("/")
+
+
+_MESSAGE_TEXT_FIELDS = ("platform", "chat_id", "user_id", "text", "message_id", "thread_id", "user_name")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway.errors import AdapterError
-from gateway.types import AdapterHealth, Attachment, ChatType, InboundHandler, InboundMessage
+from gateway.types import AdapterHealth, Attachment, ChatType, InboundHandler, InboundMessage, clean_text
 
 from . import events
 from .outbound import RESPONSE_URL_TTL, ResponseRoute
@@ -142,7 +142,7 @@ class Inbound:
         if shape is None or not isinstance(user, str):
             log.warning("slack: %s event without channel, ts or user; skipped", kind)
             return None
-        raw = event.get("text") if isinstance(event.get("text"), str) else ""
+        raw = clean_text(event["text"]) if isinstance(event.get("text"), str) else ""
         channel = shape.chat_id
         bot_thread = shape.in_thread and (
             (channel, shape.thread_id) in self.threads or event.get("parent_user_id") == self._bot_user_id)
