@@ -18,11 +18,16 @@ An event the gateway fails on again and again is handed to a
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import logging
 import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
 
 
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\ud800-\udfff]")
@@ -172,14 +177,85 @@ a redelivered event): an adapter that showed a placeholder (a deferred slash
 command) can withdraw it."""
 
 
+DEAD_LETTER_AFTER = 3
+"""Failed attempts at one event after which it is set aside as a dead letter."""
+
+DeadLetterHandler = Callable[[str, "str | None", dict, "InboundMessage | None", str], Awaitable[None]]
+"""The gateway's dead-letter store: ``(platform, event_id, payload, message, error)``.
+
+``payload`` is the event as the platform sent it (a JSON-able dict; the
+gateway masks secrets before storing it), ``message`` the normalised message
+when the failure came after normalisation (a replay hands it to the gateway
+again), ``error`` the last failure.  It returns once the event is stored, so
+the adapter may acknowledge it; it raises when it could not be stored."""
+
+
+class FailedEvents:
+    """An adapter's count of failed attempts per event (the newest 10,000 events) and the hand-over
+    of an event that failed :data:`DEAD_LETTER_AFTER` times to the gateway's dead-letter store::
+
+        except Exception as exc:
+            if await self._failed.give_up(event_id, payload, inbound, exc):
+                return True   # set aside: acknowledge it, the chat's next messages get through
+            return False      # the platform delivers it again
+
+    Without a dead-letter store (an adapter started on its own) nothing is ever set aside.
+    """
+
+    def __init__(self, platform: str, store: DeadLetterHandler | None, *, after: int = DEAD_LETTER_AFTER,
+                 memory: int = 10_000):
+        self.platform = platform
+        self.after = after
+        self._store = store
+        self._memory = memory
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def failed(self, event_id: str) -> int:
+        """Count one more failure of ``event_id``; returns how many so far."""
+        count = self._counts.pop(event_id, 0) + 1
+        self._counts[event_id] = count
+        while len(self._counts) > self._memory:
+            self._counts.popitem(last=False)
+        return count
+
+    def forget(self, event_id: str) -> None:
+        """``event_id`` went through: its earlier failures no longer count."""
+        self._counts.pop(event_id, None)
+
+    async def give_up(self, event_id: str, payload: dict, message: "InboundMessage | None",
+                      exc: BaseException) -> bool:
+        """Count this failure; at the last allowed one, set the event aside.  True when it was."""
+        if self.failed(event_id) < self.after:
+            return False
+        return await self.set_aside(event_id, payload, message, exc)
+
+    async def set_aside(self, event_id: str | None, payload: dict, message: "InboundMessage | None",
+                        exc: BaseException) -> bool:
+        """Hand the event to the dead-letter store now; False when there is none or it failed too."""
+        if self._store is None:
+            return False
+        try:
+            await self._store(self.platform, event_id, payload, message, f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as store_exc:  # noqa: BLE001 - the event stays unacknowledged: nothing is lost
+            log.error("%s event %s could not be set aside as a dead letter (%s: %s); it stays unacknowledged",
+                      self.platform, event_id, type(store_exc).__name__, store_exc)
+            return False
+        if event_id is not None:
+            self.forget(event_id)
+        return True
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """A platform connector: start, send, stop; health for ``/healthz``."""
 
     platform: str
 
-    async def start(self, handler: InboundHandler) -> None:
-        """Connect and begin delivering events to ``handler``; returns once connected."""
+    async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
+        """Connect and begin delivering events to ``handler``; returns once connected.  An event
+        that fails :data:`DEAD_LETTER_AFTER` times goes to ``dead_letter`` and is acknowledged."""
 
     async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> Delivery:
         """Send a reply (Markdown), split and formatted for the platform."""
