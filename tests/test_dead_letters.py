@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 from contextlib import closing
 
+import aiohttp
 import pytest
 from click.testing import CliRunner
 
 from gateway.cli import main
 from gateway.daemon import Gateway
+from gateway.types import FailedEvents
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
@@ -65,9 +68,21 @@ async def one_dead_letter(gw: Gateway, platform: str) -> dict:
     return row
 
 
-def counts_shown(gw: Gateway) -> tuple[int, bool]:
-    """The held count on /healthz and the /metrics gauge line for it."""
-    return gw.health()["dead_letters"], b"switchboard_dead_letters 1.0" in gw.metrics.render()
+async def until_shown(gw: Gateway, held: int, timeout: float = 10) -> None:
+    """Until GET /healthz and GET /metrics on the local API both show ``held`` dead letters."""
+    base = f"http://127.0.0.1:{gw.api.bound_port}"
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{base}/healthz") as resp:
+                health = (await resp.json())["dead_letters"]
+            async with http.get(f"{base}/metrics") as resp:
+                gauge = re.search(r"^switchboard_dead_letters (\S+)$", await resp.text(), re.M).group(1)
+            if (health, float(gauge)) == (held, held):
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"/healthz shows {health} and /metrics {gauge} dead letters, not {held}")
+            await asyncio.sleep(0.05)
 
 
 async def cli(*args: str) -> str:
@@ -104,7 +119,7 @@ async def test_a_telegram_update_failing_three_times_is_set_aside_and_the_chat_m
     row = await one_dead_letter(gw, "telegram")
     assert row["event_id"] == str(poison["update_id"])
     assert json.loads(row["payload"])["message"]["chat"]["id"] == 111
-    await eventually(lambda: counts_shown(gw) == (1, True), what="the count on /healthz and /metrics")
+    await until_shown(gw, 1)
 
 
 async def test_an_operator_replays_a_dead_letter_once_the_fault_is_fixed(telegram, monkeypatch):
@@ -118,7 +133,7 @@ async def test_an_operator_replays_a_dead_letter_once_the_fault_is_fixed(telegra
     [reply] = await tg.wait_for_sent(1, timeout=20)
     assert reply.visible_text.startswith("echo: POISON please keep ")  # the token masked: "***" renders as Markdown
     await eventually(lambda: dead_letters(gw.config.db_path)[0]["status"] == "retried", what="retried")
-    await eventually(lambda: counts_shown(gw) == (0, False), what="the count back to 0")
+    await until_shown(gw, 0)
 
 
 async def test_a_replay_that_fails_again_is_held_again_with_the_new_error(telegram, monkeypatch):
@@ -244,3 +259,26 @@ async def test_a_slack_http_event_failing_three_times_is_answered_200_and_set_as
             assert (await one_dead_letter(gw, "slack"))["event_id"] == "EvHTTP"
         finally:
             await gw.stop(grace_seconds=5)
+
+
+# -- the adapters' counter ---------------------------------------------------------------------------
+
+
+async def test_failures_are_counted_per_event_in_bounded_memory_and_a_failed_store_keeps_the_event():
+    stored = []
+
+    async def store(platform, event_id, payload, message, error):
+        if event_id == "full-disk":
+            raise OSError("No space left on device")
+        stored.append((platform, event_id, payload, message, error))
+
+    failed = FailedEvents("telegram", store, memory=2)
+    boom = RuntimeError("boom")
+    assert [await failed.give_up("1", {"n": 1}, None, boom) for _ in range(3)] == [False, False, True]
+    assert stored == [("telegram", "1", {"n": 1}, None, "RuntimeError: boom")]
+    assert await failed.give_up("1", {}, None, boom) is False  # set aside: a new delivery starts counting afresh
+    failed.failed("2")
+    failed.failed("3")  # three events in a memory of two: "1", the oldest, is forgotten
+    assert failed.failed("1") == 1
+    assert [await failed.give_up("full-disk", {}, None, boom) for _ in range(4)] == [False] * 4  # never acknowledged
+    assert await FailedEvents("slack", None).set_aside("x", {}, None, boom) is False  # no store: nothing set aside
