@@ -11,10 +11,12 @@ text back from state.db as bytes: valid UTF-8, equal to the sanitised input
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from contextlib import closing
 
+import aiohttp
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -25,7 +27,7 @@ from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
-from tests.harness import eventually, gateway_config
+from tests.harness import eventually, gateway_config, running_gateway
 
 # Any code point, with lone surrogates and C0 controls drawn often.  The characters of the platforms'
 # own markup (mentions, commands, Slack's <link|label> and &amp;) are left out: they are rewritten by
@@ -214,3 +216,19 @@ async def test_any_discord_text_is_stored_as_its_sanitised_form(discord, text):
     dc, gw = discord
     msg = await dc.dm(dc.alice, text)
     assert await stored_text(gw, msg["id"]) == expected
+
+
+async def test_the_local_api_gets_the_same_treatment(tmp_path):
+    body = {"model": "switchboard", "messages": [{"role": "user", "content": "from a script \ud800\x00 with\r\nCRLF"}]}
+    async with FakeModel() as model:
+        async with running_gateway(tmp_path / "home", model) as gw:
+            async with aiohttp.ClientSession() as http:
+                # JSON escapes the lone surrogate as "\\ud800", as a script's client would send it
+                async with http.post(f"http://127.0.0.1:{gw.api.bound_port}/v1/chat/completions", data=json.dumps(body),
+                                     headers={"Content-Type": "application/json", "X-Session-Key": "ops"}) as resp:
+                    assert resp.status == 200, await resp.text()
+                    reply = (await resp.json())["choices"][0]["message"]["content"]
+            with closing(sqlite3.connect(gw.config.db_path)) as conn:
+                [(raw,)] = conn.execute("SELECT CAST(content AS BLOB) FROM messages WHERE role = 'user'").fetchall()
+    assert raw.decode("utf-8") == "from a script \ufffd with\nCRLF"
+    assert reply.startswith("echo: from a script \ufffd with\nCRLF")
