@@ -19,6 +19,7 @@ import state
 from gateway.cli_common import CONFIG_OPTION, fail as _fail, home_for as _home_for, load_config_or_exit as _load_config
 from gateway.cli_config import config_group
 from gateway.cli_cron import cron_group
+from gateway.cli_deadletters import deadletters as deadletters_group
 from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli_sessions import sessions as sessions_group
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
@@ -41,6 +42,7 @@ def main() -> None:
 
 for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd):
     main.add_command(command)
+main.add_command(deadletters_group)
 
 
 @main.command()

@@ -33,6 +33,7 @@ from gateway.auth import AuthSettings, Authorizer
 from gateway.commands import default_commands
 from gateway.compressing import Compressor
 from gateway.cron import CronService
+from gateway.deadletters import DeadLetterReplay, dead_letter_row
 from gateway.facts import FactMemory
 from gateway.memory import MemoryService, memory_flush_turn
 from gateway.recall import RecallSettings, SessionRecall, search_command, session_search_tool
@@ -114,6 +115,8 @@ class Gateway:
         self.facts = None  # facts (issue 9): gateway.facts.FactMemory, made in start()
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
+        self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
+        self._dead_letter_replay: asyncio.Task | None = None
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -154,6 +157,7 @@ class Gateway:
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
         self.cron = CronService(self)
         await self.cron.start(schedule=self.serve_api)
+        self._start_dead_letter_replay()
         self.started_at = time.time()
 
     def _wire_compression(self, turn: AgentTurn) -> None:
@@ -233,6 +237,29 @@ class Gateway:
             return False
         return await self.router.handle(msg) is not None or self.router.answered_stranger(msg)
 
+    # -- dead letters: events the adapters gave up on ------------------------
+    async def on_dead_letter(self, platform: str, event_id: str | None, payload: dict,
+                             message: InboundMessage | None, error: str) -> None:
+        """The adapters' dead-letter store (``gateway.types.DeadLetterHandler``): keeps the event with its
+        secrets masked, so the adapter can acknowledge it and the chat's next messages get through."""
+        row = dead_letter_row(platform, event_id, payload, message, error, secrets=self.config.secrets())
+        dead_letter_id = await self.db.add_dead_letter(**row)
+        log.error("%s event %s failed %d times and was set aside as dead letter %d (%s); "
+                  "see: switchboard deadletters show %d", platform, row["event_id"], row["attempts"],
+                  dead_letter_id, row["error"], dead_letter_id)
+        self._count_dead_letters(await self.db.count_dead_letters())
+
+    def _count_dead_letters(self, held: int) -> None:
+        self.dead_letters_held = held
+        self.metrics.dead_letters.set(held)
+
+    def _start_dead_letter_replay(self) -> None:
+        """In the daemon: replay what ``switchboard deadletters retry`` marked, keep the held count fresh."""
+        if not self.serve_api:
+            return
+        replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters)
+        self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
+
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         self.adapters[name] = adapter
         self.platforms_off.pop(name, None)
@@ -279,7 +306,7 @@ class Gateway:
         attempt = 0
         while True:
             try:
-                await adapter.start(self.on_inbound)
+                await adapter.start(self.on_inbound, dead_letter=self.on_dead_letter)
                 self._connected[name].set()
                 self._start_errors.pop(name, None)
                 log.info("platform %s connected", name)
@@ -297,6 +324,9 @@ class Gateway:
         """Stop taking messages, finish running turns within the grace period, close everything."""
         grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
         self.draining = True
+        if self._dead_letter_replay is not None:
+            self._dead_letter_replay.cancel()
+            await asyncio.gather(self._dead_letter_replay, return_exceptions=True)
         # Everything that is still working gets the same grace period, at the same time, so
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
         # turns (the router stops taking messages first), cron runs (issue 6), memory flushes
@@ -350,6 +380,7 @@ class Gateway:
             "api": {"state": "serving", "port": self.api.bound_port},
             "active_sessions": self.router.active_lanes() if self.router else 0,
             "cron": self._cron_health(),
+            "dead_letters": self.dead_letters_held,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
         }
 

@@ -56,6 +56,13 @@ def check_database(home: Path) -> list[Check]:
         Check("WAL", report.wal_bytes < WAL_WARN_BYTES, f"{_mib(report.wal_bytes)} (database {_mib(report.size_bytes)})",
               "a long-lived reader blocks checkpoints: restart the daemon, or run switchboard backup to check"),
     ]
+    if report.dead_letters is not None:
+        held = report.dead_letters
+        checks.append(Check(
+            "dead letters", held == 0,
+            f"{held} event{'s' if held != 1 else ''} set aside after failing three times" if held else "none held",
+            "see them with: switchboard deadletters list; after fixing the cause, replay one with: switchboard "
+            "deadletters retry ID, or give it up with: switchboard deadletters drop ID"))
     return checks
 
 

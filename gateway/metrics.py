@@ -38,6 +38,8 @@ class Metrics:
         self.model_retries = Counter("switchboard_model_retries", "Model call retries", registry=r)
         self.db_write_retries = Gauge("switchboard_db_write_retries", "Database write retries since start", registry=r)
         self.active_sessions = Gauge("switchboard_active_sessions", "Sessions with a turn running or queued", registry=r)
+        self.dead_letters = Gauge("switchboard_dead_letters", "Events set aside after failing again and again, "
+                                  "held for an operator (switchboard deadletters list)", registry=r)
         self.unauthorized = Counter("switchboard_unauthorized_messages", "Messages from users not allowed", ["platform"], registry=r)
         r.register(_TaskFailures())
 

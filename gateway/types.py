@@ -5,14 +5,62 @@ it to the gateway through an :data:`InboundHandler` callback; the gateway
 answers through the adapter's :meth:`Adapter.send`.  Adapters import this
 module and nothing else from ``gateway`` (the router never reaches into an
 adapter and an adapter never reaches into the router).
+
+Text is made safe here, at the boundary, the same for every platform (and the
+local API and the terminal chat, which build the same type): every string of
+an :class:`InboundMessage` and an :class:`Attachment` goes through
+:func:`clean_text` when the object is made, so nothing downstream (the store,
+the session key, the model request) ever sees a lone surrogate or a NUL.
+
+An event the gateway fails on again and again is handed to a
+:data:`DeadLetterHandler` instead, so the platform's offset or ack can move on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import logging
+import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode without control characters, safe to store, key and send on.
+
+    - a surrogate pair (two code points in a Python str) becomes the character it
+      encodes; a lone surrogate (JSON can carry ``"\\ud800"``) becomes U+FFFD;
+    - a carriage return becomes a newline (``"\\r\\n"`` one newline), so Windows
+      and old Mac line ends read like every other;
+    - NUL and every other C0 control character except tab and newline is dropped.
+
+    Pure, idempotent, and the identity (the same object) for ordinary text.
+    """
+    if not _UNSAFE.search(text):
+        return text
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub("", text)
+
+
+def _clean_fields(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, str):
+            cleaned = clean_text(value)
+            if cleaned is not value:
+                object.__setattr__(obj, name, cleaned)
 
 
 class ChatType(str, enum.Enum):
@@ -49,6 +97,9 @@ class Attachment:
     url: str | None = None
     data: bytes | None = None
 
+    def __post_init__(self) -> None:
+        _clean_fields(self, ("kind", "name", "mime_type", "url"))
+
 
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
@@ -73,6 +124,9 @@ class InboundMessage:
     addressed: bool = True
     received_at: float = field(default_factory=time.time)
 
+    def __post_init__(self) -> None:
+        _clean_fields(self, _MESSAGE_TEXT_FIELDS)
+
     @property
     def chat(self) -> ChatRef:
         return ChatRef(self.platform, self.chat_id, self.thread_id)
@@ -80,6 +134,9 @@ class InboundMessage:
     @property
     def is_command(self) -> bool:
         return self.text.lstrip().startswith("/")
+
+
+_MESSAGE_TEXT_FIELDS = ("platform", "chat_id", "user_id", "text", "message_id", "thread_id", "user_name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,14 +212,85 @@ a redelivered event): an adapter that showed a placeholder (a deferred slash
 command) can withdraw it."""
 
 
+DEAD_LETTER_AFTER = 3
+"""Failed attempts at one event after which it is set aside as a dead letter."""
+
+DeadLetterHandler = Callable[[str, "str | None", dict, "InboundMessage | None", str], Awaitable[None]]
+"""The gateway's dead-letter store: ``(platform, event_id, payload, message, error)``.
+
+``payload`` is the event as the platform sent it (a JSON-able dict; the
+gateway masks secrets before storing it), ``message`` the normalised message
+when the failure came after normalisation (a replay hands it to the gateway
+again), ``error`` the last failure.  It returns once the event is stored, so
+the adapter may acknowledge it; it raises when it could not be stored."""
+
+
+class FailedEvents:
+    """An adapter's count of failed attempts per event (the newest 10,000 events) and the hand-over
+    of an event that failed :data:`DEAD_LETTER_AFTER` times to the gateway's dead-letter store::
+
+        except Exception as exc:
+            if await self._failed.give_up(event_id, payload, inbound, exc):
+                return True   # set aside: acknowledge it, the chat's next messages get through
+            return False      # the platform delivers it again
+
+    Without a dead-letter store (an adapter started on its own) nothing is ever set aside.
+    """
+
+    def __init__(self, platform: str, store: DeadLetterHandler | None, *, after: int = DEAD_LETTER_AFTER,
+                 memory: int = 10_000):
+        self.platform = platform
+        self.after = after
+        self._store = store
+        self._memory = memory
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def failed(self, event_id: str) -> int:
+        """Count one more failure of ``event_id``; returns how many so far."""
+        count = self._counts.pop(event_id, 0) + 1
+        self._counts[event_id] = count
+        while len(self._counts) > self._memory:
+            self._counts.popitem(last=False)
+        return count
+
+    def forget(self, event_id: str) -> None:
+        """``event_id`` went through: its earlier failures no longer count."""
+        self._counts.pop(event_id, None)
+
+    async def give_up(self, event_id: str, payload: dict, message: "InboundMessage | None",
+                      exc: BaseException) -> bool:
+        """Count this failure; at the last allowed one, set the event aside.  True when it was."""
+        if self.failed(event_id) < self.after:
+            return False
+        return await self.set_aside(event_id, payload, message, exc)
+
+    async def set_aside(self, event_id: str | None, payload: dict, message: "InboundMessage | None",
+                        exc: BaseException) -> bool:
+        """Hand the event to the dead-letter store now; False when there is none or it failed too."""
+        if self._store is None:
+            return False
+        try:
+            await self._store(self.platform, event_id, payload, message, f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as store_exc:  # noqa: BLE001 - the event stays unacknowledged: nothing is lost
+            log.error("%s event %s could not be set aside as a dead letter (%s: %s); it stays unacknowledged",
+                      self.platform, event_id, type(store_exc).__name__, store_exc)
+            return False
+        if event_id is not None:
+            self.forget(event_id)
+        return True
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """A platform connector: start, send, stop; health for ``/healthz``."""
 
     platform: str
 
-    async def start(self, handler: InboundHandler) -> None:
-        """Connect and begin delivering events to ``handler``; returns once connected."""
+    async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
+        """Connect and begin delivering events to ``handler``; returns once connected.  An event
+        that fails :data:`DEAD_LETTER_AFTER` times goes to ``dead_letter`` and is acknowledged."""
 
     async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None,
                    progress: SendProgress | None = None) -> Delivery:

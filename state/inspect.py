@@ -20,6 +20,7 @@ class DatabaseReport:
     size_bytes: int = 0
     wal_bytes: int = 0
     refused: str | None = None  # why the file is not usable as our store
+    dead_letters: int | None = None  # events set aside and held for an operator (None: no such table yet)
 
 
 def inspect_database(path: Path | str) -> DatabaseReport:
@@ -43,6 +44,10 @@ def inspect_database(path: Path | str) -> DatabaseReport:
             check = "ok" if rows == [("ok",)] else "; ".join(r[0] for r in rows[:3])
         except sqlite3.DatabaseError as exc:
             check = str(exc)
-        return DatabaseReport(path, True, check, version, supported, **sizes)
+        try:
+            held = conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = 'held'").fetchone()[0]
+        except sqlite3.DatabaseError:  # a schema from before dead letters, or a damaged file (quick_check says)
+            held = None
+        return DatabaseReport(path, True, check, version, supported, dead_letters=held, **sizes)
     finally:
         conn.close()

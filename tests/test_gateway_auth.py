@@ -23,7 +23,7 @@ class StandInPlatform:
         self.sent: list[tuple[ChatRef, str]] = []
         self.handler = None
 
-    async def start(self, handler):
+    async def start(self, handler, *, dead_letter=None):
         self.handler = handler
 
     async def send(self, chat, text, *, reply_to=None, progress=None):

@@ -21,8 +21,11 @@ before the gateway has persisted anything) and answered by follow-up: the
 interaction is remembered under the InboundMessage's ``message_id`` and used
 when ``send(..., reply_to=that id)`` comes.  Discord has no delivery
 acknowledgement and no redelivery for gateway events, so a failing handler is
-retried here (``deliver_attempts`` with backoff) before the event is given up
-and logged; a slash command given up gets a follow-up telling the user.
+retried here (``deliver_attempts``, :data:`~gateway.types.DEAD_LETTER_AFTER` by
+default, with backoff) before the event is set aside in the gateway's
+dead-letter store, with the message's fields as its payload (discord.py keeps
+no raw event); a message that cannot even be read is set aside at once.  A
+slash command given up gets a follow-up telling the user.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import aiohttp
 import discord
@@ -41,7 +44,8 @@ from discord import app_commands
 from gateway.errors import AdapterError
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
-from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundHandler, InboundMessage, SendProgress
+from gateway.types import (DEAD_LETTER_AFTER, AdapterHealth, ChatRef, ChatType, DeadLetterHandler, Delivery,
+                           FailedEvents, InboundHandler, InboundMessage, SendProgress)
 
 from . import attachments as _attachments
 from . import events, redact
@@ -105,7 +109,7 @@ class DiscordAdapter:
         send_total_seconds: float = 120.0,
         send_backoff: Backoff = Backoff(base=0.5, cap=10.0),
         reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0),
-        deliver_attempts: int = 4,
+        deliver_attempts: int = DEAD_LETTER_AFTER,
         deliver_backoff: Backoff = Backoff(base=0.5, cap=5.0),
     ):
         if not token or not token.strip():
@@ -128,6 +132,7 @@ class DiscordAdapter:
 
         self._health = AdapterHealth(PLATFORM)
         self._handler: InboundHandler | None = None
+        self._failed = FailedEvents(PLATFORM, None)
         self._client: discord.Client | None = None
         self._connect_task: asyncio.Task | None = None
         self._supervisor: asyncio.Task | None = None
@@ -158,11 +163,12 @@ class DiscordAdapter:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, handler: InboundHandler) -> None:
+    async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
         """Log in, connect, return once READY; :class:`AdapterError` says why not."""
         if self._supervisor is not None:
             raise RuntimeError("DiscordAdapter.start() called twice; stop() it first")
         self._handler = handler
+        self._failed = FailedEvents(PLATFORM, dead_letter)
         self._stopping = False
         self._configure_endpoints()
         self._health.state = "starting"
@@ -395,14 +401,15 @@ class DiscordAdapter:
             files = await _attachments.collect(message.attachments, self._downloads, vision=self.vision,
                                                max_image_bytes=self.max_image_bytes)
             inbound = events.from_message(message, place, addressing, attachments=files)
-        except Exception:  # noqa: BLE001 - one odd event must not kill the adapter
-            log.exception("discord message %s could not be normalized", getattr(message, "id", "?"))
+        except Exception as exc:  # noqa: BLE001 - one odd event must not kill the adapter
+            log.exception("discord message %s could not be normalized; setting it aside", getattr(message, "id", "?"))
+            await self._failed.set_aside(str(getattr(message, "id", "")) or None, _message_payload(message), None, exc)
             return
         if inbound is None:
             return
         if inbound.chat_type is ChatType.DM:
             self._outbound.remember_dm(inbound.chat_id)
-        await self._deliver(inbound)
+        await self._deliver(inbound, lambda: _message_payload(message))
 
     def _warn_if_content_missing(self, message: discord.Message, place: events.Where) -> None:
         if (place.chat_type is ChatType.DM or message.content or message.attachments or message.embeds
@@ -412,8 +419,9 @@ class DiscordAdapter:
         self._warned_empty_content = True
         log.warning("discord: a guild message arrived with empty content. %s", MESSAGE_CONTENT_HELP)
 
-    async def _deliver(self, inbound: InboundMessage) -> bool | None:
-        """Hand ``inbound`` to the gateway, retrying a failing handler (Discord never redelivers).
+    async def _deliver(self, inbound: InboundMessage, payload: Callable[[], dict]) -> bool | None:
+        """Hand ``inbound`` to the gateway, retrying a failing handler (Discord never redelivers);
+        after the last attempt the event (``payload()``) is set aside as a dead letter.
 
         True: taken (an answer will come); None: the gateway dropped it on purpose and will send
         nothing; False: it could not be handed over."""
@@ -430,9 +438,10 @@ class DiscordAdapter:
             taken = await retry_async(lambda: handler(inbound), classify=lambda exc: 0.0, backoff=self._deliver_backoff,
                                       max_attempts=self._deliver_attempts, on_retry=on_retry)
             return None if taken is False else True
-        except Exception:  # noqa: BLE001 - the handler's failure is logged; the adapter lives on
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is logged; the adapter lives on
             log.exception("discord: the gateway failed to take message %s from chat %s; giving up after %d tries",
                           inbound.message_id, inbound.chat_id, self._deliver_attempts)
+            await self._failed.set_aside(inbound.message_id, payload(), inbound, exc)
             return False
 
     async def on_command(self, interaction: discord.Interaction, name: str, args: str | None) -> None:
@@ -450,7 +459,7 @@ class DiscordAdapter:
         self._outbound.remember_interaction(inbound.message_id or "", interaction.application_id, interaction.token)
         if place.chat_type is ChatType.DM:
             self._outbound.remember_dm(place.chat_id)
-        taken = await self._deliver(inbound)
+        taken = await self._deliver(inbound, lambda: _interaction_payload(interaction, name, args))
         if taken is None:
             # The gateway answers nothing (e.g. a stranger in a channel): withdraw "thinking…" rather
             # than leave Discord to say the application did not respond.
@@ -470,6 +479,35 @@ class DiscordAdapter:
 
     async def send_typing(self, chat: ChatRef) -> None:
         await self._outbound.send_typing(chat)
+
+
+def _message_payload(message: discord.Message) -> dict:
+    """What Discord sent for a message (the fields discord.py keeps), for a dead letter."""
+    channel = getattr(message, "channel", None)
+    guild = getattr(message, "guild", None)
+    author = getattr(message, "author", None)
+    return {
+        "id": str(getattr(message, "id", "")),
+        "channel_id": str(getattr(channel, "id", "")),
+        "guild_id": str(guild.id) if guild is not None else None,
+        "author": {"id": str(getattr(author, "id", "")), "username": getattr(author, "name", None)},
+        "content": getattr(message, "content", None),
+        "type": str(getattr(message, "type", "")),
+        "attachments": [{"id": str(a.id), "filename": a.filename, "size": a.size, "content_type": a.content_type}
+                        for a in getattr(message, "attachments", ())],
+    }
+
+
+def _interaction_payload(interaction: discord.Interaction, name: str, args: str | None) -> dict:
+    """A slash command as Discord sent it, without its token, for a dead letter."""
+    return {
+        "id": str(interaction.id),
+        "type": "application_command",
+        "channel_id": str(interaction.channel_id),
+        "guild_id": str(interaction.guild_id) if interaction.guild_id else None,
+        "user": {"id": str(interaction.user.id), "username": interaction.user.name},
+        "data": {"name": name, "options": [] if args is None else [{"name": "args", "value": args}]},
+    }
 
 
 async def _close(client: discord.Client | None, task: asyncio.Task | None) -> None:

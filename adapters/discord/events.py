@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import discord
 
-from gateway.types import Attachment, ChatType, InboundMessage
+from gateway.types import Attachment, ChatType, InboundMessage, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def from_message(
         log.debug("discord message %s ignored: %s", message.id, reason)
         return None
     roles = bot_role_ids(message)
-    text = readable_mentions(message, strip_mentions(message.content, addressing.bot_id, roles))
+    text = readable_mentions(message, strip_mentions(clean_text(message.content), addressing.bot_id, roles))
     addressed = (
         place.chat_type is ChatType.DM
         or not addressing.require_mention

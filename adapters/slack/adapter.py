@@ -6,7 +6,10 @@ payloads bolt awaits our listener and only then acks (the Socket Mode
 envelope ack, or the HTTP 200).  Our listener awaits the gateway's handler,
 so an event is acknowledged only once it is persisted.  When the handler
 raises, the listener re-raises, bolt answers 500, the Socket Mode envelope
-is not acked and Slack redelivers it (HTTP mode: Slack retries).  Slash
+is not acked and Slack redelivers it (HTTP mode: Slack retries).  Failures
+are counted per event id: at failure number :data:`~gateway.types.DEAD_LETTER_AFTER`
+the event is set aside in the gateway's dead-letter store and acknowledged, so
+Slack stops redelivering it and the chat moves on.  Slash
 commands must be acked within 3 s and are never redelivered, so they are
 acked at once and handed to the gateway in a background task; the answer
 goes to the command's ``response_url`` (see :mod:`.outbound`).
@@ -67,7 +70,7 @@ from gateway.formatting import split_message
 from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff
 from gateway.tasks import spawn
-from gateway.types import AdapterHealth, ChatRef, Delivery, InboundHandler, SendProgress
+from gateway.types import AdapterHealth, ChatRef, DeadLetterHandler, Delivery, InboundHandler, SendProgress
 
 from .connection import HttpEndpoint, Pulse, SocketConnection
 from .inbound import Inbound, InboundSettings, Lru
@@ -197,13 +200,13 @@ class SlackAdapter:
     def _on_event_seen(self, at: float) -> None:
         self._health.last_event_at = at
 
-    async def start(self, handler: InboundHandler) -> None:
+    async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
         if self._started:
             raise RuntimeError("SlackAdapter.start() called twice")
         self._started = True
         self._set_state("starting")
         try:
-            await self._start(handler)
+            await self._start(handler, dead_letter)
         except asyncio.CancelledError:  # the daemon gave up on this start: leave nothing open
             await self._close_resources()
             self._started = False
@@ -218,7 +221,7 @@ class SlackAdapter:
                 raise
             raise error from None
 
-    async def _start(self, handler: InboundHandler) -> None:
+    async def _start(self, handler: InboundHandler, dead_letter: DeadLetterHandler | None) -> None:
         # One HTTP session for every Web API call: slack-sdk otherwise opens a new session (and
         # connection) per call, which costs more CPU than the rest of a reply (bench/adapters.py).
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
@@ -239,7 +242,8 @@ class SlackAdapter:
         self._sender = Sender(self._client, limiter, backoff=self._send_backoff, max_attempts=self._send_attempts,
                               total_seconds=self._send_total)
         self._inbound = Inbound(
-            client=self._client, handler=handler, settings=self._settings, health=self._health, http=self._http,
+            client=self._client, handler=handler, dead_letter=dead_letter, settings=self._settings,
+            health=self._health, http=self._http,
             bot_token=self._bot_token, bot_user_id=self.bot_user_id, bot_id=self.bot_id, beat=self._pulse.beat,
             apologize=lambda channel, message_id: self.send(
                 ChatRef(PLATFORM, channel), "Sorry, that command failed. Please try again.", reply_to=message_id),
@@ -274,12 +278,12 @@ class SlackAdapter:
             log.warning("slack: request not acknowledged: %s: %s", type(error).__name__, error)
 
         @app.event("message")
-        async def on_message(event):  # noqa: ANN001 - bolt injects arguments by name
-            await inbound.on_event(event, "message")
+        async def on_message(event, body):  # noqa: ANN001 - bolt injects arguments by name
+            await inbound.on_event(event, "message", body)
 
         @app.event("app_mention")
-        async def on_mention(event):  # noqa: ANN001
-            await inbound.on_event(event, "app_mention")
+        async def on_mention(event, body):  # noqa: ANN001
+            await inbound.on_event(event, "app_mention", body)
 
         @app.event(re.compile(".*"))
         async def on_other(event):  # noqa: ANN001 - subscribed but unused: ack so Slack does not resend it

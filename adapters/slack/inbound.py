@@ -13,6 +13,10 @@ acknowledged when the first succeeded or is still running (it will finish),
 left unacknowledged when the first failed (so Slack tries again).  Slack
 sends both ``message`` and ``app_mention`` for one mention in a channel; the
 second of the pair is acknowledged without being handed over.
+
+Failures are counted per ``event_id`` (the same on every redelivery); the
+event that fails the last allowed time is set aside as a dead letter with the
+whole event callback as its payload, and acknowledged.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway.errors import AdapterError
-from gateway.types import AdapterHealth, Attachment, ChatType, InboundHandler, InboundMessage
+from gateway.types import (AdapterHealth, Attachment, ChatType, DeadLetterHandler, FailedEvents, InboundHandler,
+                           InboundMessage, clean_text)
 
 from . import events
 from .outbound import RESPONSE_URL_TTL, ResponseRoute
@@ -67,9 +72,11 @@ class Inbound:
 
     def __init__(self, *, client: AsyncWebClient, handler: InboundHandler, settings: InboundSettings, health: AdapterHealth,
                  http: aiohttp.ClientSession, bot_token: str, bot_user_id: str | None, bot_id: str | None,
-                 beat: Callable[[], None], apologize: Callable[[str, str], Awaitable[Any]]):
+                 beat: Callable[[], None], apologize: Callable[[str, str], Awaitable[Any]],
+                 dead_letter: DeadLetterHandler | None = None):
         self._client = client
         self._handler = handler
+        self._failed = FailedEvents(PLATFORM, dead_letter)
         self._s = settings
         self._health = health
         self._http = http
@@ -87,8 +94,9 @@ class Inbound:
 
     # ------------------------------------------------------------------ events
 
-    async def on_event(self, event: Any, kind: str) -> None:
-        """A ``message`` or ``app_mention`` event; returns once the gateway has it (or it was dropped)."""
+    async def on_event(self, event: Any, kind: str, body: Any = None) -> None:
+        """A ``message`` or ``app_mention`` event; returns once the gateway has it (or it was dropped, or
+        set aside as a dead letter).  ``body`` is the whole event callback (``event_id``...)."""
         self._beat()
         if not isinstance(event, dict):
             log.warning("slack: %s event without a body; skipped", kind)
@@ -107,20 +115,32 @@ class Inbound:
         if self._handled.get(key) not in (None, kind):
             log.debug("slack: %s for %s already handled as %s", kind, key[1], self._handled[key])
             return
+        body = body if isinstance(body, dict) else {"event": event}
+        event_id = str(body.get("event_id") or f"{key[0]}:{key[1]}:{kind}")
         done = asyncio.get_running_loop().create_future()
         self._inflight[key] = done
+        msg = None
         try:
             msg = await self._normalize(event, kind)
             if msg is not None:
                 await self._handler(msg)
-        except BaseException as exc:
+        except Exception as exc:
+            self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
+            if await self._failed.give_up(event_id, body, msg, exc):
+                log.error("slack: the gateway failed on message %s in %s again; set aside as a dead letter and "
+                          "acknowledged", key[1], key[0], exc_info=exc)
+                done.set_result(True)
+                self._handled.remember(key, kind)
+                return
             done.set_result(False)
-            if isinstance(exc, Exception):
-                log.exception("slack: the gateway failed on message %s in %s; not acknowledged, Slack will redeliver", key[1], key[0])
-                self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
+            log.exception("slack: the gateway failed on message %s in %s; not acknowledged, Slack will redeliver", key[1], key[0])
+            raise
+        except BaseException:
+            done.set_result(False)
             raise
         else:
             done.set_result(True)
+            self._failed.forget(event_id)
             if msg is not None:
                 self._handled.remember(key, kind)
         finally:
@@ -142,7 +162,7 @@ class Inbound:
         if shape is None or not isinstance(user, str):
             log.warning("slack: %s event without channel, ts or user; skipped", kind)
             return None
-        raw = event.get("text") if isinstance(event.get("text"), str) else ""
+        raw = clean_text(event["text"]) if isinstance(event.get("text"), str) else ""
         channel = shape.chat_id
         bot_thread = shape.in_thread and (
             (channel, shape.thread_id) in self.threads or event.get("parent_user_id") == self._bot_user_id)

@@ -13,7 +13,10 @@ registers it with ``webhook_secret`` (generated when not given).
 ``.../file/bot``).
 
 An update is acknowledged (offset advanced, webhook answered 200) only after
-the handler returned; when it raises, the update is delivered again.
+the handler returned; when it raises, the update is delivered again.  An
+update that fails :data:`~gateway.types.DEAD_LETTER_AFTER` times (it could not
+be read, or the gateway failed on it) is handed to the gateway's dead-letter
+store and then acknowledged, so it never blocks the offset or its chat.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from gateway.formatting import split_message, utf16_len
 from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
-from gateway.types import AdapterHealth, Attachment, ChatRef, Delivery, InboundHandler, InboundMessage, SendProgress
+from gateway.types import (AdapterHealth, Attachment, ChatRef, DeadLetterHandler, Delivery, FailedEvents,
+                           InboundHandler, InboundMessage, SendProgress)
 
 from .events import PLATFORM, Addressing, normalize
 from .format import is_parse_error, markdown_to_html
@@ -112,6 +116,7 @@ class TelegramAdapter:
         self._health = AdapterHealth(platform=PLATFORM)
         self._bot: Bot | None = None
         self._handler: InboundHandler | None = None
+        self._failed = FailedEvents(PLATFORM, None)
         self._who: Addressing | None = None
         self._poller: Poller | None = None
         self._poll_task: asyncio.Task | None = None
@@ -160,10 +165,11 @@ class TelegramAdapter:
         if error is not None:
             self._health.last_error = error
 
-    async def start(self, handler: InboundHandler) -> None:
+    async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
         if self._bot is not None:
             raise RuntimeError("TelegramAdapter is already started")
         self._handler = handler
+        self._failed = FailedEvents(PLATFORM, dead_letter)
         self._stopping = False
         self._health.state = "starting"
         timeout = self._request_timeout
@@ -309,35 +315,51 @@ class TelegramAdapter:
     # -- inbound -------------------------------------------------------------------------
 
     async def _deliver(self, update: Update) -> bool:
-        """Hand one update to the gateway; True when it may be acknowledged."""
+        """Hand one update to the gateway; True when it may be acknowledged (stored, skipped on
+        purpose, or set aside as a dead letter)."""
         self._health.last_event_at = time.time()
         message = update.message or update.channel_post
         if message is None or self._who is None or self._handler is None:
             return True
+        inbound = None
         try:
-            inbound = normalize(message, self._who)
+            inbound = await self._read(message)
             if inbound is None:
                 return True
-            attachments = await collect_attachments(self.bot, message, vision=self._vision,
-                                                    max_image_bytes=self._max_image_bytes)
-            if attachments:
-                inbound = _with_attachments(inbound, attachments)
-            if not inbound.text and not inbound.attachments:
-                log.debug("ignoring an empty message %s in chat %s", inbound.message_id, inbound.chat_id)
-                return True
-        except Exception:  # noqa: BLE001 - an odd update is skipped, never fatal
-            log.exception("could not read telegram update %s; skipping it", update.update_id)
-            return True
-        try:
             await self._handler(inbound)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - logged; the update is delivered again
-            log.exception("the gateway failed on telegram message %s in chat %s; it will be delivered again",
-                          inbound.message_id, inbound.chat_id)
-            self._health.last_error = f"handler failed on message {inbound.message_id}: {type(exc).__name__}: {exc}"
-            return False
+        except Exception as exc:  # noqa: BLE001 - delivered again, or set aside after the last attempt
+            return await self._on_failure(update, inbound, exc)
+        self._failed.forget(str(update.update_id))
         return True
+
+    async def _read(self, message: Message) -> InboundMessage | None:
+        """The InboundMessage for ``message`` with its attachments; None when the bot should not see it."""
+        inbound = normalize(message, self._who)
+        if inbound is None:
+            return None
+        attachments = await collect_attachments(self.bot, message, vision=self._vision,
+                                                max_image_bytes=self._max_image_bytes)
+        if attachments:
+            inbound = _with_attachments(inbound, attachments)
+        if not inbound.text and not inbound.attachments:
+            log.debug("ignoring an empty message %s in chat %s", inbound.message_id, inbound.chat_id)
+            return None
+        return inbound
+
+    async def _on_failure(self, update: Update, inbound: InboundMessage | None, exc: Exception) -> bool:
+        event = str(update.update_id)
+        set_aside = await self._failed.give_up(event, _payload(update), inbound, exc)
+        outcome = "set aside as a dead letter" if set_aside else "it will be delivered again"
+        if inbound is None:
+            log.error("could not read telegram update %s; %s", event, outcome, exc_info=exc)
+            self._health.last_error = f"could not read update {event}: {type(exc).__name__}: {exc}"
+        else:
+            log.error("the gateway failed on telegram message %s in chat %s; %s", inbound.message_id,
+                      inbound.chat_id, outcome, exc_info=exc)
+            self._health.last_error = f"handler failed on message {inbound.message_id}: {type(exc).__name__}: {exc}"
+        return set_aside
 
     # -- outbound ------------------------------------------------------------------------
 
@@ -430,6 +452,14 @@ def _retry_send(exc: BaseException) -> float | None:
         return 0.0
     # A timed-out send may have arrived; retrying risks a duplicate but never loses the reply.
     return _retry_network(exc)
+
+
+def _payload(update: Update) -> dict:
+    """The update as the Bot API sent it, for a dead letter."""
+    try:
+        return update.to_dict()
+    except Exception as exc:  # noqa: BLE001 - an update odd enough not to serialise still gets its id kept
+        return {"update_id": update.update_id, "unreadable": f"{type(exc).__name__}: {exc}"}
 
 
 def _with_attachments(msg: InboundMessage, attachments: tuple[Attachment, ...]) -> InboundMessage:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from telegram import Message, MessageEntity, User
 
-from gateway.types import ChatType, InboundMessage
+from gateway.types import ChatType, InboundMessage, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,13 @@ class Addressing:
 
 def _utf16_slice_remove(text: str, spans: list[tuple[int, int]]) -> str:
     """``text`` without the UTF-16 ``(offset, length)`` spans, whitespace at the seams tidied."""
-    units = text.encode("utf-16-le")
+    units = _utf16(text)
     pieces: list[str] = []
     pos = 0
     for offset, length in sorted(spans):
-        pieces.append(units[2 * pos : 2 * offset].decode("utf-16-le"))
+        pieces.append(_from_utf16(units[2 * pos : 2 * offset]))
         pos = offset + length
-    pieces.append(units[2 * pos :].decode("utf-16-le"))
+    pieces.append(_from_utf16(units[2 * pos :]))
     out = pieces[0]
     for piece in pieces[1:]:
         if piece.lstrip(" ")[:1] in {",", ".", ":", ";", "!", "?"}:  # "ask @bot, please" -> "ask, please"
@@ -66,8 +66,18 @@ def _entities(message: Message) -> tuple[str, tuple[MessageEntity, ...]]:
 
 
 def _entity_text(text: str, entity: MessageEntity) -> str:
-    units = text.encode("utf-16-le")
-    return units[2 * entity.offset : 2 * (entity.offset + entity.length)].decode("utf-16-le")
+    units = _utf16(text)
+    return _from_utf16(units[2 * entity.offset : 2 * (entity.offset + entity.length)])
+
+
+# Entity offsets count UTF-16 units.  Lone surrogates (the Bot API can send them) pass through
+# unchanged here and are replaced when the InboundMessage is made (gateway.types.clean_text).
+def _utf16(text: str) -> bytes:
+    return text.encode("utf-16-le", "surrogatepass")
+
+
+def _from_utf16(units: bytes) -> str:
+    return units.decode("utf-16-le", "surrogatepass")
 
 
 def _user_name(user: User) -> str:
@@ -150,7 +160,7 @@ def normalize(message: Message, who: Addressing) -> InboundMessage | None:
         thread_id=thread_id,
         user_id=str(sender.id) if sender is not None else None,
         user_name=_user_name(sender) if sender is not None else message.author_signature,
-        text=text.strip(),
+        text=clean_text(text).strip(),  # cleaned before the strip: a NUL must not shield a space
         message_id=str(message.message_id),
         addressed=True,
     )

@@ -4,7 +4,9 @@ PTB's ``Updater`` advances the offset as soon as it fetched a batch; here the
 loop awaits ``deliver(update)`` for every update of a batch (different chats
 at once, one chat's updates in order) and moves the offset past the leading
 updates that returned True.  When delivery fails, the next ``getUpdates``
-starts at the first update not stored, so Telegram hands it over again.
+starts at the first update not stored, so Telegram hands it over again; after
+the last allowed attempt ``deliver`` sets the update aside as a dead letter and
+returns True, so one bad update never holds the offset.
 
 409 Conflict (another process polls the same token, or a webhook is set),
 network errors and flood waits are logged, shown in health and retried with

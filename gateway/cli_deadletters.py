@@ -1,0 +1,170 @@
+"""``switchboard deadletters``: list, show, retry, drop the events the daemon set aside.
+
+An event whose handling failed three times is kept in state.db's
+``dead_letters`` table (its payload with every secret masked) so the chat
+could move on.  ``retry`` marks one for replay: the running daemon hands the
+stored message to the gateway again within a few seconds (or at its next
+start).  A thin layer: open the store, call one ``SessionDB`` method, print.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from state import SessionDB, StateError, default_home
+
+_HOME_KEY = "switchboard.deadletters.home"
+STATUSES = ("held", "retry", "retried", "dropped")
+
+
+def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Open the store for the command, close it after, and turn StateError into one line."""
+
+    @functools.wraps(command)
+    @click.pass_context
+    def run(ctx: click.Context, *args: Any, **kwargs: Any) -> Any:
+        db = None
+        try:
+            db = SessionDB(Path(ctx.meta.get(_HOME_KEY) or default_home()) / "state.db")
+            return command(db, *args, **kwargs)
+        except StateError as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            if db is not None:
+                db.close()
+
+    return run
+
+
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _json_out(value: Any) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
+
+
+def _get(db: SessionDB, dead_letter_id: int) -> dict:
+    row = db.get_dead_letter(dead_letter_id)
+    if row is None:
+        raise click.ClickException(f"there is no dead letter {dead_letter_id} (see: switchboard deadletters list)")
+    return row
+
+
+def _decoded(row: dict) -> dict:
+    """The row with its payload and message as JSON values (for --json)."""
+    out = dict(row)
+    for column in ("payload", "message"):
+        if out.get(column):
+            try:
+                out[column] = json.loads(out[column])
+            except ValueError:
+                pass
+    return out
+
+
+@click.group("deadletters")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Switchboard home holding state.db (default: $SWITCHBOARD_HOME or ~/.switchboard).")
+@click.pass_context
+def deadletters(ctx: click.Context, home: Path | None) -> None:
+    """Events set aside after failing three times: look at them, replay them after a fix, or drop them."""
+    if home is not None:
+        ctx.meta[_HOME_KEY] = home
+
+
+@deadletters.command("list")
+@click.option("--status", type=click.Choice(STATUSES), default=None, help="Only dead letters in this state.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@_with_db
+def list_cmd(db: SessionDB, status: str | None, limit: int, as_json: bool) -> None:
+    """Dead letters, newest first: id, platform, event, state, attempts, last error."""
+    rows = db.list_dead_letters(status=status, limit=limit)
+    if as_json:
+        _json_out([_decoded(r) for r in rows])
+        return
+    if not rows:
+        click.echo("No dead letters." if status is None else f"No dead letters in state {status}.")
+        return
+    table = Table(box=None, header_style="bold")
+    for name in ("ID", "Platform", "Event", "State", "Tries", "When"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("Last error", max_width=60, overflow="ellipsis", no_wrap=True)
+    for row in rows:
+        table.add_row(str(row["id"]), row["platform"], row.get("event_id") or "-", row["status"], str(row["attempts"]),
+                      _when(row["updated_at"]), row["error"].replace("\n", " "))
+    Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@deadletters.command("show")
+@click.argument("dead_letter_id", metavar="ID", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the dead letter as JSON.")
+@_with_db
+def show_cmd(db: SessionDB, dead_letter_id: int, as_json: bool) -> None:
+    """One dead letter: its error and the event as the platform sent it (secrets masked)."""
+    row = _decoded(_get(db, dead_letter_id))
+    if as_json:
+        _json_out(row)
+        return
+    message = row.get("message")
+    click.echo("\n".join([
+        f"Dead letter {row['id']}",
+        f"Platform    {row['platform']}  event {row.get('event_id') or '-'}",
+        f"State       {row['status']} after {row['attempts']} failed attempts",
+        f"First       {_when(row['created_at'])}",
+        f"Last        {_when(row['updated_at'])}",
+        f"Error       {row['error']}",
+        "Replay      " + (f"possible: the message from {message.get('user_name') or message.get('user_id')} in chat "
+                          f"{message.get('chat_id')} is kept" if isinstance(message, dict)
+                          else "not possible: it failed before it was read into a message"),
+        "",
+        "Payload (secrets masked):",
+    ]))
+    payload = row["payload"]
+    click.echo(json.dumps(payload, ensure_ascii=False, indent=2) if not isinstance(payload, str) else payload)
+
+
+@deadletters.command("retry")
+@click.argument("dead_letter_id", metavar="ID", type=int)
+@_with_db
+def retry_cmd(db: SessionDB, dead_letter_id: int) -> None:
+    """Have the running daemon hand the stored message to the gateway again (after fixing the cause)."""
+    row = _get(db, dead_letter_id)
+    if not row.get("message"):
+        raise click.ClickException(
+            f"dead letter {dead_letter_id} cannot be replayed: it failed before it was read into a message, so "
+            f"there is no message to hand to the gateway again. Look at its payload with: switchboard deadletters "
+            f"show {dead_letter_id}; set it aside for good with: switchboard deadletters drop {dead_letter_id}")
+    if row["status"] == "retry":
+        click.echo(f"dead letter {dead_letter_id} is already marked for retry; the running daemon replays it "
+                   "within a few seconds")
+        return
+    if not db.set_dead_letter_status(dead_letter_id, "retry", only_from=("held", "dropped")):
+        raise click.ClickException(f"dead letter {dead_letter_id} was already replayed "
+                                   f"({_when(row['updated_at'])}); nothing to do")
+    click.echo(f"dead letter {dead_letter_id} is marked for retry: the running daemon replays it within a few "
+               f"seconds (or when it next starts); see the outcome with: switchboard deadletters show {dead_letter_id}")
+
+
+@deadletters.command("drop")
+@click.argument("dead_letter_id", metavar="ID", type=int)
+@_with_db
+def drop_cmd(db: SessionDB, dead_letter_id: int) -> None:
+    """Give up on a dead letter: it is kept, marked dropped, and no longer counted."""
+    row = _get(db, dead_letter_id)
+    if row["status"] == "dropped":
+        click.echo(f"dead letter {dead_letter_id} was already dropped")
+        return
+    if not db.set_dead_letter_status(dead_letter_id, "dropped", only_from=("held", "retry")):
+        raise click.ClickException(f"dead letter {dead_letter_id} was already replayed; there is nothing to drop")
+    click.echo(f"dead letter {dead_letter_id} dropped")

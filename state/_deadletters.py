@@ -1,0 +1,99 @@
+"""Dead letters: platform events whose handling failed again and again, set aside so the chat moves on.
+
+A row keeps the event as the platform sent it (``payload``, JSON, secrets
+already masked by the caller), the normalised message when there was one
+(``message``, JSON, what a replay hands to the gateway again), the last error
+and how many attempts failed.  ``status`` moves::
+
+    held --retry--> retry --replayed--> retried
+      ^               |
+      +---failed------+        held/retry --drop--> dropped
+
+The table itself is created with the inbox and the delivery record
+(``state._recovery``, schema v16).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+STATUSES = ("held", "retry", "retried", "dropped")
+_OPEN = ("held", "retry")  # still waiting for an operator or a replay
+
+
+def add_dead_letter(conn: sqlite3.Connection, *, platform: str, event_id: str | None, payload: str,
+                    message: str | None, error: str, attempts: int, now: float | None = None) -> int:
+    """Set an event aside; returns the row id.  The same event (platform and id) set aside again while
+    its row is still open updates that row (attempts added, latest error) instead of adding a second."""
+    now = time.time() if now is None else now
+    if event_id is not None:
+        row = conn.execute(
+            f"SELECT id FROM dead_letters WHERE platform = ? AND event_id = ? AND status IN ({_marks(_OPEN)}) "
+            "ORDER BY id DESC LIMIT 1", (platform, event_id, *_OPEN),
+        ).fetchone()
+        if row is not None:
+            conn.execute(
+                "UPDATE dead_letters SET payload = ?, message = COALESCE(?, message), error = ?, "
+                "attempts = attempts + ?, status = 'held', updated_at = ? WHERE id = ?",
+                (payload, message, error, attempts, now, row[0]),
+            )
+            return row[0]
+    cur = conn.execute(
+        "INSERT INTO dead_letters (platform, event_id, payload, message, error, attempts, status, created_at, "
+        "updated_at) VALUES (?, ?, ?, ?, ?, ?, 'held', ?, ?)",
+        (platform, event_id, payload, message, error, attempts, now, now),
+    )
+    return cur.lastrowid
+
+
+def list_dead_letters(conn: sqlite3.Connection, *, status: str | None = None, limit: int = 50) -> list[dict]:
+    """Rows, newest first; only those in ``status`` when given."""
+    if status is None:
+        rows = conn.execute("SELECT * FROM dead_letters ORDER BY id DESC LIMIT ?", (limit,))
+    else:
+        _check_status(status)
+        rows = conn.execute("SELECT * FROM dead_letters WHERE status = ? ORDER BY id DESC LIMIT ?", (status, limit))
+    return [dict(r) for r in rows]
+
+
+def due_for_retry(conn: sqlite3.Connection, limit: int = 20) -> list[dict]:
+    """Rows an operator marked for replay, oldest first."""
+    return [dict(r) for r in conn.execute("SELECT * FROM dead_letters WHERE status = 'retry' ORDER BY id LIMIT ?",
+                                          (limit,))]
+
+
+def get_dead_letter(conn: sqlite3.Connection, dead_letter_id: int) -> dict | None:
+    row = conn.execute("SELECT * FROM dead_letters WHERE id = ?", (dead_letter_id,)).fetchone()
+    return dict(row) if row else None
+
+
+def set_dead_letter_status(conn: sqlite3.Connection, dead_letter_id: int, status: str, *,
+                           only_from: tuple[str, ...] | None = None, error: str | None = None,
+                           failed_attempt: bool = False, now: float | None = None) -> bool:
+    """Move a row to ``status`` (only from one of ``only_from`` when given); False when no row moved.
+    ``error`` replaces the stored one; ``failed_attempt`` counts one more failed attempt."""
+    _check_status(status)
+    sql = ("UPDATE dead_letters SET status = ?, error = COALESCE(?, error), attempts = attempts + ?, updated_at = ? "
+           "WHERE id = ?")
+    args: list = [status, error, int(failed_attempt), time.time() if now is None else now, dead_letter_id]
+    if only_from:
+        for s in only_from:
+            _check_status(s)
+        sql += f" AND status IN ({_marks(only_from)})"
+        args += list(only_from)
+    return conn.execute(sql, args).rowcount > 0
+
+
+def count_dead_letters(conn: sqlite3.Connection, status: str = "held") -> int:
+    _check_status(status)
+    return conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = ?", (status,)).fetchone()[0]
+
+
+def _check_status(status: str) -> None:
+    if status not in STATUSES:
+        raise ValueError(f"dead-letter status must be one of {', '.join(STATUSES)}, not {status!r}")
+
+
+def _marks(values: tuple) -> str:
+    return ", ".join("?" * len(values))
