@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 import state
-from gateway.cli_common import CONFIG_OPTION, fail as _fail, home_for as _home_for, load_config_or_exit as _load_config
+from gateway.cli_common import fail as _fail, given_home, home_options, load_config_or_exit as _load_config, resolve_home
 from gateway.cli_config import config_group
 from gateway.cli_cron import cron_group
 from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
@@ -44,7 +44,7 @@ for command in (sessions_group, config_group, cron_group, service_group, backup_
 
 
 @main.command()
-@CONFIG_OPTION
+@home_options
 def run(config_path: Path | None) -> None:
     """Run the gateway until SIGTERM/SIGINT (what the systemd unit starts)."""
     from gateway import lockfile
@@ -77,7 +77,7 @@ def run(config_path: Path | None) -> None:
 
 
 @main.command()
-@CONFIG_OPTION
+@home_options
 @click.option("-c", "--continue", "continue_", is_flag=False, flag_value="", default=None, metavar="[TITLE]",
               help="Continue the most recent terminal session, or the newest of TITLE's lineage.")
 @click.option("-r", "--resume", "resume", default=None, metavar="ID|TITLE", help="Resume a session by id, prefix or title.")
@@ -97,12 +97,12 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
 
 
 @main.command()
-@CONFIG_OPTION
+@home_options
 def doctor(config_path: Path | None) -> None:
     """Check the config, database, disk, permissions, model, platform tokens and the service."""
     from gateway.doctor import run_checks
 
-    checks = asyncio.run(run_checks(config_path))
+    checks = asyncio.run(run_checks(config_path, given_home()))
     for check in checks:
         click.echo(check.line())
     failed = sum(1 for c in checks if c.ok is False)
@@ -116,11 +116,11 @@ def pairing() -> None:
 
 
 def _pairing_db(config_path: Path | None) -> state.SessionDB:
-    return state.SessionDB(_home_for(config_path) / "state.db")
+    return state.SessionDB(resolve_home(config_path) / "state.db")
 
 
 @pairing.command("list")
-@CONFIG_OPTION
+@home_options
 def pairing_list(config_path: Path | None) -> None:
     """Pending pairing codes and approved users."""
     with _pairing_db(config_path) as db:
@@ -137,7 +137,7 @@ def pairing_list(config_path: Path | None) -> None:
 
 
 @pairing.command("approve")
-@CONFIG_OPTION
+@home_options
 @click.argument("platform")
 @click.argument("code")
 def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
@@ -152,7 +152,7 @@ def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
 
 
 @pairing.command("revoke")
-@CONFIG_OPTION
+@home_options
 @click.argument("platform")
 @click.argument("user_id")
 def pairing_revoke(config_path: Path | None, platform: str, user_id: str) -> None:

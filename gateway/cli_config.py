@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import yaml
 
+from gateway.cli_common import given_home, home_options
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
@@ -28,24 +29,16 @@ class ConfigFailure(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-def _config_option(func):
-    return click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=True, path_type=Path),  # existence is checked by load_config, with its message
-        default=None,
-        help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
-    )(func)
-
-
 def _load(ctx: click.Context, config_path: Path | None) -> Config:
     if config_path is None:
         # Let `switchboard --config FILE config check` work too, if the root group takes --config.
         config_path = ctx.find_root().params.get("config") or ctx.find_root().params.get("config_path")
     try:
-        return load_config(config_path)
+        cfg = load_config(config_path)
     except ConfigError as exc:
         raise ConfigFailure(str(exc)) from None
+    home = given_home()
+    return cfg.model_copy(update={"home": home}) if home is not None and home != cfg.home else cfg
 
 
 @click.group("config")
@@ -54,7 +47,7 @@ def config_group() -> None:
 
 
 @config_group.command("check")
-@_config_option
+@home_options
 @click.pass_context
 def check(ctx: click.Context, config_path: Path | None) -> None:
     """Validate the config file; exit 78 with one line naming the key on a mistake."""
@@ -72,7 +65,7 @@ def check(ctx: click.Context, config_path: Path | None) -> None:
 
 
 @config_group.command("show")
-@_config_option
+@home_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
 @click.pass_context
 def show(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:

@@ -19,26 +19,19 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from state import SessionDB, StateError, default_home
+from gateway.cli_common import home_options, remember_home, resolve_home
+from state import SessionDB, StateError
 from state._transfer import parse_jsonl
 
-_HOME_KEY = "switchboard.sessions.home"
-
-
-def _open(ctx: click.Context) -> SessionDB:
-    home = ctx.meta.get(_HOME_KEY) or default_home()
-    return SessionDB(Path(home) / "state.db")
-
-
 def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Open the store for the command, close it after, and turn StateError into one line."""
+    """Take --config and --home, open the store of that home for the command, close it after,
+    and turn StateError into one line."""
 
     @functools.wraps(command)
-    @click.pass_context
-    def run(ctx: click.Context, *args: Any, **kwargs: Any) -> Any:
+    def run(*args: Any, config_path: Path | None = None, **kwargs: Any) -> Any:
         db = None
         try:
-            db = _open(ctx)
+            db = SessionDB(resolve_home(config_path) / "state.db")
             return command(db, *args, **kwargs)
         except StateError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -46,7 +39,7 @@ def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
             if db is not None:
                 db.close()
 
-    return run
+    return home_options(run)
 
 
 def _console() -> Console:
@@ -84,13 +77,10 @@ def _confirm(question: str, yes: bool) -> None:
 
 
 @click.group("sessions")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Switchboard home holding state.db (default: $SWITCHBOARD_HOME or ~/.switchboard).")
-@click.pass_context
-def sessions(ctx: click.Context, home: Path | None) -> None:
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True,
+              expose_value=False, callback=remember_home)  # the older place: `sessions --home DIR list`
+def sessions() -> None:
     """Browse, search, export and clean up stored conversations."""
-    if home is not None:
-        ctx.meta[_HOME_KEY] = home
 
 
 @sessions.command("list")

@@ -17,7 +17,7 @@ import aiohttp
 
 import state
 from gateway import service
-from gateway.config import Config, find_config_path, load_config
+from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -146,14 +146,16 @@ def check_unit(home: Path) -> Check:
                  "switchboard service install, then the systemctl commands it prints")
 
 
-async def run_checks(config_path: Path | None) -> list[Check]:
+async def run_checks(config_path: Path | None, home: Path | None = None) -> list[Check]:
+    """Every check; ``home`` (``--home``) replaces the config's home."""
     try:
-        path = find_config_path(config_path)
-        cfg = load_config(path)
+        cfg = load_config(config_path)
     except ConfigError as exc:
-        home = state.default_home()
+        home = home or state.default_home()
         return [Check("config", False, str(exc), "fix the key named above, then: switchboard config check"),
                 *check_database(home), check_disk(home), *check_permissions(home)]
+    if home is not None and home != cfg.home:
+        cfg = cfg.model_copy(update={"home": home})
     checks = [Check("config", True, f"{cfg.source} is valid")]
     home = cfg.home
     checks += await asyncio.to_thread(check_database, home)

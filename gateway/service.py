@@ -256,7 +256,7 @@ def render_unit(settings: UnitSettings) -> str:
     return text
 
 
-def _read_config_leniently(config: Path) -> dict:
+def read_config_leniently(config: Path) -> dict:
     """The config's YAML as written (no ``${VAR}`` expansion: the secrets it names may live
     only in the service's environment file); {} when it cannot be read."""
     import yaml
@@ -270,7 +270,7 @@ def _read_config_leniently(config: Path) -> dict:
 
 def grace_seconds_from_config(config: Path) -> int | None:
     """``shutdown.grace_seconds`` when the config states it as a plain number, else None."""
-    shutdown = _read_config_leniently(config).get("shutdown")
+    shutdown = read_config_leniently(config).get("shutdown")
     grace = shutdown.get("grace_seconds") if isinstance(shutdown, dict) else None
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
         return None
@@ -279,7 +279,7 @@ def grace_seconds_from_config(config: Path) -> int | None:
 
 def _config_home_mismatch(config: Path, home: Path) -> str | None:
     """A warning when the config pins ``home:`` to another directory than the unit makes writable."""
-    value = _read_config_leniently(config).get("home")
+    value = read_config_leniently(config).get("home")
     if not isinstance(value, str) or "$" in value or value.startswith("~"):
         return None  # follows SWITCHBOARD_HOME (which the unit sets), or depends on the account
     pinned = Path(value) if Path(value).is_absolute() else config.parent / value
