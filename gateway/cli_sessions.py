@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.cli_common import home_options, remember_home, resolve_home
-from state import SessionDB, StateError
+from state import AmbiguousSession, SessionDB, StateError
 from state._transfer import parse_jsonl
 
 def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,6 +69,20 @@ def relative_time(ts: float | None, now: float | None = None) -> str:
 
 def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _exactly(db: SessionDB, ref: str, unchanged: str) -> str:
+    """The one session ``ref`` names by id or exact title; otherwise the candidates and no action."""
+    try:
+        return db.resolve_session_exactly(ref)
+    except AmbiguousSession as exc:
+        lines = [f"{ref!r} does not name one session exactly; {unchanged}. Give the id or the exact title of one of:"]
+        for session_id in exc.candidates[:20]:
+            title = db.get_session_title(session_id)
+            lines.append(f"  {session_id}" + (f"  {title}" if title else ""))
+        if len(exc.candidates) > 20:
+            lines.append(f"  ... and {len(exc.candidates) - 20} more")
+        raise click.ClickException("\n".join(lines)) from None
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -226,8 +240,8 @@ def import_cmd(db: SessionDB, file: Path) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @_with_db
 def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
-    """Delete a session and its messages (its children are kept)."""
-    session_id = db.resolve_session_id(ref)
+    """Delete the session with id or exact title REF, and its messages (its children are kept)."""
+    session_id = _exactly(db, ref, "nothing was deleted")
     session = db.get_session(session_id) or {}
     label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
     _confirm(f"Delete session {label} and its {session.get('message_count', 0)} messages?", yes)
@@ -241,8 +255,8 @@ def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
 @click.argument("title", nargs=-1, required=True)
 @_with_db
 def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
-    """Set a session's title (words need no quotes)."""
-    session_id = db.resolve_session_id(ref)
+    """Set the title of the session with id or exact title REF (words need no quotes)."""
+    session_id = _exactly(db, ref, "nothing was renamed")
     db.set_session_title(session_id, " ".join(title))
     new = db.get_session_title(session_id)
     click.echo(f"{session_id} is now titled {new!r}" if new else f"{session_id} has no title now")

@@ -8,8 +8,8 @@ import time
 from typing import Any, Iterable
 
 from . import _recovery
-from ._titles import check_free, like_escape, resolve_session_by_title, sanitize_title
-from .errors import AmbiguousSession, SessionNotFound
+from ._titles import check_free, like_escape, lineage_rows, resolve_session_by_title, sanitize_title
+from .errors import AmbiguousSession, InvalidTitle, SessionNotFound
 
 PREVIEW_CHARS = 60
 _MAX_DEPTH = 10_000  # lineage walks stop here even if a cycle was written by hand
@@ -122,6 +122,41 @@ def resolve_session_id(conn: sqlite3.Connection, ref: str) -> str:
     by_title = resolve_session_by_title(conn, ref)
     if by_title:
         return by_title
+    raise SessionNotFound(ref)
+
+
+def resolve_session_exactly(conn: sqlite3.Connection, ref: str) -> str:
+    """An exact id, an exact title, or an id prefix that matches one session and no title.
+
+    For commands that change a session (delete, rename): a title never stands
+    for another of its lineage.  Anything else raises :class:`AmbiguousSession`
+    with every candidate (the lineage's sessions when only ``ref #N`` titles
+    exist), or :class:`SessionNotFound`.
+    """
+    ref = (ref or "").strip()
+    if not ref:
+        raise SessionNotFound(ref)
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
+        return ref
+    rows = conn.execute(
+        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 51",
+        (like_escape(ref) + "%",),
+    ).fetchall()
+    found = [r[0] for r in rows if r[0].startswith(ref)]  # LIKE ignores ASCII case; ids do not
+    try:
+        title = sanitize_title(ref)
+    except InvalidTitle:
+        title = None
+    if title:
+        by_title = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
+        if by_title and by_title[0] not in found:
+            found.insert(0, by_title[0])
+    if len(found) == 1:
+        return found[0]
+    if not found and title:
+        found = [r["id"] for r in lineage_rows(conn, title)]
+    if found:
+        raise AmbiguousSession(ref, found)
     raise SessionNotFound(ref)
 
 
