@@ -236,46 +236,82 @@ def list_sessions_rich(
     user_ids: Iterable[str] | None = None,
     session_key: str | None = None,
 ) -> list[dict]:
-    """Newest sessions first, each with ``preview`` (first user message) and ``last_active``.
+    """The most recently active sessions first, each with ``preview`` (first user message) and ``last_active``.
 
     Unless ``include_children``, child sessions are not listed on their own and a
     compression chain shows as one row: its tip's, with ``lineage_root`` set to
-    the first session of the chain.  Reads one index and the session rows only:
-    preview and last activity are kept on the row as messages are appended.
+    the first session of the chain, placed by the tip's last activity (what the
+    row shows).  Preview and last activity are kept on the session row as
+    messages are appended, so no message is read.
     """
     where: list[str] = []
     params: list[Any] = []
     if source:
-        where.append("source = ?")
+        where.append("s.source = ?")
         params.append(source)
     if user_ids is not None:
         ids = list(user_ids)
-        where.append(f"user_id IN ({', '.join('?' * len(ids))})" if ids else "0")
+        where.append(f"s.user_id IN ({', '.join('?' * len(ids))})" if ids else "0")
         params.extend(ids)
     if session_key is not None:
-        where.append("session_key = ?")
+        where.append("s.session_key = ?")
         params.append(session_key)
-    if not include_children:
-        # '+' keeps the planner off idx_sessions_parent (a NULL lookup then a sort of every
-        # root session): walking idx_sessions_recent in order and skipping children is cheaper
-        where.append("+parent_session_id IS NULL")
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = conn.execute(
-        f"SELECT * FROM sessions {clause} ORDER BY started_at DESC, id DESC LIMIT ? OFFSET ?",
-        (*params, int(limit), int(offset)),
+    order = "ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC"
+    if include_children:
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = conn.execute(f"SELECT s.* FROM sessions s {clause} {order} LIMIT ? OFFSET ?",
+                            (*params, int(limit), int(offset))).fetchall()
+        return [_with_preview(row) for row in rows]
+    window = int(limit) + int(offset)
+    # '+' keeps the planner off idx_sessions_parent (a NULL lookup of nearly every row)
+    roots = conn.execute(
+        f"SELECT s.* FROM sessions s WHERE {' AND '.join([*where, '+s.parent_session_id IS NULL'])} {order} LIMIT ?",
+        (*params, window),
     ).fetchall()
-    result = []
-    for row in rows:
+    # a compression chain whose tip is recent while its first session is not: found from the tips' side
+    tips = conn.execute(
+        f"""SELECT s.id FROM sessions s JOIN sessions p ON p.id = s.parent_session_id
+            WHERE {' AND '.join([*where, "p.end_reason = 'compression'"])} {order} LIMIT ?""",
+        (*params, window),
+    ).fetchall()
+    shown: dict[str, dict] = {}
+    for row in roots:
         session = _with_preview(row)
-        if not include_children and session.get("end_reason") == "compression":
-            tip_id = get_compression_tip(conn, session["id"])
-            if tip_id != session["id"]:
-                tip = _with_preview(get_session(conn, tip_id) or session)
-                tip["preview"] = tip["preview"] or session["preview"]
-                tip["lineage_root"] = session["id"]
-                session = tip
-        result.append(session)
-    return result
+        if session.get("end_reason") == "compression":
+            session = _chain_row(conn, session)
+        shown[session.get("lineage_root", session["id"])] = session
+    for (tip_id,) in tips:
+        root = _chain_root(conn, tip_id)
+        if root is not None and root["id"] not in shown and root.get("parent_session_id") is None:
+            session = _chain_row(conn, _with_preview(root))
+            if session["id"] != root["id"]:
+                shown[root["id"]] = session
+    ordered = sorted(shown.values(), key=lambda r: (r["last_active"] or 0, r["id"]), reverse=True)
+    return ordered[int(offset):window]
+
+
+def _chain_row(conn: sqlite3.Connection, root: dict) -> dict:
+    """The row a compression chain is listed as: its tip's, with the root's preview when the tip has none."""
+    tip_id = get_compression_tip(conn, root["id"])
+    if tip_id == root["id"]:
+        return root
+    tip = _with_preview(get_session(conn, tip_id) or root)
+    tip["preview"] = tip["preview"] or root["preview"]
+    tip["lineage_root"] = root["id"]
+    return tip
+
+
+def _chain_root(conn: sqlite3.Connection, session_id: str) -> dict | None:
+    """The first session of the compression chain ``session_id`` continues (walking up compressed parents)."""
+    lineage = get_lineage(conn, session_id)
+    if not lineage:
+        return None
+    root = lineage[-1]
+    for ancestor in reversed(lineage[:-1]):
+        if ancestor.get("end_reason") != "compression":
+            break
+        root = ancestor
+    return root
 
 
 def session_count(conn: sqlite3.Connection, source: str | None = None) -> int:
