@@ -76,6 +76,9 @@ class UnitSettings:
     env_file: Path
     run_as: str | None = None  # system units only
     grace_seconds: int = DEFAULT_GRACE_SECONDS
+    # where that environment imports the gateway from (a checkout, with pip install -e .);
+    # None when unknown: another environment's script was given
+    package_dir: Path | None = None
 
     @property
     def timeout_stop_seconds(self) -> int:
@@ -183,7 +186,8 @@ def _paths_the_daemon_reads(settings: UnitSettings) -> list[Path]:
     interpreter = _interpreter_of(settings.switchboard)
     if interpreter is not None:
         paths += [interpreter, interpreter.resolve()]
-    paths.append(Path(__file__).resolve().parent)  # an editable install runs from the source tree
+    if settings.package_dir is not None:
+        paths.append(settings.package_dir)  # an editable install runs from the source tree
     return paths
 
 
@@ -317,8 +321,16 @@ def plan_install(
     run_as: str | None = None,
     executable: Path | None = None,
     grace_seconds: int | None = None,
+    package_dir: Path | None = None,
 ) -> InstallPlan:
-    """Render the unit for real paths and say what installing it involves; changes nothing."""
+    """Render the unit for real paths and say what installing it involves; changes nothing.
+
+    ``package_dir`` is where the executable's environment imports the gateway from; by
+    default this process's own package when ``executable`` is this environment's script,
+    and unknown (not checked) for another environment's script.
+    """
+    if package_dir is None and executable is None:
+        package_dir = Path(__file__).resolve().parent
     if scope not in TEMPLATES:
         raise ServiceError(f"unknown scope {scope!r}: use system or user")
     switchboard = Path(os.path.normpath((executable or default_executable()).absolute()))
@@ -360,6 +372,7 @@ def plan_install(
     settings = UnitSettings(
         scope=scope, switchboard=switchboard, config=config, home=home,
         env_file=env_file, run_as=run_as, grace_seconds=grace_seconds,
+        package_dir=Path(package_dir).absolute() if package_dir is not None else None,
     )
     text = render_unit(settings)
     if account is not None:
@@ -426,8 +439,9 @@ def _access_warnings(settings: UnitSettings, account: pwd.struct_passwd) -> list
     interpreter = _interpreter_of(settings.switchboard)
     if interpreter is not None:
         checks.append((interpreter.resolve(), 1, venv_hint))
+    if settings.package_dir is not None:
+        checks.append((settings.package_dir, 5, venv_hint))
     checks += [
-        (Path(__file__).resolve().parent, 5, venv_hint),
         (settings.config, 4, f"let it read the file (chgrp {_group_name(account.pw_gid)} FILE; chmod g+r FILE)"),
         (settings.home, 7, f"give it the home (chown -R {name} {settings.home})"),
     ]
