@@ -104,3 +104,15 @@ async def test_continue_with_no_terminal_session_says_it_starts_a_new_one(tmp_pa
         out = await _chat(cfg, "hi", continue_="")
     assert "No earlier terminal session to continue: this is a new one." in out
     assert "echo: hi | turns: 1" in out
+
+
+async def test_a_model_server_that_refuses_the_connection_is_not_called_a_timeout(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = gateway_config(tmp_path / "home", f"http://127.0.0.1:{port}/v1",
+                         model={"max_retries": 0, "retry_total_seconds": 1})
+    out = await _chat(cfg, "hello")
+    assert "connection refused" in out and "timed out" not in out
