@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -98,15 +99,19 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
 
 @main.command()
 @home_options
-def doctor(config_path: Path | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+def doctor(config_path: Path | None, as_json: bool) -> None:
     """Check the config, database, disk, permissions, model, platform tokens and the service."""
-    from gateway.doctor import run_checks
+    from gateway.doctor import report, run_checks
 
     checks = asyncio.run(run_checks(config_path, given_home()))
-    for check in checks:
-        click.echo(check.line())
     failed = sum(1 for c in checks if c.ok is False)
-    click.echo(f"\n{failed} problem{'s' if failed != 1 else ''} found." if failed else "\nAll checks passed.")
+    if as_json:
+        click.echo(json.dumps(report(checks), indent=2, ensure_ascii=False))
+    else:
+        for check in checks:
+            click.echo(check.line())
+        click.echo(f"\n{failed} problem{'s' if failed != 1 else ''} found." if failed else "\nAll checks passed.")
     sys.exit(1 if failed else 0)
 
 

@@ -38,6 +38,15 @@ class Check:
         return text + (f"\n    fix: {self.fix}" if self.fix and self.ok is False else "")
 
 
+def report(checks: list[Check]) -> dict:
+    """What ``doctor --json`` prints: ``{"ok", "problems", "checks": [{"name", "ok", "detail", "fix"}]}``;
+    a check's ``ok`` is null when it was skipped, its ``fix`` null when there is nothing to do."""
+    problems = sum(1 for c in checks if c.ok is False)
+    return {"ok": problems == 0, "problems": problems,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix if c.ok is False else None}
+                       for c in checks]}
+
+
 def _mib(n: int) -> str:
     return f"{n / 1024 / 1024:.1f} MiB"
 
