@@ -242,7 +242,8 @@ def list_sessions_rich(
     compression chain shows as one row: its tip's, with ``lineage_root`` set to
     the first session of the chain, placed by the tip's last activity (what the
     row shows).  Preview and last activity are kept on the session row as
-    messages are appended, so no message is read.
+    messages are appended, so no message is read; with no index on
+    ``last_active`` (schema v16), ordering reads every session row once.
     """
     where: list[str] = []
     params: list[Any] = []
@@ -256,38 +257,50 @@ def list_sessions_rich(
     if session_key is not None:
         where.append("s.session_key = ?")
         params.append(session_key)
-    order = "ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC"
+    if not include_children:
+        # one row per conversation: sessions without a parent and the tips of compression
+        # chains (a session ended by compression is shown as its continuation)
+        where.append("(s.parent_session_id IS NULL OR EXISTS (SELECT 1 FROM sessions p "
+                     "WHERE p.id = s.parent_session_id AND p.end_reason = 'compression'))")
+        where.append("(s.end_reason IS NOT 'compression' OR NOT EXISTS (SELECT 1 FROM sessions c "
+                     "WHERE c.parent_session_id = s.id))")
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    # only ids go through the sort; the rows are read afterwards by primary key
+    ordered = (f"SELECT s.id, s.parent_session_id FROM sessions s {clause} "
+               "ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC LIMIT ? OFFSET ?")
     if include_children:
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = conn.execute(f"SELECT s.* FROM sessions s {clause} {order} LIMIT ? OFFSET ?",
-                            (*params, int(limit), int(offset))).fetchall()
-        return [_with_preview(row) for row in rows]
+        return [_with_preview(get_session(conn, r[0]) or {"id": r[0]})
+                for r in conn.execute(ordered, (*params, int(limit), int(offset))).fetchall()]
     window = int(limit) + int(offset)
-    # '+' keeps the planner off idx_sessions_parent (a NULL lookup of nearly every row)
-    roots = conn.execute(
-        f"SELECT s.* FROM sessions s WHERE {' AND '.join([*where, '+s.parent_session_id IS NULL'])} {order} LIMIT ?",
-        (*params, window),
-    ).fetchall()
-    # a compression chain whose tip is recent while its first session is not: found from the tips' side
-    tips = conn.execute(
-        f"""SELECT s.id FROM sessions s JOIN sessions p ON p.id = s.parent_session_id
-            WHERE {' AND '.join([*where, "p.end_reason = 'compression'"])} {order} LIMIT ?""",
-        (*params, window),
-    ).fetchall()
-    shown: dict[str, dict] = {}
-    for row in roots:
-        session = _with_preview(row)
-        if session.get("end_reason") == "compression":
-            session = _chain_row(conn, session)
-        shown[session.get("lineage_root", session["id"])] = session
-    for (tip_id,) in tips:
-        root = _chain_root(conn, tip_id)
-        if root is not None and root["id"] not in shown and root.get("parent_session_id") is None:
-            session = _chain_row(conn, _with_preview(root))
-            if session["id"] != root["id"]:
-                shown[root["id"]] = session
-    ordered = sorted(shown.values(), key=lambda r: (r["last_active"] or 0, r["id"]), reverse=True)
-    return ordered[int(offset):window]
+    fetch = window + 10
+    while True:
+        candidates = conn.execute(ordered, (*params, fetch, 0)).fetchall()
+        shown: list[dict] = []
+        roots: set[str] = set()
+        for session_id, parent_id in candidates:
+            session = _listed_row(conn, session_id, parent_id)
+            if session is None or session.get("lineage_root", session["id"]) in roots:
+                continue  # a delegated child of a compressed session, or a chain already listed
+            roots.add(session.get("lineage_root", session["id"]))
+            shown.append(session)
+            if len(shown) == window:
+                return shown[int(offset):]
+        if len(candidates) < fetch:
+            return shown[int(offset):]
+        fetch *= 2
+
+
+def _listed_row(conn: sqlite3.Connection, session_id: str, parent_id: str | None) -> dict | None:
+    """The listing row of a session without a parent, or of a compression chain's tip; None otherwise."""
+    session = get_session(conn, session_id)
+    if session is None:
+        return None
+    if parent_id is None:
+        return _with_preview(session)
+    root = _chain_root(conn, session_id)
+    if root is None or root.get("parent_session_id") is not None or get_compression_tip(conn, root["id"]) != session_id:
+        return None
+    return _chain_row(conn, _with_preview(root))
 
 
 def _chain_row(conn: sqlite3.Connection, root: dict) -> dict:
