@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -88,13 +89,22 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
     from gateway.logging_setup import setup_logging
 
     cfg = _load_config(config_path)
-    setup_logging("WARNING", "text", secrets=cfg.secrets())
+    # warnings go to a file, not between the prompt and what the user types
+    log_path = cfg.home / "chat.log"
+    cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
+    logged_before = log_path.stat().st_size
+    setup_logging("WARNING", "text", secrets=cfg.secrets(), stream=log_file)
     try:
         asyncio.run(run_chat(cfg, continue_=continue_, resume=resume))
     except (SwitchboardError, state.StateError) as exc:
         _fail(str(exc))
     except (KeyboardInterrupt, EOFError):
         click.echo("")
+    finally:
+        log_file.flush()
+        if log_path.stat().st_size > logged_before:
+            click.echo(f"(warnings from this chat are in {log_path})", err=True)
 
 
 @main.command()

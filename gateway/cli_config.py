@@ -48,20 +48,42 @@ def config_group() -> None:
 
 @config_group.command("check")
 @home_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
 @click.pass_context
-def check(ctx: click.Context, config_path: Path | None) -> None:
+def check(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
     """Validate the config file; exit 78 with one line naming the key on a mistake."""
-    cfg = _load(ctx, config_path)
-    from gateway.cron import config_jobs  # cron jobs are checked by their own module, like the daemon does
-
     try:
+        cfg = _load(ctx, config_path)
+        from gateway.cron import config_jobs  # cron jobs are checked by their own module, like the daemon does
+
         config_jobs(cfg, now=time.time())
-    except ConfigError as exc:
-        raise ConfigFailure(str(exc)) from None
+    except (ConfigFailure, ConfigError) as exc:
+        message = exc.format_message() if isinstance(exc, ConfigFailure) else str(exc)
+        if not as_json:
+            raise ConfigFailure(message) from None
+        click.echo(json.dumps({"ok": False, "error": message}, indent=2, ensure_ascii=False))
+        ctx.exit(ConfigError.exit_code)
+        return
+    warnings = _warnings(cfg)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "file": str(cfg.source), "home": str(cfg.home),
+                               "api": f"http://{cfg.api.host}:{cfg.api.port}", "platforms": cfg.enabled_platforms(),
+                               "warnings": warnings}, indent=2, ensure_ascii=False))
+        return
     click.echo(f"{cfg.source}: ok")
     for name, state in cfg.enabled_platforms().items():
         click.echo(f"  {name}: {state}")
     click.echo(f"  api: http://{cfg.api.host}:{cfg.api.port}  home: {cfg.home}")
+    for warning in warnings:
+        click.echo(f"  warning: {warning}")
+
+
+def _warnings(cfg: Config) -> list[str]:
+    """What is valid but probably not meant (said here and in the daemon's log, not at every chat)."""
+    from compression import context_length_for
+
+    _tokens, warning = context_length_for(cfg.model.name, cfg.model.context_length)
+    return [warning] if warning else []
 
 
 @config_group.command("show")

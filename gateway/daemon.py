@@ -144,8 +144,8 @@ class Gateway:
         """Compression (issue 5): the 75 % trigger before each model call and ``/compress``."""
         cfg = self.config
         context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
-        if warning:
-            log.warning("%s", warning)
+        if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
+            log.log(logging.WARNING if self.serve_api else logging.DEBUG, "%s", warning)
         self.router.context_length = context_length
         self.compressor = Compressor(
             self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,

@@ -88,6 +88,19 @@ def check_permissions(home: Path) -> list[Check]:
     return checks
 
 
+def check_context_length(cfg: Config) -> Check:
+    from compression import context_length_for
+
+    try:
+        tokens, warning = context_length_for(cfg.model.name, cfg.model.context_length)
+    except ValueError as exc:
+        return Check("context length", False, str(exc), "set model.context_length")
+    if warning:
+        return Check("context length", None, warning)
+    source = "model.context_length" if cfg.model.context_length else f"known window of {cfg.model.name!r}"
+    return Check("context length", True, f"{tokens:,} tokens ({source})")
+
+
 async def check_model(http: aiohttp.ClientSession, cfg: Config) -> Check:
     base = str(cfg.model.base_url).rstrip("/")
     try:
@@ -173,6 +186,7 @@ async def run_checks(config_path: Path | None, home: Path | None = None) -> list
     async with aiohttp.ClientSession(timeout=TIMEOUT, trust_env=False) as http:
         model, platforms = await asyncio.gather(check_model(http, cfg), check_platforms(http, cfg))
     checks.append(model)
+    checks.append(check_context_length(cfg))
     checks += platforms
     checks.append(await asyncio.to_thread(check_unit, home))
     return checks

@@ -116,3 +116,31 @@ async def test_a_model_server_that_refuses_the_connection_is_not_called_a_timeou
                          model={"max_retries": 0, "retry_total_seconds": 1})
     out = await _chat(cfg, "hello")
     assert "connection refused" in out and "timed out" not in out
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_warnings_go_to_a_file_not_between_the_prompt_and_the_typing(tmp_path):
+    from click.testing import CliRunner
+
+    from gateway.cli import main
+
+    home = tmp_path / "home"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"home: {home}\nmodel:\n  base_url: http://127.0.0.1:{_closed_port()}/v1\n  name: my-local-model\n"
+                      "  max_retries: 1\n  retry_total_seconds: 2\n", encoding="utf-8")
+    for _ in range(2):
+        result = CliRunner().invoke(main, ["chat", "--config", str(config)], input="hello\n")
+        assert result.exit_code == 0, result.output
+        assert "The model is unavailable right now (connection refused)" in result.stdout
+        assert "WARNING" not in result.output and "retry 1" not in result.output
+        assert f"(warnings from this chat are in {home / 'chat.log'})" in result.stderr
+    logged = (home / "chat.log").read_text(encoding="utf-8")
+    assert logged.count("model call failed (connection refused), retry 1") == 2
+    assert "context length" not in logged  # said by config check, doctor and the daemon, not at every chat
