@@ -23,6 +23,7 @@ from gateway.cli_config import config_group
 from gateway.cli_cron import cron_group
 from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli_sessions import sessions as sessions_group
+from gateway.config import PLATFORMS
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
 
 
@@ -134,12 +135,19 @@ def _pairing_db(config_path: Path | None) -> state.SessionDB:
     return state.SessionDB(resolve_home(config_path) / "state.db")
 
 
+_PLATFORM = click.Choice(PLATFORMS, case_sensitive=False)
+
+
 @pairing.command("list")
 @home_options
-def pairing_list(config_path: Path | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+def pairing_list(config_path: Path | None, as_json: bool) -> None:
     """Pending pairing codes and approved users."""
     with _pairing_db(config_path) as db:
         listing = db.list_pairing()
+    if as_json:
+        click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
+        return
     if not listing["pending"] and not listing["approved"]:
         click.echo("No pending requests and no approved users.")
         return
@@ -153,7 +161,7 @@ def pairing_list(config_path: Path | None) -> None:
 
 @pairing.command("approve")
 @home_options
-@click.argument("platform")
+@click.argument("platform", type=_PLATFORM)
 @click.argument("code")
 def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
     """Let the user who received CODE on PLATFORM talk to the agent."""
@@ -168,7 +176,7 @@ def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
 
 @pairing.command("revoke")
 @home_options
-@click.argument("platform")
+@click.argument("platform", type=_PLATFORM)
 @click.argument("user_id")
 def pairing_revoke(config_path: Path | None, platform: str, user_id: str) -> None:
     """Withdraw an approval (users in the config's allowlists stay allowed)."""

@@ -41,6 +41,11 @@ def home_options(func):
 CONFIG_OPTION = home_options  # the name the commands were written with
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 session``, ``2 sessions``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def fail(message: str, code: int = 1) -> None:
     """Print one line on stderr and exit with ``code``."""
     click.echo(f"error: {message}", err=True)

@@ -17,7 +17,7 @@ from state.paths import default_home
 
 from . import backup as backup_mod
 from . import service as service_mod
-from .cli_common import given_home, home_options, resolve_home
+from .cli_common import given_home, home_options, plural, resolve_home
 from .errors import SwitchboardError
 
 
@@ -169,7 +169,7 @@ def backup_cmd(file, config_path, allow_empty) -> None:
     except (SwitchboardError, OSError) as exc:
         raise _fail(exc) from None
     click.echo(
-        f"backed up {summary.sessions} sessions, {summary.messages} messages "
+        f"backed up {plural(summary.sessions, 'session')}, {plural(summary.messages, 'message')} "
         f"(schema {summary.schema_version}, {summary.size_bytes} bytes) to {summary.path}; integrity check ok"
     )
 
@@ -187,7 +187,7 @@ def restore_cmd(file, config_path) -> None:
         click.echo(f"the previous database is kept in {result.previous_copy}")
     summary = result.restored
     click.echo(
-        f"restored {summary.sessions} sessions, {summary.messages} messages (schema {summary.schema_version}) "
+        f"restored {plural(summary.sessions, 'session')}, {plural(summary.messages, 'message')} (schema {summary.schema_version}) "
         f"from {result.source} into {summary.path}"
     )
 

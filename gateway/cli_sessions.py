@@ -19,7 +19,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from gateway.cli_common import home_options, remember_home, resolve_home
+from gateway.cli_common import home_options, plural, remember_home, resolve_home
+from gateway.config import PLATFORMS
 from state import AmbiguousSession, SessionDB, StateError
 from state._transfer import parse_jsonl
 
@@ -40,6 +41,16 @@ def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
                 db.close()
 
     return home_options(run)
+
+
+SOURCES = (*PLATFORMS, "api", "cli", "cron")
+ROLES = ("user", "assistant", "tool", "system")
+
+
+def _source_option(help_text: str, multiple: bool = False):
+    """``--source``: one of the known sources, any case (``API`` means ``api``); anything else is an error."""
+    return click.option("--source", multiple=multiple, type=click.Choice(SOURCES, case_sensitive=False),
+                        help=help_text)
 
 
 def _console() -> Console:
@@ -98,7 +109,7 @@ def sessions() -> None:
 
 
 @sessions.command("list")
-@click.option("--source", help="Only sessions from this platform (telegram, discord, slack, cli, cron).")
+@_source_option("Only sessions from this source.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -167,8 +178,9 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
 
 @sessions.command("search")
 @click.argument("query")
-@click.option("--source", multiple=True, help="Only this platform (repeatable).")
-@click.option("--role", multiple=True, help="Only this role: user, assistant, tool (repeatable).")
+@_source_option("Only this source (repeatable).", multiple=True)
+@click.option("--role", multiple=True, type=click.Choice(ROLES, case_sensitive=False),
+              help="Only this role (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @_with_db
@@ -197,7 +209,7 @@ def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[s
 
 @sessions.command("export")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
-@click.option("--source", help="Only sessions from this platform.")
+@_source_option("Only sessions from this source.")
 @click.option("--session-id", help="Only this session (id, prefix or title).")
 @_with_db
 def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | None) -> None:
@@ -205,7 +217,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
     wanted = db.resolve_session_id(session_id) if session_id else None
     if str(file) == "-":
         count = db.write_export(sys.stdout, source=source, session_id=wanted)
-        click.echo(f"exported {count} sessions", err=True)
+        click.echo(f"exported {plural(count, 'session')}", err=True)
         return
     partial = file.with_name(f".{file.name}.partial")
     try:
@@ -220,19 +232,19 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    click.echo(f"exported {count} sessions to {file}")
+    click.echo(f"exported {plural(count, 'session')} to {file}")
 
 
 @sessions.command("import")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
 @_with_db
 def import_cmd(db: SessionDB, file: Path) -> None:
     """Restore sessions from an export; sessions already present are skipped."""
     result = db.import_sessions(parse_jsonl(file))
-    click.echo(f"imported {result['imported']} sessions ({result['messages']} messages) from {file}")
+    click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) from {file}")
     if result["skipped"]:
         shown = ", ".join(result["skipped"][:10]) + (" ..." if len(result["skipped"]) > 10 else "")
-        click.echo(f"skipped {len(result['skipped'])} sessions already present: {shown}")
+        click.echo(f"skipped {plural(len(result['skipped']), 'session')} already present: {shown}")
 
 
 @sessions.command("delete")
@@ -244,7 +256,7 @@ def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
     session_id = _exactly(db, ref, "nothing was deleted")
     session = db.get_session(session_id) or {}
     label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
-    _confirm(f"Delete session {label} and its {session.get('message_count', 0)} messages?", yes)
+    _confirm(f"Delete session {label} and its {plural(session.get('message_count', 0), 'message')}?", yes)
     if not db.delete_session(session_id):
         raise click.ClickException(f"session {session_id} no longer exists")
     click.echo(f"deleted {label}")
@@ -265,7 +277,7 @@ def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
 @sessions.command("prune")
 @click.option("--older-than", "days", type=click.FloatRange(min=0), default=90, show_default=True,
               help="Days without activity.")
-@click.option("--source", help="Only sessions from this platform.")
+@_source_option("Only sessions from this source.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @_with_db
 def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None:
@@ -274,8 +286,8 @@ def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None
     if not candidates:
         click.echo("Nothing to prune.")
         return
-    _confirm(f"Delete {len(candidates)} ended sessions inactive for {days:g} days?", yes)
-    click.echo(f"pruned {db.prune_sessions(days, source)} sessions")
+    _confirm(f"Delete {plural(len(candidates), 'ended session')} inactive for {days:g} days?", yes)
+    click.echo(f"pruned {plural(db.prune_sessions(days, source), 'session')}")
 
 
 def _size(n: int) -> str:
@@ -298,6 +310,6 @@ def stats_cmd(db: SessionDB, as_json: bool) -> None:
     click.echo(f"Total sessions: {stats['sessions']}")
     click.echo(f"Total messages: {stats['messages']}")
     for source, count in stats["by_source"].items():
-        click.echo(f"  {source}: {count} sessions")
+        click.echo(f"  {source}: {plural(count, 'session')}")
     click.echo(f"Database size: {_size(stats['db_bytes'])} (WAL {_size(stats['wal_bytes'])})")
     click.echo(f"Database: {stats['path']}")

@@ -59,7 +59,7 @@ def test_backup_copies_the_config_files_home(operator):
     made = subprocess.run([SWITCHBOARD, "backup", target], capture_output=True, text=True, timeout=60,
                           env={**env, "SWITCHBOARD_CONFIG": str(operator["config"])})
     assert made.returncode == 0, made.stderr
-    assert made.stdout.startswith("backed up 1 sessions, 1 messages")
+    assert made.stdout.startswith("backed up 1 session, 1 message")
 
 
 def test_backup_of_a_database_without_sessions_says_so(operator):

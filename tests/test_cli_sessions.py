@@ -158,14 +158,14 @@ def test_prune(run, filled):
             "UPDATE sessions SET started_at = 0, last_active = 0, ended_at = 1 WHERE id = '20250302_100000_bbbb0003'"))
     assert run("prune", "--older-than", "30", "--source", "telegram").output == "Nothing to prune.\n"
     result = run("prune", "--older-than", "30", "--yes")
-    assert (result.exit_code, result.output) == (0, "pruned 1 sessions\n")
+    assert (result.exit_code, result.output) == (0, "pruned 1 session\n")
 
 
 def test_stats(run, filled):
     result = run("stats")
     assert result.exit_code == 0
     assert "Total sessions: 3" in result.output and "Total messages: 3" in result.output
-    assert "  telegram: 1 sessions" in result.output and "Database size:" in result.output
+    assert "  telegram: 1 session" in result.output and "Database size:" in result.output
     assert json.loads(run("stats", "--json").output)["by_source"] == {"cli": 1, "discord": 1, "telegram": 1}
 
 
