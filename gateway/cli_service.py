@@ -104,6 +104,7 @@ def install_cmd(user_scope, dry_run, config_path, unit_dir, env_file, run_as) ->
         click.echo("# then run:")
         for command in plan.commands:
             click.echo(f"#   {command}")
+        _remind_environment(plan)
         return
     try:
         result = service_mod.install(plan)
@@ -121,6 +122,13 @@ def install_cmd(user_scope, dry_run, config_path, unit_dir, env_file, run_as) ->
     click.echo("now run" + (" as root" if scope == "system" and os.geteuid() != 0 else "") + ":")
     for command in plan.commands:
         click.echo(f"  {command}")
+    _remind_environment(plan)
+
+
+def _remind_environment(plan: service_mod.InstallPlan) -> None:
+    reminder = service_mod.environment_reminder(plan.settings)
+    if reminder:
+        click.echo(f"note: {reminder}")
 
 
 @service.command("uninstall")

@@ -272,6 +272,51 @@ def read_config_leniently(config: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+_CONFIG_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
+UNIT_SETS = ("SWITCHBOARD_HOME",)  # Environment= lines of the unit itself
+
+
+def config_variables(config: Path) -> list[str]:
+    """The environment variables the config's values name with ``${VAR}`` (first use first)."""
+    found: dict[str, None] = {}
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str):
+            for match in _CONFIG_VAR.finditer(value):
+                if match.group(1):
+                    found.setdefault(match.group(1))
+
+    walk(read_config_leniently(config))
+    return [name for name in found if name not in UNIT_SETS]
+
+
+def env_file_names(env_file: Path) -> set[str]:
+    """The variables an environment file sets (``NAME=value`` lines); empty when it cannot be read."""
+    try:
+        text = env_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {m.group(1) for m in map(_ENV_LINE.match, text.splitlines()) if m}
+
+
+def environment_reminder(settings: UnitSettings) -> str | None:
+    """What to tell the operator about the variables the config reads: systemd does not see the shell's."""
+    names = config_variables(settings.config)
+    if not names:
+        return None
+    missing = [n for n in names if n not in env_file_names(settings.env_file)]
+    text = (f"the config reads {', '.join(names)} from the environment. systemd does not see variables "
+            f"exported in your shell: put the ones you use in {settings.env_file} (NAME=value lines)")
+    return text + (f"; not there yet: {', '.join(missing)}" if missing else "")
+
+
 def grace_seconds_from_config(config: Path) -> int | None:
     """``shutdown.grace_seconds`` when the config states it as a plain number, else None."""
     shutdown = read_config_leniently(config).get("shutdown")

@@ -459,3 +459,25 @@ def test_an_installed_wheel_finds_its_unit_templates_outside_the_source_tree(tmp
     (installed / "switchboard.service").unlink()
     with pytest.raises(ServiceError, match=r"unit template switchboard.service is missing .*reinstall switchboard"):
         service.read_template("switchboard.service")
+
+
+def test_install_names_the_variables_the_config_reads_and_those_the_env_file_lacks(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "home: ${SWITCHBOARD_HOME}\n"  # the unit sets it
+        "model:\n  base_url: ${SWITCHBOARD_MODEL_URL:-http://127.0.0.1:8000/v1}\n  api_key: ${MODEL_KEY}\n"
+        "platforms:\n  telegram:\n    token: ${TELEGRAM_BOT_TOKEN}\n"
+        "api:\n  token: \"$${NOT_A_VARIABLE}\"\n"
+        "# ${IN_A_COMMENT} is not read\n")
+    home, units = tmp_path / "home", tmp_path / "units"
+    home.mkdir()
+    (home / "switchboard.env").write_text("# secrets\nTELEGRAM_BOT_TOKEN=123:abc\n")
+    (home / "switchboard.env").chmod(0o600)
+    result = invoke("install", "--user", "--config", str(config), "--home", str(home), "--unit-dir", str(units))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == (
+        "note: the config reads SWITCHBOARD_MODEL_URL, MODEL_KEY, TELEGRAM_BOT_TOKEN from the environment. "
+        f"systemd does not see variables exported in your shell: put the ones you use in {home / 'switchboard.env'} "
+        "(NAME=value lines); not there yet: SWITCHBOARD_MODEL_URL, MODEL_KEY")
+    dry = invoke("install", "--user", "--dry-run", "--config", str(config), "--home", str(home), "--unit-dir", str(units))
+    assert dry.output.splitlines()[-1].startswith("note: the config reads SWITCHBOARD_MODEL_URL, MODEL_KEY")
