@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import MappingProxyType
 
@@ -395,6 +396,11 @@ def test_a_bad_secret_is_never_echoed(tmp_path):
     assert result.exit_code == 78
     assert "platforms.slack.bot_token: must be a single text value (got a value hidden because it is a secret)" in result.stderr
     assert "xoxb-secret" not in result.stderr
+
+
+def test_the_example_names_features_not_internal_documents():
+    text = EXAMPLE.read_text(encoding="utf-8")
+    assert re.findall(r"\b(?:seed|issue) \d+", text, flags=re.IGNORECASE) == []
 
 
 # --------------------------------------------------------------------------- check and show
