@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 import state
+from gateway import _config_load
 from gateway.config import Config, config_from_dict, load_config
 from gateway.errors import ConfigError
 
@@ -76,8 +77,6 @@ def resolve_home(config_path: Path | None = None) -> Path:
     found = _config_file(config_path)
     if found is None:
         return state.default_home()
-    from gateway import _config_load
-
     path, source = found
     shown = str(path)
     try:
@@ -92,8 +91,6 @@ def resolve_home(config_path: Path | None = None) -> Path:
 
 def _config_file(config_path: Path | None) -> tuple[Path, str] | None:
     """The config file in use and how it was found: ``--config`` (which must exist), else the one found, else None."""
-    from gateway import _config_load
-
     path, source = _config_load.locate(config_path, os.environ)
     if config_path is not None or path.is_file():
         return path, source

@@ -195,7 +195,8 @@ def restore_cmd(file, config_path) -> None:
         click.echo(f"the previous database is kept in {result.previous_copy}")
     summary = result.restored
     click.echo(
-        f"restored {plural(summary.sessions, 'session')}, {plural(summary.messages, 'message')} (schema {summary.schema_version}) "
+        f"restored {plural(summary.sessions, 'session')}, {plural(summary.messages, 'message')} "
+        f"(schema {summary.schema_version}) "
         f"from {result.source} into {summary.path}"
     )
 

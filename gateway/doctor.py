@@ -113,13 +113,22 @@ async def check_model(http: aiohttp.ClientSession, cfg: Config) -> Check:
                 return Check("model", False, f"{base}/models answered HTTP {r.status}", "check model.base_url")
             body = await r.json(content_type=None)
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        return Check("model", False, f"cannot reach {base}: {type(exc).__name__} {exc}".strip(),
+        return Check("model", False, f"cannot reach {base}: {_why(exc)}",
                      "check model.base_url and that the model server is running")
     names = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
     if cfg.model.name in names:
         return Check("model", True, f"{base} serves {cfg.model.name!r}")
     shown = ", ".join(str(n) for n in names[:8]) or "none"
     return Check("model", False, f"{base} does not serve {cfg.model.name!r} (it has: {shown})", "set model.name to one of those")
+
+
+def _why(exc: BaseException) -> str:
+    """A failed request in a few words: refused, timed out, or the error's own text."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no answer within {TIMEOUT.total:g} s (timed out)"
+    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    return f"{type(exc).__name__} {exc}".strip()
 
 
 async def _platform_call(http, name, method, url, headers, ok) -> Check:

@@ -298,7 +298,9 @@ def _listed_row(conn: sqlite3.Connection, session_id: str, parent_id: str | None
     if parent_id is None:
         return _with_preview(session)
     root = _chain_root(conn, session_id)
-    if root is None or root.get("parent_session_id") is not None or get_compression_tip(conn, root["id"]) != session_id:
+    if root is None or root.get("parent_session_id") is not None:
+        return None
+    if get_compression_tip(conn, root["id"]) != session_id:
         return None
     return _chain_row(conn, _with_preview(root))
 
