@@ -115,7 +115,7 @@ def sessions() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @_with_db
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
-    """List recent sessions: title, preview, last activity, id."""
+    """List the most recently active sessions: title, preview, last activity, id."""
     rows = db.list_sessions_rich(source=source, limit=limit, include_children=show_all)
     if as_json:
         _json_out([{k: v for k, v in row.items() if k != "system_prompt"} for row in rows])
