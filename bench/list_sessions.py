@@ -8,10 +8,12 @@ Chinese) and are built in a temporary directory, removed afterwards.
 
 * ``seed``: seed 001's "recent sessions with preview" query: correlated
   subqueries per session for the first user message and the last message
-  time, ``ORDER BY started_at DESC LIMIT 20`` over the seed's tables.
+  time, over the seed's tables, ordered like ours by last activity
+  (``ORDER BY last_active DESC LIMIT 20``; the seed ordered by start).
 * ``ours``: ``SessionDB.list_sessions_rich()`` (preview and last activity
-  are kept on the session row as messages are appended, so listing reads
-  the ``started_at`` index and 20 rows; compression chains collapse to their tip).
+  are kept on the session row as messages are appended; ordered by last
+  activity, with no index on it in schema v16: one pass over the session rows;
+  compression chains collapse to their tip).
 
 Prints p50/p95/max per listing over ``--repeat`` runs, plus a filtered
 listing (``--source telegram``) and page 10 (offset 200).
@@ -40,7 +42,7 @@ SELECT s.*,
               ORDER BY m.timestamp, m.id LIMIT 1), '') AS preview,
     COALESCE((SELECT MAX(m2.timestamp) FROM messages m2 WHERE m2.session_id = s.id), s.started_at) AS last_active
 FROM sessions s {where}
-ORDER BY s.started_at DESC
+ORDER BY last_active DESC, s.id DESC
 LIMIT ? OFFSET ?
 """
 

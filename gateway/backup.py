@@ -151,10 +151,13 @@ def backup(
     *,
     pages_per_step: int = PAGES_PER_STEP,
     progress: Callable[[int, int], None] | None = None,
+    allow_empty: bool = True,
 ) -> DatabaseSummary:
     """Copy ``<home>/state.db`` to ``target`` while it is in use; returns what the copy holds.
 
     ``progress(remaining, total)`` is called after every step of ``pages_per_step`` pages.
+    Unless ``allow_empty``, a database holding no sessions is refused (``BackupError``, no
+    file written): it usually means the wrong home.
     """
     source = db_path(home)
     target = Path(target).expanduser().absolute()
@@ -191,6 +194,12 @@ def backup(
                 sessions, messages = _counts(dst)
             finally:
                 dst.close()
+            if not sessions and not allow_empty:
+                raise BackupError(
+                    f"{source} holds no sessions, so no backup was written. If you expected conversations, "
+                    "this is not the home the daemon uses: give --home DIR or --config FILE "
+                    "(pass --allow-empty to back up an empty database anyway)"
+                )
             _fsync(partial)
             os.replace(partial, target)
         finally:

@@ -1,9 +1,11 @@
 """``switchboard chat``: the agent in a terminal, through the same router as every platform.
 
-The session key is ``agent:<agent>:cli:dm:<login>``.  ``-c`` continues the
-most recent terminal session (or the newest of a title's lineage), ``-r``
-resumes by id, prefix or title; on resume a recap panel shows where the
-conversation stood (seed 004, "Conversation recap on resume").
+The session key is ``agent:<agent>:cli:dm:<login>``.  A plain ``chat`` starts a
+new session; ``-c`` continues the most recently active of this terminal's
+sessions (or the newest of a title's lineage), ``-r`` resumes by id, prefix or
+title.  A prefix or a title names terminal sessions only; another surface's
+session (an API user's, a Telegram chat's) is continued only when given by its
+whole id.  On resume a recap panel shows where the conversation stood.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rich.text import Text
 
 from gateway.config import Config
 from gateway.daemon import Gateway
+from gateway.errors import SwitchboardError
 from gateway.types import ChatType, InboundMessage
 
 RECAP_EXCHANGES = 10
@@ -60,18 +63,39 @@ def recap(messages: list[dict]) -> Text:
     return body
 
 
+async def _terminal_session(db, ref: str) -> str:
+    """The session ``ref`` names (an id, a prefix or a title, the newest of its lineage).
+
+    A whole id may name any surface's session (the operator asked for that one);
+    a prefix or a title names only terminal sessions (source ``cli``), so an API
+    user's or a platform chat's conversation is never continued by accident.
+    """
+    if await db.get_session(ref) is not None:
+        return ref
+    target = await db.resolve_session_id(ref)
+    session = await db.get_session(target) or {}
+    if session.get("source") != "cli":
+        raise SwitchboardError(
+            f"{ref!r} names a {session.get('source')} session ({target}), not one of this terminal's; "
+            f"to continue it here anyway, give its whole id: switchboard chat -r {target}"
+        )
+    return target
+
+
 async def _pick_session(gw: Gateway, key: str, continue_: str | None, resume: str | None) -> str | None:
+    """Point ``key`` at the session to continue; None when this chat starts a new one."""
     db = gw.db
-    target = None
     if resume:
-        target = await db.resolve_session_id(resume)
+        target = await _terminal_session(db, resume)
+    elif continue_:
+        target = await _terminal_session(db, continue_)
     elif continue_ is not None:
-        if continue_:
-            target = await db.resolve_session_id(continue_)
-        else:
-            rows = await db.list_sessions_rich(source="cli", limit=1)
-            target = rows[0]["id"] if rows else None
-    if target is None:
+        rows = await db.list_sessions_rich(source="cli", session_key=key, limit=1)
+        if not rows:
+            return None
+        target = rows[0]["id"]
+    else:
+        await _start_fresh(gw, key)
         return None
     target = await db.get_compression_tip(target) or target
     session = await db.get_session(target)
@@ -79,6 +103,18 @@ async def _pick_session(gw: Gateway, key: str, continue_: str | None, resume: st
         await db.reopen_session(target)
     await db.set_route(key, target)
     return target
+
+
+async def _start_fresh(gw: Gateway, key: str) -> None:
+    """A plain ``switchboard chat``: the terminal's open session ends (saved, as with /new); the first
+    message starts a new one."""
+    routed = await gw.db.get_routed_session(key)
+    if routed is None:
+        return
+    if routed.get("ended_at") is None:
+        await gw.db.end_session(routed["id"], "new_session")
+        gw.router.session_ended(routed["id"], key)
+    await gw.db.delete_route(key)
 
 
 async def run_chat(config: Config, *, continue_: str | None = None, resume: str | None = None,
@@ -92,6 +128,8 @@ async def run_chat(config: Config, *, continue_: str | None = None, resume: str 
         probe = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login, text="")
         key = gw.router.key_for(probe)
         resumed = await _pick_session(gw, key, continue_, resume)
+        if continue_ == "" and not resume and resumed is None:
+            console.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
         if resumed:
             session = await gw.db.get_session(resumed)
             title = session.get("title") or resumed

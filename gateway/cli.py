@@ -10,18 +10,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
 import state
-from gateway.cli_common import CONFIG_OPTION, fail as _fail, home_for as _home_for, load_config_or_exit as _load_config
+from gateway.cli_common import fail as _fail, given_home, home_options, load_config_or_exit as _load_config, resolve_home
 from gateway.cli_config import config_group
 from gateway.cli_cron import cron_group
 from gateway.cli_deadletters import deadletters as deadletters_group
 from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli_sessions import sessions as sessions_group
+from gateway.config import PLATFORMS
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
 
 
@@ -46,7 +49,7 @@ main.add_command(deadletters_group)
 
 
 @main.command()
-@CONFIG_OPTION
+@home_options
 def run(config_path: Path | None) -> None:
     """Run the gateway until SIGTERM/SIGINT (what the systemd unit starts)."""
     from gateway import lockfile
@@ -79,7 +82,7 @@ def run(config_path: Path | None) -> None:
 
 
 @main.command()
-@CONFIG_OPTION
+@home_options
 @click.option("-c", "--continue", "continue_", is_flag=False, flag_value="", default=None, metavar="[TITLE]",
               help="Continue the most recent terminal session, or the newest of TITLE's lineage.")
 @click.option("-r", "--resume", "resume", default=None, metavar="ID|TITLE", help="Resume a session by id, prefix or title.")
@@ -89,26 +92,39 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
     from gateway.logging_setup import setup_logging
 
     cfg = _load_config(config_path)
-    setup_logging("WARNING", "text", secrets=cfg.secrets())
+    # warnings go to a file, not between the prompt and what the user types
+    log_path = cfg.home / "chat.log"
+    cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
+    logged_before = log_path.stat().st_size
+    setup_logging("WARNING", "text", secrets=cfg.secrets(), stream=log_file)
     try:
         asyncio.run(run_chat(cfg, continue_=continue_, resume=resume))
     except (SwitchboardError, state.StateError) as exc:
         _fail(str(exc))
     except (KeyboardInterrupt, EOFError):
         click.echo("")
+    finally:
+        log_file.flush()
+        if log_path.stat().st_size > logged_before:
+            click.echo(f"(warnings from this chat are in {log_path})", err=True)
 
 
 @main.command()
-@CONFIG_OPTION
-def doctor(config_path: Path | None) -> None:
+@home_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+def doctor(config_path: Path | None, as_json: bool) -> None:
     """Check the config, database, disk, permissions, model, platform tokens and the service."""
-    from gateway.doctor import run_checks
+    from gateway.doctor import report, run_checks
 
-    checks = asyncio.run(run_checks(config_path))
-    for check in checks:
-        click.echo(check.line())
+    checks = asyncio.run(run_checks(config_path, given_home()))
     failed = sum(1 for c in checks if c.ok is False)
-    click.echo(f"\n{failed} problem{'s' if failed != 1 else ''} found." if failed else "\nAll checks passed.")
+    if as_json:
+        click.echo(json.dumps(report(checks), indent=2, ensure_ascii=False))
+    else:
+        for check in checks:
+            click.echo(check.line())
+        click.echo(f"\n{failed} problem{'s' if failed != 1 else ''} found." if failed else "\nAll checks passed.")
     sys.exit(1 if failed else 0)
 
 
@@ -118,15 +134,22 @@ def pairing() -> None:
 
 
 def _pairing_db(config_path: Path | None) -> state.SessionDB:
-    return state.SessionDB(_home_for(config_path) / "state.db")
+    return state.SessionDB(resolve_home(config_path) / "state.db")
+
+
+_PLATFORM = click.Choice(PLATFORMS, case_sensitive=False)
 
 
 @pairing.command("list")
-@CONFIG_OPTION
-def pairing_list(config_path: Path | None) -> None:
+@home_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+def pairing_list(config_path: Path | None, as_json: bool) -> None:
     """Pending pairing codes and approved users."""
     with _pairing_db(config_path) as db:
         listing = db.list_pairing()
+    if as_json:
+        click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
+        return
     if not listing["pending"] and not listing["approved"]:
         click.echo("No pending requests and no approved users.")
         return
@@ -139,8 +162,8 @@ def pairing_list(config_path: Path | None) -> None:
 
 
 @pairing.command("approve")
-@CONFIG_OPTION
-@click.argument("platform")
+@home_options
+@click.argument("platform", type=_PLATFORM)
 @click.argument("code")
 def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
     """Let the user who received CODE on PLATFORM talk to the agent."""
@@ -154,8 +177,8 @@ def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
 
 
 @pairing.command("revoke")
-@CONFIG_OPTION
-@click.argument("platform")
+@home_options
+@click.argument("platform", type=_PLATFORM)
 @click.argument("user_id")
 def pairing_revoke(config_path: Path | None, platform: str, user_id: str) -> None:
     """Withdraw an approval (users in the config's allowlists stay allowed)."""

@@ -1,20 +1,71 @@
-"""What every ``switchboard`` command shares: the ``--config`` option, one-line errors, finding the home."""
+"""What every ``switchboard`` command shares: ``--config`` and ``--home``, one-line errors, finding the home.
+
+Every subcommand takes ``--config FILE`` and ``--home DIR`` after its name
+(``switchboard sessions list --home DIR``), and every one finds its home
+through :func:`resolve_home`, so the daemon, the CLI and cron runs always
+open the same ``state.db``.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import click
 
 import state
-from gateway.config import Config, config_from_dict, find_config_path, load_config
+from gateway import _config_load
+from gateway.config import Config, config_from_dict, load_config
 from gateway.errors import ConfigError
 
-CONFIG_OPTION = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
-)
+_HOME_KEY = "switchboard.home"
+
+_CONFIG_HELP = "Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml)."
+_HOME_HELP = ("The home holding state.db (default: the config file's home:, else $SWITCHBOARD_HOME, "
+              "else ~/.switchboard).")
+
+
+def remember_home(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.meta[_HOME_KEY] = value
+
+
+def home_options(func):
+    """Add ``--config`` (passed as ``config_path``) and ``--home`` (read by :func:`resolve_home`)."""
+    func = click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        expose_value=False, callback=remember_home, help=_HOME_HELP)(func)
+    return click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+                        help=_CONFIG_HELP)(func)
+
+
+CONFIG_OPTION = home_options  # the name the commands were written with
+
+
+def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Take --config and --home, open the store of that home for the command (its first argument),
+    close it after, and turn a StateError into one line."""
+
+    @functools.wraps(command)
+    def run(*args: Any, config_path: Path | None = None, **kwargs: Any) -> Any:
+        db = None
+        try:
+            db = state.SessionDB(resolve_home(config_path) / "state.db")
+            return command(db, *args, **kwargs)
+        except state.StateError as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            if db is not None:
+                db.close()
+
+    return home_options(run)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 session``, ``2 sessions``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -23,32 +74,72 @@ def fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
-def load_config_or_exit(config_path: Path | None) -> Config:
-    """The config, or exit 78 with the message naming the file and key."""
+def given_home() -> Path | None:
+    """The ``--home`` given to the running command, if any."""
+    ctx = click.get_current_context(silent=True)
+    value = ctx.meta.get(_HOME_KEY) if ctx is not None else None
+    return Path(value).expanduser().absolute() if value is not None else None
+
+
+def resolve_home(config_path: Path | None = None) -> Path:
+    """The home the operator means, the same for every command.
+
+    ``--home`` when given; else the ``home:`` of the config file (``--config``,
+    else ``$SWITCHBOARD_CONFIG``, else ``$SWITCHBOARD_HOME/config.yaml``, else
+    ``~/.switchboard/config.yaml``), whose default is ``$SWITCHBOARD_HOME``;
+    else ``$SWITCHBOARD_HOME``, else ``~/.switchboard``.  Only the file's
+    ``home:`` key is read, so a ``${TOKEN}`` the shell does not export does
+    not stop ``sessions list``.  A ``--config`` file that does not exist, or
+    a ``home:`` that does not validate, exits 78 naming it.
+    """
+    explicit = given_home()
+    if explicit is not None:
+        return explicit
+    found = _config_file(config_path)
+    if found is None:
+        return state.default_home()
+    path, source = found
+    shown = str(path)
     try:
-        return load_config(config_path)
+        data = _config_load.parse_yaml(_config_load.read_text(path, source), shown)
+        value = data.get("home")
+        home = _config_load.expand_env({"home": value}, os.environ, shown)["home"] if value else None
+        return config_from_dict({"home": home}, base_dir=path.resolve().parent).home
     except ConfigError as exc:
-        fail(str(exc), exc.exit_code)
+        fail(str(exc) if exc.file else f"{shown}: {exc}", exc.exit_code)
         raise  # unreachable
 
 
-def config_or_defaults(config_path: Path | None) -> Config:
-    """The config file's settings; with no file anywhere, the defaults under $SWITCHBOARD_HOME."""
+def _config_file(config_path: Path | None) -> tuple[Path, str] | None:
+    """The config file in use and how it was found: ``--config`` (which must exist), else the one found, else None."""
+    path, source = _config_load.locate(config_path, os.environ)
+    if config_path is not None or path.is_file():
+        return path, source
+    return None
+
+
+def _with_home(cfg: Config, config_path: Path | None) -> Config:
+    home = resolve_home(config_path)
+    return cfg if cfg.home == home else cfg.model_copy(update={"home": home})
+
+
+def load_config_or_exit(config_path: Path | None) -> Config:
+    """The config (its home as :func:`resolve_home` says), or exit 78 with the message naming the file and key."""
     try:
-        if config_path is None and not find_config_path().is_file():
-            return config_from_dict({})
-    except ConfigError:
-        return config_from_dict({})
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        fail(str(exc), exc.exit_code)
+        raise  # unreachable
+    return _with_home(cfg, config_path)
+
+
+def config_or_defaults(config_path: Path | None) -> Config:
+    """The config file's settings; with no file anywhere, the defaults (home as :func:`resolve_home` says)."""
+    if _config_file(config_path) is None:
+        return _with_home(config_from_dict({}), config_path)
     return load_config_or_exit(config_path)
 
 
 def home_for(config_path: Path | None) -> Path:
-    """The home the operator means: the config's when there is one, else $SWITCHBOARD_HOME."""
-    return config_or_defaults(config_path).home if config_path or _has_config() else state.default_home()
-
-
-def _has_config() -> bool:
-    try:
-        return find_config_path().is_file()
-    except ConfigError:
-        return False
+    """The home of the running command (see :func:`resolve_home`)."""
+    return resolve_home(config_path)

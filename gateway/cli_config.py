@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import yaml
 
+from gateway.cli_common import given_home, home_options
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
@@ -28,24 +29,16 @@ class ConfigFailure(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-def _config_option(func):
-    return click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=True, path_type=Path),  # existence is checked by load_config, with its message
-        default=None,
-        help="Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml).",
-    )(func)
-
-
 def _load(ctx: click.Context, config_path: Path | None) -> Config:
     if config_path is None:
         # Let `switchboard --config FILE config check` work too, if the root group takes --config.
         config_path = ctx.find_root().params.get("config") or ctx.find_root().params.get("config_path")
     try:
-        return load_config(config_path)
+        cfg = load_config(config_path)
     except ConfigError as exc:
         raise ConfigFailure(str(exc)) from None
+    home = given_home()
+    return cfg.model_copy(update={"home": home}) if home is not None and home != cfg.home else cfg
 
 
 @click.group("config")
@@ -54,30 +47,50 @@ def config_group() -> None:
 
 
 @config_group.command("check")
-@_config_option
+@home_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
 @click.pass_context
-def check(ctx: click.Context, config_path: Path | None) -> None:
+def check(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
     """Validate the config file; exit 78 with one line naming the key on a mistake."""
-    cfg = _load(ctx, config_path)
-    from gateway.cron import config_jobs  # cron jobs are checked by their own module, like the daemon does
-
     try:
-        jobs = config_jobs(cfg, now=time.time())
-    except ConfigError as exc:
-        raise ConfigFailure(str(exc)) from None
-    from gateway.cron import target_problem
+        cfg = _load(ctx, config_path)
+        from gateway.cron import config_jobs, target_problem  # cron jobs are checked by their own module
 
+        jobs = config_jobs(cfg, now=time.time())
+    except (ConfigFailure, ConfigError) as exc:
+        message = exc.format_message() if isinstance(exc, ConfigFailure) else str(exc)
+        if not as_json:
+            raise ConfigFailure(message) from None
+        click.echo(json.dumps({"ok": False, "error": message}, indent=2, ensure_ascii=False))
+        ctx.exit(ConfigError.exit_code)
+        return
+    warnings = _warnings(cfg)
     for i, (spec, _schedule) in enumerate(jobs):  # valid, but its answers could never be delivered
         if (problem := target_problem(cfg, spec.deliver)) is not None:
-            click.echo(f"warning: {cfg.source}: cron.jobs.{i}.deliver: {problem}", err=True)
+            warnings.append(f"{cfg.source}: cron.jobs.{i}.deliver: {problem}")
+    if as_json:
+        click.echo(json.dumps({"ok": True, "file": str(cfg.source), "home": str(cfg.home),
+                               "api": f"http://{cfg.api.host}:{cfg.api.port}", "platforms": cfg.enabled_platforms(),
+                               "warnings": warnings}, indent=2, ensure_ascii=False))
+        return
     click.echo(f"{cfg.source}: ok")
     for name, state in cfg.enabled_platforms().items():
         click.echo(f"  {name}: {state}")
     click.echo(f"  api: http://{cfg.api.host}:{cfg.api.port}  home: {cfg.home}")
+    for warning in warnings:
+        click.echo(f"  warning: {warning}")
+
+
+def _warnings(cfg: Config) -> list[str]:
+    """What is valid but probably not meant (said here and in the daemon's log, not at every chat)."""
+    from compression import context_length_for
+
+    _tokens, warning = context_length_for(cfg.model.name, cfg.model.context_length)
+    return [warning] if warning else []
 
 
 @config_group.command("show")
-@_config_option
+@home_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
 @click.pass_context
 def show(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:

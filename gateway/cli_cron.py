@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import sys
 import time
 from pathlib import Path
@@ -151,13 +152,28 @@ def _free_id(db: state.SessionDB, name: str) -> str:
     return candidate
 
 
+_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+
+
+def _json_out(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+
+
+def _job_json(job: dict) -> dict:
+    return {**job, "paused": bool(job["paused"])}
+
+
 @cron_group.command("list")
 @CONFIG_OPTION
-def cron_list(config_path: Path | None) -> None:
+@_JSON_OPTION
+def cron_list(config_path: Path | None, as_json: bool) -> None:
     """Every job with its schedule, next run and last result."""
     cfg, db = _open(config_path)
     with db:
         jobs = db.list_cron_jobs()
+    if as_json:
+        _json_out([_job_json(j) for j in jobs])
+        return
     if not jobs:
         click.echo("No scheduled jobs. Add one with: switchboard cron add NAME --schedule ... --prompt ...")
         return
@@ -172,12 +188,16 @@ def cron_list(config_path: Path | None) -> None:
 @CONFIG_OPTION
 @click.argument("job_id")
 @click.option("--runs", default=5, show_default=True, help="How many recent runs to show.")
-def cron_show(config_path: Path | None, job_id: str, runs: int) -> None:
+@_JSON_OPTION
+def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -> None:
     """A job's definition, its recent runs and the last answer (how `local` jobs are read)."""
     cfg, db = _open(config_path)
     with db:
         job = _job_or_fail(db, job_id)
         history = db.list_cron_runs(job_id, limit=runs)
+    if as_json:
+        _json_out({"job": _job_json(job), "runs": history})
+        return
     nxt = "paused" if job["paused"] else (_when(job["next_run_at"], cfg) if job["next_run_at"] else "done (one-shot)")
     for label, value in [("id", job["id"]), ("name", job["name"]), ("schedule", f"{job['schedule']} ({cfg.timezone})"),
                          ("next run", nxt), ("deliver", job["deliver"]), ("model", job["model"] or cfg.model.name),
@@ -321,13 +341,17 @@ def cron_run(config_path: Path | None, job_id: str) -> None:
 @CONFIG_OPTION
 @click.argument("job_id", required=False)
 @click.option("--limit", "-n", default=20, show_default=True)
-def cron_history(config_path: Path | None, job_id: str | None, limit: int) -> None:
+@_JSON_OPTION
+def cron_history(config_path: Path | None, job_id: str | None, limit: int, as_json: bool) -> None:
     """Recent runs (of one job, or of all): scheduled time, start, end, status, session, error."""
     cfg, db = _open(config_path)
     with db:
         if job_id is not None:
             _job_or_fail(db, job_id)
         runs = db.list_cron_runs(job_id, limit=limit)
+    if as_json:
+        _json_out(runs)
+        return
     if not runs:
         click.echo("No runs recorded.")
         return

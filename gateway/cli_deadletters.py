@@ -9,40 +9,19 @@ start).  A thin layer: open the store, call one ``SessionDB`` method, print.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from state import SessionDB, StateError, default_home
+from gateway.cli_common import with_store as _with_db
+from state import SessionDB
 
-_HOME_KEY = "switchboard.deadletters.home"
 STATUSES = ("held", "retry", "retried", "dropped")
-
-
-def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Open the store for the command, close it after, and turn StateError into one line."""
-
-    @functools.wraps(command)
-    @click.pass_context
-    def run(ctx: click.Context, *args: Any, **kwargs: Any) -> Any:
-        db = None
-        try:
-            db = SessionDB(Path(ctx.meta.get(_HOME_KEY) or default_home()) / "state.db")
-            return command(db, *args, **kwargs)
-        except StateError as exc:
-            raise click.ClickException(str(exc)) from exc
-        finally:
-            if db is not None:
-                db.close()
-
-    return run
 
 
 def _when(ts: float | None) -> str:
@@ -73,13 +52,8 @@ def _decoded(row: dict) -> dict:
 
 
 @click.group("deadletters")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Switchboard home holding state.db (default: $SWITCHBOARD_HOME or ~/.switchboard).")
-@click.pass_context
-def deadletters(ctx: click.Context, home: Path | None) -> None:
+def deadletters() -> None:
     """Events set aside after failing three times: look at them, replay them after a fix, or drop them."""
-    if home is not None:
-        ctx.meta[_HOME_KEY] = home
 
 
 @deadletters.command("list")

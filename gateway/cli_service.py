@@ -17,13 +17,8 @@ from state.paths import default_home
 
 from . import backup as backup_mod
 from . import service as service_mod
+from .cli_common import given_home, home_options, plural, resolve_home
 from .errors import SwitchboardError
-
-_HOME_HELP = "The gateway's home (state.db, the lock). Default: $SWITCHBOARD_HOME, else ~/.switchboard."
-
-
-def _home_option(fn):
-    return click.option("--home", type=click.Path(path_type=Path), default=None, help=_HOME_HELP)(fn)
 
 
 def _scope_option(fn):
@@ -51,12 +46,16 @@ def _scope(user_scope: bool | None) -> service_mod.Scope:
     return "user" if user_scope else "system"
 
 
-def _home(home: Path | None) -> Path:
-    return (home or default_home()).expanduser().absolute()
-
-
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
+
+
+def _service_home(config: Path) -> Path:
+    """The config's home:, as every command finds it; the default home when there is no config yet, or when
+    home: is written as ${SWITCHBOARD_HOME} (the unit sets that variable to the home chosen here)."""
+    if not config.is_file() or "${" in str(service_mod.read_config_leniently(config).get("home") or ""):
+        return default_home().expanduser().absolute()
+    return resolve_home(config)
 
 
 @click.group("service")
@@ -67,14 +66,7 @@ def service() -> None:
 @service.command("install")
 @_scope_option
 @click.option("--dry-run", is_flag=True, help="Print the unit and the commands; write nothing.")
-@click.option(
-    "--config",
-    "config",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="The config file the service runs with. Default: $SWITCHBOARD_CONFIG, else HOME/config.yaml.",
-)
-@_home_option
+@home_options
 @_unit_dir_option
 @click.option(
     "--env-file",
@@ -83,13 +75,17 @@ def service() -> None:
     help="The secrets file (EnvironmentFile=, mode 0600). Default: HOME/switchboard.env.",
 )
 @click.option("--run-as", default=None, help="The account a system unit runs as (User=). Default: the sudo user.")
-def install_cmd(user_scope, dry_run, config, home, unit_dir, env_file, run_as) -> None:
-    """Write the systemd unit for this virtual environment and print the commands that start it."""
+def install_cmd(user_scope, dry_run, config_path, unit_dir, env_file, run_as) -> None:
+    """Write the systemd unit for this virtual environment and print the commands that start it.
+
+    The service runs with --config (default: $SWITCHBOARD_CONFIG, else HOME/config.yaml).
+    """
     scope = _scope(user_scope)
-    home = _home(home)
+    config = config_path
     if config is None:
         env_config = os.environ.get("SWITCHBOARD_CONFIG", "").strip()
-        config = Path(env_config) if env_config else home / "config.yaml"
+        config = Path(env_config) if env_config else (given_home() or default_home()) / "config.yaml"
+    home = given_home() or _service_home(config)
     try:
         plan = service_mod.plan_install(
             scope, config=config, home=home, unit_dir=unit_dir, env_file=env_file, run_as=run_as
@@ -108,6 +104,7 @@ def install_cmd(user_scope, dry_run, config, home, unit_dir, env_file, run_as) -
         click.echo("# then run:")
         for command in plan.commands:
             click.echo(f"#   {command}")
+        _remind_environment(plan)
         return
     try:
         result = service_mod.install(plan)
@@ -125,16 +122,23 @@ def install_cmd(user_scope, dry_run, config, home, unit_dir, env_file, run_as) -
     click.echo("now run" + (" as root" if scope == "system" and os.geteuid() != 0 else "") + ":")
     for command in plan.commands:
         click.echo(f"  {command}")
+    _remind_environment(plan)
+
+
+def _remind_environment(plan: service_mod.InstallPlan) -> None:
+    reminder = service_mod.environment_reminder(plan.settings)
+    if reminder:
+        click.echo(f"note: {reminder}")
 
 
 @service.command("uninstall")
 @_scope_option
-@_home_option
+@home_options
 @_unit_dir_option
-def uninstall_cmd(user_scope, home, unit_dir) -> None:
+def uninstall_cmd(user_scope, config_path, unit_dir) -> None:
     """Remove the unit file (the home, the database and the secrets file stay)."""
     scope = _scope(user_scope)
-    home = _home(home)
+    home = resolve_home(config_path)
     try:
         result = service_mod.uninstall(scope, home=home, unit_dir=unit_dir)
     except SwitchboardError as exc:
@@ -152,11 +156,11 @@ def uninstall_cmd(user_scope, home, unit_dir) -> None:
 
 @service.command("status")
 @_scope_option
-@_home_option
+@home_options
 @_unit_dir_option
-def status_cmd(user_scope, home, unit_dir) -> None:
+def status_cmd(user_scope, config_path, unit_dir) -> None:
     """Show whether the unit is installed and the daemon runs (exit 3 when it does not)."""
-    report = service_mod.service_status(_scope(user_scope), home=_home(home), unit_dir=unit_dir)
+    report = service_mod.service_status(_scope(user_scope), home=resolve_home(config_path), unit_dir=unit_dir)
     for line in report.lines:
         click.echo(line)
     raise SystemExit(report.exit_code)
@@ -164,33 +168,35 @@ def status_cmd(user_scope, home, unit_dir) -> None:
 
 @click.command("backup")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@_home_option
-def backup_cmd(file, home) -> None:
+@home_options
+@click.option("--allow-empty", is_flag=True, help="Back up a database that holds no sessions (refused otherwise).")
+def backup_cmd(file, config_path, allow_empty) -> None:
     """Copy the live database to FILE (consistent while the daemon runs; mode 0600)."""
     try:
-        summary = backup_mod.backup(_home(home), file)
+        summary = backup_mod.backup(resolve_home(config_path), file, allow_empty=allow_empty)
     except (SwitchboardError, OSError) as exc:
         raise _fail(exc) from None
     click.echo(
-        f"backed up {summary.sessions} sessions, {summary.messages} messages "
+        f"backed up {plural(summary.sessions, 'session')}, {plural(summary.messages, 'message')} "
         f"(schema {summary.schema_version}, {summary.size_bytes} bytes) to {summary.path}; integrity check ok"
     )
 
 
 @click.command("restore")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@_home_option
-def restore_cmd(file, home) -> None:
+@home_options
+def restore_cmd(file, config_path) -> None:
     """Replace the database with FILE after checking it; the daemon must be stopped."""
     try:
-        result = backup_mod.restore(_home(home), file)
+        result = backup_mod.restore(resolve_home(config_path), file)
     except (SwitchboardError, OSError) as exc:
         raise _fail(exc) from None
     if result.previous_copy:
         click.echo(f"the previous database is kept in {result.previous_copy}")
     summary = result.restored
     click.echo(
-        f"restored {summary.sessions} sessions, {summary.messages} messages (schema {summary.schema_version}) "
+        f"restored {plural(summary.sessions, 'session')}, {plural(summary.messages, 'message')} "
+        f"(schema {summary.schema_version}) "
         f"from {result.source} into {summary.path}"
     )
 

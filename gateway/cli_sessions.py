@@ -6,47 +6,34 @@ errors become one line on stderr and exit status 1.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from state import SessionDB, StateError, default_home
+from gateway.cli_common import plural, remember_home, with_store
+from gateway.config import PLATFORMS
+from state import AmbiguousSession, SessionDB
 from state._transfer import parse_jsonl
 
-_HOME_KEY = "switchboard.sessions.home"
+_with_db = with_store
 
 
-def _open(ctx: click.Context) -> SessionDB:
-    home = ctx.meta.get(_HOME_KEY) or default_home()
-    return SessionDB(Path(home) / "state.db")
+SOURCES = (*PLATFORMS, "api", "cli", "cron")
+ROLES = ("user", "assistant", "tool", "system")
 
 
-def _with_db(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Open the store for the command, close it after, and turn StateError into one line."""
-
-    @functools.wraps(command)
-    @click.pass_context
-    def run(ctx: click.Context, *args: Any, **kwargs: Any) -> Any:
-        db = None
-        try:
-            db = _open(ctx)
-            return command(db, *args, **kwargs)
-        except StateError as exc:
-            raise click.ClickException(str(exc)) from exc
-        finally:
-            if db is not None:
-                db.close()
-
-    return run
+def _source_option(help_text: str, multiple: bool = False):
+    """``--source``: one of the known sources, any case (``API`` means ``api``); anything else is an error."""
+    return click.option("--source", multiple=multiple, type=click.Choice(SOURCES, case_sensitive=False),
+                        help=help_text)
 
 
 def _console() -> Console:
@@ -78,29 +65,40 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
+def _exactly(db: SessionDB, ref: str, unchanged: str) -> str:
+    """The one session ``ref`` names by id or exact title; otherwise the candidates and no action."""
+    try:
+        return db.resolve_session_exactly(ref)
+    except AmbiguousSession as exc:
+        lines = [f"{ref!r} does not name one session exactly; {unchanged}. Give the id or the exact title of one of:"]
+        for session_id in exc.candidates[:20]:
+            title = db.get_session_title(session_id)
+            lines.append(f"  {session_id}" + (f"  {title}" if title else ""))
+        if len(exc.candidates) > 20:
+            lines.append(f"  ... and {len(exc.candidates) - 20} more")
+        raise click.ClickException("\n".join(lines)) from None
+
+
 def _confirm(question: str, yes: bool) -> None:
     if not yes and not click.confirm(question, default=False):
         raise click.ClickException("nothing was changed (pass --yes to skip this question)")
 
 
 @click.group("sessions")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Switchboard home holding state.db (default: $SWITCHBOARD_HOME or ~/.switchboard).")
-@click.pass_context
-def sessions(ctx: click.Context, home: Path | None) -> None:
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True,
+              expose_value=False, callback=remember_home)  # the older place: `sessions --home DIR list`
+def sessions() -> None:
     """Browse, search, export and clean up stored conversations."""
-    if home is not None:
-        ctx.meta[_HOME_KEY] = home
 
 
 @sessions.command("list")
-@click.option("--source", help="Only sessions from this platform (telegram, discord, slack, cli, cron).")
+@_source_option("Only sessions from this source.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @_with_db
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
-    """List recent sessions: title, preview, last activity, id."""
+    """List the most recently active sessions: title, preview, last activity, id."""
     rows = db.list_sessions_rich(source=source, limit=limit, include_children=show_all)
     if as_json:
         _json_out([{k: v for k, v in row.items() if k != "system_prompt"} for row in rows])
@@ -163,8 +161,9 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
 
 @sessions.command("search")
 @click.argument("query")
-@click.option("--source", multiple=True, help="Only this platform (repeatable).")
-@click.option("--role", multiple=True, help="Only this role: user, assistant, tool (repeatable).")
+@_source_option("Only this source (repeatable).", multiple=True)
+@click.option("--role", multiple=True, type=click.Choice(ROLES, case_sensitive=False),
+              help="Only this role (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @_with_db
@@ -193,7 +192,7 @@ def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[s
 
 @sessions.command("export")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
-@click.option("--source", help="Only sessions from this platform.")
+@_source_option("Only sessions from this source.")
 @click.option("--session-id", help="Only this session (id, prefix or title).")
 @_with_db
 def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | None) -> None:
@@ -201,7 +200,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
     wanted = db.resolve_session_id(session_id) if session_id else None
     if str(file) == "-":
         count = db.write_export(sys.stdout, source=source, session_id=wanted)
-        click.echo(f"exported {count} sessions", err=True)
+        click.echo(f"exported {plural(count, 'session')}", err=True)
         return
     partial = file.with_name(f".{file.name}.partial")
     try:
@@ -216,19 +215,19 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    click.echo(f"exported {count} sessions to {file}")
+    click.echo(f"exported {plural(count, 'session')} to {file}")
 
 
 @sessions.command("import")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
 @_with_db
 def import_cmd(db: SessionDB, file: Path) -> None:
     """Restore sessions from an export; sessions already present are skipped."""
     result = db.import_sessions(parse_jsonl(file))
-    click.echo(f"imported {result['imported']} sessions ({result['messages']} messages) from {file}")
+    click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) from {file}")
     if result["skipped"]:
         shown = ", ".join(result["skipped"][:10]) + (" ..." if len(result["skipped"]) > 10 else "")
-        click.echo(f"skipped {len(result['skipped'])} sessions already present: {shown}")
+        click.echo(f"skipped {plural(len(result['skipped']), 'session')} already present: {shown}")
 
 
 @sessions.command("delete")
@@ -236,11 +235,11 @@ def import_cmd(db: SessionDB, file: Path) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @_with_db
 def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
-    """Delete a session and its messages (its children are kept)."""
-    session_id = db.resolve_session_id(ref)
+    """Delete the session with id or exact title REF, and its messages (its children are kept)."""
+    session_id = _exactly(db, ref, "nothing was deleted")
     session = db.get_session(session_id) or {}
     label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
-    _confirm(f"Delete session {label} and its {session.get('message_count', 0)} messages?", yes)
+    _confirm(f"Delete session {label} and its {plural(session.get('message_count', 0), 'message')}?", yes)
     if not db.delete_session(session_id):
         raise click.ClickException(f"session {session_id} no longer exists")
     click.echo(f"deleted {label}")
@@ -251,8 +250,8 @@ def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
 @click.argument("title", nargs=-1, required=True)
 @_with_db
 def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
-    """Set a session's title (words need no quotes)."""
-    session_id = db.resolve_session_id(ref)
+    """Set the title of the session with id or exact title REF (words need no quotes)."""
+    session_id = _exactly(db, ref, "nothing was renamed")
     db.set_session_title(session_id, " ".join(title))
     new = db.get_session_title(session_id)
     click.echo(f"{session_id} is now titled {new!r}" if new else f"{session_id} has no title now")
@@ -261,7 +260,7 @@ def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
 @sessions.command("prune")
 @click.option("--older-than", "days", type=click.FloatRange(min=0), default=90, show_default=True,
               help="Days without activity.")
-@click.option("--source", help="Only sessions from this platform.")
+@_source_option("Only sessions from this source.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @_with_db
 def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None:
@@ -270,8 +269,8 @@ def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None
     if not candidates:
         click.echo("Nothing to prune.")
         return
-    _confirm(f"Delete {len(candidates)} ended sessions inactive for {days:g} days?", yes)
-    click.echo(f"pruned {db.prune_sessions(days, source)} sessions")
+    _confirm(f"Delete {plural(len(candidates), 'ended session')} inactive for {days:g} days?", yes)
+    click.echo(f"pruned {plural(db.prune_sessions(days, source), 'session')}")
 
 
 def _size(n: int) -> str:
@@ -294,6 +293,6 @@ def stats_cmd(db: SessionDB, as_json: bool) -> None:
     click.echo(f"Total sessions: {stats['sessions']}")
     click.echo(f"Total messages: {stats['messages']}")
     for source, count in stats["by_source"].items():
-        click.echo(f"  {source}: {count} sessions")
+        click.echo(f"  {source}: {plural(count, 'session')}")
     click.echo(f"Database size: {_size(stats['db_bytes'])} (WAL {_size(stats['wal_bytes'])})")
     click.echo(f"Database: {stats['path']}")

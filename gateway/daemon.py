@@ -164,8 +164,8 @@ class Gateway:
         """Compression (issue 5): the 75 % trigger before each model call and ``/compress``."""
         cfg = self.config
         context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
-        if warning:
-            log.warning("%s", warning)
+        if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
+            log.log(logging.WARNING if self.serve_api else logging.DEBUG, "%s", warning)
         self.router.context_length = context_length
         turn.max_message_tokens = max_message_tokens(context_length, cfg.model.max_message_share)
         self.compressor = Compressor(

@@ -17,7 +17,7 @@ import aiohttp
 
 import state
 from gateway import service
-from gateway.config import Config, find_config_path, load_config
+from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -36,6 +36,15 @@ class Check:
         mark = {True: "✓", False: "✗", None: "–"}[self.ok]
         text = f"{mark} {self.name}: {self.detail}"
         return text + (f"\n    fix: {self.fix}" if self.fix and self.ok is False else "")
+
+
+def report(checks: list[Check]) -> dict:
+    """What ``doctor --json`` prints: ``{"ok", "problems", "checks": [{"name", "ok", "detail", "fix"}]}``;
+    a check's ``ok`` is null when it was skipped, its ``fix`` null when there is nothing to do."""
+    problems = sum(1 for c in checks if c.ok is False)
+    return {"ok": problems == 0, "problems": problems,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix if c.ok is False else None}
+                       for c in checks]}
 
 
 def _mib(n: int) -> str:
@@ -86,6 +95,19 @@ def check_permissions(home: Path) -> list[Check]:
     return checks
 
 
+def check_context_length(cfg: Config) -> Check:
+    from compression import context_length_for
+
+    try:
+        tokens, warning = context_length_for(cfg.model.name, cfg.model.context_length)
+    except ValueError as exc:
+        return Check("context length", False, str(exc), "set model.context_length")
+    if warning:
+        return Check("context length", None, warning)
+    source = "model.context_length" if cfg.model.context_length else f"known window of {cfg.model.name!r}"
+    return Check("context length", True, f"{tokens:,} tokens ({source})")
+
+
 async def check_model(http: aiohttp.ClientSession, cfg: Config) -> Check:
     base = str(cfg.model.base_url).rstrip("/")
     try:
@@ -98,13 +120,22 @@ async def check_model(http: aiohttp.ClientSession, cfg: Config) -> Check:
                 return Check("model", False, f"{base}/models answered HTTP {r.status}", "check model.base_url")
             body = await r.json(content_type=None)
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        return Check("model", False, f"cannot reach {base}: {type(exc).__name__} {exc}".strip(),
+        return Check("model", False, f"cannot reach {base}: {_why(exc)}",
                      "check model.base_url and that the model server is running")
     names = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
     if cfg.model.name in names:
         return Check("model", True, f"{base} serves {cfg.model.name!r}")
     shown = ", ".join(str(n) for n in names[:8]) or "none"
     return Check("model", False, f"{base} does not serve {cfg.model.name!r} (it has: {shown})", "set model.name to one of those")
+
+
+def _why(exc: BaseException) -> str:
+    """A failed request in a few words: refused, timed out, or the error's own text."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no answer within {TIMEOUT.total:g} s (timed out)"
+    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    return f"{type(exc).__name__} {exc}".strip()
 
 
 async def _platform_call(http, name, method, url, headers, ok) -> Check:
@@ -153,14 +184,16 @@ def check_unit(home: Path) -> Check:
                  "switchboard service install, then the systemctl commands it prints")
 
 
-async def run_checks(config_path: Path | None) -> list[Check]:
+async def run_checks(config_path: Path | None, home: Path | None = None) -> list[Check]:
+    """Every check; ``home`` (``--home``) replaces the config's home."""
     try:
-        path = find_config_path(config_path)
-        cfg = load_config(path)
+        cfg = load_config(config_path)
     except ConfigError as exc:
-        home = state.default_home()
+        home = home or state.default_home()
         return [Check("config", False, str(exc), "fix the key named above, then: switchboard config check"),
                 *check_database(home), check_disk(home), *check_permissions(home)]
+    if home is not None and home != cfg.home:
+        cfg = cfg.model_copy(update={"home": home})
     checks = [Check("config", True, f"{cfg.source} is valid")]
     home = cfg.home
     checks += await asyncio.to_thread(check_database, home)
@@ -169,6 +202,7 @@ async def run_checks(config_path: Path | None) -> list[Check]:
     async with aiohttp.ClientSession(timeout=TIMEOUT, trust_env=False) as http:
         model, platforms = await asyncio.gather(check_model(http, cfg), check_platforms(http, cfg))
     checks.append(model)
+    checks.append(check_context_length(cfg))
     checks += platforms
     checks.append(await asyncio.to_thread(check_unit, home))
     return checks

@@ -112,5 +112,6 @@ def _running_message(home: Path) -> str:
     who = f" (pid {pid})" if pid else ""
     return (
         f"a switchboard daemon is already running on {home}{who}: stop it first "
-        "(systemctl stop switchboard, or systemctl --user stop switchboard), or use another --home"
+        "(systemctl stop switchboard, or systemctl --user stop switchboard), "
+        "or give this one another home (switchboard run --home DIR)"
     )

@@ -191,8 +191,22 @@ class ModelClient:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, openai.APIStatusError):
         return f"HTTP {exc.status_code}"
+    refused = _connect_error(exc)  # the aiohttp transport reports a refused connection as a timeout
+    if refused is not None:
+        return "connection refused" if isinstance(refused, ConnectionRefusedError) else "connection failed"
     if isinstance(exc, openai.APITimeoutError):
         return "timed out"
     if isinstance(exc, openai.APIConnectionError):
         return "connection failed"
     return type(exc).__name__
+
+
+def _connect_error(exc: BaseException) -> OSError | None:
+    """The operating system's error behind a failed connection (refused, unreachable), if there is one."""
+    chain: list[BaseException] = []
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and len(chain) < 8:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    errors = [e for e in chain if isinstance(e, OSError) and not isinstance(e, TimeoutError)]
+    return next((e for e in errors if isinstance(e, ConnectionRefusedError)), errors[0] if errors else None)

@@ -76,6 +76,9 @@ class UnitSettings:
     env_file: Path
     run_as: str | None = None  # system units only
     grace_seconds: int = DEFAULT_GRACE_SECONDS
+    # where that environment imports the gateway from (a checkout, with pip install -e .);
+    # None when unknown: another environment's script was given
+    package_dir: Path | None = None
 
     @property
     def timeout_stop_seconds(self) -> int:
@@ -183,7 +186,8 @@ def _paths_the_daemon_reads(settings: UnitSettings) -> list[Path]:
     interpreter = _interpreter_of(settings.switchboard)
     if interpreter is not None:
         paths += [interpreter, interpreter.resolve()]
-    paths.append(Path(__file__).resolve().parent)  # an editable install runs from the source tree
+    if settings.package_dir is not None:
+        paths.append(settings.package_dir)  # an editable install runs from the source tree
     return paths
 
 
@@ -256,7 +260,7 @@ def render_unit(settings: UnitSettings) -> str:
     return text
 
 
-def _read_config_leniently(config: Path) -> dict:
+def read_config_leniently(config: Path) -> dict:
     """The config's YAML as written (no ``${VAR}`` expansion: the secrets it names may live
     only in the service's environment file); {} when it cannot be read."""
     import yaml
@@ -268,9 +272,54 @@ def _read_config_leniently(config: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+_CONFIG_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
+UNIT_SETS = ("SWITCHBOARD_HOME",)  # Environment= lines of the unit itself
+
+
+def config_variables(config: Path) -> list[str]:
+    """The environment variables the config's values name with ``${VAR}`` (first use first)."""
+    found: dict[str, None] = {}
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str):
+            for match in _CONFIG_VAR.finditer(value):
+                if match.group(1):
+                    found.setdefault(match.group(1))
+
+    walk(read_config_leniently(config))
+    return [name for name in found if name not in UNIT_SETS]
+
+
+def env_file_names(env_file: Path) -> set[str]:
+    """The variables an environment file sets (``NAME=value`` lines); empty when it cannot be read."""
+    try:
+        text = env_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {m.group(1) for m in map(_ENV_LINE.match, text.splitlines()) if m}
+
+
+def environment_reminder(settings: UnitSettings) -> str | None:
+    """What to tell the operator about the variables the config reads: systemd does not see the shell's."""
+    names = config_variables(settings.config)
+    if not names:
+        return None
+    missing = [n for n in names if n not in env_file_names(settings.env_file)]
+    text = (f"the config reads {', '.join(names)} from the environment. systemd does not see variables "
+            f"exported in your shell: put the ones you use in {settings.env_file} (NAME=value lines)")
+    return text + (f"; not there yet: {', '.join(missing)}" if missing else "")
+
+
 def grace_seconds_from_config(config: Path) -> int | None:
     """``shutdown.grace_seconds`` when the config states it as a plain number, else None."""
-    shutdown = _read_config_leniently(config).get("shutdown")
+    shutdown = read_config_leniently(config).get("shutdown")
     grace = shutdown.get("grace_seconds") if isinstance(shutdown, dict) else None
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
         return None
@@ -279,7 +328,7 @@ def grace_seconds_from_config(config: Path) -> int | None:
 
 def _config_home_mismatch(config: Path, home: Path) -> str | None:
     """A warning when the config pins ``home:`` to another directory than the unit makes writable."""
-    value = _read_config_leniently(config).get("home")
+    value = read_config_leniently(config).get("home")
     if not isinstance(value, str) or "$" in value or value.startswith("~"):
         return None  # follows SWITCHBOARD_HOME (which the unit sets), or depends on the account
     pinned = Path(value) if Path(value).is_absolute() else config.parent / value
@@ -317,8 +366,16 @@ def plan_install(
     run_as: str | None = None,
     executable: Path | None = None,
     grace_seconds: int | None = None,
+    package_dir: Path | None = None,
 ) -> InstallPlan:
-    """Render the unit for real paths and say what installing it involves; changes nothing."""
+    """Render the unit for real paths and say what installing it involves; changes nothing.
+
+    ``package_dir`` is where the executable's environment imports the gateway from; by
+    default this process's own package when ``executable`` is this environment's script,
+    and unknown (not checked) for another environment's script.
+    """
+    if package_dir is None and executable is None:
+        package_dir = Path(__file__).resolve().parent
     if scope not in TEMPLATES:
         raise ServiceError(f"unknown scope {scope!r}: use system or user")
     switchboard = Path(os.path.normpath((executable or default_executable()).absolute()))
@@ -360,6 +417,7 @@ def plan_install(
     settings = UnitSettings(
         scope=scope, switchboard=switchboard, config=config, home=home,
         env_file=env_file, run_as=run_as, grace_seconds=grace_seconds,
+        package_dir=Path(package_dir).absolute() if package_dir is not None else None,
     )
     text = render_unit(settings)
     if account is not None:
@@ -426,8 +484,9 @@ def _access_warnings(settings: UnitSettings, account: pwd.struct_passwd) -> list
     interpreter = _interpreter_of(settings.switchboard)
     if interpreter is not None:
         checks.append((interpreter.resolve(), 1, venv_hint))
+    if settings.package_dir is not None:
+        checks.append((settings.package_dir, 5, venv_hint))
     checks += [
-        (Path(__file__).resolve().parent, 5, venv_hint),
         (settings.config, 4, f"let it read the file (chgrp {_group_name(account.pw_gid)} FILE; chmod g+r FILE)"),
         (settings.home, 7, f"give it the home (chown -R {name} {settings.home})"),
     ]

@@ -8,8 +8,8 @@ import time
 from typing import Any, Iterable
 
 from . import _recovery
-from ._titles import check_free, like_escape, resolve_session_by_title, sanitize_title
-from .errors import AmbiguousSession, SessionNotFound
+from ._titles import check_free, like_escape, lineage_rows, resolve_session_by_title, sanitize_title
+from .errors import AmbiguousSession, InvalidTitle, SessionNotFound
 
 PREVIEW_CHARS = 60
 _MAX_DEPTH = 10_000  # lineage walks stop here even if a cycle was written by hand
@@ -125,6 +125,41 @@ def resolve_session_id(conn: sqlite3.Connection, ref: str) -> str:
     raise SessionNotFound(ref)
 
 
+def resolve_session_exactly(conn: sqlite3.Connection, ref: str) -> str:
+    """An exact id, an exact title, or an id prefix that matches one session and no title.
+
+    For commands that change a session (delete, rename): a title never stands
+    for another of its lineage.  Anything else raises :class:`AmbiguousSession`
+    with every candidate (the lineage's sessions when only ``ref #N`` titles
+    exist), or :class:`SessionNotFound`.
+    """
+    ref = (ref or "").strip()
+    if not ref:
+        raise SessionNotFound(ref)
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
+        return ref
+    rows = conn.execute(
+        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 51",
+        (like_escape(ref) + "%",),
+    ).fetchall()
+    found = [r[0] for r in rows if r[0].startswith(ref)]  # LIKE ignores ASCII case; ids do not
+    try:
+        title = sanitize_title(ref)
+    except InvalidTitle:
+        title = None
+    if title:
+        by_title = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
+        if by_title and by_title[0] not in found:
+            found.insert(0, by_title[0])
+    if len(found) == 1:
+        return found[0]
+    if not found and title:
+        found = [r["id"] for r in lineage_rows(conn, title)]
+    if found:
+        raise AmbiguousSession(ref, found)
+    raise SessionNotFound(ref)
+
+
 # --- lineage ---------------------------------------------------------------
 
 
@@ -201,46 +236,97 @@ def list_sessions_rich(
     user_ids: Iterable[str] | None = None,
     session_key: str | None = None,
 ) -> list[dict]:
-    """Newest sessions first, each with ``preview`` (first user message) and ``last_active``.
+    """The most recently active sessions first, each with ``preview`` (first user message) and ``last_active``.
 
     Unless ``include_children``, child sessions are not listed on their own and a
     compression chain shows as one row: its tip's, with ``lineage_root`` set to
-    the first session of the chain.  Reads one index and the session rows only:
-    preview and last activity are kept on the row as messages are appended.
+    the first session of the chain, placed by the tip's last activity (what the
+    row shows).  Preview and last activity are kept on the session row as
+    messages are appended, so no message is read; with no index on
+    ``last_active`` (schema v16), ordering reads every session row once.
     """
     where: list[str] = []
     params: list[Any] = []
     if source:
-        where.append("source = ?")
+        where.append("s.source = ?")
         params.append(source)
     if user_ids is not None:
         ids = list(user_ids)
-        where.append(f"user_id IN ({', '.join('?' * len(ids))})" if ids else "0")
+        where.append(f"s.user_id IN ({', '.join('?' * len(ids))})" if ids else "0")
         params.extend(ids)
     if session_key is not None:
-        where.append("session_key = ?")
+        where.append("s.session_key = ?")
         params.append(session_key)
     if not include_children:
-        # '+' keeps the planner off idx_sessions_parent (a NULL lookup then a sort of every
-        # root session): walking idx_sessions_recent in order and skipping children is cheaper
-        where.append("+parent_session_id IS NULL")
+        # one row per conversation: sessions without a parent and the tips of compression
+        # chains (a session ended by compression is shown as its continuation)
+        where.append("(s.parent_session_id IS NULL OR EXISTS (SELECT 1 FROM sessions p "
+                     "WHERE p.id = s.parent_session_id AND p.end_reason = 'compression'))")
+        where.append("(s.end_reason IS NOT 'compression' OR NOT EXISTS (SELECT 1 FROM sessions c "
+                     "WHERE c.parent_session_id = s.id))")
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = conn.execute(
-        f"SELECT * FROM sessions {clause} ORDER BY started_at DESC, id DESC LIMIT ? OFFSET ?",
-        (*params, int(limit), int(offset)),
-    ).fetchall()
-    result = []
-    for row in rows:
-        session = _with_preview(row)
-        if not include_children and session.get("end_reason") == "compression":
-            tip_id = get_compression_tip(conn, session["id"])
-            if tip_id != session["id"]:
-                tip = _with_preview(get_session(conn, tip_id) or session)
-                tip["preview"] = tip["preview"] or session["preview"]
-                tip["lineage_root"] = session["id"]
-                session = tip
-        result.append(session)
-    return result
+    # only ids go through the sort; the rows are read afterwards by primary key
+    ordered = (f"SELECT s.id, s.parent_session_id FROM sessions s {clause} "
+               "ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC LIMIT ? OFFSET ?")
+    if include_children:
+        return [_with_preview(get_session(conn, r[0]) or {"id": r[0]})
+                for r in conn.execute(ordered, (*params, int(limit), int(offset))).fetchall()]
+    window = int(limit) + int(offset)
+    fetch = window + 10
+    while True:
+        candidates = conn.execute(ordered, (*params, fetch, 0)).fetchall()
+        shown: list[dict] = []
+        roots: set[str] = set()
+        for session_id, parent_id in candidates:
+            session = _listed_row(conn, session_id, parent_id)
+            if session is None or session.get("lineage_root", session["id"]) in roots:
+                continue  # a delegated child of a compressed session, or a chain already listed
+            roots.add(session.get("lineage_root", session["id"]))
+            shown.append(session)
+            if len(shown) == window:
+                return shown[int(offset):]
+        if len(candidates) < fetch:
+            return shown[int(offset):]
+        fetch *= 2
+
+
+def _listed_row(conn: sqlite3.Connection, session_id: str, parent_id: str | None) -> dict | None:
+    """The listing row of a session without a parent, or of a compression chain's tip; None otherwise."""
+    session = get_session(conn, session_id)
+    if session is None:
+        return None
+    if parent_id is None:
+        return _with_preview(session)
+    root = _chain_root(conn, session_id)
+    if root is None or root.get("parent_session_id") is not None:
+        return None
+    if get_compression_tip(conn, root["id"]) != session_id:
+        return None
+    return _chain_row(conn, _with_preview(root))
+
+
+def _chain_row(conn: sqlite3.Connection, root: dict) -> dict:
+    """The row a compression chain is listed as: its tip's, with the root's preview when the tip has none."""
+    tip_id = get_compression_tip(conn, root["id"])
+    if tip_id == root["id"]:
+        return root
+    tip = _with_preview(get_session(conn, tip_id) or root)
+    tip["preview"] = tip["preview"] or root["preview"]
+    tip["lineage_root"] = root["id"]
+    return tip
+
+
+def _chain_root(conn: sqlite3.Connection, session_id: str) -> dict | None:
+    """The first session of the compression chain ``session_id`` continues (walking up compressed parents)."""
+    lineage = get_lineage(conn, session_id)
+    if not lineage:
+        return None
+    root = lineage[-1]
+    for ancestor in reversed(lineage[:-1]):
+        if ancestor.get("end_reason") != "compression":
+            break
+        root = ancestor
+    return root
 
 
 def session_count(conn: sqlite3.Connection, source: str | None = None) -> int:

@@ -61,7 +61,7 @@ def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict | None:
     return dict(row) if row else None
 
 
-def _lineage_rows(conn: sqlite3.Connection, base: str) -> list[sqlite3.Row]:
+def lineage_rows(conn: sqlite3.Connection, base: str) -> list[sqlite3.Row]:
     """The session titled ``base`` and those titled ``base #N``, newest first."""
     rows = conn.execute(
         "SELECT id, title, started_at FROM sessions WHERE title = ? OR title LIKE ? ESCAPE '\\' "
@@ -77,7 +77,7 @@ def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None
     clean = sanitize_title(title)
     if not clean:
         return None
-    rows = _lineage_rows(conn, clean)
+    rows = lineage_rows(conn, clean)
     return rows[0]["id"] if rows else None
 
 
@@ -86,7 +86,7 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, base_title: str) -> str:
     clean = sanitize_title(base_title) or ""
     match = _NUMBERED.match(clean)
     base = match.group(1) if match else clean
-    rows = _lineage_rows(conn, base)
+    rows = lineage_rows(conn, base)
     if not rows:
         return base
     highest = 1

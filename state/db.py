@@ -159,6 +159,15 @@ class SessionDB:
         return self._engine.read(_sessions.resolve_session_id, prefix_or_title)
 
     @_reads
+    def resolve_session_exactly(self, ref: str) -> str:
+        """Exact id, exact title, or a unique id prefix (for delete and rename: never another of a lineage).
+
+        Raises :class:`state.AmbiguousSession` (every candidate, including ``ref #N``
+        when no session is titled ``ref`` itself) or :class:`state.SessionNotFound`.
+        """
+        return self._engine.read(_sessions.resolve_session_exactly, ref)
+
+    @_reads
     def list_sessions_rich(
         self,
         source: str | None = None,

@@ -126,7 +126,7 @@ def test_backup_command_output_and_refusals(filled, tmp_path):
     target = tmp_path / "b.db"
     result = run(backup_cmd, target, "--home", filled)
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("backed up 1 sessions, 20 messages (schema ")
+    assert result.output.startswith("backed up 1 session, 20 messages (schema ")
     assert result.output.endswith(f"to {target}; integrity check ok\n")
     again = run(backup_cmd, target, "--home", filled)
     assert again.exit_code == 1
@@ -152,7 +152,7 @@ def test_restore_brings_back_the_backup_and_keeps_the_previous_database(filled, 
     assert stat.S_IMODE(previous[0].stat().st_mode) == 0o600
     assert result.output.splitlines() == [
         f"the previous database is kept in {previous[0]}",
-        f"restored 1 sessions, 20 messages (schema {backup_mod.check_file(target).schema_version}) "
+        f"restored 1 session, 20 messages (schema {backup_mod.check_file(target).schema_version}) "
         f"from {target} into {filled / 'state.db'}",
     ]
     with SessionDB(filled / "state.db") as db:  # the store opens it and goes on writing
@@ -254,7 +254,7 @@ def test_switchboard_backup_and_restore_from_the_installed_command(filled, tmp_p
     env = {**os.environ, "SWITCHBOARD_HOME": str(filled)}
     made = subprocess.run([switchboard, "backup", target], capture_output=True, text=True, timeout=60, env=env)
     assert made.returncode == 0, made.stderr
-    assert made.stdout.startswith("backed up 1 sessions, 20 messages")
+    assert made.stdout.startswith("backed up 1 session, 20 messages")
     back = subprocess.run([switchboard, "restore", target], capture_output=True, text=True, timeout=60, env=env)
     assert back.returncode == 0, back.stderr
-    assert "restored 1 sessions, 20 messages" in back.stdout
+    assert "restored 1 session, 20 messages" in back.stdout

@@ -2,9 +2,12 @@
 
 import io
 
+import pytest
 from rich.console import Console
 
 from gateway.chat import recap, run_chat
+from gateway.errors import SwitchboardError
+from state import SessionDB
 from tests.fakes.model_server import FakeModel
 from tests.harness import gateway_config
 
@@ -59,3 +62,85 @@ def test_recap_truncates_and_collapses_tool_calls():
     assert "u" * 300 + " …" in text and "u" * 301 not in text
     assert "[2 tool calls: web_search, terminal]" in text
     assert "line3 …" in text and "line4" not in text
+
+
+async def _chat(cfg, *said, **how):
+    out = console()
+    await run_chat(cfg, console=out, read_line=lines(*said), **how)
+    return out.export_text()
+
+
+async def test_plain_chat_starts_a_new_session_and_c_continues_the_last_active_one(tmp_path):
+    async with FakeModel() as model:
+        cfg = gateway_config(tmp_path / "home", model.base_url)
+        await _chat(cfg, "first topic", "/title Alpha")
+        again = await _chat(cfg, "second topic", "/title Beta")
+        assert "echo: second topic | turns: 1 | first: second topic" in again  # not a continuation of Alpha
+        await _chat(cfg, "back to alpha", resume="Alpha")  # Alpha is now the most recently active
+        out = await _chat(cfg, "and more", continue_="")
+    assert "Previous conversation: Alpha" in out
+    assert "echo: and more | turns: 3 | first: first topic" in out
+
+
+async def test_chat_never_continues_another_surfaces_session_unless_given_its_id(tmp_path):
+    async with FakeModel() as model:
+        cfg = gateway_config(tmp_path / "home", model.base_url)
+        await _chat(cfg, "my own words", "/title Mine")
+        with SessionDB(cfg.db_path) as db:
+            db.create_session("20990101_000000_a9a9a9a9", "api", user_id="someone", title="Their talk")
+            db.append_message("20990101_000000_a9a9a9a9", "user", "an API user's secret")
+        out = await _chat(cfg, "hello again", continue_="")
+        assert "Previous conversation: Mine" in out and "secret" not in out
+        for how in ({"resume": "Their talk"}, {"continue_": "Their talk"}, {"resume": "20990101"}):
+            with pytest.raises(SwitchboardError, match="not one of this terminal's.*chat -r 20990101_000000_a9a9a9a9"):
+                await _chat(cfg, "x", **how)
+        out = await _chat(cfg, "by id", resume="20990101_000000_a9a9a9a9")
+    assert "Previous conversation: Their talk" in out and "an API user's secret" in out
+
+
+async def test_continue_with_no_terminal_session_says_it_starts_a_new_one(tmp_path):
+    async with FakeModel() as model:
+        cfg = gateway_config(tmp_path / "home", model.base_url)
+        out = await _chat(cfg, "hi", continue_="")
+    assert "No earlier terminal session to continue: this is a new one." in out
+    assert "echo: hi | turns: 1" in out
+
+
+async def test_a_model_server_that_refuses_the_connection_is_not_called_a_timeout(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = gateway_config(tmp_path / "home", f"http://127.0.0.1:{port}/v1",
+                         model={"max_retries": 0, "retry_total_seconds": 1})
+    out = await _chat(cfg, "hello")
+    assert "connection refused" in out and "timed out" not in out
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_warnings_go_to_a_file_not_between_the_prompt_and_the_typing(tmp_path):
+    from click.testing import CliRunner
+
+    from gateway.cli import main
+
+    home = tmp_path / "home"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"home: {home}\nmodel:\n  base_url: http://127.0.0.1:{_closed_port()}/v1\n  name: my-local-model\n"
+                      "  max_retries: 1\n  retry_total_seconds: 2\n", encoding="utf-8")
+    for _ in range(2):
+        result = CliRunner().invoke(main, ["chat", "--config", str(config)], input="hello\n")
+        assert result.exit_code == 0, result.output
+        assert "The model is unavailable right now (connection refused)" in result.stdout
+        assert "WARNING" not in result.output and "retry 1" not in result.output
+        assert f"(warnings from this chat are in {home / 'chat.log'})" in result.stderr
+    logged = (home / "chat.log").read_text(encoding="utf-8")
+    assert logged.count("model call failed (connection refused), retry 1") == 2
+    assert "context length" not in logged  # said by config check, doctor and the daemon, not at every chat

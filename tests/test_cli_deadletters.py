@@ -33,7 +33,7 @@ def home(tmp_path):
 
 
 def run(home, *args):
-    return CliRunner().invoke(main, ["deadletters", "--home", str(home), *args])
+    return CliRunner().invoke(main, ["deadletters", *args, "--home", str(home)])
 
 
 def test_list_shows_each_dead_letter_newest_first(home):

@@ -158,14 +158,14 @@ def test_prune(run, filled):
             "UPDATE sessions SET started_at = 0, last_active = 0, ended_at = 1 WHERE id = '20250302_100000_bbbb0003'"))
     assert run("prune", "--older-than", "30", "--source", "telegram").output == "Nothing to prune.\n"
     result = run("prune", "--older-than", "30", "--yes")
-    assert (result.exit_code, result.output) == (0, "pruned 1 sessions\n")
+    assert (result.exit_code, result.output) == (0, "pruned 1 session\n")
 
 
 def test_stats(run, filled):
     result = run("stats")
     assert result.exit_code == 0
     assert "Total sessions: 3" in result.output and "Total messages: 3" in result.output
-    assert "  telegram: 1 sessions" in result.output and "Database size:" in result.output
+    assert "  telegram: 1 session" in result.output and "Database size:" in result.output
     assert json.loads(run("stats", "--json").output)["by_source"] == {"cli": 1, "discord": 1, "telegram": 1}
 
 
@@ -184,3 +184,52 @@ def test_a_broken_database_is_one_line(tmp_path):
     result = CliRunner().invoke(sessions, ["--home", str(home), "stats"])
     assert result.exit_code == 1
     assert "not a SQLite database" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def lineage(home):
+    """"My topic" and its continuations "My topic #2" (newer) and "My topic #3" (newest)."""
+    with SessionDB(home / "state.db") as db:
+        for sid, title in [("20250401_100000_11110001", "My topic"), ("20250402_100000_22220002", "My topic #2"),
+                           ("20250403_100000_33330003", "My topic #3")]:
+            db.create_session(sid, "telegram", title=title)
+    return home
+
+
+def _ids(run):
+    return [r["id"] for r in json.loads(run("list", "--json").output)]
+
+
+def test_delete_by_title_deletes_exactly_that_title(run, lineage):
+    result = run("delete", "My topic", "--yes")
+    assert result.exit_code == 0 and result.output == "deleted 20250401_100000_11110001 (My topic)\n"
+    assert _ids(run) == ["20250403_100000_33330003", "20250402_100000_22220002"]
+
+
+def test_rename_by_title_renames_exactly_that_title(run, lineage):
+    result = run("rename", "My topic", "First", "try")
+    assert result.exit_code == 0 and "20250401_100000_11110001 is now titled 'First try'" in result.output
+
+
+def test_a_title_that_names_only_its_continuations_lists_them_and_changes_nothing(run, lineage):
+    run("delete", "My topic", "--yes")
+    for args in (("delete", "My topic", "--yes"), ("rename", "My topic", "new")):
+        result = run(*args)
+        assert result.exit_code == 1
+        assert "'My topic' does not name one session exactly" in result.stderr
+        assert "20250402_100000_22220002  My topic #2" in result.stderr
+        assert "20250403_100000_33330003  My topic #3" in result.stderr
+    assert _ids(run) == ["20250403_100000_33330003", "20250402_100000_22220002"]
+    assert json.loads(run("show", "20250402", "--json").output)["title"] == "My topic #2"
+
+
+def test_an_ambiguous_id_prefix_deletes_nothing(run, lineage):
+    result = run("delete", "2025040", "--yes")
+    assert result.exit_code == 1 and "nothing was deleted" in result.stderr
+    assert len(_ids(run)) == 3
+
+
+def test_resume_still_takes_the_newest_of_a_lineage(lineage):
+    with SessionDB(lineage / "state.db") as db:
+        assert db.resolve_session_id("My topic") == "20250403_100000_33330003"
+        assert db.resolve_session_exactly("My topic") == "20250401_100000_11110001"

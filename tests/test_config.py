@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import MappingProxyType
 
@@ -399,6 +400,11 @@ def test_a_bad_secret_is_never_echoed(tmp_path):
     assert "xoxb-secret" not in result.stderr
 
 
+def test_the_example_names_features_not_internal_documents():
+    text = EXAMPLE.read_text(encoding="utf-8")
+    assert re.findall(r"\b(?:seed|issue) \d+", text, flags=re.IGNORECASE) == []
+
+
 # --------------------------------------------------------------------------- check and show
 
 
@@ -411,7 +417,26 @@ def test_check_reports_platform_states(tmp_path):
         "  discord: off: platforms.discord.token is not set",
         "  slack: off: platforms.slack.bot_token is not set",
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
+        "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
+        "are compressed early. Set model.context_length in the config to the model's real window",
     ]
+
+
+def test_check_json_has_one_shape(tmp_path):
+    result = cli("check", "--json", "--config", str(EXAMPLE),
+                 env={"TELEGRAM_BOT_TOKEN": TG_TOKEN, "SWITCHBOARD_HOME": str(tmp_path), "SWITCHBOARD_MODEL": "gpt-4o"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "ok": True, "file": str(EXAMPLE), "home": str(tmp_path), "api": "http://127.0.0.1:8642",
+        "platforms": {"telegram": "on", "discord": "off: platforms.discord.token is not set",
+                      "slack": "off: platforms.slack.bot_token is not set"},
+        "warnings": [],
+    }
+    bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
+    result = cli("check", "--json", "--config", str(bad))
+    assert result.exit_code == 78
+    data = json.loads(result.stdout)
+    assert data["ok"] is False and "sessions.reset.mode: must be one of" in data["error"]
 
 
 def test_check_finds_the_file_through_switchboard_config(tmp_path):

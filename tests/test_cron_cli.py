@@ -4,6 +4,7 @@ subprocess for ``cron run`` (a second process contending for the job's lease).""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -159,8 +160,8 @@ def test_config_check_warns_of_a_config_job_that_cannot_deliver(tmp_path):
                                           {"id": "log", "name": "Log", "schedule": "every 1h", "prompt": "Log?"}])
     result = CliRunner().invoke(main, ["config", "check", "--config", str(config)])
     assert result.exit_code == 0 and result.stdout.startswith(f"{config}: ok")
-    assert result.stderr.splitlines() == [
-        f"warning: {config}: cron.jobs.0.deliver: discord is off (platforms.discord.token is not set), so answers "
+    assert [line for line in result.stdout.splitlines() if "cron.jobs" in line] == [
+        f"  warning: {config}: cron.jobs.0.deliver: discord is off (platforms.discord.token is not set), so answers "
         "for discord:42 could not be delivered; turn it on in the config (platforms.discord) and restart the daemon, "
         "or deliver to local"]
 
@@ -214,3 +215,25 @@ async def test_a_job_added_from_the_cli_is_run_and_delivered_by_the_daemon_proce
         assert len(history) == 2 and history[1].split()[2] == "schedule"
         assert "ok - delivered to telegram:111" in history[1]
         assert "done (one-shot)" in cli(config, "show", "tea")
+
+
+async def test_json_for_list_show_history_and_cron_run_says_no_context_warning(tmp_path):
+    async with FakeModel() as model:
+        model.script(Reply("Done."))
+        config = write_config(tmp_path, model.base_url,
+                              jobs=[{"id": "brief", "name": "Brief", "schedule": "0 8 * * *", "prompt": "Plan?"}])
+        proc = await asyncio.create_subprocess_exec(
+            str(SWITCHBOARD), "cron", "run", "brief", "--config", str(config),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "context length" not in err.decode()  # said by config check, doctor and the daemon log instead
+    [job] = json.loads(cli(config, "list", "--json"))
+    assert (job["id"], job["schedule"], job["paused"], job["source"], job["last_status"]) == (
+        "brief", "0 8 * * *", False, "config", "ok")
+    shown = json.loads(cli(config, "show", "brief", "--json"))
+    assert set(shown) == {"job", "runs"} and shown["job"]["prompt"] == "Plan?"
+    assert [(r["id"], r["status"], r["output"]) for r in shown["runs"]] == [(1, "ok", "Done.")]
+    history = json.loads(cli(config, "history", "--json"))
+    assert history == shown["runs"]
+    assert json.loads(cli(config, "history", "brief", "-n", "0", "--json")) == []

@@ -1,6 +1,7 @@
 """`switchboard doctor` finds each failure it is built to find, and says how to fix it."""
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -55,7 +56,8 @@ async def test_model_missing_or_unreachable(tmp_path):
     assert line(out, "model") == f"✗ model: {model.base_url} does not serve 'fake-model' (it has: other-model)"
     config = write_config(tmp_path, model={"base_url": "http://127.0.0.1:9/v1", "name": "x"})
     code, out = await doctor(config)
-    assert code == 1 and "cannot reach http://127.0.0.1:9/v1" in out and "fix: check model.base_url" in out
+    assert code == 1 and "fix: check model.base_url" in out
+    assert line(out, "model") == "✗ model: cannot reach http://127.0.0.1:9/v1: connection refused (nothing listens there)"
 
 
 async def test_bad_platform_tokens(tmp_path):
@@ -94,3 +96,25 @@ async def test_a_bad_config_is_reported_and_the_rest_still_checked(tmp_path):
     assert code == 1
     assert line(out, "config").startswith("✗ config:") and "model.max_concurrent_calls" in out
     assert "disk:" in out
+
+
+async def test_json_report_has_one_shape(tmp_path):
+    async with FakeModel(model_name="other-model") as model:
+        config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"})
+        result = await asyncio.to_thread(CliRunner().invoke, main, ["doctor", "--json", "--config", str(config)],
+                                         env={"HTTP_PROXY": "", "HTTPS_PROXY": ""})
+    data = json.loads(result.output)
+    assert result.exit_code == 1
+    assert set(data) == {"ok", "problems", "checks"} and data["ok"] is False and data["problems"] >= 1
+    assert all(set(c) == {"name", "ok", "detail", "fix"} for c in data["checks"])
+    model_check = next(c for c in data["checks"] if c["name"] == "model")
+    assert model_check["ok"] is False and model_check["fix"] == "set model.name to one of those"
+    assert next(c for c in data["checks"] if c["name"] == "discord")["ok"] is None
+
+
+def test_without_a_config_file_it_says_where_it_looked(tmp_path):
+    home = tmp_path / "empty-home"
+    result = CliRunner().invoke(main, ["doctor"], env={"SWITCHBOARD_HOME": str(home), "SWITCHBOARD_CONFIG": ""})
+    config_line = line(result.output, "config")
+    assert config_line.startswith("✗ config: ") and f"no config file at {home / 'config.yaml'}" in config_line
+    assert "looked in $SWITCHBOARD_HOME" in config_line and "given with --config" not in config_line

@@ -199,13 +199,35 @@ def test_files_the_service_account_cannot_reach_get_a_warning(open_dir):
     config = tmp_path / "config.yaml"
     config.write_text("agent: main\n")
     config.chmod(0o600)
-    plan = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script)
+    package = private / "src" / "gateway"  # an editable install's source tree
+    package.mkdir(parents=True)
+    plan = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script,
+                        package_dir=package)
     assert f"user {RUN_AS!r} cannot use {script} (no permission at {private}): install switchboard in a virtual environment" in "\n".join(plan.warnings)
+    assert f"user {RUN_AS!r} cannot use {package} (no permission at {private}): install switchboard" in "\n".join(plan.warnings)
     assert f"user {RUN_AS!r} cannot use {config}: let it read the file (chgrp daemon FILE; chmod g+r FILE)" in plan.warnings
     private.chmod(0o755)
     config.chmod(0o644)
-    plan = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script)
+    plan = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script,
+                        package_dir=package)
     assert [w for w in plan.warnings if "cannot use" in w] == []
+
+
+def test_another_environments_script_is_judged_by_its_own_paths_not_this_checkout(tmp_path, config):
+    """Wherever this checkout lives (a private home directory too), a given script's unit depends only on it."""
+    script = tmp_path / "venv" / "bin" / "switchboard"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/usr/bin/python3\n")
+    script.chmod(0o755)
+    plan = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script)
+    assert plan.settings.package_dir is None
+    assert parse_unit(plan.unit_text)["Service"]["ProtectHome"] == ["yes"]
+    checkout = Path("/home/alice/switchboard/gateway")  # an editable install from a home directory
+    in_home = plan_install("system", config=config, home=tmp_path / "home", run_as=RUN_AS, executable=script,
+                           package_dir=checkout)
+    assert parse_unit(in_home.unit_text)["Service"]["ProtectHome"] == ["read-only"]
+    assert plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path).settings.package_dir == \
+        Path(service.__file__).resolve().parent
 
 
 def test_render_refuses_a_relative_path(tmp_path, config):
@@ -439,3 +461,25 @@ def test_an_installed_wheel_finds_its_unit_templates_outside_the_source_tree(tmp
     (installed / "switchboard.service").unlink()
     with pytest.raises(ServiceError, match=r"unit template switchboard.service is missing .*reinstall switchboard"):
         service.read_template("switchboard.service")
+
+
+def test_install_names_the_variables_the_config_reads_and_those_the_env_file_lacks(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "home: ${SWITCHBOARD_HOME}\n"  # the unit sets it
+        "model:\n  base_url: ${SWITCHBOARD_MODEL_URL:-http://127.0.0.1:8000/v1}\n  api_key: ${MODEL_KEY}\n"
+        "platforms:\n  telegram:\n    token: ${TELEGRAM_BOT_TOKEN}\n"
+        "api:\n  token: \"$${NOT_A_VARIABLE}\"\n"
+        "# ${IN_A_COMMENT} is not read\n")
+    home, units = tmp_path / "home", tmp_path / "units"
+    home.mkdir()
+    (home / "switchboard.env").write_text("# secrets\nTELEGRAM_BOT_TOKEN=123:abc\n")
+    (home / "switchboard.env").chmod(0o600)
+    result = invoke("install", "--user", "--config", str(config), "--home", str(home), "--unit-dir", str(units))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == (
+        "note: the config reads SWITCHBOARD_MODEL_URL, MODEL_KEY, TELEGRAM_BOT_TOKEN from the environment. "
+        f"systemd does not see variables exported in your shell: put the ones you use in {home / 'switchboard.env'} "
+        "(NAME=value lines); not there yet: SWITCHBOARD_MODEL_URL, MODEL_KEY")
+    dry = invoke("install", "--user", "--dry-run", "--config", str(config), "--home", str(home), "--unit-dir", str(units))
+    assert dry.output.splitlines()[-1].startswith("note: the config reads SWITCHBOARD_MODEL_URL, MODEL_KEY")

@@ -224,15 +224,47 @@ def test_listing_shows_a_chain_as_its_tip(db):
     db.create_session("other", "telegram")
     db.append_message("other", "user", "x" * 80)
     rows = db.list_sessions_rich()
-    assert [(r["id"], r.get("lineage_root")) for r in rows] == [("other", None), ("tip", "root")]
-    assert rows[0]["preview"] == "x" * 60 + "..."
-    assert rows[1]["preview"] == "later"
-    assert rows[1]["last_active"] == pytest.approx(now + 10)
+    # the chain's tip was active last (now + 10): the chain is listed first, as its tip
+    assert [(r["id"], r.get("lineage_root")) for r in rows] == [("tip", "root"), ("other", None)]
+    assert rows[1]["preview"] == "x" * 60 + "..."
+    assert rows[0]["preview"] == "later"
+    assert rows[0]["last_active"] == pytest.approx(now + 10)
     every = db.list_sessions_rich(include_children=True)
-    assert [r["id"] for r in every] == ["other", "tip", "mid", "helper", "root"]
+    assert [r["id"] for r in every][:2] == ["tip", "other"]
+    assert set(r["id"] for r in every) == {"tip", "other", "mid", "helper", "root"}
     assert next(r for r in every if r["id"] == "root")["preview"] == "first question with a newline"
     assert [r["id"] for r in db.list_sessions_rich(source="telegram")] == ["other"]
-    assert [r["id"] for r in db.list_sessions_rich(limit=1, offset=1)] == ["tip"]
+    assert [r["id"] for r in db.list_sessions_rich(limit=1, offset=1)] == ["other"]
+
+
+def _set_times(db, session_id, started_at, last_active):
+    db._engine.write(lambda conn: conn.execute(
+        "UPDATE sessions SET started_at = ?, last_active = ? WHERE id = ?", (started_at, last_active, session_id)))
+
+
+def test_listing_orders_by_last_activity_not_start(db):
+    for sid in ("old-but-busy", "new-but-quiet", "middle"):
+        db.create_session(sid, "cli")
+    _set_times(db, "old-but-busy", 1_000, 9_000)
+    _set_times(db, "new-but-quiet", 8_000, 8_000)
+    _set_times(db, "middle", 5_000, 8_500)
+    assert [r["id"] for r in db.list_sessions_rich()] == ["old-but-busy", "middle", "new-but-quiet"]
+    assert [r["id"] for r in db.list_sessions_rich(source="cli", limit=2)] == ["old-but-busy", "middle"]
+    assert [r["id"] for r in db.list_sessions_rich(limit=1, offset=2)] == ["new-but-quiet"]
+    assert [r["id"] for r in db.list_sessions_rich(include_children=True)] == ["old-but-busy", "middle", "new-but-quiet"]
+
+
+def test_a_chain_is_placed_by_its_tips_activity_even_when_its_start_is_oldest(db):
+    now = time.time()
+    _chain(db, now)
+    for sid in ("root", "mid", "helper"):
+        _set_times(db, sid, 1_000, 1_000)
+    for n in range(5):
+        db.create_session(f"s{n}", "cli")
+        _set_times(db, f"s{n}", 2_000 + n, 2_000 + n)
+    _set_times(db, "tip", 1_500, 5_000)
+    rows = db.list_sessions_rich(limit=3)
+    assert [(r["id"], r.get("lineage_root")) for r in rows] == [("tip", "root"), ("s4", None), ("s3", None)]
 
 
 def test_listing_filters_by_user_and_key(db):
