@@ -242,8 +242,8 @@ def list_sessions_rich(
     compression chain shows as one row: its tip's, with ``lineage_root`` set to
     the first session of the chain, placed by the tip's last activity (what the
     row shows).  Preview and last activity are kept on the session row as
-    messages are appended, so no message is read; with no index on
-    ``last_active`` (schema v16), ordering reads every session row once.
+    messages are appended, so no message is read, and the order is an index's
+    (``idx_sessions_active`` and its per-source twin walk exactly this expression).
     """
     where: list[str] = []
     params: list[Any] = []
