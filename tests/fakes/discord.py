@@ -432,6 +432,11 @@ class FakeDiscord:
             return hits if len(hits) >= n else None
         return await self.wait_until(found, timeout, f"{n} gateway op {op}")
 
+    @property
+    def live_connections(self) -> int:
+        """Identified (READY or RESUMED) websockets open now: events dispatched now reach a client."""
+        return sum(1 for c in self._connections if c.session and not c.ws.closed)
+
     async def wait_for_connections(self, n: int = 1, timeout: float = 5.0) -> None:
         """Wait until ``n`` identified (READY or RESUMED) websockets are open."""
         await self.wait_until(lambda: sum(1 for c in self._connections if c.session) >= n, timeout, f"{n} connections")

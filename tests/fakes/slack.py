@@ -15,6 +15,9 @@ It serves, on 127.0.0.1 and a free port:
 * Socket Mode on ``/link``: a ``hello`` on connect, envelopes pushed by
   :meth:`send_event` / :meth:`send_command`, acks recorded, pings answered
   (unless :meth:`freeze`), :meth:`drop_connection` and :meth:`send_disconnect`;
+  an Events API envelope not acknowledged is delivered again on the next connection,
+  with ``retry_attempt`` counting up (at most 3 retries), as Slack does; one sent while
+  no connection is open waits for the next one; an acknowledged envelope is never sent again;
 * slash-command ``response_url`` endpoints under ``/respond/<id>`` and file
   downloads under ``/files/<id>`` (bearer token required);
 * as Slack's side of HTTP Events mode, :meth:`post_event` signs and POSTs an
@@ -88,6 +91,8 @@ class FakeSlack:
         self.responses: list[dict[str, Any]] = []  # accepted response_url bodies
         self.acks: list[dict[str, Any]] = []  # Socket Mode acks from the client
         self.connections_opened = 0  # successful websocket connections
+        self.deliveries: list[dict[str, Any]] = []  # every Events API envelope as sent, retries included
+        self._unacked: dict[str, dict[str, Any]] = {}  # envelope id -> envelope, until acknowledged
         self._faults: dict[str, deque[tuple[int, dict, dict]]] = {}
         self._conns: list[_Conn] = []
         self._ts = itertools.count(1)
@@ -238,6 +243,8 @@ class FakeSlack:
         await ws.send_json({"type": "hello", "num_connections": len(self._conns),
                             "debug_info": {"host": "fake", "approximate_connection_time": 3600},
                             "connection_info": {"app_id": "A0001"}})
+        for envelope in list(self._unacked.values()):  # Slack retries what was never acknowledged
+            await self._deliver(conn, envelope)
         try:
             async for msg in ws:
                 if msg.type == aiohttp.WSMsgType.PING:
@@ -248,6 +255,7 @@ class FakeSlack:
                     data = json.loads(msg.data)
                     if "envelope_id" in data:
                         self.acks.append(data)
+                        self._unacked.pop(data["envelope_id"], None)
         finally:
             conn.closed.set()
             if conn in self._conns:
@@ -269,6 +277,20 @@ class FakeSlack:
         await self._live().ws.send_json(envelope)
         return envelope["envelope_id"]
 
+    async def _deliver(self, conn: _Conn, envelope: dict[str, Any]) -> None:
+        """Send an Events API envelope on ``conn``: its first attempt, or a retry of one not acknowledged."""
+        eid = envelope["envelope_id"]
+        attempts = sum(1 for d in self.deliveries if d["envelope_id"] == eid)
+        if attempts > _MAX_RETRIES:
+            self._unacked.pop(eid, None)  # Slack gives up after three retries
+            return
+        sent = dict(envelope, retry_attempt=attempts, retry_reason="timeout") if attempts else envelope
+        self.deliveries.append(sent)
+        try:
+            await conn.ws.send_json(sent)
+        except ConnectionError:
+            pass  # the connection died under us: still unacknowledged, so it goes out on the next one
+
     async def send_event(self, event: dict[str, Any], *, event_id: str | None = None, envelope_id: str | None = None,
                          retry_attempt: int = 0) -> str:
         """Deliver an Events API event over Socket Mode; returns its envelope id."""
@@ -280,7 +302,17 @@ class FakeSlack:
             "retry_reason": "timeout" if retry_attempt else "",
             "payload": self.event_callback(event, event_id=event_id),
         }
-        return await self.push(envelope)
+        if retry_attempt:  # a test's own redelivery: sent as it is, once
+            return await self.push(envelope)
+        self._unacked[envelope["envelope_id"]] = envelope
+        live = [c for c in self._conns if not c.ws.closed and not c.frozen]
+        if live:
+            await self._deliver(live[-1], envelope)
+        return envelope["envelope_id"]
+
+    def unacknowledged(self) -> list[str]:
+        """Envelope ids sent (or waiting for a connection) and not acknowledged yet."""
+        return list(self._unacked)
 
     async def send_command(self, command: str, text: str = "", *, user: str = "U1", channel: str = "D1",
                            channel_name: str = "directmessage") -> str:
@@ -405,6 +437,9 @@ class FakeSlack:
         if thread_ts:
             event["thread_ts"] = thread_ts
         return event
+
+
+_MAX_RETRIES = 3
 
 
 async def _until(predicate, timeout: float, what: str) -> None:

@@ -70,6 +70,7 @@ class SentMessage:
     visible_text: str  # what the user sees: tags removed, entities unescaped
     thread_id: int | None = None
     reply_to: int | None = None
+    at: float = field(default_factory=time.monotonic)  # when the fake accepted it
 
 
 @dataclass
