@@ -238,14 +238,17 @@ class FakeSlack:
         ws = web.WebSocketResponse(autoping=False)
         await ws.prepare(request)
         conn = _Conn(ws)
-        self._conns.append(conn)
-        self.connections_opened += 1
-        await ws.send_json({"type": "hello", "num_connections": len(self._conns),
+        await ws.send_json({"type": "hello", "num_connections": len(self._conns) + 1,
                             "debug_info": {"host": "fake", "approximate_connection_time": 3600},
                             "connection_info": {"app_id": "A0001"}})
-        for envelope in list(self._unacked.values()):  # Slack retries what was never acknowledged
-            await self._deliver(conn, envelope)
+        # Slack retries what was never acknowledged; taken as the connection goes live (no await in
+        # between), so an envelope published from now on goes out once, directly
+        retries = list(self._unacked.values())
+        self._conns.append(conn)
+        self.connections_opened += 1
         try:
+            for envelope in retries:
+                await self._deliver(conn, envelope)
             async for msg in ws:
                 if msg.type == aiohttp.WSMsgType.PING:
                     # slack-sdk's own pings carry "sdk-ping-pong:<t>"; aiohttp's heartbeat pings are empty.
@@ -280,6 +283,8 @@ class FakeSlack:
     async def _deliver(self, conn: _Conn, envelope: dict[str, Any]) -> None:
         """Send an Events API envelope on ``conn``: its first attempt, or a retry of one not acknowledged."""
         eid = envelope["envelope_id"]
+        if eid not in self._unacked:
+            return  # acknowledged meanwhile
         attempts = sum(1 for d in self.deliveries if d["envelope_id"] == eid)
         if attempts > _MAX_RETRIES:
             self._unacked.pop(eid, None)  # Slack gives up after three retries

@@ -1,0 +1,629 @@
+"""Kill -9 the real daemon under load and start it again on the same home, then count what the
+users saw: the part of tests/test_crash_recovery.py and bench/chaos.py that drives processes.
+
+    async with FakeTelegram() as tg, FakeModel(delay=0.1) as model:
+        run = ChaosRun(TelegramSide(tg), tmp_path, model.base_url, Plan(kills=2, seed=7))
+        outcome = await run.run()
+    assert not outcome.problems(), outcome.report()
+
+``switchboard run`` is started as a subprocess from this venv with a config file and a
+NOTIFY_SOCKET (systemd's datagram socket, to see READY=1); the fake platform and the fake model
+run wherever the caller runs them.  Users write DMs at a steady rate from a window of chats; at
+a random moment (seeded) the daemon gets SIGKILL, and the chats that were writing then partly go
+quiet for good (fresh ones take over), so whatever the kill left unanswered stays unanswered
+unless the restarted daemon answers it.  After the last kill the daemon starts once more and
+every message gets ``Plan.settle_seconds`` to be answered.
+
+What is counted (from the fake platform and from state.db, read while no daemon writes it):
+
+* sent: user messages the platform handed, or will hand, to the bot (Discord does not queue
+  events for a bot that is offline, so nothing is sent to it then);
+* stored: how many times each message is in state.db as a user message (must be once);
+* answered: a bot reply in the same chat echoes it or a later message of that chat (the fake
+  model echoes the last user message it was shown, and one turn answers a whole batch);
+* duplicated: copies of a reply (same chat, same text) beyond the first;
+* in flight at a kill: deliveries pending in state.db at the kill whose text the platform had
+  already accepted: the only replies a restart may send twice;
+* resumed answer: after a restart, the first reply to a message sent before the kill, in
+  seconds from READY=1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import random
+import re
+import socket
+import sqlite3
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable, Protocol
+
+import yaml
+
+SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
+_ECHO = re.compile(r"echo: (.*?) \| turns: \d+")
+
+
+# -- the daemon as a process ---------------------------------------------------------------
+
+
+class NotifySocket:
+    """A unix datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setblocking(False)
+        self.received: list[str] = []
+
+    async def wait_for(self, predicate, timeout: float = 20.0) -> str:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        for line in self.received:
+            if predicate(line):
+                return line
+        while loop.time() < deadline:
+            try:
+                data = await asyncio.wait_for(loop.sock_recv(self.sock, 4096), deadline - loop.time())
+            except asyncio.TimeoutError:
+                break
+            for line in data.decode().split("\n"):
+                self.received.append(line)
+                if predicate(line):
+                    return line
+        raise AssertionError(f"no matching notification; got {self.received}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def start_daemon(config: Path, env_extra: dict, *, stderr: int | IO = asyncio.subprocess.PIPE
+                       ) -> asyncio.subprocess.Process:
+    """``switchboard run --config CONFIG`` with systemd's variables only as ``env_extra`` gives them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
+    env.update(env_extra)
+    return await asyncio.create_subprocess_exec(
+        SWITCHBOARD, "run", "--config", str(config), env=env,
+        stdout=asyncio.subprocess.PIPE if stderr is asyncio.subprocess.PIPE else asyncio.subprocess.DEVNULL,
+        stderr=stderr,
+    )
+
+
+@dataclass
+class Start:
+    spawned: float  # time.monotonic() when the process was started
+    ready: float  # ... and when it sent READY=1
+
+
+class Daemon:
+    """``switchboard run`` on one home, started again after every kill; each run logs to its own file."""
+
+    def __init__(self, workdir: Path, settings: dict):
+        self.workdir = workdir
+        self.home = workdir / "home"
+        self.config = workdir / "config.yaml"
+        self.config.write_text(yaml.safe_dump({"home": str(self.home), "api": {"port": 0}, **settings}))
+        self.starts: list[Start] = []
+        self.proc: asyncio.subprocess.Process | None = None
+        self._notify: NotifySocket | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "state.db"
+
+    def log_path(self, run: int) -> Path:
+        return self.workdir / f"daemon-{run}.log"
+
+    async def start(self, timeout: float = 60.0) -> Start:
+        run = len(self.starts)
+        self._notify = NotifySocket(self.workdir / f"notify-{run}.sock")
+        with open(self.log_path(run), "wb") as log:
+            spawned = time.monotonic()
+            self.proc = await start_daemon(self.config, {"NOTIFY_SOCKET": str(self._notify.path)}, stderr=log)
+        try:
+            await self._notify.wait_for(lambda line: line == "READY=1", timeout)
+        except AssertionError:
+            raise AssertionError(f"the daemon sent no READY=1 in {timeout:.0f}s; its log:\n{self.log_tail()}") from None
+        start = Start(spawned, time.monotonic())
+        self.starts.append(start)
+        return start
+
+    async def kill(self) -> None:
+        """SIGKILL: no handler runs, nothing is flushed or confirmed."""
+        assert self.proc is not None
+        self.proc.kill()
+        await self.proc.wait()
+        self._close_notify()
+
+    async def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and the exit code."""
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        finally:
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+            self._close_notify()
+
+    def _close_notify(self) -> None:
+        if self._notify is not None:
+            self._notify.close()
+            self._notify = None
+
+    def log_problems(self, limit: int = 40) -> str:
+        """The warnings and errors every run of the daemon logged, in order (the last ``limit`` lines)."""
+        lines = []
+        for run in range(len(self.starts) + 1):
+            path = self.log_path(run)
+            if path.exists():
+                lines += [f"[run {run}] {line}" for line in path.read_text(errors="replace").splitlines()
+                          if " WARNING " in line or " ERROR " in line or " CRITICAL " in line]
+        return "\n".join(lines[-limit:])
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the newest run's log."""
+        paths = [self.log_path(run) for run in range(len(self.starts) + 1) if self.log_path(run).exists()]
+        return "\n".join(paths[-1].read_text(errors="replace").splitlines()[-lines:]) if paths else ""
+
+
+# -- the platforms, as the users' side sees them ---------------------------------------------
+
+
+@dataclass
+class UserMessage:
+    chat: str  # the chat as the platform names it (replies are matched to it)
+    text: str
+    at: float  # time.monotonic() when the platform published it
+    cycle: int  # how many kills came before it
+
+
+@dataclass
+class BotReply:
+    chat: str
+    text: str
+    at: float  # time.monotonic() when the platform accepted it
+
+    @property
+    def echoes(self) -> str | None:
+        """The user message the fake model was answering (the last one it was shown)."""
+        found = _ECHO.search(self.text)
+        return found.group(1) if found else None
+
+
+class Side(Protocol):
+    """One platform's fake, driven as its users would."""
+
+    name: str
+    redelivers: bool  # an event the killed daemon had not acknowledged comes again
+
+    def settings(self) -> dict: ...
+
+    def chat_of(self, index: int) -> str: ...
+
+    async def ready(self, start: Start, timeout: float) -> None: ...
+
+    async def send(self, index: int, text: str) -> bool: ...
+
+    def replies(self) -> list[BotReply]: ...
+
+    def notes(self) -> dict[str, int]: ...
+
+
+class TelegramSide:
+    """Long polling: updates stay queued until a getUpdates offset confirms them."""
+
+    name = "telegram"
+    redelivers = True
+
+    def __init__(self, fake):
+        self.fake = fake
+
+    def settings(self) -> dict:
+        return {"platforms": {"telegram": {"token": self.fake.token, "base_url": self.fake.base_url,
+                                           "base_file_url": self.fake.base_file_url, "poll_timeout": 10}}}
+
+    def _user(self, index: int) -> dict:
+        return self.fake.user(10_000 + index, f"User{index}")
+
+    def chat_of(self, index: int) -> str:
+        return str(10_000 + index)
+
+    async def ready(self, start: Start, timeout: float) -> None:
+        await _until(lambda: any(r.method == "getUpdates" and r.at >= start.spawned for r in self.fake.requests),
+                     timeout, "the daemon's first getUpdates")
+
+    async def send(self, index: int, text: str) -> bool:
+        self.fake.dm(self._user(index), text)
+        return True
+
+    def replies(self) -> list[BotReply]:
+        return [BotReply(str(m.chat_id), m.visible_text, m.at) for m in self.fake.sent]
+
+    def notes(self) -> dict[str, int]:
+        return {}
+
+
+class DiscordSide:
+    """The gateway websocket: an event goes to whoever is connected when it happens, never again."""
+
+    name = "discord"
+    redelivers = False
+
+    def __init__(self, fake):
+        self.fake = fake
+        self._users: dict[int, dict] = {}
+        self._identified = 0
+
+    def settings(self) -> dict:
+        return {"platforms": {"discord": {"token": self.fake.token, "api_base_url": self.fake.api_base_url,
+                                          "gateway_url": self.fake.gateway_url}}}
+
+    def _user(self, index: int) -> dict:
+        if index not in self._users:
+            self._users[index] = self.fake.add_user(f"user{index}", global_name=f"User {index}")
+        return self._users[index]
+
+    def chat_of(self, index: int) -> str:
+        return self._user(index)["dm_channel_id"]
+
+    async def ready(self, start: Start, timeout: float) -> None:
+        self._identified += 1
+        await _until(lambda: sum(1 for op in self.fake.gateway_ops if op.get("op") == 2) >= self._identified
+                     and self.fake.live_connections > 0, timeout, "the daemon to identify on the gateway")
+
+    async def send(self, index: int, text: str) -> bool:
+        if not self.fake.live_connections:
+            return False  # the bot is offline: Discord would not tell it about this message, ever
+        await self.fake.dm(self._user(index), text)
+        return True
+
+    def replies(self) -> list[BotReply]:
+        offset = time.time() - time.monotonic()
+        return [BotReply(m["channel_id"], m["content"],
+                         datetime.datetime.fromisoformat(m["timestamp"]).timestamp() - offset)
+                for m in self.fake.sent()]
+
+    def notes(self) -> dict[str, int]:
+        return {}
+
+
+class SlackSide:
+    """Socket Mode: an envelope not acknowledged is delivered again on the next connection."""
+
+    name = "slack"
+    redelivers = True
+
+    def __init__(self, fake):
+        self.fake = fake
+        self._connections = 0
+
+    def settings(self) -> dict:
+        return {"platforms": {"slack": {"bot_token": self.fake.bot_token, "app_token": self.fake.app_token,
+                                        "api_base_url": self.fake.base_url, "mode": "socket"}}}
+
+    def chat_of(self, index: int) -> str:
+        return f"D{100 + index}"
+
+    async def ready(self, start: Start, timeout: float) -> None:
+        self._connections += 1
+        await self.fake.wait_connected(self._connections, timeout)
+
+    async def send(self, index: int, text: str) -> bool:
+        user = f"U{100 + index}"
+        self.fake.users.setdefault(user, f"user{index}")
+        await self.fake.send_event(self.fake.message(self.chat_of(index), user, text))
+        return True
+
+    def replies(self) -> list[BotReply]:
+        accepted = {id(body) for body in self.fake.sent}
+        return [BotReply(str(c.body.get("channel")), str(c.body.get("text") or ""), c.at)
+                for c in self.fake.calls_to("chat.postMessage") if id(c.body) in accepted]
+
+    def notes(self) -> dict[str, int]:
+        return {"envelopes delivered again": sum(1 for d in self.fake.deliveries if d.get("retry_attempt")),
+                "envelopes never acknowledged": len(self.fake.unacknowledged())}
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    kills: int = 3
+    rate: float = 20.0  # user messages per second, all chats together
+    chats: int = 6  # chats writing at any moment
+    retire: int = 3  # of those, how many go quiet for good at each kill (as many fresh ones take over)
+    load_seconds: tuple[float, float] = (1.0, 2.5)  # the kill comes this long after the load began (uniform)
+    settle_seconds: float = 15.0  # after the last restart, how long every message may take to be answered
+    kill_on_send: bool = False  # kill right after the first message published past the random moment
+    seed: int = 0
+
+
+@dataclass
+class Kill:
+    at: float  # time.monotonic() of the SIGKILL
+    pending: list[tuple[str, str]]  # deliveries pending in state.db then: (chat, text)
+    unanswered: int  # inbox rows then: messages stored and not answered
+    integrity: str  # PRAGMA integrity_check of the killed daemon's state.db
+    in_flight: int = 0  # of ``pending``, those the platform had already accepted before the restart
+
+
+@dataclass
+class Outcome:
+    platform: str
+    plan: Plan
+    redelivers: bool
+    messages: list[UserMessage]
+    replies: list[BotReply]
+    stored: Counter  # user message text -> times stored
+    kills: list[Kill]
+    starts: list[Start]
+    integrity: str
+    exit_code: int | None
+    notes: dict[str, int] = field(default_factory=dict)
+    log_problems: str = ""
+
+    # -- figures --------------------------------------------------------------------------
+    def expected(self) -> list[UserMessage]:
+        """The messages the bot must answer: all sent, or on a platform that never redelivers, the stored ones."""
+        return [m for m in self.messages if self.redelivers or self.stored[m.text]]
+
+    def answered(self) -> set[str]:
+        """Texts answered: a reply in the chat echoes the message or a later one of that chat."""
+        order: dict[str, dict[str, int]] = {}
+        for m in self.messages:
+            chat = order.setdefault(m.chat, {})
+            chat[m.text] = len(chat)
+        reach: dict[str, int] = {}
+        for r in self.replies:
+            position = order.get(r.chat, {}).get(r.echoes or "")
+            if position is not None:
+                reach[r.chat] = max(reach.get(r.chat, -1), position)
+        return {m.text for m in self.messages if order[m.chat][m.text] <= reach.get(m.chat, -1)}
+
+    def lost(self) -> list[UserMessage]:
+        answered = self.answered()
+        return [m for m in self.expected() if m.text not in answered]
+
+    def not_stored(self) -> list[UserMessage]:
+        return [m for m in self.messages if not self.stored[m.text]]
+
+    def stored_twice(self) -> list[str]:
+        return [text for text, n in self.stored.items() if n > 1]
+
+    def duplicates(self) -> int:
+        copies = Counter((r.chat, r.text.strip()) for r in self.replies)
+        return sum(n - 1 for n in copies.values())
+
+    def in_flight(self) -> int:
+        return sum(k.in_flight for k in self.kills)
+
+    def resume_seconds(self) -> list[float]:
+        """Per restart that had something to resume: READY=1 to the first reply to a message sent before the kill."""
+        sent_at = {m.text: m.at for m in self.messages}
+        out = []
+        for kill, start in zip(self.kills, self.starts[1:]):
+            resumed = [r.at for r in self.replies
+                       if r.at >= start.spawned and sent_at.get(r.echoes or "", kill.at) < kill.at]
+            if resumed:
+                out.append(min(resumed) - start.ready)
+        return out
+
+    def figures(self) -> dict[str, object]:
+        return {
+            "sent": len(self.messages),
+            "stored": sum(1 for m in self.messages if self.stored[m.text]),
+            "stored twice": len(self.stored_twice()),
+            "answered": len(self.answered() & {m.text for m in self.expected()}),
+            "lost": len(self.lost()),
+            "lost in a kill, never stored": 0 if self.redelivers else len(self.not_stored()),
+            "replies": len(self.replies),
+            "duplicated": self.duplicates(),
+            "in flight at the kills": self.in_flight(),
+            "pending at the kills": sum(len(k.pending) for k in self.kills),
+            "unanswered at the kills": sum(k.unanswered for k in self.kills),
+            **self.notes,
+        }
+
+    def problems(self) -> list[str]:
+        """What a user would notice (empty: nothing)."""
+        out = []
+        if self.redelivers and (missing := self.not_stored()):
+            out.append(f"{len(missing)} messages never stored: {_some(m.text for m in missing)}")
+        if twice := self.stored_twice():
+            out.append(f"{len(twice)} messages stored more than once: {_some(twice)}")
+        if lost := self.lost():
+            out.append(f"{len(lost)} of {len(self.expected())} messages never answered: "
+                       f"{_some(f'{m.text} ({self._when(m)})' for m in lost)}")
+        if self.duplicates() > self.in_flight():
+            out.append(f"{self.duplicates()} replies delivered twice, more than the {self.in_flight()} "
+                       f"sends in flight at the kills")
+        for n, kill in enumerate(self.kills, 1):
+            if kill.integrity != "ok":
+                out.append(f"integrity_check after kill {n}: {kill.integrity}")
+        if self.integrity != "ok":
+            out.append(f"integrity_check at the end: {self.integrity}")
+        if self.exit_code != 0:
+            out.append(f"the last daemon exited {self.exit_code} on SIGTERM")
+        if self.notes.get("envelopes never acknowledged"):
+            out.append(f"{self.notes['envelopes never acknowledged']} Slack envelopes never acknowledged")
+        return out
+
+    def _when(self, m: UserMessage) -> str:
+        return f"written before kill {m.cycle + 1}" if m.cycle < len(self.kills) else "written after the last kill"
+
+    def report(self) -> str:
+        """Figures, problems and how to run the same kills again."""
+        lines = [f"{self.platform}: {len(self.kills)} kills, seed {self.plan.seed} "
+                 f"(run again with CHAOS_SEED={self.plan.seed})"]
+        lines += [f"  {name}: {value}" for name, value in self.figures().items()]
+        resumed = self.resume_seconds()
+        if resumed:
+            lines.append(f"  READY=1 to the first resumed answer: {', '.join(f'{s:.2f}' for s in resumed)} s")
+        lines += [f"  problem: {p}" for p in self.problems()]
+        if self.problems() and self.log_problems:
+            lines.append("  warnings and errors the daemon logged:\n" + self.log_problems)
+        return "\n".join(lines)
+
+
+class ChaosRun:
+    """Kill the daemon ``plan.kills`` times under load and restart it; see the module docstring."""
+
+    def __init__(self, side: Side, workdir: Path, model_base_url: str, plan: Plan, *, extra: dict | None = None,
+                 kill_when: Callable[[], bool] | None = None):
+        self.side = side
+        self.plan = plan
+        self.kill_when = kill_when  # past the random moment, the kill also waits for this (e.g. a turn running)
+        settings = {
+            "model": {"base_url": model_base_url, "name": "fake-model", "api_key": "sk-chaos-not-a-secret-0000",
+                      "max_concurrent_calls": 32, "context_length": 32768},
+            "auth": {"allow_all": True},
+            "logging": {"level": "INFO", "format": "text"},
+            "shutdown": {"grace_seconds": 5},
+            **side.settings(),
+        }
+        for key, value in (extra or {}).items():
+            settings[key] = {**settings.get(key, {}), **value} if isinstance(value, dict) else value
+        self.daemon = Daemon(workdir, settings)
+        self.messages: list[UserMessage] = []
+        self.kills: list[Kill] = []
+        self._kill_rng = random.Random(plan.seed)
+        self._chat_rng = random.Random(plan.seed + 1)
+        self._counts: Counter = Counter()
+        self._sent = asyncio.Event()  # a message was just published (for Plan.kill_on_send)
+        self._cycle = 0  # kills so far, as the load sees them
+
+    async def run(self) -> Outcome:
+        plan = self.plan
+        exit_code = None
+        load: asyncio.Task | None = None
+        try:
+            for cycle in range(plan.kills):
+                await self._start()
+                if load is None:
+                    load = asyncio.create_task(self._load())
+                await asyncio.sleep(self._kill_rng.uniform(*plan.load_seconds))  # the random moment of the kill
+                await self._kill_moment()
+                await self.daemon.kill()
+                self._cycle = cycle + 1  # some chats go quiet for good, fresh ones write even while it is down
+                self.kills.append(Kill(time.monotonic(), *await asyncio.to_thread(_after_kill, self.daemon.db_path)))
+            await self._start()
+            if load is not None:
+                await _cancel(load)
+            await self._settle()
+        finally:
+            if load is not None:
+                await _cancel(load)
+            if self.daemon.proc is not None and self.daemon.proc.returncode is None:
+                exit_code = await self.daemon.stop()
+        stored = await asyncio.to_thread(_stored, self.daemon.db_path)
+        integrity = await asyncio.to_thread(_integrity, self.daemon.db_path)
+        return Outcome(self.side.name, plan, self.side.redelivers, self.messages, self.side.replies(), stored,
+                       self.kills, self.daemon.starts, integrity, exit_code, self.side.notes(),
+                       self.daemon.log_problems())
+
+    async def _kill_moment(self) -> None:
+        """Past the random moment, wait for ``kill_when`` (and with ``Plan.kill_on_send``, for a message
+        published while it holds)."""
+        while True:
+            if self.plan.kill_on_send:
+                self._sent.clear()
+                await self._sent.wait()
+            if self.kill_when is None or self.kill_when():
+                return
+            if not self.plan.kill_on_send:
+                await asyncio.sleep(0.005)
+
+    async def _start(self) -> None:
+        if self.kills:  # what the platform accepted from the killed daemon is all in by now
+            accepted = {(r.chat, r.text.strip()) for r in self.side.replies()}
+            kill = self.kills[-1]
+            kill.in_flight = sum(1 for chat, text in kill.pending if (chat, text.strip()) in accepted)
+        start = await self.daemon.start()
+        await self.side.ready(start, 30.0)
+
+    async def _load(self) -> None:
+        """Users write at ``plan.rate`` until cancelled: after ``n`` kills, chats ``n * retire`` onwards."""
+        plan = self.plan
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        for i in range(10**9):
+            wait = began + i / plan.rate - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            cycle = self._cycle
+            index = self._chat_rng.randrange(cycle * plan.retire, cycle * plan.retire + plan.chats)
+            text = f"c{index:03d} m{self._counts[index]:04d}"
+            at = time.monotonic()
+            if await self.side.send(index, text):
+                self._counts[index] += 1
+                self.messages.append(UserMessage(self.side.chat_of(index), text, at, cycle))
+                self._sent.set()
+
+    async def _settle(self) -> None:
+        """Until every message is answered or ``plan.settle_seconds`` passed (the figures tell which)."""
+        deadline = time.monotonic() + self.plan.settle_seconds
+        while time.monotonic() < deadline:
+            stored = Counter() if self.side.redelivers else await asyncio.to_thread(_stored, self.daemon.db_path)
+            outcome = Outcome(self.side.name, self.plan, self.side.redelivers, self.messages, self.side.replies(),
+                              stored, [], [], "ok", 0)
+            if not outcome.lost():
+                return
+            await asyncio.sleep(0.2)
+
+
+def _after_kill(db_path: Path) -> tuple[list[tuple[str, str]], int, str]:
+    """Deliveries pending, inbox rows and integrity_check of a killed daemon's state.db."""
+    con = sqlite3.connect(db_path)
+    try:
+        integrity = "; ".join(row[0] for row in con.execute("PRAGMA integrity_check"))
+        pending = [(str(chat), text) for chat, text in
+                   con.execute("SELECT chat_id, text FROM deliveries WHERE status = 'pending'")]
+        unanswered = con.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
+        return pending, unanswered, integrity
+    finally:
+        con.close()
+
+
+def _stored(db_path: Path) -> Counter:
+    """How many times each user message text is stored (read-only: a daemon may be writing)."""
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        return Counter(dict(con.execute("SELECT content, COUNT(*) FROM messages WHERE role = 'user' GROUP BY content")))
+    finally:
+        con.close()
+
+
+def _integrity(db_path: Path) -> str:
+    con = sqlite3.connect(db_path)
+    try:
+        return "; ".join(row[0] for row in con.execute("PRAGMA integrity_check"))
+    finally:
+        con.close()
+
+
+def _some(items, limit: int = 12) -> str:
+    items = list(items)
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.02)
