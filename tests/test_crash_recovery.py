@@ -20,7 +20,6 @@ from tests.fakes.telegram import FakeTelegram
 
 MODEL_SECONDS = 0.15
 
-pytestmark = pytest.mark.xfail(reason="needs crash recovery: inbox and delivery record", strict=True)
 
 
 @pytest.fixture
