@@ -14,18 +14,21 @@ quiet for good (fresh ones take over), so whatever the kill left unanswered stay
 unless the restarted daemon answers it.  After the last kill the daemon starts once more and
 every message gets ``Plan.settle_seconds`` to be answered.
 
-What is counted (from the fake platform and from state.db, read while no daemon writes it):
+What is counted (from what the fake platform accepted, and from state.db once no daemon runs):
 
 * sent: user messages the platform handed, or will hand, to the bot (Discord does not queue
   events for a bot that is offline, so nothing is sent to it then);
 * stored: how many times each message is in state.db as a user message (must be once);
 * answered: a bot reply in the same chat echoes it or a later message of that chat (the fake
   model echoes the last user message it was shown, and one turn answers a whole batch);
+* off the conversation: replies whose echo shows the model was not shown the chat's messages
+  once each, in order, in one session (``turns`` must be the echoed message's place in its chat);
 * duplicated: copies of a reply (same chat, same text) beyond the first;
 * in flight at a kill: deliveries pending in state.db at the kill whose text the platform had
   already accepted: the only replies a restart may send twice;
-* resumed answer: after a restart, the first reply to a message sent before the kill, in
-  seconds from READY=1.
+* resumed answer: after a restart, the first reply to a message written before the kill, in
+  seconds from READY=1 (a reply stored before the kill and sent again counts; the first answer
+  from a resumed turn, which calls the model, is counted apart).
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ from typing import IO, Callable, Protocol
 
 import yaml
 
+from tests.harness import eventually
+
 SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
-_ECHO = re.compile(r"echo: (.*?) \| turns: \d+")
+_ECHO = re.compile(r"echo: (.*?) \| turns: (\d+) \| first: (.*?)\s*$")
 
 
 # -- the daemon as a process ---------------------------------------------------------------
@@ -193,10 +198,16 @@ class BotReply:
     at: float  # time.monotonic() when the platform accepted it
 
     @property
+    def echo(self) -> tuple[str, int, str] | None:
+        """What the fake model was shown: the last user message, how many there were, the first."""
+        found = _ECHO.search(self.text)
+        return (found.group(1), int(found.group(2)), found.group(3)) if found else None
+
+    @property
     def echoes(self) -> str | None:
         """The user message the fake model was answering (the last one it was shown)."""
-        found = _ECHO.search(self.text)
-        return found.group(1) if found else None
+        echo = self.echo
+        return echo[0] if echo else None
 
 
 class Side(Protocol):
@@ -238,7 +249,7 @@ class TelegramSide:
         return str(10_000 + index)
 
     async def ready(self, start: Start, timeout: float) -> None:
-        await _until(lambda: any(r.method == "getUpdates" and r.at >= start.spawned for r in self.fake.requests),
+        await eventually(lambda: any(r.method == "getUpdates" and r.at >= start.spawned for r in self.fake.requests),
                      timeout, "the daemon's first getUpdates")
 
     async def send(self, index: int, text: str) -> bool:
@@ -277,7 +288,7 @@ class DiscordSide:
 
     async def ready(self, start: Start, timeout: float) -> None:
         self._identified += 1
-        await _until(lambda: sum(1 for op in self.fake.gateway_ops if op.get("op") == 2) >= self._identified
+        await eventually(lambda: sum(1 for op in self.fake.gateway_ops if op.get("op") == 2) >= self._identified
                      and self.fake.live_connections > 0, timeout, "the daemon to identify on the gateway")
 
     async def send(self, index: int, text: str) -> bool:
@@ -404,16 +415,37 @@ class Outcome:
         copies = Counter((r.chat, r.text.strip()) for r in self.replies)
         return sum(n - 1 for n in copies.values())
 
+    def off_track(self) -> list[BotReply]:
+        """Replies showing the model was not shown the chat's messages once each, in order, in one
+        session: the echoed message's place in its chat must be the number of turns, and the first
+        message the chat's first."""
+        places: dict[str, dict[str, int]] = {}
+        for m in self.expected():
+            chat = places.setdefault(m.chat, {})
+            chat[m.text] = len(chat)
+        firsts = {chat: next(iter(texts)) for chat, texts in places.items()}
+        out = []
+        for r in self.replies:
+            echo = r.echo
+            place = places.get(r.chat, {}).get(echo[0]) if echo else None
+            if place is not None and (echo[1] != place + 1 or echo[2] != firsts[r.chat]):
+                out.append(r)
+        return out
+
     def in_flight(self) -> int:
         return sum(k.in_flight for k in self.kills)
 
-    def resume_seconds(self) -> list[float]:
-        """Per restart that had something to resume: READY=1 to the first reply to a message sent before the kill."""
+    def resume_seconds(self, *, new_turns_only: bool = False) -> list[float]:
+        """Per restart that had something to resume: READY=1 to the first reply to a message written
+        before the kill; with ``new_turns_only``, leaving out the replies stored before the kill
+        (sent again without a model call), so the first answer a resumed turn gave."""
         sent_at = {m.text: m.at for m in self.messages}
         out = []
         for kill, start in zip(self.kills, self.starts[1:]):
+            stored_before = {(chat, text.strip()) for chat, text in kill.pending} if new_turns_only else set()
             resumed = [r.at for r in self.replies
-                       if r.at >= start.spawned and sent_at.get(r.echoes or "", kill.at) < kill.at]
+                       if r.at >= start.spawned and sent_at.get(r.echoes or "", kill.at) < kill.at
+                       and (r.chat, r.text.strip()) not in stored_before]
             if resumed:
                 out.append(min(resumed) - start.ready)
         return out
@@ -427,6 +459,7 @@ class Outcome:
             "lost": len(self.lost()),
             "lost in a kill, never stored": 0 if self.redelivers else len(self.not_stored()),
             "replies": len(self.replies),
+            "replies off the conversation": len(self.off_track()),
             "duplicated": self.duplicates(),
             "in flight at the kills": self.in_flight(),
             "pending at the kills": sum(len(k.pending) for k in self.kills),
@@ -444,6 +477,9 @@ class Outcome:
         if lost := self.lost():
             out.append(f"{len(lost)} of {len(self.expected())} messages never answered: "
                        f"{_some(f'{m.text} ({self._when(m)})' for m in lost)}")
+        if off := self.off_track():
+            out.append(f"{len(off)} replies show a conversation with messages missing, repeated or out of order: "
+                       f"{_some(r.text for r in off)}")
         if self.duplicates() > self.in_flight():
             out.append(f"{self.duplicates()} replies delivered twice, more than the {self.in_flight()} "
                        f"sends in flight at the kills")
@@ -466,9 +502,10 @@ class Outcome:
         lines = [f"{self.platform}: {len(self.kills)} kills, seed {self.plan.seed} "
                  f"(run again with CHAOS_SEED={self.plan.seed})"]
         lines += [f"  {name}: {value}" for name, value in self.figures().items()]
-        resumed = self.resume_seconds()
-        if resumed:
-            lines.append(f"  READY=1 to the first resumed answer: {', '.join(f'{s:.2f}' for s in resumed)} s")
+        for what, seconds in (("answer", self.resume_seconds()),
+                              ("answer from a new turn", self.resume_seconds(new_turns_only=True))):
+            if seconds:
+                lines.append(f"  READY=1 to the first resumed {what}: {', '.join(f'{s:.2f}' for s in seconds)} s")
         lines += [f"  problem: {p}" for p in self.problems()]
         if self.problems() and self.log_problems:
             lines.append("  warnings and errors the daemon logged:\n" + self.log_problems)
@@ -487,6 +524,7 @@ class ChaosRun:
             "model": {"base_url": model_base_url, "name": "fake-model", "api_key": "sk-chaos-not-a-secret-0000",
                       "max_concurrent_calls": 32, "context_length": 32768},
             "auth": {"allow_all": True},
+            "sessions": {"reset": {"mode": "none"}},  # one session per chat for the whole run
             "logging": {"level": "INFO", "format": "text"},
             "shutdown": {"grace_seconds": 5},
             **side.settings(),
@@ -619,11 +657,3 @@ def _some(items, limit: int = 12) -> str:
 async def _cancel(task: asyncio.Task) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-
-
-async def _until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.02)
