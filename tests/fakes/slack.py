@@ -93,6 +93,7 @@ class FakeSlack:
         self.connections_opened = 0  # successful websocket connections
         self.deliveries: list[dict[str, Any]] = []  # every Events API envelope as sent, retries included
         self._unacked: dict[str, dict[str, Any]] = {}  # envelope id -> envelope, until acknowledged
+        self._attempts: dict[str, int] = {}  # envelope id -> times sent
         self._faults: dict[str, deque[tuple[int, dict, dict]]] = {}
         self._conns: list[_Conn] = []
         self._ts = itertools.count(1)
@@ -285,10 +286,11 @@ class FakeSlack:
         eid = envelope["envelope_id"]
         if eid not in self._unacked:
             return  # acknowledged meanwhile
-        attempts = sum(1 for d in self.deliveries if d["envelope_id"] == eid)
+        attempts = self._attempts.get(eid, 0)
         if attempts > _MAX_RETRIES:
             self._unacked.pop(eid, None)  # Slack gives up after three retries
             return
+        self._attempts[eid] = attempts + 1
         sent = dict(envelope, retry_attempt=attempts, retry_reason="timeout") if attempts else envelope
         self.deliveries.append(sent)
         try:
