@@ -515,7 +515,7 @@ class Outcome:
 class ChaosRun:
     """Kill the daemon ``plan.kills`` times under load and restart it; see the module docstring."""
 
-    def __init__(self, side: Side, workdir: Path, model_base_url: str, plan: Plan, *, extra: dict | None = None,
+    def __init__(self, side: Side, workdir: Path, model_base_url: str, plan: Plan, *,
                  kill_when: Callable[[], bool] | None = None):
         self.side = side
         self.plan = plan
@@ -529,8 +529,6 @@ class ChaosRun:
             "shutdown": {"grace_seconds": 5},
             **side.settings(),
         }
-        for key, value in (extra or {}).items():
-            settings[key] = {**settings.get(key, {}), **value} if isinstance(value, dict) else value
         self.daemon = Daemon(workdir, settings)
         self.messages: list[UserMessage] = []
         self.kills: list[Kill] = []
@@ -655,5 +653,8 @@ def _some(items, limit: int = 12) -> str:
 
 
 async def _cancel(task: asyncio.Task) -> None:
+    """Cancel ``task``; an exception it died of earlier is raised here, never swallowed."""
     task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()
