@@ -81,8 +81,8 @@ def report(args, outcome) -> None:
     print(f"  messages sent {f['sent']}, stored {f['stored']} (more than once: {f['stored twice']}), "
           f"answered {f['answered']}, lost {f['lost']} (target 0)")
     print(f"  replies {f['replies']}, duplicated {f['duplicated']} (target <= {f['in flight at the kills']} "
-          f"in flight at the kills, ideally 0), showing a conversation with messages missing, repeated "
-          f"or out of order {f['replies off the conversation']} (target 0)")
+          f"in flight at the kills, ideally 0); showing the model other than the chat's messages once "
+          f"each, in order, in one session {f['replies off the conversation']} (target 0)")
     print(f"  at the kills: {f['in flight at the kills']} sends in flight, {f['pending at the kills']} replies "
           f"stored and not confirmed sent, {f['unanswered at the kills']} messages stored and not answered")
     for what, seconds in (("answer", resumed), ("answer from a new turn (a model call)", turns)):

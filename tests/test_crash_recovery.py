@@ -58,7 +58,7 @@ async def test_slack_socket_mode_survives_a_kill_under_load(tmp_path, seed):
     """An envelope the killed daemon had not acknowledged comes again (Slack, like the fake, never
     sends an acknowledged one again): it is stored once and answered once, as is every other."""
     async with FakeSlack() as sl, FakeModel(delay=MODEL_SECONDS) as model:
-        # Killed right after an envelope went out, before the daemon could store and acknowledge it.
+        # Frozen at the kill moment and killed once one more envelope reached it, unacknowledged.
         # Replies go out at Slack's pace (about one a second), so messages always wait for an answer.
         plan = Plan(kills=1, rate=6, chats=4, retire=4, load_seconds=(0.8, 2.0), kill_on_send=True, seed=seed)
         outcome = await ChaosRun(SlackSide(sl), tmp_path, model.base_url, plan).run()
