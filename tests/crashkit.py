@@ -323,9 +323,9 @@ class SlackSide:
 
     name = "slack"
     redelivers = True
-    # slack-bolt handles each envelope in its own task and the adapter looks the user up before
-    # handing a message over, so a burst from one chat (what a reconnect redelivers) can be stored
-    # out of order; Slack itself promises no order either.  Counted, not failed.
+    # The adapter takes one chat's events one at a time in the order they reach it, but Slack promises
+    # no order: an envelope redelivered after a reconnect can come after a newer one of the same chat,
+    # and is then stored after it.  Counted, not failed.
     keeps_order = False
 
     def __init__(self, fake):
