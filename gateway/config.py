@@ -180,6 +180,9 @@ class ModelConfig(_Model):
     persona: OptionalText = None
     persona_file: Annotated[Path | None, BeforeValidator(_empty_to_none)] = None
     max_tool_iterations: int = Field(8, ge=1, le=100)
+    # Whether the model's reasoning (reasoning, reasoning_content, reasoning_details, encrypted reasoning
+    # items) is sent back to it: within a tool loop, also in later turns, or never.
+    replay_reasoning: Literal["tool_loop", "always", "never"] = "tool_loop"
 
     @field_validator("persona_file")
     @classmethod

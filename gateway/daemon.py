@@ -121,6 +121,7 @@ class Gateway:
         turn = AgentTurn(self.db, self.model, self.tools, TurnSettings(
             agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
             max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
+            replay_reasoning=cfg.model.replay_reasoning,
         ), clock=self.clock)
         self.router = SessionRouter(
             self.db, turn,

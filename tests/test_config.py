@@ -347,6 +347,8 @@ MISTAKES = [
     ("bad url", "model:\n  base_url: localhost:8000\n", {}, "model.base_url", "must be a URL starting with http:// or https://"),
     ("persona twice", "model:\n  persona: hi\n  persona_file: config.yaml\n", {}, "model.persona_file", "not both"),
     ("bad log level", "logging:\n  level: verbose\n", {}, "logging.level", "must be one of DEBUG, INFO"),
+    ("bad reasoning replay", "model:\n  replay_reasoning: sometimes\n", {}, "model.replay_reasoning",
+     'must be one of tool_loop, always, never (got "sometimes")'),
 ]
 
 

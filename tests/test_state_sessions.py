@@ -104,7 +104,8 @@ def test_messages_round_trip_and_counters(db):
     assert db.get_messages_as_conversation("s1") == [
         {"role": "system", "content": "you are helpful"},
         {"role": "user", "content": "list files"},
-        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "assistant", "content": None, "tool_calls": calls, "reasoning": "need ls",
+         "reasoning_content": "need ls", "reasoning_details": [{"type": "summary"}]},
         {"role": "tool", "content": "a.txt", "tool_call_id": "c1", "tool_name": "terminal"},
     ]
     assert db.message_count("s1") == 4
