@@ -135,7 +135,8 @@ class SessionDB:
         cost_source: str | None = None,
         pricing_version: str | None = None,
     ) -> bool:
-        """Add to the session's token counts and costs; set the billing labels given."""
+        """Add to the session's token counts and costs; set the billing labels given; ``model``
+        only fills in a session that has none (the session keeps the model it was created for)."""
         return self._engine.write(
             _sessions.update_token_counts, session_id,
             input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,

@@ -152,6 +152,20 @@ def test_update_token_counts_adds(db):
     assert s["estimated_cost_usd"] == pytest.approx(0.03)
 
 
+def test_the_session_keeps_its_model_whatever_model_a_call_was_billed_to(db):
+    db.create_session("created", "cli", model="gpt-4o")
+    db.update_token_counts("created", input_tokens=5, model="summary-mini")
+    db.update_token_counts("created", input_tokens=5, model="recall-model")
+    db.create_session("unknown", "cli")
+    db.update_token_counts("unknown", input_tokens=1, model="first-billed")
+    db.update_token_counts("unknown", input_tokens=1, model="second-billed")
+    db.create_session("blank", "cli", model="")
+    db.update_token_counts("blank", model="filled")
+    models = {sid: db.get_session(sid)["model"] for sid in ("created", "unknown", "blank")}
+    assert models == {"created": "gpt-4o", "unknown": "first-billed", "blank": "filled"}
+    assert db.get_session("created")["input_tokens"] == 10
+
+
 def test_clear_messages_keeps_the_session(db):
     db.create_session("s1", "cli")
     db.append_message("s1", "user", "hello")
