@@ -19,6 +19,7 @@ import state
 from gateway.cli_common import CONFIG_OPTION, fail as _fail, home_for as _home_for, load_config_or_exit as _load_config
 from gateway.cli_config import config_group
 from gateway.cli_cron import cron_group
+from gateway.cli_maintenance import maintenance_cmd
 from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli_sessions import sessions as sessions_group
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
@@ -39,7 +40,7 @@ def main() -> None:
     """Switchboard: one LLM agent on Telegram, Discord and Slack, every conversation a saved session."""
 
 
-for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd):
+for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd, maintenance_cmd):
     main.add_command(command)
 
 

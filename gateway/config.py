@@ -513,6 +513,8 @@ class CronConfig(_Model):
 
 class StoreConfig(_Model):
     write_timeout_seconds: Seconds = 10.0
+    # Ended sessions with no activity for this many days are deleted by the daemon, once a day; empty: never.
+    retention_days: Annotated[float | None, BeforeValidator(_empty_to_none)] = Field(None, ge=1)
 
 
 # --------------------------------------------------------------------------- Config

@@ -45,6 +45,7 @@ from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
+from gateway.upkeep import StoreUpkeep
 from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class Gateway:
         self.memory = None  # memory (issue 8): gateway.memory.MemoryService, made in start()
         self.facts = None  # facts (issue 9): gateway.facts.FactMemory, made in start()
         self.started_at: float | None = None
+        self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -151,6 +153,10 @@ class Gateway:
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
         self.cron = CronService(self)
         await self.cron.start(schedule=self.serve_api)
+        if self.serve_api:
+            self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days, clock=self.clock,
+                                      idle=lambda: self.router is None or self.router.active_lanes() == 0)
+            self.upkeep.start()
         self.started_at = time.time()
 
     def _wire_compression(self, turn: AgentTurn) -> None:
@@ -302,6 +308,8 @@ class Gateway:
                         "and the next turn will answer it", key, grace)
         for task in self._supervisors.values():
             task.cancel()
+        if self.upkeep is not None:
+            await self.upkeep.stop()
         await self.api.stop()
         for name, adapter in reversed(list(self.adapters.items())):
             try:
@@ -341,6 +349,7 @@ class Gateway:
             "api": {"state": "serving", "port": self.api.bound_port},
             "active_sessions": self.router.active_lanes() if self.router else 0,
             "cron": self._cron_health(),
+            "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
         }
 

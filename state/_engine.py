@@ -92,6 +92,11 @@ class Engine:
         """Check the version (reading only); migrate under the write lock only when due."""
         version = self._retry_busy(lambda: schema.read_version(conn, str(self.path)), time.monotonic() + self.write_timeout)
         if version < schema.current_version():
+            if version == 0:
+                # A new database returns the pages a prune frees (``PRAGMA incremental_vacuum``, run
+                # by the daemon's upkeep).  Only possible before the first table, and before WAL
+                # mode, which writes the file's header.
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"), time.monotonic() + self.write_timeout)
             self._begin_immediate(conn, time.monotonic() + self.write_timeout, time.monotonic())

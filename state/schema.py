@@ -240,6 +240,12 @@ def _v16_recovery(conn):
     _recovery.create_tables(conn)
 
 
+def _v17_meta(conn):
+    from . import _upkeep
+
+    _upkeep.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -257,6 +263,7 @@ for _step in [
     Migration(14, "cron jobs, runs and leases", _v14_cron),
     Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts),
     Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery),
+    Migration(17, "meta: the last upkeep", _v17_meta),
 ]:
     register(_step)
 

@@ -1,0 +1,288 @@
+"""Automatic upkeep of the store: retention, freed space returned, a bounded WAL, a record of it.
+
+One pass (:func:`run_upkeep`, run once a day by the daemon):
+
+1. **Retention.**  With ``retention_days`` set, ended sessions with no
+   activity (start, last message, end) for that long are deleted, children
+   kept with their parent link cleared, exactly as ``sessions prune`` does
+   (through ``_sessions._delete_ids``).  The work is cut into steps, each its
+   own short write transaction: a step deletes at most a budget of messages,
+   and the budget follows the time the last step held the write lock, aiming
+   at ``TARGET_HOLD`` (well under ``MAX_HOLD``, 50 ms), so the turns of live
+   chats wait for one small step at most.  A session bigger than the budget
+   loses its messages over several steps and goes in the last; each step
+   checks again that its sessions are still expired (one may have been
+   resumed meanwhile).
+2. **The search index.**  After a large prune the FTS indexes hold many
+   deletion markers; they are merged (FTS5's ``merge``, the work of
+   ``optimize`` in small steps).
+3. **Space back to the file system.**  A database created by this version
+   has ``auto_vacuum=INCREMENTAL``: free pages are returned by
+   ``PRAGMA incremental_vacuum(N)``, again in small steps, and a checkpoint
+   then shrinks the file.  An older database (``auto_vacuum=NONE``) only
+   reuses its free pages; ``switchboard maintenance --vacuum`` converts it
+   once, with the daemon stopped.
+4. **The WAL.**  When it has grown past ``wal_limit_bytes`` and the daemon
+   is idle, a ``TRUNCATE`` checkpoint empties it.
+5. **A record** in the ``meta`` table (key ``last_upkeep``): when the pass
+   ran and what it did, shown by ``switchboard doctor`` and ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import _sessions
+
+DAY = 86_400.0
+MAX_HOLD = 0.050  # the longest a step may hold the write lock
+TARGET_HOLD = 0.015  # what the step budgets aim at (a step's cost varies with message sizes)
+FIRST_BUDGET = 64  # messages deleted by the first step; then adapted
+MIN_BUDGET, MAX_BUDGET = 4, 4_000
+FIRST_VACUUM_PAGES = 256
+FIRST_MERGE_PAGES = 64
+OPTIMIZE_AFTER_MESSAGES = 10_000  # a prune of at least this many messages (or a tenth of them all) merges the index
+WAL_LIMIT_BYTES = 64 * 1024 * 1024
+LAST_UPKEEP = "last_upkeep"
+CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    """Schema v17: small facts about the store itself, by key (``last_upkeep``: JSON)."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL)"
+    )
+
+
+# --- steps on a connection (each SessionDB method runs one in its own transaction) ----------------
+
+_EXPIRED = "ended_at IS NOT NULL AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
+
+
+def expired_sessions(conn: sqlite3.Connection, cutoff: float) -> list[tuple[str, int]]:
+    """(id, message count) of the ended sessions with no activity since ``cutoff``, oldest first."""
+    return [(r[0], r[1] or 0) for r in conn.execute(
+        f"SELECT id, message_count FROM sessions WHERE {_EXPIRED} ORDER BY started_at", (cutoff,))]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneStep:
+    deleted: list[str]  # sessions gone
+    dropped: list[str]  # sessions no longer expired (or already gone): left alone
+    messages: int  # messages deleted
+
+
+def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, max_messages: int) -> PruneStep:
+    """Delete up to ``max_messages`` messages of these sessions, then the sessions left empty."""
+    ids = json.dumps(list(session_ids))
+    still = [r[0] for r in conn.execute(
+        f"SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?)) AND {_EXPIRED}", (ids, cutoff))]
+    dropped = sorted(set(session_ids) - set(still))
+    if not still:
+        return PruneStep([], dropped, 0)
+    messages = conn.execute(
+        "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE session_id IN"
+        " (SELECT value FROM json_each(?)) LIMIT ?)",
+        (json.dumps(still), max(1, int(max_messages))),
+    ).rowcount
+    empty = [sid for sid in still
+             if conn.execute("SELECT 1 FROM messages WHERE session_id = ? LIMIT 1", (sid,)).fetchone() is None]
+    _sessions._delete_ids(conn, empty)
+    return PruneStep(empty, dropped, messages)
+
+
+def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
+    """Return up to ``pages`` free pages to the file system (``auto_vacuum=INCREMENTAL`` only)."""
+    before = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    conn.execute(f"PRAGMA incremental_vacuum({max(1, int(pages))})").fetchall()  # runs as it is stepped
+    return before - conn.execute("PRAGMA freelist_count").fetchone()[0]
+
+
+def merge_step(conn: sqlite3.Connection, pages: int) -> bool:
+    """Merge the search indexes' segments by about ``pages`` pages each; False when nothing was left."""
+    worked = False
+    for table in ("messages_fts", "messages_fts_trigram"):
+        before = conn.total_changes
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-max(1, int(pages)),))
+        worked |= conn.total_changes - before >= 2  # FTS5 writes nothing when there is nothing to merge
+    return worked
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSize:
+    db_bytes: int
+    wal_bytes: int
+    page_size: int
+    free_pages: int
+    auto_vacuum: str  # none | full | incremental
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_pages * self.page_size
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def store_size(conn: sqlite3.Connection, path: Path) -> StoreSize:
+    mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+    return StoreSize(
+        db_bytes=_file_size(path),
+        wal_bytes=_file_size(path.with_name(path.name + "-wal")),
+        page_size=conn.execute("PRAGMA page_size").fetchone()[0],
+        free_pages=conn.execute("PRAGMA freelist_count").fetchone()[0],
+        auto_vacuum={0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode)),
+    )
+
+
+def record(conn: sqlite3.Connection, key: str, value: dict) -> None:
+    conn.execute(
+        "INSERT INTO meta (key, value, updated_at) VALUES (?, ?, ?)"
+        " ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        (key, json.dumps(value, sort_keys=True), time.time()),
+    )
+
+
+def recorded(conn: sqlite3.Connection, key: str) -> dict | None:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def vacuum_database(path: Path) -> tuple[int, int]:
+    """Rewrite the whole file without its free pages, with ``auto_vacuum=INCREMENTAL`` from now on.
+
+    The one-time conversion of a database made before upkeep existed.  Takes
+    the write lock for as long as the rewrite lasts and needs free disk space
+    for a second copy meanwhile: only with the daemon stopped (the caller holds
+    the home's lock).  Returns the file's size before and after, in bytes.
+    """
+    before = _file_size(path)
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with the VACUUM
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return before, _file_size(path)
+
+
+# --- one pass ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class UpkeepReport:
+    """What one pass did (stored as the ``last_upkeep`` record)."""
+
+    started_at: float
+    finished_at: float = 0.0
+    retention_days: float | None = None
+    sessions_pruned: int = 0
+    messages_pruned: int = 0
+    steps: int = 0  # write transactions taken
+    longest_hold_ms: float = 0.0  # the longest any of them held the write lock
+    index_merged: bool = False
+    pages_vacuumed: int = 0
+    wal_truncated: bool = False
+    db_bytes_before: int = 0
+    db_bytes_after: int = 0
+    wal_bytes_after: int = 0
+    vacuum_needed: bool = False  # free space an old database (auto_vacuum=NONE) cannot return by itself
+    holds_ms: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("holds_ms")
+        return out
+
+
+def _adapt(budget: int, hold: float, lo: int, hi: int) -> int:
+    """The next step's budget, so that it holds the lock about TARGET_HOLD."""
+    scaled = budget * TARGET_HOLD / max(hold, 1e-4)
+    return int(min(hi, max(lo, min(scaled, budget * 2))))
+
+
+async def run_upkeep(db, *, retention_days: float | None, now: float | None = None,
+                     idle: Callable[[], bool] = lambda: True, wal_limit_bytes: int = WAL_LIMIT_BYTES,
+                     record_it: bool = True) -> UpkeepReport:
+    """One upkeep pass over an :class:`state.AsyncSessionDB` (see the module docstring)."""
+    now = time.time() if now is None else now
+    report = UpkeepReport(started_at=now, retention_days=retention_days)
+    size = await db.store_size()
+    report.db_bytes_before = size.db_bytes
+    total_messages = await db.message_count()
+
+    def held(seconds: float) -> None:
+        report.steps += 1
+        report.holds_ms.append(seconds * 1000)
+        report.longest_hold_ms = max(report.longest_hold_ms, seconds * 1000)
+
+    if retention_days:
+        queue = await db.expired_sessions(now - retention_days * DAY)
+        budget, cutoff = FIRST_BUDGET, now - retention_days * DAY
+        while queue:
+            batch, weight = [], 0
+            for sid, count in queue:
+                if batch and weight + count > budget:
+                    break
+                batch.append(sid)
+                weight += count
+            step, hold = await db.upkeep_prune_step(batch, cutoff, budget)
+            held(hold)
+            report.sessions_pruned += len(step.deleted)
+            report.messages_pruned += step.messages
+            finished = set(step.deleted) | set(step.dropped)
+            queue = [(sid, max(0, count - step.messages) if sid in batch else count)
+                     for sid, count in queue if sid not in finished]
+            budget = _adapt(budget, hold, MIN_BUDGET, MAX_BUDGET)
+
+    if report.messages_pruned >= min(OPTIMIZE_AFTER_MESSAGES, max(1, total_messages // 10)):
+        pages = FIRST_MERGE_PAGES
+        while True:
+            worked, hold = await db.upkeep_merge_step(pages)
+            held(hold)
+            report.index_merged = True
+            if not worked:
+                break
+            pages = _adapt(pages, hold, 4, 4_000)
+
+    size = await db.store_size()
+    if size.auto_vacuum == "incremental":
+        pages = FIRST_VACUUM_PAGES
+        while size.free_pages > 0:
+            freed, hold = await db.upkeep_vacuum_step(pages)
+            held(hold)
+            report.pages_vacuumed += freed
+            if freed <= 0:
+                break
+            size = await db.store_size()
+            pages = _adapt(pages, hold, 16, 100_000)
+    else:
+        report.vacuum_needed = size.free_pages > 0
+
+    # the file shrinks when the checkpoint writes the vacuumed pages back; the WAL empties when idle
+    size = await db.store_size()
+    truncate = size.wal_bytes > wal_limit_bytes and idle()
+    for _attempt in range(CHECKPOINT_ATTEMPTS):  # another checkpoint or a reader's snapshot may be in the way
+        busy, wal_pages, copied = await db.checkpoint("TRUNCATE" if truncate else "PASSIVE")
+        if not busy and copied == wal_pages:
+            break
+        await asyncio.sleep(CHECKPOINT_PAUSE)
+    report.wal_truncated = truncate and not busy
+    size = await db.store_size()
+    report.db_bytes_after, report.wal_bytes_after = size.db_bytes, size.wal_bytes
+    report.finished_at = max(now, time.time())
+    if record_it:
+        await db.record_upkeep(report.as_dict())
+    return report
