@@ -6,16 +6,17 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    activity (start, last message, end) for that long are deleted, children
    kept with their parent link cleared, exactly as ``sessions prune`` does
    (through ``_sessions._delete_ids``).  The work is cut into steps, each its
-   own short write transaction: a step deletes at most a budget of messages,
+   own short write transaction: a step deletes at most a budget of message
+   text (deleting costs what indexing did, about in proportion to the text),
    and the budget follows the time the last step held the write lock, aiming
    at ``TARGET_HOLD`` (well under ``MAX_HOLD``, 50 ms), so the turns of live
    chats wait for one small step at most.  A session bigger than the budget
    loses its messages over several steps and goes in the last; each step
    checks again that its sessions are still expired (one may have been
-   resumed meanwhile).
-2. **The search index.**  After a large prune the FTS indexes hold many
-   deletion markers; they are merged (FTS5's ``merge``, the work of
-   ``optimize`` in small steps).
+   resumed meanwhile).  After each step the pass pauses as long as the step
+   took, so live writes queued meanwhile go first.
+2. **The search index** is not merged after a prune (see the comment in
+   :func:`run_upkeep`): FTS5's automerge drops deleted entries over time.
 3. **Space back to the file system.**  A database created by this version
    has ``auto_vacuum=INCREMENTAL``: free pages are returned by
    ``PRAGMA incremental_vacuum(N)``, again in small steps, and a checkpoint
@@ -34,7 +35,9 @@ import asyncio
 import json
 import os
 import sqlite3
+import statistics
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -43,12 +46,12 @@ from . import _sessions
 
 DAY = 86_400.0
 MAX_HOLD = 0.050  # the longest a step may hold the write lock
-TARGET_HOLD = 0.015  # what the step budgets aim at (a step's cost varies with message sizes)
-FIRST_BUDGET = 64  # messages deleted by the first step; then adapted
-MIN_BUDGET, MAX_BUDGET = 4, 4_000
-FIRST_VACUUM_PAGES = 256
-FIRST_MERGE_PAGES = 64
-OPTIMIZE_AFTER_MESSAGES = 10_000  # a prune of at least this many messages (or a tenth of them all) merges the index
+TARGET_HOLD = 0.005  # what the step budgets aim at (a step's cost varies with message sizes)
+FIRST_BUDGET = 32_768  # bytes of message text deleted by the first step; then adapted
+MIN_BUDGET, MAX_BUDGET = 16_384, 4_000_000
+MESSAGE_OVERHEAD = 64  # bytes counted per message besides its text (its row, its index entries)
+BATCH_MESSAGES = 2_000  # sessions are taken together while they hold fewer messages than this
+FIRST_VACUUM_PAGES = 64
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 LAST_UPKEEP = "last_upkeep"
 CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
@@ -77,25 +80,34 @@ class PruneStep:
     deleted: list[str]  # sessions gone
     dropped: list[str]  # sessions no longer expired (or already gone): left alone
     messages: int  # messages deleted
+    size: int = 0  # their text in bytes (plus MESSAGE_OVERHEAD each): what the step's cost follows
 
 
-def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, max_messages: int) -> PruneStep:
-    """Delete up to ``max_messages`` messages of these sessions, then the sessions left empty."""
+def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, max_bytes: int) -> PruneStep:
+    """Delete these sessions' messages up to about ``max_bytes`` of text (at least one message;
+    deleting a message costs about as much as indexing it did), then the sessions left empty."""
     ids = json.dumps(list(session_ids))
     still = [r[0] for r in conn.execute(
         f"SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?)) AND {_EXPIRED}", (ids, cutoff))]
     dropped = sorted(set(session_ids) - set(still))
     if not still:
         return PruneStep([], dropped, 0)
-    messages = conn.execute(
-        "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE session_id IN"
-        " (SELECT value FROM json_each(?)) LIMIT ?)",
-        (json.dumps(still), max(1, int(max_messages))),
-    ).rowcount
+    doomed, total = [], 0
+    for msg_id, size in conn.execute(
+        "SELECT id, length(CAST(ifnull(content, '') AS BLOB)) + length(CAST(ifnull(tool_calls, '') AS BLOB))"
+        f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
+        (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
+    ):
+        if doomed and total + size > max_bytes:
+            break
+        doomed.append(msg_id)
+        total += size
+    messages = conn.execute("DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))",
+                            (json.dumps(doomed),)).rowcount
     empty = [sid for sid in still
              if conn.execute("SELECT 1 FROM messages WHERE session_id = ? LIMIT 1", (sid,)).fetchone() is None]
     _sessions._delete_ids(conn, empty)
-    return PruneStep(empty, dropped, messages)
+    return PruneStep(empty, dropped, messages, total)
 
 
 def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
@@ -103,16 +115,6 @@ def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
     before = conn.execute("PRAGMA freelist_count").fetchone()[0]
     conn.execute(f"PRAGMA incremental_vacuum({max(1, int(pages))})").fetchall()  # runs as it is stepped
     return before - conn.execute("PRAGMA freelist_count").fetchone()[0]
-
-
-def merge_step(conn: sqlite3.Connection, pages: int) -> bool:
-    """Merge the search indexes' segments by about ``pages`` pages each; False when nothing was left."""
-    worked = False
-    for table in ("messages_fts", "messages_fts_trigram"):
-        before = conn.total_changes
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-max(1, int(pages)),))
-        worked |= conn.total_changes - before >= 2  # FTS5 writes nothing when there is nothing to merge
-    return worked
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +194,13 @@ class UpkeepReport:
     messages_pruned: int = 0
     steps: int = 0  # write transactions taken
     longest_hold_ms: float = 0.0  # the longest any of them held the write lock
-    index_merged: bool = False
     pages_vacuumed: int = 0
     wal_truncated: bool = False
     db_bytes_before: int = 0
     db_bytes_after: int = 0
     wal_bytes_after: int = 0
     vacuum_needed: bool = False  # free space an old database (auto_vacuum=NONE) cannot return by itself
+    longest_hold_ms_by_step: dict = field(default_factory=dict)  # prune | vacuum -> ms
     holds_ms: list[float] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
@@ -207,10 +209,21 @@ class UpkeepReport:
         return out
 
 
-def _adapt(budget: int, hold: float, lo: int, hi: int) -> int:
-    """The next step's budget, so that it holds the lock about TARGET_HOLD."""
-    scaled = budget * TARGET_HOLD / max(hold, 1e-4)
-    return int(min(hi, max(lo, min(scaled, budget * 2))))
+class _Pacer:
+    """Sizes the steps of one kind so each holds the write lock about TARGET_HOLD: from the median
+    cost per unit (byte, page) of the last few steps, so one slow step (the machine was busy)
+    does not shrink the next ones to nothing, nor one fast step blow them up."""
+
+    def __init__(self, first: int, lo: int, hi: int):
+        self.size, self.lo, self.hi = first, lo, hi
+        self._costs: deque[float] = deque(maxlen=9)
+
+    def done(self, units: int, hold: float) -> None:
+        if units > 0:
+            self._costs.append(hold / units)
+        if self._costs:
+            wanted = TARGET_HOLD / max(statistics.median(self._costs), 1e-9)
+            self.size = int(min(self.hi, max(self.lo, min(wanted, self.size * 2))))
 
 
 async def run_upkeep(db, *, retention_days: float | None, now: float | None = None,
@@ -221,53 +234,49 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     report = UpkeepReport(started_at=now, retention_days=retention_days)
     size = await db.store_size()
     report.db_bytes_before = size.db_bytes
-    total_messages = await db.message_count()
 
-    def held(seconds: float) -> None:
+    async def held(kind: str, seconds: float) -> None:
+        ms = seconds * 1000
         report.steps += 1
-        report.holds_ms.append(seconds * 1000)
-        report.longest_hold_ms = max(report.longest_hold_ms, seconds * 1000)
+        report.holds_ms.append(ms)
+        report.longest_hold_ms = max(report.longest_hold_ms, ms)
+        report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), ms)
+        await asyncio.sleep(seconds)  # as long a pause as the step took: live writes go first
 
     if retention_days:
         queue = await db.expired_sessions(now - retention_days * DAY)
-        budget, cutoff = FIRST_BUDGET, now - retention_days * DAY
+        pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
         while queue:
             batch, weight = [], 0
             for sid, count in queue:
-                if batch and weight + count > budget:
+                if batch and weight + count > BATCH_MESSAGES:
                     break
                 batch.append(sid)
                 weight += count
-            step, hold = await db.upkeep_prune_step(batch, cutoff, budget)
-            held(hold)
+            step, hold = await db.upkeep_prune_step(batch, cutoff, pacer.size)
+            await held("prune", hold)
             report.sessions_pruned += len(step.deleted)
             report.messages_pruned += step.messages
             finished = set(step.deleted) | set(step.dropped)
             queue = [(sid, max(0, count - step.messages) if sid in batch else count)
                      for sid, count in queue if sid not in finished]
-            budget = _adapt(budget, hold, MIN_BUDGET, MAX_BUDGET)
+            pacer.done(step.size, hold)
 
-    if report.messages_pruned >= min(OPTIMIZE_AFTER_MESSAGES, max(1, total_messages // 10)):
-        pages = FIRST_MERGE_PAGES
-        while True:
-            worked, hold = await db.upkeep_merge_step(pages)
-            held(hold)
-            report.index_merged = True
-            if not worked:
-                break
-            pages = _adapt(pages, hold, 4, 4_000)
-
+    # The FTS indexes are not merged here: FTS5's incremental 'merge' (the work of 'optimize' in
+    # small steps) left the unicode61 index unreadable ("database disk image is malformed") after a
+    # large prune of bench/upkeep.py's database, and a whole 'optimize' holds the write lock for
+    # seconds.  Deleted entries are dropped by FTS5's own automerge as new messages come in.
     size = await db.store_size()
     if size.auto_vacuum == "incremental":
-        pages = FIRST_VACUUM_PAGES
+        pacer = _Pacer(FIRST_VACUUM_PAGES, 8, 100_000)
         while size.free_pages > 0:
-            freed, hold = await db.upkeep_vacuum_step(pages)
-            held(hold)
+            freed, hold = await db.upkeep_vacuum_step(pacer.size)
+            await held("vacuum", hold)
             report.pages_vacuumed += freed
             if freed <= 0:
                 break
             size = await db.store_size()
-            pages = _adapt(pages, hold, 16, 100_000)
+            pacer.done(freed, hold)
     else:
         report.vacuum_needed = size.free_pages > 0
 
@@ -275,7 +284,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     size = await db.store_size()
     truncate = size.wal_bytes > wal_limit_bytes and idle()
     for _attempt in range(CHECKPOINT_ATTEMPTS):  # another checkpoint or a reader's snapshot may be in the way
-        busy, wal_pages, copied = await db.checkpoint("TRUNCATE" if truncate else "PASSIVE")
+        busy, wal_pages, copied = await db.checkpoint_aside("TRUNCATE" if truncate else "PASSIVE")
         if not busy and copied == wal_pages:
             break
         await asyncio.sleep(CHECKPOINT_PAUSE)

@@ -442,6 +442,12 @@ class SessionDB:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
         return self._engine.checkpoint(mode)
 
+    @_reads
+    def checkpoint_aside(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """A checkpoint that leaves the write connection free (the async store runs it on a
+        reader thread, so no write queues behind it); returns (busy, wal pages, checkpointed)."""
+        return self._engine.checkpoint_aside(mode)
+
     # --- upkeep (see state._upkeep: each step is one short write transaction) ---------------
 
     def _timed_write(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
@@ -466,13 +472,10 @@ class SessionDB:
         return self._engine.read(_upkeep.expired_sessions, cutoff)
 
     @_writes
-    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_messages: int) -> tuple["_upkeep.PruneStep", float]:
-        """One retention step (at most ``max_messages`` deleted); returns it and its lock hold in seconds."""
-        return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_messages)
-
-    @_writes
-    def upkeep_merge_step(self, pages: int) -> tuple[bool, float]:
-        return self._timed_write(_upkeep.merge_step, pages)
+    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int) -> tuple["_upkeep.PruneStep", float]:
+        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold
+        in seconds."""
+        return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes)
 
     @_writes
     def upkeep_vacuum_step(self, pages: int) -> tuple[int, float]:

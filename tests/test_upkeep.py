@@ -70,7 +70,7 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
     assert child["parent_session_id"] is None  # kept, its link to the pruned parent cleared
     assert report.sessions_pruned == len(expired) == 4
     assert report.messages_pruned == 3 + 3 + 400 + 3
-    assert report.steps > 400 // 64  # the big session was cut into several short transactions
+    assert report.steps > 10  # the big session was cut into several short transactions
     assert before.auto_vacuum == "incremental" and report.pages_vacuumed > 0
     assert after.db_bytes < before.db_bytes and report.db_bytes_after == after.db_bytes
     assert {h["session_id"] for h in hits} == kept
