@@ -98,7 +98,8 @@ class Engine:
                 # A new database returns the pages a prune frees (``PRAGMA incremental_vacuum``, run
                 # by the daemon's upkeep).  Only possible before the first table, and before WAL
                 # mode, which writes the file's header.
-                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                self._retry_busy(lambda: conn.execute("PRAGMA auto_vacuum = INCREMENTAL"),
+                                 time.monotonic() + self.write_timeout)
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"), time.monotonic() + self.write_timeout)
             self._begin_immediate(conn, time.monotonic() + self.write_timeout, time.monotonic())
