@@ -14,6 +14,12 @@ prints p50/p95 over ``--runs`` runs (warm cache, after one untimed run) of:
   ``snippet()`` on the table its dispatch picks, plus the same context reads;
 * LIKE: ``content LIKE '%term%'`` for every term, newest first, ``LIMIT 20``.
 
+Then the same for boolean queries that mix CJK and Latin terms
+(``MIXED_QUERIES``: each term on its own index, combined with the query's
+operators), ours only (the seed's search makes every term required once any is
+CJK), with a check that each answer is the union, difference or intersection
+of its parts' answers.
+
 Then it checks that both designs find exactly the same messages (whole match
 sets, not just the top 20) for those queries and a few more from the issue.
 """
@@ -32,6 +38,13 @@ from bench import _stores  # noqa: E402
 from bench._corpus import QUERIES  # noqa: E402
 from state import fts  # noqa: E402
 
+MIXED_QUERIES = {
+    "CJK OR CJK": "数据库 OR 服务器",
+    "Latin OR CJK": "docker OR 数据库",
+    "CJK NOT Latin": "数据库 NOT error",
+    "CJK NOT short CJK": "数据库 NOT 日志",
+    "grouped": "(部署 OR deploy) 数据库",
+}
 EXTRA_CHECKS = ["记忆断裂", "日志", "库", "docker OR nginx", "error NOT timeout", '"exit code"', "API 部署", "rate-limit"]
 _CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
@@ -133,6 +146,16 @@ def main(argv=None) -> None:
     for q in ["日志", "库"]:
         o50, o95, _ = timed(lambda: fts.search_messages(ours, q, limit=20), args.slow_runs)
         print(f"  not indexed (LIKE path, 1-2 CJK characters) {q!r}: ours p50 {o50 * 1e3:.1f} ms, p95 {o95 * 1e3:.1f} ms")
+
+    print("\nBoolean queries mixing CJK and Latin terms (ours only; matches counted up to 1,000):")
+    for label, q in MIXED_QUERIES.items():
+        o50, o95, _hits = timed(lambda: fts.search_messages(ours, q, limit=20), args.runs)
+        n = len(fts.matching_ids(ours, fts.parse(q), limit=1000))
+        print(f"  {label:20} {q!r:28} {n:6,} matches  p50 {o50 * 1e3:7.1f} ms  p95 {o95 * 1e3:7.1f} ms")
+    a, b = (set(fts.matching_ids(ours, fts.parse(q), limit=10**9)) for q in ("docker", "数据库"))
+    both_ok = set(fts.matching_ids(ours, fts.parse("docker OR 数据库"), limit=10**9)) == a | b
+    not_ok = set(fts.matching_ids(ours, fts.parse("数据库 NOT docker"), limit=10**9)) == b - a
+    print(f"  'docker OR 数据库' is the union of its parts: {both_ok}; '数据库 NOT docker' the difference: {not_ok}")
 
     upto = fts._indexed_upto(ours)
     print(f"\nSame answers? whole match sets, content column, message ids up to {upto:,} (ours' index mark):")

@@ -22,6 +22,7 @@ from gateway.cli_common import fail as _fail, given_home, home_options, load_con
 from gateway.cli_config import config_group
 from gateway.cli_cron import cron_group
 from gateway.cli_deadletters import deadletters as deadletters_group
+from gateway.cli_maintenance import maintenance_cmd
 from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli_sessions import sessions as sessions_group
 from gateway.config import PLATFORMS
@@ -43,7 +44,7 @@ def main() -> None:
     """Switchboard: one LLM agent on Telegram, Discord and Slack, every conversation a saved session."""
 
 
-for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd):
+for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd, maintenance_cmd):
     main.add_command(command)
 main.add_command(deadletters_group)
 

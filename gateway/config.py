@@ -182,6 +182,9 @@ class ModelConfig(_Model):
     max_tool_iterations: int = Field(8, ge=1, le=100)
     # a message estimated above this share of the context window is stored whole but sent cut down
     max_message_share: float = Field(0.5, ge=0.05, le=1)
+    # Whether the model's reasoning (reasoning, reasoning_content, reasoning_details, encrypted reasoning
+    # items) is sent back to it: within a tool loop, also in later turns, or never.
+    replay_reasoning: Literal["tool_loop", "always", "never"] = "tool_loop"
 
     @field_validator("persona_file")
     @classmethod
@@ -512,6 +515,8 @@ class CronConfig(_Model):
 
 class StoreConfig(_Model):
     write_timeout_seconds: Seconds = 10.0
+    # Ended sessions with no activity for this many days are deleted by the daemon, once a day; empty: never.
+    retention_days: Annotated[float | None, BeforeValidator(_empty_to_none)] = Field(None, ge=1)
 
 
 # --------------------------------------------------------------------------- Config

@@ -49,6 +49,7 @@ from gateway.router import RouterSettings, SessionRouter
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
+from gateway.upkeep import StoreUpkeep
 from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class Gateway:
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
         self._dead_letter_replay: asyncio.Task | None = None
+        self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -128,6 +130,7 @@ class Gateway:
         turn = AgentTurn(self.db, self.model, self.tools, TurnSettings(
             agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
             max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
+            replay_reasoning=cfg.model.replay_reasoning,
         ), clock=self.clock)
         self.router = SessionRouter(
             self.db, turn,
@@ -158,6 +161,10 @@ class Gateway:
         self.cron = CronService(self)
         await self.cron.start(schedule=self.serve_api)
         self._start_dead_letter_replay()
+        if self.serve_api:
+            self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days, clock=self.clock,
+                                      idle=lambda: self.router is None or self.router.active_lanes() == 0)
+            self.upkeep.start()
         self.started_at = time.time()
 
     def _wire_compression(self, turn: AgentTurn) -> None:
@@ -341,6 +348,8 @@ class Gateway:
                         "and the next turn will answer it", key, grace)
         for task in self._supervisors.values():
             task.cancel()
+        if self.upkeep is not None:
+            await self.upkeep.stop()
         await self.api.stop()
         for name, adapter in reversed(list(self.adapters.items())):
             try:
@@ -381,6 +390,7 @@ class Gateway:
             "active_sessions": self.router.active_lanes() if self.router else 0,
             "cron": self._cron_health(),
             "dead_letters": self.dead_letters_held,
+            "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
         }
 

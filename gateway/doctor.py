@@ -8,6 +8,7 @@ nothing is written anywhere.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import shutil
 import stat
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def check_database(home: Path) -> list[Check]:
               + ("; migrates at next start" if report.schema_version < report.supported_version else "")),
         Check("WAL", report.wal_bytes < WAL_WARN_BYTES, f"{_mib(report.wal_bytes)} (database {_mib(report.size_bytes)})",
               "a long-lived reader blocks checkpoints: restart the daemon, or run switchboard backup to check"),
+        _upkeep_check(report),
     ]
     if report.dead_letters is not None:
         held = report.dead_letters
@@ -73,6 +75,19 @@ def check_database(home: Path) -> list[Check]:
             "see them with: switchboard deadletters list; after fixing the cause, replay one with: switchboard "
             "deadletters retry ID, or give it up with: switchboard deadletters drop ID"))
     return checks
+
+
+def _upkeep_check(report: state.DatabaseReport) -> Check:
+    """The daemon's store upkeep: when it last ran (and the next, a day later), free space left inside."""
+    last = report.last_upkeep
+    when = (lambda ts: dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M"))
+    detail = (f"last {when(last['finished_at'])} ({last['sessions_pruned']} sessions pruned), next about "
+              f"{when(last['finished_at'] + 86_400)}" if last else "not run yet (the daemon runs it a day apart)")
+    stuck = report.auto_vacuum != "incremental" and report.free_bytes > 0
+    if stuck:
+        detail += f"; {_mib(report.free_bytes)} free inside the file"
+    return Check("store upkeep", not stuck, detail,
+                 "stop the daemon and run: switchboard maintenance --vacuum (returns the space once, for good)")
 
 
 def check_disk(home: Path) -> Check:

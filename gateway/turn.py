@@ -40,6 +40,7 @@ class TurnSettings:
     model_name: str | None = None
     max_tool_iterations: int = 8
     vision: bool = False
+    replay_reasoning: str = "tool_loop"  # model.replay_reasoning: tool_loop | always | never
 
 
 @dataclass(slots=True)
@@ -121,6 +122,7 @@ class AgentTurn:
         session_id = req.session_id
         if history is None:
             history = await self.db.get_messages_as_conversation(session_id)
+        history = replayed_history(history, self.settings.replay_reasoning)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
         for block_for in self.prompt_blocks:  # memory (issue 8): a snapshot frozen per session id
@@ -146,13 +148,15 @@ class AgentTurn:
         completion: Completion | None = None
         for iteration in range(self.settings.max_tool_iterations + 1):
             offer_tools = tools if iteration < self.settings.max_tool_iterations else None
-            completion = await self.model.complete(prompt + produced, tools=offer_tools, model=req.model)
+            sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
+            completion = await self.model.complete(prompt + sent, tools=offer_tools, model=req.model)
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
             calls = completion.message.get("tool_calls") or []
             if not calls:
                 break
-            produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls})
+            produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls,
+                             **_reasoning_of(completion.message)})
             for call in calls:
                 fn = call.get("function", {})
                 result = await self.tools.call(fn.get("name", ""), fn.get("arguments"), ctx)
@@ -174,7 +178,33 @@ class AgentTurn:
 def _for_store(message: dict) -> dict:
     if message["role"] == "tool":
         return {"role": "tool", "content": message["content"], "tool_call_id": message["tool_call_id"], "tool_name": message.get("name")}
-    return {"role": "assistant", "content": message.get("content"), "tool_calls": message["tool_calls"], "finish_reason": "tool_calls"}
+    return {"role": "assistant", "content": message.get("content"), "tool_calls": message["tool_calls"], "finish_reason": "tool_calls",
+            **_reasoning_of(message)}
+
+
+# The fields in which models return their reasoning (OpenRouter's ``reasoning`` and ``reasoning_details``,
+# DeepSeek's and Kimi's ``reasoning_content``, OpenAI's encrypted reasoning items as the Codex
+# client keeps them).  A model that reasons before a tool call expects them back, unchanged, on
+# the next request of the same tool loop.
+REASONING_KEYS = ("reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items")
+REPLAY_REASONING = ("tool_loop", "always", "never")
+
+
+def _reasoning_of(message: dict) -> dict:
+    return {key: message[key] for key in REASONING_KEYS if message.get(key) is not None}
+
+
+def _without_reasoning(message: dict) -> dict:
+    if not any(key in message for key in REASONING_KEYS):
+        return message
+    return {k: v for k, v in message.items() if k not in REASONING_KEYS}
+
+
+def replayed_history(history: list[dict], mode: str) -> list[dict]:
+    """The stored conversation as sent to the model: earlier turns' reasoning only with ``always``."""
+    if mode == "always":
+        return history
+    return [_without_reasoning(m) if m.get("role") == "assistant" else m for m in history]
 
 
 async def _with_prefetch(prefetch, req: TurnRequest, message: dict) -> dict:

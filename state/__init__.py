@@ -10,6 +10,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 """
 
 from ._messages import Appended
+from ._upkeep import StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
 from .db import SessionDB
 from .errors import (
@@ -42,10 +43,14 @@ __all__ = [
     "SessionDB",
     "SessionNotFound",
     "StateError",
+    "StoreSize",
+    "UpkeepReport",
     "TitleConflict",
     "WriteTimeout",
     "default_db_path",
     "default_home",
     "inspect_database",
     "new_session_id",
+    "run_upkeep",
+    "vacuum_database",
 ]

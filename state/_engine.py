@@ -59,6 +59,8 @@ class Engine:
         self._plock: ProcessWriteLock | None = None
         self._checkpoint_due = threading.Event()
         self._checkpointer: threading.Thread | None = None
+        self._aside: sqlite3.Connection | None = None  # for checkpoint_aside()
+        self._aside_mutex = threading.Lock()
         prepare_db_file(self.path)
         self._wconn = self._connect(timeout=0.0)
         try:
@@ -92,6 +94,12 @@ class Engine:
         """Check the version (reading only); migrate under the write lock only when due."""
         version = self._retry_busy(lambda: schema.read_version(conn, str(self.path)), time.monotonic() + self.write_timeout)
         if version < schema.current_version():
+            if version == 0:
+                # A new database returns the pages a prune frees (``PRAGMA incremental_vacuum``, run
+                # by the daemon's upkeep).  Only possible before the first table, and before WAL
+                # mode, which writes the file's header.
+                self._retry_busy(lambda: conn.execute("PRAGMA auto_vacuum = INCREMENTAL"),
+                                 time.monotonic() + self.write_timeout)
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"), time.monotonic() + self.write_timeout)
             self._begin_immediate(conn, time.monotonic() + self.write_timeout, time.monotonic())
@@ -233,7 +241,24 @@ class Engine:
                 raise StateError("the state store is closed: open a new SessionDB")
             return self._checkpoint(self._wconn, mode)
 
+    def checkpoint_aside(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """A checkpoint on a connection of its own, so writers never queue behind it in this
+        process (a PASSIVE one runs beside them; a TRUNCATE one makes them retry while it runs)."""
+        mode = mode.upper()
+        if mode not in {"PASSIVE", "TRUNCATE"}:
+            raise ValueError(f"checkpoint mode must be PASSIVE or TRUNCATE, not {mode!r}")
+        with self._aside_mutex:
+            if self._closed:
+                raise StateError("the state store is closed: open a new SessionDB")
+            if self._aside is None:
+                self._aside = self._connect(timeout=0.0)
+            return self._checkpoint(self._aside, mode)
+
     def close(self) -> None:
+        with self._aside_mutex:
+            if self._aside is not None:
+                self._aside.close()
+                self._aside = None
         with self._write_mutex:
             if self._closed:
                 return

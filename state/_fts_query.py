@@ -36,8 +36,10 @@ def is_cjk(text: str) -> bool:
 
 OPERATORS = {"AND", "OR", "NOT"}
 # Characters FTS5 gives a meaning to outside quotes; outside a phrase we treat them as spaces.
-_SPECIAL = re.compile(r"[(){}\[\]^+,:;]")
+_SPECIAL = re.compile(r"[{}\[\]^+,:;]")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+#: Parentheses nest at most this deep; deeper ones are read as spaces.
+MAX_DEPTH = 8
 
 
 @dataclass(frozen=True)
@@ -48,22 +50,29 @@ class Term:
     prefix: bool = False
 
 
+@dataclass(frozen=True)
+class Op:
+    """``left op right``: ``op`` is ``AND``, ``OR``, ``NOT`` (``left`` without ``right``) or
+    ``""``, two operands side by side (FTS5's implicit AND, which binds tightest)."""
+
+    op: str
+    left: "Node"
+    right: "Node"
+
+
+Node = Term | Op
+
+# FTS5's precedence: side by side, then NOT, then AND, then OR (all left-associative)
+_PRECEDENCE = {"": 4, "NOT": 3, "AND": 2, "OR": 1}
+
+
 def _has_token_chars(text: str) -> bool:
     # unicode61 keeps letters, numbers and private-use characters; everything else separates tokens
     return any(ch.isalnum() or unicodedata.category(ch) == "Co" for ch in text)
 
 
-def parse(text: object) -> list[Term | str]:
-    """Split a user query into terms and the operators between them.
-
-    The result alternates term, operator, term...: quotes balanced (a stray
-    quote is ignored), operators only between two terms (of several in a row
-    the last wins), no term without a searchable character, at most
-    ``MAX_TERMS`` terms.
-    """
-    if not isinstance(text, str):
-        text = "" if text is None else str(text)
-    text = _UNSAFE.sub(" ", text[:MAX_QUERY_CHARS])
+def _tokens(text: str) -> list[Term | str]:
+    """Terms, operators and parentheses, in order."""
     raw: list[Term | str] = []
     i, n = 0, len(text)
     while i < n:
@@ -90,32 +99,111 @@ def parse(text: object) -> list[Term | str]:
             continue
         if word.startswith("NEAR("):  # the NEAR group itself; its terms stay
             word = word[5:]
-        for piece in _SPECIAL.sub(" ", word).split():
-            prefix = piece.endswith("*")
-            raw.append(Term(piece.replace("*", " ").strip(), prefix))
+        for part in re.split(r"([()])", word):
+            if part in ("(", ")"):
+                raw.append(part)
+                continue
+            for piece in _SPECIAL.sub(" ", part).split():
+                prefix = piece.endswith("*")
+                raw.append(Term(piece.replace("*", " ").strip(), prefix))
+    return raw
 
-    items: list[Term | str] = []
-    pending: str | None = None
-    terms = 0
-    for item in raw:
-        if isinstance(item, str):
-            if items:
-                pending = item
-            continue
-        if not _has_token_chars(item.text):
-            continue
-        if terms == MAX_TERMS:
-            break
-        if pending is not None:
-            items.append(pending)
+
+def parse(text: object) -> Node | None:
+    """A user query as a tree of terms and operators; None when nothing searchable is left.
+
+    Quotes balanced (a stray quote is ignored); parentheses balanced (a
+    stray ``)`` is ignored, an unclosed ``(`` closes at the end, empty groups
+    vanish, at most ``MAX_DEPTH`` levels); operators only between two
+    operands (of several in a row the last wins); no term without a
+    searchable character; at most ``MAX_TERMS`` terms.  Operators bind as in
+    FTS5: side by side first, then ``NOT``, ``AND``, ``OR``.
+    """
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    tokens = _tokens(_UNSAFE.sub(" ", text[:MAX_QUERY_CHARS]))
+    pos, terms, skipped = 0, 0, 0
+
+    def group(depth: int) -> Node | None:
+        nonlocal pos, terms, skipped
+        seq: list = []  # operand, operator, operand, ...
+        pending: str | None = None
+        while pos < len(tokens):
+            tok = tokens[pos]
+            pos += 1
+            if tok == "(":
+                if depth >= MAX_DEPTH:
+                    skipped += 1
+                    continue
+                operand = group(depth + 1)
+            elif tok == ")":
+                if skipped:
+                    skipped -= 1
+                    continue
+                if depth:
+                    break
+                continue
+            elif isinstance(tok, str):
+                if seq:
+                    pending = tok
+                continue
+            elif not _has_token_chars(tok.text) or terms == MAX_TERMS:
+                continue
+            else:
+                operand = tok
+                terms += 1
+            if operand is None:
+                continue
+            if seq:
+                seq.append(pending or "")
             pending = None
-        items.append(item)
-        terms += 1
-    return items
+            seq.append(operand)
+        return _fold(seq) if seq else None
+
+    return group(0)
+
+
+def _fold(seq: list) -> Node:
+    """``[operand, op, operand, ...]`` as one tree, by precedence, left to right."""
+    for level in sorted(set(_PRECEDENCE.values()), reverse=True):
+        out = [seq[0]]
+        for i in range(1, len(seq), 2):
+            if _PRECEDENCE[seq[i]] == level:
+                out[-1] = Op(seq[i], out[-1], seq[i + 1])
+            else:
+                out += [seq[i], seq[i + 1]]
+        seq = out
+    return seq[0]
 
 
 def quote(term: Term) -> str:
     return '"' + term.text.replace('"', '""') + '"' + ("*" if term.prefix else "")
+
+
+def _is_sequence(node: Node) -> bool:
+    """Phrases side by side: the only operands FTS5 lets stand next to each other."""
+    return isinstance(node, Term) or (node.op == "" and _is_sequence(node.left) and _is_sequence(node.right))
+
+
+def render(node: Node | None, leaf=quote) -> str:
+    """The tree as an FTS5 query (``leaf`` writes each term), parenthesised only where needed."""
+    if node is None:
+        return ""
+
+    def walk(n: Node, outer: int, right: bool) -> str:
+        if isinstance(n, Term):
+            return leaf(n)
+        if n.op == "" and _is_sequence(n):
+            return walk(n.left, 4, False) + " " + walk(n.right, 4, True)
+        op = n.op or "AND"  # side by side with a group: FTS5 needs the word
+        level = _PRECEDENCE[op]
+        text = f"{walk(n.left, level, False)} {op} {walk(n.right, level, True)}"
+        # NOT is not associative: a NOT on the right of a NOT keeps its parentheses
+        if level < outer or (right and level == outer and op == "NOT"):
+            return f"({text})"
+        return text
+
+    return walk(node, 0, False)
 
 
 def sanitize_query(text: str) -> str:
@@ -123,22 +211,44 @@ def sanitize_query(text: str) -> str:
 
     Every term becomes a quoted phrase (so ``chat-send``, ``v1.2.3``,
     ``C++``, ``a:b`` or ``NEAR`` are plain words, never syntax); ``word*``
-    stays a prefix query; balanced ``"phrases"`` are kept; unbalanced quotes,
-    parentheses, ``^``, ``+``, ``:`` and the like are dropped; ``AND``,
-    ``OR`` and ``NOT`` (upper case, as FTS5 wants) are kept only between two
-    terms.  Returns ``""`` when nothing searchable is left.
+    stays a prefix query; balanced ``"phrases"`` and parentheses are kept;
+    unbalanced quotes and parentheses, ``^``, ``+``, ``:`` and the like are
+    dropped; ``AND``, ``OR`` and ``NOT`` (upper case, as FTS5 wants) are kept
+    only between two operands.  Returns ``""`` when nothing searchable is left.
     """
-    return " ".join(item if isinstance(item, str) else quote(item) for item in parse(text))
+    return render(parse(text))
 
 
-def positive_terms(items: list[Term | str]) -> list[Term]:
+def terms(node: Node | None) -> list[Term]:
+    """Every term of the tree, left to right."""
+    if node is None:
+        return []
+    if isinstance(node, Term):
+        return [node]
+    return terms(node.left) + terms(node.right)
+
+
+def positive_terms(node: Node | None) -> list[Term]:
     """The terms not under a ``NOT``: what a matching message contains."""
-    out, negate = [], False
-    for item in items:
-        if isinstance(item, str):
-            negate = item == "NOT"
-            continue
-        if not negate:
-            out.append(item)
-        negate = False
-    return out
+    if node is None or isinstance(node, Term):
+        return terms(node)
+    return positive_terms(node.left) + ([] if node.op == "NOT" else positive_terms(node.right))
+
+
+def index_of(term: Term) -> str:
+    """Which index finds ``term``: ``"unicode61"`` (no CJK), ``"trigram"`` (CJK, three or more
+    characters: a substring of CJK text) or ``"like"`` (one or two characters with CJK: too
+    short for a trigram, found by a substring scan of the CJK messages)."""
+    if not is_cjk(term.text):
+        return "unicode61"
+    return "trigram" if len(term.text.strip()) >= 3 else "like"
+
+
+def indexes(node: Node | None) -> set[str]:
+    """The indexes (see :func:`index_of`) the tree's terms need."""
+    return {index_of(t) for t in terms(node)}
+
+
+def trigram_leaf(term: Term) -> str:
+    """A CJK term for the trigram index: the substring, stripped; ``*`` means nothing there."""
+    return quote(Term(term.text.strip()))

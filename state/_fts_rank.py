@@ -42,11 +42,14 @@ def _build_fold() -> dict[int, str]:
 
 
 _FOLD = _build_fold()
+_FOLDED = re.compile("[\u00c0-\u024f]")  # the only characters _FOLD maps
 
 
 def fold(text: str) -> str:
     """Lower case with Latin diacritics removed, as unicode61 (remove_diacritics 1) does."""
-    return text.lower() if text.isascii() else text.translate(_FOLD).lower()
+    if text.isascii() or not _FOLDED.search(text):  # translate() is slow on long CJK text
+        return text.lower()
+    return text.translate(_FOLD).lower()
 
 
 @dataclass(frozen=True)

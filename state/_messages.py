@@ -13,9 +13,13 @@ PREVIEW_STORED = 100  # characters of the first user message kept on the session
 
 MESSAGE_KEYS = (
     "role", "content", "tool_call_id", "tool_calls", "tool_name", "token_count", "finish_reason",
-    "reasoning", "reasoning_details", "codex_reasoning_items", "platform_message_id", "timestamp",
+    "reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items", "platform_message_id",
+    "timestamp",
 )
 _JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items")
+# A model's reasoning, as stored: ``reasoning`` is text (a model that calls it ``reasoning_content``
+# is stored in the same column); the other two are JSON, kept exactly (a string too).
+_REASONING_JSON = ("reasoning_details", "codex_reasoning_items")
 
 
 class Appended(NamedTuple):
@@ -29,6 +33,11 @@ def _json(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False)
+
+
+def _exact_json(value: Any) -> str | None:
+    """JSON of any value, strings included, so that reading it back gives the same value."""
+    return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
 def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> Appended:
@@ -49,6 +58,9 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
             return Appended(row[0], False)
     timestamp = message.get("timestamp")
     timestamp = time.time() if timestamp is None else float(timestamp)
+    reasoning = message.get("reasoning")
+    if reasoning is None:
+        reasoning = message.get("reasoning_content")
     content = message.get("content")
     tool_calls = message.get("tool_calls")
     calls = len(tool_calls) if isinstance(tool_calls, (list, tuple)) else (1 if tool_calls else 0)
@@ -71,8 +83,8 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
                                  codex_reasoning_items, platform_message_id)
            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         (session_id, role, content, message.get("tool_call_id"), _json(tool_calls), message.get("tool_name"),
-         timestamp, message.get("token_count"), message.get("finish_reason"), message.get("reasoning"),
-         _json(message.get("reasoning_details")), _json(message.get("codex_reasoning_items")), platform_id),
+         timestamp, message.get("token_count"), message.get("finish_reason"), reasoning,
+         _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id),
     )
     return Appended(cur.lastrowid, True)
 
@@ -107,11 +119,25 @@ def get_messages(conn: sqlite3.Connection, session_id: str) -> list[dict]:
     return [_decode(r) for r in rows]
 
 
+def _loads(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except (json.JSONDecodeError, TypeError):
+        return value  # written as plain text by an older version
+
+
 def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str) -> list[dict]:
-    """The session as OpenAI chat messages: role and content, plus tool fields when set."""
+    """The session as OpenAI chat messages: role and content, plus tool fields when set.
+
+    An assistant message also gets back the reasoning stored with it (an
+    empty string stays an empty string): the text as both ``reasoning`` and
+    ``reasoning_content`` (the two names models give it; the store keeps one
+    column), and ``reasoning_details`` and ``codex_reasoning_items`` exactly as
+    they were given.
+    """
     rows = conn.execute(
-        "SELECT role, content, tool_call_id, tool_calls, tool_name FROM messages "
-        "WHERE session_id = ? ORDER BY timestamp, id",
+        "SELECT role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
+        " codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY timestamp, id",
         (session_id,),
     )
     conversation = []
@@ -126,6 +152,12 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str) -> l
                 message["tool_calls"] = json.loads(row["tool_calls"])
             except (json.JSONDecodeError, TypeError):
                 pass
+        if row["role"] == "assistant":
+            if row["reasoning"] is not None:
+                message["reasoning"] = message["reasoning_content"] = row["reasoning"]
+            for key in _REASONING_JSON:
+                if row[key] is not None:
+                    message[key] = _loads(row[key])
         conversation.append(message)
     return conversation
 

@@ -80,15 +80,15 @@ def recall_hits(
     excluded = lineage_ids(conn, exclude_lineage_of)
     if limit <= 0:
         return {"hits": [], "excluded": excluded}
-    items = fts.parse(query)
-    if not items:
+    tree = fts.parse(query)
+    if tree is None:
         return {"hits": [], "excluded": excluded}
     try:
         if accounts is None:
-            hits = _ranked(conn, items, agent_prefix, excluded, role_filter, limit)
+            hits = _ranked(conn, tree, agent_prefix, excluded, role_filter, limit)
         else:
             ids = _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter)
-            hits = _newest_in(conn, items, ids, limit) if ids else []
+            hits = _newest_in(conn, tree, ids, limit) if ids else []
     except sqlite3.OperationalError as exc:
         if "fts5" not in str(exc):
             raise
@@ -118,15 +118,12 @@ def _conversation_roots(conn, session_ids) -> dict[str, str]:
     return roots
 
 
-def _ranked(conn, items, agent_prefix, excluded, role_filter, limit) -> list[dict]:
+def _ranked(conn, tree, agent_prefix, excluded, role_filter, limit) -> list[dict]:
     """Every account (the operator): :mod:`state.fts`'s own search (BM25 over the newest
     matches) with the agent, lineage and role conditions."""
     where, args = _scope_sql(agent_prefix, None, excluded, role_filter)
     # fts joins messages ``m`` when there is a condition, and sessions ``s`` when asked to
-    if any(isinstance(t, fts.Term) and fts.is_cjk(t.text) for t in items):
-        return fts._search_cjk(conn, items, where, args, bool(where), limit)
-    match = " ".join(item if isinstance(item, str) else fts.quote(item) for item in items)
-    return fts._search_fts(conn, False, match, fts.positive_terms(items), "", [], where, args, bool(where), limit)
+    return fts._search(conn, tree, where, args, bool(where), limit)
 
 
 def _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter) -> list[int]:
@@ -142,9 +139,9 @@ def _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter) -> l
     )]
 
 
-def _newest_in(conn, items, ids: list[int], limit: int) -> list[dict]:
+def _newest_in(conn, tree, ids: list[int], limit: int) -> list[dict]:
     """The newest ``limit`` messages among ``ids`` that match the query (same syntax and
-    CJK dispatch as :func:`state.fts.search_messages`).
+    indexes as :func:`state.fts.search_messages`).
 
     One user's scope is a small part of a big store: scanning a term's matches
     newest first and keeping those whose id is in the scope (an in-memory
@@ -152,44 +149,21 @@ def _newest_in(conn, items, ids: list[int], limit: int) -> list[dict]:
     matches of the scope would first have to walk every other user's.
     Recall only groups these hits by session, so their order is recency.
     """
-    like_sql, like_args = "", []
-    if any(isinstance(t, fts.Term) and fts.is_cjk(t.text) for t in items):
-        required, excluded, negate = [], [], False
-        for item in items:
-            if isinstance(item, str):
-                negate = item == "NOT"
-                continue
-            (excluded if negate else required).append(item.text.strip())
-            negate = False
-        for term in [t for t in required if len(t) < 3]:
-            like_sql += fts._like_sql("v")
-            like_args += [fts._like_arg(term)] * 3
-        for term in excluded:
-            like_sql += fts._like_sql("v", negate=True)
-            like_args += [fts._like_arg(term)] * 3
-        long_terms = [t for t in required if len(t) >= 3]
-        terms = required
-        if not long_terms:
-            if not required:
-                return []
-            found = [r[0] for r in conn.execute(
-                "SELECT v.id FROM messages_search_src v WHERE v.id IN (SELECT value FROM json_each(?))"
-                f"{like_sql} ORDER BY v.id DESC LIMIT ?",
-                [json.dumps(ids), *like_args, limit],
-            )]
-            return _details(conn, found, terms)
-        trigram, match = True, " ".join(fts.quote(fts.Term(t)) for t in long_terms)
-    else:
-        trigram = False
-        match = " ".join(item if isinstance(item, str) else fts.quote(item) for item in items)
-        terms = [t.text for t in fts.positive_terms(items)]
+    terms = [t.text.strip() for t in fts.positive_terms(tree)]
+    used = fts.indexes(tree)
+    if used not in ({"unicode61"}, {"trigram"}):  # both indexes: combined by fts
+        found = fts.matching_ids(conn, tree, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(ids)],
+                                 False, limit)
+        return _details(conn, found, terms)
+    trigram = used == {"trigram"}
+    match = fts.render(tree, fts.trigram_leaf if trigram else fts.quote)
     table, tail_table = ("messages_fts_trigram", "tail_trigram") if trigram else ("messages_fts", "tail_fts")
     upto = fts._indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
     found = [r[0] for r in conn.execute(
         # '+' keeps the scope a filter on the index scan (newest first) instead of one lookup per id
         f"SELECT f.rowid FROM {table} f WHERE f.{table} MATCH ? AND +f.rowid IN (SELECT value FROM json_each(?))"
-        f"{fts._like_exists(like_sql, 'messages_search_src')} ORDER BY f.rowid DESC LIMIT ?",
-        [match, json.dumps(ids), *like_args, limit],
+        " ORDER BY f.rowid DESC LIMIT ?",
+        [match, json.dumps(ids), limit],
     )]
     pending = [i for i in ids if i > upto]
     if pending:  # appended since the last index batch: matched in memory, as fts does
@@ -197,8 +171,7 @@ def _newest_in(conn, items, ids: list[int], limit: int) -> list[dict]:
         if tail is not None:
             mem, _rows = tail
             found += [r[0] for r in mem.execute(
-                f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?{fts._like_exists(like_sql, 'tail_src')}",
-                [match, *like_args],
+                f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?", [match],
             )]
     return _details(conn, sorted(set(found), reverse=True)[:limit], terms)
 

@@ -73,12 +73,17 @@ def update_system_prompt(conn: sqlite3.Connection, session_id: str, system_promp
 
 _TOKEN_COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
 _COSTS = ("estimated_cost_usd", "actual_cost_usd")
-_BILLING_TEXT = ("model", "billing_provider", "billing_base_url", "billing_mode", "cost_status", "cost_source", "pricing_version")
+_BILLING_TEXT = ("billing_provider", "billing_base_url", "billing_mode", "cost_status", "cost_source", "pricing_version")
 
 
 def update_token_counts(conn: sqlite3.Connection, session_id: str, **values: Any) -> bool:
-    """Add token counts and costs to the session's totals; set the billing labels given."""
-    unknown = set(values) - set(_TOKEN_COUNTERS) - set(_COSTS) - set(_BILLING_TEXT)
+    """Add token counts and costs to the session's totals; set the billing labels given.
+
+    ``model`` fills in the session's model only when it has none: a session
+    keeps the model it was created for, whatever model a later call (a
+    summary, an extraction, recall) was billed to.
+    """
+    unknown = set(values) - set(_TOKEN_COUNTERS) - set(_COSTS) - set(_BILLING_TEXT) - {"model"}
     if unknown:
         raise TypeError(f"update_token_counts() got unexpected arguments: {', '.join(sorted(unknown))}")
     sets: list[str] = []
@@ -94,6 +99,9 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, **values: Any
         if values.get(name) is not None:
             sets.append(f"{name} = ?")
             params.append(values[name])
+    if values.get("model") is not None:
+        sets.append("model = COALESCE(NULLIF(model, ''), ?)")
+        params.append(values["model"])
     params.append(session_id)
     return conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", params).rowcount > 0
 

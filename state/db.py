@@ -2,22 +2,25 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery`` or ``_deadletters`` through the engine,
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters`` or ``_upkeep`` through the engine,
 marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, TypeVar
 
-from . import _cron, _deadletters, _facts, _messages, _pairing, _recall, _recovery, _routes, _sessions, _titles, _transfer
+from . import (_cron, _deadletters, _facts, _messages, _pairing, _recall, _recovery, _routes, _sessions, _titles,
+               _transfer, _upkeep)
 from ._engine import Engine
 from ._messages import Appended
 from .paths import default_db_path
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def _reads(method: F) -> F:
@@ -135,7 +138,8 @@ class SessionDB:
         cost_source: str | None = None,
         pricing_version: str | None = None,
     ) -> bool:
-        """Add to the session's token counts and costs; set the billing labels given."""
+        """Add to the session's token counts and costs; set the billing labels given; ``model``
+        only fills in a session that has none (the session keeps the model it was created for)."""
         return self._engine.write(
             _sessions.update_token_counts, session_id,
             input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
@@ -447,6 +451,54 @@ class SessionDB:
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
         return self._engine.checkpoint(mode)
+
+    @_reads
+    def checkpoint_aside(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """A checkpoint that leaves the write connection free (the async store runs it on a
+        reader thread, so no write queues behind it); returns (busy, wal pages, checkpointed)."""
+        return self._engine.checkpoint_aside(mode)
+
+    # --- upkeep (see state._upkeep: each step is one short write transaction) ---------------
+
+    def _timed_write(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+        """``fn``'s result and how long its transaction held the write lock (begin to commit)."""
+        began: list[float] = []
+
+        def run(conn):
+            began.append(time.perf_counter())
+            return fn(conn, *args)
+
+        result = self._engine.write(run)
+        return result, time.perf_counter() - began[-1]
+
+    @_reads
+    def store_size(self) -> "_upkeep.StoreSize":
+        """The database and WAL file sizes, page size, free pages and auto_vacuum mode."""
+        return self._engine.read(_upkeep.store_size, self.db_path)
+
+    @_reads
+    def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]:
+        """(id, message count) of ended sessions with no activity since ``cutoff``, oldest first."""
+        return self._engine.read(_upkeep.expired_sessions, cutoff)
+
+    @_writes
+    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int) -> tuple["_upkeep.PruneStep", float]:
+        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold
+        in seconds."""
+        return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes)
+
+    @_writes
+    def upkeep_vacuum_step(self, pages: int) -> tuple[int, float]:
+        return self._timed_write(_upkeep.vacuum_step, pages)
+
+    @_writes
+    def record_upkeep(self, report: dict) -> None:
+        self._engine.write(_upkeep.record, _upkeep.LAST_UPKEEP, report)
+
+    @_reads
+    def last_upkeep(self) -> dict | None:
+        """What the last upkeep pass did (``state._upkeep.UpkeepReport`` as a dict), or None."""
+        return self._engine.read(_upkeep.recorded, _upkeep.LAST_UPKEEP)
 
     # --- pairing ---------------------------------------------------------------
 

@@ -30,13 +30,23 @@ Layout
 
 Query dispatch (``search_messages``)
 ------------------------------------
-* no CJK character: the sanitised query runs on ``messages_fts`` (FTS5
-  syntax: words, ``"phrases"``, ``prefix*``, ``AND``/``OR``/``NOT``);
-* a term of three or more characters in a query with CJK: the trigram index,
-  every term being a substring that must occur (``NOT term`` excludes); terms
-  shorter than three characters become ``LIKE`` filters on the candidates;
-* only one or two CJK characters (no longer term): a ``LIKE`` scan, newest
-  first.
+A query is a tree of terms joined by ``AND`` (or side by side), ``OR``,
+``NOT`` and parentheses (``state._fts_query``).  Each term has its index:
+
+* no CJK character: ``messages_fts`` (unicode61: words, ``"phrases"``,
+  ``prefix*``);
+* three or more characters with CJK: ``messages_fts_trigram``, the term being
+  a substring that must occur;
+* one or two CJK characters: a ``LIKE`` scan of the CJK messages (too short
+  for a trigram).
+
+When every term uses the same index the whole tree is one FTS5 query on it.
+Otherwise (``matching_ids``) each subtree that uses one index is one FTS5
+query, and the sets of ids they find are combined with the query's own
+operators, range by range of ids from the newest message back, until enough
+are found; a query of only short CJK terms is one ``LIKE`` scan, newest first.
+So ``docker OR 记忆系统`` finds either, ``记忆系统 NOT docker`` the first without
+the second, whatever the mix of scripts.
 
 Ranking
 -------
@@ -52,8 +62,9 @@ messages), so the user gets instead the best-matching of the latest 500
 matches: recent conversations, the most relevant lines among them on top.
 The scores are computed in ``state._fts_rank`` from the candidates' text with
 the index's statistics; the term weights of very common terms are estimated
-from a sample (they are small either way).  ``LIKE``-scan results (one or
-two CJK characters) are newest first.
+from a sample (they are small either way).  A query on both indexes scores
+each message with the sum of each index's BM25 for its own terms.  Results of
+a query of only one- or two-character CJK terms are newest first.
 """
 
 from __future__ import annotations
@@ -65,7 +76,22 @@ import threading
 from contextlib import contextmanager
 from typing import Iterable
 
-from ._fts_query import CJK_GLOB, MAX_TERMS, Term, is_cjk, parse, positive_terms, quote, sanitize_query
+from ._fts_query import (
+    CJK_GLOB,
+    MAX_TERMS,
+    Node,
+    Op,
+    Term,
+    index_of,
+    indexes,
+    is_cjk,
+    parse,
+    positive_terms,
+    quote,
+    render,
+    sanitize_query,
+    trigram_leaf,
+)
 from ._fts_rank import DF_SAMPLE, Scorer, substring_snippet
 
 log = logging.getLogger(__name__)
@@ -81,6 +107,13 @@ __all__ = [
     "installed_version",
     "search_messages",
     "sanitize_query",
+    "parse",
+    "render",
+    "indexes",
+    "index_of",
+    "matching_ids",
+    "Term",
+    "Op",
     "is_cjk",
     "MAX_TERMS",
     "MAX_LIMIT",
@@ -347,12 +380,11 @@ def _like_arg(term: str) -> str:
     return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _like_sql(alias: str, negate: bool = False) -> str:
-    cond = (
+def _like_cond(alias: str) -> str:
+    return (
         f"(ifnull({alias}.content, '') LIKE ? ESCAPE '\\' OR ifnull({alias}.tool_name, '') LIKE ? ESCAPE '\\' "
         f"OR ifnull({alias}.tool_calls, '') LIKE ? ESCAPE '\\')"
     )
-    return f" AND NOT {cond}" if negate else f" AND {cond}"
 
 
 def search_messages(
@@ -380,16 +412,12 @@ def search_messages(
     if limit <= 0:
         return []
     limit = min(limit, MAX_LIMIT)
-    items = parse(query)
-    if not items:
+    tree = parse(query)
+    if tree is None:
         return []
     where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
     try:
-        if any(isinstance(t, Term) and is_cjk(t.text) for t in items):
-            hits = _search_cjk(conn, items, where, args, need_s, limit)
-        else:
-            match = " ".join(item if isinstance(item, str) else quote(item) for item in items)
-            hits = _search_fts(conn, False, match, positive_terms(items), "", [], where, args, need_s, limit)
+        hits = _search(conn, tree, where, args, need_s, limit)
     except sqlite3.OperationalError as exc:
         # Only a query the sanitiser let through by mistake gets here; say so and find nothing.
         if "fts5" not in str(exc):
@@ -399,16 +427,21 @@ def search_messages(
     return [_with_context(conn, hit) for hit in hits]
 
 
-_DETAIL = (
-    "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at AS session_started"
-    " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id = ?"
-)
+def _search(conn, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[dict]:
+    """Ranked hits for a parsed query: on one index when its terms need only one, else on both."""
+    used = indexes(tree)
+    if used == {"unicode61"}:
+        return _search_fts(conn, False, render(tree), positive_terms(tree), where, args, need_s, limit)
+    if used == {"trigram"}:
+        return _search_fts(conn, True, render(tree, trigram_leaf), positive_terms(tree), where, args, need_s, limit)
+    return _search_mixed(conn, tree, where, args, need_s, limit)
+
 
 _TABLES = {False: ("messages_fts", "tail_fts"), True: ("messages_fts_trigram", "tail_trigram")}
 
 
-def _search_fts(conn, trigram, match, terms, like_sql, like_args, where, args, need_s, limit) -> list[dict]:
-    """Rank the newest ``RANK_WINDOW`` matches (index and pending tail) by BM25."""
+def _search_fts(conn, trigram, match, terms, where, args, need_s, limit) -> list[dict]:
+    """Rank the newest ``RANK_WINDOW`` matches (index and pending tail) of one index by BM25."""
     table, tail_table = _TABLES[trigram]
     join = " JOIN messages m ON m.id = f.rowid" if where else ""
     join += " JOIN sessions s ON s.id = m.session_id" if need_s else ""
@@ -418,31 +451,54 @@ def _search_fts(conn, trigram, match, terms, like_sql, like_args, where, args, n
     tail = _load_tail(conn, upto, where, args, need_s)
     if tail is not None:
         mem, rows = tail
-        found = {r[0] for r in mem.execute(
-            f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?"
-            f"{_like_exists(like_sql, 'tail_src')}",
-            [match, *like_args],
-        )}
+        found = {r[0] for r in mem.execute(f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?", [match])}
         texts.update((r[0], r[1:]) for r in rows if r[0] in found)
     ids = [r[0] for r in conn.execute(
-        f"SELECT f.rowid FROM {table} f{join} WHERE f.{table} MATCH ?{_like_exists(like_sql, 'messages_search_src')}"
-        f"{where} ORDER BY f.rowid DESC LIMIT ?",
-        [match, *like_args, *args, window],
+        f"SELECT f.rowid FROM {table} f{join} WHERE f.{table} MATCH ?{where} ORDER BY f.rowid DESC LIMIT ?",
+        [match, *args, window],
     )]
     known = {}
-    if len(terms) == 1 and not (where or like_sql) and window == DF_SAMPLE:
+    if len(terms) == 1 and not where and window == DF_SAMPLE:
         known[terms[0]] = (len(ids), ids[-1] if ids else 0)  # the candidates are that phrase's newest matches
-    missing = [i for i in ids if i not in texts]
-    if missing:
-        texts.update((r[0], r[1:]) for r in conn.execute(
-            "SELECT id, content, tool_name, tool_calls FROM messages_search_src"
-            " WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps(missing),),
-        ))
+    texts.update(_texts(conn, [i for i in ids if i not in texts]))
+    return _rank(conn, texts, [Scorer(conn, trigram, terms, upto, known)], upto, window, limit)
+
+
+def _search_mixed(conn, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[dict]:
+    """Both indexes (and substring scans for one- or two-character CJK terms), combined with the
+    query's own operators; ranked by the sum of each index's BM25 for its own terms."""
+    positive = positive_terms(tree)
+    by_index = {idx: [t for t in positive if index_of(t) == idx] for idx in ("unicode61", "trigram", "like")}
+    # nothing to score (only short CJK terms): newest first, and only as many as asked
+    window = max(RANK_WINDOW, limit) if by_index["unicode61"] or by_index["trigram"] else limit
+    upto = _indexed_upto(conn)
+    ids = _matching_ids(conn, tree, upto, where, args, need_s, window)
+    scorers = [Scorer(conn, idx == "trigram", by_index[idx], upto) for idx in ("unicode61", "trigram") if by_index[idx]]
+    like_terms = [t.text.strip() for t in by_index["like"]]
+    return _rank(conn, _texts(conn, ids), scorers, upto, window, limit, like_terms)
+
+
+def _texts(conn, ids: list[int]) -> dict[int, tuple]:
+    """The indexed columns of these messages."""
+    if not ids:
+        return {}
+    return {r[0]: r[1:] for r in conn.execute(
+        "SELECT id, content, tool_name, tool_calls FROM messages_search_src WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(ids),),
+    )}
+
+
+def _rank(conn, texts: dict[int, tuple], scorers: list[Scorer], upto: int, window: int, limit: int,
+          like_terms: list[str] = ()) -> list[dict]:
+    """The best ``limit`` of the newest ``window`` candidates, as hits with their snippets."""
     newest = sorted(texts, reverse=True)[:window]
-    scorer = Scorer(conn, trigram, terms, upto, known)
-    sizes = scorer.lengths(conn, [i for i in newest if i <= upto])
-    ranked = [-neg for _score, neg in sorted((scorer.score(texts[i], sizes.get(i)), -i) for i in newest)[:limit]]
+    indexed = [i for i in newest if i <= upto]
+    sizes = [scorer.lengths(conn, indexed) for scorer in scorers]
+
+    def score(i: int) -> float:
+        return sum(scorer.score(texts[i], size.get(i)) for scorer, size in zip(scorers, sizes))
+
+    ranked = [-neg for _score, neg in sorted((score(i), -i) for i in newest)[:limit]]
     details = {r[0]: r for r in conn.execute(
         "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
         " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each(?))",
@@ -452,13 +508,123 @@ def _search_fts(conn, trigram, match, terms, like_sql, like_args, where, args, n
     for msg_id in ranked:
         if msg_id in details:
             hit = _row_dict(details[msg_id])
-            hit["snippet"] = scorer.snippet(texts[msg_id])
+            snippets = [scorer.snippet(texts[msg_id]) for scorer in scorers]
+            if like_terms:
+                snippets.append(_like_snippet(list(texts[msg_id]), like_terms))
+            hit["snippet"] = max(snippets, key=lambda cut: cut.count(">>>"))
             hits.append(hit)
     return hits
 
 
-def _like_exists(like_sql: str, src: str) -> str:
-    return f" AND EXISTS (SELECT 1 FROM {src} v WHERE v.id = f.rowid{like_sql})" if like_sql else ""
+# Where each part of a combined query looks: the database's indexes, or the pending tail's copies
+_MAIN = {"unicode61": "messages_fts", "trigram": "messages_fts_trigram", "src": "messages_search_src",
+         "cjk": "messages_fts_trigram_docsize"}
+_TAIL = {"unicode61": "tail_fts", "trigram": "tail_trigram", "src": "tail_src", "cjk": "tail_trigram_docsize"}
+_COST = {"trigram": 1, "unicode61": 2, "like": 3}  # which operand of an AND to look up first
+
+#: A combined query walks the index newest first in id ranges of this size, doubling each time.
+FIRST_RANGE = 16_384
+_TOP = 2**63 - 1
+
+
+def _cost(node: Node) -> int:
+    return max(_COST[idx] for idx in indexes(node))
+
+
+def _ids_in(conn, node: Node, tables: dict, lo: int, hi: int, within: set[int] | None = None) -> set[int]:
+    """The ids from ``lo`` to ``hi`` that match ``node`` (only those in ``within`` are certain to
+    be right when it is given: the caller intersects).
+
+    A subtree whose terms all use one index is one FTS5 query with a rowid
+    range; a term of one or two CJK characters is a substring test on the CJK
+    messages (or on ``within``); AND, OR and NOT combine the sets, looking up
+    the cheaper operand of an AND first and testing the other only where it
+    can still matter.
+    """
+    used = indexes(node)
+    if len(used) == 1 and used != {"like"}:
+        idx = used.pop()
+        table = tables[idx]
+        match = render(node, trigram_leaf if idx == "trigram" else quote)
+        return {r[0] for r in conn.execute(
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ?", (match, lo, hi))}
+    if isinstance(node, Term):  # one or two CJK characters: only CJK messages can hold them
+        like = [_like_arg(node.text.strip())] * 3
+        if within is not None:
+            return {r[0] for r in conn.execute(
+                f"SELECT v.id FROM {tables['src']} v WHERE v.id IN (SELECT value FROM json_each(?))"
+                f" AND {_like_cond('v')}", [json.dumps(sorted(within)), *like])}
+        return {r[0] for r in conn.execute(
+            f"SELECT v.id FROM {tables['cjk']} d JOIN {tables['src']} v ON v.id = d.id"
+            f" WHERE d.id BETWEEN ? AND ? AND {_like_cond('v')}", [lo, hi, *like])}
+    if node.op == "OR":
+        return _ids_in(conn, node.left, tables, lo, hi, within) | _ids_in(conn, node.right, tables, lo, hi, within)
+    first, second = node.left, node.right
+    if node.op != "NOT" and _cost(second) < _cost(first):
+        first, second = second, first
+    found = _ids_in(conn, first, tables, lo, hi, within)
+    if within is not None:
+        found &= within
+    if not found:
+        return found
+    other = _ids_in(conn, second, tables, lo, hi, found)
+    return found - other if node.op == "NOT" else found & other
+
+
+def matching_ids(conn: sqlite3.Connection, tree: Node, where: str = "", args: list = (),
+                 need_s: bool = False, limit: int = RANK_WINDOW) -> list[int]:
+    """The newest ``limit`` messages (indexed or pending) that match a parsed query, newest first.
+
+    Each term is looked up where it can be found (unicode61 without CJK, the
+    trigram index with three or more CJK characters, a substring scan of the
+    CJK messages with fewer) and the results are combined with the query's own
+    AND, OR and NOT, range by range from the newest message back until
+    ``limit`` are found.  ``where``/``args``: conditions on ``m`` (messages)
+    and, with ``need_s``, ``s`` (sessions).
+    """
+    return _matching_ids(conn, tree, _indexed_upto(conn), where, list(args), need_s, limit)
+
+
+def _like_expr(node: Node) -> tuple[str, list]:
+    """A query of one- or two-character CJK terms only, as one condition on ``v``."""
+    if isinstance(node, Term):
+        return _like_cond("v"), [_like_arg(node.text.strip())] * 3
+    left, largs = _like_expr(node.left)
+    right, rargs = _like_expr(node.right)
+    op = {"OR": "OR", "NOT": "AND NOT"}.get(node.op, "AND")
+    return f"({left} {op} {right})", largs + rargs
+
+
+def _matching_ids(conn, tree: Node, upto: int, where: str, args: list, need_s: bool, limit: int) -> list[int]:
+    found: list[int] = []
+    tail = _load_tail(conn, upto, where, args, need_s)  # the mark was read first: it only rises
+    if indexes(tree) == {"like"}:  # no index to consult: scan the CJK messages newest first
+        cond, cargs = _like_expr(tree)
+        if tail is not None:
+            found += [r[0] for r in tail[0].execute(
+                f"SELECT v.id FROM tail_src v WHERE {cond} ORDER BY v.id DESC LIMIT ?", [*cargs, limit])]
+        join = " JOIN messages m ON m.id = v.id" + (" JOIN sessions s ON s.id = m.session_id" if need_s else "")
+        if len(found) < limit:
+            found += [r[0] for r in conn.execute(
+                f"SELECT v.id FROM messages_fts_trigram_docsize d JOIN messages_search_src v ON v.id = d.id{join}"
+                f" WHERE d.id <= ? AND {cond}{where} ORDER BY d.id DESC LIMIT ?",
+                [upto, *cargs, *args, limit - len(found)])]
+        return found
+    if tail is not None:
+        found += sorted(_ids_in(tail[0], tree, _TAIL, upto + 1, _TOP), reverse=True)
+    lowest = conn.execute("SELECT min(id) FROM messages").fetchone()[0] or 0
+    join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
+    hi, size = upto, FIRST_RANGE
+    while len(found) < limit and hi >= lowest:
+        lo = max(lowest, hi - size + 1)
+        ids = _ids_in(conn, tree, _MAIN, lo, hi)
+        if ids and where:
+            ids = {r[0] for r in conn.execute(
+                f"SELECT m.id FROM messages m{join_s} WHERE m.id IN (SELECT value FROM json_each(?)){where}",
+                [json.dumps(sorted(ids)), *args])}
+        found += sorted(ids, reverse=True)
+        hi, size = lo - 1, size * 2
+    return found[:limit]
 
 
 _local = threading.local()
@@ -498,64 +664,6 @@ def _load_tail(conn, upto: int, where: str, args: list, need_s: bool):
     )
     mem.execute("COMMIT")
     return mem, rows
-
-
-def _search_cjk(conn, items, where, args, need_s, limit) -> list[dict]:
-    required, excluded, negate = [], [], False
-    for item in items:
-        if isinstance(item, str):
-            negate = item == "NOT"
-            continue
-        (excluded if negate else required).append(item.text.strip())
-        negate = False
-    long_terms = [t for t in required if len(t) >= 3]
-    short_terms = [t for t in required if len(t) < 3]
-    like_sql, like_args = "", []
-    for term in short_terms:
-        like_sql += _like_sql("v")
-        like_args += [_like_arg(term)] * 3
-    for term in excluded:
-        like_sql += _like_sql("v", negate=True)
-        like_args += [_like_arg(term)] * 3
-    if long_terms:
-        match = " ".join(quote(Term(t)) for t in long_terms)
-        terms = [Term(t) for t in long_terms]
-        return _search_fts(conn, True, match, terms, like_sql, like_args, where, args, need_s, limit)
-    if not required:
-        return []
-    return _search_like(conn, required, like_sql, like_args, where, args, need_s, limit)
-
-
-def _search_like(conn, terms, extra_sql, extra_args, where, args, need_s, limit) -> list[dict]:
-    """Newest first, by scanning.  When a required term has CJK, only CJK messages can match: those
-    are the rows of the trigram index (its ``_docsize`` table lists them) plus the pending tail."""
-    join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
-    select = "SELECT v.id, v.content, v.tool_name, v.tool_calls FROM"
-    rest = f" JOIN messages m ON m.id = v.id{join_s} WHERE 1{extra_sql}{where}"
-    if any(is_cjk(t) for t in terms):
-        upto = _indexed_upto(conn)
-        rows = conn.execute(
-            f"{select} messages_search_src v{rest} AND v.id > ? ORDER BY v.id DESC LIMIT ?",
-            [*extra_args, *args, upto, limit],
-        ).fetchall()
-        if len(rows) < limit:
-            rows += conn.execute(
-                f"{select} messages_fts_trigram_docsize d JOIN messages_search_src v ON v.id = d.id{rest}"
-                " AND d.id <= ? ORDER BY d.id DESC LIMIT ?",
-                [*extra_args, *args, upto, limit - len(rows)],
-            ).fetchall()
-    else:
-        rows = conn.execute(f"{select} messages_search_src v{rest} ORDER BY v.id DESC LIMIT ?",
-                            [*extra_args, *args, limit]).fetchall()
-    hits = []
-    for msg_id, content, tool_name, tool_calls in rows:
-        row = conn.execute(_DETAIL, (msg_id,)).fetchone()
-        if row is None:
-            continue
-        hit = _row_dict(row)
-        hit["snippet"] = _like_snippet([content, tool_name, tool_calls], terms)
-        hits.append(hit)
-    return hits
 
 
 def _like_snippet(texts: list[str | None], terms: list[str]) -> str:

@@ -6,6 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._upkeep import LAST_UPKEEP, recorded, store_size
 from .errors import DatabaseRefused
 from .schema import current_version, read_version
 
@@ -21,6 +22,23 @@ class DatabaseReport:
     wal_bytes: int = 0
     refused: str | None = None  # why the file is not usable as our store
     dead_letters: int | None = None  # events set aside and held for an operator (None: no such table yet)
+    free_bytes: int = 0  # free pages inside the file (what a VACUUM would give back)
+    auto_vacuum: str = "none"  # "incremental": the daemon's upkeep gives free pages back by itself
+    last_upkeep: dict | None = None  # what the daemon's last upkeep pass did (state._upkeep)
+
+
+def _upkeep_facts(conn: sqlite3.Connection) -> dict:
+    """Free space, auto_vacuum mode and the last upkeep record (none before schema v17)."""
+    try:
+        size = store_size(conn, Path("/nonexistent"))  # the file sizes are read by the caller
+    except sqlite3.DatabaseError:
+        return {}
+    facts = {"free_bytes": size.free_bytes, "auto_vacuum": size.auto_vacuum}
+    try:
+        facts["last_upkeep"] = recorded(conn, LAST_UPKEEP)
+    except sqlite3.DatabaseError:  # an older schema: no meta table yet
+        pass
+    return facts
 
 
 def inspect_database(path: Path | str) -> DatabaseReport:
@@ -48,6 +66,6 @@ def inspect_database(path: Path | str) -> DatabaseReport:
             held = conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = 'held'").fetchone()[0]
         except sqlite3.DatabaseError:  # a schema from before dead letters, or a damaged file (quick_check says)
             held = None
-        return DatabaseReport(path, True, check, version, supported, dead_letters=held, **sizes)
+        return DatabaseReport(path, True, check, version, supported, dead_letters=held, **sizes, **_upkeep_facts(conn))
     finally:
         conn.close()

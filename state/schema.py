@@ -249,6 +249,12 @@ def _v17_listing_by_activity(conn):
                  "ON sessions(source, COALESCE(last_active, started_at) DESC, id DESC)")
 
 
+def _v18_meta(conn):
+    from . import _upkeep
+
+    _upkeep.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -267,6 +273,7 @@ for _step in [
     Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts),
     Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery),
     Migration(17, "listing indexes by last activity", _v17_listing_by_activity),
+    Migration(18, "meta: the last upkeep", _v18_meta),
 ]:
     register(_step)
 

@@ -350,6 +350,9 @@ MISTAKES = [
     ("bad url", "model:\n  base_url: localhost:8000\n", {}, "model.base_url", "must be a URL starting with http:// or https://"),
     ("persona twice", "model:\n  persona: hi\n  persona_file: config.yaml\n", {}, "model.persona_file", "not both"),
     ("bad log level", "logging:\n  level: verbose\n", {}, "logging.level", "must be one of DEBUG, INFO"),
+    ("retention below a day", "store:\n  retention_days: 0.5\n", {}, "store.retention_days", "must be at least 1 (got 0.5)"),
+    ("bad reasoning replay", "model:\n  replay_reasoning: sometimes\n", {}, "model.replay_reasoning",
+     'must be one of tool_loop, always, never (got "sometimes")'),
 ]
 
 

@@ -104,7 +104,8 @@ def test_messages_round_trip_and_counters(db):
     assert db.get_messages_as_conversation("s1") == [
         {"role": "system", "content": "you are helpful"},
         {"role": "user", "content": "list files"},
-        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "assistant", "content": None, "tool_calls": calls, "reasoning": "need ls",
+         "reasoning_content": "need ls", "reasoning_details": [{"type": "summary"}]},
         {"role": "tool", "content": "a.txt", "tool_call_id": "c1", "tool_name": "terminal"},
     ]
     assert db.message_count("s1") == 4
@@ -149,6 +150,20 @@ def test_update_token_counts_adds(db):
     s = db.get_session("s1")
     assert (s["input_tokens"], s["output_tokens"], s["cache_read_tokens"], s["billing_provider"]) == (11, 7, 3, "x")
     assert s["estimated_cost_usd"] == pytest.approx(0.03)
+
+
+def test_the_session_keeps_its_model_whatever_model_a_call_was_billed_to(db):
+    db.create_session("created", "cli", model="gpt-4o")
+    db.update_token_counts("created", input_tokens=5, model="summary-mini")
+    db.update_token_counts("created", input_tokens=5, model="recall-model")
+    db.create_session("unknown", "cli")
+    db.update_token_counts("unknown", input_tokens=1, model="first-billed")
+    db.update_token_counts("unknown", input_tokens=1, model="second-billed")
+    db.create_session("blank", "cli", model="")
+    db.update_token_counts("blank", model="filled")
+    models = {sid: db.get_session(sid)["model"] for sid in ("created", "unknown", "blank")}
+    assert models == {"created": "gpt-4o", "unknown": "first-billed", "blank": "filled"}
+    assert db.get_session("created")["input_tokens"] == 10
 
 
 def test_clear_messages_keeps_the_session(db):

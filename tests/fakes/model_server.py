@@ -7,7 +7,7 @@ the model was shown::
     echo: <last user message> | turns: <number of user messages> | first: <first user message>
 
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
-one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``Hang``), with
+one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``), with
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
@@ -64,6 +64,21 @@ class ToolCall:
 
 
 @dataclass
+class ReasoningToolCall:
+    """A tool call that comes with the model's reasoning; the next request must send that
+    assistant message back with the same reasoning fields, or it fails (HTTP 400), as providers do
+    for a tool loop whose reasoning went missing."""
+
+    name: str
+    arguments: dict
+    reasoning: dict = field(default_factory=lambda: {
+        "reasoning": "I should look this up first.",
+        "reasoning_details": [{"type": "reasoning.encrypted", "data": "gAAAA-opaque", "id": "rs_1", "index": 0}],
+    })
+    call_id: str = "call_1"
+
+
+@dataclass
 class Hang:
     seconds: float = 3600.0
 
@@ -88,6 +103,14 @@ class Recorded:
         return ""
 
 
+def _has_reasoning(messages: list[dict], call_id: str, reasoning: dict) -> bool:
+    """Whether the assistant message that made ``call_id`` came back with exactly ``reasoning``."""
+    for m in messages:
+        if m.get("role") == "assistant" and any(c.get("id") == call_id for c in m.get("tool_calls") or []):
+            return all(m.get(k) == v for k, v in reasoning.items())
+    return False
+
+
 def _text_of(message: dict) -> str:
     content = message.get("content")
     if isinstance(content, list):
@@ -109,6 +132,7 @@ class FakeModel:
         self.responder: Callable[[list[dict]], str | None] | None = None
         # optional: prompts estimated above this many tokens get a 400 context_length_exceeded
         self.context_limit: int | None = None
+        self._expect_reasoning: tuple[str, dict] | None = None  # set by ReasoningToolCall for the next request
 
     # -- steering ---------------------------------------------------------
     def script(self, *behaviours) -> None:
@@ -175,6 +199,12 @@ class FakeModel:
                     headers=headers,
                 )
             messages = body.get("messages", [])
+            expected, self._expect_reasoning = self._expect_reasoning, None
+            if expected is not None and not _has_reasoning(messages, *expected):
+                return web.json_response(
+                    {"error": {"message": "reasoning of the previous tool call is missing", "type": "invalid_request_error"}},
+                    status=400,
+                )
             prompt_tokens = sum(len(_text_of(m)) for m in messages) // 4 + 4 * len(messages)
             if self.context_limit is not None and prompt_tokens > self.context_limit:
                 return web.json_response({"error": {
@@ -182,7 +212,7 @@ class FakeModel:
                                 f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."),
                     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}},
                     status=400)
-            if isinstance(behaviour, ToolCall):
+            if isinstance(behaviour, (ToolCall, ReasoningToolCall)):
                 message = {
                     "role": "assistant",
                     "content": None,
@@ -194,6 +224,9 @@ class FakeModel:
                         }
                     ],
                 }
+                if isinstance(behaviour, ReasoningToolCall):
+                    message.update(behaviour.reasoning)
+                    self._expect_reasoning = (behaviour.call_id, behaviour.reasoning)
                 finish = "tool_calls"
             else:
                 if isinstance(behaviour, Reply):

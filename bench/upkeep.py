@@ -1,0 +1,178 @@
+"""One upkeep pass over a big store, and what a writer notices meanwhile.
+
+    .venv/bin/python bench/upkeep.py                    # 1,000,000 messages
+    .venv/bin/python bench/upkeep.py --messages 200000  # a quicker run
+
+The database (``bench._corpus`` messages, as ``bench/write.py`` builds them:
+bulk inserts with the real schema, so the search indexes are filled by the
+real triggers) is built once into ``bench/.data/upkeep-<n>.db`` with
+``auto_vacuum=INCREMENTAL`` as the store creates it; every session is ended
+at its last message.  Each run copies it, then sets the clock so that the
+older half of the sessions (by last activity) is past ``retention_days: 1``,
+and prints:
+
+* the time for one pass of :func:`state.run_upkeep` (prune, incremental
+  vacuum, checkpoint) and how many write transactions it took;
+* the longest any of them held the write lock (target <= 50 ms);
+* the file size before and after (database + WAL);
+* the latency of a concurrent writer (one message appended through the same
+  async store every ``--interval`` ms), p50/p99/max, for ``--baseline``
+  seconds without the pass and then during it (target: p99 <= 2x).
+
+Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sqlite3
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import state  # noqa: E402
+from bench._corpus import Corpus  # noqa: E402
+from state import schema  # noqa: E402
+
+DATA = ROOT / "bench" / ".data"
+DAY = 86_400.0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+def build(n: int) -> Path:
+    """The cached database of ``n`` corpus messages, sessions ended at their last message."""
+    path = DATA / f"upkeep-{n}.db"
+    if path.exists():
+        return path
+    DATA.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".building")
+    for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+        p.unlink(missing_ok=True)
+    conn = sqlite3.connect(tmp, isolation_level=None)
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as state's engine creates a database
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("BEGIN IMMEDIATE")
+    schema.migrate(conn, 0)
+    conn.execute("COMMIT")
+    corpus = Corpus(seed=0)
+    stream = corpus.messages(n)
+    done, sessions_done, t0 = 0, 0, time.perf_counter()
+    while done < n:
+        rows = [row for _, row in zip(range(min(20_000, n - done)), stream)]
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
+                         [(s.id, s.source, s.model, s.started_at) for s in corpus.sessions[sessions_done:]])
+        sessions_done = len(corpus.sessions)
+        conn.executemany("INSERT INTO messages (session_id, role, content, tool_calls, tool_name, timestamp)"
+                         " VALUES (?,?,?,?,?,?)", rows)
+        conn.execute("COMMIT")
+        done += len(rows)
+        if done % 200_000 == 0 or done == n:
+            print(f"  built {done:,}/{n:,} messages ({time.perf_counter() - t0:.0f} s)")
+    conn.execute(
+        "UPDATE sessions SET (message_count, last_active, ended_at, end_reason) = (SELECT count(*), max(timestamp),"
+        " max(timestamp), 'reset' FROM messages m WHERE m.session_id = sessions.id)")
+    conn.execute("UPDATE sessions SET ended_at = started_at, last_active = started_at WHERE ended_at IS NULL")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    tmp.rename(path)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+    return path
+
+
+async def _writer(db, sid: str, interval: float, stop: asyncio.Event, latencies: list[float]) -> None:
+    i = 0
+    while not stop.is_set():
+        t = time.perf_counter()
+        await db.append_message(sid, "user", f"live message {i} while the store keeps itself in check")
+        latencies.append(time.perf_counter() - t)
+        i += 1
+        await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t)))
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def _line(label: str, latencies: list[float]) -> str:
+    ms = [v * 1000 for v in latencies]
+    return (f"  {label:22} {len(ms):6,} writes  p50 {statistics.median(ms):6.2f} ms  p99 {_pct(ms, 0.99):7.2f} ms"
+            f"  max {max(ms):7.2f} ms")
+
+
+async def run(args) -> None:
+    source = build(args.messages)
+    work = DATA / f"upkeep-{args.messages}.work.db"
+    for p in (work, Path(f"{work}-wal"), Path(f"{work}-shm")):
+        p.unlink(missing_ok=True)
+    shutil.copyfile(source, work)
+    conn = sqlite3.connect(work)
+    sessions, messages = conn.execute("SELECT count(*), sum(message_count) FROM sessions").fetchone()
+    median = conn.execute("SELECT last_active FROM sessions ORDER BY last_active LIMIT 1 OFFSET ?",
+                          (sessions // 2,)).fetchone()[0]
+    conn.close()
+    now = median + DAY  # with retention_days: 1, the older half is past retention
+    size_before = _size(work)
+    print(f"Upkeep over {messages:,} messages in {sessions:,} sessions, half past retention_days: 1; "
+          f"database + WAL {_mib(size_before)}\n")
+    async with await state.AsyncSessionDB.open(work) as db:
+        await db.create_session("live", "telegram")
+        quiet: list[float] = []
+        stop = asyncio.Event()
+        writer = asyncio.create_task(_writer(db, "live", args.interval / 1000, stop, quiet))
+        await asyncio.sleep(args.baseline)
+        stop.set()
+        await writer
+        busy: list[float] = []
+        stop = asyncio.Event()
+        writer = asyncio.create_task(_writer(db, "live", args.interval / 1000, stop, busy))
+        t = time.perf_counter()
+        report = await state.run_upkeep(db, retention_days=1, now=now, record_it=True)
+        elapsed = time.perf_counter() - t
+        stop.set()
+        await writer
+    size_after = _size(work)
+    holds = sorted(report.holds_ms)
+    print(f"one pass: {elapsed:,.1f} s, {report.steps:,} write transactions; pruned {report.sessions_pruned:,} "
+          f"sessions, {report.messages_pruned:,} messages; "
+          f"{report.pages_vacuumed:,} pages returned")
+    print(f"write-lock hold per transaction: p50 {_pct(holds, 0.5):.1f} ms, p99 {_pct(holds, 0.99):.1f} ms, "
+          f"longest {report.longest_hold_ms:.1f} ms (target <= 50 ms); longest by step: "
+          + ", ".join(f"{k} {v:.1f} ms" for k, v in report.longest_hold_ms_by_step.items()))
+    print(f"file size: {_mib(size_before)} before, {_mib(size_after)} after "
+          f"(database {_mib(report.db_bytes_after)} + WAL {_mib(report.wal_bytes_after)} at the end of the pass)")
+    print("concurrent writer (one append every "
+          f"{args.interval:g} ms through the same async store):")
+    print(_line("without the pass", quiet))
+    print(_line("during the pass", busy))
+    print(f"  p99 during / without: {_pct(busy, 0.99) / _pct(quiet, 0.99):.2f}x (target <= 2x)")
+    for p in (work, Path(f"{work}-wal"), Path(f"{work}-shm")):
+        p.unlink(missing_ok=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--interval", type=float, default=5.0, help="ms between the concurrent writer's appends")
+    ap.add_argument("--baseline", type=float, default=10.0, help="seconds of writing without the pass")
+    asyncio.run(run(ap.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""``switchboard maintenance``: the store's size and upkeep; ``--vacuum`` returns free space once.
+
+The daemon's daily upkeep returns the space a prune frees by itself, but only
+in a database created with ``auto_vacuum=INCREMENTAL`` (every database this
+version creates).  An older database keeps its free pages inside the file:
+``switchboard maintenance --vacuum`` rewrites it once (SQLite's ``VACUUM``)
+and switches it to incremental vacuum.  It needs the daemon stopped: it
+holds the database for the whole rewrite, and takes the home's lock so no
+daemon starts meanwhile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import click
+
+import state
+from gateway import lockfile
+from gateway.cli_common import home_options, resolve_home
+from gateway.errors import AlreadyRunning
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024 / 1024:.1f} MiB"
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else "never"
+
+
+@click.command("maintenance")
+@click.option("--vacuum", is_flag=True, help="Rewrite the database without its free pages (daemon stopped).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before the rewrite.")
+@home_options
+def maintenance_cmd(vacuum: bool, yes: bool, config_path: Path | None) -> None:
+    """Show the database's size, free space and last upkeep; --vacuum gives the free space back."""
+    home = resolve_home(config_path)
+    report = state.inspect_database(home / "state.db")
+    if not report.exists:
+        raise click.ClickException(f"no database at {report.path}: nothing to do")
+    if report.refused:
+        raise click.ClickException(f"{report.path}: {report.refused}")
+    last = report.last_upkeep
+    click.echo(f"{report.path}: {_mib(report.size_bytes)}, WAL {_mib(report.wal_bytes)}, "
+               f"{_mib(report.free_bytes)} free inside the file (auto_vacuum {report.auto_vacuum})")
+    click.echo(f"last upkeep: {_when(last and last.get('finished_at'))}"
+               + (f" ({last['sessions_pruned']} sessions pruned)" if last else ""))
+    if not vacuum:
+        if report.auto_vacuum != "incremental" and report.free_bytes:
+            click.echo("to give the free space back, stop the daemon and run: switchboard maintenance --vacuum")
+        return
+    try:
+        lock = lockfile.acquire(home)
+    except AlreadyRunning as exc:
+        raise click.ClickException(
+            f"the daemon is running on {home}: stop it first (systemctl stop switchboard), then vacuum; "
+            f"nothing was changed ({exc})") from None
+    with lock:
+        click.echo(f"VACUUM rewrites the whole file: it frees about {_mib(report.free_bytes)}, needs up to "
+                   f"{_mib(report.size_bytes)} of free disk space while it runs, and switches the database "
+                   "to incremental vacuum, so the daemon's upkeep returns freed space by itself from now on.")
+        if not yes:
+            click.confirm("Vacuum now?", abort=True)
+        before, after = state.vacuum_database(report.path)
+    click.echo(f"vacuumed: {_mib(before)} -> {_mib(after)}")

@@ -1,0 +1,297 @@
+"""Automatic upkeep of the store: retention, freed space returned, a bounded WAL, a record of it.
+
+One pass (:func:`run_upkeep`, run once a day by the daemon):
+
+1. **Retention.**  With ``retention_days`` set, ended sessions with no
+   activity (start, last message, end) for that long are deleted, children
+   kept with their parent link cleared, exactly as ``sessions prune`` does
+   (through ``_sessions._delete_ids``).  The work is cut into steps, each its
+   own short write transaction: a step deletes at most a budget of message
+   text (deleting costs what indexing did, about in proportion to the text),
+   and the budget follows the time the last step held the write lock, aiming
+   at ``TARGET_HOLD`` (well under ``MAX_HOLD``, 50 ms), so the turns of live
+   chats wait for one small step at most.  A session bigger than the budget
+   loses its messages over several steps and goes in the last; each step
+   checks again that its sessions are still expired (one may have been
+   resumed meanwhile).  After each step the pass pauses as long as the step
+   took, so live writes queued meanwhile go first.
+2. **The search index** is not merged after a prune (see the comment in
+   :func:`run_upkeep`): FTS5's automerge drops deleted entries over time.
+3. **Space back to the file system.**  A database created by this version
+   has ``auto_vacuum=INCREMENTAL``: free pages are returned by
+   ``PRAGMA incremental_vacuum(N)``, again in small steps, and a checkpoint
+   then shrinks the file.  An older database (``auto_vacuum=NONE``) only
+   reuses its free pages; ``switchboard maintenance --vacuum`` converts it
+   once, with the daemon stopped.
+4. **The WAL.**  When it has grown past ``wal_limit_bytes`` and the daemon
+   is idle, a ``TRUNCATE`` checkpoint empties it.
+5. **A record** in the ``meta`` table (key ``last_upkeep``): when the pass
+   ran and what it did, shown by ``switchboard doctor`` and ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import _sessions
+
+DAY = 86_400.0
+MAX_HOLD = 0.050  # the longest a step may hold the write lock
+TARGET_HOLD = 0.005  # what the step budgets aim at (a step's cost varies with message sizes)
+FIRST_BUDGET = 32_768  # bytes of message text deleted by the first step; then adapted
+MIN_BUDGET, MAX_BUDGET = 16_384, 4_000_000
+MESSAGE_OVERHEAD = 64  # bytes counted per message besides its text (its row, its index entries)
+BATCH_MESSAGES = 2_000  # sessions are taken together while they hold fewer messages than this
+FIRST_VACUUM_PAGES = 64
+WAL_LIMIT_BYTES = 64 * 1024 * 1024
+LAST_UPKEEP = "last_upkeep"
+CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    """Schema v17: small facts about the store itself, by key (``last_upkeep``: JSON)."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL)"
+    )
+
+
+# --- steps on a connection (each SessionDB method runs one in its own transaction) ----------------
+
+_EXPIRED = "ended_at IS NOT NULL AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
+
+
+def expired_sessions(conn: sqlite3.Connection, cutoff: float) -> list[tuple[str, int]]:
+    """(id, message count) of the ended sessions with no activity since ``cutoff``, oldest first."""
+    return [(r[0], r[1] or 0) for r in conn.execute(
+        f"SELECT id, message_count FROM sessions WHERE {_EXPIRED} ORDER BY started_at", (cutoff,))]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneStep:
+    deleted: list[str]  # sessions gone
+    dropped: list[str]  # sessions no longer expired (or already gone): left alone
+    messages: int  # messages deleted
+    size: int = 0  # their text in bytes (plus MESSAGE_OVERHEAD each): what the step's cost follows
+
+
+def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, max_bytes: int) -> PruneStep:
+    """Delete these sessions' messages up to about ``max_bytes`` of text (at least one message;
+    deleting a message costs about as much as indexing it did), then the sessions left empty."""
+    ids = json.dumps(list(session_ids))
+    still = [r[0] for r in conn.execute(
+        f"SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?)) AND {_EXPIRED}", (ids, cutoff))]
+    dropped = sorted(set(session_ids) - set(still))
+    if not still:
+        return PruneStep([], dropped, 0)
+    doomed, total = [], 0
+    for msg_id, size in conn.execute(
+        "SELECT id, length(CAST(ifnull(content, '') AS BLOB)) + length(CAST(ifnull(tool_calls, '') AS BLOB))"
+        f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
+        (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
+    ):
+        if doomed and total + size > max_bytes:
+            break
+        doomed.append(msg_id)
+        total += size
+    messages = conn.execute("DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))",
+                            (json.dumps(doomed),)).rowcount
+    empty = [sid for sid in still
+             if conn.execute("SELECT 1 FROM messages WHERE session_id = ? LIMIT 1", (sid,)).fetchone() is None]
+    _sessions._delete_ids(conn, empty)
+    return PruneStep(empty, dropped, messages, total)
+
+
+def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
+    """Return up to ``pages`` free pages to the file system (``auto_vacuum=INCREMENTAL`` only)."""
+    before = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    conn.execute(f"PRAGMA incremental_vacuum({max(1, int(pages))})").fetchall()  # runs as it is stepped
+    return before - conn.execute("PRAGMA freelist_count").fetchone()[0]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSize:
+    db_bytes: int
+    wal_bytes: int
+    page_size: int
+    free_pages: int
+    auto_vacuum: str  # none | full | incremental
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_pages * self.page_size
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def store_size(conn: sqlite3.Connection, path: Path) -> StoreSize:
+    mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+    return StoreSize(
+        db_bytes=_file_size(path),
+        wal_bytes=_file_size(path.with_name(path.name + "-wal")),
+        page_size=conn.execute("PRAGMA page_size").fetchone()[0],
+        free_pages=conn.execute("PRAGMA freelist_count").fetchone()[0],
+        auto_vacuum={0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode)),
+    )
+
+
+def record(conn: sqlite3.Connection, key: str, value: dict) -> None:
+    conn.execute(
+        "INSERT INTO meta (key, value, updated_at) VALUES (?, ?, ?)"
+        " ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        (key, json.dumps(value, sort_keys=True), time.time()),
+    )
+
+
+def recorded(conn: sqlite3.Connection, key: str) -> dict | None:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def vacuum_database(path: Path) -> tuple[int, int]:
+    """Rewrite the whole file without its free pages, with ``auto_vacuum=INCREMENTAL`` from now on.
+
+    The one-time conversion of a database made before upkeep existed.  Takes
+    the write lock for as long as the rewrite lasts and needs free disk space
+    for a second copy meanwhile: only with the daemon stopped (the caller holds
+    the home's lock).  Returns the file's size before and after, in bytes.
+    """
+    before = _file_size(path)
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with the VACUUM
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return before, _file_size(path)
+
+
+# --- one pass ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class UpkeepReport:
+    """What one pass did (stored as the ``last_upkeep`` record)."""
+
+    started_at: float
+    finished_at: float = 0.0
+    retention_days: float | None = None
+    sessions_pruned: int = 0
+    messages_pruned: int = 0
+    steps: int = 0  # write transactions taken
+    longest_hold_ms: float = 0.0  # the longest any of them held the write lock
+    pages_vacuumed: int = 0
+    wal_truncated: bool = False
+    db_bytes_before: int = 0
+    db_bytes_after: int = 0
+    wal_bytes_after: int = 0
+    vacuum_needed: bool = False  # free space an old database (auto_vacuum=NONE) cannot return by itself
+    longest_hold_ms_by_step: dict = field(default_factory=dict)  # prune | vacuum -> ms
+    holds_ms: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("holds_ms")
+        return out
+
+
+class _Pacer:
+    """Sizes the steps of one kind so each holds the write lock about TARGET_HOLD: from the median
+    cost per unit (byte, page) of the last few steps, so one slow step (the machine was busy)
+    does not shrink the next ones to nothing, nor one fast step blow them up."""
+
+    def __init__(self, first: int, lo: int, hi: int):
+        self.size, self.lo, self.hi = first, lo, hi
+        self._costs: deque[float] = deque(maxlen=9)
+
+    def done(self, units: int, hold: float) -> None:
+        if units > 0:
+            self._costs.append(hold / units)
+        if self._costs:
+            wanted = TARGET_HOLD / max(statistics.median(self._costs), 1e-9)
+            self.size = int(min(self.hi, max(self.lo, min(wanted, self.size * 2))))
+
+
+async def run_upkeep(db, *, retention_days: float | None, now: float | None = None,
+                     idle: Callable[[], bool] = lambda: True, wal_limit_bytes: int = WAL_LIMIT_BYTES,
+                     record_it: bool = True) -> UpkeepReport:
+    """One upkeep pass over an :class:`state.AsyncSessionDB` (see the module docstring)."""
+    now = time.time() if now is None else now
+    report = UpkeepReport(started_at=now, retention_days=retention_days)
+    size = await db.store_size()
+    report.db_bytes_before = size.db_bytes
+
+    async def held(kind: str, seconds: float) -> None:
+        ms = seconds * 1000
+        report.steps += 1
+        report.holds_ms.append(ms)
+        report.longest_hold_ms = max(report.longest_hold_ms, ms)
+        report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), ms)
+        await asyncio.sleep(seconds)  # as long a pause as the step took: live writes go first
+
+    if retention_days:
+        queue = await db.expired_sessions(now - retention_days * DAY)
+        pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
+        while queue:
+            batch, weight = [], 0
+            for sid, count in queue:
+                if batch and weight + count > BATCH_MESSAGES:
+                    break
+                batch.append(sid)
+                weight += count
+            step, hold = await db.upkeep_prune_step(batch, cutoff, pacer.size)
+            await held("prune", hold)
+            report.sessions_pruned += len(step.deleted)
+            report.messages_pruned += step.messages
+            finished = set(step.deleted) | set(step.dropped)
+            queue = [(sid, max(0, count - step.messages) if sid in batch else count)
+                     for sid, count in queue if sid not in finished]
+            pacer.done(step.size, hold)
+
+    # The FTS indexes are not merged here: FTS5's incremental 'merge' (the work of 'optimize' in
+    # small steps) left the unicode61 index unreadable ("database disk image is malformed") after a
+    # large prune of bench/upkeep.py's database, and a whole 'optimize' holds the write lock for
+    # seconds.  Deleted entries are dropped by FTS5's own automerge as new messages come in.
+    size = await db.store_size()
+    if size.auto_vacuum == "incremental":
+        pacer = _Pacer(FIRST_VACUUM_PAGES, 8, 100_000)
+        while size.free_pages > 0:
+            freed, hold = await db.upkeep_vacuum_step(pacer.size)
+            await held("vacuum", hold)
+            report.pages_vacuumed += freed
+            if freed <= 0:
+                break
+            size = await db.store_size()
+            pacer.done(freed, hold)
+    else:
+        report.vacuum_needed = size.free_pages > 0
+
+    # the file shrinks when the checkpoint writes the vacuumed pages back; the WAL empties when idle
+    size = await db.store_size()
+    truncate = size.wal_bytes > wal_limit_bytes and idle()
+    for _attempt in range(CHECKPOINT_ATTEMPTS):  # another checkpoint or a reader's snapshot may be in the way
+        busy, wal_pages, copied = await db.checkpoint_aside("TRUNCATE" if truncate else "PASSIVE")
+        if not busy and copied == wal_pages:
+            break
+        await asyncio.sleep(CHECKPOINT_PAUSE)
+    report.wal_truncated = truncate and not busy
+    size = await db.store_size()
+    report.db_bytes_after, report.wal_bytes_after = size.db_bytes, size.wal_bytes
+    report.finished_at = max(now, time.time())
+    if record_it:
+        await db.record_upkeep(report.as_dict())
+    return report

@@ -1,0 +1,154 @@
+"""Automatic upkeep: retention in short steps, freed space returned, a record of what was done."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import aiohttp
+import pytest
+
+import state
+from gateway.daemon import Gateway
+from state import AsyncSessionDB, SessionDB, fts
+
+from fakes.model_server import FakeModel
+from harness import eventually, gateway_config, running_gateway
+
+DAY = 86_400.0
+TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages worth returning
+
+
+def _session(db: SessionDB, sid: str, *, started: float, last: float, ended: float | None, messages: int = 3,
+             parent: str | None = None) -> str:
+    db.create_session(sid, "telegram", parent_session_id=parent)
+    with sqlite3.connect(db.db_path) as conn:  # the session started back then
+        conn.execute("UPDATE sessions SET started_at = ?, last_active = NULL WHERE id = ?", (started, sid))
+    conn.close()
+    for i in range(messages):
+        ts = started + (last - started) * (i + 1) / messages
+        db.append_message(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
+    if ended is not None:
+        db.end_session(sid, "reset")
+        with sqlite3.connect(db.db_path) as conn:  # the session ended back then
+            conn.execute("UPDATE sessions SET ended_at = ? WHERE id = ?", (ended, sid))
+        conn.close()
+    return sid
+
+
+def _build(path, now):
+    with SessionDB(path) as db:
+        expired = {
+            _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY),
+            _session(db, "old-parent", started=now - 8 * DAY, last=now - 8 * DAY, ended=now - 8 * DAY),
+            # bigger than one step's budget: its messages go over several steps
+            _session(db, "old-big", started=now - 5 * DAY, last=now - 4 * DAY, ended=now - 4 * DAY, messages=400),
+            _session(db, "just-expired", started=now - 3 * DAY, last=now - 1.1 * DAY, ended=now - 1.1 * DAY),
+        }
+        kept = {
+            _session(db, "child", started=now - 2 * 3600, last=now - 3600, ended=None, parent="old-parent"),
+            _session(db, "old-but-open", started=now - 30 * DAY, last=now - 30 * DAY, ended=None),
+            _session(db, "old-start-recent-talk", started=now - 20 * DAY, last=now - 3600, ended=now - 3600),
+            _session(db, "ended-today", started=now - 0.5 * DAY, last=now - 0.4 * DAY, ended=now - 0.4 * DAY),
+        }
+    return expired, kept
+
+
+async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file(tmp_path):
+    now = time.time()
+    path = tmp_path / "state.db"
+    expired, kept = _build(path, now)
+    async with await AsyncSessionDB.open(path) as db:
+        before = await db.store_size()
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
+        child = await db.get_session("child")
+        last = await db.last_upkeep()
+        after = await db.store_size()
+        hits = await db.search_messages("restarted", limit=1000)
+    assert remaining == kept
+    assert child["parent_session_id"] is None  # kept, its link to the pruned parent cleared
+    assert report.sessions_pruned == len(expired) == 4
+    assert report.messages_pruned == 3 + 3 + 400 + 3
+    assert report.steps > 10  # the big session was cut into several short transactions
+    assert before.auto_vacuum == "incremental" and report.pages_vacuumed > 0
+    assert after.db_bytes < before.db_bytes and report.db_bytes_after == after.db_bytes
+    assert {h["session_id"] for h in hits} == kept
+    assert last == report.as_dict() and last["sessions_pruned"] == 4
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM messages WHERE session_id NOT IN (SELECT id FROM sessions)").fetchone()[0] == 0
+        fts.flush(conn)
+        for table in ("messages_fts", "messages_fts_trigram"):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+
+
+async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(tmp_path):
+    now = time.time()
+    path = tmp_path / "state.db"
+    _expired, kept = _build(path, now)
+    async with await AsyncSessionDB.open(path) as db:
+        report = await state.run_upkeep(db, retention_days=None, now=now)
+        remaining = await db.session_count()
+        last = await db.last_upkeep()
+    assert remaining == 8 and report.sessions_pruned == 0
+    assert last["finished_at"] >= now and last["retention_days"] is None
+
+
+async def test_a_session_resumed_during_the_pass_is_left_alone(tmp_path):
+    now = time.time()
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY)
+        cutoff = now - DAY
+        db.append_message("old", "user", "I am back", timestamp=now)  # activity after the candidates were read
+        step = db.upkeep_prune_step(["old"], cutoff, 100)[0]
+        assert (step.deleted, step.dropped, step.messages) == ([], ["old"], 0)
+        assert db.message_count("old") == 4
+
+
+async def test_an_old_database_without_incremental_vacuum_says_so(tmp_path):
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as conn:  # created before auto_vacuum was set: the default, NONE
+        conn.execute("CREATE TABLE placeholder (x)")
+        conn.execute("DROP TABLE placeholder")
+    conn.close()
+    now = time.time()
+    with SessionDB(path) as db:
+        _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY, messages=50)
+    async with await AsyncSessionDB.open(path) as db:
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        size = await db.store_size()
+    assert report.sessions_pruned == 1 and size.auto_vacuum == "none"
+    assert report.vacuum_needed and size.free_pages > 0 and report.pages_vacuumed == 0
+
+
+async def test_the_daemon_prunes_by_itself_and_healthz_shows_the_store(tmp_path):
+    now = time.time()
+    _expired, kept = _build(tmp_path / "state.db", now)
+    async with FakeModel() as model:
+        async with running_gateway(tmp_path, model, store={"retention_days": 1}) as gw:
+            before = gw.health()["store"]
+            await eventually(lambda: gw.health()["store"]["last_upkeep"], timeout=30, what="the first upkeep pass")
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://127.0.0.1:{gw.api.bound_port}/healthz") as r:
+                    store = (await r.json())["store"]
+            remaining = {s["id"] for s in await gw.db.list_sessions_rich(limit=100)}
+    assert before["retention_days"] == 1 and before["last_upkeep"] is None
+    assert remaining == kept
+    last = store["last_upkeep"]
+    assert (last["sessions_pruned"], last["retention_days"]) == (4, 1)
+    assert store["next_upkeep_at"] == pytest.approx(last["finished_at"] + 86_400)
+    assert store["db_bytes"] == last["db_bytes_after"] and store["wal_bytes"] >= 0
+
+
+async def test_other_processes_run_no_upkeep(tmp_path):
+    async with FakeModel() as model:
+        async with running_gateway(tmp_path, model, store={"retention_days": 1}) as gw:
+            assert gw.health()["store"]["retention_days"] == 1
+        cfg = gateway_config(tmp_path, model.base_url, store={"retention_days": 1})
+        chat = Gateway(cfg, adapters={}, serve_api=False)  # what `switchboard chat` and `cron run` build
+        await chat.start()
+        try:
+            assert chat.upkeep is None and chat.health()["store"] is None
+        finally:
+            await chat.stop(grace_seconds=5)
