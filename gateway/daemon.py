@@ -278,8 +278,6 @@ class Gateway:
                     await asyncio.wait_for(connected.wait(), SEND_WAITS_FOR_CONNECTION_SECONDS)
                 except asyncio.TimeoutError:
                     pass  # the adapter says why it cannot send; a resumed reply stays pending
-            if progress is None:
-                return await adapter.send(chat, text, reply_to=reply_to)
             return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
 
         self.router.register_output(name, send, adapter.send_typing)

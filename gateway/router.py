@@ -71,8 +71,7 @@ class Ticket:
     session_id: str
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     notices: list[str] = field(default_factory=list)  # one-line notes sent before the reply
-    stored_id: int | None = None  # the message's row in the store
-    inboxed: bool = False  # it waits in the store's inbox until its answer is stored
+    inbox_id: int | None = None  # the message's row, while it waits in the store's inbox for its answer
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -212,10 +211,9 @@ class SessionRouter:
                 if not appended.new:
                     log.info("duplicate event %s for %s ignored", msg.message_id, key)
                     return None
-                ticket.stored_id, ticket.inboxed = appended.id, inbox is not None
+                ticket.inbox_id = appended.id if inbox is not None else None
                 lane.queue.append(("chat", ticket, None))
-            if not lane.busy:
-                lane.worker = spawn(self._drain(lane), name=f"lane:{key}")
+            self._wake(lane)
         return ticket
 
     # -- sessions -----------------------------------------------------------
@@ -331,7 +329,7 @@ class SessionRouter:
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
-        answered = tuple(t.stored_id for t in batch if t.inboxed and t.stored_id is not None)
+        answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if answered else None
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
@@ -373,15 +371,16 @@ class SessionRouter:
         if plan is None:
             await self.deliver(msg.chat, text, msg.message_id)
             return
+        record = {**plan, "text": text}
         if not recorded:
             # the line that stands in for an answer settles the messages, so a restart does not retry them
-            plan = {**plan, "text": text, "kind": "notice"}
-            if not await self._settle(answered, plan, last.session_id):
+            record["kind"] = "notice"
+            if not await self._settle(answered, record, last.session_id):
                 await self.deliver(msg.chat, text, msg.message_id)
                 return
-        await self._send_recorded({**plan, "text": text, "sent_ids": []})
+        await self._send_recorded(record)
 
-    async def _settle(self, answered: tuple[int, ...], delivery: dict | None, session_id: str | None) -> bool:
+    async def _settle(self, answered: tuple[int, ...], delivery: dict, session_id: str) -> bool:
         """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store failed."""
         try:
             await self.db.settle_inbox(answered, delivery, session_id=session_id)
@@ -396,7 +395,7 @@ class SessionRouter:
         return {"id": uuid.uuid4().hex, "platform": msg.platform, "chat_id": msg.chat_id,
                 "thread_id": msg.thread_id, "reply_to": msg.message_id}
 
-    async def _send_recorded(self, record: dict) -> Delivery:
+    async def _send_recorded(self, record: dict) -> None:
         """Send a reply held in the delivery record, from its first unconfirmed part, noting each part
         the platform confirms; the record ends ``sent``, ``failed`` or (adapter not running) ``pending``."""
         delivery_id = record["id"]
@@ -417,7 +416,6 @@ class SessionRouter:
                                               error=delivery.error)
             except state.StateError as exc:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)
-        return delivery
 
     async def _keep_typing(self, chat: ChatRef) -> None:
         typer = self._typers.get(chat.platform)
@@ -458,10 +456,10 @@ class SessionRouter:
         for record in pending:
             if record["platform"] not in self._senders:
                 continue
-            key = record.get("session_key") or f"delivery:{record['id']}"
-            self.lane(key).queue.append(("send", record, None))
+            lane = self.lane(record.get("session_key") or f"delivery:{record['id']}")
+            lane.queue.append(("send", record, None))
             counts["replies"] += 1
-            self._wake(key)
+            self._wake(lane)
         by_key: dict[str, list[Ticket]] = {}
         for row in unanswered:
             if row["platform"] not in self._senders:
@@ -476,13 +474,13 @@ class SessionRouter:
             else:
                 lane.queue.extend(("chat", ticket, None) for ticket in tickets)
                 counts["sessions"] += 1
-            self._wake(key)
+            self._wake(lane)
         return counts
 
-    def _wake(self, key: str) -> None:
-        lane = self.lane(key)
+    def _wake(self, lane: Lane) -> None:
+        """Start the lane's worker unless it runs: it drains the queue, then ends."""
         if not lane.busy:
-            lane.worker = spawn(self._drain(lane), name=f"lane:{key}")
+            lane.worker = spawn(self._drain(lane), name=f"lane:{lane.key}")
 
     async def _answer_expired(self, tickets: list[Ticket]) -> None:
         """One line for messages a restart found unanswered and too old to answer blindly."""
@@ -493,12 +491,12 @@ class SessionRouter:
         else:
             what = f"your {len(tickets)} messages from {when} to {self._local_time(last.received_at)}"
         text = f"I restarted and did not answer {what}. Send it again if it still matters."
-        answered = tuple(t.stored_id for t in tickets if t.stored_id is not None)
+        answered = tuple(t.inbox_id for t in tickets if t.inbox_id is not None)
         record = {**self._delivery_plan(last), "text": text, "kind": "notice"}
         for t in tickets:
             t.resolve(text)
         if await self._settle(answered, record, tickets[-1].session_id):
-            await self._send_recorded({**record, "sent_ids": []})
+            await self._send_recorded(record)
 
     def _local_time(self, ts: float) -> str:
         """``14:02`` today, ``Mon 21 Nov 14:02`` on another day, in the gateway's time zone."""
@@ -558,7 +556,7 @@ def _resumed_ticket(row: dict) -> Ticket:
         user_id=row["user_id"], text=row["text"] or "", message_id=row["platform_message_id"],
         thread_id=row["thread_id"], user_name=row["user_name"], received_at=row["received_at"],
     )
-    return Ticket(msg, row["session_key"], row["session_id"], stored_id=row["message_id"], inboxed=True)
+    return Ticket(msg, row["session_key"], row["session_id"], inbox_id=row["message_id"])
 
 
 def _stored_text(msg: InboundMessage) -> str:
