@@ -20,7 +20,6 @@ only answers from resumed turns (which call the model) rather than stored replie
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import statistics
 import sys
@@ -31,16 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.crashkit import ChaosRun, Plan, TelegramSide  # noqa: E402
+from tests.fakes.model_server import start_in_process as start_model  # noqa: E402
 from tests.fakes.telegram import FakeTelegram  # noqa: E402
 
 
-async def start_model(delay: float) -> tuple[asyncio.subprocess.Process, int]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.model_server", "--delay", str(delay),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-    )
-    line = (await proc.stdout.readline()).decode()
-    return proc, int(line.split()[1])
 
 
 async def main() -> None:

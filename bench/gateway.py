@@ -33,16 +33,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the gateway package, not this script (bench/gateway.py), for ``import gateway``
+
+from tests.fakes.model_server import start_in_process as start_model  # noqa: E402
 SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
 
 
-async def start_model(delay: float) -> tuple[asyncio.subprocess.Process, int]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.model_server", "--delay", str(delay),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-    )
-    line = (await proc.stdout.readline()).decode()
-    return proc, int(line.split()[1])
 
 
 async def start_gateway(home: Path, model_port: int) -> tuple[asyncio.subprocess.Process, int]:

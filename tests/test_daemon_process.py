@@ -1,22 +1,16 @@
 """`switchboard run` as a real subprocess: sd_notify, SIGTERM during a slow turn, one daemon per home."""
 
 import asyncio
-import json
-import os
 import re
 import signal
-import socket
-import sys
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 
 import state
+from tests.crashkit import SWITCHBOARD, NotifySocket, start_daemon
 from tests.fakes.model_server import FakeModel
-
-SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
 
 
 def write_config(tmp_path: Path, model_url: str, **extra) -> Path:
@@ -30,43 +24,6 @@ def write_config(tmp_path: Path, model_url: str, **extra) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-class NotifySocket:
-    """A unix datagram socket standing in for systemd's NOTIFY_SOCKET."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.setblocking(False)
-        self.received: list[str] = []
-
-    async def wait_for(self, predicate, timeout: float = 20.0) -> str:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        for line in self.received:
-            if predicate(line):
-                return line
-        while loop.time() < deadline:
-            try:
-                data = await asyncio.wait_for(loop.sock_recv(self.sock, 4096), deadline - loop.time())
-            except asyncio.TimeoutError:
-                break
-            for line in data.decode().split("\n"):
-                self.received.append(line)
-                if predicate(line):
-                    return line
-        raise AssertionError(f"no matching notification; got {self.received}")
-
-
-async def start_daemon(config: Path, env_extra: dict) -> asyncio.subprocess.Process:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
-    env.update(env_extra)
-    return await asyncio.create_subprocess_exec(
-        SWITCHBOARD, "run", "--config", str(config), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
 
 
 async def test_sigterm_during_a_slow_turn_finishes_it_and_exits_cleanly(tmp_path):

@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from aiohttp import web
@@ -264,6 +266,17 @@ class FakeModel:
         last = users[-1] if users else ""
         first = users[0] if users else ""
         return f"echo: {last} | turns: {len(users)} | first: {first}"
+
+
+async def start_in_process(delay: float = 0.0) -> tuple[asyncio.subprocess.Process, int]:
+    """This fake in a process of its own (as the benchmarks run it): the process and its port."""
+    root = Path(__file__).resolve().parents[2]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.fakes.model_server", "--delay", str(delay),
+        cwd=root, stdout=asyncio.subprocess.PIPE,
+    )
+    line = (await proc.stdout.readline()).decode()
+    return proc, int(line.split()[1])
 
 
 async def _serve(delay: float) -> None:
