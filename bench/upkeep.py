@@ -143,7 +143,7 @@ async def run(args) -> None:
         stop = asyncio.Event()
         writer = asyncio.create_task(_writer(db, "live", args.interval / 1000, stop, busy))
         t = time.perf_counter()
-        report = await state.run_upkeep(db, retention_days=1, now=now, record_it=True)
+        report = await state.run_upkeep(db, retention_days=1, now=now)
         elapsed = time.perf_counter() - t
         stop.set()
         await writer

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from typing import Callable
 
@@ -25,17 +26,15 @@ EVERY_SECONDS = 86_400.0  # a pass a day
 START_DELAY_SECONDS = 5.0  # a pass that is due runs this long after start, not during it
 RETRY_SECONDS = 3_600.0  # after a failed pass
 REFRESH_SECONDS = 300.0  # sizes for /healthz, and the WAL check
-WAL_LIMIT_BYTES = 64 * 1024 * 1024  # a bigger WAL is emptied (TRUNCATE checkpoint) when no turn runs
 
 
 class StoreUpkeep:
     def __init__(self, db, *, retention_days: float | None, idle: Callable[[], bool],
-                 clock: Callable[[], float] = time.time, wal_limit_bytes: int = WAL_LIMIT_BYTES):
+                 clock: Callable[[], float] = time.time):
         self.db = db
         self.retention_days = retention_days
         self.idle = idle
         self.clock = clock
-        self.wal_limit_bytes = wal_limit_bytes
         self._task: asyncio.Task | None = None
         self._status: dict = {"db_bytes": None, "wal_bytes": None, "free_bytes": None,
                               "retention_days": retention_days, "last_upkeep": None, "next_upkeep_at": None}
@@ -59,23 +58,23 @@ class StoreUpkeep:
         next_at = max(due, self.clock() + START_DELAY_SECONDS)
         self._status.update(last_upkeep=last, next_upkeep_at=next_at)
         while True:
-            await self._refresh()
-            wait = min(REFRESH_SECONDS, next_at - self.clock())
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
             try:
+                await self._refresh()
+                wait = min(REFRESH_SECONDS, next_at - self.clock())
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
                 report = await state.run_upkeep(self.db, retention_days=self.retention_days, now=self.clock(),
-                                                idle=self.idle, wal_limit_bytes=self.wal_limit_bytes)
-            except state.StateError as exc:  # a write timeout, a store closing: try again later
-                log.warning("store upkeep failed (%s); next attempt in %.0f minutes", exc, RETRY_SECONDS / 60)
+                                                idle=self.idle)
+            except (state.StateError, sqlite3.Error) as exc:  # a write timeout, a full disk: try again later
+                log.warning("store upkeep failed (%s); next attempt in %.0f minutes", exc, RETRY_SECONDS / 60,
+                            exc_info=not isinstance(exc, state.StateError))
                 next_at = self.clock() + RETRY_SECONDS
                 self._status["next_upkeep_at"] = next_at
+                await asyncio.sleep(min(REFRESH_SECONDS, RETRY_SECONDS))
                 continue
-            last = report.as_dict()
             next_at = report.finished_at + EVERY_SECONDS
-            self._status.update(last_upkeep=last, next_upkeep_at=next_at, db_bytes=report.db_bytes_after,
-                                wal_bytes=report.wal_bytes_after)
+            self._status.update(last_upkeep=report.as_dict(), next_upkeep_at=next_at)
             log.info("store upkeep: %d sessions (%d messages) pruned, %d pages returned, database %.1f -> %.1f MiB "
                      "in %d steps, longest write lock %.1f ms%s", report.sessions_pruned, report.messages_pruned,
                      report.pages_vacuumed, report.db_bytes_before / 2**20, report.db_bytes_after / 2**20,
@@ -85,8 +84,9 @@ class StoreUpkeep:
 
     async def _refresh(self) -> None:
         size = await self.db.store_size()
-        if size.wal_bytes > self.wal_limit_bytes and self.idle():
-            busy, _pages, _done = await self.db.checkpoint("TRUNCATE")
+        if size.wal_bytes > state.WAL_LIMIT_BYTES and self.idle():
+            # off the write connection, like the pass's own checkpoint: live writes never queue behind it
+            busy, _pages, _done = await self.db.checkpoint_aside("TRUNCATE")
             if not busy:
                 size = await self.db.store_size()
         self._status.update(db_bytes=size.db_bytes, wal_bytes=size.wal_bytes, free_bytes=size.free_bytes)

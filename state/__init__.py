@@ -10,7 +10,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 """
 
 from ._messages import Appended
-from ._upkeep import StoreSize, UpkeepReport, run_upkeep, vacuum_database
+from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
 from .db import SessionDB
 from .errors import (
@@ -52,5 +52,6 @@ __all__ = [
     "inspect_database",
     "new_session_id",
     "run_upkeep",
+    "WAL_LIMIT_BYTES",
     "vacuum_database",
 ]

@@ -7,6 +7,7 @@ import sqlite3
 import time
 from typing import Any, Iterable, NamedTuple
 
+from . import _recovery
 from .errors import SessionNotFound
 
 PREVIEW_STORED = 100  # characters of the first user message kept on the session row
@@ -165,7 +166,7 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str) -> l
 def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
     """Delete a session's messages and reset its counters; the session stays."""
     deleted = conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,)).rowcount
-    conn.execute("DELETE FROM inbox WHERE session_id = ?", (session_id,))
+    _recovery.forget_inbox(conn, session_id)
     conn.execute(
         "UPDATE sessions SET message_count = 0, tool_call_count = 0, preview = NULL, last_active = started_at "
         "WHERE id = ?",

@@ -26,6 +26,8 @@ import sqlite3
 import time
 from typing import Iterable
 
+from ._deadletters import count_dead_letters
+
 INBOX_FIELDS = ("session_key", "platform", "chat_id", "thread_id", "chat_type", "user_id", "user_name",
                 "platform_message_id", "received_at")
 DELIVERY_FIELDS = ("platform", "chat_id", "thread_id", "reply_to", "text", "kind")
@@ -122,6 +124,11 @@ def settle(conn: sqlite3.Connection, message_ids: Iterable[int], delivery: dict 
         add_delivery(conn, delivery, session_id=session_id, message_id=reply_message_id)
 
 
+def forget_inbox(conn: sqlite3.Connection, session_id: str) -> None:
+    """Part of clearing a session's messages: none of them waits for an answer any more."""
+    conn.execute("DELETE FROM inbox WHERE session_id = ?", (session_id,))
+
+
 def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> None:
     """Part of deleting sessions: their inbox rows and delivery records go with them."""
     conn.execute(f"DELETE FROM inbox WHERE session_id IN ({marks})", chunk)
@@ -179,7 +186,7 @@ def recovery_counts(conn: sqlite3.Connection) -> dict:
     """How much waits: messages unanswered, replies not yet confirmed, dead letters held."""
     inbox = conn.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
     pending = conn.execute("SELECT COUNT(*) FROM deliveries WHERE status = 'pending'").fetchone()[0]
-    dead = conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = 'held'").fetchone()[0]
+    dead = count_dead_letters(conn)
     return {"unanswered": inbox, "deliveries_pending": pending, "dead_letters": dead}
 
 

@@ -111,22 +111,28 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict | None:
     return dict(row) if row else None
 
 
-def resolve_session_id(conn: sqlite3.Connection, ref: str) -> str:
-    """An exact id, a unique id prefix, or a title (the newest of its lineage)."""
-    ref = (ref or "").strip()
+def _ids_matching(conn: sqlite3.Connection, ref: str) -> list[str]:
+    """``[ref]`` when it is a whole id, else the ids it is a prefix of (newest first, at most 51);
+    raises SessionNotFound for an empty ``ref``."""
     if not ref:
         raise SessionNotFound(ref)
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
-        return ref
+        return [ref]
     rows = conn.execute(
         "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 51",
         (like_escape(ref) + "%",),
     ).fetchall()
-    rows = [r for r in rows if r[0].startswith(ref)]  # LIKE ignores ASCII case; ids do not
-    if len(rows) == 1:
-        return rows[0][0]
-    if len(rows) > 1:
-        raise AmbiguousSession(ref, [r[0] for r in rows])
+    return [r[0] for r in rows if r[0].startswith(ref)]  # LIKE ignores ASCII case; ids do not
+
+
+def resolve_session_id(conn: sqlite3.Connection, ref: str) -> str:
+    """An exact id, a unique id prefix, or a title (the newest of its lineage)."""
+    ref = (ref or "").strip()
+    ids = _ids_matching(conn, ref)
+    if len(ids) == 1:
+        return ids[0]
+    if len(ids) > 1:
+        raise AmbiguousSession(ref, ids)
     by_title = resolve_session_by_title(conn, ref)
     if by_title:
         return by_title
@@ -142,15 +148,9 @@ def resolve_session_exactly(conn: sqlite3.Connection, ref: str) -> str:
     exist), or :class:`SessionNotFound`.
     """
     ref = (ref or "").strip()
-    if not ref:
-        raise SessionNotFound(ref)
-    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
+    found = _ids_matching(conn, ref)
+    if found == [ref]:
         return ref
-    rows = conn.execute(
-        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 51",
-        (like_escape(ref) + "%",),
-    ).fetchall()
-    found = [r[0] for r in rows if r[0].startswith(ref)]  # LIKE ignores ASCII case; ids do not
     try:
         title = sanitize_title(ref)
     except InvalidTitle:
@@ -370,13 +370,15 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     return True
 
 
+# An ended session whose last activity (start, last message or end) is older than the cutoff (?):
+# what `sessions prune` and the daemon's retention delete.
+EXPIRED = "ended_at IS NOT NULL AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
+
+
 def prune_candidates(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None) -> list[str]:
     """Ended sessions whose last activity (start, last message or end) is older than the cutoff."""
     cutoff = time.time() - older_than_days * 86400
-    sql = (
-        "SELECT id FROM sessions WHERE ended_at IS NOT NULL "
-        "AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
-    )
+    sql = f"SELECT id FROM sessions WHERE {EXPIRED}"
     params: list[Any] = [cutoff]
     if source:
         sql += " AND source = ?"

@@ -58,7 +58,7 @@ CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
 
 
 def create_tables(conn: sqlite3.Connection) -> None:
-    """Schema v17: small facts about the store itself, by key (``last_upkeep``: JSON)."""
+    """Schema v18: small facts about the store itself, by key (``last_upkeep``: JSON)."""
     conn.execute(
         "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL)"
     )
@@ -66,13 +66,13 @@ def create_tables(conn: sqlite3.Connection) -> None:
 
 # --- steps on a connection (each SessionDB method runs one in its own transaction) ----------------
 
-_EXPIRED = "ended_at IS NOT NULL AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
+
 
 
 def expired_sessions(conn: sqlite3.Connection, cutoff: float) -> list[tuple[str, int]]:
     """(id, message count) of the ended sessions with no activity since ``cutoff``, oldest first."""
     return [(r[0], r[1] or 0) for r in conn.execute(
-        f"SELECT id, message_count FROM sessions WHERE {_EXPIRED} ORDER BY started_at", (cutoff,))]
+        f"SELECT id, message_count FROM sessions WHERE {_sessions.EXPIRED} ORDER BY started_at", (cutoff,))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     deleting a message costs about as much as indexing it did), then the sessions left empty."""
     ids = json.dumps(list(session_ids))
     still = [r[0] for r in conn.execute(
-        f"SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?)) AND {_EXPIRED}", (ids, cutoff))]
+        f"SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?)) AND {_sessions.EXPIRED}", (ids, cutoff))]
     dropped = sorted(set(session_ids) - set(still))
     if not still:
         return PruneStep([], dropped, 0)
@@ -227,8 +227,7 @@ class _Pacer:
 
 
 async def run_upkeep(db, *, retention_days: float | None, now: float | None = None,
-                     idle: Callable[[], bool] = lambda: True, wal_limit_bytes: int = WAL_LIMIT_BYTES,
-                     record_it: bool = True) -> UpkeepReport:
+                     idle: Callable[[], bool] = lambda: True, wal_limit_bytes: int = WAL_LIMIT_BYTES) -> UpkeepReport:
     """One upkeep pass over an :class:`state.AsyncSessionDB` (see the module docstring)."""
     now = time.time() if now is None else now
     report = UpkeepReport(started_at=now, retention_days=retention_days)
@@ -258,8 +257,9 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
             report.sessions_pruned += len(step.deleted)
             report.messages_pruned += step.messages
             finished = set(step.deleted) | set(step.dropped)
-            queue = [(sid, max(0, count - step.messages) if sid in batch else count)
-                     for sid, count in queue if sid not in finished]
+            taken = len(batch)  # the batch is the queue's head
+            queue = [(sid, max(0, count - step.messages)) for sid, count in queue[:taken] if sid not in finished] \
+                + queue[taken:]
             pacer.done(step.size, hold)
 
     # The FTS indexes are not merged here: FTS5's incremental 'merge' (the work of 'optimize' in
@@ -292,6 +292,5 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     size = await db.store_size()
     report.db_bytes_after, report.wal_bytes_after = size.db_bytes, size.wal_bytes
     report.finished_at = max(now, time.time())
-    if record_it:
-        await db.record_upkeep(report.as_dict())
+    await db.record_upkeep(report.as_dict())
     return report

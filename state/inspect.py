@@ -6,6 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._deadletters import count_dead_letters
 from ._upkeep import LAST_UPKEEP, recorded, store_size
 from .errors import DatabaseRefused
 from .schema import current_version, read_version
@@ -27,10 +28,10 @@ class DatabaseReport:
     last_upkeep: dict | None = None  # what the daemon's last upkeep pass did (state._upkeep)
 
 
-def _upkeep_facts(conn: sqlite3.Connection) -> dict:
-    """Free space, auto_vacuum mode and the last upkeep record (none before schema v17)."""
+def _upkeep_facts(conn: sqlite3.Connection, path: Path) -> dict:
+    """Free space, auto_vacuum mode and the last upkeep record (none before schema v18)."""
     try:
-        size = store_size(conn, Path("/nonexistent"))  # the file sizes are read by the caller
+        size = store_size(conn, path)
     except sqlite3.DatabaseError:
         return {}
     facts = {"free_bytes": size.free_bytes, "auto_vacuum": size.auto_vacuum}
@@ -63,9 +64,9 @@ def inspect_database(path: Path | str) -> DatabaseReport:
         except sqlite3.DatabaseError as exc:
             check = str(exc)
         try:
-            held = conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = 'held'").fetchone()[0]
+            held = count_dead_letters(conn)
         except sqlite3.DatabaseError:  # a schema from before dead letters, or a damaged file (quick_check says)
             held = None
-        return DatabaseReport(path, True, check, version, supported, dead_letters=held, **sizes, **_upkeep_facts(conn))
+        return DatabaseReport(path, True, check, version, supported, dead_letters=held, **sizes, **_upkeep_facts(conn, path))
     finally:
         conn.close()
