@@ -40,7 +40,7 @@ import state
 
 from gateway.errors import ConfigError
 from gateway.portholder import port_holder
-from gateway.router import GatewayClosing, Ticket
+from gateway.router import GatewayClosing
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
@@ -210,18 +210,8 @@ class LocalApi:
             reply = await ticket.reply
         except GatewayClosing:
             return self._cut_off()
-        if self._cut_off_by_shutdown(ticket):
-            return self._cut_off()
         content = "\n\n".join([*ticket.notices, reply]) if ticket.notices else reply
         return self._completion(content, ticket.session_id, ticket.session_key, msg.message_id, time.time())
-
-    def _cut_off_by_shutdown(self, ticket: Ticket) -> bool:
-        """Whether the turn that resolved ``ticket`` was cancelled by the shutdown grace period (its
-        lane's worker was cancelled while the gateway drains) rather than answered."""
-        if not self.gateway.draining:
-            return False
-        worker = self.gateway.router.lane(ticket.session_key).worker
-        return worker is not None and (worker.cancelled() or worker.cancelling() > 0)
 
     @staticmethod
     def _cut_off() -> web.Response:

@@ -49,6 +49,9 @@ MAX_IDLE_LANES = 10_000  # past this many chats seen, idle lanes are forgotten (
 TYPING_AFTER_SECONDS = 0.5
 
 
+STOPPED_BEFORE_ANSWERING = "the gateway stopped before answering; the message is saved"
+
+
 class GatewayClosing(Exception):
     """The gateway is shutting down and takes no new messages; the platform should redeliver later."""
 
@@ -76,6 +79,12 @@ class Ticket:
     def resolve(self, text: str) -> None:
         if not self.reply.done():
             self.reply.set_result(text)
+
+    def fail(self, exc: BaseException) -> None:
+        """No reply will come from this process (shutdown): whoever awaits ``reply`` gets ``exc``."""
+        if not self.reply.done():
+            self.reply.set_exception(exc)
+            self.reply.exception()  # nobody awaits a platform message's reply: nothing to warn about
 
 
 @dataclass(eq=False)
@@ -353,7 +362,7 @@ class SessionRouter:
             else:
                 turn.cancel()
                 for t in batch:  # shutdown ran out of grace: the messages stay stored, and in the inbox
-                    t.resolve("The gateway is restarting; your message is saved. Send another message once it is back.")
+                    t.fail(GatewayClosing(STOPPED_BEFORE_ANSWERING))
                 raise
         except ModelUnavailable as exc:
             log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
@@ -524,6 +533,10 @@ class SessionRouter:
         cancelled = [key for key, task in workers.items() if task in pending]
         for task in pending:
             task.cancel()
+        for key in cancelled:  # what waited behind the cut-off turn gets no answer from this process either
+            for kind, ticket, _ in self._lanes[key].queue:
+                if kind in ("chat", "command"):
+                    ticket.fail(GatewayClosing(STOPPED_BEFORE_ANSWERING))
         if pending:
             await asyncio.wait(pending, timeout=5)
         return cancelled

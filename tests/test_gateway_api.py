@@ -1,6 +1,7 @@
 """The gateway end to end through its local API, the real openai SDK on both sides of it."""
 
 import asyncio
+import time
 
 import aiohttp
 import openai
@@ -8,7 +9,7 @@ import pytest
 
 import state
 from tests.fakes.model_server import Fail, FakeModel, Hang, Reply
-from tests.harness import ApiClient, Clock, running_gateway
+from tests.harness import ApiClient, Clock, eventually, running_gateway
 
 
 @pytest.fixture
@@ -346,6 +347,27 @@ async def test_a_turn_cut_off_by_shutdown_is_a_503_with_retry_after_and_keeps_th
     with state.SessionDB(tmp_path / "state.db") as store:
         stored = store.get_messages(store.get_route("agent:main:api:dm:k"))
     assert [(m["role"], m["content"]) for m in stored] == [("user", "a very long question")]
+
+
+async def test_a_message_queued_behind_a_turn_cut_off_by_shutdown_gets_its_503_within_the_grace(tmp_path, model):
+    from gateway.daemon import Gateway
+    from tests.harness import gateway_config
+
+    model.script(Hang(30))
+    gw = Gateway(gateway_config(tmp_path, model.base_url))
+    await gw.start()
+    api = ApiClient(gw)
+    first = asyncio.create_task(api.say("k", "a very long question"))
+    await model.wait_for_requests(1)
+    second = asyncio.create_task(api.say("k", "and another"))  # waits in the lane behind the first
+    with state.SessionDB(tmp_path / "state.db") as store:
+        await eventually(lambda: len(store.get_messages(store.get_route("agent:main:api:dm:k"))) == 2)
+    started = time.monotonic()
+    await gw.stop(grace_seconds=0.3)
+    outcomes = await asyncio.gather(first, second, return_exceptions=True)
+    await api.close()
+    assert [getattr(o, "status_code", o) for o in outcomes] == [503, 503]
+    assert time.monotonic() - started < 10  # not aiohttp's 60 s shutdown timeout
 
 
 async def test_idle_lanes_are_forgotten_and_conversations_go_on(tmp_path, model, monkeypatch):
