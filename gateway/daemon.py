@@ -19,6 +19,7 @@ that keeps a second daemon off the same home.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -254,7 +255,7 @@ class Gateway:
         log.error("%s event %s failed %d times and was set aside as dead letter %d (%s); "
                   "see: switchboard deadletters show %d", platform, row["event_id"], row["attempts"],
                   dead_letter_id, row["error"], dead_letter_id)
-        self._count_dead_letters(await self.db.count_dead_letters())
+        self._count_dead_letters(self.dead_letters_held + 1)  # the replay poll recounts every few seconds
 
     def _count_dead_letters(self, held: int) -> None:
         self.dead_letters_held = held
@@ -270,18 +271,24 @@ class Gateway:
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         self.adapters[name] = adapter
         self.platforms_off.pop(name, None)
-        connected = self._connected[name] = asyncio.Event()
-
-        async def send(chat: ChatRef, text: str, reply_to: str | None, progress: SendProgress | None) -> Delivery:
-            if not connected.is_set():  # a reply resumed at start, or sent while the adapter restarts
-                try:
-                    await asyncio.wait_for(connected.wait(), SEND_WAITS_FOR_CONNECTION_SECONDS)
-                except asyncio.TimeoutError:
-                    pass  # the adapter says why it cannot send; a resumed reply stays pending
-            return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
-
-        self.router.register_output(name, send, adapter.send_typing)
+        self._connected[name] = asyncio.Event()
+        self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing)
         self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
+
+    async def _send(self, name: str, chat: ChatRef, text: str, reply_to: str | None,
+                    progress: SendProgress | None) -> Delivery:
+        """The router's sender for ``name``: the platform's current adapter, once it has connected
+        (a reply resumed at start, or due while a reload restarts the adapter, waits for it)."""
+        connected = self._connected.get(name)
+        if connected is not None and not connected.is_set():
+            try:
+                await asyncio.wait_for(connected.wait(), SEND_WAITS_FOR_CONNECTION_SECONDS)
+            except asyncio.TimeoutError:
+                pass  # the adapter says why it cannot send; a recorded reply stays pending
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
+        return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
 
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
@@ -290,6 +297,7 @@ class Gateway:
             supervisor.cancel()
         adapter = self.adapters.pop(name, None)
         self._start_errors.pop(name, None)
+        self._connected[name] = asyncio.Event()  # replies due meanwhile wait for the new adapter
         if adapter is not None:
             try:
                 await adapter.stop()

@@ -110,7 +110,10 @@ async def apply_reload(gw, new: Config, auth_settings) -> ReloadResult:
                           needs_restart=needs_restart(old, new))
     try:
         result.restarted_platforms, result.cron = await _apply(gw, old, new, auth_settings)
-    except BaseException:
+    except asyncio.CancelledError:  # shutdown: the gateway is being stopped, restart nothing
+        gw.config = old
+        raise
+    except Exception:
         try:
             await _apply(gw, gw.config, old, auth_settings)
         except Exception:  # noqa: BLE001 - the first error is the one to report
