@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 import compression
 from gateway.model import Completion, ModelClient
-from gateway.oversize import shorten_oversized
+from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Attachment
 
@@ -117,12 +117,16 @@ class AgentTurn:
         last["content"] = parts
         return history[:-1] + [last]
 
+    def _as_sent(self, history: list[dict]) -> Shortened:
+        """The stored history as the model gets it: earlier turns' reasoning only if
+        ``replay_reasoning`` says so, oversized messages cut down (they stay whole in the store)."""
+        return shorten_oversized(replayed_history(history, self.settings.replay_reasoning), self.max_message_tokens)
+
     async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
         session_id = req.session_id
         if history is None:
             history = await self.db.get_messages_as_conversation(session_id)
-        history = replayed_history(history, self.settings.replay_reasoning)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
         for block_for in self.prompt_blocks:  # memory (issue 8): a snapshot frozen per session id
@@ -131,12 +135,13 @@ class AgentTurn:
                 blocks.append(block)
         system = [{"role": "system", "content": "\n\n".join(blocks)}]
         system += [{"role": "system", "content": note} for note in req.system_notes]
-        shortened = shorten_oversized(history, self.max_message_tokens)  # stored whole, sent cut down
+        shortened = self._as_sent(history)
         history = shortened.messages
         if self.prompt_hook is not None:
             session_id, history, notices = await self.prompt_hook.before_model_call(
                 req, history, compression.estimate_tokens(system))
-            history = shorten_oversized(history, self.max_message_tokens).messages  # a compressed session's copy
+            if session_id != req.session_id:  # compressed: the history is the child's copy, read from the store
+                history = self._as_sent(history).messages
         notices = [*shortened.notices, *notices]
         prompt = system + self._with_attachments(history, req.attachments)
         if self.prefetch is not None and prompt[-1].get("role") == "user":  # facts (issue 9): recalled facts
@@ -187,7 +192,6 @@ def _for_store(message: dict) -> dict:
 # client keeps them).  A model that reasons before a tool call expects them back, unchanged, on
 # the next request of the same tool loop.
 REASONING_KEYS = ("reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items")
-REPLAY_REASONING = ("tool_loop", "always", "never")
 
 
 def _reasoning_of(message: dict) -> dict:
