@@ -41,9 +41,6 @@ def home_options(func):
                         help=_CONFIG_HELP)(func)
 
 
-CONFIG_OPTION = home_options  # the name the commands were written with
-
-
 def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
     """Take --config and --home, open the store of that home for the command (its first argument),
     close it after, and turn a StateError into one line."""
@@ -118,9 +115,10 @@ def _config_file(config_path: Path | None) -> tuple[Path, str] | None:
     return None
 
 
-def _with_home(cfg: Config, config_path: Path | None) -> Config:
-    home = resolve_home(config_path)
-    return cfg if cfg.home == home else cfg.model_copy(update={"home": home})
+def with_given_home(cfg: Config) -> Config:
+    """``cfg`` with ``--home`` in place of its home, when given (the file's home: is already in ``cfg``)."""
+    home = given_home()
+    return cfg if home is None or home == cfg.home else cfg.model_copy(update={"home": home})
 
 
 def load_config_or_exit(config_path: Path | None) -> Config:
@@ -130,16 +128,12 @@ def load_config_or_exit(config_path: Path | None) -> Config:
     except ConfigError as exc:
         fail(str(exc), exc.exit_code)
         raise  # unreachable
-    return _with_home(cfg, config_path)
+    return with_given_home(cfg)
 
 
 def config_or_defaults(config_path: Path | None) -> Config:
     """The config file's settings; with no file anywhere, the defaults (home as :func:`resolve_home` says)."""
     if _config_file(config_path) is None:
-        return _with_home(config_from_dict({}), config_path)
+        return with_given_home(config_from_dict({}))
     return load_config_or_exit(config_path)
 
-
-def home_for(config_path: Path | None) -> Path:
-    """The home of the running command (see :func:`resolve_home`)."""
-    return resolve_home(config_path)

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import yaml
 
-from gateway.cli_common import given_home, home_options
+from gateway.cli_common import home_options, with_given_home
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
@@ -30,15 +30,10 @@ class ConfigFailure(click.ClickException):
 
 
 def _load(ctx: click.Context, config_path: Path | None) -> Config:
-    if config_path is None:
-        # Let `switchboard --config FILE config check` work too, if the root group takes --config.
-        config_path = ctx.find_root().params.get("config") or ctx.find_root().params.get("config_path")
     try:
-        cfg = load_config(config_path)
+        return with_given_home(load_config(config_path))
     except ConfigError as exc:
         raise ConfigFailure(str(exc)) from None
-    home = given_home()
-    return cfg.model_copy(update={"home": home}) if home is not None and home != cfg.home else cfg
 
 
 @click.group("config")

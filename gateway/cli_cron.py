@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 import state
-from gateway.cli_common import CONFIG_OPTION, config_or_defaults, fail as _fail
+from gateway.cli_common import config_or_defaults, fail as _fail, home_options
 from gateway.config import Config
 from gateway.cron_schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
@@ -97,7 +97,7 @@ def cron_group() -> None:
 
 
 @cron_group.command("add")
-@CONFIG_OPTION
+@home_options
 @click.argument("name")
 @click.option("--schedule", "-s", required=True, help=f"When: {EXAMPLES}.")
 @click.option("--prompt", "-p", required=True, help="What the agent is asked at each run.")
@@ -164,7 +164,7 @@ def _job_json(job: dict) -> dict:
 
 
 @cron_group.command("list")
-@CONFIG_OPTION
+@home_options
 @_JSON_OPTION
 def cron_list(config_path: Path | None, as_json: bool) -> None:
     """Every job with its schedule, next run and last result."""
@@ -185,7 +185,7 @@ def cron_list(config_path: Path | None, as_json: bool) -> None:
 
 
 @cron_group.command("show")
-@CONFIG_OPTION
+@home_options
 @click.argument("job_id")
 @click.option("--runs", default=5, show_default=True, help="How many recent runs to show.")
 @_JSON_OPTION
@@ -217,7 +217,7 @@ def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -
 
 
 @cron_group.command("edit")
-@CONFIG_OPTION
+@home_options
 @click.argument("job_id")
 @click.option("--name", default=None)
 @click.option("--schedule", "-s", default=None, help=f"When: {EXAMPLES}.")
@@ -258,7 +258,7 @@ def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
 
 
 @cron_group.command("pause")
-@CONFIG_OPTION
+@home_options
 @click.argument("job_id")
 def cron_pause(config_path: Path | None, job_id: str) -> None:
     """Stop running a job until `cron resume`."""
@@ -270,7 +270,7 @@ def cron_pause(config_path: Path | None, job_id: str) -> None:
 
 
 @cron_group.command("resume")
-@CONFIG_OPTION
+@home_options
 @click.argument("job_id")
 def cron_resume(config_path: Path | None, job_id: str) -> None:
     """Run a paused job again from its next time on (times passed while paused are not made up)."""
@@ -288,7 +288,7 @@ def cron_resume(config_path: Path | None, job_id: str) -> None:
 
 
 @cron_group.command("remove")
-@CONFIG_OPTION
+@home_options
 @click.argument("job_id")
 def cron_remove(config_path: Path | None, job_id: str) -> None:
     """Delete a job and its run history (the sessions of its runs stay)."""
@@ -302,7 +302,7 @@ def cron_remove(config_path: Path | None, job_id: str) -> None:
 
 
 @cron_group.command("run")
-@CONFIG_OPTION
+@home_options
 @click.argument("job_id")
 def cron_run(config_path: Path | None, job_id: str) -> None:
     """Run a job once now, in this process, and print the answer."""
@@ -338,7 +338,7 @@ def cron_run(config_path: Path | None, job_id: str) -> None:
 
 
 @cron_group.command("history")
-@CONFIG_OPTION
+@home_options
 @click.argument("job_id", required=False)
 @click.option("--limit", "-n", default=20, show_default=True)
 @_JSON_OPTION

@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from gateway.cli_common import with_store as _with_db
+from gateway.cli_common import with_store
 from state import SessionDB
 
 STATUSES = ("held", "retry", "retried", "dropped")
@@ -60,7 +60,7 @@ def deadletters() -> None:
 @click.option("--status", type=click.Choice(STATUSES), default=None, help="Only dead letters in this state.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@_with_db
+@with_store
 def list_cmd(db: SessionDB, status: str | None, limit: int, as_json: bool) -> None:
     """Dead letters, newest first: id, platform, event, state, attempts, last error."""
     rows = db.list_dead_letters(status=status, limit=limit)
@@ -83,7 +83,7 @@ def list_cmd(db: SessionDB, status: str | None, limit: int, as_json: bool) -> No
 @deadletters.command("show")
 @click.argument("dead_letter_id", metavar="ID", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the dead letter as JSON.")
-@_with_db
+@with_store
 def show_cmd(db: SessionDB, dead_letter_id: int, as_json: bool) -> None:
     """One dead letter: its error and the event as the platform sent it (secrets masked)."""
     row = _decoded(_get(db, dead_letter_id))
@@ -110,7 +110,7 @@ def show_cmd(db: SessionDB, dead_letter_id: int, as_json: bool) -> None:
 
 @deadletters.command("retry")
 @click.argument("dead_letter_id", metavar="ID", type=int)
-@_with_db
+@with_store
 def retry_cmd(db: SessionDB, dead_letter_id: int) -> None:
     """Have the running daemon hand the stored message to the gateway again (after fixing the cause)."""
     row = _get(db, dead_letter_id)
@@ -132,7 +132,7 @@ def retry_cmd(db: SessionDB, dead_letter_id: int) -> None:
 
 @deadletters.command("drop")
 @click.argument("dead_letter_id", metavar="ID", type=int)
-@_with_db
+@with_store
 def drop_cmd(db: SessionDB, dead_letter_id: int) -> None:
     """Give up on a dead letter: it is kept, marked dropped, and no longer counted."""
     row = _get(db, dead_letter_id)

@@ -23,9 +23,6 @@ from gateway.config import PLATFORMS
 from state import AmbiguousSession, SessionDB
 from state._transfer import parse_jsonl
 
-_with_db = with_store
-
-
 SOURCES = (*PLATFORMS, "api", "cli", "cron")
 ROLES = ("user", "assistant", "tool", "system")
 
@@ -96,7 +93,7 @@ def sessions() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@_with_db
+@with_store
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
     """List the most recently active sessions: title, preview, last activity, id."""
     rows = db.list_sessions_rich(source=source, limit=limit, include_children=show_all)
@@ -121,7 +118,7 @@ def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_j
 @sessions.command("show")
 @click.argument("ref")
 @click.option("--json", "as_json", is_flag=True, help="Print the session and its messages as JSON.")
-@_with_db
+@with_store
 def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     """Show one session (by id, unique id prefix, or title) and its messages."""
     session_id = db.resolve_session_id(ref)
@@ -166,7 +163,7 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
               help="Only this role (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@_with_db
+@with_store
 def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[str, ...], limit: int,
                as_json: bool) -> None:
     """Full-text search over every stored message (any text is accepted)."""
@@ -194,7 +191,7 @@ def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[s
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @_source_option("Only sessions from this source.")
 @click.option("--session-id", help="Only this session (id, prefix or title).")
-@_with_db
+@with_store
 def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | None) -> None:
     """Write sessions to FILE as JSON lines (one session with its messages per line; - for stdout)."""
     wanted = db.resolve_session_id(session_id) if session_id else None
@@ -220,7 +217,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
 
 @sessions.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
-@_with_db
+@with_store
 def import_cmd(db: SessionDB, file: Path) -> None:
     """Restore sessions from an export; sessions already present are skipped."""
     result = db.import_sessions(parse_jsonl(file))
@@ -233,7 +230,7 @@ def import_cmd(db: SessionDB, file: Path) -> None:
 @sessions.command("delete")
 @click.argument("ref")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@_with_db
+@with_store
 def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
     """Delete the session with id or exact title REF, and its messages (its children are kept)."""
     session_id = _exactly(db, ref, "nothing was deleted")
@@ -248,7 +245,7 @@ def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
 @sessions.command("rename")
 @click.argument("ref")
 @click.argument("title", nargs=-1, required=True)
-@_with_db
+@with_store
 def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
     """Set the title of the session with id or exact title REF (words need no quotes)."""
     session_id = _exactly(db, ref, "nothing was renamed")
@@ -262,7 +259,7 @@ def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
               help="Days without activity.")
 @_source_option("Only sessions from this source.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@_with_db
+@with_store
 def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None:
     """Delete ended sessions inactive for DAYS; children of a pruned session are kept."""
     candidates = db.prune_candidates(days, source)
@@ -283,7 +280,7 @@ def _size(n: int) -> str:
 
 @sessions.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@_with_db
+@with_store
 def stats_cmd(db: SessionDB, as_json: bool) -> None:
     """Counts by source, database and WAL size."""
     stats = db.stats()

@@ -20,6 +20,7 @@ import state
 from gateway import service
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.upkeep import EVERY_SECONDS as UPKEEP_EVERY_SECONDS
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 MIN_FREE_BYTES = 200 * 1024 * 1024
@@ -82,7 +83,7 @@ def _upkeep_check(report: state.DatabaseReport) -> Check:
     last = report.last_upkeep
     when = (lambda ts: dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M"))
     detail = (f"last {when(last['finished_at'])} ({last['sessions_pruned']} sessions pruned), next about "
-              f"{when(last['finished_at'] + 86_400)}" if last else "not run yet (the daemon runs it a day apart)")
+              f"{when(last['finished_at'] + UPKEEP_EVERY_SECONDS)}" if last else "not run yet (the daemon runs it a day apart)")
     stuck = report.auto_vacuum != "incremental" and report.free_bytes > 0
     if stuck:
         detail += f"; {_mib(report.free_bytes)} free inside the file"
