@@ -9,12 +9,15 @@ open the same ``state.db``.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 import click
+from rich.console import Console
 
 import state
 from gateway import _config_load
@@ -58,6 +61,21 @@ def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
                 db.close()
 
     return home_options(run)
+
+
+def json_out(value: Any) -> None:
+    """One JSON document on stdout, for ``--json``."""
+    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
+
+
+def console() -> Console:
+    """A rich console for tables: the terminal's width, or 160 columns into a pipe."""
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+def when(ts: float | None) -> str:
+    """A stored time as local ``YYYY-MM-DD HH:MM:SS``; ``-`` for none."""
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
 def plural(count: int, noun: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import click
 
 import state
 from gateway.cli_common import config_or_defaults, fail as _fail, home_options
+from gateway.cli_common import json_out as _json_out
 from gateway.config import Config
 from gateway.cron_schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
@@ -153,11 +153,6 @@ def _free_id(db: state.SessionDB, name: str) -> str:
 
 
 _JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
-
-
-def _json_out(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
-
 
 def _job_json(job: dict) -> dict:
     return {**job, "paused": bool(job["paused"])}

@@ -10,28 +10,15 @@ start).  A thin layer: open the store, call one ``SessionDB`` method, print.
 from __future__ import annotations
 
 import json
-import sys
-from datetime import datetime
-from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from gateway.cli_common import with_store
+from gateway.cli_common import json_out as _json_out, when as _when, console as _console
 from state import SessionDB
 
 STATUSES = ("held", "retry", "retried", "dropped")
-
-
-def _when(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
-
-
-def _json_out(value: Any) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
-
-
 def _get(db: SessionDB, dead_letter_id: int) -> dict:
     row = db.get_dead_letter(dead_letter_id)
     if row is None:
@@ -77,7 +64,7 @@ def list_cmd(db: SessionDB, status: str | None, limit: int, as_json: bool) -> No
     for row in rows:
         table.add_row(str(row["id"]), row["platform"], row.get("event_id") or "-", row["status"], str(row["attempts"]),
                       _when(row["updated_at"]), row["error"].replace("\n", " "))
-    Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160).print(table)
+    _console().print(table)
 
 
 @deadletters.command("show")

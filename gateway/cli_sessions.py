@@ -6,19 +6,17 @@ errors become one line on stderr and exit status 1.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from gateway.cli_common import plural, remember_home, with_store
+from gateway.cli_common import json_out as _json_out, console as _console, when as _when
 from gateway.config import PLATFORMS
 from state import AmbiguousSession, SessionDB
 from state._transfer import parse_jsonl
@@ -31,16 +29,6 @@ def _source_option(help_text: str, multiple: bool = False):
     """``--source``: one of the known sources, any case (``API`` means ``api``); anything else is an error."""
     return click.option("--source", multiple=multiple, type=click.Choice(SOURCES, case_sensitive=False),
                         help=help_text)
-
-
-def _console() -> Console:
-    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
-
-
-def _json_out(value: Any) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
-
-
 def relative_time(ts: float | None, now: float | None = None) -> str:
     if not ts:
         return "-"
@@ -56,11 +44,6 @@ def relative_time(ts: float | None, now: float | None = None) -> str:
     if delta < 30 * 86400:
         return f"{int(delta // 86400)}d ago"
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d")
-
-
-def _when(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
-
 
 def _exactly(db: SessionDB, ref: str, unchanged: str) -> str:
     """The one session ``ref`` names by id or exact title; otherwise the candidates and no action."""
