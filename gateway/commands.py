@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-OWN_SESSIONS_SCANNED = 5_000  # /resume looks for a match among this many of the user's newest sessions
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 
 
@@ -199,33 +198,13 @@ async def _own_sessions(ctx: CommandContext, limit: int = 10) -> list[dict]:
     return rows[:limit]
 
 
-async def _find_own(ctx: CommandContext, ref: str) -> tuple[dict | None, list[dict]]:
-    """The one session of the user's that ``ref`` names (exact id, unique id prefix, else a title: the
-    newest of its lineage), or None with the candidates when an id prefix fits several of theirs.
-
-    Only the user's own sessions are looked at, so an answer never tells whether anyone else's
-    session exists (the store's resolver looks at every session)."""
+async def _find_own(ctx: CommandContext, ref: str) -> tuple[str | None, list[str]]:
+    """The id of the one session of the user's that ``ref`` names, or None with the candidate ids
+    when an id prefix fits several of theirs (see ``SessionDB.find_owned_session``)."""
     msg = ctx.ticket.msg
-    ref = ref.strip()
-    if msg.user_id is None or not ref:
+    if msg.user_id is None:
         return None, []
-    rows = await ctx.db.list_sessions_rich(source=msg.platform, user_ids=[msg.user_id], include_children=True,
-                                           limit=OWN_SESSIONS_SCANNED)
-    for row in rows:
-        if row["id"] == ref:
-            return row, []
-    prefixed = [r for r in rows if r["id"].startswith(ref)]
-    if len(prefixed) > 1:
-        return None, prefixed
-    if prefixed:
-        return prefixed[0], []
-    try:
-        title = ctx.db.sanitize_title(ref)
-    except state.InvalidTitle:
-        return None, []
-    lineage = re.compile(rf"{re.escape(title or '')}(?: #\d+)?")
-    titled = [r for r in rows if r.get("title") and lineage.fullmatch(r["title"])]
-    return (max(titled, key=lambda r: (r.get("started_at") or 0, r["id"])) if titled else None), []
+    return await ctx.db.find_owned_session(ref, source=msg.platform, user_ids=[msg.user_id])
 
 
 async def cmd_sessions(ctx: CommandContext) -> str:
@@ -252,14 +231,14 @@ async def cmd_resume(ctx: CommandContext) -> str:
     ref = ctx.command.args
     found, candidates = await _find_own(ctx, ref)
     if candidates:
-        shown = ", ".join(r["id"] for r in candidates[:5])
+        shown = ", ".join(candidates[:5])
         return f'More than one of your sessions matches "{ref}": {shown}. Give more of the id.'
     if found is None:
         return f'No session of yours matches "{ref}". /resume alone lists yours.'
-    target = await ctx.db.get_compression_tip(found["id"]) or found["id"]
+    target = await ctx.db.get_compression_tip(found) or found
     session = await ctx.db.get_session(target)
     if session is None or not _owned_by(session, ctx.ticket.msg):
-        target, session = found["id"], found
+        target, session = found, await ctx.db.get_session(found)
     if target == ctx.session_id:
         return "That is the current session."
     await ctx.db.end_session(ctx.session_id, "switched")

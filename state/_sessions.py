@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from typing import Any, Iterable
@@ -137,6 +138,42 @@ def resolve_session_id(conn: sqlite3.Connection, ref: str) -> str:
     if by_title:
         return by_title
     raise SessionNotFound(ref)
+
+
+def find_owned_session(conn: sqlite3.Connection, ref: str, *, source: str,
+                       user_ids: Iterable[str]) -> tuple[str | None, list[str]]:
+    """What ``ref`` names among the sessions of ``source`` whose user is one of ``user_ids``: an
+    exact id, a unique id prefix, else a title (the newest of its lineage).  Returns ``(id, [])``,
+    ``(None, candidates)`` when a prefix fits several (most recently active first), or ``(None, [])``.
+
+    Nobody else's session is looked at, so an answer never tells whether one exists."""
+    ref, ids = (ref or "").strip(), list(user_ids)
+    if not ref or not ids:
+        return None, []
+    owned = f"source = ? AND user_id IN ({', '.join('?' * len(ids))})"
+    if conn.execute(f"SELECT 1 FROM sessions WHERE id = ? AND {owned}", (ref, source, *ids)).fetchone():
+        return ref, []
+    prefixed = [r[0] for r in conn.execute(
+        f"SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' AND {owned} "
+        "ORDER BY COALESCE(last_active, started_at) DESC, id DESC LIMIT 51",
+        (like_escape(ref) + "%", source, *ids)) if r[0].startswith(ref)]  # LIKE ignores ASCII case
+    if len(prefixed) > 1:
+        return None, prefixed
+    if prefixed:
+        return prefixed[0], []
+    try:
+        title = sanitize_title(ref)
+    except InvalidTitle:
+        return None, []
+    if not title:
+        return None, []
+    lineage = re.compile(re.escape(title) + r"(?: #\d+)?")
+    for row in conn.execute(
+            f"SELECT id, title FROM sessions WHERE (title = ? OR title LIKE ? ESCAPE '\\') AND {owned} "
+            "ORDER BY started_at DESC, id DESC", (title, like_escape(title) + " #%", source, *ids)):
+        if lineage.fullmatch(row[1]):
+            return row[0], []
+    return None, []
 
 
 def resolve_session_exactly(conn: sqlite3.Connection, ref: str) -> str:

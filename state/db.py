@@ -172,6 +172,12 @@ class SessionDB:
         return self._engine.read(_sessions.resolve_session_exactly, ref)
 
     @_reads
+    def find_owned_session(self, ref: str, *, source: str, user_ids: Iterable[str]) -> tuple[str | None, list[str]]:
+        """``ref`` (id, id prefix or title) among the sessions of ``source`` owned by ``user_ids`` only:
+        ``(id, [])``, ``(None, candidate ids)`` for an ambiguous prefix, or ``(None, [])``."""
+        return self._engine.read(_sessions.find_owned_session, ref, source=source, user_ids=list(user_ids))
+
+    @_reads
     def list_sessions_rich(
         self,
         source: str | None = None,
