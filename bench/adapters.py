@@ -50,7 +50,7 @@ async def wait_until(predicate, timeout: float, what: str, progress=None) -> Non
 
 async def inject(count: int, rate: float, send_one) -> dict[int, float]:
     gc.collect()
-    gc.freeze()  # as `switchboard run` does once started (gateway/daemon.py)
+    gc.freeze()  # as `switchboard run` does once started (gateway/runtime/daemon.py)
     sent_at: dict[int, float] = {}
     started = time.monotonic()
     for i in range(count):

@@ -5,7 +5,7 @@
 
 Builds ``bench/.data/facts-<n>.db`` once (facts made from templates over a
 Zipf vocabulary of tech words, names and made-up words; every fact encoded
-with ``gateway.facts.hrr.encode_fact`` and stored through ``SessionDB.add_facts``)
+with ``gateway.memory.facts.hrr.encode_fact`` and stored through ``SessionDB.add_facts``)
 and keeps it for later runs.  All facts belong to ONE (agent, user), the worst
 case for the scope filter, plus a user with 10 % as many facts around them (also timed, for probe).
 
@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import state  # noqa: E402
-from gateway.facts import hrr  # noqa: E402
-from gateway.facts.service import FactService, FactSettings  # noqa: E402
+from gateway.memory.facts import hrr  # noqa: E402
+from gateway.memory.facts.service import FactService, FactSettings  # noqa: E402
 
 NOW = 1_800_000_000.0
 AGENT, USER = "main", "telegram:1001"

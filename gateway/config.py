@@ -260,7 +260,7 @@ class ResetConfig(_Model):
 def _duration_seconds(value: Any) -> Any:
     """``1h``, ``30m``, ``2d`` (as cron's schedules take them) or a number of seconds."""
     if isinstance(value, str):
-        from gateway.cron_schedule import parse_duration  # lazy: the scheduler library loads only when needed
+        from gateway.cron.schedule import parse_duration  # lazy: the scheduler library loads only when needed
 
         return parse_duration(value.strip())
     return value
@@ -484,7 +484,7 @@ class FactWeightsConfig(_Model):
 
 
 class FactsConfig(_Model):
-    """Holographic fact memory (issue 9, gateway.facts)."""
+    """Holographic fact memory (issue 9, gateway.memory.facts)."""
 
     enabled: bool = True
     model: OptionalText = None  # the extraction model; None: model.name

@@ -12,7 +12,7 @@ and ``cron:<job>:<run>`` stay a handful of labels).  A cancelled task is not a
 failure.
 
 The counts are per process (one daemon per process), so the adapters, which
-hold no metrics object, count too; :mod:`gateway.metrics` exposes them as
+hold no metrics object, count too; :mod:`gateway.runtime.metrics` exposes them as
 ``switchboard_background_task_failures_total{task=...}``.
 """
 

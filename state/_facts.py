@@ -3,7 +3,7 @@
     facts              one row per fact: its text, entities (JSON list), the
                        session it came from, trust (0..1), created and
                        last-confirmed times, its HRR vector (float32 blob, made by
-                       ``gateway.facts.hrr``; this layer never looks inside) and
+                       ``gateway.memory.facts.hrr``; this layer never looks inside) and
                        ``superseded_by`` when a correction replaced it
     facts_fts          external-content FTS5 index over (content, entities, owner),
                        kept in sync by triggers; ``owner`` holds one token naming

@@ -11,7 +11,7 @@ import openai
 
 import state
 from gateway.config import config_from_dict
-from gateway.daemon import Gateway
+from gateway.runtime.daemon import Gateway
 
 
 class Clock:

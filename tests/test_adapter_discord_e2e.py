@@ -1,6 +1,6 @@
 """End to end: fake Discord <-> real discord.py <-> our adapter <-> the real gateway <-> fake model.
 
-The gateway is assembled as gateway/daemon.py documents it: ``Gateway(config,
+The gateway is assembled as gateway/runtime/daemon.py documents it: ``Gateway(config,
 adapters={...})`` with the adapter built by ``DiscordAdapter.from_config``.
 What a user would see is asserted on the fake Discord (messages and
 follow-ups the bot posted), what is remembered on the model's requests and
@@ -14,7 +14,7 @@ import pytest
 from adapters.discord import DiscordAdapter
 from gateway.commands import default_commands
 from gateway.config import Config
-from gateway.daemon import Gateway
+from gateway.runtime.daemon import Gateway
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
 from tests.harness import stored_routes

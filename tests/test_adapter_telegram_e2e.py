@@ -1,6 +1,6 @@
 """End to end: fake Telegram <-> real python-telegram-bot <-> our adapter <-> the real gateway <-> fake model.
 
-The gateway is assembled as gateway/daemon.py documents it: ``Gateway(config)``
+The gateway is assembled as gateway/runtime/daemon.py documents it: ``Gateway(config)``
 finds the adapter through the ``switchboard.adapters`` entry point and builds
 it with ``TelegramAdapter.from_config`` (``base_url`` points it at the fake).
 What a user would see is asserted on the fake Telegram (messages sent back),
@@ -13,7 +13,7 @@ import pytest
 
 from adapters.telegram import TelegramAdapter
 from gateway.config import Config
-from gateway.daemon import Gateway
+from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import FakeModel
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import gateway_config

@@ -120,7 +120,7 @@ async def test_a_client_that_timed_out_gets_its_answer_after_a_restart(tmp_path,
 
 
 async def test_healthz_says_draining_and_new_messages_get_503_with_retry_after(tmp_path, model):
-    from gateway.daemon import Gateway
+    from gateway.runtime.daemon import Gateway
     from tests.harness import gateway_config
 
     model.script(Hang(30))

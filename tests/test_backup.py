@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gateway import backup as backup_mod
-from gateway.cli_service import backup_cmd, restore_cmd
+from gateway.runtime import backup as backup_mod
+from gateway.cli.service import backup_cmd, restore_cmd
 from state import SessionDB, new_session_id
 
 # Appends "msg <i>" through the real store, one transaction each, and prints i
@@ -41,7 +41,7 @@ HOLDER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from gateway import lockfile
+    from gateway.runtime import lockfile
     handle = lockfile.acquire(Path(sys.argv[1]))
     print("locked", flush=True)
     sys.stdin.read()

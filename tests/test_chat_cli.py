@@ -5,7 +5,7 @@ import io
 import pytest
 from rich.console import Console
 
-from gateway.chat import recap, run_chat
+from gateway.cli.chat import recap, run_chat
 from gateway.errors import SwitchboardError
 from state import SessionDB
 from tests.fakes.model_server import FakeModel
@@ -129,7 +129,7 @@ def _closed_port() -> int:
 def test_warnings_go_to_a_file_not_between_the_prompt_and_the_typing(tmp_path):
     from click.testing import CliRunner
 
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     home = tmp_path / "home"
     config = tmp_path / "c.yaml"

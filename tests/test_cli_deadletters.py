@@ -9,8 +9,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from gateway.cli import main
-from gateway.deadletters import dead_letter_row
+from gateway.cli.main import main
+from gateway.runtime.deadletters import dead_letter_row
 from gateway.types import ChatType, InboundMessage
 from state import SessionDB
 from tests.fakes.model_server import FakeModel

@@ -3,7 +3,7 @@
 import click
 from click.testing import CliRunner
 
-from gateway.cli import main
+from gateway.cli.main import main
 
 
 def _commands(group: click.Group, prefix=()):

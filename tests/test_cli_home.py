@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli import main
+from gateway.cli.main import main
 from state import SessionDB
 
 SWITCHBOARD = Path(sys.executable).parent / "switchboard"
@@ -110,8 +110,7 @@ def test_every_command_opens_the_same_home(operator, monkeypatch):
 
 
 def test_run_takes_home_and_the_second_daemon_error_names_it(tmp_path):
-    from gateway import lockfile
-
+    from gateway.runtime import lockfile
     config = tmp_path / "c.yaml"
     config.write_text("home: unused\n", encoding="utf-8")
     busy = tmp_path / "busy"

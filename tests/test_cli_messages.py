@@ -8,7 +8,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli import main
+from gateway.cli.main import main
 from state import SessionDB
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli_sessions import sessions
+from gateway.cli.sessions import sessions
 from state import SessionDB
 
 

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from gateway.cli_config import config_group
+from gateway.cli.config import config_group
 from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config
 from gateway.errors import ConfigError
 

@@ -292,7 +292,7 @@ async def test_a_bad_job_in_the_config_stops_the_start_naming_it(tmp_path, model
 async def test_cli_changes_are_picked_up_by_a_running_daemon(tmp_path, model):
     from click.testing import CliRunner
 
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     home = tmp_path / "home"
     clock = Clock()

@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli import main
-from gateway.daemon import Gateway
+from gateway.cli.main import main
+from gateway.runtime.daemon import Gateway
 from gateway.types import FailedEvents
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel

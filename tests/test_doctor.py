@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 import state
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import state
-from gateway.facts.extract import EXTRACT_PROMPT
+from gateway.memory.facts.extract import EXTRACT_PROMPT
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.harness import ApiClient, running_gateway
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.facts import hrr
+from gateway.memory.facts import hrr
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM = hrr.DEFAULT_DIM
@@ -19,7 +19,7 @@ def test_atoms_are_unit_vectors_fixed_by_the_token_alone():
     assert a.shape == (DIM,) and np.isclose(np.linalg.norm(a), 1.0)
     assert np.array_equal(a, hrr.atom("postgres"))
     # another process (another hash seed) draws the very same vector
-    code = "from gateway.facts import hrr; print(repr(float(hrr.atom('postgres')[:5].sum())))"
+    code = "from gateway.memory.facts import hrr; print(repr(float(hrr.atom('postgres')[:5].sum())))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PATH": ""}, cwd=ROOT).stdout.strip()
     assert float(out) == pytest.approx(float(a[:5].sum()), abs=1e-12)

@@ -5,9 +5,9 @@ import sqlite3
 import pytest
 
 import state
-from gateway.facts import hrr, scoring
+from gateway.memory.facts import hrr, scoring
 from gateway.config import config_from_dict
-from gateway.facts.service import (CONTRADICT_FACTOR, TRUST_NEW, TRUST_STEP, FactRefused, FactService, FactSettings,
+from gateway.memory.facts.service import (CONTRADICT_FACTOR, TRUST_NEW, TRUST_STEP, FactRefused, FactService, FactSettings,
                                    user_scope)
 
 DAY = 86400.0

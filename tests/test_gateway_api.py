@@ -327,7 +327,7 @@ async def test_the_state_directory_is_private(tmp_path, model):
 
 
 async def test_a_turn_cut_off_by_shutdown_is_a_503_with_retry_after_and_keeps_the_message(tmp_path, model):
-    from gateway.daemon import Gateway
+    from gateway.runtime.daemon import Gateway
     from tests.harness import gateway_config
 
     model.script(Hang(30))
@@ -350,7 +350,7 @@ async def test_a_turn_cut_off_by_shutdown_is_a_503_with_retry_after_and_keeps_th
 
 
 async def test_a_message_queued_behind_a_turn_cut_off_by_shutdown_gets_its_503_within_the_grace(tmp_path, model):
-    from gateway.daemon import Gateway
+    from gateway.runtime.daemon import Gateway
     from tests.harness import gateway_config
 
     model.script(Hang(30))

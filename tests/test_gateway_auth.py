@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli import main
+from gateway.cli.main import main
 from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundMessage
 from tests.fakes.model_server import FakeModel
 from tests.harness import running_gateway

@@ -70,11 +70,11 @@ def test_auto_is_json_when_not_a_terminal_and_text_on_a_terminal():
     leader, follower = os.openpty()
     with os.fdopen(follower, "w", encoding="utf-8", closefd=True) as tty:
         setup("INFO", "auto", stream=tty)
-        logging.getLogger("gateway.daemon").warning("hello %d", 2)
+        logging.getLogger("gateway.runtime.daemon").warning("hello %d", 2)
         tty.flush()
         text = os.read(leader, 4096).decode()
     os.close(leader)
-    assert "WARNING gateway.daemon: hello 2" in text
+    assert "WARNING gateway.runtime.daemon: hello 2" in text
     assert not text.lstrip().startswith("{")
 
 

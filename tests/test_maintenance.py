@@ -8,8 +8,8 @@ import time
 from click.testing import CliRunner
 
 import state
-from gateway import lockfile
-from gateway.cli import main
+from gateway.runtime import lockfile
+from gateway.cli.main import main
 
 DAY = 86_400.0
 
@@ -84,7 +84,7 @@ def test_without_vacuum_it_reports_and_points_at_the_fix(tmp_path):
 
 
 def test_doctor_shows_the_last_upkeep_and_the_next(tmp_path):
-    from gateway.doctor import check_database
+    from gateway.cli.doctor import check_database
 
     home = tmp_path / "home"
     home.mkdir()

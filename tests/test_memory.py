@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from gateway.memory import LIMITS, SEPARATOR, MemoryFiles, MemoryRefused, memory_flush_turn, scan_content
+from gateway.memory.files import LIMITS, SEPARATOR, MemoryFiles, MemoryRefused, memory_flush_turn, scan_content
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.harness import ApiClient, Clock, running_gateway
 
@@ -265,7 +265,7 @@ async def test_an_idle_reset_gets_the_memory_turn_too(tmp_path, model):
 
 def test_memory_folders_are_named_after_the_identity_and_never_climb_out(tmp_path):
     from gateway.config import config_from_dict
-    from gateway.identity import user_dir_name
+    from gateway.memory.identity import user_dir_name
 
     cfg = config_from_dict({"home": str(tmp_path), "identities": {"alice": ["telegram:123", "discord:456"]}})
     assert user_dir_name(cfg, "telegram", "123") == user_dir_name(cfg, "discord", "456") == "alice"

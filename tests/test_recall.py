@@ -8,8 +8,8 @@ from contextlib import closing
 
 import pytest
 
-from gateway.identity import recall_scope
-from gateway.recall import RecallSettings, SessionRecall
+from gateway.memory.identity import recall_scope
+from gateway.memory.recall import RecallSettings, SessionRecall
 from gateway.tools import ToolContext
 from tests.fakes.model_server import Fail, FakeModel, ToolCall
 from tests.harness import ApiClient, gateway_config, running_gateway

@@ -1,6 +1,6 @@
 """Truncation around matches: the densest window, phrase before proximity before single terms."""
 
-from gateway.truncation import NEAR_CHARS, match_positions, query_terms, truncate_around_matches
+from gateway.memory.truncation import NEAR_CHARS, match_positions, query_terms, truncate_around_matches
 
 FILL = "lorem ipsum dolor sit amet. "  # 28 characters of text that matches nothing
 

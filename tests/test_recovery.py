@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import state
-from gateway.daemon import Gateway
+from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import Fail, FakeModel, Hang
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import gateway_config

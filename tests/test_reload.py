@@ -12,7 +12,7 @@ import yaml
 
 import state
 from gateway.config import config_from_dict
-from gateway.reload import needs_restart
+from gateway.runtime.reload import needs_restart
 from tests.fakes.model_server import FakeModel
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import eventually, merge

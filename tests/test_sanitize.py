@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gateway.daemon import Gateway
+from gateway.runtime.daemon import Gateway
 from gateway.types import Attachment, ChatType, InboundMessage, clean_text
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel

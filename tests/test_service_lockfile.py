@@ -9,15 +9,15 @@ import textwrap
 
 import pytest
 
-from gateway import lockfile
+from gateway.runtime import lockfile
 from gateway.errors import AlreadyRunning
-from gateway.service import daemon_running
+from gateway.runtime.systemd import daemon_running
 
 HOLDER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from gateway import lockfile
+    from gateway.runtime import lockfile
     handle = lockfile.acquire(Path(sys.argv[1]))
     print("locked", flush=True)
     sys.stdin.read()  # hold until the test closes stdin (or kills us)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.service import plan_install
+from gateway.runtime.systemd import plan_install
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gateway import lockfile, service
-from gateway.cli_service import service as service_group
-from gateway.service import ServiceError, plan_install, render_unit
+import gateway
+from gateway.runtime import lockfile, systemd as service
+from gateway.cli.service import service as service_group
+from gateway.runtime.systemd import ServiceError, plan_install, render_unit
 
 RUN_AS = "daemon"  # exists on Debian, is not root and not the special "nobody"
 SECRET = "123456:sekrit-telegram-token"
@@ -227,7 +228,7 @@ def test_another_environments_script_is_judged_by_its_own_paths_not_this_checkou
                            package_dir=checkout)
     assert parse_unit(in_home.unit_text)["Service"]["ProtectHome"] == ["read-only"]
     assert plan_install("user", config=config, home=tmp_path / "home", unit_dir=tmp_path).settings.package_dir == \
-        Path(service.__file__).resolve().parent
+        Path(gateway.__file__).resolve().parent
 
 
 def test_render_refuses_a_relative_path(tmp_path, config):

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 import state
-from gateway.daemon import Gateway
+from gateway.runtime.daemon import Gateway
 from state import AsyncSessionDB, SessionDB, fts
 
 from fakes.model_server import FakeModel

@@ -6,7 +6,7 @@ Files and limits::
     <home>/memory/<agent>/<user>/USER.md     what it knows of the user 1,375 characters
 
 ``<user>`` is the user's identity name, else ``platform_userid``
-(:func:`gateway.identity.user_dir_name`).  Entries are separated by
+(:func:`gateway.memory.identity.user_dir_name`).  Entries are separated by
 ``\\n§\\n``; ``replace`` and ``remove`` find an entry by a unique substring.
 
 * Writes are safe between processes: an exclusive ``flock`` on a separate
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.errors import ModelUnavailable, SwitchboardError
-from gateway.identity import user_dir_name
+from gateway.memory.identity import user_dir_name
 from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
 
@@ -401,7 +401,7 @@ async def memory_flush_turn(gw_or_turn, session_id: str, *, reason: str = "reset
                             memory: "MemoryService | None" = None) -> bool:
     """Give the agent one turn, with only the memory tool, to keep what matters of ``session_id``.
 
-    ``gw_or_turn`` is the :class:`~gateway.daemon.Gateway` or its :class:`~gateway.turn.AgentTurn`;
+    ``gw_or_turn`` is the :class:`~gateway.runtime.daemon.Gateway` or its :class:`~gateway.turn.AgentTurn`;
     ``memory`` (default: the gateway's) shows the model what memory holds now, so it adds only what is new.
     ``reason`` completes "this session is about to be ...": "reset" or "compressed".  Skipped
     (returns False) for sessions with fewer than ``min_messages`` messages, for cron sessions and

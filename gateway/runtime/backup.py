@@ -37,8 +37,8 @@ from state import schema
 from state.errors import DatabaseRefused
 from state.paths import DB_FILENAME
 
-from . import lockfile
-from .errors import AlreadyRunning, SwitchboardError
+from gateway.runtime import lockfile
+from gateway.errors import AlreadyRunning, SwitchboardError
 
 log = logging.getLogger(__name__)
 

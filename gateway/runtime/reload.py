@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import state
 from gateway.config import PLATFORMS, Config, load_config
-from gateway.cron import config_jobs
+from gateway.cron.service import config_jobs
 from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
 

@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from gateway.facts import text as _text
+from gateway.memory.facts import text as _text
 
 DEFAULT_DIM = 1024
 DTYPE = np.float32

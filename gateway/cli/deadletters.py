@@ -14,8 +14,8 @@ import json
 import click
 from rich.table import Table
 
-from gateway.cli_common import with_store
-from gateway.cli_common import json_out as _json_out, when as _when, console as _console
+from gateway.cli.common import with_store
+from gateway.cli.common import json_out as _json_out, when as _when, console as _console
 from state import SessionDB
 
 STATUSES = ("held", "retry", "retried", "dropped")

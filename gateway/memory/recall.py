@@ -10,7 +10,7 @@ Truncation")::
           titles, dates, platforms and summaries (or the matching snippets)
 
 An empty query lists the user's recent sessions without calling the model.
-The scope (:func:`gateway.identity.recall_scope`) keeps a user to their own
+The scope (:func:`gateway.memory.identity.recall_scope`) keeps a user to their own
 sessions of this agent (all their linked accounts); the operator sees all.
 
     recall = SessionRecall(db, model, RecallSettings(model="small-model"))
@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 from zoneinfo import ZoneInfo
 
 from gateway.errors import ModelUnavailable
-from gateway.identity import Scope, recall_scope
+from gateway.memory.identity import Scope, recall_scope
 from gateway.tools import Tool, ToolContext
-from gateway.truncation import truncate_around_matches
+from gateway.memory.truncation import truncate_around_matches
 
 log = logging.getLogger(__name__)
 

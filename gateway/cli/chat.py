@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from gateway.config import Config
-from gateway.daemon import Gateway
+from gateway.runtime.daemon import Gateway
 from gateway.errors import SwitchboardError
 from gateway.types import ChatType, InboundMessage
 

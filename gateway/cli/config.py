@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import yaml
 
-from gateway.cli_common import home_options, with_given_home
+from gateway.cli.common import home_options, with_given_home
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
@@ -49,7 +49,7 @@ def check(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
     """Validate the config file; exit 78 with one line naming the key on a mistake."""
     try:
         cfg = _load(ctx, config_path)
-        from gateway.cron import config_jobs, target_problem  # cron jobs are checked by their own module
+        from gateway.cron.service import config_jobs, target_problem  # cron jobs are checked by their own module
 
         jobs = config_jobs(cfg, now=time.time())
     except (ConfigFailure, ConfigError) as exc:

@@ -1,6 +1,6 @@
 """``switchboard cron``: scheduled jobs in state.db (add, list, show, edit, pause, resume, remove, run, history).
 
-A thin layer over ``SessionDB``'s cron methods and :mod:`gateway.cron_schedule`.
+A thin layer over ``SessionDB``'s cron methods and :mod:`gateway.cron.schedule`.
 Every command first stores the config file's ``cron.jobs`` (so they are listed
 and runnable before the daemon ever started; removing a job from the file
 takes effect when the daemon restarts); a running daemon notices any
@@ -25,10 +25,10 @@ from typing import Any
 import click
 
 import state
-from gateway.cli_common import config_or_defaults, fail as _fail, home_options
-from gateway.cli_common import json_out as _json_out
+from gateway.cli.common import config_or_defaults, fail as _fail, home_options
+from gateway.cli.common import json_out as _json_out
 from gateway.config import Config
-from gateway.cron_schedule import EXAMPLES, InvalidJob, format_duration, validate_job
+from gateway.cron.schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
 from state._cron import CronJobNotFound
 
@@ -39,7 +39,7 @@ def _config(config_path: Path | None) -> Config:
 
 def _open(config_path: Path | None) -> tuple[Config, state.SessionDB]:
     """Load the config, open the store and bring the config's jobs into it."""
-    from gateway.cron import config_jobs, first_run_at
+    from gateway.cron.service import config_jobs, first_run_at
 
     cfg = _config(config_path)
     cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -111,7 +111,7 @@ def cron_group() -> None:
 def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, deliver: str, job_id: str | None,
              model: str | None, context: str, grace: str | None) -> None:
     """Add a job called NAME."""
-    from gateway.cron import first_run_at
+    from gateway.cron.service import first_run_at
 
     cfg, db = _open(config_path)
     with db:
@@ -135,7 +135,7 @@ def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, de
 
 def _refuse_unreachable(cfg: Config, deliver: str) -> None:
     """Exit with one line when ``deliver`` is on a platform that is off: every run would fail to deliver."""
-    from gateway.cron import target_problem
+    from gateway.cron.service import target_problem
 
     problem = target_problem(cfg, deliver)
     if problem is not None:
@@ -223,7 +223,7 @@ def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -
 @click.option("--grace", default=None)
 def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
     """Change a job added with `cron add` (config jobs are edited in the config file)."""
-    from gateway.cron import first_run_at
+    from gateway.cron.service import first_run_at
 
     cfg, db = _open(config_path)
     with db:
@@ -269,7 +269,7 @@ def cron_pause(config_path: Path | None, job_id: str) -> None:
 @click.argument("job_id")
 def cron_resume(config_path: Path | None, job_id: str) -> None:
     """Run a paused job again from its next time on (times passed while paused are not made up)."""
-    from gateway.cron_schedule import load_schedule
+    from gateway.cron.schedule import load_schedule
 
     cfg, db = _open(config_path)
     with db:
@@ -301,7 +301,7 @@ def cron_remove(config_path: Path | None, job_id: str) -> None:
 @click.argument("job_id")
 def cron_run(config_path: Path | None, job_id: str) -> None:
     """Run a job once now, in this process, and print the answer."""
-    from gateway.daemon import Gateway
+    from gateway.runtime.daemon import Gateway
     from gateway.logging_setup import setup_logging
 
     cfg, db = _open(config_path)

@@ -29,28 +29,28 @@ from importlib.metadata import entry_points
 
 import compression
 import state
-from gateway.api import LocalApi
+from gateway.runtime.api import LocalApi
 from gateway.auth import AuthSettings, Authorizer
 from gateway.commands import default_commands
 from gateway.compressing import Compressor
-from gateway.cron import CronService
-from gateway.deadletters import DeadLetterReplay, dead_letter_row
-from gateway.facts import FactMemory
-from gateway.memory import MemoryService, memory_flush_turn
-from gateway.recall import RecallSettings, SessionRecall, search_command, session_search_tool
+from gateway.cron.service import CronService
+from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
+from gateway.memory.facts import FactMemory
+from gateway.memory.files import MemoryService, memory_flush_turn
+from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 from gateway.config import PLATFORMS, Config
 from gateway.keys import KeyPolicy
-from gateway.metrics import Metrics
+from gateway.runtime.metrics import Metrics
 from gateway.model import ModelClient, ModelSettings
-from gateway.notify import Notifier
+from gateway.runtime.notify import Notifier
 from gateway.oversize import max_message_tokens
-from gateway.reload import reload_config
+from gateway.runtime.reload import reload_config
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
-from gateway.upkeep import StoreUpkeep
+from gateway.runtime.upkeep import StoreUpkeep
 from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
 
 log = logging.getLogger(__name__)
@@ -111,10 +111,10 @@ class Gateway:
         self._start_errors: dict[str, str] = {}
         self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
         self.router: SessionRouter | None = None
-        self.cron = None  # cron (issue 6): gateway.cron.CronService, made in start()
-        self.recall = None  # recall (issue 8): gateway.recall.SessionRecall, made in start()
-        self.memory = None  # memory (issue 8): gateway.memory.MemoryService, made in start()
-        self.facts = None  # facts (issue 9): gateway.facts.FactMemory, made in start()
+        self.cron = None  # cron (issue 6): gateway.cron.service.CronService, made in start()
+        self.recall = None  # recall (issue 8): gateway.memory.recall.SessionRecall, made in start()
+        self.memory = None  # memory (issue 8): gateway.memory.files.MemoryService, made in start()
+        self.facts = None  # facts (issue 9): gateway.memory.facts.FactMemory, made in start()
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
@@ -407,7 +407,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     """Run until SIGTERM/SIGINT; the exit code for ``switchboard run``.
 
-    SIGHUP reloads the config (one at a time; see :mod:`gateway.reload`).  A second SIGTERM or
+    SIGHUP reloads the config (one at a time; see :mod:`gateway.runtime.reload`).  A second SIGTERM or
     SIGINT while the running turns drain ends the process at once (exit 128 + the signal)."""
     notifier = notifier or Notifier()
     loop = asyncio.get_running_loop()
@@ -493,7 +493,7 @@ class Reloads:
 
 
 async def _reload(gw: Gateway, notifier: Notifier) -> None:
-    """Re-read the config file and apply it (see gateway.reload); systemd hears of it either way."""
+    """Re-read the config file and apply it (see gateway.runtime.reload); systemd hears of it either way."""
     notifier.reloading()
     result = None
     try:

@@ -17,8 +17,8 @@ from pathlib import Path
 import click
 
 import state
-from gateway import lockfile
-from gateway.cli_common import home_options, resolve_home
+from gateway.runtime import lockfile
+from gateway.cli.common import home_options, resolve_home
 from gateway.errors import AlreadyRunning
 
 

@@ -17,7 +17,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from .errors import AlreadyRunning
+from gateway.errors import AlreadyRunning
 
 LOCK_FILENAME = "switchboard.lock"
 

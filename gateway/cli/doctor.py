@@ -17,10 +17,10 @@ from pathlib import Path
 import aiohttp
 
 import state
-from gateway import service
+from gateway.runtime import systemd as service
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
-from gateway.upkeep import EVERY_SECONDS as UPKEEP_EVERY_SECONDS
+from gateway.runtime.upkeep import EVERY_SECONDS as UPKEEP_EVERY_SECONDS
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 MIN_FREE_BYTES = 200 * 1024 * 1024

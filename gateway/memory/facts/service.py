@@ -18,10 +18,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from gateway.facts import hrr, scoring
-from gateway.facts import text as _text
+from gateway.memory.facts import hrr, scoring
+from gateway.memory.facts import text as _text
 from gateway.errors import SwitchboardError
-from gateway.identity import identity_of
+from gateway.memory.identity import identity_of
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def _closest_twin(content: str, ents: list[str], vector, candidates: list[dict],
 
 
 def _clean(content: str) -> str:
-    from gateway.memory import scan_content  # the memory tool's injection and hidden-character check
+    from gateway.memory.files import scan_content  # the memory tool's injection and hidden-character check
 
     text = " ".join(str(content or "").split())
     if not text:

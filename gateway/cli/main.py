@@ -18,13 +18,13 @@ from pathlib import Path
 import click
 
 import state
-from gateway.cli_common import fail as _fail, given_home, home_options, load_config_or_exit as _load_config, resolve_home
-from gateway.cli_config import config_group
-from gateway.cli_cron import cron_group
-from gateway.cli_deadletters import deadletters as deadletters_group
-from gateway.cli_maintenance import maintenance_cmd
-from gateway.cli_service import backup_cmd, restore_cmd, service as service_group
-from gateway.cli_sessions import sessions as sessions_group
+from gateway.cli.common import fail as _fail, given_home, home_options, load_config_or_exit as _load_config, resolve_home
+from gateway.cli.config import config_group
+from gateway.cli.cron import cron_group
+from gateway.cli.deadletters import deadletters as deadletters_group
+from gateway.cli.maintenance import maintenance_cmd
+from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
+from gateway.cli.sessions import sessions as sessions_group
 from gateway.config import PLATFORMS
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
 
@@ -53,8 +53,8 @@ main.add_command(deadletters_group)
 @home_options
 def run(config_path: Path | None) -> None:
     """Run the gateway until SIGTERM/SIGINT (what the systemd unit starts)."""
-    from gateway import lockfile
-    from gateway.daemon import serve
+    from gateway.runtime import lockfile
+    from gateway.runtime.daemon import serve
     from gateway.logging_setup import setup_logging
 
     cfg = _load_config(config_path)
@@ -89,7 +89,7 @@ def run(config_path: Path | None) -> None:
 @click.option("-r", "--resume", "resume", default=None, metavar="ID|TITLE", help="Resume a session by id, prefix or title.")
 def chat(config_path: Path | None, continue_: str | None, resume: str | None) -> None:
     """Talk to the agent from this terminal (source "cli"); slash commands work."""
-    from gateway.chat import run_chat
+    from gateway.cli.chat import run_chat
     from gateway.logging_setup import setup_logging
 
     cfg = _load_config(config_path)
@@ -116,7 +116,7 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
 def doctor(config_path: Path | None, as_json: bool) -> None:
     """Check the config, database, disk, permissions, model, platform tokens and the service."""
-    from gateway.doctor import report, run_checks
+    from gateway.cli.doctor import report, run_checks
 
     checks = asyncio.run(run_checks(config_path, given_home()))
     failed = sum(1 for c in checks if c.ok is False)

@@ -1,8 +1,8 @@
 """``switchboard service install|uninstall|status``, ``switchboard backup`` and ``switchboard restore``.
 
-A thin layer over :mod:`gateway.service` and :mod:`gateway.backup`: parse the
+A thin layer over :mod:`gateway.runtime.systemd` and :mod:`gateway.runtime.backup`: parse the
 options, call one function, print the outcome, turn our errors into a
-one-line message and exit status 1.  ``gateway.cli`` mounts these with
+one-line message and exit status 1.  ``gateway.cli.main`` mounts these with
 ``main.add_command(...)``.
 """
 
@@ -15,10 +15,10 @@ import click
 
 from state.paths import default_home
 
-from . import backup as backup_mod
-from . import service as service_mod
-from .cli_common import given_home, home_options, plural, resolve_home
-from .errors import SwitchboardError
+from gateway.runtime import backup as backup_mod
+from gateway.runtime import systemd as service_mod
+from gateway.cli.common import given_home, home_options, plural, resolve_home
+from gateway.errors import SwitchboardError
 
 
 def _scope_option(fn):

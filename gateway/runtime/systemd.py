@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import lockfile
-from .errors import SwitchboardError
+from gateway.runtime import lockfile
+from gateway.errors import SwitchboardError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ Scope = Literal["system", "user"]
 
 UNIT_NAME = "switchboard.service"
 ENV_FILENAME = "switchboard.env"
-SOURCE_TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "systemd"  # a checkout (pip install -e .)
+SOURCE_TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "systemd"  # a checkout (pip install -e .)
 INSTALLED_TEMPLATE_PATH = ("share", "switchboard", "systemd")  # a wheel's data files (pyproject.toml)
 TEMPLATES: dict[Scope, str] = {"system": "switchboard.service", "user": "switchboard-user.service"}
 ENV_EXAMPLE = "switchboard.env.example"
@@ -375,7 +375,7 @@ def plan_install(
     and unknown (not checked) for another environment's script.
     """
     if package_dir is None and executable is None:
-        package_dir = Path(__file__).resolve().parent
+        package_dir = Path(__file__).resolve().parents[1]  # the gateway package
     if scope not in TEMPLATES:
         raise ServiceError(f"unknown scope {scope!r}: use system or user")
     switchboard = Path(os.path.normpath((executable or default_executable()).absolute()))

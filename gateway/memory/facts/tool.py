@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from gateway.facts import scoring
-from gateway.facts.service import FactRefused, FactService, TRUST_TOLD, render_facts, user_scope
+from gateway.memory.facts import scoring
+from gateway.memory.facts.service import FactRefused, FactService, TRUST_TOLD, render_facts, user_scope
 from gateway.tools import Tool, ToolContext
 
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 
 import state
-from gateway.cron_schedule import (
+from gateway.cron.schedule import (
     DEFAULT_GRACE_SECONDS,
     InvalidJob,
     JobSpec,

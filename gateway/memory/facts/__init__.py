@@ -21,11 +21,11 @@ import collections
 import logging
 import time
 
-from gateway.facts.extract import Extraction, extract_session
-from gateway.facts.prefetch import make_prefetch, memory_context
-from gateway.facts.scoring import MODES, ScoredFact, Weights, rank
-from gateway.facts.service import FactRefused, FactService, FactSettings, Remembered, user_scope
-from gateway.facts.tool import facts_tool
+from gateway.memory.facts.extract import Extraction, extract_session
+from gateway.memory.facts.prefetch import make_prefetch, memory_context
+from gateway.memory.facts.scoring import MODES, ScoredFact, Weights, rank
+from gateway.memory.facts.service import FactRefused, FactService, FactSettings, Remembered, user_scope
+from gateway.memory.facts.tool import facts_tool
 from gateway.tasks import spawn
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 
 from gateway.errors import ModelUnavailable
-from gateway.facts import text as _text
-from gateway.facts.service import FactRefused, FactService, user_scope
+from gateway.memory.facts import text as _text
+from gateway.memory.facts.service import FactRefused, FactService, user_scope
 
 log = logging.getLogger(__name__)
 

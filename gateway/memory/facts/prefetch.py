@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from gateway.facts.service import FactService, render_facts, user_scope
+from gateway.memory.facts.service import FactService, render_facts, user_scope
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ recalled (FTS5, OR of the query's words: three times the limit)::
   0 turns decay off.
 * ``hrr_mode`` is computed over the whole candidate matrix at once
   (:func:`hrr_scores`); with ``F`` a fact's vector and ``U_R = F ⊛ R*`` its
-  unbinding by role ``R`` (see :mod:`gateway.facts.hrr`):
+  unbinding by role ``R`` (see :mod:`gateway.memory.facts.hrr`):
 
   ``probe``       ``cos(F, Q)`` with ``Q = norm(TEXT ⊛ bag(query words) + ENTITY ⊛
                   bag(query entities))``: direct similarity, the query encoded
@@ -53,8 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.facts import hrr
-from gateway.facts import text as _text
+from gateway.memory.facts import hrr
+from gateway.memory.facts import text as _text
 
 MODES = ("probe", "related", "reason", "contradict")
 SECONDS_PER_DAY = 86400.0

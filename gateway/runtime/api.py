@@ -39,7 +39,7 @@ from aiohttp import web
 import state
 
 from gateway.errors import ConfigError
-from gateway.portholder import port_holder
+from gateway.runtime.portholder import port_holder
 from gateway.router import GatewayClosing
 from gateway.types import ChatType, InboundMessage
 

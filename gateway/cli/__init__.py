@@ -1,0 +1,1 @@
+"""``switchboard``: one module per command group."""

@@ -1,0 +1,1 @@
+"""Scheduled jobs: definitions and schedules, and the service that runs them in the daemon."""

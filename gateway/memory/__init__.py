@@ -1,0 +1,1 @@
+"""What the agent remembers across sessions: memory files, recall, identities and facts."""
