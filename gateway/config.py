@@ -48,6 +48,7 @@ from pydantic import (
 )
 
 from gateway import _config_load
+from gateway.durations import parse_duration
 from gateway._config_load import KeyedError
 from gateway.errors import ConfigError
 
@@ -260,8 +261,6 @@ class ResetConfig(_Model):
 def _duration_seconds(value: Any) -> Any:
     """``1h``, ``30m``, ``2d`` (as cron's schedules take them) or a number of seconds."""
     if isinstance(value, str):
-        from gateway.cron.schedule import parse_duration  # lazy: the scheduler library loads only when needed
-
         return parse_duration(value.strip())
     return value
 

@@ -24,12 +24,12 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from gateway.durations import format_duration, parse_duration
+
 EXAMPLES = "'0 8 * * 1-5' (08:00 on weekdays), 'every 30m', 'in 45m' or '2026-12-01T09:00'"
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CONTEXTS = ("fresh", "continue")
 DEFAULT_GRACE_SECONDS = 3600.0
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^\s*(\d+)\s*(s|sec|secs|seconds?|m|min|mins|minutes?|h|hr|hrs|hours?|d|days?)\s*$", re.I)
 _CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 _TRIGGER_FIELDS = ("minute", "hour", "day", "month", "day_of_week")
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron numbering: 0 (and 7) is Sunday
@@ -50,22 +50,6 @@ class InvalidJob(ValueError):
 
 
 # --------------------------------------------------------------------------- durations
-
-
-def parse_duration(text: str) -> float:
-    """``45m`` -> 2700.0; raises ValueError naming the accepted units."""
-    m = _DURATION.match(str(text))
-    if not m or int(m.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a duration: write a positive number and a unit, like 30m, 2h or 1d")
-    return float(int(m.group(1)) * _UNITS[m.group(2)[0].lower()])
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 # --------------------------------------------------------------------------- schedules
