@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,7 +30,7 @@ import discord
 
 from gateway.errors import AdapterError
 from gateway.formatting import split_message
-from gateway.ratelimit import RateLimiter, limiter_for
+from gateway.ratelimit import ChatRate, RateLimiter, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.types import ChatRef, Delivery, SendProgress
 
@@ -68,6 +69,12 @@ def _retry_after(exc: discord.HTTPException) -> float:
         return 1.0
 
 
+# One budget per channel for sends and typing (Discord: 5 per 5 s in a channel); any 5 s window
+# holds at most burst + 5 x rate = 5 calls.
+CHANNEL_RATE = ChatRate(rate=0.6, burst=2)
+_CHANNEL_PATH = re.compile(r"/channels/(\d+)/")
+
+
 class Outbound:
     """The sending half of the adapter; ``client()`` returns the current logged-in client or None."""
 
@@ -83,6 +90,10 @@ class Outbound:
     def limiter(self) -> RateLimiter:
         return limiter_for(PLATFORM, self._token, rate=self._rate, burst=self._burst)
 
+    def chat_budget(self, channel_id: int | str) -> RateLimiter:
+        """The channel's one budget, shared by sends and typing indicators."""
+        return chat_budget_for(PLATFORM, self._token, str(channel_id), CHANNEL_RATE)
+
     def rate_limit_trace(self) -> aiohttp.TraceConfig:
         """An aiohttp trace for the client: every 429 on the wire pauses this token's limiter."""
         trace = aiohttp.TraceConfig()
@@ -95,6 +106,8 @@ class Outbound:
             except ValueError:
                 wait = 1.0
             self.limiter().pause(wait)
+            if (channel := _CHANNEL_PATH.search(params.url.path)) is not None:
+                self.chat_budget(channel.group(1)).pause(wait)  # nothing to that channel, typing included
             log.info("discord: rate limited for %.2fs; pausing every send on this bot token", wait)
 
         trace.on_request_end.append(on_request_end)
@@ -156,10 +169,11 @@ class Outbound:
     async def _send_part(self, channel_id: int, follow_up: str | None, content: str,
                          reference: discord.MessageReference | None) -> str:
         """Post one part (as the interaction's follow-up while that is still usable); its message id."""
-        limiter = self.limiter()
+        limiter, budget = self.limiter(), self.chat_budget(channel_id)
         nonce = str(random.getrandbits(62))  # the same for every attempt: Discord drops a repeat
 
         async def attempt() -> str:
+            await budget.acquire()
             await limiter.acquire()
             client = self._client()
             if client is None:
@@ -182,11 +196,13 @@ class Outbound:
         def classify(exc: BaseException) -> float | None:
             if isinstance(exc, discord.RateLimited):
                 limiter.pause(exc.retry_after)
+                budget.pause(exc.retry_after)
                 return exc.retry_after
             if isinstance(exc, discord.HTTPException):
                 if exc.status == 429:  # without Discord's Via header (e.g. a Cloudflare block): ours to wait out
                     wait = _retry_after(exc)
                     limiter.pause(wait)
+                    budget.pause(wait)
                     return wait
                 return 0.0 if exc.status >= 500 else None
             if isinstance(exc, (NotConnected, aiohttp.ClientError, OSError, asyncio.TimeoutError)):
@@ -198,9 +214,10 @@ class Outbound:
 
     async def send_typing(self, chat: ChatRef) -> None:
         client = self._client()
-        if client is None:
-            return
+        channel_id = chat.thread_id or chat.chat_id
+        if client is None or not self.chat_budget(channel_id).try_acquire():
+            return  # best effort: never queued in front of a reply, never sent during a pause
         try:
-            await client.get_partial_messageable(int(chat.thread_id or chat.chat_id)).typing()
+            await client.get_partial_messageable(int(channel_id)).typing()
         except Exception as exc:  # noqa: BLE001 - best effort
             log.debug("discord: typing indicator failed: %s", describe(exc))

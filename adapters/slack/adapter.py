@@ -67,7 +67,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway.errors import AdapterError
 from gateway.formatting import split_message
-from gateway.ratelimit import limiter_for
+from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff
 from gateway.tasks import spawn
 from gateway.types import AdapterHealth, ChatRef, DeadLetterHandler, Delivery, InboundHandler, SendProgress
@@ -78,6 +78,10 @@ from .mrkdwn import to_mrkdwn
 from .outbound import TEXT_LIMIT, PartFailed, Sender
 
 log = logging.getLogger(__name__)
+
+# One budget per channel for posts and the typing reaction (Slack: about 1 message a second in a
+# channel, short bursts allowed).
+CHANNEL_RATE = ChatRate(rate=1.0, burst=2)
 
 PLATFORM = "slack"
 
@@ -240,7 +244,8 @@ class SlackAdapter:
         who = f"@{auth.get('user')} ({self.bot_user_id}) in {auth.get('team') or auth.get('team_id')}"
         limiter = limiter_for(PLATFORM, self._bot_token, rate=self._send_rate, burst=self._send_burst)
         self._sender = Sender(self._client, limiter, backoff=self._send_backoff, max_attempts=self._send_attempts,
-                              total_seconds=self._send_total)
+                              total_seconds=self._send_total,
+                              chat_budget=lambda channel: chat_budget_for(PLATFORM, self._bot_token, channel, CHANNEL_RATE))
         self._inbound = Inbound(
             client=self._client, handler=handler, dead_letter=dead_letter, settings=self._settings,
             health=self._health, http=self._http,
@@ -369,8 +374,10 @@ class SlackAdapter:
         if not self._typing_reaction or self._client is None or inbound is None or not self._started:
             return
         ts = inbound.last_message.get((chat.chat_id, chat.thread_id))
-        if ts is None or ts in self._reacted:
+        if ts is None or ts in self._reacted or self._sender is None:
             return
+        if not self._sender.chat_budget(chat.chat_id).try_acquire():
+            return  # best effort: never queued in front of a reply, never sent during a pause
         self._reacted.remember(ts, chat.chat_id)
         try:
             await self._client.reactions_add(channel=chat.chat_id, name=self._typing_reaction, timestamp=ts)

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import aiohttp
 from slack_sdk.errors import SlackApiError
@@ -59,22 +60,28 @@ class PartFailed(Exception):
 class Sender:
     """Posts one reply part at a time for :class:`adapters.slack.SlackAdapter`."""
 
-    def __init__(self, client: AsyncWebClient, limiter: RateLimiter, *, backoff: Backoff, max_attempts: int, total_seconds: float):
+    def __init__(self, client: AsyncWebClient, limiter: RateLimiter, *, backoff: Backoff, max_attempts: int,
+                 total_seconds: float, chat_budget: Callable[[str], RateLimiter]):
         self._client = client
         self._limiter = limiter
+        self.chat_budget = chat_budget  # a channel's one budget, shared by posts and the typing reaction
         self._backoff = backoff
         self._max_attempts = max_attempts
         self._total_seconds = total_seconds
 
-    def _classify(self, exc: BaseException) -> float | None:
+    def _classify(self, exc: BaseException, budget: RateLimiter | None = None) -> float | None:
         if isinstance(exc, RateLimited):
             self._limiter.pause(exc.retry_after)
+            if budget is not None:
+                budget.pause(exc.retry_after)
             return exc.retry_after
         if isinstance(exc, SlackApiError):
             status = getattr(exc.response, "status_code", 200)
             if status == 429:
                 retry_after = _retry_after(exc.response.headers)
                 self._limiter.pause(retry_after)
+                if budget is not None:
+                    budget.pause(retry_after)  # nothing to that channel until then, the typing reaction included
                 log.warning("slack: rate limited, pausing sends for %.1fs", retry_after)
                 return retry_after
             return 0.0 if status >= 500 else None
@@ -84,10 +91,10 @@ class Sender:
             return 0.0
         return None
 
-    async def _retry(self, call):
+    async def _retry(self, call, budget: RateLimiter | None = None):
         return await retry_async(
             call,
-            classify=self._classify,
+            classify=lambda exc: self._classify(exc, budget),
             backoff=self._backoff,
             max_attempts=self._max_attempts,
             total_seconds=self._total_seconds,
@@ -96,8 +103,11 @@ class Sender:
     async def post(self, channel: str, text: str, *, thread_ts: str | None) -> str:
         """Post one part with chat.postMessage; returns its ts or raises :class:`PartFailed`."""
 
+        budget = self.chat_budget(channel)
+
         def attempt(plain: bool):
             async def call():
+                await budget.acquire()
                 async with self._limiter:
                     return await self._client.chat_postMessage(
                         channel=channel, text=text, thread_ts=thread_ts, mrkdwn=not plain, unfurl_links=False
@@ -106,14 +116,14 @@ class Sender:
             return call
 
         try:
-            resp = await self._retry(attempt(False))
+            resp = await self._retry(attempt(False), budget)
         except SlackApiError as exc:
             error = _error_code(exc)
             if error not in FORMAT_ERRORS:
                 raise PartFailed(f"chat.postMessage failed: {error}") from None
             log.warning("slack: formatted text rejected (%s) in %s; sending it as plain text", error, channel)
             try:
-                resp = await self._retry(attempt(True))
+                resp = await self._retry(attempt(True), budget)
             except SlackApiError as exc2:
                 raise PartFailed(f"chat.postMessage failed: {_error_code(exc2)} (plain-text fallback too)") from None
             except Exception as exc2:  # noqa: BLE001 - reported, never raised to the gateway
@@ -125,8 +135,10 @@ class Sender:
     async def respond(self, route: ResponseRoute, text: str) -> None:
         """Post one part to a slash command's response_url (raises :class:`PartFailed`)."""
         webhook = AsyncWebhookClient(route.url, timeout=30)
+        budget = self.chat_budget(route.channel_id)
 
         async def call():
+            await budget.acquire()
             async with self._limiter:
                 resp = await webhook.send(
                     text=text,
@@ -141,7 +153,7 @@ class Sender:
 
         route.uses_left -= 1
         try:
-            await self._retry(call)
+            await self._retry(call, budget)
         except Exception as exc:  # noqa: BLE001
             raise PartFailed(f"response_url failed: {exc}") from None
 

@@ -37,7 +37,7 @@ from telegram.request import HTTPXRequest
 
 from gateway.errors import AdapterError
 from gateway.formatting import split_message, utf16_len
-from gateway.ratelimit import limiter_for
+from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
 from gateway.types import (AdapterHealth, Attachment, ChatRef, DeadLetterHandler, Delivery, FailedEvents,
@@ -53,6 +53,10 @@ from .webhook import WebhookServer
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 4096  # UTF-16 code units, after entity parsing
+# One budget per chat for sends and typing (Telegram: about 1 message a second in a chat, 20 a
+# minute in a group); any 60 s window of a group holds at most burst + 60 x rate = 20 calls.
+CHAT_RATE = ChatRate(rate=1.0, burst=2)
+GROUP_RATE = ChatRate(rate=18 / 60, burst=2)
 _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 
 
@@ -383,8 +387,14 @@ class TelegramAdapter:
             await progress.confirmed(str(sent.message_id), last=index == len(parts) - 1)
         return Delivery(ok=True, message_ids=tuple(progress.sent_ids))
 
+    def _chat_budget(self, chat: ChatRef):
+        """The chat's one budget for sends and typing: about 1 a second, and 20 a minute in a group."""
+        rate = GROUP_RATE if chat.chat_id.startswith("-") else CHAT_RATE
+        return chat_budget_for(PLATFORM, self._token, chat.chat_id, rate)
+
     async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None) -> Message:
         limiter = limiter_for(PLATFORM, self._token, rate=self._rate[0], burst=self._rate[1])
+        budget = self._chat_budget(chat)
         kwargs: dict[str, Any] = {"chat_id": _chat_id(chat.chat_id)}
         if chat.thread_id:
             kwargs["message_thread_id"] = int(chat.thread_id)
@@ -393,11 +403,14 @@ class TelegramAdapter:
             kwargs["reply_parameters"] = ReplyParameters(message_id=int(reply_to), allow_sending_without_reply=True)
 
         async def attempt(**extra: Any) -> Message:
+            await budget.acquire()
             await limiter.acquire()
             try:
                 return await self.bot.send_message(**kwargs, **extra)
             except RetryAfter as exc:
-                limiter.pause(retry_after_seconds(exc) or 1.0)
+                wait = retry_after_seconds(exc) or 1.0
+                budget.pause(wait)  # nothing at all to this chat until then, typing included
+                limiter.pause(wait)
                 raise
             except ChatMigrated as exc:  # a group became a supergroup: same conversation, new id
                 log.info("telegram chat %s moved to %s; sending there", kwargs["chat_id"], exc.new_chat_id)
@@ -417,8 +430,8 @@ class TelegramAdapter:
             return await send(text=part)
 
     async def send_typing(self, chat: ChatRef) -> None:
-        if self._bot is None:
-            return
+        if self._bot is None or not self._chat_budget(chat).try_acquire():
+            return  # best effort: never queued in front of a reply, never sent during a pause
         try:
             await self._bot.send_chat_action(
                 chat_id=_chat_id(chat.chat_id), action=ChatAction.TYPING,
