@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
 
@@ -428,6 +429,12 @@ def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
     assert type(cfg.platforms.discord) is DiscordConfig
     assert type(cfg.platforms.slack) is SlackConfig
     assert type(Config().platforms.slack) is SlackConfig
+
+
+def test_every_installed_adapter_publishes_its_settings_model():
+    # Without one, platforms.<name> would be an unknown key and the daemon would never start that adapter.
+    adapters = {ep.name for ep in entry_points(group="switchboard.adapters")}
+    assert adapters == set(platform_models())
 
 
 def test_loading_the_config_does_not_load_the_platform_libraries():
