@@ -373,10 +373,16 @@ def platform_models() -> Mapping[str, type[PlatformConfig]]:
     order, then any others by name."""
     found: dict[str, type[PlatformConfig]] = {}
     for ep in entry_points(group=ADAPTER_CONFIGS):
-        model = ep.load()
+        try:
+            model = ep.load()
+        except Exception as exc:  # noqa: BLE001 - an installed package is broken: say which, exit 78
+            raise ConfigError(f"the settings model of the installed platform {ep.name} ({ep.value}) cannot be loaded "
+                              f"({type(exc).__name__}: {exc}); reinstall or uninstall the package that provides it",
+                              key=f"platforms.{ep.name}") from None
         if not (isinstance(model, type) and issubclass(model, PlatformConfig)) or model.PLATFORM != ep.name:
-            raise TypeError(f"the {ADAPTER_CONFIGS} entry point {ep.name} = {ep.value} must name a "
-                            f"gateway.config.PlatformConfig subclass whose PLATFORM is {ep.name!r}")
+            raise ConfigError(f"the {ADAPTER_CONFIGS} entry point {ep.name} = {ep.value} must name a "
+                              f"gateway.config.PlatformConfig subclass whose PLATFORM is {ep.name!r}; "
+                              "fix or uninstall the package that provides it", key=f"platforms.{ep.name}")
         found[ep.name] = model
     order = {name: i for i, name in enumerate(PLATFORMS)}
     return MappingProxyType({name: found[name] for name in sorted(found, key=lambda n: (order.get(n, len(order)), n))})

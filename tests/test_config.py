@@ -462,25 +462,44 @@ class MatrixConfig(PlatformConfig):
 """
 
 
-@pytest.fixture
-def matrix_installed(tmp_path, monkeypatch):
+def _install_platform(site: Path, monkeypatch, name: str, config_module: str) -> None:
     """A platform package from outside this repository, installed beside it: its own settings model,
     published under the switchboard.adapter_configs entry point."""
-    site = tmp_path / "site"
-    (site / "switchboard_matrix").mkdir(parents=True)
-    (site / "switchboard_matrix" / "__init__.py").write_text("", encoding="utf-8")
-    (site / "switchboard_matrix" / "config.py").write_text(MATRIX_CONFIG, encoding="utf-8")
-    dist = site / "switchboard_matrix-1.0.dist-info"
+    package = site / f"switchboard_{name}"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "config.py").write_text(config_module, encoding="utf-8")
+    dist = site / f"switchboard_{name}-1.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: switchboard-matrix\nVersion: 1.0\n", encoding="utf-8")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: switchboard-{name}\nVersion: 1.0\n", encoding="utf-8")
     (dist / "entry_points.txt").write_text(
-        "[switchboard.adapter_configs]\nmatrix = switchboard_matrix.config:MatrixConfig\n", encoding="utf-8")
+        f"[switchboard.adapter_configs]\n{name} = switchboard_{name}.config:{name.title()}Config\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(site))
     platform_models.cache_clear()
-    yield
+
+
+@pytest.fixture
+def site(tmp_path):
+    yield tmp_path / "site"
     platform_models.cache_clear()
-    for name in ("switchboard_matrix.config", "switchboard_matrix"):
-        sys.modules.pop(name, None)
+    for name in [m for m in sys.modules if m.startswith("switchboard_")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def matrix_installed(site, monkeypatch):
+    _install_platform(site, monkeypatch, "matrix", MATRIX_CONFIG)
+
+
+def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeypatch):
+    _install_platform(site, monkeypatch, "broken", "import nio_not_installed_here\n")
+    result = cli("check", "--config", str(write(tmp_path, "")))
+    assert result.exit_code == 78
+    assert result.stderr.splitlines() == [
+        "error: platforms.broken: the settings model of the installed platform broken (switchboard_broken.config:BrokenConfig) "
+        "cannot be loaded (ModuleNotFoundError: No module named 'nio_not_installed_here'); "
+        "reinstall or uninstall the package that provides it"
+    ]
 
 
 def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installed):
