@@ -2,7 +2,10 @@
 and turning pydantic's errors into one :class:`~gateway.errors.ConfigError`.
 
 Private to :mod:`gateway.config`; the models live there and are passed in, so
-this module knows nothing about which keys exist.
+this module knows nothing about which keys exist.  A model whose keys are known
+only at run time (the installed platforms) names the model that really
+validates it through a classmethod ``concrete_model()``, and may add a word on
+unknown keys in a ``UNKNOWN_KEY_HELP`` class attribute.
 """
 
 from __future__ import annotations
@@ -222,12 +225,19 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
+def _concrete(tp: Any) -> Any:
+    tp = _unwrap(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel) and hasattr(tp, "concrete_model"):
+        return tp.concrete_model()
+    return tp
+
+
 def _walk(root: type[BaseModel], loc: Loc) -> tuple[Any, Any]:
     """(type at loc, FieldInfo of the last model field on the way) or (None, None)."""
     tp: Any = root
     field = None
     for part in loc:
-        tp = _unwrap(tp)
+        tp = _concrete(tp)
         origin = typing.get_origin(tp)
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             if part not in tp.model_fields:
@@ -240,7 +250,7 @@ def _walk(root: type[BaseModel], loc: Loc) -> tuple[Any, Any]:
             tp = typing.get_args(tp)[1]
         else:
             return None, None
-    return _unwrap(tp), field
+    return _concrete(tp), field
 
 
 def _is_secret(field: Any) -> bool:
@@ -263,7 +273,8 @@ def _message(err: dict, root: type[BaseModel]) -> tuple[Loc, str]:
             valid = list(parent.model_fields)
             close = difflib.get_close_matches(bad, valid, n=1, cutoff=0.6)
             hint = f' (did you mean "{close[0]}"?)' if close else ""
-            return loc, f'unknown key "{bad}"{hint}; valid keys here: {", ".join(valid)}'
+            note = getattr(parent, "UNKNOWN_KEY_HELP", "")
+            return loc, f'unknown key "{bad}"{hint}; valid keys here: {", ".join(valid) or "none"}' + (f" ({note})" if note else "")
         return loc, f'unknown key "{bad}"'
     if kind == "value_error" and isinstance(ctx.get("error"), KeyedError):
         exc = ctx["error"]

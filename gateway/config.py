@@ -1,9 +1,14 @@
 """The gateway's configuration: one YAML file, validated once into frozen objects.
 
     cfg = load_config()                  # --config path, else $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml
-    cfg.platforms.telegram.token         # "" when not set
+    cfg.platforms.telegram.token         # "" when not set (the model is adapters/telegram/config.py's)
     cfg.enabled_platforms()              # {"telegram": "on", "discord": "off: platforms.discord.token is not set", ...}
     cfg.sessions.reset_policy_for("telegram", "group")
+
+Each platform's section is validated by the model its adapter package
+publishes under the ``switchboard.adapter_configs`` entry point (a
+:class:`PlatformConfig` subclass beside the adapter's code), so the gateway
+never imports an adapter; ``config.example.yaml`` documents them all.
 
 Every model is frozen and forbids unknown keys, so a misspelt key fails at
 start-up naming the key and the valid ones nearby.  Lists are tuples and the
@@ -23,11 +28,13 @@ values to the log redactor.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
 import typing
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, ClassVar, Literal, Mapping
@@ -41,15 +48,17 @@ from pydantic import (
     Field,
     PlainSerializer,
     PrivateAttr,
+    SerializeAsAny,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from gateway import _config_load
 from gateway.durations import parse_duration
-from gateway._config_load import KeyedError
+from gateway._config_load import KeyedError, describe
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -60,9 +69,9 @@ __all__ = [
     "Config",
     "CronConfig",
     "CronJobConfig",
-    "DiscordConfig",
     "LoggingConfig",
     "ModelConfig",
+    "PlatformConfig",
     "PlatformsConfig",
     "RecallConfig",
     "ResetConfig",
@@ -70,12 +79,20 @@ __all__ = [
     "ResetPolicy",
     "SessionsConfig",
     "ShutdownConfig",
-    "SlackConfig",
     "StoreConfig",
-    "TelegramConfig",
     "config_from_dict",
     "find_config_path",
     "load_config",
+    "platform_models",
+    # what a platform's config model is built from
+    "HttpUrl",
+    "KeyedError",
+    "OptionalHttpUrl",
+    "Seconds",
+    "check_url",
+    "describe",
+    "empty_to_none",
+    "secret_field",
 ]
 
 PLATFORMS: tuple[str, ...] = ("telegram", "discord", "slack")
@@ -109,17 +126,19 @@ def _accepts_none(annotation: Any) -> bool:
     return annotation is Any or type(None) in typing.get_args(annotation)
 
 
-def _secret(**kwargs: Any) -> Any:
-    """A secret string field: empty when unset, hidden from repr, redacted by Config.redacted()."""
+def secret_field(**kwargs: Any) -> Any:
+    """A secret string field: empty when unset, hidden from repr, redacted by Config.redacted(),
+    never echoed in an error message."""
     return Field("", repr=False, json_schema_extra={"secret": True}, **kwargs)
 
 
-def _empty_to_none(value: Any) -> Any:
+def empty_to_none(value: Any) -> Any:
     # `${TELEGRAM_WEBHOOK_URL:-}` expands to "": that means "not set".
     return None if isinstance(value, str) and value.strip() == "" else value
 
 
-def _check_url(schemes: tuple[str, ...]):
+def check_url(schemes: tuple[str, ...]):
+    """A validator for a URL with one of ``schemes`` (None passes: an optional URL that is unset)."""
     def check(value: str | None) -> str | None:
         if value is None:
             return value
@@ -132,9 +151,9 @@ def _check_url(schemes: tuple[str, ...]):
     return check
 
 
-HttpUrl = Annotated[str, AfterValidator(_check_url(("http", "https")))]
-OptionalHttpUrl = Annotated[HttpUrl | None, BeforeValidator(_empty_to_none)]
-OptionalText = Annotated[str | None, BeforeValidator(_empty_to_none)]
+HttpUrl = Annotated[str, AfterValidator(check_url(("http", "https")))]
+OptionalHttpUrl = Annotated[HttpUrl | None, BeforeValidator(empty_to_none)]
+OptionalText = Annotated[str | None, BeforeValidator(empty_to_none)]
 Seconds = Annotated[float, Field(gt=0)]
 
 
@@ -170,16 +189,16 @@ class ModelConfig(_Model):
     """The OpenAI-compatible endpoint the agent talks to."""
 
     base_url: HttpUrl = "http://127.0.0.1:8000/v1"
-    api_key: str = _secret()
+    api_key: str = secret_field()
     name: str = Field("default", min_length=1)
-    context_length: Annotated[int | None, BeforeValidator(_empty_to_none)] = Field(None, ge=512)  # None: known-model table, else a default
+    context_length: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=512)  # None: known-model table, else a default
     timeout_seconds: Seconds = 120.0
     max_concurrent_calls: int = Field(4, ge=1, le=256)
     vision: bool = False
     max_retries: int = Field(3, ge=0, le=20)
     retry_total_seconds: Seconds = 90.0
     persona: OptionalText = None
-    persona_file: Annotated[Path | None, BeforeValidator(_empty_to_none)] = None
+    persona_file: Annotated[Path | None, BeforeValidator(empty_to_none)] = None
     max_tool_iterations: int = Field(8, ge=1, le=100)
     # a message estimated above this share of the context window is stored whole but sent cut down
     max_message_share: float = Field(0.5, ge=0.05, le=1)
@@ -313,8 +332,10 @@ class AuthConfig(_Model):
 # --------------------------------------------------------------------------- platforms
 
 
-class _PlatformConfig(_Model):
-    """What every platform has besides its credentials."""
+class PlatformConfig(_Model):
+    """What every platform's section has; each adapter package derives its own model from this
+    (``adapters/telegram/config.py``) and publishes it under the ``switchboard.adapter_configs``
+    entry point named like the platform."""
 
     PLATFORM: ClassVar[str] = ""
     enabled: bool = True
@@ -342,86 +363,50 @@ class _PlatformConfig(_Model):
         raise NotImplementedError
 
 
-class TelegramConfig(_PlatformConfig):
-    PLATFORM: ClassVar[str] = "telegram"
-    token: str = _secret()
-    base_url: HttpUrl = "https://api.telegram.org/bot"  # python-telegram-bot appends the token
-    base_file_url: OptionalHttpUrl = None  # None: derived from base_url (.../bot -> .../file/bot)
-    poll_timeout: int = Field(30, ge=0, le=120)  # long-polling getUpdates timeout, seconds
-    max_image_bytes: int = Field(5 * 1024 * 1024, ge=1)  # larger photos are not downloaded for vision
-    webhook_url: OptionalHttpUrl = None  # unset: long polling
-    webhook_listen: str = "127.0.0.1"
-    webhook_port: int = Field(8443, ge=0, le=65535)
-    webhook_secret: str = _secret()
-
-    @field_validator("webhook_secret")
-    @classmethod
-    def _telegram_secret_charset(cls, value: str) -> str:
-        # Telegram's rule for secret_token; the value itself is never echoed.
-        if value and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", value):
-            raise ValueError("must be 1-256 characters from A-Z a-z 0-9 _ - (Telegram's rule); generate one with: openssl rand -hex 32")
-        return value
-
-    @model_validator(mode="after")
-    def _half_configured(self) -> TelegramConfig:
-        if self.enabled and not self.token and (self.webhook_url or self.webhook_secret):
-            raise KeyedError("token", "is not set but webhook settings are; set TELEGRAM_BOT_TOKEN (the token from @BotFather), or remove the webhook keys")
-        return self
-
-    def credential_problem(self) -> str | None:
-        return None if self.token else "platforms.telegram.token is not set"
+ADAPTER_CONFIGS = "switchboard.adapter_configs"
 
 
-class DiscordConfig(_PlatformConfig):
-    PLATFORM: ClassVar[str] = "discord"
-    token: str = _secret()
-    api_base_url: HttpUrl = "https://discord.com/api/v10"
-    gateway_url: Annotated[Annotated[str, AfterValidator(_check_url(("ws", "wss")))] | None, BeforeValidator(_empty_to_none)] = None
-
-    def credential_problem(self) -> str | None:
-        return None if self.token else "platforms.discord.token is not set"
-
-
-class SlackConfig(_PlatformConfig):
-    PLATFORM: ClassVar[str] = "slack"
-    bot_token: str = _secret()  # xoxb-...
-    app_token: str = _secret()  # xapp-..., socket mode
-    signing_secret: str = _secret()  # http mode
-    mode: Literal["socket", "http"] = "socket"
-    http_port: int = Field(3000, ge=0, le=65535)
-    http_path: str = "/slack/events"
-    api_base_url: HttpUrl = "https://slack.com/api/"
-
-    @field_validator("http_path")
-    @classmethod
-    def _absolute_path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f'must start with "/", like /slack/events (got {_config_load.describe(value)})')
-        return value
-
-    @model_validator(mode="after")
-    def _half_configured(self) -> SlackConfig:
-        if not self.enabled:
-            return self
-        needed = "app_token" if self.mode == "socket" else "signing_secret"
-        how = {
-            "app_token": "an app-level token xapp-... with connections:write (or set mode: http with signing_secret)",
-            "signing_secret": "the app's signing secret from Basic Information (or use mode: socket with app_token)",
-        }[needed]
-        if self.bot_token and not getattr(self, needed):
-            raise KeyedError(needed, f"is not set but bot_token is; {self.mode} mode needs {how}")
-        if not self.bot_token and (self.app_token or self.signing_secret):
-            raise KeyedError("bot_token", "is not set but other Slack credentials are; set SLACK_BOT_TOKEN (xoxb-...) or remove them")
-        return self
-
-    def credential_problem(self) -> str | None:
-        return None if self.bot_token else "platforms.slack.bot_token is not set"
+@functools.cache
+def platform_models() -> Mapping[str, type[PlatformConfig]]:
+    """Each installed platform's config model, found through the ``switchboard.adapter_configs``
+    entry points (so the gateway never imports an adapter): the built-in platforms in their usual
+    order, then any others by name."""
+    found: dict[str, type[PlatformConfig]] = {}
+    for ep in entry_points(group=ADAPTER_CONFIGS):
+        try:
+            model = ep.load()
+        except Exception as exc:  # noqa: BLE001 - an installed package is broken: say which, exit 78
+            raise ConfigError(f"the settings model of the installed platform {ep.name} ({ep.value}) cannot be loaded "
+                              f"({type(exc).__name__}: {exc}); reinstall or uninstall the package that provides it",
+                              key=f"platforms.{ep.name}") from None
+        if not (isinstance(model, type) and issubclass(model, PlatformConfig)) or model.PLATFORM != ep.name:
+            raise ConfigError(f"the {ADAPTER_CONFIGS} entry point {ep.name} = {ep.value} must name a "
+                              f"gateway.config.PlatformConfig subclass whose PLATFORM is {ep.name!r}; "
+                              "fix or uninstall the package that provides it", key=f"platforms.{ep.name}")
+        found[ep.name] = model
+    order = {name: i for i, name in enumerate(PLATFORMS)}
+    return MappingProxyType({name: found[name] for name in sorted(found, key=lambda n: (order.get(n, len(order)), n))})
 
 
 class PlatformsConfig(_Model):
-    telegram: TelegramConfig = TelegramConfig()
-    discord: DiscordConfig = DiscordConfig()
-    slack: SlackConfig = SlackConfig()
+    """The ``platforms`` section: one key per installed platform, each validated by the model that
+    platform publishes (:func:`platform_models`).  :meth:`concrete_model` is the model with those keys."""
+
+    UNKNOWN_KEY_HELP: ClassVar[str] = "these are the installed platforms; a platform's settings come with its adapter package"
+
+    @classmethod
+    def concrete_model(cls) -> type[PlatformsConfig]:
+        return _platforms_model(tuple(platform_models().items()))
+
+    def sections(self) -> dict[str, PlatformConfig]:
+        """Platform name -> its validated section, in :func:`platform_models` order."""
+        return {name: getattr(self, name) for name in type(self).model_fields}
+
+
+@functools.cache
+def _platforms_model(models: tuple[tuple[str, type[PlatformConfig]], ...]) -> type[PlatformsConfig]:
+    fields: dict[str, Any] = {name: (model, Field(default_factory=model)) for name, model in models}
+    return create_model("InstalledPlatformsConfig", __base__=PlatformsConfig, **fields)
 
 
 # --------------------------------------------------------------------------- the rest
@@ -439,7 +424,7 @@ def _is_loopback(host: str) -> bool:
 class ApiConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(8642, ge=0, le=65535)
-    token: str = _secret()
+    token: str = secret_field()
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> ApiConfig:
@@ -515,7 +500,7 @@ class CronConfig(_Model):
 class StoreConfig(_Model):
     write_timeout_seconds: Seconds = 10.0
     # Ended sessions with no activity for this many days are deleted by the daemon, once a day; empty: never.
-    retention_days: Annotated[float | None, BeforeValidator(_empty_to_none)] = Field(None, ge=1)
+    retention_days: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
 
 
 # --------------------------------------------------------------------------- Config
@@ -535,7 +520,7 @@ class Config(_Model):
     sessions: SessionsConfig = SessionsConfig()
     auth: AuthConfig = AuthConfig()
     identities: IdentityMap = Field(default_factory=lambda: MappingProxyType({}))
-    platforms: PlatformsConfig = PlatformsConfig()
+    platforms: SerializeAsAny[PlatformsConfig] = Field(default_factory=lambda: PlatformsConfig.concrete_model()())
     api: ApiConfig = ApiConfig()
     logging: LoggingConfig = LoggingConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
@@ -554,6 +539,14 @@ class Config(_Model):
             env = (info.context or {}).get("env", os.environ)
             data = {**data, "home": _default_home(env)}
         return data
+
+    @field_validator("platforms", mode="before")
+    @classmethod
+    def _platform_sections(cls, value: Any, info: ValidationInfo) -> Any:
+        # Validated here rather than by the field's type: the keys are the installed platforms.
+        if isinstance(value, PlatformsConfig):
+            return value
+        return PlatformsConfig.concrete_model().model_validate(value, context=info.context)
 
     @field_validator("home")
     @classmethod
@@ -601,8 +594,7 @@ class Config(_Model):
     def enabled_platforms(self) -> dict[str, str]:
         """Each platform -> "on", or "off: <reason>"."""
         out = {}
-        for name in PLATFORMS:
-            platform: _PlatformConfig = getattr(self.platforms, name)
+        for name, platform in self.platforms.sections().items():
             if not platform.enabled:
                 out[name] = f"off: platforms.{name}.enabled is false"
             else:
@@ -614,8 +606,9 @@ class Config(_Model):
         """User ids allowed on one platform: auth.allowed_users for it plus platforms.<p>.allowed_users."""
         prefix = f"{platform}:"
         ids = {ref[len(prefix):] for ref in self.auth.allowed_users if ref.startswith(prefix)}
-        if platform in PLATFORMS:
-            ids.update(getattr(self.platforms, platform).allowed_users)
+        section = self.platforms.sections().get(platform)
+        if section is not None:
+            ids.update(section.allowed_users)
         return frozenset(ids)
 
     def _secret_fields(self) -> list[tuple[tuple[str, ...], str]]:

@@ -252,7 +252,7 @@ async def test_a_command_the_gateway_cannot_take_tells_the_user(fake, bot):
 
 
 def test_from_config_maps_the_discord_section():
-    from gateway.config import DiscordConfig
+    from adapters.discord import DiscordConfig
 
     cfg = DiscordConfig(token="t0k", api_base_url="http://127.0.0.1:9/api/v10", gateway_url="ws://127.0.0.1:9/gw",
                         require_mention=False, free_response_channels=("42",), stall_timeout_seconds=60)

@@ -188,7 +188,7 @@ async def test_webhook_mode_generates_a_secret_when_none_is_configured(tg):
 
 
 async def test_from_config_builds_a_working_adapter(tg):
-    from gateway.config import TelegramConfig
+    from adapters.telegram import TelegramConfig
 
     cfg = TelegramConfig(token=tg.token, base_url=tg.base_url, require_mention=False, stall_timeout_seconds=60)
     adapter = TelegramAdapter.from_config(cfg, commands=[("help", "Show commands")], vision=True)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
 
@@ -13,7 +16,10 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from gateway.cli.config import config_group
-from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config
+from adapters.discord.config import DiscordConfig
+from adapters.slack.config import SlackConfig
+from adapters.telegram.config import TelegramConfig
+from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config, platform_models
 from gateway.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,6 +319,11 @@ MISTAKES = [
     ("not a mapping", "- a\n- b\n", {}, None, "must be a mapping of keys at the top level (got a list)"),
     ("unknown key", "platforms:\n  telgram: {}\n", {}, "platforms.telgram",
      'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack'),
+    ("platform not installed", "platforms:\n  matrix: {}\n", {}, "platforms.matrix",
+     'unknown key "matrix"; valid keys here: telegram, discord, slack (these are the installed platforms; '
+     "a platform's settings come with its adapter package)"),
+    ("unknown platform key", "platforms:\n  discord:\n    tokn: x\n", {}, "platforms.discord.tokn",
+     'unknown key "tokn" (did you mean "token"?); valid keys here: enabled, allowed_users'),
     ("unknown top-level key", "sesions: {}\n", {}, "sesions", 'did you mean "sessions"?'),
     ("wrong type", "model:\n  context_length: lots\n", {}, "model.context_length", 'must be a whole number (got "lots")'),
     ("section not a mapping", "sessions: 5\n", {}, "sessions", "must be a mapping of keys (got 5)"),
@@ -406,6 +417,115 @@ def test_a_bad_secret_is_never_echoed(tmp_path):
 def test_the_example_names_features_not_internal_documents():
     text = EXAMPLE.read_text(encoding="utf-8")
     assert re.findall(r"\b(?:seed|issue) \d+", text, flags=re.IGNORECASE) == []
+
+
+# --------------------------------------------------------------------------- each platform's own model
+
+
+def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
+    assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig}
+    cfg = load_config(EXAMPLE, env=FULL_ENV)
+    assert type(cfg.platforms.telegram) is TelegramConfig
+    assert type(cfg.platforms.discord) is DiscordConfig
+    assert type(cfg.platforms.slack) is SlackConfig
+    assert type(Config().platforms.slack) is SlackConfig
+
+
+def test_every_installed_adapter_publishes_its_settings_model():
+    # Without one, platforms.<name> would be an unknown key and the daemon would never start that adapter.
+    adapters = {ep.name for ep in entry_points(group="switchboard.adapters")}
+    assert adapters == set(platform_models())
+
+
+def test_loading_the_config_does_not_load_the_platform_libraries():
+    # `switchboard config check` and every CLI command stay quick: the settings models are light.
+    code = ("import sys; from gateway.config import load_config; "
+            f"cfg = load_config({str(EXAMPLE)!r}, env={{}}); "
+            "print(sorted(m for m in ('telegram', 'discord', 'slack_bolt', 'slack_sdk') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+MATRIX_CONFIG = """
+from typing import ClassVar
+
+from gateway.config import HttpUrl, PlatformConfig, secret_field
+
+
+class MatrixConfig(PlatformConfig):
+    PLATFORM: ClassVar[str] = "matrix"
+    homeserver: HttpUrl = "https://matrix.org"
+    access_token: str = secret_field()
+
+    def credential_problem(self):
+        return None if self.access_token else "platforms.matrix.access_token is not set"
+"""
+
+
+def _install_platform(site: Path, monkeypatch, name: str, config_module: str) -> None:
+    """A platform package from outside this repository, installed beside it: its own settings model,
+    published under the switchboard.adapter_configs entry point."""
+    package = site / f"switchboard_{name}"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "config.py").write_text(config_module, encoding="utf-8")
+    dist = site / f"switchboard_{name}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: switchboard-{name}\nVersion: 1.0\n", encoding="utf-8")
+    (dist / "entry_points.txt").write_text(
+        f"[switchboard.adapter_configs]\n{name} = switchboard_{name}.config:{name.title()}Config\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(site))
+    platform_models.cache_clear()
+
+
+@pytest.fixture
+def site(tmp_path):
+    yield tmp_path / "site"
+    platform_models.cache_clear()
+    for name in [m for m in sys.modules if m.startswith("switchboard_")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def matrix_installed(site, monkeypatch):
+    _install_platform(site, monkeypatch, "matrix", MATRIX_CONFIG)
+
+
+def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeypatch):
+    _install_platform(site, monkeypatch, "broken", "import nio_not_installed_here\n")
+    result = cli("check", "--config", str(write(tmp_path, "")))
+    assert result.exit_code == 78
+    assert result.stderr.splitlines() == [
+        "error: platforms.broken: the settings model of the installed platform broken (switchboard_broken.config:BrokenConfig) "
+        "cannot be loaded (ModuleNotFoundError: No module named 'nio_not_installed_here'); "
+        "reinstall or uninstall the package that provides it"
+    ]
+
+
+def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installed):
+    assert list(platform_models()) == ["telegram", "discord", "slack", "matrix"]
+    path = write(tmp_path, "platforms:\n  matrix:\n    homeserver: matrix.example.org\n")
+    result = cli("check", "--config", str(path))
+    assert result.exit_code == 78
+    assert result.stderr.splitlines() == [
+        f"error: {path}: platforms.matrix.homeserver: must be a URL starting with http:// or https:// "
+        '(got "matrix.example.org")'
+    ]
+
+    token = "syt_matrix_secret_token_0001"
+    path = write(tmp_path, f"platforms:\n  matrix:\n    homeserver: https://m.example.org\n    access_token: {token}\n")
+    cfg = load_config(path, env={})
+    assert cfg.platforms.matrix.homeserver == "https://m.example.org"
+    assert cfg.enabled_platforms()["matrix"] == "on"
+    assert load_config(write(tmp_path, "", "empty.yaml"), env={}).enabled_platforms()["matrix"] == (
+        "off: platforms.matrix.access_token is not set")
+    result = cli("show", "--json", "--config", str(path))
+    assert result.exit_code == 0, result.output
+    assert token not in result.stdout
+    assert json.loads(result.stdout)["platforms"]["matrix"] == {
+        "enabled": True, "allowed_users": [], "require_mention": True, "free_response_channels": [],
+        "stall_timeout_seconds": 120.0, "homeserver": "https://m.example.org", "access_token": "***",
+    }
 
 
 # --------------------------------------------------------------------------- check and show

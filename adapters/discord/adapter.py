@@ -149,7 +149,7 @@ class DiscordAdapter:
 
     @classmethod
     def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool) -> "DiscordAdapter":
-        """Build from ``Config.platforms.discord`` (a ``gateway.config.DiscordConfig``)."""
+        """Build from ``Config.platforms.discord`` (a :class:`~adapters.discord.config.DiscordConfig`)."""
         return cls(
             token=platform_cfg.token,
             api_base_url=platform_cfg.api_base_url,

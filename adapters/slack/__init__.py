@@ -6,10 +6,14 @@
 
 Modules: :mod:`.adapter` (lifecycle, inbound events, ack rules, threads),
 :mod:`.events` (payload -> chat type / ids, pure), :mod:`.outbound`
-(splitting, pacing, retries, response_url), :mod:`.mrkdwn` (Markdown <-> Slack text).
+(splitting, pacing, retries, response_url), :mod:`.mrkdwn` (Markdown <-> Slack text),
+:mod:`.config` (the ``platforms.slack`` settings).  The adapter (and slack-bolt) is imported on first use.
 """
 
-from .adapter import SlackAdapter
+from adapters import lazy_exports
+
+from .config import SlackConfig
 from .mrkdwn import to_mrkdwn, to_plain
 
-__all__ = ["SlackAdapter", "to_mrkdwn", "to_plain"]
+__all__ = ["SlackAdapter", "SlackConfig", "to_mrkdwn", "to_plain"]
+__getattr__ = lazy_exports(__name__, {"SlackAdapter": ".adapter"})

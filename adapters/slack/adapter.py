@@ -170,7 +170,7 @@ class SlackAdapter:
 
     @classmethod
     def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool, **overrides: Any) -> "SlackAdapter":
-        """Build from ``gateway.config.SlackConfig`` (``overrides``: any other constructor keyword)."""
+        """Build from :class:`~adapters.slack.config.SlackConfig` (``overrides``: any other constructor keyword)."""
         c = platform_cfg
         kwargs = dict(
             bot_token=c.bot_token,

@@ -130,7 +130,7 @@ class TelegramAdapter:
 
     @classmethod
     def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool) -> "TelegramAdapter":
-        """Build from ``Config.platforms.telegram`` (attribute names as in gateway/config.py)."""
+        """Build from ``Config.platforms.telegram`` (a :class:`~adapters.telegram.config.TelegramConfig`)."""
         fields = {
             "token": "token", "base_url": "base_url", "base_file_url": "base_file_url",  # file URL: derived when absent
             "require_mention": "require_mention", "free_response_channels": "free_response_channels",

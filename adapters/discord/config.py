@@ -1,0 +1,27 @@
+"""``platforms.discord``: the bot token and, for tests and proxies, the REST and gateway addresses.
+
+Published to the gateway under the ``switchboard.adapter_configs`` entry point;
+``config.example.yaml`` documents every key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+from pydantic import AfterValidator, BeforeValidator
+
+from gateway.config import HttpUrl, PlatformConfig, check_url, empty_to_none, secret_field
+
+__all__ = ["DiscordConfig"]
+
+WebSocketUrl = Annotated[str, AfterValidator(check_url(("ws", "wss")))]
+
+
+class DiscordConfig(PlatformConfig):
+    PLATFORM: ClassVar[str] = "discord"
+    token: str = secret_field()
+    api_base_url: HttpUrl = "https://discord.com/api/v10"
+    gateway_url: Annotated[WebSocketUrl | None, BeforeValidator(empty_to_none)] = None
+
+    def credential_problem(self) -> str | None:
+        return None if self.token else "platforms.discord.token is not set"

@@ -1,0 +1,51 @@
+"""``platforms.slack``: the bot token plus Socket Mode's app token or HTTP mode's signing secret.
+
+Published to the gateway under the ``switchboard.adapter_configs`` entry point;
+``config.example.yaml`` documents every key.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config import HttpUrl, KeyedError, PlatformConfig, describe, secret_field
+
+__all__ = ["SlackConfig"]
+
+
+class SlackConfig(PlatformConfig):
+    PLATFORM: ClassVar[str] = "slack"
+    bot_token: str = secret_field()  # xoxb-...
+    app_token: str = secret_field()  # xapp-..., socket mode
+    signing_secret: str = secret_field()  # http mode
+    mode: Literal["socket", "http"] = "socket"
+    http_port: int = Field(3000, ge=0, le=65535)
+    http_path: str = "/slack/events"
+    api_base_url: HttpUrl = "https://slack.com/api/"
+
+    @field_validator("http_path")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f'must start with "/", like /slack/events (got {describe(value)})')
+        return value
+
+    @model_validator(mode="after")
+    def _half_configured(self) -> SlackConfig:
+        if not self.enabled:
+            return self
+        needed = "app_token" if self.mode == "socket" else "signing_secret"
+        how = {
+            "app_token": "an app-level token xapp-... with connections:write (or set mode: http with signing_secret)",
+            "signing_secret": "the app's signing secret from Basic Information (or use mode: socket with app_token)",
+        }[needed]
+        if self.bot_token and not getattr(self, needed):
+            raise KeyedError(needed, f"is not set but bot_token is; {self.mode} mode needs {how}")
+        if not self.bot_token and (self.app_token or self.signing_secret):
+            raise KeyedError("bot_token", "is not set but other Slack credentials are; set SLACK_BOT_TOKEN (xoxb-...) or remove them")
+        return self
+
+    def credential_problem(self) -> str | None:
+        return None if self.bot_token else "platforms.slack.bot_token is not set"

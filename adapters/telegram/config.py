@@ -1,0 +1,46 @@
+"""``platforms.telegram``: the bot token, the Bot API address, and long polling or a webhook.
+
+Published to the gateway under the ``switchboard.adapter_configs`` entry point;
+``config.example.yaml`` documents every key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config import HttpUrl, KeyedError, OptionalHttpUrl, PlatformConfig, secret_field
+
+__all__ = ["TelegramConfig"]
+
+
+class TelegramConfig(PlatformConfig):
+    PLATFORM: ClassVar[str] = "telegram"
+    token: str = secret_field()
+    base_url: HttpUrl = "https://api.telegram.org/bot"  # python-telegram-bot appends the token
+    base_file_url: OptionalHttpUrl = None  # None: derived from base_url (.../bot -> .../file/bot)
+    poll_timeout: int = Field(30, ge=0, le=120)  # long-polling getUpdates timeout, seconds
+    max_image_bytes: int = Field(5 * 1024 * 1024, ge=1)  # larger photos are not downloaded for vision
+    webhook_url: OptionalHttpUrl = None  # unset: long polling
+    webhook_listen: str = "127.0.0.1"
+    webhook_port: int = Field(8443, ge=0, le=65535)
+    webhook_secret: str = secret_field()
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _telegram_secret_charset(cls, value: str) -> str:
+        # Telegram's rule for secret_token; the value itself is never echoed.
+        if value and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", value):
+            raise ValueError("must be 1-256 characters from A-Z a-z 0-9 _ - (Telegram's rule); generate one with: openssl rand -hex 32")
+        return value
+
+    @model_validator(mode="after")
+    def _half_configured(self) -> TelegramConfig:
+        if self.enabled and not self.token and (self.webhook_url or self.webhook_secret):
+            raise KeyedError("token", "is not set but webhook settings are; set TELEGRAM_BOT_TOKEN (the token from @BotFather), or remove the webhook keys")
+        return self
+
+    def credential_problem(self) -> str | None:
+        return None if self.token else "platforms.telegram.token is not set"
