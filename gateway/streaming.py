@@ -180,13 +180,16 @@ class ReplyStream:
         if self._task is not None:
             await self._task  # its call in flight completes: a message is never half posted
 
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep, unless the stream is closed meanwhile."""
-        if seconds > 0:
-            try:
-                await asyncio.wait_for(self._closing.wait(), seconds)
-            except asyncio.TimeoutError:
-                pass
+    async def _sleep(self, seconds: float, *, or_until: asyncio.Event | None = None) -> None:
+        """Sleep, unless the stream is closed (or ``or_until`` is set) meanwhile."""
+        if seconds <= 0:
+            return
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._closing, or_until) if e is not None]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
     async def _pace(self) -> None:
         while not self._closing.is_set():
@@ -197,7 +200,9 @@ class ReplyStream:
                 assert self._first_at is not None
                 due = self._first_at + self._pacing.first_after - self._clock()
                 if len(self._text.strip()) < self._pacing.first_chars and due > 0:
-                    await self._sleep(due)
+                    self._changed.clear()
+                    await self._sleep(due, or_until=self._changed)  # more text may make the minimum
+                    self._changed.set()  # look again: the minimum arrived, or the time is up
                     continue
             else:
                 await self._sleep(self._last_call + self._pacing.edit_interval - self._clock())

@@ -1,4 +1,4 @@
-"""Streamed replies on Telegram: one message, edited in place, the final text exact and delivered once.
+"""Streamed replies on Telegram, Discord and Slack: one message, edited in place, the final text exact and delivered once.
 
 The real python-telegram-bot client against the fake Bot API, which records every call with the
 time it arrived and checks HTML the way Telegram does.
@@ -9,14 +9,23 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
+from adapters.discord import DiscordAdapter
+from adapters.slack.mrkdwn import to_mrkdwn
 from adapters.telegram.adapter import CHAT_RATE
 from adapters.telegram.format import markdown_to_html
 from gateway.formatting import utf16_len
 from gateway.ratelimit import chat_budget_for
 from gateway.streaming import ReplyStream, StreamPacing
 from gateway.types import ChatRef
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.telegram import check_html
 from tests.harness import eventually
+from tests.recording import Recorder
+from tests.test_adapter_discord_send import COMMANDS as DISCORD_COMMANDS
+from tests.test_adapter_discord_send import FAST
+from tests.test_adapter_slack import running, slack  # noqa: F401 - fixtures
 from tests.test_adapter_telegram import bot, tg  # noqa: F401 - fixtures
 
 DM = ChatRef("telegram", "111")
@@ -151,3 +160,96 @@ async def test_a_tool_status_line_is_replaced_by_the_answer(tg, bot):
     assert status.visible_text == "searching past sessions…"
     assert (await stream.finish("Found it: you chose PostgreSQL on Monday.")).ok
     assert [m.visible_text for m in tg.sent] == ["Found it: you chose PostgreSQL on Monday."]
+
+
+# -- Discord and Slack: the same paths --------------------------------------------------------
+
+
+@pytest.fixture
+async def discord_fake():
+    async with FakeDiscord() as server:
+        yield server
+
+
+@pytest.fixture
+async def discord_bot(discord_fake):
+    adapter = DiscordAdapter(token=discord_fake.token, api_base_url=discord_fake.api_base_url,
+                             gateway_url=discord_fake.gateway_url, commands=DISCORD_COMMANDS,
+                             connect_timeout_seconds=5, send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
+    await adapter.start(Recorder())
+    yield adapter
+    await adapter.stop()
+
+
+def long_answer_with_code(lines: int) -> str:
+    code = "\n".join(f"print('line {i:03d}')  # {'x' * 40}" for i in range(lines))
+    return "Intro.\n\n" + "words " * 150 + "\n\n```python\n" + code + "\n```\n\nAfter the code. " + "tail " * 60
+
+
+def assert_every_code_line_once_in_order(texts: list[str], lines: int) -> None:
+    seen = "\n".join(texts)
+    positions = [seen.index(f"line {i:03d}") for i in range(lines)]
+    assert positions == sorted(positions) and all(seen.count(f"line {i:03d}") == 1 for i in range(lines))
+    for text in texts:
+        assert text.count("```") % 2 == 0, "no message leaves a code fence open"
+
+
+async def test_discord_streams_a_long_answer_into_messages_within_the_limit(discord_fake, discord_bot):
+    answer = long_answer_with_code(70)
+    assert 5_000 < len(answer) < 6_500
+    channel = discord_fake.general["id"]
+    stream = ReplyStream(discord_bot, ChatRef("discord", channel), pacing=StreamPacing(edit_interval=0.3))
+    await stream_words(stream, answer, every=0.01, size=100)
+    delivery = await stream.finish(answer)
+    messages = discord_fake.messages[channel]
+    assert delivery.ok and delivery.message_ids == tuple(m["id"] for m in messages) and len(messages) >= 3
+    assert all(len(m["content"]) <= 2000 for m in messages)
+    assert any(m.get("edits") for m in messages), "edited in place, not sent again"
+    assert_every_code_line_once_in_order([m["content"] for m in messages], 70)
+    assert all(r.body.get("allowed_mentions", {}).get("parse") == [] for r in discord_fake.requests
+               if r.method in ("POST", "PATCH") and "/messages" in r.path), "a stream never pings anyone"
+
+
+async def test_discord_429_on_an_edit_pauses_the_channel_and_the_final_arrives_once(discord_fake, discord_bot):
+    channel = discord_fake.general["id"]
+    stream = ReplyStream(discord_bot, ChatRef("discord", channel), pacing=StreamPacing(edit_interval=0.3))
+    answer = "Streaming along, one word after another. " * 6
+    stream.feed(answer[:60])
+    await discord_fake.wait_for_requests(lambda r: r.method == "POST" and r.path.endswith("/messages"))
+    discord_fake.fail_next(1, status=429, retry_after=3, via=False, match=lambda r: r.method == "PATCH")
+    stream.feed(answer[60:])
+    [limited] = await discord_fake.wait_for_requests(lambda r: r.method == "PATCH")
+    delivery = await stream.finish(answer)
+    assert delivery.ok
+    [message] = discord_fake.messages[channel]
+    assert message["content"] == answer
+    after = [r for r in discord_fake.requests if r.at > limited.at and f"/channels/{channel}/" in r.path]
+    assert after and after[0].at - limited.at >= 3 - ARRIVAL_JITTER, "nothing to the channel during the pause"
+
+
+async def test_slack_streams_with_chat_update_and_the_final_is_mrkdwn(running):
+    fake, adapter, _ = running
+    answer = "**Done.** The plan has three steps, and the _first_ is ready. " + "More detail follows. " * 5
+    stream = ReplyStream(adapter, ChatRef("slack", "C1", "1700000000.000100"), pacing=StreamPacing(edit_interval=0.3))
+    await stream_words(stream, answer, every=0.02, size=10)
+    delivery = await stream.finish(answer)
+    [posted] = fake.sent
+    assert delivery.ok and delivery.message_ids == (next(iter(fake.posted)),)
+    assert posted["thread_ts"] == "1700000000.000100" and posted["text"] == to_mrkdwn(answer)
+    assert fake.updates, "updated in place"
+
+
+async def test_slack_429_on_an_update_pauses_the_channel_and_the_final_arrives_once(running):
+    fake, adapter, _ = running
+    stream = ReplyStream(adapter, ChatRef("slack", "C1"), pacing=StreamPacing(edit_interval=0.3))
+    answer = "Streaming along, one word after another. " * 6
+    stream.feed(answer[:60])
+    await fake.wait_for_calls("chat.postMessage", 1)
+    fake.fail_next("chat.update", status=429, retry_after=3)
+    stream.feed(answer[60:])
+    await fake.wait_for_calls("chat.update", 1)
+    limited = fake.calls_to("chat.update")[0]
+    delivery = await stream.finish(answer)
+    assert delivery.ok and [s["text"] for s in fake.sent] == [to_mrkdwn(answer)]
+    after = [c for c in fake.calls if c.at > limited.at and c.body.get("channel") == "C1"]
+    assert after and after[0].at - limited.at >= 3 - ARRIVAL_JITTER, "nothing to the channel during the pause"
