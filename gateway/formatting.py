@@ -52,24 +52,43 @@ def split_message(text: str, limit: int, *, length: Callable[[str], int] = len) 
     rest = text
     reopen = ""  # the fence line to reopen the next part with, when we cut inside a block
     while rest:
-        prefix = reopen + "\n" if reopen else ""
-        # Reserve room for a closing fence in case this part ends inside a block.
-        budget = limit - length(prefix) - 4
-        if length(prefix + rest) <= limit:
-            parts.append(prefix + rest)
+        if fits(rest, limit, reopen=reopen, length=length):
+            parts.append(_reopened(reopen) + rest)
             break
-        cut = _cut_point(rest, budget, length)
-        chunk, rest = rest[:cut], rest[cut:]
-        open_fence = _open_fence_after(reopen, chunk)
-        if open_fence:
-            body = prefix + chunk.rstrip("\n") + "\n```"
-        else:
-            body = prefix + chunk.rstrip()
+        body, used, reopen = cut_once(rest, limit, reopen=reopen, length=length)
         parts.append(body)
-        reopen = open_fence
-        if not open_fence:
-            rest = rest.lstrip("\n")
+        rest = rest[used:]
     return [p for p in parts if p.strip()]
+
+
+def _reopened(reopen: str) -> str:
+    return reopen + "\n" if reopen else ""
+
+
+def fits(text: str, limit: int, *, reopen: str = "", length: Callable[[str], int] = len) -> bool:
+    """Whether ``text``, continuing a code block opened by ``reopen`` (if any), fits one message."""
+    return length(_reopened(reopen) + text) <= limit
+
+
+def cut_once(text: str, limit: int, *, reopen: str = "",
+             length: Callable[[str], int] = len) -> tuple[str, int, str]:
+    """The first part of ``text`` that fits ``limit``: ``(part, characters of text used, fence to reopen)``.
+
+    ``reopen`` is the fence line of a code block the previous part left open; the part starts
+    by reopening it.  A part that ends inside a block closes it, and the fence it returns opens
+    the next part.  :func:`split_message` is this, repeated; a streamed reply freezes each
+    message with it as the answer grows.
+    """
+    prefix = _reopened(reopen)
+    # Reserve room for a closing fence in case this part ends inside a block.
+    budget = limit - length(prefix) - 4
+    cut = _cut_point(text, budget, length)
+    chunk = text[:cut]
+    open_fence = _open_fence_after(reopen, chunk)
+    if open_fence:
+        return prefix + chunk.rstrip("\n") + "\n```", cut, open_fence
+    rest = text[cut:]
+    return prefix + chunk.rstrip(), cut + (len(rest) - len(rest.lstrip("\n"))), ""
 
 
 def _open_fence_after(reopen: str, chunk: str) -> str:

@@ -480,6 +480,21 @@ class DiscordAdapter:
     async def send_typing(self, chat: ChatRef) -> None:
         await self._outbound.send_typing(chat)
 
+    # A streamed reply (gateway.streaming.DraftOutput): the outbound half does it.
+
+    @property
+    def message_limit(self) -> int:
+        return self._outbound.message_limit
+
+    def measure(self, text: str) -> int:
+        return self._outbound.measure(text)
+
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+        return await self._outbound.post_draft(chat, text, reply_to=reply_to, final=final)
+
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+        await self._outbound.edit_draft(chat, message_id, text, final=final)
+
 
 def _message_payload(message: discord.Message) -> dict:
     """What Discord sent for a message (the fields discord.py keeps), for a dead letter."""

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import aiohttp
 import discord
 
-from gateway.errors import AdapterError
+from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
 from gateway.formatting import split_message
 from gateway.ratelimit import ChatRate, RateLimiter, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
@@ -211,6 +211,62 @@ class Outbound:
 
         return await retry_async(attempt, classify=classify, backoff=self._backoff,
                                  max_attempts=self._attempts, total_seconds=self._total)
+
+    # -- a streamed reply: one message, edited in place (gateway.streaming.DraftOutput) ----------
+
+    message_limit = MESSAGE_LIMIT
+
+    def measure(self, text: str) -> int:
+        return len(to_discord(text))  # what Discord counts is the text after our rewrite
+
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+        channel_id = int(chat.thread_id or chat.chat_id)
+        content = to_discord(text) if final else text
+        reference = None
+        if reply_to and reply_to.isdigit() and chat.chat_id not in self._dm_channels:
+            reference = discord.MessageReference(message_id=int(reply_to), channel_id=channel_id,
+                                                 fail_if_not_exists=False)
+
+        async def post(client: discord.Client) -> str:
+            channel = client.get_partial_messageable(channel_id)
+            msg = await channel.send(content, reference=reference, allowed_mentions=allowed_mentions())
+            return str(msg.id)
+
+        return await self._draft_call(channel_id, post)
+
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+        channel_id = int(chat.thread_id or chat.chat_id)
+        content = to_discord(text) if final else text
+
+        async def edit(client: discord.Client) -> None:
+            message = client.get_partial_messageable(channel_id).get_partial_message(int(message_id))
+            await message.edit(content=content, allowed_mentions=allowed_mentions())
+
+        await self._draft_call(channel_id, edit)
+
+    async def _draft_call(self, channel_id: int, call: Callable[[discord.Client], Any]) -> Any:
+        """One call for a streamed reply, from the channel's budget: a 429 pauses it and says so."""
+        budget, limiter = self.chat_budget(channel_id), self.limiter()
+        await budget.acquire()
+        await limiter.acquire()
+        client = self._client()
+        if client is None:
+            raise NotConnected("the Discord client is reconnecting")
+        try:
+            return await call(client)
+        except discord.RateLimited as exc:
+            budget.pause(exc.retry_after)
+            limiter.pause(exc.retry_after)
+            raise RateLimited(PLATFORM, exc.retry_after) from None
+        except discord.HTTPException as exc:
+            if exc.status == 429:
+                wait = _retry_after(exc)
+                budget.pause(wait)
+                limiter.pause(wait)
+                raise RateLimited(PLATFORM, wait) from None
+            if 400 <= exc.status < 500:  # the channel or message is gone, or we may not write there
+                raise PlatformHTTPError(PLATFORM, exc.status, describe(exc)) from None
+            raise
 
     async def send_typing(self, chat: ChatRef) -> None:
         client = self._client()

@@ -368,6 +368,26 @@ class SlackAdapter:
             inbound.threads.remember((chat.chat_id, chat.thread_id), True)
         return Delivery(ok=True, message_ids=tuple(sent))
 
+    # -- a streamed reply: one message, updated in place (gateway.streaming.DraftOutput) ---------
+
+    message_limit = TEXT_LIMIT
+
+    def measure(self, text: str) -> int:
+        return len(to_mrkdwn(text))  # what Slack holds is the text after our rewrite
+
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+        return await self._draft(chat, text, None, final)
+
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+        await self._draft(chat, text, message_id, final)
+
+    async def _draft(self, chat: ChatRef, text: str, ts: str | None, final: bool) -> str:
+        sender = self._sender
+        if sender is None or not self._started:
+            raise AdapterError("slack adapter is not running")
+        return await sender.draft(chat.chat_id, to_mrkdwn(text) if final else text, thread_ts=chat.thread_id,
+                                  ts=ts, final=final)
+
     async def send_typing(self, chat: ChatRef) -> None:
         """React to the user's latest message in ``chat`` (Slack has no bot typing indicator)."""
         inbound = self._inbound

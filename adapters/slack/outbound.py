@@ -132,6 +132,33 @@ class Sender:
             raise PartFailed(f"chat.postMessage failed: {type(exc).__name__}: {exc}") from None
         return str(resp.get("ts") or "")
 
+    async def draft(self, channel: str, text: str, *, thread_ts: str | None, ts: str | None, final: bool) -> str:
+        """Post (``ts`` None) or update one message of a streamed reply, from the channel's budget; its ts.
+
+        Raises :class:`RateLimited` on a 429 (the budget paused), :class:`PlatformHTTPError` when
+        Slack refuses for good (the channel or message is gone), and anything else when worth a retry.
+        """
+        budget = self.chat_budget(channel)
+        await budget.acquire()
+        try:
+            async with self._limiter:
+                if ts is None:
+                    resp = await self._client.chat_postMessage(channel=channel, text=text, thread_ts=thread_ts,
+                                                               mrkdwn=final, unfurl_links=False)
+                else:
+                    resp = await self._client.chat_update(channel=channel, ts=ts, text=text)
+        except SlackApiError as exc:
+            status = getattr(exc.response, "status_code", 200)
+            if status == 429:
+                wait = _retry_after(exc.response.headers)
+                budget.pause(wait)
+                self._limiter.pause(wait)
+                raise RateLimited(PLATFORM, wait) from None
+            if status >= 500:
+                raise
+            raise PlatformHTTPError(PLATFORM, status, _error_code(exc)) from None
+        return str(resp.get("ts") or ts or "")
+
     async def respond(self, route: ResponseRoute, text: str) -> None:
         """Post one part to a slash command's response_url (raises :class:`PartFailed`)."""
         webhook = AsyncWebhookClient(route.url, timeout=30)

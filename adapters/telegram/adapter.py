@@ -32,10 +32,11 @@ from urllib.parse import urlsplit
 
 from telegram import Bot, BotCommand, Message, ReplyParameters, Update
 from telegram.constants import ChatAction, ParseMode
-from telegram.error import BadRequest, ChatMigrated, InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.error import (BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter,
+                            TelegramError)
 from telegram.request import HTTPXRequest
 
-from gateway.errors import AdapterError
+from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
 from gateway.formatting import split_message, utf16_len
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
@@ -428,6 +429,61 @@ class TelegramAdapter:
                 raise
             log.info("Telegram rejected the formatting of a reply part (%s); sending it as plain text", exc)
             return await send(text=part)
+
+    # -- a streamed reply: one message, edited in place (gateway.streaming.DraftOutput) ----------
+
+    message_limit = MESSAGE_LIMIT
+
+    def measure(self, text: str) -> int:
+        return utf16_len(text)
+
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+        kwargs: dict[str, Any] = {"chat_id": _chat_id(chat.chat_id)}
+        if chat.thread_id:
+            kwargs["message_thread_id"] = int(chat.thread_id)
+        if reply_to and reply_to.isdigit() and chat.chat_id.startswith("-"):
+            kwargs["reply_parameters"] = ReplyParameters(message_id=int(reply_to), allow_sending_without_reply=True)
+        message = await self._draft_call(chat, lambda **kw: self.bot.send_message(**kwargs, **kw), text, final)
+        return str(message.message_id)
+
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+        async def edit(**kw: Any) -> Any:
+            try:
+                return await self.bot.edit_message_text(chat_id=_chat_id(chat.chat_id), message_id=int(message_id), **kw)
+            except BadRequest as exc:
+                if "not modified" in str(exc).lower():  # it already shows this text: done
+                    return None
+                raise
+
+        await self._draft_call(chat, edit, text, final)
+
+    async def _draft_call(self, chat: ChatRef, call: Any, text: str, final: bool) -> Any:
+        """One call for a streamed reply, from the chat's budget; a final one formatted, plain as fallback."""
+        budget = self._chat_budget(chat)
+        limiter = limiter_for(PLATFORM, self._token, rate=self._rate[0], burst=self._rate[1])
+
+        async def attempt(**kw: Any) -> Any:
+            await budget.acquire()
+            await limiter.acquire()
+            try:
+                return await call(**kw)
+            except RetryAfter as exc:
+                wait = retry_after_seconds(exc) or 1.0
+                budget.pause(wait)
+                limiter.pause(wait)
+                raise RateLimited(PLATFORM, wait) from None
+            except (BadRequest, Forbidden) as exc:
+                if final and is_parse_error(exc):
+                    raise
+                raise PlatformHTTPError(PLATFORM, 403 if isinstance(exc, Forbidden) else 400, describe(exc)) from None
+
+        if not final:
+            return await attempt(text=text)
+        try:
+            return await attempt(text=markdown_to_html(text), parse_mode=ParseMode.HTML)
+        except BadRequest as exc:  # the formatting was refused: the text as it is
+            log.info("Telegram rejected the formatting of a streamed part (%s); sending it as plain text", exc)
+            return await attempt(text=text)
 
     async def send_typing(self, chat: ChatRef) -> None:
         if self._bot is None or not self._chat_budget(chat).try_acquire():

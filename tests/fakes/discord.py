@@ -526,6 +526,8 @@ class FakeDiscord:
             return _json(self.registered_commands)
         if parts[0] == "channels" and len(parts) == 3 and parts[2] == "messages" and method == "POST":
             return self._create_message(parts[1], rec.body)
+        if parts[0] == "channels" and len(parts) == 4 and parts[2] == "messages" and method == "PATCH":
+            return self._edit_message(parts[1], parts[3], rec.body or {})
         if parts[0] == "channels" and len(parts) == 3 and parts[2] == "typing" and method == "POST":
             return web.Response(status=204)
         if parts[0] == "channels" and len(parts) == 2 and method == "GET":
@@ -574,6 +576,20 @@ class FakeDiscord:
         self.messages.setdefault(channel_id, []).append(msg)
         self._touch()
         return _json({k: v for k, v in msg.items() if k != "request"})
+
+    def _edit_message(self, channel_id: str, message_id: str, body: dict) -> web.Response:
+        content = body.get("content")
+        if content is not None and len(content) > 2000:
+            return _json({"message": "Invalid Form Body", "code": 50035}, status=400)
+        for msg in self.messages.get(channel_id, []):
+            if msg["id"] == message_id and msg["author"]["id"] == self.bot["id"]:
+                if content is not None:
+                    msg["content"] = content
+                    msg["edited_timestamp"] = msg["timestamp"]
+                    msg["edits"] = msg.get("edits", 0) + 1
+                self._touch()
+                return _json({k: v for k, v in msg.items() if k not in ("request", "edits")})
+        return _json({"message": "Unknown Message", "code": 10008}, status=404)
 
     def _interaction_callback(self, interaction_id: str, rec: Request) -> web.Response:
         self.interaction_callbacks.append({"interaction_id": interaction_id, **(rec.body or {})})

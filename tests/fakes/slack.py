@@ -87,6 +87,8 @@ class FakeSlack:
         self.users: dict[str, str] = {"U1": "alice", "U2": "bob"}
         self.files: dict[str, tuple[bytes, str]] = {}
         self.calls: list[Call] = []
+        self.posted: dict[str, dict] = {}  # ts -> the chat.postMessage body (chat.update changes its text)
+        self.updates: list[dict] = []
         self.sent: list[dict[str, Any]] = []  # accepted chat.postMessage bodies
         self.responses: list[dict[str, Any]] = []  # accepted response_url bodies
         self.acks: list[dict[str, Any]] = []  # Socket Mode acks from the client
@@ -190,9 +192,18 @@ class FakeSlack:
             })
         if method == "apps.connections.open":
             return web.json_response({"ok": True, "url": f"ws://127.0.0.1:{self.port}/link?ticket={next(self._ids)}"})
+        if method == "chat.update":
+            posted = self.posted.get(str(body.get("ts")))
+            if posted is None or posted.get("channel") != body.get("channel"):
+                return web.json_response({"ok": False, "error": "message_not_found"})
+            posted["text"] = body.get("text")
+            self.updates.append(body)
+            return web.json_response({"ok": True, "channel": body.get("channel"), "ts": body.get("ts"),
+                                      "text": body.get("text")})
         if method == "chat.postMessage":
             ts = self.new_ts()
             self.sent.append(body)
+            self.posted[ts] = body
             return web.json_response({
                 "ok": True, "channel": body.get("channel"), "ts": ts,
                 "message": {"type": "message", "text": body.get("text"), "user": self.bot_user_id, "bot_id": self.bot_id, "ts": ts},

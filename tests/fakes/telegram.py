@@ -71,6 +71,7 @@ class SentMessage:
     thread_id: int | None = None
     reply_to: int | None = None
     at: float = field(default_factory=time.monotonic)  # when the fake accepted it
+    edits: int = 0  # editMessageText calls that changed it
 
 
 @dataclass
@@ -471,6 +472,31 @@ class FakeTelegram:
                 except asyncio.TimeoutError:
                     break
         return self._ok([u for u in self._updates if u["update_id"] >= offset][:limit])
+
+    async def _m_editmessagetext(self, params: dict) -> web.Response:
+        text = params.get("text") or ""
+        mode = params.get("parse_mode")
+        try:
+            visible = check_html(text) if mode and mode.upper() == "HTML" else text
+        except HTMLRejected as exc:
+            return self._error(400, str(exc))
+        chat_id, message_id = params.get("chat_id"), int(params.get("message_id") or 0)
+        [sent] = [m for m in self.sent if m.message_id == message_id and str(m.chat_id) == str(chat_id)] or [None]
+        if sent is None:
+            return self._error(400, "Bad Request: message to edit not found")
+        if not visible.strip():
+            return self._error(400, "Bad Request: message text is empty")
+        if utf16_len(visible) > 4096:
+            return self._error(400, "Bad Request: message is too long")
+        if (text, mode) == (sent.text, sent.parse_mode):
+            return self._error(400, "Bad Request: message is not modified: specified new message content and "
+                                    "reply markup are exactly the same as a current content and reply markup of the message")
+        sent.text, sent.parse_mode, sent.visible_text = text, mode, visible
+        sent.edits += 1
+        result = {"message_id": sent.message_id, "date": int(time.time()), "edit_date": int(time.time()),
+                  "chat": {"id": chat_id, "type": "private" if str(chat_id).lstrip("-").isdigit()
+                           and int(chat_id) > 0 else "supergroup"}, "from": self.bot_user, "text": visible}
+        return self._ok(result)
 
     async def _m_sendmessage(self, params: dict) -> web.Response:
         text = params.get("text") or ""
