@@ -33,7 +33,7 @@ from gateway.runtime.api import LocalApi
 from gateway.auth import AuthSettings, Authorizer
 from gateway.commands import default_commands
 from gateway.compressing import Compressor
-from gateway.cron.service import CronService
+from gateway.cron.service import CronService, CronSettings
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
@@ -51,7 +51,7 @@ from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
 from gateway.runtime.upkeep import StoreUpkeep
-from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
+from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, PlatformStatus, SendProgress
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,9 @@ class Gateway:
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
         # cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
-        self.cron = CronService(self)
-        await self.cron.start(schedule=self.serve_api)
+        self.cron = CronService(self.db, turn, self.router.deliver, self.platform_status,
+                                CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), self.clock)
+        await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
         if self.serve_api:
             self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days, clock=self.clock,
@@ -372,6 +373,14 @@ class Gateway:
             self.db = None
 
     # -- health -----------------------------------------------------------
+    def platform_status(self, name: str) -> PlatformStatus:
+        """Whether ``name``'s adapter runs here and its state (what cron asks before delivering)."""
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            return PlatformStatus(running=False, state="disabled", why_off=self.platforms_off.get(name))
+        state = "failed" if name in self._start_errors else adapter.health().state
+        return PlatformStatus(running=True, state=state)
+
     def _cron_health(self) -> dict:
         """Scheduled jobs armed in this process and when the next one fires."""
         armed = self.cron.armed() if self.cron is not None else {}

@@ -143,7 +143,7 @@ async def _apply(gw, old: Config, new: Config, auth_settings) -> tuple[list[str]
         await gw.restart_platform(name)
     cron = {}
     if getattr(gw, "cron", None) is not None and old.cron != new.cron:
-        cron = await gw.cron.reload()
+        cron = await gw.cron.reload(gw.config)
     return restarted, cron
 
 
