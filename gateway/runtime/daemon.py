@@ -109,7 +109,7 @@ class Gateway:
         self._supervisors: dict[str, asyncio.Task] = {}
         self._connected: dict[str, asyncio.Event] = {}  # set once a platform's adapter has started
         self._start_errors: dict[str, str] = {}
-        self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
+        self.api: LocalApi | None = None  # made in start(), on the router
         self.router: SessionRouter | None = None
         self.cron = None  # cron (issue 6): gateway.cron.service.CronService, made in start()
         self.recall = None  # recall (issue 8): gateway.memory.recall.SessionRecall, made in start()
@@ -146,6 +146,8 @@ class Gateway:
         self._wire_compression(turn)
         self._wire_recall_and_memory(turn)
         await self._wire_facts(turn)
+        self.api = LocalApi(self.router, self.health, self.metrics, model_name=cfg.model.name, host=cfg.api.host,
+                            port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None)
         if self.serve_api:
             await self.api.start()
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
@@ -357,7 +359,8 @@ class Gateway:
             task.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
-        await self.api.stop()
+        if self.api is not None:
+            await self.api.stop()
         for name, adapter in reversed(list(self.adapters.items())):
             try:
                 await adapter.stop()
@@ -401,7 +404,7 @@ class Gateway:
         return {
             "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
-            "api": {"state": "serving", "port": self.api.bound_port},
+            "api": {"state": "serving", "port": self.api.bound_port if self.api is not None else None},
             "active_sessions": self.router.active_lanes() if self.router else 0,
             "cron": self._cron_health(),
             "dead_letters": self.dead_letters_held,
@@ -436,9 +439,10 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     reloads = Reloads(gw, notifier)
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     watchdog = spawn(_watchdog(notifier), name="watchdog")
+    port = gw.api.bound_port if gw.api is not None else None
     summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
-    notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{gw.api.bound_port}; {summary}")
-    log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, gw.api.bound_port)
+    notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{port}; {summary}")
+    log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, port)
     await stop.wait()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, _force_exit, sig)
