@@ -82,6 +82,17 @@ class PromptHook(Protocol):
         """The model's reported prompt size for a prompt holding ``history_messages`` of the history."""
 
 
+@dataclass(slots=True)
+class ToolLoop:
+    """What a tool loop produced: the last completion (the answer) and the messages before it."""
+
+    completion: Completion
+    produced: list[dict]  # assistant tool-call messages and tool results, in order
+    prompt_tokens: int = 0  # summed over the loop's model calls
+    completion_tokens: int = 0
+    tool_calls: int = 0
+
+
 class AgentTurn:
     def __init__(self, db, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *, clock=None):
         self.db = db
@@ -147,27 +158,10 @@ class AgentTurn:
         if self.prefetch is not None and prompt[-1].get("role") == "user":  # facts (issue 9): recalled facts
             prompt[-1] = await _with_prefetch(self.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
-        tools = self.tools.schemas(req.tool_names)
-        produced: list[dict] = []
-        prompt_tokens = completion_tokens = tool_calls = 0
-        completion: Completion | None = None
-        for iteration in range(self.settings.max_tool_iterations + 1):
-            offer_tools = tools if iteration < self.settings.max_tool_iterations else None
-            sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
-            completion = await self.model.complete(prompt + sent, tools=offer_tools, model=req.model)
-            prompt_tokens += completion.prompt_tokens
-            completion_tokens += completion.completion_tokens
-            calls = completion.message.get("tool_calls") or []
-            if not calls:
-                break
-            produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls,
-                             **_reasoning_of(completion.message)})
-            for call in calls:
-                fn = call.get("function", {})
-                result = await self.tools.call(fn.get("name", ""), fn.get("arguments"), ctx)
-                tool_calls += 1
-                produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
-        assert completion is not None
+        loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
+                                    max_iterations=self.settings.max_tool_iterations, model=req.model)
+        completion, produced = loop.completion, loop.produced
+        prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
         if self.prompt_hook is not None:
             self.prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
         reply = completion.message.get("content") or ""
@@ -178,6 +172,49 @@ class AgentTurn:
         await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
                                   answered=req.answered, delivery=delivery)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
+
+    async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
+                        max_iterations: int, max_tool_calls: int | None = None, model: str | None = None) -> ToolLoop:
+        """Call the model on ``prompt`` and run the tools it asks for until it answers; persists nothing.
+
+        Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
+        ran); the call after that offers none, so the model answers.  ``tool_names`` None: every
+        registered tool.  A call to a tool that was not offered is answered with an error, not run."""
+        schemas = self.tools.schemas(tool_names)
+        produced: list[dict] = []
+        prompt_tokens = completion_tokens = tool_calls = 0
+        completion: Completion | None = None
+        for iteration in range(max_iterations + 1):
+            offer = iteration < max_iterations and (max_tool_calls is None or tool_calls < max_tool_calls)
+            sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
+            completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model)
+            prompt_tokens += completion.prompt_tokens
+            completion_tokens += completion.completion_tokens
+            calls = completion.message.get("tool_calls") or []
+            if not calls:
+                break
+            produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls,
+                             **_reasoning_of(completion.message)})
+            for call in calls:
+                fn = call.get("function", {})
+                name = fn.get("name", "")
+                if tool_names is None or name in tool_names:
+                    result = await self.tools.call(name, fn.get("arguments"), ctx)
+                else:
+                    result = _not_offered(name, tool_names)
+                tool_calls += 1
+                produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
+        assert completion is not None
+        return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls)
+
+
+def _not_offered(name: str, offered: set[str]) -> str:
+    """The tool result for a call to a tool the loop did not offer."""
+    if not offered:
+        return f"error: no tool is available now, not {name!r}"
+    if len(offered) == 1:
+        return f"error: only the {next(iter(offered))} tool is available now, not {name!r}"
+    return f"error: only the tools {', '.join(sorted(offered))} are available now, not {name!r}"
 
 
 def _for_store(message: dict) -> dict:

@@ -199,7 +199,7 @@ class Gateway:
                           search_command(self.recall, cfg), runs_now=True)
         turn.prompt_blocks.append(self.memory.prompt_block)
         self.router.on_session_end = lambda sid, key: self.memory.schedule_flush(turn, sid, key)
-        self.compressor.before_split = lambda sid: memory_flush_turn(self, sid, reason="compressed")
+        self.compressor.before_split = lambda sid: memory_flush_turn(turn, self.memory, sid, reason="compressed")
 
     async def _wire_facts(self, turn: AgentTurn) -> None:
         """Fact memory (issue 9): the facts tool, its prompt block, prefetch into each model call,
