@@ -26,7 +26,8 @@ MAX_REMEMBERED = 20_000  # sessions whose last reported prompt size is kept
 
 class Compressor:
     def __init__(self, db, model: ModelClient, *, context_length: int, threshold: float, summary_model: str | None,
-                 timeout: float, cooldown: float, enabled: bool = True, clock=time.monotonic):
+                 timeout: float, cooldown: float, enabled: bool = True,
+                 before_split: Callable[[str], Awaitable[object]] | None = None, clock=time.monotonic):
         self.db = db
         self.model = model
         self.context_length = context_length
@@ -39,8 +40,8 @@ class Compressor:
         self._reported: dict[str, tuple[int, int]] = {}  # session -> (prompt_tokens, history messages)
         self._failed_at: dict[str, float] = {}
         # Called with the session id once a compression is decided, before the summary is asked
-        # for: the memory turn (issue 8) that keeps what matters before the middle is summarized.
-        self.before_split: Callable[[str], Awaitable[object]] | None = None
+        # for: the memory turn that keeps what matters before the middle is summarized.
+        self.before_split = before_split
 
     async def summarize(self, messages: list[dict]) -> str:
         completion = await self.model.complete(messages, model=self.summary_model, timeout=self.timeout)

@@ -93,20 +93,32 @@ class ToolLoop:
     tool_calls: int = 0
 
 
+# Given (request, session id): a block for the system prompt, or None.
+PromptBlock = Callable[[TurnRequest, str], Awaitable[str | None]]
+# Given (request, the user's message text): a block appended to that message for this turn's model
+# calls only (never stored), or None.
+Prefetch = Callable[[TurnRequest, str], Awaitable[str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnHooks:
+    """What the features plug into every turn, given to :class:`AgentTurn` when it is made."""
+
+    prompt_hook: PromptHook | None = None  # compression: before each model call, and the usage after it
+    prompt_blocks: tuple[PromptBlock, ...] = ()  # memory (a snapshot frozen per session), facts
+    prefetch: Prefetch | None = None  # facts recalled for the user's message
+
+
 class AgentTurn:
-    def __init__(self, db, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *, clock=None):
+    def __init__(self, db, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *,
+                 hooks: TurnHooks = TurnHooks(), max_message_tokens: int | None = None, clock=None):
         self.db = db
         self.model = model
         self.tools = tools
         self.settings = settings
-        self.prompt_hook: PromptHook | None = None
-        # memory (issue 8): each returns a block for the system prompt (None: nothing), given (request, session id)
-        self.prompt_blocks: list[Callable[[TurnRequest, str], Awaitable[str | None]]] = []
-        # facts (issue 9): given (request, the user's message text), a block appended to that message for this
-        # turn's model calls only (never stored); None: nothing
-        self.prefetch: Callable[[TurnRequest, str], Awaitable[str | None]] | None = None
+        self.hooks = hooks
         # the most one message may take of the context window (model.max_message_share); None: no limit
-        self.max_message_tokens: int | None = None
+        self.max_message_tokens = max_message_tokens
         self._clock = clock
 
     def system_prompt(self, platform: str) -> str:
@@ -140,7 +152,7 @@ class AgentTurn:
             history = await self.db.get_messages_as_conversation(session_id)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
-        for block_for in self.prompt_blocks:  # memory (issue 8): a snapshot frozen per session id
+        for block_for in self.hooks.prompt_blocks:
             block = await block_for(req, session_id)
             if block:
                 blocks.append(block)
@@ -148,22 +160,23 @@ class AgentTurn:
         system += [{"role": "system", "content": note} for note in req.system_notes]
         shortened = self._as_sent(history)
         history = shortened.messages
-        if self.prompt_hook is not None:
-            session_id, history, notices = await self.prompt_hook.before_model_call(
+        prompt_hook = self.hooks.prompt_hook
+        if prompt_hook is not None:
+            session_id, history, notices = await prompt_hook.before_model_call(
                 req, history, compression.estimate_tokens(system))
             if session_id != req.session_id:  # compressed: the history is the child's copy, read from the store
                 history = self._as_sent(history).messages
         notices = [*shortened.notices, *notices]
         prompt = system + self._with_attachments(history, req.attachments)
-        if self.prefetch is not None and prompt[-1].get("role") == "user":  # facts (issue 9): recalled facts
-            prompt[-1] = await _with_prefetch(self.prefetch, req, prompt[-1])
+        if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
+            prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
                                     max_iterations=self.settings.max_tool_iterations, model=req.model)
         completion, produced = loop.completion, loop.produced
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
-        if self.prompt_hook is not None:
-            self.prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
+        if prompt_hook is not None:
+            prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
         reply = completion.message.get("content") or ""
         to_store = [_for_store(m) for m in produced]
         to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
