@@ -514,7 +514,7 @@ async def _reload(gw: Gateway, notifier: Notifier) -> None:
     notifier.reloading()
     result = None
     try:
-        result = await reload_config(gw, auth_settings)
+        result = await reload_config(gw, auth_settings, clock=gw.clock)
     finally:
         status = "serving" if result is None or result.error is None else "serving; the last reload failed"
         notifier.send("READY=1", f"STATUS={status}")
