@@ -19,6 +19,7 @@ that keeps a second daemon off the same home.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
@@ -26,6 +27,7 @@ import os
 import signal
 import time
 from importlib.metadata import entry_points
+from typing import AsyncIterator
 
 import compression
 import state
@@ -59,6 +61,7 @@ LOCAL_SOURCES = ("api", "cli")
 # A reply due while its platform is still connecting (resumed at start, or during a reload's
 # restart of that adapter) waits this long for it before the adapter is asked anyway.
 SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
+LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
 
 
 def auth_settings(config: Config) -> AuthSettings:
@@ -415,6 +418,18 @@ class Gateway:
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
         }
+
+
+@contextlib.asynccontextmanager
+async def local_gateway(config: Config) -> AsyncIterator[Gateway]:
+    """A started gateway for one local command (``switchboard chat``, ``cron run``): no platform,
+    no API, no scheduling (the daemon does those); stopped with a short grace at the end."""
+    gateway = Gateway(config, adapters={}, serve_api=False)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop(grace_seconds=LOCAL_STOP_GRACE_SECONDS)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
