@@ -10,6 +10,22 @@ pyproject.toml), so the gateway never imports a platform module: an adapter
 class offers ``from_config(platform_cfg, *, commands, vision)``.  Tests may
 pass ready-made adapters with ``Gateway(config, adapters={...})``.
 
+This module is the composition root: :meth:`Gateway.start` builds every part
+with what it uses, in this order, and nothing is set or wrapped afterwards::
+
+    SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
+    Compressor(db, model, ..., before_split=<memory turn>)
+    default_commands(compressor)             + /search, /facts
+    AgentTurn(db, model, tools, settings, hooks=TurnHooks(prompt_hook, prompt_blocks, prefetch),
+              max_message_tokens=...)
+    SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
+                  context_length=...)
+    LocalApi(router, health, metrics, ...)
+    CronService(db, turn, router.deliver, platform_status, CronSettings(...), clock)
+
+Nothing below it takes the gateway; a reload (:mod:`gateway.runtime.reload`)
+sees it through the narrow ``Running`` view of what a reload changes.
+
 An adapter that fails to start (bad token, unreachable server) is logged
 with the reason and retried with backoff while the others serve; ``/healthz``
 shows it.  :func:`serve` adds signals, the sd_notify protocol and the lock
