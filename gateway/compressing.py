@@ -48,11 +48,12 @@ class Compressor:
         return completion.message.get("content") or ""
 
     def _summarizer_for(self, session_id: str):
-        if self.before_split is None:
+        before_split = self.before_split
+        if before_split is None:
             return self.summarize
 
         async def summarize(messages: list[dict]) -> str:
-            await self.before_split(session_id)
+            await before_split(session_id)
             return await self.summarize(messages)
 
         return summarize

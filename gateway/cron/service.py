@@ -48,6 +48,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
+from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
@@ -145,7 +146,7 @@ class CronSettings:
 
     agent: str
     model_name: str  # for a job that names no model
-    tz: dt.tzinfo
+    tz: ZoneInfo
 
 
 # Where an answer goes: the router's delivery (rate limits, pending-delivery records) to a chat.
@@ -155,7 +156,7 @@ Deliver = Callable[[ChatRef, str, "str | None"], Awaitable[Delivery]]
 class CronService:
     """The scheduler and runner of cron jobs for one gateway (see the module docstring)."""
 
-    def __init__(self, db: "state.AsyncSessionDB", turn: AgentTurn, deliver: Deliver,
+    def __init__(self, db, turn: AgentTurn, deliver: Deliver,
                  platform_status: Callable[[str], PlatformStatus], settings: CronSettings,
                  clock: Callable[[], float], *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
                  delivery_backoff: Backoff = Backoff(base=30.0, factor=2.0, cap=1800.0),
@@ -536,14 +537,14 @@ class CronService:
             name = job["name"] if job else run["job_id"]
             target = parse_target(claimed["deliver"])
             text = f"**{name}**\n\n{(claimed['output'] or '').strip() or '(The model returned an empty answer.)'}"
+            error: str | None
             status = self.platform_status(target.platform) if target.platform is not None else None
             if status is None or not status.running:
                 why = (status.why_off if status is not None else None) or "not configured"
                 ok, error = False, f"{target.platform} is not running in the daemon ({why})"
                 permanent = why.startswith("off")  # off in the config: no retry turns it on
             else:
-                delivery = await self.deliver(ChatRef(target.platform, target.chat_id, target.thread_id),
-                                                        text, None)
+                delivery = await self.deliver(ChatRef(target.platform, target.chat_id, target.thread_id), text, None)
                 ok, error = delivery.ok, delivery.error
                 permanent = not ok and permanent_failure(error)
             attempts = claimed["delivery_attempts"] + 1

@@ -43,7 +43,7 @@ import os
 import signal
 import time
 from importlib.metadata import entry_points
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 import compression
 import state
@@ -370,7 +370,7 @@ class Gateway:
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
         # turns (the router stops taking messages first), cron runs (issue 6), memory flushes
         # (issue 8) and fact extractions (issue 9) of sessions that just ended.
-        draining = [self.router.drain(grace)] if self.router is not None else []
+        draining: list[Awaitable[Any]] = [self.router.drain(grace)] if self.router is not None else []
         draining += [part.drain(grace) for part in (self.memory, self.facts) if part is not None]
         if self.cron is not None:
             draining.append(self.cron.stop(grace))
