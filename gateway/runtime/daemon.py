@@ -14,7 +14,7 @@ This module is the composition root: :meth:`Gateway.start` builds every part
 with what it uses, in this order, and nothing is set or wrapped afterwards::
 
     SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
-    Compressor(db, model, ..., before_split=<memory turn>)
+    Compressor(db, model, ..., before_split=<memory turn>, after_split=facts.on_compressed)
     default_commands(compressor)             + /search, /facts
     AgentTurn(db, model, tools, settings, hooks=TurnHooks(prompt_hook, prompt_blocks, prefetch),
               max_message_tokens=...)
@@ -181,10 +181,9 @@ class Gateway:
             self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,
             summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
             cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
-            before_split=flush_before_split,
+            before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
         )
-        prompt_hook = facts.watch_compression(self.compressor) if cfg.facts.enabled else self.compressor
-        self.commands = default_commands(compressor=prompt_hook if cfg.compression.enabled else None)
+        self.commands = default_commands(compressor=self.compressor if cfg.compression.enabled else None)
         self.commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
                           search_command(recall, cfg), runs_now=True)
         if cfg.facts.enabled:
@@ -195,7 +194,7 @@ class Gateway:
             max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
             replay_reasoning=cfg.model.replay_reasoning,
         ), hooks=TurnHooks(
-            prompt_hook=prompt_hook,
+            prompt_hook=self.compressor,
             prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),
             prefetch=facts.prefetch if cfg.facts.enabled else None,
         ), max_message_tokens=max_message_tokens(context_length, cfg.model.max_message_share), clock=self.clock)
