@@ -68,7 +68,7 @@ from gateway.retry import Backoff
 from gateway.tasks import spawn
 from gateway.turn import TurnRequest
 from gateway.types import ChatRef
-from state._cron import CronJobNotFound
+from state import CronJobNotFound
 
 log = logging.getLogger(__name__)
 
