@@ -34,10 +34,6 @@ class Backoff:
         return (rng or random).uniform(ceiling / 2, ceiling)
 
 
-class RetryBudgetExhausted(Exception):
-    """Raised by nothing: the last error is re-raised.  Kept for readers looking for it."""
-
-
 async def retry_async(
     call: Callable[[], Awaitable[T]],
     *,

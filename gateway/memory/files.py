@@ -37,7 +37,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.errors import ModelUnavailable, SwitchboardError
+from gateway.errors import MemoryRefused, ModelUnavailable
 from gateway.memory.identity import user_dir_name
 from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
@@ -60,10 +60,6 @@ FILES = {"memory": "MEMORY.md", "user": "USER.md"}
 LIMITS = {"memory": 2200, "user": 1375}
 FLUSH_MIN_MESSAGES = 4
 SNAPSHOTS_KEPT = 10_000  # sessions whose frozen snapshot stays in memory (least recently used dropped)
-
-
-class MemoryRefused(SwitchboardError):
-    """A memory change was refused; the message says why and what to do instead."""
 
 
 # --------------------------------------------------------------------------- scanning

@@ -23,16 +23,13 @@ import logging
 from dataclasses import asdict
 from typing import Any, Awaitable, Callable, Iterable
 
+from gateway.errors import NotReplayable
 from gateway.logging_setup import Redactor, redact
 from gateway.types import DEAD_LETTER_AFTER, Attachment, ChatType, InboundMessage, clean_text
 
 log = logging.getLogger(__name__)
 
 REPLAY_EVERY_SECONDS = 2.0
-
-
-class NotReplayable(Exception):
-    """The dead letter failed before it was read into a message, so there is nothing to replay."""
 
 
 def masker(secrets: Iterable[str] = ()) -> Callable[[str], str]:
