@@ -138,7 +138,10 @@ class BackupError(SwitchboardError):
 
 
 class NotReplayable(SwitchboardError):
-    """The dead letter failed before it was read into a message, so there is nothing to replay."""
+    """The dead letter failed before it was read into a message, so there is nothing to replay.
+
+    Read its raw event with 'switchboard deadletters show ID', then drop it with 'switchboard deadletters drop ID'.
+    """
 
 
 class InvalidJob(SwitchboardError, ValueError):

@@ -81,7 +81,8 @@ def message_to_json(msg: InboundMessage, hide: Callable[[str], str] = redact) ->
 def message_from_json(text: str | None) -> InboundMessage:
     """The stored message, ready to hand to the gateway again; :class:`NotReplayable` when there is none."""
     if not text:
-        raise NotReplayable(NotReplayable.__doc__)
+        raise NotReplayable("the dead letter failed before it was read into a message, so there is nothing to replay: "
+                            "read it with 'switchboard deadletters show ID' and drop it with 'switchboard deadletters drop ID'")
     data = json.loads(text)
     data["chat_type"] = ChatType(data["chat_type"])
     data["attachments"] = tuple(
