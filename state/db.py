@@ -2,8 +2,8 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters`` or ``_upkeep`` through the engine,
-marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep`` or ``fts`` (search)
+through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
 
