@@ -39,7 +39,7 @@ class Compressor:
         self._reported: dict[str, tuple[int, int]] = {}  # session -> (prompt_tokens, history messages)
         self._failed_at: dict[str, float] = {}
         # Called with the session id once a compression is decided, before the summary is asked
-        # for: the memory turn (issue 8) that keeps what matters before the middle is summarized.
+        # for: the memory turn that keeps what matters before the middle is summarized.
         self.before_split: Callable[[str], Awaitable[object]] | None = None
 
     async def summarize(self, messages: list[dict]) -> str:

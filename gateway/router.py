@@ -116,7 +116,7 @@ class SessionRouter:
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
-        # memory (issue 8): told (session id, key) when a reset or /new ends a session; must not block
+        # persistent memory: told (session id, key) when a reset or /new ends a session; must not block
         self.on_session_end: Callable[[str, str], object] | None = None
 
     # -- wiring -----------------------------------------------------------

@@ -89,9 +89,9 @@ class AgentTurn:
         self.tools = tools
         self.settings = settings
         self.prompt_hook: PromptHook | None = None
-        # memory (issue 8): each returns a block for the system prompt (None: nothing), given (request, session id)
+        # persistent memory: each returns a block for the system prompt (None: nothing), given (request, session id)
         self.prompt_blocks: list[Callable[[TurnRequest, str], Awaitable[str | None]]] = []
-        # facts (issue 9): given (request, the user's message text), a block appended to that message for this
+        # fact memory: given (request, the user's message text), a block appended to that message for this
         # turn's model calls only (never stored); None: nothing
         self.prefetch: Callable[[TurnRequest, str], Awaitable[str | None]] | None = None
         # the most one message may take of the context window (model.max_message_share); None: no limit
@@ -129,7 +129,7 @@ class AgentTurn:
             history = await self.db.get_messages_as_conversation(session_id)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
-        for block_for in self.prompt_blocks:  # memory (issue 8): a snapshot frozen per session id
+        for block_for in self.prompt_blocks:  # persistent memory: a snapshot frozen per session id
             block = await block_for(req, session_id)
             if block:
                 blocks.append(block)
@@ -144,7 +144,7 @@ class AgentTurn:
                 history = self._as_sent(history).messages
         notices = [*shortened.notices, *notices]
         prompt = system + self._with_attachments(history, req.attachments)
-        if self.prefetch is not None and prompt[-1].get("role") == "user":  # facts (issue 9): recalled facts
+        if self.prefetch is not None and prompt[-1].get("role") == "user":  # fact memory: recalled facts
             prompt[-1] = await _with_prefetch(self.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         tools = self.tools.schemas(req.tool_names)

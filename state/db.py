@@ -666,7 +666,7 @@ class SessionDB:
         return self._engine.write(_cron.record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
 
     # --- facts ---------------------------------------------------------------
-    # Holographic fact memory (issue 9, state._facts): facts per (agent, user scope), their FTS5 index,
+    # Holographic fact memory (state._facts): facts per (agent, user scope), their FTS5 index,
     # the once-per-session extraction claim and the per-chat prefetch switch.  Times come from the caller.
 
     @_writes

@@ -1,4 +1,4 @@
-"""Persistent memory (seed 002, L1): ``MEMORY.md`` and ``USER.md``, and the ``memory`` tool.
+"""Persistent memory, the layer always in the prompt: ``MEMORY.md`` and ``USER.md``, and the ``memory`` tool.
 
 Files and limits::
 

@@ -111,10 +111,10 @@ class Gateway:
         self._start_errors: dict[str, str] = {}
         self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
         self.router: SessionRouter | None = None
-        self.cron = None  # cron (issue 6): gateway.cron.service.CronService, made in start()
-        self.recall = None  # recall (issue 8): gateway.memory.recall.SessionRecall, made in start()
-        self.memory = None  # memory (issue 8): gateway.memory.files.MemoryService, made in start()
-        self.facts = None  # facts (issue 9): gateway.memory.facts.FactMemory, made in start()
+        self.cron = None  # scheduled jobs: gateway.cron.service.CronService, made in start()
+        self.recall = None  # cross-session recall: gateway.memory.recall.SessionRecall, made in start()
+        self.memory = None  # persistent memory files: gateway.memory.files.MemoryService, made in start()
+        self.facts = None  # holographic fact memory: gateway.memory.facts.FactMemory, made in start()
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
@@ -157,7 +157,7 @@ class Gateway:
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
-        # cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
+        # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
         self.cron = CronService(self)
         await self.cron.start(schedule=self.serve_api)
@@ -169,7 +169,7 @@ class Gateway:
         self.started_at = time.time()
 
     def _wire_compression(self, turn: AgentTurn) -> None:
-        """Compression (issue 5): the 75 % trigger before each model call and ``/compress``."""
+        """Context compression: the 75 % trigger before each model call and ``/compress``."""
         cfg = self.config
         context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
         if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
@@ -185,7 +185,7 @@ class Gateway:
         self.commands.compressor = self.compressor if cfg.compression.enabled else None
 
     def _wire_recall_and_memory(self, turn: AgentTurn) -> None:
-        """Recall and memory (issue 8): the session_search and memory tools, /search, the memory
+        """Cross-session recall and persistent memory: the session_search and memory tools, /search, the memory
         snapshot frozen per session, and a keep-what-matters turn before a reset, /new or a split."""
         cfg = self.config
         self.recall = SessionRecall(self.db, self.model, RecallSettings(model=cfg.recall.model, timezone=cfg.timezone))
@@ -199,7 +199,7 @@ class Gateway:
         self.compressor.before_split = lambda sid: memory_flush_turn(self, sid, reason="compressed")
 
     async def _wire_facts(self, turn: AgentTurn) -> None:
-        """Fact memory (issue 9): the facts tool, its prompt block, prefetch into each model call,
+        """Holographic fact memory: the facts tool, its prompt block, prefetch into each model call,
         /facts on|off, and extraction when a reset, /new or compression ends a session."""
         cfg = self.config
         self.facts = FactMemory(cfg, self.db, self.model, clock=self.clock)
@@ -342,8 +342,8 @@ class Gateway:
             await asyncio.gather(self._dead_letter_replay, return_exceptions=True)
         # Everything that is still working gets the same grace period, at the same time, so
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
-        # turns (the router stops taking messages first), cron runs (issue 6), memory flushes
-        # (issue 8) and fact extractions (issue 9) of sessions that just ended.
+        # turns (the router stops taking messages first), cron runs, memory flushes and fact
+        # extractions of sessions that just ended.
         draining = [self.router.drain(grace)] if self.router is not None else []
         draining += [part.drain(grace) for part in (self.memory, self.facts) if part is not None]
         if self.cron is not None:
