@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Callable
 
 import openai
 
@@ -79,11 +81,19 @@ def stored_routes(config) -> list[str]:
         return sorted(key for key, _ in db.list_routes())
 
 
-async def eventually(predicate, timeout: float = 5.0, what: str = "condition"):
-    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` s."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (result := predicate()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-    return result
+async def eventually(predicate, timeout: float = 5.0, what: str | Callable[[], str] = "condition", every: float = 0.01):
+    """Poll ``predicate`` (plain or async) until it returns something true (returned), or fail after ``timeout`` s.
+
+    ``what`` names the condition in the failure; a callable is asked then, to describe what was seen last.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+        await asyncio.sleep(every)
