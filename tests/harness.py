@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Callable
 
 import openai
 
 import state
 from gateway.config import config_from_dict
 from gateway.runtime.daemon import Gateway
+from tests.waiting import eventually  # noqa: F401 - re-exported: tests import it from here
 
 
 class Clock:
@@ -79,21 +77,3 @@ def stored_routes(config) -> list[str]:
     """The session keys the gateway stored routes for, sorted (what the key tests compare)."""
     with state.SessionDB(config.db_path) as db:
         return sorted(key for key, _ in db.list_routes())
-
-
-async def eventually(predicate, timeout: float = 5.0, what: str | Callable[[], str] = "condition", every: float = 0.01):
-    """Poll ``predicate`` (plain or async) until it returns something true (returned), or fail after ``timeout`` s.
-
-    ``what`` names the condition in the failure; a callable is asked then, to describe what was seen last.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
-        await asyncio.sleep(every)
