@@ -40,7 +40,7 @@ async def tg():
 
 async def until(predicate, what: str, timeout: float = 10.0):
     """Poll an async or plain predicate until it returns something truthy."""
-    return await eventually(predicate, timeout, what)
+    return await eventually(predicate, timeout, what, every=0.02)
 
 
 def telegram_gateway(home, fake_model, tg, /, *, jobs=(MORNING,), clock=None, **overrides):

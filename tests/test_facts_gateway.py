@@ -29,7 +29,7 @@ def chat_requests(model):
 
 
 async def until(condition, timeout: float = 10.0):
-    return await eventually(condition, timeout)
+    return await eventually(condition, timeout, every=0.02)
 
 
 async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_path, model):
