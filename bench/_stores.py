@@ -1,6 +1,6 @@
 """The two store designs the benchmarks compare, built once and cached in ``bench/.data/``.
 
-* ``seed``: the seed documents' design (seed 001's tables, seed 000's two FTS5
+* ``seed``: the original design this project started from (its first tables, and two FTS5
   tables, unicode61 and trigram, each keeping its own copy of every message's
   content, kept in sync by triggers).
 * ``ours``: the real schema (``state.schema`` when it is importable, else the
@@ -75,7 +75,7 @@ def _create(conn: sqlite3.Connection, design: str) -> str:
     if design == "seed":
         for stmt in SEED_SCHEMA:
             conn.execute(stmt)
-        how = "seed 000/001 DDL"
+        how = "original design DDL"
     else:
         try:
             from state import schema  # the state store's real migrations

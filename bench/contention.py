@@ -10,7 +10,7 @@ inside that window of ``--seconds``, per second), p50/p99/max write latency, err
 (a failed append is a lost message) and rows lost (appends reported as stored
 but missing from the database afterwards).
 
-* ``seed``: seed 001's contention handling: a 1 s SQLite busy timeout, then up
+* ``seed``: the original design's contention handling: a 1 s SQLite busy timeout, then up
   to 15 application retries sleeping 20-150 ms at random, ``BEGIN IMMEDIATE``,
   a PASSIVE checkpoint every 50 writes; over the seed's tables with both FTS5
   tables (unicode61 and trigram over every message), ``synchronous=NORMAL``.
@@ -43,7 +43,7 @@ from state import SessionDB  # noqa: E402
 
 
 class SeedStore:
-    """The seed's write path, reproduced from seed 001 for comparison."""
+    """The original design's write path, reproduced for comparison."""
 
     RETRIES, MIN_S, MAX_S, CHECKPOINT_EVERY = 15, 0.020, 0.150, 50
 

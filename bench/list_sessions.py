@@ -6,7 +6,7 @@
 Both databases hold the same corpus sessions (``bench._corpus``: about 10 %
 Chinese) and are built in a temporary directory, removed afterwards.
 
-* ``seed``: seed 001's "recent sessions with preview" query: correlated
+* ``seed``: the original design's "recent sessions with preview" query: correlated
   subqueries per session for the first user message and the last message
   time, over the seed's tables, ordered like ours by last activity
   (``ORDER BY last_active DESC LIMIT 20``; the seed ordered by start).

@@ -62,7 +62,7 @@ def _context(conn, session_id, msg_id):
 
 
 def seed_search(conn, query: str, limit: int = 20) -> list:
-    """The seed's three-path search (seed 000), with a sanitised query."""
+    """The original design's three-path search (unicode61, trigram, LIKE), with a sanitised query."""
     cjk = len(_CJK.findall(query))
     if cjk == 0 or cjk >= 3:
         table = "messages_fts" if cjk == 0 else "messages_fts_trigram"

@@ -9,6 +9,11 @@ stays so the summary can still say *which* secret the user gave.
 The messages themselves are not touched: the head and tail are copied
 verbatim and the parent session keeps its full history.
 
+The token shapes here are the project's one catalogue of them:
+:func:`redact_tokens` masks just those, with any mask, and the gateway's logs
+use it (``gateway.logging_setup``, with ``***``) besides their own config
+secrets and HTTP contexts.
+
 Speed matters (the middle of a long session is a few hundred kilobytes of
 text and ``re`` tries a pattern at every position unless it can skip ahead
 to a literal): each token shape runs only when its literal prefix occurs in
@@ -20,6 +25,7 @@ match (a leading ``\\b`` or look-behind would stop the skipping).
 
 from __future__ import annotations
 
+import functools
 import re
 
 REDACTED = "[REDACTED]"
@@ -41,8 +47,8 @@ _SHAPES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
     (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"gh[pousr]_[A-Za-z0-9]{20,}")),  # GitHub
     (("github_pat_",), re.compile(r"github_pat_[A-Za-z0-9_]{20,}")),
     (("glpat-",), re.compile(r"glpat-[A-Za-z0-9_\-]{20,}")),  # GitLab
-    (("xox",), re.compile(r"xox[abposr]-[A-Za-z0-9\-]{10,}")),  # Slack bot/user tokens
-    (("xapp-",), re.compile(r"xapp-[A-Za-z0-9\-]{10,}")),  # Slack app-level tokens
+    (("xox",), re.compile(r"xox[abeoprs]-[A-Za-z0-9\-]{8,}")),  # Slack bot/user/refresh tokens
+    (("xapp-",), re.compile(r"xapp-[A-Za-z0-9\-]{8,}")),  # Slack app-level tokens
     (("AKIA", "ASIA"), re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])")),  # AWS key ids
     (("AIza",), re.compile(r"AIza[0-9A-Za-z_\-]{35}")),  # Google API keys
     (("hf_",), re.compile(r"hf_[A-Za-z0-9]{30,}")),  # Hugging Face
@@ -50,32 +56,60 @@ _SHAPES: list[tuple[tuple[str, ...], re.Pattern[str]]] = [
 ]
 
 
-def _whole_token(m: re.Match[str]) -> str:
+def _whole_token(m: re.Match[str], mask: str) -> str:
     start = m.start()
     if start > 0 and (m.string[start - 1].isalnum() or m.string[start - 1] in "_-"):
         return m.group(0)  # "task-abc..." is not an "sk-" key
-    return REDACTED
+    return mask
 
 
 # Telegram bot tokens (123456789:AA...) are found from their colon, Discord bot
 # tokens (<24-27 chars>.<6>.<27+>) from their first dot; the part before is
-# checked on the match, then removed with the rest.
+# checked on the match, then removed with the rest.  A Telegram token may follow
+# "bot" (the Bot API's URLs: /bot<token>/getMe).
 _TELEGRAM = re.compile(r":[A-Za-z0-9_\-]{30,40}(?![A-Za-z0-9_\-])")
-_TELEGRAM_ID = re.compile(r"(?<![0-9A-Za-z])\d{8,10}$")
-_TELEGRAM_DONE = re.compile(r"(?<![0-9A-Za-z])\d{8,10}:\[REDACTED\]")
+_TELEGRAM_BEFORE = r"(?:(?<![0-9A-Za-z])|(?<=bot))\d{3,15}"
+_TELEGRAM_ID = re.compile(_TELEGRAM_BEFORE + "$")
 _DISCORD = re.compile(r"\.[A-Za-z\d_\-]{6}\.[A-Za-z\d_\-]{27,40}(?![A-Za-z\d_\-])")
-_DISCORD_ID = re.compile(r"(?<![A-Za-z\d_\-])[MNO][A-Za-z\d_\-]{23,27}$")
-_DISCORD_DONE = re.compile(r"(?<![A-Za-z\d_\-])[MNO][A-Za-z\d_\-]{23,27}\.\[REDACTED\]")
+_DISCORD_BEFORE = r"(?<![A-Za-z\d_\-])[MNO][A-Za-z\d_\-]{23,27}"
+_DISCORD_ID = re.compile(_DISCORD_BEFORE + "$")
 
 
-def _telegram(m: re.Match[str]) -> str:
-    found = _TELEGRAM_ID.search(m.string, max(0, m.start() - 11), m.start())
-    return ":" + REDACTED if found else m.group(0)
+@functools.lru_cache(maxsize=8)
+def _done(mask: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The Telegram and Discord patterns for a token whose secret part is already ``mask``."""
+    return (re.compile(_TELEGRAM_BEFORE + ":" + re.escape(mask)),
+            re.compile(_DISCORD_BEFORE + r"\." + re.escape(mask)))
 
 
-def _discord(m: re.Match[str]) -> str:
+def _telegram(m: re.Match[str], mask: str) -> str:
+    found = _TELEGRAM_ID.search(m.string, max(0, m.start() - 16), m.start())
+    return ":" + mask if found else m.group(0)
+
+
+def _discord(m: re.Match[str], mask: str) -> str:
     found = _DISCORD_ID.search(m.string, max(0, m.start() - 29), m.start())
-    return "." + REDACTED if found else m.group(0)
+    return "." + mask if found else m.group(0)
+
+
+def redact_tokens(text: str, mask: str = REDACTED) -> str:
+    """``text`` with every token of a known shape (API keys, platform bot tokens, private keys, JWTs)
+    replaced by ``mask``; nothing else is touched."""
+    if not text:
+        return text
+    for literals, pattern in _SHAPES:
+        if any(literal in text for literal in literals):
+            text = pattern.sub(lambda m: _whole_token(m, mask), text)
+    telegram_done, discord_done = _done(mask)
+    if ":" in text:
+        text = _TELEGRAM.sub(lambda m: _telegram(m, mask), text)
+        if ":" + mask in text:
+            text = telegram_done.sub(mask, text)
+    if "." in text:
+        text = _DISCORD.sub(lambda m: _discord(m, mask), text)
+        if "." + mask in text:
+            text = discord_done.sub(mask, text)
+    return text
 
 
 # --- credentials in URLs: scheme://user:password@host -----------------------------
@@ -161,17 +195,7 @@ def redact(text: str) -> str:
     """``text`` with keys, tokens, passwords and URL credentials replaced by ``[REDACTED]``."""
     if not text:
         return text
-    for literals, pattern in _SHAPES:
-        if any(literal in text for literal in literals):
-            text = pattern.sub(_whole_token, text)
-    if ":" in text:
-        text = _TELEGRAM.sub(_telegram, text)
-        if ":" + REDACTED in text:
-            text = _TELEGRAM_DONE.sub(REDACTED, text)
-    if "." in text:
-        text = _DISCORD.sub(_discord, text)
-        if "." + REDACTED in text:
-            text = _DISCORD_DONE.sub(REDACTED, text)
+    text = redact_tokens(text)
     if "://" in text:
         text = _URL_CREDENTIALS.sub(lambda m: f"://{m.group(1)}:{REDACTED}@", text)
     text = _after_words(text)

@@ -1,0 +1,46 @@
+"""The gateway: the message path (keys, router, turn, commands, tools, model) and beside it the
+daemon's runtime, cron, memory and the CLI.  Its errors are exported here (see :mod:`gateway.errors`)."""
+
+from gateway.errors import (
+    AdapterError,
+    AlreadyRunning,
+    BackupError,
+    ConfigError,
+    ContextTooLong,
+    FactRefused,
+    GatewayClosing,
+    InvalidJob,
+    MemoryRefused,
+    ModelAuthRejected,
+    ModelForbidden,
+    ModelNotFound,
+    ModelRefused,
+    ModelUnavailable,
+    NotReplayable,
+    PlatformHTTPError,
+    RateLimited,
+    ServiceError,
+    SwitchboardError,
+)
+
+__all__ = [
+    "AdapterError",
+    "AlreadyRunning",
+    "BackupError",
+    "ConfigError",
+    "ContextTooLong",
+    "FactRefused",
+    "GatewayClosing",
+    "InvalidJob",
+    "MemoryRefused",
+    "ModelAuthRejected",
+    "ModelForbidden",
+    "ModelNotFound",
+    "ModelRefused",
+    "ModelUnavailable",
+    "NotReplayable",
+    "PlatformHTTPError",
+    "RateLimited",
+    "ServiceError",
+    "SwitchboardError",
+]

@@ -22,12 +22,12 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, SwitchboardError
 
 Loc = tuple[str | int, ...]
 
 
-class KeyedError(ValueError):
+class KeyedError(SwitchboardError, ValueError):
     """Raised by a model validator to blame one key below the model being validated.
 
     Pydantic gives a model-level validator's error the model's own location;

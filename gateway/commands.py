@@ -140,7 +140,7 @@ async def cmd_new(ctx: CommandContext) -> str:
         return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
     await ctx.db.end_session(old, "new_session")
-    ctx.router.session_ended(old, ctx.lane.key)  # memory (issue 8): keep what matters, in the background
+    ctx.router.session_ended(old, ctx.lane.key)  # persistent memory: keep what matters, in the background
     new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
     ctx.ticket.session_id = new_id
     ctx.lane.last_prompt_tokens = None

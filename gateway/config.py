@@ -468,7 +468,7 @@ class FactWeightsConfig(_Model):
 
 
 class FactsConfig(_Model):
-    """Holographic fact memory (issue 9, gateway.memory.facts)."""
+    """Holographic fact memory (gateway.memory.facts): facts kept across sessions for each user."""
 
     enabled: bool = True
     model: OptionalText = None  # the extraction model; None: model.name

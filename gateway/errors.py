@@ -2,19 +2,47 @@
 
     SwitchboardError                 root of everything the gateway raises on purpose
     ├── ConfigError                  the config file is wrong; carries file, key path, fix (exit 78)
+    ├── KeyedError (ValueError)      _config_load.py: a config validator blames one key; never
+    │                                leaves the config loader, which turns it into ConfigError
     ├── AdapterError                 a platform adapter could not start or deliver
     │   ├── PlatformHTTPError        the platform answered with an error status
-    │   └── RateLimited              the platform said "wait retry_after seconds" (not a failure)
+    │   ├── RateLimited              the platform said "wait retry_after seconds" (not a failure)
+    │   └── ...                      the adapters' own, drawn in ``adapters/__init__.py``
     ├── ModelUnavailable             the model endpoint failed after every retry
     │   └── ModelRefused             it refused the request itself (4xx): retrying cannot help
     │       ├── ContextTooLong       400: the prompt is larger than the model's context window
     │       ├── ModelAuthRejected    401: the API key was refused
     │       ├── ModelForbidden       403: the key may not use this model
     │       └── ModelNotFound        404: no such model (or endpoint)
-    └── AlreadyRunning               another daemon holds this home's lock
+    ├── GatewayClosing               the gateway is shutting down and takes no new message;
+    │                                the platform or API client should send it again later
+    ├── AlreadyRunning               another daemon holds this home's lock
+    ├── ServiceError                 a systemd unit cannot be rendered, installed or removed as
+    │                                asked; nothing was changed
+    ├── BackupError                  a backup or restore was refused or failed; the live
+    │                                database was left as it was
+    ├── NotReplayable                a dead letter holds no message to replay
+    ├── InvalidJob (ValueError)      a cron job definition names a bad field (.field, .reason)
+    ├── MemoryRefused                the memory tool refused a change; the model is told why
+    └── FactRefused                  the facts tool refused a change; the model is told why
+
+Every class is defined in this module and exported from ``gateway``, except
+``KeyedError``, which is internal to the config loader
+(``gateway/_config_load.py``).  The modules that raise them import them from
+here, and the old names still work: ``gateway.router.GatewayClosing``,
+``gateway.runtime.systemd.ServiceError``, ``gateway.runtime.backup.BackupError``,
+``gateway.runtime.deadletters.NotReplayable``, ``gateway.cron.schedule.InvalidJob``,
+``gateway.memory.files.MemoryRefused``, ``gateway.memory.facts.FactRefused``.
+``InvalidJob`` is also a ``ValueError`` for callers that catch a bad value
+that way.  Each message says what to do next.
+
+Outside the tree: ``gateway/cli/config.py``'s ``ConfigFailure`` is a
+``click.ClickException``, the way the CLI prints a ``ConfigError`` as one
+line and exits 78.
 
 ``state.StateError`` is the store's own root (``state`` imports nothing from
-the gateway); the CLI turns both into one line and an exit code.
+the gateway), and ``compression.CompressionError`` the compressor's; the CLI
+turns each into one line and an exit code.
 """
 
 from __future__ import annotations
@@ -92,5 +120,42 @@ class ModelNotFound(ModelRefused):
     ``model.base_url`` (it usually ends in /v1)."""
 
 
+class GatewayClosing(SwitchboardError):
+    """The gateway is shutting down and takes no new messages; the platform should redeliver later."""
+
+
 class AlreadyRunning(SwitchboardError):
     """Another daemon is already running on this home."""
+
+
+
+class ServiceError(SwitchboardError):
+    """The unit cannot be rendered, installed or removed as asked; nothing was changed."""
+
+
+class BackupError(SwitchboardError):
+    """A backup or restore was refused or failed; the live database was left as it was."""
+
+
+class NotReplayable(SwitchboardError):
+    """The dead letter failed before it was read into a message, so there is nothing to replay.
+
+    Read its raw event with 'switchboard deadletters show ID', then drop it with 'switchboard deadletters drop ID'.
+    """
+
+
+class InvalidJob(SwitchboardError, ValueError):
+    """A job definition that cannot be used; the message says which field and how to fix it."""
+
+    def __init__(self, field: str, reason: str):
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class MemoryRefused(SwitchboardError):
+    """A memory change was refused; the message says why and what to do instead."""
+
+
+class FactRefused(SwitchboardError):
+    """A fact change was refused; the message says why and what to do instead."""

@@ -1,4 +1,4 @@
-"""Deterministic session keys (seed 004, "Per-Platform Session Tracking").
+"""Deterministic session keys: which conversation a message belongs to, per platform and chat type.
 
     DM       agent:<agent>:<platform>:dm:<chat_id>
     group    agent:<agent>:<platform>:group:<chat_id>:<user_id>

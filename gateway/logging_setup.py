@@ -6,7 +6,8 @@ otherwise, and no secret ever written.
 One handler on the root logger writes to stderr.  A :class:`RedactingFilter`
 on that handler (so it sees every record that propagates, including those of
 httpx, discord.py and the Slack SDK) replaces each known secret value and
-anything shaped like a token with ``***`` in the message, its arguments, the
+anything shaped like a token (the shapes of :func:`compression.redaction.redact_tokens`)
+with ``***`` in the message, its arguments, the
 exception text and the stack; the formatters then mask their final output
 once more, which catches secrets in ``extra=`` fields.
 """
@@ -20,6 +21,8 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Iterable, TextIO
 
+from compression.redaction import redact_tokens
+
 __all__ = ["JsonFormatter", "Redactor", "RedactingFilter", "TextFormatter", "protect_loggers", "redact", "setup_logging"]
 
 MASK = "***"
@@ -27,15 +30,12 @@ MASK = "***"
 # everywhere would shred the logs while protecting nothing worth having.
 MIN_SECRET_LENGTH = 6
 
-# Token shapes masked even when the config does not know them (a token in an
-# exception from a library, a user pasting one into a chat...).
-# Each pattern's first group, if any, is kept (the "Bearer " before the token).
+# Tokens are masked even when the config does not know them (a token in an
+# exception from a library, a user pasting one into a chat...): their shapes are
+# the one catalogue in compression.redaction (redact_tokens).  Besides those, a
+# credential is recognised by where it stands in HTTP traffic; each pattern's
+# first group is kept (the "Bearer " before the token).
 TOKEN_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"()(?<![0-9])[0-9]{3,}:[A-Za-z0-9_-]{30,}"),  # Telegram bot token (also inside /bot<token>/ URLs)
-    re.compile(r"()\bxox[abprse]-[A-Za-z0-9-]{8,}"),  # Slack bot/user/refresh tokens
-    re.compile(r"()\bxapp-[A-Za-z0-9-]{8,}"),  # Slack app-level token
-    re.compile(r"()\bsk-[A-Za-z0-9_-]{16,}"),  # OpenAI-style API keys (sk-..., sk-proj-...)
-    re.compile(r"()\b[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}"),  # Discord bot token
     re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}"),  # Authorization: Bearer <token>
     re.compile(r"(?i)(\bbot\s+)[A-Za-z0-9._-]{20,}"),  # Authorization: Bot <token> (Discord)
     re.compile(r"(?i)([?&](?:token|access_token|api_key|key|secret)=)[^&\s#\"']+"),  # tokens in query strings
@@ -69,6 +69,7 @@ class Redactor:
     def __call__(self, text: str) -> str:
         if self._known is not None:
             text = self._known.sub(MASK, text)
+        text = redact_tokens(text, MASK)
         for pattern in TOKEN_PATTERNS:
             text = pattern.sub(_MASK_AFTER_PREFIX, text)
         return text

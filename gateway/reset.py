@@ -1,4 +1,4 @@
-"""Session reset policies (seed 004, "Session Reset Policies"), evaluated in one place.
+"""Session reset policies (idle, daily, both or none, per platform and chat type), evaluated in one place.
 
     idle   reset when the session saw no message for ``idle_minutes``
     daily  reset when the last activity was before the most recent ``at_hour``:00

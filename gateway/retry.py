@@ -1,10 +1,21 @@
-"""One retry helper for the whole gateway: exponential backoff with full jitter.
+"""One backoff policy for the whole gateway, and one retry loop for calls that may be repeated.
 
-Every network retry (model calls, platform sends, adapter reconnects) goes
-through :func:`retry_async`, so the policy lives in one place.  A caller says
-which failures are worth retrying through ``classify``: it returns ``None``
-for "give up now" or the minimum number of seconds the other side asked us
-to wait (``0.0`` when it said nothing, e.g. a plain 503).
+:class:`Backoff` computes every wait: exponential, capped, with *equal* jitter
+(a delay drawn between half the ceiling and the ceiling, so a retry never comes
+sooner than half the nominal wait).  :func:`retry_async` runs a call again
+until it succeeds or its budget is spent; the model calls, the platform sends
+(Telegram, Discord, Slack), Telegram's start-up and the Discord adapter's
+delivery to the gateway go through it.  A caller says which failures are worth
+retrying through ``classify``: it returns ``None`` for "give up now" or the
+minimum number of seconds the other side asked us to wait (``0.0`` when it
+said nothing, e.g. a plain 503).
+
+Loops that must never give up keep their own ``while`` and take only their
+waits from :meth:`Backoff.delay`: the daemon restarting an adapter that failed
+to start (``gateway/runtime/daemon.py``), the Discord client's reconnect
+(``adapters/discord/adapter.py``), Telegram's long polling
+(``adapters/telegram/polling.py``) and the Slack Socket Mode reconnect
+(``adapters/slack/connection.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Delays of ``base * factor**attempt`` capped at ``cap``, with full jitter."""
+    """Delays of ``base * factor**attempt`` capped at ``cap``, with equal jitter: uniform in [ceiling/2, ceiling]."""
 
     base: float = 0.5
     factor: float = 2.0
@@ -32,10 +43,6 @@ class Backoff:
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         ceiling = min(self.cap, self.base * self.factor ** max(0, attempt))
         return (rng or random).uniform(ceiling / 2, ceiling)
-
-
-class RetryBudgetExhausted(Exception):
-    """Raised by nothing: the last error is re-raised.  Kept for readers looking for it."""
 
 
 async def retry_async(

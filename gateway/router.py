@@ -29,7 +29,7 @@ from typing import Awaitable, Callable
 from zoneinfo import ZoneInfo
 
 import state
-from gateway.errors import ModelUnavailable
+from gateway.errors import GatewayClosing, ModelUnavailable
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
@@ -50,10 +50,6 @@ TYPING_AFTER_SECONDS = 0.5
 
 
 STOPPED_BEFORE_ANSWERING = "the gateway stopped before answering; the message is saved"
-
-
-class GatewayClosing(Exception):
-    """The gateway is shutting down and takes no new messages; the platform should redeliver later."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,14 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 """
 
 from ._messages import Appended
+from ._transfer import parse_jsonl
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
 from .db import SessionDB
 from .errors import (
     AmbiguousSession,
+    CronJobExists,
+    CronJobNotFound,
     DatabaseRefused,
     ImportFileError,
     InvalidTitle,
@@ -33,6 +36,8 @@ __all__ = [
     "AmbiguousSession",
     "Appended",
     "AsyncSessionDB",
+    "CronJobExists",
+    "CronJobNotFound",
     "DatabaseReport",
     "DatabaseRefused",
     "ImportFileError",
@@ -51,6 +56,7 @@ __all__ = [
     "default_home",
     "inspect_database",
     "new_session_id",
+    "parse_jsonl",
     "run_upkeep",
     "WAL_LIMIT_BYTES",
     "vacuum_database",

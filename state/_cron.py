@@ -25,28 +25,8 @@ import sqlite3
 from typing import Any
 
 from . import _sessions
-from .errors import StateError
+from .errors import CronJobExists, CronJobNotFound
 
-
-class CronJobNotFound(StateError):
-    """No scheduled job has this id."""
-
-    def __init__(self, job_id: str):
-        self.job_id = job_id
-        super().__init__(f"no scheduled job has the id {job_id!r}: run 'switchboard cron list' to see them")
-
-
-class CronJobExists(StateError):
-    """A scheduled job with this id exists already."""
-
-    def __init__(self, job_id: str, wanted_by: str = "cli"):
-        self.job_id = job_id
-        if wanted_by == "config":
-            msg = (f"cron.jobs has a job {job_id!r}, but a job added with 'switchboard cron add' already has that id: "
-                   f"rename one of them (or 'switchboard cron remove {job_id}')")
-        else:
-            msg = f"a scheduled job {job_id!r} exists already: choose another id or edit that job"
-        super().__init__(msg)
 
 JOB_FIELDS = ("id", "name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds", "source",
               "paused", "created_at", "updated_at", "next_run_at", "last_run_at")

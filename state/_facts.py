@@ -1,4 +1,4 @@
-"""Facts kept across sessions (issue 9): the table, its FTS5 index, and the SQL.
+"""Holographic fact memory, facts kept across sessions: the table, its FTS5 index, and the SQL.
 
     facts              one row per fact: its text, entities (JSON list), the
                        session it came from, trust (0..1), created and

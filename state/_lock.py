@@ -57,6 +57,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .errors import StateError
+
 log = logging.getLogger(__name__)
 
 LEASE_SECONDS = 0.015  # the longest a writer keeps its turn while it keeps writing (~150 small writes)
@@ -69,8 +71,11 @@ _FLOCK = "hhxxxxqqixxxx"  # struct flock on 64-bit Linux: type, whence, start, l
 _HAVE_OFD = hasattr(fcntl, "F_OFD_SETLKW")
 
 
-class LockTimeout(Exception):
-    """The deadline passed before this writer's turn came; nothing ran."""
+class LockTimeout(StateError):
+    """The deadline passed before this writer's turn came; nothing ran.
+
+    Internal: the engine turns it into :class:`state.WriteTimeout`, which says what to do.
+    """
 
 
 def _lock(fd: int, byte: int, *, wait: bool = True) -> bool:

@@ -150,14 +150,13 @@ def _newest_in(conn, tree, ids: list[int], limit: int) -> list[dict]:
     Recall only groups these hits by session, so their order is recency.
     """
     terms = [t.text.strip() for t in fts.positive_terms(tree)]
-    used = fts.indexes(tree)
-    if used not in ({"unicode61"}, {"trigram"}):  # both indexes: combined by fts
+    one = fts.one_index_match(tree)
+    if one is None:  # both indexes: combined by fts
         found = fts.matching_ids(conn, tree, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(ids)],
                                  False, limit)
         return _details(conn, found, terms)
-    trigram = used == {"trigram"}
-    match = fts.render(tree, fts.trigram_leaf if trigram else fts.quote)
-    table, tail_table = ("messages_fts_trigram", "tail_trigram") if trigram else ("messages_fts", "tail_fts")
+    index, match = one
+    table, tail_table = fts._TABLES[index == "trigram"]
     upto = fts._indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
     found = [r[0] for r in conn.execute(
         # '+' keeps the scope a filter on the index scan (newest first) instead of one lookup per id

@@ -2,8 +2,8 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters`` or ``_upkeep`` through the engine,
-marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep`` or ``fts`` (search)
+through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
 
@@ -666,7 +666,7 @@ class SessionDB:
         return self._engine.write(_cron.record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
 
     # --- facts ---------------------------------------------------------------
-    # Holographic fact memory (issue 9, state._facts): facts per (agent, user scope), their FTS5 index,
+    # Holographic fact memory (state._facts): facts per (agent, user scope), their FTS5 index,
     # the once-per-session extraction claim and the per-chat prefetch switch.  Times come from the caller.
 
     @_writes

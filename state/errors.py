@@ -10,11 +10,17 @@
     │   └── SchemaTooNew             written by a newer Switchboard (.found, .supported)
     ├── WriteTimeout                 another process held the write lock longer than write_timeout
     ├── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
-    └── PairingNotFound              no pending pairing request has that code (or it expired)
+    ├── PairingNotFound              no pending pairing request has that code (or it expired)
+    ├── CronJobNotFound              no scheduled job has that id (.job_id)
+    ├── CronJobExists                a scheduled job with that id exists already (.job_id)
+    └── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
+                                     never leaves the store: the engine raises WriteTimeout instead
 
-``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so code written
-against the seed document (which raised ``ValueError``) keeps working.  Every
-message says what to do next; the CLI prints it as one line.
+Every class above is defined in this module and exported from ``state``,
+except ``LockTimeout``, which stays next to the process write lock.
+``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
+that catch ``ValueError`` for a bad title keep working.  Every message says
+what to do next; the CLI prints it as one line.
 """
 
 from __future__ import annotations
@@ -124,3 +130,24 @@ class PairingNotFound(StateError):
             f"no pending {platform} pairing request has code {code!r} (codes expire after an hour): "
             "run 'switchboard pairing list' to see pending codes"
         )
+
+
+class CronJobNotFound(StateError):
+    """No scheduled job has this id."""
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+        super().__init__(f"no scheduled job has the id {job_id!r}: run 'switchboard cron list' to see them")
+
+
+class CronJobExists(StateError):
+    """A scheduled job with this id exists already."""
+
+    def __init__(self, job_id: str, wanted_by: str = "cli"):
+        self.job_id = job_id
+        if wanted_by == "config":
+            msg = (f"cron.jobs has a job {job_id!r}, but a job added with 'switchboard cron add' already has that id: "
+                   f"rename one of them (or 'switchboard cron remove {job_id}')")
+        else:
+            msg = f"a scheduled job {job_id!r} exists already: choose another id or edit that job"
+        super().__init__(msg)

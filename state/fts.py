@@ -87,7 +87,6 @@ from ._fts_query import (
     is_cjk,
     parse,
     positive_terms,
-    quote,
     render,
     sanitize_query,
     trigram_leaf,
@@ -112,6 +111,7 @@ __all__ = [
     "indexes",
     "index_of",
     "matching_ids",
+    "one_index_match",
     "Term",
     "Op",
     "is_cjk",
@@ -427,14 +427,26 @@ def search_messages(
     return [_with_context(conn, hit) for hit in hits]
 
 
-def _search(conn, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[dict]:
-    """Ranked hits for a parsed query: on one index when its terms need only one, else on both."""
+def one_index_match(tree: Node | None) -> tuple[str, str] | None:
+    """The CJK split of a parsed query: ``(index, MATCH string)`` when every term is found on one
+    index (``"unicode61"``: no CJK; ``"trigram"``: CJK terms of three or more characters, each
+    written as its stripped substring); None when the terms need both indexes, or a substring
+    scan (one- or two-character CJK terms), and are combined by :func:`matching_ids`."""
     used = indexes(tree)
     if used == {"unicode61"}:
-        return _search_fts(conn, False, render(tree), positive_terms(tree), where, args, need_s, limit)
+        return "unicode61", render(tree)
     if used == {"trigram"}:
-        return _search_fts(conn, True, render(tree, trigram_leaf), positive_terms(tree), where, args, need_s, limit)
-    return _search_mixed(conn, tree, where, args, need_s, limit)
+        return "trigram", render(tree, trigram_leaf)
+    return None
+
+
+def _search(conn, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[dict]:
+    """Ranked hits for a parsed query: on one index when its terms need only one, else on both."""
+    one = one_index_match(tree)
+    if one is None:
+        return _search_mixed(conn, tree, where, args, need_s, limit)
+    index, match = one
+    return _search_fts(conn, index == "trigram", match, positive_terms(tree), where, args, need_s, limit)
 
 
 _TABLES = {False: ("messages_fts", "tail_fts"), True: ("messages_fts_trigram", "tail_trigram")}
@@ -541,11 +553,10 @@ def _ids_in(conn, node: Node, tables: dict, lo: int, hi: int, within: set[int] |
     the cheaper operand of an AND first and testing the other only where it
     can still matter.
     """
-    used = indexes(node)
-    if len(used) == 1 and used != {"like"}:
-        idx = used.pop()
-        table = tables[idx]
-        match = render(node, trigram_leaf if idx == "trigram" else quote)
+    one = one_index_match(node)
+    if one is not None:
+        index, match = one
+        table = tables[index]
         return {r[0] for r in conn.execute(
             f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ?", (match, lo, hi))}
     if isinstance(node, Term):  # one or two CJK characters: only CJK messages can hold them

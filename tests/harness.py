@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,6 +11,7 @@ import openai
 import state
 from gateway.config import config_from_dict
 from gateway.runtime.daemon import Gateway
+from tests.waiting import eventually  # noqa: F401 - re-exported: tests import it from here
 
 
 class Clock:
@@ -77,13 +77,3 @@ def stored_routes(config) -> list[str]:
     """The session keys the gateway stored routes for, sorted (what the key tests compare)."""
     with state.SessionDB(config.db_path) as db:
         return sorted(key for key, _ in db.list_routes())
-
-
-async def eventually(predicate, timeout: float = 5.0, what: str = "condition"):
-    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` s."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (result := predicate()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-    return result

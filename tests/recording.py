@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.types import InboundMessage
+from tests.harness import eventually
 
 
 class Recorder:
@@ -28,9 +29,5 @@ class Recorder:
         self.messages.append(msg)
 
     async def wait_for(self, n: int, timeout: float = 5.0) -> list[InboundMessage]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(self.messages) < n:
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out waiting for {n} messages, got {self.messages}")
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(self.messages) >= n, timeout, lambda: f"{n} messages, got {self.messages}")
         return self.messages

@@ -13,6 +13,7 @@ from gateway.errors import AdapterError
 from gateway.retry import Backoff
 from gateway.types import Attachment, ChatRef, ChatType, InboundMessage
 from tests.fakes.slack import FakeSlack
+from tests.harness import eventually
 
 COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("reset", "Same as /new"),
             ("title", "Show or set this session's title"), ("status", "Session info"), ("resume", "Switch to an older session"),
@@ -46,11 +47,7 @@ class Recorder:
             raise RuntimeError("store is down")
 
     async def wait_for(self, n: int, timeout: float = 5) -> list[InboundMessage]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(self.messages) < n:
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"expected {n} messages, got {self.messages}")
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(self.messages) >= n, timeout, lambda: f"{n} messages, got {self.messages}")
         return self.messages
 
 
@@ -242,7 +239,7 @@ async def test_a_failing_handler_leaves_the_event_unacked_and_its_redelivery_get
     # Prove the failure finished (the adapter logged it) before asserting no ack: a later event is acked.
     later = await slack.send_event(slack.message("D2", "U2", "still alive"))
     await slack.wait_for_ack(later)
-    await _until(lambda: adapter.health().last_error is not None)
+    await eventually(lambda: adapter.health().last_error is not None)
     assert not slack.acked(env)
     redelivered = await slack.send_event(event, retry_attempt=1)
     await slack.wait_for_ack(redelivered)
@@ -307,16 +304,16 @@ async def test_dropped_connection_reconnects_and_the_next_event_is_delivered(run
     event = slack.message("D1", "U1", "after the drop")
     await slack.wait_for_ack(await slack.send_event(event), timeout=10)
     assert [m.text for m in rec.messages] == ["after the drop"]
-    await _until(lambda: adapter.health().state == "connected")
+    await eventually(lambda: adapter.health().state == "connected")
 
 
 async def test_health_shows_reconnecting_while_slack_refuses_new_connections(slack):
     async with started(slack, stall_timeout_seconds=1.0, reconnect_backoff=Backoff(base=0.05, cap=0.1)) as (adapter, rec):
         slack.error_next("apps.connections.open", "internal_error", n=4)
         await slack.drop_connection()
-        await _until(lambda: adapter.health().state == "reconnecting")
+        await eventually(lambda: adapter.health().state == "reconnecting")
         await slack.wait_connected(2, timeout=15)
-        await _until(lambda: adapter.health().state == "connected", timeout=10)
+        await eventually(lambda: adapter.health().state == "connected", timeout=10)
         await slack.wait_for_ack(await slack.send_event(slack.message("D1", "U1", "back")), timeout=10)
         assert [m.text for m in rec.messages] == ["back"]
 
@@ -356,7 +353,7 @@ async def test_a_stalled_connection_is_restarted(slack, keepalive):
         await slack.wait_connected(2, timeout=10)
         await slack.wait_for_ack(await slack.send_event(slack.message("D1", "U1", "unstuck")), timeout=10)
         assert [m.text for m in rec.messages] == ["unstuck"]
-        await _until(lambda: adapter.health().state == "connected")
+        await eventually(lambda: adapter.health().state == "connected")
         if keepalive:  # the transport looked alive: our watchdog, not the library, restarted it
             assert adapter.health().last_error == "socket stalled"
 
@@ -450,7 +447,7 @@ async def test_a_command_the_gateway_fails_on_gets_an_apology(running):
     slack, adapter, rec = running
     rec.fail_next = 1
     await slack.wait_for_ack(await slack.send_command("/compress"))
-    await _until(lambda: len(slack.responses) == 1)
+    await eventually(lambda: len(slack.responses) == 1)
     assert slack.responses[0]["text"] == "Sorry, that command failed. Please try again."
     assert adapter.health().state == "connected"
 
@@ -513,11 +510,3 @@ async def test_tokens_never_reach_the_logs(slack, caplog):
     finally:
         await adapter.stop()
     assert caplog.text and slack.bot_token not in caplog.text and slack.app_token not in caplog.text
-
-
-async def _until(predicate, timeout: float = 5) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)

@@ -16,7 +16,7 @@ from gateway.config import Config
 from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
-from tests.harness import gateway_config
+from tests.harness import eventually, gateway_config
 from tests.harness import stored_routes
 
 
@@ -38,7 +38,7 @@ async def world(tmp_path):
         await gw.start()
         try:
             assert isinstance(gw.adapters["slack"], SlackAdapter)
-            await _until(lambda: gw.health()["platforms"]["slack"]["state"] == "connected")
+            await eventually(lambda: gw.health()["platforms"]["slack"]["state"] == "connected", 10)
             await slack.wait_connected()
             yield slack, model, gw, config
         finally:
@@ -110,24 +110,14 @@ async def test_slash_commands_reach_the_gateway_and_answer_through_the_response_
     await slack.send_event(slack.message("D1", "U1", "first topic"))
     await slack.wait_for_sent(1, timeout=10)
     await slack.send_command("/new")
-    await _until(lambda: len(slack.responses) == 1, timeout=10)
+    await eventually(lambda: len(slack.responses) == 1, timeout=10)
     await slack.send_command("/switchboard", "help")  # the umbrella form of /help
-    await _until(lambda: len(slack.responses) == 2, timeout=10)
+    await eventually(lambda: len(slack.responses) == 2, timeout=10)
     await slack.send_event(slack.message("D1", "U1", "second topic"))
     sent = await slack.wait_for_sent(2, timeout=10)
     assert "/new" in slack.responses[1]["text"]  # the help text lists the commands
     assert "echo: second topic | turns: 1" in sent[1]["text"]  # a fresh session after /new
     assert len(model.requests) == 2
-
-
-async def _until(predicate, timeout: float = 10) -> None:
-    import asyncio
-
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_http_events_mode_through_the_gateway(tmp_path):
@@ -141,7 +131,7 @@ async def test_http_events_mode_through_the_gateway(tmp_path):
         gw = Gateway(config, serve_api=False)
         await gw.start()
         try:
-            await _until(lambda: gw.health()["platforms"]["slack"]["state"] == "connected")
+            await eventually(lambda: gw.health()["platforms"]["slack"]["state"] == "connected", 10)
             url = f"http://127.0.0.1:{gw.adapters['slack'].http_port}/slack/events"
             event = slack.message("D1", "U1", "over http")
             assert (await slack.post_event(url, event, bad_signature=True))[0] == 401

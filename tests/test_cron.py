@@ -14,7 +14,7 @@ from gateway.cron.service import config_jobs
 from gateway.cron.schedule import InvalidJob, parse_schedule, parse_target, validate_job
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
-from state._cron import CronJobExists, CronJobNotFound
+from state import CronJobExists, CronJobNotFound
 
 BERLIN = ZoneInfo("Europe/Berlin")
 # Saturday 2026-11-21 10:00 in Berlin

@@ -18,7 +18,7 @@ import state
 from gateway.errors import ConfigError
 from tests.fakes.model_server import Fail, FakeModel, Hang, Reply, ToolCall
 from tests.fakes.telegram import FakeTelegram
-from tests.harness import Clock, running_gateway
+from tests.harness import Clock, eventually, running_gateway
 from tests.test_adapter_telegram import make_adapter
 
 ANN = FakeTelegram.user(111, "Ann")
@@ -40,16 +40,7 @@ async def tg():
 
 async def until(predicate, what: str, timeout: float = 10.0):
     """Poll an async or plain predicate until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    return await eventually(predicate, timeout, what, every=0.02)
 
 
 def telegram_gateway(home, fake_model, tg, /, *, jobs=(MORNING,), clock=None, **overrides):

@@ -71,18 +71,18 @@ async def one_dead_letter(gw: Gateway, platform: str) -> dict:
 async def until_shown(gw: Gateway, held: int, timeout: float = 10) -> None:
     """Until GET /healthz and GET /metrics on the local API both show ``held`` dead letters."""
     base = f"http://127.0.0.1:{gw.api.bound_port}"
-    deadline = asyncio.get_running_loop().time() + timeout
+    seen = {}
     async with aiohttp.ClientSession() as http:
-        while True:
+
+        async def shown() -> bool:
             async with http.get(f"{base}/healthz") as resp:
-                health = (await resp.json())["dead_letters"]
+                seen["health"] = (await resp.json())["dead_letters"]
             async with http.get(f"{base}/metrics") as resp:
-                gauge = re.search(r"^switchboard_dead_letters (\S+)$", await resp.text(), re.M).group(1)
-            if (health, float(gauge)) == (held, held):
-                return
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"/healthz shows {health} and /metrics {gauge} dead letters, not {held}")
-            await asyncio.sleep(0.05)
+                seen["gauge"] = re.search(r"^switchboard_dead_letters (\S+)$", await resp.text(), re.M).group(1)
+            return (seen["health"], float(seen["gauge"])) == (held, held)
+
+        await eventually(shown, timeout, lambda: f"/healthz to show {held} dead letters; /healthz shows "
+                         f"{seen.get('health')} and /metrics {seen.get('gauge')}", every=0.05)
 
 
 async def cli(*args: str) -> str:

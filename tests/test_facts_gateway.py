@@ -1,17 +1,15 @@
 """Fact memory through the real gateway: prefetch reaches the model and not the store, /facts on|off,
 extraction when a session ends (dedup, contradictions, catch-up at start), the facts tool."""
 
-import asyncio
 import json
 import sqlite3
-import time
 
 import pytest
 
 import state
 from gateway.memory.facts.extract import EXTRACT_PROMPT
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
-from tests.harness import ApiClient, running_gateway
+from tests.harness import ApiClient, eventually, running_gateway
 
 FACTS = {"facts": {"extract_delay_seconds": 0}}
 
@@ -31,11 +29,7 @@ def chat_requests(model):
 
 
 async def until(condition, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.02)
+    return await eventually(condition, timeout, every=0.02)
 
 
 async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_path, model):

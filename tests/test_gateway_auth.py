@@ -5,15 +5,13 @@ The platform here is a stand-in speaking the gateway's adapter protocol
 beside their adapters.
 """
 
-import asyncio
-
 import pytest
 from click.testing import CliRunner
 
 from gateway.cli.main import main
 from gateway.types import AdapterHealth, ChatRef, ChatType, Delivery, InboundMessage
 from tests.fakes.model_server import FakeModel
-from tests.harness import running_gateway
+from tests.harness import eventually, running_gateway
 
 
 class StandInPlatform:
@@ -42,14 +40,13 @@ class StandInPlatform:
         return AdapterHealth("telegram", state="connected")
 
     async def deliver(self, text, *, user="42", chat="42", chat_type=ChatType.DM, message_id=None):
-        await self.handler(InboundMessage(platform="telegram", chat_type=chat_type, chat_id=chat, user_id=user,
+        """The gateway's answer to the event: it returns once the message is stored or refused,
+        False when it was dropped and nothing will be sent for it."""
+        return await self.handler(InboundMessage(platform="telegram", chat_type=chat_type, chat_id=chat, user_id=user,
                                           user_name="stranger", text=text, message_id=message_id))
 
     async def wait_sent(self, n, timeout=10.0):
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(self.sent) < n:
-            assert asyncio.get_running_loop().time() < deadline, f"expected {n} sends, got {self.sent}"
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(self.sent) >= n, timeout, lambda: f"{n} sends, got {self.sent}")
         return self.sent
 
 
@@ -60,10 +57,7 @@ async def model():
 
 
 async def _started(platform):
-    deadline = asyncio.get_running_loop().time() + 10
-    while platform.handler is None:
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(lambda: platform.handler is not None, 10, "the gateway to start the platform")
 
 
 async def test_a_stranger_gets_a_pairing_code_and_nothing_else_until_approved(tmp_path, model):
@@ -98,17 +92,19 @@ async def test_a_stranger_gets_a_pairing_code_and_nothing_else_until_approved(tm
         revoked = runner.invoke(main, ["pairing", "revoke", "telegram", "42"],
                                 env={"SWITCHBOARD_HOME": str(home), "SWITCHBOARD_CONFIG": ""})
         assert revoked.exit_code == 0
-        await platform.deliver("still there?", message_id="4")
-        await asyncio.sleep(0.2)  # give a wrongly-allowed message time to reach the model
-        assert len(model.requests) == 1
+        stored = (await gw.db.stats())["messages"]
+        # refused and unanswered (the handler says nothing will be sent), and not stored: an allowed
+        # message is stored before the handler returns, and only a stored one reaches the model
+        assert await platform.deliver("still there?", message_id="4") is False
+        assert (await gw.db.stats())["messages"] == stored
+        assert len(platform.sent) == 2 and len(model.requests) == 1
 
 
 async def test_strangers_in_groups_are_ignored_silently(tmp_path, model):
     platform = StandInPlatform()
     async with running_gateway(tmp_path, model, adapters={"telegram": platform}) as gw:
         await _started(platform)
-        await platform.deliver("@bot hi", chat="-100", chat_type=ChatType.GROUP, message_id="1")
-        await asyncio.sleep(0.2)
+        assert await platform.deliver("@bot hi", chat="-100", chat_type=ChatType.GROUP, message_id="1") is False
         assert platform.sent == [] and model.requests == []
         assert (await gw.db.stats())["sessions"] == 0
 
@@ -120,8 +116,7 @@ async def test_allowlisted_users_talk_and_a_redelivered_event_is_answered_once(t
         await _started(platform)
         await platform.deliver("hi", message_id="m1")
         await platform.wait_sent(1)
-        await platform.deliver("hi", message_id="m1")  # the platform redelivers
-        await asyncio.sleep(0.2)
+        assert await platform.deliver("hi", message_id="m1") is False  # the platform redelivers: dropped
         assert len(platform.sent) == 1 and len(model.requests) == 1
         # groups are per user by default; the stored key is the documented one
         await platform.deliver("in the group", chat="-100", chat_type=ChatType.GROUP, message_id="g1")

@@ -48,7 +48,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         await chat(api, 6)
         assert await api.say("k", "/title migration") == "Session title set: migration"
         root = await gw.db.get_route(KEY)
-        # the trigger, then the memory turn before the split (issue 8), the summary, the answer
+        # the trigger, then the memory turn before the split, the summary, the answer
         model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
                      Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
         await api.say("k", "one more")  # reports 3,500 tokens: over 75 % of 4,096

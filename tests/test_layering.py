@@ -84,3 +84,17 @@ def test_cron_and_memory_never_import_the_runtime_or_the_cli():
                 if _within(name, ("gateway.runtime", "gateway.cli")):
                     offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert offenders == []
+
+
+def test_nothing_outside_the_store_imports_its_private_modules():
+    """``state._*`` is the store's inside; everything else uses what ``state`` exports.
+
+    Tests are left out on purpose: a white-box test of the store may reach a private module.
+    """
+    offenders = []
+    for package in ("gateway", "adapters", "compression", "bench"):
+        for path in (ROOT / package).rglob("*.py"):
+            for name in _imports(path):
+                if name.startswith("state._"):
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert offenders == []

@@ -207,3 +207,18 @@ def test_a_library_logger_protected_by_an_adapter_is_masked_before_any_handler()
     assert lines == ["POST /webhooks/1234567890/***/messages with ***",
                      "event {'t': 'INTERACTION_CREATE', 'd': {'token': '***'}}"]
     assert redact(f"401 for bot{TG_TOKEN} and adapter-own-secret-value") == "401 for bot*** and ***"
+
+
+def test_logs_and_summaries_know_the_same_token_shapes():
+    """One catalogue of token shapes (compression.redaction): every token the summarizer's redaction
+    removes is masked in the logs too, and a Bot API URL's token is removed from a summary as from a log."""
+    from compression.redaction import redact as redact_for_summary
+    from gateway.logging_setup import redact
+
+    tokens = ["ghp_ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", "AKIAABCDEFGHIJKLMNOP", "glpat-abcdefghijklmnopqrstuv",
+              "hf_abcdefghijklmnopqrstuvwxyz0123456", "xoxe-1-abcdefghijkl", TG_TOKEN, DISCORD, OPENAI_KEY]
+    for token in tokens:
+        assert redact(f"got {token} back") == "got *** back"
+        assert redact_for_summary(f"got {token} back") == "got [REDACTED] back"
+    url = f"https://api.telegram.org/bot{TG_TOKEN}/getMe"
+    assert redact_for_summary(url) == "https://api.telegram.org/bot[REDACTED]/getMe"

@@ -246,12 +246,13 @@ def _finished_runs(tmp_path, job_id: str) -> list[dict]:
 
 
 async def _wait_health(daemon: Daemon, predicate, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while not predicate(health := await daemon.health()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"/healthz never matched; last: {health}")
-        await asyncio.sleep(0.05)
-    return health
+    last = {}
+
+    async def matched() -> dict | None:
+        last["health"] = health = await daemon.health()
+        return health if predicate(health) else None
+
+    return await eventually(matched, timeout, lambda: f"/healthz to match; last: {last.get('health')}", every=0.05)
 
 
 async def test_a_reload_that_fails_while_applying_puts_the_running_config_back(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 
 from state import AsyncSessionDB, SessionDB, SessionNotFound, StateError
 from state.db import public_methods
+from tests.harness import eventually
 
 
 def test_every_public_method_has_a_coroutine():
@@ -57,11 +58,8 @@ async def test_a_locked_database_does_not_block_the_loop(home):
     try:
         write = asyncio.create_task(adb.append_message("s", "user", "waits for the lock"))
         # the loop keeps running while the write waits on its thread
-        for _ in range(5000):
-            if ticks >= 50:
-                break
-            await asyncio.sleep(0.001)
-        assert ticks >= 50 and not write.done()
+        await eventually(lambda: ticks >= 50, 5.0, "the event loop to tick 50 times while the write waits")
+        assert not write.done()
         holder.execute("ROLLBACK")
         assert isinstance(await asyncio.wait_for(write, 10), int)
         assert [m["content"] for m in await adb.get_messages("s")] == ["waits for the lock"]

@@ -25,7 +25,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from gateway.errors import PlatformHTTPError, RateLimited
+from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
 from gateway.ratelimit import RateLimiter
 from gateway.retry import Backoff, retry_async
 
@@ -53,7 +53,7 @@ class ResponseRoute:
         return self.uses_left > 0 and time.monotonic() < self.expires_at
 
 
-class PartFailed(Exception):
+class PartFailed(AdapterError):
     """One part could not be delivered; the message says why (no secrets)."""
 
 

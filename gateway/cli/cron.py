@@ -30,7 +30,7 @@ from gateway.cli.common import json_out as _json_out
 from gateway.config import Config
 from gateway.cron.schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
-from state._cron import CronJobNotFound
+from state import CronJobNotFound
 
 def _config(config_path: Path | None) -> Config:
     """The config file's settings; without one, the defaults under $SWITCHBOARD_HOME (UTC)."""

@@ -5,6 +5,18 @@
     switchboard sessions ...         list, show, search, export, import, rename, delete, prune, stats
     switchboard pairing ...          list, approve, revoke strangers' pairing requests
     switchboard config check|show    validate / print the effective config (secrets redacted)
+    switchboard cron ...             list, show, history, add, edit, pause, resume, run, remove scheduled jobs
+    switchboard deadletters ...      list, show, retry, drop events set aside after failing again and again
+    switchboard service ...          install, status, uninstall the systemd unit
+    switchboard backup FILE          copy the live database to FILE (safe while the daemon runs)
+    switchboard restore FILE         replace the database with a checked backup
+    switchboard maintenance [--vacuum]   the database's size, free space and last upkeep
+    switchboard doctor               check config, database, disk, permissions, model and platforms
+
+The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
+``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``);
+``run``, ``chat``, ``doctor`` and ``pairing`` are defined here, with the work of
+``chat`` and ``doctor`` in ``gateway/cli/chat.py`` and ``gateway/cli/doctor.py``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ from rich.table import Table
 from gateway.cli.common import plural, remember_home, with_store
 from gateway.cli.common import json_out as _json_out, console as _console, when as _when
 from gateway.config import PLATFORMS
-from state import AmbiguousSession, SessionDB
-from state._transfer import parse_jsonl
+from state import AmbiguousSession, SessionDB, parse_jsonl
 
 SOURCES = (*PLATFORMS, "api", "cli", "cron")
 ROLES = ("user", "assistant", "tool", "system")

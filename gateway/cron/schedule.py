@@ -25,6 +25,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gateway.durations import format_duration, parse_duration
+from gateway.errors import InvalidJob
 
 EXAMPLES = "'0 8 * * 1-5' (08:00 on weekdays), 'every 30m', 'in 45m' or '2026-12-01T09:00'"
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -38,15 +39,6 @@ _PLATFORM_TARGETS = {
     "discord": "discord:<channel_id>",
     "slack": "slack:<channel_id>[:<thread_ts>]",
 }
-
-
-class InvalidJob(ValueError):
-    """A job definition that cannot be used; the message says which field and how to fix it."""
-
-    def __init__(self, field: str, reason: str):
-        self.field = field
-        self.reason = reason
-        super().__init__(f"{field}: {reason}")
 
 
 # --------------------------------------------------------------------------- durations

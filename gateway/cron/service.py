@@ -70,7 +70,7 @@ from gateway.retry import Backoff
 from gateway.tasks import spawn
 from gateway.turn import AgentTurn, TurnRequest
 from gateway.types import ChatRef, Delivery, PlatformStatus
-from state._cron import CronJobNotFound
+from state import CronJobNotFound
 
 log = logging.getLogger(__name__)
 

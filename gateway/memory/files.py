@@ -1,4 +1,4 @@
-"""Persistent memory (seed 002, L1): ``MEMORY.md`` and ``USER.md``, and the ``memory`` tool.
+"""Persistent memory, the layer always in the prompt: ``MEMORY.md`` and ``USER.md``, and the ``memory`` tool.
 
 Files and limits::
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import fcntl
 import logging
 import os
 import re
@@ -37,7 +36,8 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.errors import ModelUnavailable, SwitchboardError
+from gateway import filelock
+from gateway.errors import MemoryRefused, ModelUnavailable
 from gateway.memory.identity import user_dir_name
 from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
@@ -61,10 +61,6 @@ FILES = {"memory": "MEMORY.md", "user": "USER.md"}
 LIMITS = {"memory": 2200, "user": 1375}
 FLUSH_MIN_MESSAGES = 4
 SNAPSHOTS_KEPT = 10_000  # sessions whose frozen snapshot stays in memory (least recently used dropped)
-
-
-class MemoryRefused(SwitchboardError):
-    """A memory change was refused; the message says why and what to do instead."""
 
 
 # --------------------------------------------------------------------------- scanning
@@ -203,8 +199,10 @@ class MemoryFiles:
                 f"true, then try again. Current entries ({state.used:,} characters):\n{state.listing()}"
             )
 
-    def _locked(self, target: str):
-        return _FileLock(self.folder, self.folder / f".{self.path(target).name}.lock")
+    def _locked(self, target: str) -> filelock.FileLock:
+        """The exclusive lock on a lock file beside the memory file, held for the ``with`` block."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return filelock.lock(self.folder / f".{self.path(target).name}.lock")
 
     def _write(self, target: str, entries: tuple[str, ...]) -> MemoryState:
         path = self.path(target)
@@ -225,27 +223,6 @@ class MemoryFiles:
         finally:
             os.close(dir_fd)
         return MemoryState(target, entries, self.limits[target])
-
-
-class _FileLock:
-    """An exclusive ``flock`` on a lock file beside the memory file, for the ``with`` block."""
-
-    def __init__(self, folder: Path, path: Path):
-        self.folder = folder
-        self.path = path
-        self._fd: int | None = None
-
-    def __enter__(self) -> "_FileLock":
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
 
 
 def _clean(content: str) -> str:

@@ -1,7 +1,6 @@
 """Cross-session recall: the ``session_search`` tool and the ``/search`` command.
 
-The retrieval path (seed 002, "Retrieval path"; seed 000, "Intelligent
-Truncation")::
+The retrieval path, with the transcripts cut around their matches::
 
     query --FTS5, within the user's scope, minus the current lineage--> ~50 hits
           --group by session, most hits first--> top 3 (at most 5) sessions

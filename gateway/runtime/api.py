@@ -41,7 +41,8 @@ import state
 
 from gateway.errors import ConfigError
 from gateway.runtime.portholder import port_holder
-from gateway.router import GatewayClosing, SessionRouter
+from gateway.errors import GatewayClosing
+from gateway.router import SessionRouter
 from gateway.runtime.metrics import Metrics
 from gateway.types import ChatType, InboundMessage
 

@@ -38,16 +38,12 @@ from state.errors import DatabaseRefused
 from state.paths import DB_FILENAME
 
 from gateway.runtime import lockfile
-from gateway.errors import AlreadyRunning, SwitchboardError
+from gateway.errors import AlreadyRunning, BackupError
 
 log = logging.getLogger(__name__)
 
 PAGES_PER_STEP = 1024  # 4 MiB with 4 KiB pages between progress reports
 BUSY_TIMEOUT = 10.0
-
-
-class BackupError(SwitchboardError):
-    """A backup or restore was refused or failed; the live database was left as it was."""
 
 
 @dataclass(frozen=True)

@@ -225,7 +225,7 @@ class Gateway:
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
-        # cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
+        # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
         self.cron = CronService(self.db, turn, self.router.deliver, self.platform_status,
                                 CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), self.clock)
@@ -367,8 +367,8 @@ class Gateway:
             await asyncio.gather(self._dead_letter_replay, return_exceptions=True)
         # Everything that is still working gets the same grace period, at the same time, so
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
-        # turns (the router stops taking messages first), cron runs (issue 6), memory flushes
-        # (issue 8) and fact extractions (issue 9) of sessions that just ended.
+        # turns (the router stops taking messages first), cron runs, memory flushes and fact
+        # extractions of sessions that just ended.
         draining: list[Awaitable[Any]] = [self.router.drain(grace)] if self.router is not None else []
         draining += [part.drain(grace) for part in (self.memory, self.facts) if part is not None]
         if self.cron is not None:

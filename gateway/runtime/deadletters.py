@@ -23,16 +23,13 @@ import logging
 from dataclasses import asdict
 from typing import Any, Awaitable, Callable, Iterable
 
+from gateway.errors import NotReplayable
 from gateway.logging_setup import Redactor, redact
 from gateway.types import DEAD_LETTER_AFTER, Attachment, ChatType, InboundMessage, clean_text
 
 log = logging.getLogger(__name__)
 
 REPLAY_EVERY_SECONDS = 2.0
-
-
-class NotReplayable(Exception):
-    """The dead letter failed before it was read into a message, so there is nothing to replay."""
 
 
 def masker(secrets: Iterable[str] = ()) -> Callable[[str], str]:
@@ -84,7 +81,8 @@ def message_to_json(msg: InboundMessage, hide: Callable[[str], str] = redact) ->
 def message_from_json(text: str | None) -> InboundMessage:
     """The stored message, ready to hand to the gateway again; :class:`NotReplayable` when there is none."""
     if not text:
-        raise NotReplayable(NotReplayable.__doc__)
+        raise NotReplayable("the dead letter failed before it was read into a message, so there is nothing to replay: "
+                            "read it with 'switchboard deadletters show ID' and drop it with 'switchboard deadletters drop ID'")
     data = json.loads(text)
     data["chat_type"] = ChatType(data["chat_type"])
     data["attachments"] = tuple(

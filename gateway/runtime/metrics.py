@@ -36,7 +36,6 @@ class Metrics:
         )
         self.model_errors = Counter("switchboard_model_errors", "Model calls that failed after every retry", registry=r)
         self.model_retries = Counter("switchboard_model_retries", "Model call retries", registry=r)
-        self.db_write_retries = Gauge("switchboard_db_write_retries", "Database write retries since start", registry=r)
         self.active_sessions = Gauge("switchboard_active_sessions", "Sessions with a turn running or queued", registry=r)
         self.dead_letters = Gauge("switchboard_dead_letters", "Events set aside after failing again and again, "
                                   "held for an operator (switchboard deadletters list)", registry=r)

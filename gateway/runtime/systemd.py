@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from gateway.runtime import lockfile
-from gateway.errors import SwitchboardError
+from gateway.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ TMP_ROOTS = (Path("/tmp"), Path("/var/tmp"))
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+@:,=~-]*$")
 _SAFE_USER = re.compile(r"^[a-z_][a-z0-9_-]*[$]?$", re.IGNORECASE)
 _PLACEHOLDER = re.compile(r"@[A-Z_]+@")
-
-
-class ServiceError(SwitchboardError):
-    """The unit cannot be rendered, installed or removed as asked; nothing was changed."""
 
 
 @dataclass(frozen=True)

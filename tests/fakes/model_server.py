@@ -30,6 +30,8 @@ from typing import Callable
 
 from aiohttp import web
 
+from tests.waiting import eventually
+
 
 @dataclass
 class Reply:
@@ -145,11 +147,7 @@ class FakeModel:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def wait_for_requests(self, n: int, timeout: float = 10.0) -> list[Recorded]:
-        deadline = time.monotonic() + timeout
-        while len(self.requests) < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"expected {n} model requests, got {len(self.requests)}")
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(self.requests) >= n, timeout, lambda: f"{n} model requests, got {len(self.requests)}")
         return self.requests
 
     # -- server -----------------------------------------------------------

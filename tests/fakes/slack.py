@@ -44,6 +44,8 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import web
 
+from tests.waiting import eventually
+
 
 @dataclass
 class Call:
@@ -285,7 +287,7 @@ class FakeSlack:
 
     async def wait_connected(self, count: int = 1, timeout: float = 5) -> None:
         """Wait until ``count`` websocket connections were opened in total and one is live."""
-        await _until(lambda: self.connections_opened >= count and any(not c.ws.closed and not c.frozen for c in self._conns),
+        await eventually(lambda: self.connections_opened >= count and any(not c.ws.closed and not c.frozen for c in self._conns),
                      timeout, f"{count} socket mode connection(s)")
 
     async def push(self, envelope: dict[str, Any]) -> str:
@@ -359,7 +361,7 @@ class FakeSlack:
         }
 
     async def wait_for_ack(self, envelope_id: str, timeout: float = 5) -> dict[str, Any]:
-        await _until(lambda: any(a["envelope_id"] == envelope_id for a in self.acks), timeout, f"ack of {envelope_id}")
+        await eventually(lambda: any(a["envelope_id"] == envelope_id for a in self.acks), timeout, f"ack of {envelope_id}")
         return next(a for a in self.acks if a["envelope_id"] == envelope_id)
 
     def acked(self, envelope_id: str) -> bool:
@@ -386,11 +388,11 @@ class FakeSlack:
     # ------------------------------------------------------------------ waiting
 
     async def wait_for_sent(self, n: int, timeout: float = 5) -> list[dict[str, Any]]:
-        await _until(lambda: len(self.sent) >= n, timeout, f"{n} chat.postMessage")
+        await eventually(lambda: len(self.sent) >= n, timeout, f"{n} chat.postMessage")
         return self.sent[:n]
 
     async def wait_for_calls(self, method: str, n: int, timeout: float = 5) -> list[Call]:
-        await _until(lambda: len(self.calls_to(method)) >= n, timeout, f"{n} {method} call(s)")
+        await eventually(lambda: len(self.calls_to(method)) >= n, timeout, f"{n} {method} call(s)")
         return self.calls_to(method)
 
     # ------------------------------------------------------------------ HTTP Events mode (Slack's side)
@@ -458,11 +460,3 @@ class FakeSlack:
 
 
 _MAX_RETRIES = 3
-
-
-async def _until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)

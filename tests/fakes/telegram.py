@@ -38,6 +38,8 @@ from typing import Any, Callable
 import aiohttp
 from aiohttp import web
 
+from tests.waiting import eventually
+
 DEFAULT_TOKEN = "123456789:AAFakeTokenForTestsOnly_abcdefghijk"
 _ALLOWED_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre",
                  "tg-spoiler", "span", "blockquote", "tg-emoji"}
@@ -309,14 +311,7 @@ class FakeTelegram:
         return [r.params for r in self.requests if r.method.lower() == method.lower()]
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            result = predicate()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            await asyncio.sleep(0.01)
+        return await eventually(predicate, timeout, what)
 
     async def wait_for_sent(self, n: int, timeout: float = 5.0) -> list[SentMessage]:
         await self.wait_for(lambda: len(self.sent) >= n, timeout, f"{n} sent messages (have {len(self.sent)})")

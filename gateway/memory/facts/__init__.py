@@ -1,4 +1,4 @@
-"""Holographic fact memory (issue 9): facts kept across sessions for each (agent, user).
+"""Holographic fact memory: facts kept across sessions for each (agent, user).
 
     hrr.py       the vector algebra (bind, unbind, superpose) and a fact's encoding
     scoring.py   retrieval: FTS5 recall + Jaccard + HRR modes, times trust and decay

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gateway.memory.facts import hrr, scoring
 from gateway.memory.facts import text as _text
-from gateway.errors import SwitchboardError
+from gateway.errors import FactRefused
 from gateway.memory.identity import identity_of
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,6 @@ CONTRADICT_FACTOR = 0.5
 DUPLICATE_JACCARD = 0.7  # content words this alike: the same fact
 DUPLICATE_COSINE = 0.92  # or HRR vectors this alike
 MAX_FACT_CHARS = 500
-
-
-class FactRefused(SwitchboardError):
-    """A fact change was refused; the message says why and what to do instead."""
 
 
 @dataclass(frozen=True, slots=True)
