@@ -12,7 +12,7 @@ import datetime as dt
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import state
 
@@ -60,12 +60,19 @@ class CommandContext:
         return self.ticket.msg.user_id
 
 
+class Compressing(Protocol):
+    """What ``/compress`` needs (a :class:`gateway.compressing.Compressor`)."""
+
+    async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]:
+        """Returns (the session to continue in, the line for the user)."""
+
+
 class CommandSet:
     """The registry of slash commands; later features add theirs with :meth:`add`."""
 
-    def __init__(self) -> None:
+    def __init__(self, compressor: Compressing | None = None) -> None:
         self._specs: dict[str, CommandSpec] = {}
-        self.compressor = None  # set by the daemon: a gateway.compressing.Compressor
+        self.compressor = compressor  # what /compress runs; None: compression is off
 
     def add(self, name: str, description: str, usage: str, handler, *, runs_now: bool = False) -> None:
         self._specs[name] = CommandSpec(name, description, usage, runs_now, handler)
@@ -178,7 +185,7 @@ async def cmd_title(ctx: CommandContext) -> str:
 
 async def cmd_status(ctx: CommandContext) -> str:
     s = await ctx.db.get_session(ctx.session_id)
-    context_length = getattr(ctx.router, "context_length", None)
+    context_length = ctx.router.context_length
     used = ctx.lane.last_prompt_tokens
     share = f"{used / context_length:.0%} of {context_length:,} tokens" if (used and context_length) else "not measured yet"
     title = s.get("title") or "(untitled)"
@@ -267,8 +274,8 @@ async def cmd_compress(ctx: CommandContext) -> str:
     return text
 
 
-def default_commands() -> CommandSet:
-    commands = CommandSet()
+def default_commands(compressor: Compressing | None = None) -> CommandSet:
+    commands = CommandSet(compressor)
     commands.add("help", "Show the commands", "/help", cmd_help, runs_now=True)
     commands.add("new", "Start a fresh session (the old one is kept), titled if a name is given", "/new [title]", cmd_new)
     commands.add("reset", "Same as /new", "/reset [title]", cmd_new)

@@ -26,7 +26,9 @@ MAX_REMEMBERED = 20_000  # sessions whose last reported prompt size is kept
 
 class Compressor:
     def __init__(self, db, model: ModelClient, *, context_length: int, threshold: float, summary_model: str | None,
-                 timeout: float, cooldown: float, enabled: bool = True, clock=time.monotonic):
+                 timeout: float, cooldown: float, enabled: bool = True,
+                 before_split: Callable[[str], Awaitable[object]] | None = None,
+                 after_split: Callable[[str, str], object] | None = None, clock=time.monotonic):
         self.db = db
         self.model = model
         self.context_length = context_length
@@ -39,19 +41,23 @@ class Compressor:
         self._reported: dict[str, tuple[int, int]] = {}  # session -> (prompt_tokens, history messages)
         self._failed_at: dict[str, float] = {}
         # Called with the session id once a compression is decided, before the summary is asked
-        # for: the memory turn (issue 8) that keeps what matters before the middle is summarized.
-        self.before_split: Callable[[str], Awaitable[object]] | None = None
+        # for: the memory turn that keeps what matters before the middle is summarized.
+        self.before_split = before_split
+        # Told (the old session id, its key) once a compression moved the conversation to a new
+        # session, in the task that compressed: fact extraction of the session left behind.
+        self.after_split = after_split
 
     async def summarize(self, messages: list[dict]) -> str:
         completion = await self.model.complete(messages, model=self.summary_model, timeout=self.timeout)
         return completion.message.get("content") or ""
 
     def _summarizer_for(self, session_id: str):
-        if self.before_split is None:
+        before_split = self.before_split
+        if before_split is None:
             return self.summarize
 
         async def summarize(messages: list[dict]) -> str:
-            await self.before_split(session_id)
+            await before_split(session_id)
             return await self.summarize(messages)
 
         return summarize
@@ -85,6 +91,8 @@ class Compressor:
             self._failed_at[req.session_id] = now
         if prepared.compressed is not None:
             self._reported.pop(req.session_id, None)
+        if prepared.session_id != req.session_id:
+            self._split(req.session_id, req.session_key)
         notice = prepared.notice
         return prepared.session_id, prepared.history, [notice] if notice else []
 
@@ -102,4 +110,10 @@ class Compressor:
             log.warning("/compress of %s failed: %s", session_id, exc)
             return session_id, f"Compression failed ({exc}). Nothing was changed; the conversation goes on as it was."
         self._reported.pop(session_id, None)
+        if result.new_session_id != session_id:
+            self._split(session_id, session_key)
         return result.new_session_id, result.describe()
+
+    def _split(self, session_id: str, session_key: str) -> None:
+        if self.after_split is not None:
+            self.after_split(session_id, session_key)

@@ -103,12 +103,24 @@ class Lane:
         return self.worker is not None and not self.worker.done()
 
 
+@dataclass(frozen=True, slots=True)
+class SessionHooks:
+    """What the features plug into the router, given to :class:`SessionRouter` when it is made."""
+
+    # told (session id, key) when a reset or /new ends a session (memory and facts keep what
+    # matters, in the background); must not block
+    on_session_end: Callable[[str, str], object] | None = None
+
+
 class SessionRouter:
     def __init__(self, db, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
+                 hooks: SessionHooks = SessionHooks(), context_length: int | None = None,
                  clock: Callable[[], float] = time.time):
         self.db = db
         self.turn = turn
         self.settings = settings
+        self.hooks = hooks
+        self.context_length = context_length  # the model's window, for /status; None: not known
         self.authorizer = authorizer
         self.commands = commands
         self.metrics = metrics
@@ -120,8 +132,6 @@ class SessionRouter:
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
-        # memory (issue 8): told (session id, key) when a reset or /new ends a session; must not block
-        self.on_session_end: Callable[[str, str], object] | None = None
 
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None) -> None:
@@ -268,9 +278,9 @@ class SessionRouter:
 
     def session_ended(self, session_id: str, key: str) -> None:
         """A reset or /new ended ``session_id``: let memory keep what matters (in the background)."""
-        if self.on_session_end is not None:
+        if self.hooks.on_session_end is not None:
             try:
-                self.on_session_end(session_id, key)
+                self.hooks.on_session_end(session_id, key)
             except Exception:  # noqa: BLE001 - memory is best effort; the reset goes on
                 log.exception("session-end hook failed for %s", session_id)
 

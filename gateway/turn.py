@@ -82,20 +82,43 @@ class PromptHook(Protocol):
         """The model's reported prompt size for a prompt holding ``history_messages`` of the history."""
 
 
+@dataclass(slots=True)
+class ToolLoop:
+    """What a tool loop produced: the last completion (the answer) and the messages before it."""
+
+    completion: Completion
+    produced: list[dict]  # assistant tool-call messages and tool results, in order
+    prompt_tokens: int = 0  # summed over the loop's model calls
+    completion_tokens: int = 0
+    tool_calls: int = 0
+
+
+# Given (request, session id): a block for the system prompt, or None.
+PromptBlock = Callable[[TurnRequest, str], Awaitable[str | None]]
+# Given (request, the user's message text): a block appended to that message for this turn's model
+# calls only (never stored), or None.
+Prefetch = Callable[[TurnRequest, str], Awaitable[str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnHooks:
+    """What the features plug into every turn, given to :class:`AgentTurn` when it is made."""
+
+    prompt_hook: PromptHook | None = None  # compression: before each model call, and the usage after it
+    prompt_blocks: tuple[PromptBlock, ...] = ()  # memory (a snapshot frozen per session), facts
+    prefetch: Prefetch | None = None  # facts recalled for the user's message
+
+
 class AgentTurn:
-    def __init__(self, db, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *, clock=None):
+    def __init__(self, db, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *,
+                 hooks: TurnHooks = TurnHooks(), max_message_tokens: int | None = None, clock=None):
         self.db = db
         self.model = model
         self.tools = tools
         self.settings = settings
-        self.prompt_hook: PromptHook | None = None
-        # memory (issue 8): each returns a block for the system prompt (None: nothing), given (request, session id)
-        self.prompt_blocks: list[Callable[[TurnRequest, str], Awaitable[str | None]]] = []
-        # facts (issue 9): given (request, the user's message text), a block appended to that message for this
-        # turn's model calls only (never stored); None: nothing
-        self.prefetch: Callable[[TurnRequest, str], Awaitable[str | None]] | None = None
+        self.hooks = hooks
         # the most one message may take of the context window (model.max_message_share); None: no limit
-        self.max_message_tokens: int | None = None
+        self.max_message_tokens = max_message_tokens
         self._clock = clock
 
     def system_prompt(self, platform: str) -> str:
@@ -129,7 +152,7 @@ class AgentTurn:
             history = await self.db.get_messages_as_conversation(session_id)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
-        for block_for in self.prompt_blocks:  # memory (issue 8): a snapshot frozen per session id
+        for block_for in self.hooks.prompt_blocks:
             block = await block_for(req, session_id)
             if block:
                 blocks.append(block)
@@ -137,24 +160,47 @@ class AgentTurn:
         system += [{"role": "system", "content": note} for note in req.system_notes]
         shortened = self._as_sent(history)
         history = shortened.messages
-        if self.prompt_hook is not None:
-            session_id, history, notices = await self.prompt_hook.before_model_call(
+        prompt_hook = self.hooks.prompt_hook
+        if prompt_hook is not None:
+            session_id, history, notices = await prompt_hook.before_model_call(
                 req, history, compression.estimate_tokens(system))
             if session_id != req.session_id:  # compressed: the history is the child's copy, read from the store
                 history = self._as_sent(history).messages
         notices = [*shortened.notices, *notices]
         prompt = system + self._with_attachments(history, req.attachments)
-        if self.prefetch is not None and prompt[-1].get("role") == "user":  # facts (issue 9): recalled facts
-            prompt[-1] = await _with_prefetch(self.prefetch, req, prompt[-1])
+        if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
+            prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
-        tools = self.tools.schemas(req.tool_names)
+        loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
+                                    max_iterations=self.settings.max_tool_iterations, model=req.model)
+        completion, produced = loop.completion, loop.produced
+        prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
+        if prompt_hook is not None:
+            prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
+        reply = completion.message.get("content") or ""
+        to_store = [_for_store(m) for m in produced]
+        to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
+                         "token_count": completion.completion_tokens})
+        delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
+        await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
+                                  answered=req.answered, delivery=delivery)
+        return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
+
+    async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
+                        max_iterations: int, max_tool_calls: int | None = None, model: str | None = None) -> ToolLoop:
+        """Call the model on ``prompt`` and run the tools it asks for until it answers; persists nothing.
+
+        Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
+        ran); the call after that offers none, so the model answers.  ``tool_names`` None: every
+        registered tool.  A call to a tool that was not offered is answered with an error, not run."""
+        schemas = self.tools.schemas(tool_names)
         produced: list[dict] = []
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
-        for iteration in range(self.settings.max_tool_iterations + 1):
-            offer_tools = tools if iteration < self.settings.max_tool_iterations else None
+        for iteration in range(max_iterations + 1):
+            offer = iteration < max_iterations and (max_tool_calls is None or tool_calls < max_tool_calls)
             sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
-            completion = await self.model.complete(prompt + sent, tools=offer_tools, model=req.model)
+            completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model)
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
             calls = completion.message.get("tool_calls") or []
@@ -164,20 +210,24 @@ class AgentTurn:
                              **_reasoning_of(completion.message)})
             for call in calls:
                 fn = call.get("function", {})
-                result = await self.tools.call(fn.get("name", ""), fn.get("arguments"), ctx)
+                name = fn.get("name", "")
+                if tool_names is None or name in tool_names:
+                    result = await self.tools.call(name, fn.get("arguments"), ctx)
+                else:
+                    result = _not_offered(name, tool_names)
                 tool_calls += 1
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
         assert completion is not None
-        if self.prompt_hook is not None:
-            self.prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
-        reply = completion.message.get("content") or ""
-        to_store = [_for_store(m) for m in produced]
-        to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
-                         "token_count": completion.completion_tokens})
-        delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
-        await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
-                                  answered=req.answered, delivery=delivery)
-        return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
+        return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls)
+
+
+def _not_offered(name: str, offered: set[str]) -> str:
+    """The tool result for a call to a tool the loop did not offer."""
+    if not offered:
+        return f"error: no tool is available now, not {name!r}"
+    if len(offered) == 1:
+        return f"error: only the {next(iter(offered))} tool is available now, not {name!r}"
+    return f"error: only the tools {', '.join(sorted(offered))} are available now, not {name!r}"
 
 
 def _for_store(message: dict) -> dict:

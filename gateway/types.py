@@ -203,6 +203,15 @@ class AdapterHealth:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class PlatformStatus:
+    """Whether a platform's adapter runs in this process, its ``/healthz`` state, and why it is off."""
+
+    running: bool
+    state: str  # as AdapterHealth.state; "failed" while its start keeps failing
+    why_off: str | None = None  # "off: ..." from the config, or "not started in this process"
+
+
 InboundHandler = Callable[[InboundMessage], Awaitable[bool | None]]
 """The gateway's entry point.  It returns once the message is persisted (or
 deliberately dropped: unauthorized, duplicate, not addressed), so an adapter

@@ -16,7 +16,7 @@ import pytest
 
 import state
 from gateway.errors import ConfigError
-from tests.fakes.model_server import Fail, FakeModel, Hang, Reply
+from tests.fakes.model_server import Fail, FakeModel, Hang, Reply, ToolCall
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import Clock, running_gateway
 from tests.test_adapter_telegram import make_adapter
@@ -341,3 +341,17 @@ async def test_a_slack_channel_that_does_not_exist_fails_at_once(tmp_path, model
             run = await gw.cron.run_job("morning")
     assert (run["status"], run["delivery"], run["delivery_attempts"]) == ("delivery_failed", "failed", 1)
     assert run["delivery_error"].startswith("not retried: ") and "channel_not_found" in run["delivery_error"]
+
+
+async def test_a_run_cannot_use_a_tool_even_when_the_model_asks_for_one(tmp_path, model, tg):
+    model.script(ToolCall("memory", {"target": "user", "action": "add", "content": "Ann likes mornings"}),
+                 Reply("Sunny."))
+    async with telegram_gateway(tmp_path, model, tg) as gw:
+        await connected(gw)
+        run = await gw.cron.run_job("morning")
+        messages = await gw.db.get_messages(run["session_id"])
+    assert "tools" not in model.requests[0].body  # none offered: jobs cannot create jobs
+    [tool_result] = [m for m in messages if m["role"] == "tool"]
+    assert tool_result["content"] == "error: no tool is available now, not 'memory'"
+    assert not list((tmp_path / "memory").rglob("USER.md"))  # the memory tool never ran
+    assert run["output"] == "Sunny."

@@ -223,7 +223,7 @@ async def test_no_memory_turn_for_short_sessions_or_cron(tmp_path, model):
         await gw.db.create_session("cron-1", "cron", model="m", session_key="agent:main:cron:job1")
         for i in range(6):
             await gw.db.append_message("cron-1", "user" if i % 2 == 0 else "assistant", f"report {i}")
-        ran_for_cron = await memory_flush_turn(gw, "cron-1")
+        ran_for_cron = await memory_flush_turn(gw.router.turn, gw.memory, "cron-1")
     assert ran_for_cron is False
     assert [r for r in model.requests if FLUSH_MARK in r.last_user_text] == []
     assert len(model.requests) == 2

@@ -19,8 +19,9 @@ from rich.panel import Panel
 from rich.text import Text
 
 from gateway.config import Config
-from gateway.runtime.daemon import Gateway
+from gateway.runtime.daemon import local_gateway
 from gateway.errors import SwitchboardError
+from gateway.router import SessionRouter
 from gateway.types import ChatType, InboundMessage
 
 RECAP_EXCHANGES = 10
@@ -82,9 +83,9 @@ async def _terminal_session(db, ref: str) -> str:
     return target
 
 
-async def _pick_session(gw: Gateway, key: str, continue_: str | None, resume: str | None) -> str | None:
+async def _pick_session(router: SessionRouter, key: str, continue_: str | None, resume: str | None) -> str | None:
     """Point ``key`` at the session to continue; None when this chat starts a new one."""
-    db = gw.db
+    db = router.db
     if resume:
         target = await _terminal_session(db, resume)
     elif continue_:
@@ -95,7 +96,7 @@ async def _pick_session(gw: Gateway, key: str, continue_: str | None, resume: st
             return None
         target = rows[0]["id"]
     else:
-        await _start_fresh(gw, key)
+        await _start_fresh(router, key)
         return None
     target = await db.get_compression_tip(target) or target
     session = await db.get_session(target)
@@ -105,55 +106,59 @@ async def _pick_session(gw: Gateway, key: str, continue_: str | None, resume: st
     return target
 
 
-async def _start_fresh(gw: Gateway, key: str) -> None:
+async def _start_fresh(router: SessionRouter, key: str) -> None:
     """A plain ``switchboard chat``: the terminal's open session ends (saved, as with /new); the first
     message starts a new one."""
-    routed = await gw.db.get_routed_session(key)
+    db = router.db
+    routed = await db.get_routed_session(key)
     if routed is None:
         return
     if routed.get("ended_at") is None:
-        await gw.db.end_session(routed["id"], "new_session")
-        gw.router.session_ended(routed["id"], key)
-    await gw.db.delete_route(key)
+        await db.end_session(routed["id"], "new_session")
+        router.session_ended(routed["id"], key)
+    await db.delete_route(key)
 
 
 async def run_chat(config: Config, *, continue_: str | None = None, resume: str | None = None,
                    console: Console | None = None, read_line=None) -> None:
     console = console or Console()
     read_line = read_line or (lambda: input("› "))
-    gw = Gateway(config, adapters={}, serve_api=False)
-    await gw.start()
-    try:
-        login = getpass.getuser()
-        probe = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login, text="")
-        key = gw.router.key_for(probe)
-        resumed = await _pick_session(gw, key, continue_, resume)
-        if continue_ == "" and not resume and resumed is None:
-            console.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
-        if resumed:
-            session = await gw.db.get_session(resumed)
-            title = session.get("title") or resumed
-            console.print(Panel(recap(await gw.db.get_messages(resumed)), title=f"Previous conversation: {title}",
-                                border_style="dim"))
-        console.print("[dim]Type a message; /help for commands; Ctrl-D to leave.[/dim]")
-        while True:
-            try:
-                line = await asyncio.to_thread(read_line)
-            except EOFError:
-                break
-            if not line.strip():
-                continue
-            msg = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login,
-                                 user_name=login, text=line)
-            ticket = await gw.router.handle(msg)
-            if ticket is None:
-                continue
-            reply = await ticket.reply
-            for notice in ticket.notices:
-                console.print(f"[dim]{notice}[/dim]")
-            console.print(reply, markup=False, highlight=False)
-        route = await gw.db.get_route(key)
-        if route:
-            console.print(f"[dim]Session {route} saved. Continue with: switchboard chat -r {route}[/dim]")
-    finally:
-        await gw.stop(grace_seconds=5)
+    async with local_gateway(config) as gateway:
+        assert gateway.router is not None
+        await _converse(gateway.router, console, read_line, continue_, resume)
+
+
+async def _converse(router: SessionRouter, console: Console, read_line, continue_: str | None,
+                    resume: str | None) -> None:
+    db = router.db
+    login = getpass.getuser()
+    probe = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login, text="")
+    key = router.key_for(probe)
+    resumed = await _pick_session(router, key, continue_, resume)
+    if continue_ == "" and not resume and resumed is None:
+        console.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
+    if resumed:
+        session = await db.get_session(resumed)
+        title = session.get("title") or resumed
+        console.print(Panel(recap(await db.get_messages(resumed)), title=f"Previous conversation: {title}",
+                            border_style="dim"))
+    console.print("[dim]Type a message; /help for commands; Ctrl-D to leave.[/dim]")
+    while True:
+        try:
+            line = await asyncio.to_thread(read_line)
+        except EOFError:
+            break
+        if not line.strip():
+            continue
+        msg = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login,
+                             user_name=login, text=line)
+        ticket = await router.handle(msg)
+        if ticket is None:
+            continue
+        reply = await ticket.reply
+        for notice in ticket.notices:
+            console.print(f"[dim]{notice}[/dim]")
+        console.print(reply, markup=False, highlight=False)
+    route = await db.get_route(key)
+    if route:
+        console.print(f"[dim]Session {route} saved. Continue with: switchboard chat -r {route}[/dim]")

@@ -301,8 +301,8 @@ def cron_remove(config_path: Path | None, job_id: str) -> None:
 @click.argument("job_id")
 def cron_run(config_path: Path | None, job_id: str) -> None:
     """Run a job once now, in this process, and print the answer."""
-    from gateway.runtime.daemon import Gateway
     from gateway.logging_setup import setup_logging
+    from gateway.runtime.daemon import local_gateway
 
     cfg, db = _open(config_path)
     with db:
@@ -310,12 +310,9 @@ def cron_run(config_path: Path | None, job_id: str) -> None:
     setup_logging("WARNING", "text", secrets=cfg.secrets())
 
     async def go() -> dict:
-        gw = Gateway(cfg, adapters={}, serve_api=False)
-        await gw.start()
-        try:
-            return await gw.cron.run_job(job_id)
-        finally:
-            await gw.stop(grace_seconds=5)
+        async with local_gateway(cfg) as gateway:
+            assert gateway.cron is not None
+            return await gateway.cron.run_job(job_id)
 
     try:
         run = asyncio.run(go())

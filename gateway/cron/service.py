@@ -1,7 +1,7 @@
 """Scheduled jobs inside the daemon: run the agent on a schedule and deliver the answer to a chat.
 
-    cron = CronService(gw)               # gw: a started Gateway (store, turn, router, adapters)
-    await cron.start(schedule=True)      # config jobs -> state.db, catch up, apscheduler on
+    cron = CronService(db, turn, deliver, platform_status, CronSettings(agent, model_name, tz), clock)
+    await cron.start(config, schedule=True)  # config jobs -> state.db, catch up, apscheduler on
     await cron.run_job("morning")        # one run now (what `switchboard cron run` does)
     await cron.stop(grace_seconds=30)
 
@@ -46,7 +46,9 @@ import os
 import re
 import socket
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
@@ -66,8 +68,8 @@ from gateway.errors import ConfigError, ModelUnavailable
 from gateway.keys import cron_key
 from gateway.retry import Backoff
 from gateway.tasks import spawn
-from gateway.turn import TurnRequest
-from gateway.types import ChatRef
+from gateway.turn import AgentTurn, TurnRequest
+from gateway.types import ChatRef, Delivery, PlatformStatus
 from state._cron import CronJobNotFound
 
 log = logging.getLogger(__name__)
@@ -137,13 +139,35 @@ def first_run_at(schedule: Schedule, now: float) -> float | None:
     return schedule.next_after(now)
 
 
+@dataclass(frozen=True, slots=True)
+class CronSettings:
+    """What a run needs of the config; all of it needs a restart to change (job definitions come
+    with :meth:`CronService.start` and :meth:`CronService.reload`)."""
+
+    agent: str
+    model_name: str  # for a job that names no model
+    tz: ZoneInfo
+
+
+# Where an answer goes: the router's delivery (rate limits, pending-delivery records) to a chat.
+Deliver = Callable[[ChatRef, str, "str | None"], Awaitable[Delivery]]
+
+
 class CronService:
     """The scheduler and runner of cron jobs for one gateway (see the module docstring)."""
 
-    def __init__(self, gw: Any, *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
+    def __init__(self, db, turn: AgentTurn, deliver: Deliver,
+                 platform_status: Callable[[str], PlatformStatus], settings: CronSettings,
+                 clock: Callable[[], float], *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
                  delivery_backoff: Backoff = Backoff(base=30.0, factor=2.0, cap=1800.0),
                  delivery_attempts: int = 6, delivery_hold_seconds: float = 300.0):
-        self.gw = gw
+        self.db = db
+        self.turn = turn
+        self.deliver = deliver
+        self.platform_status = platform_status
+        self.settings = settings
+        self.tz = settings.tz
+        self.clock = clock
         self.holder = holder or make_holder()
         self.lease_seconds = lease_seconds
         self._poll_seconds = poll_seconds
@@ -161,17 +185,8 @@ class CronService:
         self.polls = 0  # completed polls (for health and tests)
         self._soon = False
 
-    # -- wiring ---------------------------------------------------------------------
-    @property
-    def db(self):
-        return self.gw.db
-
-    @property
-    def tz(self):
-        return self.gw.config.tzinfo
-
     def now(self) -> float:
-        return self.gw.clock()
+        return self.clock()
 
     @property
     def poll_seconds(self) -> float:
@@ -195,12 +210,13 @@ class CronService:
                 if job.next_run_time is not None}
 
     # -- lifecycle ------------------------------------------------------------------
-    async def start(self, *, schedule: bool = True) -> None:
-        """With ``schedule`` (the daemon): store the config's jobs, catch up, run the timers.
-        Without (``switchboard chat``, ``cron run``): nothing starts; :meth:`run_job` works."""
+    async def start(self, config: Any, *, schedule: bool = True) -> None:
+        """With ``schedule`` (the daemon): store the jobs of ``config`` (a :class:`~gateway.config.Config`),
+        catch up, run the timers.  Without (``switchboard chat``, ``cron run``): nothing starts;
+        :meth:`run_job` works."""
         if not schedule:
             return
-        await self.sync_config()
+        await self.sync_config(config)
         self.scheduling = True
         reaped = await self.db.reap_cron_runs(now=self.now())
         for run in reaped:
@@ -210,10 +226,11 @@ class CronService:
         self._scheduler.start()
         self._poll_task = spawn(self._poll_loop(), name="cron:poll")
 
-    async def sync_config(self) -> dict:
+    async def sync_config(self, config: Any) -> dict:
+        """Store the jobs of ``config``'s ``cron.jobs`` (added, changed, removed)."""
         now = self.now()
         rows = []
-        for spec, schedule in config_jobs(self.gw.config, now=now):
+        for spec, schedule in config_jobs(config, now=now):
             rows.append({**spec.as_row(), "next_run_at": first_run_at(schedule, now)})
         changes = await self.db.sync_config_cron_jobs(rows, now=now)
         for what in ("added", "changed", "removed"):
@@ -221,12 +238,12 @@ class CronService:
                 log.info("cron jobs from the config %s: %s", what, ", ".join(changes[what]))
         return changes
 
-    async def reload(self) -> dict:
-        """The config's ``cron`` section changed (SIGHUP; ``gw.config`` is already the new one): store
+    async def reload(self, config: Any) -> dict:
+        """The config's ``cron`` section changed (SIGHUP; ``config`` is the new one): store
         its jobs and re-arm the timers from the table.  A job whose schedule is unchanged keeps its
         ``next_run_at``; a run is only ever started by taking that time in the store, so a reload
         neither runs a job twice nor loses its next run.  Returns {added, changed, removed}."""
-        changes = await self.sync_config()
+        changes = await self.sync_config(config)
         if self.scheduling and not self._stopping:
             await self.refresh()
             self.wake()  # a new or moved job already due runs now, through the usual catch-up rules
@@ -384,7 +401,7 @@ class CronService:
         return run
 
     async def _execute(self, job: dict, run: dict) -> dict:
-        key = cron_key(self.gw.config.agent, job["id"])
+        key = cron_key(self.settings.agent, job["id"])
         renewer = spawn(self._renew(job["id"]), name=f"cron-lease:{job['id']}")
         session_id = None
         output = error = None
@@ -392,7 +409,7 @@ class CronService:
             session_id = await self._session_for(job, run, key)
             await self.db.set_cron_run_session(run["id"], session_id)
             await self.db.append_message(session_id, "user", job["prompt"])
-            result = await self.gw.router.turn.run(TurnRequest(
+            result = await self.turn.run(TurnRequest(
                 session_id=session_id, session_key=key, platform="cron", user_id=None,
                 tool_names=set(),  # no tools: jobs cannot create jobs
                 model=job["model"], system_notes=(self._note(job),),
@@ -460,15 +477,15 @@ class CronService:
             title = await self.db.get_next_title_in_lineage(base)
             try:
                 await self.db.create_session(
-                    session_id, "cron", model=job["model"] or self.gw.config.model.name, session_key=key,
-                    title=title, system_prompt=self.gw.router.turn.settings.persona,
+                    session_id, "cron", model=job["model"] or self.settings.model_name, session_key=key,
+                    title=title, system_prompt=self.turn.settings.persona,
                 )
                 break
             except state.TitleConflict:  # another job took it between the two calls: next number
                 continue
         else:
-            await self.db.create_session(session_id, "cron", model=job["model"] or self.gw.config.model.name,
-                                         session_key=key, system_prompt=self.gw.router.turn.settings.persona)
+            await self.db.create_session(session_id, "cron", model=job["model"] or self.settings.model_name,
+                                         session_key=key, system_prompt=self.turn.settings.persona)
         if job["context"] == "continue":
             await self.db.set_route(key, session_id)
         return session_id
@@ -502,9 +519,10 @@ class CronService:
     def _connecting(self, platform: str | None) -> bool:
         """True while the platform's adapter is still starting (the daemon just came up): wait for it
         rather than spend an attempt.  A failed or reconnecting adapter is tried, and its failure recorded."""
-        if platform not in self.gw.adapters:
+        if platform is None:
             return False
-        return self.gw.health()["platforms"][platform]["state"] in ("stopped", "starting")
+        status = self.platform_status(platform)
+        return status.running and status.state in ("stopped", "starting")
 
     async def _deliver(self, run: dict, *, now: float) -> dict | None:
         if self._connecting(parse_target(run["deliver"]).platform):
@@ -519,13 +537,14 @@ class CronService:
             name = job["name"] if job else run["job_id"]
             target = parse_target(claimed["deliver"])
             text = f"**{name}**\n\n{(claimed['output'] or '').strip() or '(The model returned an empty answer.)'}"
-            if target.platform not in self.gw.adapters:
-                why = self.gw.platforms_off.get(target.platform, "not configured")
+            error: str | None
+            status = self.platform_status(target.platform) if target.platform is not None else None
+            if status is None or not status.running:
+                why = (status.why_off if status is not None else None) or "not configured"
                 ok, error = False, f"{target.platform} is not running in the daemon ({why})"
                 permanent = why.startswith("off")  # off in the config: no retry turns it on
             else:
-                delivery = await self.gw.router.deliver(ChatRef(target.platform, target.chat_id, target.thread_id),
-                                                        text, None)
+                delivery = await self.deliver(ChatRef(target.platform, target.chat_id, target.thread_id), text, None)
                 ok, error = delivery.ok, delivery.error
                 permanent = not ok and permanent_failure(error)
             attempts = claimed["delivery_attempts"] + 1

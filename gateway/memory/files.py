@@ -41,6 +41,7 @@ from gateway.errors import ModelUnavailable, SwitchboardError
 from gateway.memory.identity import user_dir_name
 from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
+from gateway.turn import AgentTurn
 
 log = logging.getLogger(__name__)
 
@@ -361,10 +362,10 @@ class MemoryService:
         )
 
     # -- the pre-reset turn --------------------------------------------------------------
-    def schedule_flush(self, turn, session_id: str, session_key: str, reason: str = "reset") -> asyncio.Task:
+    def schedule_flush(self, turn: AgentTurn, session_id: str, session_key: str, reason: str = "reset") -> asyncio.Task:
         """Run :func:`memory_flush_turn` for an ended session in the background; the next
         session on ``session_key`` waits for it before reading its snapshot."""
-        task = spawn(memory_flush_turn(turn, session_id, reason=reason, memory=self), name=f"memory-flush:{session_id}")
+        task = spawn(memory_flush_turn(turn, self, session_id, reason=reason), name=f"memory-flush:{session_id}")
         self._flushes[session_key] = task
 
         def done(t: asyncio.Task) -> None:
@@ -397,19 +398,17 @@ FLUSH_PROMPT = (
 FLUSH_MAX_CALLS = 4
 
 
-async def memory_flush_turn(gw_or_turn, session_id: str, *, reason: str = "reset", min_messages: int = FLUSH_MIN_MESSAGES,
-                            memory: "MemoryService | None" = None) -> bool:
+async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", session_id: str, *,
+                            reason: str = "reset", min_messages: int = FLUSH_MIN_MESSAGES) -> bool:
     """Give the agent one turn, with only the memory tool, to keep what matters of ``session_id``.
 
-    ``gw_or_turn`` is the :class:`~gateway.runtime.daemon.Gateway` or its :class:`~gateway.turn.AgentTurn`;
-    ``memory`` (default: the gateway's) shows the model what memory holds now, so it adds only what is new.
+    ``turn`` runs it (its store, model, tools and tool loop); ``memory`` shows the model what memory
+    holds now, so it adds only what is new.
     ``reason`` completes "this session is about to be ...": "reset" or "compressed".  Skipped
     (returns False) for sessions with fewer than ``min_messages`` messages, for cron sessions and
     when no memory tool is registered.  Nothing is added to the session's history; the model's
     writes land in the memory files.  Never raises for a model failure (logged, returns False).
     """
-    turn = getattr(getattr(gw_or_turn, "router", None), "turn", None) or gw_or_turn
-    memory = memory or getattr(gw_or_turn, "memory", None)
     db, tools = turn.db, turn.tools
     if "memory" not in tools.names():
         return False
@@ -427,32 +426,19 @@ async def memory_flush_turn(gw_or_turn, session_id: str, *, reason: str = "reset
                       agent=_agent_of(key, turn.settings.agent))
     system = turn.system_prompt(platform)
     files = memory.files_for(ctx.agent, platform, ctx.user_id) if memory is not None else None
-    live = await asyncio.to_thread(memory.render_block, files) if files is not None else None
+    live = await asyncio.to_thread(memory.render_block, files) if memory is not None and files is not None else None
     if live:
         system += "\n\n" + live.replace("as saved when this session started; changes you make apply from the next session",
                                          "as it is now")
     prompt = [{"role": "system", "content": system}, *history,
               {"role": "user", "content": FLUSH_PROMPT.format(reason=reason)}]
-    schemas = tools.schemas({"memory"})
-    calls_made = 0
     try:
-        for _ in range(FLUSH_MAX_CALLS + 1):
-            completion = await turn.model.complete(prompt, tools=schemas if calls_made < FLUSH_MAX_CALLS else None)
-            calls = completion.message.get("tool_calls") or []
-            if not calls:
-                break
-            prompt.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls})
-            for call in calls:
-                fn = call.get("function", {})
-                name = fn.get("name", "")
-                result = (await tools.call(name, fn.get("arguments"), ctx) if name == "memory"
-                          else f"error: only the memory tool is available now, not {name!r}")
-                calls_made += 1
-                prompt.append({"role": "tool", "tool_call_id": call.get("id"), "content": result})
+        loop = await turn.tool_loop(prompt, ctx, tool_names={"memory"}, max_iterations=FLUSH_MAX_CALLS,
+                                    max_tool_calls=FLUSH_MAX_CALLS)
     except ModelUnavailable as exc:
         log.warning("memory flush before %s of %s skipped: model unavailable (%s)", reason, session_id, exc)
         return False
-    log.info("memory flush before %s of %s: %d memory call(s)", reason, session_id, calls_made)
+    log.info("memory flush before %s of %s: %d memory call(s)", reason, session_id, loop.tool_calls)
     return True
 
 

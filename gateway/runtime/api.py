@@ -33,6 +33,7 @@ import hmac
 import logging
 import time
 import uuid
+from typing import Callable
 
 from aiohttp import web
 
@@ -40,7 +41,8 @@ import state
 
 from gateway.errors import ConfigError
 from gateway.runtime.portholder import port_holder
-from gateway.router import GatewayClosing
+from gateway.router import GatewayClosing, SessionRouter
+from gateway.runtime.metrics import Metrics
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
@@ -87,8 +89,15 @@ def _lone_surrogate_at(value, path: str) -> str | None:
 
 
 class LocalApi:
-    def __init__(self, gateway, *, host: str, port: int, token: str | None):
-        self.gateway = gateway
+    """The HTTP server: messages go to ``router``; ``/healthz`` shows ``health()``; ``/metrics`` renders ``metrics``."""
+
+    def __init__(self, router: SessionRouter, health: Callable[[], dict], metrics: Metrics, *, model_name: str,
+                 host: str, port: int, token: str | None, config_file: str | None = None):
+        self.router = router
+        self.health = health
+        self._metrics = metrics
+        self.model_name = model_name
+        self.config_file = config_file  # named in the error when the port cannot be bound
         self.host = host
         self.port = port
         self.token = token or None
@@ -118,8 +127,7 @@ class LocalApi:
         log.info("local API listening on http://%s:%d", self.host, self.bound_port)
 
     async def _bind_error(self, exc: OSError) -> ConfigError:
-        source = getattr(self.gateway.config, "source", None)
-        file = str(source) if source else None
+        file = self.config_file
         address = f"{self.host}:{self.port}"
         if exc.errno == errno.EADDRINUSE:
             holder = await asyncio.to_thread(port_holder, self.port)
@@ -196,9 +204,8 @@ class LocalApi:
             del self._running[slot]
 
     async def _answer(self, msg: InboundMessage) -> web.Response:
-        router = self.gateway.router
         try:
-            ticket = await router.handle(msg)
+            ticket = await self.router.handle(msg)
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS)
         except state.StateError as exc:  # not stored: the client may retry (with its Idempotency-Key)
@@ -228,8 +235,8 @@ class LocalApi:
 
     async def _replay(self, msg: InboundMessage) -> web.Response:
         """A message seen before (same Idempotency-Key in this session): the stored reply to it."""
-        db = self.gateway.db
-        session_key = self.gateway.router.key_for(msg)
+        db = self.router.db
+        session_key = self.router.key_for(msg)
         session_id = await db.get_route(session_key)
         messages = await db.get_messages(session_id) if session_id else []
         at = next((i for i, m in enumerate(messages)
@@ -257,7 +264,7 @@ class LocalApi:
             "id": f"chatcmpl-{completion_id}",
             "object": "chat.completion",
             "created": int(created),
-            "model": self.gateway.config.model.name,
+            "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
             "session_id": session_id,
@@ -265,9 +272,9 @@ class LocalApi:
         })
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response(self.gateway.health())
+        return web.json_response(self.health())
 
     async def metrics(self, request: web.Request) -> web.Response:
-        metrics = self.gateway.metrics
-        metrics.active_sessions.set(self.gateway.router.active_lanes())
+        metrics = self._metrics
+        metrics.active_sessions.set(self.router.active_lanes())
         return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})

@@ -10,6 +10,22 @@ pyproject.toml), so the gateway never imports a platform module: an adapter
 class offers ``from_config(platform_cfg, *, commands, vision)``.  Tests may
 pass ready-made adapters with ``Gateway(config, adapters={...})``.
 
+This module is the composition root: :meth:`Gateway.start` builds every part
+with what it uses, in this order, and nothing is set or wrapped afterwards::
+
+    SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
+    Compressor(db, model, ..., before_split=<memory turn>, after_split=facts.on_compressed)
+    default_commands(compressor)             + /search, /facts
+    AgentTurn(db, model, tools, settings, hooks=TurnHooks(prompt_hook, prompt_blocks, prefetch),
+              max_message_tokens=...)
+    SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
+                  context_length=...)
+    LocalApi(router, health, metrics, ...)
+    CronService(db, turn, router.deliver, platform_status, CronSettings(...), clock)
+
+Nothing below it takes the gateway; a reload (:mod:`gateway.runtime.reload`)
+sees it through the narrow ``Running`` view of what a reload changes.
+
 An adapter that fails to start (bad token, unreachable server) is logged
 with the reason and retried with backoff while the others serve; ``/healthz``
 shows it.  :func:`serve` adds signals, the sd_notify protocol and the lock
@@ -19,6 +35,7 @@ that keeps a second daemon off the same home.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
@@ -26,14 +43,15 @@ import os
 import signal
 import time
 from importlib.metadata import entry_points
+from typing import Any, AsyncIterator, Awaitable
 
 import compression
 import state
 from gateway.runtime.api import LocalApi
 from gateway.auth import AuthSettings, Authorizer
-from gateway.commands import default_commands
+from gateway.commands import CommandSet, default_commands
 from gateway.compressing import Compressor
-from gateway.cron.service import CronService
+from gateway.cron.service import CronService, CronSettings
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
@@ -46,12 +64,12 @@ from gateway.runtime.notify import Notifier
 from gateway.oversize import max_message_tokens
 from gateway.runtime.reload import reload_config
 from gateway.retry import Backoff
-from gateway.router import RouterSettings, SessionRouter
+from gateway.router import RouterSettings, SessionHooks, SessionRouter
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
-from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
+from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.runtime.upkeep import StoreUpkeep
-from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
+from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, PlatformStatus, SendProgress
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +77,7 @@ LOCAL_SOURCES = ("api", "cli")
 # A reply due while its platform is still connecting (resumed at start, or during a reload's
 # restart of that adapter) waits this long for it before the adapter is asked anyway.
 SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
+LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
 
 
 def auth_settings(config: Config) -> AuthSettings:
@@ -95,7 +114,7 @@ class Gateway:
         self.serve_api = serve_api
         self.clock = clock
         self.metrics = Metrics()
-        self.commands = default_commands()
+        self.commands: CommandSet | None = None  # made in start(), with the compressor /compress runs
         self.tools = ToolRegistry()
         self.db: state.AsyncSessionDB | None = None
         self.model = ModelClient(ModelSettings(
@@ -109,12 +128,14 @@ class Gateway:
         self._supervisors: dict[str, asyncio.Task] = {}
         self._connected: dict[str, asyncio.Event] = {}  # set once a platform's adapter has started
         self._start_errors: dict[str, str] = {}
-        self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
+        self.api: LocalApi | None = None  # made in start(), on the router
         self.router: SessionRouter | None = None
-        self.cron = None  # cron (issue 6): gateway.cron.service.CronService, made in start()
-        self.recall = None  # recall (issue 8): gateway.memory.recall.SessionRecall, made in start()
-        self.memory = None  # memory (issue 8): gateway.memory.files.MemoryService, made in start()
-        self.facts = None  # facts (issue 9): gateway.memory.facts.FactMemory, made in start()
+        # made in start(), on the store
+        self.cron: CronService | None = None
+        self.recall: SessionRecall | None = None
+        self.memory: MemoryService | None = None
+        self.facts: FactMemory | None = None
+        self.compressor: Compressor | None = None
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
@@ -123,16 +144,61 @@ class Gateway:
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
-        """Open the store, wire the turn and its features, serve the API, start the platforms and cron."""
+        """Open the store, assemble the turn and its features, serve the API, start the platforms and cron."""
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
         self.db = await state.AsyncSessionDB.open(cfg.db_path, write_timeout=cfg.store.write_timeout_seconds)
         persona = await asyncio.to_thread(cfg.model.persona_text) or DEFAULT_PERSONA
+        context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
+        if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
+            log.log(logging.WARNING if self.serve_api else logging.DEBUG, "%s", warning)
+        # Recall, memory and facts: their tools, /search and /facts, the memory snapshot frozen per
+        # session and the facts' prompt block and prefetch, and a keep-what-matters turn (memory) and
+        # an extraction (facts) when a reset, /new or a compression ends a session.
+        self.recall = recall = SessionRecall(self.db, self.model, RecallSettings(model=cfg.recall.model,
+                                                                                 timezone=cfg.timezone))
+        self.memory = memory = MemoryService(cfg)
+        self.facts = facts = FactMemory(cfg, self.db, self.model, clock=self.clock)
+        self.tools.register(session_search_tool(recall, cfg))
+        self.tools.register(memory.tool())
+        if cfg.facts.enabled:
+            self.tools.register(facts.tool())
+
+        turn: AgentTurn | None = None  # made below; the memory turns run on it
+
+        def made_turn() -> AgentTurn:
+            assert turn is not None, "a session ends or is compressed only once the turn is made"
+            return turn
+
+        async def flush_before_split(session_id: str) -> object:
+            return await memory_flush_turn(made_turn(), memory, session_id, reason="compressed")
+
+        def flush_memory(session_id: str, session_key: str) -> asyncio.Task:
+            return memory.schedule_flush(made_turn(), session_id, session_key)
+
+        # Compression: the 75 % trigger before each model call and /compress.
+        self.compressor = Compressor(
+            self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,
+            summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
+            cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
+            before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
+        )
+        self.commands = default_commands(compressor=self.compressor if cfg.compression.enabled else None)
+        self.commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
+                          search_command(recall, cfg), runs_now=True)
+        if cfg.facts.enabled:
+            self.commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
+                              facts.command, runs_now=True)
         turn = AgentTurn(self.db, self.model, self.tools, TurnSettings(
             agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
             max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
             replay_reasoning=cfg.model.replay_reasoning,
-        ), clock=self.clock)
+        ), hooks=TurnHooks(
+            prompt_hook=self.compressor,
+            prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),
+            prefetch=facts.prefetch if cfg.facts.enabled else None,
+        ), max_message_tokens=max_message_tokens(context_length, cfg.model.max_message_share), clock=self.clock)
+        on_session_end = facts.on_session_end(flush_memory) if cfg.facts.enabled else flush_memory
         self.router = SessionRouter(
             self.db, turn,
             RouterSettings(
@@ -141,11 +207,13 @@ class Gateway:
                 reset_policy_for=cfg.sessions.reset_policy_for, resume_within=cfg.sessions.resume_within,
             ),
             authorizer=Authorizer(auth_settings(cfg), self.db, clock=self.clock),
-            commands=self.commands, metrics=self.metrics, clock=self.clock,
+            commands=self.commands, metrics=self.metrics, hooks=SessionHooks(on_session_end=on_session_end),
+            context_length=context_length, clock=self.clock,
         )
-        self._wire_compression(turn)
-        self._wire_recall_and_memory(turn)
-        await self._wire_facts(turn)
+        if cfg.facts.enabled:
+            await facts.start(sweep=self.serve_api)
+        self.api = LocalApi(self.router, self.health, self.metrics, model_name=cfg.model.name, host=cfg.api.host,
+                            port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None)
         if self.serve_api:
             await self.api.start()
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
@@ -159,62 +227,15 @@ class Gateway:
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
         # cron (issue 6): config jobs into state.db; the scheduler runs where the API does (the daemon),
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
-        self.cron = CronService(self)
-        await self.cron.start(schedule=self.serve_api)
+        self.cron = CronService(self.db, turn, self.router.deliver, self.platform_status,
+                                CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), self.clock)
+        await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
         if self.serve_api:
             self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days, clock=self.clock,
                                       idle=lambda: self.router is None or self.router.active_lanes() == 0)
             self.upkeep.start()
         self.started_at = time.time()
-
-    def _wire_compression(self, turn: AgentTurn) -> None:
-        """Compression (issue 5): the 75 % trigger before each model call and ``/compress``."""
-        cfg = self.config
-        context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
-        if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
-            log.log(logging.WARNING if self.serve_api else logging.DEBUG, "%s", warning)
-        self.router.context_length = context_length
-        turn.max_message_tokens = max_message_tokens(context_length, cfg.model.max_message_share)
-        self.compressor = Compressor(
-            self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,
-            summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
-            cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
-        )
-        turn.prompt_hook = self.compressor
-        self.commands.compressor = self.compressor if cfg.compression.enabled else None
-
-    def _wire_recall_and_memory(self, turn: AgentTurn) -> None:
-        """Recall and memory (issue 8): the session_search and memory tools, /search, the memory
-        snapshot frozen per session, and a keep-what-matters turn before a reset, /new or a split."""
-        cfg = self.config
-        self.recall = SessionRecall(self.db, self.model, RecallSettings(model=cfg.recall.model, timezone=cfg.timezone))
-        self.memory = MemoryService(cfg)
-        self.tools.register(session_search_tool(self.recall, cfg))
-        self.tools.register(self.memory.tool())
-        self.commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
-                          search_command(self.recall, cfg), runs_now=True)
-        turn.prompt_blocks.append(self.memory.prompt_block)
-        self.router.on_session_end = lambda sid, key: self.memory.schedule_flush(turn, sid, key)
-        self.compressor.before_split = lambda sid: memory_flush_turn(self, sid, reason="compressed")
-
-    async def _wire_facts(self, turn: AgentTurn) -> None:
-        """Fact memory (issue 9): the facts tool, its prompt block, prefetch into each model call,
-        /facts on|off, and extraction when a reset, /new or compression ends a session."""
-        cfg = self.config
-        self.facts = FactMemory(cfg, self.db, self.model, clock=self.clock)
-        if not cfg.facts.enabled:
-            return
-        self.tools.register(self.facts.tool())
-        turn.prompt_blocks.append(self.facts.prompt_block)
-        turn.prefetch = self.facts.prefetch
-        self.commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
-                          self.facts.command, runs_now=True)
-        self.router.on_session_end = self.facts.on_session_end(self.router.on_session_end)
-        turn.prompt_hook = self.facts.watch_compression(self.compressor)
-        if self.commands.compressor is not None:
-            self.commands.compressor = turn.prompt_hook
-        await self.facts.start(sweep=self.serve_api)
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
         """Replies stored but not confirmed sent, and messages no turn answered; None where this
@@ -230,11 +251,15 @@ class Gateway:
             self.platforms_off = {name: (why if why != "on" else "off: not started in this process")
                                   for name, why in cfg.enabled_platforms().items() if name not in self.adapters}
         else:
-            self.adapters, self.platforms_off = load_adapters(cfg, self.commands.menu())
+            self.adapters, self.platforms_off = load_adapters(cfg, self._menu())
         for name, why in self.platforms_off.items():
             log.info("platform %s is %s", name, why)
         for name, adapter in list(self.adapters.items()):
             self._run_adapter(name, adapter)
+
+    def _menu(self) -> list[tuple[str, str]]:
+        """The commands for the platforms' native menus."""
+        return self.commands.menu() if self.commands is not None else []
 
     async def on_inbound(self, msg: InboundMessage) -> bool:
         """The adapters' handler: returns once the message is persisted (or dropped on purpose);
@@ -308,7 +333,7 @@ class Gateway:
             self.platforms_off[name] = status
             log.info("platform %s is %s", name, status)
             return
-        built, off = load_adapters(self.config, self.commands.menu(), only=name)
+        built, off = load_adapters(self.config, self._menu(), only=name)
         if name in built:
             self._run_adapter(name, built[name])
         else:
@@ -344,7 +369,7 @@ class Gateway:
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
         # turns (the router stops taking messages first), cron runs (issue 6), memory flushes
         # (issue 8) and fact extractions (issue 9) of sessions that just ended.
-        draining = [self.router.drain(grace)] if self.router is not None else []
+        draining: list[Awaitable[Any]] = [self.router.drain(grace)] if self.router is not None else []
         draining += [part.drain(grace) for part in (self.memory, self.facts) if part is not None]
         if self.cron is not None:
             draining.append(self.cron.stop(grace))
@@ -356,7 +381,8 @@ class Gateway:
             task.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
-        await self.api.stop()
+        if self.api is not None:
+            await self.api.stop()
         for name, adapter in reversed(list(self.adapters.items())):
             try:
                 await adapter.stop()
@@ -372,6 +398,14 @@ class Gateway:
             self.db = None
 
     # -- health -----------------------------------------------------------
+    def platform_status(self, name: str) -> PlatformStatus:
+        """Whether ``name``'s adapter runs here and its state (what cron asks before delivering)."""
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            return PlatformStatus(running=False, state="disabled", why_off=self.platforms_off.get(name))
+        state = "failed" if name in self._start_errors else adapter.health().state
+        return PlatformStatus(running=True, state=state)
+
     def _cron_health(self) -> dict:
         """Scheduled jobs armed in this process and when the next one fires."""
         armed = self.cron.armed() if self.cron is not None else {}
@@ -392,13 +426,25 @@ class Gateway:
         return {
             "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
-            "api": {"state": "serving", "port": self.api.bound_port},
+            "api": {"state": "serving", "port": self.api.bound_port if self.api is not None else None},
             "active_sessions": self.router.active_lanes() if self.router else 0,
             "cron": self._cron_health(),
             "dead_letters": self.dead_letters_held,
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
         }
+
+
+@contextlib.asynccontextmanager
+async def local_gateway(config: Config) -> AsyncIterator[Gateway]:
+    """A started gateway for one local command (``switchboard chat``, ``cron run``): no platform,
+    no API, no scheduling (the daemon does those); stopped with a short grace at the end."""
+    gateway = Gateway(config, adapters={}, serve_api=False)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop(grace_seconds=LOCAL_STOP_GRACE_SECONDS)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -427,9 +473,10 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     reloads = Reloads(gw, notifier)
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     watchdog = spawn(_watchdog(notifier), name="watchdog")
+    port = gw.api.bound_port if gw.api is not None else None
     summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
-    notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{gw.api.bound_port}; {summary}")
-    log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, gw.api.bound_port)
+    notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{port}; {summary}")
+    log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, port)
     await stop.wait()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, _force_exit, sig)
@@ -497,7 +544,7 @@ async def _reload(gw: Gateway, notifier: Notifier) -> None:
     notifier.reloading()
     result = None
     try:
-        result = await reload_config(gw, auth_settings)
+        result = await reload_config(gw, auth_settings, clock=gw.clock)
     finally:
         status = "serving" if result is None or result.error is None else "serving; the last reload failed"
         notifier.send("READY=1", f"STATUS={status}")

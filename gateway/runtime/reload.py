@@ -12,6 +12,11 @@ running values stay in force.
 Every reload logs one line: what was applied and what needs a restart, or
 why nothing was.  A file that does not load or validate (cron jobs included)
 changes nothing; an error while applying puts the running config back.
+
+A reload is part of the daemon's runtime: it swaps the config the daemon runs
+on, so it is handed the running daemon, seen through :class:`Running` (exactly
+what it changes: the config, the router's authorizer and settings, the
+platforms' adapters and cron).
 """
 
 from __future__ import annotations
@@ -20,16 +25,40 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
 
 import state
 from gateway.config import PLATFORMS, Config, load_config
-from gateway.cron.service import config_jobs
+from gateway.cron.service import CronService, config_jobs
 from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
+from gateway.router import SessionRouter
+from gateway.types import Adapter
 
 log = logging.getLogger(__name__)
 
 LIVE_SECTIONS = ("auth", "sessions", "platforms", "cron", "shutdown")
+
+
+class Running(Protocol):
+    """What a reload changes in the running daemon (:class:`gateway.runtime.daemon.Gateway` is one)."""
+
+    config: Config  # the config in force: adapters and cron are rebuilt from it
+
+    @property
+    def router(self) -> SessionRouter | None: ...
+
+    @property
+    def cron(self) -> CronService | None: ...
+
+    @property
+    def adapters(self) -> Mapping[str, Adapter]: ...  # the platforms whose adapter runs now
+
+    async def restart_platform(self, name: str) -> None:
+        """Stop ``name``'s adapter, if any, and start it again from ``config``."""
+
+
+AuthSettingsFor = Callable[[Config], object]  # the authorizer's settings for a config
 
 
 @dataclass
@@ -81,18 +110,19 @@ def needs_restart(old: Config, new: Config) -> list[str]:
     return [k for k in diff if k.split(".")[0] not in LIVE_SECTIONS]
 
 
-async def reload_config(gw, auth_settings, *, load=load_config) -> ReloadResult:
-    """Re-read ``gw.config.source``, apply it to the running gateway ``gw`` and log one line saying
+async def reload_config(running: Running, auth_settings: AuthSettingsFor, *, clock: Callable[[], float],
+                        load=load_config) -> ReloadResult:
+    """Re-read ``running.config.source``, apply it to the running daemon and log one line saying
     what happened.  Never raises for a bad file or a failed apply: ``error`` says why."""
     try:
-        new = await asyncio.to_thread(load, gw.config.source)
-        config_jobs(new, now=gw.clock())  # cron jobs are validated by their own module
+        new = await asyncio.to_thread(load, running.config.source)
+        config_jobs(new, now=clock())  # cron jobs are validated by their own module
     except ConfigError as exc:
         result = ReloadResult(error=str(exc), refused=True)
         log.error("%s", result.summary())
         return result
     try:
-        result = await apply_reload(gw, new, auth_settings)
+        result = await apply_reload(running, new, auth_settings)
     except Exception as exc:  # noqa: BLE001 - reported below; the running config is put back
         expected = isinstance(exc, (SwitchboardError, state.StateError))  # says what to do; no traceback needed
         result = ReloadResult(error=str(exc) if expected else f"{type(exc).__name__}: {exc}")
@@ -102,29 +132,32 @@ async def reload_config(gw, auth_settings, *, load=load_config) -> ReloadResult:
     return result
 
 
-async def apply_reload(gw, new: Config, auth_settings) -> ReloadResult:
-    """Apply ``new`` to the running gateway ``gw``.  On an error part-way, the sections already
+async def apply_reload(running: Running, new: Config, auth_settings: AuthSettingsFor) -> ReloadResult:
+    """Apply ``new`` to the running daemon.  On an error part-way, the sections already
     applied are applied again from the running config, then the error is raised."""
-    old: Config = gw.config
+    old: Config = running.config
     result = ReloadResult(applied=[s for s in LIVE_SECTIONS if getattr(old, s) != getattr(new, s)],
                           needs_restart=needs_restart(old, new))
     try:
-        result.restarted_platforms, result.cron = await _apply(gw, old, new, auth_settings)
+        result.restarted_platforms, result.cron = await _apply(running, old, new, auth_settings)
     except asyncio.CancelledError:  # shutdown: the gateway is being stopped, restart nothing
-        gw.config = old
+        running.config = old
         raise
     except Exception:
         try:
-            await _apply(gw, gw.config, old, auth_settings)
+            await _apply(running, running.config, old, auth_settings)
         except Exception:  # noqa: BLE001 - the first error is the one to report
             log.exception("could not put the running config back after a failed reload")
-        gw.config = old
+        running.config = old
         raise
     return result
 
 
-async def _apply(gw, old: Config, new: Config, auth_settings) -> tuple[list[str], dict]:
-    router = gw.router
+async def _apply(running: Running, old: Config, new: Config, auth_settings: AuthSettingsFor,
+                 ) -> tuple[list[str], dict]:
+    router = running.router
+    if router is None:
+        raise RuntimeError("the gateway has not started; there is nothing to reload")
     router.authorizer.update(auth_settings(new))
     router.settings = dataclasses.replace(
         router.settings,
@@ -135,15 +168,15 @@ async def _apply(gw, old: Config, new: Config, auth_settings) -> tuple[list[str]
     old_platforms = old.platforms.model_dump(mode="json")
     new_platforms = new.platforms.model_dump(mode="json")
     for name in PLATFORMS:
-        if old_platforms[name] != new_platforms[name] or (name in gw.adapters) != (new.enabled_platforms()[name] == "on"):
+        if old_platforms[name] != new_platforms[name] or (name in running.adapters) != (new.enabled_platforms()[name] == "on"):
             restarted.append(name)
     # Swap the config before touching adapters and cron: they are rebuilt from it.
-    gw.config = _keep_restart_only_values(old, new)
+    running.config = _keep_restart_only_values(old, new)
     for name in restarted:
-        await gw.restart_platform(name)
+        await running.restart_platform(name)
     cron = {}
-    if getattr(gw, "cron", None) is not None and old.cron != new.cron:
-        cron = await gw.cron.reload()
+    if running.cron is not None and old.cron != new.cron:
+        cron = await running.cron.reload(running.config)
     return restarted, cron
 
 
@@ -152,4 +185,4 @@ def _keep_restart_only_values(old: Config, new: Config) -> Config:
     return old.model_copy(update={section: getattr(new, section) for section in LIVE_SECTIONS})
 
 
-__all__ = ["ReloadResult", "apply_reload", "changed_keys", "needs_restart", "reload_config"]
+__all__ = ["ReloadResult", "Running", "apply_reload", "changed_keys", "needs_restart", "reload_config"]

@@ -140,14 +140,10 @@ class FactMemory:
 
         return hook
 
-    def watch_compression(self, hook):
-        """``hook`` (the compressor) wrapped so a compression that ends a session queues its extraction
+    def on_compressed(self, session_id: str, session_key: str) -> None:
+        """The compressor's after-split hook: a compression that ends a session queues its extraction
         (after the turn that compressed)."""
-
-        def ended(session_id: str, session_key: str) -> None:
-            self.schedule_extraction(session_id, session_key, after=[asyncio.current_task()])
-
-        return _CompressionWatch(hook, ended)
+        self.schedule_extraction(session_id, session_key, after=[asyncio.current_task()])
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
@@ -197,29 +193,3 @@ class FactMemory:
         await asyncio.wait([worker], timeout=5)
         if self._queue:
             log.info("%d ended session(s) left for fact extraction at the next start", len(self._queue))
-
-
-class _CompressionWatch:
-    """Delegates to the compressor; tells ``on_end`` the session a compression left behind."""
-
-    def __init__(self, inner, on_end):
-        self._inner = inner
-        self._on_end = on_end
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    async def before_model_call(self, req, history, system_tokens):
-        session_id, sent, notices = await self._inner.before_model_call(req, history, system_tokens)
-        if session_id != req.session_id:
-            self._on_end(req.session_id, req.session_key)
-        return session_id, sent, notices
-
-    def record_usage(self, session_id, prompt_tokens, history_messages):
-        return self._inner.record_usage(session_id, prompt_tokens, history_messages)
-
-    async def compress_now(self, session_id, session_key, focus):
-        new_id, line = await self._inner.compress_now(session_id, session_key, focus)
-        if new_id != session_id:
-            self._on_end(session_id, session_key)
-        return new_id, line

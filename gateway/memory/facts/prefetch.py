@@ -1,7 +1,7 @@
 """Prefetch: before each turn, the user's top facts for their message, for that model call only.
 
 :func:`memory_context` renders the block the turn appends to the user's
-message in the prompt it sends (``AgentTurn.prefetch``); the stored message
+message in the prompt it sends (``TurnHooks.prefetch``); the stored message
 never holds it.  ``/facts off`` turns it off for one chat (session key),
 ``/facts on`` back on; ``facts.prefetch`` in the config is the default.
 """
