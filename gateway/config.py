@@ -80,6 +80,8 @@ __all__ = [
     "SessionsConfig",
     "ShutdownConfig",
     "StoreConfig",
+    "StreamingConfig",
+    "PlatformStreamingConfig",
     "config_from_dict",
     "find_config_path",
     "load_config",
@@ -332,6 +334,13 @@ class AuthConfig(_Model):
 # --------------------------------------------------------------------------- platforms
 
 
+class PlatformStreamingConfig(_Model):
+    """``platforms.<name>.streaming``: this platform's own choice; unset keys follow ``streaming``."""
+
+    enabled: bool | None = None
+    edit_interval_seconds: Annotated[float | None, Field(ge=0.25)] = None
+
+
 class PlatformConfig(_Model):
     """What every platform's section has; each adapter package derives its own model from this
     (``adapters/telegram/config.py``) and publishes it under the ``switchboard.adapter_configs``
@@ -343,6 +352,9 @@ class PlatformConfig(_Model):
     require_mention: bool = True
     free_response_channels: tuple[str, ...] = ()
     stall_timeout_seconds: Seconds = 120.0
+    streaming: PlatformStreamingConfig = PlatformStreamingConfig()
+    # the pause between edits of a streamed reply when neither section sets one (the platform's own pace)
+    STREAM_EDIT_INTERVAL: ClassVar[float] = 1.0
 
     @field_validator("allowed_users", mode="after")
     @classmethod
@@ -510,6 +522,24 @@ def _default_home(env: Mapping[str, str]) -> str:
     return env.get("SWITCHBOARD_HOME") or "~/.switchboard"
 
 
+class StreamingConfig(_Model):
+    """``streaming``: replies shown as they are written, one message edited in place."""
+
+    enabled: bool = True
+    # seconds between edits; empty: each platform's own pace (Telegram 1.0, Discord 1.2, Slack 1.0)
+    edit_interval_seconds: Annotated[float | None, Field(ge=0.25)] = None
+    groups: bool = True  # stream in group chats too (edits there spend a tighter budget)
+    first_chars: int = Field(40, ge=1, le=4000)  # the first text shows once this much arrived...
+    first_after_seconds: Seconds = 1.0  # ...or this long after the first of it, whichever comes first
+
+    def for_platform(self, section: PlatformConfig) -> tuple[bool, float]:
+        """Whether ``section``'s platform streams, and the pause between its edits."""
+        own = section.streaming
+        enabled = self.enabled if own.enabled is None else own.enabled
+        interval = own.edit_interval_seconds or self.edit_interval_seconds or section.STREAM_EDIT_INTERVAL
+        return enabled, interval
+
+
 class Config(_Model):
     """The whole validated configuration."""
 
@@ -529,6 +559,7 @@ class Config(_Model):
     facts: FactsConfig = FactsConfig()
     cron: CronConfig = CronConfig()
     store: StoreConfig = StoreConfig()
+    streaming: StreamingConfig = StreamingConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 

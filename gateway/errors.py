@@ -9,6 +9,7 @@
     │   ├── RateLimited              the platform said "wait retry_after seconds" (not a failure)
     │   └── ...                      the adapters' own, drawn in ``adapters/__init__.py``
     ├── ModelUnavailable             the model endpoint failed after every retry
+    │   ├── AnswerCutOff             a streamed answer broke off after some of it was shown (.partial)
     │   └── ModelRefused             it refused the request itself (4xx): retrying cannot help
     │       ├── ContextTooLong       400: the prompt is larger than the model's context window
     │       ├── ModelAuthRejected    401: the API key was refused
@@ -89,6 +90,14 @@ class RateLimited(AdapterError):
 
 class ModelUnavailable(SwitchboardError):
     """The model endpoint failed after every retry: a later message may work."""
+
+
+class AnswerCutOff(ModelUnavailable):
+    """A streamed answer broke off midway; ``partial`` is the text that had arrived.  Ask again."""
+
+    def __init__(self, partial: str, reason: str):
+        self.partial = partial
+        super().__init__(f"the answer was cut off: {reason}")
 
 
 class ModelRefused(ModelUnavailable):

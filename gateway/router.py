@@ -34,6 +34,7 @@ from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.tasks import spawn
+from gateway.streaming import DraftOutput, ReplyStream, StreamPacing
 from gateway.turn import EMPTY_ANSWER, AgentTurn, TurnRequest, TurnResult
 from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 
@@ -100,6 +101,18 @@ class Lane:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamedOutput:
+    """How replies stream on one platform: its adapter's drafts, the pacing, and whether groups stream too."""
+
+    drafts: DraftOutput
+    pacing: StreamPacing = StreamPacing()
+    groups: bool = True
+
+
+STOPPED_MARK = "_(stopped)_"  # ends a streamed answer that /stop cut short; it stays as far as it got
+
+
+@dataclass(frozen=True, slots=True)
 class SessionHooks:
     """What the features plug into the router, given to :class:`SessionRouter` when it is made."""
 
@@ -125,16 +138,28 @@ class SessionRouter:
         self._lanes: dict[str, Lane] = {}
         self._senders: dict[str, Sender] = {}
         self._typers: dict[str, Typing] = {}
+        self._streamed: dict[str, StreamedOutput] = {}
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
 
     # -- wiring -----------------------------------------------------------
-    def register_output(self, platform: str, send: Sender, typing: Typing | None = None) -> None:
-        """Where replies for ``platform`` go (the adapter's send and typing)."""
+    def register_output(self, platform: str, send: Sender, typing: Typing | None = None, *,
+                        streamed: StreamedOutput | None = None) -> None:
+        """Where replies for ``platform`` go (the adapter's send and typing, and its drafts when replies stream)."""
         self._senders[platform] = send
         if typing is not None:
             self._typers[platform] = typing
+        if streamed is not None:
+            self._streamed[platform] = streamed
+        else:
+            self._streamed.pop(platform, None)
+
+    def _stream_for(self, msg: InboundMessage) -> ReplyStream | None:
+        out = self._streamed.get(msg.platform)
+        if out is None or (msg.chat_type is not ChatType.DM and not out.groups):
+            return None
+        return ReplyStream(out.drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing)
 
     def lane(self, key: str) -> Lane:
         lane = self._lanes.get(key)
@@ -346,14 +371,17 @@ class SessionRouter:
         started = time.monotonic()
         answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if answered else None
+        stream = self._stream_for(msg) if plan is not None else None
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
+            stream=stream,
         )
-        typing = spawn(self._keep_typing(msg.chat), name=f"typing:{lane.key}")
+        typing = spawn(self._keep_typing(msg.chat, stream), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
         lane.current = turn
         recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
+        stopped_partial = False  # /stop cut a streamed answer short: what was shown is the answer
         try:
             result: TurnResult = await turn
             recorded = True
@@ -365,6 +393,8 @@ class SessionRouter:
         except asyncio.CancelledError:
             if turn.cancelled() and not _current_cancelling():
                 text = "Stopped. Your message is saved; send another to continue."
+                if stream is not None and stream.text.strip():
+                    text, stopped_partial = f"{stream.text}\n\n{STOPPED_MARK}", True
             else:
                 turn.cancel()
                 for t in batch:  # shutdown ran out of grace: the messages stay stored, and in the inbox
@@ -387,13 +417,42 @@ class SessionRouter:
             await self.deliver(msg.chat, text, msg.message_id)
             return
         record = {**plan, "text": text}
+        if stopped_partial:
+            recorded = await self._store_stopped(last.session_id, answered, record)
         if not recorded:
             # the line that stands in for an answer settles the messages, so a restart does not retry them
             record["kind"] = "notice"
             if not await self._settle(answered, record, last.session_id):
                 await self.deliver(msg.chat, text, msg.message_id)
                 return
-        await self._send_recorded(record)
+        if stream is not None:
+            await self._finish_stream(stream, record)
+        else:
+            await self._send_recorded(record)
+
+    async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict) -> bool:
+        """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
+        try:
+            await self.db.record_turn(session_id, [{"role": "assistant", "content": record["text"],
+                                                    "finish_reason": "stopped"}], answered=answered, delivery=record)
+            return True
+        except state.StateError as exc:
+            log.error("could not store the stopped answer in %s: %s", session_id, exc)
+            return False
+
+    async def _finish_stream(self, stream: ReplyStream, record: dict) -> None:
+        """Show the recorded text as the streamed reply's final form, once, and note the delivery."""
+        delivery = await stream.finish(record["text"])
+        if self.metrics:
+            (self.metrics.messages_out if delivery.ok else self.metrics.delivery_failures).labels(
+                record["platform"]).inc()
+        if not delivery.ok:
+            log.error("streamed reply to %s:%s not delivered: %s", record["platform"], record["chat_id"], delivery.error)
+        try:
+            await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids),
+                                          status="sent" if delivery.ok else "failed", error=delivery.error)
+        except state.StateError as exc:
+            log.error("could not record the delivery of %s: %s", record["id"], exc)
 
     async def _settle(self, answered: tuple[int, ...], delivery: dict, session_id: str) -> bool:
         """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store failed."""
@@ -432,12 +491,14 @@ class SessionRouter:
             except state.StateError as exc:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)
 
-    async def _keep_typing(self, chat: ChatRef) -> None:
+    async def _keep_typing(self, chat: ChatRef, stream: ReplyStream | None = None) -> None:
         typer = self._typers.get(chat.platform)
         if typer is None:
             return
         await asyncio.sleep(TYPING_AFTER_SECONDS)
         while True:
+            if stream is not None and stream.message_ids:
+                return  # the answer shows as it is written: no indicator needed, and none spends the budget
             try:
                 await typer(chat)
             except Exception:  # noqa: BLE001 - typing is best effort

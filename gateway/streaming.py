@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 from gateway.errors import PlatformHTTPError, RateLimited
 from gateway.formatting import cut_once, fits
@@ -48,6 +48,7 @@ class StreamPacing:
     first_after: float = 1.0
 
 
+@runtime_checkable
 class DraftOutput(Protocol):
     """What an adapter offers for a streamed reply: post one message, then edit it in place.
 

@@ -17,6 +17,7 @@ from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
 
 import compression
+from gateway.errors import AnswerCutOff
 from gateway.model import Completion, ModelClient
 from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
@@ -25,6 +26,28 @@ from gateway.types import Attachment
 log = logging.getLogger(__name__)
 
 EMPTY_ANSWER = "(The model returned an empty answer.)"  # what the user is sent when the reply is empty
+CUT_OFF_NOTE = "_(The answer was cut off here: the model stopped sending. Ask again to get the rest.)_"
+
+# The one line a streamed reply shows while a tool runs; the answer replaces it.
+TOOL_STATUS = {
+    "session_search": "searching past sessions…",
+    "memory": "updating my notes…",
+    "facts": "checking what I know about you…",
+}
+
+
+class ReplySink(Protocol):
+    """Where a streamed answer goes as it is written (:class:`gateway.streaming.ReplyStream`)."""
+
+    def feed(self, delta: str) -> None: ...
+
+    def show_status(self, line: str) -> None: ...
+
+    def discard_text(self) -> None: ...
+
+
+def tool_status(name: str) -> str:
+    return TOOL_STATUS.get(name, f"using {name.replace('_', ' ')}…")
 
 DEFAULT_PERSONA = (
     "You are a helpful, concise assistant reachable through a chat gateway. "
@@ -60,6 +83,7 @@ class TurnRequest:
     # pending delivery in the same transaction as the reply.  Empty/None for cron and local callers.
     answered: tuple[int, ...] = ()
     delivery: dict | None = None
+    stream: ReplySink | None = None  # the answer shown as it is written; None: sent whole, afterwards
 
 
 @dataclass(slots=True)
@@ -172,7 +196,8 @@ class AgentTurn:
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
-                                    max_iterations=self.settings.max_tool_iterations, model=req.model)
+                                    max_iterations=self.settings.max_tool_iterations, model=req.model,
+                                    sink=req.stream)
         completion, produced = loop.completion, loop.produced
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
         if prompt_hook is not None:
@@ -181,18 +206,25 @@ class AgentTurn:
         to_store = [_for_store(m) for m in produced]
         to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
                          "token_count": completion.completion_tokens})
+        if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
+            reply = f"{reply}\n\n{CUT_OFF_NOTE}"
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
         await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
                                   answered=req.answered, delivery=delivery)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
 
     async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
-                        max_iterations: int, max_tool_calls: int | None = None, model: str | None = None) -> ToolLoop:
+                        max_iterations: int, max_tool_calls: int | None = None, model: str | None = None,
+                        sink: ReplySink | None = None) -> ToolLoop:
         """Call the model on ``prompt`` and run the tools it asks for until it answers; persists nothing.
 
         Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
         ran); the call after that offers none, so the model answers.  ``tool_names`` None: every
-        registered tool.  A call to a tool that was not offered is answered with an error, not run."""
+        registered tool.  A call to a tool that was not offered is answered with an error, not run.
+
+        With ``sink``, the model streams: its text goes to the sink as it comes, text that a tool call
+        follows is taken back and replaced by one status line while the tool runs, and an answer
+        that breaks off ends the loop with what came, its ``finish_reason`` ``incomplete``."""
         schemas = self.tools.schemas(tool_names)
         produced: list[dict] = []
         prompt_tokens = completion_tokens = tool_calls = 0
@@ -200,12 +232,21 @@ class AgentTurn:
         for iteration in range(max_iterations + 1):
             offer = iteration < max_iterations and (max_tool_calls is None or tool_calls < max_tool_calls)
             sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
-            completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model)
+            try:
+                completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
+                                                       on_text=sink.feed if sink is not None else None)
+            except AnswerCutOff as cut:
+                log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
+                completion = Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete")
+                break
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
             calls = completion.message.get("tool_calls") or []
             if not calls:
                 break
+            if sink is not None:
+                sink.discard_text()  # it was not the answer
+                sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
             produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls,
                              **_reasoning_of(completion.message)})
             for call in calls:

@@ -525,6 +525,7 @@ def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installe
     assert json.loads(result.stdout)["platforms"]["matrix"] == {
         "enabled": True, "allowed_users": [], "require_mention": True, "free_response_channels": [],
         "stall_timeout_seconds": 120.0, "homeserver": "https://m.example.org", "access_token": "***",
+        "streaming": {"enabled": None, "edit_interval_seconds": None},
     }
 
 
@@ -609,3 +610,20 @@ def test_every_command_has_help():
     for name in ("check", "show"):
         result = cli(name, "--help")
         assert result.exit_code == 0 and "--config" in result.stdout
+
+
+def test_streaming_follows_the_platform_then_the_streaming_section_then_the_platforms_own_pace():
+    cfg = config_from_dict({"platforms": {"telegram": {"token": "1:x"}, "discord": {"token": "d"},
+                                          "slack": {"streaming": {"enabled": False}}}})
+    assert cfg.streaming.for_platform(cfg.platforms.telegram) == (True, 1.0)
+    assert cfg.streaming.for_platform(cfg.platforms.discord) == (True, 1.2), "Discord's own pace"
+    assert cfg.streaming.for_platform(cfg.platforms.slack)[0] is False
+    cfg = config_from_dict({"streaming": {"edit_interval_seconds": 2},
+                            "platforms": {"discord": {"streaming": {"edit_interval_seconds": 1.5}}}})
+    assert cfg.streaming.for_platform(cfg.platforms.telegram) == (True, 2.0)
+    assert cfg.streaming.for_platform(cfg.platforms.discord) == (True, 1.5)
+
+
+def test_an_edit_interval_below_a_quarter_second_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"platforms\.telegram\.streaming\.edit_interval_seconds"):
+        config_from_dict({"platforms": {"telegram": {"streaming": {"edit_interval_seconds": 0.1}}}})

@@ -19,6 +19,7 @@ WebSocketUrl = Annotated[str, AfterValidator(check_url(("ws", "wss")))]
 
 class DiscordConfig(PlatformConfig):
     PLATFORM: ClassVar[str] = "discord"
+    STREAM_EDIT_INTERVAL: ClassVar[float] = 1.2  # Discord: 5 calls per 5 s in a channel
     token: str = secret_field()
     api_base_url: HttpUrl = "https://discord.com/api/v10"
     gateway_url: Annotated[WebSocketUrl | None, BeforeValidator(empty_to_none)] = None

@@ -64,7 +64,8 @@ from gateway.runtime.notify import Notifier
 from gateway.oversize import max_message_tokens
 from gateway.runtime.reload import reload_config
 from gateway.retry import Backoff
-from gateway.router import RouterSettings, SessionHooks, SessionRouter
+from gateway.router import RouterSettings, SessionHooks, SessionRouter, StreamedOutput
+from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
@@ -297,8 +298,22 @@ class Gateway:
         self.adapters[name] = adapter
         self.platforms_off.pop(name, None)
         self._connected[name] = asyncio.Event()
-        self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing)
+        self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing,
+                                    streamed=self._streamed_output(name, adapter))
         self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
+
+    def _streamed_output(self, name: str, adapter: Adapter) -> StreamedOutput | None:
+        """How ``name``'s replies stream (the streaming section and ``platforms.<name>.streaming``), or None."""
+        section = getattr(self.config.platforms, name, None)
+        if section is None or not isinstance(adapter, DraftOutput):
+            return None
+        enabled, interval = self.config.streaming.for_platform(section)
+        if not enabled:
+            return None
+        streaming = self.config.streaming
+        pacing = StreamPacing(edit_interval=interval, first_chars=streaming.first_chars,
+                              first_after=streaming.first_after_seconds)
+        return StreamedOutput(adapter, pacing, groups=streaming.groups)
 
     async def _send(self, name: str, chat: ChatRef, text: str, reply_to: str | None,
                     progress: SendProgress | None) -> Delivery:

@@ -1,13 +1,14 @@
 """A fake OpenAI-compatible model server on 127.0.0.1 (port 0) for tests and benchmarks.
 
-It speaks ``POST /v1/chat/completions`` (non-streaming) and ``GET /v1/models``,
+It speaks ``POST /v1/chat/completions`` (plain, or streamed as Server-Sent Events with
+``"stream": true``, paced by ``stream_chunk_chars`` and ``stream_interval``) and ``GET /v1/models``,
 records every request, and answers by default with a reply that proves what
 the model was shown::
 
     echo: <last user message> | turns: <number of user messages> | first: <first user message>
 
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
-one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``), with
+one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``, ``CutOff``), with
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
@@ -88,6 +89,14 @@ class Hang:
 
 
 @dataclass
+class CutOff:
+    """A streamed answer that breaks off: the first ``after`` characters of ``text``, then the connection drops."""
+
+    text: str
+    after: int
+
+
+@dataclass
 class Recorded:
     body: dict
     headers: dict
@@ -137,6 +146,9 @@ class FakeModel:
         # optional: prompts estimated above this many tokens get a 400 context_length_exceeded
         self.context_limit: int | None = None
         self._expect_reasoning: tuple[str, dict] | None = None  # set by ReasoningToolCall for the next request
+        # a streamed answer ("stream": true) comes this many characters to a chunk, this many seconds apart
+        self.stream_chunk_chars = 8
+        self.stream_interval = 0.0
 
     # -- steering ---------------------------------------------------------
     def script(self, *behaviours) -> None:
@@ -175,7 +187,44 @@ class FakeModel:
         return web.json_response([{"last_user": r.last_user_text, "at": r.at, "answered": r.answered}
                                   for r in self.requests])
 
-    async def _completions(self, request: web.Request) -> web.Response:
+    async def _stream(self, request: web.Request, body: dict, message: dict, finish: str,
+                      usage: dict, cut_after: int | None = None) -> web.StreamResponse:
+        """The answer as Server-Sent Events in the Chat Completions chunk format, ending with [DONE]."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        base = {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": body.get("model", self.model_name)}
+
+        async def send(delta: dict | None, finish_reason: str | None = None, **extra) -> None:
+            choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+            await response.write(f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n".encode())
+
+        extra = {k: v for k, v in message.items() if k not in ("role", "content", "tool_calls")}
+        await send({"role": "assistant", "content": "", **extra})
+        text = message.get("content") or ""
+        size = max(1, self.stream_chunk_chars)
+        for start in range(0, len(text), size):
+            if cut_after is not None and start >= cut_after:
+                assert request.transport is not None
+                request.transport.abort()  # the connection drops mid-answer
+                return response
+            if self.stream_interval and start:
+                await asyncio.sleep(self.stream_interval)
+            await send({"content": text[start:start + size]})
+        for index, call in enumerate(message.get("tool_calls") or []):
+            arguments = call["function"]["arguments"]
+            await send({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                        "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            for start in range(0, len(arguments), size):
+                await send({"tool_calls": [{"index": index, "function": {"arguments": arguments[start:start + size]}}]})
+        await send({}, finish)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send(None, usage=usage)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()
         body = await request.json()
         record = Recorded(body=body, headers=dict(request.headers), at=arrived)
@@ -229,7 +278,9 @@ class FakeModel:
                     self._expect_reasoning = (behaviour.call_id, behaviour.reasoning)
                 finish = "tool_calls"
             else:
-                if isinstance(behaviour, Reply):
+                if isinstance(behaviour, CutOff):
+                    text = behaviour.text
+                elif isinstance(behaviour, Reply):
                     text = behaviour.text
                     if behaviour.prompt_tokens is not None:
                         prompt_tokens = behaviour.prompt_tokens
@@ -240,6 +291,11 @@ class FakeModel:
                 message = {"role": "assistant", "content": text}
                 finish = "stop"
             completion_tokens = len(message.get("content") or "") // 4 + 1
+            if body.get("stream"):
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt_tokens + completion_tokens}
+                return await self._stream(request, body, message, finish, usage,
+                                          cut_after=behaviour.after if isinstance(behaviour, CutOff) else None)
             return web.json_response(
                 {
                     "id": f"chatcmpl-{len(self.requests)}",
