@@ -4,6 +4,7 @@ daemon's runtime, cron, memory and the CLI.  Its errors are exported here (see :
 from gateway.errors import (
     AdapterError,
     AlreadyRunning,
+    AnswerCutOff,
     BackupError,
     ConfigError,
     ContextTooLong,
@@ -26,6 +27,7 @@ from gateway.errors import (
 __all__ = [
     "AdapterError",
     "AlreadyRunning",
+    "AnswerCutOff",
     "BackupError",
     "ConfigError",
     "ContextTooLong",
