@@ -34,8 +34,6 @@ from tests.fakes.model_server import start_in_process as start_model  # noqa: E4
 from tests.fakes.telegram import FakeTelegram  # noqa: E402
 
 
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=20, help="kill -9 and restart this many times")

@@ -16,7 +16,6 @@ the same appends through ``SessionDB.append_message`` are measured too.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -8,7 +8,6 @@ commands that change the session (``/new``, ``/reset``, ``/resume``,
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 from dataclasses import dataclass

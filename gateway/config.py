@@ -48,9 +48,8 @@ from pydantic import (
 )
 
 from gateway import _config_load
-from gateway.durations import parse_duration
 from gateway._config_load import KeyedError
-from gateway.errors import ConfigError
+from gateway.durations import parse_duration
 
 __all__ = [
     "PLATFORMS",

@@ -13,8 +13,20 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, TypeVar
 
-from . import (_cron, _deadletters, _facts, _messages, _pairing, _recall, _recovery, _routes, _sessions, _titles,
-               _transfer, _upkeep)
+from . import (
+    _cron,
+    _deadletters,
+    _facts,
+    _messages,
+    _pairing,
+    _recall,
+    _recovery,
+    _routes,
+    _sessions,
+    _titles,
+    _transfer,
+    _upkeep,
+)
 from ._engine import Engine
 from ._messages import Appended
 from .paths import default_db_path

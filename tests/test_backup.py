@@ -8,14 +8,13 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from gateway.runtime import backup as backup_mod
 from gateway.cli.service import backup_cmd, restore_cmd
+from gateway.runtime import backup as backup_mod
 from state import SessionDB, new_session_id
 
 # Appends "msg <i>" through the real store, one transaction each, and prints i

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-
 from zoneinfo import ZoneInfo
 
 import pytest

@@ -29,8 +29,7 @@ from gateway.types import FailedEvents
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
-from tests.fakes.telegram import DEFAULT_TOKEN as TELEGRAM_TOKEN
-from tests.fakes.telegram import FakeTelegram
+from tests.fakes.telegram import DEFAULT_TOKEN as TELEGRAM_TOKEN, FakeTelegram
 from tests.harness import eventually, gateway_config
 
 ANN = FakeTelegram.user(111, "Ann")

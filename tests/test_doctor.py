@@ -4,7 +4,6 @@ import asyncio
 import json
 import os
 
-import pytest
 import yaml
 from click.testing import CliRunner
 

@@ -44,12 +44,20 @@ from discord import app_commands
 from gateway.errors import AdapterError
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
-from gateway.types import (DEAD_LETTER_AFTER, AdapterHealth, ChatRef, ChatType, DeadLetterHandler, Delivery,
-                           FailedEvents, InboundHandler, InboundMessage, SendProgress)
+from gateway.types import (
+    DEAD_LETTER_AFTER,
+    AdapterHealth,
+    ChatRef,
+    ChatType,
+    DeadLetterHandler,
+    Delivery,
+    FailedEvents,
+    InboundHandler,
+    InboundMessage,
+    SendProgress,
+)
 
-from . import attachments as _attachments
-from . import events, redact
-from . import commands as _commands
+from . import attachments as _attachments, commands as _commands, events, redact
 from .outbound import Outbound, allowed_mentions
 from .redact import describe
 

@@ -33,8 +33,16 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway.errors import AdapterError
-from gateway.types import (AdapterHealth, Attachment, ChatType, DeadLetterHandler, FailedEvents, InboundHandler,
-                           InboundMessage, clean_text)
+from gateway.types import (
+    AdapterHealth,
+    Attachment,
+    ChatType,
+    DeadLetterHandler,
+    FailedEvents,
+    InboundHandler,
+    InboundMessage,
+    clean_text,
+)
 
 from . import events
 from .outbound import RESPONSE_URL_TTL, ResponseRoute

@@ -40,8 +40,17 @@ from gateway.formatting import split_message, utf16_len
 from gateway.ratelimit import limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
-from gateway.types import (AdapterHealth, Attachment, ChatRef, DeadLetterHandler, Delivery, FailedEvents,
-                           InboundHandler, InboundMessage, SendProgress)
+from gateway.types import (
+    AdapterHealth,
+    Attachment,
+    ChatRef,
+    DeadLetterHandler,
+    Delivery,
+    FailedEvents,
+    InboundHandler,
+    InboundMessage,
+    SendProgress,
+)
 
 from .events import PLATFORM, Addressing, normalize
 from .format import is_parse_error, markdown_to_html

@@ -19,8 +19,8 @@ from rich.panel import Panel
 from rich.text import Text
 
 from gateway.config import Config
-from gateway.runtime.daemon import Gateway
 from gateway.errors import SwitchboardError
+from gateway.runtime.daemon import Gateway
 from gateway.types import ChatType, InboundMessage
 
 RECAP_EXCHANGES = 10

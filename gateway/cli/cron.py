@@ -25,12 +25,12 @@ from typing import Any
 import click
 
 import state
-from gateway.cli.common import config_or_defaults, fail as _fail, home_options
-from gateway.cli.common import json_out as _json_out
+from gateway.cli.common import config_or_defaults, fail as _fail, home_options, json_out as _json_out
 from gateway.config import Config
 from gateway.cron.schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
 from state._cron import CronJobNotFound
+
 
 def _config(config_path: Path | None) -> Config:
     """The config file's settings; without one, the defaults under $SWITCHBOARD_HOME (UTC)."""
@@ -301,8 +301,8 @@ def cron_remove(config_path: Path | None, job_id: str) -> None:
 @click.argument("job_id")
 def cron_run(config_path: Path | None, job_id: str) -> None:
     """Run a job once now, in this process, and print the answer."""
-    from gateway.runtime.daemon import Gateway
     from gateway.logging_setup import setup_logging
+    from gateway.runtime.daemon import Gateway
 
     cfg, db = _open(config_path)
     with db:

@@ -17,9 +17,9 @@ from pathlib import Path
 import aiohttp
 
 import state
-from gateway.runtime import systemd as service
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.runtime import systemd as service
 from gateway.runtime.upkeep import EVERY_SECONDS as UPKEEP_EVERY_SECONDS
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)

@@ -17,9 +17,9 @@ from pathlib import Path
 import click
 
 import state
-from gateway.runtime import lockfile
 from gateway.cli.common import home_options, resolve_home
 from gateway.errors import AlreadyRunning
+from gateway.runtime import lockfile
 
 
 def _mib(n: int) -> str:

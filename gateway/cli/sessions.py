@@ -15,8 +15,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from gateway.cli.common import plural, remember_home, with_store
-from gateway.cli.common import json_out as _json_out, console as _console, when as _when
+from gateway.cli.common import (
+    console as _console,
+    json_out as _json_out,
+    plural,
+    remember_home,
+    when as _when,
+    with_store,
+)
 from gateway.config import PLATFORMS
 from state import AmbiguousSession, SessionDB
 from state._transfer import parse_jsonl

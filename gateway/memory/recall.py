@@ -29,8 +29,8 @@ from zoneinfo import ZoneInfo
 
 from gateway.errors import ModelUnavailable
 from gateway.memory.identity import Scope, recall_scope
-from gateway.tools import Tool, ToolContext
 from gateway.memory.truncation import truncate_around_matches
+from gateway.tools import Tool, ToolContext
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,9 @@ import uuid
 from aiohttp import web
 
 import state
-
 from gateway.errors import ConfigError
-from gateway.runtime.portholder import port_holder
 from gateway.router import GatewayClosing
+from gateway.runtime.portholder import port_holder
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)

@@ -29,28 +29,28 @@ from importlib.metadata import entry_points
 
 import compression
 import state
-from gateway.runtime.api import LocalApi
-from gateway.auth import AuthSettings, Authorizer
+from gateway.auth import Authorizer, AuthSettings
 from gateway.commands import default_commands
 from gateway.compressing import Compressor
+from gateway.config import PLATFORMS, Config
 from gateway.cron.service import CronService
-from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
+from gateway.keys import KeyPolicy
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
-from gateway.config import PLATFORMS, Config
-from gateway.keys import KeyPolicy
-from gateway.runtime.metrics import Metrics
 from gateway.model import ModelClient, ModelSettings
-from gateway.runtime.notify import Notifier
 from gateway.oversize import max_message_tokens
-from gateway.runtime.reload import reload_config
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionRouter
+from gateway.runtime.api import LocalApi
+from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
+from gateway.runtime.metrics import Metrics
+from gateway.runtime.notify import Notifier
+from gateway.runtime.reload import reload_config
+from gateway.runtime.upkeep import StoreUpkeep
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnSettings
-from gateway.runtime.upkeep import StoreUpkeep
 from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, SendProgress
 
 log = logging.getLogger(__name__)

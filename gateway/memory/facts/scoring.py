@@ -53,8 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.memory.facts import hrr
-from gateway.memory.facts import text as _text
+from gateway.memory.facts import hrr, text as _text
 
 MODES = ("probe", "related", "reason", "contradict")
 SECONDS_PER_DAY = 86400.0

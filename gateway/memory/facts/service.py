@@ -18,9 +18,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from gateway.memory.facts import hrr, scoring
-from gateway.memory.facts import text as _text
 from gateway.errors import SwitchboardError
+from gateway.memory.facts import hrr, scoring, text as _text
 from gateway.memory.identity import identity_of
 
 log = logging.getLogger(__name__)
