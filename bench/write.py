@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _stores  # noqa: E402
-from bench._corpus import Corpus  # noqa: E402
+from bench import _stores
+from bench._corpus import Corpus
 
 MB = 1024 * 1024
 

@@ -56,7 +56,7 @@ class _Workers:
                 continue
             try:
                 outcome = (fn(), None)
-            except BaseException as exc:  # handed to the caller
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
                 outcome = (None, exc)
             try:
                 loop.call_soon_threadsafe(_settle, future, *outcome)

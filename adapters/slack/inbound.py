@@ -249,7 +249,7 @@ class Inbound:
             await self._handler(msg)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - never kills the adapter; Slack does not resend commands
+        except Exception as exc:  # never kills the adapter; Slack does not resend commands
             log.exception("slack: the gateway failed on /%s", name)
             self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
             await self._apologize(channel, message_id)

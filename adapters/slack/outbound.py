@@ -118,7 +118,7 @@ class Sender:
                 raise PartFailed(f"chat.postMessage failed: {_error_code(exc2)} (plain-text fallback too)") from None
             except Exception as exc2:  # noqa: BLE001 - reported, never raised to the gateway
                 raise PartFailed(f"chat.postMessage failed: {type(exc2).__name__}") from None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - raised as the part's failure, with what went wrong
             raise PartFailed(f"chat.postMessage failed: {type(exc).__name__}: {exc}") from None
         return str(resp.get("ts") or "")
 
@@ -142,7 +142,7 @@ class Sender:
         route.uses_left -= 1
         try:
             await self._retry(call)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - raised as the part's failure, with what went wrong
             raise PartFailed(f"response_url failed: {exc}") from None
 
 

@@ -301,7 +301,7 @@ class Gateway:
         if adapter is not None:
             try:
                 await adapter.stop()
-            except Exception:  # noqa: BLE001 - the new one starts anyway
+            except Exception:  # the new one starts anyway
                 log.exception("platform %s did not stop cleanly", name)
         status = self.config.enabled_platforms()[name]
         if status != "on":
@@ -360,7 +360,7 @@ class Gateway:
         for name, adapter in reversed(list(self.adapters.items())):
             try:
                 await adapter.stop()
-            except Exception:  # noqa: BLE001 - keep closing the rest
+            except Exception:  # keep closing the rest
                 log.exception("platform %s did not stop cleanly", name)
         await self.model.close()
         if self.db is not None:
@@ -462,7 +462,7 @@ async def _close_after_failed_start(gw: Gateway) -> None:
     """Close what a failed start had opened (the store, the model client...); the start's error is the news."""
     try:
         await gw.stop(grace_seconds=0)
-    except Exception:  # noqa: BLE001 - the original error is raised by the caller
+    except Exception:  # the original error is raised by the caller
         log.debug("cleanup after a failed start failed", exc_info=True)
 
 

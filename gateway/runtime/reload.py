@@ -93,7 +93,7 @@ async def reload_config(gw, auth_settings, *, load=load_config) -> ReloadResult:
         return result
     try:
         result = await apply_reload(gw, new, auth_settings)
-    except Exception as exc:  # noqa: BLE001 - reported below; the running config is put back
+    except Exception as exc:  # reported below; the running config is put back
         expected = isinstance(exc, (SwitchboardError, state.StateError))  # says what to do; no traceback needed
         result = ReloadResult(error=str(exc) if expected else f"{type(exc).__name__}: {exc}")
         log.error("%s", result.summary(), exc_info=not expected)
@@ -116,7 +116,7 @@ async def apply_reload(gw, new: Config, auth_settings) -> ReloadResult:
     except Exception:
         try:
             await _apply(gw, gw.config, old, auth_settings)
-        except Exception:  # noqa: BLE001 - the first error is the one to report
+        except Exception:  # the first error is the one to report
             log.exception("could not put the running config back after a failed reload")
         gw.config = old
         raise
