@@ -83,11 +83,11 @@ def create_tables(conn: sqlite3.Connection) -> None:
 
 
 def _job(row: Any) -> dict | None:
-    return dict(zip(JOB_FIELDS, row)) if row is not None else None
+    return dict(zip(JOB_FIELDS, row, strict=True)) if row is not None else None
 
 
 def _run(row: Any) -> dict | None:
-    return dict(zip(RUN_FIELDS, row)) if row is not None else None
+    return dict(zip(RUN_FIELDS, row, strict=True)) if row is not None else None
 
 
 _JOB_SELECT = "SELECT " + ", ".join(JOB_FIELDS) + " FROM cron_jobs"
@@ -255,7 +255,7 @@ def renew_cron_lease(conn: sqlite3.Connection, job_id: str, holder: str, *, now:
 
 def get_cron_lease(conn: sqlite3.Connection, job_id: str) -> dict | None:
     row = conn.execute("SELECT job_id, holder, run_id, expires_at FROM cron_leases WHERE job_id = ?", (job_id,)).fetchone()
-    return dict(zip(("job_id", "holder", "run_id", "expires_at"), row)) if row else None
+    return dict(zip(("job_id", "holder", "run_id", "expires_at"), row, strict=True)) if row else None
 
 
 def finish_cron_run(conn: sqlite3.Connection, run_id: int, *, holder: str, now: float, status: str,

@@ -143,7 +143,7 @@ class Scorer:
             length = counted
         norm = K1 * (1 - B + B * length / self.avgdl)
         total = 0.0
-        for ph, f in zip(self.phrases, freqs):
+        for ph, f in zip(self.phrases, freqs, strict=True):
             if f:
                 total += ph.idf * (f * (K1 + 1)) / (f + norm)
         return -total

@@ -496,7 +496,7 @@ def _rank(conn, texts: dict[int, tuple], scorers: list[Scorer], upto: int, windo
     sizes = [scorer.lengths(conn, indexed) for scorer in scorers]
 
     def score(i: int) -> float:
-        return sum(scorer.score(texts[i], size.get(i)) for scorer, size in zip(scorers, sizes))
+        return sum(scorer.score(texts[i], size.get(i)) for scorer, size in zip(scorers, sizes, strict=True))
 
     ranked = [-neg for _score, neg in sorted((score(i), -i) for i in newest)[:limit]]
     details = {r[0]: r for r in conn.execute(
@@ -677,7 +677,7 @@ def _like_snippet(texts: list[str | None], terms: list[str]) -> str:
 
 def _row_dict(row) -> dict:
     keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
-    return dict(zip(keys, tuple(row)))
+    return dict(zip(keys, tuple(row), strict=True))
 
 
 def _with_context(conn: sqlite3.Connection, hit: dict) -> dict:

@@ -205,7 +205,7 @@ class SessionRecall:
                         len(pending), len(tasks), self.settings.timeout_seconds)
             await asyncio.wait(pending)
         out = []
-        for item, task in zip(found, tasks):
+        for item, task in zip(found, tasks, strict=True):
             summary = None
             if task in done and not task.cancelled():
                 if task.exception() is not None:

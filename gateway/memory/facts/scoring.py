@@ -94,7 +94,10 @@ def hrr_scores(mode: str, query: str, vectors: np.ndarray) -> np.ndarray:
     n, dim = vectors.shape
     if n == 0:
         return np.zeros(0)
-    a = lambda name: hrr.atom(name, dim)  # noqa: E731
+
+    def a(name: str) -> np.ndarray:
+        return hrr.atom(name, dim)
+
     words = _text.tokens(query) or _text.words(query)
     ents = _text.query_entities(query)
     q_words = hrr.bag(words, dim)
