@@ -17,7 +17,7 @@ import functools
 import queue
 import threading
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .db import SessionDB, public_methods
 from .errors import StateError
@@ -54,6 +54,7 @@ class _Workers:
             loop, future, fn = call
             if future.cancelled():
                 continue
+            outcome: tuple[Any, BaseException | None]
             try:
                 outcome = (fn(), None)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
@@ -146,6 +147,10 @@ class AsyncSessionDB:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    if TYPE_CHECKING:
+        # SessionDB's public methods are added below, at import; the type checker cannot see them.
+        def __getattr__(self, name: str) -> Any: ...
 
 
 for _kind in ("read", "write"):
