@@ -248,7 +248,7 @@ def _is_secret(field: Any) -> bool:
     return isinstance(extra, dict) and bool(extra.get("secret"))
 
 
-def _message(err: dict, root: type[BaseModel]) -> tuple[Loc, str]:
+def _message(err: Mapping[str, Any], root: type[BaseModel]) -> tuple[Loc, str]:
     loc: Loc = tuple(err["loc"])
     kind = err["type"]
     ctx = err.get("ctx") or {}

@@ -283,7 +283,7 @@ class SessionsConfig(_Model):
         """
         chat_type = str(getattr(chat_type, "value", chat_type))
         r = self.reset
-        fields = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
+        fields: dict[str, Any] = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
         by_platform = getattr(r.by_platform, platform) if platform in PLATFORMS else None
         by_type = getattr(r.by_type, chat_type) if chat_type in CHAT_TYPES else None
         for override in (by_platform, by_type):  # later wins

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import openai
+from openai import RequestOptions
 from openai.types.chat import ChatCompletion
 
 from gateway.errors import (
@@ -145,7 +146,7 @@ class ModelClient:
         body: dict[str, Any] = {"model": model or self.settings.name, "messages": messages}
         if tools:
             body["tools"] = tools
-        options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        options: RequestOptions = {} if timeout is None else {"timeout": timeout}
 
         async def call():
             async with self._slots:

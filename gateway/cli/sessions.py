@@ -259,7 +259,7 @@ def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None
     click.echo(f"pruned {plural(db.prune_sessions(days, source), 'session')}")
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

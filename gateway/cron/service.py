@@ -378,7 +378,8 @@ class CronService:
             return run
         task = spawn(self._execute(job, run), name=f"cron:{job['id']}:{run['id']}")
         self._running[job["id"]] = task
-        task.add_done_callback(lambda t, job_id=job["id"]: self._running.pop(job_id, None) if self._running.get(job_id) is t else None)
+        job_id = job["id"]
+        task.add_done_callback(lambda t: self._running.pop(job_id, None) if self._running.get(job_id) is t else None)
         if wait:
             return await task
         return run

@@ -33,6 +33,7 @@ import hmac
 import logging
 import time
 import uuid
+from typing import cast
 
 from aiohttp import web
 
@@ -113,7 +114,8 @@ class LocalApi:
             await self._runner.cleanup()
             self._runner = None
             raise await self._bind_error(exc) from None
-        self.bound_port = site._server.sockets[0].getsockname()[1]
+        server = cast(asyncio.Server, site._server)  # TCPSite listens through loop.create_server
+        self.bound_port = server.sockets[0].getsockname()[1]
         log.info("local API listening on http://%s:%d", self.host, self.bound_port)
 
     async def _bind_error(self, exc: OSError) -> ConfigError:
