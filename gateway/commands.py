@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import state
 
@@ -19,6 +19,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from gateway.router import Lane, SessionRouter, Ticket
 
 log = logging.getLogger(__name__)
+
+
+class ManualCompression(Protocol):
+    """What /compress calls: gateway.compressing.Compressor, or a wrapper of it."""
+
+    async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]: ...
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 
@@ -64,7 +70,7 @@ class CommandSet:
 
     def __init__(self) -> None:
         self._specs: dict[str, CommandSpec] = {}
-        self.compressor = None  # set by the daemon: a gateway.compressing.Compressor
+        self.compressor: ManualCompression | None = None  # set by the daemon
 
     def add(self, name: str, description: str, usage: str, handler, *, runs_now: bool = False) -> None:
         self._specs[name] = CommandSpec(name, description, usage, runs_now, handler)

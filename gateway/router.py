@@ -122,6 +122,7 @@ class SessionRouter:
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
         # memory (issue 8): told (session id, key) when a reset or /new ends a session; must not block
         self.on_session_end: Callable[[str, str], object] | None = None
+        self.context_length: int | None = None  # the model's window, set by the daemon; /status shows the share used
 
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None) -> None:

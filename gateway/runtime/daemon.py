@@ -111,10 +111,10 @@ class Gateway:
         self._start_errors: dict[str, str] = {}
         self.api = LocalApi(self, host=config.api.host, port=config.api.port, token=config.api.token)
         self.router: SessionRouter | None = None
-        self.cron = None  # cron (issue 6): gateway.cron.service.CronService, made in start()
-        self.recall = None  # recall (issue 8): gateway.memory.recall.SessionRecall, made in start()
-        self.memory = None  # memory (issue 8): gateway.memory.files.MemoryService, made in start()
-        self.facts = None  # facts (issue 9): gateway.memory.facts.FactMemory, made in start()
+        self.cron: CronService | None = None  # made in start()
+        self.recall: SessionRecall | None = None  # made in start()
+        self.memory: MemoryService | None = None  # made in start()
+        self.facts: FactMemory | None = None  # made in start()
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
@@ -211,9 +211,10 @@ class Gateway:
         self.commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
                           self.facts.command, runs_now=True)
         self.router.on_session_end = self.facts.on_session_end(self.router.on_session_end)
-        turn.prompt_hook = self.facts.watch_compression(self.compressor)
+        watch = self.facts.watch_compression(self.compressor)
+        turn.prompt_hook = watch
         if self.commands.compressor is not None:
-            self.commands.compressor = turn.prompt_hook
+            self.commands.compressor = watch
         await self.facts.start(sweep=self.serve_api)
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
@@ -374,7 +375,7 @@ class Gateway:
     # -- health -----------------------------------------------------------
     def _cron_health(self) -> dict:
         """Scheduled jobs armed in this process and when the next one fires."""
-        armed = self.cron.armed() if self.cron is not None else {}
+        armed: dict[str, float] = self.cron.armed() if self.cron is not None else {}
         nxt = min(armed.values()) if armed else None
         return {"jobs_armed": len(armed), "next_run_at": nxt}
 
