@@ -130,7 +130,7 @@ class AsyncSessionDB:
 
     async def close(self) -> None:
         writer, readers = self._writer, self._readers
-        if writer is None:
+        if writer is None or readers is None:
             return
         self._writer = self._readers = None
         loop = asyncio.get_running_loop()

@@ -674,7 +674,7 @@ class SessionDB:
 
     @_writes
     def record_cron_delivery(self, run_id: int, *, now: float, ok: bool, error: str | None = None,
-                             retry_at: float | None = None) -> dict:
+                             retry_at: float | None = None) -> dict | None:
         return self._engine.write(_cron.record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
 
     # --- facts ---------------------------------------------------------------
