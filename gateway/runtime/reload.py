@@ -20,12 +20,16 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import state
 from gateway.config import PLATFORMS, Config, load_config
 from gateway.cron.service import config_jobs
 from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gateway.runtime.daemon import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +85,7 @@ def needs_restart(old: Config, new: Config) -> list[str]:
     return [k for k in diff if k.split(".")[0] not in LIVE_SECTIONS]
 
 
-async def reload_config(gw, auth_settings, *, load=load_config) -> ReloadResult:
+async def reload_config(gw: Gateway, auth_settings, *, load=load_config) -> ReloadResult:
     """Re-read ``gw.config.source``, apply it to the running gateway ``gw`` and log one line saying
     what happened.  Never raises for a bad file or a failed apply: ``error`` says why."""
     try:
@@ -102,7 +106,7 @@ async def reload_config(gw, auth_settings, *, load=load_config) -> ReloadResult:
     return result
 
 
-async def apply_reload(gw, new: Config, auth_settings) -> ReloadResult:
+async def apply_reload(gw: Gateway, new: Config, auth_settings) -> ReloadResult:
     """Apply ``new`` to the running gateway ``gw``.  On an error part-way, the sections already
     applied are applied again from the running config, then the error is raised."""
     old: Config = gw.config
@@ -123,7 +127,7 @@ async def apply_reload(gw, new: Config, auth_settings) -> ReloadResult:
     return result
 
 
-async def _apply(gw, old: Config, new: Config, auth_settings) -> tuple[list[str], dict]:
+async def _apply(gw: Gateway, old: Config, new: Config, auth_settings) -> tuple[list[str], dict]:
     router = gw.router
     router.authorizer.update(auth_settings(new))
     router.settings = dataclasses.replace(
