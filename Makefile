@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean systemd-tools
+.PHONY: run test check bench clean systemd-tools
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	$(BIN)/switchboard run --config $${SWITCHBOARD_CONFIG:-config.example.yaml}
 
-test: $(STAMP) systemd-tools
+test: check systemd-tools
 	$(BIN)/python -m pytest -q
+
+# The linter and the type checker (settings in pyproject.toml); `make test` runs them first.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The unit-file tests run systemd-analyze and libseccomp; install them when we can (root, Debian).
 systemd-tools:
@@ -29,4 +34,4 @@ bench: $(STAMP)
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._corpus import Corpus  # noqa: E402
-from state import fts  # noqa: E402
+from bench._corpus import Corpus
+from state import fts
 
 DATA = ROOT / "bench" / ".data"
 DESIGNS = ("seed", "ours")
@@ -124,7 +124,7 @@ def build(design: str, n: int, log=print) -> Path:
     done, t0, sessions_done = 0, time.perf_counter(), 0
     chunk = 20_000
     while done < n:
-        rows = [row for _, row in zip(range(min(chunk, n - done)), stream)]
+        rows = [row for _, row in zip(range(min(chunk, n - done)), stream, strict=False)]
         conn.execute("BEGIN")
         new_sessions = corpus.sessions[sessions_done:]
         conn.executemany(

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import running_gateway  # noqa: E402
+from tests.harness import running_gateway
 
 GATEWAY = {"auth": {"allow_all": True}, "logging": {"level": "WARNING"}, "model": {"max_concurrent_calls": 64}}
 

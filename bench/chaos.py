@@ -29,11 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.crashkit import ChaosRun, Plan, TelegramSide  # noqa: E402
-from tests.fakes.model_server import start_in_process as start_model  # noqa: E402
-from tests.fakes.telegram import FakeTelegram  # noqa: E402
-
-
+from tests.crashkit import ChaosRun, Plan, TelegramSide
+from tests.fakes.model_server import start_in_process as start_model
+from tests.fakes.telegram import FakeTelegram
 
 
 async def main() -> None:

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from compression import build_summary_request, compress_session, plan  # noqa: E402
-from state import AsyncSessionDB  # noqa: E402
+from compression import build_summary_request, compress_session, plan
+from state import AsyncSessionDB
 
 TARGET_MS = 50.0
 CONTEXT_LENGTH = 128_000

@@ -37,9 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._corpus import Corpus  # noqa: E402
-from bench._stores import SEED_SCHEMA  # noqa: E402
-from state import SessionDB  # noqa: E402
+from bench._corpus import Corpus
+from bench._stores import SEED_SCHEMA
+from state import SessionDB
 
 
 class SeedStore:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import state  # noqa: E402
-from gateway.memory.facts import hrr  # noqa: E402
-from gateway.memory.facts.service import FactService, FactSettings  # noqa: E402
+import state
+from gateway.memory.facts import hrr
+from gateway.memory.facts.service import FactService, FactSettings
 
 NOW = 1_800_000_000.0
 AGENT, USER = "main", "telegram:1001"

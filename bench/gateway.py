@@ -34,7 +34,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the gateway package, not this script (bench/gateway.py), for ``import gateway``
 
-from tests.fakes.model_server import start_in_process as start_model  # noqa: E402
+from tests.fakes.model_server import start_in_process as start_model
+
 SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
 
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._corpus import Corpus  # noqa: E402
-from bench._stores import SEED_SCHEMA  # noqa: E402
-from state import SessionDB  # noqa: E402
+from bench._corpus import Corpus
+from bench._stores import SEED_SCHEMA
+from state import SessionDB
 
 SEED_QUERY = """
 SELECT s.*,
@@ -123,8 +123,8 @@ def main() -> None:
             offset = kwargs.get("offset", 0)
             sql = SEED_QUERY.format(where=where)
             runs = {
-                "seed": lambda: seed.execute(sql, (*params, 20, offset)).fetchall(),
-                "ours": lambda: ours.list_sessions_rich(limit=20, **kwargs),
+                "seed": lambda: seed.execute(sql, (*params, 20, offset)).fetchall(),  # noqa: B023 - called within this iteration
+                "ours": lambda: ours.list_sessions_rich(limit=20, **kwargs),  # noqa: B023 - called within this iteration
             }
             previews = {}
             for design, fn in runs.items():

@@ -36,11 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import _stores  # noqa: E402
-from bench._corpus import QUERIES  # noqa: E402
-from gateway.tools import ToolContext  # noqa: E402
-from tests.fakes.model_server import FakeModel  # noqa: E402
-from tests.harness import running_gateway  # noqa: E402
+from bench import _stores
+from bench._corpus import QUERIES
+from gateway.tools import ToolContext
+from tests.fakes.model_server import FakeModel
+from tests.harness import running_gateway
 
 TARGET_P95_MS = 150.0
 OPERATOR = ("slack", "UOPERATOR")

@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import state  # noqa: E402
-from bench._corpus import Corpus  # noqa: E402
-from state import schema  # noqa: E402
+import state
+from bench._corpus import Corpus
+from state import schema
 
 DATA = ROOT / "bench" / ".data"
 DAY = 86_400.0
@@ -72,7 +72,7 @@ def build(n: int) -> Path:
     stream = corpus.messages(n)
     done, sessions_done, t0 = 0, 0, time.perf_counter()
     while done < n:
-        rows = [row for _, row in zip(range(min(20_000, n - done)), stream)]
+        rows = [row for _, row in zip(range(min(20_000, n - done)), stream, strict=False)]
         conn.execute("BEGIN")
         conn.executemany("INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
                          [(s.id, s.source, s.model, s.started_at) for s in corpus.sessions[sessions_done:]])

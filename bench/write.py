@@ -16,15 +16,14 @@ the same appends through ``SessionDB.append_message`` are measured too.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _stores  # noqa: E402
-from bench._corpus import Corpus  # noqa: E402
+from bench import _stores
+from bench._corpus import Corpus
 
 MB = 1024 * 1024
 

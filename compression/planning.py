@@ -20,12 +20,13 @@ compression that runs always has something to gain.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 from .summary import is_summary, summary_text
 from .tokens import estimate_message_tokens
 
 Message = Mapping[str, Any]
+M = TypeVar("M", bound=Message)  # fit_to_window hands back the caller's own messages
 
 TAIL_SHARE = 0.20
 
@@ -142,12 +143,12 @@ def plan(
 
 
 def fit_to_window(
-    messages: Sequence[Message],
+    messages: Sequence[M],
     context_length: int,
     *,
     head: int = 3,
     reserve_tokens: int = 0,
-) -> tuple[list[Message], int]:
+) -> tuple[list[M], int]:
     """The prompt ``messages`` trimmed to fit ``context_length - reserve_tokens``, and how many were dropped.
 
     For a conversation too short to compress that still does not fit (a few

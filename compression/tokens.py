@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 CHARS_PER_TOKEN = 3.5
 MESSAGE_OVERHEAD = 4
@@ -166,7 +166,7 @@ def estimate_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
 
 
 def prompt_tokens(
-    messages: list[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, Any]],
     *,
     reported_prompt_tokens: int | None = None,
     reported_message_count: int | None = None,

@@ -106,7 +106,7 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 def parse_yaml(text: str, file: str) -> dict:
     """Parse the file into a mapping; a syntax error names the line and column."""
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        data = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.MarkedYAMLError as exc:
         # Built from problem + position only: PyYAML's own str() quotes the
         # offending line, which may hold a token.
@@ -258,7 +258,7 @@ def _is_secret(field: Any) -> bool:
     return isinstance(extra, dict) and bool(extra.get("secret"))
 
 
-def _message(err: dict, root: type[BaseModel]) -> tuple[Loc, str]:
+def _message(err: Mapping[str, Any], root: type[BaseModel]) -> tuple[Loc, str]:
     loc: Loc = tuple(err["loc"])
     kind = err["type"]
     ctx = err.get("ctx") or {}

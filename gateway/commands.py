@@ -8,7 +8,6 @@ commands that change the session (``/new``, ``/reset``, ``/resume``,
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 from dataclasses import dataclass
@@ -20,6 +19,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from gateway.router import Lane, SessionRouter, Ticket
 
 log = logging.getLogger(__name__)
+
+
+class ManualCompression(Protocol):
+    """What /compress calls: gateway.compressing.Compressor, or a wrapper of it."""
+
+    async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]: ...
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
-import re
 import typing
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -57,8 +56,8 @@ from pydantic import (
 )
 
 from gateway import _config_load
-from gateway.durations import parse_duration
 from gateway._config_load import KeyedError, describe
+from gateway.durations import parse_duration
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -305,7 +304,7 @@ class SessionsConfig(_Model):
         """
         chat_type = str(getattr(chat_type, "value", chat_type))
         r = self.reset
-        fields = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
+        fields: dict[str, Any] = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
         by_platform = getattr(r.by_platform, platform) if platform in PLATFORMS else None
         by_type = getattr(r.by_type, chat_type) if chat_type in CHAT_TYPES else None
         for override in (by_platform, by_type):  # later wins

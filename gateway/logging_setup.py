@@ -96,7 +96,7 @@ class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
-        except Exception:  # a bad %-format call: keep what we have, still masked
+        except Exception:  # noqa: BLE001 - a bad %-format call: keep what we have, still masked
             message = f"{record.msg} {record.args!r}"
         record.msg = self.redactor(message)
         record.args = None

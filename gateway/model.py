@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import openai
-from openai import AsyncStream
+from openai import AsyncStream, RequestOptions
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.errors import (
@@ -156,7 +156,7 @@ class ModelClient:
         body: dict[str, Any] = {"model": model or self.settings.name, "messages": messages}
         if tools:
             body["tools"] = tools
-        options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        options: RequestOptions = {} if timeout is None else {"timeout": timeout}
         if on_text is not None:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -206,7 +206,7 @@ class ModelClient:
             finish_reason=choice.finish_reason,
         )
 
-    async def _streamed(self, body: dict, options: dict, on_text: Callable[[str], None]) -> Completion:
+    async def _streamed(self, body: dict, options: RequestOptions, on_text: Callable[[str], None]) -> Completion:
         """One streamed call, put together into a :class:`Completion`; text goes to ``on_text`` as it comes."""
         answer = _StreamedAnswer()
         stream = await self._client.post("/chat/completions", cast_to=ChatCompletion, body=body, options=options,

@@ -69,7 +69,7 @@ async def retry_async(
             return await call()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - classify decides
+        except Exception as exc:  # classify decides
             asked = classify(exc)
             attempt += 1
             if asked is None or attempt >= max_attempts:

@@ -33,8 +33,8 @@ from gateway.errors import GatewayClosing, ModelUnavailable
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
-from gateway.tasks import spawn
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing
+from gateway.tasks import spawn
 from gateway.turn import EMPTY_ANSWER, AgentTurn, TurnRequest, TurnResult
 from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 
@@ -302,7 +302,7 @@ class SessionRouter:
         if self.hooks.on_session_end is not None:
             try:
                 self.hooks.on_session_end(session_id, key)
-            except Exception:  # noqa: BLE001 - memory is best effort; the reset goes on
+            except Exception:  # memory is best effort; the reset goes on
                 log.exception("session-end hook failed for %s", session_id)
 
     async def start_session(self, key: str, msg: InboundMessage, *, follows: dict | None = None,
@@ -356,7 +356,7 @@ class SessionRouter:
             if track:
                 lane.current = asyncio.current_task()
             text = await self.commands.run(command, ticket, self, lane)
-        except Exception as exc:  # noqa: BLE001 - a command never takes the lane down
+        except Exception as exc:  # a command never takes the lane down
             log.exception("command /%s failed", command.name)
             text = f"/{command.name} failed: {exc}"
         finally:
@@ -403,7 +403,7 @@ class SessionRouter:
         except ModelUnavailable as exc:
             log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
             text = failure_line(exc)
-        except Exception:  # noqa: BLE001 - the user gets an answer, the lane lives on
+        except Exception:  # the user gets an answer, the lane lives on
             log.exception("turn for %s failed", lane.key)
             text = "Something went wrong while answering. Your message is saved; send another message to try again."
         finally:
@@ -501,7 +501,7 @@ class SessionRouter:
                 return  # the answer shows as it is written: no indicator needed, and none spends the budget
             try:
                 await typer(chat)
-            except Exception:  # noqa: BLE001 - typing is best effort
+            except Exception:  # typing is best effort
                 log.debug("typing indicator failed for %s", chat.platform, exc_info=True)
             await asyncio.sleep(TYPING_EVERY_SECONDS)
 

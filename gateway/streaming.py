@@ -273,7 +273,7 @@ class ReplyStream:
                 continue  # the chat's budget is paused for retry_after: the next try waits for it
             except PlatformHTTPError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - retried, then reported
+            except Exception as exc:  # retried, then reported
                 if attempt == FINAL_ATTEMPTS:
                     raise
                 log.info("final part to %s failed (%s); trying again", self._chat.chat_id, exc)

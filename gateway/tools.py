@@ -69,6 +69,6 @@ class ToolRegistry:
             return f"error: arguments for {name} are not valid JSON ({exc})"
         try:
             return await tool.handler(ctx, args)
-        except Exception as exc:  # noqa: BLE001 - the model reads the failure as the tool's result
+        except Exception as exc:  # the model reads the failure as the tool's result
             log.warning("tool %s failed: %s", name, exc, exc_info=True)
             return f"error: {name} failed: {exc}"

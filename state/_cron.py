@@ -22,11 +22,10 @@ Times are passed in by the caller (the gateway's clock), never read here.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, overload
 
 from . import _sessions
 from .errors import CronJobExists, CronJobNotFound
-
 
 JOB_FIELDS = ("id", "name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds", "source",
               "paused", "created_at", "updated_at", "next_run_at", "last_run_at")
@@ -62,12 +61,25 @@ def create_tables(conn: sqlite3.Connection) -> None:
     )
 
 
-def _job(row: Any) -> dict | None:
-    return dict(zip(JOB_FIELDS, row)) if row is not None else None
+@overload
+def _job(row: None) -> None: ...
+@overload
+def _job(row: tuple) -> dict: ...
+def _job(row: tuple | None) -> dict | None:
+    return dict(zip(JOB_FIELDS, row, strict=True)) if row is not None else None
 
 
-def _run(row: Any) -> dict | None:
-    return dict(zip(RUN_FIELDS, row)) if row is not None else None
+@overload
+def _run(row: None) -> None: ...
+@overload
+def _run(row: tuple) -> dict: ...
+def _run(row: tuple | None) -> dict | None:
+    return dict(zip(RUN_FIELDS, row, strict=True)) if row is not None else None
+
+
+def _existing(row: dict | None) -> dict:
+    assert row is not None, "read back in the transaction that wrote it"
+    return row
 
 
 _JOB_SELECT = "SELECT " + ", ".join(JOB_FIELDS) + " FROM cron_jobs"
@@ -112,7 +124,7 @@ def update_cron_job(conn: sqlite3.Connection, job_id: str, changes: dict, *, now
         sets["next_run_at"] = next_run_at
     sets["updated_at"] = now
     conn.execute(f"UPDATE cron_jobs SET {', '.join(f'{k} = ?' for k in sets)} WHERE id = ?", [*sets.values(), job_id])
-    return get_cron_job(conn, job_id)
+    return _existing(get_cron_job(conn, job_id))
 
 
 def set_cron_job_paused(conn: sqlite3.Connection, job_id: str, paused: bool, *, now: float,
@@ -124,7 +136,7 @@ def set_cron_job_paused(conn: sqlite3.Connection, job_id: str, paused: bool, *, 
     else:
         conn.execute("UPDATE cron_jobs SET paused = ?, updated_at = ?, next_run_at = ? WHERE id = ?",
                      (int(paused), now, next_run_at, job_id))
-    return get_cron_job(conn, job_id)
+    return _existing(get_cron_job(conn, job_id))
 
 
 def remove_cron_job(conn: sqlite3.Connection, job_id: str) -> bool:
@@ -235,7 +247,7 @@ def renew_cron_lease(conn: sqlite3.Connection, job_id: str, holder: str, *, now:
 
 def get_cron_lease(conn: sqlite3.Connection, job_id: str) -> dict | None:
     row = conn.execute("SELECT job_id, holder, run_id, expires_at FROM cron_leases WHERE job_id = ?", (job_id,)).fetchone()
-    return dict(zip(("job_id", "holder", "run_id", "expires_at"), row)) if row else None
+    return dict(zip(("job_id", "holder", "run_id", "expires_at"), row, strict=True)) if row else None
 
 
 def finish_cron_run(conn: sqlite3.Connection, run_id: int, *, holder: str, now: float, status: str,
@@ -327,9 +339,10 @@ def claim_cron_delivery(conn: sqlite3.Connection, run_id: int, *, now: float, ho
 
 
 def record_cron_delivery(conn: sqlite3.Connection, run_id: int, *, now: float, ok: bool, error: str | None = None,
-                         retry_at: float | None = None) -> dict:
+                         retry_at: float | None = None) -> dict | None:
     """One delivery attempt's outcome: delivered (status ok), or failed (status delivery_failed),
-    to be retried at ``retry_at`` or, when None, given up."""
+    to be retried at ``retry_at`` or, when None, given up.  The run as recorded; None when its job
+    was removed while it was being delivered."""
     if ok:
         conn.execute(
             "UPDATE cron_runs SET delivery = 'delivered', delivered_at = ?, next_delivery_at = NULL, status = 'ok',"

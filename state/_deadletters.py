@@ -44,6 +44,7 @@ def add_dead_letter(conn: sqlite3.Connection, *, platform: str, event_id: str | 
         "updated_at) VALUES (?, ?, ?, ?, ?, ?, 'held', ?, ?)",
         (platform, event_id, payload, message, error, attempts, now, now),
     )
+    assert cur.lastrowid is not None  # set by every INSERT
     return cur.lastrowid
 
 

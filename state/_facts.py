@@ -108,6 +108,7 @@ def add_fact(conn: sqlite3.Connection, agent: str, user_scope: str, content: str
         (agent, user_scope, owner_token(agent, user_scope), content, json.dumps(list(entities), ensure_ascii=False),
          session_id, float(trust), now, now, hrr),
     )
+    assert cur.lastrowid is not None  # set by every INSERT
     return int(cur.lastrowid)
 
 

@@ -23,6 +23,7 @@ import re
 import sqlite3
 import unicodedata
 from dataclasses import dataclass
+from typing import Sequence
 
 from ._fts_query import Term, quote
 
@@ -127,7 +128,7 @@ class Scorer:
             out[msg_id] = total
         return out
 
-    def score(self, columns: list[str | None], length: int | None = None) -> float:
+    def score(self, columns: Sequence[str | None], length: int | None = None) -> float:
         """The (negated: lower is better, like FTS5's) BM25 of one message's indexed columns."""
         freqs = [0] * len(self.phrases)
         counted = 0
@@ -143,12 +144,12 @@ class Scorer:
             length = counted
         norm = K1 * (1 - B + B * length / self.avgdl)
         total = 0.0
-        for ph, f in zip(self.phrases, freqs):
+        for ph, f in zip(self.phrases, freqs, strict=True):
             if f:
                 total += ph.idf * (f * (K1 + 1)) / (f + norm)
         return -total
 
-    def snippet(self, columns: list[str | None]) -> str:
+    def snippet(self, columns: Sequence[str | None]) -> str:
         """The best column's matches in context, ``>>>marked<<<``."""
         best, best_hits = "", 0
         for text in columns:
@@ -191,7 +192,7 @@ class Scorer:
         return substring_snippet(text, [ph.tokens[0] for ph in self.phrases])
 
 
-def substring_snippet(text: str, terms: list[str]) -> tuple[str, int]:
+def substring_snippet(text: str, terms: Sequence[str]) -> tuple[str, int]:
     """Around the first match of any of ``terms`` (case-insensitively), every match marked."""
     folded = fold(text)
     if len(folded) != len(text):  # a character whose lower case is longer: match as written

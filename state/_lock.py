@@ -178,7 +178,7 @@ class ProcessWriteLock:
                     if now >= self._lease_end or not self._queued_behind(leased):
                         self._release_locked()
         ticket = self._ticket(deadline)
-        own, prev = _slot(ticket), _slot(ticket - 1)
+        prev = _slot(ticket - 1)
         with self._state:
             idle = self._pending == 0
         # while our helper still waits on a cancelled turn, its locks are ours too (same open
@@ -289,7 +289,7 @@ class ProcessWriteLock:
                 came = time.monotonic()
                 try:
                     request.result = request.fn()
-                except BaseException as exc:  # handed to the caller
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
                     request.error = exc
                 with self._state:
                     self._pending -= 1

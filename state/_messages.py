@@ -87,6 +87,7 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
          timestamp, message.get("token_count"), message.get("finish_reason"), reasoning,
          _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id),
     )
+    assert cur.lastrowid is not None  # set by every INSERT
     return Appended(cur.lastrowid, True)
 
 

@@ -38,7 +38,7 @@ def request_pairing(conn: sqlite3.Connection, platform: str, user_id: str, user_
         " WHERE platform = ? AND user_id = ?", (platform, user_id),
     ).fetchone()
     if row is not None:
-        return dict(zip(("platform", "user_id", "user_name", "code", "created_at", "expires_at"), row))
+        return dict(zip(("platform", "user_id", "user_name", "code", "created_at", "expires_at"), row, strict=True))
     pending = conn.execute("SELECT COUNT(*) FROM pairing_requests WHERE platform = ?", (platform,)).fetchone()[0]
     if pending >= max_pending:
         return None
@@ -60,8 +60,8 @@ def list_pairing(conn: sqlite3.Connection, now: float | None = None) -> dict:
         "SELECT platform, user_id, user_name, approved_at FROM approved_users ORDER BY approved_at"
     ).fetchall()
     return {
-        "pending": [dict(zip(("platform", "user_id", "user_name", "code", "created_at", "expires_at"), r)) for r in pending],
-        "approved": [dict(zip(("platform", "user_id", "user_name", "approved_at"), r)) for r in approved],
+        "pending": [dict(zip(("platform", "user_id", "user_name", "code", "created_at", "expires_at"), r, strict=True)) for r in pending],
+        "approved": [dict(zip(("platform", "user_id", "user_name", "approved_at"), r, strict=True)) for r in approved],
     }
 
 

@@ -190,7 +190,7 @@ def _details(conn, ids: list[int], terms: list[str]) -> list[dict]:
     for msg_id in ids:
         row = rows.get(msg_id)
         if row is not None:
-            hit = dict(zip(keys, tuple(row[:7])))
+            hit = dict(zip(keys, tuple(row[:7]), strict=True))
             hit["snippet"] = fts._like_snippet(list(row[7:]), terms)
             hits.append(hit)
     return hits
@@ -215,7 +215,7 @@ def recent_sessions(
         " ORDER BY ifnull(s.last_active, s.started_at) DESC, s.id DESC LIMIT ?",
         [*args, int(limit)],
     ).fetchall()
-    return [dict(zip(_META, tuple(r))) for r in rows]
+    return [dict(zip(_META, tuple(r), strict=True)) for r in rows]
 
 
 def recall_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> list[dict]:
@@ -225,7 +225,7 @@ def recall_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> list[di
         row = conn.execute(f"SELECT {', '.join(_META)} FROM sessions WHERE id = ?", (sid,)).fetchone()
         if row is None:
             continue
-        session = dict(zip(_META, tuple(row)))
+        session = dict(zip(_META, tuple(row), strict=True))
         session["messages"] = [
             {"id": r[0], "role": r[1], "content": r[2], "tool_calls": r[3], "tool_name": r[4], "timestamp": r[5]}
             for r in conn.execute(

@@ -92,7 +92,8 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     dropped = sorted(set(session_ids) - set(still))
     if not still:
         return PruneStep([], dropped, 0)
-    doomed, total = [], 0
+    doomed: list = []
+    total = 0
     for msg_id, size in conn.execute(
         "SELECT id, length(CAST(ifnull(content, '') AS BLOB)) + length(CAST(ifnull(tool_calls, '') AS BLOB))"
         f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
@@ -246,7 +247,8 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
         queue = await db.expired_sessions(now - retention_days * DAY)
         pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
         while queue:
-            batch, weight = [], 0
+            batch: list = []
+            weight = 0
             for sid, count in queue:
                 if batch and weight + count > BATCH_MESSAGES:
                     break

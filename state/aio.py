@@ -17,7 +17,7 @@ import functools
 import queue
 import threading
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .db import SessionDB, public_methods
 from .errors import StateError
@@ -54,9 +54,10 @@ class _Workers:
             loop, future, fn = call
             if future.cancelled():
                 continue
+            outcome: tuple[Any, BaseException | None]
             try:
                 outcome = (fn(), None)
-            except BaseException as exc:  # handed to the caller
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
                 outcome = (None, exc)
             try:
                 loop.call_soon_threadsafe(_settle, future, *outcome)
@@ -129,7 +130,7 @@ class AsyncSessionDB:
 
     async def close(self) -> None:
         writer, readers = self._writer, self._readers
-        if writer is None:
+        if writer is None or readers is None:
             return
         self._writer = self._readers = None
         loop = asyncio.get_running_loop()
@@ -146,6 +147,10 @@ class AsyncSessionDB:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    if TYPE_CHECKING:
+        # SessionDB's public methods are added below, at import; the type checker cannot see them.
+        def __getattr__(self, name: str) -> Any: ...
 
 
 for _kind in ("read", "write"):

@@ -13,8 +13,20 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, TypeVar
 
-from . import (_cron, _deadletters, _facts, _messages, _pairing, _recall, _recovery, _routes, _sessions, _titles,
-               _transfer, _upkeep)
+from . import (
+    _cron,
+    _deadletters,
+    _facts,
+    _messages,
+    _pairing,
+    _recall,
+    _recovery,
+    _routes,
+    _sessions,
+    _titles,
+    _transfer,
+    _upkeep,
+)
 from ._engine import Engine
 from ._messages import Appended
 from .paths import default_db_path
@@ -662,7 +674,7 @@ class SessionDB:
 
     @_writes
     def record_cron_delivery(self, run_id: int, *, now: float, ok: bool, error: str | None = None,
-                             retry_at: float | None = None) -> dict:
+                             retry_at: float | None = None) -> dict | None:
         return self._engine.write(_cron.record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
 
     # --- facts ---------------------------------------------------------------

@@ -74,7 +74,7 @@ import logging
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ._fts_query import (
     CJK_GLOB,
@@ -501,14 +501,14 @@ def _texts(conn, ids: list[int]) -> dict[int, tuple]:
 
 
 def _rank(conn, texts: dict[int, tuple], scorers: list[Scorer], upto: int, window: int, limit: int,
-          like_terms: list[str] = ()) -> list[dict]:
+          like_terms: Sequence[str] = ()) -> list[dict]:
     """The best ``limit`` of the newest ``window`` candidates, as hits with their snippets."""
     newest = sorted(texts, reverse=True)[:window]
     indexed = [i for i in newest if i <= upto]
     sizes = [scorer.lengths(conn, indexed) for scorer in scorers]
 
     def score(i: int) -> float:
-        return sum(scorer.score(texts[i], size.get(i)) for scorer, size in zip(scorers, sizes))
+        return sum(scorer.score(texts[i], size.get(i)) for scorer, size in zip(scorers, sizes, strict=True))
 
     ranked = [-neg for _score, neg in sorted((score(i), -i) for i in newest)[:limit]]
     details = {r[0]: r for r in conn.execute(
@@ -582,7 +582,7 @@ def _ids_in(conn, node: Node, tables: dict, lo: int, hi: int, within: set[int] |
     return found - other if node.op == "NOT" else found & other
 
 
-def matching_ids(conn: sqlite3.Connection, tree: Node, where: str = "", args: list = (),
+def matching_ids(conn: sqlite3.Connection, tree: Node, where: str = "", args: Sequence = (),
                  need_s: bool = False, limit: int = RANK_WINDOW) -> list[int]:
     """The newest ``limit`` messages (indexed or pending) that match a parsed query, newest first.
 
@@ -677,7 +677,7 @@ def _load_tail(conn, upto: int, where: str, args: list, need_s: bool):
     return mem, rows
 
 
-def _like_snippet(texts: list[str | None], terms: list[str]) -> str:
+def _like_snippet(texts: list[str | None], terms: Sequence[str]) -> str:
     for text in texts:
         if text:
             cut, hits = substring_snippet(text, terms)
@@ -688,7 +688,7 @@ def _like_snippet(texts: list[str | None], terms: list[str]) -> str:
 
 def _row_dict(row) -> dict:
     keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
-    return dict(zip(keys, tuple(row)))
+    return dict(zip(keys, tuple(row), strict=True))
 
 
 def _with_context(conn: sqlite3.Connection, hit: dict) -> dict:

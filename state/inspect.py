@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ._deadletters import count_dead_letters
 from ._upkeep import LAST_UPKEEP, recorded, store_size
@@ -48,7 +49,7 @@ def inspect_database(path: Path | str) -> DatabaseReport:
     if not path.exists():
         return DatabaseReport(path, exists=False, supported_version=supported)
     wal = path.with_name(path.name + "-wal")
-    sizes = {"size_bytes": path.stat().st_size, "wal_bytes": wal.stat().st_size if wal.exists() else 0}
+    sizes: dict[str, Any] = {"size_bytes": path.stat().st_size, "wal_bytes": wal.stat().st_size if wal.exists() else 0}
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
     except sqlite3.Error as exc:

@@ -471,7 +471,7 @@ class Outcome:
         (sent again without a model call), so the first answer a resumed turn gave."""
         sent_at = {m.text: m.at for m in self.messages}
         out = []
-        for kill, start in zip(self.kills, self.starts[1:]):
+        for kill, start in zip(self.kills, self.starts[1:], strict=False):
             stored_before = {(chat, text.strip()) for chat, text in kill.pending} if new_turns_only else set()
             resumed = [r.at for r in self.replies
                        if r.at >= start.spawned and sent_at.get(r.echoes or "", kill.at) < kill.at

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 
@@ -289,7 +288,10 @@ async def test_attachments_image_downloaded_with_vision_files_described(fake, st
     )
     await fake.dm(fake.alice, "look", attachments=atts)
     [msg] = await handler.wait_for(1)
-    url = lambda i: atts[i]["url"]  # noqa: E731
+
+    def url(i):
+        return atts[i]["url"]
+
     assert msg.attachments == (
         Attachment(kind="image", name="cat.png", mime_type="image/png", size=len(png), url=url(0), data=png),
         Attachment(kind="file", name="report.pdf", mime_type="application/pdf", size=8, url=url(1)),

@@ -11,7 +11,7 @@ import pytest
 from adapters.discord import DiscordAdapter
 from adapters.discord.format import to_discord, to_plain
 from gateway.retry import Backoff
-from gateway.types import ChatRef, ChatType, Delivery, InboundMessage
+from gateway.types import ChatRef, ChatType, Delivery
 from tests.fakes.discord import FakeDiscord, Request
 from tests.harness import eventually
 from tests.recording import Recorder

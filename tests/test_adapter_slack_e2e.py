@@ -12,12 +12,10 @@ from __future__ import annotations
 import pytest
 
 from adapters.slack import SlackAdapter
-from gateway.config import Config
 from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
-from tests.harness import eventually, gateway_config
-from tests.harness import stored_routes
+from tests.harness import eventually, gateway_config, stored_routes
 
 
 @pytest.fixture(autouse=True)

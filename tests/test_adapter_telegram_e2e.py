@@ -12,12 +12,10 @@ from __future__ import annotations
 import pytest
 
 from adapters.telegram import TelegramAdapter
-from gateway.config import Config
 from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import FakeModel
 from tests.fakes.telegram import FakeTelegram
-from tests.harness import gateway_config
-from tests.harness import stored_routes
+from tests.harness import gateway_config, stored_routes
 
 ANN = FakeTelegram.user(111, "Ann")
 BOB = FakeTelegram.user(222, "Bob")

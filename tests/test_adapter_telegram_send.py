@@ -11,7 +11,6 @@ from gateway.types import ChatRef, ChatType
 from tests.fakes.telegram import FakeTelegram, check_html
 from tests.test_adapter_telegram import ANN, TEAM, Recorder, bot, make_adapter, tg  # noqa: F401 - bot, tg: fixtures
 
-
 DM = ChatRef("telegram", "111")
 
 

@@ -152,7 +152,7 @@ async def test_a_second_signal_while_draining_exits_at_once(tmp_path):
         notify = NotifySocket(tmp_path / "notify.sock")
         proc = await start_daemon(config, {"NOTIFY_SOCKET": str(notify.path)})
         try:
-            status = await notify.wait_for(lambda l: l.startswith("STATUS=serving"))
+            status = await notify.wait_for(lambda line: line.startswith("STATUS=serving"))
             port = int(re.search(r"API on 127\.0\.0\.1:(\d+)", status).group(1))
             async with aiohttp.ClientSession() as http:
                 pending = asyncio.create_task(http.post(
@@ -160,7 +160,7 @@ async def test_a_second_signal_while_draining_exits_at_once(tmp_path):
                     headers={"X-Session-Key": "slow"}))
                 await model.wait_for_requests(1)
                 proc.send_signal(signal.SIGINT)
-                await notify.wait_for(lambda l: l == "STOPPING=1")
+                await notify.wait_for(lambda line: line == "STOPPING=1")
                 started = time.monotonic()
                 proc.send_signal(signal.SIGINT)
                 code = await asyncio.wait_for(proc.wait(), 10)

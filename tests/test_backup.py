@@ -8,14 +8,13 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from gateway.runtime import backup as backup_mod
 from gateway.cli.service import backup_cmd, restore_cmd
+from gateway.runtime import backup as backup_mod
 from state import SessionDB, new_session_id
 
 # Appends "msg <i>" through the real store, one transaction each, and prints i
@@ -110,7 +109,7 @@ def test_backup_while_another_process_writes_holds_every_committed_message(tmp_p
     assert live_after > summary.messages  # the writer went on committing past the snapshot
     # many steps, and never restarted by the writer's commits: the remaining count only falls
     assert len(steps) > 20
-    assert all(later[0] < earlier[0] for earlier, later in zip(steps, steps[1:]))
+    assert all(later[0] < earlier[0] for earlier, later in zip(steps, steps[1:], strict=False))
     assert _integrity(target) == ["ok"]
     contents = [c.split(" ")[1] for c in _messages(target)]
     # every message committed before the backup began, in order, and no gaps after

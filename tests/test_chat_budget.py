@@ -10,18 +10,16 @@ import asyncio
 
 import pytest
 
+from adapters.discord import DiscordAdapter
 from adapters.discord.outbound import CHANNEL_RATE as DISCORD_CHANNEL
 from adapters.slack.adapter import CHANNEL_RATE as SLACK_CHANNEL
-from adapters.telegram.adapter import CHAT_RATE as TELEGRAM_CHAT
-from adapters.telegram.adapter import GROUP_RATE as TELEGRAM_GROUP
-from adapters.discord import DiscordAdapter
+from adapters.telegram.adapter import CHAT_RATE as TELEGRAM_CHAT, GROUP_RATE as TELEGRAM_GROUP
 from gateway.ratelimit import ChatRate, RateLimiter, chat_budget_for
 from gateway.types import ChatRef
 from tests.fakes.discord import FakeDiscord
 from tests.harness import eventually
 from tests.recording import Recorder
-from tests.test_adapter_discord_send import COMMANDS as DISCORD_COMMANDS
-from tests.test_adapter_discord_send import FAST
+from tests.test_adapter_discord_send import COMMANDS as DISCORD_COMMANDS, FAST
 from tests.test_adapter_slack import running, slack  # noqa: F401 - fixtures
 from tests.test_adapter_telegram import bot, tg  # noqa: F401 - fixtures
 
@@ -33,7 +31,7 @@ ARRIVAL_JITTER = 0.03  # the fake stamps arrival, a little after our call left
 
 def _gaps(times: list[float]) -> list[float]:
     times = sorted(times)
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 # -- the budget itself --------------------------------------------------------------------

@@ -39,9 +39,9 @@ def run(home, *args):
 def test_list_shows_each_dead_letter_newest_first(home):
     result = run(home, "list")
     assert result.exit_code == 0, result.output
-    lines = [l for l in result.output.splitlines() if l.strip()]
+    lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines[0].split()[:6] == ["ID", "Platform", "Event", "State", "Tries", "When"]
-    assert [l.split()[:5] for l in lines[1:]] == [["2", "telegram", "42", "held", "3"], ["1", "telegram", "41", "held", "3"]]
+    assert [line.split()[:5] for line in lines[1:]] == [["2", "telegram", "42", "held", "3"], ["1", "telegram", "41", "held", "3"]]
     assert TOKEN not in result.output
 
 
@@ -110,7 +110,7 @@ async def test_doctor_counts_held_dead_letters_and_says_what_to_do(home, tmp_pat
         result = await asyncio.to_thread(CliRunner().invoke, main, ["doctor", "--config", str(config)],
                                          env={"HTTP_PROXY": "", "HTTPS_PROXY": ""})
     lines = result.output.splitlines()
-    [check] = [l for l in lines if l[2:].startswith("dead letters:")]
+    [check] = [line for line in lines if line[2:].startswith("dead letters:")]
     assert check == "✗ dead letters: 2 events set aside after failing three times"
     assert "fix: see them with: switchboard deadletters list" in lines[lines.index(check) + 1]
     assert result.exit_code == 1

@@ -73,7 +73,7 @@ async def test_resume_finds_a_users_own_session_by_prefix_and_title(tmp_path, mo
         api = ApiClient(gw)
         alice_ids = await _alice(gw, api)
         assert (await api.say("alice", f"/resume {ALICE_TITLE}")).startswith(f'Resumed "{ALICE_TITLE}" ({alice_ids[0]},')
-        assert (await api.say("alice", f"/resume {alice_ids[1][:-2]}")).startswith(f"Resumed “the second plan")
+        assert (await api.say("alice", f"/resume {alice_ids[1][:-2]}")).startswith("Resumed “the second plan")
         both = await api.say("alice", f"/resume {alice_ids[0][:4]}")
         await api.close()
     assert both.startswith(f'More than one of your sessions matches "{alice_ids[0][:4]}": ')

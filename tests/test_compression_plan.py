@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from compression import (
     DEFAULT_CONTEXT_LENGTH,
@@ -280,6 +279,6 @@ def test_fit_to_window_never_orphans_a_tool_result(messages, window):
                 j -= 1
             assert fitted[j].get("tool_calls")
     # one contiguous run of whole turns was cut out
-    k = next((i for i, (a, b) in enumerate(zip(fitted, messages)) if a != b), len(fitted))
+    k = next((i for i, (a, b) in enumerate(zip(fitted, messages, strict=False)) if a != b), len(fitted))
     assert fitted[k:] == messages[k + dropped:]
     assert dropped == 0 or messages[k + dropped]["role"] == "user"

@@ -15,10 +15,10 @@ import yaml
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from gateway.cli.config import config_group
 from adapters.discord.config import DiscordConfig
 from adapters.slack.config import SlackConfig
 from adapters.telegram.config import TelegramConfig
+from gateway.cli.config import config_group
 from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config, platform_models
 from gateway.errors import ConfigError
 

@@ -10,8 +10,8 @@ import pytest
 
 import state
 from gateway.config import config_from_dict
-from gateway.cron.service import config_jobs
 from gateway.cron.schedule import InvalidJob, parse_schedule, parse_target, validate_job
+from gateway.cron.service import config_jobs
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
 from state import CronJobExists, CronJobNotFound

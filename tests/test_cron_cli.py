@@ -14,8 +14,8 @@ import yaml
 from click.testing import CliRunner
 
 import state
-from gateway.cli.main import main
 from gateway.cli.cron import cron_group
+from gateway.cli.main import main
 from tests.fakes.model_server import FakeModel, Reply
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import running_gateway

@@ -32,10 +32,10 @@ async def test_sigterm_during_a_slow_turn_finishes_it_and_exits_cleanly(tmp_path
         notify = NotifySocket(tmp_path / "notify.sock")
         proc = await start_daemon(config, {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "400000"})
         try:
-            status = await notify.wait_for(lambda l: l.startswith("STATUS=serving"))
+            status = await notify.wait_for(lambda line: line.startswith("STATUS=serving"))
             assert "READY=1" in notify.received
             port = int(re.search(r"API on 127\.0\.0\.1:(\d+)", status).group(1))
-            await notify.wait_for(lambda l: l == "WATCHDOG=1")
+            await notify.wait_for(lambda line: line == "WATCHDOG=1")
 
             async with aiohttp.ClientSession() as http:
                 request = asyncio.create_task(http.post(
@@ -48,7 +48,7 @@ async def test_sigterm_during_a_slow_turn_finishes_it_and_exits_cleanly(tmp_path
                 response = await request
                 body = await response.json()
             assert body["choices"][0]["message"]["content"] == "echo: take your time | turns: 1 | first: take your time"
-            await notify.wait_for(lambda l: l == "STOPPING=1")
+            await notify.wait_for(lambda line: line == "STOPPING=1")
             code = await asyncio.wait_for(proc.wait(), 30)
         finally:
             if proc.returncode is None:
@@ -68,7 +68,7 @@ async def test_a_second_daemon_on_the_same_home_refuses_to_start(tmp_path):
         notify = NotifySocket(tmp_path / "notify.sock")
         first = await start_daemon(config, {"NOTIFY_SOCKET": str(notify.path)})
         try:
-            await notify.wait_for(lambda l: l == "READY=1")
+            await notify.wait_for(lambda line: line == "READY=1")
             second = await start_daemon(config, {})
             code = await asyncio.wait_for(second.wait(), 30)
             err = (await second.stderr.read()).decode()

@@ -29,8 +29,7 @@ from gateway.types import FailedEvents
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
-from tests.fakes.telegram import DEFAULT_TOKEN as TELEGRAM_TOKEN
-from tests.fakes.telegram import FakeTelegram
+from tests.fakes.telegram import DEFAULT_TOKEN as TELEGRAM_TOKEN, FakeTelegram
 from tests.harness import eventually, gateway_config
 
 ANN = FakeTelegram.user(111, "Ann")
@@ -223,7 +222,7 @@ async def test_a_slack_event_failing_three_times_is_acknowledged_and_set_aside(t
             for attempt in range(3):  # Slack redelivers an envelope that was not acknowledged, same event id
                 envelopes.append(await slack.send_event(event, event_id="EvPOISON", retry_attempt=attempt))
                 if attempt < 2:
-                    await eventually(lambda: caplog.text.count("Slack will redeliver") == attempt + 1, timeout=10,
+                    await eventually(lambda: caplog.text.count("Slack will redeliver") == attempt + 1, timeout=10,  # noqa: B023 - called within this iteration
                                      what=f"failure {attempt + 1}")
             await slack.wait_for_ack(envelopes[2], timeout=10)
             assert not slack.acked(envelopes[0]) and not slack.acked(envelopes[1])

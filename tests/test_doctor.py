@@ -4,7 +4,6 @@ import asyncio
 import json
 import os
 
-import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -30,7 +29,7 @@ async def doctor(config):
 
 
 def line(output, name):
-    return next(l for l in output.splitlines() if l[2:].startswith(name + ":"))
+    return next(line for line in output.splitlines() if line[2:].startswith(name + ":"))
 
 
 async def test_everything_healthy(tmp_path):

@@ -46,7 +46,7 @@ def test_unbinding_a_role_recovers_its_filler_well_above_chance(pairs):
     # a fact holds at most 5 unit parts (text, entities, entity pairs, cause, polarity): 16 is ample margin
     roles = [hrr.atom(f"role{i}") for i in range(pairs)]
     fillers = [hrr.atom(f"filler{i}") for i in range(pairs)]
-    trace = hrr.superpose(hrr.bind(r, f) for r, f in zip(roles, fillers))
+    trace = hrr.superpose(hrr.bind(r, f) for r, f in zip(roles, fillers, strict=True))
     codebook = np.stack(fillers + [hrr.atom(f"distractor{i}") for i in range(200)])
     for i, role in enumerate(roles):
         got = hrr.unbind(trace, role)
@@ -72,7 +72,10 @@ def test_a_fact_vector_decodes_into_its_parts():
     assert abs(hrr.cosine(entities, hrr.bag(["kubernetes"]))) < 4 * CHANCE
     # the pair term: unbinding one entity gives the other
     assert hrr.cosine(hrr.unbind(f.astype(float), hrr.atom("postgres")), hrr.atom("mysql")) > 6 * CHANCE
-    polarity = lambda v: hrr.cosine(hrr.unbind(v.astype(float), hrr.atom(hrr.POLARITY)), hrr.atom(hrr.TRUE))  # noqa: E731
+
+    def polarity(v):
+        return hrr.cosine(hrr.unbind(v.astype(float), hrr.atom(hrr.POLARITY)), hrr.atom(hrr.TRUE))
+
     assert polarity(f) > 6 * CHANCE
     assert polarity(hrr.encode_fact("The user does not use MySQL anymore", ["mysql"])) < -6 * CHANCE
     # stored as float32 bytes and read back unchanged

@@ -5,10 +5,17 @@ import sqlite3
 import pytest
 
 import state
-from gateway.memory.facts import hrr, scoring
 from gateway.config import config_from_dict
-from gateway.memory.facts.service import (CONTRADICT_FACTOR, TRUST_NEW, TRUST_STEP, FactRefused, FactService, FactSettings,
-                                   user_scope)
+from gateway.memory.facts import hrr, scoring
+from gateway.memory.facts.service import (
+    CONTRADICT_FACTOR,
+    TRUST_NEW,
+    TRUST_STEP,
+    FactRefused,
+    FactService,
+    FactSettings,
+    user_scope,
+)
 
 DAY = 86400.0
 NOW = 1_800_000_000.0

@@ -146,7 +146,7 @@ def test_short_secrets_are_not_masked_and_that_is_said():
 class _Ok(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):  # http.server's naming
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()

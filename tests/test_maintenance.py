@@ -8,8 +8,8 @@ import time
 from click.testing import CliRunner
 
 import state
-from gateway.runtime import lockfile
 from gateway.cli.main import main
+from gateway.runtime import lockfile
 
 DAY = 86_400.0
 

@@ -9,7 +9,6 @@ import pytest
 
 from compression import estimate_text_tokens
 from gateway.oversize import shorten_oversized
-
 from tests.fakes.model_server import Fail, FakeModel, refusal
 from tests.harness import ApiClient, running_gateway
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from state import SessionDB
-
 from fakes.model_server import FakeModel, ReasoningToolCall, Reply
 from harness import ApiClient, running_gateway
+
+from state import SessionDB
 
 DETAILS = [{"type": "reasoning.encrypted", "data": "gAAAA-opaque", "id": "rs_1", "index": 0},
            {"type": "reasoning.summary", "summary": "Looked it up. 记忆", "nested": {"n": 1.5, "ok": True, "none": None}}]

@@ -62,7 +62,7 @@ async def test_sighup_starts_a_platform_and_names_keys_needing_a_restart(tmp_pat
         proc = await start_daemon(config, {"NOTIFY_SOCKET": str(notify.path)})
         logs = LogReader(proc.stderr)
         try:
-            await notify.wait_for(lambda l: l == "READY=1")
+            await notify.wait_for(lambda line: line == "READY=1")
             assert tg.calls("getMe") == []
 
             config.write_text("model: [this is not valid\n")
@@ -75,7 +75,7 @@ async def test_sighup_starts_a_platform_and_names_keys_needing_a_restart(tmp_pat
             await tg.wait_for_calls("getUpdates", timeout=20)
             line = await logs.wait_for("need a restart to apply")
             assert "api.token" in json.loads(line)["msg"]
-            await notify.wait_for(lambda l: l == "RELOADING=1")
+            await notify.wait_for(lambda line: line == "RELOADING=1")
         finally:
             proc.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(proc.wait(), 30)
@@ -104,7 +104,7 @@ class Daemon:
         self.notify = NotifySocket(self.tmp_path / "notify.sock")
         self.proc = await start_daemon(self.config, {"NOTIFY_SOCKET": str(self.notify.path)})
         self.logs = LogReader(self.proc.stderr)
-        status = await self.notify.wait_for(lambda l: l.startswith("STATUS=serving"))
+        status = await self.notify.wait_for(lambda line: line.startswith("STATUS=serving"))
         self.port = int(re.search(r"API on 127\.0\.0\.1:(\d+)", status).group(1))
         self.http = aiohttp.ClientSession()
         return self
@@ -179,7 +179,7 @@ async def test_a_reload_is_announced_to_systemd_and_a_bad_one_changes_nothing(tm
         assert "cron.jobs.0.schedule" in msg
         assert (await daemon.health())["cron"] == armed
         lines = daemon.notify.received
-        await daemon.notify.wait_for(lambda l: l == "READY=1" and lines.count("READY=1") == 3)
+        await daemon.notify.wait_for(lambda line: line == "READY=1" and lines.count("READY=1") == 3)
     reloading = [i for i, line in enumerate(lines) if line == "RELOADING=1"]
     assert len(reloading) == 2  # one per SIGHUP, the refused one too, each followed by its READY=1
     for i in reloading:

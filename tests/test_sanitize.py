@@ -18,8 +18,7 @@ from contextlib import closing
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from gateway.runtime.daemon import Gateway
 from gateway.types import Attachment, ChatType, InboundMessage, clean_text

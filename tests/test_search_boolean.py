@@ -10,12 +10,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+from test_search import Store
 
 from state import fts
-
-from test_search import Store
 
 _WORDS = ["docker", "deploy", "deployment", "memory", "记忆系统", "断裂连接", "数据库", "记忆", "AI模型", "测试"]
 

@@ -6,12 +6,10 @@ import logging
 import sqlite3
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+from test_search import Store
 
 from state import fts
-
-from test_search import Store
 
 # FTS5 syntax, operators, punctuation, CJK and ordinary words, mixed freely
 _PIECES = st.sampled_from(

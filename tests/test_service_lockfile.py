@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from gateway.runtime import lockfile
 from gateway.errors import AlreadyRunning
+from gateway.runtime import lockfile
 from gateway.runtime.systemd import daemon_running
 
 HOLDER = textwrap.dedent(

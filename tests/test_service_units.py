@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 import gateway
-from gateway.runtime import lockfile, systemd as service
 from gateway.cli.service import service as service_group
+from gateway.runtime import lockfile, systemd as service
 from gateway.runtime.systemd import ServiceError, plan_install, render_unit
 
 RUN_AS = "daemon"  # exists on Debian, is not root and not the special "nobody"

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from state import NotADatabase, SchemaTooNew, SessionDB, WriteTimeout
-from state import schema
+from state import NotADatabase, SchemaTooNew, SessionDB, WriteTimeout, schema
 
 # The seed's first schema, written out here (not imported) so the test keeps
 # meaning even if state/schema.py changes.

@@ -373,7 +373,7 @@ def test_threads_share_one_store(db):
             for i in range(50):
                 db.append_message("s", "user", f"{n}-{i}")
                 db.get_messages("s")
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # noqa: BLE001 - collected and asserted empty below  # pragma: no cover
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]

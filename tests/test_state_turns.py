@@ -18,7 +18,7 @@ def test_record_turn_stores_messages_and_usage_together(tmp_path):
 def test_a_failing_turn_record_leaves_nothing(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
         sid = db.create_session(new_session_id(), "api")
-        with pytest.raises(Exception):
+        with pytest.raises(ValueError):
             db.record_turn(sid, [{"role": "assistant", "content": "ok"}, {"content": "no role"}], input_tokens=5)
         assert db.get_messages(sid) == []
         assert db.get_session(sid)["input_tokens"] == 0

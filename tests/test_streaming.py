@@ -23,8 +23,7 @@ from tests.fakes.discord import FakeDiscord
 from tests.fakes.telegram import check_html
 from tests.harness import eventually
 from tests.recording import Recorder
-from tests.test_adapter_discord_send import COMMANDS as DISCORD_COMMANDS
-from tests.test_adapter_discord_send import FAST
+from tests.test_adapter_discord_send import COMMANDS as DISCORD_COMMANDS, FAST
 from tests.test_adapter_slack import running, slack  # noqa: F401 - fixtures
 from tests.test_adapter_telegram import bot, tg  # noqa: F401 - fixtures
 
@@ -85,10 +84,10 @@ async def test_edits_are_paced_and_only_sent_when_the_text_changed(tg, bot):
     edits_before_final = len(tg.calls("editMessageText"))
     assert (await stream.finish(answer)).ok
     calls = [r.at for r in to_chat(tg)]
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
     assert min(gaps) >= 0.25 - ARRIVAL_JITTER, "no two calls to one chat closer than 0.25 s, the final edit included"
     streamed = [r.at for r in to_chat(tg) if r.method in ("sendMessage", "editMessageText")][:edits_before_final + 1]
-    assert all(b - a >= 1.0 - ARRIVAL_JITTER for a, b in zip(streamed, streamed[1:])), "one edit a second at most"
+    assert all(b - a >= 1.0 - ARRIVAL_JITTER for a, b in zip(streamed, streamed[1:], strict=False)), "one edit a second at most"
     assert 2 <= edits_before_final <= streaming_seconds / 1.0 + 1
     assert [m.visible_text for m in tg.sent] == [answer]
 

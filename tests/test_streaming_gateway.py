@@ -6,8 +6,6 @@ remembered in state.db (the whole answer stored once, the delivery recorded as s
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import state

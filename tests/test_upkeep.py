@@ -7,13 +7,12 @@ import time
 
 import aiohttp
 import pytest
+from fakes.model_server import FakeModel
+from harness import eventually, gateway_config, running_gateway
 
 import state
 from gateway.runtime.daemon import Gateway
 from state import AsyncSessionDB, SessionDB, fts
-
-from fakes.model_server import FakeModel
-from harness import eventually, gateway_config, running_gateway
 
 DAY = 86_400.0
 TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages worth returning

@@ -44,12 +44,20 @@ from discord import app_commands
 from gateway.errors import AdapterError
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
-from gateway.types import (DEAD_LETTER_AFTER, AdapterHealth, ChatRef, ChatType, DeadLetterHandler, Delivery,
-                           FailedEvents, InboundHandler, InboundMessage, SendProgress)
+from gateway.types import (
+    DEAD_LETTER_AFTER,
+    AdapterHealth,
+    ChatRef,
+    ChatType,
+    DeadLetterHandler,
+    Delivery,
+    FailedEvents,
+    InboundHandler,
+    InboundMessage,
+    SendProgress,
+)
 
-from . import attachments as _attachments
-from . import events, redact
-from . import commands as _commands
+from . import attachments as _attachments, commands as _commands, events, redact
 from .outbound import Outbound, allowed_mentions
 from .redact import describe
 
@@ -323,7 +331,7 @@ class DiscordAdapter:
                     self._health.last_error = str(exc)
                     log.error("discord: %s", exc)
                     return
-                except Exception as exc:  # noqa: BLE001 - anything else is worth another try
+                except Exception as exc:  # anything else is worth another try
                     if not isinstance(exc, AdapterError):
                         log.exception("discord: unexpected error while reconnecting")
                     wait = self._reconnect_backoff.delay(attempt, random)
@@ -401,7 +409,7 @@ class DiscordAdapter:
             files = await _attachments.collect(message.attachments, self._downloads, vision=self.vision,
                                                max_image_bytes=self.max_image_bytes)
             inbound = events.from_message(message, place, addressing, attachments=files)
-        except Exception as exc:  # noqa: BLE001 - one odd event must not kill the adapter
+        except Exception as exc:  # one odd event must not kill the adapter
             log.exception("discord message %s could not be normalized; setting it aside", getattr(message, "id", "?"))
             await self._failed.set_aside(str(getattr(message, "id", "")) or None, _message_payload(message), None, exc)
             return
@@ -438,7 +446,7 @@ class DiscordAdapter:
             taken = await retry_async(lambda: handler(inbound), classify=lambda exc: 0.0, backoff=self._deliver_backoff,
                                       max_attempts=self._deliver_attempts, on_retry=on_retry)
             return None if taken is False else True
-        except Exception as exc:  # noqa: BLE001 - the handler's failure is logged; the adapter lives on
+        except Exception as exc:  # the handler's failure is logged; the adapter lives on
             log.exception("discord: the gateway failed to take message %s from chat %s; giving up after %d tries",
                           inbound.message_id, inbound.chat_id, self._deliver_attempts)
             await self._failed.set_aside(inbound.message_id, payload(), inbound, exc)

@@ -216,7 +216,7 @@ class SlackAdapter:
             self._started = False
             self._set_state("stopped")
             raise
-        except Exception as exc:  # noqa: BLE001 - report with the reason, never a token
+        except Exception as exc:  # report with the reason, never a token
             error = exc if isinstance(exc, AdapterError) else AdapterError(f"slack: could not start: {type(exc).__name__}: {exc}")
             self._set_state("failed", str(error))
             await self._close_resources()
@@ -279,24 +279,24 @@ class SlackAdapter:
         )
 
         @app.error
-        async def on_error(error):  # noqa: ANN001 - one line instead of bolt's traceback (ours is logged)
+        async def on_error(error):  # one line instead of bolt's traceback (ours is logged)
             log.warning("slack: request not acknowledged: %s: %s", type(error).__name__, error)
 
         @app.event("message")
-        async def on_message(event, body):  # noqa: ANN001 - bolt injects arguments by name
+        async def on_message(event, body):  # bolt injects arguments by name
             await inbound.on_event(event, "message", body)
 
         @app.event("app_mention")
-        async def on_mention(event, body):  # noqa: ANN001
+        async def on_mention(event, body):
             await inbound.on_event(event, "app_mention", body)
 
         @app.event(re.compile(".*"))
-        async def on_other(event):  # noqa: ANN001 - subscribed but unused: ack so Slack does not resend it
+        async def on_other(event):  # subscribed but unused: ack so Slack does not resend it
             self._pulse.beat()
             log.debug("slack: ignoring %s event", event.get("type") if isinstance(event, dict) else "?")
 
         @app.command(re.compile(".*"))
-        async def on_command(ack, command):  # noqa: ANN001
+        async def on_command(ack, command):
             await ack()  # within Slack's 3 s; the gateway gets it in the background
             self._pulse.beat()
             self._spawn(inbound.on_command(dict(command)), "slack:command")
@@ -359,7 +359,7 @@ class SlackAdapter:
             self._health.last_error = str(exc)
             log.warning("slack: reply to %s not delivered after %d of %d parts: %s", chat.chat_id, len(sent), len(parts), exc)
             return Delivery(ok=False, message_ids=tuple(sent), error=str(exc))
-        except Exception as exc:  # noqa: BLE001 - the gateway records a failed delivery, never an exception
+        except Exception as exc:  # the gateway records a failed delivery, never an exception
             log.exception("slack: unexpected failure sending to %s", chat.chat_id)
             return Delivery(ok=False, message_ids=tuple(sent), error=f"{type(exc).__name__}: {exc}")
         finally:

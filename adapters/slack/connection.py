@@ -115,7 +115,7 @@ class SocketConnection:
         self._pulse.beat(event=False)
         return handler
 
-    async def _on_frame(self, message) -> None:  # noqa: ANN001 - aiohttp WSMessage (text frames only)
+    async def _on_frame(self, message) -> None:  # aiohttp WSMessage (text frames only)
         self._pulse.beat(event=False)
 
     async def _watch(self) -> None:
@@ -146,7 +146,7 @@ class SocketConnection:
                         down_since = None
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - the watchdog must outlive any surprise
+            except Exception:  # the watchdog must outlive any surprise
                 log.exception("slack: watchdog check failed")
 
     async def _restart(self, reason: str) -> None:

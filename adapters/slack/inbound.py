@@ -33,8 +33,16 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gateway.errors import AdapterError
-from gateway.types import (AdapterHealth, Attachment, ChatType, DeadLetterHandler, FailedEvents, InboundHandler,
-                           InboundMessage, clean_text)
+from gateway.types import (
+    AdapterHealth,
+    Attachment,
+    ChatType,
+    DeadLetterHandler,
+    FailedEvents,
+    InboundHandler,
+    InboundMessage,
+    clean_text,
+)
 
 from . import events
 from .outbound import RESPONSE_URL_TTL, ResponseRoute
@@ -241,7 +249,7 @@ class Inbound:
             await self._handler(msg)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - never kills the adapter; Slack does not resend commands
+        except Exception as exc:  # never kills the adapter; Slack does not resend commands
             log.exception("slack: the gateway failed on /%s", name)
             self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
             await self._apologize(channel, message_id)

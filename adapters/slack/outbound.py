@@ -128,7 +128,7 @@ class Sender:
                 raise PartFailed(f"chat.postMessage failed: {_error_code(exc2)} (plain-text fallback too)") from None
             except Exception as exc2:  # noqa: BLE001 - reported, never raised to the gateway
                 raise PartFailed(f"chat.postMessage failed: {type(exc2).__name__}") from None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - raised as the part's failure, with what went wrong
             raise PartFailed(f"chat.postMessage failed: {type(exc).__name__}: {exc}") from None
         return str(resp.get("ts") or "")
 

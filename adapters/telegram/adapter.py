@@ -32,8 +32,7 @@ from urllib.parse import urlsplit
 
 from telegram import Bot, BotCommand, Message, ReplyParameters, Update
 from telegram.constants import ChatAction, ParseMode
-from telegram.error import (BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter,
-                            TelegramError)
+from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
@@ -41,8 +40,17 @@ from gateway.formatting import split_message, utf16_len
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
-from gateway.types import (AdapterHealth, Attachment, ChatRef, DeadLetterHandler, Delivery, FailedEvents,
-                           InboundHandler, InboundMessage, SendProgress)
+from gateway.types import (
+    AdapterHealth,
+    Attachment,
+    ChatRef,
+    DeadLetterHandler,
+    Delivery,
+    FailedEvents,
+    InboundHandler,
+    InboundMessage,
+    SendProgress,
+)
 
 from .events import PLATFORM, Addressing, normalize
 from .format import is_parse_error, markdown_to_html

@@ -19,9 +19,9 @@ from rich.panel import Panel
 from rich.text import Text
 
 from gateway.config import Config
-from gateway.runtime.daemon import local_gateway
 from gateway.errors import SwitchboardError
 from gateway.router import SessionRouter
+from gateway.runtime.daemon import local_gateway
 from gateway.types import ChatType, InboundMessage
 
 RECAP_EXCHANGES = 10

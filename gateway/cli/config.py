@@ -25,7 +25,7 @@ class ConfigFailure(click.ClickException):
 
     exit_code = ConfigError.exit_code
 
-    def show(self, file=None) -> None:  # noqa: A002 - click's signature
+    def show(self, file=None) -> None:  # click's signature
         click.echo(f"error: {self.format_message()}", err=True)
 
 

@@ -25,12 +25,12 @@ from typing import Any
 import click
 
 import state
-from gateway.cli.common import config_or_defaults, fail as _fail, home_options
-from gateway.cli.common import json_out as _json_out
+from gateway.cli.common import config_or_defaults, fail as _fail, home_options, json_out as _json_out
 from gateway.config import Config
 from gateway.cron.schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
 from state import CronJobNotFound
+
 
 def _config(config_path: Path | None) -> Config:
     """The config file's settings; without one, the defaults under $SWITCHBOARD_HOME (UTC)."""

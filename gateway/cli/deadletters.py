@@ -14,8 +14,7 @@ import json
 import click
 from rich.table import Table
 
-from gateway.cli.common import with_store
-from gateway.cli.common import json_out as _json_out, when as _when, console as _console
+from gateway.cli.common import console as _console, json_out as _json_out, when as _when, with_store
 from state import SessionDB
 
 STATUSES = ("held", "retry", "retried", "dropped")

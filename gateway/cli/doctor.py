@@ -17,9 +17,9 @@ from pathlib import Path
 import aiohttp
 
 import state
-from gateway.runtime import systemd as service
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.runtime import systemd as service
 from gateway.runtime.upkeep import EVERY_SECONDS as UPKEEP_EVERY_SECONDS
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -81,7 +81,10 @@ def check_database(home: Path) -> list[Check]:
 def _upkeep_check(report: state.DatabaseReport) -> Check:
     """The daemon's store upkeep: when it last ran (and the next, a day later), free space left inside."""
     last = report.last_upkeep
-    when = (lambda ts: dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M"))
+
+    def when(ts: float) -> str:
+        return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
     detail = (f"last {when(last['finished_at'])} ({last['sessions_pruned']} sessions pruned), next about "
               f"{when(last['finished_at'] + UPKEEP_EVERY_SECONDS)}" if last else "not run yet (the daemon runs it a day apart)")
     stuck = report.auto_vacuum != "incremental" and report.free_bytes > 0

@@ -30,7 +30,13 @@ from pathlib import Path
 import click
 
 import state
-from gateway.cli.common import fail as _fail, given_home, home_options, load_config_or_exit as _load_config, resolve_home
+from gateway.cli.common import (
+    fail as _fail,
+    given_home,
+    home_options,
+    load_config_or_exit as _load_config,
+    resolve_home,
+)
 from gateway.cli.config import config_group
 from gateway.cli.cron import cron_group
 from gateway.cli.deadletters import deadletters as deadletters_group
@@ -65,9 +71,9 @@ main.add_command(deadletters_group)
 @home_options
 def run(config_path: Path | None) -> None:
     """Run the gateway until SIGTERM/SIGINT (what the systemd unit starts)."""
+    from gateway.logging_setup import setup_logging
     from gateway.runtime import lockfile
     from gateway.runtime.daemon import serve
-    from gateway.logging_setup import setup_logging
 
     cfg = _load_config(config_path)
     setup_logging(cfg.logging.level, cfg.logging.format, secrets=cfg.secrets())

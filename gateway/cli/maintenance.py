@@ -17,9 +17,9 @@ from pathlib import Path
 import click
 
 import state
-from gateway.runtime import lockfile
 from gateway.cli.common import home_options, resolve_home
 from gateway.errors import AlreadyRunning
+from gateway.runtime import lockfile
 
 
 def _mib(n: int) -> str:
@@ -45,7 +45,7 @@ def maintenance_cmd(vacuum: bool, yes: bool, config_path: Path | None) -> None:
     last = report.last_upkeep
     click.echo(f"{report.path}: {_mib(report.size_bytes)}, WAL {_mib(report.wal_bytes)}, "
                f"{_mib(report.free_bytes)} free inside the file (auto_vacuum {report.auto_vacuum})")
-    click.echo(f"last upkeep: {_when(last and last.get('finished_at'))}"
+    click.echo(f"last upkeep: {_when(last.get('finished_at') if last else None)}"
                + (f" ({last['sessions_pruned']} sessions pruned)" if last else ""))
     if not vacuum:
         if report.auto_vacuum != "incremental" and report.free_bytes:

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import click
 
-from state.paths import default_home
-
-from gateway.runtime import backup as backup_mod
-from gateway.runtime import systemd as service_mod
 from gateway.cli.common import given_home, home_options, plural, resolve_home
 from gateway.errors import SwitchboardError
+from gateway.runtime import backup as backup_mod, systemd as service_mod
+from state.paths import default_home
 
 
 def _scope_option(fn):

@@ -15,8 +15,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from gateway.cli.common import plural, remember_home, with_store
-from gateway.cli.common import json_out as _json_out, console as _console, when as _when
+from gateway.cli.common import (
+    console as _console,
+    json_out as _json_out,
+    plural,
+    remember_home,
+    when as _when,
+    with_store,
+)
 from gateway.config import PLATFORMS
 from state import AmbiguousSession, SessionDB, parse_jsonl
 
@@ -252,7 +258,7 @@ def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None
     click.echo(f"pruned {plural(db.prune_sessions(days, source), 'session')}")
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

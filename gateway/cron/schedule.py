@@ -137,8 +137,8 @@ def _cron(text: str, tz: ZoneInfo) -> Schedule:
     values = text.split()
     if len(values) != 5:
         raise ValueError(f"a cron expression has 5 fields (minute hour day-of-month month day-of-week), this one has {len(values)}")
-    fields = dict(zip(_TRIGGER_FIELDS, values))
-    for (name, value), label in zip(list(fields.items()), _CRON_FIELDS):
+    fields = dict(zip(_TRIGGER_FIELDS, values, strict=True))
+    for (name, value), label in zip(list(fields.items()), _CRON_FIELDS, strict=True):
         try:
             if name == "day_of_week":
                 fields[name] = _dow_to_names(value)

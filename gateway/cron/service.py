@@ -275,7 +275,7 @@ class CronService:
                 await self.poll()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a bad poll (locked db, ...) is retried at the next one
+            except Exception:  # a bad poll (locked db, ...) is retried at the next one
                 log.exception("cron poll failed; retrying in %.0fs", self._poll_seconds)
             self._wake.clear()
             wait, self._soon = (min(self._poll_seconds, 0.25) if self._soon else self._poll_seconds), False
@@ -316,7 +316,7 @@ class CronService:
         self._armed.pop(job_id, None)
         try:
             await self.run_due(job_ids={job_id})
-        except Exception:  # noqa: BLE001 - the poll retries
+        except Exception:  # the poll retries
             log.exception("cron job %s could not be started", job_id)
 
     # -- due runs -------------------------------------------------------------------
@@ -395,7 +395,8 @@ class CronService:
             return run
         task = spawn(self._execute(job, run), name=f"cron:{job['id']}:{run['id']}")
         self._running[job["id"]] = task
-        task.add_done_callback(lambda t, job_id=job["id"]: self._running.pop(job_id, None) if self._running.get(job_id) is t else None)
+        job_id = job["id"]
+        task.add_done_callback(lambda t: self._running.pop(job_id, None) if self._running.get(job_id) is t else None)
         if wait:
             return await task
         return run
@@ -425,7 +426,7 @@ class CronService:
             raise
         except ModelUnavailable as exc:
             error = f"model unavailable: {_model_error(exc)}"
-        except Exception as exc:  # noqa: BLE001 - recorded on the run; the job keeps its schedule
+        except Exception as exc:  # recorded on the run; the job keeps its schedule
             log.exception("cron job %s failed", job["id"])
             error = f"{type(exc).__name__}: {exc}"
         finally:

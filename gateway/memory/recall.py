@@ -28,8 +28,8 @@ from zoneinfo import ZoneInfo
 
 from gateway.errors import ModelUnavailable
 from gateway.memory.identity import Scope, recall_scope
-from gateway.tools import Tool, ToolContext
 from gateway.memory.truncation import truncate_around_matches
+from gateway.tools import Tool, ToolContext
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class SessionRecall:
                         len(pending), len(tasks), self.settings.timeout_seconds)
             await asyncio.wait(pending)
         out = []
-        for item, task in zip(found, tasks):
+        for item, task in zip(found, tasks, strict=True):
             summary = None
             if task in done and not task.cancelled():
                 if task.exception() is not None:

@@ -33,17 +33,15 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Callable
+from typing import Callable, cast
 
 from aiohttp import web
 
 import state
-
-from gateway.errors import ConfigError
-from gateway.runtime.portholder import port_holder
-from gateway.errors import GatewayClosing
+from gateway.errors import ConfigError, GatewayClosing
 from gateway.router import SessionRouter
 from gateway.runtime.metrics import Metrics
+from gateway.runtime.portholder import port_holder
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
@@ -124,7 +122,8 @@ class LocalApi:
             await self._runner.cleanup()
             self._runner = None
             raise await self._bind_error(exc) from None
-        self.bound_port = site._server.sockets[0].getsockname()[1]
+        server = cast(asyncio.Server, site._server)  # TCPSite listens through loop.create_server
+        self.bound_port = server.sockets[0].getsockname()[1]
         log.info("local API listening on http://%s:%d", self.host, self.bound_port)
 
     async def _bind_error(self, exc: OSError) -> ConfigError:

@@ -33,12 +33,11 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import quote
 
+from gateway.errors import AlreadyRunning, BackupError
+from gateway.runtime import lockfile
 from state import schema
 from state.errors import DatabaseRefused
 from state.paths import DB_FILENAME
-
-from gateway.runtime import lockfile
-from gateway.errors import AlreadyRunning, BackupError
 
 log = logging.getLogger(__name__)
 

@@ -47,29 +47,29 @@ from typing import Any, AsyncIterator, Awaitable
 
 import compression
 import state
-from gateway.runtime.api import LocalApi
-from gateway.auth import AuthSettings, Authorizer
+from gateway.auth import Authorizer, AuthSettings
 from gateway.commands import CommandSet, default_commands
 from gateway.compressing import Compressor
+from gateway.config import PLATFORMS, Config
 from gateway.cron.service import CronService, CronSettings
-from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
+from gateway.keys import KeyPolicy
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
-from gateway.config import PLATFORMS, Config
-from gateway.keys import KeyPolicy
-from gateway.runtime.metrics import Metrics
 from gateway.model import ModelClient, ModelSettings
-from gateway.runtime.notify import Notifier
 from gateway.oversize import max_message_tokens
-from gateway.runtime.reload import reload_config
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionHooks, SessionRouter, StreamedOutput
+from gateway.runtime.api import LocalApi
+from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
+from gateway.runtime.metrics import Metrics
+from gateway.runtime.notify import Notifier
+from gateway.runtime.reload import reload_config
+from gateway.runtime.upkeep import StoreUpkeep
 from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
-from gateway.runtime.upkeep import StoreUpkeep
 from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, PlatformStatus, SendProgress
 
 log = logging.getLogger(__name__)
@@ -341,7 +341,7 @@ class Gateway:
         if adapter is not None:
             try:
                 await adapter.stop()
-            except Exception:  # noqa: BLE001 - the new one starts anyway
+            except Exception:  # the new one starts anyway
                 log.exception("platform %s did not stop cleanly", name)
         status = self.config.enabled_platforms()[name]
         if status != "on":
@@ -401,7 +401,7 @@ class Gateway:
         for name, adapter in reversed(list(self.adapters.items())):
             try:
                 await adapter.stop()
-            except Exception:  # noqa: BLE001 - keep closing the rest
+            except Exception:  # keep closing the rest
                 log.exception("platform %s did not stop cleanly", name)
         await self.model.close()
         if self.db is not None:
@@ -423,7 +423,7 @@ class Gateway:
 
     def _cron_health(self) -> dict:
         """Scheduled jobs armed in this process and when the next one fires."""
-        armed = self.cron.armed() if self.cron is not None else {}
+        armed: dict[str, float] = self.cron.armed() if self.cron is not None else {}
         nxt = min(armed.values()) if armed else None
         return {"jobs_armed": len(armed), "next_run_at": nxt}
 
@@ -524,7 +524,7 @@ async def _close_after_failed_start(gw: Gateway) -> None:
     """Close what a failed start had opened (the store, the model client...); the start's error is the news."""
     try:
         await gw.stop(grace_seconds=0)
-    except Exception:  # noqa: BLE001 - the original error is raised by the caller
+    except Exception:  # the original error is raised by the caller
         log.debug("cleanup after a failed start failed", exc_info=True)
 
 

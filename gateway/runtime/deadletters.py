@@ -108,7 +108,7 @@ class DeadLetterReplay:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a failed poll (store busy) is logged and tried again
+            except Exception:  # a failed poll (store busy) is logged and tried again
                 log.exception("dead-letter poll failed; trying again in %.0fs", self.interval)
             await asyncio.sleep(self.interval)
 

@@ -17,12 +17,13 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
 
 class Notifier:
-    def __init__(self, env: dict | None = None):
+    def __init__(self, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
         address = env.get("NOTIFY_SOCKET") or None
         if address and address.startswith("@"):

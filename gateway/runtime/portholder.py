@@ -31,7 +31,7 @@ def port_holder(port: int, *, proc: Path = Path("/proc")) -> str | None:
             if entry.name.isdigit() and _holds(entry, targets):
                 return f"pid {entry.name} ({_command(entry)})"
         return "a process this user cannot see (another user's, or in another namespace)"
-    except Exception:  # noqa: BLE001 - the lookup only adds detail to an error message
+    except Exception:  # the lookup only adds detail to an error message
         log.debug("could not find who listens on port %d", port, exc_info=True)
         return None
 

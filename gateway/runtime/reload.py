@@ -123,7 +123,7 @@ async def reload_config(running: Running, auth_settings: AuthSettingsFor, *, clo
         return result
     try:
         result = await apply_reload(running, new, auth_settings)
-    except Exception as exc:  # noqa: BLE001 - reported below; the running config is put back
+    except Exception as exc:  # reported below; the running config is put back
         expected = isinstance(exc, (SwitchboardError, state.StateError))  # says what to do; no traceback needed
         result = ReloadResult(error=str(exc) if expected else f"{type(exc).__name__}: {exc}")
         log.error("%s", result.summary(), exc_info=not expected)
@@ -146,7 +146,7 @@ async def apply_reload(running: Running, new: Config, auth_settings: AuthSetting
     except Exception:
         try:
             await _apply(running, running.config, old, auth_settings)
-        except Exception:  # noqa: BLE001 - the first error is the one to report
+        except Exception:  # the first error is the one to report
             log.exception("could not put the running config back after a failed reload")
         running.config = old
         raise

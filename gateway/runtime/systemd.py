@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gateway.runtime import lockfile
 from gateway.errors import ServiceError
+from gateway.runtime import lockfile
 
 log = logging.getLogger(__name__)
 

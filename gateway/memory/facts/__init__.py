@@ -113,7 +113,7 @@ class FactMemory:
         try:
             waiting = await self.service.db.sessions_awaiting_facts(since=now - SWEEP_DAYS * 86400, now=now,
                                                                     limit=SWEEP_LIMIT)
-        except Exception:  # noqa: BLE001 - the sweep is a catch-up; new sessions are still extracted
+        except Exception:  # the sweep is a catch-up; new sessions are still extracted
             log.warning("could not list ended sessions awaiting fact extraction", exc_info=True)
             waiting = []
         for session_id in waiting:
@@ -171,7 +171,7 @@ class FactMemory:
                     self.extracted.append(result)
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # noqa: BLE001 - one session's failure never stops the others
+                except Exception:  # one session's failure never stops the others
                     log.exception("fact extraction for %s failed", session_id)
                 finally:
                     self._queue.pop(session_id, None)

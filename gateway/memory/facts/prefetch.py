@@ -38,7 +38,7 @@ def make_prefetch(service: FactService, config):
         try:
             agent = _agent_of(req.session_key, config.agent)
             found = await service.search_for_prefetch(req.session_key, agent, scope, user_text[:MAX_QUERY_CHARS])
-        except Exception:  # noqa: BLE001 - recall is a bonus; the turn goes on without it
+        except Exception:  # recall is a bonus; the turn goes on without it
             log.warning("fact prefetch for %s failed; answering without it", req.session_key, exc_info=True)
             return None
         found = [f for f in found if f.score >= MIN_SCORE]

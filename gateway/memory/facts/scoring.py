@@ -53,8 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.memory.facts import hrr
-from gateway.memory.facts import text as _text
+from gateway.memory.facts import hrr, text as _text
 
 MODES = ("probe", "related", "reason", "contradict")
 SECONDS_PER_DAY = 86400.0
@@ -95,7 +94,10 @@ def hrr_scores(mode: str, query: str, vectors: np.ndarray) -> np.ndarray:
     n, dim = vectors.shape
     if n == 0:
         return np.zeros(0)
-    a = lambda name: hrr.atom(name, dim)  # noqa: E731
+
+    def a(name: str) -> np.ndarray:
+        return hrr.atom(name, dim)
+
     words = _text.tokens(query) or _text.words(query)
     ents = _text.query_entities(query)
     q_words = hrr.bag(words, dim)

@@ -18,9 +18,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from gateway.memory.facts import hrr, scoring
-from gateway.memory.facts import text as _text
 from gateway.errors import FactRefused
+from gateway.memory.facts import hrr, scoring, text as _text
 from gateway.memory.identity import identity_of
 
 log = logging.getLogger(__name__)
@@ -159,7 +158,7 @@ def _closest_twin(content: str, ents: list[str], vector, candidates: list[dict],
     words = _text.token_set(content + " " + " ".join(ents))
     cos = hrr.cosine(scoring.candidate_vectors(candidates, dim), vector[None, :])
     best, best_sim = None, 0.0
-    for c, sim in zip(candidates, cos):
+    for c, sim in zip(candidates, cos, strict=True):
         jac = _text.jaccard(words, _text.token_set(c["content"] + " " + " ".join(c["entities"])))
         if (jac >= DUPLICATE_JACCARD or sim >= DUPLICATE_COSINE) and max(jac, float(sim)) > best_sim:
             best, best_sim = c, max(jac, float(sim))

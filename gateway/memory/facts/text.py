@@ -93,7 +93,7 @@ def query_entities(text: str, limit: int = 12) -> list[str]:
     """What a query may name: its content words and adjacent pairs ("new york"), in order."""
     toks = tokens(text)
     out = list(dict.fromkeys(toks))
-    out += [f"{a} {b}" for a, b in zip(toks, toks[1:]) if f"{a} {b}" not in out]
+    out += [f"{a} {b}" for a, b in zip(toks, toks[1:], strict=False) if f"{a} {b}" not in out]
     return out[:limit]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from gateway.memory.facts import scoring
-from gateway.memory.facts.service import FactRefused, FactService, TRUST_TOLD, render_facts, user_scope
+from gateway.memory.facts.service import TRUST_TOLD, FactRefused, FactService, render_facts, user_scope
 from gateway.tools import Tool, ToolContext
 
 log = logging.getLogger(__name__)
