@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import re
 
-import pytest
-
-from adapters.discord import DiscordAdapter
 from adapters.slack.mrkdwn import to_mrkdwn
 from adapters.telegram.adapter import CHAT_RATE
 from adapters.telegram.format import markdown_to_html
@@ -19,13 +16,11 @@ from gateway.formatting import utf16_len
 from gateway.ratelimit import chat_budget_for
 from gateway.streaming import ReplyStream, StreamPacing
 from gateway.types import ChatRef
-from tests.fakes.discord import FakeDiscord
 from tests.fakes.telegram import check_html
 from tests.harness import eventually
-from tests.recording import Recorder
-from tests.test_adapter_discord_send import COMMANDS as DISCORD_COMMANDS, FAST
 from tests.test_adapter_slack import running, slack  # noqa: F401 - fixtures
 from tests.test_adapter_telegram import bot, tg  # noqa: F401 - fixtures
+from tests.test_chat_budget import discord_bot, discord_fake  # noqa: F401 - fixtures
 
 DM = ChatRef("telegram", "111")
 ARRIVAL_JITTER = 0.05
@@ -162,22 +157,6 @@ async def test_a_tool_status_line_is_replaced_by_the_answer(tg, bot):
 
 
 # -- Discord and Slack: the same paths --------------------------------------------------------
-
-
-@pytest.fixture
-async def discord_fake():
-    async with FakeDiscord() as server:
-        yield server
-
-
-@pytest.fixture
-async def discord_bot(discord_fake):
-    adapter = DiscordAdapter(token=discord_fake.token, api_base_url=discord_fake.api_base_url,
-                             gateway_url=discord_fake.gateway_url, commands=DISCORD_COMMANDS,
-                             connect_timeout_seconds=5, send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
-    await adapter.start(Recorder())
-    yield adapter
-    await adapter.stop()
 
 
 def long_answer_with_code(lines: int) -> str:
