@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import openai
 from openai import AsyncStream, RequestOptions
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 
 from gateway.errors import (
     AnswerCutOff,
@@ -209,11 +209,14 @@ class ModelClient:
     async def _streamed(self, body: dict, options: RequestOptions, on_text: Callable[[str], None]) -> Completion:
         """One streamed call, put together into a :class:`Completion`; text goes to ``on_text`` as it comes."""
         answer = _StreamedAnswer()
+        # Chunks as plain JSON: building the SDK's ChatCompletionChunk model for each of them cost about
+        # 0.2 ms a chunk (cProfile), 90 % of a streamed call's CPU; the SDK still does the HTTP, the
+        # errors and the Server-Sent Events.
         stream = await self._client.post("/chat/completions", cast_to=ChatCompletion, body=body, options=options,
-                                         stream=True, stream_cls=AsyncStream[ChatCompletionChunk])
+                                         stream=True, stream_cls=AsyncStream[object])
         try:
             async for chunk in stream:
-                text = answer.add(chunk)
+                text = answer.add(chunk) if isinstance(chunk, dict) else ""
                 if text:
                     on_text(text)
         except (openai.OpenAIError, OSError, asyncio.TimeoutError) as exc:
@@ -241,14 +244,15 @@ class _StreamedAnswer:
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
-    def add(self, chunk: ChatCompletionChunk) -> str:
-        """Take one chunk in; the answer text it carried."""
-        if chunk.usage is not None:
-            self.prompt_tokens = chunk.usage.prompt_tokens or 0
-            self.completion_tokens = chunk.usage.completion_tokens or 0
+    def add(self, chunk: dict) -> str:
+        """Take one chunk (a ``chat.completion.chunk`` as JSON) in; the answer text it carried."""
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.prompt_tokens = usage.get("prompt_tokens") or 0
+            self.completion_tokens = usage.get("completion_tokens") or 0
         text = ""
-        for choice in chunk.choices[:1]:
-            delta = choice.delta.model_dump(exclude_none=True)
+        for choice in (chunk.get("choices") or [])[:1]:
+            delta = {k: v for k, v in (choice.get("delta") or {}).items() if v is not None}
             text = delta.pop("content", None) or ""
             self.text += text
             for call in delta.pop("tool_calls", None) or []:
@@ -263,8 +267,8 @@ class _StreamedAnswer:
                     earlier.extend(value)
                 else:
                     self.extra[key] = value
-            if choice.finish_reason is not None:
-                self.finish_reason = choice.finish_reason
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
         return text
 
     def _add_tool_call(self, delta: dict) -> None:

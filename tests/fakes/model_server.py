@@ -101,6 +101,7 @@ class Recorded:
     body: dict
     headers: dict
     at: float = field(default_factory=time.monotonic)
+    first_chunk: float | None = None  # time.monotonic() when a streamed answer's first text went out
     answered: float | None = None  # time.monotonic() when the answer was ready (the system's clock: comparable
     # across processes, so a benchmark can take the model's own time out of a latency it measured)
 
@@ -184,14 +185,15 @@ class FakeModel:
 
     async def _timings(self, request: web.Request) -> web.Response:
         """Each request's last user message with when it arrived and when its answer was ready."""
-        return web.json_response([{"last_user": r.last_user_text, "at": r.at, "answered": r.answered}
-                                  for r in self.requests])
+        return web.json_response([{"last_user": r.last_user_text, "at": r.at, "answered": r.answered,
+                                   "first_chunk": r.first_chunk} for r in self.requests])
 
-    async def _stream(self, request: web.Request, body: dict, message: dict, finish: str,
+    async def _stream(self, request: web.Request, record: Recorded, message: dict, finish: str,
                       usage: dict, cut_after: int | None = None) -> web.StreamResponse:
         """The answer as Server-Sent Events in the Chat Completions chunk format, ending with [DONE]."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
+        body = record.body
         base = {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": body.get("model", self.model_name)}
 
@@ -211,6 +213,8 @@ class FakeModel:
             if self.stream_interval and start:
                 await asyncio.sleep(self.stream_interval)
             await send({"content": text[start:start + size]})
+            if start == 0:
+                record.first_chunk = time.monotonic()
         for index, call in enumerate(message.get("tool_calls") or []):
             arguments = call["function"]["arguments"]
             await send({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
@@ -294,7 +298,7 @@ class FakeModel:
             if body.get("stream"):
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                          "total_tokens": prompt_tokens + completion_tokens}
-                return await self._stream(request, body, message, finish, usage,
+                return await self._stream(request, record, message, finish, usage,
                                           cut_after=behaviour.after if isinstance(behaviour, CutOff) else None)
             return web.json_response(
                 {
@@ -333,8 +337,12 @@ async def start_in_process(delay: float = 0.0) -> tuple[asyncio.subprocess.Proce
     return proc, int(line.split()[1])
 
 
-async def _serve(delay: float) -> None:
+async def _serve(delay: float, chunk_chars: int = 8, interval: float = 0.0, reply_chars: int = 0) -> None:
     async with FakeModel(delay=delay) as fake:
+        fake.stream_chunk_chars, fake.stream_interval = chunk_chars, interval
+        if reply_chars:
+            words = ("The answer goes on, word after word, as a model writes it. " * (reply_chars // 40 + 1))
+            fake.responder = lambda messages: words[:reply_chars]
         print(f"PORT {fake.port}", flush=True)
         await asyncio.Event().wait()
 
@@ -342,10 +350,13 @@ async def _serve(delay: float) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--stream-chunk-chars", type=int, default=8, help="characters per streamed chunk")
+    parser.add_argument("--stream-interval", type=float, default=0.0, help="seconds between streamed chunks")
+    parser.add_argument("--reply-chars", type=int, default=0, help="answer with this many characters (0: the echo)")
     args = parser.parse_args()
     try:
         import uvloop  # the fake should cost the benchmarks as little as a real server would
 
-        uvloop.run(_serve(args.delay))
+        uvloop.run(_serve(args.delay, args.stream_chunk_chars, args.stream_interval, args.reply_chars))
     except KeyboardInterrupt:
         pass
