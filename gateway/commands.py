@@ -268,6 +268,23 @@ async def cmd_stop(ctx: CommandContext) -> str:
     return "Nothing is running."
 
 
+async def cmd_stream(ctx: CommandContext) -> str:
+    msg = ctx.ticket.msg
+    choice = (ctx.command.args or "").strip().lower()
+    if choice not in ("", "on", "off"):
+        return "Usage: /stream (whether replies here show as they are written), /stream on, /stream off"
+    if ctx.router.streamed_output(msg.platform, msg.chat_type, "on") is None:
+        return (f"Replies on {msg.platform} arrive whole: streaming is off for it in the config "
+                f"(streaming.enabled, platforms.{msg.platform}.streaming.enabled).")
+    if choice:
+        await ctx.router.choose_streaming(ctx.lane, choice == "on")
+        return ("Replies here now show as they are written." if choice == "on"
+                else "Replies here now arrive whole, once written.")
+    on = ctx.router.streamed_output(msg.platform, msg.chat_type, await ctx.router.stream_choice(ctx.lane)) is not None
+    return (f"Replies here {'show as they are written' if on else 'arrive whole, once written'} "
+            f"(/stream {'off' if on else 'on'} to change).")
+
+
 async def cmd_compress(ctx: CommandContext) -> str:
     compressor = ctx.router.commands.compressor
     if compressor is None:
@@ -290,6 +307,8 @@ def default_commands(compressor: Compressing | None = None) -> CommandSet:
     commands.add("sessions", "Your recent sessions", "/sessions", cmd_sessions, runs_now=True)
     commands.add("stop", "Cancel the reply being written", "/stop", cmd_stop, runs_now=True)
     commands.add("compress", "Summarize the conversation so far and continue", "/compress [focus]", cmd_compress)
+    commands.add("stream", "Show replies as they are written, or whole", "/stream [on|off]", cmd_stream,
+                 runs_now=True)
     return commands
 
 

@@ -94,6 +94,8 @@ class Lane:
     worker: asyncio.Task | None = None
     current: asyncio.Task | None = None  # the turn or command now running
     last_prompt_tokens: int | None = None
+    stream_choice: str | None = None  # the chat's /stream on|off ("on", "off"; None: the config's default)
+    stream_choice_read: bool = False  # stream_choice was read from the store
 
     @property
     def busy(self) -> bool:
@@ -155,11 +157,31 @@ class SessionRouter:
         else:
             self._streamed.pop(platform, None)
 
-    def _stream_for(self, msg: InboundMessage) -> ReplyStream | None:
-        out = self._streamed.get(msg.platform)
-        if out is None or (msg.chat_type is not ChatType.DM and not out.groups):
+    async def _stream_for(self, lane: Lane, msg: InboundMessage) -> ReplyStream | None:
+        """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off."""
+        if msg.platform not in self._streamed:
             return None
-        return ReplyStream(out.drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing)
+        out = self.streamed_output(msg.platform, msg.chat_type, await self.stream_choice(lane))
+        return ReplyStream(out.drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing) if out else None
+
+    async def stream_choice(self, lane: Lane) -> str | None:
+        """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane."""
+        if not lane.stream_choice_read:
+            lane.stream_choice, lane.stream_choice_read = await self.db.chat_pref(lane.key, "stream"), True
+        return lane.stream_choice
+
+    def streamed_output(self, platform: str, chat_type: ChatType, choice: str | None) -> StreamedOutput | None:
+        """How a reply on ``platform`` streams given the chat's choice (None: it made none), or None: sent whole."""
+        out = self._streamed.get(platform)
+        if out is None or choice == "off":
+            return None
+        return out if choice == "on" or chat_type is ChatType.DM or out.groups else None
+
+    async def choose_streaming(self, lane: Lane, on: bool) -> None:
+        """The chat's /stream on|off: remembered in the store, used from its next reply."""
+        choice = "on" if on else "off"
+        await self.db.set_chat_pref(lane.key, "stream", choice, now=self.clock())
+        lane.stream_choice, lane.stream_choice_read = choice, True
 
     def lane(self, key: str) -> Lane:
         lane = self._lanes.get(key)
@@ -371,7 +393,7 @@ class SessionRouter:
         started = time.monotonic()
         answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if answered else None
-        stream = self._stream_for(msg) if plan is not None else None
+        stream = await self._stream_for(lane, msg) if plan is not None else None
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,

@@ -2,7 +2,7 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep`` or ``fts`` (search)
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs`` or ``fts`` (search)
 through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
@@ -19,6 +19,7 @@ from . import (
     _facts,
     _messages,
     _pairing,
+    _prefs,
     _recall,
     _recovery,
     _routes,
@@ -720,6 +721,16 @@ class SessionDB:
     def release_fact_extraction(self, session_id: str) -> None:
         """A failed extraction gives its claim back, so a later attempt may run."""
         return self._engine.write(_facts.release_extraction, session_id)
+
+    @_writes
+    def set_chat_pref(self, session_key: str, name: str, value: str, *, now: float) -> None:
+        """Remember a chat's choice (``/stream off``: name ``stream``, value ``off``)."""
+        return self._engine.write(_prefs.set_chat_pref, session_key, name, value, now=now)
+
+    @_reads
+    def chat_pref(self, session_key: str, name: str) -> str | None:
+        """A chat's remembered choice, or None when it never made one."""
+        return self._engine.read(_prefs.chat_pref, session_key, name)
 
     @_writes
     def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None:

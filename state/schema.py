@@ -255,6 +255,12 @@ def _v18_meta(conn):
     _upkeep.create_tables(conn)
 
 
+def _v19_chat_prefs(conn):
+    from . import _prefs
+
+    _prefs.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -274,6 +280,7 @@ for _step in [
     Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery),
     Migration(17, "listing indexes by last activity", _v17_listing_by_activity),
     Migration(18, "meta: the last upkeep", _v18_meta),
+    Migration(19, "per-chat choices (/stream on|off)", _v19_chat_prefs),
 ]:
     register(_step)
 

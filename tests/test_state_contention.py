@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -149,12 +150,17 @@ def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
             for i in range(30):
                 db.append_message("polite", "user", f"polite {i}")
             assert greedy.poll() is None  # all 30 stored while the greedy writer was still writing
+            last_polite = db.get_messages("polite")[-1]["id"]
+            # and it goes on writing after our last one (however slowly a loaded machine schedules it)
+            deadline = time.monotonic() + 30
+            while not any(m["id"] > last_polite for m in db.get_messages("greedy")):
+                assert time.monotonic() < deadline, "the greedy writer stopped writing"
+                time.sleep(0.01)
             stop.touch()
             stored = int(greedy.communicate(timeout=30)[0].strip())
             polite_ids = [m["id"] for m in db.get_messages("polite")]
             greedy_ids = [m["id"] for m in db.get_messages("greedy")]
         assert len(polite_ids) == 30 and len(greedy_ids) == stored
-        assert any(g > polite_ids[-1] for g in greedy_ids)  # it went on writing after our last one
     finally:
         greedy.kill()
 

@@ -129,3 +129,38 @@ async def test_with_streaming_off_for_the_platform_the_reply_is_sent_whole(world
         assert sent.visible_text == LONG and sent.parse_mode == "HTML"
         assert tg.calls("editMessageText") == []
         assert model.requests[-1].body.get("stream") is None
+
+
+async def test_stream_off_in_a_chat_sends_its_replies_whole_and_is_remembered_across_a_restart(world):
+    tg, model, _ = world
+    async with gateway_on(world):
+        tg.dm(ANN, "/stream")
+        [status] = await tg.wait_for_sent(1, timeout=10)
+        assert "show as they are written" in status.visible_text and "/stream off" in status.visible_text
+        tg.dm(ANN, "/stream off")
+        await tg.wait_for_sent(2, timeout=10)
+        assert tg.sent[1].visible_text == "Replies here now arrive whole, once written."
+        model.script(Reply(LONG))
+        tg.dm(ANN, "what runs where?")
+        await tg.wait_for_sent(3, timeout=10)
+        assert tg.sent[2].visible_text == LONG and tg.calls("editMessageText") == []
+    async with gateway_on(world):  # a new daemon on the same state.db
+        model.script(Reply(LONG))
+        tg.dm(ANN, "and again?")
+        await tg.wait_for_sent(4, timeout=10)
+        assert tg.sent[3].visible_text == LONG and tg.calls("editMessageText") == [], "still off after a restart"
+        tg.dm(ANN, "/stream on")
+        await tg.wait_for_sent(5, timeout=10)
+        model.script(Reply(LONG))
+        tg.dm(ANN, "once more")
+        await tg.wait_for_sent(6, timeout=10)
+        await eventually(lambda: tg.calls("editMessageText"), timeout=10, what="a streamed reply again")
+
+
+async def test_stream_says_so_when_the_config_turned_streaming_off(world):
+    tg, _, _ = world
+    async with gateway_on(world, streaming={"enabled": False}):
+        tg.dm(ANN, "/stream on")
+        [reply] = await tg.wait_for_sent(1, timeout=10)
+        assert "streaming is off for it in the config" in reply.visible_text
+        assert "platforms.telegram.streaming.enabled" in reply.visible_text

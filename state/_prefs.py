@@ -1,0 +1,37 @@
+"""Per-chat choices a user makes with a command, such as ``/stream off``.
+
+    chat_prefs    (session key, name) -> value, with when it was set
+
+A chat is its session key, as for the facts' ``/facts on|off`` switch; a value
+is text (``"on"``, ``"off"``).  No row: the config's default applies.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS chat_prefs (
+            session_key TEXT NOT NULL,
+            name TEXT NOT NULL,
+            value TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (session_key, name)
+        ) WITHOUT ROWID"""
+    )
+
+
+def set_chat_pref(conn: sqlite3.Connection, session_key: str, name: str, value: str, *, now: float) -> None:
+    conn.execute(
+        "INSERT INTO chat_prefs (session_key, name, value, updated_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(session_key, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        (session_key, name, value, now),
+    )
+
+
+def chat_pref(conn: sqlite3.Connection, session_key: str, name: str) -> str | None:
+    row = conn.execute("SELECT value FROM chat_prefs WHERE session_key = ? AND name = ?",
+                       (session_key, name)).fetchone()
+    return row[0] if row else None
