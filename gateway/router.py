@@ -33,7 +33,7 @@ from gateway.errors import GatewayClosing, ModelUnavailable
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
-from gateway.streaming import DraftOutput, ReplyStream, StreamPacing
+from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
 from gateway.tasks import spawn
 from gateway.turn import EMPTY_ANSWER, AgentTurn, TurnRequest, TurnResult
 from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
@@ -141,28 +141,41 @@ class SessionRouter:
         self._senders: dict[str, Sender] = {}
         self._typers: dict[str, Typing] = {}
         self._streamed: dict[str, StreamedOutput] = {}
+        self._drafts: dict[str, DraftOutput] = {}
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
 
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None, *,
-                        streamed: StreamedOutput | None = None) -> None:
-        """Where replies for ``platform`` go (the adapter's send and typing, and its drafts when replies stream)."""
+                        streamed: StreamedOutput | None = None, drafts: DraftOutput | None = None) -> None:
+        """Where replies for ``platform`` go: the adapter's send and typing, how replies stream there (None:
+        sent whole), and its drafts (edits), with which a restart finishes what a stream left."""
         self._senders[platform] = send
         if typing is not None:
             self._typers[platform] = typing
+        if drafts is not None:
+            self._drafts[platform] = drafts
         if streamed is not None:
             self._streamed[platform] = streamed
         else:
             self._streamed.pop(platform, None)
 
-    async def _stream_for(self, lane: Lane, msg: InboundMessage) -> ReplyStream | None:
+    async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict,
+                          lane_session_id: str) -> ReplyStream | None:
         """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off."""
         if msg.platform not in self._streamed:
             return None
         out = self.streamed_output(msg.platform, msg.chat_type, await self.stream_choice(lane))
-        return ReplyStream(out.drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing) if out else None
+        if out is None:
+            return None
+        plan["kind"] = "stream"
+        session_id = lane_session_id
+
+        async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
+            await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
+
+        return ReplyStream(out.drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
 
     async def stream_choice(self, lane: Lane) -> str | None:
         """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane."""
@@ -393,7 +406,7 @@ class SessionRouter:
         started = time.monotonic()
         answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if answered else None
-        stream = await self._stream_for(lane, msg) if plan is not None else None
+        stream = await self._stream_for(lane, msg, plan, last.session_id) if plan is not None else None
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
@@ -462,6 +475,22 @@ class SessionRouter:
             log.error("could not store the stopped answer in %s: %s", session_id, exc)
             return False
 
+    async def _settle_stopped_stream(self, drafts: DraftOutput, record: dict) -> None:
+        """After a restart, a streamed reply a stop cut short: finished in its own messages from the stored
+        text, or, when its turn never finished, marked as cut short (the message is answered anew)."""
+        chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
+        if record.get("status") == "streaming":
+            delivery = await mark_cut_short(drafts, chat, record["sent_ids"])
+            status, error = "failed", delivery.error or "cut short by a restart; answered again"
+        else:
+            delivery = await finish_streamed(drafts, chat, record["sent_ids"], record["text"])
+            status, error = ("sent" if delivery.ok else "failed"), delivery.error
+        try:
+            await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids) or record["sent_ids"],
+                                          status=status, error=error)
+        except state.StateError as exc:
+            log.error("could not record the delivery of %s: %s", record["id"], exc)
+
     async def _finish_stream(self, stream: ReplyStream, record: dict) -> None:
         """Show the recorded text as the streamed reply's final form, once, and note the delivery."""
         delivery = await stream.finish(record["text"])
@@ -494,6 +523,10 @@ class SessionRouter:
     async def _send_recorded(self, record: dict) -> None:
         """Send a reply held in the delivery record, from its first unconfirmed part, noting each part
         the platform confirms; the record ends ``sent``, ``failed`` or (adapter not running) ``pending``."""
+        drafts = self._drafts.get(record["platform"])
+        if record.get("kind") == "stream" and record.get("sent_ids") and drafts is not None:
+            await self._settle_stopped_stream(drafts, record)
+            return
         delivery_id = record["id"]
         finished = False
 

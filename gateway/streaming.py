@@ -24,13 +24,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
 from gateway.errors import PlatformHTTPError, RateLimited
-from gateway.formatting import cut_once, fits
+from gateway.formatting import cut_once, fits, split_message
 from gateway.types import ChatRef, Delivery
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,10 @@ class ReplyStream:
     """One streamed reply in one chat (see the module docstring); feed it, then finish it."""
 
     def __init__(self, out: DraftOutput, chat: ChatRef, *, reply_to: str | None = None,
-                 pacing: StreamPacing = StreamPacing(), clock: Callable[[], float] = time.monotonic):
+                 pacing: StreamPacing = StreamPacing(), clock: Callable[[], float] = time.monotonic,
+                 on_posted: Callable[[tuple[str, ...]], Awaitable[object]] | None = None):
         self._out = out
+        self._on_posted = on_posted  # told every message id so far, each time a message is posted
         self._chat = chat
         self._reply_to = reply_to
         self._pacing = pacing
@@ -161,6 +164,7 @@ class ReplyStream:
                     if self._live is not None:
                         self._frozen.append(self._live)
                     self._live = _Shown(message_id, part)
+                    await self._posted()
         except PlatformHTTPError as exc:
             log.info("streamed reply to %s ended: %s", self._chat.chat_id, exc)
             return Delivery(ok=False, message_ids=self.message_ids, error=str(exc))
@@ -245,9 +249,17 @@ class ReplyStream:
         if self._live is None:
             reply_to = self._reply_to if not self._frozen else None
             self._live = _Shown(await self._out.post_draft(self._chat, text, reply_to=reply_to, final=final), text)
+            await self._posted()
         else:
             await self._out.edit_draft(self._chat, self._live.message_id, text, final=final)
             self._live.text = text
+
+    async def _posted(self) -> None:
+        if self._on_posted is not None:
+            try:
+                await self._on_posted(self.message_ids)
+            except Exception:  # the reply goes on; only a restart's clean-up would miss it
+                log.exception("could not record the messages of a streamed reply to %s", self._chat.chat_id)
 
     # -- the final text --------------------------------------------------------------------
 
@@ -265,17 +277,56 @@ class ReplyStream:
         return [p for p in parts if p.strip()]
 
     async def _final(self, call):
-        """A final edit or post: through rate limits (the budget waits them out) and network faults."""
-        for attempt in range(1, FINAL_ATTEMPTS + 1):
-            try:
-                return await call()
-            except RateLimited:
-                continue  # the chat's budget is paused for retry_after: the next try waits for it
-            except PlatformHTTPError:
+        return await _final_call(call, self._chat)
+
+
+async def _final_call(call: Callable[[], Awaitable[Any]], chat: ChatRef) -> Any:
+    """A final edit or post: through rate limits (the budget waits them out) and network faults."""
+    for attempt in range(1, FINAL_ATTEMPTS + 1):
+        try:
+            return await call()
+        except RateLimited:
+            continue  # the chat's budget is paused for retry_after: the next try waits for it
+        except PlatformHTTPError:
+            raise
+        except Exception as exc:  # retried, then reported
+            if attempt == FINAL_ATTEMPTS:
                 raise
-            except Exception as exc:  # retried, then reported
-                if attempt == FINAL_ATTEMPTS:
-                    raise
-                log.info("final part to %s failed (%s); trying again", self._chat.chat_id, exc)
-                await asyncio.sleep(TRANSIENT_PAUSE)
-        raise RateLimited(self._chat.platform, 0.0)
+            log.info("final part to %s failed (%s); trying again", chat.chat_id, exc)
+            await asyncio.sleep(TRANSIENT_PAUSE)
+    raise RateLimited(chat.platform, 0.0)
+
+
+CUT_SHORT = "_(This answer was cut short by a restart; the full answer follows.)_"
+
+
+async def finish_streamed(out: DraftOutput, chat: ChatRef, message_ids: Sequence[str], text: str) -> Delivery:
+    """After a restart: show ``text`` in the messages a streamed reply had posted, and post what does not fit.
+
+    The reply was stored whole before the stop, so no model call is needed and nothing is posted twice."""
+    parts = split_message(text, out.message_limit, length=out.measure) or [text]
+    shown: list[str] = []
+    try:
+        for index, part in enumerate(parts):
+            if index < len(message_ids):
+                await _final_call(functools.partial(out.edit_draft, chat, message_ids[index], part, final=True), chat)
+                shown.append(message_ids[index])
+            else:
+                shown.append(await _final_call(functools.partial(out.post_draft, chat, part, reply_to=None, final=True),
+                                               chat))
+        for extra in message_ids[len(parts):]:  # the answer came out shorter than the messages shown
+            await _final_call(functools.partial(out.edit_draft, chat, extra, "…", final=False), chat)
+    except Exception as exc:  # noqa: BLE001 - reported in the Delivery
+        return Delivery(ok=False, message_ids=tuple(shown), error=f"{type(exc).__name__}: {exc}")
+    return Delivery(ok=True, message_ids=tuple(shown))
+
+
+async def mark_cut_short(out: DraftOutput, chat: ChatRef, message_ids: Sequence[str]) -> Delivery:
+    """After a restart: a streamed reply whose turn never finished says so in its messages (the
+    message it answered is answered again, in a new one)."""
+    try:
+        for message_id in message_ids:
+            await _final_call(functools.partial(out.edit_draft, chat, message_id, CUT_SHORT, final=True), chat)
+    except Exception as exc:  # noqa: BLE001 - reported in the Delivery
+        return Delivery(ok=False, message_ids=tuple(message_ids), error=f"{type(exc).__name__}: {exc}")
+    return Delivery(ok=True, message_ids=tuple(message_ids))

@@ -15,6 +15,13 @@ start, pending rows are sent again from the first unconfirmed part, so a crash
 between the model's answer and the send costs neither the answer nor a second
 model call.
 
+**A streamed reply** (kind ``stream``) is recorded as soon as its first message
+is posted, ``streaming`` with no text yet and the posted message ids; the turn's
+transaction then fills the text in and makes it ``pending``.  At start, a
+``pending`` one is finished by editing the messages it posted, and a
+``streaming`` one (its turn never finished) has its messages marked as cut
+short, so a partial is never left looking like an answer nor sent again.
+
 **Dead letters** (table only here, see ``state._deadletters``): platform events
 whose handling failed again and again, set aside so the chat moves on.
 """
@@ -31,7 +38,7 @@ from ._deadletters import count_dead_letters
 INBOX_FIELDS = ("session_key", "platform", "chat_id", "thread_id", "chat_type", "user_id", "user_name",
                 "platform_message_id", "received_at")
 DELIVERY_FIELDS = ("platform", "chat_id", "thread_id", "reply_to", "text", "kind")
-DELIVERY_STATUSES = ("pending", "sent", "failed")
+DELIVERY_STATUSES = ("pending", "sent", "failed", "streaming")
 
 
 def create_tables(conn: sqlite3.Connection) -> None:
@@ -144,11 +151,27 @@ def add_delivery(conn: sqlite3.Connection, delivery: dict, *, session_id: str | 
     if unknown:
         raise TypeError(f"unknown delivery fields: {', '.join(sorted(unknown))}")
     now = time.time()
+    # A streamed reply's row exists already (begin_streamed_delivery): its text arrives, its posted ids stay.
     conn.execute(
         "INSERT INTO deliveries (id, session_id, message_id, kind, platform, chat_id, thread_id, reply_to, text, "
-        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(id) DO UPDATE SET session_id = excluded.session_id, message_id = excluded.message_id, "
+        "text = excluded.text, status = 'pending', updated_at = excluded.updated_at",
         (delivery["id"], session_id, message_id, delivery.get("kind") or "reply", delivery["platform"],
          delivery["chat_id"], delivery.get("thread_id"), delivery.get("reply_to"), delivery["text"], now, now),
+    )
+
+
+def begin_streamed_delivery(conn: sqlite3.Connection, delivery: dict, *, session_id: str,
+                            sent_ids: list[str]) -> None:
+    """A streamed reply posted its messages ``sent_ids`` (its text is not known yet): recorded ``streaming``."""
+    now = time.time()
+    conn.execute(
+        "INSERT INTO deliveries (id, session_id, kind, platform, chat_id, thread_id, reply_to, text, sent_ids, "
+        "status, created_at, updated_at) VALUES (?, ?, 'stream', ?, ?, ?, ?, '', ?, 'streaming', ?, ?) "
+        "ON CONFLICT(id) DO UPDATE SET sent_ids = excluded.sent_ids, updated_at = excluded.updated_at",
+        (delivery["id"], session_id, delivery["platform"], delivery["chat_id"], delivery.get("thread_id"),
+         delivery.get("reply_to"), json.dumps(list(sent_ids)), now, now),
     )
 
 
@@ -165,10 +188,13 @@ def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: lis
 
 
 def pending_deliveries(conn: sqlite3.Connection) -> list[dict]:
-    """Replies stored but not confirmed sent, oldest first (``sent_ids`` decoded)."""
-    rows = conn.execute(
+    """Replies stored but not confirmed sent, and streamed replies their turn never finished
+    (``streaming``), oldest first (``sent_ids`` decoded)."""
+    rows = conn.execute(  # each half on its partial index: the record keeps every reply ever sent
+        "SELECT * FROM (SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
+        "WHERE d.status = 'pending' UNION ALL "
         "SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
-        "WHERE d.status = 'pending' ORDER BY d.created_at, d.id")
+        "WHERE d.status = 'streaming') ORDER BY created_at, id")
     return [_decode_delivery(r) for r in rows]
 
 

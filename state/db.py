@@ -794,6 +794,13 @@ class SessionDB:
         """Every stored platform message that no turn has answered yet, oldest first."""
         return self._engine.read(_recovery.unanswered)
 
+    @_writes
+    def begin_streamed_delivery(self, delivery: dict, *, session_id: str, sent_ids: list[str]) -> None:
+        """Record that a streamed reply posted ``sent_ids`` before its text is known (kind ``stream``,
+        status ``streaming``); the turn's transaction fills the text in."""
+        return self._engine.write(_recovery.begin_streamed_delivery, delivery, session_id=session_id,
+                                  sent_ids=sent_ids)
+
     @_reads
     def pending_deliveries(self) -> list[dict]:
         """Replies stored but not yet confirmed sent, oldest first."""

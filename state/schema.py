@@ -259,6 +259,9 @@ def _v19_chat_prefs(conn):
     from . import _prefs
 
     _prefs.create_tables(conn)
+    # streamed replies a stop cut short, found at start like the pending ones
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_deliveries_streaming ON deliveries(created_at) "
+                 "WHERE status = 'streaming'")
 
 
 for _step in [
@@ -280,7 +283,7 @@ for _step in [
     Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery),
     Migration(17, "listing indexes by last activity", _v17_listing_by_activity),
     Migration(18, "meta: the last upkeep", _v18_meta),
-    Migration(19, "per-chat choices (/stream on|off)", _v19_chat_prefs),
+    Migration(19, "per-chat choices (/stream on|off), streamed replies' index", _v19_chat_prefs),
 ]:
     register(_step)
 

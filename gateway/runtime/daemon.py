@@ -299,7 +299,8 @@ class Gateway:
         self.platforms_off.pop(name, None)
         self._connected[name] = asyncio.Event()
         self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing,
-                                    streamed=self._streamed_output(name, adapter))
+                                    streamed=self._streamed_output(name, adapter),
+                                    drafts=adapter if isinstance(adapter, DraftOutput) else None)
         self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
 
     def _streamed_output(self, name: str, adapter: Adapter) -> StreamedOutput | None:
