@@ -18,7 +18,7 @@ from gateway.streaming import ReplyStream, StreamPacing
 from gateway.types import ChatRef
 from tests.fakes.telegram import check_html
 from tests.harness import eventually
-from tests.test_adapter_slack import running, slack  # noqa: F401 - fixtures
+from tests.test_adapter_slack import running, slack, started  # noqa: F401 - fixtures
 from tests.test_adapter_telegram import bot, tg  # noqa: F401 - fixtures
 from tests.test_chat_budget import discord_bot, discord_fake  # noqa: F401 - fixtures
 
@@ -231,3 +231,30 @@ async def test_slack_429_on_an_update_pauses_the_channel_and_the_final_arrives_o
     assert delivery.ok and [s["text"] for s in fake.sent] == [to_mrkdwn(answer)]
     after = [c for c in fake.calls if c.at > limited.at and c.body.get("channel") == "C1"]
     assert after and after[0].at - limited.at >= 3 - ARRIVAL_JITTER, "nothing to the channel during the pause"
+
+
+async def test_slack_native_streaming_in_a_thread_appends_and_stops_the_stream(slack):
+    async with started(slack, native_streaming=True) as (adapter, _):
+        answer = "**Done.** The plan has three steps, and the _first_ is ready. " + "More detail follows. " * 5
+        chat = ChatRef("slack", "C1", "1700000000.000100")
+        stream = ReplyStream(adapter, chat, pacing=StreamPacing(edit_interval=0.3))
+        await stream_words(stream, answer, every=0.02, size=10)
+        delivery = await stream.finish(answer)
+        [message] = slack.sent
+        assert delivery.ok and message["text"] == answer and message["streaming"] is False
+        assert slack.calls_to("chat.startStream") and slack.calls_to("chat.appendStream")
+        assert len(slack.calls_to("chat.stopStream")) == 1
+        assert slack.calls_to("chat.update") == [] and slack.calls_to("chat.postMessage") == []
+
+
+async def test_slack_without_the_streaming_methods_falls_back_to_chat_update_and_stays_there(slack):
+    async with started(slack, native_streaming=True) as (adapter, _):
+        slack.error_next("chat.startStream", "unknown_method")
+        chat = ChatRef("slack", "C1", "1700000000.000100")
+        answer = "Streaming along, one word after another. " * 4
+        for _ in range(2):
+            stream = ReplyStream(adapter, chat, pacing=StreamPacing(edit_interval=0.3))
+            await stream_words(stream, answer, every=0.02, size=12)
+            assert (await stream.finish(answer)).ok
+        assert [m["text"] for m in slack.sent] == [to_mrkdwn(answer)] * 2, "each reply once, in full"
+        assert len(slack.calls_to("chat.startStream")) == 1, "not tried again after it failed"

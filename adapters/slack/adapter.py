@@ -65,7 +65,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gateway.errors import AdapterError
+from gateway.errors import AdapterError, RateLimited
 from gateway.formatting import split_message
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff
@@ -75,7 +75,7 @@ from gateway.types import AdapterHealth, ChatRef, DeadLetterHandler, Delivery, I
 from .connection import HttpEndpoint, Pulse, SocketConnection
 from .inbound import Inbound, InboundSettings, Lru
 from .mrkdwn import to_mrkdwn
-from .outbound import TEXT_LIMIT, PartFailed, Sender
+from .outbound import TEXT_LIMIT, PartFailed, Sender, describe_slack_error
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class SlackAdapter:
         send_total_seconds: float = 90.0,
         reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0),
         duplicate_wait: float = 2.0,
+        native_streaming: bool = False,
     ):
         if mode not in ("socket", "http"):
             raise ValueError(f'mode must be "socket" or "http" (got {mode!r})')
@@ -153,6 +154,8 @@ class SlackAdapter:
         self._send_rate, self._send_burst = send_rate, send_burst
         self._send_backoff, self._send_attempts, self._send_total = send_backoff, send_attempts, send_total_seconds
         self._reconnect_backoff = reconnect_backoff
+        self._native_streaming = native_streaming
+        self._native_shown: dict[str, str] = {}  # ts of a message streamed with chat.startStream -> its text
 
         self._health = AdapterHealth(PLATFORM)
         self._pulse = Pulse(self._on_event_seen)
@@ -180,6 +183,7 @@ class SlackAdapter:
             http_port=c.http_port,
             http_path=c.http_path,
             api_base_url=c.api_base_url,
+            native_streaming=c.native_streaming,
             require_mention=c.require_mention,
             free_response_channels=tuple(c.free_response_channels),
             stall_timeout_seconds=c.stall_timeout_seconds,
@@ -385,6 +389,19 @@ class SlackAdapter:
         sender = self._sender
         if sender is None or not self._started:
             raise AdapterError("slack adapter is not running")
+        native = ts in self._native_shown if ts is not None else self._native_streaming and bool(chat.thread_id)
+        if native:
+            try:
+                return await sender.native_draft(chat.chat_id, text, thread_ts=chat.thread_id, ts=ts, final=final,
+                                                 shown=self._native_shown)
+            except RateLimited:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any error of the streaming methods: chat.update from now on
+                log.warning("slack: the streaming methods failed (%s); streamed replies use chat.update from now on",
+                            describe_slack_error(exc))
+                self._native_streaming = False
+                if ts is not None:
+                    await sender.end_native(chat.chat_id, ts, self._native_shown)
         return await sender.draft(chat.chat_id, to_mrkdwn(text) if final else text, thread_ts=chat.thread_id,
                                   ts=ts, final=final)
 

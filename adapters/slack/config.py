@@ -24,6 +24,9 @@ class SlackConfig(PlatformConfig):
     http_port: int = Field(3000, ge=0, le=65535)
     http_path: str = "/slack/events"
     api_base_url: HttpUrl = "https://slack.com/api/"
+    # streamed replies in threads with Slack's chat.startStream/appendStream/stopStream (AI apps);
+    # off: chat.update, which every workspace has; any error of those methods falls back to it
+    native_streaming: bool = False
 
     @field_validator("http_path")
     @classmethod

@@ -159,6 +159,47 @@ class Sender:
             raise PlatformHTTPError(PLATFORM, status, _error_code(exc)) from None
         return str(resp.get("ts") or ts or "")
 
+    async def native_draft(self, channel: str, text: str, *, thread_ts: str | None, ts: str | None, final: bool,
+                           shown: dict[str, str]) -> str:
+        """One call of a reply streamed with Slack's streaming methods (threads only): start a stream, append
+        what is new since ``shown[ts]``, stop it with the final text.  Raises what Slack said, to fall back."""
+        if thread_ts is None:
+            raise PartFailed("Slack's streaming methods need a thread")
+        budget = self.chat_budget(channel)
+        await budget.acquire()
+        try:
+            async with self._limiter:
+                if ts is None:
+                    resp = await self._client.chat_startStream(channel=channel, thread_ts=thread_ts, markdown_text=text)
+                    ts = str(resp.get("ts") or "")
+                    shown[ts] = text
+                else:
+                    before = shown[ts]
+                    if not text.startswith(before):
+                        raise PartFailed("the streamed text changed, not only grew: chat.update it")
+                    if len(text) > len(before):
+                        await self._client.chat_appendStream(channel=channel, ts=ts, markdown_text=text[len(before):])
+                    shown[ts] = text
+                if final:
+                    await self._client.chat_stopStream(channel=channel, ts=ts)
+                    shown.pop(ts, None)
+        except SlackApiError as exc:
+            if getattr(exc.response, "status_code", 200) == 429:
+                wait = _retry_after(exc.response.headers)
+                budget.pause(wait)
+                self._limiter.pause(wait)
+                raise RateLimited(PLATFORM, wait) from None
+            raise
+        return ts
+
+    async def end_native(self, channel: str, ts: str, shown: dict[str, str]) -> None:
+        """Stop a streaming-methods message before chat.update takes it over (best effort)."""
+        shown.pop(ts, None)
+        try:
+            await self._client.chat_stopStream(channel=channel, ts=ts)
+        except Exception as exc:  # noqa: BLE001 - chat.update is tried next either way
+            log.info("slack: chat.stopStream failed: %s", describe_slack_error(exc))
+
     async def respond(self, route: ResponseRoute, text: str) -> None:
         """Post one part to a slash command's response_url (raises :class:`PartFailed`)."""
         webhook = AsyncWebhookClient(route.url, timeout=30)
@@ -191,6 +232,11 @@ def _retry_after(headers) -> float:
         return max(0.0, float(value)) if value is not None else 1.0
     except (TypeError, ValueError, AttributeError):
         return 1.0
+
+
+def describe_slack_error(exc: BaseException) -> str:
+    """What went wrong, in one line without secrets."""
+    return _error_code(exc) if isinstance(exc, SlackApiError) else f"{type(exc).__name__}: {exc}"
 
 
 def _error_code(exc: SlackApiError) -> str:

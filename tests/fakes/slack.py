@@ -194,6 +194,23 @@ class FakeSlack:
             })
         if method == "apps.connections.open":
             return web.json_response({"ok": True, "url": f"ws://127.0.0.1:{self.port}/link?ticket={next(self._ids)}"})
+        if method == "chat.startStream":
+            if not body.get("thread_ts"):
+                return web.json_response({"ok": False, "error": "missing_argument"})
+            ts = self.new_ts()
+            message = {"channel": body.get("channel"), "thread_ts": body.get("thread_ts"),
+                       "text": body.get("markdown_text") or "", "streaming": True}
+            self.sent.append(message)
+            self.posted[ts] = message
+            return web.json_response({"ok": True, "channel": body.get("channel"), "ts": ts})
+        if method in ("chat.appendStream", "chat.stopStream"):
+            message = self.posted.get(str(body.get("ts")))
+            if message is None or not message.get("streaming"):
+                return web.json_response({"ok": False, "error": "message_not_in_streaming_state"})
+            message["text"] += body.get("markdown_text") or ""
+            if method == "chat.stopStream":
+                message["streaming"] = False
+            return web.json_response({"ok": True, "channel": body.get("channel"), "ts": body.get("ts")})
         if method == "chat.update":
             posted = self.posted.get(str(body.get("ts")))
             if posted is None or posted.get("channel") != body.get("channel"):
