@@ -28,9 +28,14 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gateway.ratelimit import ChatRate
 from tests.harness import running_gateway
 
-GATEWAY = {"auth": {"allow_all": True}, "logging": {"level": "WARNING"}, "model": {"max_concurrent_calls": 64}}
+UNPACED = ChatRate(rate=1e6, burst=1_000_000, min_gap=0.0)
+
+# Replies whole (bench/streaming.py measures streaming), and no platform pacing: the gateway is measured.
+GATEWAY = {"auth": {"allow_all": True}, "logging": {"level": "WARNING"}, "model": {"max_concurrent_calls": 64},
+           "streaming": {"enabled": False}}
 
 
 async def start_model() -> tuple[asyncio.subprocess.Process, SimpleNamespace]:
@@ -74,7 +79,8 @@ async def bench_telegram(model, args, home: Path) -> list[float]:
     from tests.fakes.telegram import FakeTelegram
 
     async with FakeTelegram() as tg:
-        adapter = TelegramAdapter(token=tg.token, base_url=tg.base_url, rate_per_second=1e6, rate_burst=1_000_000)
+        adapter = TelegramAdapter(token=tg.token, base_url=tg.base_url, rate_per_second=1e6, rate_burst=1_000_000,
+                                  chat_rate=UNPACED, group_rate=UNPACED)
         async with running_gateway(home, model, adapters={"telegram": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "telegram to connect")
             users = [tg.user(1000 + c, f"User{c}") for c in range(args.chats)]
@@ -94,7 +100,7 @@ async def bench_discord(model, args, home: Path) -> list[float]:
 
     async with FakeDiscord() as dc:
         adapter = DiscordAdapter(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
-                                 send_rate=1e6, send_burst=1_000_000)
+                                 send_rate=1e6, send_burst=1_000_000, channel_rate=UNPACED)
         async with running_gateway(home, model, adapters={"discord": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "discord to connect")
             users = [dc.add_user(f"user{c}") for c in range(args.chats)]
@@ -113,7 +119,7 @@ async def bench_slack(model, args, home: Path) -> list[float]:
 
     async with FakeSlack() as sl:
         adapter = SlackAdapter(bot_token=sl.bot_token, app_token=sl.app_token, api_base_url=sl.base_url,
-                               send_rate=1e6, send_burst=1_000_000)
+                               send_rate=1e6, send_burst=1_000_000, channel_rate=UNPACED)
         async with running_gateway(home, model, adapters={"slack": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "slack to connect")
             injected = await inject(args.messages, args.rate, lambda i: sl.send_event(

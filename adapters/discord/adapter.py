@@ -42,6 +42,7 @@ import yarl
 from discord import app_commands
 
 from gateway.errors import AdapterError
+from gateway.ratelimit import ChatRate
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
 from gateway.types import (
@@ -58,7 +59,7 @@ from gateway.types import (
 )
 
 from . import attachments as _attachments, commands as _commands, events, redact
-from .outbound import Outbound, allowed_mentions
+from .outbound import CHANNEL_RATE, Outbound, allowed_mentions
 from .redact import describe
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class DiscordAdapter:
         sync_commands: bool = True,
         send_rate: float = 5.0,
         send_burst: int = 5,
+        channel_rate: ChatRate = CHANNEL_RATE,
         send_attempts: int = 4,
         send_total_seconds: float = 120.0,
         send_backoff: Backoff = Backoff(base=0.5, cap=10.0),
@@ -148,7 +150,8 @@ class DiscordAdapter:
         self._last_seen = time.monotonic()
         self._downloads: aiohttp.ClientSession | None = None
         self._outbound = Outbound(token=self._token, client=lambda: self._client, rate=send_rate, burst=send_burst,
-                                  attempts=send_attempts, total_seconds=send_total_seconds, backoff=send_backoff)
+                                  attempts=send_attempts, total_seconds=send_total_seconds, backoff=send_backoff,
+                                  channel_rate=channel_rate)
         self._channel_cache: dict[int, events.Where] = {}
         self._stopping = False
         self._warned_empty_content = False

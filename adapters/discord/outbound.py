@@ -79,8 +79,9 @@ class Outbound:
     """The sending half of the adapter; ``client()`` returns the current logged-in client or None."""
 
     def __init__(self, *, token: str, client: Callable[[], discord.Client | None], rate: float, burst: int,
-                 attempts: int, total_seconds: float, backoff: Backoff):
+                 attempts: int, total_seconds: float, backoff: Backoff, channel_rate: ChatRate = CHANNEL_RATE):
         self._token = token
+        self._channel_rate = channel_rate
         self._client = client
         self._rate, self._burst = rate, burst
         self._attempts, self._total, self._backoff = attempts, total_seconds, backoff
@@ -92,7 +93,7 @@ class Outbound:
 
     def chat_budget(self, channel_id: int | str) -> RateLimiter:
         """The channel's one budget, shared by sends and typing indicators."""
-        return chat_budget_for(PLATFORM, self._token, str(channel_id), CHANNEL_RATE)
+        return chat_budget_for(PLATFORM, self._token, str(channel_id), self._channel_rate)
 
     def rate_limit_trace(self) -> aiohttp.TraceConfig:
         """An aiohttp trace for the client: every 429 on the wire pauses this token's limiter."""

@@ -119,6 +119,7 @@ class SlackAdapter:
         reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0),
         duplicate_wait: float = 2.0,
         native_streaming: bool = False,
+        channel_rate: ChatRate = CHANNEL_RATE,
     ):
         if mode not in ("socket", "http"):
             raise ValueError(f'mode must be "socket" or "http" (got {mode!r})')
@@ -155,6 +156,7 @@ class SlackAdapter:
         self._send_backoff, self._send_attempts, self._send_total = send_backoff, send_attempts, send_total_seconds
         self._reconnect_backoff = reconnect_backoff
         self._native_streaming = native_streaming
+        self._channel_rate = channel_rate
         self._native_shown: dict[str, str] = {}  # ts of a message streamed with chat.startStream -> its text
 
         self._health = AdapterHealth(PLATFORM)
@@ -249,7 +251,8 @@ class SlackAdapter:
         limiter = limiter_for(PLATFORM, self._bot_token, rate=self._send_rate, burst=self._send_burst)
         self._sender = Sender(self._client, limiter, backoff=self._send_backoff, max_attempts=self._send_attempts,
                               total_seconds=self._send_total,
-                              chat_budget=lambda channel: chat_budget_for(PLATFORM, self._bot_token, channel, CHANNEL_RATE))
+                              chat_budget=lambda channel: chat_budget_for(PLATFORM, self._bot_token, channel,
+                                                                                  self._channel_rate))
         self._inbound = Inbound(
             client=self._client, handler=handler, dead_letter=dead_letter, settings=self._settings,
             health=self._health, http=self._http,

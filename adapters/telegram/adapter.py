@@ -98,6 +98,8 @@ class TelegramAdapter:
         rate_per_second: float = 25.0,
         rate_burst: int = 5,
         request_timeout: float = 15.0,
+        chat_rate: ChatRate = CHAT_RATE,
+        group_rate: ChatRate = GROUP_RATE,
     ):
         if not token or not token.strip():
             raise AdapterError("telegram: no bot token configured (platforms.telegram.token); get one from @BotFather")
@@ -124,6 +126,7 @@ class TelegramAdapter:
         self._send_attempts = send_attempts
         self._send_budget = send_budget_seconds
         self._rate = (rate_per_second, rate_burst)
+        self._chat_rates = (chat_rate, group_rate)  # one chat's budget: a private chat, a group
         self._request_timeout = request_timeout
 
         self._health = AdapterHealth(platform=PLATFORM)
@@ -398,7 +401,7 @@ class TelegramAdapter:
 
     def _chat_budget(self, chat: ChatRef):
         """The chat's one budget for sends and typing: about 1 a second, and 20 a minute in a group."""
-        rate = GROUP_RATE if chat.chat_id.startswith("-") else CHAT_RATE
+        rate = self._chat_rates[1] if chat.chat_id.startswith("-") else self._chat_rates[0]
         return chat_budget_for(PLATFORM, self._token, chat.chat_id, rate)
 
     async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None) -> Message:
