@@ -15,8 +15,13 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    checks again that its sessions are still expired (one may have been
    resumed meanwhile).  After each step the pass pauses as long as the step
    took, so live writes queued meanwhile go first.
-2. **The search index** is not merged after a prune (see the comment in
-   :func:`run_upkeep`): FTS5's automerge drops deleted entries over time.
+2. **The search index.**  Deleting a message adds a deletion entry to each
+   FTS5 index it was in, beside its own entries: a prune makes the indexes
+   bigger, not smaller.  After a large prune (``MERGE_AFTER_MESSAGES``, or a
+   tenth of the messages) each index is merged down to one segment, which
+   drops both: FTS5's ``merge`` with a negative page count, the work of
+   ``optimize`` in small steps, paced like the prune.  Segments written by
+   new messages meanwhile are left to FTS5's automerge.
 3. **Space back to the file system.**  A database created by this version
    has ``auto_vacuum=INCREMENTAL``: free pages are returned by
    ``PRAGMA incremental_vacuum(N)``, again in small steps, and a checkpoint
@@ -52,6 +57,8 @@ MIN_BUDGET, MAX_BUDGET = 16_384, 4_000_000
 MESSAGE_OVERHEAD = 64  # bytes counted per message besides its text (its row, its index entries)
 BATCH_MESSAGES = 2_000  # sessions are taken together while they hold fewer messages than this
 FIRST_VACUUM_PAGES = 64
+FIRST_MERGE_PAGES = 16
+MERGE_AFTER_MESSAGES = 10_000  # a prune of this many messages (or a tenth of them all) merges the indexes
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 LAST_UPKEEP = "last_upkeep"
 CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
@@ -108,6 +115,47 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
              if conn.execute("SELECT 1 FROM messages WHERE session_id = ? LIMIT 1", (sid,)).fetchone() is None]
     _sessions._delete_ids(conn, empty)
     return PruneStep(empty, dropped, messages, total)
+
+
+FTS_TABLES = ("messages_fts", "messages_fts_trigram")
+
+
+def fts_table(name: str) -> str:
+    if name not in FTS_TABLES:
+        raise ValueError(f"not a search index: {name!r} (one of {', '.join(FTS_TABLES)})")
+    return name
+
+
+def fts_segments(conn: sqlite3.Connection, table: str) -> list[int]:
+    """The ids of the segments ``table`` (an FTS5 index) holds now (each has rows in its ``_idx``)."""
+    return [r[0] for r in conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")]
+
+
+@dataclass(frozen=True, slots=True)
+class MergeStep:
+    worked: bool  # False: FTS5 found nothing to merge
+    left: int  # how many of the segments the merge started from are still there
+
+
+def _present(conn: sqlite3.Connection, table: str, segments: list[int]) -> list[int]:
+    return [s for s in segments
+            if conn.execute(f"SELECT 1 FROM {table}_idx WHERE segid = ? LIMIT 1", (s,)).fetchone()]
+
+
+def merge_step(conn: sqlite3.Connection, table: str, segments: list[int], pages: int) -> MergeStep:
+    """Merge about ``pages`` pages of the FTS5 index ``table`` towards one segment (the work of
+    ``optimize`` in a small step: the entries of deleted messages are dropped as they are merged).
+
+    ``segments`` are the segments there were when the merge began; it is done once they are gone
+    (merged into one new segment).  Segments added since, by new messages, are left to FTS5's
+    automerge: merging on would rewrite the whole index again each time one appears.
+    """
+    if not _present(conn, table, segments):
+        return MergeStep(False, 0)
+    before = conn.total_changes
+    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-max(1, int(pages)),))
+    worked = conn.total_changes - before >= 2  # FTS5 writes nothing when there is nothing to merge
+    return MergeStep(worked, len(_present(conn, table, segments)))
 
 
 def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
@@ -194,6 +242,7 @@ class UpkeepReport:
     messages_pruned: int = 0
     steps: int = 0  # write transactions taken
     longest_hold_ms: float = 0.0  # the longest any of them held the write lock
+    index_merged: bool = False  # the search indexes were merged after a large prune
     pages_vacuumed: int = 0
     wal_truncated: bool = False
     db_bytes_before: int = 0
@@ -262,10 +311,21 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                 + queue[taken:]
             pacer.done(step.size, hold)
 
-    # The FTS indexes are not merged here: FTS5's incremental 'merge' (the work of 'optimize' in
-    # small steps) left the unicode61 index unreadable ("database disk image is malformed") after a
-    # large prune of bench/upkeep.py's database, and a whole 'optimize' holds the write lock for
-    # seconds.  Deleted entries are dropped by FTS5's own automerge as new messages come in.
+    if report.messages_pruned and report.messages_pruned >= min(
+            MERGE_AFTER_MESSAGES, (report.messages_pruned + await db.message_count()) // 10):
+        # A prune leaves a deletion entry in the search indexes for every message it deleted, on
+        # top of the message's own entries: merged into one segment, both go.
+        for table in FTS_TABLES:
+            segments = await db.fts_segments(table)
+            pacer = _Pacer(FIRST_MERGE_PAGES, 4, 4_000)
+            while len(segments) > 1:
+                step, hold = await db.upkeep_merge_step(table, segments, pacer.size)
+                await held("merge", hold)
+                if not step.worked or not step.left:
+                    break
+                pacer.done(pacer.size, hold)
+            report.index_merged = True
+
     size = await db.store_size()
     if size.auto_vacuum == "incremental":
         pacer = _Pacer(FIRST_VACUUM_PAGES, 8, 100_000)

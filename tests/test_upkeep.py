@@ -82,6 +82,50 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
 
 
+def _index_bytes(path) -> dict[str, int]:
+    with sqlite3.connect(path) as conn:
+        sizes = {t: conn.execute(f"SELECT sum(length(block)) FROM {t}_data").fetchone()[0]
+                 for t in ("messages_fts", "messages_fts_trigram")}
+    conn.close()
+    return sizes
+
+
+async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(tmp_path):
+    now = time.time()
+    path = tmp_path / "state.db"
+    expired, kept = _build(path, now)
+    with SessionDB(path) as db:  # CJK text too, for the trigram index
+        _session(db, "old-cjk", started=now - 6 * DAY, last=now - 6 * DAY, ended=None, messages=0)
+        _session(db, "new-cjk", started=now - 3600, last=now - 60, ended=None, messages=0)
+        for i in range(60):
+            db.append_message("old-cjk", "user", f"记忆系统 断裂连接 {i} 容器重启了" * 5, timestamp=now - 6 * DAY)
+        db.append_message("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
+        db.end_session("old-cjk", "reset")
+    with sqlite3.connect(path) as conn:  # ended back then; every message indexed
+        conn.execute("UPDATE sessions SET ended_at = ?, last_active = ? WHERE id = 'old-cjk'",
+                     (now - 6 * DAY, now - 6 * DAY))
+        fts.flush(conn)
+    conn.close()
+    before = _index_bytes(path)
+    async with await AsyncSessionDB.open(path) as db:
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        latin = await db.search_messages("restarted", limit=1000)
+        cjk = await db.search_messages("记忆系统 OR 容器重启", limit=1000)
+    after = _index_bytes(path)
+    assert report.sessions_pruned == len(expired) + 1 and report.index_merged
+    # a prune only adds deletion entries to an index; merged, the deleted messages' entries are gone
+    assert after["messages_fts"] < before["messages_fts"] / 2
+    assert after["messages_fts_trigram"] < before["messages_fts_trigram"] / 2
+    assert {h["session_id"] for h in latin} == kept
+    assert {h["session_id"] for h in cjk} == {"new-cjk"}
+    with sqlite3.connect(path) as conn:
+        for table in ("messages_fts", "messages_fts_trigram"):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', -64)")
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+    conn.close()
+
+
 async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(tmp_path):
     now = time.time()
     path = tmp_path / "state.db"
