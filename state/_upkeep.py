@@ -13,15 +13,23 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    chats wait for one small step at most.  A session bigger than the budget
    loses its messages over several steps and goes in the last; each step
    checks again that its sessions are still expired (one may have been
-   resumed meanwhile).  After each step the pass pauses as long as the step
-   took, so live writes queued meanwhile go first.
+   resumed meanwhile).  After each step the pass pauses twice as long as the
+   step took, so live writes queued meanwhile go first, and every quarter of
+   a second it checkpoints on a connection of its own, so that no commit
+   (ours or a live write's) runs SQLite's checkpoint-at-commit.  FTS5's
+   automerge is off meanwhile: it merges in quanta of 64 pages per level, and
+   one prune step in a few would hold the lock for tens of milliseconds; the
+   same merging is done after each step in small steps of its own, and
+   automerge is turned back on at the end of the pass (a pass cut short
+   leaves it off until the next one; FTS5's crisis merge still bounds the
+   segments meanwhile).
 2. **The search index.**  Deleting a message adds a deletion entry to each
    FTS5 index it was in, beside its own entries: a prune makes the indexes
    bigger, not smaller.  After a large prune (``MERGE_AFTER_MESSAGES``, or a
    tenth of the messages) each index is merged down to one segment, which
-   drops both: FTS5's ``merge`` with a negative page count, the work of
-   ``optimize`` in small steps, paced like the prune.  Segments written by
-   new messages meanwhile are left to FTS5's automerge.
+   drops both: the work of ``optimize`` in small steps, paced like the prune
+   (started once, then continued: see :func:`merge_step`).  Segments written
+   by new messages meanwhile are left to the ordinary merges.
 3. **Space back to the file system.**  A database created by this version
    has ``auto_vacuum=INCREMENTAL``: free pages are returned by
    ``PRAGMA incremental_vacuum(N)``, again in small steps, and a checkpoint

@@ -196,3 +196,31 @@ async def test_other_processes_run_no_upkeep(tmp_path):
             assert chat.upkeep is None and chat.health()["store"] is None
         finally:
             await chat.stop(grace_seconds=5)
+
+
+def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("live", "telegram")
+        db.upkeep_automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
+        for i in range(32 * 40):  # forty segments, each of many distinct words
+            db.append_message("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
+        segments = db.fts_segments("messages_fts")
+        assert len(segments) >= 10
+        steps, start, left = 0, True, len(segments)
+        while left and steps < 200:
+            step, _hold = db.upkeep_merge_step("messages_fts", 16, segments, start)
+            start, left, steps = False, step.left, steps + 1
+            for i in range(64):  # two more segments between steps
+                db.append_message("live", "assistant", f"reply {steps} {i} the container restarted")
+        db.upkeep_automerge(True)
+        now = db.fts_segments("messages_fts")
+        found = db.search_messages("restarted", limit=1000)
+    # every segment there was at the start merged away, in a few steps (asking for a full merge
+    # at each step starts it over on a new level each time: 900 segments after 300 steps)
+    assert left == 0 and steps < 50
+    assert len(now) < 10
+    assert len(found) == 64 * steps
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    conn.close()
