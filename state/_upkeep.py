@@ -21,8 +21,8 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    one prune step in a few would hold the lock for tens of milliseconds; the
    same merging is done after each step in small steps of its own, and
    automerge is turned back on at the end of the pass (a pass cut short
-   leaves it off until the next one; FTS5's crisis merge still bounds the
-   segments meanwhile).
+   leaves it off until the next one, with or without retention; FTS5's
+   crisis merge still bounds the segments meanwhile).
 2. **The search index.**  Deleting a message adds a deletion entry to each
    FTS5 index it was in, beside its own entries: a prune makes the indexes
    bigger, not smaller.  After a large prune (``MERGE_AFTER_MESSAGES``, or a
@@ -390,6 +390,8 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                 report.index_merged = True
         finally:
             await db.upkeep_automerge(True)
+    else:
+        await db.upkeep_automerge(True)  # in case a pass was cut short, even with retention since turned off
 
     size = await db.store_size()
     if size.auto_vacuum == "incremental":

@@ -119,6 +119,8 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
     assert {h["session_id"] for h in latin} == kept
     assert {h["session_id"] for h in cjk} == {"new-cjk"}
     with sqlite3.connect(path) as conn:
+        for table in ("messages_fts", "messages_fts_trigram"):  # held off during the prune, on again
+            assert conn.execute(f"SELECT v FROM {table}_config WHERE k = 'automerge'").fetchone()[0] == 4
         for table in ("messages_fts", "messages_fts_trigram"):
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', -64)")
