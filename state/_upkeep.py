@@ -66,6 +66,10 @@ MESSAGE_OVERHEAD = 64  # bytes counted per message besides its text (its row, it
 BATCH_MESSAGES = 2_000  # sessions are taken together while they hold fewer messages than this
 FIRST_VACUUM_PAGES = 64
 FIRST_MERGE_PAGES = 16  # also the fewest: a smaller merge may write too little to tell it worked
+# The most pages one merge or vacuum step asks for, whatever the last steps cost: a merge's pages
+# are the pages it writes, and after a prune it may read many more (the deleted entries it drops);
+# a vacuum step's cost per page depends on where in the file the pages are moved from.
+MAX_MERGE_PAGES, MAX_VACUUM_PAGES = 128, 2_048
 FTS_AUTOMERGE = 4  # FTS5's own default for its 'automerge' setting, turned back on after a prune
 PAUSE = 2.0  # after each step the pass pauses this many times as long as the step held the lock
 CHECKPOINT_EVERY = 0.25  # seconds of upkeep steps between checkpoints beside the write connection
@@ -342,7 +346,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
             await db.checkpoint_aside("PASSIVE")
             checkpointed = time.monotonic()
 
-    merge_pacer = _Pacer(FIRST_MERGE_PAGES, FIRST_MERGE_PAGES, 4_000)
+    merge_pacer = _Pacer(FIRST_MERGE_PAGES, FIRST_MERGE_PAGES, MAX_MERGE_PAGES)
 
     async def merge(table: str, segments: list[int] | None = None) -> None:
         start = segments is not None
@@ -395,7 +399,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
 
     size = await db.store_size()
     if size.auto_vacuum == "incremental":
-        pacer = _Pacer(FIRST_VACUUM_PAGES, 8, 100_000)
+        pacer = _Pacer(FIRST_VACUUM_PAGES, 8, MAX_VACUUM_PAGES)
         while size.free_pages > 0:
             freed, hold = await db.upkeep_vacuum_step(pacer.size)
             await held("vacuum", hold)
