@@ -10,7 +10,8 @@
 
 Both are filled with the same ``bench._corpus`` messages by bulk inserts (the
 triggers run, so the indexes are built the way appends build them, in big
-transactions), then checkpointed.  A database is rebuilt only when missing.
+transactions), then checkpointed.  ``ours`` has ``auto_vacuum=INCREMENTAL``,
+as the store creates a database.  A database is rebuilt only when missing.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def _create(conn: sqlite3.Connection, design: str) -> str:
     return how
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, auto_vacuum: str | None = None) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    if auto_vacuum:  # only takes effect before the first table and before WAL mode
+        conn.execute(f"PRAGMA auto_vacuum={auto_vacuum}")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=10000")
@@ -116,7 +119,7 @@ def build(design: str, n: int, log=print) -> Path:
     tmp = path.with_suffix(".building")
     for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
         p.unlink(missing_ok=True)
-    conn = connect(tmp)
+    conn = connect(tmp, "INCREMENTAL" if design == "ours" else None)  # "ours" as the store creates it
     conn.execute("PRAGMA synchronous=OFF")
     how = _create(conn, design)
     corpus = Corpus(seed=0)

@@ -3,13 +3,13 @@
     .venv/bin/python bench/upkeep.py                    # 1,000,000 messages
     .venv/bin/python bench/upkeep.py --messages 200000  # a quicker run
 
-The database (``bench._corpus`` messages, as ``bench/write.py`` builds them:
-bulk inserts with the real schema, so the search indexes are filled by the
-real triggers) is built once into ``bench/.data/upkeep-<n>.db`` with
-``auto_vacuum=INCREMENTAL`` as the store creates it; every session is ended
-at its last message.  Each run copies it, then sets the clock so that the
-older half of the sessions (by last activity) is past ``retention_days: 1``,
-and prints:
+The database is ``bench/_stores.py``'s "ours" store of ``bench._corpus``
+messages (bulk inserts with the real schema, so the search indexes are
+filled by the real triggers; ``auto_vacuum=INCREMENTAL`` as the store creates
+it), built once into ``bench/.data/ours-<n>.db`` and shared with the other
+benchmarks.  Each run copies it, ends every session at its last message,
+sets the clock so that the older half of the sessions (by last activity) is
+past ``retention_days: 1``, and prints:
 
 * the time for one pass of :func:`state.run_upkeep` (prune, incremental
   vacuum, checkpoint) and how many write transactions it took;
@@ -37,10 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import state
-from bench._corpus import Corpus
-from state import schema
+from bench import _stores
 
-DATA = ROOT / "bench" / ".data"
+DATA = _stores.DATA
 DAY = 86_400.0
 
 
@@ -52,47 +51,15 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
 
 
-def build(n: int) -> Path:
-    """The cached database of ``n`` corpus messages, sessions ended at their last message."""
-    path = DATA / f"upkeep-{n}.db"
-    if path.exists():
-        return path
-    DATA.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".building")
-    for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-        p.unlink(missing_ok=True)
-    conn = sqlite3.connect(tmp, isolation_level=None)
-    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as state's engine creates a database
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = OFF")
-    conn.execute("BEGIN IMMEDIATE")
-    schema.migrate(conn, 0)
-    conn.execute("COMMIT")
-    corpus = Corpus(seed=0)
-    stream = corpus.messages(n)
-    done, sessions_done, t0 = 0, 0, time.perf_counter()
-    while done < n:
-        rows = [row for _, row in zip(range(min(20_000, n - done)), stream, strict=False)]
-        conn.execute("BEGIN")
-        conn.executemany("INSERT INTO sessions (id, source, model, started_at) VALUES (?, ?, ?, ?)",
-                         [(s.id, s.source, s.model, s.started_at) for s in corpus.sessions[sessions_done:]])
-        sessions_done = len(corpus.sessions)
-        conn.executemany("INSERT INTO messages (session_id, role, content, tool_calls, tool_name, timestamp)"
-                         " VALUES (?,?,?,?,?,?)", rows)
-        conn.execute("COMMIT")
-        done += len(rows)
-        if done % 200_000 == 0 or done == n:
-            print(f"  built {done:,}/{n:,} messages ({time.perf_counter() - t0:.0f} s)")
+def end_sessions(path: Path) -> None:
+    """End every session at its last message (at its start when it has none), as upkeep expects."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
     conn.execute(
-        "UPDATE sessions SET (message_count, last_active, ended_at, end_reason) = (SELECT count(*), max(timestamp),"
-        " max(timestamp), 'reset' FROM messages m WHERE m.session_id = sessions.id)")
-    conn.execute("UPDATE sessions SET ended_at = started_at, last_active = started_at WHERE ended_at IS NULL")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        "UPDATE sessions SET (last_active, ended_at, end_reason) = (SELECT ifnull(max(timestamp), sessions.started_at),"
+        " ifnull(max(timestamp), sessions.started_at), 'reset' FROM messages m WHERE m.session_id = sessions.id)")
+    conn.execute("COMMIT")
     conn.close()
-    tmp.rename(path)
-    for suffix in ("-wal", "-shm"):
-        Path(f"{tmp}{suffix}").unlink(missing_ok=True)
-    return path
 
 
 async def _writer(db, sid: str, interval: float, stop: asyncio.Event, latencies: list[float]) -> None:
@@ -117,11 +84,12 @@ def _line(label: str, latencies: list[float]) -> str:
 
 
 async def run(args) -> None:
-    source = build(args.messages)
+    source = _stores.build("ours", args.messages)
     work = DATA / f"upkeep-{args.messages}.work.db"
-    for p in (work, Path(f"{work}-wal"), Path(f"{work}-shm")):
+    for p in (work, Path(f"{work}-wal"), Path(f"{work}-shm"), Path(f"{work}-lock")):
         p.unlink(missing_ok=True)
     shutil.copyfile(source, work)
+    end_sessions(work)
     conn = sqlite3.connect(work)
     sessions, messages = conn.execute("SELECT count(*), sum(message_count) FROM sessions").fetchone()
     median = conn.execute("SELECT last_active FROM sessions ORDER BY last_active LIMIT 1 OFFSET ?",
@@ -162,7 +130,7 @@ async def run(args) -> None:
     print(_line("without the pass", quiet))
     print(_line("during the pass", busy))
     print(f"  p99 during / without: {_pct(busy, 0.99) / _pct(quiet, 0.99):.2f}x (target <= 2x)")
-    for p in (work, Path(f"{work}-wal"), Path(f"{work}-shm")):
+    for p in (work, Path(f"{work}-wal"), Path(f"{work}-shm"), Path(f"{work}-lock")):
         p.unlink(missing_ok=True)
 
 

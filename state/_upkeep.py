@@ -13,10 +13,23 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    chats wait for one small step at most.  A session bigger than the budget
    loses its messages over several steps and goes in the last; each step
    checks again that its sessions are still expired (one may have been
-   resumed meanwhile).  After each step the pass pauses as long as the step
-   took, so live writes queued meanwhile go first.
-2. **The search index** is not merged after a prune (see the comment in
-   :func:`run_upkeep`): FTS5's automerge drops deleted entries over time.
+   resumed meanwhile).  After each step the pass pauses twice as long as the
+   step took, so live writes queued meanwhile go first, and every quarter of
+   a second it checkpoints on a connection of its own, so that no commit
+   (ours or a live write's) runs SQLite's checkpoint-at-commit.  FTS5's
+   automerge is off meanwhile: it merges in quanta of 64 pages per level, and
+   one prune step in a few would hold the lock for tens of milliseconds; the
+   same merging is done after each step in small steps of its own, and
+   automerge is turned back on at the end of the pass (a pass cut short
+   leaves it off until the next one, with or without retention; FTS5's
+   crisis merge still bounds the segments meanwhile).
+2. **The search index.**  Deleting a message adds a deletion entry to each
+   FTS5 index it was in, beside its own entries: a prune makes the indexes
+   bigger, not smaller.  After a large prune (``MERGE_AFTER_MESSAGES``, or a
+   tenth of the messages) each index is merged down to one segment, which
+   drops both: the work of ``optimize`` in small steps, paced like the prune
+   (started once, then continued: see :func:`merge_step`).  Segments written
+   by new messages meanwhile are left to the ordinary merges.
 3. **Space back to the file system.**  A database created by this version
    has ``auto_vacuum=INCREMENTAL``: free pages are returned by
    ``PRAGMA incremental_vacuum(N)``, again in small steps, and a checkpoint
@@ -46,12 +59,21 @@ from . import _sessions
 
 DAY = 86_400.0
 MAX_HOLD = 0.050  # the longest a step may hold the write lock
-TARGET_HOLD = 0.005  # what the step budgets aim at (a step's cost varies with message sizes)
-FIRST_BUDGET = 32_768  # bytes of message text deleted by the first step; then adapted
-MIN_BUDGET, MAX_BUDGET = 16_384, 4_000_000
+TARGET_HOLD = 0.002  # what the step budgets aim at (a step's cost varies with message sizes)
+FIRST_BUDGET = 16_384  # bytes of message text deleted by the first step; then adapted
+MIN_BUDGET, MAX_BUDGET = 2_048, 4_000_000
 MESSAGE_OVERHEAD = 64  # bytes counted per message besides its text (its row, its index entries)
 BATCH_MESSAGES = 2_000  # sessions are taken together while they hold fewer messages than this
 FIRST_VACUUM_PAGES = 64
+FIRST_MERGE_PAGES = 16  # also the fewest: a smaller merge may write too little to tell it worked
+# The most pages one merge or vacuum step asks for, whatever the last steps cost: a merge's pages
+# are the pages it writes, and after a prune it may read many more (the deleted entries it drops);
+# a vacuum step's cost per page depends on where in the file the pages are moved from.
+MAX_MERGE_PAGES, MAX_VACUUM_PAGES = 128, 2_048
+FTS_AUTOMERGE = 4  # FTS5's own default for its 'automerge' setting, turned back on after a prune
+PAUSE = 2.0  # after each step the pass pauses this many times as long as the step held the lock
+CHECKPOINT_EVERY = 0.25  # seconds of upkeep steps between checkpoints beside the write connection
+MERGE_AFTER_MESSAGES = 10_000  # a prune of this many messages (or a tenth of them all) merges the indexes
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 LAST_UPKEEP = "last_upkeep"
 CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
@@ -105,16 +127,89 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
         total += size
     messages = conn.execute("DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))",
                             (json.dumps(doomed),)).rowcount
-    empty = [sid for sid in still
-             if conn.execute("SELECT 1 FROM messages WHERE session_id = ? LIMIT 1", (sid,)).fetchone() is None]
+    empty = [r[0] for r in conn.execute(
+        "SELECT value FROM json_each(?) WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = value)",
+        (json.dumps(still),))]
     _sessions._delete_ids(conn, empty)
     return PruneStep(empty, dropped, messages, total)
+
+
+FTS_TABLES = ("messages_fts", "messages_fts_trigram")
+
+
+def fts_table(name: str) -> str:
+    if name not in FTS_TABLES:
+        raise ValueError(f"not a search index: {name!r} (one of {', '.join(FTS_TABLES)})")
+    return name
+
+
+def fts_segments(conn: sqlite3.Connection, table: str) -> list[int]:
+    """The ids of the segments ``table`` (an FTS5 index) holds now (each has rows in its ``_idx``)."""
+    return [r[0] for r in conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")]
+
+
+@dataclass(frozen=True, slots=True)
+class MergeStep:
+    worked: int  # rows FTS5 wrote (pages, mostly): 0 when it found nothing to merge
+    left: int  # how many of the segments the merge started from are still there
+
+
+def _present(conn: sqlite3.Connection, table: str, segments: list[int]) -> list[int]:
+    return [s for s in segments
+            if conn.execute(f"SELECT 1 FROM {table}_idx WHERE segid = ? LIMIT 1", (s,)).fetchone()]
+
+
+def merge_step(conn: sqlite3.Connection, table: str, pages: int, segments: list[int] | None = None,
+               start: bool = False) -> MergeStep:
+    """Merge about ``pages`` pages of the FTS5 index ``table``.
+
+    Without ``segments``: the merge FTS5's automerge would do (a level holding
+    four segments or more, or a merge in progress), while a prune holds
+    automerge off.  With them (the segments there were when a full merge
+    began): towards one segment, the work of ``optimize`` in small steps, which
+    drops the entries of deleted messages; done once those segments are gone.
+
+    Only the ``start`` step asks FTS5 for a full merge ('merge' with a negative
+    page count): it puts every segment on one new level and begins merging
+    them.  The later steps continue that merge ('merge' with a positive count
+    takes a merge in progress first).  Asked again while new messages add
+    segments, a full merge would start over each time on a new level, one more
+    level and segment per step, until FTS5's limits (2,000 segments) make the
+    index unwritable ("database or disk is full") or unreadable ("database disk
+    image is malformed").  Segments added since the start are left to the
+    ordinary merges.
+    """
+    if segments is not None and not _present(conn, table, segments):
+        return MergeStep(0, 0)
+    before = conn.total_changes
+    pages = max(1, int(pages))
+    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-pages if start else pages,))
+    worked = conn.total_changes - before
+    if worked < 2:  # FTS5 writes nothing (or only its structure) when there is nothing to merge
+        worked = 0
+    return MergeStep(worked, len(_present(conn, table, segments)) if segments is not None else 0)
+
+
+def set_automerge(conn: sqlite3.Connection, on: bool) -> None:
+    """Turn FTS5's automerge of both indexes on (its default) or off.
+
+    A prune writes a segment of deletion entries per step, and automerge merges
+    in quanta of 64 pages times the number of levels whenever the pages written
+    pass a multiple of 64: one step in a few would hold the write lock for tens
+    of milliseconds.  Upkeep turns it off for the prune and does the same
+    merging itself in small steps (:func:`merge_step`), then turns it back on.
+    """
+    for table in FTS_TABLES:
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', ?)", (FTS_AUTOMERGE if on else 0,))
 
 
 def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
     """Return up to ``pages`` free pages to the file system (``auto_vacuum=INCREMENTAL`` only)."""
     before = conn.execute("PRAGMA freelist_count").fetchone()[0]
-    conn.execute(f"PRAGMA incremental_vacuum({max(1, int(pages))})").fetchall()  # runs as it is stepped
+    # One page each: sqlite3 runs a statement that names no result columns for one step only,
+    # and PRAGMA incremental_vacuum frees one page per step.
+    for _ in range(min(before, max(1, int(pages)))):
+        conn.execute("PRAGMA incremental_vacuum(1)")
     return before - conn.execute("PRAGMA freelist_count").fetchone()[0]
 
 
@@ -195,6 +290,7 @@ class UpkeepReport:
     messages_pruned: int = 0
     steps: int = 0  # write transactions taken
     longest_hold_ms: float = 0.0  # the longest any of them held the write lock
+    index_merged: bool = False  # the search indexes were merged after a large prune
     pages_vacuumed: int = 0
     wal_truncated: bool = False
     db_bytes_before: int = 0
@@ -235,42 +331,78 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     size = await db.store_size()
     report.db_bytes_before = size.db_bytes
 
+    checkpointed = time.monotonic()
+
     async def held(kind: str, seconds: float) -> None:
+        nonlocal checkpointed
         ms = seconds * 1000
         report.steps += 1
         report.holds_ms.append(ms)
         report.longest_hold_ms = max(report.longest_hold_ms, ms)
         report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), ms)
-        await asyncio.sleep(seconds)  # as long a pause as the step took: live writes go first
+        await asyncio.sleep(seconds * PAUSE)  # live writes queued meanwhile go first
+        if time.monotonic() - checkpointed > CHECKPOINT_EVERY:
+            # copy the steps' pages to the database beside the writers, so that no commit of
+            # theirs or ours grows the WAL past SQLite's own checkpoint-at-commit size
+            await db.checkpoint_aside("PASSIVE")
+            checkpointed = time.monotonic()
 
-    if retention_days:
-        queue = await db.expired_sessions(now - retention_days * DAY)
-        pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
-        while queue:
-            batch: list = []
-            weight = 0
-            for sid, count in queue:
-                if batch and weight + count > BATCH_MESSAGES:
-                    break
-                batch.append(sid)
-                weight += count
-            step, hold = await db.upkeep_prune_step(batch, cutoff, pacer.size)
-            await held("prune", hold)
-            report.sessions_pruned += len(step.deleted)
-            report.messages_pruned += step.messages
-            finished = set(step.deleted) | set(step.dropped)
-            taken = len(batch)  # the batch is the queue's head
-            queue = [(sid, max(0, count - step.messages)) for sid, count in queue[:taken] if sid not in finished] \
-                + queue[taken:]
-            pacer.done(step.size, hold)
+    merge_pacer = _Pacer(FIRST_MERGE_PAGES, FIRST_MERGE_PAGES, MAX_MERGE_PAGES)
 
-    # The FTS indexes are not merged here: FTS5's incremental 'merge' (the work of 'optimize' in
-    # small steps) left the unicode61 index unreadable ("database disk image is malformed") after a
-    # large prune of bench/upkeep.py's database, and a whole 'optimize' holds the write lock for
-    # seconds.  Deleted entries are dropped by FTS5's own automerge as new messages come in.
+    async def merge(table: str, segments: list[int] | None = None) -> None:
+        start = segments is not None
+        while True:
+            step, hold = await db.upkeep_merge_step(table, merge_pacer.size, segments, start)
+            await held("merge", hold)
+            if not step.worked or (segments is not None and not step.left):
+                return
+            merge_pacer.done(step.worked, hold)
+            start = False
+
+    queue = await db.expired_sessions(now - retention_days * DAY) if retention_days else []
+    if queue:
+        assert retention_days is not None  # only a retention finds sessions to prune
+        await db.upkeep_automerge(False)
+        try:
+            pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
+            while queue:
+                batch: list[str] = []
+                weight = 0
+                for sid, count in queue:
+                    if batch and weight + count > min(BATCH_MESSAGES, pacer.size // MESSAGE_OVERHEAD):
+                        break
+                    batch.append(sid)
+                    weight += count
+                step, hold = await db.upkeep_prune_step(batch, cutoff, pacer.size)
+                await held("prune", hold)
+                report.sessions_pruned += len(step.deleted)
+                report.messages_pruned += step.messages
+                finished = set(step.deleted) | set(step.dropped)
+                taken = len(batch)  # the batch is the queue's head
+                queue = [(sid, max(0, count - step.messages)) for sid, count in queue[:taken]
+                         if sid not in finished] + queue[taken:]
+                pacer.done(step.size, hold)
+                for table in FTS_TABLES:
+                    await merge(table)
+
+            if report.messages_pruned and report.messages_pruned >= min(
+                    MERGE_AFTER_MESSAGES, (report.messages_pruned + await db.message_count()) // 10):
+                # A prune leaves a deletion entry in the search indexes for every message it
+                # deleted, on top of the message's own entries: merged into one segment, both go.
+                for table in FTS_TABLES:
+                    segments = await db.fts_segments(table)
+                    if len(segments) > 1:
+                        await merge(table, segments)
+                    await merge(table)
+                report.index_merged = True
+        finally:
+            await db.upkeep_automerge(True)
+    else:
+        await db.upkeep_automerge(True)  # in case a pass was cut short, even with retention since turned off
+
     size = await db.store_size()
     if size.auto_vacuum == "incremental":
-        pacer = _Pacer(FIRST_VACUUM_PAGES, 8, 100_000)
+        pacer = _Pacer(FIRST_VACUUM_PAGES, 8, MAX_VACUUM_PAGES)
         while size.free_pages > 0:
             freed, hold = await db.upkeep_vacuum_step(pacer.size)
             await held("vacuum", hold)

@@ -506,6 +506,24 @@ class SessionDB:
         in seconds."""
         return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes)
 
+    @_reads
+    def fts_segments(self, table: str) -> list[int]:
+        """The segments the FTS5 index ``table`` (one of ``state._upkeep.FTS_TABLES``) holds now."""
+        return self._engine.read(_upkeep.fts_segments, _upkeep.fts_table(table))
+
+    @_writes
+    def upkeep_merge_step(self, table: str, pages: int, segments: list[int] | None = None,
+                          start: bool = False) -> tuple["_upkeep.MergeStep", float]:
+        """One step (about ``pages`` pages) of merging the FTS5 index ``table`` (down from ``segments``
+        when given: see ``state._upkeep.merge_step``); returns it and its lock hold in seconds."""
+        return self._timed_write(_upkeep.merge_step, _upkeep.fts_table(table), pages,
+                                 None if segments is None else list(segments), bool(start))
+
+    @_writes
+    def upkeep_automerge(self, on: bool) -> None:
+        """Turn FTS5's automerge of the search indexes on or off (off while upkeep prunes)."""
+        self._engine.write(_upkeep.set_automerge, bool(on))
+
     @_writes
     def upkeep_vacuum_step(self, pages: int) -> tuple[int, float]:
         return self._timed_write(_upkeep.vacuum_step, pages)

@@ -81,6 +81,52 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
 
 
+def _index_bytes(path) -> dict[str, int]:
+    with sqlite3.connect(path) as conn:
+        sizes = {t: conn.execute(f"SELECT sum(length(block)) FROM {t}_data").fetchone()[0]
+                 for t in ("messages_fts", "messages_fts_trigram")}
+    conn.close()
+    return sizes
+
+
+async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(tmp_path):
+    now = time.time()
+    path = tmp_path / "state.db"
+    expired, kept = _build(path, now)
+    with SessionDB(path) as db:  # CJK text too, for the trigram index
+        _session(db, "old-cjk", started=now - 6 * DAY, last=now - 6 * DAY, ended=None, messages=0)
+        _session(db, "new-cjk", started=now - 3600, last=now - 60, ended=None, messages=0)
+        for i in range(60):
+            db.append_message("old-cjk", "user", f"记忆系统 断裂连接 {i} 容器重启了" * 5, timestamp=now - 6 * DAY)
+        db.append_message("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
+        db.end_session("old-cjk", "reset")
+    with sqlite3.connect(path) as conn:  # ended back then; every message indexed
+        conn.execute("UPDATE sessions SET ended_at = ?, last_active = ? WHERE id = 'old-cjk'",
+                     (now - 6 * DAY, now - 6 * DAY))
+        fts.flush(conn)
+    conn.close()
+    before = _index_bytes(path)
+    async with await AsyncSessionDB.open(path) as db:
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        latin = await db.search_messages("restarted", limit=1000)
+        cjk = await db.search_messages("记忆系统 OR 容器重启", limit=1000)
+    after = _index_bytes(path)
+    assert report.sessions_pruned == len(expired) + 1 and report.index_merged
+    # a prune only adds deletion entries to an index; merged, the deleted messages' entries are gone
+    assert after["messages_fts"] < before["messages_fts"] / 2
+    assert after["messages_fts_trigram"] < before["messages_fts_trigram"] / 2
+    assert {h["session_id"] for h in latin} == kept
+    assert {h["session_id"] for h in cjk} == {"new-cjk"}
+    with sqlite3.connect(path) as conn:
+        for table in ("messages_fts", "messages_fts_trigram"):  # held off during the prune, on again
+            assert conn.execute(f"SELECT v FROM {table}_config WHERE k = 'automerge'").fetchone()[0] == 4
+        for table in ("messages_fts", "messages_fts_trigram"):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', -64)")
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+    conn.close()
+
+
 async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(tmp_path):
     now = time.time()
     path = tmp_path / "state.db"
@@ -151,3 +197,31 @@ async def test_other_processes_run_no_upkeep(tmp_path):
             assert chat.upkeep is None and chat.health()["store"] is None
         finally:
             await chat.stop(grace_seconds=5)
+
+
+def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("live", "telegram")
+        db.upkeep_automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
+        for i in range(32 * 40):  # forty segments, each of many distinct words
+            db.append_message("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
+        segments = db.fts_segments("messages_fts")
+        assert len(segments) >= 10
+        steps, start, left = 0, True, len(segments)
+        while left and steps < 200:
+            step, _hold = db.upkeep_merge_step("messages_fts", 16, segments, start)
+            start, left, steps = False, step.left, steps + 1
+            for i in range(64):  # two more segments between steps
+                db.append_message("live", "assistant", f"reply {steps} {i} the container restarted")
+        db.upkeep_automerge(True)
+        now = db.fts_segments("messages_fts")
+        found = db.search_messages("restarted", limit=1000)
+    # every segment there was at the start merged away, in a few steps (asking for a full merge
+    # at each step starts it over on a new level each time: 900 segments after 300 steps)
+    assert left == 0 and steps < 50
+    assert len(now) < 10
+    assert len(found) == 64 * steps
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    conn.close()
