@@ -11,7 +11,7 @@ import pytest
 
 from gateway.turn import CUT_OFF_NOTE
 from tests.fakes.model_server import CutOff, Fail, FakeModel, Hang, Reply, ToolCall
-from tests.harness import ApiClient, eventually, running_gateway
+from tests.harness import ApiClient, Clock, eventually, running_gateway
 
 LONG = ("Streaming shows the answer as the model writes it, so a long reply does not keep the user "
         "waiting in front of an empty screen for half a minute.")
@@ -80,6 +80,20 @@ async def test_without_include_usage_no_usage_chunk_and_a_conversation_goes_on(t
     assert all(c.choices and c.usage is None for _, c in first)
     assert content(first) == "echo: hello | turns: 1 | first: hello"
     assert content(second) == "echo: again | turns: 2 | first: hello"
+
+
+async def test_a_reset_notice_comes_first_as_its_own_paragraph(tmp_path, model):
+    clock = Clock()
+    async with running_gateway(tmp_path, model, clock=clock,
+                               sessions={"reset": {"mode": "idle", "idle_minutes": 60}}) as gw:
+        api = ApiClient(gw)
+        await stream(api, "k", "before the break")
+        old = await gw.db.get_route("agent:main:api:dm:k")
+        clock.advance(61 * 60)
+        chunks = await stream(api, "k", "back again")
+        await api.close()
+    assert content(chunks) == ("(Started a new session: the previous one was idle for more than 1 h. "
+                               f"Send /resume {old} to go back.)\n\necho: back again | turns: 1 | first: back again")
 
 
 async def test_a_plain_answer_carries_the_real_token_usage(tmp_path, model):

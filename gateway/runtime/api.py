@@ -67,6 +67,8 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_IDEMPOTENCY_KEY = 255
 RETRY_AFTER_SHUTDOWN_SECONDS = 10  # about what a restart takes
 RETRY_AFTER_RUNNING_SECONDS = 1
+CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry once it is back "
+           "(with the same Idempotency-Key, to get its answer without sending it twice)")
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", *,
@@ -418,10 +420,10 @@ class LocalApi:
         """The answer as it is written, as Server-Sent Events; the turn goes on if the client leaves."""
         for notice in ticket.notices:  # known now: the turn has not started
             sink.note(notice)
+        seen_notices = len(ticket.notices)  # the turn may add more, shown after its answer
         ticket.reply.add_done_callback(lambda _: sink.wake())
         events = await _Events.open(request, self._chunk_base(answer))
         await events.send({"role": "assistant", "content": ""})
-        seen_notices = len(ticket.notices)
         while True:
             finished = ticket.reply.done()
             for kind, text in sink.take():
@@ -435,9 +437,7 @@ class LocalApi:
                 sink.close()  # nobody reads: the turn answers on, and its answer is stored
             await sink.changed()
         if ticket.reply.exception() is not None:  # shutdown cut the turn off: the SDK raises this as an APIError
-            await events.error("the gateway stopped before answering; your message is saved. Retry once it is back "
-                               "(with the same Idempotency-Key, to get its answer without sending it twice)",
-                               "unavailable")
+            await events.error(CUT_OFF, "unavailable")
             return await events.close()
         sink.end(ticket.reply.result(), ticket.notices[seen_notices:])
         for _, text in sink.take():
@@ -480,9 +480,7 @@ class LocalApi:
 
     @staticmethod
     def _cut_off() -> web.Response:
-        return _error(503, "the gateway stopped before answering; your message is saved. Retry once it is back "
-                           "(with the same Idempotency-Key, to get its answer without sending it twice)",
-                      "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS)
+        return _error(503, CUT_OFF, "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS)
 
     @staticmethod
     def _still_running(first_text: str, text: str) -> web.Response:
