@@ -73,6 +73,8 @@ async def test_a_dm_answer_shows_while_it_is_written_and_is_stored_once(running)
     await eventually(lambda: tg.sent[0].parse_mode == "HTML", timeout=10, what="the final edit")
     assert len(tg.sent) == 1 and tg.sent[0].visible_text == LONG
     assert len(tg.calls("editMessageText")) >= 2, "edited in place as it grew"
+    # the router notes the delivery just after the platform took the final edit
+    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
     messages, deliveries = stored(gw)
     assert [(m["role"], m["content"]) for m in messages] == [("user", "what runs where?"), ("assistant", LONG)]
     [delivery] = deliveries
