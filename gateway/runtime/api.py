@@ -45,7 +45,6 @@ import asyncio
 import errno
 import hashlib
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -59,6 +58,7 @@ from gateway.errors import ConfigError, GatewayClosing
 from gateway.router import SessionRouter, Ticket
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.portholder import port_holder
+from gateway.runtime.sse import ChunkEvents, SseSink, usage_of
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
@@ -137,138 +137,6 @@ class _Answer:
     created: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-class _SseSink:
-    """Where the turn writes one streamed request's answer (a :class:`~gateway.turn.ReplySink`): pieces of
-    content and status lines, queued in order for the handler to send as events.
-
-    Sent chunks cannot be taken back, so text that a tool call follows (a model's "let me look that
-    up" before it calls the tool) stays in the stream: the text after it starts a new paragraph.
-    The stored answer, and a replay of it, hold the answer alone."""
-
-    def __init__(self) -> None:
-        self.answer = ""  # the text of the model call now streaming
-        self._pieces: list[tuple[str, str]] = []  # ("content" | "status", text), not yet sent
-        self._shown = False  # some content was queued
-        self._paragraph = False  # the next content starts a new paragraph
-        self._changed = asyncio.Event()
-        self._closed = False
-
-    def feed(self, delta: str) -> None:
-        if delta and not self._closed:
-            self.answer += delta
-            self._content(delta)
-
-    def show_status(self, line: str) -> None:
-        if not self._closed:
-            self._pieces.append(("status", line))
-            self.wake()
-
-    def discard_text(self) -> None:
-        self.answer = ""  # already sent: the next model call's text is the answer
-        self._paragraph = True
-
-    def note(self, line: str) -> None:
-        """A line for the user besides the answer (a notice), as its own paragraph."""
-        self._paragraph = True
-        self._content(line)
-        self._paragraph = True
-
-    def end(self, reply: str, notices: list[str]) -> None:
-        """The turn's reply (and notices it added): queue what the stream has not shown of it yet."""
-        if reply.startswith(self.answer):
-            rest = reply[len(self.answer):]
-        else:  # not the streamed text (a failure, a stop): it follows what was shown
-            rest, self._paragraph = reply, True
-        if rest:
-            self._content(rest)
-        for notice in notices:
-            self.note(notice)
-
-    def _content(self, text: str) -> None:
-        if self._paragraph and self._shown:
-            text = "\n\n" + text
-        self._paragraph = False
-        self._shown = True
-        self._pieces.append(("content", text))
-        self.wake()
-
-    def take(self) -> list[tuple[str, str]]:
-        pieces, self._pieces = self._pieces, []
-        self._changed.clear()
-        return pieces
-
-    def wake(self) -> None:
-        self._changed.set()
-
-    async def changed(self) -> None:
-        await self._changed.wait()
-
-    def close(self) -> None:
-        """The client left: keep nothing more (the turn goes on and stores its answer)."""
-        self._closed = True
-        self._pieces.clear()
-
-
-class _Events:
-    """One Server-Sent Events response in the Chat Completions chunk format; a client that left is
-    noted (``gone``), never raised."""
-
-    def __init__(self, response: web.StreamResponse, base: dict):
-        self._response = response
-        self._base = base
-        self.gone = False
-
-    @classmethod
-    async def open(cls, request: web.Request, base: dict) -> _Events:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               "X-Accel-Buffering": "no"})
-        events = cls(response, base)
-        try:
-            await response.prepare(request)
-        except ConnectionError:
-            events.gone = True
-        return events
-
-    async def send(self, delta: dict, finish_reason: str | None = None) -> None:
-        await self._data({**self._base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
-
-    async def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        await self._data({**self._base, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
-
-    async def error(self, message: str, kind: str) -> None:
-        await self._data({"error": {"message": message, "type": kind}})
-
-    async def comment(self, line: str) -> None:
-        """A line the client's parser skips (a tool's status: it is not content)."""
-        await self._write(f": {' '.join(line.splitlines())}\n\n")
-
-    async def close(self) -> web.StreamResponse:
-        await self._write("data: [DONE]\n\n")
-        if not self.gone:
-            try:
-                await self._response.write_eof()
-            except ConnectionError:
-                self.gone = True
-        return self._response
-
-    async def _data(self, payload: dict) -> None:
-        await self._write(f"data: {json.dumps(payload)}\n\n")
-
-    async def _write(self, text: str) -> None:
-        if self.gone:
-            return
-        try:
-            await self._response.write(text.encode())
-        except ConnectionError:
-            self.gone = True
-            log.info("an API client left mid-stream; its answer is still stored")
 
 
 class LocalApi:
@@ -391,7 +259,7 @@ class LocalApi:
 
     async def _answer(self, msg: InboundMessage, request: web.Request,
                       wanted: _Wanted) -> web.StreamResponse:
-        sink = _SseSink() if wanted.stream else None
+        sink = SseSink() if wanted.stream else None
         try:
             ticket = await self.router.handle(msg, sink=sink)
         except GatewayClosing as exc:
@@ -415,14 +283,14 @@ class LocalApi:
         answer.prompt_tokens, answer.completion_tokens = ticket.prompt_tokens, ticket.completion_tokens
         return await self._respond(request, answer, wanted)
 
-    async def _stream(self, request: web.Request, ticket: Ticket, sink: _SseSink, answer: _Answer,
+    async def _stream(self, request: web.Request, ticket: Ticket, sink: SseSink, answer: _Answer,
                       wanted: _Wanted) -> web.StreamResponse:
         """The answer as it is written, as Server-Sent Events; the turn goes on if the client leaves."""
         for notice in ticket.notices:  # known now: the turn has not started
             sink.note(notice)
         seen_notices = len(ticket.notices)  # the turn may add more, shown after its answer
         ticket.reply.add_done_callback(lambda _: sink.wake())
-        events = await _Events.open(request, self._chunk_base(answer))
+        events = await ChunkEvents.open(request, self._chunk_base(answer))
         await events.send({"role": "assistant", "content": ""})
         while True:
             finished = ticket.reply.done()
@@ -454,11 +322,11 @@ class LocalApi:
                 **self._head(answer, "chat.completion"),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.content},
                              "finish_reason": "stop"}],
-                "usage": _usage(answer.prompt_tokens, answer.completion_tokens),
+                "usage": usage_of(answer.prompt_tokens, answer.completion_tokens),
                 "session_id": answer.session_id,
                 "session_key": answer.session_key,
             })
-        events = await _Events.open(request, self._chunk_base(answer))
+        events = await ChunkEvents.open(request, self._chunk_base(answer))
         await events.send({"role": "assistant", "content": ""})
         await events.send({"content": answer.content})
         await events.send({}, "stop")
