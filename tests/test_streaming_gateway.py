@@ -115,6 +115,7 @@ async def test_an_answer_that_breaks_off_keeps_the_partial_and_says_so(running):
     await eventually(lambda: tg.sent and "cut off" in tg.sent[0].visible_text, timeout=15, what="the cut-off note")
     [message] = tg.sent
     assert message.visible_text.startswith(LONG[:120].strip())
+    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
     messages, deliveries = stored(gw)
     [answer] = [m for m in messages if m["role"] == "assistant"]
     assert answer["content"] == LONG[:120] and answer["finish_reason"] == "incomplete"
