@@ -35,7 +35,7 @@ from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
 from gateway.tasks import spawn
-from gateway.turn import EMPTY_ANSWER, AgentTurn, TurnRequest, TurnResult
+from gateway.turn import EMPTY_ANSWER, AgentTurn, ReplySink, TurnRequest, TurnResult
 from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,10 @@ class Ticket:
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     notices: list[str] = field(default_factory=list)  # one-line notes sent before the reply
     inbox_id: int | None = None  # the message's row, while it waits in the store's inbox for its answer
+    # request/response sources (local API, terminal): where the answer streams as it is written
+    sink: ReplySink | None = None
+    prompt_tokens: int = 0  # the answering turn's usage, set before ``reply`` resolves (0: no model call)
+    completion_tokens: int = 0
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -224,8 +228,11 @@ class SessionRouter:
         return session_key(msg, self.settings.keys)
 
     # -- the entry point ----------------------------------------------------
-    async def handle(self, msg: InboundMessage) -> Ticket | None:
-        """Persist and queue ``msg``; None when it was dropped on purpose (stranger, duplicate)."""
+    async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None) -> Ticket | None:
+        """Persist and queue ``msg``; None when it was dropped on purpose (stranger, duplicate).
+
+        ``sink`` (request/response sources, which have no chat to post drafts in): the answer to
+        ``msg`` is fed to it as the model writes it, when ``msg`` is the last of its turn's batch."""
         if self._closing:
             raise GatewayClosing("the gateway is shutting down; retry after it restarts")
         verdict = await self.authorizer.check(msg)
@@ -259,7 +266,7 @@ class SessionRouter:
                     session_id, notice = session["id"], None
                 else:
                     session_id, notice = await self._apply_policy(key, msg, lane, session)
-            ticket = Ticket(msg, key, session_id)
+            ticket = Ticket(msg, key, session_id, sink=sink)
             if notice:
                 ticket.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
@@ -410,7 +417,7 @@ class SessionRouter:
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
-            stream=stream,
+            stream=stream if stream is not None else last.sink,
         )
         typing = spawn(self._keep_typing(msg.chat, stream), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
@@ -425,6 +432,8 @@ class SessionRouter:
                 last.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
             text = result.reply or EMPTY_ANSWER
+            for t in batch:
+                t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
         except asyncio.CancelledError:
             if turn.cancelled() and not _current_cancelling():
                 text = "Stopped. Your message is saved; send another to continue."

@@ -1,5 +1,6 @@
 """`switchboard chat`: the terminal session through the same router, and the recap on resume."""
 
+import asyncio
 import io
 
 import pytest
@@ -8,8 +9,8 @@ from rich.console import Console
 from gateway.cli.chat import recap, run_chat
 from gateway.errors import SwitchboardError
 from state import SessionDB
-from tests.fakes.model_server import FakeModel
-from tests.harness import gateway_config
+from tests.fakes.model_server import FakeModel, Reply, ToolCall
+from tests.harness import eventually, gateway_config
 
 
 def lines(*items):
@@ -144,3 +145,26 @@ def test_warnings_go_to_a_file_not_between_the_prompt_and_the_typing(tmp_path):
     logged = (home / "chat.log").read_text(encoding="utf-8")
     assert logged.count("model call failed (connection refused), retry 1") == 2
     assert "context length" not in logged  # said by config check, doctor and the daemon, not at every chat
+
+
+async def test_the_answer_streams_into_the_terminal_after_a_spinner_and_is_printed_whole(tmp_path):
+    answer = ("Streaming shows the answer as the model writes it, so a long reply does not keep the user "
+              "waiting in front of an empty screen for half a minute.")
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=200, height=20, color_system=None)
+    async with FakeModel(delay=0.5) as model:  # each model call waits half a second before its first token
+        model.script(ToolCall("session_search", {"query": "streaming"}), Reply(answer))
+        model.stream_chunk_chars, model.stream_interval = 10, 0.1  # the answer over about 1.4 s
+        cfg = gateway_config(tmp_path / "home", model.base_url)
+        chat = asyncio.create_task(run_chat(cfg, console=terminal, read_line=lines("tell me about streaming")))
+        await eventually(lambda: "thinking…" in screen.getvalue(), what="the spinner before the first token")
+        assert not [r for r in model.requests if r.answered is not None]  # before the model's first answer
+        await eventually(lambda: "searching past sessions…" in screen.getvalue(), what="the tool's status line")
+        await eventually(lambda: "Streaming shows the" in screen.getvalue(), what="the first words")
+        assert model.requests[1].answered is None  # shown while the model was still writing
+        assert answer not in screen.getvalue()
+        await chat
+    shown = screen.getvalue()
+    # the live view is erased (its last line cleared) and the answer printed whole in its place
+    after_live = shown.rsplit("\x1b[2K", 1)[1]
+    assert after_live.startswith(f"{answer}\nSession ") and after_live.count(answer) == 1

@@ -73,6 +73,8 @@ async def test_a_dm_answer_shows_while_it_is_written_and_is_stored_once(running)
     await eventually(lambda: tg.sent[0].parse_mode == "HTML", timeout=10, what="the final edit")
     assert len(tg.sent) == 1 and tg.sent[0].visible_text == LONG
     assert len(tg.calls("editMessageText")) >= 2, "edited in place as it grew"
+    # the router notes the delivery just after the platform took the final edit
+    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
     messages, deliveries = stored(gw)
     assert [(m["role"], m["content"]) for m in messages] == [("user", "what runs where?"), ("assistant", LONG)]
     [delivery] = deliveries
@@ -113,6 +115,7 @@ async def test_an_answer_that_breaks_off_keeps_the_partial_and_says_so(running):
     await eventually(lambda: tg.sent and "cut off" in tg.sent[0].visible_text, timeout=15, what="the cut-off note")
     [message] = tg.sent
     assert message.visible_text.startswith(LONG[:120].strip())
+    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
     messages, deliveries = stored(gw)
     [answer] = [m for m in messages if m["role"] == "assistant"]
     assert answer["content"] == LONG[:120] and answer["finish_reason"] == "incomplete"

@@ -6,6 +6,11 @@ sessions (or the newest of a title's lineage), ``-r`` resumes by id, prefix or
 title.  A prefix or a title names terminal sessions only; another surface's
 session (an API user's, a Telegram chat's) is continued only when given by its
 whole id.  On resume a recap panel shows where the conversation stood.
+
+The answer streams into the terminal as the model writes it (a rich Live): a
+spinner until the first text (with a running tool's status line beside it),
+then the newest lines of the text; once the answer is done it is printed
+whole, in place of the live view.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import asyncio
 import getpass
 import json
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.live import Live
 from rich.panel import Panel
+from rich.spinner import Spinner
 from rich.text import Text
 
 from gateway.config import Config
@@ -28,6 +35,38 @@ RECAP_EXCHANGES = 10
 USER_CHARS = 300
 ASSISTANT_CHARS = 200
 ASSISTANT_LINES = 3
+
+
+REFRESH_PER_SECOND = 12
+THINKING = "thinking…"
+
+
+class LiveAnswer:
+    """The answer as the model writes it, for a rich Live (a :class:`~gateway.turn.ReplySink`)."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._text = ""
+        self._spinner = Spinner("dots", text=Text(THINKING, style="dim"), style="dim")
+
+    def feed(self, delta: str) -> None:
+        self._text += delta
+
+    def show_status(self, line: str) -> None:
+        self._spinner.update(text=Text(line, style="dim"))
+
+    def discard_text(self) -> None:
+        self._text = ""  # it was not the answer: a tool call followed
+
+    def __rich__(self) -> RenderableType:
+        """A spinner until the first text; then as many of the text's last lines as the terminal shows."""
+        if not self._text:
+            return self._spinner
+        width, height = self._console.size
+        rows = max(1, height - 2)
+        tail = self._text[-rows * width * 2:]  # enough to fill the screen, so a long answer is not re-wrapped whole
+        lines = Text(tail).wrap(self._console, width)
+        return Text("\n").join(lines[-rows:])
 
 
 def _cut(text: str, chars: int, lines: int | None = None) -> str:
@@ -152,10 +191,15 @@ async def _converse(router: SessionRouter, console: Console, read_line, continue
             continue
         msg = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login,
                              user_name=login, text=line)
-        ticket = await router.handle(msg)
+        answer = LiveAnswer(console)
+        ticket = await router.handle(msg, sink=answer)
         if ticket is None:
             continue
-        reply = await ticket.reply
+        if ticket.reply.done():  # a command, answered at once
+            reply = ticket.reply.result()
+        else:
+            with Live(answer, console=console, refresh_per_second=REFRESH_PER_SECOND, transient=True):
+                reply = await ticket.reply
         for notice in ticket.notices:
             console.print(f"[dim]{notice}[/dim]")
         console.print(reply, markup=False, highlight=False)
