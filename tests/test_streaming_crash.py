@@ -7,6 +7,8 @@ same answer twice.
 
 from __future__ import annotations
 
+import contextlib
+
 import state
 from adapters.telegram.format import markdown_to_html
 from gateway.streaming import CUT_SHORT
@@ -30,6 +32,16 @@ def daemon_for(tmp_path, tg: FakeTelegram, model: FakeModel) -> tuple[Daemon, Te
     return daemon, side
 
 
+@contextlib.asynccontextmanager
+async def stopped_at_the_end(daemon: Daemon):
+    """The daemon is stopped however the test ends (a failed assertion too)."""
+    try:
+        yield
+    finally:
+        if daemon.proc is not None and daemon.proc.returncode is None:
+            await daemon.stop()
+
+
 def deliveries(daemon: Daemon) -> list[dict]:
     with state.SessionDB(daemon.db_path) as db:
         [(_, session_id)] = list(db.list_routes())
@@ -41,42 +53,42 @@ async def test_a_kill_mid_stream_marks_the_partial_and_the_answer_comes_once_aft
         model.stream_chunk_chars, model.stream_interval = 8, 0.1  # about 10 s for the whole answer
         model.responder = lambda messages: ANSWER
         daemon, side = daemon_for(tmp_path, tg, model)
-        await side.ready(await daemon.start(), 30)
-        tg.dm(FakeTelegram.user(10_000, "Ann"), "what is the plan?")
-        [draft] = await tg.wait_for_sent(1, timeout=15)
-        await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["streaming"], timeout=10,
-                         what="the streamed reply recorded")
-        await daemon.kill()
-        partial = draft.visible_text
-        assert 0 < len(partial) < len(ANSWER)
+        async with stopped_at_the_end(daemon):
+            await side.ready(await daemon.start(), 30)
+            tg.dm(FakeTelegram.user(10_000, "Ann"), "what is the plan?")
+            [draft] = await tg.wait_for_sent(1, timeout=15)
+            await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["streaming"], timeout=10,
+                             what="the streamed reply recorded")
+            await daemon.kill()
+            partial = draft.visible_text
+            assert 0 < len(partial) < len(ANSWER)
 
-        model.stream_interval = 0.0
-        await side.ready(await daemon.start(), 30)
-        await eventually(lambda: len(tg.sent) == 2 and tg.sent[1].parse_mode == "HTML", timeout=30,
-                         what="the answer, once, in a new message")
-        assert tg.sent[0].visible_text == check_html(markdown_to_html(CUT_SHORT)), "the partial says it was cut short"
-        assert tg.sent[1].visible_text == ANSWER
-        assert [d["status"] for d in deliveries(daemon)] == ["failed", "sent"]
-        await daemon.stop()
+            model.stream_interval = 0.0
+            await side.ready(await daemon.start(), 30)
+            await eventually(lambda: len(tg.sent) == 2 and tg.sent[1].parse_mode == "HTML", timeout=30,
+                             what="the answer, once, in a new message")
+            assert tg.sent[0].visible_text == check_html(markdown_to_html(CUT_SHORT)), "the partial says it was cut short"
+            assert tg.sent[1].visible_text == ANSWER
+            assert [d["status"] for d in deliveries(daemon)] == ["failed", "sent"]
 
 
 async def test_a_kill_after_the_answer_was_stored_finishes_the_streamed_message_without_a_new_one(tmp_path):
     async with FakeTelegram() as tg, FakeModel() as model:
         model.responder = lambda messages: ANSWER
         daemon, side = daemon_for(tmp_path, tg, model)
-        await side.ready(await daemon.start(), 30)
-        tg.hang_next("editMessageText", 1)  # the stream's edit never comes back: the answer is stored, not shown
-        tg.dm(FakeTelegram.user(10_000, "Ann"), "what is the plan?")
-        [draft] = await tg.wait_for_sent(1, timeout=15)
-        await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["pending"], timeout=10,
-                         what="the answer stored with its pending delivery")
-        await daemon.kill()
-        assert draft.visible_text != ANSWER or draft.parse_mode is None
+        async with stopped_at_the_end(daemon):
+            await side.ready(await daemon.start(), 30)
+            tg.hang_next("editMessageText", 1)  # the stream's edit never comes back: the answer is stored, not shown
+            tg.dm(FakeTelegram.user(10_000, "Ann"), "what is the plan?")
+            [draft] = await tg.wait_for_sent(1, timeout=15)
+            await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["pending"], timeout=10,
+                             what="the answer stored with its pending delivery")
+            await daemon.kill()
+            assert draft.visible_text != ANSWER or draft.parse_mode is None
 
-        await side.ready(await daemon.start(), 30)
-        await eventually(lambda: tg.sent[0].parse_mode == "HTML", timeout=30, what="the message finished in place")
-        assert [m.visible_text for m in tg.sent] == [ANSWER], "finished in its own message, nothing sent twice"
-        assert len(model.requests) == 1, "no second model call"
-        assert [d["status"] for d in deliveries(daemon)] == ["sent"]
-        await daemon.stop()
+            await side.ready(await daemon.start(), 30)
+            await eventually(lambda: tg.sent[0].parse_mode == "HTML", timeout=30, what="the message finished in place")
+            assert [m.visible_text for m in tg.sent] == [ANSWER], "finished in its own message, nothing sent twice"
+            assert len(model.requests) == 1, "no second model call"
+            assert [d["status"] for d in deliveries(daemon)] == ["sent"]
 
