@@ -218,3 +218,51 @@ def test_a_sessions_rows_go_with_it_and_old_rows_are_pruned(tmp_path):
         assert [r["at"] for r in db.model_calls()] == [5_000.0]
         assert db.reprice_model_calls("m", {"input": 1.0, "output": 1.0, "cached_input": 1.0}) == 1
         assert db.model_calls()[0]["cost"] == pytest.approx(10 / 1e6)
+
+
+async def test_recall_summaries_fact_extraction_and_cron_runs_have_their_purpose(tmp_path, model):
+    from tests.test_recall import seed
+
+    jobs = [{"id": "digest", "name": "Digest", "schedule": "every 1d", "prompt": "anything new?"}]
+    async with running_gateway(tmp_path, model, cron={"jobs": jobs}, facts={"extract_delay_seconds": 0}) as gw:
+        await seed(gw.db, "old-talk", "api", "hal", ["the walrus plan is on", "good"], title="Walrus")
+        model.script(ToolCall("session_search", {"query": "walrus"}))
+        api = ApiClient(gw)
+        await api.say("hal", "what was the walrus plan?")  # turn, recall summary, tool_loop
+        await api.say("hal", "thanks")
+        await api.say("hal", "/new")  # the ended session: a memory turn, then its facts are extracted
+        await gw.cron.run_job("digest")
+        await api.close()
+        rows = await eventually(lambda: _with_purposes(gw, {"recall", "fact_extraction", "cron"}))
+    by_purpose = {r["purpose"]: r for r in rows}
+    hal = (by_purpose["recall"]["platform"], by_purpose["recall"]["chat_id"], by_purpose["recall"]["user_id"])
+    assert hal == ("api", "hal", "hal")
+    assert by_purpose["recall"]["session_id"] == by_purpose["turn"]["session_id"]  # made for the asking turn
+    assert (by_purpose["fact_extraction"]["session_id"], by_purpose["fact_extraction"]["user_id"]) == \
+        (by_purpose["turn"]["session_id"], "hal")
+    cron = by_purpose["cron"]
+    assert (cron["platform"], cron["chat_id"], cron["user_id"], cron["agent"]) == ("cron", "digest", None, "main")
+    assert [r["purpose"] for r in rows[:3]] == ["turn", "recall", "tool_loop"]
+
+
+async def _with_purposes(gw, wanted: set[str]) -> list[dict] | None:
+    rows = await gw.db.model_calls()
+    return rows if wanted <= {r["purpose"] for r in rows} else None
+
+
+async def test_the_daemon_deletes_ledger_rows_older_than_usage_keep_days(tmp_path, model):
+    import time
+
+    now = time.time()
+    with SessionDB(tmp_path / "state.db") as db:
+        for age_days in (40, 3, 0.5):
+            db.record_model_call({"at": now - age_days * 86_400, "purpose": "turn", "model": "m", "outcome": "ok"})
+    async with running_gateway(tmp_path, model, usage={"keep_days": 7}) as gw:
+        await eventually(lambda: gw.health()["store"]["last_upkeep"], timeout=30, what="the first upkeep pass")
+        left = await eventually(lambda: _rows_if(gw, 2), timeout=10)
+    assert sorted(round((now - r["at"]) / 86_400, 1) for r in left) == [0.5, 3.0]
+
+
+async def _rows_if(gw, count: int) -> list[dict] | None:
+    rows = await gw.db.model_calls()
+    return rows if len(rows) == count else None
