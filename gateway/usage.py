@@ -4,8 +4,9 @@ Every model call names its :class:`CallContext` (the purpose, and the session,
 platform, chat, user and agent known at the call).  :class:`gateway.model.ModelClient`
 measures the call and hands a :class:`ModelCall` to its :class:`UsageRecorder`,
 which prices it from ``pricing`` (:func:`price_of`) and writes the row through
-the async store in the background: the call returns at once, and a failed write
-is logged, never the caller's failure.
+the async store in the background: the call returns at once, the rows that
+came meanwhile go in one transaction, and a failed write is logged, never the
+caller's failure.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class UsageRecorder:
         self.db = db
         self.pricing = pricing
         self.clock = clock
-        self._pending: set[asyncio.Task] = set()
+        self._queue: list[dict] = []
+        self._writer: asyncio.Task | None = None
 
     def row(self, call: ModelCall) -> dict:
         price = price_of(self.pricing, call.model)
@@ -119,18 +121,20 @@ class UsageRecorder:
 
     def record(self, call: ModelCall) -> None:
         """Queue the call's row; returns at once."""
-        task = spawn(self._write(self.row(call)), name="usage:write")
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._queue.append(self.row(call))
+        if self._writer is None or self._writer.done():
+            self._writer = spawn(self._write(), name="usage:write")
 
-    async def _write(self, row: dict) -> None:
-        try:
-            await self.db.record_model_call(row)
-        except Exception as exc:  # noqa: BLE001 - the ledger never fails a turn: logged, the row is lost
-            log.warning("usage ledger: the %s call to %s was not recorded (%s: %s)", row["purpose"], row["model"],
-                        type(exc).__name__, exc)
+    async def _write(self) -> None:
+        while self._queue:
+            rows, self._queue = self._queue, []
+            try:
+                await self.db.record_model_calls(rows)
+            except Exception as exc:  # noqa: BLE001 - the ledger never fails a turn: logged, the rows are lost
+                log.warning("usage ledger: %d model call(s) not recorded (%s, first: the %s call to %s): %s",
+                            len(rows), type(exc).__name__, rows[0]["purpose"], rows[0]["model"], exc)
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait for the rows still being written (at shutdown, before the store closes)."""
-        if self._pending:
-            await asyncio.wait(set(self._pending), timeout=timeout)
+        if self._writer is not None and not self._writer.done():
+            await asyncio.wait({self._writer}, timeout=timeout)

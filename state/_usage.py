@@ -85,6 +85,10 @@ def record_call(conn: sqlite3.Connection, row: dict) -> int:
     return int(cur.lastrowid or 0)
 
 
+def record_calls(conn: sqlite3.Connection, rows: list[dict]) -> list[int]:
+    return [record_call(conn, row) for row in rows]
+
+
 def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> list[dict]:
     """The calls since ``since``, oldest first."""
     cur = conn.execute(f"SELECT id, {', '.join(COLUMNS)} FROM model_calls WHERE at >= ? ORDER BY at, id LIMIT ?",

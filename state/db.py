@@ -866,6 +866,11 @@ class SessionDB:
         """Add one model call to the ledger (keys: :data:`state._usage.COLUMNS`); its id."""
         return self._engine.write(_usage.record_call, dict(row))
 
+    @_writes
+    def record_model_calls(self, rows: list[dict]) -> list[int]:
+        """Add several model calls in one transaction; their ids."""
+        return self._engine.write(_usage.record_calls, [dict(r) for r in rows])
+
     @_reads
     def model_calls(self, since: float = 0.0, limit: int = 1000) -> list[dict]:
         """The ledger's rows since ``since``, oldest first."""

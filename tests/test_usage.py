@@ -181,7 +181,8 @@ async def test_a_ledger_that_cannot_be_written_never_fails_the_turn(tmp_path, mo
             conn.execute("DROP TABLE model_calls")
         with caplog.at_level(logging.WARNING, logger="gateway.usage"):
             assert (await api.say("gil", "second")).startswith("echo: second")
-            await eventually(lambda: "usage ledger: the turn call to fake-model was not recorded" in caplog.text)
+            await eventually(lambda: "usage ledger: 1 model call(s) not recorded (OperationalError, first: the turn call "
+                             "to fake-model)" in caplog.text)
         await api.close()
 
 
