@@ -138,6 +138,14 @@ async def test_usage_shows_a_user_their_own_calls_only(tmp_path, model):
         f" · cost ${cat_cost:,.4f}",
     ]
     assert "Last 7 days: 1 call · " in dan_usage and f"{cat_input:,} input" not in dan_usage
+    # the operator sees everyone, per user, per chat and per day
+    by_user = json.loads(insights(tmp_path, "--by", "user", "--json").output)
+    assert {r["name"]: r["calls"] for r in by_user["rows"]} == {"api:cat": 3, "api:dan": 1}
+    assert next(r for r in by_user["rows"] if r["name"] == "api:cat")["input_tokens"] == cat_input
+    by_chat = json.loads(insights(tmp_path, "--by", "chat", "--json").output)
+    assert {r["name"]: r["calls"] for r in by_chat["rows"]} == {"api:cat": 3, "api:dan": 1}
+    by_day = json.loads(insights(tmp_path, "--by", "day", "--json", "--days", "3").output)
+    assert [(r["name"], r["calls"]) for r in by_day["rows"]] == [(by_day["dates"][-1], 4)]
 
 
 async def test_failed_and_retried_calls_are_recorded_with_their_outcome(tmp_path, model):
@@ -267,3 +275,10 @@ async def test_the_daemon_deletes_ledger_rows_older_than_usage_keep_days(tmp_pat
 async def _rows_if(gw, count: int) -> list[dict] | None:
     rows = await gw.db.model_calls()
     return rows if len(rows) == count else None
+
+
+def test_insights_refuses_a_grouping_it_does_not_know_naming_the_choices(tmp_path):
+    result = CliRunner().invoke(main, ["insights", "--by", "weekday", "--home", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "'weekday' is not one of 'day', 'model', 'platform', 'purpose', 'user', 'chat'" in result.output
+    assert "No model calls in the last 30 days." in insights(tmp_path).output
