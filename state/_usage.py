@@ -18,12 +18,15 @@ daemon's retention); :func:`prune_calls` drops rows older than a cutoff
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 from typing import Any
 
+_EPOCH = dt.date(1970, 1, 1)
+
 # Columns a report can be grouped by; "day" is the UTC date of the call.
 GROUPS = {
-    "day": "date(at, 'unixepoch')",
+    "day": "CAST(at / 86400 AS INTEGER)",
     "model": "model",
     "platform": "COALESCE(platform, '?')",
     "purpose": "purpose",
@@ -99,7 +102,7 @@ def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> lis
 
 def usage_report(conn: sqlite3.Connection, since: float, by: str, *, platform: str | None = None,
                  user_id: str | None = None) -> list[dict]:
-    """Totals per group and UTC day since ``since``: one dict per (group, day), ordered by both.
+    """Totals per group and UTC day (``YYYY-MM-DD``) since ``since``: one dict per (group, day).
 
     ``platform`` and ``user_id`` together keep one user's calls only."""
     if by not in GROUPS:
@@ -110,15 +113,22 @@ def usage_report(conn: sqlite3.Connection, since: float, by: str, *, platform: s
         where += " AND platform IS ? AND user_id = ?"
         params += [platform, user_id]
     cur = conn.execute(
-        f"SELECT {GROUPS[by]} AS grp, date(at, 'unixepoch') AS day, COUNT(*) AS calls, "
+        f"SELECT {GROUPS[by]} AS grp, CAST(at / 86400 AS INTEGER) AS day, COUNT(*) AS calls, "
         "SUM(prompt_tokens - cached_tokens) AS input_tokens, SUM(cached_tokens) AS cached_input_tokens, "
         "SUM(completion_tokens) AS output_tokens, SUM(cache_write_tokens) AS cache_write_tokens, "
         "SUM(cost) AS cost, SUM(cost IS NULL) AS unpriced, SUM(estimated) AS estimated, "
-        "SUM(outcome = 'failed') AS failed, SUM(outcome = 'retried') AS retried, "
-        f"AVG(latency_ms) AS latency_ms FROM model_calls WHERE {where} GROUP BY grp, day ORDER BY grp, day",
+        "SUM(outcome = 'failed') AS failed, SUM(outcome = 'retried') AS retried "
+        f"FROM model_calls WHERE {where} GROUP BY grp, day",
         params)
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur]
+    rows = [dict(zip(names, r, strict=True)) for r in cur]
+    days = {row["day"] for row in rows}
+    dates = {day: (_EPOCH + dt.timedelta(days=day)).isoformat() for day in days}  # the UTC date, once per day
+    for row in rows:
+        row["day"] = dates[row["day"]]
+        if by == "day":
+            row["grp"] = row["day"]
+    return rows
 
 
 def reprice_calls(conn: sqlite3.Connection, model: str, price: dict[str, float] | None, since: float = 0.0) -> int:
