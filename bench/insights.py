@@ -4,8 +4,8 @@
     .venv/bin/python bench/insights.py --rows 100000
 
 The rows (20,000 sessions, 2,000 users on 4 platforms, 3 models, 7 purposes) are
-written in time order, as the daemon writes them, into a database in a temporary
-directory, removed afterwards.  Prints the time of ``SessionDB.usage_report`` plus
+written in time order through ``SessionDB.record_model_calls``, as the daemon writes
+them, into a database in a temporary directory, removed afterwards.  Prints the time of ``SessionDB.usage_report`` plus
 :func:`gateway.insights.summarize` for ``--days`` (half the rows) per grouping, and
 of one user's report (``/usage``), best and median of ``--repeat`` runs.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -25,23 +24,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.insights import summarize, window
 from state import SessionDB
-from state._usage import COLUMNS
 
 PURPOSES = ["turn", "tool_loop", "compression", "recall", "memory_flush", "fact_extraction", "cron"]
 
 
 def build(path: Path, rows: int, now: float) -> None:
-    SessionDB(path).close()  # the schema
     rng = random.Random(1)
-    data = sorted(
-        (now - rng.random() * 60 * 86_400, f"s{i % 20_000}", rng.choice(["telegram", "discord", "slack", "api"]),
-         f"c{i % 3_000}", f"u{i % 2_000}", "main", rng.choice(PURPOSES), rng.choice(["gpt-4o", "gpt-4o-mini", "local"]),
-         rng.randint(100, 20_000), rng.randint(10, 800), rng.randint(0, 5_000), 0, 0, 800.0, "ok", None, 1,
-         2.0, 8.0, 0.5, 0.001)
-        for i in range(rows))
-    with sqlite3.connect(path) as conn:
-        conn.executemany(f"INSERT INTO model_calls ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                         data)
+    times = sorted(now - rng.random() * 60 * 86_400 for _ in range(rows))
+    with SessionDB(path) as db:
+        for start in range(0, rows, 50_000):
+            db.record_model_calls([
+                {"at": at, "session_id": f"s{i % 20_000}", "platform": rng.choice(["telegram", "discord", "slack", "api"]),
+                 "chat_id": f"c{i % 3_000}", "user_id": f"u{i % 2_000}", "agent": "main", "purpose": rng.choice(PURPOSES),
+                 "model": rng.choice(["gpt-4o", "gpt-4o-mini", "local"]), "prompt_tokens": rng.randint(100, 20_000),
+                 "completion_tokens": rng.randint(10, 800), "cached_tokens": rng.randint(0, 100), "latency_ms": 800.0,
+                 "outcome": "ok", "price_input": 2.0, "price_output": 8.0, "price_cached_input": 0.5, "cost": 0.001}
+                for i, at in enumerate(times[start:start + 50_000], start)])
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:
