@@ -1,7 +1,7 @@
 """Slash commands, parsed in the gateway so they are the same on every platform.
 
 A command never reaches the model.  ``/help``, ``/status``, ``/title``,
-``/sessions`` and ``/stop`` answer at once, even while a turn runs; the
+``/sessions``, ``/usage`` and ``/stop`` answer at once, even while a turn runs; the
 commands that change the session (``/new``, ``/reset``, ``/resume``,
 ``/compress``) run in the session's lane, after a running turn.
 """
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import state
+from gateway.insights import summarize, window
 
 if TYPE_CHECKING:  # pragma: no cover
     from gateway.router import Lane, SessionRouter, Ticket
@@ -285,6 +286,22 @@ async def cmd_stream(ctx: CommandContext) -> str:
             f"(/stream {'off' if on else 'on'} to change).")
 
 
+async def cmd_usage(ctx: CommandContext) -> str:
+    """The asker's own model calls (their sessions on this platform) of the last 7 and 30 days."""
+    msg = ctx.ticket.msg
+    if msg.user_id is None:
+        return "Usage is counted per user, and this chat has no user id."
+    lines = ["Your usage (the model calls made for your sessions here):"]
+    for days in (7, 30):
+        since, dates = window(days, ctx.router.clock())
+        t = summarize(await ctx.db.usage_report(since, "day", platform=msg.platform, user_id=msg.user_id),
+                      dates).total.totals
+        lines.append(f"Last {days} days: {t.calls:,} call{'s' if t.calls != 1 else ''} · "
+                     f"{t.input_tokens:,} input tokens · {t.cached_input_tokens:,} cached input tokens · "
+                     f"{t.output_tokens:,} output tokens · cost {t.cost_text()}")
+    return "\n".join(lines)
+
+
 async def cmd_compress(ctx: CommandContext) -> str:
     compressor = ctx.router.commands.compressor
     if compressor is None:
@@ -306,6 +323,7 @@ def default_commands(compressor: Compressing | None = None) -> CommandSet:
     commands.add("resume", "Switch to one of your older sessions", "/resume [title|id]", cmd_resume)
     commands.add("sessions", "Your recent sessions", "/sessions", cmd_sessions, runs_now=True)
     commands.add("stop", "Cancel the reply being written", "/stop", cmd_stop, runs_now=True)
+    commands.add("usage", "Your tokens and cost, last 7 and 30 days", "/usage", cmd_usage, runs_now=True)
     commands.add("compress", "Summarize the conversation so far and continue", "/compress [focus]", cmd_compress)
     commands.add("stream", "Show replies as they are written, or whole", "/stream [on|off]", cmd_stream,
                  runs_now=True)

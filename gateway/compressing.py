@@ -17,6 +17,7 @@ from typing import Awaitable, Callable
 import compression
 from gateway.model import ModelClient
 from gateway.turn import TurnRequest
+from gateway.usage import OTHER, CallContext, for_session
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +48,19 @@ class Compressor:
         # session, in the task that compressed: fact extraction of the session left behind.
         self.after_split = after_split
 
-    async def summarize(self, messages: list[dict]) -> str:
-        completion = await self.model.complete(messages, model=self.summary_model, timeout=self.timeout)
+    async def summarize(self, messages: list[dict], purpose: CallContext = OTHER) -> str:
+        completion = await self.model.complete(messages, model=self.summary_model, timeout=self.timeout,
+                                               purpose=purpose)
         return completion.message.get("content") or ""
 
-    def _summarizer_for(self, session_id: str):
+    def _summarizer_for(self, session_id: str, session_key: str):
         before_split = self.before_split
-        if before_split is None:
-            return self.summarize
+        purpose = for_session("compression", session_id, session_key)
 
         async def summarize(messages: list[dict]) -> str:
-            await before_split(session_id)
-            return await self.summarize(messages)
+            if before_split is not None:
+                await before_split(session_id)
+            return await self.summarize(messages, purpose)
 
         return summarize
 
@@ -77,7 +79,7 @@ class Compressor:
         """The history to send (maybe from a new child session) and lines for the user."""
         reported = self._reported.get(req.session_id)
         prepared = await compression.prepare_history(
-            self.db, req.session_id, history, self._summarizer_for(req.session_id),
+            self.db, req.session_id, history, self._summarizer_for(req.session_id, req.session_key),
             context_length=self.context_length, threshold=self.threshold,
             reported_prompt_tokens=reported[0] if reported else None,
             reported_message_count=reported[1] if reported else None,
@@ -100,7 +102,7 @@ class Compressor:
         """``/compress [focus]``: returns (the session to continue in, the line for the user)."""
         try:
             result = await compression.compress_session(
-                self.db, session_id, self._summarizer_for(session_id), context_length=self.context_length,
+                self.db, session_id, self._summarizer_for(session_id, session_key), context_length=self.context_length,
                 threshold=self.threshold,
                 focus=focus, session_key=session_key, timeout=self.timeout,
             )

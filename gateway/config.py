@@ -514,6 +514,31 @@ class StoreConfig(_Model):
     retention_days: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
 
 
+class ModelPrice(_Model):
+    """``pricing.<model>``: US dollars per million tokens."""
+
+    input: float = Field(ge=0)  # input tokens not read from the provider's cache
+    output: float = Field(ge=0)
+    cached_input: float | None = Field(None, ge=0)  # input tokens read from the cache; empty: the input price
+
+    def as_dict(self) -> dict[str, float]:
+        return {"input": self.input, "output": self.output,
+                "cached_input": self.input if self.cached_input is None else self.cached_input}
+
+
+Pricing = Annotated[
+    Mapping[str, ModelPrice],
+    AfterValidator(lambda m: MappingProxyType(dict(m))),
+    PlainSerializer(dict),
+]
+
+
+class UsageConfig(_Model):
+    # The usage ledger's rows older than this many days are deleted by the daemon, once a day; empty: kept
+    # (they still go with their session when it is pruned).
+    keep_days: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
+
+
 # --------------------------------------------------------------------------- Config
 
 
@@ -559,6 +584,8 @@ class Config(_Model):
     cron: CronConfig = CronConfig()
     store: StoreConfig = StoreConfig()
     streaming: StreamingConfig = StreamingConfig()
+    pricing: Pricing = Field(default_factory=lambda: MappingProxyType({}))
+    usage: UsageConfig = UsageConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 

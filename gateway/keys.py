@@ -51,6 +51,21 @@ def session_key(msg: InboundMessage, policy: KeyPolicy) -> str:
     return f"{head}:{kind}:{chat}"
 
 
+def _unpart(value: str) -> str:
+    return value.replace("%3A", ":").replace("%25", "%")
+
+
+def chat_of_key(key: str | None) -> str | None:
+    """The chat a session key names: the chat id (dm, group, thread, channel), the cron job, the API
+    client's key; None for what is not a session key."""
+    parts = (key or "").split(":")
+    if len(parts) < 4 or parts[0] != "agent":
+        return None
+    if len(parts) >= 5 and parts[3] in ("dm", "group", "channel"):
+        return _unpart(parts[4])
+    return _unpart(parts[3])
+
+
 def cron_key(agent: str, job_id: str) -> str:
     return f"agent:{_part(agent)}:cron:{_part(job_id)}"
 

@@ -15,12 +15,19 @@ and the result is the same :class:`Completion` a plain call returns, usage
 from the last chunk.  A stream that fails before any text is retried like a
 plain call; one that breaks off after text was shown raises
 :class:`~gateway.errors.AnswerCutOff` with the text so far.
+
+Every call says what it is for (a :class:`gateway.usage.CallContext`); with a
+:class:`gateway.usage.UsageRecorder` each one, ok, retried or failed, becomes a
+row of the usage ledger: its tokens as the endpoint reported them (cached reads
+from ``prompt_tokens_details.cached_tokens``), or estimated when it reported
+none, its latency and its outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,6 +35,7 @@ import openai
 from openai import AsyncStream, RequestOptions
 from openai.types.chat import ChatCompletion
 
+import compression
 from gateway.errors import (
     AnswerCutOff,
     ContextTooLong,
@@ -38,6 +46,7 @@ from gateway.errors import (
     ModelUnavailable,
 )
 from gateway.retry import Backoff, retry_async
+from gateway.usage import OTHER, CallContext, ModelCall, Outcome, UsageRecorder
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,22 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to it
+    reported: bool = True  # False: the endpoint reported no usage (the counts are 0)
+
+
+def _cache_counts(usage: Any) -> tuple[int, int]:
+    """(cached reads, cache writes) from a ``usage`` object or dict: OpenAI's
+    ``prompt_tokens_details.cached_tokens``; writes as OpenRouter (``cache_write_tokens``) or
+    Anthropic (``cache_creation_input_tokens``) report them."""
+    def get(obj: Any, key: str) -> Any:
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    details = get(usage, "prompt_tokens_details") or {}
+    cached = get(details, "cached_tokens") or get(usage, "cache_read_input_tokens") or 0
+    written = get(details, "cache_write_tokens") or get(usage, "cache_creation_input_tokens") or 0
+    return int(cached), int(written)
 
 
 KEEPALIVE_CONNECTIONS = 8  # the httpx fallback polls every idle connection on every request: keep few
@@ -131,9 +156,11 @@ def as_model_error(exc: BaseException) -> ModelUnavailable:
 
 
 class ModelClient:
-    def __init__(self, settings: ModelSettings, *, metrics=None, backoff: Backoff = Backoff(base=0.5, cap=20.0)):
+    def __init__(self, settings: ModelSettings, *, metrics=None, usage: UsageRecorder | None = None,
+                 backoff: Backoff = Backoff(base=0.5, cap=20.0)):
         self.settings = settings
         self._metrics = metrics
+        self._usage = usage  # the ledger: one row per call; None: not recorded
         self._backoff = backoff
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url,
@@ -152,7 +179,52 @@ class ModelClient:
         model: str | None = None,
         timeout: float | None = None,
         on_text: Callable[[str], None] | None = None,
+        purpose: CallContext = OTHER,
     ) -> Completion:
+        """One model call (retried as the module docstring says); ``purpose`` is what the usage
+        ledger records it as."""
+        started, clock = time.monotonic(), self._usage.clock() if self._usage is not None else 0.0
+        attempts = [1]
+        try:
+            completion = await self._complete(messages, tools, model, timeout, on_text, attempts)
+        except BaseException as exc:
+            self._record(purpose, model, messages, started, clock, attempts[0], None, exc)
+            raise
+        self._record(purpose, model, messages, started, clock, attempts[0], completion, None)
+        return completion
+
+    def _record(self, purpose: CallContext, model: str | None, messages: list[dict], started: float, clock: float,
+                attempts: int, completion: Completion | None, failure: BaseException | None) -> None:
+        if self._usage is None:
+            return
+        try:
+            cached = written = 0
+            if completion is not None and completion.reported:
+                prompt_tokens, completion_tokens, estimated = completion.prompt_tokens, completion.completion_tokens, False
+                cached, written = completion.cached_tokens, completion.cache_write_tokens
+            else:  # nothing reported (or a failure): what the prompt and the answer so far come to
+                partial = failure.partial if isinstance(failure, AnswerCutOff) else ""
+                answer = completion.message if completion is not None else {"role": "assistant", "content": partial}
+                prompt_tokens, estimated = compression.estimate_tokens(messages), True
+                completion_tokens = compression.estimate_tokens([answer]) \
+                    if answer.get("content") or answer.get("tool_calls") else 0
+            outcome: Outcome = "ok" if attempts == 1 else "retried"
+            error = None
+            if failure is not None:
+                outcome = "failed"
+                error = "cancelled" if isinstance(failure, asyncio.CancelledError) else \
+                    f"{type(failure).__name__}: {failure}"[:200]
+            self._usage.record(ModelCall(
+                context=purpose, model=model or self.settings.name, at=clock,
+                latency_ms=(time.monotonic() - started) * 1000, outcome=outcome, attempts=attempts, error=error,
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached,
+                cache_write_tokens=written, estimated=estimated))
+        except Exception:  # the ledger never fails a model call
+            log.exception("usage ledger: the call could not be recorded")
+
+    async def _complete(self, messages: list[dict], tools: list[dict] | None, model: str | None,
+                        timeout: float | None, on_text: Callable[[str], None] | None,
+                        attempts: list[int]) -> Completion:
         body: dict[str, Any] = {"model": model or self.settings.name, "messages": messages}
         if tools:
             body["tools"] = tools
@@ -172,6 +244,7 @@ class ModelClient:
                 return await self._client.post("/chat/completions", cast_to=ChatCompletion, body=body, options=options)
 
         def on_retry(attempt: int, exc: BaseException, wait: float) -> None:
+            attempts[0] = attempt + 1
             log.warning("model call failed (%s), retry %d in %.1fs", _describe(exc), attempt, wait)
             if self._metrics:
                 self._metrics.model_retries.inc()
@@ -199,11 +272,13 @@ class ModelClient:
         message = choice.message.model_dump(exclude_none=True)
         message.setdefault("content", None)
         usage = response.usage
+        cached, written = _cache_counts(usage) if usage is not None else (0, 0)
         return Completion(
             message=message,
             prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
             completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
             finish_reason=choice.finish_reason,
+            cached_tokens=cached, cache_write_tokens=written, reported=usage is not None,
         )
 
     async def _streamed(self, body: dict, options: RequestOptions, on_text: Callable[[str], None]) -> Completion:
@@ -243,6 +318,9 @@ class _StreamedAnswer:
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.cache_write_tokens = 0
+        self.reported = False
 
     def add(self, chunk: dict) -> str:
         """Take one chunk (a ``chat.completion.chunk`` as JSON) in; the answer text it carried."""
@@ -250,6 +328,8 @@ class _StreamedAnswer:
         if isinstance(usage, dict):
             self.prompt_tokens = usage.get("prompt_tokens") or 0
             self.completion_tokens = usage.get("completion_tokens") or 0
+            self.cached_tokens, self.cache_write_tokens = _cache_counts(usage)
+            self.reported = True
         text = ""
         for choice in (chunk.get("choices") or [])[:1]:
             delta = {k: v for k, v in (choice.get("delta") or {}).items() if v is not None}
@@ -285,7 +365,9 @@ class _StreamedAnswer:
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return Completion(message=message, prompt_tokens=self.prompt_tokens,
-                          completion_tokens=self.completion_tokens, finish_reason=self.finish_reason)
+                          completion_tokens=self.completion_tokens, finish_reason=self.finish_reason,
+                          cached_tokens=self.cached_tokens, cache_write_tokens=self.cache_write_tokens,
+                          reported=self.reported)
 
 
 def _describe(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from gateway.model import Completion, ModelClient
 from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Attachment
+from gateway.usage import CallContext, for_session
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,10 @@ class AgentTurn:
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
                                     max_iterations=self.settings.max_tool_iterations, model=req.model,
-                                    sink=req.stream)
+                                    sink=req.stream,
+                                    purpose=for_session("cron" if req.platform == "cron" else "turn", session_id,
+                                                        req.session_key, platform=req.platform, user_id=req.user_id,
+                                                        agent=self.settings.agent))
         completion, produced = loop.completion, loop.produced
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
         if prompt_hook is not None:
@@ -215,7 +219,7 @@ class AgentTurn:
 
     async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
                         max_iterations: int, max_tool_calls: int | None = None, model: str | None = None,
-                        sink: ReplySink | None = None) -> ToolLoop:
+                        sink: ReplySink | None = None, purpose: CallContext | None = None) -> ToolLoop:
         """Call the model on ``prompt`` and run the tools it asks for until it answers; persists nothing.
 
         Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
@@ -224,7 +228,13 @@ class AgentTurn:
 
         With ``sink``, the model streams: its text goes to the sink as it comes, text that a tool call
         follows is taken back and replaced by one status line while the tool runs, and an answer
-        that breaks off ends the loop with what came, its ``finish_reason`` ``incomplete``."""
+        that breaks off ends the loop with what came, its ``finish_reason`` ``incomplete``.
+
+        ``purpose`` is what the usage ledger records the first call as (a turn's later calls are
+        ``tool_loop``); None: a turn of ``ctx``'s session."""
+        if purpose is None:
+            purpose = for_session("turn", ctx.session_id, ctx.session_key, platform=ctx.platform,
+                                  user_id=ctx.user_id, agent=ctx.agent)
         schemas = self.tools.schemas(tool_names)
         produced: list[dict] = []
         prompt_tokens = completion_tokens = tool_calls = 0
@@ -234,7 +244,8 @@ class AgentTurn:
             sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
             try:
                 completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
-                                                       on_text=sink.feed if sink is not None else None)
+                                                       on_text=sink.feed if sink is not None else None,
+                                                       purpose=purpose if iteration == 0 else purpose.next_in_loop())
             except AnswerCutOff as cut:
                 log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
                 completion = Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete")

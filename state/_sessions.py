@@ -8,7 +8,7 @@ import sqlite3
 import time
 from typing import Any, Iterable
 
-from . import _recovery
+from . import _recovery, _usage
 from ._titles import check_free, like_escape, lineage_rows, resolve_session_by_title, sanitize_title
 from .errors import AmbiguousSession, InvalidTitle, SessionNotFound
 
@@ -391,6 +391,7 @@ def _delete_ids(conn: sqlite3.Connection, ids: list[str]) -> None:
         conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN ({marks})", chunk)
         conn.execute(f"DELETE FROM routes WHERE session_id IN ({marks})", chunk)
         _recovery.forget_sessions(conn, marks, chunk)
+        _usage.forget_sessions(conn, marks, chunk)
         conn.execute(f"DELETE FROM messages WHERE session_id IN ({marks})", chunk)
         conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
 

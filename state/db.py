@@ -2,7 +2,7 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs`` or ``fts`` (search)
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage`` or ``fts`` (search)
 through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
@@ -27,6 +27,7 @@ from . import (
     _titles,
     _transfer,
     _upkeep,
+    _usage,
 )
 from ._engine import Engine
 from ._messages import Appended
@@ -875,6 +876,40 @@ class SessionDB:
     @_reads
     def count_dead_letters(self, status: str = "held") -> int:
         return self._engine.read(_deadletters.count_dead_letters, status)
+
+    # --- the usage ledger (state._usage): one row per model call ---------------------------------
+
+    @_writes
+    def record_model_call(self, row: dict) -> int:
+        """Add one model call to the ledger (keys: :data:`state._usage.COLUMNS`); its id."""
+        return self._engine.write(_usage.record_call, dict(row))
+
+    @_writes
+    def record_model_calls(self, rows: list[dict]) -> list[int]:
+        """Add several model calls in one transaction; their ids."""
+        return self._engine.write(_usage.record_calls, [dict(r) for r in rows])
+
+    @_reads
+    def model_calls(self, since: float = 0.0, limit: int = 1000) -> list[dict]:
+        """The ledger's rows since ``since``, oldest first."""
+        return self._engine.read(_usage.list_calls, since, limit)
+
+    @_reads
+    def usage_report(self, since: float, by: str = "day", *, platform: str | None = None,
+                     user_id: str | None = None) -> list[dict]:
+        """Totals per group (day, model, platform, purpose, user, chat) and UTC day since ``since``;
+        with ``user_id`` (and its ``platform``) one user's calls only."""
+        return self._engine.read(_usage.usage_report, since, by, platform=platform, user_id=user_id)
+
+    @_writes
+    def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0) -> int:
+        """Recompute the cost of ``model``'s calls with ``price`` ({input, output, cached_input} per million)."""
+        return self._engine.write(_usage.reprice_calls, model, price, since)
+
+    @_writes
+    def prune_model_calls(self, before: float) -> int:
+        """Delete the ledger's rows older than ``before``; how many."""
+        return self._engine.write(_usage.prune_calls, before)
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,

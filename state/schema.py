@@ -264,6 +264,12 @@ def _v19_chat_prefs(conn):
                  "WHERE status = 'streaming'")
 
 
+def _v20_model_calls(conn):
+    from . import _usage
+
+    _usage.create_tables(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -284,6 +290,7 @@ for _step in [
     Migration(17, "listing indexes by last activity", _v17_listing_by_activity),
     Migration(18, "meta: the last upkeep", _v18_meta),
     Migration(19, "per-chat choices (/stream on|off), streamed replies' index", _v19_chat_prefs),
+    Migration(20, "the usage ledger: one row per model call", _v20_model_calls),
 ]:
     register(_step)
 

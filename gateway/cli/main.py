@@ -11,10 +11,11 @@
     switchboard backup FILE          copy the live database to FILE (safe while the daemon runs)
     switchboard restore FILE         replace the database with a checked backup
     switchboard maintenance [--vacuum]   the database's size, free space and last upkeep
+    switchboard insights [--days N] [--by ...]   tokens and cost of the model calls, from the usage ledger
     switchboard doctor               check config, database, disk, permissions, model and platforms
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
-``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``);
+``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``, ``insights``);
 ``run``, ``chat``, ``doctor`` and ``pairing`` are defined here, with the work of
 ``chat`` and ``doctor`` in ``gateway/cli/chat.py`` and ``gateway/cli/doctor.py``.
 """
@@ -40,6 +41,7 @@ from gateway.cli.common import (
 from gateway.cli.config import config_group
 from gateway.cli.cron import cron_group
 from gateway.cli.deadletters import deadletters as deadletters_group
+from gateway.cli.insights import insights_cmd
 from gateway.cli.maintenance import maintenance_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
@@ -65,6 +67,7 @@ def main() -> None:
 for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd, maintenance_cmd):
     main.add_command(command)
 main.add_command(deadletters_group)
+main.add_command(insights_cmd)
 
 
 @main.command()

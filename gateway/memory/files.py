@@ -42,6 +42,7 @@ from gateway.memory.identity import user_dir_name
 from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
 from gateway.turn import AgentTurn
+from gateway.usage import for_session
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +412,9 @@ async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", ses
               {"role": "user", "content": FLUSH_PROMPT.format(reason=reason)}]
     try:
         loop = await turn.tool_loop(prompt, ctx, tool_names={"memory"}, max_iterations=FLUSH_MAX_CALLS,
-                                    max_tool_calls=FLUSH_MAX_CALLS)
+                                    max_tool_calls=FLUSH_MAX_CALLS,
+                                    purpose=for_session("memory_flush", session_id, key, platform=platform,
+                                                        user_id=ctx.user_id, agent=ctx.agent))
     except ModelUnavailable as exc:
         log.warning("memory flush before %s of %s skipped: model unavailable (%s)", reason, session_id, exc)
         return False

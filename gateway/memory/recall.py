@@ -30,6 +30,7 @@ from gateway.errors import ModelUnavailable
 from gateway.memory.identity import Scope, recall_scope
 from gateway.memory.truncation import truncate_around_matches
 from gateway.tools import Tool, ToolContext
+from gateway.usage import OTHER, CallContext, for_session
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +170,11 @@ class SessionRecall:
 
         return await asyncio.to_thread(cut)  # formatting and cutting megabytes is CPU work: off the loop
 
-    async def summarize(self, query: str, found: list[RecalledSession]) -> list[RecalledSession]:
+    async def summarize(self, query: str, found: list[RecalledSession],
+                        purpose: CallContext = OTHER) -> list[RecalledSession]:
         """Summarize each session (``max_concurrent`` at once, ``timeout_seconds`` for all);
-        a session whose summary failed or ran late keeps ``summary=None``."""
+        a session whose summary failed or ran late keeps ``summary=None``.  ``purpose``: the session
+        and user the summaries are made for (the usage ledger's ``recall`` rows)."""
         if not found:
             return []
         slots = asyncio.Semaphore(self.settings.max_concurrent)
@@ -183,7 +186,7 @@ class SessionRecall:
                 try:
                     completion = await self.model.complete(
                         [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": prompt}],
-                        model=self.settings.model,
+                        model=self.settings.model, purpose=purpose,
                     )
                 except ModelUnavailable as exc:
                     log.warning("recall summary of %s failed (%s); returning its snippets", item.session_id, exc)
@@ -215,10 +218,11 @@ class SessionRecall:
         return out
 
     async def search(self, query: str, scope: Scope, *, current_session_id: str | None = None,
-                     role_filter: list[str] | None = None, limit: int | None = None) -> list[RecalledSession]:
+                     role_filter: list[str] | None = None, limit: int | None = None,
+                     purpose: CallContext = OTHER) -> list[RecalledSession]:
         found = await self.gather(query, scope, current_session_id=current_session_id,
                                   role_filter=role_filter, limit=limit)
-        return await self.summarize(query, found)
+        return await self.summarize(query, found, purpose)
 
     async def recent(self, scope: Scope, *, current_session_id: str | None = None, limit: int = 5) -> list[dict]:
         if scope.accounts is not None and not scope.accounts:
@@ -312,7 +316,9 @@ def session_search_tool(recall: SessionRecall, config) -> Tool:
             rows = await recall.recent(scope, current_session_id=ctx.session_id)
             return recall.render_recent(rows)
         found = await recall.search(query, scope, current_session_id=ctx.session_id, role_filter=roles,
-                                    limit=_limit(args.get("limit"), recall.settings))
+                                    limit=_limit(args.get("limit"), recall.settings),
+                                    purpose=for_session("recall", ctx.session_id, ctx.session_key,
+                                                        platform=ctx.platform, user_id=ctx.user_id, agent=ctx.agent))
         return recall.render(query, found)
 
     return Tool(
@@ -337,7 +343,9 @@ def search_command(recall: SessionRecall, config):
         if not query:
             rows = await recall.recent(scope, current_session_id=ctx.session_id)
             return recall.render_recent(rows) + "\n\nSearch them with /search <words>."
-        found = await recall.search(query, scope, current_session_id=ctx.session_id)
+        found = await recall.search(query, scope, current_session_id=ctx.session_id,
+                                    purpose=for_session("recall", ctx.session_id, ctx.ticket.session_key,
+                                                        platform=msg.platform, user_id=msg.user_id))
         return recall.render(query, found)
 
     return cmd_search

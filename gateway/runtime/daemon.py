@@ -71,6 +71,7 @@ from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, PlatformStatus, SendProgress
+from gateway.usage import UsageRecorder
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +119,8 @@ class Gateway:
         self.commands: CommandSet | None = None  # made in start(), with the compressor /compress runs
         self.tools = ToolRegistry()
         self.db: state.AsyncSessionDB | None = None
-        self.model = ModelClient(ModelSettings(
-            base_url=str(config.model.base_url), api_key=config.model.api_key, name=config.model.name,
-            timeout_seconds=config.model.timeout_seconds, max_concurrent_calls=config.model.max_concurrent_calls,
-            max_retries=config.model.max_retries, retry_total_seconds=config.model.retry_total_seconds,
-        ), metrics=self.metrics)
+        self.model: ModelClient | None = None  # made in start(), with the usage ledger on the store
+        self.usage: UsageRecorder | None = None
         self._given_adapters = adapters
         self.adapters: dict[str, Adapter] = {}
         self.platforms_off: dict[str, str] = {}
@@ -149,6 +147,13 @@ class Gateway:
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
         self.db = await state.AsyncSessionDB.open(cfg.db_path, write_timeout=cfg.store.write_timeout_seconds)
+        # every model call, whatever it is for, becomes a row of the usage ledger
+        self.usage = UsageRecorder(self.db, cfg.pricing, clock=self.clock)
+        self.model = model = ModelClient(ModelSettings(
+            base_url=str(cfg.model.base_url), api_key=cfg.model.api_key, name=cfg.model.name,
+            timeout_seconds=cfg.model.timeout_seconds, max_concurrent_calls=cfg.model.max_concurrent_calls,
+            max_retries=cfg.model.max_retries, retry_total_seconds=cfg.model.retry_total_seconds,
+        ), metrics=self.metrics, usage=self.usage)
         persona = await asyncio.to_thread(cfg.model.persona_text) or DEFAULT_PERSONA
         context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
         if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
@@ -156,10 +161,10 @@ class Gateway:
         # Recall, memory and facts: their tools, /search and /facts, the memory snapshot frozen per
         # session and the facts' prompt block and prefetch, and a keep-what-matters turn (memory) and
         # an extraction (facts) when a reset, /new or a compression ends a session.
-        self.recall = recall = SessionRecall(self.db, self.model, RecallSettings(model=cfg.recall.model,
+        self.recall = recall = SessionRecall(self.db, model, RecallSettings(model=cfg.recall.model,
                                                                                  timezone=cfg.timezone))
         self.memory = memory = MemoryService(cfg)
-        self.facts = facts = FactMemory(cfg, self.db, self.model, clock=self.clock)
+        self.facts = facts = FactMemory(cfg, self.db, model, clock=self.clock)
         self.tools.register(session_search_tool(recall, cfg))
         self.tools.register(memory.tool())
         if cfg.facts.enabled:
@@ -179,7 +184,7 @@ class Gateway:
 
         # Compression: the 75 % trigger before each model call and /compress.
         self.compressor = Compressor(
-            self.db, self.model, context_length=context_length, threshold=cfg.compression.threshold,
+            self.db, model, context_length=context_length, threshold=cfg.compression.threshold,
             summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
             cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
             before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
@@ -190,7 +195,7 @@ class Gateway:
         if cfg.facts.enabled:
             self.commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
                               facts.command, runs_now=True)
-        turn = AgentTurn(self.db, self.model, self.tools, TurnSettings(
+        turn = AgentTurn(self.db, model, self.tools, TurnSettings(
             agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
             max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
             replay_reasoning=cfg.model.replay_reasoning,
@@ -233,7 +238,8 @@ class Gateway:
         await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
         if self.serve_api:
-            self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days, clock=self.clock,
+            self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
+                                      usage_keep_days=cfg.usage.keep_days, clock=self.clock,
                                       idle=lambda: self.router is None or self.router.active_lanes() == 0)
             self.upkeep.start()
         self.started_at = time.time()
@@ -404,7 +410,10 @@ class Gateway:
                 await adapter.stop()
             except Exception:  # keep closing the rest
                 log.exception("platform %s did not stop cleanly", name)
-        await self.model.close()
+        if self.model is not None:
+            await self.model.close()
+        if self.usage is not None:
+            await self.usage.drain()
         if self.db is not None:
             try:
                 await self.db.checkpoint("TRUNCATE")

@@ -30,9 +30,10 @@ REFRESH_SECONDS = 300.0  # sizes for /healthz, and the WAL check
 
 class StoreUpkeep:
     def __init__(self, db, *, retention_days: float | None, idle: Callable[[], bool],
-                 clock: Callable[[], float] = time.time):
+                 usage_keep_days: float | None = None, clock: Callable[[], float] = time.time):
         self.db = db
         self.retention_days = retention_days
+        self.usage_keep_days = usage_keep_days  # the usage ledger's rows older than this go (usage.keep_days)
         self.idle = idle
         self.clock = clock
         self._task: asyncio.Task | None = None
@@ -66,6 +67,10 @@ class StoreUpkeep:
                     continue
                 report = await state.run_upkeep(self.db, retention_days=self.retention_days, now=self.clock(),
                                                 idle=self.idle)
+                if self.usage_keep_days:
+                    dropped = await self.db.prune_model_calls(self.clock() - self.usage_keep_days * 86_400)
+                    if dropped:
+                        log.info("usage ledger: %d rows older than %g days deleted", dropped, self.usage_keep_days)
             except (state.StateError, sqlite3.Error) as exc:  # a write timeout, a full disk: try again later
                 log.warning("store upkeep failed (%s); next attempt in %.0f minutes", exc, RETRY_SECONDS / 60,
                             exc_info=not isinstance(exc, state.StateError))

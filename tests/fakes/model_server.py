@@ -150,6 +150,10 @@ class FakeModel:
         # a streamed answer ("stream": true) comes this many characters to a chunk, this many seconds apart
         self.stream_chunk_chars = 8
         self.stream_interval = 0.0
+        # usage as reported: this many of each prompt's tokens read from the cache
+        # (``prompt_tokens_details.cached_tokens``); ``report_usage`` False: no ``usage`` at all
+        self.cached_tokens = 0
+        self.report_usage = True
 
     # -- steering ---------------------------------------------------------
     def script(self, *behaviours) -> None:
@@ -189,7 +193,7 @@ class FakeModel:
                                    "first_chunk": r.first_chunk} for r in self.requests])
 
     async def _stream(self, request: web.Request, record: Recorded, message: dict, finish: str,
-                      usage: dict, cut_after: int | None = None) -> web.StreamResponse:
+                      usage: dict | None, cut_after: int | None = None) -> web.StreamResponse:
         """The answer as Server-Sent Events in the Chat Completions chunk format, ending with [DONE]."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -222,7 +226,7 @@ class FakeModel:
             for start in range(0, len(arguments), size):
                 await send({"tool_calls": [{"index": index, "function": {"arguments": arguments[start:start + size]}}]})
         await send({}, finish)
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage") and usage is not None:
             await send(None, usage=usage)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -295,9 +299,13 @@ class FakeModel:
                 message = {"role": "assistant", "content": text}
                 finish = "stop"
             completion_tokens = len(message.get("content") or "") // 4 + 1
+            usage: dict | None = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                  "total_tokens": prompt_tokens + completion_tokens}
+            if self.cached_tokens and usage is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": min(self.cached_tokens, prompt_tokens)}
+            if not self.report_usage:
+                usage = None
             if body.get("stream"):
-                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                         "total_tokens": prompt_tokens + completion_tokens}
                 return await self._stream(request, record, message, finish, usage,
                                           cut_after=behaviour.after if isinstance(behaviour, CutOff) else None)
             return web.json_response(
@@ -307,11 +315,7 @@ class FakeModel:
                     "created": int(time.time()),
                     "model": body.get("model", self.model_name),
                     "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + completion_tokens,
-                    },
+                    **({"usage": usage} if usage is not None else {}),
                 }
             )
         finally:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from gateway.errors import ModelUnavailable
 from gateway.memory.facts import text as _text
 from gateway.memory.facts.service import FactRefused, FactService, user_scope
+from gateway.usage import for_session
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,9 @@ async def extract_session(service: FactService, model, config, session_id: str, 
         known_text = "\n".join(f"{k['id']}: {k['content']}" for k in known) or "(none)"
         messages = [{"role": "system", "content": EXTRACT_PROMPT},
                     {"role": "user", "content": EXTRACT_INPUT.format(known=known_text, transcript=transcript_of(history))}]
-        completion = await model.complete(messages, model=model_name)
+        completion = await model.complete(messages, model=model_name, purpose=for_session(
+            "fact_extraction", session_id, key, platform=session.get("source"), user_id=session.get("user_id"),
+            agent=agent))
         facts, contradicted = parse_reply(completion.message.get("content") or "")
     except (ModelUnavailable, ValueError) as exc:
         await db.release_fact_extraction(session_id)

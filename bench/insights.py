@@ -1,0 +1,77 @@
+"""``switchboard insights``' query over a large usage ledger, and ``/usage``'s for one user.
+
+    .venv/bin/python bench/insights.py                  # 1,000,000 ledger rows over 60 days
+    .venv/bin/python bench/insights.py --rows 100000
+
+The rows (20,000 sessions, 2,000 users on 4 platforms, 3 models, 7 purposes) are
+written in time order through ``SessionDB.record_model_calls``, as the daemon writes
+them, into a database in a temporary directory, removed afterwards.  Prints the time of ``SessionDB.usage_report`` plus
+:func:`gateway.insights.summarize` for ``--days`` (half the rows) per grouping, and
+of one user's report (``/usage``), best and median of ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.insights import summarize, window
+from state import SessionDB
+
+PURPOSES = ["turn", "tool_loop", "compression", "recall", "memory_flush", "fact_extraction", "cron"]
+
+
+def build(path: Path, rows: int, now: float) -> None:
+    rng = random.Random(1)
+    times = sorted(now - rng.random() * 60 * 86_400 for _ in range(rows))
+    with SessionDB(path) as db:
+        for start in range(0, rows, 50_000):
+            db.record_model_calls([
+                {"at": at, "session_id": f"s{i % 20_000}", "platform": rng.choice(["telegram", "discord", "slack", "api"]),
+                 "chat_id": f"c{i % 3_000}", "user_id": f"u{i % 2_000}", "agent": "main", "purpose": rng.choice(PURPOSES),
+                 "model": rng.choice(["gpt-4o", "gpt-4o-mini", "local"]), "prompt_tokens": rng.randint(100, 20_000),
+                 "completion_tokens": rng.randint(10, 800), "cached_tokens": rng.randint(0, 100), "latency_ms": 800.0,
+                 "outcome": "ok", "price_input": 2.0, "price_output": 8.0, "price_cached_input": 0.5, "cost": 0.001}
+                for i, at in enumerate(times[start:start + 50_000], start)])
+
+
+def timed(fn, repeat: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    now = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.db"
+        started = time.perf_counter()
+        build(path, args.rows, now)
+        print(f"{args.rows:,} ledger rows written in {time.perf_counter() - started:.1f} s")
+        since, dates = window(args.days, now)
+        with SessionDB(path) as db:
+            for by in ("model", "day", "purpose", "platform", "user", "chat"):
+                best, median = timed(lambda by=by: summarize(db.usage_report(since, by), dates), args.repeat)
+                print(f"insights --days {args.days} --by {by:<8}  best {best:7.0f} ms  median {median:7.0f} ms")
+            best, median = timed(lambda: db.usage_report(since, "day", platform="telegram", user_id="u7"),
+                                 args.repeat)
+            print(f"/usage (one user, {args.days} days)       best {best:7.1f} ms  median {median:7.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
