@@ -79,7 +79,9 @@ class StoreUpkeep:
                 await asyncio.sleep(min(REFRESH_SECONDS, RETRY_SECONDS))
                 continue
             next_at = report.finished_at + EVERY_SECONDS
-            self._status.update(last_upkeep=report.as_dict(), next_upkeep_at=next_at)
+            # the sizes the pass ended with go out with it: /healthz never shows a pass beside the old size
+            self._status.update(last_upkeep=report.as_dict(), next_upkeep_at=next_at,
+                                db_bytes=report.db_bytes_after, wal_bytes=report.wal_bytes_after)
             log.info("store upkeep: %d sessions (%d messages) pruned, %d pages returned, database %.1f -> %.1f MiB "
                      "in %d steps, longest write lock %.1f ms%s", report.sessions_pruned, report.messages_pruned,
                      report.pages_vacuumed, report.db_bytes_before / 2**20, report.db_bytes_after / 2**20,
