@@ -9,7 +9,7 @@ import pytest
 
 from compression import estimate_text_tokens
 from gateway.oversize import shorten_oversized
-from tests.fakes.model_server import Fail, FakeModel, refusal
+from tests.fakes.model_server import Fail, FakeModel, NoChoice, refusal
 from tests.harness import ApiClient, running_gateway
 
 API_KEY = "sk-test-not-a-secret-0000"  # the harness's model.api_key
@@ -97,3 +97,15 @@ def test_a_cut_message_fits_and_is_not_cut_again(text):
     assert once.messages[:2] == history[:2] and len(once.notices) == 1
     assert twice.messages == once.messages and twice.notices == ()
     assert history[-1]["content"] == text  # the caller's history (the stored one) is left whole
+
+
+async def test_an_answer_without_any_choice_gets_the_user_a_clear_line_and_the_next_message_works(tmp_path, model):
+    model.script(NoChoice())
+    async with running_gateway(tmp_path, model) as gw:
+        api = ApiClient(gw)
+        broken = await api.say("k", "hello?")
+        fine = await api.say("k", "and now?")
+        await api.close()
+    assert broken == ("The model is unavailable right now (the model endpoint answered without a choice: check "
+                      "model.base_url). Your message is saved; send another message to try again.")
+    assert fine.startswith("echo: and now? | turns: 2")

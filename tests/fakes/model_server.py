@@ -8,7 +8,8 @@ the model was shown::
     echo: <last user message> | turns: <number of user messages> | first: <first user message>
 
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
-one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``, ``CutOff``), with
+one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``, ``CutOff``,
+``NoChoice``), with
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
@@ -86,6 +87,11 @@ class ReasoningToolCall:
 @dataclass
 class Hang:
     seconds: float = 3600.0
+
+
+@dataclass
+class NoChoice:
+    """A 200 answer without any choice in it (a broken proxy or a server in trouble)."""
 
 
 @dataclass
@@ -255,6 +261,8 @@ class FakeModel:
                     status=behaviour.status,
                     headers=headers,
                 )
+            if isinstance(behaviour, NoChoice):
+                return web.json_response({"id": "chatcmpl-broken", "object": "chat.completion", "choices": []})
             messages = body.get("messages", [])
             expected, self._expect_reasoning = self._expect_reasoning, None
             if expected is not None and not _has_reasoning(messages, *expected):
