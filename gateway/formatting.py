@@ -42,16 +42,18 @@ def _cut_point(text: str, budget: int, length: Callable[[str], int]) -> int:
     return fit
 
 
-def split_message(text: str, limit: int, *, length: Callable[[str], int] = len) -> list[str]:
-    """Split ``text`` into parts each at most ``limit`` long, code fences intact."""
+def split_message(text: str, limit: int, *, length: Callable[[str], int] = len, reopen: str = "") -> list[str]:
+    """Split ``text`` into parts each at most ``limit`` long, code fences intact.
+
+    ``reopen``: ``text`` goes on inside a code block a previous message opened with that fence
+    line (a streamed reply's rest after its frozen messages); the first part reopens it."""
     if limit < 16:
         raise ValueError("limit too small to split sensibly")
-    if length(text) <= limit:
-        return [text] if text else []
+    if fits(text, limit, reopen=reopen, length=length):
+        return [_reopened(reopen) + text] if text else []
     parts: list[str] = []
     rest = text
-    reopen = ""  # the fence line to reopen the next part with, when we cut inside a block
-    while rest:
+    while rest:  # reopen: the fence line to reopen the next part with, when a cut fell inside a block
         if fits(rest, limit, reopen=reopen, length=length):
             parts.append(_reopened(reopen) + rest)
             break

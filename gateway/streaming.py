@@ -264,17 +264,9 @@ class ReplyStream:
     # -- the final text --------------------------------------------------------------------
 
     def _final_parts(self, rest: str) -> list[str]:
-        limit, measure = self._out.message_limit, self._out.measure
-        parts: list[str] = []
-        reopen = self._reopen
-        while rest.strip() or not parts:
-            if fits(rest, limit, reopen=reopen, length=measure):
-                parts.append((reopen + "\n" if reopen else "") + rest)
-                break
-            part, used, reopen = cut_once(rest, limit, reopen=reopen, length=measure)
-            parts.append(part)
-            rest = rest[used:]
-        return [p for p in parts if p.strip()]
+        if not rest.strip():
+            return []
+        return split_message(rest, self._out.message_limit, length=self._out.measure, reopen=self._reopen)
 
     async def _final(self, call):
         return await _final_call(call, self._chat)

@@ -69,6 +69,17 @@ class Sender:
         self._max_attempts = max_attempts
         self._total_seconds = total_seconds
 
+    def _paused_for(self, exc: SlackApiError, budget: RateLimiter | None) -> float | None:
+        """A 429's Retry-After, with the token's limiter and the channel's budget paused for it; None: no 429."""
+        if getattr(exc.response, "status_code", 200) != 429:
+            return None
+        wait = _retry_after(exc.response.headers)
+        self._limiter.pause(wait)
+        if budget is not None:
+            budget.pause(wait)  # nothing to that channel until then, the typing reaction included
+        log.warning("slack: rate limited, pausing sends for %.1fs", wait)
+        return wait
+
     def _classify(self, exc: BaseException, budget: RateLimiter | None = None) -> float | None:
         if isinstance(exc, RateLimited):
             self._limiter.pause(exc.retry_after)
@@ -76,15 +87,10 @@ class Sender:
                 budget.pause(exc.retry_after)
             return exc.retry_after
         if isinstance(exc, SlackApiError):
-            status = getattr(exc.response, "status_code", 200)
-            if status == 429:
-                retry_after = _retry_after(exc.response.headers)
-                self._limiter.pause(retry_after)
-                if budget is not None:
-                    budget.pause(retry_after)  # nothing to that channel until then, the typing reaction included
-                log.warning("slack: rate limited, pausing sends for %.1fs", retry_after)
-                return retry_after
-            return 0.0 if status >= 500 else None
+            wait = self._paused_for(exc, budget)
+            if wait is not None:
+                return wait
+            return 0.0 if getattr(exc.response, "status_code", 200) >= 500 else None
         if isinstance(exc, PlatformHTTPError):
             return 0.0 if exc.status >= 500 else None
         if isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)):
@@ -148,12 +154,9 @@ class Sender:
                 else:
                     resp = await self._client.chat_update(channel=channel, ts=ts, text=text)
         except SlackApiError as exc:
-            status = getattr(exc.response, "status_code", 200)
-            if status == 429:
-                wait = _retry_after(exc.response.headers)
-                budget.pause(wait)
-                self._limiter.pause(wait)
+            if (wait := self._paused_for(exc, budget)) is not None:
                 raise RateLimited(PLATFORM, wait) from None
+            status = getattr(exc.response, "status_code", 200)
             if status >= 500:
                 raise
             raise PlatformHTTPError(PLATFORM, status, _error_code(exc)) from None
@@ -184,10 +187,7 @@ class Sender:
                     await self._client.chat_stopStream(channel=channel, ts=ts)
                     shown.pop(ts, None)
         except SlackApiError as exc:
-            if getattr(exc.response, "status_code", 200) == 429:
-                wait = _retry_after(exc.response.headers)
-                budget.pause(wait)
-                self._limiter.pause(wait)
+            if (wait := self._paused_for(exc, budget)) is not None:
                 raise RateLimited(PLATFORM, wait) from None
             raise
         return ts

@@ -404,26 +404,37 @@ class TelegramAdapter:
         rate = self._chat_rates[1] if chat.chat_id.startswith("-") else self._chat_rates[0]
         return chat_budget_for(PLATFORM, self._token, chat.chat_id, rate)
 
-    async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None) -> Message:
-        limiter = limiter_for(PLATFORM, self._token, rate=self._rate[0], burst=self._rate[1])
-        budget = self._chat_budget(chat)
-        kwargs: dict[str, Any] = {"chat_id": _chat_id(chat.chat_id)}
+    @staticmethod
+    def _where(chat: ChatRef, reply_to: str | None) -> dict[str, Any]:
+        """sendMessage's arguments that say where a message goes: the chat, its topic, the message it quotes."""
+        where: dict[str, Any] = {"chat_id": _chat_id(chat.chat_id)}
         if chat.thread_id:
-            kwargs["message_thread_id"] = int(chat.thread_id)
+            where["message_thread_id"] = int(chat.thread_id)
         # Quote the question in groups (several people talk there); in a DM it is noise.
         if reply_to and reply_to.isdigit() and chat.chat_id.startswith("-"):
-            kwargs["reply_parameters"] = ReplyParameters(message_id=int(reply_to), allow_sending_without_reply=True)
+            where["reply_parameters"] = ReplyParameters(message_id=int(reply_to), allow_sending_without_reply=True)
+        return where
+
+    async def _paced(self, chat: ChatRef, call: Any) -> Any:
+        """``call()`` once the chat's budget and the token's limiter allow; a flood wait pauses both."""
+        budget = self._chat_budget(chat)
+        limiter = limiter_for(PLATFORM, self._token, rate=self._rate[0], burst=self._rate[1])
+        await budget.acquire()
+        await limiter.acquire()
+        try:
+            return await call()
+        except RetryAfter as exc:
+            wait = retry_after_seconds(exc) or 1.0
+            budget.pause(wait)  # nothing at all to this chat until then, typing included
+            limiter.pause(wait)
+            raise
+
+    async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None) -> Message:
+        kwargs = self._where(chat, reply_to)
 
         async def attempt(**extra: Any) -> Message:
-            await budget.acquire()
-            await limiter.acquire()
             try:
-                return await self.bot.send_message(**kwargs, **extra)
-            except RetryAfter as exc:
-                wait = retry_after_seconds(exc) or 1.0
-                budget.pause(wait)  # nothing at all to this chat until then, typing included
-                limiter.pause(wait)
-                raise
+                return await self._paced(chat, lambda: self.bot.send_message(**kwargs, **extra))
             except ChatMigrated as exc:  # a group became a supergroup: same conversation, new id
                 log.info("telegram chat %s moved to %s; sending there", kwargs["chat_id"], exc.new_chat_id)
                 kwargs["chat_id"] = exc.new_chat_id
@@ -449,11 +460,7 @@ class TelegramAdapter:
         return utf16_len(text)
 
     async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
-        kwargs: dict[str, Any] = {"chat_id": _chat_id(chat.chat_id)}
-        if chat.thread_id:
-            kwargs["message_thread_id"] = int(chat.thread_id)
-        if reply_to and reply_to.isdigit() and chat.chat_id.startswith("-"):
-            kwargs["reply_parameters"] = ReplyParameters(message_id=int(reply_to), allow_sending_without_reply=True)
+        kwargs = self._where(chat, reply_to)
         message = await self._draft_call(chat, lambda **kw: self.bot.send_message(**kwargs, **kw), text, final)
         return str(message.message_id)
 
@@ -470,19 +477,11 @@ class TelegramAdapter:
 
     async def _draft_call(self, chat: ChatRef, call: Any, text: str, final: bool) -> Any:
         """One call for a streamed reply, from the chat's budget; a final one formatted, plain as fallback."""
-        budget = self._chat_budget(chat)
-        limiter = limiter_for(PLATFORM, self._token, rate=self._rate[0], burst=self._rate[1])
-
         async def attempt(**kw: Any) -> Any:
-            await budget.acquire()
-            await limiter.acquire()
             try:
-                return await call(**kw)
+                return await self._paced(chat, lambda: call(**kw))
             except RetryAfter as exc:
-                wait = retry_after_seconds(exc) or 1.0
-                budget.pause(wait)
-                limiter.pause(wait)
-                raise RateLimited(PLATFORM, wait) from None
+                raise RateLimited(PLATFORM, retry_after_seconds(exc) or 1.0) from None
             except (BadRequest, Forbidden) as exc:
                 if final and is_parse_error(exc):
                     raise
