@@ -493,7 +493,7 @@ class SessionRouter:
             status, error = "failed", delivery.error or "cut short by a restart; answered again"
         else:
             delivery = await finish_streamed(drafts, chat, record["sent_ids"], record["text"])
-            status, error = ("sent" if delivery.ok else "failed"), delivery.error
+            status, error = _status_of(delivery), delivery.error
         try:
             await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids) or record["sent_ids"],
                                           status=status, error=error)
@@ -503,6 +503,11 @@ class SessionRouter:
     async def _finish_stream(self, stream: ReplyStream, record: dict) -> None:
         """Show the recorded text as the streamed reply's final form, once, and note the delivery."""
         delivery = await stream.finish(record["text"])
+        if not delivery.ok and delivery.retry_later and not delivery.message_ids:
+            # nothing of it was shown: it goes the way a whole reply does (waits for a restarting adapter,
+            # stays pending for the next start), so a stream that could not start never loses the answer
+            await self._send_recorded(record)
+            return
         if self.metrics:
             (self.metrics.messages_out if delivery.ok else self.metrics.delivery_failures).labels(
                 record["platform"]).inc()
@@ -510,7 +515,7 @@ class SessionRouter:
             log.error("streamed reply to %s:%s not delivered: %s", record["platform"], record["chat_id"], delivery.error)
         try:
             await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids),
-                                          status="sent" if delivery.ok else "failed", error=delivery.error)
+                                          status=_status_of(delivery), error=delivery.error)
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", record["id"], exc)
 
@@ -548,7 +553,7 @@ class SessionRouter:
         progress = SendProgress(record.get("sent_ids") or (), note)
         delivery = await self.deliver(chat, record["text"], record.get("reply_to"), progress=progress)
         if not finished:
-            status = "sent" if delivery.ok else ("pending" if delivery.retry_later else "failed")
+            status = _status_of(delivery)
             try:
                 await self.db.update_delivery(delivery_id, sent_ids=list(progress.sent_ids), status=status,
                                               error=delivery.error)
@@ -709,3 +714,8 @@ def _stored_text(msg: InboundMessage) -> str:
         return msg.text
     names = ", ".join(f"{a.kind}: {a.name}" for a in msg.attachments)
     return f"{msg.text}\n[attached {names}]" if msg.text else f"[attached {names}]"
+
+
+def _status_of(delivery: Delivery) -> str:
+    """The delivery record's status after a send: ``pending`` when it is worth another go at the next start."""
+    return "sent" if delivery.ok else ("pending" if delivery.retry_later else "failed")

@@ -169,7 +169,9 @@ class ReplyStream:
             log.info("streamed reply to %s ended: %s", self._chat.chat_id, exc)
             return Delivery(ok=False, message_ids=self.message_ids, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised to the turn
-            return Delivery(ok=False, message_ids=self.message_ids, error=f"{type(exc).__name__}: {exc}")
+            # a fault that went on through every try (the adapter restarting, the network down): worth another go
+            return Delivery(ok=False, message_ids=self.message_ids, error=f"{type(exc).__name__}: {exc}",
+                            retry_later=True)
         return Delivery(ok=True, message_ids=self.message_ids)
 
     # -- pacing ----------------------------------------------------------------------------
@@ -308,8 +310,10 @@ async def finish_streamed(out: DraftOutput, chat: ChatRef, message_ids: Sequence
                                                chat))
         for extra in message_ids[len(parts):]:  # the answer came out shorter than the messages shown
             await _final_call(functools.partial(out.edit_draft, chat, extra, "…", final=False), chat)
-    except Exception as exc:  # noqa: BLE001 - reported in the Delivery
-        return Delivery(ok=False, message_ids=tuple(shown), error=f"{type(exc).__name__}: {exc}")
+    except PlatformHTTPError as exc:
+        return Delivery(ok=False, message_ids=tuple(shown), error=str(exc))
+    except Exception as exc:  # noqa: BLE001 - reported in the Delivery; the next start tries again
+        return Delivery(ok=False, message_ids=tuple(shown), error=f"{type(exc).__name__}: {exc}", retry_later=True)
     return Delivery(ok=True, message_ids=tuple(shown))
 
 

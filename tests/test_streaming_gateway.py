@@ -167,3 +167,15 @@ async def test_stream_says_so_when_the_config_turned_streaming_off(world):
         [reply] = await tg.wait_for_sent(1, timeout=10)
         assert "streaming is off for it in the config" in reply.visible_text
         assert "platforms.telegram.streaming.enabled" in reply.visible_text
+
+
+async def test_a_stream_that_could_not_post_at_all_is_sent_whole_once_the_platform_answers_again(running):
+    tg, model, gw = running
+    model.stream_interval = 0.0
+    model.script(Reply(LONG))
+    # more 502s than the stream's own tries: the reply must still arrive, by the way a whole reply goes
+    tg.fail_next("sendMessage", 10, status=502, description="Bad Gateway")
+    tg.dm(ANN, "what runs where?")
+    [sent] = await tg.wait_for_sent(1, timeout=60)
+    assert sent.visible_text == LONG and len(tg.sent) == 1
+    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], timeout=10, what="the delivery noted")
