@@ -165,16 +165,14 @@ class SessionRouter:
         else:
             self._streamed.pop(platform, None)
 
-    async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict,
-                          lane_session_id: str) -> ReplyStream | None:
-        """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off."""
+    async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict, session_id: str) -> ReplyStream | None:
+        """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off;
+        its messages are recorded under ``plan`` as they are posted."""
         if msg.platform not in self._streamed:
             return None
         out = self.streamed_output(msg.platform, msg.chat_type, await self.stream_choice(lane))
         if out is None:
             return None
-        plan["kind"] = "stream"
-        session_id = lane_session_id
 
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
             await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
@@ -414,6 +412,8 @@ class SessionRouter:
         answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if answered else None
         stream = await self._stream_for(lane, msg, plan, last.session_id) if plan is not None else None
+        if stream is not None:
+            plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
