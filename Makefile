@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench clean systemd-tools
+.PHONY: run test check bench clean systemd-tools postgresql-server
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	$(BIN)/switchboard run --config $${SWITCHBOARD_CONFIG:-config.example.yaml}
 
-test: check systemd-tools
+test: check systemd-tools postgresql-server
 	$(BIN)/python -m pytest -q
 
 # The linter and the type checker (settings in pyproject.toml); `make test` runs them first.
@@ -29,6 +29,14 @@ systemd-tools:
 	@command -v systemd-analyze >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq systemd libseccomp2 >/dev/null) || \
 		echo "note: could not install systemd-analyze; the unit tests say they skipped and why"
+
+# The PostgreSQL store tests start a throw-away cluster with initdb and pg_ctl; install the
+# server when we can (root, Debian).  Elsewhere those tests say they skipped and why.
+postgresql-server:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || \
+		[ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || \
+		echo "note: could not install PostgreSQL; the PostgreSQL tests say they skipped and why"
 
 bench: $(STAMP)
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done

@@ -1,0 +1,151 @@
+"""A throw-away PostgreSQL cluster for the tests: ``initdb`` and ``pg_ctl`` on a free port.
+
+The server binaries come from ``pg_config --bindir`` or Debian's
+``/usr/lib/postgresql/<version>/bin`` (``make test`` installs the ``postgresql``
+package when it runs as root and the package is missing).  The cluster lives in
+a fresh temporary folder, listens on 127.0.0.1 only, keeps its socket in that
+folder, and is removed when the test session ends.  PostgreSQL refuses to run
+as root, so under root the server runs as the ``postgres`` system user.
+
+Each test gets a database of its own (:meth:`PgCluster.fresh_database`), so
+tests never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPERUSER = "switchboard"
+
+
+def find_bindir() -> Path | None:
+    """Where initdb and pg_ctl are, or None when no PostgreSQL server is installed."""
+    candidates: list[Path] = []
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
+        if out.returncode == 0 and out.stdout.strip():
+            candidates.append(Path(out.stdout.strip()))
+
+    def version(path: Path) -> tuple[int, ...]:
+        try:
+            return tuple(int(part) for part in path.parent.name.split("."))
+        except ValueError:
+            return (0,)
+
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version, reverse=True)
+    for bindir in candidates:
+        if (bindir / "initdb").exists() and (bindir / "pg_ctl").exists():
+            return bindir
+    return None
+
+
+def why_unavailable() -> str | None:
+    """The reason PostgreSQL tests cannot run here, or None when they can."""
+    if find_bindir() is None:
+        return (
+            "no PostgreSQL server binaries (initdb, pg_ctl) via pg_config or /usr/lib/postgresql/*/bin; "
+            "`make test` installs Debian's postgresql package when run as root"
+        )
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root and there is no 'postgres' system user to run the server as"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class PgCluster:
+    """One running server; :meth:`url` gives a libpq URL for one of its databases."""
+
+    bindir: Path
+    datadir: Path
+    port: int
+    password: str
+    _run_as: str | None
+    _names = itertools.count(1)
+
+    @classmethod
+    def start(cls) -> PgCluster:
+        reason = why_unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        bindir = find_bindir()
+        assert bindir is not None
+        run_as = "postgres" if os.geteuid() == 0 else None
+        root = Path(tempfile.mkdtemp(prefix="switchboard-pg-"))
+        if run_as:
+            entry = pwd.getpwnam(run_as)
+            os.chown(root, entry.pw_uid, entry.pw_gid)
+        password = secrets.token_urlsafe(16)
+        pwfile = root / "pw"
+        pwfile.write_text(password + "\n")
+        if run_as:
+            os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+        datadir = root / "data"
+        cluster = cls(bindir=bindir, datadir=datadir, port=_free_port(), password=password, _run_as=run_as)
+        cluster._run(
+            "initdb",
+            "-D", str(datadir),
+            "-U", SUPERUSER,
+            "--pwfile", str(pwfile),
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+            "--no-sync",
+        )  # fmt: skip
+        pwfile.unlink()
+        options = f"-p {cluster.port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off -c max_connections=200"
+        cluster._run("pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "server.log"), "-w", "start")
+        return cluster
+
+    def _run(self, tool: str, *args: str) -> None:
+        out = subprocess.run(
+            [str(self.bindir / tool), *args], capture_output=True, text=True, check=False, user=self._run_as
+        )
+        if out.returncode != 0:
+            log = self.datadir.parent / "server.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{tool} failed ({out.returncode}): {out.stderr.strip()}\n{tail}")
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/{database}"
+
+    def fresh_database(self) -> str:
+        """Create an empty database and return its URL."""
+        import psycopg
+
+        name = f"t{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def drop_database(self, url: str) -> None:
+        import psycopg
+
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.datadir.parent, ignore_errors=True)
