@@ -35,6 +35,8 @@ HERE = Path(__file__).parent
 PREFIX = "/ui"
 OPEN_PATHS = ("/ui/login",)  # besides /ui/static/*: what a visitor who has not logged in may load
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# the request's browser session (None: none yet), set by the guard; a typed key where aiohttp has them
+SESSION_KEY: Any = web.RequestKey("ui_session", object) if hasattr(web, "RequestKey") else "ui_session"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,7 @@ class Dashboard:
             return self.error_page(request, 403, "This dashboard answers on a loopback name only "
                                                  "(127.0.0.1, localhost, [::1]); open it by that address.")
         session = self.sessions.get(request.cookies.get(COOKIE))
-        request["ui_session"] = session
+        request[SESSION_KEY] = session
         path = request.path
         open_path = path in OPEN_PATHS or path.startswith("/ui/static/")
         if settings.token is not None and not (session is not None and session.signed_in) and not open_path:
@@ -158,25 +160,25 @@ class Dashboard:
             log.warning("dashboard: failed log-in from %s", client)
             return self.render(request, "login.html", {"page": "login", "error": "That is not the API token."},
                                status=401)
-        session = self.sessions.sign_in(request.get("ui_session"))
+        session = self.sessions.sign_in(request.get(SESSION_KEY))
         log.info("dashboard: log-in from %s", client)
         response = redirect("/ui/")
         self._set_cookie(request, response, session)
         return response
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
-        self.sessions.end(request.get("ui_session"))
+        self.sessions.end(request.get(SESSION_KEY))
         response = redirect("/ui/login" if self.settings.token is not None else "/ui/")
         response.del_cookie(COOKIE, path=PREFIX)
         return response
 
     # -- rendering ------------------------------------------------------------------
     def render(self, request: web.Request, template: str, context: dict, *, status: int = 200) -> web.Response:
-        session = request.get("ui_session")
+        session = request.get(SESSION_KEY)
         new_session = None
         if session is None:  # a form on the page needs a CSRF token, which needs a session
             session = new_session = self.sessions.new(signed_in=False)
-            request["ui_session"] = session
+            request[SESSION_KEY] = session
         assert self._env is not None, "Dashboard.load() runs before the API serves"
         html = self._env.get_template(template).render(
             csrf=session.csrf, signed_in=session.signed_in, needs_login=self.settings.token is not None,
@@ -216,7 +218,7 @@ def redirect(location: str) -> web.Response:
 
 def _load_files(filters: dict[str, Callable]) -> tuple[jinja2.Environment, dict[str, tuple[bytes, str]]]:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                             auto_reload=False, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                             auto_reload=False, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(filters)
     for name in env.list_templates(extensions=["html"]):
         env.get_template(name)
