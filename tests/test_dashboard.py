@@ -149,7 +149,7 @@ async def test_every_route_refuses_a_visitor_who_has_not_logged_in(tmp_path, mod
                 if path.startswith("/ui"):
                     assert response.headers["X-Frame-Options"] == "DENY", where
                     assert "script-src 'self'" in response.headers["Content-Security-Policy"], where
-                    assert response.headers["Referrer-Policy"] == "no-referrer", where
+                    assert response.headers["Referrer-Policy"] == "same-origin", where
             # and nothing was changed by those POSTs
             assert (await gw.db.list_pairing())["pending"][0]["code"] == "ABCD2345"
             assert (await gw.db.list_cron_runs("digest")) == []

@@ -89,6 +89,9 @@ class Dashboard:
                 response = self.error_page(request, exc.status, exc.reason)
             else:
                 response = web.Response(status=exc.status, headers={"Location": exc.headers.get("Location", "/ui/")})
+        except Exception:  # the page says so; the traceback goes to the log
+            log.exception("dashboard: %s %s failed", request.method, request.path)
+            response = self.error_page(request, 500, "Something went wrong on the server; its log says what.")
         response.headers.update(SECURITY_HEADERS)
         if "Cache-Control" not in response.headers:
             response.headers["Cache-Control"] = "no-store"
@@ -189,7 +192,7 @@ class Dashboard:
         return response
 
     def error_page(self, request: web.Request, status: int, message: str | None) -> web.Response:
-        titles = {401: "Log in first", 403: "Refused", 404: "Not found", 405: "Method not allowed",
+        titles = {500: "Server error", 401: "Log in first", 403: "Refused", 404: "Not found", 405: "Method not allowed",
                   429: "Too many requests"}
         return self.render(request, "error.html", {
             "page": "error", "status": status, "title": titles.get(status, "Error"),

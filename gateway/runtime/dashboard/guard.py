@@ -35,7 +35,9 @@ CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'se
 SECURITY_HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: with it a browser sends "Origin: null" on the dashboard's own forms, which the origin
+    # check then cannot tell from a foreign page's; same-origin still tells other sites nothing
+    "Referrer-Policy": "same-origin",
     "X-Content-Type-Options": "nosniff",
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
