@@ -8,6 +8,7 @@ for a change calls what the CLI calls: the store's pairing methods, the cron ser
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from gateway.runtime.dashboard.app import redirect
 
 if TYPE_CHECKING:
     from gateway.runtime.dashboard.app import Dashboard
+
+log = logging.getLogger(__name__)
 
 SOURCES = (*PLATFORMS, "api", "cli", "cron")
 PAGE_SIZE = 50
@@ -172,10 +175,9 @@ class Pages:
         parent = await db.get_session(record["parent_session_id"]) if record.get("parent_session_id") else None
         children = [s for s in await db.get_descendants(record["id"]) if s["parent_session_id"] == record["id"]]
         lineage = transcript.Lineage(parent=parent, children=children, tip=await db.get_compression_tip(record["id"]))
-        messages = [{**m, "summary": transcript.summaries([m])[0] if transcript.summaries([m]) else None,
-                     "calls": transcript.tool_call_lines(m)} for m in record["messages"]]
+        messages = [transcript.shown(m) for m in record["messages"]]
         return self._render(request, "session.html", "sessions", session=record, lineage=lineage, messages=messages,
-                            summaries=transcript.summaries(record["messages"]))
+                            summaries=[m["summary"] for m in messages if m["summary"] is not None])
 
     async def export(self, request: web.Request) -> web.StreamResponse:
         kind = request.match_info["kind"]
@@ -218,6 +220,7 @@ class Pages:
             result = await actions[action](job_id)
         except state.CronJobNotFound:
             raise web.HTTPNotFound() from None
+        log.info("dashboard: cron job %s: %s", job_id, "run started" if action == "run" else f"{action}d")
         where = f"/ui/cron/{quote(job_id, safe='')}"
         if action == "run":
             return redirect(f"{where}?started={result['id']}")
@@ -239,9 +242,11 @@ class Pages:
                                       status=400)
         try:
             user = await self.src.db.approve_pairing(platform, code)
-        except state.PairingNotFound as exc:
-            return await self.pairing(request, error=str(exc).split(" (codes")[0] + ": nothing was approved",
-                                      status=404)
+        except state.PairingNotFound:
+            return await self.pairing(request, status=404, error=(
+                f"no pending {platform} pairing request has code {code!r} (codes expire after an hour); "
+                "nothing was approved"))
+        log.info("dashboard: approved %s user %s (pairing code)", platform, user["user_id"])
         return redirect("/ui/pairing?" + urlencode({"approved": f"{platform}:{user['user_id']}"}))
 
     async def pairing_revoke(self, request: web.Request) -> web.StreamResponse:
@@ -252,6 +257,7 @@ class Pages:
         if not await self.src.db.revoke_user(platform, user_id):
             return await self.pairing(request, error=f"{platform} user {user_id} was not approved: nothing changed",
                                       status=404)
+        log.info("dashboard: revoked %s user %s", platform, user_id)
         return redirect("/ui/pairing?" + urlencode({"revoked": f"{platform}:{user_id}"}))
 
 

@@ -27,11 +27,6 @@ class Lineage:
     tip: str  # the live end of its chain (the session itself when it was not compressed)
 
 
-def summaries(messages: list[dict]) -> list[str]:
-    """The compression summaries a session holds (the text that stands for its parent's middle)."""
-    return [compression.summary_text(m) for m in messages if compression.is_summary(m)]
-
-
 def as_json(record: dict) -> str:
     return json.dumps(record, ensure_ascii=False, indent=2, default=str) + "\n"
 
@@ -69,9 +64,8 @@ def as_markdown(record: dict, tz: dt.tzinfo) -> str:
             lines += ["*Summary of the earlier conversation:*", "", compression.summary_text(message)]
         elif message.get("content"):
             lines.append(message["content"] if message["role"] != "tool" else _fence(message["content"]))
-        for call in message.get("tool_calls") or []:
-            fn = call.get("function", {}) if isinstance(call, dict) else {}
-            lines += ["", _fence(f"{fn.get('name', '?')}({fn.get('arguments', '')})")]
+        for line in tool_call_lines(message):
+            lines += ["", _fence(line)]
     return "\n".join(lines) + "\n"
 
 
@@ -97,3 +91,10 @@ def tool_call_lines(message: dict) -> list[str]:
         fn = call.get("function", {}) if isinstance(call, dict) else {}
         lines.append(f"{fn.get('name', '?')}({fn.get('arguments', '')})")
     return lines
+
+
+def shown(message: dict) -> dict:
+    """A stored message as the transcript shows it: ``summary`` (a compression summary's text, else None)
+    and ``calls`` (its tool calls, one line each) added."""
+    summary = compression.summary_text(message) if compression.is_summary(message) else None
+    return {**message, "summary": summary, "calls": tool_call_lines(message)}
