@@ -163,8 +163,14 @@ async def test_logging_in_sets_a_strict_httponly_cookie_and_never_shows_the_toke
         browser = Browser(gw)
         try:
             csrf = await browser.csrf("/ui/login")
+            before = _cookie(browser)
+            # a log-in form posted from elsewhere (no CSRF token of this browser's session) does not log in
+            status, body, _ = await browser.post("/ui/login", {"token": TOKEN})
+            assert status == 403 and "Nothing was changed" in body
+            assert (await browser.get("/ui/sessions"))[0] == 303
             status, _, response = await browser.post("/ui/login", {"csrf": csrf, "token": TOKEN})
             assert status == 303 and response.headers["Location"] == "/ui/"
+            assert _cookie(browser) != before  # a new session id: one planted before the log-in is worth nothing
             cookie = response.headers["Set-Cookie"]
             assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
             assert TOKEN not in cookie
@@ -178,6 +184,25 @@ async def test_logging_in_sets_a_strict_httponly_cookie_and_never_shows_the_toke
             assert status == 303
             status, _, response = await browser.get("/ui/sessions")
             assert status == 303 and response.headers["Location"] == "/ui/login"
+        finally:
+            await browser.close()
+
+
+def _cookie(browser: Browser) -> str:
+    return browser.http.cookie_jar.filter_cookies(URL(browser.base + "/ui/"))["switchboard_ui"].value
+
+
+async def test_behind_a_reverse_proxy_the_forwarded_host_is_the_origin(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            csrf = await browser.csrf()
+            proxied = {"Origin": "https://board.example", "X-Forwarded-Host": "board.example", "Host": "127.0.0.1:1"}
+            status, _, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram",
+                                                                     "code": "ABCD2345"}, headers=proxied)
+            assert status == 303 and await gw.db.is_user_approved("telegram", "999")
         finally:
             await browser.close()
 
@@ -257,8 +282,7 @@ async def test_on_loopback_without_a_token_the_dashboard_is_read_only(tmp_path, 
 
 async def _session_csrf(gw, browser: Browser) -> str:
     """The CSRF token of the browser's dashboard session (a read-only page has no form to read it from)."""
-    cookie = browser.http.cookie_jar.filter_cookies(URL(browser.base + "/ui/"))["switchboard_ui"].value
-    return gw.api.dashboard.sessions.get(cookie).csrf
+    return gw.api.dashboard.sessions.get(_cookie(browser)).csrf
 
 
 async def test_on_loopback_allow_local_writes_lets_the_dashboard_act(tmp_path, model):

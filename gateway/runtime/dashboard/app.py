@@ -99,7 +99,7 @@ class Dashboard:
 
     async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         settings = self.settings
-        if settings.loopback and not is_loopback_name(host_name(request.host)):
+        if settings.token is None and settings.loopback and not is_loopback_name(host_name(request.host)):
             return self.error_page(request, 403, "This dashboard answers on a loopback name only "
                                                  "(127.0.0.1, localhost, [::1]); open it by that address.")
         session = self.sessions.get(request.cookies.get(COOKIE))
@@ -119,7 +119,8 @@ class Dashboard:
     def _refuse_change(self, request: web.Request, session: BrowserSession | None, form: Any) -> web.Response | None:
         """Why a POST is refused (a page saying so), or None when it may go ahead."""
         origin = request.headers.get("Origin")
-        if origin is not None and not same_origin(origin, request.scheme, request.host):
+        hosts = [request.host, request.headers.get("X-Forwarded-Host", "").split(",")[0].strip()]
+        if origin is not None and not same_origin(origin, [h for h in hosts if h]):
             return self.error_page(request, 403, "This form was sent from another site; nothing was changed.")
         given = form.get("csrf") if form is not None else None
         if session is None or not isinstance(given, str) or not same_secret(given, session.csrf):

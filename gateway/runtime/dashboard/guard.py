@@ -8,7 +8,7 @@ The rules (the README's "Dashboard" section says the same to operators):
   stylesheet and script, the same on every install) are served without one.
 * Without a token (the config allows that on loopback only) the pages are readable, and changes are
   refused unless ``ui.allow_local_writes`` is true.  Requests whose ``Host`` is not a loopback name
-  are refused there, so a web page cannot reach the dashboard by pointing its own name at 127.0.0.1.
+  are refused there, so a web page cannot read the dashboard by pointing its own name at 127.0.0.1.
 * Every change is a POST that carries its session's CSRF token (and, when the browser says where it
   comes from, an ``Origin`` of this very server).
 * Failed log-ins are limited per client address and overall (:class:`LoginLimiter`).
@@ -159,7 +159,9 @@ def host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
-def same_origin(origin: str, scheme: str, host_header: str) -> bool:
-    """Whether an ``Origin`` header names this server as the request reached it."""
-    parts = urlsplit(origin)
-    return parts.scheme == scheme and parts.netloc.lower() == host_header.lower()
+def same_origin(origin: str, hosts: list[str]) -> bool:
+    """Whether an ``Origin`` header names this server by one of ``hosts`` (the Host header, and the
+    one a reverse proxy forwarded).  The scheme is not compared: behind an HTTPS proxy the browser's
+    is https and ours http.  (The CSRF token is the defence; this check is a second one.)"""
+    netloc = urlsplit(origin).netloc.lower()
+    return bool(netloc) and any(netloc == host.lower() for host in hosts)
