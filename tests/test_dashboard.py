@@ -454,6 +454,7 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
             assert status == 303 and (await gw.db.get_cron_job("digest"))["paused"]
             _, body, _ = await browser.get("/ui/cron")
             assert 'badge paused' in body and "Resume" in body
+            assert '<span class="badge ok">ok</span> just now' in body  # the last run
             status, _, _ = await browser.post("/ui/cron/digest/resume", {"csrf": csrf})
             job = await gw.db.get_cron_job("digest")
             assert status == 303 and not job["paused"] and job["next_run_at"] > time.time()
