@@ -269,9 +269,15 @@ async def test_on_loopback_without_a_token_the_dashboard_is_read_only(tmp_path, 
             status, body, _ = await browser.post("/ui/pairing/approve", {"csrf": token, "platform": "telegram",
                                                                         "code": "ABCD2345"})
             assert status == 403 and "read-only" in body
-            status, body, _ = await browser.post("/ui/cron/digest/run", {"csrf": token})
-            assert status == 403
+            for method, pattern, path in every_route(gw):  # every form, with this session's own CSRF token
+                if method == "POST" and pattern.startswith("/ui/") and pattern not in ("/ui/login", "/ui/logout"):
+                    for action in (("run", "pause", "resume") if "{action}" in pattern else ("",)):
+                        where = path.replace("/run", f"/{action}") if action else path
+                        status, body, _ = await browser.post(where, {"csrf": token, "platform": "telegram",
+                                                                     "code": "ABCD2345", "user_id": "999"})
+                        assert status == 403 and "read-only" in body, where
             assert not await gw.db.is_user_approved("telegram", "999")
+            assert not (await gw.db.get_cron_job("digest"))["paused"]
             assert await gw.db.list_cron_runs("digest") == []
             # a page asked for by another name (DNS rebinding onto 127.0.0.1) is refused
             status, body, _ = await browser.get("/ui/sessions", headers={"Host": "evil.example"})
