@@ -38,7 +38,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Awaitable, Literal, TypeVar
 
 import psycopg
 
@@ -46,9 +46,20 @@ from .dsn import mask_dsn
 from .errors import OwnershipLost
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIN_FAILOVER_SECONDS = 5.0
 _DB_ERRORS = (psycopg.Error, OSError, TimeoutError)
+
+
+async def _within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``awaitable``, or TimeoutError after ``seconds``.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it can swallow a cancellation that
+    arrives as the awaited call completes, and a standby told to stop would poll on.
+    """
+    async with asyncio.timeout(seconds):
+        return await awaitable
 
 
 def lock_id(key: str) -> int:
@@ -164,7 +175,7 @@ class ConnectionOwner:
                     # A previous owner cut off from the database trusts itself for trust_seconds at most.
                     await asyncio.sleep(self.timing.trust_seconds)
                     sent = time.monotonic()
-                    await asyncio.wait_for(conn.execute("SELECT 1"), self.timing.heartbeat_timeout)
+                    await _within(conn.execute("SELECT 1"), self.timing.heartbeat_timeout)
                 except _DB_ERRORS as exc:
                     await conn.close()
                     failures += 1
@@ -212,7 +223,7 @@ class ConnectionOwner:
             keepalives_count=t.server_keepalive_count,
         )
         try:
-            await asyncio.wait_for(conn.execute(
+            await _within(conn.execute(
                 "SELECT set_config('tcp_keepalives_idle', %s, false), set_config('tcp_keepalives_interval', %s, false),"
                 " set_config('tcp_keepalives_count', %s, false), set_config('tcp_user_timeout', %s, false),"
                 " set_config('statement_timeout', %s, false)",
@@ -227,7 +238,7 @@ class ConnectionOwner:
     async def _take_lock(self, conn: psycopg.AsyncConnection) -> None:
         announced = False
         while True:
-            cur = await asyncio.wait_for(conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_id,)),
+            cur = await _within(conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_id,)),
                                          self.timing.heartbeat_timeout)
             row = await cur.fetchone()
             if row and row[0]:
@@ -254,7 +265,7 @@ class ConnectionOwner:
                     return
                 sent = time.monotonic()
                 try:
-                    await asyncio.wait_for(conn.execute("SELECT 1"), t.heartbeat_timeout)
+                    await _within(conn.execute("SELECT 1"), t.heartbeat_timeout)
                 except _DB_ERRORS as exc:
                     self._mark_lost(f"its database connection failed: {type(exc).__name__}: {str(exc).strip()}")
                     return
