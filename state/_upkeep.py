@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import statistics
@@ -53,9 +54,11 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import _sessions
+
+log = logging.getLogger(__name__)
 
 DAY = 86_400.0
 MAX_HOLD = 0.050  # the longest a step may hold the write lock
@@ -89,6 +92,12 @@ def create_tables(conn: sqlite3.Connection) -> None:
 # --- steps on a connection (each SessionDB method runs one in its own transaction) ----------------
 
 
+class Timed(NamedTuple):
+    """When a step's transaction took the write lock (``time.perf_counter``) and how long it held it."""
+
+    began: float
+    seconds: float
+    commit: float = 0.0  # of which its COMMIT (and a checkpoint SQLite may run at commit)
 
 
 def expired_sessions(conn: sqlite3.Connection, cutoff: float) -> list[tuple[str, int]]:
@@ -279,6 +288,20 @@ def vacuum_database(path: Path) -> tuple[int, int]:
 # --- one pass ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One step of a pass: what it was, when it took the write lock (``time.perf_counter``), how long."""
+
+    kind: str  # prune | merge | vacuum | automerge | checkpoint
+    detail: str  # its size: sessions and messages deleted, pages asked and written...
+    began: float
+    ms: float
+    commit_ms: float = 0.0  # of which its COMMIT
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.detail}: {self.ms:.1f} ms (commit {self.commit_ms:.1f} ms)"
+
+
 @dataclass(slots=True)
 class UpkeepReport:
     """What one pass did (stored as the ``last_upkeep`` record)."""
@@ -297,12 +320,19 @@ class UpkeepReport:
     db_bytes_after: int = 0
     wal_bytes_after: int = 0
     vacuum_needed: bool = False  # free space an old database (auto_vacuum=NONE) cannot return by itself
-    longest_hold_ms_by_step: dict = field(default_factory=dict)  # prune | vacuum -> ms
-    holds_ms: list[float] = field(default_factory=list, repr=False)
+    longest_hold_ms_by_step: dict = field(default_factory=dict)  # prune | merge | vacuum -> ms
+    longest_hold: str = ""  # the step that held the lock longest, and its size ("merge messages_fts: 128 pages ...")
+    holds: list[Hold] = field(default_factory=list, repr=False)  # every step, in order (not recorded)
+    checkpoints: list[Hold] = field(default_factory=list, repr=False)  # beside the writers: no write lock
+
+    @property
+    def holds_ms(self) -> list[float]:
+        return [h.ms for h in self.holds]
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        out.pop("holds_ms")
+        out.pop("holds")
+        out.pop("checkpoints")
         return out
 
 
@@ -333,36 +363,48 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
 
     checkpointed = time.monotonic()
 
-    async def held(kind: str, seconds: float) -> None:
+    async def held(kind: str, detail: str, timed: Timed) -> None:
         nonlocal checkpointed
-        ms = seconds * 1000
+        hold = Hold(kind, detail, timed.began, timed.seconds * 1000, timed.commit * 1000)
         report.steps += 1
-        report.holds_ms.append(ms)
-        report.longest_hold_ms = max(report.longest_hold_ms, ms)
-        report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), ms)
-        await asyncio.sleep(seconds * PAUSE)  # live writes queued meanwhile go first
+        report.holds.append(hold)
+        if hold.ms > report.longest_hold_ms:
+            report.longest_hold_ms, report.longest_hold = hold.ms, str(hold)
+        report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), hold.ms)
+        if hold.ms > MAX_HOLD * 1000:
+            log.debug("upkeep: %s held the write lock longer than %.0f ms", hold, MAX_HOLD * 1000)
+        await asyncio.sleep(timed.seconds * PAUSE)  # live writes queued meanwhile go first
         if time.monotonic() - checkpointed > CHECKPOINT_EVERY:
             # copy the steps' pages to the database beside the writers, so that no commit of
             # theirs or ours grows the WAL past SQLite's own checkpoint-at-commit size
-            await db.checkpoint_aside("PASSIVE")
+            await checkpoint("PASSIVE")
             checkpointed = time.monotonic()
+
+    async def checkpoint(mode: str) -> tuple[int, int, int]:
+        began = time.perf_counter()
+        result = await db.checkpoint_aside(mode)
+        report.checkpoints.append(Hold("checkpoint", f"{mode} {result[2]}/{result[1]} pages",
+                                       began, (time.perf_counter() - began) * 1000))
+        return result
 
     merge_pacer = _Pacer(FIRST_MERGE_PAGES, FIRST_MERGE_PAGES, MAX_MERGE_PAGES)
 
     async def merge(table: str, segments: list[int] | None = None) -> None:
         start = segments is not None
         while True:
-            step, hold = await db.upkeep_merge_step(table, merge_pacer.size, segments, start)
-            await held("merge", hold)
+            pages = merge_pacer.size
+            step, timed = await db.upkeep_merge_step(table, pages, segments, start)
+            await held("merge", f"{table}{' (full, first step)' if start else ' (full)' if segments else ''}: "
+                       f"{pages} pages asked, {step.worked} rows written", timed)
             if not step.worked or (segments is not None and not step.left):
                 return
-            merge_pacer.done(step.worked, hold)
+            merge_pacer.done(step.worked, timed.seconds)
             start = False
 
     queue = await db.expired_sessions(now - retention_days * DAY) if retention_days else []
     if queue:
         assert retention_days is not None  # only a retention finds sessions to prune
-        await db.upkeep_automerge(False)
+        await held("automerge", "off", await db.upkeep_automerge(False))
         try:
             pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
             while queue:
@@ -373,15 +415,17 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                         break
                     batch.append(sid)
                     weight += count
-                step, hold = await db.upkeep_prune_step(batch, cutoff, pacer.size)
-                await held("prune", hold)
+                budget = pacer.size
+                step, timed = await db.upkeep_prune_step(batch, cutoff, budget)
+                await held("prune", f"{len(batch)} sessions asked, {step.messages} messages "
+                           f"({step.size:,} of {budget:,} bytes), {len(step.deleted)} sessions deleted", timed)
                 report.sessions_pruned += len(step.deleted)
                 report.messages_pruned += step.messages
                 finished = set(step.deleted) | set(step.dropped)
                 taken = len(batch)  # the batch is the queue's head
                 queue = [(sid, max(0, count - step.messages)) for sid, count in queue[:taken]
                          if sid not in finished] + queue[taken:]
-                pacer.done(step.size, hold)
+                pacer.done(step.size, timed.seconds)
                 for table in FTS_TABLES:
                     await merge(table)
 
@@ -396,21 +440,22 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                     await merge(table)
                 report.index_merged = True
         finally:
-            await db.upkeep_automerge(True)
+            await held("automerge", "on", await db.upkeep_automerge(True))
     else:
-        await db.upkeep_automerge(True)  # in case a pass was cut short, even with retention since turned off
+        await held("automerge", "on", await db.upkeep_automerge(True))  # in case a pass was cut short, even with retention since turned off
 
     size = await db.store_size()
     if size.auto_vacuum == "incremental":
         pacer = _Pacer(FIRST_VACUUM_PAGES, 8, MAX_VACUUM_PAGES)
         while size.free_pages > 0:
-            freed, hold = await db.upkeep_vacuum_step(pacer.size)
-            await held("vacuum", hold)
+            pages = pacer.size
+            freed, timed = await db.upkeep_vacuum_step(pages)
+            await held("vacuum", f"{pages} pages asked, {freed} freed", timed)
             report.pages_vacuumed += freed
             if freed <= 0:
                 break
             size = await db.store_size()
-            pacer.done(freed, hold)
+            pacer.done(freed, timed.seconds)
     else:
         report.vacuum_needed = size.free_pages > 0
 
@@ -418,7 +463,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     size = await db.store_size()
     truncate = size.wal_bytes > wal_limit_bytes and idle()
     for _attempt in range(CHECKPOINT_ATTEMPTS):  # another checkpoint or a reader's snapshot may be in the way
-        busy, wal_pages, copied = await db.checkpoint_aside("TRUNCATE" if truncate else "PASSIVE")
+        busy, wal_pages, copied = await checkpoint("TRUNCATE" if truncate else "PASSIVE")
         if not busy and copied == wal_pages:
             break
         await asyncio.sleep(CHECKPOINT_PAUSE)

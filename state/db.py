@@ -480,16 +480,20 @@ class SessionDB:
 
     # --- upkeep (see state._upkeep: each step is one short write transaction) ---------------
 
-    def _timed_write(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-        """``fn``'s result and how long its transaction held the write lock (begin to commit)."""
+    def _timed_write(self, fn: Callable[..., T], *args: Any) -> tuple[T, "_upkeep.Timed"]:
+        """``fn``'s result and when its transaction took the write lock and for how long (begin to
+        commit, ``time.perf_counter`` seconds)."""
         began: list[float] = []
 
         def run(conn):
             began.append(time.perf_counter())
-            return fn(conn, *args)
+            out = fn(conn, *args)
+            began.append(time.perf_counter())  # the commit comes next
+            return out
 
         result = self._engine.write(run)
-        return result, time.perf_counter() - began[-1]
+        end = time.perf_counter()
+        return result, _upkeep.Timed(began[-2], end - began[-2], end - began[-1])
 
     @_reads
     def store_size(self) -> "_upkeep.StoreSize":
@@ -502,9 +506,9 @@ class SessionDB:
         return self._engine.read(_upkeep.expired_sessions, cutoff)
 
     @_writes
-    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int) -> tuple["_upkeep.PruneStep", float]:
-        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold
-        in seconds."""
+    def upkeep_prune_step(self, session_ids: list[str], cutoff: float,
+                          max_bytes: int) -> tuple["_upkeep.PruneStep", "_upkeep.Timed"]:
+        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold."""
         return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes)
 
     @_reads
@@ -514,19 +518,20 @@ class SessionDB:
 
     @_writes
     def upkeep_merge_step(self, table: str, pages: int, segments: list[int] | None = None,
-                          start: bool = False) -> tuple["_upkeep.MergeStep", float]:
+                          start: bool = False) -> tuple["_upkeep.MergeStep", "_upkeep.Timed"]:
         """One step (about ``pages`` pages) of merging the FTS5 index ``table`` (down from ``segments``
-        when given: see ``state._upkeep.merge_step``); returns it and its lock hold in seconds."""
+        when given: see ``state._upkeep.merge_step``); returns it and its lock hold."""
         return self._timed_write(_upkeep.merge_step, _upkeep.fts_table(table), pages,
                                  None if segments is None else list(segments), bool(start))
 
     @_writes
-    def upkeep_automerge(self, on: bool) -> None:
+    def upkeep_automerge(self, on: bool) -> "_upkeep.Timed":
         """Turn FTS5's automerge of the search indexes on or off (off while upkeep prunes)."""
-        self._engine.write(_upkeep.set_automerge, bool(on))
+        return self._timed_write(_upkeep.set_automerge, bool(on))[1]
 
     @_writes
-    def upkeep_vacuum_step(self, pages: int) -> tuple[int, float]:
+    def upkeep_vacuum_step(self, pages: int) -> tuple[int, "_upkeep.Timed"]:
+        """Up to ``pages`` free pages returned to the file system; returns how many and the lock hold."""
         return self._timed_write(_upkeep.vacuum_step, pages)
 
     @_writes

@@ -74,6 +74,10 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
     assert after.db_bytes < before.db_bytes and report.db_bytes_after == after.db_bytes
     assert {h["session_id"] for h in hits} == kept
     assert last == report.as_dict() and last["sessions_pruned"] == 4
+    # the step that held the write lock longest is named, with its size
+    longest = max(report.holds, key=lambda h: h.ms)
+    assert last["longest_hold"] == str(longest) and longest.ms == report.longest_hold_ms
+    assert [h.kind for h in report.holds].count("prune") >= 10 and {h.kind for h in report.holds} >= {"prune", "vacuum"}
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM messages WHERE session_id NOT IN (SELECT id FROM sessions)").fetchone()[0] == 0
         fts.flush(conn)
