@@ -112,6 +112,7 @@ class PruneStep:
     dropped: list[str]  # sessions no longer expired (or already gone): left alone
     messages: int  # messages deleted
     size: int = 0  # their text in bytes (plus MESSAGE_OVERHEAD each): what the step's cost follows
+    by_session: dict[str, int] = field(default_factory=dict)  # messages deleted, per session
 
 
 def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, max_bytes: int) -> PruneStep:
@@ -124,15 +125,18 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     if not still:
         return PruneStep([], dropped, 0)
     doomed: list = []
+    by_session: dict[str, int] = {}
     total = 0
-    for msg_id, size in conn.execute(
-        "SELECT id, length(CAST(ifnull(content, '') AS BLOB)) + length(CAST(ifnull(tool_calls, '') AS BLOB))"
-        f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
+    for msg_id, sid, size in conn.execute(
+        "SELECT id, session_id, length(CAST(ifnull(content, '') AS BLOB))"
+        f" + length(CAST(ifnull(tool_calls, '') AS BLOB)) + {MESSAGE_OVERHEAD}"
+        " FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
         (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
     ):
         if doomed and total + size > max_bytes:
             break
         doomed.append(msg_id)
+        by_session[sid] = by_session.get(sid, 0) + 1
         total += size
     messages = conn.execute("DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))",
                             (json.dumps(doomed),)).rowcount
@@ -140,7 +144,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
         "SELECT value FROM json_each(?) WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = value)",
         (json.dumps(still),))]
     _sessions._delete_ids(conn, empty)
-    return PruneStep(empty, dropped, messages, total)
+    return PruneStep(empty, dropped, messages, total, by_session)
 
 
 FTS_TABLES = ("messages_fts", "messages_fts_trigram")
@@ -423,7 +427,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                 report.messages_pruned += step.messages
                 finished = set(step.deleted) | set(step.dropped)
                 taken = len(batch)  # the batch is the queue's head
-                queue = [(sid, max(0, count - step.messages)) for sid, count in queue[:taken]
+                queue = [(sid, max(0, count - step.by_session.get(sid, 0))) for sid, count in queue[:taken]
                          if sid not in finished] + queue[taken:]
                 pacer.done(step.size, timed.seconds)
                 for table in FTS_TABLES:

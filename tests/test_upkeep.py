@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 
@@ -229,3 +230,23 @@ def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
     with sqlite3.connect(path) as conn:
         conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
     conn.close()
+
+
+async def test_each_prune_step_takes_only_the_sessions_its_budget_can_empty(tmp_path):
+    # a step deletes about a budget of text from the first sessions in line; the sessions it did not
+    # reach keep their message counts, so the next step is not handed a crowd of sessions it cannot empty
+    now = time.time()
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        for i in range(40):
+            _session(db, f"old-{i:02}", started=now - 9 * DAY + i, last=now - 8 * DAY, ended=now - 8 * DAY, messages=20)
+    async with await AsyncSessionDB.open(path) as db:
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        left = await db.session_count()
+    steps = [re.match(r"(\d+) sessions asked, \d+ messages \([\d,]+ of ([\d,]+) bytes\)", h.detail)
+             for h in report.holds if h.kind == "prune"]
+    asked = [(int(m.group(1)), int(m.group(2).replace(",", ""))) for m in steps]
+    assert report.sessions_pruned == 40 and left == 0
+    # sessions go to a step while their messages, counted as 64 bytes each, fit its budget: sessions of 20
+    # messages, and the first in line partly emptied already
+    assert all(sessions <= budget // 64 // 20 + 1 for sessions, budget in asked), asked
