@@ -250,3 +250,21 @@ async def test_each_prune_step_takes_only_the_sessions_its_budget_can_empty(tmp_
     # sessions go to a step while their messages, counted as 64 bytes each, fit its budget: sessions of 20
     # messages, and the first in line partly emptied already
     assert all(sessions <= budget // 64 // 20 + 1 for sessions, budget in asked), asked
+
+
+async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_path):
+    path = tmp_path / "state.db"
+    async with await AsyncSessionDB.open(path) as db:
+        await db.create_session("live", "telegram")
+        for i in range(200):  # about 400 KB of WAL: past a 64 KiB limit
+            await db.append_message("live", "user", f"{i} {TEXT}")
+        busy = await state.run_upkeep(db, retention_days=None, idle=lambda: False, wal_limit_bytes=65_536)
+        wal_busy = (await db.store_size()).wal_bytes
+        quiet = await state.run_upkeep(db, retention_days=None, idle=lambda: True, wal_limit_bytes=65_536)
+        wal_quiet = (await db.store_size()).wal_bytes
+        found = await db.search_messages("restarted", limit=1000)
+    # a turn running: the WAL is left for later (a TRUNCATE checkpoint makes writers wait while it runs)
+    assert not busy.wal_truncated and wal_busy > 65_536 and busy.wal_bytes_after == wal_busy
+    # idle: emptied (then the pass's own record is its first page again)
+    assert quiet.wal_truncated and quiet.wal_bytes_after == 0 and wal_quiet < 8_192
+    assert len(found) == 200
