@@ -68,7 +68,8 @@ MIN_BUDGET, MAX_BUDGET = 2_048, 4_000_000
 MESSAGE_OVERHEAD = 64  # bytes counted per message besides its text (its row, its index entries)
 BATCH_MESSAGES = 2_000  # sessions are taken together while they hold fewer messages than this
 FIRST_VACUUM_PAGES = 64
-FIRST_MERGE_PAGES = 16  # also the fewest: a smaller merge may write too little to tell it worked
+FIRST_MERGE_PAGES = 16
+MIN_MERGE_PAGES = 4  # FTS5 finishes the term it is in before it stops: a step is at least one term's pages
 # The most pages one merge or vacuum step asks for, whatever the last steps cost: a merge's pages
 # are the pages it writes, and after a prune it may read many more (the deleted entries it drops);
 # a vacuum step's cost per page depends on where in the file the pages are moved from.
@@ -163,7 +164,7 @@ def fts_segments(conn: sqlite3.Connection, table: str) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class MergeStep:
-    worked: int  # rows FTS5 wrote (pages, mostly): 0 when it found nothing to merge
+    worked: int  # rows FTS5 changed (leaves written, input pages dropped, its index): 0 when nothing to merge
     left: int  # how many of the segments the merge started from are still there
 
 
@@ -391,7 +392,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                                        began, (time.perf_counter() - began) * 1000))
         return result
 
-    merge_pacer = _Pacer(FIRST_MERGE_PAGES, FIRST_MERGE_PAGES, MAX_MERGE_PAGES)
+    merge_pacer = _Pacer(FIRST_MERGE_PAGES, MIN_MERGE_PAGES, MAX_MERGE_PAGES)
 
     async def merge(table: str, segments: list[int] | None = None) -> None:
         start = segments is not None
@@ -399,10 +400,12 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
             pages = merge_pacer.size
             step, timed = await db.upkeep_merge_step(table, pages, segments, start)
             await held("merge", f"{table}{' (full, first step)' if start else ' (full)' if segments else ''}: "
-                       f"{pages} pages asked, {step.worked} rows written", timed)
+                       f"{pages} pages asked, {step.worked} rows changed", timed)
             if not step.worked or (segments is not None and not step.left):
                 return
-            merge_pacer.done(step.worked, timed.seconds)
+            # the cost per page asked: FTS5 writes about that many leaves, and several rows each
+            # (the leaf, the input pages it drops, the segment's index): rows would size the steps 4x
+            merge_pacer.done(pages, timed.seconds)
             start = False
 
     queue = await db.expired_sessions(now - retention_days * DAY) if retention_days else []
