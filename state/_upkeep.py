@@ -14,9 +14,9 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    loses its messages over several steps and goes in the last; each step
    checks again that its sessions are still expired (one may have been
    resumed meanwhile).  After each step the pass pauses twice as long as the
-   step took, so live writes queued meanwhile go first, and every quarter of
-   a second it checkpoints on a connection of its own, so that no commit
-   (ours or a live write's) runs SQLite's checkpoint-at-commit.  FTS5's
+   step took, so live writes queued meanwhile go first, and meanwhile it
+   checkpoints on a connection of its own, so that no commit (ours or a live
+   write's) runs SQLite's checkpoint-at-commit.  FTS5's
    automerge is off meanwhile: it merges in quanta of 64 pages per level, and
    one prune step in a few would hold the lock for tens of milliseconds; the
    same merging is done after each step in small steps of its own, and
@@ -76,7 +76,6 @@ MIN_MERGE_PAGES = 4  # FTS5 finishes the term it is in before it stops: a step i
 MAX_MERGE_PAGES, MAX_VACUUM_PAGES = 128, 2_048
 FTS_AUTOMERGE = 4  # FTS5's own default for its 'automerge' setting, turned back on after a prune
 PAUSE = 2.0  # after each step the pass pauses this many times as long as the step held the lock
-CHECKPOINT_EVERY = 0.25  # seconds of upkeep steps between checkpoints beside the write connection
 MERGE_AFTER_MESSAGES = 10_000  # a prune of this many messages (or a tenth of them all) merges the indexes
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 LAST_UPKEEP = "last_upkeep"
@@ -366,10 +365,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     size = await db.store_size()
     report.db_bytes_before = size.db_bytes
 
-    checkpointed = time.monotonic()
-
     async def held(kind: str, detail: str, timed: Timed) -> None:
-        nonlocal checkpointed
         hold = Hold(kind, detail, timed.began, timed.seconds * 1000, timed.commit * 1000)
         report.steps += 1
         report.holds.append(hold)
@@ -378,12 +374,13 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
         report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), hold.ms)
         if hold.ms > MAX_HOLD * 1000:
             log.debug("upkeep: %s held the write lock longer than %.0f ms", hold, MAX_HOLD * 1000)
-        await asyncio.sleep(timed.seconds * PAUSE)  # live writes queued meanwhile go first
-        if time.monotonic() - checkpointed > CHECKPOINT_EVERY:
-            # copy the steps' pages to the database beside the writers, so that no commit of
-            # theirs or ours grows the WAL past SQLite's own checkpoint-at-commit size
-            await checkpoint("PASSIVE")
-            checkpointed = time.monotonic()
+        # Live writes queued meanwhile go first.  Meanwhile the step's pages are copied to the
+        # database beside the writers: one merge step writes hundreds of pages, and a WAL left to
+        # grow past SQLite's checkpoint-at-commit size (WAL_AUTOCHECKPOINT_PAGES) makes the commit
+        # that crosses it (ours or a live write's) copy thousands of pages and fsync, under the lock.
+        copying = asyncio.ensure_future(checkpoint("PASSIVE"))
+        await asyncio.sleep(timed.seconds * PAUSE)
+        await copying
 
     async def checkpoint(mode: str) -> tuple[int, int, int]:
         began = time.perf_counter()
