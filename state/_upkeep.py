@@ -13,10 +13,16 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    chats wait for one small step at most.  A session bigger than the budget
    loses its messages over several steps and goes in the last; each step
    checks again that its sessions are still expired (one may have been
-   resumed meanwhile).  After each step the pass pauses twice as long as the
-   step took, so live writes queued meanwhile go first, and meanwhile it
-   checkpoints on a connection of its own, so that no commit (ours or a live
-   write's) runs SQLite's checkpoint-at-commit.  FTS5's
+   resumed meanwhile).  A step gives way: a live write that comes while it
+   runs interrupts it (SQLite's progress handler, see
+   ``Engine.write_giving_way``), the step is rolled back and tried again after
+   that write, at half the size (after ``GIVE_WAY_TRIES`` in a row, once
+   without giving way, so the pass ends under any load); the async store
+   runs the steps on a thread of their own for that.  After each step the
+   pass pauses twice as long as the step took, so live writes queued
+   meanwhile go first, and meanwhile it checkpoints on a connection of its
+   own, so that no commit (ours or a live write's) runs SQLite's
+   checkpoint-at-commit.  FTS5's
    automerge is off meanwhile: it merges in quanta of 64 pages per level, and
    one prune step in a few would hold the lock for tens of milliseconds; the
    same merging is done after each step in small steps of its own, and
@@ -45,6 +51,7 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -54,9 +61,10 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Awaitable, Callable, NamedTuple
 
 from . import _sessions
+from ._engine import GaveWay
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +84,7 @@ MIN_MERGE_PAGES = 4  # FTS5 finishes the term it is in before it stops: a step i
 MAX_MERGE_PAGES, MAX_VACUUM_PAGES = 128, 2_048
 FTS_AUTOMERGE = 4  # FTS5's own default for its 'automerge' setting, turned back on after a prune
 PAUSE = 2.0  # after each step the pass pauses this many times as long as the step held the lock
+GIVE_WAY_TRIES = 4  # a step a live write interrupted this many times in a row runs once more without giving way
 MERGE_AFTER_MESSAGES = 10_000  # a prune of this many messages (or a tenth of them all) merges the indexes
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 LAST_UPKEEP = "last_upkeep"
@@ -316,6 +325,7 @@ class UpkeepReport:
     sessions_pruned: int = 0
     messages_pruned: int = 0
     steps: int = 0  # write transactions taken
+    gave_way: int = 0  # of which a live write interrupted (rolled back, tried again after it at half the size)
     longest_hold_ms: float = 0.0  # the longest any of them held the write lock
     index_merged: bool = False  # the search indexes were merged after a large prune
     pages_vacuumed: int = 0
@@ -389,13 +399,30 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                                        began, (time.perf_counter() - began) * 1000))
         return result
 
+    async def attempt(kind: str, call: Callable[..., Awaitable[tuple[Any, Timed]]], size: int,
+                      least: int) -> tuple[int, Any, Timed]:
+        """Run a step of ``size`` (``call(size, gives_way=...)``).  A live write that comes while it
+        runs interrupts it (rolled back) and goes first; the step is tried again after the pause,
+        at half the size, and after GIVE_WAY_TRIES such tries without giving way, so that it is
+        done even under a steady stream of writes.  Returns the size done, the result, the hold."""
+        tries = 0
+        while True:
+            try:
+                result, timed = await call(size, gives_way=tries < GIVE_WAY_TRIES)
+                return size, result, timed
+            except GaveWay as exc:
+                report.gave_way += 1
+                await held(kind, f"{size:,} asked: gave way to a live write", exc.timed)
+                size, tries = max(least, size // 2), tries + 1
+
     merge_pacer = _Pacer(FIRST_MERGE_PAGES, MIN_MERGE_PAGES, MAX_MERGE_PAGES)
 
     async def merge(table: str, segments: list[int] | None = None) -> None:
         start = segments is not None
         while True:
-            pages = merge_pacer.size
-            step, timed = await db.upkeep_merge_step(table, pages, segments, start)
+            pages, step, timed = await attempt(
+                "merge", functools.partial(db.upkeep_merge_step, table, segments=segments, start=start),
+                merge_pacer.size, MIN_MERGE_PAGES)
             await held("merge", f"{table}{' (full, first step)' if start else ' (full)' if segments else ''}: "
                        f"{pages} pages asked, {step.worked} rows changed", timed)
             if not step.worked or (segments is not None and not step.left):
@@ -419,8 +446,8 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                         break
                     batch.append(sid)
                     weight += count
-                budget = pacer.size
-                step, timed = await db.upkeep_prune_step(batch, cutoff, budget)
+                budget, step, timed = await attempt(
+                    "prune", functools.partial(db.upkeep_prune_step, batch, cutoff), pacer.size, MIN_BUDGET)
                 await held("prune", f"{len(batch)} sessions asked, {step.messages} messages "
                            f"({step.size:,} of {budget:,} bytes), {len(step.deleted)} sessions deleted", timed)
                 report.sessions_pruned += len(step.deleted)
@@ -452,8 +479,8 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     if size.auto_vacuum == "incremental":
         pacer = _Pacer(FIRST_VACUUM_PAGES, 8, MAX_VACUUM_PAGES)
         while size.free_pages > 0:
-            pages = pacer.size
-            freed, timed = await db.upkeep_vacuum_step(pages)
+            pages, freed, timed = await attempt(
+                "vacuum", db.upkeep_vacuum_step, pacer.size, 8)
             await held("vacuum", f"{pages} pages asked, {freed} freed", timed)
             report.pages_vacuumed += freed
             if freed <= 0:

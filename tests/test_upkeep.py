@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
+import threading
 import time
 
 import aiohttp
@@ -14,6 +16,7 @@ from harness import eventually, gateway_config, running_gateway
 import state
 from gateway.runtime.daemon import Gateway
 from state import AsyncSessionDB, SessionDB, fts
+from state._engine import GaveWay
 
 DAY = 86_400.0
 TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages worth returning
@@ -268,3 +271,97 @@ async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_
     # idle: emptied (then the pass's own record is its first page again)
     assert quiet.wal_truncated and quiet.wal_bytes_after == 0 and wal_quiet < 8_192
     assert len(found) == 200
+
+
+def _long_statement(conn: sqlite3.Connection, started: threading.Event) -> None:
+    """A statement that would run for minutes, which says when it has begun."""
+    conn.create_function("begun", 1, lambda x: started.set() or 0)
+    conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000000000)"
+                  " SELECT count(*) FROM c WHERE begun(x)").fetchone()
+
+
+def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "telegram")
+        engine = db._engine
+        started, outcome = threading.Event(), {}
+
+        def step(conn):
+            conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'upkeep', 0)")
+            _long_statement(conn, started)
+
+        def upkeep():
+            try:
+                engine.write_giving_way(step)
+                outcome["upkeep"] = "finished"
+            except GaveWay:
+                outcome["upkeep"] = "gave way"
+
+        thread = threading.Thread(target=upkeep)
+        thread.start()
+        assert started.wait(10)
+        db.append_message("s", "user", "a live message")  # waits for the step to give way, not to finish
+        thread.join(10)
+        contents = [m["content"] for m in db.get_messages("s")]
+        db.append_message("s", "user", "and the next one")  # the store writes on as usual
+        assert [m["content"] for m in db.get_messages("s")] == ["a live message", "and the next one"]
+    assert outcome == {"upkeep": "gave way"}
+    assert contents == ["a live message"]  # the step's own insert was rolled back
+
+
+def test_a_write_never_gives_way_to_another(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "telegram")
+        started, outcome = threading.Event(), {}
+
+        def long_write():
+            def step(conn):
+                conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'first', 0)")
+                conn.create_function("begun", 1, lambda x: started.set() or 0)
+                conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 300000)"
+                             " SELECT count(*) FROM c WHERE begun(x)").fetchone()
+            db._engine.write(step)
+            outcome["first"] = "finished"
+
+        thread = threading.Thread(target=long_write)
+        thread.start()
+        assert started.wait(10)
+        db.append_message("s", "user", "second")
+        thread.join(10)
+        contents = [m["content"] for m in db.get_messages("s")]
+    assert outcome == {"first": "finished"} and contents == ["first", "second"]
+
+
+async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
+    now = time.time()
+    path = tmp_path / "state.db"
+    expired, kept = _build(path, now)
+    async with await AsyncSessionDB.open(path) as db:
+        await db.create_session("live", "telegram")
+        done = asyncio.Event()
+        written: list[int] = []
+
+        async def writer():
+            i = 0
+            while not done.is_set():
+                await db.append_message("live", "user", f"live {i} {TEXT}")
+                written.append(i)
+                i += 1
+                await asyncio.sleep(0.001)
+
+        task = asyncio.create_task(writer())
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        done.set()
+        await task
+        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
+        live = await db.get_messages("live")
+        hits = await db.search_messages("restarted", limit=10_000)
+    assert report.gave_way > 0  # steps of about 2 ms, a write every millisecond or so: some came mid-step
+    assert remaining == kept | {"live"} and report.sessions_pruned == len(expired)
+    assert [m["content"].split()[1] for m in live] == [str(i) for i in written]
+    assert {h["session_id"] for h in hits} == kept | {"live"}
+    assert len([h for h in hits if h["session_id"] == "live"]) == len(written)
+    with sqlite3.connect(path) as conn:
+        for table in ("messages_fts", "messages_fts_trigram"):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+    conn.close()
