@@ -150,8 +150,10 @@ async def run(args) -> None:
           f"{sum(holds) / 1000 / elapsed:.0%} of the pass")
     for kind in report.longest_hold_ms_by_step:
         ms = sorted(h.ms for h in report.holds if h.kind == kind)
+        commits = sorted(h.commit_ms for h in report.holds if h.kind == kind)
         print(f"  {kind:9} {len(ms):6,} steps, {sum(ms) / 1000:6.1f} s under the lock: p50 {_pct(ms, 0.5):5.1f} ms,"
-              f" p90 {_pct(ms, 0.9):5.1f} ms, p99 {_pct(ms, 0.99):5.1f} ms, longest {ms[-1]:6.1f} ms")
+              f" p90 {_pct(ms, 0.9):5.1f} ms, p99 {_pct(ms, 0.99):5.1f} ms, longest {ms[-1]:6.1f} ms;"
+              f" commit p99 {_pct(commits, 0.99):5.1f} ms")
     print("  the longest holds:")
     for hold in sorted(report.holds, key=lambda h: -h.ms)[:args.top]:
         print(f"    {hold}")
