@@ -38,9 +38,11 @@ _INTERRUPT = 9  # SQLITE_INTERRUPT
 GIVE_WAY_CHECK_OPS = 200  # virtual-machine steps between two looks for a waiting writer (tens of µs)
 
 
-class GaveWay(Exception):
+class GaveWay(StateError):
     """A write that gives way (:meth:`Engine.write_giving_way`) was interrupted by a write from
-    another thread and rolled back: nothing of it was written.  ``timed`` may be set by the caller."""
+    another thread and rolled back: nothing of it was written.  ``timed`` may be set by the caller.
+
+    Internal: only the upkeep pass asks for such writes, and it tries the step again."""
 
     timed: Any = None
 

@@ -13,11 +13,14 @@
     ├── PairingNotFound              no pending pairing request has that code (or it expired)
     ├── CronJobNotFound              no scheduled job has that id (.job_id)
     ├── CronJobExists                a scheduled job with that id exists already (.job_id)
-    └── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
-                                     never leaves the store: the engine raises WriteTimeout instead
+    ├── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
+    │                                never leaves the store: the engine raises WriteTimeout instead
+    └── GaveWay                      (state/_engine.py, internal) an upkeep step was interrupted by a
+                                     live write and rolled back; the upkeep pass tries it again
 
 Every class above is defined in this module and exported from ``state``,
-except ``LockTimeout``, which stays next to the process write lock.
+except ``LockTimeout``, which stays next to the process write lock, and
+``GaveWay``, next to the engine that raises it.
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says
 what to do next; the CLI prints it as one line.
