@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import shutil
 import sqlite3
 import statistics
@@ -82,13 +83,13 @@ def _slow_writes(writes: list[tuple[float, float]], report, over: float) -> str:
     """What each write slower than ``over`` seconds waited behind: the upkeep step or checkpoint
     that overlapped it the longest."""
     events = sorted([*report.holds, *report.checkpoints], key=lambda h: h.began)
+    starts = [h.began for h in events]
+    longest = max((h.ms / 1000 for h in events), default=0.0)
     slow = [(t, s) for t, s in writes if s > over]
     behind: dict[str, int] = {}
     for t, s in slow:
         best, overlap = "nothing of the pass", 0.0
-        for h in events:
-            if h.began > t + s:
-                break
+        for h in events[bisect.bisect_left(starts, t - longest):bisect.bisect_right(starts, t + s)]:
             o = min(t + s, h.began + h.ms / 1000) - max(t, h.began)
             if o > overlap:
                 best, overlap = h.kind, o

@@ -35,7 +35,7 @@ CHECKPOINT_EVERY = 50  # writes between PASSIVE checkpoints (run by a background
 WAL_AUTOCHECKPOINT_PAGES = 4000
 _BUSY = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
 _INTERRUPT = 9  # SQLITE_INTERRUPT
-GIVE_WAY_CHECK_OPS = 200  # virtual-machine steps between two looks for a waiting writer (tens of µs)
+GIVE_WAY_CHECK_OPS = 1000  # virtual-machine steps between two looks for a waiting writer (tens of µs; each look takes the GIL)
 
 
 class GaveWay(StateError):
