@@ -13,11 +13,16 @@ past ``retention_days: 1``, and prints:
 
 * the time for one pass of :func:`state.run_upkeep` (prune, incremental
   vacuum, checkpoint) and how many write transactions it took;
-* the longest any of them held the write lock (target <= 50 ms);
+* the longest any of them held the write lock (target <= 50 ms), and the
+  ``--top`` longest holds by name and size (a prune step's sessions, messages
+  and bytes; a merge step's index and pages; a vacuum step's pages), each
+  with the part its COMMIT took (a checkpoint SQLite runs at commit shows there);
 * the file size before and after (database + WAL);
 * the latency of a concurrent writer (one message appended through the same
   async store every ``--interval`` ms), p50/p99/max, for ``--baseline``
-  seconds without the pass and then during it (target: p99 <= 2x).
+  seconds without the pass and then during it (target: p99 <= 2x), and what
+  each write slower than twice the quiet p99 overlapped (the step or
+  checkpoint it waited behind, or nothing of the pass).
 
 Figures are printed, never asserted.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import shutil
 import sqlite3
 import statistics
@@ -62,14 +68,34 @@ def end_sessions(path: Path) -> None:
     conn.close()
 
 
-async def _writer(db, sid: str, interval: float, stop: asyncio.Event, latencies: list[float]) -> None:
+async def _writer(db, sid: str, interval: float, stop: asyncio.Event, writes: list[tuple[float, float]]) -> None:
+    """Append a message every ``interval`` seconds until ``stop``; ``writes`` gets (start, seconds) of each."""
     i = 0
     while not stop.is_set():
         t = time.perf_counter()
         await db.append_message(sid, "user", f"live message {i} while the store keeps itself in check")
-        latencies.append(time.perf_counter() - t)
+        writes.append((t, time.perf_counter() - t))
         i += 1
         await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t)))
+
+
+def _slow_writes(writes: list[tuple[float, float]], report, over: float) -> str:
+    """What each write slower than ``over`` seconds waited behind: the upkeep step or checkpoint
+    that overlapped it the longest."""
+    events = sorted([*report.holds, *report.checkpoints], key=lambda h: h.began)
+    starts = [h.began for h in events]
+    longest = max((h.ms / 1000 for h in events), default=0.0)
+    slow = [(t, s) for t, s in writes if s > over]
+    behind: dict[str, int] = {}
+    for t, s in slow:
+        best, overlap = "nothing of the pass", 0.0
+        for h in events[bisect.bisect_left(starts, t - longest):bisect.bisect_right(starts, t + s)]:
+            o = min(t + s, h.began + h.ms / 1000) - max(t, h.began)
+            if o > overlap:
+                best, overlap = h.kind, o
+        behind[best] = behind.get(best, 0) + 1
+    return (f"{len(slow):,} of {len(writes):,} writes over {over * 1000:.2f} ms, overlapping: "
+            + (", ".join(f"{k} {n:,}" for k, n in sorted(behind.items(), key=lambda kv: -kv[1])) or "-"))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -77,8 +103,8 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def _line(label: str, latencies: list[float]) -> str:
-    ms = [v * 1000 for v in latencies]
+def _line(label: str, writes: list[tuple[float, float]]) -> str:
+    ms = [s * 1000 for _t, s in writes]
     return (f"  {label:22} {len(ms):6,} writes  p50 {statistics.median(ms):6.2f} ms  p99 {_pct(ms, 0.99):7.2f} ms"
             f"  max {max(ms):7.2f} ms")
 
@@ -101,13 +127,13 @@ async def run(args) -> None:
           f"database + WAL {_mib(size_before)}\n")
     async with await state.AsyncSessionDB.open(work) as db:
         await db.create_session("live", "telegram")
-        quiet: list[float] = []
+        quiet: list[tuple[float, float]] = []
         stop = asyncio.Event()
         writer = asyncio.create_task(_writer(db, "live", args.interval / 1000, stop, quiet))
         await asyncio.sleep(args.baseline)
         stop.set()
         await writer
-        busy: list[float] = []
+        busy: list[tuple[float, float]] = []
         stop = asyncio.Event()
         writer = asyncio.create_task(_writer(db, "live", args.interval / 1000, stop, busy))
         t = time.perf_counter()
@@ -121,15 +147,29 @@ async def run(args) -> None:
           f"sessions, {report.messages_pruned:,} messages; "
           f"{report.pages_vacuumed:,} pages returned")
     print(f"write-lock hold per transaction: p50 {_pct(holds, 0.5):.1f} ms, p99 {_pct(holds, 0.99):.1f} ms, "
-          f"longest {report.longest_hold_ms:.1f} ms (target <= 50 ms); longest by step: "
-          + ", ".join(f"{k} {v:.1f} ms" for k, v in report.longest_hold_ms_by_step.items()))
+          f"longest {report.longest_hold_ms:.1f} ms (target <= 50 ms); the write lock held "
+          f"{sum(holds) / 1000 / elapsed:.0%} of the pass")
+    for kind in report.longest_hold_ms_by_step:
+        ms = sorted(h.ms for h in report.holds if h.kind == kind)
+        commits = sorted(h.commit_ms for h in report.holds if h.kind == kind)
+        print(f"  {kind:9} {len(ms):6,} steps, {sum(ms) / 1000:6.1f} s under the lock: p50 {_pct(ms, 0.5):5.1f} ms,"
+              f" p90 {_pct(ms, 0.9):5.1f} ms, p99 {_pct(ms, 0.99):5.1f} ms, longest {ms[-1]:6.1f} ms;"
+              f" commit p99 {_pct(commits, 0.99):5.1f} ms")
+    print("  the longest holds:")
+    for hold in sorted(report.holds, key=lambda h: -h.ms)[:args.top]:
+        print(f"    {hold}")
+    if report.checkpoints:
+        longest = max(report.checkpoints, key=lambda h: h.ms)
+        print(f"  {len(report.checkpoints):,} checkpoints beside the writers (no write lock), longest {longest}")
     print(f"file size: {_mib(size_before)} before, {_mib(size_after)} after "
           f"(database {_mib(report.db_bytes_after)} + WAL {_mib(report.wal_bytes_after)} at the end of the pass)")
     print("concurrent writer (one append every "
           f"{args.interval:g} ms through the same async store):")
     print(_line("without the pass", quiet))
     print(_line("during the pass", busy))
-    print(f"  p99 during / without: {_pct(busy, 0.99) / _pct(quiet, 0.99):.2f}x (target <= 2x)")
+    quiet_p99 = _pct([s for _t, s in quiet], 0.99)
+    print(f"  p99 during / without: {_pct([s for _t, s in busy], 0.99) / quiet_p99:.2f}x (target <= 2x)")
+    print("  " + _slow_writes(busy, report, 2 * quiet_p99))
     for p in (work, Path(f"{work}-wal"), Path(f"{work}-shm"), Path(f"{work}-lock")):
         p.unlink(missing_ok=True)
 
@@ -139,6 +179,7 @@ def main(argv=None) -> None:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--interval", type=float, default=5.0, help="ms between the concurrent writer's appends")
     ap.add_argument("--baseline", type=float, default=10.0, help="seconds of writing without the pass")
+    ap.add_argument("--top", type=int, default=5, help="how many of the longest write-lock holds to name")
     asyncio.run(run(ap.parse_args(argv)))
 
 

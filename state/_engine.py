@@ -34,6 +34,22 @@ CHECKPOINT_EVERY = 50  # writes between PASSIVE checkpoints (run by a background
 # this size, which under steady load the background thread rarely lets happen.
 WAL_AUTOCHECKPOINT_PAGES = 4000
 _BUSY = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
+_INTERRUPT = 9  # SQLITE_INTERRUPT
+GIVE_WAY_CHECK_OPS = 1000  # virtual-machine steps between two looks for a waiting writer (tens of µs; each look takes the GIL)
+
+
+class GaveWay(StateError):
+    """A write that gives way (:meth:`Engine.write_giving_way`) was interrupted by a write from
+    another thread and rolled back: nothing of it was written.  ``timed`` may be set by the caller.
+
+    Internal: only the upkeep pass asks for such writes, and it tries the step again."""
+
+    timed: Any = None
+
+
+def _is_interrupt(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code & 0xFF) == _INTERRUPT if code is not None else "interrupted" in str(exc)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -60,6 +76,8 @@ class Engine:
         self._checkpoint_due = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self._aside: sqlite3.Connection | None = None  # for checkpoint_aside()
+        self._waiting = 0  # writes (not giving way) waiting for the write mutex: a giving-way write stops
+        self._waiting_mutex = threading.Lock()
         self._aside_mutex = threading.Lock()
         prepare_db_file(self.path)
         self._wconn = self._connect(timeout=0.0)
@@ -144,9 +162,34 @@ class Engine:
         """Run ``fn(conn, ...)`` in one ``BEGIN IMMEDIATE`` transaction: all of it or none.
 
         Waits for other writers up to ``write_timeout`` seconds in total, then
-        raises :class:`WriteTimeout` with nothing written.
+        raises :class:`WriteTimeout` with nothing written.  A write that gives way
+        (:meth:`write_giving_way`, the store's upkeep) is interrupted so this one goes first.
         """
-        with self._write_mutex:
+        return self._write(fn, args, kwargs, gives_way=False)
+
+    def write_giving_way(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """:meth:`write` for work that can wait: a write from another thread that comes while
+        ``fn`` runs interrupts it, the transaction is rolled back and :class:`GaveWay` raised,
+        and that write takes the lock at once instead of waiting for ``fn`` to finish.
+
+        Only ``fn``'s statements can be interrupted, never its COMMIT; a write that comes
+        while ``fn`` runs Python between two statements waits for its next statement to start.
+        """
+        return self._write(fn, args, {}, gives_way=True)
+
+    def _write(self, fn: Callable[..., T], args: tuple, kwargs: dict, *, gives_way: bool) -> T:
+        if not self._write_mutex.acquire(blocking=False):
+            if gives_way:
+                self._write_mutex.acquire()
+            else:
+                with self._waiting_mutex:
+                    self._waiting += 1
+                try:
+                    self._write_mutex.acquire()
+                finally:
+                    with self._waiting_mutex:
+                        self._waiting -= 1
+        try:
             if self._closed or self._wconn is None:
                 raise StateError("the state store is closed: open a new SessionDB")
             conn = self._wconn
@@ -156,12 +199,14 @@ class Engine:
             def transaction() -> T:
                 self._begin_immediate(conn, deadline, start)
                 try:
-                    result = fn(conn, *args, **kwargs)
+                    result = self._giving_way_run(fn, conn, args, kwargs) if gives_way else fn(conn, *args, **kwargs)
                     self._retry_busy(lambda: conn.execute("COMMIT"), deadline)
                     return result
-                except BaseException:
+                except BaseException as exc:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
+                    if gives_way and isinstance(exc, sqlite3.OperationalError) and _is_interrupt(exc):
+                        raise GaveWay() from exc
                     raise
 
             if self._plock is None:
@@ -175,6 +220,22 @@ class Engine:
             if self._writes % CHECKPOINT_EVERY == 0:
                 self._request_checkpoint()
             return result
+        finally:
+            self._write_mutex.release()
+
+    def _giving_way_run(self, fn: Callable[..., T], conn: sqlite3.Connection, args: tuple, kwargs: dict) -> T:
+        # SQLite calls the handler every GIVE_WAY_CHECK_OPS virtual-machine steps of fn's statements
+        # (and of the statements FTS5 runs inside them); a true answer interrupts the statement.
+        # Not sqlite3_interrupt(): an interrupt that lands between two statements stays pending
+        # while any statement is open (FTS5 keeps its own open) and would hit the next write.
+        conn.set_progress_handler(self._someone_waits, GIVE_WAY_CHECK_OPS)
+        try:
+            return fn(conn, *args, **kwargs)
+        finally:
+            conn.set_progress_handler(None, 0)
+
+    def _someone_waits(self) -> int:
+        return self._waiting
 
     def _begin_immediate(self, conn: sqlite3.Connection, deadline: float, start: float) -> None:
         try:

@@ -13,10 +13,16 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    chats wait for one small step at most.  A session bigger than the budget
    loses its messages over several steps and goes in the last; each step
    checks again that its sessions are still expired (one may have been
-   resumed meanwhile).  After each step the pass pauses twice as long as the
-   step took, so live writes queued meanwhile go first, and every quarter of
-   a second it checkpoints on a connection of its own, so that no commit
-   (ours or a live write's) runs SQLite's checkpoint-at-commit.  FTS5's
+   resumed meanwhile).  A step gives way: a live write that comes while it
+   runs interrupts it (SQLite's progress handler, see
+   ``Engine.write_giving_way``), the step is rolled back and tried again after
+   that write, at half the size (after ``GIVE_WAY_TRIES`` in a row, once
+   without giving way, so the pass ends under any load); the async store
+   runs the steps on a thread of their own for that.  After each step the
+   pass pauses twice as long as the step took, so live writes queued
+   meanwhile go first, and meanwhile it checkpoints on a connection of its
+   own, so that no commit (ours or a live write's) runs SQLite's
+   checkpoint-at-commit.  FTS5's
    automerge is off meanwhile: it merges in quanta of 64 pages per level, and
    one prune step in a few would hold the lock for tens of milliseconds; the
    same merging is done after each step in small steps of its own, and
@@ -45,7 +51,9 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import os
 import sqlite3
 import statistics
@@ -53,9 +61,12 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Awaitable, Callable, NamedTuple
 
 from . import _sessions
+from ._engine import GaveWay
+
+log = logging.getLogger(__name__)
 
 DAY = 86_400.0
 MAX_HOLD = 0.050  # the longest a step may hold the write lock
@@ -65,14 +76,16 @@ MIN_BUDGET, MAX_BUDGET = 2_048, 4_000_000
 MESSAGE_OVERHEAD = 64  # bytes counted per message besides its text (its row, its index entries)
 BATCH_MESSAGES = 2_000  # sessions are taken together while they hold fewer messages than this
 FIRST_VACUUM_PAGES = 64
-FIRST_MERGE_PAGES = 16  # also the fewest: a smaller merge may write too little to tell it worked
+FIRST_MERGE_PAGES = 16
+MIN_MERGE_PAGES = 4  # FTS5 finishes the term it is in before it stops: a step is at least one term's pages
 # The most pages one merge or vacuum step asks for, whatever the last steps cost: a merge's pages
 # are the pages it writes, and after a prune it may read many more (the deleted entries it drops);
 # a vacuum step's cost per page depends on where in the file the pages are moved from.
 MAX_MERGE_PAGES, MAX_VACUUM_PAGES = 128, 2_048
 FTS_AUTOMERGE = 4  # FTS5's own default for its 'automerge' setting, turned back on after a prune
 PAUSE = 2.0  # after each step the pass pauses this many times as long as the step held the lock
-CHECKPOINT_EVERY = 0.25  # seconds of upkeep steps between checkpoints beside the write connection
+CHECKPOINT_AFTER_HOLD = 0.004  # seconds of write lock held by the steps between two checkpoints beside them
+GIVE_WAY_TRIES = 4  # a step a live write interrupted this many times in a row runs once more without giving way
 MERGE_AFTER_MESSAGES = 10_000  # a prune of this many messages (or a tenth of them all) merges the indexes
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 LAST_UPKEEP = "last_upkeep"
@@ -89,6 +102,12 @@ def create_tables(conn: sqlite3.Connection) -> None:
 # --- steps on a connection (each SessionDB method runs one in its own transaction) ----------------
 
 
+class Timed(NamedTuple):
+    """When a step's transaction took the write lock (``time.perf_counter``) and how long it held it."""
+
+    began: float
+    seconds: float
+    commit: float = 0.0  # of which its COMMIT (and a checkpoint SQLite may run at commit)
 
 
 def expired_sessions(conn: sqlite3.Connection, cutoff: float) -> list[tuple[str, int]]:
@@ -103,6 +122,7 @@ class PruneStep:
     dropped: list[str]  # sessions no longer expired (or already gone): left alone
     messages: int  # messages deleted
     size: int = 0  # their text in bytes (plus MESSAGE_OVERHEAD each): what the step's cost follows
+    by_session: dict[str, int] = field(default_factory=dict)  # messages deleted, per session
 
 
 def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, max_bytes: int) -> PruneStep:
@@ -115,15 +135,18 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     if not still:
         return PruneStep([], dropped, 0)
     doomed: list = []
+    by_session: dict[str, int] = {}
     total = 0
-    for msg_id, size in conn.execute(
-        "SELECT id, length(CAST(ifnull(content, '') AS BLOB)) + length(CAST(ifnull(tool_calls, '') AS BLOB))"
-        f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
+    for msg_id, sid, size in conn.execute(
+        "SELECT id, session_id, length(CAST(ifnull(content, '') AS BLOB))"
+        f" + length(CAST(ifnull(tool_calls, '') AS BLOB)) + {MESSAGE_OVERHEAD}"
+        " FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
         (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
     ):
         if doomed and total + size > max_bytes:
             break
         doomed.append(msg_id)
+        by_session[sid] = by_session.get(sid, 0) + 1
         total += size
     messages = conn.execute("DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))",
                             (json.dumps(doomed),)).rowcount
@@ -131,7 +154,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
         "SELECT value FROM json_each(?) WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = value)",
         (json.dumps(still),))]
     _sessions._delete_ids(conn, empty)
-    return PruneStep(empty, dropped, messages, total)
+    return PruneStep(empty, dropped, messages, total, by_session)
 
 
 FTS_TABLES = ("messages_fts", "messages_fts_trigram")
@@ -150,7 +173,7 @@ def fts_segments(conn: sqlite3.Connection, table: str) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class MergeStep:
-    worked: int  # rows FTS5 wrote (pages, mostly): 0 when it found nothing to merge
+    worked: int  # rows FTS5 changed (leaves written, input pages dropped, its index): 0 when nothing to merge
     left: int  # how many of the segments the merge started from are still there
 
 
@@ -279,6 +302,20 @@ def vacuum_database(path: Path) -> tuple[int, int]:
 # --- one pass ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One step of a pass: what it was, when it took the write lock (``time.perf_counter``), how long."""
+
+    kind: str  # prune | merge | vacuum | automerge | checkpoint
+    detail: str  # its size: sessions and messages deleted, pages asked and written...
+    began: float
+    ms: float
+    commit_ms: float = 0.0  # of which its COMMIT
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.detail}: {self.ms:.1f} ms (commit {self.commit_ms:.1f} ms)"
+
+
 @dataclass(slots=True)
 class UpkeepReport:
     """What one pass did (stored as the ``last_upkeep`` record)."""
@@ -289,6 +326,7 @@ class UpkeepReport:
     sessions_pruned: int = 0
     messages_pruned: int = 0
     steps: int = 0  # write transactions taken
+    gave_way: int = 0  # of which a live write interrupted (rolled back, tried again after it at half the size)
     longest_hold_ms: float = 0.0  # the longest any of them held the write lock
     index_merged: bool = False  # the search indexes were merged after a large prune
     pages_vacuumed: int = 0
@@ -297,12 +335,19 @@ class UpkeepReport:
     db_bytes_after: int = 0
     wal_bytes_after: int = 0
     vacuum_needed: bool = False  # free space an old database (auto_vacuum=NONE) cannot return by itself
-    longest_hold_ms_by_step: dict = field(default_factory=dict)  # prune | vacuum -> ms
-    holds_ms: list[float] = field(default_factory=list, repr=False)
+    longest_hold_ms_by_step: dict = field(default_factory=dict)  # prune | merge | vacuum -> ms
+    longest_hold: str = ""  # the step that held the lock longest, and its size ("merge messages_fts: 128 pages ...")
+    holds: list[Hold] = field(default_factory=list, repr=False)  # every step, in order (not recorded)
+    checkpoints: list[Hold] = field(default_factory=list, repr=False)  # beside the writers: no write lock
+
+    @property
+    def holds_ms(self) -> list[float]:
+        return [h.ms for h in self.holds]
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        out.pop("holds_ms")
+        out.pop("holds")
+        out.pop("checkpoints")
         return out
 
 
@@ -331,38 +376,77 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     size = await db.store_size()
     report.db_bytes_before = size.db_bytes
 
-    checkpointed = time.monotonic()
+    uncopied = 0.0  # seconds the steps held the lock since the last checkpoint
 
-    async def held(kind: str, seconds: float) -> None:
-        nonlocal checkpointed
-        ms = seconds * 1000
+    async def held(kind: str, detail: str, timed: Timed) -> None:
+        hold = Hold(kind, detail, timed.began, timed.seconds * 1000, timed.commit * 1000)
         report.steps += 1
-        report.holds_ms.append(ms)
-        report.longest_hold_ms = max(report.longest_hold_ms, ms)
-        report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), ms)
-        await asyncio.sleep(seconds * PAUSE)  # live writes queued meanwhile go first
-        if time.monotonic() - checkpointed > CHECKPOINT_EVERY:
-            # copy the steps' pages to the database beside the writers, so that no commit of
-            # theirs or ours grows the WAL past SQLite's own checkpoint-at-commit size
-            await db.checkpoint_aside("PASSIVE")
-            checkpointed = time.monotonic()
+        report.holds.append(hold)
+        if hold.ms > report.longest_hold_ms:
+            report.longest_hold_ms, report.longest_hold = hold.ms, str(hold)
+        report.longest_hold_ms_by_step[kind] = max(report.longest_hold_ms_by_step.get(kind, 0.0), hold.ms)
+        if hold.ms > MAX_HOLD * 1000:
+            log.debug("upkeep: %s held the write lock longer than %.0f ms", hold, MAX_HOLD * 1000)
+        # Live writes queued meanwhile go first.  Meanwhile the steps' pages are copied to the
+        # database beside the writers, once the steps since the last copy held the lock for
+        # CHECKPOINT_AFTER_HOLD: a step writes up to hundreds of pages, and a WAL left to grow past
+        # SQLite's checkpoint-at-commit size (4,000 pages) makes the commit that crosses it (ours or
+        # a live write's) copy thousands of pages and fsync, under the lock.  A copy after every
+        # step was worse: its fsyncs slowed the commits beside it (a prune step's p99 7.6 ms, not 2.4).
+        nonlocal uncopied
+        uncopied += timed.seconds
+        if uncopied >= CHECKPOINT_AFTER_HOLD:
+            uncopied = 0.0
+            copying = asyncio.ensure_future(checkpoint("PASSIVE"))
+            await asyncio.sleep(timed.seconds * PAUSE)
+            await copying
+        else:
+            await asyncio.sleep(timed.seconds * PAUSE)
 
-    merge_pacer = _Pacer(FIRST_MERGE_PAGES, FIRST_MERGE_PAGES, MAX_MERGE_PAGES)
+    async def checkpoint(mode: str) -> tuple[int, int, int]:
+        began = time.perf_counter()
+        result = await db.checkpoint_aside(mode)
+        report.checkpoints.append(Hold("checkpoint", f"{mode} {result[2]}/{result[1]} pages",
+                                       began, (time.perf_counter() - began) * 1000))
+        return result
+
+    async def attempt(kind: str, call: Callable[..., Awaitable[tuple[Any, Timed]]], size: int,
+                      least: int) -> tuple[int, Any, Timed]:
+        """Run a step of ``size`` (``call(size, gives_way=...)``).  A live write that comes while it
+        runs interrupts it (rolled back) and goes first; the step is tried again after the pause,
+        at half the size, and after GIVE_WAY_TRIES such tries without giving way, so that it is
+        done even under a steady stream of writes.  Returns the size done, the result, the hold."""
+        tries = 0
+        while True:
+            try:
+                result, timed = await call(size, gives_way=tries < GIVE_WAY_TRIES)
+                return size, result, timed
+            except GaveWay as exc:
+                report.gave_way += 1
+                await held(kind, f"{size:,} asked: gave way to a live write", exc.timed)
+                size, tries = max(least, size // 2), tries + 1
+
+    merge_pacer = _Pacer(FIRST_MERGE_PAGES, MIN_MERGE_PAGES, MAX_MERGE_PAGES)
 
     async def merge(table: str, segments: list[int] | None = None) -> None:
         start = segments is not None
         while True:
-            step, hold = await db.upkeep_merge_step(table, merge_pacer.size, segments, start)
-            await held("merge", hold)
+            pages, step, timed = await attempt(
+                "merge", functools.partial(db.upkeep_merge_step, table, segments=segments, start=start),
+                merge_pacer.size, MIN_MERGE_PAGES)
+            await held("merge", f"{table}{' (full, first step)' if start else ' (full)' if segments else ''}: "
+                       f"{pages} pages asked, {step.worked} rows changed", timed)
             if not step.worked or (segments is not None and not step.left):
                 return
-            merge_pacer.done(step.worked, hold)
+            # the cost per page asked: FTS5 writes about that many leaves, and several rows each
+            # (the leaf, the input pages it drops, the segment's index): rows would size the steps 4x
+            merge_pacer.done(pages, timed.seconds)
             start = False
 
     queue = await db.expired_sessions(now - retention_days * DAY) if retention_days else []
     if queue:
         assert retention_days is not None  # only a retention finds sessions to prune
-        await db.upkeep_automerge(False)
+        await held("automerge", "off", await db.upkeep_automerge(False))
         try:
             pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
             while queue:
@@ -373,15 +457,17 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                         break
                     batch.append(sid)
                     weight += count
-                step, hold = await db.upkeep_prune_step(batch, cutoff, pacer.size)
-                await held("prune", hold)
+                budget, step, timed = await attempt(
+                    "prune", functools.partial(db.upkeep_prune_step, batch, cutoff), pacer.size, MIN_BUDGET)
+                await held("prune", f"{len(batch)} sessions asked, {step.messages} messages "
+                           f"({step.size:,} of {budget:,} bytes), {len(step.deleted)} sessions deleted", timed)
                 report.sessions_pruned += len(step.deleted)
                 report.messages_pruned += step.messages
                 finished = set(step.deleted) | set(step.dropped)
                 taken = len(batch)  # the batch is the queue's head
-                queue = [(sid, max(0, count - step.messages)) for sid, count in queue[:taken]
+                queue = [(sid, max(0, count - step.by_session.get(sid, 0))) for sid, count in queue[:taken]
                          if sid not in finished] + queue[taken:]
-                pacer.done(step.size, hold)
+                pacer.done(step.size, timed.seconds)
                 for table in FTS_TABLES:
                     await merge(table)
 
@@ -396,21 +482,22 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
                     await merge(table)
                 report.index_merged = True
         finally:
-            await db.upkeep_automerge(True)
+            await held("automerge", "on", await db.upkeep_automerge(True))
     else:
-        await db.upkeep_automerge(True)  # in case a pass was cut short, even with retention since turned off
+        await held("automerge", "on", await db.upkeep_automerge(True))  # in case a pass was cut short, even with retention since turned off
 
     size = await db.store_size()
     if size.auto_vacuum == "incremental":
         pacer = _Pacer(FIRST_VACUUM_PAGES, 8, MAX_VACUUM_PAGES)
         while size.free_pages > 0:
-            freed, hold = await db.upkeep_vacuum_step(pacer.size)
-            await held("vacuum", hold)
+            pages, freed, timed = await attempt(
+                "vacuum", db.upkeep_vacuum_step, pacer.size, 8)
+            await held("vacuum", f"{pages} pages asked, {freed} freed", timed)
             report.pages_vacuumed += freed
             if freed <= 0:
                 break
             size = await db.store_size()
-            pacer.done(freed, hold)
+            pacer.done(freed, timed.seconds)
     else:
         report.vacuum_needed = size.free_pages > 0
 
@@ -418,7 +505,7 @@ async def run_upkeep(db, *, retention_days: float | None, now: float | None = No
     size = await db.store_size()
     truncate = size.wal_bytes > wal_limit_bytes and idle()
     for _attempt in range(CHECKPOINT_ATTEMPTS):  # another checkpoint or a reader's snapshot may be in the way
-        busy, wal_pages, copied = await db.checkpoint_aside("TRUNCATE" if truncate else "PASSIVE")
+        busy, wal_pages, copied = await checkpoint("TRUNCATE" if truncate else "PASSIVE")
         if not busy and copied == wal_pages:
             break
         await asyncio.sleep(CHECKPOINT_PAUSE)

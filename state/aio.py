@@ -2,6 +2,8 @@
 
 Every write goes to ONE writer thread, each in its own ``BEGIN IMMEDIATE``;
 reads run on a small pool of reader threads, each with its own connection.
+The store's upkeep steps (``@_upkeep_steps``) run on a thread of their own
+and give way: a write that comes while one runs interrupts it.
 A call is a queue in and ``call_soon_threadsafe`` out (:class:`_Workers`):
 about 60 µs of CPU, where ``run_in_executor`` took 100 (a turn makes six).  The
 coroutines are generated from :class:`state.SessionDB`'s ``@_reads`` /
@@ -90,7 +92,7 @@ def _finish_queued_calls() -> None:
 def _coroutine(name: str, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
     @functools.wraps(method)
     async def call(self: "AsyncSessionDB", *args: Any, **kwargs: Any) -> Any:
-        workers = self._writer if kind == "write" else self._readers
+        workers = {"write": self._writer, "read": self._readers, "upkeep": self._upkeep}[kind]
         if workers is None:
             raise StateError("the async state store is closed: open a new AsyncSessionDB")
         return await workers.submit(functools.partial(method, self.db, *args, **kwargs))
@@ -112,6 +114,9 @@ class AsyncSessionDB:
         self.db = db
         self._writer: _Workers | None = _Workers(1, "state-writer")
         self._readers: _Workers | None = _Workers(max(1, readers), "state-reader")
+        # upkeep steps give way to the other writes: on a thread of their own, so that a write
+        # coming meanwhile (from the writer thread) reaches the lock and interrupts the step
+        self._upkeep: _Workers | None = _Workers(1, "state-upkeep")
 
     @classmethod
     async def open(cls, db_path: Any = None, *, write_timeout: float = 10.0, readers: int = 3) -> "AsyncSessionDB":
@@ -129,13 +134,14 @@ class AsyncSessionDB:
         return await self._writer.submit(functools.partial(self.db.checkpoint, mode))
 
     async def close(self) -> None:
-        writer, readers = self._writer, self._readers
-        if writer is None or readers is None:
+        writer, readers, upkeep = self._writer, self._readers, self._upkeep
+        if writer is None or readers is None or upkeep is None:
             return
-        self._writer = self._readers = None
+        self._writer = self._readers = self._upkeep = None
         loop = asyncio.get_running_loop()
 
         def shutdown() -> None:
+            upkeep.shutdown()
             writer.shutdown()  # queued writes finish first
             readers.shutdown()
             self.db.close()
@@ -153,7 +159,7 @@ class AsyncSessionDB:
         def __getattr__(self, name: str) -> Any: ...
 
 
-for _kind in ("read", "write"):
+for _kind in ("read", "write", "upkeep"):
     for _name, _method in public_methods(_kind).items():
         setattr(AsyncSessionDB, _name, _coroutine(_name, _method, _kind))
 del _kind, _name, _method

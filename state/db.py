@@ -29,7 +29,7 @@ from . import (
     _upkeep,
     _usage,
 )
-from ._engine import Engine
+from ._engine import Engine, GaveWay
 from ._messages import Appended
 from .paths import default_db_path
 
@@ -44,6 +44,13 @@ def _reads(method: F) -> F:
 
 def _writes(method: F) -> F:
     method._state_kind = "write"  # type: ignore[attr-defined]
+    return method
+
+
+def _upkeep_steps(method: F) -> F:
+    """A write that gives way to the others (the async store runs it on a thread of its own, so
+    that a write coming meanwhile reaches the lock and interrupts it)."""
+    method._state_kind = "upkeep"  # type: ignore[attr-defined]
     return method
 
 
@@ -487,16 +494,25 @@ class SessionDB:
 
     # --- upkeep (see state._upkeep: each step is one short write transaction) ---------------
 
-    def _timed_write(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
-        """``fn``'s result and how long its transaction held the write lock (begin to commit)."""
+    def _timed_write(self, fn: Callable[..., T], *args: Any, gives_way: bool = True) -> tuple[T, "_upkeep.Timed"]:
+        """``fn``'s result and when its transaction took the write lock and for how long (begin to
+        commit, ``time.perf_counter`` seconds).  Giving way (the default), a write from another
+        thread interrupts it: :class:`state._engine.GaveWay` is raised, its ``timed`` set."""
         began: list[float] = []
 
         def run(conn):
             began.append(time.perf_counter())
-            return fn(conn, *args)
+            out = fn(conn, *args)
+            began.append(time.perf_counter())  # the commit comes next
+            return out
 
-        result = self._engine.write(run)
-        return result, time.perf_counter() - began[-1]
+        try:
+            result = self._engine.write_giving_way(run) if gives_way else self._engine.write(run)
+        except GaveWay as exc:
+            exc.timed = _upkeep.Timed(began[0], time.perf_counter() - began[0])
+            raise
+        end = time.perf_counter()
+        return result, _upkeep.Timed(began[-2], end - began[-2], end - began[-1])
 
     @_reads
     def store_size(self) -> "_upkeep.StoreSize":
@@ -508,33 +524,35 @@ class SessionDB:
         """(id, message count) of ended sessions with no activity since ``cutoff``, oldest first."""
         return self._engine.read(_upkeep.expired_sessions, cutoff)
 
-    @_writes
-    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int) -> tuple["_upkeep.PruneStep", float]:
-        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold
-        in seconds."""
-        return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes)
+    @_upkeep_steps
+    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int, *,
+                          gives_way: bool = True) -> tuple["_upkeep.PruneStep", "_upkeep.Timed"]:
+        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold.
+        ``gives_way``: a write from another thread that comes meanwhile interrupts it (see ``_timed_write``)."""
+        return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes, gives_way=gives_way)
 
     @_reads
     def fts_segments(self, table: str) -> list[int]:
         """The segments the FTS5 index ``table`` (one of ``state._upkeep.FTS_TABLES``) holds now."""
         return self._engine.read(_upkeep.fts_segments, _upkeep.fts_table(table))
 
-    @_writes
+    @_upkeep_steps
     def upkeep_merge_step(self, table: str, pages: int, segments: list[int] | None = None,
-                          start: bool = False) -> tuple["_upkeep.MergeStep", float]:
+                          start: bool = False, *, gives_way: bool = True) -> tuple["_upkeep.MergeStep", "_upkeep.Timed"]:
         """One step (about ``pages`` pages) of merging the FTS5 index ``table`` (down from ``segments``
-        when given: see ``state._upkeep.merge_step``); returns it and its lock hold in seconds."""
+        when given: see ``state._upkeep.merge_step``); returns it and its lock hold."""
         return self._timed_write(_upkeep.merge_step, _upkeep.fts_table(table), pages,
-                                 None if segments is None else list(segments), bool(start))
+                                 None if segments is None else list(segments), bool(start), gives_way=gives_way)
 
     @_writes
-    def upkeep_automerge(self, on: bool) -> None:
+    def upkeep_automerge(self, on: bool) -> "_upkeep.Timed":
         """Turn FTS5's automerge of the search indexes on or off (off while upkeep prunes)."""
-        self._engine.write(_upkeep.set_automerge, bool(on))
+        return self._timed_write(_upkeep.set_automerge, bool(on), gives_way=False)[1]
 
-    @_writes
-    def upkeep_vacuum_step(self, pages: int) -> tuple[int, float]:
-        return self._timed_write(_upkeep.vacuum_step, pages)
+    @_upkeep_steps
+    def upkeep_vacuum_step(self, pages: int, *, gives_way: bool = True) -> tuple[int, "_upkeep.Timed"]:
+        """Up to ``pages`` free pages returned to the file system; returns how many and the lock hold."""
+        return self._timed_write(_upkeep.vacuum_step, pages, gives_way=gives_way)
 
     @_writes
     def record_upkeep(self, report: dict) -> None:
@@ -936,7 +954,7 @@ def _append_inbound(conn, session_id: str, inbox: dict | None, **message: Any) -
 
 
 def public_methods(kind: str) -> dict[str, Callable[..., Any]]:
-    """SessionDB's methods marked ``kind`` ("read" or "write"), by name."""
+    """SessionDB's methods marked ``kind`` ("read", "write" or "upkeep"), by name."""
     return {
         name: member
         for name, member in vars(SessionDB).items()

@@ -14,7 +14,8 @@ from tests.harness import eventually
 
 
 def test_every_public_method_has_a_coroutine():
-    names = set(public_methods("read")) | set(public_methods("write")) | {"checkpoint", "close"}
+    names = set(public_methods("read")) | set(public_methods("write")) | set(public_methods("upkeep")) | {
+        "checkpoint", "close"}
     missing = [n for n in names if not inspect.iscoroutinefunction(getattr(AsyncSessionDB, n, None))]
     assert missing == []
     public = {n for n, m in vars(SessionDB).items() if callable(m) and not n.startswith("_")} - {"sanitize_title"}

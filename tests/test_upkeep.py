@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import sqlite3
+import threading
 import time
 
 import aiohttp
@@ -13,6 +16,7 @@ from harness import eventually, gateway_config, running_gateway
 import state
 from gateway.runtime.daemon import Gateway
 from state import AsyncSessionDB, SessionDB, fts
+from state._engine import GaveWay
 
 DAY = 86_400.0
 TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages worth returning
@@ -74,6 +78,10 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
     assert after.db_bytes < before.db_bytes and report.db_bytes_after == after.db_bytes
     assert {h["session_id"] for h in hits} == kept
     assert last == report.as_dict() and last["sessions_pruned"] == 4
+    # the step that held the write lock longest is named, with its size
+    longest = max(report.holds, key=lambda h: h.ms)
+    assert last["longest_hold"] == str(longest) and longest.ms == report.longest_hold_ms
+    assert [h.kind for h in report.holds].count("prune") >= 10 and {h.kind for h in report.holds} >= {"prune", "vacuum"}
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM messages WHERE session_id NOT IN (SELECT id FROM sessions)").fetchone()[0] == 0
         fts.flush(conn)
@@ -224,4 +232,136 @@ def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
     assert len(found) == 64 * steps
     with sqlite3.connect(path) as conn:
         conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    conn.close()
+
+
+async def test_each_prune_step_takes_only_the_sessions_its_budget_can_empty(tmp_path):
+    # a step deletes about a budget of text from the first sessions in line; the sessions it did not
+    # reach keep their message counts, so the next step is not handed a crowd of sessions it cannot empty
+    now = time.time()
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        for i in range(40):
+            _session(db, f"old-{i:02}", started=now - 9 * DAY + i, last=now - 8 * DAY, ended=now - 8 * DAY, messages=20)
+    async with await AsyncSessionDB.open(path) as db:
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        left = await db.session_count()
+    steps = [re.match(r"(\d+) sessions asked, \d+ messages \([\d,]+ of ([\d,]+) bytes\)", h.detail)
+             for h in report.holds if h.kind == "prune"]
+    asked = [(int(m.group(1)), int(m.group(2).replace(",", ""))) for m in steps]
+    assert report.sessions_pruned == 40 and left == 0
+    # sessions go to a step while their messages, counted as 64 bytes each, fit its budget: sessions of 20
+    # messages, and the first in line partly emptied already
+    assert all(sessions <= budget // 64 // 20 + 1 for sessions, budget in asked), asked
+
+
+async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_path):
+    path = tmp_path / "state.db"
+    async with await AsyncSessionDB.open(path) as db:
+        await db.create_session("live", "telegram")
+        for i in range(200):  # about 400 KB of WAL: past a 64 KiB limit
+            await db.append_message("live", "user", f"{i} {TEXT}")
+        busy = await state.run_upkeep(db, retention_days=None, idle=lambda: False, wal_limit_bytes=65_536)
+        wal_busy = (await db.store_size()).wal_bytes
+        quiet = await state.run_upkeep(db, retention_days=None, idle=lambda: True, wal_limit_bytes=65_536)
+        wal_quiet = (await db.store_size()).wal_bytes
+        found = await db.search_messages("restarted", limit=1000)
+    # a turn running: the WAL is left for later (a TRUNCATE checkpoint makes writers wait while it runs)
+    assert not busy.wal_truncated and wal_busy > 65_536 and busy.wal_bytes_after == wal_busy
+    # idle: emptied (then the pass's own record is its first page again)
+    assert quiet.wal_truncated and quiet.wal_bytes_after == 0 and wal_quiet < 8_192
+    assert len(found) == 200
+
+
+def _long_statement(conn: sqlite3.Connection, started: threading.Event) -> None:
+    """A statement that would run for minutes, which says when it has begun."""
+    conn.create_function("begun", 1, lambda x: started.set() or 0)
+    conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000000000)"
+                  " SELECT count(*) FROM c WHERE begun(x)").fetchone()
+
+
+def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "telegram")
+        engine = db._engine
+        started, outcome = threading.Event(), {}
+
+        def step(conn):
+            conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'upkeep', 0)")
+            _long_statement(conn, started)
+
+        def upkeep():
+            try:
+                engine.write_giving_way(step)
+                outcome["upkeep"] = "finished"
+            except GaveWay:
+                outcome["upkeep"] = "gave way"
+
+        thread = threading.Thread(target=upkeep)
+        thread.start()
+        assert started.wait(10)
+        db.append_message("s", "user", "a live message")  # waits for the step to give way, not to finish
+        thread.join(10)
+        contents = [m["content"] for m in db.get_messages("s")]
+        db.append_message("s", "user", "and the next one")  # the store writes on as usual
+        assert [m["content"] for m in db.get_messages("s")] == ["a live message", "and the next one"]
+    assert outcome == {"upkeep": "gave way"}
+    assert contents == ["a live message"]  # the step's own insert was rolled back
+
+
+def test_a_write_never_gives_way_to_another(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "telegram")
+        started, outcome = threading.Event(), {}
+
+        def long_write():
+            def step(conn):
+                conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'first', 0)")
+                conn.create_function("begun", 1, lambda x: started.set() or 0)
+                conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 300000)"
+                             " SELECT count(*) FROM c WHERE begun(x)").fetchone()
+            db._engine.write(step)
+            outcome["first"] = "finished"
+
+        thread = threading.Thread(target=long_write)
+        thread.start()
+        assert started.wait(10)
+        db.append_message("s", "user", "second")
+        thread.join(10)
+        contents = [m["content"] for m in db.get_messages("s")]
+    assert outcome == {"first": "finished"} and contents == ["first", "second"]
+
+
+async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
+    now = time.time()
+    path = tmp_path / "state.db"
+    expired, kept = _build(path, now)
+    async with await AsyncSessionDB.open(path) as db:
+        await db.create_session("live", "telegram")
+        done = asyncio.Event()
+        written: list[int] = []
+
+        async def writer():
+            i = 0
+            while not done.is_set():
+                await db.append_message("live", "user", f"live {i} {TEXT}")
+                written.append(i)
+                i += 1
+                await asyncio.sleep(0.001)
+
+        task = asyncio.create_task(writer())
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        done.set()
+        await task
+        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
+        live = await db.get_messages("live")
+        hits = await db.search_messages("restarted", limit=10_000)
+    assert report.gave_way > 0  # steps of about 2 ms, a write every millisecond or so: some came mid-step
+    assert remaining == kept | {"live"} and report.sessions_pruned == len(expired)
+    assert [m["content"].split()[1] for m in live] == [str(i) for i in written]
+    assert {h["session_id"] for h in hits} == kept | {"live"}
+    assert len([h for h in hits if h["session_id"] == "live"]) == len(written)
+    with sqlite3.connect(path) as conn:
+        for table in ("messages_fts", "messages_fts_trigram"):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
     conn.close()

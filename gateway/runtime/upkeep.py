@@ -83,9 +83,9 @@ class StoreUpkeep:
             self._status.update(last_upkeep=report.as_dict(), next_upkeep_at=next_at,
                                 db_bytes=report.db_bytes_after, wal_bytes=report.wal_bytes_after)
             log.info("store upkeep: %d sessions (%d messages) pruned, %d pages returned, database %.1f -> %.1f MiB "
-                     "in %d steps, longest write lock %.1f ms%s", report.sessions_pruned, report.messages_pruned,
-                     report.pages_vacuumed, report.db_bytes_before / 2**20, report.db_bytes_after / 2**20,
-                     report.steps, report.longest_hold_ms,
+                     "in %d steps (%d gave way to live writes), longest write lock: %s%s", report.sessions_pruned,
+                     report.messages_pruned, report.pages_vacuumed, report.db_bytes_before / 2**20,
+                     report.db_bytes_after / 2**20, report.steps, report.gave_way, report.longest_hold or "none",
                      "; free space stays inside the file until: switchboard maintenance --vacuum"
                      if report.vacuum_needed else "")
 
