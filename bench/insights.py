@@ -5,8 +5,8 @@
 
 The rows (20,000 sessions, 2,000 users on 4 platforms, 3 models, 7 purposes) are
 written in time order through ``SessionDB.record_model_calls``, as the daemon writes
-them, into a database in a temporary directory, removed afterwards.  Prints the time of ``SessionDB.usage_report`` plus
-:func:`gateway.insights.summarize` for ``--days`` (half the rows) per grouping, and
+them, into a database in a temporary directory, removed afterwards.  Prints the time of ``SessionDB.usage_summary`` plus
+:func:`gateway.insights.from_summary` (what ``switchboard insights`` runs) for ``--days`` (half the rows) per grouping, and
 of one user's report (``/usage``), best and median of ``--repeat`` runs.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.insights import summarize, window
+from gateway.insights import from_summary, window
 from state import SessionDB
 
 PURPOSES = ["turn", "tool_loop", "compression", "recall", "memory_flush", "fact_extraction", "cron"]
@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--top", type=int, default=20, help="the groups shown (insights --top; 0: all)")
     args = parser.parse_args()
+    args.top = args.top or None
     now = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.db"
@@ -66,7 +68,9 @@ def main() -> None:
         since, dates = window(args.days, now)
         with SessionDB(path) as db:
             for by in ("model", "day", "purpose", "platform", "user", "chat"):
-                best, median = timed(lambda by=by: summarize(db.usage_report(since, by), dates), args.repeat)
+                limit = None if by == "day" else args.top
+                best, median = timed(lambda by=by, limit=limit: from_summary(
+                    db.usage_summary(since, by, limit=limit), dates, limit=limit), args.repeat)
                 print(f"insights --days {args.days} --by {by:<8}  best {best:7.0f} ms  median {median:7.0f} ms")
             best, median = timed(lambda: db.usage_report(since, "day", platform="telegram", user_id="u7"),
                                  args.repeat)

@@ -901,9 +901,24 @@ class SessionDB:
         with ``user_id`` (and its ``platform``) one user's calls only."""
         return self._engine.read(_usage.usage_report, since, by, platform=platform, user_id=user_id)
 
+    @_reads
+    def usage_summary(self, since: float, by: str = "day", *, limit: int | None = None,
+                      platform: str | None = None, user_id: str | None = None) -> dict:
+        """``usage_report``'s figures summed per group, with each group's tokens per day and the total;
+        with ``limit``, the ``limit`` groups with the most tokens only (see
+        :func:`state._usage.usage_summary`): what ``switchboard insights`` shows."""
+        return self._engine.read(_usage.usage_summary, since, by, limit=limit, platform=platform,
+                                 user_id=user_id)
+
+    @_reads
+    def called_models(self, since: float = 0.0) -> list[str]:
+        """The models the ledger has calls of since ``since``."""
+        return self._engine.read(_usage.called_models, since)
+
     @_writes
     def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0) -> int:
-        """Recompute the cost of ``model``'s calls with ``price`` ({input, output, cached_input} per million)."""
+        """Recompute the cost of ``model``'s calls since ``since`` with ``price`` ({input, output, cached_input}
+        per million; None: no price); how many."""
         return self._engine.write(_usage.reprice_calls, model, price, since)
 
     @_writes
