@@ -191,10 +191,11 @@ def record_calls(conn: sqlite3.Connection, rows: list[dict]) -> list[int]:
     """Add calls (and to the roll-up, all in one statement); their ids."""
     if not rows:
         return []
-    last = conn.execute("SELECT COALESCE(MAX(id), 0) FROM model_calls").fetchone()[0]
-    conn.executemany(_INSERT, [_values(conn, row) for row in rows])
-    _roll(conn, "id > ?", (last,))
-    return [r[0] for r in conn.execute("SELECT id FROM model_calls WHERE id > ? ORDER BY id", (last,))]
+    values = [_values(conn, row) for row in rows]
+    first = int(conn.execute(_INSERT, values[0]).lastrowid or 0)
+    conn.executemany(_INSERT, values[1:])  # each the next rowid: this transaction holds the write lock
+    _roll(conn, "id >= ?", (first,))
+    return list(range(first, first + len(rows)))
 
 
 def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> list[dict]:
@@ -308,9 +309,13 @@ def usage_summary(conn: sqlite3.Connection, since: float, by: str, *, limit: int
             "count": len(groups) if count is None else count}
 
 
-def reprice_calls(conn: sqlite3.Connection, model: str, price: dict[str, float] | None, since: float = 0.0) -> int:
-    """Recompute the cost of ``model``'s calls since ``since`` with ``price`` (None: no price); how many."""
-    where, params = "model = ? AND at >= ?", (model, since)
+def reprice_calls(conn: sqlite3.Connection, model: str, price: dict[str, float] | None, since: float = 0.0,
+                  until: float | None = None) -> int:
+    """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
+    (None: no price); how many."""
+    where, params = "model = ? AND at >= ?", [model, since]
+    if until is not None:
+        where, params = where + " AND at < ?", [*params, until]
     _roll(conn, where, params, sign=-1)
     if price is None:
         count = conn.execute("UPDATE model_calls SET price_input = NULL, price_output = NULL, "
@@ -326,10 +331,10 @@ def reprice_calls(conn: sqlite3.Connection, model: str, price: dict[str, float] 
     return count
 
 
-def called_models(conn: sqlite3.Connection, since: float = 0.0) -> list[str]:
-    """The models the ledger has calls of since ``since``."""
-    return [r[0] for r in conn.execute("SELECT DISTINCT model FROM model_calls WHERE at >= ? ORDER BY model",
-                                       (since,))]
+def called_models(conn: sqlite3.Connection, since: float = 0.0) -> dict[str, float]:
+    """The models the ledger has calls of since ``since``, each with the time of its first (by name)."""
+    return dict(conn.execute("SELECT model, MIN(at) FROM model_calls WHERE at >= ? GROUP BY model ORDER BY model",
+                             (since,)).fetchall())
 
 
 def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> None:
@@ -339,7 +344,12 @@ def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> N
     conn.execute(f"DELETE FROM model_calls WHERE {where}", chunk)
 
 
-def prune_calls(conn: sqlite3.Connection, before: float) -> int:
-    """Delete the calls made before ``before`` (and from the roll-up); how many."""
-    _unroll(conn, "at < ?", (before,))
-    return conn.execute("DELETE FROM model_calls WHERE at < ?", (before,)).rowcount
+def prune_calls(conn: sqlite3.Connection, before: float, limit: int | None = None) -> int:
+    """Delete the calls made before ``before`` (and from the roll-ups), the oldest ``limit`` of them
+    when given (a bounded write: the caller repeats until fewer go); how many."""
+    if limit is None:
+        where, params = "at < ?", [before]
+    else:
+        where, params = "id IN (SELECT id FROM model_calls WHERE at < ? ORDER BY at LIMIT ?)", [before, limit]
+    _unroll(conn, where, params)
+    return conn.execute(f"DELETE FROM model_calls WHERE {where}", params).rowcount

@@ -911,20 +911,22 @@ class SessionDB:
                                  user_id=user_id)
 
     @_reads
-    def called_models(self, since: float = 0.0) -> list[str]:
-        """The models the ledger has calls of since ``since``."""
+    def called_models(self, since: float = 0.0) -> dict[str, float]:
+        """The models the ledger has calls of since ``since``, each with the time of its first."""
         return self._engine.read(_usage.called_models, since)
 
     @_writes
-    def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0) -> int:
-        """Recompute the cost of ``model``'s calls since ``since`` with ``price`` ({input, output, cached_input}
-        per million; None: no price); how many."""
-        return self._engine.write(_usage.reprice_calls, model, price, since)
+    def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0,
+                            until: float | None = None) -> int:
+        """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
+        ({input, output, cached_input} per million; None: no price); how many.  One transaction: a
+        large ledger is repriced a day at a time (``switchboard insights reprice``)."""
+        return self._engine.write(_usage.reprice_calls, model, price, since, until)
 
     @_writes
-    def prune_model_calls(self, before: float) -> int:
-        """Delete the ledger's rows older than ``before``; how many."""
-        return self._engine.write(_usage.prune_calls, before)
+    def prune_model_calls(self, before: float, limit: int | None = None) -> int:
+        """Delete the ledger's rows older than ``before``, the oldest ``limit`` of them when given; how many."""
+        return self._engine.write(_usage.prune_calls, before, limit)
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,

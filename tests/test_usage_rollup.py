@@ -116,13 +116,17 @@ def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(t
         assert 0 < len(left) < before and not {r["session_id"] for r in left} & set(sessions[:3])
         assert_reports_match_the_ledger(db)
 
-        cutoff = NOW - 25.5 * DAY  # usage.keep_days: a cutoff within a day
-        assert db.prune_model_calls(before=cutoff) > 0
+        cutoff = NOW - 25.5 * DAY  # usage.keep_days: a cutoff within a day, 40 rows per transaction
+        assert db.prune_model_calls(before=cutoff, limit=40) == 40
+        assert_reports_match_the_ledger(db)
+        while db.prune_model_calls(before=cutoff, limit=40) == 40:
+            pass
         assert min(r["at"] for r in db.model_calls(limit=1_000_000)) >= cutoff
         assert_reports_match_the_ledger(db)
 
         assert db.reprice_model_calls("gpt-4o", PRICE) > 0
         assert db.reprice_model_calls("local", None, since=NOW - 10 * DAY) > 0  # a price taken away
+        assert db.reprice_model_calls("gpt-4o-mini", PRICE, since=NOW - 12 * DAY, until=NOW - 11.5 * DAY) > 0
         assert_reports_match_the_ledger(db)
 
         db.record_model_calls(ledger_rows(rng, 200, sessions[3:]))  # new rows on the changed roll-ups

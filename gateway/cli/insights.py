@@ -11,6 +11,7 @@ thin layer: one ``SessionDB.usage_summary`` call, summed up by
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -19,7 +20,7 @@ import click
 from rich.table import Table
 
 from gateway.cli.common import config_keys, console as _console, home_options, json_out as _json_out, resolve_home
-from gateway.insights import Group, Insights, daily_chart, from_summary, identity_names, sparkline, window
+from gateway.insights import DAY, Group, Insights, daily_chart, from_summary, identity_names, sparkline, window
 from gateway.usage import price_of
 from state import SessionDB, StateError
 
@@ -147,18 +148,31 @@ def reprice_cmd(config_path: Path | None, days: int | None, models: tuple[str, .
     `cached_input`, output at `output`, per million); a model the table does not list gets "no price".
     Safe while the daemon runs (each model's calls in one transaction)."""
     pricing = config_keys(config_path, "pricing").pricing
-    since = window(days, time.time())[0] if days else 0.0
+    now = time.time()
+    since = window(days, now)[0] if days else 0.0
     with _store(config_path) as db:
-        chosen = list(models) or db.called_models(since)
+        called = db.called_models(since)
+        chosen = list(models) or list(called)
         if not chosen:
             click.echo("No model calls to reprice.")
             return
         for model in chosen:
             price = price_of(pricing, model)
-            count = db.reprice_model_calls(model, price, since)
+            count = _reprice(db, model, price, max(since, called.get(model, now)), now)
             calls = f"{count:,} call{'s' if count != 1 else ''}"
             if price is None:
                 click.echo(f"{model}: {calls}, no price (pricing.{model} is not in the config)")
             else:
                 click.echo(f"{model}: {calls} at ${price['input']:g} input, ${price['cached_input']:g} cached input, "
                            f"${price['output']:g} output per million tokens")
+
+
+def _reprice(db: SessionDB, model: str, price: dict[str, float] | None, start: float, now: float) -> int:
+    """Reprice ``model``'s calls from ``start`` a UTC day per transaction (a day is a few thousand calls at
+    most: the daemon's writes wait a fraction of a second, never the whole ledger); the last takes any
+    call stamped after ``now``."""
+    count, day = 0, math.floor(start / DAY) * DAY
+    while day + DAY <= now:
+        count += db.reprice_model_calls(model, price, max(start, day), day + DAY)
+        day += DAY
+    return count + db.reprice_model_calls(model, price, max(start, day))
