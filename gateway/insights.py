@@ -151,6 +151,7 @@ def _rest(total: Totals, parts: list[Totals]) -> Totals:
     rest = Totals()
     for f in fields(Totals):
         setattr(rest, f.name, getattr(total, f.name) - sum(getattr(p, f.name) for p in parts))
+    rest.cost = max(0.0, round(rest.cost, 9))  # no "$-0.0000" from the sums' rounding
     return rest
 
 

@@ -13,16 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.charts import COST_COLOR, compact, purpose_color
+from gateway.errors import PlotsUnavailable
 from gateway.insights import DailyChart
 
 __all__ = ["PlotsUnavailable", "write_plot"]
-
-
-class PlotsUnavailable(Exception):
-    """--plot needs matplotlib, which is not installed: pip install 'switchboard[plots]' (or pip install matplotlib)"""
-
-    def __init__(self) -> None:
-        super().__init__(self.__doc__)
 
 
 def write_plot(chart: DailyChart, path: Path, title: str = "Model calls (UTC)") -> None:

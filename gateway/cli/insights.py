@@ -90,10 +90,10 @@ def insights_cmd(ctx: click.Context, config_path: Path | None, days: int, by: st
                    "groups": len(found.groups) + found.others_count,
                    "total": _json_row(found.total)})
         return
-    if not found.groups:
+    if found.groups:
+        _print_table(found, by, days)
+    else:
         click.echo(f"No model calls in the last {days} day{'s' if days != 1 else ''}.")
-        return
-    _print_table(found, by, days)
     if plot is not None:
         click.echo(f"Chart written to {plot}")
 
