@@ -4,7 +4,9 @@
                           which model, its tokens, latency and outcome, the price used and the cost
     model_calls_daily     the calls summed per UTC day, model, platform and purpose
     model_calls_daily_by  the calls summed per UTC day and user, and per UTC day and chat
-                          (``dim`` 'user' or 'chat', ``key`` 'platform:id')
+                          (``dim`` 'user' or 'chat', ``key`` 'platform:id'); and the same per
+                          week (``dim`` 'user-week' or 'chat-week', ``day`` the week's first:
+                          a multiple of 7), what ranks thousands of users or chats
 
 Tokens are stored as the endpoint reported them: ``prompt_tokens`` counts every
 input token, the cached reads among them too (``cached_tokens``, a part of
@@ -26,7 +28,10 @@ ledger may hold tens of thousands), and the ledger itself only for the hours of
 a window that starts within a day, and for one user's calls (``/usage``: the
 ledger's index by user is the shorter read there).  Two roll-ups, not one per
 grouping: each costs every new row an upsert, and day, model, platform and
-purpose share one at a few hundred rows a day.
+purpose share one at a few hundred rows a day.  ``--top N`` by user or chat
+ranks every account by its tokens from the weekly rows of the window's whole
+weeks and the daily rows of the few days before them (a third of the rows the
+daily ones alone would be), then reads the N it shows day by day.
 """
 
 from __future__ import annotations
@@ -125,6 +130,8 @@ def rebuild_rollup(conn: sqlite3.Connection) -> None:
 
 # The grouping each roll-up answers, and the groupings of model_calls_daily's rows by its columns.
 _ROLLED_BY = {"user": "model_calls_daily_by", "chat": "model_calls_daily_by"}
+_WEEKLY = {"user": "user-week", "chat": "chat-week"}  # model_calls_daily_by's weekly rows, for ranking
+_BY_DIMS = "'user', 'chat', 'user-week', 'chat-week'"
 _CALLS_DAILY_COLUMN = {"day": "day", "model": "model", "platform": "platform", "purpose": "purpose"}
 
 
@@ -139,9 +146,12 @@ def _roll_sql(where: str, sign: int) -> tuple[str, str]:
              f"SELECT {day}, model, {GROUPS['platform']}, purpose, {sums} FROM model_calls "
              f"WHERE {where} GROUP BY 1, 2, 3, 4 "
              f"ON CONFLICT (day, model, platform, purpose) DO UPDATE SET {update}")
+    dims = " UNION ALL ".join(f"SELECT '{dim}' AS dim, '{who}' AS who, {span} AS span" for dim, who, span in (
+        ("user", "user", 1), ("chat", "chat", 1), (_WEEKLY["user"], "user", 7), (_WEEKLY["chat"], "chat", 7)))
     people = (f"INSERT INTO model_calls_daily_by (dim, day, key, {names}) "
-              f"SELECT d.dim, {day}, CASE d.dim WHEN 'user' THEN {GROUPS['user']} ELSE {GROUPS['chat']} END, {sums} "
-              f"FROM model_calls, (SELECT 'user' AS dim UNION ALL SELECT 'chat') AS d "
+              f"SELECT d.dim, {day} - {day} % d.span, "
+              f"CASE d.who WHEN 'user' THEN {GROUPS['user']} ELSE {GROUPS['chat']} END, {sums} "
+              f"FROM model_calls, ({dims}) AS d "
               f"WHERE {where} GROUP BY 1, 2, 3 "
               f"ON CONFLICT (dim, day, key) DO UPDATE SET {update}")
     return calls, people
@@ -160,11 +170,12 @@ def _unroll(conn: sqlite3.Connection, where: str, params: tuple | list) -> None:
     if not days:
         return
     _roll(conn, where, params, sign=-1)
+    days = sorted(set(days) | {day - day % 7 for day in days})  # and the weeks they are in
     for i in range(0, len(days), 500):
         chunk = days[i:i + 500]
         marks = ", ".join("?" * len(chunk))
         conn.execute(f"DELETE FROM model_calls_daily WHERE day IN ({marks}) AND calls <= 0", chunk)
-        conn.execute(f"DELETE FROM model_calls_daily_by WHERE dim IN ('user', 'chat') AND day IN ({marks}) "
+        conn.execute(f"DELETE FROM model_calls_daily_by WHERE dim IN ({_BY_DIMS}) AND day IN ({marks}) "
                      "AND calls <= 0", chunk)
 
 
@@ -220,7 +231,9 @@ def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | Non
     first = math.ceil(since / DAY)  # the first whole day: the roll-ups'; the hours before it, the ledger's
     names = ", ".join(_SUM_NAMES)
     if by in _ROLLED_BY and keys is not None:  # each day of each key, looked up
-        low, high = conn.execute(f"SELECT MIN(day), MAX(day) FROM {_ROLLED_BY[by]} WHERE dim = ?", (by,)).fetchone()
+        # two queries: each is one step down the primary key, where MIN and MAX together read every row
+        low = conn.execute(f"SELECT MIN(day) FROM {_ROLLED_BY[by]} WHERE dim = ?", (by,)).fetchone()[0]
+        high = conn.execute(f"SELECT MAX(day) FROM {_ROLLED_BY[by]} WHERE dim = ?", (by,)).fetchone()[0]
         days = list(range(max(first, low), high + 1)) if low is not None else []
         sql = (f"SELECT key AS grp, day, {names} FROM {_ROLLED_BY[by]} WHERE dim = ? "
                f"AND day IN ({', '.join('?' * len(days))}) AND key IN ({', '.join('?' * len(keys))})")
@@ -234,6 +247,27 @@ def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | Non
         sql += f" UNION ALL {raw} at >= ? AND at < ? GROUP BY grp, day"
         params += [since, first * DAY]
     return sql, params
+
+
+def _ranking(since: float, by: str, source: str, params: list) -> tuple[str, list]:
+    """SQL for rows as (grp, day, *SUMS) whose tokens add up per group to the window's (the other sums
+    do not: ranking reads only tokens): for users and chats, the weekly rows of the weeks that start
+    in the window (every day of theirs is in it: the window runs on to now) and the daily rows of
+    the days before the first of them, plus the ledger's rows of a first partial day."""
+    if by not in _WEEKLY:
+        return source, params
+    names = ", ".join(_SUM_NAMES)
+    first = math.ceil(since / DAY)
+    week = first + (-first) % 7  # the first week (days since 1970 that are multiples of 7) starting in the window
+    sql = (f"SELECT key AS grp, day, {names} FROM model_calls_daily_by WHERE dim = ? AND day >= ? UNION ALL "
+           f"SELECT key AS grp, day, {names} FROM model_calls_daily_by WHERE dim = ? AND day >= ? AND day < ?")
+    ranking_params: list = [_WEEKLY[by], week, by, first, week]
+    if first * DAY > since:
+        sums = ", ".join(f"{expr} AS {name}" for name, expr in SUMS)
+        sql += (f" UNION ALL SELECT {GROUPS[by]} AS grp, CAST(at / {DAY} AS INTEGER) AS day, {sums} FROM model_calls "
+                "WHERE at >= ? AND at < ? GROUP BY grp, day")
+        ranking_params += [since, first * DAY]
+    return sql, ranking_params
 
 
 def _dates(days: set[int]) -> dict[int, str]:
@@ -283,7 +317,9 @@ def usage_summary(conn: sqlite3.Connection, since: float, by: str, *, limit: int
     if limit is None:
         count = None
     else:
-        ranked = conn.execute(f"SELECT grp, SUM({tokens}) AS tokens FROM ({source}) GROUP BY grp", params).fetchall()
+        ranking, ranking_params = _ranking(since, by, source, params) if user_id is None else (source, params)
+        ranked = conn.execute(f"SELECT grp, SUM({tokens}) AS tokens FROM ({ranking}) GROUP BY grp",
+                              ranking_params).fetchall()
         count = len(ranked)
         ranked.sort(key=lambda r: (-(r[1] or 0), str(r[0])))
         chosen = [grp for grp, _ in ranked[:limit]]

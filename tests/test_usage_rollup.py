@@ -70,6 +70,16 @@ def assert_reports_match_the_ledger(db: SessionDB) -> None:
                 daily[(group, day)] += tokens
             assert daily == {key: t["input_tokens"] + t["cached_input_tokens"] + t["output_tokens"]
                              for key, t in want.items()}, (since, by)
+            # --top: the biggest groups by tokens (ties by name), each with its whole totals
+            ranked = sorted(per_group, key=lambda g: (-(per_group[g]["input_tokens"] + per_group[g]["cached_input_tokens"]
+                                                         + per_group[g]["output_tokens"]), g))
+            for limit in (1, 3):
+                top = db.usage_summary(since, by, limit=limit)
+                assert top["count"] == len(per_group), (since, by, limit)
+                assert sorted(g["grp"] for g in top["groups"]) == sorted(ranked[:limit]), (since, by, limit)
+                for g in top["groups"]:
+                    name = g.pop("grp")
+                    assert g == pytest.approx(dict(per_group[name]), rel=1e-9, abs=1e-12), (since, by, name)
 
 
 def ledger_rows(rng: random.Random, count: int, sessions: list[str]) -> list[dict]:
