@@ -4,8 +4,8 @@
                           which model, its tokens, latency and outcome, the price used and the cost
     model_calls_daily     the calls summed per UTC day, model, platform and purpose
     model_calls_daily_by  the calls summed per UTC day and user, and per UTC day and chat
-                          (``dim`` 'user' or 'chat', ``key`` 'platform:id'); and the same per
-                          week (``dim`` 'user-week' or 'chat-week', ``day`` the week's first:
+                          (``dim`` 'user' or 'chat', ``key`` 'platform:id')
+    model_calls_weekly_by their calls and tokens per week (``week`` the first day's number:
                           a multiple of 7), what ranks thousands of users or chats
 
 Tokens are stored as the endpoint reported them: ``prompt_tokens`` counts every
@@ -118,6 +118,9 @@ def create_rollup(conn: sqlite3.Connection) -> None:
                  f"PRIMARY KEY (day, model, platform, purpose)) WITHOUT ROWID")
     conn.execute(f"CREATE TABLE IF NOT EXISTS model_calls_daily_by (dim TEXT NOT NULL, day INTEGER NOT NULL, "
                  f"key TEXT NOT NULL, {sums}, PRIMARY KEY (dim, day, key)) WITHOUT ROWID")
+    conn.execute("CREATE TABLE IF NOT EXISTS model_calls_weekly_by (dim TEXT NOT NULL, week INTEGER NOT NULL, "
+                 "key TEXT NOT NULL, calls INTEGER NOT NULL, tokens INTEGER NOT NULL, "
+                 "PRIMARY KEY (dim, week, key)) WITHOUT ROWID")
     rebuild_rollup(conn)
 
 
@@ -125,19 +128,19 @@ def rebuild_rollup(conn: sqlite3.Connection) -> None:
     """Sum the whole ledger into the roll-ups again."""
     conn.execute("DELETE FROM model_calls_daily")
     conn.execute("DELETE FROM model_calls_daily_by")
+    conn.execute("DELETE FROM model_calls_weekly_by")
     _roll(conn, "1", ())
 
 
 # The grouping each roll-up answers, and the groupings of model_calls_daily's rows by its columns.
 _ROLLED_BY = {"user": "model_calls_daily_by", "chat": "model_calls_daily_by"}
-_WEEKLY = {"user": "user-week", "chat": "chat-week"}  # model_calls_daily_by's weekly rows, for ranking
-_BY_DIMS = "'user', 'chat', 'user-week', 'chat-week'"
+_WEEKLY = ("user", "chat")  # model_calls_weekly_by's, for ranking
 _CALLS_DAILY_COLUMN = {"day": "day", "model": "model", "platform": "platform", "purpose": "purpose"}
 
 
 @functools.lru_cache(maxsize=64)
-def _roll_sql(where: str, sign: int) -> tuple[str, str]:
-    """The two statements adding (``sign`` 1) or subtracting (-1) the ledger's rows matching ``where``."""
+def _roll_sql(where: str, sign: int) -> tuple[str, str, str]:
+    """The three statements adding (``sign`` 1) or subtracting (-1) the ledger's rows matching ``where``."""
     day = f"CAST(at / {DAY} AS INTEGER)"
     sums = ", ".join(sql if sign > 0 else f"-{sql}" for _, sql in SUMS)
     names = ", ".join(_SUM_NAMES)
@@ -146,15 +149,19 @@ def _roll_sql(where: str, sign: int) -> tuple[str, str]:
              f"SELECT {day}, model, {GROUPS['platform']}, purpose, {sums} FROM model_calls "
              f"WHERE {where} GROUP BY 1, 2, 3, 4 "
              f"ON CONFLICT (day, model, platform, purpose) DO UPDATE SET {update}")
-    dims = " UNION ALL ".join(f"SELECT '{dim}' AS dim, '{who}' AS who, {span} AS span" for dim, who, span in (
-        ("user", "user", 1), ("chat", "chat", 1), (_WEEKLY["user"], "user", 7), (_WEEKLY["chat"], "chat", 7)))
+    dims = "(SELECT 'user' AS dim UNION ALL SELECT 'chat') AS d"
+    key = f"CASE d.dim WHEN 'user' THEN {GROUPS['user']} ELSE {GROUPS['chat']} END"
     people = (f"INSERT INTO model_calls_daily_by (dim, day, key, {names}) "
-              f"SELECT d.dim, {day} - {day} % d.span, "
-              f"CASE d.who WHEN 'user' THEN {GROUPS['user']} ELSE {GROUPS['chat']} END, {sums} "
-              f"FROM model_calls, ({dims}) AS d "
+              f"SELECT d.dim, {day}, {key}, {sums} FROM model_calls, {dims} "
               f"WHERE {where} GROUP BY 1, 2, 3 "
               f"ON CONFLICT (dim, day, key) DO UPDATE SET {update}")
-    return calls, people
+    minus = "" if sign > 0 else "-"
+    weekly = (f"INSERT INTO model_calls_weekly_by (dim, week, key, calls, tokens) "
+              f"SELECT d.dim, {day} - {day} % 7, {key}, {minus}COUNT(*), {minus}SUM(prompt_tokens + completion_tokens) "
+              f"FROM model_calls, {dims} WHERE {where} GROUP BY 1, 2, 3 "
+              f"ON CONFLICT (dim, week, key) DO UPDATE SET calls = calls + excluded.calls, "
+              f"tokens = tokens + excluded.tokens")
+    return calls, people, weekly
 
 
 def _roll(conn: sqlite3.Connection, where: str, params: tuple | list, sign: int = 1) -> None:
@@ -170,13 +177,17 @@ def _unroll(conn: sqlite3.Connection, where: str, params: tuple | list) -> None:
     if not days:
         return
     _roll(conn, where, params, sign=-1)
-    days = sorted(set(days) | {day - day % 7 for day in days})  # and the weeks they are in
+    weeks = sorted({day - day % 7 for day in days})
     for i in range(0, len(days), 500):
         chunk = days[i:i + 500]
         marks = ", ".join("?" * len(chunk))
         conn.execute(f"DELETE FROM model_calls_daily WHERE day IN ({marks}) AND calls <= 0", chunk)
-        conn.execute(f"DELETE FROM model_calls_daily_by WHERE dim IN ({_BY_DIMS}) AND day IN ({marks}) "
+        conn.execute(f"DELETE FROM model_calls_daily_by WHERE dim IN ('user', 'chat') AND day IN ({marks}) "
                      "AND calls <= 0", chunk)
+    for i in range(0, len(weeks), 500):
+        chunk = weeks[i:i + 500]
+        conn.execute(f"DELETE FROM model_calls_weekly_by WHERE dim IN ('user', 'chat') "
+                     f"AND week IN ({', '.join('?' * len(chunk))}) AND calls <= 0", chunk)
 
 
 def _values(conn: sqlite3.Connection, row: dict) -> list:
@@ -250,22 +261,21 @@ def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | Non
 
 
 def _ranking(since: float, by: str, source: str, params: list) -> tuple[str, list]:
-    """SQL for rows as (grp, day, *SUMS) whose tokens add up per group to the window's (the other sums
-    do not: ranking reads only tokens): for users and chats, the weekly rows of the weeks that start
-    in the window (every day of theirs is in it: the window runs on to now) and the daily rows of
-    the days before the first of them, plus the ledger's rows of a first partial day."""
+    """SQL for rows as (grp, tokens) that add up per group to the window's tokens: for users and
+    chats, the weekly rows of the weeks that start in the window (every day of theirs is in it: the
+    window runs on to now) and the daily rows of the days before the first of them, plus the ledger's
+    rows of a first partial day; for the rest, the window's rows."""
+    tokens = "input_tokens + cached_input_tokens + output_tokens"
     if by not in _WEEKLY:
-        return source, params
-    names = ", ".join(_SUM_NAMES)
+        return f"SELECT grp, {tokens} AS tokens FROM ({source})", params
     first = math.ceil(since / DAY)
     week = first + (-first) % 7  # the first week (days since 1970 that are multiples of 7) starting in the window
-    sql = (f"SELECT key AS grp, day, {names} FROM model_calls_daily_by WHERE dim = ? AND day >= ? UNION ALL "
-           f"SELECT key AS grp, day, {names} FROM model_calls_daily_by WHERE dim = ? AND day >= ? AND day < ?")
-    ranking_params: list = [_WEEKLY[by], week, by, first, week]
+    sql = ("SELECT key AS grp, tokens FROM model_calls_weekly_by WHERE dim = ? AND week >= ? UNION ALL "
+           f"SELECT key AS grp, {tokens} FROM model_calls_daily_by WHERE dim = ? AND day >= ? AND day < ?")
+    ranking_params: list = [by, week, by, first, week]
     if first * DAY > since:
-        sums = ", ".join(f"{expr} AS {name}" for name, expr in SUMS)
-        sql += (f" UNION ALL SELECT {GROUPS[by]} AS grp, CAST(at / {DAY} AS INTEGER) AS day, {sums} FROM model_calls "
-                "WHERE at >= ? AND at < ? GROUP BY grp, day")
+        sql += (f" UNION ALL SELECT {GROUPS[by]} AS grp, prompt_tokens + completion_tokens FROM model_calls "
+                "WHERE at >= ? AND at < ?")
         ranking_params += [since, first * DAY]
     return sql, ranking_params
 
@@ -317,8 +327,8 @@ def usage_summary(conn: sqlite3.Connection, since: float, by: str, *, limit: int
     if limit is None:
         count = None
     else:
-        ranking, ranking_params = _ranking(since, by, source, params) if user_id is None else (source, params)
-        ranked = conn.execute(f"SELECT grp, SUM({tokens}) AS tokens FROM ({ranking}) GROUP BY grp",
+        ranking, ranking_params = _ranking(since, by if user_id is None else "", source, params)
+        ranked = conn.execute(f"SELECT grp, SUM(tokens) AS tokens FROM ({ranking}) GROUP BY grp",
                               ranking_params).fetchall()
         count = len(ranked)
         ranked.sort(key=lambda r: (-(r[1] or 0), str(r[0])))
