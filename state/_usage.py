@@ -21,17 +21,18 @@ daemon's retention); :func:`prune_calls` drops rows older than a cutoff
 (``usage.keep_days``).
 
 The roll-ups are kept in the transaction that changes the ledger: new rows are
-added to them (one statement per roll-up for a whole batch), rows about to be
-deleted subtracted, repriced rows subtracted and added again.  A report reads
-them for every whole UTC day of its window (a few thousand rows a day where the
-ledger may hold tens of thousands), and the ledger itself only for the hours of
-a window that starts within a day, and for one user's calls (``/usage``: the
-ledger's index by user is the shorter read there).  Two roll-ups, not one per
-grouping: each costs every new row an upsert, and day, model, platform and
-purpose share one at a few hundred rows a day.  ``--top N`` by user or chat
-ranks every account by its tokens from the weekly rows of the window's whole
-weeks and the daily rows of the few days before them (a third of the rows the
-daily ones alone would be), then reads the N it shows day by day.
+added to them (summed per key here, then one upsert per key and roll-up), rows
+about to be deleted subtracted and repriced rows subtracted and added again (in
+SQL, from the rows themselves).  A report reads them for every whole UTC day of
+its window (a few thousand rows a day where the ledger may hold tens of
+thousands), and the ledger itself only for the hours of a window that starts
+within a day, and for one user's calls (``/usage``: the ledger's index by user
+is the shorter read there).  Not one roll-up per grouping: each costs every new
+row an upsert, and day, model, platform and purpose share one at a few hundred
+rows a day.  ``--top N`` by user or chat ranks every account by its tokens from
+the weekly rows of the window's whole weeks and the daily rows of the few days
+before them (a third of the rows the daily ones alone would be), then reads the
+N it shows day by day.
 """
 
 from __future__ import annotations
@@ -205,19 +206,73 @@ _INSERT = f"INSERT INTO model_calls ({', '.join(COLUMNS)}) VALUES ({', '.join('?
 
 
 def record_call(conn: sqlite3.Connection, row: dict) -> int:
-    """Add one call (and to the roll-up); a missing platform or user is taken from the call's session."""
+    """Add one call (and it to the roll-ups); a missing platform or user is taken from the call's session."""
     return record_calls(conn, [row])[0]
 
 
 def record_calls(conn: sqlite3.Connection, rows: list[dict]) -> list[int]:
-    """Add calls (and to the roll-up, all in one statement); their ids."""
+    """Add calls, and them to the roll-ups; their ids."""
     if not rows:
         return []
     values = [_values(conn, row) for row in rows]
     first = int(conn.execute(_INSERT, values[0]).lastrowid or 0)
     conn.executemany(_INSERT, values[1:])  # each the next rowid: this transaction holds the write lock
-    _roll(conn, "id >= ?", (first,))
+    _add_new(conn, values)
     return list(range(first, first + len(rows)))
+
+
+_AT, _PLATFORM, _CHAT, _USER, _PURPOSE, _MODEL, _PROMPT, _COMPLETION, _CACHED, _CACHE_WRITE, _ESTIMATED, _OUTCOME, \
+    _COST = (COLUMNS.index(name) for name in ("at", "platform", "chat_id", "user_id", "purpose", "model",
+                                              "prompt_tokens", "completion_tokens", "cached_tokens",
+                                              "cache_write_tokens", "estimated", "outcome", "cost"))
+
+
+def _upsert(table: str, keys: tuple[str, ...], names: tuple[str, ...]) -> str:
+    update = ", ".join(f"{name} = {name} + excluded.{name}" for name in names)
+    return (f"INSERT INTO {table} ({', '.join(keys + names)}) VALUES ({', '.join('?' * (len(keys) + len(names)))}) "
+            f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {update}")
+
+
+_UPSERT_CALLS = _upsert("model_calls_daily", ("day", "model", "platform", "purpose"), _SUM_NAMES)
+_UPSERT_BY = _upsert("model_calls_daily_by", ("dim", "day", "key"), _SUM_NAMES)
+_UPSERT_WEEKLY = _upsert("model_calls_weekly_by", ("dim", "week", "key"), ("calls", "tokens"))
+
+
+def _add_new(conn: sqlite3.Connection, values: list[list]) -> None:
+    """Add new rows (their values in COLUMNS order, as inserted) to the roll-ups, summed here per key:
+    a third of the CPU of summing them in SQL for the one or few rows a write usually holds.  The keys
+    and sums are :data:`GROUPS`' and :data:`SUMS`' (the roll-up test holds them to the same answers)."""
+    calls: dict[tuple, list] = {}
+    people: dict[tuple, list] = {}
+    weekly: dict[tuple, list] = {}
+    for v in values:
+        day = int(v[_AT] // DAY)
+        platform = "?" if v[_PLATFORM] is None else v[_PLATFORM]
+        cost = v[_COST]
+        sums = [1, v[_PROMPT] - v[_CACHED], v[_CACHED], v[_COMPLETION], v[_CACHE_WRITE],
+                0.0 if cost is None else cost, int(cost is None), int(v[_ESTIMATED]),
+                int(v[_OUTCOME] == "failed"), int(v[_OUTCOME] == "retried")]
+        user = f"{platform}:{'?' if v[_USER] is None else v[_USER]}"
+        chat = f"{platform}:{'?' if v[_CHAT] is None else v[_CHAT]}"
+        for key, table in (((day, v[_MODEL], platform, v[_PURPOSE]), calls), (("user", day, user), people),
+                           (("chat", day, chat), people)):
+            known = table.get(key)
+            if known is None:
+                table[key] = list(sums)
+            else:
+                for i, value in enumerate(sums):
+                    known[i] += value
+        tokens = v[_PROMPT] + v[_COMPLETION]
+        for key in (("user", day - day % 7, user), ("chat", day - day % 7, chat)):
+            known = weekly.get(key)
+            if known is None:
+                weekly[key] = [1, tokens]
+            else:
+                known[0] += 1
+                known[1] += tokens
+    conn.executemany(_UPSERT_CALLS, [(*key, *sums) for key, sums in calls.items()])
+    conn.executemany(_UPSERT_BY, [(*key, *sums) for key, sums in people.items()])
+    conn.executemany(_UPSERT_WEEKLY, [(*key, *sums) for key, sums in weekly.items()])
 
 
 def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> list[dict]:
