@@ -12,6 +12,9 @@ server in another, the load generator in this one (all on 127.0.0.1).
   (c) the gateway process's peak RSS (VmHWM).
   (d) the CPU one model call costs in the openai SDK client alone, and what that sets as a floor
       for (a) with every session sending at the same instant.
+  (e) the CPU the usage ledger costs per model call (the recorder's row and the store's write,
+      the daily roll-up included), in batches of 1 and of 100 calls (what 100 sessions answered
+      within the recorder's half second give), as a share of (a)'s gateway CPU per turn.
 
     .venv/bin/python bench/gateway.py [--sessions 100] [--messages 10] [--ramp 0.5]
 """
@@ -114,7 +117,7 @@ async def model_seconds(model_port: int) -> dict[str, float]:
             return {t["last_user"]: t["answered"] - t["at"] for t in await r.json() if t["answered"]}
 
 
-async def measure_a(args, port: int, model_port: int, pid: int, tag: str, ramp: float) -> None:
+async def measure_a(args, port: int, model_port: int, pid: int, tag: str, ramp: float) -> float:
     cpu_before = cpu_seconds(pid)
     total, turns = await run_load(port, args.sessions, args.messages, tag, ramp)
     cpu_per_turn = (cpu_seconds(pid) - cpu_before) / len(turns) * 1000
@@ -130,6 +133,7 @@ async def measure_a(args, port: int, model_port: int, pid: int, tag: str, ramp: 
           f"p50 {statistics.median(own):.1f} ms, p99 {pct(own, 0.99):.1f} ms (target p99 <= 15 ms); "
           f"leaving out each session's first turn (which creates it): p99 {pct(later, 0.99):.1f} ms")
     print(f"      gateway CPU per turn (all its threads): {cpu_per_turn:.2f} ms")
+    return cpu_per_turn
 
 
 async def sdk_cpu_per_call(model_port: int, calls: int = 300) -> float:
@@ -154,6 +158,34 @@ async def sdk_cpu_per_call(model_port: int, calls: int = 300) -> float:
         await client.close()
 
 
+async def ledger_cpu_per_call(tmp: Path, batch: int, calls: int = 2_000) -> float:
+    """CPU (ms, all threads) per model call of writing the usage ledger as the daemon does: the
+    recorder's priced row, then ``record_model_calls`` through the async store, ``batch`` rows a
+    write, into a ledger that already holds 20,000 rows over 30 days."""
+    from gateway.usage import CallContext, ModelCall, UsageRecorder
+    from state import AsyncSessionDB
+
+    db = await AsyncSessionDB.open(tmp / f"ledger-{batch}.db")
+    try:
+        recorder = UsageRecorder(db, {})
+        now = time.time()
+        await db.record_model_calls([
+            {"at": now - i * 130, "session_id": None, "platform": "api", "chat_id": f"c{i % 300}",
+             "user_id": f"u{i % 200}", "agent": "main", "purpose": "turn", "model": "fake", "outcome": "ok",
+             "prompt_tokens": 900, "completion_tokens": 40} for i in range(20_000)])
+        made = [ModelCall(CallContext("turn", None, "api", f"c{i % 300}", f"u{i % 200}", "main"), "fake", now,
+                          480.0, "ok", prompt_tokens=900 + i % 50, completion_tokens=40, cached_tokens=i % 3 * 64)
+                for i in range(calls)]
+        for call in made[:batch * 2]:  # warm the statement cache
+            await db.record_model_calls([recorder.row(call)])
+        started = time.process_time()
+        for i in range(0, calls, batch):
+            await db.record_model_calls([recorder.row(call) for call in made[i:i + batch]])
+        return (time.process_time() - started) / calls * 1000
+    finally:
+        await db.close()
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -175,8 +207,8 @@ async def main() -> None:
             try:
                 await run_load(port, 5, 1, "warmup")
                 print(f"(a) {args.sessions} sessions x {args.messages} messages, model {args.delay * 1000:.0f} ms:")
-                await measure_a(args, port, slow_port, gw.pid, "burst", 0.0)
-                await measure_a(args, port, slow_port, gw.pid, "ramp", args.ramp)
+                turn_cpu = [await measure_a(args, port, slow_port, gw.pid, "burst", 0.0),
+                            await measure_a(args, port, slow_port, gw.pid, "ramp", args.ramp)]
                 rss_a = peak_rss_mb(gw.pid)
             finally:
                 gw.terminate()
@@ -199,6 +231,11 @@ async def main() -> None:
                   f"(request and response). When {args.sessions} sessions send at the same instant, their model calls "
                   f"alone need ~{args.sessions * per_call:.0f} ms of CPU, ~{args.sessions * per_call / os.cpu_count():.0f} ms "
                   f"on {os.cpu_count()} cores at best, all within the same moment, whatever else the gateway does")
+            ledger = {batch: await ledger_cpu_per_call(Path(tmp), batch) for batch in (1, 100)}
+            share = [ledger[batch] / min(turn_cpu) * 100 for batch in (1, 100)]
+            print(f"(e) the usage ledger, per model call (a turn of (a) makes one): {ledger[1] * 1000:.0f} µs of CPU "
+                  f"written alone, {ledger[100] * 1000:.0f} µs in a batch of 100; {share[0]:.1f} % and {share[1]:.1f} % "
+                  f"of (a)'s lower gateway CPU per turn (target <= 2 %)")
         finally:
             for proc in (slow_model, fast_model):
                 proc.terminate()

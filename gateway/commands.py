@@ -297,7 +297,7 @@ async def cmd_usage(ctx: CommandContext) -> str:
         t = summarize(await ctx.db.usage_report(since, "day", platform=msg.platform, user_id=msg.user_id),
                       dates).total.totals
         lines.append(f"Last {days} days: {t.calls:,} call{'s' if t.calls != 1 else ''} · "
-                     f"{t.input_tokens:,} input tokens · {t.cached_input_tokens:,} cached input tokens · "
+                     f"{t.input_tokens:,} uncached input tokens · {t.cached_input_tokens:,} cached input tokens · "
                      f"{t.output_tokens:,} output tokens · cost {t.cost_text()}")
     return "\n".join(lines)
 

@@ -25,7 +25,8 @@
     ├── NotReplayable                a dead letter holds no message to replay
     ├── InvalidJob (ValueError)      a cron job definition names a bad field (.field, .reason)
     ├── MemoryRefused                the memory tool refused a change; the model is told why
-    └── FactRefused                  the facts tool refused a change; the model is told why
+    ├── FactRefused                  the facts tool refused a change; the model is told why
+    └── PlotsUnavailable             insights --plot needs matplotlib, an optional extra, not installed
 
 Every class is defined in this module and exported from ``gateway``, except
 ``KeyedError``, which is internal to the config loader
@@ -33,7 +34,8 @@ Every class is defined in this module and exported from ``gateway``, except
 here, and the old names still work: ``gateway.router.GatewayClosing``,
 ``gateway.runtime.systemd.ServiceError``, ``gateway.runtime.backup.BackupError``,
 ``gateway.runtime.deadletters.NotReplayable``, ``gateway.cron.schedule.InvalidJob``,
-``gateway.memory.files.MemoryRefused``, ``gateway.memory.facts.FactRefused``.
+``gateway.memory.files.MemoryRefused``, ``gateway.memory.facts.FactRefused``,
+``gateway.plots.PlotsUnavailable``.
 ``InvalidJob`` is also a ``ValueError`` for callers that catch a bad value
 that way.  Each message says what to do next.
 
@@ -168,3 +170,10 @@ class MemoryRefused(SwitchboardError):
 
 class FactRefused(SwitchboardError):
     """A fact change was refused; the message says why and what to do instead."""
+
+
+class PlotsUnavailable(SwitchboardError):
+    """--plot needs matplotlib, which is not installed: pip install 'switchboard[plots]' (or pip install matplotlib)"""
+
+    def __init__(self) -> None:
+        super().__init__(self.__doc__)

@@ -12,7 +12,8 @@ says how many had none ("no price").
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Callable, Mapping
 
 DAY = 86_400
 BARS = "▁▂▃▄▅▆▇█"
@@ -79,6 +80,8 @@ class Insights:
     days: list[str]  # the window's UTC dates, oldest first
     groups: list[Group]
     total: Group
+    others: Group | None = None  # the groups beyond a limit, added up (named "N more")
+    others_count: int = 0  # how many groups ``others`` holds
 
 
 def window(days: int, now: float) -> tuple[float, list[str]]:
@@ -104,10 +107,97 @@ def summarize(rows: list[dict], dates: list[str]) -> Insights:
             tokens = (row["input_tokens"] or 0) + (row["cached_input_tokens"] or 0) + (row["output_tokens"] or 0)
             group.daily_tokens[i] += tokens
             total.daily_tokens[i] += tokens
-    ordered = sorted(groups.values(), key=lambda g: (-g.totals.tokens, g.name))
-    if dates and all(name in index for name in groups):  # grouped by day: in date order
-        ordered = sorted(groups.values(), key=lambda g: g.name)
-    return Insights(dates, ordered, total)
+    return Insights(dates, _ordered(groups, index), total)
+
+
+def from_summary(summary: dict, dates: list[str], rename: Callable[[str], str] | None = None,
+                 limit: int | None = None) -> Insights:
+    """What :func:`summarize` gives, from the store's ``usage_summary``: ``rename`` names each group
+    (groups given the same name are added up); with ``limit``, the ``limit`` biggest groups and one
+    for the rest (``others``: what the store left out, and what is cut here)."""
+    index = {d: i for i, d in enumerate(dates)}
+    groups: dict[str, Group] = {}
+    named: dict[str, Group] = {}  # the store's name -> its group
+    for row in summary["groups"]:
+        name = str(row["grp"])
+        label = rename(name) if rename is not None else name
+        group = groups.get(label)
+        if group is None:
+            group = groups[label] = Group(label, daily_tokens=[0] * len(dates))
+        named[name] = group
+        group.totals.add(row)
+    for name, day, tokens in summary["daily"]:
+        i = index.get(day)
+        if i is not None and tokens:
+            named[str(name)].daily_tokens[i] += tokens
+    total = Group("total", daily_tokens=[0] * len(dates))
+    total.totals.add(summary["total"])
+    for day, tokens in summary["total_daily"]:
+        i = index.get(day)
+        if i is not None and tokens:
+            total.daily_tokens[i] += tokens
+    ordered = _ordered(groups, index)
+    shown = ordered if limit is None else ordered[:limit]
+    left_out = summary["count"] - len(summary["groups"]) + len(ordered) - len(shown)
+    others = None
+    if left_out > 0:
+        others = Group(f"{left_out:,} more", _rest(total.totals, [g.totals for g in shown]),
+                       [t - sum(g.daily_tokens[i] for g in shown) for i, t in enumerate(total.daily_tokens)])
+    return Insights(dates, shown, total, others, max(left_out, 0))
+
+
+def _rest(total: Totals, parts: list[Totals]) -> Totals:
+    """``total`` less ``parts``."""
+    rest = Totals()
+    for f in fields(Totals):
+        setattr(rest, f.name, getattr(total, f.name) - sum(getattr(p, f.name) for p in parts))
+    rest.cost = max(0.0, round(rest.cost, 9))  # no "$-0.0000" from the sums' rounding
+    return rest
+
+
+def identity_names(identities: Mapping[str, tuple[str, ...]]) -> Callable[[str], str]:
+    """For ``--by user``: an account (``platform:user_id``) linked to an identity is named by it
+    (``identities: {alice: [telegram:1, slack:U2]}``), so its accounts make one row; others keep theirs."""
+    owner = {ref: name for name, refs in identities.items() for ref in refs}
+    return lambda account: owner.get(account, account)
+
+
+def _ordered(groups: dict[str, Group], index: dict[str, int]) -> list[Group]:
+    """The biggest first; by day (every name a date of the window), in date order."""
+    if index and all(name in index for name in groups):
+        return sorted(groups.values(), key=lambda g: g.name)
+    return sorted(groups.values(), key=lambda g: (-g.totals.tokens, g.name))
+
+
+@dataclass(frozen=True, slots=True)
+class DailyChart:
+    """What the usage charts draw (``--plot``, the dashboard's Usage page): per UTC day, the tokens
+    (input, cached input and output) of each purpose, stacked, and the cost."""
+
+    dates: list[str]  # oldest first
+    tokens: dict[str, list[int]]  # purpose -> its tokens per day; the biggest purpose first
+    cost: list[float]  # US dollars per day, of the priced calls
+    calls: list[int]  # per day
+    unpriced_calls: list[int]  # per day: calls with no price, whose cost ``cost`` cannot hold
+
+    @property
+    def priced(self) -> bool:
+        """Whether any call of the window had a price."""
+        return any(c > u for c, u in zip(self.calls, self.unpriced_calls, strict=True))
+
+
+def daily_chart(by_purpose: Insights, by_day: Insights) -> DailyChart:
+    """The chart's figures from the same window's insights ``--by purpose`` and ``--by day``."""
+    index = {d: i for i, d in enumerate(by_day.days)}
+    cost = [0.0] * len(by_day.days)
+    calls = [0] * len(by_day.days)
+    unpriced = [0] * len(by_day.days)
+    for day in by_day.groups:
+        i = index.get(day.name)
+        if i is not None:
+            cost[i], calls[i], unpriced[i] = day.totals.cost, day.totals.calls, day.totals.unpriced_calls
+    tokens = {g.name: list(g.daily_tokens) for g in by_purpose.groups if any(g.daily_tokens)}
+    return DailyChart(list(by_day.days), tokens, cost, calls, unpriced)
 
 
 def sparkline(values: list[int]) -> str:

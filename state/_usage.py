@@ -1,7 +1,12 @@
-"""The usage ledger: one row per model call.
+"""The usage ledger: one row per model call, and its daily roll-ups.
 
-    model_calls   when, for whom (session, platform, chat, user, agent), why (purpose),
-                  which model, its tokens, latency and outcome, the price used and the cost
+    model_calls           when, for whom (session, platform, chat, user, agent), why (purpose),
+                          which model, its tokens, latency and outcome, the price used and the cost
+    model_calls_daily     the calls summed per UTC day, model, platform and purpose
+    model_calls_daily_by  the calls summed per UTC day and user, and per UTC day and chat
+                          (``dim`` 'user' or 'chat', ``key`` 'platform:id')
+    model_calls_weekly_by their calls and tokens per week (``week`` the first day's number:
+                          a multiple of 7), what ranks thousands of users or chats
 
 Tokens are stored as the endpoint reported them: ``prompt_tokens`` counts every
 input token, the cached reads among them too (``cached_tokens``, a part of
@@ -14,15 +19,31 @@ A row's platform and user come from its session when the caller did not know
 them.  The rows of a deleted session go with it (``sessions prune``, the
 daemon's retention); :func:`prune_calls` drops rows older than a cutoff
 (``usage.keep_days``).
+
+The roll-ups are kept in the transaction that changes the ledger: new rows are
+added to them (summed per key here, then one upsert per key and roll-up), rows
+about to be deleted subtracted and repriced rows subtracted and added again (in
+SQL, from the rows themselves).  A report reads them for every whole UTC day of
+its window (a few thousand rows a day where the ledger may hold tens of
+thousands), and the ledger itself only for the hours of a window that starts
+within a day, and for one user's calls (``/usage``: the ledger's index by user
+is the shorter read there).  Not one roll-up per grouping: each costs every new
+row an upsert, and day, model, platform and purpose share one at a few hundred
+rows a day.  ``--top N`` by user or chat ranks every account by its tokens from
+the weekly rows of the window's whole weeks and the daily rows of the few days
+before them (a third of the rows the daily ones alone would be), then reads the
+N it shows day by day.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import math
 import sqlite3
-from typing import Any
 
 _EPOCH = dt.date(1970, 1, 1)
+DAY = 86_400
 
 # Columns a report can be grouped by; "day" is the UTC date of the call.
 GROUPS = {
@@ -33,6 +54,22 @@ GROUPS = {
     "user": "COALESCE(platform, '?') || ':' || COALESCE(user_id, '?')",
     "chat": "COALESCE(platform, '?') || ':' || COALESCE(chat_id, '?')",
 }
+
+# What a report sums, per group and day: name, and its SQL over the ledger's rows.  The names are
+# the roll-up's columns.  "input_tokens" leave out the cached reads (a part of prompt_tokens).
+SUMS = (
+    ("calls", "COUNT(*)"),
+    ("input_tokens", "SUM(prompt_tokens - cached_tokens)"),
+    ("cached_input_tokens", "SUM(cached_tokens)"),
+    ("output_tokens", "SUM(completion_tokens)"),
+    ("cache_write_tokens", "SUM(cache_write_tokens)"),
+    ("cost", "TOTAL(cost)"),
+    ("unpriced", "SUM(cost IS NULL)"),
+    ("estimated", "SUM(estimated)"),
+    ("failed", "SUM(outcome = 'failed')"),
+    ("retried", "SUM(outcome = 'retried')"),
+)
+_SUM_NAMES = tuple(name for name, _ in SUMS)
 
 COLUMNS = ("at", "session_id", "platform", "chat_id", "user_id", "agent", "purpose", "model", "prompt_tokens",
            "completion_tokens", "cached_tokens", "cache_write_tokens", "estimated", "latency_ms", "outcome",
@@ -74,22 +111,168 @@ def create_tables(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS idx_model_calls_user ON model_calls(user_id, at)")
 
 
-def record_call(conn: sqlite3.Connection, row: dict) -> int:
-    """Add one call; a missing platform or user is taken from the call's session."""
+def create_rollup(conn: sqlite3.Connection) -> None:
+    """Schema v21: the daily roll-ups, filled from the rows already in the ledger."""
+    sums = ", ".join(f"{name} {'REAL' if name == 'cost' else 'INTEGER'} NOT NULL" for name in _SUM_NAMES)
+    conn.execute(f"CREATE TABLE IF NOT EXISTS model_calls_daily (day INTEGER NOT NULL, model TEXT NOT NULL, "
+                 f"platform TEXT NOT NULL, purpose TEXT NOT NULL, {sums}, "
+                 f"PRIMARY KEY (day, model, platform, purpose)) WITHOUT ROWID")
+    conn.execute(f"CREATE TABLE IF NOT EXISTS model_calls_daily_by (dim TEXT NOT NULL, day INTEGER NOT NULL, "
+                 f"key TEXT NOT NULL, {sums}, PRIMARY KEY (dim, day, key)) WITHOUT ROWID")
+    conn.execute("CREATE TABLE IF NOT EXISTS model_calls_weekly_by (dim TEXT NOT NULL, week INTEGER NOT NULL, "
+                 "key TEXT NOT NULL, calls INTEGER NOT NULL, tokens INTEGER NOT NULL, "
+                 "PRIMARY KEY (dim, week, key)) WITHOUT ROWID")
+    rebuild_rollup(conn)
+
+
+def rebuild_rollup(conn: sqlite3.Connection) -> None:
+    """Sum the whole ledger into the roll-ups again."""
+    conn.execute("DELETE FROM model_calls_daily")
+    conn.execute("DELETE FROM model_calls_daily_by")
+    conn.execute("DELETE FROM model_calls_weekly_by")
+    _roll(conn, "1", ())
+
+
+# The grouping each roll-up answers, and the groupings of model_calls_daily's rows by its columns.
+_ROLLED_BY = {"user": "model_calls_daily_by", "chat": "model_calls_daily_by"}
+_WEEKLY = ("user", "chat")  # model_calls_weekly_by's, for ranking
+_CALLS_DAILY_COLUMN = {"day": "day", "model": "model", "platform": "platform", "purpose": "purpose"}
+
+
+@functools.lru_cache(maxsize=64)
+def _roll_sql(where: str, sign: int) -> tuple[str, str, str]:
+    """The three statements adding (``sign`` 1) or subtracting (-1) the ledger's rows matching ``where``."""
+    day = f"CAST(at / {DAY} AS INTEGER)"
+    sums = ", ".join(sql if sign > 0 else f"-{sql}" for _, sql in SUMS)
+    names = ", ".join(_SUM_NAMES)
+    update = ", ".join(f"{name} = {name} + excluded.{name}" for name in _SUM_NAMES)
+    calls = (f"INSERT INTO model_calls_daily (day, model, platform, purpose, {names}) "
+             f"SELECT {day}, model, {GROUPS['platform']}, purpose, {sums} FROM model_calls "
+             f"WHERE {where} GROUP BY 1, 2, 3, 4 "
+             f"ON CONFLICT (day, model, platform, purpose) DO UPDATE SET {update}")
+    dims = "(SELECT 'user' AS dim UNION ALL SELECT 'chat') AS d"
+    key = f"CASE d.dim WHEN 'user' THEN {GROUPS['user']} ELSE {GROUPS['chat']} END"
+    people = (f"INSERT INTO model_calls_daily_by (dim, day, key, {names}) "
+              f"SELECT d.dim, {day}, {key}, {sums} FROM model_calls, {dims} "
+              f"WHERE {where} GROUP BY 1, 2, 3 "
+              f"ON CONFLICT (dim, day, key) DO UPDATE SET {update}")
+    minus = "" if sign > 0 else "-"
+    weekly = (f"INSERT INTO model_calls_weekly_by (dim, week, key, calls, tokens) "
+              f"SELECT d.dim, {day} - {day} % 7, {key}, {minus}COUNT(*), {minus}SUM(prompt_tokens + completion_tokens) "
+              f"FROM model_calls, {dims} WHERE {where} GROUP BY 1, 2, 3 "
+              f"ON CONFLICT (dim, week, key) DO UPDATE SET calls = calls + excluded.calls, "
+              f"tokens = tokens + excluded.tokens")
+    return calls, people, weekly
+
+
+def _roll(conn: sqlite3.Connection, where: str, params: tuple | list, sign: int = 1) -> None:
+    """Add (``sign`` 1) or subtract (-1) the ledger's rows matching ``where`` to or from the roll-ups."""
+    for sql in _roll_sql(where, sign):
+        conn.execute(sql, params)
+
+
+def _unroll(conn: sqlite3.Connection, where: str, params: tuple | list) -> None:
+    """Subtract the rows matching ``where`` (about to be deleted) from the roll-ups; drop what is left empty."""
+    days = [row[0] for row in conn.execute(
+        f"SELECT DISTINCT CAST(at / {DAY} AS INTEGER) FROM model_calls WHERE {where}", params)]
+    if not days:
+        return
+    _roll(conn, where, params, sign=-1)
+    weeks = sorted({day - day % 7 for day in days})
+    for i in range(0, len(days), 500):
+        chunk = days[i:i + 500]
+        marks = ", ".join("?" * len(chunk))
+        conn.execute(f"DELETE FROM model_calls_daily WHERE day IN ({marks}) AND calls <= 0", chunk)
+        conn.execute(f"DELETE FROM model_calls_daily_by WHERE dim IN ('user', 'chat') AND day IN ({marks}) "
+                     "AND calls <= 0", chunk)
+    for i in range(0, len(weeks), 500):
+        chunk = weeks[i:i + 500]
+        conn.execute(f"DELETE FROM model_calls_weekly_by WHERE dim IN ('user', 'chat') "
+                     f"AND week IN ({', '.join('?' * len(chunk))}) AND calls <= 0", chunk)
+
+
+def _values(conn: sqlite3.Connection, row: dict) -> list:
+    """The row's values in :data:`COLUMNS` order; a missing platform or user is taken from its session."""
     values = {name: row[name] if row.get(name) is not None else _DEFAULTS.get(name) for name in COLUMNS}
     if values["session_id"] and (values["platform"] is None or values["user_id"] is None):
         found = conn.execute("SELECT source, user_id FROM sessions WHERE id = ?", (values["session_id"],)).fetchone()
         if found is not None:
             values["platform"] = values["platform"] or found[0]
             values["user_id"] = values["user_id"] or found[1]
-    marks = ", ".join("?" * len(COLUMNS))
-    cur = conn.execute(f"INSERT INTO model_calls ({', '.join(COLUMNS)}) VALUES ({marks})",
-                       [values[name] for name in COLUMNS])
-    return int(cur.lastrowid or 0)
+    return [values[name] for name in COLUMNS]
+
+
+_INSERT = f"INSERT INTO model_calls ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+
+
+def record_call(conn: sqlite3.Connection, row: dict) -> int:
+    """Add one call (and it to the roll-ups); a missing platform or user is taken from the call's session."""
+    return record_calls(conn, [row])[0]
 
 
 def record_calls(conn: sqlite3.Connection, rows: list[dict]) -> list[int]:
-    return [record_call(conn, row) for row in rows]
+    """Add calls, and them to the roll-ups; their ids."""
+    if not rows:
+        return []
+    values = [_values(conn, row) for row in rows]
+    first = int(conn.execute(_INSERT, values[0]).lastrowid or 0)
+    conn.executemany(_INSERT, values[1:])  # each the next rowid: this transaction holds the write lock
+    _add_new(conn, values)
+    return list(range(first, first + len(rows)))
+
+
+_AT, _PLATFORM, _CHAT, _USER, _PURPOSE, _MODEL, _PROMPT, _COMPLETION, _CACHED, _CACHE_WRITE, _ESTIMATED, _OUTCOME, \
+    _COST = (COLUMNS.index(name) for name in ("at", "platform", "chat_id", "user_id", "purpose", "model",
+                                              "prompt_tokens", "completion_tokens", "cached_tokens",
+                                              "cache_write_tokens", "estimated", "outcome", "cost"))
+
+
+def _upsert(table: str, keys: tuple[str, ...], names: tuple[str, ...]) -> str:
+    update = ", ".join(f"{name} = {name} + excluded.{name}" for name in names)
+    return (f"INSERT INTO {table} ({', '.join(keys + names)}) VALUES ({', '.join('?' * (len(keys) + len(names)))}) "
+            f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {update}")
+
+
+_UPSERT_CALLS = _upsert("model_calls_daily", ("day", "model", "platform", "purpose"), _SUM_NAMES)
+_UPSERT_BY = _upsert("model_calls_daily_by", ("dim", "day", "key"), _SUM_NAMES)
+_UPSERT_WEEKLY = _upsert("model_calls_weekly_by", ("dim", "week", "key"), ("calls", "tokens"))
+
+
+def _add_new(conn: sqlite3.Connection, values: list[list]) -> None:
+    """Add new rows (their values in COLUMNS order, as inserted) to the roll-ups, summed here per key:
+    a third of the CPU of summing them in SQL for the one or few rows a write usually holds.  The keys
+    and sums are :data:`GROUPS`' and :data:`SUMS`' (the roll-up test holds them to the same answers)."""
+    calls: dict[tuple, list] = {}
+    people: dict[tuple, list] = {}
+    weekly: dict[tuple, list] = {}
+    for v in values:
+        day = int(v[_AT] // DAY)
+        platform = "?" if v[_PLATFORM] is None else v[_PLATFORM]
+        cost = v[_COST]
+        sums = [1, v[_PROMPT] - v[_CACHED], v[_CACHED], v[_COMPLETION], v[_CACHE_WRITE],
+                0.0 if cost is None else cost, int(cost is None), int(v[_ESTIMATED]),
+                int(v[_OUTCOME] == "failed"), int(v[_OUTCOME] == "retried")]
+        user = f"{platform}:{'?' if v[_USER] is None else v[_USER]}"
+        chat = f"{platform}:{'?' if v[_CHAT] is None else v[_CHAT]}"
+        for key, table in (((day, v[_MODEL], platform, v[_PURPOSE]), calls), (("user", day, user), people),
+                           (("chat", day, chat), people)):
+            known = table.get(key)
+            if known is None:
+                table[key] = list(sums)
+            else:
+                for i, value in enumerate(sums):
+                    known[i] += value
+        tokens = v[_PROMPT] + v[_COMPLETION]
+        for key in (("user", day - day % 7, user), ("chat", day - day % 7, chat)):
+            known = weekly.get(key)
+            if known is None:
+                weekly[key] = [1, tokens]
+            else:
+                known[0] += 1
+                known[1] += tokens
+    conn.executemany(_UPSERT_CALLS, [(*key, *sums) for key, sums in calls.items()])
+    conn.executemany(_UPSERT_BY, [(*key, *sums) for key, sums in people.items()])
+    conn.executemany(_UPSERT_WEEKLY, [(*key, *sums) for key, sums in weekly.items()])
 
 
 def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> list[dict]:
@@ -100,30 +283,74 @@ def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> lis
     return [dict(zip(names, r, strict=True)) for r in cur]
 
 
+def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | None, user_id: str | None,
+            keys: list | None = None) -> tuple[str, list]:
+    """SQL for the window's rows as (grp, day, *SUMS), and its parameters; a group may have several
+    rows a day (they add up).  ``keys``: only these groups' rows are wanted (the caller still filters:
+    this only lets the per-user and per-chat roll-up be read by its key instead of whole days)."""
+    if by not in GROUPS:
+        raise ValueError(f"cannot group usage by {by!r}; choose one of {', '.join(GROUPS)}")
+    sums = ", ".join(f"{sql} AS {name}" for name, sql in SUMS)
+    raw = f"SELECT {GROUPS[by]} AS grp, CAST(at / {DAY} AS INTEGER) AS day, {sums} FROM model_calls WHERE "
+    if user_id is not None:  # one user's: their calls, by the ledger's index on the user
+        return raw + "at >= ? AND platform IS ? AND user_id = ? GROUP BY grp, day", [since, platform, user_id]
+    first = math.ceil(since / DAY)  # the first whole day: the roll-ups'; the hours before it, the ledger's
+    names = ", ".join(_SUM_NAMES)
+    if by in _ROLLED_BY and keys is not None:  # each day of each key, looked up
+        # two queries: each is one step down the primary key, where MIN and MAX together read every row
+        low = conn.execute(f"SELECT MIN(day) FROM {_ROLLED_BY[by]} WHERE dim = ?", (by,)).fetchone()[0]
+        high = conn.execute(f"SELECT MAX(day) FROM {_ROLLED_BY[by]} WHERE dim = ?", (by,)).fetchone()[0]
+        days = list(range(max(first, low), high + 1)) if low is not None else []
+        sql = (f"SELECT key AS grp, day, {names} FROM {_ROLLED_BY[by]} WHERE dim = ? "
+               f"AND day IN ({', '.join('?' * len(days))}) AND key IN ({', '.join('?' * len(keys))})")
+        params = [by, *days, *keys]
+    elif by in _ROLLED_BY:
+        sql, params = f"SELECT key AS grp, day, {names} FROM {_ROLLED_BY[by]} WHERE dim = ? AND day >= ?", [by, first]
+    else:
+        sql, params = f"SELECT {_CALLS_DAILY_COLUMN[by]} AS grp, day, {names} FROM model_calls_daily WHERE day >= ?", \
+            [first]
+    if first * DAY > since:
+        sql += f" UNION ALL {raw} at >= ? AND at < ? GROUP BY grp, day"
+        params += [since, first * DAY]
+    return sql, params
+
+
+def _ranking(since: float, by: str, source: str, params: list) -> tuple[str, list]:
+    """SQL for rows as (grp, tokens) that add up per group to the window's tokens: for users and
+    chats, the weekly rows of the weeks that start in the window (every day of theirs is in it: the
+    window runs on to now) and the daily rows of the days before the first of them, plus the ledger's
+    rows of a first partial day; for the rest, the window's rows."""
+    tokens = "input_tokens + cached_input_tokens + output_tokens"
+    if by not in _WEEKLY:
+        return f"SELECT grp, {tokens} AS tokens FROM ({source})", params
+    first = math.ceil(since / DAY)
+    week = first + (-first) % 7  # the first week (days since 1970 that are multiples of 7) starting in the window
+    sql = ("SELECT key AS grp, tokens FROM model_calls_weekly_by WHERE dim = ? AND week >= ? UNION ALL "
+           f"SELECT key AS grp, {tokens} FROM model_calls_daily_by WHERE dim = ? AND day >= ? AND day < ?")
+    ranking_params: list = [by, week, by, first, week]
+    if first * DAY > since:
+        sql += (f" UNION ALL SELECT {GROUPS[by]} AS grp, prompt_tokens + completion_tokens FROM model_calls "
+                "WHERE at >= ? AND at < ?")
+        ranking_params += [since, first * DAY]
+    return sql, ranking_params
+
+
+def _dates(days: set[int]) -> dict[int, str]:
+    """Each UTC day (days since 1970-01-01) as ``YYYY-MM-DD``."""
+    return {day: (_EPOCH + dt.timedelta(days=day)).isoformat() for day in days}
+
+
 def usage_report(conn: sqlite3.Connection, since: float, by: str, *, platform: str | None = None,
                  user_id: str | None = None) -> list[dict]:
     """Totals per group and UTC day (``YYYY-MM-DD``) since ``since``: one dict per (group, day).
 
     ``platform`` and ``user_id`` together keep one user's calls only."""
-    if by not in GROUPS:
-        raise ValueError(f"cannot group usage by {by!r}; choose one of {', '.join(GROUPS)}")
-    where = "at >= ?"
-    params: list[Any] = [since]
-    if user_id is not None:
-        where += " AND platform IS ? AND user_id = ?"
-        params += [platform, user_id]
-    cur = conn.execute(
-        f"SELECT {GROUPS[by]} AS grp, CAST(at / 86400 AS INTEGER) AS day, COUNT(*) AS calls, "
-        "SUM(prompt_tokens - cached_tokens) AS input_tokens, SUM(cached_tokens) AS cached_input_tokens, "
-        "SUM(completion_tokens) AS output_tokens, SUM(cache_write_tokens) AS cache_write_tokens, "
-        "SUM(cost) AS cost, SUM(cost IS NULL) AS unpriced, SUM(estimated) AS estimated, "
-        "SUM(outcome = 'failed') AS failed, SUM(outcome = 'retried') AS retried "
-        f"FROM model_calls WHERE {where} GROUP BY grp, day",
-        params)
+    source, params = _source(conn, since, by, platform, user_id)
+    sums = ", ".join(f"SUM({name}) AS {name}" for name in _SUM_NAMES)
+    cur = conn.execute(f"SELECT grp, day, {sums} FROM ({source}) GROUP BY grp, day", params)
     names = [d[0] for d in cur.description]
     rows = [dict(zip(names, r, strict=True)) for r in cur]
-    days = {row["day"] for row in rows}
-    dates = {day: (_EPOCH + dt.timedelta(days=day)).isoformat() for day in days}  # the UTC date, once per day
+    dates = _dates({row["day"] for row in rows})
     for row in rows:
         row["day"] = dates[row["day"]]
         if by == "day":
@@ -131,26 +358,99 @@ def usage_report(conn: sqlite3.Connection, since: float, by: str, *, platform: s
     return rows
 
 
-def reprice_calls(conn: sqlite3.Connection, model: str, price: dict[str, float] | None, since: float = 0.0) -> int:
-    """Recompute the cost of ``model``'s calls since ``since`` with ``price`` (None: no price); how many."""
+def usage_summary(conn: sqlite3.Connection, since: float, by: str, *, limit: int | None = None,
+                  platform: str | None = None, user_id: str | None = None) -> dict:
+    """The figures of :func:`usage_report` summed per group, with each group's tokens per day::
+
+        {"groups": [{"grp": ..., "calls": ..., <SUMS>}, ...],     # any order
+         "daily": [(grp, "YYYY-MM-DD", input + cached input + output tokens), ...],
+         "total": {"calls": ..., <SUMS>},                          # every group's
+         "total_daily": [("YYYY-MM-DD", tokens), ...],
+         "count": how many groups there are}
+
+    A group may have several daily entries for a day: they add up.  With ``limit``, only the
+    ``limit`` groups with the most tokens (ties: by name) are given (``count`` still counts them all):
+    thousands of users or chats are ranked by one sum, and only the ones shown summed in full."""
+    source, params = _source(conn, since, by, platform, user_id)
+    days, day_params = _source(conn, since, "day", platform, user_id)  # every call once: the total's source
+    sums = ", ".join(f"SUM({name}) AS {name}" for name in _SUM_NAMES)
+    tokens = "input_tokens + cached_input_tokens + output_tokens"
+    cur = conn.execute(f"SELECT {sums} FROM ({days})", day_params)
+    total = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+    total_daily = conn.execute(f"SELECT day, SUM({tokens}) FROM ({days}) GROUP BY day", day_params).fetchall()
+    where, chosen = "", []
+    if limit is None:
+        count = None
+    else:
+        ranking, ranking_params = _ranking(since, by if user_id is None else "", source, params)
+        ranked = conn.execute(f"SELECT grp, SUM(tokens) AS tokens FROM ({ranking}) GROUP BY grp",
+                              ranking_params).fetchall()
+        count = len(ranked)
+        ranked.sort(key=lambda r: (-(r[1] or 0), str(r[0])))
+        chosen = [grp for grp, _ in ranked[:limit]]
+        where = f" WHERE grp IN ({', '.join('?' * len(chosen))})"
+        source, params = _source(conn, since, by, platform, user_id, keys=chosen)
+    if limit is not None and not chosen:
+        groups, daily = [], []
+    else:
+        cur = conn.execute(f"SELECT grp, {sums} FROM ({source}){where} GROUP BY grp", params + chosen)
+        names = [d[0] for d in cur.description]
+        groups = [dict(zip(names, r, strict=True)) for r in cur]
+        daily = conn.execute(f"SELECT grp, day, {tokens} FROM ({source}){where}", params + chosen).fetchall()
+    dates = _dates({day for _, day, _ in daily} | {day for day, _ in total_daily}
+                   | ({g["grp"] for g in groups} if by == "day" else set()))
+    if by == "day":
+        for group in groups:
+            group["grp"] = dates[group["grp"]]
+        daily = [(dates[grp], dates[day], tokens) for grp, day, tokens in daily]
+    else:
+        daily = [(grp, dates[day], tokens) for grp, day, tokens in daily]
+    return {"groups": groups, "daily": daily, "total": total,
+            "total_daily": [(dates[day], tokens) for day, tokens in total_daily],
+            "count": len(groups) if count is None else count}
+
+
+def reprice_calls(conn: sqlite3.Connection, model: str, price: dict[str, float] | None, since: float = 0.0,
+                  until: float | None = None) -> int:
+    """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
+    (None: no price); how many."""
+    where, params = "model = ? AND at >= ?", [model, since]
+    if until is not None:
+        where, params = where + " AND at < ?", [*params, until]
+    _roll(conn, where, params, sign=-1)
     if price is None:
-        return conn.execute("UPDATE model_calls SET price_input = NULL, price_output = NULL, "
-                            "price_cached_input = NULL, cost = NULL WHERE model = ? AND at >= ?",
-                            (model, since)).rowcount
-    cached = price.get("cached_input", price["input"])
-    return conn.execute(
-        "UPDATE model_calls SET price_input = :i, price_output = :o, price_cached_input = :c, "
-        "cost = ((prompt_tokens - cached_tokens) * :i + cached_tokens * :c + completion_tokens * :o) / 1e6 "
-        "WHERE model = :m AND at >= :s",
-        {"i": price["input"], "o": price["output"], "c": cached, "m": model, "s": since}).rowcount
+        count = conn.execute("UPDATE model_calls SET price_input = NULL, price_output = NULL, "
+                             f"price_cached_input = NULL, cost = NULL WHERE {where}", params).rowcount
+    else:
+        cached = price.get("cached_input", price["input"])
+        count = conn.execute(
+            "UPDATE model_calls SET price_input = ?, price_output = ?, price_cached_input = ?, "
+            "cost = ((prompt_tokens - cached_tokens) * ? + cached_tokens * ? + completion_tokens * ?) / 1e6 "
+            f"WHERE {where}", (price["input"], price["output"], cached, price["input"], cached, price["output"],
+                               *params)).rowcount
+    _roll(conn, where, params)
+    return count
+
+
+def called_models(conn: sqlite3.Connection, since: float = 0.0) -> dict[str, float]:
+    """The models the ledger has calls of since ``since``, each with the time of its first (by name)."""
+    return dict(conn.execute("SELECT model, MIN(at) FROM model_calls WHERE at >= ? GROUP BY model ORDER BY model",
+                             (since,)).fetchall())
 
 
 def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> None:
-    """Part of deleting sessions: their calls go with them."""
-    conn.execute(f"DELETE FROM model_calls WHERE session_id IN ({marks})", chunk)
+    """Part of deleting sessions: their calls go with them (and from the roll-up)."""
+    where = f"session_id IN ({marks})"
+    _unroll(conn, where, chunk)
+    conn.execute(f"DELETE FROM model_calls WHERE {where}", chunk)
 
 
-def prune_calls(conn: sqlite3.Connection, before: float) -> int:
-    """Delete the calls made before ``before``; how many."""
-    return conn.execute("DELETE FROM model_calls WHERE at < ?", (before,)).rowcount
-
+def prune_calls(conn: sqlite3.Connection, before: float, limit: int | None = None) -> int:
+    """Delete the calls made before ``before`` (and from the roll-ups), the oldest ``limit`` of them
+    when given (a bounded write: the caller repeats until fewer go); how many."""
+    if limit is None:
+        where, params = "at < ?", [before]
+    else:
+        where, params = "id IN (SELECT id FROM model_calls WHERE at < ? ORDER BY at LIMIT ?)", [before, limit]
+    _unroll(conn, where, params)
+    return conn.execute(f"DELETE FROM model_calls WHERE {where}", params).rowcount

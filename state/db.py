@@ -926,15 +926,32 @@ class SessionDB:
         with ``user_id`` (and its ``platform``) one user's calls only."""
         return self._engine.read(_usage.usage_report, since, by, platform=platform, user_id=user_id)
 
-    @_writes
-    def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0) -> int:
-        """Recompute the cost of ``model``'s calls with ``price`` ({input, output, cached_input} per million)."""
-        return self._engine.write(_usage.reprice_calls, model, price, since)
+    @_reads
+    def usage_summary(self, since: float, by: str = "day", *, limit: int | None = None,
+                      platform: str | None = None, user_id: str | None = None) -> dict:
+        """``usage_report``'s figures summed per group, with each group's tokens per day and the total;
+        with ``limit``, the ``limit`` groups with the most tokens only (see
+        :func:`state._usage.usage_summary`): what ``switchboard insights`` shows."""
+        return self._engine.read(_usage.usage_summary, since, by, limit=limit, platform=platform,
+                                 user_id=user_id)
+
+    @_reads
+    def called_models(self, since: float = 0.0) -> dict[str, float]:
+        """The models the ledger has calls of since ``since``, each with the time of its first."""
+        return self._engine.read(_usage.called_models, since)
 
     @_writes
-    def prune_model_calls(self, before: float) -> int:
-        """Delete the ledger's rows older than ``before``; how many."""
-        return self._engine.write(_usage.prune_calls, before)
+    def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0,
+                            until: float | None = None) -> int:
+        """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
+        ({input, output, cached_input} per million; None: no price); how many.  One transaction: a
+        large ledger is repriced a day at a time (``switchboard insights reprice``)."""
+        return self._engine.write(_usage.reprice_calls, model, price, since, until)
+
+    @_writes
+    def prune_model_calls(self, before: float, limit: int | None = None) -> int:
+        """Delete the ledger's rows older than ``before``, the oldest ``limit`` of them when given; how many."""
+        return self._engine.write(_usage.prune_calls, before, limit)
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,

@@ -270,6 +270,12 @@ def _v20_model_calls(conn):
     _usage.create_tables(conn)
 
 
+def _v21_usage_rollup(conn):
+    from . import _usage
+
+    _usage.create_rollup(conn)
+
+
 for _step in [
     Migration(1, "seed initial schema", _script(_V1)),
     Migration(2, "messages.finish_reason", _v2_finish_reason),
@@ -291,6 +297,7 @@ for _step in [
     Migration(18, "meta: the last upkeep", _v18_meta),
     Migration(19, "per-chat choices (/stream on|off), streamed replies' index", _v19_chat_prefs),
     Migration(20, "the usage ledger: one row per model call", _v20_model_calls),
+    Migration(21, "the usage ledger's daily roll-up, for reports", _v21_usage_rollup),
 ]:
     register(_step)
 

@@ -110,7 +110,7 @@ async def test_insights_json_counts_a_cached_read_once_and_marks_a_model_without
     assert {r["name"]: r["calls"] for r in by_purpose["rows"]} == {"turn": 7, "memory_flush": 1, "compression": 1}
 
     table = insights(tmp_path, "--by", "model").output
-    assert "input tokens" in table and "cached input tokens" in table and "output tokens" in table
+    assert "uncached input tokens" in table and "cached input tokens" in table and "output tokens" in table
     assert "no price" in table and "summarizer" in table
     sparkline_row = next(line.strip() for line in table.splitlines() if line.strip().startswith("fake-model"))
     assert sparkline_row.rstrip().endswith("█")  # today is the busiest (the only) day of the window
@@ -132,12 +132,12 @@ async def test_usage_shows_a_user_their_own_calls_only(tmp_path, model):
     cat_cost = sum(r["cost"] for r in cat)
     assert cat_usage.splitlines() == [
         "Your usage (the model calls made for your sessions here):",
-        f"Last 7 days: 3 calls · {cat_input:,} input tokens · 0 cached input tokens · {cat_output:,} output tokens"
+        f"Last 7 days: 3 calls · {cat_input:,} uncached input tokens · 0 cached input tokens · {cat_output:,} output tokens"
         f" · cost ${cat_cost:,.4f}",
-        f"Last 30 days: 3 calls · {cat_input:,} input tokens · 0 cached input tokens · {cat_output:,} output tokens"
+        f"Last 30 days: 3 calls · {cat_input:,} uncached input tokens · 0 cached input tokens · {cat_output:,} output tokens"
         f" · cost ${cat_cost:,.4f}",
     ]
-    assert "Last 7 days: 1 call · " in dan_usage and f"{cat_input:,} input" not in dan_usage
+    assert "Last 7 days: 1 call · " in dan_usage and f"{cat_input:,} uncached input" not in dan_usage
     # the operator sees everyone, per user, per chat and per day
     by_user = json.loads(insights(tmp_path, "--by", "user", "--json").output)
     assert {r["name"]: r["calls"] for r in by_user["rows"]} == {"api:cat": 3, "api:dan": 1}

@@ -125,6 +125,24 @@ def resolve_home(config_path: Path | None = None) -> Path:
         raise  # unreachable
 
 
+def config_keys(config_path: Path | None, *keys: str) -> Config:
+    """The config with only ``keys`` read from its file (every other setting its default), so that
+    a ``${TOKEN}`` the shell does not export does not stop a command that needs, say, ``pricing``
+    only; a bad value under ``keys`` exits 78 naming the file and key."""
+    found = _config_file(config_path)
+    if found is None:
+        return config_from_dict({})
+    path, source = found
+    shown = str(path)
+    try:
+        data = _config_load.parse_yaml(_config_load.read_text(path, source), shown)
+        part = _config_load.expand_env({key: data[key] for key in keys if key in data}, os.environ, shown)
+        return config_from_dict(part, base_dir=path.resolve().parent)
+    except ConfigError as exc:
+        fail(str(exc) if exc.file else f"{shown}: {exc}", exc.exit_code)
+        raise  # unreachable
+
+
 def _config_file(config_path: Path | None) -> tuple[Path, str] | None:
     """The config file in use and how it was found: ``--config`` (which must exist), else the one found, else None."""
     path, source = _config_load.locate(config_path, os.environ)

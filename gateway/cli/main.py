@@ -11,7 +11,8 @@
     switchboard backup FILE          copy the live database to FILE (safe while the daemon runs)
     switchboard restore FILE         replace the database with a checked backup
     switchboard maintenance [--vacuum]   the database's size, free space and last upkeep
-    switchboard insights [--days N] [--by ...]   tokens and cost of the model calls, from the usage ledger
+    switchboard insights [--days N] [--by ...] [--top N] [--plot FILE]   tokens and cost of the model calls
+    switchboard insights reprice [--days N] [--model M]   recompute their cost after a price change
     switchboard doctor               check config, database, disk, permissions, model and platforms
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,

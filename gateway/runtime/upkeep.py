@@ -26,6 +26,7 @@ EVERY_SECONDS = 86_400.0  # a pass a day
 START_DELAY_SECONDS = 5.0  # a pass that is due runs this long after start, not during it
 RETRY_SECONDS = 3_600.0  # after a failed pass
 REFRESH_SECONDS = 300.0  # sizes for /healthz, and the WAL check
+USAGE_PRUNE_ROWS = 5_000  # ledger rows deleted per transaction (a few tenths of a second of write lock)
 
 
 class StoreUpkeep:
@@ -68,7 +69,7 @@ class StoreUpkeep:
                 report = await state.run_upkeep(self.db, retention_days=self.retention_days, now=self.clock(),
                                                 idle=self.idle)
                 if self.usage_keep_days:
-                    dropped = await self.db.prune_model_calls(self.clock() - self.usage_keep_days * 86_400)
+                    dropped = await self._prune_usage(self.clock() - self.usage_keep_days * 86_400)
                     if dropped:
                         log.info("usage ledger: %d rows older than %g days deleted", dropped, self.usage_keep_days)
             except (state.StateError, sqlite3.Error) as exc:  # a write timeout, a full disk: try again later
@@ -88,6 +89,16 @@ class StoreUpkeep:
                      report.db_bytes_after / 2**20, report.steps, report.gave_way, report.longest_hold or "none",
                      "; free space stays inside the file until: switchboard maintenance --vacuum"
                      if report.vacuum_needed else "")
+
+    async def _prune_usage(self, before: float) -> int:
+        """Delete the ledger's rows older than ``before``, a bounded number per transaction (the first
+        pass after ``usage.keep_days`` is set may have months to drop), so live writes go between."""
+        dropped = 0
+        while True:
+            count = await self.db.prune_model_calls(before, limit=USAGE_PRUNE_ROWS)
+            dropped += count
+            if count < USAGE_PRUNE_ROWS:
+                return dropped
 
     async def _refresh(self) -> None:
         size = await self.db.store_size()
