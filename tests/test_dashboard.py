@@ -34,8 +34,10 @@ async def model():
         yield fake
 
 
-def dashboard(tmp_path, model, *, token: str | None = TOKEN, **ui):
+def dashboard(tmp_path, model, *, token: str | None = TOKEN, identities: dict | None = None, **ui):
     overrides: dict = {"ui": {"enabled": True, **ui}, "cron": {"jobs": [JOB]}}
+    if identities:
+        overrides["identities"] = identities
     if token:
         overrides["api"] = {"token": token}
     return running_gateway(tmp_path, model, **overrides)
@@ -502,3 +504,40 @@ async def test_the_guard_does_not_change_the_apis_bearer_token(tmp_path, model):
         finally:
             await browser.close()
 
+
+
+async def test_the_usage_page_charts_the_days_and_sums_each_model_and_identity(tmp_path, model):
+    evil_model = '"><img src=x onerror=alert(4)>'
+    now = time.time()
+    async with dashboard(tmp_path, model, token=TOKEN, identities={"ann": ["telegram:111", "discord:222"]}) as gw:
+        for platform, user, model_name, prompt, cost in (("telegram", "111", "gpt-small", 100, 0.25),
+                                                        ("discord", "222", "gpt-small", 50, 0.125),
+                                                        ("telegram", "333", evil_model, 7, None)):
+            await gw.db.record_model_call({"at": now - 60, "platform": platform, "user_id": user, "purpose": "turn",
+                                           "model": model_name, "outcome": "ok", "prompt_tokens": prompt,
+                                           "completion_tokens": 10, "cost": cost})
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            status, body, _ = await browser.get("/ui/usage?days=7&by=model")
+            assert status == 200
+            rows = {html.unescape(re.sub(r"<[^>]+>", "", cells[0])): [html.unescape(re.sub(r"<[^>]+>", "", c))
+                                                                     for c in cells[1:]]
+                    for cells in (re.findall(r"<td[^>]*>(.*?)</td>", row)
+                                  for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)) if cells}
+            assert rows["gpt-small"] == ["2", "150", "0", "20", "$0.3750"]
+            assert rows[evil_model] == ["1", "7", "0", "10", "no price"]
+            assert "<img src=x" not in body, "a model's name is escaped in the table and the chart"
+            assert body.count('class="day"') == 7, "one bar group per day of the window"
+            assert "<script" not in body.split("</head>", 1)[1], "no inline script"
+
+            _, body, _ = await browser.get("/ui/usage?days=7&by=user")
+            users = re.findall(r"<tr[^>]*><td>([^<]*)</td><td class=\"num\">([\d,]+)</td>", body)
+            assert sorted(users) == [("ann", "2"), ("telegram:333", "1")], "ann's two accounts are one row"
+
+            status, body, _ = await browser.get("/ui/usage?days=abc&by=nonsense")
+            assert status == 200
+            assert "days must be a whole number from 1 to 366" in html.unescape(body)
+            assert "unknown grouping &#39;nonsense&#39;" in body or "unknown grouping 'nonsense'" in html.unescape(body)
+        finally:
+            await browser.close()

@@ -12,6 +12,7 @@ installs when it runs as root; without it these tests skip and say so.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,20 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         assert "Approved telegram:999" in await page.inner_text("#approved-now")
         assert await gw.db.is_user_approved("telegram", "999")
         await watched.shot("pairing-approved")
+
+        # usage: the chart of the days (inline SVG, no script) and one row per model
+        for hours_ago, purpose, tokens in ((30, "turn", 1200), (30, "compression", 800), (2, "turn", 600)):
+            await gw.db.record_model_call({"at": time.time() - hours_ago * 3600, "purpose": purpose, "model": "gpt-x",
+                                           "outcome": "ok", "prompt_tokens": tokens, "completion_tokens": 100,
+                                           "cost": tokens / 1e5})
+        await page.click("nav >> text=Usage")
+        await page.select_option("select[name=by]", "purpose")
+        await page.fill("input[name=days]", "7")
+        await page.click("form.filters button[type=submit]")
+        assert await page.locator("svg.usage-chart g.day").count() == 7
+        assert await page.locator("svg.usage-chart rect.segment").count() >= 2
+        assert "compression" in await page.inner_text("#usage")
+        await watched.shot("usage")
 
         # unknown ids: the 404 page
         response = await page.goto(root + "/ui/sessions/no-such-session")

@@ -253,7 +253,7 @@ class Gateway:
         instance = {"agent": cfg.agent, "host": socket.gethostname(), "pid": os.getpid(), "home": str(cfg.home),
                     "version": _version(), "listen": f"{cfg.api.host}:{cfg.api.port}"}
         sources = Sources(db=self.db, health=self.health, cron=self.cron, tz=cfg.tzinfo, instance=instance,
-                          queued_messages=self.router.queued_messages)
+                          queued_messages=self.router.queued_messages, identities=cfg.identities)
         settings = DashboardSettings(token=cfg.api.token or None, loopback=is_loopback(cfg.api.host),
                                      allow_local_writes=cfg.ui.allow_local_writes)
         return Dashboard(settings, Pages(sources))

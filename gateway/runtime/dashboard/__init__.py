@@ -1,4 +1,4 @@
-"""The web dashboard at ``/ui/`` on the local API's listener: Health, Sessions, Cron, Pairing.
+"""The web dashboard at ``/ui/`` on the local API's listener: Health, Sessions, Cron, Usage, Pairing.
 
 Server-rendered HTML (Jinja2 templates and one stylesheet and one small script, all shipped in this
 package: no build step, no CDN, no inline script).  Off unless ``ui.enabled: true``; who may see and

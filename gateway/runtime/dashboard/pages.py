@@ -1,4 +1,4 @@
-"""The dashboard's pages: Health, Sessions (search, transcript, export), Cron and Pairing.
+"""The dashboard's pages: Health, Sessions (search, transcript, export), Cron, Usage and Pairing.
 
 Each handler reads through the async store (never on the event loop), renders one template, and
 for a change calls what the CLI calls: the store's pairing methods, the cron service's
@@ -11,16 +11,19 @@ import datetime as dt
 import logging
 import re
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 from urllib.parse import quote, urlencode
 from zoneinfo import ZoneInfo
 
 from aiohttp import web
+from markupsafe import Markup
 
 import state
+from gateway.charts import usage_svg
 from gateway.config import PLATFORMS
 from gateway.cron.service import run_status_line
+from gateway.insights import daily_chart, from_summary, identity_names, window
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
 
@@ -34,6 +37,9 @@ PAGE_SIZE = 50
 SEARCH_LIMIT = 50
 HISTORY_LIMIT = 30
 DEAD_LETTERS_SHOWN = 20
+USAGE_GROUPINGS = ("model", "purpose", "platform", "day", "user", "chat")
+USAGE_TOP = 20  # groups shown on the usage page; the rest are one row
+USAGE_MAX_DAYS = 366
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -47,6 +53,7 @@ class Sources:
     tz: ZoneInfo
     instance: dict  # agent, host, pid, home, version
     queued_messages: Callable[[], int]  # messages waiting in the router's lanes
+    identities: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the config's identities:
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,7 @@ class Pages:
         get("/ui/cron", self.cron)
         get("/ui/cron/{job_id}", self.cron_job)
         post("/ui/cron/{job_id}/{action}", self.cron_action)
+        get("/ui/usage", self.usage)
         get("/ui/pairing", self.pairing)
         post("/ui/pairing/approve", self.pairing_approve)
         post("/ui/pairing/revoke", self.pairing_revoke)
@@ -191,6 +199,37 @@ class Pages:
             body, content_type = transcript.as_markdown(record, self.src.tz), "text/markdown"
         return web.Response(text=body, content_type=content_type, charset="utf-8",
                             headers={"Content-Disposition": f'attachment; filename="session-{name}.{kind}"'})
+
+    # -- usage ----------------------------------------------------------------------
+    async def usage(self, request: web.Request) -> web.StreamResponse:
+        """The insights of ``switchboard insights``: the chart of the days' tokens by purpose and cost per
+        day, and one row per model, purpose, platform, day, user (an identity's accounts together) or chat."""
+        q = request.query
+        problems = []
+        by = q.get("by", "model").strip().lower()
+        if by not in USAGE_GROUPINGS:
+            problems.append(f"unknown grouping {by!r} (one of {', '.join(USAGE_GROUPINGS)})")
+            by = "model"
+        try:
+            days = int(q.get("days", "30"))
+            if not 1 <= days <= USAGE_MAX_DAYS:
+                raise ValueError
+        except ValueError:
+            problems.append(f"days must be a whole number from 1 to {USAGE_MAX_DAYS}")
+            days = 30
+        since, dates = window(days, time.time())
+        db = self.src.db
+        rename = identity_names(self.src.identities) if by == "user" and self.src.identities else None
+        limit = None if by == "day" else USAGE_TOP
+        # with identities, every account is read: an identity's accounts add up before the ranking
+        found = from_summary(await db.usage_summary(since, by, limit=None if rename else limit), dates, rename,
+                             limit)
+        chart = daily_chart(from_summary(await db.usage_summary(since, "purpose"), dates),
+                            from_summary(await db.usage_summary(since, "day"), dates))
+        svg = Markup(usage_svg(chart, title=f"Last {days} days (UTC): tokens by purpose, cost per day"))  # usage_svg escapes every label
+        rows = [*found.groups, *([found.others] if found.others else [])]
+        return self._render(request, "usage.html", "usage", insights=found, rows=rows, by=by, days=days,
+                            groupings=USAGE_GROUPINGS, chart=svg, problem="; ".join(problems))
 
     # -- cron -----------------------------------------------------------------------
     def _runs(self, runs: list[dict]) -> list[dict]:
