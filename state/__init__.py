@@ -26,6 +26,7 @@ from .errors import (
     SchemaTooNew,
     SessionNotFound,
     StateError,
+    StoreUnavailable,
     TitleConflict,
     WriteTimeout,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "SessionNotFound",
     "StateError",
     "StoreSize",
+    "StoreUnavailable",
     "UpkeepReport",
     "TitleConflict",
     "WriteTimeout",

@@ -79,6 +79,11 @@ LAST_UPKEEP = "last_upkeep"
 CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
 
 
+#: The same table on PostgreSQL (schema v18).
+PG_TABLES = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+)
+
 def create_tables(conn: sqlite3.Connection) -> None:
     """Schema v18: small facts about the store itself, by key (``last_upkeep``: JSON)."""
     conn.execute(

@@ -76,6 +76,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterable, Sequence
 
+from . import _pg_search
 from ._fts_query import (
     CJK_GLOB,
     MAX_TERMS,
@@ -92,6 +93,7 @@ from ._fts_query import (
     trigram_leaf,
 )
 from ._fts_rank import DF_SAMPLE, Scorer, substring_snippet
+from ._pg import is_pg
 
 log = logging.getLogger(__name__)
 
@@ -416,6 +418,9 @@ def search_messages(
     if tree is None:
         return []
     where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
+    if is_pg(conn):
+        hits = _pg_search.search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit))
+        return [_with_context(conn, hit) for hit in hits]
     try:
         hits = _search(conn, tree, where, args, need_s, limit)
     except sqlite3.OperationalError as exc:

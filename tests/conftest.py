@@ -45,3 +45,38 @@ def pg_url(pg_cluster):
     url = pg_cluster.fresh_database()
     yield url
     pg_cluster.drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_cluster):
+    """The name of a database migrated to the current schema once, copied for each ``store`` test."""
+    url = pg_cluster.fresh_database()
+    SessionDB(url).close()
+    return url.rsplit("/", 1)[1]
+
+
+def pytest_generate_tests(metafunc):
+    """A test taking ``store`` runs on SQLite and on PostgreSQL, unless marked
+    ``@pytest.mark.sqlite_only("why")`` (WAL, file locks, PRAGMAs: what only SQLite has)."""
+    if "store" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only")
+        metafunc.parametrize("store", ["sqlite"] if only else ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture
+def store(request, home):
+    """A SessionDB on each backend (see pytest_generate_tests): $SWITCHBOARD_HOME/state.db, or a
+    PostgreSQL database of this test's own; closed (and dropped) afterwards."""
+    if request.param == "sqlite":
+        db = SessionDB()
+        yield db
+        db.close()
+        return
+    cluster = request.getfixturevalue("pg_cluster")
+    url = cluster.fresh_database(template=request.getfixturevalue("pg_template"))
+    db = SessionDB(url)
+    try:
+        yield db
+    finally:
+        db.close()
+        cluster.drop_database(url)

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,13 +129,21 @@ class PgCluster:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/{database}"
 
-    def fresh_database(self) -> str:
-        """Create an empty database and return its URL."""
+    def fresh_database(self, template: str | None = None) -> str:
+        """Create a database (empty, or a copy of the database ``template``) and return its URL."""
         import psycopg
 
         name = f"t{os.getpid()}_{next(self._names)}"
+        copy = f' TEMPLATE "{template}"' if template else ""
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            for attempt in range(50):
+                try:
+                    conn.execute(f'CREATE DATABASE "{name}"{copy}')
+                    break
+                except psycopg.errors.ObjectInUse:  # the template's last session is still closing
+                    if attempt == 49:
+                        raise
+                    time.sleep(0.05)
         return self.url(name)
 
     def drop_database(self, url: str) -> None:
