@@ -182,7 +182,7 @@ def claim_extraction(conn: sqlite3.Connection, session_id: str, *, now: float) -
     ``STALE_CLAIM_SECONDS`` (its process died) may be taken again."""
     return conn.execute(
         "INSERT INTO fact_extractions (session_id, claimed_at) VALUES (?, ?) ON CONFLICT(session_id) DO UPDATE "
-        "SET claimed_at = excluded.claimed_at WHERE added IS NULL AND claimed_at < ?",
+        "SET claimed_at = excluded.claimed_at WHERE fact_extractions.added IS NULL AND fact_extractions.claimed_at < ?",
         (session_id, now, now - STALE_CLAIM_SECONDS)).rowcount > 0
 
 

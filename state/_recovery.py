@@ -228,7 +228,7 @@ def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: lis
     if status not in DELIVERY_STATUSES:
         raise ValueError(f"delivery status must be one of {', '.join(DELIVERY_STATUSES)}, not {status!r}")
     return conn.execute(
-        "UPDATE deliveries SET sent_ids = ?, status = ?, error = ?, attempts = attempts + (? != 'pending'), "
+        "UPDATE deliveries SET sent_ids = ?, status = ?, error = ?, attempts = attempts + CASE WHEN ? = 'pending' THEN 0 ELSE 1 END, "
         "updated_at = ? WHERE id = ?",
         (json.dumps(list(sent_ids)), status, error, status, time.time(), delivery_id),
     ).rowcount > 0
@@ -241,7 +241,7 @@ def pending_deliveries(conn: sqlite3.Connection) -> list[dict]:
         "SELECT * FROM (SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
         "WHERE d.status = 'pending' UNION ALL "
         "SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
-        "WHERE d.status = 'streaming') ORDER BY created_at, id")
+        "WHERE d.status = 'streaming') AS open_deliveries ORDER BY created_at, id")
     return [_decode_delivery(r) for r in rows]
 
 

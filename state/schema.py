@@ -299,8 +299,8 @@ def _pg_columns(table: str, *columns: tuple[str, str]) -> Callable[[Any], None]:
     return _pg(*(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{name}" {decl}' for name, decl in columns))
 
 
-# v1 on PostgreSQL also defines SQLite's two- and three-argument scalar max(), so the store's SQL
-# (``MAX(started_at, last_active, ended_at)``) reads the same on both engines.
+# v1 on PostgreSQL also defines SQLite's scalar max() and min() of two or three numbers, so the store's
+# SQL (``MAX(started_at, last_active, ended_at)``, ``min(1.0, trust + ?)``) reads the same on both engines.
 _V1_PG = (
     """CREATE TABLE IF NOT EXISTS sessions (
         id TEXT PRIMARY KEY,
@@ -335,6 +335,8 @@ _V1_PG = (
     "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT GREATEST(a, b)'",
     "CREATE OR REPLACE FUNCTION max(a DOUBLE PRECISION, b DOUBLE PRECISION, c DOUBLE PRECISION) "
     "RETURNS DOUBLE PRECISION LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT GREATEST(a, b, c)'",
+    "CREATE OR REPLACE FUNCTION min(a DOUBLE PRECISION, b DOUBLE PRECISION) RETURNS DOUBLE PRECISION "
+    "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT LEAST(a, b)'",
 )
 
 
