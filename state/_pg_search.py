@@ -18,11 +18,11 @@ Indexes (schema v11 on PostgreSQL), over ``search_document(content, tool_name, t
   for one- and two-character CJK terms (too short for a trigram).
 
 A term without CJK is a phrase (``phraseto_tsquery``; ``word*`` a prefix); a CJK term is a
-substring (``LIKE``).  The tree becomes one condition with the query's own AND, OR and NOT.
+substring (``ILIKE``: case folded, as the trigram index folds it).  The tree becomes one condition with the query's own AND, OR and NOT.
 The newest ``RANK_WINDOW`` matches are ranked: ``ts_rank`` on the ``simple`` words plus
 ``ts_rank`` on ``english`` stems (so ``deploy`` also ranks ``deployed`` and ``deploying``
-higher where both match), newest first on equal scores.  Tool calls are searched as their
-raw JSON text (SQLite indexes only the function name and argument values).
+higher where both match), newest first on equal scores.  Tool calls are searched as on SQLite:
+each call's function name and its arguments' values (``search_tool_text``), never the JSON keys.
 """
 
 from __future__ import annotations
@@ -50,9 +50,35 @@ INSTALL = (
             ALTER TEXT SEARCH CONFIGURATION {CONFIG} ALTER MAPPING FOR hword, hword_part, word WITH unaccent, simple;
         END IF;
     END $$""",
+    # The searchable text of a tool_calls value, as state.fts makes it on SQLite: each call's function
+    # name and the scalar values of its arguments (JSON in a string, an object, or plain text), so JSON
+    # keys are no noise; a value that is not JSON is searched as it is.
+    """CREATE OR REPLACE FUNCTION search_tool_text(tool_calls TEXT) RETURNS TEXT
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+    DECLARE calls jsonb; call jsonb; args jsonb; parsed jsonb; out TEXT := '';
+    BEGIN
+        IF tool_calls IS NULL THEN RETURN ''; END IF;
+        BEGIN calls := tool_calls::jsonb; EXCEPTION WHEN others THEN RETURN tool_calls; END;
+        IF jsonb_typeof(calls) = 'object' THEN calls := jsonb_build_array(calls); END IF;
+        IF jsonb_typeof(calls) <> 'array' THEN RETURN tool_calls; END IF;
+        FOR call IN SELECT value FROM jsonb_array_elements(calls) LOOP
+            CONTINUE WHEN jsonb_typeof(call) <> 'object';
+            out := out || coalesce(call #>> '{function,name}', '') || ' ';
+            args := call #> '{function,arguments}';
+            IF jsonb_typeof(args) = 'string' THEN
+                BEGIN parsed := (args #>> '{}')::jsonb; EXCEPTION WHEN others THEN parsed := args; END;
+                args := parsed;
+            END IF;
+            IF args IS NOT NULL THEN
+                out := out || coalesce((SELECT string_agg(v #>> '{}', ' ') FROM jsonb_path_query(args, 'strict $.**') v
+                                        WHERE jsonb_typeof(v) IN ('string', 'number', 'boolean')), '') || ' ';
+            END IF;
+        END LOOP;
+        RETURN out;
+    END $$""",
     "CREATE OR REPLACE FUNCTION search_document(content TEXT, tool_name TEXT, tool_calls TEXT) RETURNS TEXT "
     "LANGUAGE sql IMMUTABLE PARALLEL SAFE "
-    "AS $$ SELECT coalesce(content, '') || ' ' || coalesce(tool_name, '') || ' ' || coalesce(tool_calls, '') $$",
+    "AS $$ SELECT coalesce(content, '') || ' ' || coalesce(tool_name, '') || ' ' || search_tool_text(tool_calls) $$",
     f"CREATE INDEX IF NOT EXISTS idx_messages_words ON messages USING gin ({WORDS.replace('m.', '')})",
     f"CREATE INDEX IF NOT EXISTS idx_messages_trigrams ON messages USING gin ({DOC.replace('m.', '')} gin_trgm_ops)",
     f"CREATE INDEX IF NOT EXISTS idx_messages_cjk ON messages (id) WHERE {HAS_CJK.replace('m.', '')}",
@@ -100,8 +126,8 @@ def condition(node: Node) -> tuple[str, list]:
             return f"{WORDS} @@ {query}", args
         text = node.text.strip()
         if index_of(node) == "like":  # one or two CJK characters: only CJK messages can hold them
-            return f"({HAS_CJK} AND {DOC} LIKE ? ESCAPE '\\')", [_like_arg(text)]
-        return f"{DOC} LIKE ? ESCAPE '\\'", [_like_arg(text)]
+            return f"({HAS_CJK} AND {DOC} ILIKE ? ESCAPE '\\')", [_like_arg(text)]
+        return f"{DOC} ILIKE ? ESCAPE '\\'", [_like_arg(text)]
     left, largs = condition(node.left)
     right, rargs = condition(node.right)
     if node.op == "OR":
@@ -127,7 +153,7 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         score, score_args = "0.0 * c.id", []  # nothing to score (CJK substrings only): newest first
     rows = conn.execute(
         f"SELECT c.id, c.session_id, c.role, c.timestamp, s2.source, s2.model, s2.started_at, "
-        f"c.content, c.tool_name, c.tool_calls FROM ("
+        f"c.content, c.tool_name, search_tool_text(c.tool_calls) FROM ("
         f"SELECT m.id, m.session_id, m.role, m.timestamp, m.content, m.tool_name, m.tool_calls, {DOC} AS doc "
         f"FROM messages m{join_s} WHERE {cond}{where} ORDER BY m.id DESC LIMIT ?) c "
         f"JOIN sessions s2 ON s2.id = c.session_id ORDER BY {score} DESC, c.id DESC LIMIT ?",

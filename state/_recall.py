@@ -190,7 +190,8 @@ def _details(conn, ids: list[int], terms: list[str]) -> list[dict]:
         return []
     if is_pg(conn):  # no view of the searched text: the columns themselves
         sql = ("SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"
-               " m.content, m.tool_name, m.tool_calls FROM messages m JOIN sessions s ON s.id = m.session_id"
+               " m.content, m.tool_name, search_tool_text(m.tool_calls) FROM messages m"
+               " JOIN sessions s ON s.id = m.session_id"
                f" WHERE m.id IN ({json_values(conn, integers=True)})")
     else:
         sql = ("SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"

@@ -56,27 +56,35 @@ def pg_template(pg_cluster):
 
 
 def pytest_generate_tests(metafunc):
-    """A test taking ``store`` runs on SQLite and on PostgreSQL, unless marked
-    ``@pytest.mark.sqlite_only("why")`` (WAL, file locks, PRAGMAs: what only SQLite has)."""
-    if "store" in metafunc.fixturenames:
+    """A test using ``store`` (or ``store_target``) runs on SQLite and on PostgreSQL, unless marked
+    ``@pytest.mark.sqlite_only("why")`` (WAL, file locks, PRAGMAs, FTS5: what only SQLite has)."""
+    if "backend" in metafunc.fixturenames:
         only = metafunc.definition.get_closest_marker("sqlite_only")
-        metafunc.parametrize("store", ["sqlite"] if only else ["sqlite", "postgresql"], indirect=True)
+        metafunc.parametrize("backend", ["sqlite"] if only else ["sqlite", "postgresql"], indirect=True)
 
 
 @pytest.fixture
-def store(request, home):
-    """A SessionDB on each backend (see pytest_generate_tests): $SWITCHBOARD_HOME/state.db, or a
-    PostgreSQL database of this test's own; closed (and dropped) afterwards."""
-    if request.param == "sqlite":
-        db = SessionDB()
-        yield db
-        db.close()
+def backend(request):
+    """``"sqlite"`` or ``"postgresql"`` (see pytest_generate_tests)."""
+    return request.param
+
+
+@pytest.fixture
+def store_target(request, backend, home):
+    """What to open a SessionDB on for this backend: $SWITCHBOARD_HOME/state.db, or the URL of a
+    PostgreSQL database of this test's own (migrated already; dropped afterwards)."""
+    if backend == "sqlite":
+        yield home / "state.db"
         return
     cluster = request.getfixturevalue("pg_cluster")
     url = cluster.fresh_database(template=request.getfixturevalue("pg_template"))
-    db = SessionDB(url)
-    try:
-        yield db
-    finally:
-        db.close()
-        cluster.drop_database(url)
+    yield url
+    cluster.drop_database(url)
+
+
+@pytest.fixture
+def store(store_target):
+    """A SessionDB on each backend (see pytest_generate_tests), closed afterwards."""
+    db = SessionDB(store_target)
+    yield db
+    db.close()
