@@ -8,7 +8,8 @@ position or by name.  :class:`PgConnection` gives them exactly that over psycopg
   identifiers only ``?`` counts); ``:name`` becomes ``%(name)s`` when the parameters
   are a dict.  Parameters are bound on the client (psycopg's ``ClientCursor``), so a
   value is typed by where it stands, as SQLite does, not by its Python type.
-* A Python ``bool`` is sent as 0 or 1 (the store's flags are integer columns).
+* A Python ``bool`` is sent as 0 or 1 (the store's flags are integer columns); a NUL
+  character in a string, which PostgreSQL's text cannot hold, is stored as U+FFFD.
 * Rows are :class:`Row`: by index, by column name, ``dict(row)``, unpacking.  A
   ``numeric`` value (what ``SUM`` of integers gives) comes back as ``int`` when whole.
 * A cursor has ``rowcount``, ``fetchone``, ``fetchall``, iteration and ``description``.
@@ -125,6 +126,8 @@ def translate(sql: str, named: bool = False) -> str:
 def _param(value: Any) -> Any:
     if isinstance(value, bool):
         return int(value)
+    if isinstance(value, str) and "\x00" in value:
+        return value.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL; SQLite keeps it
     return value
 
 
