@@ -419,3 +419,23 @@ def is_integrity_error(exc: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(exc, psycopg.IntegrityError)
+
+
+def probe(url: str, *, timeout: float = 5.0) -> tuple[int | None, str]:
+    """Reach the PostgreSQL store without changing it (``doctor``): (schema version, 0 when not
+    migrated yet, or None when it cannot be used; what was found, the URL's password masked)."""
+    from . import schema
+
+    psycopg = _require_psycopg()
+    masked = mask_url(url)
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout)), cursor_factory=psycopg.ClientCursor,
+                             row_factory=row_factory) as raw:
+            conn = PgConnection(raw)
+            version = schema.read_version_pg(conn, masked)
+            server = raw.info.server_version
+    except psycopg.Error as exc:
+        return None, f"{masked}: {_without_secret(str(exc).strip(), url)}"
+    except StateError as exc:
+        return None, str(exc)
+    return version, f"{masked} (PostgreSQL {server // 10000}.{server % 10000})"

@@ -52,7 +52,7 @@ def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, config_path: Path | None = None, **kwargs: Any) -> Any:
         db = None
         try:
-            db = state.SessionDB(resolve_home(config_path) / "state.db")
+            db = state.SessionDB(resolve_store(config_path))
             return command(db, *args, **kwargs)
         except state.StateError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -123,6 +123,29 @@ def resolve_home(config_path: Path | None = None) -> Path:
     except ConfigError as exc:
         fail(str(exc) if exc.file else f"{shown}: {exc}", exc.exit_code)
         raise  # unreachable
+
+
+def resolve_store(config_path: Path | None = None) -> Path | str:
+    """The store the operator means: the config file's ``store.url`` when set (PostgreSQL), else
+    ``state.db`` in :func:`resolve_home`.  Only that key is read (as only ``home:`` is there), so an
+    unset ``${TOKEN}`` elsewhere stops nothing; a bad ``store.url`` exits 78 naming it."""
+    found = _config_file(config_path)
+    if found is not None:
+        path, source = found
+        shown = str(path)
+        try:
+            data = _config_load.parse_yaml(_config_load.read_text(path, source), shown)
+            section = data.get("store")
+            url = section.get("url") if isinstance(section, dict) else None
+            if url:
+                url = _config_load.expand_env({"url": url}, os.environ, shown)["url"]
+                url = config_from_dict({"store": {"url": url}}, base_dir=path.resolve().parent).store.url
+            if url:
+                return url
+        except ConfigError as exc:
+            fail(str(exc) if exc.file else f"{shown}: {exc}", exc.exit_code)
+            raise  # unreachable
+    return resolve_home(config_path) / "state.db"
 
 
 def _config_file(config_path: Path | None) -> tuple[Path, str] | None:
