@@ -53,8 +53,7 @@ PG_TABLES = (
         superseded_by BIGINT
     )""",
     "CREATE INDEX IF NOT EXISTS idx_facts_owner_recent ON facts(owner, confirmed_at DESC)",
-    "CREATE INDEX IF NOT EXISTS idx_facts_words ON facts "
-    "USING gin (to_tsvector('switchboard_search'::regconfig, content || ' ' || entities))",
+    "CREATE INDEX IF NOT EXISTS idx_facts_words ON facts USING gin (search_words(content || ' ' || entities))",
     """CREATE TABLE IF NOT EXISTS fact_extractions (
         session_id TEXT PRIMARY KEY,
         claimed_at DOUBLE PRECISION NOT NULL,
@@ -263,14 +262,13 @@ def _fact_candidates_pg(conn: Any, owner: str, words: list[str], *, limit: int, 
     index), best ``ts_rank`` first; ``fts_rank`` is the negated rank (lower is better, as FTS5's)."""
     from . import _pg_search
 
-    cond, args = _pg_search.fact_condition(words)
-    query = " || ".join(f"phraseto_tsquery('{_pg_search.CONFIG}', ?)" for _ in words)
+    query, args = _pg_search.any_phrase(words)
     rows = conn.execute(
-        f"SELECT c.*, -ts_rank(to_tsvector('{_pg_search.CONFIG}'::regconfig, c.content || ' ' || c.entities), "
-        f"({query})) AS fts_rank FROM (SELECT f.* FROM facts f WHERE f.owner = ? AND {cond} "
+        f"SELECT c.*, -ts_rank(c.words, ({query})) AS fts_rank FROM (SELECT f.*, {_pg_search.FACT_WORDS} AS words "
+        f"FROM facts f WHERE f.owner = ? AND {_pg_search.FACT_WORDS} @@ ({query}) "
         + ("" if include_superseded else "AND f.superseded_by IS NULL ")
         + "ORDER BY f.id DESC LIMIT ?) c ORDER BY fts_rank, c.id DESC LIMIT ?",
-        [*words, owner, *args, max(1, int(window)), int(limit)],
+        [*args, owner, *args, max(1, int(window)), int(limit)],
     ).fetchall()
     out = []
     for row in rows:

@@ -5,24 +5,29 @@
 here; the hits get their context there, so the result has the same shape on both engines.
 This is its own module rather than a branch inside ``state.fts`` because nothing of the
 FTS5 machinery (external-content tables, batched indexing, the in-memory tail, BM25 from
-the index's size records) exists here: PostgreSQL indexes each row as it is written.
+the index's size records) exists here: PostgreSQL indexes each row in the writing transaction.
 
-Indexes (schema v11 on PostgreSQL), over ``search_document(content, tool_name, tool_calls)``:
+The index (schema v11 on PostgreSQL) is the table ``messages_fts`` (the name of SQLite's
+search index too), one row per message with text, kept by a trigger on ``messages``:
 
-* ``idx_messages_words``: GIN over ``to_tsvector('switchboard_search', ...)``, the
-  ``simple`` configuration (every word, lower-cased, no stemming, no stop words: what
-  FTS5's unicode61 finds) with accents folded (``unaccent``), as unicode61 folds them;
-* ``idx_messages_trigrams``: ``pg_trgm`` GIN, for CJK terms of three or more characters
-  (substrings, as the SQLite trigram index finds them);
-* ``idx_messages_cjk``: the ids of messages holding a CJK character, walked newest first
-  for one- and two-character CJK terms (too short for a trigram).
+* ``words``: a ``tsvector`` of the message's searchable text (content, tool name, and each
+  tool call's function name and argument values, never the JSON keys: ``search_tool_text``),
+  cut into words as FTS5's unicode61 cuts them (every run of letters and digits, whatever the
+  punctuation between: ``search_words``), lower-cased, accents folded (``unaccent``), no
+  stemming, no stop words; GIN-indexed.
+* ``cjk``: the same text, only for a message holding a CJK character (as SQLite's trigram
+  index holds only those); ``pg_trgm`` GIN-indexed for CJK terms of three or more
+  characters, and a partial index of these ids walked newest first for one or two.
 
-A term without CJK is a phrase (``phraseto_tsquery``; ``word*`` a prefix); a CJK term is a
-substring (``ILIKE``: case folded, as the trigram index folds it).  The tree becomes one condition with the query's own AND, OR and NOT.
-The newest ``RANK_WINDOW`` matches are ranked: ``ts_rank`` on the ``simple`` words plus
-``ts_rank`` on ``english`` stems (so ``deploy`` also ranks ``deployed`` and ``deploying``
-higher where both match), newest first on equal scores.  Tool calls are searched as on SQLite:
-each call's function name and its arguments' values (``search_tool_text``), never the JSON keys.
+A term without CJK is a phrase (``phraseto_tsquery``; ``word*`` a prefix on its last word);
+a CJK term is a substring (``ILIKE``: case folded, as the trigram index folds it).  The tree
+becomes one condition with the query's own AND, OR and NOT.  The newest ``RANK_WINDOW``
+matches are ranked: ``ts_rank`` on the words plus ``ts_rank`` on ``english`` stems (so
+``deploy`` also ranks ``deployed`` and ``deploying`` higher where both match), newest first
+on equal scores; a query of CJK substrings only is newest first.
+
+The words are cut by the database's ``[[:alnum:]]``, so the database needs a UTF-8 character
+type (``LC_CTYPE``): installing the index checks it.
 """
 
 from __future__ import annotations
@@ -32,13 +37,12 @@ from typing import Any
 
 from ._fts_query import CJK_RANGES, Node, Term, index_of, positive_terms
 from ._fts_rank import substring_snippet
+from .errors import StateError
 
 CONFIG = "switchboard_search"
-DOC = "search_document(m.content, m.tool_name, m.tool_calls)"
-WORDS = f"to_tsvector('{CONFIG}'::regconfig, {DOC})"
 CJK_CLASS = "[" + "".join(f"{lo}-{hi}" for lo, hi in CJK_RANGES) + "]"
-HAS_CJK = f"{DOC} ~ '{CJK_CLASS}'"
 _WORD = re.compile(r"[^\W_]+")
+_NORMALISE = "regexp_replace({0}, '[^[:alnum:]]+', ' ', 'g')"
 
 INSTALL = (
     "CREATE EXTENSION IF NOT EXISTS pg_trgm",
@@ -52,9 +56,10 @@ INSTALL = (
     END $$""",
     # The searchable text of a tool_calls value, as state.fts makes it on SQLite: each call's function
     # name and the scalar values of its arguments (JSON in a string, an object, or plain text), so JSON
-    # keys are no noise; a value that is not JSON is searched as it is.
+    # keys are no noise; a value that is not JSON is searched as it is.  Its exception blocks are
+    # subtransactions, which parallel workers cannot start: PARALLEL RESTRICTED (the leader runs it).
     """CREATE OR REPLACE FUNCTION search_tool_text(tool_calls TEXT) RETURNS TEXT
-    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+    LANGUAGE plpgsql IMMUTABLE PARALLEL RESTRICTED AS $$
     DECLARE calls jsonb; call jsonb; args jsonb; parsed jsonb; out TEXT := '';
     BEGIN
         IF tool_calls IS NULL THEN RETURN ''; END IF;
@@ -77,24 +82,54 @@ INSTALL = (
         RETURN out;
     END $$""",
     "CREATE OR REPLACE FUNCTION search_document(content TEXT, tool_name TEXT, tool_calls TEXT) RETURNS TEXT "
-    "LANGUAGE sql IMMUTABLE PARALLEL SAFE "
+    "LANGUAGE sql IMMUTABLE PARALLEL RESTRICTED "
     "AS $$ SELECT coalesce(content, '') || ' ' || coalesce(tool_name, '') || ' ' || search_tool_text(tool_calls) $$",
-    f"CREATE INDEX IF NOT EXISTS idx_messages_words ON messages USING gin ({WORDS.replace('m.', '')})",
-    f"CREATE INDEX IF NOT EXISTS idx_messages_trigrams ON messages USING gin ({DOC.replace('m.', '')} gin_trgm_ops)",
-    f"CREATE INDEX IF NOT EXISTS idx_messages_cjk ON messages (id) WHERE {HAS_CJK.replace('m.', '')}",
+    # the words of a text as FTS5's unicode61 finds them: runs of letters and digits, whatever is between
+    f"CREATE OR REPLACE FUNCTION search_words(document TEXT) RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE "
+    f"AS $$ SELECT to_tsvector('{CONFIG}'::regconfig, {_NORMALISE.format('document')}) $$",
+    """CREATE TABLE IF NOT EXISTS messages_fts (
+        id BIGINT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+        words tsvector NOT NULL,
+        cjk TEXT)""",
+    "CREATE INDEX IF NOT EXISTS idx_messages_fts_words ON messages_fts USING gin (words)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_fts_trigrams ON messages_fts USING gin (cjk gin_trgm_ops)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_fts_cjk ON messages_fts (id) WHERE cjk IS NOT NULL",
+    f"""CREATE OR REPLACE FUNCTION messages_fts_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE document TEXT;
+    BEGIN
+        IF NEW.content IS NULL AND NEW.tool_name IS NULL AND NEW.tool_calls IS NULL THEN
+            DELETE FROM messages_fts WHERE id = NEW.id;
+            RETURN NULL;
+        END IF;
+        document := search_document(NEW.content, NEW.tool_name, NEW.tool_calls);
+        INSERT INTO messages_fts (id, words, cjk)
+            VALUES (NEW.id, search_words(document), CASE WHEN document ~ '{CJK_CLASS}' THEN document END)
+            ON CONFLICT (id) DO UPDATE SET words = excluded.words, cjk = excluded.cjk;
+        RETURN NULL;
+    END $$""",
+    "DROP TRIGGER IF EXISTS messages_fts_sync ON messages",
+    "CREATE TRIGGER messages_fts_sync AFTER INSERT OR UPDATE OF content, tool_name, tool_calls ON messages "
+    "FOR EACH ROW EXECUTE FUNCTION messages_fts_sync()",
+    "INSERT INTO messages_fts (id, words, cjk) SELECT id, search_words(d), CASE WHEN d ~ '" + CJK_CLASS + "' THEN d END "
+    "FROM (SELECT id, search_document(content, tool_name, tool_calls) AS d FROM messages "
+    "WHERE content IS NOT NULL OR tool_name IS NOT NULL OR tool_calls IS NOT NULL) m ON CONFLICT (id) DO NOTHING",
 )
 
 
 def install(conn: Any) -> None:
-    """Schema v11 on PostgreSQL: the extensions, the configuration and the three indexes."""
+    """Schema v11 on PostgreSQL: the extensions, the configuration, ``messages_fts`` and its trigger."""
     from psycopg import errors
 
+    if not conn.execute("SELECT 'é記a1' ~ '^[[:alnum:]]+$'").fetchone()[0]:
+        ctype = conn.execute("SELECT datctype FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        raise StateError(
+            f"the database's character type is {ctype!r}, which does not know letters beyond ASCII, so search "
+            "could not cut CJK or accented text into words: create the database with a UTF-8 one, e.g. "
+            "CREATE DATABASE switchboard LC_CTYPE 'C.UTF-8' LC_COLLATE 'C.UTF-8' TEMPLATE template0")
     for sql in INSTALL:
         try:
             conn.execute(sql)
         except (errors.InsufficientPrivilege, errors.UndefinedFile, errors.FeatureNotSupported) as exc:
-            from .errors import StateError
-
             raise StateError(
                 f"search needs the PostgreSQL extensions pg_trgm and unaccent ({exc.diag.message_primary}): "
                 "install the server's contrib package (Debian: postgresql-contrib) and let the store's user "
@@ -108,60 +143,62 @@ def _like_arg(text: str) -> str:
 
 
 def tsquery(term: Term) -> tuple[str, list]:
-    """SQL for a word term's tsquery: a phrase, or a prefix on its last word."""
-    if not term.prefix:
-        return f"phraseto_tsquery('{CONFIG}', ?)", [term.text]
-    words = _WORD.findall(term.text.lower())
-    if not words:
-        return f"phraseto_tsquery('{CONFIG}', ?)", [term.text]
-    text = " <-> ".join("'" + w.replace("'", "''") + "'" for w in words) + ":*"
-    return f"to_tsquery('{CONFIG}', ?)", [text]
+    """SQL for a word term's tsquery, its words cut as the messages' are: a phrase, or (``word*``) a
+    prefix on its last word."""
+    phrase = f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format('?')})"
+    if term.prefix and _WORD.search(term.text):
+        return f"CAST(CAST({phrase} AS TEXT) || ':*' AS tsquery)", [term.text]
+    return phrase, [term.text]
 
 
 def condition(node: Node) -> tuple[str, list]:
-    """The tree as one condition on ``m`` (messages)."""
+    """The tree as one condition on ``f`` (``messages_fts``)."""
     if isinstance(node, Term):
         if index_of(node) == "unicode61":
             query, args = tsquery(node)
-            return f"{WORDS} @@ {query}", args
-        text = node.text.strip()
-        if index_of(node) == "like":  # one or two CJK characters: only CJK messages can hold them
-            return f"({HAS_CJK} AND {DOC} ILIKE ? ESCAPE '\\')", [_like_arg(text)]
-        return f"{DOC} ILIKE ? ESCAPE '\\'", [_like_arg(text)]
+            return f"f.words @@ {query}", args
+        return "f.cjk ILIKE ? ESCAPE '\\'", [_like_arg(node.text.strip())]
     left, largs = condition(node.left)
     right, rargs = condition(node.right)
     if node.op == "OR":
         return f"({left} OR {right})", largs + rargs
-    if node.op == "NOT":
-        return f"({left} AND NOT {right})", largs + rargs
+    if node.op == "NOT":  # a message without CJK has no cjk text: its NULL means "not there"
+        return f"({left} AND NOT COALESCE({right}, false))", largs + rargs
     return f"({left} AND {right})", largs + rargs
 
 
 def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int) -> list[dict]:
-    """The best ``limit`` of the newest ``window`` matches, as ``state.fts`` hits (no context yet)."""
+    """The best ``limit`` of the newest ``window`` matches, as ``state.fts`` hits (no context yet).
+    ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
     cond, cargs = condition(tree)
     positive = positive_terms(tree)
     words = [t for t in positive if index_of(t) == "unicode61"]
-    join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
+    join = (" JOIN messages m ON m.id = f.id" if where or need_s else "") + (
+        " JOIN sessions s ON s.id = m.session_id" if need_s else "")
     if words:
         parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
-        simple = " || ".join(parts)
-        score = (f"ts_rank(to_tsvector('{CONFIG}'::regconfig, c.doc), {simple})"
-                 " + ts_rank(to_tsvector('english'::regconfig, c.doc), plainto_tsquery('english', ?))")
+        score = (f"ts_rank(c.words, {' || '.join(parts)}) + ts_rank(to_tsvector('english'::regconfig, "
+                 "search_document(m.content, m.tool_name, m.tool_calls)), plainto_tsquery('english', ?))")
         score_args = [a for group in rank_args for a in group] + [" ".join(t.text for t in words)]
+        order = f"{score} DESC, c.id DESC"
     else:
-        score, score_args = "0.0 * c.id", []  # nothing to score (CJK substrings only): newest first
-    rows = conn.execute(
-        f"SELECT c.id, c.session_id, c.role, c.timestamp, s2.source, s2.model, s2.started_at, "
-        f"c.content, c.tool_name, search_tool_text(c.tool_calls) FROM ("
-        f"SELECT m.id, m.session_id, m.role, m.timestamp, m.content, m.tool_name, m.tool_calls, {DOC} AS doc "
-        f"FROM messages m{join_s} WHERE {cond}{where} ORDER BY m.id DESC LIMIT ?) c "
-        f"JOIN sessions s2 ON s2.id = c.session_id ORDER BY {score} DESC, c.id DESC LIMIT ?",
+        order, score_args = "c.id DESC", []  # nothing to score (CJK substrings only): newest first
+    ranked = conn.execute(
+        f"SELECT c.id FROM (SELECT f.id, f.words FROM messages_fts f{join} WHERE {cond}{where} "
+        f"ORDER BY f.id DESC LIMIT ?) c JOIN messages m ON m.id = c.id ORDER BY {order} LIMIT ?",
         [*cargs, *args, window, *score_args, limit],
     ).fetchall()
+    ids = [r[0] for r in ranked]
+    if not ids:
+        return []
+    rows = {r[0]: r for r in conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, m.content, m.tool_name, "
+        "search_tool_text(m.tool_calls) FROM messages m JOIN sessions s ON s.id = m.session_id "
+        f"WHERE m.id IN ({', '.join('?' * len(ids))})", ids)}
     terms = [t.text.strip() for t in positive]
     hits = []
-    for r in rows:
+    for msg_id in ids:
+        r = rows[msg_id]
         hit = dict(zip(("id", "session_id", "role", "timestamp", "source", "model", "session_started"), r[:7],
                        strict=True))
         hit["snippet"] = snippet([r[7], r[8], r[9]], terms)
@@ -183,7 +220,9 @@ def snippet(texts: list[str | None], terms: list[str]) -> str:
     return ""
 
 
-def fact_condition(words: list[str]) -> tuple[str, list]:
-    """Facts matching any of ``words`` (each a phrase), for ``state._facts`` on PostgreSQL."""
-    query = " || ".join(f"phraseto_tsquery('{CONFIG}', ?)" for _ in words)
-    return (f"to_tsvector('{CONFIG}'::regconfig, f.content || ' ' || f.entities) @@ ({query})", list(words))
+FACT_WORDS = "search_words(f.content || ' ' || f.entities)"
+
+
+def any_phrase(words: list[str]) -> tuple[str, list]:
+    """A tsquery matching any of ``words`` (each a phrase, cut as the indexed text is)."""
+    return " || ".join(f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format('?')})" for _ in words), list(words)

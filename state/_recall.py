@@ -157,8 +157,8 @@ def _newest_in(conn, tree, ids: list[int], limit: int) -> list[dict]:
     if is_pg(conn):
         cond, cargs = _pg_search.condition(tree)
         found = [r[0] for r in conn.execute(
-            f"SELECT m.id FROM messages m WHERE m.id IN ({json_values(conn, integers=True)}) AND {cond}"
-            " ORDER BY m.id DESC LIMIT ?", [json.dumps(ids), *cargs, limit])]
+            f"SELECT f.id FROM messages_fts f WHERE f.id IN ({json_values(conn, integers=True)}) AND {cond}"
+            " ORDER BY f.id DESC LIMIT ?", [json.dumps(ids), *cargs, limit])]
         return _details(conn, found, terms)
     one = fts.one_index_match(tree)
     if one is None:  # both indexes: combined by fts

@@ -83,7 +83,8 @@ class PgCluster:
     _names = itertools.count(1)
 
     @classmethod
-    def start(cls) -> PgCluster:
+    def start(cls, settings: dict[str, str] | None = None) -> PgCluster:
+        """Initialise and start a cluster; ``settings`` override the server's (``fsync=off`` for tests)."""
         reason = why_unavailable()
         if reason:
             raise RuntimeError(reason)
@@ -113,7 +114,8 @@ class PgCluster:
             "--no-sync",
         )  # fmt: skip
         pwfile.unlink()
-        options = f"-p {cluster.port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off -c max_connections=200"
+        server = {"listen_addresses": "127.0.0.1", "fsync": "off", "max_connections": "200", **(settings or {})}
+        options = f"-p {cluster.port} -k {root} " + " ".join(f"-c {k}={v}" for k, v in server.items())
         cluster._run("pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "server.log"), "-w", "start")
         return cluster
 

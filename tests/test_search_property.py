@@ -61,7 +61,7 @@ def test_sanitized_queries_are_valid_fts5(store, query):
         tree = fts.parse(query)
         if tree is not None:
             cond, args = _pg_search.condition(tree)
-            store.db._engine.read(lambda conn: conn.execute(f"SELECT count(*) FROM messages m WHERE {cond}",
+            store.db._engine.read(lambda conn: conn.execute(f"SELECT count(*) FROM messages_fts f WHERE {cond}",
                                                             args).fetchone())
         return
     match = fts.sanitize_query(query)

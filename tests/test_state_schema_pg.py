@@ -18,8 +18,8 @@ from state._pg import MIGRATION_LOCK, Row, mask_url, translate
 from tests.harness import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
-# What only SQLite's full-text search keeps as tables (FTS5's own tables and the batch mark);
-# PostgreSQL indexes the same columns with GIN indexes instead (state/_pg_search.py).
+# The search indexes' own tables: FTS5's and the batch mark on SQLite, messages_fts (words and
+# CJK text, GIN-indexed) on PostgreSQL (state/_pg_search.py); each engine's own business.
 SEARCH_INTERNALS = ("messages_fts", "facts_fts", "search_index_", "sqlite_")
 
 
@@ -43,7 +43,8 @@ def _pg_tables(url: str) -> dict[str, set[str]]:
                             "WHERE table_schema = current_schema()").fetchall()
     tables: dict[str, set[str]] = {}
     for table, column in rows:
-        tables.setdefault(table, set()).add(column)
+        if not table.startswith(SEARCH_INTERNALS):
+            tables.setdefault(table, set()).add(column)
     return tables
 
 
