@@ -23,7 +23,8 @@ A term without CJK is a phrase (``phraseto_tsquery``; ``word*`` a prefix on its 
 a CJK term is a substring (``ILIKE``: case folded, as the trigram index folds it).  The tree
 becomes one condition with the query's own AND, OR and NOT.  The newest ``RANK_WINDOW``
 matches are ranked: ``ts_rank`` on the words plus ``ts_rank`` on ``english`` stems (so
-``deploy`` also ranks ``deployed`` and ``deploying`` higher where both match), newest first
+``deploy`` also ranks ``deployed`` and ``deploying`` higher where both match, among the best
+three times ``limit`` by words), newest first
 on equal scores; a query of CJK substrings only is newest first.
 
 The words are cut by the database's ``[[:alnum:]]``, so the database needs a UTF-8 character
@@ -175,19 +176,21 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
     words = [t for t in positive if index_of(t) == "unicode61"]
     join = (" JOIN messages m ON m.id = f.id" if where or need_s else "") + (
         " JOIN sessions s ON s.id = m.session_id" if need_s else "")
+    newest = f"SELECT f.id, f.words FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
     if words:
+        # ranked by the stored words; the best few then also by English stems (a text's stems cost
+        # its parsing again, too slow for the whole window)
         parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
-        score = (f"ts_rank(c.words, {' || '.join(parts)}) + ts_rank(to_tsvector('english'::regconfig, "
-                 "search_document(m.content, m.tool_name, m.tool_calls)), plainto_tsquery('english', ?))")
-        score_args = [a for group in rank_args for a in group] + [" ".join(t.text for t in words)]
-        order = f"{score} DESC, c.id DESC"
-    else:
-        order, score_args = "c.id DESC", []  # nothing to score (CJK substrings only): newest first
-    ranked = conn.execute(
-        f"SELECT c.id FROM (SELECT f.id, f.words FROM messages_fts f{join} WHERE {cond}{where} "
-        f"ORDER BY f.id DESC LIMIT ?) c JOIN messages m ON m.id = c.id ORDER BY {order} LIMIT ?",
-        [*cargs, *args, window, *score_args, limit],
-    ).fetchall()
+        ranked = conn.execute(
+            f"SELECT b.id FROM (SELECT c.id, ts_rank(c.words, {' || '.join(parts)}) AS score FROM ({newest}) c "
+            "ORDER BY score DESC, c.id DESC LIMIT ?) b JOIN messages m ON m.id = b.id "
+            "ORDER BY b.score + ts_rank(to_tsvector('english'::regconfig, search_document(m.content, m.tool_name, "
+            "m.tool_calls)), plainto_tsquery('english', ?)) DESC, b.id DESC LIMIT ?",
+            [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
+             " ".join(t.text for t in words), limit],
+        ).fetchall()
+    else:  # nothing to score (CJK substrings only): newest first
+        ranked = conn.execute(newest, [*cargs, *args, limit]).fetchall()
     ids = [r[0] for r in ranked]
     if not ids:
         return []
@@ -204,6 +207,24 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         hit["snippet"] = snippet([r[7], r[8], r[9]], terms)
         hits.append(hit)
     return hits
+
+
+def with_context(conn: Any, hits: list[dict], chars: int) -> None:
+    """Give each hit its ``context`` (the message before and after it in its session), in one query."""
+    if not hits:
+        return
+    rows = conn.execute(
+        "SELECT h.id, b.id, b.role, b.content, a.id, a.role, a.content "
+        "FROM unnest(CAST(? AS BIGINT[]), CAST(? AS TEXT[])) AS h(id, session_id) "
+        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = h.session_id AND id < h.id "
+        "ORDER BY id DESC LIMIT 1) b ON true "
+        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = h.session_id AND id > h.id "
+        "ORDER BY id LIMIT 1) a ON true",
+        [[h["id"] for h in hits], [h["session_id"] for h in hits]]).fetchall()
+    around = {r[0]: [{"id": r[i], "role": r[i + 1], "content": (r[i + 2] or "")[:chars]} for i in (1, 4)
+                     if r[i] is not None] for r in rows}
+    for hit in hits:
+        hit["context"] = around.get(hit["id"], [])
 
 
 def snippet(texts: list[str | None], terms: list[str]) -> str:

@@ -420,7 +420,8 @@ def search_messages(
     where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
     if is_pg(conn):
         hits = _pg_search.search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit))
-        return [_with_context(conn, hit) for hit in hits]
+        _pg_search.with_context(conn, hits, CONTEXT_CHARS)
+        return [_shaped(hit) for hit in hits]
     try:
         hits = _search(conn, tree, where, args, need_s, limit)
     except sqlite3.OperationalError as exc:
@@ -708,6 +709,10 @@ def _with_context(conn: sqlite3.Connection, hit: dict) -> dict:
     hit["context"] = [
         {"id": r[0], "role": r[1], "content": (r[2] or "")[:CONTEXT_CHARS]} for r in (before, after) if r
     ]
+    return _shaped(hit)
+
+
+def _shaped(hit: dict) -> dict:
     return {
         k: hit[k]
         for k in ("id", "session_id", "role", "timestamp", "snippet", "context", "source", "model", "session_started")
