@@ -81,3 +81,14 @@ def test_doctor_reaches_the_store_without_showing_its_password(pg_url, pg_cluste
     [down] = check_postgresql(pg_cluster.url("no_such_database"))
     assert down.ok is False and "no_such_database" in down.detail and "store.url" in down.fix
     assert pg_cluster.password not in ok.detail + migrated.detail + down.detail
+
+
+@pytest.mark.parametrize("command", [["backup", "out.db"], ["restore", "in.db"], ["maintenance"]])
+def test_the_sqlite_file_tools_refuse_a_postgresql_store_and_say_what_instead(tmp_path, monkeypatch, command):
+    config = tmp_path / "config.yaml"
+    config.write_text("store:\n  url: postgresql://bob:hunter2@db.example:5432/sb\n")
+    result = CliRunner().invoke(main, [*command, "--config", str(config)])
+    assert result.exit_code == 1
+    assert "store.url points at PostgreSQL (postgresql://bob:***@db.example:5432/sb)" in result.output
+    assert "hunter2" not in result.output and ("pg_dump" in result.output or "pg_restore" in result.output
+                                               or "autovacuum" in result.output)

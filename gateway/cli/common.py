@@ -148,6 +148,15 @@ def resolve_store(config_path: Path | None = None) -> Path | str:
     return resolve_home(config_path) / "state.db"
 
 
+def refuse_on_postgresql(config_path: Path | None, what: str, instead: str) -> None:
+    """Stop a command that works on the SQLite file (backup, restore, maintenance) when ``store.url``
+    points at PostgreSQL, saying what to use instead."""
+    target = resolve_store(config_path)
+    if isinstance(target, str):
+        raise click.ClickException(f"store.url points at PostgreSQL ({state.mask_url(target)}): {what} works on "
+                                   f"a SQLite state.db; {instead}")
+
+
 def _config_file(config_path: Path | None) -> tuple[Path, str] | None:
     """The config file in use and how it was found: ``--config`` (which must exist), else the one found, else None."""
     path, source = _config_load.locate(config_path, os.environ)
