@@ -124,15 +124,13 @@ def match_sets(seed, ours, query: str, upto: int) -> tuple[set, set]:
 
 def report_pg(server: str, n: int, runs: int, ours) -> None:
     """The same queries on PostgreSQL; with ``ours`` (the SQLite store), whole match sets compared."""
-    from state import SessionDB, _pg_search
+    from state import SessionDB
 
     url = _pg.build(server, n)
     db = SessionDB(url)
 
-    def matches(q: str) -> set[int]:
-        cond, args = _pg_search.condition(fts.parse(q))
-        return {r[0] for r in db._engine.read(
-            lambda conn: conn.execute(f"SELECT f.id FROM messages_fts f WHERE {cond}", args).fetchall())}
+    def matches(q: str) -> set[int]:  # every match: fts.matching_ids on one read of the store
+        return set(db._engine.read(fts.matching_ids, fts.parse(q), limit=10**9))
 
     try:
         print(f"\nPostgreSQL: SessionDB.search_messages over {n:,} messages, limit 20, warm cache "

@@ -168,14 +168,26 @@ def condition(node: Node) -> tuple[str, list]:
     return f"({left} AND {right})", largs + rargs
 
 
+def _joins(where: str, need_s: bool) -> str:
+    return (" JOIN messages m ON m.id = f.id" if where or need_s else "") + (
+        " JOIN sessions s ON s.id = m.session_id" if need_s else "")
+
+
+def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:
+    """The newest ``limit`` messages matching the tree, newest first (``state.fts.matching_ids``)."""
+    cond, cargs = condition(tree)
+    return [r[0] for r in conn.execute(
+        f"SELECT f.id FROM messages_fts f{_joins(where, need_s)} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?",
+        [*cargs, *args, limit])]
+
+
 def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int) -> list[dict]:
     """The best ``limit`` of the newest ``window`` matches, as ``state.fts`` hits (no context yet).
     ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
     cond, cargs = condition(tree)
     positive = positive_terms(tree)
     words = [t for t in positive if index_of(t) == "unicode61"]
-    join = (" JOIN messages m ON m.id = f.id" if where or need_s else "") + (
-        " JOIN sessions s ON s.id = m.session_id" if need_s else "")
+    join = _joins(where, need_s)
     newest = f"SELECT f.id, f.words FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
     if words:
         # ranked by the stored words; the best few then also by English stems (a text's stems cost

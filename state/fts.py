@@ -597,8 +597,10 @@ def matching_ids(conn: sqlite3.Connection, tree: Node, where: str = "", args: Se
     CJK messages with fewer) and the results are combined with the query's own
     AND, OR and NOT, range by range from the newest message back until
     ``limit`` are found.  ``where``/``args``: conditions on ``m`` (messages)
-    and, with ``need_s``, ``s`` (sessions).
+    and, with ``need_s``, ``s`` (sessions).  On PostgreSQL: one query on its index (``state._pg_search``).
     """
+    if is_pg(conn):
+        return _pg_search.matching_ids(conn, tree, where, list(args), need_s, limit)
     return _matching_ids(conn, tree, _indexed_upto(conn), where, list(args), need_s, limit)
 
 
