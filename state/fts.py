@@ -1,5 +1,8 @@
 """Full-text search over messages: two FTS5 indexes, one query function.
 
+(On PostgreSQL the same parsed and sanitised query runs on ``state._pg_search``'s index, and
+the answer has the same shape; everything below is SQLite's.)
+
 Layout
 ------
 * ``messages_fts`` (unicode61 tokenizer) indexes every message that has any
