@@ -127,7 +127,7 @@ def breakdown(url: str) -> dict[str, int]:
     groups: dict[str, int] = {}
     for name, size in rows:
         if name in ("idx_messages_fts_words", "messages_fts", "messages_fts_pkey"):
-            key = "messages_fts (words, CJK text)"
+            key = "messages_fts (+ its words index)"
         elif name in ("idx_messages_fts_trigrams", "idx_messages_fts_cjk"):
             key = "trigram + CJK indexes"
         elif name.startswith("messages") or name.startswith("idx_messages"):
