@@ -87,11 +87,14 @@ def test_non_string_query_and_odd_limits(store):
     assert store.search("docker", limit=-1) == []
 
 
-def test_search_on_a_read_only_connection(store, tmp_path):
-    if store.conn is None:
-        pytest.skip("a read-only sqlite3 connection to the file: SQLite only")
-    ro = sqlite3.connect(f"file:{store.conn.execute('PRAGMA database_list').fetchone()[2]}?mode=ro", uri=True)
+def test_search_on_a_read_only_sqlite_connection(tmp_path):
+    s = Store(tmp_path / "state.db")
+    sid = s.session("s1")
+    s.add(sid, "user", "docker deploy failed")
+    s.add(sid, "user", "我们讨论了记忆断裂的问题")
+    s.close()
+    ro = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True)
     try:
-        assert [h["id"] for h in fts.search_messages(ro, "记忆断裂")] == [3]
+        assert [h["id"] for h in fts.search_messages(ro, "记忆断裂")] == [2]
     finally:
         ro.close()
