@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/search.py                    # 1,000,000 messages
     .venv/bin/python bench/search.py --messages 50000   # a quick run
+    .venv/bin/python bench/search.py --pg               # and PostgreSQL (a throw-away cluster; or --url URL)
 
 Uses the databases of ``bench/write.py`` (built once into ``bench/.data/``).
 For each query of ``bench._corpus.QUERIES`` (a very common term, a common
@@ -22,6 +23,10 @@ of its parts' answers.
 
 Then it checks that both designs find exactly the same messages (whole match
 sets, not just the top 20) for those queries and a few more from the issue.
+
+With ``--url`` or ``--pg`` (``bench._pg``): the same queries through
+``SessionDB.search_messages`` on a PostgreSQL database of the same messages (same ids),
+p50/p95, and whether PostgreSQL finds the same whole match sets as SQLite.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _stores
+from bench import _pg, _stores
 from bench._corpus import QUERIES
 from state import fts
 
@@ -117,12 +122,54 @@ def match_sets(seed, ours, query: str, upto: int) -> tuple[set, set]:
     return a, b
 
 
+def report_pg(server: str, n: int, runs: int, ours) -> None:
+    """The same queries on PostgreSQL; with ``ours`` (the SQLite store), whole match sets compared."""
+    from state import SessionDB
+
+    url = _pg.build(server, n)
+    db = SessionDB(url)
+
+    def matches(q: str) -> set[int]:  # every match: fts.matching_ids on one read of the store
+        return set(db._engine.read(fts.matching_ids, fts.parse(q), limit=10**9))
+
+    try:
+        print(f"\nPostgreSQL: SessionDB.search_messages over {n:,} messages, limit 20, warm cache "
+              f"({runs} runs; p50 / p95 in ms)")
+        worst = 0.0
+        for label, q in [*QUERIES.items(), ("1-2 CJK characters", "日志"), ("1 CJK character", "库"),
+                         *MIXED_QUERIES.items()]:
+            p50, p95, _ = timed(lambda: db.search_messages(q, limit=20), runs)  # noqa: B023 - called within this iteration
+            worst = max(worst, p95)
+            print(f"  {label:20} {q!r:28} {len(matches(q)):9,} matches  p50 {p50 * 1e3:7.1f}  p95 {p95 * 1e3:7.1f}")
+        print(f"  worst p95 on PostgreSQL: {worst * 1e3:.1f} ms (target <= 50 ms)")
+        if ours is None:
+            return
+        print("  Same whole match sets as SQLite (ours)?")
+        same = True
+        for q in [*QUERIES.values(), *EXTRA_CHECKS, *MIXED_QUERIES.values()]:
+            a, b = set(fts.matching_ids(ours, fts.parse(q), limit=10**9)), matches(q)
+            same &= a == b
+            print(f"    {q!r:28} sqlite {len(a):9,}  postgresql {len(b):9,}  "
+                  f"{'same' if a == b else f'DIFFERENT ({len(a - b)} only in sqlite, {len(b - a)} only in postgresql)'}")
+        print("  all the same" if same else "  SOME DIFFER")
+    finally:
+        db.close()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--runs", type=int, default=20, help="timed runs per query for ours")
     ap.add_argument("--slow-runs", type=int, default=5, help="timed runs per query for the seed and LIKE")
+    ap.add_argument("--only-pg", action="store_true", help="skip the SQLite designs (with --url or --pg)")
+    _pg.add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.only_pg:
+        with _pg.server(args) as server:
+            if server is None:
+                ap.error("--only-pg needs --url or --pg")
+            report_pg(server, args.messages, args.runs, None)
+        return
 
     seed = _stores.connect(_stores.build("seed", args.messages))
     ours = _stores.connect(_stores.build("ours", args.messages))
@@ -169,6 +216,9 @@ def main(argv=None) -> None:
     print("\nWhat ours returns for the very common term (top 3):")
     for hit in fts.search_messages(ours, QUERIES["very common term"], limit=3):
         print(f"  #{hit['id']} {hit['role']:9} {hit['snippet'][:90]!r}")
+    with _pg.server(args) as server:
+        if server is not None:
+            report_pg(server, args.messages, args.runs, ours)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, ClassVar, Literal, Mapping
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -59,6 +60,7 @@ from gateway import _config_load
 from gateway._config_load import KeyedError, describe
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
+from state import mask_url
 
 __all__ = [
     "PLATFORMS",
@@ -517,9 +519,31 @@ class CronConfig(_Model):
 
 
 class StoreConfig(_Model):
+    # Empty: SQLite at $home/state.db.  postgresql://user:password@host:5432/db: one PostgreSQL database
+    # shared by every instance (pip install 'switchboard[postgresql]').  Secret: its password never shows.
+    url: str = secret_field()
     write_timeout_seconds: Seconds = 10.0
     # Ended sessions with no activity for this many days are deleted by the daemon, once a day; empty: never.
     retention_days: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _store_url(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            return ""
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        if scheme not in ("postgresql", "postgres"):
+            raise ValueError(f"must be empty (SQLite at $home/state.db) or a postgresql://user:password@host:5432/db "
+                             f"URL, not one starting {mask_url(value)[:24]!r}")
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"is not a valid URL ({mask_url(value)}: {str(exc).split(':')[0]}); "
+                             "write postgresql://user:password@host:5432/db, with any '@', ':' or '/' "
+                             "in the password percent-encoded") from None
+        return value
 
 
 class ModelPrice(_Model):
@@ -657,6 +681,11 @@ class Config(_Model):
     def db_path(self) -> Path:
         return self.home / "state.db"
 
+    @property
+    def store_target(self) -> Path | str:
+        """What ``state.SessionDB`` opens: ``store.url`` (PostgreSQL) when set, else ``db_path``."""
+        return self.store.url or self.db_path
+
     def enabled_platforms(self) -> dict[str, str]:
         """Each platform -> "on", or "off: <reason>"."""
         out = {}
@@ -693,8 +722,13 @@ class Config(_Model):
         return found
 
     def secrets(self) -> list[str]:
-        """Every secret value that is set, for the log redactor."""
-        return [value for _, value in self._secret_fields() if value]
+        """Every secret value that is set, for the log redactor (store.url's password on its own too)."""
+        found = [value for _, value in self._secret_fields() if value]
+        if self.store.url:
+            password = urlsplit(self.store.url).password
+            if password:
+                found.append(password)
+        return found
 
     def redacted(self) -> dict:
         """The effective config as plain data (JSON types), every set secret replaced by "***"."""

@@ -10,6 +10,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 """
 
 from ._messages import Appended
+from ._pg import mask_url, probe as probe_store
 from ._transfer import parse_jsonl
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
@@ -26,6 +27,7 @@ from .errors import (
     SchemaTooNew,
     SessionNotFound,
     StateError,
+    StoreUnavailable,
     TitleConflict,
     WriteTimeout,
 )
@@ -49,12 +51,15 @@ __all__ = [
     "SessionNotFound",
     "StateError",
     "StoreSize",
+    "StoreUnavailable",
     "UpkeepReport",
     "TitleConflict",
     "WriteTimeout",
     "default_db_path",
     "default_home",
     "inspect_database",
+    "mask_url",
+    "probe_store",
     "new_session_id",
     "parse_jsonl",
     "run_upkeep",

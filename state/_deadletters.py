@@ -41,11 +41,10 @@ def add_dead_letter(conn: sqlite3.Connection, *, platform: str, event_id: str | 
             return row[0]
     cur = conn.execute(
         "INSERT INTO dead_letters (platform, event_id, payload, message, error, attempts, status, created_at, "
-        "updated_at) VALUES (?, ?, ?, ?, ?, ?, 'held', ?, ?)",
+        "updated_at) VALUES (?, ?, ?, ?, ?, ?, 'held', ?, ?) RETURNING id",
         (platform, event_id, payload, message, error, attempts, now, now),
     )
-    assert cur.lastrowid is not None  # set by every INSERT
-    return cur.lastrowid
+    return cur.fetchall()[0][0]
 
 
 def list_dead_letters(conn: sqlite3.Connection, *, status: str | None = None, limit: int = 50) -> list[dict]:

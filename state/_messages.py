@@ -82,13 +82,12 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
         """INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp,
                                  token_count, finish_reason, reasoning, reasoning_details,
                                  codex_reasoning_items, platform_message_id)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
         (session_id, role, content, message.get("tool_call_id"), _json(tool_calls), message.get("tool_name"),
          timestamp, message.get("token_count"), message.get("finish_reason"), reasoning,
          _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id),
     )
-    assert cur.lastrowid is not None  # set by every INSERT
-    return Appended(cur.lastrowid, True)
+    return Appended(cur.fetchall()[0][0], True)
 
 
 def append_message(conn: sqlite3.Connection, session_id: str, **message: Any) -> int:

@@ -7,6 +7,17 @@ import time
 
 from .errors import PairingNotFound
 
+#: The same tables on PostgreSQL (schema v12).
+PG_TABLES = (
+    "CREATE TABLE IF NOT EXISTS pairing_requests ("
+    " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT,"
+    " code TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL,"
+    " PRIMARY KEY (platform, user_id))",
+    "CREATE UNIQUE INDEX IF NOT EXISTS idx_pairing_code ON pairing_requests(platform, code)",
+    "CREATE TABLE IF NOT EXISTS approved_users ("
+    " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT, approved_at DOUBLE PRECISION NOT NULL,"
+    " PRIMARY KEY (platform, user_id))",
+)
 
 def create_tables(conn: sqlite3.Connection) -> None:
     conn.execute(
@@ -74,7 +85,8 @@ def approve_pairing(conn: sqlite3.Connection, platform: str, code: str, now: flo
     if row is None:
         raise PairingNotFound(platform, code)
     conn.execute(
-        "INSERT OR REPLACE INTO approved_users (platform, user_id, user_name, approved_at) VALUES (?, ?, ?, ?)",
+        "INSERT INTO approved_users (platform, user_id, user_name, approved_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (platform, user_id) DO UPDATE SET user_name = excluded.user_name, approved_at = excluded.approved_at",
         (platform, row[0], row[1], now),
     )
     conn.execute("DELETE FROM pairing_requests WHERE platform = ? AND user_id = ?", (platform, row[0]))

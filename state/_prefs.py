@@ -10,6 +10,16 @@ from __future__ import annotations
 
 import sqlite3
 
+#: The same table on PostgreSQL (schema v19).
+PG_TABLES = (
+    """CREATE TABLE IF NOT EXISTS chat_prefs (
+        session_key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        value TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (session_key, name)
+    )""",
+)
 
 def create_tables(conn: sqlite3.Connection) -> None:
     conn.execute(

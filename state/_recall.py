@@ -20,28 +20,30 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Iterable
+from typing import Any, Iterable
 
-from . import fts
+from . import _pg_search, fts
+from ._pg import is_pg, json_values
 from ._sessions import get_descendants, get_lineage
 
 _META = ("id", "source", "user_id", "session_key", "title", "started_at", "last_active", "ended_at",
          "end_reason", "message_count", "preview", "parent_session_id")
 
 
-def _scope_sql(agent_prefix: str | None, accounts: Iterable[str] | None, exclude: Iterable[str],
+def _scope_sql(conn: Any, agent_prefix: str | None, accounts: Iterable[str] | None, exclude: Iterable[str],
                roles: Iterable[str] | None, *, msg: str = "m.") -> tuple[str, list]:
     """Conditions on ``s`` (sessions) and, when ``msg`` is set, on ``m`` (messages)."""
     sql, args = [], []
+    values = json_values(conn)
     if agent_prefix:
         sql.append("substr(s.session_key, 1, ?) = ?")
         args += [len(agent_prefix), agent_prefix]
     if accounts is not None:
-        sql.append("(s.source || ':' || ifnull(s.user_id, '')) IN (SELECT value FROM json_each(?))")
+        sql.append(f"(s.source || ':' || COALESCE(s.user_id, '')) IN ({values})")
         args.append(json.dumps(sorted(set(accounts))))
     excluded = sorted(set(exclude))
     if excluded:
-        sql.append(f"{msg or 's.'}{'session_id' if msg else 'id'} NOT IN (SELECT value FROM json_each(?))")
+        sql.append(f"{msg or 's.'}{'session_id' if msg else 'id'} NOT IN ({values})")
         args.append(json.dumps(excluded))
     role_list = sorted(set(roles or ()))
     if role_list and msg:
@@ -121,7 +123,9 @@ def _conversation_roots(conn, session_ids) -> dict[str, str]:
 def _ranked(conn, tree, agent_prefix, excluded, role_filter, limit) -> list[dict]:
     """Every account (the operator): :mod:`state.fts`'s own search (BM25 over the newest
     matches) with the agent, lineage and role conditions."""
-    where, args = _scope_sql(agent_prefix, None, excluded, role_filter)
+    where, args = _scope_sql(conn, agent_prefix, None, excluded, role_filter)
+    if is_pg(conn):
+        return _pg_search.search(conn, tree, where, args, True, limit, max(fts.RANK_WINDOW, limit))
     # fts joins messages ``m`` when there is a condition, and sessions ``s`` when asked to
     return fts._search(conn, tree, where, args, bool(where), limit)
 
@@ -131,10 +135,10 @@ def _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter) -> l
     user_ids = sorted({a.split(":", 1)[1] for a in accounts if ":" in a})
     if not user_ids:
         return []
-    where, args = _scope_sql(agent_prefix, accounts, excluded, role_filter)
+    where, args = _scope_sql(conn, agent_prefix, accounts, excluded, role_filter)
     return [r[0] for r in conn.execute(
         "SELECT m.id FROM sessions s JOIN messages m ON m.session_id = s.id"
-        f" WHERE s.user_id IN (SELECT value FROM json_each(?)){where}",
+        f" WHERE s.user_id IN ({json_values(conn)}){where}",
         [json.dumps(user_ids), *args],
     )]
 
@@ -150,6 +154,12 @@ def _newest_in(conn, tree, ids: list[int], limit: int) -> list[dict]:
     Recall only groups these hits by session, so their order is recency.
     """
     terms = [t.text.strip() for t in fts.positive_terms(tree)]
+    if is_pg(conn):
+        cond, cargs = _pg_search.condition(tree)
+        found = [r[0] for r in conn.execute(
+            f"SELECT f.id FROM messages_fts f WHERE f.id IN ({json_values(conn, integers=True)}) AND {cond}"
+            " ORDER BY f.id DESC LIMIT ?", [json.dumps(ids), *cargs, limit])]
+        return _details(conn, found, terms)
     one = fts.one_index_match(tree)
     if one is None:  # both indexes: combined by fts
         found = fts.matching_ids(conn, tree, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(ids)],
@@ -178,13 +188,17 @@ def _newest_in(conn, tree, ids: list[int], limit: int) -> list[dict]:
 def _details(conn, ids: list[int], terms: list[str]) -> list[dict]:
     if not ids:
         return []
-    rows = {r[0]: r for r in conn.execute(
-        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"
-        " v.content, v.tool_name, v.tool_calls"
-        " FROM messages m JOIN sessions s ON s.id = m.session_id LEFT JOIN messages_search_src v ON v.id = m.id"
-        " WHERE m.id IN (SELECT value FROM json_each(?))",
-        (json.dumps(ids),),
-    )}
+    if is_pg(conn):  # no view of the searched text: the columns themselves
+        sql = ("SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"
+               " m.content, m.tool_name, search_tool_text(m.tool_calls) FROM messages m"
+               " JOIN sessions s ON s.id = m.session_id"
+               f" WHERE m.id IN ({json_values(conn, integers=True)})")
+    else:
+        sql = ("SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"
+               " v.content, v.tool_name, v.tool_calls"
+               " FROM messages m JOIN sessions s ON s.id = m.session_id LEFT JOIN messages_search_src v ON v.id = m.id"
+               " WHERE m.id IN (SELECT value FROM json_each(?))")
+    rows = {r[0]: r for r in conn.execute(sql, (json.dumps(ids),))}
     keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
     hits = []
     for msg_id in ids:
@@ -205,14 +219,14 @@ def recent_sessions(
     limit: int = 5,
 ) -> list[dict]:
     """The scope's newest sessions (children of a compression chain folded away), newest first."""
-    where, args = _scope_sql(agent_prefix, accounts, lineage_ids(conn, exclude_lineage_of), None, msg="")
+    where, args = _scope_sql(conn, agent_prefix, accounts, lineage_ids(conn, exclude_lineage_of), None, msg="")
     if accounts is not None:  # through the user_id index rather than a scan of every session
-        where += " AND s.user_id IN (SELECT value FROM json_each(?))"
+        where += f" AND s.user_id IN ({json_values(conn)})"
         args.append(json.dumps(sorted({a.split(":", 1)[1] for a in accounts if ":" in a})))
     rows = conn.execute(
         f"SELECT {', '.join('s.' + c for c in _META)} FROM sessions s"
         f" WHERE (s.end_reason IS NULL OR s.end_reason != 'compression'){where}"
-        " ORDER BY ifnull(s.last_active, s.started_at) DESC, s.id DESC LIMIT ?",
+        " ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC LIMIT ?",
         [*args, int(limit)],
     ).fetchall()
     return [dict(zip(_META, tuple(r), strict=True)) for r in rows]

@@ -305,7 +305,7 @@ def list_sessions_rich(
         params.append(source)
     if user_ids is not None:
         ids = list(user_ids)
-        where.append(f"s.user_id IN ({', '.join('?' * len(ids))})" if ids else "0")
+        where.append(f"s.user_id IN ({', '.join('?' * len(ids))})" if ids else "1 = 0")
         params.extend(ids)
     if session_key is not None:
         where.append("s.session_key = ?")
@@ -327,7 +327,7 @@ def list_sessions_rich(
         # chains (a session ended by compression is shown as its continuation)
         where.append("(s.parent_session_id IS NULL OR EXISTS (SELECT 1 FROM sessions p "
                      "WHERE p.id = s.parent_session_id AND p.end_reason = 'compression'))")
-        where.append("(s.end_reason IS NOT 'compression' OR NOT EXISTS (SELECT 1 FROM sessions c "
+        where.append("(s.end_reason IS NULL OR s.end_reason <> 'compression' OR NOT EXISTS (SELECT 1 FROM sessions c "
                      "WHERE c.parent_session_id = s.id))")
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     # only ids go through the sort; the rows are read afterwards by primary key

@@ -11,6 +11,7 @@ from typing import IO, Any, Iterable, Iterator
 
 from . import schema
 from ._messages import get_messages
+from ._pg import is_integrity_error, is_pg
 from .errors import ImportFileError
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|passwd|authorization|bearer|access[_-]?token|refresh[_-]?token", re.I)
@@ -190,25 +191,32 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
                     list(values.values()),
                 )
                 messages += 1
-        except sqlite3.IntegrityError as exc:
+        except Exception as exc:
+            if not is_integrity_error(exc):
+                raise
             raise ImportFileError(line_no, f"session {sid} cannot be stored ({exc})") from exc
         conn.execute(
             """UPDATE sessions SET
                  last_active = COALESCE(last_active, (SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = sessions.id), started_at),
-                 preview = COALESCE(preview, (SELECT substr(replace(replace(m.content, char(10), ' '), char(13), ' '), 1, 100)
+                 preview = COALESCE(preview, (SELECT substr(replace(replace(m.content, ?, ' '), ?, ' '), 1, 100)
                             FROM messages m WHERE m.session_id = sessions.id AND m.role = 'user' AND m.content IS NOT NULL
                             ORDER BY m.timestamp, m.id LIMIT 1))
                WHERE id = ?""",
-            (sid,),
+            ("\n", "\r", sid),
         )
         imported.append(sid)
+    if messages and is_pg(conn):  # ids kept from the file: the next new message must come after them
+        conn.execute("SELECT setval(pg_get_serial_sequence('messages', 'id'), "
+                     "GREATEST((SELECT max(id) FROM messages), 1))")
     return {"imported": len(imported), "messages": messages, "skipped": skipped, "ids": imported}
 
 
 # --- statistics ------------------------------------------------------------
 
 
-def stats(conn: sqlite3.Connection, path: Path) -> dict:
+def stats(conn: sqlite3.Connection, path: Path | str) -> dict:
+    """Counts by source, sizes in bytes (PostgreSQL: the database's size, no WAL of ours), schema version;
+    ``path`` is the file, or the store's URL with its password masked."""
     by_source = {
         r[0]: r[1] for r in conn.execute("SELECT source, COUNT(*) FROM sessions GROUP BY source ORDER BY COUNT(*) DESC, source")
     }
@@ -222,7 +230,8 @@ def stats(conn: sqlite3.Connection, path: Path) -> dict:
         "sessions": sum(by_source.values()),
         "messages": conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0],
         "by_source": by_source,
-        "db_bytes": size(path),
-        "wal_bytes": size(path.with_name(path.name + "-wal")),
+        "db_bytes": conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        if is_pg(conn) else size(Path(path)),
+        "wal_bytes": 0 if is_pg(conn) else size(Path(path).with_name(Path(path).name + "-wal")),
         "schema_version": conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0],
     }

@@ -65,6 +65,7 @@ from typing import Any, Awaitable, Callable, NamedTuple
 
 from . import _sessions
 from ._engine import GaveWay
+from ._pg import is_pg, json_values
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,11 @@ WAL_LIMIT_BYTES = 64 * 1024 * 1024
 LAST_UPKEEP = "last_upkeep"
 CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
 
+
+#: The same table on PostgreSQL (schema v18).
+PG_TABLES = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+)
 
 def create_tables(conn: sqlite3.Connection) -> None:
     """Schema v18: small facts about the store itself, by key (``last_upkeep``: JSON)."""
@@ -129,18 +135,19 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     """Delete these sessions' messages up to about ``max_bytes`` of text (at least one message;
     deleting a message costs about as much as indexing it did), then the sessions left empty."""
     ids = json.dumps(list(session_ids))
+    values, messages_ids = json_values(conn), json_values(conn, integers=True)
     still = [r[0] for r in conn.execute(
-        f"SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?)) AND {_sessions.EXPIRED}", (ids, cutoff))]
+        f"SELECT id FROM sessions WHERE id IN ({values}) AND {_sessions.EXPIRED}", (ids, cutoff))]
     dropped = sorted(set(session_ids) - set(still))
     if not still:
         return PruneStep([], dropped, 0)
     doomed: list = []
     by_session: dict[str, int] = {}
     total = 0
+    nbytes = "octet_length(COALESCE({0}, ''))" if is_pg(conn) else "length(CAST(ifnull({0}, '') AS BLOB))"
     for msg_id, sid, size in conn.execute(
-        "SELECT id, session_id, length(CAST(ifnull(content, '') AS BLOB))"
-        f" + length(CAST(ifnull(tool_calls, '') AS BLOB)) + {MESSAGE_OVERHEAD}"
-        " FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) LIMIT ?",
+        f"SELECT id, session_id, {nbytes.format('content')} + {nbytes.format('tool_calls')}"
+        f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN ({values}) LIMIT ?",
         (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
     ):
         if doomed and total + size > max_bytes:
@@ -148,11 +155,13 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
         doomed.append(msg_id)
         by_session[sid] = by_session.get(sid, 0) + 1
         total += size
-    messages = conn.execute("DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))",
-                            (json.dumps(doomed),)).rowcount
-    empty = [r[0] for r in conn.execute(
-        "SELECT value FROM json_each(?) WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = value)",
-        (json.dumps(still),))]
+    messages = conn.execute(f"DELETE FROM messages WHERE id IN ({messages_ids})", (json.dumps(doomed),)).rowcount
+    if is_pg(conn):
+        left = ("SELECT v FROM jsonb_array_elements_text(CAST(? AS jsonb)) AS v "
+                "WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = v)")
+    else:
+        left = "SELECT value FROM json_each(?) WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = value)"
+    empty = [r[0] for r in conn.execute(left, (json.dumps(still),))]
     _sessions._delete_ids(conn, empty)
     return PruneStep(empty, dropped, messages, total, by_session)
 
@@ -167,7 +176,10 @@ def fts_table(name: str) -> str:
 
 
 def fts_segments(conn: sqlite3.Connection, table: str) -> list[int]:
-    """The ids of the segments ``table`` (an FTS5 index) holds now (each has rows in its ``_idx``)."""
+    """The ids of the segments ``table`` (an FTS5 index) holds now (each has rows in its ``_idx``);
+    none on PostgreSQL, whose GIN indexes need no merging of ours."""
+    if is_pg(conn):
+        return []
     return [r[0] for r in conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")]
 
 
@@ -202,7 +214,7 @@ def merge_step(conn: sqlite3.Connection, table: str, pages: int, segments: list[
     image is malformed").  Segments added since the start are left to the
     ordinary merges.
     """
-    if segments is not None and not _present(conn, table, segments):
+    if is_pg(conn) or (segments is not None and not _present(conn, table, segments)):
         return MergeStep(0, 0)
     before = conn.total_changes
     pages = max(1, int(pages))
@@ -220,8 +232,10 @@ def set_automerge(conn: sqlite3.Connection, on: bool) -> None:
     in quanta of 64 pages times the number of levels whenever the pages written
     pass a multiple of 64: one step in a few would hold the write lock for tens
     of milliseconds.  Upkeep turns it off for the prune and does the same
-    merging itself in small steps (:func:`merge_step`), then turns it back on.
+    merging itself in small steps (:func:`merge_step`), then turns it back on.  Nothing on PostgreSQL.
     """
+    if is_pg(conn):
+        return
     for table in FTS_TABLES:
         conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', ?)", (FTS_AUTOMERGE if on else 0,))
 
@@ -242,7 +256,7 @@ class StoreSize:
     wal_bytes: int
     page_size: int
     free_pages: int
-    auto_vacuum: str  # none | full | incremental
+    auto_vacuum: str  # none | full | incremental (SQLite); postgresql
 
     @property
     def free_bytes(self) -> int:
@@ -256,7 +270,13 @@ def _file_size(path: Path) -> int:
         return 0
 
 
-def store_size(conn: sqlite3.Connection, path: Path) -> StoreSize:
+def store_size(conn: sqlite3.Connection, path: Path | None) -> StoreSize:
+    """The file sizes and free pages; on PostgreSQL the database's size (its own autovacuum reuses
+    free space: nothing for upkeep to vacuum, no WAL of ours)."""
+    if is_pg(conn):
+        size = conn.execute("SELECT pg_database_size(current_database()), current_setting('block_size')").fetchone()
+        return StoreSize(db_bytes=size[0], wal_bytes=0, page_size=int(size[1]), free_pages=0, auto_vacuum="postgresql")
+    assert path is not None
     mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
     return StoreSize(
         db_bytes=_file_size(path),

@@ -31,6 +31,7 @@ from . import (
 )
 from ._engine import Engine, GaveWay
 from ._messages import Appended
+from ._pg import PgEngine, is_url, mask_url
 from .paths import default_db_path
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,19 +56,34 @@ def _upkeep_steps(method: F) -> F:
 
 
 class SessionDB:
-    """Sessions and messages in one SQLite database in WAL mode, shared by every process.
+    """Sessions and messages in one SQLite database in WAL mode, shared by every process, or in
+    one PostgreSQL database shared by every instance.
 
-    ``db_path`` defaults to ``$SWITCHBOARD_HOME/state.db``.  A write waits for
-    other writers up to ``write_timeout`` seconds, then raises
-    :class:`state.WriteTimeout` having written nothing.  Safe to share between
+    ``db_path`` is a SQLite file (default ``$SWITCHBOARD_HOME/state.db``) or a
+    ``postgresql://user:password@host:5432/db`` URL (``state._pg``: the same methods, the
+    same answers).  A write waits for other writers up to ``write_timeout`` seconds, then
+    raises :class:`state.WriteTimeout` having written nothing.  Safe to share between
     threads: writes are serialised, each reading thread gets its own connection.
     """
 
     MAX_TITLE_LENGTH = _titles.MAX_TITLE_LENGTH
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
-        self.db_path = Path(db_path) if db_path is not None else default_db_path()
-        self._engine = Engine(self.db_path, write_timeout=write_timeout)
+        self._engine: Engine | PgEngine
+        if is_url(db_path):
+            #: the store's URL with its password masked (None for SQLite); never the password
+            self.url: str | None = mask_url(str(db_path))
+            self.db_path: Path | None = None
+            self._engine = PgEngine(str(db_path), write_timeout=write_timeout)
+        else:
+            self.url = None
+            self.db_path = Path(db_path) if db_path is not None else default_db_path()
+            self._engine = Engine(self.db_path, write_timeout=write_timeout)
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return "postgresql" if self.url is not None else "sqlite"
 
     @property
     def write_timeout(self) -> float:
@@ -88,7 +104,7 @@ class SessionDB:
         self.close()
 
     def __repr__(self) -> str:
-        return f"SessionDB({str(self.db_path)!r})"
+        return f"SessionDB({self.url or str(self.db_path)!r})"
 
     # --- sessions ------------------------------------------------------------
 
@@ -480,7 +496,7 @@ class SessionDB:
     @_reads
     def stats(self) -> dict:
         """Counts (sessions, messages, by source), database and WAL size in bytes, schema version."""
-        return self._engine.read(_transfer.stats, self.db_path)
+        return self._engine.read(_transfer.stats, self.db_path or self.url)
 
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""

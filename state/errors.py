@@ -9,6 +9,7 @@
     │   ├── NotADatabase             the file is not a SQLite database, or not a Switchboard one
     │   └── SchemaTooNew             written by a newer Switchboard (.found, .supported)
     ├── WriteTimeout                 another process held the write lock longer than write_timeout
+    ├── StoreUnavailable             the PostgreSQL store (store.url, password masked) cannot be reached
     ├── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
     ├── PairingNotFound              no pending pairing request has that code (or it expired)
     ├── CronJobNotFound              no scheduled job has that id (.job_id)
@@ -116,6 +117,18 @@ class WriteTimeout(StateError):
         super().__init__(
             f"{path}: another process held the write lock for {waited:.1f}s; nothing was written. "
             "Find the process holding the database (fuser state.db) or raise write_timeout"
+        )
+
+
+class StoreUnavailable(StateError):
+    """The PostgreSQL server named by ``store.url`` cannot be reached or refused us."""
+
+    def __init__(self, masked_url: str, reason: str):
+        self.url = masked_url
+        self.reason = reason
+        super().__init__(
+            f"cannot use the PostgreSQL store {masked_url}: {reason}. Check store.url (host, port, user, "
+            "password, database) and that the server is running and accepts this user"
         )
 
 

@@ -1,5 +1,8 @@
 """Full-text search over messages: two FTS5 indexes, one query function.
 
+(On PostgreSQL the same parsed and sanitised query runs on ``state._pg_search``'s index, and
+the answer has the same shape; everything below is SQLite's.)
+
 Layout
 ------
 * ``messages_fts`` (unicode61 tokenizer) indexes every message that has any
@@ -76,6 +79,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterable, Sequence
 
+from . import _pg_search
 from ._fts_query import (
     CJK_GLOB,
     MAX_TERMS,
@@ -92,6 +96,7 @@ from ._fts_query import (
     trigram_leaf,
 )
 from ._fts_rank import DF_SAMPLE, Scorer, substring_snippet
+from ._pg import is_pg
 
 log = logging.getLogger(__name__)
 
@@ -416,6 +421,10 @@ def search_messages(
     if tree is None:
         return []
     where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
+    if is_pg(conn):
+        hits = _pg_search.search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit))
+        _pg_search.with_context(conn, hits, CONTEXT_CHARS)
+        return [_shaped(hit) for hit in hits]
     try:
         hits = _search(conn, tree, where, args, need_s, limit)
     except sqlite3.OperationalError as exc:
@@ -591,8 +600,10 @@ def matching_ids(conn: sqlite3.Connection, tree: Node, where: str = "", args: Se
     CJK messages with fewer) and the results are combined with the query's own
     AND, OR and NOT, range by range from the newest message back until
     ``limit`` are found.  ``where``/``args``: conditions on ``m`` (messages)
-    and, with ``need_s``, ``s`` (sessions).
+    and, with ``need_s``, ``s`` (sessions).  On PostgreSQL: one query on its index (``state._pg_search``).
     """
+    if is_pg(conn):
+        return _pg_search.matching_ids(conn, tree, where, list(args), need_s, limit)
     return _matching_ids(conn, tree, _indexed_upto(conn), where, list(args), need_s, limit)
 
 
@@ -703,6 +714,10 @@ def _with_context(conn: sqlite3.Connection, hit: dict) -> dict:
     hit["context"] = [
         {"id": r[0], "role": r[1], "content": (r[2] or "")[:CONTEXT_CHARS]} for r in (before, after) if r
     ]
+    return _shaped(hit)
+
+
+def _shaped(hit: dict) -> dict:
     return {
         k: hit[k]
         for k in ("id", "session_id", "role", "timestamp", "snippet", "context", "source", "model", "session_started")

@@ -45,3 +45,46 @@ def pg_url(pg_cluster):
     url = pg_cluster.fresh_database()
     yield url
     pg_cluster.drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_cluster):
+    """The name of a database migrated to the current schema once, copied for each ``store`` test."""
+    url = pg_cluster.fresh_database()
+    SessionDB(url).close()
+    return url.rsplit("/", 1)[1]
+
+
+def pytest_generate_tests(metafunc):
+    """A test using ``store`` (or ``store_target``) runs on SQLite and on PostgreSQL, unless marked
+    ``@pytest.mark.sqlite_only("why")`` (WAL, file locks, PRAGMAs, FTS5: what only SQLite has)."""
+    if "backend" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only")
+        metafunc.parametrize("backend", ["sqlite"] if only else ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture
+def backend(request):
+    """``"sqlite"`` or ``"postgresql"`` (see pytest_generate_tests)."""
+    return request.param
+
+
+@pytest.fixture
+def store_target(request, backend, home):
+    """What to open a SessionDB on for this backend: $SWITCHBOARD_HOME/state.db, or the URL of a
+    PostgreSQL database of this test's own (migrated already; dropped afterwards)."""
+    if backend == "sqlite":
+        yield home / "state.db"
+        return
+    cluster = request.getfixturevalue("pg_cluster")
+    url = cluster.fresh_database(template=request.getfixturevalue("pg_template"))
+    yield url
+    cluster.drop_database(url)
+
+
+@pytest.fixture
+def store(store_target):
+    """A SessionDB on each backend (see pytest_generate_tests), closed afterwards."""
+    db = SessionDB(store_target)
+    yield db
+    db.close()

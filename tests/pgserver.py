@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,8 @@ class PgCluster:
     _names = itertools.count(1)
 
     @classmethod
-    def start(cls) -> PgCluster:
+    def start(cls, settings: dict[str, str] | None = None) -> PgCluster:
+        """Initialise and start a cluster; ``settings`` override the server's (``fsync=off`` for tests)."""
         reason = why_unavailable()
         if reason:
             raise RuntimeError(reason)
@@ -112,7 +114,8 @@ class PgCluster:
             "--no-sync",
         )  # fmt: skip
         pwfile.unlink()
-        options = f"-p {cluster.port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off -c max_connections=200"
+        server = {"listen_addresses": "127.0.0.1", "fsync": "off", "max_connections": "200", **(settings or {})}
+        options = f"-p {cluster.port} -k {root} " + " ".join(f"-c {k}={v}" for k, v in server.items())
         cluster._run("pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "server.log"), "-w", "start")
         return cluster
 
@@ -128,13 +131,21 @@ class PgCluster:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/{database}"
 
-    def fresh_database(self) -> str:
-        """Create an empty database and return its URL."""
+    def fresh_database(self, template: str | None = None) -> str:
+        """Create a database (empty, or a copy of the database ``template``) and return its URL."""
         import psycopg
 
         name = f"t{os.getpid()}_{next(self._names)}"
+        copy = f' TEMPLATE "{template}"' if template else ""
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            for attempt in range(50):
+                try:
+                    conn.execute(f'CREATE DATABASE "{name}"{copy}')
+                    break
+                except psycopg.errors.ObjectInUse:  # the template's last session is still closing
+                    if attempt == 49:
+                        raise
+                    time.sleep(0.05)
         return self.url(name)
 
     def drop_database(self, url: str) -> None:

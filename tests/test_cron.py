@@ -156,8 +156,8 @@ JOB = {"id": "j", "name": "J", "schedule": "every 1h", "prompt": "p", "deliver":
        "context": "fresh", "grace_seconds": 3600.0}
 
 
-def test_jobs_table_add_edit_pause_remove_and_config_sync(tmp_path):
-    with state.SessionDB(tmp_path / "state.db") as db:
+def test_jobs_table_add_edit_pause_remove_and_config_sync(store):
+    with store as db:
         db.add_cron_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
         with pytest.raises(CronJobExists):
             db.add_cron_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
@@ -183,8 +183,8 @@ def test_jobs_table_add_edit_pause_remove_and_config_sync(tmp_path):
         assert db.remove_cron_job("j") and db.list_cron_jobs() == []
 
 
-def test_two_stores_in_threads_never_run_one_job_twice(tmp_path):
-    path = tmp_path / "state.db"
+def test_two_stores_in_threads_never_run_one_job_twice(store_target):
+    path = store_target
     with state.SessionDB(path) as db:
         db.add_cron_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
     contenders = 6
@@ -230,8 +230,30 @@ def test_two_stores_in_threads_never_run_one_job_twice(tmp_path):
         assert not db.renew_cron_lease("j", "a", now=3810.0, lease_seconds=60)
 
 
-def test_delivery_outbox_claims_once_and_records_every_attempt(tmp_path):
-    with state.SessionDB(tmp_path / "state.db") as db:
+def test_instances_syncing_the_config_jobs_at_once_add_each_job_once(store_target):
+    """Several instances start together and sync the same cron.jobs: each job is added by one of them."""
+    state.SessionDB(store_target).close()  # the schema exists: only the sync races
+    jobs = [{**JOB, "id": f"c{i}", "next_run_at": 5000.0} for i in range(3)]
+    barrier = threading.Barrier(4)
+    results: list[dict] = []
+
+    def sync() -> None:
+        with state.SessionDB(store_target) as db:
+            barrier.wait()
+            results.append(db.sync_config_cron_jobs(jobs, now=100.0))
+
+    threads = [threading.Thread(target=sync) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(job for r in results for job in r["added"]) == ["c0", "c1", "c2"]
+    with state.SessionDB(store_target) as db:
+        assert [j["id"] for j in db.list_cron_jobs()] == ["c0", "c1", "c2"]
+
+
+def test_delivery_outbox_claims_once_and_records_every_attempt(store):
+    with store as db:
         db.add_cron_job({**JOB, "deliver": "telegram:1"}, source="cli", now=0.0, next_run_at=3600.0)
         run = db.begin_cron_run("j", holder="h", now=10.0, lease_seconds=60, trigger="manual", scheduled_at=None,
                                 deliver="telegram:1")["run"]
@@ -252,12 +274,10 @@ def test_delivery_outbox_claims_once_and_records_every_attempt(tmp_path):
             "ok", "delivered", 2, 61.0)
 
 
-def test_old_runs_are_pruned_but_waiting_deliveries_kept(tmp_path):
-    import sqlite3
-
+def test_old_runs_are_pruned_but_waiting_deliveries_kept(store):
     from state import _cron
 
-    with state.SessionDB(tmp_path / "state.db") as db:
+    with store as db:
         db.add_cron_job(JOB, source="cli", now=0.0, next_run_at=3600.0)
         ids = []
         for i in range(6):
@@ -268,10 +288,5 @@ def test_old_runs_are_pruned_but_waiting_deliveries_kept(tmp_path):
                                output=str(i), delivery="pending" if pending else "local",
                                next_delivery_at=11.0 if pending else None)
             ids.append(run["id"])
-    conn = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
-    try:
-        _cron._prune_runs(conn, "j", keep=3)
-    finally:
-        conn.close()
-    with state.SessionDB(tmp_path / "state.db") as db:
+        db._engine.write(_cron._prune_runs, "j", keep=3)
         assert [r["id"] for r in db.list_cron_runs("j")] == [ids[5], ids[4], ids[3], ids[0]]

@@ -15,6 +15,13 @@ FACTS = {"facts": {"extract_delay_seconds": 0}}
 
 
 @pytest.fixture
+def store_config(backend, store_target):
+    """Config overrides putting the gateway on this test's backend: nothing for SQLite (the home's
+    state.db), ``store.url`` for PostgreSQL (tests/conftest.py: ``store_target``)."""
+    return {} if backend == "sqlite" else {"store": {"url": store_target}}
+
+
+@pytest.fixture
 async def model():
     async with FakeModel() as fake:
         yield fake
@@ -32,9 +39,9 @@ async def until(condition, timeout: float = 10.0):
     return await eventually(condition, timeout, every=0.02)
 
 
-async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_path, model):
+async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_path, model, store_config):
     model.responder = lambda messages: "noted"  # (the default echo would repeat the block into the answer)
-    async with running_gateway(tmp_path, model, **FACTS) as gw:
+    async with running_gateway(tmp_path, model, **store_config, **FACTS) as gw:
         await gw.facts.service.remember("main", "api:ann", "Ann's favourite editor is Helix", ["helix"])
         await gw.facts.service.remember("main", "api:bob", "Bob's favourite editor is Emacs", ["emacs"])
         api = ApiClient(gw)
@@ -67,7 +74,7 @@ async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_pat
     assert "<memory-context>" in on_again.messages[-1]["content"]
 
 
-async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_path, model):
+async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_path, model, store_config):
     answers = [
         {"facts": [{"text": "The user is migrating the shop to Postgres", "entities": ["postgres", "shop"]},
                    {"text": "The user's cat is called Miso", "entities": ["miso"]}], "contradicted": []},
@@ -83,7 +90,7 @@ async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_
 
     miso_id: list[int] = []
     model.responder = responder
-    async with running_gateway(tmp_path, model, **FACTS) as gw:
+    async with running_gateway(tmp_path, model, **store_config, **FACTS) as gw:
         api = ApiClient(gw)
         await api.say("cy", "we are moving the shop to postgres")
         await api.say("cy", "also my cat Miso says hi")
@@ -117,8 +124,8 @@ async def _extracted(gw, n):
     return len(gw.facts.extracted) >= n
 
 
-async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_start(tmp_path, model):
-    db = state.SessionDB(tmp_path / "state.db")
+async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_start(tmp_path, model, store_config):
+    db = state.SessionDB(store_config["store"]["url"] if store_config else tmp_path / "state.db")
     db.create_session("old-1", "api", user_id="dee", session_key="agent:main:api:dm:dee")
     for i, text in enumerate(["I run a bakery in Ghent", "Nice!", "We open at 7", "Noted."]):
         db.append_message("old-1", "user" if i % 2 == 0 else "assistant", text)
@@ -127,15 +134,15 @@ async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_st
     model.responder = lambda messages: (json.dumps({"facts": [{"text": "The user runs a bakery in Ghent",
                                                                  "entities": ["bakery", "ghent"]}]})
                                         if messages[0].get("content") == EXTRACT_PROMPT else None)
-    async with running_gateway(tmp_path, model, **FACTS) as gw:
+    async with running_gateway(tmp_path, model, **store_config, **FACTS) as gw:
         await until(lambda: _extracted(gw, 1))
         found = await gw.facts.service.search("main", "api:dee", "where is the bakery?")
     assert [f.content for f in found] == ["The user runs a bakery in Ghent"]
     assert found[0].session_id == "old-1"
 
 
-async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, model):
-    async with running_gateway(tmp_path, model, **FACTS) as gw:
+async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config, **FACTS) as gw:
         api = ApiClient(gw)
         await api.say("eve", "I prefer tea")
         await api.say("eve", "green tea, mostly")
@@ -148,14 +155,14 @@ async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, mo
         assert await gw.db.list_facts("main", "api:eve") == []
 
 
-async def test_the_model_stores_and_finds_facts_with_the_tool(tmp_path, model):
+async def test_the_model_stores_and_finds_facts_with_the_tool(tmp_path, model, store_config):
     model.script(ToolCall("facts", {"action": "add", "content": "Fay's server is called atlas", "entities": ["atlas"]}),
                  Reply("stored"),
                  ToolCall("facts", {"action": "search", "query": "what is the server called?"}, call_id="c2"),
                  Reply("it is atlas"),
                  ToolCall("facts", {"action": "search", "query": "server", "mode": "telepathy"}, call_id="c3"),
                  Reply("bad mode"))
-    async with running_gateway(tmp_path, model, **FACTS) as gw:
+    async with running_gateway(tmp_path, model, **store_config, **FACTS) as gw:
         api = ApiClient(gw)
         assert await api.say("fay", "remember my server is called atlas") == "stored"
         assert await api.say("fay", "what's my server called?") == "it is atlas"
@@ -169,7 +176,7 @@ async def test_the_model_stores_and_finds_facts_with_the_tool(tmp_path, model):
     assert results[2] == "error: unknown mode 'telepathy'; use one of probe, related, reason, contradict"
 
 
-async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_it(tmp_path, model):
+async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_it(tmp_path, model, store_config):
     long = "details about the migration plan, the staging database and the rollback steps. " * 4
     answer = json.dumps({"facts": [{"text": "The user plans a staging database migration", "entities": ["staging"]}]})
 
@@ -178,7 +185,7 @@ async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_
         return answer if first == EXTRACT_PROMPT else "SUMMARY: migration plan" if "summar" in first.lower() else None
 
     model.responder = responder
-    async with running_gateway(tmp_path, model, model={"context_length": 4096}, **FACTS) as gw:
+    async with running_gateway(tmp_path, model, **store_config, model={"context_length": 4096}, **FACTS) as gw:
         api = ApiClient(gw)
         for i in range(7):
             await api.say("gus", f"turn {i}: {long}")

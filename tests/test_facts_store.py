@@ -30,8 +30,9 @@ class Clock:
 
 
 @pytest.fixture
-async def db(tmp_path):
-    adb = await state.AsyncSessionDB.open(tmp_path / "state.db")
+async def db(store):
+    """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``), as the daemon has it."""
+    adb = state.AsyncSessionDB(store)
     yield adb
     await adb.close()
 

@@ -32,6 +32,13 @@ def summarizer(messages: list[dict]) -> str | None:
 
 
 @pytest.fixture
+def store_config(backend, store_target):
+    """Config overrides putting the gateway on this test's backend: nothing for SQLite (the home's
+    state.db), ``store.url`` for PostgreSQL (tests/conftest.py: ``store_target``)."""
+    return {} if backend == "sqlite" else {"store": {"url": store_target}}
+
+
+@pytest.fixture
 async def model():
     async with FakeModel() as fake:
         fake.responder = summarizer
@@ -54,8 +61,8 @@ def summary_requests(model) -> list:
     return [r for r in model.requests if r.last_user_text.startswith("Summarize this conversation excerpt.")]
 
 
-async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         await seed(gw.db, "old-docker", "api", "alice", [
             "my docker container keeps restarting", "run docker logs web-1 and check the exit code",
             "exit code 137, out of memory", "raise the memory limit to 2g in compose.yaml"], title="Docker trouble")
@@ -79,8 +86,8 @@ async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, mod
     assert stored[1]["tool_calls"][0]["function"]["name"] == "session_search"
 
 
-async def test_the_current_lineage_is_excluded(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_the_current_lineage_is_excluded(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         # ancestor -> current -> child is one conversation (compression, delegation); "unrelated" is another
         await seed(gw.db, "ancestor", "api", "bob", ["zebra notes, part one", "ok"])
         await seed(gw.db, "current", "api", "bob", ["zebra notes, part two", "ok"], parent="ancestor")
@@ -95,8 +102,8 @@ async def test_the_current_lineage_is_excluded(tmp_path, model):
     assert len(from_nowhere) == 3  # with no current session, any 3 of the 4
 
 
-async def test_a_user_never_sees_another_users_or_agents_sessions(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_a_user_never_sees_another_users_or_agents_sessions(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         await seed(gw.db, "alice-1", "api", "alice", ["the secret launch code is walrus", "noted"])
         await seed(gw.db, "bob-other-agent", "api", "bob", ["walrus facts", "ok"], agent="other")
         await seed(gw.db, "bob-telegram", "telegram", "bob", ["walrus on telegram", "ok"])
@@ -113,9 +120,9 @@ async def test_a_user_never_sees_another_users_or_agents_sessions(tmp_path, mode
     assert summary_requests(model) == []
 
 
-async def test_linked_accounts_and_the_operator(tmp_path, model):
+async def test_linked_accounts_and_the_operator(tmp_path, model, store_config):
     identities = {"alice": ["telegram:123", "discord:456"], "ops": ["slack:UOPS"]}
-    async with running_gateway(tmp_path, model, identities=identities, auth={"owner": "ops"}) as gw:
+    async with running_gateway(tmp_path, model, **store_config, identities=identities, auth={"owner": "ops"}) as gw:
         await seed(gw.db, "alice-discord", "discord", "456", ["the quokka deploy failed on friday", "rolled back"],
                    title="Quokka deploy")
         await seed(gw.db, "mallory", "discord", "999", ["quokka quokka quokka", "ok"])
@@ -138,8 +145,8 @@ async def test_linked_accounts_and_the_operator(tmp_path, model):
     assert from_stranger.startswith("No earlier conversation matches")
 
 
-async def test_the_snippets_stand_in_when_the_summarizer_fails(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_the_snippets_stand_in_when_the_summarizer_fails(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         await seed(gw.db, "s1", "api", "carol", ["the capybara server is down", "restart capybara with systemctl"])
         model.script(Fail(status=400, message="bad request"))
         api = ApiClient(gw)
@@ -152,8 +159,8 @@ async def test_the_snippets_stand_in_when_the_summarizer_fails(tmp_path, model):
     ]
 
 
-async def test_at_most_three_summaries_in_flight_and_five_sessions(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_at_most_three_summaries_in_flight_and_five_sessions(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         for n in range(7):
             await seed(gw.db, f"s{n}", "api", "dave", [f"ocelot notes {n}", "ocelot " * (n + 1)], started=1_700_000_000 + n)
         model.delay = 0.5
@@ -166,8 +173,8 @@ async def test_at_most_three_summaries_in_flight_and_five_sessions(tmp_path, mod
     assert model.max_in_flight == 3
 
 
-async def test_empty_query_lists_recent_sessions_without_the_model(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_empty_query_lists_recent_sessions_without_the_model(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         await seed(gw.db, "e1", "api", "erin", ["plan the garden", "sure"], title="Garden", started=1_700_000_000)
         await seed(gw.db, "e2", "api", "erin", ["tax questions", "ok"], started=1_700_100_000)
         model.script(ToolCall("session_search", {"query": ""}))
@@ -183,8 +190,8 @@ async def test_empty_query_lists_recent_sessions_without_the_model(tmp_path, mod
     assert summary_requests(model) == []
 
 
-async def test_bad_role_filter_is_explained(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_bad_role_filter_is_explained(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         model.script(ToolCall("session_search", {"query": "x", "role_filter": "user,wizard"}))
         api = ApiClient(gw)
         answer = await api.say("fay", "search please")
@@ -193,8 +200,8 @@ async def test_bad_role_filter_is_explained(tmp_path, model):
                       "user, assistant, tool, system")
 
 
-async def test_role_filter_and_cjk_queries(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_role_filter_and_cjk_queries(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         await seed(gw.db, "zh", "api", "gus", ["数据库迁移失败了", "先备份数据库再重试"])
         await seed(gw.db, "en", "api", "gus", ["hello", "the heron answer is here"])
         scope = recall_scope(gw.config, "main", "api", "gus")
@@ -206,12 +213,12 @@ async def test_role_filter_and_cjk_queries(tmp_path, model):
     assert [f.session_id for f in assistants] == ["en"]
 
 
-async def test_a_summary_that_runs_late_falls_back_to_snippets(tmp_path, model):
-    cfg = gateway_config(tmp_path, model.base_url)
+async def test_a_summary_that_runs_late_falls_back_to_snippets(tmp_path, model, store_config):
+    cfg = gateway_config(tmp_path, model.base_url, **store_config)
     import state
     from gateway.model import ModelClient, ModelSettings
 
-    db = await state.AsyncSessionDB.open(cfg.db_path)
+    db = await state.AsyncSessionDB.open(cfg.store_target)
     client = ModelClient(ModelSettings(base_url=model.base_url, api_key="k", name="fake-model", timeout_seconds=30,
                                        max_concurrent_calls=8, max_retries=0, retry_total_seconds=5))
     try:
@@ -225,8 +232,8 @@ async def test_a_summary_that_runs_late_falls_back_to_snippets(tmp_path, model):
     assert [(f.session_id, f.summary, f.snippets) for f in found] == [("slow", None, ("the >>>narwhal<<< report",))]
 
 
-async def test_the_summarizer_model_is_configurable(tmp_path, model):
-    async with running_gateway(tmp_path, model, recall={"model": "tiny-summarizer"}) as gw:
+async def test_the_summarizer_model_is_configurable(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config, recall={"model": "tiny-summarizer"}) as gw:
         await seed(gw.db, "m1", "api", "ivy", ["the axolotl tank", "ok"])
         api = ApiClient(gw)
         await api.say("ivy", "/search axolotl")
@@ -236,9 +243,10 @@ async def test_the_summarizer_model_is_configurable(tmp_path, model):
     assert json.dumps(req.body).count("axolotl") >= 2
 
 
-async def test_indexed_and_just_appended_messages_are_both_found(tmp_path, model):
+@pytest.mark.sqlite_only("FTS5's index batches")
+async def test_indexed_and_just_appended_messages_are_both_found(tmp_path, model, store_config):
     # the index takes appended messages in batches of 32: a search sees both the indexed and the pending ones
-    async with running_gateway(tmp_path, model) as gw:
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         lines = ["filler words"] * 80
         lines[2], lines[78] = "the pelican migration started", "the pelican migration finished"
         lines[4], lines[76] = "数据库迁移开始", "数据库迁移结束"
@@ -256,8 +264,8 @@ async def test_indexed_and_just_appended_messages_are_both_found(tmp_path, model
     assert [(f.session_id, f.hits) for f in negated] == [("big", 1)]
 
 
-async def test_a_compressed_conversation_is_recalled_as_one(tmp_path, model):
-    async with running_gateway(tmp_path, model) as gw:
+async def test_a_compressed_conversation_is_recalled_as_one(tmp_path, model, store_config):
+    async with running_gateway(tmp_path, model, **store_config) as gw:
         await seed(gw.db, "part1", "api", "quinn", ["the lighthouse budget is 40k", "noted"], title="Lighthouse")
         await gw.db.end_session("part1", "compression")
         await seed(gw.db, "part2", "api", "quinn", ["lighthouse budget raised to 55k", "ok"], parent="part1",

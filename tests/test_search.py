@@ -20,17 +20,31 @@ MESSAGES = """CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
 
 
 class Store:
-    """A real SessionDB, plus a plain connection to the same file for edits and index checks."""
+    """A real SessionDB on either backend, plus, on SQLite, a plain connection to the same file for
+    FTS5's own checks."""
 
-    def __init__(self, path):
-        self.db = SessionDB(path)
-        self.conn = sqlite3.connect(path, isolation_level=None)
-        self.conn.execute("PRAGMA busy_timeout = 10000")
+    def __init__(self, target):
+        self.target = target
+        self.db = SessionDB(target)
+        self.conn = None
+        if self.db.backend == "sqlite":
+            self.conn = sqlite3.connect(target, isolation_level=None)
+            self.conn.execute("PRAGMA busy_timeout = 10000")
         self.clock = 1000.0
 
     def close(self):
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()
         self.db.close()
+
+    def execute(self, sql, params=()):
+        """An edit made outside the store's methods (another tool writing the database), on either backend."""
+        return self.db._engine.write(lambda conn: conn.execute(sql, params).rowcount)
+
+    def flush(self):
+        """SQLite: index the messages waiting for their batch; PostgreSQL indexes each row as it is written."""
+        if self.conn is not None:
+            fts.flush(self.conn)
 
     def session(self, sid, source="cli", model="m1"):
         self.db.create_session(sid, source, model=model)
@@ -48,15 +62,19 @@ class Store:
         return [hit["id"] for hit in self.search(query, **kw)]
 
     def assert_in_sync(self):
-        """Index the pending tail, then let FTS5 compare both indexes with the text they index."""
+        """Index the pending tail, then let FTS5 compare both indexes with the text they index
+        (PostgreSQL keeps its GIN indexes in the writing transaction: nothing to compare)."""
+        if self.conn is None:
+            return
         fts.flush(self.conn)
         for table in ("messages_fts", "messages_fts_trigram"):
             self.conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "state.db")
+def store(store_target):
+    """On SQLite and on PostgreSQL (tests/conftest.py: ``store_target``)."""
+    s = Store(store_target)
     yield s
     s.close()
 
@@ -152,14 +170,9 @@ def test_words_in_tool_calls_and_tool_name_are_found_but_json_keys_are_not(store
 
 def test_malformed_tool_calls_do_not_break_writes_or_search(store):
     s = store.session("s1")
-    store.conn.execute(
-        "INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES (?, 'assistant', ?, 1)",
-        (s, "not json at all {"),
-    )
-    store.conn.execute(
-        "INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES (?, 'assistant', ?, 1)",
-        (s, json.dumps(["plain", 3, {"function": {"name": "calc", "arguments": {"x": "ocelot"}}}])),
-    )
+    store.add(s, "assistant", None, tool_calls="not json at all {")
+    store.add(s, "assistant", None, tool_calls=json.dumps(["plain", 3, {"function": {"name": "calc",
+                                                                                     "arguments": {"x": "ocelot"}}}]))
     assert len(store.ids("json")) == 1
     assert len(store.ids("ocelot")) == 1
     store.assert_in_sync()
@@ -206,11 +219,8 @@ def test_cjk_two_and_one_character_queries(store):
 
 def test_cjk_in_tool_call_arguments_escaped_as_ascii_json(store):
     s = store.session("s1")
-    hit = store.conn.execute(
-        "INSERT INTO messages (session_id, role, tool_calls, timestamp) VALUES (?, 'assistant', ?, 1)",
-        (s, json.dumps(call("search", q="查询记忆断裂日志"))),
-    ).lastrowid
-    assert "\\u" in store.conn.execute("SELECT tool_calls FROM messages WHERE id = ?", (hit,)).fetchone()[0]
+    hit = store.add(s, "assistant", None, tool_calls=json.dumps(call("search", q="查询记忆断裂日志")))
+    assert "\\u" in store.db.get_messages(s)[0]["tool_calls"][0]["function"]["arguments"]
     assert store.ids("记忆断裂") == [hit]
     assert store.ids("日志") == [hit]
 
@@ -290,20 +300,21 @@ def test_ranking_only_looks_at_the_most_recent_window(store, monkeypatch):
 def test_update_and_delete_keep_both_indexes_in_sync(store):
     s = store.session("s1")
     mid = store.add(s, "user", "original words 原来的内容")
-    store.conn.execute("UPDATE messages SET content = ? WHERE id = ?", ("replacement 新的内容文字", mid))
+    store.execute("UPDATE messages SET content = ? WHERE id = ?", ("replacement 新的内容文字", mid))
     assert store.ids("original") == []
     assert store.ids("原来的") == []
     assert store.ids("replacement") == [mid]
     assert store.ids("新的内容") == [mid]
     # an English message that gains CJK moves into the trigram index, and back out
-    store.conn.execute("UPDATE messages SET content = 'plain english' WHERE id = ?", (mid,))
+    store.execute("UPDATE messages SET content = 'plain english' WHERE id = ?", (mid,))
     assert store.ids("新的内容") == []
     store.assert_in_sync()
-    store.conn.execute("DELETE FROM messages WHERE id = ?", (mid,))
+    store.execute("DELETE FROM messages WHERE id = ?", (mid,))
     assert store.ids("plain") == []
     store.assert_in_sync()
 
 
+@pytest.mark.sqlite_only("FTS5's trigram index and its batches")
 def test_only_cjk_messages_enter_the_trigram_index(store):
     s = store.session("s1")
     store.add(s, "user", "english only")
@@ -314,6 +325,7 @@ def test_only_cjk_messages_enter_the_trigram_index(store):
     assert store.conn.execute("SELECT count(*) FROM messages_fts_docsize").fetchone() == (2,)
 
 
+@pytest.mark.sqlite_only("FTS5's rebuild of its own tables")
 def test_rebuild_restores_a_damaged_index(store):
     s = store.session("s1")
     keep = store.add(s, "user", "persistent memory 持久的记忆")
@@ -360,6 +372,7 @@ def _indexed(store):
     return [r[0] for r in store.conn.execute("SELECT id FROM messages_fts_docsize ORDER BY id")]
 
 
+@pytest.mark.sqlite_only("FTS5's batched indexing")
 def test_appends_are_indexed_in_batches_and_found_before_and_after(store):
     s = store.session("s1")
     ids = [store.add(s, "user", f"walrus number{i} 海象编号{i:03d}") for i in range(3 * fts.INDEX_BATCH + 5)]
@@ -377,6 +390,7 @@ def test_appends_are_indexed_in_batches_and_found_before_and_after(store):
     store.assert_in_sync()
 
 
+@pytest.mark.sqlite_only("FTS5's batch mark")
 def test_edits_and_deletes_on_both_sides_of_the_mark(store):
     s = store.session("s1")
     ids = [store.add(s, "user", f"otter {i}") for i in range(fts.INDEX_BATCH + 4)]
@@ -393,6 +407,7 @@ def test_edits_and_deletes_on_both_sides_of_the_mark(store):
     assert sorted(store.ids("beaver")) == [indexed, pending]
 
 
+@pytest.mark.sqlite_only("FTS5's batch mark")
 def test_an_explicit_old_id_is_indexed_at_once(store):
     s = store.session("s1")
     for i in range(fts.INDEX_BATCH + 2):
@@ -404,6 +419,7 @@ def test_an_explicit_old_id_is_indexed_at_once(store):
     store.assert_in_sync()
 
 
+@pytest.mark.sqlite_only("FTS5's pending tail")
 def test_tail_and_index_are_ranked_together(store):
     s = store.session("s1")
     weak = store.add(s, "user", "lynx seen far away across the valley on a grey and windy morning")
@@ -415,10 +431,11 @@ def test_tail_and_index_are_ranked_together(store):
     assert store.ids("lynx", role_filter=["assistant"]) == []
 
 
-def test_a_query_only_reader_sees_the_tail(store, tmp_path):
+@pytest.mark.sqlite_only("FTS5's pending tail on a query-only SQLite connection")
+def test_a_query_only_reader_sees_the_tail(store):
     s = store.session("s1")
     mid = store.add(s, "user", "pending pelican 鹈鹕在等待")
-    reader = sqlite3.connect(tmp_path / "state.db")
+    reader = sqlite3.connect(store.target)
     reader.execute("PRAGMA query_only = ON")
     try:
         assert [h["id"] for h in fts.search_messages(reader, "pelican")] == [mid]
@@ -428,6 +445,7 @@ def test_a_query_only_reader_sees_the_tail(store, tmp_path):
         reader.close()
 
 
+@pytest.mark.sqlite_only("FTS5's pending tail")
 @pytest.mark.parametrize("query", ["marmot", "marm*", '"alpine marmot"', "marmot burrow", "土拨鼠洞穴"])
 def test_pending_messages_rank_as_they_will_once_indexed(store, query):
     s = store.session("s1")
@@ -448,6 +466,7 @@ def test_pending_messages_rank_as_they_will_once_indexed(store, query):
     assert store.ids(query, limit=50) == before
 
 
+@pytest.mark.sqlite_only("compares with FTS5's own bm25()")
 @pytest.mark.parametrize("query", ["marmot", "alpine marmot", '"alpine marmot"', "marm*", "burrow OR colony",
                                    "marmot NOT alpine", "土拨鼠洞穴"])
 def test_ranking_is_fts5_bm25(store, query):
@@ -476,7 +495,7 @@ def test_short_terms_with_cjk_only_excluded_still_find_english_messages(store):
     s = store.session("s1")
     english = store.add(s, "user", "ok go")
     store.add(s, "user", "ok 库存")
-    fts.flush(store.conn)
+    store.flush()
     pending = store.add(s, "user", "go ok")
     assert store.ids("ok NOT 库") == [pending, english]
     assert store.ids("ok 库") == [english + 1]
@@ -489,11 +508,11 @@ def _append_many(path, worker, n):
             db.append_message(f"w{worker}", "user", f"parallel kestrel {worker} {i} 并行写入测试")
 
 
-def test_concurrent_writers_keep_the_batches_whole(store, tmp_path):
+def test_concurrent_writers_keep_the_batches_whole(store):
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_append_many, args=(tmp_path / "state.db", w, 60)) for w in range(3)]
+    procs = [ctx.Process(target=_append_many, args=(store.target, w, 60)) for w in range(3)]
     for p in procs:
         p.start()
     for p in procs:
@@ -505,6 +524,7 @@ def test_concurrent_writers_keep_the_batches_whole(store, tmp_path):
     store.assert_in_sync()
 
 
+@pytest.mark.sqlite_only("FTS5's optimize and rebuild")
 def test_optimize_and_rebuild_change_no_answer(store):
     s = store.session("s1")
     for i in range(fts.INDEX_BATCH * 2 + 3):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from test_search import Store
 
-from state import fts
+from state import _pg_search, fts
 
 # FTS5 syntax, operators, punctuation, CJK and ordinary words, mixed freely
 _PIECES = st.sampled_from(
@@ -25,9 +25,16 @@ QUERIES = st.one_of(
 )
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = Store(tmp_path_factory.mktemp("prop") / "state.db")
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def store(request, tmp_path_factory):
+    """One store per backend for the whole module (a PostgreSQL database from tests/conftest.py's template)."""
+    if request.param == "sqlite":
+        target = tmp_path_factory.mktemp("prop") / "state.db"
+    else:
+        cluster = request.getfixturevalue("pg_cluster")
+        target = cluster.fresh_database(template=request.getfixturevalue("pg_template"))
+        request.addfinalizer(lambda: cluster.drop_database(target))
+    s = Store(target)
     sid = s.session("s1")
     for text in ["docker deploy failed", "chat-send works", "我们讨论了记忆断裂的问题", "NEAR the rowid",
                  "v1.2 release", "100% done", "under_score", "ｈｅｌｌｏ wide", "emoji 🙂 here"]:
@@ -50,6 +57,13 @@ def test_any_query_returns_a_list_and_never_raises(store, query, caplog):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=QUERIES)
 def test_sanitized_queries_are_valid_fts5(store, query):
+    if store.conn is None:  # PostgreSQL: the parsed tree is one valid condition on its indexes
+        tree = fts.parse(query)
+        if tree is not None:
+            cond, args = _pg_search.condition(tree)
+            store.db._engine.read(lambda conn: conn.execute(f"SELECT count(*) FROM messages_fts f WHERE {cond}",
+                                                            args).fetchone())
+        return
     match = fts.sanitize_query(query)
     if match:
         store.conn.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (match,)).fetchone()
@@ -73,9 +87,14 @@ def test_non_string_query_and_odd_limits(store):
     assert store.search("docker", limit=-1) == []
 
 
-def test_search_on_a_read_only_connection(store, tmp_path):
-    ro = sqlite3.connect(f"file:{store.conn.execute('PRAGMA database_list').fetchone()[2]}?mode=ro", uri=True)
+def test_search_on_a_read_only_sqlite_connection(tmp_path):
+    s = Store(tmp_path / "state.db")
+    sid = s.session("s1")
+    s.add(sid, "user", "docker deploy failed")
+    s.add(sid, "user", "我们讨论了记忆断裂的问题")
+    s.close()
+    ro = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True)
     try:
-        assert [h["id"] for h in fts.search_messages(ro, "记忆断裂")] == [3]
+        assert [h["id"] for h in fts.search_messages(ro, "记忆断裂")] == [2]
     finally:
         ro.close()

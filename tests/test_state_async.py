@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import sqlite3
 
+import psycopg
 import pytest
 
 from state import AsyncSessionDB, SessionDB, SessionNotFound, StateError
@@ -22,8 +23,8 @@ def test_every_public_method_has_a_coroutine():
     assert public <= names
 
 
-async def test_round_trip_and_concurrent_appends(home):
-    adb = await AsyncSessionDB.open(home / "state.db")
+async def test_round_trip_and_concurrent_appends(store_target):
+    adb = await AsyncSessionDB.open(store_target)
     try:
         await adb.create_session("s", "telegram", title="async")
         ids = await asyncio.gather(*(adb.append_message("s", "user", f"m{i}") for i in range(40)))
@@ -42,11 +43,15 @@ async def test_round_trip_and_concurrent_appends(home):
         await adb.get_session("s")
 
 
-async def test_a_locked_database_does_not_block_the_loop(home):
-    adb = await AsyncSessionDB.open(home / "state.db")
+async def test_a_locked_database_does_not_block_the_loop(store_target, backend):
+    adb = await AsyncSessionDB.open(store_target)
     await adb.create_session("s", "cli")
-    holder = sqlite3.connect(home / "state.db", isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
+    if backend == "sqlite":  # another process holds the write lock
+        holder = sqlite3.connect(store_target, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+    else:  # another instance holds the session's row
+        holder = psycopg.connect(store_target)
+        holder.execute("SELECT * FROM sessions WHERE id = 's' FOR UPDATE")
     ticks = 0
 
     async def ticker():
@@ -61,7 +66,7 @@ async def test_a_locked_database_does_not_block_the_loop(home):
         # the loop keeps running while the write waits on its thread
         await eventually(lambda: ticks >= 50, 5.0, "the event loop to tick 50 times while the write waits")
         assert not write.done()
-        holder.execute("ROLLBACK")
+        holder.rollback()  # both connections' way of letting go
         assert isinstance(await asyncio.wait_for(write, 10), int)
         assert [m["content"] for m in await adb.get_messages("s")] == ["waits for the lock"]
     finally:
@@ -70,12 +75,12 @@ async def test_a_locked_database_does_not_block_the_loop(home):
         await adb.close()
 
 
-async def test_close_finishes_queued_writes(home):
-    adb = AsyncSessionDB(SessionDB(home / "state.db"))
+async def test_close_finishes_queued_writes(store_target):
+    adb = AsyncSessionDB(SessionDB(store_target))
     await adb.create_session("s", "cli")
     pending = [asyncio.ensure_future(adb.append_message("s", "user", str(i))) for i in range(20)]
     await asyncio.sleep(0)
     await adb.close()
     assert len(await asyncio.gather(*pending)) == 20
-    with SessionDB(home / "state.db") as db:
+    with SessionDB(store_target) as db:
         assert db.message_count("s") == 20

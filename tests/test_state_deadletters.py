@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from state import AsyncSessionDB, SessionDB
+from state import AsyncSessionDB
 
 
 @pytest.fixture
-def db(tmp_path):
-    with SessionDB(tmp_path / "state.db") as db:
-        yield db
+def db(store):
+    """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``)."""
+    return store
 
 
 def add(db, event_id="42", **kw):

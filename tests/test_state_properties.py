@@ -11,9 +11,16 @@ _TRICKY = st.sampled_from(["%", "_", "\\", " #2", " #", "\u200b", "\u202e", "\x0
 TEXT = st.one_of(st.text(max_size=120), st.lists(_TRICKY, max_size=30).map("".join))
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    db = SessionDB(tmp_path_factory.mktemp("props") / "state.db")
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def store(request, tmp_path_factory):
+    """One store per backend for the whole module (a PostgreSQL database from tests/conftest.py's template)."""
+    if request.param == "sqlite":
+        target = tmp_path_factory.mktemp("props") / "state.db"
+    else:
+        cluster = request.getfixturevalue("pg_cluster")
+        target = cluster.fresh_database(template=request.getfixturevalue("pg_template"))
+        request.addfinalizer(lambda: cluster.drop_database(target))
+    db = SessionDB(target)
     for i, title in enumerate(["plain", "100% done", "a_b", "proj", "proj #2", "记忆断裂"]):
         db.create_session(f"2025010{i}_000000_0000000{i}", "cli", title=title)
     yield db

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from state import SessionDB
-
 WHERE = {"session_key": "agent:main:telegram:dm:42", "platform": "telegram", "chat_id": "42", "chat_type": "dm",
          "user_id": "42", "platform_message_id": "7"}
 
 
 @pytest.fixture
-def db(tmp_path):
-    with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s1", "telegram")
-        yield db
+def db(store):
+    """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``), with a session."""
+    store.create_session("s1", "telegram")
+    return store
 
 
 def test_a_stored_message_waits_in_the_inbox_until_a_turn_answers_it(db):

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from state import SessionDB
+
+
+@pytest.fixture
+def db(store):
+    """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``)."""
+    return store
+
 
 
 def _ids(results):

@@ -20,6 +20,13 @@ from state import (
 )
 
 
+@pytest.fixture
+def db(store):
+    """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``)."""
+    return store
+
+
+@pytest.mark.sqlite_only("the files of a SQLite store and their modes")
 def test_default_location_is_private(home, db):
     db.create_session("s1", "cli")
     db.append_message("s1", "user", "hi")
@@ -303,9 +310,9 @@ def test_delete_session_keeps_children_and_drops_routes(db):
 def _age(db, session_id, days):
     """Backdate a session (the only way to make old data without waiting)."""
     past = time.time() - days * 86400
-    conn = db._engine._wconn
-    conn.execute("UPDATE sessions SET started_at = ?, last_active = ?, ended_at = CASE WHEN ended_at IS NULL "
-                 "THEN NULL ELSE ? END WHERE id = ?", (past, past, past, session_id))
+    db._engine.write(lambda conn: conn.execute(
+        "UPDATE sessions SET started_at = ?, last_active = ?, ended_at = CASE WHEN ended_at IS NULL "
+        "THEN NULL ELSE ? END WHERE id = ?", (past, past, past, session_id)))
 
 
 def test_prune_a_chain_whose_old_part_ended(db):
@@ -337,6 +344,7 @@ def test_prune_by_source(db):
     assert db.get_session("d") is not None
 
 
+@pytest.mark.sqlite_only("the WAL file and its checkpoints")
 def test_stats_and_checkpoint(db):
     db.create_session("a", "telegram")
     db.create_session("b", "telegram")

@@ -7,6 +7,13 @@ import pytest
 from state import InvalidTitle, TitleConflict
 
 
+@pytest.fixture
+def db(store):
+    """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``)."""
+    return store
+
+
+
 def test_set_get_and_clear(db):
     db.create_session("s1", "cli")
     assert db.set_session_title("s1", "  Fix   Docker\tBuild ") is True

@@ -1,10 +1,10 @@
 import pytest
 
-from state import SessionDB, new_session_id
+from state import new_session_id
 
 
-def test_record_turn_stores_messages_and_usage_together(tmp_path):
-    with SessionDB(tmp_path / "state.db") as db:
+def test_record_turn_stores_messages_and_usage_together(store):
+    with store as db:
         sid = db.create_session(new_session_id(), "api", session_key="k")
         db.set_route("k", sid)
         db.append_message(sid, "user", "hi")
@@ -15,8 +15,8 @@ def test_record_turn_stores_messages_and_usage_together(tmp_path):
         assert db.get_routed_session("nowhere") is None
 
 
-def test_a_failing_turn_record_leaves_nothing(tmp_path):
-    with SessionDB(tmp_path / "state.db") as db:
+def test_a_failing_turn_record_leaves_nothing(store):
+    with store as db:
         sid = db.create_session(new_session_id(), "api")
         with pytest.raises(ValueError):
             db.record_turn(sid, [{"role": "assistant", "content": "ok"}, {"content": "no role"}], input_tokens=5)
@@ -24,8 +24,8 @@ def test_a_failing_turn_record_leaves_nothing(tmp_path):
         assert db.get_session(sid)["input_tokens"] == 0
 
 
-def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(tmp_path):
-    with SessionDB(tmp_path / "state.db") as db:
+def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):
+    with store as db:
         assert db.append_inbound_to_route("k", "hello?", platform_message_id="m0") == (None, None)  # no route yet
         sid = db.create_session(new_session_id(), "telegram", session_key="k")
         db.set_route("k", sid)

@@ -25,17 +25,15 @@ TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages 
 def _session(db: SessionDB, sid: str, *, started: float, last: float, ended: float | None, messages: int = 3,
              parent: str | None = None) -> str:
     db.create_session(sid, "telegram", parent_session_id=parent)
-    with sqlite3.connect(db.db_path) as conn:  # the session started back then
-        conn.execute("UPDATE sessions SET started_at = ?, last_active = NULL WHERE id = ?", (started, sid))
-    conn.close()
+    db._engine.write(lambda conn: conn.execute(  # the session started back then
+        "UPDATE sessions SET started_at = ?, last_active = NULL WHERE id = ?", (started, sid)))
     for i in range(messages):
         ts = started + (last - started) * (i + 1) / messages
         db.append_message(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
     if ended is not None:
         db.end_session(sid, "reset")
-        with sqlite3.connect(db.db_path) as conn:  # the session ended back then
-            conn.execute("UPDATE sessions SET ended_at = ? WHERE id = ?", (ended, sid))
-        conn.close()
+        db._engine.write(lambda conn: conn.execute(  # the session ended back then
+            "UPDATE sessions SET ended_at = ? WHERE id = ?", (ended, sid)))
     return sid
 
 
@@ -89,6 +87,24 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
 
 
+async def test_a_pass_prunes_the_expired_sessions_on_either_backend(store_target):
+    now = time.time()
+    expired, kept = _build(store_target, now)
+    async with await AsyncSessionDB.open(store_target) as db:
+        report = await state.run_upkeep(db, retention_days=1, now=now)
+        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
+        child = await db.get_session("child")
+        last = await db.last_upkeep()
+        hits = await db.search_messages("restarted", limit=1000)
+        orphans = await db.message_count() - sum([(await db.get_session(sid))["message_count"] for sid in kept])
+    assert remaining == kept and child["parent_session_id"] is None
+    assert (report.sessions_pruned, report.messages_pruned) == (4, 3 + 3 + 400 + 3)
+    assert report.steps > 10  # the big session was cut into several short transactions
+    assert {h["session_id"] for h in hits} == kept
+    assert orphans == 0
+    assert last == report.as_dict()
+
+
 def _index_bytes(path) -> dict[str, int]:
     with sqlite3.connect(path) as conn:
         sizes = {t: conn.execute(f"SELECT sum(length(block)) FROM {t}_data").fetchone()[0]
@@ -135,9 +151,9 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
     conn.close()
 
 
-async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(tmp_path):
+async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(store_target):
     now = time.time()
-    path = tmp_path / "state.db"
+    path = store_target
     _expired, kept = _build(path, now)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=None, now=now)
@@ -147,9 +163,9 @@ async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(tmp
     assert last["finished_at"] >= now and last["retention_days"] is None
 
 
-async def test_a_session_resumed_during_the_pass_is_left_alone(tmp_path):
+async def test_a_session_resumed_during_the_pass_is_left_alone(store_target):
     now = time.time()
-    path = tmp_path / "state.db"
+    path = store_target
     with SessionDB(path) as db:
         _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY)
         cutoff = now - DAY

@@ -213,8 +213,8 @@ async def test_a_streamed_call_reads_cached_tokens_from_the_last_chunk(tmp_path,
     assert rows[0]["cost"] is None  # no price for fake-model
 
 
-def test_a_sessions_rows_go_with_it_and_old_rows_are_pruned(tmp_path):
-    with SessionDB(tmp_path / "state.db") as db:
+def test_a_sessions_rows_go_with_it_and_old_rows_are_pruned(store):
+    with store as db:
         kept = db.create_session("s-kept", "api", user_id="u")
         gone = db.create_session("s-gone", "api", user_id="u")
         for sid, at in ((kept, 1_000.0), (kept, 5_000.0), (gone, 5_000.0)):
@@ -282,3 +282,23 @@ def test_insights_refuses_a_grouping_it_does_not_know_naming_the_choices(tmp_pat
     assert result.exit_code == 2
     assert "'weekday' is not one of 'day', 'model', 'platform', 'purpose', 'user', 'chat'" in result.output
     assert "No model calls in the last 30 days." in insights(tmp_path).output
+
+
+def test_the_report_counts_each_utc_day_and_group_alike_on_both_backends(store):
+    calls = [  # the last second of 1970-01-01 and the first of the next day
+        {"at": 86_399.9, "platform": "telegram", "user_id": "7", "purpose": "turn", "model": "m", "outcome": "ok",
+         "prompt_tokens": 100, "cached_tokens": 40, "completion_tokens": 5, "cost": 0.5},
+        {"at": 86_400.1, "platform": "telegram", "user_id": "7", "purpose": "turn", "model": "m", "outcome": "failed"},
+        {"at": 86_400.2, "platform": None, "user_id": "7", "purpose": "cron", "model": "m", "outcome": "retried",
+         "prompt_tokens": 10, "estimated": True},
+    ]
+    store.record_model_calls(calls)
+    days = sorted(store.usage_report(0.0, "day"), key=lambda r: r["day"])
+    assert [(r["day"], r["calls"], r["input_tokens"], r["cached_input_tokens"], r["unpriced"], r["failed"],
+             r["retried"], r["estimated"]) for r in days] == [
+        ("1970-01-01", 1, 60, 40, 0, 0, 0, 0),
+        ("1970-01-02", 2, 10, 0, 2, 1, 1, 1),
+    ]
+    assert days[0]["grp"] == "1970-01-01" and days[0]["cost"] == 0.5
+    mine = store.usage_report(0.0, "user", platform=None, user_id="7")
+    assert [(r["grp"], r["day"], r["calls"]) for r in mine] == [("?:7", "1970-01-02", 1)]

@@ -105,9 +105,9 @@ def ledger_rows(rng: random.Random, count: int, sessions: list[str]) -> list[dic
     return rows
 
 
-def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(tmp_path):
+def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(store_target):
     rng = random.Random(7)
-    with SessionDB(tmp_path / "state.db") as db:
+    with SessionDB(store_target) as db:
         sessions = [db.create_session(f"s{i}", ["telegram", "discord", "api"][i % 3], user_id=f"su{i % 4}")
                     for i in range(12)]
         rows = ledger_rows(rng, 1_500, sessions)

@@ -52,7 +52,7 @@ def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, config_path: Path | None = None, **kwargs: Any) -> Any:
         db = None
         try:
-            db = state.SessionDB(resolve_home(config_path) / "state.db")
+            db = state.SessionDB(resolve_store(config_path))
             return command(db, *args, **kwargs)
         except state.StateError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -141,6 +141,23 @@ def config_keys(config_path: Path | None, *keys: str) -> Config:
     except ConfigError as exc:
         fail(str(exc) if exc.file else f"{shown}: {exc}", exc.exit_code)
         raise  # unreachable
+
+
+def resolve_store(config_path: Path | None = None) -> Path | str:
+    """The store the operator means: the config file's ``store.url`` when set (PostgreSQL), else
+    ``state.db`` in :func:`resolve_home`.  Only that key is read (:func:`config_keys`), so an unset
+    ``${TOKEN}`` elsewhere stops nothing; a bad ``store.url`` exits 78 naming it."""
+    url = config_keys(config_path, "store").store.url
+    return url if url else resolve_home(config_path) / "state.db"
+
+
+def refuse_on_postgresql(config_path: Path | None, what: str, instead: str) -> None:
+    """Stop a command that works on the SQLite file (backup, restore, maintenance) when ``store.url``
+    points at PostgreSQL, saying what to use instead."""
+    target = resolve_store(config_path)
+    if isinstance(target, str):
+        raise click.ClickException(f"store.url points at PostgreSQL ({state.mask_url(target)}): {what} works on "
+                                   f"a SQLite state.db; {instead}")
 
 
 def _config_file(config_path: Path | None) -> tuple[Path, str] | None:

@@ -43,7 +43,7 @@ def _open(config_path: Path | None) -> tuple[Config, state.SessionDB]:
 
     cfg = _config(config_path)
     cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    db = state.SessionDB(cfg.db_path, write_timeout=cfg.store.write_timeout_seconds)
+    db = state.SessionDB(cfg.store_target, write_timeout=cfg.store.write_timeout_seconds)
     now = time.time()
     try:
         if cfg.source is not None:

@@ -53,6 +53,17 @@ def _mib(n: int) -> str:
     return f"{n / 1024 / 1024:.1f} MiB"
 
 
+def check_postgresql(url: str) -> list[Check]:
+    """store.url: the server answers and holds our schema (read only; the password never shows)."""
+    version, detail = state.probe_store(url)
+    if version is None:
+        return [Check("database", False, detail,
+                      "check store.url (host, port, user, password, database) and that the server is running")]
+    supported = state.schema.current_version()
+    return [Check("database", True, f"{detail}: schema version {version} (this Switchboard: {supported})"
+                  + ("; migrates at next start" if version < supported else ""))]
+
+
 def check_database(home: Path) -> list[Check]:
     report = state.inspect_database(home / "state.db")
     if not report.exists:
@@ -215,7 +226,10 @@ async def run_checks(config_path: Path | None, home: Path | None = None) -> list
         cfg = cfg.model_copy(update={"home": home})
     checks = [Check("config", True, f"{cfg.source} is valid")]
     home = cfg.home
-    checks += await asyncio.to_thread(check_database, home)
+    if cfg.store.url:
+        checks += await asyncio.to_thread(check_postgresql, cfg.store.url)
+    else:
+        checks += await asyncio.to_thread(check_database, home)
     checks.append(await asyncio.to_thread(check_disk, home))
     checks += check_permissions(home)
     async with aiohttp.ClientSession(timeout=TIMEOUT, trust_env=False) as http:

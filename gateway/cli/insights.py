@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import click
 from rich.table import Table
 
-from gateway.cli.common import config_keys, console as _console, home_options, json_out as _json_out, resolve_home
+from gateway.cli.common import config_keys, console as _console, home_options, json_out as _json_out, resolve_store
 from gateway.insights import DAY, Group, Insights, daily_chart, from_summary, identity_names, sparkline, window
 from gateway.usage import price_of
 from state import SessionDB, StateError
@@ -32,7 +32,7 @@ PLOT_SUFFIXES = (".png", ".svg")
 def _store(config_path: Path | None) -> Iterator[SessionDB]:
     """The store of the home the operator means; a StateError becomes one line."""
     try:
-        with SessionDB(resolve_home(config_path) / "state.db") as db:
+        with SessionDB(resolve_store(config_path)) as db:
             yield db
     except StateError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -37,7 +37,7 @@ from gateway.cli.common import (
     given_home,
     home_options,
     load_config_or_exit as _load_config,
-    resolve_home,
+    resolve_store,
 )
 from gateway.cli.config import config_group
 from gateway.cli.cron import cron_group
@@ -157,7 +157,7 @@ def pairing() -> None:
 
 
 def _pairing_db(config_path: Path | None) -> state.SessionDB:
-    return state.SessionDB(resolve_home(config_path) / "state.db")
+    return state.SessionDB(resolve_store(config_path))
 
 
 _PLATFORM = click.Choice(PLATFORMS, case_sensitive=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 import state
-from gateway.cli.common import home_options, resolve_home
+from gateway.cli.common import home_options, refuse_on_postgresql, resolve_home
 from gateway.errors import AlreadyRunning
 from gateway.runtime import lockfile
 
@@ -36,6 +36,7 @@ def _when(ts: float | None) -> str:
 @home_options
 def maintenance_cmd(vacuum: bool, yes: bool, config_path: Path | None) -> None:
     """Show the database's size, free space and last upkeep; --vacuum gives the free space back."""
+    refuse_on_postgresql(config_path, "maintenance", "PostgreSQL's autovacuum keeps it; see doctor for its size")
     home = resolve_home(config_path)
     report = state.inspect_database(home / "state.db")
     if not report.exists:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from gateway.cli.common import given_home, home_options, plural, resolve_home
+from gateway.cli.common import given_home, home_options, plural, refuse_on_postgresql, resolve_home
 from gateway.errors import SwitchboardError
 from gateway.runtime import backup as backup_mod, systemd as service_mod
 from state.paths import default_home
@@ -170,6 +170,7 @@ def status_cmd(user_scope, config_path, unit_dir) -> None:
 @click.option("--allow-empty", is_flag=True, help="Back up a database that holds no sessions (refused otherwise).")
 def backup_cmd(file, config_path, allow_empty) -> None:
     """Copy the live database to FILE (consistent while the daemon runs; mode 0600)."""
+    refuse_on_postgresql(config_path, "backup", "back PostgreSQL up with its own tools (pg_dump)")
     try:
         summary = backup_mod.backup(resolve_home(config_path), file, allow_empty=allow_empty)
     except (SwitchboardError, OSError) as exc:
@@ -185,6 +186,7 @@ def backup_cmd(file, config_path, allow_empty) -> None:
 @home_options
 def restore_cmd(file, config_path) -> None:
     """Replace the database with FILE after checking it; the daemon must be stopped."""
+    refuse_on_postgresql(config_path, "restore", "restore PostgreSQL with its own tools (pg_restore)")
     try:
         result = backup_mod.restore(resolve_home(config_path), file)
     except (SwitchboardError, OSError) as exc:

@@ -148,7 +148,7 @@ class Gateway:
         """Open the store, assemble the turn and its features, serve the API, start the platforms and cron."""
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
-        self.db = await state.AsyncSessionDB.open(cfg.db_path, write_timeout=cfg.store.write_timeout_seconds)
+        self.db = await state.AsyncSessionDB.open(cfg.store_target, write_timeout=cfg.store.write_timeout_seconds)
         # every model call, whatever it is for, becomes a row of the usage ledger
         self.usage = UsageRecorder(self.db, cfg.pricing, clock=self.clock)
         self.model = model = ModelClient(ModelSettings(

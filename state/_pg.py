@@ -1,0 +1,446 @@
+"""PostgreSQL: the engine and the small connection wrapper the store's SQL functions run on.
+
+The store's functions (``state._sessions``, ``_messages``, ...) take a connection and
+call ``conn.execute(sql, params)`` with SQLite's ``?`` placeholders and read rows by
+position or by name.  :class:`PgConnection` gives them exactly that over psycopg 3:
+
+* ``?`` becomes ``%s`` and a literal ``%`` becomes ``%%`` (outside quoted strings and
+  identifiers only ``?`` counts); ``:name`` becomes ``%(name)s`` when the parameters
+  are a dict.  Parameters are bound on the client (psycopg's ``ClientCursor``), so a
+  value is typed by where it stands, as SQLite does, not by its Python type.
+* A Python ``bool`` is sent as 0 or 1 (the store's flags are integer columns); a NUL
+  character in a string, which PostgreSQL's text cannot hold, is stored as U+FFFD.
+* Rows are :class:`Row`: by index, by column name, ``dict(row)``, unpacking.  A
+  ``numeric`` value (what ``SUM`` of integers gives) comes back as ``int`` when whole.
+* A cursor has ``rowcount``, ``fetchone``, ``fetchall``, iteration and ``description``.
+
+SQL that both engines accept is written once in the module that owns it; where the
+dialects truly differ the module asks :func:`is_pg`.
+
+:class:`PgEngine` is :class:`state._engine.Engine` for PostgreSQL: a
+``psycopg_pool.ConnectionPool``, one transaction per call (reads ``REPEATABLE READ``
+``READ ONLY``: one snapshot; writes ``SERIALIZABLE``, retried with jitter on a
+serialization failure or a deadlock until ``write_timeout``, so the functions keep
+the all-or-nothing, one-writer-at-a-time meaning SQLite's ``BEGIN IMMEDIATE`` gives
+them).  Opening migrates the schema under a transaction-level advisory lock: of
+several processes starting at once on an empty database one migrates, the others
+wait and then find it done.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import re
+import time
+from decimal import Decimal
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import StateError, StoreUnavailable, WriteTimeout
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SCHEMES = ("postgresql", "postgres")
+#: The key of the advisory lock held (per transaction) while the schema migrates.
+MIGRATION_LOCK = 0x5357_4200_0001  # "SWB" and 1
+
+
+def is_url(target: object) -> bool:
+    """Whether ``target`` names a PostgreSQL store (``postgresql://...``) rather than a SQLite file."""
+    return isinstance(target, str) and target.split("://", 1)[0].lower() in SCHEMES and "://" in target
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs, errors, /healthz, doctor, exports)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://***"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return urlunsplit((parts.scheme, f"{user}:***@{host}{port}", parts.path, parts.query, parts.fragment))
+
+
+def _without_secret(text: str, url: str) -> str:
+    """An error text with the URL's password taken out, wherever a driver may have put it."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
+def is_pg(conn: Any) -> bool:
+    """Whether a store function runs on PostgreSQL (a :class:`PgConnection`) rather than sqlite3."""
+    return getattr(conn, "dialect", "sqlite") == "postgresql"
+
+
+# --- the connection wrapper -------------------------------------------------------------------
+
+_NAMED = re.compile(r"(?<!:):([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@functools.lru_cache(maxsize=2048)
+def translate(sql: str, named: bool = False) -> str:
+    """SQLite's placeholders in psycopg's syntax: ``?`` -> ``%s`` (``:name`` -> ``%(name)s`` when
+    ``named``), every literal ``%`` doubled.  Quoted strings and identifiers are copied as they are
+    (but for their ``%``), so a ``?`` inside ``'...'`` stays a question mark."""
+    out: list[str] = []
+    quote = ""
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if quote:
+            out.append("%%" if ch == "%" else ch)
+            if ch == quote:
+                quote = ""
+        elif ch in ("'", '"'):
+            quote = ch
+            out.append(ch)
+        elif ch == "?":
+            out.append("%s")
+        elif ch == "%":
+            out.append("%%")
+        elif named and ch == ":" and (match := _NAMED.match(sql, i)) and not sql.startswith("::", i - 1):
+            out.append(f"%({match.group(1)})s")
+            i = match.end()
+            continue
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _param(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str) and "\x00" in value:
+        return value.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL; SQLite keeps it
+    return value
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
+
+
+class Row:
+    """A result row as the store's functions read ``sqlite3.Row``: ``row[0]``, ``row["id"]``,
+    ``dict(row)``, ``tuple(row)``, unpacking."""
+
+    __slots__ = ("_values", "_index")
+
+    def __init__(self, values: tuple, index: dict[str, int]):
+        self._values = values
+        self._index = index
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def __getitem__(self, key: int | str | slice) -> Any:
+        if isinstance(key, str):
+            try:
+                return self._values[self._index[key]]
+            except KeyError:
+                raise IndexError(f"no such column: {key}") from None
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Row):
+            return self._values == other._values
+        return self._values == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Row({dict(zip(self._index, self._values, strict=False))!r})"
+
+
+def row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+    """psycopg's row factory for :class:`Row` (column names as the query gave them)."""
+    names = [column.name for column in cursor.description or ()]
+    index: dict[str, int] = {}
+    for i, name in enumerate(names):
+        index.setdefault(name, i)
+
+    def make(values: Sequence[Any]) -> Row:
+        return Row(tuple(_value(v) for v in values), index)
+
+    return make
+
+
+class PgCursor:
+    """The part of ``sqlite3.Cursor`` the store uses; ``lastrowid`` is always None (use RETURNING)."""
+
+    lastrowid = None
+
+    def __init__(self, cursor: Any):
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+    def fetchone(self) -> Row | None:
+        if self._cursor.description is None:
+            return None
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Row]:
+        if self._cursor.description is None:
+            return []
+        return self._cursor.fetchall()
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.fetchall())
+
+
+class PgConnection:
+    """A psycopg connection that takes the store's SQL as sqlite3 does (see the module docstring)."""
+
+    dialect = "postgresql"
+
+    def __init__(self, raw: Any):
+        self.raw = raw
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> PgCursor:
+        cursor = self.raw.cursor()
+        if isinstance(params, dict):
+            cursor.execute(translate(sql, True), {k: _param(v) for k, v in params.items()})
+        elif params:
+            cursor.execute(translate(sql), [_param(v) for v in params])
+        else:  # no parameters, so no placeholders: a '?' or '%' is the text's own (psycopg reads none)
+            cursor.execute(sql)
+        return PgCursor(cursor)
+
+    def executemany(self, sql: str, rows: Any) -> PgCursor:
+        cursor = self.raw.cursor()
+        cursor.executemany(translate(sql), [[_param(v) for v in row] for row in rows])
+        return PgCursor(cursor)
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return self.raw.info.transaction_status != TransactionStatus.IDLE
+
+
+# --- the engine ---------------------------------------------------------------------------------
+
+
+def _require_psycopg() -> Any:
+    try:
+        import psycopg
+        import psycopg_pool  # noqa: F401 - checked here so the error names both
+    except ImportError as exc:
+        raise StoreUnavailable(
+            "postgresql://...", "psycopg is not installed: pip install 'switchboard[postgresql]'"
+        ) from exc
+    return psycopg
+
+
+class PgEngine:
+    """Owns the connection pool; runs each store function in one transaction (see module docstring)."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str, *, write_timeout: float = 10.0, pool_size: int = 8, connect_timeout: float = 10.0):
+        psycopg = _require_psycopg()
+        from psycopg_pool import ConnectionPool
+
+        self.url = url
+        self.masked_url = mask_url(url)
+        self.write_timeout = float(write_timeout)
+        self._closed = False
+
+        def configure(conn: Any) -> None:
+            conn.cursor_factory = psycopg.ClientCursor
+            conn.row_factory = row_factory
+
+        self._pool = ConnectionPool(
+            url, min_size=1, max_size=max(1, int(pool_size)), open=False, configure=configure,
+            kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
+            name="switchboard-store", timeout=max(self.write_timeout, 1.0),
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except Exception as exc:  # noqa: BLE001 - the pool says only "timeout"; _reason asks the server why
+            self._pool.close()
+            raise StoreUnavailable(self.masked_url, self._reason(exc)) from None
+        try:
+            self._open_schema()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def _reason(self, exc: BaseException) -> str:
+        """Why a connection failed, without the password; the pool's own error says little, so ask once."""
+        import psycopg
+
+        try:
+            psycopg.connect(self.url, connect_timeout=3).close()
+        except Exception as direct:  # noqa: BLE001 - any failure is the reason we want to show
+            exc = direct
+        return _without_secret(str(exc).strip() or type(exc).__name__, self.url)
+
+    # --- schema ---------------------------------------------------------------
+
+    def _open_schema(self) -> None:
+        from . import schema
+
+        def check(conn: PgConnection) -> int:
+            return schema.read_version_pg(conn, self.masked_url)
+
+        if self.read(check) >= schema.current_version():
+            return
+
+        def migrate(conn: PgConnection) -> None:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+            version = schema.read_version_pg(conn, self.masked_url)  # another process may have migrated meanwhile
+            if version < schema.current_version():
+                log.info("migrating %s from schema %d to %d", self.masked_url, version, schema.current_version())
+                schema.migrate_pg(conn, version)
+
+        # Read committed: after the lock is ours, the version read sees what another migration committed.
+        self._run(migrate, (), {}, isolation="READ COMMITTED", read_only=False, deadline=time.monotonic() + 600)
+
+    # --- transactions ------------------------------------------------------------
+
+    def read(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, ...)`` in one read-only snapshot."""
+        return self._run(fn, args, kwargs, isolation="REPEATABLE READ", read_only=True,
+                         deadline=time.monotonic() + self.write_timeout)
+
+    def write(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, ...)`` in one serializable transaction: all of it or none.
+
+        A serialization failure or a deadlock (another instance wrote the same rows) runs it
+        again, with jitter, until ``write_timeout`` seconds have passed; then
+        :class:`WriteTimeout` is raised with nothing written.
+        """
+        return self._run(fn, args, kwargs, isolation="SERIALIZABLE", read_only=False,
+                         deadline=time.monotonic() + self.write_timeout)
+
+    def write_giving_way(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """:meth:`write`: PostgreSQL's writers do not queue behind one another's transactions (only
+        behind the rows they share), so an upkeep step has nothing to give way to."""
+        return self.write(fn, *args)
+
+    def _run(self, fn: Callable[..., T], args: tuple, kwargs: dict, *, isolation: str, read_only: bool,
+             deadline: float) -> T:
+        import psycopg
+        from psycopg import errors as pgerrors
+        from psycopg_pool import PoolTimeout
+
+        if self._closed:
+            raise StateError("the state store is closed: open a new SessionDB")
+        start = time.monotonic()
+        delay = 0.002
+        while True:
+            try:
+                with self._pool.connection(timeout=max(0.1, deadline - time.monotonic())) as raw:
+                    raw.isolation_level = getattr(psycopg.IsolationLevel, isolation.replace(" ", "_"))
+                    raw.read_only = read_only
+                    conn = PgConnection(raw)
+                    try:
+                        result = fn(conn, *args, **kwargs)
+                        raw.commit()
+                        return result
+                    except BaseException:
+                        if not raw.closed:
+                            raw.rollback()
+                        raise
+            except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WriteTimeout(self.masked_url, time.monotonic() - start) from exc
+                time.sleep(min(remaining, random.uniform(0.5, 1.5) * delay))
+                delay = min(delay * 2, 0.1)
+            except PoolTimeout as exc:
+                raise WriteTimeout(self.masked_url, time.monotonic() - start) from exc
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(self.masked_url, _without_secret(str(exc).strip(), self.url)) from None
+
+    # --- what SQLite's engine also offers ---------------------------------------------
+
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """PostgreSQL checkpoints on its own; nothing to do (SQLite's answer for 'nothing pending')."""
+        return (0, 0, 0)
+
+    def checkpoint_aside(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        return (0, 0, 0)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.close()
+
+
+def json_values(conn: Any, *, integers: bool = False) -> str:
+    """A subquery yielding the elements of a JSON array passed as one ``?`` parameter (``IN (...)``
+    over many ids without one placeholder each): SQLite's ``json_each``, PostgreSQL's
+    ``jsonb_array_elements_text`` (cast to ``BIGINT`` for ids)."""
+    if not is_pg(conn):
+        return "SELECT value FROM json_each(?)"
+    if integers:
+        return "SELECT CAST(jsonb_array_elements_text(CAST(? AS jsonb)) AS BIGINT)"
+    return "SELECT jsonb_array_elements_text(CAST(? AS jsonb))"
+
+
+def is_integrity_error(exc: BaseException) -> bool:
+    """A constraint failed (unique, foreign key, not null), on either engine."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.IntegrityError):
+        return True
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(exc, psycopg.IntegrityError)
+
+
+def probe(url: str, *, timeout: float = 5.0) -> tuple[int | None, str]:
+    """Reach the PostgreSQL store without changing it (``doctor``): (schema version, 0 when not
+    migrated yet, or None when it cannot be used; what was found, the URL's password masked)."""
+    from . import schema
+
+    psycopg = _require_psycopg()
+    masked = mask_url(url)
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout)), cursor_factory=psycopg.ClientCursor,
+                             row_factory=row_factory) as raw:
+            conn = PgConnection(raw)
+            version = schema.read_version_pg(conn, masked)
+            server = raw.info.server_version
+    except psycopg.Error as exc:
+        return None, f"{masked}: {_without_secret(str(exc).strip(), url)}"
+    except StateError as exc:
+        return None, str(exc)
+    return version, f"{masked} (PostgreSQL {server // 10000}.{server % 10000})"

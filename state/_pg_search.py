@@ -1,0 +1,261 @@
+"""Full-text search on PostgreSQL: the same queries and answers as ``state.fts``, on other indexes.
+
+``state.fts`` parses and sanitises the user's query (``state._fts_query``: terms, phrases,
+``prefix*``, ``AND``/``OR``/``NOT``, parentheses) and, on PostgreSQL, hands the parsed tree
+here; the hits get their context there, so the result has the same shape on both engines.
+This is its own module rather than a branch inside ``state.fts`` because nothing of the
+FTS5 machinery (external-content tables, batched indexing, the in-memory tail, BM25 from
+the index's size records) exists here: PostgreSQL indexes each row in the writing transaction.
+
+The index (schema v11 on PostgreSQL) is the table ``messages_fts`` (the name of SQLite's
+search index too), one row per message with text, kept by a trigger on ``messages``:
+
+* ``words``: a ``tsvector`` of the message's searchable text (content, tool name, and each
+  tool call's function name and argument values, never the JSON keys: ``search_tool_text``),
+  cut into words as FTS5's unicode61 cuts them (every run of letters and digits, whatever the
+  punctuation between: ``search_words``), lower-cased, accents folded (``unaccent``), no
+  stemming, no stop words; GIN-indexed.
+* ``cjk``: the same text, only for a message holding a CJK character (as SQLite's trigram
+  index holds only those); ``pg_trgm`` GIN-indexed for CJK terms of three or more
+  characters, and a partial index of these ids walked newest first for one or two.
+
+A term without CJK is a phrase (``phraseto_tsquery``; ``word*`` a prefix on its last word);
+a CJK term is a substring (``ILIKE``: case folded, as the trigram index folds it).  The tree
+becomes one condition with the query's own AND, OR and NOT.  The newest ``RANK_WINDOW``
+matches are ranked: ``ts_rank`` on the words plus ``ts_rank`` on ``english`` stems (so
+``deploy`` also ranks ``deployed`` and ``deploying`` higher where both match, among the best
+three times ``limit`` by words), newest first
+on equal scores; a query of CJK substrings only is newest first.
+
+The words are cut by the database's ``[[:alnum:]]``, so the database needs a UTF-8 character
+type (``LC_CTYPE``): installing the index checks it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ._fts_query import CJK_RANGES, Node, Term, index_of, positive_terms
+from ._fts_rank import substring_snippet
+from .errors import StateError
+
+CONFIG = "switchboard_search"
+CJK_CLASS = "[" + "".join(f"{lo}-{hi}" for lo, hi in CJK_RANGES) + "]"
+_WORD = re.compile(r"[^\W_]+")
+_NORMALISE = "regexp_replace({0}, '[^[:alnum:]]+', ' ', 'g')"
+
+INSTALL = (
+    "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+    "CREATE EXTENSION IF NOT EXISTS unaccent",
+    f"""DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_ts_config WHERE cfgname = '{CONFIG}'
+                       AND cfgnamespace = current_schema()::regnamespace) THEN
+            CREATE TEXT SEARCH CONFIGURATION {CONFIG} (COPY = simple);
+            ALTER TEXT SEARCH CONFIGURATION {CONFIG} ALTER MAPPING FOR hword, hword_part, word WITH unaccent, simple;
+        END IF;
+    END $$""",
+    # The searchable text of a tool_calls value, as state.fts makes it on SQLite: each call's function
+    # name and the scalar values of its arguments (JSON in a string, an object, or plain text), so JSON
+    # keys are no noise; a value that is not JSON is searched as it is.  Its exception blocks are
+    # subtransactions, which parallel workers cannot start: PARALLEL RESTRICTED (the leader runs it).
+    """CREATE OR REPLACE FUNCTION search_tool_text(tool_calls TEXT) RETURNS TEXT
+    LANGUAGE plpgsql IMMUTABLE PARALLEL RESTRICTED AS $$
+    DECLARE calls jsonb; call jsonb; args jsonb; parsed jsonb; out TEXT := '';
+    BEGIN
+        IF tool_calls IS NULL THEN RETURN ''; END IF;
+        BEGIN calls := tool_calls::jsonb; EXCEPTION WHEN others THEN RETURN tool_calls; END;
+        IF jsonb_typeof(calls) = 'object' THEN calls := jsonb_build_array(calls); END IF;
+        IF jsonb_typeof(calls) <> 'array' THEN RETURN tool_calls; END IF;
+        FOR call IN SELECT value FROM jsonb_array_elements(calls) LOOP
+            CONTINUE WHEN jsonb_typeof(call) <> 'object';
+            out := out || coalesce(call #>> '{function,name}', '') || ' ';
+            args := call #> '{function,arguments}';
+            IF jsonb_typeof(args) = 'string' THEN
+                BEGIN parsed := (args #>> '{}')::jsonb; EXCEPTION WHEN others THEN parsed := args; END;
+                args := parsed;
+            END IF;
+            IF args IS NOT NULL THEN
+                out := out || coalesce((SELECT string_agg(v #>> '{}', ' ') FROM jsonb_path_query(args, 'strict $.**') v
+                                        WHERE jsonb_typeof(v) IN ('string', 'number', 'boolean')), '') || ' ';
+            END IF;
+        END LOOP;
+        RETURN out;
+    END $$""",
+    "CREATE OR REPLACE FUNCTION search_document(content TEXT, tool_name TEXT, tool_calls TEXT) RETURNS TEXT "
+    "LANGUAGE sql IMMUTABLE PARALLEL RESTRICTED "
+    "AS $$ SELECT coalesce(content, '') || ' ' || coalesce(tool_name, '') || ' ' || search_tool_text(tool_calls) $$",
+    # the words of a text as FTS5's unicode61 finds them: runs of letters and digits, whatever is between
+    f"CREATE OR REPLACE FUNCTION search_words(document TEXT) RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE "
+    f"AS $$ SELECT to_tsvector('{CONFIG}'::regconfig, {_NORMALISE.format('document')}) $$",
+    """CREATE TABLE IF NOT EXISTS messages_fts (
+        id BIGINT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+        words tsvector NOT NULL,
+        cjk TEXT)""",
+    "CREATE INDEX IF NOT EXISTS idx_messages_fts_words ON messages_fts USING gin (words)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_fts_trigrams ON messages_fts USING gin (cjk gin_trgm_ops)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_fts_cjk ON messages_fts (id) WHERE cjk IS NOT NULL",
+    f"""CREATE OR REPLACE FUNCTION messages_fts_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE document TEXT;
+    BEGIN
+        IF NEW.content IS NULL AND NEW.tool_name IS NULL AND NEW.tool_calls IS NULL THEN
+            DELETE FROM messages_fts WHERE id = NEW.id;
+            RETURN NULL;
+        END IF;
+        document := search_document(NEW.content, NEW.tool_name, NEW.tool_calls);
+        INSERT INTO messages_fts (id, words, cjk)
+            VALUES (NEW.id, search_words(document), CASE WHEN document ~ '{CJK_CLASS}' THEN document END)
+            ON CONFLICT (id) DO UPDATE SET words = excluded.words, cjk = excluded.cjk;
+        RETURN NULL;
+    END $$""",
+    "DROP TRIGGER IF EXISTS messages_fts_sync ON messages",
+    "CREATE TRIGGER messages_fts_sync AFTER INSERT OR UPDATE OF content, tool_name, tool_calls ON messages "
+    "FOR EACH ROW EXECUTE FUNCTION messages_fts_sync()",
+    "INSERT INTO messages_fts (id, words, cjk) SELECT id, search_words(d), CASE WHEN d ~ '" + CJK_CLASS + "' THEN d END "
+    "FROM (SELECT id, search_document(content, tool_name, tool_calls) AS d FROM messages "
+    "WHERE content IS NOT NULL OR tool_name IS NOT NULL OR tool_calls IS NOT NULL) m ON CONFLICT (id) DO NOTHING",
+)
+
+
+def install(conn: Any) -> None:
+    """Schema v11 on PostgreSQL: the extensions, the configuration, ``messages_fts`` and its trigger."""
+    from psycopg import errors
+
+    if not conn.execute("SELECT 'é記a1' ~ '^[[:alnum:]]+$'").fetchone()[0]:
+        ctype = conn.execute("SELECT datctype FROM pg_database WHERE datname = current_database()").fetchone()[0]
+        raise StateError(
+            f"the database's character type is {ctype!r}, which does not know letters beyond ASCII, so search "
+            "could not cut CJK or accented text into words: create the database with a UTF-8 one, e.g. "
+            "CREATE DATABASE switchboard LC_CTYPE 'C.UTF-8' LC_COLLATE 'C.UTF-8' TEMPLATE template0")
+    for sql in INSTALL:
+        try:
+            conn.execute(sql)
+        except (errors.InsufficientPrivilege, errors.UndefinedFile, errors.FeatureNotSupported) as exc:
+            raise StateError(
+                f"search needs the PostgreSQL extensions pg_trgm and unaccent ({exc.diag.message_primary}): "
+                "install the server's contrib package (Debian: postgresql-contrib) and let the store's user "
+                "create them (CREATE privilege on the database), or run once as a superuser: "
+                "CREATE EXTENSION pg_trgm; CREATE EXTENSION unaccent;"
+            ) from None
+
+
+def _like_arg(text: str) -> str:
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def tsquery(term: Term) -> tuple[str, list]:
+    """SQL for a word term's tsquery, its words cut as the messages' are: a phrase, or (``word*``) a
+    prefix on its last word."""
+    phrase = f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format('?')})"
+    if term.prefix and _WORD.search(term.text):
+        return f"CAST(CAST({phrase} AS TEXT) || ':*' AS tsquery)", [term.text]
+    return phrase, [term.text]
+
+
+def condition(node: Node) -> tuple[str, list]:
+    """The tree as one condition on ``f`` (``messages_fts``)."""
+    if isinstance(node, Term):
+        if index_of(node) == "unicode61":
+            query, args = tsquery(node)
+            return f"f.words @@ {query}", args
+        return "f.cjk ILIKE ? ESCAPE '\\'", [_like_arg(node.text.strip())]
+    left, largs = condition(node.left)
+    right, rargs = condition(node.right)
+    if node.op == "OR":
+        return f"({left} OR {right})", largs + rargs
+    if node.op == "NOT":  # a message without CJK has no cjk text: its NULL means "not there"
+        return f"({left} AND NOT COALESCE({right}, false))", largs + rargs
+    return f"({left} AND {right})", largs + rargs
+
+
+def _joins(where: str, need_s: bool) -> str:
+    return (" JOIN messages m ON m.id = f.id" if where or need_s else "") + (
+        " JOIN sessions s ON s.id = m.session_id" if need_s else "")
+
+
+def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:
+    """The newest ``limit`` messages matching the tree, newest first (``state.fts.matching_ids``)."""
+    cond, cargs = condition(tree)
+    return [r[0] for r in conn.execute(
+        f"SELECT f.id FROM messages_fts f{_joins(where, need_s)} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?",
+        [*cargs, *args, limit])]
+
+
+def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int) -> list[dict]:
+    """The best ``limit`` of the newest ``window`` matches, as ``state.fts`` hits (no context yet).
+    ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
+    cond, cargs = condition(tree)
+    positive = positive_terms(tree)
+    words = [t for t in positive if index_of(t) == "unicode61"]
+    join = _joins(where, need_s)
+    newest = f"SELECT f.id, f.words FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
+    if words:
+        # ranked by the stored words; the best few then also by English stems (a text's stems cost
+        # its parsing again, too slow for the whole window)
+        parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
+        ranked = conn.execute(
+            f"SELECT b.id FROM (SELECT c.id, ts_rank(c.words, {' || '.join(parts)}) AS score FROM ({newest}) c "
+            "ORDER BY score DESC, c.id DESC LIMIT ?) b JOIN messages m ON m.id = b.id "
+            "ORDER BY b.score + ts_rank(to_tsvector('english'::regconfig, search_document(m.content, m.tool_name, "
+            "m.tool_calls)), plainto_tsquery('english', ?)) DESC, b.id DESC LIMIT ?",
+            [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
+             " ".join(t.text for t in words), limit],
+        ).fetchall()
+    else:  # nothing to score (CJK substrings only): newest first
+        ranked = conn.execute(newest, [*cargs, *args, limit]).fetchall()
+    ids = [r[0] for r in ranked]
+    if not ids:
+        return []
+    rows = {r[0]: r for r in conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, m.content, m.tool_name, "
+        "search_tool_text(m.tool_calls) FROM messages m JOIN sessions s ON s.id = m.session_id "
+        f"WHERE m.id IN ({', '.join('?' * len(ids))})", ids)}
+    terms = [t.text.strip() for t in positive]
+    hits = []
+    for msg_id in ids:
+        r = rows[msg_id]
+        hit = dict(zip(("id", "session_id", "role", "timestamp", "source", "model", "session_started"), r[:7],
+                       strict=True))
+        hit["snippet"] = snippet([r[7], r[8], r[9]], terms)
+        hits.append(hit)
+    return hits
+
+
+def with_context(conn: Any, hits: list[dict], chars: int) -> None:
+    """Give each hit its ``context`` (the message before and after it in its session), in one query."""
+    if not hits:
+        return
+    rows = conn.execute(
+        "SELECT h.id, b.id, b.role, b.content, a.id, a.role, a.content "
+        "FROM unnest(CAST(? AS BIGINT[]), CAST(? AS TEXT[])) AS h(id, session_id) "
+        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = h.session_id AND id < h.id "
+        "ORDER BY id DESC LIMIT 1) b ON true "
+        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = h.session_id AND id > h.id "
+        "ORDER BY id LIMIT 1) a ON true",
+        [[h["id"] for h in hits], [h["session_id"] for h in hits]]).fetchall()
+    around = {r[0]: [{"id": r[i], "role": r[i + 1], "content": (r[i + 2] or "")[:chars]} for i in (1, 4)
+                     if r[i] is not None] for r in rows}
+    for hit in hits:
+        hit["context"] = around.get(hit["id"], [])
+
+
+def snippet(texts: list[str | None], terms: list[str]) -> str:
+    """Around the first match in the first column holding one, matches marked ``>>>like this<<<``."""
+    words = terms + [w for t in terms for w in _WORD.findall(t) if w != t]
+    for text in texts:
+        if text:
+            cut, hits = substring_snippet(text, words)
+            if hits:
+                return cut
+    for text in texts:
+        if text:
+            return text[:120]
+    return ""
+
+
+FACT_WORDS = "search_words(f.content || ' ' || f.entities)"
+
+
+def any_phrase(words: list[str]) -> tuple[str, list]:
+    """A tsquery matching any of ``words`` (each a phrase, cut as the indexed text is)."""
+    return " || ".join(f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format('?')})" for _ in words), list(words)
