@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench clean systemd-tools postgresql-server
+.PHONY: run test check bench clean systemd-tools postgresql-server browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	$(BIN)/switchboard run --config $${SWITCHBOARD_CONFIG:-config.example.yaml}
 
-test: check systemd-tools postgresql-server
+test: check systemd-tools postgresql-server browser
 	$(BIN)/python -m pytest -q
 
 # The linter and the type checker (settings in pyproject.toml); `make test` runs them first.
@@ -37,6 +37,13 @@ postgresql-server:
 		[ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || \
 		echo "note: could not install PostgreSQL; the PostgreSQL tests say they skipped and why"
+
+# The dashboard's browser tests drive Debian's chromium through playwright (never a downloaded browser);
+# install it when we can (root, Debian).
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+		echo "note: could not install chromium; the browser tests say they skipped and why"
 
 bench: $(STAMP)
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done

@@ -425,7 +425,7 @@ def _platforms_model(models: tuple[tuple[str, type[PlatformConfig]], ...]) -> ty
 # --------------------------------------------------------------------------- the rest
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
@@ -441,13 +441,21 @@ class ApiConfig(_Model):
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> ApiConfig:
-        if not self.token and not _is_loopback(self.host):
+        if not self.token and not is_loopback(self.host):
             raise KeyedError(
                 "token",
                 f"must be set when api.host is {self.host} (not loopback): anyone who can reach it could drive the agent; "
                 "set api.token (e.g. ${SWITCHBOARD_API_TOKEN}) or use host 127.0.0.1",
             )
         return self
+
+
+class UiConfig(_Model):
+    """``ui``: the web dashboard at ``/ui/`` on the local API's listener."""
+
+    enabled: bool = False  # off unless asked for
+    # On loopback without api.token the dashboard is read-only; this lets it run jobs and approve pairings too.
+    allow_local_writes: bool = False
 
 
 class LoggingConfig(_Model):
@@ -600,6 +608,7 @@ class Config(_Model):
     identities: IdentityMap = Field(default_factory=lambda: MappingProxyType({}))
     platforms: SerializeAsAny[PlatformsConfig] = Field(default_factory=lambda: PlatformsConfig.concrete_model()())
     api: ApiConfig = ApiConfig()
+    ui: UiConfig = UiConfig()
     logging: LoggingConfig = LoggingConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     compression: CompressionConfig = CompressionConfig()

@@ -218,6 +218,10 @@ class SessionRouter:
     def active_lanes(self) -> int:
         return sum(1 for lane in self._lanes.values() if lane.busy)
 
+    def queued_messages(self) -> int:
+        """Messages waiting in their conversation's lane for the turn ahead of them to finish."""
+        return sum(len(lane.queue) for lane in self._lanes.values())
+
     def answered_stranger(self, msg: InboundMessage) -> bool:
         """Whether ``msg``, refused, still got an answer (a pairing code)."""
         return msg.message_id is not None and (msg.platform, msg.message_id) in self._answered_strangers

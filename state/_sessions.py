@@ -280,8 +280,16 @@ def list_sessions_rich(
     include_children: bool = False,
     user_ids: Iterable[str] | None = None,
     session_key: str | None = None,
+    *,
+    user: str | None = None,
+    title_contains: str | None = None,
+    active_since: float | None = None,
+    active_before: float | None = None,
 ) -> list[dict]:
     """The most recently active sessions first, each with ``preview`` (first user message) and ``last_active``.
+
+    ``user`` matches the user's id or name exactly, ``title_contains`` any part of the title (any
+    case), ``active_since`` / ``active_before`` the last activity (``>=`` / ``<``).
 
     Unless ``include_children``, child sessions are not listed on their own and a
     compression chain shows as one row: its tip's, with ``lineage_root`` set to
@@ -302,6 +310,18 @@ def list_sessions_rich(
     if session_key is not None:
         where.append("s.session_key = ?")
         params.append(session_key)
+    if user:
+        where.append("(s.user_id = ? OR s.user_name = ?)")
+        params.extend((user, user))
+    if title_contains:
+        where.append("s.title LIKE ? ESCAPE '\\'")
+        params.append(f"%{like_escape(title_contains)}%")
+    if active_since is not None:
+        where.append("COALESCE(s.last_active, s.started_at) >= ?")
+        params.append(active_since)
+    if active_before is not None:
+        where.append("COALESCE(s.last_active, s.started_at) < ?")
+        params.append(active_before)
     if not include_children:
         # one row per conversation: sessions without a parent and the tips of compression
         # chains (a session ended by compression is shown as its continuation)

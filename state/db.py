@@ -216,11 +216,18 @@ class SessionDB:
         include_children: bool = False,
         user_ids: Iterable[str] | None = None,
         session_key: str | None = None,
+        *,
+        user: str | None = None,
+        title_contains: str | None = None,
+        active_since: float | None = None,
+        active_before: float | None = None,
     ) -> list[dict]:
-        """Newest first, with ``preview`` and ``last_active``; a compression chain is one row (its tip)."""
+        """Newest first, with ``preview`` and ``last_active``; a compression chain is one row (its tip).
+        ``user`` (id or name), ``title_contains`` and the last activity's range narrow the list."""
         return self._engine.read(
             _sessions.list_sessions_rich, source, limit, offset, include_children,
-            list(user_ids) if user_ids is not None else None, session_key,
+            list(user_ids) if user_ids is not None else None, session_key, user=user,
+            title_contains=title_contains, active_since=active_since, active_before=active_before,
         )
 
     @_reads

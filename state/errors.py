@@ -14,11 +14,16 @@
     ├── PairingNotFound              no pending pairing request has that code (or it expired)
     ├── CronJobNotFound              no scheduled job has that id (.job_id)
     ├── CronJobExists                a scheduled job with that id exists already (.job_id)
-    └── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
-                                     never leaves the store: the engine raises WriteTimeout instead
+    ├── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
+    │                                never leaves the store: the engine raises WriteTimeout instead
+    └── ClusterError                 (state/cluster/errors.py) a PostgreSQL cluster primitive refused
+        ├── OwnershipLost            this instance no longer owns a platform connection: stop it
+        ├── LeaseLost                a session's lease is no longer ours; nothing was written
+        └── NotInTransaction         a fenced write outside the transaction it guards
 
 Every class above is defined in this module and exported from ``state``,
-except ``LockTimeout``, which stays next to the process write lock.
+except ``LockTimeout``, which stays next to the process write lock, and the
+cluster's, exported from ``state.cluster`` (which needs psycopg).
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says
 what to do next; the CLI prints it as one line.

@@ -71,24 +71,9 @@ def _job_or_fail(db: state.SessionDB, job_id: str) -> dict:
 
 
 def _status_line(run: dict, cfg: Config) -> str:
-    status = run["status"]
-    detail = ""
-    if run["delivery"] == "pending" and status == "delivering":
-        detail = f"waiting for the daemon to deliver to {run['deliver']}"
-    elif run["delivery"] == "pending":
-        detail = (f"attempt {run['delivery_attempts']} failed: {run['delivery_error']}; "
-                  f"next try {_when(run['next_delivery_at'], cfg)}")
-    elif run["delivery"] == "failed" and (run["delivery_error"] or "").startswith("not retried: "):
-        detail = f"delivery failed, {run['delivery_error']}"
-    elif run["delivery"] == "failed":
-        detail = f"gave up after {run['delivery_attempts']} attempts: {run['delivery_error']}"
-    elif run["delivery"] == "delivered":
-        detail = f"delivered to {run['deliver']} {_when(run['delivered_at'], cfg)}"
-    elif run["delivery"] in ("silent", "local"):
-        detail = {"silent": "answered [SILENT]: nothing sent", "local": "kept in the store (local)"}[run["delivery"]]
-    if run["error"]:
-        detail = run["error"]
-    return f"{status}" + (f" - {detail}" if detail else "")
+    from gateway.cron.service import run_status_line
+
+    return run_status_line(run, cfg.tzinfo)
 
 
 @click.group("cron")
@@ -269,14 +254,13 @@ def cron_pause(config_path: Path | None, job_id: str) -> None:
 @click.argument("job_id")
 def cron_resume(config_path: Path | None, job_id: str) -> None:
     """Run a paused job again from its next time on (times passed while paused are not made up)."""
-    from gateway.cron.schedule import load_schedule
+    from gateway.cron.service import next_run_on_resume
 
     cfg, db = _open(config_path)
     with db:
         job = _job_or_fail(db, job_id)
         now = time.time()
-        sched = load_schedule(job["schedule"], cfg.tzinfo, job["created_at"])
-        nxt = sched.next_after(now) if not sched.one_shot else job["next_run_at"]
+        nxt = next_run_on_resume(job, cfg.tzinfo, now)
         updated = db.set_cron_job_paused(job_id, False, now=now, next_run_at=nxt)
     shown = _when(updated["next_run_at"], cfg) if updated["next_run_at"] else "none (the one-shot time has passed)"
     click.echo(f"Resumed job {job_id}: next run {shown}.")

@@ -380,6 +380,39 @@ class CronService:
         return await self._begin(job, trigger="manual", scheduled_at=None, now=now, expect="any",
                                  following="keep", note=None, wait=True)
 
+    async def start_job(self, job_id: str, *, now: float | None = None) -> dict:
+        """Start one run of ``job_id`` now without waiting for it (the dashboard's "run now");
+        returns the run row, ``running`` (or ``skipped`` when another process holds the lease)."""
+        now = self.now() if now is None else now
+        job = await self.db.get_cron_job(job_id)
+        if job is None:
+            raise CronJobNotFound(job_id)
+        run = await self._begin(job, trigger="manual", scheduled_at=None, now=now, expect="any",
+                                following="keep", note=None, wait=False)
+        assert run is not None, "a manual run expects no particular next_run_at, so it is never stale"
+        return run
+
+    async def pause_job(self, job_id: str, *, now: float | None = None) -> dict:
+        """Stop running ``job_id`` until :meth:`resume_job`; returns the job row."""
+        job = await self.db.set_cron_job_paused(job_id, True, now=self.now() if now is None else now)
+        await self._rearm()
+        return job
+
+    async def resume_job(self, job_id: str, *, now: float | None = None) -> dict:
+        """Run a paused job again from its next time on (times passed while paused are not made up)."""
+        now = self.now() if now is None else now
+        job = await self.db.get_cron_job(job_id)
+        if job is None:
+            raise CronJobNotFound(job_id)
+        following = next_run_on_resume(job, self.tz, now)
+        job = await self.db.set_cron_job_paused(job_id, False, now=now, next_run_at=following)
+        await self._rearm()
+        return job
+
+    async def _rearm(self) -> None:
+        if self.scheduling and not self._stopping:
+            await self.refresh()
+
     async def _begin(self, job: dict, *, trigger: str, scheduled_at: float | None, now: float, expect: Any,
                      following: Any, note: str | None, wait: bool) -> dict | None:
         started = await self.db.begin_cron_run(
@@ -571,6 +604,35 @@ class CronService:
             return recorded
         finally:
             self._delivering.discard(run["id"])
+
+
+def next_run_on_resume(job: dict, tz: ZoneInfo, now: float) -> float | None:
+    """When a paused job runs next once resumed: its schedule's next time after ``now`` (a one-shot keeps
+    its time, which may have passed)."""
+    schedule = load_schedule(job["schedule"], tz, job["created_at"])
+    return schedule.next_after(now) if not schedule.one_shot else job["next_run_at"]
+
+
+def run_status_line(run: dict, tz: ZoneInfo) -> str:
+    """One line for a run: its status, and where its answer went or why it did not."""
+    status = run["status"]
+    detail = ""
+    if run["delivery"] == "pending" and status == "delivering":
+        detail = f"waiting for the daemon to deliver to {run['deliver']}"
+    elif run["delivery"] == "pending":
+        detail = (f"attempt {run['delivery_attempts']} failed: {run['delivery_error']}; "
+                  f"next try {_local(run['next_delivery_at'], tz)}")
+    elif run["delivery"] == "failed" and (run["delivery_error"] or "").startswith("not retried: "):
+        detail = f"delivery failed, {run['delivery_error']}"
+    elif run["delivery"] == "failed":
+        detail = f"gave up after {run['delivery_attempts']} attempts: {run['delivery_error']}"
+    elif run["delivery"] == "delivered":
+        detail = f"delivered to {run['deliver']} {_local(run['delivered_at'], tz)}"
+    elif run["delivery"] in ("silent", "local"):
+        detail = {"silent": "answered [SILENT]: nothing sent", "local": "kept in the store (local)"}[run["delivery"]]
+    if run["error"]:
+        detail = run["error"]
+    return f"{status}" + (f" - {detail}" if detail else "")
 
 
 def _model_error(exc: ModelUnavailable) -> str:

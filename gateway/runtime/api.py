@@ -34,7 +34,9 @@ its answer once it exists).  A body that is not JSON, or holds a lone UTF-16
 surrogate (``"\\ud800"``), gets 400.
 
 A bearer token (``api.token``) is required on every endpoint when set; the
-config refuses a non-loopback ``api.host`` without one.  A port that cannot
+config refuses a non-loopback ``api.host`` without one.  The web dashboard
+(``ui.enabled``, :mod:`gateway.runtime.dashboard`) serves ``/ui/`` on the same
+listener behind its own guard: a log-in with that token, not a bearer header.  A port that cannot
 be bound is a :class:`~gateway.errors.ConfigError` naming ``api.port`` (exit
 78), with the process that holds it when it can be found.
 """
@@ -56,6 +58,7 @@ from aiohttp import web
 import state
 from gateway.errors import ConfigError, GatewayClosing
 from gateway.router import SessionRouter, Ticket
+from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.portholder import port_holder
 from gateway.runtime.sse import ChunkEvents, SseSink, usage_of
@@ -143,8 +146,10 @@ class LocalApi:
     """The HTTP server: messages go to ``router``; ``/healthz`` shows ``health()``; ``/metrics`` renders ``metrics``."""
 
     def __init__(self, router: SessionRouter, health: Callable[[], dict], metrics: Metrics, *, model_name: str,
-                 host: str, port: int, token: str | None, config_file: str | None = None):
+                 host: str, port: int, token: str | None, config_file: str | None = None,
+                 dashboard: Dashboard | None = None):
         self.router = router
+        self.dashboard = dashboard  # the /ui routes (ui.enabled), with their own guard
         self.health = health
         self._metrics = metrics
         self.model_name = model_name
@@ -157,15 +162,20 @@ class LocalApi:
         self._running: dict[tuple[str, str], str] = {}  # (session, Idempotency-Key) -> text, while answered
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._auth])
+        middlewares = [self._auth] if self.dashboard is None else [self.dashboard.guard, self._auth]
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics)
+        if self.dashboard is not None:
+            self.dashboard.routes(app)
         return app
 
     async def start(self) -> None:
         """Listen on ``api.host:api.port``; a port that cannot be bound raises ConfigError naming it."""
+        if self.dashboard is not None:
+            await self.dashboard.load()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -202,6 +212,8 @@ class LocalApi:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
+        if self.dashboard is not None and (request.path == "/ui" or request.path.startswith("/ui/")):
+            return await handler(request)  # the dashboard's guard has let it through: a log-in, not a bearer token
         if self.token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):

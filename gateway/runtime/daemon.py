@@ -20,8 +20,8 @@ with what it uses, in this order, and nothing is set or wrapped afterwards::
               max_message_tokens=...)
     SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
                   context_length=...)
-    LocalApi(router, health, metrics, ...)
     CronService(db, turn, router.deliver, platform_status, CronSettings(...), clock)
+    LocalApi(router, health, metrics, ..., dashboard=Dashboard(settings, Pages(Sources(db, health, cron, ...))))
 
 Nothing below it takes the gateway; a reload (:mod:`gateway.runtime.reload`)
 sees it through the narrow ``Running`` view of what a reload changes.
@@ -41,8 +41,9 @@ import gc
 import logging
 import os
 import signal
+import socket
 import time
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version as package_version
 from typing import Any, AsyncIterator, Awaitable
 
 import compression
@@ -50,7 +51,7 @@ import state
 from gateway.auth import Authorizer, AuthSettings
 from gateway.commands import CommandSet, default_commands
 from gateway.compressing import Compressor
-from gateway.config import PLATFORMS, Config
+from gateway.config import PLATFORMS, Config, is_loopback
 from gateway.cron.service import CronService, CronSettings
 from gateway.keys import KeyPolicy
 from gateway.memory.facts import FactMemory
@@ -61,6 +62,7 @@ from gateway.oversize import max_message_tokens
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionHooks, SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
+from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.notify import Notifier
@@ -218,8 +220,13 @@ class Gateway:
         )
         if cfg.facts.enabled:
             await facts.start(sweep=self.serve_api)
+        # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
+        # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
+        self.cron = CronService(self.db, turn, self.router.deliver, self.platform_status,
+                                CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), self.clock)
         self.api = LocalApi(self.router, self.health, self.metrics, model_name=cfg.model.name, host=cfg.api.host,
-                            port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None)
+                            port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
+                            dashboard=self._dashboard() if cfg.ui.enabled else None)
         if self.serve_api:
             await self.api.start()
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
@@ -231,10 +238,6 @@ class Gateway:
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
-        # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
-        # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
-        self.cron = CronService(self.db, turn, self.router.deliver, self.platform_status,
-                                CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), self.clock)
         await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
         if self.serve_api:
@@ -243,6 +246,17 @@ class Gateway:
                                       idle=lambda: self.router is None or self.router.active_lanes() == 0)
             self.upkeep.start()
         self.started_at = time.time()
+
+    def _dashboard(self) -> Dashboard:
+        """The web dashboard (``ui.enabled``) on the store, the health view, cron and the router's lanes."""
+        cfg = self.config
+        instance = {"agent": cfg.agent, "host": socket.gethostname(), "pid": os.getpid(), "home": str(cfg.home),
+                    "version": _version(), "listen": f"{cfg.api.host}:{cfg.api.port}"}
+        sources = Sources(db=self.db, health=self.health, cron=self.cron, tz=cfg.tzinfo, instance=instance,
+                          queued_messages=self.router.queued_messages)
+        settings = DashboardSettings(token=cfg.api.token or None, loopback=is_loopback(cfg.api.host),
+                                     allow_local_writes=cfg.ui.allow_local_writes)
+        return Dashboard(settings, Pages(sources))
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
         """Replies stored but not confirmed sent, and messages no turn answered; None where this
@@ -458,6 +472,13 @@ class Gateway:
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
         }
+
+
+def _version() -> str:
+    try:
+        return package_version("switchboard")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 @contextlib.asynccontextmanager

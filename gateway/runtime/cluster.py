@@ -1,0 +1,118 @@
+"""A platform connection runs only on the instance that owns it: the runtime side of ``state.cluster``.
+
+    owner = ConnectionOwner(config.store.url, telegram_key(token), failover_seconds=10, instance=instance_id)
+    held = OwnedConnection(owner, start=lambda: adapter.start(handler), stop=adapter.stop)
+    held.begin()          # stands by; starts the adapter once this instance owns the key
+    ...
+    await held.close()    # stops the adapter if it runs, then gives the key up
+
+:class:`OwnedConnection` stops the adapter the moment ownership is lost (the
+database connection went away, or this process was paused past the time an
+owner may trust itself) and, after two standbys' polls, stands by again.  The adapter's ``stop`` must
+finish within the owner's ``trust_seconds`` less one heartbeat, which is when
+a new owner may start the same connection elsewhere.
+
+The keys name a connection without its secret: a token is hashed, never stored
+or logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Awaitable, Callable
+
+from gateway.retry import Backoff
+from state.cluster import ConnectionOwner
+
+log = logging.getLogger(__name__)
+
+START_BACKOFF = Backoff(base=1.0, factor=2.0, cap=30.0)
+
+
+def _fingerprint(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()[:16]  # 64 bits: tells tokens apart, short in logs
+
+
+def telegram_key(token: str) -> str:
+    """The key of a bot's poller (or webhook registration): one per token."""
+    return f"telegram:{_fingerprint(token)}"
+
+
+def discord_key(token: str, shard: int = 0) -> str:
+    """The key of one gateway connection: one per token and shard."""
+    return f"discord:{_fingerprint(token)}:{shard}"
+
+
+def slack_key(app_id: str) -> str:
+    """The key of a Socket Mode connection: one per Slack app."""
+    return f"slack:{app_id}"
+
+
+class OwnedConnection:
+    """Runs ``start`` once this instance owns ``owner.key`` and ``stop`` as soon as it is lost, then stands by again."""
+
+    def __init__(self, owner: ConnectionOwner, *, start: Callable[[], Awaitable[object]],
+                 stop: Callable[[], Awaitable[object]], backoff: Backoff = START_BACKOFF):
+        self.owner = owner
+        self._start = start
+        self._stop = stop
+        self._backoff = backoff
+        self._task: asyncio.Task | None = None
+        self.running = False  # between a start that succeeded and its stop
+
+    def begin(self) -> asyncio.Task:
+        if self._task is not None:
+            raise RuntimeError(f"the connection {self.owner.key!r} has begun already")
+        self._task = asyncio.create_task(self._supervise(), name=f"OwnedConnection:{self.owner.key}")
+        self._task.add_done_callback(self._ended)
+        return self._task
+
+    def status(self) -> dict:
+        """What /healthz shows: the key, this instance's role (owner, standby, idle) and whether it runs."""
+        return {"key": self.owner.key, "role": self.owner.state, "running": self.running}
+
+    async def close(self) -> None:
+        """Stop the connection if it runs, then give the key up for a standby to take."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self._stop_connection("this instance is stopping")
+        await self.owner.release()
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while True:
+            await self.owner.acquire()
+            try:
+                await self._start()
+            except Exception:
+                log.exception("starting %s failed although this instance owns it; giving it up for a while",
+                              self.owner.key)
+                await self.owner.release()
+                await asyncio.sleep(self._backoff.delay(failures))
+                failures += 1
+                continue
+            failures = 0
+            self.running = True
+            await self.owner.lost.wait()
+            await self._stop_connection(self.owner.lost_reason or "ownership was lost")
+            # Stand back for two polls so a standby that kept its database connection takes over,
+            # rather than this instance, whose connection just failed, winning the lock back.
+            await asyncio.sleep(2 * self.owner.timing.poll_seconds)
+
+    async def _stop_connection(self, why: str) -> None:
+        if not self.running:
+            return
+        self.running = False
+        log.warning("stopping %s: %s", self.owner.key, why)
+        try:
+            await self._stop()
+        except Exception:
+            log.exception("stopping %s failed", self.owner.key)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervising %s ended", self.owner.key, exc_info=task.exception())

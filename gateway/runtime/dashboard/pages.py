@@ -1,0 +1,286 @@
+"""The dashboard's pages: Health, Sessions (search, transcript, export), Cron and Pairing.
+
+Each handler reads through the async store (never on the event loop), renders one template, and
+for a change calls what the CLI calls: the store's pairing methods, the cron service's
+``start_job`` / ``pause_job`` / ``resume_job``.  Unknown ids get the 404 page.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import quote, urlencode
+from zoneinfo import ZoneInfo
+
+from aiohttp import web
+
+import state
+from gateway.config import PLATFORMS
+from gateway.cron.service import run_status_line
+from gateway.runtime.dashboard import transcript
+from gateway.runtime.dashboard.app import redirect
+
+if TYPE_CHECKING:
+    from gateway.runtime.dashboard.app import Dashboard
+
+log = logging.getLogger(__name__)
+
+SOURCES = (*PLATFORMS, "api", "cli", "cron")
+PAGE_SIZE = 50
+SEARCH_LIMIT = 50
+HISTORY_LIMIT = 30
+DEAD_LETTERS_SHOWN = 20
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """What the pages read and act on, handed over by the daemon."""
+
+    db: Any  # state.AsyncSessionDB
+    health: Callable[[], dict]  # the gateway's /healthz view
+    cron: Any  # gateway.cron.service.CronService
+    tz: ZoneInfo
+    instance: dict  # agent, host, pid, home, version
+    queued_messages: Callable[[], int]  # messages waiting in the router's lanes
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFilters:
+    """The sessions page's filters, as the query string gave them (``problem`` says what was not understood)."""
+
+    platform: str = ""
+    user: str = ""
+    title: str = ""
+    since: str = ""  # YYYY-MM-DD, in the gateway's timezone
+    until: str = ""  # YYYY-MM-DD, that day included
+    query: str = ""
+    page: int = 1
+    problem: str = ""
+
+    def link(self, **changes: Any) -> str:
+        values = {"platform": self.platform, "user": self.user, "title": self.title, "since": self.since,
+                  "until": self.until, "q": self.query, "page": self.page}
+        values.update(changes)
+        kept = {k: v for k, v in values.items() if v and not (k == "page" and v == 1)}
+        return "/ui/sessions" + (f"?{urlencode(kept)}" if kept else "")
+
+
+class Pages:
+    def __init__(self, sources: Sources):
+        self.src = sources
+        self.ui: Dashboard | None = None
+
+    def routes(self, app: web.Application, ui: Dashboard) -> None:
+        self.ui = ui
+        get, post = app.router.add_get, app.router.add_post
+        get("/ui/", self.health)
+        get("/ui/health/fragment", self.health_fragment)
+        get("/ui/sessions", self.sessions)
+        get("/ui/sessions/{session_id}", self.session)
+        get("/ui/sessions/{session_id}/export.{kind}", self.export)
+        get("/ui/cron", self.cron)
+        get("/ui/cron/{job_id}", self.cron_job)
+        post("/ui/cron/{job_id}/{action}", self.cron_action)
+        get("/ui/pairing", self.pairing)
+        post("/ui/pairing/approve", self.pairing_approve)
+        post("/ui/pairing/revoke", self.pairing_revoke)
+
+    def filters(self) -> dict[str, Callable]:
+        tz = self.src.tz
+
+        def when(ts: float | None) -> str:
+            return dt.datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%d %H:%M") if ts else "-"
+
+        return {"when": when, "ago": ago, "duration": duration, "highlighted": transcript.highlighted,
+                "url": lambda part: quote(str(part), safe="")}
+
+    def _render(self, request: web.Request, template: str, page: str, **context: Any) -> web.Response:
+        assert self.ui is not None
+        return self.ui.render(request, template, {"page": page, **context})
+
+    # -- health ---------------------------------------------------------------------
+    async def _health_context(self) -> dict:
+        health = self.src.health()
+        counts = await self.src.db.recovery_counts()
+        dead = await self.src.db.list_dead_letters(status="held", limit=DEAD_LETTERS_SHOWN)
+        return {"health": health, "counts": counts, "dead_letters": dead, "instance": self.src.instance,
+                "queued": self.src.queued_messages(), "now": time.time()}
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return self._render(request, "health.html", "health", **await self._health_context())
+
+    async def health_fragment(self, request: web.Request) -> web.StreamResponse:
+        return self._render(request, "_health.html", "health", **await self._health_context())
+
+    # -- sessions -------------------------------------------------------------------
+    def _session_filters(self, request: web.Request) -> tuple[SessionFilters, dict]:
+        q = request.query
+        platform = q.get("platform", "").strip().lower()
+        problems = []
+        if platform and platform not in SOURCES:
+            problems.append(f"unknown platform {platform!r} (one of {', '.join(SOURCES)})")
+            platform = ""
+        try:
+            page = max(1, int(q.get("page", "1")))
+        except ValueError:
+            page = 1
+        args: dict[str, Any] = {}
+        since, until = q.get("since", "").strip(), q.get("until", "").strip()
+        for name, text, key, days in (("since", since, "active_since", 0), ("until", until, "active_before", 1)):
+            if not text:
+                continue
+            try:
+                day = dt.datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=self.src.tz)
+            except ValueError:
+                problems.append(f"{name} must be a date like 2026-01-31")
+                continue
+            args[key] = (day + dt.timedelta(days=days)).timestamp()
+        filters = SessionFilters(platform=platform, user=q.get("user", "").strip(), title=q.get("title", "").strip(),
+                                 since=since, until=until, query=q.get("q", "").strip(), page=page,
+                                 problem="; ".join(problems))
+        if filters.platform:
+            args["source"] = filters.platform
+        if filters.user:
+            args["user"] = filters.user
+        if filters.title:
+            args["title_contains"] = filters.title
+        return filters, args
+
+    async def sessions(self, request: web.Request) -> web.StreamResponse:
+        filters, args = self._session_filters(request)
+        if filters.query:
+            # any text is accepted: a query the search cannot read finds nothing, as in the CLI
+            hits = await self.src.db.search_messages(
+                filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
+            return self._render(request, "sessions.html", "sessions", filters=filters, sources=SOURCES, hits=hits,
+                                rows=[], more=False)
+        rows = await self.src.db.list_sessions_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
+        return self._render(request, "sessions.html", "sessions", filters=filters, sources=SOURCES, hits=None,
+                            rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
+
+    async def _record(self, request: web.Request) -> dict:
+        record = await self.src.db.export_session(request.match_info["session_id"])
+        if record is None:
+            raise web.HTTPNotFound()
+        return record
+
+    async def session(self, request: web.Request) -> web.StreamResponse:
+        record = await self._record(request)
+        db = self.src.db
+        parent = await db.get_session(record["parent_session_id"]) if record.get("parent_session_id") else None
+        children = [s for s in await db.get_descendants(record["id"]) if s["parent_session_id"] == record["id"]]
+        lineage = transcript.Lineage(parent=parent, children=children, tip=await db.get_compression_tip(record["id"]))
+        messages = [transcript.shown(m) for m in record["messages"]]
+        return self._render(request, "session.html", "sessions", session=record, lineage=lineage, messages=messages,
+                            summaries=[m["summary"] for m in messages if m["summary"] is not None])
+
+    async def export(self, request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        if kind not in ("json", "md"):
+            raise web.HTTPNotFound()
+        record = await self._record(request)
+        name = _SAFE_NAME.sub("_", record["id"])
+        if kind == "json":
+            body, content_type = transcript.as_json(record), "application/json"
+        else:
+            body, content_type = transcript.as_markdown(record, self.src.tz), "text/markdown"
+        return web.Response(text=body, content_type=content_type, charset="utf-8",
+                            headers={"Content-Disposition": f'attachment; filename="session-{name}.{kind}"'})
+
+    # -- cron -----------------------------------------------------------------------
+    def _runs(self, runs: list[dict]) -> list[dict]:
+        return [{**r, "line": run_status_line(r, self.src.tz)} for r in runs]
+
+    async def cron(self, request: web.Request) -> web.StreamResponse:
+        jobs = await self.src.db.list_cron_jobs()
+        runs = await self.src.db.list_cron_runs(None, limit=HISTORY_LIMIT)
+        return self._render(request, "cron.html", "cron", jobs=jobs, runs=self._runs(runs))
+
+    async def cron_job(self, request: web.Request) -> web.StreamResponse:
+        job = await self.src.db.get_cron_job(request.match_info["job_id"])
+        if job is None:
+            raise web.HTTPNotFound()
+        runs = await self.src.db.list_cron_runs(job["id"], limit=HISTORY_LIMIT)
+        started = request.query.get("started", "")
+        return self._render(request, "cron_job.html", "cron", job=job, runs=self._runs(runs),
+                            started=started if started.isdigit() else "", done=request.query.get("done", ""))
+
+    async def cron_action(self, request: web.Request) -> web.StreamResponse:
+        job_id, action = request.match_info["job_id"], request.match_info["action"]
+        actions = {"run": self.src.cron.start_job, "pause": self.src.cron.pause_job,
+                   "resume": self.src.cron.resume_job}
+        if action not in actions:
+            raise web.HTTPNotFound()
+        try:
+            result = await actions[action](job_id)
+        except state.CronJobNotFound:
+            raise web.HTTPNotFound() from None
+        log.info("dashboard: cron job %s: %s", job_id, "run started" if action == "run" else f"{action}d")
+        where = f"/ui/cron/{quote(job_id, safe='')}"
+        if action == "run":
+            return redirect(f"{where}?started={result['id']}")
+        return redirect(f"{where}?done={'paused' if action == 'pause' else 'resumed'}")
+
+    # -- pairing --------------------------------------------------------------------
+    async def pairing(self, request: web.Request, *, error: str = "", status: int = 200) -> web.StreamResponse:
+        listing = await self.src.db.list_pairing()
+        return self.ui.render(request, "pairing.html", {
+            "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": PLATFORMS,
+            "error": error, "approved_now": request.query.get("approved", ""),
+            "revoked_now": request.query.get("revoked", "")}, status=status)
+
+    async def pairing_approve(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        platform, code = str(form.get("platform", "")).lower(), str(form.get("code", "")).strip()
+        if platform not in PLATFORMS or not code:
+            return await self.pairing(request, error=f"choose a platform ({', '.join(PLATFORMS)}) and a code",
+                                      status=400)
+        try:
+            user = await self.src.db.approve_pairing(platform, code)
+        except state.PairingNotFound:
+            return await self.pairing(request, status=404, error=(
+                f"no pending {platform} pairing request has code {code!r} (codes expire after an hour); "
+                "nothing was approved"))
+        log.info("dashboard: approved %s user %s (pairing code)", platform, user["user_id"])
+        return redirect("/ui/pairing?" + urlencode({"approved": f"{platform}:{user['user_id']}"}))
+
+    async def pairing_revoke(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        platform, user_id = str(form.get("platform", "")).lower(), str(form.get("user_id", ""))
+        if platform not in PLATFORMS or not user_id:
+            return await self.pairing(request, error="choose an approved user to revoke", status=400)
+        if not await self.src.db.revoke_user(platform, user_id):
+            return await self.pairing(request, error=f"{platform} user {user_id} was not approved: nothing changed",
+                                      status=404)
+        log.info("dashboard: revoked %s user %s", platform, user_id)
+        return redirect("/ui/pairing?" + urlencode({"revoked": f"{platform}:{user_id}"}))
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    if not ts:
+        return "-"
+    delta = (time.time() if now is None else now) - ts
+    if delta < 60:
+        return "just now"
+    if delta < 3600:
+        return f"{int(delta // 60)} min ago"
+    if delta < 86400:
+        return f"{int(delta // 3600)} h ago"
+    return f"{int(delta // 86400)} d ago"
+
+
+def duration(seconds: float | None) -> str:
+    seconds = int(seconds or 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"

@@ -1,0 +1,27 @@
+// Refreshes the parts of a page marked data-refresh="<url>" every data-every seconds (default 5).
+// The server renders the fragment (escaped HTML); a fragment refused (logged out) stops the refresh.
+(function () {
+  "use strict";
+  function refresh(el) {
+    var every = (parseInt(el.getAttribute("data-every"), 10) || 5) * 1000;
+    var timer = window.setInterval(function () {
+      fetch(el.getAttribute("data-refresh"), {credentials: "same-origin", headers: {"Accept": "text/html"}})
+        .then(function (response) {
+          if (!response.ok) {
+            window.clearInterval(timer);
+            el.setAttribute("data-stale", "true");
+            return null;
+          }
+          return response.text();
+        })
+        .then(function (html) {
+          if (html !== null) {
+            el.innerHTML = html;
+            el.removeAttribute("data-stale");
+          }
+        })
+        .catch(function () { el.setAttribute("data-stale", "true"); });
+    }, every);
+  }
+  document.querySelectorAll("[data-refresh]").forEach(refresh);
+})();

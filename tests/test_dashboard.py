@@ -1,0 +1,504 @@
+"""The web dashboard over HTTP: who may see and change what, the pages, escaping, exports, 404s.
+
+A real gateway serves the dashboard on its local API; aiohttp's client is the browser (the real
+browser walks the same pages in test_dashboard_browser.py).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+
+import aiohttp
+import pytest
+from yarl import URL
+
+import compression
+from gateway.errors import ConfigError
+from tests.fakes.model_server import FakeModel
+from tests.harness import eventually, gateway_config, running_gateway
+
+TOKEN = "dashboard-test-token-7f3a9c"
+EVIL_TITLE = "<script>alert('title')</script>"
+EVIL_TEXT = 'hello "><img src=x onerror=alert(1)> <script>alert(2)</script> needle'
+EVIL_NAME = '"><img src=x onerror=alert(3)>'
+JOB = {"id": "digest", "name": "Daily <b>digest</b>", "schedule": "0 8 * * *", "prompt": "Summarize the day",
+       "deliver": "local"}
+
+
+@pytest.fixture
+async def model():
+    async with FakeModel() as fake:
+        yield fake
+
+
+def dashboard(tmp_path, model, *, token: str | None = TOKEN, **ui):
+    overrides: dict = {"ui": {"enabled": True, **ui}, "cron": {"jobs": [JOB]}}
+    if token:
+        overrides["api"] = {"token": token}
+    return running_gateway(tmp_path, model, **overrides)
+
+
+def base(gw) -> str:
+    return f"http://127.0.0.1:{gw.api.bound_port}"
+
+
+async def seed(gw) -> dict:
+    """A conversation with hostile text in it, a compression chain, a stranger's pairing code."""
+    db = gw.db
+    now = time.time()
+    await db.create_session("s-evil", "telegram", user_id="666", user_name=EVIL_NAME, title=EVIL_TITLE,
+                            session_key="agent:main:telegram:dm:666")
+    await db.append_message("s-evil", "user", EVIL_TEXT)
+    await db.append_message("s-evil", "assistant", "an answer about the needle")
+    await db.create_session("s-root", "discord", user_id="42", user_name="Dora", title="Trip planning")
+    await db.append_message("s-root", "user", "plan a trip to Lisbon")
+    await db.end_session("s-root", "compression")
+    await db.create_session("s-child", "discord", user_id="42", user_name="Dora", title="Trip planning #2",
+                            parent_session_id="s-root")
+    summary = compression.make_summary_message("They want three days in Lisbon in May.")
+    await db.append_message("s-child", summary["role"], summary["content"])
+    await db.append_message("s-child", "user", "and Porto?")
+    pairing = await db.request_pairing("telegram", "999", EVIL_NAME, "ABCD2345", now=now, ttl=3600, max_pending=3)
+    return {"pairing": pairing}
+
+
+class Browser:
+    """An aiohttp client session that keeps cookies, like a browser, and reads forms' CSRF tokens."""
+
+    def __init__(self, gw, **kwargs):
+        self.base = base(gw)
+        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True), **kwargs)
+
+    async def get(self, path: str, **kwargs) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with self.http.get(self.base + path, allow_redirects=False, **kwargs) as r:
+            return r.status, await r.text(), r
+
+    async def post(self, path: str, data: dict, **kwargs) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with self.http.post(self.base + path, data=data, allow_redirects=False, **kwargs) as r:
+            return r.status, await r.text(), r
+
+    async def csrf(self, path: str = "/ui/pairing") -> str:
+        status, body, _ = await self.get(path)
+        assert status == 200, body
+        return re.search(r'name="csrf" value="([^"]+)"', body).group(1)
+
+    async def login(self, token: str = TOKEN) -> None:
+        csrf = await self.csrf("/ui/login")
+        status, _, response = await self.post("/ui/login", {"csrf": csrf, "token": token})
+        assert status == 303 and response.headers["Location"] == "/ui/", status
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+# -- the route walk ---------------------------------------------------------------------
+
+EXAMPLES = {"session_id": "s-root", "kind": "json", "job_id": "digest", "action": "run", "name": "dashboard.css"}
+OPEN = {("GET", "/ui/login"), ("POST", "/ui/login"), ("GET", "/ui/static/{name}")}
+
+
+def every_route(gw) -> list[tuple[str, str, str]]:
+    """(method, pattern, example path) of every route the API serves, read from its router."""
+    app = gw.api.app()
+    out = []
+    for route in app.router.routes():
+        if route.method == "HEAD":
+            continue
+        pattern = route.resource.canonical
+        path = re.sub(r"\{(\w+)\}", lambda m: EXAMPLES[m.group(1)], pattern)
+        out.append((route.method, pattern, path))
+    return out
+
+
+async def test_every_route_refuses_a_visitor_who_has_not_logged_in(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        routes = every_route(gw)
+        patterns = {(m, p) for m, p, _ in routes}
+        # the walk covers the API, every page, every form, the log-in and the static files
+        assert {("POST", "/v1/chat/completions"), ("GET", "/metrics"), ("GET", "/ui/"), ("POST", "/ui/cron/{job_id}/{action}"),
+                ("POST", "/ui/pairing/approve"), ("GET", "/ui/static/{name}")} <= patterns
+        extra = [("GET", "/ui/no-such-page", "/ui/no-such-page"), ("GET", "/ui/sessions/nope", "/ui/sessions/nope"),
+                 ("POST", "/ui/no-such-form", "/ui/no-such-form"), ("GET", "/nope", "/nope"),
+                 ("GET", "/ui/static/{name}", "/ui/static/nope.css"), ("GET", "/ui/static/{name}", "/ui/static/dashboard.js")]
+        visitor = Browser(gw)
+        try:
+            for method, pattern, path in routes + extra:
+                if method == "GET":
+                    status, body, response = await visitor.get(path)
+                else:
+                    status, body, response = await visitor.post(path, {"csrf": "x", "token": "wrong"})
+                where = f"{method} {path}"
+                if (method, pattern) in OPEN:
+                    if pattern == "/ui/static/{name}" and "nope" not in path:
+                        assert status == 200, where
+                    elif "nope" in path:
+                        assert status == 404, where
+                    continue
+                if path.startswith("/ui"):
+                    assert status in (303, 401, 403), where
+                    if status == 303:
+                        assert response.headers["Location"] == "/ui/login", where
+                    for secret in ("Lisbon", "needle", "Trip planning", "ABCD2345", "Summarize the day", TOKEN):
+                        assert secret not in body, where
+                else:
+                    assert status == 401, where
+                if path.startswith("/ui"):
+                    assert response.headers["X-Frame-Options"] == "DENY", where
+                    assert "script-src 'self'" in response.headers["Content-Security-Policy"], where
+                    assert response.headers["Referrer-Policy"] == "same-origin", where
+            # and nothing was changed by those POSTs
+            assert (await gw.db.list_pairing())["pending"][0]["code"] == "ABCD2345"
+            assert (await gw.db.list_cron_runs("digest")) == []
+        finally:
+            await visitor.close()
+
+
+async def test_logging_in_sets_a_strict_httponly_cookie_and_never_shows_the_token(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            csrf = await browser.csrf("/ui/login")
+            before = _cookie(browser)
+            # a log-in form posted from elsewhere (no CSRF token of this browser's session) does not log in
+            status, body, _ = await browser.post("/ui/login", {"token": TOKEN})
+            assert status == 403 and "Nothing was changed" in body
+            assert (await browser.get("/ui/sessions"))[0] == 303
+            status, _, response = await browser.post("/ui/login", {"csrf": csrf, "token": TOKEN})
+            assert status == 303 and response.headers["Location"] == "/ui/"
+            assert _cookie(browser) != before  # a new session id: one planted before the log-in is worth nothing
+            cookie = response.headers["Set-Cookie"]
+            assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
+            assert TOKEN not in cookie
+            for path in ("/ui/", "/ui/sessions", "/ui/sessions/s-root", "/ui/cron", "/ui/pairing", "/ui/health/fragment",
+                         "/ui/sessions/s-root/export.json", "/ui/sessions/s-root/export.md"):
+                status, body, response = await browser.get(path)
+                assert status == 200, path
+                assert TOKEN not in body and TOKEN not in str(response.url), path
+            # logging out ends the session
+            status, _, _ = await browser.post("/ui/logout", {"csrf": await browser.csrf("/ui/")})
+            assert status == 303
+            status, _, response = await browser.get("/ui/sessions")
+            assert status == 303 and response.headers["Location"] == "/ui/login"
+        finally:
+            await browser.close()
+
+
+def _cookie(browser: Browser) -> str:
+    return browser.http.cookie_jar.filter_cookies(URL(browser.base + "/ui/"))["switchboard_ui"].value
+
+
+async def test_behind_a_reverse_proxy_the_forwarded_host_is_the_origin(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            csrf = await browser.csrf()
+            proxied = {"Origin": "https://board.example", "X-Forwarded-Host": "board.example", "Host": "127.0.0.1:1"}
+            status, _, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram",
+                                                                     "code": "ABCD2345"}, headers=proxied)
+            assert status == 303 and await gw.db.is_user_approved("telegram", "999")
+        finally:
+            await browser.close()
+
+
+async def test_failed_log_ins_are_rate_limited(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        browser = Browser(gw)
+        try:
+            csrf = await browser.csrf("/ui/login")
+            for _ in range(5):
+                status, body, _ = await browser.post("/ui/login", {"csrf": csrf, "token": "guess"})
+                assert status == 401 and "not the API token" in body
+            status, body, response = await browser.post("/ui/login", {"csrf": csrf, "token": TOKEN})
+            assert status == 429 and "Too many failed log-ins" in body
+            assert int(response.headers["Retry-After"]) > 0
+            status, _, _ = await browser.get("/ui/sessions")
+            assert status == 303  # still not logged in, even with the right token during the pause
+        finally:
+            await browser.close()
+
+
+async def test_a_change_needs_its_csrf_token_and_a_same_site_origin(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            status, body, _ = await browser.post("/ui/pairing/approve", {"platform": "telegram", "code": "ABCD2345"})
+            assert status == 403 and "Nothing was changed" in body
+            csrf = await browser.csrf()
+            status, body, _ = await browser.post("/ui/pairing/approve",
+                                                 {"csrf": csrf, "platform": "telegram", "code": "ABCD2345"},
+                                                 headers={"Origin": "https://evil.example"})
+            assert status == 403 and "another site" in body
+            assert not await gw.db.is_user_approved("telegram", "999")
+            status, _, response = await browser.post("/ui/pairing/approve",
+                                                     {"csrf": csrf, "platform": "telegram", "code": "abcd2345"})
+            assert status == 303
+            assert await gw.db.is_user_approved("telegram", "999")
+            status, body, _ = await browser.get(response.headers["Location"])
+            assert "Approved telegram:999" in body
+            status, _, _ = await browser.post("/ui/pairing/revoke", {"csrf": csrf, "platform": "telegram", "user_id": "999"})
+            assert status == 303 and not await gw.db.is_user_approved("telegram", "999")
+            status, body, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram", "code": "NOPE"})
+            assert status == 404 and "no pending telegram pairing request" in body
+        finally:
+            await browser.close()
+
+
+async def test_on_loopback_without_a_token_the_dashboard_is_read_only(tmp_path, model):
+    async with dashboard(tmp_path, model, token=None) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            status, body, _ = await browser.get("/ui/pairing")
+            assert status == 200 and "ABCD2345" in body and "read-only" in body
+            assert "Approve</button>" not in body  # no form to press
+            status, _, response = await browser.get("/ui/login")
+            assert status == 303 and response.headers["Location"] == "/ui/"  # nothing to log in with
+            status, body, _ = await browser.get("/ui/cron")
+            assert "Run now" not in body
+            # even a well-formed POST is refused
+            token = await _session_csrf(gw, browser)
+            status, body, _ = await browser.post("/ui/pairing/approve", {"csrf": token, "platform": "telegram",
+                                                                        "code": "ABCD2345"})
+            assert status == 403 and "read-only" in body
+            for method, pattern, path in every_route(gw):  # every form, with this session's own CSRF token
+                if method == "POST" and pattern.startswith("/ui/") and pattern not in ("/ui/login", "/ui/logout"):
+                    for action in (("run", "pause", "resume") if "{action}" in pattern else ("",)):
+                        where = path.replace("/run", f"/{action}") if action else path
+                        status, body, _ = await browser.post(where, {"csrf": token, "platform": "telegram",
+                                                                     "code": "ABCD2345", "user_id": "999"})
+                        assert status == 403 and "read-only" in body, where
+            assert not await gw.db.is_user_approved("telegram", "999")
+            assert not (await gw.db.get_cron_job("digest"))["paused"]
+            assert await gw.db.list_cron_runs("digest") == []
+            # a page asked for by another name (DNS rebinding onto 127.0.0.1) is refused
+            status, body, _ = await browser.get("/ui/sessions", headers={"Host": "evil.example"})
+            assert status == 403 and "Lisbon" not in body
+        finally:
+            await browser.close()
+
+
+async def _session_csrf(gw, browser: Browser) -> str:
+    """The CSRF token of the browser's dashboard session (a read-only page has no form to read it from)."""
+    return gw.api.dashboard.sessions.get(_cookie(browser)).csrf
+
+
+async def test_on_loopback_allow_local_writes_lets_the_dashboard_act(tmp_path, model):
+    async with dashboard(tmp_path, model, token=None, allow_local_writes=True) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            csrf = await browser.csrf()
+            status, _, _ = await browser.post("/ui/pairing/approve", {"platform": "telegram", "code": "ABCD2345"})
+            assert status == 403  # still a CSRF token per change
+            status, _, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram",
+                                                                     "code": "ABCD2345"})
+            assert status == 303 and await gw.db.is_user_approved("telegram", "999")
+        finally:
+            await browser.close()
+
+
+async def test_the_dashboard_is_off_unless_enabled(tmp_path, model):
+    async with running_gateway(tmp_path, model) as gw:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base(gw) + "/ui/") as r:
+                assert r.status == 404
+
+
+def test_a_malformed_ui_setting_names_its_key(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        gateway_config(tmp_path, "http://127.0.0.1:1/v1", ui={"enabled": "sometimes"})
+    assert "ui.enabled" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        gateway_config(tmp_path, "http://127.0.0.1:1/v1", ui={"allow_local_writes": [1]})
+    assert "ui.allow_local_writes" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        gateway_config(tmp_path, "http://127.0.0.1:1/v1", ui={"enable": True})
+    assert "ui.enable" in str(caught.value)
+
+
+# -- the pages ----------------------------------------------------------------------------
+
+async def test_hostile_text_is_escaped_on_every_page(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        await gw.cron.run_job("digest")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            pages = ["/ui/sessions", "/ui/sessions?q=needle", "/ui/sessions/s-evil", "/ui/pairing", "/ui/cron",
+                     "/ui/cron/digest", "/ui/sessions?user=" + EVIL_NAME, "/ui/sessions?q=" + EVIL_TEXT]
+            for path in pages:
+                status, body, _ = await browser.get(path)
+                assert status == 200, path
+                assert "<script>alert" not in body and "<img src=x" not in body, path
+                assert "<b>digest</b>" not in body, path
+            _, body, _ = await browser.get("/ui/sessions/s-evil")
+            assert html.escape(EVIL_TITLE, quote=False) in body or "&lt;script&gt;alert(&#39;title&#39;)" in body
+            assert "&lt;img src=x onerror=alert(1)&gt;" in body
+            _, body, _ = await browser.get("/ui/pairing")
+            assert "&#34;&gt;&lt;img src=x onerror=alert(3)&gt;" in body
+        finally:
+            await browser.close()
+
+
+async def test_search_highlights_matches_and_a_broken_query_finds_nothing(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions?q=Lisbon")
+            assert "<mark>Lisbon</mark>" in body and "/ui/sessions/s-root" in body
+            for broken in ('"unclosed', "AND OR (", "NOT", "*", ")))"):
+                status, body, _ = await browser.get("/ui/sessions", params={"q": broken})
+                assert status == 200 and "No matches." in body, broken
+        finally:
+            await browser.close()
+
+
+async def test_the_sessions_list_filters_by_platform_user_title_and_date(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+
+        async def listed(**params) -> set[str]:
+            status, body, _ = await browser.get("/ui/sessions", params=params)
+            assert status == 200
+            return set(re.findall(r'href="/ui/sessions/(s-[a-z]+)"', body))
+
+        try:
+            await browser.login()
+            assert await listed() == {"s-evil", "s-child"}  # a compression chain is one row, its tip
+            assert await listed(platform="discord") == {"s-child"}
+            assert await listed(user="666") == {"s-evil"}
+            assert await listed(user="Dora") == {"s-child"}
+            assert await listed(title="trip") == {"s-child"}
+            assert await listed(since=today) == {"s-evil", "s-child"}
+            assert await listed(until="2001-01-01") == set()
+            _, body, _ = await browser.get("/ui/sessions", params={"since": "yesterday"})
+            assert "since must be a date like" in body
+        finally:
+            await browser.close()
+
+
+async def test_a_transcript_shows_its_lineage_and_compression_summary(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions/s-child")
+            assert 'parent <a href="/ui/sessions/s-root">Trip planning</a>' in body
+            assert "They want three days in Lisbon in May." in body and "Compression summary" in body
+            assert "and Porto?" in body
+            _, body, _ = await browser.get("/ui/sessions/s-root")
+            assert '<a href="/ui/sessions/s-child">Trip planning #2</a>' in body
+            assert "continued in" in body
+        finally:
+            await browser.close()
+
+
+async def test_a_session_exports_as_the_stores_json_and_as_markdown(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            status, body, response = await browser.get("/ui/sessions/s-child/export.json")
+            assert status == 200 and response.headers["Content-Disposition"] == 'attachment; filename="session-s-child.json"'
+            assert json.loads(body) == json.loads(json.dumps(await gw.db.export_session("s-child"), default=str))
+            status, body, response = await browser.get("/ui/sessions/s-child/export.md")
+            assert status == 200 and response.content_type == "text/markdown"
+            assert body.startswith("# Trip planning #2\n")
+            assert "They want three days in Lisbon in May." in body and "and Porto?" in body
+            assert "[Summary of earlier conversation]" not in body
+        finally:
+            await browser.close()
+
+
+async def test_unknown_ids_get_the_404_page(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            csrf = await browser.csrf("/ui/cron")
+            for path in ("/ui/sessions/nope", "/ui/sessions/nope/export.json", "/ui/sessions/nope/export.md",
+                         "/ui/cron/nope", "/ui/nowhere", "/ui/static/nope.js", "/ui/sessions/x/export.exe"):
+                status, body, response = await browser.get(path)
+                assert status == 404 and "404 · Not found" in body and response.content_type == "text/html", path
+            for path in ("/ui/cron/nope/run", "/ui/cron/nope/pause", "/ui/cron/digest/explode"):
+                status, body, _ = await browser.post(path, {"csrf": csrf})
+                assert status == 404 and "404 · Not found" in body, path
+        finally:
+            await browser.close()
+
+
+async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            csrf = await browser.csrf("/ui/cron")
+            status, _, response = await browser.post("/ui/cron/digest/run", {"csrf": csrf})
+            assert status == 303 and "/ui/cron/digest?started=" in response.headers["Location"]
+            run = (await gw.db.list_cron_runs("digest"))[0]
+            assert run["trigger"] == "manual"
+            await eventually(lambda: _run_ended(gw, run["id"]), 10, "the run to end")
+            _, body, _ = await browser.get("/ui/cron/digest")
+            assert f"#{run['id']}" in body and "kept in the store (local)" in body
+            status, _, _ = await browser.post("/ui/cron/digest/pause", {"csrf": csrf})
+            assert status == 303 and (await gw.db.get_cron_job("digest"))["paused"]
+            _, body, _ = await browser.get("/ui/cron")
+            assert 'badge paused' in body and "Resume" in body
+            assert '<span class="badge ok">ok</span> just now' in body  # the last run
+            status, _, _ = await browser.post("/ui/cron/digest/resume", {"csrf": csrf})
+            job = await gw.db.get_cron_job("digest")
+            assert status == 303 and not job["paused"] and job["next_run_at"] > time.time()
+        finally:
+            await browser.close()
+
+
+async def _run_ended(gw, run_id: int) -> bool:
+    return (await gw.db.get_cron_run(run_id))["status"] not in ("running",)
+
+
+async def test_health_shows_platforms_queues_and_the_instance(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await gw.db.add_dead_letter(platform="slack", event_id="Ev1", payload="{}", message=None,
+                                    error="<b>boom</b> handler failed")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/")
+            assert 'data-refresh="/ui/health/fragment"' in body
+            for text in ("uptime", "turns running", "replies waiting to be sent", "dead letters held", "Ev1",
+                         "&lt;b&gt;boom&lt;/b&gt; handler failed", gw.config.agent, str(gw.config.home)):
+                assert text in body, text
+            status, fragment, _ = await browser.get("/ui/health/fragment")
+            assert status == 200 and "<html" not in fragment and "Ev1" in fragment
+        finally:
+            await browser.close()
+
+
+async def test_the_guard_does_not_change_the_apis_bearer_token(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            status, _, _ = await browser.get("/healthz")  # a dashboard log-in is not an API token
+            assert status == 401
+            status, _, _ = await browser.get("/healthz", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert status == 200
+        finally:
+            await browser.close()
+

@@ -1,0 +1,173 @@
+"""The dashboard in a real browser: Debian's chromium, headless, driven by playwright.
+
+It logs in, searches, opens a transcript, runs a cron job now and approves a pairing, and saves a
+screenshot of each page under tests/artifacts/ (not committed) for a person to look at.  The page's
+own script (the health panel's refresh) runs under the real Content-Security-Policy; any console
+error (a refused script, a failed load) or dialog (an escaped payload that ran after all) fails.
+
+Never a downloaded browser: ``executable_path`` is Debian's ``/usr/bin/chromium``, which ``make test``
+installs when it runs as root; without it these tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.harness import eventually
+from tests.test_dashboard import TOKEN, base, dashboard, model, seed  # noqa: F401 - model is a fixture
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[test]')")
+pytestmark = pytest.mark.skipif(
+    shutil.which(CHROMIUM) is None,
+    reason=f"Debian's chromium is not installed at {CHROMIUM}: `make test` installs it when run as root "
+           "(or: apt-get install chromium)")
+
+
+@pytest.fixture
+async def browser():
+    async with playwright_api.async_playwright() as p:
+        chromium = await p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+class Watched:
+    """A page whose console errors, page errors and dialogs are collected (each one fails the test)."""
+
+    def __init__(self, page):
+        self.page = page
+        self.problems: list[str] = []
+        self.refused: list[tuple[int, str]] = []  # responses of 400 or more: (status, path)
+        page.on("console", self._console)
+        page.on("response", lambda r: self.refused.append((r.status, r.url.split("/", 3)[3])) if r.status >= 400 else None)
+        page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        page.on("dialog", self._dialog)
+
+    def _console(self, message) -> None:
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):  # those: self.refused
+            self.problems.append(f"console {message.type}: {message.text}")
+
+    async def _dialog(self, dialog) -> None:
+        self.problems.append(f"a dialog opened: {dialog.message}")
+        await dialog.dismiss()
+
+    async def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(exist_ok=True)
+        await self.page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+
+async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pairing(tmp_path, model, browser):  # noqa: F811
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        context = await browser.new_context(viewport={"width": 1280, "height": 900})
+        watched = Watched(await context.new_page())
+        page = watched.page
+        root = base(gw)
+
+        # not logged in: the log-in form, whatever page was asked for
+        await page.goto(root + "/ui/sessions")
+        assert page.url == root + "/ui/login"
+        await watched.shot("login")
+        await page.fill("#token", "not the token")
+        await page.click("button[type=submit]")
+        assert "That is not the API token." in await page.inner_text("[role=alert]")
+        await page.fill("#token", TOKEN)
+        await page.click("button[type=submit]")
+        assert page.url == root + "/ui/"
+        assert TOKEN not in page.url and TOKEN not in await page.content()
+        cookies = await context.cookies()
+        assert [(c["name"], c["httpOnly"], c["sameSite"]) for c in cookies] == [("switchboard_ui", True, "Strict")]
+        assert await page.inner_text("h1") == "Health"
+        await watched.shot("health")
+
+        # the health panel refreshes itself (the page's script, allowed by the CSP)
+        await gw.db.add_dead_letter(platform="slack", event_id="EvLate", payload="{}", message=None,
+                                    error="handler failed")
+        await page.wait_for_selector("text=EvLate", timeout=15_000)
+
+        # search: highlighted snippets; the hostile message is shown as text
+        await page.click("nav >> text=Sessions")
+        await page.fill("input[name=q]", "needle")
+        await page.click("form.filters button[type=submit]")
+        marks = await page.locator("#hits mark").all_inner_texts()
+        assert marks and all(m.lower() == "needle" for m in marks)
+        assert await page.locator("img[src=x]").count() == 0
+        assert "<img src=x onerror=alert(1)>" in await page.inner_text("#hits")
+        await watched.shot("search")
+
+        # a search the parser cannot read finds nothing, and says so
+        await page.fill("input[name=q]", '"unclosed AND (')
+        await page.click("form.filters button[type=submit]")
+        assert await page.inner_text("#no-matches") == "No matches."
+
+        # a transcript, with its lineage and the compression summary
+        await page.goto(root + "/ui/sessions?q=Porto")
+        await page.click("#hits a")
+        assert await page.inner_text("h1") == "Trip planning #2"
+        assert "parent Trip planning" in await page.inner_text("#lineage")
+        assert "They want three days in Lisbon in May." in await page.inner_text("#summary")
+        await watched.shot("transcript")
+        await page.goto(root + "/ui/sessions/s-evil")
+        assert await page.inner_text("h1") == "<script>alert('title')</script>"
+        await watched.shot("transcript-hostile")
+
+        # cron: run now; the run shows in the job's history once it ends
+        await page.click("nav >> text=Cron")
+        await watched.shot("cron")
+        await page.click("#jobs >> text=Run now")
+        assert "Started run #" in await page.inner_text("#started")
+        run = (await gw.db.list_cron_runs("digest"))[0]
+        await eventually(lambda: _ended(gw, run["id"]), 10, "the cron run to end")
+        await page.reload()
+        assert "kept in the store (local)" in await page.inner_text("#runs")
+        await watched.shot("cron-run")
+
+        # pairing: the stranger's code, approved with one press
+        await page.click("nav >> text=Pairing")
+        assert "ABCD2345" in await page.inner_text("#pending")
+        await watched.shot("pairing")
+        await page.click("#pending >> text=Approve")
+        assert "Approved telegram:999" in await page.inner_text("#approved-now")
+        assert await gw.db.is_user_approved("telegram", "999")
+        await watched.shot("pairing-approved")
+
+        # unknown ids: the 404 page
+        response = await page.goto(root + "/ui/sessions/no-such-session")
+        assert response.status == 404 and "404 · Not found" in await page.inner_text("h1")
+
+        # logging out: back to the form, and the pages are closed again
+        await page.goto(root + "/ui/")
+        await page.click("text=Log out")
+        assert page.url == root + "/ui/login"
+        await page.goto(root + "/ui/pairing")
+        assert page.url == root + "/ui/login"
+        await context.close()
+        assert watched.problems == []
+        # the wrong token and the unknown session; no other page, script or image was refused
+        assert watched.refused == [(401, "ui/login"), (404, "ui/sessions/no-such-session")]
+
+
+async def test_a_framing_page_cannot_show_the_dashboard(tmp_path, model, browser):  # noqa: F811
+    async with dashboard(tmp_path, model, token=None) as gw:
+        await seed(gw)
+        page = await browser.new_page()
+        async with page.expect_console_message(lambda m: "frame" in m.text.lower(), timeout=15_000) as said:
+            await page.set_content(f'<iframe id="f" src="{base(gw)}/ui/sessions"></iframe>')
+        message = (await said.value).text
+        assert "frame-ancestors" in message and "blocked" in message, message
+        assert await page.frame_locator("#f").locator("text=Trip planning").count() == 0
+        await page.close()
+
+
+async def _ended(gw, run_id: int) -> bool:
+    return (await gw.db.get_cron_run(run_id))["status"] != "running"
