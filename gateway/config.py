@@ -548,9 +548,11 @@ class StoreConfig(_Model):
         return value
 
 
-def default_instance_id() -> str:
-    """``<hostname>-<pid>-<random>``: unique per process, readable in /healthz and the database's lease rows."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+@functools.cache
+def default_instance_id(pid: int | None = None) -> str:
+    """``<hostname>-<pid>-<random>``: one per process (a reload keeps it), readable in /healthz and the
+    database's rows; the random part tells apart processes whose pid was reused."""
+    return f"{socket.gethostname()}-{os.getpid() if pid is None else pid}-{secrets.token_hex(3)}"
 
 
 class ClusterConfig(_Model):
@@ -566,7 +568,7 @@ class ClusterConfig(_Model):
     @field_validator("instance_id")
     @classmethod
     def _instance_id(cls, value: str) -> str:
-        return value or default_instance_id()
+        return value or default_instance_id(os.getpid())
 
 
 class ModelPrice(_Model):

@@ -631,11 +631,11 @@ def test_an_edit_interval_below_a_quarter_second_is_refused_naming_the_key():
         config_from_dict({"platforms": {"telegram": {"streaming": {"edit_interval_seconds": 0.1}}}})
 
 
-def test_the_cluster_section_has_defaults_and_a_unique_instance_id():
+def test_the_cluster_section_has_defaults_and_an_instance_id_per_process():
     first, second = config_from_dict({}, env={}), config_from_dict({}, env={})
     assert (first.cluster.failover_seconds, first.cluster.lease_seconds) == (10.0, 15.0)
-    assert first.cluster.instance_id.startswith(f"{socket.gethostname()}-{os.getpid()}-")
-    assert first.cluster.instance_id != second.cluster.instance_id
+    assert re.fullmatch(rf"{re.escape(socket.gethostname())}-{os.getpid()}-[0-9a-f]{{6}}", first.cluster.instance_id)
+    assert first.cluster.instance_id == second.cluster.instance_id  # a reload keeps it
     assert not first.clustered  # SQLite: one instance, no cluster
     assert config_from_dict({"store": {"url": "postgresql://u@h/db"}, "cluster": {"instance_id": "a-1"}},
                             env={}).cluster.instance_id == "a-1"

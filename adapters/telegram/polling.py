@@ -176,7 +176,7 @@ class Poller:
         """Tell Telegram which updates are stored, so a restart does not fetch them again (best effort)."""
         if not self.offset:
             return
-        if self._may_poll is not None:
+        if self._may_poll is not None and self._allowed_timeout() is not None:
             # The poll cancelled at stop still runs on Telegram's side: wait it out (it is short when
             # gated), or Telegram would see two getUpdates at once.
             await asyncio.sleep(max(0.0, self._poll_ends_at - time.monotonic()))
