@@ -10,6 +10,7 @@ overlapping getUpdates (which it refuses with 409).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import socket
 import time
 from collections import Counter
@@ -25,7 +26,7 @@ from tests.fakes.telegram import FakeTelegram
 from tests.harness import eventually
 
 
-def _settings(url: str, instance: str, telegram: TelegramSide, model_url: str) -> dict:
+def _settings(url: str, instance: str, model_url: str, **extra) -> dict:
     return {
         "model": {"base_url": model_url, "name": "fake-model", "api_key": "sk-cluster-not-a-secret-0000",
                   "max_concurrent_calls": 32, "context_length": 32768},
@@ -36,7 +37,7 @@ def _settings(url: str, instance: str, telegram: TelegramSide, model_url: str) -
         "store": {"url": url},
         "cluster": {"instance_id": instance},
         "api": {"port": _free_port()},  # the configs differ in this only (and the instance's name)
-        **telegram.settings(),
+        **extra,
     }
 
 
@@ -68,7 +69,7 @@ def _pending(url: str) -> list[tuple[str, str]]:
 async def test_a_standby_takes_over_the_poller_of_a_killed_owner_and_every_dm_is_answered_once(tmp_path, pg_url):
     async with FakeTelegram() as tg, FakeModel(delay=0.2) as model:
         side = TelegramSide(tg)
-        daemons = {name: Daemon(_dir(tmp_path, name), _settings(pg_url, name, side, model.base_url))
+        daemons = {name: Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, **side.settings()))
                    for name in ("a", "b")}
         a, b = daemons["a"], daemons["b"]
         messages: list[UserMessage] = []
@@ -130,3 +131,46 @@ def _dir(tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     path.mkdir()
     return path
+
+
+def _runs(url: str) -> list[tuple[str, float, str]]:
+    with psycopg.connect(url) as conn:
+        return [(job, scheduled, status) for job, scheduled, status in conn.execute(
+            "SELECT job_id, scheduled_at, status FROM cron_runs WHERE trigger <> 'manual' ORDER BY id").fetchall()]
+
+
+async def test_three_instances_run_each_scheduled_tick_once(tmp_path, pg_url):
+    once_at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(seconds=30)
+    async with FakeModel(delay=0.2) as model:
+        jobs = {"jobs": [
+            {"id": "minutely", "schedule": "* * * * *", "prompt": "tick", "deliver": "local"},
+            {"id": "once", "schedule": once_at.strftime("%Y-%m-%dT%H:%M:%S"), "prompt": "once", "deliver": "local"},
+        ]}
+        daemons = []
+        for name in ("a", "b", "c"):
+            daemons.append(Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, cron=jobs)))
+        try:
+            await asyncio.gather(*(daemon.start() for daemon in daemons))
+
+            def both_ran_and_ended() -> bool:
+                runs = _runs(pg_url)
+                return ({job for job, _, _ in runs} == {"minutely", "once"}
+                        and all(status != "running" for _, _, status in runs))
+
+            await eventually(both_ran_and_ended, 90.0, "a run of the minutely job and of the one-shot job")
+            # Three instances were armed for the same moments: any second run of a tick starts within
+            # the same poll as the first; wait one poll (5 s) so that it would show.
+            await asyncio.sleep(6)
+            runs = await asyncio.to_thread(_runs, pg_url)
+            claims = [(await _health(daemon))["cluster"]["claims"]["cron_ticks"] for daemon in daemons]
+        finally:
+            for daemon in daemons:
+                if daemon.proc is not None and daemon.proc.returncode is None:
+                    await daemon.stop()
+    ticks = Counter((job, scheduled) for job, scheduled, _ in runs)
+    assert ticks and all(n == 1 for n in ticks.values()), runs
+    assert [scheduled for job, scheduled, _ in runs if job == "once"] == [once_at.timestamp()]
+    assert all(status == "ok" for _, _, status in runs), runs
+    # each tick claimed by exactly one instance, and /healthz shows which
+    claimed = Counter((c["job"], c["scheduled_for"]) for shown in claims for c in shown)
+    assert set(claimed) == set(ticks) and all(n == 1 for n in claimed.values()), claims
