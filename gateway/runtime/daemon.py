@@ -365,8 +365,12 @@ class Gateway:
     async def _start_owned(self, name: str, adapter: Adapter) -> None:
         """This instance now owns ``name``'s connection: resume what the last owner left undone there
         (replies stored but not sent, messages not answered), then connect."""
-        pending = [row for row in await self.db.pending_deliveries() if row["platform"] == name]
-        unanswered = [row for row in await self.db.unanswered_messages() if row["platform"] == name]
+        # (what this process is still working on, after losing and winning the connection back, is not
+        # queued again)
+        pending = [row for row in await self.db.pending_deliveries()
+                   if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
+        unanswered = [row for row in await self.db.unanswered_messages()
+                      if row["platform"] == name and not self.router.working_on(row["session_key"])]
         counts = self.router.recover(pending, unanswered)
         if any(counts.values()):
             log.info("taking over %s: %d stored replies to send, %d sessions to answer, %d too old to answer "
