@@ -31,6 +31,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import secrets
+import socket
 import typing
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -546,6 +548,29 @@ class StoreConfig(_Model):
         return value
 
 
+@functools.cache
+def default_instance_id(pid: int | None = None) -> str:
+    """``<hostname>-<pid>-<random>``: one per process (a reload keeps it), readable in /healthz and the
+    database's rows; the random part tells apart processes whose pid was reused."""
+    return f"{socket.gethostname()}-{os.getpid() if pid is None else pid}-{secrets.token_hex(3)}"
+
+
+class ClusterConfig(_Model):
+    """``cluster``: several instances on one PostgreSQL store (``store.url``); ignored on SQLite."""
+
+    # A standby takes a dead owner's platform connection (Telegram poller, Discord gateway, Slack socket)
+    # over within this many seconds; at least 5, the time the database needs to tell dead from slow.
+    failover_seconds: float = Field(10.0, ge=5)
+    lease_seconds: Seconds = 15.0  # how long a claim on a session's work holds without renewal
+    # This instance's name in /healthz and the database; empty: <hostname>-<pid>-<random>.
+    instance_id: str = Field("", pattern=r"^[A-Za-z0-9_.:@-]{0,63}$", validate_default=True)
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, value: str) -> str:
+        return value or default_instance_id(os.getpid())
+
+
 class ModelPrice(_Model):
     """``pricing.<model>``: US dollars per million tokens."""
 
@@ -616,6 +641,7 @@ class Config(_Model):
     facts: FactsConfig = FactsConfig()
     cron: CronConfig = CronConfig()
     store: StoreConfig = StoreConfig()
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     streaming: StreamingConfig = StreamingConfig()
     pricing: Pricing = Field(default_factory=lambda: MappingProxyType({}))
     usage: UsageConfig = UsageConfig()
@@ -680,6 +706,11 @@ class Config(_Model):
     @property
     def db_path(self) -> Path:
         return self.home / "state.db"
+
+    @property
+    def clustered(self) -> bool:
+        """Whether this instance cooperates with others (``cluster``): only on a PostgreSQL store."""
+        return bool(self.store.url)
 
     @property
     def store_target(self) -> Path | str:

@@ -215,6 +215,11 @@ class SessionRouter:
                     if not lane.lock.locked() and not lane.busy and not lane.queue and lane.current is None]:
             del self._lanes[key]
 
+    def working_on(self, key: str | None) -> bool:
+        """Whether this process has a turn running or messages queued for the session key ``key``."""
+        lane = self._lanes.get(key) if key else None
+        return lane is not None and (lane.busy or bool(lane.queue))
+
     def active_lanes(self) -> int:
         return sum(1 for lane in self._lanes.values() if lane.busy)
 

@@ -291,6 +291,19 @@ class FailedEvents:
         return True
 
 
+PollGate = Callable[[], float]
+"""How many seconds a long poll begun now may last; 0 when this instance must not poll at all (another
+instance of the cluster may own the platform connection)."""
+
+
+@runtime_checkable
+class GatedPolling(Protocol):
+    """An adapter that long-polls its platform and asks a :data:`PollGate` before every poll (clustered)."""
+
+    def gate_polling(self, may_poll: PollGate) -> None:
+        """Ask ``may_poll`` before each poll (and the confirming poll at stop); set before :meth:`Adapter.start`."""
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """A platform connector: start, send, stop; health for ``/healthz``."""

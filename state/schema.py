@@ -291,6 +291,31 @@ def _v21_usage_rollup(conn):
     _usage.create_rollup(conn)
 
 
+def _v22_cluster(conn):
+    # The cluster's work leases and cron tick claims: used only on PostgreSQL, where several
+    # instances share one store; created here too so both backends keep the same tables.
+    _script(_CLUSTER_SQLITE)(conn)
+
+
+_CLUSTER_SQLITE = """
+CREATE TABLE IF NOT EXISTS work_leases (
+    session_id    TEXT PRIMARY KEY,
+    holder        TEXT,
+    fencing_token INTEGER NOT NULL DEFAULT 0,
+    expires_at    REAL NOT NULL DEFAULT 0,
+    pending_seq   INTEGER NOT NULL DEFAULT 0,
+    pending_since REAL
+);
+CREATE TABLE IF NOT EXISTS cron_ticks (
+    job_id        TEXT NOT NULL,
+    scheduled_for REAL NOT NULL,
+    holder        TEXT NOT NULL,
+    claimed_at    REAL NOT NULL,
+    PRIMARY KEY (job_id, scheduled_for)
+);
+"""
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -412,6 +437,12 @@ def _v20_model_calls_pg(conn):
     _pg(*_usage.PG_TABLES)(conn)
 
 
+def _v22_cluster_pg(conn):
+    from .cluster.ddl import CLUSTER_TABLES_PG
+
+    _pg(*filter(str.strip, CLUSTER_TABLES_PG.split(";")))(conn)
+
+
 _BILLING_PG = [
     ("cache_read_tokens", "BIGINT DEFAULT 0"),
     ("cache_write_tokens", "BIGINT DEFAULT 0"),
@@ -460,6 +491,7 @@ for _step in [
     Migration(19, "per-chat choices (/stream on|off), streamed replies' index", _v19_chat_prefs, _v19_chat_prefs_pg),
     Migration(20, "the usage ledger: one row per model call", _v20_model_calls, _v20_model_calls_pg),
     Migration(21, "the usage ledger's daily roll-up, for reports", _v21_usage_rollup, _v21_usage_rollup),
+    Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
 ]:
     register(_step)
 

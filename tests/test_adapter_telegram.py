@@ -340,3 +340,26 @@ async def test_the_token_never_reaches_the_logs(tg, caplog):
     await adapter.stop()
     assert "getUpdates" in caplog.text  # the library did log its requests
     assert tg.token not in caplog.text and tg.token.split(":")[1] not in caplog.text
+
+
+# -- gated polling: several instances, one owner ------------------------------------------------
+
+
+async def test_a_gated_poller_polls_only_while_allowed_and_never_longer_than_allowed(tg):
+    adapter, handler = make_adapter(tg, poll_timeout=30), Recorder()
+    allowance = {"seconds": 0.0}  # what the owner would say: no trust left, this instance must not poll
+    adapter.gate_polling(lambda: allowance["seconds"])
+    await adapter.start(handler)
+    try:
+        tg.dm(ANN, "while another instance owns the poller")
+        await asyncio.sleep(0.6)  # several of the gate's rechecks: none may become a getUpdates
+        assert tg.calls("getUpdates") == [] and handler.messages == []
+        allowance["seconds"] = 3.4  # owner, trusted 3.4 s more: a poll ends a second before that
+        await handler.wait_for(1)
+        assert {int(call.get("timeout") or 0) for call in tg.calls("getUpdates")} <= {2}
+    finally:
+        allowance["seconds"] = 0.0  # ownership lost: stop without the confirming getUpdates
+        polls = len(tg.calls("getUpdates"))
+        await adapter.stop()
+    assert len(tg.calls("getUpdates")) == polls
+    assert tg.overlapping_polls == []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -627,3 +629,23 @@ def test_streaming_follows_the_platform_then_the_streaming_section_then_the_plat
 def test_an_edit_interval_below_a_quarter_second_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"platforms\.telegram\.streaming\.edit_interval_seconds"):
         config_from_dict({"platforms": {"telegram": {"streaming": {"edit_interval_seconds": 0.1}}}})
+
+
+def test_the_cluster_section_has_defaults_and_an_instance_id_per_process():
+    first, second = config_from_dict({}, env={}), config_from_dict({}, env={})
+    assert (first.cluster.failover_seconds, first.cluster.lease_seconds) == (10.0, 15.0)
+    assert re.fullmatch(rf"{re.escape(socket.gethostname())}-{os.getpid()}-[0-9a-f]{{6}}", first.cluster.instance_id)
+    assert first.cluster.instance_id == second.cluster.instance_id  # a reload keeps it
+    assert not first.clustered  # SQLite: one instance, no cluster
+    assert config_from_dict({"store": {"url": "postgresql://u@h/db"}, "cluster": {"instance_id": "a-1"}},
+                            env={}).cluster.instance_id == "a-1"
+
+
+@pytest.mark.parametrize("section, key", [({"failover_seconds": 2}, "cluster.failover_seconds"),
+                                          ({"lease_seconds": 0}, "cluster.lease_seconds"),
+                                          ({"instance_id": "two words"}, "cluster.instance_id"),
+                                          ({"failover": 10}, "cluster.failover")])
+def test_a_bad_cluster_value_names_its_key(section, key):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"cluster": section}, env={})
+    assert info.value.key == key, str(info.value)

@@ -49,6 +49,7 @@ from gateway.types import (
     FailedEvents,
     InboundHandler,
     InboundMessage,
+    PollGate,
     SendProgress,
 )
 
@@ -139,6 +140,11 @@ class TelegramAdapter:
         self._watchdog_task: asyncio.Task | None = None
         self._webhook: WebhookServer | None = None
         self._stopping = False
+        self._may_poll: PollGate | None = None  # clustered: asked before every getUpdates
+
+    def gate_polling(self, may_poll: PollGate) -> None:
+        """Poll only while ``may_poll`` allows, each long poll no longer than it allows (several instances)."""
+        self._may_poll = may_poll
 
     @classmethod
     def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool) -> "TelegramAdapter":
@@ -255,7 +261,7 @@ class TelegramAdapter:
 
     def _start_polling(self) -> None:
         self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
-                              backoff=self._reconnect_backoff)
+                              may_poll=self._may_poll, backoff=self._reconnect_backoff)
         self._poll_task = spawn(self._poller.run(), name="telegram:poller")
         self._watchdog_task = spawn(self._watchdog(), name="telegram:watchdog")
 
@@ -281,7 +287,7 @@ class TelegramAdapter:
                 self._poll_task.cancel()
                 await asyncio.gather(self._poll_task, return_exceptions=True)
             self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
-                                  backoff=self._reconnect_backoff)
+                                  may_poll=self._may_poll, backoff=self._reconnect_backoff)
             self._poller.offset = offset
             self._poll_task = spawn(self._poller.run(), name="telegram:poller")
 

@@ -11,6 +11,12 @@ returns True, so one bad update never holds the offset.
 409 Conflict (another process polls the same token, or a webhook is set),
 network errors and flood waits are logged, shown in health and retried with
 backoff: the loop itself never ends on an error.
+
+With several instances on one store, only the instance that owns the bot's
+poller polls, and ``may_poll`` (the owner's remaining trust) is asked before
+every ``getUpdates``: no poll starts without it, and none may outlast it, so
+a new owner, who waits out an old owner's trust before its first poll, never
+overlaps the old owner's last one (Telegram would answer one of them 409).
 """
 
 from __future__ import annotations
@@ -24,12 +30,17 @@ from telegram import Bot, Update
 from telegram.error import Conflict, InvalidToken, RetryAfter, TelegramError
 
 from gateway.retry import Backoff
+from gateway.types import PollGate
 
 from .redact import retry_after_seconds
 
 log = logging.getLogger(__name__)
 
 ALLOWED_UPDATES = ("message", "channel_post")
+# A gated long poll ends this long before the gate's allowance runs out (the request's own round trip).
+GATE_MARGIN_SECONDS = 1.0
+GATE_RECHECK_SECONDS = 0.2  # how soon a poll the gate did not allow is asked for again
+POLL_END_SLACK_SECONDS = 0.2  # a long poll ends on Telegram's side this long after its timeout at most
 CONFLICT_HINT = (
     "Telegram answered 409 Conflict: another process is polling this bot token (or a webhook is set). "
     "Stop the other bot instance or give this one its own token"
@@ -47,12 +58,15 @@ class Poller:
         report: Callable[[str, str | None], None],
         poll_timeout: int,
         backoff: Backoff,
+        may_poll: PollGate | None = None,
     ):
         self._bot = bot
         self._deliver = deliver
         self._report = report  # (state, error) -> None
         self._poll_timeout = poll_timeout
         self._backoff = backoff
+        self._may_poll = may_poll
+        self._poll_ends_at = 0.0  # monotonic: when Telegram ends the long poll last sent, even if we gave up on it
         self.offset = 0
         self.last_beat = time.monotonic()
         self.busy = False  # inside deliver(): time spent there is not a stall
@@ -64,10 +78,15 @@ class Poller:
     async def run(self) -> None:
         failures = 0
         while True:
+            timeout = self._allowed_timeout()
+            if timeout is None:
+                await asyncio.sleep(GATE_RECHECK_SECONDS)
+                continue
+            self._poll_ends_at = time.monotonic() + timeout + POLL_END_SLACK_SECONDS
             try:
                 updates = await self._bot.get_updates(
                     offset=self.offset or None,
-                    timeout=self._poll_timeout,
+                    timeout=timeout,
                     allowed_updates=list(ALLOWED_UPDATES),
                 )
             except asyncio.CancelledError:
@@ -97,6 +116,16 @@ class Poller:
                 self._handler_failures += 1
             else:
                 self._handler_failures = 0
+
+    def _allowed_timeout(self) -> int | None:
+        """The long-poll timeout for the next getUpdates; None: the gate allows no poll now."""
+        if self._may_poll is None:
+            return self._poll_timeout
+        allowed = self._may_poll() - GATE_MARGIN_SECONDS
+        if allowed < 0:
+            self.beat()  # waiting for the gate is not a stall
+            return None
+        return min(self._poll_timeout, int(allowed))
 
     async def _deliver_batch(self, updates: list[Update]) -> int:
         """Deliver a batch: chats at once, each chat's updates in order; returns how many
@@ -146,6 +175,14 @@ class Poller:
     async def confirm(self) -> None:
         """Tell Telegram which updates are stored, so a restart does not fetch them again (best effort)."""
         if not self.offset:
+            return
+        if self._may_poll is not None and self._allowed_timeout() is not None:
+            # The poll cancelled at stop still runs on Telegram's side: wait it out (it is short when
+            # gated), or Telegram would see two getUpdates at once.
+            await asyncio.sleep(max(0.0, self._poll_ends_at - time.monotonic()))
+        if self._allowed_timeout() is None:
+            log.info("not confirming the telegram offset: this instance no longer owns the bot's poller "
+                     "(the new owner fetches the unconfirmed updates again; they are deduplicated)")
             return
         try:
             await self._bot.get_updates(offset=self.offset, timeout=0, limit=1, read_timeout=3, connect_timeout=3)

@@ -160,8 +160,11 @@ class CronService:
                  platform_status: Callable[[str], PlatformStatus], settings: CronSettings,
                  clock: Callable[[], float], *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
                  delivery_backoff: Backoff = Backoff(base=30.0, factor=2.0, cap=1800.0),
-                 delivery_attempts: int = 6, delivery_hold_seconds: float = 300.0):
+                 delivery_attempts: int = 6, delivery_hold_seconds: float = 300.0,
+                 claim_tick: Callable[[str, float], Awaitable[bool]] | None = None):
         self.db = db
+        # Several instances on one store: a scheduled run starts only where this claims its tick first.
+        self.claim_tick = claim_tick
         self.turn = turn
         self.deliver = deliver
         self.platform_status = platform_status
@@ -415,6 +418,10 @@ class CronService:
 
     async def _begin(self, job: dict, *, trigger: str, scheduled_at: float | None, now: float, expect: Any,
                      following: Any, note: str | None, wait: bool) -> dict | None:
+        if self.claim_tick is not None and scheduled_at is not None and trigger != "manual":
+            if not await self.claim_tick(job["id"], scheduled_at):
+                log.debug("cron job %s: its run due at %s is another instance's", job["id"], _local(scheduled_at, self.tz))
+                return None
         started = await self.db.begin_cron_run(
             job["id"], holder=self.holder, now=now, lease_seconds=self.lease_seconds, trigger=trigger,
             scheduled_at=scheduled_at, deliver=job["deliver"], expect_next_run_at=expect, next_run_at=following,

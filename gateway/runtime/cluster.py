@@ -24,7 +24,7 @@ import logging
 from typing import Awaitable, Callable
 
 from gateway.retry import Backoff
-from state.cluster import ConnectionOwner
+from state.cluster import ConnectionOwner, claim_cron_tick
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,27 @@ def discord_key(token: str, shard: int = 0) -> str:
 def slack_key(app_id: str) -> str:
     """The key of a Socket Mode connection: one per Slack app."""
     return f"slack:{app_id}"
+
+
+def _secret(section: object, name: str) -> str:
+    value = getattr(section, name, "") or ""
+    return value.get_secret_value() if hasattr(value, "get_secret_value") else str(value)
+
+
+def connection_key(platform: str, section: object) -> str | None:
+    """The key of the one connection ``platforms.<platform>`` (``section``) holds at a time, or None in a
+    mode where any instance may serve (Telegram webhook, Slack HTTP Events)."""
+    if platform == "telegram":
+        return None if getattr(section, "webhook_url", None) else telegram_key(_secret(section, "token"))
+    if platform == "discord":
+        return discord_key(_secret(section, "token"))
+    if platform == "slack":
+        if getattr(section, "mode", "socket") != "socket":
+            return None
+        app_token = _secret(section, "app_token")  # xapp-1-<app id>-<number>-<secret>
+        parts = app_token.split("-")
+        return slack_key(parts[2] if len(parts) > 3 and parts[2].startswith("A") else _fingerprint(app_token))
+    return None
 
 
 class OwnedConnection:
@@ -116,3 +137,11 @@ class OwnedConnection:
     def _ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("supervising %s ended", self.owner.key, exc_info=task.exception())
+
+
+def claim_tick(url: str, job_id: str, scheduled_for: float, holder: str) -> bool:
+    """Blocking (run it in a thread): True when this instance is the one to run ``job_id``'s tick."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        return claim_cron_tick(conn, job_id, scheduled_for, holder)

@@ -43,6 +43,7 @@ import os
 import signal
 import socket
 import time
+from collections import deque
 from importlib.metadata import PackageNotFoundError, entry_points, version as package_version
 from typing import Any, AsyncIterator, Awaitable
 
@@ -72,7 +73,16 @@ from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
-from gateway.types import Adapter, AdapterHealth, ChatRef, Delivery, InboundMessage, PlatformStatus, SendProgress
+from gateway.types import (
+    Adapter,
+    AdapterHealth,
+    ChatRef,
+    Delivery,
+    GatedPolling,
+    InboundMessage,
+    PlatformStatus,
+    SendProgress,
+)
 from gateway.usage import UsageRecorder
 
 log = logging.getLogger(__name__)
@@ -142,6 +152,11 @@ class Gateway:
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
         self._dead_letter_replay: asyncio.Task | None = None
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
+        # Several instances on one PostgreSQL store (config.clustered): this one's name, the platform
+        # connections it owns or stands by for, and the scheduled runs it claimed lately.
+        self.instance_id = config.cluster.instance_id
+        self.owned: dict[str, Any] = {}  # platform -> gateway.runtime.cluster.OwnedConnection
+        self.cron_claims: deque[dict] = deque(maxlen=20)
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -223,7 +238,8 @@ class Gateway:
         # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
         # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
         self.cron = CronService(self.db, turn, self.router.deliver, self.platform_status,
-                                CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), self.clock)
+                                CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), self.clock,
+                                claim_tick=self._claim_cron_tick if cfg.clustered else None)
         self.api = LocalApi(self.router, self.health, self.metrics, model_name=cfg.model.name, host=cfg.api.host,
                             port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
                             dashboard=self._dashboard() if cfg.ui.enabled else None)
@@ -234,7 +250,9 @@ class Gateway:
         undone = await self._undone_work()
         self._start_platforms()
         if undone is not None:
-            counts = self.router.recover(*undone)
+            # an owned connection's platform is resumed by whichever instance comes to own it
+            pending, unanswered = ([row for row in rows if row["platform"] not in self.owned] for rows in undone)
+            counts = self.router.recover(pending, unanswered)
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
@@ -321,7 +339,62 @@ class Gateway:
         self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing,
                                     streamed=self._streamed_output(name, adapter),
                                     drafts=adapter if isinstance(adapter, DraftOutput) else None)
+        if self.config.clustered and self.serve_api:
+            from gateway.runtime.cluster import connection_key
+
+            key = connection_key(name, getattr(self.config.platforms, name, None))
+            if key is not None:
+                self._own(name, adapter, key)
+                return
         self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
+
+    def _own(self, name: str, adapter: Adapter, key: str) -> None:
+        """Run ``name``'s connection only while this instance owns ``key``; stand by for it otherwise."""
+        from gateway.runtime.cluster import OwnedConnection
+        from state.cluster import ConnectionOwner
+
+        owner = ConnectionOwner(self.config.store.url, key, failover_seconds=self.config.cluster.failover_seconds,
+                                instance=self.instance_id)
+        if isinstance(adapter, GatedPolling):
+            adapter.gate_polling(owner.trusted_for)
+        held = OwnedConnection(owner, start=functools.partial(self._start_owned, name, adapter),
+                               stop=functools.partial(self._stop_owned, name, adapter))
+        self.owned[name] = held
+        held.begin()
+
+    async def _start_owned(self, name: str, adapter: Adapter) -> None:
+        """This instance now owns ``name``'s connection: resume what the last owner left undone there
+        (replies stored but not sent, messages not answered), then connect."""
+        # (what this process is still working on, after losing and winning the connection back, is not
+        # queued again)
+        pending = [row for row in await self.db.pending_deliveries()
+                   if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
+        unanswered = [row for row in await self.db.unanswered_messages()
+                      if row["platform"] == name and not self.router.working_on(row["session_key"])]
+        counts = self.router.recover(pending, unanswered)
+        if any(counts.values()):
+            log.info("taking over %s: %d stored replies to send, %d sessions to answer, %d too old to answer "
+                     "(told so)", name, counts["replies"], counts["sessions"], counts["expired"])
+        try:
+            await adapter.start(self.on_inbound, dead_letter=self.on_dead_letter)
+        except Exception as exc:
+            self._start_errors[name] = str(exc)
+            raise
+        self._start_errors.pop(name, None)
+        self._connected[name].set()
+        log.info("platform %s connected (this instance, %s, owns it)", name, self.instance_id)
+
+    async def _stop_owned(self, name: str, adapter: Adapter) -> None:
+        self._connected[name] = asyncio.Event()  # replies due meanwhile wait (then stay pending)
+        await adapter.stop()
+
+    async def _claim_cron_tick(self, job_id: str, scheduled_for: float) -> bool:
+        from gateway.runtime.cluster import claim_tick
+
+        claimed = await asyncio.to_thread(claim_tick, self.config.store.url, job_id, scheduled_for, self.instance_id)
+        if claimed:
+            self.cron_claims.append({"job": job_id, "scheduled_for": scheduled_for})
+        return claimed
 
     def _streamed_output(self, name: str, adapter: Adapter) -> StreamedOutput | None:
         """How ``name``'s replies stream (the streaming section and ``platforms.<name>.streaming``), or None."""
@@ -356,6 +429,9 @@ class Gateway:
         supervisor = self._supervisors.pop(name, None)
         if supervisor is not None:
             supervisor.cancel()
+        held = self.owned.pop(name, None)
+        if held is not None:
+            await held.close()  # stops the adapter if it runs here, then lets a standby take it
         adapter = self.adapters.pop(name, None)
         self._start_errors.pop(name, None)
         self._connected[name] = asyncio.Event()  # replies due meanwhile wait for the new adapter
@@ -419,7 +495,10 @@ class Gateway:
             await self.upkeep.stop()
         if self.api is not None:
             await self.api.stop()
+        await asyncio.gather(*(held.close() for held in self.owned.values()))  # standbys take over
         for name, adapter in reversed(list(self.adapters.items())):
+            if name in self.owned:
+                continue
             try:
                 await adapter.stop()
             except Exception:  # keep closing the rest
@@ -460,8 +539,10 @@ class Gateway:
             if name in self._start_errors:
                 h["state"] = "failed"
                 h["last_error"] = self._start_errors[name]
+            if name in self.owned and self.owned[name].owner.state != "owner":
+                h["state"] = "standby"  # another instance owns the connection; this one takes over if it dies
             platforms[name] = h
-        ok = all(p["state"] in ("connected", "disabled") for p in platforms.values())
+        ok = all(p["state"] in ("connected", "disabled", "standby") for p in platforms.values())
         return {
             "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
@@ -471,7 +552,14 @@ class Gateway:
             "dead_letters": self.dead_letters_held,
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
+            "cluster": self._cluster_health() if self.config.clustered else None,
         }
+
+    def _cluster_health(self) -> dict:
+        """This instance's id, the connections it owns or stands by for, the scheduled runs it claimed."""
+        return {"instance": self.instance_id,
+                "connections": {name: held.status() for name, held in self.owned.items()},
+                "claims": {"cron_ticks": list(self.cron_claims)}}
 
 
 def _version() -> str:

@@ -146,6 +146,16 @@ class ConnectionOwner:
             self._mark_lost(self._stale_reason())
         return self._state
 
+    def trusted_for(self) -> float:
+        """Seconds this instance may still act as the owner without another heartbeat; 0 unless it owns the key.
+
+        A platform request that must never overlap another owner's (Telegram's long poll) lasts no
+        longer than this: a new owner starts only after an old one's trust has run out.
+        """
+        if self.state != "owner":
+            return 0.0
+        return max(0.0, self.timing.trust_seconds - (time.monotonic() - self._last_good))
+
     def check(self) -> None:
         """Return if this instance owns the key right now; else raise :class:`OwnershipLost` (stop the connection)."""
         if self.state != "owner":

@@ -133,6 +133,11 @@ class FakeTelegram:
         self.webhook: dict[str, Any] | None = None
         self.files: dict[str, tuple[bytes, str]] = {}
         self.confirmed_offset = 0
+        # getUpdates calls that began while another was still being answered (Telegram answers the
+        # earlier one 409 "terminated by other getUpdates request"): (time.monotonic(), offset) each
+        self.overlapping_polls: list[tuple[float, int]] = []
+        self._polls_in_flight = 0
+        self._poll_generation = 0
         self._updates: deque[dict] = deque()
         self._update_ids = itertools.count(1)
         self._message_ids = itertools.count(100)
@@ -452,6 +457,17 @@ class FakeTelegram:
             return self._error(409, "Conflict: can't use getUpdates method while webhook is active; "
                                     "use deleteWebhook to delete the webhook first")
         offset = int(params.get("offset") or 0)
+        if self._polls_in_flight:
+            self.overlapping_polls.append((time.monotonic(), offset))
+            self._poll_generation += 1  # the earlier poll is terminated, as Telegram does
+            await self._notify()
+        self._polls_in_flight += 1
+        try:
+            return await self._poll(params, offset, self._poll_generation)
+        finally:
+            self._polls_in_flight -= 1
+
+    async def _poll(self, params: dict, offset: int, generation: int) -> web.Response:
         if offset:
             self.confirmed_offset = max(self.confirmed_offset, offset)
         while self._updates and self._updates[0]["update_id"] < offset:
@@ -466,6 +482,9 @@ class FakeTelegram:
                     await asyncio.wait_for(self._changed.wait(), left)
                 except asyncio.TimeoutError:
                     break
+                if generation != self._poll_generation:
+                    return self._error(409, "Conflict: terminated by other getUpdates request; make sure "
+                                            "that only one bot instance is running")
         return self._ok([u for u in self._updates if u["update_id"] >= offset][:limit])
 
     async def _m_editmessagetext(self, params: dict) -> web.Response:

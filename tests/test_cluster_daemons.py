@@ -1,0 +1,176 @@
+"""Several `switchboard run` processes on one PostgreSQL store: one polls Telegram, the others stand by.
+
+Real daemons (tests/crashkit.py's ``Daemon``), each with a home of its own and the same
+``store.url``; the fake Telegram in polling mode and the fake model.  What a user would see:
+every DM stored once and answered although the instance that owned the poller was killed, no
+more duplicate replies than sends in flight at the kill, and Telegram never answering two
+overlapping getUpdates (which it refuses with 409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import psycopg
+import yaml
+
+from tests.crashkit import Daemon, Kill, Outcome, Plan, TelegramSide, UserMessage
+from tests.fakes.model_server import FakeModel
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import eventually
+
+
+def _settings(url: str, instance: str, model_url: str, **extra) -> dict:
+    return {
+        "model": {"base_url": model_url, "name": "fake-model", "api_key": "sk-cluster-not-a-secret-0000",
+                  "max_concurrent_calls": 32, "context_length": 32768},
+        "auth": {"allow_all": True},
+        "sessions": {"reset": {"mode": "none"}},
+        "logging": {"level": "INFO", "format": "text"},
+        "shutdown": {"grace_seconds": 5},
+        "store": {"url": url},
+        "cluster": {"instance_id": instance},
+        "api": {"port": _free_port()},  # the configs differ in this only (and the instance's name)
+        **extra,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _health(daemon: Daemon) -> dict:
+    port = yaml.safe_load(daemon.config.read_text())["api"]["port"]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+            return await response.json()
+
+
+def _stored(url: str) -> Counter:
+    with psycopg.connect(url) as conn:
+        return Counter(dict(conn.execute(
+            "SELECT content, COUNT(*) FROM messages WHERE role = 'user' GROUP BY content").fetchall()))
+
+
+def _pending(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return [(str(chat), text) for chat, text in
+                conn.execute("SELECT chat_id, text FROM deliveries WHERE status = 'pending'").fetchall()]
+
+
+async def test_a_standby_takes_over_the_poller_of_a_killed_owner_and_every_dm_is_answered_once(tmp_path, pg_url):
+    async with FakeTelegram() as tg, FakeModel(delay=0.2) as model:
+        side = TelegramSide(tg)
+        daemons = {name: Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, **side.settings()))
+                   for name in ("a", "b")}
+        a, b = daemons["a"], daemons["b"]
+        messages: list[UserMessage] = []
+        kills: list[Kill] = []
+        counts: Counter = Counter()
+
+        async def write(seconds: float, cycle: int) -> None:
+            for i in range(int(seconds * 20)):  # 20 DMs a second from 8 chats
+                index = i % 8
+                text = f"c{index:03d} m{counts[index]:04d}"
+                counts[index] += 1
+                messages.append(UserMessage(side.chat_of(index), text, time.monotonic(), cycle))
+                await side.send(index, text)
+                await asyncio.sleep(0.05)
+
+        try:
+            start = await a.start()
+            await side.ready(start, 30.0)
+            await b.start()
+            assert (await _health(a))["cluster"]["connections"]["telegram"]["role"] == "owner"
+            health = await _health(b)
+            assert health["cluster"]["instance"] == "b"
+            assert health["cluster"]["connections"]["telegram"] == {
+                "key": health["cluster"]["connections"]["telegram"]["key"], "role": "standby", "running": False}
+            assert health["platforms"]["telegram"]["state"] == "standby" and health["status"] == "ok"
+
+            await write(1.5, 0)
+            await a.kill()  # SIGKILL the owner while DMs keep coming
+            killed_at = time.monotonic()
+            pending = await asyncio.to_thread(_pending, pg_url)
+            await write(2.5, 1)
+            # what the platform had accepted from the killed owner, before the standby could resend any
+            assert time.monotonic() - killed_at < 3.0
+            accepted = {(r.chat, r.text.strip()) for r in side.replies()}
+            kills.append(Kill(killed_at, pending, 0, "ok",
+                              in_flight=sum(1 for chat, text in pending if (chat, text.strip()) in accepted)))
+
+            def settled() -> bool:
+                return not Outcome("telegram", Plan(), True, messages, side.replies(), _stored(pg_url), [], [],
+                                   "ok", 0).lost()
+
+            await eventually(settled, 60.0, "every DM answered after the takeover")
+            assert (await _health(b))["cluster"]["connections"]["telegram"]["role"] == "owner"
+            exit_code = await b.stop()
+        finally:
+            for daemon in daemons.values():
+                if daemon.proc is not None and daemon.proc.returncode is None:
+                    await daemon.kill()
+        outcome = Outcome("telegram", Plan(kills=1), True, messages, side.replies(),
+                          await asyncio.to_thread(_stored, pg_url), kills, [], "ok", exit_code,
+                          log_problems=a.log_problems() + b.log_problems())
+        assert not outcome.problems(), outcome.report()
+        assert tg.overlapping_polls == [], f"getUpdates overlapped: {tg.overlapping_polls}"
+        b_log = b.log_path(0).read_text()
+        assert "this instance now owns telegram:" in b_log, b.log_tail()
+
+
+def _dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    return path
+
+
+def _runs(url: str) -> list[tuple[str, float, str]]:
+    with psycopg.connect(url) as conn:
+        return [(job, scheduled, status) for job, scheduled, status in conn.execute(
+            "SELECT job_id, scheduled_at, status FROM cron_runs WHERE trigger <> 'manual' ORDER BY id").fetchall()]
+
+
+async def test_three_instances_run_each_scheduled_tick_once(tmp_path, pg_url):
+    once_at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(seconds=30)
+    async with FakeModel(delay=0.2) as model:
+        jobs = {"jobs": [
+            {"id": "minutely", "schedule": "* * * * *", "prompt": "tick", "deliver": "local"},
+            {"id": "once", "schedule": once_at.strftime("%Y-%m-%dT%H:%M:%S"), "prompt": "once", "deliver": "local"},
+        ]}
+        daemons = []
+        for name in ("a", "b", "c"):
+            daemons.append(Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, cron=jobs)))
+        try:
+            await asyncio.gather(*(daemon.start() for daemon in daemons))
+
+            def both_ran_and_ended() -> bool:
+                runs = _runs(pg_url)
+                return ({job for job, _, _ in runs} == {"minutely", "once"}
+                        and all(status != "running" for _, _, status in runs))
+
+            await eventually(both_ran_and_ended, 90.0, "a run of the minutely job and of the one-shot job")
+            # Three instances were armed for the same moments: any second run of a tick starts within
+            # the same poll as the first; wait one poll (5 s) so that it would show.
+            await asyncio.sleep(6)
+            runs = await asyncio.to_thread(_runs, pg_url)
+            claims = [(await _health(daemon))["cluster"]["claims"]["cron_ticks"] for daemon in daemons]
+        finally:
+            for daemon in daemons:
+                if daemon.proc is not None and daemon.proc.returncode is None:
+                    await daemon.stop()
+    ticks = Counter((job, scheduled) for job, scheduled, _ in runs)
+    assert ticks and all(n == 1 for n in ticks.values()), runs
+    assert [scheduled for job, scheduled, _ in runs if job == "once"] == [once_at.timestamp()]
+    assert all(status == "ok" for _, _, status in runs), runs
+    # each tick claimed by exactly one instance, and /healthz shows which
+    claimed = Counter((c["job"], c["scheduled_for"]) for shown in claims for c in shown)
+    assert set(claimed) == set(ticks) and all(n == 1 for n in claimed.values()), claims
