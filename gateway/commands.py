@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import state
+from gateway.durations import time_ago
 from gateway.insights import summarize, window
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,16 +112,7 @@ class CommandSet:
 
 
 def _ago(ts: float | None, now: float) -> str:
-    if not ts:
-        return "never"
-    delta = max(0, now - ts)
-    if delta < 60:
-        return "just now"
-    if delta < 3600:
-        return f"{int(delta // 60)} min ago"
-    if delta < 86400:
-        return f"{int(delta // 3600)} h ago"
-    return f"{int(delta // 86400)} d ago"
+    return time_ago(ts, now, never="never")
 
 
 def _label(session: dict) -> str:

@@ -12,7 +12,7 @@ import state
 from gateway.config import config_from_dict
 from gateway.cron.schedule import InvalidJob, parse_schedule, parse_target, validate_job
 from gateway.cron.service import config_jobs
-from gateway.durations import parse_duration
+from gateway.durations import parse_duration, time_ago
 from gateway.errors import ConfigError
 from state import CronJobExists, CronJobNotFound
 
@@ -290,3 +290,10 @@ def test_old_runs_are_pruned_but_waiting_deliveries_kept(store):
             ids.append(run["id"])
         db._engine.write(_cron._prune_runs, "j", keep=3)
         assert [r["id"] for r in db.list_cron_runs("j")] == [ids[5], ids[4], ids[3], ids[0]]
+
+
+def test_how_long_ago_reads_as_a_person_would_say_it():
+    now = 1_000_000.0
+    assert [time_ago(t, now) for t in (None, now - 5, now - 150, now - 7300, now - 3 * 86400 - 5, now + 30)] == \
+        ["-", "just now", "2 min ago", "2 h ago", "3 d ago", "just now"]
+    assert time_ago(None, now, never="never") == "never"

@@ -23,6 +23,7 @@ import state
 from gateway.charts import usage_svg
 from gateway.config import PLATFORMS
 from gateway.cron.service import run_status_line
+from gateway.durations import time_ago
 from gateway.insights import daily_chart, from_summary, identity_names, window
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
@@ -104,7 +105,7 @@ class Pages:
         def when(ts: float | None) -> str:
             return dt.datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%d %H:%M") if ts else "-"
 
-        return {"when": when, "ago": ago, "duration": duration, "highlighted": transcript.highlighted,
+        return {"when": when, "ago": time_ago, "duration": duration, "highlighted": transcript.highlighted,
                 "url": lambda part: quote(str(part), safe="")}
 
     def _render(self, request: web.Request, template: str, page: str, **context: Any) -> web.Response:
@@ -298,19 +299,6 @@ class Pages:
                                       status=404)
         log.info("dashboard: revoked %s user %s", platform, user_id)
         return redirect("/ui/pairing?" + urlencode({"revoked": f"{platform}:{user_id}"}))
-
-
-def ago(ts: float | None, now: float | None = None) -> str:
-    if not ts:
-        return "-"
-    delta = (time.time() if now is None else now) - ts
-    if delta < 60:
-        return "just now"
-    if delta < 3600:
-        return f"{int(delta // 60)} min ago"
-    if delta < 86400:
-        return f"{int(delta // 3600)} h ago"
-    return f"{int(delta // 86400)} d ago"
 
 
 def duration(seconds: float | None) -> str:
