@@ -20,7 +20,8 @@ rows of a table referring to itself, ``sessions`` by ``parent_session_id``, pare
 first), in batches of ``batch_size`` rows through ``COPY``, each batch its own
 transaction.  The source is read in one snapshot.
 
-What is in the way (:meth:`MigrationPlan.problems`): a target whose store tables hold
+What is in the way (:meth:`MigrationPlan.problems`): source rows whose foreign key points at
+nothing (PostgreSQL would refuse them half-way), a target whose store tables hold
 rows (unless ``replace``: they are emptied first, in one transaction), and other
 clients connected to the target database: a running daemon always keeps a connection
 open there (its pool), so a database with other connections is in use.  The caller
@@ -66,6 +67,8 @@ class MigrationPlan:
     tables: list[TablePlan]  # in copy order
     skipped: list[str]  # SQLite's own tables (its search indexes), not copied
     clients: list[str] = field(default_factory=list)  # other connections to the target database
+    #: rows referring to a row that is not there (table -> how many): PostgreSQL would refuse them
+    dangling: dict[str, int] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -78,6 +81,11 @@ class MigrationPlan:
     def problems(self, replace: bool = False) -> list[str]:
         """Why the copy must not start (each says what to do); empty when it may."""
         found = []
+        if self.dangling:
+            held = ", ".join(f"{n} in {t}" for t, n in sorted(self.dangling.items()))
+            found.append(f"{self.source} has rows referring to rows that are gone ({held}; "
+                         "PRAGMA foreign_key_check lists them), which PostgreSQL would refuse: delete or "
+                         "repair them first")
         if self.clients:
             found.append(
                 f"{len(self.clients)} other connection{'s' if len(self.clients) != 1 else ''} to the target database "
@@ -133,7 +141,7 @@ def is_target_url(url: str) -> bool:
 def _open_source(path: Path) -> sqlite3.Connection:
     if not Path(path).exists():
         raise MigrationRefused(f"no database at {path}: nothing to migrate (give the home with --home)")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    conn = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
     conn.row_factory = None
     return conn
 
@@ -243,6 +251,10 @@ def plan_migration(source: Path, url: str) -> MigrationPlan:
         order = _copy_order(conn, names)
         counts = {t: conn.execute(f"SELECT count(*) FROM {_q(t)}").fetchone()[0] for t in order}
         columns = {t: _columns(conn, t) for t in order}
+        dangling: dict[str, int] = {}
+        for row in conn.execute("PRAGMA foreign_key_check"):
+            if row[0] in counts:
+                dangling[row[0]] = dangling.get(row[0], 0) + 1
     except sqlite3.DatabaseError as exc:
         raise MigrationRefused(f"cannot read {source}: {exc}") from None
     finally:
@@ -257,7 +269,8 @@ def plan_migration(source: Path, url: str) -> MigrationPlan:
         clients = _clients(pg)
     tables = [TablePlan(t, columns[t], counts[t], held.get(t)) for t in order]
     return MigrationPlan(source=Path(source), target=masked, source_version=source_version,
-                         target_version=target_version, tables=tables, skipped=skipped, clients=clients)
+                         target_version=target_version, tables=tables, skipped=skipped, clients=clients,
+                         dangling=dangling)
 
 
 def prepare_target(plan: MigrationPlan, url: str, *, replace: bool = False) -> None:

@@ -115,6 +115,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     assert result.exit_code == 0, result.output
     assert "counts and" in result.output and "sample searches agree" in result.output
     assert "DIFFERS" not in result.output
+    assert "search '记忆系' (sessions)" in result.output and "search 'kubernetes' (sessions)" in result.output
     for table in tables:
         assert _rows(pg_url, table) == _rows(path, table), table
     with state.SessionDB(pg_url) as db:
@@ -265,3 +266,31 @@ def test_a_copy_that_differs_is_reported_and_exits_non_zero(tmp_path, pg_url):
     assert result.exit_code == 1
     assert "DIFFERS" in result.output and "chat_prefs" in result.output
     assert "differs from" in result.output and "do not switch store.url to it" in result.output
+
+
+def test_a_target_whose_search_index_is_not_filled_fails_the_search_check(tmp_path, pg_url):
+    home = tmp_path / "home"
+    _fill_every_table(home)
+    state.SessionDB(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE messages DISABLE TRIGGER messages_fts_sync")
+
+    result = _cli("--to", pg_url, "--home", str(home))
+
+    assert result.exit_code == 1
+    assert "search 'kubernetes' (sessions) │      1 │          0 │ DIFFERS" in result.output
+
+
+def test_rows_pointing_at_nothing_are_refused_before_anything_is_copied(tmp_path, pg_url):
+    home = tmp_path / "home"
+    path = _fill_every_table(home)
+    with sqlite3.connect(path) as conn:  # foreign keys off: what an old or hand-edited store may hold
+        conn.execute("INSERT INTO routes (session_key, session_id, updated_at) VALUES ('k', 'gone', 1.0)")
+
+    result = _cli("--to", pg_url, "--home", str(home))
+
+    assert result.exit_code == 1
+    assert "rows referring to rows that are gone (1 in routes" in result.output
+    assert "nothing was copied" in result.output
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT to_regclass('sessions')").fetchone()[0] is None
