@@ -294,3 +294,27 @@ def test_rows_pointing_at_nothing_are_refused_before_anything_is_copied(tmp_path
     assert "nothing was copied" in result.output
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT to_regclass('sessions')").fetchone()[0] is None
+
+
+def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
+    """The way back the README gives: `sessions export` with store.url set, `sessions import` into a home
+    without it; sessions, their messages and lineage come back, search finds them."""
+    home = tmp_path / "home"
+    _fill_every_table(home)
+    assert _cli("--to", pg_url, "--home", str(home)).exit_code == 0
+    config = tmp_path / "pg.yaml"
+    config.write_text(f"store:\n  url: {pg_url}\n")
+    dump = tmp_path / "sessions.jsonl"
+    back = tmp_path / "back"
+
+    exported = CliRunner().invoke(main, ["sessions", "export", str(dump), "--config", str(config)])
+    imported = CliRunner().invoke(main, ["sessions", "import", str(dump), "--home", str(back)])
+
+    assert exported.exit_code == 0, exported.output
+    assert imported.exit_code == 0, imported.output
+    assert "imported 5 sessions (34 messages)" in imported.output
+    assert _rows(back / "state.db", "messages") == _rows(home / "state.db", "messages")
+    with state.SessionDB(back / "state.db") as db:
+        assert db.get_session("early")["parent_session_id"] == "late"
+        assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
+        assert db.list_cron_jobs() == []  # what an export does not carry: see the README
