@@ -21,6 +21,8 @@ from state import migrate as store_migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_700_000_000.0
+#: Tables SQLite's schema has only to match PostgreSQL's (the cluster's leases and tick claims): empty there.
+UNUSED_ON_SQLITE = {"work_leases", "cron_ticks"}
 
 
 def _fill_every_table(home: Path) -> Path:
@@ -106,7 +108,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     tables = _copied_tables(path)
     with sqlite3.connect(path) as conn:
         empty = [t for t in tables if conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] == 0]
-    assert empty == [], "the test's home must have rows in every table"
+    assert [t for t in empty if t not in UNUSED_ON_SQLITE] == [], "the test's home must have rows in every table"
     assert {"sessions", "messages", "routes", "inbox", "deliveries", "facts", "cron_runs", "model_calls_daily",
             "meta", "approved_users", "dead_letters", "chat_prefs"} <= set(tables)
 
