@@ -121,6 +121,32 @@ def parse_jsonl(path: Path) -> list[tuple[int, dict]]:
 IMPORT_CHUNK_MESSAGES = 2000  # messages per import transaction: live writers wait for one chunk at most
 
 
+def _parents_first(records: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    """The records by start time, except that a child whose parent (in the file) starts later waits
+    until that parent, so each parent link points at a row that exists."""
+    in_file = {record["id"] for _, record in records}
+    ordered: list[tuple[int, dict]] = []
+    placed: set[str] = set()
+    waiting: dict[str, list[tuple[int, dict]]] = {}
+
+    def place(item: tuple[int, dict]) -> None:
+        ready = [item]
+        while ready:
+            current = ready.pop(0)
+            ordered.append(current)
+            placed.add(current[1]["id"])
+            ready[:0] = waiting.pop(current[1]["id"], [])
+
+    for item in sorted(records, key=lambda item: (item[1]["started_at"], item[0])):
+        parent = item[1].get("parent_session_id")
+        if parent and parent in in_file and parent not in placed and parent != item[1]["id"]:
+            waiting.setdefault(parent, []).append(item)
+        else:
+            place(item)
+    ordered += [item for group in waiting.values() for item in group]  # a cycle of parents: left as they are
+    return ordered
+
+
 def plan_import(records: Iterable[tuple[int, dict]], chunk_messages: int = IMPORT_CHUNK_MESSAGES,
                 ) -> tuple[list[list[tuple[int, dict]]], set[str]]:
     """Check every record, order parents first, and cut the file into transactions.
@@ -130,8 +156,7 @@ def plan_import(records: Iterable[tuple[int, dict]], chunk_messages: int = IMPOR
     records = list(records)
     for line_no, record in records:
         _check_record(line_no, record)
-    # parents first, so every parent link points at a row that exists
-    records.sort(key=lambda item: (item[1]["started_at"], item[0]))
+    records = _parents_first(records)
     chunks: list[list[tuple[int, dict]]] = []
     size = chunk_messages
     for item in records:
@@ -160,7 +185,7 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
     session_cols = schema.columns(conn, "sessions")
     message_cols = schema.columns(conn, "messages") - {"session_id"}
     imported, skipped, messages = [], [], 0
-    for line_no, record in sorted(records, key=lambda item: (item[1]["started_at"], item[0])):
+    for line_no, record in _parents_first(records):
         sid = record["id"]
         if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
             skipped.append(sid)

@@ -11,6 +11,7 @@
     ├── WriteTimeout                 another process held the write lock longer than write_timeout
     ├── StoreUnavailable             the PostgreSQL store (store.url, password masked) cannot be reached
     ├── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
+    ├── MigrationRefused             ``switchboard migrate`` cannot or must not copy (says why and what to do)
     ├── PairingNotFound              no pending pairing request has that code (or it expired)
     ├── CronJobNotFound              no scheduled job has that id (.job_id)
     ├── CronJobExists                a scheduled job with that id exists already (.job_id)
@@ -130,6 +131,10 @@ class StoreUnavailable(StateError):
             f"cannot use the PostgreSQL store {masked_url}: {reason}. Check store.url (host, port, user, "
             "password, database) and that the server is running and accepts this user"
         )
+
+
+class MigrationRefused(StateError):
+    """Copying a SQLite store into PostgreSQL was refused or failed before copying (the message says why)."""
 
 
 class ImportFileError(StateError):

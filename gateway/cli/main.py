@@ -13,6 +13,7 @@
     switchboard maintenance [--vacuum]   the database's size, free space and last upkeep
     switchboard insights [--days N] [--by ...] [--top N] [--plot FILE]   tokens and cost of the model calls
     switchboard insights reprice [--days N] [--model M]   recompute their cost after a price change
+    switchboard migrate --to URL [--dry-run]   copy this home's SQLite store into PostgreSQL, then check it
     switchboard doctor               check config, database, disk, permissions, model and platforms
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
@@ -44,6 +45,7 @@ from gateway.cli.cron import cron_group
 from gateway.cli.deadletters import deadletters as deadletters_group
 from gateway.cli.insights import insights_cmd
 from gateway.cli.maintenance import maintenance_cmd
+from gateway.cli.migrate import migrate_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
 from gateway.config import PLATFORMS
@@ -69,6 +71,7 @@ for command in (sessions_group, config_group, cron_group, service_group, backup_
     main.add_command(command)
 main.add_command(deadletters_group)
 main.add_command(insights_cmd)
+main.add_command(migrate_cmd)
 
 
 @main.command()
