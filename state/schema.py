@@ -22,6 +22,7 @@ On PostgreSQL all pending steps run in one transaction holding an advisory lock
 
 from __future__ import annotations
 
+import importlib
 import sqlite3
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -393,48 +394,20 @@ def _v11_fts_pg(conn):
     _pg_search.install(conn)
 
 
-def _v12_pairing_pg(conn):
-    from . import _pairing
+def _pg_tables_of(module: str) -> Callable[[Any], None]:
+    """The PostgreSQL form of a step whose tables are ``state.<module>.PG_TABLES`` (the module is
+    imported when the step runs, as the SQLite forms import theirs)."""
 
-    _pg(*_pairing.PG_TABLES)(conn)
+    def apply(conn: Any) -> None:
+        _pg(*importlib.import_module(f".{module}", __package__).PG_TABLES)(conn)
 
-
-def _v14_cron_pg(conn):
-    from . import _cron
-
-    _pg(*_cron.PG_TABLES)(conn)
-
-
-def _v15_facts_pg(conn):
-    from . import _facts
-
-    _pg(*_facts.PG_TABLES)(conn)
-
-
-def _v16_recovery_pg(conn):
-    from . import _recovery
-
-    _pg(*_recovery.PG_TABLES)(conn)
-
-
-def _v18_meta_pg(conn):
-    from . import _upkeep
-
-    _pg(*_upkeep.PG_TABLES)(conn)
+    return apply
 
 
 def _v19_chat_prefs_pg(conn):
-    from . import _prefs
-
-    _pg(*_prefs.PG_TABLES)(conn)
+    _pg_tables_of("_prefs")(conn)
     conn.execute("CREATE INDEX IF NOT EXISTS idx_deliveries_streaming ON deliveries(created_at) "
                  "WHERE status = 'streaming'")
-
-
-def _v20_model_calls_pg(conn):
-    from . import _usage
-
-    _pg(*_usage.PG_TABLES)(conn)
 
 
 def _v22_cluster_pg(conn):
@@ -481,15 +454,15 @@ for _step in [
         "CREATE INDEX IF NOT EXISTS idx_routes_session ON routes(session_id)")),
     Migration(10, "listing columns", _v10_listing, _v10_listing_pg),
     Migration(11, "search indexes", _v11_fts, _v11_fts_pg),
-    Migration(12, "pairing requests and approved users", _v12_pairing, _v12_pairing_pg),
+    Migration(12, "pairing requests and approved users", _v12_pairing, _pg_tables_of("_pairing")),
     Migration(13, "listing indexes", _v13_listing_indexes, _v13_listing_indexes),
-    Migration(14, "cron jobs, runs and leases", _v14_cron, _v14_cron_pg),
-    Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts, _v15_facts_pg),
-    Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery, _v16_recovery_pg),
+    Migration(14, "cron jobs, runs and leases", _v14_cron, _pg_tables_of("_cron")),
+    Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts, _pg_tables_of("_facts")),
+    Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery, _pg_tables_of("_recovery")),
     Migration(17, "listing indexes by last activity", _v17_listing_by_activity, _v17_listing_by_activity),
-    Migration(18, "meta: the last upkeep", _v18_meta, _v18_meta_pg),
+    Migration(18, "meta: the last upkeep", _v18_meta, _pg_tables_of("_upkeep")),
     Migration(19, "per-chat choices (/stream on|off), streamed replies' index", _v19_chat_prefs, _v19_chat_prefs_pg),
-    Migration(20, "the usage ledger: one row per model call", _v20_model_calls, _v20_model_calls_pg),
+    Migration(20, "the usage ledger: one row per model call", _v20_model_calls, _pg_tables_of("_usage")),
     Migration(21, "the usage ledger's daily roll-up, for reports", _v21_usage_rollup, _v21_usage_rollup),
     Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
 ]:
