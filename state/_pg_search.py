@@ -158,7 +158,11 @@ def condition(node: Node) -> tuple[str, list]:
         if index_of(node) == "unicode61":
             query, args = tsquery(node)
             return f"f.words @@ {query}", args
-        return "f.cjk ILIKE ? ESCAPE '\\'", [_like_arg(node.text.strip())]
+        text = node.text.strip()
+        # ILIKE folds the case of every row's whole text first; a term with no letter that has a case
+        # (CJK, digits, punctuation) finds the same rows with LIKE, several times faster
+        operator = "LIKE" if text.lower() == text.upper() else "ILIKE"
+        return f"f.cjk {operator} ? ESCAPE '\\'", [_like_arg(text)]
     left, largs = condition(node.left)
     right, rargs = condition(node.right)
     if node.op == "OR":
@@ -188,21 +192,26 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
     positive = positive_terms(tree)
     words = [t for t in positive if index_of(t) == "unicode61"]
     join = _joins(where, need_s)
-    newest = f"SELECT f.id, f.words FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
     if words:
-        # ranked by the stored words; the best few then also by English stems (a text's stems cost
-        # its parsing again, too slow for the whole window)
+        # ranked by the stored words (scored as the window is read, so the rows' words need not be
+        # carried through its sort); the best few then also by English stems (a text's stems cost its
+        # parsing again, too slow for the whole window), unless the query has no English stem at all
+        # (stop words only), which would add nothing to any score
         parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
         ranked = conn.execute(
-            f"SELECT b.id FROM (SELECT c.id, ts_rank(c.words, {' || '.join(parts)}) AS score FROM ({newest}) c "
-            "ORDER BY score DESC, c.id DESC LIMIT ?) b JOIN messages m ON m.id = b.id "
-            "ORDER BY b.score + ts_rank(to_tsvector('english'::regconfig, search_document(m.content, m.tool_name, "
-            "m.tool_calls)), plainto_tsquery('english', ?)) DESC, b.id DESC LIMIT ?",
+            f"SELECT b.id FROM (SELECT c.id, c.score FROM (SELECT f.id, ts_rank(f.words, {' || '.join(parts)}) "
+            f"AS score FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?) c "
+            "ORDER BY c.score DESC, c.id DESC LIMIT ?) b JOIN messages m ON m.id = b.id "
+            "CROSS JOIN (SELECT plainto_tsquery('english', ?) AS q) e "
+            "ORDER BY b.score + CASE WHEN numnode(e.q) = 0 THEN 0 ELSE ts_rank(to_tsvector('english'::regconfig, "
+            "search_document(m.content, m.tool_name, m.tool_calls)), e.q) END DESC, b.id DESC LIMIT ?",
             [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
              " ".join(t.text for t in words), limit],
         ).fetchall()
     else:  # nothing to score (CJK substrings only): newest first
-        ranked = conn.execute(newest, [*cargs, *args, limit]).fetchall()
+        ranked = conn.execute(
+            f"SELECT f.id FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?",
+            [*cargs, *args, limit]).fetchall()
     ids = [r[0] for r in ranked]
     if not ids:
         return []
