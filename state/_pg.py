@@ -22,7 +22,10 @@ dialects truly differ the module asks :func:`is_pg`.
 ``READ ONLY``: one snapshot; writes ``SERIALIZABLE``, retried with jitter on a
 serialization failure or a deadlock until ``write_timeout``, so the functions keep
 the all-or-nothing, one-writer-at-a-time meaning SQLite's ``BEGIN IMMEDIATE`` gives
-them).  Opening migrates the schema under a transaction-level advisory lock: of
+them).  A connection found dead (the server restarted) is dropped with the pool's other dead
+ones and the call runs again on a new one, unless its COMMIT may have reached the server;
+while the server is down a call fails at once with :class:`StoreUnavailable` rather than
+waiting out the pool's reconnection.  Opening migrates the schema under a transaction-level advisory lock: of
 several processes starting at once on an empty database one migrates, the others
 wait and then find it done.
 """
@@ -34,6 +37,7 @@ import logging
 import random
 import re
 import time
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -47,6 +51,14 @@ T = TypeVar("T")
 SCHEMES = ("postgresql", "postgres")
 #: The key of the advisory lock held (per transaction) while the schema migrates.
 MIGRATION_LOCK = 0x5357_4200_0001  # "SWB" and 1
+#: Seconds a call waits for a pooled connection before asking the server directly whether it is up,
+#: and the longest that direct try may take (a host that drops packets rather than refusing).
+PROBE_AFTER = 0.5
+PROBE_TIMEOUT = 3
+#: Seconds the pool retries a lost connection in the background before giving up; the next call
+#: that finds no connection starts a new try at once, so a server back after a long outage is
+#: reached without waiting out a long backoff.
+RECONNECT_GIVE_UP = 2.0
 
 
 def is_url(target: object) -> bool:
@@ -276,7 +288,9 @@ class PgEngine:
         self.url = url
         self.masked_url = mask_url(url)
         self.write_timeout = float(write_timeout)
+        self.connect_timeout = max(1, int(connect_timeout))
         self._closed = False
+        self._server_down = False  # the last direct try found the server unreachable (see _connection)
 
         def configure(conn: Any) -> None:
             conn.cursor_factory = psycopg.ClientCursor
@@ -284,8 +298,8 @@ class PgEngine:
 
         self._pool = ConnectionPool(
             url, min_size=1, max_size=max(1, int(pool_size)), open=False, configure=configure,
-            kwargs={"autocommit": False, "connect_timeout": max(1, int(connect_timeout))},
-            name="switchboard-store", timeout=max(self.write_timeout, 1.0),
+            kwargs={"autocommit": False, "connect_timeout": self.connect_timeout},
+            name="switchboard-store", timeout=max(self.write_timeout, 1.0), reconnect_timeout=RECONNECT_GIVE_UP,
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -300,13 +314,17 @@ class PgEngine:
 
     def _reason(self, exc: BaseException) -> str:
         """Why a connection failed, without the password; the pool's own error says little, so ask once."""
+        return self._unreachable() or _without_secret(str(exc).strip() or type(exc).__name__, self.url)
+
+    def _unreachable(self) -> str | None:
+        """Connect to the server directly, past the pool: None when that works, else why not (no password)."""
         import psycopg
 
         try:
-            psycopg.connect(self.url, connect_timeout=3).close()
-        except Exception as direct:  # noqa: BLE001 - any failure is the reason we want to show
-            exc = direct
-        return _without_secret(str(exc).strip() or type(exc).__name__, self.url)
+            psycopg.connect(self.url, connect_timeout=min(PROBE_TIMEOUT, self.connect_timeout)).close()
+        except Exception as exc:  # noqa: BLE001 - any failure is the reason we want to show
+            return _without_secret(str(exc).strip() or type(exc).__name__, self.url)
+        return None
 
     # --- schema ---------------------------------------------------------------
 
@@ -353,6 +371,9 @@ class PgEngine:
 
     def _run(self, fn: Callable[..., T], args: tuple, kwargs: dict, *, isolation: str, read_only: bool,
              deadline: float) -> T:
+        """``fn`` in one transaction, run again on a serialization failure or a deadlock (until the deadline)
+        and once on a connection found dead when nothing it did can have been committed: it failed before
+        its COMMIT was sent, or it only read."""
         import psycopg
         from psycopg import errors as pgerrors
         from psycopg_pool import PoolTimeout
@@ -361,15 +382,20 @@ class PgEngine:
             raise StateError("the state store is closed: open a new SessionDB")
         start = time.monotonic()
         delay = 0.002
+        reconnected = False
         while True:
+            raw = None
+            committing = False
             try:
-                with self._pool.connection(timeout=max(0.1, deadline - time.monotonic())) as raw:
+                with self._connection(deadline) as raw:
                     raw.isolation_level = getattr(psycopg.IsolationLevel, isolation.replace(" ", "_"))
                     raw.read_only = read_only
                     conn = PgConnection(raw)
                     try:
                         result = fn(conn, *args, **kwargs)
+                        committing = True
                         raw.commit()
+                        self._server_down = False
                         return result
                     except BaseException:
                         if not raw.closed:
@@ -384,7 +410,51 @@ class PgEngine:
             except PoolTimeout as exc:
                 raise WriteTimeout(self.masked_url, time.monotonic() - start) from exc
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(self.masked_url, _without_secret(str(exc).strip(), self.url)) from None
+                reason = _without_secret(str(exc).strip(), self.url)
+                lost = raw is not None and raw.broken
+                if lost and committing and not read_only:
+                    raise StoreUnavailable(self.masked_url, (
+                        f"the connection was lost while committing ({reason}), so this change may or may not "
+                        "have been stored; look before doing it again")) from None
+                if lost and not reconnected:
+                    # Nothing was committed (no COMMIT was sent, or the transaction only read): a server
+                    # restart ended the pool's connections.  Drop every dead one and run the call again.
+                    log.warning("the connection to %s was lost (%s); running the call again on a new one",
+                                self.masked_url, reason)
+                    reconnected = True
+                    self._pool.check()
+                    continue
+                raise StoreUnavailable(self.masked_url, reason) from None
+
+    @contextmanager
+    def _connection(self, deadline: float) -> Iterator[Any]:
+        """A connection from the pool, or :class:`StoreUnavailable` at once when the server cannot be reached.
+
+        The pool reconnects in the background and would keep a caller waiting until the deadline; so
+        after a short wait (or before waiting, when the server was found down last time) the server is
+        asked directly.  Reachable: the pool is only busy or reconnecting, so wait on."""
+        from psycopg_pool import PoolTimeout
+
+        pool = self._pool
+        if self._server_down:
+            self._check_reachable()
+        try:
+            raw = pool.getconn(timeout=max(0.01, min(PROBE_AFTER, deadline - time.monotonic())))
+        except PoolTimeout:
+            if time.monotonic() >= deadline:
+                raise
+            self._check_reachable()
+            raw = pool.getconn(timeout=max(0.01, deadline - time.monotonic()))
+        try:
+            yield raw
+        finally:
+            pool.putconn(raw)
+
+    def _check_reachable(self) -> None:
+        reason = self._unreachable()
+        self._server_down = reason is not None
+        if reason is not None:
+            raise StoreUnavailable(self.masked_url, reason)
 
     # --- what SQLite's engine also offers ---------------------------------------------
 

@@ -158,7 +158,11 @@ def condition(node: Node) -> tuple[str, list]:
         if index_of(node) == "unicode61":
             query, args = tsquery(node)
             return f"f.words @@ {query}", args
-        return "f.cjk ILIKE ? ESCAPE '\\'", [_like_arg(node.text.strip())]
+        text = node.text.strip()
+        # ILIKE folds the case of every row's whole text first; a term with no letter that has a case
+        # (CJK, digits, punctuation) finds the same rows with LIKE, several times faster
+        operator = "LIKE" if text.lower() == text.upper() else "ILIKE"
+        return f"f.cjk {operator} ? ESCAPE '\\'", [_like_arg(text)]
     left, largs = condition(node.left)
     right, rargs = condition(node.right)
     if node.op == "OR":
@@ -181,62 +185,55 @@ def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, li
         [*cargs, *args, limit])]
 
 
-def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int) -> list[dict]:
-    """The best ``limit`` of the newest ``window`` matches, as ``state.fts`` hits (no context yet).
+def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int,
+           context_chars: int | None = None) -> list[dict]:
+    """The best ``limit`` of the newest ``window`` matches, as ``state.fts`` hits, in one statement;
+    with ``context_chars``, each with its ``context`` (the message before and after it in its session,
+    content cut to that many characters).
     ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
     cond, cargs = condition(tree)
     positive = positive_terms(tree)
     words = [t for t in positive if index_of(t) == "unicode61"]
     join = _joins(where, need_s)
-    newest = f"SELECT f.id, f.words FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
     if words:
-        # ranked by the stored words; the best few then also by English stems (a text's stems cost
-        # its parsing again, too slow for the whole window)
+        # ranked by the stored words (scored as the window is read, so the rows' words need not be
+        # carried through its sort); the best few then also by English stems (a text's stems cost its
+        # parsing again, too slow for the whole window), unless the query has no English stem at all
+        # (stop words only), which would add nothing to any score
         parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
-        ranked = conn.execute(
-            f"SELECT b.id FROM (SELECT c.id, ts_rank(c.words, {' || '.join(parts)}) AS score FROM ({newest}) c "
-            "ORDER BY score DESC, c.id DESC LIMIT ?) b JOIN messages m ON m.id = b.id "
-            "ORDER BY b.score + ts_rank(to_tsvector('english'::regconfig, search_document(m.content, m.tool_name, "
-            "m.tool_calls)), plainto_tsquery('english', ?)) DESC, b.id DESC LIMIT ?",
-            [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
-             " ".join(t.text for t in words), limit],
-        ).fetchall()
+        ranked = (
+            "SELECT b.id, b.score + CASE WHEN numnode(e.q) = 0 THEN 0 ELSE ts_rank(to_tsvector('english'::regconfig, "
+            "search_document(m.content, m.tool_name, m.tool_calls)), e.q) END AS rank "
+            f"FROM (SELECT c.id, c.score FROM (SELECT f.id, ts_rank(f.words, {' || '.join(parts)}) AS score "
+            f"FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?) c "
+            "ORDER BY c.score DESC, c.id DESC LIMIT ?) b JOIN messages m ON m.id = b.id "
+            "CROSS JOIN (SELECT plainto_tsquery('english', ?) AS q) e ORDER BY rank DESC, b.id DESC LIMIT ?")
+        ranked_args = [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
+                       " ".join(t.text for t in words), limit]
     else:  # nothing to score (CJK substrings only): newest first
-        ranked = conn.execute(newest, [*cargs, *args, limit]).fetchall()
-    ids = [r[0] for r in ranked]
-    if not ids:
-        return []
-    rows = {r[0]: r for r in conn.execute(
-        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, m.content, m.tool_name, "
-        "search_tool_text(m.tool_calls) FROM messages m JOIN sessions s ON s.id = m.session_id "
-        f"WHERE m.id IN ({', '.join('?' * len(ids))})", ids)}
+        ranked = f"SELECT f.id, 0 AS rank FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
+        ranked_args = [*cargs, *args, limit]
+    around = (
+        ", b.id, b.role, b.content, a.id, a.role, a.content",
+        " LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = m.session_id AND id < m.id "
+        "ORDER BY id DESC LIMIT 1) b ON true "
+        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = m.session_id AND id > m.id "
+        "ORDER BY id LIMIT 1) a ON true") if context_chars is not None else ("", "")
+    rows = conn.execute(
+        "SELECT r.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, m.content, m.tool_name, "
+        f"search_tool_text(m.tool_calls){around[0]} FROM ({ranked}) r JOIN messages m ON m.id = r.id "
+        f"JOIN sessions s ON s.id = m.session_id{around[1]} ORDER BY r.rank DESC, r.id DESC", ranked_args).fetchall()
     terms = [t.text.strip() for t in positive]
     hits = []
-    for msg_id in ids:
-        r = rows[msg_id]
+    for r in rows:
         hit = dict(zip(("id", "session_id", "role", "timestamp", "source", "model", "session_started"), r[:7],
                        strict=True))
         hit["snippet"] = snippet([r[7], r[8], r[9]], terms)
+        if context_chars is not None:
+            hit["context"] = [{"id": r[i], "role": r[i + 1], "content": (r[i + 2] or "")[:context_chars]}
+                              for i in (10, 13) if r[i] is not None]
         hits.append(hit)
     return hits
-
-
-def with_context(conn: Any, hits: list[dict], chars: int) -> None:
-    """Give each hit its ``context`` (the message before and after it in its session), in one query."""
-    if not hits:
-        return
-    rows = conn.execute(
-        "SELECT h.id, b.id, b.role, b.content, a.id, a.role, a.content "
-        "FROM unnest(CAST(? AS BIGINT[]), CAST(? AS TEXT[])) AS h(id, session_id) "
-        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = h.session_id AND id < h.id "
-        "ORDER BY id DESC LIMIT 1) b ON true "
-        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = h.session_id AND id > h.id "
-        "ORDER BY id LIMIT 1) a ON true",
-        [[h["id"] for h in hits], [h["session_id"] for h in hits]]).fetchall()
-    around = {r[0]: [{"id": r[i], "role": r[i + 1], "content": (r[i + 2] or "")[:chars]} for i in (1, 4)
-                     if r[i] is not None] for r in rows}
-    for hit in hits:
-        hit["context"] = around.get(hit["id"], [])
 
 
 def snippet(texts: list[str | None], terms: list[str]) -> str:

@@ -422,8 +422,7 @@ def search_messages(
         return []
     where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
     if is_pg(conn):
-        hits = _pg_search.search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit))
-        _pg_search.with_context(conn, hits, CONTEXT_CHARS)
+        hits = _pg_search.search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit), CONTEXT_CHARS)
         return [_shaped(hit) for hit in hits]
     try:
         hits = _search(conn, tree, where, args, need_s, limit)

@@ -80,6 +80,7 @@ class PgCluster:
     port: int
     password: str
     _run_as: str | None
+    _options: str = ""
     _names = itertools.count(1)
 
     @classmethod
@@ -115,9 +116,23 @@ class PgCluster:
         )  # fmt: skip
         pwfile.unlink()
         server = {"listen_addresses": "127.0.0.1", "fsync": "off", "max_connections": "200", **(settings or {})}
-        options = f"-p {cluster.port} -k {root} " + " ".join(f"-c {k}={v}" for k, v in server.items())
-        cluster._run("pg_ctl", "-D", str(datadir), "-o", options, "-l", str(root / "server.log"), "-w", "start")
+        cluster._options = f"-p {cluster.port} -k {root} " + " ".join(f"-c {k}={v}" for k, v in server.items())
+        cluster.start_server()
         return cluster
+
+    def start_server(self) -> None:
+        """Start the server (again, after :meth:`stop_server`); returns once it accepts connections."""
+        log = self.datadir.parent / "server.log"
+        self._run("pg_ctl", "-D", str(self.datadir), "-o", self._options, "-l", str(log), "-w", "start")
+
+    def stop_server(self) -> None:
+        """Stop the server (fast shutdown: its sessions are ended), keeping the cluster for :meth:`start_server`."""
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop")
+
+    def restart(self) -> None:
+        """Stop and start the server, as an operator's restart or a failover does: every open connection ends."""
+        self.stop_server()
+        self.start_server()
 
     def _run(self, tool: str, *args: str) -> None:
         out = subprocess.run(

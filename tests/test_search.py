@@ -242,6 +242,15 @@ def test_cjk_is_case_insensitive_for_latin_terms(store):
     assert store.ids("DOCKER") == [hit]
 
 
+def test_a_cjk_term_holding_latin_letters_matches_them_in_any_case(store):
+    s = store.session("s1")
+    hit = store.add(s, "user", "用Docker容器部署")
+    store.add(s, "user", "用Podman容器部署")
+    assert store.ids("docker容器") == [hit]
+    assert store.ids("DOCKER容器部署") == [hit]
+    assert store.ids("R容") == [hit]  # one or two CJK characters: the substring scan folds case too
+
+
 def test_filters(store):
     cli, tg = store.session("c", source="cli"), store.session("t", source="telegram")
     dc = store.session("d", source="discord")
