@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import socket
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -94,32 +93,42 @@ def pending(url: str) -> list[tuple[str, str]]:
                 conn.execute("SELECT chat_id, text FROM deliveries WHERE status = 'pending'").fetchall()]
 
 
-@dataclass
-class ClusterKill(Kill):
-    # Of ``pending``, the replies no part of which was recorded as posted: whoever takes over posts them
-    # as new messages.  (A streamed reply whose messages were recorded is finished by editing them.)
-    posted_anew: list[tuple[str, str]] = field(default_factory=list)
-
-
-def after_kill(url: str, at: float) -> ClusterKill:
+def after_kill(url: str, at: float) -> Kill:
     """What a kill at ``at`` left in the store: replies pending and messages stored but not answered."""
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT chat_id, text, sent_ids FROM deliveries WHERE status = 'pending'").fetchall()
         unanswered = conn.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
-    return ClusterKill(at, [(str(chat), text) for chat, text, _ in rows], unanswered, "ok",
-                       posted_anew=[(str(chat), text) for chat, text, sent in rows if not json.loads(sent or "[]")])
+    return Kill(at, pending(url), unanswered, "ok")
 
 
-def in_flight(kill: ClusterKill, replies: list[BotReply]) -> int:
-    """Of the replies pending at ``kill`` that a takeover posts anew, those the platform had accepted by
-    then: the killed instance sent them and died before it could record it, so they may come twice.
+def recorded_ids(url: str) -> set[str]:
+    """The platform's ids of every message the delivery record notes as posted."""
+    with psycopg.connect(url) as conn:
+        return {str(i) for (sent,) in conn.execute("SELECT sent_ids FROM deliveries").fetchall()
+                for i in json.loads(sent or "[]")}
 
-    Counted once everything is over, from when the platform accepted each reply's first copy (up to
-    :data:`KILL_SETTLES_SECONDS` after the kill), so no instance's later sends are mistaken for it.
+
+def undone_in(url: str, chats: list[str]) -> bool:
+    """Whether one of ``chats`` has work left: a message stored and not answered, or a reply not sent."""
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM inbox WHERE chat_id = ANY(%s))"
+            " OR EXISTS (SELECT 1 FROM deliveries WHERE status = 'pending' AND chat_id = ANY(%s))",
+            (chats, chats)).fetchone()[0]
+
+
+def count_in_flight(kills: list[Kill], replies: list[BotReply], recorded: set[str]) -> list[BotReply]:
+    """Set each kill's ``in_flight``: the messages the platform accepted up to it and the store never noted
+    as posted (``recorded``, read once everything is over), so the killed instance sent them and died
+    before noting it.  Whoever takes over may post such a reply again: the only duplicates allowed.
+
+    A message accepted up to :data:`KILL_SETTLES_SECONDS` after a kill counts for it (the request
+    was in the fake's socket buffer).  Returns the messages accepted after the last kill and never
+    noted: there should be none, as every reply a live instance posts is noted.
     """
-    first: dict[tuple[str, str], float] = {}
-    for reply in replies:
-        key = (reply.chat, reply.text.strip())
-        first[key] = min(first.get(key, reply.at), reply.at)
-    cutoff = kill.at + KILL_SETTLES_SECONDS
-    return sum(1 for chat, text in kill.posted_anew if first.get((chat, text.strip()), cutoff + 1) <= cutoff)
+    unnoted = sorted((r for r in replies if r.message_id not in recorded), key=lambda r: r.at)
+    since = float("-inf")
+    for kill in kills:
+        cutoff = kill.at + KILL_SETTLES_SECONDS
+        kill.in_flight = sum(1 for r in unnoted if since < r.at <= cutoff)
+        since = cutoff
+    return [r for r in unnoted if r.at > since]
