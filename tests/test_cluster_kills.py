@@ -186,7 +186,7 @@ async def test_three_instances_lose_the_poller_owner_then_its_successor_and_ever
         side = TelegramSide(tg)
         cluster = Cluster(tmp_path, pg_url, model.base_url, side, ("a", "b", "c"))
         load = Load(side, total=200, at_once=10, retire=5, rate=20.0)  # chats 0-9, then 5-14, then 10-19
-        first_killed, second_killed = load.hold_at(100), load.hold_at(150)
+        first_killed, second_killed = load.hold_at(100), load.hold_at(170)
         writing: asyncio.Task | None = None
         try:
             first = cluster.daemons[0]
