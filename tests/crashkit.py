@@ -148,6 +148,11 @@ class Daemon:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
 
+    def thaw(self) -> None:
+        """SIGCONT: a frozen process runs on."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     async def kill(self) -> None:
         """SIGKILL: no handler runs, nothing is flushed or confirmed."""
         assert self.proc is not None
@@ -204,6 +209,7 @@ class BotReply:
     chat: str
     text: str
     at: float  # time.monotonic() when the platform accepted it
+    message_id: str = ""  # the platform's id for it, as the delivery record notes it (sent_ids)
 
     @property
     def echo(self) -> tuple[str, int, str] | None:
@@ -267,7 +273,7 @@ class TelegramSide:
         return True
 
     def replies(self) -> list[BotReply]:
-        return [BotReply(str(m.chat_id), m.visible_text, m.at) for m in self.fake.sent]
+        return [BotReply(str(m.chat_id), m.visible_text, m.at, str(m.message_id)) for m in self.fake.sent]
 
     def notes(self) -> dict[str, int]:
         return {}
@@ -311,7 +317,7 @@ class DiscordSide:
     def replies(self) -> list[BotReply]:
         offset = time.time() - time.monotonic()
         return [BotReply(m["channel_id"], m["content"],
-                         datetime.datetime.fromisoformat(m["timestamp"]).timestamp() - offset)
+                         datetime.datetime.fromisoformat(m["timestamp"]).timestamp() - offset, m["id"])
                 for m in self.fake.sent()]
 
     def notes(self) -> dict[str, int]:
@@ -351,7 +357,8 @@ class SlackSide:
 
     def replies(self) -> list[BotReply]:
         accepted = {id(body) for body in self.fake.sent}
-        return [BotReply(str(c.body.get("channel")), str(c.body.get("text") or ""), c.at)
+        ts_of = {id(body): ts for ts, body in self.fake.posted.items()}
+        return [BotReply(str(c.body.get("channel")), str(c.body.get("text") or ""), c.at, ts_of.get(id(c.body), ""))
                 for c in self.fake.calls_to("chat.postMessage") if id(c.body) in accepted]
 
     def notes(self) -> dict[str, int]:

@@ -11,59 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import socket
 import time
 from collections import Counter
-from pathlib import Path
 
-import aiohttp
 import psycopg
-import yaml
 
+from tests.clusterdaemons import (
+    health as _health,
+    instance_dir as _dir,
+    instance_settings as _settings,
+    pending as _pending,
+    stored as _stored,
+)
 from tests.crashkit import Daemon, Kill, Outcome, Plan, TelegramSide, UserMessage
 from tests.fakes.model_server import FakeModel
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import eventually
-
-
-def _settings(url: str, instance: str, model_url: str, **extra) -> dict:
-    return {
-        "model": {"base_url": model_url, "name": "fake-model", "api_key": "sk-cluster-not-a-secret-0000",
-                  "max_concurrent_calls": 32, "context_length": 32768},
-        "auth": {"allow_all": True},
-        "sessions": {"reset": {"mode": "none"}},
-        "logging": {"level": "INFO", "format": "text"},
-        "shutdown": {"grace_seconds": 5},
-        "store": {"url": url},
-        "cluster": {"instance_id": instance},
-        "api": {"port": _free_port()},  # the configs differ in this only (and the instance's name)
-        **extra,
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def _health(daemon: Daemon) -> dict:
-    port = yaml.safe_load(daemon.config.read_text())["api"]["port"]
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
-            return await response.json()
-
-
-def _stored(url: str) -> Counter:
-    with psycopg.connect(url) as conn:
-        return Counter(dict(conn.execute(
-            "SELECT content, COUNT(*) FROM messages WHERE role = 'user' GROUP BY content").fetchall()))
-
-
-def _pending(url: str) -> list[tuple[str, str]]:
-    with psycopg.connect(url) as conn:
-        return [(str(chat), text) for chat, text in
-                conn.execute("SELECT chat_id, text FROM deliveries WHERE status = 'pending'").fetchall()]
 
 
 async def test_a_standby_takes_over_the_poller_of_a_killed_owner_and_every_dm_is_answered_once(tmp_path, pg_url):
@@ -125,12 +88,6 @@ async def test_a_standby_takes_over_the_poller_of_a_killed_owner_and_every_dm_is
         assert tg.overlapping_polls == [], f"getUpdates overlapped: {tg.overlapping_polls}"
         b_log = b.log_path(0).read_text()
         assert "this instance now owns telegram:" in b_log, b.log_tail()
-
-
-def _dir(tmp_path: Path, name: str) -> Path:
-    path = tmp_path / name
-    path.mkdir()
-    return path
 
 
 def _runs(url: str) -> list[tuple[str, float, str]]:

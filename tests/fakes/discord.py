@@ -5,7 +5,9 @@ Discord's REST API, ``/gateway`` like its gateway (HELLO, IDENTIFY -> READY +
 GUILD_CREATE, heartbeats, RESUME with replay, RECONNECT, INVALID_SESSION,
 zlib-stream transport compression when the client asks for it) and
 ``/cdn/...`` like its attachment CDN.  Every REST request is recorded as a
-:class:`Request` (method, path, query, parsed JSON body).
+:class:`Request` (method, path, query, parsed JSON body); every IDENTIFY or RESUME
+that succeeds while another identified websocket is still open, in
+:attr:`FakeDiscord.concurrent_sessions` (Discord allows it, and then both get every event).
 
 A test (or a bench script) drives it through methods, not HTTP::
 
@@ -125,6 +127,10 @@ class FakeDiscord:
         self.message_content_allowed = message_content_allowed
         self.requests: list[Request] = []
         self.gateway_ops: list[dict] = []  # every op the client sent (heartbeats included)
+        # (time.monotonic(), op, identified websockets open then) for each IDENTIFY (2) or RESUME (6)
+        # that succeeded while another identified websocket was still open: Discord lets the same
+        # token and shard run twice, and both connections then get every event
+        self.concurrent_sessions: list[tuple[float, int, int]] = []
         self.messages: dict[str, list[dict]] = {}  # channel id -> messages the bot created
         self.followups: list[dict] = []  # interaction follow-up messages
         self.interaction_callbacks: list[dict] = []
@@ -664,6 +670,7 @@ class FakeDiscord:
             self._sessions[session.session_id] = session
             self._current = session
             conn.session = session
+            self._note_concurrent(conn, op)
             await self.dispatch("READY", {
                 "v": 10,
                 "user": dict(self._public(self.bot), verified=True, mfa_enabled=False, flags=0),
@@ -687,12 +694,18 @@ class FakeDiscord:
                 return
             self._current = session
             conn.session = session
+            self._note_concurrent(conn, op)
             for past in session.log:
                 if past["s"] > (d.get("seq") or 0):
                     await conn.send(past)
             session.seq += 1
             await conn.send({"op": 0, "t": "RESUMED", "s": session.seq, "d": {}})
         self._touch()
+
+    def _note_concurrent(self, conn: _Connection, op: int) -> None:
+        live = [c for c in self._connections if c.session is not None and not c.ws.closed]
+        if any(c is not conn for c in live):
+            self.concurrent_sessions.append((time.monotonic(), op, len(live)))
 
 
 def _json(data: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

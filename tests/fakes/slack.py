@@ -18,6 +18,7 @@ It serves, on 127.0.0.1 and a free port:
   an Events API envelope not acknowledged is delivered again on the next connection,
   with ``retry_attempt`` counting up (at most 3 retries), as Slack does; one sent while
   no connection is open waits for the next one; an acknowledged envelope is never sent again;
+  a connection opened while another is still open is recorded in ``overlapping_connections``;
 * slash-command ``response_url`` endpoints under ``/respond/<id>`` and file
   downloads under ``/files/<id>`` (bearer token required);
 * as Slack's side of HTTP Events mode, :meth:`post_event` signs and POSTs an
@@ -95,6 +96,10 @@ class FakeSlack:
         self.responses: list[dict[str, Any]] = []  # accepted response_url bodies
         self.acks: list[dict[str, Any]] = []  # Socket Mode acks from the client
         self.connections_opened = 0  # successful websocket connections
+        # (time.monotonic(), connections open then) for each connection opened while another was still
+        # open (Slack allows up to ten per app and spreads the events over them; this fake sends new
+        # ones to the newest)
+        self.overlapping_connections: list[tuple[float, int]] = []
         self.deliveries: list[dict[str, Any]] = []  # every Events API envelope as sent, retries included
         self._unacked: dict[str, dict[str, Any]] = {}  # envelope id -> envelope, until acknowledged
         self._attempts: dict[str, int] = {}  # envelope id -> times sent
@@ -275,6 +280,8 @@ class FakeSlack:
         # Slack retries what was never acknowledged; taken as the connection goes live (no await in
         # between), so an envelope published from now on goes out once, directly
         retries = list(self._unacked.values())
+        if open_already := [c for c in self._conns if not c.ws.closed]:
+            self.overlapping_connections.append((time.monotonic(), len(open_already) + 1))
         self._conns.append(conn)
         self.connections_opened += 1
         try:

@@ -136,6 +136,8 @@ class FakeTelegram:
         # getUpdates calls that began while another was still being answered (Telegram answers the
         # earlier one 409 "terminated by other getUpdates request"): (time.monotonic(), offset) each
         self.overlapping_polls: list[tuple[float, int]] = []
+        # called with each message the bot sent or edited, once the fake accepted it (benchmarks wait on it)
+        self.on_shown: Callable[[SentMessage], None] | None = None
         self._polls_in_flight = 0
         self._poll_generation = 0
         self._updates: deque[dict] = deque()
@@ -507,6 +509,8 @@ class FakeTelegram:
                                     "reply markup are exactly the same as a current content and reply markup of the message")
         sent.text, sent.parse_mode, sent.visible_text = text, mode, visible
         sent.edits += 1
+        if self.on_shown is not None:
+            self.on_shown(sent)
         result = {"message_id": sent.message_id, "date": int(time.time()), "edit_date": int(time.time()),
                   "chat": {"id": chat_id, "type": "private" if str(chat_id).lstrip("-").isdigit()
                            and int(chat_id) > 0 else "supergroup"}, "from": self.bot_user, "text": visible}
@@ -531,6 +535,8 @@ class FakeTelegram:
         sent = SentMessage(next(self._message_ids), chat_id, text, mode, visible, params.get("message_thread_id"),
                            reply.get("message_id") if isinstance(reply, dict) else None)
         self.sent.append(sent)
+        if self.on_shown is not None:
+            self.on_shown(sent)
         chat = {"id": chat_id, "type": "private" if isinstance(chat_id, int) and chat_id > 0 else "supergroup"}
         if chat["type"] == "private":
             chat["first_name"] = "user"
