@@ -478,10 +478,12 @@ class SessionRouter:
                         raise
                     batch = [_resumed_ticket(row) for row in rows if row["platform"] in self._senders]
             if kind == "claimed":
+                finished = False
                 try:
                     await self._run_claimed_batch(lane, batch, history, claim)
+                    finished = True
                 finally:
-                    _settle_future(done, None)
+                    _settle_future(done, None, finished)
             elif kind == "command":
                 await self._run_command(ticket, command, lane, track=True)
             elif kind == "send":  # a reply stored before a restart, not yet confirmed sent
@@ -509,12 +511,13 @@ class SessionRouter:
         await self.deliver(ticket.msg.chat, text, ticket.msg.message_id)
 
     # -- clustered: a session's work claimed under a lease -------------------------
-    async def run_claimed(self, claim: TurnClaim) -> None:
+    async def run_claimed(self, claim: TurnClaim) -> bool:
         """Answer what waits in the store for the session ``claim`` holds, in its lane (after whatever
         this instance runs there now), as :meth:`recover` would: its stored replies not confirmed sent,
-        then its unanswered messages in one turn; returns once done or dropped."""
+        then its unanswered messages in one turn.  Returns once done or dropped: False when shutdown
+        left the work undone (the session stays pending for another instance)."""
         if self._closing:
-            return
+            return False
         rows = [row for row in await self.db.unanswered_messages(claim.session_id)
                 if row["platform"] in self._senders]
         # replies stored under an earlier lease whose holder stopped before confirming the send
@@ -523,13 +526,13 @@ class SessionRouter:
         key = rows[-1]["session_key"] if rows else next((r["session_key"] for r in records if r.get("session_key")),
                                                          None)
         if key is None:
-            return
+            return True
         lane = self.lane(key)
         done = asyncio.get_running_loop().create_future()
         lane.queue.extend(("send", record, None) for record in records)
         lane.queue.append(("claimed", (claim, done), None))
         self._wake(lane)
-        await done
+        return await done
 
     async def _run_claimed_batch(self, lane: Lane, batch: list[Ticket], history: list[dict],
                                  claim: TurnClaim) -> None:
@@ -855,18 +858,19 @@ class SessionRouter:
             for kind, ticket, _ in self._lanes[key].queue:
                 if kind in ("chat", "command"):
                     ticket.fail(GatewayClosing(STOPPED_BEFORE_ANSWERING))
-                elif kind == "claimed":  # its lease is given back: another instance answers it
-                    _settle_future(ticket[1], None)
+                elif kind == "claimed":  # its lease is given back unfinished: another instance answers it
+                    _settle_future(ticket[1], None, False)
         if pending:
             await asyncio.wait(pending, timeout=5)
         return cancelled
 
 
-def _settle_future(done: asyncio.Future, exc: BaseException | None) -> None:
+def _settle_future(done: asyncio.Future, exc: BaseException | None, finished: bool = False) -> None:
+    """Tell :meth:`SessionRouter.run_claimed` how its work ended: ``finished``, or not (shutdown), or ``exc``."""
     if done.done():
         return
     if exc is None or isinstance(exc, asyncio.CancelledError):
-        done.set_result(None)
+        done.set_result(finished)
     else:
         done.set_exception(exc)
 

@@ -206,8 +206,7 @@ class TurnClaims:
         keeper = spawn(self._keep(claim), name=f"turn-lease:{claim.session_id}")
         finished = False
         try:
-            await self.router.run_claimed(claim)
-            finished = not claim.pending
+            finished = await self.router.run_claimed(claim) and not claim.pending
         except Exception:  # the lease goes back unfinished: the session is claimed again
             log.exception("answering session %s under its lease failed; it stays pending", claim.session_id)
         finally:
