@@ -25,11 +25,11 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
 
 import state
-from gateway.errors import GatewayClosing, ModelUnavailable
+from gateway.errors import GatewayClosing, ModelUnavailable, PlatformHTTPError
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
@@ -125,6 +125,64 @@ class SessionHooks:
     # told (session id, key) when a reset or /new ends a session (memory and facts keep what
     # matters, in the background); must not block
     on_session_end: Callable[[str, str], object] | None = None
+    # clustered: a platform message was stored for any instance to claim (wakes this instance's
+    # claim loop, gateway.runtime.turn_claims); must not block
+    on_work_pending: Callable[[], object] | None = None
+
+
+class TurnClaim(Protocol):
+    """A session's work this instance claimed under a lease (see :mod:`gateway.runtime.turn_claims`).
+
+    The router runs it in the session's lane like any turn, but: its writes carry ``fence`` (a
+    ``state.Fence``), nothing is sent before the answer is stored unless :meth:`trusted`, and once
+    :meth:`lost` nothing is stored or sent at all."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def fence(self) -> object:
+        """The ``state.Fence`` every write of the turn carries."""
+
+    @property
+    def lost_by(self) -> BaseException | None:
+        """What lost the lease (the store's LeaseLost, most often); None while it holds."""
+
+    def trusted(self) -> bool:
+        """Whether the lease can still be counted on (by the local clock) for a send made now."""
+
+    def lost(self, exc: BaseException | None = None) -> bool:
+        """Whether the lease is gone (renewal failed, or ``exc`` is the store's LeaseLost); remembered."""
+
+    def attach(self, task: asyncio.Task) -> None:
+        """The task running the turn: cancelled when the lease is lost."""
+
+    def keep_pending(self) -> None:
+        """Work stays undone (a stored reply not sent): the session stays pending for the next claim."""
+
+
+class _TrustedDrafts:
+    """A platform's drafts that refuse to post or edit once the claim's lease can no longer be trusted."""
+
+    def __init__(self, drafts: DraftOutput, claim: TurnClaim):
+        self._drafts = drafts
+        self._claim = claim
+        self.message_limit = drafts.message_limit
+
+    def measure(self, text: str) -> int:
+        return self._drafts.measure(text)
+
+    def _check(self, chat: ChatRef) -> None:
+        if not self._claim.trusted():
+            raise PlatformHTTPError(chat.platform, 0, "this instance's lease on the session ran out")
+
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+        self._check(chat)
+        return await self._drafts.post_draft(chat, text, reply_to=reply_to, final=final)
+
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+        self._check(chat)
+        await self._drafts.edit_draft(chat, message_id, text, final=final)
 
 
 class SessionRouter:
@@ -146,16 +204,25 @@ class SessionRouter:
         self._typers: dict[str, Typing] = {}
         self._streamed: dict[str, StreamedOutput] = {}
         self._drafts: dict[str, DraftOutput] = {}
+        self._claimed: set[str] = set()  # platforms whose messages any instance runs, under a lease
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
 
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None, *,
-                        streamed: StreamedOutput | None = None, drafts: DraftOutput | None = None) -> None:
+                        streamed: StreamedOutput | None = None, drafts: DraftOutput | None = None,
+                        claimed: bool = False) -> None:
         """Where replies for ``platform`` go: the adapter's send and typing, how replies stream there (None:
-        sent whole), and its drafts (edits), with which a restart finishes what a stream left."""
+        sent whole), and its drafts (edits), with which a restart finishes what a stream left.
+
+        ``claimed`` (several instances): the platform's chat messages are stored for any instance to
+        claim (:meth:`run_claimed`) instead of being queued here."""
         self._senders[platform] = send
+        if claimed:
+            self._claimed.add(platform)
+        else:
+            self._claimed.discard(platform)
         if typing is not None:
             self._typers[platform] = typing
         if drafts is not None:
@@ -165,9 +232,15 @@ class SessionRouter:
         else:
             self._streamed.pop(platform, None)
 
-    async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict, session_id: str) -> ReplyStream | None:
+    def claims_turns(self, platform: str) -> bool:
+        """Whether ``platform``'s chat messages are answered by whichever instance claims their session."""
+        return platform in self._claimed
+
+    async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict, session_id: str,
+                          claim: TurnClaim | None = None) -> ReplyStream | None:
         """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off;
-        its messages are recorded under ``plan`` as they are posted."""
+        its messages are recorded under ``plan`` as they are posted (and, under ``claim``, posted only
+        while its lease is trusted)."""
         if msg.platform not in self._streamed:
             return None
         out = self.streamed_output(msg.platform, msg.chat_type, await self.stream_choice(lane))
@@ -177,7 +250,8 @@ class SessionRouter:
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
             await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
 
-        return ReplyStream(out.drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
+        drafts: DraftOutput = out.drafts if claim is None else _TrustedDrafts(out.drafts, claim)
+        return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
 
     async def stream_choice(self, lane: Lane) -> str | None:
         """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane."""
@@ -259,6 +333,8 @@ class SessionRouter:
         # answers what a crash left unanswered; request/response sources (API, CLI) have no chat to
         # answer later in.
         inbox = _inbox_entry(key, msg) if msg.platform in self._senders else None
+        # clustered: a chat message waits in the store for whichever instance claims its session
+        claimed = inbox is not None and command is None and msg.platform in self._claimed
         async with lane.lock:
             appended = None
             if command is not None:
@@ -268,7 +344,7 @@ class SessionRouter:
                 # message is stored in it at once; otherwise nothing was written and the policy decides
                 session, appended = await self.db.append_inbound_to_route(
                     key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
-                    inbox=inbox)
+                    inbox=inbox, pending=claimed)
                 if appended is not None:
                     session_id, notice = session["id"], None
                 else:
@@ -296,11 +372,16 @@ class SessionRouter:
                 if appended is None:
                     appended = await self.db.append_inbound(
                         session_id, _stored_text(msg), platform_message_id=msg.message_id, inbox=inbox,
+                        pending=claimed,
                     )
                 if not appended.new:
                     log.info("duplicate event %s for %s ignored", msg.message_id, key)
                     return None
                 ticket.inbox_id = appended.id if inbox is not None else None
+                if claimed:
+                    if self.hooks.on_work_pending is not None:
+                        self.hooks.on_work_pending()
+                    return ticket
                 lane.queue.append(("chat", ticket, None))
             self._wake(lane)
         return ticket
@@ -388,7 +469,22 @@ class SessionRouter:
                     while lane.queue and lane.queue[0][0] == "chat":
                         batch.append(lane.queue.popleft()[1])
                     history = await self.db.get_messages_as_conversation(batch[-1].session_id)
-            if kind == "command":
+                elif kind == "claimed":
+                    claim, done = ticket
+                    try:
+                        rows, history = await self.db.unanswered_with_history(claim.session_id)
+                    except BaseException as exc:
+                        _settle_future(done, exc)
+                        raise
+                    batch = [_resumed_ticket(row) for row in rows if row["platform"] in self._senders]
+            if kind == "claimed":
+                finished = False
+                try:
+                    await self._run_claimed_batch(lane, batch, history, claim)
+                    finished = True
+                finally:
+                    _settle_future(done, None, finished)
+            elif kind == "command":
                 await self._run_command(ticket, command, lane, track=True)
             elif kind == "send":  # a reply stored before a restart, not yet confirmed sent
                 await self._send_recorded(ticket)
@@ -414,22 +510,80 @@ class SessionRouter:
         ticket.resolve(text)
         await self.deliver(ticket.msg.chat, text, ticket.msg.message_id)
 
-    async def _run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict]) -> None:
+    # -- clustered: a session's work claimed under a lease -------------------------
+    async def run_claimed(self, claim: TurnClaim) -> bool:
+        """Answer what waits in the store for the session ``claim`` holds, in its lane (after whatever
+        this instance runs there now), as :meth:`recover` would: its stored replies not confirmed sent,
+        then its unanswered messages in one turn.  Returns once done or dropped: False when shutdown
+        left the work undone (the session stays pending for another instance)."""
+        if self._closing:
+            return False
+        rows = [row for row in await self.db.unanswered_messages(claim.session_id)
+                if row["platform"] in self._senders]
+        # replies stored under an earlier lease whose holder stopped before confirming the send
+        records = [record for record in await self.db.pending_deliveries(claim.session_id)
+                   if record["platform"] in self._senders]
+        key = rows[-1]["session_key"] if rows else next((r["session_key"] for r in records if r.get("session_key")),
+                                                         None)
+        if key is None:
+            return True
+        lane = self.lane(key)
+        done = asyncio.get_running_loop().create_future()
+        lane.queue.extend(("send", record, None) for record in records)
+        lane.queue.append(("claimed", (claim, done), None))
+        self._wake(lane)
+        return await done
+
+    async def _run_claimed_batch(self, lane: Lane, batch: list[Ticket], history: list[dict],
+                                 claim: TurnClaim) -> None:
+        if not batch:
+            return  # answered meanwhile (by the lease's previous holder, just before it ran out)
+        if batch[-1].msg.received_at < self.clock() - self.settings.resume_within:
+            await self._answer_expired(batch, claim)
+        else:
+            await self._run_turn(lane, batch, history, claim)
+
+    def _dropped(self, claim: TurnClaim, exc: BaseException | None, what: str) -> bool:
+        """Whether the lease behind ``claim`` is gone (``exc`` may say so): then ``what`` is dropped, said once."""
+        if not claim.lost(exc):
+            return False
+        why = exc if exc is not None else claim.lost_by
+        holder = getattr(why, "holder", None)
+        log.warning("dropping %s for session %s: this instance's lease on it was lost (%s: %s); "
+                    "nothing was stored or sent, %s answers it", what, claim.session_id,
+                    type(why).__name__ if why is not None else "LeaseLost",
+                    getattr(why, "reason", None) or why or "it could not be renewed in time",
+                    f"instance {holder}" if holder else "the instance holding the lease now")
+        return True
+
+    def _may_send_stored(self, claim: TurnClaim | None, session_id: str) -> bool:
+        """Whether a reply stored under ``claim`` may be sent now; if not it stays pending, for the next claim."""
+        if claim is None or claim.trusted():
+            return True
+        claim.keep_pending()
+        log.warning("the reply for session %s is stored but not sent from here: this instance's lease on it "
+                    "ran out meanwhile; the instance that claims the session next sends it", session_id)
+        return False
+
+    async def _run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict],
+                        claim: TurnClaim | None = None) -> None:
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
         answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if answered else None
-        stream = await self._stream_for(lane, msg, plan, last.session_id) if plan is not None else None
+        stream = await self._stream_for(lane, msg, plan, last.session_id, claim) if plan is not None else None
         if stream is not None:
             plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
-            stream=stream if stream is not None else last.sink,
+            stream=stream if stream is not None else last.sink, fence=claim.fence if claim is not None else None,
         )
-        typing = spawn(self._keep_typing(msg.chat, stream), name=f"typing:{lane.key}")
+        typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
+        if claim is not None:
+            claim.attach(turn)
         lane.current = turn
         recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
         stopped_partial = False  # /stop cut a streamed answer short: what was shown is the answer
@@ -444,6 +598,9 @@ class SessionRouter:
             for t in batch:
                 t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
         except asyncio.CancelledError:
+            if claim is not None and turn.cancelled() and not _current_cancelling() and \
+                    self._dropped(claim, None, "the turn"):
+                return
             if turn.cancelled() and not _current_cancelling():
                 text = "Stopped. Your message is saved; send another to continue."
                 if stream is not None and stream.text.strip():
@@ -456,7 +613,9 @@ class SessionRouter:
         except ModelUnavailable as exc:
             log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
             text = failure_line(exc)
-        except Exception:  # the user gets an answer, the lane lives on
+        except Exception as exc:  # the user gets an answer, the lane lives on
+            if claim is not None and self._dropped(claim, exc, "the turn's answer"):
+                return
             log.exception("turn for %s failed", lane.key)
             text = "Something went wrong while answering. Your message is saved; send another message to try again."
         finally:
@@ -471,25 +630,33 @@ class SessionRouter:
             return
         record = {**plan, "text": text}
         if stopped_partial:
-            recorded = await self._store_stopped(last.session_id, answered, record)
+            recorded = await self._store_stopped(last.session_id, answered, record, claim)
         if not recorded:
             # the line that stands in for an answer settles the messages, so a restart does not retry them
             record["kind"] = "notice"
-            if not await self._settle(answered, record, last.session_id):
-                await self.deliver(msg.chat, text, msg.message_id)
+            if not await self._settle(answered, record, last.session_id, claim):
+                if claim is None or not claim.lost():
+                    await self.deliver(msg.chat, text, msg.message_id)
                 return
+        if not self._may_send_stored(claim, last.session_id):
+            return
         if stream is not None:
             await self._finish_stream(stream, record)
         else:
             await self._send_recorded(record)
 
-    async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict) -> bool:
+    async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict,
+                             claim: TurnClaim | None = None) -> bool:
         """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
+        fenced = {"fence": claim.fence} if claim is not None else {}
         try:
             await self.db.record_turn(session_id, [{"role": "assistant", "content": record["text"],
-                                                    "finish_reason": "stopped"}], answered=answered, delivery=record)
+                                                    "finish_reason": "stopped"}], answered=answered, delivery=record,
+                                      **fenced)
             return True
         except state.StateError as exc:
+            if claim is not None and self._dropped(claim, exc, "the stopped answer"):
+                return False
             log.error("could not store the stopped answer in %s: %s", session_id, exc)
             return False
 
@@ -528,12 +695,17 @@ class SessionRouter:
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", record["id"], exc)
 
-    async def _settle(self, answered: tuple[int, ...], delivery: dict, session_id: str) -> bool:
-        """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store failed."""
+    async def _settle(self, answered: tuple[int, ...], delivery: dict, session_id: str,
+                      claim: TurnClaim | None = None) -> bool:
+        """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store
+        failed (or, under ``claim``, its lease was lost: then nothing may be sent either)."""
+        fenced = {"fence": claim.fence} if claim is not None else {}
         try:
-            await self.db.settle_inbox(answered, delivery, session_id=session_id)
+            await self.db.settle_inbox(answered, delivery, session_id=session_id, **fenced)
             return True
         except state.StateError as exc:
+            if claim is not None and self._dropped(claim, exc, "the line standing in for an answer"):
+                return False
             log.error("could not record the answer to %d message(s) in %s: %s; a restart may answer them again",
                       len(answered), session_id, exc)
             return False
@@ -569,7 +741,8 @@ class SessionRouter:
             except state.StateError as exc:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)
 
-    async def _keep_typing(self, chat: ChatRef, stream: ReplyStream | None = None) -> None:
+    async def _keep_typing(self, chat: ChatRef, stream: ReplyStream | None = None,
+                           claim: TurnClaim | None = None) -> None:
         typer = self._typers.get(chat.platform)
         if typer is None:
             return
@@ -577,6 +750,8 @@ class SessionRouter:
         while True:
             if stream is not None and stream.message_ids:
                 return  # the answer shows as it is written: no indicator needed, and none spends the budget
+            if claim is not None and not claim.trusted():
+                return  # the lease may be another instance's by now: it shows its own indicator
             try:
                 await typer(chat)
             except Exception:  # typing is best effort
@@ -636,7 +811,7 @@ class SessionRouter:
         if not lane.busy:
             lane.worker = spawn(self._drain(lane), name=f"lane:{lane.key}")
 
-    async def _answer_expired(self, tickets: list[Ticket]) -> None:
+    async def _answer_expired(self, tickets: list[Ticket], claim: TurnClaim | None = None) -> None:
         """One line for messages a restart found unanswered and too old to answer blindly."""
         first, last = tickets[0].msg, tickets[-1].msg
         when = self._local_time(first.received_at)
@@ -649,7 +824,8 @@ class SessionRouter:
         record = {**self._delivery_plan(last), "text": text, "kind": "notice"}
         for t in tickets:
             t.resolve(text)
-        if await self._settle(answered, record, tickets[-1].session_id):
+        if await self._settle(answered, record, tickets[-1].session_id, claim) and \
+                self._may_send_stored(claim, tickets[-1].session_id):
             await self._send_recorded(record)
 
     def _local_time(self, ts: float) -> str:
@@ -682,9 +858,21 @@ class SessionRouter:
             for kind, ticket, _ in self._lanes[key].queue:
                 if kind in ("chat", "command"):
                     ticket.fail(GatewayClosing(STOPPED_BEFORE_ANSWERING))
+                elif kind == "claimed":  # its lease is given back unfinished: another instance answers it
+                    _settle_future(ticket[1], None, False)
         if pending:
             await asyncio.wait(pending, timeout=5)
         return cancelled
+
+
+def _settle_future(done: asyncio.Future, exc: BaseException | None, finished: bool = False) -> None:
+    """Tell :meth:`SessionRouter.run_claimed` how its work ended: ``finished``, or not (shutdown), or ``exc``."""
+    if done.done():
+        return
+    if exc is None or isinstance(exc, asyncio.CancelledError):
+        done.set_result(finished)
+    else:
+        done.set_exception(exc)
 
 
 def _current_cancelling() -> int:

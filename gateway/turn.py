@@ -85,6 +85,9 @@ class TurnRequest:
     answered: tuple[int, ...] = ()
     delivery: dict | None = None
     stream: ReplySink | None = None  # the answer shown as it is written; None: sent whole, afterwards
+    # Clustered: the lease this turn runs under (a ``state.Fence``); its reply is stored only while the
+    # lease is still this instance's.  None: no lease (one instance, or a local request).
+    fence: object | None = None
 
 
 @dataclass(slots=True)
@@ -213,8 +216,9 @@ class AgentTurn:
         if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
             reply = f"{reply}\n\n{CUT_OFF_NOTE}"
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
+        fenced = {"fence": req.fence} if req.fence is not None else {}
         await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
-                                  answered=req.answered, delivery=delivery)
+                                  answered=req.answered, delivery=delivery, **fenced)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
 
     async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,

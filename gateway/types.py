@@ -297,6 +297,16 @@ instance of the cluster may own the platform connection)."""
 
 
 @runtime_checkable
+class SendingOnly(Protocol):
+    """An adapter that can send (replies, drafts, typing) without receiving: on a standby instance of a
+    cluster, while another instance holds the platform connection, it sends for the turns this one runs."""
+
+    async def open_for_sending(self) -> None:
+        """Open the platform's REST client only; :meth:`Adapter.start` later adds the connection, and
+        :meth:`Adapter.stop` closes both.  Does nothing when already open."""
+
+
+@runtime_checkable
 class GatedPolling(Protocol):
     """An adapter that long-polls its platform and asks a :data:`PollGate` before every poll (clustered)."""
 

@@ -14,7 +14,7 @@ from ._pg import mask_url, probe as probe_store
 from ._transfer import parse_jsonl
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
-from .db import SessionDB
+from .db import Fence, SessionDB
 from .errors import (
     AmbiguousSession,
     CronJobExists,
@@ -43,6 +43,7 @@ __all__ = [
     "CronJobNotFound",
     "DatabaseReport",
     "DatabaseRefused",
+    "Fence",
     "ImportFileError",
     "InvalidTitle",
     "MigrationRefused",

@@ -158,11 +158,16 @@ def add_to_inbox(conn: sqlite3.Connection, message_id: int, session_id: str, ent
     )
 
 
-def unanswered(conn: sqlite3.Connection) -> list[dict]:
-    """Every message still awaiting an answer, oldest first, with its text."""
-    rows = conn.execute(
-        "SELECT i.*, m.content AS text FROM inbox i JOIN messages m ON m.id = i.message_id ORDER BY i.message_id"
-    )
+def unanswered(conn: sqlite3.Connection, session_id: str | None = None) -> list[dict]:
+    """Every message still awaiting an answer (in ``session_id`` only, when given), oldest first, with its text."""
+    if session_id is None:
+        rows = conn.execute(
+            "SELECT i.*, m.content AS text FROM inbox i JOIN messages m ON m.id = i.message_id ORDER BY i.message_id"
+        )
+    else:
+        rows = conn.execute(
+            "SELECT i.*, m.content AS text FROM inbox i JOIN messages m ON m.id = i.message_id"
+            " WHERE i.session_id = ? ORDER BY i.message_id", (session_id,))
     return [dict(r) for r in rows]
 
 
@@ -234,9 +239,15 @@ def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: lis
     ).rowcount > 0
 
 
-def pending_deliveries(conn: sqlite3.Connection) -> list[dict]:
+def pending_deliveries(conn: sqlite3.Connection, session_id: str | None = None) -> list[dict]:
     """Replies stored but not confirmed sent, and streamed replies their turn never finished
-    (``streaming``), oldest first (``sent_ids`` decoded)."""
+    (``streaming``), oldest first (``sent_ids`` decoded); of ``session_id`` only, when given."""
+    if session_id is not None:
+        rows = conn.execute(
+            "SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
+            "WHERE d.session_id = ? AND d.status IN ('pending', 'streaming') ORDER BY d.created_at, d.id",
+            (session_id,))
+        return [_decode_delivery(r) for r in rows]
     rows = conn.execute(  # each half on its partial index: the record keeps every reply ever sent
         "SELECT * FROM (SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
         "WHERE d.status = 'pending' UNION ALL "

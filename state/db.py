@@ -10,6 +10,7 @@ coroutines from those marks, so the daemon runs exactly this code.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, TypeVar
 
@@ -31,7 +32,7 @@ from . import (
 )
 from ._engine import Engine, GaveWay
 from ._messages import Appended
-from ._pg import PgEngine, is_url, mask_url
+from ._pg import PgEngine, is_pg, is_url, mask_url
 from .paths import default_db_path
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -142,14 +143,16 @@ class SessionDB:
 
     @_writes
     def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,
-                    output_tokens: int = 0, answered: Iterable[int] = (), delivery: dict | None = None) -> list[int]:
+                    output_tokens: int = 0, answered: Iterable[int] = (), delivery: dict | None = None,
+                    fence: Fence | None = None) -> list[int]:
         """A turn's messages and its token usage in one transaction: all of it or, on any error, none.
 
         ``answered`` are the ids of the user messages this turn answers (their inbox rows go);
         ``delivery`` (``id``, platform, chat_id, thread_id, reply_to, text) records the pending
-        send of the reply, tied to the last message stored."""
+        send of the reply, tied to the last message stored.  With ``fence`` (PostgreSQL) nothing is
+        written unless its lease is still the session's current one (``LeaseLost`` otherwise)."""
         return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens,
-                                  list(answered), delivery)
+                                  list(answered), delivery, fence)
 
     @_writes
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
@@ -342,15 +345,18 @@ class SessionDB:
         role: str = "user",
         timestamp: float | None = None,
         inbox: dict | None = None,
+        pending: bool = False,
         **fields: Any,
     ) -> Appended:
         """Store a platform event once.  Returns ``Appended(id, new)``: ``new`` is False
         when this event was stored before (a redelivery the router must not answer again).
 
         With ``inbox`` (where to answer: see ``state._recovery.INBOX_FIELDS``) a new message
-        is also put in the inbox, in the same transaction, until a turn answers it."""
+        is also put in the inbox, in the same transaction, until a turn answers it.  With
+        ``pending`` as well (PostgreSQL), the session is marked as having work for any instance
+        to claim (``state.cluster.mark_pending``), in that transaction too."""
         return self._engine.write(
-            _append_inbound, session_id, inbox, role=role, content=content,
+            _append_inbound, session_id, inbox, pending, role=role, content=content,
             platform_message_id=platform_message_id, timestamp=timestamp, **fields,
         )
 
@@ -365,6 +371,7 @@ class SessionDB:
         role: str = "user",
         timestamp: float | None = None,
         inbox: dict | None = None,
+        pending: bool = False,
         **fields: Any,
     ) -> tuple[dict | None, Appended | None]:
         """In one transaction: the session ``session_key`` routes to and, when that session is open
@@ -378,7 +385,7 @@ class SessionDB:
             if session is None or session.get("ended_at") is not None or not keep(session):
                 return session, None
             appended = _append_inbound(
-                conn, session["id"], inbox, role=role, content=content, platform_message_id=platform_message_id,
+                conn, session["id"], inbox, pending, role=role, content=content, platform_message_id=platform_message_id,
                 timestamp=timestamp, **fields)
             return session, appended
 
@@ -844,15 +851,48 @@ class SessionDB:
 
     @_writes
     def settle_inbox(self, message_ids: Iterable[int], delivery: dict | None = None, *,
-                     session_id: str | None = None) -> None:
+                     session_id: str | None = None, fence: Fence | None = None) -> None:
         """These messages got their answer (a line standing in for a reply): drop their inbox rows and,
-        with ``delivery``, record the pending send of that line, in one transaction."""
-        self._engine.write(_recovery.settle, list(message_ids), delivery, session_id=session_id)
+        with ``delivery``, record the pending send of that line, in one transaction (fenced as
+        :meth:`record_turn` is)."""
+        def settle(conn) -> None:
+            _fenced(conn, fence)
+            _recovery.settle(conn, list(message_ids), delivery, session_id=session_id)
+
+        self._engine.write(settle)
 
     @_reads
-    def unanswered_messages(self) -> list[dict]:
-        """Every stored platform message that no turn has answered yet, oldest first."""
-        return self._engine.read(_recovery.unanswered)
+    def unanswered_messages(self, session_id: str | None = None) -> list[dict]:
+        """Every stored platform message that no turn has answered yet (of ``session_id`` only, when
+        given), oldest first."""
+        return self._engine.read(_recovery.unanswered, session_id)
+
+    @_reads
+    def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]:
+        """``session_id``'s unanswered messages and its conversation, read together (one snapshot on
+        PostgreSQL), so a message another instance stores meanwhile is in both or in neither."""
+        def read(conn) -> tuple[list[dict], list[dict]]:
+            return (_recovery.unanswered(conn, session_id),
+                    _messages.get_messages_as_conversation(conn, session_id))
+
+        return self._engine.read(read)
+
+    @_writes
+    def mark_sessions_pending(self, session_ids: Iterable[str]) -> int:
+        """Mark sessions as having work for any instance to claim (PostgreSQL; nothing on SQLite,
+        where one instance answers everything itself); how many were marked."""
+        ids = sorted(set(session_ids))
+
+        def mark(conn) -> int:
+            if not ids or not is_pg(conn):
+                return 0
+            from .cluster.leases import mark_pending
+
+            for session_id in ids:
+                mark_pending(conn.raw, session_id)
+            return len(ids)
+
+        return self._engine.write(mark)
 
     @_writes
     def begin_streamed_delivery(self, delivery: dict, *, session_id: str, sent_ids: list[str]) -> None:
@@ -862,9 +902,9 @@ class SessionDB:
                                   sent_ids=sent_ids)
 
     @_reads
-    def pending_deliveries(self) -> list[dict]:
-        """Replies stored but not yet confirmed sent, oldest first."""
-        return self._engine.read(_recovery.pending_deliveries)
+    def pending_deliveries(self, session_id: str | None = None) -> list[dict]:
+        """Replies stored but not yet confirmed sent (of ``session_id`` only, when given), oldest first."""
+        return self._engine.read(_recovery.pending_deliveries, session_id)
 
     @_writes
     def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None) -> bool:
@@ -970,8 +1010,28 @@ class SessionDB:
         return self._engine.write(_usage.prune_calls, before, limit)
 
 
+@dataclass(frozen=True)
+class Fence:
+    """The lease a turn's writes are made under: they happen only while ``token`` is current (PostgreSQL)."""
+
+    session_id: str
+    token: int
+
+
+def _fenced(conn, fence: Fence | None) -> None:
+    """First in a fenced transaction: raise ``LeaseLost`` (nothing written) unless ``fence`` still holds.
+
+    SQLite has one instance per file and no leases: a fence there has nothing to guard against."""
+    if fence is None or not is_pg(conn):
+        return
+    from .cluster.leases import fenced_write
+
+    fenced_write(conn.raw, fence.session_id, fence.token)
+
+
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
-                 answered: list[int], delivery: dict | None) -> list[int]:
+                 answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
+    _fenced(conn, fence)
     ids = _messages.append_messages(conn, session_id, messages)
     _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
     if answered or delivery is not None:
@@ -979,10 +1039,14 @@ def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int,
     return ids
 
 
-def _append_inbound(conn, session_id: str, inbox: dict | None, **message: Any) -> Appended:
+def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **message: Any) -> Appended:
     appended = _messages.append_inbound(conn, session_id, **message)
     if inbox is not None and appended.new:
         _recovery.add_to_inbox(conn, appended.id, session_id, inbox)
+        if pending and is_pg(conn):
+            from .cluster.leases import mark_pending
+
+            mark_pending(conn.raw, session_id)
     return appended
 
 
@@ -995,4 +1059,4 @@ def public_methods(kind: str) -> dict[str, Callable[..., Any]]:
     }
 
 
-__all__ = ["SessionDB", "public_methods"]
+__all__ = ["Fence", "SessionDB", "public_methods"]

@@ -141,6 +141,7 @@ class TelegramAdapter:
         self._webhook: WebhookServer | None = None
         self._stopping = False
         self._may_poll: PollGate | None = None  # clustered: asked before every getUpdates
+        self._sending_only = False  # opened for sending only (open_for_sending), not started
 
     def gate_polling(self, may_poll: PollGate) -> None:
         """Poll only while ``may_poll`` allows, each long poll no longer than it allows (several instances)."""
@@ -187,15 +188,9 @@ class TelegramAdapter:
         if error is not None:
             self._health.last_error = error
 
-    async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
-        if self._bot is not None:
-            raise RuntimeError("TelegramAdapter is already started")
-        self._handler = handler
-        self._failed = FailedEvents(PLATFORM, dead_letter)
-        self._stopping = False
-        self._health.state = "starting"
+    def _new_bot(self) -> Bot:
         timeout = self._request_timeout
-        self._bot = Bot(
+        return Bot(
             self._token,
             base_url=self._base_url,
             base_file_url=self._base_file_url,
@@ -204,6 +199,32 @@ class TelegramAdapter:
             get_updates_request=HTTPXRequest(connection_pool_size=2, read_timeout=timeout,
                                              write_timeout=timeout, connect_timeout=timeout, pool_timeout=timeout),
         )
+
+    async def open_for_sending(self) -> None:
+        """Send, post drafts and show typing without receiving updates (a standby of a cluster: another
+        instance polls); :meth:`start` later adds the polling or webhook, :meth:`stop` closes it all."""
+        if self._bot is not None:
+            return
+        self._stopping = False
+        self._sending_only = True
+        self._bot = self._new_bot()
+        try:
+            await retry_async(self._bot.initialize, classify=_retry_network, backoff=self._reconnect_backoff,
+                              max_attempts=3)
+        except BaseException:
+            await self._close_bot()
+            raise
+
+    async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
+        if self._bot is not None and not self._sending_only:
+            raise RuntimeError("TelegramAdapter is already started")
+        self._handler = handler
+        self._failed = FailedEvents(PLATFORM, dead_letter)
+        self._stopping = False
+        self._sending_only = False
+        self._health.state = "starting"
+        if self._bot is None:
+            self._bot = self._new_bot()
         try:
             await self._connect()
         except BaseException:

@@ -81,6 +81,7 @@ from gateway.types import (
     GatedPolling,
     InboundMessage,
     PlatformStatus,
+    SendingOnly,
     SendProgress,
 )
 from gateway.usage import UsageRecorder
@@ -157,6 +158,9 @@ class Gateway:
         self.instance_id = config.cluster.instance_id
         self.owned: dict[str, Any] = {}  # platform -> gateway.runtime.cluster.OwnedConnection
         self.cron_claims: deque[dict] = deque(maxlen=20)
+        self.claims: Any = None  # gateway.runtime.turn_claims.TurnClaims: the sessions' turns this instance runs
+        self._work_pending = asyncio.Event()  # the router stored a message for any instance to claim
+        self._sending_only: dict[str, asyncio.Task] = {}  # standbys: adapters opened to send, not to receive
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -222,6 +226,7 @@ class Gateway:
             prefetch=facts.prefetch if cfg.facts.enabled else None,
         ), max_message_tokens=max_message_tokens(context_length, cfg.model.max_message_share), clock=self.clock)
         on_session_end = facts.on_session_end(flush_memory) if cfg.facts.enabled else flush_memory
+        claims_turns = cfg.clustered and self.serve_api
         self.router = SessionRouter(
             self.db, turn,
             RouterSettings(
@@ -230,7 +235,9 @@ class Gateway:
                 reset_policy_for=cfg.sessions.reset_policy_for, resume_within=cfg.sessions.resume_within,
             ),
             authorizer=Authorizer(auth_settings(cfg), self.db, clock=self.clock),
-            commands=self.commands, metrics=self.metrics, hooks=SessionHooks(on_session_end=on_session_end),
+            commands=self.commands, metrics=self.metrics,
+            hooks=SessionHooks(on_session_end=on_session_end,
+                               on_work_pending=self._work_pending.set if claims_turns else None),
             context_length=context_length, clock=self.clock,
         )
         if cfg.facts.enabled:
@@ -248,14 +255,27 @@ class Gateway:
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
         # after the platforms' outputs are registered) before any of their new messages is taken.
         undone = await self._undone_work()
+        if claims_turns:
+            from gateway.runtime.turn_claims import TurnClaims
+
+            self.claims = TurnClaims(cfg.store.url, self.router, holder=self.instance_id,
+                                     lease_seconds=cfg.cluster.lease_seconds, slots=cfg.model.max_concurrent_calls,
+                                     wake=self._work_pending)
         self._start_platforms()
         if undone is not None:
+            claimed = {row["session_id"] for rows in undone for row in rows
+                       if self.router.claims_turns(row["platform"]) and row.get("session_id")}
+            if claimed:  # answered (or sent) by whichever instance claims the session, this one included
+                await self.db.mark_sessions_pending(claimed)
             # an owned connection's platform is resumed by whichever instance comes to own it
-            pending, unanswered = ([row for row in rows if row["platform"] not in self.owned] for rows in undone)
+            pending, unanswered = ([row for row in rows if row["platform"] not in self.owned
+                                    and not self.router.claims_turns(row["platform"])] for rows in undone)
             counts = self.router.recover(pending, unanswered)
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
+        if self.claims is not None:
+            await self.claims.start()
         await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
         if self.serve_api:
@@ -336,16 +356,20 @@ class Gateway:
         self.adapters[name] = adapter
         self.platforms_off.pop(name, None)
         self._connected[name] = asyncio.Event()
-        self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing,
-                                    streamed=self._streamed_output(name, adapter),
-                                    drafts=adapter if isinstance(adapter, DraftOutput) else None)
+        key = None
         if self.config.clustered and self.serve_api:
             from gateway.runtime.cluster import connection_key
 
             key = connection_key(name, getattr(self.config.platforms, name, None))
-            if key is not None:
-                self._own(name, adapter, key)
-                return
+        # Clustered, any instance runs a turn when it can send the reply: in a mode where every instance
+        # serves the platform, or when the adapter can send without holding the connection.
+        claimed = self.claims is not None and (key is None or isinstance(adapter, SendingOnly))
+        self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing,
+                                    streamed=self._streamed_output(name, adapter),
+                                    drafts=adapter if isinstance(adapter, DraftOutput) else None, claimed=claimed)
+        if key is not None:
+            self._own(name, adapter, key)
+            return
         self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
 
     def _own(self, name: str, adapter: Adapter, key: str) -> None:
@@ -360,17 +384,45 @@ class Gateway:
         held = OwnedConnection(owner, start=functools.partial(self._start_owned, name, adapter),
                                stop=functools.partial(self._stop_owned, name, adapter))
         self.owned[name] = held
+        if self.router.claims_turns(name):
+            self._open_for_sending(name, adapter)
         held.begin()
+
+    def _open_for_sending(self, name: str, adapter: Adapter) -> None:
+        """While another instance owns ``name``'s connection, this one still sends the replies of the turns
+        it runs: the adapter is opened for sending only (retried with backoff until it is)."""
+        assert isinstance(adapter, SendingOnly)
+
+        async def open_it() -> None:
+            backoff, attempt = Backoff(base=1.0, cap=60.0), 0
+            while True:
+                try:
+                    await adapter.open_for_sending()
+                    self._connected[name].set()
+                    return
+                except Exception as exc:  # noqa: BLE001 - retried; /healthz shows the platform meanwhile
+                    wait = backoff.delay(attempt)
+                    attempt += 1
+                    log.error("platform %s could not be opened for sending: %s; retrying in %.0fs", name, exc, wait)
+                    await asyncio.sleep(wait)
+
+        previous = self._sending_only.get(name)
+        if previous is None or previous.done():
+            self._sending_only[name] = spawn(open_it(), name=f"adapter-send:{name}")
 
     async def _start_owned(self, name: str, adapter: Adapter) -> None:
         """This instance now owns ``name``'s connection: resume what the last owner left undone there
-        (replies stored but not sent, messages not answered), then connect."""
+        (replies stored but not sent, messages not answered), then connect.  Where any instance runs
+        the turns, nothing is resumed here: the sessions with work stay pending for whoever claims them."""
         # (what this process is still working on, after losing and winning the connection back, is not
         # queued again)
-        pending = [row for row in await self.db.pending_deliveries()
-                   if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
-        unanswered = [row for row in await self.db.unanswered_messages()
-                      if row["platform"] == name and not self.router.working_on(row["session_key"])]
+        claimed = self.router.claims_turns(name)
+        pending = [] if claimed else [
+            row for row in await self.db.pending_deliveries()
+            if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
+        unanswered = [] if claimed else [
+            row for row in await self.db.unanswered_messages()
+            if row["platform"] == name and not self.router.working_on(row["session_key"])]
         counts = self.router.recover(pending, unanswered)
         if any(counts.values()):
             log.info("taking over %s: %d stored replies to send, %d sessions to answer, %d too old to answer "
@@ -379,6 +431,8 @@ class Gateway:
             await adapter.start(self.on_inbound, dead_letter=self.on_dead_letter)
         except Exception as exc:
             self._start_errors[name] = str(exc)
+            if claimed:
+                self._open_for_sending(name, adapter)  # still sends for the turns it runs meanwhile
             raise
         self._start_errors.pop(name, None)
         self._connected[name].set()
@@ -387,6 +441,8 @@ class Gateway:
     async def _stop_owned(self, name: str, adapter: Adapter) -> None:
         self._connected[name] = asyncio.Event()  # replies due meanwhile wait (then stay pending)
         await adapter.stop()
+        if self.router.claims_turns(name) and not self.draining:
+            self._open_for_sending(name, adapter)  # a standby again: it still sends for the turns it runs
 
     async def _claim_cron_tick(self, job_id: str, scheduled_for: float) -> bool:
         from gateway.runtime.cluster import claim_tick
@@ -481,6 +537,8 @@ class Gateway:
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
         # turns (the router stops taking messages first), cron runs, memory flushes and fact
         # extractions of sessions that just ended.
+        if self.claims is not None:
+            self.claims.stop_claiming()
         draining: list[Awaitable[Any]] = [self.router.drain(grace)] if self.router is not None else []
         draining += [part.drain(grace) for part in (self.memory, self.facts) if part is not None]
         if self.cron is not None:
@@ -489,7 +547,9 @@ class Gateway:
         for key in (results[0] if self.router is not None else []):
             log.warning("turn for %s cancelled at shutdown after %.0fs; the user's message is stored "
                         "and the next turn will answer it", key, grace)
-        for task in self._supervisors.values():
+        if self.claims is not None:
+            await self.claims.close()  # the leases still held go back: another instance answers what is left
+        for task in [*self._supervisors.values(), *self._sending_only.values()]:
             task.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
@@ -497,7 +557,7 @@ class Gateway:
             await self.api.stop()
         await asyncio.gather(*(held.close() for held in self.owned.values()))  # standbys take over
         for name, adapter in reversed(list(self.adapters.items())):
-            if name in self.owned:
+            if name in self.owned and name not in self._sending_only:
                 continue
             try:
                 await adapter.stop()
@@ -557,9 +617,10 @@ class Gateway:
 
     def _cluster_health(self) -> dict:
         """This instance's id, the connections it owns or stands by for, the scheduled runs it claimed."""
+        turns = self.claims.status() if self.claims is not None else {}
         return {"instance": self.instance_id,
                 "connections": {name: held.status() for name, held in self.owned.items()},
-                "claims": {"cron_ticks": list(self.cron_claims)}}
+                "claims": {"cron_ticks": list(self.cron_claims), **turns}}
 
 
 def _version() -> str:

@@ -1,0 +1,245 @@
+"""Any instance runs any session's turn: this instance's claims on sessions whose messages wait.
+
+    claims = TurnClaims(store_url, router, holder="i-2", lease_seconds=15, slots=4, wake=event)
+    await claims.start()        # claims sessions (woken by the router, polling otherwise), runs their turns
+    ...                         # the router sets ``event`` when it stores a message for any instance
+    claims.stop_claiming()      # at shutdown, before the router drains
+    await claims.close()        # the leases still held go back; another instance answers what is left
+
+On several instances sharing one PostgreSQL store, the instance that stores a platform message
+marks its session *pending* in the same transaction (``state.cluster.mark_pending``).  Each
+instance runs one claim loop: while it has a free slot it takes the session whose work waited
+longest with ``state.cluster.claim_next`` (``FOR UPDATE SKIP LOCKED``, so instances never wait on
+each other), under a lease of ``cluster.lease_seconds`` carrying a fencing token, and hands it to
+the router (:meth:`gateway.router.SessionRouter.run_claimed`), which answers the session's
+unanswered messages in its lane like any turn.
+
+While the turn runs, a keeper renews the lease every third of ``lease_seconds``.  The lease is
+*trusted* locally until the monotonic time the last successful claim or renewal was sent plus 80 %
+of ``lease_seconds`` (the monotonic clock runs on while the process is stopped, so a paused
+instance wakes up untrusted): sends made before the answer is stored (typing, streamed drafts)
+stop once it is not.  When renewal fails for good (the lease expired or another instance claimed
+the session since), the turn is cancelled and nothing is stored or sent.  The answer itself is
+stored under ``fenced_write``: a holder that lost its lease writes nothing even if it never
+noticed.  Then the lease is released, ``finished``: the session stays pending when more messages
+arrived meanwhile, and is claimed again.
+
+The lease calls run on a small pool of autocommit connections of this module's own, on threads
+of its own, so a renewal never queues behind the store's writes and the event loop never waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import time
+from typing import Any, Callable, TypeVar
+
+import state
+from gateway.retry import Backoff
+from gateway.router import SessionRouter
+from gateway.tasks import spawn
+from state.cluster import Lease, LeaseLost, claim_next, release, renew
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+POLL_SECONDS = 0.5  # how often the loop looks for work nobody woke it for (another instance stored it)
+TRUSTED_SHARE = 0.8  # of lease_seconds after a claim or renewal was sent: sends may go until then
+RECENT_CLAIMS = 20  # the claims /healthz lists besides those held now
+
+
+class Claim:
+    """One session's lease as the router sees it (:class:`gateway.router.TurnClaim`)."""
+
+    def __init__(self, lease: Lease, lease_seconds: float, sent_at: float):
+        self.lease = lease
+        self.session_id = lease.session_id
+        self.fence = state.Fence(lease.session_id, lease.token)
+        self._trust_for = lease_seconds * TRUSTED_SHARE
+        self._trusted_until = sent_at + self._trust_for
+        self.claimed_at = time.time()
+        self.lost_by: BaseException | None = None
+        self._lost = False
+        self.pending = False  # work left undone: released unfinished, so it is claimed again
+        self._task: asyncio.Task | None = None
+
+    def trusted(self) -> bool:
+        return not self._lost and time.monotonic() < self._trusted_until
+
+    def trusted_for(self) -> float:
+        return max(0.0, self._trusted_until - time.monotonic()) if not self._lost else 0.0
+
+    def lost(self, exc: BaseException | None = None) -> bool:
+        if isinstance(exc, LeaseLost) and not self._lost:
+            self._lost, self.lost_by = True, exc
+        return self._lost
+
+    def attach(self, task: asyncio.Task) -> None:
+        self._task = task
+        if self._lost:
+            task.cancel()
+
+    def keep_pending(self) -> None:
+        self.pending = True
+
+    def renewed(self, lease: Lease, sent_at: float) -> None:
+        self.lease = lease
+        self._trusted_until = max(self._trusted_until, sent_at + self._trust_for)
+
+    def give_up(self, why: BaseException) -> None:
+        """The lease is gone: stop the turn now; it stores and sends nothing."""
+        if self._lost:
+            return
+        self._lost, self.lost_by = True, why
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def status(self) -> dict:
+        return {"session": self.session_id, "token": self.lease.token, "since": round(self.claimed_at, 3),
+                "trusted_for": round(self.trusted_for(), 1)}
+
+
+class TurnClaims:
+    """This instance's claim loop: at most ``slots`` sessions' turns at once, each under a lease."""
+
+    def __init__(self, url: str, router: SessionRouter, *, holder: str, lease_seconds: float, slots: int,
+                 wake: asyncio.Event, poll_seconds: float = POLL_SECONDS):
+        if not lease_seconds > 0:
+            raise ValueError(f"cluster.lease_seconds must be more than 0 (got {lease_seconds!r})")
+        self.url = url
+        self.router = router
+        self.holder = holder
+        self.lease_seconds = float(lease_seconds)
+        self.poll_seconds = poll_seconds
+        self._wake = wake
+        self._slots = asyncio.Semaphore(max(1, slots))
+        self._held: dict[str, Claim] = {}
+        self._runs: set[asyncio.Task] = set()
+        self._loop_task: asyncio.Task | None = None
+        self._pool: Any = None
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=3, thread_name_prefix="turn-claims")
+        self.turns_claimed = 0  # sessions this instance claimed since it started
+        self.leases_lost = 0
+
+    # -- lifecycle -------------------------------------------------------------
+    async def start(self) -> None:
+        if self._loop_task is not None:
+            raise RuntimeError("the turn claims have started already")
+        from psycopg_pool import ConnectionPool
+
+        self._pool = ConnectionPool(self.url, min_size=1, max_size=3, open=False, name="switchboard-leases",
+                                    kwargs={"autocommit": True, "connect_timeout": 5}, timeout=10)
+        await self._call(functools.partial(self._pool.open, wait=True, timeout=10))
+        self._loop_task = spawn(self._claim_loop(), name="turn-claims:loop")
+
+    def stop_claiming(self) -> None:
+        """Claim nothing more (shutdown): what runs goes on while the router drains."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """After the router drained: wait for the runs to give their leases back, then close."""
+        self.stop_claiming()
+        if self._loop_task is not None:
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._runs:
+            _, late = await asyncio.wait(set(self._runs), timeout=timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=2)
+        if self._pool is not None:
+            await self._call(self._pool.close)
+            self._pool = None
+        self._threads.shutdown(wait=False)
+
+    def status(self) -> dict:
+        """What /healthz shows: the sessions whose turns this instance holds now, and how many it claimed."""
+        return {"turns": [claim.status() for claim in self._held.values()], "turns_claimed": self.turns_claimed,
+                "leases_lost": self.leases_lost, "lease_seconds": self.lease_seconds}
+
+    # -- the loop --------------------------------------------------------------
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+
+    def _with_conn(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._pool.connection() as conn:
+            return fn(conn, *args, **kwargs)
+
+    async def _claim_loop(self) -> None:
+        backoff, failures = Backoff(base=0.5, cap=10.0), 0
+        while True:
+            await self._slots.acquire()
+            self._wake.clear()  # a wake from here on means work stored after this claim looked
+            sent_at = time.monotonic()
+            try:
+                lease = await self._call(functools.partial(self._with_conn, claim_next, self.holder,
+                                                           self.lease_seconds))
+            except Exception as exc:  # noqa: BLE001 - the database comes back; the loop never dies
+                self._slots.release()
+                wait = backoff.delay(failures)
+                failures += 1
+                log.warning("could not look for sessions to answer (%s); trying again in %.1fs", exc, wait)
+                await asyncio.sleep(wait)
+                continue
+            failures = 0
+            if lease is None:
+                self._slots.release()
+                try:
+                    async with asyncio.timeout(self.poll_seconds):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                continue
+            claim = Claim(lease, self.lease_seconds, sent_at)
+            self._held[lease.session_id] = claim
+            self.turns_claimed += 1
+            log.info("claimed session %s (fencing token %d)", lease.session_id, lease.token)
+            task = spawn(self._run(claim), name=f"turn-claim:{lease.session_id}")
+            self._runs.add(task)
+            task.add_done_callback(self._runs.discard)
+
+    async def _run(self, claim: Claim) -> None:
+        keeper = spawn(self._keep(claim), name=f"turn-lease:{claim.session_id}")
+        finished = False
+        try:
+            finished = await self.router.run_claimed(claim) and not claim.pending
+        except Exception:  # the lease goes back unfinished: the session is claimed again
+            log.exception("answering session %s under its lease failed; it stays pending", claim.session_id)
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            self._held.pop(claim.session_id, None)
+            try:
+                if claim.lost():
+                    self.leases_lost += 1
+                else:
+                    await self._call(functools.partial(self._with_conn, release, claim.lease, finished=finished))
+            except Exception as exc:  # noqa: BLE001 - it expires on its own; the session is claimed again then
+                log.warning("could not give the lease on session %s back (%s); it expires in %.0fs",
+                            claim.session_id, exc, self.lease_seconds)
+            finally:
+                self._slots.release()
+
+    async def _keep(self, claim: Claim) -> None:
+        """Renew the lease every third of its length; give the turn up once it is lost or out of trust."""
+        every = self.lease_seconds / 3
+        while True:
+            await asyncio.sleep(every if claim.trusted() else 0)
+            sent_at = time.monotonic()
+            try:
+                lease = await self._call(functools.partial(self._with_conn, renew, claim.lease, self.lease_seconds))
+            except LeaseLost as exc:
+                claim.give_up(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - tried again until the lease can no longer be trusted
+                if not claim.trusted():
+                    claim.give_up(exc)
+                    return
+                log.warning("could not renew the lease on session %s (%s); trying again", claim.session_id, exc)
+                await asyncio.sleep(min(every, 0.5))
+                continue
+            claim.renewed(lease, sent_at)

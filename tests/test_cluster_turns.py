@@ -1,0 +1,208 @@
+"""Any instance runs any session's turn, under a lease with a fencing token.
+
+Real daemons (tests/crashkit.py's ``Daemon``) on one PostgreSQL store, the fake Telegram in
+polling mode and the fake model: one instance owns the poller and stores the DMs; whichever
+instance claims a session answers it, and sends the reply itself.  An instance paused past its
+lease (SIGSTOP) comes back to find the session answered by another, and stores and sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+
+from state import Fence, SessionDB
+from state.cluster import LeaseLost, claim_next, get_lease, release
+from tests.crashkit import Daemon, Outcome, Plan, TelegramSide, UserMessage
+from tests.fakes.model_server import FakeModel, Hang
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import eventually
+from tests.test_cluster_daemons import _dir, _free_port, _health, _stored
+
+WHERE = {"session_key": "agent:main:telegram:dm:42", "platform": "telegram", "chat_id": "42", "chat_type": "dm",
+         "user_id": "42"}
+
+
+def _settings(url: str, instance: str, model_url: str, *, lease_seconds: float, slots: int, **extra) -> dict:
+    return {
+        "model": {"base_url": model_url, "name": "fake-model", "api_key": "sk-cluster-not-a-secret-0000",
+                  "max_concurrent_calls": slots, "context_length": 32768},
+        "auth": {"allow_all": True},
+        "sessions": {"reset": {"mode": "none"}},
+        "logging": {"level": "INFO", "format": "text"},
+        "shutdown": {"grace_seconds": 5},
+        "store": {"url": url},
+        "cluster": {"instance_id": instance, "lease_seconds": lease_seconds},
+        "api": {"port": _free_port()},
+        **extra,
+    }
+
+
+async def _stop_all(daemons) -> None:
+    for daemon in daemons:
+        if daemon.proc is not None and daemon.proc.returncode is None:
+            daemon.proc.send_signal(18)  # SIGCONT: a paused one must be able to stop
+            await daemon.kill()
+
+
+# -- the store: the per-session inbox read, and a fenced write under a stale token -------------
+
+
+def test_the_unanswered_messages_of_one_session_are_read_apart_from_the_others(store):
+    store.create_session("s1", "telegram")
+    store.create_session("s2", "telegram")
+    one = store.append_inbound("s1", "one", platform_message_id="1", inbox={**WHERE, "platform_message_id": "1"})
+    store.append_inbound("s2", "other", platform_message_id="2", inbox={**WHERE, "platform_message_id": "2"})
+    two = store.append_inbound("s1", "two", platform_message_id="3", inbox={**WHERE, "platform_message_id": "3"})
+    assert [(m["message_id"], m["text"]) for m in store.unanswered_messages("s1")] == [(one.id, "one"), (two.id, "two")]
+    assert [m["text"] for m in store.unanswered_messages()] == ["one", "other", "two"]
+    rows, history = store.unanswered_with_history("s1")
+    assert [m["text"] for m in rows] == ["one", "two"]
+    assert [(m["role"], m["content"]) for m in history] == [("user", "one"), ("user", "two")]
+    store.record_turn("s1", [{"role": "assistant", "content": "both"}], answered=[one.id, two.id])
+    assert store.unanswered_messages("s1") == []
+    assert [m["text"] for m in store.unanswered_messages("s2")] == ["other"]
+
+
+def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
+    with SessionDB(pg_url) as db, psycopg.connect(pg_url, autocommit=True) as conn:
+        db.create_session("s1", "telegram")
+        asked = db.append_inbound("s1", "hello", platform_message_id="7", inbox={**WHERE, "platform_message_id": "7"},
+                                  pending=True)
+        first = claim_next(conn, "paused", 15)
+        assert first is not None and first.session_id == "s1"  # storing the message marked the session pending
+        release(conn, first)  # as if it had expired while its holder was stopped
+        second = claim_next(conn, "other", 15)
+        assert second is not None and second.token > first.token
+        reply = {"id": "d-stale", "platform": "telegram", "chat_id": "42", "reply_to": "7", "text": "late"}
+        with pytest.raises(LeaseLost) as lost:
+            db.record_turn("s1", [{"role": "assistant", "content": "late"}], answered=[asked.id], delivery=reply,
+                           fence=Fence("s1", first.token))
+        assert lost.value.holder == "other"
+        with pytest.raises(LeaseLost):
+            db.settle_inbox([asked.id], {**reply, "id": "d-line", "kind": "notice"}, session_id="s1",
+                            fence=Fence("s1", first.token))
+        assert [m["role"] for m in db.get_messages("s1")] == ["user"]
+        assert [m["message_id"] for m in db.unanswered_messages("s1")] == [asked.id]
+        assert db.pending_deliveries() == [] and db.list_deliveries("s1") == []
+        # the current holder's write goes through
+        db.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[asked.id],
+                       delivery={**reply, "id": "d-ok", "text": "hi"}, fence=Fence("s1", second.token))
+        assert [m["content"] for m in db.get_messages("s1")] == ["hello", "hi"]
+        assert get_lease(conn, "s1").holder == "other"
+
+
+# -- real daemons ---------------------------------------------------------------------------------
+
+
+def _assistant_replies(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return [(sid, text) for sid, text in conn.execute(
+            "SELECT session_id, content FROM messages WHERE role = 'assistant' ORDER BY id").fetchall()]
+
+
+def _echo(text: str) -> str:
+    return f"echo: {text} | turns: 1 | first: {text}"
+
+
+def _deliveries(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return [(text, status) for text, status in conn.execute("SELECT text, status FROM deliveries").fetchall()]
+
+
+async def test_turns_run_on_every_instance_and_each_dm_is_stored_once_and_answered(tmp_path, pg_url):
+    async with FakeTelegram() as tg, FakeModel(delay=0.3) as model:
+        side = TelegramSide(tg)
+        daemons = [Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, lease_seconds=5, slots=2,
+                                                          **side.settings()))
+                   for name in ("a", "b", "c")]
+        messages: list[UserMessage] = []
+        try:
+            start = await daemons[0].start()
+            await side.ready(start, 30.0)  # a owns the poller; b and c stand by, and run turns
+            await asyncio.gather(*(daemon.start() for daemon in daemons[1:]))
+            for i in range(36):  # 12 chats, 3 DMs each
+                index = i % 12
+                text = f"c{index:03d} m{i // 12:04d}"
+                messages.append(UserMessage(side.chat_of(index), text, time.monotonic(), 0))
+                await side.send(index, text)
+                await asyncio.sleep(0.05)
+
+            def settled() -> bool:
+                return not Outcome("telegram", Plan(), True, messages, side.replies(), _stored(pg_url), [], [],
+                                   "ok", 0).lost()
+
+            await eventually(settled, 60.0, "every DM answered")
+
+            async def released() -> list[dict] | None:  # each lease goes back once its reply is sent
+                shown = [(await _health(daemon))["cluster"]["claims"] for daemon in daemons]
+                return shown if all(claims["turns"] == [] for claims in shown) else None
+
+            claims = await eventually(released, 10.0, "every lease given back", every=0.1)
+            exit_codes = [await daemon.stop() for daemon in daemons]
+        finally:
+            await _stop_all(daemons)
+    outcome = Outcome("telegram", Plan(), True, messages, side.replies(), await asyncio.to_thread(_stored, pg_url),
+                      [], [], "ok", max(exit_codes),
+                      log_problems="\n".join(daemon.log_problems() for daemon in daemons))
+    assert not outcome.problems(), outcome.report()
+    assert outcome.duplicates() == 0, outcome.report()
+    ran = {daemon.workdir.name: shown["turns_claimed"] for daemon, shown in zip(daemons, claims, strict=True)}
+    assert sum(1 for n in ran.values() if n > 0) >= 2, f"turns ran on one instance only: {ran}"
+    assert tg.overlapping_polls == []
+
+
+async def test_an_instance_paused_past_its_lease_stores_and_sends_nothing_for_the_turn(tmp_path, pg_url):
+    async with FakeTelegram() as tg, FakeModel() as model:
+        side = TelegramSide(tg)
+        daemons = {name: Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, lease_seconds=2,
+                                                                slots=4, **side.settings()))
+                   for name in ("a", "b")}
+        try:
+            start = await daemons["a"].start()
+            await side.ready(start, 30.0)
+            await daemons["b"].start()
+            model.script(Hang(8.0))  # the first answer to the DM is slow: its instance is paused meanwhile
+            await side.send(0, "slow one")
+            await model.wait_for_requests(1, 15.0)
+
+            async def holder() -> str:
+                for name, daemon in daemons.items():
+                    if (await _health(daemon))["cluster"]["claims"]["turns"]:
+                        return name
+                return ""
+
+            running = await eventually(holder, 10.0, "an instance holding the DM's session", every=0.1)
+            paused = daemons[running]
+            paused.freeze()  # SIGSTOP while its turn waits for the model
+            other = daemons["b" if running == "a" else "a"]
+            # the lease runs out; the other instance claims the session and answers
+            await eventually(lambda: _deliveries(pg_url) == [(_echo("slow one"), "sent")], 30.0,
+                             lambda: f"the other instance's answer stored and sent, got {_deliveries(pg_url)}",
+                             every=0.1)
+            assert len(model.requests) == 2
+            paused.proc.send_signal(18)  # SIGCONT
+            await eventually(lambda: "LeaseLost" in paused.log_path(0).read_text(), 20.0,
+                             "the paused instance saying why it dropped its turn")
+            # its turn has ended (the line is logged as it returns); one answer is all the user saw
+            replies = side.replies()
+            stored = await asyncio.to_thread(_assistant_replies, pg_url)
+            deliveries = await asyncio.to_thread(_deliveries, pg_url)
+            health = await _health(other)
+            paused_health = await _health(paused)
+            await asyncio.gather(*(daemon.stop() for daemon in daemons.values()))
+        finally:
+            await _stop_all(daemons.values())
+    assert [(r.chat, r.echoes) for r in replies] == [(side.chat_of(0), "slow one")], replies
+    assert len(stored) == 1 and "slow one" in stored[0][1], stored
+    assert [status for _, status in deliveries] == ["sent"], deliveries
+    assert health["cluster"]["claims"]["turns_claimed"] >= 1
+    assert paused_health["cluster"]["claims"]["leases_lost"] == 1
+    dropped = [line for line in paused.log_path(0).read_text().splitlines() if "LeaseLost" in line]
+    assert dropped and " WARNING " in dropped[0] and "nothing was stored or sent" in dropped[0], dropped
+    assert Counter(r.text for r in replies).most_common(1)[0][1] == 1
+
