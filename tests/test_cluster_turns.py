@@ -17,29 +17,20 @@ import pytest
 
 from state import Fence, SessionDB
 from state.cluster import LeaseLost, claim_next, get_lease, release
+from tests.clusterdaemons import health as _health, instance_dir as _dir, instance_settings, stored as _stored
 from tests.crashkit import Daemon, Outcome, Plan, TelegramSide, UserMessage
 from tests.fakes.model_server import FakeModel, Hang
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import eventually
-from tests.test_cluster_daemons import _dir, _free_port, _health, _stored
 
 WHERE = {"session_key": "agent:main:telegram:dm:42", "platform": "telegram", "chat_id": "42", "chat_type": "dm",
          "user_id": "42"}
 
 
 def _settings(url: str, instance: str, model_url: str, *, lease_seconds: float, slots: int, **extra) -> dict:
-    return {
-        "model": {"base_url": model_url, "name": "fake-model", "api_key": "sk-cluster-not-a-secret-0000",
-                  "max_concurrent_calls": slots, "context_length": 32768},
-        "auth": {"allow_all": True},
-        "sessions": {"reset": {"mode": "none"}},
-        "logging": {"level": "INFO", "format": "text"},
-        "shutdown": {"grace_seconds": 5},
-        "store": {"url": url},
-        "cluster": {"instance_id": instance, "lease_seconds": lease_seconds},
-        "api": {"port": _free_port()},
-        **extra,
-    }
+    settings = instance_settings(url, instance, model_url, cluster={"lease_seconds": lease_seconds}, **extra)
+    settings["model"]["max_concurrent_calls"] = slots
+    return settings
 
 
 async def _stop_all(daemons) -> None:
