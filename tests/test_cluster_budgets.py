@@ -256,3 +256,27 @@ async def test_the_store_going_away_mid_run_neither_fails_nor_holds_up_sends(mig
     for _, err in results:  # each instance paced on its own during the outage, and shares again after it
         assert "did not answer" in err and "are back" in err, err
     assert _most_above_rate(times[-10:], 10.0) <= 3, "the last sends are paced together again"
+
+
+# -- the daemon -------------------------------------------------------------------------------------
+
+
+def _buckets(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return sorted(row[0] for row in conn.execute("SELECT key FROM rate_buckets"))
+
+
+async def test_a_clustered_daemon_shares_its_budgets_while_it_runs_and_only_then(tmp_path, migrated_url):
+    from tests.fakes.model_server import FakeModel
+    from tests.harness import running_gateway
+
+    rate = ChatRate(rate=100.0, burst=2, min_gap=0.0)
+    async with FakeModel() as model:
+        async with running_gateway(tmp_path / "a", model, store={"url": migrated_url}, cluster={"instance_id": "a"}):
+            await chat_budget_for("telegram", "bot-token-1", "42", rate).acquire()
+            assert len(_buckets(migrated_url)) == 1
+        await chat_budget_for("telegram", "bot-token-1", "43", rate).acquire()  # stopped: its own bucket again
+        async with running_gateway(tmp_path / "b", model):  # SQLite: one instance, nothing shared
+            await chat_budget_for("telegram", "bot-token-1", "44", rate).acquire()
+    [key] = _buckets(migrated_url)
+    assert key.endswith(":42") and "bot-token-1" not in key
