@@ -269,7 +269,7 @@ class _SharedGate:
             return None
         if self._down:
             self._down = False
-            log.warning("the shared rate budgets in the store are back: sends are paced across the instances again")
+            log.info("the shared rate budgets in the store are back: sends are paced across the instances again")
         return answer
 
 

@@ -108,6 +108,7 @@ def main() -> None:
         role.add_argument("--local", action="store_true", help="this process's own buckets only (no store)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("gateway.ratelimit").setLevel(logging.INFO)  # "the store is back" too
     asyncio.run(_telegram(args) if args.role == "telegram" else _slots(args))
 
 
