@@ -317,6 +317,22 @@ CREATE TABLE IF NOT EXISTS cron_ticks (
 """
 
 
+def _v23_rate_buckets(conn):
+    # The cluster's shared rate budgets (state.cluster.budgets): used only on PostgreSQL; created
+    # here too so both backends keep the same tables.
+    _script(_RATE_BUCKETS_SQLITE)(conn)
+
+
+_RATE_BUCKETS_SQLITE = """
+CREATE TABLE IF NOT EXISTS rate_buckets (
+    key          TEXT PRIMARY KEY,
+    tat          REAL NOT NULL,
+    last_slot    REAL NOT NULL,
+    paused_until REAL NOT NULL DEFAULT 0
+);
+"""
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -416,6 +432,12 @@ def _v22_cluster_pg(conn):
     _pg(*filter(str.strip, CLUSTER_TABLES_PG.split(";")))(conn)
 
 
+def _v23_rate_buckets_pg(conn):
+    from .cluster.ddl import RATE_BUCKETS_PG
+
+    _pg(*filter(str.strip, RATE_BUCKETS_PG.split(";")))(conn)
+
+
 _BILLING_PG = [
     ("cache_read_tokens", "BIGINT DEFAULT 0"),
     ("cache_write_tokens", "BIGINT DEFAULT 0"),
@@ -465,6 +487,7 @@ for _step in [
     Migration(20, "the usage ledger: one row per model call", _v20_model_calls, _pg_tables_of("_usage")),
     Migration(21, "the usage ledger's daily roll-up, for reports", _v21_usage_rollup, _v21_usage_rollup),
     Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
+    Migration(23, "cluster: shared rate budgets", _v23_rate_buckets, _v23_rate_buckets_pg),
 ]:
     register(_step)
 

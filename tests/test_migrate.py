@@ -21,8 +21,8 @@ from state import migrate as store_migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_700_000_000.0
-#: Tables SQLite's schema has only to match PostgreSQL's (the cluster's leases and tick claims): empty there.
-UNUSED_ON_SQLITE = {"work_leases", "cron_ticks"}
+#: Tables SQLite's schema has only to match PostgreSQL's (the cluster's leases, tick claims and rate budgets): empty there.
+UNUSED_ON_SQLITE = {"work_leases", "cron_ticks", "rate_buckets"}
 
 
 def _fill_every_table(home: Path) -> Path:

@@ -272,7 +272,7 @@ class Outbound:
     async def send_typing(self, chat: ChatRef) -> None:
         client = self._client()
         channel_id = chat.thread_id or chat.chat_id
-        if client is None or not self.chat_budget(channel_id).try_acquire():
+        if client is None or not await self.chat_budget(channel_id).take_if_free():
             return  # best effort: never queued in front of a reply, never sent during a pause
         try:
             await client.get_partial_messageable(int(channel_id)).typing()

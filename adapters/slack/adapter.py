@@ -416,7 +416,7 @@ class SlackAdapter:
         ts = inbound.last_message.get((chat.chat_id, chat.thread_id))
         if ts is None or ts in self._reacted or self._sender is None:
             return
-        if not self._sender.chat_budget(chat.chat_id).try_acquire():
+        if not await self._sender.chat_budget(chat.chat_id).take_if_free():
             return  # best effort: never queued in front of a reply, never sent during a pause
         self._reacted.remember(ts, chat.chat_id)
         try:

@@ -523,7 +523,7 @@ class TelegramAdapter:
             return await attempt(text=text)
 
     async def send_typing(self, chat: ChatRef) -> None:
-        if self._bot is None or not self._chat_budget(chat).try_acquire():
+        if self._bot is None or not await self._chat_budget(chat).take_if_free():
             return  # best effort: never queued in front of a reply, never sent during a pause
         try:
             await self._bot.send_chat_action(

@@ -23,8 +23,9 @@ import hashlib
 import logging
 from typing import Awaitable, Callable
 
+from gateway.ratelimit import share_budgets
 from gateway.retry import Backoff
-from state.cluster import ConnectionOwner, claim_cron_tick
+from state.cluster import ConnectionOwner, PgBuckets, claim_cron_tick
 
 log = logging.getLogger(__name__)
 
@@ -145,3 +146,15 @@ def claim_tick(url: str, job_id: str, scheduled_for: float, holder: str) -> bool
 
     with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
         return claim_cron_tick(conn, job_id, scheduled_for, holder)
+
+
+async def share_rate_budgets(url: str) -> PgBuckets:
+    """Pace every bot token's and chat's sends with the other instances, through the store at ``url``."""
+    buckets = PgBuckets(url)
+    share_budgets(buckets)
+    return buckets
+
+
+async def stop_sharing_rate_budgets(buckets: PgBuckets) -> None:
+    share_budgets(None)
+    await buckets.close()

@@ -161,6 +161,7 @@ class Gateway:
         self.claims: Any = None  # gateway.runtime.turn_claims.TurnClaims: the sessions' turns this instance runs
         self._work_pending = asyncio.Event()  # the router stored a message for any instance to claim
         self._sending_only: dict[str, asyncio.Task] = {}  # standbys: adapters opened to send, not to receive
+        self._rate_budgets: Any = None  # clustered: gateway.runtime.cluster's shared buckets (PgBuckets)
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -168,6 +169,10 @@ class Gateway:
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
         self.db = await state.AsyncSessionDB.open(cfg.store_target, write_timeout=cfg.store.write_timeout_seconds)
+        if cfg.clustered:  # one rate budget per bot token and per chat across the instances
+            from gateway.runtime.cluster import share_rate_budgets
+
+            self._rate_budgets = await share_rate_budgets(cfg.store.url)
         # every model call, whatever it is for, becomes a row of the usage ledger
         self.usage = UsageRecorder(self.db, cfg.pricing, clock=self.clock)
         self.model = model = ModelClient(ModelSettings(
@@ -563,6 +568,11 @@ class Gateway:
                 await adapter.stop()
             except Exception:  # keep closing the rest
                 log.exception("platform %s did not stop cleanly", name)
+        if self._rate_budgets is not None:
+            from gateway.runtime.cluster import stop_sharing_rate_budgets
+
+            await stop_sharing_rate_budgets(self._rate_budgets)
+            self._rate_budgets = None
         if self.model is not None:
             await self.model.close()
         if self.usage is not None:

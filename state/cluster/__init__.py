@@ -7,6 +7,8 @@
   a session's turn, :func:`renew`, :func:`release`, and :func:`fenced_write`,
   the guard that keeps a paused holder's late writes out.
 * :func:`claim_cron_tick` (``cron.py``): each scheduled run once across instances.
+* :class:`PgBuckets` (``budgets.py``): the rate budgets of bot tokens and chats, one
+  token bucket per key that every instance draws its send slots from.
 * The tables (``ddl.py``): :data:`CLUSTER_TABLES_PG`, :func:`create_cluster_tables`.
 
 They need PostgreSQL and psycopg 3 (``pip install 'switchboard[postgresql]'``);
@@ -20,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "the cluster primitives need psycopg 3: pip install 'switchboard[postgresql]'"
     ) from exc
 
+from .budgets import PgBuckets
 from .cron import claim_cron_tick, cron_tick_holder, prune_cron_ticks
 from .ddl import CLUSTER_TABLES_PG, create_cluster_tables
 from .dsn import mask_dsn
@@ -36,6 +39,7 @@ __all__ = [
     "NotInTransaction",
     "OwnerTiming",
     "OwnershipLost",
+    "PgBuckets",
     "claim",
     "claim_cron_tick",
     "claim_next",

@@ -14,6 +14,8 @@ coordinates with itself.
                        ``pending_seq`` counting every arrival)
     cron_ticks         one row per (job, scheduled time) that some instance ran:
                        the primary key lets exactly one instance claim a tick
+    rate_buckets       (schema v23, :data:`RATE_BUCKETS_PG`) one row per shared rate
+                       budget (a bot token's, a chat's): see :mod:`state.cluster.budgets`
 
 Times are seconds since the epoch (``double precision``), as in the SQLite
 store, read from the database server's clock (``clock_timestamp()``) so the
@@ -44,6 +46,15 @@ CREATE TABLE IF NOT EXISTS cron_ticks (
 );
 """
 
+RATE_BUCKETS_PG = """
+CREATE TABLE IF NOT EXISTS rate_buckets (
+    key          TEXT PRIMARY KEY,
+    tat          DOUBLE PRECISION NOT NULL,
+    last_slot    DOUBLE PRECISION NOT NULL,
+    paused_until DOUBLE PRECISION NOT NULL DEFAULT 0
+);
+"""
+
 # Any fixed number: instances creating the tables at once take turns on it.
 _CREATE_LOCK = 0x5377_6263_4C75_7374  # "SwbcLust"
 
@@ -52,5 +63,5 @@ def create_cluster_tables(conn: psycopg.Connection) -> None:
     """Create the cluster tables if missing, in one transaction, one instance at a time."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
-        for statement in filter(str.strip, CLUSTER_TABLES_PG.split(";")):
+        for statement in filter(str.strip, (CLUSTER_TABLES_PG + RATE_BUCKETS_PG).split(";")):
             conn.execute(statement)  # our own constant, never user input
