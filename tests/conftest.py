@@ -29,14 +29,9 @@ def pg_cluster():
 
     Skips, with the reason, where no PostgreSQL server can be started; nothing else skips.
     """
-    from tests.pgserver import PgCluster, why_unavailable
+    from tests.pgserver import started_or_skip
 
-    reason = why_unavailable()
-    if reason:
-        pytest.skip(reason)
-    cluster = PgCluster.start()
-    yield cluster
-    cluster.stop()
+    yield from started_or_skip()
 
 
 @pytest.fixture

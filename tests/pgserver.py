@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 SUPERUSER = "switchboard"
 
@@ -69,6 +70,21 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def started_or_skip() -> Iterator[PgCluster]:
+    """A fixture's body: a throw-away server for its scope, stopped afterwards; the test skips, saying
+    why, where none can be started."""
+    import pytest
+
+    reason = why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    cluster = PgCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @dataclass

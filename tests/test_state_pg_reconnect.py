@@ -21,14 +21,9 @@ from state.aio import AsyncSessionDB
 @pytest.fixture(scope="module")
 def own_cluster():
     """A PostgreSQL server for this module alone (these tests stop and restart it)."""
-    from tests.pgserver import PgCluster, why_unavailable
+    from tests.pgserver import started_or_skip
 
-    reason = why_unavailable()
-    if reason:
-        pytest.skip(reason)
-    cluster = PgCluster.start()
-    yield cluster
-    cluster.stop()
+    yield from started_or_skip()
 
 
 @pytest.fixture
