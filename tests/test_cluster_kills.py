@@ -20,6 +20,7 @@ import contextlib
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Awaitable
 
 from tests.clusterdaemons import (
     FAST_FAILOVER,
@@ -112,6 +113,35 @@ class Cluster:
                                                                            **side.settings()))
                         for name in names]
         self.kills: list[Kill] = []
+        self._writing: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "Cluster":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Stop the users writing and SIGKILL whatever still runs (a failed test leaves no process behind)."""
+        if self._writing is not None:
+            self._writing.cancel()
+        for daemon in self.running():
+            await daemon.kill()
+
+    async def start_under_load(self, platform: str, connected: Awaitable[object], load: Load,
+                               first: int = 30) -> Daemon:
+        """Start every instance, wait for ``platform``'s owner and its connection, then let ``load`` write
+        until ``first`` messages are sent; the owner."""
+        await asyncio.gather(*(d.start() for d in self.daemons))
+        owner = await self.owner(platform)
+        await connected
+        self.start_writing(load)
+        await eventually(lambda: load.sent(first), 30.0, f"{first} messages")
+        return owner
+
+    def start_writing(self, load: Load) -> None:
+        self._writing = asyncio.create_task(load.run())
+
+    async def writing_done(self) -> None:
+        assert self._writing is not None
+        await self._writing
 
     def running(self) -> list[Daemon]:
         return [d for d in self.daemons if d.proc is not None and d.proc.returncode is None]
@@ -187,14 +217,13 @@ async def test_three_instances_lose_the_poller_owner_then_its_successor_and_ever
         cluster = Cluster(tmp_path, pg_url, model.base_url, side, ("a", "b", "c"))
         load = Load(side, total=200, at_once=10, retire=5, rate=20.0)  # chats 0-9, then 5-14, then 10-19
         first_killed, second_killed = load.hold_at(100), load.hold_at(170)
-        writing: asyncio.Task | None = None
-        try:
+        async with cluster:
             first = cluster.daemons[0]
             await side.ready(await first.start(), 30.0)
             await asyncio.gather(*(d.start() for d in cluster.daemons[1:]))
             assert await cluster.owner("telegram") is first
 
-            writing = asyncio.create_task(load.run())
+            cluster.start_writing(load)
             await eventually(lambda: load.sent(50), 30.0, "50 DMs")
             await cluster.freeze_with_work_left(first, load.retiring())
             load.next_cycle()
@@ -210,15 +239,10 @@ async def test_three_instances_lose_the_poller_owner_then_its_successor_and_ever
             second_killed.set()
 
             last = await cluster.owner("telegram")
-            await writing
+            await cluster.writing_done()
             await _settle(side, load, pg_url, 60.0)
             shown = (await health(last))["cluster"]
             exit_code = await cluster.close()
-        finally:
-            if writing is not None:
-                writing.cancel()
-            for daemon in cluster.running():
-                await daemon.kill()
         outcome = _outcome(side, load, cluster, exit_code)
     assert len(load.messages) == 200 and load.chats() == 20
     check(outcome)
@@ -236,13 +260,8 @@ async def test_a_standby_takes_the_discord_gateway_over_from_a_killed_owner(tmp_
         cluster = Cluster(tmp_path, pg_url, model.base_url, side, ("a", "b", "c"))
         load = Load(side, total=120, at_once=8, retire=4, rate=15.0)
         killed = load.hold_at(60)
-        writing: asyncio.Task | None = None
-        try:
-            await asyncio.gather(*(d.start() for d in cluster.daemons))
-            first = await cluster.owner("discord")
-            await dc.wait_for_connections(1, 30.0)
-            writing = asyncio.create_task(load.run())
-            await eventually(lambda: load.sent(30), 30.0, "30 DMs")
+        async with cluster:
+            first = await cluster.start_under_load("discord", dc.wait_for_connections(1, 30.0), load)
             await cluster.freeze_with_work_left(first, load.retiring())
             load.next_cycle()
             connects = _connects(dc)
@@ -253,14 +272,9 @@ async def test_a_standby_takes_the_discord_gateway_over_from_a_killed_owner(tmp_
                              "a standby to IDENTIFY or RESUME on the gateway")
             connected = time.monotonic()
             second = await cluster.owner("discord")
-            await writing
+            await cluster.writing_done()
             await _settle(side, load, pg_url, 60.0)
             exit_code = await cluster.close()
-        finally:
-            if writing is not None:
-                writing.cancel()
-            for daemon in cluster.running():
-                await daemon.kill()
         outcome = _outcome(side, load, cluster, exit_code)
     check(outcome)
     after = [m for m in load.messages if m.at > connected]
@@ -285,13 +299,8 @@ async def test_a_standby_opens_the_slack_socket_of_a_killed_owner_and_unacknowle
         cluster = Cluster(tmp_path, pg_url, model.base_url, side, ("a", "b"))
         load = Load(side, total=120, at_once=8, retire=4, rate=15.0)
         killed = load.hold_at(60)
-        writing: asyncio.Task | None = None
-        try:
-            await asyncio.gather(*(d.start() for d in cluster.daemons))
-            first = await cluster.owner("slack")
-            await sl.wait_connected(1, 30.0)
-            writing = asyncio.create_task(load.run())
-            await eventually(lambda: load.sent(30), 30.0, "30 events")
+        async with cluster:
+            first = await cluster.start_under_load("slack", sl.wait_connected(1, 30.0), load)
             await cluster.freeze_with_work_left(first, load.retiring())
             load.next_cycle()
             assert await load.send_next()  # reaches the frozen owner's socket: certainly not acknowledged
@@ -300,14 +309,9 @@ async def test_a_standby_opens_the_slack_socket_of_a_killed_owner_and_unacknowle
 
             await sl.wait_connected(2, 30.0)
             second = await cluster.owner("slack")
-            await writing
+            await cluster.writing_done()
             await _settle(side, load, pg_url, 60.0)
             exit_code = await cluster.close()
-        finally:
-            if writing is not None:
-                writing.cancel()
-            for daemon in cluster.running():
-                await daemon.kill()
         outcome = _outcome(side, load, cluster, exit_code)
     check(outcome)
     assert sl.overlapping_connections == [], f"two Socket Mode connections open at once: {sl.overlapping_connections}"
