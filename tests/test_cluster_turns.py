@@ -1,8 +1,9 @@
 """Any instance runs any session's turn, under a lease with a fencing token.
 
-Real daemons (tests/crashkit.py's ``Daemon``) on one PostgreSQL store, the fake Telegram in
-polling mode and the fake model: one instance owns the poller and stores the DMs; whichever
-instance claims a session answers it, and sends the reply itself.  An instance paused past its
+Real daemons (tests/crashkit.py's ``Daemon``) on one PostgreSQL store, a fake platform (Telegram
+polling, the Discord gateway, Slack Socket Mode) and the fake model: one instance owns the
+platform's connection and stores the DMs; whichever instance claims a session answers it, and
+sends the reply itself through the platform's REST API.  An instance paused past its
 lease (SIGSTOP) comes back to find the session answered by another, and stores and sends nothing.
 """
 
@@ -18,8 +19,10 @@ import pytest
 from state import Fence, SessionDB
 from state.cluster import LeaseLost, claim_next, get_lease, release
 from tests.clusterdaemons import health as _health, instance_dir as _dir, instance_settings, stored as _stored
-from tests.crashkit import Daemon, Outcome, Plan, TelegramSide, UserMessage
+from tests.crashkit import Daemon, DiscordSide, Outcome, Plan, SlackSide, TelegramSide, UserMessage
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel, Hang
+from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import eventually
 
@@ -105,46 +108,67 @@ def _deliveries(url: str) -> list[tuple[str, str]]:
         return [(text, status) for text, status in conn.execute("SELECT text, status FROM deliveries").fetchall()]
 
 
-async def test_turns_run_on_every_instance_and_each_dm_is_stored_once_and_answered(tmp_path, pg_url):
-    async with FakeTelegram() as tg, FakeModel(delay=0.3) as model:
-        side = TelegramSide(tg)
-        daemons = [Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, lease_seconds=5, slots=2,
-                                                          **side.settings()))
-                   for name in ("a", "b", "c")]
-        messages: list[UserMessage] = []
-        try:
-            start = await daemons[0].start()
-            await side.ready(start, 30.0)  # a owns the poller; b and c stand by, and run turns
-            await asyncio.gather(*(daemon.start() for daemon in daemons[1:]))
-            for i in range(36):  # 12 chats, 3 DMs each
-                index = i % 12
-                text = f"c{index:03d} m{i // 12:04d}"
-                messages.append(UserMessage(side.chat_of(index), text, time.monotonic(), 0))
-                await side.send(index, text)
-                await asyncio.sleep(0.05)
+async def _spread_turns(tmp_path, pg_url: str, side, model: FakeModel) -> dict[str, int]:
+    """36 DMs from 12 chats to three instances, the first owning ``side``'s connection: each is stored once
+    and answered once; returns the turns each instance claimed (/healthz)."""
+    daemons = [Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, lease_seconds=5, slots=2,
+                                                      **side.settings()))
+               for name in ("a", "b", "c")]
+    messages: list[UserMessage] = []
+    try:
+        start = await daemons[0].start()
+        await side.ready(start, 30.0)  # a owns the connection; b and c stand by, and run turns
+        await asyncio.gather(*(daemon.start() for daemon in daemons[1:]))
+        for i in range(36):  # 12 chats, 3 DMs each
+            index = i % 12
+            text = f"c{index:03d} m{i // 12:04d}"
+            messages.append(UserMessage(side.chat_of(index), text, time.monotonic(), 0))
+            assert await side.send(index, text)
+            await asyncio.sleep(0.05)
 
-            def settled() -> bool:
-                return not Outcome("telegram", Plan(), True, messages, side.replies(), _stored(pg_url), [], [],
-                                   "ok", 0).lost()
+        def settled() -> bool:
+            return not Outcome(side.name, Plan(), True, messages, side.replies(), _stored(pg_url), [], [],
+                               "ok", 0).lost()
 
-            await eventually(settled, 60.0, "every DM answered")
+        await eventually(settled, 60.0, "every DM answered")
 
-            async def released() -> list[dict] | None:  # each lease goes back once its reply is sent
-                shown = [(await _health(daemon))["cluster"]["claims"] for daemon in daemons]
-                return shown if all(claims["turns"] == [] for claims in shown) else None
+        async def released() -> list[dict] | None:  # each lease goes back once its reply is sent
+            shown = [(await _health(daemon))["cluster"]["claims"] for daemon in daemons]
+            return shown if all(claims["turns"] == [] for claims in shown) else None
 
-            claims = await eventually(released, 10.0, "every lease given back", every=0.1)
-            exit_codes = [await daemon.stop() for daemon in daemons]
-        finally:
-            await _stop_all(daemons)
-    outcome = Outcome("telegram", Plan(), True, messages, side.replies(), await asyncio.to_thread(_stored, pg_url),
+        claims = await eventually(released, 10.0, "every lease given back", every=0.1)
+        exit_codes = [await daemon.stop() for daemon in daemons]
+    finally:
+        await _stop_all(daemons)
+    outcome = Outcome(side.name, Plan(), True, messages, side.replies(), await asyncio.to_thread(_stored, pg_url),
                       [], [], "ok", max(exit_codes),
                       log_problems="\n".join(daemon.log_problems() for daemon in daemons))
     assert not outcome.problems(), outcome.report()
     assert outcome.duplicates() == 0, outcome.report()
     ran = {daemon.workdir.name: shown["turns_claimed"] for daemon, shown in zip(daemons, claims, strict=True)}
     assert sum(1 for n in ran.values() if n > 0) >= 2, f"turns ran on one instance only: {ran}"
+    return ran
+
+
+async def test_turns_run_on_every_instance_and_each_dm_is_stored_once_and_answered(tmp_path, pg_url):
+    async with FakeTelegram() as tg, FakeModel(delay=0.3) as model:
+        await _spread_turns(tmp_path, pg_url, TelegramSide(tg), model)
     assert tg.overlapping_polls == []
+
+
+async def test_discord_turns_run_on_standbys_that_send_through_the_rest_api(tmp_path, pg_url):
+    async with FakeDiscord() as dc, FakeModel(delay=0.3) as model:
+        await _spread_turns(tmp_path, pg_url, DiscordSide(dc), model)
+    # the standbys logged in for sending only: one gateway connection, identified once, all along
+    assert [op["op"] for op in dc.gateway_ops].count(2) == 1 and dc.concurrent_sessions == []
+
+
+async def test_slack_socket_mode_turns_run_on_standbys_that_send_through_the_web_api(tmp_path, pg_url):
+    async with FakeSlack() as sl, FakeModel(delay=0.3) as model:
+        await _spread_turns(tmp_path, pg_url, SlackSide(sl), model)
+    # the standbys opened the Web API only: one socket, all along
+    assert sl.connections_opened == 1 and len(sl.calls_to("apps.connections.open")) == 1
+    assert sl.overlapping_connections == []
 
 
 async def test_an_instance_paused_past_its_lease_stores_and_sends_nothing_for_the_turn(tmp_path, pg_url):

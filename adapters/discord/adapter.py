@@ -1,6 +1,10 @@
 """The Discord adapter on discord.py 2.7: connect, normalize, reply.
 
-Lifecycle: :meth:`DiscordAdapter.start` logs in (``GET /users/@me`` and
+Lifecycle: :meth:`DiscordAdapter.open_for_sending` only logs in: discord.py's
+REST client then sends replies, posts and edits drafts and shows typing by
+channel id (partial messageables need no gateway cache), which is what a
+standby instance of a cluster does while another instance holds the gateway
+connection.  :meth:`DiscordAdapter.start` logs in (or keeps that login) (``GET /users/@me`` and
 ``/oauth2/applications/@me``), checks the Message Content intent, registers
 the gateway's commands as global slash commands, opens the gateway websocket
 and returns once READY arrived; then a supervisor task watches the
@@ -156,6 +160,7 @@ class DiscordAdapter:
         self._stopping = False
         self._warned_empty_content = False
         self._commands_synced = False
+        self._opening = asyncio.Lock()  # one login at a time: open_for_sending and start may overlap
         redact.install(self._token)
 
     @classmethod
@@ -174,26 +179,44 @@ class DiscordAdapter:
 
     # ------------------------------------------------------------------ lifecycle
 
+    async def open_for_sending(self) -> None:
+        """Log in for REST only: send, post and edit drafts, show typing, without a gateway connection (a
+        standby of a cluster); :meth:`start` later connects this same client, :meth:`stop` closes it."""
+        async with self._opening:
+            if self._client is not None:
+                return
+            self._stopping = False
+            self._configure_endpoints()
+            client = self._build_client()
+            try:
+                await self._login(client)
+            except BaseException:
+                await _close(client, None)
+                raise
+            self._client = client
+            log.info("discord: logged in for sending as %s", client.user)
+
     async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
-        """Log in, connect, return once READY; :class:`AdapterError` says why not."""
-        if self._supervisor is not None:
-            raise RuntimeError("DiscordAdapter.start() called twice; stop() it first")
-        self._handler = handler
-        self._failed = FailedEvents(PLATFORM, dead_letter)
-        self._stopping = False
-        self._configure_endpoints()
-        self._health.state = "starting"
-        self._downloads = aiohttp.ClientSession()
-        try:
-            await self._connect_once()
-        except BaseException as exc:
-            self._health.state = "failed"
-            self._health.last_error = str(exc)
-            await self._close_client()
-            await self._downloads.close()
-            self._downloads = None
-            raise
-        self._supervisor = spawn(self._supervise(), name="discord:supervisor")
+        """Log in (unless :meth:`open_for_sending` did), connect, return once READY; :class:`AdapterError` says why not."""
+        async with self._opening:
+            if self._supervisor is not None:
+                raise RuntimeError("DiscordAdapter.start() called twice; stop() it first")
+            self._handler = handler
+            self._failed = FailedEvents(PLATFORM, dead_letter)
+            self._stopping = False
+            self._configure_endpoints()
+            self._health.state = "starting"
+            self._downloads = aiohttp.ClientSession()
+            try:
+                await self._connect_once(self._client)  # a client logged in for sending only gains the connection
+            except BaseException as exc:
+                self._health.state = "failed"
+                self._health.last_error = str(exc)
+                await self._close_client()
+                await self._downloads.close()
+                self._downloads = None
+                raise
+            self._supervisor = spawn(self._supervise(), name="discord:supervisor")
 
     async def stop(self) -> None:
         """Disconnect (idempotent)."""
@@ -272,17 +295,22 @@ class DiscordAdapter:
         self._health.detail = f"{how} as {user} ({user.id})" if user else how
         self._connected.set()
 
-    async def _connect_once(self) -> None:
-        """One login + gateway connection; publishes ``self._client`` or cleans up and raises AdapterError."""
-        client = self._build_client()
+    async def _login(self, client: discord.Client) -> None:
+        try:
+            await asyncio.wait_for(client.login(self._token), self.connect_timeout_seconds)
+        except discord.LoginFailure:
+            raise _Fatal(BAD_TOKEN_HELP) from None
+        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise AdapterError(f"could not log in to Discord at {self.api_base_url}: {describe(exc)}") from None
+
+    async def _connect_once(self, logged_in: discord.Client | None = None) -> None:
+        """One gateway connection, on ``logged_in`` or a new client (logged in here); publishes
+        ``self._client`` or cleans up and raises AdapterError."""
+        client = logged_in if logged_in is not None else self._build_client()
         self._connected = asyncio.Event()
         try:
-            try:
-                await asyncio.wait_for(client.login(self._token), self.connect_timeout_seconds)
-            except discord.LoginFailure:
-                raise _Fatal(BAD_TOKEN_HELP) from None
-            except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                raise AdapterError(f"could not log in to Discord at {self.api_base_url}: {describe(exc)}") from None
+            if logged_in is None:
+                await self._login(client)
             if not (client.application_flags.value & _APP_FLAG_MESSAGE_CONTENT):
                 raise _Fatal(MESSAGE_CONTENT_HELP)
             self._client = client  # logged in: sends may use its REST session from here on

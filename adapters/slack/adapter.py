@@ -33,11 +33,19 @@ multi-person DM), one session per user, answered at top level.  Slash
 commands carry no thread, so in a channel they act on the user's CHANNEL
 session; in a thread, write ``@bot /new`` instead.
 
+Sending only: :meth:`SlackAdapter.open_for_sending` opens the Web API client
+(``auth.test`` tells it its own ids) and no Socket Mode connection or HTTP
+endpoint: a standby instance of a cluster sends replies and drafts that way
+while another instance holds the socket; :meth:`SlackAdapter.start` later adds
+the connection on the same client, :meth:`SlackAdapter.stop` closes both.
+
 Typing: Slack has no typing indicator for bots posting with
 chat.postMessage.  ``send_typing`` adds a reaction (``typing_reaction``,
 default ``hourglass_flowing_sand``) to the user's last message in that chat,
 removed when the reply is sent; without the ``reactions:write`` scope it
 turns itself off after one warning.  ``typing_reaction=None`` makes it a no-op.
+Only the instance holding the connection saw the user's message, so an
+adapter open for sending only shows no reaction.
 
 Stall detection (Socket Mode): a watchdog restarts the Socket Mode client
 when it reports connected but no envelope, hello or pong arrived for
@@ -168,6 +176,8 @@ class SlackAdapter:
         self._http: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
         self._started = False
+        self._opening = asyncio.Lock()  # one Web API client: open_for_sending and start may overlap
+        self._who = ""  # "@name (id) in team", from auth.test
         self._reacted = Lru()  # ts -> channel, where the typing reaction is on
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
@@ -231,13 +241,27 @@ class SlackAdapter:
                 raise
             raise error from None
 
-    async def _start(self, handler: InboundHandler, dead_letter: DeadLetterHandler | None) -> None:
+    async def open_for_sending(self) -> None:
+        """Open the Web API client only: send, post and edit drafts, without a Socket Mode connection or
+        HTTP endpoint (a standby of a cluster); :meth:`start` later adds the connection, :meth:`stop` closes both."""
+        async with self._opening:
+            if self._sender is not None:
+                return
+            try:
+                await self._open_client()
+            except BaseException:
+                await self._close_resources()
+                raise
+            log.info("slack: open for sending as %s", self._who)
+
+    async def _open_client(self) -> None:
+        """The Web API client, its rate limits and who the bot is (``auth.test``); raises AdapterError."""
         # One HTTP session for every Web API call: slack-sdk otherwise opens a new session (and
         # connection) per call, which costs more CPU than the rest of a reply (bench/adapters.py).
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-        self._client = AsyncWebClient(token=self._bot_token, base_url=self._api_base_url, timeout=30, session=self._http)
+        client = AsyncWebClient(token=self._bot_token, base_url=self._api_base_url, timeout=30, session=self._http)
         try:
-            auth = await asyncio.wait_for(self._client.auth_test(), self._connect_timeout)
+            auth = await asyncio.wait_for(client.auth_test(), self._connect_timeout)
         except SlackApiError as exc:
             error = exc.response.get("error") if exc.response is not None else "error"
             raise AdapterError(
@@ -247,12 +271,20 @@ class SlackAdapter:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise AdapterError(f"slack: cannot reach {self._api_base_url} ({type(exc).__name__}); check the network and api_base_url") from None
         self.bot_user_id, self.bot_id = auth.get("user_id"), auth.get("bot_id")
-        who = f"@{auth.get('user')} ({self.bot_user_id}) in {auth.get('team') or auth.get('team_id')}"
+        self._who = f"@{auth.get('user')} ({self.bot_user_id}) in {auth.get('team') or auth.get('team_id')}"
         limiter = limiter_for(PLATFORM, self._bot_token, rate=self._send_rate, burst=self._send_burst)
-        self._sender = Sender(self._client, limiter, backoff=self._send_backoff, max_attempts=self._send_attempts,
+        self._client = client
+        self._sender = Sender(client, limiter, backoff=self._send_backoff, max_attempts=self._send_attempts,
                               total_seconds=self._send_total,
                               chat_budget=lambda channel: chat_budget_for(PLATFORM, self._bot_token, channel,
                                                                                   self._channel_rate))
+
+    async def _start(self, handler: InboundHandler, dead_letter: DeadLetterHandler | None) -> None:
+        async with self._opening:
+            if self._sender is None:  # not yet open for sending
+                await self._open_client()
+        assert self._client is not None
+        who = self._who
         self._inbound = Inbound(
             client=self._client, handler=handler, dead_letter=dead_letter, settings=self._settings,
             health=self._health, http=self._http,
@@ -316,7 +348,7 @@ class SlackAdapter:
         task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        if not self._started:
+        if not self._started and self._sender is None:
             return
         self._started = False
         await self._close_resources()
@@ -330,6 +362,7 @@ class SlackAdapter:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._inbound = self._sender = self._client = None
         http, self._http = self._http, None
         if http is not None:
             await http.close()
@@ -339,13 +372,13 @@ class SlackAdapter:
     async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None,
                    progress: SendProgress | None = None) -> Delivery:
         """Post a Markdown reply as mrkdwn, in ``chat.thread_id`` when set; never raises."""
-        sender, inbound = self._sender, self._inbound
-        if sender is None or inbound is None or not self._started:
+        sender, inbound = self._sender, self._inbound  # inbound is None while open for sending only
+        if sender is None:
             return Delivery(ok=False, error="slack adapter is not running", retry_later=True)
         parts = split_message(to_mrkdwn(text), TEXT_LIMIT)
         if not parts:
             return Delivery(ok=False, error="empty reply: nothing to send")
-        route = inbound.routes.get(reply_to) if reply_to else None
+        route = inbound.routes.get(reply_to) if reply_to and inbound is not None else None
         progress = progress if progress is not None else SendProgress()
         sent = progress.sent_ids
         try:
@@ -371,7 +404,7 @@ class SlackAdapter:
             return Delivery(ok=False, message_ids=tuple(sent), error=f"{type(exc).__name__}: {exc}")
         finally:
             await self._clear_typing(chat, reply_to)
-        if chat.thread_id:
+        if chat.thread_id and inbound is not None:
             inbound.threads.remember((chat.chat_id, chat.thread_id), True)
         return Delivery(ok=True, message_ids=tuple(sent))
 
@@ -390,7 +423,7 @@ class SlackAdapter:
 
     async def _draft(self, chat: ChatRef, text: str, ts: str | None, final: bool) -> str:
         sender = self._sender
-        if sender is None or not self._started:
+        if sender is None:
             raise AdapterError("slack adapter is not running")
         native = ts in self._native_shown if ts is not None else self._native_streaming and bool(chat.thread_id)
         if native:

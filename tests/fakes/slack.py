@@ -303,6 +303,11 @@ class FakeSlack:
                 self._conns.remove(conn)
         return ws
 
+    @property
+    def open_connections(self) -> int:
+        """Socket Mode websockets open now."""
+        return sum(1 for c in self._conns if not c.ws.closed)
+
     def _live(self) -> _Conn:
         live = [c for c in self._conns if not c.ws.closed and not c.frozen]
         if not live:
