@@ -8,7 +8,8 @@ answered, no more replies sent twice than were in flight at the kills.  Nothing 
 which instance ran a turn: only on what the fake platform and the store saw.
 
 * The kill comes when a chat that goes quiet with it has work left in the store (the owner is
-  frozen while the store is looked at), so only a takeover that resumes that work answers it.
+  frozen while the store is looked at), so it is answered only if the cluster resumes what the dead
+  instance left (its session's lease expires and another instance claims it).
 * In flight at a kill: a message the platform accepted and the store never noted as posted (the
   instance died between the two); whoever takes over may post that reply again.
 """
