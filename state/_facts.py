@@ -248,12 +248,12 @@ def fact_candidates(conn: sqlite3.Connection, agent: str, user_scope: str, terms
         + ("" if include_superseded else "AND f.superseded_by IS NULL ") + "ORDER BY facts_fts.rank LIMIT ?",
         (scoped if crowded else any_word, edge, owner, int(limit)),
     ).fetchall()
-    out = []
-    for row in rows:
-        fact = _row(row, with_vector=True)
-        fact["fts_rank"] = float(row["fts_rank"])
-        out.append(fact)
-    return out
+    return _ranked(rows)
+
+
+def _ranked(rows: list) -> list[dict]:
+    """Candidate rows as facts (vectors decoded), each with its ``fts_rank`` as a float."""
+    return [{**_row(row, with_vector=True), "fts_rank": float(row["fts_rank"])} for row in rows]
 
 
 def _fact_candidates_pg(conn: Any, owner: str, words: list[str], *, limit: int, include_superseded: bool,
@@ -270,12 +270,7 @@ def _fact_candidates_pg(conn: Any, owner: str, words: list[str], *, limit: int, 
         + "ORDER BY f.id DESC LIMIT ?) c ORDER BY fts_rank, c.id DESC LIMIT ?",
         [*args, owner, *args, max(1, int(window)), int(limit)],
     ).fetchall()
-    out = []
-    for row in rows:
-        fact = _row(row, with_vector=True)
-        fact["fts_rank"] = float(row["fts_rank"])
-        out.append(fact)
-    return out
+    return _ranked(rows)
 
 
 def list_facts(conn: sqlite3.Connection, agent: str, user_scope: str, *, limit: int = 20,

@@ -390,17 +390,9 @@ _V1_PG = (
 
 
 def _v10_listing_pg(conn):
+    # No backfill: a PostgreSQL store starts at the newest schema (its first release had v20), so
+    # this step only ever runs on empty tables.
     _pg_columns("sessions", ("last_active", "DOUBLE PRECISION"), ("preview", "TEXT"))(conn)
-    conn.execute(
-        """UPDATE sessions SET
-             last_active = COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = sessions.id),
-                                    started_at),
-             preview = (SELECT substr(replace(replace(m.content, chr(10), ' '), chr(13), ' '), 1, 100)
-                        FROM messages m
-                        WHERE m.session_id = sessions.id AND m.role = 'user' AND m.content IS NOT NULL
-                        ORDER BY m.timestamp, m.id LIMIT 1)
-           WHERE last_active IS NULL"""
-    )
     conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_started ON sessions(source, started_at DESC)")
 
 
