@@ -224,11 +224,20 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         f"search_tool_text(m.tool_calls){around[0]} FROM ({ranked}) r JOIN messages m ON m.id = r.id "
         f"JOIN sessions s ON s.id = m.session_id{around[1]} ORDER BY r.rank DESC, r.id DESC", ranked_args).fetchall()
     terms = [t.text.strip() for t in positive]
+    unaccented: list[str] | None = None  # the terms as PostgreSQL's unaccent reads them, asked for once if needed
     hits = []
     for r in rows:
         hit = dict(zip(("id", "session_id", "role", "timestamp", "source", "model", "session_started"), r[:7],
                        strict=True))
-        hit["snippet"] = snippet([r[7], r[8], r[9]], terms)
+        texts = [r[7], r[8], r[9]]
+        cut = marked_snippet(texts, terms)
+        if cut is None:
+            # unaccent folds a few letters Python's fold keeps (Þ to TH, ø to o): mark the match as it found it
+            if unaccented is None:
+                unaccented = [row[0] for row in conn.execute("SELECT unaccent(t) FROM unnest(?::text[]) AS t",
+                                                             (terms,)).fetchall()]
+            cut = marked_snippet(texts, terms + unaccented)
+        hit["snippet"] = cut if cut is not None else _opening(texts)
         if context_chars is not None:
             hit["context"] = [{"id": r[i], "role": r[i + 1], "content": (r[i + 2] or "")[:context_chars]}
                               for i in (10, 13) if r[i] is not None]
@@ -236,18 +245,20 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
     return hits
 
 
-def snippet(texts: list[str | None], terms: list[str]) -> str:
-    """Around the first match in the first column holding one, matches marked ``>>>like this<<<``."""
+def marked_snippet(texts: list[str | None], terms: list[str]) -> str | None:
+    """Around the first match of ``terms`` in the first column holding one, marked; None when none holds one."""
     words = terms + [w for t in terms for w in _WORD.findall(t) if w != t]
     for text in texts:
         if text:
             cut, hits = substring_snippet(text, words)
             if hits:
                 return cut
-    for text in texts:
-        if text:
-            return text[:120]
-    return ""
+    return None
+
+
+def _opening(texts: list[str | None]) -> str:
+    """The first column's opening, when no match can be marked."""
+    return next((text[:120] for text in texts if text), "")
 
 
 FACT_WORDS = "search_words(f.content || ' ' || f.entities)"
