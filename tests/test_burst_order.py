@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import state
 from adapters.discord import DiscordAdapter
@@ -254,3 +255,52 @@ async def test_a_burst_answered_by_turns_claimed_under_a_lease_on_postgresql_kee
             assert gw.health()["cluster"]["claims"]["turns_claimed"] == 3
         finally:
             await gw.stop(grace_seconds=5)
+
+
+# -- the property, through the real router: any interleaving of arrivals and turn ends -------------
+
+
+async def _interleaving(home, events: list[str]) -> None:
+    async with FakeModel() as model, running_gateway(home, model) as gw:
+        releases = [asyncio.Event() for _ in events]
+        model.script(*(Held(release) for release in releases))  # each model call answers when the test says
+        api = ApiClient(gw)
+        asked: list[asyncio.Task] = []
+        ended = 0
+
+        def count(role: str) -> int:
+            return sum(1 for r, _ in stored(gw.config) if r == role)
+
+        try:
+            for n, event in enumerate(events):
+                if event == "arrive":
+                    asked.append(asyncio.create_task(api.say("c", f"m{n}")))
+                    await eventually(lambda: count("user") == len(asked), 10, "the message stored")
+                elif ended < len(model.requests):  # a turn runs: it ends now
+                    releases[ended].set()
+                    ended += 1
+                    await eventually(lambda want=ended: count("assistant") == want, 10, "its reply stored")
+            for release in releases:
+                release.set()
+            await asyncio.gather(*asked)
+        finally:
+            await api.close()
+        session = stored(gw.config)
+        assert [t for r, t in session if r == "user"] == [f"m{n}" for n, e in enumerate(events) if e == "arrive"]
+        if model.requests:
+            assert_no_prompt_ends_with_a_reply(model)
+        at = 0
+        for request in model.requests:  # turn by turn: shown the session as stored so far, its reply right after
+            shown = [(m["role"], m["content"]) for m in request.messages if m["role"] != "system"]
+            assert session[:len(shown)] == shown and len(shown) > at, (shown, session)
+            role, text = session[len(shown)]
+            assert role == "assistant" and text.startswith(f"echo: {shown[-1][1]} |"), (shown, session)
+            at = len(shown) + 1
+        assert at == len(session)  # nothing after the last reply: every message was answered
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(["arrive", "end"]), min_size=1, max_size=10))
+def test_any_interleaving_through_the_router_stores_each_reply_right_after_what_its_turn_answered(
+        tmp_path_factory, events):
+    asyncio.run(_interleaving(tmp_path_factory.mktemp("burst") / "home", events))
