@@ -199,8 +199,6 @@ class AgentTurn:
             if session_id != req.session_id:  # compressed: the history is the child's copy, read from the store
                 history = self._as_sent(history).messages
         notices = [*shortened.notices, *notices]
-        if self.settings.merge_user_messages:
-            history = merged_user_messages(history)
         prompt = system + self._with_attachments(history, req.attachments)
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
@@ -246,6 +244,8 @@ class AgentTurn:
             purpose = for_session("turn", ctx.session_id, ctx.session_key, platform=ctx.platform,
                                   user_id=ctx.user_id, agent=ctx.agent)
         schemas = self.tools.schemas(tool_names)
+        if self.settings.merge_user_messages:  # every prompt of the agent's, turns and memory flushes alike
+            prompt = merged_user_messages(prompt)
         produced: list[dict] = []
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
@@ -322,17 +322,23 @@ def merged_user_messages(history: list[dict]) -> list[dict]:
     out: list[dict] = []
     for message in history:
         if message.get("role") == "user" and out and out[-1].get("role") == "user":
-            texts = [t for t in (_plain_text(out[-1].get("content")), _plain_text(message.get("content"))) if t]
-            out[-1] = {**out[-1], "content": "\n\n".join(texts)}
+            out[-1] = {**out[-1], "content": _joined(out[-1].get("content"), message.get("content"))}
         else:
             out.append(message)
     return out
 
 
-def _plain_text(content) -> str:
+def _joined(first, second):
+    """Two user messages' contents as one: text a blank line apart, or (images among them) all their parts."""
+    if not isinstance(first, list) and not isinstance(second, list):
+        return "\n\n".join(t for t in (first, second) if t)
+    return [*_parts(first), *_parts(second)]
+
+
+def _parts(content) -> list:
     if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return content or ""
+        return content
+    return [{"type": "text", "text": content}] if content else []
 
 
 def replayed_history(history: list[dict], mode: str) -> list[dict]:

@@ -19,6 +19,7 @@ from adapters.discord import DiscordAdapter
 from gateway.commands import default_commands
 from gateway.config import Config
 from gateway.runtime.daemon import Gateway
+from gateway.turn import merged_user_messages
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel, Hang, Held
 from tests.fakes.slack import FakeSlack
@@ -169,6 +170,17 @@ async def test_merged_user_messages_reach_the_model_as_one_and_stay_apart_in_the
             assert_no_prompt_ends_with_a_reply(model)
         finally:
             await gw.stop(grace_seconds=5)
+
+
+def test_merging_joins_only_consecutive_user_messages_and_keeps_their_images():
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    prompt = [{"role": "system", "content": "persona"}, {"role": "user", "content": "a"},
+              {"role": "user", "content": [{"type": "text", "text": "b"}, image]},
+              {"role": "assistant", "content": "x"}, {"role": "user", "content": "c"}, {"role": "user", "content": "d"}]
+    assert merged_user_messages(prompt) == [
+        {"role": "system", "content": "persona"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}, image]},
+        {"role": "assistant", "content": "x"}, {"role": "user", "content": "c\n\nd"}]
 
 
 async def test_three_concurrent_api_requests_in_one_session_are_stored_in_order(tmp_path):
