@@ -210,6 +210,9 @@ class ModelConfig(_Model):
     # Whether the model's reasoning (reasoning, reasoning_content, reasoning_details, encrypted reasoning
     # items) is sent back to it: within a tool loop, also in later turns, or never.
     replay_reasoning: Literal["tool_loop", "always", "never"] = "tool_loop"
+    # Consecutive user messages (a burst answered by one turn) joined into one user message in the
+    # prompt, for chat templates that demand strict user/assistant alternation; stored apart either way.
+    merge_user_messages: bool = False
 
     @field_validator("persona_file")
     @classmethod

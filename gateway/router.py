@@ -72,6 +72,7 @@ class Ticket:
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     notices: list[str] = field(default_factory=list)  # one-line notes sent before the reply
     inbox_id: int | None = None  # the message's row, while it waits in the store's inbox for its answer
+    message_id: int | None = None  # the stored message (its id): the answering turn's reply is placed after it
     # request/response sources (local API, terminal): where the answer streams as it is written
     sink: ReplySink | None = None
     prompt_tokens: int = 0  # the answering turn's usage, set before ``reply`` resolves (0: no model call)
@@ -377,6 +378,7 @@ class SessionRouter:
                 if not appended.new:
                     log.info("duplicate event %s for %s ignored", msg.message_id, key)
                     return None
+                ticket.message_id = appended.id
                 ticket.inbox_id = appended.id if inbox is not None else None
                 if claimed:
                     if self.hooks.on_work_pending is not None:
@@ -459,7 +461,9 @@ class SessionRouter:
         while True:
             # The batch and the history it is answered from are taken under the lane lock, which
             # handle() holds while storing a message: a message is either in this turn's history
-            # and batch, or stored after both and answered by the next turn -- never twice.
+            # and batch, or stored after both and answered by the next turn -- never twice.  The
+            # history ends with the batch, and the turn's reply is stored right after it (before
+            # what arrives meanwhile), so the next turn's history ends with its own batch too.
             async with lane.lock:
                 if not lane.queue:
                     return
@@ -468,7 +472,8 @@ class SessionRouter:
                     batch = [ticket]
                     while lane.queue and lane.queue[0][0] == "chat":
                         batch.append(lane.queue.popleft()[1])
-                    history = await self.db.get_messages_as_conversation(batch[-1].session_id)
+                    history = await self.db.get_messages_as_conversation(batch[-1].session_id,
+                                                                         upto=batch[-1].message_id)
                 elif kind == "claimed":
                     claim, done = ticket
                     try:
@@ -570,8 +575,9 @@ class SessionRouter:
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
-        answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
-        plan = self._delivery_plan(msg) if answered else None
+        answered = tuple(t.message_id for t in batch if t.message_id is not None)  # what the reply follows
+        inbox = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
+        plan = self._delivery_plan(msg) if inbox else None
         stream = await self._stream_for(lane, msg, plan, last.session_id, claim) if plan is not None else None
         if stream is not None:
             plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
@@ -634,7 +640,7 @@ class SessionRouter:
         if not recorded:
             # the line that stands in for an answer settles the messages, so a restart does not retry them
             record["kind"] = "notice"
-            if not await self._settle(answered, record, last.session_id, claim):
+            if not await self._settle(inbox, record, last.session_id, claim):
                 if claim is None or not claim.lost():
                     await self.deliver(msg.chat, text, msg.message_id)
                 return
@@ -902,7 +908,7 @@ def _resumed_ticket(row: dict) -> Ticket:
         user_id=row["user_id"], text=row["text"] or "", message_id=row["platform_message_id"],
         thread_id=row["thread_id"], user_name=row["user_name"], received_at=row["received_at"],
     )
-    return Ticket(msg, row["session_key"], row["session_id"], inbox_id=row["message_id"])
+    return Ticket(msg, row["session_key"], row["session_id"], inbox_id=row["message_id"], message_id=row["message_id"])
 
 
 def _stored_text(msg: InboundMessage) -> str:

@@ -65,6 +65,7 @@ class TurnSettings:
     max_tool_iterations: int = 8
     vision: bool = False
     replay_reasoning: str = "tool_loop"  # model.replay_reasoning: tool_loop | always | never
+    merge_user_messages: bool = False  # model.merge_user_messages: consecutive user messages sent as one
 
 
 @dataclass(slots=True)
@@ -79,10 +80,12 @@ class TurnRequest:
     system_notes: tuple[str, ...] = ()  # one-off notes for this prompt (e.g. "continues after a reset")
     tool_names: set[str] | None = None  # None: every registered tool
     model: str | None = None
-    # Crash safety: the stored user messages this turn answers (their inbox rows go with the reply),
-    # and where the reply will be sent (id, platform, chat_id, thread_id, reply_to), recorded as a
-    # pending delivery in the same transaction as the reply.  Empty/None for cron and local callers.
+    # The stored user messages this turn answers (their ids, in order): the turn is shown the session
+    # as far as the last of them, its messages are stored right after it (before what arrived since),
+    # and their inbox rows go with the reply.  Empty: the whole session, the reply stored last.
     answered: tuple[int, ...] = ()
+    # Crash safety: where the reply will be sent (id, platform, chat_id, thread_id, reply_to), recorded
+    # as a pending delivery in the same transaction as the reply.  None for cron and local callers.
     delivery: dict | None = None
     stream: ReplySink | None = None  # the answer shown as it is written; None: sent whole, afterwards
     # Clustered: the lease this turn runs under (a ``state.Fence``); its reply is stored only while the
@@ -177,7 +180,8 @@ class AgentTurn:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
         session_id = req.session_id
         if history is None:
-            history = await self.db.get_messages_as_conversation(session_id)
+            history = await self.db.get_messages_as_conversation(
+                session_id, upto=max(req.answered) if req.answered else None)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
         for block_for in self.hooks.prompt_blocks:
@@ -240,6 +244,8 @@ class AgentTurn:
             purpose = for_session("turn", ctx.session_id, ctx.session_key, platform=ctx.platform,
                                   user_id=ctx.user_id, agent=ctx.agent)
         schemas = self.tools.schemas(tool_names)
+        if self.settings.merge_user_messages:  # every prompt of the agent's, turns and memory flushes alike
+            prompt = merged_user_messages(prompt)
         produced: list[dict] = []
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
@@ -308,6 +314,31 @@ def _without_reasoning(message: dict) -> dict:
     if not any(key in message for key in REASONING_KEYS):
         return message
     return {k: v for k, v in message.items() if k not in REASONING_KEYS}
+
+
+def merged_user_messages(history: list[dict]) -> list[dict]:
+    """``history`` with each run of consecutive user messages joined into one (their texts a blank line
+    apart), for models whose chat template demands that user and assistant alternate."""
+    out: list[dict] = []
+    for message in history:
+        if message.get("role") == "user" and out and out[-1].get("role") == "user":
+            out[-1] = {**out[-1], "content": _joined(out[-1].get("content"), message.get("content"))}
+        else:
+            out.append(message)
+    return out
+
+
+def _joined(first, second):
+    """Two user messages' contents as one: text a blank line apart, or (images among them) all their parts."""
+    if not isinstance(first, list) and not isinstance(second, list):
+        return "\n\n".join(t for t in (first, second) if t)
+    return [*_parts(first), *_parts(second)]
+
+
+def _parts(content) -> list:
+    if isinstance(content, list):
+        return content
+    return [{"type": "text", "text": content}] if content else []
 
 
 def replayed_history(history: list[dict], mode: str) -> list[dict]:

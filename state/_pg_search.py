@@ -38,6 +38,7 @@ from typing import Any
 
 from ._fts_query import CJK_RANGES, Node, Term, index_of, positive_terms
 from ._fts_rank import substring_snippet
+from ._messages import ORDER_KEY, order_key
 from .errors import StateError
 
 CONFIG = "switchboard_search"
@@ -215,10 +216,10 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         ranked_args = [*cargs, *args, limit]
     around = (
         ", b.id, b.role, b.content, a.id, a.role, a.content",
-        " LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = m.session_id AND id < m.id "
-        "ORDER BY id DESC LIMIT 1) b ON true "
-        "LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = m.session_id AND id > m.id "
-        "ORDER BY id LIMIT 1) a ON true") if context_chars is not None else ("", "")
+        f" LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = m.session_id AND {ORDER_KEY} "
+        f"< {order_key('m')} ORDER BY {ORDER_KEY} DESC LIMIT 1) b ON true "
+        f"LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = m.session_id AND {ORDER_KEY} "
+        f"> {order_key('m')} ORDER BY {ORDER_KEY} LIMIT 1) a ON true") if context_chars is not None else ("", "")
     rows = conn.execute(
         "SELECT r.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, m.content, m.tool_name, "
         f"search_tool_text(m.tool_calls){around[0]} FROM ({ranked}) r JOIN messages m ON m.id = r.id "

@@ -23,6 +23,7 @@ import sqlite3
 from typing import Any, Iterable
 
 from . import _pg_search, fts
+from ._messages import ORDER_KEY
 from ._pg import is_pg, json_values
 from ._sessions import get_descendants, get_lineage
 
@@ -244,7 +245,7 @@ def recall_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> list[di
             {"id": r[0], "role": r[1], "content": r[2], "tool_calls": r[3], "tool_name": r[4], "timestamp": r[5]}
             for r in conn.execute(
                 "SELECT id, role, content, tool_calls, tool_name, timestamp FROM messages"
-                " WHERE session_id = ? ORDER BY id",
+                f" WHERE session_id = ? ORDER BY {ORDER_KEY}",
                 (sid,),
             )
         ]

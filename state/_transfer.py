@@ -174,7 +174,8 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
     """Restore exported sessions (ordered parents first) in the caller's transaction.
 
     Sessions whose id exists already are skipped (listed under ``skipped``);
-    message ids are kept when free.  A parent missing from both the database
+    message ids are kept when all of a session's are free (else it gets new ones, in
+    the file's order).  A parent missing from both the database
     and the file (``in_file``: every id of the file) is dropped from the
     child.  A failure raises :class:`ImportFileError` naming the line.
     """
@@ -201,12 +202,12 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
             conn.execute(
                 f"INSERT INTO sessions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
             )
+            keep_ids = _ids_free(conn, record.get("messages", []))
             for message in record.get("messages", []):
                 values = {k: v for k, v in message.items() if k in message_cols}
-                if values.get("id") is not None and conn.execute(
-                    "SELECT 1 FROM messages WHERE id = ?", (values["id"],)
-                ).fetchone():
-                    values.pop("id")
+                if not keep_ids:  # new ids, in the file's order: that order is the session's
+                    values.pop("id", None)
+                    values.pop("pos", None)
                 for key, value in values.items():
                     if isinstance(value, (dict, list)):
                         values[key] = json.dumps(value, ensure_ascii=False)
@@ -234,6 +235,20 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
         conn.execute("SELECT setval(pg_get_serial_sequence('messages', 'id'), "
                      "GREATEST((SELECT max(id) FROM messages), 1))")
     return {"imported": len(imported), "messages": messages, "skipped": skipped, "ids": imported}
+
+
+def _ids_free(conn: sqlite3.Connection, messages: list[dict]) -> bool:
+    """Whether every message of an exported session has its id and none is taken here: then ids (and
+    the places in the session that refer to them, ``pos``) are kept."""
+    ids = [m.get("id") for m in messages]
+    if any(i is None for i in ids) or len(set(ids)) < len(ids):
+        return False
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        if conn.execute(f"SELECT 1 FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) LIMIT 1",
+                        chunk).fetchone():
+            return False
+    return True
 
 
 # --- statistics ------------------------------------------------------------

@@ -147,8 +147,9 @@ class SessionDB:
                     fence: Fence | None = None) -> list[int]:
         """A turn's messages and its token usage in one transaction: all of it or, on any error, none.
 
-        ``answered`` are the ids of the user messages this turn answers (their inbox rows go);
-        ``delivery`` (``id``, platform, chat_id, thread_id, reply_to, text) records the pending
+        ``answered`` are the ids of the user messages this turn answers: its messages are placed right
+        after the last of them, before any message that arrived after those (see ``state._messages``),
+        and their inbox rows go.  ``delivery`` (``id``, platform, chat_id, thread_id, reply_to, text) records the pending
         send of the reply, tied to the last message stored.  With ``fence`` (PostgreSQL) nothing is
         written unless its lease is still the session's current one (``LeaseLost`` otherwise)."""
         return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens,
@@ -403,8 +404,9 @@ class SessionDB:
         return self._engine.read(_messages.get_messages, session_id)
 
     @_reads
-    def get_messages_as_conversation(self, session_id: str) -> list[dict]:
-        return self._engine.read(_messages.get_messages_as_conversation, session_id)
+    def get_messages_as_conversation(self, session_id: str, upto: int | None = None) -> list[dict]:
+        """The session in order as chat messages; with ``upto`` (a message id), as far as that message."""
+        return self._engine.read(_messages.get_messages_as_conversation, session_id, upto)
 
     @_writes
     def clear_messages(self, session_id: str) -> int:
@@ -869,11 +871,13 @@ class SessionDB:
 
     @_reads
     def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]:
-        """``session_id``'s unanswered messages and its conversation, read together (one snapshot on
-        PostgreSQL), so a message another instance stores meanwhile is in both or in neither."""
+        """``session_id``'s unanswered messages and its conversation as far as the last of them, read
+        together (one snapshot on PostgreSQL), so a message another instance stores meanwhile is in both
+        or in neither."""
         def read(conn) -> tuple[list[dict], list[dict]]:
-            return (_recovery.unanswered(conn, session_id),
-                    _messages.get_messages_as_conversation(conn, session_id))
+            rows = _recovery.unanswered(conn, session_id)
+            upto = rows[-1]["message_id"] if rows else None
+            return rows, _messages.get_messages_as_conversation(conn, session_id, upto)
 
         return self._engine.read(read)
 
@@ -1033,6 +1037,7 @@ def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int,
                  answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
     _fenced(conn, fence)
     ids = _messages.append_messages(conn, session_id, messages)
+    _messages.place_after(conn, session_id, ids, answered)
     _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
     if answered or delivery is not None:
         _recovery.settle(conn, answered, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)

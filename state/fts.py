@@ -96,6 +96,7 @@ from ._fts_query import (
     trigram_leaf,
 )
 from ._fts_rank import DF_SAMPLE, Scorer, substring_snippet
+from ._messages import ORDER_KEY
 from ._pg import is_pg
 
 log = logging.getLogger(__name__)
@@ -702,12 +703,16 @@ def _row_dict(row) -> dict:
 
 
 def _with_context(conn: sqlite3.Connection, hit: dict) -> dict:
+    """The hit with the messages before and after it in its session's order."""
+    place = f"(SELECT {ORDER_KEY} FROM messages WHERE id = ?)"
     before = conn.execute(
-        "SELECT id, role, content FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT 1",
+        f"SELECT id, role, content FROM messages WHERE session_id = ? AND {ORDER_KEY} < {place} "
+        f"ORDER BY {ORDER_KEY} DESC LIMIT 1",
         (hit["session_id"], hit["id"]),
     ).fetchone()
     after = conn.execute(
-        "SELECT id, role, content FROM messages WHERE session_id = ? AND id > ? ORDER BY id LIMIT 1",
+        f"SELECT id, role, content FROM messages WHERE session_id = ? AND {ORDER_KEY} > {place} "
+        f"ORDER BY {ORDER_KEY} LIMIT 1",
         (hit["session_id"], hit["id"]),
     ).fetchone()
     hit["context"] = [

@@ -333,6 +333,21 @@ CREATE TABLE IF NOT EXISTS rate_buckets (
 """
 
 
+# v24: a message's place in its session (``state._messages.ORDER_KEY``): NULL keeps the place of its
+# arrival, so existing rows need no backfill (their sessions now read in arrival order, not by
+# timestamp: the same but where a clock stepped back).  The same two statements on both engines.
+_V24_ORDER = (
+    "ALTER TABLE messages ADD COLUMN pos BIGINT",
+    "CREATE INDEX IF NOT EXISTS idx_messages_order ON messages(session_id, (COALESCE(pos, id * 1048576)))",
+)
+
+
+def _v24_order(conn):
+    if "pos" not in columns(conn, "messages"):
+        conn.execute(_V24_ORDER[0])
+    conn.execute(_V24_ORDER[1])
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -480,6 +495,7 @@ for _step in [
     Migration(21, "the usage ledger's daily roll-up, for reports", _v21_usage_rollup, _v21_usage_rollup),
     Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
     Migration(23, "cluster: shared rate budgets", _v23_rate_buckets, _v23_rate_buckets_pg),
+    Migration(24, "messages.pos: a reply placed right after what it answers", _v24_order, _v24_order),
 ]:
     register(_step)
 

@@ -16,7 +16,7 @@ SESSIONS = """CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, 
 MESSAGES = """CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
     session_id TEXT NOT NULL REFERENCES sessions(id), role TEXT NOT NULL, content TEXT, tool_call_id TEXT,
     tool_calls TEXT, tool_name TEXT, timestamp REAL NOT NULL, token_count INTEGER, finish_reason TEXT,
-    reasoning TEXT, reasoning_details TEXT, codex_reasoning_items TEXT, platform_message_id TEXT)"""
+    reasoning TEXT, reasoning_details TEXT, codex_reasoning_items TEXT, platform_message_id TEXT, pos INTEGER)"""
 
 
 class Store:

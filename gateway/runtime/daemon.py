@@ -224,7 +224,7 @@ class Gateway:
         turn = AgentTurn(self.db, model, self.tools, TurnSettings(
             agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
             max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
-            replay_reasoning=cfg.model.replay_reasoning,
+            replay_reasoning=cfg.model.replay_reasoning, merge_user_messages=cfg.model.merge_user_messages,
         ), hooks=TurnHooks(
             prompt_hook=self.compressor,
             prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),

@@ -8,8 +8,8 @@ the model was shown::
     echo: <last user message> | turns: <number of user messages> | first: <first user message>
 
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
-one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``, ``CutOff``,
-``NoChoice``), with
+one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``, ``Held``,
+``CutOff``, ``NoChoice``), with
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
@@ -87,6 +87,14 @@ class ReasoningToolCall:
 @dataclass
 class Hang:
     seconds: float = 3600.0
+
+
+@dataclass
+class Held:
+    """The usual answer, once the test sets ``release``: a model that takes as long as the test needs
+    (to send more messages while a turn runs, without a sleep standing in for it)."""
+
+    release: asyncio.Event
 
 
 @dataclass
@@ -251,6 +259,8 @@ class FakeModel:
                 await asyncio.sleep(self.delay)
             if isinstance(behaviour, Hang):
                 await asyncio.sleep(behaviour.seconds)
+            if isinstance(behaviour, Held):
+                await behaviour.release.wait()
             if isinstance(behaviour, Fail):
                 headers = {}
                 if behaviour.retry_after is not None:
