@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 import state
-from gateway.cli.common import config_or_defaults, fail as _fail, home_options, json_out as _json_out
+from gateway.cli.common import config_or_defaults, fail as _fail, home_options, json_option, json_out as _json_out
 from gateway.config import Config
 from gateway.cron.schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
@@ -137,7 +137,7 @@ def _free_id(db: state.SessionDB, name: str) -> str:
     return candidate
 
 
-_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+_JSON_OPTION = json_option("Print JSON for scripts (shape in the README).")
 
 def _job_json(job: dict) -> dict:
     return {**job, "paused": bool(job["paused"])}

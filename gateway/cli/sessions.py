@@ -17,6 +17,7 @@ from rich.table import Table
 
 from gateway.cli.common import (
     console as _console,
+    json_option,
     json_out as _json_out,
     plural,
     remember_home,
@@ -80,7 +81,7 @@ def sessions() -> None:
 @_source_option("Only sessions from this source.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @with_store
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
     """List the most recently active sessions: title, preview, last activity, id."""
@@ -105,7 +106,7 @@ def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_j
 
 @sessions.command("show")
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True, help="Print the session and its messages as JSON.")
+@json_option("Print the session and its messages as JSON.")
 @with_store
 def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     """Show one session (by id, unique id prefix, or title) and its messages."""
@@ -150,7 +151,7 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
 @click.option("--role", multiple=True, type=click.Choice(ROLES, case_sensitive=False),
               help="Only this role (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @with_store
 def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[str, ...], limit: int,
                as_json: bool) -> None:
@@ -267,7 +268,7 @@ def _size(n: float) -> str:
 
 
 @sessions.command("stats")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @with_store
 def stats_cmd(db: SessionDB, as_json: bool) -> None:
     """Counts by source, database and WAL size."""
