@@ -86,7 +86,7 @@ class _JsonError(click.ClickException):
 
     def __init__(self, error: click.ClickException) -> None:
         super().__init__(error.format_message())
-        setattr(self, "exit_code", error.exit_code)  # a class attribute in click; this one keeps the original code
+        self.exit_code = error.exit_code  # type: ignore[misc]  # a ClassVar in click; this one keeps the original code
 
     def show(self, file: Any = None) -> None:
         click.echo(json.dumps({"error": self.message}, ensure_ascii=False), err=True)
