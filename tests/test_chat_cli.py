@@ -248,6 +248,26 @@ async def test_ctrl_c_stops_the_answer_marked_stopped_and_a_second_ctrl_c_leaves
     assert term.text().rstrip().endswith(f"Session {session} saved. Continue with: switchboard chat -r {session}")
 
 
+async def test_ctrl_c_before_the_first_words_stops_and_keeps_the_message(tmp_path):
+    async with FakeModel(delay=30) as model:  # the model thinks for half a minute
+        term = Terminal([str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model))], env=_env(tmp_path))
+        try:
+            await eventually(lambda: "› " in term.text(), timeout=30, what=term.text)
+            term.type("a hard question\r")
+            await eventually(lambda: "thinking…" in term.text(), timeout=30, what=term.text)
+            term.type(CTRL_C)
+            await eventually(lambda: "(stopped before the answer began; your message is saved)" in term.text(),
+                             timeout=10, what=term.text)
+            await eventually(lambda: term.text().rstrip().endswith("›"), timeout=10, what=term.text)
+            assert term.proc.poll() is None
+            _, messages = _stored(tmp_path)
+            assert [(m["role"], m["content"]) for m in messages] == [("user", "a hard question")]
+            term.type(CTRL_D)
+            assert await asyncio.to_thread(term.wait) == 0
+        finally:
+            term.close()
+
+
 async def test_ctrl_d_at_the_prompt_leaves_with_the_hint(tmp_path):
     async with FakeModel() as model:
         term = Terminal([str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model))], env=_env(tmp_path))
