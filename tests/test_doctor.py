@@ -122,6 +122,7 @@ def test_without_a_config_file_it_says_where_it_looked(tmp_path):
     assert config_line.startswith("✗ config: ") and f"no config file at {home / 'config.yaml'}" in config_line
     assert "looked in $SWITCHBOARD_HOME" in config_line and "given with --config" not in config_line
     assert "fix: fix the key named above" not in result.output
+    assert result.output.count("config.example.yaml") == 1  # said once, on the fix line
     assert (f"fix: use the config `make run` uses: --config {EXAMPLE}, or copy it to {home / 'config.yaml'}"
             in result.output)
 

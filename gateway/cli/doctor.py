@@ -234,7 +234,10 @@ async def run_checks(config_path: Path | None, home: Path | None = None) -> list
         cfg = load_config(config_path)
     except ConfigError as exc:
         home = home or state.default_home()
-        return [Check("config", False, str(exc), _config_fix(exc)),
+        detail = str(exc)
+        if exc.file and not Path(exc.file).expanduser().exists():  # where it looked; what to do is the fix line
+            detail = detail.split("; ", 1)[0]
+        return [Check("config", False, detail, _config_fix(exc)),
                 *check_database(home), check_disk(home), *check_permissions(home)]
     if home is not None and home != cfg.home:
         cfg = cfg.model_copy(update={"home": home})
