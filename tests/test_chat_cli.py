@@ -295,3 +295,16 @@ async def test_piped_chat_prints_the_answers_only(tmp_path):
     assert out == f"echo: {first} | turns: 1 | first: {first}\necho: second | turns: 2 | first: {first}\n"
     session, _ = _stored(tmp_path)
     assert err == f"Session {session} saved. Continue with: switchboard chat -r {session}\n"
+
+
+async def test_questions_from_a_file_are_answered_too(tmp_path):
+    questions = tmp_path / "questions.txt"
+    questions.write_text("hello from a file\n", encoding="utf-8")  # a regular file, which epoll cannot wait on
+    async with FakeModel() as model:
+        with questions.open("rb") as stdin:
+            proc = await asyncio.create_subprocess_exec(
+                str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model)), env=_env(tmp_path),
+                stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = (b.decode() for b in await proc.communicate())
+    assert proc.returncode == 0, err
+    assert out == "echo: hello from a file | turns: 1 | first: hello from a file\n"

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import os
+import stat
 import sys
 
 from rich.console import Console, RenderableType
@@ -226,7 +228,7 @@ class _Chat:
             self.notes.print("[dim]Type a message; /help for commands; Ctrl-C stops an answer; "
                              "Ctrl-D or Ctrl-C at the prompt leaves.[/dim]")
         undo = None
-        if read_line is None and _stdin_fd() is None:  # not a file (an embedding program's stream)
+        if read_line is None and not _pollable_stdin():
             read_line = _read_stdin_line
         if read_line is None:
             self.input = TerminalInput(prompt="› " if self.interactive else "")
@@ -317,11 +319,14 @@ class _Chat:
             self.notes.print(f"[dim]the stopped answer could not be stored: {exc}[/dim]")
 
 
-def _stdin_fd() -> int | None:
+def _pollable_stdin() -> bool:
+    """Whether the event loop can wait on standard input: a terminal or a pipe, not a regular file
+    (``< questions.txt``, which epoll refuses) nor a stream without a descriptor; those are read in a thread,
+    where a read never waits long."""
     try:
-        return sys.stdin.fileno()
+        return not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode)
     except (OSError, ValueError):  # io.UnsupportedOperation is both
-        return None
+        return False
 
 
 def _read_stdin_line() -> str:
