@@ -98,7 +98,8 @@ class Switchboard(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # an unknown option stops parsing before --json is read: a "--json" among the words asks for JSON too
-        if "--json" in args[:args.index("--")] if "--" in args else "--json" in args:
+        words = args[:args.index("--")] if "--" in args else args
+        if "--json" in words:
             ctx.meta[_JSON_KEY] = True
         return super().parse_args(ctx, args)
 

@@ -321,9 +321,9 @@ def environment_reminder(settings: UnitSettings, environ: Mapping[str, str] | No
     if not missing:
         return None
     shown = ", ".join(f"{name} ({why})" for name, why in missing)
-    return (f"the config reads {shown} from the environment, and {settings.env_file} does not set "
-            f"{'it' if len(missing) == 1 else 'them'}: systemd does not see variables exported in your shell, "
-            "so put them there (NAME=value lines)")
+    them = "it" if len(missing) == 1 else "them"
+    return (f"the config reads {shown} from the environment, and {settings.env_file} does not set {them}: "
+            f"systemd does not see variables exported in your shell, so put {them} there (NAME=value lines)")
 
 
 def grace_seconds_from_config(config: Path) -> int | None:
