@@ -51,14 +51,14 @@ class SessionNotFound(StateError):
 
 
 class AmbiguousSession(StateError):
-    """An id prefix matches more than one session."""
+    """An id prefix, or a title written in another case, matches more than one session."""
 
-    def __init__(self, ref: str, candidates: list[str]):
+    def __init__(self, ref: str, candidates: list[str], hint: str = "give more of the id"):
         self.ref = ref
         self.candidates = list(candidates)
         shown = ", ".join(self.candidates[:10])
         more = f" (and {len(self.candidates) - 10} more)" if len(self.candidates) > 10 else ""
-        super().__init__(f"{ref!r} matches {len(self.candidates)} sessions: {shown}{more}; give more of the id")
+        super().__init__(f"{ref!r} matches {len(self.candidates)} sessions: {shown}{more}; {hint}")
 
 
 class InvalidTitle(StateError, ValueError):

@@ -298,12 +298,17 @@ def test_env_values_cannot_change_the_structure(tmp_path):
 # --------------------------------------------------------------------------- finding the file
 
 
-def test_find_config_path_precedence(tmp_path):
+def test_find_config_path_precedence(tmp_path, monkeypatch):
     env = {"SWITCHBOARD_CONFIG": str(tmp_path / "a.yaml"), "SWITCHBOARD_HOME": str(tmp_path / "home")}
     assert find_config_path("given.yaml", env) == Path("given.yaml")
     assert find_config_path(None, env) == tmp_path / "a.yaml"
     assert find_config_path(None, {"SWITCHBOARD_HOME": str(tmp_path / "home")}) == tmp_path / "home" / "config.yaml"
-    assert find_config_path(None, {}) == Path("~/.switchboard/config.yaml").expanduser()
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    # nothing set and no ~/.switchboard/config.yaml: the checkout's example, which `make run` uses
+    assert find_config_path(None, {}) == EXAMPLE.resolve()
+    (tmp_path / "user" / ".switchboard").mkdir(parents=True)
+    (tmp_path / "user" / ".switchboard" / "config.yaml").write_text("agent: mine\n")
+    assert find_config_path(None, {}) == tmp_path / "user" / ".switchboard" / "config.yaml"
 
 
 def test_load_config_uses_switchboard_home(tmp_path):

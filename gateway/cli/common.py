@@ -63,6 +63,55 @@ def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
     return home_options(run)
 
 
+_JSON_KEY = "switchboard.json"
+
+
+def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[_JSON_KEY] = True
+    return value
+
+
+def json_option(help_text: str = "Print JSON for scripts.") -> Callable[[Any], Any]:
+    """``--json`` (passed as ``as_json``); eager, so an error in any other option is reported as JSON too."""
+    return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=_remember_json, help=help_text)
+
+
+def _json_asked(ctx: click.Context | None) -> bool:
+    return ctx is not None and bool(ctx.meta.get(_JSON_KEY))
+
+
+class _JsonError(click.ClickException):
+    """An error of a ``--json`` command, shown as ``{"error": ...}`` on stderr with its exit code."""
+
+    def __init__(self, error: click.ClickException) -> None:
+        super().__init__(error.format_message())
+        self.exit_code = error.exit_code  # type: ignore[misc]  # a ClassVar in click; this one keeps the original code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(json.dumps({"error": self.message}, ensure_ascii=False), err=True)
+
+
+class Switchboard(click.Group):
+    """The ``switchboard`` group: under ``--json`` every command's error is ``{"error": "..."}`` on stderr,
+    with the exit code it has without ``--json`` (the one place this is decided; :func:`fail` agrees)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # an unknown option stops parsing before --json is read: a "--json" among the words asks for JSON too
+        words = args[:args.index("--")] if "--" in args else args
+        if "--json" in words:
+            ctx.meta[_JSON_KEY] = True
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if _json_asked(ctx):
+                raise _JsonError(exc) from exc
+            raise
+
+
 def json_out(value: Any) -> None:
     """One JSON document on stdout, for ``--json``."""
     click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
@@ -84,8 +133,11 @@ def plural(count: int, noun: str) -> str:
 
 
 def fail(message: str, code: int = 1) -> None:
-    """Print one line on stderr and exit with ``code``."""
-    click.echo(f"error: {message}", err=True)
+    """Print one line on stderr (``{"error": ...}`` under ``--json``) and exit with ``code``."""
+    if _json_asked(click.get_current_context(silent=True)):
+        click.echo(json.dumps({"error": message}, ensure_ascii=False), err=True)
+    else:
+        click.echo(f"error: {message}", err=True)
     sys.exit(code)
 
 

@@ -19,7 +19,14 @@ from typing import Callable, Iterator
 import click
 from rich.table import Table
 
-from gateway.cli.common import config_keys, console as _console, home_options, json_out as _json_out, resolve_store
+from gateway.cli.common import (
+    config_keys,
+    console as _console,
+    home_options,
+    json_option,
+    json_out as _json_out,
+    resolve_store,
+)
 from gateway.insights import DAY, Group, Insights, daily_chart, from_summary, identity_names, sparkline, window
 from gateway.usage import price_of
 from state import SessionDB, StateError
@@ -53,7 +60,7 @@ def _plot_path(_ctx: click.Context, _param: click.Parameter, value: Path | None)
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
               help="The N groups with the most tokens, then one row for the rest; 0: every group "
                    "(--by day shows every day).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, callback=_plot_path,
               help="Also draw the days' tokens by purpose (stacked) and cost per day into FILE.png or FILE.svg "
                    "(needs matplotlib: pip install 'switchboard[plots]').")
