@@ -389,6 +389,12 @@ async def test_the_sessions_list_filters_by_platform_user_title_and_date(tmp_pat
             assert await listed(until="2001-01-01") == set()
             _, body, _ = await browser.get("/ui/sessions", params={"since": "yesterday"})
             assert "since must be a date like" in body
+            # a page past any the store could hold (or none at all) is page 1, and the page says so
+            for page in ("99999999999999999999999", "0", "-3", "two"):
+                status, body, _ = await browser.get("/ui/sessions", params={"page": page})
+                assert status == 200 and "page must be a whole number from 1 to 1,000,000; showing page 1" in body
+                assert set(re.findall(r'href="/ui/sessions/(s-[a-z]+)"', body)) == {"s-evil", "s-child"}, page
+            assert await listed(page="2") == set()
         finally:
             await browser.close()
 

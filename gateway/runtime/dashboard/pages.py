@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = (*PLATFORMS, "api", "cli", "cron")
 PAGE_SIZE = 50
+MAX_PAGE = 1_000_000  # 50 million sessions; past it an offset is no page (and no longer fits a database integer)
 SEARCH_LIMIT = 50
 HISTORY_LIMIT = 30
 DEAD_LETTERS_SHOWN = 20
@@ -135,8 +136,11 @@ class Pages:
             problems.append(f"unknown platform {platform!r} (one of {', '.join(SOURCES)})")
             platform = ""
         try:
-            page = max(1, int(q.get("page", "1")))
+            page = int(q.get("page", "1"))
+            if not 1 <= page <= MAX_PAGE:
+                raise ValueError
         except ValueError:
+            problems.append(f"page must be a whole number from 1 to {MAX_PAGE:,}; showing page 1")
             page = 1
         args: dict[str, Any] = {}
         since, until = q.get("since", "").strip(), q.get("until", "").strip()
