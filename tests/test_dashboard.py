@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import time
 
 import aiohttp
 import pytest
+from click.testing import CliRunner
 from yarl import URL
 
 import compression
+from gateway.cli.main import main
 from gateway.errors import ConfigError
 from tests.fakes.model_server import FakeModel
 from tests.harness import eventually, gateway_config, running_gateway
@@ -547,3 +550,27 @@ async def test_the_usage_page_charts_the_days_and_sums_each_model_and_identity(t
             assert "unknown grouping &#39;nonsense&#39;" in body or "unknown grouping 'nonsense'" in html.unescape(body)
         finally:
             await browser.close()
+
+
+async def test_usage_by_user_names_a_cron_jobs_calls_by_the_job(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await gw.cron.run_job("digest")
+        await eventually(lambda: _cron_calls(gw), 10, "the cron run's model call in the ledger")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/usage?days=7&by=user")
+            names = [html.unescape(n) for n in re.findall(r'<tr[^>]*><td>([^<]*)</td><td class="num">', body)]
+            assert names == [f"cron:{JOB['name']}"]  # escaped on the page; not "cron:?"
+        finally:
+            await browser.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
+    result = CliRunner(env={**env, "SWITCHBOARD_HOME": str(tmp_path)}).invoke(
+        main, ["insights", "--by", "user", "--json", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert [r["name"] for r in json.loads(result.output)["rows"]] == [f"cron:{JOB['name']}"]
+
+
+async def _cron_calls(gw) -> bool:
+    summary = await gw.db.usage_summary(time.time() - 3600, "purpose")
+    return any(row["grp"] == "cron" for row in summary["groups"])

@@ -24,7 +24,7 @@ from gateway.charts import usage_svg
 from gateway.config import PLATFORMS
 from gateway.cron.service import run_status_line
 from gateway.durations import time_ago
-from gateway.insights import daily_chart, from_summary, identity_names, window
+from gateway.insights import account_names, daily_chart, from_summary, window
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
 
@@ -224,10 +224,12 @@ class Pages:
             days = 30
         since, dates = window(days, time.time())
         db = self.src.db
-        rename = identity_names(self.src.identities) if by == "user" and self.src.identities else None
+        # by user: an identity's accounts are one row, a cron job's calls go by its name
+        rename = account_names(self.src.identities, await db.list_cron_jobs()) if by == "user" else None
         limit = None if by == "day" else USAGE_TOP
         # with identities, every account is read: an identity's accounts add up before the ranking
-        found = from_summary(await db.usage_summary(since, by, limit=None if rename else limit), dates, rename,
+        everyone = by == "user" and bool(self.src.identities)
+        found = from_summary(await db.usage_summary(since, by, limit=None if everyone else limit), dates, rename,
                              limit)
         chart = daily_chart(from_summary(await db.usage_summary(since, "purpose"), dates),
                             from_summary(await db.usage_summary(since, "day"), dates))
