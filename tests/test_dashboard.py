@@ -467,6 +467,12 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
             await eventually(lambda: _run_ended(gw, run["id"]), 10, "the run to end")
             _, body, _ = await browser.get("/ui/cron/digest")
             assert f"#{run['id']}" in body and "kept in the store (local)" in body
+            # the page's runs table refreshes itself from its fragment while a run is running
+            assert 'data-refresh="/ui/cron/digest/runs/fragment"' in body and 'data-while=".badge.running"' in body
+            for path in ("/ui/cron/digest/runs/fragment", "/ui/cron/runs/fragment"):
+                status, fragment, _ = await browser.get(path)
+                assert status == 200 and "<html" not in fragment and "kept in the store (local)" in fragment, path
+            assert (await browser.get("/ui/cron/nope/runs/fragment"))[0] == 404
             status, _, _ = await browser.post("/ui/cron/digest/pause", {"csrf": csrf})
             assert status == 303 and (await gw.db.get_cron_job("digest"))["paused"]
             _, body, _ = await browser.get("/ui/cron")

@@ -94,6 +94,8 @@ class Pages:
         get("/ui/sessions/{session_id}/export.{kind}", self.export)
         get("/ui/cron", self.cron)
         get("/ui/cron/{job_id}", self.cron_job)
+        get("/ui/cron/runs/fragment", self.runs_fragment)
+        get("/ui/cron/{job_id}/runs/fragment", self.runs_fragment)
         post("/ui/cron/{job_id}/{action}", self.cron_action)
         get("/ui/usage", self.usage)
         get("/ui/pairing", self.pairing)
@@ -255,6 +257,14 @@ class Pages:
         started = request.query.get("started", "")
         return self._render(request, "cron_job.html", "cron", job=job, runs=self._runs(runs),
                             started=started if started.isdigit() else "", done=request.query.get("done", ""))
+
+    async def runs_fragment(self, request: web.Request) -> web.StreamResponse:
+        """The runs table alone (of one job, or of all), which the page refreshes while a run is running."""
+        job_id = request.match_info.get("job_id")
+        if job_id is not None and await self.src.db.get_cron_job(job_id) is None:
+            raise web.HTTPNotFound()
+        runs = await self.src.db.list_cron_runs(job_id, limit=HISTORY_LIMIT)
+        return self._render(request, "_runs.html", "cron", runs=self._runs(runs))
 
     async def cron_action(self, request: web.Request) -> web.StreamResponse:
         job_id, action = request.match_info["job_id"], request.match_info["action"]
