@@ -580,3 +580,28 @@ async def test_usage_by_user_names_a_cron_jobs_calls_by_the_job(tmp_path, model)
 async def _cron_calls(gw) -> bool:
     summary = await gw.db.usage_summary(time.time() - 3600, "purpose")
     return any(row["grp"] == "cron" for row in summary["groups"])
+
+
+async def test_a_transcript_renders_markdown_with_raw_html_as_text_and_no_foreign_loads(tmp_path, model):
+    answer = ("**bold** and `code`\n\n```sh\nmake run\n```\n\n"
+              '<img src=x onerror=alert(5)> [click](javascript:alert(6)) [ok](https://example.com "t") '
+              "![pixel](https://tracker.example/p.png) <a href=\"https://evil.example\">raw link</a>")
+    async with dashboard(tmp_path, model) as gw:
+        await gw.db.create_session("s-md", "telegram", user_id="1")
+        await gw.db.append_message("s-md", "assistant", answer)
+        await gw.db.append_message("s-md", "tool", "**not markdown** <b>x</b>")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions/s-md")
+            main = body.split("<main>", 1)[1]
+            assert "<strong>bold</strong>" in main and "<code>code</code>" in main
+            assert "<pre><code>make run\n</code></pre>" in main  # a fence, shown in the monospace font
+            assert "<img" not in main and "&lt;img src=x onerror=alert(5)&gt;" in main
+            assert "javascript:" not in main.replace("[click](javascript:alert(6))", "")  # stays text, no link
+            assert '<a href="https://example.com" title="t" rel="noopener noreferrer nofollow">ok</a>' in main
+            assert '<a href="https://tracker.example/p.png" rel="noopener noreferrer nofollow">pixel</a>' in main
+            assert '<a href="https://evil.example"' not in main and "&lt;a href=" in main  # raw HTML is text
+            assert "<pre><code>**not markdown** &lt;b&gt;x&lt;/b&gt;</code></pre>" in main  # a tool's output as it is
+        finally:
+            await browser.close()
