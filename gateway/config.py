@@ -461,6 +461,23 @@ class UiConfig(_Model):
     enabled: bool = False  # off unless asked for
     # On loopback without api.token the dashboard is read-only; this lets it run jobs and approve pairings too.
     allow_local_writes: bool = False
+    # Reverse proxies (addresses or CIDR networks) whose X-Forwarded-For, X-Forwarded-Proto and Forwarded
+    # headers say who the browser is and whether it used HTTPS; from any other peer they are ignored.
+    trusted_proxies: tuple[str, ...] = ()
+    # The session cookie is Secure whenever the browser's side is HTTPS; true makes it Secure always.
+    cookie_secure: bool = False
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for index, value in enumerate(values):
+            try:
+                out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+            except ValueError:
+                raise KeyedError(str(index), f"{value!r} is not an IP address or a CIDR network such as 10.0.0.0/8 "
+                                             "or 127.0.0.1: name the reverse proxy's address as the daemon sees it") from None
+        return tuple(out)
 
 
 class LoggingConfig(_Model):

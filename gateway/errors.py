@@ -24,6 +24,8 @@
     │                                database was left as it was
     ├── NotReplayable                a dead letter holds no message to replay
     ├── InvalidJob (ValueError)      a cron job definition names a bad field (.field, .reason)
+    ├── InvalidMessage (ValueError)  an adapter built an InboundMessage the gateway cannot route (no
+    │                                chat id, no platform); it is refused where it is made
     ├── MemoryRefused                the memory tool refused a change; the model is told why
     ├── FactRefused                  the facts tool refused a change; the model is told why
     └── PlotsUnavailable             insights --plot needs matplotlib, an optional extra, not installed
@@ -163,6 +165,10 @@ class InvalidJob(SwitchboardError, ValueError):
         self.field = field
         self.reason = reason
         super().__init__(f"{field}: {reason}")
+
+
+class InvalidMessage(SwitchboardError, ValueError):
+    """An :class:`~gateway.types.InboundMessage` that cannot be routed; the message says which field is missing."""
 
 
 class MemoryRefused(SwitchboardError):

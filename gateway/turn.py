@@ -1,5 +1,10 @@
 """One agent turn: prompt assembly, the model call with its tool loop, persistence.
 
+Nothing of the memory fence (the ``<memory-context>`` block recalled facts reach the model in) leaves
+a turn: every answer is cleaned by :func:`state.memory_fence.strip_memory_fence` before it is sent
+or stored, and a streamed one passes through a :class:`~state.memory_fence.FenceScrubber` on its way
+to the sink, which holds back what could still turn out to be part of the fence.
+
 The user's messages are already persisted by the router before a turn
 starts.  A turn persists what the model produced (tool calls, tool results,
 the final answer) in one atomic batch together with its token usage, so a
@@ -23,6 +28,7 @@ from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Attachment
 from gateway.usage import CallContext, for_session
+from state.memory_fence import FenceScrubber, strip_memory_fence
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +219,7 @@ class AgentTurn:
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
         if prompt_hook is not None:
             prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
-        reply = completion.message.get("content") or ""
+        reply = strip_memory_fence(completion.message.get("content") or "")
         to_store = [_for_store(m) for m in produced]
         to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
                          "token_count": completion.completion_tokens})
@@ -254,7 +260,7 @@ class AgentTurn:
             sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
             try:
                 completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
-                                                       on_text=sink.feed if sink is not None else None,
+                                                       on_text=_scrubbed(sink) if sink is not None else None,
                                                        purpose=purpose if iteration == 0 else purpose.next_in_loop())
             except AnswerCutOff as cut:
                 log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
@@ -268,8 +274,9 @@ class AgentTurn:
             if sink is not None:
                 sink.discard_text()  # it was not the answer
                 sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
-            produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls,
-                             **_reasoning_of(completion.message)})
+            content = completion.message.get("content")
+            produced.append({"role": "assistant", "content": strip_memory_fence(content) if content else content,
+                             "tool_calls": calls, **_reasoning_of(completion.message)})
             for call in calls:
                 fn = call.get("function", {})
                 name = fn.get("name", "")
@@ -281,6 +288,19 @@ class AgentTurn:
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
         assert completion is not None
         return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls)
+
+
+def _scrubbed(sink: ReplySink) -> Callable[[str], None]:
+    """``sink.feed`` for one model call's text, through a fresh fence scrubber: the sink is shown only what
+    is sure not to be part of the memory fence; what it holds back at the end comes with the final text."""
+    scrubber = FenceScrubber()
+
+    def feed(delta: str) -> None:
+        shown = scrubber.feed(delta)
+        if shown:
+            sink.feed(shown)
+
+    return feed
 
 
 def _not_offered(name: str, offered: set[str]) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Iterable, NamedTuple
 
 from . import _recovery
 from .errors import SessionNotFound
+from .memory_fence import has_memory_fence, strip_memory_fence
 
 PREVIEW_STORED = 100  # characters of the first user message kept on the session row
 
@@ -201,7 +202,8 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, upto
     empty string stays an empty string): the text as both ``reasoning`` and
     ``reasoning_content`` (the two names models give it; the store keeps one
     column), and ``reasoning_details`` and ``codex_reasoning_items`` exactly as
-    they were given.
+    they were given.  An assistant message holds nothing of the memory fence
+    (:mod:`state.memory_fence`), even one stored before answers were cleaned.
     """
     rows = conn.execute(
         "SELECT id, role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
@@ -224,6 +226,9 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, upto
             except (json.JSONDecodeError, TypeError):
                 pass
         if row["role"] == "assistant":
+            if isinstance(message["content"], str) and has_memory_fence(message["content"]):
+                # written before the gateway cleaned answers: the model echoed its memory fence
+                message["content"] = strip_memory_fence(message["content"])
             if row["reasoning"] is not None:
                 message["reasoning"] = message["reasoning_content"] = row["reasoning"]
             for key in _REASONING_JSON:

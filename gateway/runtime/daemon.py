@@ -298,7 +298,8 @@ class Gateway:
         sources = Sources(db=self.db, health=self.health, cron=self.cron, tz=cfg.tzinfo, instance=instance,
                           queued_messages=self.router.queued_messages, identities=cfg.identities)
         settings = DashboardSettings(token=cfg.api.token or None, loopback=is_loopback(cfg.api.host),
-                                     allow_local_writes=cfg.ui.allow_local_writes)
+                                     allow_local_writes=cfg.ui.allow_local_writes,
+                                     trusted_proxies=cfg.ui.trusted_proxies, cookie_secure=cfg.ui.cookie_secure)
         return Dashboard(settings, Pages(sources))
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:

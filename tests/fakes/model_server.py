@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible model server on 127.0.0.1 (port 0) for tests and benchmarks.
 
 It speaks ``POST /v1/chat/completions`` (plain, or streamed as Server-Sent Events with
-``"stream": true``, paced by ``stream_chunk_chars`` and ``stream_interval``) and ``GET /v1/models``,
+``"stream": true``, paced by ``stream_chunk_chars`` and ``stream_interval``, or in the pieces a
+``Reply(chunks=...)`` names) and ``GET /v1/models``,
 records every request, and answers by default with a reply that proves what
 the model was shown::
 
@@ -39,6 +40,7 @@ from tests.waiting import eventually
 class Reply:
     text: str
     prompt_tokens: int | None = None  # None: estimate from the request
+    chunks: tuple[str, ...] | None = None  # streamed: exactly these pieces (joined, they are ``text``)
 
 
 @dataclass
@@ -207,7 +209,8 @@ class FakeModel:
                                    "first_chunk": r.first_chunk} for r in self.requests])
 
     async def _stream(self, request: web.Request, record: Recorded, message: dict, finish: str,
-                      usage: dict | None, cut_after: int | None = None) -> web.StreamResponse:
+                      usage: dict | None, cut_after: int | None = None,
+                      chunks: tuple[str, ...] | None = None) -> web.StreamResponse:
         """The answer as Server-Sent Events in the Chat Completions chunk format, ending with [DONE]."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -223,16 +226,20 @@ class FakeModel:
         await send({"role": "assistant", "content": "", **extra})
         text = message.get("content") or ""
         size = max(1, self.stream_chunk_chars)
-        for start in range(0, len(text), size):
+        if chunks is None:
+            chunks = tuple(text[start:start + size] for start in range(0, len(text), size))
+        start = 0
+        for piece in chunks:
             if cut_after is not None and start >= cut_after:
                 assert request.transport is not None
                 request.transport.abort()  # the connection drops mid-answer
                 return response
             if self.stream_interval and start:
                 await asyncio.sleep(self.stream_interval)
-            await send({"content": text[start:start + size]})
+            await send({"content": piece})
             if start == 0:
                 record.first_chunk = time.monotonic()
+            start += len(piece)
         for index, call in enumerate(message.get("tool_calls") or []):
             arguments = call["function"]["arguments"]
             await send({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
@@ -325,7 +332,9 @@ class FakeModel:
                 usage = None
             if body.get("stream"):
                 return await self._stream(request, record, message, finish, usage,
-                                          cut_after=behaviour.after if isinstance(behaviour, CutOff) else None)
+                                          cut_after=behaviour.after if isinstance(behaviour, CutOff) else None,
+                                          chunks=tuple(c for c in behaviour.chunks if c) if isinstance(behaviour, Reply)
+                                          and behaviour.chunks is not None else None)
             return web.json_response(
                 {
                     "id": f"chatcmpl-{len(self.requests)}",
