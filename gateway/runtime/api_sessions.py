@@ -116,8 +116,7 @@ class Conversations:
         fingerprint = self.fingerprint_key(caller, request, first_reply)
         if first_reply is None and idempotency_key is None:
             return ConversationId("fingerprint", None, fingerprint)  # a first message: a new conversation
-        seen = await self.db.get_route(fingerprint)
-        session = await self.db.get_session(seen) if seen else None
+        session = await self.db.get_routed_session(fingerprint)  # one indexed read: the route and its session
         if session is None or not session.get("session_key"):
             return ConversationId("fingerprint", None, fingerprint)
         if first_reply is None:  # a retry of a first message is the conversation it started
