@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import state  # noqa: E402
-from gateway.runtime.api_request import ChatRequest, ClientMessage  # noqa: E402
-from gateway.runtime.api_sessions import Caller, Conversations, token_hash  # noqa: E402
+import state
+from gateway.runtime.api_request import ChatRequest, ClientMessage
+from gateway.runtime.api_sessions import Caller, Conversations, token_hash
 
 CALLER = Caller(token_hash("Bearer sk-bench"), None)
 
