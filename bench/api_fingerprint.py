@@ -103,9 +103,17 @@ async def main() -> None:
             unknown = await timed(conversations, misses, False)
         finally:
             await db.close()
+        with state.SessionDB(path) as sync_db:  # the query alone, without the async store's thread hand-off
+            keys = [conversations.fingerprint_key(CALLER, request(i), request(i).messages[1].stored) for i in hits]
+            query = []
+            for key in keys:
+                started = time.perf_counter()
+                assert sync_db.get_routed_session(key) is not None
+                query.append(time.perf_counter() - started)
     print(f"identify, found, first read of each ({args.lookups} lookups): {micro(cold)}")
     print(f"identify, found, pages cached       ({args.lookups} lookups): {micro(found)}")
     print(f"identify, not found                 ({args.lookups} lookups): {micro(unknown)}")
+    print(f"the query alone (SessionDB, found)   ({args.lookups} lookups): {micro(query)}")
     print("(each: the fingerprint hashed, its route and session read in one indexed query, through AsyncSessionDB)")
 
 
