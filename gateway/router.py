@@ -66,6 +66,20 @@ class RouterSettings:
     resume_within: float = 3600.0  # after a restart, older unanswered messages get a line, not an answer
 
 
+@dataclass(frozen=True, slots=True)
+class RequestExtras:
+    """What a request/response client (the local API) adds to its message, for the turn that answers it."""
+
+    system_notes: tuple[str, ...] = ()  # the client's own system messages, sent after the gateway's
+    params: dict | None = None  # request fields for the model (temperature, response_format, ...)
+    # the client says this request repeats one it sent before (an SDK's automatic retry): when the
+    # session's last message is that same text, left unanswered by a failed turn, it is not stored again
+    retry: bool = False
+
+
+NO_EXTRAS = RequestExtras()
+
+
 @dataclass(eq=False)
 class Ticket:
     """A message the router accepted; ``reply`` resolves with the text sent back."""
@@ -85,8 +99,7 @@ class Ticket:
     # in, or None when the request was answered before (a retry: ``replayed`` is set, the caller replays).
     prepare: Callable[[], Awaitable[str | None]] | None = None
     replayed: bool = False
-    system_notes: tuple[str, ...] = ()  # the client's own system messages, after the gateway's
-    params: dict | None = None  # the client's request fields for the model (temperature, ...)
+    extras: RequestExtras = field(default_factory=lambda: NO_EXTRAS)  # what a local API client adds to its request
     failure: BaseException | None = None  # why the model gave no answer (``reply`` holds the line saying so)
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
 
@@ -322,14 +335,14 @@ class SessionRouter:
         return session_key(msg, self.settings.keys)
 
     # -- the entry point ----------------------------------------------------
-    async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None, system_notes: tuple[str, ...] = (),
-                     params: dict | None = None) -> Ticket | None:
+    async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None,
+                     extras: RequestExtras = NO_EXTRAS) -> Ticket | None:
         """Persist and queue ``msg``; None when it was dropped on purpose (stranger, duplicate).
 
         ``sink`` (request/response sources, which have no chat to post drafts in): the answer to
         ``msg`` is fed to it as the model writes it, when ``msg`` is the last of its turn's batch.
-        ``system_notes`` and ``params`` (a local API client's system messages and model fields) go
-        with the turn that answers it."""
+        ``extras`` (a local API client's system messages and model fields) go with the turn that
+        answers it."""
         if self._closing:
             raise GatewayClosing("the gateway is shutting down; retry after it restarts")
         verdict = await self.authorizer.check(msg)
@@ -366,7 +379,7 @@ class SessionRouter:
                     session_id, notice = session["id"], None
                 else:
                     session_id, notice = await self._apply_policy(key, msg, lane, session)
-            ticket = Ticket(msg, key, session_id, sink=sink, system_notes=system_notes, params=params)
+            ticket = Ticket(msg, key, session_id, sink=sink, extras=extras)
             if notice:
                 ticket.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
@@ -428,7 +441,7 @@ class SessionRouter:
         if routed is not None and routed.get("ended_at") is None:
             ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
         text = _stored_text(msg)
-        if msg.message_id is None:  # a resend of the message a failed turn left unanswered is not stored again
+        if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
             messages = await self.db.get_messages(ticket.session_id)
             if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == text:
                 return ticket.session_id
@@ -648,7 +661,7 @@ class SessionRouter:
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
             stream=stream if stream is not None else last.sink, fence=claim.fence if claim is not None else None,
-            system_notes=last.system_notes, params=last.params,
+            system_notes=last.extras.system_notes, params=last.extras.params,
         )
         typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))

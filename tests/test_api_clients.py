@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from tests.fakes.model_server import FakeModel, Reply
+from tests.fakes.model_server import Fail, FakeModel, Reply
 from tests.harness import eventually, running_gateway
 
 
@@ -289,3 +289,16 @@ async def test_every_error_is_openai_shaped_json_and_a_model_can_be_retrieved(tm
     assert wrong[0] == 405 and wrong[1]["error"]["code"] == "method_not_allowed"
     assert large[0] == 413 and large[1]["error"]["code"] == "request_too_large"
     assert all(set(body["error"]) == {"message", "type", "param", "code"} for _, body in (missing, wrong, large))
+
+
+async def test_the_sdks_own_retry_after_a_model_failure_stores_the_message_once(tmp_path, model):
+    model.script(Fail(503))  # the gateway does not retry (max_retries 0): a 503, which the SDK retries by itself
+    async with running_gateway(tmp_path, model, model={"max_retries": 0}) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")  # the SDK's default retries
+        answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}],
+                                                      extra_headers={"X-Session-Key": "k"})
+        await client.close()
+        stored = await conversation_of(gw, await gw.db.get_route("agent:main:api:dm:k"))
+    assert answer.choices[0].message.content == echo("hello", 1, "hello")
+    assert stored == [("user", "hello"), ("assistant", echo("hello", 1, "hello"))]
+    assert len(model.requests) == 2

@@ -60,7 +60,7 @@ from aiohttp import web
 import state
 from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
 from gateway.failures import failure_line
-from gateway.router import SessionRouter, Ticket
+from gateway.router import RequestExtras, SessionRouter, Ticket
 from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request, stored_text
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
@@ -76,7 +76,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # room for a few images as data URLs
 MAX_IDEMPOTENCY_KEY = 255
 RETRY_AFTER_SHUTDOWN_SECONDS = 10  # about what a restart takes
 RETRY_AFTER_RUNNING_SECONDS = 1
-RETRY_AFTER_MODEL_SECONDS = 5
+RETRY_AFTER_MODEL_SECONDS = 2
 CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry once it is back "
            "(with the same Idempotency-Key, to get its answer without sending it twice)")
 SESSION_HEADER = "X-Switchboard-Session"
@@ -314,8 +314,7 @@ class LocalApi:
         user_name = _header_text(request.headers.get("X-OpenWebUI-User-Name"), "X-OpenWebUI-User-Name") or user
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user_name,
                              text=chat.last_user.text, message_id=idempotency_key, attachments=chat.images)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, system_notes=chat.system,
-                        params=chat.params)
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=self._extras(request, chat))
         fingerprint = found.fingerprint if found.key is None else None
         ticket.prepare = lambda: self.conversations.prepare(
             key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint)
@@ -326,6 +325,12 @@ class LocalApi:
 
         return await self._once(key, idempotency_key, chat.last_user.stored,
                                 lambda: self._client_kept(ticket, request, chat, answered))
+
+    @staticmethod
+    def _extras(request: web.Request, chat: ChatRequest) -> RequestExtras:
+        # the openai SDK (and what is built on it) counts its automatic retries in this header
+        retry = request.headers.get("X-Stainless-Retry-Count", "0") not in ("", "0")
+        return RequestExtras(chat.system, chat.params, retry)
 
     async def _once(self, key: str, idempotency_key: str | None, text: str,
                     answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
@@ -350,7 +355,7 @@ class LocalApi:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         try:
             ticket = await self.router.handle(msg, sink=SseSink() if chat.stream else None,
-                                              system_notes=chat.system, params=chat.params)
+                                              extras=self._extras(request, chat))
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")
