@@ -302,3 +302,34 @@ async def test_the_sdks_own_retry_after_a_model_failure_stores_the_message_once(
     assert answer.choices[0].message.content == echo("hello", 1, "hello")
     assert stored == [("user", "hello"), ("assistant", echo("hello", 1, "hello"))]
     assert len(model.requests) == 2
+
+
+async def test_a_client_kept_conversation_goes_on_after_compression_without_branching(tmp_path, model):
+    long = "details about the migration plan, the staging database and the rollback steps. " * 4
+    settings = {"model": {"context_length": 4096}, "compression": {"timeout_seconds": 2, "cooldown_seconds": 600}}
+    async with running_gateway(tmp_path, model, **settings) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+        history: list[dict] = []
+
+        async def say(text: str) -> str:
+            history.append({"role": "user", "content": text})
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=history)
+            history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+            return raw.headers["X-Switchboard-Session"]
+
+        for i in range(6):
+            root = await say(f"turn {i}: {long}")
+        # reports 3,500 tokens (over 75 % of 4,096); the next turn compresses first: the memory turn,
+        # the summary, then its answer
+        model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
+                     Reply("SUMMARY: staging database chosen"), Reply("after the split"))
+        assert await say("one more") == root
+        child = await say("and now?")
+        after = await say("still there?")
+        await client.close()
+        child_row = await gw.db.get_session(child)
+        stored = await conversation_of(gw, child)
+    assert child != root and child_row["parent_session_id"] == root  # compression's child, no branch
+    assert after == child
+    assert stored[-4:] == [(m["role"], m["content"]) for m in history[-4:]]  # each new message once
+    assert sum(1 for role, text in stored if text == "and now?") == 1
