@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import state
 from gateway.keys import api_conversation_key
 from gateway.runtime.api_request import ChatRequest, ClientMessage
+from gateway.turn import CUT_OFF_NOTE, EMPTY_ANSWER
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,17 @@ def _in_transcript(row: dict) -> bool:
 
 
 def _same(row: dict, message: ClientMessage) -> bool:
-    return row["role"] == message.role and (row.get("content") or "").strip() == message.stored.strip()
+    """Whether a stored message is the client's: the same role and text (an answer as it was sent: an
+    empty one as the line standing for it, one that broke off with the note saying so)."""
+    if row["role"] != message.role:
+        return False
+    stored, sent = (row.get("content") or "").strip(), message.stored.strip()
+    if row["role"] == "assistant":
+        if not stored:
+            return sent in ("", EMPTY_ANSWER)
+        if row.get("finish_reason") == "incomplete":
+            return sent in (stored, f"{stored}\n\n{CUT_OFF_NOTE}")
+    return stored == sent
 
 
 def _answered(rows: list[dict], at: int) -> bool:
