@@ -333,3 +333,18 @@ async def test_a_client_kept_conversation_goes_on_after_compression_without_bran
     assert after == child
     assert stored[-4:] == [(m["role"], m["content"]) for m in history[-4:]]  # each new message once
     assert sum(1 for role, text in stored if text == "and now?") == 1
+
+
+async def test_an_empty_answer_sent_back_as_received_continues_the_same_session(tmp_path, model):
+    model.script(Reply(""))
+    async with running_gateway(tmp_path, model) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+        first = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "hm"}])
+        shown = first.parse().choices[0].message.content
+        second = await client.chat.completions.with_raw_response.create(model="m", messages=[
+            {"role": "user", "content": "hm"}, {"role": "assistant", "content": shown},
+            {"role": "user", "content": "hello?"}])
+        await client.close()
+    assert shown == "(The model returned an empty answer.)"
+    assert second.headers["X-Switchboard-Session"] == first.headers["X-Switchboard-Session"]
