@@ -18,6 +18,11 @@ Which session answers a request:
 - A side request (a last user message starting ``### Task:``, as Open WebUI sends for titles and
   tags) is answered from the request alone and stored nowhere.
 
+Every front door goes one way: its body is read into one
+:class:`~gateway.runtime.api_request.ChatRequest`, :meth:`LocalApi.answer` answers it, and a
+:class:`~gateway.runtime.api_render.Format` writes the :class:`~gateway.runtime.api_render.Answer`
+out (Chat Completions here), whole or streamed.
+
 Each request is answered by a turn of its own, in arrival order within its session.  The client's
 ``system`` messages follow the gateway's system prompt; ``temperature``, ``top_p``, ``max_tokens``,
 ``max_completion_tokens``, ``stop``, ``seed``, ``response_format`` and ``tool_choice`` go to the
@@ -47,12 +52,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import hmac
 import logging
 import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable, cast
 
 from aiohttp import web
@@ -61,12 +64,13 @@ import state
 from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
 from gateway.failures import failure_line
 from gateway.router import RequestExtras, SessionRouter, Ticket
-from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request, stored_text
+from gateway.runtime.api_render import Answer, ChatCompletions, Format
+from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.portholder import port_holder
-from gateway.runtime.sse import ChunkEvents, SseSink, usage_of
+from gateway.runtime.sse import SseSink
 from gateway.turn import TurnResult
 from gateway.types import ChatType, InboundMessage
 
@@ -160,17 +164,14 @@ def notice_header(notice: str) -> str:
 
 
 @dataclass(slots=True)
-class _Answer:
-    """What one completion says, and where it belongs."""
+class _Call:
+    """One request on its way: what was asked, in which shape to answer, what to do once answered."""
 
-    content: str
-    session_id: str
-    session_key: str
-    idempotency_key: str | None
-    created: float
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    notices: list[str] = field(default_factory=list)
+    request: web.Request
+    chat: ChatRequest
+    fmt: Format
+    stored: str  # the last user message as the store keeps it (a replay is checked against it)
+    answered: Callable[[Answer], Awaitable[None]] | None = None
 
 
 class LocalApi:
@@ -194,6 +195,7 @@ class LocalApi:
         self.bound_port: int | None = None
         self._running: dict[tuple[str, str], str] = {}  # (session key, Idempotency-Key) -> text, while answered
         self.conversations = Conversations(router.db, agent, model_name, router.turn.settings.persona)
+        self.chat_format = ChatCompletions(model_name)
 
     def app(self) -> web.Application:
         middlewares = [self._errors, self._auth] if self.dashboard is None else \
@@ -288,15 +290,22 @@ class LocalApi:
         if where is not None:
             raise ApiError(400, f"the string at {where} holds a lone UTF-16 surrogate (such as \\ud800 without its "
                                 "pair), which is not text; send valid Unicode", param=where)
-        chat = parse_chat_request(body)
+        return await self.answer(request, parse_chat_request(body), self.chat_format)
+
+    async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format) -> web.StreamResponse:
+        """Answer one parsed request and write it out in ``fmt``: the one path of every front door.
+
+        Which session answers it: the module docstring (and the README's "Which session answers an
+        API request")."""
         idempotency_key = request.headers.get("Idempotency-Key")
         if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY):
             raise ApiError(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text",
                            param="Idempotency-Key")
         idempotency_key = _header_text(idempotency_key, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
         session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
+        call = _Call(request, chat, fmt, chat.last_user.stored)
         if chat.is_side_request:
-            return await self._side_request(request, chat)
+            return await self._side_request(call)
         client_id = explicit_id(request.headers, chat)
         if session_key is None and client_id is None and chat.user is not None:
             session_key = chat.user  # `user` alone keeps its meaning: the gateway keeps the history under it
@@ -304,8 +313,8 @@ class LocalApi:
             msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                                  user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
                                  attachments=chat.last_user.images)
-            return await self._once(self.router.key_for(msg), idempotency_key, chat.last_user.stored,
-                                    lambda: self._gateway_kept(msg, request, chat))
+            return await self._once(self.router.key_for(msg), idempotency_key, call.stored,
+                                    lambda: self._gateway_kept(msg, call))
         user = _header_text(request.headers.get("X-OpenWebUI-User-Id"), "X-OpenWebUI-User-Id") \
             or chat.user or chat.safety_identifier
         caller = Caller(token_hash(request.headers.get("Authorization")), user)
@@ -319,12 +328,12 @@ class LocalApi:
         ticket.prepare = lambda: self.conversations.prepare(
             key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint)
 
-        async def answered(answer: _Answer) -> None:
+        async def answered(answer: Answer) -> None:
             if found.source == "fingerprint":
                 await self.conversations.remember_first_reply(caller, chat, answer.content, answer.session_id)
 
-        return await self._once(key, idempotency_key, chat.last_user.stored,
-                                lambda: self._client_kept(ticket, request, chat, answered))
+        call.answered = answered
+        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
 
     @staticmethod
     def _extras(request: web.Request, chat: ChatRequest) -> RequestExtras:
@@ -351,11 +360,11 @@ class LocalApi:
         finally:
             del self._running[slot]
 
-    async def _gateway_kept(self, msg: InboundMessage, request: web.Request, chat: ChatRequest) -> web.StreamResponse:
+    async def _gateway_kept(self, msg: InboundMessage, call: _Call) -> web.StreamResponse:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         try:
-            ticket = await self.router.handle(msg, sink=SseSink() if chat.stream else None,
-                                              extras=self._extras(request, chat))
+            ticket = await self.router.handle(msg, sink=SseSink() if call.chat.stream else None,
+                                              extras=self._extras(call.request, call.chat))
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")
@@ -366,27 +375,24 @@ class LocalApi:
         if ticket is None:  # a command seen before with this key
             return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
                           "conflict", code="conflict")
-        return await self._respond(request, ticket, chat, _stored_text_of(msg))
+        return await self._respond(ticket, call)
 
-    async def _client_kept(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
-                           answered: Callable[[_Answer], Awaitable[None]]) -> web.StreamResponse:
+    async def _client_kept(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         try:
             await self.router.submit(ticket.session_key, ticket)
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")
-        return await self._respond(request, ticket, chat, chat.last_user.stored, answered)
+        return await self._respond(ticket, call)
 
-    async def _respond(self, request: web.Request, ticket: Ticket, chat: ChatRequest, stored: str,
-                       answered: Callable[[_Answer], Awaitable[None]] | None = None) -> web.StreamResponse:
+    async def _respond(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         """The answer to a queued request: whole, or streamed as the model writes it."""
-        if chat.stream and isinstance(ticket.sink, SseSink):
-            return await self._stream(request, ticket, ticket.sink, chat, stored, answered)
+        if call.chat.stream and isinstance(ticket.sink, SseSink):
+            return await self._stream(ticket, ticket.sink, call)
         await asyncio.wait([ticket.reply])
-        return await self._settled(request, ticket, chat, stored, answered)
+        return await self._settled(ticket, call)
 
-    async def _settled(self, request: web.Request, ticket: Ticket, chat: ChatRequest, stored: str,
-                       answered: Callable[[_Answer], Awaitable[None]] | None = None) -> web.StreamResponse:
+    async def _settled(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         """The response for a request whose turn is over (sent whole, or as one chunk when asked to stream)."""
         try:
             reply = await ticket.reply
@@ -397,21 +403,21 @@ class LocalApi:
             return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
                           code="store_unavailable")
         if ticket.replayed:
-            return await self._replay(request, ticket, chat, stored)
+            return await self._replay(ticket, call)
         if ticket.failure is not None:
             return _error_response(model_failure(ticket.failure), self._headers(ticket.session_id, ticket.notices))
         answer = self._answer_of(ticket, reply)
-        if answered is not None:
-            await answered(answer)
-        return await self._whole(request, answer, chat)
+        if call.answered is not None:
+            await call.answered(answer)
+        return await self._whole(answer, call)
 
-    def _answer_of(self, ticket: Ticket, reply: str) -> _Answer:
-        return _Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
-                       time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices))
+    @staticmethod
+    def _answer_of(ticket: Ticket, reply: str) -> Answer:
+        return Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
+                      time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices))
 
-    async def _stream(self, request: web.Request, ticket: Ticket, sink: SseSink, chat: ChatRequest, stored: str,
-                      answered: Callable[[_Answer], Awaitable[None]] | None) -> web.StreamResponse:
-        """The answer as it is written, as Server-Sent Events; the turn goes on if the client leaves.
+    async def _stream(self, ticket: Ticket, sink: SseSink, call: _Call) -> web.StreamResponse:
+        """The answer as it is written; the turn goes on if the client leaves.
 
         The response starts with the first thing to show, so a failure before it is a plain HTTP error."""
         for notice in ticket.notices:  # known now (a reset): a header and a comment
@@ -421,11 +427,10 @@ class LocalApi:
         while not ticket.reply.done() and not sink.pending:
             await sink.changed()
         if ticket.reply.done() and (not sink.pending or ticket.reply.exception() is not None or ticket.replayed):
-            return await self._settled(request, ticket, chat, stored, answered)
-        answer = self._answer_of(ticket, "")
-        events = await ChunkEvents.open(request, self._chunk_base(answer),
-                                        self._headers(ticket.session_id, ticket.notices))
-        await events.send({"role": "assistant", "content": ""})
+            return await self._settled(ticket, call)
+        events = await call.fmt.open(call.request, self._answer_of(ticket, ""),
+                                     self._headers(ticket.session_id, ticket.notices))
+        await events.start()
         while True:
             finished = ticket.reply.done()
             for kind, text in sink.take():
@@ -434,7 +439,7 @@ class LocalApi:
                 elif kind == "notice":
                     await events.comment(f"notice: {text}")
                 else:
-                    await events.send({"content": text})
+                    await events.content(text)
             if finished:
                 break
             if events.gone:
@@ -453,34 +458,24 @@ class LocalApi:
             if kind == "notice":
                 await events.comment(f"notice: {text}")
             elif kind == "content":
-                await events.send({"content": text})
-        await events.send({}, "stop")
-        if chat.include_usage:
-            await events.usage(ticket.prompt_tokens, ticket.completion_tokens)
-        if answered is not None:
-            await answered(self._answer_of(ticket, reply))
+                await events.content(text)
+        answer = self._answer_of(ticket, reply)
+        await events.finish(answer, call.chat.include_usage)
+        if call.answered is not None:
+            await call.answered(answer)
         return await events.close()
 
-    async def _whole(self, request: web.Request, answer: _Answer, chat: ChatRequest) -> web.StreamResponse:
-        """A whole answer: one JSON completion, or (asked to stream) the same as one content chunk."""
+    async def _whole(self, answer: Answer, call: _Call) -> web.StreamResponse:
+        """A whole answer: one JSON body, or (asked to stream) the same as one piece of content."""
         headers = self._headers(answer.session_id, answer.notices)
-        if not chat.stream:
-            return web.json_response({
-                **self._head(answer, "chat.completion"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.content},
-                             "finish_reason": "stop"}],
-                "usage": usage_of(answer.prompt_tokens, answer.completion_tokens),
-                "session_id": answer.session_id,
-                "session_key": answer.session_key,
-            }, headers=headers)
-        events = await ChunkEvents.open(request, self._chunk_base(answer), headers)
+        if not call.chat.stream:
+            return web.json_response(call.fmt.body(answer), headers=headers)
+        events = await call.fmt.open(call.request, answer, headers)
         for notice in answer.notices:
             await events.comment(f"notice: {notice}")
-        await events.send({"role": "assistant", "content": ""})
-        await events.send({"content": answer.content})
-        await events.send({}, "stop")
-        if chat.include_usage:
-            await events.usage(answer.prompt_tokens, answer.completion_tokens)
+        await events.start()
+        await events.content(answer.content)
+        await events.finish(answer, call.chat.include_usage)
         return await events.close()
 
     @staticmethod
@@ -490,23 +485,11 @@ class LocalApi:
             headers[NOTICE_HEADER] = " | ".join(notice_header(n) for n in notices)
         return headers
 
-    def _head(self, answer: _Answer, kind: str) -> dict:
-        if answer.idempotency_key is None:
-            completion_id = uuid.uuid4().hex[:24]
-        else:  # a replay answers with the same id
-            completion_id = hashlib.sha256(f"{answer.session_key}\0{answer.idempotency_key}".encode()).hexdigest()[:24]
-        return {"id": f"chatcmpl-{completion_id}", "object": kind, "created": int(answer.created),
-                "model": self.model_name}
-
-    def _chunk_base(self, answer: _Answer) -> dict:
-        return {**self._head(answer, "chat.completion.chunk"), "session_id": answer.session_id,
-                "session_key": answer.session_key}
-
     @staticmethod
     def _cut_off() -> web.Response:
         return _error(503, CUT_OFF, "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS, code="shutting_down")
 
-    async def _replay(self, request: web.Request, ticket: Ticket, chat: ChatRequest, stored: str) -> web.StreamResponse:
+    async def _replay(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         """A request seen before (same Idempotency-Key in this conversation): the stored reply to it (its
         usage 0: no model call answers a replay), or the error saying why there is none."""
         db = self.router.db
@@ -517,28 +500,29 @@ class LocalApi:
         if session_id is None or at is None:
             return _error(409, "the message with this Idempotency-Key is stored elsewhere; retry later",
                           "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        if messages[at]["content"] != stored:
+        if messages[at]["content"] != call.stored:
             return _mismatch()
         reply = next((m for m in messages[at + 1:]
                       if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")), None)
         if reply is None:
             return _error(409, "the message with this Idempotency-Key is stored but not answered yet; retry later "
                                "to get its reply", "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        answer = _Answer(reply["content"], session_id, ticket.session_key, ticket.msg.message_id,
-                         reply.get("timestamp") or time.time())
-        return await self._whole(request, answer, chat)
+        answer = Answer(reply["content"], session_id, ticket.session_key, ticket.msg.message_id,
+                        reply.get("timestamp") or time.time())
+        return await self._whole(answer, call)
 
-    async def _side_request(self, request: web.Request, chat: ChatRequest) -> web.StreamResponse:
+    async def _side_request(self, call: _Call) -> web.StreamResponse:
         """A client's own prompt about the chat (Open WebUI's title, tags, follow-ups): answered from the
         request alone, stored nowhere."""
+        chat = call.chat
         messages = [{"role": m.role, "content": m.text} for m in chat.messages]
         try:
             result: TurnResult = await self.router.turn.answer_unstored(
                 messages, platform="api", system_notes=chat.system, params=chat.params)
         except ModelUnavailable as exc:
             return _error_response(model_failure(exc))
-        answer = _Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens)
-        return await self._whole(request, answer, chat)
+        answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens)
+        return await self._whole(answer, call)
 
     # -- the rest ----------------------------------------------------------------------
     def _model_entry(self) -> dict:
@@ -565,7 +549,3 @@ class LocalApi:
         metrics = self._metrics
         metrics.active_sessions.set(self.router.active_lanes())
         return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
-
-
-def _stored_text_of(msg: InboundMessage) -> str:
-    return stored_text(msg.text, msg.attachments)

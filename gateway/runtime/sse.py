@@ -118,6 +118,18 @@ class ChunkEvents:
             events.gone = True
         return events
 
+    async def start(self) -> None:
+        await self.send({"role": "assistant", "content": ""})
+
+    async def content(self, text: str) -> None:
+        await self.send({"content": text})
+
+    async def finish(self, answer, include_usage: bool) -> None:
+        """The chunk with the finish reason, then (asked for) one with the usage and no choice."""
+        await self.send({}, answer.finish_reason)
+        if include_usage:
+            await self.usage(answer.prompt_tokens, answer.completion_tokens)
+
     async def send(self, delta: dict, finish_reason: str | None = None) -> None:
         await self._data({**self._base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
