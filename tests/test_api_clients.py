@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from tests.fakes.model_server import Fail, FakeModel, Reply
+from tests.fakes.model_server import Fail, FakeModel, Reply, ToolCall
 from tests.harness import eventually, running_gateway
 
 
@@ -348,3 +348,26 @@ async def test_an_empty_answer_sent_back_as_received_continues_the_same_session(
         await client.close()
     assert shown == "(The model returned an empty answer.)"
     assert second.headers["X-Switchboard-Session"] == first.headers["X-Switchboard-Session"]
+
+
+async def test_a_regenerated_answer_branches_without_the_old_answers_tool_calls(tmp_path, model):
+    async with running_gateway(tmp_path, model) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+
+        async def say(messages: list[dict]) -> tuple[str, str]:
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
+            return raw.parse().choices[0].message.content, raw.headers["X-Switchboard-Session"]
+
+        u1, u2 = {"role": "user", "content": "hi"}, {"role": "user", "content": "what did we say last week?"}
+        a1, first = await say([u1])
+        model.script(ToolCall("session_search", {"query": "last week"}), Reply("we spoke of Lyon"))
+        a2, _ = await say([u1, {"role": "assistant", "content": a1}, u2])
+        model.script(Reply("we spoke of Oslo"))
+        regenerated, child = await say([u1, {"role": "assistant", "content": a1}, u2])
+        await client.close()
+        original = [m["role"] for m in await gw.db.get_messages(first)]
+        branch = await conversation_of(gw, child)
+    assert (a2, regenerated) == ("we spoke of Lyon", "we spoke of Oslo")
+    assert original == ["user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert branch == [("user", "hi"), ("assistant", a1), ("user", "what did we say last week?"),
+                      ("assistant", "we spoke of Oslo")]
