@@ -52,11 +52,14 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
                      Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
         await api.say("k", "one more")  # reports 3,500 tokens: over 75 % of 4,096
-        answer = await api.say("k", "and now?")  # the trigger fires before this call
+        raw = await api.client.chat.completions.with_raw_response.create(  # the trigger fires before this call
+            model="m", messages=[{"role": "user", "content": "and now?"}], extra_headers={"X-Session-Key": "k"})
+        answer = raw.parse().choices[0].message.content
         second = await gw.db.get_route(KEY)
         assert second != root
-        assert answer.startswith('Compressed: ') and 'Continuing as "migration #2".' in answer
-        assert answer.endswith("after one")
+        notice = raw.headers["X-Switchboard-Notice"]  # beside the answer, never in it
+        assert notice.startswith('Compressed: ') and 'Continuing as "migration #2".' in notice
+        assert answer == "after one"
 
         await chat(api, 6, prefix="more")
         model.script(Reply("ok", prompt_tokens=3600), Reply("nothing new"), Reply("SECOND SUMMARY"), Reply("after two"))

@@ -254,7 +254,8 @@ class Gateway:
                                 claim_tick=self._claim_cron_tick if cfg.clustered else None)
         self.api = LocalApi(self.router, self.health, self.metrics, model_name=cfg.model.name, host=cfg.api.host,
                             port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
-                            dashboard=self._dashboard() if cfg.ui.enabled else None)
+                            dashboard=self._dashboard() if cfg.ui.enabled else None, probe=model.probe,
+                            agent=cfg.agent)
         if self.serve_api:
             await self.api.start()
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
@@ -614,9 +615,13 @@ class Gateway:
                 h["state"] = "standby"  # another instance owns the connection; this one takes over if it dies
             platforms[name] = h
         ok = all(p["state"] in ("connected", "disabled", "standby") for p in platforms.values())
+        # the model endpoint as the last calls (or a probe, see LocalApi.healthz) found it
+        model = self.model.health.as_dict() if self.model is not None else {"state": "unknown"}
+        ok = ok and model["state"] != "unreachable"
         return {
             "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
+            "model": model,
             "api": {"state": "serving", "port": self.api.bound_port if self.api is not None else None},
             "active_sessions": self.router.active_lanes() if self.router else 0,
             "cron": self._cron_health(),
