@@ -323,8 +323,8 @@ async def test_a_timeout_raised_by_the_summarizer_itself_is_a_failure(adb):
 
 
 async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
-    # The session is cleared while its summary is written: the split is written, the
-    # parent ended, then the check for messages that came meanwhile finds some gone.
+    # The session is cleared while its summary is written: the store's one-transaction split
+    # finds messages gone and writes nothing (no child, the route and the parent as they were).
     await new_session(adb, "s", turns=15)
     summarizer = Summarizer("s")
     summarizer.release = asyncio.Event()
@@ -335,5 +335,5 @@ async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
     summarizer.release.set()
     with pytest.raises(SessionChanged, match="lost messages"):
         await task
-    assert await snapshot(adb) == before  # child deleted, route back, parent open again
+    assert await snapshot(adb) == before  # no child, route and parent untouched
     assert await adb.get_route(KEY) == "s"
