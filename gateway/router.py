@@ -597,6 +597,7 @@ class SessionRouter:
             text = result.reply or EMPTY_ANSWER
             for t in batch:
                 t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
+                t.session_id = result.session_id  # where the answer is stored (a compression's new child)
         except asyncio.CancelledError:
             if claim is not None and turn.cancelled() and not _current_cancelling() and \
                     self._dropped(claim, None, "the turn"):

@@ -142,3 +142,30 @@ async def test_other_sessions_are_answered_while_one_compresses(tmp_path, model)
         assert not slow.done()
         await slow
         await api.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, model, stream):
+    """A turn that compressed answers in the new child: the response's session_id says so (issue #26)."""
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 6)
+        root = await gw.db.get_route(KEY)
+        model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"), Reply("SUMMARY"),
+                     Reply("after the split"))
+        await api.say("k", "one more")  # reports 3,500 tokens: the next turn compresses first
+        request = {"model": "switchboard", "messages": [{"role": "user", "content": "and now?"}],
+                   "extra_headers": {"X-Session-Key": "k"}}
+        if stream:
+            chunks = [chunk async for chunk in await api.client.chat.completions.create(stream=True, **request)]
+            named = chunks[-1].model_extra["session_id"]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            response = await api.client.chat.completions.create(**request)
+            named = response.model_extra["session_id"]
+            text = response.choices[0].message.content
+        await api.close()
+        child = await gw.db.get_route(KEY)
+        assert child != root and "after the split" in text
+        assert (await gw.db.get_messages(child))[-1]["content"] == "after the split"
+        assert named == child

@@ -292,6 +292,7 @@ class LocalApi:
         except GatewayClosing:
             return self._cut_off()
         answer.content = "\n\n".join([*ticket.notices, reply]) if ticket.notices else reply
+        answer.session_id = ticket.session_id  # the turn may have continued in a compression's child
         answer.prompt_tokens, answer.completion_tokens = ticket.prompt_tokens, ticket.completion_tokens
         return await self._respond(request, answer, wanted)
 
@@ -302,7 +303,8 @@ class LocalApi:
             sink.note(notice)
         seen_notices = len(ticket.notices)  # the turn may add more, shown after its answer
         ticket.reply.add_done_callback(lambda _: sink.wake())
-        events = await ChunkEvents.open(request, self._chunk_base(answer))
+        base = self._chunk_base(answer)
+        events = await ChunkEvents.open(request, base)
         await events.send({"role": "assistant", "content": ""})
         while True:
             finished = ticket.reply.done()
@@ -319,6 +321,8 @@ class LocalApi:
         if ticket.reply.exception() is not None:  # shutdown cut the turn off: the SDK raises this as an APIError
             await events.error(CUT_OFF, "unavailable")
             return await events.close()
+        # the chunks from here on name the session the answer is stored in (a compression's child)
+        base["session_id"] = ticket.session_id
         sink.end(ticket.reply.result(), ticket.notices[seen_notices:])
         for _, text in sink.take():
             await events.send({"content": text})
