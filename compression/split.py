@@ -33,12 +33,12 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from state import AsyncSessionDB, SessionChangedMeanwhile as StateSessionChanged, SessionNotFound
 
-from .errors import CompressionFailed, NothingToCompress, SessionChanged
+from .errors import CompressionFailed, NothingToCompress, SessionChanged, TooLittleToGain
 from .planning import Plan, plan
-from .prompt import build_summary_request
+from .prompt import build_summary_request, target_summary_tokens
 from .redaction import redact
 from .summary import make_summary_message
-from .tokens import estimate_tokens
+from .tokens import estimate_message_tokens, estimate_tokens, round_tokens
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +75,8 @@ class CompressionResult:
         where = f'Continuing as "{self.title}".' if self.title else "Continuing in a new session."
         return (
             f"Compressed: {self.messages_before} → {self.messages_after} messages, "
-            f"~{_round_tokens(self.tokens_before):,} → ~{_round_tokens(self.tokens_after):,} tokens. {where}"
+            f"~{round_tokens(self.tokens_before):,} → ~{round_tokens(self.tokens_after):,} tokens. {where}"
         )
-
-
-def _round_tokens(n: int) -> int:
-    if n >= 1_000:
-        return round(n, -3)
-    if n >= 100:
-        return round(n, -2)
-    return n
 
 
 def _copy(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,6 +113,7 @@ async def compress_session(
     timeout: float | None = DEFAULT_TIMEOUT,
     head: int = 3,
     min_tail: int = 6,
+    max_tokens_after: int | None = None,
 ) -> CompressionResult:
     """Compress ``session_id`` into a child session and return what happened.
 
@@ -129,9 +122,14 @@ async def compress_session(
     text; it is given ``timeout`` seconds (None: no limit).  ``focus`` steers
     the summary (``/compress <focus>``).  ``session_key`` is the routing key to
     move to the child; it defaults to the parent's own ``session_key``.
+    ``max_tokens_after``: the most the child may hold for the split to be
+    worth it (the automatic trigger asks for room under its threshold, so a
+    split never leaves a conversation that triggers again within a turn or two).
 
-    Raises :class:`NothingToCompress` (too short), :class:`CompressionFailed`
-    (the summarizer raised, timed out or returned nothing) and
+    Raises :class:`NothingToCompress` (too short), :class:`TooLittleToGain`
+    (the child would hold more than ``max_tokens_after`` even with a summary
+    as short as asked for; the summarizer is not asked), :class:`CompressionFailed` (the summarizer
+    raised, timed out, returned nothing or too much) and
     :class:`SessionChanged` (the session was ended, routed elsewhere or lost
     messages meanwhile); in all three cases nothing was written.  ``state.SessionNotFound`` when
     there is no such session.
@@ -147,15 +145,23 @@ async def compress_session(
     cut, request = await asyncio.to_thread(_prepare, stored, context_length, threshold, head, min_tail, focus)
     if cut is None:
         raise NothingToCompress(session_id, len(stored))
+    expected = _expected_tokens_after(cut)
+    if max_tokens_after is not None and expected > max_tokens_after:
+        raise TooLittleToGain(session_id, cut.tokens_before, expected, max_tokens_after)  # before any model call
 
     text = await _summarize(summarize, request, session_id, timeout)
 
     summary = make_summary_message(text, cut.head[-1] if cut.head else None)
     summary["timestamp"] = cut.head[-1].get("timestamp") if cut.head else cut.tail[0].get("timestamp")
     copied = [_copy(m) for m in cut.head] + [_copy(summary)] + [_copy(m) for m in cut.tail]
-    if estimate_tokens(copied) >= cut.tokens_before:
+    after = estimate_tokens(copied)
+    if after >= cut.tokens_before:
         # A split that saves nothing would only trigger again on the next turn.
         raise CompressionFailed(session_id, "the summary is not shorter than the messages it replaces")
+    if max_tokens_after is not None and after > max_tokens_after:
+        raise CompressionFailed(session_id, f"the summary is too long: the split would leave "
+                                            f"~{round_tokens(after):,} tokens, more than the "
+                                            f"~{round_tokens(max_tokens_after):,} it must leave room under")
 
     known = [m["id"] for m in stored]
     late: list[dict] = []
@@ -193,6 +199,13 @@ async def compress_session(
         result.tokens_after,
     )
     return result
+
+
+def _expected_tokens_after(cut: Plan) -> int:
+    """The child's size if the summary is as long as the summarizer is asked for."""
+    kept = sum(estimate_message_tokens(m) for m in (*cut.head, *cut.tail))
+    frame = estimate_message_tokens(make_summary_message(""))
+    return kept + frame + target_summary_tokens(cut)
 
 
 def _prepare(

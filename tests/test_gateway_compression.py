@@ -169,3 +169,26 @@ async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, mode
         assert child != root and "after the split" in text
         assert (await gw.db.get_messages(child))[-1]["content"] == "after the split"
         assert named == child
+
+
+async def test_a_small_window_is_not_compressed_over_and_over(tmp_path, model):
+    """With a 1,500-token window a split saves little (~1,000 → ~800 tokens) and the next turn is over the
+    threshold again: it used to start a new child every other turn.  A split that would not leave room
+    under the threshold is not made (no summary is asked for), and the user is told so once (issue #26)."""
+    def summarizer(messages):
+        if "write the memory" in (messages[0].get("content") or ""):
+            return "Goals: migrate. Facts: the staging database. " * 6
+        return None
+
+    model.responder = summarizer
+    text = "details about the migration plan, the staging database and the rollback steps. " * 2
+    async with running_gateway(tmp_path, model, model={"context_length": 1500},
+                               compression={"timeout_seconds": 2}) as gw:
+        api = ApiClient(gw)
+        answers = [await api.say("k", f"turn {i}: {text}") for i in range(16)]
+        await api.close()
+        sessions = await gw.db.list_sessions_rich(include_children=True, limit=100)
+    assert all(f"echo: turn {i}:" in answer for i, answer in enumerate(answers))  # every turn answered
+    assert len(sessions) <= 2, [a.split("echo:")[0] for a in answers]  # at most one split, not one every few turns
+    told = [a for a in answers if "a summary would not free enough of it" in a]
+    assert len(told) == 1, answers
