@@ -69,6 +69,9 @@ class CompressionResult:
     tokens_before: int
     tokens_after: int
     summary: str
+    # the child's first ``kept`` messages (head, summary, tail) stand for the history that was planned
+    # from; the messages after them came later (0: unknown)
+    kept: int = 0
 
     def describe(self) -> str:
         """``Compressed: 48 → 11 messages, ~61,000 → ~9,000 tokens. Continuing as "my project #2".``"""
@@ -114,6 +117,7 @@ async def compress_session(
     head: int = 3,
     min_tail: int = 6,
     max_tokens_after: int | None = None,
+    upto: int | None = None,
 ) -> CompressionResult:
     """Compress ``session_id`` into a child session and return what happened.
 
@@ -125,6 +129,10 @@ async def compress_session(
     ``max_tokens_after``: the most the child may hold for the split to be
     worth it (the automatic trigger asks for room under its threshold, so a
     split never leaves a conversation that triggers again within a turn or two).
+    ``upto``: plan from the first ``upto`` stored messages only, the history
+    the caller's turn answers; messages stored after it are carried into the
+    child after the tail, for the turns that answer them (so no message is
+    answered by two turns).
 
     Raises :class:`NothingToCompress` (too short), :class:`TooLittleToGain`
     (the child would hold more than ``max_tokens_after`` even with a summary
@@ -142,9 +150,10 @@ async def compress_session(
     stored = await db.get_messages(session_id)
     # Planning and the request are pure CPU (a few ms for hundreds of messages,
     # more with huge tool results): off the event loop, so other chats go on.
-    cut, request = await asyncio.to_thread(_prepare, stored, context_length, threshold, head, min_tail, focus)
+    answering = stored if upto is None else stored[:upto]
+    cut, request = await asyncio.to_thread(_prepare, answering, context_length, threshold, head, min_tail, focus)
     if cut is None:
-        raise NothingToCompress(session_id, len(stored))
+        raise NothingToCompress(session_id, len(answering))
     expected = _expected_tokens_after(cut)
     if max_tokens_after is not None and expected > max_tokens_after:
         raise TooLittleToGain(session_id, cut.tokens_before, expected, max_tokens_after)  # before any model call
@@ -164,7 +173,7 @@ async def compress_session(
                                             f"~{round_tokens(max_tokens_after):,} it must leave room under")
 
     known = [m["id"] for m in stored]
-    late: list[dict] = []
+    late = stored[len(answering):]  # stored after the caller's history was read: carried over after the tail
     for attempt in range(MAX_REPLANS + 1):
         try:
             split = await db.split_session(session_id, copied + [_copy(m) for m in late],
@@ -187,11 +196,12 @@ async def compress_session(
         new_session_id=split.child_id,
         title=split.title,
         session_key=split.session_key,
-        messages_before=len(stored) + len(late),
+        messages_before=len(answering) + len(late),
         messages_after=len(copied) + len(late),
         tokens_before=cut.tokens_before + estimate_tokens(late),
         tokens_after=estimate_tokens(copied) + estimate_tokens(late),
         summary=text,
+        kept=len(copied),
     )
     log.info(
         "compressed session %s into %s: %d -> %d messages, ~%d -> ~%d tokens",

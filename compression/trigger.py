@@ -121,6 +121,7 @@ async def prepare_history(
                 db, session_id, summarize, context_length=context_length, threshold=threshold,
                 session_key=session_key, timeout=timeout,
                 max_tokens_after=int((1 - MIN_ROOM) * (threshold * context_length - overhead_tokens)),
+                upto=len(history),
             )
         except CompressionError as exc:
             failure = exc
@@ -128,6 +129,8 @@ async def prepare_history(
             log.log(level, "session %s not compressed: %s", session_id, exc)
         else:
             child = await db.get_messages_as_conversation(result.new_session_id)
+            # only what stands for ``history``: messages stored since are answered by their own turns
+            child = child[:result.kept] if result.kept else child
             fitted, dropped = fit_to_window(child, context_length - overhead_tokens, reserve_tokens=reserve_tokens)
             return Prepared(result.new_session_id, fitted, tokens, compressed=result, dropped=dropped)
 

@@ -468,7 +468,10 @@ class SessionRouter:
                     batch = [ticket]
                     while lane.queue and lane.queue[0][0] == "chat":
                         batch.append(lane.queue.popleft()[1])
-                    history = await self.db.get_messages_as_conversation(batch[-1].session_id)
+                    # a compression may have moved the conversation to a child since these were stored
+                    session_id, history = await self.db.continued_conversation(batch[-1].session_id)
+                    for t in batch:
+                        t.session_id = session_id
                 elif kind == "claimed":
                     claim, done = ticket
                     try:

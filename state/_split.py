@@ -21,6 +21,11 @@ continue.  In that one transaction it
 When a check fails, :class:`~state.errors.SessionChangedMeanwhile` says what
 changed (``.new_messages`` when the only change is messages stored after the
 plan was read: the caller may re-plan with them) and nothing is written.
+
+Messages stored in the parent while its summary was written (or left
+unanswered there by a kill) are answered where the conversation went on:
+:func:`continued_conversation` gives a turn the compression tip and its
+history in one read.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ._messages import append_messages
+from ._messages import append_messages, get_messages_as_conversation
 from ._routes import get_route, set_route
-from ._sessions import create_session, get_session
+from ._sessions import create_session, get_compression_tip, get_session
 from ._titles import get_next_title_in_lineage
 from .errors import SessionChangedMeanwhile, SessionNotFound
 from .paths import new_session_id
@@ -98,3 +103,11 @@ def split_session(
     conn.execute("UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
                  (now, end_reason, parent_id))
     return Split(parent_id, child, title, key, tuple(ids))
+
+
+def continued_conversation(conn: sqlite3.Connection, session_id: str) -> tuple[str, list[dict]]:
+    """Where the conversation of ``session_id`` goes on, and its messages as a conversation, in one read:
+    ``session_id`` itself, or, when a compression ended it, the live end of its chain (the child that
+    holds the messages it had, with those that came meanwhile)."""
+    tip = get_compression_tip(conn, session_id)
+    return tip, get_messages_as_conversation(conn, tip)

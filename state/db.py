@@ -260,6 +260,12 @@ class SessionDB:
         """The live end of a compression chain (the id itself when it was not compressed)."""
         return self._engine.read(_sessions.get_compression_tip, session_id)
 
+    @_reads
+    def continued_conversation(self, session_id: str) -> tuple[str, list[dict]]:
+        """``(session, its conversation)`` for answering messages stored in ``session_id``: the session
+        itself, or, when compression ended it meanwhile, the child the conversation went on in."""
+        return self._engine.read(_split.continued_conversation, session_id)
+
     @_writes
     def split_session(self, session_id: str, messages: list[dict], *, expected_message_ids: Iterable[int],
                       session_key: str | None = None, end_reason: str = "compression") -> _split.Split:

@@ -6,7 +6,7 @@ import pytest
 
 import compression
 from tests.fakes.model_server import Fail, FakeModel, Hang, Reply
-from tests.harness import ApiClient, running_gateway
+from tests.harness import ApiClient, eventually, running_gateway
 
 KEY = "agent:main:api:dm:k"
 WINDOW = 4096  # threshold 0.75 -> 3072 tokens
@@ -192,3 +192,35 @@ async def test_a_small_window_is_not_compressed_over_and_over(tmp_path, model):
     assert len(sessions) <= 2, [a.split("echo:")[0] for a in answers]  # at most one split, not one every few turns
     told = [a for a in answers if "a summary would not free enough of it" in a]
     assert len(told) == 1, answers
+
+
+async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_in_the_child(tmp_path, model):
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 6)
+        root = await gw.db.get_route(KEY)
+        model.script(Reply("ok", prompt_tokens=3500))
+        await api.say("k", "one more")  # the next turn compresses first
+        model.script(Reply("nothing new to remember"), Reply("SUMMARY: the migration plan"))
+        model.delay = 0.4  # the memory turn, the summary and the answer each take a while
+        compressing = asyncio.create_task(api.say("k", "and now?"))
+        await eventually(lambda: any("write the memory" in str(r.messages[0].get("content")) for r in model.requests),
+                         10, "the summary request")
+        meanwhile = await api.client.chat.completions.create(
+            model="switchboard", messages=[{"role": "user", "content": "arrived meanwhile"}],
+            extra_headers={"X-Session-Key": "k"})
+        answered_first = await compressing
+        await api.close()
+        child = await gw.db.get_route(KEY)
+        parent = await gw.db.get_session(root)
+        in_child = [(m["role"], m["content"]) for m in await gw.db.get_messages(child)]
+        in_parent = await gw.db.get_messages(root)
+    assert child != root and parent["end_reason"] == "compression"
+    assert meanwhile.choices[0].message.content.startswith("echo: arrived meanwhile")
+    assert "echo: and now? |" in answered_first  # each message answered by one turn: its own
+    assert meanwhile.model_extra["session_id"] == child
+    # the message was carried into the child (stored, as in any turn, before the answer being written
+    # then) and answered there
+    assert ("user", "arrived meanwhile") in in_child
+    assert in_child[-1] == ("assistant", meanwhile.choices[0].message.content)
+    assert [m for m in in_parent if m["role"] == "assistant" and m["timestamp"] > parent["ended_at"]] == []

@@ -137,3 +137,16 @@ def test_a_split_that_fails_half_way_writes_nothing(store):
         store.split_session("p", [*kept(store), {"content": "no role"}], expected_message_ids=ids)
     assert everything(store) == before
     assert store.get_route(KEY) == "p" and store.get_session("p")["ended_at"] is None
+
+
+def test_a_conversation_continues_where_compression_moved_it(store):
+    ids = parent_with(store)
+    assert store.continued_conversation("p") == ("p", store.get_messages_as_conversation("p"))
+    first = store.split_session("p", kept(store), expected_message_ids=ids)
+    second = store.split_session(first.child_id, kept(store, first.child_id),
+                                 expected_message_ids=[m["id"] for m in store.get_messages(first.child_id)])
+    # a message left unanswered in "p" (stored while its summary was written, or before a kill) is
+    # answered in the live end of the chain, with that session's history
+    assert store.continued_conversation("p") == (second.child_id, store.get_messages_as_conversation(second.child_id))
+    store.end_session(second.child_id, "reset")  # only compression moves a conversation on
+    assert store.continued_conversation(second.child_id)[0] == second.child_id
