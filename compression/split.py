@@ -10,11 +10,13 @@ was or the whole split, never half of it.
 
 The copied messages keep their original timestamps and platform message ids,
 so a redelivered platform event is still recognised in the child.  Messages
-that reach the parent while the summary is being written are carried over:
-the store refuses a split planned from an older read
+that reach the parent while the summary is being written are carried over
+after the tail: the store refuses a split planned from an older read
 (``SessionChangedMeanwhile.new_messages``), and the split is planned again
-with the new messages added to the tail (the summary still covers the same
-middle).
+with them (the summary still covers the same middle).  They belong to the
+turns that answer them (``state.SessionDB.continued_conversation`` leads
+those turns to the child), not to the one compressing: its history is the
+child's first ``CompressionResult.kept`` messages.
 
 The parent keeps every message: nothing is deleted or rewritten.  When the
 summarizer fails, or the session was ended, moved or cleared meanwhile,

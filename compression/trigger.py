@@ -10,10 +10,12 @@ model call, in one place:
 3. at or above it, and ``allow_compression`` (the gateway's cooldown after a
    failure says no): :func:`~compression.split.compress_session`, and go on
    with the child session's history, provided the child leaves at least
-   ``MIN_ROOM`` of the history's share of the threshold free (else :class:`TooLittleToGain`, decided
-   before any model call: a split that would trigger again at once is not made);
+   ``MIN_ROOM`` of the history's share of the threshold free (else
+   :class:`TooLittleToGain`, decided before any model call: a split that
+   would trigger again at once is not made, and the user is told once);
 4. when compression is not possible (too short, it would save too little,
-   the summarizer failed or is cooling down): the history as it is if it still fits the window, else
+   the summarizer failed or is cooling down): the history as it is if it
+   still fits the window, else
    :func:`~compression.planning.fit_to_window` drops the oldest middle turns
    from this one prompt (never from the store) and says so in ``notice``.
 
