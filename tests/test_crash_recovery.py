@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import time
 from collections import Counter
 
 import pytest
@@ -109,11 +110,15 @@ async def test_compression_survives_kills_under_load(tmp_path, seed):
     async with FakeTelegram() as tg, FakeModel(delay=MODEL_SECONDS) as model:
         model.responder = responder
 
+        waiting_since: list[float] = []
+
         def summary_running() -> bool:
             if any(_is_summary_request(r) and r.answered is None for r in model.requests):
                 hits.append(len(model.requests))
+                waiting_since.clear()
                 return True
-            return False
+            waiting_since[:1] = waiting_since[:1] or [time.monotonic()]
+            return time.monotonic() - waiting_since[0] > 30  # no compression came: kill anyway, and fail below
 
         plan = Plan(kills=3, rate=8, chats=3, retire=1, load_seconds=(1.5, 3.0), settle_seconds=30, seed=seed)
         run = ChaosRun(TelegramSide(tg), tmp_path, model.base_url, plan, kill_when=summary_running,
