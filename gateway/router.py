@@ -542,8 +542,11 @@ class SessionRouter:
                     batch = [ticket]
                     while lane.queue and lane.queue[0][0] == "chat":
                         batch.append(lane.queue.popleft()[1])
-                    history = await self.db.get_messages_as_conversation(batch[-1].session_id,
-                                                                         upto=batch[-1].message_id)
+                    # a compression may have moved the conversation to a child since these were stored
+                    session_id, history = await self.db.continued_conversation(batch[-1].session_id,
+                                                                               upto=batch[-1].message_id)
+                    for t in batch:
+                        t.session_id = session_id
                 elif kind == "request":  # one request, one turn: stored now, answered from what precedes it
                     assert ticket.prepare is not None
                     try:

@@ -5,6 +5,8 @@
     ├── AmbiguousSession             an id prefix matches several sessions (.candidates)
     ├── InvalidTitle (ValueError)    a title is too long after cleaning
     ├── TitleConflict (ValueError)   another session already holds the title (.holder_session_id)
+    ├── SessionChangedMeanwhile      a split found its session changed since it was planned
+    │                                (.reason, .new_messages); nothing was written
     ├── DatabaseRefused              the file cannot be opened as our store; it was left untouched
     │   ├── NotADatabase             the file is not a SQLite database, or not a Switchboard one
     │   └── SchemaTooNew             written by a newer Switchboard (.found, .supported)
@@ -79,6 +81,19 @@ class TitleConflict(StateError, ValueError):
             f"title {title!r} is already in use by session {holder_session_id}: "
             "choose another title or rename that session first"
         )
+
+
+class SessionChangedMeanwhile(StateError):
+    """The session changed after a split of it was planned (ended, moved, messages gone or added);
+    nothing was written."""
+
+    def __init__(self, session_id: str, reason: str, *, new_messages: bool = False):
+        self.session_id = session_id
+        self.reason = reason
+        #: True when the only change is messages stored after the plan was read: plan again with them
+        self.new_messages = new_messages
+        super().__init__(f"session {session_id} {reason} since the split was planned; nothing was written: "
+                         "read it again and plan the split anew")
 
 
 class DatabaseRefused(StateError):
