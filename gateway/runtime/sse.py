@@ -125,7 +125,10 @@ class ChunkEvents:
         await self.send({"content": text})
 
     async def finish(self, answer, include_usage: bool) -> None:
-        """The chunk with the finish reason, then (asked for) one with the usage and no choice."""
+        """The chunk with the finish reason, then (asked for) one with the usage and no choice.  From here
+        on the chunks name the session the answer is stored in (a compression may have moved it on)."""
+        if "session_id" in self._base:
+            self._base["session_id"] = answer.session_id
         await self.send({}, answer.finish_reason)
         if include_usage:
             await self.usage(answer.prompt_tokens, answer.completion_tokens)
