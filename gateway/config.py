@@ -62,10 +62,10 @@ from gateway import _config_load
 from gateway._config_load import KeyedError, describe
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
+from gateway.platforms import ADAPTER_CONFIGS, in_platform_order, installed_platforms
 from state import mask_url
 
 __all__ = [
-    "PLATFORMS",
     "ApiConfig",
     "AuthConfig",
     "CompressionConfig",
@@ -100,7 +100,6 @@ __all__ = [
     "secret_field",
 ]
 
-PLATFORMS: tuple[str, ...] = ("telegram", "discord", "slack")
 CHAT_TYPES: tuple[str, ...] = ("dm", "group", "thread", "channel")
 REDACTED = "***"
 
@@ -166,9 +165,9 @@ def _check_user_ref(value: str) -> str:
     platform, sep, user_id = value.partition(":")
     platform = platform.strip().lower()
     user_id = user_id.strip()
-    if not sep or platform not in PLATFORMS or not user_id or any(c.isspace() for c in user_id):
+    if not sep or platform not in installed_platforms() or not user_id or any(c.isspace() for c in user_id):
         raise ValueError(
-            f"must be platform:user_id with platform one of {', '.join(PLATFORMS)}, "
+            f"must be platform:user_id with platform one of {', '.join(installed_platforms())} (the installed ones), "
             f'like "telegram:123456789" or "slack:U0123ABCD" (got {_config_load.describe(value)})'
         )
     return f"{platform}:{user_id}"
@@ -312,7 +311,7 @@ class SessionsConfig(_Model):
         chat_type = str(getattr(chat_type, "value", chat_type))
         r = self.reset
         fields: dict[str, Any] = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
-        by_platform = getattr(r.by_platform, platform) if platform in PLATFORMS else None
+        by_platform = getattr(r.by_platform, platform) if platform in ResetByPlatform.model_fields else None
         by_type = getattr(r.by_type, chat_type) if chat_type in CHAT_TYPES else None
         for override in (by_platform, by_type):  # later wins
             if override is not None:
@@ -381,9 +380,6 @@ class PlatformConfig(_Model):
         raise NotImplementedError
 
 
-ADAPTER_CONFIGS = "switchboard.adapter_configs"
-
-
 @functools.cache
 def platform_models() -> Mapping[str, type[PlatformConfig]]:
     """Each installed platform's config model, found through the ``switchboard.adapter_configs``
@@ -402,8 +398,7 @@ def platform_models() -> Mapping[str, type[PlatformConfig]]:
                               f"gateway.config.PlatformConfig subclass whose PLATFORM is {ep.name!r}; "
                               "fix or uninstall the package that provides it", key=f"platforms.{ep.name}")
         found[ep.name] = model
-    order = {name: i for i, name in enumerate(PLATFORMS)}
-    return MappingProxyType({name: found[name] for name in sorted(found, key=lambda n: (order.get(n, len(order)), n))})
+    return MappingProxyType({name: found[name] for name in in_platform_order(found)})
 
 
 class PlatformsConfig(_Model):
