@@ -77,6 +77,7 @@ __all__ = [
     "PlatformConfig",
     "PlatformsConfig",
     "RecallConfig",
+    "ResetByPlatform",
     "ResetConfig",
     "ResetOverride",
     "ResetPolicy",
@@ -264,9 +265,24 @@ class ResetOverride(_Model):
 
 
 class ResetByPlatform(_Model):
-    telegram: ResetOverride | None = None
-    discord: ResetOverride | None = None
-    slack: ResetOverride | None = None
+    """``sessions.reset.by_platform``: one optional override per installed platform.
+    :meth:`concrete_model` is the model with those keys."""
+
+    UNKNOWN_KEY_HELP: ClassVar[str] = "these are the installed platforms; another one comes with its adapter package"
+
+    @classmethod
+    def concrete_model(cls) -> type[ResetByPlatform]:
+        return _reset_by_platform_model(installed_platforms())
+
+    def override_for(self, platform: str) -> ResetOverride | None:
+        """This platform's override; None when it has none (or is not installed)."""
+        return getattr(self, platform) if platform in type(self).model_fields else None
+
+
+@functools.cache
+def _reset_by_platform_model(names: tuple[str, ...]) -> type[ResetByPlatform]:
+    fields: dict[str, Any] = {name: (ResetOverride | None, None) for name in names}
+    return create_model("InstalledResetByPlatform", __base__=ResetByPlatform, **fields)
 
 
 class ResetByType(_Model):
@@ -280,8 +296,16 @@ class ResetConfig(_Model):
     mode: ResetMode = "both"
     idle_minutes: int = Field(1440, ge=1)
     at_hour: int = Field(4, ge=0, le=23)
-    by_platform: ResetByPlatform = ResetByPlatform()
+    by_platform: SerializeAsAny[ResetByPlatform] = Field(default_factory=lambda: ResetByPlatform.concrete_model()())
     by_type: ResetByType = ResetByType()
+
+    @field_validator("by_platform", mode="before")
+    @classmethod
+    def _installed_platforms(cls, value: Any, info: ValidationInfo) -> Any:
+        # Validated here rather than by the field's type: the keys are the installed platforms.
+        if isinstance(value, ResetByPlatform):
+            return value
+        return ResetByPlatform.concrete_model().model_validate(value, context=info.context)
 
 
 def _duration_seconds(value: Any) -> Any:
@@ -294,7 +318,7 @@ def _duration_seconds(value: Any) -> Any:
 class SessionsConfig(_Model):
     group_sessions_per_user: bool = True
     thread_sessions_per_user: bool = False
-    reset: ResetConfig = ResetConfig()
+    reset: ResetConfig = Field(default_factory=ResetConfig)  # built when used: its keys are the installed platforms
     # After a restart, unanswered messages newer than this are answered; older ones get one line
     # saying so instead (an answer to an hour-old question is rarely what the user wants).
     resume_within: Annotated[float, BeforeValidator(_duration_seconds), Field(gt=0)] = 3600.0
@@ -311,7 +335,7 @@ class SessionsConfig(_Model):
         chat_type = str(getattr(chat_type, "value", chat_type))
         r = self.reset
         fields: dict[str, Any] = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
-        by_platform = getattr(r.by_platform, platform) if platform in ResetByPlatform.model_fields else None
+        by_platform = r.by_platform.override_for(platform)
         by_type = getattr(r.by_type, chat_type) if chat_type in CHAT_TYPES else None
         for override in (by_platform, by_type):  # later wins
             if override is not None:
@@ -626,7 +650,7 @@ class Config(_Model):
     agent: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     timezone: str = "UTC"
     model: ModelConfig = ModelConfig()
-    sessions: SessionsConfig = SessionsConfig()
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     auth: AuthConfig = AuthConfig()
     identities: IdentityMap = Field(default_factory=lambda: MappingProxyType({}))
     platforms: SerializeAsAny[PlatformsConfig] = Field(default_factory=lambda: PlatformsConfig.concrete_model()())
