@@ -27,6 +27,8 @@ from click.testing import CliRunner
 import state
 from gateway.cli.config import config_group
 from gateway.config import ResetPolicy, config_from_dict, platform_models
+from gateway.cron.schedule import parse_target
+from gateway.cron.service import config_jobs
 from gateway.errors import ConfigError
 from gateway.platforms import installed_platforms
 from gateway.runtime.daemon import auth_settings
@@ -214,6 +216,21 @@ def test_config_check_refuses_an_unknown_reset_platform_with_exit_78(tmp_path, e
         f'error: {path}: sessions.reset.by_platform.matrix: unknown key "matrix"; valid keys here: '
         "telegram, discord, slack, echo (these are the installed platforms; another one comes with its adapter package)"
     ]
+
+
+def test_a_cron_job_delivers_to_the_installed_platform(echo_site):
+    assert str(parse_target("echo:42")) == "echo:42"
+    assert str(parse_target("Echo:room-1:thread-9")) == "echo:room-1:thread-9"
+    with pytest.raises(ValueError) as info:
+        parse_target("irc:#general")
+    assert str(info.value) == (
+        "unknown delivery target 'irc:#general'; use local, telegram:<chat_id>[:<topic_id>], discord:<channel_id>, "
+        "slack:<channel_id>[:<thread_ts>], echo:<chat_id>[:<thread_id>]")
+    with pytest.raises(ValueError, match=r"'echo:' is not a echo target; write echo:<chat_id>\[:<thread_id>\]"):
+        parse_target("echo:")
+    cfg = config_from_dict({"cron": {"jobs": [{"id": "daily", "schedule": "0 8 * * *", "prompt": "hi",
+                                               "deliver": "echo:42"}]}}, env={})
+    assert [spec.deliver for spec, _ in config_jobs(cfg, now=time.time())] == ["echo:42"]
 
 
 # --------------------------------------------------------------------------- the CLI, as a process
