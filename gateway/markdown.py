@@ -15,12 +15,15 @@ words (a fallback when a platform still refuses a formatted part).
 One divergence from CommonMark: ``*`` does not split a word, as ``_`` never does, so
 ``2*3*4`` stays arithmetic instead of an italic 3 (models write it unquoted).
 
-Formatting a platform still refuses is resent as plain text.
+Formatting a platform still refuses is resent as plain text; the adapters count each
+such resend with :func:`count_plain_fallback`, shown in ``/metrics`` as
+``switchboard_plain_text_fallbacks_total{platform}``.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Union
 
@@ -380,9 +383,23 @@ def plain(blocks: tuple[Block, ...]) -> str:
     return join_blocks([(b, block(b)) for b in blocks if not isinstance(b, Rule)]).strip()
 
 
+# -- the plain-text fallback, counted ---------------------------------------------------------
+
+_plain_fallbacks: Counter[str] = Counter()
+
+
+def count_plain_fallback(platform: str) -> None:
+    """Note that ``platform`` refused a formatted part and it went again as plain text."""
+    _plain_fallbacks[platform] += 1
+
+
+def plain_fallbacks() -> dict[str, int]:
+    """Parts resent as plain text in this process, by platform (one daemon per process, as gateway.tasks)."""
+    return dict(_plain_fallbacks)
+
+
 __all__ = [
     "Block", "Break", "Code", "CodeBlock", "Heading", "Image", "Inline", "Link", "ListBlock", "Paragraph", "Quote",
-    "Rule", "Styled", "Table", "Text", "address", "wrap", "indent", "join_blocks", "marker", "parse",
-    "plain", "render_list",
-    "words",
+    "Rule", "Styled", "Table", "Text", "address", "count_plain_fallback", "indent", "join_blocks", "marker", "parse",
+    "plain", "plain_fallbacks", "render_list", "words", "wrap",
 ]
