@@ -14,7 +14,7 @@ FORBIDDEN = {
 # adapters may import only these gateway modules (the boundary types and shared helpers, such as the
 # one redaction that keeps tokens out of logs)
 ADAPTER_ALLOWED_GATEWAY = {"gateway.types", "gateway.errors", "gateway.retry", "gateway.ratelimit", "gateway.config",
-                           "gateway.formatting", "gateway.logging_setup", "gateway.tasks"}
+                           "gateway.formatting", "gateway.markdown", "gateway.logging_setup", "gateway.tasks"}
 
 
 # The message path and what it shares with every part live directly in gateway/; the daemon's runtime,
