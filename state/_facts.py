@@ -25,7 +25,7 @@ import json
 import sqlite3
 from typing import Any, Iterable
 
-from ._pg import is_pg
+from ._dialect import is_pg
 
 FACT_FIELDS = ("id", "agent", "user_scope", "content", "entities", "session_id", "trust", "created_at",
                "confirmed_at", "confirmations", "superseded_by")

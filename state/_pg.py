@@ -15,7 +15,7 @@ position or by name.  :class:`PgConnection` gives them exactly that over psycopg
 * A cursor has ``rowcount``, ``fetchone``, ``fetchall``, iteration and ``description``.
 
 SQL that both engines accept is written once in the module that owns it; where the
-dialects truly differ the module asks :func:`is_pg`.
+dialects truly differ the module asks ``state._dialect``.
 
 :class:`PgEngine` is :class:`state._engine.Engine` for PostgreSQL: a
 ``psycopg_pool.ConnectionPool``, one transaction per call (reads ``REPEATABLE READ``
@@ -92,11 +92,6 @@ def _without_secret(text: str, url: str) -> str:
     except ValueError:
         password = None
     return text.replace(password, "***") if password else text
-
-
-def is_pg(conn: Any) -> bool:
-    """Whether a store function runs on PostgreSQL (a :class:`PgConnection`) rather than sqlite3."""
-    return getattr(conn, "dialect", "sqlite") == "postgresql"
 
 
 # --- the connection wrapper -------------------------------------------------------------------
@@ -470,30 +465,6 @@ class PgEngine:
             return
         self._closed = True
         self._pool.close()
-
-
-def json_values(conn: Any, *, integers: bool = False) -> str:
-    """A subquery yielding the elements of a JSON array passed as one ``?`` parameter (``IN (...)``
-    over many ids without one placeholder each): SQLite's ``json_each``, PostgreSQL's
-    ``jsonb_array_elements_text`` (cast to ``BIGINT`` for ids)."""
-    if not is_pg(conn):
-        return "SELECT value FROM json_each(?)"
-    if integers:
-        return "SELECT CAST(jsonb_array_elements_text(CAST(? AS jsonb)) AS BIGINT)"
-    return "SELECT jsonb_array_elements_text(CAST(? AS jsonb))"
-
-
-def is_integrity_error(exc: BaseException) -> bool:
-    """A constraint failed (unique, foreign key, not null), on either engine."""
-    import sqlite3
-
-    if isinstance(exc, sqlite3.IntegrityError):
-        return True
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    return isinstance(exc, psycopg.IntegrityError)
 
 
 def probe(url: str, *, timeout: float = 5.0) -> tuple[int | None, str]:

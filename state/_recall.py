@@ -23,7 +23,7 @@ import sqlite3
 from typing import Any, Iterable
 
 from . import _pg_search, fts
-from ._pg import is_pg, json_values
+from ._dialect import is_pg, json_values
 from ._sessions import get_descendants, get_lineage
 
 _META = ("id", "source", "user_id", "session_key", "title", "started_at", "last_active", "ended_at",

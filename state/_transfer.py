@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
 from . import schema
+from ._dialect import is_integrity_error, is_pg
 from ._messages import get_messages
-from ._pg import is_integrity_error, is_pg
 from .errors import ImportFileError
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|passwd|authorization|bearer|access[_-]?token|refresh[_-]?token", re.I)

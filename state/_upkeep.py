@@ -64,8 +64,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, NamedTuple
 
 from . import _sessions
-from ._engine import GaveWay
-from ._pg import is_pg, json_values
+from ._dialect import is_pg, json_values
+from ._lock import GaveWay
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ import math
 import sqlite3
 from typing import Any
 
-from ._pg import is_pg
+from ._dialect import is_pg
 
 _EPOCH = dt.date(1970, 1, 1)
 DAY = 86_400

@@ -30,9 +30,11 @@ from . import (
     _upkeep,
     _usage,
 )
-from ._engine import Engine, GaveWay
+from ._dialect import is_pg
+from ._engine import Engine
+from ._lock import GaveWay
 from ._messages import Appended
-from ._pg import PgEngine, is_pg, is_url, mask_url
+from ._pg import PgEngine, is_url, mask_url
 from .paths import default_db_path
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -520,7 +522,7 @@ class SessionDB:
     def _timed_write(self, fn: Callable[..., T], *args: Any, gives_way: bool = True) -> tuple[T, "_upkeep.Timed"]:
         """``fn``'s result and when its transaction took the write lock and for how long (begin to
         commit, ``time.perf_counter`` seconds).  Giving way (the default), a write from another
-        thread interrupts it: :class:`state._engine.GaveWay` is raised, its ``timed`` set."""
+        thread interrupts it: :class:`state._lock.GaveWay` is raised, its ``timed`` set."""
         began: list[float] = []
 
         def run(conn):

@@ -80,6 +80,7 @@ from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 from . import _pg_search
+from ._dialect import is_pg
 from ._fts_query import (
     CJK_GLOB,
     MAX_TERMS,
@@ -96,7 +97,6 @@ from ._fts_query import (
     trigram_leaf,
 )
 from ._fts_rank import DF_SAMPLE, Scorer, substring_snippet
-from ._pg import is_pg
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from harness import eventually, gateway_config, running_gateway
 import state
 from gateway.runtime.daemon import Gateway
 from state import AsyncSessionDB, SessionDB, fts
-from state._engine import GaveWay
+from state._lock import GaveWay
 
 DAY = 86_400.0
 TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages worth returning
