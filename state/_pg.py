@@ -15,7 +15,7 @@ position or by name.  :class:`PgConnection` gives them exactly that over psycopg
 * A cursor has ``rowcount``, ``fetchone``, ``fetchall``, iteration and ``description``.
 
 SQL that both engines accept is written once in the module that owns it; where the
-dialects truly differ the module asks ``state._dialect``.
+dialects truly differ the module asks its dialect (``state._dialect``).
 
 :class:`PgEngine` is :class:`state._engine.Engine` for PostgreSQL: a
 ``psycopg_pool.ConnectionPool``, one transaction per call (reads ``REPEATABLE READ``
@@ -42,6 +42,7 @@ from decimal import Decimal
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from ._dialect import POSTGRES
 from .errors import StateError, StoreUnavailable, WriteTimeout
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ class PgCursor:
 class PgConnection:
     """A psycopg connection that takes the store's SQL as sqlite3 does (see the module docstring)."""
 
-    dialect = "postgresql"
+    dialect = POSTGRES
 
     def __init__(self, raw: Any):
         self.raw = raw
@@ -274,7 +275,7 @@ def _require_psycopg() -> Any:
 class PgEngine:
     """Owns the connection pool; runs each store function in one transaction (see module docstring)."""
 
-    dialect = "postgresql"
+    dialect = POSTGRES
 
     def __init__(self, url: str, *, write_timeout: float = 10.0, pool_size: int = 8, connect_timeout: float = 10.0):
         psycopg = _require_psycopg()

@@ -54,7 +54,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import sqlite3
 import statistics
 import time
@@ -64,7 +63,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, NamedTuple
 
 from . import _sessions
-from ._dialect import is_pg, json_values
+from ._dialect import StoreSize, dialect_of, file_size, is_pg
 from ._lock import GaveWay
 
 log = logging.getLogger(__name__)
@@ -135,7 +134,8 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     """Delete these sessions' messages up to about ``max_bytes`` of text (at least one message;
     deleting a message costs about as much as indexing it did), then the sessions left empty."""
     ids = json.dumps(list(session_ids))
-    values, messages_ids = json_values(conn), json_values(conn, integers=True)
+    dialect = dialect_of(conn)
+    values, messages_ids = dialect.json_values(), dialect.json_values(integers=True)
     still = [r[0] for r in conn.execute(
         f"SELECT id FROM sessions WHERE id IN ({values}) AND {_sessions.EXPIRED}", (ids, cutoff))]
     dropped = sorted(set(session_ids) - set(still))
@@ -144,9 +144,8 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     doomed: list = []
     by_session: dict[str, int] = {}
     total = 0
-    nbytes = "octet_length(COALESCE({0}, ''))" if is_pg(conn) else "length(CAST(ifnull({0}, '') AS BLOB))"
     for msg_id, sid, size in conn.execute(
-        f"SELECT id, session_id, {nbytes.format('content')} + {nbytes.format('tool_calls')}"
+        f"SELECT id, session_id, {dialect.byte_length('content')} + {dialect.byte_length('tool_calls')}"
         f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN ({values}) LIMIT ?",
         (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
     ):
@@ -156,11 +155,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
         by_session[sid] = by_session.get(sid, 0) + 1
         total += size
     messages = conn.execute(f"DELETE FROM messages WHERE id IN ({messages_ids})", (json.dumps(doomed),)).rowcount
-    if is_pg(conn):
-        left = ("SELECT v FROM jsonb_array_elements_text(CAST(? AS jsonb)) AS v "
-                "WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = v)")
-    else:
-        left = "SELECT value FROM json_each(?) WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = value)"
+    left = f"SELECT j.value FROM ({values}) AS j WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = j.value)"
     empty = [r[0] for r in conn.execute(left, (json.dumps(still),))]
     _sessions._delete_ids(conn, empty)
     return PruneStep(empty, dropped, messages, total, by_session)
@@ -250,41 +245,10 @@ def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
     return before - conn.execute("PRAGMA freelist_count").fetchone()[0]
 
 
-@dataclass(frozen=True, slots=True)
-class StoreSize:
-    db_bytes: int
-    wal_bytes: int
-    page_size: int
-    free_pages: int
-    auto_vacuum: str  # none | full | incremental (SQLite); postgresql
-
-    @property
-    def free_bytes(self) -> int:
-        return self.free_pages * self.page_size
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
 def store_size(conn: sqlite3.Connection, path: Path | None) -> StoreSize:
     """The file sizes and free pages; on PostgreSQL the database's size (its own autovacuum reuses
     free space: nothing for upkeep to vacuum, no WAL of ours)."""
-    if is_pg(conn):
-        size = conn.execute("SELECT pg_database_size(current_database()), current_setting('block_size')").fetchone()
-        return StoreSize(db_bytes=size[0], wal_bytes=0, page_size=int(size[1]), free_pages=0, auto_vacuum="postgresql")
-    assert path is not None
-    mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
-    return StoreSize(
-        db_bytes=_file_size(path),
-        wal_bytes=_file_size(path.with_name(path.name + "-wal")),
-        page_size=conn.execute("PRAGMA page_size").fetchone()[0],
-        free_pages=conn.execute("PRAGMA freelist_count").fetchone()[0],
-        auto_vacuum={0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode)),
-    )
+    return dialect_of(conn).store_size(conn, path)
 
 
 def record(conn: sqlite3.Connection, key: str, value: dict) -> None:
@@ -308,7 +272,7 @@ def vacuum_database(path: Path) -> tuple[int, int]:
     for a second copy meanwhile: only with the daemon stopped (the caller holds
     the home's lock).  Returns the file's size before and after, in bytes.
     """
-    before = _file_size(path)
+    before = file_size(path)
     conn = sqlite3.connect(path, isolation_level=None, timeout=30)
     try:
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with the VACUUM
@@ -316,7 +280,7 @@ def vacuum_database(path: Path) -> tuple[int, int]:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
-    return before, _file_size(path)
+    return before, file_size(path)
 
 
 # --- one pass ------------------------------------------------------------------------------------

@@ -43,14 +43,14 @@ import math
 import sqlite3
 from typing import Any
 
-from ._dialect import is_pg
+from ._dialect import SQLITE, Dialect, dialect_of
 
 _EPOCH = dt.date(1970, 1, 1)
 DAY = 86_400
 
 # Columns a report can be grouped by; "day" is the UTC date of the call.
 GROUPS = {
-    "day": "CAST(at / 86400 AS INTEGER)",
+    "day": SQLITE.day("at"),  # on each engine its dialect's (see _day)
     "model": "model",
     "platform": "COALESCE(platform, '?')",
     "purpose": "purpose",
@@ -73,16 +73,15 @@ SUMS = (
     ("retried", "SUM(CASE WHEN outcome = 'retried' THEN 1 ELSE 0 END)"),
 )
 _SUM_NAMES = tuple(name for name, _ in SUMS)
-# The UTC day number of ``at`` (days since 1970): SQLite's CAST truncates, PostgreSQL's rounds.
-_PG_DAY = f"CAST(floor(at / {DAY}) AS BIGINT)"
 
 
-def _day(pg: bool) -> str:
-    return _PG_DAY if pg else GROUPS["day"]
+def _day(dialect: Dialect) -> str:
+    """The UTC day number of ``at`` (days since 1970)."""
+    return dialect.day("at")
 
 
-def _group(by: str, pg: bool) -> str:
-    return _day(pg) if by == "day" else GROUPS[by]
+def _group(by: str, dialect: Dialect) -> str:
+    return _day(dialect) if by == "day" else GROUPS[by]
 
 COLUMNS = ("at", "session_id", "platform", "chat_id", "user_id", "agent", "purpose", "model", "prompt_tokens",
            "completion_tokens", "cached_tokens", "cache_write_tokens", "estimated", "latency_ms", "outcome",
@@ -158,8 +157,8 @@ def create_tables(conn: sqlite3.Connection) -> None:
 
 def create_rollup(conn: Any) -> None:
     """Schema v21 (SQLite and PostgreSQL): the daily roll-ups, filled from the rows already in the ledger."""
-    pg = is_pg(conn)
-    integer, real, rowid = ("BIGINT", "DOUBLE PRECISION", "") if pg else ("INTEGER", "REAL", " WITHOUT ROWID")
+    dialect = dialect_of(conn)
+    integer, real, rowid = dialect.integer, dialect.real, dialect.without_rowid
     sums = ", ".join(f"{name} {real if name == 'cost' else integer} NOT NULL" for name in _SUM_NAMES)
     conn.execute(f"CREATE TABLE IF NOT EXISTS model_calls_daily (day {integer} NOT NULL, model TEXT NOT NULL, "
                  f"platform TEXT NOT NULL, purpose TEXT NOT NULL, {sums}, "
@@ -187,9 +186,9 @@ _CALLS_DAILY_COLUMN = {"day": "day", "model": "model", "platform": "platform", "
 
 
 @functools.lru_cache(maxsize=64)
-def _roll_sql(where: str, sign: int, pg: bool = False) -> tuple[str, str, str]:
+def _roll_sql(where: str, sign: int, dialect: Dialect = SQLITE) -> tuple[str, str, str]:
     """The three statements adding (``sign`` 1) or subtracting (-1) the ledger's rows matching ``where``."""
-    day = _day(pg)
+    day = _day(dialect)
     sums = ", ".join(sql if sign > 0 else f"-{sql}" for _, sql in SUMS)
     names = ", ".join(_SUM_NAMES)
     calls = (f"INSERT INTO model_calls_daily (day, model, platform, purpose, {names}) "
@@ -217,14 +216,14 @@ def _added(table: str, names: tuple[str, ...]) -> str:
 
 def _roll(conn: Any, where: str, params: tuple | list, sign: int = 1) -> None:
     """Add (``sign`` 1) or subtract (-1) the ledger's rows matching ``where`` to or from the roll-ups."""
-    for sql in _roll_sql(where, sign, is_pg(conn)):
+    for sql in _roll_sql(where, sign, dialect_of(conn)):
         conn.execute(sql, params)
 
 
 def _unroll(conn: Any, where: str, params: tuple | list) -> None:
     """Subtract the rows matching ``where`` (about to be deleted) from the roll-ups; drop what is left empty."""
     days = [row[0] for row in conn.execute(
-        f"SELECT DISTINCT {_day(is_pg(conn))} FROM model_calls WHERE {where}", params)]
+        f"SELECT DISTINCT {_day(dialect_of(conn))} FROM model_calls WHERE {where}", params)]
     if not days:
         return
     _roll(conn, where, params, sign=-1)
@@ -265,12 +264,7 @@ def record_calls(conn: sqlite3.Connection, rows: list[dict]) -> list[int]:
     if not rows:
         return []
     values = [_values(conn, row) for row in rows]
-    if is_pg(conn):  # ids from a sequence other instances share: each row's own
-        ids = [int(conn.execute(_INSERT + " RETURNING id", row).fetchall()[0][0]) for row in values]
-    else:
-        first = int(conn.execute(_INSERT, values[0]).lastrowid or 0)
-        conn.executemany(_INSERT, values[1:])  # each the next rowid: this transaction holds the write lock
-        ids = list(range(first, first + len(rows)))
+    ids = dialect_of(conn).insert_ids(conn, _INSERT, values)
     _add_new(conn, values)
     return ids
 
@@ -344,8 +338,8 @@ def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | Non
     if by not in GROUPS:
         raise ValueError(f"cannot group usage by {by!r}; choose one of {', '.join(GROUPS)}")
     sums = ", ".join(f"{sql} AS {name}" for name, sql in SUMS)
-    pg = is_pg(conn)
-    raw = f"SELECT {_group(by, pg)} AS grp, {_day(pg)} AS day, {sums} FROM model_calls WHERE "
+    dialect = dialect_of(conn)
+    raw = f"SELECT {_group(by, dialect)} AS grp, {_day(dialect)} AS day, {sums} FROM model_calls WHERE "
     if user_id is not None:  # one user's: their calls, by the ledger's index on the user
         return (raw + "at >= ? AND (platform = ? OR (platform IS NULL AND ? IS NULL)) AND user_id = ? "
                 "GROUP BY grp, day", [since, platform, platform, user_id])
@@ -370,7 +364,7 @@ def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | Non
     return sql, params
 
 
-def _ranking(since: float, by: str, source: str, params: list, pg: bool) -> tuple[str, list]:
+def _ranking(since: float, by: str, source: str, params: list, dialect: Dialect) -> tuple[str, list]:
     """SQL for rows as (grp, tokens) that add up per group to the window's tokens: for users and
     chats, the weekly rows of the weeks that start in the window (every day of theirs is in it: the
     window runs on to now) and the daily rows of the days before the first of them, plus the ledger's
@@ -384,7 +378,7 @@ def _ranking(since: float, by: str, source: str, params: list, pg: bool) -> tupl
            f"SELECT key AS grp, {tokens} FROM model_calls_daily_by WHERE dim = ? AND day >= ? AND day < ?")
     ranking_params: list = [by, week, by, first, week]
     if first * DAY > since:
-        sql += (f" UNION ALL SELECT {_group(by, pg)} AS grp, prompt_tokens + completion_tokens FROM model_calls "
+        sql += (f" UNION ALL SELECT {_group(by, dialect)} AS grp, prompt_tokens + completion_tokens FROM model_calls "
                 "WHERE at >= ? AND at < ?")
         ranking_params += [since, first * DAY]
     return sql, ranking_params
@@ -437,7 +431,7 @@ def usage_summary(conn: sqlite3.Connection, since: float, by: str, *, limit: int
     if limit is None:
         count = None
     else:
-        ranking, ranking_params = _ranking(since, by if user_id is None else "", source, params, is_pg(conn))
+        ranking, ranking_params = _ranking(since, by if user_id is None else "", source, params, dialect_of(conn))
         ranked = conn.execute(f"SELECT grp, SUM(tokens) AS tokens FROM ({ranking}) AS src GROUP BY grp",
                               ranking_params).fetchall()
         count = len(ranked)

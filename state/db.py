@@ -30,7 +30,7 @@ from . import (
     _upkeep,
     _usage,
 )
-from ._dialect import is_pg
+from ._dialect import dialect_of
 from ._engine import Engine
 from ._lock import GaveWay
 from ._messages import Appended
@@ -886,13 +886,7 @@ class SessionDB:
         ids = sorted(set(session_ids))
 
         def mark(conn) -> int:
-            if not ids or not is_pg(conn):
-                return 0
-            from .cluster.leases import mark_pending
-
-            for session_id in ids:
-                mark_pending(conn.raw, session_id)
-            return len(ids)
+            return sum(dialect_of(conn).mark_pending(conn, session_id) for session_id in ids)
 
         return self._engine.write(mark)
 
@@ -1024,11 +1018,8 @@ def _fenced(conn, fence: Fence | None) -> None:
     """First in a fenced transaction: raise ``LeaseLost`` (nothing written) unless ``fence`` still holds.
 
     SQLite has one instance per file and no leases: a fence there has nothing to guard against."""
-    if fence is None or not is_pg(conn):
-        return
-    from .cluster.leases import fenced_write
-
-    fenced_write(conn.raw, fence.session_id, fence.token)
+    if fence is not None:
+        dialect_of(conn).fence(conn, fence.session_id, fence.token)
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
@@ -1045,10 +1036,8 @@ def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **
     appended = _messages.append_inbound(conn, session_id, **message)
     if inbox is not None and appended.new:
         _recovery.add_to_inbox(conn, appended.id, session_id, inbox)
-        if pending and is_pg(conn):
-            from .cluster.leases import mark_pending
-
-            mark_pending(conn.raw, session_id)
+        if pending:
+            dialect_of(conn).mark_pending(conn, session_id)
     return appended
 
 

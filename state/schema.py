@@ -27,6 +27,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ._dialect import dialect_of
 from .errors import NotADatabase, SchemaTooNew
 
 
@@ -58,11 +59,7 @@ def current_version() -> int:
 
 
 def columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    if getattr(conn, "dialect", "sqlite") == "postgresql":
-        return {row[0] for row in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = ?", (table,))}
-    return {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
+    return dialect_of(conn).columns(conn, table)
 
 
 def add_column(conn: sqlite3.Connection, table: str, column: str, decl: str) -> None:
