@@ -8,6 +8,7 @@ The feature modules (``_usage``, ``_upkeep``, ``_transfer``, ``db``, ...) write 
 
 What a :class:`Dialect` carries:
 
+* ``search``: the name of the engine's full-text index (``state.search``);
 * type names: ``integer``, ``real``, ``blob``, and ``without_rowid`` (the clause a keyed table takes);
 * :meth:`~Dialect.json_values`: a subquery over a JSON array bound as one parameter;
 * :meth:`~Dialect.byte_length` and :meth:`~Dialect.day`: a text's size in bytes, a time's UTC day;
@@ -55,6 +56,8 @@ class Dialect:
     """The parts of SQL and of the catalogue that differ between the engines (see the module docstring)."""
 
     name: str
+    #: Which ``state.search`` index the engine keeps: ``fts5`` or ``tsvector``.
+    search: str
     integer: str
     real: str
     blob: str
@@ -113,6 +116,7 @@ class _Sqlite(Dialect):
     """SQLite: one instance per file (no leases), ids from the rowid this transaction alone hands out."""
 
     name = "sqlite"
+    search = "fts5"
     integer, real, blob, without_rowid = "INTEGER", "REAL", "BLOB", " WITHOUT ROWID"
 
     def json_values(self, *, integers: bool = False) -> str:
@@ -157,6 +161,7 @@ class _Postgres(Dialect):
     """PostgreSQL: ids from sequences other instances share, leases for the cluster, no WAL of ours."""
 
     name = "postgresql"
+    search = "tsvector"
     integer, real, blob, without_rowid = "BIGINT", "DOUBLE PRECISION", "BYTEA", ""
 
     def json_values(self, *, integers: bool = False) -> str:
@@ -224,13 +229,3 @@ def is_integrity_error(exc: BaseException) -> bool:
         return False
     return isinstance(exc, psycopg.IntegrityError)
 
-
-def is_pg(conn: Any) -> bool:
-    """Whether a store function runs on PostgreSQL.  Only the search modules still ask (until they
-    sit behind one search seam); everything else asks :func:`dialect_of` for what differs."""
-    return dialect_of(conn) is POSTGRES
-
-
-def json_values(conn: Any, *, integers: bool = False) -> str:
-    """:meth:`Dialect.json_values` of ``conn``'s dialect."""
-    return dialect_of(conn).json_values(integers=integers)

@@ -63,8 +63,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, NamedTuple
 
 from . import _sessions
-from ._dialect import StoreSize, dialect_of, file_size, is_pg
+from ._dialect import StoreSize, dialect_of, file_size
 from ._lock import GaveWay
+from .search import MergeStep, search_index
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,6 @@ MIN_MERGE_PAGES = 4  # FTS5 finishes the term it is in before it stops: a step i
 # are the pages it writes, and after a prune it may read many more (the deleted entries it drops);
 # a vacuum step's cost per page depends on where in the file the pages are moved from.
 MAX_MERGE_PAGES, MAX_VACUUM_PAGES = 128, 2_048
-FTS_AUTOMERGE = 4  # FTS5's own default for its 'automerge' setting, turned back on after a prune
 PAUSE = 2.0  # after each step the pass pauses this many times as long as the step held the lock
 CHECKPOINT_AFTER_HOLD = 0.004  # seconds of write lock held by the steps between two checkpoints beside them
 GIVE_WAY_TRIES = 4  # a step a live write interrupted this many times in a row runs once more without giving way
@@ -171,68 +171,19 @@ def fts_table(name: str) -> str:
 
 
 def fts_segments(conn: sqlite3.Connection, table: str) -> list[int]:
-    """The ids of the segments ``table`` (an FTS5 index) holds now (each has rows in its ``_idx``);
-    none on PostgreSQL, whose GIN indexes need no merging of ours."""
-    if is_pg(conn):
-        return []
-    return [r[0] for r in conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")]
-
-
-@dataclass(frozen=True, slots=True)
-class MergeStep:
-    worked: int  # rows FTS5 changed (leaves written, input pages dropped, its index): 0 when nothing to merge
-    left: int  # how many of the segments the merge started from are still there
-
-
-def _present(conn: sqlite3.Connection, table: str, segments: list[int]) -> list[int]:
-    return [s for s in segments
-            if conn.execute(f"SELECT 1 FROM {table}_idx WHERE segid = ? LIMIT 1", (s,)).fetchone()]
+    """The segments the search index ``table`` holds now (see ``SearchIndex.segments``)."""
+    return search_index(conn).segments(conn, table)
 
 
 def merge_step(conn: sqlite3.Connection, table: str, pages: int, segments: list[int] | None = None,
                start: bool = False) -> MergeStep:
-    """Merge about ``pages`` pages of the FTS5 index ``table``.
-
-    Without ``segments``: the merge FTS5's automerge would do (a level holding
-    four segments or more, or a merge in progress), while a prune holds
-    automerge off.  With them (the segments there were when a full merge
-    began): towards one segment, the work of ``optimize`` in small steps, which
-    drops the entries of deleted messages; done once those segments are gone.
-
-    Only the ``start`` step asks FTS5 for a full merge ('merge' with a negative
-    page count): it puts every segment on one new level and begins merging
-    them.  The later steps continue that merge ('merge' with a positive count
-    takes a merge in progress first).  Asked again while new messages add
-    segments, a full merge would start over each time on a new level, one more
-    level and segment per step, until FTS5's limits (2,000 segments) make the
-    index unwritable ("database or disk is full") or unreadable ("database disk
-    image is malformed").  Segments added since the start are left to the
-    ordinary merges.
-    """
-    if is_pg(conn) or (segments is not None and not _present(conn, table, segments)):
-        return MergeStep(0, 0)
-    before = conn.total_changes
-    pages = max(1, int(pages))
-    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-pages if start else pages,))
-    worked = conn.total_changes - before
-    if worked < 2:  # FTS5 writes nothing (or only its structure) when there is nothing to merge
-        worked = 0
-    return MergeStep(worked, len(_present(conn, table, segments)) if segments is not None else 0)
+    """Merge about ``pages`` pages of the search index ``table`` (see ``state.search.fts5.merge_step``)."""
+    return search_index(conn).merge_step(conn, table, pages, segments, start)
 
 
 def set_automerge(conn: sqlite3.Connection, on: bool) -> None:
-    """Turn FTS5's automerge of both indexes on (its default) or off.
-
-    A prune writes a segment of deletion entries per step, and automerge merges
-    in quanta of 64 pages times the number of levels whenever the pages written
-    pass a multiple of 64: one step in a few would hold the write lock for tens
-    of milliseconds.  Upkeep turns it off for the prune and does the same
-    merging itself in small steps (:func:`merge_step`), then turns it back on.  Nothing on PostgreSQL.
-    """
-    if is_pg(conn):
-        return
-    for table in FTS_TABLES:
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', ?)", (FTS_AUTOMERGE if on else 0,))
+    """Turn the search index's own merging on or off (see ``state.search.fts5.set_automerge``)."""
+    search_index(conn).set_automerge(conn, on)
 
 
 def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:

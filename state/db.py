@@ -2,7 +2,7 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage`` or ``fts`` (search)
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage`` or ``search``
 through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
@@ -428,11 +428,11 @@ class SessionDB:
         role_filter: list[str] | None = None,
         limit: int = 20,
     ) -> list[dict]:
-        """Full-text search (see ``state.fts``); never raises on any query string."""
-        from . import fts
+        """Full-text search (see ``state.search``); never raises on any query string."""
+        from . import search
 
         return self._engine.read(
-            fts.search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
+            search.search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
             role_filter=role_filter, limit=limit,
         )
 

@@ -209,16 +209,16 @@ def _v10_listing(conn):
     conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_started ON sessions(source, started_at DESC)")
 
 
-def _v11_fts(conn):
-    """Replace the seed's single FTS table by the search design of ``state.fts``.
+def _v11_search(conn):
+    """Install the engine's search index (``state.search``), on both engines.
 
-    ``fts.install`` drops the seed's table and triggers and indexes the
-    existing messages.  When ``state.fts`` changes its index, it appends a
-    step here that calls ``install`` again.
+    On SQLite, ``state.search.fts5.install`` drops the seed's single FTS table
+    and triggers and indexes the existing messages.  When an index changes, it
+    appends a step here that calls ``install`` again.
     """
-    from . import fts  # owned by the search module; imported late so schema has no cycle
+    from .search import search_index  # owned by the search package
 
-    fts.install(conn)
+    search_index(conn).install(conn)
 
 
 def _v12_pairing(conn):
@@ -393,12 +393,6 @@ def _v10_listing_pg(conn):
     conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_started ON sessions(source, started_at DESC)")
 
 
-def _v11_fts_pg(conn):
-    from . import _pg_search
-
-    _pg_search.install(conn)
-
-
 def _pg_tables_of(module: str) -> Callable[[Any], None]:
     """The PostgreSQL form of a step whose tables are ``state.<module>.PG_TABLES`` (the module is
     imported when the step runs, as the SQLite forms import theirs)."""
@@ -464,7 +458,7 @@ for _step in [
         " session_id TEXT NOT NULL REFERENCES sessions(id), updated_at DOUBLE PRECISION NOT NULL)",
         "CREATE INDEX IF NOT EXISTS idx_routes_session ON routes(session_id)")),
     Migration(10, "listing columns", _v10_listing, _v10_listing_pg),
-    Migration(11, "search indexes", _v11_fts, _v11_fts_pg),
+    Migration(11, "search indexes", _v11_search, _v11_search),
     Migration(12, "pairing requests and approved users", _v12_pairing, _pg_tables_of("_pairing")),
     Migration(13, "listing indexes", _v13_listing_indexes, _v13_listing_indexes),
     Migration(14, "cron jobs, runs and leases", _v14_cron, _pg_tables_of("_cron")),
