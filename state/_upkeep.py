@@ -92,16 +92,13 @@ LAST_UPKEEP = "last_upkeep"
 CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
 
 
-#: The same table on PostgreSQL (schema v18).
-PG_TABLES = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
-)
+#: Schema v18, on both engines (``state._dialect``'s type tokens).
+TABLES = ("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at {REAL} NOT NULL)",)
+
 
 def create_tables(conn: sqlite3.Connection) -> None:
     """Schema v18: small facts about the store itself, by key (``last_upkeep``: JSON)."""
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL)"
-    )
+    dialect_of(conn).create(conn, TABLES)
 
 
 # --- steps on a connection (each SessionDB method runs one in its own transaction) ----------------

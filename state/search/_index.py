@@ -54,6 +54,9 @@ class SearchIndex(Protocol):
         of ``facts`` with ``fts_rank`` (lower is better)."""
         ...
 
+    def install_facts(self, conn: Any) -> None:
+        """Create the facts' index (schema step v15), after their tables."""
+
     def segments(self, conn: Any, table: str) -> list[int]:
         """The segments the index ``table`` holds now (upkeep merges them; none where there is nothing to merge)."""
         ...

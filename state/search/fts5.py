@@ -687,6 +687,32 @@ def fact_candidates(conn: sqlite3.Connection, owner: str, words: list[str], *, l
     ).fetchall()
 
 
+_FACTS_INDEX = (
+    """CREATE VIRTUAL TABLE IF NOT EXISTS facts_fts USING fts5(
+        content, entities, owner, content='facts', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+    )""",
+    """CREATE TRIGGER IF NOT EXISTS facts_fts_insert AFTER INSERT ON facts BEGIN
+        INSERT INTO facts_fts(rowid, content, entities, owner) VALUES (new.id, new.content, new.entities, new.owner);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS facts_fts_delete AFTER DELETE ON facts BEGIN
+        INSERT INTO facts_fts(facts_fts, rowid, content, entities, owner)
+            VALUES ('delete', old.id, old.content, old.entities, old.owner);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS facts_fts_update AFTER UPDATE OF content, entities, owner ON facts BEGIN
+        INSERT INTO facts_fts(facts_fts, rowid, content, entities, owner)
+            VALUES ('delete', old.id, old.content, old.entities, old.owner);
+        INSERT INTO facts_fts(rowid, content, entities, owner) VALUES (new.id, new.content, new.entities, new.owner);
+    END""",
+)
+
+
+def install_facts(conn: sqlite3.Connection) -> None:
+    """The facts' index (schema v15): an external-content FTS5 table over content, entities and the
+    owner's token, kept by triggers."""
+    for sql in _FACTS_INDEX:
+        conn.execute(sql)
+
+
 # --- upkeep: merging the indexes' segments in small steps -------------------------------------------------
 
 
@@ -754,6 +780,7 @@ class Fts5Index:
     texts = staticmethod(searched_texts)
     newest_in = staticmethod(newest_in)
     fact_candidates = staticmethod(fact_candidates)
+    install_facts = staticmethod(install_facts)
     segments = staticmethod(segments)
 
     @staticmethod

@@ -302,6 +302,11 @@ def fact_candidates(conn: Any, owner: str, words: list[str], *, limit: int, incl
     ).fetchall()
 
 
+def install_facts(conn: Any) -> None:
+    """The facts' index (schema v15): GIN on the words of content and entities (after :func:`install`)."""
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_facts_words ON facts USING gin (search_words(content || ' ' || entities))")
+
+
 class TsvectorIndex:
     """:class:`~state.search._index.SearchIndex` on PostgreSQL.  Its GIN indexes need no merging of ours:
     the upkeep steps find nothing to do."""
@@ -313,6 +318,7 @@ class TsvectorIndex:
     newest_in = staticmethod(newest_in)
     texts = staticmethod(searched_texts)
     fact_candidates = staticmethod(fact_candidates)
+    install_facts = staticmethod(install_facts)
 
     @staticmethod
     def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:
