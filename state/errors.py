@@ -19,17 +19,20 @@
     ├── CronJobExists                a scheduled job with that id exists already (.job_id)
     ├── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
     │                                never leaves the store: the engine raises WriteTimeout instead
-    ├── GaveWay                      (state/_engine.py, internal) an upkeep step was interrupted by a
+    ├── GaveWay                      (state/_lock.py, internal) an upkeep step was interrupted by a
     │                                live write and rolled back; the upkeep pass tries it again
+    ├── UnsafeSql (ValueError)       (state/_pg.py, internal) SQL with parameters that PostgreSQL's
+    │                                placeholder translation refuses (a comment, a $$ body, an E'' string,
+    │                                jsonb's ? operator): a bug in the store's SQL
     └── ClusterError                 (state/cluster/errors.py) a PostgreSQL cluster primitive refused
         ├── OwnershipLost            this instance no longer owns a platform connection: stop it
         ├── LeaseLost                a session's lease is no longer ours; nothing was written
         └── NotInTransaction         a fenced write outside the transaction it guards
 
 Every class above is defined in this module and exported from ``state``,
-except ``LockTimeout``, which stays next to the process write lock,
-``GaveWay``, next to the engine that raises it, and the cluster's, exported
-from ``state.cluster`` (which needs psycopg).
+except ``LockTimeout`` and ``GaveWay``, which stay next to the write lock
+they are about, ``UnsafeSql``, next to the translation that raises it, and
+the cluster's, exported from ``state.cluster`` (which needs psycopg).
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says
 what to do next; the CLI prints it as one line.
