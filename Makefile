@@ -24,7 +24,7 @@ WORKERS ?= 4
 test: check systemd-tools postgresql-server browser
 	$(BIN)/python -m pytest -q -n $(WORKERS)
 
-# The fast loop: what runs in-process (tests/conftest.py marks the rest slow from what it uses).
+# The fast loop: what runs in-process (tests/marks.py marks the rest slow from what it uses).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(WORKERS)
 
