@@ -207,3 +207,13 @@ def test_the_runtime_never_holds_the_stores_url():
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if "store.url" in line and not line.lstrip().startswith("#")]
     assert offenders == []
+
+
+def test_the_gateway_opens_no_database_connection_itself():
+    """Connections to the store are opened by ``state`` (the engine's pool, ``db.cluster``'s owners and
+    rate budgets); the gateway makes none of its own."""
+    opening = ("psycopg.connect", "AsyncConnection.connect", "ConnectionPool(", "ConnectionOwner(", "PgBuckets(")
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "gateway").rglob("*.py"))
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if any(word in line for word in opening)]
+    assert offenders == []
