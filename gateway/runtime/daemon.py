@@ -173,7 +173,7 @@ class Gateway:
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
             from gateway.runtime.cluster import share_rate_budgets
 
-            self._rate_budgets = await share_rate_budgets(cfg.store.url)
+            self._rate_budgets = await share_rate_budgets(self.db.cluster)
         # every model call, whatever it is for, becomes a row of the usage ledger
         self.usage = UsageRecorder(self.db, cfg.pricing, clock=self.clock)
         self.model = model = ModelClient(ModelSettings(
@@ -265,7 +265,7 @@ class Gateway:
         if claims_turns:
             from gateway.runtime.turn_claims import TurnClaims
 
-            self.claims = TurnClaims(cfg.store.url, self.router, holder=self.instance_id,
+            self.claims = TurnClaims(self.db.cluster, self.router, holder=self.instance_id,
                                      lease_seconds=cfg.cluster.lease_seconds, slots=cfg.model.max_concurrent_calls,
                                      wake=self._work_pending)
         self._start_platforms()
@@ -383,9 +383,8 @@ class Gateway:
     def _own(self, name: str, adapter: Adapter, key: str) -> None:
         """Run ``name``'s connection only while this instance owns ``key``; stand by for it otherwise."""
         from gateway.runtime.cluster import OwnedConnection
-        from state.cluster import ConnectionOwner
 
-        owner = ConnectionOwner(self.config.store.url, key, failover_seconds=self.config.cluster.failover_seconds,
+        owner = self.db.cluster.owner(key, failover_seconds=self.config.cluster.failover_seconds,
                                 instance=self.instance_id)
         if isinstance(adapter, GatedPolling):
             adapter.gate_polling(owner.trusted_for)
@@ -453,9 +452,7 @@ class Gateway:
             self._open_for_sending(name, adapter)  # a standby again: it still sends for the turns it runs
 
     async def _claim_cron_tick(self, job_id: str, scheduled_for: float) -> bool:
-        from gateway.runtime.cluster import claim_tick
-
-        claimed = await asyncio.to_thread(claim_tick, self.config.store.url, job_id, scheduled_for, self.instance_id)
+        claimed = await asyncio.to_thread(self.db.cluster.claim_tick, job_id, scheduled_for, self.instance_id)
         if claimed:
             self.cron_claims.append({"job": job_id, "scheduled_for": scheduled_for})
         return claimed
