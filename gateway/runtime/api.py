@@ -61,7 +61,8 @@ import state
 from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
 from gateway.failures import failure_line
 from gateway.router import SessionRouter, Ticket
-from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request, stored_text
+from gateway.runtime import api_tools
+from gateway.runtime.api_request import ApiError, ChatRequest, calls_signature, parse_chat_request, stored_text
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
@@ -171,6 +172,7 @@ class _Answer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     notices: list[str] = field(default_factory=list)
+    tool_calls: list[dict] = field(default_factory=list)  # calls of the client's tools: the answer ends there
 
 
 class LocalApi:
@@ -280,6 +282,11 @@ class LocalApi:
 
     # -- POST /v1/chat/completions --------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.answer(request, parse_chat_request(await self.read_json(request)))
+
+    @staticmethod
+    async def read_json(request: web.Request):
+        """A request's body as JSON, or an ApiError saying what is wrong with it."""
         try:
             body = await request.json()
         except (ValueError, RecursionError):
@@ -288,7 +295,13 @@ class LocalApi:
         if where is not None:
             raise ApiError(400, f"the string at {where} holds a lone UTF-16 surrogate (such as \\ud800 without its "
                                 "pair), which is not text; send valid Unicode", param=where)
-        chat = parse_chat_request(body)
+        return body
+
+    async def answer(self, request: web.Request, chat: ChatRequest,
+                     client_id: tuple[str, str] | None = None) -> web.StreamResponse:
+        """Answer ``chat`` (from this front door or another: the Responses API), in the session its headers,
+        ids or fingerprint name; ``client_id`` is a conversation id the front door read itself."""
+        api_tools.check_names(chat, self.router.turn.tools.names())
         idempotency_key = request.headers.get("Idempotency-Key")
         if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY):
             raise ApiError(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text",
@@ -297,15 +310,21 @@ class LocalApi:
         session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
         if chat.is_side_request:
             return await self._side_request(request, chat)
-        client_id = explicit_id(request.headers, chat)
+        client_id = client_id or explicit_id(request.headers, chat)
         if session_key is None and client_id is None and chat.user is not None:
             session_key = chat.user  # `user` alone keeps its meaning: the gateway keeps the history under it
+        if session_key is not None and chat.continued:
+            return await self._continue_kept(request, chat, session_key)
         if session_key is not None:
             msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                                  user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
                                  attachments=chat.last_user.images)
             return await self._once(self.router.key_for(msg), idempotency_key, chat.last_user.stored,
                                     lambda: self._gateway_kept(msg, request, chat))
+        if not chat.messages:  # tool results alone: nothing names the conversation they continue
+            raise ApiError(400, "tool results alone need the conversation they continue: send the whole history "
+                                "(the user message, the assistant's tool calls, the results) or an X-Session-Key",
+                           param="messages")
         user = _header_text(request.headers.get("X-OpenWebUI-User-Id"), "X-OpenWebUI-User-Id") \
             or chat.user or chat.safety_identifier
         caller = Caller(token_hash(request.headers.get("Authorization")), user)
@@ -315,14 +334,15 @@ class LocalApi:
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user_name,
                              text=chat.last_user.text, message_id=idempotency_key, attachments=chat.images)
         ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, system_notes=chat.system,
-                        params=chat.params)
+                        params=chat.params, client_tools=chat.tools)
         fingerprint = found.fingerprint if found.key is None else None
-        ticket.prepare = lambda: self.conversations.prepare(
-            key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint)
+        ticket.prepare = api_tools.with_results(self.router.db, chat, lambda: self.conversations.prepare(
+            key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint))
 
         async def answered(answer: _Answer) -> None:
             if found.source == "fingerprint":
-                await self.conversations.remember_first_reply(caller, chat, answer.content, answer.session_id)
+                first = calls_signature(answer.tool_calls) if answer.tool_calls else answer.content
+                await self.conversations.remember_first_reply(caller, chat, first, answer.session_id)
 
         return await self._once(key, idempotency_key, chat.last_user.stored,
                                 lambda: self._client_kept(ticket, request, chat, answered))
@@ -346,6 +366,16 @@ class LocalApi:
         finally:
             del self._running[slot]
 
+    async def _continue_kept(self, request: web.Request, chat: ChatRequest, session_key: str) -> web.StreamResponse:
+        """X-Session-Key with tool results: they continue the turn that called the tools, in that session."""
+        msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
+                             user_name=session_key, text="")
+        key = self.router.key_for(msg)
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, system_notes=chat.system,
+                        params=chat.params, client_tools=chat.tools)
+        ticket.prepare = api_tools.continue_routed(self.router.db, key, chat)
+        return await self._client_kept(ticket, request, chat, None)
+
     async def _gateway_kept(self, msg: InboundMessage, request: web.Request, chat: ChatRequest) -> web.StreamResponse:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         try:
@@ -361,16 +391,21 @@ class LocalApi:
         if ticket is None:  # a command seen before with this key
             return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
                           "conflict", code="conflict")
+        ticket.client_tools = chat.tools  # read when its turn starts (its lane runs after this returns)
+        if chat.front is not None and ticket.prepare is not None:
+            ticket.prepare = chat.front.wrap(ticket.prepare)
         return await self._respond(request, ticket, chat, _stored_text_of(msg))
 
     async def _client_kept(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
-                           answered: Callable[[_Answer], Awaitable[None]]) -> web.StreamResponse:
+                           answered: Callable[[_Answer], Awaitable[None]] | None) -> web.StreamResponse:
+        if chat.front is not None and ticket.prepare is not None:
+            ticket.prepare = chat.front.wrap(ticket.prepare)  # it learns the session its answer goes to
         try:
             await self.router.submit(ticket.session_key, ticket)
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")
-        return await self._respond(request, ticket, chat, chat.last_user.stored, answered)
+        return await self._respond(request, ticket, chat, chat.last_user.stored if chat.messages else "", answered)
 
     async def _respond(self, request: web.Request, ticket: Ticket, chat: ChatRequest, stored: str,
                        answered: Callable[[_Answer], Awaitable[None]] | None = None) -> web.StreamResponse:
@@ -402,7 +437,8 @@ class LocalApi:
 
     def _answer_of(self, ticket: Ticket, reply: str) -> _Answer:
         return _Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
-                       time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices))
+                       time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices),
+                       list(ticket.client_calls))
 
     async def _stream(self, request: web.Request, ticket: Ticket, sink: SseSink, chat: ChatRequest, stored: str,
                       answered: Callable[[_Answer], Awaitable[None]] | None) -> web.StreamResponse:
@@ -418,8 +454,7 @@ class LocalApi:
         if ticket.reply.done() and (not sink.pending or ticket.reply.exception() is not None or ticket.replayed):
             return await self._settled(request, ticket, chat, stored, answered)
         answer = self._answer_of(ticket, "")
-        events = await ChunkEvents.open(request, self._chunk_base(answer),
-                                        self._headers(ticket.session_id, ticket.notices))
+        events = await self._open_events(request, answer, chat, self._headers(ticket.session_id, ticket.notices))
         await events.send({"role": "assistant", "content": ""})
         while True:
             finished = ticket.reply.done()
@@ -449,7 +484,9 @@ class LocalApi:
                 await events.comment(f"notice: {text}")
             elif kind == "content":
                 await events.send({"content": text})
-        await events.send({}, "stop")
+        if ticket.client_calls:
+            await events.send(api_tools.call_deltas(ticket.client_calls))
+        await events.send({}, "tool_calls" if ticket.client_calls else "stop")
         if chat.include_usage:
             await events.usage(ticket.prompt_tokens, ticket.completion_tokens)
         if answered is not None:
@@ -459,24 +496,36 @@ class LocalApi:
     async def _whole(self, request: web.Request, answer: _Answer, chat: ChatRequest) -> web.StreamResponse:
         """A whole answer: one JSON completion, or (asked to stream) the same as one content chunk."""
         headers = self._headers(answer.session_id, answer.notices)
+        finish = "tool_calls" if answer.tool_calls else "stop"
+        if not chat.stream and chat.front is not None:
+            return web.json_response(chat.front.body(answer), headers=headers)
         if not chat.stream:
             return web.json_response({
                 **self._head(answer, "chat.completion"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.content},
-                             "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": api_tools.message_of(answer.content, answer.tool_calls),
+                             "finish_reason": finish}],
                 "usage": usage_of(answer.prompt_tokens, answer.completion_tokens),
                 "session_id": answer.session_id,
                 "session_key": answer.session_key,
             }, headers=headers)
-        events = await ChunkEvents.open(request, self._chunk_base(answer), headers)
+        events = await self._open_events(request, answer, chat, headers)
         for notice in answer.notices:
             await events.comment(f"notice: {notice}")
         await events.send({"role": "assistant", "content": ""})
-        await events.send({"content": answer.content})
-        await events.send({}, "stop")
+        if answer.content or not answer.tool_calls:
+            await events.send({"content": answer.content})
+        if answer.tool_calls:
+            await events.send(api_tools.call_deltas(answer.tool_calls))
+        await events.send({}, finish)
         if chat.include_usage:
             await events.usage(answer.prompt_tokens, answer.completion_tokens)
         return await events.close()
+
+    async def _open_events(self, request: web.Request, answer: _Answer, chat: ChatRequest, headers: dict):
+        """The event stream of the answer: Chat Completions chunks, or another front door's events."""
+        if chat.front is not None:
+            return await chat.front.open(request, answer, headers)
+        return await ChunkEvents.open(request, self._chunk_base(answer), headers)
 
     @staticmethod
     def _headers(session_id: str, notices: list[str]) -> dict:
