@@ -1,6 +1,7 @@
 """The local API: the gateway without any chat platform, and its health and metrics.
 
     POST /v1/chat/completions   OpenAI-compatible (see the README's "Local API" for the whole story)
+    POST /v1/responses          the Responses API, answered by the same turn (gateway.runtime.responses)
     GET  /v1/models             the configured model; GET /v1/models/{id} that model
     GET  /healthz               status (ok, degraded, draining), each adapter's state, the model
                                 endpoint's, cron
@@ -67,6 +68,7 @@ from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, tok
 from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.portholder import port_holder
+from gateway.runtime.responses import ResponsesApi
 from gateway.runtime.sse import ChunkEvents, SseSink, usage_of
 from gateway.turn import TurnResult
 from gateway.types import ChatType, InboundMessage
@@ -83,7 +85,7 @@ CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry o
 SESSION_HEADER = "X-Switchboard-Session"
 NOTICE_HEADER = "X-Switchboard-Notice"
 _HTTP_ERRORS = {404: ("not_found", "no such endpoint: {method} {path} (see GET /v1/models, POST "
-                                   "/v1/chat/completions, GET /healthz, GET /metrics)"),
+                                   "/v1/chat/completions, POST /v1/responses, GET /healthz, GET /metrics)"),
                 405: ("method_not_allowed", "{method} is not allowed on {path}"),
                 413: ("request_too_large", f"the body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB")}
 
@@ -202,6 +204,7 @@ class LocalApi:
             [self._errors, self.dashboard.guard, self._auth]
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/responses", ResponsesApi(self).create)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model_id:.+}", self.model)
         app.router.add_get("/healthz", self.healthz)
