@@ -182,8 +182,10 @@ class AgentTurn:
 
     def _as_sent(self, history: list[dict]) -> Shortened:
         """The stored history as the model gets it: earlier turns' reasoning only if
-        ``replay_reasoning`` says so, oversized messages cut down (they stay whole in the store)."""
-        return shorten_oversized(replayed_history(history, self.settings.replay_reasoning), self.max_message_tokens)
+        ``replay_reasoning`` says so, oversized messages cut down (they stay whole in the store), and
+        a result for each call of a client's tool the client never answered."""
+        replayed = with_unanswered_calls(replayed_history(history, self.settings.replay_reasoning))
+        return shorten_oversized(replayed, self.max_message_tokens)
 
     async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
@@ -353,6 +355,28 @@ def _without_reasoning(message: dict) -> dict:
     if not any(key in message for key in REASONING_KEYS):
         return message
     return {k: v for k, v in message.items() if k not in REASONING_KEYS}
+
+
+NO_RESULT = "error: no result came back for this call (the client went on without it)"
+
+
+def with_unanswered_calls(history: list[dict]) -> list[dict]:
+    """``history`` with a result for every tool call that has none: a local API client may send a new
+    message instead of its tools' results, and a model refuses a call left without a result."""
+    answered = {m.get("tool_call_id") for m in history if m.get("role") == "tool"}
+    if all(c.get("id") in answered for m in history for c in m.get("tool_calls") or []):
+        return history
+    out: list[dict] = []
+    missing: list[str] = []
+    for message in history:
+        if missing and message.get("role") != "tool":  # the call's own results end here
+            out += [{"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in missing]
+            missing = []
+        out.append(message)
+        missing += [c.get("id") for c in message.get("tool_calls") or [] if c.get("id") not in answered]
+    if missing and out and out[-1].get("role") != "assistant":  # unanswered calls still awaited go last
+        out += [{"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in missing]
+    return out
 
 
 def replayed_history(history: list[dict], mode: str) -> list[dict]:

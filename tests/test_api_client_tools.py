@@ -168,3 +168,20 @@ async def test_langchain_bind_tools_invoke_returns_the_tool_call(tmp_path, model
                                    "type": "tool_call"}]
     assert final.content == "echo: weather in Paris? | turns: 1 | first: weather in Paris?"
     assert [m["role"] for m in model.requests[1].messages[1:]] == ["user", "assistant", "tool"]
+
+
+async def test_a_new_message_instead_of_the_results_leaves_no_call_unanswered_in_the_prompt(tmp_path, model):
+    model.script(ToolCall("get_weather", {"city": "Lyon"}, call_id="call_x"))
+    async with running_gateway(tmp_path, model) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+        history: list[dict] = [{"role": "user", "content": "weather?"}]
+        called = await client.chat.completions.create(model="m", messages=history, tools=[WEATHER])
+        history += [called.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "never mind, tell me a joke"}]
+        answer = await client.chat.completions.create(model="m", messages=history, tools=[WEATHER])
+        await client.close()
+    assert answer.choices[0].message.content == "echo: never mind, tell me a joke | turns: 2 | first: weather?"
+    sent = model.requests[1].messages
+    assert [(m["role"], m.get("tool_call_id")) for m in sent[-4:]] == \
+        [("user", None), ("assistant", None), ("tool", "call_x"), ("user", None)]
+    assert sent[-2]["content"].startswith("error: no result came back")
