@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from tests.fakes.model_server import FakeModel, ToolCall
+from tests.fakes.model_server import Fail, FakeModel, ToolCall
 from tests.harness import running_gateway
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -128,3 +128,33 @@ async def test_responses_refuse_a_tool_named_like_an_agent_tool_and_an_unknown_p
     assert "'memory'" in clash.value.message
     assert unknown.value.body["param"] == "previous_response_id"
     assert model.requests == []
+
+
+async def test_a_model_failure_is_an_http_error_before_the_stream_and_an_error_event_after(tmp_path, model):
+    # plain: every attempt fails; streamed: the agent tool's status line starts the stream, then every call fails
+    model.script(*[Fail(503)] * 4, ToolCall("session_search", {"query": "x"}), *[Fail(503)] * 4)
+    async with running_gateway(tmp_path, model) as gw:
+        client = client_of(gw)
+        with pytest.raises(openai.APIStatusError) as plain:
+            await client.responses.create(model="m", input="first")
+        seen = []
+        with pytest.raises(openai.APIError) as streamed:
+            async for event in await client.responses.create(model="m", input="second", stream=True):
+                seen.append(event.type)
+        await client.close()
+    assert plain.value.status_code == 503 and plain.value.code == "model_unavailable"
+    assert streamed.value.message.startswith("The model is unavailable right now (HTTP 503)")
+    assert seen[:2] == ["response.created", "response.in_progress"] and "response.completed" not in seen
+
+
+async def test_the_sdks_stream_helper_reads_a_function_call_and_the_final_response(tmp_path, model):
+    model.script(ToolCall("get_weather", {"city": "Rome"}, call_id="call_h1"))
+    async with running_gateway(tmp_path, model) as gw:
+        client = client_of(gw)
+        async with client.responses.stream(model="m", input="weather in Rome?", tools=[WEATHER]) as stream:
+            arguments = [e.delta async for e in stream if e.type == "response.function_call_arguments.delta"]
+            final = await stream.get_final_response()
+        await client.close()
+    (call,) = final.output
+    assert call.type == "function_call" and call.call_id == "call_h1"
+    assert json.loads("".join(arguments)) == {"city": "Rome"}
