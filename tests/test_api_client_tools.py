@@ -161,7 +161,7 @@ async def test_langchain_bind_tools_invoke_returns_the_tool_call(tmp_path, model
     async with running_gateway(tmp_path, model) as gw:
         llm = ChatOpenAI(base_url=base_url(gw), api_key="sk-anything", model="m", max_retries=0)
         bound = llm.bind_tools([get_weather])
-        message = await bound.ainvoke("weather in Paris?")
+        message = await asyncio.to_thread(bound.invoke, "weather in Paris?")  # the sync client, off the loop
         result = await asyncio.to_thread(get_weather.invoke, message.tool_calls[0])
         final = await bound.ainvoke(["weather in Paris?", message, result])
     assert message.tool_calls == [{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_lc",
@@ -185,3 +185,25 @@ async def test_a_new_message_instead_of_the_results_leaves_no_call_unanswered_in
     assert [(m["role"], m.get("tool_call_id")) for m in sent[-4:]] == \
         [("user", None), ("assistant", None), ("tool", "call_x"), ("user", None)]
     assert sent[-2]["content"].startswith("error: no result came back")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": {"name": "x"}}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "sunny"}]}, "messages[1].tool_call_id"),
+    ({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "messages"),
+])
+async def test_bad_tools_and_tool_messages_are_400s_naming_the_field(tmp_path, model, body, param):
+    async with running_gateway(tmp_path, model) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(**{"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                    **body})
+        await client.close()
+        sessions = await gw.db.list_sessions_rich(source="api", limit=10)
+    assert refused.value.body["param"] == param
+    assert sessions == [] and model.requests == []
