@@ -158,3 +158,19 @@ async def test_the_sdks_stream_helper_reads_a_function_call_and_the_final_respon
     (call,) = final.output
     assert call.type == "function_call" and call.call_id == "call_h1"
     assert json.loads("".join(arguments)) == {"city": "Rome"}
+
+
+async def test_conversation_and_session_key_responses_continue_their_sessions(tmp_path, model):
+    async with running_gateway(tmp_path, model) as gw:
+        client = client_of(gw)
+        one = await client.responses.create(model="m", input="a1", conversation="conv_1")
+        two = await client.responses.create(model="m", input="a2", conversation={"id": "conv_1"})
+        keyed = await client.responses.create(model="m", input="b1", extra_headers={"X-Session-Key": "k"})
+        after = await client.responses.create(model="m", input="b2", previous_response_id=keyed.id)
+        await client.close()
+        sessions = await stored(gw)
+    assert one.conversation.id == "conv_1"
+    assert two.output_text == echo("a2", 2, "a1") and after.output_text == echo("b2", 2, "b1")
+    assert sorted(sessions) == sorted([
+        [("user", "a1"), ("assistant", one.output_text), ("user", "a2"), ("assistant", two.output_text)],
+        [("user", "b1"), ("assistant", keyed.output_text), ("user", "b2"), ("assistant", after.output_text)]])
