@@ -42,18 +42,43 @@ class KeyedError(SwitchboardError, ValueError):
 # --------------------------------------------------------------------------- locating
 
 
+def example_config() -> Path | None:
+    """The source tree's ``config.example.yaml``, the file ``make run`` starts the gateway with, when
+    this Switchboard runs from a checkout (an editable install); None when installed elsewhere."""
+    path = Path(__file__).resolve().parent.parent / "config.example.yaml"
+    return path if path.is_file() else None
+
+
 def locate(explicit: str | Path | None, env: Mapping[str, str]) -> tuple[Path, str]:
-    """The config path and a phrase saying where that choice came from."""
+    """The config path and a phrase saying where that choice came from.
+
+    With none of ``--config``, ``SWITCHBOARD_CONFIG``, ``SWITCHBOARD_HOME`` given and no
+    ``~/.switchboard/config.yaml``, a checkout's ``config.example.yaml`` is the only config around,
+    and the one ``make run`` used: every command finds it, so the quick start's next steps work."""
     if explicit is not None and str(explicit) != "":
         return Path(explicit).expanduser(), "given with --config"
     if env.get("SWITCHBOARD_CONFIG"):
         return Path(env["SWITCHBOARD_CONFIG"]).expanduser(), "named by $SWITCHBOARD_CONFIG"
     if env.get("SWITCHBOARD_HOME"):
         return Path(env["SWITCHBOARD_HOME"]).expanduser() / "config.yaml", "looked in $SWITCHBOARD_HOME"
+    default = Path("~/.switchboard/config.yaml").expanduser()
+    example = example_config()
+    if example is not None and not default.exists():
+        return example, ("the checkout's example, which `make run` uses: none of --config, SWITCHBOARD_CONFIG, "
+                         "SWITCHBOARD_HOME is set and there is no ~/.switchboard/config.yaml")
     return (
-        Path("~/.switchboard/config.yaml").expanduser(),
+        default,
         "looked in the default home ~/.switchboard: none of --config, SWITCHBOARD_CONFIG, SWITCHBOARD_HOME is set",
     )
+
+
+def missing_config_fix() -> str:
+    """What to do when no config file is found: the checkout's example (``make run``'s) by name, if any."""
+    example = example_config()
+    if example is None:
+        return "pass --config FILE, set SWITCHBOARD_CONFIG, or copy config.example.yaml there"
+    return (f"`make run` uses {example}: pass --config {example}, set SWITCHBOARD_CONFIG, "
+            "or copy it there")
 
 
 def read_text(path: Path, source: str) -> str:
@@ -62,7 +87,8 @@ def read_text(path: Path, source: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"no config file at {path.resolve()} ({source}); {how}", file=shown) from None
+        fix = how if source == "given with --config" else missing_config_fix()
+        raise ConfigError(f"no config file at {path.resolve()} ({source}); {fix}", file=shown) from None
     except IsADirectoryError:
         raise ConfigError(f"{path.resolve()} is a directory, not a config file ({source}); {how}", file=shown) from None
     except PermissionError:

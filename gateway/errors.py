@@ -27,6 +27,8 @@
     │                                database was left as it was
     ├── NotReplayable                a dead letter holds no message to replay
     ├── InvalidJob (ValueError)      a cron job definition names a bad field (.field, .reason)
+    ├── InvalidMessage (ValueError)  an adapter built an InboundMessage the gateway cannot route (no
+    │                                chat id, no platform); it is refused where it is made
     ├── MemoryRefused                the memory tool refused a change; the model is told why
     ├── FactRefused                  the facts tool refused a change; the model is told why
     └── PlotsUnavailable             insights --plot needs matplotlib, an optional extra, not installed
@@ -44,7 +46,8 @@ that way.  Each message says what to do next.
 
 Outside the tree: ``gateway/cli/config.py``'s ``ConfigFailure`` is a
 ``click.ClickException``, the way the CLI prints a ``ConfigError`` as one
-line and exits 78.
+line and exits 78; ``gateway/cli/common.py``'s ``_JsonError`` is one too, the
+way any command's error is printed as ``{"error": ...}`` under ``--json``.
 
 ``state.StateError`` is the store's own root (``state`` imports nothing from
 the gateway), and ``compression.CompressionError`` the compressor's; the CLI
@@ -172,6 +175,10 @@ class InvalidJob(SwitchboardError, ValueError):
         self.field = field
         self.reason = reason
         super().__init__(f"{field}: {reason}")
+
+
+class InvalidMessage(SwitchboardError, ValueError):
+    """An :class:`~gateway.types.InboundMessage` that cannot be routed; the message says which field is missing."""
 
 
 class MemoryRefused(SwitchboardError):

@@ -12,8 +12,9 @@ says how many had none ("no price").
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from dataclasses import dataclass, field, fields
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 DAY = 86_400
 BARS = "▁▂▃▄▅▆▇█"
@@ -160,6 +161,17 @@ def identity_names(identities: Mapping[str, tuple[str, ...]]) -> Callable[[str],
     (``identities: {alice: [telegram:1, slack:U2]}``), so its accounts make one row; others keep theirs."""
     owner = {ref: name for name, refs in identities.items() for ref in refs}
     return lambda account: owner.get(account, account)
+
+
+def account_names(identities: Mapping[str, tuple[str, ...]], cron_jobs: Iterable[Mapping]) -> Callable[[str], str]:
+    """For ``--by user``: :func:`identity_names`, and a cron job's calls (``cron:<job id>``) named by the
+    job (``cron:<its name>``; ``cron:<name> (<id>)`` when two jobs share a name, so each keeps its row)."""
+    jobs = [(str(j["id"]), str(j.get("name") or j["id"])) for j in cron_jobs]
+    shared = {name for name, count in Counter(name for _, name in jobs).items() if count > 1}
+    names = {f"cron:{job_id}": f"cron:{name} ({job_id})" if name in shared else f"cron:{name}"
+             for job_id, name in jobs}
+    owner = identity_names(identities)
+    return lambda account: names.get(account) or owner(account)
 
 
 def _ordered(groups: dict[str, Group], index: dict[str, int]) -> list[Group]:

@@ -66,6 +66,21 @@ class RouterSettings:
     resume_within: float = 3600.0  # after a restart, older unanswered messages get a line, not an answer
 
 
+@dataclass(frozen=True, slots=True)
+class RequestExtras:
+    """What a request/response client (the local API) adds to its message, for the turn that answers it."""
+
+    system_notes: tuple[str, ...] = ()  # the client's own system messages, sent after the gateway's
+    params: dict | None = None  # request fields for the model (temperature, response_format, ...)
+    # the client says this request repeats one it sent before (an SDK's automatic retry): when the
+    # session's last message is that same text, left unanswered by a failed turn, it is not stored again
+    retry: bool = False
+    client_tools: tuple[dict, ...] = ()  # the client's own tools (function schemas), offered beside the agent's
+
+
+NO_EXTRAS = RequestExtras()
+
+
 @dataclass(eq=False)
 class Ticket:
     """A message the router accepted; ``reply`` resolves with the text sent back."""
@@ -76,6 +91,7 @@ class Ticket:
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     notices: list[str] = field(default_factory=list)  # one-line notes sent before the reply
     inbox_id: int | None = None  # the message's row, while it waits in the store's inbox for its answer
+    message_id: int | None = None  # the stored message (its id): the answering turn's reply is placed after it
     # request/response sources (local API, terminal): where the answer streams as it is written
     sink: ReplySink | None = None
     prompt_tokens: int = 0  # the answering turn's usage, set before ``reply`` resolves (0: no model call)
@@ -85,11 +101,9 @@ class Ticket:
     # in, or None when the request was answered before (a retry: ``replayed`` is set, the caller replays).
     prepare: Callable[[], Awaitable[str | None]] | None = None
     replayed: bool = False
-    system_notes: tuple[str, ...] = ()  # the client's own system messages, after the gateway's
-    params: dict | None = None  # the client's request fields for the model (temperature, ...)
+    extras: RequestExtras = field(default_factory=lambda: NO_EXTRAS)  # what a local API client adds to its request
     failure: BaseException | None = None  # why the model gave no answer (``reply`` holds the line saying so)
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
-    client_tools: tuple[dict, ...] = ()  # a local API client's own tools, offered beside the agent's
     client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
 
     def resolve(self, text: str) -> None:
@@ -324,14 +338,14 @@ class SessionRouter:
         return session_key(msg, self.settings.keys)
 
     # -- the entry point ----------------------------------------------------
-    async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None, system_notes: tuple[str, ...] = (),
-                     params: dict | None = None) -> Ticket | None:
+    async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None,
+                     extras: RequestExtras = NO_EXTRAS) -> Ticket | None:
         """Persist and queue ``msg``; None when it was dropped on purpose (stranger, duplicate).
 
         ``sink`` (request/response sources, which have no chat to post drafts in): the answer to
         ``msg`` is fed to it as the model writes it, when ``msg`` is the last of its turn's batch.
-        ``system_notes`` and ``params`` (a local API client's system messages and model fields) go
-        with the turn that answers it."""
+        ``extras`` (a local API client's system messages and model fields) go with the turn that
+        answers it."""
         if self._closing:
             raise GatewayClosing("the gateway is shutting down; retry after it restarts")
         verdict = await self.authorizer.check(msg)
@@ -368,7 +382,7 @@ class SessionRouter:
                     session_id, notice = session["id"], None
                 else:
                     session_id, notice = await self._apply_policy(key, msg, lane, session)
-            ticket = Ticket(msg, key, session_id, sink=sink, system_notes=system_notes, params=params)
+            ticket = Ticket(msg, key, session_id, sink=sink, extras=extras)
             if notice:
                 ticket.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
@@ -399,6 +413,7 @@ class SessionRouter:
                 if not appended.new:
                     log.info("duplicate event %s for %s ignored", msg.message_id, key)
                     return None
+                ticket.message_id = appended.id
                 ticket.inbox_id = appended.id if inbox is not None else None
                 if claimed:
                     if self.hooks.on_work_pending is not None:
@@ -430,11 +445,13 @@ class SessionRouter:
         if routed is not None and routed.get("ended_at") is None:
             ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
         text = _stored_text(msg)
-        if msg.message_id is None:  # a resend of the message a failed turn left unanswered is not stored again
+        if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
             messages = await self.db.get_messages(ticket.session_id)
             if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == text:
+                ticket.message_id = messages[-1]["id"]
                 return ticket.session_id
         appended = await self.db.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
+        ticket.message_id = appended.id  # the answering turn's reply is placed right after it
         if appended.new:
             return ticket.session_id
         messages = await self.db.get_messages(ticket.session_id)
@@ -516,7 +533,9 @@ class SessionRouter:
         while True:
             # The batch and the history it is answered from are taken under the lane lock, which
             # handle() holds while storing a message: a message is either in this turn's history
-            # and batch, or stored after both and answered by the next turn -- never twice.
+            # and batch, or stored after both and answered by the next turn -- never twice.  The
+            # history ends with the batch, and the turn's reply is stored right after it (before
+            # what arrives meanwhile), so the next turn's history ends with its own batch too.
             async with lane.lock:
                 if not lane.queue:
                     return
@@ -525,7 +544,11 @@ class SessionRouter:
                     batch = [ticket]
                     while lane.queue and lane.queue[0][0] == "chat":
                         batch.append(lane.queue.popleft()[1])
-                    history = await self.db.get_messages_as_conversation(batch[-1].session_id)
+                    # a compression may have moved the conversation to a child since these were stored
+                    session_id, history = await self.db.continued_conversation(batch[-1].session_id,
+                                                                               upto=batch[-1].message_id)
+                    for t in batch:
+                        t.session_id = session_id
                 elif kind == "request":  # one request, one turn: stored now, answered from what precedes it
                     assert ticket.prepare is not None
                     try:
@@ -641,8 +664,9 @@ class SessionRouter:
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
-        answered = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
-        plan = self._delivery_plan(msg) if answered else None
+        answered = tuple(t.message_id for t in batch if t.message_id is not None)  # what the reply follows
+        inbox = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
+        plan = self._delivery_plan(msg) if inbox else None
         stream = await self._stream_for(lane, msg, plan, last.session_id, claim) if plan is not None else None
         if stream is not None:
             plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
@@ -650,7 +674,7 @@ class SessionRouter:
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
             stream=stream if stream is not None else last.sink, fence=claim.fence if claim is not None else None,
-            system_notes=last.system_notes, params=last.params, client_tools=last.client_tools,
+            system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
         )
         typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
@@ -712,7 +736,7 @@ class SessionRouter:
         if not recorded:
             # the line that stands in for an answer settles the messages, so a restart does not retry them
             record["kind"] = "notice"
-            if not await self._settle(answered, record, last.session_id, claim):
+            if not await self._settle(inbox, record, last.session_id, claim):
                 if claim is None or not claim.lost():
                     await self.deliver(msg.chat, text, msg.message_id)
                 return
@@ -980,7 +1004,7 @@ def _resumed_ticket(row: dict) -> Ticket:
         user_id=row["user_id"], text=row["text"] or "", message_id=row["platform_message_id"],
         thread_id=row["thread_id"], user_name=row["user_name"], received_at=row["received_at"],
     )
-    return Ticket(msg, row["session_key"], row["session_id"], inbox_id=row["message_id"])
+    return Ticket(msg, row["session_key"], row["session_id"], inbox_id=row["message_id"], message_id=row["message_id"])
 
 
 def _stored_text(msg: InboundMessage) -> str:

@@ -1,5 +1,10 @@
 """One agent turn: prompt assembly, the model call with its tool loop, persistence.
 
+Nothing of the memory fence (the ``<memory-context>`` block recalled facts reach the model in) leaves
+a turn: every answer is cleaned by :func:`state.memory_fence.strip_memory_fence` before it is sent
+or stored, and a streamed one passes through a :class:`~state.memory_fence.FenceScrubber` on its way
+to the sink, which holds back what could still turn out to be part of the fence.
+
 The user's messages are already persisted by the router before a turn
 starts.  A turn persists what the model produced (tool calls, tool results,
 the final answer) in one atomic batch together with its token usage, so a
@@ -23,6 +28,7 @@ from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Attachment
 from gateway.usage import CallContext, for_session
+from state.memory_fence import FenceScrubber, strip_memory_fence
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,7 @@ class TurnSettings:
     max_tool_iterations: int = 8
     vision: bool = False
     replay_reasoning: str = "tool_loop"  # model.replay_reasoning: tool_loop | always | never
+    merge_user_messages: bool = False  # model.merge_user_messages: consecutive user messages sent as one
 
 
 @dataclass(slots=True)
@@ -79,10 +86,12 @@ class TurnRequest:
     system_notes: tuple[str, ...] = ()  # one-off notes for this prompt (e.g. "continues after a reset")
     tool_names: set[str] | None = None  # None: every registered tool
     model: str | None = None
-    # Crash safety: the stored user messages this turn answers (their inbox rows go with the reply),
-    # and where the reply will be sent (id, platform, chat_id, thread_id, reply_to), recorded as a
-    # pending delivery in the same transaction as the reply.  Empty/None for cron and local callers.
+    # The stored user messages this turn answers (their ids, in order): the turn is shown the session
+    # as far as the last of them, its messages are stored right after it (before what arrived since),
+    # and their inbox rows go with the reply.  Empty: the whole session, the reply stored last.
     answered: tuple[int, ...] = ()
+    # Crash safety: where the reply will be sent (id, platform, chat_id, thread_id, reply_to), recorded
+    # as a pending delivery in the same transaction as the reply.  None for cron and local callers.
     delivery: dict | None = None
     stream: ReplySink | None = None  # the answer shown as it is written; None: sent whole, afterwards
     # Clustered: the lease this turn runs under (a ``state.Fence``); its reply is stored only while the
@@ -191,7 +200,8 @@ class AgentTurn:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
         session_id = req.session_id
         if history is None:
-            history = await self.db.get_messages_as_conversation(session_id)
+            history = await self.db.get_messages_as_conversation(
+                session_id, upto=max(req.answered) if req.answered else None)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
         for block_for in self.hooks.prompt_blocks:
@@ -223,7 +233,7 @@ class AgentTurn:
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
         if prompt_hook is not None:
             prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
-        reply = completion.message.get("content") or ""
+        reply = strip_memory_fence(completion.message.get("content") or "")
         to_store = [_for_store(m) for m in produced]
         if not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
             to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
@@ -281,6 +291,8 @@ class AgentTurn:
         schemas = self.tools.schemas(tool_names) + list(client_tools)
         client_names = {t.get("function", {}).get("name") for t in client_tools}
         client_calls: list[dict] = []
+        if self.settings.merge_user_messages:  # every prompt of the agent's, turns and memory flushes alike
+            prompt = merged_user_messages(prompt)
         produced: list[dict] = []
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
@@ -289,7 +301,7 @@ class AgentTurn:
             sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
             try:
                 completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
-                                                       on_text=sink.feed if sink is not None else None,
+                                                       on_text=_scrubbed(sink) if sink is not None else None,
                                                        purpose=purpose if iteration == 0 else purpose.next_in_loop(),
                                                        params=params)
             except AnswerCutOff as cut:
@@ -305,8 +317,9 @@ class AgentTurn:
             if sink is not None and not client_calls:
                 sink.discard_text()  # it was not the answer
                 sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
-            produced.append({"role": "assistant", "content": completion.message.get("content"), "tool_calls": calls,
-                             **_reasoning_of(completion.message)})
+            content = completion.message.get("content")
+            produced.append({"role": "assistant", "content": strip_memory_fence(content) if content else content,
+                             "tool_calls": calls, **_reasoning_of(completion.message)})
             for call in calls:
                 fn = call.get("function", {})
                 name = fn.get("name", "")
@@ -322,6 +335,19 @@ class AgentTurn:
                 break
         assert completion is not None
         return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls)
+
+
+def _scrubbed(sink: ReplySink) -> Callable[[str], None]:
+    """``sink.feed`` for one model call's text, through a fresh fence scrubber: the sink is shown only what
+    is sure not to be part of the memory fence; what it holds back at the end comes with the final text."""
+    scrubber = FenceScrubber()
+
+    def feed(delta: str) -> None:
+        shown = scrubber.feed(delta)
+        if shown:
+            sink.feed(shown)
+
+    return feed
 
 
 def _not_offered(name: str, offered: set[str]) -> str:
@@ -377,6 +403,31 @@ def with_unanswered_calls(history: list[dict]) -> list[dict]:
     if missing and out and out[-1].get("role") != "assistant":  # unanswered calls still awaited go last
         out += [{"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in missing]
     return out
+
+
+def merged_user_messages(history: list[dict]) -> list[dict]:
+    """``history`` with each run of consecutive user messages joined into one (their texts a blank line
+    apart), for models whose chat template demands that user and assistant alternate."""
+    out: list[dict] = []
+    for message in history:
+        if message.get("role") == "user" and out and out[-1].get("role") == "user":
+            out[-1] = {**out[-1], "content": _joined(out[-1].get("content"), message.get("content"))}
+        else:
+            out.append(message)
+    return out
+
+
+def _joined(first, second):
+    """Two user messages' contents as one: text a blank line apart, or (images among them) all their parts."""
+    if not isinstance(first, list) and not isinstance(second, list):
+        return "\n\n".join(t for t in (first, second) if t)
+    return [*_parts(first), *_parts(second)]
+
+
+def _parts(content) -> list:
+    if isinstance(content, list):
+        return content
+    return [{"type": "text", "text": content}] if content else []
 
 
 def replayed_history(history: list[dict], mode: str) -> list[dict]:

@@ -11,6 +11,9 @@ local API and the terminal chat, which build the same type): every string of
 an :class:`InboundMessage` and an :class:`Attachment` goes through
 :func:`clean_text` when the object is made, so nothing downstream (the store,
 the session key, the model request) ever sees a lone surrogate or a NUL.
+A message without a platform or a chat id (after that cleaning) is refused
+when it is made (:class:`~gateway.errors.InvalidMessage`): its senders could
+not be told apart, and would share one session.
 
 An event the gateway fails on again and again is handed to a
 :data:`DeadLetterHandler` instead, so the platform's offset or ack can move on.
@@ -26,6 +29,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, runtime_checkable
+
+from gateway.errors import InvalidMessage
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +131,15 @@ class InboundMessage:
 
     def __post_init__(self) -> None:
         _clean_fields(self, _MESSAGE_TEXT_FIELDS)
+        for name in ("platform", "chat_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                # an empty chat id would key every such sender's messages to one session
+                # (agent:main:<platform>:dm:), so one user could read another's conversation
+                raise InvalidMessage(
+                    f"InboundMessage.{name} is {value!r}: the adapter must give the {name.replace('_', ' ')} "
+                    f"every message comes from (a {self.platform or 'platform'} message without one cannot be "
+                    "told apart from another sender's, so it is refused and nothing is stored)")
 
     @property
     def chat(self) -> ChatRef:

@@ -53,10 +53,14 @@ OTHER = CallContext("other")
 
 def for_session(purpose: Purpose, session_id: str | None, session_key: str | None, *, platform: str | None = None,
                 user_id: str | None = None, agent: str | None = None) -> CallContext:
-    """The context of a call made for a session; the chat and the agent are read from its key."""
+    """The context of a call made for a session; the chat and the agent are read from its key.  A cron
+    job's session (``agent:<agent>:cron:<job id>``) has no user: its calls are the job's (platform
+    ``cron``, user the job id), so ``insights --by user`` can name the job instead of ``cron:?``."""
     parts = (session_key or "").split(":")
     if agent is None and len(parts) > 2 and parts[0] == "agent":
         agent = parts[1] or None
+    if len(parts) == 4 and parts[0] == "agent" and parts[2] == "cron":
+        platform, user_id = platform or "cron", user_id or chat_of_key(session_key)
     return CallContext(purpose, session_id, platform, chat_of_key(session_key), user_id, agent)
 
 

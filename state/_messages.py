@@ -1,4 +1,13 @@
-"""Message rows: appending (deduplicated by platform id, atomic in batches) and reading."""
+"""Message rows: appending (deduplicated by platform id, atomic in batches) and reading.
+
+**Order.**  A session reads in the order of :data:`ORDER_KEY`: a message's ``pos`` when it has one,
+else its id times :data:`SLOT`.  A message is stored without ``pos`` (it takes its place by arrival),
+except the messages of a turn that answered messages other messages arrived after: those are placed
+(:func:`place_after`) in the slot right after the last message the turn answered, so the reply follows
+what it answers and the later arrivals follow the reply, for the next turn to answer.  Each message
+leaves room for ``SLOT - 1`` placed after it; the one index (``idx_messages_order``) is on exactly
+that expression.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,7 @@ from typing import Any, Iterable, NamedTuple
 
 from . import _recovery
 from .errors import SessionNotFound
+from .memory_fence import has_memory_fence, strip_memory_fence
 
 PREVIEW_STORED = 100  # characters of the first user message kept on the session row
 
@@ -21,6 +31,18 @@ _JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items")
 # A model's reasoning, as stored: ``reasoning`` is text (a model that calls it ``reasoning_content``
 # is stored in the same column); the other two are JSON, kept exactly (a string too).
 _REASONING_JSON = ("reasoning_details", "codex_reasoning_items")
+
+
+#: Room after each message for the ones placed after it (a turn's tool calls, results and reply).
+SLOT = 1 << 20
+#: A message's place in its session, as every ordered read sorts (and as ``idx_messages_order`` indexes).
+ORDER_KEY = "COALESCE(pos, id * 1048576)"
+assert str(SLOT) in ORDER_KEY
+
+
+def order_key(alias: str) -> str:
+    """:data:`ORDER_KEY` for the messages table named ``alias`` in a query."""
+    return f"COALESCE({alias}.pos, {alias}.id * {SLOT})"
 
 
 class Appended(NamedTuple):
@@ -103,6 +125,49 @@ def append_messages(conn: sqlite3.Connection, session_id: str, messages: Iterabl
     return [insert_message(conn, session_id, dict(m)).id for m in messages]
 
 
+def place_after(conn: sqlite3.Connection, session_id: str, ids: list[int], answered: Iterable[int]) -> None:
+    """Put the messages ``ids`` (just stored, in order) right after the last of ``answered`` (the
+    user messages their turn answered), before whatever arrived after those: a reply follows what
+    it answers.  Nothing moves when nothing arrived meanwhile (arrival order is right already), or
+    when none of ``answered`` is in the session nor copied into it.
+
+    ``answered`` not in ``session_id`` (compression moved the conversation into a child while the
+    turn ran): their copies there stand in for them, found by role, time and text, which the copy keeps.
+    """
+    answered = list(answered)
+    if not ids or not answered:
+        return
+    anchor = _answered_key(conn, session_id, answered)
+    if anchor is None:
+        return
+    first = min(ids)
+    if conn.execute(f"SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > ? AND id < ? LIMIT 1",
+                    (session_id, anchor, first)).fetchone() is None:
+        return  # nothing came after what the turn answered: the turn's messages are in place as stored
+    end = (anchor // SLOT + 1) * SLOT  # the slot ends where the next message by arrival starts
+    start = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = ? AND {ORDER_KEY} >= ? "
+                         f"AND {ORDER_KEY} < ?", (session_id, anchor, end)).fetchone()[0]
+    if start + len(ids) >= end:
+        raise ValueError(f"no room for {len(ids)} more messages after message {anchor // SLOT} of session "
+                         f"{session_id}: at most {SLOT - 1} follow one message")
+    for offset, message_id in enumerate(ids, 1):
+        conn.execute("UPDATE messages SET pos = ? WHERE id = ?", (start + offset, message_id))
+
+
+def _answered_key(conn: sqlite3.Connection, session_id: str, answered: list[int]) -> int | None:
+    """The place of the last of ``answered`` in ``session_id`` (or of its copy there); None: not there."""
+    marks = ", ".join("?" * len(answered))
+    row = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = ? AND id IN ({marks})",
+                       (session_id, *answered)).fetchone()
+    if row[0] is not None:
+        return row[0]
+    row = conn.execute(
+        f"SELECT MAX({order_key('c')}) FROM messages o JOIN messages c ON c.session_id = ? AND c.role = o.role "
+        f"AND c.timestamp = o.timestamp AND c.content = o.content WHERE o.id IN ({marks})",
+        (session_id, *answered)).fetchone()
+    return row[0]
+
+
 def _decode(row: sqlite3.Row) -> dict:
     message = dict(row)
     for key in _JSON_COLUMNS:
@@ -116,7 +181,7 @@ def _decode(row: sqlite3.Row) -> dict:
 
 
 def get_messages(conn: sqlite3.Connection, session_id: str) -> list[dict]:
-    rows = conn.execute("SELECT * FROM messages WHERE session_id = ? ORDER BY timestamp, id", (session_id,))
+    rows = conn.execute(f"SELECT * FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}", (session_id,))
     return [_decode(r) for r in rows]
 
 
@@ -127,22 +192,29 @@ def _loads(value: str) -> Any:
         return value  # written as plain text by an older version
 
 
-def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str) -> list[dict]:
+def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, upto: int | None = None) -> list[dict]:
     """The session as OpenAI chat messages: role and content, plus tool fields when set.
+
+    ``upto`` (a message id): the conversation as far as that message, the ones after it left out
+    (what a turn answering it is shown); not in the session: the whole conversation.
 
     An assistant message also gets back the reasoning stored with it (an
     empty string stays an empty string): the text as both ``reasoning`` and
     ``reasoning_content`` (the two names models give it; the store keeps one
     column), and ``reasoning_details`` and ``codex_reasoning_items`` exactly as
-    they were given.
+    they were given.  An assistant message holds nothing of the memory fence
+    (:mod:`state.memory_fence`), even one stored before answers were cleaned.
     """
     rows = conn.execute(
-        "SELECT role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
-        " codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY timestamp, id",
+        "SELECT id, role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
+        f" codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}",
         (session_id,),
     )
-    conversation = []
+    conversation: list[dict] = []
+    upto_at = None
     for row in rows:
+        if row["id"] == upto:
+            upto_at = len(conversation) + 1
         message: dict[str, Any] = {"role": row["role"], "content": row["content"]}
         if row["tool_call_id"]:
             message["tool_call_id"] = row["tool_call_id"]
@@ -154,13 +226,16 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str) -> l
             except (json.JSONDecodeError, TypeError):
                 pass
         if row["role"] == "assistant":
+            if isinstance(message["content"], str) and has_memory_fence(message["content"]):
+                # written before the gateway cleaned answers: the model echoed its memory fence
+                message["content"] = strip_memory_fence(message["content"])
             if row["reasoning"] is not None:
                 message["reasoning"] = message["reasoning_content"] = row["reasoning"]
             for key in _REASONING_JSON:
                 if row[key] is not None:
                     message[key] = _loads(row[key])
         conversation.append(message)
-    return conversation
+    return conversation if upto_at is None else conversation[:upto_at]
 
 
 def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:

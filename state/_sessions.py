@@ -9,7 +9,15 @@ import time
 from typing import Any, Iterable
 
 from . import _recovery, _usage
-from ._titles import check_free, like_escape, lineage_rows, resolve_session_by_title, sanitize_title
+from ._titles import (
+    CASE_HINT,
+    check_free,
+    like_escape,
+    lineage_rows_any_case,
+    newest_of_one_lineage,
+    resolve_session_by_title,
+    sanitize_title,
+)
 from .errors import AmbiguousSession, InvalidTitle, SessionNotFound
 
 PREVIEW_CHARS = 60
@@ -173,7 +181,11 @@ def find_owned_session(conn: sqlite3.Connection, ref: str, *, source: str,
             "ORDER BY started_at DESC, id DESC", (title, like_escape(title) + " #%", source, *ids)):
         if lineage.fullmatch(row[1]):
             return row[0], []
-    return None, []
+    any_case = lineage_rows_any_case(conn, title, f" AND {owned}", (source, *ids))  # the title in another case
+    try:
+        return newest_of_one_lineage(any_case, ref), []
+    except AmbiguousSession as exc:
+        return None, exc.candidates
 
 
 def resolve_session_exactly(conn: sqlite3.Connection, ref: str) -> str:
@@ -196,10 +208,17 @@ def resolve_session_exactly(conn: sqlite3.Connection, ref: str) -> str:
         by_title = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
         if by_title and by_title[0] not in found:
             found.insert(0, by_title[0])
+    if not found and title:  # the title in another case: one session, or the candidates
+        folded = title.casefold()
+        found = [r[0] for r in conn.execute("SELECT id, title FROM sessions WHERE lower(title) = lower(?) "
+                                            "ORDER BY started_at DESC, id DESC", (title,))
+                 if r[1].casefold() == folded]
+        if len(found) > 1:
+            raise AmbiguousSession(ref, found, CASE_HINT)
     if len(found) == 1:
         return found[0]
     if not found and title:
-        found = [r["id"] for r in lineage_rows(conn, title)]
+        found = [r["id"] for r in lineage_rows_any_case(conn, title)]
     if found:
         raise AmbiguousSession(ref, found)
     raise SessionNotFound(ref)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 
-from .errors import InvalidTitle, TitleConflict
+from .errors import AmbiguousSession, InvalidTitle, TitleConflict
 
 MAX_TITLE_LENGTH = 100
 
@@ -72,13 +72,49 @@ def lineage_rows(conn: sqlite3.Connection, base: str) -> list[sqlite3.Row]:
     return [r for r in rows if exact.fullmatch(r["title"])]
 
 
+CASE_HINT = "give the id, or the title as it is written"
+
+
+def lineage_rows_any_case(conn: sqlite3.Connection, base: str, where: str = "", params: tuple = ()) -> list:
+    """The sessions titled ``base`` or ``base #N`` in any case, newest first (``where``: more conditions,
+    ``AND ...``).  The database folds ASCII letters (SQLite's ``lower``); the check after it, Python's."""
+    rows = conn.execute(
+        "SELECT id, title, started_at FROM sessions WHERE (lower(title) = lower(?) OR lower(title) LIKE lower(?) "
+        f"ESCAPE '\\'){where} ORDER BY started_at DESC, id DESC",
+        (base, like_escape(base) + " #%", *params),
+    ).fetchall()
+    lineage = re.compile(re.escape(base) + r"(?: #\d+)?", re.IGNORECASE)
+    return [r for r in rows if lineage.fullmatch(r["title"])]
+
+
+def _base(title: str) -> str:
+    """``title`` without its `` #N``."""
+    numbered = _NUMBERED.match(title)
+    return numbered.group(1) if numbered else title
+
+
+def newest_of_one_lineage(rows: list, ref: str) -> str | None:
+    """The newest of ``rows`` (newest first) when they are one lineage; several lineages whose titles differ
+    only in case (``Chat``, ``chat #2``) raise :class:`AmbiguousSession` listing them."""
+    if not rows:
+        return None
+    bases = {_base(r["title"]) for r in rows}
+    if len(bases) > 1:
+        raise AmbiguousSession(ref, [r["id"] for r in rows], CASE_HINT)
+    return rows[0]["id"]
+
+
 def resolve_session_by_title(conn: sqlite3.Connection, title: str) -> str | None:
-    """The newest session of the lineage ``title``, ``title #2``, ``title #3`` ..."""
+    """The newest session of the lineage ``title``, ``title #2``, ``title #3`` ...; a title as written
+    first, else in any case (``my first chat`` finds ``My first chat``; two lineages that fit raise
+    :class:`AmbiguousSession`)."""
     clean = sanitize_title(title)
     if not clean:
         return None
     rows = lineage_rows(conn, clean)
-    return rows[0]["id"] if rows else None
+    if rows:
+        return rows[0]["id"]
+    return newest_of_one_lineage(lineage_rows_any_case(conn, clean), title)
 
 
 def get_next_title_in_lineage(conn: sqlite3.Connection, base_title: str) -> str:

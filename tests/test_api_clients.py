@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from tests.fakes.model_server import FakeModel, Reply
+from tests.fakes.model_server import Fail, FakeModel, Reply, ToolCall
 from tests.harness import eventually, running_gateway
 
 
@@ -289,3 +289,85 @@ async def test_every_error_is_openai_shaped_json_and_a_model_can_be_retrieved(tm
     assert wrong[0] == 405 and wrong[1]["error"]["code"] == "method_not_allowed"
     assert large[0] == 413 and large[1]["error"]["code"] == "request_too_large"
     assert all(set(body["error"]) == {"message", "type", "param", "code"} for _, body in (missing, wrong, large))
+
+
+async def test_the_sdks_own_retry_after_a_model_failure_stores_the_message_once(tmp_path, model):
+    model.script(Fail(503))  # the gateway does not retry (max_retries 0): a 503, which the SDK retries by itself
+    async with running_gateway(tmp_path, model, model={"max_retries": 0}) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")  # the SDK's default retries
+        answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}],
+                                                      extra_headers={"X-Session-Key": "k"})
+        await client.close()
+        stored = await conversation_of(gw, await gw.db.get_route("agent:main:api:dm:k"))
+    assert answer.choices[0].message.content == echo("hello", 1, "hello")
+    assert stored == [("user", "hello"), ("assistant", echo("hello", 1, "hello"))]
+    assert len(model.requests) == 2
+
+
+async def test_a_client_kept_conversation_goes_on_after_compression_without_branching(tmp_path, model):
+    long = "details about the migration plan, the staging database and the rollback steps. " * 4
+    settings = {"model": {"context_length": 4096}, "compression": {"timeout_seconds": 2, "cooldown_seconds": 600}}
+    async with running_gateway(tmp_path, model, **settings) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+        history: list[dict] = []
+
+        async def say(text: str) -> str:
+            history.append({"role": "user", "content": text})
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=history)
+            history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+            return raw.headers["X-Switchboard-Session"]
+
+        for i in range(6):
+            root = await say(f"turn {i}: {long}")
+        # reports 3,500 tokens (over 75 % of 4,096); the next turn compresses first: the memory turn,
+        # the summary, then its answer
+        model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
+                     Reply("SUMMARY: staging database chosen"), Reply("after the split"))
+        assert await say("one more") == root
+        child = await say("and now?")
+        after = await say("still there?")
+        await client.close()
+        child_row = await gw.db.get_session(child)
+        stored = await conversation_of(gw, child)
+    assert child != root and child_row["parent_session_id"] == root  # compression's child, no branch
+    assert after == child
+    assert stored[-4:] == [(m["role"], m["content"]) for m in history[-4:]]  # each new message once
+    assert sum(1 for role, text in stored if text == "and now?") == 1
+
+
+async def test_an_empty_answer_sent_back_as_received_continues_the_same_session(tmp_path, model):
+    model.script(Reply(""))
+    async with running_gateway(tmp_path, model) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+        first = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "hm"}])
+        shown = first.parse().choices[0].message.content
+        second = await client.chat.completions.with_raw_response.create(model="m", messages=[
+            {"role": "user", "content": "hm"}, {"role": "assistant", "content": shown},
+            {"role": "user", "content": "hello?"}])
+        await client.close()
+    assert shown == "(The model returned an empty answer.)"
+    assert second.headers["X-Switchboard-Session"] == first.headers["X-Switchboard-Session"]
+
+
+async def test_a_regenerated_answer_branches_without_the_old_answers_tool_calls(tmp_path, model):
+    async with running_gateway(tmp_path, model) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+
+        async def say(messages: list[dict]) -> tuple[str, str]:
+            raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
+            return raw.parse().choices[0].message.content, raw.headers["X-Switchboard-Session"]
+
+        u1, u2 = {"role": "user", "content": "hi"}, {"role": "user", "content": "what did we say last week?"}
+        a1, first = await say([u1])
+        model.script(ToolCall("session_search", {"query": "last week"}), Reply("we spoke of Lyon"))
+        a2, _ = await say([u1, {"role": "assistant", "content": a1}, u2])
+        model.script(Reply("we spoke of Oslo"))
+        regenerated, child = await say([u1, {"role": "assistant", "content": a1}, u2])
+        await client.close()
+        original = [m["role"] for m in await gw.db.get_messages(first)]
+        branch = await conversation_of(gw, child)
+    assert (a2, regenerated) == ("we spoke of Lyon", "we spoke of Oslo")
+    assert original == ["user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert branch == [("user", "hi"), ("assistant", a1), ("user", "what did we say last week?"),
+                      ("assistant", "we spoke of Oslo")]

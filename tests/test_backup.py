@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,26 @@ def test_restore_brings_back_the_backup_and_keeps_the_previous_database(filled, 
         assert db.stats() is not None
 
 
+def test_restores_in_the_same_second_keep_each_previous_database_under_its_own_name(filled, tmp_path):
+    target = tmp_path / "b.db"
+    backup_mod.backup(filled, target)
+    now = time.time()
+    taken = []
+    for second in range(-1, 4):  # the names a restore in this second (or the next few) would take
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now + second))
+        taken.append(filled / f"state.db.pre-restore-{stamp}")
+        taken[-1].write_text("an earlier restore's copy")
+    kept = []
+    for _ in range(2):
+        result = run(restore_cmd, target, "--home", filled)
+        assert result.exit_code == 0, result.output
+        assert "cannot read" not in result.output and "already exists" not in result.output
+        kept.append(Path(result.output.splitlines()[0].removeprefix("the previous database is kept in ")))
+    assert kept[0] != kept[1] and {p.name[-2:] for p in kept} == {"-2", "-3"}
+    assert all(_messages(p) == [f"m{i}" for i in range(20)] for p in kept)
+    assert all(p.read_text() == "an earlier restore's copy" for p in taken)  # none overwritten
+
+
 def test_restore_into_a_fresh_home(filled, tmp_path):
     target = tmp_path / "b.db"
     backup_mod.backup(filled, target)
@@ -187,7 +208,9 @@ def test_restore_is_refused_while_the_daemon_holds_the_lock(filled, tmp_path):
         daemon.kill()
         daemon.wait(timeout=10)
     assert result.exit_code == 1
-    assert f"the daemon is running on {filled}: stop it first (systemctl stop switchboard)" in result.output
+    assert result.output == (f"Error: the daemon is running on {filled} (pid {daemon.pid}): stop it first "
+                             "(systemctl stop switchboard, or systemctl --user stop switchboard), then restore; "
+                             "nothing was changed\n")  # said once, and no `switchboard run --home DIR`
     assert _messages(filled / "state.db") == before
     assert not [p for p in filled.iterdir() if "pre-restore" in p.name]
 

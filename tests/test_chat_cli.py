@@ -2,8 +2,12 @@
 
 import asyncio
 import io
+import os
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 from gateway.cli.chat import recap, run_chat
@@ -11,6 +15,7 @@ from gateway.errors import SwitchboardError
 from state import SessionDB
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.harness import eventually, gateway_config
+from tests.ptykit import CTRL_C, CTRL_D, Terminal
 
 
 def lines(*items):
@@ -33,14 +38,14 @@ async def test_chat_then_continue_shows_the_recap(tmp_path):
     async with FakeModel() as model:
         cfg = gateway_config(tmp_path / "home", model.base_url)
         first = console()
-        await run_chat(cfg, console=first, read_line=lines(*[f"question {i}" for i in range(12)], "/title Terminal work"))
+        await run_chat(cfg, interactive=True, console=first, read_line=lines(*[f"question {i}" for i in range(12)], "/title Terminal work"))
         out = first.export_text()
         assert "echo: question 0 | turns: 1 | first: question 0" in out
         assert "Session title set: Terminal work" in out
         assert "switchboard chat -r" in out
 
         second = console()
-        await run_chat(cfg, continue_="Terminal work", console=second, read_line=lines("one more"))
+        await run_chat(cfg, continue_="Terminal work", interactive=True, console=second, read_line=lines("one more"))
         out = second.export_text()
     assert "Previous conversation: Terminal work" in out
     assert "... 4 earlier messages ..." in out  # 12 exchanges, the last 10 shown
@@ -67,7 +72,7 @@ def test_recap_truncates_and_collapses_tool_calls():
 
 async def _chat(cfg, *said, **how):
     out = console()
-    await run_chat(cfg, console=out, read_line=lines(*said), **how)
+    await run_chat(cfg, interactive=True, console=out, read_line=lines(*said), **how)
     return out.export_text()
 
 
@@ -156,7 +161,7 @@ async def test_the_answer_streams_into_the_terminal_after_a_spinner_and_is_print
         model.script(ToolCall("session_search", {"query": "streaming"}), Reply(answer))
         model.stream_chunk_chars, model.stream_interval = 10, 0.1  # the answer over about 1.4 s
         cfg = gateway_config(tmp_path / "home", model.base_url)
-        chat = asyncio.create_task(run_chat(cfg, console=terminal, read_line=lines("tell me about streaming")))
+        chat = asyncio.create_task(run_chat(cfg, interactive=True, console=terminal, read_line=lines("tell me about streaming")))
         await eventually(lambda: "thinking…" in screen.getvalue(), what="the spinner before the first token")
         assert not [r for r in model.requests if r.answered is not None]  # before the model's first answer
         await eventually(lambda: "searching past sessions…" in screen.getvalue(), what="the tool's status line")
@@ -168,3 +173,138 @@ async def test_the_answer_streams_into_the_terminal_after_a_spinner_and_is_print
     # the live view is erased (its last line cleared) and the answer printed whole in its place
     after_live = shown.rsplit("\x1b[2K", 1)[1]
     assert after_live.startswith(f"{answer}\nSession ") and after_live.count(answer) == 1
+
+
+async def test_c_continues_the_session_the_user_resumed_not_the_empty_one_new_made(tmp_path):
+    async with FakeModel() as model:
+        cfg = gateway_config(tmp_path / "home", model.base_url)
+        await _chat(cfg, "first topic", "/title Alpha")
+        left = await _chat(cfg, "/new", "/resume Alpha")  # back in Alpha when they leave
+        with SessionDB(cfg.db_path) as db:
+            alpha = db.resolve_session_id("Alpha")
+        assert f"Continue with: switchboard chat -r {alpha}" in left
+        out = await _chat(cfg, "and more", continue_="")
+    assert "Previous conversation: Alpha" in out
+    assert "echo: and more | turns: 2 | first: first topic" in out
+
+
+# --- the real `switchboard chat` at a terminal (a pseudo-terminal) and in a pipe ---------------------------
+
+SWITCHBOARD = Path(sys.executable).parent / "switchboard"
+LONG_ANSWER = " ".join(f"word{i}" for i in range(300))
+
+
+def _config_file(tmp_path, model) -> Path:
+    path = tmp_path / "chat.yaml"
+    path.write_text(yaml.safe_dump({"home": str(tmp_path / "home"), "model": {
+        "base_url": model.base_url, "name": "fake-model", "api_key": "sk-test-not-a-secret-0000",
+        "context_length": 32768}}), encoding="utf-8")
+    return path
+
+
+def _env(tmp_path) -> dict[str, str]:
+    (tmp_path / "user").mkdir(exist_ok=True)
+    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "user"), "LANG": "C.UTF-8", "USER": "tester"}
+
+
+def _stored(tmp_path) -> tuple[str, list[dict]]:
+    with SessionDB(tmp_path / "home" / "state.db") as db:
+        session = db.list_sessions_rich(source="cli", limit=1)[0]["id"]
+        return session, db.get_messages(session)
+
+
+async def test_ctrl_c_stops_the_answer_marked_stopped_and_a_second_ctrl_c_leaves_with_the_hint(tmp_path):
+    async with FakeModel() as model:
+        model.script(Reply(LONG_ANSWER))
+        model.stream_chunk_chars, model.stream_interval = 6, 0.05  # about 20 s for the whole answer
+        term = Terminal([str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model))], env=_env(tmp_path))
+        try:
+            await eventually(lambda: "› " in term.text(), timeout=30, what=term.text)
+            term.type("tell me everything\r")
+            await eventually(lambda: "word5 " in term.text(), timeout=30, what=term.text)
+            term.type(CTRL_C)
+            await eventually(lambda: "(stopped)" in term.text(), timeout=10, what=term.text)
+            await eventually(lambda: term.text().rstrip().endswith("›"), timeout=10, what=term.text)
+            assert term.proc.poll() is None  # the chat goes on
+            shown = term.text().split("tell me everything", 1)[1]
+            assert "word0 word1 word2" in shown and "word299" not in shown
+            session, messages = _stored(tmp_path)
+            last = messages[-1]
+            assert (last["role"], last["finish_reason"]) == ("assistant", "stopped")
+            partial = last["content"].removesuffix("\n\n_(stopped)_")
+            assert last["content"].endswith("\n\n_(stopped)_") and partial.startswith("word0 word1 word2")
+            assert LONG_ANSWER.startswith(partial) and len(partial) < len(LONG_ANSWER)  # as far as it got
+            assert partial in shown.replace("\n", " ")  # what was shown is what is stored
+
+            model.stream_interval = 0
+            term.type("and now?\r")  # the next message is answered as usual
+            await eventually(lambda: "echo: and now? | turns: 2 | first: tell me everything\n" in term.text(),
+                             timeout=30, what=term.text)
+            await eventually(lambda: term.text().rstrip().endswith("›"), timeout=10, what=term.text)
+            term.type(CTRL_C)  # at the prompt: leave
+            assert await asyncio.to_thread(term.wait) == 0
+        finally:
+            term.close()
+    assert term.text().rstrip().endswith(f"Session {session} saved. Continue with: switchboard chat -r {session}")
+
+
+async def test_ctrl_c_before_the_first_words_stops_and_keeps_the_message(tmp_path):
+    async with FakeModel(delay=30) as model:  # the model thinks for half a minute
+        term = Terminal([str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model))], env=_env(tmp_path))
+        try:
+            await eventually(lambda: "› " in term.text(), timeout=30, what=term.text)
+            term.type("a hard question\r")
+            await eventually(lambda: "thinking…" in term.text(), timeout=30, what=term.text)
+            term.type(CTRL_C)
+            await eventually(lambda: "(stopped before the answer began; your message is saved)" in term.text(),
+                             timeout=10, what=term.text)
+            await eventually(lambda: term.text().rstrip().endswith("›"), timeout=10, what=term.text)
+            assert term.proc.poll() is None
+            _, messages = _stored(tmp_path)
+            assert [(m["role"], m["content"]) for m in messages] == [("user", "a hard question")]
+            term.type(CTRL_D)
+            assert await asyncio.to_thread(term.wait) == 0
+        finally:
+            term.close()
+
+
+async def test_ctrl_d_at_the_prompt_leaves_with_the_hint(tmp_path):
+    async with FakeModel() as model:
+        term = Terminal([str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model))], env=_env(tmp_path))
+        try:
+            await eventually(lambda: "› " in term.text(), timeout=30, what=term.text)
+            term.type("hi\r")
+            await eventually(lambda: "echo: hi | turns: 1" in term.text(), timeout=30, what=term.text)
+            term.type(CTRL_D)
+            assert await asyncio.to_thread(term.wait) == 0
+        finally:
+            term.close()
+    session, _ = _stored(tmp_path)
+    assert term.text().rstrip().endswith(f"Continue with: switchboard chat -r {session}")
+
+
+async def test_piped_chat_prints_the_answers_only(tmp_path):
+    question = ("a long question " * 8).strip()  # longer than 80 columns: never wrapped
+    async with FakeModel() as model:
+        proc = await asyncio.create_subprocess_exec(
+            str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model)), env=_env(tmp_path),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = (b.decode() for b in await proc.communicate(f"{question}\nsecond\n".encode()))
+    assert proc.returncode == 0, err
+    first = question
+    assert out == f"echo: {first} | turns: 1 | first: {first}\necho: second | turns: 2 | first: {first}\n"
+    session, _ = _stored(tmp_path)
+    assert err == f"Session {session} saved. Continue with: switchboard chat -r {session}\n"
+
+
+async def test_questions_from_a_file_are_answered_too(tmp_path):
+    questions = tmp_path / "questions.txt"
+    questions.write_text("hello from a file\n", encoding="utf-8")  # a regular file, which epoll cannot wait on
+    async with FakeModel() as model:
+        with questions.open("rb") as stdin:
+            proc = await asyncio.create_subprocess_exec(
+                str(SWITCHBOARD), "chat", "--config", str(_config_file(tmp_path, model)), env=_env(tmp_path),
+                stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = (b.decode() for b in await proc.communicate())
+    assert proc.returncode == 0, err
+    assert out == "echo: hello from a file | turns: 1 | first: hello from a file\n"

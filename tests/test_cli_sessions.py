@@ -55,6 +55,18 @@ def test_list_human_and_json(run, filled):
     assert [(r["id"], r["preview"]) for r in rows] == [("20250302_100000_bbbb0002", "我们讨论了记忆断裂的问题")]
 
 
+def test_list_has_a_user_column(run, home):
+    with SessionDB(home / "state.db") as db:
+        db.create_session("20250301_100000_aaaa0001", "telegram", user_id="4242", user_name="alice")
+        db.create_session("20250301_100000_aaaa0002", "api", user_id="svc-7")
+        db.create_session("20250301_100000_aaaa0003", "cron")
+    lines = run("list").output.splitlines()
+    assert lines[0].split() == ["Title", "Preview", "Last", "active", "Src", "User", "ID"]
+    users = {line.split()[-1]: line.split()[-2] for line in lines[1:]}
+    assert users == {"20250301_100000_aaaa0001": "alice", "20250301_100000_aaaa0002": "svc-7",
+                     "20250301_100000_aaaa0003": "—"}
+
+
 def test_list_empty_store(run):
     result = run("list")
     assert (result.exit_code, result.output) == (0, "No sessions.\n")
@@ -72,8 +84,26 @@ def test_show_by_prefix_and_title(run, filled):
 def test_ambiguous_prefix_lists_candidates(run, filled):
     result = run("show", "20250302")
     assert result.exit_code == 1
-    assert "20250302_100000_bbbb0002" in result.stderr and "20250302_100000_bbbb0003" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.splitlines() == [
+        "Error: '20250302' does not name one session exactly; nothing is shown. Give the id or the exact title "
+        "of one of:", "  20250302_100000_bbbb0003", "  20250302_100000_bbbb0002"]
+
+
+def test_title_lookups_ignore_case_and_an_ambiguous_title_is_listed(run, filled):
+    shown = run("show", "DOCKER WORK", "--json")
+    assert shown.exit_code == 0 and json.loads(shown.output)["id"] == "20250301_100000_aaaa0001"
+    with SessionDB(filled / "state.db") as db:
+        db.set_session_title("20250302_100000_bbbb0002", "Docker Work")
+    written_as_stored = run("show", "Docker Work", "--json")
+    assert json.loads(written_as_stored.output)["id"] == "20250302_100000_bbbb0002"
+    for command in (("show", "docker WORK"), ("rename", "docker WORK", "new"), ("delete", "docker WORK", "--yes")):
+        result = run(*command)
+        assert result.exit_code == 1, command
+        assert result.stderr.splitlines()[1:] == ["  20250302_100000_bbbb0002  Docker Work",
+                                                  "  20250301_100000_aaaa0001  docker work"], command
+    assert run("rename", "DOCKER work", "renamed").exit_code == 1  # nothing was renamed
+    with SessionDB(filled / "state.db") as db:
+        assert db.get_session_title("20250301_100000_aaaa0001") == "docker work"
 
 
 def test_unknown_session_is_one_clear_line(run, filled):
@@ -91,8 +121,18 @@ def test_search(run, filled):
     assert json.loads(run("search", "docker", "--source", "discord", "--json").output) == []
     result = run("search", '"unbalanced AND (')
     assert result.exit_code == 0
-    human = run("search", "docker")
-    assert ">>>docker<<<" in human.output or ">>>Docker<<<" in human.output
+    assert ">>>docker<<<" in json.dumps(hits)  # scripts get the markers
+
+
+def test_search_in_a_terminal_highlights_the_match_and_a_pipe_gets_plain_text(home, filled):
+    runner = CliRunner()
+    terminal = runner.invoke(sessions, ["search", "docker"], env={"FORCE_COLOR": "1"})  # what rich sees on a tty
+    assert terminal.exit_code == 0, terminal.output
+    assert "\x1b[1;7mdocker\x1b[0m" in terminal.output  # bold reverse video
+    piped = runner.invoke(sessions, ["search", "docker"], env={"FORCE_COLOR": None, "TTY_COMPATIBLE": None})
+    assert "How do I fix the docker build?" in piped.output and "\x1b[" not in piped.output
+    for output in (terminal.output, piped.output):
+        assert ">>>" not in output and "<<<" not in output
 
 
 def test_export_import_round_trip(run, filled, tmp_path, monkeypatch):
@@ -233,3 +273,15 @@ def test_resume_still_takes_the_newest_of_a_lineage(lineage):
     with SessionDB(lineage / "state.db") as db:
         assert db.resolve_session_id("My topic") == "20250403_100000_33330003"
         assert db.resolve_session_exactly("My topic") == "20250401_100000_11110001"
+
+
+def test_export_refuses_to_overwrite_a_file_without_force(run, filled, tmp_path):
+    dump = tmp_path / "sessions.jsonl"
+    dump.write_text("my notes\n")
+    refused = run("export", str(dump))
+    assert refused.exit_code == 1
+    assert refused.stderr == f"Error: {dump} already exists: nothing was written (pass --force to replace it)\n"
+    assert dump.read_text() == "my notes\n"
+    forced = run("export", str(dump), "--force")
+    assert forced.exit_code == 0 and forced.output == f"exported 3 sessions to {dump}\n"
+    assert len(dump.read_text().splitlines()) == 3

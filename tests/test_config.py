@@ -23,6 +23,7 @@ from adapters.telegram.config import TelegramConfig
 from gateway.cli.config import config_group
 from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config, platform_models
 from gateway.errors import ConfigError
+from gateway.platforms import installed_platforms
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.yaml"
@@ -298,12 +299,17 @@ def test_env_values_cannot_change_the_structure(tmp_path):
 # --------------------------------------------------------------------------- finding the file
 
 
-def test_find_config_path_precedence(tmp_path):
+def test_find_config_path_precedence(tmp_path, monkeypatch):
     env = {"SWITCHBOARD_CONFIG": str(tmp_path / "a.yaml"), "SWITCHBOARD_HOME": str(tmp_path / "home")}
     assert find_config_path("given.yaml", env) == Path("given.yaml")
     assert find_config_path(None, env) == tmp_path / "a.yaml"
     assert find_config_path(None, {"SWITCHBOARD_HOME": str(tmp_path / "home")}) == tmp_path / "home" / "config.yaml"
-    assert find_config_path(None, {}) == Path("~/.switchboard/config.yaml").expanduser()
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    # nothing set and no ~/.switchboard/config.yaml: the checkout's example, which `make run` uses
+    assert find_config_path(None, {}) == EXAMPLE.resolve()
+    (tmp_path / "user" / ".switchboard").mkdir(parents=True)
+    (tmp_path / "user" / ".switchboard" / "config.yaml").write_text("agent: mine\n")
+    assert find_config_path(None, {}) == tmp_path / "user" / ".switchboard" / "config.yaml"
 
 
 def test_load_config_uses_switchboard_home(tmp_path):
@@ -478,12 +484,14 @@ def _install_platform(site: Path, monkeypatch, name: str, config_module: str) ->
         f"[switchboard.adapter_configs]\n{name} = switchboard_{name}.config:{name.title()}Config\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(site))
     platform_models.cache_clear()
+    installed_platforms.cache_clear()
 
 
 @pytest.fixture
 def site(tmp_path):
     yield tmp_path / "site"
     platform_models.cache_clear()
+    installed_platforms.cache_clear()
     for name in [m for m in sys.modules if m.startswith("switchboard_")]:
         del sys.modules[name]
 

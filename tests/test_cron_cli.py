@@ -82,6 +82,10 @@ def test_add_list_show_edit_pause_resume_remove(tmp_path):
     assert cli(config, "remove", "morning-briefing-2") == "Removed job morning-briefing-2.\n"
     assert "no scheduled job has the id 'morning-briefing-2'" in cli(config, "show", "morning-briefing-2", code=1)
     assert cli(config, "history") == "No runs recorded.\n"
+    assert cli(config, "history", "-n", "0") == "No runs shown (-n 0).\n"  # not a claim that there are none
+    assert "No runs" not in cli(config, "show", "digest", "--runs", "0")
+    refused = CliRunner().invoke(main, ["cron", "history", "-n", "-1", "--config", str(config)])
+    assert refused.exit_code == 2 and "is not in the range x>=0" in refused.stderr
 
 
 async def run_cli(*args: str, timeout: float = 60) -> tuple[int, str]:

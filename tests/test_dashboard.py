@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import time
 
 import aiohttp
 import pytest
+from click.testing import CliRunner
 from yarl import URL
 
 import compression
+from gateway.cli.main import main
 from gateway.errors import ConfigError
 from tests.fakes.model_server import FakeModel
 from tests.harness import eventually, gateway_config, running_gateway
@@ -390,6 +393,12 @@ async def test_the_sessions_list_filters_by_platform_user_title_and_date(tmp_pat
             assert await listed(until="2001-01-01") == set()
             _, body, _ = await browser.get("/ui/sessions", params={"since": "yesterday"})
             assert "since must be a date like" in body
+            # a page past any the store could hold (or none at all) is page 1, and the page says so
+            for page in ("99999999999999999999999", "0", "-3", "two"):
+                status, body, _ = await browser.get("/ui/sessions", params={"page": page})
+                assert status == 200 and "page must be a whole number from 1 to 1,000,000; showing page 1" in body
+                assert set(re.findall(r'href="/ui/sessions/(s-[a-z]+)"', body)) == {"s-evil", "s-child"}, page
+            assert await listed(page="2") == set()
         finally:
             await browser.close()
 
@@ -459,6 +468,12 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
             await eventually(lambda: _run_ended(gw, run["id"]), 10, "the run to end")
             _, body, _ = await browser.get("/ui/cron/digest")
             assert f"#{run['id']}" in body and "kept in the store (local)" in body
+            # the page's runs table refreshes itself from its fragment while a run is running
+            assert 'data-refresh="/ui/cron/digest/runs/fragment"' in body and 'data-while=".badge.running"' in body
+            for path in ("/ui/cron/digest/runs/fragment", "/ui/cron/runs/fragment"):
+                status, fragment, _ = await browser.get(path)
+                assert status == 200 and "<html" not in fragment and "kept in the store (local)" in fragment, path
+            assert (await browser.get("/ui/cron/nope/runs/fragment"))[0] == 404
             status, _, _ = await browser.post("/ui/cron/digest/pause", {"csrf": csrf})
             assert status == 303 and (await gw.db.get_cron_job("digest"))["paused"]
             _, body, _ = await browser.get("/ui/cron")
@@ -540,5 +555,54 @@ async def test_the_usage_page_charts_the_days_and_sums_each_model_and_identity(t
             assert status == 200
             assert "days must be a whole number from 1 to 366" in html.unescape(body)
             assert "unknown grouping &#39;nonsense&#39;" in body or "unknown grouping 'nonsense'" in html.unescape(body)
+        finally:
+            await browser.close()
+
+
+async def test_usage_by_user_names_a_cron_jobs_calls_by_the_job(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await gw.cron.run_job("digest")
+        await eventually(lambda: _cron_calls(gw), 10, "the cron run's model call in the ledger")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/usage?days=7&by=user")
+            names = [html.unescape(n) for n in re.findall(r'<tr[^>]*><td>([^<]*)</td><td class="num">', body)]
+            assert names == [f"cron:{JOB['name']}"]  # escaped on the page; not "cron:?"
+        finally:
+            await browser.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
+    result = CliRunner(env={**env, "SWITCHBOARD_HOME": str(tmp_path)}).invoke(
+        main, ["insights", "--by", "user", "--json", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert [r["name"] for r in json.loads(result.output)["rows"]] == [f"cron:{JOB['name']}"]
+
+
+async def _cron_calls(gw) -> bool:
+    summary = await gw.db.usage_summary(time.time() - 3600, "purpose")
+    return any(row["grp"] == "cron" for row in summary["groups"])
+
+
+async def test_a_transcript_renders_markdown_with_raw_html_as_text_and_no_foreign_loads(tmp_path, model):
+    answer = ("**bold** and `code`\n\n```sh\nmake run\n```\n\n"
+              '<img src=x onerror=alert(5)> [click](javascript:alert(6)) [ok](https://example.com "t") '
+              "![pixel](https://tracker.example/p.png) <a href=\"https://evil.example\">raw link</a>")
+    async with dashboard(tmp_path, model) as gw:
+        await gw.db.create_session("s-md", "telegram", user_id="1")
+        await gw.db.append_message("s-md", "assistant", answer)
+        await gw.db.append_message("s-md", "tool", "**not markdown** <b>x</b>")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions/s-md")
+            main = body.split("<main>", 1)[1]
+            assert "<strong>bold</strong>" in main and "<code>code</code>" in main
+            assert "<pre><code>make run\n</code></pre>" in main  # a fence, shown in the monospace font
+            assert "<img" not in main and "&lt;img src=x onerror=alert(5)&gt;" in main
+            assert "javascript:" not in main.replace("[click](javascript:alert(6))", "")  # stays text, no link
+            assert '<a href="https://example.com" title="t" rel="noopener noreferrer nofollow">ok</a>' in main
+            assert '<a href="https://tracker.example/p.png" rel="noopener noreferrer nofollow">pixel</a>' in main
+            assert '<a href="https://evil.example"' not in main and "&lt;a href=" in main  # raw HTML is text
+            assert "<pre><code>**not markdown** &lt;b&gt;x&lt;/b&gt;</code></pre>" in main  # a tool's output as it is
         finally:
             await browser.close()

@@ -122,15 +122,17 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         assert await page.inner_text("h1") == "<script>alert('title')</script>"
         await watched.shot("transcript-hostile")
 
-        # cron: run now; the run shows in the job's history once it ends
+        # cron: run now; the run shows in the job's history, running, and changes there by itself when it ends
         await page.click("nav >> text=Cron")
         await watched.shot("cron")
+        model.delay = 1.5  # the model takes its time: the page shows the run still running
         await page.click("#jobs >> text=Run now")
         assert "Started run #" in await page.inner_text("#started")
+        assert "running" in await page.inner_text("#runs")
+        model.delay = 0
         run = (await gw.db.list_cron_runs("digest"))[0]
         await eventually(lambda: _ended(gw, run["id"]), 10, "the cron run to end")
-        await page.reload()
-        assert "kept in the store (local)" in await page.inner_text("#runs")
+        await page.wait_for_selector("#runs >> text=kept in the store (local)", timeout=10_000)  # no reload
         await watched.shot("cron-run")
 
         # pairing: the stranger's code, approved with one press
@@ -186,3 +188,73 @@ async def test_a_framing_page_cannot_show_the_dashboard(tmp_path, model, browser
 
 async def _ended(gw, run_id: int) -> bool:
     return (await gw.db.get_cron_run(run_id))["status"] != "running"
+
+
+MARKDOWN_ANSWER = (
+    "Here is **the plan**, with `make run` first:\n\n"
+    "```python\nfor attempt in range(3):  # a long line that is wider than any phone screen, so its block scrolls\n"
+    "    deploy(attempt)\n```\n\n"
+    "| step | what it does on the machine, at some length | where |\n|---|---|---|\n"
+    "| 1 | installs every package and starts the daemon | /srv/switchboard/a/rather/long/path/name |\n\n"
+    "- one\n- two, see [the docs](https://example.com/docs)\n\n"
+    "<script>alert('md')</script> ![a tracking pixel](https://tracker.example/p.png)")
+PHONE = {"width": 390, "height": 844}
+
+
+async def test_on_a_phone_nothing_runs_off_the_page_and_the_header_keeps_its_height(tmp_path, model, browser):  # noqa: F811
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)
+        long_id = "s-" + "0123456789abcdef" * 3
+        await gw.db.create_session(long_id, "telegram", user_id="12345678901234567890", user_name="Ann",
+                                   title="A session with a title long enough to wrap on a phone screen")
+        await gw.db.append_message(long_id, "user", "how do I deploy it?")
+        await gw.db.append_message(long_id, "assistant", MARKDOWN_ANSWER)
+        await gw.cron.run_job("digest")
+        await gw.db.record_model_call({"at": time.time() - 60, "purpose": "turn", "model": "a-model-with-a-long-name-v2",
+                                       "platform": "telegram", "user_id": "12345678901234567890", "outcome": "ok",
+                                       "prompt_tokens": 123456, "completion_tokens": 7890, "cost": 1.25})
+        context = await browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+        watched = Watched(await context.new_page())
+        page = watched.page
+        root = base(gw)
+
+        async def measure(name: str) -> dict:
+            await watched.shot(f"phone-{name}")
+            return await page.evaluate("""() => {
+                const header = document.querySelector("header.top").getBoundingClientRect();
+                return {scroll: document.documentElement.scrollWidth, width: window.innerWidth,
+                        header: header.height, headerWidth: header.width};
+            }""")
+
+        await page.goto(root + "/ui/login")
+        before = await measure("login")
+        assert before["width"] == 390 and before["scroll"] <= 390, before
+        await page.fill("#token", TOKEN)
+        await page.click("button[type=submit]")
+        assert page.url == root + "/ui/"
+        pages = {"health": "/ui/", "sessions": "/ui/sessions", "search": "/ui/sessions?q=needle",
+                 "transcript": f"/ui/sessions/{long_id}", "transcript-hostile": "/ui/sessions/s-evil",
+                 "cron": "/ui/cron", "cron-job": "/ui/cron/digest", "usage": "/ui/usage?days=7&by=user",
+                 "pairing": "/ui/pairing"}
+        for name, path in pages.items():
+            await page.goto(root + path)
+            found = await measure(name)
+            # the page is never wider than the screen (a wide table scrolls in its own box) ...
+            assert found["scroll"] <= 390, (name, found)
+            # ... and the header spans it, as high as before the log-in, with the menu and Log out in it
+            assert found["headerWidth"] == 390 and found["header"] == before["header"], (name, found, before)
+        assert await page.locator("header.top >> text=Log out").is_visible()
+
+        # the transcript: Markdown rendered, code in a monospace font, nothing of the raw HTML run or loaded
+        await page.goto(root + f"/ui/sessions/{long_id}")
+        assert await page.inner_text(".message.assistant strong") == "the plan"
+        font = await page.evaluate("getComputedStyle(document.querySelector('.md pre code')).fontFamily")
+        assert "monospace" in font, font
+        assert "deploy(attempt)" in await page.inner_text(".md pre")
+        assert await page.locator(".md table td", has_text="installs every package").count() == 1
+        assert await page.locator(".message img").count() == 0
+        assert await page.get_attribute(".md a >> text=a tracking pixel", "href") == "https://tracker.example/p.png"
+        assert "<script>alert('md')</script>" in await page.inner_text(".message.assistant")
+        await context.close()
+        assert watched.problems == []
+        assert watched.refused == []

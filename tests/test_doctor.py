@@ -3,10 +3,14 @@
 import asyncio
 import json
 import os
+import re
+import sys
+from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
 
+import gateway
 import state
 from gateway.cli.main import main
 from tests.fakes.discord import FakeDiscord
@@ -117,3 +121,52 @@ def test_without_a_config_file_it_says_where_it_looked(tmp_path):
     config_line = line(result.output, "config")
     assert config_line.startswith("✗ config: ") and f"no config file at {home / 'config.yaml'}" in config_line
     assert "looked in $SWITCHBOARD_HOME" in config_line and "given with --config" not in config_line
+    assert "fix: fix the key named above" not in result.output
+    assert result.output.count("config.example.yaml") == 1  # said once, on the fix line
+    assert (f"fix: use the config `make run` uses: --config {EXAMPLE}, or copy it to {home / 'config.yaml'}"
+            in result.output)
+
+
+EXAMPLE = Path(gateway.__file__).resolve().parent.parent / "config.example.yaml"
+SWITCHBOARD = Path(sys.executable).parent / "switchboard"
+
+
+def _quick_start_env(tmp_path, model) -> dict[str, str]:
+    """The shell of an operator who ran `make run` with their model server's variables, nothing else set."""
+    (tmp_path / "user").mkdir(exist_ok=True)
+    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "user"), "LANG": "C.UTF-8",
+            "SWITCHBOARD_MODEL_URL": model.base_url, "SWITCHBOARD_MODEL": "fake-model"}
+
+
+async def test_after_make_run_doctor_checks_the_config_make_run_used_and_the_model(tmp_path):
+    async with FakeModel(model_name="fake-model") as model:
+        proc = await asyncio.create_subprocess_exec(
+            SWITCHBOARD, "doctor", cwd=EXAMPLE.parent, env=_quick_start_env(tmp_path, model),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = (b.decode() for b in await proc.communicate())
+    assert proc.returncode == 0, out + err
+    assert line(out, "config") == (
+        f"✓ config: {EXAMPLE} is valid (the checkout's example, which `make run` uses: none of --config, "
+        "SWITCHBOARD_CONFIG, SWITCHBOARD_HOME is set and there is no ~/.switchboard/config.yaml)")
+    assert line(out, "model") == f"✓ model: {model.base_url.rstrip('/')} serves 'fake-model'"
+
+
+def _readme_next_steps() -> list[str]:
+    """The commands of the README's first sh block that runs .venv/bin/switchboard (the quick start's next steps)."""
+    readme = (EXAMPLE.parent / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    block = next(b for b in blocks if ".venv/bin/switchboard" in b)
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+async def test_the_readmes_next_steps_after_make_run_work_when_pasted(tmp_path):
+    steps = _readme_next_steps()
+    assert steps[0] == ".venv/bin/switchboard doctor"
+    async with FakeModel(model_name="fake-model") as model:
+        for step in steps:
+            proc = await asyncio.create_subprocess_shell(
+                step, cwd=EXAMPLE.parent, env=_quick_start_env(tmp_path, model),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            out = (await proc.communicate())[0].decode()
+            assert proc.returncode == 0, f"{step}:\n{out}"
+            assert "✗" not in out and "error" not in out.lower(), f"{step}:\n{out}"

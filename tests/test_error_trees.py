@@ -17,6 +17,7 @@ import gateway
 import gateway.errors
 import state
 import state.errors
+from gateway.cli.common import _JsonError
 from gateway.cli.config import ConfigFailure
 
 
@@ -63,8 +64,9 @@ CASES = [
     (gateway, gateway.errors, gateway.errors.SwitchboardError),
     (adapters, adapters, gateway.errors.AdapterError),  # the adapters' errors are drawn in adapters/__init__.py
 ]
-# drawn in gateway.errors' docstring as outside the tree: how the CLI exits with a ConfigError's line
-OUTSIDE_THE_TREE = {ConfigFailure}
+# drawn in gateway.errors' docstring as outside the tree: how the CLI exits with a ConfigError's line, and
+# how it prints an error under --json
+OUTSIDE_THE_TREE = {ConfigFailure, _JsonError}
 
 
 @pytest.mark.parametrize("package, errors, root", CASES, ids=lambda v: getattr(v, "__name__", ""))

@@ -114,7 +114,7 @@ async def test_total_model_failure_is_a_503_and_the_message_is_kept_then_a_norma
             await api.say("k", "first question")
         assert failed.value.status_code == 503
         assert failed.value.code == "model_unavailable" and "Your message is saved" in failed.value.message
-        assert failed.value.response.headers["Retry-After"] == "5"
+        assert failed.value.response.headers["Retry-After"] == "2"
         assert await api.say("k", "second question") == "echo: second question | turns: 2 | first: first question"
         await api.close()
         stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))

@@ -8,6 +8,7 @@ import logging
 import aiohttp
 import pytest
 
+from gateway.errors import InvalidMessage
 from gateway.logging_setup import setup_logging
 from gateway.types import ChatType, InboundMessage
 from tests.fakes.model_server import Fail, FakeModel
@@ -32,6 +33,20 @@ async def test_a_blank_message_is_refused_by_the_api_and_dropped_from_a_platform
         routes = [await gw.db.get_route(key) for key in ("agent:main:api:dm:k", "agent:main:api:dm:p")]
     assert (resp.status, body["error"]["message"]) == (400, "the last user message is only whitespace: send some text")
     assert taken is False and routes == [None, None]  # nothing stored, no session made
+    assert model.requests == []
+
+
+async def test_a_message_without_a_chat_id_is_refused_where_an_adapter_makes_it(tmp_path, model):
+    """Two senders whose adapter gave no chat id would share the session agent:main:telegram:dm:."""
+    async with running_gateway(tmp_path, model) as gw:
+        for user, chat_id in (("1", ""), ("2", "   "), ("3", "\x00")):
+            with pytest.raises(InvalidMessage) as refused:
+                await gw.on_inbound(InboundMessage(platform="telegram", chat_type=ChatType.DM, chat_id=chat_id,
+                                                   user_id=user, text="my secret plans"))
+            assert "InboundMessage.chat_id" in str(refused.value) and "refused" in str(refused.value)
+        with pytest.raises(InvalidMessage, match="InboundMessage.platform"):
+            InboundMessage(platform="", chat_type=ChatType.DM, chat_id="5", user_id="5", text="hi")
+        assert await gw.db.get_route("agent:main:telegram:dm:") is None
     assert model.requests == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 
@@ -54,6 +55,17 @@ def test_vacuum_announces_what_it_frees_then_frees_it(tmp_path):
         assert db.message_count() == 200
 
 
+def test_vacuum_of_a_database_already_incremental_does_not_say_it_switches(tmp_path):
+    home = tmp_path / "home"
+    _old_database_with_free_pages(home)
+    assert _cli("--vacuum", "--yes", "--home", home).exit_code == 0  # now incremental
+    result = _cli("--vacuum", "--yes", "--home", home)
+    assert result.exit_code == 0, result.output
+    assert "(auto_vacuum incremental)" in result.output
+    assert "switches" not in result.output
+    assert "already uses incremental vacuum" in result.output
+
+
 def test_vacuum_is_refused_while_the_daemon_runs(tmp_path):
     home = tmp_path / "home"
     path = _old_database_with_free_pages(home)
@@ -61,7 +73,9 @@ def test_vacuum_is_refused_while_the_daemon_runs(tmp_path):
     with lockfile.acquire(home):  # what the running daemon holds
         result = _cli("--vacuum", "--yes", "--home", home)
     assert result.exit_code == 1
-    assert "the daemon is running on" in result.output and "nothing was changed" in result.output
+    assert result.stderr == (f"Error: the daemon is running on {home} (pid {os.getpid()}): stop it first "
+                             "(systemctl stop switchboard, or systemctl --user stop switchboard), then vacuum; "
+                             "nothing was changed\n")  # said once, and no `switchboard run --home DIR`
     assert path.stat().st_size == size and state.inspect_database(path).auto_vacuum == "none"
 
 

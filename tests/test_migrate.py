@@ -190,7 +190,7 @@ def test_refused_while_a_daemon_runs_on_the_home(tmp_path, pg_url):
         holder.wait()
 
     assert result.exit_code == 1
-    assert "daemon is running" in result.output and "nothing was copied" in result.output
+    assert "daemon is running" in result.output and "nothing was changed" in result.output
     assert dry.exit_code == 1 and "would be refused: a switchboard daemon is running" in dry.output
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT to_regclass('sessions')").fetchone()[0] is None

@@ -464,11 +464,12 @@ def test_an_installed_wheel_finds_its_unit_templates_outside_the_source_tree(tmp
         service.read_template("switchboard.service")
 
 
-def test_install_names_the_variables_the_config_reads_and_those_the_env_file_lacks(tmp_path):
+def test_install_names_only_the_variables_the_env_file_lacks_once_on_stderr(tmp_path, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text(
         "home: ${SWITCHBOARD_HOME}\n"  # the unit sets it
         "model:\n  base_url: ${SWITCHBOARD_MODEL_URL:-http://127.0.0.1:8000/v1}\n  api_key: ${MODEL_KEY}\n"
+        "  name: ${SWITCHBOARD_MODEL:-default}\n"
         "platforms:\n  telegram:\n    token: ${TELEGRAM_BOT_TOKEN}\n"
         "api:\n  token: \"$${NOT_A_VARIABLE}\"\n"
         "# ${IN_A_COMMENT} is not read\n")
@@ -476,11 +477,52 @@ def test_install_names_the_variables_the_config_reads_and_those_the_env_file_lac
     home.mkdir()
     (home / "switchboard.env").write_text("# secrets\nTELEGRAM_BOT_TOKEN=123:abc\n")
     (home / "switchboard.env").chmod(0o600)
+    monkeypatch.delenv("SWITCHBOARD_MODEL_URL", raising=False)
+    monkeypatch.setenv("SWITCHBOARD_MODEL", "llama3")  # exported in this shell: the operator uses it
+    note = ("note: the config reads MODEL_KEY (no default), SWITCHBOARD_MODEL (set in this shell) from the "
+            f"environment, and {home / 'switchboard.env'} does not set them: systemd does not see variables "
+            "exported in your shell, so put them there (NAME=value lines)")
     result = invoke("install", "--user", "--config", str(config), "--home", str(home), "--unit-dir", str(units))
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-1] == (
-        "note: the config reads SWITCHBOARD_MODEL_URL, MODEL_KEY, TELEGRAM_BOT_TOKEN from the environment. "
-        f"systemd does not see variables exported in your shell: put the ones you use in {home / 'switchboard.env'} "
-        "(NAME=value lines); not there yet: SWITCHBOARD_MODEL_URL, MODEL_KEY")
+    assert result.stderr.splitlines() == [note]
     dry = invoke("install", "--user", "--dry-run", "--config", str(config), "--home", str(home), "--unit-dir", str(units))
-    assert dry.output.splitlines()[-1].startswith("note: the config reads SWITCHBOARD_MODEL_URL, MODEL_KEY")
+    assert dry.stderr.splitlines()[-1] == note and dry.stderr.count("note:") == 1
+    assert "note" not in dry.stdout
+
+    (home / "switchboard.env").write_text("TELEGRAM_BOT_TOKEN=1\nMODEL_KEY=k\nSWITCHBOARD_MODEL=llama3\n")
+    complete = invoke("install", "--user", "--dry-run", "--config", str(config), "--home", str(home),
+                      "--unit-dir", str(units))
+    assert "note:" not in complete.output  # nothing missing, nothing to say
+
+
+def test_dry_run_prints_only_the_unit_on_stdout_and_it_passes_verify(tmp_path):
+    analyze = _analyze()
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  api_key: ${MODEL_KEY}\n")  # a variable the env file lacks: a note
+    switchboard = Path(os.sys.executable).parent / "switchboard"
+    proc = subprocess.run(
+        [switchboard, "service", "install", "--user", "--dry-run", "--config", str(config),
+         "--home", str(tmp_path / "home"), "--unit-dir", str(tmp_path / "units")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "note: the config reads MODEL_KEY (no default)" in proc.stderr
+    assert "# then run:" in proc.stderr and "systemctl --user" in proc.stderr
+    assert proc.stdout == plan_install("user", config=config, home=tmp_path / "home",
+                                       unit_dir=tmp_path / "units").unit_text
+    unit = tmp_path / "switchboard.service"
+    unit.write_text(proc.stdout)  # what `--dry-run > switchboard.service` leaves
+    check = subprocess.run([analyze, "--user", "verify", str(unit)], capture_output=True, text=True, timeout=60,
+                           env=_user_env(tmp_path))
+    assert (check.returncode, check.stdout + check.stderr) == (0, "")
+
+
+def test_install_warns_when_the_unit_would_run_the_source_trees_example_config(tmp_path):
+    example = Path(gateway.__file__).resolve().parent.parent / "config.example.yaml"
+    home = tmp_path / "home"
+    result = invoke("install", "--user", "--dry-run", "--config", str(example), "--home", str(home),
+                    "--unit-dir", str(tmp_path / "units"))
+    assert result.exit_code == 0, result.output
+    assert (f"warning: the unit would run with {example}, the example config of the source tree: a git pull or "
+            f"an edit of the checkout changes the service's settings. Copy it to {home / 'config.yaml'} and pass "
+            f"--config {home / 'config.yaml'}") in result.stderr.splitlines()

@@ -91,3 +91,23 @@ def test_lineage_ignores_case_lookalikes(db):
     db.create_session("b", "cli", title="proj #2")
     assert db.resolve_session_by_title("Proj") == "a"
     assert db.get_next_title_in_lineage("Proj") == "Proj #2"
+
+
+def test_a_title_in_another_case_finds_its_session_and_two_lineages_are_listed(db):
+    from state import AmbiguousSession, SessionNotFound
+
+    db.create_session("s1", "cli", title="My first chat")
+    db.create_session("s2", "cli", title="My first chat #2")
+    assert db.resolve_session_id("my first chat") == "s2"  # the newest of its lineage, as with the exact title
+    assert db.resolve_session_id("MY FIRST CHAT #2") == "s2"
+    assert db.resolve_session_exactly("my first chat") == "s1"  # delete/rename: that title only
+    db.create_session("s3", "cli", title="Release notes")
+    db.create_session("s4", "cli", title="release NOTES")
+    assert db.resolve_session_id("Release notes") == "s3"  # written as stored: that one
+    for lookup in (db.resolve_session_id, db.resolve_session_exactly):
+        with pytest.raises(AmbiguousSession) as info:
+            lookup("release notes")
+        assert sorted(info.value.candidates) == ["s3", "s4"]
+        assert "give the id, or the title as it is written" in str(info.value)
+    with pytest.raises(SessionNotFound):
+        db.resolve_session_id("my first")

@@ -1,16 +1,18 @@
 """``switchboard chat``: the agent in a terminal, through the same router as every platform.
 
 The session key is ``agent:<agent>:cli:dm:<login>``.  A plain ``chat`` starts a
-new session; ``-c`` continues the most recently active of this terminal's
-sessions (or the newest of a title's lineage), ``-r`` resumes by id, prefix or
-title.  A prefix or a title names terminal sessions only; another surface's
+new session; ``-c`` continues the session the terminal was in when it left
+(else the most recently active of its sessions; or the newest of a title's
+lineage), ``-r`` resumes by id, prefix or title.  A prefix or a title names terminal sessions only; another surface's
 session (an API user's, a Telegram chat's) is continued only when given by its
 whole id.  On resume a recap panel shows where the conversation stood.
 
 The answer streams into the terminal as the model writes it (a rich Live): a
 spinner until the first text (with a running tool's status line beside it),
 then the newest lines of the text; once the answer is done it is printed
-whole, in place of the live view.
+whole, in place of the live view.  Ctrl-C stops the answer being written
+(kept as far as it got, marked ``(stopped)``); at the prompt, or a second
+time, it leaves, as Ctrl-D does.  Piped, standard output gets the answers only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import os
+import stat
+import sys
 
 from rich.console import Console, RenderableType
 from rich.live import Live
@@ -25,9 +30,11 @@ from rich.panel import Panel
 from rich.spinner import Spinner
 from rich.text import Text
 
+import state
+from gateway.cli.terminal import TerminalInput, catch_interrupts
 from gateway.config import Config
 from gateway.errors import SwitchboardError
-from gateway.router import SessionRouter
+from gateway.router import STOPPED_MARK, SessionRouter, Ticket
 from gateway.runtime.daemon import local_gateway
 from gateway.types import ChatType, InboundMessage
 
@@ -48,6 +55,11 @@ class LiveAnswer:
         self._console = console
         self._text = ""
         self._spinner = Spinner("dots", text=Text(THINKING, style="dim"), style="dim")
+
+    @property
+    def text(self) -> str:
+        """What the model has written of the answer so far."""
+        return self._text
 
     def feed(self, delta: str) -> None:
         self._text += delta
@@ -130,7 +142,10 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
     elif continue_:
         target = await _terminal_session(db, continue_)
     elif continue_ is not None:
-        rows = await db.list_sessions_rich(source="cli", session_key=key, limit=1)
+        # where the terminal was when it left (a /resume'd session, not an empty one /new made before it),
+        # else the most recently active of its sessions
+        routed = await db.get_routed_session(key)
+        rows = [routed] if routed else await db.list_sessions_rich(source="cli", session_key=key, limit=1)
         if not rows:
             return None
         target = rows[0]["id"]
@@ -159,50 +174,168 @@ async def _start_fresh(router: SessionRouter, key: str) -> None:
 
 
 async def run_chat(config: Config, *, continue_: str | None = None, resume: str | None = None,
-                   console: Console | None = None, read_line=None) -> None:
-    console = console or Console()
-    read_line = read_line or (lambda: input("› "))
+                   console: Console | None = None, read_line=None, interactive: bool | None = None) -> None:
+    """The chat until Ctrl-D, end of input, or Ctrl-C at the prompt.
+
+    ``interactive`` (default: standard input is a terminal) shows the prompt, the live answer and
+    the notes; piped, standard output gets the answers only (notes go to standard error).  Tests
+    pass ``read_line`` (a function returning the next line, raising EOFError at the end) in place
+    of standard input."""
+    interactive = sys.stdin.isatty() if interactive is None else interactive
+    console = console or Console(soft_wrap=not interactive)
+    notes = console if interactive else Console(stderr=True, soft_wrap=True)
     async with local_gateway(config) as gateway:
         assert gateway.router is not None
-        await _converse(gateway.router, console, read_line, continue_, resume)
+        chat = _Chat(gateway.router, console, notes, interactive)
+        await chat.run(continue_, resume, read_line)
 
 
-async def _converse(router: SessionRouter, console: Console, read_line, continue_: str | None,
-                    resume: str | None) -> None:
-    db = router.db
-    login = getpass.getuser()
-    probe = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login, text="")
-    key = router.key_for(probe)
-    resumed = await _pick_session(router, key, continue_, resume)
-    if continue_ == "" and not resume and resumed is None:
-        console.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
-    if resumed:
-        session = await db.get_session(resumed)
-        title = session.get("title") or resumed
-        console.print(Panel(recap(await db.get_messages(resumed)), title=f"Previous conversation: {title}",
-                            border_style="dim"))
-    console.print("[dim]Type a message; /help for commands; Ctrl-D to leave.[/dim]")
-    while True:
+class _Chat:
+    """One terminal conversation: what was typed goes to the router; Ctrl-C stops the answer being
+    written (marked ``(stopped)``, and stored so, as on the platforms), or, at the prompt or a second
+    time, leaves with the hint to continue."""
+
+    def __init__(self, router: SessionRouter, console: Console, notes: Console, interactive: bool) -> None:
+        self.router, self.db = router, router.db
+        self.console, self.notes, self.interactive = console, notes, interactive
+        self.login = getpass.getuser()
+        self.key = router.key_for(InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=self.login,
+                                                 user_id=self.login, text=""))
+        self.input: TerminalInput | None = None
+        self.answering: Ticket | None = None  # the message whose answer is being written
+        self.interrupted_once = False  # Ctrl-C was pressed during this answer
+        self.stopped = False  # ... and cut the answer short (it had not finished)
+
+    def interrupted(self) -> None:
+        """Ctrl-C: the first one while an answer is written stops it; at the prompt, or again, leave."""
+        if self.answering is not None and not self.interrupted_once:
+            self.interrupted_once = True
+            self.stopped = self.router.stop_turn(self.key)  # False: it finished meanwhile, and is shown whole
+            return
+        if self.input is not None:
+            self.input.leave()
+
+    async def run(self, continue_: str | None, resume: str | None, read_line) -> None:
+        resumed = await _pick_session(self.router, self.key, continue_, resume)
+        if continue_ == "" and not resume and resumed is None:
+            self.notes.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
+        if resumed:
+            session = await self.db.get_session(resumed)
+            title = session.get("title") or resumed
+            self.notes.print(Panel(recap(await self.db.get_messages(resumed)), title=f"Previous conversation: {title}",
+                                   border_style="dim"))
+        if self.interactive:
+            self.notes.print("[dim]Type a message; /help for commands; Ctrl-C stops an answer; "
+                             "Ctrl-D or Ctrl-C at the prompt leaves.[/dim]")
+        undo = None
+        if read_line is None and not _pollable_stdin():
+            read_line = _read_stdin_line
+        if read_line is None:
+            self.input = TerminalInput(prompt="› " if self.interactive else "")
+            undo = catch_interrupts(self.interrupted)
         try:
-            line = await asyncio.to_thread(read_line)
+            await self._converse(read_line)
+        finally:
+            if undo is not None:
+                undo()
+        route = await self.db.get_route(self.key)
+        if route:
+            if self.interactive and self.input is not None:
+                self.notes.print("")  # after the ^C or the prompt the terminal shows
+            self.notes.print(f"[dim]Session {route} saved. Continue with: switchboard chat -r {route}[/dim]",
+                             soft_wrap=True)
+
+    async def _next_line(self, read_line) -> str | None:
+        if self.input is not None:
+            return await self.input.read_line()
+        try:
+            return await asyncio.to_thread(read_line)
         except EOFError:
-            break
-        if not line.strip():
-            continue
-        msg = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=login, user_id=login,
-                             user_name=login, text=line)
-        answer = LiveAnswer(console)
-        ticket = await router.handle(msg, sink=answer)
-        if ticket is None:
-            continue
+            return None
+
+    async def _converse(self, read_line) -> None:
+        while True:
+            line = await self._next_line(read_line)
+            if line is None:
+                return
+            if not line.strip():
+                continue
+            msg = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=self.login, user_id=self.login,
+                                 user_name=self.login, text=line)
+            answer = LiveAnswer(self.console)
+            ticket = await self.router.handle(msg, sink=answer)
+            if ticket is None:
+                continue
+            if not await self._answer(ticket, answer):
+                return
+
+    async def _answer(self, ticket: Ticket, answer: LiveAnswer) -> bool:
+        """Show the answer to ``ticket``; False when Ctrl-C twice means leave."""
         if ticket.reply.done():  # a command, answered at once
             reply = ticket.reply.result()
         else:
-            with Live(answer, console=console, refresh_per_second=REFRESH_PER_SECOND, transient=True):
-                reply = await ticket.reply
+            self.answering, self.interrupted_once, self.stopped = ticket, False, False
+            try:
+                if self.interactive:
+                    with Live(answer, console=self.console, refresh_per_second=REFRESH_PER_SECOND, transient=True):
+                        reply = await self._reply_or_leave(ticket)
+                else:
+                    reply = await self._reply_or_leave(ticket)
+            finally:
+                self.answering = None
+            if reply is None:
+                return False
+            if self.stopped:
+                await self._show_stopped(ticket, answer)
+                return True
         for notice in ticket.notices:
-            console.print(f"[dim]{notice}[/dim]")
-        console.print(reply, markup=False, highlight=False)
-    route = await db.get_route(key)
-    if route:
-        console.print(f"[dim]Session {route} saved. Continue with: switchboard chat -r {route}[/dim]")
+            self.notes.print(f"[dim]{notice}[/dim]")
+        self.console.print(reply, markup=False, highlight=False)
+        return True
+
+    async def _reply_or_leave(self, ticket: Ticket) -> str | None:
+        """The reply, or None when the chat is left (Ctrl-C again) before it came."""
+        if self.input is None:
+            return await ticket.reply
+        leaving = asyncio.ensure_future(self.input.leaving.wait())
+        try:
+            await asyncio.wait({ticket.reply, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            leaving.cancel()
+        return ticket.reply.result() if ticket.reply.done() else None
+
+    async def _show_stopped(self, ticket: Ticket, answer: LiveAnswer) -> None:
+        """An answer Ctrl-C cut short: as far as it got, marked (stopped), and stored so (as /stop does on
+        the platforms); before any text, a line saying the message is kept."""
+        if not answer.text.strip():
+            self.notes.print("[dim](stopped before the answer began; your message is saved)[/dim]")
+            return
+        self.console.print(answer.text, markup=False, highlight=False)
+        self.console.print("[dim](stopped)[/dim]")
+        try:
+            await self.db.record_turn(ticket.session_id, [{"role": "assistant", "content": stopped_text(answer.text),
+                                                           "finish_reason": "stopped"}])
+        except state.StateError as exc:
+            self.notes.print(f"[dim]the stopped answer could not be stored: {exc}[/dim]")
+
+
+def _pollable_stdin() -> bool:
+    """Whether the event loop can wait on standard input: a terminal or a pipe, not a regular file
+    (``< questions.txt``, which epoll refuses) nor a stream without a descriptor; those are read in a thread,
+    where a read never waits long."""
+    try:
+        return not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode)
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return False
+
+
+def _read_stdin_line() -> str:
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.removesuffix("\n")
+
+
+def stopped_text(text: str) -> str:
+    """How a stopped answer is stored, the same on every surface."""
+    return f"{text}\n\n{STOPPED_MARK}"

@@ -44,6 +44,24 @@ def home_options(func):
                         help=_CONFIG_HELP)(func)
 
 
+class InstalledChoice(click.Choice):
+    """A ``click.Choice`` read when first used, not at import: ``choices()`` names them (the installed
+    platforms, and for ``--source`` the local sources too), so a platform installed as its own package
+    is a choice like a built-in one.  Any case is accepted (``Telegram`` means ``telegram``)."""
+
+    def __init__(self, choices: Callable[[], tuple[str, ...]]) -> None:
+        self._choices_now = choices
+        self.case_sensitive = False
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return self._choices_now()
+
+    @choices.setter
+    def choices(self, value: tuple[str, ...]) -> None:
+        self._choices_now = lambda: tuple(value)
+
+
 def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
     """Take --config and --home, open the store of that home for the command (its first argument),
     close it after, and turn a StateError into one line."""
@@ -61,6 +79,55 @@ def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
                 db.close()
 
     return home_options(run)
+
+
+_JSON_KEY = "switchboard.json"
+
+
+def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[_JSON_KEY] = True
+    return value
+
+
+def json_option(help_text: str = "Print JSON for scripts.") -> Callable[[Any], Any]:
+    """``--json`` (passed as ``as_json``); eager, so an error in any other option is reported as JSON too."""
+    return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=_remember_json, help=help_text)
+
+
+def _json_asked(ctx: click.Context | None) -> bool:
+    return ctx is not None and bool(ctx.meta.get(_JSON_KEY))
+
+
+class _JsonError(click.ClickException):
+    """An error of a ``--json`` command, shown as ``{"error": ...}`` on stderr with its exit code."""
+
+    def __init__(self, error: click.ClickException) -> None:
+        super().__init__(error.format_message())
+        self.exit_code = error.exit_code  # type: ignore[misc]  # a ClassVar in click; this one keeps the original code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(json.dumps({"error": self.message}, ensure_ascii=False), err=True)
+
+
+class Switchboard(click.Group):
+    """The ``switchboard`` group: under ``--json`` every command's error is ``{"error": "..."}`` on stderr,
+    with the exit code it has without ``--json`` (the one place this is decided; :func:`fail` agrees)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # an unknown option stops parsing before --json is read: a "--json" among the words asks for JSON too
+        words = args[:args.index("--")] if "--" in args else args
+        if "--json" in words:
+            ctx.meta[_JSON_KEY] = True
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if _json_asked(ctx):
+                raise _JsonError(exc) from exc
+            raise
 
 
 def json_out(value: Any) -> None:
@@ -84,8 +151,11 @@ def plural(count: int, noun: str) -> str:
 
 
 def fail(message: str, code: int = 1) -> None:
-    """Print one line on stderr and exit with ``code``."""
-    click.echo(f"error: {message}", err=True)
+    """Print one line on stderr (``{"error": ...}`` under ``--json``) and exit with ``code``."""
+    if _json_asked(click.get_current_context(silent=True)):
+        click.echo(json.dumps({"error": message}, ensure_ascii=False), err=True)
+    else:
+        click.echo(f"error: {message}", err=True)
     sys.exit(code)
 
 

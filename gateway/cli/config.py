@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import yaml
 
-from gateway.cli.common import home_options, with_given_home
+from gateway.cli.common import home_options, json_option, with_given_home
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
@@ -43,7 +43,7 @@ def config_group() -> None:
 
 @config_group.command("check")
 @home_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+@json_option("Print JSON for scripts (shape in the README).")
 @click.pass_context
 def check(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
     """Validate the config file; exit 78 with one line naming the key on a mistake."""
@@ -86,7 +86,7 @@ def _warnings(cfg: Config) -> list[str]:
 
 @config_group.command("show")
 @home_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
+@json_option("Print JSON instead of YAML.")
 @click.pass_context
 def show(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
     """Print the effective config (defaults filled in, ${VAR} expanded), secrets as ***."""

@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 import state
-from gateway.cli.common import config_or_defaults, fail as _fail, home_options, json_out as _json_out
+from gateway.cli.common import config_or_defaults, fail as _fail, home_options, json_option, json_out as _json_out
 from gateway.config import Config
 from gateway.cron.schedule import EXAMPLES, InvalidJob, format_duration, validate_job
 from gateway.errors import ConfigError, SwitchboardError
@@ -87,7 +87,8 @@ def cron_group() -> None:
 @click.option("--schedule", "-s", required=True, help=f"When: {EXAMPLES}.")
 @click.option("--prompt", "-p", required=True, help="What the agent is asked at each run.")
 @click.option("--deliver", "-d", default="local", show_default=True,
-              help="local, telegram:<chat>[:<topic>], discord:<channel> or slack:<channel>[:<thread_ts>].")
+              help="local, telegram:<chat>[:<topic>], discord:<channel>, slack:<channel>[:<thread_ts>] or "
+                   "<platform>:<chat>[:<thread>] for another installed platform.")
 @click.option("--id", "job_id", default=None, help="The job's id (default: made from the name).")
 @click.option("--model", default=None, help="Model for this job (default: the config's model.name).")
 @click.option("--context", type=click.Choice(["fresh", "continue"]), default="fresh", show_default=True,
@@ -137,7 +138,7 @@ def _free_id(db: state.SessionDB, name: str) -> str:
     return candidate
 
 
-_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+_JSON_OPTION = json_option("Print JSON for scripts (shape in the README).")
 
 def _job_json(job: dict) -> dict:
     return {**job, "paused": bool(job["paused"])}
@@ -167,7 +168,7 @@ def cron_list(config_path: Path | None, as_json: bool) -> None:
 @cron_group.command("show")
 @home_options
 @click.argument("job_id")
-@click.option("--runs", default=5, show_default=True, help="How many recent runs to show.")
+@click.option("--runs", type=click.IntRange(min=0), default=5, show_default=True, help="How many recent runs to show.")
 @_JSON_OPTION
 def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -> None:
     """A job's definition, its recent runs and the last answer (how `local` jobs are read)."""
@@ -184,6 +185,8 @@ def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -
                          ("context", job["context"]), ("grace", format_duration(job["grace_seconds"])),
                          ("source", job["source"]), ("prompt", job["prompt"])]:
         click.echo(f"{label + ':':<10} {value}")
+    if not runs:
+        return  # --runs 0: the definition alone
     if not history:
         click.echo("\nNo runs yet.")
         return
@@ -316,7 +319,7 @@ def cron_run(config_path: Path | None, job_id: str) -> None:
 @cron_group.command("history")
 @home_options
 @click.argument("job_id", required=False)
-@click.option("--limit", "-n", default=20, show_default=True)
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=20, show_default=True, help="How many runs.")
 @_JSON_OPTION
 def cron_history(config_path: Path | None, job_id: str | None, limit: int, as_json: bool) -> None:
     """Recent runs (of one job, or of all): scheduled time, start, end, status, session, error."""
@@ -327,6 +330,9 @@ def cron_history(config_path: Path | None, job_id: str | None, limit: int, as_js
         runs = db.list_cron_runs(job_id, limit=limit)
     if as_json:
         _json_out(runs)
+        return
+    if not limit:
+        click.echo("No runs shown (-n 0).")
         return
     if not runs:
         click.echo("No runs recorded.")

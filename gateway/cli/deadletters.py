@@ -14,7 +14,7 @@ import json
 import click
 from rich.table import Table
 
-from gateway.cli.common import console as _console, json_out as _json_out, when as _when, with_store
+from gateway.cli.common import console as _console, json_option, json_out as _json_out, when as _when, with_store
 from state import SessionDB
 
 STATUSES = ("held", "retry", "retried", "dropped")
@@ -45,7 +45,7 @@ def deadletters() -> None:
 @deadletters.command("list")
 @click.option("--status", type=click.Choice(STATUSES), default=None, help="Only dead letters in this state.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @with_store
 def list_cmd(db: SessionDB, status: str | None, limit: int, as_json: bool) -> None:
     """Dead letters, newest first: id, platform, event, state, attempts, last error."""
@@ -68,7 +68,7 @@ def list_cmd(db: SessionDB, status: str | None, limit: int, as_json: bool) -> No
 
 @deadletters.command("show")
 @click.argument("dead_letter_id", metavar="ID", type=int)
-@click.option("--json", "as_json", is_flag=True, help="Print the dead letter as JSON.")
+@json_option("Print the dead letter as JSON.")
 @with_store
 def show_cmd(db: SessionDB, dead_letter_id: int, as_json: bool) -> None:
     """One dead letter: its error and the event as the platform sent it (secrets masked)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import shutil
 import stat
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 import aiohttp
 
 import state
+from gateway import _config_load
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 from gateway.runtime import systemd as service
@@ -106,7 +108,7 @@ def _upkeep_check(report: state.DatabaseReport) -> Check:
 
 
 def check_disk(home: Path) -> Check:
-    probe = home if home.exists() else home.parent
+    probe = next(p for p in (home, *home.parents) if p.exists())  # the home, or where it will be made
     free = shutil.disk_usage(probe).free
     return Check("disk", free >= MIN_FREE_BYTES, f"{_mib(free)} free at {probe}",
                  f"free space on the disk holding {probe}: a full disk stops every write")
@@ -214,17 +216,34 @@ def check_unit(home: Path) -> Check:
                  "switchboard service install, then the systemctl commands it prints")
 
 
+def _config_fix(exc: ConfigError) -> str:
+    """The fix line for a config that does not load: the key, the file, or (no file at all) the one to use."""
+    if exc.key:
+        return "fix the key named above, then: switchboard config check"
+    if exc.file and not Path(exc.file).expanduser().exists():
+        example = _config_load.example_config()
+        if example is not None:
+            return f"use the config `make run` uses: --config {example}, or copy it to {Path(exc.file).expanduser()}"
+        return f"write a config at {Path(exc.file).expanduser()} (start from config.example.yaml), or pass --config FILE"
+    return "fix the file named above, then: switchboard config check"
+
+
 async def run_checks(config_path: Path | None, home: Path | None = None) -> list[Check]:
     """Every check; ``home`` (``--home``) replaces the config's home."""
     try:
         cfg = load_config(config_path)
     except ConfigError as exc:
         home = home or state.default_home()
-        return [Check("config", False, str(exc), "fix the key named above, then: switchboard config check"),
+        detail = str(exc)
+        if exc.file and not Path(exc.file).expanduser().exists():  # where it looked; what to do is the fix line
+            detail = detail.split("; ", 1)[0]
+        return [Check("config", False, detail, _config_fix(exc)),
                 *check_database(home), check_disk(home), *check_permissions(home)]
     if home is not None and home != cfg.home:
         cfg = cfg.model_copy(update={"home": home})
-    checks = [Check("config", True, f"{cfg.source} is valid")]
+    found, how = _config_load.locate(config_path, os.environ)
+    checks = [Check("config", True, f"{cfg.source} is valid" + (f" ({how})" if found == _config_load.example_config()
+                                                                  else ""))]
     home = cfg.home
     if cfg.store.url:
         checks += await asyncio.to_thread(check_postgresql, cfg.store.url)

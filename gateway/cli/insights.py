@@ -14,13 +14,20 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import click
 from rich.table import Table
 
-from gateway.cli.common import config_keys, console as _console, home_options, json_out as _json_out, resolve_store
-from gateway.insights import DAY, Group, Insights, daily_chart, from_summary, identity_names, sparkline, window
+from gateway.cli.common import (
+    config_keys,
+    console as _console,
+    home_options,
+    json_option,
+    json_out as _json_out,
+    resolve_store,
+)
+from gateway.insights import DAY, Group, Insights, account_names, daily_chart, from_summary, sparkline, window
 from gateway.usage import price_of
 from state import SessionDB, StateError
 
@@ -53,7 +60,7 @@ def _plot_path(_ctx: click.Context, _param: click.Parameter, value: Path | None)
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
               help="The N groups with the most tokens, then one row for the rest; 0: every group "
                    "(--by day shows every day).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, callback=_plot_path,
               help="Also draw the days' tokens by purpose (stacked) and cost per day into FILE.png or FILE.svg "
                    "(needs matplotlib: pip install 'switchboard[plots]').")
@@ -70,14 +77,16 @@ def insights_cmd(ctx: click.Context, config_path: Path | None, days: int, by: st
     if ctx.invoked_subcommand is not None:
         return
     rename: Callable[[str], str] | None = None
+    identities: Mapping[str, tuple[str, ...]] = {}
     if by == "user":
         identities = config_keys(config_path, "identities").identities
-        rename = identity_names(identities) if identities else None
     limit = None if by == "day" or top == 0 else top
     since, dates = window(days, time.time())
     with _store(config_path) as db:
+        if by == "user":  # an identity's accounts are one row; a cron job's calls go by its name
+            rename = account_names(identities, db.list_cron_jobs())
         # with identities, every account is read: an identity's accounts add up before the ranking
-        found = from_summary(db.usage_summary(since, by, limit=None if rename else limit), dates, rename, limit)
+        found = from_summary(db.usage_summary(since, by, limit=None if identities else limit), dates, rename, limit)
         if plot is not None:
             chart = daily_chart(from_summary(db.usage_summary(since, "purpose"), dates),
                                 from_summary(db.usage_summary(since, "day"), dates))

@@ -34,9 +34,12 @@ import click
 
 import state
 from gateway.cli.common import (
+    InstalledChoice,
+    Switchboard,
     fail as _fail,
     given_home,
     home_options,
+    json_option,
     load_config_or_exit as _load_config,
     resolve_store,
 )
@@ -48,8 +51,8 @@ from gateway.cli.maintenance import maintenance_cmd
 from gateway.cli.migrate import migrate_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
-from gateway.config import PLATFORMS
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
+from gateway.platforms import installed_platforms
 
 
 def _run_loop(coro):
@@ -61,7 +64,7 @@ def _run_loop(coro):
     return uvloop.run(coro)
 
 
-@click.group()
+@click.group(cls=Switchboard)
 @click.version_option(package_name="switchboard")
 def main() -> None:
     """Switchboard: one LLM agent on Telegram, Discord and Slack, every conversation a saved session."""
@@ -138,7 +141,7 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
 
 @main.command()
 @home_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+@json_option("Print JSON for scripts (shape in the README).")
 def doctor(config_path: Path | None, as_json: bool) -> None:
     """Check the config, database, disk, permissions, model, platform tokens and the service."""
     from gateway.cli.doctor import report, run_checks
@@ -163,12 +166,12 @@ def _pairing_db(config_path: Path | None) -> state.SessionDB:
     return state.SessionDB(resolve_store(config_path))
 
 
-_PLATFORM = click.Choice(PLATFORMS, case_sensitive=False)
+_PLATFORM = InstalledChoice(installed_platforms)
 
 
 @pairing.command("list")
 @home_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (shape in the README).")
+@json_option("Print JSON for scripts (shape in the README).")
 def pairing_list(config_path: Path | None, as_json: bool) -> None:
     """Pending pairing codes and approved users."""
     with _pairing_db(config_path) as db:

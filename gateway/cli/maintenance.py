@@ -53,15 +53,16 @@ def maintenance_cmd(vacuum: bool, yes: bool, config_path: Path | None) -> None:
             click.echo("to give the free space back, stop the daemon and run: switchboard maintenance --vacuum")
         return
     try:
-        lock = lockfile.acquire(home)
+        lock = lockfile.acquire(home, then="vacuum")
     except AlreadyRunning as exc:
-        raise click.ClickException(
-            f"the daemon is running on {home}: stop it first (systemctl stop switchboard), then vacuum; "
-            f"nothing was changed ({exc})") from None
+        raise click.ClickException(str(exc)) from None
     with lock:
-        click.echo(f"VACUUM rewrites the whole file: it frees about {_mib(report.free_bytes)}, needs up to "
-                   f"{_mib(report.size_bytes)} of free disk space while it runs, and switches the database "
-                   "to incremental vacuum, so the daemon's upkeep returns freed space by itself from now on.")
+        switch = (" The database already uses incremental vacuum: the daemon's upkeep returns freed space by itself."
+                  if report.auto_vacuum == "incremental" else
+                  " It switches the database to incremental vacuum, so the daemon's upkeep returns freed space by "
+                  "itself from now on.")
+        click.echo(f"VACUUM rewrites the whole file: it frees about {_mib(report.free_bytes)} and needs up to "
+                   f"{_mib(report.size_bytes)} of free disk space while it runs.{switch}")
         if not yes:
             click.confirm("Vacuum now?", abort=True)
         before, after = state.vacuum_database(report.path)

@@ -86,10 +86,9 @@ def migrate_cmd(url: str, dry_run: bool, replace: bool, batch_size: int, config_
     if not source.exists():
         raise click.ClickException(f"no database at {source}: nothing to migrate (give the home with --home)")
     try:
-        lock = lockfile.acquire(home)
+        lock = lockfile.acquire(home, then="migrate")
     except AlreadyRunning as exc:
-        raise click.ClickException(f"the daemon is running on {home}: stop it first, then migrate; "
-                                   f"nothing was copied ({exc})") from None
+        raise click.ClickException(str(exc)) from None
     with lock:
         try:
             state.SessionDB(source).close()  # brings an older store to the current schema first

@@ -93,15 +93,14 @@ def install_cmd(user_scope, dry_run, config_path, unit_dir, env_file, run_as) ->
     for warning in plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     settings = plan.settings
-    if dry_run:
-        click.echo(f"# {plan.unit_path} (not written: --dry-run)")
+    if dry_run:  # the unit alone on stdout (--dry-run > unit.service is a unit); what is around it on stderr
+        click.echo(f"# {plan.unit_path} (not written: --dry-run)", err=True)
         click.echo(plan.unit_text, nl=False)
-        click.echo("")
         if not settings.env_file.exists():
-            click.echo(f"# would create {settings.env_file} (mode 0600) from switchboard.env.example")
-        click.echo("# then run:")
+            click.echo(f"# would create {settings.env_file} (mode 0600) from switchboard.env.example", err=True)
+        click.echo("# then run:", err=True)
         for command in plan.commands:
-            click.echo(f"#   {command}")
+            click.echo(f"#   {command}", err=True)
         _remind_environment(plan)
         return
     try:
@@ -126,7 +125,7 @@ def install_cmd(user_scope, dry_run, config_path, unit_dir, env_file, run_as) ->
 def _remind_environment(plan: service_mod.InstallPlan) -> None:
     reminder = service_mod.environment_reminder(plan.settings)
     if reminder:
-        click.echo(f"note: {reminder}")
+        click.echo(f"note: {reminder}", err=True)
 
 
 @service.command("uninstall")

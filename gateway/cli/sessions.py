@@ -7,6 +7,7 @@ errors become one line on stderr and exit status 1.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from datetime import datetime
@@ -14,25 +15,28 @@ from pathlib import Path
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from gateway.cli.common import (
+    InstalledChoice,
     console as _console,
+    json_option,
     json_out as _json_out,
     plural,
     remember_home,
     when as _when,
     with_store,
 )
-from gateway.config import PLATFORMS
+from gateway.platforms import sources
 from state import AmbiguousSession, SessionDB, parse_jsonl
 
-SOURCES = (*PLATFORMS, "api", "cli", "cron")
+_MARKED = re.compile(r">>>(.*?)<<<", re.S)
 ROLES = ("user", "assistant", "tool", "system")
 
 
 def _source_option(help_text: str, multiple: bool = False):
     """``--source``: one of the known sources, any case (``API`` means ``api``); anything else is an error."""
-    return click.option("--source", multiple=multiple, type=click.Choice(SOURCES, case_sensitive=False),
+    return click.option("--source", multiple=multiple, type=InstalledChoice(sources),
                         help=help_text)
 def relative_time(ts: float | None, now: float | None = None) -> str:
     if not ts:
@@ -50,18 +54,47 @@ def relative_time(ts: float | None, now: float | None = None) -> str:
         return f"{int(delta // 86400)}d ago"
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d")
 
+def _user(row: dict) -> Text:
+    """Who the session is with: the user's name, else their id; ``—`` for none (a cron run)."""
+    return Text(row.get("user_name") or row.get("user_id") or "—")
+
+
+def highlighted(snippet: str) -> Text:
+    """A search snippet with its ``>>>match<<<`` markers turned into highlight: reverse video in a terminal,
+    plain text (no markers) when the output is piped; ``--json`` keeps the markers for scripts."""
+    text = Text()
+    for i, part in enumerate(_MARKED.split(snippet.replace("\n", " "))):
+        text.append(part, style="bold reverse" if i % 2 else "")
+    return text
+
+
+def _candidates(db: SessionDB, ref: str, exc: AmbiguousSession, unchanged: str) -> click.ClickException:
+    """The error listing the sessions ``ref`` may mean, each with its title."""
+    lines = [f"{ref!r} does not name one session exactly; {unchanged}. Give the id or the exact title of one of:"]
+    for session_id in exc.candidates[:20]:
+        title = db.get_session_title(session_id)
+        lines.append(f"  {session_id}" + (f"  {title}" if title else ""))
+    if len(exc.candidates) > 20:
+        lines.append(f"  ... and {len(exc.candidates) - 20} more")
+    return click.ClickException("\n".join(lines))
+
+
 def _exactly(db: SessionDB, ref: str, unchanged: str) -> str:
-    """The one session ``ref`` names by id or exact title; otherwise the candidates and no action."""
+    """The one session ``ref`` names by id or exact title (in any case when only one fits); otherwise the
+    candidates and no action."""
     try:
         return db.resolve_session_exactly(ref)
     except AmbiguousSession as exc:
-        lines = [f"{ref!r} does not name one session exactly; {unchanged}. Give the id or the exact title of one of:"]
-        for session_id in exc.candidates[:20]:
-            title = db.get_session_title(session_id)
-            lines.append(f"  {session_id}" + (f"  {title}" if title else ""))
-        if len(exc.candidates) > 20:
-            lines.append(f"  ... and {len(exc.candidates) - 20} more")
-        raise click.ClickException("\n".join(lines)) from None
+        raise _candidates(db, ref, exc, unchanged) from None
+
+
+def _resolve(db: SessionDB, ref: str, unchanged: str) -> str:
+    """The session ``ref`` names: an id, a unique id prefix, or a title (in any case; the newest of its
+    lineage); otherwise the candidates."""
+    try:
+        return db.resolve_session_id(ref)
+    except AmbiguousSession as exc:
+        raise _candidates(db, ref, exc, unchanged) from None
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -80,7 +113,7 @@ def sessions() -> None:
 @_source_option("Only sessions from this source.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @with_store
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
     """List the most recently active sessions: title, preview, last activity, id."""
@@ -96,20 +129,21 @@ def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_j
     table.add_column("Preview", max_width=50, overflow="ellipsis", no_wrap=True)
     table.add_column("Last active", no_wrap=True)
     table.add_column("Src", no_wrap=True)
+    table.add_column("User", max_width=20, overflow="ellipsis", no_wrap=True)
     table.add_column("ID", no_wrap=True, min_width=max(len(r["id"]) for r in rows))
     for row in rows:
         table.add_row(row.get("title") or "—", row.get("preview") or "", relative_time(row.get("last_active")),
-                      row["source"], row["id"])
+                      row["source"], _user(row), row["id"])
     _console().print(table)
 
 
 @sessions.command("show")
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True, help="Print the session and its messages as JSON.")
+@json_option("Print the session and its messages as JSON.")
 @with_store
 def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     """Show one session (by id, unique id prefix, or title) and its messages."""
-    session_id = db.resolve_session_id(ref)
+    session_id = _resolve(db, ref, "nothing is shown")
     data = db.export_session(session_id)
     if data is None:  # deleted between the two calls
         raise click.ClickException(f"session {session_id} no longer exists")
@@ -150,7 +184,7 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
 @click.option("--role", multiple=True, type=click.Choice(ROLES, case_sensitive=False),
               help="Only this role (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @with_store
 def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[str, ...], limit: int,
                as_json: bool) -> None:
@@ -171,7 +205,7 @@ def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[s
     table.add_column("Session", no_wrap=True, min_width=max(len(r["session_id"]) for r in results))
     for hit in results:
         table.add_row(relative_time(hit["timestamp"]), hit.get("source") or "", hit["role"],
-                      (hit.get("snippet") or "").replace("\n", " "), hit["session_id"])
+                      highlighted(hit.get("snippet") or ""), hit["session_id"])
     _console().print(table)
 
 
@@ -179,10 +213,13 @@ def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[s
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @_source_option("Only sessions from this source.")
 @click.option("--session-id", help="Only this session (id, prefix or title).")
+@click.option("--force", is_flag=True, help="Replace FILE when it exists (refused otherwise).")
 @with_store
-def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | None) -> None:
+def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | None, force: bool) -> None:
     """Write sessions to FILE as JSON lines (one session with its messages per line; - for stdout)."""
-    wanted = db.resolve_session_id(session_id) if session_id else None
+    if str(file) != "-" and file.exists() and not force:
+        raise click.ClickException(f"{file} already exists: nothing was written (pass --force to replace it)")
+    wanted = _resolve(db, session_id, "nothing was written") if session_id else None
     if str(file) == "-":
         count = db.write_export(sys.stdout, source=source, session_id=wanted)
         click.echo(f"exported {plural(count, 'session')}", err=True)
@@ -267,7 +304,7 @@ def _size(n: float) -> str:
 
 
 @sessions.command("stats")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option("Print JSON for scripts.")
 @with_store
 def stats_cmd(db: SessionDB, as_json: bool) -> None:
     """Counts by source, database and WAL size."""

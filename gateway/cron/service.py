@@ -449,9 +449,9 @@ class CronService:
         try:
             session_id = await self._session_for(job, run, key)
             await self.db.set_cron_run_session(run["id"], session_id)
-            await self.db.append_message(session_id, "user", job["prompt"])
+            asked = await self.db.append_message(session_id, "user", job["prompt"])
             result = await self.turn.run(TurnRequest(
-                session_id=session_id, session_key=key, platform="cron", user_id=None,
+                session_id=session_id, session_key=key, platform="cron", user_id=None, answered=(asked,),
                 tool_names=set(),  # no tools: jobs cannot create jobs
                 model=job["model"], system_notes=(self._note(job),),
             ))

@@ -19,6 +19,15 @@ Which session answers a request:
 - A side request (a last user message starting ``### Task:``, as Open WebUI sends for titles and
   tags) is answered from the request alone and stored nowhere.
 
+Every front door goes one way: its body is read into one
+:class:`~gateway.runtime.api_request.ChatRequest`, :meth:`LocalApi.answer` answers it, and a
+:class:`~gateway.runtime.api_render.Format` writes the :class:`~gateway.runtime.api_render.Answer`
+out (Chat Completions here, the Responses API in :mod:`gateway.runtime.responses`), whole or streamed.
+
+A client's own ``tools`` are offered beside the agent's (:mod:`gateway.runtime.api_tools`): a call
+of one ends the answer with the calls (``finish_reason: "tool_calls"``), and the client's next
+request, ending with their results, continues that turn.
+
 Each request is answered by a turn of its own, in arrival order within its session.  The client's
 ``system`` messages follow the gateway's system prompt; ``temperature``, ``top_p``, ``max_tokens``,
 ``max_completion_tokens``, ``stop``, ``seed``, ``response_format`` and ``tool_choice`` go to the
@@ -48,12 +57,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import hmac
 import logging
 import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable, cast
 
 from aiohttp import web
@@ -61,15 +68,16 @@ from aiohttp import web
 import state
 from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
 from gateway.failures import failure_line
-from gateway.router import SessionRouter, Ticket
+from gateway.router import RequestExtras, SessionRouter, Ticket
 from gateway.runtime import api_tools
-from gateway.runtime.api_request import ApiError, ChatRequest, calls_signature, parse_chat_request, stored_text
+from gateway.runtime.api_render import Answer, ChatCompletions, Format
+from gateway.runtime.api_request import ApiError, ChatRequest, calls_signature, parse_chat_request
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.portholder import port_holder
 from gateway.runtime.responses import ResponsesApi
-from gateway.runtime.sse import ChunkEvents, SseSink, usage_of
+from gateway.runtime.sse import SseSink
 from gateway.turn import TurnResult
 from gateway.types import ChatType, InboundMessage
 
@@ -79,7 +87,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # room for a few images as data URLs
 MAX_IDEMPOTENCY_KEY = 255
 RETRY_AFTER_SHUTDOWN_SECONDS = 10  # about what a restart takes
 RETRY_AFTER_RUNNING_SECONDS = 1
-RETRY_AFTER_MODEL_SECONDS = 5
+RETRY_AFTER_MODEL_SECONDS = 2
 CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry once it is back "
            "(with the same Idempotency-Key, to get its answer without sending it twice)")
 SESSION_HEADER = "X-Switchboard-Session"
@@ -157,24 +165,25 @@ def _header_text(value: str | None, name: str, limit: int = 256) -> str | None:
     return value or None
 
 
+def _last_stored(chat: ChatRequest) -> str:
+    """The request's last user message as the store keeps it ("" for tool results alone)."""
+    return chat.last_user.stored if chat.messages else ""
+
+
 def notice_header(notice: str) -> str:
     """A notice as a header value: ASCII on one line (other characters escaped as ``\\u2192``)."""
     return " ".join(notice.splitlines()).encode("ascii", "backslashreplace").decode("ascii")
 
 
 @dataclass(slots=True)
-class _Answer:
-    """What one completion says, and where it belongs."""
+class _Call:
+    """One request on its way: what was asked, in which shape to answer, what to do once answered."""
 
-    content: str
-    session_id: str
-    session_key: str
-    idempotency_key: str | None
-    created: float
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    notices: list[str] = field(default_factory=list)
-    tool_calls: list[dict] = field(default_factory=list)  # calls of the client's tools: the answer ends there
+    request: web.Request
+    chat: ChatRequest
+    fmt: Format
+    stored: str  # the last user message as the store keeps it (a replay is checked against it)
+    answered: Callable[[Answer], Awaitable[None]] | None = None
 
 
 class LocalApi:
@@ -198,6 +207,7 @@ class LocalApi:
         self.bound_port: int | None = None
         self._running: dict[tuple[str, str], str] = {}  # (session key, Idempotency-Key) -> text, while answered
         self.conversations = Conversations(router.db, agent, model_name, router.turn.settings.persona)
+        self.chat_format = ChatCompletions(model_name)
 
     def app(self) -> web.Application:
         middlewares = [self._errors, self._auth] if self.dashboard is None else \
@@ -285,7 +295,7 @@ class LocalApi:
 
     # -- POST /v1/chat/completions --------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.answer(request, parse_chat_request(await self.read_json(request)))
+        return await self.answer(request, parse_chat_request(await self.read_json(request)), self.chat_format)
 
     @staticmethod
     async def read_json(request: web.Request):
@@ -300,10 +310,13 @@ class LocalApi:
                                 "pair), which is not text; send valid Unicode", param=where)
         return body
 
-    async def answer(self, request: web.Request, chat: ChatRequest,
+    async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format,
                      client_id: tuple[str, str] | None = None) -> web.StreamResponse:
-        """Answer ``chat`` (from this front door or another: the Responses API), in the session its headers,
-        ids or fingerprint name; ``client_id`` is a conversation id the front door read itself."""
+        """Answer one parsed request and write it out in ``fmt``: the one path of every front door.
+        ``client_id`` is a conversation id the front door read itself (a Codex ``session_id``).
+
+        Which session answers it: the module docstring (and the README's "Which session answers an
+        API request")."""
         api_tools.check_names(chat, self.router.turn.tools.names())
         idempotency_key = request.headers.get("Idempotency-Key")
         if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY):
@@ -311,19 +324,20 @@ class LocalApi:
                            param="Idempotency-Key")
         idempotency_key = _header_text(idempotency_key, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
         session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
+        call = _Call(request, chat, fmt, _last_stored(chat))
         if chat.is_side_request:
-            return await self._side_request(request, chat)
+            return await self._side_request(call)
         client_id = client_id or explicit_id(request.headers, chat)
         if session_key is None and client_id is None and chat.user is not None:
             session_key = chat.user  # `user` alone keeps its meaning: the gateway keeps the history under it
         if session_key is not None and chat.continued:
-            return await self._continue_kept(request, chat, session_key)
+            return await self._continue_kept(call, session_key)
         if session_key is not None:
             msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                                  user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
                                  attachments=chat.last_user.images)
-            return await self._once(self.router.key_for(msg), idempotency_key, chat.last_user.stored,
-                                    lambda: self._gateway_kept(msg, request, chat))
+            return await self._once(self.router.key_for(msg), idempotency_key, call.stored,
+                                    lambda: self._gateway_kept(msg, call))
         if not chat.messages:  # tool results alone: nothing names the conversation they continue
             raise ApiError(400, "tool results alone need the conversation they continue: send the whole history "
                                 "(the user message, the assistant's tool calls, the results) or an X-Session-Key",
@@ -336,19 +350,25 @@ class LocalApi:
         user_name = _header_text(request.headers.get("X-OpenWebUI-User-Name"), "X-OpenWebUI-User-Name") or user
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user_name,
                              text=chat.last_user.text, message_id=idempotency_key, attachments=chat.images)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, system_notes=chat.system,
-                        params=chat.params, client_tools=chat.tools)
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=self.extras_of(request, chat))
         fingerprint = found.fingerprint if found.key is None else None
         ticket.prepare = api_tools.with_results(self.router.db, chat, lambda: self.conversations.prepare(
             key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint))
 
-        async def answered(answer: _Answer) -> None:
+        async def answered(answer: Answer) -> None:
             if found.source == "fingerprint":
                 first = calls_signature(answer.tool_calls) if answer.tool_calls else answer.content
                 await self.conversations.remember_first_reply(caller, chat, first, answer.session_id)
 
-        return await self._once(key, idempotency_key, chat.last_user.stored,
-                                lambda: self._client_kept(ticket, request, chat, answered))
+        call.answered = answered
+        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
+
+    @staticmethod
+    def extras_of(request: web.Request, chat: ChatRequest) -> RequestExtras:
+        """What the request adds for the turn that answers it: system messages, model fields, its tools."""
+        # the openai SDK (and what is built on it) counts its automatic retries in this header
+        retry = request.headers.get("X-Stainless-Retry-Count", "0") not in ("", "0")
+        return RequestExtras(chat.system, chat.params, retry, chat.tools)
 
     async def _once(self, key: str, idempotency_key: str | None, text: str,
                     answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
@@ -369,21 +389,27 @@ class LocalApi:
         finally:
             del self._running[slot]
 
-    async def _continue_kept(self, request: web.Request, chat: ChatRequest, session_key: str) -> web.StreamResponse:
+    async def _continue_kept(self, call: _Call, session_key: str) -> web.StreamResponse:
         """X-Session-Key with tool results: they continue the turn that called the tools, in that session."""
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                              user_name=session_key, text="")
         key = self.router.key_for(msg)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, system_notes=chat.system,
-                        params=chat.params, client_tools=chat.tools)
-        ticket.prepare = api_tools.continue_routed(self.router.db, key, chat)
-        return await self._client_kept(ticket, request, chat, None)
+        ticket = Ticket(msg, key, "", sink=SseSink() if call.chat.stream else None,
+                        extras=self.extras_of(call.request, call.chat))
+        ticket.prepare = api_tools.continue_routed(self.router.db, key, call.chat)
+        return await self._client_kept(ticket, call)
 
-    async def _gateway_kept(self, msg: InboundMessage, request: web.Request, chat: ChatRequest) -> web.StreamResponse:
+    async def answer_ticket(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
+                            fmt: Format) -> web.StreamResponse:
+        """Queue ``ticket`` (a front door's own request, its ``prepare`` storing what it brings) and write
+        its answer out in ``fmt``."""
+        return await self._client_kept(ticket, _Call(request, chat, fmt, _last_stored(chat)))
+
+    async def _gateway_kept(self, msg: InboundMessage, call: _Call) -> web.StreamResponse:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         try:
-            ticket = await self.router.handle(msg, sink=SseSink() if chat.stream else None,
-                                              system_notes=chat.system, params=chat.params)
+            ticket = await self.router.handle(msg, sink=SseSink() if call.chat.stream else None,
+                                              extras=self.extras_of(call.request, call.chat))
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")
@@ -394,32 +420,24 @@ class LocalApi:
         if ticket is None:  # a command seen before with this key
             return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
                           "conflict", code="conflict")
-        ticket.client_tools = chat.tools  # read when its turn starts (its lane runs after this returns)
-        if chat.front is not None and ticket.prepare is not None:
-            ticket.prepare = chat.front.wrap(ticket.prepare)
-        return await self._respond(request, ticket, chat, _stored_text_of(msg))
+        return await self._respond(ticket, call)
 
-    async def _client_kept(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
-                           answered: Callable[[_Answer], Awaitable[None]] | None) -> web.StreamResponse:
-        if chat.front is not None and ticket.prepare is not None:
-            ticket.prepare = chat.front.wrap(ticket.prepare)  # it learns the session its answer goes to
+    async def _client_kept(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         try:
             await self.router.submit(ticket.session_key, ticket)
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")
-        return await self._respond(request, ticket, chat, chat.last_user.stored if chat.messages else "", answered)
+        return await self._respond(ticket, call)
 
-    async def _respond(self, request: web.Request, ticket: Ticket, chat: ChatRequest, stored: str,
-                       answered: Callable[[_Answer], Awaitable[None]] | None = None) -> web.StreamResponse:
+    async def _respond(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         """The answer to a queued request: whole, or streamed as the model writes it."""
-        if chat.stream and isinstance(ticket.sink, SseSink):
-            return await self._stream(request, ticket, ticket.sink, chat, stored, answered)
+        if call.chat.stream and isinstance(ticket.sink, SseSink):
+            return await self._stream(ticket, ticket.sink, call)
         await asyncio.wait([ticket.reply])
-        return await self._settled(request, ticket, chat, stored, answered)
+        return await self._settled(ticket, call)
 
-    async def _settled(self, request: web.Request, ticket: Ticket, chat: ChatRequest, stored: str,
-                       answered: Callable[[_Answer], Awaitable[None]] | None = None) -> web.StreamResponse:
+    async def _settled(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         """The response for a request whose turn is over (sent whole, or as one chunk when asked to stream)."""
         try:
             reply = await ticket.reply
@@ -430,22 +448,24 @@ class LocalApi:
             return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
                           code="store_unavailable")
         if ticket.replayed:
-            return await self._replay(request, ticket, chat, stored)
+            return await self._replay(ticket, call)
         if ticket.failure is not None:
             return _error_response(model_failure(ticket.failure), self._headers(ticket.session_id, ticket.notices))
         answer = self._answer_of(ticket, reply)
-        if answered is not None:
-            await answered(answer)
-        return await self._whole(request, answer, chat)
+        await call.fmt.kept(answer)
+        if call.answered is not None:
+            await call.answered(answer)
+        return await self._whole(answer, call)
 
-    def _answer_of(self, ticket: Ticket, reply: str) -> _Answer:
-        return _Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
-                       time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices),
-                       list(ticket.client_calls))
+    @staticmethod
+    def _answer_of(ticket: Ticket, reply: str) -> Answer:
+        calls = list(ticket.client_calls)
+        return Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
+                      time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices),
+                      "tool_calls" if calls else "stop", calls)
 
-    async def _stream(self, request: web.Request, ticket: Ticket, sink: SseSink, chat: ChatRequest, stored: str,
-                      answered: Callable[[_Answer], Awaitable[None]] | None) -> web.StreamResponse:
-        """The answer as it is written, as Server-Sent Events; the turn goes on if the client leaves.
+    async def _stream(self, ticket: Ticket, sink: SseSink, call: _Call) -> web.StreamResponse:
+        """The answer as it is written; the turn goes on if the client leaves.
 
         The response starts with the first thing to show, so a failure before it is a plain HTTP error."""
         for notice in ticket.notices:  # known now (a reset): a header and a comment
@@ -455,10 +475,10 @@ class LocalApi:
         while not ticket.reply.done() and not sink.pending:
             await sink.changed()
         if ticket.reply.done() and (not sink.pending or ticket.reply.exception() is not None or ticket.replayed):
-            return await self._settled(request, ticket, chat, stored, answered)
-        answer = self._answer_of(ticket, "")
-        events = await self._open_events(request, answer, chat, self._headers(ticket.session_id, ticket.notices))
-        await events.send({"role": "assistant", "content": ""})
+            return await self._settled(ticket, call)
+        events = await call.fmt.open(call.request, self._answer_of(ticket, ""),
+                                     self._headers(ticket.session_id, ticket.notices))
+        await events.start()
         while True:
             finished = ticket.reply.done()
             for kind, text in sink.take():
@@ -467,7 +487,7 @@ class LocalApi:
                 elif kind == "notice":
                     await events.comment(f"notice: {text}")
                 else:
-                    await events.send({"content": text})
+                    await events.content(text)
             if finished:
                 break
             if events.gone:
@@ -486,49 +506,27 @@ class LocalApi:
             if kind == "notice":
                 await events.comment(f"notice: {text}")
             elif kind == "content":
-                await events.send({"content": text})
-        if ticket.client_calls:
-            await events.send(api_tools.call_deltas(ticket.client_calls))
-        await events.send({}, "tool_calls" if ticket.client_calls else "stop")
-        if chat.include_usage:
-            await events.usage(ticket.prompt_tokens, ticket.completion_tokens)
-        if answered is not None:
-            await answered(self._answer_of(ticket, reply))
+                await events.content(text)
+        answer = self._answer_of(ticket, reply)
+        await call.fmt.kept(answer)
+        await events.finish(answer, call.chat.include_usage)
+        if call.answered is not None:
+            await call.answered(answer)
         return await events.close()
 
-    async def _whole(self, request: web.Request, answer: _Answer, chat: ChatRequest) -> web.StreamResponse:
-        """A whole answer: one JSON completion, or (asked to stream) the same as one content chunk."""
+    async def _whole(self, answer: Answer, call: _Call) -> web.StreamResponse:
+        """A whole answer: one JSON body, or (asked to stream) the same as one piece of content."""
         headers = self._headers(answer.session_id, answer.notices)
-        finish = "tool_calls" if answer.tool_calls else "stop"
-        if not chat.stream and chat.front is not None:
-            return web.json_response(chat.front.body(answer), headers=headers)
-        if not chat.stream:
-            return web.json_response({
-                **self._head(answer, "chat.completion"),
-                "choices": [{"index": 0, "message": api_tools.message_of(answer.content, answer.tool_calls),
-                             "finish_reason": finish}],
-                "usage": usage_of(answer.prompt_tokens, answer.completion_tokens),
-                "session_id": answer.session_id,
-                "session_key": answer.session_key,
-            }, headers=headers)
-        events = await self._open_events(request, answer, chat, headers)
+        if not call.chat.stream:
+            return web.json_response(call.fmt.body(answer), headers=headers)
+        events = await call.fmt.open(call.request, answer, headers)
         for notice in answer.notices:
             await events.comment(f"notice: {notice}")
-        await events.send({"role": "assistant", "content": ""})
+        await events.start()
         if answer.content or not answer.tool_calls:
-            await events.send({"content": answer.content})
-        if answer.tool_calls:
-            await events.send(api_tools.call_deltas(answer.tool_calls))
-        await events.send({}, finish)
-        if chat.include_usage:
-            await events.usage(answer.prompt_tokens, answer.completion_tokens)
+            await events.content(answer.content)
+        await events.finish(answer, call.chat.include_usage)
         return await events.close()
-
-    async def _open_events(self, request: web.Request, answer: _Answer, chat: ChatRequest, headers: dict):
-        """The event stream of the answer: Chat Completions chunks, or another front door's events."""
-        if chat.front is not None:
-            return await chat.front.open(request, answer, headers)
-        return await ChunkEvents.open(request, self._chunk_base(answer), headers)
 
     @staticmethod
     def _headers(session_id: str, notices: list[str]) -> dict:
@@ -537,23 +535,11 @@ class LocalApi:
             headers[NOTICE_HEADER] = " | ".join(notice_header(n) for n in notices)
         return headers
 
-    def _head(self, answer: _Answer, kind: str) -> dict:
-        if answer.idempotency_key is None:
-            completion_id = uuid.uuid4().hex[:24]
-        else:  # a replay answers with the same id
-            completion_id = hashlib.sha256(f"{answer.session_key}\0{answer.idempotency_key}".encode()).hexdigest()[:24]
-        return {"id": f"chatcmpl-{completion_id}", "object": kind, "created": int(answer.created),
-                "model": self.model_name}
-
-    def _chunk_base(self, answer: _Answer) -> dict:
-        return {**self._head(answer, "chat.completion.chunk"), "session_id": answer.session_id,
-                "session_key": answer.session_key}
-
     @staticmethod
     def _cut_off() -> web.Response:
         return _error(503, CUT_OFF, "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS, code="shutting_down")
 
-    async def _replay(self, request: web.Request, ticket: Ticket, chat: ChatRequest, stored: str) -> web.StreamResponse:
+    async def _replay(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
         """A request seen before (same Idempotency-Key in this conversation): the stored reply to it (its
         usage 0: no model call answers a replay), or the error saying why there is none."""
         db = self.router.db
@@ -564,28 +550,29 @@ class LocalApi:
         if session_id is None or at is None:
             return _error(409, "the message with this Idempotency-Key is stored elsewhere; retry later",
                           "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        if messages[at]["content"] != stored:
+        if messages[at]["content"] != call.stored:
             return _mismatch()
         reply = next((m for m in messages[at + 1:]
                       if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")), None)
         if reply is None:
             return _error(409, "the message with this Idempotency-Key is stored but not answered yet; retry later "
                                "to get its reply", "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        answer = _Answer(reply["content"], session_id, ticket.session_key, ticket.msg.message_id,
-                         reply.get("timestamp") or time.time())
-        return await self._whole(request, answer, chat)
+        answer = Answer(reply["content"], session_id, ticket.session_key, ticket.msg.message_id,
+                        reply.get("timestamp") or time.time())
+        return await self._whole(answer, call)
 
-    async def _side_request(self, request: web.Request, chat: ChatRequest) -> web.StreamResponse:
+    async def _side_request(self, call: _Call) -> web.StreamResponse:
         """A client's own prompt about the chat (Open WebUI's title, tags, follow-ups): answered from the
         request alone, stored nowhere."""
+        chat = call.chat
         messages = [{"role": m.role, "content": m.text} for m in chat.messages]
         try:
             result: TurnResult = await self.router.turn.answer_unstored(
                 messages, platform="api", system_notes=chat.system, params=chat.params)
         except ModelUnavailable as exc:
             return _error_response(model_failure(exc))
-        answer = _Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens)
-        return await self._whole(request, answer, chat)
+        answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens)
+        return await self._whole(answer, call)
 
     # -- the rest ----------------------------------------------------------------------
     def _model_entry(self) -> dict:
@@ -612,7 +599,3 @@ class LocalApi:
         metrics = self._metrics
         metrics.active_sessions.set(self.router.active_lanes())
         return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
-
-
-def _stored_text_of(msg: InboundMessage) -> str:
-    return stored_text(msg.text, msg.attachments)

@@ -87,7 +87,6 @@ class ChatRequest:
     # "content"}); the request ends with a result.  Empty for a request that asks something new.
     continued: tuple[dict, ...] = ()
     first_calls: str | None = None  # the first reply, when it was a tool call (``calls_signature``)
-    front: Any = None  # another front door's renderer of the answer (the Responses API); None: this one
 
     @property
     def new_messages(self) -> tuple[ClientMessage, ...]:

@@ -18,8 +18,8 @@ When the turn starts (under the conversation's lane lock), :meth:`ClientHistory.
 client's messages up with the stored conversation (user messages and answers, the compressed
 parents' included): if the stored one is where the client's begins, the rest of the client's is
 stored and answered; if they part (an edited message, a regenerated answer), a child session
-(``parent_session_id`` the stored one) takes the stored messages before the parting, then the
-client's from there, and the conversation continues in it.  Nothing is stored twice: a request
+(``parent_session_id`` the stored one) takes the stored messages up to the last one both share,
+then the client's from there, and the conversation continues in it.  Nothing is stored twice: a request
 that repeats one left unanswered (a retry after an outage) is answered without storing again.
 """
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import state
 from gateway.keys import api_conversation_key
 from gateway.runtime.api_request import ChatRequest, ClientMessage
+from gateway.turn import CUT_OFF_NOTE, EMPTY_ANSWER
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,9 @@ class Conversations:
         if common == len(stored) and routed.get("ended_at") is None:
             await self._append(routed["id"], [], incoming[common:], idempotency_key)
             return routed["id"]
-        # the client's history parts from the stored one (or the stored session was ended): a branch
-        before = stored[common][0] if common < len(stored) else len(rows)
+        # the client's history parts from the stored one (or the stored session was ended): a branch with the
+        # stored messages up to the last one both share (the parted answer's tool calls stay with it)
+        before = stored[common - 1][0] + 1 if common else 0
         child = await self._create(key, routed["id"], user_id, user_name)
         await self._append(child, rows[:before], incoming[common:], idempotency_key)
         await self.db.set_route(key, child)  # the branch is the conversation from now on
@@ -223,7 +225,17 @@ def _in_transcript(row: dict) -> bool:
 
 
 def _same(row: dict, message: ClientMessage) -> bool:
-    return row["role"] == message.role and (row.get("content") or "").strip() == message.stored.strip()
+    """Whether a stored message is the client's: the same role and text (an answer as it was sent: an
+    empty one as the line standing for it, one that broke off with the note saying so)."""
+    if row["role"] != message.role:
+        return False
+    stored, sent = (row.get("content") or "").strip(), message.stored.strip()
+    if row["role"] == "assistant":
+        if not stored:
+            return sent in ("", EMPTY_ANSWER)
+        if row.get("finish_reason") == "incomplete":
+            return sent in (stored, f"{stored}\n\n{CUT_OFF_NOTE}")
+    return stored == sent
 
 
 def _answered(rows: list[dict], at: int) -> bool:

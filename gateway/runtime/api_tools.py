@@ -101,16 +101,3 @@ def continue_routed(db, key: str, request: ChatRequest) -> Callable[[], Awaitabl
 
     return prepared
 
-
-def message_of(content: str, calls: list[dict]) -> dict:
-    """The answer as a Chat Completions ``message``."""
-    if not calls:
-        return {"role": "assistant", "content": content}
-    return {"role": "assistant", "content": content or None, "tool_calls": calls}
-
-
-def call_deltas(calls: list[dict]) -> dict:
-    """The calls as one streamed ``delta`` (each whole, with its index)."""
-    return {"tool_calls": [{"index": i, "id": c["id"], "type": "function",
-                            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
-                           for i, c in enumerate(calls)]}

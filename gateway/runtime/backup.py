@@ -23,6 +23,7 @@ leaves the old contents.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -223,6 +224,16 @@ def _progress_reporter(progress: Callable[[int, int], None] | None) -> Callable[
 _RAW_SUFFIX = ".raw"
 
 
+def _free_name(home: Path, name: str) -> Path:
+    """``home/name``, or ``name-2``, ``name-3`` ... when a restore in the same second took it (with or
+    without its ``.raw`` copy); the caller holds the home's lock, so no other restore races for it."""
+    for n in itertools.count(1):
+        candidate = home / (name if n == 1 else f"{name}-{n}")
+        if not any(p.exists() for p in (candidate, candidate.with_name(candidate.name + _RAW_SUFFIX))):
+            return candidate
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _keep_previous(home: Path, live: Path) -> Path | None:
     """Copy the current database aside before it is replaced; None when there is nothing to keep.
 
@@ -232,8 +243,7 @@ def _keep_previous(home: Path, live: Path) -> Path | None:
     """
     if not live.exists() or live.stat().st_size == 0:
         return None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    previous = home / f"{DB_FILENAME}.pre-restore-{stamp}"
+    previous = _free_name(home, f"{DB_FILENAME}.pre-restore-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     try:
         backup(home, previous)
         return previous
@@ -296,12 +306,9 @@ def restore(home: Path, source: Path) -> RestoreResult:
     checked = check_file(source)
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        lock = lockfile.acquire(home)
+        lock = lockfile.acquire(home, then="restore")
     except AlreadyRunning as exc:
-        raise BackupError(
-            f"the daemon is running on {home}: stop it first (systemctl stop switchboard), then restore; "
-            f"nothing was changed ({exc})"
-        ) from None
+        raise BackupError(str(exc)) from None
     with lock:
         previous = _keep_previous(home, live)
         if previous is None or previous.name.endswith(_RAW_SUFFIX):

@@ -52,7 +52,7 @@ import state
 from gateway.auth import Authorizer, AuthSettings
 from gateway.commands import CommandSet, default_commands
 from gateway.compressing import Compressor
-from gateway.config import PLATFORMS, Config, is_loopback
+from gateway.config import Config, is_loopback
 from gateway.cron.service import CronService, CronSettings
 from gateway.keys import KeyPolicy
 from gateway.memory.facts import FactMemory
@@ -60,6 +60,7 @@ from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 from gateway.model import ModelClient, ModelSettings
 from gateway.oversize import max_message_tokens
+from gateway.platforms import ADAPTERS, installed_platforms
 from gateway.retry import Backoff
 from gateway.router import RouterSettings, SessionHooks, SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
@@ -96,7 +97,7 @@ LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives it
 
 
 def auth_settings(config: Config) -> AuthSettings:
-    allowed = frozenset(f"{p}:{u}" for p in PLATFORMS for u in config.allowed_user_ids(p))
+    allowed = frozenset(f"{p}:{u}" for p in installed_platforms() for u in config.allowed_user_ids(p))
     return AuthSettings(allow_all=config.auth.allow_all, allowed_users=allowed,
                         unauthorized_dm=config.auth.unauthorized_dm, trusted_sources=frozenset(LOCAL_SOURCES))
 
@@ -104,7 +105,7 @@ def auth_settings(config: Config) -> AuthSettings:
 def load_adapters(config: Config, commands: list[tuple[str, str]], *, only: str | None = None,
                   ) -> tuple[dict[str, Adapter], dict[str, str]]:
     """Build the adapter of every platform that is on; returns (adapters, why-off for the others)."""
-    available = {ep.name: ep for ep in entry_points(group="switchboard.adapters")}
+    available = {ep.name: ep for ep in entry_points(group=ADAPTERS)}
     adapters: dict[str, Adapter] = {}
     off: dict[str, str] = {}
     for name, status in config.enabled_platforms().items():
@@ -224,7 +225,7 @@ class Gateway:
         turn = AgentTurn(self.db, model, self.tools, TurnSettings(
             agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
             max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
-            replay_reasoning=cfg.model.replay_reasoning,
+            replay_reasoning=cfg.model.replay_reasoning, merge_user_messages=cfg.model.merge_user_messages,
         ), hooks=TurnHooks(
             prompt_hook=self.compressor,
             prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),
@@ -299,7 +300,8 @@ class Gateway:
         sources = Sources(db=self.db, health=self.health, cron=self.cron, tz=cfg.tzinfo, instance=instance,
                           queued_messages=self.router.queued_messages, identities=cfg.identities)
         settings = DashboardSettings(token=cfg.api.token or None, loopback=is_loopback(cfg.api.host),
-                                     allow_local_writes=cfg.ui.allow_local_writes)
+                                     allow_local_writes=cfg.ui.allow_local_writes,
+                                     trusted_proxies=cfg.ui.trusted_proxies, cookie_secure=cfg.ui.cookie_secure)
         return Dashboard(settings, Pages(sources))
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
@@ -684,7 +686,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     watchdog = spawn(_watchdog(notifier), name="watchdog")
     port = gw.api.bound_port if gw.api is not None else None
-    summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
+    summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}"
+                        for n in installed_platforms())
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{port}; {summary}")
     log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, port)
     await stop.wait()

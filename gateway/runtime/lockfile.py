@@ -26,14 +26,17 @@ def lock_path(home: Path) -> Path:
     return Path(home) / LOCK_FILENAME
 
 
-def acquire(home: Path) -> FileLock:
+def acquire(home: Path, then: str | None = None) -> FileLock:
     """Take the home's lock without waiting; raise ``AlreadyRunning`` when another process holds it.
 
+    ``then`` names what a command other than the daemon meant to do (``"restore"``): its message
+    says to stop the daemon first, then do that, and that nothing was changed.  Without it the
+    message is the daemon's own (stop the other one, or give this one another home).
     The home directory must exist.  The lock file is created with mode 0600.
     """
     handle = filelock.try_lock(lock_path(home))
     if handle is None:
-        raise AlreadyRunning(_running_message(home))
+        raise AlreadyRunning(_running_message(home) if then is None else _stop_first_message(home, then))
     try:
         os.ftruncate(handle.fd, 0)
         os.write(handle.fd, f"{os.getpid()}\n".encode())
@@ -54,6 +57,15 @@ def holder_pid(home: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def _stop_first_message(home: Path, then: str) -> str:
+    pid = holder_pid(home)
+    who = f" (pid {pid})" if pid else ""
+    return (
+        f"the daemon is running on {home}{who}: stop it first (systemctl stop switchboard, or "
+        f"systemctl --user stop switchboard), then {then}; nothing was changed"
+    )
 
 
 def _running_message(home: Path) -> str:

@@ -1,7 +1,8 @@
 """``POST /v1/responses``: the Responses API (the Codex CLI's only API, the OpenAI Agents SDK's default),
 translated into the same :class:`~gateway.runtime.api_request.ChatRequest` and answered by the same
-turn as ``/v1/chat/completions``; only the answer's shape differs (:class:`ResponseShape`, and its
-event stream :class:`ResponseEvents`).
+turn as ``/v1/chat/completions`` (:meth:`~gateway.runtime.api.LocalApi.answer`); only the answer's
+shape differs: :class:`ResponsesFormat` is the :class:`~gateway.runtime.api_render.Format` that writes
+it out, whole or as the Responses event stream (:class:`ResponseEvents`).
 
 Which conversation a request continues:
 
@@ -14,7 +15,8 @@ Which conversation a request continues:
 - None of these: ``X-Session-Key``, ``user`` and the fingerprint, as for chat completions.
 
 Each response's id is recorded (routing key ``agent:<agent>:api:resp:<id>``) with the session it
-was answered in, before the answer is sent, so a ``previous_response_id`` always finds it.
+was answered in once its answer is stored, before the answer is written out
+(:meth:`ResponsesFormat.kept`), so a ``previous_response_id`` always finds it.
 """
 
 from __future__ import annotations
@@ -23,65 +25,81 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiohttp import web
 
 import state
 from gateway.keys import api_conversation_key
-from gateway.router import Ticket
+from gateway.router import RequestExtras, SessionRouter, Ticket
 from gateway.runtime import api_tools
+from gateway.runtime.api_render import Answer, Format
 from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request
+from gateway.runtime.api_sessions import Conversations
 from gateway.runtime.responses_request import ResponsesOptions, chat_body_of
 from gateway.runtime.sse import SseSink
 from gateway.types import ChatType, InboundMessage
-
-if TYPE_CHECKING:
-    from gateway.runtime.api import LocalApi
 
 log = logging.getLogger(__name__)
 
 CODEX_SESSION_HEADER = "session_id"  # the Codex CLI names its conversation so
 
 
+class ApiHost(Protocol):
+    """What the Responses API uses of the local API (:class:`~gateway.runtime.api.LocalApi`)."""
+
+    router: SessionRouter
+    conversations: Conversations
+    model_name: str
+
+    async def read_json(self, request: web.Request) -> Any: ...
+
+    def extras_of(self, request: web.Request, chat: ChatRequest) -> RequestExtras: ...
+
+    async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format,
+                     client_id: tuple[str, str] | None = None) -> web.StreamResponse: ...
+
+    async def answer_ticket(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
+                            fmt: Format) -> web.StreamResponse: ...
+
+
 class ResponsesApi:
     """The ``/v1/responses`` handler of a :class:`~gateway.runtime.api.LocalApi`."""
 
-    def __init__(self, api: LocalApi):
+    def __init__(self, api: ApiHost):
         self.api = api
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         api = self.api
         chat_body, options = chat_body_of(await api.read_json(request))
-        shape = ResponseShape(api.router.db, api.conversations.agent, f"resp_{uuid.uuid4().hex}", api.model_name,
+        fmt = ResponsesFormat(api.router.db, api.conversations.agent, f"resp_{uuid.uuid4().hex}", api.model_name,
                               time.time(), options, chat_body)
         chat = parse_chat_request(chat_body)
-        chat = replace(chat, include_usage=chat.stream, front=shape)  # usage is part of response.completed
         api_tools.check_names(chat, api.router.turn.tools.names())
         if options.previous_response_id is not None:
-            session = await api.router.db.get_routed_session(shape.route_key(options.previous_response_id))
+            session = await api.router.db.get_routed_session(fmt.route_key(options.previous_response_id))
             if session is None or not session.get("session_key"):
                 raise ApiError(400, f"no response with the id {options.previous_response_id!r} is known here; "
                                     "send the whole conversation as 'input' instead", param="previous_response_id",
                                code="previous_response_not_found")
-            return await self._kept(request, chat, session["session_key"])
+            return await self._kept(request, chat, fmt, session["session_key"])
         if options.conversation is not None:
             scope = f"conversation:{chat.user or ''}:{options.conversation}"
-            return await self._kept(request, chat, api_conversation_key(api.conversations.agent, scope))
+            return await self._kept(request, chat, fmt, api_conversation_key(api.conversations.agent, scope))
         codex = request.headers.get(CODEX_SESSION_HEADER)
-        return await api.answer(request, chat, ("codex", codex) if codex else None)
+        return await api.answer(request, chat, fmt, ("codex", codex) if codex else None)
 
-    async def _kept(self, request: web.Request, chat: ChatRequest, key: str) -> web.StreamResponse:
+    async def _kept(self, request: web.Request, chat: ChatRequest, fmt: ResponsesFormat,
+                    key: str) -> web.StreamResponse:
         """A conversation the gateway keeps: what ``input`` brings is stored after it, and answered."""
         api = self.api
         user = chat.user or chat.safety_identifier
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user,
                              text=chat.last_user.text if chat.messages else "", attachments=chat.images)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, system_notes=chat.system,
-                        params=chat.params, client_tools=chat.tools)
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=api.extras_of(request, chat))
         ticket.prepare = api_tools.with_results(api.router.db, chat, lambda: self._append(key, chat, user))
-        return await api._client_kept(ticket, request, chat, None)
+        return await api.answer_ticket(ticket, request, chat, fmt)
 
     async def _append(self, key: str, chat: ChatRequest, user: str | None) -> str:
         db = self.api.router.db
@@ -99,9 +117,9 @@ class ResponsesApi:
 
 
 @dataclass
-class ResponseShape:
+class ResponsesFormat:
     """One response: its id and what its request said, rendered whole (:meth:`body`) or as events
-    (:meth:`open`); :meth:`wrap` records the session it is answered in."""
+    (:meth:`open`); :meth:`kept` records the session it is answered in."""
 
     db: Any
     agent: str
@@ -114,14 +132,9 @@ class ResponseShape:
     def route_key(self, response_id: str) -> str:
         return api_conversation_key(self.agent, response_id, kind="resp")
 
-    def wrap(self, prepare: Callable[[], Awaitable[str | None]]) -> Callable[[], Awaitable[str | None]]:
-        async def prepared() -> str | None:
-            session_id = await prepare()
-            if session_id is not None:
-                await self.db.set_route(self.route_key(self.id), session_id)
-            return session_id
-
-        return prepared
+    async def kept(self, answer: Answer) -> None:
+        if answer.session_id:
+            await self.db.set_route(self.route_key(self.id), answer.session_id)
 
     def output(self, content: str, calls: list[dict]) -> list[dict]:
         items: list[dict] = []
@@ -130,7 +143,7 @@ class ResponseShape:
         items += [_call_item(call, "completed") for call in calls]
         return items
 
-    def body(self, answer: Any, status: str = "completed", output: list[dict] | None = None) -> dict:
+    def body(self, answer: Answer, status: str = "completed", output: list[dict] | None = None) -> dict:
         chat = self.chat_body
         body = {
             "id": self.id, "object": "response", "created_at": int(self.created), "status": status,
@@ -150,9 +163,9 @@ class ResponseShape:
             body["usage"] = _usage(answer.prompt_tokens, answer.completion_tokens)
         return body
 
-    async def open(self, request: web.Request, answer: Any, headers: dict) -> ResponseEvents:
+    async def open(self, request: web.Request, answer: Answer, headers: dict) -> ResponseEvents:
         events = ResponseEvents(self, answer, headers)
-        await events.start(request)
+        await events.prepare(request)
         return events
 
 
@@ -180,14 +193,14 @@ def _call_item(call: dict, status: str) -> dict:
 
 
 class ResponseEvents:
-    """The Responses API's event stream for one answer, fed as :class:`~gateway.runtime.sse.ChunkEvents`
-    is (``send(delta, finish_reason)``, ``usage``, ``error``, ``comment``, ``close``): response.created,
-    then the output items as they come (response.output_item.added, response.output_text.delta,
-    response.function_call_arguments.delta/done, response.output_item.done), then response.completed.
-    A client that left is noted (``gone``), never raised."""
+    """The Responses API's event stream for one answer (an :class:`~gateway.runtime.api_render.Events`):
+    response.created, then the output items as they come (response.output_item.added,
+    response.output_text.delta, response.function_call_arguments.delta/done,
+    response.output_item.done), then response.completed.  A client that left is noted (``gone``),
+    never raised."""
 
-    def __init__(self, shape: ResponseShape, answer: Any, headers: dict):
-        self.shape = shape
+    def __init__(self, fmt: ResponsesFormat, answer: Answer, headers: dict):
+        self.fmt = fmt
         self.answer = answer
         self.headers = headers
         self.gone = False
@@ -195,42 +208,45 @@ class ResponseEvents:
         self._sequence = 0
         self._output: list[dict] = []
         self._text: str | None = None  # the message item being written, while it is open
-        self._finished = False
-        self._usage = (0, 0)
 
-    async def start(self, request: web.Request) -> None:
+    async def prepare(self, request: web.Request) -> None:
         self._response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                      "X-Accel-Buffering": "no", **self.headers})
         try:
             await self._response.prepare(request)
         except ConnectionError:
             self.gone = True
-        head = self.shape.body(self.answer, "in_progress", [])
+
+    async def start(self) -> None:
+        head = self.fmt.body(self.answer, "in_progress", [])
         await self._event("response.created", response=head)
         await self._event("response.in_progress", response=head)
 
     @property
     def _item_id(self) -> str:
-        return f"msg_{self.shape.id[5:]}"
+        return f"msg_{self.fmt.id[5:]}"
 
-    async def send(self, delta: dict, finish_reason: str | None = None) -> None:
-        if delta.get("content"):
-            if self._text is None:
-                self._text = ""
-                await self._event("response.output_item.added", output_index=len(self._output),
-                                  item=_message_item(self._item_id, "", "in_progress"))
-                await self._event("response.content_part.added", item_id=self._item_id,
-                                  output_index=len(self._output), content_index=0,
-                                  part={"type": "output_text", "text": "", "annotations": []})
-            self._text += delta["content"]
-            await self._event("response.output_text.delta", item_id=self._item_id, output_index=len(self._output),
-                              content_index=0, delta=delta["content"])
-        for call in delta.get("tool_calls") or []:
-            await self._close_message()
+    async def content(self, text: str) -> None:
+        if not text:
+            return
+        if self._text is None:
+            self._text = ""
+            await self._event("response.output_item.added", output_index=len(self._output),
+                              item=_message_item(self._item_id, "", "in_progress"))
+            await self._event("response.content_part.added", item_id=self._item_id,
+                              output_index=len(self._output), content_index=0,
+                              part={"type": "output_text", "text": "", "annotations": []})
+        self._text += text
+        await self._event("response.output_text.delta", item_id=self._item_id, output_index=len(self._output),
+                          content_index=0, delta=text)
+
+    async def finish(self, answer: Answer, include_usage: bool) -> None:
+        """The calls of the client's tools as function_call items, then response.completed (its usage
+        always: the Responses API has it there)."""
+        await self._close_message()
+        for call in answer.tool_calls:
             await self._call(call)
-        if finish_reason is not None:
-            await self._close_message()
-            self._finished = True
+        await self._event("response.completed", response=self.fmt.body(answer, "completed", self._output))
 
     async def _call(self, call: dict) -> None:
         index, item = len(self._output), _call_item(call, "completed")
@@ -255,12 +271,8 @@ class ResponseEvents:
         await self._event("response.output_item.done", output_index=index, item=item)
         self._output.append(item)
 
-    async def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self._usage = (prompt_tokens, completion_tokens)
-
     async def error(self, message: str, kind: str, code: str | None = None) -> None:
         """An ``error`` event (the openai SDK raises it as an ``APIError``); the response does not complete."""
-        self._finished = False
         await self._event("error", message=message, code=code, param=None,
                           error={"message": message, "type": kind, "code": code, "param": None})
 
@@ -269,9 +281,6 @@ class ResponseEvents:
 
     async def close(self) -> web.StreamResponse:
         assert self._response is not None
-        if self._finished:
-            self.answer.prompt_tokens, self.answer.completion_tokens = self._usage
-            await self._event("response.completed", response=self.shape.body(self.answer, "completed", self._output))
         if not self.gone:
             try:
                 await self._response.write_eof()

@@ -33,7 +33,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
 from gateway.errors import ServiceError
 from gateway.runtime import lockfile
@@ -268,14 +268,21 @@ def read_config_leniently(config: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-_CONFIG_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
+_CONFIG_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}")
 _ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
+EXAMPLE_CONFIG_NAME = "config.example.yaml"
 UNIT_SETS = ("SWITCHBOARD_HOME",)  # Environment= lines of the unit itself
 
 
 def config_variables(config: Path) -> list[str]:
     """The environment variables the config's values name with ``${VAR}`` (first use first)."""
-    found: dict[str, None] = {}
+    return list(_config_variable_defaults(config))
+
+
+def _config_variable_defaults(config: Path) -> dict[str, bool]:
+    """Each variable the config's values name with ``${VAR}``, and whether every use gives a default
+    (``${VAR:-default}``)."""
+    found: dict[str, bool] = {}
 
     def walk(value) -> None:
         if isinstance(value, dict):
@@ -287,10 +294,10 @@ def config_variables(config: Path) -> list[str]:
         elif isinstance(value, str):
             for match in _CONFIG_VAR.finditer(value):
                 if match.group(1):
-                    found.setdefault(match.group(1))
+                    found[match.group(1)] = found.get(match.group(1), True) and match.group(2) is not None
 
     walk(read_config_leniently(config))
-    return [name for name in found if name not in UNIT_SETS]
+    return {name: defaulted for name, defaulted in found.items() if name not in UNIT_SETS}
 
 
 def env_file_names(env_file: Path) -> set[str]:
@@ -302,15 +309,21 @@ def env_file_names(env_file: Path) -> set[str]:
     return {m.group(1) for m in map(_ENV_LINE.match, text.splitlines()) if m}
 
 
-def environment_reminder(settings: UnitSettings) -> str | None:
-    """What to tell the operator about the variables the config reads: systemd does not see the shell's."""
-    names = config_variables(settings.config)
-    if not names:
+def environment_reminder(settings: UnitSettings, environ: Mapping[str, str] | None = None) -> str | None:
+    """The variables the service would miss, or None: those the config reads that the environment file does
+    not set, and that either have no default in the config or are exported in this shell (``environ``), so
+    the operator uses them; systemd does not see the shell's variables."""
+    environ = os.environ if environ is None else environ
+    in_file = env_file_names(settings.env_file)
+    missing = [(name, "no default" if not defaulted else "set in this shell")
+               for name, defaulted in _config_variable_defaults(settings.config).items()
+               if name not in in_file and (not defaulted or environ.get(name))]
+    if not missing:
         return None
-    missing = [n for n in names if n not in env_file_names(settings.env_file)]
-    text = (f"the config reads {', '.join(names)} from the environment. systemd does not see variables "
-            f"exported in your shell: put the ones you use in {settings.env_file} (NAME=value lines)")
-    return text + (f"; not there yet: {', '.join(missing)}" if missing else "")
+    shown = ", ".join(f"{name} ({why})" for name, why in missing)
+    them = "it" if len(missing) == 1 else "them"
+    return (f"the config reads {shown} from the environment, and {settings.env_file} does not set {them}: "
+            f"systemd does not see variables exported in your shell, so put {them} there (NAME=value lines)")
 
 
 def grace_seconds_from_config(config: Path) -> int | None:
@@ -410,6 +423,12 @@ def plan_install(
     mismatch = _config_home_mismatch(config, home)
     if mismatch:
         warnings.append(mismatch)
+    if config.name == EXAMPLE_CONFIG_NAME:
+        warnings.append(
+            f"the unit would run with {config}, the example config of the source tree: a git pull or an edit "
+            f"of the checkout changes the service's settings. Copy it to {home / 'config.yaml'} and pass "
+            f"--config {home / 'config.yaml'}"
+        )
     settings = UnitSettings(
         scope=scope, switchboard=switchboard, config=config, home=home,
         env_file=env_file, run_as=run_as, grace_seconds=grace_seconds,

@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible model server on 127.0.0.1 (port 0) for tests and benchmarks.
 
 It speaks ``POST /v1/chat/completions`` (plain, or streamed as Server-Sent Events with
-``"stream": true``, paced by ``stream_chunk_chars`` and ``stream_interval``) and ``GET /v1/models``,
+``"stream": true``, paced by ``stream_chunk_chars`` and ``stream_interval``, or in the pieces a
+``Reply(chunks=...)`` names) and ``GET /v1/models``,
 records every request, and answers by default with a reply that proves what
 the model was shown::
 
@@ -9,7 +10,7 @@ the model was shown::
 
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
 one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ToolCalls``, ``ReasoningToolCall``, ``Hang``,
-``CutOff``, ``NoChoice``), with
+``Held``, ``CutOff``, ``NoChoice``), with
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
@@ -39,6 +40,7 @@ from tests.waiting import eventually
 class Reply:
     text: str
     prompt_tokens: int | None = None  # None: estimate from the request
+    chunks: tuple[str, ...] | None = None  # streamed: exactly these pieces (joined, they are ``text``)
 
 
 @dataclass
@@ -96,6 +98,14 @@ class ReasoningToolCall:
 @dataclass
 class Hang:
     seconds: float = 3600.0
+
+
+@dataclass
+class Held:
+    """The usual answer, once the test sets ``release``: a model that takes as long as the test needs
+    (to send more messages while a turn runs, without a sleep standing in for it)."""
+
+    release: asyncio.Event
 
 
 @dataclass
@@ -209,7 +219,8 @@ class FakeModel:
                                    "first_chunk": r.first_chunk} for r in self.requests])
 
     async def _stream(self, request: web.Request, record: Recorded, message: dict, finish: str,
-                      usage: dict | None, cut_after: int | None = None) -> web.StreamResponse:
+                      usage: dict | None, cut_after: int | None = None,
+                      chunks: tuple[str, ...] | None = None) -> web.StreamResponse:
         """The answer as Server-Sent Events in the Chat Completions chunk format, ending with [DONE]."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -225,16 +236,20 @@ class FakeModel:
         await send({"role": "assistant", "content": "", **extra})
         text = message.get("content") or ""
         size = max(1, self.stream_chunk_chars)
-        for start in range(0, len(text), size):
+        if chunks is None:
+            chunks = tuple(text[start:start + size] for start in range(0, len(text), size))
+        start = 0
+        for piece in chunks:
             if cut_after is not None and start >= cut_after:
                 assert request.transport is not None
                 request.transport.abort()  # the connection drops mid-answer
                 return response
             if self.stream_interval and start:
                 await asyncio.sleep(self.stream_interval)
-            await send({"content": text[start:start + size]})
+            await send({"content": piece})
             if start == 0:
                 record.first_chunk = time.monotonic()
+            start += len(piece)
         for index, call in enumerate(message.get("tool_calls") or []):
             arguments = call["function"]["arguments"]
             await send({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
@@ -261,6 +276,8 @@ class FakeModel:
                 await asyncio.sleep(self.delay)
             if isinstance(behaviour, Hang):
                 await asyncio.sleep(behaviour.seconds)
+            if isinstance(behaviour, Held):
+                await behaviour.release.wait()
             if isinstance(behaviour, Fail):
                 headers = {}
                 if behaviour.retry_after is not None:
@@ -327,7 +344,9 @@ class FakeModel:
                 usage = None
             if body.get("stream"):
                 return await self._stream(request, record, message, finish, usage,
-                                          cut_after=behaviour.after if isinstance(behaviour, CutOff) else None)
+                                          cut_after=behaviour.after if isinstance(behaviour, CutOff) else None,
+                                          chunks=tuple(c for c in behaviour.chunks if c) if isinstance(behaviour, Reply)
+                                          and behaviour.chunks is not None else None)
             return web.json_response(
                 {
                     "id": f"chatcmpl-{len(self.requests)}",

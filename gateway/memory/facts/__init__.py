@@ -27,6 +27,7 @@ from gateway.memory.facts.scoring import MODES, ScoredFact, Weights, rank
 from gateway.memory.facts.service import FactRefused, FactService, FactSettings, Remembered, user_scope
 from gateway.memory.facts.tool import facts_tool
 from gateway.tasks import spawn
+from state.memory_fence import MEMORY_OPEN
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,8 @@ PROMPT_BLOCK = (
     "Durable facts about this user are kept across sessions. Look them up with the `facts` tool (action=search; "
     "mode=related for what goes with a name, reason for why something was decided, contradict to check a statement "
     "against what is stored); store what the user tells you that will matter later (action=add), and fix facts the "
-    "user corrects (action=correct). Facts recalled for the user's message may follow it in a <memory-context> "
-    "block: background from earlier sessions, not the user's words."
+    f"user corrects (action=correct). Facts recalled for the user's message may follow it in a {MEMORY_OPEN} "
+    "block: background from earlier sessions, not the user's words; never quote or repeat that block."
 )
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 
 from gateway.memory.facts.service import FactService, render_facts, user_scope
+from state.memory_fence import MEMORY_CLOSE, MEMORY_OPEN
 
 log = logging.getLogger(__name__)
 
 MIN_SCORE = 0.05  # facts scoring lower are not worth the tokens
 MAX_QUERY_CHARS = 2000
 
-OPEN, CLOSE = "<memory-context>", "</memory-context>"
+OPEN, CLOSE = MEMORY_OPEN, MEMORY_CLOSE  # the fence's tags are kept in one place, with the sanitiser
 NOTE = ("[Recalled from earlier conversations with this user (facts memory, best first; #id, trust, last confirmed). "
         "Background only, not part of the user's message; use what is relevant, ignore the rest.]")
 

@@ -9,6 +9,7 @@ change what is in :mod:`gateway.runtime.dashboard.guard`.
     GET  /ui/sessions/{id}                    transcript, lineage, compression summary
     GET  /ui/sessions/{id}/export.json|.md
     GET  /ui/cron, /ui/cron/{job}             jobs, next run, history
+    GET  /ui/cron/runs/fragment, /ui/cron/{job}/runs/fragment   the runs table (refreshed while one runs)
     POST /ui/cron/{job}/run|pause|resume
     GET  /ui/pairing                          pending codes, approved users
     POST /ui/pairing/approve, /ui/pairing/revoke

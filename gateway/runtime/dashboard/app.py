@@ -22,7 +22,9 @@ from gateway.runtime.dashboard.guard import (
     SECURITY_HEADERS,
     BrowserSession,
     BrowserSessions,
+    Client,
     LoginLimiter,
+    Proxies,
     host_name,
     is_loopback_name,
     same_origin,
@@ -37,15 +39,19 @@ OPEN_PATHS = ("/ui/login",)  # besides /ui/static/*: what a visitor who has not 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # the request's browser session (None: none yet), set by the guard; a typed key where aiohttp has them
 SESSION_KEY: Any = web.RequestKey("ui_session", object) if hasattr(web, "RequestKey") else "ui_session"
+CLIENT_KEY: Any = web.RequestKey("ui_client", object) if hasattr(web, "RequestKey") else "ui_client"
 
 
 @dataclass(frozen=True, slots=True)
 class DashboardSettings:
-    """``api.token`` (None: none set), whether the listener is loopback, and ``ui.allow_local_writes``."""
+    """``api.token`` (None: none set), whether the listener is loopback, ``ui.allow_local_writes``,
+    ``ui.trusted_proxies`` and ``ui.cookie_secure``."""
 
     token: str | None
     loopback: bool
     allow_local_writes: bool = False
+    trusted_proxies: tuple[str, ...] = ()
+    cookie_secure: bool = False
 
     @property
     def writes_without_login(self) -> bool:
@@ -60,6 +66,7 @@ class Dashboard:
         self.pages = pages  # a gateway.runtime.dashboard.pages.Pages
         self.sessions = BrowserSessions()
         self.limiter = limiter or LoginLimiter()
+        self.proxies = Proxies(settings.trusted_proxies)
         self._env: jinja2.Environment | None = None
         self._static: dict[str, tuple[bytes, str]] = {}
 
@@ -150,7 +157,7 @@ class Dashboard:
     async def login(self, request: web.Request) -> web.StreamResponse:
         if self.settings.token is None:
             return redirect("/ui/")
-        client = request.remote or "?"
+        client = self.client(request).address
         wait = self.limiter.retry_after(client)
         if wait:
             response = self.render(request, "login.html", {
@@ -200,8 +207,17 @@ class Dashboard:
             "message": message if status != 404 else "There is nothing here: the page, session or job does not exist.",
         }, status=status)
 
+    def client(self, request: web.Request) -> Client:
+        """The browser behind ``request``: its address and whether its side is HTTPS (forwarding headers
+        believed from ``ui.trusted_proxies`` only)."""
+        client = request.get(CLIENT_KEY)
+        if client is None:
+            client = request[CLIENT_KEY] = self.proxies.client(request.remote, request.headers, tls=request.secure)
+        return client
+
     def _set_cookie(self, request: web.Request, response: web.StreamResponse, session: BrowserSession) -> None:
-        response.set_cookie(COOKIE, session.id, path=PREFIX, httponly=True, samesite="Strict", secure=request.secure)
+        secure = self.settings.cookie_secure or self.client(request).https
+        response.set_cookie(COOKIE, session.id, path=PREFIX, httponly=True, samesite="Strict", secure=secure)
 
     async def static(self, request: web.Request) -> web.StreamResponse:
         found = self._static.get(request.match_info["name"])

@@ -12,17 +12,22 @@ The rules (the README's "Dashboard" section says the same to operators):
 * Every change is a POST that carries its session's CSRF token (and, when the browser says where it
   comes from, an ``Origin`` of this very server).
 * Failed log-ins are limited per client address and overall (:class:`LoginLimiter`).
+* Behind a reverse proxy, who the client is and whether it came over HTTPS are read from the
+  forwarding headers only when the request's peer is one of ``ui.trusted_proxies``
+  (:class:`Proxies`); from any other peer they change nothing.  The session cookie is ``Secure``
+  whenever the browser's side is HTTPS (or always, with ``ui.cookie_secure``).
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 COOKIE = "switchboard_ui"
@@ -165,3 +170,126 @@ def same_origin(origin: str, hosts: list[str]) -> bool:
     is https and ours http.  (The CSRF token is the defence; this check is a second one.)"""
     netloc = urlsplit(origin).netloc.lower()
     return bool(netloc) and any(netloc == host.lower() for host in hosts)
+
+
+# -- behind a reverse proxy -----------------------------------------------------------
+
+_TOKEN = re.compile(r"[A-Za-z0-9._:\[\]-]{1,64}")  # what an unparsable hop may be kept as (RFC 7239's "_hidden")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """Who is at the other end of a dashboard request: the browser's address (an IP address, or the
+    token a proxy put in its place, or ``unknown``), and whether the browser's side is HTTPS."""
+
+    address: str
+    https: bool
+
+
+def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
+    """``ui.trusted_proxies`` as networks: an address is a network of one; ValueError names a bad one."""
+    return tuple(ipaddress.ip_network(v.strip(), strict=False) for v in values)
+
+
+def _address(text: str | None) -> str | None:
+    """The IP address in a hop (``1.2.3.4``, ``1.2.3.4:80``, ``[::1]:80``, ``"[::1]"``), normalized
+    (an IPv4-mapped IPv6 address as IPv4); None when it is not one."""
+    if not text:
+        return None
+    text = text.strip().strip('"')
+    if text.startswith("["):
+        text = text[1:].split("]", 1)[0]
+    elif text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def forwarded_elements(values: Sequence[str]) -> list[dict[str, str]]:
+    """RFC 7239 ``Forwarded`` headers as a list of elements (``{"for": ..., "proto": ...}``), nearest
+    proxy last.  Quoted values may hold ``,`` and ``;``; names are lower-cased."""
+    elements: list[dict[str, str]] = []
+    for value in values:
+        element: dict[str, str] = {}
+        name, text, quoted, in_value = "", "", False, False
+        for ch in value + ",":
+            if quoted:
+                if ch == '"':
+                    quoted = False
+                else:
+                    text += ch
+            elif ch == '"' and in_value:
+                quoted = True
+            elif ch == "=" and not in_value:
+                name, text, in_value = text.strip().lower(), "", True
+            elif ch in ";,":
+                if in_value and name:
+                    element[name] = text.strip()
+                name, text, in_value = "", "", False
+                if ch == ",":
+                    elements.append(element)
+                    element = {}
+            else:
+                text += ch
+    return elements
+
+
+class Proxies:
+    """``ui.trusted_proxies``: the peers whose ``X-Forwarded-For``, ``X-Forwarded-Proto`` and
+    ``Forwarded`` headers are believed.
+
+    The client is found as reverse proxies write it: each proxy appends the address it was reached
+    from, so the list is read from the right, past every hop that is itself a trusted proxy; the first
+    other one is the client (a client's own header, passed on in front, is never read).  The scheme is
+    the one written for that hop (or the only one the proxy wrote).  ``X-Forwarded-*`` are read when
+    the request has them, else ``Forwarded``."""
+
+    def __init__(self, trusted: Iterable[str] = ()):
+        self.networks = parse_networks(trusted)
+
+    def trusts(self, address: str | None) -> bool:
+        found = _address(address)
+        if found is None:
+            return False
+        ip = ipaddress.ip_address(found)
+        return any(ip in network for network in self.networks)
+
+    def client(self, peer: str | None, headers: Mapping[str, str], *, tls: bool = False) -> Client:
+        """Who sent a request that came from ``peer`` with ``headers`` (over TLS to us: ``tls``)."""
+        direct = Client(_address(peer) or "unknown", tls)
+        if not self.networks or not self.trusts(peer):
+            return direct
+        getall = getattr(headers, "getall", None)
+
+        def values(name: str) -> list[str]:
+            return list(getall(name, [])) if getall is not None else ([headers[name]] if name in headers else [])
+
+        protos: list[str | None]
+        if "X-Forwarded-For" in headers or "X-Forwarded-Proto" in headers:
+            hops: list[str] = _split(values("X-Forwarded-For"))
+            protos = list(_split(values("X-Forwarded-Proto")))
+            aligned = len(protos) == len(hops)
+        else:
+            elements = forwarded_elements(values("Forwarded"))
+            hops = [e.get("for", "") for e in elements]
+            protos = [e.get("proto") for e in elements]
+            aligned = True
+        if not hops:
+            proto = protos[-1] if protos else None
+            return Client(direct.address, tls if proto is None else proto.lower() == "https")
+        at = len(hops) - 1
+        while at > 0 and self.trusts(hops[at]):
+            at -= 1
+        hop = hops[at]
+        address = _address(hop) or (hop if _TOKEN.fullmatch(hop) else "unknown")
+        proto = protos[at] if aligned else (protos[-1] if protos else None)
+        return Client(address, tls if proto is None else proto.lower() == "https")

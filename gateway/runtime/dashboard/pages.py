@@ -7,6 +7,7 @@ for a change calls what the CLI calls: the store's pairing methods, the cron ser
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import re
@@ -21,10 +22,10 @@ from markupsafe import Markup
 
 import state
 from gateway.charts import usage_svg
-from gateway.config import PLATFORMS
 from gateway.cron.service import run_status_line
 from gateway.durations import time_ago
-from gateway.insights import daily_chart, from_summary, identity_names, window
+from gateway.insights import account_names, daily_chart, from_summary, window
+from gateway.platforms import installed_platforms, sources
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
 
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCES = (*PLATFORMS, "api", "cli", "cron")
 PAGE_SIZE = 50
+MAX_PAGE = 1_000_000  # 50 million sessions; past it an offset is no page (and no longer fits a database integer)
 SEARCH_LIMIT = 50
 HISTORY_LIMIT = 30
 DEAD_LETTERS_SHOWN = 20
@@ -93,6 +94,8 @@ class Pages:
         get("/ui/sessions/{session_id}/export.{kind}", self.export)
         get("/ui/cron", self.cron)
         get("/ui/cron/{job_id}", self.cron_job)
+        get("/ui/cron/runs/fragment", self.runs_fragment)
+        get("/ui/cron/{job_id}/runs/fragment", self.runs_fragment)
         post("/ui/cron/{job_id}/{action}", self.cron_action)
         get("/ui/usage", self.usage)
         get("/ui/pairing", self.pairing)
@@ -131,12 +134,15 @@ class Pages:
         q = request.query
         platform = q.get("platform", "").strip().lower()
         problems = []
-        if platform and platform not in SOURCES:
-            problems.append(f"unknown platform {platform!r} (one of {', '.join(SOURCES)})")
+        if platform and platform not in sources():
+            problems.append(f"unknown platform {platform!r} (one of {', '.join(sources())})")
             platform = ""
         try:
-            page = max(1, int(q.get("page", "1")))
+            page = int(q.get("page", "1"))
+            if not 1 <= page <= MAX_PAGE:
+                raise ValueError
         except ValueError:
+            problems.append(f"page must be a whole number from 1 to {MAX_PAGE:,}; showing page 1")
             page = 1
         args: dict[str, Any] = {}
         since, until = q.get("since", "").strip(), q.get("until", "").strip()
@@ -166,10 +172,10 @@ class Pages:
             # any text is accepted: a query the search cannot read finds nothing, as in the CLI
             hits = await self.src.db.search_messages(
                 filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
-            return self._render(request, "sessions.html", "sessions", filters=filters, sources=SOURCES, hits=hits,
+            return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=hits,
                                 rows=[], more=False)
         rows = await self.src.db.list_sessions_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
-        return self._render(request, "sessions.html", "sessions", filters=filters, sources=SOURCES, hits=None,
+        return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=None,
                             rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
 
     async def _record(self, request: web.Request) -> dict:
@@ -184,7 +190,8 @@ class Pages:
         parent = await db.get_session(record["parent_session_id"]) if record.get("parent_session_id") else None
         children = [s for s in await db.get_descendants(record["id"]) if s["parent_session_id"] == record["id"]]
         lineage = transcript.Lineage(parent=parent, children=children, tip=await db.get_compression_tip(record["id"]))
-        messages = [transcript.shown(m) for m in record["messages"]]
+        # Markdown takes CPU (0.1-1.5 ms a message): a long transcript renders off the event loop
+        messages = await asyncio.to_thread(lambda: [transcript.shown(m) for m in record["messages"]])
         return self._render(request, "session.html", "sessions", session=record, lineage=lineage, messages=messages,
                             summaries=[m["summary"] for m in messages if m["summary"] is not None])
 
@@ -220,10 +227,12 @@ class Pages:
             days = 30
         since, dates = window(days, time.time())
         db = self.src.db
-        rename = identity_names(self.src.identities) if by == "user" and self.src.identities else None
+        # by user: an identity's accounts are one row, a cron job's calls go by its name
+        rename = account_names(self.src.identities, await db.list_cron_jobs()) if by == "user" else None
         limit = None if by == "day" else USAGE_TOP
         # with identities, every account is read: an identity's accounts add up before the ranking
-        found = from_summary(await db.usage_summary(since, by, limit=None if rename else limit), dates, rename,
+        everyone = by == "user" and bool(self.src.identities)
+        found = from_summary(await db.usage_summary(since, by, limit=None if everyone else limit), dates, rename,
                              limit)
         chart = daily_chart(from_summary(await db.usage_summary(since, "purpose"), dates),
                             from_summary(await db.usage_summary(since, "day"), dates))
@@ -250,6 +259,14 @@ class Pages:
         return self._render(request, "cron_job.html", "cron", job=job, runs=self._runs(runs),
                             started=started if started.isdigit() else "", done=request.query.get("done", ""))
 
+    async def runs_fragment(self, request: web.Request) -> web.StreamResponse:
+        """The runs table alone (of one job, or of all), which the page refreshes while a run is running."""
+        job_id = request.match_info.get("job_id")
+        if job_id is not None and await self.src.db.get_cron_job(job_id) is None:
+            raise web.HTTPNotFound()
+        runs = await self.src.db.list_cron_runs(job_id, limit=HISTORY_LIMIT)
+        return self._render(request, "_runs.html", "cron", runs=self._runs(runs))
+
     async def cron_action(self, request: web.Request) -> web.StreamResponse:
         job_id, action = request.match_info["job_id"], request.match_info["action"]
         actions = {"run": self.src.cron.start_job, "pause": self.src.cron.pause_job,
@@ -270,15 +287,15 @@ class Pages:
     async def pairing(self, request: web.Request, *, error: str = "", status: int = 200) -> web.StreamResponse:
         listing = await self.src.db.list_pairing()
         return self.ui.render(request, "pairing.html", {
-            "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": PLATFORMS,
+            "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": installed_platforms(),
             "error": error, "approved_now": request.query.get("approved", ""),
             "revoked_now": request.query.get("revoked", "")}, status=status)
 
     async def pairing_approve(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
         platform, code = str(form.get("platform", "")).lower(), str(form.get("code", "")).strip()
-        if platform not in PLATFORMS or not code:
-            return await self.pairing(request, error=f"choose a platform ({', '.join(PLATFORMS)}) and a code",
+        if platform not in installed_platforms() or not code:
+            return await self.pairing(request, error=f"choose a platform ({', '.join(installed_platforms())}) and a code",
                                       status=400)
         try:
             user = await self.src.db.approve_pairing(platform, code)
@@ -292,7 +309,7 @@ class Pages:
     async def pairing_revoke(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
         platform, user_id = str(form.get("platform", "")).lower(), str(form.get("user_id", ""))
-        if platform not in PLATFORMS or not user_id:
+        if platform not in installed_platforms() or not user_id:
             return await self.pairing(request, error="choose an approved user to revoke", status=400)
         if not await self.src.db.revoke_user(platform, user_id):
             return await self.pairing(request, error=f"{platform} user {user_id} was not approved: nothing changed",

@@ -3,6 +3,11 @@
 The session and its messages come from the store's own export (``export_session``: the same record
 ``switchboard sessions export`` writes, secrets in its model settings redacted); this module only
 arranges them.
+
+Message text is shown as Markdown (:func:`as_html`): markdown-it-py with raw HTML off (a ``<script>``
+in a message is text), and its output sanitised once more by nh3 with a short list of tags and
+attributes, links to http, https and mailto only, and no image (an image becomes a link to it: the
+page loads nothing from elsewhere).
 """
 
 from __future__ import annotations
@@ -10,9 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
+import nh3
+from markdown_it import MarkdownIt
+from markdown_it.common.utils import escapeHtml
 from markupsafe import Markup, escape
 
 import compression
@@ -94,7 +103,50 @@ def tool_call_lines(message: dict) -> list[str]:
 
 
 def shown(message: dict) -> dict:
-    """A stored message as the transcript shows it: ``summary`` (a compression summary's text, else None)
-    and ``calls`` (its tool calls, one line each) added."""
+    """A stored message as the transcript shows it: ``summary`` (a compression summary's text, else None),
+    ``html`` (the text as safe HTML: Markdown, or a tool's output as preformatted text) and ``calls``
+    (its tool calls, one line each) added.  Markdown takes CPU: call it off the event loop."""
     summary = compression.summary_text(message) if compression.is_summary(message) else None
-    return {**message, "summary": summary, "calls": tool_call_lines(message)}
+    content = message.get("content")
+    text = content if isinstance(content, str) else ""
+    if summary is not None:
+        body = as_html(summary)
+    elif message.get("role") == "tool":
+        body = Markup("<pre><code>%s</code></pre>") % text
+    else:
+        body = as_html(text)
+    return {**message, "summary": summary, "html": body, "calls": tool_call_lines(message)}
+
+
+ALLOWED_TAGS = {"p", "br", "strong", "em", "del", "s", "code", "pre", "blockquote", "ul", "ol", "li", "hr", "a",
+                "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
+ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}}
+URL_SCHEMES = {"http", "https", "mailto"}
+_local = threading.local()
+
+
+def _image_as_link(self, tokens, idx, options, env) -> str:
+    """An image is shown as a link to it (its alt text, else its address): the page loads nothing from elsewhere."""
+    token = tokens[idx]
+    src = str(token.attrGet("src") or "")
+    alt = self.renderInlineAsText(token.children or [], options, env) or src
+    return f'<a href="{escapeHtml(src)}">{escapeHtml(alt)}</a>'
+
+
+def _markdown() -> MarkdownIt:
+    md = getattr(_local, "md", None)
+    if md is None:  # one parser per thread: the pages render transcripts on worker threads
+        md = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+        md.add_render_rule("image", _image_as_link)
+        _local.md = md
+    return md
+
+
+def as_html(text: str) -> Markup:
+    """``text`` (a message, Markdown or plain) as HTML safe to put in a page: raw HTML in it stays text,
+    and what the Markdown makes is sanitised again (tags, attributes and link schemes on a short list)."""
+    if not text:
+        return Markup("")
+    html = _markdown().render(text)
+    return Markup(nh3.clean(html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes=URL_SCHEMES,
+                            link_rel="noopener noreferrer nofollow"))
