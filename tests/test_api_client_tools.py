@@ -10,6 +10,7 @@ import pytest
 from langchain_core.tools import tool as lc_tool
 from langchain_openai import ChatOpenAI
 
+from state.memory_fence import MEMORY_CLOSE, MEMORY_OPEN
 from tests.fakes.model_server import FakeModel, ToolCall, ToolCalls
 from tests.harness import running_gateway
 
@@ -207,3 +208,32 @@ async def test_bad_tools_and_tool_messages_are_400s_naming_the_field(tmp_path, m
         sessions = await gw.db.list_sessions_rich(source="api", limit=10)
     assert refused.value.body["param"] == param
     assert sessions == [] and model.requests == []
+
+
+async def test_the_text_before_a_client_tool_call_never_shows_or_stores_the_memory_fence(tmp_path, model):
+    echoed = f"{MEMORY_OPEN}\n- #3 Ann's favourite city is Lyon\n{MEMORY_CLOSE}\nLet me check."
+    model.stream_chunk_chars = 3  # the block arrives split across chunks
+    model.script(ToolCalls([ToolCall("get_weather", {"city": "Lyon"}, "call_s")], content=echoed),
+                 ToolCalls([ToolCall("get_weather", {"city": "Lyon"}, "call_p")], content=echoed))
+    async with running_gateway(tmp_path, model) as gw:
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
+        pieces, finish = [], None
+        async with await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER], stream=True,
+                extra_headers={"X-Session-Key": "fenced"}) as stream:
+            async for chunk in stream:
+                if chunk.choices:
+                    pieces.append(chunk.choices[0].delta.content or "")
+                    finish = chunk.choices[0].finish_reason or finish
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "weather, plainly?"}], tools=[WEATHER])
+        await client.close()
+        streamed_rows = await stored(gw, await gw.db.get_route("agent:main:api:dm:fenced"))
+        plain_rows = await stored(gw, raw.headers["X-Switchboard-Session"])
+    plain = raw.parse().choices[0]
+    assert finish == "tool_calls"
+    assert all("<" not in p for p in pieces), pieces
+    assert "".join(pieces).strip() == "Let me check."
+    assert plain.finish_reason == "tool_calls" and plain.message.content.strip() == "Let me check."
+    assert [(role, (text or "").strip(), calls) for role, text, calls in streamed_rows[-1:] + plain_rows[-1:]] == \
+        [("assistant", "Let me check.", ["call_s"]), ("assistant", "Let me check.", ["call_p"])]

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.fakes.model_server import Fail, FakeModel, ToolCall
-from tests.harness import running_gateway
+from tests.harness import Clock, running_gateway
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -174,3 +174,31 @@ async def test_conversation_and_session_key_responses_continue_their_sessions(tm
     assert sorted(sessions) == sorted([
         [("user", "a1"), ("assistant", one.output_text), ("user", "a2"), ("assistant", two.output_text)],
         [("user", "b1"), ("assistant", keyed.output_text), ("user", "b2"), ("assistant", after.output_text)]])
+
+
+async def test_a_reset_notice_reaches_a_responses_client_in_a_header_never_in_its_output(tmp_path, model):
+    clock = Clock()
+    async with running_gateway(tmp_path, model, clock=clock,
+                               sessions={"reset": {"mode": "idle", "idle_minutes": 60}}) as gw:
+        client = client_of(gw)
+        await client.responses.create(model="m", input="before the break", extra_headers={"X-Session-Key": "k"})
+        old = await gw.db.get_route("agent:main:api:dm:k")
+        clock.advance(61 * 60)
+        raw = await client.responses.with_raw_response.create(model="m", input="back again",
+                                                              extra_headers={"X-Session-Key": "k"})
+        streamed_events = []
+        clock.advance(61 * 60)
+        async with client.responses.with_streaming_response.create(
+                model="m", input="and again", stream=True, extra_headers={"X-Session-Key": "k"}) as response:
+            streamed_header = response.headers.get("X-Switchboard-Notice")
+            async for line in response.iter_lines():
+                streamed_events.append(line)
+        await client.close()
+    answer = raw.parse()
+    assert raw.headers["X-Switchboard-Notice"].startswith("(Started a new session: the previous one was idle")
+    assert old in raw.headers["X-Switchboard-Notice"]
+    assert answer.output_text == echo("back again", 1, "back again")  # the notice is not in the output
+    assert streamed_header is not None and streamed_header.startswith("(Started a new session")
+    assert any(line.startswith(": notice: (Started a new session") for line in streamed_events)
+    completed = [json.loads(line[len("data: "):]) for line in streamed_events if '"response.completed"' in line]
+    assert completed[0]["response"]["output"][0]["content"][0]["text"] == echo("and again", 1, "and again")
