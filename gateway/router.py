@@ -126,6 +126,10 @@ class Lane:
     queue: deque = field(default_factory=deque)
     worker: asyncio.Task | None = None
     current: asyncio.Task | None = None  # the turn or command now running
+    # a turn's messages were taken from the queue and its turn is being set up (its message stored,
+    # its history read): a /stop or Ctrl-C then stops it as soon as it starts
+    starting: bool = False
+    stop_asked: bool = False
     last_prompt_tokens: int | None = None
     stream_choice: str | None = None  # the chat's /stream on|off ("on", "off"; None: the config's default)
     stream_choice_read: bool = False  # stream_choice was read from the store
@@ -540,6 +544,7 @@ class SessionRouter:
                 if not lane.queue:
                     return
                 kind, ticket, command = lane.queue.popleft()
+                lane.starting, lane.stop_asked = kind in ("chat", "request", "claimed"), False
                 if kind == "chat":
                     batch = [ticket]
                     while lane.queue and lane.queue[0][0] == "chat":
@@ -681,6 +686,9 @@ class SessionRouter:
         if claim is not None:
             claim.attach(turn)
         lane.current = turn
+        if lane.stop_asked:  # stopped while it was being set up
+            turn.cancel()
+        lane.starting = lane.stop_asked = False
         recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
         stopped_partial = False  # /stop cut a streamed answer short: what was shown is the answer
         try:
@@ -941,6 +949,9 @@ class SessionRouter:
         lane = self._lanes.get(key)
         if lane and lane.current and not lane.current.done():
             lane.current.cancel()
+            return True
+        if lane and lane.starting:
+            lane.stop_asked = True
             return True
         return False
 

@@ -169,6 +169,32 @@ async def test_stop_cancels_the_running_turn_and_keeps_the_message(tmp_path, mod
         await api.close()
 
 
+async def test_stop_while_the_turn_is_being_set_up_stops_it_before_the_model_is_asked(tmp_path, model):
+    """Ctrl-C in the terminal chat that lands after a request left the queue but before its turn started
+    (its message still being stored: here another process holds the database's write lock) stops that turn
+    as soon as it starts, instead of finding nothing to stop and letting the answer run on."""
+    import sqlite3
+
+    async with running_gateway(tmp_path, model) as gw:
+        api = ApiClient(gw)
+        key = "agent:main:api:dm:k"
+        assert await api.say("k", "hello") == "echo: hello | turns: 1 | first: hello"  # the session exists
+        blocker = sqlite3.connect(gw.config.db_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # the store's writer waits for this lock
+            slow = asyncio.create_task(api.say("k", "write me a novel"))
+            await eventually(lambda: gw.router.working_on(key) and gw.router.queued_messages() == 0, 10,
+                             "the request taken from its lane's queue")
+            assert gw.router.stop_turn(key)  # what the terminal chat's Ctrl-C calls
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert (await slow).startswith("Stopped.")
+        assert len(model.requests) == 1  # the model was never asked about the novel
+        assert await api.say("k", "shorter please") == "echo: shorter please | turns: 3 | first: hello"
+        await api.close()
+
+
 async def test_an_idempotency_key_stores_and_answers_once_and_a_retry_gets_the_stored_reply(tmp_path, model):
     async with running_gateway(tmp_path, model) as gw:
         url = f"http://127.0.0.1:{gw.api.bound_port}/v1/chat/completions"
