@@ -1,6 +1,6 @@
 """The local API: the gateway without any chat platform, and its health and metrics.
 
-    POST /v1/chat/completions   OpenAI-compatible (see the README's "Local API" for the whole story)
+    POST /v1/chat/completions   OpenAI-compatible (see docs/api.md for the whole story)
     POST /v1/responses          the Responses API, answered by the same turn (gateway.runtime.responses)
     GET  /v1/models             the configured model; GET /v1/models/{id} that model
     GET  /healthz               status (ok, degraded, draining), each adapter's state, the model
@@ -315,7 +315,7 @@ class LocalApi:
         """Answer one parsed request and write it out in ``fmt``: the one path of every front door.
         ``client_id`` is a conversation id the front door read itself (a Codex ``session_id``).
 
-        Which session answers it: the module docstring (and the README's "Which session answers an
+        Which session answers it: the module docstring (and docs/api.md, "Which session answers an
         API request")."""
         api_tools.check_names(chat, self.router.turn.tools.names())
         idempotency_key = request.headers.get("Idempotency-Key")
