@@ -60,7 +60,7 @@ from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 from gateway.model import ModelClient, ModelSettings
 from gateway.oversize import max_message_tokens
-from gateway.retry import Backoff
+from gateway.retry import Backoff, supervise
 from gateway.router import RouterSettings, SessionHooks, SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
@@ -93,6 +93,7 @@ LOCAL_SOURCES = ("api", "cli")
 # restart of that adapter) waits this long for it before the adapter is asked anyway.
 SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
 LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
+ADAPTER_BACKOFF = Backoff(base=1.0, cap=60.0)  # an adapter that fails to start or to open for sending
 
 
 def auth_settings(config: Config) -> AuthSettings:
@@ -400,21 +401,17 @@ class Gateway:
         assert isinstance(adapter, SendingOnly)
 
         async def open_it() -> None:
-            backoff, attempt = Backoff(base=1.0, cap=60.0), 0
-            while True:
-                try:
-                    await adapter.open_for_sending()
-                    self._connected[name].set()
-                    return
-                except Exception as exc:  # noqa: BLE001 - retried; /healthz shows the platform meanwhile
-                    wait = backoff.delay(attempt)
-                    attempt += 1
-                    log.error("platform %s could not be opened for sending: %s; retrying in %.0fs", name, exc, wait)
-                    await asyncio.sleep(wait)
+            await adapter.open_for_sending()
+            self._connected[name].set()
+
+        def failed(failures: int, exc: Exception, wait: float) -> None:  # /healthz shows the platform meanwhile
+            log.error("platform %s could not be opened for sending: %s; retrying in %.0fs", name, exc, wait)
 
         previous = self._sending_only.get(name)
         if previous is None or previous.done():
-            self._sending_only[name] = spawn(open_it(), name=f"adapter-send:{name}")
+            self._sending_only[name] = spawn(
+                supervise(open_it, name=f"adapter-send:{name}", backoff=ADAPTER_BACKOFF, on_failure=failed),
+                name=f"adapter-send:{name}")
 
     async def _start_owned(self, name: str, adapter: Adapter) -> None:
         """This instance now owns ``name``'s connection: resume what the last owner left undone there
@@ -514,23 +511,17 @@ class Gateway:
             self.platforms_off.update(off)
 
     async def _supervise(self, name: str, adapter: Adapter) -> None:
-        backoff = Backoff(base=1.0, cap=60.0)
-        attempt = 0
-        while True:
-            try:
-                await adapter.start(self.on_inbound, dead_letter=self.on_dead_letter)
-                self._connected[name].set()
-                self._start_errors.pop(name, None)
-                log.info("platform %s connected", name)
-                return  # from here the adapter keeps its own connection alive
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one platform's failure never stops the others
-                wait = backoff.delay(attempt)
-                attempt += 1
-                self._start_errors[name] = str(exc)
-                log.error("platform %s failed to start: %s; retrying in %.0fs", name, exc, wait)
-                await asyncio.sleep(wait)
+        async def start() -> None:
+            await adapter.start(self.on_inbound, dead_letter=self.on_dead_letter)
+            self._connected[name].set()
+            self._start_errors.pop(name, None)
+            log.info("platform %s connected", name)  # from here the adapter keeps its own connection alive
+
+        def failed(failures: int, exc: Exception, wait: float) -> None:  # one platform's failure never stops the others
+            self._start_errors[name] = str(exc)
+            log.error("platform %s failed to start: %s; retrying in %.0fs", name, exc, wait)
+
+        await supervise(start, name=f"adapter:{name}", backoff=ADAPTER_BACKOFF, on_failure=failed)
 
     async def stop(self, grace_seconds: float | None = None) -> None:
         """Stop taking messages, finish running turns within the grace period, close everything."""
