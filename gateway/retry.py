@@ -13,8 +13,9 @@ said nothing, e.g. a plain 503).
 Work that must be kept running, never given up, goes through :func:`supervise`:
 it runs a coroutine factory, and after each failure logs it, counts it (by the
 loop's name, see :func:`supervised_failures`), waits :meth:`Backoff.delay` and
-runs it again; cancelling the task stops it cleanly.  The daemon starts
-adapters and opens send-only standbys with it (``gateway/runtime/daemon.py``).  Loops inside the adapters keep their own ``while`` and take only their
+runs it again; cancelling the task stops it cleanly.  The platform supervisor
+(``gateway/runtime/platforms.py``) starts adapters and opens send-only standbys
+with it.  Loops inside the adapters keep their own ``while`` and take only their
 waits from :meth:`Backoff.delay`, because a library drives them: the Discord
 client's reconnect (``adapters/discord/adapter.py``), Telegram's long polling
 (``adapters/telegram/polling.py``) and the Slack Socket Mode reconnect

@@ -60,13 +60,13 @@ from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 from gateway.model import ModelClient, ModelSettings
 from gateway.oversize import max_message_tokens
-from gateway.retry import Backoff, supervise
 from gateway.router import RouterSettings, SessionHooks, SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.notify import Notifier
+from gateway.runtime.platforms import PlatformSupervisor
 from gateway.runtime.reload import reload_config
 from gateway.runtime.upkeep import StoreUpkeep
 from gateway.streaming import DraftOutput, StreamPacing
@@ -93,7 +93,6 @@ LOCAL_SOURCES = ("api", "cli")
 # restart of that adapter) waits this long for it before the adapter is asked anyway.
 SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
 LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
-ADAPTER_BACKOFF = Backoff(base=1.0, cap=60.0)  # an adapter that fails to start or to open for sending
 
 
 def auth_settings(config: Config) -> AuthSettings:
@@ -136,11 +135,8 @@ class Gateway:
         self.model: ModelClient | None = None  # made in start(), with the usage ledger on the store
         self.usage: UsageRecorder | None = None
         self._given_adapters = adapters
-        self.adapters: dict[str, Adapter] = {}
+        self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter)
         self.platforms_off: dict[str, str] = {}
-        self._supervisors: dict[str, asyncio.Task] = {}
-        self._connected: dict[str, asyncio.Event] = {}  # set once a platform's adapter has started
-        self._start_errors: dict[str, str] = {}
         self.api: LocalApi | None = None  # made in start(), on the router
         self.router: SessionRouter | None = None
         # made in start(), on the store
@@ -161,8 +157,12 @@ class Gateway:
         self.cron_claims: deque[dict] = deque(maxlen=20)
         self.claims: Any = None  # gateway.runtime.turn_claims.TurnClaims: the sessions' turns this instance runs
         self._work_pending = asyncio.Event()  # the router stored a message for any instance to claim
-        self._sending_only: dict[str, asyncio.Task] = {}  # standbys: adapters opened to send, not to receive
         self._rate_budgets: Any = None  # clustered: gateway.runtime.cluster's shared buckets (PgBuckets)
+
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        """The platforms whose adapter runs (or stands by) here."""
+        return self.platforms.adapters
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -313,14 +313,14 @@ class Gateway:
     def _start_platforms(self) -> None:
         cfg = self.config
         if self._given_adapters is not None:
-            self.adapters = dict(self._given_adapters)
+            adapters = dict(self._given_adapters)
             self.platforms_off = {name: (why if why != "on" else "off: not started in this process")
-                                  for name, why in cfg.enabled_platforms().items() if name not in self.adapters}
+                                  for name, why in cfg.enabled_platforms().items() if name not in adapters}
         else:
-            self.adapters, self.platforms_off = load_adapters(cfg, self._menu())
+            adapters, self.platforms_off = load_adapters(cfg, self._menu())
         for name, why in self.platforms_off.items():
             log.info("platform %s is %s", name, why)
-        for name, adapter in list(self.adapters.items()):
+        for name, adapter in adapters.items():
             self._run_adapter(name, adapter)
 
     def _menu(self) -> list[tuple[str, str]]:
@@ -360,9 +360,8 @@ class Gateway:
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
-        self.adapters[name] = adapter
+        self.platforms.add(name, adapter)
         self.platforms_off.pop(name, None)
-        self._connected[name] = asyncio.Event()
         key = None
         if self.config.clustered and self.serve_api:
             from gateway.runtime.cluster import connection_key
@@ -377,7 +376,7 @@ class Gateway:
         if key is not None:
             self._own(name, adapter, key)
             return
-        self._supervisors[name] = spawn(self._supervise(name, adapter), name=f"adapter:{name}")
+        self.platforms.run(name)
 
     def _own(self, name: str, adapter: Adapter, key: str) -> None:
         """Run ``name``'s connection only while this instance owns ``key``; stand by for it otherwise."""
@@ -392,26 +391,8 @@ class Gateway:
                                stop=functools.partial(self._stop_owned, name, adapter))
         self.owned[name] = held
         if self.router.claims_turns(name):
-            self._open_for_sending(name, adapter)
+            self.platforms.open_for_sending(name)
         held.begin()
-
-    def _open_for_sending(self, name: str, adapter: Adapter) -> None:
-        """While another instance owns ``name``'s connection, this one still sends the replies of the turns
-        it runs: the adapter is opened for sending only (retried with backoff until it is)."""
-        assert isinstance(adapter, SendingOnly)
-
-        async def open_it() -> None:
-            await adapter.open_for_sending()
-            self._connected[name].set()
-
-        def failed(failures: int, exc: Exception, wait: float) -> None:  # /healthz shows the platform meanwhile
-            log.error("platform %s could not be opened for sending: %s; retrying in %.0fs", name, exc, wait)
-
-        previous = self._sending_only.get(name)
-        if previous is None or previous.done():
-            self._sending_only[name] = spawn(
-                supervise(open_it, name=f"adapter-send:{name}", backoff=ADAPTER_BACKOFF, on_failure=failed),
-                name=f"adapter-send:{name}")
 
     async def _start_owned(self, name: str, adapter: Adapter) -> None:
         """This instance now owns ``name``'s connection: resume what the last owner left undone there
@@ -431,21 +412,17 @@ class Gateway:
             log.info("taking over %s: %d stored replies to send, %d sessions to answer, %d too old to answer "
                      "(told so)", name, counts["replies"], counts["sessions"], counts["expired"])
         try:
-            await adapter.start(self.on_inbound, dead_letter=self.on_dead_letter)
-        except Exception as exc:
-            self._start_errors[name] = str(exc)
+            await self.platforms.start_owned(name)
+        except Exception:
             if claimed:
-                self._open_for_sending(name, adapter)  # still sends for the turns it runs meanwhile
+                self.platforms.open_for_sending(name)  # still sends for the turns it runs meanwhile
             raise
-        self._start_errors.pop(name, None)
-        self._connected[name].set()
         log.info("platform %s connected (this instance, %s, owns it)", name, self.instance_id)
 
     async def _stop_owned(self, name: str, adapter: Adapter) -> None:
-        self._connected[name] = asyncio.Event()  # replies due meanwhile wait (then stay pending)
-        await adapter.stop()
+        await self.platforms.stop_owned(name)
         if self.router.claims_turns(name) and not self.draining:
-            self._open_for_sending(name, adapter)  # a standby again: it still sends for the turns it runs
+            self.platforms.open_for_sending(name)  # a standby again: it still sends for the turns it runs
 
     async def _claim_cron_tick(self, job_id: str, scheduled_for: float) -> bool:
         from gateway.runtime.cluster import claim_tick
@@ -472,33 +449,18 @@ class Gateway:
                     progress: SendProgress | None) -> Delivery:
         """The router's sender for ``name``: the platform's current adapter, once it has connected
         (a reply resumed at start, or due while a reload restarts the adapter, waits for it)."""
-        connected = self._connected.get(name)
-        if connected is not None and not connected.is_set():
-            try:
-                await asyncio.wait_for(connected.wait(), SEND_WAITS_FOR_CONNECTION_SECONDS)
-            except asyncio.TimeoutError:
-                pass  # the adapter says why it cannot send; a recorded reply stays pending
-        adapter = self.adapters.get(name)
+        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
         if adapter is None:
             return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
         return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
 
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
-        supervisor = self._supervisors.pop(name, None)
-        if supervisor is not None:
-            supervisor.cancel()
+        self.platforms.forget_start(name)
         held = self.owned.pop(name, None)
         if held is not None:
             await held.close()  # stops the adapter if it runs here, then lets a standby take it
-        adapter = self.adapters.pop(name, None)
-        self._start_errors.pop(name, None)
-        self._connected[name] = asyncio.Event()  # replies due meanwhile wait for the new adapter
-        if adapter is not None:
-            try:
-                await adapter.stop()
-            except Exception:  # the new one starts anyway
-                log.exception("platform %s did not stop cleanly", name)
+        await self.platforms.remove(name)  # replies due meanwhile wait for the new adapter
         status = self.config.enabled_platforms()[name]
         if status != "on":
             self.platforms_off[name] = status
@@ -509,19 +471,6 @@ class Gateway:
             self._run_adapter(name, built[name])
         else:
             self.platforms_off.update(off)
-
-    async def _supervise(self, name: str, adapter: Adapter) -> None:
-        async def start() -> None:
-            await adapter.start(self.on_inbound, dead_letter=self.on_dead_letter)
-            self._connected[name].set()
-            self._start_errors.pop(name, None)
-            log.info("platform %s connected", name)  # from here the adapter keeps its own connection alive
-
-        def failed(failures: int, exc: Exception, wait: float) -> None:  # one platform's failure never stops the others
-            self._start_errors[name] = str(exc)
-            log.error("platform %s failed to start: %s; retrying in %.0fs", name, exc, wait)
-
-        await supervise(start, name=f"adapter:{name}", backoff=ADAPTER_BACKOFF, on_failure=failed)
 
     async def stop(self, grace_seconds: float | None = None) -> None:
         """Stop taking messages, finish running turns within the grace period, close everything."""
@@ -546,20 +495,13 @@ class Gateway:
                         "and the next turn will answer it", key, grace)
         if self.claims is not None:
             await self.claims.close()  # the leases still held go back: another instance answers what is left
-        for task in [*self._supervisors.values(), *self._sending_only.values()]:
-            task.cancel()
+        self.platforms.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
         if self.api is not None:
             await self.api.stop()
         await asyncio.gather(*(held.close() for held in self.owned.values()))  # standbys take over
-        for name, adapter in reversed(list(self.adapters.items())):
-            if name in self.owned and name not in self._sending_only:
-                continue
-            try:
-                await adapter.stop()
-            except Exception:  # keep closing the rest
-                log.exception("platform %s did not stop cleanly", name)
+        await self.platforms.stop(skip={name for name in self.owned if not self.platforms.sending_only(name)})
         if self._rate_budgets is not None:
             from gateway.runtime.cluster import stop_sharing_rate_budgets
 
@@ -583,7 +525,7 @@ class Gateway:
         adapter = self.adapters.get(name)
         if adapter is None:
             return PlatformStatus(running=False, state="disabled", why_off=self.platforms_off.get(name))
-        state = "failed" if name in self._start_errors else adapter.health().state
+        state = "failed" if name in self.platforms.start_errors else adapter.health().state
         return PlatformStatus(running=True, state=state)
 
     def _cron_health(self) -> dict:
@@ -598,9 +540,9 @@ class Gateway:
             platforms[name] = AdapterHealth(name, state="disabled", detail=why).as_dict()
         for name, adapter in self.adapters.items():
             h = adapter.health().as_dict()
-            if name in self._start_errors:
+            if name in self.platforms.start_errors:
                 h["state"] = "failed"
-                h["last_error"] = self._start_errors[name]
+                h["last_error"] = self.platforms.start_errors[name]
             if name in self.owned and self.owned[name].owner.state != "owner":
                 h["state"] = "standby"  # another instance owns the connection; this one takes over if it dies
             platforms[name] = h
