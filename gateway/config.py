@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar, Literal, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Mapping, overload
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -177,6 +177,10 @@ def _check_user_ref(value: str) -> str:
 UserRef = Annotated[str, AfterValidator(_check_user_ref)]
 
 
+@overload
+def _resolve_path(value: Path, info: ValidationInfo) -> Path: ...
+@overload
+def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None: ...
 def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
     if value is None:
         return None

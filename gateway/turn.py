@@ -166,14 +166,14 @@ class AgentTurn:
         )
 
     def _with_attachments(self, history: list[dict], attachments: tuple[Attachment, ...]) -> list[dict]:
-        images = [a for a in attachments if a.kind == "image" and a.data]
+        images = [(a.data, a.mime_type) for a in attachments if a.kind == "image" and a.data]
         if not (self.settings.vision and images) or not history or history[-1].get("role") != "user":
             return history
         last = dict(history[-1])
         parts: list[dict] = [{"type": "text", "text": last.get("content") or ""}]
-        for image in images:
-            encoded = base64.b64encode(image.data).decode()
-            parts.append({"type": "image_url", "image_url": {"url": f"data:{image.mime_type or 'image/jpeg'};base64,{encoded}"}})
+        for data, mime_type in images:
+            encoded = base64.b64encode(data).decode()
+            parts.append({"type": "image_url", "image_url": {"url": f"data:{mime_type or 'image/jpeg'};base64,{encoded}"}})
         last["content"] = parts
         return history[:-1] + [last]
 
