@@ -4,7 +4,7 @@
   tables, unicode61 and trigram, each keeping its own copy of every message's
   content, kept in sync by triggers).
 * ``ours``: the real schema (``state.schema`` when it is importable, else the
-  tables of the contract) with ``state.fts.install``: external-content
+  tables of the contract) with ``state.fts5.install``: external-content
   indexes over content, tool name and tool-call text, trigram only for
   messages containing CJK.
 
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._corpus import Corpus
-from state import fts
+from state.search import fts5
 
 DATA = ROOT / "bench" / ".data"
 DESIGNS = ("seed", "ours")
@@ -86,8 +86,8 @@ def _create(conn: sqlite3.Connection, design: str) -> str:
         except ImportError:
             for stmt in CONTRACT_SCHEMA:
                 conn.execute(stmt)
-            fts.install(conn)
-            how = "contract DDL + state.fts.install"
+            fts5.install(conn)
+            how = "contract DDL + state.fts5.install"
     conn.execute("COMMIT")
     return how
 

@@ -16,7 +16,7 @@ but missing from the database afterwards).
   tables (unicode61 and trigram over every message), ``synchronous=NORMAL``.
 * ``ours``: ``state.SessionDB.append_message`` (writers queue on a kernel
   lock in front of SQLite's, patience 10 s measured in time; the search
-  design of ``state.fts``).
+  design of ``state.search.fts5``).
 
 Databases live in a temporary directory that is removed afterwards; nothing
 touches ``~/.switchboard``.

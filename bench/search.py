@@ -9,7 +9,7 @@ For each query of ``bench._corpus.QUERIES`` (a very common term, a common
 term, a rare term, two terms, a phrase, a prefix, three CJK characters) it
 prints p50/p95 over ``--runs`` runs (warm cache, after one untimed run) of:
 
-* ours: ``state.fts.search_messages(conn, q, limit=20)``, everything a caller
+* ours: ``state.search.search_messages(conn, q, limit=20)``, everything a caller
   gets (ranking, snippets, one message of context either side);
 * seed: the seed's search, ``... MATCH ? ORDER BY rank LIMIT 20`` with
   ``snippet()`` on the table its dispatch picks, plus the same context reads;
@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _pg, _stores
 from bench._corpus import QUERIES
-from state import fts
+from state import search
+from state.search import fts5
 
 MIXED_QUERIES = {
     "CJK OR CJK": "数据库 OR 服务器",
@@ -75,7 +76,7 @@ def seed_search(conn, query: str, limit: int = 20) -> list:
             f"SELECT m.id, m.session_id, m.role, m.timestamp, snippet({table}, 0, '>>>', '<<<', '...', 40)"
             f" FROM {table} JOIN messages m ON {table}.rowid = m.id"
             f" WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
-            (fts.sanitize_query(query), limit),
+            (search.sanitize_query(query), limit),
         ).fetchall()
     else:
         rows = conn.execute(
@@ -115,7 +116,7 @@ def match_sets(seed, ours, query: str, upto: int) -> tuple[set, set]:
         args = (f"%{query}%", upto)
         return {r[0] for r in seed.execute(sql, args)}, {r[0] for r in ours.execute(sql, args)}
     table = "messages_fts_trigram" if cjk else "messages_fts"
-    match = fts.sanitize_query(query)
+    match = search.sanitize_query(query)
     a = {r[0] for r in seed.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid <= ?", (match, upto))}
     b = {r[0] for r in ours.execute(
         f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid <= ?", ("{content} : (" + match + ")", upto))}
@@ -129,8 +130,8 @@ def report_pg(server: str, n: int, runs: int, ours) -> None:
     url = _pg.build(server, n)
     db = SessionDB(url)
 
-    def matches(q: str) -> set[int]:  # every match: fts.matching_ids on one read of the store
-        return set(db._engine.read(fts.matching_ids, fts.parse(q), limit=10**9))
+    def matches(q: str) -> set[int]:  # every match: search.matching_ids on one read of the store
+        return set(db._engine.read(search.matching_ids, search.parse(q), limit=10**9))
 
     try:
         print(f"\nPostgreSQL: SessionDB.search_messages over {n:,} messages, limit 20, warm cache "
@@ -147,7 +148,7 @@ def report_pg(server: str, n: int, runs: int, ours) -> None:
         print("  Same whole match sets as SQLite (ours)?")
         same = True
         for q in [*QUERIES.values(), *EXTRA_CHECKS, *MIXED_QUERIES.values()]:
-            a, b = set(fts.matching_ids(ours, fts.parse(q), limit=10**9)), matches(q)
+            a, b = set(search.matching_ids(ours, search.parse(q), limit=10**9)), matches(q)
             same &= a == b
             print(f"    {q!r:28} sqlite {len(a):9,}  postgresql {len(b):9,}  "
                   f"{'same' if a == b else f'DIFFERENT ({len(a - b)} only in sqlite, {len(b - a)} only in postgresql)'}")
@@ -180,31 +181,31 @@ def main(argv=None) -> None:
           f"{'LIKE p50':>9} {'p95':>7}")
     worst = 0.0
     for label, q in QUERIES.items():
-        o50, o95, _hits = timed(lambda: fts.search_messages(ours, q, limit=20), args.runs)  # noqa: B023 - called within this iteration
+        o50, o95, _hits = timed(lambda: search.search_messages(ours, q, limit=20), args.runs)  # noqa: B023 - called within this iteration
         s50, s95, _ = timed(lambda: seed_search(seed, q), args.slow_runs)  # noqa: B023 - called within this iteration
         l50, l95, _ = timed(lambda: like_scan(seed, q), args.slow_runs)  # noqa: B023 - called within this iteration
         cjk = len(_CJK.findall(q))
         table = "messages_fts_trigram" if cjk >= 3 else "messages_fts"
-        n = ours.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?", (fts.sanitize_query(q),)).fetchone()[0]
+        n = ours.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?", (search.sanitize_query(q),)).fetchone()[0]
         worst = max(worst, o95)
         print(f"{label:20} {q!r:24} {n:9,} {o50 * 1e3:9.1f} {o95 * 1e3:7.1f} {s50 * 1e3:9.1f} {s95 * 1e3:7.1f} "
               f"{l50 * 1e3:9.1f} {l95 * 1e3:7.1f}")
     print(f"\nworst p95 of ours over indexed queries: {worst * 1e3:.1f} ms (target <= 50 ms)")
     for q in ["日志", "库"]:
-        o50, o95, _ = timed(lambda: fts.search_messages(ours, q, limit=20), args.slow_runs)  # noqa: B023 - called within this iteration
+        o50, o95, _ = timed(lambda: search.search_messages(ours, q, limit=20), args.slow_runs)  # noqa: B023 - called within this iteration
         print(f"  not indexed (LIKE path, 1-2 CJK characters) {q!r}: ours p50 {o50 * 1e3:.1f} ms, p95 {o95 * 1e3:.1f} ms")
 
     print("\nBoolean queries mixing CJK and Latin terms (ours only; matches counted up to 1,000):")
     for label, q in MIXED_QUERIES.items():
-        o50, o95, _hits = timed(lambda: fts.search_messages(ours, q, limit=20), args.runs)  # noqa: B023 - called within this iteration
-        n = len(fts.matching_ids(ours, fts.parse(q), limit=1000))
+        o50, o95, _hits = timed(lambda: search.search_messages(ours, q, limit=20), args.runs)  # noqa: B023 - called within this iteration
+        n = len(search.matching_ids(ours, search.parse(q), limit=1000))
         print(f"  {label:20} {q!r:28} {n:6,} matches  p50 {o50 * 1e3:7.1f} ms  p95 {o95 * 1e3:7.1f} ms")
-    a, b = (set(fts.matching_ids(ours, fts.parse(q), limit=10**9)) for q in ("docker", "数据库"))
-    both_ok = set(fts.matching_ids(ours, fts.parse("docker OR 数据库"), limit=10**9)) == a | b
-    not_ok = set(fts.matching_ids(ours, fts.parse("数据库 NOT docker"), limit=10**9)) == b - a
+    a, b = (set(search.matching_ids(ours, search.parse(q), limit=10**9)) for q in ("docker", "数据库"))
+    both_ok = set(search.matching_ids(ours, search.parse("docker OR 数据库"), limit=10**9)) == a | b
+    not_ok = set(search.matching_ids(ours, search.parse("数据库 NOT docker"), limit=10**9)) == b - a
     print(f"  'docker OR 数据库' is the union of its parts: {both_ok}; '数据库 NOT docker' the difference: {not_ok}")
 
-    upto = fts._indexed_upto(ours)
+    upto = fts5._indexed_upto(ours)
     print(f"\nSame answers? whole match sets, content column, message ids up to {upto:,} (ours' index mark):")
     same = True
     for q in [*QUERIES.values(), *EXTRA_CHECKS]:
@@ -214,7 +215,7 @@ def main(argv=None) -> None:
         print(f"  {q!r:28} seed {len(a):9,}  ours {len(b):9,}  {'same' if ok else 'DIFFERENT'}")
     print("all the same" if same else "SOME DIFFER")
     print("\nWhat ours returns for the very common term (top 3):")
-    for hit in fts.search_messages(ours, QUERIES["very common term"], limit=3):
+    for hit in search.search_messages(ours, QUERIES["very common term"], limit=3):
         print(f"  #{hit['id']} {hit['role']:9} {hit['snippet'][:90]!r}")
     with _pg.server(args) as server:
         if server is not None:

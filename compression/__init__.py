@@ -18,7 +18,7 @@ decision), ``errors``.  This package imports ``state`` and nothing from
 ``gateway`` or ``adapters``; it never calls a model itself.
 """
 
-from .errors import CompressionError, CompressionFailed, NothingToCompress, SessionChanged
+from .errors import CompressionError, CompressionFailed, NothingToCompress, SessionChanged, TooLittleToGain
 from .planning import Plan, fit_to_window, plan
 from .prompt import build_summary_request, render_transcript, target_summary_tokens
 from .redaction import REDACTED, redact
@@ -34,6 +34,7 @@ from .tokens import (
     estimate_tokens,
     known_context_length,
     prompt_tokens,
+    round_tokens,
     should_compress,
 )
 from .trigger import Prepared, prepare_history
@@ -53,6 +54,7 @@ __all__ = [
     "Prepared",
     "SessionChanged",
     "Summarize",
+    "TooLittleToGain",
     "build_summary_request",
     "compress_session",
     "context_length_for",
@@ -68,6 +70,7 @@ __all__ = [
     "prompt_tokens",
     "redact",
     "render_transcript",
+    "round_tokens",
     "should_compress",
     "summary_text",
     "target_summary_tokens",

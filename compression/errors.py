@@ -2,19 +2,25 @@
 
     CompressionError                 root of everything compression raises on purpose
     ├── NothingToCompress            too few messages to gain anything; nothing changed
+    ├── TooLittleToGain              a split would leave too little room under the threshold to be
+    │                                worth a new session (.tokens_before, .tokens_after, .limit);
+    │                                nothing changed and no model was asked
     ├── CompressionFailed            the summarizer raised, timed out or answered nothing;
     │                                nothing changed (the summarizer's error is ``__cause__``)
     └── SessionChanged               the session ended or lost messages while being compressed;
                                      nothing changed
 
 ``compress_session`` raises only these (and ``state`` errors from the store
-itself), either before it has written anything or after undoing what it had
-written, so the gateway can catch :class:`CompressionError`, answer the turn
-uncompressed and start its cooldown.  ``prepare_history`` catches them itself
-and returns the reason in ``Prepared.failure``.
+itself), always before anything was written (the split is one store
+transaction), so the gateway can catch :class:`CompressionError`, answer the
+turn uncompressed and, after a :class:`CompressionFailed`, start its cooldown.
+``prepare_history`` catches them itself and returns the reason in
+``Prepared.failure``.
 """
 
 from __future__ import annotations
+
+from .tokens import round_tokens
 
 
 class CompressionError(Exception):
@@ -30,6 +36,23 @@ class NothingToCompress(CompressionError):
         super().__init__(
             f"nothing to compress: session {session_id} has {message_count} messages, all of them in the "
             "protected head and recent tail; nothing was changed"
+        )
+
+
+class TooLittleToGain(CompressionError):
+    """A split would leave the conversation too close to the threshold to be worth a new session;
+    the session was left as it was and no model was asked."""
+
+    def __init__(self, session_id: str, tokens_before: int, tokens_after: int, limit: int):
+        self.session_id = session_id
+        self.tokens_before = tokens_before
+        self.tokens_after = tokens_after  # the child's expected size
+        self.limit = limit  # the most the child could hold for the split to be worth it
+        super().__init__(
+            f"not compressing session {session_id}: a split would save too little "
+            f"(~{round_tokens(tokens_before):,} → ~{round_tokens(tokens_after):,} tokens, where at most "
+            f"~{round_tokens(limit):,} leave room to go on); nothing was changed. "
+            "A larger model.context_length, or /new, gives the conversation room"
         )
 
 

@@ -2,24 +2,25 @@
 
 :func:`compress_session` reads the session, cuts it (:func:`~compression.planning.plan`),
 asks ``summarize`` for the summary of the middle and, only once it has one,
-writes the split:
+hands the split to the store: ``split_session`` (``state._split``) writes it
+in ONE transaction (the lineage's next title, the child with the head, the
+summary message and the tail, the route moved to it, the parent ended with
+``end_reason='compression'``).  A kill at any moment leaves the session as it
+was or the whole split, never half of it.
 
-1. a child session is created with ``parent_session_id`` = the old one, the
-   same source, user, session key, model and system prompt, and the next
-   title of the lineage (``my project`` -> ``my project #2``; untitled stays
-   untitled);
-2. the head, the summary message and the tail are copied into it in one
-   transaction (with their original timestamps and platform message ids, so
-   a redelivered platform event is still recognised);
-3. the route of the session key is pointed at the child;
-4. the parent is ended with ``end_reason='compression'``;
-5. messages that reached the parent while the summary was being written are
-   copied to the child too.
+The copied messages keep their original timestamps and platform message ids,
+so a redelivered platform event is still recognised in the child.  Messages
+that reach the parent while the summary is being written are carried over
+after the tail: the store refuses a split planned from an older read
+(``SessionChangedMeanwhile.new_messages``), and the split is planned again
+with them (the summary still covers the same middle).  They belong to the
+turns that answer them (``state.SessionDB.continued_conversation`` leads
+those turns to the child), not to the one compressing: its history is the
+child's first ``CompressionResult.kept`` messages.
 
 The parent keeps every message: nothing is deleted or rewritten.  When the
-summarizer fails nothing is written at all; when a write of steps 1-4 fails,
-what was written is undone (the child deleted, the route and the parent's
-end restored) and the store's error is raised.
+summarizer fails, or the session was ended, moved or cleared meanwhile,
+nothing is written at all.
 
 Only the head, tail and summary are copied; the summary is redacted, the
 copied messages are the user's own and stay verbatim.
@@ -32,14 +33,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-from state import AsyncSessionDB, SessionNotFound, TitleConflict, new_session_id
+from state import AsyncSessionDB, SessionChangedMeanwhile as StateSessionChanged, SessionNotFound
 
-from .errors import CompressionFailed, NothingToCompress, SessionChanged
+from .errors import CompressionFailed, NothingToCompress, SessionChanged, TooLittleToGain
 from .planning import Plan, plan
-from .prompt import build_summary_request
+from .prompt import build_summary_request, target_summary_tokens
 from .redaction import redact
 from .summary import make_summary_message
-from .tokens import estimate_tokens
+from .tokens import estimate_message_tokens, estimate_tokens, round_tokens
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ Summarize = Callable[[list[dict]], Awaitable[str]]
 
 END_REASON = "compression"
 DEFAULT_TIMEOUT = 120.0
+# A split the store refuses because messages arrived meanwhile is planned again with them, this often.
+MAX_REPLANS = 3
 
 # The fields of a stored message that are copied into the child session.
 _COPIED_FIELDS = (
@@ -68,22 +71,17 @@ class CompressionResult:
     tokens_before: int
     tokens_after: int
     summary: str
+    # the child's first ``kept`` messages (head, summary, tail) stand for the history that was planned
+    # from; the messages after them came later (0: unknown)
+    kept: int = 0
 
     def describe(self) -> str:
         """``Compressed: 48 → 11 messages, ~61,000 → ~9,000 tokens. Continuing as "my project #2".``"""
         where = f'Continuing as "{self.title}".' if self.title else "Continuing in a new session."
         return (
             f"Compressed: {self.messages_before} → {self.messages_after} messages, "
-            f"~{_round_tokens(self.tokens_before):,} → ~{_round_tokens(self.tokens_after):,} tokens. {where}"
+            f"~{round_tokens(self.tokens_before):,} → ~{round_tokens(self.tokens_after):,} tokens. {where}"
         )
-
-
-def _round_tokens(n: int) -> int:
-    if n >= 1_000:
-        return round(n, -3)
-    if n >= 100:
-        return round(n, -2)
-    return n
 
 
 def _copy(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,42 +106,6 @@ async def _summarize(summarize: Summarize, request: list[dict], session_id: str,
     return redact(text.strip())
 
 
-async def _create_child(db: AsyncSessionDB, parent: Mapping[str, Any], session_key: str | None) -> tuple[str, str | None]:
-    """Create the child session; on a title taken meanwhile, take the next one."""
-    child_id = new_session_id()
-    for attempt in range(5):
-        title = await db.get_next_title_in_lineage(parent["title"]) if parent.get("title") else None
-        try:
-            await db.create_session(
-                child_id, parent["source"], parent.get("model"), parent.get("user_id"), parent["id"],
-                system_prompt=parent.get("system_prompt"), model_config=parent.get("model_config"),
-                session_key=session_key, user_name=parent.get("user_name"), title=title,
-            )
-            return child_id, title
-        except TitleConflict:
-            if attempt == 4:
-                raise
-    raise AssertionError("unreachable")
-
-
-async def _undo(
-    db: AsyncSessionDB, parent_id: str, child_id: str, session_key: str | None, old_route: str | None, ended: bool
-) -> None:
-    """Best effort: put the store back as it was before the split started."""
-    try:
-        if session_key is not None and await db.get_route(session_key) == child_id:
-            if old_route is None:
-                await db.delete_route(session_key)
-            else:
-                await db.set_route(session_key, old_route)
-        if ended:
-            await db.reopen_session(parent_id)
-        await db.delete_session(child_id)
-    except Exception:  # the original error is the one to raise; say what is left over
-        log.exception("could not undo the split of session %s (child %s); check both with 'switchboard sessions'",
-                      parent_id, child_id)
-
-
 async def compress_session(
     db: AsyncSessionDB,
     session_id: str,
@@ -156,6 +118,8 @@ async def compress_session(
     timeout: float | None = DEFAULT_TIMEOUT,
     head: int = 3,
     min_tail: int = 6,
+    max_tokens_after: int | None = None,
+    upto: int | None = None,
 ) -> CompressionResult:
     """Compress ``session_id`` into a child session and return what happened.
 
@@ -164,11 +128,20 @@ async def compress_session(
     text; it is given ``timeout`` seconds (None: no limit).  ``focus`` steers
     the summary (``/compress <focus>``).  ``session_key`` is the routing key to
     move to the child; it defaults to the parent's own ``session_key``.
+    ``max_tokens_after``: the most the child may hold for the split to be
+    worth it (the automatic trigger asks for room under its threshold, so a
+    split never leaves a conversation that triggers again within a turn or two).
+    ``upto``: plan from the first ``upto`` stored messages only, the history
+    the caller's turn answers; messages stored after it are carried into the
+    child after the tail, for the turns that answer them (so no message is
+    answered by two turns).
 
-    Raises :class:`NothingToCompress` (too short), :class:`CompressionFailed`
-    (the summarizer raised, timed out or returned nothing) and
-    :class:`SessionChanged` (the session was ended or lost messages meanwhile);
-    in all three cases nothing was written.  ``state.SessionNotFound`` when
+    Raises :class:`NothingToCompress` (too short), :class:`TooLittleToGain`
+    (the child would hold more than ``max_tokens_after`` even with a summary
+    as short as asked for; the summarizer is not asked), :class:`CompressionFailed` (the summarizer
+    raised, timed out, returned nothing or too much) and
+    :class:`SessionChanged` (the session was ended, routed elsewhere or lost
+    messages meanwhile); in all three cases nothing was written.  ``state.SessionNotFound`` when
     there is no such session.
     """
     parent = await db.get_session(session_id)
@@ -179,61 +152,72 @@ async def compress_session(
     stored = await db.get_messages(session_id)
     # Planning and the request are pure CPU (a few ms for hundreds of messages,
     # more with huge tool results): off the event loop, so other chats go on.
-    cut, request = await asyncio.to_thread(_prepare, stored, context_length, threshold, head, min_tail, focus)
+    answering = stored if upto is None else stored[:upto]
+    cut, request = await asyncio.to_thread(_prepare, answering, context_length, threshold, head, min_tail, focus)
     if cut is None:
-        raise NothingToCompress(session_id, len(stored))
+        raise NothingToCompress(session_id, len(answering))
+    expected = _expected_tokens_after(cut)
+    if max_tokens_after is not None and expected > max_tokens_after:
+        raise TooLittleToGain(session_id, cut.tokens_before, expected, max_tokens_after)  # before any model call
 
     text = await _summarize(summarize, request, session_id, timeout)
-
-    # The summary took a while: make sure the session is still ours to split.
-    parent = await db.get_session(session_id)
-    if parent is None:
-        raise SessionNotFound(session_id)
-    if parent.get("ended_at") is not None:
-        raise SessionChanged(session_id, f"was ended ({parent.get('end_reason') or 'no reason'})")
-    key = session_key if session_key is not None else parent.get("session_key")
 
     summary = make_summary_message(text, cut.head[-1] if cut.head else None)
     summary["timestamp"] = cut.head[-1].get("timestamp") if cut.head else cut.tail[0].get("timestamp")
     copied = [_copy(m) for m in cut.head] + [_copy(summary)] + [_copy(m) for m in cut.tail]
-    if estimate_tokens(copied) >= cut.tokens_before:
+    after = estimate_tokens(copied)
+    if after >= cut.tokens_before:
         # A split that saves nothing would only trigger again on the next turn.
         raise CompressionFailed(session_id, "the summary is not shorter than the messages it replaces")
+    if max_tokens_after is not None and after > max_tokens_after:
+        raise CompressionFailed(session_id, f"the summary is too long: the split would leave "
+                                            f"~{round_tokens(after):,} tokens, more than the "
+                                            f"~{round_tokens(max_tokens_after):,} it must leave room under")
 
-    old_route = await db.get_route(key) if key is not None else None
-    child_id, title = await _create_child(db, parent, key)
-    ended = False
-    try:
-        await db.append_messages(child_id, copied)
-        if key is not None:
-            await db.set_route(key, child_id)
-        ended = await db.end_session(session_id, END_REASON)
-        if not ended:
-            raise SessionChanged(session_id, "was ended by someone else")
-        late = await _late_messages(db, session_id, stored)
-        if late:
-            await db.append_messages(child_id, [_copy(m) for m in late])
-    except BaseException:
-        await asyncio.shield(_undo(db, session_id, child_id, key, old_route, ended))
-        raise
+    known = [m["id"] for m in stored]
+    late = stored[len(answering):]  # stored after the caller's history was read: carried over after the tail
+    for attempt in range(MAX_REPLANS + 1):
+        try:
+            split = await db.split_session(session_id, copied + [_copy(m) for m in late],
+                                           expected_message_ids=known, session_key=session_key,
+                                           end_reason=END_REASON)
+            break
+        except StateSessionChanged as exc:
+            if not exc.new_messages or attempt == MAX_REPLANS:
+                raise SessionChanged(session_id, exc.reason) from exc
+        # A turn stored messages meanwhile: they follow the tail (the summary still covers the same middle).
+        now = await db.get_messages(session_id)
+        if not set(known) <= {m["id"] for m in now}:
+            raise SessionChanged(session_id, "lost messages")
+        seen = set(known)
+        late += [m for m in now if m["id"] not in seen]
+        known = [m["id"] for m in now]
 
     result = CompressionResult(
         old_session_id=session_id,
-        new_session_id=child_id,
-        title=title,
-        session_key=key,
-        messages_before=len(stored) + len(late),
+        new_session_id=split.child_id,
+        title=split.title,
+        session_key=split.session_key,
+        messages_before=len(answering) + len(late),
         messages_after=len(copied) + len(late),
         tokens_before=cut.tokens_before + estimate_tokens(late),
         tokens_after=estimate_tokens(copied) + estimate_tokens(late),
         summary=text,
+        kept=len(copied),
     )
     log.info(
         "compressed session %s into %s: %d -> %d messages, ~%d -> ~%d tokens",
-        session_id, child_id, result.messages_before, result.messages_after, result.tokens_before,
+        session_id, split.child_id, result.messages_before, result.messages_after, result.tokens_before,
         result.tokens_after,
     )
     return result
+
+
+def _expected_tokens_after(cut: Plan) -> int:
+    """The child's size if the summary is as long as the summarizer is asked for."""
+    kept = sum(estimate_message_tokens(m) for m in (*cut.head, *cut.tail))
+    frame = estimate_message_tokens(make_summary_message(""))
+    return kept + frame + target_summary_tokens(cut)
 
 
 def _prepare(
@@ -241,17 +225,6 @@ def _prepare(
 ) -> tuple[Plan | None, list[dict]]:
     cut = plan(stored, context_length=context_length, threshold=threshold, head=head, min_tail=min_tail)
     return cut, (build_summary_request(cut, focus=focus) if cut is not None else [])
-
-
-async def _late_messages(db: AsyncSessionDB, session_id: str, stored: list[dict]) -> list[dict]:
-    """Messages stored in the parent after ``stored`` was read (a turn racing the compression)."""
-    if await db.message_count(session_id) == len(stored):
-        return []  # the common case, without reading the whole session again
-    now = await db.get_messages(session_id)
-    known = {m["id"] for m in stored}
-    if not known <= {m["id"] for m in now}:
-        raise SessionChanged(session_id, "lost messages")
-    return [m for m in now if m["id"] not in known]
 
 
 __all__ = ["END_REASON", "CompressionResult", "compress_session"]

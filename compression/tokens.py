@@ -230,6 +230,15 @@ def context_length_for(model_name: str | None, configured: int | None = None) ->
     )
 
 
+def round_tokens(n: int) -> int:
+    """A token estimate as shown to users: 61,240 -> 61,000; 950 -> 1,000 (``~`` goes in front)."""
+    if n >= 1_000:
+        return round(n, -3)
+    if n >= 100:
+        return round(n, -2)
+    return n
+
+
 def should_compress(prompt_tokens_estimate: int, context_length: int, threshold: float = 0.75) -> bool:
     """True when the prompt reaches ``threshold`` of the context window."""
     if not 0 < threshold <= 1:

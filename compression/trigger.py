@@ -9,9 +9,13 @@ model call, in one place:
 2. below ``threshold`` of the window: use the history as it is;
 3. at or above it, and ``allow_compression`` (the gateway's cooldown after a
    failure says no): :func:`~compression.split.compress_session`, and go on
-   with the child session's history;
-4. when compression is not possible (too short, the summarizer failed or is
-   cooling down): the history as it is if it still fits the window, else
+   with the child session's history, provided the child leaves at least
+   ``MIN_ROOM`` of the history's share of the threshold free (else
+   :class:`TooLittleToGain`, decided before any model call: a split that
+   would trigger again at once is not made, and the user is told once);
+4. when compression is not possible (too short, it would save too little,
+   the summarizer failed or is cooling down): the history as it is if it
+   still fits the window, else
    :func:`~compression.planning.fit_to_window` drops the oldest middle turns
    from this one prompt (never from the store) and says so in ``notice``.
 
@@ -28,12 +32,17 @@ from typing import Any
 
 from state import AsyncSessionDB
 
-from .errors import CompressionError, CompressionFailed
+from .errors import CompressionError, CompressionFailed, TooLittleToGain
 from .planning import fit_to_window
 from .split import DEFAULT_TIMEOUT, CompressionResult, Summarize, compress_session
 from .tokens import prompt_tokens, should_compress
 
 log = logging.getLogger(__name__)
+
+# A compression the trigger starts must leave at least this share of the history's budget (the
+# threshold less the system prompt) free, or the next turn or two would trigger it again: a
+# 1,500-token window went "~1,000 → ~800 tokens" every other turn, each time into a new session.
+MIN_ROOM = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,14 @@ class Prepared:
         """A line for the user, or None: what was compressed, or what this reply could not see."""
         if self.compressed is not None:
             return self.compressed.describe()
+        if isinstance(self.failure, TooLittleToGain):
+            left_out = (f"; the {self.dropped} oldest messages after its start were left out of this reply "
+                        "(they are still saved), as older ones will be from now on" if self.dropped else "")
+            return (
+                "This conversation nearly fills the model's context window, and a summary would not free "
+                f"enough of it, so it was not compressed{left_out}. Use /new to start afresh, or give the "
+                "model a larger context window (model.context_length)."
+            )
         if self.dropped:
             return (
                 f"This conversation no longer fits the model's context window, so the {self.dropped} oldest "
@@ -105,6 +122,8 @@ async def prepare_history(
             result = await compress_session(
                 db, session_id, summarize, context_length=context_length, threshold=threshold,
                 session_key=session_key, timeout=timeout,
+                max_tokens_after=int((1 - MIN_ROOM) * (threshold * context_length - overhead_tokens)),
+                upto=len(history),
             )
         except CompressionError as exc:
             failure = exc
@@ -112,6 +131,8 @@ async def prepare_history(
             log.log(level, "session %s not compressed: %s", session_id, exc)
         else:
             child = await db.get_messages_as_conversation(result.new_session_id)
+            # only what stands for ``history``: messages stored since are answered by their own turns
+            child = child[:result.kept] if result.kept else child
             fitted, dropped = fit_to_window(child, context_length - overhead_tokens, reserve_tokens=reserve_tokens)
             return Prepared(result.new_session_id, fitted, tokens, compressed=result, dropped=dropped)
 

@@ -41,6 +41,8 @@ class Compressor:
         self.clock = clock
         self._reported: dict[str, tuple[int, int]] = {}  # session -> (prompt_tokens, history messages)
         self._failed_at: dict[str, float] = {}
+        # sessions told that compressing them would save too little: the line is said once
+        self._told_too_little: dict[str, None] = {}
         # Called with the session id once a compression is decided, before the summary is asked
         # for: the memory turn that keeps what matters before the middle is summarized.
         self.before_split = before_split
@@ -96,6 +98,13 @@ class Compressor:
         if prepared.session_id != req.session_id:
             self._split(req.session_id, req.session_key)
         notice = prepared.notice
+        if isinstance(prepared.failure, compression.TooLittleToGain):
+            if req.session_id in self._told_too_little:
+                notice = None  # said once; the turns after it go on quietly
+            else:
+                self._told_too_little[req.session_id] = None
+                if len(self._told_too_little) > MAX_REMEMBERED:
+                    self._told_too_little.pop(next(iter(self._told_too_little)))
         return prepared.session_id, prepared.history, [notice] if notice else []
 
     async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]:

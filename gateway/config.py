@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar, Literal, Mapping, overload
+from typing import Annotated, Any, ClassVar, Literal, Mapping
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -62,10 +62,10 @@ from gateway import _config_load
 from gateway._config_load import KeyedError, describe
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
+from gateway.platforms import ADAPTER_CONFIGS, in_platform_order, installed_platforms
 from state import mask_url
 
 __all__ = [
-    "PLATFORMS",
     "ApiConfig",
     "AuthConfig",
     "CompressionConfig",
@@ -77,6 +77,7 @@ __all__ = [
     "PlatformConfig",
     "PlatformsConfig",
     "RecallConfig",
+    "ResetByPlatform",
     "ResetConfig",
     "ResetOverride",
     "ResetPolicy",
@@ -100,7 +101,6 @@ __all__ = [
     "secret_field",
 ]
 
-PLATFORMS: tuple[str, ...] = ("telegram", "discord", "slack")
 CHAT_TYPES: tuple[str, ...] = ("dm", "group", "thread", "channel")
 REDACTED = "***"
 
@@ -166,9 +166,9 @@ def _check_user_ref(value: str) -> str:
     platform, sep, user_id = value.partition(":")
     platform = platform.strip().lower()
     user_id = user_id.strip()
-    if not sep or platform not in PLATFORMS or not user_id or any(c.isspace() for c in user_id):
+    if not sep or platform not in installed_platforms() or not user_id or any(c.isspace() for c in user_id):
         raise ValueError(
-            f"must be platform:user_id with platform one of {', '.join(PLATFORMS)}, "
+            f"must be platform:user_id with platform one of {', '.join(installed_platforms())} (the installed ones), "
             f'like "telegram:123456789" or "slack:U0123ABCD" (got {_config_load.describe(value)})'
         )
     return f"{platform}:{user_id}"
@@ -177,13 +177,7 @@ def _check_user_ref(value: str) -> str:
 UserRef = Annotated[str, AfterValidator(_check_user_ref)]
 
 
-@overload
-def _resolve_path(value: Path, info: ValidationInfo) -> Path: ...
-@overload
-def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None: ...
-def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
-    if value is None:
-        return None
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     value = value.expanduser()
     if not value.is_absolute():
         base = (info.context or {}).get("base_dir") or Path.cwd()
@@ -221,8 +215,10 @@ class ModelConfig(_Model):
     @field_validator("persona_file")
     @classmethod
     def _persona_file_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
         value = _resolve_path(value, info)
-        if value is not None and not value.is_file():
+        if not value.is_file():
             raise ValueError(f"file not found: {value} (a relative path is read from the config file's directory)")
         return value
 
@@ -269,9 +265,24 @@ class ResetOverride(_Model):
 
 
 class ResetByPlatform(_Model):
-    telegram: ResetOverride | None = None
-    discord: ResetOverride | None = None
-    slack: ResetOverride | None = None
+    """``sessions.reset.by_platform``: one optional override per installed platform.
+    :meth:`concrete_model` is the model with those keys."""
+
+    UNKNOWN_KEY_HELP: ClassVar[str] = "these are the installed platforms; another one comes with its adapter package"
+
+    @classmethod
+    def concrete_model(cls) -> type[ResetByPlatform]:
+        return _reset_by_platform_model(installed_platforms())
+
+    def override_for(self, platform: str) -> ResetOverride | None:
+        """This platform's override; None when it has none (or is not installed)."""
+        return getattr(self, platform) if platform in type(self).model_fields else None
+
+
+@functools.cache
+def _reset_by_platform_model(names: tuple[str, ...]) -> type[ResetByPlatform]:
+    fields: dict[str, Any] = {name: (ResetOverride | None, None) for name in names}
+    return create_model("InstalledResetByPlatform", __base__=ResetByPlatform, **fields)
 
 
 class ResetByType(_Model):
@@ -285,8 +296,16 @@ class ResetConfig(_Model):
     mode: ResetMode = "both"
     idle_minutes: int = Field(1440, ge=1)
     at_hour: int = Field(4, ge=0, le=23)
-    by_platform: ResetByPlatform = ResetByPlatform()
+    by_platform: SerializeAsAny[ResetByPlatform] = Field(default_factory=lambda: ResetByPlatform.concrete_model()())
     by_type: ResetByType = ResetByType()
+
+    @field_validator("by_platform", mode="before")
+    @classmethod
+    def _installed_platforms(cls, value: Any, info: ValidationInfo) -> Any:
+        # Validated here rather than by the field's type: the keys are the installed platforms.
+        if isinstance(value, ResetByPlatform):
+            return value
+        return ResetByPlatform.concrete_model().model_validate(value, context=info.context)
 
 
 def _duration_seconds(value: Any) -> Any:
@@ -299,7 +318,7 @@ def _duration_seconds(value: Any) -> Any:
 class SessionsConfig(_Model):
     group_sessions_per_user: bool = True
     thread_sessions_per_user: bool = False
-    reset: ResetConfig = ResetConfig()
+    reset: ResetConfig = Field(default_factory=ResetConfig)  # built when used: its keys are the installed platforms
     # After a restart, unanswered messages newer than this are answered; older ones get one line
     # saying so instead (an answer to an hour-old question is rarely what the user wants).
     resume_within: Annotated[float, BeforeValidator(_duration_seconds), Field(gt=0)] = 3600.0
@@ -316,7 +335,7 @@ class SessionsConfig(_Model):
         chat_type = str(getattr(chat_type, "value", chat_type))
         r = self.reset
         fields: dict[str, Any] = {"mode": r.mode, "idle_minutes": r.idle_minutes, "at_hour": r.at_hour}
-        by_platform = getattr(r.by_platform, platform) if platform in PLATFORMS else None
+        by_platform = r.by_platform.override_for(platform)
         by_type = getattr(r.by_type, chat_type) if chat_type in CHAT_TYPES else None
         for override in (by_platform, by_type):  # later wins
             if override is not None:
@@ -385,9 +404,6 @@ class PlatformConfig(_Model):
         raise NotImplementedError
 
 
-ADAPTER_CONFIGS = "switchboard.adapter_configs"
-
-
 @functools.cache
 def platform_models() -> Mapping[str, type[PlatformConfig]]:
     """Each installed platform's config model, found through the ``switchboard.adapter_configs``
@@ -406,8 +422,7 @@ def platform_models() -> Mapping[str, type[PlatformConfig]]:
                               f"gateway.config.PlatformConfig subclass whose PLATFORM is {ep.name!r}; "
                               "fix or uninstall the package that provides it", key=f"platforms.{ep.name}")
         found[ep.name] = model
-    order = {name: i for i, name in enumerate(PLATFORMS)}
-    return MappingProxyType({name: found[name] for name in sorted(found, key=lambda n: (order.get(n, len(order)), n))})
+    return MappingProxyType({name: found[name] for name in in_platform_order(found)})
 
 
 class PlatformsConfig(_Model):
@@ -652,7 +667,7 @@ class Config(_Model):
     agent: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     timezone: str = "UTC"
     model: ModelConfig = ModelConfig()
-    sessions: SessionsConfig = SessionsConfig()
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     auth: AuthConfig = AuthConfig()
     identities: IdentityMap = Field(default_factory=lambda: MappingProxyType({}))
     platforms: SerializeAsAny[PlatformsConfig] = Field(default_factory=lambda: PlatformsConfig.concrete_model()())

@@ -15,6 +15,9 @@
     │       ├── ModelAuthRejected    401: the API key was refused
     │       ├── ModelForbidden       403: the key may not use this model
     │       └── ModelNotFound        404: no such model (or endpoint)
+    ├── ApiError                     gateway/runtime/api_request.py: a request the local API
+    │                                refuses, answered as OpenAI-shaped JSON (status, type, code,
+    │                                param); never leaves the API's request handling
     ├── GatewayClosing               the gateway is shutting down and takes no new message;
     │                                the platform or API client should send it again later
     ├── AlreadyRunning               another daemon holds this home's lock
@@ -32,7 +35,7 @@
 
 Every class is defined in this module and exported from ``gateway``, except
 ``KeyedError``, which is internal to the config loader
-(``gateway/_config_load.py``).  The modules that raise them import them from
+(``gateway/_config_load.py``), and ``ApiError``, internal to the local API.  The modules that raise them import them from
 here, and the old names still work: ``gateway.router.GatewayClosing``,
 ``gateway.runtime.systemd.ServiceError``, ``gateway.runtime.backup.BackupError``,
 ``gateway.runtime.deadletters.NotReplayable``, ``gateway.cron.schedule.InvalidJob``,
@@ -94,7 +97,14 @@ class RateLimited(AdapterError):
 
 
 class ModelUnavailable(SwitchboardError):
-    """The model endpoint failed after every retry: a later message may work."""
+    """The model endpoint failed after every retry: a later message may work.
+
+    ``kind`` says how: ``unreachable`` (no connection), ``timeout`` (no answer in time) or ``failing``
+    (it answered with errors, or with nothing usable); the local API turns it into 502, 504 or 503."""
+
+    def __init__(self, message: str = "", kind: str = "failing"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class AnswerCutOff(ModelUnavailable):

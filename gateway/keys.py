@@ -61,7 +61,7 @@ def chat_of_key(key: str | None) -> str | None:
     parts = (key or "").split(":")
     if len(parts) < 4 or parts[0] != "agent":
         return None
-    if len(parts) >= 5 and parts[3] in ("dm", "group", "channel"):
+    if len(parts) >= 5 and parts[3] in ("dm", "group", "channel", "chat", "fp"):
         return _unpart(parts[4])
     return _unpart(parts[3])
 
@@ -73,3 +73,9 @@ def cron_key(agent: str, job_id: str) -> str:
 def api_key(agent: str, client_key: str) -> str:
     """Key for the local API: the client's own key, namespaced under the agent."""
     return f"agent:{_part(agent)}:api:{_part(client_key)}"
+
+
+def api_conversation_key(agent: str, ident: str, *, kind: str = "chat") -> str:
+    """Key of a local API conversation whose history the client keeps (``chat``), or of a fingerprint
+    that leads to one (``fp``); see ``gateway.runtime.api_sessions``."""
+    return f"agent:{_part(agent)}:api:{kind}:{_part(ident)}"

@@ -152,7 +152,37 @@ def as_model_error(exc: BaseException) -> ModelUnavailable:
             return ContextTooLong(status, f"HTTP {status}: context length exceeded")
         if status in _REFUSALS:
             return _REFUSALS[status](status, _describe(exc))
-    return ModelUnavailable(_describe(exc))
+    return ModelUnavailable(_describe(exc), _failure_kind(exc))
+
+
+def _failure_kind(exc: BaseException) -> str:
+    """``unreachable``, ``timeout`` or ``failing``: how a call that kept failing failed (see ModelUnavailable)."""
+    if _connect_error(exc) is not None:  # the aiohttp transport reports a refused connection as a timeout
+        return "unreachable"
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIConnectionError):
+        return "unreachable"
+    return "failing"
+
+
+# Request fields a caller may set on a call (the local API passes its client's on); anything else is ours.
+PASSED_PARAMS = frozenset({"temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
+                           "response_format", "tool_choice"})
+PROBE_EVERY_SECONDS = 2.0  # at most one reachability probe this often while the endpoint is down
+
+
+@dataclass(slots=True)
+class EndpointHealth:
+    """What the last calls (or a probe) said of the endpoint: ``ok``, ``unknown`` (no call yet) or
+    ``unreachable`` (the last call failed to connect, timed out or kept failing), since when, and why."""
+
+    state: str = "unknown"
+    since: float | None = None
+    last_error: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"state": self.state, "since": self.since, "last_error": self.last_error}
 
 
 class ModelClient:
@@ -170,6 +200,33 @@ class ModelClient:
             http_client=http_client(settings.max_concurrent_calls),
         )
         self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
+        self.health = EndpointHealth()
+        self._probed_at = 0.0
+
+    def _note(self, ok: bool, error: str | None = None) -> None:
+        if ok and self.health.state != "ok":
+            self.health = EndpointHealth("ok", time.time())
+        elif not ok:
+            since = self.health.since if self.health.state == "unreachable" else time.time()
+            self.health = EndpointHealth("unreachable", since, error)
+
+    async def probe(self) -> EndpointHealth:
+        """While the last call said the endpoint is down, see (at most every few seconds, with a
+        short timeout) whether it answers ``GET /models`` again; any answer below 500 counts."""
+        now = time.monotonic()
+        if self.health.state != "unreachable" or now - self._probed_at < PROBE_EVERY_SECONDS:
+            return self.health
+        self._probed_at = now
+        try:
+            await self._client.get("/models", cast_to=object, options={"timeout": 3.0})
+        except openai.APIStatusError as exc:
+            if exc.status_code < 500:
+                self._note(True)
+        except (openai.OpenAIError, OSError, asyncio.TimeoutError):
+            pass
+        else:
+            self._note(True)
+        return self.health
 
     async def complete(
         self,
@@ -180,16 +237,28 @@ class ModelClient:
         timeout: float | None = None,
         on_text: Callable[[str], None] | None = None,
         purpose: CallContext = OTHER,
+        params: dict[str, Any] | None = None,
     ) -> Completion:
         """One model call (retried as the module docstring says); ``purpose`` is what the usage
-        ledger records it as."""
+        ledger records it as; ``params`` are request fields of :data:`PASSED_PARAMS` (temperature,
+        response_format, ...) sent as they are."""
         started, clock = time.monotonic(), self._usage.clock() if self._usage is not None else 0.0
         attempts = [1]
         try:
-            completion = await self._complete(messages, tools, model, timeout, on_text, attempts)
+            completion = await self._complete(messages, tools, model, timeout, on_text, attempts, params)
+        except ModelRefused as exc:
+            self._note(True)  # it answered: reachable, it just refused this request
+            self._record(purpose, model, messages, started, clock, attempts[0], None, exc)
+            raise
+        except ModelUnavailable as exc:
+            if not isinstance(exc, AnswerCutOff):
+                self._note(False, str(exc))
+            self._record(purpose, model, messages, started, clock, attempts[0], None, exc)
+            raise
         except BaseException as exc:
             self._record(purpose, model, messages, started, clock, attempts[0], None, exc)
             raise
+        self._note(True)
         self._record(purpose, model, messages, started, clock, attempts[0], completion, None)
         return completion
 
@@ -224,10 +293,13 @@ class ModelClient:
 
     async def _complete(self, messages: list[dict], tools: list[dict] | None, model: str | None,
                         timeout: float | None, on_text: Callable[[str], None] | None,
-                        attempts: list[int]) -> Completion:
-        body: dict[str, Any] = {"model": model or self.settings.name, "messages": messages}
+                        attempts: list[int], params: dict[str, Any] | None = None) -> Completion:
+        body: dict[str, Any] = {k: v for k, v in (params or {}).items() if k in PASSED_PARAMS}
+        body.update({"model": model or self.settings.name, "messages": messages})
         if tools:
             body["tools"] = tools
+        else:
+            body.pop("tool_choice", None)  # no tool offered on this call: OpenAI refuses a tool_choice then
         options: RequestOptions = {} if timeout is None else {"timeout": timeout}
         if on_text is not None:
             body["stream"] = True

@@ -13,7 +13,11 @@ For each message, :meth:`SessionRouter.handle`:
 Returning from ``handle`` means the message is persisted, so an adapter may
 acknowledge it to the platform.  Each lane runs one turn at a time; messages
 that arrive during a turn wait in order and are answered together by the
-next turn.  Many lanes run at once; the model client bounds concurrent calls.
+next turn.  A request/response source (the local API, the terminal) is
+different: each request is answered by a turn of its own, in arrival order,
+and is stored when that turn starts (:meth:`SessionRouter.submit`), so every
+answer follows the request it answers.  Many lanes run at once; the model
+client bounds concurrent calls.
 """
 
 from __future__ import annotations
@@ -62,6 +66,20 @@ class RouterSettings:
     resume_within: float = 3600.0  # after a restart, older unanswered messages get a line, not an answer
 
 
+@dataclass(frozen=True, slots=True)
+class RequestExtras:
+    """What a request/response client (the local API) adds to its message, for the turn that answers it."""
+
+    system_notes: tuple[str, ...] = ()  # the client's own system messages, sent after the gateway's
+    params: dict | None = None  # request fields for the model (temperature, response_format, ...)
+    # the client says this request repeats one it sent before (an SDK's automatic retry): when the
+    # session's last message is that same text, left unanswered by a failed turn, it is not stored again
+    retry: bool = False
+
+
+NO_EXTRAS = RequestExtras()
+
+
 @dataclass(eq=False)
 class Ticket:
     """A message the router accepted; ``reply`` resolves with the text sent back."""
@@ -77,6 +95,14 @@ class Ticket:
     sink: ReplySink | None = None
     prompt_tokens: int = 0  # the answering turn's usage, set before ``reply`` resolves (0: no model call)
     completion_tokens: int = 0
+    # A request/response source's request (local API, terminal) is answered by a turn of its own and
+    # stored when that turn starts, under the lane lock, by ``prepare``: it returns the session to answer
+    # in, or None when the request was answered before (a retry: ``replayed`` is set, the caller replays).
+    prepare: Callable[[], Awaitable[str | None]] | None = None
+    replayed: bool = False
+    extras: RequestExtras = field(default_factory=lambda: NO_EXTRAS)  # what a local API client adds to its request
+    failure: BaseException | None = None  # why the model gave no answer (``reply`` holds the line saying so)
+    answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -310,11 +336,14 @@ class SessionRouter:
         return session_key(msg, self.settings.keys)
 
     # -- the entry point ----------------------------------------------------
-    async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None) -> Ticket | None:
+    async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None,
+                     extras: RequestExtras = NO_EXTRAS) -> Ticket | None:
         """Persist and queue ``msg``; None when it was dropped on purpose (stranger, duplicate).
 
         ``sink`` (request/response sources, which have no chat to post drafts in): the answer to
-        ``msg`` is fed to it as the model writes it, when ``msg`` is the last of its turn's batch."""
+        ``msg`` is fed to it as the model writes it, when ``msg`` is the last of its turn's batch.
+        ``extras`` (a local API client's system messages and model fields) go with the turn that
+        answers it."""
         if self._closing:
             raise GatewayClosing("the gateway is shutting down; retry after it restarts")
         verdict = await self.authorizer.check(msg)
@@ -338,7 +367,8 @@ class SessionRouter:
         claimed = inbox is not None and command is None and msg.platform in self._claimed
         async with lane.lock:
             appended = None
-            if command is not None:
+            if command is not None or inbox is None:
+                # a request/response source's message is stored when its own turn starts (_store_request)
                 session_id, notice = await self._active_session(key, msg, lane)
             else:
                 # the common case in one store call: the routed session is open and fresh, so the
@@ -350,7 +380,7 @@ class SessionRouter:
                     session_id, notice = session["id"], None
                 else:
                     session_id, notice = await self._apply_policy(key, msg, lane, session)
-            ticket = Ticket(msg, key, session_id, sink=sink)
+            ticket = Ticket(msg, key, session_id, sink=sink, extras=extras)
             if notice:
                 ticket.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
@@ -369,6 +399,9 @@ class SessionRouter:
                     await self._run_command(ticket, command, lane)
                     return ticket
                 lane.queue.append(("command", ticket, command))
+            elif inbox is None:
+                ticket.prepare = lambda: self._store_request(ticket)
+                lane.queue.append(("request", ticket, None))
             else:
                 if appended is None:
                     appended = await self.db.append_inbound(
@@ -387,6 +420,43 @@ class SessionRouter:
                 lane.queue.append(("chat", ticket, None))
             self._wake(lane)
         return ticket
+
+    async def submit(self, key: str, ticket: Ticket) -> Ticket:
+        """Queue a request/response source's request in ``key``'s lane: it is answered by a turn of its
+        own, after every request queued there before it; ``ticket.prepare`` stores what it brings (and
+        says in which session) when that turn starts.  Raises GatewayClosing during shutdown."""
+        if self._closing:
+            raise GatewayClosing("the gateway is shutting down; retry after it restarts")
+        if self.metrics:
+            self.metrics.messages_in.labels(ticket.msg.platform).inc()
+        lane = self.lane(key)
+        async with lane.lock:
+            lane.queue.append(("request", ticket, None))
+            self._wake(lane)
+        return ticket
+
+    async def _store_request(self, ticket: Ticket) -> str | None:
+        """Store a request's message in its session when its turn starts; None when a retry finds it
+        stored and answered already (same ``message_id``, the Idempotency-Key)."""
+        msg = ticket.msg
+        routed = await self.db.get_routed_session(ticket.session_key)
+        if routed is not None and routed.get("ended_at") is None:
+            ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
+        text = _stored_text(msg)
+        if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
+            messages = await self.db.get_messages(ticket.session_id)
+            if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == text:
+                ticket.message_id = messages[-1]["id"]
+                return ticket.session_id
+        appended = await self.db.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
+        ticket.message_id = appended.id  # the answering turn's reply is placed right after it
+        if appended.new:
+            return ticket.session_id
+        messages = await self.db.get_messages(ticket.session_id)
+        at = next((i for i, m in enumerate(messages) if m["id"] == appended.id), len(messages))
+        answered = any(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")
+                       for m in messages[at + 1:])
+        return None if answered else ticket.session_id  # stored, unanswered (its turn failed): answer it now
 
     # -- sessions -----------------------------------------------------------
     def _keeps_session(self, msg: InboundMessage, lane: Lane):
@@ -472,8 +542,25 @@ class SessionRouter:
                     batch = [ticket]
                     while lane.queue and lane.queue[0][0] == "chat":
                         batch.append(lane.queue.popleft()[1])
-                    history = await self.db.get_messages_as_conversation(batch[-1].session_id,
-                                                                         upto=batch[-1].message_id)
+                    # a compression may have moved the conversation to a child since these were stored
+                    session_id, history = await self.db.continued_conversation(batch[-1].session_id,
+                                                                               upto=batch[-1].message_id)
+                    for t in batch:
+                        t.session_id = session_id
+                elif kind == "request":  # one request, one turn: stored now, answered from what precedes it
+                    assert ticket.prepare is not None
+                    try:
+                        session_id = await ticket.prepare()
+                    except Exception as exc:  # noqa: BLE001 - the request's caller gets it; the lane lives on
+                        ticket.fail(exc)
+                        continue
+                    if session_id is None:
+                        ticket.replayed = True
+                        ticket.resolve("")
+                        continue
+                    ticket.session_id = session_id
+                    batch = [ticket]
+                    history = await self.db.get_messages_as_conversation(session_id)
                 elif kind == "claimed":
                     claim, done = ticket
                     try:
@@ -585,6 +672,7 @@ class SessionRouter:
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
             stream=stream if stream is not None else last.sink, fence=claim.fence if claim is not None else None,
+            system_notes=last.extras.system_notes, params=last.extras.params,
         )
         typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
@@ -603,6 +691,7 @@ class SessionRouter:
             text = result.reply or EMPTY_ANSWER
             for t in batch:
                 t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
+                t.answered_in = result.session_id
         except asyncio.CancelledError:
             if claim is not None and turn.cancelled() and not _current_cancelling() and \
                     self._dropped(claim, None, "the turn"):
@@ -619,10 +708,14 @@ class SessionRouter:
         except ModelUnavailable as exc:
             log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
             text = failure_line(exc)
+            for t in batch:
+                t.failure = exc
         except Exception as exc:  # the user gets an answer, the lane lives on
             if claim is not None and self._dropped(claim, exc, "the turn's answer"):
                 return
             log.exception("turn for %s failed", lane.key)
+            for t in batch:
+                t.failure = exc
             text = "Something went wrong while answering. Your message is saved; send another message to try again."
         finally:
             lane.current = None
@@ -862,7 +955,7 @@ class SessionRouter:
             task.cancel()
         for key in cancelled:  # what waited behind the cut-off turn gets no answer from this process either
             for kind, ticket, _ in self._lanes[key].queue:
-                if kind in ("chat", "command"):
+                if kind in ("chat", "command", "request"):
                     ticket.fail(GatewayClosing(STOPPED_BEFORE_ANSWERING))
                 elif kind == "claimed":  # its lease is given back unfinished: another instance answers it
                     _settle_future(ticket[1], None, False)

@@ -97,6 +97,9 @@ class TurnRequest:
     # Clustered: the lease this turn runs under (a ``state.Fence``); its reply is stored only while the
     # lease is still this instance's.  None: no lease (one instance, or a local request).
     fence: object | None = None
+    # Request fields a local API client set (temperature, max_tokens, response_format, ...), sent with
+    # every model call of the turn (see ``gateway.model.PASSED_PARAMS``).
+    params: dict | None = None
 
 
 @dataclass(slots=True)
@@ -166,14 +169,18 @@ class AgentTurn:
         )
 
     def _with_attachments(self, history: list[dict], attachments: tuple[Attachment, ...]) -> list[dict]:
-        images = [(a.data, a.mime_type) for a in attachments if a.kind == "image" and a.data]
+        images = [a for a in attachments if a.kind == "image" and (a.data or a.url)]
         if not (self.settings.vision and images) or not history or history[-1].get("role") != "user":
             return history
         last = dict(history[-1])
         parts: list[dict] = [{"type": "text", "text": last.get("content") or ""}]
-        for data, mime_type in images:
-            encoded = base64.b64encode(data).decode()
-            parts.append({"type": "image_url", "image_url": {"url": f"data:{mime_type or 'image/jpeg'};base64,{encoded}"}})
+        for image in images:
+            if image.data:
+                encoded = base64.b64encode(image.data).decode()
+                url = f"data:{image.mime_type or 'image/jpeg'};base64,{encoded}"
+            else:  # a link the model fetches itself (an API client's image_url)
+                url = image.url or ""
+            parts.append({"type": "image_url", "image_url": {"url": url}})
         last["content"] = parts
         return history[:-1] + [last]
 
@@ -195,7 +202,7 @@ class AgentTurn:
             if block:
                 blocks.append(block)
         system = [{"role": "system", "content": "\n\n".join(blocks)}]
-        system += [{"role": "system", "content": note} for note in req.system_notes]
+        system += [{"role": "system", "content": note} for note in req.system_notes]  # after the persona
         shortened = self._as_sent(history)
         history = shortened.messages
         prompt_hook = self.hooks.prompt_hook
@@ -211,7 +218,7 @@ class AgentTurn:
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
                                     max_iterations=self.settings.max_tool_iterations, model=req.model,
-                                    sink=req.stream,
+                                    sink=req.stream, params=req.params,
                                     purpose=for_session("cron" if req.platform == "cron" else "turn", session_id,
                                                         req.session_key, platform=req.platform, user_id=req.user_id,
                                                         agent=self.settings.agent))
@@ -231,9 +238,28 @@ class AgentTurn:
                                   answered=req.answered, delivery=delivery, **fenced)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
 
+    async def answer_unstored(self, messages: list[dict], *, platform: str, system_notes: tuple[str, ...] = (),
+                              params: dict | None = None, sink: ReplySink | None = None,
+                              user_id: str | None = None) -> TurnResult:
+        """Answer ``messages`` (a client's whole conversation) once, with the persona's system prompt and
+        ``system_notes`` first, no tool and no session: nothing is stored (a client's side request, such
+        as a chat title, that must not enter the conversation)."""
+        prompt = [{"role": "system", "content": self.system_prompt(platform)}]
+        prompt += [{"role": "system", "content": note} for note in system_notes]
+        ctx = ToolContext(session_id="", session_key="", platform=platform, user_id=user_id, agent=self.settings.agent)
+        loop = await self.tool_loop(prompt + messages, ctx, tool_names=set(), max_iterations=0, sink=sink,
+                                    params=params, purpose=CallContext("other", None, platform, None, user_id,
+                                                                       self.settings.agent))
+        completion = loop.completion
+        reply = completion.message.get("content") or ""
+        if completion.finish_reason == "incomplete":
+            reply = f"{reply}\n\n{CUT_OFF_NOTE}"
+        return TurnResult("", reply, completion.prompt_tokens, loop.completion_tokens)
+
     async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
                         max_iterations: int, max_tool_calls: int | None = None, model: str | None = None,
-                        sink: ReplySink | None = None, purpose: CallContext | None = None) -> ToolLoop:
+                        sink: ReplySink | None = None, purpose: CallContext | None = None,
+                        params: dict | None = None) -> ToolLoop:
         """Call the model on ``prompt`` and run the tools it asks for until it answers; persists nothing.
 
         Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
@@ -261,7 +287,8 @@ class AgentTurn:
             try:
                 completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
                                                        on_text=_scrubbed(sink) if sink is not None else None,
-                                                       purpose=purpose if iteration == 0 else purpose.next_in_loop())
+                                                       purpose=purpose if iteration == 0 else purpose.next_in_loop(),
+                                                       params=params)
             except AnswerCutOff as cut:
                 log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
                 completion = Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete")

@@ -11,6 +11,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 
 from ._messages import Appended
 from ._pg import mask_url, probe as probe_store
+from ._split import Split
 from ._transfer import parse_jsonl
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
@@ -26,6 +27,7 @@ from .errors import (
     NotADatabase,
     PairingNotFound,
     SchemaTooNew,
+    SessionChangedMeanwhile,
     SessionNotFound,
     StateError,
     StoreUnavailable,
@@ -50,8 +52,10 @@ __all__ = [
     "NotADatabase",
     "PairingNotFound",
     "SchemaTooNew",
+    "SessionChangedMeanwhile",
     "SessionDB",
     "SessionNotFound",
+    "Split",
     "StateError",
     "StoreSize",
     "StoreUnavailable",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from . import schema
-from ._lock import LockTimeout, ProcessWriteLock
+from ._lock import GaveWay, LockTimeout, ProcessWriteLock
 from .errors import NotADatabase, StateError, WriteTimeout
 from .paths import prepare_db_file
 
@@ -36,15 +36,6 @@ WAL_AUTOCHECKPOINT_PAGES = 4000
 _BUSY = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
 _INTERRUPT = 9  # SQLITE_INTERRUPT
 GIVE_WAY_CHECK_OPS = 1000  # virtual-machine steps between two looks for a waiting writer (tens of µs; each look takes the GIL)
-
-
-class GaveWay(StateError):
-    """A write that gives way (:meth:`Engine.write_giving_way`) was interrupted by a write from
-    another thread and rolled back: nothing of it was written.  ``timed`` may be set by the caller.
-
-    Internal: only the upkeep pass asks for such writes, and it tries the step again."""
-
-    timed: Any = None
 
 
 def _is_interrupt(exc: sqlite3.Error) -> bool:

@@ -78,6 +78,15 @@ class LockTimeout(StateError):
     """
 
 
+class GaveWay(StateError):
+    """A write that gives way (``Engine.write_giving_way``) was interrupted by a write from
+    another thread and rolled back: nothing of it was written.  ``timed`` may be set by the caller.
+
+    Internal: only the upkeep pass asks for such writes, and it tries the step again."""
+
+    timed: Any = None
+
+
 def _lock(fd: int, byte: int, *, wait: bool = True) -> bool:
     cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
     try:

@@ -5,33 +5,24 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from ._dialect import dialect_of
 from .errors import PairingNotFound
 
-#: The same tables on PostgreSQL (schema v12).
-PG_TABLES = (
+#: The tables (schema v12), written once for both engines (``state._dialect``'s type tokens).
+TABLES = (
     "CREATE TABLE IF NOT EXISTS pairing_requests ("
     " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT,"
-    " code TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL,"
+    " code TEXT NOT NULL, created_at {REAL} NOT NULL, expires_at {REAL} NOT NULL,"
     " PRIMARY KEY (platform, user_id))",
     "CREATE UNIQUE INDEX IF NOT EXISTS idx_pairing_code ON pairing_requests(platform, code)",
     "CREATE TABLE IF NOT EXISTS approved_users ("
-    " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT, approved_at DOUBLE PRECISION NOT NULL,"
+    " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT, approved_at {REAL} NOT NULL,"
     " PRIMARY KEY (platform, user_id))",
 )
 
+
 def create_tables(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS pairing_requests ("
-        " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT,"
-        " code TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL,"
-        " PRIMARY KEY (platform, user_id))"
-    )
-    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS idx_pairing_code ON pairing_requests(platform, code)")
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS approved_users ("
-        " platform TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT, approved_at REAL NOT NULL,"
-        " PRIMARY KEY (platform, user_id))"
-    )
+    dialect_of(conn).create(conn, TABLES)
 
 
 def is_user_approved(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:

@@ -7,7 +7,9 @@ position or by name.  :class:`PgConnection` gives them exactly that over psycopg
 * ``?`` becomes ``%s`` and a literal ``%`` becomes ``%%`` (outside quoted strings and
   identifiers only ``?`` counts); ``:name`` becomes ``%(name)s`` when the parameters
   are a dict.  Parameters are bound on the client (psycopg's ``ClientCursor``), so a
-  value is typed by where it stands, as SQLite does, not by its Python type.
+  value is typed by where it stands, as SQLite does, not by its Python type.  What the
+  translation cannot read safely (a comment, a ``$$`` body, an ``E'...'`` string, jsonb's
+  ``?`` operator) it refuses with :class:`UnsafeSql` instead of guessing.
 * A Python ``bool`` is sent as 0 or 1 (the store's flags are integer columns); a NUL
   character in a string, which PostgreSQL's text cannot hold, is stored as U+FFFD.
 * Rows are :class:`Row`: by index, by column name, ``dict(row)``, unpacking.  A
@@ -15,7 +17,7 @@ position or by name.  :class:`PgConnection` gives them exactly that over psycopg
 * A cursor has ``rowcount``, ``fetchone``, ``fetchall``, iteration and ``description``.
 
 SQL that both engines accept is written once in the module that owns it; where the
-dialects truly differ the module asks :func:`is_pg`.
+dialects truly differ the module asks its dialect (``state._dialect``).
 
 :class:`PgEngine` is :class:`state._engine.Engine` for PostgreSQL: a
 ``psycopg_pool.ConnectionPool``, one transaction per call (reads ``REPEATABLE READ``
@@ -42,6 +44,7 @@ from decimal import Decimal
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from ._dialect import POSTGRES
 from .errors import StateError, StoreUnavailable, WriteTimeout
 
 log = logging.getLogger(__name__)
@@ -94,21 +97,63 @@ def _without_secret(text: str, url: str) -> str:
     return text.replace(password, "***") if password else text
 
 
-def is_pg(conn: Any) -> bool:
-    """Whether a store function runs on PostgreSQL (a :class:`PgConnection`) rather than sqlite3."""
-    return getattr(conn, "dialect", "sqlite") == "postgresql"
-
-
 # --- the connection wrapper -------------------------------------------------------------------
 
 _NAMED = re.compile(r"(?<!:):([A-Za-z_][A-Za-z0-9_]*)")
+_DOLLAR = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+#: The words after which a value comes, so a ``?`` there is a placeholder.  After any other word (a
+#: column, a number), a ``)`` or a quoted string, a ``?`` is PostgreSQL's jsonb operator: refused.
+_BEFORE_A_VALUE = frozenset("""
+    ALL AND ANY AS BETWEEN BY CASE DEFAULT DISTINCT ELSE ESCAPE EXISTS FROM GLOB HAVING ILIKE IN INTO IS LIKE
+    LIMIT NOT OFFSET ON OR RETURNING SELECT SET SOME THEN TO USING VALUES WHEN WHERE WITH
+""".split())
+
+
+class UnsafeSql(StateError, ValueError):
+    """SQL that the placeholder translation would get wrong; a bug in the store's SQL, never the user's."""
+
+    def __init__(self, sql: str, what: str, at: int):
+        self.sql = sql
+        self.at = at
+        super().__init__(f"cannot run this SQL with parameters on PostgreSQL: {what} at character {at} of {sql[:200]!r}")
+
+
+def _refused(sql: str, i: int) -> str | None:
+    """What at ``sql[i]`` (outside quotes) the translation must not guess at, or None."""
+    ch = sql[i]
+    before = sql[i - 1] if i else " "
+    if sql.startswith("--", i):
+        return "a '--' comment (take it out of the SQL)"
+    if sql.startswith("/*", i):
+        return "a '/*' comment (take it out of the SQL)"
+    if ch == "$" and not (before.isalnum() or before == "_") and _DOLLAR.match(sql, i):
+        return "a dollar-quoted body (bind its text as a parameter instead)"
+    if ch in "Ee" and sql.startswith("'", i + 1) and not (before.isalnum() or before == "_"):
+        return "an E'...' string (bind its text as a parameter instead)"
+    if ch == "?":
+        end = i - 1
+        while end >= 0 and sql[end].isspace():
+            end -= 1
+        if end >= 0 and sql[end] in ")]'\"":
+            return "a '?' operator (for jsonb's, write jsonb_exists(); a placeholder stands where a value does)"
+        start = end
+        while start >= 0 and (sql[start].isalnum() or sql[start] == "_"):
+            start -= 1
+        if start < end and sql[start + 1:end + 1].upper() not in _BEFORE_A_VALUE:
+            return "a '?' operator (for jsonb's, write jsonb_exists(); a placeholder stands where a value does)"
+    return None
 
 
 @functools.lru_cache(maxsize=2048)
 def translate(sql: str, named: bool = False) -> str:
     """SQLite's placeholders in psycopg's syntax: ``?`` -> ``%s`` (``:name`` -> ``%(name)s`` when
     ``named``), every literal ``%`` doubled.  Quoted strings and identifiers are copied as they are
-    (but for their ``%``), so a ``?`` inside ``'...'`` stays a question mark."""
+    (but for their ``%``), so a ``?`` inside ``'...'`` stays a question mark.
+
+    What this scanner cannot read safely it refuses with :class:`UnsafeSql` rather than guessing:
+    a ``--`` or ``/* */`` comment, a ``$$`` (dollar-quoted) body, an ``E'...'`` string, and a ``?``
+    where an operator stands (after a column, a number, a ``)`` or a string: jsonb's ``?``).  The
+    store's SQL with parameters uses none of them; SQL without parameters is never translated."""
     out: list[str] = []
     quote = ""
     i, n = 0, len(sql)
@@ -121,6 +166,8 @@ def translate(sql: str, named: bool = False) -> str:
         elif ch in ("'", '"'):
             quote = ch
             out.append(ch)
+        elif ch in "-/$Ee?" and (what := _refused(sql, i)):
+            raise UnsafeSql(sql, what, i)
         elif ch == "?":
             out.append("%s")
         elif ch == "%":
@@ -235,7 +282,7 @@ class PgCursor:
 class PgConnection:
     """A psycopg connection that takes the store's SQL as sqlite3 does (see the module docstring)."""
 
-    dialect = "postgresql"
+    dialect = POSTGRES
 
     def __init__(self, raw: Any):
         self.raw = raw
@@ -279,7 +326,7 @@ def _require_psycopg() -> Any:
 class PgEngine:
     """Owns the connection pool; runs each store function in one transaction (see module docstring)."""
 
-    dialect = "postgresql"
+    dialect = POSTGRES
 
     def __init__(self, url: str, *, write_timeout: float = 10.0, pool_size: int = 8, connect_timeout: float = 10.0):
         psycopg = _require_psycopg()
@@ -470,30 +517,6 @@ class PgEngine:
             return
         self._closed = True
         self._pool.close()
-
-
-def json_values(conn: Any, *, integers: bool = False) -> str:
-    """A subquery yielding the elements of a JSON array passed as one ``?`` parameter (``IN (...)``
-    over many ids without one placeholder each): SQLite's ``json_each``, PostgreSQL's
-    ``jsonb_array_elements_text`` (cast to ``BIGINT`` for ids)."""
-    if not is_pg(conn):
-        return "SELECT value FROM json_each(?)"
-    if integers:
-        return "SELECT CAST(jsonb_array_elements_text(CAST(? AS jsonb)) AS BIGINT)"
-    return "SELECT jsonb_array_elements_text(CAST(? AS jsonb))"
-
-
-def is_integrity_error(exc: BaseException) -> bool:
-    """A constraint failed (unique, foreign key, not null), on either engine."""
-    import sqlite3
-
-    if isinstance(exc, sqlite3.IntegrityError):
-        return True
-    try:
-        import psycopg
-    except ImportError:
-        return False
-    return isinstance(exc, psycopg.IntegrityError)
 
 
 def probe(url: str, *, timeout: float = 5.0) -> tuple[int | None, str]:

@@ -10,27 +10,22 @@ from __future__ import annotations
 
 import sqlite3
 
-#: The same table on PostgreSQL (schema v19).
-PG_TABLES = (
+from ._dialect import dialect_of
+
+#: The table (schema v19), written once for both engines (``state._dialect``'s type tokens).
+TABLES = (
     """CREATE TABLE IF NOT EXISTS chat_prefs (
         session_key TEXT NOT NULL,
         name TEXT NOT NULL,
         value TEXT NOT NULL,
-        updated_at DOUBLE PRECISION NOT NULL,
+        updated_at {REAL} NOT NULL,
         PRIMARY KEY (session_key, name)
-    )""",
+    ){WITHOUT_ROWID}""",
 )
 
+
 def create_tables(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        """CREATE TABLE IF NOT EXISTS chat_prefs (
-            session_key TEXT NOT NULL,
-            name TEXT NOT NULL,
-            value TEXT NOT NULL,
-            updated_at REAL NOT NULL,
-            PRIMARY KEY (session_key, name)
-        ) WITHOUT ROWID"""
-    )
+    dialect_of(conn).create(conn, TABLES)
 
 
 def set_chat_pref(conn: sqlite3.Connection, session_key: str, name: str, value: str, *, now: float) -> None:

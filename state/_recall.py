@@ -4,9 +4,9 @@
   one agent (``session_key`` prefix) and of a set of accounts
   (``"platform:user_id"``) -- minus a set of sessions (the caller's lineage),
   so that other users' messages never even enter the result.  Same query
-  syntax, CJK dispatch and pending-tail handling as :mod:`state.fts` (whose
-  helpers it uses); for a user's scope, the newest matches in the scope, for
-  the operator's (every account) fts's own BM25 ranking.
+  syntax and index as :mod:`state.search`, asked through its ``SearchIndex``;
+  for a user's scope, the newest matches in the scope, for the operator's
+  (every account) the index's own ranking.
 * :func:`lineage_ids`: a session with all its ancestors and descendants.
 * :func:`recent_sessions`: the newest sessions in a scope (no search).
 * :func:`recall_sessions`: the rows and messages of a few sessions, for
@@ -22,10 +22,11 @@ import json
 import sqlite3
 from typing import Any, Iterable
 
-from . import _pg_search, fts
+from . import search
+from ._dialect import dialect_of
 from ._messages import ORDER_KEY
-from ._pg import is_pg, json_values
 from ._sessions import get_descendants, get_lineage
+from .search._rank import first_snippet
 
 _META = ("id", "source", "user_id", "session_key", "title", "started_at", "last_active", "ended_at",
          "end_reason", "message_count", "preview", "parent_session_id")
@@ -35,7 +36,7 @@ def _scope_sql(conn: Any, agent_prefix: str | None, accounts: Iterable[str] | No
                roles: Iterable[str] | None, *, msg: str = "m.") -> tuple[str, list]:
     """Conditions on ``s`` (sessions) and, when ``msg`` is set, on ``m`` (messages)."""
     sql, args = [], []
-    values = json_values(conn)
+    values = dialect_of(conn).json_values()
     if agent_prefix:
         sql.append("substr(s.session_key, 1, ?) = ?")
         args += [len(agent_prefix), agent_prefix]
@@ -83,7 +84,7 @@ def recall_hits(
     excluded = lineage_ids(conn, exclude_lineage_of)
     if limit <= 0:
         return {"hits": [], "excluded": excluded}
-    tree = fts.parse(query)
+    tree = search.parse(query)
     if tree is None:
         return {"hits": [], "excluded": excluded}
     try:
@@ -122,13 +123,11 @@ def _conversation_roots(conn, session_ids) -> dict[str, str]:
 
 
 def _ranked(conn, tree, agent_prefix, excluded, role_filter, limit) -> list[dict]:
-    """Every account (the operator): :mod:`state.fts`'s own search (BM25 over the newest
-    matches) with the agent, lineage and role conditions."""
+    """Every account (the operator): the index's own search (over the newest matches) with the agent,
+    lineage and role conditions (on sessions ``s``)."""
     where, args = _scope_sql(conn, agent_prefix, None, excluded, role_filter)
-    if is_pg(conn):
-        return _pg_search.search(conn, tree, where, args, True, limit, max(fts.RANK_WINDOW, limit))
-    # fts joins messages ``m`` when there is a condition, and sessions ``s`` when asked to
-    return fts._search(conn, tree, where, args, bool(where), limit)
+    return search.search_index(conn).search(conn, tree, where, args, bool(where), limit,
+                                            max(search.RANK_WINDOW, limit))
 
 
 def _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter) -> list[int]:
@@ -139,74 +138,37 @@ def _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter) -> l
     where, args = _scope_sql(conn, agent_prefix, accounts, excluded, role_filter)
     return [r[0] for r in conn.execute(
         "SELECT m.id FROM sessions s JOIN messages m ON m.session_id = s.id"
-        f" WHERE s.user_id IN ({json_values(conn)}){where}",
+        f" WHERE s.user_id IN ({dialect_of(conn).json_values()}){where}",
         [json.dumps(user_ids), *args],
     )]
 
 
 def _newest_in(conn, tree, ids: list[int], limit: int) -> list[dict]:
-    """The newest ``limit`` messages among ``ids`` that match the query (same syntax and
-    indexes as :func:`state.fts.search_messages`).
+    """The newest ``limit`` messages among ``ids`` that match the query, as hits.
 
-    One user's scope is a small part of a big store: scanning a term's matches
-    newest first and keeping those whose id is in the scope (an in-memory
-    lookup, no join) stops after ``limit`` of them, where ranking the newest
-    matches of the scope would first have to walk every other user's.
-    Recall only groups these hits by session, so their order is recency.
+    One user's scope is a small part of a big store: the index walks a term's matches newest first
+    and keeps those in the scope (``SearchIndex.newest_in``).  Recall only groups these hits by
+    session, so their order is recency.
     """
-    terms = [t.text.strip() for t in fts.positive_terms(tree)]
-    if is_pg(conn):
-        cond, cargs = _pg_search.condition(tree)
-        found = [r[0] for r in conn.execute(
-            f"SELECT f.id FROM messages_fts f WHERE f.id IN ({json_values(conn, integers=True)}) AND {cond}"
-            " ORDER BY f.id DESC LIMIT ?", [json.dumps(ids), *cargs, limit])]
-        return _details(conn, found, terms)
-    one = fts.one_index_match(tree)
-    if one is None:  # both indexes: combined by fts
-        found = fts.matching_ids(conn, tree, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(ids)],
-                                 False, limit)
-        return _details(conn, found, terms)
-    index, match = one
-    table, tail_table = fts._TABLES[index == "trigram"]
-    upto = fts._indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
-    found = [r[0] for r in conn.execute(
-        # '+' keeps the scope a filter on the index scan (newest first) instead of one lookup per id
-        f"SELECT f.rowid FROM {table} f WHERE f.{table} MATCH ? AND +f.rowid IN (SELECT value FROM json_each(?))"
-        " ORDER BY f.rowid DESC LIMIT ?",
-        [match, json.dumps(ids), limit],
-    )]
-    pending = [i for i in ids if i > upto]
-    if pending:  # appended since the last index batch: matched in memory, as fts does
-        tail = fts._load_tail(conn, upto, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(pending)], False)
-        if tail is not None:
-            mem, _rows = tail
-            found += [r[0] for r in mem.execute(
-                f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?", [match],
-            )]
-    return _details(conn, sorted(set(found), reverse=True)[:limit], terms)
+    terms = [t.text.strip() for t in search.positive_terms(tree)]
+    return _details(conn, search.search_index(conn).newest_in(conn, tree, ids, limit), terms)
 
 
 def _details(conn, ids: list[int], terms: list[str]) -> list[dict]:
     if not ids:
         return []
-    if is_pg(conn):  # no view of the searched text: the columns themselves
-        sql = ("SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"
-               " m.content, m.tool_name, search_tool_text(m.tool_calls) FROM messages m"
-               " JOIN sessions s ON s.id = m.session_id"
-               f" WHERE m.id IN ({json_values(conn, integers=True)})")
-    else:
-        sql = ("SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at,"
-               " v.content, v.tool_name, v.tool_calls"
-               " FROM messages m JOIN sessions s ON s.id = m.session_id LEFT JOIN messages_search_src v ON v.id = m.id"
-               " WHERE m.id IN (SELECT value FROM json_each(?))")
-    rows = {r[0]: r for r in conn.execute(sql, (json.dumps(ids),))}
+    rows = {r[0]: r for r in conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
+        f" FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({dialect_of(conn).json_values(integers=True)})",
+        (json.dumps(ids),))}
+    texts = search.search_index(conn).texts(conn, ids)
     keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
     hits = []
     for msg_id in ids:
         row = rows.get(msg_id)
         if row is not None:
             hit = dict(zip(keys, tuple(row[:7]), strict=True))
-            hit["snippet"] = fts._like_snippet(list(row[7:]), terms)
+            hit["snippet"] = first_snippet(texts.get(msg_id, ()), terms)
             hits.append(hit)
     return hits
 
@@ -222,7 +184,7 @@ def recent_sessions(
     """The scope's newest sessions (children of a compression chain folded away), newest first."""
     where, args = _scope_sql(conn, agent_prefix, accounts, lineage_ids(conn, exclude_lineage_of), None, msg="")
     if accounts is not None:  # through the user_id index rather than a scan of every session
-        where += f" AND s.user_id IN ({json_values(conn)})"
+        where += f" AND s.user_id IN ({dialect_of(conn).json_values()})"
         args.append(json.dumps(sorted({a.split(":", 1)[1] for a in accounts if ":" in a})))
     rows = conn.execute(
         f"SELECT {', '.join('s.' + c for c in _META)} FROM sessions s"

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
 from . import schema
+from ._dialect import dialect_of
 from ._messages import get_messages
-from ._pg import is_integrity_error, is_pg
 from .errors import ImportFileError
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|passwd|authorization|bearer|access[_-]?token|refresh[_-]?token", re.I)
@@ -218,7 +217,7 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
                 )
                 messages += 1
         except Exception as exc:
-            if not is_integrity_error(exc):
+            if not dialect_of(conn).is_integrity_error(exc):
                 raise
             raise ImportFileError(line_no, f"session {sid} cannot be stored ({exc})") from exc
         conn.execute(
@@ -231,9 +230,8 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
             ("\n", "\r", sid),
         )
         imported.append(sid)
-    if messages and is_pg(conn):  # ids kept from the file: the next new message must come after them
-        conn.execute("SELECT setval(pg_get_serial_sequence('messages', 'id'), "
-                     "GREATEST((SELECT max(id) FROM messages), 1))")
+    if messages:  # ids kept from the file: the next new message must come after them
+        dialect_of(conn).ids_restored(conn, "messages")
     return {"imported": len(imported), "messages": messages, "skipped": skipped, "ids": imported}
 
 
@@ -260,18 +258,13 @@ def stats(conn: sqlite3.Connection, path: Path | str) -> dict:
     by_source = {
         r[0]: r[1] for r in conn.execute("SELECT source, COUNT(*) FROM sessions GROUP BY source ORDER BY COUNT(*) DESC, source")
     }
-    def size(p: Path) -> int:
-        try:
-            return os.path.getsize(p)
-        except OSError:
-            return 0
+    db_bytes, wal_bytes = dialect_of(conn).database_bytes(conn, path)
     return {
         "path": str(path),
         "sessions": sum(by_source.values()),
         "messages": conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0],
         "by_source": by_source,
-        "db_bytes": conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-        if is_pg(conn) else size(Path(path)),
-        "wal_bytes": 0 if is_pg(conn) else size(Path(path).with_name(Path(path).name + "-wal")),
+        "db_bytes": db_bytes,
+        "wal_bytes": wal_bytes,
         "schema_version": conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0],
     }

@@ -54,7 +54,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import sqlite3
 import statistics
 import time
@@ -64,8 +63,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, NamedTuple
 
 from . import _sessions
-from ._engine import GaveWay
-from ._pg import is_pg, json_values
+from ._dialect import StoreSize, dialect_of, file_size
+from ._lock import GaveWay
+from .search import MergeStep, search_index
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,6 @@ MIN_MERGE_PAGES = 4  # FTS5 finishes the term it is in before it stops: a step i
 # are the pages it writes, and after a prune it may read many more (the deleted entries it drops);
 # a vacuum step's cost per page depends on where in the file the pages are moved from.
 MAX_MERGE_PAGES, MAX_VACUUM_PAGES = 128, 2_048
-FTS_AUTOMERGE = 4  # FTS5's own default for its 'automerge' setting, turned back on after a prune
 PAUSE = 2.0  # after each step the pass pauses this many times as long as the step held the lock
 CHECKPOINT_AFTER_HOLD = 0.004  # seconds of write lock held by the steps between two checkpoints beside them
 GIVE_WAY_TRIES = 4  # a step a live write interrupted this many times in a row runs once more without giving way
@@ -93,16 +92,13 @@ LAST_UPKEEP = "last_upkeep"
 CHECKPOINT_ATTEMPTS, CHECKPOINT_PAUSE = 20, 0.05
 
 
-#: The same table on PostgreSQL (schema v18).
-PG_TABLES = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
-)
+#: Schema v18, on both engines (``state._dialect``'s type tokens).
+TABLES = ("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at {REAL} NOT NULL)",)
+
 
 def create_tables(conn: sqlite3.Connection) -> None:
     """Schema v18: small facts about the store itself, by key (``last_upkeep``: JSON)."""
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated_at REAL NOT NULL)"
-    )
+    dialect_of(conn).create(conn, TABLES)
 
 
 # --- steps on a connection (each SessionDB method runs one in its own transaction) ----------------
@@ -135,7 +131,8 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     """Delete these sessions' messages up to about ``max_bytes`` of text (at least one message;
     deleting a message costs about as much as indexing it did), then the sessions left empty."""
     ids = json.dumps(list(session_ids))
-    values, messages_ids = json_values(conn), json_values(conn, integers=True)
+    dialect = dialect_of(conn)
+    values, messages_ids = dialect.json_values(), dialect.json_values(integers=True)
     still = [r[0] for r in conn.execute(
         f"SELECT id FROM sessions WHERE id IN ({values}) AND {_sessions.EXPIRED}", (ids, cutoff))]
     dropped = sorted(set(session_ids) - set(still))
@@ -144,9 +141,8 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     doomed: list = []
     by_session: dict[str, int] = {}
     total = 0
-    nbytes = "octet_length(COALESCE({0}, ''))" if is_pg(conn) else "length(CAST(ifnull({0}, '') AS BLOB))"
     for msg_id, sid, size in conn.execute(
-        f"SELECT id, session_id, {nbytes.format('content')} + {nbytes.format('tool_calls')}"
+        f"SELECT id, session_id, {dialect.byte_length('content')} + {dialect.byte_length('tool_calls')}"
         f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN ({values}) LIMIT ?",
         (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
     ):
@@ -156,11 +152,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
         by_session[sid] = by_session.get(sid, 0) + 1
         total += size
     messages = conn.execute(f"DELETE FROM messages WHERE id IN ({messages_ids})", (json.dumps(doomed),)).rowcount
-    if is_pg(conn):
-        left = ("SELECT v FROM jsonb_array_elements_text(CAST(? AS jsonb)) AS v "
-                "WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = v)")
-    else:
-        left = "SELECT value FROM json_each(?) WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = value)"
+    left = f"SELECT j.value FROM ({values}) AS j WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = j.value)"
     empty = [r[0] for r in conn.execute(left, (json.dumps(still),))]
     _sessions._delete_ids(conn, empty)
     return PruneStep(empty, dropped, messages, total, by_session)
@@ -176,68 +168,19 @@ def fts_table(name: str) -> str:
 
 
 def fts_segments(conn: sqlite3.Connection, table: str) -> list[int]:
-    """The ids of the segments ``table`` (an FTS5 index) holds now (each has rows in its ``_idx``);
-    none on PostgreSQL, whose GIN indexes need no merging of ours."""
-    if is_pg(conn):
-        return []
-    return [r[0] for r in conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")]
-
-
-@dataclass(frozen=True, slots=True)
-class MergeStep:
-    worked: int  # rows FTS5 changed (leaves written, input pages dropped, its index): 0 when nothing to merge
-    left: int  # how many of the segments the merge started from are still there
-
-
-def _present(conn: sqlite3.Connection, table: str, segments: list[int]) -> list[int]:
-    return [s for s in segments
-            if conn.execute(f"SELECT 1 FROM {table}_idx WHERE segid = ? LIMIT 1", (s,)).fetchone()]
+    """The segments the search index ``table`` holds now (see ``SearchIndex.segments``)."""
+    return search_index(conn).segments(conn, table)
 
 
 def merge_step(conn: sqlite3.Connection, table: str, pages: int, segments: list[int] | None = None,
                start: bool = False) -> MergeStep:
-    """Merge about ``pages`` pages of the FTS5 index ``table``.
-
-    Without ``segments``: the merge FTS5's automerge would do (a level holding
-    four segments or more, or a merge in progress), while a prune holds
-    automerge off.  With them (the segments there were when a full merge
-    began): towards one segment, the work of ``optimize`` in small steps, which
-    drops the entries of deleted messages; done once those segments are gone.
-
-    Only the ``start`` step asks FTS5 for a full merge ('merge' with a negative
-    page count): it puts every segment on one new level and begins merging
-    them.  The later steps continue that merge ('merge' with a positive count
-    takes a merge in progress first).  Asked again while new messages add
-    segments, a full merge would start over each time on a new level, one more
-    level and segment per step, until FTS5's limits (2,000 segments) make the
-    index unwritable ("database or disk is full") or unreadable ("database disk
-    image is malformed").  Segments added since the start are left to the
-    ordinary merges.
-    """
-    if is_pg(conn) or (segments is not None and not _present(conn, table, segments)):
-        return MergeStep(0, 0)
-    before = conn.total_changes
-    pages = max(1, int(pages))
-    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-pages if start else pages,))
-    worked = conn.total_changes - before
-    if worked < 2:  # FTS5 writes nothing (or only its structure) when there is nothing to merge
-        worked = 0
-    return MergeStep(worked, len(_present(conn, table, segments)) if segments is not None else 0)
+    """Merge about ``pages`` pages of the search index ``table`` (see ``state.search.fts5.merge_step``)."""
+    return search_index(conn).merge_step(conn, table, pages, segments, start)
 
 
 def set_automerge(conn: sqlite3.Connection, on: bool) -> None:
-    """Turn FTS5's automerge of both indexes on (its default) or off.
-
-    A prune writes a segment of deletion entries per step, and automerge merges
-    in quanta of 64 pages times the number of levels whenever the pages written
-    pass a multiple of 64: one step in a few would hold the write lock for tens
-    of milliseconds.  Upkeep turns it off for the prune and does the same
-    merging itself in small steps (:func:`merge_step`), then turns it back on.  Nothing on PostgreSQL.
-    """
-    if is_pg(conn):
-        return
-    for table in FTS_TABLES:
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', ?)", (FTS_AUTOMERGE if on else 0,))
+    """Turn the search index's own merging on or off (see ``state.search.fts5.set_automerge``)."""
+    search_index(conn).set_automerge(conn, on)
 
 
 def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
@@ -250,41 +193,10 @@ def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
     return before - conn.execute("PRAGMA freelist_count").fetchone()[0]
 
 
-@dataclass(frozen=True, slots=True)
-class StoreSize:
-    db_bytes: int
-    wal_bytes: int
-    page_size: int
-    free_pages: int
-    auto_vacuum: str  # none | full | incremental (SQLite); postgresql
-
-    @property
-    def free_bytes(self) -> int:
-        return self.free_pages * self.page_size
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
 def store_size(conn: sqlite3.Connection, path: Path | None) -> StoreSize:
     """The file sizes and free pages; on PostgreSQL the database's size (its own autovacuum reuses
     free space: nothing for upkeep to vacuum, no WAL of ours)."""
-    if is_pg(conn):
-        size = conn.execute("SELECT pg_database_size(current_database()), current_setting('block_size')").fetchone()
-        return StoreSize(db_bytes=size[0], wal_bytes=0, page_size=int(size[1]), free_pages=0, auto_vacuum="postgresql")
-    assert path is not None
-    mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
-    return StoreSize(
-        db_bytes=_file_size(path),
-        wal_bytes=_file_size(path.with_name(path.name + "-wal")),
-        page_size=conn.execute("PRAGMA page_size").fetchone()[0],
-        free_pages=conn.execute("PRAGMA freelist_count").fetchone()[0],
-        auto_vacuum={0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode)),
-    )
+    return dialect_of(conn).store_size(conn, path)
 
 
 def record(conn: sqlite3.Connection, key: str, value: dict) -> None:
@@ -308,7 +220,7 @@ def vacuum_database(path: Path) -> tuple[int, int]:
     for a second copy meanwhile: only with the daemon stopped (the caller holds
     the home's lock).  Returns the file's size before and after, in bytes.
     """
-    before = _file_size(path)
+    before = file_size(path)
     conn = sqlite3.connect(path, isolation_level=None, timeout=30)
     try:
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with the VACUUM
@@ -316,7 +228,7 @@ def vacuum_database(path: Path) -> tuple[int, int]:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
-    return before, _file_size(path)
+    return before, file_size(path)
 
 
 # --- one pass ------------------------------------------------------------------------------------

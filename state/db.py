@@ -2,7 +2,7 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage`` or ``fts`` (search)
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage`` or ``search``
 through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
@@ -25,14 +25,17 @@ from . import (
     _recovery,
     _routes,
     _sessions,
+    _split,
     _titles,
     _transfer,
     _upkeep,
     _usage,
 )
-from ._engine import Engine, GaveWay
+from ._dialect import dialect_of
+from ._engine import Engine
+from ._lock import GaveWay
 from ._messages import Appended
-from ._pg import PgEngine, is_pg, is_url, mask_url
+from ._pg import PgEngine, is_url, mask_url
 from .paths import default_db_path
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -260,6 +263,25 @@ class SessionDB:
         """The live end of a compression chain (the id itself when it was not compressed)."""
         return self._engine.read(_sessions.get_compression_tip, session_id)
 
+    @_reads
+    def continued_conversation(self, session_id: str, upto: int | None = None) -> tuple[str, list[dict]]:
+        """``(session, its conversation)`` for answering messages stored in ``session_id``: the session
+        itself (as far as message ``upto``), or, when compression ended it meanwhile, the child the
+        conversation went on in."""
+        return self._engine.read(_split.continued_conversation, session_id, upto)
+
+    @_writes
+    def split_session(self, session_id: str, messages: list[dict], *, expected_message_ids: Iterable[int],
+                      session_key: str | None = None, end_reason: str = "compression") -> _split.Split:
+        """Continue ``session_id`` in a new child holding ``messages`` (compression), in ONE transaction:
+        the lineage's next title, the child, its messages, the route of ``session_key`` (default: the
+        session's own key) moved to it, the parent ended.  Raises :class:`state.SessionChangedMeanwhile`,
+        writing nothing, when the session's messages are no longer ``expected_message_ids`` or it was
+        ended or routed away meanwhile (see ``state._split``)."""
+        return self._engine.write(_split.split_session, session_id, list(messages),
+                                  expected_message_ids=list(expected_message_ids), session_key=session_key,
+                                  end_reason=end_reason)
+
     @_writes
     def delete_session(self, session_id: str) -> bool:
         """Delete a session, its messages and routes; children stay with no parent."""
@@ -428,11 +450,11 @@ class SessionDB:
         role_filter: list[str] | None = None,
         limit: int = 20,
     ) -> list[dict]:
-        """Full-text search (see ``state.fts``); never raises on any query string."""
-        from . import fts
+        """Full-text search (see ``state.search``); never raises on any query string."""
+        from . import search
 
         return self._engine.read(
-            fts.search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
+            search.search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
             role_filter=role_filter, limit=limit,
         )
 
@@ -522,7 +544,7 @@ class SessionDB:
     def _timed_write(self, fn: Callable[..., T], *args: Any, gives_way: bool = True) -> tuple[T, "_upkeep.Timed"]:
         """``fn``'s result and when its transaction took the write lock and for how long (begin to
         commit, ``time.perf_counter`` seconds).  Giving way (the default), a write from another
-        thread interrupts it: :class:`state._engine.GaveWay` is raised, its ``timed`` set."""
+        thread interrupts it: :class:`state._lock.GaveWay` is raised, its ``timed`` set."""
         began: list[float] = []
 
         def run(conn):
@@ -888,13 +910,7 @@ class SessionDB:
         ids = sorted(set(session_ids))
 
         def mark(conn) -> int:
-            if not ids or not is_pg(conn):
-                return 0
-            from .cluster.leases import mark_pending
-
-            for session_id in ids:
-                mark_pending(conn.raw, session_id)
-            return len(ids)
+            return sum(dialect_of(conn).mark_pending(conn, session_id) for session_id in ids)
 
         return self._engine.write(mark)
 
@@ -1026,11 +1042,8 @@ def _fenced(conn, fence: Fence | None) -> None:
     """First in a fenced transaction: raise ``LeaseLost`` (nothing written) unless ``fence`` still holds.
 
     SQLite has one instance per file and no leases: a fence there has nothing to guard against."""
-    if fence is None or not is_pg(conn):
-        return
-    from .cluster.leases import fenced_write
-
-    fenced_write(conn.raw, fence.session_id, fence.token)
+    if fence is not None:
+        dialect_of(conn).fence(conn, fence.session_id, fence.token)
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
@@ -1048,10 +1061,8 @@ def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **
     appended = _messages.append_inbound(conn, session_id, **message)
     if inbox is not None and appended.new:
         _recovery.add_to_inbox(conn, appended.id, session_id, inbox)
-        if pending and is_pg(conn):
-            from .cluster.leases import mark_pending
-
-            mark_pending(conn.raw, session_id)
+        if pending:
+            dialect_of(conn).mark_pending(conn, session_id)
     return appended
 
 

@@ -5,6 +5,8 @@
     ├── AmbiguousSession             an id prefix matches several sessions (.candidates)
     ├── InvalidTitle (ValueError)    a title is too long after cleaning
     ├── TitleConflict (ValueError)   another session already holds the title (.holder_session_id)
+    ├── SessionChangedMeanwhile      a split found its session changed since it was planned
+    │                                (.reason, .new_messages); nothing was written
     ├── DatabaseRefused              the file cannot be opened as our store; it was left untouched
     │   ├── NotADatabase             the file is not a SQLite database, or not a Switchboard one
     │   └── SchemaTooNew             written by a newer Switchboard (.found, .supported)
@@ -17,17 +19,20 @@
     ├── CronJobExists                a scheduled job with that id exists already (.job_id)
     ├── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
     │                                never leaves the store: the engine raises WriteTimeout instead
-    ├── GaveWay                      (state/_engine.py, internal) an upkeep step was interrupted by a
+    ├── GaveWay                      (state/_lock.py, internal) an upkeep step was interrupted by a
     │                                live write and rolled back; the upkeep pass tries it again
+    ├── UnsafeSql (ValueError)       (state/_pg.py, internal) SQL with parameters that PostgreSQL's
+    │                                placeholder translation refuses (a comment, a $$ body, an E'' string,
+    │                                jsonb's ? operator): a bug in the store's SQL
     └── ClusterError                 (state/cluster/errors.py) a PostgreSQL cluster primitive refused
         ├── OwnershipLost            this instance no longer owns a platform connection: stop it
         ├── LeaseLost                a session's lease is no longer ours; nothing was written
         └── NotInTransaction         a fenced write outside the transaction it guards
 
 Every class above is defined in this module and exported from ``state``,
-except ``LockTimeout``, which stays next to the process write lock,
-``GaveWay``, next to the engine that raises it, and the cluster's, exported
-from ``state.cluster`` (which needs psycopg).
+except ``LockTimeout`` and ``GaveWay``, which stay next to the write lock
+they are about, ``UnsafeSql``, next to the translation that raises it, and
+the cluster's, exported from ``state.cluster`` (which needs psycopg).
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says
 what to do next; the CLI prints it as one line.
@@ -79,6 +84,19 @@ class TitleConflict(StateError, ValueError):
             f"title {title!r} is already in use by session {holder_session_id}: "
             "choose another title or rename that session first"
         )
+
+
+class SessionChangedMeanwhile(StateError):
+    """The session changed after a split of it was planned (ended, moved, messages gone or added);
+    nothing was written."""
+
+    def __init__(self, session_id: str, reason: str, *, new_messages: bool = False):
+        self.session_id = session_id
+        self.reason = reason
+        #: True when the only change is messages stored after the plan was read: plan again with them
+        self.new_messages = new_messages
+        super().__init__(f"session {session_id} {reason} since the split was planned; nothing was written: "
+                         "read it again and plan the split anew")
 
 
 class DatabaseRefused(StateError):

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import schema
-from ._fts_query import CJK_RANGES
 from ._pg import _require_psycopg, _without_secret, is_url, mask_url
 from .errors import MigrationRefused, StateError
+from .search._query import CJK_RANGES
 
 #: Tables of SQLite's search index that are not FTS5 shadow tables: the batch mark and its version.
 SEARCH_INDEX_PREFIX = "search_index_"

@@ -12,21 +12,27 @@ Later features extend the chain by appending a step from a module in
 before a ``SessionDB`` is opened; versions must follow each other without gaps.
 
 One history, two engines: every step has its SQLite form (``apply``) and its
-PostgreSQL form (``apply_pg``), side by side, making the same tables and columns
-(``REAL`` is ``DOUBLE PRECISION`` there, ``INTEGER`` is ``BIGINT``, ``BLOB`` is
-``BYTEA``).  A step registered without a PostgreSQL form still runs on SQLite, but a
-PostgreSQL store refuses to migrate past it and ``tests/test_state_schema_pg.py`` fails.
+PostgreSQL form (``apply_pg``), making the same tables and columns.  Most steps are
+one definition given as both: its tables are written once with ``state._dialect``'s
+type tokens (``{REAL}`` is ``REAL`` on SQLite and ``DOUBLE PRECISION`` on PostgreSQL,
+``{INTEGER}`` ``INTEGER``/``BIGINT``, ``{BLOB}`` ``BLOB``/``BYTEA``, ``{ROWID}`` and
+``{SERIAL}`` an id the table numbers itself), and the search index is the engine's
+(``state.search``).  Only where the SQL truly differs are there two forms (v1: the
+seed's FTS triggers, PostgreSQL's scalar ``max``/``min``; v10: a backfill only SQLite
+ever needs; v22, v23: the cluster's tables).  A step registered without a PostgreSQL
+form still runs on SQLite, but a PostgreSQL store refuses to migrate past it and
+``tests/test_state_schema_pg.py`` fails.
 On PostgreSQL all pending steps run in one transaction holding an advisory lock
 (``state._pg.PgEngine``), so of several instances starting at once one migrates.
 """
 
 from __future__ import annotations
 
-import importlib
 import sqlite3
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ._dialect import dialect_of
 from .errors import NotADatabase, SchemaTooNew
 
 
@@ -58,16 +64,13 @@ def current_version() -> int:
 
 
 def columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    if getattr(conn, "dialect", "sqlite") == "postgresql":
-        return {row[0] for row in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = ?", (table,))}
-    return {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
+    return dialect_of(conn).columns(conn, table)
 
 
 def add_column(conn: sqlite3.Connection, table: str, column: str, decl: str) -> None:
+    """Add ``column`` unless it is there; ``decl`` may hold ``state._dialect``'s type tokens."""
     if column not in columns(conn, table):
-        conn.execute(f'ALTER TABLE "{table}" ADD COLUMN "{column}" {decl}')
+        conn.execute(f'ALTER TABLE "{table}" ADD COLUMN "{column}" {dialect_of(conn).ddl(decl)}')
 
 
 def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
@@ -150,14 +153,14 @@ def _v4_title_unique(conn):
 
 def _v5_billing(conn):
     for name, decl in [
-        ("cache_read_tokens", "INTEGER DEFAULT 0"),
-        ("cache_write_tokens", "INTEGER DEFAULT 0"),
-        ("reasoning_tokens", "INTEGER DEFAULT 0"),
+        ("cache_read_tokens", "{INTEGER} DEFAULT 0"),
+        ("cache_write_tokens", "{INTEGER} DEFAULT 0"),
+        ("reasoning_tokens", "{INTEGER} DEFAULT 0"),
         ("billing_provider", "TEXT"),
         ("billing_base_url", "TEXT"),
         ("billing_mode", "TEXT"),
-        ("estimated_cost_usd", "REAL"),
-        ("actual_cost_usd", "REAL"),
+        ("estimated_cost_usd", "{REAL}"),
+        ("actual_cost_usd", "{REAL}"),
         ("cost_status", "TEXT"),
         ("cost_source", "TEXT"),
         ("pricing_version", "TEXT"),
@@ -186,18 +189,18 @@ def _v8_platform_message_id(conn):
 
 
 def _v9_routes(conn):
-    conn.execute(
+    conn.execute(dialect_of(conn).ddl(
         "CREATE TABLE IF NOT EXISTS routes ("
         " session_key TEXT PRIMARY KEY,"
         " session_id TEXT NOT NULL REFERENCES sessions(id),"
-        " updated_at REAL NOT NULL)"
-    )
+        " updated_at {REAL} NOT NULL)"
+    ))
     conn.execute("CREATE INDEX IF NOT EXISTS idx_routes_session ON routes(session_id)")
 
 
 def _v10_listing(conn):
     """Keep preview and last activity on the session row, so listing reads one index."""
-    add_column(conn, "sessions", "last_active", "REAL")
+    add_column(conn, "sessions", "last_active", "{REAL}")
     add_column(conn, "sessions", "preview", "TEXT")
     conn.execute(
         """UPDATE sessions SET
@@ -212,16 +215,16 @@ def _v10_listing(conn):
     conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_started ON sessions(source, started_at DESC)")
 
 
-def _v11_fts(conn):
-    """Replace the seed's single FTS table by the search design of ``state.fts``.
+def _v11_search(conn):
+    """Install the engine's search index (``state.search``), on both engines.
 
-    ``fts.install`` drops the seed's table and triggers and indexes the
-    existing messages.  When ``state.fts`` changes its index, it appends a
-    step here that calls ``install`` again.
+    On SQLite, ``state.search.fts5.install`` drops the seed's single FTS table
+    and triggers and indexes the existing messages.  When an index changes, it
+    appends a step here that calls ``install`` again.
     """
-    from . import fts  # owned by the search module; imported late so schema has no cycle
+    from .search import search_index  # owned by the search package
 
-    fts.install(conn)
+    search_index(conn).install(conn)
 
 
 def _v12_pairing(conn):
@@ -359,10 +362,6 @@ def _pg(*statements: str) -> Callable[[Any], None]:
     return apply
 
 
-def _pg_columns(table: str, *columns: tuple[str, str]) -> Callable[[Any], None]:
-    return _pg(*(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{name}" {decl}' for name, decl in columns))
-
-
 # v1 on PostgreSQL also defines SQLite's scalar max() and min() of two or three numbers, so the store's
 # SQL (``MAX(started_at, last_active, ended_at)``, ``min(1.0, trust + ?)``) reads the same on both engines.
 _V1_PG = (
@@ -407,30 +406,9 @@ _V1_PG = (
 def _v10_listing_pg(conn):
     # No backfill: a PostgreSQL store starts at the newest schema (its first release had v20), so
     # this step only ever runs on empty tables.
-    _pg_columns("sessions", ("last_active", "DOUBLE PRECISION"), ("preview", "TEXT"))(conn)
+    add_column(conn, "sessions", "last_active", "{REAL}")
+    add_column(conn, "sessions", "preview", "TEXT")
     conn.execute("CREATE INDEX IF NOT EXISTS idx_sessions_source_started ON sessions(source, started_at DESC)")
-
-
-def _v11_fts_pg(conn):
-    from . import _pg_search
-
-    _pg_search.install(conn)
-
-
-def _pg_tables_of(module: str) -> Callable[[Any], None]:
-    """The PostgreSQL form of a step whose tables are ``state.<module>.PG_TABLES`` (the module is
-    imported when the step runs, as the SQLite forms import theirs)."""
-
-    def apply(conn: Any) -> None:
-        _pg(*importlib.import_module(f".{module}", __package__).PG_TABLES)(conn)
-
-    return apply
-
-
-def _v19_chat_prefs_pg(conn):
-    _pg_tables_of("_prefs")(conn)
-    conn.execute("CREATE INDEX IF NOT EXISTS idx_deliveries_streaming ON deliveries(created_at) "
-                 "WHERE status = 'streaming'")
 
 
 def _v22_cluster_pg(conn):
@@ -445,53 +423,27 @@ def _v23_rate_buckets_pg(conn):
     _pg(*filter(str.strip, RATE_BUCKETS_PG.split(";")))(conn)
 
 
-_BILLING_PG = [
-    ("cache_read_tokens", "BIGINT DEFAULT 0"),
-    ("cache_write_tokens", "BIGINT DEFAULT 0"),
-    ("reasoning_tokens", "BIGINT DEFAULT 0"),
-    ("billing_provider", "TEXT"),
-    ("billing_base_url", "TEXT"),
-    ("billing_mode", "TEXT"),
-    ("estimated_cost_usd", "DOUBLE PRECISION"),
-    ("actual_cost_usd", "DOUBLE PRECISION"),
-    ("cost_status", "TEXT"),
-    ("cost_source", "TEXT"),
-    ("pricing_version", "TEXT"),
-]
-
 for _step in [
     Migration(1, "seed initial schema", _script(_V1), _pg(*_V1_PG)),
-    Migration(2, "messages.finish_reason", _v2_finish_reason, _pg_columns("messages", ("finish_reason", "TEXT"))),
-    Migration(3, "sessions.title", _v3_title, _pg_columns("sessions", ("title", "TEXT"))),
+    Migration(2, "messages.finish_reason", _v2_finish_reason, _v2_finish_reason),
+    Migration(3, "sessions.title", _v3_title, _v3_title),
     Migration(4, "unique titles", _v4_title_unique, _v4_title_unique),
-    Migration(5, "billing columns", _v5_billing, _pg_columns("sessions", *_BILLING_PG)),
-    Migration(6, "reasoning columns", _v6_reasoning,
-              _pg_columns("messages", ("reasoning", "TEXT"), ("reasoning_details", "TEXT"),
-                          ("codex_reasoning_items", "TEXT"))),
-    Migration(7, "sessions.session_key, user_name", _v7_session_key, _pg(
-        'ALTER TABLE sessions ADD COLUMN IF NOT EXISTS user_name TEXT',
-        'ALTER TABLE sessions ADD COLUMN IF NOT EXISTS session_key TEXT',
-        "CREATE INDEX IF NOT EXISTS idx_sessions_session_key ON sessions(session_key)",
-        "CREATE INDEX IF NOT EXISTS idx_sessions_user_id ON sessions(user_id)")),
-    Migration(8, "messages.platform_message_id", _v8_platform_message_id, _pg(
-        "ALTER TABLE messages ADD COLUMN IF NOT EXISTS platform_message_id TEXT",
-        "CREATE UNIQUE INDEX IF NOT EXISTS idx_messages_platform_id "
-        "ON messages(session_id, platform_message_id) WHERE platform_message_id IS NOT NULL")),
-    Migration(9, "routes", _v9_routes, _pg(
-        "CREATE TABLE IF NOT EXISTS routes (session_key TEXT PRIMARY KEY,"
-        " session_id TEXT NOT NULL REFERENCES sessions(id), updated_at DOUBLE PRECISION NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS idx_routes_session ON routes(session_id)")),
+    Migration(5, "billing columns", _v5_billing, _v5_billing),
+    Migration(6, "reasoning columns", _v6_reasoning, _v6_reasoning),
+    Migration(7, "sessions.session_key, user_name", _v7_session_key, _v7_session_key),
+    Migration(8, "messages.platform_message_id", _v8_platform_message_id, _v8_platform_message_id),
+    Migration(9, "routes", _v9_routes, _v9_routes),
     Migration(10, "listing columns", _v10_listing, _v10_listing_pg),
-    Migration(11, "search indexes", _v11_fts, _v11_fts_pg),
-    Migration(12, "pairing requests and approved users", _v12_pairing, _pg_tables_of("_pairing")),
+    Migration(11, "search indexes", _v11_search, _v11_search),
+    Migration(12, "pairing requests and approved users", _v12_pairing, _v12_pairing),
     Migration(13, "listing indexes", _v13_listing_indexes, _v13_listing_indexes),
-    Migration(14, "cron jobs, runs and leases", _v14_cron, _pg_tables_of("_cron")),
-    Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts, _pg_tables_of("_facts")),
-    Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery, _pg_tables_of("_recovery")),
+    Migration(14, "cron jobs, runs and leases", _v14_cron, _v14_cron),
+    Migration(15, "facts, their FTS index, extraction claims, prefetch switches", _v15_facts, _v15_facts),
+    Migration(16, "inbox of unanswered messages, delivery record, dead letters", _v16_recovery, _v16_recovery),
     Migration(17, "listing indexes by last activity", _v17_listing_by_activity, _v17_listing_by_activity),
-    Migration(18, "meta: the last upkeep", _v18_meta, _pg_tables_of("_upkeep")),
-    Migration(19, "per-chat choices (/stream on|off), streamed replies' index", _v19_chat_prefs, _v19_chat_prefs_pg),
-    Migration(20, "the usage ledger: one row per model call", _v20_model_calls, _pg_tables_of("_usage")),
+    Migration(18, "meta: the last upkeep", _v18_meta, _v18_meta),
+    Migration(19, "per-chat choices (/stream on|off), streamed replies' index", _v19_chat_prefs, _v19_chat_prefs),
+    Migration(20, "the usage ledger: one row per model call", _v20_model_calls, _v20_model_calls),
     Migration(21, "the usage ledger's daily roll-up, for reports", _v21_usage_rollup, _v21_usage_rollup),
     Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
     Migration(23, "cluster: shared rate budgets", _v23_rate_buckets, _v23_rate_buckets_pg),

@@ -407,6 +407,9 @@ class Outcome:
     notes: dict[str, int] = field(default_factory=dict)
     log_problems: str = ""
     keeps_order: bool = True  # see Side.keeps_order
+    # the conversations were compressed (ChaosRun(summarized=True)): after a split the model sees the
+    # head, a summary and the tail, not every message, so only more messages than written is a problem
+    summarized: bool = False
 
     # -- figures --------------------------------------------------------------------------
     def expected(self) -> list[UserMessage]:
@@ -514,7 +517,8 @@ class Outcome:
         if lost := self.lost():
             out.append(f"{len(lost)} of {len(self.expected())} messages never answered: "
                        f"{_some(f'{m.text} ({self._when(m)})' for m in lost)}")
-        if bad := (self.off_the_conversation() if self.keeps_order else self.more_than_written()):
+        if bad := (self.off_the_conversation() if self.keeps_order and not self.summarized
+                   else self.more_than_written()):
             out.append(f"{len(bad)} replies show the model something other than the chat's messages once each, "
                        f"in order, in one session: {_some(r.text for r in bad)}")
         if self.duplicates() > self.in_flight():
@@ -553,18 +557,22 @@ class ChaosRun:
     """Kill the daemon ``plan.kills`` times under load and restart it; see the module docstring."""
 
     def __init__(self, side: Side, workdir: Path, model_base_url: str, plan: Plan, *,
-                 kill_when: Callable[[], bool] | None = None):
+                 kill_when: Callable[[], bool] | None = None, model: dict | None = None,
+                 settings: dict | None = None, summarized: bool = False):
         self.side = side
         self.plan = plan
         self.kill_when = kill_when  # past the random moment, the kill also waits for this (e.g. a turn running)
+        # the conversations are compressed: the model sees a summary instead of their middle (Outcome.summarized)
+        self.summarized = summarized
         settings = {
             "model": {"base_url": model_base_url, "name": "fake-model", "api_key": "sk-chaos-not-a-secret-0000",
-                      "max_concurrent_calls": 32, "context_length": 32768},
+                      "max_concurrent_calls": 32, "context_length": 32768, **(model or {})},
             "auth": {"allow_all": True},
             "sessions": {"reset": {"mode": "none"}},  # one session per chat for the whole run
             "logging": {"level": "INFO", "format": "text"},
             "shutdown": {"grace_seconds": 5},
             **side.settings(),
+            **(settings or {}),
         }
         self.daemon = Daemon(workdir, settings)
         self.messages: list[UserMessage] = []
@@ -598,11 +606,11 @@ class ChaosRun:
                 await _cancel(load)
             if self.daemon.proc is not None and self.daemon.proc.returncode is None:
                 exit_code = await self.daemon.stop()
-        stored = await asyncio.to_thread(_stored, self.daemon.db_path)
+        stored = await asyncio.to_thread(_stored, self.daemon.db_path, self.summarized)
         integrity = await asyncio.to_thread(_integrity, self.daemon.db_path)
         return Outcome(self.side.name, plan, self.side.redelivers, self.messages, self.side.replies(), stored,
                        self.kills, self.daemon.starts, integrity, exit_code, self.side.notes(),
-                       self.daemon.log_problems(), self.side.keeps_order)
+                       self.daemon.log_problems(), self.side.keeps_order, self.summarized)
 
     async def _kill_moment(self) -> None:
         """Past the random moment, wait for ``kill_when``; with ``Plan.kill_on_send``, freeze the daemon
@@ -644,7 +652,8 @@ class ChaosRun:
         """Until every message is answered or ``plan.settle_seconds`` passed (the figures tell which)."""
         deadline = time.monotonic() + self.plan.settle_seconds
         while time.monotonic() < deadline:
-            stored = Counter() if self.side.redelivers else await asyncio.to_thread(_stored, self.daemon.db_path)
+            stored = Counter() if self.side.redelivers else await asyncio.to_thread(_stored, self.daemon.db_path,
+                                                                                    self.summarized)
             outcome = Outcome(self.side.name, self.plan, self.side.redelivers, self.messages, self.side.replies(),
                               stored, [], [], "ok", 0)
             if not outcome.lost():
@@ -665,11 +674,19 @@ def _after_kill(db_path: Path) -> tuple[list[tuple[str, str]], int, str]:
         con.close()
 
 
-def _stored(db_path: Path) -> Counter:
-    """How many times each user message text is stored (read-only: a daemon may be writing)."""
+def _stored(db_path: Path, summarized: bool = False) -> Counter:
+    """How many times each user message text is stored (read-only: a daemon may be writing).
+
+    ``summarized``: a compression's copies (a child's message with the platform id and timestamp of one
+    of its parent's) are the same message, not another storing of it, and its summary is no user's."""
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    copies = (" AND NOT EXISTS (SELECT 1 FROM sessions s JOIN messages p ON p.session_id = s.parent_session_id"
+              " WHERE s.id = m.session_id AND p.platform_message_id = m.platform_message_id"
+              " AND p.timestamp = m.timestamp)"
+              " AND content NOT LIKE '[Summary of earlier conversation]%'") if summarized else ""
     try:
-        return Counter(dict(con.execute("SELECT content, COUNT(*) FROM messages WHERE role = 'user' GROUP BY content")))
+        return Counter(dict(con.execute(
+            f"SELECT content, COUNT(*) FROM messages m WHERE role = 'user'{copies} GROUP BY content")))
     finally:
         con.close()
 

@@ -69,6 +69,14 @@ class ApiClient:
         )
         return resp.choices[0].message.content
 
+    async def failure(self, key: str, text: str) -> tuple[int, str]:
+        """A request the gateway answers with an error (the model failed): its status and message."""
+        try:
+            await self.say(key, text)
+        except openai.APIStatusError as exc:
+            return exc.status_code, exc.body["message"] if isinstance(exc.body, dict) else str(exc.body)
+        raise AssertionError(f"{text!r} was answered, not refused")
+
     async def close(self) -> None:
         await self.client.close()
 

@@ -31,3 +31,12 @@ class Recorder:
     async def wait_for(self, n: int, timeout: float = 5.0) -> list[InboundMessage]:
         await eventually(lambda: len(self.messages) >= n, timeout, lambda: f"{n} messages, got {self.messages}")
         return self.messages
+
+
+def plain_fallbacks_in_metrics(platform: str) -> float:
+    """``switchboard_plain_text_fallbacks_total{platform}`` as ``GET /metrics`` renders it (0 before the first)."""
+    from gateway.runtime.metrics import Metrics
+
+    prefix = f'switchboard_plain_text_fallbacks_total{{platform="{platform}"}} '
+    lines = Metrics().render().decode().splitlines()
+    return next((float(line[len(prefix):]) for line in lines if line.startswith(prefix)), 0.0)

@@ -14,6 +14,7 @@ from gateway.retry import Backoff
 from gateway.types import Attachment, ChatRef, ChatType, InboundMessage
 from tests.fakes.slack import FakeSlack
 from tests.harness import eventually
+from tests.recording import plain_fallbacks_in_metrics
 
 COMMANDS = [("help", "Show commands"), ("new", "Start a fresh session"), ("reset", "Same as /new"),
             ("title", "Show or set this session's title"), ("status", "Session info"), ("resume", "Switch to an older session"),
@@ -277,10 +278,12 @@ async def test_429_pauses_and_the_reply_arrives_once(running):
 async def test_rejected_formatting_falls_back_to_plain_text(running):
     slack, adapter, rec = running
     slack.error_next("chat.postMessage", "invalid_blocks")
+    before = plain_fallbacks_in_metrics("slack")
     delivery = await adapter.send(ChatRef("slack", "D1"), "**bold** claim")
     assert delivery.ok
     calls = slack.calls_to("chat.postMessage")
     assert [(c.body["text"], c.body["mrkdwn"]) for c in calls] == [("*bold* claim", True), ("*bold* claim", False)]
+    assert plain_fallbacks_in_metrics("slack") == before + 1, "the fallback is counted in /metrics"
 
 
 async def test_a_failed_send_returns_a_failed_delivery_instead_of_raising(running):

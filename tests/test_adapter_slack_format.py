@@ -32,8 +32,9 @@ def test_markdown_to_mrkdwn(markdown, mrkdwn):
     assert to_mrkdwn(markdown) == mrkdwn
 
 
-def test_unclosed_fence_escapes_to_the_end():
-    assert to_mrkdwn("```\n**x** <y>") == "```\n**x** &lt;y&gt;"
+def test_unclosed_fence_escapes_to_the_end_and_is_closed():
+    # An unclosed fence runs to the end (CommonMark), and is closed so Slack shows it as code, not as "```".
+    assert to_mrkdwn("```\n**x** <y>") == "```\n**x** &lt;y&gt;\n```"
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from adapters.telegram.format import markdown_to_html
 from gateway.formatting import utf16_len
 from gateway.types import ChatRef, ChatType
 from tests.fakes.telegram import FakeTelegram, check_html
+from tests.recording import plain_fallbacks_in_metrics
 from tests.test_adapter_telegram import ANN, TEAM, Recorder, bot, make_adapter, tg  # noqa: F401 - bot, tg: fixtures
 
 DM = ChatRef("telegram", "111")
@@ -75,12 +76,14 @@ async def test_a_429_pauses_and_the_reply_arrives_once(tg, bot):
 async def test_rejected_formatting_is_resent_as_plain_text(tg, bot):
     adapter, _ = bot
     tg.fail_next("sendMessage", status=400, description="Bad Request: can't parse entities: Can't find end tag corresponding to start tag \"b\"")
+    before = plain_fallbacks_in_metrics("telegram")
     delivery = await adapter.send(DM, "**odd** <markup>")
     assert delivery.ok
     first, second = tg.calls("sendMessage")
     assert first["parse_mode"] == "HTML"
     assert "parse_mode" not in second and second["text"] == "**odd** <markup>"
     assert [s.visible_text for s in tg.sent] == ["**odd** <markup>"]
+    assert plain_fallbacks_in_metrics("telegram") == before + 1, "the fallback is counted in /metrics"
 
 
 async def test_a_send_the_platform_refuses_is_a_failed_delivery_not_an_exception(tg, bot):

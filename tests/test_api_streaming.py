@@ -82,7 +82,7 @@ async def test_without_include_usage_no_usage_chunk_and_a_conversation_goes_on(t
     assert content(second) == "echo: again | turns: 2 | first: hello"
 
 
-async def test_a_reset_notice_comes_first_as_its_own_paragraph(tmp_path, model):
+async def test_a_reset_notice_is_a_header_and_a_comment_never_content(tmp_path, model):
     clock = Clock()
     async with running_gateway(tmp_path, model, clock=clock,
                                sessions={"reset": {"mode": "idle", "idle_minutes": 60}}) as gw:
@@ -90,10 +90,20 @@ async def test_a_reset_notice_comes_first_as_its_own_paragraph(tmp_path, model):
         await stream(api, "k", "before the break")
         old = await gw.db.get_route("agent:main:api:dm:k")
         clock.advance(61 * 60)
-        chunks = await stream(api, "k", "back again")
+        url = f"http://127.0.0.1:{gw.api.bound_port}/v1/chat/completions"
+        body = {"model": "x", "messages": [{"role": "user", "content": "back again"}], "stream": True}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=body, headers={"X-Session-Key": "k"}) as r:
+                header = r.headers["X-Switchboard-Notice"]
+                raw = (await r.read()).decode()
         await api.close()
-    assert content(chunks) == ("(Started a new session: the previous one was idle for more than 1 h. "
-                               f"Send /resume {old} to go back.)\n\necho: back again | turns: 1 | first: back again")
+    notice = f"(Started a new session: the previous one was idle for more than 1 h. Send /resume {old} to go back.)"
+    # a header and an SSE comment, never content
+    assert header == notice
+    assert f": notice: {notice}\n\n" in raw
+    chunks = [json.loads(line.removeprefix("data: ")) for line in raw.split("\n\n") if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == \
+        "echo: back again | turns: 1 | first: back again"
 
 
 async def test_a_plain_answer_carries_the_real_token_usage(tmp_path, model):
@@ -187,14 +197,27 @@ async def test_a_stream_cut_off_mid_answer_ends_with_the_partial_and_the_note(tm
     assert chunks[-1][1].choices[0].finish_reason == "stop"
 
 
-async def test_a_model_failure_is_the_stream_s_content_and_it_ends(tmp_path, model):
+async def test_a_model_failure_before_the_stream_began_is_an_http_error(tmp_path, model):
     model.script(*[Fail(503)] * 4)  # max_retries=3: four attempts, all fail
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
-        chunks = await stream(api, "k", "first question")
+        with pytest.raises(openai.APIStatusError) as failed:
+            await stream(api, "k", "first question")
         await api.close()
-    assert content(chunks).startswith("The model is unavailable right now")
-    assert chunks[-1][1].choices[0].finish_reason == "stop"
+    assert failed.value.status_code == 503 and failed.value.code == "model_unavailable"
+
+
+async def test_a_model_failure_after_the_stream_began_is_an_error_event_the_sdk_raises(tmp_path, model):
+    # the tool's status line starts the stream; then every call fails
+    model.script(ToolCall("session_search", {"query": "x"}), *[Fail(503)] * 4)
+    async with running_gateway(tmp_path, model) as gw:
+        api = ApiClient(gw)
+        with pytest.raises(openai.APIError) as failed:
+            await stream(api, "k", "first question")
+        await api.close()
+        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+    assert failed.value.message.startswith("The model is unavailable right now (HTTP 503)")
+    assert [(m["role"], m["content"]) for m in stored] == [("user", "first question")]  # kept, unanswered
 
 
 async def test_a_stream_cut_off_by_shutdown_ends_with_an_error_the_sdk_raises(tmp_path, model):

@@ -192,7 +192,9 @@ async def test_three_concurrent_api_requests_in_one_session_are_stored_in_order(
             first = asyncio.create_task(api.say("c", "d1"))
             await model.wait_for_requests(1)
             later = [asyncio.create_task(api.say("c", text)) for text in ("d2", "d3")]
-            await eventually(lambda: len(stored(gw.config)) == 3, 10, "d2 and d3 stored")
+            # one request, one turn: d2 and d3 wait in the session's lane, each stored when its own turn starts
+            await eventually(lambda: gw.router.queued_messages() == 2, 10, "d2 and d3 queued")
+            assert [t for r, t in stored(gw.config) if r == "user"] == ["d1"]
             release.set()
             answers = await asyncio.gather(first, *later)
         finally:
@@ -287,7 +289,10 @@ async def _interleaving(home, events: list[str]) -> None:
             for n, event in enumerate(events):
                 if event == "arrive":
                     asked.append(asyncio.create_task(api.say("c", f"m{n}")))
-                    await eventually(lambda: count("user") == len(asked), 10, "the message stored")
+                    # stored at once when its session is idle, else queued behind the turn ahead of it
+                    # (one request, one turn: it is stored when its own turn starts)
+                    await eventually(lambda: count("user") + gw.router.queued_messages() == len(asked), 10,
+                                     "the message stored or queued")
                 elif ended < len(model.requests):  # a turn runs: it ends now
                     releases[ended].set()
                     ended += 1

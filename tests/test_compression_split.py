@@ -12,6 +12,7 @@ from compression import (
     CompressionResult,
     NothingToCompress,
     SessionChanged,
+    TooLittleToGain,
     compress_session,
     estimate_tokens,
     is_summary,
@@ -323,8 +324,8 @@ async def test_a_timeout_raised_by_the_summarizer_itself_is_a_failure(adb):
 
 
 async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
-    # The session is cleared while its summary is written: the split is written, the
-    # parent ended, then the check for messages that came meanwhile finds some gone.
+    # The session is cleared while its summary is written: the store's one-transaction split
+    # finds messages gone and writes nothing (no child, the route and the parent as they were).
     await new_session(adb, "s", turns=15)
     summarizer = Summarizer("s")
     summarizer.release = asyncio.Event()
@@ -335,5 +336,25 @@ async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
     summarizer.release.set()
     with pytest.raises(SessionChanged, match="lost messages"):
         await task
-    assert await snapshot(adb) == before  # child deleted, route back, parent open again
+    assert await snapshot(adb) == before  # no child, route and parent untouched
     assert await adb.get_route(KEY) == "s"
+
+
+async def test_a_summary_too_long_to_leave_the_room_asked_for_changes_nothing(adb):
+    await new_session(adb, "s", turns=15)
+    before = await snapshot(adb)
+    with pytest.raises(CompressionFailed, match="the summary is too long"):
+        await compress_session(adb, "s", Summarizer("long " * 400), context_length=2_000, max_tokens_after=1_100)
+    assert await snapshot(adb) == before
+    short = await compress_session(adb, "s", Summarizer("short"), context_length=2_000, max_tokens_after=1_100)
+    assert short.tokens_after <= 1_100
+
+
+async def test_a_split_that_cannot_leave_the_room_asked_for_does_not_ask_for_a_summary(adb):
+    await new_session(adb, "s", turns=15)
+    before = await snapshot(adb)
+    summarizer = Summarizer("s")
+    with pytest.raises(TooLittleToGain, match="a split would save too little") as info:
+        await compress_session(adb, "s", summarizer, context_length=2_000, max_tokens_after=500)
+    assert summarizer.requests == [] and await snapshot(adb) == before
+    assert info.value.tokens_after > info.value.limit == 500

@@ -13,6 +13,7 @@ import pytest
 from compression import (
     CompressionFailed,
     NothingToCompress,
+    TooLittleToGain,
     estimate_tokens,
     is_summary,
     prepare_history,
@@ -151,3 +152,26 @@ async def test_a_short_conversation_over_the_threshold_is_not_compressed(adb, mo
     assert model.requests == []
     assert prepared.session_id == "s" and prepared.dropped > 0
     assert prepared.history[-1] == history[-1]
+
+
+async def test_a_split_that_would_trigger_again_at_once_is_not_made(adb, model):
+    # 20 turns of large messages over a small window: the head and the six-message tail alone take
+    # most of what the history may hold, so a child would be over the threshold again within a turn.
+    history = await start(adb, turns=20, size=600)
+    before = await adb.get_messages("s")
+    # threshold 4,500 tokens, 3,000 of them the history's with this system prompt: a child of about
+    # 2,800 tokens (head, tail and a summary as long as asked for) would leave it less than a quarter
+    window = 6_000
+    prepared = await prepare_history(adb, "s", history, summarizer(model), context_length=window,
+                                     overhead_tokens=1_500, reserve_tokens=100)
+    assert isinstance(prepared.failure, TooLittleToGain)
+    assert model.requests == []  # decided before any summary was asked for
+    assert prepared.session_id == "s" and prepared.compressed is None
+    assert await adb.get_messages("s") == before and await adb.get_route(KEY) == "s"
+    assert prepared.notice is not None and "a summary would not free enough of it" in prepared.notice
+    assert f"the {prepared.dropped} oldest messages" in prepared.notice
+
+    # the same conversation with a system prompt that leaves the history room is compressed
+    model.script(Reply("summary"))
+    roomy = await prepare_history(adb, "s", history, summarizer(model), context_length=window, overhead_tokens=0)
+    assert roomy.compressed is not None and roomy.failure is None

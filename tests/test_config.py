@@ -23,6 +23,7 @@ from adapters.telegram.config import TelegramConfig
 from gateway.cli.config import config_group
 from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config, platform_models
 from gateway.errors import ConfigError
+from gateway.platforms import installed_platforms
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.yaml"
@@ -483,12 +484,14 @@ def _install_platform(site: Path, monkeypatch, name: str, config_module: str) ->
         f"[switchboard.adapter_configs]\n{name} = switchboard_{name}.config:{name.title()}Config\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(site))
     platform_models.cache_clear()
+    installed_platforms.cache_clear()
 
 
 @pytest.fixture
 def site(tmp_path):
     yield tmp_path / "site"
     platform_models.cache_clear()
+    installed_platforms.cache_clear()
     for name in [m for m in sys.modules if m.startswith("switchboard_")]:
         del sys.modules[name]
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
+import time
+from collections import Counter
 
 import pytest
 
@@ -64,3 +67,82 @@ async def test_slack_socket_mode_survives_a_kill_under_load(tmp_path, seed):
         outcome = await ChaosRun(SlackSide(sl), tmp_path, model.base_url, plan).run()
     check(outcome)
     assert outcome.notes["envelopes delivered again"] >= 1, outcome.report()
+
+
+SUMMARY_PROMPT = "You write the memory of a long conversation"  # compression.prompt.SYSTEM_PROMPT
+
+
+def _is_summary_request(record) -> bool:
+    return bool(record.messages) and SUMMARY_PROMPT in str(record.messages[0].get("content") or "")
+
+
+def compression_outcome(db_path) -> dict:
+    """What the store holds after the run: each chat's sessions, and every compression split."""
+    con = sqlite3.connect(db_path)
+    con.row_factory = sqlite3.Row
+    try:
+        sessions = [dict(r) for r in con.execute("SELECT id, session_key, parent_session_id, ended_at, end_reason, "
+                                                 "started_at FROM sessions")]
+        routes = dict(con.execute("SELECT session_key, session_id FROM routes").fetchall())
+        summaries = Counter(r[0] for r in con.execute(
+            "SELECT session_id FROM messages WHERE content LIKE '[Summary of earlier conversation]%'"))
+        late_answers = con.execute(  # an answer stored in a session after compression had ended it
+            "SELECT COUNT(*) FROM messages m JOIN sessions s ON s.id = m.session_id "
+            "WHERE s.end_reason = 'compression' AND m.role = 'assistant' AND m.timestamp > s.ended_at").fetchone()[0]
+    finally:
+        con.close()
+    return {"sessions": sessions, "routes": routes, "summaries": summaries, "late_answers": late_answers}
+
+
+async def test_compression_survives_kills_under_load(tmp_path, seed):
+    """kill -9 while conversations are being compressed (a summary is being written), under load: every
+    split is whole or absent (no child without its summary, no parent ended without its child), each
+    chat's route is on its one open session, and every message is answered."""
+    long_answer = "All right, noted and understood. " * 30  # about 250 tokens a turn: a split every few turns
+
+    def responder(messages: list[dict]) -> str | None:
+        if SUMMARY_PROMPT in str(messages[0].get("content") or ""):
+            return "Goals: chat. Facts: the user writes numbered messages."
+        return f"{long_answer}{FakeModel.default_reply(messages)}"
+
+    hits = []  # kills that came while a summary was being written
+
+    async with FakeTelegram() as tg, FakeModel(delay=MODEL_SECONDS) as model:
+        model.responder = responder
+
+        waiting_since: list[float] = []
+
+        def summary_running() -> bool:
+            if any(_is_summary_request(r) and r.answered is None for r in model.requests):
+                hits.append(len(model.requests))
+                waiting_since.clear()
+                return True
+            waiting_since[:1] = waiting_since[:1] or [time.monotonic()]
+            return time.monotonic() - waiting_since[0] > 30  # no compression came: kill anyway, and fail below
+
+        plan = Plan(kills=3, rate=8, chats=3, retire=1, load_seconds=(1.5, 3.0), settle_seconds=30, seed=seed)
+        run = ChaosRun(TelegramSide(tg), tmp_path, model.base_url, plan, kill_when=summary_running,
+                       model={"context_length": 4000}, settings={"compression": {"timeout_seconds": 5}},
+                       summarized=True)
+        outcome = await run.run()
+        summaries_asked = sum(1 for r in model.requests if _is_summary_request(r))
+    check(outcome)
+    store = compression_outcome(run.daemon.db_path)
+    sessions = {s["id"]: s for s in store["sessions"]}
+    children = [s for s in sessions.values() if s["parent_session_id"] is not None]
+    report = f"{outcome.report()}\n  kills during a summary: {len(hits)}, summaries asked: {summaries_asked}, " \
+             f"splits: {len(children)}"
+    assert len(hits) == plan.kills, report  # each kill came while a summary was being written
+    assert children, report  # and conversations were compressed, before and after the kills
+    for child in children:  # no orphaned child: each is a whole split of a parent that compression ended
+        parent = sessions[child["parent_session_id"]]
+        assert parent["end_reason"] == "compression", (child, parent)
+        assert store["summaries"][child["id"]] >= 1, child
+        assert child["started_at"] == parent["ended_at"], (child, parent)
+    ended = [s for s in sessions.values() if s["end_reason"] == "compression"]
+    assert sorted(s["id"] for s in ended) == sorted(c["parent_session_id"] for c in children), report  # one child each
+    for key in {s["session_key"] for s in sessions.values()}:  # the route on exactly one session per chat
+        open_sessions = [s["id"] for s in sessions.values() if s["session_key"] == key and s["ended_at"] is None]
+        assert open_sessions == [store["routes"][key]], (key, open_sessions, store["routes"].get(key))
+    assert store["late_answers"] == 0, report  # no answer went to a session compression had ended
+    print(report)

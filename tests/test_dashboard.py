@@ -101,7 +101,8 @@ class Browser:
 
 # -- the route walk ---------------------------------------------------------------------
 
-EXAMPLES = {"session_id": "s-root", "kind": "json", "job_id": "digest", "action": "run", "name": "dashboard.css"}
+EXAMPLES = {"session_id": "s-root", "kind": "json", "job_id": "digest", "action": "run", "name": "dashboard.css",
+            "model_id": "fake-model"}
 OPEN = {("GET", "/ui/login"), ("POST", "/ui/login"), ("GET", "/ui/static/{name}")}
 
 

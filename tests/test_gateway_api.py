@@ -106,12 +106,15 @@ async def test_429_then_success_is_answered_once(tmp_path, model):
     assert [m["role"] for m in stored] == ["user", "assistant"]
 
 
-async def test_total_model_failure_then_a_normal_turn(tmp_path, model):
+async def test_total_model_failure_is_a_503_and_the_message_is_kept_then_a_normal_turn(tmp_path, model):
     model.script(*[Fail(503)] * 4)  # max_retries=3: four attempts, all fail
     async with running_gateway(tmp_path, model, model={"retry_total_seconds": 30}) as gw:
         api = ApiClient(gw)
-        answer = await api.say("k", "first question")
-        assert answer.startswith("The model is unavailable right now") and "Your message is saved" in answer
+        with pytest.raises(openai.InternalServerError) as failed:
+            await api.say("k", "first question")
+        assert failed.value.status_code == 503
+        assert failed.value.code == "model_unavailable" and "Your message is saved" in failed.value.message
+        assert failed.value.response.headers["Retry-After"] == "2"
         assert await api.say("k", "second question") == "echo: second question | turns: 2 | first: first question"
         await api.close()
         stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
@@ -145,10 +148,13 @@ async def test_messages_sent_during_a_turn_are_answered_after_it(tmp_path):
             replies = await asyncio.gather(first, second, third)
             await api.close()
             stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
-    assert replies[0] == "echo: one | turns: 1 | first: one"
-    # two and three waited for the first turn and were answered together, in order
-    assert replies[1] == replies[2] == "echo: three | turns: 3 | first: one"
-    assert [m["content"] for m in stored if m["role"] == "user"] == ["one", "two", "three"]
+    # two and three waited for the first turn; each request got a turn and an answer of its own, in order
+    assert replies == [f"echo: {word} | turns: {n} | first: one" for n, word in enumerate(["one", "two", "three"], 1)]
+    assert [(m["role"], m["content"]) for m in stored] == [
+        pair for n, word in enumerate(["one", "two", "three"], 1)
+        for pair in (("user", word), ("assistant", f"echo: {word} | turns: {n} | first: one"))]
+    # no prompt ended with an answer: each ended with its own request
+    assert [r.messages[-1] for r in model.requests] == [{"role": "user", "content": w} for w in ["one", "two", "three"]]
 
 
 async def test_stop_cancels_the_running_turn_and_keeps_the_message(tmp_path, model):
@@ -188,10 +194,14 @@ async def test_bad_requests_get_clear_errors(tmp_path, model):
         async with aiohttp.ClientSession() as http:
             async with http.post(url, data=b"{not json") as r:
                 assert r.status == 400 and "not valid JSON" in (await r.json())["error"]["message"]
-            async with http.post(url, json={"messages": [{"role": "user", "content": "x"}]}) as r:
-                assert r.status == 400 and "X-Session-Key" in (await r.json())["error"]["message"]
+            async with http.post(url, json={"messages": [{"role": "assistant", "content": "x"}]}) as r:
+                assert r.status == 400 and "no user message" in (await r.json())["error"]["message"]
             async with http.post(url, json={"messages": []}, headers={"X-Session-Key": "k"}) as r:
                 assert r.status == 400
+            async with http.post(url, json={"messages": [{"role": "user", "content": "x"}], "n": 2}) as r:
+                assert r.status == 400 and (await r.json())["error"]["param"] == "n"
+            async with http.post(url, json={"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}) as r:
+                assert r.status == 400 and (await r.json())["error"]["param"] == "temperature"
     assert model.requests == []
 
 
@@ -240,16 +250,20 @@ async def test_idle_reset_ends_the_old_session_and_says_how_to_go_back(tmp_path,
         await api.say("k", "still here")
         assert await _session_for(gw) == old
         clock.advance(61 * 60)
-        answer = await api.say("k", "back again")
+        raw = await api.client.chat.completions.with_raw_response.create(
+            model="switchboard", messages=[{"role": "user", "content": "back again"}],
+            extra_headers={"X-Session-Key": "k"})
         new = await _session_for(gw)
         await api.close()
         ended = await gw.db.get_session(old)
         first_prompt = model.requests[-1].messages
     assert new != old
     assert ended["end_reason"] == "idle"
-    assert answer.startswith("(Started a new session: the previous one was idle for more than 1 h. "
-                             f"Send /resume {old} to go back.)")
-    assert answer.endswith("echo: back again | turns: 1 | first: back again")
+    # the notice comes beside the answer, in a header, never in it
+    assert raw.headers["X-Switchboard-Notice"] == ("(Started a new session: the previous one was idle for more than "
+                                                   f"1 h. Send /resume {old} to go back.)")
+    assert raw.headers["X-Switchboard-Session"] == new
+    assert raw.parse().choices[0].message.content == "echo: back again | turns: 1 | first: back again"
     assert any(m["role"] == "system" and old in m["content"] for m in first_prompt)
 
 
@@ -299,7 +313,7 @@ async def test_both_mode_and_a_restart_evaluate_the_policy_on_the_first_message(
         await api.close()
         assert await _session_for(gw) != old
         assert (await gw.db.get_session(old))["end_reason"] in ("idle", "daily")
-    assert answer.startswith("(Started a new session")
+    assert answer == "echo: after restart | turns: 1 | first: after restart"
 
 
 async def test_a_restart_continues_the_same_conversation(tmp_path, model):
@@ -360,8 +374,7 @@ async def test_a_message_queued_behind_a_turn_cut_off_by_shutdown_gets_its_503_w
     first = asyncio.create_task(api.say("k", "a very long question"))
     await model.wait_for_requests(1)
     second = asyncio.create_task(api.say("k", "and another"))  # waits in the lane behind the first
-    with state.SessionDB(tmp_path / "state.db") as store:
-        await eventually(lambda: len(store.get_messages(store.get_route("agent:main:api:dm:k"))) == 2)
+    await eventually(lambda: gw.router.queued_messages() == 1)
     started = time.monotonic()
     await gw.stop(grace_seconds=0.3)
     outcomes = await asyncio.gather(first, second, return_exceptions=True)

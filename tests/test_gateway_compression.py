@@ -6,7 +6,7 @@ import pytest
 
 import compression
 from tests.fakes.model_server import Fail, FakeModel, Hang, Reply
-from tests.harness import ApiClient, running_gateway
+from tests.harness import ApiClient, eventually, running_gateway
 
 KEY = "agent:main:api:dm:k"
 WINDOW = 4096  # threshold 0.75 -> 3072 tokens
@@ -52,11 +52,14 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
                      Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
         await api.say("k", "one more")  # reports 3,500 tokens: over 75 % of 4,096
-        answer = await api.say("k", "and now?")  # the trigger fires before this call
+        raw = await api.client.chat.completions.with_raw_response.create(  # the trigger fires before this call
+            model="m", messages=[{"role": "user", "content": "and now?"}], extra_headers={"X-Session-Key": "k"})
+        answer = raw.parse().choices[0].message.content
         second = await gw.db.get_route(KEY)
         assert second != root
-        assert answer.startswith('Compressed: ') and 'Continuing as "migration #2".' in answer
-        assert answer.endswith("after one")
+        notice = raw.headers["X-Switchboard-Notice"]  # beside the answer, never in it
+        assert notice.startswith('Compressed: ') and 'Continuing as "migration #2".' in notice
+        assert answer == "after one"
 
         await chat(api, 6, prefix="more")
         model.script(Reply("ok", prompt_tokens=3600), Reply("nothing new"), Reply("SECOND SUMMARY"), Reply("after two"))
@@ -142,3 +145,91 @@ async def test_other_sessions_are_answered_while_one_compresses(tmp_path, model)
         assert not slow.done()
         await slow
         await api.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, model, stream):
+    """A turn that compressed answers in the new child: the response's session_id says so (issue #26)."""
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 6)
+        root = await gw.db.get_route(KEY)
+        model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"), Reply("SUMMARY"),
+                     Reply("after the split"))
+        await api.say("k", "one more")  # reports 3,500 tokens: the next turn compresses first
+        request = {"model": "switchboard", "messages": [{"role": "user", "content": "and now?"}],
+                   "extra_headers": {"X-Session-Key": "k"}}
+        if stream:
+            chunks = [chunk async for chunk in await api.client.chat.completions.create(stream=True, **request)]
+            named = chunks[-1].model_extra["session_id"]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            response = await api.client.chat.completions.create(**request)
+            named = response.model_extra["session_id"]
+            text = response.choices[0].message.content
+        await api.close()
+        child = await gw.db.get_route(KEY)
+        assert child != root and "after the split" in text
+        assert (await gw.db.get_messages(child))[-1]["content"] == "after the split"
+        assert named == child
+
+
+async def test_a_small_window_is_not_compressed_over_and_over(tmp_path, model):
+    """With a 1,500-token window a split saves little (~1,000 → ~800 tokens) and the next turn is over the
+    threshold again: it used to start a new child every other turn.  A split that would not leave room
+    under the threshold is not made (no summary is asked for), and the user is told so once (issue #26)."""
+    def summarizer(messages):
+        if "write the memory" in (messages[0].get("content") or ""):
+            return "Goals: migrate. Facts: the staging database. " * 6
+        return None
+
+    model.responder = summarizer
+    text = "details about the migration plan, the staging database and the rollback steps. " * 2
+    async with running_gateway(tmp_path, model, model={"context_length": 1500},
+                               compression={"timeout_seconds": 2}) as gw:
+        api = ApiClient(gw)
+        answers, notices = [], []
+        for i in range(16):
+            raw = await api.client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": f"turn {i}: {text}"}],
+                extra_headers={"X-Session-Key": "k"})
+            answers.append(raw.parse().choices[0].message.content)
+            notices.append(raw.headers.get("X-Switchboard-Notice", ""))  # beside the answer, never in it
+        await api.close()
+        sessions = await gw.db.list_sessions_rich(include_children=True, limit=100)
+    assert all(f"echo: turn {i}:" in answer for i, answer in enumerate(answers))  # every turn answered
+    assert len(sessions) <= 2, [a.split("echo:")[0] for a in answers]  # at most one split, not one every few turns
+    told = [n for n in notices if "a summary would not free enough of it" in n]
+    assert len(told) == 1, notices
+
+
+async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_in_the_child(tmp_path, model):
+    async with running_gateway(tmp_path, model, **settings()) as gw:
+        api = ApiClient(gw)
+        await chat(api, 6)
+        root = await gw.db.get_route(KEY)
+        model.script(Reply("ok", prompt_tokens=3500))
+        await api.say("k", "one more")  # the next turn compresses first
+        model.script(Reply("nothing new to remember"), Reply("SUMMARY: the migration plan"))
+        model.delay = 0.4  # the memory turn, the summary and the answer each take a while
+        compressing = asyncio.create_task(api.say("k", "and now?"))
+        await eventually(lambda: any("write the memory" in str(r.messages[0].get("content")) for r in model.requests),
+                         10, "the summary request")
+        meanwhile = await api.client.chat.completions.create(
+            model="switchboard", messages=[{"role": "user", "content": "arrived meanwhile"}],
+            extra_headers={"X-Session-Key": "k"})
+        answered_first = await compressing
+        await api.close()
+        child = await gw.db.get_route(KEY)
+        parent = await gw.db.get_session(root)
+        in_child = [(m["role"], m["content"]) for m in await gw.db.get_messages(child)]
+        in_parent = await gw.db.get_messages(root)
+    assert child != root and parent["end_reason"] == "compression"
+    assert meanwhile.choices[0].message.content.startswith("echo: arrived meanwhile")
+    assert "echo: and now? |" in answered_first  # each message answered by one turn: its own
+    assert meanwhile.model_extra["session_id"] == child
+    # the message was carried into the child (stored, as in any turn, before the answer being written
+    # then) and answered there
+    assert ("user", "arrived meanwhile") in in_child
+    assert in_child[-1] == ("assistant", meanwhile.choices[0].message.content)
+    assert [m for m in in_parent if m["role"] == "assistant" and m["timestamp"] > parent["ended_at"]] == []

@@ -90,7 +90,7 @@ async def test_a_model_call_logs_nothing_at_info_and_a_failure_warns(tmp_path, m
         await api.say("k", "hello")
         quiet = info_log.getvalue()[before:]
         model.script(Fail(401, message="Incorrect API key provided.", code="invalid_api_key"))
-        await api.say("k", "again")
+        assert (await api.failure("k", "again"))[0] == 502
         failed = info_log.getvalue()[before + len(quiet):]
         await api.close()
     assert quiet == ""

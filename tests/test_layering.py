@@ -14,7 +14,7 @@ FORBIDDEN = {
 # adapters may import only these gateway modules (the boundary types and shared helpers, such as the
 # one redaction that keeps tokens out of logs)
 ADAPTER_ALLOWED_GATEWAY = {"gateway.types", "gateway.errors", "gateway.retry", "gateway.ratelimit", "gateway.config",
-                           "gateway.formatting", "gateway.logging_setup", "gateway.tasks"}
+                           "gateway.formatting", "gateway.markdown", "gateway.logging_setup", "gateway.tasks"}
 
 
 # The message path and what it shares with every part live directly in gateway/; the daemon's runtime,
@@ -98,3 +98,103 @@ def test_nothing_outside_the_store_imports_its_private_modules():
                 if name.startswith("state._"):
                     offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert offenders == []
+
+
+PRODUCT = ("gateway", "adapters", "state", "compression")
+
+
+def _product_modules() -> dict[str, tuple[Path, bool]]:
+    """Every module of the product packages: dotted name -> (file, whether it is a package's __init__)."""
+    found = {}
+    for package in PRODUCT:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the product modules it imports anywhere in its file (inside functions too), relative
+    imports resolved; ``from a import b`` counts ``a.b`` when that is a module, else ``a``.  Importing
+    ``a.b`` runs ``a/__init__`` first, but that is no edge: only what a file names counts."""
+    modules = _product_modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_package) in modules.items():
+        package = module if is_package else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(filter(None, (resolve(alias.name) for alias in node.names)))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                    source = f"{base}.{node.module}" if node.module else base
+                else:
+                    source = node.module or ""
+                targets.update(filter(None, (resolve(f"{source}.{alias.name}") for alias in node.names)))
+        graph[module] = targets - {module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles_among_the_product_packages():
+    """Function-level imports count: an import put inside a function to dodge a cycle still is one."""
+    graph = _import_graph()
+    described = [" -> ".join(cycle) + "  (" + "; ".join(
+        f"{m} imports {', '.join(sorted(graph[m] & set(cycle)))}" for m in cycle) + ")" for cycle in _cycles(graph)]
+    assert described == []
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    graph = _import_graph()
+    assert "state.schema" in graph["state._pg"]  # imported only inside a method, and seen

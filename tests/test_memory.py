@@ -253,12 +253,13 @@ async def test_an_idle_reset_gets_the_memory_turn_too(tmp_path, model):
         clock.advance(2 * 3600)
         model.script(ToolCall("memory", {"target": "user", "action": "add", "content": "Oli is allergic to peanuts"}),
                      Reply("kept"))
-        answer = await api.say("oli", "recipe ideas?")
+        raw = await api.client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "recipe ideas?"}], extra_headers={"X-Session-Key": "oli"})
         await api.close()
     flush = [r for r in model.requests if FLUSH_MARK in r.last_user_text]
     assert len(flush) == 2 and "I am allergic to peanuts" in json.dumps(flush[0].messages)
-    assert answer.startswith("(Started a new session: the previous one was idle")
-    assert answer.endswith("echo: recipe ideas? | turns: 1 | first: recipe ideas?")
+    assert raw.headers["X-Switchboard-Notice"].startswith("(Started a new session: the previous one was idle")
+    assert raw.parse().choices[0].message.content == "echo: recipe ideas? | turns: 1 | first: recipe ideas?"
     # the new session's first turn waited for the flush and starts with what it kept
     assert "Oli is allergic to peanuts" in system_prompt(model.requests[-1])
 

@@ -34,11 +34,13 @@ async def test_a_message_larger_than_the_window_is_answered_and_the_session_keep
     assert len(huge) > 200_000
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
-        first = await api.say("k", huge)
+        raw = await api.client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": huge}], extra_headers={"X-Session-Key": "k"})
+        answer, notice = raw.parse().choices[0].message.content, raw.headers["X-Switchboard-Notice"]
         second = await api.say("k", "and what was on the first line?")
         await api.close()
         stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
-    notice, answer = first.split("\n\n")
+    # the notice comes beside the answer (a header), not in it
     assert notice.startswith(f"Your message is {len(huge):,} characters long, more than the model can read at once: "
                              "it is saved whole, but the model sees only its beginning and end (")
     assert answer.startswith("read ") and len(model.requests) == 2  # answered at once, nothing refused or retried
@@ -62,9 +64,9 @@ async def test_a_context_length_refusal_suggests_compress_or_new_and_is_not_retr
         model.script(Fail(400, message=said, type="BadRequestError"))
     async with running_gateway(tmp_path, model) as gw:  # the gateway believes the window is 32768
         api = ApiClient(gw)
-        answer = await api.say("k", "x" * 8000)
+        answer = await api.failure("k", "x" * 8000)
         await api.close()
-    assert answer == COMPRESS_LINE
+    assert answer == (400, COMPRESS_LINE)
     assert len(model.requests) == 1
 
 
@@ -79,10 +81,10 @@ async def test_a_refused_request_says_what_to_fix_and_is_not_retried(tmp_path, m
     model.script(refusal(status))
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
-        answer = await api.say("k", "hello")
+        answer = await api.failure("k", "hello")
         again = await api.say("k", "hello again")  # once fixed (here: the fake answers again), the chat goes on
         await api.close()
-    assert answer == line and API_KEY not in answer
+    assert answer == (502, line) and API_KEY not in answer[1]
     assert again.startswith("echo: hello again | turns: 2")
     assert len(model.requests) == 2  # one call per message: the refusal was not retried
 
@@ -103,9 +105,9 @@ async def test_an_answer_without_any_choice_gets_the_user_a_clear_line_and_the_n
     model.script(NoChoice())
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
-        broken = await api.say("k", "hello?")
+        broken = await api.failure("k", "hello?")
         fine = await api.say("k", "and now?")
         await api.close()
-    assert broken == ("The model is unavailable right now (the model endpoint answered without a choice: check "
+    assert broken[0] == 503 and broken[1] == ("The model is unavailable right now (the model endpoint answered without a choice: check "
                       "model.base_url). Your message is saved; send another message to try again.")
     assert fine.startswith("echo: and now? | turns: 2")

@@ -94,7 +94,7 @@ async def test_never_sends_no_reasoning_even_within_the_tool_loop(tmp_path, mode
     model.script(ReasoningToolCall("session_search", {"query": "x"}), Reply("ok"))
     async with running_gateway(tmp_path, model, model={"replay_reasoning": "never"}) as gw:
         api = ApiClient(gw)
-        await api.say("kim", "look it up")  # this fake model then refuses the request, as such models do
+        assert (await api.failure("kim", "look it up"))[0] == 503  # this fake model then refuses it, as such do
         await api.close()
     sent = _assistant_with_call(model.requests[1])
     assert not {"reasoning", "reasoning_details"} & set(sent)

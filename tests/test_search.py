@@ -1,4 +1,4 @@
-"""Full-text search (state.fts): dispatch, sanitising, results, index sync."""
+"""Full-text search (state.search, SQLite's index state.search.fts5): dispatch, sanitising, results, index sync."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sqlite3
 
 import pytest
 
-from state import SessionDB, fts
+from state import SessionDB, search
+from state.search import fts5
 
 SESSIONS = """CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, user_id TEXT, user_name TEXT,
     session_key TEXT, model TEXT, model_config TEXT, system_prompt TEXT, parent_session_id TEXT,
@@ -44,7 +45,7 @@ class Store:
     def flush(self):
         """SQLite: index the messages waiting for their batch; PostgreSQL indexes each row as it is written."""
         if self.conn is not None:
-            fts.flush(self.conn)
+            fts5.flush(self.conn)
 
     def session(self, sid, source="cli", model="m1"):
         self.db.create_session(sid, source, model=model)
@@ -66,7 +67,7 @@ class Store:
         (PostgreSQL keeps its GIN indexes in the writing transaction: nothing to compare)."""
         if self.conn is None:
             return
-        fts.flush(self.conn)
+        fts5.flush(self.conn)
         for table in ("messages_fts", "messages_fts_trigram"):
             self.conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
 
@@ -115,11 +116,11 @@ def call(name, **arguments):
     ],
 )
 def test_sanitize_query(raw, expected):
-    assert fts.sanitize_query(raw) == expected
+    assert search.sanitize_query(raw) == expected
 
 
 def test_sanitize_keeps_at_most_max_terms():
-    assert fts.sanitize_query(" ".join(f"w{i}" for i in range(100))).count('"') == 2 * fts.MAX_TERMS
+    assert search.sanitize_query(" ".join(f"w{i}" for i in range(100))).count('"') == 2 * search.MAX_TERMS
 
 
 # --- what a search returns -----------------------------------------------------
@@ -292,14 +293,14 @@ def test_best_match_first_then_newest(store):
 
 
 def test_ranking_only_looks_at_the_most_recent_window(store, monkeypatch):
-    monkeypatch.setattr(fts, "RANK_WINDOW", 3)
+    monkeypatch.setattr(search, "RANK_WINDOW", 3)
     s = store.session("s1")
     best_but_old = store.add(s, "user", "orca orca orca")
     recent = [store.add(s, "user", f"an orca was seen near the pier number {i}") for i in range(3)]
     got = store.ids("orca", limit=3)
     assert best_but_old not in got
     assert sorted(got) == recent
-    monkeypatch.setattr(fts, "RANK_WINDOW", 4)
+    monkeypatch.setattr(search, "RANK_WINDOW", 4)
     assert store.ids("orca", limit=3)[0] == best_but_old
 
 
@@ -329,7 +330,7 @@ def test_only_cjk_messages_enter_the_trigram_index(store):
     store.add(s, "user", "english only")
     zh = store.add(s, "user", "中文内容")
     store.add(s, "assistant", None)
-    assert fts.flush(store.conn) == 3
+    assert fts5.flush(store.conn) == 3
     assert store.conn.execute("SELECT id FROM messages_fts_trigram_docsize").fetchall() == [(zh,)]
     assert store.conn.execute("SELECT count(*) FROM messages_fts_docsize").fetchone() == (2,)
 
@@ -338,11 +339,11 @@ def test_only_cjk_messages_enter_the_trigram_index(store):
 def test_rebuild_restores_a_damaged_index(store):
     s = store.session("s1")
     keep = store.add(s, "user", "persistent memory 持久的记忆")
-    fts.flush(store.conn)
+    fts5.flush(store.conn)
     store.conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('delete-all')")
     store.conn.execute("INSERT INTO messages_fts_trigram(messages_fts_trigram) VALUES ('delete-all')")
     assert store.ids("persistent") == []
-    fts.rebuild(store.conn)
+    fts5.rebuild(store.conn)
     assert store.ids("persistent") == [keep]
     assert store.ids("持久的记忆") == [keep]
     store.assert_in_sync()
@@ -359,19 +360,19 @@ def test_install_is_idempotent_and_replaces_the_seed_index(tmp_path):
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('s', 'cli', 1)")
     conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'old 旧的消息内容', 1)")
     conn.execute("BEGIN IMMEDIATE")
-    fts.install(conn)
+    fts5.install(conn)
     conn.execute("COMMIT")
-    assert fts.installed_version(conn) == fts.INDEX_VERSION
-    assert [h["id"] for h in fts.search_messages(conn, "old")] == [1]
-    assert [h["id"] for h in fts.search_messages(conn, "旧的消息")] == [1]
+    assert fts5.installed_version(conn) == fts5.INDEX_VERSION
+    assert [h["id"] for h in search.search_messages(conn, "old")] == [1]
+    assert [h["id"] for h in search.search_messages(conn, "旧的消息")] == [1]
     before = conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
-    fts.install(conn)
+    fts5.install(conn)
     assert conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall() == before
     changes = conn.total_changes
-    fts.install(conn)
+    fts5.install(conn)
     assert conn.total_changes == changes
     conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'new', 2)")
-    assert [h["id"] for h in fts.search_messages(conn, "new")] == [2]
+    assert [h["id"] for h in search.search_messages(conn, "new")] == [2]
 
 
 # --- batched indexing: the newest messages wait for their batch, search still sees them --------
@@ -384,11 +385,11 @@ def _indexed(store):
 @pytest.mark.sqlite_only("FTS5's batched indexing")
 def test_appends_are_indexed_in_batches_and_found_before_and_after(store):
     s = store.session("s1")
-    ids = [store.add(s, "user", f"walrus number{i} 海象编号{i:03d}") for i in range(3 * fts.INDEX_BATCH + 5)]
+    ids = [store.add(s, "user", f"walrus number{i} 海象编号{i:03d}") for i in range(3 * fts5.INDEX_BATCH + 5)]
     indexed = _indexed(store)
     assert indexed == ids[: len(indexed)]  # a prefix: everything up to the mark
-    assert len(ids) - len(indexed) < fts.INDEX_BATCH  # at most one batch waits
-    assert len(indexed) >= 3 * fts.INDEX_BATCH - 1
+    assert len(ids) - len(indexed) < fts5.INDEX_BATCH  # at most one batch waits
+    assert len(indexed) >= 3 * fts5.INDEX_BATCH - 1
     assert sorted(store.ids("walrus", limit=1000)) == ids
     assert sorted(store.ids("海象编号", limit=1000)) == ids
     assert store.ids(f"number{len(ids) - 1}") == [ids[-1]]  # waiting in the tail
@@ -402,8 +403,8 @@ def test_appends_are_indexed_in_batches_and_found_before_and_after(store):
 @pytest.mark.sqlite_only("FTS5's batch mark")
 def test_edits_and_deletes_on_both_sides_of_the_mark(store):
     s = store.session("s1")
-    ids = [store.add(s, "user", f"otter {i}") for i in range(fts.INDEX_BATCH + 4)]
-    upto = fts._indexed_upto(store.conn)
+    ids = [store.add(s, "user", f"otter {i}") for i in range(fts5.INDEX_BATCH + 4)]
+    upto = fts5._indexed_upto(store.conn)
     indexed, pending = ids[0], ids[-1]
     assert indexed <= upto < pending
     for mid in (indexed, pending):
@@ -419,7 +420,7 @@ def test_edits_and_deletes_on_both_sides_of_the_mark(store):
 @pytest.mark.sqlite_only("FTS5's batch mark")
 def test_an_explicit_old_id_is_indexed_at_once(store):
     s = store.session("s1")
-    for i in range(fts.INDEX_BATCH + 2):
+    for i in range(fts5.INDEX_BATCH + 2):
         store.add(s, "user", f"filler {i}")
     store.conn.execute("DELETE FROM messages WHERE id = 3")
     store.conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) VALUES (3, ?, 'user', 'restored heron', 1)", (s,))
@@ -432,10 +433,10 @@ def test_an_explicit_old_id_is_indexed_at_once(store):
 def test_tail_and_index_are_ranked_together(store):
     s = store.session("s1")
     weak = store.add(s, "user", "lynx seen far away across the valley on a grey and windy morning")
-    for i in range(fts.INDEX_BATCH):
+    for i in range(fts5.INDEX_BATCH):
         store.add(s, "user", f"filler {i}")
     strong = store.add(s, "user", "lynx lynx")
-    assert weak <= fts._indexed_upto(store.conn) < strong
+    assert weak <= fts5._indexed_upto(store.conn) < strong
     assert store.ids("lynx") == [strong, weak]
     assert store.ids("lynx", role_filter=["assistant"]) == []
 
@@ -447,9 +448,9 @@ def test_a_query_only_reader_sees_the_tail(store):
     reader = sqlite3.connect(store.target)
     reader.execute("PRAGMA query_only = ON")
     try:
-        assert [h["id"] for h in fts.search_messages(reader, "pelican")] == [mid]
-        assert [h["id"] for h in fts.search_messages(reader, "鹈鹕在等待")] == [mid]
-        assert [h["id"] for h in fts.search_messages(reader, "鹈鹕")] == [mid]
+        assert [h["id"] for h in search.search_messages(reader, "pelican")] == [mid]
+        assert [h["id"] for h in search.search_messages(reader, "鹈鹕在等待")] == [mid]
+        assert [h["id"] for h in search.search_messages(reader, "鹈鹕")] == [mid]
     finally:
         reader.close()
 
@@ -464,14 +465,14 @@ def test_pending_messages_rank_as_they_will_once_indexed(store, query):
         "marmots and more marmots, a marmot colony, 土拨鼠洞穴在山上",
         "a long message about hiking in the mountains where at some point an alpine marmot appeared",
     ]
-    for i in range(2 * fts.INDEX_BATCH):  # an index with some statistics
+    for i in range(2 * fts5.INDEX_BATCH):  # an index with some statistics
         store.add(s, "user", f"filler line {i} about mountains and burrow entrances" + (" marmot" if i % 7 == 0 else ""))
-    fts.flush(store.conn)
+    fts5.flush(store.conn)
     for text in texts:
         store.add(s, "user", text)
-    assert fts._indexed_upto(store.conn) < store.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+    assert fts5._indexed_upto(store.conn) < store.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
     before = store.ids(query, limit=50)
-    fts.flush(store.conn)
+    fts5.flush(store.conn)
     assert store.ids(query, limit=50) == before
 
 
@@ -487,14 +488,14 @@ def test_ranking_is_fts5_bm25(store, query):
         "marmots and more marmots, a marmot colony, 土拨鼠洞穴在山上", "Marmot! MARMOT? marmot.",
         "a long message about hiking in the mountains where at some point an alpine marmot appeared",
     ]
-    for i in range(3 * fts.INDEX_BATCH):
+    for i in range(3 * fts5.INDEX_BATCH):
         store.add(s, "user", texts[i % len(texts)] + f" filler{i}" + " word" * (i % 5))
-    fts.flush(store.conn)
-    trigram = fts.is_cjk(query)
+    fts5.flush(store.conn)
+    trigram = search.is_cjk(query)
     table = "messages_fts_trigram" if trigram else "messages_fts"
     expected = [r[0] for r in store.conn.execute(
         f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}), rowid DESC",
-        (fts.sanitize_query(query),),
+        (search.sanitize_query(query),),
     )]
     assert len(expected) > 10
     assert store.ids(query, limit=100) == expected
@@ -536,12 +537,12 @@ def test_concurrent_writers_keep_the_batches_whole(store):
 @pytest.mark.sqlite_only("FTS5's optimize and rebuild")
 def test_optimize_and_rebuild_change_no_answer(store):
     s = store.session("s1")
-    for i in range(fts.INDEX_BATCH * 2 + 3):
+    for i in range(fts5.INDEX_BATCH * 2 + 3):
         store.add(s, "user", f"heron {i} 苍鹭在河边" if i % 2 else f"egret {i}")
     before = {q: store.ids(q, limit=100) for q in ("heron", "egret", "苍鹭在河边", "heron 7")}
-    fts.optimize(store.conn)
+    fts5.optimize(store.conn)
     assert {q: store.ids(q, limit=100) for q in before} == before
-    fts.rebuild(store.conn)
-    assert fts._indexed_upto(store.conn) == store.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
+    fts5.rebuild(store.conn)
+    assert fts5._indexed_upto(store.conn) == store.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
     assert {q: store.ids(q, limit=100) for q in before} == before
     store.assert_in_sync()

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from test_search import Store
 
-from state import fts
+from state import search
+from state.search import fts5
 
 _WORDS = ["docker", "deploy", "deployment", "memory", "记忆系统", "断裂连接", "数据库", "记忆", "AI模型", "测试"]
 
@@ -62,11 +63,11 @@ def test_not_and_parentheses_across_indexes(store):
 @pytest.mark.sqlite_only("FTS5's pending tail")
 def test_pending_messages_answer_boolean_cjk_queries(store):
     s = store.session("s1")
-    for i in range(fts.INDEX_BATCH):
+    for i in range(fts5.INDEX_BATCH):
         store.add(s, "user", f"filler {i}")
-    fts.flush(store.conn)
+    fts5.flush(store.conn)
     pending = store.add(s, "user", "断裂连接 pending")
-    assert fts._indexed_upto(store.conn) < pending
+    assert fts5._indexed_upto(store.conn) < pending
     assert store.ids("docker OR 断裂连接") == [pending]
     assert store.ids("断裂连接 NOT filler") == [pending]
 
@@ -100,7 +101,7 @@ def corpus(request, tmp_path_factory):
     for _ in range(110):
         words = rng.sample(_WORDS, rng.randint(1, 4))
         s.add(sid, rng.choice(["user", "assistant"]), rng.choice([" ", "", ", "]).join(words))
-    assert s.conn is None or fts._indexed_upto(s.conn) < 110
+    assert s.conn is None or fts5._indexed_upto(s.conn) < 110
     yield s
     s.close()
 
@@ -115,7 +116,7 @@ _SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Hea
 
 
 def _found(store, query) -> set[int]:
-    return set(store.ids(query, limit=fts.MAX_LIMIT))
+    return set(store.ids(query, limit=search.MAX_LIMIT))
 
 
 @_SETTINGS
@@ -152,4 +153,4 @@ def test_and_and_parentheses(corpus, a, b, c):
     ],
 )
 def test_parentheses_are_kept_when_balanced(raw, expected):
-    assert fts.sanitize_query(raw) == expected
+    assert search.sanitize_query(raw) == expected

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 from test_search import Store
 
-from state import _pg_search, fts
+from state import search
+from state.search import tsvector
 
 # FTS5 syntax, operators, punctuation, CJK and ordinary words, mixed freely
 _PIECES = st.sampled_from(
@@ -47,7 +48,7 @@ def store(request, tmp_path_factory):
 @given(query=QUERIES)
 @example(query="ÞE")  # PostgreSQL's unaccent reads it as THE; the match it finds is marked too
 def test_any_query_returns_a_list_and_never_raises(store, query, caplog):
-    with caplog.at_level(logging.WARNING, logger="state.fts"):
+    with caplog.at_level(logging.WARNING, logger="state.search"):
         hits = store.search(query)
     assert isinstance(hits, list)
     assert all(">>>" in h["snippet"] for h in hits)
@@ -59,13 +60,13 @@ def test_any_query_returns_a_list_and_never_raises(store, query, caplog):
 @given(query=QUERIES)
 def test_sanitized_queries_are_valid_fts5(store, query):
     if store.conn is None:  # PostgreSQL: the parsed tree is one valid condition on its indexes
-        tree = fts.parse(query)
+        tree = search.parse(query)
         if tree is not None:
-            cond, args = _pg_search.condition(tree)
+            cond, args = tsvector.condition(tree)
             store.db._engine.read(lambda conn: conn.execute(f"SELECT count(*) FROM messages_fts f WHERE {cond}",
                                                             args).fetchone())
         return
-    match = fts.sanitize_query(query)
+    match = search.sanitize_query(query)
     if match:
         store.conn.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (match,)).fetchone()
 
@@ -76,7 +77,7 @@ def test_sanitized_queries_are_valid_fts5(store, query):
      "x" * 10_240, "记忆断裂 " * 2_000, '"' * 10_240, "a OR " * 2_000, "NOT " * 3_000],
 )
 def test_hostile_queries(store, query, caplog):
-    with caplog.at_level(logging.WARNING, logger="state.fts"):
+    with caplog.at_level(logging.WARNING, logger="state.search"):
         assert isinstance(store.search(query), list)
     assert caplog.records == []
 
@@ -96,6 +97,6 @@ def test_search_on_a_read_only_sqlite_connection(tmp_path):
     s.close()
     ro = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True)
     try:
-        assert [h["id"] for h in fts.search_messages(ro, "记忆断裂")] == [2]
+        assert [h["id"] for h in search.search_messages(ro, "记忆断裂")] == [2]
     finally:
         ro.close()

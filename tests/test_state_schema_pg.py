@@ -19,7 +19,7 @@ from tests.harness import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 # The search indexes' own tables: FTS5's and the batch mark on SQLite, messages_fts (words and
-# CJK text, GIN-indexed) on PostgreSQL (state/_pg_search.py); each engine's own business.
+# CJK text, GIN-indexed) on PostgreSQL (state/search/tsvector.py); each engine's own business.
 SEARCH_INTERNALS = ("messages_fts", "facts_fts", "search_index_", "sqlite_")
 
 

@@ -18,6 +18,7 @@ from gateway.streaming import ReplyStream, StreamPacing
 from gateway.types import ChatRef
 from tests.fakes.telegram import check_html
 from tests.harness import eventually
+from tests.recording import plain_fallbacks_in_metrics
 from tests.test_adapter_slack import running, slack, started  # noqa: F401 - fixtures
 from tests.test_adapter_telegram import bot, tg  # noqa: F401 - fixtures
 from tests.test_chat_budget import discord_bot, discord_fake  # noqa: F401 - fixtures
@@ -53,6 +54,21 @@ async def test_first_text_shows_once_forty_characters_arrived_and_the_final_is_e
     assert len(tg.sent) == 1, "one message, edited in place"
     assert tg.sent[0].parse_mode == "HTML" and tg.sent[0].text == markdown_to_html(answer)
     assert tg.sent[0].visible_text == check_html(markdown_to_html(answer))
+
+
+async def test_a_final_edit_whose_formatting_telegram_refuses_stays_plain_and_is_counted(tg, bot):
+    adapter, _ = bot
+    answer = "**Sure.** Here is the plan, step by step, with `code` in it."
+    stream = ReplyStream(adapter, DM)
+    stream.feed(answer)
+    [shown] = await tg.wait_for_sent(1)
+    assert shown.parse_mode is None and shown.visible_text == answer
+    tg.fail_next("editMessageText", status=400, description="Bad Request: can't parse entities: Unsupported start tag")
+    before = plain_fallbacks_in_metrics("telegram")
+    delivery = await stream.finish(answer)
+    assert delivery.ok and [m.visible_text for m in tg.sent] == [answer], "the plain text stays, nothing is lost"
+    assert [c.get("parse_mode") for c in tg.calls("editMessageText")][-2:] == ["HTML", None]
+    assert plain_fallbacks_in_metrics("telegram") == before + 1, "the fallback is counted in /metrics"
 
 
 async def test_a_short_start_shows_after_a_second(tg, bot):
@@ -200,7 +216,7 @@ async def test_discord_429_on_an_edit_pauses_the_channel_and_the_final_arrives_o
     delivery = await stream.finish(answer)
     assert delivery.ok
     [message] = discord_fake.messages[channel]
-    assert message["content"] == answer
+    assert message["content"] == answer.rstrip()  # the final text as Discord shows it: no trailing space
     after = [r for r in discord_fake.requests if r.at > limited.at and f"/channels/{channel}/" in r.path]
     assert after and after[0].at - limited.at >= 3 - ARRIVAL_JITTER, "nothing to the channel during the pause"
 

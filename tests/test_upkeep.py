@@ -15,8 +15,9 @@ from harness import eventually, gateway_config, running_gateway
 
 import state
 from gateway.runtime.daemon import Gateway
-from state import AsyncSessionDB, SessionDB, fts
-from state._engine import GaveWay
+from state import AsyncSessionDB, SessionDB
+from state._lock import GaveWay
+from state.search import fts5
 
 DAY = 86_400.0
 TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages worth returning
@@ -82,7 +83,7 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
     assert [h.kind for h in report.holds].count("prune") >= 10 and {h.kind for h in report.holds} >= {"prune", "vacuum"}
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM messages WHERE session_id NOT IN (SELECT id FROM sessions)").fetchone()[0] == 0
-        fts.flush(conn)
+        fts5.flush(conn)
         for table in ("messages_fts", "messages_fts_trigram"):
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
 
@@ -127,7 +128,7 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
     with sqlite3.connect(path) as conn:  # ended back then; every message indexed
         conn.execute("UPDATE sessions SET ended_at = ?, last_active = ? WHERE id = 'old-cjk'",
                      (now - 6 * DAY, now - 6 * DAY))
-        fts.flush(conn)
+        fts5.flush(conn)
     conn.close()
     before = _index_bytes(path)
     async with await AsyncSessionDB.open(path) as db:

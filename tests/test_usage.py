@@ -152,7 +152,8 @@ async def test_failed_and_retried_calls_are_recorded_with_their_outcome(tmp_path
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
         model.script(refusal(401))
-        refused = await api.say("eve", "hello?")
+        status, refused = await api.failure("eve", "hello?")
+        assert status == 502
         model.script(Fail(503), Reply("there you are"))
         assert await api.say("eve", "hello again") == "there you are"
         await api.close()

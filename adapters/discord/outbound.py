@@ -30,6 +30,7 @@ import discord
 
 from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
 from gateway.formatting import split_message
+from gateway.markdown import count_plain_fallback
 from gateway.ratelimit import ChatRate, RateLimiter, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.types import ChatRef, Delivery, SendProgress
@@ -163,6 +164,7 @@ class Outbound:
                 if exc.status != 400 or to_plain(part) in ("", part):
                     raise
                 log.info("discord refused a formatted part (%s); resending it as plain text", describe(exc))
+                count_plain_fallback(PLATFORM)
                 msg_id = await self._send_part(channel_id, follow_up, to_plain(part), ref)
             await progress.confirmed(msg_id, last=index == len(parts) - 1)
         return Delivery(ok=True, message_ids=tuple(progress.sent_ids))

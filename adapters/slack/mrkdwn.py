@@ -1,18 +1,20 @@
 """Markdown (what the model writes) to Slack ``mrkdwn``, and Slack text back to plain text.
 
-Outbound, :func:`to_mrkdwn`:
+Outbound, :func:`to_mrkdwn` walks :func:`gateway.markdown.parse`'s tree:
 
     **bold** / __bold__     -> *bold*
     *italic* / _italic_     -> _italic_
     ~~strike~~              -> ~strike~
-    [text](url), ![alt](u)  -> <url|text>
+    [text](url), ![alt](u)  -> <url|text>     (other than http(s)/mailto: text (url))
     # Heading (any level)   -> *Heading*
-    - item / * item / + item -> • item
+    - item / 1. item        -> • item / 1. item (nested ones indented)
+    > quote                 -> > quote        (one level: Slack does not nest quotes)
     ```python               -> ```            (Slack shows an info string as code)
+    | table |               -> a code block of its rows
     & < >                   -> &amp; &lt; &gt; (everywhere, code included: Slack's control characters)
 
-Text inside inline code and fenced blocks is only escaped, never reformatted.
-A ``>`` that starts a quote line is kept as Slack's quote marker.
+Emphasis nests (``*_both_*``), and code stays code wherever it sits (a quote, a
+list).  Slack has no escape for ``*`` ``_`` ``~``; text holding them is sent as it is.
 
 Inbound, :func:`to_plain` turns Slack's markup in a user's message into what
 a person would type: ``<https://x|label>`` -> ``label (https://x)``,
@@ -23,16 +25,35 @@ from __future__ import annotations
 
 import re
 
-_FENCE = re.compile(r"^(\s*)(```|~~~)(.*)$")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-_QUOTE = re.compile(r"^(\s{0,3}(?:>\s?)+)")
-_BULLET = re.compile(r"^(\s*)[-*+]\s+(?=\S)")
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1")
-_IMAGE_OR_LINK = re.compile(r"!?\[([^\]\n]*)\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
-_BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
-_ITALIC_STAR = re.compile(r"(?<![*\w])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![*\w])")
-_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
-_BOLD_MARK = "\x00B\x00"  # placeholder so bold's "*" is not read as italic afterwards
+from gateway.markdown import (
+    Block,
+    Break,
+    Code,
+    CodeBlock,
+    Heading,
+    Image,
+    Inline,
+    Link,
+    ListBlock,
+    Paragraph,
+    Quote,
+    Rule,
+    Styled,
+    Table,
+    Text,
+    address,
+    indent,
+    join_blocks,
+    parse,
+    render_list,
+    words,
+    wrap,
+)
+
+_MARK = {"strong": "*", "em": "_", "strike": "~"}
+_LINKABLE = ("http://", "https://", "mailto:")
+_FENCE_IN_CODE = "``\u200b`"  # a zero-width space keeps ``` inside a block from closing it
+RULE = "———"
 
 
 def escape(text: str) -> str:
@@ -42,74 +63,65 @@ def escape(text: str) -> str:
 
 def to_mrkdwn(markdown: str) -> str:
     """Convert the model's Markdown to Slack mrkdwn (see the module docstring)."""
+    return _blocks(parse(markdown))
+
+
+def _blocks(blocks: tuple[Block, ...], *, quoted: bool = False) -> str:
+    return join_blocks([(b, _block(b, quoted=quoted)) for b in blocks])
+
+
+def _block(block: Block, *, quoted: bool = False) -> str:
+    if isinstance(block, Paragraph):
+        return _inline(block.children)
+    if isinstance(block, Heading):
+        inner = _inline(block.children, active=frozenset({"strong"})).strip()
+        return f"*{inner}*" if inner else ""
+    if isinstance(block, (CodeBlock, Table)):
+        text = block.text if isinstance(block, CodeBlock) else block.source
+        return f"```\n{escape(text).replace('```', _FENCE_IN_CODE)}\n```"
+    if isinstance(block, Quote):  # one level: a quote inside a quote joins it
+        inner = _blocks(block.blocks, quoted=True)
+        return inner if quoted else indent(inner, "> ") if inner else ""
+    if isinstance(block, ListBlock):
+        return render_list(block, lambda b: _block(b, quoted=quoted), own_line=(Quote, CodeBlock, Table))
+    assert isinstance(block, Rule)
+    return RULE
+
+
+def _inline(nodes: tuple[Inline, ...], *, active: frozenset[str] = frozenset(), in_link: bool = False) -> str:
     out: list[str] = []
-    fence = ""  # the open fence marker (``` or ~~~) while inside a block
-    for line in markdown.split("\n"):
-        m = _FENCE.match(line)
-        if fence:
-            if m and m.group(2) == fence and not m.group(3).strip():
-                out.append(m.group(1) + "```")
-                fence = ""
+    for node in nodes:
+        if isinstance(node, Text):
+            out.append(escape(node.text))
+        elif isinstance(node, Code):
+            out.append(f"`{escape(node.text)}`")
+        elif isinstance(node, Break):
+            out.append(" " if in_link else "\n")  # a link's label is one line
+        elif isinstance(node, Styled):
+            inner = _inline(node.children, active=active | {node.kind}, in_link=in_link)
+            out.append(inner if node.kind in active else wrap(inner, _MARK[node.kind]))
+        elif isinstance(node, Link):
+            has_label = bool(words(node.children).strip())
+            label = _inline(node.children, active=active, in_link=True) if has_label else escape(address(node.href))
+            if in_link:
+                out.append(label)
+            elif node.href.lower().startswith(_LINKABLE):
+                out.append(f"<{_href(node.href)}|{label}>")
+            else:  # an address Slack would not link: the text, then the address
+                out.append(f"{label} ({escape(address(node.href))})" if has_label and not node.autolink else label)
+        elif isinstance(node, Image):
+            label = escape(" ".join((node.alt or address(node.src)).split("\n")))
+            if in_link:
+                out.append(label)
+            elif node.src.lower().startswith(_LINKABLE):
+                out.append(f"<{_href(node.src)}|{label}>")
             else:
-                out.append(escape(line))
-            continue
-        if m:
-            fence = m.group(2)
-            out.append(m.group(1) + "```")
-            continue
-        out.append(_convert_line(line))
-    return "\n".join(out)
+                out.append(f"{label} ({escape(address(node.src))})" if node.alt else label)
+    return "".join(out)
 
 
-def _convert_line(line: str) -> str:
-    heading = _HEADING.match(line)
-    if heading:
-        inner = _BOLD.sub(r"\2", heading.group(1)).strip()
-        return f"*{_inline(inner)}*" if inner else ""
-    prefix = ""
-    quote = _QUOTE.match(line)
-    if quote:
-        prefix = ">" * quote.group(1).count(">") + " "
-        line = line[quote.end():]
-    bullet = _BULLET.match(line)
-    if bullet:
-        prefix += bullet.group(1) + "• "
-        line = line[bullet.end():]
-    return prefix + _inline(line)
-
-
-def _inline(text: str) -> str:
-    """Convert one line's inline Markdown, leaving code spans alone (escaped only)."""
-    parts: list[str] = []
-    last = 0
-    for m in _INLINE_CODE.finditer(text):
-        parts.append(_inline_prose(text[last:m.start()]))
-        parts.append("`" + escape(m.group(2)) + "`")
-        last = m.end()
-    parts.append(_inline_prose(text[last:]))
-    return "".join(parts)
-
-
-def _inline_prose(text: str) -> str:
-    if not text:
-        return text
-    links: list[str] = []
-
-    def stash_link(m: re.Match) -> str:
-        label = _emphasis(escape(m.group(1).strip())) or escape(m.group(2))
-        links.append(f"<{escape(m.group(2))}|{label}>")
-        return f"\x00L{len(links) - 1}\x00"
-
-    text = _IMAGE_OR_LINK.sub(stash_link, text)
-    text = _emphasis(escape(text))
-    return re.sub(r"\x00L(\d+)\x00", lambda m: links[int(m.group(1))], text)
-
-
-def _emphasis(text: str) -> str:
-    text = _BOLD.sub(lambda m: _BOLD_MARK + m.group(2) + _BOLD_MARK, text)
-    text = _ITALIC_STAR.sub(r"_\1_", text)
-    text = _STRIKE.sub(r"~\1~", text)
-    return text.replace(_BOLD_MARK, "*")
+def _href(url: str) -> str:
+    return escape(url.replace("|", "%7C"))
 
 
 # --------------------------------------------------------------------------- inbound

@@ -26,6 +26,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
+from gateway.markdown import count_plain_fallback
 from gateway.ratelimit import RateLimiter
 from gateway.retry import Backoff, retry_async
 
@@ -128,6 +129,7 @@ class Sender:
             if error not in FORMAT_ERRORS:
                 raise PartFailed(f"chat.postMessage failed: {error}") from None
             log.warning("slack: formatted text rejected (%s) in %s; sending it as plain text", error, channel)
+            count_plain_fallback(PLATFORM)
             try:
                 resp = await self._retry(attempt(True), budget)
             except SlackApiError as exc2:

@@ -37,6 +37,7 @@ from telegram.request import HTTPXRequest
 
 from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
 from gateway.formatting import split_message, utf16_len
+from gateway.markdown import count_plain_fallback
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
@@ -477,6 +478,7 @@ class TelegramAdapter:
             if not is_parse_error(exc):
                 raise
             log.info("Telegram rejected the formatting of a reply part (%s); sending it as plain text", exc)
+            count_plain_fallback(PLATFORM)
             return await send(text=part)
 
     # -- a streamed reply: one message, edited in place (gateway.streaming.DraftOutput) ----------
@@ -520,6 +522,7 @@ class TelegramAdapter:
             return await attempt(text=markdown_to_html(text), parse_mode=ParseMode.HTML)
         except BadRequest as exc:  # the formatting was refused: the text as it is
             log.info("Telegram rejected the formatting of a streamed part (%s); sending it as plain text", exc)
+            count_plain_fallback(PLATFORM)
             return await attempt(text=text)
 
     async def send_typing(self, chat: ChatRef) -> None:

@@ -44,6 +44,24 @@ def home_options(func):
                         help=_CONFIG_HELP)(func)
 
 
+class InstalledChoice(click.Choice):
+    """A ``click.Choice`` read when first used, not at import: ``choices()`` names them (the installed
+    platforms, and for ``--source`` the local sources too), so a platform installed as its own package
+    is a choice like a built-in one.  Any case is accepted (``Telegram`` means ``telegram``)."""
+
+    def __init__(self, choices: Callable[[], tuple[str, ...]]) -> None:
+        self._choices_now = choices
+        self.case_sensitive = False
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return self._choices_now()
+
+    @choices.setter
+    def choices(self, value: tuple[str, ...]) -> None:
+        self._choices_now = lambda: tuple(value)
+
+
 def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
     """Take --config and --home, open the store of that home for the command (its first argument),
     close it after, and turn a StateError into one line."""

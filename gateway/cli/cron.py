@@ -87,7 +87,8 @@ def cron_group() -> None:
 @click.option("--schedule", "-s", required=True, help=f"When: {EXAMPLES}.")
 @click.option("--prompt", "-p", required=True, help="What the agent is asked at each run.")
 @click.option("--deliver", "-d", default="local", show_default=True,
-              help="local, telegram:<chat>[:<topic>], discord:<channel> or slack:<channel>[:<thread_ts>].")
+              help="local, telegram:<chat>[:<topic>], discord:<channel>, slack:<channel>[:<thread_ts>] or "
+                   "<platform>:<chat>[:<thread>] for another installed platform.")
 @click.option("--id", "job_id", default=None, help="The job's id (default: made from the name).")
 @click.option("--model", default=None, help="Model for this job (default: the config's model.name).")
 @click.option("--context", type=click.Choice(["fresh", "continue"]), default="fresh", show_default=True,

@@ -34,6 +34,7 @@ import click
 
 import state
 from gateway.cli.common import (
+    InstalledChoice,
     Switchboard,
     fail as _fail,
     given_home,
@@ -50,8 +51,8 @@ from gateway.cli.maintenance import maintenance_cmd
 from gateway.cli.migrate import migrate_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
-from gateway.config import PLATFORMS
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
+from gateway.platforms import installed_platforms
 
 
 def _run_loop(coro):
@@ -165,7 +166,7 @@ def _pairing_db(config_path: Path | None) -> state.SessionDB:
     return state.SessionDB(resolve_store(config_path))
 
 
-_PLATFORM = click.Choice(PLATFORMS, case_sensitive=False)
+_PLATFORM = InstalledChoice(installed_platforms)
 
 
 @pairing.command("list")

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gateway.cli.common import (
+    InstalledChoice,
     console as _console,
     json_option,
     json_out as _json_out,
@@ -26,17 +27,16 @@ from gateway.cli.common import (
     when as _when,
     with_store,
 )
-from gateway.config import PLATFORMS
+from gateway.platforms import sources
 from state import AmbiguousSession, SessionDB, parse_jsonl
 
-SOURCES = (*PLATFORMS, "api", "cli", "cron")
 _MARKED = re.compile(r">>>(.*?)<<<", re.S)
 ROLES = ("user", "assistant", "tool", "system")
 
 
 def _source_option(help_text: str, multiple: bool = False):
     """``--source``: one of the known sources, any case (``API`` means ``api``); anything else is an error."""
-    return click.option("--source", multiple=multiple, type=click.Choice(SOURCES, case_sensitive=False),
+    return click.option("--source", multiple=multiple, type=InstalledChoice(sources),
                         help=help_text)
 def relative_time(ts: float | None, now: float | None = None) -> str:
     if not ts:

@@ -26,6 +26,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from gateway.durations import format_duration, parse_duration
 from gateway.errors import InvalidJob
+from gateway.platforms import installed_platforms
 
 EXAMPLES = "'0 8 * * 1-5' (08:00 on weekdays), 'every 30m', 'in 45m' or '2026-12-01T09:00'"
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -39,6 +40,12 @@ _PLATFORM_TARGETS = {
     "discord": "discord:<channel_id>",
     "slack": "slack:<channel_id>[:<thread_ts>]",
 }
+
+
+def _target_form(platform: str) -> str:
+    """How a target on ``platform`` is written; a platform installed as its own package takes
+    ``<platform>:<chat_id>[:<thread_id>]``, its adapter being the judge of the ids."""
+    return _PLATFORM_TARGETS.get(platform, f"{platform}:<chat_id>[:<thread_id>]")
 
 
 # --------------------------------------------------------------------------- durations
@@ -226,16 +233,16 @@ class Target:
 def parse_target(text: Any) -> Target:
     if text is None or (isinstance(text, str) and text.strip() in ("", "local")):
         return Target(None)
-    hint = "; use local, " + ", ".join(_PLATFORM_TARGETS.values())
+    hint = "; use local, " + ", ".join(_target_form(p) for p in installed_platforms())
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a delivery target{hint}")
     parts = text.strip().split(":")
     platform = parts[0].lower()
-    if platform not in _PLATFORM_TARGETS:
+    if platform not in installed_platforms():
         raise ValueError(f"unknown delivery target {text!r}{hint}")
     most = 2 if platform == "discord" else 3
     if not 2 <= len(parts) <= most or not all(p.strip() for p in parts[1:]):
-        raise ValueError(f"{text!r} is not a {platform} target; write {_PLATFORM_TARGETS[platform]}")
+        raise ValueError(f"{text!r} is not a {platform} target; write {_target_form(platform)}")
     chat, thread = parts[1].strip(), (parts[2].strip() if len(parts) == 3 else None)
     if platform == "telegram" and not re.fullmatch(r"-?\d+|@[A-Za-z]\w{3,}", chat):
         raise ValueError(f"telegram chat ids are numbers, or @name for a public channel (got {chat!r}); "

@@ -1,93 +1,130 @@
 """The local API: the gateway without any chat platform, and its health and metrics.
 
-    POST /v1/chat/completions   OpenAI-compatible; the gateway keeps the history, so only the
-                                last user message of ``messages`` is taken.  The session is
-                                chosen by the ``X-Session-Key`` header, else the ``user`` field
-                                (source ``api``).  ``"stream": true`` answers with Server-Sent
-                                Events in the Chat Completions chunk format, as the model writes
-                                (``stream_options.include_usage``: a last chunk with the usage).
-    GET  /v1/models             the configured model
-    GET  /healthz               status (ok, degraded, draining), each adapter's state, cron
+    POST /v1/chat/completions   OpenAI-compatible (see the README's "Local API" for the whole story)
+    GET  /v1/models             the configured model; GET /v1/models/{id} that model
+    GET  /healthz               status (ok, degraded, draining), each adapter's state, the model
+                                endpoint's, cron
     GET  /metrics               Prometheus text format
 
-``Idempotency-Key`` works as Stripe's does: the first request is stored and
-answered once; a retry with the same key and the same message gets the stored
-reply (200), or 409 while the first one is still being answered; the same key
-with another message is refused with 422 (the key belongs to the first one).
-A replay asked to stream gets the stored reply as one content chunk.
+Which session answers a request:
 
-``usage`` counts the answering turn's tokens: ``prompt_tokens`` the last model
-call's prompt (the whole context the answer came from), ``completion_tokens``
-all the turn's model calls wrote; 0 for a command or a replay (no model call).
+- ``X-Session-Key`` (or, with no conversation id, the ``user`` field): the gateway keeps the
+  history, so only the last user message is taken (source ``api``).
+- Otherwise the client keeps the history and sends all of it: the conversation is the one its id
+  names (``X-OpenWebUI-Chat-Id`` with ``X-OpenWebUI-User-Id``, a LibreChat ``X-Conversation-Id``,
+  ``prompt_cache_key``) or, with none, the one its fingerprint finds; what the history adds is stored,
+  and a history that parts from the stored one continues in a branch
+  (:mod:`gateway.runtime.api_sessions`).  The session is returned in ``X-Switchboard-Session``.
+- A side request (a last user message starting ``### Task:``, as Open WebUI sends for titles and
+  tags) is answered from the request alone and stored nowhere.
 
-A streamed answer is sent as it is written.  A tool's status line goes as an
-SSE comment (``: searching past sessions…``), not content.  A failure after the
-stream began ends it with the same line a plain request gets as its answer
-(``finish_reason`` ``stop``); a shutdown that cuts the turn off ends it with an
-``error`` event (the openai SDK raises it as an ``APIError``) and ``[DONE]``.
-A client that leaves mid-stream does not stop the turn: the answer is stored.
+Every front door goes one way: its body is read into one
+:class:`~gateway.runtime.api_request.ChatRequest`, :meth:`LocalApi.answer` answers it, and a
+:class:`~gateway.runtime.api_render.Format` writes the :class:`~gateway.runtime.api_render.Answer`
+out (Chat Completions here), whole or streamed.
 
-503 with ``Retry-After`` means the message was not answered because the
-gateway is shutting down: refused at the door, or stored and cut off by the
-shutdown grace period (a retry with the same ``Idempotency-Key`` then gets
-its answer once it exists).  A body that is not JSON, or holds a lone UTF-16
-surrogate (``"\\ud800"``), gets 400.
+Each request is answered by a turn of its own, in arrival order within its session.  The client's
+``system`` messages follow the gateway's system prompt; ``temperature``, ``top_p``, ``max_tokens``,
+``max_completion_tokens``, ``stop``, ``seed``, ``response_format`` and ``tool_choice`` go to the
+model; ``n`` above 1 is refused; ``image_url`` parts reach a vision model (``model.vision``).
 
-A bearer token (``api.token``) is required on every endpoint when set; the
-config refuses a non-loopback ``api.host`` without one.  The web dashboard
-(``ui.enabled``, :mod:`gateway.runtime.dashboard`) serves ``/ui/`` on the same
-listener behind its own guard: a log-in with that token, not a bearer header.  A port that cannot
-be bound is a :class:`~gateway.errors.ConfigError` naming ``api.port`` (exit
-78), with the process that holds it when it can be found.
+Every error is OpenAI-shaped JSON, ``{"error": {"message", "type", "param", "code"}}``, unknown
+paths, wrong methods and oversized bodies included.  A model that cannot be reached gives 502
+(``model_unreachable``), one that does not answer in time 504 (``model_timeout``), one that keeps
+failing 503 (``model_unavailable``); the user message stays stored, and a retry (same
+``Idempotency-Key``, or the same history) answers it without storing it again.  In a stream that
+has begun, a failure is an ``error`` event (the openai SDK raises it).  A shutdown is 503 with
+``Retry-After``.  Gateway notices (a reset, a compression, a message cut to fit) never enter the
+answer: they come in ``X-Switchboard-Notice`` headers and, in a stream, as SSE comments.
+
+``Idempotency-Key`` works as Stripe's does: the first request is stored and answered once; a retry
+with the same key and the same message gets the stored reply (200), or 409 while the first one is
+still being answered; the same key with another message is refused with 422.  A replay asked to
+stream gets the stored reply as one content chunk.
+
+A bearer token (``api.token``) is required on every endpoint when set; the config refuses a
+non-loopback ``api.host`` without one.  The web dashboard (``ui.enabled``,
+:mod:`gateway.runtime.dashboard`) serves ``/ui/`` on the same listener behind its own guard.  A port
+that cannot be bound is a :class:`~gateway.errors.ConfigError` naming ``api.port`` (exit 78).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import hmac
 import logging
 import time
-import uuid
 from dataclasses import dataclass
-from typing import Callable, cast
+from typing import Awaitable, Callable, cast
 
 from aiohttp import web
 
 import state
-from gateway.errors import ConfigError, GatewayClosing
-from gateway.router import SessionRouter, Ticket
+from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
+from gateway.failures import failure_line
+from gateway.router import RequestExtras, SessionRouter, Ticket
+from gateway.runtime.api_render import Answer, ChatCompletions, Format
+from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request
+from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.portholder import port_holder
-from gateway.runtime.sse import ChunkEvents, SseSink, usage_of
+from gateway.runtime.sse import SseSink
+from gateway.turn import TurnResult
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_BODY_BYTES = 16 * 1024 * 1024  # room for a few images as data URLs
 MAX_IDEMPOTENCY_KEY = 255
 RETRY_AFTER_SHUTDOWN_SECONDS = 10  # about what a restart takes
 RETRY_AFTER_RUNNING_SECONDS = 1
+RETRY_AFTER_MODEL_SECONDS = 2
 CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry once it is back "
            "(with the same Idempotency-Key, to get its answer without sending it twice)")
+SESSION_HEADER = "X-Switchboard-Session"
+NOTICE_HEADER = "X-Switchboard-Notice"
+_HTTP_ERRORS = {404: ("not_found", "no such endpoint: {method} {path} (see GET /v1/models, POST "
+                                   "/v1/chat/completions, GET /healthz, GET /metrics)"),
+                405: ("method_not_allowed", "{method} is not allowed on {path}"),
+                413: ("request_too_large", f"the body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB")}
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", *,
-           retry_after: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return web.json_response({"error": {"message": message, "type": kind}}, status=status, headers=headers)
+           retry_after: int | None = None, code: str | None = None, param: str | None = None) -> web.Response:
+    return _error_response(ApiError(status, message, kind, code=code, param=param, retry_after=retry_after))
+
+
+def _error_response(error: ApiError, headers: dict | None = None) -> web.Response:
+    extra = dict(headers or {})
+    if error.retry_after is not None:
+        extra["Retry-After"] = str(error.retry_after)
+    return web.json_response(error.body(), status=error.status, headers=extra or None)
 
 
 def _mismatch() -> web.Response:
     return _error(422, "this Idempotency-Key was already used for another request (a different message); "
-                       "use a new key for a new message", "idempotency_key_reused")
+                       "use a new key for a new message", code="idempotency_key_reused")
 
 
-def _is_text(value: str) -> bool:
-    """False for a string UTF-8 cannot encode (a lone surrogate, from JSON or a header's raw bytes)."""
-    return _lone_surrogate_at(value, "value") is None
+def model_failure(exc: BaseException) -> ApiError:
+    """The HTTP error for a turn the model did not answer (the user message stays stored); its message is
+    the line a chat platform's user reads (what to fix, or that a retry may work)."""
+    if isinstance(exc, ContextTooLong):
+        return ApiError(400, failure_line(exc), code="context_length_exceeded")
+    if isinstance(exc, ModelRefused):  # the gateway's own set-up is wrong (its key, its model name)
+        return ApiError(502, failure_line(exc), "server_error", code="model_refused")
+    if isinstance(exc, ModelUnavailable):
+        kind = getattr(exc, "kind", "failing")
+        if kind == "unreachable":
+            return ApiError(502, failure_line(exc), "server_error", code="model_unreachable")
+        if kind == "timeout":
+            return ApiError(504, failure_line(exc), "server_error", code="model_timeout")
+        return ApiError(503, failure_line(exc), "server_error", code="model_unavailable",
+                        retry_after=RETRY_AFTER_MODEL_SECONDS)
+    return ApiError(500, "Something went wrong while answering. Your message is saved; send it again to retry.",
+                    "server_error", code="internal_error")
 
 
 def _lone_surrogate_at(value, path: str) -> str | None:
@@ -109,37 +146,32 @@ def _lone_surrogate_at(value, path: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class _Wanted:
-    """How the client wants its answer: whole, or streamed (with a last chunk holding the usage)."""
+def _header_text(value: str | None, name: str, limit: int = 256) -> str | None:
+    if value is None:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"the {name} header is not text", param=name) from None
+    if len(value) > limit:
+        raise ApiError(400, f"the {name} header must be at most {limit} characters", param=name)
+    return value or None
 
-    stream: bool = False
-    include_usage: bool = False
 
-
-def _wanted(body: dict) -> _Wanted | web.Response:
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        return _error(400, "'stream' must be true or false")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-        return _error(400, "'stream_options' must be an object such as {\"include_usage\": true}")
-    return _Wanted(stream, stream and bool(options.get("include_usage")))
+def notice_header(notice: str) -> str:
+    """A notice as a header value: ASCII on one line (other characters escaped as ``\\u2192``)."""
+    return " ".join(notice.splitlines()).encode("ascii", "backslashreplace").decode("ascii")
 
 
 @dataclass(slots=True)
-class _Answer:
-    """What one completion says, and where it belongs."""
+class _Call:
+    """One request on its way: what was asked, in which shape to answer, what to do once answered."""
 
-    content: str
-    session_id: str
-    session_key: str
-    idempotency_key: str | None
-    created: float
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    request: web.Request
+    chat: ChatRequest
+    fmt: Format
+    stored: str  # the last user message as the store keeps it (a replay is checked against it)
+    answered: Callable[[Answer], Awaitable[None]] | None = None
 
 
 class LocalApi:
@@ -147,10 +179,12 @@ class LocalApi:
 
     def __init__(self, router: SessionRouter, health: Callable[[], dict], metrics: Metrics, *, model_name: str,
                  host: str, port: int, token: str | None, config_file: str | None = None,
-                 dashboard: Dashboard | None = None):
+                 dashboard: Dashboard | None = None, probe: Callable[[], Awaitable[object]] | None = None,
+                 agent: str = "main"):
         self.router = router
         self.dashboard = dashboard  # the /ui routes (ui.enabled), with their own guard
         self.health = health
+        self.probe = probe  # checks whether a model endpoint seen down answers again, before /healthz
         self._metrics = metrics
         self.model_name = model_name
         self.config_file = config_file  # named in the error when the port cannot be bound
@@ -159,13 +193,17 @@ class LocalApi:
         self.token = token or None
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
-        self._running: dict[tuple[str, str], str] = {}  # (session, Idempotency-Key) -> text, while answered
+        self._running: dict[tuple[str, str], str] = {}  # (session key, Idempotency-Key) -> text, while answered
+        self.conversations = Conversations(router.db, agent, model_name, router.turn.settings.persona)
+        self.chat_format = ChatCompletions(model_name)
 
     def app(self) -> web.Application:
-        middlewares = [self._auth] if self.dashboard is None else [self.dashboard.guard, self._auth]
+        middlewares = [self._errors, self._auth] if self.dashboard is None else \
+            [self._errors, self.dashboard.guard, self._auth]
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model_id:.+}", self.model)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.metrics)
         if self.dashboard is not None:
@@ -210,193 +248,301 @@ class LocalApi:
             await self._runner.cleanup()
             self._runner = None
 
+    @staticmethod
+    def _is_ui(request: web.Request) -> bool:
+        return request.path == "/ui" or request.path.startswith("/ui/")
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        """Every error outside the dashboard is OpenAI-shaped JSON (404, 405 and 413 included)."""
+        if self.dashboard is not None and self._is_ui(request):
+            return await handler(request)
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return _error_response(exc)
+        except web.HTTPException as exc:
+            if exc.status < 400 or exc.content_type == "application/json":
+                raise
+            code, message = _HTTP_ERRORS.get(exc.status, ("http_error", exc.reason))
+            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return _error_response(ApiError(exc.status, message.format(method=request.method, path=request.path),
+                                            code=code), headers)
+
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if self.dashboard is not None and (request.path == "/ui" or request.path.startswith("/ui/")):
+        if self.dashboard is not None and self._is_ui(request):
             return await handler(request)  # the dashboard's guard has let it through: a log-in, not a bearer token
         if self.token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return _error(401, "missing or wrong bearer token (api.token)", "authentication_error")
+                return _error(401, "missing or wrong bearer token (api.token)", "authentication_error",
+                              code="invalid_api_key")
         return await handler(request)
 
+    # -- POST /v1/chat/completions --------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
         except (ValueError, RecursionError):
-            return _error(400, "the body is not valid JSON")
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return _error(400, "expected a JSON object with a 'messages' list")
+            raise ApiError(400, "the body is not valid JSON") from None
         where = _lone_surrogate_at(body, "")
         if where is not None:
-            return _error(400, f"the string at {where} holds a lone UTF-16 surrogate (such as \\ud800 without its "
-                               "pair), which is not text; send valid Unicode")
-        wanted = _wanted(body)
-        if isinstance(wanted, web.Response):
-            return wanted
-        text = None
-        for message in reversed(body["messages"]):
-            if isinstance(message, dict) and message.get("role") == "user":
-                content = message.get("content")
-                if isinstance(content, list):
-                    content = " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-                text = content if isinstance(content, str) else None
-                break
-        if not text:
-            return _error(400, "no user message with text content in 'messages'")
-        if not text.strip():
-            return _error(400, "the last user message is only whitespace: send some text")
-        key = request.headers.get("X-Session-Key") or body.get("user")
-        if not key or not isinstance(key, str) or len(key) > 256 or not _is_text(key):
-            return _error(400, "choose a session with the X-Session-Key header or the 'user' field (at most 256 characters)")
+            raise ApiError(400, f"the string at {where} holds a lone UTF-16 surrogate (such as \\ud800 without its "
+                                "pair), which is not text; send valid Unicode", param=where)
+        return await self.answer(request, parse_chat_request(body), self.chat_format)
+
+    async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format) -> web.StreamResponse:
+        """Answer one parsed request and write it out in ``fmt``: the one path of every front door.
+
+        Which session answers it: the module docstring (and the README's "Which session answers an
+        API request")."""
         idempotency_key = request.headers.get("Idempotency-Key")
-        if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY
-                                            or not _is_text(idempotency_key)):
-            return _error(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text")
-        msg = InboundMessage(
-            platform="api", chat_type=ChatType.DM, chat_id=key, user_id=key, user_name=key, text=text,
-            message_id=idempotency_key,
-        )
+        if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY):
+            raise ApiError(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text",
+                           param="Idempotency-Key")
+        idempotency_key = _header_text(idempotency_key, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
+        session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
+        call = _Call(request, chat, fmt, chat.last_user.stored)
+        if chat.is_side_request:
+            return await self._side_request(call)
+        client_id = explicit_id(request.headers, chat)
+        if session_key is None and client_id is None and chat.user is not None:
+            session_key = chat.user  # `user` alone keeps its meaning: the gateway keeps the history under it
+        if session_key is not None:
+            msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
+                                 user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
+                                 attachments=chat.last_user.images)
+            return await self._once(self.router.key_for(msg), idempotency_key, call.stored,
+                                    lambda: self._gateway_kept(msg, call))
+        user = _header_text(request.headers.get("X-OpenWebUI-User-Id"), "X-OpenWebUI-User-Id") \
+            or chat.user or chat.safety_identifier
+        caller = Caller(token_hash(request.headers.get("Authorization")), user)
+        found = await self.conversations.identify(caller, chat, client_id, idempotency_key)
+        key = found.key or self.conversations.new_key()
+        user_name = _header_text(request.headers.get("X-OpenWebUI-User-Name"), "X-OpenWebUI-User-Name") or user
+        msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user_name,
+                             text=chat.last_user.text, message_id=idempotency_key, attachments=chat.images)
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=self._extras(request, chat))
+        fingerprint = found.fingerprint if found.key is None else None
+        ticket.prepare = lambda: self.conversations.prepare(
+            key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint)
+
+        async def answered(answer: Answer) -> None:
+            if found.source == "fingerprint":
+                await self.conversations.remember_first_reply(caller, chat, answer.content, answer.session_id)
+
+        call.answered = answered
+        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
+
+    @staticmethod
+    def _extras(request: web.Request, chat: ChatRequest) -> RequestExtras:
+        # the openai SDK (and what is built on it) counts its automatic retries in this header
+        retry = request.headers.get("X-Stainless-Retry-Count", "0") not in ("", "0")
+        return RequestExtras(chat.system, chat.params, retry)
+
+    async def _once(self, key: str, idempotency_key: str | None, text: str,
+                    answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """``answer()``, unless a request with the same Idempotency-Key is being answered now."""
         if idempotency_key is None:
-            return await self._answer(msg, request, wanted)
+            return await answer()
         slot = (key, idempotency_key)
         running = self._running.get(slot)
         if running is not None:
-            return self._still_running(running, text)
+            if running != text:
+                return _mismatch()
+            return _error(409, "the first request with this Idempotency-Key is still being answered; retry when "
+                               "it has finished to get its reply", "conflict", code="conflict",
+                          retry_after=RETRY_AFTER_RUNNING_SECONDS)
         self._running[slot] = text
         try:
-            return await self._answer(msg, request, wanted)
+            return await answer()
         finally:
             del self._running[slot]
 
-    async def _answer(self, msg: InboundMessage, request: web.Request,
-                      wanted: _Wanted) -> web.StreamResponse:
-        sink = SseSink() if wanted.stream else None
+    async def _gateway_kept(self, msg: InboundMessage, call: _Call) -> web.StreamResponse:
+        """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         try:
-            ticket = await self.router.handle(msg, sink=sink)
+            ticket = await self.router.handle(msg, sink=SseSink() if call.chat.stream else None,
+                                              extras=self._extras(call.request, call.chat))
         except GatewayClosing as exc:
-            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS)
+            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
+                          code="shutting_down")
         except state.StateError as exc:  # not stored: the client may retry (with its Idempotency-Key)
             log.error("API message not stored: %s", exc)
-            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable")
-        if ticket is None:
-            replayed = await self._replay(msg)
-            if isinstance(replayed, web.Response):
-                return replayed
-            return await self._respond(request, replayed, wanted)
-        answer = _Answer("", ticket.session_id, ticket.session_key, msg.message_id, time.time())
-        if sink is not None:
-            return await self._stream(request, ticket, sink, answer, wanted)
+            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
+                          code="store_unavailable")
+        if ticket is None:  # a command seen before with this key
+            return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
+                          "conflict", code="conflict")
+        return await self._respond(ticket, call)
+
+    async def _client_kept(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
+        try:
+            await self.router.submit(ticket.session_key, ticket)
+        except GatewayClosing as exc:
+            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
+                          code="shutting_down")
+        return await self._respond(ticket, call)
+
+    async def _respond(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
+        """The answer to a queued request: whole, or streamed as the model writes it."""
+        if call.chat.stream and isinstance(ticket.sink, SseSink):
+            return await self._stream(ticket, ticket.sink, call)
+        await asyncio.wait([ticket.reply])
+        return await self._settled(ticket, call)
+
+    async def _settled(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
+        """The response for a request whose turn is over (sent whole, or as one chunk when asked to stream)."""
         try:
             reply = await ticket.reply
         except GatewayClosing:
             return self._cut_off()
-        answer.content = "\n\n".join([*ticket.notices, reply]) if ticket.notices else reply
-        answer.prompt_tokens, answer.completion_tokens = ticket.prompt_tokens, ticket.completion_tokens
-        return await self._respond(request, answer, wanted)
+        except state.StateError as exc:
+            log.error("API message not stored: %s", exc)
+            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
+                          code="store_unavailable")
+        if ticket.replayed:
+            return await self._replay(ticket, call)
+        if ticket.failure is not None:
+            return _error_response(model_failure(ticket.failure), self._headers(ticket.session_id, ticket.notices))
+        answer = self._answer_of(ticket, reply)
+        if call.answered is not None:
+            await call.answered(answer)
+        return await self._whole(answer, call)
 
-    async def _stream(self, request: web.Request, ticket: Ticket, sink: SseSink, answer: _Answer,
-                      wanted: _Wanted) -> web.StreamResponse:
-        """The answer as it is written, as Server-Sent Events; the turn goes on if the client leaves."""
-        for notice in ticket.notices:  # known now: the turn has not started
+    @staticmethod
+    def _answer_of(ticket: Ticket, reply: str) -> Answer:
+        return Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
+                      time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices))
+
+    async def _stream(self, ticket: Ticket, sink: SseSink, call: _Call) -> web.StreamResponse:
+        """The answer as it is written; the turn goes on if the client leaves.
+
+        The response starts with the first thing to show, so a failure before it is a plain HTTP error."""
+        for notice in ticket.notices:  # known now (a reset): a header and a comment
             sink.note(notice)
-        seen_notices = len(ticket.notices)  # the turn may add more, shown after its answer
+        seen_notices = len(ticket.notices)
         ticket.reply.add_done_callback(lambda _: sink.wake())
-        events = await ChunkEvents.open(request, self._chunk_base(answer))
-        await events.send({"role": "assistant", "content": ""})
+        while not ticket.reply.done() and not sink.pending:
+            await sink.changed()
+        if ticket.reply.done() and (not sink.pending or ticket.reply.exception() is not None or ticket.replayed):
+            return await self._settled(ticket, call)
+        events = await call.fmt.open(call.request, self._answer_of(ticket, ""),
+                                     self._headers(ticket.session_id, ticket.notices))
+        await events.start()
         while True:
             finished = ticket.reply.done()
             for kind, text in sink.take():
                 if kind == "status":
                     await events.comment(text)
+                elif kind == "notice":
+                    await events.comment(f"notice: {text}")
                 else:
-                    await events.send({"content": text})
+                    await events.content(text)
             if finished:
                 break
             if events.gone:
                 sink.close()  # nobody reads: the turn answers on, and its answer is stored
             await sink.changed()
         if ticket.reply.exception() is not None:  # shutdown cut the turn off: the SDK raises this as an APIError
-            await events.error(CUT_OFF, "unavailable")
+            await events.error(CUT_OFF, "unavailable", "shutting_down")
             return await events.close()
-        sink.end(ticket.reply.result(), ticket.notices[seen_notices:])
-        for _, text in sink.take():
-            await events.send({"content": text})
-        await events.send({}, "stop")
-        if wanted.include_usage:
-            await events.usage(ticket.prompt_tokens, ticket.completion_tokens)
+        if ticket.failure is not None:  # the model failed after the stream began
+            error = model_failure(ticket.failure)
+            await events.error(error.message, error.kind, error.code)
+            return await events.close()
+        reply = ticket.reply.result()
+        sink.end(reply, ticket.notices[seen_notices:])
+        for kind, text in sink.take():
+            if kind == "notice":
+                await events.comment(f"notice: {text}")
+            elif kind == "content":
+                await events.content(text)
+        answer = self._answer_of(ticket, reply)
+        await events.finish(answer, call.chat.include_usage)
+        if call.answered is not None:
+            await call.answered(answer)
         return await events.close()
 
-    async def _respond(self, request: web.Request, answer: _Answer, wanted: _Wanted) -> web.StreamResponse:
-        """A whole answer: one JSON completion, or (asked to stream) the same as one content chunk."""
-        if not wanted.stream:
-            return web.json_response({
-                **self._head(answer, "chat.completion"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.content},
-                             "finish_reason": "stop"}],
-                "usage": usage_of(answer.prompt_tokens, answer.completion_tokens),
-                "session_id": answer.session_id,
-                "session_key": answer.session_key,
-            })
-        events = await ChunkEvents.open(request, self._chunk_base(answer))
-        await events.send({"role": "assistant", "content": ""})
-        await events.send({"content": answer.content})
-        await events.send({}, "stop")
-        if wanted.include_usage:
-            await events.usage(answer.prompt_tokens, answer.completion_tokens)
+    async def _whole(self, answer: Answer, call: _Call) -> web.StreamResponse:
+        """A whole answer: one JSON body, or (asked to stream) the same as one piece of content."""
+        headers = self._headers(answer.session_id, answer.notices)
+        if not call.chat.stream:
+            return web.json_response(call.fmt.body(answer), headers=headers)
+        events = await call.fmt.open(call.request, answer, headers)
+        for notice in answer.notices:
+            await events.comment(f"notice: {notice}")
+        await events.start()
+        await events.content(answer.content)
+        await events.finish(answer, call.chat.include_usage)
         return await events.close()
 
-    def _head(self, answer: _Answer, kind: str) -> dict:
-        if answer.idempotency_key is None:
-            completion_id = uuid.uuid4().hex[:24]
-        else:  # a replay answers with the same id
-            completion_id = hashlib.sha256(f"{answer.session_key}\0{answer.idempotency_key}".encode()).hexdigest()[:24]
-        return {"id": f"chatcmpl-{completion_id}", "object": kind, "created": int(answer.created),
-                "model": self.model_name}
-
-    def _chunk_base(self, answer: _Answer) -> dict:
-        return {**self._head(answer, "chat.completion.chunk"), "session_id": answer.session_id,
-                "session_key": answer.session_key}
+    @staticmethod
+    def _headers(session_id: str, notices: list[str]) -> dict:
+        headers = {SESSION_HEADER: session_id} if session_id else {}
+        if notices:  # one header; several notices are joined (a client splits them at " | ")
+            headers[NOTICE_HEADER] = " | ".join(notice_header(n) for n in notices)
+        return headers
 
     @staticmethod
     def _cut_off() -> web.Response:
-        return _error(503, CUT_OFF, "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS)
+        return _error(503, CUT_OFF, "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS, code="shutting_down")
 
-    @staticmethod
-    def _still_running(first_text: str, text: str) -> web.Response:
-        if first_text != text:
-            return _mismatch()
-        return _error(409, "the first request with this Idempotency-Key is still being answered; retry when it "
-                           "has finished to get its reply", "conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-
-    async def _replay(self, msg: InboundMessage) -> _Answer | web.Response:
-        """A message seen before (same Idempotency-Key in this session): the stored reply to it (its usage 0:
-        no model call answers a replay), or the error saying why there is none."""
+    async def _replay(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
+        """A request seen before (same Idempotency-Key in this conversation): the stored reply to it (its
+        usage 0: no model call answers a replay), or the error saying why there is none."""
         db = self.router.db
-        session_key = self.router.key_for(msg)
-        session_id = await db.get_route(session_key)
+        session_id = await db.get_route(ticket.session_key)
         messages = await db.get_messages(session_id) if session_id else []
         at = next((i for i, m in enumerate(messages)
-                   if m["role"] == "user" and m.get("platform_message_id") == msg.message_id), None)
-        if session_id is None or at is None:  # a command: its effect is not repeated and its answer is not stored
-            return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
-                          "conflict")
-        if messages[at]["content"] != msg.text:
+                   if m["role"] == "user" and m.get("platform_message_id") == ticket.msg.message_id), None)
+        if session_id is None or at is None:
+            return _error(409, "the message with this Idempotency-Key is stored elsewhere; retry later",
+                          "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
+        if messages[at]["content"] != call.stored:
             return _mismatch()
         reply = next((m for m in messages[at + 1:]
                       if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")), None)
         if reply is None:
             return _error(409, "the message with this Idempotency-Key is stored but not answered yet; retry later "
-                               "to get its reply", "conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        return _Answer(reply["content"], session_id, session_key, msg.message_id,
-                       reply.get("timestamp") or time.time())
+                               "to get its reply", "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
+        answer = Answer(reply["content"], session_id, ticket.session_key, ticket.msg.message_id,
+                        reply.get("timestamp") or time.time())
+        return await self._whole(answer, call)
+
+    async def _side_request(self, call: _Call) -> web.StreamResponse:
+        """A client's own prompt about the chat (Open WebUI's title, tags, follow-ups): answered from the
+        request alone, stored nowhere."""
+        chat = call.chat
+        messages = [{"role": m.role, "content": m.text} for m in chat.messages]
+        try:
+            result: TurnResult = await self.router.turn.answer_unstored(
+                messages, platform="api", system_notes=chat.system, params=chat.params)
+        except ModelUnavailable as exc:
+            return _error_response(model_failure(exc))
+        answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens)
+        return await self._whole(answer, call)
+
+    # -- the rest ----------------------------------------------------------------------
+    def _model_entry(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "switchboard"}
 
     async def models(self, request: web.Request) -> web.Response:
         """The model the gateway answers with (whatever ``model`` a request names, this one answers it)."""
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "switchboard"}]})
+        return web.json_response({"object": "list", "data": [self._model_entry()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        model_id = request.match_info["model_id"]
+        if model_id != self.model_name:
+            raise ApiError(404, f"the gateway serves the model {self.model_name!r}, not {model_id!r} (any request "
+                                "is answered by it, whatever 'model' it names)", code="model_not_found",
+                           param="model")
+        return web.json_response(self._model_entry())
 
     async def healthz(self, request: web.Request) -> web.Response:
+        if self.probe is not None:
+            await self.probe()
         return web.json_response(self.health())
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -182,7 +182,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
                        claim_tick=wiring.claim_cron_tick)
     api = LocalApi(router, wiring.health, wiring.metrics, model_name=cfg.model.name, host=cfg.api.host,
                    port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
-                   dashboard=_dashboard(cfg, db, wiring.health, cron, router) if cfg.ui.enabled else None)
+                   dashboard=_dashboard(cfg, db, wiring.health, cron, router) if cfg.ui.enabled else None,
+                   probe=model.probe, agent=cfg.agent)
     return Services(db=db, usage=usage, model=model, tools=tools, recall=recall, memory=memory, facts=facts,
                     compressor=compressor, commands=commands, turn=turn, router=router, cron=cron, api=api)
 

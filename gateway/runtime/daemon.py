@@ -42,12 +42,13 @@ import state
 from gateway.auth import AuthSettings
 from gateway.commands import CommandSet
 from gateway.compressing import Compressor
-from gateway.config import PLATFORMS, Config
+from gateway.config import Config
 from gateway.cron.service import CronService
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService
 from gateway.memory.recall import SessionRecall
 from gateway.model import ModelClient
+from gateway.platforms import ADAPTERS, installed_platforms
 from gateway.router import SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
@@ -83,7 +84,7 @@ LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives it
 
 
 def auth_settings(config: Config) -> AuthSettings:
-    allowed = frozenset(f"{p}:{u}" for p in PLATFORMS for u in config.allowed_user_ids(p))
+    allowed = frozenset(f"{p}:{u}" for p in installed_platforms() for u in config.allowed_user_ids(p))
     return AuthSettings(allow_all=config.auth.allow_all, allowed_users=allowed,
                         unauthorized_dm=config.auth.unauthorized_dm, trusted_sources=frozenset(LOCAL_SOURCES))
 
@@ -91,7 +92,7 @@ def auth_settings(config: Config) -> AuthSettings:
 def load_adapters(config: Config, commands: list[tuple[str, str]], *, only: str | None = None,
                   ) -> tuple[dict[str, Adapter], dict[str, str]]:
     """Build the adapter of every platform that is on; returns (adapters, why-off for the others)."""
-    available = {ep.name: ep for ep in entry_points(group="switchboard.adapters")}
+    available = {ep.name: ep for ep in entry_points(group=ADAPTERS)}
     adapters: dict[str, Adapter] = {}
     off: dict[str, str] = {}
     for name, status in config.enabled_platforms().items():
@@ -488,9 +489,13 @@ class Gateway:
                 h["state"] = "standby"  # another instance owns the connection; this one takes over if it dies
             platforms[name] = h
         ok = all(p["state"] in ("connected", "disabled", "standby") for p in platforms.values())
+        # the model endpoint as the last calls (or a probe, see LocalApi.healthz) found it
+        model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
+        ok = ok and model["state"] != "unreachable"
         return {
             "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
+            "model": model,
             "api": {"state": "serving", "port": self._services.api.bound_port if self._services is not None else None},
             "active_sessions": self._services.router.active_lanes() if self._services is not None else 0,
             "cron": self._cron_health(),
@@ -547,7 +552,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     watchdog = spawn(_watchdog(notifier), name="watchdog")
     port = gw.api.bound_port if gw.api is not None else None
-    summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}" for n in PLATFORMS)
+    summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}"
+                        for n in installed_platforms())
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{port}; {summary}")
     log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, port)
     await stop.wait()

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gateway import tasks
+from gateway import markdown, tasks
 
 
 class _TaskFailures:
@@ -18,6 +18,18 @@ class _TaskFailures:
                                      labels=["task"])
         for kind, count in sorted(tasks.failures().items()):
             family.add_metric([kind], count)
+        yield family
+
+
+class _PlainFallbacks:
+    """``switchboard_plain_text_fallbacks_total{platform}``: read from :mod:`gateway.markdown` at each scrape."""
+
+    def collect(self):
+        family = CounterMetricFamily("switchboard_plain_text_fallbacks",
+                                     "Reply parts whose formatting the platform refused, resent as plain text",
+                                     labels=["platform"])
+        for platform, count in sorted(markdown.plain_fallbacks().items()):
+            family.add_metric([platform], count)
         yield family
 
 
@@ -41,6 +53,7 @@ class Metrics:
                                   "held for an operator (switchboard deadletters list)", registry=r)
         self.unauthorized = Counter("switchboard_unauthorized_messages", "Messages from users not allowed", ["platform"], registry=r)
         r.register(_TaskFailures())
+        r.register(_PlainFallbacks())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

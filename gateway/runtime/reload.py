@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
 import state
-from gateway.config import PLATFORMS, Config, load_config
+from gateway.config import Config, load_config
 from gateway.cron.service import CronService, config_jobs
 from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
+from gateway.platforms import installed_platforms
 from gateway.router import SessionRouter
 from gateway.types import Adapter
 
@@ -167,8 +168,9 @@ async def _apply(running: Running, old: Config, new: Config, auth_settings: Auth
     restarted = []
     old_platforms = old.platforms.model_dump(mode="json")
     new_platforms = new.platforms.model_dump(mode="json")
-    for name in PLATFORMS:
-        if old_platforms[name] != new_platforms[name] or (name in running.adapters) != (new.enabled_platforms()[name] == "on"):
+    now_on = new.enabled_platforms()
+    for name in installed_platforms():
+        if old_platforms.get(name) != new_platforms.get(name) or (name in running.adapters) != (now_on.get(name) == "on"):
             restarted.append(name)
     # Swap the config before touching adapters and cron: they are rebuilt from it.
     running.config = _keep_restart_only_values(old, new)

@@ -52,10 +52,15 @@ class SseSink:
         self._paragraph = True
 
     def note(self, line: str) -> None:
-        """A line for the user besides the answer (a notice), as its own paragraph."""
-        self._paragraph = True
-        self._content(line)
-        self._paragraph = True
+        """A line for the user besides the answer (a notice): an SSE comment, never content."""
+        if not self._closed:
+            self._pieces.append(("notice", line))
+            self.wake()
+
+    @property
+    def pending(self) -> bool:
+        """Whether something waits to be sent."""
+        return bool(self._pieces)
 
     def end(self, reply: str, notices: list[str]) -> None:
         """The turn's reply (and notices it added): queue what the stream has not shown of it yet."""
@@ -103,9 +108,9 @@ class ChunkEvents:
         self.gone = False
 
     @classmethod
-    async def open(cls, request: web.Request, base: dict) -> ChunkEvents:
+    async def open(cls, request: web.Request, base: dict, headers: dict | None = None) -> ChunkEvents:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               "X-Accel-Buffering": "no"})
+                                               "X-Accel-Buffering": "no", **(headers or {})})
         events = cls(response, base)
         try:
             await response.prepare(request)
@@ -113,14 +118,30 @@ class ChunkEvents:
             events.gone = True
         return events
 
+    async def start(self) -> None:
+        await self.send({"role": "assistant", "content": ""})
+
+    async def content(self, text: str) -> None:
+        await self.send({"content": text})
+
+    async def finish(self, answer, include_usage: bool) -> None:
+        """The chunk with the finish reason, then (asked for) one with the usage and no choice.  From here
+        on the chunks name the session the answer is stored in (a compression may have moved it on)."""
+        if "session_id" in self._base:
+            self._base["session_id"] = answer.session_id
+        await self.send({}, answer.finish_reason)
+        if include_usage:
+            await self.usage(answer.prompt_tokens, answer.completion_tokens)
+
     async def send(self, delta: dict, finish_reason: str | None = None) -> None:
         await self._data({**self._base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
     async def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
         await self._data({**self._base, "choices": [], "usage": usage_of(prompt_tokens, completion_tokens)})
 
-    async def error(self, message: str, kind: str) -> None:
-        await self._data({"error": {"message": message, "type": kind}})
+    async def error(self, message: str, kind: str, code: str | None = None) -> None:
+        """An ``error`` event: the openai SDK raises it as an ``APIError``."""
+        await self._data({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
     async def comment(self, line: str) -> None:
         """A line the client's parser skips (a tool's status: it is not content)."""

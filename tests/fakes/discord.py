@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from aiohttp import WSMsgType, web
+from markdown_it import MarkdownIt
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,32 @@ APP_FLAG_MESSAGE_CONTENT_LIMITED = 1 << 19
 DEFAULT_TOKEN = "fake-discord-bot-token.XYZ.secret"
 
 _ids = itertools.count(1_200_000_000_000_000_000)
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("strikethrough").disable("entity")
+
+
+def visible_text(content: str) -> str:
+    """The words a user sees in a message's ``content``, read as Discord reads Markdown.
+
+    Discord's dialect is close enough to CommonMark (with ``~~strike~~``, ``*`` splitting
+    words, no tables, no raw HTML, no ``&amp;`` entities) for the words: markup goes, a masked link shows its text,
+    a list item its bullet (``•``) or the number written, a code block its lines."""
+    out: list[str] = []
+    for token in _MARKDOWN.parse(content):
+        if token.type == "list_item_open":
+            out.append(f"{token.info}. " if token.markup in (".", ")") else "• ")
+        elif token.type in ("fence", "code_block"):
+            out.append(token.content)
+        elif token.type == "inline":
+            for child in token.children or []:
+                if child.type in ("text", "text_special", "code_inline"):
+                    out.append(child.content)
+                elif child.type in ("softbreak", "hardbreak"):
+                    out.append("\n")
+                elif child.type == "image":
+                    out.append(child.content)
+        elif token.type.endswith("_close") and token.block:
+            out.append("\n")
+    return "".join(out)
 
 
 def snowflake() -> str:

@@ -149,8 +149,9 @@ def _text_of(message: dict) -> str:
 
 
 class FakeModel:
-    def __init__(self, *, delay: float = 0.0, model_name: str = "fake-model"):
+    def __init__(self, *, delay: float = 0.0, model_name: str = "fake-model", port: int = 0):
         self.delay = delay
+        self._bind_port = port  # 0: any free port
         self.model_name = model_name
         self.requests: list[Recorded] = []
         self._script: list = []
@@ -191,7 +192,7 @@ class FakeModel:
         app.router.add_get("/_timings", self._timings)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self._bind_port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return self

@@ -36,6 +36,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,6 +47,19 @@ import aiohttp
 from aiohttp import web
 
 from tests.waiting import eventually
+
+_SLACK_LINK = re.compile(r"<([^<>|]*)(?:\|([^<>]*))?>")
+
+
+def visible_text(mrkdwn: str) -> str:
+    """What a user sees of a ``mrkdwn`` text: a link's label, no quote marks or fences, entities decoded.
+
+    ``*`` ``_`` ``~`` and backticks stay: Slack has no escape for them, so no reader can tell
+    a marker from the character."""
+    lines = [re.sub(r"^>\s?", "", line) for line in mrkdwn.split("\n")]
+    text = "\n".join(line for line in lines if line.strip() != "```")
+    text = _SLACK_LINK.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(1), text)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
 @dataclass

@@ -20,7 +20,9 @@ connection is cut without an answer) and :meth:`hang_next` (no answer until
 the client gives up); :meth:`go_down`/:meth:`come_back` make a whole outage.  ``parse_mode=HTML`` texts are checked the way Telegram
 does (known tags, balanced, ``<&>`` escaped) and rejected with the real
 error text when they are not; texts over 4,096 UTF-16 units after entity
-parsing are rejected too.
+parsing are rejected too.  Tags nested against Telegram's entity rules (code
+inside bold, a quote in a quote) are accepted, as Telegram accepts them, and
+listed in :attr:`SentMessage.lost_formatting`: Telegram shows the text without them.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class SentMessage:
     reply_to: int | None = None
     at: float = field(default_factory=time.monotonic)  # when the fake accepted it
     edits: int = 0  # editMessageText calls that changed it
+    lost_formatting: list[str] = field(default_factory=list)  # entities Telegram would drop (see parse_html)
 
 
 @dataclass
@@ -89,14 +92,34 @@ class HTMLRejected(ValueError):
     pass
 
 
+_ENTITY = {"b": "bold", "strong": "bold", "i": "italic", "em": "italic", "u": "underline", "ins": "underline",
+           "s": "strikethrough", "strike": "strikethrough", "del": "strikethrough", "tg-spoiler": "spoiler",
+           "span": "spoiler", "a": "text_link", "code": "code", "pre": "pre", "blockquote": "blockquote",
+           "tg-emoji": "custom_emoji"}
+_SPLITTABLE = {"bold", "italic", "underline", "strikethrough", "spoiler"}
+
+
 def check_html(text: str) -> str:
     """The visible text of Telegram HTML, or :class:`HTMLRejected` with Telegram's message."""
+    return parse_html(text)[0]
+
+
+def parse_html(text: str) -> tuple[str, list[str]]:
+    """``(visible text, formatting Telegram would not show)``, or :class:`HTMLRejected` with Telegram's message.
+
+    The second item lists entities nested against the Bot API's rules ("Message entities can be
+    nested, providing following restrictions are met": bold, italic, underline, strikethrough and
+    spoiler may hold and sit in anything but code and pre; blockquotes do not nest; no other entity
+    holds another, except a ``<pre>`` its ``<code class="language-...">``).  Telegram does not refuse
+    such a message: it shows the text without that entity, so the fake accepts it too and reports it.
+    """
     stack: list[str] = []
     visible: list[str] = []
+    lost: list[str] = []
     pos = 0
     for m in _TAG.finditer(text):
         visible.append(text[pos : m.start()])
-        closing, name = m.group(1), m.group(2).lower()
+        closing, name, attrs = m.group(1), m.group(2).lower(), m.group(3) or ""
         byte_offset = len(text[: m.start()].encode())
         if name not in _ALLOWED_TAGS:
             raise HTMLRejected(f'Bad Request: can\'t parse entities: Unsupported start tag "{name}" at byte offset {byte_offset}')
@@ -105,6 +128,10 @@ def check_html(text: str) -> str:
                 raise HTMLRejected(f'Bad Request: can\'t parse entities: Unmatched end tag at byte offset {byte_offset}, expected "</{stack[-1] if stack else name}>", found "</{name}>"')
             stack.pop()
         else:
+            if name == "span" and not re.search(r"""class\s*=\s*["']?tg-spoiler""", attrs):
+                raise HTMLRejected(f'Bad Request: can\'t parse entities: Tag "span" must have class "tg-spoiler" at byte offset {byte_offset}')
+            if fault := _nesting_fault(name, [_ENTITY[t] for t in stack]):
+                lost.append(f"{fault} at byte offset {byte_offset}")
             stack.append(name)
         pos = m.end()
     visible.append(text[pos:])
@@ -117,7 +144,24 @@ def check_html(text: str) -> str:
     for entity in re.finditer(r"&[^;\s]*;?", plain):
         if not re.fullmatch(r"&(lt|gt|amp|quot|#\d+|#x[0-9a-fA-F]+);", entity.group()):
             raise HTMLRejected("Bad Request: can't parse entities: Unsupported HTML entity")
-    return html.unescape(plain)
+    return html.unescape(plain), lost
+
+
+def _nesting_fault(name: str, outer: list[str]) -> str | None:
+    """Why Telegram would drop entity ``name`` opened inside ``outer`` (outermost first), or None."""
+    kind = _ENTITY[name]
+    if outer and outer[-1] == "pre" and kind == "code" and outer.count("pre") == 1:
+        return None  # <pre><code class="language-x">: one entity, a pre (with its language)
+    if {"code", "pre"} & set(outer):
+        return f"{kind} inside code"
+    if kind == "blockquote":
+        return "a blockquote inside a blockquote" if "blockquote" in outer else None
+    if kind in _SPLITTABLE:
+        return None
+    if kind in ("code", "pre") and (held := [o for o in outer if o in _SPLITTABLE]):
+        return f"{kind} inside {held[-1]}"
+    holders = [o for o in outer if o not in _SPLITTABLE and o != "blockquote"]
+    return f"{kind} inside {holders[-1]}" if holders else None
 
 
 class FakeTelegram:
@@ -493,7 +537,7 @@ class FakeTelegram:
         text = params.get("text") or ""
         mode = params.get("parse_mode")
         try:
-            visible = check_html(text) if mode and mode.upper() == "HTML" else text
+            visible, lost = parse_html(text) if mode and mode.upper() == "HTML" else (text, [])
         except HTMLRejected as exc:
             return self._error(400, str(exc))
         chat_id, message_id = params.get("chat_id"), int(params.get("message_id") or 0)
@@ -507,7 +551,7 @@ class FakeTelegram:
         if (text, mode) == (sent.text, sent.parse_mode):
             return self._error(400, "Bad Request: message is not modified: specified new message content and "
                                     "reply markup are exactly the same as a current content and reply markup of the message")
-        sent.text, sent.parse_mode, sent.visible_text = text, mode, visible
+        sent.text, sent.parse_mode, sent.visible_text, sent.lost_formatting = text, mode, visible, lost
         sent.edits += 1
         if self.on_shown is not None:
             self.on_shown(sent)
@@ -519,13 +563,10 @@ class FakeTelegram:
     async def _m_sendmessage(self, params: dict) -> web.Response:
         text = params.get("text") or ""
         mode = params.get("parse_mode")
-        if mode and mode.upper() == "HTML":
-            try:
-                visible = check_html(text)
-            except HTMLRejected as exc:
-                return self._error(400, str(exc))
-        else:
-            visible = text
+        try:
+            visible, lost = parse_html(text) if mode and mode.upper() == "HTML" else (text, [])
+        except HTMLRejected as exc:
+            return self._error(400, str(exc))
         if not visible.strip():
             return self._error(400, "Bad Request: message text is empty")
         if utf16_len(visible) > 4096:
@@ -533,7 +574,7 @@ class FakeTelegram:
         chat_id = params.get("chat_id")
         reply = params.get("reply_parameters") or {}
         sent = SentMessage(next(self._message_ids), chat_id, text, mode, visible, params.get("message_thread_id"),
-                           reply.get("message_id") if isinstance(reply, dict) else None)
+                           reply.get("message_id") if isinstance(reply, dict) else None, lost_formatting=lost)
         self.sent.append(sent)
         if self.on_shown is not None:
             self.on_shown(sent)

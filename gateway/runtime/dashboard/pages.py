@@ -22,10 +22,10 @@ from markupsafe import Markup
 
 import state
 from gateway.charts import usage_svg
-from gateway.config import PLATFORMS
 from gateway.cron.service import run_status_line
 from gateway.durations import time_ago
 from gateway.insights import account_names, daily_chart, from_summary, window
+from gateway.platforms import installed_platforms, sources
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCES = (*PLATFORMS, "api", "cli", "cron")
 PAGE_SIZE = 50
 MAX_PAGE = 1_000_000  # 50 million sessions; past it an offset is no page (and no longer fits a database integer)
 SEARCH_LIMIT = 50
@@ -135,8 +134,8 @@ class Pages:
         q = request.query
         platform = q.get("platform", "").strip().lower()
         problems = []
-        if platform and platform not in SOURCES:
-            problems.append(f"unknown platform {platform!r} (one of {', '.join(SOURCES)})")
+        if platform and platform not in sources():
+            problems.append(f"unknown platform {platform!r} (one of {', '.join(sources())})")
             platform = ""
         try:
             page = int(q.get("page", "1"))
@@ -173,10 +172,10 @@ class Pages:
             # any text is accepted: a query the search cannot read finds nothing, as in the CLI
             hits = await self.src.db.search_messages(
                 filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
-            return self._render(request, "sessions.html", "sessions", filters=filters, sources=SOURCES, hits=hits,
+            return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=hits,
                                 rows=[], more=False)
         rows = await self.src.db.list_sessions_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
-        return self._render(request, "sessions.html", "sessions", filters=filters, sources=SOURCES, hits=None,
+        return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=None,
                             rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
 
     async def _record(self, request: web.Request) -> dict:
@@ -289,15 +288,15 @@ class Pages:
         listing = await self.src.db.list_pairing()
         assert self.ui is not None
         return self.ui.render(request, "pairing.html", {
-            "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": PLATFORMS,
+            "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": installed_platforms(),
             "error": error, "approved_now": request.query.get("approved", ""),
             "revoked_now": request.query.get("revoked", "")}, status=status)
 
     async def pairing_approve(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
         platform, code = str(form.get("platform", "")).lower(), str(form.get("code", "")).strip()
-        if platform not in PLATFORMS or not code:
-            return await self.pairing(request, error=f"choose a platform ({', '.join(PLATFORMS)}) and a code",
+        if platform not in installed_platforms() or not code:
+            return await self.pairing(request, error=f"choose a platform ({', '.join(installed_platforms())}) and a code",
                                       status=400)
         try:
             user = await self.src.db.approve_pairing(platform, code)
@@ -311,7 +310,7 @@ class Pages:
     async def pairing_revoke(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
         platform, user_id = str(form.get("platform", "")).lower(), str(form.get("user_id", ""))
-        if platform not in PLATFORMS or not user_id:
+        if platform not in installed_platforms() or not user_id:
             return await self.pairing(request, error="choose an approved user to revoke", status=400)
         if not await self.src.db.revoke_user(platform, user_id):
             return await self.pairing(request, error=f"{platform} user {user_id} was not approved: nothing changed",

@@ -1,7 +1,5 @@
-"""Full-text search over messages: two FTS5 indexes, one query function.
-
-(On PostgreSQL the same parsed and sanitised query runs on ``state._pg_search``'s index, and
-the answer has the same shape; everything below is SQLite's.)
+"""SQLite's search index: two FTS5 indexes over messages (:data:`FTS5`, the
+:class:`~state.search._index.SearchIndex` of SQLite; PostgreSQL's is ``state.search.tsvector``).
 
 Layout
 ------
@@ -31,10 +29,10 @@ Layout
   query-only) and scores them with the main index's statistics, so a message
   is found, and ranked the same, the moment it is committed.
 
-Query dispatch (``search_messages``)
-------------------------------------
+Query dispatch (:meth:`Fts5Index.search`)
+-----------------------------------------
 A query is a tree of terms joined by ``AND`` (or side by side), ``OR``,
-``NOT`` and parentheses (``state._fts_query``).  Each term has its index:
+``NOT`` and parentheses (``state.search._query``).  Each term has its index:
 
 * no CJK character: ``messages_fts`` (unicode61: words, ``"phrases"``,
   ``prefix*``);
@@ -56,14 +54,14 @@ Ranking
 Results are ordered by BM25 relevance -- the formula of FTS5's ``bm25()``:
 a term rare in the whole history weighs more than a common one, a term
 repeated in a short message weighs more than once in a long one -- but only
-among the ``RANK_WINDOW`` (500) most recent matching messages, newest first on
+among the ``state.search.RANK_WINDOW`` (500) most recent matching messages, newest first on
 equal scores.  For a query matching fewer messages than that (nearly every
 real search) this is exactly the ranking ``ORDER BY bm25()`` would give over
 all matches.  For a term found in much of the history (``the``, ``error``),
 scoring every match costs about a microsecond each (a second over a million
 messages), so the user gets instead the best-matching of the latest 500
 matches: recent conversations, the most relevant lines among them on top.
-The scores are computed in ``state._fts_rank`` from the candidates' text with
+The scores are computed in ``state.search._rank`` from the candidates' text with
 the index's statistics; the term weights of very common terms are estimated
 from a sample (they are small either way).  A query on both indexes scores
 each message with the sum of each index's BM25 for its own terms.  Results of
@@ -77,52 +75,36 @@ import logging
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import Iterable, Sequence
+from typing import Any, Sequence
 
-from . import _pg_search
-from ._fts_query import (
+from .._messages import ORDER_KEY
+from ._index import MergeStep
+from ._query import (
     CJK_GLOB,
-    MAX_TERMS,
     Node,
-    Op,
     Term,
     index_of,
     indexes,
     is_cjk,
-    parse,
     positive_terms,
     render,
-    sanitize_query,
     trigram_leaf,
 )
-from ._fts_rank import DF_SAMPLE, Scorer, substring_snippet
-from ._messages import ORDER_KEY
-from ._pg import is_pg
+from ._rank import DF_SAMPLE, Scorer, first_snippet
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "FTS5",
     "INDEX_VERSION",
     "INDEX_BATCH",
-    "RANK_WINDOW",
     "install",
     "rebuild",
     "flush",
     "optimize",
     "installed_version",
-    "search_messages",
-    "sanitize_query",
-    "parse",
-    "render",
-    "indexes",
-    "index_of",
     "matching_ids",
     "one_index_match",
-    "Term",
-    "Op",
-    "is_cjk",
-    "MAX_TERMS",
-    "MAX_LIMIT",
 ]
 
 #: Bump when the tables, views or triggers below change; ``install`` then rebuilds.
@@ -131,13 +113,8 @@ INDEX_VERSION = 3
 #: Appended messages are indexed together, once every INDEX_BATCH ids (see module docstring).
 INDEX_BATCH = 32
 
-#: How many of the most recent matches are ranked (see module docstring).
-RANK_WINDOW = 500
-
-#: The most results one search returns, whatever ``limit`` asks.
-MAX_LIMIT = 1000
-
-CONTEXT_CHARS = 200
+#: FTS5's own default for its 'automerge' setting, turned back on after a prune (see :func:`set_automerge`).
+FTS_AUTOMERGE = 4
 
 
 # --- schema ----------------------------------------------------------------
@@ -358,30 +335,6 @@ def _indexed_upto(conn: sqlite3.Connection) -> int:
 # --- searching ---------------------------------------------------------------
 
 
-def _as_list(value: str | Iterable[str] | None) -> list[str]:
-    if not value:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]
-
-
-def _filters(source_filter, exclude_sources, role_filter) -> tuple[str, list, bool]:
-    """SQL conditions on ``m`` (messages) and ``s`` (sessions), their args, whether ``s`` is needed."""
-    sql, args = [], []
-    sources, excluded, roles = _as_list(source_filter), _as_list(exclude_sources), _as_list(role_filter)
-    if sources:
-        sql.append(f"s.source IN ({','.join('?' * len(sources))})")
-        args += sources
-    if excluded:
-        sql.append(f"s.source NOT IN ({','.join('?' * len(excluded))})")
-        args += excluded
-    if roles:
-        sql.append(f"m.role IN ({','.join('?' * len(roles))})")
-        args += roles
-    return "".join(f" AND {c}" for c in sql), args, bool(sources or excluded)
-
-
 def _like_arg(term: str) -> str:
     return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
@@ -393,47 +346,15 @@ def _like_cond(alias: str) -> str:
     )
 
 
-def search_messages(
-    conn: sqlite3.Connection,
-    query: str,
-    *,
-    source_filter: str | Iterable[str] | None = None,
-    exclude_sources: str | Iterable[str] | None = None,
-    role_filter: str | Iterable[str] | None = None,
-    limit: int = 20,
-) -> list[dict]:
-    """Search messages; never raises because of what ``query`` contains.
-
-    Returns at most ``limit`` (capped at ``MAX_LIMIT``) dicts, best first (see the module docstring for
-    the ranking), each with ``id``, ``session_id``, ``role``, ``timestamp``,
-    ``snippet`` (matches marked ``>>>like this<<<``), ``context`` (the message
-    before and the one after in the same session, each ``{"id", "role",
-    "content"}`` with content cut to 200 characters; absent neighbours are
-    left out), and the session's ``source``, ``model`` and ``session_started``.
-    """
-    try:
-        limit = int(limit)
-    except (TypeError, ValueError):
-        limit = 20
-    if limit <= 0:
-        return []
-    limit = min(limit, MAX_LIMIT)
-    tree = parse(query)
-    if tree is None:
-        return []
-    where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
-    if is_pg(conn):
-        hits = _pg_search.search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit), CONTEXT_CHARS)
-        return [_shaped(hit) for hit in hits]
-    try:
-        hits = _search(conn, tree, where, args, need_s, limit)
-    except sqlite3.OperationalError as exc:
-        # Only a query the sanitiser let through by mistake gets here; say so and find nothing.
-        if "fts5" not in str(exc):
-            raise
-        log.warning("search query %r rejected by FTS5 (%s); returning no results", str(query)[:200], exc)
-        return []
-    return [_with_context(conn, hit) for hit in hits]
+def search(conn: sqlite3.Connection, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int,
+           context_chars: int | None = None) -> list[dict]:
+    """Ranked hits for a parsed query (see the module docstring), each with its ``context`` when
+    ``context_chars`` is given."""
+    hits = _search(conn, tree, where, args, need_s, limit, window)
+    if context_chars is not None:
+        for hit in hits:
+            _add_context(conn, hit, context_chars)
+    return hits
 
 
 def one_index_match(tree: Node | None) -> tuple[str, str] | None:
@@ -449,24 +370,23 @@ def one_index_match(tree: Node | None) -> tuple[str, str] | None:
     return None
 
 
-def _search(conn, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[dict]:
+def _search(conn, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int) -> list[dict]:
     """Ranked hits for a parsed query: on one index when its terms need only one, else on both."""
     one = one_index_match(tree)
     if one is None:
-        return _search_mixed(conn, tree, where, args, need_s, limit)
+        return _search_mixed(conn, tree, where, args, need_s, limit, window)
     index, match = one
-    return _search_fts(conn, index == "trigram", match, positive_terms(tree), where, args, need_s, limit)
+    return _search_fts(conn, index == "trigram", match, positive_terms(tree), where, args, need_s, limit, window)
 
 
 _TABLES = {False: ("messages_fts", "tail_fts"), True: ("messages_fts_trigram", "tail_trigram")}
 
 
-def _search_fts(conn, trigram, match, terms, where, args, need_s, limit) -> list[dict]:
-    """Rank the newest ``RANK_WINDOW`` matches (index and pending tail) of one index by BM25."""
+def _search_fts(conn, trigram, match, terms, where, args, need_s, limit, window) -> list[dict]:
+    """Rank the newest ``window`` matches (index and pending tail) of one index by BM25."""
     table, tail_table = _TABLES[trigram]
     join = " JOIN messages m ON m.id = f.rowid" if where else ""
     join += " JOIN sessions s ON s.id = m.session_id" if need_s else ""
-    window = max(RANK_WINDOW, limit)
     upto = _indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
     texts: dict[int, tuple] = {}
     tail = _load_tail(conn, upto, where, args, need_s)
@@ -481,31 +401,31 @@ def _search_fts(conn, trigram, match, terms, where, args, need_s, limit) -> list
     known = {}
     if len(terms) == 1 and not where and window == DF_SAMPLE:
         known[terms[0]] = (len(ids), ids[-1] if ids else 0)  # the candidates are that phrase's newest matches
-    texts.update(_texts(conn, [i for i in ids if i not in texts]))
+    texts.update(searched_texts(conn, [i for i in ids if i not in texts]))
     return _rank(conn, texts, [Scorer(conn, trigram, terms, upto, known)], upto, window, limit)
 
 
-def _search_mixed(conn, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[dict]:
+def _search_mixed(conn, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int) -> list[dict]:
     """Both indexes (and substring scans for one- or two-character CJK terms), combined with the
     query's own operators; ranked by the sum of each index's BM25 for its own terms."""
     positive = positive_terms(tree)
     by_index = {idx: [t for t in positive if index_of(t) == idx] for idx in ("unicode61", "trigram", "like")}
     # nothing to score (only short CJK terms): newest first, and only as many as asked
-    window = max(RANK_WINDOW, limit) if by_index["unicode61"] or by_index["trigram"] else limit
+    window = window if by_index["unicode61"] or by_index["trigram"] else limit
     upto = _indexed_upto(conn)
     ids = _matching_ids(conn, tree, upto, where, args, need_s, window)
     scorers = [Scorer(conn, idx == "trigram", by_index[idx], upto) for idx in ("unicode61", "trigram") if by_index[idx]]
     like_terms = [t.text.strip() for t in by_index["like"]]
-    return _rank(conn, _texts(conn, ids), scorers, upto, window, limit, like_terms)
+    return _rank(conn, searched_texts(conn, ids), scorers, upto, window, limit, like_terms)
 
 
-def _texts(conn, ids: list[int]) -> dict[int, tuple]:
-    """The indexed columns of these messages."""
+def searched_texts(conn, ids: Sequence[int]) -> dict[int, tuple]:
+    """The indexed columns of these messages (none for a message without text)."""
     if not ids:
         return {}
     return {r[0]: r[1:] for r in conn.execute(
         "SELECT id, content, tool_name, tool_calls FROM messages_search_src WHERE id IN (SELECT value FROM json_each(?))",
-        (json.dumps(ids),),
+        (json.dumps(list(ids)),),
     )}
 
 
@@ -531,7 +451,7 @@ def _rank(conn, texts: dict[int, tuple], scorers: list[Scorer], upto: int, windo
             hit = _row_dict(details[msg_id])
             snippets = [scorer.snippet(texts[msg_id]) for scorer in scorers]
             if like_terms:
-                snippets.append(_like_snippet(list(texts[msg_id]), like_terms))
+                snippets.append(first_snippet(texts[msg_id], like_terms))
             hit["snippet"] = max(snippets, key=lambda cut: cut.count(">>>"))
             hits.append(hit)
     return hits
@@ -591,8 +511,8 @@ def _ids_in(conn, node: Node, tables: dict, lo: int, hi: int, within: set[int] |
     return found - other if node.op == "NOT" else found & other
 
 
-def matching_ids(conn: sqlite3.Connection, tree: Node, where: str = "", args: Sequence = (),
-                 need_s: bool = False, limit: int = RANK_WINDOW) -> list[int]:
+def matching_ids(conn: sqlite3.Connection, tree: Node, where: str, args: Sequence, need_s: bool,
+                 limit: int) -> list[int]:
     """The newest ``limit`` messages (indexed or pending) that match a parsed query, newest first.
 
     Each term is looked up where it can be found (unicode61 without CJK, the
@@ -600,10 +520,8 @@ def matching_ids(conn: sqlite3.Connection, tree: Node, where: str = "", args: Se
     CJK messages with fewer) and the results are combined with the query's own
     AND, OR and NOT, range by range from the newest message back until
     ``limit`` are found.  ``where``/``args``: conditions on ``m`` (messages)
-    and, with ``need_s``, ``s`` (sessions).  On PostgreSQL: one query on its index (``state._pg_search``).
+    and, with ``need_s``, ``s`` (sessions).
     """
-    if is_pg(conn):
-        return _pg_search.matching_ids(conn, tree, where, list(args), need_s, limit)
     return _matching_ids(conn, tree, _indexed_upto(conn), where, list(args), need_s, limit)
 
 
@@ -688,22 +606,13 @@ def _load_tail(conn, upto: int, where: str, args: list, need_s: bool):
     return mem, rows
 
 
-def _like_snippet(texts: list[str | None], terms: Sequence[str]) -> str:
-    for text in texts:
-        if text:
-            cut, hits = substring_snippet(text, terms)
-            if hits:
-                return cut
-    return ""
-
-
 def _row_dict(row) -> dict:
     keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
     return dict(zip(keys, tuple(row), strict=True))
 
 
-def _with_context(conn: sqlite3.Connection, hit: dict) -> dict:
-    """The hit with the messages before and after it in its session's order."""
+def _add_context(conn: sqlite3.Connection, hit: dict, chars: int) -> None:
+    """The messages before and after the hit in its session's order, as its ``context``."""
     place = f"(SELECT {ORDER_KEY} FROM messages WHERE id = ?)"
     before = conn.execute(
         f"SELECT id, role, content FROM messages WHERE session_id = ? AND {ORDER_KEY} < {place} "
@@ -715,14 +624,181 @@ def _with_context(conn: sqlite3.Connection, hit: dict) -> dict:
         f"ORDER BY {ORDER_KEY} LIMIT 1",
         (hit["session_id"], hit["id"]),
     ).fetchone()
-    hit["context"] = [
-        {"id": r[0], "role": r[1], "content": (r[2] or "")[:CONTEXT_CHARS]} for r in (before, after) if r
-    ]
-    return _shaped(hit)
+    hit["context"] = [{"id": r[0], "role": r[1], "content": (r[2] or "")[:chars]} for r in (before, after) if r]
 
 
-def _shaped(hit: dict) -> dict:
-    return {
-        k: hit[k]
-        for k in ("id", "session_id", "role", "timestamp", "snippet", "context", "source", "model", "session_started")
-    }
+# --- one user's scope (recall) and facts ----------------------------------------------------------------
+
+
+def newest_in(conn: sqlite3.Connection, tree: Node, ids: list[int], limit: int) -> list[int]:
+    """The newest ``limit`` messages among ``ids`` that match, newest first.
+
+    One user's scope is a small part of a big store: scanning a term's matches
+    newest first and keeping those whose id is in the scope (an in-memory
+    lookup, no join) stops after ``limit`` of them, where ranking the newest
+    matches of the scope would first have to walk every other user's."""
+    one = one_index_match(tree)
+    if one is None:  # both indexes: combined as the query says
+        return matching_ids(conn, tree, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(ids)], False, limit)
+    index, match = one
+    table, tail_table = _TABLES[index == "trigram"]
+    upto = _indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
+    found = [r[0] for r in conn.execute(
+        # '+' keeps the scope a filter on the index scan (newest first) instead of one lookup per id
+        f"SELECT f.rowid FROM {table} f WHERE f.{table} MATCH ? AND +f.rowid IN (SELECT value FROM json_each(?))"
+        " ORDER BY f.rowid DESC LIMIT ?",
+        [match, json.dumps(ids), limit],
+    )]
+    pending = [i for i in ids if i > upto]
+    if pending:  # appended since the last index batch: matched in memory, as a search does
+        tail = _load_tail(conn, upto, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(pending)], False)
+        if tail is not None:
+            mem, _rows = tail
+            found += [r[0] for r in mem.execute(
+                f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?", [match],
+            )]
+    return sorted(set(found), reverse=True)[:limit]
+
+
+def _quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def fact_candidates(conn: sqlite3.Connection, owner: str, words: list[str], *, limit: int,
+                    include_superseded: bool, window: int) -> list:
+    """The owner's facts matching ANY of ``words`` (FTS5 OR: loose recall), best BM25 first.
+
+    BM25 ranks the owner's newest ``window`` matches only: their rowid bound
+    is found by walking the match list newest first, which FTS5 does without
+    ranking, and ranking every match of a common word among 100,000 facts
+    costs tens of milliseconds (the gateway's time decay discounts old facts
+    anyway).  The ranking query matches the words alone (BM25 over a query
+    holding the owner's token would scan that token's whole posting list for
+    its IDF) and the owner is checked on the joined row; when other owners'
+    matches crowd that rowid range (a user with few facts among many), the
+    owner's token joins the MATCH instead, whose posting list is then short."""
+    any_word = " OR ".join(_quote(w) for w in words)
+    scoped = f"owner : {owner} AND ({any_word})"
+    newest = "SELECT rowid FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
+    edge_row = conn.execute(newest, (scoped, max(0, int(window) - 1))).fetchone()
+    edge = edge_row[0] if edge_row else 0
+    crowd_row = conn.execute(newest, (any_word, 4 * max(1, int(window)))).fetchone()
+    crowded = crowd_row is not None and crowd_row[0] > edge  # over 4 x window rows of any owner to rank
+    return conn.execute(
+        "SELECT f.*, facts_fts.rank AS fts_rank FROM facts_fts JOIN facts f ON f.id = facts_fts.rowid "
+        "WHERE facts_fts MATCH ? AND facts_fts.rowid >= ? AND f.owner = ? "
+        + ("" if include_superseded else "AND f.superseded_by IS NULL ") + "ORDER BY facts_fts.rank LIMIT ?",
+        (scoped if crowded else any_word, edge, owner, int(limit)),
+    ).fetchall()
+
+
+_FACTS_INDEX = (
+    """CREATE VIRTUAL TABLE IF NOT EXISTS facts_fts USING fts5(
+        content, entities, owner, content='facts', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+    )""",
+    """CREATE TRIGGER IF NOT EXISTS facts_fts_insert AFTER INSERT ON facts BEGIN
+        INSERT INTO facts_fts(rowid, content, entities, owner) VALUES (new.id, new.content, new.entities, new.owner);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS facts_fts_delete AFTER DELETE ON facts BEGIN
+        INSERT INTO facts_fts(facts_fts, rowid, content, entities, owner)
+            VALUES ('delete', old.id, old.content, old.entities, old.owner);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS facts_fts_update AFTER UPDATE OF content, entities, owner ON facts BEGIN
+        INSERT INTO facts_fts(facts_fts, rowid, content, entities, owner)
+            VALUES ('delete', old.id, old.content, old.entities, old.owner);
+        INSERT INTO facts_fts(rowid, content, entities, owner) VALUES (new.id, new.content, new.entities, new.owner);
+    END""",
+)
+
+
+def install_facts(conn: sqlite3.Connection) -> None:
+    """The facts' index (schema v15): an external-content FTS5 table over content, entities and the
+    owner's token, kept by triggers."""
+    for sql in _FACTS_INDEX:
+        conn.execute(sql)
+
+
+# --- upkeep: merging the indexes' segments in small steps -------------------------------------------------
+
+
+def segments(conn: sqlite3.Connection, table: str) -> list[int]:
+    """The ids of the segments ``table`` (an FTS5 index) holds now (each has rows in its ``_idx``)."""
+    return [r[0] for r in conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")]
+
+
+def _present(conn: sqlite3.Connection, table: str, segments: list[int]) -> list[int]:
+    return [s for s in segments
+            if conn.execute(f"SELECT 1 FROM {table}_idx WHERE segid = ? LIMIT 1", (s,)).fetchone()]
+
+
+def merge_step(conn: sqlite3.Connection, table: str, pages: int, segments: list[int] | None = None,
+               start: bool = False) -> MergeStep:
+    """Merge about ``pages`` pages of the FTS5 index ``table``.
+
+    Without ``segments``: the merge FTS5's automerge would do (a level holding
+    four segments or more, or a merge in progress), while a prune holds
+    automerge off.  With them (the segments there were when a full merge
+    began): towards one segment, the work of ``optimize`` in small steps, which
+    drops the entries of deleted messages; done once those segments are gone.
+
+    Only the ``start`` step asks FTS5 for a full merge ('merge' with a negative
+    page count): it puts every segment on one new level and begins merging
+    them.  The later steps continue that merge ('merge' with a positive count
+    takes a merge in progress first).  Asked again while new messages add
+    segments, a full merge would start over each time on a new level, one more
+    level and segment per step, until FTS5's limits (2,000 segments) make the
+    index unwritable ("database or disk is full") or unreadable ("database disk
+    image is malformed").  Segments added since the start are left to the
+    ordinary merges.
+    """
+    if segments is not None and not _present(conn, table, segments):
+        return MergeStep(0, 0)
+    before = conn.total_changes
+    pages = max(1, int(pages))
+    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-pages if start else pages,))
+    worked = conn.total_changes - before
+    if worked < 2:  # FTS5 writes nothing (or only its structure) when there is nothing to merge
+        worked = 0
+    return MergeStep(worked, len(_present(conn, table, segments)) if segments is not None else 0)
+
+
+def set_automerge(conn: sqlite3.Connection, on: bool) -> None:
+    """Turn FTS5's automerge of both indexes on (its default) or off.
+
+    A prune writes a segment of deletion entries per step, and automerge merges
+    in quanta of 64 pages times the number of levels whenever the pages written
+    pass a multiple of 64: one step in a few would hold the write lock for tens
+    of milliseconds.  Upkeep turns it off for the prune and does the same
+    merging itself in small steps (:func:`merge_step`), then turns it back on.
+    """
+    for table in ("messages_fts", "messages_fts_trigram"):
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', ?)", (FTS_AUTOMERGE if on else 0,))
+
+
+class Fts5Index:
+    """:class:`~state.search._index.SearchIndex` on SQLite: the functions of this module."""
+
+    name = "fts5"
+
+    install = staticmethod(install)
+    search = staticmethod(search)
+    texts = staticmethod(searched_texts)
+    newest_in = staticmethod(newest_in)
+    fact_candidates = staticmethod(fact_candidates)
+    install_facts = staticmethod(install_facts)
+    segments = staticmethod(segments)
+
+    @staticmethod
+    def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:
+        return matching_ids(conn, tree, where, args, need_s, limit)
+
+    @staticmethod
+    def merge_step(conn: Any, table: str, pages: int, segments: list[int] | None, start: bool) -> MergeStep:
+        return merge_step(conn, table, pages, segments, start)
+
+    @staticmethod
+    def set_automerge(conn: Any, on: bool) -> None:
+        set_automerge(conn, on)
+
+
+FTS5 = Fts5Index()

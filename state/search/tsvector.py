@@ -1,10 +1,9 @@
-"""Full-text search on PostgreSQL: the same queries and answers as ``state.fts``, on other indexes.
+"""Full-text search on PostgreSQL: the same queries and answers as ``state.search.fts5``, on other indexes.
 
-``state.fts`` parses and sanitises the user's query (``state._fts_query``: terms, phrases,
-``prefix*``, ``AND``/``OR``/``NOT``, parentheses) and, on PostgreSQL, hands the parsed tree
-here; the hits get their context there, so the result has the same shape on both engines.
-This is its own module rather than a branch inside ``state.fts`` because nothing of the
-FTS5 machinery (external-content tables, batched indexing, the in-memory tail, BM25 from
+``state.search`` parses and sanitises the user's query (``state.search._query``: terms, phrases,
+``prefix*``, ``AND``/``OR``/``NOT``, parentheses) and hands the parsed tree to the engine's
+:class:`~state.search._index.SearchIndex`: on PostgreSQL :data:`TSVECTOR`, this module.  Nothing of
+the FTS5 machinery (external-content tables, batched indexing, the in-memory tail, BM25 from
 the index's size records) exists here: PostgreSQL indexes each row in the writing transaction.
 
 The index (schema v11 on PostgreSQL) is the table ``messages_fts`` (the name of SQLite's
@@ -33,13 +32,16 @@ type (``LC_CTYPE``): installing the index checks it.
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from typing import Any, Sequence
 
-from ._fts_query import CJK_RANGES, Node, Term, index_of, positive_terms
-from ._fts_rank import substring_snippet
-from ._messages import ORDER_KEY, order_key
-from .errors import StateError
+from .._dialect import POSTGRES
+from .._messages import ORDER_KEY, order_key
+from ..errors import StateError
+from ._index import MergeStep
+from ._query import CJK_RANGES, Node, Term, index_of, positive_terms
+from ._rank import substring_snippet
 
 CONFIG = "switchboard_search"
 CJK_CLASS = "[" + "".join(f"{lo}-{hi}" for lo, hi in CJK_RANGES) + "]"
@@ -56,7 +58,7 @@ INSTALL = (
             ALTER TEXT SEARCH CONFIGURATION {CONFIG} ALTER MAPPING FOR hword, hword_part, word WITH unaccent, simple;
         END IF;
     END $$""",
-    # The searchable text of a tool_calls value, as state.fts makes it on SQLite: each call's function
+    # The searchable text of a tool_calls value, as state.search.fts5 makes it on SQLite: each call's function
     # name and the scalar values of its arguments (JSON in a string, an object, or plain text), so JSON
     # keys are no noise; a value that is not JSON is searched as it is.  Its exception blocks are
     # subtransactions, which parallel workers cannot start: PARALLEL RESTRICTED (the leader runs it).
@@ -179,7 +181,7 @@ def _joins(where: str, need_s: bool) -> str:
 
 
 def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:
-    """The newest ``limit`` messages matching the tree, newest first (``state.fts.matching_ids``)."""
+    """The newest ``limit`` messages matching the tree, newest first (``SearchIndex.matching_ids``)."""
     cond, cargs = condition(tree)
     return [r[0] for r in conn.execute(
         f"SELECT f.id FROM messages_fts f{_joins(where, need_s)} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?",
@@ -188,7 +190,7 @@ def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, li
 
 def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int,
            context_chars: int | None = None) -> list[dict]:
-    """The best ``limit`` of the newest ``window`` matches, as ``state.fts`` hits, in one statement;
+    """The best ``limit`` of the newest ``window`` matches, as ``SearchIndex.search`` hits, in one statement;
     with ``context_chars``, each with its ``context`` (the message before and after it in its session,
     content cut to that many characters).
     ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
@@ -268,3 +270,72 @@ FACT_WORDS = "search_words(f.content || ' ' || f.entities)"
 def any_phrase(words: list[str]) -> tuple[str, list]:
     """A tsquery matching any of ``words`` (each a phrase, cut as the indexed text is)."""
     return " || ".join(f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format('?')})" for _ in words), list(words)
+
+
+def newest_in(conn: Any, tree: Node, ids: list[int], limit: int) -> list[int]:
+    """The newest ``limit`` messages among ``ids`` that match, newest first: one condition on the index."""
+    cond, cargs = condition(tree)
+    return [r[0] for r in conn.execute(
+        f"SELECT f.id FROM messages_fts f WHERE f.id IN ({POSTGRES.json_values(integers=True)}) AND {cond}"
+        " ORDER BY f.id DESC LIMIT ?", [json.dumps(ids), *cargs, limit])]
+
+
+def searched_texts(conn: Any, ids: Sequence[int]) -> dict[int, tuple]:
+    """No view of the searched text here: the columns themselves, the tool calls' text made as the index makes it."""
+    if not ids:
+        return {}
+    return {r[0]: tuple(r[1:]) for r in conn.execute(
+        "SELECT id, content, tool_name, search_tool_text(tool_calls) FROM messages"
+        f" WHERE id IN ({POSTGRES.json_values(integers=True)})", (json.dumps(list(ids)),))}
+
+
+def fact_candidates(conn: Any, owner: str, words: list[str], *, limit: int, include_superseded: bool,
+                    window: int) -> list:
+    """The owner's newest ``window`` facts matching any word (GIN index), best ``ts_rank`` first;
+    ``fts_rank`` is the negated rank (lower is better, as FTS5's)."""
+    query, args = any_phrase(words)
+    return conn.execute(
+        f"SELECT c.*, -ts_rank(c.words, ({query})) AS fts_rank FROM (SELECT f.*, {FACT_WORDS} AS words "
+        f"FROM facts f WHERE f.owner = ? AND {FACT_WORDS} @@ ({query}) "
+        + ("" if include_superseded else "AND f.superseded_by IS NULL ")
+        + "ORDER BY f.id DESC LIMIT ?) c ORDER BY fts_rank, c.id DESC LIMIT ?",
+        [*args, owner, *args, max(1, int(window)), int(limit)],
+    ).fetchall()
+
+
+def install_facts(conn: Any) -> None:
+    """The facts' index (schema v15): GIN on the words of content and entities (after :func:`install`)."""
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_facts_words ON facts USING gin (search_words(content || ' ' || entities))")
+
+
+class TsvectorIndex:
+    """:class:`~state.search._index.SearchIndex` on PostgreSQL.  Its GIN indexes need no merging of ours:
+    the upkeep steps find nothing to do."""
+
+    name = "tsvector"
+
+    install = staticmethod(install)
+    search = staticmethod(search)
+    newest_in = staticmethod(newest_in)
+    texts = staticmethod(searched_texts)
+    fact_candidates = staticmethod(fact_candidates)
+    install_facts = staticmethod(install_facts)
+
+    @staticmethod
+    def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:
+        return matching_ids(conn, tree, where, list(args), need_s, limit)
+
+    @staticmethod
+    def segments(conn: Any, table: str) -> list[int]:
+        return []
+
+    @staticmethod
+    def merge_step(conn: Any, table: str, pages: int, segments: list[int] | None, start: bool) -> MergeStep:
+        return MergeStep(0, 0)
+
+    @staticmethod
+    def set_automerge(conn: Any, on: bool) -> None:
+        return None
+
+
+TSVECTOR = TsvectorIndex()

@@ -1,6 +1,6 @@
 """Reading a user's search string: terms, operators, and the FTS5 query they make.
 
-Nothing here touches the database; ``state.fts`` re-exports ``sanitize_query``
+Nothing here touches the database; ``state.search`` re-exports ``sanitize_query``
 and ``is_cjk``.
 """
 

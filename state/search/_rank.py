@@ -25,7 +25,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
-from ._fts_query import Term, quote
+from ._query import Term, quote
 
 K1, B = 1.2, 0.75  # FTS5's bm25() constants
 SNIPPET_TOKENS = 24
@@ -287,3 +287,13 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         if not byte & 0x80:
             return value, i + j + 1
     return (value << 8) | buf[i + 8], i + 9
+
+
+def first_snippet(texts: Sequence[str | None], terms: Sequence[str]) -> str:
+    """Around the first of ``terms`` found (as a substring) in the first of ``texts`` holding one, marked."""
+    for text in texts:
+        if text:
+            cut, hits = substring_snippet(text, terms)
+            if hits:
+                return cut
+    return ""

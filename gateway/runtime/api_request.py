@@ -1,0 +1,258 @@
+"""A Chat Completions request as the gateway reads it: one parsed :class:`ChatRequest`, or an
+:class:`ApiError` naming what is wrong.
+
+    request = parse_chat_request(body)      # raises ApiError(400, ..., param="n")
+
+The request's ``messages`` become the conversation as the client sees it (:class:`ClientMessage`:
+user and assistant messages, in order, with the text as the store keeps it), the client's
+``system`` (and ``developer``) messages, and its images.  The fields the model should get
+(:data:`gateway.model.PASSED_PARAMS`) are checked and kept in ``params``.
+
+This is the one place that reads a request body, so other front doors (a client's own tools, the
+Responses API) translate into the same :class:`ChatRequest` and go through the same path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import mimetypes
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import SwitchboardError
+from gateway.types import Attachment
+
+MAX_STOP_SEQUENCES = 4
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+SIDE_REQUEST_PREFIX = "### Task:"  # Open WebUI's title, tag and follow-up prompts
+
+
+class ApiError(SwitchboardError):
+    """A request the API refuses: an OpenAI-shaped error (``status``, ``message``, ``type``, ``code``, ``param``)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", *, code: str | None = None,
+                 param: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientMessage:
+    """One user or assistant message of the client's conversation."""
+
+    role: str
+    text: str  # its text parts, joined by spaces
+    images: tuple[Attachment, ...] = ()
+
+    @property
+    def stored(self) -> str:
+        """The text as the store keeps it (images named after it)."""
+        return stored_text(self.text, self.images)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """What a client asked: its conversation, its system messages, how it wants the answer."""
+
+    messages: tuple[ClientMessage, ...]  # user and assistant messages, oldest first; the last is a user's
+    system: tuple[str, ...] = ()  # the client's system (and developer) messages, in order
+    stream: bool = False
+    include_usage: bool = False
+    params: dict[str, Any] = field(default_factory=dict)  # for the model: temperature, response_format, ...
+    model: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+    @property
+    def new_messages(self) -> tuple[ClientMessage, ...]:
+        """The user messages at the end, after the last assistant message: what this request asks."""
+        at = len(self.messages)
+        while at > 0 and self.messages[at - 1].role == "user":
+            at -= 1
+        return self.messages[at:]
+
+    @property
+    def last_user(self) -> ClientMessage:
+        return self.messages[-1]
+
+    @property
+    def is_side_request(self) -> bool:
+        """Open WebUI's own prompts (a title, tags, follow-ups) sent with the chat's id: not the chat."""
+        return self.last_user.text.lstrip().startswith(SIDE_REQUEST_PREFIX)
+
+    @property
+    def images(self) -> tuple[Attachment, ...]:
+        return tuple(image for m in self.new_messages for image in m.images)
+
+
+def stored_text(text: str, images: tuple[Attachment, ...]) -> str:
+    """A message's text as the store keeps it: attached images named after the text (as
+    ``gateway.router`` stores a platform message's attachments)."""
+    if not images:
+        return text
+    names = ", ".join(f"{a.kind}: {a.name}" for a in images)
+    return f"{text}\n[attached {names}]" if text else f"[attached {names}]"
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise ApiError(400, "expected a JSON object with a 'messages' list", param="messages")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise ApiError(400, "'n' must be 1: the gateway answers with one choice", param="n",
+                       code="unsupported_value")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise ApiError(400, "'stream_options' must be an object such as {\"include_usage\": true}",
+                       param="stream_options")
+    system: list[str] = []
+    messages: list[ClientMessage] = []
+    for i, raw in enumerate(body["messages"]):
+        where = f"messages[{i}]"
+        if not isinstance(raw, dict):
+            raise ApiError(400, f"{where} must be an object with a 'role'", param=where)
+        role = raw.get("role")
+        if role in ("system", "developer"):
+            text, _ = _content(raw.get("content"), where, images=False)
+            if text.strip():
+                system.append(text)
+        elif role == "user":
+            text, images = _content(raw.get("content"), where, images=True)
+            messages.append(ClientMessage("user", text, images))
+        elif role == "assistant":
+            if raw.get("tool_calls"):
+                continue  # a tool call is not part of the conversation as read (tools: see the README)
+            text, _ = _content(raw.get("content"), where, images=False)
+            messages.append(ClientMessage("assistant", text))
+        elif role in ("tool", "function"):
+            continue
+        else:
+            raise ApiError(400, f"{where}.role must be system, developer, user, assistant or tool, not {role!r}",
+                           param=f"{where}.role")
+    if not messages or messages[-1].role != "user":
+        raise ApiError(400, "no user message with text content at the end of 'messages'", param="messages")
+    if not messages[-1].text.strip() and not messages[-1].images:
+        raise ApiError(400, "the last user message is only whitespace: send some text", param="messages")
+    return ChatRequest(
+        messages=tuple(messages), system=tuple(system), stream=stream,
+        include_usage=stream and bool(options.get("include_usage")), params=_params(body),
+        model=_text_field(body, "model"), user=_text_field(body, "user"),
+        safety_identifier=_text_field(body, "safety_identifier"),
+        prompt_cache_key=_text_field(body, "prompt_cache_key"),
+    )
+
+
+def _text_field(body: dict, name: str) -> str | None:
+    value = body.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 256:
+        raise ApiError(400, f"'{name}' must be a string of at most 256 characters", param=name)
+    return value
+
+
+def _content(content: Any, where: str, *, images: bool) -> tuple[str, tuple[Attachment, ...]]:
+    """A message's text (its text parts joined by spaces) and, for a user message, its images."""
+    if content is None:
+        return "", ()
+    if isinstance(content, str):
+        return content, ()
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or a list of parts", param=f"{where}.content")
+    texts: list[str] = []
+    found: list[Attachment] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("text", "input_text") and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "image_url" and images:
+            found.append(_image(part.get("image_url"), at))
+        else:
+            raise ApiError(400, f"{at} is not a part the gateway reads (text parts, and image_url parts in a "
+                                "user message)", param=at)
+    return " ".join(texts), tuple(found)
+
+
+def _image(value: Any, where: str) -> Attachment:
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise ApiError(400, f"{where}.image_url must hold a 'url'", param=where)
+    name = "image-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+    if url.startswith("data:"):
+        head, _, data = url.partition(",")
+        mime = head[5:].split(";")[0] or "image/png"
+        if ";base64" not in head:
+            raise ApiError(400, f"{where}: a data URL image must be base64", param=where)
+        try:
+            decoded = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(400, f"{where}: the image's base64 data does not decode", param=where) from None
+        return Attachment("image", name + (mimetypes.guess_extension(mime) or ""), mime_type=mime,
+                          size=len(decoded), data=decoded)
+    if not url.startswith(("http://", "https://")):
+        raise ApiError(400, f"{where}: an image URL must be http(s) or a data URL", param=where)
+    return Attachment("image", name, url=url)
+
+
+def _params(body: dict) -> dict[str, Any]:
+    """The request's fields for the model, checked (each error names its field)."""
+    params: dict[str, Any] = {}
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ApiError(400, f"'{name}' must be a number from {low:g} to {high:g}", param=name)
+        params[name] = value
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ApiError(400, f"'{name}' must be a positive whole number", param=name)
+        params[name] = value
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not 0 < len(stops) <= MAX_STOP_SEQUENCES or \
+                not all(isinstance(s, str) and s for s in stops):
+            raise ApiError(400, f"'stop' must be a string or a list of 1-{MAX_STOP_SEQUENCES} strings", param="stop")
+        params["stop"] = stop
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ApiError(400, "'seed' must be a whole number", param="seed")
+        params["seed"] = seed
+    response_format = body.get("response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict) or response_format.get("type") not in RESPONSE_FORMATS:
+            raise ApiError(400, "'response_format' must be an object whose type is text, json_object or json_schema",
+                           param="response_format")
+        if response_format["type"] == "json_schema" and not isinstance(response_format.get("json_schema"), dict):
+            raise ApiError(400, "'response_format' of type json_schema needs a 'json_schema' object",
+                           param="response_format")
+        params["response_format"] = response_format
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None:
+        if not (tool_choice in ("none", "auto", "required") or isinstance(tool_choice, dict)):
+            raise ApiError(400, "'tool_choice' must be none, auto, required or an object naming a tool",
+                           param="tool_choice")
+        params["tool_choice"] = tool_choice
+    return params

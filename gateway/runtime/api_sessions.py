@@ -1,0 +1,240 @@
+"""Which session a local API request continues, for clients that send their whole history.
+
+A request names its conversation by an id a real client already sends (Open WebUI's
+``X-OpenWebUI-Chat-Id``, a LibreChat ``X-Conversation-Id``, ``prompt_cache_key``), or by
+nothing: then the conversation is recognised by its *fingerprint*, a hash of the caller (a hash of
+its bearer token, the ``model`` it names, its user scope) and the first user message, plus the
+first reply once there is one.  The system message is left out (Open WebUI fills the date into it).
+
+Where things are kept, all in the store's routing table (key -> session, the key its primary key, so
+a fingerprint is found with one indexed read whatever the number of conversations):
+
+    agent:<agent>:api:chat:<client id>   the conversation: its live session (moved on by compression
+                                         and by a branch); a fingerprinted one gets a random id
+    agent:<agent>:api:fp:<hash>          a fingerprint: the session it was first seen in, whose
+                                         ``session_key`` names the conversation
+
+When the turn starts (under the conversation's lane lock), :meth:`ClientHistory.prepare` lines the
+client's messages up with the stored conversation (user messages and answers, the compressed
+parents' included): if the stored one is where the client's begins, the rest of the client's is
+stored and answered; if they part (an edited message, a regenerated answer), a child session
+(``parent_session_id`` the stored one) takes the stored messages up to the last one both share,
+then the client's from there, and the conversation continues in it.  Nothing is stored twice: a request
+that repeats one left unanswered (a retry after an outage) is answered without storing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass
+
+import state
+from gateway.keys import api_conversation_key
+from gateway.runtime.api_request import ChatRequest, ClientMessage
+from gateway.turn import CUT_OFF_NOTE, EMPTY_ANSWER
+
+log = logging.getLogger(__name__)
+
+# the fields of a stored message a branch copies (as compression copies them)
+_COPIED_FIELDS = (
+    "role", "content", "tool_call_id", "tool_calls", "tool_name", "token_count", "finish_reason",
+    "reasoning", "reasoning_details", "codex_reasoning_items", "platform_message_id", "timestamp",
+)
+LIBRECHAT_UNSET = ("", "new")  # what LibreChat's templated header holds before the conversation has an id
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sends a request: a hash of its bearer token (never the token), and its user scope."""
+
+    token_hash: str
+    user: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationId:
+    """How a request named its conversation: ``source`` (openwebui, librechat, prompt_cache_key,
+    fingerprint) and the conversation's key, or None for a fingerprint not seen before."""
+
+    source: str
+    key: str | None
+    fingerprint: str | None = None  # fingerprint mode: the key of the fingerprint found or to record
+
+
+def _hash(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()[:40]
+
+
+def token_hash(authorization: str | None) -> str:
+    return _hash("bearer", authorization or "")
+
+
+def explicit_id(headers, request: ChatRequest) -> tuple[str, str] | None:
+    """The conversation id a client sent (source, id), or None."""
+    chat = headers.get("X-OpenWebUI-Chat-Id")
+    if chat:
+        return "openwebui", chat
+    conversation = headers.get("X-Conversation-Id")
+    if conversation is not None and conversation.strip().lower() not in LIBRECHAT_UNSET:
+        return "librechat", conversation.strip()
+    if request.prompt_cache_key:
+        return "prompt_cache_key", request.prompt_cache_key
+    return None
+
+
+class Conversations:
+    """Finds and records the sessions of conversations whose history the client keeps."""
+
+    def __init__(self, db, agent: str, model_name: str, persona: str):
+        self.db = db
+        self.agent = agent
+        self.model_name = model_name
+        self.persona = persona
+
+    def fingerprint_key(self, caller: Caller, request: ChatRequest, first_reply: str | None) -> str:
+        """The routing key of a conversation's fingerprint: the caller, the model named, the first user
+        message, and the first reply when there is one."""
+        first_user = next(m.stored for m in request.messages if m.role == "user")
+        parts = [caller.token_hash, request.model or "", caller.user or "", first_user]
+        if first_reply is not None:
+            parts.append(first_reply)
+        return api_conversation_key(self.agent, _hash(*parts), kind="fp")
+
+    async def identify(self, caller: Caller, request: ChatRequest, client_id: tuple[str, str] | None,
+                       idempotency_key: str | None) -> ConversationId:
+        """The conversation ``request`` belongs to (one indexed read for a fingerprint)."""
+        if client_id is not None:
+            source, ident = client_id
+            scope = f"{source}:{caller.user or ''}:{ident}"
+            return ConversationId(source, api_conversation_key(self.agent, scope))
+        first_reply = _first_reply(request.messages)
+        fingerprint = self.fingerprint_key(caller, request, first_reply)
+        if first_reply is None and idempotency_key is None:
+            return ConversationId("fingerprint", None, fingerprint)  # a first message: a new conversation
+        session = await self.db.get_routed_session(fingerprint)  # one indexed read: the route and its session
+        if session is None or not session.get("session_key"):
+            return ConversationId("fingerprint", None, fingerprint)
+        if first_reply is None:  # a retry of a first message is the conversation it started
+            first = next((m for m in await self.db.get_messages(session["id"]) if m["role"] == "user"), None)
+            if first is None or first.get("platform_message_id") != idempotency_key:
+                return ConversationId("fingerprint", None, fingerprint)
+        return ConversationId("fingerprint", session["session_key"], fingerprint)
+
+    def new_key(self) -> str:
+        return api_conversation_key(self.agent, f"conv:{uuid.uuid4().hex}")
+
+    async def prepare(self, key: str, request: ChatRequest, *, user_id: str | None, user_name: str | None,
+                      idempotency_key: str | None, fingerprint: str | None) -> str | None:
+        """Store what the client's history adds to the conversation ``key`` and return the session to
+        answer in; None when this request (by its Idempotency-Key) was stored and answered before.
+        Runs under the conversation's lane lock."""
+        incoming = list(request.messages)
+        routed = await self.db.get_routed_session(key)
+        if routed is None:
+            session_id = await self._create(key, None, user_id, user_name)
+            await self._append(session_id, [], incoming, idempotency_key)
+            if fingerprint is not None:
+                await self.db.set_route(fingerprint, session_id)
+            return session_id
+        rows = await self._lineage_rows(routed)
+        if idempotency_key is not None:
+            at = next((i for i, row in enumerate(rows) if row["role"] == "user"
+                       and row.get("platform_message_id") == idempotency_key), None)
+            if at is not None:
+                return None if _answered(rows, at) else routed["id"]
+        stored = [(i, row) for i, row in enumerate(rows) if _in_transcript(row)]
+        common = 0
+        while common < min(len(stored), len(incoming)) and _same(stored[common][1], incoming[common]):
+            common += 1
+        if common == len(stored) and routed.get("ended_at") is None:
+            await self._append(routed["id"], [], incoming[common:], idempotency_key)
+            return routed["id"]
+        # the client's history parts from the stored one (or the stored session was ended): a branch with the
+        # stored messages up to the last one both share (the parted answer's tool calls stay with it)
+        before = stored[common - 1][0] + 1 if common else 0
+        child = await self._create(key, routed["id"], user_id, user_name)
+        await self._append(child, rows[:before], incoming[common:], idempotency_key)
+        await self.db.set_route(key, child)  # the branch is the conversation from now on
+        log.info("API conversation %s branched from session %s into %s after %d messages", key, routed["id"],
+                 child, common)
+        return child
+
+    async def remember_first_reply(self, caller: Caller, request: ChatRequest, reply: str, session_id: str) -> None:
+        """After the first answer of a fingerprinted conversation: its fingerprint with that answer, which
+        the client's next request (its history holding the answer) is recognised by."""
+        if _first_reply(request.messages) is None:
+            await self.db.set_route(self.fingerprint_key(caller, request, reply), session_id)
+
+    async def _create(self, key: str, parent: str | None, user_id: str | None, user_name: str | None) -> str:
+        session_id = state.new_session_id()
+        await self.db.create_session(session_id, "api", self.model_name, user_id, parent, session_key=key,
+                                     user_name=user_name, system_prompt=self.persona)
+        if parent is None:
+            await self.db.set_route(key, session_id)
+        return session_id
+
+    async def _append(self, session_id: str, copied: list[dict], new: list[ClientMessage],
+                      idempotency_key: str | None) -> None:
+        messages = [{k: row[k] for k in _COPIED_FIELDS if row.get(k) is not None} for row in copied]
+        for i, message in enumerate(new):
+            entry: dict = {"role": message.role, "content": message.stored}
+            if i == len(new) - 1 and idempotency_key is not None:
+                entry["platform_message_id"] = idempotency_key
+            messages.append(entry)
+        if messages:
+            await self.db.append_messages(session_id, messages)
+
+    async def _lineage_rows(self, session: dict) -> list[dict]:
+        """The stored messages of ``session`` as the client saw them: a compressed parent's own, then
+        the messages added after the compression (not its summary and copies)."""
+        rows = await self.db.get_messages(session["id"])
+        parent_id = session.get("parent_session_id")
+        parent = await self.db.get_session(parent_id) if parent_id else None
+        if parent is None or parent.get("end_reason") != "compression" or parent.get("ended_at") is None:
+            return rows
+        own = [row for row in rows if row["timestamp"] > parent["ended_at"]]
+        return await self._lineage_rows(parent) + own
+
+
+def _first_reply(messages: tuple[ClientMessage, ...]) -> str | None:
+    """The first assistant message after the first user message, if the client's history has one."""
+    seen_user = False
+    for message in messages:
+        if message.role == "user":
+            seen_user = True
+        elif seen_user:
+            return message.stored
+    return None
+
+
+def _in_transcript(row: dict) -> bool:
+    """Whether a stored message is one the client sees: a user message or an answer (not a tool call,
+    a tool result, a note for the model)."""
+    if row["role"] == "user":
+        return True
+    return row["role"] == "assistant" and not row.get("tool_calls")
+
+
+def _same(row: dict, message: ClientMessage) -> bool:
+    """Whether a stored message is the client's: the same role and text (an answer as it was sent: an
+    empty one as the line standing for it, one that broke off with the note saying so)."""
+    if row["role"] != message.role:
+        return False
+    stored, sent = (row.get("content") or "").strip(), message.stored.strip()
+    if row["role"] == "assistant":
+        if not stored:
+            return sent in ("", EMPTY_ANSWER)
+        if row.get("finish_reason") == "incomplete":
+            return sent in (stored, f"{stored}\n\n{CUT_OFF_NOTE}")
+    return stored == sent
+
+
+def _answered(rows: list[dict], at: int) -> bool:
+    return any(row["role"] == "assistant" and row.get("content") and not row.get("tool_calls")
+               for row in rows[at + 1:])

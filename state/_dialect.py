@@ -1,0 +1,250 @@
+"""What truly differs between the store's two engines, in one object per engine.
+
+The feature modules (``_usage``, ``_upkeep``, ``_transfer``, ``db``, ...) write their SQL once and ask
+:func:`dialect_of` for the few parts that differ; they never ask which engine they run on.
+
+    SQLITE     sqlite3 (a file, one writer process at a time)
+    POSTGRES   psycopg through ``state._pg.PgConnection`` (one server, any number of instances)
+
+What a :class:`Dialect` carries:
+
+* ``search``: the name of the engine's full-text index (``state.search``);
+* type names: ``integer``, ``real``, ``blob``, ``rowid`` and ``serial`` (an id the table numbers itself;
+  ``serial`` never reuses one), and ``without_rowid`` (the clause a keyed table takes); :meth:`~Dialect.ddl`
+  writes them into a table's one definition, whose type tokens are ``{INTEGER}``, ``{REAL}``,
+  ``{BLOB}``, ``{ROWID}``, ``{SERIAL}`` and ``{WITHOUT_ROWID}``;
+* :meth:`~Dialect.json_values`: a subquery over a JSON array bound as one parameter;
+* :meth:`~Dialect.byte_length` and :meth:`~Dialect.day`: a text's size in bytes, a time's UTC day;
+* :meth:`~Dialect.insert_ids`: many rows inserted, their ids (the returning form);
+* :meth:`~Dialect.is_integrity_error`: a constraint failed;
+* :meth:`~Dialect.columns`, :meth:`~Dialect.store_size`, :meth:`~Dialect.database_bytes`: the catalogue and
+  the sizes, which each engine keeps its own way;
+* :meth:`~Dialect.ids_restored`: after rows were inserted with the ids they had elsewhere;
+* :meth:`~Dialect.mark_pending` and :meth:`~Dialect.fence`: the cluster's leases (only PostgreSQL has them).
+
+Upserts (``ON CONFLICT ... DO UPDATE SET x = excluded.x``) and ``RETURNING`` of one row are written
+the same on both engines, so they need no entry here.  A leaf: it imports nothing of the store at
+module level, so every module may ask it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSize:
+    db_bytes: int
+    wal_bytes: int
+    page_size: int
+    free_pages: int
+    auto_vacuum: str  # none | full | incremental (SQLite); postgresql
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_pages * self.page_size
+
+
+def file_size(path: Path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class Dialect:
+    """The parts of SQL and of the catalogue that differ between the engines (see the module docstring)."""
+
+    name: str
+    #: Which ``state.search`` index the engine keeps: ``fts5`` or ``tsvector``.
+    search: str
+    integer: str
+    real: str
+    blob: str
+    rowid: str
+    serial: str
+    without_rowid: str
+
+    def __repr__(self) -> str:
+        return f"<Dialect {self.name}>"
+
+    def ddl(self, sql: str) -> str:
+        """A statement written once with type tokens (see the module docstring), in this engine's names."""
+        for token, name in (("{INTEGER}", self.integer), ("{REAL}", self.real), ("{BLOB}", self.blob),
+                            ("{ROWID}", self.rowid), ("{SERIAL}", self.serial), ("{WITHOUT_ROWID}", self.without_rowid)):
+            sql = sql.replace(token, name)
+        return sql
+
+    def create(self, conn: Any, statements: Sequence[str]) -> None:
+        """Run each of ``statements`` (tables and indexes written once, with type tokens) in this engine's names."""
+        for sql in statements:
+            conn.execute(self.ddl(sql))
+
+    def json_values(self, *, integers: bool = False) -> str:
+        """A subquery yielding, as its column ``value``, the elements of a JSON array passed as one ``?``
+        parameter (``IN (...)`` over many ids without one placeholder each); ``integers``: as ids."""
+        raise NotImplementedError
+
+    def byte_length(self, expr: str) -> str:
+        """The size in bytes of the text ``expr`` (NULL counting as empty)."""
+        raise NotImplementedError
+
+    def day(self, seconds: str) -> str:
+        """The UTC day number (days since 1970) of the epoch seconds ``seconds``, as an integer."""
+        raise NotImplementedError
+
+    def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
+        """Run the ``INSERT`` ``sql`` (no ``RETURNING``) for each of ``rows``; the new rows' ids in order."""
+        raise NotImplementedError
+
+    def is_integrity_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a constraint failed (unique, foreign key, not null)."""
+        return is_integrity_error(exc)
+
+    def columns(self, conn: Any, table: str) -> set[str]:
+        """The names of ``table``'s columns (none when it does not exist)."""
+        raise NotImplementedError
+
+    def database_bytes(self, conn: Any, path: Path | str | None) -> tuple[int, int]:
+        """(the database's size, its write-ahead log's size) in bytes; ``path`` is SQLite's file."""
+        raise NotImplementedError
+
+    def store_size(self, conn: Any, path: Path | None) -> StoreSize:
+        """The sizes, and the free pages there are to give back (upkeep's vacuum)."""
+        raise NotImplementedError
+
+    def ids_restored(self, conn: Any, table: str) -> None:
+        """Rows of ``table`` were inserted with the ids they had elsewhere: a new row's id must come after them."""
+
+    def mark_pending(self, conn: Any, session_id: str) -> bool:
+        """A session has an inbound message waiting: whichever instance may take it, should (cluster).
+        Whether it was marked: SQLite has one instance, which answers everything itself."""
+        return False
+
+    def fence(self, conn: Any, session_id: str, token: int) -> None:
+        """First in a fenced write: raise ``LeaseLost`` (nothing written) unless the lease's ``token`` still
+        holds.  SQLite has one instance per file and no leases: nothing to guard against."""
+
+
+class _Sqlite(Dialect):
+    """SQLite: one instance per file (no leases), ids from the rowid this transaction alone hands out."""
+
+    name = "sqlite"
+    search = "fts5"
+    integer, real, blob, without_rowid = "INTEGER", "REAL", "BLOB", " WITHOUT ROWID"
+    rowid, serial = "INTEGER PRIMARY KEY", "INTEGER PRIMARY KEY AUTOINCREMENT"
+
+    def json_values(self, *, integers: bool = False) -> str:
+        return "SELECT value FROM json_each(?)"
+
+    def byte_length(self, expr: str) -> str:
+        return f"length(CAST(ifnull({expr}, '') AS BLOB))"
+
+    def day(self, seconds: str) -> str:
+        return f"CAST({seconds} / 86400 AS INTEGER)"  # CAST truncates
+
+    def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
+        if not rows:
+            return []
+        first = int(conn.execute(sql, rows[0]).lastrowid or 0)
+        conn.executemany(sql, rows[1:])  # each the next rowid: this transaction holds the write lock
+        return list(range(first, first + len(rows)))
+
+    def columns(self, conn: Any, table: str) -> set[str]:
+        return {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
+
+    def database_bytes(self, conn: Any, path: Path | str | None) -> tuple[int, int]:
+        if path is None:
+            return 0, 0
+        path = Path(path)
+        return file_size(path), file_size(path.with_name(path.name + "-wal"))
+
+    def store_size(self, conn: Any, path: Path | None) -> StoreSize:
+        assert path is not None
+        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+        db_bytes, wal_bytes = self.database_bytes(conn, path)
+        return StoreSize(
+            db_bytes=db_bytes,
+            wal_bytes=wal_bytes,
+            page_size=conn.execute("PRAGMA page_size").fetchone()[0],
+            free_pages=conn.execute("PRAGMA freelist_count").fetchone()[0],
+            auto_vacuum={0: "none", 1: "full", 2: "incremental"}.get(mode, str(mode)),
+        )
+
+
+class _Postgres(Dialect):
+    """PostgreSQL: ids from sequences other instances share, leases for the cluster, no WAL of ours."""
+
+    name = "postgresql"
+    search = "tsvector"
+    integer, real, blob, without_rowid = "BIGINT", "DOUBLE PRECISION", "BYTEA", ""
+    rowid = serial = "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
+
+    def json_values(self, *, integers: bool = False) -> str:
+        if integers:
+            return "SELECT CAST(jsonb_array_elements_text(CAST(? AS jsonb)) AS BIGINT) AS value"
+        return "SELECT jsonb_array_elements_text(CAST(? AS jsonb)) AS value"
+
+    def byte_length(self, expr: str) -> str:
+        return f"octet_length(COALESCE({expr}, ''))"
+
+    def day(self, seconds: str) -> str:
+        return f"CAST(floor({seconds} / 86400) AS BIGINT)"  # CAST rounds: floor first
+
+    def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
+        # ids from a sequence other instances share: each row's own
+        return [int(conn.execute(sql + " RETURNING id", row).fetchall()[0][0]) for row in rows]
+
+    def columns(self, conn: Any, table: str) -> set[str]:
+        return {row[0] for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = ?", (table,))}
+
+    def database_bytes(self, conn: Any, path: Path | str | None) -> tuple[int, int]:
+        return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0], 0
+
+    def store_size(self, conn: Any, path: Path | None) -> StoreSize:
+        # its own autovacuum reuses free space: nothing for upkeep to vacuum, no WAL of ours
+        size = conn.execute("SELECT pg_database_size(current_database()), current_setting('block_size')").fetchone()
+        return StoreSize(db_bytes=size[0], wal_bytes=0, page_size=int(size[1]), free_pages=0, auto_vacuum="postgresql")
+
+    def ids_restored(self, conn: Any, table: str) -> None:
+        conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), GREATEST((SELECT max(id) FROM {table}), 1))")
+
+    def mark_pending(self, conn: Any, session_id: str) -> bool:
+        from .cluster.leases import mark_pending
+
+        mark_pending(conn.raw, session_id)
+        return True
+
+    def fence(self, conn: Any, session_id: str, token: int) -> None:
+        from .cluster.leases import fenced_write
+
+        fenced_write(conn.raw, session_id, token)
+
+
+SQLITE: Dialect = _Sqlite()
+POSTGRES: Dialect = _Postgres()
+
+
+def dialect_of(conn: Any) -> Dialect:
+    """The dialect a store function's connection speaks: a ``state._pg.PgConnection`` carries POSTGRES,
+    anything else is sqlite3."""
+    return getattr(conn, "dialect", SQLITE)
+
+
+def is_integrity_error(exc: BaseException) -> bool:
+    """A constraint failed (unique, foreign key, not null), on either engine."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.IntegrityError):
+        return True
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(exc, psycopg.IntegrityError)
+

@@ -1,0 +1,146 @@
+"""Full-text search over messages and facts: one query language, one seam, an index per engine.
+
+* ``state.search._query`` parses and sanitises what the user typed into a tree of terms joined by
+  ``AND``, ``OR`` and ``NOT`` (the query syntax, CJK dispatch and limits are there).
+* :class:`SearchIndex` (``state.search._index``) is what the store asks of an index: install it, search
+  it, the matching ids, the newest matches among some ids (recall), fact candidates, and the upkeep of
+  its segments.  Two implement it: :data:`~state.search.fts5.FTS5` (SQLite's two FTS5 tables) and
+  :data:`~state.search.tsvector.TSVECTOR` (PostgreSQL's ``tsvector`` and ``pg_trgm`` indexes).
+* :func:`search_index` gives the one the connection's engine chose (its dialect names it); nothing
+  else in the store asks which engine it runs on.
+
+:func:`search_messages` is the search the user sees (``switchboard search``, ``/search``); the answer
+has the same shape on both engines.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import Any, Iterable, Sequence
+
+from .._dialect import dialect_of
+from ._index import MergeStep, SearchIndex
+from ._query import MAX_TERMS, Node, Op, Term, index_of, indexes, is_cjk, parse, positive_terms, render, sanitize_query
+from .fts5 import FTS5
+from .tsvector import TSVECTOR
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SearchIndex",
+    "MergeStep",
+    "search_index",
+    "search_messages",
+    "matching_ids",
+    "RANK_WINDOW",
+    "MAX_LIMIT",
+    "CONTEXT_CHARS",
+    "MAX_TERMS",
+    "Node",
+    "Op",
+    "Term",
+    "index_of",
+    "indexes",
+    "is_cjk",
+    "parse",
+    "positive_terms",
+    "render",
+    "sanitize_query",
+]
+
+#: How many of the most recent matches are ranked (see ``state.search.fts5``'s docstring).
+RANK_WINDOW = 500
+
+#: The most results one search returns, whatever ``limit`` asks.
+MAX_LIMIT = 1000
+
+#: How much of each neighbouring message a hit's ``context`` shows.
+CONTEXT_CHARS = 200
+
+#: Each engine's index, by the name its dialect gives.
+INDEXES: dict[str, SearchIndex] = {FTS5.name: FTS5, TSVECTOR.name: TSVECTOR}
+
+
+def search_index(conn: Any) -> SearchIndex:
+    """The search index of the engine ``conn`` belongs to."""
+    return INDEXES[dialect_of(conn).search]
+
+
+def _as_list(value: str | Iterable[str] | None) -> list[str]:
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def _filters(source_filter, exclude_sources, role_filter) -> tuple[str, list, bool]:
+    """SQL conditions on ``m`` (messages) and ``s`` (sessions), their args, whether ``s`` is needed."""
+    sql, args = [], []
+    sources, excluded, roles = _as_list(source_filter), _as_list(exclude_sources), _as_list(role_filter)
+    if sources:
+        sql.append(f"s.source IN ({','.join('?' * len(sources))})")
+        args += sources
+    if excluded:
+        sql.append(f"s.source NOT IN ({','.join('?' * len(excluded))})")
+        args += excluded
+    if roles:
+        sql.append(f"m.role IN ({','.join('?' * len(roles))})")
+        args += roles
+    return "".join(f" AND {c}" for c in sql), args, bool(sources or excluded)
+
+
+def search_messages(
+    conn: Any,
+    query: str,
+    *,
+    source_filter: str | Iterable[str] | None = None,
+    exclude_sources: str | Iterable[str] | None = None,
+    role_filter: str | Iterable[str] | None = None,
+    limit: int = 20,
+) -> list[dict]:
+    """Search messages; never raises because of what ``query`` contains.
+
+    Returns at most ``limit`` (capped at ``MAX_LIMIT``) dicts, best first (see ``state.search.fts5``
+    for the ranking), each with ``id``, ``session_id``, ``role``, ``timestamp``,
+    ``snippet`` (matches marked ``>>>like this<<<``), ``context`` (the message
+    before and the one after in the same session, each ``{"id", "role",
+    "content"}`` with content cut to 200 characters; absent neighbours are
+    left out), and the session's ``source``, ``model`` and ``session_started``.
+    """
+    try:
+        limit = int(limit)
+    except (TypeError, ValueError):
+        limit = 20
+    if limit <= 0:
+        return []
+    limit = min(limit, MAX_LIMIT)
+    tree = parse(query)
+    if tree is None:
+        return []
+    where, args, need_s = _filters(source_filter, exclude_sources, role_filter)
+    try:
+        hits = search_index(conn).search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit),
+                                         CONTEXT_CHARS)
+    except sqlite3.OperationalError as exc:
+        # Only a query the sanitiser let through by mistake gets here; say so and find nothing.
+        if "fts5" not in str(exc):
+            raise
+        log.warning("search query %r rejected by FTS5 (%s); returning no results", str(query)[:200], exc)
+        return []
+    return [_shaped(hit) for hit in hits]
+
+
+def matching_ids(conn: Any, tree: Node, where: str = "", args: Sequence = (), need_s: bool = False,
+                 limit: int = RANK_WINDOW) -> list[int]:
+    """The newest ``limit`` messages (indexed or pending) that match a parsed query, newest first.
+    ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
+    return search_index(conn).matching_ids(conn, tree, where, list(args), need_s, limit)
+
+
+def _shaped(hit: dict) -> dict:
+    return {
+        k: hit[k]
+        for k in ("id", "session_id", "role", "timestamp", "snippet", "context", "source", "model", "session_started")
+    }
