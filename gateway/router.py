@@ -475,9 +475,9 @@ class SessionRouter:
                             session: dict | None) -> tuple[str, str | None]:
         """``session`` (the key's routed session row, None: no route) or, when the reset policy ends it
         or it ended elsewhere, a new one; with the line telling the user why, if any."""
-        session_id = session["id"] if session else None
         previous = None
         if session is not None and session.get("ended_at") is None:
+            session_id: str = session["id"]
             if lane.busy:
                 return session_id, None
             policy = self.settings.reset_policy_for(msg.platform, msg.chat_type.value)
@@ -665,9 +665,11 @@ class SessionRouter:
         answered = tuple(t.message_id for t in batch if t.message_id is not None)  # what the reply follows
         inbox = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if inbox else None
-        stream = await self._stream_for(lane, msg, plan, last.session_id, claim) if plan is not None else None
-        if stream is not None:
-            plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
+        stream = None
+        if plan is not None:
+            stream = await self._stream_for(lane, msg, plan, last.session_id, claim)
+            if stream is not None:
+                plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
@@ -763,6 +765,7 @@ class SessionRouter:
         """After a restart, a streamed reply a stop cut short: finished in its own messages from the stored
         text, or, when its turn never finished, marked as cut short (the message is answered anew)."""
         chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
+        error: str | None
         if record.get("status") == "streaming":
             delivery = await mark_cut_short(drafts, chat, record["sent_ids"])
             status, error = "failed", delivery.error or "cut short by a restart; answered again"
@@ -946,7 +949,8 @@ class SessionRouter:
 
         Returns the keys whose work was cancelled (their user messages stay stored, unanswered)."""
         self._closing = True
-        workers = {key: lane.worker for key, lane in self._lanes.items() if lane.busy}
+        workers = {key: lane.worker for key, lane in self._lanes.items()
+                   if lane.worker is not None and not lane.worker.done()}  # the busy lanes
         if not workers:
             return []
         done, pending = await asyncio.wait(workers.values(), timeout=grace_seconds)
