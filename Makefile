@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench clean systemd-tools postgresql-server browser
+.PHONY: run test test-fast check bench clean systemd-tools postgresql-server browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,8 +16,17 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	$(BIN)/switchboard run --config $${SWITCHBOARD_CONFIG:-config.example.yaml}
 
+# pytest-xdist workers (4: many tests wait on daemons and timers more than they compute);
+# `make test WORKERS=auto` is one per core, WORKERS=0 runs in one process.
+WORKERS ?= 4
+
+# Everything: in-process tests, PostgreSQL, real daemons and kill tests, the sandbox, chromium.
 test: check systemd-tools postgresql-server browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(WORKERS)
+
+# The fast loop: what runs in-process (tests/marks.py marks the rest slow from what it uses).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" -n $(WORKERS)
 
 # The linter and the type checker (settings in pyproject.toml); `make test` runs them first.
 check: $(STAMP)

@@ -75,6 +75,7 @@ class RequestExtras:
     # the client says this request repeats one it sent before (an SDK's automatic retry): when the
     # session's last message is that same text, left unanswered by a failed turn, it is not stored again
     retry: bool = False
+    client_tools: tuple[dict, ...] = ()  # the client's own tools (function schemas), offered beside the agent's
 
 
 NO_EXTRAS = RequestExtras()
@@ -103,6 +104,7 @@ class Ticket:
     extras: RequestExtras = field(default_factory=lambda: NO_EXTRAS)  # what a local API client adds to its request
     failure: BaseException | None = None  # why the model gave no answer (``reply`` holds the line saying so)
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
+    client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -707,7 +709,7 @@ class SessionRouter:
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
             stream=stream if stream is not None else last.sink, fence=claim.fence,
-            system_notes=last.extras.system_notes, params=last.extras.params,
+            system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
         )
         typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
@@ -722,10 +724,11 @@ class SessionRouter:
             for notice in result.notices:
                 last.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
-            text = result.reply or EMPTY_ANSWER
+            text = result.reply if result.client_calls else result.reply or EMPTY_ANSWER
             for t in batch:
                 t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
                 t.answered_in = result.session_id
+                t.client_calls = result.client_calls
         except asyncio.CancelledError:
             if turn.cancelled() and not _current_cancelling() and \
                     self._dropped(claim, None, "the turn"):

@@ -100,6 +100,9 @@ class TurnRequest:
     # Request fields a local API client set (temperature, max_tokens, response_format, ...), sent with
     # every model call of the turn (see ``gateway.model.PASSED_PARAMS``).
     params: dict | None = None
+    # A local API client's own tools (OpenAI function schemas), offered beside the agent's: a call to
+    # one ends the turn with the calls (``TurnResult.client_calls``), for the client to run.
+    client_tools: tuple[dict, ...] = ()
 
 
 @dataclass(slots=True)
@@ -110,6 +113,7 @@ class TurnResult:
     completion_tokens: int = 0
     tool_calls: int = 0
     notices: list[str] = field(default_factory=list)  # lines for the user besides the reply
+    client_calls: list[dict] = field(default_factory=list)  # calls of the client's tools, for it to run
 
 
 class PromptHook(Protocol):
@@ -131,6 +135,7 @@ class ToolLoop:
     prompt_tokens: int = 0  # summed over the loop's model calls
     completion_tokens: int = 0
     tool_calls: int = 0
+    client_calls: list[dict] = field(default_factory=list)  # the calls of client tools that ended the loop
 
 
 # Given (request, session id): a block for the system prompt, or None.
@@ -186,8 +191,10 @@ class AgentTurn:
 
     def _as_sent(self, history: list[dict]) -> Shortened:
         """The stored history as the model gets it: earlier turns' reasoning only if
-        ``replay_reasoning`` says so, oversized messages cut down (they stay whole in the store)."""
-        return shorten_oversized(replayed_history(history, self.settings.replay_reasoning), self.max_message_tokens)
+        ``replay_reasoning`` says so, oversized messages cut down (they stay whole in the store), and
+        a result for each call of a client's tool the client never answered."""
+        replayed = with_unanswered_calls(replayed_history(history, self.settings.replay_reasoning))
+        return shorten_oversized(replayed, self.max_message_tokens)
 
     async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
@@ -218,7 +225,7 @@ class AgentTurn:
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
                                     max_iterations=self.settings.max_tool_iterations, model=req.model,
-                                    sink=req.stream, params=req.params,
+                                    sink=req.stream, params=req.params, client_tools=req.client_tools,
                                     purpose=for_session("cron" if req.platform == "cron" else "turn", session_id,
                                                         req.session_key, platform=req.platform, user_id=req.user_id,
                                                         agent=self.settings.agent))
@@ -228,15 +235,17 @@ class AgentTurn:
             prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
         reply = strip_memory_fence(completion.message.get("content") or "")
         to_store = [_for_store(m) for m in produced]
-        to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
-                         "token_count": completion.completion_tokens})
+        if not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
+            to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
+                             "token_count": completion.completion_tokens})
         if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
             reply = f"{reply}\n\n{CUT_OFF_NOTE}"
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
         fenced = {"fence": req.fence} if req.fence is not None else {}
         await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
                                   answered=req.answered, delivery=delivery, **fenced)
-        return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices)
+        return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices,
+                          loop.client_calls)
 
     async def answer_unstored(self, messages: list[dict], *, platform: str, system_notes: tuple[str, ...] = (),
                               params: dict | None = None, sink: ReplySink | None = None,
@@ -259,7 +268,7 @@ class AgentTurn:
     async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
                         max_iterations: int, max_tool_calls: int | None = None, model: str | None = None,
                         sink: ReplySink | None = None, purpose: CallContext | None = None,
-                        params: dict | None = None) -> ToolLoop:
+                        params: dict | None = None, client_tools: tuple[dict, ...] = ()) -> ToolLoop:
         """Call the model on ``prompt`` and run the tools it asks for until it answers; persists nothing.
 
         Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
@@ -271,11 +280,17 @@ class AgentTurn:
         that breaks off ends the loop with what came, its ``finish_reason`` ``incomplete``.
 
         ``purpose`` is what the usage ledger records the first call as (a turn's later calls are
-        ``tool_loop``); None: a turn of ``ctx``'s session."""
+        ``tool_loop``); None: a turn of ``ctx``'s session.
+
+        ``client_tools`` (a local API client's own, OpenAI function schemas) are offered beside the
+        registry's.  A completion that calls one ends the loop: the calls of registered tools in it run,
+        and ``ToolLoop.client_calls`` holds the client's, whose results the client sends back."""
         if purpose is None:
             purpose = for_session("turn", ctx.session_id, ctx.session_key, platform=ctx.platform,
                                   user_id=ctx.user_id, agent=ctx.agent)
-        schemas = self.tools.schemas(tool_names)
+        schemas = self.tools.schemas(tool_names) + list(client_tools)
+        client_names = {t.get("function", {}).get("name") for t in client_tools}
+        client_calls: list[dict] = []
         if self.settings.merge_user_messages:  # every prompt of the agent's, turns and memory flushes alike
             prompt = merged_user_messages(prompt)
         produced: list[dict] = []
@@ -298,7 +313,8 @@ class AgentTurn:
             calls = completion.message.get("tool_calls") or []
             if not calls:
                 break
-            if sink is not None:
+            client_calls = [c for c in calls if c.get("function", {}).get("name") in client_names] if offer else []
+            if sink is not None and not client_calls:
                 sink.discard_text()  # it was not the answer
                 sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
             content = completion.message.get("content")
@@ -307,14 +323,18 @@ class AgentTurn:
             for call in calls:
                 fn = call.get("function", {})
                 name = fn.get("name", "")
+                if call in client_calls:
+                    continue  # the client runs it and sends its result
                 if tool_names is None or name in tool_names:
                     result = await self.tools.call(name, fn.get("arguments"), ctx)
                 else:
                     result = _not_offered(name, tool_names)
                 tool_calls += 1
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
+            if client_calls:
+                break
         assert completion is not None
-        return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls)
+        return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls)
 
 
 def _scrubbed(sink: ReplySink) -> Callable[[str], None]:
@@ -361,6 +381,28 @@ def _without_reasoning(message: dict) -> dict:
     if not any(key in message for key in REASONING_KEYS):
         return message
     return {k: v for k, v in message.items() if k not in REASONING_KEYS}
+
+
+NO_RESULT = "error: no result came back for this call (the client went on without it)"
+
+
+def with_unanswered_calls(history: list[dict]) -> list[dict]:
+    """``history`` with a result for every tool call that has none: a local API client may send a new
+    message instead of its tools' results, and a model refuses a call left without a result."""
+    answered = {m.get("tool_call_id") for m in history if m.get("role") == "tool"}
+    if all(c.get("id") in answered for m in history for c in m.get("tool_calls") or []):
+        return history
+    out: list[dict] = []
+    missing: list[str] = []
+    for message in history:
+        if missing and message.get("role") != "tool":  # the call's own results end here
+            out += [{"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in missing]
+            missing = []
+        out.append(message)
+        missing += [c.get("id") for c in message.get("tool_calls") or [] if c.get("id") not in answered]
+    if missing and out and out[-1].get("role") != "assistant":  # unanswered calls still awaited go last
+        out += [{"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in missing]
+    return out
 
 
 def merged_user_messages(history: list[dict]) -> list[dict]:

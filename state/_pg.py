@@ -41,11 +41,14 @@ import re
 import time
 from contextlib import contextmanager
 from decimal import Decimal
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ._dialect import POSTGRES
 from .errors import StateError, StoreUnavailable, WriteTimeout
+
+if TYPE_CHECKING:
+    from .cluster.store import ClusterStore
 
 log = logging.getLogger(__name__)
 
@@ -410,6 +413,27 @@ class PgEngine:
         """
         return self._run(fn, args, kwargs, isolation="SERIALIZABLE", read_only=False,
                          deadline=time.monotonic() + self.write_timeout)
+
+    def write_committed(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, ...)`` in one ``READ COMMITTED`` transaction on a pooled connection.
+
+        For the cluster's statements (``state.cluster.store``), each of which settles its own race
+        (``ON CONFLICT``, ``FOR UPDATE SKIP LOCKED``, a row lock): serializable would only add retries.
+        """
+        return self._run(fn, args, kwargs, isolation="READ COMMITTED", read_only=False,
+                         deadline=time.monotonic() + self.write_timeout)
+
+    def reserve_connections(self, count: int) -> None:
+        """Grow the pool by ``count`` connections (shrink it back with a negative ``count``)."""
+        pool = self._pool
+        pool.resize(pool.min_size, max(1, pool.max_size + int(count)))
+
+    @functools.cached_property
+    def cluster(self) -> ClusterStore:
+        """The cluster's coordination on this store (``state.cluster.ClusterStore``)."""
+        from .cluster.store import ClusterStore
+
+        return ClusterStore(self)
 
     def write_giving_way(self, fn: Callable[..., T], /, *args: Any) -> T:
         """:meth:`write`: PostgreSQL's writers do not queue behind one another's transactions (only

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from .db import SessionDB, public_methods
 from .errors import StateError
 
+if TYPE_CHECKING:
+    from .cluster.store import ClusterStore
+
 
 class _Workers:
     """Threads that run calls for coroutines: a queue in, the result handed back with ``call_soon_threadsafe``.
@@ -127,6 +130,12 @@ class AsyncSessionDB:
     @property
     def db_path(self):
         return self.db.db_path
+
+    @property
+    def cluster(self) -> ClusterStore | None:
+        """:attr:`SessionDB.cluster`: the cluster's coordination on a PostgreSQL store, None on SQLite.
+        Its lease and cron tick calls block: run them on a thread."""
+        return self.db.cluster
 
     async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         if self._writer is None:

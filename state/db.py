@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from . import (
     _cron,
@@ -37,6 +37,9 @@ from ._lock import GaveWay
 from ._messages import Appended
 from ._pg import PgEngine, is_url, mask_url
 from .paths import default_db_path
+
+if TYPE_CHECKING:
+    from .cluster.store import ClusterStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -88,6 +91,12 @@ class SessionDB:
     def backend(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return "postgresql" if self.url is not None else "sqlite"
+
+    @property
+    def cluster(self) -> ClusterStore | None:
+        """The cluster's owners, cron ticks, leases and rate budgets on this PostgreSQL store
+        (:class:`state.cluster.ClusterStore`); None on SQLite, where one instance uses a file alone."""
+        return self._engine.cluster if isinstance(self._engine, PgEngine) else None
 
     @property
     def write_timeout(self) -> float:

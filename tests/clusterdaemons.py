@@ -14,7 +14,6 @@ database (messages stored, replies pending) and from what the fake platform acce
 from __future__ import annotations
 
 import json
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import psycopg
 import yaml
 
 from tests.crashkit import BotReply, Daemon, Kill
+from tests.pgserver import free_port  # outside the ephemeral range: a parallel test's port 0 never takes it
 
 # The smallest failover the config allows (a new owner waits 1.5 s before it connects) and short
 # work leases, so a test holds whichever instance a turn runs on.
@@ -54,10 +54,6 @@ def instance_dir(root: Path, name: str) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def health(daemon: Daemon) -> dict:

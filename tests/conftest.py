@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from state import SessionDB
+from tests.marks import mark_from_what_they_use
 
 
 @pytest.fixture
@@ -83,3 +84,9 @@ def store(store_target):
     db = SessionDB(store_target)
     yield db
     db.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on PostgreSQL, tests that start processes and browser tests are ``slow``, marked from
+    what they use (tests/marks.py); `make test-fast` runs ``-m "not slow"``."""
+    mark_from_what_they_use(items)

@@ -8,7 +8,10 @@ folder, and is removed when the test session ends.  PostgreSQL refuses to run
 as root, so under root the server runs as the ``postgres`` system user.
 
 Each test gets a database of its own (:meth:`PgCluster.fresh_database`), so
-tests never see each other's rows.
+tests never see each other's rows.  Under pytest-xdist each worker is a pytest
+session of its own and so starts a cluster of its own, in its own folder, on a
+port outside the kernel's ephemeral range (:func:`free_port`): the workers
+share nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import pwd
+import random
 import secrets
 import shutil
 import socket
@@ -66,10 +70,31 @@ def why_unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _ephemeral_ports() -> range:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def free_port() -> int:
+    """A port free now, outside the kernel's ephemeral range: a socket bound to port 0 (every fake
+    server, every test in another pytest-xdist worker) is never handed it, so a server started on it
+    later, or started again on it after a stop, finds it still free."""
+    ephemeral = _ephemeral_ports()
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(10000, ephemeral.start) if ephemeral.start > 11000 else pick.randrange(1024, 65536)
+        if port in ephemeral:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("found no free port below the ephemeral range in 200 tries")
 
 
 def started_or_skip() -> Iterator[PgCluster]:
@@ -108,7 +133,8 @@ class PgCluster:
         bindir = find_bindir()
         assert bindir is not None
         run_as = "postgres" if os.geteuid() == 0 else None
-        root = Path(tempfile.mkdtemp(prefix="switchboard-pg-"))
+        # one cluster per pytest process: each pytest-xdist worker (gw0, gw1, ...) starts its own
+        root = Path(tempfile.mkdtemp(prefix=f"switchboard-pg-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"))
         if run_as:
             entry = pwd.getpwnam(run_as)
             os.chown(root, entry.pw_uid, entry.pw_gid)
@@ -118,7 +144,7 @@ class PgCluster:
         if run_as:
             os.chown(pwfile, entry.pw_uid, entry.pw_gid)
         datadir = root / "data"
-        cluster = cls(bindir=bindir, datadir=datadir, port=_free_port(), password=password, _run_as=run_as)
+        cluster = cls(bindir=bindir, datadir=datadir, port=free_port(), password=password, _run_as=run_as)
         cluster._run(
             "initdb",
             "-D", str(datadir),
@@ -132,9 +158,16 @@ class PgCluster:
         )  # fmt: skip
         pwfile.unlink()
         server = {"listen_addresses": "127.0.0.1", "fsync": "off", "max_connections": "200", **(settings or {})}
-        cluster._options = f"-p {cluster.port} -k {root} " + " ".join(f"-c {k}={v}" for k, v in server.items())
-        cluster.start_server()
-        return cluster
+        for attempt in range(5):  # another process may take the port between free_port() and the server's bind
+            cluster._options = f"-p {cluster.port} -k {root} " + " ".join(f"-c {k}={v}" for k, v in server.items())
+            try:
+                cluster.start_server()
+                return cluster
+            except RuntimeError as exc:
+                if attempt == 4 or "could not bind" not in str(exc) and "already in use" not in str(exc):
+                    raise
+                cluster.port = free_port()
+        raise AssertionError("unreachable")
 
     def start_server(self) -> None:
         """Start the server (again, after :meth:`stop_server`); returns once it accepts connections."""

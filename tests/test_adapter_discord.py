@@ -340,6 +340,7 @@ async def test_reconnect_opcode_makes_the_client_resume(fake, bot):
     assert msg.text == "after op 7"
 
 
+@pytest.mark.slow  # 5 s measured under load: `make test-fast` leaves it out
 async def test_invalid_session_makes_the_client_identify_again(fake, bot):
     _, handler = bot
     await fake.send_op(9, False)

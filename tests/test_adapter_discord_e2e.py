@@ -110,6 +110,7 @@ async def test_a_stranger_gets_a_pairing_code_in_a_dm_and_nothing_in_a_channel(w
     assert stored_routes(config) == [f"agent:main:discord:dm:{dc.alice['dm_channel_id']}"]
 
 
+@pytest.mark.slow  # 5 s measured under load: `make test-fast` leaves it out
 async def test_slash_commands_are_registered_and_answered_by_follow_up(world):
     dc, model, gw, config = world
     assert {c["name"] for c in dc.registered_commands} >= {"help", "new", "reset", "status", "stop"}

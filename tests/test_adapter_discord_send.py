@@ -43,6 +43,7 @@ def sends(fake: FakeDiscord) -> list[Request]:
 # -- splitting and formatting -------------------------------------------------------------
 
 
+@pytest.mark.slow  # 7 s measured under load: `make test-fast` leaves it out
 async def test_a_10000_character_reply_with_code_is_split_into_valid_parts(fake, bot):
     adapter, _ = bot
     code = "\n".join(f"    value_{i} = compute({i})  # step {i}" for i in range(120))

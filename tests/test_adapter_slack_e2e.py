@@ -59,6 +59,7 @@ async def test_a_dm_conversation_is_remembered_across_turns(world):
     assert stored_routes(config) == ["agent:main:slack:dm:D1"]
 
 
+@pytest.mark.slow  # 4 s measured under load: `make test-fast` leaves it out
 async def test_two_users_in_a_channel_get_two_sessions_and_a_thread_is_shared(world):
     slack, model, gw, config = world
     ann = slack.message("C1", "U1", "<@UBOT> hello from Ann")
@@ -103,6 +104,7 @@ async def test_a_stranger_gets_a_pairing_code_in_a_dm_and_nothing_in_a_channel(w
     assert stored_routes(config) == ["agent:main:slack:dm:D1"]
 
 
+@pytest.mark.slow  # 4 s measured under load: `make test-fast` leaves it out
 async def test_slash_commands_reach_the_gateway_and_answer_through_the_response_url(world):
     slack, model, gw, config = world
     await slack.send_event(slack.message("D1", "U1", "first topic"))

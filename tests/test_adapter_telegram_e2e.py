@@ -53,6 +53,7 @@ async def test_a_dm_conversation_is_remembered_across_turns(world):
     assert stored_routes(config) == ["agent:main:telegram:dm:111"]
 
 
+@pytest.mark.slow  # 14 s measured under load: `make test-fast` leaves it out
 async def test_group_users_get_their_own_sessions_and_a_topic_is_its_own(world):
     tg, model, gw, config = world
     tg.in_group(TEAM, ANN, "@switchboard_bot hello from Ann")

@@ -95,6 +95,7 @@ async def test_a_send_the_platform_refuses_is_a_failed_delivery_not_an_exception
     assert tg.sent == []
 
 
+@pytest.mark.slow  # 5 s measured under load: `make test-fast` leaves it out
 async def test_server_errors_are_retried_then_reported(tg, bot):
     adapter, _ = bot
     tg.fail_next("sendMessage", 2, status=502, description="Bad Gateway")

@@ -16,6 +16,9 @@ from collections import Counter
 
 import psycopg
 
+from gateway.config import config_from_dict
+from gateway.cron.service import config_jobs, first_run_at
+from state import SessionDB
 from tests.clusterdaemons import (
     health as _health,
     instance_dir as _dir,
@@ -96,13 +99,26 @@ def _runs(url: str) -> list[tuple[str, float, str]]:
             "SELECT job_id, scheduled_at, status FROM cron_runs WHERE trigger <> 'manual' ORDER BY id").fetchall()]
 
 
+def _store_config_jobs(url: str, cron: dict, first_tick: float) -> None:
+    """The config's jobs in the store as an instance that started earlier leaves them, with the next
+    tick of the minutely job at ``first_tick``; an instance that starts with the same jobs keeps it."""
+    now = time.time()
+    rows = [{**spec.as_row(), "next_run_at": first_tick if spec.id == "minutely" else first_run_at(schedule, now)}
+            for spec, schedule in config_jobs(config_from_dict({"cron": cron}), now=now)]
+    with SessionDB(url) as db:
+        db.sync_config_cron_jobs(rows, now=now)
+
+
 async def test_three_instances_run_each_scheduled_tick_once(tmp_path, pg_url):
-    once_at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(seconds=30)
+    # Seconds away, not at the wall clock's next minute: the one-shot job, and the first tick of
+    # the minutely job (stored before the instances start).  An instance that starts late catches up.
+    once_at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(seconds=15)
     async with FakeModel(delay=0.2) as model:
         jobs = {"jobs": [
             {"id": "minutely", "schedule": "* * * * *", "prompt": "tick", "deliver": "local"},
             {"id": "once", "schedule": once_at.strftime("%Y-%m-%dT%H:%M:%S"), "prompt": "once", "deliver": "local"},
         ]}
+        await asyncio.to_thread(_store_config_jobs, pg_url, jobs, once_at.timestamp())
         daemons = []
         for name in ("a", "b", "c"):
             daemons.append(Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, cron=jobs)))

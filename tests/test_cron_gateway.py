@@ -127,6 +127,7 @@ async def _delivered(gw, run_id):
     return run if run["delivery"] == "delivered" else None
 
 
+@pytest.mark.slow  # 10 s measured under load: `make test-fast` leaves it out
 async def test_a_delivery_that_keeps_failing_is_given_up_as_failed(tmp_path, model, tg):
     clock = Clock()
     tg.fail_next("sendMessage", 20, status=502, description="Bad Gateway")

@@ -121,6 +121,7 @@ async def test_a_telegram_update_failing_three_times_is_set_aside_and_the_chat_m
     await until_shown(gw, 1)
 
 
+@pytest.mark.slow  # 4 s measured under load: `make test-fast` leaves it out
 async def test_an_operator_replays_a_dead_letter_once_the_fault_is_fixed(telegram, monkeypatch):
     tg, gw = telegram
     monkeypatch.setenv("SWITCHBOARD_HOME", str(gw.config.home))
@@ -135,6 +136,7 @@ async def test_an_operator_replays_a_dead_letter_once_the_fault_is_fixed(telegra
     await until_shown(gw, 0)
 
 
+@pytest.mark.slow  # 4 s measured under load: `make test-fast` leaves it out
 async def test_a_replay_that_fails_again_is_held_again_with_the_new_error(telegram, monkeypatch):
     tg, gw = telegram
     monkeypatch.setenv("SWITCHBOARD_HOME", str(gw.config.home))

@@ -110,6 +110,7 @@ def test_reprice_recomputes_costs_from_the_config_after_a_price_change(home):
     assert rows["gpt-4o"]["cost"] == pytest.approx(2 * (1.2 + 0.4 + 1.0))
 
 
+@pytest.mark.slow  # 6 s measured under load: `make test-fast` leaves it out
 def test_plot_writes_a_png_or_an_svg_chart(home):
     now = time.time()
     with SessionDB(home / "state.db") as db:

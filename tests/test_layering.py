@@ -198,3 +198,22 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
     assert _cycles({"a": {"b"}, "b": set()}) == []
     graph = _import_graph()
     assert "state.schema" in graph["state._pg"]  # imported only inside a method, and seen
+
+
+def test_the_runtime_never_holds_the_stores_url():
+    """The daemon opens the store from its config (``store_target``); owners, leases, cron ticks and
+    rate budgets come from the opened store's ``cluster``, so no runtime module reads ``store.url``."""
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "gateway" / "runtime").rglob("*.py"))
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if "store.url" in line and not line.lstrip().startswith("#")]
+    assert offenders == []
+
+
+def test_the_gateway_opens_no_database_connection_itself():
+    """Connections to the store are opened by ``state`` (the engine's pool, ``db.cluster``'s owners and
+    rate budgets); the gateway makes none of its own."""
+    opening = ("psycopg.connect", "AsyncConnection.connect", "ConnectionPool(", "ConnectionOwner(", "PgBuckets(")
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "gateway").rglob("*.py"))
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if any(word in line for word in opening)]
+    assert offenders == []

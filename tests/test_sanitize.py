@@ -207,6 +207,7 @@ async def discord(tmp_path):
             await gw.stop(grace_seconds=5)
 
 
+@pytest.mark.slow  # 4 s measured under load: `make test-fast` leaves it out
 @PROPERTY
 @given(text=TEXTS)
 async def test_any_discord_text_is_stored_as_its_sanitised_form(discord, text):

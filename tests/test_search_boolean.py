@@ -131,6 +131,7 @@ def test_not_is_the_difference(corpus, a, b):
     assert _found(corpus, f"{a} NOT {b}") == _found(corpus, a) - _found(corpus, b)
 
 
+@pytest.mark.slow  # 11 s measured under load: `make test-fast` leaves it out
 @_SETTINGS
 @given(a=TERMS, b=TERMS, c=TERMS)
 def test_and_and_parentheses(corpus, a, b, c):

@@ -44,6 +44,7 @@ def store(request, tmp_path_factory):
     s.close()
 
 
+@pytest.mark.slow  # 7 s measured under load: `make test-fast` leaves it out
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=QUERIES)
 @example(query="ÞE")  # PostgreSQL's unaccent reads it as THE; the match it finds is marked too

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
 from adapters.slack.mrkdwn import to_mrkdwn
 from adapters.telegram.adapter import CHAT_RATE
 from adapters.telegram.format import markdown_to_html
@@ -83,6 +85,7 @@ async def test_a_short_start_shows_after_a_second(tg, bot):
     assert [m.visible_text for m in tg.sent] == ["Hmm, yes."]
 
 
+@pytest.mark.slow  # 5 s measured under load: `make test-fast` leaves it out
 async def test_edits_are_paced_and_only_sent_when_the_text_changed(tg, bot):
     adapter, _ = bot
     stream = ReplyStream(adapter, DM, pacing=StreamPacing(edit_interval=1.0))
@@ -103,6 +106,7 @@ async def test_edits_are_paced_and_only_sent_when_the_text_changed(tg, bot):
     assert [m.visible_text for m in tg.sent] == [answer]
 
 
+@pytest.mark.slow  # 45 s measured under load: `make test-fast` leaves it out
 async def test_a_429_mid_stream_silences_the_chat_and_the_final_still_arrives_once(tg, bot):
     for retry_after in (3, 40):  # a short flood wait, and one longer than any retry budget
         adapter, _ = bot
@@ -129,6 +133,7 @@ async def test_a_429_mid_stream_silences_the_chat_and_the_final_still_arrives_on
         assert limited["text"] != answer
 
 
+@pytest.mark.slow  # 4 s measured under load: `make test-fast` leaves it out
 async def test_a_9000_character_answer_with_code_becomes_several_messages_without_an_open_fence(tg, bot):
     adapter, _ = bot
     code = "\n".join(f"print('line {i:03d}')  # {'x' * 40}" for i in range(120))
@@ -188,6 +193,7 @@ def assert_every_code_line_once_in_order(texts: list[str], lines: int) -> None:
         assert text.count("```") % 2 == 0, "no message leaves a code fence open"
 
 
+@pytest.mark.slow  # 7 s measured under load: `make test-fast` leaves it out
 async def test_discord_streams_a_long_answer_into_messages_within_the_limit(discord_fake, discord_bot):
     answer = long_answer_with_code(70)
     assert 5_000 < len(answer) < 6_500

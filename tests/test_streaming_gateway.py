@@ -134,6 +134,7 @@ async def test_with_streaming_off_for_the_platform_the_reply_is_sent_whole(world
         assert model.requests[-1].body.get("stream") is None
 
 
+@pytest.mark.slow  # 6 s measured under load: `make test-fast` leaves it out
 async def test_stream_off_in_a_chat_sends_its_replies_whole_and_is_remembered_across_a_restart(world):
     tg, model, _ = world
     async with gateway_on(world):
@@ -169,6 +170,7 @@ async def test_stream_says_so_when_the_config_turned_streaming_off(world):
         assert "platforms.telegram.streaming.enabled" in reply.visible_text
 
 
+@pytest.mark.slow  # 9 s measured under load: `make test-fast` leaves it out
 async def test_a_stream_that_could_not_post_at_all_is_sent_whole_once_the_platform_answers_again(running):
     tg, model, gw = running
     model.stream_interval = 0.0

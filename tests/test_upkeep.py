@@ -192,6 +192,7 @@ async def test_an_old_database_without_incremental_vacuum_says_so(tmp_path):
     assert report.vacuum_needed and size.free_pages > 0 and report.pages_vacuumed == 0
 
 
+@pytest.mark.slow  # 6 s measured under load: `make test-fast` leaves it out
 async def test_the_daemon_prunes_by_itself_and_healthz_shows_the_store(tmp_path):
     now = time.time()
     _expired, kept = _build(tmp_path / "state.db", now)

@@ -261,6 +261,7 @@ async def _with_purposes(gw, wanted: set[str]) -> list[dict] | None:
     return rows if wanted <= {r["purpose"] for r in rows} else None
 
 
+@pytest.mark.slow  # 5 s measured under load: `make test-fast` leaves it out
 async def test_the_daemon_deletes_ledger_rows_older_than_usage_keep_days(tmp_path, model):
     import time
 

@@ -105,6 +105,7 @@ def ledger_rows(rng: random.Random, count: int, sessions: list[str]) -> list[dic
     return rows
 
 
+@pytest.mark.slow  # 7 s measured under load: `make test-fast` leaves it out
 def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(store_target):
     rng = random.Random(7)
     with SessionDB(store_target) as db:
@@ -148,6 +149,7 @@ def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(s
         assert (empty["groups"], empty["daily"], empty["total_daily"], empty["count"]) == ([], [], [], 0)
 
 
+@pytest.mark.slow  # 5 s measured under load: `make test-fast` leaves it out
 def test_a_store_from_before_the_roll_ups_gets_them_filled_from_its_ledger(tmp_path):
     path = tmp_path / "state.db"
     with SessionDB(path) as db:

@@ -1,6 +1,7 @@
 """The local API: the gateway without any chat platform, and its health and metrics.
 
     POST /v1/chat/completions   OpenAI-compatible (see the README's "Local API" for the whole story)
+    POST /v1/responses          the Responses API, answered by the same turn (gateway.runtime.responses)
     GET  /v1/models             the configured model; GET /v1/models/{id} that model
     GET  /healthz               status (ok, degraded, draining), each adapter's state, the model
                                 endpoint's, cron
@@ -21,7 +22,11 @@ Which session answers a request:
 Every front door goes one way: its body is read into one
 :class:`~gateway.runtime.api_request.ChatRequest`, :meth:`LocalApi.answer` answers it, and a
 :class:`~gateway.runtime.api_render.Format` writes the :class:`~gateway.runtime.api_render.Answer`
-out (Chat Completions here), whole or streamed.
+out (Chat Completions here, the Responses API in :mod:`gateway.runtime.responses`), whole or streamed.
+
+A client's own ``tools`` are offered beside the agent's (:mod:`gateway.runtime.api_tools`): a call
+of one ends the answer with the calls (``finish_reason: "tool_calls"``), and the client's next
+request, ending with their results, continues that turn.
 
 Each request is answered by a turn of its own, in arrival order within its session.  The client's
 ``system`` messages follow the gateway's system prompt; ``temperature``, ``top_p``, ``max_tokens``,
@@ -64,12 +69,14 @@ import state
 from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
 from gateway.failures import failure_line
 from gateway.router import RequestExtras, SessionRouter, Ticket
+from gateway.runtime import api_tools
 from gateway.runtime.api_render import Answer, ChatCompletions, Format
-from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request
+from gateway.runtime.api_request import ApiError, ChatRequest, calls_signature, parse_chat_request
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.portholder import port_holder
+from gateway.runtime.responses import ResponsesApi
 from gateway.runtime.sse import SseSink
 from gateway.turn import TurnResult
 from gateway.types import ChatType, InboundMessage
@@ -86,7 +93,7 @@ CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry o
 SESSION_HEADER = "X-Switchboard-Session"
 NOTICE_HEADER = "X-Switchboard-Notice"
 _HTTP_ERRORS = {404: ("not_found", "no such endpoint: {method} {path} (see GET /v1/models, POST "
-                                   "/v1/chat/completions, GET /healthz, GET /metrics)"),
+                                   "/v1/chat/completions, POST /v1/responses, GET /healthz, GET /metrics)"),
                 405: ("method_not_allowed", "{method} is not allowed on {path}"),
                 413: ("request_too_large", f"the body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB")}
 
@@ -158,6 +165,11 @@ def _header_text(value: str | None, name: str, limit: int = 256) -> str | None:
     return value or None
 
 
+def _last_stored(chat: ChatRequest) -> str:
+    """The request's last user message as the store keeps it ("" for tool results alone)."""
+    return chat.last_user.stored if chat.messages else ""
+
+
 def notice_header(notice: str) -> str:
     """A notice as a header value: ASCII on one line (other characters escaped as ``\\u2192``)."""
     return " ".join(notice.splitlines()).encode("ascii", "backslashreplace").decode("ascii")
@@ -202,6 +214,7 @@ class LocalApi:
             [self._errors, self.dashboard.guard, self._auth]
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/responses", ResponsesApi(self).create)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model_id:.+}", self.model)
         app.router.add_get("/healthz", self.healthz)
@@ -282,6 +295,11 @@ class LocalApi:
 
     # -- POST /v1/chat/completions --------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.answer(request, parse_chat_request(await self.read_json(request)), self.chat_format)
+
+    @staticmethod
+    async def read_json(request: web.Request):
+        """A request's body as JSON, or an ApiError saying what is wrong with it."""
         try:
             body = await request.json()
         except (ValueError, RecursionError):
@@ -290,31 +308,40 @@ class LocalApi:
         if where is not None:
             raise ApiError(400, f"the string at {where} holds a lone UTF-16 surrogate (such as \\ud800 without its "
                                 "pair), which is not text; send valid Unicode", param=where)
-        return await self.answer(request, parse_chat_request(body), self.chat_format)
+        return body
 
-    async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format) -> web.StreamResponse:
+    async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format,
+                     client_id: tuple[str, str] | None = None) -> web.StreamResponse:
         """Answer one parsed request and write it out in ``fmt``: the one path of every front door.
+        ``client_id`` is a conversation id the front door read itself (a Codex ``session_id``).
 
         Which session answers it: the module docstring (and the README's "Which session answers an
         API request")."""
+        api_tools.check_names(chat, self.router.turn.tools.names())
         idempotency_key = request.headers.get("Idempotency-Key")
         if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY):
             raise ApiError(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text",
                            param="Idempotency-Key")
         idempotency_key = _header_text(idempotency_key, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
         session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
-        call = _Call(request, chat, fmt, chat.last_user.stored)
+        call = _Call(request, chat, fmt, _last_stored(chat))
         if chat.is_side_request:
             return await self._side_request(call)
-        client_id = explicit_id(request.headers, chat)
+        client_id = client_id or explicit_id(request.headers, chat)
         if session_key is None and client_id is None and chat.user is not None:
             session_key = chat.user  # `user` alone keeps its meaning: the gateway keeps the history under it
+        if session_key is not None and chat.continued:
+            return await self._continue_kept(call, session_key)
         if session_key is not None:
             msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                                  user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
                                  attachments=chat.last_user.images)
             return await self._once(self.router.key_for(msg), idempotency_key, call.stored,
                                     lambda: self._gateway_kept(msg, call))
+        if not chat.messages:  # tool results alone: nothing names the conversation they continue
+            raise ApiError(400, "tool results alone need the conversation they continue: send the whole history "
+                                "(the user message, the assistant's tool calls, the results) or an X-Session-Key",
+                           param="messages")
         user = _header_text(request.headers.get("X-OpenWebUI-User-Id"), "X-OpenWebUI-User-Id") \
             or chat.user or chat.safety_identifier
         caller = Caller(token_hash(request.headers.get("Authorization")), user)
@@ -323,23 +350,25 @@ class LocalApi:
         user_name = _header_text(request.headers.get("X-OpenWebUI-User-Name"), "X-OpenWebUI-User-Name") or user
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user_name,
                              text=chat.last_user.text, message_id=idempotency_key, attachments=chat.images)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=self._extras(request, chat))
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=self.extras_of(request, chat))
         fingerprint = found.fingerprint if found.key is None else None
-        ticket.prepare = lambda: self.conversations.prepare(
-            key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint)
+        ticket.prepare = api_tools.with_results(self.router.db, chat, lambda: self.conversations.prepare(
+            key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint))
 
         async def answered(answer: Answer) -> None:
             if found.source == "fingerprint":
-                await self.conversations.remember_first_reply(caller, chat, answer.content, answer.session_id)
+                first = calls_signature(answer.tool_calls) if answer.tool_calls else answer.content
+                await self.conversations.remember_first_reply(caller, chat, first, answer.session_id)
 
         call.answered = answered
         return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
 
     @staticmethod
-    def _extras(request: web.Request, chat: ChatRequest) -> RequestExtras:
+    def extras_of(request: web.Request, chat: ChatRequest) -> RequestExtras:
+        """What the request adds for the turn that answers it: system messages, model fields, its tools."""
         # the openai SDK (and what is built on it) counts its automatic retries in this header
         retry = request.headers.get("X-Stainless-Retry-Count", "0") not in ("", "0")
-        return RequestExtras(chat.system, chat.params, retry)
+        return RequestExtras(chat.system, chat.params, retry, chat.tools)
 
     async def _once(self, key: str, idempotency_key: str | None, text: str,
                     answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
@@ -360,11 +389,27 @@ class LocalApi:
         finally:
             del self._running[slot]
 
+    async def _continue_kept(self, call: _Call, session_key: str) -> web.StreamResponse:
+        """X-Session-Key with tool results: they continue the turn that called the tools, in that session."""
+        msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
+                             user_name=session_key, text="")
+        key = self.router.key_for(msg)
+        ticket = Ticket(msg, key, "", sink=SseSink() if call.chat.stream else None,
+                        extras=self.extras_of(call.request, call.chat))
+        ticket.prepare = api_tools.continue_routed(self.router.db, key, call.chat)
+        return await self._client_kept(ticket, call)
+
+    async def answer_ticket(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
+                            fmt: Format) -> web.StreamResponse:
+        """Queue ``ticket`` (a front door's own request, its ``prepare`` storing what it brings) and write
+        its answer out in ``fmt``."""
+        return await self._client_kept(ticket, _Call(request, chat, fmt, _last_stored(chat)))
+
     async def _gateway_kept(self, msg: InboundMessage, call: _Call) -> web.StreamResponse:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         try:
             ticket = await self.router.handle(msg, sink=SseSink() if call.chat.stream else None,
-                                              extras=self._extras(call.request, call.chat))
+                                              extras=self.extras_of(call.request, call.chat))
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")
@@ -407,14 +452,17 @@ class LocalApi:
         if ticket.failure is not None:
             return _error_response(model_failure(ticket.failure), self._headers(ticket.session_id, ticket.notices))
         answer = self._answer_of(ticket, reply)
+        await call.fmt.kept(answer)
         if call.answered is not None:
             await call.answered(answer)
         return await self._whole(answer, call)
 
     @staticmethod
     def _answer_of(ticket: Ticket, reply: str) -> Answer:
+        calls = list(ticket.client_calls)
         return Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
-                      time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices))
+                      time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices),
+                      "tool_calls" if calls else "stop", calls)
 
     async def _stream(self, ticket: Ticket, sink: SseSink, call: _Call) -> web.StreamResponse:
         """The answer as it is written; the turn goes on if the client leaves.
@@ -460,6 +508,7 @@ class LocalApi:
             elif kind == "content":
                 await events.content(text)
         answer = self._answer_of(ticket, reply)
+        await call.fmt.kept(answer)
         await events.finish(answer, call.chat.include_usage)
         if call.answered is not None:
             await call.answered(answer)
@@ -474,7 +523,8 @@ class LocalApi:
         for notice in answer.notices:
             await events.comment(f"notice: {notice}")
         await events.start()
-        await events.content(answer.content)
+        if answer.content or not answer.tool_calls:
+            await events.content(answer.content)
         await events.finish(answer, call.chat.include_usage)
         return await events.close()
 

@@ -5,7 +5,11 @@ The request path is the same for every front door: a body is read into one
 unstored for a side request), and the outcome is one :class:`Answer`.  A :class:`Format` turns it
 into the wire shape: a whole JSON body, or a stream of events (:class:`Events`) fed as the model
 writes.  :class:`ChatCompletions` is the Chat Completions shape (``chat.completion`` and
-``chat.completion.chunk`` Server-Sent Events); another API (the Responses API) is another Format.
+``chat.completion.chunk`` Server-Sent Events); the Responses API is another Format
+(:class:`gateway.runtime.responses.ResponsesFormat`).
+
+An answer that calls the client's own tools holds the calls (``tool_calls``, OpenAI's form) and ends
+with ``finish_reason`` ``"tool_calls"``; its ``content`` is the text the model wrote before them.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ class Answer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     notices: list[str] = field(default_factory=list)  # sent beside the content, never in it
-    finish_reason: str = "stop"
+    finish_reason: str = "stop"  # "tool_calls": the answer ends with calls of the client's tools
+    tool_calls: list[dict] = field(default_factory=list)  # those calls, for the client to run
 
     def response_id(self) -> str:
         """A new id, or (with an Idempotency-Key) the same one for a replay of the same request."""
@@ -70,6 +75,10 @@ class Format(Protocol):
     async def open(self, request: web.Request, answer: Answer, headers: dict) -> Events:
         """A stream of the answer (``answer`` holds what is known when it starts: ids, session)."""
 
+    async def kept(self, answer: Answer) -> None:
+        """The turn's answer is stored (in ``answer.session_id``); called before it is written out, for
+        what the format keeps of it (the Responses API: its response id, for ``previous_response_id``)."""
+
 
 class ChatCompletions:
     """The Chat Completions shape: ``chat.completion``, or ``chat.completion.chunk`` events."""
@@ -84,7 +93,7 @@ class ChatCompletions:
     def body(self, answer: Answer) -> dict:
         return {
             **self._head(answer, "chat.completion"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.content},
+            "choices": [{"index": 0, "message": message_of(answer.content, answer.tool_calls),
                          "finish_reason": answer.finish_reason}],
             "usage": usage_of(answer.prompt_tokens, answer.completion_tokens),
             "session_id": answer.session_id,
@@ -95,3 +104,13 @@ class ChatCompletions:
         base = {**self._head(answer, "chat.completion.chunk"), "session_id": answer.session_id,
                 "session_key": answer.session_key}
         return await ChunkEvents.open(request, base, headers)
+
+    async def kept(self, answer: Answer) -> None:
+        return None
+
+
+def message_of(content: str, calls: list[dict]) -> dict:
+    """The answer as a Chat Completions ``message`` (with its calls of the client's tools, if any)."""
+    if not calls:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": content or None, "tool_calls": calls}

@@ -10,6 +10,11 @@ user and assistant messages, in order, with the text as the store keeps it), the
 
 This is the one place that reads a request body, so other front doors (a client's own tools, the
 Responses API) translate into the same :class:`ChatRequest` and go through the same path.
+
+A client's own ``tools`` are kept in ``tools``.  A request that continues a turn with the results of
+its tools ends with ``tool`` messages (after the assistant message that called them): those, and
+the tool-call messages since the last user message, are ``continued``
+(:mod:`gateway.runtime.api_tools` stores them and the model answers on).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import mimetypes
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +34,7 @@ from gateway.types import Attachment
 MAX_STOP_SEQUENCES = 4
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 SIDE_REQUEST_PREFIX = "### Task:"  # Open WebUI's title, tag and follow-up prompts
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # as OpenAI accepts a function's name
 
 
 class ApiError(SwitchboardError):
@@ -73,6 +81,12 @@ class ChatRequest:
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    tools: tuple[dict, ...] = ()  # the client's own function tools, as Chat Completions names them
+    # A continuation: the assistant tool-call messages and ``tool`` results after the last user message
+    # (store form: {"role": "assistant", "content", "tool_calls"}, {"role": "tool", "tool_call_id",
+    # "content"}); the request ends with a result.  Empty for a request that asks something new.
+    continued: tuple[dict, ...] = ()
+    first_calls: str | None = None  # the first reply, when it was a tool call (``calls_signature``)
 
     @property
     def new_messages(self) -> tuple[ClientMessage, ...]:
@@ -89,11 +103,18 @@ class ChatRequest:
     @property
     def is_side_request(self) -> bool:
         """Open WebUI's own prompts (a title, tags, follow-ups) sent with the chat's id: not the chat."""
-        return self.last_user.text.lstrip().startswith(SIDE_REQUEST_PREFIX)
+        return not self.continued and self.last_user.text.lstrip().startswith(SIDE_REQUEST_PREFIX)
 
     @property
     def images(self) -> tuple[Attachment, ...]:
+        if self.continued:
+            return ()  # the user message's images went with the turn that called the tools
         return tuple(image for m in self.new_messages for image in m.images)
+
+
+def calls_signature(calls: list[dict] | tuple[dict, ...]) -> str:
+    """A tool-call answer as text, for a fingerprint (the first reply of a conversation may be one)."""
+    return "[tool calls: " + ", ".join(f"{c.get('function', {}).get('name')}#{c.get('id')}" for c in calls) + "]"
 
 
 def stored_text(text: str, images: tuple[Attachment, ...]) -> str:
@@ -123,6 +144,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
                        param="stream_options")
     system: list[str] = []
     messages: list[ClientMessage] = []
+    tail: list[dict] = []  # tool-call messages and tool results since the last user or answer
+    first_calls: str | None = None
+    seen_user = replied = False  # a user message came; an assistant message came after the first one
     for i, raw in enumerate(body["messages"]):
         where = f"messages[{i}]"
         if not isinstance(raw, dict):
@@ -135,19 +159,38 @@ def parse_chat_request(body: Any) -> ChatRequest:
         elif role == "user":
             text, images = _content(raw.get("content"), where, images=True)
             messages.append(ClientMessage("user", text, images))
+            tail, seen_user = [], True
         elif role == "assistant":
-            if raw.get("tool_calls"):
-                continue  # a tool call is not part of the conversation as read (tools: see the README)
             text, _ = _content(raw.get("content"), where, images=False)
+            if raw.get("tool_calls"):  # kept apart from the conversation as read (see ``continued``)
+                calls = _tool_calls(raw["tool_calls"], f"{where}.tool_calls")
+                if seen_user and not replied:
+                    first_calls = calls_signature(calls)
+                replied = replied or seen_user
+                tail.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+                continue
+            replied = replied or seen_user
             messages.append(ClientMessage("assistant", text))
-        elif role in ("tool", "function"):
-            continue
+            tail = []
+        elif role == "tool":
+            call_id = raw.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise ApiError(400, f"{where}.tool_call_id must name the call this is the result of",
+                               param=f"{where}.tool_call_id")
+            text, _ = _content(raw.get("content"), where, images=False)
+            tail.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif role == "function":
+            continue  # the deprecated function-call form: not read
         else:
             raise ApiError(400, f"{where}.role must be system, developer, user, assistant or tool, not {role!r}",
                            param=f"{where}.role")
-    if not messages or messages[-1].role != "user":
+    continued = tuple(tail) if tail and tail[-1]["role"] == "tool" else ()
+    if tail and not continued:
+        raise ApiError(400, "the assistant's tool calls at the end of 'messages' have no results: send a 'tool' "
+                            "message with each call's result after it", param="messages")
+    if not continued and (not messages or messages[-1].role != "user"):
         raise ApiError(400, "no user message with text content at the end of 'messages'", param="messages")
-    if not messages[-1].text.strip() and not messages[-1].images:
+    if not continued and not messages[-1].text.strip() and not messages[-1].images:
         raise ApiError(400, "the last user message is only whitespace: send some text", param="messages")
     return ChatRequest(
         messages=tuple(messages), system=tuple(system), stream=stream,
@@ -155,7 +198,59 @@ def parse_chat_request(body: Any) -> ChatRequest:
         model=_text_field(body, "model"), user=_text_field(body, "user"),
         safety_identifier=_text_field(body, "safety_identifier"),
         prompt_cache_key=_text_field(body, "prompt_cache_key"),
+        tools=_tools(body), continued=continued, first_calls=first_calls,
     )
+
+
+def _tools(body: dict) -> tuple[dict, ...]:
+    """The client's function tools, checked (each error names the tool's place)."""
+    tools = body.get("tools")
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be a list of function tools", param="tools")
+    found: list[dict] = []
+    names: set[str] = set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function":
+            raise ApiError(400, f"{where} must be a function tool: {{\"type\": \"function\", \"function\": "
+                                "{\"name\": ..., \"parameters\": {...}}}", param=where)
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise ApiError(400, f"{where}.function.name must be 1-64 letters, digits, '_' or '-'",
+                           param=f"{where}.function.name")
+        if name in names:
+            raise ApiError(400, f"the tool {name!r} is given twice in 'tools'", param=f"{where}.function.name")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise ApiError(400, f"{where}.function.parameters must be a JSON schema object",
+                           param=f"{where}.function.parameters")
+        names.add(name)
+        found.append({"type": "function", "function": {k: function[k] for k in
+                                                        ("name", "description", "parameters", "strict")
+                                                        if function.get(k) is not None}})
+    return tuple(found)
+
+
+def _tool_calls(value: Any, where: str) -> list[dict]:
+    """An assistant message's tool calls, in the form the store and the model get them."""
+    if not isinstance(value, list):
+        raise ApiError(400, f"{where} must be a list of calls", param=where)
+    calls = []
+    for j, call in enumerate(value):
+        at = f"{where}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(call.get("id"), str) or not call["id"] or \
+                not isinstance(function.get("name"), str):
+            raise ApiError(400, f"{at} must be a call: {{\"id\": ..., \"type\": \"function\", \"function\": "
+                                "{\"name\": ..., \"arguments\": \"...\"}}}", param=at)
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments if arguments is not None else {})
+        calls.append({"id": call["id"], "type": "function",
+                      "function": {"name": function["name"], "arguments": arguments}})
+    return calls
 
 
 def _text_field(body: dict, name: str) -> str | None:

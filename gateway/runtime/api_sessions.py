@@ -113,7 +113,7 @@ class Conversations:
             source, ident = client_id
             scope = f"{source}:{caller.user or ''}:{ident}"
             return ConversationId(source, api_conversation_key(self.agent, scope))
-        first_reply = _first_reply(request.messages)
+        first_reply = _first_reply(request)
         fingerprint = self.fingerprint_key(caller, request, first_reply)
         if first_reply is None and idempotency_key is None:
             return ConversationId("fingerprint", None, fingerprint)  # a first message: a new conversation
@@ -168,7 +168,7 @@ class Conversations:
     async def remember_first_reply(self, caller: Caller, request: ChatRequest, reply: str, session_id: str) -> None:
         """After the first answer of a fingerprinted conversation: its fingerprint with that answer, which
         the client's next request (its history holding the answer) is recognised by."""
-        if _first_reply(request.messages) is None:
+        if _first_reply(request) is None:
             await self.db.set_route(self.fingerprint_key(caller, request, reply), session_id)
 
     async def _create(self, key: str, parent: str | None, user_id: str | None, user_name: str | None) -> str:
@@ -202,10 +202,13 @@ class Conversations:
         return await self._lineage_rows(parent) + own
 
 
-def _first_reply(messages: tuple[ClientMessage, ...]) -> str | None:
-    """The first assistant message after the first user message, if the client's history has one."""
+def _first_reply(request: ChatRequest) -> str | None:
+    """The first assistant message after the first user message, if the client's history has one (a
+    tool-call message as its ``calls_signature``)."""
+    if request.first_calls is not None:
+        return request.first_calls
     seen_user = False
-    for message in messages:
+    for message in request.messages:
         if message.role == "user":
             seen_user = True
         elif seen_user:

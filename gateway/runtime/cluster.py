@@ -1,6 +1,6 @@
 """A platform connection runs only on the instance that owns it: the runtime side of ``state.cluster``.
 
-    owner = ConnectionOwner(config.store.url, telegram_key(token), failover_seconds=10, instance=instance_id)
+    owner = db.cluster.owner(telegram_key(token), failover_seconds=10, instance=instance_id)
     held = OwnedConnection(owner, start=lambda: adapter.start(handler), stop=adapter.stop)
     held.begin()          # stands by; starts the adapter once this instance owns the key
     ...
@@ -25,7 +25,7 @@ from typing import Awaitable, Callable
 
 from gateway.ratelimit import share_budgets
 from gateway.retry import Backoff
-from state.cluster import ConnectionOwner, PgBuckets, claim_cron_tick
+from state.cluster import ClusterStore, ConnectionOwner, PgBuckets
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +140,9 @@ class OwnedConnection:
             log.error("supervising %s ended", self.owner.key, exc_info=task.exception())
 
 
-def claim_tick(url: str, job_id: str, scheduled_for: float, holder: str) -> bool:
-    """Blocking (run it in a thread): True when this instance is the one to run ``job_id``'s tick."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        return claim_cron_tick(conn, job_id, scheduled_for, holder)
-
-
-async def share_rate_budgets(url: str) -> PgBuckets:
-    """Pace every bot token's and chat's sends with the other instances, through the store at ``url``."""
-    buckets = PgBuckets(url)
+async def share_rate_budgets(cluster: ClusterStore) -> PgBuckets:
+    """Pace every bot token's and chat's sends with the other instances, through the store's ``cluster``."""
+    buckets = cluster.rate_budgets()
     share_budgets(buckets)
     return buckets
 

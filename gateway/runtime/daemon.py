@@ -73,6 +73,7 @@ from gateway.types import (
     SendProgress,
 )
 from gateway.usage import UsageRecorder
+from state.cluster.store import ClusterStore
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,14 @@ class Gateway:
         return self.services.api
 
     @property
+    def cluster(self) -> ClusterStore:
+        """The store's coordination of the instances: a clustered config's store is PostgreSQL, which has it."""
+        cluster = self.db.cluster
+        if cluster is None:
+            raise RuntimeError("this store coordinates no cluster: a clustered instance runs on a PostgreSQL store")
+        return cluster
+
+    @property
     def adapters(self) -> dict[str, Adapter]:
         """The platforms whose adapter runs (or stands by) here."""
         return self.platforms.adapters
@@ -199,16 +208,16 @@ class Gateway:
         """Open the store, assemble the turn and its features, serve the API, start the platforms and cron."""
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
-        if cfg.clustered:  # one rate budget per bot token and per chat across the instances
-            from gateway.runtime.cluster import share_rate_budgets
-
-            self._rate_budgets = await share_rate_budgets(cfg.store.url)
         claims_turns = cfg.clustered and self.serve_api
         self._services = services = await assemble(cfg, Wiring(
             metrics=self.metrics, tools=self.tools, clock=self.clock, auth=auth_settings(cfg),
             serve_api=self.serve_api, health=self.health, platform_status=self.platform_status,
             claim_cron_tick=self._claim_cron_tick if cfg.clustered else None,
             on_work_pending=self._work_pending.set if claims_turns else None))
+        if cfg.clustered:  # one rate budget per bot token and per chat across the instances
+            from gateway.runtime.cluster import share_rate_budgets
+
+            self._rate_budgets = await share_rate_budgets(self.cluster)
         if cfg.facts.enabled:
             await services.facts.start(sweep=self.serve_api)
         if self.serve_api:
@@ -219,7 +228,7 @@ class Gateway:
         if claims_turns:
             from gateway.runtime.turn_claims import TurnClaims
 
-            self.claims = TurnClaims(cfg.store.url, self.router, holder=self.instance_id,
+            self.claims = TurnClaims(self.cluster, self.router, holder=self.instance_id,
                                      lease_seconds=cfg.cluster.lease_seconds, slots=cfg.model.max_concurrent_calls,
                                      wake=self._work_pending)
         self._start_platforms()
@@ -324,9 +333,8 @@ class Gateway:
     def _own(self, name: str, adapter: Adapter, key: str) -> None:
         """Run ``name``'s connection only while this instance owns ``key``; stand by for it otherwise."""
         from gateway.runtime.cluster import OwnedConnection
-        from state.cluster import ConnectionOwner
 
-        owner = ConnectionOwner(self.config.store.url, key, failover_seconds=self.config.cluster.failover_seconds,
+        owner = self.cluster.owner(key, failover_seconds=self.config.cluster.failover_seconds,
                                 instance=self.instance_id)
         if isinstance(adapter, GatedPolling):
             adapter.gate_polling(owner.trusted_for)
@@ -368,9 +376,7 @@ class Gateway:
             self.platforms.open_for_sending(name)  # a standby again: it still sends for the turns it runs
 
     async def _claim_cron_tick(self, job_id: str, scheduled_for: float) -> bool:
-        from gateway.runtime.cluster import claim_tick
-
-        claimed = await asyncio.to_thread(claim_tick, self.config.store.url, job_id, scheduled_for, self.instance_id)
+        claimed = await asyncio.to_thread(self.cluster.claim_tick, job_id, scheduled_for, self.instance_id)
         if claimed:
             self.cron_claims.append({"job": job_id, "scheduled_for": scheduled_for})
         return claimed

@@ -21,6 +21,13 @@ def usage_of(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def call_deltas(calls: list[dict]) -> dict:
+    """Tool calls as one streamed ``delta`` (each whole, with its index)."""
+    return {"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                           for i, c in enumerate(calls)]}
+
+
 class SseSink:
     """Where the turn writes one streamed request's answer (a :class:`~gateway.turn.ReplySink`): pieces of
     content and status lines, queued in order for the handler to send as events.
@@ -129,6 +136,8 @@ class ChunkEvents:
         on the chunks name the session the answer is stored in (a compression may have moved it on)."""
         if "session_id" in self._base:
             self._base["session_id"] = answer.session_id
+        if answer.tool_calls:  # calls of the client's tools: one delta with each call whole
+            await self.send(call_deltas(answer.tool_calls))
         await self.send({}, answer.finish_reason)
         if include_usage:
             await self.usage(answer.prompt_tokens, answer.completion_tokens)

@@ -1,6 +1,6 @@
 """Any instance runs any session's turn: this instance's claims on sessions whose messages wait.
 
-    claims = TurnClaims(store_url, router, holder="i-2", lease_seconds=15, slots=4, wake=event)
+    claims = TurnClaims(db.cluster, router, holder="i-2", lease_seconds=15, slots=4, wake=event)
     await claims.start()        # claims sessions (woken by the router, polling otherwise), runs their turns
     ...                         # the router sets ``event`` when it stores a message for any instance
     claims.stop_claiming()      # at shutdown, before the router drains
@@ -24,8 +24,9 @@ stored under ``fenced_write``: a holder that lost its lease writes nothing even 
 noticed.  Then the lease is released, ``finished``: the session stays pending when more messages
 arrived meanwhile, and is claimed again.
 
-The lease calls run on a small pool of autocommit connections of this module's own, on threads
-of its own, so a renewal never queues behind the store's writes and the event loop never waits.
+The lease calls run on the store's connection pool (``state.ClusterStore``), grown by one
+connection per thread of this module's own while the loop runs, so a renewal never waits for a
+connection behind the store's own calls, and the event loop never waits.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ import concurrent.futures
 import functools
 import logging
 import time
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import state
 from gateway.retry import Backoff
 from gateway.router import SessionRouter
 from gateway.tasks import spawn
-from state.cluster import Lease, LeaseLost, claim_next, release, renew
+from state.cluster import ClusterStore, Lease, LeaseLost
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,6 +50,7 @@ T = TypeVar("T")
 POLL_SECONDS = 0.5  # how often the loop looks for work nobody woke it for (another instance stored it)
 TRUSTED_SHARE = 0.8  # of lease_seconds after a claim or renewal was sent: sends may go until then
 RECENT_CLAIMS = 20  # the claims /healthz lists besides those held now
+THREADS = 3  # the lease calls' own threads, and the connections the store's pool grows by for them
 
 
 class Claim:
@@ -105,11 +107,11 @@ class Claim:
 class TurnClaims:
     """This instance's claim loop: at most ``slots`` sessions' turns at once, each under a lease."""
 
-    def __init__(self, url: str, router: SessionRouter, *, holder: str, lease_seconds: float, slots: int,
+    def __init__(self, cluster: ClusterStore, router: SessionRouter, *, holder: str, lease_seconds: float, slots: int,
                  wake: asyncio.Event, poll_seconds: float = POLL_SECONDS):
         if not lease_seconds > 0:
             raise ValueError(f"cluster.lease_seconds must be more than 0 (got {lease_seconds!r})")
-        self.url = url
+        self.cluster = cluster
         self.router = router
         self.holder = holder
         self.lease_seconds = float(lease_seconds)
@@ -119,8 +121,8 @@ class TurnClaims:
         self._held: dict[str, Claim] = {}
         self._runs: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
-        self._pool: Any = None
-        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=3, thread_name_prefix="turn-claims")
+        self._reserved = 0  # connections the store's pool grew by for this loop
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="turn-claims")
         self.turns_claimed = 0  # sessions this instance claimed since it started
         self.leases_lost = 0
 
@@ -128,11 +130,8 @@ class TurnClaims:
     async def start(self) -> None:
         if self._loop_task is not None:
             raise RuntimeError("the turn claims have started already")
-        from psycopg_pool import ConnectionPool
-
-        self._pool = ConnectionPool(self.url, min_size=1, max_size=3, open=False, name="switchboard-leases",
-                                    kwargs={"autocommit": True, "connect_timeout": 5}, timeout=10)
-        await self._call(functools.partial(self._pool.open, wait=True, timeout=10))
+        await self._call(functools.partial(self.cluster.reserve_connections, THREADS))
+        self._reserved = THREADS
         self._loop_task = spawn(self._claim_loop(), name="turn-claims:loop")
 
     def stop_claiming(self) -> None:
@@ -151,9 +150,9 @@ class TurnClaims:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=2)
-        if self._pool is not None:
-            await self._call(self._pool.close)
-            self._pool = None
+        if self._reserved:
+            await self._call(functools.partial(self.cluster.reserve_connections, -self._reserved))
+            self._reserved = 0
         self._threads.shutdown(wait=False)
 
     def status(self) -> dict:
@@ -165,10 +164,6 @@ class TurnClaims:
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
 
-    def _with_conn(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        with self._pool.connection() as conn:
-            return fn(conn, *args, **kwargs)
-
     async def _claim_loop(self) -> None:
         backoff, failures = Backoff(base=0.5, cap=10.0), 0
         while True:
@@ -176,7 +171,7 @@ class TurnClaims:
             self._wake.clear()  # a wake from here on means work stored after this claim looked
             sent_at = time.monotonic()
             try:
-                lease = await self._call(functools.partial(self._with_conn, claim_next, self.holder,
+                lease = await self._call(functools.partial(self.cluster.claim_next, self.holder,
                                                            self.lease_seconds))
             except Exception as exc:  # noqa: BLE001 - the database comes back; the loop never dies
                 self._slots.release()
@@ -217,7 +212,7 @@ class TurnClaims:
                 if claim.lost():
                     self.leases_lost += 1
                 else:
-                    await self._call(functools.partial(self._with_conn, release, claim.lease, finished=finished))
+                    await self._call(functools.partial(self.cluster.release, claim.lease, finished=finished))
             except Exception as exc:  # noqa: BLE001 - it expires on its own; the session is claimed again then
                 log.warning("could not give the lease on session %s back (%s); it expires in %.0fs",
                             claim.session_id, exc, self.lease_seconds)
@@ -231,7 +226,7 @@ class TurnClaims:
             await asyncio.sleep(every if claim.trusted() else 0)
             sent_at = time.monotonic()
             try:
-                lease = await self._call(functools.partial(self._with_conn, renew, claim.lease, self.lease_seconds))
+                lease = await self._call(functools.partial(self.cluster.renew, claim.lease, self.lease_seconds))
             except LeaseLost as exc:
                 claim.give_up(exc)
                 return

@@ -9,6 +9,9 @@
 * :func:`claim_cron_tick` (``cron.py``): each scheduled run once across instances.
 * :class:`PgBuckets` (``budgets.py``): the rate budgets of bot tokens and chats, one
   token bucket per key that every instance draws its send slots from.
+* :class:`ClusterStore` (``store.py``): all of the above as the PostgreSQL store offers it
+  (``SessionDB.cluster``), on the store's pool where a call is one short transaction; what the
+  gateway holds instead of the store's URL.
 * The tables (``ddl.py``): :data:`CLUSTER_TABLES_PG`, :func:`create_cluster_tables`.
 
 They need PostgreSQL and psycopg 3 (``pip install 'switchboard[postgresql]'``);
@@ -29,10 +32,12 @@ from .dsn import mask_dsn
 from .errors import ClusterError, LeaseLost, NotInTransaction, OwnershipLost
 from .leases import Lease, claim, claim_next, fenced_write, get_lease, mark_pending, release, renew
 from .owner import ConnectionOwner, OwnerTiming, lock_id
+from .store import ClusterStore
 
 __all__ = [
     "CLUSTER_TABLES_PG",
     "ClusterError",
+    "ClusterStore",
     "ConnectionOwner",
     "Lease",
     "LeaseLost",

@@ -9,8 +9,8 @@ the model was shown::
     echo: <last user message> | turns: <number of user messages> | first: <first user message>
 
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
-one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ReasoningToolCall``, ``Hang``, ``Held``,
-``CutOff``, ``NoChoice``), with
+one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ToolCalls``, ``ReasoningToolCall``, ``Hang``,
+``Held``, ``CutOff``, ``NoChoice``), with
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
@@ -69,6 +69,15 @@ class ToolCall:
     name: str
     arguments: dict
     call_id: str = "call_1"
+    content: str | None = None  # text the model writes before the call
+
+
+@dataclass
+class ToolCalls:
+    """Several calls in one answer (parallel tool calls), after ``content`` if any."""
+
+    calls: list[ToolCall]
+    content: str | None = None
 
 
 @dataclass
@@ -295,16 +304,18 @@ class FakeModel:
                                 f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."),
                     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}},
                     status=400)
-            if isinstance(behaviour, (ToolCall, ReasoningToolCall)):
+            if isinstance(behaviour, (ToolCall, ToolCalls, ReasoningToolCall)):
+                calls = behaviour.calls if isinstance(behaviour, ToolCalls) else [behaviour]
                 message = {
                     "role": "assistant",
-                    "content": None,
+                    "content": getattr(behaviour, "content", None),
                     "tool_calls": [
                         {
-                            "id": behaviour.call_id,
+                            "id": call.call_id,
                             "type": "function",
-                            "function": {"name": behaviour.name, "arguments": json.dumps(behaviour.arguments)},
+                            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
                         }
+                        for call in calls
                     ],
                 }
                 if isinstance(behaviour, ReasoningToolCall):
