@@ -77,15 +77,15 @@ class Authorizer:
         if msg.chat_type is not ChatType.DM or self.settings.unauthorized_dm != "pair":
             log.info("ignored a message from unknown %s user %s", msg.platform, msg.user_id)
             return Verdict(False)
-        return Verdict(False, await self._pairing_reply(msg))
+        return Verdict(False, await self._pairing_reply(msg, msg.user_id))
 
-    async def _pairing_reply(self, msg: InboundMessage) -> str | None:
+    async def _pairing_reply(self, msg: InboundMessage, user_id: str) -> str | None:
         now = self.clock()
-        who = (msg.platform, msg.user_id)
+        who = (msg.platform, user_id)
         if now - self._last_reply.get(who, -1e18) < REPLY_EVERY_SECONDS:
             return None  # rate-limited: one answer per stranger per window
         request = await self.db.request_pairing(
-            msg.platform, msg.user_id, msg.user_name, new_code(), now=now, ttl=CODE_TTL_SECONDS,
+            msg.platform, user_id, msg.user_name, new_code(), now=now, ttl=CODE_TTL_SECONDS,
             max_pending=MAX_PENDING_PER_PLATFORM,
         )
         if len(self._last_reply) > 10_000:  # forget strangers whose window has passed

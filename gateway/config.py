@@ -177,9 +177,7 @@ def _check_user_ref(value: str) -> str:
 UserRef = Annotated[str, AfterValidator(_check_user_ref)]
 
 
-def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
-    if value is None:
-        return None
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     value = value.expanduser()
     if not value.is_absolute():
         base = (info.context or {}).get("base_dir") or Path.cwd()
@@ -217,8 +215,10 @@ class ModelConfig(_Model):
     @field_validator("persona_file")
     @classmethod
     def _persona_file_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
         value = _resolve_path(value, info)
-        if value is not None and not value.is_file():
+        if not value.is_file():
             raise ValueError(f"file not found: {value} (a relative path is read from the config file's directory)")
         return value
 

@@ -76,7 +76,7 @@ def check_database(home: Path) -> list[Check]:
         Check("database integrity", report.quick_check == "ok", f"PRAGMA quick_check: {report.quick_check}",
               "stop the daemon and restore a backup: switchboard restore FILE"),
         Check("schema", True, f"version {report.schema_version} (this Switchboard: {report.supported_version})"
-              + ("; migrates at next start" if report.schema_version < report.supported_version else "")),
+              + ("; migrates at next start" if (report.schema_version or 0) < report.supported_version else "")),
         Check("WAL", report.wal_bytes < WAL_WARN_BYTES, f"{_mib(report.wal_bytes)} (database {_mib(report.size_bytes)})",
               "a long-lived reader blocks checkpoints: restart the daemon, or run switchboard backup to check"),
         _upkeep_check(report),
