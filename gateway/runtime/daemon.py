@@ -58,7 +58,7 @@ from gateway.keys import KeyPolicy
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
-from gateway.model import ModelClient, ModelSettings
+from gateway.model import ModelClient, model_client
 from gateway.oversize import max_message_tokens
 from gateway.platforms import ADAPTERS, installed_platforms
 from gateway.retry import Backoff
@@ -175,12 +175,9 @@ class Gateway:
 
             self._rate_budgets = await share_rate_budgets(self.db.cluster)
         # every model call, whatever it is for, becomes a row of the usage ledger
-        self.usage = UsageRecorder(self.db, cfg.pricing, clock=self.clock)
-        self.model = model = ModelClient(ModelSettings(
-            base_url=str(cfg.model.base_url), api_key=cfg.model.api_key, name=cfg.model.name,
-            timeout_seconds=cfg.model.timeout_seconds, max_concurrent_calls=cfg.model.max_concurrent_calls,
-            max_retries=cfg.model.max_retries, retry_total_seconds=cfg.model.retry_total_seconds,
-        ), metrics=self.metrics, usage=self.usage)
+        self.usage = UsageRecorder(self.db, cfg.all_pricing, clock=self.clock)
+        self.model = model = model_client(cfg, metrics=self.metrics, usage=self.usage)
+        self.metrics.watch_models(model.endpoints)
         persona = await asyncio.to_thread(cfg.model.persona_text) or DEFAULT_PERSONA
         context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
         if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
@@ -616,10 +613,12 @@ class Gateway:
         # the model endpoint as the last calls (or a probe, see LocalApi.healthz) found it
         model = self.model.health.as_dict() if self.model is not None else {"state": "unknown"}
         ok = ok and model["state"] != "unreachable"
+        models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
         return {
             "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
             "model": model,
+            "models": models,
             "api": {"state": "serving", "port": self.api.bound_port if self.api is not None else None},
             "active_sessions": self.router.active_lanes() if self.router else 0,
             "cron": self._cron_health(),
