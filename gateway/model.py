@@ -292,8 +292,9 @@ class ModelClient:
         """The models this call tries, in order: the one asked for (a name under ``models``, else a model
         name for the ``default`` endpoint), then the fallbacks that have what it needs; those whose
         breaker is open go last."""
-        first = next((e for e in self._endpoints if e.label == model and e is not self._primary), self._primary)
-        chain = [(first, model if first is self._primary and model else first.settings.name)]
+        first = next((e for e in self._endpoints if e.label == model), self._primary)
+        asked = model if first is self._primary and model and model != DEFAULT_LABEL else None
+        chain = [(first, asked or first.settings.name)]
         for endpoint in self._endpoints[1:]:
             if endpoint is first:
                 continue
