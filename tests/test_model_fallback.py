@@ -13,7 +13,7 @@ from gateway.fallback import Capabilities, ChainSettings, Endpoint
 from gateway.model import ModelClient, ModelSettings
 from gateway.usage import CallContext, UsageRecorder
 from state import AsyncSessionDB
-from tests.fakes.model_server import Fail, FakeModel, refusal
+from tests.fakes.model_server import Fail, FakeModel, Hang, refusal
 from tests.harness import ApiClient, eventually, running_gateway
 
 
@@ -89,6 +89,22 @@ async def test_a_short_retry_after_is_waited_out_on_the_primary(tmp_path):
             (row,) = await ledger(gw, 1)
     assert len(primary.requests) == 2 and backup.requests == []
     assert (row["model"], row["outcome"], row["attempts"]) == ("m-primary", "retried", 2)
+
+
+async def test_a_timeout_moves_on_at_once_without_a_retry(tmp_path):
+    async with FakeModel() as primary, FakeModel() as backup:
+        primary.script(Hang(30))
+        answering(backup, "from the backup")
+        async with running_gateway(tmp_path, primary, models={"backup": named(backup, "m-backup")},
+                                   **chain("backup", timeout_seconds=0.5, max_retries=3)) as gw:
+            api = ApiClient(gw)
+            assert await api.say("fi", "hello") == "from the backup"
+            await api.close()
+            rows = await ledger(gw, 2)
+    assert len(primary.requests) == 1  # not retried: three more timeouts would have cost 1.5 s and backoffs
+    assert [(r["model"], r["outcome"], r["attempts"]) for r in rows] == [("m-primary", "failed", 1),
+                                                                      ("m-backup", "ok", 1)]
+    assert rows[0]["error"] == "ModelUnavailable: timed out"
 
 
 async def test_a_model_the_endpoint_does_not_know_moves_on(tmp_path):
