@@ -43,7 +43,7 @@ from gateway.keys import KeyPolicy
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
-from gateway.model import ModelClient, ModelSettings
+from gateway.model import ModelClient, model_client
 from gateway.oversize import max_message_tokens
 from gateway.router import RouterSettings, SessionHooks, SessionRouter
 from gateway.runtime.api import LocalApi
@@ -100,12 +100,9 @@ async def assemble(cfg: Config, wiring: Wiring) -> Services:
     model: ModelClient | None = None
     try:
         # every model call, whatever it is for, becomes a row of the usage ledger
-        usage = UsageRecorder(db, cfg.pricing, clock=wiring.clock)
-        model = ModelClient(ModelSettings(
-            base_url=str(cfg.model.base_url), api_key=cfg.model.api_key, name=cfg.model.name,
-            timeout_seconds=cfg.model.timeout_seconds, max_concurrent_calls=cfg.model.max_concurrent_calls,
-            max_retries=cfg.model.max_retries, retry_total_seconds=cfg.model.retry_total_seconds,
-        ), metrics=wiring.metrics, usage=usage)
+        usage = UsageRecorder(db, cfg.all_pricing, clock=wiring.clock)
+        model = model_client(cfg, metrics=wiring.metrics, usage=usage)  # the primary and its fallbacks
+        wiring.metrics.watch_models(model.endpoints)
         return _build(cfg, wiring, db, usage, model, persona, context_length)
     except BaseException:
         if model is not None:

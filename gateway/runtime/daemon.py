@@ -498,10 +498,12 @@ class Gateway:
         # the model endpoint as the last calls (or a probe, see LocalApi.healthz) found it
         model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
         ok = ok and model["state"] != "unreachable"
+        models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
         return {
             "status": "draining" if self.draining else "ok" if ok else "degraded",
             "platforms": platforms,
             "model": model,
+            "models": models,
             "api": {"state": "serving", "port": self._services.api.bound_port if self._services is not None else None},
             "active_sessions": self._services.router.active_lanes() if self._services is not None else 0,
             "cron": self._cron_health(),
