@@ -55,7 +55,7 @@ class CommandContext:
     lane: "Lane"
 
     @property
-    def db(self):
+    def db(self) -> state.AsyncSessionDB:
         return self.router.db
 
     @property

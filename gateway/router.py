@@ -174,7 +174,7 @@ class TurnClaim(Protocol):
     def session_id(self) -> str: ...
 
     @property
-    def fence(self) -> object:
+    def fence(self) -> state.Fence:
         """The ``state.Fence`` every write of the turn carries."""
 
     @property
@@ -219,7 +219,7 @@ class _TrustedDrafts:
 
 
 class SessionRouter:
-    def __init__(self, db, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
+    def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
                  hooks: SessionHooks = SessionHooks(), context_length: int | None = None,
                  clock: Callable[[], float] = time.time):
         self.db = db
@@ -758,11 +758,10 @@ class SessionRouter:
     async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict,
                              claim: TurnClaim | None = None) -> bool:
         """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
-        fenced = {"fence": claim.fence} if claim is not None else {}
         try:
             await self.db.record_turn(session_id, [{"role": "assistant", "content": record["text"],
                                                     "finish_reason": "stopped"}], answered=answered, delivery=record,
-                                      **fenced)
+                                      fence=claim.fence if claim is not None else None)
             return True
         except state.StateError as exc:
             if claim is not None and self._dropped(claim, exc, "the stopped answer"):
@@ -809,9 +808,9 @@ class SessionRouter:
                       claim: TurnClaim | None = None) -> bool:
         """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store
         failed (or, under ``claim``, its lease was lost: then nothing may be sent either)."""
-        fenced = {"fence": claim.fence} if claim is not None else {}
         try:
-            await self.db.settle_inbox(answered, delivery, session_id=session_id, **fenced)
+            await self.db.settle_inbox(answered, delivery, session_id=session_id,
+                                       fence=claim.fence if claim is not None else None)
             return True
         except state.StateError as exc:
             if claim is not None and self._dropped(claim, exc, "the line standing in for an answer"):

@@ -115,7 +115,7 @@ def recap(messages: list[dict]) -> Text:
     return body
 
 
-async def _terminal_session(db, ref: str) -> str:
+async def _terminal_session(db: state.AsyncSessionDB, ref: str) -> str:
     """The session ``ref`` names (an id, a prefix or a title, the newest of its lineage).
 
     A whole id may name any surface's session (the operator asked for that one);

@@ -156,7 +156,7 @@ Deliver = Callable[[ChatRef, str, "str | None"], Awaitable[Delivery]]
 class CronService:
     """The scheduler and runner of cron jobs for one gateway (see the module docstring)."""
 
-    def __init__(self, db, turn: AgentTurn, deliver: Deliver,
+    def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, deliver: Deliver,
                  platform_status: Callable[[str], PlatformStatus], settings: CronSettings,
                  clock: Callable[[], float], *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
                  delivery_backoff: Backoff = Backoff(base=30.0, factor=2.0, cap=1800.0),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from gateway.errors import FactRefused
 from gateway.memory.facts import hrr, scoring, text as _text
 from gateway.memory.identity import identity_of
+from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def user_scope(config, platform: str, user_id: str | None) -> str | None:
 
 
 class FactService:
-    def __init__(self, db, settings: FactSettings, *, clock=time.time):
+    def __init__(self, db: AsyncSessionDB, settings: FactSettings, *, clock=time.time):
         self.db = db
         self.settings = settings
         self.clock = clock
