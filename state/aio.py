@@ -19,6 +19,7 @@ import functools
 import queue
 import threading
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .db import SessionDB, public_methods
@@ -135,7 +136,8 @@ class AsyncSessionDB(AsyncFace):
         return cls(db, readers=readers)
 
     @property
-    def db_path(self):
+    def db_path(self) -> Path | None:
+        """:attr:`SessionDB.db_path`: the SQLite file, None on PostgreSQL."""
         return self.db.db_path
 
     @property
