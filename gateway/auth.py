@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gateway.types import ChatType, InboundMessage
+from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def new_code() -> str:
 
 
 class Authorizer:
-    def __init__(self, settings: AuthSettings, db, *, clock: Callable[[], float] = time.time):
+    def __init__(self, settings: AuthSettings, db: AsyncSessionDB, *, clock: Callable[[], float] = time.time):
         self.settings = settings
         self.db = db
         self.clock = clock

@@ -55,7 +55,7 @@ class CommandContext:
     lane: "Lane"
 
     @property
-    def db(self):
+    def db(self) -> state.AsyncSessionDB:
         return self.router.db
 
     @property
@@ -134,7 +134,7 @@ async def cmd_new(ctx: CommandContext) -> str:
     except state.InvalidTitle as exc:
         return f"No new session started: the title is not valid ({exc})."
     holder = await ctx.db.get_session_by_title(title) if title else None
-    if holder is not None:
+    if title and holder is not None:
         return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
     await ctx.db.end_session(old, "new_session")
@@ -183,6 +183,8 @@ async def cmd_title(ctx: CommandContext) -> str:
 
 async def cmd_status(ctx: CommandContext) -> str:
     s = await ctx.db.get_session(ctx.session_id)
+    if s is None:  # deleted meanwhile (sessions delete, prune)
+        return "This session no longer exists; your next message starts a new one."
     context_length = ctx.router.context_length
     used = ctx.lane.last_prompt_tokens
     share = f"{used / context_length:.0%} of {context_length:,} tokens" if (used and context_length) else "not measured yet"
@@ -244,6 +246,8 @@ async def cmd_resume(ctx: CommandContext) -> str:
     session = await ctx.db.get_session(target)
     if session is None or not _owned_by(session, ctx.ticket.msg):
         target, session = found, await ctx.db.get_session(found)
+    if session is None:  # deleted meanwhile (sessions delete, prune)
+        return f'Session {found} no longer exists. /resume alone lists yours.'
     if target == ctx.session_id:
         return "That is the current session."
     await ctx.db.end_session(ctx.session_id, "switched")

@@ -176,7 +176,7 @@ class TurnGuard(Protocol):
         """The session the guard holds (None: any, a single instance)."""
 
     @property
-    def fence(self) -> object:
+    def fence(self) -> state.Fence | None:
         """The ``state.Fence`` every write of the turn carries (None: unfenced)."""
 
     @property
@@ -252,7 +252,7 @@ class _TrustedDrafts:
 
 
 class SessionRouter:
-    def __init__(self, db, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
+    def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
                  hooks: SessionHooks = SessionHooks(), context_length: int | None = None,
                  clock: Callable[[], float] = time.time):
         self.db = db
@@ -415,7 +415,7 @@ class SessionRouter:
                 session, appended = await self.db.append_inbound_to_route(
                     key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
                     inbox=inbox, pending=claimed)
-                if appended is not None:
+                if appended is not None and session is not None:  # stored: the session is the routed one
                     session_id, notice = session["id"], None
                 else:
                     session_id, notice = await self._apply_policy(key, msg, lane, session)

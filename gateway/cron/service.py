@@ -156,7 +156,7 @@ Deliver = Callable[[ChatRef, str, "str | None"], Awaitable[Delivery]]
 class CronService:
     """The scheduler and runner of cron jobs for one gateway (see the module docstring)."""
 
-    def __init__(self, db, turn: AgentTurn, deliver: Deliver,
+    def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, deliver: Deliver,
                  platform_status: Callable[[str], PlatformStatus], settings: CronSettings,
                  clock: Callable[[], float], *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
                  delivery_backoff: Backoff = Backoff(base=30.0, factor=2.0, cap=1800.0),
@@ -499,7 +499,7 @@ class CronService:
         log.info("cron job %s run %s finished: %s", job["id"], run["id"], delivery or status)
         if delivery == "pending" and self.scheduling and not self._stopping:
             await self._deliver(finished, now=now)
-            finished = await self.db.get_cron_run(run["id"])
+            finished = await self.db.get_cron_run(run["id"]) or finished  # as delivered (the row stays)
         return finished
 
     def _note(self, job: dict) -> str:
@@ -511,7 +511,7 @@ class CronService:
         if job["context"] == "continue":
             current = await self.db.get_route(key)
             session = await self.db.get_session(current) if current else None
-            if session is not None and session.get("ended_at") is None:
+            if current and session is not None and session.get("ended_at") is None:
                 return current
         when = run["scheduled_at"] or run["started_at"]
         base = f"{job['name'][:76]} {dt.datetime.fromtimestamp(when, self.tz):%Y-%m-%d %H:%M}"  # room for " #NN"

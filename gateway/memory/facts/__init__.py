@@ -28,6 +28,7 @@ from gateway.memory.facts.scoring import MODES, ScoredFact, Weights, rank
 from gateway.memory.facts.service import FactRefused, FactService, FactSettings, Remembered, user_scope
 from gateway.memory.facts.tool import facts_tool
 from gateway.tasks import spawn
+from state import AsyncSessionDB
 from state.memory_fence import MEMORY_OPEN
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ PROMPT_BLOCK = (
 
 
 class FactMemory:
-    def __init__(self, config, db, model, *, clock=time.time):
+    def __init__(self, config, db: AsyncSessionDB, model, *, clock=time.time):
         self.config = config
         self.settings = FactSettings.from_config(config)
         self.service = FactService(db, self.settings, clock=clock)

@@ -49,7 +49,7 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 class Sources:
     """What the pages read and act on, handed over by the daemon."""
 
-    db: Any  # state.AsyncSessionDB
+    db: state.AsyncSessionDB
     health: Callable[[], dict]  # the gateway's /healthz view
     cron: Any  # gateway.cron.service.CronService
     tz: ZoneInfo
