@@ -282,6 +282,20 @@ async def cmd_stream(ctx: CommandContext) -> str:
             f"(/stream {'off' if on else 'on'} to change).")
 
 
+async def cmd_model(ctx: CommandContext) -> str:
+    msg = ctx.ticket.msg
+    names = ctx.router.settings.models.available(msg.platform, msg.user_id, ctx.lane.key)
+    name = (ctx.command.args or "").strip()
+    if name:
+        if name not in names:
+            return f"There is no model {name!r} you can use here. Models here: {', '.join(names)}."
+        await ctx.router.choose_model(ctx.lane, name)
+        return f"This chat now uses the model {name}."
+    current = await ctx.router.chat_model(ctx.lane, msg)
+    listed = ", ".join(f"{n} (current)" if n == current else n for n in names)
+    return f"Models here: {listed}. /model NAME switches this chat to another."
+
+
 async def cmd_usage(ctx: CommandContext) -> str:
     """The asker's own model calls (their sessions on this platform) of the last 7 and 30 days."""
     msg = ctx.ticket.msg
@@ -322,6 +336,8 @@ def default_commands(compressor: Compressing | None = None) -> CommandSet:
     commands.add("usage", "Your tokens and cost, last 7 and 30 days", "/usage", cmd_usage, runs_now=True)
     commands.add("compress", "Summarize the conversation so far and continue", "/compress [focus]", cmd_compress)
     commands.add("stream", "Show replies as they are written, or whole", "/stream [on|off]", cmd_stream,
+                 runs_now=True)
+    commands.add("model", "List the models this chat may use, or switch to one", "/model [name]", cmd_model,
                  runs_now=True)
     return commands
 

@@ -266,8 +266,23 @@ Pricing = Annotated[
 ]
 
 
+def _check_allowed_ref(value: str) -> str:
+    """``models.<name>.allowed_for``: platform:user_id, api:<caller> (the local API's X-Session-Key or
+    ``user``), or a chat's session key (agent:...)."""
+    value = value.strip()
+    if value.startswith(("agent:", "api:")):
+        if any(c.isspace() for c in value) or value in ("agent:", "api:"):
+            raise ValueError(f"a chat key or api:<caller> has no spaces (got {_config_load.describe(value)})")
+        return value
+    return _check_user_ref(value)
+
+
+AllowedRef = Annotated[str, AfterValidator(_check_allowed_ref)]
+
+
 class NamedModelConfig(_Model):
-    """``models.<name>``: one more endpoint the chain (``model.fallbacks``) may use."""
+    """``models.<name>``: one more endpoint the chain (``model.fallbacks``) may use, or a chat may choose
+    (``/model NAME``; the local API's ``model`` field; a cron job's ``model``)."""
 
     base_url: HttpUrl
     api_key: str = secret_field()
@@ -277,6 +292,8 @@ class NamedModelConfig(_Model):
     vision: bool = False
     tools: bool = True
     streaming: bool = True
+    # Who may choose this model: platform:user_id and/or chat (session) keys; None (absent): everyone.
+    allowed_for: tuple[AllowedRef, ...] | None = None
 
 
 NamedModels = Annotated[
@@ -773,6 +790,10 @@ class Config(_Model):
                                                          f"add models.{name}: {{base_url, name, ...}}")
             if name in self.model.fallbacks[:i]:
                 raise KeyedError(f"model.fallbacks.{i}", f"{name!r} is listed twice")
+        for i, job in enumerate(self.cron.jobs):
+            if job.model is not None and job.model not in self.model_names:
+                raise KeyedError(f"cron.jobs.{i}.model", f"{job.model!r} is not a model name; use one of "
+                                                         f"{', '.join(self.model_names)} (models: and default)")
         return self
 
     # -- derived values
@@ -781,6 +802,11 @@ class Config(_Model):
     def source(self) -> Path | None:
         """The file this config was loaded from (None when built in code)."""
         return self._source
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names a chat, a cron job or an API request may choose: ``default`` and the keys of ``models``."""
+        return (DEFAULT_MODEL, *self.models)
 
     @property
     def all_pricing(self) -> Mapping[str, ModelPrice]:

@@ -253,7 +253,8 @@ def _falls_back(exc: BaseException) -> bool:
 class ModelClient:
     def __init__(self, settings: ModelSettings, *, metrics=None, usage: UsageRecorder | None = None,
                  backoff: Backoff = Backoff(base=0.5, cap=20.0), capabilities: Capabilities | None = None,
-                 fallbacks: Sequence[Endpoint] = (), chain: ChainSettings | None = None):
+                 fallbacks: Sequence[Endpoint] = (), chain: ChainSettings | None = None,
+                 named: Sequence[Endpoint] = ()):
         self.settings = settings
         self._metrics = metrics
         self._usage = usage  # the ledger: one row per call; None: not recorded
@@ -263,6 +264,9 @@ class ModelClient:
         self._endpoints = [_Endpoint(e, chain.breaker_seconds, settings.max_concurrent_calls)
                            for e in (first, *fallbacks)]
         self._primary = self._endpoints[0]
+        # the named models outside the chain: a call may start on one (a chat's /model), never falls back to one
+        self._chosen = [_Endpoint(e, chain.breaker_seconds, settings.max_concurrent_calls) for e in named
+                        if e.label not in {f.label for f in fallbacks}]
         self._client = self._primary.client
         self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
 
@@ -273,14 +277,14 @@ class ModelClient:
 
     def endpoints(self) -> dict[str, dict]:
         """Each model of the chain, in order: its state, since when, last error, model name and breaker."""
-        return {e.label: e.as_dict() for e in self._endpoints}
+        return {e.label: e.as_dict() for e in (*self._endpoints, *self._chosen)}
 
     async def probe(self) -> EndpointHealth:
         """While the last call said an endpoint is down, see (at most every few seconds, with a
         short timeout) whether it answers ``GET /models`` again; any answer below 500 counts.
         Returns the ``default`` endpoint's health."""
         now = time.monotonic()
-        for endpoint in self._endpoints:
+        for endpoint in (*self._endpoints, *self._chosen):
             if endpoint.health.state != "unreachable" or now - endpoint.probed_at < PROBE_EVERY_SECONDS:
                 continue
             endpoint.probed_at = now
@@ -292,7 +296,7 @@ class ModelClient:
         """The models this call tries, in order: the one asked for (a name under ``models``, else a model
         name for the ``default`` endpoint), then the fallbacks that have what it needs; those whose
         breaker is open go last."""
-        first = next((e for e in self._endpoints if e.label == model), self._primary)
+        first = next((e for e in (*self._endpoints, *self._chosen) if e.label == model), self._primary)
         asked = model if first is self._primary and model and model != DEFAULT_LABEL else None
         chain = [(first, asked or first.settings.name)]
         for endpoint in self._endpoints[1:]:
@@ -511,7 +515,7 @@ class ModelClient:
         return answer.completion()
 
     async def close(self) -> None:
-        for endpoint in self._endpoints:
+        for endpoint in (*self._endpoints, *self._chosen):
             if endpoint.prober is not None:
                 endpoint.prober.cancel()
             await endpoint.client.close()
@@ -621,8 +625,9 @@ def model_client(cfg: Config, *, metrics=None, usage: UsageRecorder | None = Non
                              max_concurrent_calls=m.max_concurrent_calls, max_retries=m.max_retries,
                              retry_total_seconds=m.retry_total_seconds)
 
-    fallbacks = [Endpoint(label, settings(n.base_url, n.api_key, n.name), Capabilities(n.vision, n.tools, n.streaming))
-                 for label, n in ((label, cfg.models[label]) for label in m.fallbacks)]
+    named = {label: Endpoint(label, settings(n.base_url, n.api_key, n.name), Capabilities(n.vision, n.tools, n.streaming))
+             for label, n in cfg.models.items()}
     return ModelClient(settings(m.base_url, m.api_key, m.name), metrics=metrics, usage=usage,
-                       capabilities=Capabilities(m.vision, m.tools, m.streaming), fallbacks=fallbacks,
+                       capabilities=Capabilities(m.vision, m.tools, m.streaming),
+                       fallbacks=[named[label] for label in m.fallbacks], named=list(named.values()),
                        chain=ChainSettings(max_wait_seconds=m.max_wait_seconds, breaker_seconds=m.breaker_seconds))

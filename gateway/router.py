@@ -36,6 +36,7 @@ import state
 from gateway.errors import GatewayClosing, ModelUnavailable, PlatformHTTPError
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
+from gateway.modelchoice import ModelChoices
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
 from gateway.tasks import spawn
@@ -64,6 +65,7 @@ class RouterSettings:
     model_name: str = "model"
     reset_policy_for: Callable[[str, str], ResetPolicy] = lambda platform, chat_type: ResetPolicy()
     resume_within: float = 3600.0  # after a restart, older unanswered messages get a line, not an answer
+    models: ModelChoices = ModelChoices()  # the named models a chat may choose (/model), and who may
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class RequestExtras:
     # session's last message is that same text, left unanswered by a failed turn, it is not stored again
     retry: bool = False
     client_tools: tuple[dict, ...] = ()  # the client's own tools (function schemas), offered beside the agent's
+    model: str | None = None  # a named model the request chose (checked by the API), over the chat's /model
 
 
 NO_EXTRAS = RequestExtras()
@@ -133,6 +136,8 @@ class Lane:
     last_prompt_tokens: int | None = None
     stream_choice: str | None = None  # the chat's /stream on|off ("on", "off"; None: the config's default)
     stream_choice_read: bool = False  # stream_choice was read from the store
+    model_choice: str | None = None  # the chat's /model NAME (None: default)
+    model_choice_read: bool = False  # model_choice was read from the store
 
     @property
     def busy(self) -> bool:
@@ -324,6 +329,25 @@ class SessionRouter:
         if not lane.stream_choice_read:
             lane.stream_choice, lane.stream_choice_read = await self.db.chat_pref(lane.key, "stream"), True
         return lane.stream_choice
+
+    async def model_choice(self, lane: Lane) -> str | None:
+        """The chat's /model choice as stored (None: it made none); read once per lane."""
+        if not lane.model_choice_read:
+            lane.model_choice, lane.model_choice_read = await self.db.chat_pref(lane.key, "model"), True
+        return lane.model_choice
+
+    async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
+        """The model this chat's turn for ``msg`` starts on: its /model choice while the sender may still use
+        it, else ``default``."""
+        choice = await self.model_choice(lane)
+        if choice and self.settings.models.allowed(choice, msg.platform, msg.user_id, lane.key):
+            return choice
+        return "default"
+
+    async def choose_model(self, lane: Lane, name: str) -> None:
+        """The chat's /model NAME (the caller checked it may): remembered in the store, used from the next turn."""
+        await self.db.set_chat_pref(lane.key, "model", name, now=self.clock())
+        lane.model_choice, lane.model_choice_read = name, True
 
     def streamed_output(self, platform: str, chat_type: ChatType, choice: str | None) -> StreamedOutput | None:
         """How a reply on ``platform`` streams given the chat's choice (None: it made none), or None: sent whole."""
@@ -715,6 +739,7 @@ class SessionRouter:
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
             stream=stream if stream is not None else last.sink, fence=claim.fence,
             system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
+            model=last.extras.model or await self.chat_model(lane, msg),
         )
         typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))

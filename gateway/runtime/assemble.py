@@ -44,6 +44,7 @@ from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
 from gateway.model import ModelClient, model_client
+from gateway.modelchoice import model_choices
 from gateway.oversize import max_message_tokens
 from gateway.router import RouterSettings, SessionHooks, SessionRouter
 from gateway.runtime.api import LocalApi
@@ -166,6 +167,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
             keys=KeyPolicy(cfg.agent, cfg.sessions.group_sessions_per_user, cfg.sessions.thread_sessions_per_user),
             timezone=cfg.timezone, model_name=cfg.model.name,
             reset_policy_for=cfg.sessions.reset_policy_for, resume_within=cfg.sessions.resume_within,
+            models=model_choices(cfg.model_names, {name: m.allowed_for for name, m in cfg.models.items()}),
         ),
         authorizer=Authorizer(wiring.auth, db, clock=clock),
         commands=commands, metrics=wiring.metrics,
