@@ -51,7 +51,8 @@ async def test_an_idle_bucket_refills_up_to_its_burst_and_no_further(migrated_ur
         assert [await take_if_free(conn, "k", rate=20.0, burst=2) for _ in range(3)] == [True, True, False]
         await asyncio.sleep(0.5)  # ten slots' worth of time passes: the bucket holds its burst, two
         assert [await take_if_free(conn, "k", rate=20.0, burst=2) for _ in range(3)] == [True, True, False]
-        assert await reserve(conn, "k", rate=20.0, burst=2) == pytest.approx(0.05, abs=0.03)
+        # the next slot is one slot (50 ms) after the last one taken, less what a loaded machine spent since
+        assert 0.0 < await reserve(conn, "k", rate=20.0, burst=2) <= 0.08
 
 
 async def test_slots_keep_the_minimum_gap_even_within_a_burst(migrated_url):
