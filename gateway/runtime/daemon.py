@@ -49,6 +49,7 @@ from gateway.memory.files import MemoryService
 from gateway.memory.recall import SessionRecall
 from gateway.model import ModelClient
 from gateway.platforms import ADAPTERS, installed_platforms
+from gateway.ratelimit import budget_sharing
 from gateway.router import SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
@@ -525,6 +526,7 @@ class Gateway:
         turns = self.claims.status() if self.claims is not None else {}
         return {"instance": self.instance_id,
                 "connections": {name: held.status() for name, held in self.owned.items()},
+                "rate_budgets": budget_sharing(),  # shared across the instances, or each on its own (fallback)
                 "claims": {"cron_ticks": list(self.cron_claims), **turns}}
 
 
