@@ -125,6 +125,14 @@ def unanswered(conn: sqlite3.Connection, session_id: str | None = None) -> list[
     return [dict(r) for r in rows]
 
 
+def backlog(conn: sqlite3.Connection) -> tuple[int, float | None]:
+    """How many sessions have a message waiting for an answer, and when the oldest of those arrived
+    (None when none waits).  One read of the inbox, which holds only the backlog itself: no turn's
+    history is touched, so it stays cheap however large the store grows."""
+    sessions, oldest = conn.execute("SELECT COUNT(DISTINCT session_id), MIN(received_at) FROM inbox").fetchone()
+    return int(sessions), None if oldest is None else float(oldest)
+
+
 def settle(conn: sqlite3.Connection, message_ids: Iterable[int], delivery: dict | None, *,
            session_id: str | None = None, reply_message_id: int | None = None) -> None:
     """The messages ``message_ids`` are answered: drop their inbox rows and, with ``delivery``

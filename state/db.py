@@ -919,6 +919,12 @@ class SessionDB:
 
         return self._engine.read(read)
 
+    @_reads
+    def unanswered_backlog(self) -> tuple[int, float | None]:
+        """``(sessions, oldest_received_at)``: how many sessions have stored messages no turn answered
+        yet, and the oldest such message's arrival (epoch seconds; None when nothing waits)."""
+        return self._engine.read(_recovery.backlog)
+
     @_writes
     def mark_sessions_pending(self, session_ids: Iterable[str]) -> int:
         """Mark sessions as having work for any instance to claim (PostgreSQL; nothing on SQLite,

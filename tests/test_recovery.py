@@ -8,16 +8,19 @@ the subprocess kill tests are in test_crash_recovery.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
+import aiohttp
 import pytest
 
 import state
 from gateway.runtime.daemon import Gateway
-from tests.fakes.model_server import Fail, FakeModel, Hang
+from tests.fakes.model_server import Fail, FakeModel, Hang, Held
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import gateway_config
+from tests.waiting import eventually
 
 ANN = FakeTelegram.user(111, "Ann")
 BOB = FakeTelegram.user(222, "Bob")
@@ -217,3 +220,48 @@ def _unanswered(config) -> int:
 def _stored_user_texts(config) -> int:
     with state.SessionDB(config.db_path) as db:
         return sum(1 for s in db.list_sessions_rich() for m in db.get_messages(s["id"]) if m["role"] == "user")
+
+
+async def test_healthz_and_metrics_show_a_session_awaiting_its_answer_and_for_how_long(tmp_path, fakes):
+    tg, model = fakes
+    release = asyncio.Event()
+    model.script(Held(release))
+    gw = await started(config_for(tmp_path / "home", tg, model))
+    base = f"http://127.0.0.1:{gw.api.bound_port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def unanswered_when(ok) -> dict | None:
+                async with http.get(base + "/healthz") as r:
+                    status = (await r.json())["unanswered"]
+                return status if ok(status) else None
+
+            async def metrics() -> str:
+                async with http.get(base + "/metrics") as r:
+                    return await r.text()
+
+            first = await eventually(lambda: unanswered_when(lambda s: s["sessions"] is not None), timeout=10,
+                                     every=0.1, what="the first read of the inbox")
+            assert first == {"sessions": 0, "oldest_seconds": None}
+            tg.dm(ANN, "are you there?")
+            await model.wait_for_requests(1)  # the turn runs; the model holds its answer
+            waiting = await eventually(lambda: unanswered_when(lambda s: s["sessions"]), timeout=10, every=0.2,
+                                       what="/healthz counting Ann's session")
+            assert waiting["sessions"] == 1 and waiting["oldest_seconds"] >= 0
+            later = waiting["oldest_seconds"] + 0.5
+            older = await eventually(lambda: unanswered_when(lambda s: s["oldest_seconds"] >= later), timeout=10,
+                                     every=0.2, what="the oldest unanswered message's age growing")
+            assert older["sessions"] == 1
+            text = await metrics()
+            assert "switchboard_unanswered_sessions 1.0" in text
+            assert "switchboard_oldest_unanswered_seconds 0.0" not in text
+            assert "switchboard_oldest_unanswered_seconds " in text
+            release.set()
+            [reply] = await tg.wait_for_sent(1, timeout=10)
+            assert reply.visible_text.startswith("echo: are you there?")
+            done = await eventually(lambda: unanswered_when(lambda s: s["sessions"] == 0), timeout=10, every=0.2,
+                                    what="/healthz counting no session after the answer")
+            assert done == {"sessions": 0, "oldest_seconds": None}
+            assert "switchboard_unanswered_sessions 0.0" in await metrics()
+    finally:
+        release.set()
+        await gw.stop(grace_seconds=5)

@@ -56,3 +56,18 @@ def test_deleting_a_session_takes_its_inbox_and_deliveries_along(db):
     db.delete_session("s1")
     assert db.recovery_counts()["unanswered"] == 0
     assert db.pending_deliveries() == []
+
+
+def test_the_backlog_counts_sessions_awaiting_an_answer_and_the_oldest_arrival(db):
+    assert db.unanswered_backlog() == (0, None)
+    db.create_session("s2", "telegram")
+    first = db.append_inbound("s1", "one", platform_message_id="7", inbox={**WHERE, "received_at": 1000.5})
+    db.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8",
+                                                                   "received_at": 1002.0})
+    other = db.append_inbound("s2", "hi", platform_message_id="9", inbox={**WHERE, "platform_message_id": "9",
+                                                                          "received_at": 1001.0})
+    assert db.unanswered_backlog() == (2, 1000.5)  # two sessions, however many messages each holds
+    db.record_turn("s1", [{"role": "assistant", "content": "answer to one"}], answered=[first.id])
+    assert db.unanswered_backlog() == (2, 1001.0)  # s1's second message still waits
+    db.settle_inbox([other.id])
+    assert db.unanswered_backlog() == (1, 1002.0)

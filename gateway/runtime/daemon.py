@@ -53,6 +53,7 @@ from gateway.ratelimit import budget_sharing
 from gateway.router import SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
+from gateway.runtime.backlog import UnansweredBacklog
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
 from gateway.runtime.metrics import Metrics, probe_loop_lag
 from gateway.runtime.notify import Notifier
@@ -131,6 +132,7 @@ class Gateway:
         self._dead_letter_replay: asyncio.Task | None = None
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
         self._loop_lag: asyncio.Task | None = None  # the event-loop lag probe behind /metrics (daemon only)
+        self.backlog: UnansweredBacklog | None = None  # sessions awaiting an answer, in the daemon only (start())
         # Several instances on one PostgreSQL store (config.clustered): this one's name, the platform
         # connections it owns or stands by for, and the scheduled runs it claimed lately.
         self.instance_id = config.cluster.instance_id
@@ -257,6 +259,9 @@ class Gateway:
             self.upkeep.start()
             self.metrics.watch_store(self.upkeep.status)
             self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
+            self.backlog = UnansweredBacklog(self.db)
+            self.metrics.watch_unanswered(self.backlog.status)
+            self.backlog.start()
         self.started_at = time.time()
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
@@ -456,6 +461,8 @@ class Gateway:
             self._loop_lag.cancel()
             await asyncio.gather(self._loop_lag, return_exceptions=True)
             self._loop_lag = None
+        if self.backlog is not None:
+            await self.backlog.stop()
         if services is not None:
             await services.api.stop()
         await asyncio.gather(*(held.close() for held in self.owned.values()))  # standbys take over
@@ -516,6 +523,7 @@ class Gateway:
             "active_sessions": self._services.router.active_lanes() if self._services is not None else 0,
             "cron": self._cron_health(),
             "dead_letters": self.dead_letters_held,
+            "unanswered": self.backlog.status() if self.backlog is not None else None,
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
             "cluster": self._cluster_health() if self.config.clustered else None,

@@ -92,6 +92,27 @@ async def probe_loop_lag(histogram: Histogram, *, every: float = LOOP_LAG_PROBE_
         histogram.observe(max(0.0, loop.time() - start - every))
 
 
+class _Unanswered:
+    """``switchboard_unanswered_sessions`` and ``switchboard_oldest_unanswered_seconds``: the daemon's
+    cached read of the inbox (``gateway.runtime.backlog``), at each scrape; nothing before the first read."""
+
+    def __init__(self, status: Callable[[], dict]):
+        self._status = status
+
+    def collect(self):
+        status = self._status()
+        if status["sessions"] is None:
+            return
+        sessions = GaugeMetricFamily("switchboard_unanswered_sessions", "Sessions with stored messages no turn "
+                                     "has answered yet (the whole store's, read every few seconds)")
+        sessions.add_metric([], status["sessions"])
+        yield sessions
+        oldest = GaugeMetricFamily("switchboard_oldest_unanswered_seconds", "Age of the oldest stored message "
+                                   "no turn has answered yet (0 when none waits)")
+        oldest.add_metric([], status["oldest_seconds"] or 0.0)
+        yield oldest
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -131,6 +152,11 @@ class Metrics:
     def watch_store(self, status: Callable[[], dict | None]) -> None:
         """Expose the store's size and WAL size from ``status()`` (``StoreUpkeep.status``) at each scrape."""
         self.registry.register(_StoreSize(status))
+
+
+    def watch_unanswered(self, status: Callable[[], dict]) -> None:
+        """Expose the unanswered backlog (``UnansweredBacklog.status``) at each scrape."""
+        self.registry.register(_Unanswered(status))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
