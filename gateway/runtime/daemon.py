@@ -73,6 +73,7 @@ from gateway.runtime.upkeep import StoreUpkeep
 from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
+from gateway.tools_mcp import McpTools
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import (
     Adapter,
@@ -132,6 +133,7 @@ class Gateway:
         self.metrics = Metrics()
         self.commands: CommandSet | None = None  # made in start(), with the compressor /compress runs
         self.tools = ToolRegistry()
+        self.mcp: McpTools | None = None  # made in start(): the MCP servers of tools.mcp_servers
         self.db: state.AsyncSessionDB | None = None
         self.model: ModelClient | None = None  # made in start(), with the usage ledger on the store
         self.usage: UsageRecorder | None = None
@@ -196,6 +198,9 @@ class Gateway:
         self.tools.register(memory.tool())
         if cfg.facts.enabled:
             self.tools.register(facts.tool())
+        # MCP servers: started here, supervised; their allowed tools join the registry as they come up
+        self.mcp = McpTools(cfg.tools, self.tools)
+        self.mcp.start()
 
         turn: AgentTurn | None = None  # made below; the memory turns run on it
 
@@ -554,6 +559,8 @@ class Gateway:
                         "and the next turn will answer it", key, grace)
         if self.claims is not None:
             await self.claims.close()  # the leases still held go back: another instance answers what is left
+        if self.mcp is not None:  # after the turns: no tool call is still running
+            await self.mcp.stop()
         for task in [*self._supervisors.values(), *self._sending_only.values()]:
             task.cancel()
         if self.upkeep is not None:
@@ -627,6 +634,8 @@ class Gateway:
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
             "cluster": self._cluster_health() if self.config.clustered else None,
+            "tool_servers": {s.name: {"state": s.state, "tools": len(s.tools), "last_error": s.last_error}
+                             for s in self.mcp.catalog()} if self.mcp is not None else {},
         }
 
     def _cluster_health(self) -> dict:
