@@ -67,6 +67,10 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def tools(self) -> list[Tool]:
+        """Every registered tool, by name."""
+        return [tool for _, tool in sorted(self._tools.items())]
+
     def schemas(self, only: set[str] | None = None) -> list[dict]:
         return [t.schema() for n, t in sorted(self._tools.items()) if only is None or n in only]
 

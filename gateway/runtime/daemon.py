@@ -221,7 +221,8 @@ class Gateway:
             cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
             before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
         )
-        self.commands = default_commands(compressor=self.compressor if cfg.compression.enabled else None)
+        self.commands = default_commands(compressor=self.compressor if cfg.compression.enabled else None,
+                                         tools=self.mcp)
         self.commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
                           search_command(recall, cfg), runs_now=True)
         if cfg.facts.enabled:

@@ -73,6 +73,20 @@ class McpTools:
             raise KeyError(f"{full_name!r} is not <server>__<tool> of an enabled MCP server (servers: {known})")
         return server, server.tools.get(tool_name)
 
+    def listing(self) -> list[tuple[str, str, str | None]]:
+        """What ``/tools`` shows: every tool the agent is offered (its own and the allowed MCP ones), with
+        the first line of its description and, for an MCP tool whose server is down, why it is unavailable."""
+        out = []
+        for tool in self.registry.tools():
+            server_name, sep, _ = tool.name.partition(SEPARATOR)
+            server = self.servers.get(server_name) if sep else None
+            unavailable = None
+            if server is not None and not server.available:
+                unavailable = f"the {server_name} tool server is {'restarting' if server.state != 'stopped' else 'stopped'}"
+            first = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
+            out.append((tool.name, first[:120], unavailable))
+        return out
+
     def _register(self, name: str) -> None:
         server = self.servers[name]
         self.registry.set_group(f"mcp:{name}", [_as_tool(server, t) for t in server.tools.values() if t.allowed])
