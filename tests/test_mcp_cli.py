@@ -41,7 +41,7 @@ def test_list_shows_every_tool_and_whether_the_model_is_offered_it(config):
     offered = {t["name"]: t["offered"] for t in server["tools"]}
     assert (server["server"], server["state"]) == ("echo", "ready")
     assert offered == {"echo__big": False, "echo__die": False, "echo__echo": True, "echo__environment": False,
-                       "echo__fail": False, "echo__grow": False, "echo__slow": False}
+                       "echo__fail": False, "echo__grow": False, "echo__peak": False, "echo__slow": False}
 
 
 def test_show_gives_the_arguments_and_call_runs_the_tool(config):

@@ -3,6 +3,7 @@ gateway over stdio or served in-process over streamable HTTP, and called by the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -112,6 +113,21 @@ async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_
         await tools.stop()
 
 
+@pytest.mark.parametrize("cap", [1, 3])
+async def test_calls_beyond_a_servers_concurrency_cap_wait_their_turn(tmp_path, cap):
+    cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {
+        "echo": echo_server(max_concurrent_calls=cap)}}}, env={})
+    tools = McpTools(cfg.tools, ToolRegistry())
+    tools.start()
+    try:
+        server = await _ready(tools)
+        results = await asyncio.gather(*(server.call("slow", {"seconds": 0.2}) for _ in range(6)))
+        assert results == ["slept 0.2"] * 6
+        assert await server.call("peak", {}) == str(cap)
+    finally:
+        await tools.stop()
+
+
 async def test_a_server_that_dies_mid_call_is_reported_unavailable_then_restarted(tmp_path):
     cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {
         "echo": echo_server(allow=["echo__*"], deny=[])}}}, env={})
@@ -161,7 +177,7 @@ async def test_only_allowed_tools_are_registered_and_nothing_without_an_allow(tm
         assert registry.names() == ["echo__big", "echo__echo"]
         listed = {s.name: sorted((t.full_name, t.allowed) for t in s.tools) for s in tools.catalog()}
         assert ("echo__environment", False) in listed["echo"] and ("echo__echo", True) in listed["echo"]
-        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 7
+        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 8
     finally:
         await tools.stop()
 

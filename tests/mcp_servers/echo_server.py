@@ -3,7 +3,8 @@
     python tests/mcp_servers/echo_server.py            # stdio
     http_app()                                         # the same tools as a streamable HTTP Starlette app
 
-Its tools: ``echo``, ``environment`` (its whole os.environ, as JSON), ``slow``, ``fail``, ``big`` (a
+Its tools: ``echo``, ``environment`` (its whole os.environ, as JSON), ``slow`` (and ``peak``, the most
+that ran at once), ``fail``, ``big`` (a
 result of N bytes), ``die`` (the process exits in the middle of the call) and ``grow`` (adds the tool
 ``late`` and tells the client its list changed).
 """
@@ -30,11 +31,23 @@ def build(name: str = "echo") -> FastMCP:
         """This server's environment variables, as JSON."""
         return json.dumps(dict(os.environ), sort_keys=True)
 
+    running = {"now": 0, "peak": 0}
+
     @server.tool()
     async def slow(seconds: float) -> str:
         """Answer after this many seconds."""
-        await asyncio.sleep(seconds)
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            running["now"] -= 1
         return f"slept {seconds}"
+
+    @server.tool()
+    def peak() -> str:
+        """The most calls of ``slow`` that ran at once."""
+        return str(running["peak"])
 
     @server.tool()
     def fail(why: str) -> str:
