@@ -82,6 +82,7 @@ async def test_slash_tools_lists_what_this_chat_may_use(tmp_path, model):
         await eventually(lambda: server.available, 20, "the echo server ready")
         api = ApiClient(gw)
         shown = await api.say("ann", "/tools")
+        assert gw.health()["tool_servers"] == {"echo": {"state": "ready", "tools": 8, "last_error": None}}
         await server.stop()  # the server is gone: its tool stays listed, marked unavailable
         down = await api.say("ann", "/tools")
         await api.close()

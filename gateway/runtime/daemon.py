@@ -14,8 +14,9 @@ This module is the composition root: :meth:`Gateway.start` builds every part
 with what it uses, in this order, and nothing is set or wrapped afterwards::
 
     SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
+    McpTools(config.tools, tools)            (the MCP servers, supervised; their allowed tools in the registry)
     Compressor(db, model, ..., before_split=<memory turn>, after_split=facts.on_compressed)
-    default_commands(compressor)             + /search, /facts
+    default_commands(compressor, mcp)        + /search, /facts
     AgentTurn(db, model, tools, settings, hooks=TurnHooks(prompt_hook, prompt_blocks, prefetch),
               max_message_tokens=...)
     SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
