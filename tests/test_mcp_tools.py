@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -77,8 +79,6 @@ async def test_a_stdio_server_gets_only_its_env_plus_path_and_home(tmp_path, mod
         await api.say("bo", "what is your environment?")
         await api.close()
     seen = json.loads(_tool_messages(model.requests[-1])[0]["content"])
-    import os
-
     assert seen == {"GREETING": "hello-from-config", "PYTHONCOERCECLOCALE": "0",
                     "PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}
     assert SECRET_IN_ENV not in json.dumps(seen) and "sk-test-not-a-secret-0000" not in json.dumps(seen)
@@ -149,6 +149,43 @@ async def test_a_server_that_dies_mid_call_is_reported_unavailable_then_restarte
         await tools.stop()
 
 
+async def test_a_server_killed_while_idle_is_found_by_its_ping_and_restarted(tmp_path):
+    cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {"echo": echo_server()}}}, env={})
+    tools = McpTools(cfg.tools, ToolRegistry(), ping_seconds=0.2)
+    tools.start()
+    try:
+        server = await _ready(tools)
+        first = int(await server.call("pid", {}))
+        os.kill(first, signal.SIGKILL)
+        await eventually(lambda: server.restarts >= 1, 10, "the dead server noticed")
+        await _ready(tools)
+        second = int(await server.call("pid", {}))
+        assert second != first
+    finally:
+        await tools.stop()
+    await eventually(lambda: not _alive(second), 10, "the server process gone after stop()")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:  # a zombie is gone too: it only awaits its reaping
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_stopping_the_gateway_leaves_no_server_process_behind(tmp_path, model):
+    model.script(ToolCall("echo__pid", {}), Reply("ok"))
+    async with running_gateway(tmp_path, model, tools={"mcp_servers": {"echo": echo_server()}}) as gw:
+        await _ready(gw)
+        api = ApiClient(gw)
+        await api.say("ed", "your pid?")
+        await api.close()
+    pid = int(_tool_messages(model.requests[-1])[0]["content"])
+    await eventually(lambda: not _alive(pid), 10, f"server process {pid} ended with the gateway")
+
+
 async def test_a_changed_tool_list_is_read_again_and_offered(tmp_path):
     cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {"echo": echo_server()}}}, env={})
     registry = ToolRegistry()
@@ -177,7 +214,7 @@ async def test_only_allowed_tools_are_registered_and_nothing_without_an_allow(tm
         assert registry.names() == ["echo__big", "echo__echo"]
         listed = {s.name: sorted((t.full_name, t.allowed) for t in s.tools) for s in tools.catalog()}
         assert ("echo__environment", False) in listed["echo"] and ("echo__echo", True) in listed["echo"]
-        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 8
+        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 9
     finally:
         await tools.stop()
 

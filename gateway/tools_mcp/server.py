@@ -40,6 +40,7 @@ SEPARATOR = "__"
 MAX_NAME = 64  # what OpenAI-style function names allow
 MAX_DESCRIPTION = 1024  # a server's description of a tool, as offered to the model
 PING_SECONDS = 10.0  # a quiet connection is checked this often
+PING_ANSWER_SECONDS = 10.0  # a server that does not answer a ping within this is restarted
 CONNECT_SECONDS = 30.0  # starting and initializing a server, at most
 HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff again from the beginning
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
@@ -189,7 +190,7 @@ class McpServer:
                     self._refresh.clear()
                     await self._read_tools(session)
                 else:
-                    with _deadline(self._ping_seconds):
+                    with _deadline(PING_ANSWER_SECONDS):
                         await session.send_ping()
 
     async def _wake(self) -> None:

@@ -3,7 +3,7 @@
     python tests/mcp_servers/echo_server.py            # stdio
     http_app()                                         # the same tools as a streamable HTTP Starlette app
 
-Its tools: ``echo``, ``environment`` (its whole os.environ, as JSON), ``slow`` (and ``peak``, the most
+Its tools: ``echo``, ``pid``, ``environment`` (its whole os.environ, as JSON), ``slow`` (and ``peak``, the most
 that ran at once), ``fail``, ``big`` (a
 result of N bytes), ``die`` (the process exits in the middle of the call) and ``grow`` (adds the tool
 ``late`` and tells the client its list changed).
@@ -25,6 +25,11 @@ def build(name: str = "echo") -> FastMCP:
     def echo(text: str) -> str:
         """Say the text back."""
         return f"echo: {text}"
+
+    @server.tool()
+    def pid() -> str:
+        """This server's process id."""
+        return str(os.getpid())
 
     @server.tool()
     def environment() -> str:
