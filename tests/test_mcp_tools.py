@@ -98,7 +98,8 @@ async def test_a_ten_megabyte_result_reaches_the_model_and_the_store_cut_at_the_
     assert [m["content"] for m in stored if m["role"] == "tool"] == [sent]
 
 
-async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_on(tmp_path):
+async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_on(tmp_path, caplog):
+    caplog.set_level("INFO", logger="gateway.tools_mcp.server.echo")
     cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {
         "echo": echo_server(timeout_seconds=0.5)}}}, env={})
     tools = McpTools(cfg.tools, ToolRegistry())
@@ -111,6 +112,9 @@ async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_
         assert await server.call("echo", {"text": "still here"}) == "echo: still here"
     finally:
         await tools.stop()
+    # what the server wrote to its stderr is in our log (through the redactor), named after it
+    said = [r.getMessage() for r in caplog.records if r.name == "gateway.tools_mcp.server.echo"]
+    assert any("Processing request of type" in line for line in said), said[:5]
 
 
 @pytest.mark.parametrize("cap", [1, 3])
@@ -217,6 +221,21 @@ async def test_only_allowed_tools_are_registered_and_nothing_without_an_allow(tm
         assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 9
     finally:
         await tools.stop()
+
+
+async def test_a_server_that_cannot_start_says_why(tmp_path):
+    cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {
+        "gone": {"command": str(tmp_path / "no-such-server"), "allow": ["gone__*"]}}}}, env={})
+    tools = McpTools(cfg.tools, ToolRegistry())
+    tools.start()
+    try:
+        await tools.settled(20)
+        [status] = tools.catalog()
+    finally:
+        await tools.stop()
+    assert status.state == "restarting" and status.tools == ()
+    assert status.last_error.endswith(f"its stderr ended with: cannot start {tmp_path / 'no-such-server'}: "
+                                      "No such file or directory")
 
 
 def test_allow_and_deny_globs():

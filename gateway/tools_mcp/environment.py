@@ -20,7 +20,11 @@ _LAUNCHER = (
     "import os, sys\n"
     "keep = set(filter(None, sys.argv[1].split(',')))\n"
     "env = {k: v for k, v in os.environ.items() if k in keep}\n"
-    "os.execvpe(sys.argv[2], sys.argv[2:], env)\n"
+    "try:\n"
+    "    os.execvpe(sys.argv[2], sys.argv[2:], env)\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'cannot start {sys.argv[2]}: {exc.strerror}\\n')\n"
+    "    sys.exit(127)\n"
 )
 
 

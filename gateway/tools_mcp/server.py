@@ -19,7 +19,9 @@ import contextlib
 import datetime as dt
 import fnmatch
 import logging
+import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -90,6 +92,7 @@ class McpServer:
         self._broken = asyncio.Event()
         self._refresh = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._said: deque[str] = deque(maxlen=3)  # a stdio server's last lines on stderr, for last_error
 
     # -- lifecycle --------------------------------------------------------
     def start(self) -> None:
@@ -153,6 +156,8 @@ class McpServer:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure of a server means: restart it
                 self.last_error = _describe(exc)
+            if self._said:  # what a stdio server wrote last usually says why it stopped
+                self.last_error += f"; its stderr ended with: {' | '.join(self._said)}"
             self._session = None
             self.state = "restarting"
             self.settled.set()
@@ -205,10 +210,30 @@ class McpServer:
         cfg = self.cfg
         if cfg.url is not None:
             return _http(cfg.url, dict(cfg.headers))
+        return self._stdio()
+
+    @contextlib.asynccontextmanager
+    async def _stdio(self) -> AsyncIterator[tuple[Any, Any]]:
+        """The SDK's stdio client on the launcher, with the server's stderr read into our log (through the
+        log redactor, as ``mcp.<server>: ...`` lines), never written raw to the daemon's own stderr."""
+        cfg = self.cfg
         env = server_environment(cfg.env)
         command, args = launch_command(cfg.command, cfg.args, env)
-        return stdio_client(StdioServerParameters(command=command, args=args, env=env,
-                                                  cwd=str(cfg.cwd) if cfg.cwd else None))
+        params = StdioServerParameters(command=command, args=args, env=env, cwd=str(cfg.cwd) if cfg.cwd else None)
+        read_fd, write_fd = os.pipe()
+        self._said.clear()
+        reader = spawn(_log_lines(read_fd, logging.getLogger(f"{__name__}.{self.name}"), self._said.append),
+                       name=f"mcp-stderr:{self.name}")
+        errlog = os.fdopen(write_fd, "w")
+        try:
+            async with stdio_client(params, errlog=errlog) as streams:
+                errlog.close()  # the child has its own copy: the reader sees the end when the child's closes
+                yield streams
+        finally:
+            errlog.close()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(reader), 2)  # the rest of what it wrote, up to its end
+            reader.cancel()
 
     async def _on_message(self, message: Any) -> None:
         # Runs in the session's receive loop: never call the server from here, only wake the supervisor.
@@ -241,6 +266,28 @@ class McpServer:
         self.tools = tools
         if changed:
             self._on_change()
+
+
+async def _log_lines(fd: int, log_to: logging.Logger, keep: Callable[[str], None]) -> None:
+    """Log each line written to ``fd`` (a server's stderr) until its end, a long line cut at 2,000 characters."""
+    loop = asyncio.get_running_loop()
+    stream = asyncio.StreamReader(limit=1 << 20)
+    pipe = os.fdopen(fd, "rb")
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), pipe)
+    try:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the limit: take what is buffered
+                line = await stream.read(1 << 20)
+            if not line:
+                return
+            text = line.decode("utf-8", errors="replace").rstrip()
+            if text:
+                log_to.info("%s", text[:2000])
+                keep(text[:300])
+    finally:
+        transport.close()
 
 
 @contextlib.asynccontextmanager
