@@ -259,3 +259,10 @@ async def test_a_streamable_http_server_with_its_headers(tmp_path, model):
             await eventually(lambda: nokey.restarts >= 1, 10, "the server without its header refused")
             assert not nokey.available and "nokey__echo" not in gw.tools.names()
     assert [m["content"] for m in _tool_messages(model.requests[-1])] == ["echo: over http"]
+
+
+def test_a_streamed_reply_names_the_tool_and_its_server_while_it_runs():
+    from gateway.turn import tool_status
+
+    assert tool_status("files__read_file") == "using read file (files)…"
+    assert tool_status("memory") == "updating my notes…"
