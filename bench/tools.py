@@ -4,7 +4,7 @@
     .venv/bin/python bench/tools.py --calls 2000 --big 10000 # the figures (10,000 x 1 MB: minutes)
 
 Servers: tests/mcp_servers/echo_server.py, over stdio (started as the daemon starts one, through the
-clean-environment launcher) and over streamable HTTP (served in-process by uvicorn on 127.0.0.1).
+clean environment and its own transport) and over streamable HTTP (served in-process by uvicorn on 127.0.0.1).
 
 Overhead: ``McpServer.call`` (what a turn's tool call runs: the concurrency slot, the SDK call with its
 timeout, the result turned into capped text) against the SDK's own ``ClientSession.call_tool`` on a
@@ -62,7 +62,7 @@ async def _timed(call, n: int) -> list[float]:
 
 
 async def _overhead(label: str, server, n: int) -> None:
-    # the SDK alone, on a second connection opened the same way (same transport, same launcher)
+    # the SDK alone, on a second connection opened the same way (the same transport)
     async with contextlib.AsyncExitStack() as stack:
         read, write = await stack.enter_async_context(server._transport())
         raw = await stack.enter_async_context(ClientSession(read, write))

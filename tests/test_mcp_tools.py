@@ -234,8 +234,8 @@ async def test_a_server_that_cannot_start_says_why(tmp_path):
     finally:
         await tools.stop()
     assert status.state == "restarting" and status.tools == ()
-    assert status.last_error.endswith(f"its stderr ended with: cannot start {tmp_path / 'no-such-server'}: "
-                                      "No such file or directory")
+    assert status.last_error == (f"FileNotFoundError: [Errno 2] No such file or directory: "
+                                 f"'{tmp_path / 'no-such-server'}'")
 
 
 def test_allow_and_deny_globs():

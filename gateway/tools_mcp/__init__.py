@@ -2,7 +2,8 @@
 
 :mod:`.server` keeps one server connected and restarts it with backoff; :mod:`.manager` registers the
 allowed tools of every server in the agent's :class:`~gateway.tools.ToolRegistry` as
-``<server>__<tool>``; :mod:`.environment` gives a stdio server exactly its ``env`` plus PATH and HOME;
+``<server>__<tool>``; :mod:`.environment` gives a stdio server exactly its ``env`` plus PATH and HOME,
+which :mod:`.stdio` (the transport) hands it;
 :mod:`.results` turns a result into the capped text the model reads.
 """
 

@@ -32,7 +32,7 @@ from mcp.client.streamable_http import create_mcp_http_client, streamable_http_c
 from gateway.config import McpServerConfig
 from gateway.retry import Backoff
 from gateway.tasks import spawn
-from gateway.tools_mcp.environment import launch_command, server_environment
+from gateway.tools_mcp.environment import server_environment
 from gateway.tools_mcp.results import capped, result_text
 from gateway.tools_mcp.stdio import stdio_transport
 
@@ -214,18 +214,17 @@ class McpServer:
 
     @contextlib.asynccontextmanager
     async def _stdio(self) -> AsyncIterator[tuple[Any, Any]]:
-        """The stdio transport (:mod:`.stdio`) on the launcher, with the server's stderr read into our log (through the
+        """The stdio transport (:mod:`.stdio`) with exactly the server's environment, and its stderr read into our log (through the
         log redactor, as ``mcp.<server>: ...`` lines), never written raw to the daemon's own stderr."""
         cfg = self.cfg
         env = server_environment(cfg.env)
-        command, args = launch_command(cfg.command, cfg.args, env)
         read_fd, write_fd = os.pipe()
         self._said.clear()
         reader = spawn(_log_lines(read_fd, logging.getLogger(f"{__name__}.{self.name}"), self._said.append),
                        name=f"mcp-stderr:{self.name}")
         errlog = os.fdopen(write_fd, "w")
         try:
-            async with stdio_transport(command, args, env=env, cwd=str(cfg.cwd) if cfg.cwd else None,
+            async with stdio_transport(cfg.command, list(cfg.args), env=env, cwd=str(cfg.cwd) if cfg.cwd else None,
                                        errlog=errlog) as streams:
                 errlog.close()  # the child has its own copy: the reader sees the end when the child's closes
                 yield streams

@@ -4,7 +4,8 @@ The SDK's stdio client (``mcp.client.stdio``) joins what it has read to each new
 whole again, which is quadratic in the length of a line: a 10 MB result took six seconds and held the
 event loop for a third of a second at a time.  This one keeps the bytes in one buffer, looks for the
 end of a line only in what is new, and reads a long message (over ``THREAD_PARSE_BYTES``) off the
-event loop.  The rest is as the SDK does it: one process in its own session, JSON-RPC messages a line
+event loop.  And it hands the process exactly the environment it is given, where the SDK's adds
+some of the gateway's own (see :mod:`.environment`).  The rest is as the SDK does it: one process in its own session, JSON-RPC messages a line
 each, and on close stdin shut, two seconds for the server to go, then SIGTERM and SIGKILL to its group.
 """
 
