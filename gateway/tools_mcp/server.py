@@ -46,7 +46,8 @@ PING_ANSWER_SECONDS = 10.0  # a server that does not answer a ping within this i
 CONNECT_SECONDS = 30.0  # starting and initializing a server, at most
 HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff again from the beginning
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
-CONNECTION_CLOSED = -32000
+CONNECTION_CLOSED = -32000  # the SDK's code for a call whose connection ended (mcp.shared.session)
+REQUEST_TIMEOUT = 408  # ... and for a call that got no answer within its read timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ class McpServer:
                     self._lost(session)
                     return (f"error: the {self.name} tool server stopped during the call to {full}; it is being "
                             f"restarted, try again shortly")
-                if "Timed out" in exc.error.message:
+                if exc.error.code == REQUEST_TIMEOUT:
                     return f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
                 return f"error: {full} failed: {exc.error.message}"
             except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
