@@ -1,4 +1,4 @@
-"""Write contention: 1, 4 and 8 writer processes appending messages, the seed's design beside ours.
+"""Write contention: 1, 4 and 8 writer processes appending messages, the two-copy store (``seed``, see bench/README.md) beside ours.
 
     .venv/bin/python bench/contention.py                  # 1, 4, 8 writers; 3 rounds of 2 s each
     .venv/bin/python bench/contention.py --seconds 1 --rounds 1 --writers 1 8

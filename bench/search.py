@@ -1,4 +1,4 @@
-"""Search latency: the seed's design beside ours, and a LIKE scan, over the same messages.
+"""Search latency: the two-copy store (``seed``, see bench/README.md) beside ours, and a LIKE scan, over the same messages.
 
     .venv/bin/python bench/search.py                    # 1,000,000 messages
     .venv/bin/python bench/search.py --messages 50000   # a quick run

@@ -1,4 +1,4 @@
-"""Append rate and file size: the seed's search design beside ours.
+"""Append rate and file size: the two-copy store (``seed``, see bench/README.md) beside ours.
 
     .venv/bin/python bench/write.py                    # 1,000,000 messages, 5,000 appends
     .venv/bin/python bench/write.py --messages 50000   # a quick run

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gateway.types import ChatType, InboundMessage
+from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def new_code() -> str:
 
 
 class Authorizer:
-    def __init__(self, settings: AuthSettings, db, *, clock: Callable[[], float] = time.time):
+    def __init__(self, settings: AuthSettings, db: AsyncSessionDB, *, clock: Callable[[], float] = time.time):
         self.settings = settings
         self.db = db
         self.clock = clock
@@ -77,15 +78,15 @@ class Authorizer:
         if msg.chat_type is not ChatType.DM or self.settings.unauthorized_dm != "pair":
             log.info("ignored a message from unknown %s user %s", msg.platform, msg.user_id)
             return Verdict(False)
-        return Verdict(False, await self._pairing_reply(msg))
+        return Verdict(False, await self._pairing_reply(msg, msg.user_id))
 
-    async def _pairing_reply(self, msg: InboundMessage) -> str | None:
+    async def _pairing_reply(self, msg: InboundMessage, user_id: str) -> str | None:
         now = self.clock()
-        who = (msg.platform, msg.user_id)
+        who = (msg.platform, user_id)
         if now - self._last_reply.get(who, -1e18) < REPLY_EVERY_SECONDS:
             return None  # rate-limited: one answer per stranger per window
         request = await self.db.request_pairing(
-            msg.platform, msg.user_id, msg.user_name, new_code(), now=now, ttl=CODE_TTL_SECONDS,
+            msg.platform, user_id, msg.user_name, new_code(), now=now, ttl=CODE_TTL_SECONDS,
             max_pending=MAX_PENDING_PER_PLATFORM,
         )
         if len(self._last_reply) > 10_000:  # forget strangers whose window has passed

@@ -55,7 +55,7 @@ class CommandContext:
     lane: "Lane"
 
     @property
-    def db(self):
+    def db(self) -> state.AsyncSessionDB:
         return self.router.db
 
     @property
@@ -142,7 +142,7 @@ async def cmd_new(ctx: CommandContext) -> str:
     except state.InvalidTitle as exc:
         return f"No new session started: the title is not valid ({exc})."
     holder = await ctx.db.get_session_by_title(title) if title else None
-    if holder is not None:
+    if title and holder is not None:
         return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
     await ctx.db.end_session(old, "new_session")
@@ -191,6 +191,8 @@ async def cmd_title(ctx: CommandContext) -> str:
 
 async def cmd_status(ctx: CommandContext) -> str:
     s = await ctx.db.get_session(ctx.session_id)
+    if s is None:  # deleted meanwhile (sessions delete, prune)
+        return "This session no longer exists; your next message starts a new one."
     context_length = ctx.router.context_length
     used = ctx.lane.last_prompt_tokens
     share = f"{used / context_length:.0%} of {context_length:,} tokens" if (used and context_length) else "not measured yet"
@@ -252,6 +254,8 @@ async def cmd_resume(ctx: CommandContext) -> str:
     session = await ctx.db.get_session(target)
     if session is None or not _owned_by(session, ctx.ticket.msg):
         target, session = found, await ctx.db.get_session(found)
+    if session is None:  # deleted meanwhile (sessions delete, prune)
+        return f'Session {found} no longer exists. /resume alone lists yours.'
     if target == ctx.session_id:
         return "That is the current session."
     await ctx.db.end_session(ctx.session_id, "switched")
@@ -284,6 +288,20 @@ async def cmd_stream(ctx: CommandContext) -> str:
     on = ctx.router.streamed_output(msg.platform, msg.chat_type, await ctx.router.stream_choice(ctx.lane)) is not None
     return (f"Replies here {'show as they are written' if on else 'arrive whole, once written'} "
             f"(/stream {'off' if on else 'on'} to change).")
+
+
+async def cmd_model(ctx: CommandContext) -> str:
+    msg = ctx.ticket.msg
+    names = ctx.router.settings.models.available(msg.platform, msg.user_id, ctx.lane.key)
+    name = (ctx.command.args or "").strip()
+    if name:
+        if name not in names:
+            return f"There is no model {name!r} you can use here. Models here: {', '.join(names)}."
+        await ctx.router.choose_model(ctx.lane, name)
+        return f"This chat now uses the model {name}."
+    current = await ctx.router.chat_model(ctx.lane, msg)
+    listed = ", ".join(f"{n} (current)" if n == current else n for n in names)
+    return f"Models here: {listed}. /model NAME switches this chat to another."
 
 
 async def cmd_usage(ctx: CommandContext) -> str:
@@ -342,6 +360,8 @@ def default_commands(compressor: Compressing | None = None, tools: ToolListing |
     commands.add("usage", "Your tokens and cost, last 7 and 30 days", "/usage", cmd_usage, runs_now=True)
     commands.add("compress", "Summarize the conversation so far and continue", "/compress [focus]", cmd_compress)
     commands.add("stream", "Show replies as they are written, or whole", "/stream [on|off]", cmd_stream,
+                 runs_now=True)
+    commands.add("model", "List the models this chat may use, or switch to one", "/model [name]", cmd_model,
                  runs_now=True)
     commands.add("tools", "The tools I may use in this chat", "/tools", cmd_tools, runs_now=True)
     return commands

@@ -75,6 +75,8 @@ __all__ = [
     "CronJobConfig",
     "LoggingConfig",
     "ModelConfig",
+    "NamedModelConfig",
+    "DEFAULT_MODEL",
     "PlatformConfig",
     "PlatformsConfig",
     "RecallConfig",
@@ -179,9 +181,7 @@ def _check_user_ref(value: str) -> str:
 UserRef = Annotated[str, AfterValidator(_check_user_ref)]
 
 
-def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
-    if value is None:
-        return None
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     value = value.expanduser()
     if not value.is_absolute():
         base = (info.context or {}).get("base_dir") or Path.cwd()
@@ -215,12 +215,24 @@ class ModelConfig(_Model):
     # Consecutive user messages (a burst answered by one turn) joined into one user message in the
     # prompt, for chat templates that demand strict user/assistant alternation; stored apart either way.
     merge_user_messages: bool = False
+    # Whether the model takes tools and streams its answers (a fallback lacking one is skipped / not streamed).
+    tools: bool = True
+    streaming: bool = True
+    # Names under ``models`` tried in this order when this model fails (refused, timed out, 5xx after
+    # the retries, a 429 asking to wait longer than max_wait_seconds, an unknown model name).
+    fallbacks: tuple[str, ...] = ()
+    # A 429 whose Retry-After is longer than this moves to the next model at once (shorter: waited out).
+    max_wait_seconds: float = Field(5.0, ge=0)
+    # A model that failed is kept out of the chain this long at most (probed in the background meanwhile).
+    breaker_seconds: Seconds = 30.0
 
     @field_validator("persona_file")
     @classmethod
     def _persona_file_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
         value = _resolve_path(value, info)
-        if value is not None and not value.is_file():
+        if not value.is_file():
             raise ValueError(f"file not found: {value} (a relative path is read from the config file's directory)")
         return value
 
@@ -235,6 +247,63 @@ class ModelConfig(_Model):
         if self.persona_file is not None:
             return self.persona_file.read_text(encoding="utf-8")
         return self.persona
+
+
+class ModelPrice(_Model):
+    """``pricing.<model>``: US dollars per million tokens."""
+
+    input: float = Field(ge=0)  # input tokens not read from the provider's cache
+    output: float = Field(ge=0)
+    cached_input: float | None = Field(None, ge=0)  # input tokens read from the cache; empty: the input price
+
+    def as_dict(self) -> dict[str, float]:
+        return {"input": self.input, "output": self.output,
+                "cached_input": self.input if self.cached_input is None else self.cached_input}
+
+
+Pricing = Annotated[
+    Mapping[str, ModelPrice],
+    AfterValidator(lambda m: MappingProxyType(dict(m))),
+    PlainSerializer(dict),
+]
+
+
+def _check_allowed_ref(value: str) -> str:
+    """``models.<name>.allowed_for``: platform:user_id, api:<caller> (the local API's X-Session-Key or
+    ``user``), or a chat's session key (agent:...)."""
+    value = value.strip()
+    if value.startswith(("agent:", "api:")):
+        if any(c.isspace() for c in value) or value in ("agent:", "api:"):
+            raise ValueError(f"a chat key or api:<caller> has no spaces (got {_config_load.describe(value)})")
+        return value
+    return _check_user_ref(value)
+
+
+AllowedRef = Annotated[str, AfterValidator(_check_allowed_ref)]
+
+
+class NamedModelConfig(_Model):
+    """``models.<name>``: one more endpoint the chain (``model.fallbacks``) may use, or a chat may choose
+    (``/model NAME``; the local API's ``model`` field; a cron job's ``model``)."""
+
+    base_url: HttpUrl
+    api_key: str = secret_field()
+    name: str = Field(min_length=1)  # the model name as the endpoint knows it
+    context_length: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=512)
+    pricing: ModelPrice | None = None  # added to ``pricing`` under ``name``
+    vision: bool = False
+    tools: bool = True
+    streaming: bool = True
+    # Who may choose this model: platform:user_id and/or chat (session) keys; None (absent): everyone.
+    allowed_for: tuple[AllowedRef, ...] | None = None
+
+
+NamedModels = Annotated[
+    Mapping[str, NamedModelConfig],
+    AfterValidator(lambda m: MappingProxyType(dict(m))),
+    PlainSerializer(dict),
+]
+DEFAULT_MODEL = "default"  # the name of the ``model`` section in the chain
 
 
 # --------------------------------------------------------------------------- sessions
@@ -612,25 +681,6 @@ class ClusterConfig(_Model):
         return value or default_instance_id(os.getpid())
 
 
-class ModelPrice(_Model):
-    """``pricing.<model>``: US dollars per million tokens."""
-
-    input: float = Field(ge=0)  # input tokens not read from the provider's cache
-    output: float = Field(ge=0)
-    cached_input: float | None = Field(None, ge=0)  # input tokens read from the cache; empty: the input price
-
-    def as_dict(self) -> dict[str, float]:
-        return {"input": self.input, "output": self.output,
-                "cached_input": self.input if self.cached_input is None else self.cached_input}
-
-
-Pricing = Annotated[
-    Mapping[str, ModelPrice],
-    AfterValidator(lambda m: MappingProxyType(dict(m))),
-    PlainSerializer(dict),
-]
-
-
 class UsageConfig(_Model):
     # The usage ledger's rows older than this many days are deleted by the daemon, once a day; empty: kept
     # (they still go with their session when it is pruned).
@@ -673,7 +723,7 @@ class McpServerConfig(_Model):
     @field_validator("cwd")
     @classmethod
     def _resolve_cwd(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(value, info)
+        return None if value is None else _resolve_path(value, info)
 
     @field_validator("env")
     @classmethod
@@ -760,6 +810,7 @@ class Config(_Model):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     streaming: StreamingConfig = StreamingConfig()
     pricing: Pricing = Field(default_factory=lambda: MappingProxyType({}))
+    models: NamedModels = Field(default_factory=lambda: MappingProxyType({}))
     usage: UsageConfig = UsageConfig()
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
@@ -807,6 +858,20 @@ class Config(_Model):
         if owner is not None and owner not in self.identities:
             known = ", ".join(self.identities) or "none defined"
             raise KeyedError("auth.owner", f"{owner!r} is not a name under identities (known: {known}); add identities.{owner}: [platform:user_id, ...]")
+        if DEFAULT_MODEL in self.models:
+            raise KeyedError(f"models.{DEFAULT_MODEL}", f"{DEFAULT_MODEL!r} is the model section's own name; "
+                                                        "give this model another name")
+        for i, name in enumerate(self.model.fallbacks):
+            if name not in self.models:
+                known = ", ".join(self.models) or "none defined"
+                raise KeyedError(f"model.fallbacks.{i}", f"{name!r} is not a name under models (known: {known}); "
+                                                         f"add models.{name}: {{base_url, name, ...}}")
+            if name in self.model.fallbacks[:i]:
+                raise KeyedError(f"model.fallbacks.{i}", f"{name!r} is listed twice")
+        for i, job in enumerate(self.cron.jobs):
+            if job.model is not None and job.model not in self.model_names:
+                raise KeyedError(f"cron.jobs.{i}.model", f"{job.model!r} is not a model name; use one of "
+                                                         f"{', '.join(self.model_names)} (models: and default)")
         return self
 
     # -- derived values
@@ -815,6 +880,17 @@ class Config(_Model):
     def source(self) -> Path | None:
         """The file this config was loaded from (None when built in code)."""
         return self._source
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names a chat, a cron job or an API request may choose: ``default`` and the keys of ``models``."""
+        return (DEFAULT_MODEL, *self.models)
+
+    @property
+    def all_pricing(self) -> Mapping[str, ModelPrice]:
+        """``pricing`` with each named model's own ``pricing`` under its model name (``pricing`` wins)."""
+        named = {m.name: m.pricing for m in self.models.values() if m.pricing is not None}
+        return MappingProxyType({**named, **self.pricing})
 
     @property
     def tzinfo(self) -> ZoneInfo:
@@ -865,7 +941,7 @@ class Config(_Model):
                     found.append((path + (name,), value))
                 elif isinstance(value, _Model):
                     walk(value, path + (name,))
-                elif isinstance(value, Mapping):  # e.g. tools.mcp_servers: named sections
+                elif isinstance(value, Mapping):  # named sections: models.<name>.api_key, tools.mcp_servers.<name>
                     for key, item in value.items():
                         if isinstance(item, _Model):
                             walk(item, path + (name, key))

@@ -8,6 +8,12 @@ refusal (400 for context length, 401, 403, 404) is not retried and raises
 its own subclass (:func:`as_model_error`), so the user is told what to fix.
 The SDK's own retries are off so there is one policy, ours.
 
+With ``model.fallbacks`` a call that fails that way (or on a model the endpoint does not know)
+goes on to the next model of the chain, at once for a refused connection, a timeout or a 429
+asking to wait longer than ``model.max_wait_seconds``; the rules are :mod:`gateway.fallback`'s.
+Each model keeps its own health and breaker (:meth:`ModelClient.endpoints`, for ``/healthz``,
+``/metrics`` and ``doctor``).
+
 With ``on_text``, :meth:`ModelClient.complete` streams (``stream=True`` with
 ``stream_options.include_usage``): each piece of answer text goes to
 ``on_text`` as it arrives, tool calls are put together from their deltas,
@@ -29,7 +35,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import openai
 from openai import AsyncStream, RequestOptions
@@ -45,8 +51,13 @@ from gateway.errors import (
     ModelRefused,
     ModelUnavailable,
 )
+from gateway.fallback import Breaker, Capabilities, ChainSettings, Endpoint, lacking, move_on_now, probe_until_back
 from gateway.retry import Backoff, retry_async
+from gateway.tasks import spawn
 from gateway.usage import OTHER, CallContext, ModelCall, Outcome, UsageRecorder
+
+if TYPE_CHECKING:
+    from gateway.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +180,7 @@ def _failure_kind(exc: BaseException) -> str:
 # Request fields a caller may set on a call (the local API passes its client's on); anything else is ours.
 PASSED_PARAMS = frozenset({"temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
                            "response_format", "tool_choice"})
+DEFAULT_LABEL = "default"  # the ``model`` section's name in the chain (gateway.config.DEFAULT_MODEL)
 PROBE_EVERY_SECONDS = 2.0  # at most one reachability probe this often while the endpoint is down
 
 
@@ -185,48 +197,119 @@ class EndpointHealth:
         return {"state": self.state, "since": self.since, "last_error": self.last_error}
 
 
-class ModelClient:
-    def __init__(self, settings: ModelSettings, *, metrics=None, usage: UsageRecorder | None = None,
-                 backoff: Backoff = Backoff(base=0.5, cap=20.0)):
+class _Endpoint:
+    """One model of the chain as the client holds it: its own HTTP client, health and breaker."""
+
+    def __init__(self, endpoint: Endpoint, breaker_seconds: float, max_calls: int):
+        settings = endpoint.settings
+        assert isinstance(settings, ModelSettings)
+        self.label = endpoint.label
         self.settings = settings
-        self._metrics = metrics
-        self._usage = usage  # the ledger: one row per call; None: not recorded
-        self._backoff = backoff
-        self._client = openai.AsyncOpenAI(
+        self.capabilities = endpoint.capabilities
+        self.client = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=settings.api_key or "not-needed",
             timeout=settings.timeout_seconds,
             max_retries=0,
-            http_client=http_client(settings.max_concurrent_calls),
+            http_client=http_client(max_calls),
         )
-        self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
         self.health = EndpointHealth()
-        self._probed_at = 0.0
+        self.breaker = Breaker(breaker_seconds)
+        self.prober: asyncio.Task | None = None
+        self.probed_at = 0.0
 
-    def _note(self, ok: bool, error: str | None = None) -> None:
+    def note(self, ok: bool, error: str | None = None) -> None:
         if ok and self.health.state != "ok":
             self.health = EndpointHealth("ok", time.time())
         elif not ok:
             since = self.health.since if self.health.state == "unreachable" else time.time()
             self.health = EndpointHealth("unreachable", since, error)
 
-    async def probe(self) -> EndpointHealth:
-        """While the last call said the endpoint is down, see (at most every few seconds, with a
-        short timeout) whether it answers ``GET /models`` again; any answer below 500 counts."""
-        now = time.monotonic()
-        if self.health.state != "unreachable" or now - self._probed_at < PROBE_EVERY_SECONDS:
-            return self.health
-        self._probed_at = now
+    async def answers(self, listed_too: bool = True) -> bool:
+        """Whether ``GET /models`` answers below 500 (and, ``listed_too``, lists ours when it lists any)."""
         try:
-            await self._client.get("/models", cast_to=object, options={"timeout": 3.0})
+            listed = await self.client.get("/models", cast_to=object, options={"timeout": 3.0})
         except openai.APIStatusError as exc:
-            if exc.status_code < 500:
-                self._note(True)
+            return exc.status_code < 500
         except (openai.OpenAIError, OSError, asyncio.TimeoutError):
-            pass
-        else:
-            self._note(True)
+            return False
+        names = {m.get("id") for m in listed.get("data") or [] if isinstance(m, dict)} \
+            if isinstance(listed, dict) and isinstance(listed.get("data"), list) else set()
+        return not listed_too or not names or self.settings.name in names
+
+    def as_dict(self) -> dict:
+        return {**self.health.as_dict(), "model": self.settings.name, "breaker": self.breaker.state}
+
+
+def _falls_back(exc: BaseException) -> bool:
+    """Whether a call's failure sends it to the next model: unreachable, timed out, failing (5xx after the
+    retries, a long 429) or a model the endpoint does not know; not a refusal of this request
+    (a prompt too long, a bad key) nor an answer cut off after the user saw some of it."""
+    if isinstance(exc, ModelNotFound):
+        return True
+    return isinstance(exc, ModelUnavailable) and not isinstance(exc, (ModelRefused, AnswerCutOff))
+
+
+class ModelClient:
+    def __init__(self, settings: ModelSettings, *, metrics=None, usage: UsageRecorder | None = None,
+                 backoff: Backoff = Backoff(base=0.5, cap=20.0), capabilities: Capabilities | None = None,
+                 fallbacks: Sequence[Endpoint] = (), chain: ChainSettings | None = None,
+                 named: Sequence[Endpoint] = ()):
+        self.settings = settings
+        self._metrics = metrics
+        self._usage = usage  # the ledger: one row per call; None: not recorded
+        self._backoff = backoff
+        self._chain = chain = chain or ChainSettings()
+        first = Endpoint(DEFAULT_LABEL, settings, capabilities or Capabilities())
+        self._endpoints = [_Endpoint(e, chain.breaker_seconds, settings.max_concurrent_calls)
+                           for e in (first, *fallbacks)]
+        self._primary = self._endpoints[0]
+        # the named models outside the chain: a call may start on one (a chat's /model), never falls back to one
+        self._chosen = [_Endpoint(e, chain.breaker_seconds, settings.max_concurrent_calls) for e in named
+                        if e.label not in {f.label for f in fallbacks}]
+        self._client = self._primary.client
+        self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
+
+    @property
+    def health(self) -> EndpointHealth:
+        """The ``model`` section's endpoint (``default``)."""
+        return self._primary.health
+
+    def endpoints(self) -> dict[str, dict]:
+        """Each model of the chain, in order: its state, since when, last error, model name and breaker."""
+        return {e.label: e.as_dict() for e in (*self._endpoints, *self._chosen)}
+
+    async def probe(self) -> EndpointHealth:
+        """While the last call said an endpoint is down, see (at most every few seconds, with a
+        short timeout) whether it answers ``GET /models`` again; any answer below 500 counts.
+        Returns the ``default`` endpoint's health."""
+        now = time.monotonic()
+        for endpoint in (*self._endpoints, *self._chosen):
+            if endpoint.health.state != "unreachable" or now - endpoint.probed_at < PROBE_EVERY_SECONDS:
+                continue
+            endpoint.probed_at = now
+            if await endpoint.answers(listed_too=False):
+                endpoint.note(True)
         return self.health
+
+    def _order(self, model: str | None, messages: list[dict], tools: list[dict] | None) -> list[tuple[_Endpoint, str]]:
+        """The models this call tries, in order: the one asked for (a name under ``models``, else a model
+        name for the ``default`` endpoint), then the fallbacks that have what it needs; those whose
+        breaker is open go last."""
+        first = next((e for e in (*self._endpoints, *self._chosen) if e.label == model), self._primary)
+        asked = model if first is self._primary and model and model != DEFAULT_LABEL else None
+        chain = [(first, asked or first.settings.name)]
+        for endpoint in self._endpoints[1:]:
+            if endpoint is first:
+                continue
+            missing = lacking(endpoint.capabilities, messages, tools)
+            if missing:
+                log.debug("fallback %s skipped: it lacks %s", endpoint.label, missing)
+                continue
+            chain.append((endpoint, endpoint.settings.name))
+        if len(chain) == 1:
+            return chain
+        return [c for c in chain if not c[0].breaker.is_open] + [c for c in chain if c[0].breaker.is_open]
 
     async def complete(
         self,
@@ -239,30 +322,73 @@ class ModelClient:
         purpose: CallContext = OTHER,
         params: dict[str, Any] | None = None,
     ) -> Completion:
-        """One model call (retried as the module docstring says); ``purpose`` is what the usage
-        ledger records it as; ``params`` are request fields of :data:`PASSED_PARAMS` (temperature,
-        response_format, ...) sent as they are."""
+        """One model call (retried as the module docstring says), on the first model of the chain that
+        answers; ``purpose`` is what the usage ledger records it as; ``params`` are request fields of
+        :data:`PASSED_PARAMS` (temperature, response_format, ...) sent as they are."""
+        order = self._order(model, messages, tools)
+        for i, (endpoint, name) in enumerate(order):
+            last = i == len(order) - 1
+            try:
+                return await self._complete_on(endpoint, name, last, messages, tools, timeout, on_text, purpose,
+                                               params)
+            except ModelUnavailable as exc:
+                if not _falls_back(exc):
+                    raise
+                self._keep_out(endpoint)
+                if last:
+                    raise
+                log.warning("model %s failed (%s): trying %s", endpoint.label, exc, order[i + 1][0].label)
+                if self._metrics:
+                    self._metrics.model_fallbacks.labels(endpoint.label).inc()
+        raise AssertionError("unreachable: the chain has at least one model")
+
+    def _keep_out(self, endpoint: _Endpoint) -> None:
+        """Open ``endpoint``'s breaker (when there is a chain to leave it out of) and probe it in the background."""
+        if len(self._endpoints) == 1:
+            return
+        endpoint.breaker.open()
+        if endpoint.prober is None or endpoint.prober.done():
+            endpoint.prober = spawn(self._probe_back(endpoint), name=f"model-probe:{endpoint.label}")
+
+    async def _probe_back(self, endpoint: _Endpoint) -> None:
+        async def answers() -> bool:
+            ok = await endpoint.answers()
+            if ok:
+                endpoint.note(True)
+                log.info("model %s answers again: back in the chain", endpoint.label)
+            return ok
+
+        await probe_until_back(answers, endpoint.breaker, self._chain.probe_every_seconds)
+
+    async def _complete_on(self, endpoint: _Endpoint, name: str, last: bool, messages: list[dict],
+                           tools: list[dict] | None, timeout: float | None, on_text: Callable[[str], None] | None,
+                           purpose: CallContext, params: dict[str, Any] | None) -> Completion:
+        """One call on one model of the chain, retried there; recorded in the ledger under ``name``."""
         started, clock = time.monotonic(), self._usage.clock() if self._usage is not None else 0.0
         attempts = [1]
+        streams = on_text is not None and endpoint.capabilities.streaming
         try:
-            completion = await self._complete(messages, tools, model, timeout, on_text, attempts, params)
+            completion = await self._complete(endpoint, name, last, messages, tools, timeout,
+                                              on_text if streams else None, attempts, params)
         except ModelRefused as exc:
-            self._note(True)  # it answered: reachable, it just refused this request
-            self._record(purpose, model, messages, started, clock, attempts[0], None, exc)
+            endpoint.note(True)  # it answered: reachable, it just refused this request
+            self._record(purpose, name, messages, started, clock, attempts[0], None, exc)
             raise
         except ModelUnavailable as exc:
             if not isinstance(exc, AnswerCutOff):
-                self._note(False, str(exc))
-            self._record(purpose, model, messages, started, clock, attempts[0], None, exc)
+                endpoint.note(False, str(exc))
+            self._record(purpose, name, messages, started, clock, attempts[0], None, exc)
             raise
         except BaseException as exc:
-            self._record(purpose, model, messages, started, clock, attempts[0], None, exc)
+            self._record(purpose, name, messages, started, clock, attempts[0], None, exc)
             raise
-        self._note(True)
-        self._record(purpose, model, messages, started, clock, attempts[0], completion, None)
+        endpoint.note(True)
+        self._record(purpose, name, messages, started, clock, attempts[0], completion, None)
+        if on_text is not None and not streams and completion.message.get("content"):
+            on_text(completion.message["content"])  # a model that does not stream: its answer in one piece
         return completion
 
-    def _record(self, purpose: CallContext, model: str | None, messages: list[dict], started: float, clock: float,
+    def _record(self, purpose: CallContext, model: str, messages: list[dict], started: float, clock: float,
                 attempts: int, completion: Completion | None, failure: BaseException | None) -> None:
         if self._usage is None:
             return
@@ -284,18 +410,18 @@ class ModelClient:
                 error = "cancelled" if isinstance(failure, asyncio.CancelledError) else \
                     f"{type(failure).__name__}: {failure}"[:200]
             self._usage.record(ModelCall(
-                context=purpose, model=model or self.settings.name, at=clock,
+                context=purpose, model=model, at=clock,
                 latency_ms=(time.monotonic() - started) * 1000, outcome=outcome, attempts=attempts, error=error,
                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached,
                 cache_write_tokens=written, estimated=estimated))
         except Exception:  # the ledger never fails a model call
             log.exception("usage ledger: the call could not be recorded")
 
-    async def _complete(self, messages: list[dict], tools: list[dict] | None, model: str | None,
-                        timeout: float | None, on_text: Callable[[str], None] | None,
+    async def _complete(self, endpoint: _Endpoint, model: str, last: bool, messages: list[dict],
+                        tools: list[dict] | None, timeout: float | None, on_text: Callable[[str], None] | None,
                         attempts: list[int], params: dict[str, Any] | None = None) -> Completion:
         body: dict[str, Any] = {k: v for k, v in (params or {}).items() if k in PASSED_PARAMS}
-        body.update({"model": model or self.settings.name, "messages": messages})
+        body.update({"model": model, "messages": messages})
         if tools:
             body["tools"] = tools
         else:
@@ -308,27 +434,33 @@ class ModelClient:
         async def call():
             async with self._slots:
                 if on_text is not None:
-                    return await self._streamed(body, options, on_text)
+                    return await self._streamed(endpoint.client, body, options, on_text)
                 # The SDK's typed ``chat.completions.create`` re-walks every message through its
                 # TypedDict transformer (about 14 ms for a 20-message prompt, measured with
                 # cProfile); our messages are already plain JSON, so post them as they are and
                 # let the SDK do the rest (auth, HTTP, errors).  The answer is read as plain JSON
                 # too: building its ChatCompletion model was about 0.5 ms of a turn's CPU.
-                return await self._client.post("/chat/completions", cast_to=object, body=body, options=options)
+                return await endpoint.client.post("/chat/completions", cast_to=object, body=body, options=options)
+
+        def here(exc: BaseException) -> float | None:
+            """The usual policy, except that with another model left some failures move on at once."""
+            if not last and move_on_now(exc, self._chain.max_wait_seconds):
+                return None
+            return classify(exc)
 
         def on_retry(attempt: int, exc: BaseException, wait: float) -> None:
             attempts[0] = attempt + 1
-            log.warning("model call failed (%s), retry %d in %.1fs", _describe(exc), attempt, wait)
+            log.warning("model call to %s failed (%s), retry %d in %.1fs", endpoint.label, _describe(exc), attempt, wait)
             if self._metrics:
                 self._metrics.model_retries.inc()
 
         try:
             response = await retry_async(
                 call,
-                classify=classify,
+                classify=here,
                 backoff=self._backoff,
-                max_attempts=self.settings.max_retries + 1,
-                total_seconds=self.settings.retry_total_seconds,
+                max_attempts=endpoint.settings.max_retries + 1,
+                total_seconds=endpoint.settings.retry_total_seconds,
                 on_retry=on_retry,
             )
         except openai.OpenAIError as exc:
@@ -358,13 +490,14 @@ class ModelClient:
             cached_tokens=cached, cache_write_tokens=written, reported=usage is not None,
         )
 
-    async def _streamed(self, body: dict, options: RequestOptions, on_text: Callable[[str], None]) -> Completion:
+    async def _streamed(self, client: openai.AsyncOpenAI, body: dict, options: RequestOptions,
+                        on_text: Callable[[str], None]) -> Completion:
         """One streamed call, put together into a :class:`Completion`; text goes to ``on_text`` as it comes."""
         answer = _StreamedAnswer()
         # Chunks as plain JSON: building the SDK's ChatCompletionChunk model for each of them cost about
         # 0.2 ms a chunk (cProfile), 90 % of a streamed call's CPU; the SDK still does the HTTP, the
         # errors and the Server-Sent Events.
-        stream = await self._client.post("/chat/completions", cast_to=ChatCompletion, body=body, options=options,
+        stream = await client.post("/chat/completions", cast_to=ChatCompletion, body=body, options=options,
                                          stream=True, stream_cls=AsyncStream[object])
         try:
             async for chunk in stream:
@@ -382,7 +515,10 @@ class ModelClient:
         return answer.completion()
 
     async def close(self) -> None:
-        await self._client.close()
+        for endpoint in (*self._endpoints, *self._chosen):
+            if endpoint.prober is not None:
+                endpoint.prober.cancel()
+            await endpoint.client.close()
 
 
 def _without_none(value: Any) -> Any:
@@ -478,3 +614,20 @@ def _connect_error(exc: BaseException) -> OSError | None:
         cause = cause.__cause__ or cause.__context__
     errors = [e for e in chain if isinstance(e, OSError) and not isinstance(e, TimeoutError)]
     return next((e for e in errors if isinstance(e, ConnectionRefusedError)), errors[0] if errors else None)
+
+
+def model_client(cfg: Config, *, metrics=None, usage: UsageRecorder | None = None) -> ModelClient:
+    """The client for ``cfg``'s chain: ``model`` (named ``default``), then ``model.fallbacks`` from ``models``."""
+    m = cfg.model
+
+    def settings(base_url: str, api_key: str, name: str) -> ModelSettings:
+        return ModelSettings(base_url=str(base_url), api_key=api_key, name=name, timeout_seconds=m.timeout_seconds,
+                             max_concurrent_calls=m.max_concurrent_calls, max_retries=m.max_retries,
+                             retry_total_seconds=m.retry_total_seconds)
+
+    named = {label: Endpoint(label, settings(n.base_url, n.api_key, n.name), Capabilities(n.vision, n.tools, n.streaming))
+             for label, n in cfg.models.items()}
+    return ModelClient(settings(m.base_url, m.api_key, m.name), metrics=metrics, usage=usage,
+                       capabilities=Capabilities(m.vision, m.tools, m.streaming),
+                       fallbacks=[named[label] for label in m.fallbacks], named=list(named.values()),
+                       chain=ChainSettings(max_wait_seconds=m.max_wait_seconds, breaker_seconds=m.breaker_seconds))

@@ -10,10 +10,14 @@ retrying through ``classify``: it returns ``None`` for "give up now" or the
 minimum number of seconds the other side asked us to wait (``0.0`` when it
 said nothing, e.g. a plain 503).
 
-Loops that must never give up keep their own ``while`` and take only their
-waits from :meth:`Backoff.delay`: the daemon restarting an adapter that failed
-to start (``gateway/runtime/daemon.py``), the Discord client's reconnect
-(``adapters/discord/adapter.py``), Telegram's long polling
+Work that must be kept running, never given up, goes through :func:`supervise`:
+it runs a coroutine factory, and after each failure logs it, counts it (by the
+loop's name, see :func:`supervised_failures`), waits :meth:`Backoff.delay` and
+runs it again; cancelling the task stops it cleanly.  The platform supervisor
+(``gateway/runtime/platforms.py``) starts adapters and opens send-only standbys
+with it.  Loops inside the adapters keep their own ``while`` and take only their
+waits from :meth:`Backoff.delay`, because a library drives them: the Discord
+client's reconnect (``adapters/discord/adapter.py``), Telegram's long polling
 (``adapters/telegram/polling.py``) and the Slack Socket Mode reconnect
 (``adapters/slack/connection.py``).
 """
@@ -24,10 +28,13 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Awaitable, Callable, TypeVar
 
 log = logging.getLogger(__name__)
+
+_supervised_failures: Counter[str] = Counter()
 
 T = TypeVar("T")
 
@@ -80,4 +87,42 @@ async def retry_async(
             if on_retry is not None:
                 on_retry(attempt, exc, wait)
             log.debug("retrying after %s (attempt %d, waiting %.2fs)", type(exc).__name__, attempt, wait)
+            await sleep(wait)
+
+
+def supervised_failures() -> dict[str, int]:
+    """Failures of :func:`supervise` loops in this process, by the loop's name up to its first ``:``."""
+    return dict(_supervised_failures)
+
+
+async def supervise(
+    run: Callable[[], Awaitable[object]],
+    *,
+    name: str,
+    backoff: Backoff = Backoff(),
+    on_failure: Callable[[int, Exception, float], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Run ``run()`` until it returns; after each failure wait and run it again, never giving up.
+
+    Each failure is counted under ``name`` (up to its first ``:``) and logged: by
+    ``on_failure(failures, error, wait)`` when given (the caller says what failed and
+    records it), else here.  The wait is ``backoff.delay(failures - 1)``.  Cancelling
+    the task running this stops it at once, in ``run()`` or in a wait.
+    """
+    failures = 0
+    while True:
+        try:
+            await run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - kept running: counted, logged, run again
+            wait = backoff.delay(failures)
+            failures += 1
+            _supervised_failures[name.split(":", 1)[0] or "unnamed"] += 1
+            if on_failure is not None:
+                on_failure(failures, exc, wait)
+            else:
+                log.error("%s failed (%d in a row): %s; running it again in %.1fs", name, failures, exc, wait)
             await sleep(wait)

@@ -36,6 +36,7 @@ import state
 from gateway.errors import GatewayClosing, ModelUnavailable, PlatformHTTPError
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
+from gateway.modelchoice import ModelChoices
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
 from gateway.tasks import spawn
@@ -64,6 +65,7 @@ class RouterSettings:
     model_name: str = "model"
     reset_policy_for: Callable[[str, str], ResetPolicy] = lambda platform, chat_type: ResetPolicy()
     resume_within: float = 3600.0  # after a restart, older unanswered messages get a line, not an answer
+    models: ModelChoices = ModelChoices()  # the named models a chat may choose (/model), and who may
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class RequestExtras:
     # session's last message is that same text, left unanswered by a failed turn, it is not stored again
     retry: bool = False
     client_tools: tuple[dict, ...] = ()  # the client's own tools (function schemas), offered beside the agent's
+    model: str | None = None  # a named model the request chose (checked by the API), over the chat's /model
 
 
 NO_EXTRAS = RequestExtras()
@@ -133,6 +136,8 @@ class Lane:
     last_prompt_tokens: int | None = None
     stream_choice: str | None = None  # the chat's /stream on|off ("on", "off"; None: the config's default)
     stream_choice_read: bool = False  # stream_choice was read from the store
+    model_choice: str | None = None  # the chat's /model NAME (None: default)
+    model_choice_read: bool = False  # model_choice was read from the store
 
     @property
     def busy(self) -> bool:
@@ -163,19 +168,21 @@ class SessionHooks:
     on_work_pending: Callable[[], object] | None = None
 
 
-class TurnClaim(Protocol):
-    """A session's work this instance claimed under a lease (see :mod:`gateway.runtime.turn_claims`).
+class TurnGuard(Protocol):
+    """What a turn may do: the fence its writes carry, and whether it may still store and send.
 
-    The router runs it in the session's lane like any turn, but: its writes carry ``fence`` (a
+    Clustered, it is a session's lease (:class:`TurnClaim`): its writes carry ``fence`` (a
     ``state.Fence``), nothing is sent before the answer is stored unless :meth:`trusted`, and once
-    :meth:`lost` nothing is stored or sent at all."""
+    :meth:`lost` nothing is stored or sent at all.  A single instance runs every turn under
+    :data:`SINGLE_INSTANCE`, which never fences and is never lost."""
 
     @property
-    def session_id(self) -> str: ...
+    def session_id(self) -> str | None:
+        """The session the guard holds (None: any, a single instance)."""
 
     @property
-    def fence(self) -> object:
-        """The ``state.Fence`` every write of the turn carries."""
+    def fence(self) -> state.Fence | None:
+        """The ``state.Fence`` every write of the turn carries (None: unfenced)."""
 
     @property
     def lost_by(self) -> BaseException | None:
@@ -194,10 +201,41 @@ class TurnClaim(Protocol):
         """Work stays undone (a stored reply not sent): the session stays pending for the next claim."""
 
 
+class TurnClaim(TurnGuard, Protocol):
+    """A session's work this instance claimed under a lease (see :mod:`gateway.runtime.turn_claims`);
+    the router runs it in the session's lane like any turn, guarded by it."""
+
+    @property
+    def session_id(self) -> str: ...
+
+
+class _SingleInstance:
+    """The guard of every turn where one instance serves the store: unfenced, always trusted, never lost."""
+
+    session_id = None
+    fence = None
+    lost_by = None
+
+    def trusted(self) -> bool:
+        return True
+
+    def lost(self, exc: BaseException | None = None) -> bool:
+        return False
+
+    def attach(self, task: asyncio.Task) -> None:
+        pass
+
+    def keep_pending(self) -> None:
+        pass
+
+
+SINGLE_INSTANCE: TurnGuard = _SingleInstance()
+
+
 class _TrustedDrafts:
     """A platform's drafts that refuse to post or edit once the claim's lease can no longer be trusted."""
 
-    def __init__(self, drafts: DraftOutput, claim: TurnClaim):
+    def __init__(self, drafts: DraftOutput, claim: TurnGuard):
         self._drafts = drafts
         self._claim = claim
         self.message_limit = drafts.message_limit
@@ -219,7 +257,7 @@ class _TrustedDrafts:
 
 
 class SessionRouter:
-    def __init__(self, db, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
+    def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
                  hooks: SessionHooks = SessionHooks(), context_length: int | None = None,
                  clock: Callable[[], float] = time.time):
         self.db = db
@@ -270,7 +308,7 @@ class SessionRouter:
         return platform in self._claimed
 
     async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict, session_id: str,
-                          claim: TurnClaim | None = None) -> ReplyStream | None:
+                          claim: TurnGuard = SINGLE_INSTANCE) -> ReplyStream | None:
         """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off;
         its messages are recorded under ``plan`` as they are posted (and, under ``claim``, posted only
         while its lease is trusted)."""
@@ -283,7 +321,7 @@ class SessionRouter:
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
             await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
 
-        drafts: DraftOutput = out.drafts if claim is None else _TrustedDrafts(out.drafts, claim)
+        drafts: DraftOutput = _TrustedDrafts(out.drafts, claim)
         return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
 
     async def stream_choice(self, lane: Lane) -> str | None:
@@ -291,6 +329,25 @@ class SessionRouter:
         if not lane.stream_choice_read:
             lane.stream_choice, lane.stream_choice_read = await self.db.chat_pref(lane.key, "stream"), True
         return lane.stream_choice
+
+    async def model_choice(self, lane: Lane) -> str | None:
+        """The chat's /model choice as stored (None: it made none); read once per lane."""
+        if not lane.model_choice_read:
+            lane.model_choice, lane.model_choice_read = await self.db.chat_pref(lane.key, "model"), True
+        return lane.model_choice
+
+    async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
+        """The model this chat's turn for ``msg`` starts on: its /model choice while the sender may still use
+        it, else ``default``."""
+        choice = await self.model_choice(lane)
+        if choice and self.settings.models.allowed(choice, msg.platform, msg.user_id, lane.key):
+            return choice
+        return "default"
+
+    async def choose_model(self, lane: Lane, name: str) -> None:
+        """The chat's /model NAME (the caller checked it may): remembered in the store, used from the next turn."""
+        await self.db.set_chat_pref(lane.key, "model", name, now=self.clock())
+        lane.model_choice, lane.model_choice_read = name, True
 
     def streamed_output(self, platform: str, chat_type: ChatType, choice: str | None) -> StreamedOutput | None:
         """How a reply on ``platform`` streams given the chat's choice (None: it made none), or None: sent whole."""
@@ -382,7 +439,7 @@ class SessionRouter:
                 session, appended = await self.db.append_inbound_to_route(
                     key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
                     inbox=inbox, pending=claimed)
-                if appended is not None:
+                if appended is not None and session is not None:  # stored: the session is the routed one
                     session_id, notice = session["id"], None
                 else:
                     session_id, notice = await self._apply_policy(key, msg, lane, session)
@@ -481,9 +538,9 @@ class SessionRouter:
                             session: dict | None) -> tuple[str, str | None]:
         """``session`` (the key's routed session row, None: no route) or, when the reset policy ends it
         or it ended elsewhere, a new one; with the line telling the user why, if any."""
-        session_id = session["id"] if session else None
         previous = None
         if session is not None and session.get("ended_at") is None:
+            session_id: str = session["id"]
             if lane.busy:
                 return session_id, None
             policy = self.settings.reset_policy_for(msg.platform, msg.chat_type.value)
@@ -642,7 +699,7 @@ class SessionRouter:
         else:
             await self._run_turn(lane, batch, history, claim)
 
-    def _dropped(self, claim: TurnClaim, exc: BaseException | None, what: str) -> bool:
+    def _dropped(self, claim: TurnGuard, exc: BaseException | None, what: str) -> bool:
         """Whether the lease behind ``claim`` is gone (``exc`` may say so): then ``what`` is dropped, said once."""
         if not claim.lost(exc):
             return False
@@ -655,9 +712,9 @@ class SessionRouter:
                     f"instance {holder}" if holder else "the instance holding the lease now")
         return True
 
-    def _may_send_stored(self, claim: TurnClaim | None, session_id: str) -> bool:
+    def _may_send_stored(self, claim: TurnGuard, session_id: str) -> bool:
         """Whether a reply stored under ``claim`` may be sent now; if not it stays pending, for the next claim."""
-        if claim is None or claim.trusted():
+        if claim.trusted():
             return True
         claim.keep_pending()
         log.warning("the reply for session %s is stored but not sent from here: this instance's lease on it "
@@ -665,26 +722,28 @@ class SessionRouter:
         return False
 
     async def _run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict],
-                        claim: TurnClaim | None = None) -> None:
+                        claim: TurnGuard = SINGLE_INSTANCE) -> None:
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
         answered = tuple(t.message_id for t in batch if t.message_id is not None)  # what the reply follows
         inbox = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
         plan = self._delivery_plan(msg) if inbox else None
-        stream = await self._stream_for(lane, msg, plan, last.session_id, claim) if plan is not None else None
-        if stream is not None:
-            plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
+        stream = None
+        if plan is not None:
+            stream = await self._stream_for(lane, msg, plan, last.session_id, claim)
+            if stream is not None:
+                plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
-            stream=stream if stream is not None else last.sink, fence=claim.fence if claim is not None else None,
+            stream=stream if stream is not None else last.sink, fence=claim.fence,
             system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
+            model=last.extras.model or await self.chat_model(lane, msg),
         )
         typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
-        if claim is not None:
-            claim.attach(turn)
+        claim.attach(turn)
         lane.current = turn
         if lane.stop_asked:  # stopped while it was being set up
             turn.cancel()
@@ -704,7 +763,7 @@ class SessionRouter:
                 t.answered_in = result.session_id
                 t.client_calls = result.client_calls
         except asyncio.CancelledError:
-            if claim is not None and turn.cancelled() and not _current_cancelling() and \
+            if turn.cancelled() and not _current_cancelling() and \
                     self._dropped(claim, None, "the turn"):
                 return
             if turn.cancelled() and not _current_cancelling():
@@ -722,7 +781,7 @@ class SessionRouter:
             for t in batch:
                 t.failure = exc
         except Exception as exc:  # the user gets an answer, the lane lives on
-            if claim is not None and self._dropped(claim, exc, "the turn's answer"):
+            if self._dropped(claim, exc, "the turn's answer"):
                 return
             log.exception("turn for %s failed", lane.key)
             for t in batch:
@@ -745,7 +804,7 @@ class SessionRouter:
             # the line that stands in for an answer settles the messages, so a restart does not retry them
             record["kind"] = "notice"
             if not await self._settle(inbox, record, last.session_id, claim):
-                if claim is None or not claim.lost():
+                if not claim.lost():
                     await self.deliver(msg.chat, text, msg.message_id)
                 return
         if not self._may_send_stored(claim, last.session_id):
@@ -756,16 +815,15 @@ class SessionRouter:
             await self._send_recorded(record)
 
     async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict,
-                             claim: TurnClaim | None = None) -> bool:
+                             claim: TurnGuard = SINGLE_INSTANCE) -> bool:
         """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
-        fenced = {"fence": claim.fence} if claim is not None else {}
         try:
             await self.db.record_turn(session_id, [{"role": "assistant", "content": record["text"],
                                                     "finish_reason": "stopped"}], answered=answered, delivery=record,
-                                      **fenced)
+                                      fence=claim.fence)
             return True
         except state.StateError as exc:
-            if claim is not None and self._dropped(claim, exc, "the stopped answer"):
+            if self._dropped(claim, exc, "the stopped answer"):
                 return False
             log.error("could not store the stopped answer in %s: %s", session_id, exc)
             return False
@@ -774,6 +832,7 @@ class SessionRouter:
         """After a restart, a streamed reply a stop cut short: finished in its own messages from the stored
         text, or, when its turn never finished, marked as cut short (the message is answered anew)."""
         chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
+        error: str | None
         if record.get("status") == "streaming":
             delivery = await mark_cut_short(drafts, chat, record["sent_ids"])
             status, error = "failed", delivery.error or "cut short by a restart; answered again"
@@ -806,15 +865,14 @@ class SessionRouter:
             log.error("could not record the delivery of %s: %s", record["id"], exc)
 
     async def _settle(self, answered: tuple[int, ...], delivery: dict, session_id: str,
-                      claim: TurnClaim | None = None) -> bool:
+                      claim: TurnGuard = SINGLE_INSTANCE) -> bool:
         """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store
         failed (or, under ``claim``, its lease was lost: then nothing may be sent either)."""
-        fenced = {"fence": claim.fence} if claim is not None else {}
         try:
-            await self.db.settle_inbox(answered, delivery, session_id=session_id, **fenced)
+            await self.db.settle_inbox(answered, delivery, session_id=session_id, fence=claim.fence)
             return True
         except state.StateError as exc:
-            if claim is not None and self._dropped(claim, exc, "the line standing in for an answer"):
+            if self._dropped(claim, exc, "the line standing in for an answer"):
                 return False
             log.error("could not record the answer to %d message(s) in %s: %s; a restart may answer them again",
                       len(answered), session_id, exc)
@@ -852,7 +910,7 @@ class SessionRouter:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)
 
     async def _keep_typing(self, chat: ChatRef, stream: ReplyStream | None = None,
-                           claim: TurnClaim | None = None) -> None:
+                           claim: TurnGuard = SINGLE_INSTANCE) -> None:
         typer = self._typers.get(chat.platform)
         if typer is None:
             return
@@ -860,7 +918,7 @@ class SessionRouter:
         while True:
             if stream is not None and stream.message_ids:
                 return  # the answer shows as it is written: no indicator needed, and none spends the budget
-            if claim is not None and not claim.trusted():
+            if not claim.trusted():
                 return  # the lease may be another instance's by now: it shows its own indicator
             try:
                 await typer(chat)
@@ -921,7 +979,7 @@ class SessionRouter:
         if not lane.busy:
             lane.worker = spawn(self._drain(lane), name=f"lane:{lane.key}")
 
-    async def _answer_expired(self, tickets: list[Ticket], claim: TurnClaim | None = None) -> None:
+    async def _answer_expired(self, tickets: list[Ticket], claim: TurnGuard = SINGLE_INSTANCE) -> None:
         """One line for messages a restart found unanswered and too old to answer blindly."""
         first, last = tickets[0].msg, tickets[-1].msg
         when = self._local_time(first.received_at)
@@ -960,7 +1018,8 @@ class SessionRouter:
 
         Returns the keys whose work was cancelled (their user messages stay stored, unanswered)."""
         self._closing = True
-        workers = {key: lane.worker for key, lane in self._lanes.items() if lane.busy}
+        workers = {key: lane.worker for key, lane in self._lanes.items()
+                   if lane.worker is not None and not lane.worker.done()}  # the busy lanes
         if not workers:
             return []
         done, pending = await asyncio.wait(workers.values(), timeout=grace_seconds)

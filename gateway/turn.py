@@ -28,6 +28,7 @@ from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Attachment
 from gateway.usage import CallContext, for_session
+from state import AsyncSessionDB, Fence
 from state.memory_fence import FenceScrubber, strip_memory_fence
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class TurnRequest:
     stream: ReplySink | None = None  # the answer shown as it is written; None: sent whole, afterwards
     # Clustered: the lease this turn runs under (a ``state.Fence``); its reply is stored only while the
     # lease is still this instance's.  None: no lease (one instance, or a local request).
-    fence: object | None = None
+    fence: Fence | None = None
     # Request fields a local API client set (temperature, max_tokens, response_format, ...), sent with
     # every model call of the turn (see ``gateway.model.PASSED_PARAMS``).
     params: dict | None = None
@@ -158,7 +159,7 @@ class TurnHooks:
 
 
 class AgentTurn:
-    def __init__(self, db, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *,
+    def __init__(self, db: AsyncSessionDB, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *,
                  hooks: TurnHooks = TurnHooks(), max_message_tokens: int | None = None, clock=None):
         self.db = db
         self.model = model
@@ -244,9 +245,8 @@ class AgentTurn:
         if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
             reply = f"{reply}\n\n{CUT_OFF_NOTE}"
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
-        fenced = {"fence": req.fence} if req.fence is not None else {}
         await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
-                                  answered=req.answered, delivery=delivery, **fenced)
+                                  answered=req.answered, delivery=delivery, fence=req.fence)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices,
                           loop.client_calls)
 

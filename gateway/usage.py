@@ -20,6 +20,7 @@ from typing import Callable, Literal, Mapping
 
 from gateway.keys import chat_of_key
 from gateway.tasks import spawn
+from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def price_of(pricing: Mapping, model: str) -> dict[str, float] | None:
 class UsageRecorder:
     """Writes each model call to the ledger in the background (``db`` is an :class:`state.AsyncSessionDB`)."""
 
-    def __init__(self, db, pricing: Mapping, *, clock: Callable[[], float] = time.time, batch_seconds: float = 0.5):
+    def __init__(self, db: AsyncSessionDB, pricing: Mapping, *, clock: Callable[[], float] = time.time, batch_seconds: float = 0.5):
         self.db = db
         self.pricing = pricing
         self.clock = clock

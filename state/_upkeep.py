@@ -60,7 +60,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, NamedTuple
+from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 
 from . import _sessions
 from ._dialect import StoreSize, dialect_of, file_size
@@ -300,7 +300,26 @@ class _Pacer:
             self.size = int(min(self.hi, max(self.lo, min(wanted, self.size * 2))))
 
 
-async def run_upkeep(db, *, retention_days: float | None, now: float | None = None,
+class UpkeepStore(Protocol):
+    """What a pass calls on the store: :class:`state.AsyncSessionDB`'s coroutines of these names (a
+    narrow view, since this module cannot import the async store it is part of; mypy checks at each
+    call of :func:`run_upkeep` that the store given has them, with these signatures)."""
+
+    async def store_size(self) -> StoreSize: ...
+    async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...
+    async def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]: ...
+    async def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int, *,
+                                gives_way: bool = ...) -> tuple[PruneStep, Timed]: ...
+    async def fts_segments(self, table: str) -> list[int]: ...
+    async def upkeep_merge_step(self, table: str, pages: int, segments: list[int] | None = ..., start: bool = ..., *,
+                                gives_way: bool = ...) -> tuple[MergeStep, Timed]: ...
+    async def upkeep_automerge(self, on: bool) -> Timed: ...
+    async def upkeep_vacuum_step(self, pages: int, *, gives_way: bool = ...) -> tuple[int, Timed]: ...
+    async def message_count(self, session_id: str | None = ...) -> int: ...
+    async def record_upkeep(self, report: dict) -> None: ...
+
+
+async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: float | None = None,
                      idle: Callable[[], bool] = lambda: True, wal_limit_bytes: int = WAL_LIMIT_BYTES) -> UpkeepReport:
     """One upkeep pass over an :class:`state.AsyncSessionDB` (see the module docstring)."""
     now = time.time() if now is None else now

@@ -19,13 +19,18 @@ import functools
 import queue
 import threading
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .db import SessionDB, public_methods
 from .errors import StateError
 
 if TYPE_CHECKING:
+    # the coroutines added below, at import, as the type checker sees them (generated from SessionDB)
+    from ._aio_face import AsyncFace
     from .cluster.store import ClusterStore
+else:
+    AsyncFace = object
 
 
 class _Workers:
@@ -105,8 +110,11 @@ def _coroutine(name: str, method: Callable[..., Any], kind: str) -> Callable[...
     return call
 
 
-class AsyncSessionDB:
+class AsyncSessionDB(AsyncFace):
     """The same public methods as :class:`SessionDB`, as coroutines.
+
+    They are made at import from SessionDB's marks; ``state/_aio_face.pyi`` declares them for the
+    type checker (``python -m state._gen_aio_face`` writes it).
 
     ``await adb.close()`` waits for queued writes to finish, then closes the
     database.  ``AsyncSessionDB.open(path)`` opens the database on a thread
@@ -128,7 +136,8 @@ class AsyncSessionDB:
         return cls(db, readers=readers)
 
     @property
-    def db_path(self):
+    def db_path(self) -> Path | None:
+        """:attr:`SessionDB.db_path`: the SQLite file, None on PostgreSQL."""
         return self.db.db_path
 
     @property
@@ -163,15 +172,11 @@ class AsyncSessionDB:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    if TYPE_CHECKING:
-        # SessionDB's public methods are added below, at import; the type checker cannot see them.
-        def __getattr__(self, name: str) -> Any: ...
+    # sanitize_title needs no thread: it touches no database
+    sanitize_title = staticmethod(SessionDB.sanitize_title)
 
 
 for _kind in ("read", "write", "upkeep"):
     for _name, _method in public_methods(_kind).items():
         setattr(AsyncSessionDB, _name, _coroutine(_name, _method, _kind))
 del _kind, _name, _method
-
-# sanitize_title needs no thread: it touches no database
-AsyncSessionDB.sanitize_title = staticmethod(SessionDB.sanitize_title)  # type: ignore[attr-defined]

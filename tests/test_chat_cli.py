@@ -148,7 +148,7 @@ def test_warnings_go_to_a_file_not_between_the_prompt_and_the_typing(tmp_path):
         assert "WARNING" not in result.output and "retry 1" not in result.output
         assert f"(warnings from this chat are in {home / 'chat.log'})" in result.stderr
     logged = (home / "chat.log").read_text(encoding="utf-8")
-    assert logged.count("model call failed (connection refused), retry 1") == 2
+    assert logged.count("model call to default failed (connection refused), retry 1") == 2
     assert "context length" not in logged  # said by config check, doctor and the daemon, not at every chat
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -23,6 +25,9 @@ def mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+# mypy checks the snippet and every module it imports from a fresh cache: about 30 s alone, several
+# minutes on two cores shared with the other test workers, more than the suite's 120 s default.
+@pytest.mark.timeout(400)
 def test_a_call_to_a_method_the_service_does_not_have_is_an_error_and_only_that(tmp_path):
     done = mypy(tmp_path, (
         "from gateway.cron.service import CronService\n"

@@ -372,6 +372,11 @@ MISTAKES = [
     ("retention below a day", "store:\n  retention_days: 0.5\n", {}, "store.retention_days", "must be at least 1 (got 0.5)"),
     ("bad reasoning replay", "model:\n  replay_reasoning: sometimes\n", {}, "model.replay_reasoning",
      'must be one of tool_loop, always, never (got "sometimes")'),
+    ("unknown cron model", "models:\n  fast: {base_url: 'http://127.0.0.1:9/v1', name: f}\ncron:\n  jobs:\n"
+     "  - {id: a, schedule: every 1h, prompt: hi, model: gpt-4o}\n", {}, "cron.jobs[0].model",
+     "'gpt-4o' is not a model name; use one of default, fast"),
+    ("bad allowed_for", "models:\n  fast: {base_url: 'http://127.0.0.1:9/v1', name: f, allowed_for: [ann]}\n", {},
+     "models.fast.allowed_for[0]", "must be platform:user_id"),
 ]
 
 

@@ -63,6 +63,21 @@ async def test_model_missing_or_unreachable(tmp_path):
     assert line(out, "model") == "✗ model: cannot reach http://127.0.0.1:9/v1: connection refused (nothing listens there)"
 
 
+async def test_each_fallback_model_is_checked_and_named(tmp_path):
+    async with FakeModel(model_name="fake-model") as model, FakeModel(model_name="backup-model") as backup:
+        models = {"good": {"base_url": backup.base_url, "name": "backup-model"},
+                  "wrong": {"base_url": backup.base_url, "name": "gone-model"}}
+        config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model",
+                                               "fallbacks": ["good", "wrong"]}, models=models)
+        code, out = await doctor(config)
+    assert code == 1
+    assert line(out, "model").startswith("✓")
+    assert line(out, "fallback good") == f"✓ fallback good: {backup.base_url} serves 'backup-model'"
+    assert line(out, "fallback wrong") == \
+        f"✗ fallback wrong: {backup.base_url} does not serve 'gone-model' (it has: backup-model)"
+    assert "fix: set models.wrong.name to one of those" in out
+
+
 async def test_bad_platform_tokens(tmp_path):
     async with FakeModel() as model, FakeTelegram() as tg, FakeDiscord() as dc, FakeSlack() as sl:
         config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"}, platforms={

@@ -104,10 +104,13 @@ PRODUCT = ("gateway", "adapters", "state", "compression")
 
 
 def _product_modules() -> dict[str, tuple[Path, bool]]:
-    """Every module of the product packages: dotted name -> (file, whether it is a package's __init__)."""
+    """Every module of the product packages: dotted name -> (file, whether it is a package's __init__).
+    A stub with no module beside it (``state/_aio_face.pyi``, read by the type checker only) counts too."""
     found = {}
     for package in PRODUCT:
-        for path in (ROOT / package).rglob("*.py"):
+        paths = list((ROOT / package).rglob("*.py"))
+        paths += [p for p in (ROOT / package).rglob("*.pyi") if not p.with_suffix(".py").exists()]
+        for path in paths:
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)

@@ -299,7 +299,7 @@ def test_rows_pointing_at_nothing_are_refused_before_anything_is_copied(tmp_path
 
 
 def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
-    """The way back the README gives: `sessions export` with store.url set, `sessions import` into a home
+    """The way back docs/postgresql.md gives: `sessions export` with store.url set, `sessions import` into a home
     without it; sessions, their messages and lineage come back, search finds them."""
     home = tmp_path / "home"
     _fill_every_table(home)
@@ -319,4 +319,4 @@ def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
     with state.SessionDB(back / "state.db") as db:
         assert db.get_session("early")["parent_session_id"] == "late"
         assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
-        assert db.list_cron_jobs() == []  # what an export does not carry: see the README
+        assert db.list_cron_jobs() == []  # what an export does not carry: see docs/postgresql.md

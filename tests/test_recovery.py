@@ -142,7 +142,9 @@ async def test_an_old_unanswered_message_gets_one_line_instead_of_a_blind_answer
         finally:
             await gw.stop(grace_seconds=5)
     [line] = tg.sent
-    when = time.strftime("%H:%M", time.gmtime(two_hours_ago))
+    # "14:02" today, "Mon 21 Nov 14:02" when two hours ago was yesterday (a run just after midnight UTC)
+    same_day = time.gmtime(two_hours_ago)[:3] == time.gmtime()[:3]
+    when = time.strftime("%H:%M" if same_day else "%a %d %b %H:%M", time.gmtime(two_hours_ago))
     assert line.visible_text == (f"I restarted and did not answer your message from {when}. "
                                  "Send it again if it still matters.")
     assert model.requests == []

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from gateway.ratelimit import RateLimiter, limiter_for
-from gateway.retry import Backoff, retry_async
+from gateway.retry import Backoff, retry_async, supervise, supervised_failures
 
 
 class Flaky(Exception):
@@ -50,6 +50,44 @@ async def test_gives_up_when_the_total_time_would_be_exceeded():
     with pytest.raises(Flaky):
         await retry_async(call, classify=lambda e: e.retry_after, total_seconds=5.0, max_attempts=10)
     assert attempts == 1
+
+
+async def test_supervise_runs_again_after_each_failure_until_it_returns():
+    runs, failures, waits = [], [], []
+
+    async def run():
+        runs.append(len(runs))
+        if len(runs) < 3:
+            raise OSError(f"refused {len(runs)}")
+
+    async def fake_sleep(s):
+        waits.append(s)
+
+    before = supervised_failures().get("adapter", 0)
+    await supervise(run, name="adapter:test", backoff=Backoff(base=1.0, cap=60.0), sleep=fake_sleep,
+                    on_failure=lambda n, exc, wait: failures.append((n, str(exc))))
+    assert runs == [0, 1, 2]
+    assert failures == [(1, "refused 1"), (2, "refused 2")]
+    assert 0.5 <= waits[0] <= 1.0 and 1.0 <= waits[1] <= 2.0
+    assert supervised_failures()["adapter"] == before + 2
+
+
+async def test_supervise_stops_cleanly_when_cancelled_while_waiting(caplog):
+    waiting = asyncio.Event()
+
+    async def run():
+        raise OSError("down")
+
+    async def slow_sleep(s):
+        waiting.set()
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(supervise(run, name="standby:x", sleep=slow_sleep))
+    await waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "standby:x failed (1 in a row): down" in caplog.text
 
 
 async def test_pause_holds_every_sender_of_the_token():

@@ -9,7 +9,7 @@ import sqlite3
 import psycopg
 import pytest
 
-from state import AsyncSessionDB, SessionDB, SessionNotFound, StateError
+from state import AsyncSessionDB, SessionDB, SessionNotFound, StateError, _gen_aio_face
 from state.db import public_methods
 from tests.harness import eventually
 
@@ -21,6 +21,15 @@ def test_every_public_method_has_a_coroutine():
     assert missing == []
     public = {n for n, m in vars(SessionDB).items() if callable(m) and not n.startswith("_")} - {"sanitize_title"}
     assert public <= names
+
+
+def test_the_type_checkers_view_of_the_coroutines_is_current():
+    """mypy reads AsyncSessionDB's coroutines from a stub generated from SessionDB's signatures."""
+    committed = _gen_aio_face.STUB.read_text(encoding="utf-8")
+    assert committed == _gen_aio_face.render(), (
+        f"state/_aio_face.pyi no longer matches state/db.py: run `{_gen_aio_face.COMMAND}` and commit the result")
+    declared = {line.split("async def ")[1].split("(")[0] for line in committed.splitlines() if "async def " in line}
+    assert declared == set(public_methods("read")) | set(public_methods("write")) | set(public_methods("upkeep"))
 
 
 async def test_round_trip_and_concurrent_appends(store_target):

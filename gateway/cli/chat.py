@@ -115,7 +115,7 @@ def recap(messages: list[dict]) -> Text:
     return body
 
 
-async def _terminal_session(db, ref: str) -> str:
+async def _terminal_session(db: state.AsyncSessionDB, ref: str) -> str:
     """The session ``ref`` names (an id, a prefix or a title, the newest of its lineage).
 
     A whole id may name any surface's session (the operator asked for that one);
@@ -154,6 +154,9 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
         return None
     target = await db.get_compression_tip(target) or target
     session = await db.get_session(target)
+    if session is None:  # deleted meanwhile: a fresh one instead
+        await _start_fresh(router, key)
+        return None
     if session.get("ended_at") is not None:
         await db.reopen_session(target)
     await db.set_route(key, target)
@@ -221,7 +224,7 @@ class _Chat:
             self.notes.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
         if resumed:
             session = await self.db.get_session(resumed)
-            title = session.get("title") or resumed
+            title = (session or {}).get("title") or resumed
             self.notes.print(Panel(recap(await self.db.get_messages(resumed)), title=f"Previous conversation: {title}",
                                    border_style="dim"))
         if self.interactive:

@@ -14,7 +14,7 @@ import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import click
 from rich.console import Console
@@ -150,7 +150,7 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     """Print one line on stderr (``{"error": ...}`` under ``--json``) and exit with ``code``."""
     if _json_asked(click.get_current_context(silent=True)):
         click.echo(json.dumps({"error": message}, ensure_ascii=False), err=True)

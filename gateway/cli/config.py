@@ -43,7 +43,7 @@ def config_group() -> None:
 
 @config_group.command("check")
 @home_options
-@json_option("Print JSON for scripts (shape in the README).")
+@json_option("Print JSON for scripts (shape in docs/cli.md).")
 @click.pass_context
 def check(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
     """Validate the config file; exit 78 with one line naming the key on a mistake."""

@@ -138,7 +138,7 @@ def _free_id(db: state.SessionDB, name: str) -> str:
     return candidate
 
 
-_JSON_OPTION = json_option("Print JSON for scripts (shape in the README).")
+_JSON_OPTION = json_option("Print JSON for scripts (shape in docs/cli.md).")
 
 def _job_json(job: dict) -> dict:
     return {**job, "paused": bool(job["paused"])}

@@ -76,7 +76,7 @@ def check_database(home: Path) -> list[Check]:
         Check("database integrity", report.quick_check == "ok", f"PRAGMA quick_check: {report.quick_check}",
               "stop the daemon and restore a backup: switchboard restore FILE"),
         Check("schema", True, f"version {report.schema_version} (this Switchboard: {report.supported_version})"
-              + ("; migrates at next start" if report.schema_version < report.supported_version else "")),
+              + ("; migrates at next start" if (report.schema_version or 0) < report.supported_version else "")),
         Check("WAL", report.wal_bytes < WAL_WARN_BYTES, f"{_mib(report.wal_bytes)} (database {_mib(report.size_bytes)})",
               "a long-lived reader blocks checkpoints: restart the daemon, or run switchboard backup to check"),
         _upkeep_check(report),
@@ -141,24 +141,38 @@ def check_context_length(cfg: Config) -> Check:
 
 
 async def check_model(http: aiohttp.ClientSession, cfg: Config) -> Check:
-    base = str(cfg.model.base_url).rstrip("/")
+    """The ``model`` section's endpoint (the chain's ``default``)."""
+    return await check_endpoint(http, "model", "model", str(cfg.model.base_url), cfg.model.api_key, cfg.model.name)
+
+
+async def check_fallbacks(http: aiohttp.ClientSession, cfg: Config) -> list[Check]:
+    """Each model of ``model.fallbacks``, in order: reachable, and serving its model name."""
+    return list(await asyncio.gather(*(
+        check_endpoint(http, f"fallback {label}", f"models.{label}", str(cfg.models[label].base_url),
+                       cfg.models[label].api_key, cfg.models[label].name)
+        for label in cfg.model.fallbacks)))
+
+
+async def check_endpoint(http: aiohttp.ClientSession, what: str, key: str, base_url: str, api_key: str,
+                         name: str) -> Check:
+    base = base_url.rstrip("/")
     try:
-        async with http.get(f"{base}/models", headers={"Authorization": f"Bearer {cfg.model.api_key}"}) as r:
+        async with http.get(f"{base}/models", headers={"Authorization": f"Bearer {api_key}"}) as r:
             if r.status in (401, 403):
-                return Check("model", False, f"{base} refused the API key (HTTP {r.status})", "set model.api_key")
+                return Check(what, False, f"{base} refused the API key (HTTP {r.status})", f"set {key}.api_key")
             if r.status == 404:
-                return Check("model", True, f"{base} is reachable (it lists no models, so {cfg.model.name!r} was not checked)")
+                return Check(what, True, f"{base} is reachable (it lists no models, so {name!r} was not checked)")
             if r.status >= 400:
-                return Check("model", False, f"{base}/models answered HTTP {r.status}", "check model.base_url")
+                return Check(what, False, f"{base}/models answered HTTP {r.status}", f"check {key}.base_url")
             body = await r.json(content_type=None)
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        return Check("model", False, f"cannot reach {base}: {_why(exc)}",
-                     "check model.base_url and that the model server is running")
+        return Check(what, False, f"cannot reach {base}: {_why(exc)}",
+                     f"check {key}.base_url and that the model server is running")
     names = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
-    if cfg.model.name in names:
-        return Check("model", True, f"{base} serves {cfg.model.name!r}")
+    if name in names:
+        return Check(what, True, f"{base} serves {name!r}")
     shown = ", ".join(str(n) for n in names[:8]) or "none"
-    return Check("model", False, f"{base} does not serve {cfg.model.name!r} (it has: {shown})", "set model.name to one of those")
+    return Check(what, False, f"{base} does not serve {name!r} (it has: {shown})", f"set {key}.name to one of those")
 
 
 def _why(exc: BaseException) -> str:
@@ -252,8 +266,10 @@ async def run_checks(config_path: Path | None, home: Path | None = None) -> list
     checks.append(await asyncio.to_thread(check_disk, home))
     checks += check_permissions(home)
     async with aiohttp.ClientSession(timeout=TIMEOUT, trust_env=False) as http:
-        model, platforms = await asyncio.gather(check_model(http, cfg), check_platforms(http, cfg))
+        model, fallbacks, platforms = await asyncio.gather(check_model(http, cfg), check_fallbacks(http, cfg),
+                                                           check_platforms(http, cfg))
     checks.append(model)
+    checks += fallbacks
     checks.append(check_context_length(cfg))
     checks += platforms
     checks.append(await asyncio.to_thread(check_unit, home))

@@ -145,7 +145,7 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
 
 @main.command()
 @home_options
-@json_option("Print JSON for scripts (shape in the README).")
+@json_option("Print JSON for scripts (shape in docs/cli.md).")
 def doctor(config_path: Path | None, as_json: bool) -> None:
     """Check the config, database, disk, permissions, model, platform tokens and the service."""
     from gateway.cli.doctor import report, run_checks
@@ -175,7 +175,7 @@ _PLATFORM = InstalledChoice(installed_platforms)
 
 @pairing.command("list")
 @home_options
-@json_option("Print JSON for scripts (shape in the README).")
+@json_option("Print JSON for scripts (shape in docs/cli.md).")
 def pairing_list(config_path: Path | None, as_json: bool) -> None:
     """Pending pairing codes and approved users."""
     with _pairing_db(config_path) as db:

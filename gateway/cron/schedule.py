@@ -81,7 +81,8 @@ class Schedule:
         of ``now``, else None; the latest of them; how many there were).  Counting stops at 1000."""
         if first_due > now:
             return None, None, 0
-        count, t, last = 0, first_due, first_due
+        count, last = 0, first_due
+        t: float | None = first_due
         while t is not None and t <= now and count < 1000:
             count += 1
             last = t

@@ -129,7 +129,7 @@ _PERMANENT = re.compile(r"chat not found|channel_not_found|unknown channel|not_i
 
 def permanent_failure(error: str | None) -> bool:
     """Whether a failed delivery's ``error`` means a retry cannot succeed (no such chat, not allowed there)."""
-    return bool(error) and _PERMANENT.search(error) is not None
+    return error is not None and _PERMANENT.search(error) is not None
 
 
 def first_run_at(schedule: Schedule, now: float) -> float | None:
@@ -156,7 +156,7 @@ Deliver = Callable[[ChatRef, str, "str | None"], Awaitable[Delivery]]
 class CronService:
     """The scheduler and runner of cron jobs for one gateway (see the module docstring)."""
 
-    def __init__(self, db, turn: AgentTurn, deliver: Deliver,
+    def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, deliver: Deliver,
                  platform_status: Callable[[str], PlatformStatus], settings: CronSettings,
                  clock: Callable[[], float], *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
                  delivery_backoff: Backoff = Backoff(base=30.0, factor=2.0, cap=1800.0),
@@ -380,8 +380,10 @@ class CronService:
         job = await self.db.get_cron_job(job_id)
         if job is None:
             raise CronJobNotFound(job_id)
-        return await self._begin(job, trigger="manual", scheduled_at=None, now=now, expect="any",
-                                 following="keep", note=None, wait=True)
+        run = await self._begin(job, trigger="manual", scheduled_at=None, now=now, expect="any",
+                                following="keep", note=None, wait=True)
+        assert run is not None, "a manual run is never stale (it expects any next run) nor another instance's"
+        return run
 
     async def start_job(self, job_id: str, *, now: float | None = None) -> dict:
         """Start one run of ``job_id`` now without waiting for it (the dashboard's "run now");
@@ -497,7 +499,7 @@ class CronService:
         log.info("cron job %s run %s finished: %s", job["id"], run["id"], delivery or status)
         if delivery == "pending" and self.scheduling and not self._stopping:
             await self._deliver(finished, now=now)
-            finished = await self.db.get_cron_run(run["id"])
+            finished = await self.db.get_cron_run(run["id"]) or finished  # as delivered (the row stays)
         return finished
 
     def _note(self, job: dict) -> str:
@@ -509,7 +511,7 @@ class CronService:
         if job["context"] == "continue":
             current = await self.db.get_route(key)
             session = await self.db.get_session(current) if current else None
-            if session is not None and session.get("ended_at") is None:
+            if current and session is not None and session.get("ended_at") is None:
                 return current
         when = run["scheduled_at"] or run["started_at"]
         base = f"{job['name'][:76]} {dt.datetime.fromtimestamp(when, self.tz):%Y-%m-%d %H:%M}"  # room for " #NN"
@@ -580,7 +582,7 @@ class CronService:
             text = f"**{name}**\n\n{(claimed['output'] or '').strip() or '(The model returned an empty answer.)'}"
             error: str | None
             status = self.platform_status(target.platform) if target.platform is not None else None
-            if status is None or not status.running:
+            if status is None or not status.running or target.platform is None or target.chat_id is None:
                 why = (status.why_off if status is not None else None) or "not configured"
                 ok, error = False, f"{target.platform} is not running in the daemon ({why})"
                 permanent = why.startswith("off")  # off in the config: no retry turns it on

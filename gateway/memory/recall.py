@@ -31,6 +31,7 @@ from gateway.memory.identity import Scope, recall_scope
 from gateway.memory.truncation import truncate_around_matches
 from gateway.tools import Tool, ToolContext
 from gateway.usage import OTHER, CallContext, for_session
+from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def _calls(raw) -> list[dict]:
 
 
 class SessionRecall:
-    def __init__(self, db, model, settings: RecallSettings = RecallSettings()):
+    def __init__(self, db: AsyncSessionDB, model, settings: RecallSettings = RecallSettings()):
         self.db = db
         self.model = model
         self.settings = settings

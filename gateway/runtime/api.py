@@ -1,6 +1,6 @@
 """The local API: the gateway without any chat platform, and its health and metrics.
 
-    POST /v1/chat/completions   OpenAI-compatible (see the README's "Local API" for the whole story)
+    POST /v1/chat/completions   OpenAI-compatible (see docs/api.md for the whole story)
     POST /v1/responses          the Responses API, answered by the same turn (gateway.runtime.responses)
     GET  /v1/models             the configured model; GET /v1/models/{id} that model
     GET  /healthz               status (ok, degraded, draining), each adapter's state, the model
@@ -184,6 +184,7 @@ class _Call:
     fmt: Format
     stored: str  # the last user message as the store keeps it (a replay is checked against it)
     answered: Callable[[Answer], Awaitable[None]] | None = None
+    model: str | None = None  # the named model the request chose (its ``model`` field), checked
 
 
 class LocalApi:
@@ -315,7 +316,7 @@ class LocalApi:
         """Answer one parsed request and write it out in ``fmt``: the one path of every front door.
         ``client_id`` is a conversation id the front door read itself (a Codex ``session_id``).
 
-        Which session answers it: the module docstring (and the README's "Which session answers an
+        Which session answers it: the module docstring (and docs/api.md, "Which session answers an
         API request")."""
         api_tools.check_names(chat, self.router.turn.tools.names())
         idempotency_key = request.headers.get("Idempotency-Key")
@@ -336,6 +337,7 @@ class LocalApi:
             msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                                  user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
                                  attachments=chat.last_user.images)
+            call.model = self.chosen_model(chat, msg.user_id, self.router.key_for(msg))
             return await self._once(self.router.key_for(msg), idempotency_key, call.stored,
                                     lambda: self._gateway_kept(msg, call))
         if not chat.messages:  # tool results alone: nothing names the conversation they continue
@@ -350,7 +352,9 @@ class LocalApi:
         user_name = _header_text(request.headers.get("X-OpenWebUI-User-Name"), "X-OpenWebUI-User-Name") or user
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user_name,
                              text=chat.last_user.text, message_id=idempotency_key, attachments=chat.images)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=self.extras_of(request, chat))
+        call.model = self.chosen_model(chat, user, key)
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None,
+                        extras=self.extras_of(request, chat, call.model))
         fingerprint = found.fingerprint if found.key is None else None
         ticket.prepare = api_tools.with_results(self.router.db, chat, lambda: self.conversations.prepare(
             key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint))
@@ -363,12 +367,26 @@ class LocalApi:
         call.answered = answered
         return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
 
+    def chosen_model(self, chat: ChatRequest, user_id: str | None, key: str) -> str | None:
+        """The named model the request's ``model`` field chooses, or None (the chat's own model answers).
+        Only a name under ``models`` (or ``default``) chooses; any other name (``gpt-4o``, ``switchboard``)
+        is answered as before.  A name this user or chat may not use is a 400 naming those it may."""
+        models = self.router.settings.models
+        if chat.model is None or chat.model not in models.names:
+            return None
+        if not models.allowed(chat.model, "api", user_id, key):
+            allowed = ", ".join(models.available("api", user_id, key))
+            raise ApiError(400, f"the model {chat.model!r} is not available to this caller; use one of: {allowed}",
+                           code="model_not_found", param="model")
+        return chat.model
+
     @staticmethod
-    def extras_of(request: web.Request, chat: ChatRequest) -> RequestExtras:
-        """What the request adds for the turn that answers it: system messages, model fields, its tools."""
+    def extras_of(request: web.Request, chat: ChatRequest, model: str | None = None) -> RequestExtras:
+        """What the request adds for the turn that answers it: system messages, model fields, its tools, the
+        named model it chose."""
         # the openai SDK (and what is built on it) counts its automatic retries in this header
         retry = request.headers.get("X-Stainless-Retry-Count", "0") not in ("", "0")
-        return RequestExtras(chat.system, chat.params, retry, chat.tools)
+        return RequestExtras(chat.system, chat.params, retry, chat.tools, model)
 
     async def _once(self, key: str, idempotency_key: str | None, text: str,
                     answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
@@ -394,8 +412,9 @@ class LocalApi:
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                              user_name=session_key, text="")
         key = self.router.key_for(msg)
+        call.model = self.chosen_model(call.chat, session_key, key)
         ticket = Ticket(msg, key, "", sink=SseSink() if call.chat.stream else None,
-                        extras=self.extras_of(call.request, call.chat))
+                        extras=self.extras_of(call.request, call.chat, call.model))
         ticket.prepare = api_tools.continue_routed(self.router.db, key, call.chat)
         return await self._client_kept(ticket, call)
 
@@ -409,7 +428,7 @@ class LocalApi:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         try:
             ticket = await self.router.handle(msg, sink=SseSink() if call.chat.stream else None,
-                                              extras=self.extras_of(call.request, call.chat))
+                                              extras=self.extras_of(call.request, call.chat, call.model))
         except GatewayClosing as exc:
             return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
                           code="shutting_down")

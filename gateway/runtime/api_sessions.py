@@ -91,7 +91,7 @@ def explicit_id(headers, request: ChatRequest) -> tuple[str, str] | None:
 class Conversations:
     """Finds and records the sessions of conversations whose history the client keeps."""
 
-    def __init__(self, db, agent: str, model_name: str, persona: str):
+    def __init__(self, db: state.AsyncSessionDB, agent: str, model_name: str, persona: str):
         self.db = db
         self.agent = agent
         self.model_name = model_name

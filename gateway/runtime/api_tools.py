@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from gateway.runtime.api_request import ApiError, ChatRequest
+from state import AsyncSessionDB
 
 
 def check_names(request: ChatRequest, agent_tools: list[str]) -> None:
@@ -30,7 +31,7 @@ def check_names(request: ChatRequest, agent_tools: list[str]) -> None:
                            code="tool_name_conflict")
 
 
-async def store_results(db, session_id: str, continued: tuple[dict, ...]) -> None:
+async def store_results(db: AsyncSessionDB, session_id: str, continued: tuple[dict, ...]) -> None:
     """Store the tool-call messages and results of a continuation that ``session_id`` does not hold yet.
 
     A result must answer a call the session holds (or the request carries); a continuation whose
@@ -70,7 +71,7 @@ async def store_results(db, session_id: str, continued: tuple[dict, ...]) -> Non
                        code="conflict")
 
 
-def with_results(db, request: ChatRequest,
+def with_results(db: AsyncSessionDB, request: ChatRequest,
                  prepare: Callable[[], Awaitable[str | None]]) -> Callable[[], Awaitable[str | None]]:
     """``prepare`` (which stores the client's messages and returns the session), then the tool results
     the request continues with."""
@@ -86,7 +87,7 @@ def with_results(db, request: ChatRequest,
     return prepared
 
 
-def continue_routed(db, key: str, request: ChatRequest) -> Callable[[], Awaitable[str | None]]:
+def continue_routed(db: AsyncSessionDB, key: str, request: ChatRequest) -> Callable[[], Awaitable[str | None]]:
     """The ``prepare`` of a continuation in a conversation the gateway keeps (``X-Session-Key``): its
     results go to the session ``key`` routes to."""
 

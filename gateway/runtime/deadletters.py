@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from gateway.errors import NotReplayable
 from gateway.logging_setup import Redactor, redact
 from gateway.types import DEAD_LETTER_AFTER, Attachment, ChatType, InboundMessage, clean_text
+from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def message_from_json(text: str | None) -> InboundMessage:
 class DeadLetterReplay:
     """The daemon's poll: replays the rows marked ``retry`` and keeps the held count fresh."""
 
-    def __init__(self, db, replay: Callable[[InboundMessage], Awaitable[Any]], *,
+    def __init__(self, db: AsyncSessionDB, replay: Callable[[InboundMessage], Awaitable[Any]], *,
                  on_count: Callable[[int], None], interval: float = REPLAY_EVERY_SECONDS):
         self._db = db
         self._replay = replay

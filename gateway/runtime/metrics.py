@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway import markdown, tasks
@@ -33,6 +35,25 @@ class _PlainFallbacks:
         yield family
 
 
+class _ModelEndpoints:
+    """``switchboard_model_up{model}`` (1 reachable or not yet called, 0 unreachable) and
+    ``switchboard_model_breaker_open{model}``: each model of the chain, read at each scrape."""
+
+    def __init__(self, endpoints: Callable[[], dict[str, dict]]):
+        self._endpoints = endpoints
+
+    def collect(self):
+        up = GaugeMetricFamily("switchboard_model_up", "Whether each model of the chain answered its last call "
+                               "(0: refused, timed out or kept failing)", labels=["model"])
+        breaker = GaugeMetricFamily("switchboard_model_breaker_open", "Each model of the chain left out after a "
+                                    "failure (1), probed in the background until it answers", labels=["model"])
+        for name, state in self._endpoints().items():
+            up.add_metric([name], 0 if state["state"] == "unreachable" else 1)
+            breaker.add_metric([name], 1 if state["breaker"] == "open" else 0)
+        yield up
+        yield breaker
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -48,12 +69,18 @@ class Metrics:
         )
         self.model_errors = Counter("switchboard_model_errors", "Model calls that failed after every retry", registry=r)
         self.model_retries = Counter("switchboard_model_retries", "Model call retries", registry=r)
+        self.model_fallbacks = Counter("switchboard_model_fallbacks", "Model calls passed on to the next model "
+                                       "of the chain, by the model that failed", ["model"], registry=r)
         self.active_sessions = Gauge("switchboard_active_sessions", "Sessions with a turn running or queued", registry=r)
         self.dead_letters = Gauge("switchboard_dead_letters", "Events set aside after failing again and again, "
                                   "held for an operator (switchboard deadletters list)", registry=r)
         self.unauthorized = Counter("switchboard_unauthorized_messages", "Messages from users not allowed", ["platform"], registry=r)
         r.register(_TaskFailures())
         r.register(_PlainFallbacks())
+
+    def watch_models(self, endpoints: Callable[[], dict[str, dict]]) -> None:
+        """Expose each model endpoint's state (``ModelClient.endpoints``) at each scrape."""
+        self.registry.register(_ModelEndpoints(endpoints))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

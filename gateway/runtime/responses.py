@@ -121,7 +121,7 @@ class ResponsesFormat:
     """One response: its id and what its request said, rendered whole (:meth:`body`) or as events
     (:meth:`open`); :meth:`kept` records the session it is answered in."""
 
-    db: Any
+    db: state.AsyncSessionDB
     agent: str
     id: str
     model: str

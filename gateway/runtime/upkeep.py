@@ -30,7 +30,7 @@ USAGE_PRUNE_ROWS = 5_000  # ledger rows deleted per transaction (a few tenths of
 
 
 class StoreUpkeep:
-    def __init__(self, db, *, retention_days: float | None, idle: Callable[[], bool],
+    def __init__(self, db: state.AsyncSessionDB, *, retention_days: float | None, idle: Callable[[], bool],
                  usage_keep_days: float | None = None, clock: Callable[[], float] = time.time):
         self.db = db
         self.retention_days = retention_days

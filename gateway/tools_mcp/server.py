@@ -209,12 +209,13 @@ class McpServer:
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager:
         cfg = self.cfg
-        if cfg.url is not None:
-            return _http(cfg.url, dict(cfg.headers))
-        return self._stdio()
+        if cfg.command is not None:
+            return self._stdio(cfg.command)
+        assert cfg.url is not None, "McpServerConfig holds either a command or a url"
+        return _http(cfg.url, dict(cfg.headers))
 
     @contextlib.asynccontextmanager
-    async def _stdio(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def _stdio(self, command: str) -> AsyncIterator[tuple[Any, Any]]:
         """The stdio transport (:mod:`.stdio`) with exactly the server's environment, and its stderr read into our log (through the
         log redactor, as ``mcp.<server>: ...`` lines), never written raw to the daemon's own stderr."""
         cfg = self.cfg
@@ -225,7 +226,7 @@ class McpServer:
                        name=f"mcp-stderr:{self.name}")
         errlog = os.fdopen(write_fd, "w")
         try:
-            async with stdio_transport(cfg.command, list(cfg.args), env=env, cwd=str(cfg.cwd) if cfg.cwd else None,
+            async with stdio_transport(command, list(cfg.args), env=env, cwd=str(cfg.cwd) if cfg.cwd else None,
                                        errlog=errlog) as streams:
                 errlog.close()  # the child has its own copy: the reader sees the end when the child's closes
                 yield streams

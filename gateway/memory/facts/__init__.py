@@ -20,6 +20,7 @@ import asyncio
 import collections
 import logging
 import time
+from typing import Sequence
 
 from gateway.memory.facts.extract import Extraction, extract_session
 from gateway.memory.facts.prefetch import make_prefetch, memory_context
@@ -27,6 +28,7 @@ from gateway.memory.facts.scoring import MODES, ScoredFact, Weights, rank
 from gateway.memory.facts.service import FactRefused, FactService, FactSettings, Remembered, user_scope
 from gateway.memory.facts.tool import facts_tool
 from gateway.tasks import spawn
+from state import AsyncSessionDB
 from state.memory_fence import MEMORY_OPEN
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ PROMPT_BLOCK = (
 
 
 class FactMemory:
-    def __init__(self, config, db, model, *, clock=time.time):
+    def __init__(self, config, db: AsyncSessionDB, model, *, clock=time.time):
         self.config = config
         self.settings = FactSettings.from_config(config)
         self.service = FactService(db, self.settings, clock=clock)
@@ -107,7 +109,7 @@ class FactMemory:
         if not self.settings.enabled:
             return
         self._wake = asyncio.Event()
-        self._worker = spawn(self._work(), name="facts-extractor")
+        self._worker = spawn(self._work(self._wake), name="facts-extractor")
         if not sweep:
             return
         now = self.service.clock()
@@ -123,7 +125,7 @@ class FactMemory:
             log.info("%d ended session(s) queued for fact extraction", len(waiting))
 
     def schedule_extraction(self, session_id: str, session_key: str | None = None, *,
-                            after: list[asyncio.Future] | None = None) -> None:
+                            after: Sequence[asyncio.Future | None] | None = None) -> None:
         """Queue ``session_id`` for extraction once ``after`` (the memory flush, the compressing turn) is done."""
         if not self.settings.enabled or self._wake is None or session_id in self._queue:
             return
@@ -146,16 +148,16 @@ class FactMemory:
         (after the turn that compressed)."""
         self.schedule_extraction(session_id, session_key, after=[asyncio.current_task()])
 
-    async def _work(self) -> None:
+    async def _work(self, wake: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
             due = [sid for sid, (at, _w) in self._queue.items() if at <= now]
             if not due:
-                self._wake.clear()
+                wake.clear()
                 wait = min((at for at, _w in self._queue.values()), default=now + 3600) - now
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, wait))
+                    await asyncio.wait_for(wake.wait(), timeout=max(0.0, wait))
                 except asyncio.TimeoutError:
                     pass
                 continue

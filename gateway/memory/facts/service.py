@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from gateway.errors import FactRefused
 from gateway.memory.facts import hrr, scoring, text as _text
 from gateway.memory.identity import identity_of
+from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def user_scope(config, platform: str, user_id: str | None) -> str | None:
 
 
 class FactService:
-    def __init__(self, db, settings: FactSettings, *, clock=time.time):
+    def __init__(self, db: AsyncSessionDB, settings: FactSettings, *, clock=time.time):
         self.db = db
         self.settings = settings
         self.clock = clock
@@ -136,7 +137,10 @@ class FactService:
     async def contradict(self, agent: str, scope: str, fact_id) -> dict:
         """The user said the fact is wrong: its trust is halved."""
         fact = await self.owned(agent, scope, fact_id)
-        return await self.db.contradict_fact(fact["id"], factor=CONTRADICT_FACTOR)
+        updated = await self.db.contradict_fact(fact["id"], factor=CONTRADICT_FACTOR)
+        if updated is None:  # forgotten meanwhile
+            raise FactRefused(f"there is no fact #{fact['id']} any more; search again to get the id")
+        return updated
 
     async def correct(self, agent: str, scope: str, fact_id, content: str, entities: list[str] | None = None, *,
                       session_id: str | None = None) -> tuple[dict, Remembered]:
@@ -146,6 +150,8 @@ class FactService:
         if new.fact_id == old["id"]:
             raise FactRefused(f"the correction says the same as fact #{old['id']}; nothing changed")
         updated = await self.db.contradict_fact(old["id"], factor=CONTRADICT_FACTOR, superseded_by=new.fact_id)
+        if updated is None:  # forgotten meanwhile; the correction is kept
+            raise FactRefused(f"fact #{old['id']} was forgotten meanwhile; the correction is kept as #{new.fact_id}")
         return updated, new
 
     async def forget(self, agent: str, scope: str, fact_id) -> None:

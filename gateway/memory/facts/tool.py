@@ -70,7 +70,7 @@ def facts_tool(service: FactService, config) -> Tool:
                 return f"Noted: #{fact['id']} ({fact['content']}) now has trust {fact['trust']:.2f}."
             if action == "forget":
                 await service.forget(ctx.agent, scope, args.get("fact_id"))
-                return f"Forgot #{int(args.get('fact_id'))}."
+                return f"Forgot #{int(args['fact_id'])}."
         except FactRefused as exc:
             return f"error: {exc}"
         return f"error: unknown action {action!r}; use search, add, correct, contradict or forget"

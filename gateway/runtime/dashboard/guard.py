@@ -1,6 +1,6 @@
 """Who may see and change what on the dashboard: browser sessions, CSRF tokens, log-in limits, headers.
 
-The rules (the README's "Dashboard" section says the same to operators):
+The rules (docs/operating.md, "Dashboard", says the same to operators):
 
 * With ``api.token`` set, every page needs a log-in: a form takes the token and answers with an
   HttpOnly, SameSite=Strict cookie naming a session held in memory here (the token itself is never

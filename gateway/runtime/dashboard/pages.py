@@ -49,7 +49,7 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 class Sources:
     """What the pages read and act on, handed over by the daemon."""
 
-    db: Any  # state.AsyncSessionDB
+    db: state.AsyncSessionDB
     health: Callable[[], dict]  # the gateway's /healthz view
     cron: Any  # gateway.cron.service.CronService
     tz: ZoneInfo
@@ -286,6 +286,7 @@ class Pages:
     # -- pairing --------------------------------------------------------------------
     async def pairing(self, request: web.Request, *, error: str = "", status: int = 200) -> web.StreamResponse:
         listing = await self.src.db.list_pairing()
+        assert self.ui is not None
         return self.ui.render(request, "pairing.html", {
             "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": installed_platforms(),
             "error": error, "approved_now": request.query.get("approved", ""),

@@ -1,0 +1,212 @@
+"""The composition root: builds every part of the daemon from a :class:`~gateway.config.Config`, runs nothing.
+
+    services = await assemble(config, Wiring(metrics, tools, clock, serve_api=True, ...))
+    services.router, services.cron, services.api ...   # never None; the Gateway starts and stops them
+
+This is the only place that reads the config to build the daemon's parts, each
+with what it uses, in this order, and nothing is set or wrapped afterwards::
+
+    SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
+    McpTools(config.tools, tools)            (the MCP servers; their allowed tools join the registry once started)
+    Compressor(db, model, ..., before_split=<memory turn>, after_split=facts.on_compressed)
+    default_commands(compressor, mcp)        + /search, /facts
+    AgentTurn(db, model, tools, settings, hooks=TurnHooks(prompt_hook, prompt_blocks, prefetch),
+              max_message_tokens=...)
+    SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
+                  context_length=...)
+    CronService(db, turn, router.deliver, platform_status, CronSettings(...), clock)
+    LocalApi(router, health, metrics, ..., dashboard=Dashboard(settings, Pages(Sources(db, health, cron, ...))))
+
+What the built parts call back into the running daemon (its health, the
+platforms' status, a cron tick's claim) comes in through :class:`Wiring`, so
+nothing here takes the gateway.  If building fails after the store was opened,
+the store and the model client are closed again before the error is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version as package_version
+from typing import Awaitable, Callable
+
+import compression
+import state
+from gateway.auth import Authorizer, AuthSettings
+from gateway.commands import CommandSet, default_commands
+from gateway.compressing import Compressor
+from gateway.config import Config, is_loopback
+from gateway.cron.service import CronService, CronSettings
+from gateway.keys import KeyPolicy
+from gateway.memory.facts import FactMemory
+from gateway.memory.files import MemoryService, memory_flush_turn
+from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
+from gateway.model import ModelClient, model_client
+from gateway.modelchoice import model_choices
+from gateway.oversize import max_message_tokens
+from gateway.router import RouterSettings, SessionHooks, SessionRouter
+from gateway.runtime.api import LocalApi
+from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
+from gateway.runtime.metrics import Metrics
+from gateway.tools import ToolRegistry
+from gateway.tools_mcp import McpTools
+from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
+from gateway.types import PlatformStatus
+from gateway.usage import UsageRecorder
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What the parts get from the running daemon: shared objects and the callbacks into it."""
+
+    metrics: Metrics
+    tools: ToolRegistry
+    clock: Callable[[], float]
+    auth: AuthSettings  # who may talk to the agent (the daemon's auth_settings of the config)
+    serve_api: bool  # the daemon (API, platforms, scheduling), not a local command (chat, cron run)
+    health: Callable[[], dict]
+    platform_status: Callable[[str], PlatformStatus]
+    claim_cron_tick: Callable[[str, float], Awaitable[bool]] | None  # clustered: one instance runs a tick
+    on_work_pending: Callable[[], None] | None  # clustered: a stored message waits for any instance
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """Every part of a gateway, built and not yet started; no field is ever None."""
+
+    db: state.AsyncSessionDB
+    usage: UsageRecorder
+    model: ModelClient
+    tools: ToolRegistry
+    recall: SessionRecall
+    memory: MemoryService
+    facts: FactMemory
+    mcp: McpTools  # the MCP servers of tools.mcp_servers: Gateway.start() starts them, stop() stops them
+    compressor: Compressor
+    commands: CommandSet
+    turn: AgentTurn
+    router: SessionRouter
+    cron: CronService
+    api: LocalApi
+
+
+async def assemble(cfg: Config, wiring: Wiring) -> Services:
+    """Open the store and build every part on it (nothing runs yet: see ``Gateway.start``)."""
+    persona = await asyncio.to_thread(cfg.model.persona_text) or DEFAULT_PERSONA
+    context_length, warning = compression.context_length_for(cfg.model.name, cfg.model.context_length)
+    if warning:  # said in the daemon's log, `config check` and `doctor`; not at every chat and cron run
+        log.log(logging.WARNING if wiring.serve_api else logging.DEBUG, "%s", warning)
+    db = await state.AsyncSessionDB.open(cfg.store_target, write_timeout=cfg.store.write_timeout_seconds)
+    model: ModelClient | None = None
+    try:
+        # every model call, whatever it is for, becomes a row of the usage ledger
+        usage = UsageRecorder(db, cfg.all_pricing, clock=wiring.clock)
+        model = model_client(cfg, metrics=wiring.metrics, usage=usage)  # the primary and its fallbacks
+        wiring.metrics.watch_models(model.endpoints)
+        return _build(cfg, wiring, db, usage, model, persona, context_length)
+    except BaseException:
+        if model is not None:
+            await model.close()
+        await db.close()
+        raise
+
+
+def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRecorder, model: ModelClient,
+           persona: str, context_length: int) -> Services:
+    clock, tools = wiring.clock, wiring.tools
+    # Recall, memory and facts: their tools, /search and /facts, the memory snapshot frozen per
+    # session and the facts' prompt block and prefetch, and a keep-what-matters turn (memory) and
+    # an extraction (facts) when a reset, /new or a compression ends a session.
+    recall = SessionRecall(db, model, RecallSettings(model=cfg.recall.model, timezone=cfg.timezone))
+    memory = MemoryService(cfg)
+    facts = FactMemory(cfg, db, model, clock=clock)
+    tools.register(session_search_tool(recall, cfg))
+    tools.register(memory.tool())
+    if cfg.facts.enabled:
+        tools.register(facts.tool())
+    # MCP servers: nothing runs until Gateway.start(); their allowed tools join the registry as they come up
+    mcp = McpTools(cfg.tools, tools)
+
+    turn: AgentTurn | None = None  # made below; the memory turns run on it
+
+    def made_turn() -> AgentTurn:
+        assert turn is not None, "a session ends or is compressed only once the turn is made"
+        return turn
+
+    async def flush_before_split(session_id: str) -> object:
+        return await memory_flush_turn(made_turn(), memory, session_id, reason="compressed")
+
+    def flush_memory(session_id: str, session_key: str) -> asyncio.Task:
+        return memory.schedule_flush(made_turn(), session_id, session_key)
+
+    # Compression: the 75 % trigger before each model call and /compress.
+    compressor = Compressor(
+        db, model, context_length=context_length, threshold=cfg.compression.threshold,
+        summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
+        cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
+        before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
+    )
+    commands = default_commands(compressor=compressor if cfg.compression.enabled else None, tools=mcp)
+    commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
+                 search_command(recall, cfg), runs_now=True)
+    if cfg.facts.enabled:
+        commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
+                     facts.command, runs_now=True)
+    turn = AgentTurn(db, model, tools, TurnSettings(
+        agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
+        max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
+        replay_reasoning=cfg.model.replay_reasoning, merge_user_messages=cfg.model.merge_user_messages,
+    ), hooks=TurnHooks(
+        prompt_hook=compressor,
+        prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),
+        prefetch=facts.prefetch if cfg.facts.enabled else None,
+    ), max_message_tokens=max_message_tokens(context_length, cfg.model.max_message_share), clock=clock)
+    on_session_end = facts.on_session_end(flush_memory) if cfg.facts.enabled else flush_memory
+    router = SessionRouter(
+        db, turn,
+        RouterSettings(
+            keys=KeyPolicy(cfg.agent, cfg.sessions.group_sessions_per_user, cfg.sessions.thread_sessions_per_user),
+            timezone=cfg.timezone, model_name=cfg.model.name,
+            reset_policy_for=cfg.sessions.reset_policy_for, resume_within=cfg.sessions.resume_within,
+            models=model_choices(cfg.model_names, {name: m.allowed_for for name, m in cfg.models.items()}),
+        ),
+        authorizer=Authorizer(wiring.auth, db, clock=clock),
+        commands=commands, metrics=wiring.metrics,
+        hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending),
+        context_length=context_length, clock=clock,
+    )
+    # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
+    # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
+    cron = CronService(db, turn, router.deliver, wiring.platform_status,
+                       CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), clock,
+                       claim_tick=wiring.claim_cron_tick)
+    api = LocalApi(router, wiring.health, wiring.metrics, model_name=cfg.model.name, host=cfg.api.host,
+                   port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
+                   dashboard=_dashboard(cfg, db, wiring.health, cron, router) if cfg.ui.enabled else None,
+                   probe=model.probe, agent=cfg.agent)
+    return Services(db=db, usage=usage, model=model, tools=tools, recall=recall, memory=memory, facts=facts,
+                    mcp=mcp, compressor=compressor, commands=commands, turn=turn, router=router, cron=cron, api=api)
+
+
+def _dashboard(cfg: Config, db: state.AsyncSessionDB, health: Callable[[], dict], cron: CronService,
+               router: SessionRouter) -> Dashboard:
+    """The web dashboard (``ui.enabled``) on the store, the health view, cron and the router's lanes."""
+    instance = {"agent": cfg.agent, "host": socket.gethostname(), "pid": os.getpid(), "home": str(cfg.home),
+                "version": _version(), "listen": f"{cfg.api.host}:{cfg.api.port}"}
+    sources = Sources(db=db, health=health, cron=cron, tz=cfg.tzinfo, instance=instance,
+                      queued_messages=router.queued_messages, identities=cfg.identities)
+    settings = DashboardSettings(token=cfg.api.token or None, loopback=is_loopback(cfg.api.host),
+                                 allow_local_writes=cfg.ui.allow_local_writes,
+                                 trusted_proxies=cfg.ui.trusted_proxies, cookie_secure=cfg.ui.cookie_secure)
+    return Dashboard(settings, Pages(sources))
+
+
+def _version() -> str:
+    try:
+        return package_version("switchboard")
+    except PackageNotFoundError:
+        return "unknown"
