@@ -251,6 +251,14 @@ class _SharedGate:
         self.retry_seconds = retry_seconds
         self._down_until = 0.0
         self._down = False
+        self._down_since: float | None = None  # wall-clock time of the failure that began the fallback
+        self._why: str | None = None
+
+    def status(self) -> dict:
+        """``{"mode": "shared"}``, or ``"fallback"`` since when and why (until the store answers again)."""
+        if not self._down:
+            return {"mode": "shared", "fallback_since": None, "reason": None}
+        return {"mode": "fallback", "fallback_since": self._down_since, "reason": self._why}
 
     async def ask(self, call: Callable[[], Awaitable[_T]]) -> _T | None:
         """``call()``'s answer, or None when the store is down or did not answer in time."""
@@ -263,17 +271,33 @@ class _SharedGate:
             if not self._down:
                 self._down = True
                 why = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer in time"
+                self._down_since, self._why = time.time(), f"{type(exc).__name__}: {why}"
                 log.warning("the shared rate budgets in the store did not answer (%s: %s); each instance paces "
                             "its sends with its own buckets until the store answers again (asked every %gs)",
                             type(exc).__name__, why, self.retry_seconds)
             return None
         if self._down:
             self._down = False
+            self._down_since = self._why = None
             log.info("the shared rate budgets in the store are back: sends are paced across the instances again")
         return answer
 
 
 _SHARED: dict[int, _SharedGate] = {}  # by event loop (see _key)
+
+
+def budget_sharing() -> dict:
+    """How this event loop's limiters pace their sends, for ``/healthz``: ``mode`` is ``"shared"`` (the
+    store's buckets, across the instances), ``"fallback"`` (the store did not answer: each instance paces
+    with its own buckets until it does; ``fallback_since`` and ``reason`` say when and why) or ``"local"``
+    (nothing is shared: one instance)."""
+    try:
+        gate = _SHARED.get(id(asyncio.get_running_loop()))
+    except RuntimeError:  # no event loop: nothing is shared outside one
+        gate = None
+    if gate is None:
+        return {"mode": "local", "fallback_since": None, "reason": None}
+    return gate.status()
 
 
 def share_budgets(buckets: SharedBuckets | None, *, timeout: float = SHARED_TIMEOUT_SECONDS,

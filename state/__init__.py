@@ -12,6 +12,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 from ._messages import Appended
 from ._pg import mask_url, probe as probe_store
 from ._split import Split
+from ._storage import ObjectSize, SessionSize, StorageReport, TextSize
 from ._transfer import parse_jsonl
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
@@ -50,16 +51,20 @@ __all__ = [
     "InvalidTitle",
     "MigrationRefused",
     "NotADatabase",
+    "ObjectSize",
     "PairingNotFound",
     "SchemaTooNew",
     "SessionChangedMeanwhile",
     "SessionDB",
     "SessionNotFound",
+    "SessionSize",
     "Split",
     "StateError",
+    "StorageReport",
     "StoreSize",
     "StoreUnavailable",
     "UpkeepReport",
+    "TextSize",
     "TitleConflict",
     "WriteTimeout",
     "default_db_path",

@@ -5,7 +5,7 @@ Generated from the marked methods of ``state/db.py``: do not edit, run ``.venv/b
 
 from typing import IO, Any, Callable, Iterable
 
-from . import _split, _upkeep
+from . import _split, _storage, _upkeep
 from ._messages import Appended
 from .db import Fence
 
@@ -172,6 +172,7 @@ class AsyncFace:
     async def stats(self) -> dict: ...
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...
     async def store_size(self) -> '_upkeep.StoreSize': ...
+    async def storage_report(self, largest: int = ...) -> '_storage.StorageReport': ...
     async def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]: ...
     async def upkeep_prune_step(
         self,

@@ -14,11 +14,12 @@ What a :class:`Dialect` carries:
   writes them into a table's one definition, whose type tokens are ``{INTEGER}``, ``{REAL}``,
   ``{BLOB}``, ``{ROWID}``, ``{SERIAL}`` and ``{WITHOUT_ROWID}``;
 * :meth:`~Dialect.json_values`: a subquery over a JSON array bound as one parameter;
-* :meth:`~Dialect.byte_length` and :meth:`~Dialect.day`: a text's size in bytes, a time's UTC day;
+* :meth:`~Dialect.byte_length`, :meth:`~Dialect.day` and :meth:`~Dialect.month`: a text's size in bytes, a
+  time's UTC day and UTC month;
 * :meth:`~Dialect.insert_ids`: many rows inserted, their ids (the returning form);
 * :meth:`~Dialect.is_integrity_error`: a constraint failed;
-* :meth:`~Dialect.columns`, :meth:`~Dialect.store_size`, :meth:`~Dialect.database_bytes`: the catalogue and
-  the sizes, which each engine keeps its own way;
+* :meth:`~Dialect.columns`, :meth:`~Dialect.store_size`, :meth:`~Dialect.database_bytes`,
+  :meth:`~Dialect.object_sizes`: the catalogue and the sizes, which each engine keeps its own way;
 * :meth:`~Dialect.ids_restored`: after rows were inserted with the ids they had elsewhere;
 * :meth:`~Dialect.mark_pending` and :meth:`~Dialect.fence`: the cluster's leases (only PostgreSQL has them).
 
@@ -96,6 +97,15 @@ class Dialect:
         """The UTC day number (days since 1970) of the epoch seconds ``seconds``, as an integer."""
         raise NotImplementedError
 
+    def month(self, seconds: str) -> str:
+        """The UTC month (``YYYY-MM``) of the epoch seconds ``seconds``, as text."""
+        raise NotImplementedError
+
+    def object_sizes(self, conn: Any) -> tuple[list[tuple[str, str, str, int | None]], str | None]:
+        """(name, ``table`` or ``index``, the table it belongs to, bytes or None when unknown) of every table
+        and index, and a note when the engine cannot measure them one by one."""
+        raise NotImplementedError
+
     def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
         """Run the ``INSERT`` ``sql`` (no ``RETURNING``) for each of ``rows``; the new rows' ids in order."""
         raise NotImplementedError
@@ -146,6 +156,25 @@ class _Sqlite(Dialect):
     def day(self, seconds: str) -> str:
         return f"CAST({seconds} / 86400 AS INTEGER)"  # CAST truncates
 
+    def month(self, seconds: str) -> str:
+        return f"strftime('%Y-%m', {seconds}, 'unixepoch')"
+
+    def object_sizes(self, conn: Any) -> tuple[list[tuple[str, str, str, int | None]], str | None]:
+        import sqlite3
+
+        catalogue = {row[0]: (row[1], row[2]) for row in conn.execute(
+            "SELECT name, type, tbl_name FROM sqlite_master WHERE type IN ('table', 'index')")}
+        catalogue.setdefault("sqlite_schema", ("table", "sqlite_schema"))
+        try:  # one row per b-tree (aggregate: without reading each page's row)
+            sizes = {row[0]: int(row[1]) for row in conn.execute(
+                "SELECT name, pgsize FROM dbstat WHERE aggregate = 1")}
+        except sqlite3.OperationalError:  # a build without SQLITE_ENABLE_DBSTAT_VTAB
+            return ([(name, kind, table, None) for name, (kind, table) in catalogue.items()],
+                    "this SQLite build has no dbstat table: the size of each table and index is unknown "
+                    "(the file's size, WAL and free pages below are exact)")
+        sizes["sqlite_schema"] = sizes.pop("sqlite_master", sizes.get("sqlite_schema", 0))
+        return [(name, *catalogue.get(name, ("table", name)), size) for name, size in sizes.items()], None
+
     def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
         if not rows:
             return []
@@ -193,6 +222,21 @@ class _Postgres(Dialect):
 
     def day(self, seconds: str) -> str:
         return f"CAST(floor({seconds} / 86400) AS BIGINT)"  # CAST rounds: floor first
+
+    def month(self, seconds: str) -> str:
+        return f"to_char(to_timestamp({seconds}) AT TIME ZONE 'UTC', 'YYYY-MM')"
+
+    def object_sizes(self, conn: Any) -> tuple[list[tuple[str, str, str, int | None]], str | None]:
+        # a table's bytes: its heap and TOAST (long texts), without its indexes, which have rows of their own
+        rows = conn.execute(
+            "SELECT c.relname, 'table', c.relname, pg_total_relation_size(c.oid) - pg_indexes_size(c.oid) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'm') "
+            "UNION ALL "
+            "SELECT i.relname, 'index', t.relname, pg_relation_size(i.oid) "
+            "FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid "
+            "JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = current_schema()").fetchall()
+        return [(r[0], r[1], r[2], int(r[3])) for r in rows], None
 
     def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
         # ids from a sequence other instances share: each row's own

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ._dialect import POSTGRES
+from ._liveness import connection_kwargs
 from .errors import StateError, StoreUnavailable, WriteTimeout
 
 if TYPE_CHECKING:
@@ -348,7 +349,8 @@ class PgEngine:
 
         self._pool = ConnectionPool(
             url, min_size=1, max_size=max(1, int(pool_size)), open=False, configure=configure,
-            kwargs={"autocommit": False, "connect_timeout": self.connect_timeout},
+            # keepalives and a statement timeout: a partition fails a statement within seconds (state._liveness)
+            kwargs={"autocommit": False, "connect_timeout": self.connect_timeout, **connection_kwargs(url)},
             name="switchboard-store", timeout=max(self.write_timeout, 1.0), reconnect_timeout=RECONNECT_GIVE_UP,
         )
         try:
@@ -388,6 +390,7 @@ class PgEngine:
             return
 
         def migrate(conn: PgConnection) -> None:
+            conn.execute("SET LOCAL statement_timeout = 0")  # a step may rewrite a large table
             conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
             version = schema.read_version_pg(conn, self.masked_url)  # another process may have migrated meanwhile
             if version < schema.current_version():

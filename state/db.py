@@ -2,8 +2,8 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage`` or ``search``
-through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage``, ``_storage``
+or ``search`` through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
 
@@ -26,6 +26,7 @@ from . import (
     _routes,
     _sessions,
     _split,
+    _storage,
     _titles,
     _transfer,
     _upkeep,
@@ -574,6 +575,12 @@ class SessionDB:
     def store_size(self) -> "_upkeep.StoreSize":
         """The database and WAL file sizes, page size, free pages and auto_vacuum mode."""
         return self._engine.read(_upkeep.store_size, self.db_path)
+
+    @_reads
+    def storage_report(self, largest: int = _storage.LARGEST) -> "_storage.StorageReport":
+        """Where the bytes are: each table and index, the message text by platform and by month, the
+        ``largest`` biggest sessions, the WAL and the free pages (``switchboard storage``)."""
+        return self._engine.read(_storage.storage_report, self.db_path, largest)
 
     @_reads
     def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]:

@@ -213,7 +213,7 @@ async def discord(tmp_path):
 async def test_any_discord_text_is_stored_as_its_sanitised_form(discord, text):
     # Discord's gateway speaks UTF-8 JSON, so a lone surrogate never reaches a client (discord.py parses with
     # orjson when it is installed, as langchain-openai's test dependencies install it, and refuses one).
-    assume(not any("\ud800" <= c <= "\udfff" for c in text))
+    text = "".join(c for c in text if not "\ud800" <= c <= "\udfff")
     expected = tidy_discord(clean_text(text))
     assume(expected)
     dc, gw = discord

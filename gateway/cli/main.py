@@ -11,6 +11,7 @@
     switchboard backup FILE          copy the live database to FILE (safe while the daemon runs)
     switchboard restore FILE         replace the database with a checked backup
     switchboard maintenance [--vacuum]   the database's size, free space and last upkeep
+    switchboard storage [--json]     bytes by table and index, platform, month, largest session; what reduces each
     switchboard insights [--days N] [--by ...] [--top N] [--plot FILE]   tokens and cost of the model calls
     switchboard insights reprice [--days N] [--model M]   recompute their cost after a price change
     switchboard migrate --to URL [--dry-run]   copy this home's SQLite store into PostgreSQL, then check it
@@ -19,7 +20,7 @@
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
 ``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``, ``insights``,
-``tools``);
+``storage``, ``tools``);
 ``run``, ``chat``, ``doctor`` and ``pairing`` are defined here, with the work of
 ``chat`` and ``doctor`` in ``gateway/cli/chat.py`` and ``gateway/cli/doctor.py``.
 """
@@ -53,6 +54,7 @@ from gateway.cli.maintenance import maintenance_cmd
 from gateway.cli.migrate import migrate_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
+from gateway.cli.storage import storage_cmd
 from gateway.cli.tools import tools_group
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
 from gateway.platforms import installed_platforms
@@ -78,6 +80,7 @@ for command in (sessions_group, config_group, cron_group, service_group, backup_
 main.add_command(deadletters_group)
 main.add_command(insights_cmd)
 main.add_command(migrate_cmd)
+main.add_command(storage_cmd)
 main.add_command(tools_group)
 
 

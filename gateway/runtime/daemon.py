@@ -49,11 +49,12 @@ from gateway.memory.files import MemoryService
 from gateway.memory.recall import SessionRecall
 from gateway.model import ModelClient
 from gateway.platforms import ADAPTERS, installed_platforms
+from gateway.ratelimit import budget_sharing
 from gateway.router import SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
-from gateway.runtime.metrics import Metrics
+from gateway.runtime.metrics import Metrics, probe_loop_lag
 from gateway.runtime.notify import Notifier
 from gateway.runtime.platforms import PlatformSupervisor
 from gateway.runtime.reload import reload_config
@@ -130,6 +131,7 @@ class Gateway:
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
         self._dead_letter_replay: asyncio.Task | None = None
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
+        self._loop_lag: asyncio.Task | None = None  # the event-loop lag probe behind /metrics (daemon only)
         # Several instances on one PostgreSQL store (config.clustered): this one's name, the platform
         # connections it owns or stands by for, and the scheduled runs it claimed lately.
         self.instance_id = config.cluster.instance_id
@@ -260,6 +262,8 @@ class Gateway:
                                       usage_keep_days=cfg.usage.keep_days, clock=self.clock,
                                       idle=lambda: services.router.active_lanes() == 0)
             self.upkeep.start()
+            self.metrics.watch_store(self.upkeep.status)
+            self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
         self.started_at = time.time()
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
@@ -457,6 +461,10 @@ class Gateway:
         self.platforms.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
+        if self._loop_lag is not None:
+            self._loop_lag.cancel()
+            await asyncio.gather(self._loop_lag, return_exceptions=True)
+            self._loop_lag = None
         if services is not None:
             await services.api.stop()
         await asyncio.gather(*(held.close() for held in self.owned.values()))  # standbys take over
@@ -529,6 +537,7 @@ class Gateway:
         turns = self.claims.status() if self.claims is not None else {}
         return {"instance": self.instance_id,
                 "connections": {name: held.status() for name, held in self.owned.items()},
+                "rate_budgets": budget_sharing(),  # shared across the instances, or each on its own (fallback)
                 "claims": {"cron_ticks": list(self.cron_claims), **turns}}
 
 

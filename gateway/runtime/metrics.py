@@ -1,10 +1,18 @@
-"""Prometheus metrics for ``GET /metrics``: one registry per gateway instance."""
+"""Prometheus metrics for ``GET /metrics``: one registry per gateway instance.
+
+Besides the gateway's own series: the standard process collector (``process_resident_memory_bytes``,
+``process_open_fds``, ``process_cpu_seconds_total``, ...; Linux only, from /proc), the thread count
+(``switchboard_threads``), the event loop's lag
+(:func:`probe_loop_lag`, run by the daemon) and the store's size as upkeep last measured it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -54,6 +62,36 @@ class _ModelEndpoints:
         yield breaker
 
 
+class _StoreSize:
+    """``switchboard_store_bytes`` and ``switchboard_store_wal_bytes``: the sizes the store's upkeep cached
+    (refreshed every few minutes off the event loop; a scrape never touches the database)."""
+
+    def __init__(self, status: Callable[[], dict | None]):
+        self._status = status
+
+    def collect(self):
+        status = self._status() or {}
+        for name, key, doc in (("switchboard_store_bytes", "db_bytes", "Size of the store's database "
+                                "(the file on SQLite, pg_database_size on PostgreSQL), at upkeep's last look"),
+                               ("switchboard_store_wal_bytes", "wal_bytes", "Size of the SQLite write-ahead log "
+                                "at upkeep's last look (0 on PostgreSQL)")):
+            if status.get(key) is not None:  # not measured yet (the first look is just after start)
+                yield GaugeMetricFamily(name, doc, value=status[key])
+
+
+LOOP_LAG_PROBE_SECONDS = 0.5  # how often the probe sleeps and wakes
+
+
+async def probe_loop_lag(histogram: Histogram, *, every: float = LOOP_LAG_PROBE_SECONDS) -> None:
+    """Sleep ``every`` seconds, again and again, observing how late each wake-up came: the time the event
+    loop was busy with something else (a blocking call shows up here).  Runs until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(every)
+        histogram.observe(max(0.0, loop.time() - start - every))
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -75,12 +113,24 @@ class Metrics:
         self.dead_letters = Gauge("switchboard_dead_letters", "Events set aside after failing again and again, "
                                   "held for an operator (switchboard deadletters list)", registry=r)
         self.unauthorized = Counter("switchboard_unauthorized_messages", "Messages from users not allowed", ["platform"], registry=r)
+        self.loop_lag = Histogram(
+            "switchboard_event_loop_lag_seconds", "How late the event loop woke a probe that sleeps "
+            f"{LOOP_LAG_PROBE_SECONDS:g} s (time spent blocked or busy elsewhere)", registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
         r.register(_TaskFailures())
         r.register(_PlainFallbacks())
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total
+        Gauge("switchboard_threads", "Threads in the process (the store's writer and readers, to_thread "
+              "workers, the adapters' own)", registry=r).set_function(threading.active_count)
 
     def watch_models(self, endpoints: Callable[[], dict[str, dict]]) -> None:
         """Expose each model endpoint's state (``ModelClient.endpoints``) at each scrape."""
         self.registry.register(_ModelEndpoints(endpoints))
+
+    def watch_store(self, status: Callable[[], dict | None]) -> None:
+        """Expose the store's size and WAL size from ``status()`` (``StoreUpkeep.status``) at each scrape."""
+        self.registry.register(_StoreSize(status))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

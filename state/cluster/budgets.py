@@ -38,6 +38,8 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import psycopg
 
+from .._liveness import connection_kwargs
+
 _T = TypeVar("_T")
 
 _NOW = "extract(epoch FROM statement_timestamp())"
@@ -144,7 +146,7 @@ class PgBuckets:
                 if not reused:
                     self._conn = await psycopg.AsyncConnection.connect(
                         self._url, autocommit=True, connect_timeout=self._connect_timeout,
-                        application_name="switchboard rate budgets")
+                        application_name="switchboard rate budgets", **connection_kwargs(self._url))
                 conn = self._conn
                 assert conn is not None
                 try:
