@@ -74,12 +74,20 @@ class Compressing(Protocol):
         """Returns (the session to continue in, the line for the user)."""
 
 
+class ToolListing(Protocol):
+    """What ``/tools`` shows (a :class:`gateway.tools_mcp.McpTools`)."""
+
+    def listing(self) -> list[tuple[str, str, str | None]]:
+        """(name, one line of description, why it is unavailable now or None) for every tool offered."""
+
+
 class CommandSet:
     """The registry of slash commands; later features add theirs with :meth:`add`."""
 
-    def __init__(self, compressor: Compressing | None = None) -> None:
+    def __init__(self, compressor: Compressing | None = None, tools: ToolListing | None = None) -> None:
         self._specs: dict[str, CommandSpec] = {}
         self.compressor = compressor  # what /compress runs; None: compression is off
+        self.tools = tools  # what /tools lists; None: the agent has no tools here
 
     def add(self, name: str, description: str, usage: str, handler, *, runs_now: bool = False) -> None:
         self._specs[name] = CommandSpec(name, description, usage, runs_now, handler)
@@ -323,8 +331,24 @@ async def cmd_compress(ctx: CommandContext) -> str:
     return text
 
 
-def default_commands(compressor: Compressing | None = None) -> CommandSet:
-    commands = CommandSet(compressor)
+TOOLS_SHOWN = 40  # /tools lists at most this many (a chat message has a size limit)
+
+
+async def cmd_tools(ctx: CommandContext) -> str:
+    listing = ctx.router.commands.tools.listing() if ctx.router.commands.tools is not None else []
+    if not listing:
+        return "I have no tools in this chat."
+    lines = [f"Tools I may use in this chat ({len(listing)}):"]
+    for name, description, unavailable in listing[:TOOLS_SHOWN]:
+        note = f" (unavailable now: {unavailable})" if unavailable else ""
+        lines.append(f"- {name}: {description}{note}" if description else f"- {name}{note}")
+    if len(listing) > TOOLS_SHOWN:
+        lines.append(f"... and {len(listing) - TOOLS_SHOWN} more")
+    return "\n".join(lines)
+
+
+def default_commands(compressor: Compressing | None = None, tools: ToolListing | None = None) -> CommandSet:
+    commands = CommandSet(compressor, tools)
     commands.add("help", "Show the commands", "/help", cmd_help, runs_now=True)
     commands.add("new", "Start a fresh session (the old one is kept), titled if a name is given", "/new [title]", cmd_new)
     commands.add("reset", "Same as /new", "/reset [title]", cmd_new)
@@ -339,6 +363,7 @@ def default_commands(compressor: Compressing | None = None) -> CommandSet:
                  runs_now=True)
     commands.add("model", "List the models this chat may use, or switch to one", "/model [name]", cmd_model,
                  runs_now=True)
+    commands.add("tools", "The tools I may use in this chat", "/tools", cmd_tools, runs_now=True)
     return commands
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import re
 import secrets
 import socket
 import typing
@@ -105,6 +106,7 @@ __all__ = [
 
 CHAT_TYPES: tuple[str, ...] = ("dm", "group", "thread", "channel")
 REDACTED = "***"
+MIN_MAPPED_SECRET = 8  # shorter env values (flags, levels) are settings, not secrets
 
 ResetMode = Literal["idle", "daily", "both", "none"]
 
@@ -685,6 +687,81 @@ class UsageConfig(_Model):
     keep_days: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
 
 
+# --------------------------------------------------------------------------- tools
+
+
+SecretMap = Annotated[
+    Mapping[str, str],
+    AfterValidator(lambda m: MappingProxyType(dict(m))),
+    PlainSerializer(dict),
+    Field(repr=False, json_schema_extra={"secret": True}),
+]
+
+MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"  # and no "__": it separates server and tool
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class McpServerConfig(_Model):
+    """``tools.mcp_servers.<name>``: one MCP server, run over stdio (``command``) or reached by URL."""
+
+    enabled: bool = True
+    # stdio: the program, its arguments, where it runs, and its whole environment (besides PATH and HOME)
+    command: OptionalText = None
+    args: tuple[str, ...] = ()
+    cwd: Path | None = None
+    env: SecretMap = Field(default_factory=lambda: MappingProxyType({}))
+    # streamable HTTP: the endpoint and the headers sent with every request (e.g. Authorization)
+    url: OptionalHttpUrl = None
+    headers: SecretMap = Field(default_factory=lambda: MappingProxyType({}))
+    # globs over "<server>__<tool>": a tool is offered when an allow pattern matches and no deny pattern does
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    timeout_seconds: Seconds = 60.0  # per call
+    max_output_bytes: int = Field(32768, ge=256)  # a longer result is cut here and marked
+    max_concurrent_calls: int = Field(4, ge=1)
+
+    @field_validator("cwd")
+    @classmethod
+    def _resolve_cwd(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _resolve_path(value, info)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        bad = [k for k in value if not re.match(ENV_NAME, k)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))} is not an environment variable name (letters, digits, _)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("set either command (a stdio server) or url (a streamable HTTP server), not both or neither")
+        if self.url is not None and (self.args or self.cwd or self.env):
+            raise ValueError("args, cwd and env are for stdio servers (command); an HTTP server (url) takes headers")
+        if self.command is not None and self.headers:
+            raise ValueError("headers are for HTTP servers (url); a stdio server (command) takes env")
+        return self
+
+
+def _check_server_names(servers: Mapping[str, McpServerConfig]) -> Mapping[str, McpServerConfig]:
+    for name in servers:
+        if not re.match(MCP_SERVER_NAME, name) or "__" in name or name.endswith("_"):
+            raise ValueError(f"MCP server name {describe(name)} must be 1-32 letters, digits, - and single _ "
+                             f"(its tools are offered as <server>__<tool>)")
+    return servers
+
+
+class ToolsConfig(_Model):
+    """``tools``: what the agent can act with beyond its own tools."""
+
+    mcp_servers: Annotated[
+        Mapping[str, McpServerConfig],
+        AfterValidator(lambda m: MappingProxyType(dict(_check_server_names(m)))),
+        PlainSerializer(dict),
+    ] = Field(default_factory=lambda: MappingProxyType({}))
+
+
 # --------------------------------------------------------------------------- Config
 
 
@@ -735,6 +812,7 @@ class Config(_Model):
     pricing: Pricing = Field(default_factory=lambda: MappingProxyType({}))
     models: NamedModels = Field(default_factory=lambda: MappingProxyType({}))
     usage: UsageConfig = UsageConfig()
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -863,7 +941,7 @@ class Config(_Model):
                     found.append((path + (name,), value))
                 elif isinstance(value, _Model):
                     walk(value, path + (name,))
-                elif isinstance(value, Mapping):  # models.<name>.api_key
+                elif isinstance(value, Mapping):  # named sections: models.<name>.api_key, tools.mcp_servers.<name>
                     for key, item in value.items():
                         if isinstance(item, _Model):
                             walk(item, path + (name, key))
@@ -873,7 +951,12 @@ class Config(_Model):
 
     def secrets(self) -> list[str]:
         """Every secret value that is set, for the log redactor (store.url's password on its own too)."""
-        found = [value for _, value in self._secret_fields() if value]
+        found: list[str] = []
+        for _, value in self._secret_fields():
+            if isinstance(value, Mapping):  # an MCP server's env and headers: every value long enough to be one
+                found += [v for v in value.values() if len(v) >= MIN_MAPPED_SECRET]
+            elif value:
+                found.append(value)
         if self.store.url:
             password = urlsplit(self.store.url).password
             if password:
@@ -888,7 +971,7 @@ class Config(_Model):
                 node = data
                 for part in path[:-1]:
                     node = node[part]
-                node[path[-1]] = REDACTED
+                node[path[-1]] = {k: REDACTED for k in value} if isinstance(value, Mapping) else REDACTED
         return data
 
 

@@ -45,14 +45,31 @@ class Tool:
 class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._groups: dict[str, set[str]] = {}  # tools that come and go together (one MCP server's)
 
     def register(self, tool: Tool) -> None:
         if tool.name in self._tools:
             raise ValueError(f"tool {tool.name!r} is already registered")
         self._tools[tool.name] = tool
 
+    def set_group(self, group: str, tools: list[Tool]) -> None:
+        """Make ``tools`` the whole of ``group``: tools of it that are not among them are removed."""
+        mine = self._groups.get(group, set())
+        taken = [t.name for t in tools if t.name in self._tools and t.name not in mine]
+        if taken:
+            raise ValueError(f"tool(s) {', '.join(map(repr, taken))} are already registered outside {group}")
+        for name in mine:
+            del self._tools[name]
+        for tool in tools:
+            self._tools[tool.name] = tool
+        self._groups[group] = {t.name for t in tools}
+
     def names(self) -> list[str]:
         return sorted(self._tools)
+
+    def tools(self) -> list[Tool]:
+        """Every registered tool, by name."""
+        return [tool for _, tool in sorted(self._tools.items())]
 
     def schemas(self, only: set[str] | None = None) -> list[dict]:
         return [t.schema() for n, t in sorted(self._tools.items()) if only is None or n in only]

@@ -55,6 +55,9 @@ class ReplySink(Protocol):
 
 
 def tool_status(name: str) -> str:
+    server, sep, tool = name.partition("__")  # an MCP server's tool: <server>__<tool>
+    if sep and tool:
+        return f"using {tool.replace('_', ' ')} ({server})…"
     return TOOL_STATUS.get(name, f"using {name.replace('_', ' ')}…")
 
 DEFAULT_PERSONA = (

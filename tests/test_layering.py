@@ -19,7 +19,7 @@ ADAPTER_ALLOWED_GATEWAY = {"gateway.types", "gateway.errors", "gateway.retry", "
 
 # The message path and what it shares with every part live directly in gateway/; the daemon's runtime,
 # cron, memory and the CLI sit beside it in subpackages and use it, never the other way round.
-BESIDE_THE_MESSAGE_PATH = ("gateway.runtime", "gateway.cron", "gateway.memory", "gateway.cli")
+BESIDE_THE_MESSAGE_PATH = ("gateway.runtime", "gateway.cron", "gateway.memory", "gateway.cli", "gateway.tools_mcp")
 
 
 def _imports(path: Path) -> set[str]:
@@ -76,9 +76,9 @@ def test_the_message_path_never_imports_what_sits_beside_it():
     assert offenders == []
 
 
-def test_cron_and_memory_never_import_the_runtime_or_the_cli():
+def test_cron_memory_and_tools_never_import_the_runtime_or_the_cli():
     offenders = []
-    for package in ("cron", "memory"):
+    for package in ("cron", "memory", "tools_mcp"):
         for path in (ROOT / "gateway" / package).rglob("*.py"):
             for name in _imports(path):
                 if _within(name, ("gateway.runtime", "gateway.cli")):

@@ -15,11 +15,12 @@
     switchboard insights [--days N] [--by ...] [--top N] [--plot FILE]   tokens and cost of the model calls
     switchboard insights reprice [--days N] [--model M]   recompute their cost after a price change
     switchboard migrate --to URL [--dry-run]   copy this home's SQLite store into PostgreSQL, then check it
+    switchboard tools list|show|call  the MCP servers' tools (tools.mcp_servers): see and try them
     switchboard doctor               check config, database, disk, permissions, model and platforms
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
 ``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``, ``insights``,
-``storage``);
+``storage``, ``tools``);
 ``run``, ``chat``, ``doctor`` and ``pairing`` are defined here, with the work of
 ``chat`` and ``doctor`` in ``gateway/cli/chat.py`` and ``gateway/cli/doctor.py``.
 """
@@ -54,6 +55,7 @@ from gateway.cli.migrate import migrate_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
 from gateway.cli.storage import storage_cmd
+from gateway.cli.tools import tools_group
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
 from gateway.platforms import installed_platforms
 
@@ -79,6 +81,7 @@ main.add_command(deadletters_group)
 main.add_command(insights_cmd)
 main.add_command(migrate_cmd)
 main.add_command(storage_cmd)
+main.add_command(tools_group)
 
 
 @main.command()

@@ -7,8 +7,9 @@ This is the only place that reads the config to build the daemon's parts, each
 with what it uses, in this order, and nothing is set or wrapped afterwards::
 
     SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
+    McpTools(config.tools, tools)            (the MCP servers; their allowed tools join the registry once started)
     Compressor(db, model, ..., before_split=<memory turn>, after_split=facts.on_compressed)
-    default_commands(compressor)             + /search, /facts
+    default_commands(compressor, mcp)        + /search, /facts
     AgentTurn(db, model, tools, settings, hooks=TurnHooks(prompt_hook, prompt_blocks, prefetch),
               max_message_tokens=...)
     SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
@@ -51,6 +52,7 @@ from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.metrics import Metrics
 from gateway.tools import ToolRegistry
+from gateway.tools_mcp import McpTools
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import PlatformStatus
 from gateway.usage import UsageRecorder
@@ -83,6 +85,7 @@ class Services:
     recall: SessionRecall
     memory: MemoryService
     facts: FactMemory
+    mcp: McpTools  # the MCP servers of tools.mcp_servers: Gateway.start() starts them, stop() stops them
     compressor: Compressor
     commands: CommandSet
     turn: AgentTurn
@@ -125,6 +128,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
     tools.register(memory.tool())
     if cfg.facts.enabled:
         tools.register(facts.tool())
+    # MCP servers: nothing runs until Gateway.start(); their allowed tools join the registry as they come up
+    mcp = McpTools(cfg.tools, tools)
 
     turn: AgentTurn | None = None  # made below; the memory turns run on it
 
@@ -145,7 +150,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
         before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
     )
-    commands = default_commands(compressor=compressor if cfg.compression.enabled else None)
+    commands = default_commands(compressor=compressor if cfg.compression.enabled else None, tools=mcp)
     commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
                  search_command(recall, cfg), runs_now=True)
     if cfg.facts.enabled:
@@ -184,7 +189,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
                    dashboard=_dashboard(cfg, db, wiring.health, cron, router) if cfg.ui.enabled else None,
                    probe=model.probe, agent=cfg.agent)
     return Services(db=db, usage=usage, model=model, tools=tools, recall=recall, memory=memory, facts=facts,
-                    compressor=compressor, commands=commands, turn=turn, router=router, cron=cron, api=api)
+                    mcp=mcp, compressor=compressor, commands=commands, turn=turn, router=router, cron=cron, api=api)
 
 
 def _dashboard(cfg: Config, db: state.AsyncSessionDB, health: Callable[[], dict], cron: CronService,

@@ -63,6 +63,7 @@ from gateway.runtime.upkeep import StoreUpkeep
 from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
+from gateway.tools_mcp import McpTools
 from gateway.types import (
     Adapter,
     AdapterHealth,
@@ -175,6 +176,10 @@ class Gateway:
         return self.services.facts
 
     @property
+    def mcp(self) -> McpTools:
+        return self.services.mcp
+
+    @property
     def compressor(self) -> Compressor:
         return self.services.compressor
 
@@ -222,6 +227,8 @@ class Gateway:
             from gateway.runtime.cluster import share_rate_budgets
 
             self._rate_budgets = await share_rate_budgets(self.cluster)
+        # MCP servers: started once the built-in tools are registered (assemble), supervised from here on
+        services.mcp.start()
         if cfg.facts.enabled:
             await services.facts.start(sweep=self.serve_api)
         if self.serve_api:
@@ -454,6 +461,8 @@ class Gateway:
                         "and the next turn will answer it", key, grace)
         if self.claims is not None:
             await self.claims.close()  # the leases still held go back: another instance answers what is left
+        if services is not None:  # after the turns: no tool call is still running
+            await services.mcp.stop()
         self.platforms.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
@@ -527,6 +536,8 @@ class Gateway:
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
             "cluster": self._cluster_health() if self.config.clustered else None,
+            "tool_servers": {s.name: {"state": s.state, "tools": len(s.tools), "last_error": s.last_error}
+                             for s in self._services.mcp.catalog()} if self._services is not None else {},
         }
 
     def _cluster_health(self) -> dict:

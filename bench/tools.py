@@ -1,0 +1,108 @@
+"""MCP tool calls: the gateway's overhead per call, and memory over many large results.
+
+    .venv/bin/python bench/tools.py                          # 500 timed calls per transport, 1,000 x 1 MB
+    .venv/bin/python bench/tools.py --calls 2000 --big 10000 # the issue's figures (10,000 x 1 MB: minutes)
+
+Servers: tests/mcp_servers/echo_server.py, over stdio (started as the daemon starts one, through the
+clean environment and its own transport) and over streamable HTTP (served in-process by uvicorn on 127.0.0.1).
+
+Overhead: ``McpServer.call`` (what a turn's tool call runs: the concurrency slot, the SDK call with its
+timeout, the result turned into capped text) against the SDK's own ``ClientSession.call_tool`` on a
+second connection to the same server, each timed alone after 20 untimed calls; the difference of the
+two is what the gateway adds beyond the server and the SDK.  Memory: RSS of this process while
+``--big`` calls return 1 MB each (each result cut to 32 KB, as the model would get it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mcp import ClientSession
+
+from gateway.config import config_from_dict
+from gateway.tools import ToolRegistry
+from gateway.tools_mcp import McpTools
+from tests.mcp_servers.http_server import http_echo_server
+
+ECHO = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "echo_server.py")
+TOKEN = "Bearer bench-token-123456"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
+async def _timed(call, n: int) -> list[float]:
+    for _ in range(20):
+        await call()
+    out = []
+    for _ in range(n):
+        began = time.perf_counter()
+        await call()
+        out.append((time.perf_counter() - began) * 1000)
+    return out
+
+
+async def _overhead(label: str, server, n: int) -> None:
+    # the SDK alone, on a second connection opened the same way (the same transport)
+    async with contextlib.AsyncExitStack() as stack:
+        read, write = await stack.enter_async_context(server._transport())
+        raw = await stack.enter_async_context(ClientSession(read, write))
+        await raw.initialize()
+        sdk = await _timed(lambda: raw.call_tool("echo", {"text": "ping"}), n)
+    ours = await _timed(lambda: server.call("echo", {"text": "ping"}), n)
+    p50, p95 = _pct(ours, 50), _pct(ours, 95)
+    b50, b95 = _pct(sdk, 50), _pct(sdk, 95)
+    print(f"{label:6} gateway call p50 {p50:6.2f} ms  p95 {p95:6.2f} ms | SDK alone p50 {b50:6.2f} ms  "
+          f"p95 {b95:6.2f} ms | overhead p50 {p50 - b50:+.2f} ms  p95 {p95 - b95:+.2f} ms  ({n} calls)")
+
+
+async def main(calls: int, big: int) -> None:
+    home = tempfile.mkdtemp(prefix="sb-bench-tools-")
+    async with http_echo_server(value=TOKEN) as url:
+        cfg = config_from_dict({"home": home, "tools": {"mcp_servers": {
+            "stdio": {"command": sys.executable, "args": [ECHO], "allow": ["stdio__*"]},
+            "http": {"url": url, "headers": {"Authorization": TOKEN}, "allow": ["http__*"]},
+        }}}, env={})
+        tools = McpTools(cfg.tools, ToolRegistry())
+        tools.start()
+        try:
+            await tools.settled(30)
+            for name in ("stdio", "http"):
+                await _overhead(name, tools.servers[name], calls)
+            server = tools.servers["stdio"]
+            print(f"RSS before {big:,} calls of 1 MB (stdio): {_rss_mb():.1f} MB")
+            began = time.perf_counter()
+            for i in range(1, big + 1):
+                text = await server.call("big", {"size": 1_000_000})
+                assert len(text) < 33_000, len(text)
+                if i % max(1, big // 4) == 0:
+                    print(f"  after {i:6,} calls: RSS {_rss_mb():.1f} MB ({time.perf_counter() - began:.0f} s)")
+        finally:
+            await tools.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500, help="timed echo calls per transport")
+    parser.add_argument("--big", type=int, default=1000, help="calls returning 1 MB each, for the RSS figure")
+    args = parser.parse_args()
+    asyncio.run(main(args.calls, args.big))

@@ -1,0 +1,100 @@
+"""Every configured MCP server, and their allowed tools in the agent's tool registry.
+
+    mcp = McpTools(config.tools, registry)
+    mcp.start()          # one supervised client per enabled server (gateway.tools_mcp.server)
+    mcp.catalog()        # every tool of every server, allowed or not, with its server's state
+    await mcp.stop()
+
+A server's allowed tools are registered as ``<server>__<tool>`` (the group ``mcp:<server>`` of the
+registry, replaced whenever its list changes), so the turn's tool loop offers and runs them like the
+agent's own.  What a tool returns is untrusted text: it reaches the model only as that call's tool
+message (which the turn stores, once, as the model saw it), cut at the server's ``max_output_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+
+from gateway.config import ToolsConfig
+from gateway.tools import Tool, ToolContext, ToolRegistry
+from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    name: str
+    transport: str  # "stdio: <command>" or "http: <url>"
+    state: str  # starting | ready | restarting | stopped
+    last_error: str | None
+    restarts: int
+    tools: tuple[McpTool, ...]
+
+
+class McpTools:
+    def __init__(self, cfg: ToolsConfig, registry: ToolRegistry, **server_options) -> None:
+        self.registry = registry
+        self.servers: dict[str, McpServer] = {}
+        for name, server_cfg in cfg.mcp_servers.items():
+            if server_cfg.enabled:
+                self.servers[name] = McpServer(name, server_cfg, on_change=functools.partial(self._register, name),
+                                               **server_options)
+
+    def start(self) -> None:
+        for server in self.servers.values():
+            server.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(server.stop() for server in self.servers.values()))
+
+    async def settled(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until every server connected once or failed to."""
+        waits = [server.settled.wait() for server in self.servers.values()]
+        if waits:
+            await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=timeout)
+
+    def catalog(self) -> list[ServerStatus]:
+        """Every enabled server with every tool it offers (allowed or not), by name."""
+        out = []
+        for name, server in sorted(self.servers.items()):
+            cfg = server.cfg
+            transport = f"http: {cfg.url}" if cfg.url else f"stdio: {cfg.command}"
+            out.append(ServerStatus(name, transport, server.state, server.last_error, server.restarts,
+                                    tuple(t for _, t in sorted(server.tools.items()))))
+        return out
+
+    def find(self, full_name: str) -> tuple[McpServer, McpTool | None]:
+        """The server and tool of ``<server>__<tool>``; KeyError when no enabled server has that name."""
+        server_name, _, tool_name = full_name.partition(SEPARATOR)
+        server = self.servers.get(server_name)
+        if server is None or not tool_name:
+            known = ", ".join(sorted(self.servers)) or "none is configured (tools.mcp_servers)"
+            raise KeyError(f"{full_name!r} is not <server>__<tool> of an enabled MCP server (servers: {known})")
+        return server, server.tools.get(tool_name)
+
+    def listing(self) -> list[tuple[str, str, str | None]]:
+        """What ``/tools`` shows: every tool the agent is offered (its own and the allowed MCP ones), with
+        the first line of its description and, for an MCP tool whose server is down, why it is unavailable."""
+        out = []
+        for tool in self.registry.tools():
+            server_name, sep, _ = tool.name.partition(SEPARATOR)
+            server = self.servers.get(server_name) if sep else None
+            unavailable = None
+            if server is not None and not server.available:
+                unavailable = f"the {server_name} tool server is {'restarting' if server.state != 'stopped' else 'stopped'}"
+            first = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
+            out.append((tool.name, first[:120], unavailable))
+        return out
+
+    def _register(self, name: str) -> None:
+        server = self.servers[name]
+        self.registry.set_group(f"mcp:{name}", [_as_tool(server, t) for t in server.tools.values() if t.allowed])
+
+
+def _as_tool(server: McpServer, tool: McpTool) -> Tool:
+    async def run(ctx: ToolContext, args: dict) -> str:
+        return await server.call(tool.name, args)
+
+    description = tool.description or f"The {tool.name} tool of the {server.name} MCP server."
+    return Tool(tool.full_name, description, tool.parameters, run)

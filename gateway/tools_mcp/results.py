@@ -1,0 +1,40 @@
+"""An MCP tool result as the text the model reads: untrusted, and cut at the server's output cap."""
+
+from __future__ import annotations
+
+import json
+
+from mcp import types
+
+
+def result_text(result: types.CallToolResult) -> str:
+    """The parts of ``result`` as one text: text as it is, other parts named by what they are."""
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, types.EmbeddedResource):
+            resource = block.resource
+            text = getattr(resource, "text", None)
+            parts.append(text if text is not None else f"[binary resource {resource.uri} ({resource.mimeType or 'unknown type'})]")
+        elif isinstance(block, types.ResourceLink):
+            parts.append(f"[resource link {block.uri}]")
+        else:  # images and audio: the model is told what came, not given the bytes
+            parts.append(f"[{block.type} ({getattr(block, 'mimeType', None) or 'unknown type'}) not shown]")
+    if not parts and result.structuredContent is not None:
+        parts.append(json.dumps(result.structuredContent, ensure_ascii=False))
+    text = "\n".join(parts)
+    if result.isError:
+        return f"error: {text or 'the tool failed and said nothing more'}"
+    return text
+
+
+def capped(text: str, max_bytes: int) -> str:
+    """``text`` cut to its first ``max_bytes`` bytes of UTF-8 (never inside a character), marked when cut."""
+    if len(text) <= max_bytes // 4:  # cannot be longer than the cap in UTF-8: skip the encoding
+        return text
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    kept = data[:max_bytes].decode("utf-8", errors="ignore")
+    return f"{kept}\n\n[cut: the result was {len(data):,} bytes; only the first {max_bytes:,} are shown]"

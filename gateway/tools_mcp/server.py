@@ -1,0 +1,313 @@
+"""One MCP server, supervised: connected (started, for stdio), watched, restarted with backoff when it dies.
+
+    server = McpServer("files", cfg, on_change=registry_refresh)
+    server.start()                 # a background task (gateway.tasks.spawn) keeps it connected
+    await server.call("read_file", {"path": "a.txt"})   # always a text for the model, never raises
+    await server.stop()
+
+The connection lives in the supervisor task (the SDK's transports are anyio context managers, entered
+and left in one task); calls come from the turns' tasks and share its session.  While the server is
+down its tools stay known and answer that they are unavailable: the model reads that as the tool's
+result and the user never sees an error.  The tool list is read at every (re)connection and again
+whenever the server sends ``notifications/tools/list_changed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import fnmatch
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from mcp import ClientSession, McpError, types
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+from gateway.config import McpServerConfig
+from gateway.retry import Backoff
+from gateway.tasks import spawn
+from gateway.tools_mcp.environment import server_environment
+from gateway.tools_mcp.results import capped, result_text
+from gateway.tools_mcp.stdio import stdio_transport
+
+log = logging.getLogger(__name__)
+
+SEPARATOR = "__"
+MAX_NAME = 64  # what OpenAI-style function names allow
+MAX_DESCRIPTION = 1024  # a server's description of a tool, as offered to the model
+PING_SECONDS = 10.0  # a quiet connection is checked this often
+PING_ANSWER_SECONDS = 10.0  # a server that does not answer a ping within this is restarted
+CONNECT_SECONDS = 30.0  # starting and initializing a server, at most
+HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff again from the beginning
+RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
+CONNECTION_CLOSED = -32000  # the SDK's code for a call whose connection ended (mcp.shared.session)
+REQUEST_TIMEOUT = 408  # ... and for a call that got no answer within its read timeout
+
+
+@dataclass(frozen=True, slots=True)
+class McpTool:
+    """A tool a server offers, under the name the model sees (``<server>__<tool>``)."""
+
+    server: str
+    name: str  # the server's own name for it
+    description: str
+    parameters: dict
+    allowed: bool  # by the server's allow and deny globs
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.server}{SEPARATOR}{self.name}"
+
+
+def allowed(full_name: str, allow: tuple[str, ...], deny: tuple[str, ...]) -> bool:
+    """Offered when an allow glob matches and no deny glob does (nothing is offered until allowed)."""
+    return (any(fnmatch.fnmatchcase(full_name, p) for p in allow)
+            and not any(fnmatch.fnmatchcase(full_name, p) for p in deny))
+
+
+def _valid_name(name: str) -> bool:
+    return bool(name) and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
+
+
+class McpServer:
+    def __init__(self, name: str, cfg: McpServerConfig, *, on_change: Callable[[], None] = lambda: None,
+                 backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS) -> None:
+        self.name = name
+        self.cfg = cfg
+        self._on_change = on_change
+        self._backoff = backoff
+        self._ping_seconds = ping_seconds
+        self.state = "starting"  # starting | ready | restarting | stopped
+        self.last_error: str | None = None
+        self.restarts = 0
+        self.tools: dict[str, McpTool] = {}  # by the server's own name
+        self.settled = asyncio.Event()  # the first connection succeeded or failed (what the CLI waits for)
+        self._session: ClientSession | None = None
+        self._calls = asyncio.Semaphore(cfg.max_concurrent_calls)
+        self._broken = asyncio.Event()
+        self._refresh = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._said: deque[str] = deque(maxlen=3)  # a stdio server's last lines on stderr, for last_error
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError(f"MCP server {self.name} is already started")
+        self._task = spawn(self._supervise(), name=f"mcp:{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._session = None
+        self.state = "stopped"
+
+    @property
+    def available(self) -> bool:
+        return self.state == "ready" and self._session is not None
+
+    # -- calls ------------------------------------------------------------
+    async def call(self, tool: str, arguments: dict[str, Any]) -> str:
+        """Run ``tool`` with ``arguments``: its result, or why there is none, as text cut at the cap."""
+        full = f"{self.name}{SEPARATOR}{tool}"
+        session = self._session
+        if session is None or self.state != "ready":
+            return (f"error: {full} is unavailable right now (the {self.name} tool server is "
+                    f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later or do without it")
+        async with self._calls:
+            try:
+                result = await session.call_tool(tool, arguments,
+                                                 read_timeout_seconds=dt.timedelta(seconds=self.cfg.timeout_seconds))
+            except McpError as exc:
+                if exc.error.code == CONNECTION_CLOSED:
+                    self._lost(session)
+                    return (f"error: the {self.name} tool server stopped during the call to {full}; it is being "
+                            f"restarted, try again shortly")
+                if exc.error.code == REQUEST_TIMEOUT:
+                    return f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
+                return f"error: {full} failed: {exc.error.message}"
+            except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
+                self._lost(session)
+                log.warning("MCP call %s failed: %s: %s", full, type(exc).__name__, exc)
+                return f"error: the {self.name} tool server could not run {full} ({type(exc).__name__}); try again shortly"
+        return capped(result_text(result), self.cfg.max_output_bytes)
+
+    def _lost(self, session: ClientSession) -> None:
+        """A call found ``session`` broken: calls after it are told the server is restarting."""
+        if self._session is session:
+            self._session = None
+            self.state = "restarting"
+            self._broken.set()
+
+    # -- the supervisor ---------------------------------------------------
+    async def _supervise(self) -> None:
+        attempt = 0
+        while True:
+            began = time.monotonic()
+            try:
+                await self._serve()
+                self.last_error = "the connection ended"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure of a server means: restart it
+                self.last_error = _describe(exc)
+            if self._said:  # what a stdio server wrote last usually says why it stopped
+                self.last_error += f"; its stderr ended with: {' | '.join(self._said)}"
+            self._session = None
+            self.state = "restarting"
+            self.settled.set()
+            if time.monotonic() - began >= HEALTHY_SECONDS:
+                attempt = 0
+            wait = self._backoff.delay(attempt)
+            attempt += 1
+            self.restarts += 1
+            log.warning("MCP server %s is down (%s); its tools are unavailable; restarting in %.1fs",
+                        self.name, self.last_error, wait)
+            await asyncio.sleep(wait)
+
+    async def _serve(self) -> None:
+        """Connect, read the tools, then watch the connection until it breaks (returns or raises)."""
+        self._broken.clear()
+        self._refresh.clear()
+        async with contextlib.AsyncExitStack() as stack:
+            read, write = await stack.enter_async_context(self._transport())
+            session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
+            with _deadline(CONNECT_SECONDS):
+                await session.initialize()
+                await self._read_tools(session)
+            self._session = session
+            self.state = "ready"
+            self.last_error = None
+            self.settled.set()
+            log.info("MCP server %s is ready: %d tool(s), %d allowed", self.name, len(self.tools),
+                     sum(t.allowed for t in self.tools.values()))
+            while not self._broken.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake(), timeout=self._ping_seconds)
+                if self._broken.is_set():
+                    return
+                if self._refresh.is_set():
+                    self._refresh.clear()
+                    await self._read_tools(session)
+                else:
+                    with _deadline(PING_ANSWER_SECONDS):
+                        await session.send_ping()
+
+    async def _wake(self) -> None:
+        waits = [asyncio.ensure_future(self._broken.wait()), asyncio.ensure_future(self._refresh.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    def _transport(self) -> contextlib.AbstractAsyncContextManager:
+        cfg = self.cfg
+        if cfg.command is not None:
+            return self._stdio(cfg.command)
+        assert cfg.url is not None, "McpServerConfig holds either a command or a url"
+        return _http(cfg.url, dict(cfg.headers))
+
+    @contextlib.asynccontextmanager
+    async def _stdio(self, command: str) -> AsyncIterator[tuple[Any, Any]]:
+        """The stdio transport (:mod:`.stdio`) with exactly the server's environment, and its stderr read into our log (through the
+        log redactor, as ``mcp.<server>: ...`` lines), never written raw to the daemon's own stderr."""
+        cfg = self.cfg
+        env = server_environment(cfg.env)
+        read_fd, write_fd = os.pipe()
+        self._said.clear()
+        reader = spawn(_log_lines(read_fd, logging.getLogger(f"{__name__}.{self.name}"), self._said.append),
+                       name=f"mcp-stderr:{self.name}")
+        errlog = os.fdopen(write_fd, "w")
+        try:
+            async with stdio_transport(command, list(cfg.args), env=env, cwd=str(cfg.cwd) if cfg.cwd else None,
+                                       errlog=errlog) as streams:
+                errlog.close()  # the child has its own copy: the reader sees the end when the child's closes
+                yield streams
+        finally:
+            errlog.close()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(reader), 2)  # the rest of what it wrote, up to its end
+            reader.cancel()
+
+    async def _on_message(self, message: Any) -> None:
+        # Runs in the session's receive loop: never call the server from here, only wake the supervisor.
+        if isinstance(message, types.ServerNotification) and isinstance(message.root, types.ToolListChangedNotification):
+            self._refresh.set()
+        elif isinstance(message, Exception):
+            log.debug("MCP server %s sent something unreadable: %s", self.name, message)
+
+    async def _read_tools(self, session: ClientSession) -> None:
+        listed: list[types.Tool] = []
+        cursor: str | None = None
+        while True:
+            page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+            listed += page.tools
+            cursor = page.nextCursor
+            if not cursor:
+                break
+        tools: dict[str, McpTool] = {}
+        for tool in listed:
+            full = f"{self.name}{SEPARATOR}{tool.name}"
+            if not _valid_name(tool.name) or len(full) > MAX_NAME:
+                log.warning("MCP server %s offers a tool named %r, which cannot be offered to the model "
+                            "(letters, digits, _ and -, at most %d characters with the server's name); skipped",
+                            self.name, tool.name[:80], MAX_NAME)
+                continue
+            tools[tool.name] = McpTool(self.name, tool.name, (tool.description or "")[:MAX_DESCRIPTION],
+                                       dict(tool.inputSchema or {"type": "object", "properties": {}}),
+                                       allowed(full, self.cfg.allow, self.cfg.deny))
+        changed = tools != self.tools
+        self.tools = tools
+        if changed:
+            self._on_change()
+
+
+async def _log_lines(fd: int, log_to: logging.Logger, keep: Callable[[str], None]) -> None:
+    """Log each line written to ``fd`` (a server's stderr) until its end, a long line cut at 2,000 characters."""
+    loop = asyncio.get_running_loop()
+    stream = asyncio.StreamReader(limit=1 << 20)
+    pipe = os.fdopen(fd, "rb")
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), pipe)
+    try:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the limit: take what is buffered
+                line = await stream.read(1 << 20)
+            if not line:
+                return
+            text = line.decode("utf-8", errors="replace").rstrip()
+            if text:
+                log_to.info("%s", text[:2000])
+                keep(text[:300])
+    finally:
+        transport.close()
+
+
+@contextlib.asynccontextmanager
+async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[tuple[Any, Any]]:
+    async with create_mcp_http_client(headers=headers) as client:
+        async with streamable_http_client(url, http_client=client) as (read, write, _session_id):
+            yield read, write
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """A deadline for awaits inside the SDK's anyio scopes."""
+    with anyio.fail_after(seconds):
+        yield
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an error, the first of a group's (the SDK's task groups wrap what failed)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]

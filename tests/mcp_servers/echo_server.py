@@ -1,0 +1,92 @@
+"""A real MCP server, written with the SDK, that the tests start as a stdio subprocess (or serve over HTTP).
+
+    python tests/mcp_servers/echo_server.py            # stdio
+    http_app()                                         # the same tools as a streamable HTTP Starlette app
+
+Its tools: ``echo``, ``pid``, ``environment`` (its whole os.environ, as JSON), ``slow`` (and ``peak``, the most
+that ran at once), ``fail``, ``big`` (a
+result of N bytes), ``die`` (the process exits in the middle of the call) and ``grow`` (adds the tool
+``late`` and tells the client its list changed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from mcp.server.fastmcp import Context, FastMCP
+
+
+def build(name: str = "echo") -> FastMCP:
+    server = FastMCP(name)
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def pid() -> str:
+        """This server's process id."""
+        return str(os.getpid())
+
+    @server.tool()
+    def environment() -> str:
+        """This server's environment variables, as JSON."""
+        return json.dumps(dict(os.environ), sort_keys=True)
+
+    running = {"now": 0, "peak": 0}
+
+    @server.tool()
+    async def slow(seconds: float) -> str:
+        """Answer after this many seconds."""
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            running["now"] -= 1
+        return f"slept {seconds}"
+
+    @server.tool()
+    def peak() -> str:
+        """The most calls of ``slow`` that ran at once."""
+        return str(running["peak"])
+
+    @server.tool()
+    def fail(why: str) -> str:
+        """Always fails."""
+        raise ValueError(f"cannot do that: {why}")
+
+    @server.tool()
+    def big(size: int) -> str:
+        """A result of ``size`` bytes."""
+        return "x" * size
+
+    @server.tool()
+    async def die() -> str:
+        """The server process exits in the middle of this call."""
+        await asyncio.sleep(0.05)
+        os._exit(3)
+
+    @server.tool()
+    async def grow(ctx: Context) -> str:
+        """Adds the tool ``late``."""
+        def late() -> str:
+            """A tool that came later."""
+            return "late but here"
+
+        server.add_tool(late, name="late")
+        await ctx.session.send_tool_list_changed()
+        return "grown"
+
+    return server
+
+
+def http_app():
+    return build("echo-http").streamable_http_app()
+
+
+if __name__ == "__main__":
+    build().run("stdio")
