@@ -692,6 +692,14 @@ def _default_home(env: Mapping[str, str]) -> str:
     return env.get("SWITCHBOARD_HOME") or "~/.switchboard"
 
 
+class LimitsConfig(_Model):
+    """``limits``: messages answered per minute; past it a message is stored, not answered, and the user
+    is told once when to try again.  Empty: no limit.  Counted in memory, per instance."""
+
+    messages_per_minute: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)  # per user
+    chat_messages_per_minute: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)  # per chat
+
+
 class StreamingConfig(_Model):
     """``streaming``: replies shown as they are written, one message edited in place."""
 
@@ -735,6 +743,7 @@ class Config(_Model):
     pricing: Pricing = Field(default_factory=lambda: MappingProxyType({}))
     models: NamedModels = Field(default_factory=lambda: MappingProxyType({}))
     usage: UsageConfig = UsageConfig()
+    limits: LimitsConfig = LimitsConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 
