@@ -769,6 +769,14 @@ def _default_home(env: Mapping[str, str]) -> str:
     return env.get("SWITCHBOARD_HOME") or "~/.switchboard"
 
 
+class LimitsConfig(_Model):
+    """``limits``: messages answered per minute; past it a message is stored, not answered, and the user
+    is told once when to try again.  Empty: no limit.  Counted in memory, per instance."""
+
+    messages_per_minute: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)  # per user
+    chat_messages_per_minute: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)  # per chat
+
+
 class StreamingConfig(_Model):
     """``streaming``: replies shown as they are written, one message edited in place."""
 
@@ -813,6 +821,7 @@ class Config(_Model):
     models: NamedModels = Field(default_factory=lambda: MappingProxyType({}))
     usage: UsageConfig = UsageConfig()
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    limits: LimitsConfig = LimitsConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 

@@ -36,6 +36,7 @@ import state
 from gateway.errors import GatewayClosing, ModelUnavailable, PlatformHTTPError
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
+from gateway.limits import MessageLimit, try_again_line
 from gateway.modelchoice import ModelChoices
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
@@ -66,6 +67,9 @@ class RouterSettings:
     reset_policy_for: Callable[[str, str], ResetPolicy] = lambda platform, chat_type: ResetPolicy()
     resume_within: float = 3600.0  # after a restart, older unanswered messages get a line, not an answer
     models: ModelChoices = ModelChoices()  # the named models a chat may choose (/model), and who may
+    # limits.messages_per_minute / chat_messages_per_minute: turns held back past them (None: no limit)
+    messages_per_minute: int | None = None
+    chat_messages_per_minute: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,7 @@ class Ticket:
     failure: BaseException | None = None  # why the model gave no answer (``reply`` holds the line saying so)
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
     client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
+    held_for: float | None = None  # over limits.messages_per_minute: stored, unanswered; seconds to wait
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -138,6 +143,7 @@ class Lane:
     stream_choice_read: bool = False  # stream_choice was read from the store
     model_choice: str | None = None  # the chat's /model NAME (None: default)
     model_choice_read: bool = False  # model_choice was read from the store
+    held: list[Ticket] = field(default_factory=list)  # stored, held back by a rate limit: the next turn answers them
 
     @property
     def busy(self) -> bool:
@@ -279,6 +285,10 @@ class SessionRouter:
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
+        # inbound rate limits, in memory per instance: (scope, window); scope "user" or "chat"
+        self._limits = [(scope, MessageLimit(n, clock)) for scope, n in
+                        (("user", settings.messages_per_minute), ("chat", settings.chat_messages_per_minute))
+                        if n is not None]
 
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None, *,
@@ -376,13 +386,21 @@ class SessionRouter:
         Safe without awaiting: a handle() that holds a lane either acquired its free lock at
         once (so it is locked) or waits behind whoever holds it (locked too)."""
         for key in [k for k, lane in self._lanes.items()
-                    if not lane.lock.locked() and not lane.busy and not lane.queue and lane.current is None]:
+                    if not lane.lock.locked() and not lane.busy and not lane.queue and lane.current is None
+                    and not lane.held]:
             del self._lanes[key]
+        for _, limit in self._limits:
+            limit.forget_idle()
 
     def working_on(self, key: str | None) -> bool:
         """Whether this process has a turn running or messages queued for the session key ``key``."""
         lane = self._lanes.get(key) if key else None
         return lane is not None and (lane.busy or bool(lane.queue))
+
+    def held_back(self, key: str) -> int:
+        """How many of ``key``'s stored messages a rate limit holds back for the next turn that runs."""
+        lane = self._lanes.get(key)
+        return len(lane.held) if lane is not None else 0
 
     def active_lanes(self) -> int:
         return sum(1 for lane in self._lanes.values() if lane.busy)
@@ -606,6 +624,9 @@ class SessionRouter:
                     batch = [ticket]
                     while lane.queue and lane.queue[0][0] == "chat":
                         batch.append(lane.queue.popleft()[1])
+                    # messages a rate limit held back in this session are answered with these
+                    batch = [t for t in lane.held if t.session_id == ticket.session_id] + batch
+                    lane.held = []
                     # a compression may have moved the conversation to a child since these were stored
                     session_id, history = await self.db.continued_conversation(batch[-1].session_id,
                                                                                upto=batch[-1].message_id)
@@ -723,6 +744,8 @@ class SessionRouter:
 
     async def _run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict],
                         claim: TurnGuard = SINGLE_INSTANCE) -> None:
+        if claim is SINGLE_INSTANCE and await self._held_back(lane, batch):
+            return
         last = batch[-1]
         msg = last.msg
         started = time.monotonic()
@@ -813,6 +836,40 @@ class SessionRouter:
             await self._finish_stream(stream, record)
         else:
             await self._send_recorded(record)
+
+    def _limit_keys(self, lane: Lane, msg: InboundMessage) -> list[tuple[str, MessageLimit]]:
+        keys = {"user": f"user:{msg.platform}:{msg.user_id}", "chat": f"chat:{lane.key}"}
+        return [(keys[scope], limit) for scope, limit in self._limits]
+
+    async def _held_back(self, lane: Lane, batch: list[Ticket]) -> bool:
+        """Whether a rate limit holds ``batch`` back (stored, unanswered, no model call); else count it.
+
+        A platform chat's messages wait in the lane (and the store's inbox) for the next turn that runs,
+        and the user is told once per window when to try again; a local API request is answered at once
+        with the wait (429 there), its message stored, and the next request's turn sees it."""
+        if not self._limits:
+            return False
+        msg = batch[-1].msg
+        keys = self._limit_keys(lane, msg)
+        waits = [(key, limit, limit.wait(key)) for key, limit in keys]
+        wait = max(w for _, _, w in waits)
+        if wait <= 0:
+            for key, limit in keys:
+                limit.count(key, len(batch))
+            return False
+        line = try_again_line(wait)
+        log.info("holding back %d message(s) for %s: over limits.messages_per_minute for %.0f s more",
+                 len(batch), lane.key, wait)
+        # told once per window: each limit that is full remembers until when the user knows
+        tell = [limit.first_refusal(key, wait) for key, limit, w in waits if w > 0]
+        if any(t.inbox_id is not None for t in batch):
+            lane.held = batch
+            if any(tell):
+                await self.deliver(msg.chat, line, msg.message_id)
+        for t in batch:
+            t.held_for = wait
+            t.resolve(line)
+        return True
 
     async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict,
                              claim: TurnGuard = SINGLE_INSTANCE) -> bool:

@@ -59,6 +59,7 @@ import asyncio
 import errno
 import hmac
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, cast
@@ -468,6 +469,10 @@ class LocalApi:
                           code="store_unavailable")
         if ticket.replayed:
             return await self._replay(ticket, call)
+        if ticket.held_for is not None:  # over limits.messages_per_minute: stored, no model call
+            return _error_response(ApiError(429, reply, "rate_limit_error", code="rate_limited",
+                                            retry_after=max(1, math.ceil(ticket.held_for))),
+                                   self._headers(ticket.session_id, ticket.notices))
         if ticket.failure is not None:
             return _error_response(model_failure(ticket.failure), self._headers(ticket.session_id, ticket.notices))
         answer = self._answer_of(ticket, reply)

@@ -173,6 +173,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
             timezone=cfg.timezone, model_name=cfg.model.name,
             reset_policy_for=cfg.sessions.reset_policy_for, resume_within=cfg.sessions.resume_within,
             models=model_choices(cfg.model_names, {name: m.allowed_for for name, m in cfg.models.items()}),
+            messages_per_minute=cfg.limits.messages_per_minute,
+            chat_messages_per_minute=cfg.limits.chat_messages_per_minute,
         ),
         authorizer=Authorizer(wiring.auth, db, clock=clock),
         commands=commands, metrics=wiring.metrics,
