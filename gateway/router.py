@@ -337,13 +337,13 @@ class SessionRouter:
     async def stream_choice(self, lane: Lane) -> str | None:
         """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane."""
         if not lane.stream_choice_read:
-            lane.stream_choice, lane.stream_choice_read = await self.db.chat_pref(lane.key, "stream"), True
+            lane.stream_choice, lane.stream_choice_read = await self.db.prefs.get(lane.key, "stream"), True
         return lane.stream_choice
 
     async def model_choice(self, lane: Lane) -> str | None:
         """The chat's /model choice as stored (None: it made none); read once per lane."""
         if not lane.model_choice_read:
-            lane.model_choice, lane.model_choice_read = await self.db.chat_pref(lane.key, "model"), True
+            lane.model_choice, lane.model_choice_read = await self.db.prefs.get(lane.key, "model"), True
         return lane.model_choice
 
     async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
@@ -356,7 +356,7 @@ class SessionRouter:
 
     async def choose_model(self, lane: Lane, name: str) -> None:
         """The chat's /model NAME (the caller checked it may): remembered in the store, used from the next turn."""
-        await self.db.set_chat_pref(lane.key, "model", name, now=self.clock())
+        await self.db.prefs.set(lane.key, "model", name, now=self.clock())
         lane.model_choice, lane.model_choice_read = name, True
 
     def streamed_output(self, platform: str, chat_type: ChatType, choice: str | None) -> StreamedOutput | None:
@@ -369,7 +369,7 @@ class SessionRouter:
     async def choose_streaming(self, lane: Lane, on: bool) -> None:
         """The chat's /stream on|off: remembered in the store, used from its next reply."""
         choice = "on" if on else "off"
-        await self.db.set_chat_pref(lane.key, "stream", choice, now=self.clock())
+        await self.db.prefs.set(lane.key, "stream", choice, now=self.clock())
         lane.stream_choice, lane.stream_choice_read = choice, True
 
     def lane(self, key: str) -> Lane:

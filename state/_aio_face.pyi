@@ -1,6 +1,6 @@
 """The coroutines of :class:`state.AsyncSessionDB`, for the type checker only.
 
-Generated from the marked methods of ``state/db.py``: do not edit, run ``.venv/bin/python -m state._gen_aio_face``.
+Generated from the marked methods of ``state/db.py`` and its repositories: do not edit, run ``.venv/bin/python -m state._gen_aio_face``.
 """
 
 from typing import IO, Any, Callable, Iterable
@@ -9,8 +9,18 @@ from . import _split, _storage, _upkeep
 from ._messages import Appended
 from .db import Fence
 
+class AsyncChatPrefs:
+    """ChatPrefs's marked methods (``adb.prefs``), each a coroutine."""
+
+    async def set(self, session_key: str, name: str, value: str, *, now: float) -> None: ...
+    async def get(self, session_key: str, name: str) -> str | None: ...
+
+
 class AsyncFace:
-    """SessionDB's marked methods, each a coroutine with the same parameters and result."""
+    """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
+    repositories, whose marked methods are coroutines too."""
+
+    prefs: AsyncChatPrefs
 
     async def create_session(
         self,
@@ -310,8 +320,6 @@ class AsyncFace:
     async def claim_fact_extraction(self, session_id: str, *, now: float) -> bool: ...
     async def finish_fact_extraction(self, session_id: str, *, added: int, confirmed: int) -> None: ...
     async def release_fact_extraction(self, session_id: str) -> None: ...
-    async def set_chat_pref(self, session_key: str, name: str, value: str, *, now: float) -> None: ...
-    async def chat_pref(self, session_key: str, name: str) -> str | None: ...
     async def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None: ...
     async def get_fact(self, fact_id: int) -> dict | None: ...
     async def fact_candidates(

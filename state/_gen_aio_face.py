@@ -1,11 +1,14 @@
 """Writes ``state/_aio_face.pyi``: :class:`state.AsyncSessionDB`'s coroutines, as the type checker sees them.
 
-``AsyncSessionDB`` builds its coroutines at import from :class:`state.SessionDB`'s ``@_reads`` /
-``@_writes`` / ``@_upkeep_steps`` marks, which mypy cannot follow.  This script copies each marked
-method's signature from ``state/db.py`` into a stub, as an ``async def`` with the same parameters
-returning what the method returns; ``aio.py`` inherits it while type checking only.
+``AsyncSessionDB`` builds its coroutines at import from the ``@_reads`` / ``@_writes`` /
+``@_upkeep_steps`` marks of :class:`state.SessionDB` and of each repository in
+``SessionDB.REPOSITORIES`` (``state._repo``), which mypy cannot follow.  This script copies each
+marked method's signature into a stub, as an ``async def`` with the same parameters returning what
+the method returns: SessionDB's into ``AsyncFace``, which ``aio.py`` inherits while type checking
+only, and each repository's into an ``Async<Repository>`` class that ``AsyncFace`` names as the
+attribute's type.
 
-Run it after changing a marked method::
+Run it after changing a marked method or adding a repository::
 
     .venv/bin/python -m state._gen_aio_face
 
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import inspect
 from pathlib import Path
 
-from .db import public_methods
+from ._repo import KINDS, marked_methods
+from .db import SessionDB, public_methods
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "db.py"
@@ -29,7 +34,7 @@ WIDTH = 120
 
 HEADER = f'''"""The coroutines of :class:`state.AsyncSessionDB`, for the type checker only.
 
-Generated from the marked methods of ``state/db.py``: do not edit, run ``{COMMAND}``.
+Generated from the marked methods of ``state/db.py`` and its repositories: do not edit, run ``{COMMAND}``.
 """
 '''
 
@@ -88,9 +93,9 @@ def _coroutine(fn: ast.FunctionDef) -> str:
     return f"    async def {fn.name}(\n{inner}    ) -> {returns}: ..."
 
 
-def _imports(tree: ast.Module, used: set[str]) -> list[str]:
-    """``from ... import`` lines for the names the signatures use, taken from db.py's own imports
-    (those under ``if TYPE_CHECKING:`` included) or from db.py itself."""
+def _where_names_come_from(tree: ast.Module, module: str) -> dict[str, str]:
+    """Each name a module imports at the top (those under ``if TYPE_CHECKING:`` included) or
+    defines as a class, with the module (relative to ``state``) to import it from."""
     where: dict[str, str] = {}
     statements = list(tree.body)
     for node in tree.body:
@@ -98,17 +103,23 @@ def _imports(tree: ast.Module, used: set[str]) -> list[str]:
             statements.extend(node.body)
     for node in statements:
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            module = "." * node.level + (node.module or "")
+            source = "." * node.level + (node.module or "")
             for alias in node.names:
-                where[alias.asname or alias.name] = module
+                where[alias.asname or alias.name] = source
         elif isinstance(node, ast.ClassDef):
-            where[node.name] = ".db"
+            where[node.name] = module
+    return where
+
+
+def _imports(where: dict[str, str], used: set[str]) -> list[str]:
+    """``from ... import`` lines for the names the signatures use."""
     wanted: dict[str, set[str]] = {}
     for name in sorted(used):
         if name in where:
             wanted.setdefault(where[name], set()).add(name)
         elif not hasattr(builtins, name):
-            raise LookupError(f"state/db.py uses {name!r} in a signature but does not import it at the top")
+            raise LookupError(f"a store method uses {name!r} in a signature but its module does not import it "
+                              "at the top")
 
     def line(module: str) -> str:
         return f"from {module} import {', '.join(sorted(wanted[module], key=lambda n: (not n.isupper(), n)))}"
@@ -119,15 +130,22 @@ def _imports(tree: ast.Module, used: set[str]) -> list[str]:
     return stdlib + ([""] if stdlib and local else []) + local
 
 
-def render() -> str:
-    """The stub's text, from state/db.py as it is now."""
-    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
-    marked = {name for kind in ("read", "write", "upkeep") for name in public_methods(kind)}
-    methods = [node for node in _session_db_class(tree).body
-               if isinstance(node, ast.FunctionDef) and node.name in marked]
+def _class_named(tree: ast.Module, name: str, path: Path) -> ast.ClassDef:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise LookupError(f"{path.name} has no class {name}")
+
+
+def _marked_defs(cls_node: ast.ClassDef, marked: set[str], path: Path) -> list[ast.FunctionDef]:
+    methods = [node for node in cls_node.body if isinstance(node, ast.FunctionDef) and node.name in marked]
     missing = marked - {fn.name for fn in methods}
     if missing:
-        raise LookupError(f"marked methods not found in state/db.py's class body: {sorted(missing)}")
+        raise LookupError(f"marked methods not found in {path.name}'s class {cls_node.name}: {sorted(missing)}")
+    return methods
+
+
+def _used_names(methods: list[ast.FunctionDef]) -> set[str]:
     used: set[str] = set()
     for fn in methods:
         for arg in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
@@ -135,10 +153,39 @@ def render() -> str:
                 used |= _names_in(arg.annotation)
         if fn.returns is not None:
             used |= _names_in(fn.returns)
+    return used
+
+
+def render() -> str:
+    """The stub's text, from state/db.py and the repositories' modules as they are now."""
+    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
+    where = _where_names_come_from(tree, ".db")
+    marked = {name for kind in KINDS for name in public_methods(kind)}
+    methods = _marked_defs(_session_db_class(tree), marked, SOURCE)
+    used = _used_names(methods)
+    classes: list[str] = []
+    attributes: list[str] = []
+    for attribute, repository in SessionDB.REPOSITORIES.items():
+        path = Path(inspect.getfile(repository))
+        module = "." + repository.__module__.rpartition(".")[2]
+        repo_tree = ast.parse(path.read_text(encoding="utf-8"))
+        repo_marked = {name for kind in KINDS for name in marked_methods(repository, kind)}
+        repo_methods = _marked_defs(_class_named(repo_tree, repository.__name__, path), repo_marked, path)
+        for name, source in _where_names_come_from(repo_tree, module).items():
+            if name in where and where[name] != source:
+                raise LookupError(f"{name!r} means {where[name]} in one store module and {source} in {path.name}")
+            where[name] = source
+        used |= _used_names(repo_methods)
+        doc = f'    """{repository.__name__}\'s marked methods (``adb.{attribute}``), each a coroutine."""\n\n'
+        classes.append(f"class Async{repository.__name__}:\n{doc}" + "\n".join(_coroutine(fn) for fn in repo_methods)
+                       + "\n")
+        attributes.append(f"    {attribute}: Async{repository.__name__}")
     body = "\n".join(_coroutine(fn) for fn in methods)
-    return (f"{HEADER}\n" + "\n".join(_imports(tree, used)) + "\n\nclass AsyncFace:\n"
-            '    """SessionDB\'s marked methods, each a coroutine with the same parameters and result."""\n\n'
-            f"{body}\n")
+    face = ("class AsyncFace:\n"
+            '    """SessionDB\'s marked methods, each a coroutine with the same parameters and result, and its\n'
+            '    repositories, whose marked methods are coroutines too."""\n\n'
+            + "".join(f"{line}\n" for line in attributes) + ("\n" if attributes else "") + f"{body}\n")
+    return f"{HEADER}\n" + "\n".join(_imports(where, used)) + "\n\n" + "\n\n".join(classes + [face])
 
 
 def main() -> None:

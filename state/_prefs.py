@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 
 from ._dialect import dialect_of
+from ._repo import Repository, reads, writes
 
 #: The table (schema v19), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -40,3 +41,17 @@ def chat_pref(conn: sqlite3.Connection, session_key: str, name: str) -> str | No
     row = conn.execute("SELECT value FROM chat_prefs WHERE session_key = ? AND name = ?",
                        (session_key, name)).fetchone()
     return row[0] if row else None
+
+
+class ChatPrefs(Repository):
+    """``db.prefs``: what each chat chose with a command."""
+
+    @writes
+    def set(self, session_key: str, name: str, value: str, *, now: float) -> None:
+        """Remember a chat's choice (``/stream off``: name ``stream``, value ``off``)."""
+        return self._engine.write(set_chat_pref, session_key, name, value, now=now)
+
+    @reads
+    def get(self, session_key: str, name: str) -> str | None:
+        """A chat's remembered choice, or None when it never made one."""
+        return self._engine.read(chat_pref, session_key, name)

@@ -22,6 +22,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ._repo import KINDS, Repository, marked_methods
 from .db import SessionDB, public_methods
 from .errors import StateError
 
@@ -110,8 +111,50 @@ def _coroutine(name: str, method: Callable[..., Any], kind: str) -> Callable[...
     return call
 
 
+class _AsyncRepository:
+    """A repository's marked methods as coroutines, on its store's threads (made per repository
+    class by :func:`_async_repository_class`)."""
+
+    def __init__(self, owner: "AsyncSessionDB", repository: Repository):
+        self._owner = owner
+        self._repository = repository
+
+    def __repr__(self) -> str:
+        return f"<async {self._repository!r}>"
+
+
+def _repository_coroutine(name: str, method: Callable[..., Any], kind: str, cls_name: str) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def call(self: _AsyncRepository, *args: Any, **kwargs: Any) -> Any:
+        owner = self._owner
+        workers = {"write": owner._writer, "read": owner._readers, "upkeep": owner._upkeep}[kind]
+        if workers is None:
+            raise StateError("the async state store is closed: open a new AsyncSessionDB")
+        return await workers.submit(functools.partial(method, self._repository, *args, **kwargs))
+
+    call.__name__ = name
+    call.__qualname__ = f"{cls_name}.{name}"
+    return call
+
+
+_ASYNC_CLASSES: dict[type[Repository], type[_AsyncRepository]] = {}
+
+
+def _async_repository_class(repository: type[Repository]) -> type[_AsyncRepository]:
+    if repository in _ASYNC_CLASSES:
+        return _ASYNC_CLASSES[repository]
+    name = f"Async{repository.__name__}"
+    members: dict[str, Any] = {"__doc__": repository.__doc__}
+    for kind in KINDS:
+        for method_name, method in marked_methods(repository, kind).items():
+            members[method_name] = _repository_coroutine(method_name, method, kind, name)
+    made = _ASYNC_CLASSES[repository] = type(name, (_AsyncRepository,), members)
+    return made
+
+
 class AsyncSessionDB(AsyncFace):
-    """The same public methods as :class:`SessionDB`, as coroutines.
+    """The same public methods as :class:`SessionDB`, as coroutines, and the same repositories
+    (``adb.prefs``...), whose methods are coroutines too.
 
     They are made at import from SessionDB's marks; ``state/_aio_face.pyi`` declares them for the
     type checker (``python -m state._gen_aio_face`` writes it).
@@ -128,6 +171,9 @@ class AsyncSessionDB(AsyncFace):
         # upkeep steps give way to the other writes: on a thread of their own, so that a write
         # coming meanwhile (from the writer thread) reaches the lock and interrupts the step
         self._upkeep: _Workers | None = _Workers(1, "state-upkeep")
+        for name in SessionDB.REPOSITORIES:
+            repository = getattr(db, name)
+            setattr(self, name, _async_repository_class(type(repository))(self, repository))
 
     @classmethod
     async def open(cls, db_path: Any = None, *, write_timeout: float = 10.0, readers: int = 3) -> "AsyncSessionDB":

@@ -2,8 +2,9 @@
 
 Each public method is one call to a function of ``state._sessions``,
 ``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_prefs``, ``_usage``, ``_storage``
-or ``search`` through the engine, marked ``@_reads`` or ``@_writes``.  :class:`state.AsyncSessionDB` builds its
+``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_usage``, ``_storage``
+or ``search`` through the engine, marked ``@_reads`` or ``@_writes``.  The features that have
+moved to repositories (``state._repo``) hang off the store instead: ``db.prefs``.  :class:`state.AsyncSessionDB` builds its
 coroutines from those marks, so the daemon runs exactly this code.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
 
 from . import (
     _cron,
@@ -20,7 +21,6 @@ from . import (
     _facts,
     _messages,
     _pairing,
-    _prefs,
     _recall,
     _recovery,
     _routes,
@@ -37,30 +37,14 @@ from ._engine import Engine
 from ._lock import GaveWay
 from ._messages import Appended
 from ._pg import PgEngine, is_url, mask_url
+from ._prefs import ChatPrefs
+from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
 from .paths import default_db_path
 
 if TYPE_CHECKING:
     from .cluster.store import ClusterStore
 
-F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-
-
-def _reads(method: F) -> F:
-    method._state_kind = "read"  # type: ignore[attr-defined]
-    return method
-
-
-def _writes(method: F) -> F:
-    method._state_kind = "write"  # type: ignore[attr-defined]
-    return method
-
-
-def _upkeep_steps(method: F) -> F:
-    """A write that gives way to the others (the async store runs it on a thread of its own, so
-    that a write coming meanwhile reaches the lock and interrupts it)."""
-    method._state_kind = "upkeep"  # type: ignore[attr-defined]
-    return method
 
 
 class SessionDB:
@@ -76,6 +60,12 @@ class SessionDB:
 
     MAX_TITLE_LENGTH = _titles.MAX_TITLE_LENGTH
 
+    #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
+    REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
+        "prefs": ChatPrefs,
+    }
+    prefs: ChatPrefs
+
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine
         if is_url(db_path):
@@ -87,6 +77,8 @@ class SessionDB:
             self.url = None
             self.db_path = Path(db_path) if db_path is not None else default_db_path()
             self._engine = Engine(self.db_path, write_timeout=write_timeout)
+        for name, repository in self.REPOSITORIES.items():
+            setattr(self, name, repository(self._engine))
 
     @property
     def backend(self) -> str:
@@ -830,16 +822,6 @@ class SessionDB:
         return self._engine.write(_facts.release_extraction, session_id)
 
     @_writes
-    def set_chat_pref(self, session_key: str, name: str, value: str, *, now: float) -> None:
-        """Remember a chat's choice (``/stream off``: name ``stream``, value ``off``)."""
-        return self._engine.write(_prefs.set_chat_pref, session_key, name, value, now=now)
-
-    @_reads
-    def chat_pref(self, session_key: str, name: str) -> str | None:
-        """A chat's remembered choice, or None when it never made one."""
-        return self._engine.read(_prefs.chat_pref, session_key, name)
-
-    @_writes
     def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None:
         return self._engine.write(_facts.set_facts_prefetch, session_key, on, now=now)
 
@@ -1089,12 +1071,9 @@ def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **
 
 
 def public_methods(kind: str) -> dict[str, Callable[..., Any]]:
-    """SessionDB's methods marked ``kind`` ("read", "write" or "upkeep"), by name."""
-    return {
-        name: member
-        for name, member in vars(SessionDB).items()
-        if not name.startswith("_") and getattr(member, "_state_kind", None) == kind
-    }
+    """SessionDB's own methods marked ``kind`` ("read", "write" or "upkeep"), by name (the
+    repositories' are found with :func:`state._repo.marked_methods` on each)."""
+    return marked_methods(SessionDB, kind)
 
 
 __all__ = ["Fence", "SessionDB", "public_methods"]

@@ -52,7 +52,7 @@ def _fill_every_table(home: Path) -> Path:
                     hrr=b"\x00\x01\x02vector")
         db.claim_fact_extraction("root", now=NOW)
         db.set_facts_prefetch("telegram:dm:u1", True, now=NOW)
-        db.set_chat_pref("telegram:dm:u1", "stream", "off", now=NOW)
+        db.prefs.set("telegram:dm:u1", "stream", "off", now=NOW)
         db.request_pairing("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
         db.request_pairing("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
         db.approve_pairing("telegram", "CODE2")
@@ -122,7 +122,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         assert _rows(pg_url, table) == _rows(path, table), table
     with state.SessionDB(pg_url) as db:
         assert db.get_session("child")["parent_session_id"] == "root"
-        assert db.chat_pref("telegram:dm:u1", "stream") == "off"
+        assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.get_routed_session("telegram:dm:u1")["id"] == "child"
         assert db.is_user_approved("telegram", "u3")
         assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]

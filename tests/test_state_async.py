@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from state import AsyncSessionDB, SessionDB, SessionNotFound, StateError, _gen_aio_face
+from state._repo import KINDS, marked_methods
 from state.db import public_methods
 from tests.harness import eventually
 
@@ -23,13 +24,56 @@ def test_every_public_method_has_a_coroutine():
     assert public <= names
 
 
+def _every_marked_name() -> set[str]:
+    names = {f"SessionDB.{n}" for kind in KINDS for n in public_methods(kind)}
+    for attribute, repository in SessionDB.REPOSITORIES.items():
+        names |= {f"{attribute}.{n}" for kind in KINDS for n in marked_methods(repository, kind)}
+    return names
+
+
+def test_every_repository_method_has_a_coroutine(tmp_path):
+    db = SessionDB(tmp_path / "state.db")
+    adb = AsyncSessionDB(db)
+    try:
+        for attribute, repository in SessionDB.REPOSITORIES.items():
+            assert isinstance(getattr(db, attribute), repository)
+            public = {n for n, m in vars(repository).items() if callable(m) and not n.startswith("_")}
+            marked = {n for kind in KINDS for n in marked_methods(repository, kind)}
+            assert public == marked, f"{repository.__name__}: every public method is marked reads/writes/upkeep"
+            for name in marked:
+                assert inspect.iscoroutinefunction(getattr(getattr(adb, attribute), name)), (attribute, name)
+    finally:
+        asyncio.run(adb.close())
+
+
 def test_the_type_checkers_view_of_the_coroutines_is_current():
     """mypy reads AsyncSessionDB's coroutines from a stub generated from SessionDB's signatures."""
     committed = _gen_aio_face.STUB.read_text(encoding="utf-8")
     assert committed == _gen_aio_face.render(), (
         f"state/_aio_face.pyi no longer matches state/db.py: run `{_gen_aio_face.COMMAND}` and commit the result")
-    declared = {line.split("async def ")[1].split("(")[0] for line in committed.splitlines() if "async def " in line}
-    assert declared == set(public_methods("read")) | set(public_methods("write")) | set(public_methods("upkeep"))
+    declared: set[str] = set()
+    owner = ""
+    attributes = {f"Async{r.__name__}": a for a, r in SessionDB.REPOSITORIES.items()}
+    for line in committed.splitlines():
+        if line.startswith("class "):
+            name = line.split()[1].split(":")[0].split("(")[0]
+            owner = "SessionDB" if name == "AsyncFace" else attributes[name]
+        elif "async def " in line:
+            declared.add(f"{owner}.{line.split('async def ')[1].split('(')[0]}")
+    assert declared == _every_marked_name()
+
+
+async def test_a_repository_runs_on_the_stores_threads(store_target):
+    adb = await AsyncSessionDB.open(store_target)
+    try:
+        assert await adb.prefs.get("telegram:dm:u1", "stream") is None
+        await adb.prefs.set("telegram:dm:u1", "stream", "off", now=1.0)
+        assert await adb.prefs.get("telegram:dm:u1", "stream") == "off"
+        assert adb.db.prefs.get("telegram:dm:u1", "stream") == "off"
+    finally:
+        await adb.close()
+    with pytest.raises(StateError, match="closed"):
+        await adb.prefs.get("telegram:dm:u1", "stream")
 
 
 async def test_round_trip_and_concurrent_appends(store_target):
