@@ -141,3 +141,33 @@ async def test_a_cron_job_runs_on_its_named_model(tmp_path):
             run = await gw.cron.run_job("digest")
     assert run["status"] == "ok"
     assert primary.requests == [] and [r.body["model"] for r in other.requests] == ["m-fast"]
+
+
+async def test_v1_models_lists_the_named_models_a_request_can_choose_and_hides_limited_ones(tmp_path):
+    async with FakeModel() as primary, FakeModel() as other, FakeModel() as third:
+        extra = fast(other)
+        extra["models"]["private"] = {"base_url": third.base_url, "api_key": "k", "name": "m-private",
+                                      "allowed_for": ["api:ann"]}
+        async with running_gateway(tmp_path, primary, model={"name": "my-model-7b"}, **extra) as gw:
+            api = ApiClient(gw)
+            listed = [m.id async for m in api.client.models.list()]
+            one = await api.client.models.retrieve("fast")
+            with pytest.raises(openai.NotFoundError) as unknown:
+                await api.client.models.retrieve("private")
+            await api.close()
+    assert listed == ["my-model-7b", "fast"]
+    assert one.id == "fast"
+    assert "'my-model-7b', 'fast', not 'private'" in str(unknown.value)
+
+
+async def test_the_responses_api_model_field_chooses_a_named_model_in_a_kept_conversation(tmp_path):
+    async with FakeModel() as primary, FakeModel() as other:
+        async with running_gateway(tmp_path, primary, **fast(other)) as gw:
+            api = ApiClient(gw)
+            first = await api.client.responses.create(model="default", input="one", conversation="c1")
+            await api.client.responses.create(model="fast", input="two", conversation="c1")
+            await api.client.responses.create(model="default", input="three", previous_response_id=first.id)
+            await api.client.responses.create(model="fast", input="four", previous_response_id=first.id)
+            await api.close()
+    assert [r.last_user_text for r in primary.requests] == ["one", "three"]
+    assert [r.last_user_text for r in other.requests] == ["two", "four"]

@@ -69,6 +69,7 @@ from aiohttp import web
 import state
 from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
 from gateway.failures import failure_line
+from gateway.modelchoice import DEFAULT as DEFAULT_MODEL
 from gateway.router import RequestExtras, SessionRouter, Ticket
 from gateway.runtime import api_tools
 from gateway.runtime.api_render import Answer, ChatCompletions, Format
@@ -599,20 +600,30 @@ class LocalApi:
         return await self._whole(answer, call)
 
     # -- the rest ----------------------------------------------------------------------
-    def _model_entry(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "switchboard"}
+    def _listed_models(self) -> list[str]:
+        """The chat's own model first (it answers any ``model`` the gateway has no name for), then the
+        names under ``models:`` that are open to every caller (one limited by ``allowed_for`` is not listed:
+        the listing knows no caller; asking for it by name still works for those it is allowed to)."""
+        choices = self.router.settings.models
+        named = [n for n in choices.names if n != DEFAULT_MODEL and n not in choices.allowed_for]
+        return [self.model_name, *(n for n in named if n != self.model_name)]
+
+    @staticmethod
+    def _model_entry(model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "switchboard"}
 
     async def models(self, request: web.Request) -> web.Response:
-        """The model the gateway answers with (whatever ``model`` a request names, this one answers it)."""
-        return web.json_response({"object": "list", "data": [self._model_entry()]})
+        """The models a request can name: the chat's own, then the named ones (``models:``)."""
+        return web.json_response({"object": "list", "data": [self._model_entry(m) for m in self._listed_models()]})
 
     async def model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
-        if model_id != self.model_name:
-            raise ApiError(404, f"the gateway serves the model {self.model_name!r}, not {model_id!r} (any request "
-                                "is answered by it, whatever 'model' it names)", code="model_not_found",
-                           param="model")
-        return web.json_response(self._model_entry())
+        listed = self._listed_models()
+        if model_id not in listed:
+            raise ApiError(404, f"the gateway serves {', '.join(repr(m) for m in listed)}, not {model_id!r} (a "
+                                "request naming any other model is answered by the chat's own model)",
+                           code="model_not_found", param="model")
+        return web.json_response(self._model_entry(model_id))
 
     async def healthz(self, request: web.Request) -> web.Response:
         if self.probe is not None:

@@ -55,7 +55,9 @@ class ApiHost(Protocol):
 
     async def read_json(self, request: web.Request) -> Any: ...
 
-    def extras_of(self, request: web.Request, chat: ChatRequest) -> RequestExtras: ...
+    def extras_of(self, request: web.Request, chat: ChatRequest, model: str | None = None) -> RequestExtras: ...
+
+    def chosen_model(self, chat: ChatRequest, user_id: str | None, key: str) -> str | None: ...
 
     async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format,
                      client_id: tuple[str, str] | None = None) -> web.StreamResponse: ...
@@ -97,7 +99,9 @@ class ResponsesApi:
         user = chat.user or chat.safety_identifier
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user,
                              text=chat.last_user.text if chat.messages else "", attachments=chat.images)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None, extras=api.extras_of(request, chat))
+        model = api.chosen_model(chat, user, api.router.key_for(msg))
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None,
+                        extras=api.extras_of(request, chat, model))
         ticket.prepare = api_tools.with_results(api.router.db, chat, lambda: self._append(key, chat, user))
         return await api.answer_ticket(ticket, request, chat, fmt)
 
