@@ -147,6 +147,7 @@ async def cmd_new(ctx: CommandContext) -> str:
     old = ctx.session_id
     await ctx.db.end_session(old, "new_session")
     ctx.router.session_ended(old, ctx.lane.key)  # persistent memory: keep what matters, in the background
+    await ctx.router.release_held(ctx.lane, old)
     new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
     ctx.ticket.session_id = new_id
     ctx.lane.last_prompt_tokens = None
@@ -259,6 +260,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
     if target == ctx.session_id:
         return "That is the current session."
     await ctx.db.end_session(ctx.session_id, "switched")
+    await ctx.router.release_held(ctx.lane, ctx.session_id)
     if session.get("ended_at") is not None:
         await ctx.db.reopen_session(target)
     await ctx.db.set_route(ctx.lane.key, target)

@@ -567,6 +567,7 @@ class SessionRouter:
                 return session_id, None
             await self.db.end_session(session_id, reason)
             self.session_ended(session_id, key)
+            await self.release_held(lane, session_id)
             previous = (session, reason, policy)
         elif session is not None:
             previous = None  # ended elsewhere (CLI, /new in another process): start fresh quietly
@@ -579,6 +580,19 @@ class SessionRouter:
             f"(Started a new session: {describe_reset(reason, policy)}. "
             f"Send /resume {old['id']} to go back.)"
         )
+
+    async def release_held(self, lane: Lane, session_id: str) -> None:
+        """``session_id`` ended (/new, /resume, a reset) while a rate limit held messages of it back: they
+        are settled without an answer.  The user was told when to try again, and the next session does not
+        carry them; left in the inbox, a restart would answer them out of the blue."""
+        released = [t for t in lane.held if t.session_id == session_id]
+        if not released:
+            return
+        lane.held = [t for t in lane.held if t.session_id != session_id]
+        inbox = [t.inbox_id for t in released if t.inbox_id is not None]
+        if inbox:
+            await self.db.settle_inbox(inbox, None, session_id=session_id)
+        log.info("released %d held-back message(s) of %s: the session ended", len(released), session_id)
 
     def session_ended(self, session_id: str, key: str) -> None:
         """A reset or /new ended ``session_id``: let memory keep what matters (in the background)."""

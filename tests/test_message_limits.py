@@ -121,6 +121,35 @@ async def test_telegram_user_past_the_limit_is_told_once_and_answered_when_they_
         assert seen[-3:] == [f"m{LIMIT}", f"m{LIMIT + 1}", "after the window"]
 
 
+@pytest.mark.parametrize("command", ["/new", "/resume"])
+async def test_messages_held_back_in_a_session_that_ends_are_settled_not_answered_later(tmp_path, command):
+    clock = Clock()
+    async with telegram_gateway(tmp_path, clock, messages_per_minute=LIMIT) as (tg, model, gw):
+        key = "agent:main:telegram:dm:111"
+        tg.dm(ANN, "/new earlier")
+        await tg.wait_for_sent(1, timeout=10)
+        earlier = await gw.db.get_route(key)
+        tg.dm(ANN, "/new")
+        await tg.wait_for_sent(2, timeout=10)
+        held_in = await gw.db.get_route(key)
+        for i in range(LIMIT + 1):
+            tg.dm(ANN, f"m{i}")
+            await tg.wait_for_sent(2 + i + 1, timeout=10)
+        await eventually(lambda: gw.router.held_back(key) == 1 and not gw.router.working_on(key), 10,
+                         "the message past the limit held back")
+        tg.dm(ANN, command if command == "/new" else f"/resume {earlier}")
+        await tg.wait_for_sent(2 + LIMIT + 2, timeout=10)
+        assert gw.router.held_back(key) == 0
+        assert await gw.db.get_route(key) != held_in
+        assert await gw.db.unanswered_messages(held_in) == [], "a restart would answer it out of the blue"
+        clock.advance(61)
+        tg.dm(ANN, "after the window")
+        answer = (await tg.wait_for_sent(2 + LIMIT + 3, timeout=10))[-1]
+        assert answer.visible_text.startswith("echo: after the window")
+        seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
+        assert f"m{LIMIT}" not in seen, "the ended session's held message does not follow the user"
+
+
 async def test_a_group_chat_limit_counts_its_members_together(tmp_path):
     clock = Clock()
     async with telegram_gateway(tmp_path, clock, chat_messages_per_minute=LIMIT) as (tg, model, gw):
