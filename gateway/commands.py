@@ -23,11 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
-class ManualCompression(Protocol):
-    """What /compress calls: gateway.compressing.Compressor, or a wrapper of it."""
-
-    async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]: ...
-
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 
 
@@ -70,8 +65,10 @@ class CommandContext:
 class Compressing(Protocol):
     """What ``/compress`` needs (a :class:`gateway.compressing.Compressor`)."""
 
-    async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]:
-        """Returns (the session to continue in, the line for the user)."""
+    async def compress_now(self, session_id: str, session_key: str, focus: str | None,
+                           model: str | None = None) -> tuple[str, str]:
+        """Returns (the session to continue in, the line for the user); ``model``: the chat's named model,
+        whose context window the summary is sized for."""
 
 
 class ToolListing(Protocol):
@@ -326,7 +323,8 @@ async def cmd_compress(ctx: CommandContext) -> str:
     compressor = ctx.router.commands.compressor
     if compressor is None:
         return "Compression is turned off (compression.enabled is false)."
-    session_id, text = await compressor.compress_now(ctx.session_id, ctx.lane.key, ctx.command.args or None)
+    model = await ctx.router.chat_model(ctx.lane, ctx.ticket.msg)
+    session_id, text = await compressor.compress_now(ctx.session_id, ctx.lane.key, ctx.command.args or None, model)
     if session_id != ctx.session_id:
         ctx.ticket.session_id = session_id
         ctx.lane.last_prompt_tokens = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 import compression
 from gateway.model import ModelClient
@@ -29,10 +29,13 @@ class Compressor:
     def __init__(self, db, model: ModelClient, *, context_length: int, threshold: float, summary_model: str | None,
                  timeout: float, cooldown: float, enabled: bool = True,
                  before_split: Callable[[str], Awaitable[object]] | None = None,
-                 after_split: Callable[[str, str], object] | None = None, clock=time.monotonic):
+                 after_split: Callable[[str, str], object] | None = None, clock=time.monotonic,
+                 context_lengths: Mapping[str, int] | None = None):
         self.db = db
         self.model = model
-        self.context_length = context_length
+        self.context_length = context_length  # the default model's window
+        # the named models' windows (``models.<name>.context_length``), for a chat that chose one
+        self.context_lengths = dict(context_lengths or {})
         self.threshold = threshold
         self.summary_model = summary_model
         self.timeout = timeout
@@ -73,6 +76,10 @@ class Compressor:
             if len(self._reported) > MAX_REMEMBERED:  # the oldest report: a later turn just estimates
                 self._reported.pop(next(iter(self._reported)))
 
+    def window_of(self, model: str | None) -> int:
+        """The context window of the named model a turn runs on (``default`` or None: the chat's own)."""
+        return self.context_lengths.get(model or "", self.context_length)
+
     def _cooling_down(self, session_id: str) -> bool:
         failed = self._failed_at.get(session_id)
         return failed is not None and self.clock() - failed < self.cooldown
@@ -82,7 +89,7 @@ class Compressor:
         reported = self._reported.get(req.session_id)
         prepared = await compression.prepare_history(
             self.db, req.session_id, history, self._summarizer_for(req.session_id, req.session_key),
-            context_length=self.context_length, threshold=self.threshold,
+            context_length=self.window_of(req.model), threshold=self.threshold,
             reported_prompt_tokens=reported[0] if reported else None,
             reported_message_count=reported[1] if reported else None,
             overhead_tokens=system_tokens, reserve_tokens=RESERVE_FOR_ANSWER,
@@ -107,11 +114,13 @@ class Compressor:
                     self._told_too_little.pop(next(iter(self._told_too_little)))
         return prepared.session_id, prepared.history, [notice] if notice else []
 
-    async def compress_now(self, session_id: str, session_key: str, focus: str | None) -> tuple[str, str]:
+    async def compress_now(self, session_id: str, session_key: str, focus: str | None,
+                           model: str | None = None) -> tuple[str, str]:
         """``/compress [focus]``: returns (the session to continue in, the line for the user)."""
         try:
             result = await compression.compress_session(
-                self.db, session_id, self._summarizer_for(session_id, session_key), context_length=self.context_length,
+                self.db, session_id, self._summarizer_for(session_id, session_key),
+                context_length=self.window_of(model),
                 threshold=self.threshold,
                 focus=focus, session_key=session_key, timeout=self.timeout,
             )

@@ -233,3 +233,29 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
     assert ("user", "arrived meanwhile") in in_child
     assert in_child[-1] == ("assistant", meanwhile.choices[0].message.content)
     assert [m for m in in_parent if m["role"] == "assistant" and m["timestamp"] > parent["ended_at"]] == []
+
+
+async def test_a_chat_on_a_named_model_is_compressed_for_that_models_window(tmp_path, model):
+    """``models.<name>.context_length``: a chat that chose a small model is compressed at 75 % of its window,
+    where the same history on the default's large window is not."""
+    async with FakeModel() as small:
+        named = {"small": {"base_url": small.base_url, "api_key": "k", "name": "small-4k", "context_length": WINDOW}}
+        async with running_gateway(tmp_path, model, model={"context_length": 100_000},
+                                   compression={"timeout_seconds": 2, "cooldown_seconds": 600}, models=named) as gw:
+            api = ApiClient(gw)
+            await chat(api, 4)
+            model.script(Reply("ok", prompt_tokens=3500))
+            await api.say("k", "on the default")  # 3,500 of 100,000 tokens: far from the threshold
+            await api.say("k", "still the default")
+            root = await gw.db.get_route(KEY)
+            assert summary_requests(model) == []
+            assert await api.say("k", "/model small") == "This chat now uses the model small."
+            small.script(Reply("ok", prompt_tokens=3500))  # over 75 % of the small model's 4,096
+            await api.say("k", "on the small model")
+            model.script(Reply("nothing new to remember"), Reply("SUMMARY: the migration plan"))
+            await api.say("k", "and now?")
+            await api.close()
+            child = await gw.db.get_route(KEY)
+    assert child != root
+    assert len(summary_requests(model)) == 1
+    assert any("SUMMARY: the migration plan" in (m.get("content") or "") for m in small.requests[-1].messages)

@@ -148,6 +148,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         db, model, context_length=context_length, threshold=cfg.compression.threshold,
         summary_model=cfg.compression.model, timeout=cfg.compression.timeout_seconds,
         cooldown=cfg.compression.cooldown_seconds, enabled=cfg.compression.enabled,
+        context_lengths={name: compression.context_length_for(m.name, m.context_length)[0]
+                         for name, m in cfg.models.items()},
         before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
     )
     commands = default_commands(compressor=compressor if cfg.compression.enabled else None, tools=mcp)
