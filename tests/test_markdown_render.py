@@ -171,6 +171,7 @@ def test_code_inside_bold_is_taken_out_of_the_bold():
 @PROPERTY
 @given(markdown)
 @example(NESTED)
+@example("**>\n[**\n-")  # a setext heading with a line break inside bold: Discord's headings are one line
 def test_discord_shows_every_word_the_markdown_says(md):
     content = to_discord(md)
     assert squash(fake_discord.visible_text(content)) == squash(said(parse(md), DISCORD))

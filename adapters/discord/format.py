@@ -80,9 +80,10 @@ def _block(block: Block, *, quoted: bool = False) -> str:
     if isinstance(block, Paragraph):
         return _line_starts(_inline(block.children))
     if isinstance(block, Heading):
+        children = _one_line(block.children)
         if block.level <= 3:  # a "#" run at the end would read as the heading's closing sequence
-            return "#" * block.level + " " + re.sub(r"(?:^|(?<=[ \t]))(#+[ \t]*)$", r"\\\1", _inline(block.children))
-        return f"**{_inline(block.children, active=frozenset({'strong'}))}**"
+            return "#" * block.level + " " + re.sub(r"(?:^|(?<=[ \t]))(#+[ \t]*)$", r"\\\1", _inline(children))
+        return f"**{_inline(children, active=frozenset({'strong'}))}**"
     if isinstance(block, CodeBlock):
         return f"```{block.lang}\n{_code(block.text)}\n```"
     if isinstance(block, Table):
@@ -99,6 +100,13 @@ def _block(block: Block, *, quoted: bool = False) -> str:
             mark = "+ "
         items.append(indent(body, " " * len(mark), mark).rstrip(" "))
     return "\n".join(items)
+
+
+def _one_line(nodes: tuple[Inline, ...]) -> tuple[Inline, ...]:
+    """A heading is one line: a line break in it (a setext heading's, even inside bold) becomes a space."""
+    return tuple(Text(" ") if isinstance(node, Break)
+                 else replace(node, children=_one_line(node.children)) if isinstance(node, (Styled, Link))
+                 else node for node in nodes)
 
 
 def _code(text: str) -> str:
