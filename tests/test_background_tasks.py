@@ -5,6 +5,7 @@ import logging
 
 import aiohttp
 
+from gateway.retry import Backoff, supervise
 from gateway.tasks import spawn
 from tests.fakes.model_server import FakeModel
 from tests.harness import ApiClient, eventually, running_gateway
@@ -66,3 +67,22 @@ async def test_a_cancelled_task_is_not_a_failure_and_a_raising_one_is_named(tmp_
     assert _failures(metrics, "exploder") == 1
     assert "background task exploder:7 failed: RuntimeError: the disk is on fire" in caplog.text
     assert "sleeper" not in caplog.text
+
+
+async def test_a_kept_running_loop_that_fails_and_restarts_is_counted_in_metrics(tmp_path, caplog):
+    caplog.set_level(logging.ERROR)
+    runs = []
+
+    async def flaky():
+        runs.append(1)
+        if len(runs) < 3:
+            raise ConnectionError("the server went away")
+
+    async with FakeModel() as model, running_gateway(tmp_path, model) as gw:
+        before = await _metrics(gw)
+        await supervise(flaky, name="test-loop:one", backoff=Backoff(base=0.01, cap=0.01))
+        after = await _metrics(gw)
+    prefix = 'switchboard_supervised_restarts_total{loop="test-loop"} '
+    assert prefix not in before
+    assert f"{prefix}2.0" in after.splitlines(), [line for line in after.splitlines() if "supervised" in line]
+    assert len(runs) == 3

@@ -17,29 +17,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway import markdown, tasks
+from gateway.retry import supervised_failures
 
 
-class _TaskFailures:
-    """``switchboard_background_task_failures_total{task}``: read from :mod:`gateway.tasks` at each scrape."""
+class _ScrapedCounter:
+    """A counter kept elsewhere in the process (a ``dict`` by label value), read at each scrape."""
 
-    def collect(self):
-        family = CounterMetricFamily("switchboard_background_task_failures",
-                                     "Background tasks that ended with an exception (logged with a traceback)",
-                                     labels=["task"])
-        for kind, count in sorted(tasks.failures().items()):
-            family.add_metric([kind], count)
-        yield family
-
-
-class _PlainFallbacks:
-    """``switchboard_plain_text_fallbacks_total{platform}``: read from :mod:`gateway.markdown` at each scrape."""
+    def __init__(self, name: str, documentation: str, label: str, read: Callable[[], dict[str, int]]):
+        self.name, self.documentation, self.label, self.read = name, documentation, label, read
 
     def collect(self):
-        family = CounterMetricFamily("switchboard_plain_text_fallbacks",
-                                     "Reply parts whose formatting the platform refused, resent as plain text",
-                                     labels=["platform"])
-        for platform, count in sorted(markdown.plain_fallbacks().items()):
-            family.add_metric([platform], count)
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, count in sorted(self.read().items()):
+            family.add_metric([value], count)
         yield family
 
 
@@ -139,8 +129,13 @@ class Metrics:
             f"{LOOP_LAG_PROBE_SECONDS:g} s (time spent blocked or busy elsewhere)", registry=r,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
-        r.register(_TaskFailures())
-        r.register(_PlainFallbacks())
+        r.register(_ScrapedCounter("switchboard_background_task_failures", "Background tasks that ended with an "
+                                   "exception (logged with a traceback)", "task", tasks.failures))
+        r.register(_ScrapedCounter("switchboard_plain_text_fallbacks", "Reply parts whose formatting the platform "
+                                   "refused, resent as plain text", "platform", markdown.plain_fallbacks))
+        r.register(_ScrapedCounter("switchboard_supervised_restarts", "Failures of a kept-running loop (an adapter, "
+                                   "a poller, a server), each followed by a restart after a backoff", "loop",
+                                   supervised_failures))
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total
         Gauge("switchboard_threads", "Threads in the process (the store's writer and readers, to_thread "
               "workers, the adapters' own)", registry=r).set_function(threading.active_count)
