@@ -266,4 +266,6 @@ def _ogg_seconds(data: bytes) -> float | None:
         return None
     last = data.rfind(b"OggS")
     granule = struct.unpack_from("<q", data, last + 6)[0]
-    return max(0, granule - skip) / rate if rate and granule >= 0 else None
+    if last == 0 or granule <= 0 or not rate:  # no audio page (a cut-off file): not known
+        return None
+    return max(0, granule - skip) / rate

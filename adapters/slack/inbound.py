@@ -315,15 +315,15 @@ class Inbound:
         try:
             async with self._http.get(url, headers=headers) as resp:
                 if resp.status != 200:
-                    log.warning("slack: image download answered %d; skipped", resp.status)
+                    log.warning("slack: file download answered %d; skipped", resp.status)
                     return None
                 data = bytearray()
                 async for chunk in resp.content.iter_chunked(65536):
                     data += chunk
                     if len(data) > limit:
-                        log.warning("slack: image larger than max_image_bytes=%d; skipped", limit)
+                        log.warning("slack: file larger than %d bytes; skipped", limit)
                         return None
                 return bytes(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            log.warning("slack: image download failed (%s); skipped", type(exc).__name__)
+            log.warning("slack: file download failed (%s); skipped", type(exc).__name__)
             return None
