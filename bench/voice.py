@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -105,6 +106,8 @@ async def main() -> None:
           f"the endpoint's own time p50 {statistics.median(own) * 1000:.1f} ms")
     print(f"  added by the voice path (voice turn - endpoint's own time - median text turn): "
           f"p50 {statistics.median(added):.1f} ms, p95 {pct(added, 0.95):.1f} ms (target p95 <= 100 ms)")
+    print(f"  for scale, the text turns' own spread (p95 - p50): {pct(ms, 0.95) - statistics.median(ms):.1f} ms; "
+          f"load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

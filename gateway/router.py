@@ -793,8 +793,13 @@ class SessionRouter:
             if stream is not None:
                 plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
         if self._hears and any(t.message_id is not None and is_pending(_stored_text(t.msg, True)) for t in batch):
-            heard = await self._hear(lane, batch, history, stream, claim)
+            try:
+                heard = await self._hear(lane, batch, history, stream, claim)
+            except Exception:  # the turn still answers, its voice messages described
+                log.exception("transcribing the voice messages for %s failed", lane.key)
+                heard = None
             if heard is not None:  # nothing to answer but voice messages without a transcript: the line says so
+                lane.starting = lane.stop_asked = False
                 await self._answer_with_line(batch, heard, plan, stream, claim)
                 return
         req = TurnRequest(

@@ -123,6 +123,9 @@ class Voice:
             raise ModelUnavailable(f"the {what} endpoint did not answer in time", "timeout") from None
         except openai.APIConnectionError:
             raise ModelUnavailable(f"the {what} endpoint could not be reached", "unreachable") from None
+        except openai.OpenAIError as exc:  # an answer the SDK could not read
+            log.warning("the %s endpoint's answer was unusable: %s", what, type(exc).__name__)
+            raise ModelUnavailable(f"the {what} endpoint's answer was unusable") from None
 
 
 def spoken_text(text: str) -> str:
