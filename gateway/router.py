@@ -899,6 +899,7 @@ class SessionRouter:
             stream.show_status(TRANSCRIBING)
         lines: list[str] = []
         answerable = False
+        replaced: list[tuple[str, str]] = []
         try:
             for t in batch:
                 stored = _stored_text(t.msg, True)
@@ -912,9 +913,11 @@ class SessionRouter:
                     await self.db.voice.set_text(t.message_id, heard.text)
                 except state.StateError as exc:  # the turn still answers the transcript; the store says "waiting"
                     log.error("could not store the transcript of message %s: %s", t.message_id, exc)
-                _replace_last(history, stored, heard.text)
+                replaced.append((stored, heard.text))
         finally:
             typing.cancel()
+        for stored, text in reversed(replaced):  # the last first: two alike voice notes keep their own transcripts
+            _replace_last(history, stored, text)
         line = " ".join(dict.fromkeys(lines))  # the same line once
         if not line:
             return None

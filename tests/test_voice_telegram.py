@@ -7,11 +7,13 @@ model and the audio API were sent on the fake model server, and what is kept in 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import state
 from gateway.runtime.daemon import Gateway
-from tests.fakes.model_server import Fail, FakeModel
+from tests.fakes.model_server import Fail, FakeModel, Held
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import gateway_config
 from tests.voicekit import ogg_opus
@@ -76,6 +78,25 @@ async def test_a_voice_note_becomes_a_turn_on_its_transcript(world):
     assert chat.last_user_text == "[voice message, transcribed]\nremind me to water the plants"
     # stored: the transcript is the message's text, marked
     assert _user_messages(config) == ["[voice message, transcribed]\nremind me to water the plants"]
+
+
+async def test_voice_notes_that_arrive_during_a_turn_are_answered_together_each_on_its_own_transcript(world):
+    tg, model, gw, config = world
+    release = asyncio.Event()
+    model.script(Held(release))
+    tg.dm(ANN, "first")
+    await model.wait_for_requests(1)
+    model.transcripts = ["one", "two"]
+    for file_id in ("a", "b"):  # alike: the same length, size and name
+        update = _voice(tg, file_id, 3, duration=3)
+    await tg.wait_until_confirmed(update)
+    release.set()
+    await model.wait_for_requests(2)
+    second = model.requests[1].messages
+    assert [m["content"] for m in second if m["role"] == "user"][-2:] == [
+        "[voice message, transcribed]\none", "[voice message, transcribed]\ntwo"]
+    assert _user_messages(config) == ["first", "[voice message, transcribed]\none",
+                                      "[voice message, transcribed]\ntwo"]
 
 
 async def test_without_streaming_the_typing_indicator_shows_while_transcribing(tmp_path):

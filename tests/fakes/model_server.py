@@ -188,6 +188,7 @@ class FakeModel:
         # /v1/audio/transcriptions: answers ``transcript`` after ``transcribe_delay`` seconds, or fails with
         # ``transcribe_fail`` (a Fail) while it is set; every request is recorded (fields and file bytes)
         self.transcript = "hello from a voice note"
+        self.transcripts: list[str] = []  # when set, each request takes the first of these instead
         self.transcribe_delay = 0.0
         self.transcribe_fail: Fail | None = None
         self.transcriptions: list[dict] = []
@@ -255,7 +256,7 @@ class FakeModel:
             return self._failure(Fail(400, message="file and model are required", type="invalid_request_error"))
         if self.transcribe_fail is not None:
             return self._failure(self.transcribe_fail)
-        return web.json_response({"text": self.transcript})
+        return web.json_response({"text": self.transcripts.pop(0) if self.transcripts else self.transcript})
 
     async def _speech(self, request: web.Request) -> web.Response:
         """OpenAI's speech API: JSON ``model``, ``input``, ``voice``, ``response_format``; answers the audio."""
