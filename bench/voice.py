@@ -6,7 +6,7 @@ this process against the fake Telegram; the fake model (chat and audio API) runs
 its transcriptions taking ``--transcribe`` seconds, and reports when each transcription request
 arrived and was answered (the system's monotonic clock, comparable across the processes).
 
-Each turn is timed from the update's arrival at the fake Telegram to the fake Telegram taking the
+Each turn is timed (and its CPU in this process taken) from the update's arrival at the fake Telegram to the fake Telegram taking the
 answer.  The figure: a voice turn's time, less its transcription request's own time (arrival to
 answer, measured by the fake), less the median text turn (polling, the turn, the send): what the
 voice path itself costs (the download, the placeholder stored, the multipart request built and
@@ -50,12 +50,13 @@ async def start_model(transcribe: float) -> tuple[asyncio.subprocess.Process, in
     return proc, int((await proc.stdout.readline()).split()[1])
 
 
-async def timed(tg: FakeTelegram, push) -> float:
-    """Seconds from pushing an update to the fake Telegram taking its answer."""
+async def timed(tg: FakeTelegram, push, cpu: list[float]) -> float:
+    """Seconds from pushing an update to the fake Telegram taking its answer; this process's CPU appended."""
     before = len(tg.sent)
-    started = time.monotonic()
+    started, used = time.monotonic(), time.process_time()
     push()
     await tg.wait_for(lambda: len(tg.sent) > before, timeout=60, what="the answer")
+    cpu.append((time.process_time() - used) * 1000)
     return tg.sent[before].at - started
 
 
@@ -79,13 +80,13 @@ async def main() -> None:
                 try:
                     await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected",
                                       what="connected")
-                    text, voice = [], []
+                    text, voice, text_cpu, voice_cpu = [], [], [], []
                     for i in range(args.turns + 5):  # the first 5 of each warm up
                         # a chat each: Telegram's budget of about one send a second per chat stays out of it
                         ann, bob = FakeTelegram.user(10_000 + i, "Ann"), FakeTelegram.user(20_000 + i, "Bob")
-                        t = await timed(tg, lambda ann=ann: tg.dm(ann, "hello from a voice note"))
+                        t = await timed(tg, lambda ann=ann: tg.dm(ann, "hello from a voice note"), text_cpu)
                         v = await timed(tg, lambda bob=bob, i=i: tg.dm(
-                            bob, None, voice=tg.voice_note(f"v{i}", note, duration=6)))
+                            bob, None, voice=tg.voice_note(f"v{i}", note, duration=6)), voice_cpu)
                         if i >= 5:
                             text.append(t)
                             voice.append(v)
@@ -106,6 +107,8 @@ async def main() -> None:
           f"the endpoint's own time p50 {statistics.median(own) * 1000:.1f} ms")
     print(f"  added by the voice path (voice turn - endpoint's own time - median text turn): "
           f"p50 {statistics.median(added):.1f} ms, p95 {pct(added, 0.95):.1f} ms (target p95 <= 100 ms)")
+    print(f"  CPU of this process (gateway and fake Telegram) per turn: text p50 {statistics.median(text_cpu[5:]):.1f} ms, "
+          f"voice p50 {statistics.median(voice_cpu[5:]):.1f} ms")
     print(f"  for scale, the text turns' own spread (p95 - p50): {pct(ms, 0.95) - statistics.median(ms):.1f} ms; "
           f"load average {os.getloadavg()[0]:.1f}")
 
