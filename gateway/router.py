@@ -27,7 +27,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
@@ -42,7 +42,7 @@ from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
 from gateway.tasks import spawn
 from gateway.turn import EMPTY_ANSWER, AgentTurn, ReplySink, TurnRequest, TurnResult
-from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
+from gateway.types import Attachment, ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 from gateway.voice import TRANSCRIBING, Voice, is_pending, pending_line, transcribe_stored
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,9 @@ Typing = Callable[[ChatRef], Awaitable[None]]
 VoiceSender = Callable[[ChatRef, bytes, str | None], Awaitable[Delivery]]  # (chat, OGG/Opus audio, reply to)
 
 TYPING_EVERY_SECONDS = 4.0
+# Voice messages waiting for their transcript keep their audio here (by stored message id) until their
+# turn, for a turn that starts from the store (clustered: the session claimed); the newest this many.
+HELD_AUDIO = 256
 MAX_IDLE_LANES = 10_000  # past this many chats seen, idle lanes are forgotten (their state is in the store)
 # A reply that comes quicker than this needs no typing indicator: the user would not see it,
 # and it would cost a platform call (and rate-limit budget) per turn.
@@ -285,6 +288,7 @@ class SessionRouter:
         self._senders: dict[str, Sender] = {}
         self._typers: dict[str, Typing] = {}
         self._voice_senders: dict[str, VoiceSender] = {}
+        self._held_audio: OrderedDict[int, tuple[Attachment, ...]] = OrderedDict()
         self._streamed: dict[str, StreamedOutput] = {}
         self._drafts: dict[str, DraftOutput] = {}
         self._claimed: set[str] = set()  # platforms whose messages any instance runs, under a lease
@@ -389,6 +393,11 @@ class SessionRouter:
         if platform not in self._voice_senders:
             return f"{platform} cannot send voice messages from here"
         return None
+
+    def _hold_audio(self, message_id: int, audio: tuple[Attachment, ...]) -> None:
+        self._held_audio[message_id] = audio
+        while len(self._held_audio) > HELD_AUDIO:
+            self._held_audio.popitem(last=False)
 
     @property
     def _hears(self) -> bool:
@@ -529,6 +538,8 @@ class SessionRouter:
                     return None
                 ticket.message_id = appended.id
                 ticket.inbox_id = appended.id if inbox is not None else None
+                if self._hears and _audio_of(msg):
+                    self._hold_audio(appended.id, _audio_of(msg))
                 if claimed:
                     if self.hooks.on_work_pending is not None:
                         self.hooks.on_work_pending()
@@ -906,7 +917,8 @@ class SessionRouter:
                 if t.message_id is None or not is_pending(stored):
                     answerable = True
                     continue
-                heard = await transcribe_stored(self.voice, stored, _audio_of(t.msg))
+                audio = self._held_audio.pop(t.message_id, ()) or _audio_of(t.msg)  # from the store: held here
+                heard = await transcribe_stored(self.voice, stored, audio)
                 answerable = answerable or heard.answerable
                 lines += heard.problems
                 try:

@@ -232,3 +232,21 @@ async def test_a_stop_between_storing_and_transcribing_still_gets_an_answer_afte
                    for s in tg.sent)
         assert _user_messages(config) == [
             "[voice message voice.ogg, audio/ogg, 2 KB, 4 s: not transcribed, the gateway restarted before it could be]"]
+
+
+async def test_clustered_the_instance_that_stored_a_voice_note_transcribes_it_when_it_claims_the_session(
+        tmp_path, pg_url):
+    async with FakeTelegram() as tg, FakeModel() as model:
+        config = _config(tmp_path, tg, model, store={"url": pg_url}, cluster={"instance_id": "a"})
+        assert config.clustered
+        gw = await _started(config, daemon=True)  # its turns run under leases, claimed from the store
+        try:
+            await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", timeout=10,
+                              what="connected")
+            _voice(tg, "v1", 4, duration=4)
+            [answer] = await tg.wait_for_sent(1, timeout=15)
+            await tg.wait_for(lambda: "echo:" in answer.visible_text, timeout=10, what="the answer")
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert answer.visible_text.startswith("echo: [voice message, transcribed]\nhello from a voice note")
+    assert len(model.transcriptions) == 1
