@@ -289,6 +289,25 @@ async def cmd_stream(ctx: CommandContext) -> str:
             f"(/stream {'off' if on else 'on'} to change).")
 
 
+async def cmd_voice(ctx: CommandContext) -> str:
+    msg = ctx.ticket.msg
+    choice = (ctx.command.args or "").strip().lower()
+    if choice not in ("", "on", "off"):
+        return "Usage: /voice (whether replies here also come as voice messages), /voice on, /voice off"
+    why_not = ctx.router.speaks_on(msg.platform)
+    if choice == "off" or (choice == "" and why_not is None):
+        if choice:
+            await ctx.router.choose_voice(ctx.lane, False)
+            return "Replies here now come as text only."
+        on = await ctx.router.voice_choice(ctx.lane) == "on"
+        return (f"Replies here come {'as text and as a voice message' if on else 'as text only'} "
+                f"(/voice {'off' if on else 'on'} to change).")
+    if why_not is not None:
+        return f"Replies here cannot be spoken: {why_not}."
+    await ctx.router.choose_voice(ctx.lane, True)
+    return "Replies here now also come as a voice message, with their text beside it."
+
+
 async def cmd_model(ctx: CommandContext) -> str:
     msg = ctx.ticket.msg
     names = ctx.router.settings.models.available(msg.platform, msg.user_id, ctx.lane.key)
@@ -360,6 +379,8 @@ def default_commands(compressor: Compressing | None = None, tools: ToolListing |
     commands.add("usage", "Your tokens and cost, last 7 and 30 days", "/usage", cmd_usage, runs_now=True)
     commands.add("compress", "Summarize the conversation so far and continue", "/compress [focus]", cmd_compress)
     commands.add("stream", "Show replies as they are written, or whole", "/stream [on|off]", cmd_stream,
+                 runs_now=True)
+    commands.add("voice", "Also send replies as voice messages, or not", "/voice [on|off]", cmd_voice,
                  runs_now=True)
     commands.add("model", "List the models this chat may use, or switch to one", "/model [name]", cmd_model,
                  runs_now=True)

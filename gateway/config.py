@@ -74,6 +74,7 @@ __all__ = [
     "CronConfig",
     "CronJobConfig",
     "LoggingConfig",
+    "MediaConfig",
     "ModelConfig",
     "NamedModelConfig",
     "DEFAULT_MODEL",
@@ -777,6 +778,21 @@ class LimitsConfig(_Model):
     chat_messages_per_minute: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)  # per chat
 
 
+class MediaConfig(_Model):
+    """``media``: attachments.  Voice (issue #32 items 3 and 4) goes through the model endpoint's audio API."""
+
+    # --- voice: transcribe_with / speak_with / voice / speech_format / max_audio_seconds ---
+    # a transcription model (``whisper-1``) served at model.base_url's /audio/transcriptions; empty: voice
+    # messages are described, not transcribed
+    transcribe_with: OptionalText = None
+    # a speech model (``tts-1``) at model.base_url's /audio/speech, for /voice on; empty: /voice is unavailable
+    speak_with: OptionalText = None
+    voice: str = Field("alloy", min_length=1)  # the speech model's voice
+    max_audio_seconds: Seconds = 300.0  # longer voice messages are refused politely, not transcribed
+    audio_timeout_seconds: Seconds = 60.0  # per transcription or speech call
+    # --- end of voice ---
+
+
 class StreamingConfig(_Model):
     """``streaming``: replies shown as they are written, one message edited in place."""
 
@@ -822,6 +838,7 @@ class Config(_Model):
     usage: UsageConfig = UsageConfig()
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     limits: LimitsConfig = LimitsConfig()
+    media: MediaConfig = MediaConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 

@@ -27,7 +27,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
@@ -42,14 +42,19 @@ from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
 from gateway.tasks import spawn
 from gateway.turn import EMPTY_ANSWER, AgentTurn, ReplySink, TurnRequest, TurnResult
-from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
+from gateway.types import Attachment, ChatRef, ChatType, Delivery, InboundMessage, SendProgress
+from gateway.voice import TRANSCRIBING, Voice, is_pending, pending_line, transcribe_stored
 
 log = logging.getLogger(__name__)
 
 Sender = Callable[[ChatRef, str, str | None, SendProgress | None], Awaitable[Delivery]]
 Typing = Callable[[ChatRef], Awaitable[None]]
+VoiceSender = Callable[[ChatRef, bytes, str | None], Awaitable[Delivery]]  # (chat, OGG/Opus audio, reply to)
 
 TYPING_EVERY_SECONDS = 4.0
+# Voice messages waiting for their transcript keep their audio here (by stored message id) until their
+# turn, for a turn that starts from the store (clustered: the session claimed); the newest this many.
+HELD_AUDIO = 256
 MAX_IDLE_LANES = 10_000  # past this many chats seen, idle lanes are forgotten (their state is in the store)
 # A reply that comes quicker than this needs no typing indicator: the user would not see it,
 # and it would cost a platform call (and rate-limit budget) per turn.
@@ -143,6 +148,8 @@ class Lane:
     stream_choice_read: bool = False  # stream_choice was read from the store
     model_choice: str | None = None  # the chat's /model NAME (None: default)
     model_choice_read: bool = False  # model_choice was read from the store
+    voice_choice: str | None = None  # the chat's /voice on|off ("on", "off"; None: off, the default)
+    voice_choice_read: bool = False  # voice_choice was read from the store
     held: list[Ticket] = field(default_factory=list)  # stored, held back by a rate limit: the next turn answers them
 
     @property
@@ -265,8 +272,9 @@ class _TrustedDrafts:
 class SessionRouter:
     def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
                  hooks: SessionHooks = SessionHooks(), context_length: int | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, voice: Voice | None = None):
         self.db = db
+        self.voice = voice  # media.transcribe_with / speak_with: voice messages transcribed, /voice on spoken
         self.turn = turn
         self.settings = settings
         self.hooks = hooks
@@ -279,6 +287,8 @@ class SessionRouter:
         self._lanes: dict[str, Lane] = {}
         self._senders: dict[str, Sender] = {}
         self._typers: dict[str, Typing] = {}
+        self._voice_senders: dict[str, VoiceSender] = {}
+        self._held_audio: OrderedDict[int, tuple[Attachment, ...]] = OrderedDict()
         self._streamed: dict[str, StreamedOutput] = {}
         self._drafts: dict[str, DraftOutput] = {}
         self._claimed: set[str] = set()  # platforms whose messages any instance runs, under a lease
@@ -293,9 +303,10 @@ class SessionRouter:
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None, *,
                         streamed: StreamedOutput | None = None, drafts: DraftOutput | None = None,
-                        claimed: bool = False) -> None:
+                        claimed: bool = False, voice: VoiceSender | None = None) -> None:
         """Where replies for ``platform`` go: the adapter's send and typing, how replies stream there (None:
-        sent whole), and its drafts (edits), with which a restart finishes what a stream left.
+        sent whole), and its drafts (edits), with which a restart finishes what a stream left; ``voice``:
+        how it sends a voice message (a spoken reply, ``/voice on``), None: it cannot.
 
         ``claimed`` (several instances): the platform's chat messages are stored for any instance to
         claim (:meth:`run_claimed`) instead of being queued here."""
@@ -306,6 +317,10 @@ class SessionRouter:
             self._claimed.discard(platform)
         if typing is not None:
             self._typers[platform] = typing
+        if voice is not None:
+            self._voice_senders[platform] = voice
+        else:
+            self._voice_senders.pop(platform, None)
         if drafts is not None:
             self._drafts[platform] = drafts
         if streamed is not None:
@@ -358,6 +373,35 @@ class SessionRouter:
         """The chat's /model NAME (the caller checked it may): remembered in the store, used from the next turn."""
         await self.db.prefs.set(lane.key, "model", name, now=self.clock())
         lane.model_choice, lane.model_choice_read = name, True
+
+    async def voice_choice(self, lane: Lane) -> str | None:
+        """The chat's /voice choice ("on", "off"), or None when it made none (off); read once per lane."""
+        if not lane.voice_choice_read:
+            lane.voice_choice, lane.voice_choice_read = await self.db.prefs.get(lane.key, "voice"), True
+        return lane.voice_choice
+
+    async def choose_voice(self, lane: Lane, on: bool) -> None:
+        """The chat's /voice on|off: remembered in the store, used from its next reply."""
+        choice = "on" if on else "off"
+        await self.db.prefs.set(lane.key, "voice", choice, now=self.clock())
+        lane.voice_choice, lane.voice_choice_read = choice, True
+
+    def speaks_on(self, platform: str) -> str | None:
+        """Why replies on ``platform`` cannot be spoken (None: they can)."""
+        if self.voice is None or not self.voice.speaks:
+            return "no speech model is configured (media.speak_with)"
+        if platform not in self._voice_senders:
+            return f"{platform} cannot send voice messages from here"
+        return None
+
+    def _hold_audio(self, message_id: int, audio: tuple[Attachment, ...]) -> None:
+        self._held_audio[message_id] = audio
+        while len(self._held_audio) > HELD_AUDIO:
+            self._held_audio.popitem(last=False)
+
+    @property
+    def _hears(self) -> bool:
+        return self.voice is not None and self.voice.hears
 
     def streamed_output(self, platform: str, chat_type: ChatType, choice: str | None) -> StreamedOutput | None:
         """How a reply on ``platform`` streams given the chat's choice (None: it made none), or None: sent whole."""
@@ -455,7 +499,7 @@ class SessionRouter:
                 # the common case in one store call: the routed session is open and fresh, so the
                 # message is stored in it at once; otherwise nothing was written and the policy decides
                 session, appended = await self.db.append_inbound_to_route(
-                    key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
+                    key, _stored_text(msg, self._hears), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
                     inbox=inbox, pending=claimed)
                 if appended is not None and session is not None:  # stored: the session is the routed one
                     session_id, notice = session["id"], None
@@ -486,7 +530,7 @@ class SessionRouter:
             else:
                 if appended is None:
                     appended = await self.db.append_inbound(
-                        session_id, _stored_text(msg), platform_message_id=msg.message_id, inbox=inbox,
+                        session_id, _stored_text(msg, self._hears), platform_message_id=msg.message_id, inbox=inbox,
                         pending=claimed,
                     )
                 if not appended.new:
@@ -494,6 +538,8 @@ class SessionRouter:
                     return None
                 ticket.message_id = appended.id
                 ticket.inbox_id = appended.id if inbox is not None else None
+                if self._hears and _audio_of(msg):
+                    self._hold_audio(appended.id, _audio_of(msg))
                 if claimed:
                     if self.hooks.on_work_pending is not None:
                         self.hooks.on_work_pending()
@@ -523,7 +569,7 @@ class SessionRouter:
         routed = await self.db.get_routed_session(ticket.session_key)
         if routed is not None and routed.get("ended_at") is None:
             ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
-        text = _stored_text(msg)
+        text = _stored_text(msg, self._hears)
         if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
             messages = await self.db.get_messages(ticket.session_id)
             if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == text:
@@ -771,6 +817,16 @@ class SessionRouter:
             stream = await self._stream_for(lane, msg, plan, last.session_id, claim)
             if stream is not None:
                 plan["kind"] = "stream"  # recorded so: a restart finishes it in its own messages
+        if self._hears and any(t.message_id is not None and is_pending(_stored_text(t.msg, True)) for t in batch):
+            try:
+                heard = await self._hear(lane, batch, history, stream, claim)
+            except Exception:  # the turn still answers, its voice messages described
+                log.exception("transcribing the voice messages for %s failed", lane.key)
+                heard = None
+            if heard is not None:  # nothing to answer but voice messages without a transcript: the line says so
+                lane.starting = lane.stop_asked = False
+                await self._answer_with_line(batch, heard, plan, stream, claim)
+                return
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
@@ -786,6 +842,7 @@ class SessionRouter:
             turn.cancel()
         lane.starting = lane.stop_asked = False
         recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
+        spoken = False  # the reply is the model's answer: with /voice on, it is also sent spoken
         stopped_partial = False  # /stop cut a streamed answer short: what was shown is the answer
         try:
             result: TurnResult = await turn
@@ -795,6 +852,7 @@ class SessionRouter:
                 last.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
             text = result.reply if result.client_calls else result.reply or EMPTY_ANSWER
+            spoken = bool(result.reply) and not result.client_calls
             for t in batch:
                 t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
                 t.answered_in = result.session_id
@@ -850,6 +908,91 @@ class SessionRouter:
             await self._finish_stream(stream, record)
         else:
             await self._send_recorded(record)
+        if spoken and not stopped_partial and await self.voice_choice(lane) == "on":
+            await self._speak(msg.chat, text, msg.message_id)
+
+    async def _hear(self, lane: Lane, batch: list[Ticket], history: list[dict], stream: ReplyStream | None,
+                    claim: TurnGuard) -> str | None:
+        """Transcribe the batch's voice messages (stored, waiting for their transcript) and store each
+        transcript as its message's text, in ``history`` too.  The user sees the typing indicator (and a
+        streamed reply "transcribing…") meanwhile, and one line for each that got no transcript.  Returns
+        that line when nothing else is left to answer (then no turn runs), else None."""
+        assert self.voice is not None
+        chat = batch[-1].msg.chat
+        typing = spawn(self._keep_typing(chat, stream, claim, at_once=True), name=f"transcribing:{lane.key}")
+        if stream is not None:
+            stream.show_status(TRANSCRIBING)
+        lines: list[str] = []
+        answerable = False
+        replaced: list[tuple[str, str]] = []
+        try:
+            for t in batch:
+                stored = _stored_text(t.msg, True)
+                if t.message_id is None or not is_pending(stored):
+                    answerable = True
+                    continue
+                audio = self._held_audio.pop(t.message_id, ()) or _audio_of(t.msg)  # from the store: held here
+                heard = await transcribe_stored(self.voice, stored, audio)
+                answerable = answerable or heard.answerable
+                lines += heard.problems
+                try:
+                    await self.db.voice.set_text(t.message_id, heard.text)
+                except state.StateError as exc:  # the turn still answers the transcript; the store says "waiting"
+                    log.error("could not store the transcript of message %s: %s", t.message_id, exc)
+                replaced.append((stored, heard.text))
+        finally:
+            typing.cancel()
+        for stored, text in reversed(replaced):  # the last first: two alike voice notes keep their own transcripts
+            _replace_last(history, stored, text)
+        line = " ".join(dict.fromkeys(lines))  # the same line once
+        if not line:
+            return None
+        if not answerable:
+            return line
+        batch[-1].notices.append(line)
+        await self.deliver(chat, line, None)
+        return None
+
+    async def _answer_with_line(self, batch: list[Ticket], text: str, plan: dict | None, stream: ReplyStream | None,
+                                claim: TurnGuard) -> None:
+        """Answer ``batch`` with one line instead of a turn: stored as settling its messages, then sent."""
+        last = batch[-1]
+        for t in batch:
+            t.resolve(text)
+        if plan is None:
+            await self.deliver(last.msg.chat, text, last.msg.message_id)
+            return
+        record = {**plan, "text": text, "kind": "notice"}
+        inbox = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
+        if not await self._settle(inbox, record, last.session_id, claim):
+            if not claim.lost():
+                await self.deliver(last.msg.chat, text, last.msg.message_id)
+            return
+        if not self._may_send_stored(claim, last.session_id):
+            return
+        if stream is not None:
+            await self._finish_stream(stream, record)
+        else:
+            await self._send_recorded(record)
+
+    async def _speak(self, chat: ChatRef, text: str, reply_to: str | None) -> None:
+        """``text`` (already sent) sent again as a voice message, when the chat said /voice on; best effort:
+        the text stays the answer, a failure is logged."""
+        send = self._voice_senders.get(chat.platform)
+        if send is None or self.voice is None or not self.voice.speaks:
+            return
+        try:
+            audio = await self.voice.speak(text)
+        except ModelUnavailable as exc:
+            log.warning("the reply to %s:%s was not spoken (its text was sent): %s", chat.platform, chat.chat_id, exc)
+            return
+        try:
+            delivery = await send(chat, audio, reply_to)
+        except Exception as exc:  # noqa: BLE001 - adapters should not raise; the text was sent
+            delivery = Delivery(ok=False, error=str(exc))
+        if not delivery.ok:
+            log.warning("the spoken reply to %s:%s was not delivered (its text was): %s", chat.platform,
+                        chat.chat_id, delivery.error)
 
     def _limit_keys(self, lane: Lane, msg: InboundMessage) -> list[tuple[str, MessageLimit]]:
         keys = {"user": f"user:{msg.platform}:{msg.user_id}", "chat": f"chat:{lane.key}"}
@@ -981,11 +1124,12 @@ class SessionRouter:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)
 
     async def _keep_typing(self, chat: ChatRef, stream: ReplyStream | None = None,
-                           claim: TurnGuard = SINGLE_INSTANCE) -> None:
+                           claim: TurnGuard = SINGLE_INSTANCE, *, at_once: bool = False) -> None:
         typer = self._typers.get(chat.platform)
         if typer is None:
             return
-        await asyncio.sleep(TYPING_AFTER_SECONDS)
+        if not at_once:
+            await asyncio.sleep(TYPING_AFTER_SECONDS)
         while True:
             if stream is not None and stream.message_ids:
                 return  # the answer shows as it is written: no indicator needed, and none spends the budget
@@ -1148,12 +1292,29 @@ def _resumed_ticket(row: dict) -> Ticket:
     return Ticket(msg, row["session_key"], row["session_id"], inbox_id=row["message_id"], message_id=row["message_id"])
 
 
-def _stored_text(msg: InboundMessage) -> str:
-    """The user's text as stored: attachments are named so the history keeps them."""
+def _stored_text(msg: InboundMessage, hears: bool = False) -> str:
+    """The user's text as stored: attachments are named so the history keeps them; with ``hears``
+    (media.transcribe_with), a downloaded voice message waits for its transcript (see gateway.voice)."""
     if not msg.attachments:
         return msg.text
-    names = ", ".join(f"{a.kind}: {a.name}" for a in msg.attachments)
-    return f"{msg.text}\n[attached {names}]" if msg.text else f"[attached {names}]"
+    voice = [pending_line(a) for a in msg.attachments if hears and a.kind == "audio" and a.data]
+    others = [a for a in msg.attachments if not (hears and a.kind == "audio" and a.data)]
+    lines = [msg.text] if msg.text else []
+    if others:
+        lines.append("[attached " + ", ".join(f"{a.kind}: {a.name}" for a in others) + "]")
+    return "\n".join(lines + voice)
+
+
+def _audio_of(msg: InboundMessage) -> tuple:
+    return tuple(a for a in msg.attachments if a.kind == "audio" and a.data)
+
+
+def _replace_last(history: list[dict], old: str, new: str) -> None:
+    """The user message ``old`` of ``history`` (the last with that text) now reads ``new``."""
+    for message in reversed(history):
+        if message.get("role") == "user" and message.get("content") == old:
+            message["content"] = new
+            return
 
 
 def _status_of(delivery: Delivery) -> str:

@@ -90,9 +90,10 @@ class ChatRef:
 class Attachment:
     """A file that came with a message.
 
-    ``kind`` is ``"image"`` or ``"file"``.  ``data`` is filled for images the
-    adapter downloaded (small enough to pass to a vision model); ``url`` when
-    the platform gives a link instead.
+    ``kind`` is ``"image"``, ``"audio"`` (a voice message or an audio file), ``"document"`` or
+    ``"file"``.  ``data`` is filled for what the adapter downloaded (an image small enough for a
+    vision model, a voice message to transcribe); ``url`` when the platform gives a link instead.
+    ``duration`` is an audio clip's length in seconds when the platform says it.
     """
 
     kind: str
@@ -101,6 +102,7 @@ class Attachment:
     size: int | None = None
     url: str | None = None
     data: bytes | None = None
+    duration: float | None = None
 
     def __post_init__(self) -> None:
         _clean_fields(self, ("kind", "name", "mime_type", "url"))
@@ -326,6 +328,14 @@ class GatedPolling(Protocol):
 
     def gate_polling(self, may_poll: PollGate) -> None:
         """Ask ``may_poll`` before each poll (and the confirming poll at stop); set before :meth:`Adapter.start`."""
+
+
+@runtime_checkable
+class VoiceOutput(Protocol):
+    """An adapter that can send a voice message (a spoken reply, beside its text: ``/voice on``)."""
+
+    async def send_voice(self, chat: ChatRef, audio: bytes, *, reply_to: str | None = None) -> Delivery:
+        """Send ``audio`` (OGG/Opus) as a voice message or an audio file; never raises."""
 
 
 @runtime_checkable

@@ -16,11 +16,18 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncVoiceMessages:
+    """VoiceMessages's marked methods (``adb.voice``), each a coroutine."""
+
+    async def set_text(self, message_id: int, text: str) -> bool: ...
+
+
 class AsyncFace:
     """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    voice: AsyncVoiceMessages
 
     async def create_session(
         self,

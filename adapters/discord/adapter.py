@@ -519,6 +519,10 @@ class DiscordAdapter:
     async def send_typing(self, chat: ChatRef) -> None:
         await self._outbound.send_typing(chat)
 
+    async def send_voice(self, chat: ChatRef, audio: bytes, *, reply_to: str | None = None) -> Delivery:
+        """A spoken reply uploaded as an audio file (``/voice on``); never raises (see :mod:`.outbound`)."""
+        return await self._outbound.send_voice(chat, audio, reply_to=reply_to)
+
     # A streamed reply (gateway.streaming.DraftOutput): the outbound half does it.
 
     @property

@@ -1,8 +1,10 @@
 """Discord attachments to :class:`~gateway.types.Attachment`.
 
 Images are downloaded (when the model has vision) up to ``max_bytes`` and
-passed as bytes; larger ones, failed downloads and every other file are
-passed as a description (name, type, size, URL) without downloading.  A
+passed as bytes; voice messages and audio files up to ``MAX_AUDIO_BYTES``, for
+the gateway to transcribe (with Discord's ``duration_secs`` when it gives one);
+larger ones, failed downloads and every other file are passed as a
+description (name, type, size, URL) without downloading.  A
 broken attachment is logged and skipped; it never stops the message.
 """
 
@@ -20,6 +22,12 @@ from gateway.types import Attachment
 log = logging.getLogger(__name__)
 
 DOWNLOAD_TIMEOUT = aiohttp.ClientTimeout(total=30)
+MAX_AUDIO_BYTES = 25 * 1024 * 1024  # what a Discord user without Nitro may upload
+
+
+def _is_audio(att: discord.Attachment) -> bool:
+    return att.is_voice_message() or bool(
+        att.content_type and att.content_type.split(";")[0].strip().startswith("audio/"))
 
 
 def _is_image(att: discord.Attachment) -> bool:
@@ -50,6 +58,13 @@ async def collect(
     for att in attachments:
         try:
             mime = att.content_type.split(";")[0].strip() if att.content_type else None
+            if _is_audio(att):
+                data = None
+                if session is not None and att.size <= MAX_AUDIO_BYTES:
+                    data = await _download(session, att.url, MAX_AUDIO_BYTES)
+                out.append(Attachment(kind="audio" if data else "file", name=att.filename, mime_type=mime,
+                                      size=att.size, url=att.url, data=data, duration=att.duration))
+                continue
             if not _is_image(att):
                 out.append(Attachment(kind="file", name=att.filename, mime_type=mime, size=att.size, url=att.url))
                 continue

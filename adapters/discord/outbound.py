@@ -18,6 +18,7 @@ reply goes to the channel.  :meth:`Outbound.send` never raises.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import random
 import re
@@ -270,6 +271,25 @@ class Outbound:
             if 400 <= exc.status < 500:  # the channel or message is gone, or we may not write there
                 raise PlatformHTTPError(PLATFORM, exc.status, describe(exc)) from None
             raise
+
+    async def send_voice(self, chat: ChatRef, audio: bytes, *, reply_to: str | None = None) -> Delivery:
+        """A spoken reply (OGG/Opus) uploaded as a file beside its text; never raises."""
+        channel_id = int(chat.thread_id or chat.chat_id)
+        client = self._client()
+        if client is None:
+            return Delivery(ok=False, error="the Discord adapter is not connected", retry_later=True)
+        budget, limiter = self.chat_budget(channel_id), self.limiter()
+        try:
+            await budget.acquire()
+            await limiter.acquire()
+            msg = await client.get_partial_messageable(channel_id).send(
+                file=discord.File(io.BytesIO(audio), filename="reply.ogg"), allowed_mentions=allowed_mentions())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the contract: report, never raise
+            log.warning("discord: voice message to %s failed: %s", chat.chat_id, describe(exc))
+            return Delivery(ok=False, error=describe(exc))
+        return Delivery(ok=True, message_ids=(str(msg.id),))
 
     async def send_typing(self, chat: ChatRef) -> None:
         client = self._client()

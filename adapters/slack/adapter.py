@@ -441,6 +441,24 @@ class SlackAdapter:
         return await sender.draft(chat.chat_id, to_mrkdwn(text) if final else text, thread_ts=chat.thread_id,
                                   ts=ts, final=final)
 
+    async def send_voice(self, chat: ChatRef, audio: bytes, *, reply_to: str | None = None) -> Delivery:
+        """A spoken reply (OGG/Opus) uploaded with files_upload_v2 beside its text (needs files:write); never raises."""
+        sender, client = self._sender, self._client
+        if sender is None or client is None:
+            return Delivery(ok=False, error="slack adapter is not running", retry_later=True)
+        try:
+            await sender.chat_budget(chat.chat_id).acquire()
+            resp = await client.files_upload_v2(channel=chat.chat_id, thread_ts=chat.thread_id, file=audio,
+                                                filename="reply.ogg", title="Spoken reply")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the gateway records a failed delivery, never an exception
+            error = describe_slack_error(exc)
+            log.warning("slack: voice message to %s not delivered: %s", chat.chat_id, error)
+            return Delivery(ok=False, error=error)
+        file = resp.get("file") or {}
+        return Delivery(ok=True, message_ids=(str(file.get("id") or ""),))
+
     async def send_typing(self, chat: ChatRef) -> None:
         """React to the user's latest message in ``chat`` (Slack has no bot typing indicator)."""
         inbound = self._inbound

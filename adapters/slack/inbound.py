@@ -49,6 +49,8 @@ from .outbound import RESPONSE_URL_TTL, ResponseRoute
 
 log = logging.getLogger(__name__)
 
+MAX_AUDIO_BYTES = 25 * 1024 * 1024  # a voice clip or an audio file downloaded for transcription, at most
+
 PLATFORM = "slack"
 _MEMORY = 10_000  # entries kept in each bounded map
 
@@ -271,7 +273,8 @@ class Inbound:
         return name
 
     async def _attachments(self, files: Any) -> tuple[Attachment, ...]:
-        """Images downloaded (vision on, within max_image_bytes); everything else described, not fetched."""
+        """Images downloaded (vision on, within max_image_bytes), audio files (within MAX_AUDIO_BYTES) for the
+        gateway to transcribe; everything else described, not fetched."""
         if not isinstance(files, list):
             return ()
         out: list[Attachment] = []
@@ -283,7 +286,12 @@ class Inbound:
             mime = f.get("mimetype") if isinstance(f.get("mimetype"), str) else None
             size = f.get("size") if isinstance(f.get("size"), int) else None
             url = f.get("url_private_download") or f.get("url_private")
-            if not (mime and mime.startswith("image/")):
+            if mime and mime.startswith("audio/"):
+                clip = await self._download(url, size, MAX_AUDIO_BYTES) if isinstance(url, str) else None
+                ms = f.get("duration_ms")  # Slack's own clips say how long they are
+                out.append(Attachment(kind="audio" if clip else "file", name=name, mime_type=mime, size=size,
+                                      data=clip, duration=ms / 1000 if isinstance(ms, (int, float)) else None))
+            elif not (mime and mime.startswith("image/")):
                 out.append(Attachment(kind="file", name=name, mime_type=mime, size=size))
             elif not self._s.vision:
                 out.append(Attachment(kind="image", name=name, mime_type=mime, size=size))
@@ -295,10 +303,10 @@ class Inbound:
                     out.append(Attachment(kind="image", name=name, mime_type=mime, size=len(data), data=data))
         return tuple(out)
 
-    async def _download(self, url: str, size: int | None) -> bytes | None:
-        limit = self._s.max_image_bytes
+    async def _download(self, url: str, size: int | None, limit: int | None = None) -> bytes | None:
+        limit = self._s.max_image_bytes if limit is None else limit
         if size is not None and size > limit:
-            log.warning("slack: image of %d bytes is over max_image_bytes=%d; not downloaded", size, limit)
+            log.warning("slack: file of %d bytes is over the %d-byte limit; not downloaded", size, limit)
             return None
         parts = urlsplit(url)
         # The bot token goes only to https hosts or the configured API host (files need it).
@@ -307,15 +315,15 @@ class Inbound:
         try:
             async with self._http.get(url, headers=headers) as resp:
                 if resp.status != 200:
-                    log.warning("slack: image download answered %d; skipped", resp.status)
+                    log.warning("slack: file download answered %d; skipped", resp.status)
                     return None
                 data = bytearray()
                 async for chunk in resp.content.iter_chunked(65536):
                     data += chunk
                     if len(data) > limit:
-                        log.warning("slack: image larger than max_image_bytes=%d; skipped", limit)
+                        log.warning("slack: file larger than %d bytes; skipped", limit)
                         return None
                 return bytes(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            log.warning("slack: image download failed (%s); skipped", type(exc).__name__)
+            log.warning("slack: file download failed (%s); skipped", type(exc).__name__)
             return None

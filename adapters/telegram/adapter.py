@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from telegram import Bot, BotCommand, Message, ReplyParameters, Update
+from telegram import Bot, BotCommand, InputFile, Message, ReplyParameters, Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
@@ -524,6 +524,22 @@ class TelegramAdapter:
             log.info("Telegram rejected the formatting of a streamed part (%s); sending it as plain text", exc)
             count_plain_fallback(PLATFORM)
             return await attempt(text=text)
+
+    async def send_voice(self, chat: ChatRef, audio: bytes, *, reply_to: str | None = None) -> Delivery:
+        """A spoken reply (OGG/Opus) as a voice note (sendVoice), beside its text; never raises."""
+        if self._bot is None:
+            return Delivery(ok=False, error="telegram adapter is not running", retry_later=True)
+        kwargs = self._where(chat, reply_to)
+        try:
+            sent = await retry_async(
+                lambda: self._paced(chat, lambda: self.bot.send_voice(voice=InputFile(audio, filename="reply.ogg"),
+                                                                      **kwargs)),
+                classify=_retry_send, backoff=self._send_backoff, max_attempts=self._send_attempts,
+                total_seconds=self._send_budget)
+        except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
+            log.warning("telegram voice message to chat %s failed: %s", chat.chat_id, describe(exc))
+            return Delivery(ok=False, error=describe(exc))
+        return Delivery(ok=True, message_ids=(str(sent.message_id),))
 
     async def send_typing(self, chat: ChatRef) -> None:
         if self._bot is None or not await self._chat_budget(chat).take_if_free():

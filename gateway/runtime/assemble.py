@@ -56,6 +56,7 @@ from gateway.tools_mcp import McpTools
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import PlatformStatus
 from gateway.usage import UsageRecorder
+from gateway.voice import Voice, VoiceSettings
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         commands=commands, metrics=wiring.metrics,
         hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending),
         context_length=context_length, clock=clock,
+        # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
+        voice=Voice(VoiceSettings.from_config(cfg)) if cfg.media.transcribe_with or cfg.media.speak_with else None,
     )
     # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
     # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.

@@ -74,6 +74,7 @@ from gateway.types import (
     PlatformStatus,
     SendingOnly,
     SendProgress,
+    VoiceOutput,
 )
 from gateway.usage import UsageRecorder
 from state.cluster.store import ClusterStore
@@ -340,7 +341,9 @@ class Gateway:
         claimed = self.claims is not None and (key is None or isinstance(adapter, SendingOnly))
         self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing,
                                     streamed=self._streamed_output(name, adapter),
-                                    drafts=adapter if isinstance(adapter, DraftOutput) else None, claimed=claimed)
+                                    drafts=adapter if isinstance(adapter, DraftOutput) else None, claimed=claimed,
+                                    voice=functools.partial(self._send_voice, name)
+                                    if isinstance(adapter, VoiceOutput) else None)
         if key is not None:
             self._own(name, adapter, key)
             return
@@ -419,6 +422,13 @@ class Gateway:
             return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
         return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
 
+    async def _send_voice(self, name: str, chat: ChatRef, audio: bytes, reply_to: str | None) -> Delivery:
+        """The router's voice sender for ``name`` (a spoken reply), through its current adapter."""
+        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
+        if not isinstance(adapter, VoiceOutput):
+            return Delivery(ok=False, error=f"platform {name} is not running")
+        return await adapter.send_voice(chat, audio, reply_to=reply_to)
+
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
         self.platforms.forget_start(name)
@@ -484,6 +494,8 @@ class Gateway:
         if services is not None and not self._closed:
             self._closed = True  # a second stop (after a failed start) finds everything closed
             await services.model.close()
+            if services.router.voice is not None:
+                await services.router.voice.close()
             await services.usage.drain()
             try:
                 await services.db.checkpoint("TRUNCATE")

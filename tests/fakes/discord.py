@@ -166,6 +166,7 @@ class FakeDiscord:
         self.withdrawn: list[str] = []  # interaction tokens whose deferred answer was deleted
         self.expired_tokens: set[str] = set()  # follow-ups with these answer 401 (tokens live 15 minutes)
         self.cdn_files: dict[str, tuple[bytes, str]] = {}
+        self.uploads: list[dict] = []  # files the bot uploaded with a message: channel_id, message_id, filename, data
         self._failures: list[_Failure] = []
         self._connections: list[_Connection] = []
         self._sessions: dict[str, _Session] = {}
@@ -308,6 +309,11 @@ class FakeDiscord:
         if content_type:
             att["content_type"] = content_type
         return att
+
+    def voice_message(self, data: bytes, *, seconds: float) -> dict:
+        """A voice message's attachment (what Discord's client records): OGG/Opus, its duration given."""
+        return {**self.attachment("voice-message.ogg", data, "audio/ogg"), "duration_secs": seconds,
+                "waveform": "AAAA"}
 
     def mention(self, user: dict) -> str:
         return f"<@{user['id']}>"
@@ -508,7 +514,14 @@ class FakeDiscord:
         if not request.path.startswith("/api/"):
             return await handler(request)
         body = None
-        if request.can_read_body:
+        if request.content_type == "multipart/form-data":  # a file upload: payload_json and files[n]
+            form = await request.post()
+            payload = form.get("payload_json")
+            body = json.loads(payload) if isinstance(payload, str) else {}
+            body["_files"] = [{"filename": value.filename, "content_type": value.content_type,
+                               "data": value.file.read()} for key, value in form.items()
+                              if key.startswith("files[") and not isinstance(value, str)]
+        elif request.can_read_body:
             raw = await request.read()
             if raw:
                 try:
@@ -591,7 +604,8 @@ class FakeDiscord:
 
     def _create_message(self, channel_id: str, body: dict) -> web.Response:
         content = body.get("content") or ""
-        if not content.strip():
+        files = body.get("_files") or []
+        if not content.strip() and not files:
             return _json({"message": "Cannot send an empty message", "code": 50006}, status=400)
         if len(content) > 2000:
             return _json(
@@ -606,6 +620,10 @@ class FakeDiscord:
                     return _json({k: v for k, v in earlier.items() if k != "request"})
         channel = self._find_channel(channel_id)
         msg = self._bot_message(channel_id, body, guild_id=channel["guild_id"] if channel else None)
+        for f in files:  # an upload: kept with its bytes in ``uploads``, shown as an attachment
+            att = self.attachment(f["filename"], f["data"], f["content_type"])
+            msg["attachments"].append(att)
+            self.uploads.append({"channel_id": channel_id, "message_id": msg["id"], **f})
         self.messages.setdefault(channel_id, []).append(msg)
         self._touch()
         return _json({k: v for k, v in msg.items() if k != "request"})

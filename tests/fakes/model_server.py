@@ -8,6 +8,11 @@ the model was shown::
 
     echo: <last user message> | turns: <number of user messages> | first: <first user message>
 
+It also serves the audio API: ``POST /v1/audio/transcriptions`` (multipart; answers
+``transcript``, after ``transcribe_delay``, or fails with ``transcribe_fail``) and ``POST
+/v1/audio/speech`` (answers ``speech_audio`` or fails with ``speech_fail``), recording each request
+in ``transcriptions`` and ``speeches``.
+
 Tests steer it with :meth:`FakeModel.script`, a queue of behaviours consumed
 one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ToolCalls``, ``ReasoningToolCall``, ``Hang``,
 ``Held``, ``CutOff``, ``NoChoice``), with
@@ -180,6 +185,17 @@ class FakeModel:
         # (``prompt_tokens_details.cached_tokens``); ``report_usage`` False: no ``usage`` at all
         self.cached_tokens = 0
         self.report_usage = True
+        # /v1/audio/transcriptions: answers ``transcript`` after ``transcribe_delay`` seconds, or fails with
+        # ``transcribe_fail`` (a Fail) while it is set; every request is recorded (fields and file bytes)
+        self.transcript = "hello from a voice note"
+        self.transcripts: list[str] = []  # when set, each request takes the first of these instead
+        self.transcribe_delay = 0.0
+        self.transcribe_fail: Fail | None = None
+        self.transcriptions: list[dict] = []
+        # /v1/audio/speech: answers ``speech_audio`` (or fails with ``speech_fail``); requests recorded
+        self.speech_audio = b"OggS\x00fake-opus-audio"
+        self.speech_fail: Fail | None = None
+        self.speeches: list[dict] = []
 
     # -- steering ---------------------------------------------------------
     def script(self, *behaviours) -> None:
@@ -198,7 +214,10 @@ class FakeModel:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
+        app.router.add_post("/v1/audio/speech", self._speech)
         app.router.add_get("/_timings", self._timings)
+        app.router.add_get("/_transcriptions", self._transcription_timings)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self._bind_port)
@@ -212,6 +231,46 @@ class FakeModel:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    @staticmethod
+    def _failure(fail: Fail) -> web.Response:
+        return web.json_response({"error": {"message": fail.message, "type": fail.type, "code": fail.code}},
+                                 status=fail.status)
+
+    async def _transcriptions(self, request: web.Request) -> web.Response:
+        """OpenAI's transcription API: a multipart form with ``file`` and ``model``; answers ``{"text": ...}``."""
+        form = await request.post()
+        fields: dict = {}
+        for key, value in form.items():
+            if isinstance(value, str):
+                fields[key] = value
+            else:
+                fields[key] = {"filename": value.filename, "content_type": value.content_type,
+                               "data": value.file.read()}
+        fields["at"] = time.monotonic()
+        self.transcriptions.append(fields)
+        if self.transcribe_delay:
+            await asyncio.sleep(self.transcribe_delay)
+        fields["answered"] = time.monotonic()
+        if not isinstance(fields.get("file"), dict) or not fields.get("model"):
+            return self._failure(Fail(400, message="file and model are required", type="invalid_request_error"))
+        if self.transcribe_fail is not None:
+            return self._failure(self.transcribe_fail)
+        return web.json_response({"text": self.transcripts.pop(0) if self.transcripts else self.transcript})
+
+    async def _speech(self, request: web.Request) -> web.Response:
+        """OpenAI's speech API: JSON ``model``, ``input``, ``voice``, ``response_format``; answers the audio."""
+        body = await request.json()
+        self.speeches.append(body)
+        if self.speech_fail is not None:
+            return self._failure(self.speech_fail)
+        if not body.get("input") or not body.get("model") or not body.get("voice"):
+            return self._failure(Fail(400, message="model, input and voice are required", type="invalid_request_error"))
+        return web.Response(body=self.speech_audio, content_type="audio/ogg")
+
+    async def _transcription_timings(self, request: web.Request) -> web.Response:
+        """Each transcription request's arrival and answer (time.monotonic(), comparable across processes)."""
+        return web.json_response([{"at": t["at"], "answered": t.get("answered")} for t in self.transcriptions])
 
     async def _timings(self, request: web.Request) -> web.Response:
         """Each request's last user message with when it arrived and when its answer was ready."""
@@ -380,8 +439,10 @@ async def start_in_process(delay: float = 0.0) -> tuple[asyncio.subprocess.Proce
     return proc, int(line.split()[1])
 
 
-async def _serve(delay: float, chunk_chars: int = 8, interval: float = 0.0, reply_chars: int = 0) -> None:
+async def _serve(delay: float, chunk_chars: int = 8, interval: float = 0.0, reply_chars: int = 0,
+                 transcribe_delay: float = 0.0) -> None:
     async with FakeModel(delay=delay) as fake:
+        fake.transcribe_delay = transcribe_delay
         fake.stream_chunk_chars, fake.stream_interval = chunk_chars, interval
         if reply_chars:
             words = ("The answer goes on, word after word, as a model writes it. " * (reply_chars // 40 + 1))
@@ -396,10 +457,12 @@ if __name__ == "__main__":
     parser.add_argument("--stream-chunk-chars", type=int, default=8, help="characters per streamed chunk")
     parser.add_argument("--stream-interval", type=float, default=0.0, help="seconds between streamed chunks")
     parser.add_argument("--reply-chars", type=int, default=0, help="answer with this many characters (0: the echo)")
+    parser.add_argument("--transcribe-delay", type=float, default=0.0, help="seconds each transcription takes")
     args = parser.parse_args()
     try:
         import uvloop  # the fake should cost the benchmarks as little as a real server would
 
-        uvloop.run(_serve(args.delay, args.stream_chunk_chars, args.stream_interval, args.reply_chars))
+        uvloop.run(_serve(args.delay, args.stream_chunk_chars, args.stream_interval, args.reply_chars,
+                          args.transcribe_delay))
     except KeyboardInterrupt:
         pass

@@ -103,6 +103,10 @@ class FakeSlack:
         self.team_id = team_id
         self.users: dict[str, str] = {"U1": "alice", "U2": "bob"}
         self.files: dict[str, tuple[bytes, str]] = {}
+        # files the bot uploaded (files_upload_v2: getUploadURLExternal, the upload, completeUploadExternal):
+        # channel, thread_ts, title, filename and the bytes, in order of completion
+        self.uploads: list[dict[str, Any]] = []
+        self._uploading: dict[str, dict[str, Any]] = {}
         self.calls: list[Call] = []
         self.posted: dict[str, dict] = {}  # ts -> the chat.postMessage body (chat.update changes its text)
         self.updates: list[dict] = []
@@ -139,6 +143,7 @@ class FakeSlack:
         app.router.add_get("/link", self._socket)
         app.router.add_post("/respond/{id}", self._respond)
         app.router.add_get("/files/{id}", self._file)
+        app.router.add_post("/upload/{id}", self._upload)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -246,6 +251,22 @@ class FakeSlack:
                 "ok": True, "channel": body.get("channel"), "ts": ts,
                 "message": {"type": "message", "text": body.get("text"), "user": self.bot_user_id, "bot_id": self.bot_id, "ts": ts},
             })
+        if method == "files.getUploadURLExternal":
+            file_id = f"F{next(self._ids)}"
+            self._uploading[file_id] = {"filename": body.get("filename"), "length": int(body.get("length") or 0)}
+            return web.json_response({"ok": True, "file_id": file_id, "upload_url": f"{self.root}/upload/{file_id}"})
+        if method == "files.completeUploadExternal":
+            files = body.get("files")
+            files = json.loads(files) if isinstance(files, str) else files or []
+            done = []
+            for f in files:
+                pending = self._uploading.pop(str(f.get("id")), None)
+                if pending is None or "data" not in pending:
+                    return web.json_response({"ok": False, "error": "file_not_found"})
+                self.uploads.append({"channel": body.get("channel_id"), "thread_ts": body.get("thread_ts"),
+                                     "title": f.get("title"), **pending})
+                done.append({"id": f.get("id"), "title": f.get("title"), "name": pending["filename"]})
+            return web.json_response({"ok": True, "files": done})
         if method == "users.info":
             uid = str(body.get("user"))
             if uid not in self.users:
@@ -265,6 +286,14 @@ class FakeSlack:
             return fault
         self.responses.append(body)
         return web.Response(text="ok")
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """The upload URL files.getUploadURLExternal handed out: the file's bytes, as they are."""
+        pending = self._uploading.get(request.match_info["id"])
+        if pending is None:
+            return web.Response(status=404)
+        pending["data"] = await request.read()
+        return web.Response(text="OK - " + str(len(pending["data"])))
 
     async def _file(self, request: web.Request) -> web.Response:
         self.calls.append(Call("file", request.method, request.path, {}, request.headers.get("Authorization")))

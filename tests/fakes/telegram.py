@@ -64,6 +64,18 @@ class Recorded:
 
 
 @dataclass
+class SentVoice:
+    """A voice message the bot sent (sendVoice) and the fake accepted: the uploaded bytes and where."""
+
+    message_id: int
+    chat_id: int | str
+    data: bytes
+    filename: str | None
+    caption: str | None = None
+    reply_to: int | None = None
+
+
+@dataclass
 class SentMessage:
     """A message the bot sent and the fake accepted."""
 
@@ -176,6 +188,7 @@ class FakeTelegram:
         self.commands: list[dict] = []
         self.webhook: dict[str, Any] | None = None
         self.files: dict[str, tuple[bytes, str]] = {}
+        self.voices: list[SentVoice] = []  # sendVoice uploads the fake accepted, in order
         self.confirmed_offset = 0
         # getUpdates calls that began while another was still being answered (Telegram answers the
         # earlier one 409 "terminated by other getUpdates request"): (time.monotonic(), offset) each
@@ -332,6 +345,16 @@ class FakeTelegram:
     def in_topic(self, chat: dict, sender: dict, text: str, thread_id: int, **kw: Any) -> dict:
         return self.push(self.message(chat, sender, text, thread_id=thread_id, topic=True, **kw))
 
+    def voice_note(self, file_id: str, data: bytes, *, duration: int | None = None,
+                   mime_type: str = "audio/ogg") -> dict:
+        """A Voice object served by this fake (``message(..., voice=...)``): a recorded voice note."""
+        voice = {**self.add_file(file_id, data, f"voice/{file_id}.oga"), "mime_type": mime_type}
+        if duration is not None:
+            voice["duration"] = duration
+        else:
+            voice["duration"] = 0  # Telegram always sends it; 0 says "unknown" to a test that wants that
+        return voice
+
     def add_file(self, file_id: str, data: bytes, path: str | None = None) -> dict:
         path = path or f"photos/{file_id}.jpg"
         self.files[file_id] = (data, path)
@@ -411,7 +434,7 @@ class FakeTelegram:
         params: dict[str, Any] = {}
         for key, value in form.items():
             if not isinstance(value, str):
-                params[key] = {"filename": value.filename}
+                params[key] = {"filename": value.filename, "data": value.file.read()}
                 continue
             if key in _RAW_STRING_FIELDS:
                 params[key] = value
@@ -559,6 +582,23 @@ class FakeTelegram:
                   "chat": {"id": chat_id, "type": "private" if str(chat_id).lstrip("-").isdigit()
                            and int(chat_id) > 0 else "supergroup"}, "from": self.bot_user, "text": visible}
         return self._ok(result)
+
+    async def _m_sendvoice(self, params: dict) -> web.Response:
+        """sendVoice: an uploaded OGG/Opus file (multipart), recorded in ``voices``."""
+        upload = params.get("voice")
+        if not isinstance(upload, dict) or not upload.get("data"):
+            return self._error(400, "Bad Request: there is no voice in the request")
+        chat_id = params.get("chat_id")
+        reply = params.get("reply_parameters") or {}
+        sent = SentVoice(next(self._message_ids), chat_id, upload["data"], upload.get("filename"),
+                         params.get("caption"), reply.get("message_id") if isinstance(reply, dict) else None)
+        self.voices.append(sent)
+        chat = {"id": chat_id, "type": "private" if isinstance(chat_id, int) and chat_id > 0 else "supergroup"}
+        if chat["type"] == "private":
+            chat["first_name"] = "user"
+        return self._ok({"message_id": sent.message_id, "date": int(time.time()), "chat": chat, "from": self.bot_user,
+                         "voice": {"file_id": f"sent{sent.message_id}", "file_unique_id": f"usent{sent.message_id}",
+                                   "duration": 1, "mime_type": "audio/ogg", "file_size": len(sent.data)}})
 
     async def _m_sendmessage(self, params: dict) -> web.Response:
         text = params.get("text") or ""
