@@ -20,7 +20,6 @@ import datetime as dt
 import fnmatch
 import logging
 import os
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -30,7 +29,7 @@ from mcp import ClientSession, McpError, types
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
 from gateway.config import McpServerConfig
-from gateway.retry import Backoff
+from gateway.retry import Backoff, supervise
 from gateway.tasks import spawn
 from gateway.tools_mcp.environment import server_environment
 from gateway.tools_mcp.results import capped, result_text
@@ -48,6 +47,10 @@ HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff 
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 CONNECTION_CLOSED = -32000  # the SDK's code for a call whose connection ended (mcp.shared.session)
 REQUEST_TIMEOUT = 408  # ... and for a call that got no answer within its read timeout
+
+
+class ServerDown(Exception):
+    """A server's connection ended (or never began); the message says why, for ``last_error``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,29 +150,28 @@ class McpServer:
 
     # -- the supervisor ---------------------------------------------------
     async def _supervise(self) -> None:
-        attempt = 0
-        while True:
-            began = time.monotonic()
-            try:
-                await self._serve()
-                self.last_error = "the connection ended"
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure of a server means: restart it
-                self.last_error = _describe(exc)
-            if self._said:  # what a stdio server wrote last usually says why it stopped
-                self.last_error += f"; its stderr ended with: {' | '.join(self._said)}"
-            self._session = None
-            self.state = "restarting"
-            self.settled.set()
-            if time.monotonic() - began >= HEALTHY_SECONDS:
-                attempt = 0
-            wait = self._backoff.delay(attempt)
-            attempt += 1
-            self.restarts += 1
-            log.warning("MCP server %s is down (%s); its tools are unavailable; restarting in %.1fs",
-                        self.name, self.last_error, wait)
-            await asyncio.sleep(wait)
+        await supervise(self._connected, name=f"mcp:{self.name}", backoff=self._backoff,
+                        on_failure=self._down, healthy_seconds=HEALTHY_SECONDS)
+
+    async def _connected(self) -> None:
+        """One connection, from start to end: always ends in an error (a server never stops for good)."""
+        try:
+            await self._serve()
+        except Exception as exc:  # any failure of a server means: restart it
+            raise ServerDown(_describe(exc)) from exc
+        raise ServerDown("the connection ended")
+
+    def _down(self, failures: int, exc: Exception, wait: float) -> None:
+        """After a connection ended: its tools answer "unavailable" until the restart in ``wait`` seconds."""
+        self.last_error = str(exc)
+        if self._said:  # what a stdio server wrote last usually says why it stopped
+            self.last_error += f"; its stderr ended with: {' | '.join(self._said)}"
+        self._session = None
+        self.state = "restarting"
+        self.settled.set()
+        self.restarts += 1
+        log.warning("MCP server %s is down (%s); its tools are unavailable; restarting in %.1fs",
+                    self.name, self.last_error, wait)
 
     async def _serve(self) -> None:
         """Connect, read the tools, then watch the connection until it breaks (returns or raises)."""
