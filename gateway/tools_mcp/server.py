@@ -47,6 +47,7 @@ HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff 
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 CONNECTION_CLOSED = -32000  # the SDK's code for a call whose connection ended (mcp.shared.session)
 REQUEST_TIMEOUT = 408  # ... and for a call that got no answer within its read timeout
+CANCEL_SEND_SECONDS = 5.0  # telling a server a call is cancelled, at most
 
 
 class ServerDown(Exception):
@@ -124,15 +125,20 @@ class McpServer:
             return (f"error: {full} is unavailable right now (the {self.name} tool server is "
                     f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later or do without it")
         async with self._calls:
+            request_id = _next_request_id(session)
             try:
                 result = await session.call_tool(tool, arguments,
                                                  read_timeout_seconds=dt.timedelta(seconds=self.cfg.timeout_seconds))
+            except asyncio.CancelledError:  # /stop, or the gateway stopping: the server is told to stop too
+                self._cancel(session, request_id, "stopped (/stop, or the gateway stopping)")
+                raise
             except McpError as exc:
                 if exc.error.code == CONNECTION_CLOSED:
                     self._lost(session)
                     return (f"error: the {self.name} tool server stopped during the call to {full}; it is being "
                             f"restarted, try again shortly")
                 if exc.error.code == REQUEST_TIMEOUT:
+                    self._cancel(session, request_id, f"no answer within {self.cfg.timeout_seconds:g} seconds")
                     return f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
                 return f"error: {full} failed: {exc.error.message}"
             except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
@@ -140,6 +146,20 @@ class McpServer:
                 log.warning("MCP call %s failed: %s: %s", full, type(exc).__name__, exc)
                 return f"error: the {self.name} tool server could not run {full} ({type(exc).__name__}); try again shortly"
         return capped(result_text(result), self.cfg.max_output_bytes)
+
+    def _cancel(self, session: ClientSession, request_id: int | None, reason: str) -> None:
+        """Send ``notifications/cancelled`` for a call given up on, from a task of its own (the caller
+        may itself be cancelled); the server stops the call's work and sends no result."""
+        if request_id is None or self._session is not session:
+            return
+        notice = types.ClientNotification(types.CancelledNotification(
+            params=types.CancelledNotificationParams(requestId=request_id, reason=reason)))
+
+        async def send() -> None:
+            with contextlib.suppress(Exception), anyio.move_on_after(CANCEL_SEND_SECONDS):
+                await session.send_notification(notice)
+
+        spawn(send(), name=f"mcp-cancel:{self.name}:{request_id}")
 
     def _lost(self, session: ClientSession) -> None:
         """A call found ``session`` broken: calls after it are told the server is restarting."""
@@ -305,6 +325,15 @@ def _deadline(seconds: float):
     """A deadline for awaits inside the SDK's anyio scopes."""
     with anyio.fail_after(seconds):
         yield
+
+
+def _next_request_id(session: ClientSession) -> int | None:
+    """The JSON-RPC id the session gives its next request, which ``call_tool`` takes before it first
+    waits: what ``notifications/cancelled`` must name.  The SDK (1.x) sends no cancellation itself when
+    a request is cancelled or times out, and keeps this counter private; None if it ever goes away
+    (then nothing is sent, the call is still abandoned)."""
+    value = getattr(session, "_request_id", None)
+    return value if isinstance(value, int) else None
 
 
 def _describe(exc: BaseException) -> str:
