@@ -276,7 +276,8 @@ class AgentTurn:
 
         Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
         ran); the call after that offers none, so the model answers.  ``tool_names`` None: every
-        registered tool.  A call to a tool that was not offered is answered with an error, not run.
+        registered tool; either way only those the registry's policy allows in ``ctx``'s chat (the MCP
+        tools' rules).  A call to a tool that was not offered is answered with an error, not run.
 
         With ``sink``, the model streams: its text goes to the sink as it comes, text that a tool call
         follows is taken back and replaced by one status line while the tool runs, and an answer
@@ -291,7 +292,8 @@ class AgentTurn:
         if purpose is None:
             purpose = for_session("turn", ctx.session_id, ctx.session_key, platform=ctx.platform,
                                   user_id=ctx.user_id, agent=ctx.agent)
-        schemas = self.tools.schemas(tool_names) + list(client_tools)
+        offered = self.tools.offered(ctx, tool_names)
+        schemas = self.tools.schemas(offered) + list(client_tools)
         client_names = {t.get("function", {}).get("name") for t in client_tools}
         client_calls: list[dict] = []
         if self.settings.merge_user_messages:  # every prompt of the agent's, turns and memory flushes alike
@@ -328,16 +330,21 @@ class AgentTurn:
                 name = fn.get("name", "")
                 if call in client_calls:
                     continue  # the client runs it and sends its result
-                if tool_names is None or name in tool_names:
-                    result = await self.tools.call(name, fn.get("arguments"), ctx)
-                else:
-                    result = _not_offered(name, tool_names)
+                result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
                 tool_calls += 1
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
             if client_calls:
                 break
         assert completion is not None
         return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls)
+
+    async def run_tool_call(self, name: str, arguments: str | None, ctx: ToolContext, offered: set[str]) -> str:
+        """Run one call the model asked for, exactly as asked: its result is the text the model reads.
+        A tool not offered in this chat is refused here, never run (the one place a call passes
+        before it runs)."""
+        if name not in offered:
+            return _not_offered(name, offered)
+        return await self.tools.call(name, arguments, ctx)
 
 
 def _scrubbed(sink: ReplySink) -> Callable[[str], None]:

@@ -28,6 +28,7 @@ from . import (
     _split,
     _storage,
     _titles,
+    _toolcalls,
     _transfer,
     _upkeep,
     _usage,
@@ -838,6 +839,22 @@ class SessionDB:
     def chat_pref(self, session_key: str, name: str) -> str | None:
         """A chat's remembered choice, or None when it never made one."""
         return self._engine.read(_prefs.chat_pref, session_key, name)
+
+    @_writes
+    def save_tool_journal(self, message_id: int, session_id: str, produced: str, running: str | None, *,
+                          now: float) -> None:
+        """What the turn answering ``message_id`` produced so far (JSON) and the tool call running now."""
+        return self._engine.write(_toolcalls.save_tool_journal, message_id, session_id, produced, running, now=now)
+
+    @_reads
+    def tool_journal(self, message_id: int) -> dict | None:
+        """The journal a turn answering ``message_id`` left (a crash cut it off), or None."""
+        return self._engine.read(_toolcalls.tool_journal, message_id)
+
+    @_writes
+    def drop_tool_journal(self, message_id: int) -> None:
+        """The turn answering ``message_id`` is stored: its journal goes."""
+        return self._engine.write(_toolcalls.drop_tool_journal, message_id)
 
     @_writes
     def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import config_from_dict
-from gateway.tools import ToolRegistry
+from gateway.tools import ToolContext, ToolRegistry
 from gateway.tools_mcp import McpTools, allowed
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.harness import ApiClient, eventually, running_gateway
@@ -228,7 +228,7 @@ async def test_a_changed_tool_list_is_read_again_and_offered(tmp_path):
         await tools.stop()
 
 
-async def test_only_allowed_tools_are_registered_and_nothing_without_an_allow(tmp_path):
+async def test_only_allowed_tools_are_offered_and_nothing_without_an_allow(tmp_path):
     cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {
         "echo": echo_server(allow=["echo__e*", "echo__big"], deny=["echo__environment"]),
         "quiet": echo_server(allow=[], deny=[])}}}, env={})
@@ -238,7 +238,10 @@ async def test_only_allowed_tools_are_registered_and_nothing_without_an_allow(tm
     try:
         await _ready(tools)
         await _ready(tools, "quiet")
-        assert registry.names() == ["echo__big", "echo__echo"]
+        anywhere = ToolContext(session_id="s", session_key="agent:main:api:dm:ann", platform="api", user_id="ann",
+                               agent="main")
+        assert sorted(registry.offered(anywhere)) == ["echo__big", "echo__echo"]
+        assert "echo__environment" not in registry.names()  # the server's own deny: never registered
         listed = {s.name: sorted((t.full_name, t.allowed) for t in s.tools) for s in tools.catalog()}
         assert ("echo__environment", False) in listed["echo"] and ("echo__echo", True) in listed["echo"]
         assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 10

@@ -3,11 +3,13 @@
     mcp = McpTools(config.tools, registry)
     mcp.start()          # one supervised client per enabled server (gateway.tools_mcp.server)
     mcp.catalog()        # every tool of every server, allowed or not, with its server's state
+    mcp.listing(ctx)     # what /tools shows: what this chat may use
     await mcp.stop()
 
-A server's allowed tools are registered as ``<server>__<tool>`` (the group ``mcp:<server>`` of the
-registry, replaced whenever its list changes), so the turn's tool loop offers and runs them like the
-agent's own.  What a tool returns is untrusted text: it reaches the model only as that call's tool
+A server's tools (but those its own ``deny`` refuses everywhere) are registered as ``<server>__<tool>``
+(the group ``mcp:<server>`` of the registry, replaced whenever its list changes), and the registry is
+given the :class:`~gateway.tools_mcp.policy.ToolPolicy` of ``tools.rules`` and the servers' globs, so
+the turn's tool loop offers each chat exactly the tools it may use, and runs them like the agent's own.  What a tool returns is untrusted text: it reaches the model only as that call's tool
 message (which the turn stores, once, as the model saw it), cut at the server's ``max_output_bytes``.
 """
 
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 from gateway.config import ToolsConfig
 from gateway.tools import Tool, ToolContext, ToolRegistry
-from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool
+from gateway.tools_mcp.policy import ToolPolicy
+from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool, allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,8 @@ class ServerStatus:
 class McpTools:
     def __init__(self, cfg: ToolsConfig, registry: ToolRegistry, **server_options) -> None:
         self.registry = registry
+        self.policy = ToolPolicy(cfg)
+        registry.set_policy(self.policy.offered)
         self.servers: dict[str, McpServer] = {}
         for name, server_cfg in cfg.mcp_servers.items():
             if server_cfg.enabled:
@@ -73,11 +78,15 @@ class McpTools:
             raise KeyError(f"{full_name!r} is not <server>__<tool> of an enabled MCP server (servers: {known})")
         return server, server.tools.get(tool_name)
 
-    def listing(self) -> list[tuple[str, str, str | None]]:
-        """What ``/tools`` shows: every tool the agent is offered (its own and the allowed MCP ones), with
-        the first line of its description and, for an MCP tool whose server is down, why it is unavailable."""
+    def listing(self, ctx: ToolContext) -> list[tuple[str, str, str | None]]:
+        """What ``/tools`` shows: every tool the agent may be offered in ``ctx``'s chat (its own and the MCP
+        ones allowed there), with the first line of its description and, for an MCP tool whose server is
+        down, why it is unavailable."""
         out = []
+        offered = self.registry.offered(ctx)
         for tool in self.registry.tools():
+            if tool.name not in offered:
+                continue
             server_name, sep, _ = tool.name.partition(SEPARATOR)
             server = self.servers.get(server_name) if sep else None
             unavailable = None
@@ -89,7 +98,9 @@ class McpTools:
 
     def _register(self, name: str) -> None:
         server = self.servers[name]
-        self.registry.set_group(f"mcp:{name}", [_as_tool(server, t) for t in server.tools.values() if t.allowed])
+        # every tool its own deny leaves: which chat may use one is the policy's to say, per turn
+        self.registry.set_group(f"mcp:{name}", [_as_tool(server, t) for t in server.tools.values()
+                                                if allowed(t.full_name, ("*",), server.cfg.deny)])
 
 
 def _as_tool(server: McpServer, tool: McpTool) -> Tool:

@@ -1,0 +1,61 @@
+"""Tool calls: which MCP tools a scheduled job may use, and the journal of a turn's calls in flight.
+
+    cron_jobs.tools   a job's globs over <server>__<tool>, a space apart (NULL: no tool)
+    tool_journal      one row per turn that runs a tool call: the last user message it answers, what
+                      the turn produced so far (assistant tool-call messages and tool results, as
+                      JSON) and the call running now (its tool_call_id, NULL between calls)
+
+The journal is what makes a crash harmless for tools: a turn writes its row before each call and after
+it, and deletes it once the turn is stored.  After a crash the turn that answers the same message again
+finds the row, and the call that was running is never run again: the model is told it was cut off.
+A row left by a turn that then failed is replaced by the next turn for that message, or deleted with
+its session.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ._dialect import dialect_of
+
+#: The table (schema v25), written once for both engines (``state._dialect``'s type tokens).
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS tool_journal (
+        message_id {INTEGER} PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        produced TEXT NOT NULL,
+        running TEXT,
+        updated_at {REAL} NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS idx_tool_journal_session ON tool_journal(session_id)",
+)
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    dialect = dialect_of(conn)
+    dialect.create(conn, TABLES)
+    if "tools" not in dialect.columns(conn, "cron_jobs"):
+        conn.execute("ALTER TABLE cron_jobs ADD COLUMN tools TEXT")
+
+
+def save_tool_journal(conn: sqlite3.Connection, message_id: int, session_id: str, produced: str,
+                      running: str | None, *, now: float) -> None:
+    conn.execute(
+        "INSERT INTO tool_journal (message_id, session_id, produced, running, updated_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT(message_id) DO UPDATE SET session_id = excluded.session_id, produced = excluded.produced, "
+        "running = excluded.running, updated_at = excluded.updated_at",
+        (message_id, session_id, produced, running, now),
+    )
+
+
+def tool_journal(conn: sqlite3.Connection, message_id: int) -> dict | None:
+    row = conn.execute("SELECT session_id, produced, running, updated_at FROM tool_journal WHERE message_id = ?",
+                       (message_id,)).fetchone()
+    if row is None:
+        return None
+    return {"message_id": message_id, "session_id": row[0], "produced": row[1], "running": row[2],
+            "updated_at": row[3]}
+
+
+def drop_tool_journal(conn: sqlite3.Connection, message_id: int) -> None:
+    conn.execute("DELETE FROM tool_journal WHERE message_id = ?", (message_id,))
