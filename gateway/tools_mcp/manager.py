@@ -19,7 +19,7 @@ import asyncio
 import functools
 from dataclasses import dataclass
 
-from gateway.config import ToolsConfig
+from gateway.config import McpServerConfig, ToolsConfig
 from gateway.tools import Tool, ToolContext, ToolRegistry
 from gateway.tools_mcp.policy import ToolPolicy
 from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool, allowed
@@ -40,11 +40,37 @@ class McpTools:
         self.registry = registry
         self.policy = ToolPolicy(cfg)
         registry.set_policy(self.policy.offered)
+        self._server_options = server_options
         self.servers: dict[str, McpServer] = {}
         for name, server_cfg in cfg.mcp_servers.items():
             if server_cfg.enabled:
-                self.servers[name] = McpServer(name, server_cfg, on_change=functools.partial(self._register, name),
-                                               **server_options)
+                self.servers[name] = self._server(name, server_cfg)
+
+    def _server(self, name: str, cfg: McpServerConfig) -> McpServer:
+        return McpServer(name, cfg, on_change=functools.partial(self._register, name), **self._server_options)
+
+    async def reload(self, cfg: ToolsConfig) -> dict[str, list[str]]:
+        """Apply a reloaded ``tools`` section: the new rules at once; servers no longer enabled are
+        stopped and their tools withdrawn, new ones started, and those whose settings changed stopped
+        and started again with them (their calls running now end as if the server had stopped).
+        Servers that did not change are left running.  Returns the names, by what was done."""
+        self.policy = ToolPolicy(cfg)
+        self.registry.set_policy(self.policy.offered)
+        wanted = {name: c for name, c in cfg.mcp_servers.items() if c.enabled}
+        done: dict[str, list[str]] = {"added": [], "restarted": [], "removed": []}
+        for name in sorted(set(self.servers) | set(wanted)):
+            server, new = self.servers.get(name), wanted.get(name)
+            if server is not None and new is not None and server.cfg == new:
+                continue
+            if server is not None:
+                await server.stop()
+                del self.servers[name]
+                self.registry.set_group(f"mcp:{name}", [])
+            if new is not None:
+                self.servers[name] = self._server(name, new)
+                self.servers[name].start()
+            done["added" if server is None else "restarted" if new is not None else "removed"].append(name)
+        return done
 
     def start(self) -> None:
         for server in self.servers.values():
