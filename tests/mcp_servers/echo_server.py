@@ -43,6 +43,9 @@ def build(name: str = "echo") -> FastMCP:
         """Answer after this many seconds."""
         running["now"] += 1
         running["started"] += 1
+        if os.environ.get("CALL_LOG"):  # a record that outlives this process (the crash tests read it)
+            with open(os.environ["CALL_LOG"], "a", encoding="utf-8") as log:
+                log.write(f"slow {seconds} started in {os.getpid()}\n")
         running["peak"] = max(running["peak"], running["now"])
         try:
             await asyncio.sleep(seconds)
