@@ -20,6 +20,7 @@ import datetime as dt
 import fnmatch
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -48,6 +49,10 @@ RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 CONNECTION_CLOSED = -32000  # the SDK's code for a call whose connection ended (mcp.shared.session)
 REQUEST_TIMEOUT = 408  # ... and for a call that got no answer within its read timeout
 CANCEL_SEND_SECONDS = 5.0  # telling a server a call is cancelled, at most
+
+
+# Told of every call: (<server>__<tool>, ok | error | timeout | unavailable | cancelled, seconds).
+OnCall = Callable[[str, str, float], None]
 
 
 class ServerDown(Exception):
@@ -81,10 +86,12 @@ def _valid_name(name: str) -> bool:
 
 class McpServer:
     def __init__(self, name: str, cfg: McpServerConfig, *, on_change: Callable[[], None] = lambda: None,
-                 backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS) -> None:
+                 backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS,
+                 on_call: OnCall = lambda name, outcome, seconds: None) -> None:
         self.name = name
         self.cfg = cfg
         self._on_change = on_change
+        self._on_call = on_call
         self._backoff = backoff
         self._ping_seconds = ping_seconds
         self.state = "starting"  # starting | ready | restarting | stopped
@@ -118,12 +125,24 @@ class McpServer:
 
     # -- calls ------------------------------------------------------------
     async def call(self, tool: str, arguments: dict[str, Any]) -> str:
-        """Run ``tool`` with ``arguments``: its result, or why there is none, as text cut at the cap."""
+        """Run ``tool`` with ``arguments``: its result, or why there is none, as text cut at the cap.
+        Each call is reported to ``on_call`` (its name, outcome and seconds: the metrics)."""
         full = f"{self.name}{SEPARATOR}{tool}"
+        began = time.monotonic()
+        outcome = "cancelled"
+        try:
+            outcome, text = await self._call(full, tool, arguments)
+        finally:
+            self._on_call(full, outcome, time.monotonic() - began)
+        return text
+
+    async def _call(self, full: str, tool: str, arguments: dict[str, Any]) -> tuple[str, str]:
+        """(outcome, text): ok | error | timeout | unavailable, and what the model reads."""
         session = self._session
         if session is None or self.state != "ready":
-            return (f"error: {full} is unavailable right now (the {self.name} tool server is "
-                    f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later or do without it")
+            return "unavailable", (f"error: {full} is unavailable right now (the {self.name} tool server is "
+                                   f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later "
+                                   f"or do without it")
         async with self._calls:
             request_id = _next_request_id(session)
             try:
@@ -135,17 +154,18 @@ class McpServer:
             except McpError as exc:
                 if exc.error.code == CONNECTION_CLOSED:
                     self._lost(session)
-                    return (f"error: the {self.name} tool server stopped during the call to {full}; it is being "
-                            f"restarted, try again shortly")
+                    return "error", (f"error: the {self.name} tool server stopped during the call to {full}; it is "
+                                     f"being restarted, try again shortly")
                 if exc.error.code == REQUEST_TIMEOUT:
                     self._cancel(session, request_id, f"no answer within {self.cfg.timeout_seconds:g} seconds")
-                    return f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
-                return f"error: {full} failed: {exc.error.message}"
+                    return "timeout", f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
+                return "error", f"error: {full} failed: {exc.error.message}"
             except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
                 self._lost(session)
                 log.warning("MCP call %s failed: %s: %s", full, type(exc).__name__, exc)
-                return f"error: the {self.name} tool server could not run {full} ({type(exc).__name__}); try again shortly"
-        return capped(result_text(result), self.cfg.max_output_bytes)
+                return "error", (f"error: the {self.name} tool server could not run {full} "
+                                 f"({type(exc).__name__}); try again shortly")
+        return "error" if result.isError else "ok", capped(result_text(result), self.cfg.max_output_bytes)
 
     def _cancel(self, session: ClientSession, request_id: int | None, reason: str) -> None:
         """Send ``notifications/cancelled`` for a call given up on, from a task of its own (the caller
