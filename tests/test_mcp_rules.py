@@ -117,3 +117,23 @@ def test_a_jobs_tools_must_be_mcp_tool_globs(tmp_path):
         from gateway.cron.service import config_jobs
 
         config_jobs(config_from_dict({"home": str(tmp_path), "cron": {"jobs": [bad]}}, env={}), now=0)
+
+
+def test_tools_list_says_where_each_tool_is_offered(tmp_path):
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from gateway.cli.main import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"home": str(tmp_path / "home"), "tools": {
+        "rules": [{"allow": ["echo__pid"], "users": ["telegram:42"]}, {"deny": ["echo__big"]}],
+        "mcp_servers": {"echo": echo_server(allow=["echo__echo", "echo__big"], deny=["echo__die"])}}}))
+    result = CliRunner().invoke(main, ["tools", "list", "--json", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    [server] = json.loads(result.stdout)
+    where = {t["name"]: t["offered_in"] for t in server["tools"]}
+    assert (where["echo__echo"], where["echo__pid"], where["echo__big"], where["echo__die"], where["echo__fail"]) == (
+        "everywhere", "some chats", "nowhere", "nowhere", "nowhere")

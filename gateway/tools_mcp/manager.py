@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from gateway.config import McpServerConfig, ToolsConfig
 from gateway.tools import Tool, ToolContext, ToolRegistry
-from gateway.tools_mcp.policy import ToolPolicy
+from gateway.tools_mcp.policy import ToolPolicy, reach
 from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool, allowed
 
 
@@ -33,6 +34,8 @@ class ServerStatus:
     last_error: str | None
     restarts: int
     tools: tuple[McpTool, ...]
+    # where each tool is allowed (gateway.tools_mcp.policy.reach): everywhere | some chats | nowhere
+    reach: Mapping[str, str] = field(default_factory=dict)
 
 
 class McpTools:
@@ -86,13 +89,14 @@ class McpTools:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=timeout)
 
     def catalog(self) -> list[ServerStatus]:
-        """Every enabled server with every tool it offers (allowed or not), by name."""
+        """Every enabled server with every tool it offers (allowed or not, and where), by name."""
         out = []
         for name, server in sorted(self.servers.items()):
             cfg = server.cfg
             transport = f"http: {cfg.url}" if cfg.url else f"stdio: {cfg.command}"
-            out.append(ServerStatus(name, transport, server.state, server.last_error, server.restarts,
-                                    tuple(t for _, t in sorted(server.tools.items()))))
+            tools = tuple(t for _, t in sorted(server.tools.items()))
+            out.append(ServerStatus(name, transport, server.state, server.last_error, server.restarts, tools,
+                                    {t.full_name: reach(self.policy, t.full_name) for t in tools}))
         return out
 
     def find(self, full_name: str) -> tuple[McpServer, McpTool | None]:

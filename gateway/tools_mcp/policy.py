@@ -63,6 +63,22 @@ class ToolPolicy:
         return _matches(name, server.allow) or any(_matches(name, r.allow) for r in rules)
 
 
+def reach(policy: ToolPolicy, name: str) -> str:
+    """Where ``name`` is allowed, for the operator's listing: ``everywhere`` (an allow with no scope),
+    ``some chats`` (only scoped rules allow it), or ``nowhere`` (denied everywhere, or never allowed).
+    Scoped denies are not weighed: ``everywhere`` may still be denied in some chats."""
+    server_name, _, _ = name.partition(SEPARATOR)
+    server = policy.servers.get(server_name)
+    if server is None or _matches(name, server.deny):
+        return "nowhere"
+    unscoped = [r for r in policy.rules if r.agents is r.platforms is r.chats is r.users is None]
+    if any(_matches(name, r.deny) for r in unscoped):
+        return "nowhere"
+    if _matches(name, server.allow) or any(_matches(name, r.allow) for r in unscoped):
+        return "everywhere"
+    return "some chats" if any(_matches(name, r.allow) for r in policy.rules) else "nowhere"
+
+
 def job_tools(globs: Iterable[str], registered: Iterable[str]) -> set[str]:
     """The MCP tools among ``registered`` a scheduled job's ``tools`` globs name."""
     globs = tuple(globs)
