@@ -55,10 +55,6 @@ CANCEL_SEND_SECONDS = 5.0  # telling a server a call is cancelled, at most
 OnCall = Callable[[str, str, float], None]
 
 
-class ServerDown(Exception):
-    """A server's connection ended (or never began); the message says why, for ``last_error``."""
-
-
 @dataclass(frozen=True, slots=True)
 class McpTool:
     """A tool a server offers, under the name the model sees (``<server>__<tool>``)."""
@@ -194,12 +190,13 @@ class McpServer:
                         on_failure=self._down, healthy_seconds=HEALTHY_SECONDS)
 
     async def _connected(self) -> None:
-        """One connection, from start to end: always ends in an error (a server never stops for good)."""
+        """One connection, from start to end: always ends in an error (a server never stops for good),
+        a ConnectionError whose message says why, for ``last_error``."""
         try:
             await self._serve()
         except Exception as exc:  # any failure of a server means: restart it
-            raise ServerDown(_describe(exc)) from exc
-        raise ServerDown("the connection ended")
+            raise ConnectionError(_describe(exc)) from exc
+        raise ConnectionError("the connection ended")
 
     def _down(self, failures: int, exc: Exception, wait: float) -> None:
         """After a connection ended: its tools answer "unavailable" until the restart in ``wait`` seconds."""
