@@ -35,7 +35,7 @@ from mcp import ClientSession
 from gateway.config import config_from_dict
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
-from gateway.turn import _Journal
+from gateway.turn import TurnJournal
 from state import AsyncSessionDB
 from tests.mcp_servers.http_server import http_echo_server
 
@@ -85,7 +85,7 @@ async def _journal(home: str, n: int) -> None:
     try:
         await db.create_session("s", "bench")
         message_id = await db.append_message("s", "user", "use the tools")
-        journal = _Journal(db, message_id, "s", None)
+        journal = TurnJournal(db, (message_id,), "s", None)
         step = {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "stdio__echo", "arguments": '{"text": "ping"}'}}]}
         produced = [step, {"role": "tool", "tool_call_id": "c1", "name": "stdio__echo", "content": "x" * 32768}] * 2

@@ -239,7 +239,7 @@ class AgentTurn:
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
-        journal = _Journal(self.db, max(req.answered), session_id, self._clock) if req.answered else None
+        journal = TurnJournal(self.db, req.answered, session_id, self._clock) if req.answered else None
         resumed = await journal.resumed() if journal is not None else []
         loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
                                     max_iterations=self.settings.max_tool_iterations, model=req.model,
@@ -373,23 +373,25 @@ class AgentTurn:
 
 
 class ToolJournal(Protocol):
-    """Where a tool loop records what it produced and which call runs (:class:`_Journal`)."""
+    """Where a tool loop records what it produced and which call runs (:class:`TurnJournal`)."""
 
     async def write(self, produced: list[dict], running: str | None) -> None: ...
 
 
-class _Journal:
-    """The journal of the turn answering stored message ``message_id`` (see the module's docstring)."""
+class TurnJournal:
+    """The journal of the turn answering the stored messages ``answered`` (see the module's docstring),
+    kept under the last of them."""
 
-    def __init__(self, db: AsyncSessionDB, message_id: int, session_id: str, clock) -> None:
-        self.db, self.message_id, self.session_id = db, message_id, session_id
+    def __init__(self, db: AsyncSessionDB, answered: tuple[int, ...], session_id: str, clock) -> None:
+        self.db, self.answered, self.session_id = db, list(answered), session_id
+        self.message_id = max(answered)
         self._clock = clock or time.time
         self.written = False
 
     async def resumed(self) -> list[dict]:
         """What a run of this turn cut off by a crash produced, each call in it answered: the one that was
         running with :data:`INTERRUPTED`, any after it in the same step with :data:`NOT_RUN`."""
-        entry = await self.db.tool_journal(self.message_id)
+        entry = await self.db.tool_journal(self.answered)
         if entry is None:
             return []
         self.written = True
@@ -412,7 +414,7 @@ class _Journal:
         self.written = True
 
     async def drop(self) -> None:
-        await self.db.drop_tool_journal(self.message_id)
+        await self.db.drop_tool_journal(self.answered)
 
 
 def _scrubbed(sink: ReplySink) -> Callable[[str], None]:

@@ -48,14 +48,21 @@ def save_tool_journal(conn: sqlite3.Connection, message_id: int, session_id: str
     )
 
 
-def tool_journal(conn: sqlite3.Connection, message_id: int) -> dict | None:
-    row = conn.execute("SELECT session_id, produced, running, updated_at FROM tool_journal WHERE message_id = ?",
-                       (message_id,)).fetchone()
+def tool_journal(conn: sqlite3.Connection, message_ids: list[int]) -> dict | None:
+    """The newest journal among those of ``message_ids`` (a resumed turn may answer more messages than
+    the run a crash cut off: those that arrived meanwhile)."""
+    if not message_ids:
+        return None
+    row = conn.execute(
+        f"SELECT message_id, session_id, produced, running, updated_at FROM tool_journal "
+        f"WHERE message_id IN ({', '.join('?' * len(message_ids))}) ORDER BY message_id DESC LIMIT 1",
+        list(message_ids)).fetchone()
     if row is None:
         return None
-    return {"message_id": message_id, "session_id": row[0], "produced": row[1], "running": row[2],
-            "updated_at": row[3]}
+    return dict(zip(("message_id", "session_id", "produced", "running", "updated_at"), row, strict=True))
 
 
-def drop_tool_journal(conn: sqlite3.Connection, message_id: int) -> None:
-    conn.execute("DELETE FROM tool_journal WHERE message_id = ?", (message_id,))
+def drop_tool_journal(conn: sqlite3.Connection, message_ids: list[int]) -> None:
+    if message_ids:
+        conn.execute(f"DELETE FROM tool_journal WHERE message_id IN ({', '.join('?' * len(message_ids))})",
+                     list(message_ids))

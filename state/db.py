@@ -847,14 +847,14 @@ class SessionDB:
         return self._engine.write(_toolcalls.save_tool_journal, message_id, session_id, produced, running, now=now)
 
     @_reads
-    def tool_journal(self, message_id: int) -> dict | None:
-        """The journal a turn answering ``message_id`` left (a crash cut it off), or None."""
-        return self._engine.read(_toolcalls.tool_journal, message_id)
+    def tool_journal(self, message_ids: list[int]) -> dict | None:
+        """The newest journal a turn answering any of ``message_ids`` left (a crash cut it off), or None."""
+        return self._engine.read(_toolcalls.tool_journal, list(message_ids))
 
     @_writes
-    def drop_tool_journal(self, message_id: int) -> None:
-        """The turn answering ``message_id`` is stored: its journal goes."""
-        return self._engine.write(_toolcalls.drop_tool_journal, message_id)
+    def drop_tool_journal(self, message_ids: list[int]) -> None:
+        """The turn answering ``message_ids`` is stored: their journals go."""
+        return self._engine.write(_toolcalls.drop_tool_journal, list(message_ids))
 
     @_writes
     def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None:

@@ -40,6 +40,7 @@ async def test_a_call_cut_off_by_a_kill_is_not_run_again_and_the_model_is_told(t
             tg.dm(ANN, "run the slow job")
             await eventually(lambda: calls.exists() and calls.read_text(), 30, "the slow call running in the server")
             await daemon.kill()
+            tg.dm(ANN, "are you still there?")  # written while no daemon ran: answered with the resumed turn
             await side.ready(await daemon.start(), 30)
             final = "The slow job was cut off; ask me again."
             await eventually(lambda: [m for m in tg.sent if final in m.visible_text], 60, "the resumed turn's answer")
@@ -55,6 +56,6 @@ async def test_a_call_cut_off_by_a_kill_is_not_run_again_and_the_model_is_told(t
         [(_, session_id)] = db.list_routes()
         messages = db.get_messages(session_id)
         stored = [(m["role"], m["content"]) for m in messages if m["role"] == "tool"]
-        journal = db.tool_journal(max(m["id"] for m in messages if m["role"] == "user"))
+        journal = db.tool_journal([m["id"] for m in messages if m["role"] == "user"])
     assert stored == [("tool", INTERRUPTED), ("tool", "echo: still here")]  # the session shows what happened
     assert journal is None  # the stored turn took its journal with it
