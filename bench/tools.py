@@ -9,8 +9,11 @@ clean environment and its own transport) and over streamable HTTP (served in-pro
 Overhead: ``McpServer.call`` (what a turn's tool call runs: the concurrency slot, the SDK call with its
 timeout, the result turned into capped text) against the SDK's own ``ClientSession.call_tool`` on a
 second connection to the same server, each timed alone after 20 untimed calls; the difference of the
-two is what the gateway adds beyond the server and the SDK.  Memory: RSS of this process while
-``--big`` calls return 1 MB each (each result cut to 32 KB, as the model would get it).
+two is what the gateway adds beyond the server and the SDK.  A turn adds the crash journal around
+each call (``gateway.turn``: one write of what the turn produced before the call, one after), timed
+on a SQLite store with a turn's worth of produced messages.  Memory: RSS of this process while
+``--big`` calls return 1 MB each (each result cut to 32 KB, as the model would get it), printed every
+``--every`` calls.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from mcp import ClientSession
 from gateway.config import config_from_dict
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
+from gateway.turn import TurnJournal
+from state import AsyncSessionDB
 from tests.mcp_servers.http_server import http_echo_server
 
 ECHO = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "echo_server.py")
@@ -75,7 +80,29 @@ async def _overhead(label: str, server, n: int) -> None:
           f"p95 {b95:6.2f} ms | overhead p50 {p50 - b50:+.2f} ms  p95 {p95 - b95:+.2f} ms  ({n} calls)")
 
 
-async def main(calls: int, big: int) -> None:
+async def _journal(home: str, n: int) -> None:
+    db = await AsyncSessionDB.open(Path(home) / "state.db")
+    try:
+        await db.create_session("s", "bench")
+        message_id = await db.append_message("s", "user", "use the tools")
+        journal = TurnJournal(db, (message_id,), "s", None)
+        step = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "stdio__echo", "arguments": '{"text": "ping"}'}}]}
+        produced = [step, {"role": "tool", "tool_call_id": "c1", "name": "stdio__echo", "content": "x" * 32768}] * 2
+        produced.append(step)
+
+        async def both() -> None:  # the write before a call and the one after it
+            await journal.write(produced, "c1")
+            await journal.write(produced, None)
+
+        times = await _timed(both, n)
+        print(f"journal  2 writes per call p50 {_pct(times, 50):6.2f} ms  p95 {_pct(times, 95):6.2f} ms  "
+              f"(SQLite, {len(produced)} produced messages of ~32 KB results; {n} calls)")
+    finally:
+        await db.close()
+
+
+async def main(calls: int, big: int, every: int) -> None:
     home = tempfile.mkdtemp(prefix="sb-bench-tools-")
     async with http_echo_server(value=TOKEN) as url:
         cfg = config_from_dict({"home": home, "tools": {"mcp_servers": {
@@ -88,13 +115,14 @@ async def main(calls: int, big: int) -> None:
             await tools.settled(30)
             for name in ("stdio", "http"):
                 await _overhead(name, tools.servers[name], calls)
+            await _journal(home, calls)
             server = tools.servers["stdio"]
             print(f"RSS before {big:,} calls of 1 MB (stdio): {_rss_mb():.1f} MB")
             began = time.perf_counter()
             for i in range(1, big + 1):
                 text = await server.call("big", {"size": 1_000_000})
                 assert len(text) < 33_000, len(text)
-                if i % max(1, big // 4) == 0:
+                if i % max(1, every) == 0:
                     print(f"  after {i:6,} calls: RSS {_rss_mb():.1f} MB ({time.perf_counter() - began:.0f} s)")
         finally:
             await tools.stop()
@@ -104,5 +132,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500, help="timed echo calls per transport")
     parser.add_argument("--big", type=int, default=1000, help="calls returning 1 MB each, for the RSS figure")
+    parser.add_argument("--every", type=int, default=1000, help="print RSS after every this many of them")
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.big))
+    asyncio.run(main(args.calls, args.big, args.every))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 import state
 from gateway.durations import time_ago
 from gateway.insights import summarize, window
+from gateway.tools import ToolContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from gateway.router import Lane, SessionRouter, Ticket
@@ -74,8 +75,9 @@ class Compressing(Protocol):
 class ToolListing(Protocol):
     """What ``/tools`` shows (a :class:`gateway.tools_mcp.McpTools`)."""
 
-    def listing(self) -> list[tuple[str, str, str | None]]:
-        """(name, one line of description, why it is unavailable now or None) for every tool offered."""
+    def listing(self, ctx: ToolContext) -> list[tuple[str, str, str | None]]:
+        """(name, one line of description, why it is unavailable now or None) for every tool offered in
+        ``ctx``'s chat."""
 
 
 class CommandSet:
@@ -354,7 +356,10 @@ TOOLS_SHOWN = 40  # /tools lists at most this many (a chat message has a size li
 
 
 async def cmd_tools(ctx: CommandContext) -> str:
-    listing = ctx.router.commands.tools.listing() if ctx.router.commands.tools is not None else []
+    tools = ctx.router.commands.tools
+    here = ToolContext(session_id=ctx.session_id, session_key=ctx.lane.key, platform=ctx.ticket.msg.platform,
+                       user_id=ctx.user_id, agent=ctx.router.settings.keys.agent)
+    listing = tools.listing(here) if tools is not None else []
     if not listing:
         return "I have no tools in this chat."
     lines = [f"Tools I may use in this chat ({len(listing)}):"]

@@ -625,6 +625,7 @@ class CronJobConfig(BaseModel):
     deliver: Any = None
     model: str | None = None
     context: Any = None
+    tools: Any = None
 
 
 class CronConfig(_Model):
@@ -753,8 +754,36 @@ def _check_server_names(servers: Mapping[str, McpServerConfig]) -> Mapping[str, 
     return servers
 
 
+class ToolRule(_Model):
+    """``tools.rules[N]``: allow and/or deny globs over ``<server>__<tool>``, where all of its scopes match
+    (a scope left out matches everything): agents, platforms, chats (``platform:chat_id``), users
+    (``platform:user_id``)."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    agents: tuple[str, ...] | None = None
+    platforms: tuple[str, ...] | None = None
+    chats: tuple[str, ...] | None = None
+    users: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> ToolRule:
+        if not self.allow and not self.deny:
+            raise ValueError("a rule needs allow or deny globs over <server>__<tool> (e.g. allow: [\"files__read_*\"])")
+        for field_name, example in (("chats", "telegram:-1001234567890"), ("users", "telegram:123456789")):
+            for ref in getattr(self, field_name) or ():
+                platform, sep, ident = ref.partition(":")
+                if not sep or not platform or not ident or any(c.isspace() for c in ref):
+                    raise ValueError(f"{field_name} are platform:id, like \"{example}\" or \"api:ann\" "
+                                     f"(got {describe(ref)})")
+        return self
+
+
 class ToolsConfig(_Model):
     """``tools``: what the agent can act with beyond its own tools."""
+
+    # who may use what beyond the servers' own allow/deny (gateway.tools_mcp.policy)
+    rules: tuple[ToolRule, ...] = ()
 
     mcp_servers: Annotated[
         Mapping[str, McpServerConfig],

@@ -15,7 +15,8 @@ it runs a coroutine factory, and after each failure logs it, counts it (by the
 loop's name, see :func:`supervised_failures`), waits :meth:`Backoff.delay` and
 runs it again; cancelling the task stops it cleanly.  The platform supervisor
 (``gateway/runtime/platforms.py``) starts adapters and opens send-only standbys
-with it.  Loops inside the adapters keep their own ``while`` and take only their
+with it, and each MCP tool server's connection is kept with it
+(``gateway/tools_mcp/server.py``).  Loops inside the adapters keep their own ``while`` and take only their
 waits from :meth:`Backoff.delay`, because a library drives them: the Discord
 client's reconnect (``adapters/discord/adapter.py``), Telegram's long polling
 (``adapters/telegram/polling.py``) and the Slack Socket Mode reconnect
@@ -102,22 +103,29 @@ async def supervise(
     backoff: Backoff = Backoff(),
     on_failure: Callable[[int, Exception, float], None] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    healthy_seconds: float | None = None,
 ) -> None:
     """Run ``run()`` until it returns; after each failure wait and run it again, never giving up.
 
     Each failure is counted under ``name`` (up to its first ``:``) and logged: by
     ``on_failure(failures, error, wait)`` when given (the caller says what failed and
-    records it), else here.  The wait is ``backoff.delay(failures - 1)``.  Cancelling
-    the task running this stops it at once, in ``run()`` or in a wait.
+    records it), else here.  The wait is ``backoff.delay(failures - 1)``; with
+    ``healthy_seconds``, a run that lasted at least that long before failing starts the
+    backoff again from its first wait (a connection that served for an hour and then
+    dropped is retried at once).  Cancelling the task running this stops it at once,
+    in ``run()`` or in a wait.
     """
     failures = 0
     while True:
+        began = time.monotonic()
         try:
             await run()
             return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - kept running: counted, logged, run again
+            if healthy_seconds is not None and time.monotonic() - began >= healthy_seconds:
+                failures = 0
             wait = backoff.delay(failures)
             failures += 1
             _supervised_failures[name.split(":", 1)[0] or "unnamed"] += 1

@@ -29,6 +29,8 @@ class ToolContext:
 
 
 ToolHandler = Callable[[ToolContext, dict], Awaitable[str]]
+# Whether a tool may be offered in a turn's chat (gateway.tools_mcp.policy.ToolPolicy.offered).
+ToolPolicy = Callable[[str, ToolContext], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,16 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self._groups: dict[str, set[str]] = {}  # tools that come and go together (one MCP server's)
+        self._policy: ToolPolicy = lambda name, ctx: True
+
+    def set_policy(self, policy: ToolPolicy) -> None:
+        """Who may be offered what (the MCP tools' allow and deny rules); replaced on a reload."""
+        self._policy = policy
+
+    def offered(self, ctx: ToolContext, only: set[str] | None = None) -> set[str]:
+        """The names a turn in ``ctx``'s chat may be offered: registered, among ``only`` (None: all),
+        and allowed there by the policy."""
+        return {n for n in self._tools if (only is None or n in only) and self._policy(n, ctx)}
 
     def register(self, tool: Tool) -> None:
         if tool.name in self._tools:

@@ -10,13 +10,21 @@ starts.  A turn persists what the model produced (tool calls, tool results,
 the final answer) in one atomic batch together with its token usage, so a
 failed or cancelled turn leaves the session exactly as it was: the user's
 message saved, unanswered, and answered by the next turn.
+
+A tool call may act on the world, so it must not run twice.  Before each call and after it, a turn
+that answers stored messages journals what it produced so far and which call is running
+(``state._toolcalls``).  The turn that answers the same messages after a crash starts from that
+journal: the call that was running is never run again, the model reads that it was cut off (as that
+call's tool message, :data:`INTERRUPTED`) and may ask for it again.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
@@ -33,6 +41,10 @@ from state.memory_fence import FenceScrubber, strip_memory_fence
 
 log = logging.getLogger(__name__)
 
+INTERRUPTED = ("error: this call was cut off: the gateway stopped while it ran, so whether it took effect is "
+               "unknown, and it was not run again. Call the tool again if it is still needed.")
+NOT_RUN = ("error: this call was not run: the gateway stopped during an earlier call of the same step. "
+           "Call the tool again if it is still needed.")
 EMPTY_ANSWER = "(The model returned an empty answer.)"  # what the user is sent when the reply is empty
 CUT_OFF_NOTE = "_(The answer was cut off here: the model stopped sending. Ask again to get the rest.)_"
 
@@ -227,7 +239,9 @@ class AgentTurn:
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
-        loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names,
+        journal = TurnJournal(self.db, req.answered, session_id, self._clock) if req.answered else None
+        resumed = await journal.resumed() if journal is not None else []
+        loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
                                     max_iterations=self.settings.max_tool_iterations, model=req.model,
                                     sink=req.stream, params=req.params, client_tools=req.client_tools,
                                     purpose=for_session("cron" if req.platform == "cron" else "turn", session_id,
@@ -247,6 +261,8 @@ class AgentTurn:
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
         await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
                                   answered=req.answered, delivery=delivery, fence=req.fence)
+        if journal is not None and journal.written:
+            await journal.drop()
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices,
                           loop.client_calls)
 
@@ -271,12 +287,14 @@ class AgentTurn:
     async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
                         max_iterations: int, max_tool_calls: int | None = None, model: str | None = None,
                         sink: ReplySink | None = None, purpose: CallContext | None = None,
-                        params: dict | None = None, client_tools: tuple[dict, ...] = ()) -> ToolLoop:
+                        params: dict | None = None, client_tools: tuple[dict, ...] = (),
+                        resumed: list[dict] | None = None, journal: ToolJournal | None = None) -> ToolLoop:
         """Call the model on ``prompt`` and run the tools it asks for until it answers; persists nothing.
 
         Tools are offered for the first ``max_iterations`` calls (and while fewer than ``max_tool_calls``
         ran); the call after that offers none, so the model answers.  ``tool_names`` None: every
-        registered tool.  A call to a tool that was not offered is answered with an error, not run.
+        registered tool; either way only those the registry's policy allows in ``ctx``'s chat (the MCP
+        tools' rules).  A call to a tool that was not offered is answered with an error, not run.
 
         With ``sink``, the model streams: its text goes to the sink as it comes, text that a tool call
         follows is taken back and replaced by one status line while the tool runs, and an answer
@@ -287,16 +305,21 @@ class AgentTurn:
 
         ``client_tools`` (a local API client's own, OpenAI function schemas) are offered beside the
         registry's.  A completion that calls one ends the loop: the calls of registered tools in it run,
-        and ``ToolLoop.client_calls`` holds the client's, whose results the client sends back."""
+        and ``ToolLoop.client_calls`` holds the client's, whose results the client sends back.
+
+        ``resumed``: what an earlier run of the same turn produced before a crash (every call in it
+        answered); the loop goes on from there.  ``journal`` is told what was produced before and after
+        each call runs."""
         if purpose is None:
             purpose = for_session("turn", ctx.session_id, ctx.session_key, platform=ctx.platform,
                                   user_id=ctx.user_id, agent=ctx.agent)
-        schemas = self.tools.schemas(tool_names) + list(client_tools)
+        offered = self.tools.offered(ctx, tool_names)
+        schemas = self.tools.schemas(offered) + list(client_tools)
         client_names = {t.get("function", {}).get("name") for t in client_tools}
         client_calls: list[dict] = []
         if self.settings.merge_user_messages:  # every prompt of the agent's, turns and memory flushes alike
             prompt = merged_user_messages(prompt)
-        produced: list[dict] = []
+        produced: list[dict] = list(resumed or [])
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
         for iteration in range(max_iterations + 1):
@@ -328,16 +351,70 @@ class AgentTurn:
                 name = fn.get("name", "")
                 if call in client_calls:
                     continue  # the client runs it and sends its result
-                if tool_names is None or name in tool_names:
-                    result = await self.tools.call(name, fn.get("arguments"), ctx)
-                else:
-                    result = _not_offered(name, tool_names)
+                if journal is not None:
+                    await journal.write(produced, call.get("id"))
+                result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
                 tool_calls += 1
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
+                if journal is not None:
+                    await journal.write(produced, None)
             if client_calls:
                 break
         assert completion is not None
         return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls)
+
+    async def run_tool_call(self, name: str, arguments: str | None, ctx: ToolContext, offered: set[str]) -> str:
+        """Run one call the model asked for, exactly as asked: its result is the text the model reads.
+        A tool not offered in this chat is refused here, never run (the one place a call passes
+        before it runs)."""
+        if name not in offered:
+            return _not_offered(name, offered)
+        return await self.tools.call(name, arguments, ctx)
+
+
+class ToolJournal(Protocol):
+    """Where a tool loop records what it produced and which call runs (:class:`TurnJournal`)."""
+
+    async def write(self, produced: list[dict], running: str | None) -> None: ...
+
+
+class TurnJournal:
+    """The journal of the turn answering the stored messages ``answered`` (see the module's docstring),
+    kept under the last of them."""
+
+    def __init__(self, db: AsyncSessionDB, answered: tuple[int, ...], session_id: str, clock) -> None:
+        self.db, self.answered, self.session_id = db, list(answered), session_id
+        self.message_id = max(answered)
+        self._clock = clock or time.time
+        self.written = False
+
+    async def resumed(self) -> list[dict]:
+        """What a run of this turn cut off by a crash produced, each call in it answered: the one that was
+        running with :data:`INTERRUPTED`, any after it in the same step with :data:`NOT_RUN`."""
+        entry = await self.db.tool_journal.newest(self.answered)
+        if entry is None:
+            return []
+        self.written = True
+        produced = json.loads(entry["produced"])
+        answered = {m.get("tool_call_id") for m in produced if m.get("role") == "tool"}
+        steps = [m for m in produced if m.get("role") == "assistant" and m.get("tool_calls")]
+        for call in steps[-1]["tool_calls"] if steps else []:
+            if call.get("id") in answered:
+                continue
+            name = call.get("function", {}).get("name")
+            text = INTERRUPTED if call.get("id") == entry["running"] else NOT_RUN
+            produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": text})
+        if entry["running"] is not None:
+            log.warning("a tool call cut off by a stop (%s) is not run again; the model is told", entry["running"])
+        return produced
+
+    async def write(self, produced: list[dict], running: str | None) -> None:
+        await self.db.tool_journal.save(self.message_id, self.session_id, json.dumps(produced, ensure_ascii=False),
+                                        running, now=self._clock())
+        self.written = True
+
+    async def drop(self) -> None:
+        await self.db.tool_journal.drop(self.answered)
 
 
 def _scrubbed(sink: ReplySink) -> Callable[[str], None]:

@@ -16,6 +16,22 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncToolJournal:
+    """ToolJournal's marked methods (``adb.tool_journal``), each a coroutine."""
+
+    async def save(
+        self,
+        message_id: int,
+        session_id: str,
+        produced: str,
+        running: str | None,
+        *,
+        now: float,
+    ) -> None: ...
+    async def newest(self, message_ids: list[int]) -> dict | None: ...
+    async def drop(self, message_ids: list[int]) -> None: ...
+
+
 class AsyncVoiceMessages:
     """VoiceMessages's marked methods (``adb.voice``), each a coroutine."""
 
@@ -27,6 +43,7 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    tool_journal: AsyncToolJournal
     voice: AsyncVoiceMessages
 
     async def create_session(

@@ -29,11 +29,11 @@ from ._dialect import dialect_of
 from .errors import CronJobExists, CronJobNotFound
 
 JOB_FIELDS = ("id", "name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds", "source",
-              "paused", "created_at", "updated_at", "next_run_at", "last_run_at")
+              "paused", "created_at", "updated_at", "next_run_at", "last_run_at", "tools")
 RUN_FIELDS = ("id", "job_id", "trigger", "scheduled_at", "started_at", "ended_at", "status", "session_id",
               "output", "error", "note", "deliver", "delivery", "delivery_attempts", "next_delivery_at",
               "delivered_at", "delivery_error", "holder")
-EDITABLE = ("name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds")
+EDITABLE = ("name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds", "tools")
 KEEP_RUNS = 1000  # runs kept per job; older ones are deleted as new ones finish
 
 

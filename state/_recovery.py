@@ -154,6 +154,7 @@ def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> N
     """Part of deleting sessions: their inbox rows and delivery records go with them."""
     conn.execute(f"DELETE FROM inbox WHERE session_id IN ({marks})", chunk)
     conn.execute(f"DELETE FROM deliveries WHERE session_id IN ({marks})", chunk)
+    conn.execute(f"DELETE FROM tool_journal WHERE session_id IN ({marks})", chunk)  # state._toolcalls
 
 
 # --- the delivery record -----------------------------------------------------

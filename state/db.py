@@ -39,6 +39,7 @@ from ._messages import Appended
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
 from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
+from ._toolcalls import ToolJournal
 from ._voice import VoiceMessages
 from .paths import default_db_path
 
@@ -64,9 +65,11 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "tool_journal": ToolJournal,
         "voice": VoiceMessages,
     }
     prefs: ChatPrefs
+    tool_journal: ToolJournal
     voice: VoiceMessages
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):

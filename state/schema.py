@@ -351,6 +351,13 @@ def _v24_order(conn):
     conn.execute(_V24_ORDER[1])
 
 
+def _v25_tool_calls(conn):
+    """Both engines: :mod:`state._toolcalls` (the journal of calls in flight, ``cron_jobs.tools``)."""
+    from . import _toolcalls
+
+    _toolcalls.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -448,6 +455,7 @@ for _step in [
     Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
     Migration(23, "cluster: shared rate budgets", _v23_rate_buckets, _v23_rate_buckets_pg),
     Migration(24, "messages.pos: a reply placed right after what it answers", _v24_order, _v24_order),
+    Migration(25, "tool calls: the journal of calls in flight, cron_jobs.tools", _v25_tool_calls, _v25_tool_calls),
 ]:
     register(_step)
 

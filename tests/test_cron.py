@@ -119,7 +119,8 @@ def test_validate_job_names_the_field():
             "deliver": "telegram:123", "context": "continue", "grace": "2h"}
     spec, schedule = validate_job(base, BERLIN, now=SAT)
     assert spec.as_row() == {"id": "morning", "name": "Morning briefing", "schedule": "0 8 * * *", "prompt": "Summarise",
-                             "deliver": "telegram:123", "model": None, "context": "continue", "grace_seconds": 7200.0}
+                             "deliver": "telegram:123", "model": None, "context": "continue", "grace_seconds": 7200.0,
+                             "tools": None}
     for change, field in [({"id": "no spaces"}, "id"), ({"prompt": " "}, "prompt"), ({"schedule": "daily"}, "schedule"),
                           ({"deliver": "sms:1"}, "deliver"), ({"context": "forever"}, "context"), ({"grace": "soon"}, "grace")]:
         with pytest.raises(InvalidJob) as err:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import config_from_dict
-from gateway.tools import ToolRegistry
+from gateway.tools import ToolContext, ToolRegistry
 from gateway.tools_mcp import McpTools, allowed
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.harness import ApiClient, eventually, running_gateway
@@ -107,6 +107,9 @@ async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_
     try:
         server = await _ready(tools)
         assert await server.call("slow", {"seconds": 5}) == "error: echo__slow did not answer within 0.5 seconds"
+        # the server was told (notifications/cancelled) and stopped the call's work
+        await eventually(lambda: _calls(server, want={"started": 1, "now": 0, "cancelled": 1}), 5,
+                         "the timed-out call cancelled in the server")
         assert await server.call("fail", {"why": "no disk"}) == (
             "error: Error executing tool fail: cannot do that: no disk")
         assert await server.call("echo", {"text": "still here"}) == "echo: still here"
@@ -115,6 +118,26 @@ async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_
     # what the server wrote to its stderr is in our log (through the redactor), named after it
     said = [r.getMessage() for r in caplog.records if r.name == "gateway.tools_mcp.server.echo"]
     assert any("Processing request of type" in line for line in said), said[:5]
+
+
+async def _calls(server, *, want: dict | None = None) -> dict | bool:
+    seen = json.loads(await server.call("calls", {}))
+    return seen if want is None else seen == want
+
+
+async def test_stop_cancels_a_running_tool_call_in_the_server(tmp_path, model):
+    model.script(ToolCall("echo__slow", {"seconds": 60}), Reply("never sent: the turn was stopped"))
+    async with running_gateway(tmp_path, model, tools={"mcp_servers": {"echo": echo_server()}}) as gw:
+        server = await _ready(gw)
+        api = ApiClient(gw)
+        turn = asyncio.create_task(api.say("fay", "take your time"))
+        await eventually(lambda: _calls(server, want={"started": 1, "now": 1, "cancelled": 0}), 20, "the slow call running")
+        assert await api.say("fay", "/stop") == "Stopping the current reply."
+        await eventually(lambda: _calls(server, want={"started": 1, "now": 0, "cancelled": 1}), 10,
+                         "the server told the call was cancelled")
+        await asyncio.wait_for(turn, 10)
+        await api.close()
+    assert len(model.requests) == 1  # the model was not called again with a result
 
 
 @pytest.mark.parametrize("cap", [1, 3])
@@ -205,7 +228,7 @@ async def test_a_changed_tool_list_is_read_again_and_offered(tmp_path):
         await tools.stop()
 
 
-async def test_only_allowed_tools_are_registered_and_nothing_without_an_allow(tmp_path):
+async def test_only_allowed_tools_are_offered_and_nothing_without_an_allow(tmp_path):
     cfg = config_from_dict({"home": str(tmp_path), "tools": {"mcp_servers": {
         "echo": echo_server(allow=["echo__e*", "echo__big"], deny=["echo__environment"]),
         "quiet": echo_server(allow=[], deny=[])}}}, env={})
@@ -215,10 +238,13 @@ async def test_only_allowed_tools_are_registered_and_nothing_without_an_allow(tm
     try:
         await _ready(tools)
         await _ready(tools, "quiet")
-        assert registry.names() == ["echo__big", "echo__echo"]
+        anywhere = ToolContext(session_id="s", session_key="agent:main:api:dm:ann", platform="api", user_id="ann",
+                               agent="main")
+        assert sorted(registry.offered(anywhere)) == ["echo__big", "echo__echo"]
+        assert "echo__environment" not in registry.names()  # the server's own deny: never registered
         listed = {s.name: sorted((t.full_name, t.allowed) for t in s.tools) for s in tools.catalog()}
         assert ("echo__environment", False) in listed["echo"] and ("echo__echo", True) in listed["echo"]
-        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 9
+        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 10
     finally:
         await tools.stop()
 

@@ -62,6 +62,7 @@ def _fill_every_table(home: Path) -> Path:
         db.begin_cron_run("j", holder="h", now=NOW, lease_seconds=60, trigger="manual", scheduled_at=None,
                           deliver="local")
         db.record_upkeep({"finished_at": NOW, "sessions_pruned": 0})
+        db.tool_journal.save(1, "root", "[]", "call-1", now=NOW)
         db.create_session("early", "api")
         db.create_session("late", "api")
     with sqlite3.connect(path) as conn:  # a parent stored after its child: copied first all the same

@@ -275,3 +275,43 @@ async def test_a_reload_that_fails_while_applying_puts_the_running_config_back(t
             after = await daemon.health()
     assert after["platforms"]["telegram"]["state"] == "disabled"
     assert after["cron"] == before["cron"]
+
+
+async def test_sighup_adds_removes_and_restarts_changed_tool_servers_and_leaves_the_rest_running(tmp_path):
+    from tests.fakes.model_server import Reply, ToolCall
+    from tests.test_mcp_tools import echo_server
+
+    def servers(greeting: str, *names: str) -> dict:
+        return {"tools": {"mcp_servers": {
+            name: echo_server(allow=[f"{name}__*"], deny=[], env={"PYTHONCOERCECLOCALE": "0", "GREETING": greeting})
+            for name in names}}}
+
+    def tool_result(request) -> str:
+        return [m["content"] for m in request.messages if m.get("role") == "tool"][-1]
+
+    async with FakeModel() as model:
+        model.script(ToolCall("keep__pid", {}), Reply("before"),
+                     ToolCall("keep__pid", {}), Reply("after"),
+                     ToolCall("changed__environment", {}), Reply("env"))
+        async with Daemon(tmp_path, _base(tmp_path, model, **servers("one", "keep", "changed", "gone"))) as daemon:
+            await _wait_health(daemon, lambda h: all(s["state"] == "ready" for s in h["tool_servers"].values()))
+            await daemon.say("ann", "your pid?")
+            pid_before = tool_result(model.requests[-1])
+
+            del daemon.base["tools"]["mcp_servers"]["gone"]  # the file is written as base + what reload() adds
+            new = servers("one", "added")
+            new["tools"]["mcp_servers"]["changed"] = servers("two", "changed")["tools"]["mcp_servers"]["changed"]
+            msg = await daemon.reload(new)
+            assert "applied tools (added added; restarted changed; removed gone)" in msg, msg
+            health = await _wait_health(daemon, lambda h: set(h["tool_servers"]) == {"keep", "changed", "added"}
+                                        and all(s["state"] == "ready" for s in h["tool_servers"].values()))
+            shown = await daemon.say("ann", "/tools")
+            await daemon.say("ann", "your pid again?")
+            pid_after = tool_result(model.requests[-1])
+            await daemon.say("ann", "your environment?")
+            env = json.loads(tool_result(model.requests[-1]))
+    assert health["status"] == "ok"
+    assert pid_after == pid_before  # an unchanged server was left running
+    assert env["GREETING"] == "two"  # the changed one runs with its new settings
+    assert "- added__echo: Say the text back." in shown.splitlines()
+    assert "gone__echo" not in shown

@@ -72,6 +72,26 @@ async def test_supervise_runs_again_after_each_failure_until_it_returns():
     assert supervised_failures()["adapter"] == before + 2
 
 
+async def test_supervise_starts_the_backoff_again_after_a_run_that_lasted():
+    lasted = iter([0.0, 0.0, 0.2, 0.0])  # how long each run serves before it fails
+    waits = []
+
+    async def run():
+        try:
+            await asyncio.sleep(next(lasted))
+        except StopIteration:
+            return
+        raise OSError("dropped")
+
+    async def fake_sleep(s):
+        waits.append(s)
+
+    await supervise(run, name="mcp:test", backoff=Backoff(base=1.0, factor=10.0, cap=1000.0), sleep=fake_sleep,
+                    on_failure=lambda n, exc, wait: None, healthy_seconds=0.1)
+    ceilings = [1.0, 10.0, 1.0, 10.0]  # the third run served long enough: its wait is the first again
+    assert [c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True)] == [True] * 4
+
+
 async def test_supervise_stops_cleanly_when_cancelled_while_waiting(caplog):
     waiting = asyncio.Event()
 

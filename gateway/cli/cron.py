@@ -222,7 +222,7 @@ def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
         if not given:
             _fail("nothing to change: give --name, --schedule, --prompt, --deliver, --model, --context or --grace")
         now = time.time()
-        merged = {**{k: job[k] for k in ("id", "name", "schedule", "prompt", "deliver", "model", "context")},
+        merged = {**{k: job[k] for k in ("id", "name", "schedule", "prompt", "deliver", "model", "context", "tools")},
                   "grace": f"{int(job['grace_seconds'])}s", **given}
         try:
             spec, sched = validate_job(merged, cfg.tzinfo, now=now)

@@ -20,6 +20,7 @@ from rich.table import Table
 from gateway.cli.common import config_keys, console, home_options, json_option, json_out
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools, ServerStatus
+from gateway.tools_mcp.policy import reach
 
 T = TypeVar("T")
 WAIT_HELP = "Seconds to wait for the servers to start and answer."
@@ -47,7 +48,9 @@ def _with_servers(config_path: Path | None, wait: float, work: Callable[[McpTool
 def _server_row(status: ServerStatus) -> dict[str, Any]:
     return {"server": status.name, "transport": status.transport, "state": status.state,
             "last_error": status.last_error,
-            "tools": [{"name": t.full_name, "offered": t.allowed, "description": t.description} for t in status.tools]}
+            "tools": [{"name": t.full_name, "offered": status.reach.get(t.full_name) == "everywhere",
+                       "offered_in": status.reach.get(t.full_name, "nowhere"), "description": t.description}
+                      for t in status.tools]}
 
 
 @click.group("tools")
@@ -60,7 +63,8 @@ def tools_group() -> None:
 @click.option("--wait", type=click.FloatRange(min=0), default=15.0, show_default=True, help=WAIT_HELP)
 @json_option("Print JSON for scripts.")
 def list_cmd(config_path: Path | None, wait: float, as_json: bool) -> None:
-    """Every tool of every server, and whether the model is offered it (allow and deny)."""
+    """Every tool of every server, and whether the model is offered it: everywhere (yes), only in some
+    chats (tools.rules), or nowhere (no)."""
     async def work(tools: McpTools) -> list[ServerStatus]:
         return tools.catalog()
 
@@ -75,7 +79,7 @@ def list_cmd(config_path: Path | None, wait: float, as_json: bool) -> None:
     for status in catalog:
         for tool in status.tools:
             first = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
-            table.add_row(tool.full_name, "yes" if tool.allowed else "no", first)
+            table.add_row(tool.full_name, _OFFERED[status.reach.get(tool.full_name, "nowhere")], first)
     if any(s.tools for s in catalog):
         console().print(table)
     for status in catalog:
@@ -85,6 +89,9 @@ def list_cmd(config_path: Path | None, wait: float, as_json: bool) -> None:
     if not any(s.tools for s in catalog):
         click.echo("No tools: no server answered." if all(s.state != "ready" for s in catalog)
                    else "The servers offer no tools.")
+
+
+_OFFERED = {"everywhere": "yes", "some chats": "some chats", "nowhere": "no"}
 
 
 def _find(tools: McpTools, name: str):
@@ -108,19 +115,21 @@ def _find(tools: McpTools, name: str):
 def show_cmd(config_path: Path | None, name: str, wait: float, as_json: bool) -> None:
     """One tool: whether it is offered, its description and the arguments it takes (JSON schema)."""
     async def work(tools: McpTools):
-        return _find(tools, name)
+        return (*_find(tools, name), reach(tools.policy, name))
 
-    server, tool = _with_servers(config_path, wait, work)
+    server, tool, where = _with_servers(config_path, wait, work)
     if as_json:
-        json_out({"name": tool.full_name, "server": server.name, "offered": tool.allowed,
-                  "description": tool.description, "parameters": tool.parameters})
+        json_out({"name": tool.full_name, "server": server.name, "offered": where == "everywhere",
+                  "offered_in": where, "description": tool.description, "parameters": tool.parameters})
         return
     cfg = server.cfg
     click.echo("\n".join([
         f"Tool        {tool.full_name}",
         f"Server      {server.name} ({f'http: {cfg.url}' if cfg.url else f'stdio: {cfg.command}'})",
-        "Offered     " + ("yes" if tool.allowed else "no: allow it with a glob under "
-                                                     f"tools.mcp_servers.{server.name}.allow"),
+        "Offered     " + {"everywhere": "yes",
+                              "some chats": "in some chats (tools.rules; /tools in a chat shows what it may use)",
+                              }.get(where, f"no: allow it with a glob under tools.mcp_servers.{server.name}.allow "
+                                           f"or tools.rules"),
         f"Limits      {cfg.timeout_seconds:g} s per call, results cut at {cfg.max_output_bytes:,} bytes, "
         f"{cfg.max_concurrent_calls} at once",
         "",
@@ -150,7 +159,7 @@ def call_cmd(config_path: Path | None, name: str, arguments: str, wait: float) -
 
     async def work(tools: McpTools) -> tuple[bool, str]:
         server, tool = _find(tools, name)
-        return tool.allowed, await server.call(tool.name, args)
+        return reach(tools.policy, name) != "nowhere", await server.call(tool.name, args)
 
     offered, result = _with_servers(config_path, wait, work)
     if not offered:

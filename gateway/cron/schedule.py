@@ -269,11 +269,27 @@ class JobSpec:
     model: str | None = None
     context: str = "fresh"
     grace_seconds: float = DEFAULT_GRACE_SECONDS
+    # globs over <server>__<tool>: the MCP tools its runs are offered (gateway.tools_mcp.policy); none: no tool
+    tools: tuple[str, ...] = ()
 
     def as_row(self) -> dict:
         return {"id": self.id, "name": self.name, "schedule": self.schedule, "prompt": self.prompt,
                 "deliver": self.deliver, "model": self.model, "context": self.context,
-                "grace_seconds": self.grace_seconds}
+                "grace_seconds": self.grace_seconds, "tools": " ".join(self.tools) or None}
+
+
+def _tool_globs(value: Any) -> tuple[str, ...]:
+    """A job's ``tools``: a list of globs over <server>__<tool> (or, as stored, one text of them apart)."""
+    if value in (None, ""):
+        return ()
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(g, str) and g.strip() for g in items):
+        raise InvalidJob("tools", "is a list of globs over <server>__<tool>, like [\"files__read_*\", \"search__query\"]")
+    globs = tuple(g.strip() for g in items)
+    bad = [g for g in globs if "__" not in g or any(c.isspace() for c in g)]
+    if bad:
+        raise InvalidJob("tools", f"{bad[0]!r} is not a glob over <server>__<tool> (an MCP tool), like \"files__read_*\"")
+    return globs
 
 
 def validate_job(data: Mapping[str, Any], tz: ZoneInfo, *, now: float, allow_relative: bool = True,
@@ -313,5 +329,5 @@ def validate_job(data: Mapping[str, Any], tz: ZoneInfo, *, now: float, allow_rel
     except ValueError as exc:
         raise InvalidJob("grace", str(exc)) from None
     spec = JobSpec(job_id, name, schedule.text, prompt.strip(), str(target), model.strip() if model else None,
-                   context, grace_seconds)
+                   context, grace_seconds, _tool_globs(data.get("tools")))
     return spec, schedule

@@ -16,7 +16,8 @@ A run (see :meth:`CronService._execute`): take the job's lease in state.db
 (one run of a job at a time, across processes), create a session (source
 ``cron``, key ``agent:<agent>:cron:<job_id>``, title ``<name> <YYYY-MM-DD
 HH:MM>``) or continue the job's session (``context: continue``), run one
-agent turn without tools (jobs cannot create jobs), end the session with
+agent turn offered only the MCP tools the job's ``tools`` globs name (none of the
+agent's own: jobs cannot create jobs), end the session with
 ``cron_complete`` or ``cron_error``, and put the answer in the outbox.  The
 daemon delivers it through the router, so the adapter's rate limiter
 applies and a busy conversation in that chat does not hold it up; a failed
@@ -68,6 +69,7 @@ from gateway.errors import ConfigError, ModelUnavailable
 from gateway.keys import cron_key
 from gateway.retry import Backoff
 from gateway.tasks import spawn
+from gateway.tools_mcp.policy import job_tools
 from gateway.turn import AgentTurn, TurnRequest
 from gateway.types import ChatRef, Delivery, PlatformStatus
 from state import CronJobNotFound
@@ -75,7 +77,7 @@ from state import CronJobNotFound
 log = logging.getLogger(__name__)
 
 SILENT = "[SILENT]"
-CONFIG_JOB_FIELDS = ("id", "name", "schedule", "prompt", "deliver", "model", "context", "grace")
+CONFIG_JOB_FIELDS = ("id", "name", "schedule", "prompt", "deliver", "model", "context", "grace", "tools")
 
 
 def make_holder() -> str:
@@ -454,7 +456,8 @@ class CronService:
             asked = await self.db.append_message(session_id, "user", job["prompt"])
             result = await self.turn.run(TurnRequest(
                 session_id=session_id, session_key=key, platform="cron", user_id=None, answered=(asked,),
-                tool_names=set(),  # no tools: jobs cannot create jobs
+                # only the MCP tools the job names (never the agent's own: jobs cannot create jobs)
+                tool_names=job_tools((job.get("tools") or "").split(), self.turn.tools.names()),
                 model=job["model"], system_notes=(self._note(job),),
             ))
             if result.session_id != session_id:  # compression moved the conversation on

@@ -130,7 +130,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
     if cfg.facts.enabled:
         tools.register(facts.tool())
     # MCP servers: nothing runs until Gateway.start(); their allowed tools join the registry as they come up
-    mcp = McpTools(cfg.tools, tools)
+    mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call)
 
     turn: AgentTurn | None = None  # made below; the memory turns run on it
 

@@ -81,6 +81,8 @@ from state.cluster.store import ClusterStore
 
 log = logging.getLogger(__name__)
 
+RESUME_TOOLS_SECONDS = 15.0  # how long a restart waits for the MCP servers before resuming turns
+
 LOCAL_SOURCES = ("api", "cli")
 # A reply due while its platform is still connecting (resumed at start, or during a reload's
 # restart of that adapter) waits this long for it before the adapter is asked anyway.
@@ -237,6 +239,9 @@ class Gateway:
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
         # after the platforms' outputs are registered) before any of their new messages is taken.
         undone = await self._undone_work()
+        if undone is not None and undone[1] and services.mcp.servers:
+            # a turn resumed after a stop is offered the tools it had: its servers connect first (bounded)
+            await services.mcp.settled(RESUME_TOOLS_SECONDS)
         if claims_turns:
             from gateway.runtime.turn_claims import TurnClaims
 

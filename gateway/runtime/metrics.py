@@ -123,6 +123,10 @@ class Metrics:
         self.active_sessions = Gauge("switchboard_active_sessions", "Sessions with a turn running or queued", registry=r)
         self.dead_letters = Gauge("switchboard_dead_letters", "Events set aside after failing again and again, "
                                   "held for an operator (switchboard deadletters list)", registry=r)
+        self.tool_calls = Counter("switchboard_tool_calls", "MCP tool calls, by <server>__<tool> and outcome "
+                                  "(ok, error, timeout, unavailable, cancelled)", ["tool", "outcome"], registry=r)
+        self.tool_seconds = Histogram("switchboard_tool_call_seconds", "MCP tool call latency, by <server>__<tool>",
+                                      ["tool"], registry=r, buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60))
         self.unauthorized = Counter("switchboard_unauthorized_messages", "Messages from users not allowed", ["platform"], registry=r)
         self.loop_lag = Histogram(
             "switchboard_event_loop_lag_seconds", "How late the event loop woke a probe that sleeps "
@@ -139,6 +143,11 @@ class Metrics:
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total
         Gauge("switchboard_threads", "Threads in the process (the store's writer and readers, to_thread "
               "workers, the adapters' own)", registry=r).set_function(threading.active_count)
+
+    def tool_call(self, tool: str, outcome: str, seconds: float) -> None:
+        """One MCP tool call (``gateway.tools_mcp.server.OnCall``)."""
+        self.tool_calls.labels(tool, outcome).inc()
+        self.tool_seconds.labels(tool).observe(seconds)
 
     def watch_models(self, endpoints: Callable[[], dict[str, dict]]) -> None:
         """Expose each model endpoint's state (``ModelClient.endpoints``) at each scrape."""

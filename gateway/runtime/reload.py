@@ -5,7 +5,8 @@ Applied live: ``auth`` and ``platforms.<p>.allowed_users`` (allowlists),
 (tokens and settings: a changed platform's adapter alone is restarted, a
 platform turned on is started, one turned off is stopped), ``cron.jobs``
 (stored and re-armed: a job whose schedule did not change keeps its next
-run) and ``shutdown``.  Everything else (``home``, ``agent``, ``model``,
+run), ``tools`` (the rules at once; MCP servers added, removed, and restarted
+when their settings changed) and ``shutdown``.  Everything else (``home``, ``agent``, ``model``,
 ``api``, ``logging``, ``store``, ...) is reported as needing a restart; the
 running values stay in force.
 
@@ -34,11 +35,12 @@ from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
 from gateway.platforms import installed_platforms
 from gateway.router import SessionRouter
+from gateway.tools_mcp import McpTools
 from gateway.types import Adapter
 
 log = logging.getLogger(__name__)
 
-LIVE_SECTIONS = ("auth", "sessions", "platforms", "cron", "shutdown")
+LIVE_SECTIONS = ("auth", "sessions", "platforms", "cron", "tools", "shutdown")
 
 
 class Running(Protocol):
@@ -55,6 +57,9 @@ class Running(Protocol):
     @property
     def adapters(self) -> Mapping[str, Adapter]: ...  # the platforms whose adapter runs now
 
+    @property
+    def mcp(self) -> McpTools: ...  # the MCP tool servers
+
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter, if any, and start it again from ``config``."""
 
@@ -69,6 +74,7 @@ class ReloadResult:
     applied: list[str] = field(default_factory=list)  # live sections that changed
     restarted_platforms: list[str] = field(default_factory=list)
     cron: dict = field(default_factory=dict)  # {added, changed, removed} job ids
+    tools: dict = field(default_factory=dict)  # {added, restarted, removed} MCP servers
     needs_restart: list[str] = field(default_factory=list)
     error: str | None = None
     refused: bool = False  # the file did not load or validate (else: applying it failed)
@@ -86,6 +92,9 @@ class ReloadResult:
             elif section == "cron":
                 jobs = "; ".join(f"{what} {', '.join(ids)}" for what, ids in self.cron.items() if ids)
                 parts.append(f"cron ({jobs or 'no job changed'})")
+            elif section == "tools":
+                servers = "; ".join(f"{what} {', '.join(names)}" for what, names in self.tools.items() if names)
+                parts.append(f"tools ({servers or 'rules only'})")
             else:
                 parts.append(section)
         applied = f"applied {', '.join(parts)}" if parts else "no live setting changed"
@@ -140,7 +149,7 @@ async def apply_reload(running: Running, new: Config, auth_settings: AuthSetting
     result = ReloadResult(applied=[s for s in LIVE_SECTIONS if getattr(old, s) != getattr(new, s)],
                           needs_restart=needs_restart(old, new))
     try:
-        result.restarted_platforms, result.cron = await _apply(running, old, new, auth_settings)
+        result.restarted_platforms, result.cron, result.tools = await _apply(running, old, new, auth_settings)
     except asyncio.CancelledError:  # shutdown: the gateway is being stopped, restart nothing
         running.config = old
         raise
@@ -155,7 +164,7 @@ async def apply_reload(running: Running, new: Config, auth_settings: AuthSetting
 
 
 async def _apply(running: Running, old: Config, new: Config, auth_settings: AuthSettingsFor,
-                 ) -> tuple[list[str], dict]:
+                 ) -> tuple[list[str], dict, dict]:
     router = running.router
     if router is None:
         raise RuntimeError("the gateway has not started; there is nothing to reload")
@@ -179,7 +188,8 @@ async def _apply(running: Running, old: Config, new: Config, auth_settings: Auth
     cron = {}
     if running.cron is not None and old.cron != new.cron:
         cron = await running.cron.reload(running.config)
-    return restarted, cron
+    tools = await running.mcp.reload(running.config.tools) if old.tools != new.tools else {}
+    return restarted, cron, tools
 
 
 def _keep_restart_only_values(old: Config, new: Config) -> Config:

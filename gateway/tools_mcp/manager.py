@@ -3,11 +3,13 @@
     mcp = McpTools(config.tools, registry)
     mcp.start()          # one supervised client per enabled server (gateway.tools_mcp.server)
     mcp.catalog()        # every tool of every server, allowed or not, with its server's state
+    mcp.listing(ctx)     # what /tools shows: what this chat may use
     await mcp.stop()
 
-A server's allowed tools are registered as ``<server>__<tool>`` (the group ``mcp:<server>`` of the
-registry, replaced whenever its list changes), so the turn's tool loop offers and runs them like the
-agent's own.  What a tool returns is untrusted text: it reaches the model only as that call's tool
+A server's tools (but those its own ``deny`` refuses everywhere) are registered as ``<server>__<tool>``
+(the group ``mcp:<server>`` of the registry, replaced whenever its list changes), and the registry is
+given the :class:`~gateway.tools_mcp.policy.ToolPolicy` of ``tools.rules`` and the servers' globs, so
+the turn's tool loop offers each chat exactly the tools it may use, and runs them like the agent's own.  What a tool returns is untrusted text: it reaches the model only as that call's tool
 message (which the turn stores, once, as the model saw it), cut at the server's ``max_output_bytes``.
 """
 
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
-from gateway.config import ToolsConfig
+from gateway.config import McpServerConfig, ToolsConfig
 from gateway.tools import Tool, ToolContext, ToolRegistry
-from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool
+from gateway.tools_mcp.policy import ToolPolicy, reach
+from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool, allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +34,46 @@ class ServerStatus:
     last_error: str | None
     restarts: int
     tools: tuple[McpTool, ...]
+    # where each tool is allowed (gateway.tools_mcp.policy.reach): everywhere | some chats | nowhere
+    reach: Mapping[str, str] = field(default_factory=dict)
 
 
 class McpTools:
     def __init__(self, cfg: ToolsConfig, registry: ToolRegistry, **server_options) -> None:
         self.registry = registry
+        self.policy = ToolPolicy(cfg)
+        registry.set_policy(self.policy.offered)
+        self._server_options = server_options
         self.servers: dict[str, McpServer] = {}
         for name, server_cfg in cfg.mcp_servers.items():
             if server_cfg.enabled:
-                self.servers[name] = McpServer(name, server_cfg, on_change=functools.partial(self._register, name),
-                                               **server_options)
+                self.servers[name] = self._server(name, server_cfg)
+
+    def _server(self, name: str, cfg: McpServerConfig) -> McpServer:
+        return McpServer(name, cfg, on_change=functools.partial(self._register, name), **self._server_options)
+
+    async def reload(self, cfg: ToolsConfig) -> dict[str, list[str]]:
+        """Apply a reloaded ``tools`` section: the new rules at once; servers no longer enabled are
+        stopped and their tools withdrawn, new ones started, and those whose settings changed stopped
+        and started again with them (their calls running now end as if the server had stopped).
+        Servers that did not change are left running.  Returns the names, by what was done."""
+        self.policy = ToolPolicy(cfg)
+        self.registry.set_policy(self.policy.offered)
+        wanted = {name: c for name, c in cfg.mcp_servers.items() if c.enabled}
+        done: dict[str, list[str]] = {"added": [], "restarted": [], "removed": []}
+        for name in sorted(set(self.servers) | set(wanted)):
+            server, new = self.servers.get(name), wanted.get(name)
+            if server is not None and new is not None and server.cfg == new:
+                continue
+            if server is not None:
+                await server.stop()
+                del self.servers[name]
+                self.registry.set_group(f"mcp:{name}", [])
+            if new is not None:
+                self.servers[name] = self._server(name, new)
+                self.servers[name].start()
+            done["added" if server is None else "restarted" if new is not None else "removed"].append(name)
+        return done
 
     def start(self) -> None:
         for server in self.servers.values():
@@ -55,13 +89,14 @@ class McpTools:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=timeout)
 
     def catalog(self) -> list[ServerStatus]:
-        """Every enabled server with every tool it offers (allowed or not), by name."""
+        """Every enabled server with every tool it offers (allowed or not, and where), by name."""
         out = []
         for name, server in sorted(self.servers.items()):
             cfg = server.cfg
             transport = f"http: {cfg.url}" if cfg.url else f"stdio: {cfg.command}"
-            out.append(ServerStatus(name, transport, server.state, server.last_error, server.restarts,
-                                    tuple(t for _, t in sorted(server.tools.items()))))
+            tools = tuple(t for _, t in sorted(server.tools.items()))
+            out.append(ServerStatus(name, transport, server.state, server.last_error, server.restarts, tools,
+                                    {t.full_name: reach(self.policy, t.full_name) for t in tools}))
         return out
 
     def find(self, full_name: str) -> tuple[McpServer, McpTool | None]:
@@ -73,11 +108,15 @@ class McpTools:
             raise KeyError(f"{full_name!r} is not <server>__<tool> of an enabled MCP server (servers: {known})")
         return server, server.tools.get(tool_name)
 
-    def listing(self) -> list[tuple[str, str, str | None]]:
-        """What ``/tools`` shows: every tool the agent is offered (its own and the allowed MCP ones), with
-        the first line of its description and, for an MCP tool whose server is down, why it is unavailable."""
+    def listing(self, ctx: ToolContext) -> list[tuple[str, str, str | None]]:
+        """What ``/tools`` shows: every tool the agent may be offered in ``ctx``'s chat (its own and the MCP
+        ones allowed there), with the first line of its description and, for an MCP tool whose server is
+        down, why it is unavailable."""
         out = []
+        offered = self.registry.offered(ctx)
         for tool in self.registry.tools():
+            if tool.name not in offered:
+                continue
             server_name, sep, _ = tool.name.partition(SEPARATOR)
             server = self.servers.get(server_name) if sep else None
             unavailable = None
@@ -89,7 +128,9 @@ class McpTools:
 
     def _register(self, name: str) -> None:
         server = self.servers[name]
-        self.registry.set_group(f"mcp:{name}", [_as_tool(server, t) for t in server.tools.values() if t.allowed])
+        # every tool its own deny leaves: which chat may use one is the policy's to say, per turn
+        self.registry.set_group(f"mcp:{name}", [_as_tool(server, t) for t in server.tools.values()
+                                                if allowed(t.full_name, ("*",), server.cfg.deny)])
 
 
 def _as_tool(server: McpServer, tool: McpTool) -> Tool:

@@ -30,7 +30,7 @@ from mcp import ClientSession, McpError, types
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
 from gateway.config import McpServerConfig
-from gateway.retry import Backoff
+from gateway.retry import Backoff, supervise
 from gateway.tasks import spawn
 from gateway.tools_mcp.environment import server_environment
 from gateway.tools_mcp.results import capped, result_text
@@ -48,6 +48,11 @@ HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff 
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 CONNECTION_CLOSED = -32000  # the SDK's code for a call whose connection ended (mcp.shared.session)
 REQUEST_TIMEOUT = 408  # ... and for a call that got no answer within its read timeout
+CANCEL_SEND_SECONDS = 5.0  # telling a server a call is cancelled, at most
+
+
+# Told of every call: (<server>__<tool>, ok | error | timeout | unavailable | cancelled, seconds).
+OnCall = Callable[[str, str, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +82,12 @@ def _valid_name(name: str) -> bool:
 
 class McpServer:
     def __init__(self, name: str, cfg: McpServerConfig, *, on_change: Callable[[], None] = lambda: None,
-                 backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS) -> None:
+                 backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS,
+                 on_call: OnCall = lambda name, outcome, seconds: None) -> None:
         self.name = name
         self.cfg = cfg
         self._on_change = on_change
+        self._on_call = on_call
         self._backoff = backoff
         self._ping_seconds = ping_seconds
         self.state = "starting"  # starting | ready | restarting | stopped
@@ -114,29 +121,61 @@ class McpServer:
 
     # -- calls ------------------------------------------------------------
     async def call(self, tool: str, arguments: dict[str, Any]) -> str:
-        """Run ``tool`` with ``arguments``: its result, or why there is none, as text cut at the cap."""
+        """Run ``tool`` with ``arguments``: its result, or why there is none, as text cut at the cap.
+        Each call is reported to ``on_call`` (its name, outcome and seconds: the metrics)."""
         full = f"{self.name}{SEPARATOR}{tool}"
+        began = time.monotonic()
+        outcome = "cancelled"
+        try:
+            outcome, text = await self._call(full, tool, arguments)
+        finally:
+            self._on_call(full, outcome, time.monotonic() - began)
+        return text
+
+    async def _call(self, full: str, tool: str, arguments: dict[str, Any]) -> tuple[str, str]:
+        """(outcome, text): ok | error | timeout | unavailable, and what the model reads."""
         session = self._session
         if session is None or self.state != "ready":
-            return (f"error: {full} is unavailable right now (the {self.name} tool server is "
-                    f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later or do without it")
+            return "unavailable", (f"error: {full} is unavailable right now (the {self.name} tool server is "
+                                   f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later "
+                                   f"or do without it")
         async with self._calls:
+            request_id = _next_request_id(session)
             try:
                 result = await session.call_tool(tool, arguments,
                                                  read_timeout_seconds=dt.timedelta(seconds=self.cfg.timeout_seconds))
+            except asyncio.CancelledError:  # /stop, or the gateway stopping: the server is told to stop too
+                self._cancel(session, request_id, "stopped (/stop, or the gateway stopping)")
+                raise
             except McpError as exc:
                 if exc.error.code == CONNECTION_CLOSED:
                     self._lost(session)
-                    return (f"error: the {self.name} tool server stopped during the call to {full}; it is being "
-                            f"restarted, try again shortly")
+                    return "error", (f"error: the {self.name} tool server stopped during the call to {full}; it is "
+                                     f"being restarted, try again shortly")
                 if exc.error.code == REQUEST_TIMEOUT:
-                    return f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
-                return f"error: {full} failed: {exc.error.message}"
+                    self._cancel(session, request_id, f"no answer within {self.cfg.timeout_seconds:g} seconds")
+                    return "timeout", f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
+                return "error", f"error: {full} failed: {exc.error.message}"
             except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
                 self._lost(session)
                 log.warning("MCP call %s failed: %s: %s", full, type(exc).__name__, exc)
-                return f"error: the {self.name} tool server could not run {full} ({type(exc).__name__}); try again shortly"
-        return capped(result_text(result), self.cfg.max_output_bytes)
+                return "error", (f"error: the {self.name} tool server could not run {full} "
+                                 f"({type(exc).__name__}); try again shortly")
+        return "error" if result.isError else "ok", capped(result_text(result), self.cfg.max_output_bytes)
+
+    def _cancel(self, session: ClientSession, request_id: int | None, reason: str) -> None:
+        """Send ``notifications/cancelled`` for a call given up on, from a task of its own (the caller
+        may itself be cancelled); the server stops the call's work and sends no result."""
+        if request_id is None or self._session is not session:
+            return
+        notice = types.ClientNotification(types.CancelledNotification(
+            params=types.CancelledNotificationParams(requestId=request_id, reason=reason)))
+
+        async def send() -> None:
+            with contextlib.suppress(Exception), anyio.move_on_after(CANCEL_SEND_SECONDS):
+                await session.send_notification(notice)
+
+        spawn(send(), name=f"mcp-cancel:{self.name}:{request_id}")
 
     def _lost(self, session: ClientSession) -> None:
         """A call found ``session`` broken: calls after it are told the server is restarting."""
@@ -147,29 +186,29 @@ class McpServer:
 
     # -- the supervisor ---------------------------------------------------
     async def _supervise(self) -> None:
-        attempt = 0
-        while True:
-            began = time.monotonic()
-            try:
-                await self._serve()
-                self.last_error = "the connection ended"
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure of a server means: restart it
-                self.last_error = _describe(exc)
-            if self._said:  # what a stdio server wrote last usually says why it stopped
-                self.last_error += f"; its stderr ended with: {' | '.join(self._said)}"
-            self._session = None
-            self.state = "restarting"
-            self.settled.set()
-            if time.monotonic() - began >= HEALTHY_SECONDS:
-                attempt = 0
-            wait = self._backoff.delay(attempt)
-            attempt += 1
-            self.restarts += 1
-            log.warning("MCP server %s is down (%s); its tools are unavailable; restarting in %.1fs",
-                        self.name, self.last_error, wait)
-            await asyncio.sleep(wait)
+        await supervise(self._connected, name=f"mcp:{self.name}", backoff=self._backoff,
+                        on_failure=self._down, healthy_seconds=HEALTHY_SECONDS)
+
+    async def _connected(self) -> None:
+        """One connection, from start to end: always ends in an error (a server never stops for good),
+        a ConnectionError whose message says why, for ``last_error``."""
+        try:
+            await self._serve()
+        except Exception as exc:  # any failure of a server means: restart it
+            raise ConnectionError(_describe(exc)) from exc
+        raise ConnectionError("the connection ended")
+
+    def _down(self, failures: int, exc: Exception, wait: float) -> None:
+        """After a connection ended: its tools answer "unavailable" until the restart in ``wait`` seconds."""
+        self.last_error = str(exc)
+        if self._said:  # what a stdio server wrote last usually says why it stopped
+            self.last_error += f"; its stderr ended with: {' | '.join(self._said)}"
+        self._session = None
+        self.state = "restarting"
+        self.settled.set()
+        self.restarts += 1
+        log.warning("MCP server %s is down (%s); its tools are unavailable; restarting in %.1fs",
+                    self.name, self.last_error, wait)
 
     async def _serve(self) -> None:
         """Connect, read the tools, then watch the connection until it breaks (returns or raises)."""
@@ -303,6 +342,15 @@ def _deadline(seconds: float):
     """A deadline for awaits inside the SDK's anyio scopes."""
     with anyio.fail_after(seconds):
         yield
+
+
+def _next_request_id(session: ClientSession) -> int | None:
+    """The JSON-RPC id the session gives its next request, which ``call_tool`` takes before it first
+    waits: what ``notifications/cancelled`` must name.  The SDK (1.x) sends no cancellation itself when
+    a request is cancelled or times out, and keeps this counter private; None if it ever goes away
+    (then nothing is sent, the call is still abandoned)."""
+    value = getattr(session, "_request_id", None)
+    return value if isinstance(value, int) else None
 
 
 def _describe(exc: BaseException) -> str:

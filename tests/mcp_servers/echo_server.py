@@ -4,7 +4,7 @@
     http_app()                                         # the same tools as a streamable HTTP Starlette app
 
 Its tools: ``echo``, ``pid``, ``environment`` (its whole os.environ, as JSON), ``slow`` (and ``peak``, the most
-that ran at once), ``fail``, ``big`` (a
+that ran at once, and ``calls``: how many started and how many the client cancelled), ``fail``, ``big`` (a
 result of N bytes), ``die`` (the process exits in the middle of the call) and ``grow`` (adds the tool
 ``late`` and tells the client its list changed).
 """
@@ -36,18 +36,30 @@ def build(name: str = "echo") -> FastMCP:
         """This server's environment variables, as JSON."""
         return json.dumps(dict(os.environ), sort_keys=True)
 
-    running = {"now": 0, "peak": 0}
+    running = {"now": 0, "peak": 0, "started": 0, "cancelled": 0}
 
     @server.tool()
     async def slow(seconds: float) -> str:
         """Answer after this many seconds."""
         running["now"] += 1
+        running["started"] += 1
+        if os.environ.get("CALL_LOG"):  # a record that outlives this process (the crash tests read it)
+            with open(os.environ["CALL_LOG"], "a", encoding="utf-8") as log:
+                log.write(f"slow {seconds} started in {os.getpid()}\n")
         running["peak"] = max(running["peak"], running["now"])
         try:
             await asyncio.sleep(seconds)
+        except asyncio.CancelledError:  # the client sent notifications/cancelled for this call
+            running["cancelled"] += 1
+            raise
         finally:
             running["now"] -= 1
         return f"slept {seconds}"
+
+    @server.tool()
+    def calls() -> str:
+        """How many calls of ``slow`` started, run now and were cancelled by the client, as JSON."""
+        return json.dumps({k: running[k] for k in ("started", "now", "cancelled")})
 
     @server.tool()
     def peak() -> str:

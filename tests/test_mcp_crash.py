@@ -1,0 +1,61 @@
+"""A tool call cut off by a kill -9 is never run again: the restarted daemon tells the model the call
+was interrupted, as that call's tool message, and lets it ask again.  The real daemon as a subprocess
+(tests/crashkit.py), the real echo server over stdio, the fake Telegram and the fake model."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import state
+from gateway.turn import INTERRUPTED
+from tests.crashkit import Daemon, TelegramSide
+from tests.fakes.model_server import FakeModel, Reply, ToolCall
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import eventually
+from tests.test_mcp_tools import ECHO, NO_COERCION
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+ANN = FakeTelegram.user(111, "Ann")
+
+
+async def test_a_call_cut_off_by_a_kill_is_not_run_again_and_the_model_is_told(tmp_path):
+    calls = tmp_path / "calls.log"
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("echo__slow", {"seconds": 120}),
+                     ToolCall("echo__echo", {"text": "still here"}), Reply("The slow job was cut off; ask me again."))
+        settings = {**TelegramSide(tg).settings(), "model": {"base_url": model.base_url, "name": "fake-model"},
+                    "auth": {"allowed_users": ["telegram:111"]}, "logging": {"format": "text"},
+                    "tools": {"mcp_servers": {"echo": {
+                        "command": sys.executable, "args": [ECHO], "allow": ["echo__*"],
+                        "env": {**NO_COERCION, "CALL_LOG": str(calls)}}}}}
+        daemon = Daemon(tmp_path, settings)
+        side = TelegramSide(tg)
+        await side.ready(await daemon.start(), 30)
+        try:
+            await eventually(lambda: "MCP server echo is ready" in daemon.log_path(0).read_text(), 30,
+                             "the echo server ready")
+            tg.dm(ANN, "run the slow job")
+            await eventually(lambda: calls.exists() and calls.read_text(), 30, "the slow call running in the server")
+            await daemon.kill()
+            tg.dm(ANN, "are you still there?")  # written while no daemon ran: answered with the resumed turn
+            await side.ready(await daemon.start(), 30)
+            final = "The slow job was cut off; ask me again."
+            await eventually(lambda: [m for m in tg.sent if final in m.visible_text], 60, "the resumed turn's answer")
+        finally:
+            await daemon.stop()
+    assert calls.read_text().count("started") == 1  # run once, never again by the restart
+    resumed = model.requests[1]  # the first request of the restarted daemon
+    assert [m["role"] for m in resumed.messages[-3:]] == ["user", "assistant", "tool"]
+    assert resumed.messages[-2]["tool_calls"][0]["function"]["name"] == "echo__slow"
+    assert resumed.messages[-1]["content"] == INTERRUPTED
+    assert [t["function"]["name"] for t in resumed.body["tools"]].count("echo__slow") == 1  # it may ask again
+    with state.SessionDB(daemon.db_path) as db:
+        [(_, session_id)] = db.list_routes()
+        messages = db.get_messages(session_id)
+        stored = [(m["role"], m["content"]) for m in messages if m["role"] == "tool"]
+        journal = db.tool_journal.newest([m["id"] for m in messages if m["role"] == "user"])
+    assert stored == [("tool", INTERRUPTED), ("tool", "echo: still here")]  # the session shows what happened
+    assert journal is None  # the stored turn took its journal with it
