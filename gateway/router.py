@@ -57,6 +57,9 @@ TYPING_AFTER_SECONDS = 0.5
 
 
 STOPPED_BEFORE_ANSWERING = "the gateway stopped before answering; the message is saved"
+# said to a user whose message cannot be stored (the store's file failed its integrity check)
+STORE_DAMAGED_LINE = ("Sorry, I can't take messages right now: my storage needs a repair. "
+                      "The operator has been told; please write again later.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,7 +427,22 @@ class SessionRouter:
         ``sink`` (request/response sources, which have no chat to post drafts in): the answer to
         ``msg`` is fed to it as the model writes it, when ``msg`` is the last of its turn's batch.
         ``extras`` (a local API client's system messages and model fields) go with the turn that
-        answers it."""
+        answers it.
+
+        While the store refuses writes (its file failed the integrity check) a chat's message is
+        answered with :data:`STORE_DAMAGED_LINE` and dropped: nothing can be stored to answer later."""
+        try:
+            return await self._handle(msg, sink=sink, extras=extras)
+        except state.StoreCorrupt:
+            if msg.platform not in self._senders:
+                raise  # a request/response source answers its caller with the error itself
+            log.warning("message %s from %s:%s not taken: the store refuses writes (integrity check failed)",
+                        msg.message_id, msg.platform, msg.chat.chat_id)
+            await self.deliver(msg.chat, STORE_DAMAGED_LINE, msg.message_id)
+            return None
+
+    async def _handle(self, msg: InboundMessage, *, sink: ReplySink | None,
+                      extras: RequestExtras) -> Ticket | None:
         if self._closing:
             raise GatewayClosing("the gateway is shutting down; retry after it restarts")
         verdict = await self.authorizer.check(msg)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .db import SessionDB, public_methods
-from .errors import StateError
+from .errors import StateError, StoreCorrupt
 
 if TYPE_CHECKING:
     # the coroutines added below, at import, as the type checker sees them (generated from SessionDB)
@@ -145,6 +145,14 @@ class AsyncSessionDB(AsyncFace):
         """:attr:`SessionDB.cluster`: the cluster's coordination on a PostgreSQL store, None on SQLite.
         Its lease and cron tick calls block: run them on a thread."""
         return self.db.cluster
+
+    def refuse_writes(self, problems: list[str]) -> StoreCorrupt:
+        """:meth:`SessionDB.refuse_writes` (no I/O: safe on the event loop)."""
+        return self.db.refuse_writes(problems)
+
+    @property
+    def writes_refused(self) -> StoreCorrupt | None:
+        return self.db.writes_refused
 
     async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         if self._writer is None:

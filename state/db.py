@@ -37,6 +37,7 @@ from ._engine import Engine
 from ._lock import GaveWay
 from ._messages import Appended
 from ._pg import PgEngine, is_url, mask_url
+from .errors import StateError, StoreCorrupt
 from .paths import default_db_path
 
 if TYPE_CHECKING:
@@ -542,6 +543,18 @@ class SessionDB:
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
         return self._engine.checkpoint(mode)
+
+    def refuse_writes(self, problems: Iterable[str]) -> StoreCorrupt:
+        """Every write from now on raises :class:`StoreCorrupt`, reads go on (the integrity guard found
+        the SQLite file damaged); returns that error.  PostgreSQL checks its own pages."""
+        if not isinstance(self._engine, Engine):
+            raise StateError("only a SQLite store is checked by the integrity guard")
+        return self._engine.refuse_writes(list(problems))
+
+    @property
+    def writes_refused(self) -> StoreCorrupt | None:
+        """The error every write raises since the file was found damaged; None while writes go on."""
+        return self._engine.writes_refused if isinstance(self._engine, Engine) else None
 
     @_reads
     def checkpoint_aside(self, mode: str = "PASSIVE") -> tuple[int, int, int]:

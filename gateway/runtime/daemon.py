@@ -55,6 +55,7 @@ from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
 from gateway.runtime.backlog import UnansweredBacklog
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
+from gateway.runtime.integrity import IntegrityGuard
 from gateway.runtime.metrics import Metrics, probe_loop_lag
 from gateway.runtime.notify import Notifier
 from gateway.runtime.platforms import PlatformSupervisor
@@ -132,6 +133,7 @@ class Gateway:
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
         self._dead_letter_replay: asyncio.Task | None = None
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
+        self.integrity: IntegrityGuard | None = None  # quick_check at start and daily, in the daemon only
         self._loop_lag: asyncio.Task | None = None  # the event-loop lag probe behind /metrics (daemon only)
         self.backlog: UnansweredBacklog | None = None  # sessions awaiting an answer, in the daemon only (start())
         # Several instances on one PostgreSQL store (config.clustered): this one's name, the platform
@@ -265,6 +267,9 @@ class Gateway:
                                       idle=lambda: services.router.active_lanes() == 0)
             self.upkeep.start()
             self.metrics.watch_store(self.upkeep.status)
+            self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
+                                            clock=self.clock)
+            self.integrity.start()
             self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
             self.backlog = UnansweredBacklog(self.db)
             self.metrics.watch_unanswered(self.backlog.status)
@@ -466,6 +471,8 @@ class Gateway:
         self.platforms.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
+        if self.integrity is not None:
+            await self.integrity.stop()
         if self._loop_lag is not None:
             self._loop_lag.cancel()
             await asyncio.gather(self._loop_lag, return_exceptions=True)
@@ -523,8 +530,10 @@ class Gateway:
         model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
         ok = ok and model["state"] != "unreachable"
         models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
+        integrity = self.integrity.status() if self.integrity is not None else None
+        corrupt = integrity is not None and integrity["state"] == "corrupt"
         return {
-            "status": "draining" if self.draining else "ok" if ok else "degraded",
+            "status": "draining" if self.draining else "corrupt" if corrupt else "ok" if ok else "degraded",
             "platforms": platforms,
             "model": model,
             "models": models,
@@ -534,6 +543,7 @@ class Gateway:
             "dead_letters": self.dead_letters_held,
             "unanswered": self.backlog.status() if self.backlog is not None else None,
             "store": self.upkeep.status() if self.upkeep is not None else None,
+            "integrity": integrity,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
             "cluster": self._cluster_health() if self.config.clustered else None,
             "tool_servers": {s.name: {"state": s.state, "tools": len(s.tools), "last_error": s.last_error}
