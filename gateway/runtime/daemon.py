@@ -53,6 +53,7 @@ from gateway.ratelimit import budget_sharing
 from gateway.router import SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
+from gateway.runtime.autobackup import AutoBackups, BackupSchedule
 from gateway.runtime.backlog import UnansweredBacklog
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
 from gateway.runtime.integrity import IntegrityGuard
@@ -134,6 +135,7 @@ class Gateway:
         self._dead_letter_replay: asyncio.Task | None = None
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
         self.integrity: IntegrityGuard | None = None  # quick_check at start and daily, in the daemon only
+        self.backups: AutoBackups | None = None  # backup.every: automatic online backups, in the daemon only
         self._loop_lag: asyncio.Task | None = None  # the event-loop lag probe behind /metrics (daemon only)
         self.backlog: UnansweredBacklog | None = None  # sessions awaiting an answer, in the daemon only (start())
         # Several instances on one PostgreSQL store (config.clustered): this one's name, the platform
@@ -270,6 +272,11 @@ class Gateway:
             self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
                                             clock=self.clock)
             self.integrity.start()
+            if cfg.backup.every is not None:  # SQLite only: the config refuses it on PostgreSQL
+                self.backups = AutoBackups(cfg.home, BackupSchedule(cfg.backup.every, cfg.backup.keep, cfg.backup_dir),
+                                           failed=self.metrics.backup_failures.inc)
+                self.metrics.watch_backups(self.backups.status)
+                self.backups.start()
             self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
             self.backlog = UnansweredBacklog(self.db)
             self.metrics.watch_unanswered(self.backlog.status)
@@ -473,6 +480,8 @@ class Gateway:
             await self.upkeep.stop()
         if self.integrity is not None:
             await self.integrity.stop()
+        if self.backups is not None:
+            await self.backups.stop()
         if self._loop_lag is not None:
             self._loop_lag.cancel()
             await asyncio.gather(self._loop_lag, return_exceptions=True)
@@ -544,6 +553,7 @@ class Gateway:
             "unanswered": self.backlog.status() if self.backlog is not None else None,
             "store": self.upkeep.status() if self.upkeep is not None else None,
             "integrity": integrity,
+            "backup": self.backups.status() if self.backups is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
             "cluster": self._cluster_health() if self.config.clustered else None,
             "tool_servers": {s.name: {"state": s.state, "tools": len(s.tools), "last_error": s.last_error}
