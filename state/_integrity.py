@@ -65,5 +65,10 @@ class IntegrityChecker:
             return []
         return [f"{target}: {row}" if target else str(row) for row in rows[:MAX_PROBLEMS]]
 
+    def interrupt(self) -> None:
+        """Stop a check running on another thread (it raises ``sqlite3.OperationalError``); thread-safe."""
+        self._conn.interrupt()
+
     def close(self) -> None:
+        """Close the connection; never while a check runs on another thread (interrupt it and wait first)."""
         self._conn.close()

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import re
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,11 +80,13 @@ class AutoBackups:
         self._last_failure: dict | None = None
         self._failures = 0
         self._next_at: float | None = None
+        self._stopping = threading.Event()  # a copy under way gives up at its next step (stop())
 
     def start(self) -> None:
         self._task = spawn(supervise(self._run, name="backup:auto"), name="backup:auto")
 
     async def stop(self) -> None:
+        self._stopping.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -135,6 +138,10 @@ class AutoBackups:
                  f"; {len(dropped)} older removed (keeping {self.schedule.keep})" if dropped else "")
         return summary.path
 
+    def _give_up_when_stopping(self, remaining: int, total: int) -> None:
+        if self._stopping.is_set():  # the daemon stops: the partial copy is deleted, the earlier backups stay
+            raise BackupError("the daemon is stopping")
+
     def _look(self) -> Path | None:
         """The newest backup; the partial copies a killed run left behind are removed on the way."""
         folder = self.schedule.dir
@@ -147,7 +154,8 @@ class AutoBackups:
     def _backup_and_rotate(self) -> tuple[backup.DatabaseSummary, list[Path]]:
         folder = self.schedule.dir
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        summary = backup.backup(self.home, _new_name(folder, self.clock()))  # checked before it gets its name
+        summary = backup.backup(self.home, _new_name(folder, self.clock()),  # checked before it gets its name
+                                progress=self._give_up_when_stopping)
         found = list_backups(folder)
         dropped = found[:max(0, len(found) - self.schedule.keep)]
         for old in dropped:

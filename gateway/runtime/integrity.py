@@ -19,12 +19,14 @@ import asyncio
 import logging
 import sqlite3
 import time
-from typing import Callable
+from typing import Awaitable, Callable, TypeVar
 
 import state
 from gateway.tasks import spawn
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 EVERY_SECONDS = 86_400.0  # a check a day
 IDLE_POLL_SECONDS = 60.0  # a due check waits for a moment with no turn running
@@ -93,11 +95,11 @@ class IntegrityGuard:
         checker = await asyncio.to_thread(state.IntegrityChecker, path)
         problems: list[str] = []
         try:
-            targets = await asyncio.to_thread(checker.targets)
+            targets = await _finished(checker, asyncio.to_thread(checker.targets))
             for i, target in enumerate(targets):
                 if i:
                     await asyncio.sleep(STEP_PAUSE_SECONDS)
-                problems += await asyncio.to_thread(checker.check, target)
+                problems += await _finished(checker, asyncio.to_thread(checker.check, target))
         finally:
             await asyncio.to_thread(checker.close)
         seconds = round(time.monotonic() - started, 3)
@@ -111,3 +113,15 @@ class IntegrityGuard:
         else:
             log.info("store integrity check: ok (%d steps, %.2fs)", len(targets), seconds)
         return problems
+
+
+async def _finished(checker: state.IntegrityChecker, step: Awaitable[T]) -> T:
+    """Await a step running on a thread; when cancelled (the daemon stops), interrupt it and wait until
+    the thread has let go of the connection, so that closing it never races a running statement."""
+    running = asyncio.ensure_future(step)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        checker.interrupt()
+        await asyncio.gather(running, return_exceptions=True)
+        raise
