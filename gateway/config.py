@@ -787,6 +787,12 @@ class BackupConfig(_Model):
         return None if value is None else _resolve_path(value, info)
 
 
+class TelemetryConfig(_Model):
+    """``telemetry``: OpenTelemetry traces (the switchboard[otel] extra; on by the OTEL_* variables)."""
+
+    include_content: bool = False  # message text, prompts and tool results in the spans; off: never
+
+
 class LimitsConfig(_Model):
     """``limits``: messages answered per minute; past it a message is stored, not answered, and the user
     is told once when to try again.  Empty: no limit.  Counted in memory, per instance."""
@@ -841,6 +847,7 @@ class Config(_Model):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     limits: LimitsConfig = LimitsConfig()
     backup: BackupConfig = BackupConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 

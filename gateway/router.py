@@ -29,10 +29,11 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
 
 import state
+from gateway import tracing
 from gateway.errors import GatewayClosing, ModelUnavailable, PlatformHTTPError
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
@@ -116,6 +117,7 @@ class Ticket:
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
     client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
     held_for: float | None = None  # over limits.messages_per_minute: stored, unanswered; seconds to wait
+    trace: Any = None  # the inbound event's span context (gateway.tracing), the parent of the turn answering it
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -258,11 +260,13 @@ class _TrustedDrafts:
 
     async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
         self._check(chat)
-        return await self._drafts.post_draft(chat, text, reply_to=reply_to, final=final)
+        with tracing.send(chat.platform, "draft"):
+            return await self._drafts.post_draft(chat, text, reply_to=reply_to, final=final)
 
     async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
         self._check(chat)
-        await self._drafts.edit_draft(chat, message_id, text, final=final)
+        with tracing.send(chat.platform, "edit"):
+            await self._drafts.edit_draft(chat, message_id, text, final=final)
 
 
 class SessionRouter:
@@ -432,7 +436,11 @@ class SessionRouter:
         While the store refuses writes (its file failed the integrity check) a chat's message is
         answered with :data:`STORE_DAMAGED_LINE` and dropped: nothing can be stored to answer later."""
         try:
-            return await self._handle(msg, sink=sink, extras=extras)
+            with tracing.inbound(msg) as span:
+                ticket = await self._handle(msg, sink=sink, extras=extras)
+                if ticket is not None:
+                    ticket.trace = span.context  # the turn answering it joins this trace
+                return ticket
         except state.StoreCorrupt:
             if msg.platform not in self._senders:
                 raise  # a request/response source answers its caller with the error itself
@@ -762,6 +770,10 @@ class SessionRouter:
 
     async def _run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict],
                         claim: TurnGuard = SINGLE_INSTANCE) -> None:
+        with tracing.turn([t.trace for t in batch], platform=batch[-1].msg.platform):
+            await self._answer(lane, batch, history, claim)
+
+    async def _answer(self, lane: Lane, batch: list[Ticket], history: list[dict], claim: TurnGuard) -> None:
         if claim is SINGLE_INSTANCE and await self._held_back(lane, batch):
             return
         last = batch[-1]
@@ -1006,10 +1018,12 @@ class SessionRouter:
         send = self._senders.get(chat.platform)
         if send is None:
             return Delivery(ok=True)  # request/response sources (local API, CLI) read the ticket instead
-        try:
-            delivery = await send(chat, text, reply_to, progress)
-        except Exception as exc:  # noqa: BLE001 - adapters should not raise; record it if one does
-            delivery = Delivery(ok=False, error=str(exc))
+        with tracing.send(chat.platform) as span:
+            try:
+                delivery = await send(chat, text, reply_to, progress)
+            except Exception as exc:  # noqa: BLE001 - adapters should not raise; record it if one does
+                delivery = Delivery(ok=False, error=str(exc))
+            span.outcome(delivery.ok, delivery.error)
         if self.metrics:
             (self.metrics.messages_out if delivery.ok else self.metrics.delivery_failures).labels(chat.platform).inc()
         if not delivery.ok:

@@ -22,6 +22,7 @@ from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
 
 import compression
+from gateway import tracing
 from gateway.errors import AnswerCutOff
 from gateway.model import Completion, ModelClient
 from gateway.oversize import Shortened, shorten_oversized
@@ -329,7 +330,9 @@ class AgentTurn:
                 if call in client_calls:
                     continue  # the client runs it and sends its result
                 if tool_names is None or name in tool_names:
-                    result = await self.tools.call(name, fn.get("arguments"), ctx)
+                    with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
+                        result = await self.tools.call(name, fn.get("arguments"), ctx)
+                        span.result(result)
                 else:
                     result = _not_offered(name, tool_names)
                 tool_calls += 1

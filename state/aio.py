@@ -20,7 +20,7 @@ import queue
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from .db import SessionDB, public_methods
 from .errors import StateError, StoreCorrupt
@@ -97,12 +97,24 @@ def _finish_queued_calls() -> None:
         workers.shutdown()
 
 
+_write_observer: Callable[[str], ContextManager[Any]] | None = None
+
+
+def observe_writes(observer: Callable[[str], ContextManager[Any]] | None) -> None:
+    """Run every write coroutine inside ``observer(method_name)`` (a tracing span); None: stop."""
+    global _write_observer
+    _write_observer = observer
+
+
 def _coroutine(name: str, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
     @functools.wraps(method)
     async def call(self: "AsyncSessionDB", *args: Any, **kwargs: Any) -> Any:
         workers = {"write": self._writer, "read": self._readers, "upkeep": self._upkeep}[kind]
         if workers is None:
             raise StateError("the async state store is closed: open a new AsyncSessionDB")
+        if kind == "write" and _write_observer is not None:
+            with _write_observer(name):
+                return await workers.submit(functools.partial(method, self.db, *args, **kwargs))
         return await workers.submit(functools.partial(method, self.db, *args, **kwargs))
 
     call.__name__ = name

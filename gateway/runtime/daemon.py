@@ -39,6 +39,7 @@ from importlib.metadata import entry_points
 from typing import Any, AsyncIterator
 
 import state
+from gateway import tracing
 from gateway.auth import AuthSettings
 from gateway.commands import CommandSet
 from gateway.compressing import Compressor
@@ -594,6 +595,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     stop = asyncio.Event()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    tracing.setup(include_content=config.telemetry.include_content)
+    state.aio.observe_writes(tracing.store_write if tracing.enabled() else None)
     gw = Gateway(config)
     try:
         await gw.start()
@@ -622,6 +625,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     await reloads.cancel()
     await gw.stop()
     watchdog.cancel()
+    await asyncio.to_thread(tracing.shutdown)  # the last turns' spans go out
     notifier.close()
     log.info("stopped")
     return 0

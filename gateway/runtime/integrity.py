@@ -111,7 +111,7 @@ class IntegrityGuard:
                       "told their messages cannot be taken), reads still work. Stop the daemon and run "
                       "'switchboard restore BACKUP_FILE' with the newest backup", path, "; ".join(problems[:3]))
         else:
-            log.info("store integrity check: ok (%d steps, %.2fs)", len(targets), seconds)
+            log.debug("store integrity check: ok (%d steps, %.2fs)", len(targets), seconds)  # /healthz shows it
         return problems
 
 
