@@ -1066,7 +1066,8 @@ class SessionRouter:
     def _wake(self, lane: Lane) -> None:
         """Start the lane's worker unless it runs: it drains the queue, then ends."""
         if not lane.busy:
-            lane.worker = spawn(self._drain(lane), name=f"lane:{lane.key}")
+            with tracing.detached():  # each of its turns joins the trace of the messages it answers
+                lane.worker = spawn(self._drain(lane), name=f"lane:{lane.key}")
 
     async def _answer_expired(self, tickets: list[Ticket], claim: TurnGuard = SINGLE_INSTANCE) -> None:
         """One line for messages a restart found unanswered and too old to answer blindly."""

@@ -56,7 +56,7 @@ try:  # the switchboard[otel] extra
 except ImportError:  # pragma: no cover - the extra is part of the test install
     trace = None  # type: ignore[assignment]
 
-__all__ = ["available", "current_trace_id", "enabled", "inbound", "model_call", "send", "setup", "shutdown",
+__all__ = ["available", "current_trace_id", "detached", "enabled", "inbound", "model_call", "send", "setup", "shutdown",
            "store_write", "tool_call", "turn"]
 
 MAX_CONTENT_CHARS = 4096  # telemetry.include_content: text in a span is cut here
@@ -224,6 +224,23 @@ class _Span:
     def outcome(self, ok: bool, error: str | None = None) -> None:
         if not ok:
             self.span.set_status(Status(StatusCode.ERROR, error or "not delivered"))
+
+
+class _Detached:
+    """No span is current inside (a task started here begins outside every trace)."""
+
+    def __enter__(self) -> "_Detached":
+        self._token = otel_context.attach(otel_context.Context())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        otel_context.detach(self._token)
+
+
+def detached() -> _Detached | _Noop:
+    """For a long-lived task started inside a span (a chat's lane worker, which answers many turns): it
+    should not carry that span (and its trace id in the logs) into everything it does later."""
+    return NOOP if _tracer is None else _Detached()
 
 
 def inbound(msg: "InboundMessage") -> _Span | _Noop:
