@@ -108,6 +108,8 @@ async def test_the_daemon_started_on_a_damaged_store_refuses_writes_and_says_so(
 
                 found = await eventually(lambda: _corrupt(health()), 20, "/healthz saying corrupt")
                 assert found["integrity"]["problems"], found["integrity"]
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                    assert "switchboard_store_corrupt 1.0" in await response.text()
                 # a user writes: told in one line, nothing stored
                 tg.dm(tg.user(777, "Cleo"), "are you there?")
                 sent = await tg.wait_for_sent(1, timeout=20)

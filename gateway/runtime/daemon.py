@@ -273,6 +273,7 @@ class Gateway:
             self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
                                             clock=self.clock)
             self.integrity.start()
+            self.metrics.watch_integrity(self.integrity.status)
             if cfg.backup.every is not None:  # SQLite only: the config refuses it on PostgreSQL
                 self.backups = AutoBackups(cfg.home, BackupSchedule(cfg.backup.every, cfg.backup.keep, cfg.backup_dir),
                                            failed=self.metrics.backup_failures.inc)

@@ -79,6 +79,18 @@ class _StoreSize:
                 yield GaugeMetricFamily(name, doc, value=status[key])
 
 
+class _Integrity:
+    """``switchboard_store_corrupt``: 1 once the store failed its integrity check (writes refused), else 0."""
+
+    def __init__(self, status: Callable[[], dict]):
+        self._status = status
+
+    def collect(self):
+        yield GaugeMetricFamily("switchboard_store_corrupt", "1 when the store's file failed its integrity check: "
+                                "new writes are refused until a backup is restored (switchboard restore)",
+                                value=1 if self._status()["state"] == "corrupt" else 0)
+
+
 class _LastBackup:
     """``switchboard_backup_last_success_timestamp_seconds``: when the newest good automatic backup was made."""
 
@@ -168,6 +180,10 @@ class Metrics:
         """Expose the store's size and WAL size from ``status()`` (``StoreUpkeep.status``) at each scrape."""
         self.registry.register(_StoreSize(status))
 
+
+    def watch_integrity(self, status: Callable[[], dict]) -> None:
+        """Expose the integrity guard's verdict (``IntegrityGuard.status``) at each scrape."""
+        self.registry.register(_Integrity(status))
 
     def watch_backups(self, status: Callable[[], dict]) -> None:
         """Expose the newest good automatic backup's time from ``status()`` (``AutoBackups.status``)."""
