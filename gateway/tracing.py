@@ -159,11 +159,12 @@ def shutdown() -> None:
 
 
 def current_trace_id() -> str | None:
-    """The trace id (32 hex digits) of the span running in this context, or None."""
+    """The trace id (32 hex digits) of the span running in this context, or None (also when the sampler
+    did not keep its trace: a log line never points at a trace nobody can find)."""
     if _tracer is None:
         return None
     ctx = trace.get_current_span().get_span_context()
-    return format(ctx.trace_id, "032x") if ctx.is_valid else None
+    return format(ctx.trace_id, "032x") if ctx.is_valid and ctx.trace_flags.sampled else None
 
 
 def _text(value: Any) -> str:
