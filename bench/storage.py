@@ -1,4 +1,5 @@
-"""``switchboard storage``: how long ``SessionDB.storage_report`` takes on a SQLite store of N messages.
+"""``switchboard storage`` and the integrity guard: how long ``SessionDB.storage_report`` and ``PRAGMA
+quick_check`` take on a SQLite store of N messages.
 
     .venv/bin/python bench/storage.py                      # 200,000 messages in 2,000 sessions
     .venv/bin/python bench/storage.py --messages 1000000
@@ -6,6 +7,8 @@
 The store is created by ``SessionDB`` (the real schema, its search-index triggers) in a temporary
 directory, filled with ``bench._corpus`` English texts (3 to 50 words) by bulk inserts over 12 months, checkpointed, then
 reported ``--repeat`` times.  Prints the file's size and each run's seconds (``dbstat`` reads every page).
+Then the integrity guard's check (``state.IntegrityChecker``): the whole file in one ``quick_check``,
+and table by table as the daemon does it past 64 MiB (the total, and the longest single step).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._corpus import Corpus
-from state import SessionDB
+from state import IntegrityChecker, SessionDB
 
 YEAR = 365 * 86_400
 
@@ -60,6 +63,22 @@ def main() -> None:
         print(f"storage_report: median {statistics.median(times):.2f} s, max {max(times):.2f} s over {len(times)} runs; "
               f"{len(report.objects)} tables and indexes, text {report.text_bytes / 2**20:.1f} MiB, "
               f"{len(report.by_month)} months, largest session {report.largest_sessions[0].bytes:,} bytes")
+        checker = IntegrityChecker(path)
+        try:
+            t = time.perf_counter()
+            problems = checker.check(None)
+            whole = time.perf_counter() - t
+            steps = []
+            for table in checker.targets(whole_file_bytes=0):
+                t = time.perf_counter()
+                problems += checker.check(table)
+                steps.append((time.perf_counter() - t, table))
+        finally:
+            checker.close()
+        longest = max(steps)
+        print(f"quick_check: whole file {whole:.2f} s; table by table {sum(s for s, _ in steps):.2f} s in "
+              f"{len(steps)} steps, the longest {longest[0]:.2f} s ({longest[1]}); "
+              f"{'ok' if not problems else problems[:3]}")
 
 
 if __name__ == "__main__":

@@ -799,6 +799,30 @@ def _default_home(env: Mapping[str, str]) -> str:
     return env.get("SWITCHBOARD_HOME") or "~/.switchboard"
 
 
+def _optional_duration(value: Any) -> Any:
+    """Empty: None (off); else what :func:`_duration_seconds` takes (``1d``, ``6h``, seconds)."""
+    return None if empty_to_none(value) is None else _duration_seconds(value)
+
+
+class BackupConfig(_Model):
+    """``backup``: online copies of state.db made by the daemon, each checked, the oldest rotated out (SQLite)."""
+
+    every: Annotated[Seconds | None, BeforeValidator(_optional_duration)] = None  # 1d, 6h; empty: off
+    keep: int = Field(7, ge=1, le=1000)  # the newest this many stay; older ones are deleted
+    dir: Annotated[Path | None, BeforeValidator(empty_to_none)] = None  # empty: $home/backups
+
+    @field_validator("dir")
+    @classmethod
+    def _resolve_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _resolve_path(value, info)
+
+
+class TelemetryConfig(_Model):
+    """``telemetry``: OpenTelemetry traces (the switchboard[otel] extra; on by the OTEL_* variables)."""
+
+    include_content: bool = False  # message text, prompts and tool results in the spans; off: never
+
+
 class LimitsConfig(_Model):
     """``limits``: messages answered per minute; past it a message is stored, not answered, and the user
     is told once when to try again.  Empty: no limit.  Counted in memory, per instance."""
@@ -868,6 +892,8 @@ class Config(_Model):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     limits: LimitsConfig = LimitsConfig()
     media: MediaConfig = MediaConfig()
+    backup: BackupConfig = BackupConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -923,6 +949,11 @@ class Config(_Model):
                                                          f"add models.{name}: {{base_url, name, ...}}")
             if name in self.model.fallbacks[:i]:
                 raise KeyedError(f"model.fallbacks.{i}", f"{name!r} is listed twice")
+        if self.store.url and self.backup.every is not None:
+            raise KeyedError("backup.every", "automatic backups copy a SQLite state.db, and this store is PostgreSQL "
+                             f"(store.url): remove backup.every and back it up with pg_dump, e.g. daily from cron: "
+                             f"pg_dump --format=custom --file=switchboard-$(date +%F).dump '{mask_url(self.store.url)}' "
+                             "(give the password in ~/.pgpass or PGPASSWORD; pg_restore puts it back)")
         for i, job in enumerate(self.cron.jobs):
             if job.model is not None and job.model not in self.model_names:
                 raise KeyedError(f"cron.jobs.{i}.model", f"{job.model!r} is not a model name; use one of "
@@ -954,6 +985,11 @@ class Config(_Model):
     @property
     def db_path(self) -> Path:
         return self.home / "state.db"
+
+    @property
+    def backup_dir(self) -> Path:
+        """Where automatic backups go: ``backup.dir``, else ``$home/backups``."""
+        return self.backup.dir or self.home / "backups"
 
     @property
     def clustered(self) -> bool:

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, TextIO
 
 from compression.redaction import redact_tokens
+from gateway import tracing
 
 __all__ = ["JsonFormatter", "Redactor", "RedactingFilter", "TextFormatter", "protect_loggers", "redact", "setup_logging"]
 
@@ -178,6 +179,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(self.redactor.value(out), ensure_ascii=False, default=lambda v: self.redactor(str(v)))
 
 
+class TraceIdFilter(logging.Filter):
+    """Adds ``trace_id`` (the turn's OpenTelemetry trace, see :mod:`gateway.tracing`) to the records
+    written inside one; the formatters show it as ``trace_id=...`` / a JSON field.  Nothing while
+    tracing is off."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        trace_id = tracing.current_trace_id()
+        if trace_id is not None:
+            record.trace_id = trace_id
+        return True
+
+
 class _SwitchboardHandler(logging.StreamHandler):
     """Marks our handler so a second setup_logging() replaces it instead of doubling output."""
 
@@ -214,6 +227,7 @@ def setup_logging(
     redactor = Redactor(secrets)
     handler = _SwitchboardHandler(stream)
     handler.addFilter(RedactingFilter(redactor))
+    handler.addFilter(TraceIdFilter())
     handler.setFormatter(TextFormatter(redactor) if fmt == "text" else JsonFormatter(redactor))
 
     root = logging.getLogger()

@@ -36,12 +36,14 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 import openai
 from openai import AsyncStream, RequestOptions
 from openai.types.chat import ChatCompletion
 
 import compression
+from gateway import tracing
 from gateway.errors import (
     AnswerCutOff,
     ContextTooLong,
@@ -205,6 +207,7 @@ class _Endpoint:
         assert isinstance(settings, ModelSettings)
         self.label = endpoint.label
         self.settings = settings
+        self.host = urlsplit(str(settings.base_url)).hostname  # server.address of its traces' spans
         self.capabilities = endpoint.capabilities
         self.client = openai.AsyncOpenAI(
             base_url=settings.base_url,
@@ -329,8 +332,12 @@ class ModelClient:
         for i, (endpoint, name) in enumerate(order):
             last = i == len(order) - 1
             try:
-                return await self._complete_on(endpoint, name, last, messages, tools, timeout, on_text, purpose,
-                                               params)
+                with tracing.model_call(name, endpoint.host, messages) as call:
+                    completion = await self._complete_on(endpoint, name, last, messages, tools, timeout,
+                                                         call.stream(on_text), purpose, params)
+                    call.finished(input_tokens=completion.prompt_tokens, output_tokens=completion.completion_tokens,
+                                  finish_reason=completion.finish_reason, text=completion.message.get("content"))
+                    return completion
             except ModelUnavailable as exc:
                 if not _falls_back(exc):
                     raise

@@ -29,10 +29,11 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
 
 import state
+from gateway import tracing
 from gateway.errors import GatewayClosing, ModelUnavailable, PlatformHTTPError
 from gateway.failures import failure_line
 from gateway.keys import KeyPolicy, session_key
@@ -62,6 +63,9 @@ TYPING_AFTER_SECONDS = 0.5
 
 
 STOPPED_BEFORE_ANSWERING = "the gateway stopped before answering; the message is saved"
+# said to a user whose message cannot be stored (the store's file failed its integrity check)
+STORE_DAMAGED_LINE = ("Sorry, I can't take messages right now: my storage needs a repair. "
+                      "The operator has been told; please write again later.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,7 @@ class Ticket:
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
     client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
     held_for: float | None = None  # over limits.messages_per_minute: stored, unanswered; seconds to wait
+    trace: Any = None  # the inbound event's span context (gateway.tracing), the parent of the turn answering it
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -262,11 +267,13 @@ class _TrustedDrafts:
 
     async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
         self._check(chat)
-        return await self._drafts.post_draft(chat, text, reply_to=reply_to, final=final)
+        with tracing.send(chat.platform, "draft"):
+            return await self._drafts.post_draft(chat, text, reply_to=reply_to, final=final)
 
     async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
         self._check(chat)
-        await self._drafts.edit_draft(chat, message_id, text, final=final)
+        with tracing.send(chat.platform, "edit"):
+            await self._drafts.edit_draft(chat, message_id, text, final=final)
 
 
 class SessionRouter:
@@ -468,7 +475,26 @@ class SessionRouter:
         ``sink`` (request/response sources, which have no chat to post drafts in): the answer to
         ``msg`` is fed to it as the model writes it, when ``msg`` is the last of its turn's batch.
         ``extras`` (a local API client's system messages and model fields) go with the turn that
-        answers it."""
+        answers it.
+
+        While the store refuses writes (its file failed the integrity check) a chat's message is
+        answered with :data:`STORE_DAMAGED_LINE` and dropped: nothing can be stored to answer later."""
+        try:
+            with tracing.inbound(msg) as span:
+                ticket = await self._handle(msg, sink=sink, extras=extras)
+                if ticket is not None:
+                    ticket.trace = span.context  # the turn answering it joins this trace
+                return ticket
+        except state.StoreCorrupt:
+            if msg.platform not in self._senders:
+                raise  # a request/response source answers its caller with the error itself
+            log.warning("message %s from %s:%s not taken: the store refuses writes (integrity check failed)",
+                        msg.message_id, msg.platform, msg.chat.chat_id)
+            await self.deliver(msg.chat, STORE_DAMAGED_LINE, msg.message_id)
+            return None
+
+    async def _handle(self, msg: InboundMessage, *, sink: ReplySink | None,
+                      extras: RequestExtras) -> Ticket | None:
         if self._closing:
             raise GatewayClosing("the gateway is shutting down; retry after it restarts")
         verdict = await self.authorizer.check(msg)
@@ -804,6 +830,10 @@ class SessionRouter:
 
     async def _run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict],
                         claim: TurnGuard = SINGLE_INSTANCE) -> None:
+        with tracing.turn([t.trace for t in batch], platform=batch[-1].msg.platform):
+            await self._answer(lane, batch, history, claim)
+
+    async def _answer(self, lane: Lane, batch: list[Ticket], history: list[dict], claim: TurnGuard) -> None:
         if claim is SINGLE_INSTANCE and await self._held_back(lane, batch):
             return
         last = batch[-1]
@@ -1146,10 +1176,12 @@ class SessionRouter:
         send = self._senders.get(chat.platform)
         if send is None:
             return Delivery(ok=True)  # request/response sources (local API, CLI) read the ticket instead
-        try:
-            delivery = await send(chat, text, reply_to, progress)
-        except Exception as exc:  # noqa: BLE001 - adapters should not raise; record it if one does
-            delivery = Delivery(ok=False, error=str(exc))
+        with tracing.send(chat.platform) as span:
+            try:
+                delivery = await send(chat, text, reply_to, progress)
+            except Exception as exc:  # noqa: BLE001 - adapters should not raise; record it if one does
+                delivery = Delivery(ok=False, error=str(exc))
+            span.outcome(delivery.ok, delivery.error)
         if self.metrics:
             (self.metrics.messages_out if delivery.ok else self.metrics.delivery_failures).labels(chat.platform).inc()
         if not delivery.ok:
@@ -1192,7 +1224,8 @@ class SessionRouter:
     def _wake(self, lane: Lane) -> None:
         """Start the lane's worker unless it runs: it drains the queue, then ends."""
         if not lane.busy:
-            lane.worker = spawn(self._drain(lane), name=f"lane:{lane.key}")
+            with tracing.detached():  # each of its turns joins the trace of the messages it answers
+                lane.worker = spawn(self._drain(lane), name=f"lane:{lane.key}")
 
     async def _answer_expired(self, tickets: list[Ticket], claim: TurnGuard = SINGLE_INSTANCE) -> None:
         """One line for messages a restart found unanswered and too old to answer blindly."""

@@ -30,6 +30,7 @@ from typing import Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
 
 import compression
+from gateway import tracing
 from gateway.errors import AnswerCutOff
 from gateway.model import Completion, ModelClient
 from gateway.oversize import Shortened, shorten_oversized
@@ -353,7 +354,9 @@ class AgentTurn:
                     continue  # the client runs it and sends its result
                 if journal is not None:
                     await journal.write(produced, call.get("id"))
-                result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
+                with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
+                    result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
+                    span.result(result)
                 tool_calls += 1
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
                 if journal is not None:

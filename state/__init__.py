@@ -9,6 +9,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 ``state`` imports nothing from ``gateway``, ``adapters`` or ``compression``.
 """
 
+from ._integrity import IntegrityChecker
 from ._messages import Appended
 from ._pg import mask_url, probe as probe_store
 from ._split import Split
@@ -31,6 +32,7 @@ from .errors import (
     SessionChangedMeanwhile,
     SessionNotFound,
     StateError,
+    StoreCorrupt,
     StoreUnavailable,
     TitleConflict,
     WriteTimeout,
@@ -48,6 +50,7 @@ __all__ = [
     "DatabaseRefused",
     "Fence",
     "ImportFileError",
+    "IntegrityChecker",
     "InvalidTitle",
     "MigrationRefused",
     "NotADatabase",
@@ -61,6 +64,7 @@ __all__ = [
     "Split",
     "StateError",
     "StorageReport",
+    "StoreCorrupt",
     "StoreSize",
     "StoreUnavailable",
     "UpkeepReport",

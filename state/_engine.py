@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from . import schema
+from ._integrity import is_corruption
 from ._lock import GaveWay, LockTimeout, ProcessWriteLock
-from .errors import NotADatabase, StateError, WriteTimeout
+from .errors import NotADatabase, StateError, StoreCorrupt, WriteTimeout
 from .paths import prepare_db_file
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class Engine:
         self._waiting = 0  # writes (not giving way) waiting for the write mutex: a giving-way write stops
         self._waiting_mutex = threading.Lock()
         self._aside_mutex = threading.Lock()
+        self._refused: StoreCorrupt | None = None  # set once the file is found damaged: no write runs after
         prepare_db_file(self.path)
         self._wconn = self._connect(timeout=0.0)
         try:
@@ -168,7 +170,20 @@ class Engine:
         """
         return self._write(fn, args, {}, gives_way=True)
 
+    def refuse_writes(self, problems: list[str]) -> StoreCorrupt:
+        """From now on every write raises :class:`StoreCorrupt` (reads go on): the integrity guard
+        found the file damaged, and a write could spread the damage.  Returns the error."""
+        if self._refused is None:
+            self._refused = StoreCorrupt(str(self.path), problems)
+        return self._refused
+
+    @property
+    def writes_refused(self) -> StoreCorrupt | None:
+        return self._refused
+
     def _write(self, fn: Callable[..., T], args: tuple, kwargs: dict, *, gives_way: bool) -> T:
+        if self._refused is not None:
+            raise self._refused
         if not self._write_mutex.acquire(blocking=False):
             if gives_way:
                 self._write_mutex.acquire()
@@ -200,13 +215,20 @@ class Engine:
                         raise GaveWay() from exc
                     raise
 
-            if self._plock is None:
-                result = transaction()
-            else:
-                try:
-                    result = self._plock.run(deadline, transaction)
-                except LockTimeout:
-                    raise WriteTimeout(str(self.path), time.monotonic() - start) from None
+            try:
+                if self._plock is None:
+                    result = transaction()
+                else:
+                    try:
+                        result = self._plock.run(deadline, transaction)
+                    except LockTimeout:
+                        raise WriteTimeout(str(self.path), time.monotonic() - start) from None
+            except sqlite3.DatabaseError as exc:
+                if not is_corruption(exc):
+                    raise
+                log.error("a write found %s damaged (%s): new writes are refused from now on, reads still work; "
+                          "stop the daemon and run 'switchboard restore BACKUP_FILE'", self.path, exc)
+                raise self.refuse_writes([str(exc)]) from exc
             self._writes += 1
             if self._writes % CHECKPOINT_EVERY == 0:
                 self._request_checkpoint()

@@ -20,11 +20,11 @@ import queue
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from ._repo import KINDS, Repository, marked_methods
 from .db import SessionDB, public_methods
-from .errors import StateError
+from .errors import StateError, StoreCorrupt
 
 if TYPE_CHECKING:
     # the coroutines added below, at import, as the type checker sees them (generated from SessionDB)
@@ -98,12 +98,24 @@ def _finish_queued_calls() -> None:
         workers.shutdown()
 
 
+_write_observer: Callable[[str], ContextManager[Any]] | None = None
+
+
+def observe_writes(observer: Callable[[str], ContextManager[Any]] | None) -> None:
+    """Run every write coroutine inside ``observer(method_name)`` (a tracing span); None: stop."""
+    global _write_observer
+    _write_observer = observer
+
+
 def _coroutine(name: str, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
     @functools.wraps(method)
     async def call(self: "AsyncSessionDB", *args: Any, **kwargs: Any) -> Any:
         workers = {"write": self._writer, "read": self._readers, "upkeep": self._upkeep}[kind]
         if workers is None:
             raise StateError("the async state store is closed: open a new AsyncSessionDB")
+        if kind == "write" and _write_observer is not None:
+            with _write_observer(name):
+                return await workers.submit(functools.partial(method, self.db, *args, **kwargs))
         return await workers.submit(functools.partial(method, self.db, *args, **kwargs))
 
     call.__name__ = name
@@ -191,6 +203,14 @@ class AsyncSessionDB(AsyncFace):
         """:attr:`SessionDB.cluster`: the cluster's coordination on a PostgreSQL store, None on SQLite.
         Its lease and cron tick calls block: run them on a thread."""
         return self.db.cluster
+
+    def refuse_writes(self, problems: list[str]) -> StoreCorrupt:
+        """:meth:`SessionDB.refuse_writes` (no I/O: safe on the event loop)."""
+        return self.db.refuse_writes(problems)
+
+    @property
+    def writes_refused(self) -> StoreCorrupt | None:
+        return self.db.writes_refused
 
     async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         if self._writer is None:

@@ -41,6 +41,7 @@ from ._prefs import ChatPrefs
 from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
 from ._toolcalls import ToolJournal
 from ._voice import VoiceMessages
+from .errors import StateError, StoreCorrupt
 from .paths import default_db_path
 
 if TYPE_CHECKING:
@@ -540,6 +541,18 @@ class SessionDB:
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
         return self._engine.checkpoint(mode)
+
+    def refuse_writes(self, problems: Iterable[str]) -> StoreCorrupt:
+        """Every write from now on raises :class:`StoreCorrupt`, reads go on (the integrity guard found
+        the SQLite file damaged); returns that error.  PostgreSQL checks its own pages."""
+        if not isinstance(self._engine, Engine):
+            raise StateError("only a SQLite store is checked by the integrity guard")
+        return self._engine.refuse_writes(list(problems))
+
+    @property
+    def writes_refused(self) -> StoreCorrupt | None:
+        """The error every write raises since the file was found damaged; None while writes go on."""
+        return self._engine.writes_refused if isinstance(self._engine, Engine) else None
 
     @_reads
     def checkpoint_aside(self, mode: str = "PASSIVE") -> tuple[int, int, int]:

@@ -11,6 +11,8 @@
     │   ├── NotADatabase             the file is not a SQLite database, or not a Switchboard one
     │   └── SchemaTooNew             written by a newer Switchboard (.found, .supported)
     ├── WriteTimeout                 another process held the write lock longer than write_timeout
+    ├── StoreCorrupt                 the SQLite file failed its integrity check: writes are refused,
+    │                                reads still work (.problems); restore a backup
     ├── StoreUnavailable             the PostgreSQL store (store.url, password masked) cannot be reached
     ├── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
     ├── MigrationRefused             ``switchboard migrate`` cannot or must not copy (says why and what to do)
@@ -136,6 +138,20 @@ class WriteTimeout(StateError):
         super().__init__(
             f"{path}: another process held the write lock for {waited:.1f}s; nothing was written. "
             "Find the process holding the database (fuser state.db) or raise write_timeout"
+        )
+
+
+class StoreCorrupt(StateError):
+    """The SQLite file is damaged; new writes are refused so nothing more is built on it, reads still work."""
+
+    def __init__(self, path: str, problems: list[str] | tuple[str, ...]):
+        self.path = path
+        self.problems = tuple(problems)
+        shown = "; ".join(self.problems[:3]) or "damaged"
+        super().__init__(
+            f"{path} failed its integrity check ({shown}): new writes are refused, reads still work. "
+            "Stop the daemon and run 'switchboard restore BACKUP_FILE' with your newest backup "
+            "(its own check runs first)"
         )
 
 

@@ -606,3 +606,30 @@ async def test_a_transcript_renders_markdown_with_raw_html_as_text_and_no_foreig
             assert "<pre><code>**not markdown** &lt;b&gt;x&lt;/b&gt;</code></pre>" in main  # a tool's output as it is
         finally:
             await browser.close()
+
+
+async def test_the_storage_page_shows_the_storage_report_with_what_reduces_each_line(tmp_path, model):
+    async with dashboard(tmp_path, model, token=TOKEN) as gw:
+        await seed(gw)
+        await gw.db.append_message("s-root", "assistant", "x" * 5000)  # the largest session by text
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            status, body, _ = await browser.get("/ui/storage")
+        finally:
+            await browser.close()
+        report = await gw.db.storage_report()
+    assert status == 200
+    text = html.unescape(body)
+    assert 'class="here">Storage</a>' in body
+    assert "switchboard sessions prune --older-than DAYS --source discord" in text
+    assert "switchboard maintenance --vacuum (daemon stopped)" in text
+    largest = re.findall(r'<table id="largest">.*?</table>', body, re.S)[0]
+    rows = re.findall(r'<tr><td><a href="/ui/sessions/([^"]+)">', largest)
+    assert rows == [s.session_id for s in report.largest_sessions]
+    assert rows[0] == "s-root" and "switchboard sessions delete s-root" in text
+    platforms = dict(re.findall(r"<tr><td>(\w+)</td><td class=\"num\">([\d,]+)</td>",
+                                re.findall(r'<table id="platforms">.*?</table>', body, re.S)[0]))
+    assert platforms == {"discord": "4", "telegram": "2"}
+    assert "<script>alert('title')</script>" not in body  # the hostile title is escaped here too
+    assert "Integrity check" in body

@@ -12,6 +12,7 @@ import datetime as dt
 import os
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +21,10 @@ import aiohttp
 import state
 from gateway import _config_load
 from gateway.config import Config, load_config
+from gateway.durations import format_duration, time_ago
 from gateway.errors import ConfigError
 from gateway.runtime import systemd as service
+from gateway.runtime.autobackup import list_backups
 from gateway.runtime.upkeep import EVERY_SECONDS as UPKEEP_EVERY_SECONDS
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -105,6 +108,28 @@ def _upkeep_check(report: state.DatabaseReport) -> Check:
         detail += f"; {_mib(report.free_bytes)} free inside the file"
     return Check("store upkeep", not stuck, detail,
                  "stop the daemon and run: switchboard maintenance --vacuum (returns the space once, for good)")
+
+
+def check_backups(cfg: Config) -> Check:
+    """The newest automatic backup (``backup.every``) and its age; a problem once it is two periods old."""
+    every = cfg.backup.every
+    if cfg.store.url:
+        return Check("backups", None, "PostgreSQL: back it up with pg_dump (see docs/operating.md)")
+    if every is None:
+        return Check("backups", None, "automatic backups are off (set backup.every, e.g. 1d); "
+                                      "switchboard backup FILE makes one now")
+    found = list_backups(cfg.backup_dir)
+    if not found:
+        return Check("backups", None, f"none in {cfg.backup_dir} yet (every {format_duration(every)}; "
+                                      "the running daemon makes the first soon after it starts)")
+    newest = found[-1]
+    at = newest.stat().st_mtime
+    age = time.time() - at
+    detail = (f"newest {newest} ({_mib(newest.stat().st_size)}, {time_ago(at)}); {len(found)} kept of "
+              f"{cfg.backup.keep}, every {format_duration(every)}")
+    return Check("backups", age <= 2 * every, detail,
+                 "is the daemon running? Look for 'automatic backup ... failed' in its log (a full disk, "
+                 "a folder it cannot write)")
 
 
 def check_disk(home: Path) -> Check:
@@ -263,6 +288,7 @@ async def run_checks(config_path: Path | None, home: Path | None = None) -> list
         checks += await asyncio.to_thread(check_postgresql, cfg.store.url)
     else:
         checks += await asyncio.to_thread(check_database, home)
+    checks.append(await asyncio.to_thread(check_backups, cfg))
     checks.append(await asyncio.to_thread(check_disk, home))
     checks += check_permissions(home)
     async with aiohttp.ClientSession(timeout=TIMEOUT, trust_env=False) as http:

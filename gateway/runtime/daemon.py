@@ -39,6 +39,7 @@ from importlib.metadata import entry_points
 from typing import Any, AsyncIterator
 
 import state
+from gateway import tracing
 from gateway.auth import AuthSettings
 from gateway.commands import CommandSet
 from gateway.compressing import Compressor
@@ -53,8 +54,10 @@ from gateway.ratelimit import budget_sharing
 from gateway.router import SessionRouter, StreamedOutput
 from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
+from gateway.runtime.autobackup import AutoBackups, BackupSchedule
 from gateway.runtime.backlog import UnansweredBacklog
 from gateway.runtime.deadletters import DeadLetterReplay, dead_letter_row
+from gateway.runtime.integrity import IntegrityGuard
 from gateway.runtime.metrics import Metrics, probe_loop_lag
 from gateway.runtime.notify import Notifier
 from gateway.runtime.platforms import PlatformSupervisor
@@ -135,6 +138,8 @@ class Gateway:
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
         self._dead_letter_replay: asyncio.Task | None = None
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
+        self.integrity: IntegrityGuard | None = None  # quick_check at start and daily, in the daemon only
+        self.backups: AutoBackups | None = None  # backup.every: automatic online backups, in the daemon only
         self._loop_lag: asyncio.Task | None = None  # the event-loop lag probe behind /metrics (daemon only)
         self.backlog: UnansweredBacklog | None = None  # sessions awaiting an answer, in the daemon only (start())
         # Several instances on one PostgreSQL store (config.clustered): this one's name, the platform
@@ -271,6 +276,15 @@ class Gateway:
                                       idle=lambda: services.router.active_lanes() == 0)
             self.upkeep.start()
             self.metrics.watch_store(self.upkeep.status)
+            self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
+                                            clock=self.clock)
+            self.integrity.start()
+            self.metrics.watch_integrity(self.integrity.status)
+            if cfg.backup.every is not None:  # SQLite only: the config refuses it on PostgreSQL
+                self.backups = AutoBackups(cfg.home, BackupSchedule(cfg.backup.every, cfg.backup.keep, cfg.backup_dir),
+                                           failed=self.metrics.backup_failures.inc)
+                self.metrics.watch_backups(self.backups.status)
+                self.backups.start()
             self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
             self.backlog = UnansweredBacklog(self.db)
             self.metrics.watch_unanswered(self.backlog.status)
@@ -481,6 +495,10 @@ class Gateway:
         self.platforms.cancel()
         if self.upkeep is not None:
             await self.upkeep.stop()
+        if self.integrity is not None:
+            await self.integrity.stop()
+        if self.backups is not None:
+            await self.backups.stop()
         if self._loop_lag is not None:
             self._loop_lag.cancel()
             await asyncio.gather(self._loop_lag, return_exceptions=True)
@@ -540,8 +558,10 @@ class Gateway:
         model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
         ok = ok and model["state"] != "unreachable"
         models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
+        integrity = self.integrity.status() if self.integrity is not None else None
+        corrupt = integrity is not None and integrity["state"] == "corrupt"
         return {
-            "status": "draining" if self.draining else "ok" if ok else "degraded",
+            "status": "draining" if self.draining else "corrupt" if corrupt else "ok" if ok else "degraded",
             "platforms": platforms,
             "model": model,
             "models": models,
@@ -551,6 +571,8 @@ class Gateway:
             "dead_letters": self.dead_letters_held,
             "unanswered": self.backlog.status() if self.backlog is not None else None,
             "store": self.upkeep.status() if self.upkeep is not None else None,
+            "integrity": integrity,
+            "backup": self.backups.status() if self.backups is not None else None,
             "uptime_seconds": round(time.time() - self.started_at, 1) if self.started_at else 0,
             "cluster": self._cluster_health() if self.config.clustered else None,
             "tool_servers": {s.name: {"state": s.state, "tools": len(s.tools), "last_error": s.last_error}
@@ -591,6 +613,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     stop = asyncio.Event()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    tracing.setup(include_content=config.telemetry.include_content)
+    state.aio.observe_writes(tracing.store_write if tracing.enabled() else None)
     gw = Gateway(config)
     try:
         await gw.start()
@@ -619,6 +643,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     await reloads.cancel()
     await gw.stop()
     watchdog.cancel()
+    await asyncio.to_thread(tracing.shutdown)  # the last turns' spans go out
     notifier.close()
     log.info("stopped")
     return 0

@@ -69,6 +69,31 @@ class _StoreSize:
                 yield GaugeMetricFamily(name, doc, value=status[key])
 
 
+class _Integrity:
+    """``switchboard_store_corrupt``: 1 once the store failed its integrity check (writes refused), else 0."""
+
+    def __init__(self, status: Callable[[], dict]):
+        self._status = status
+
+    def collect(self):
+        yield GaugeMetricFamily("switchboard_store_corrupt", "1 when the store's file failed its integrity check: "
+                                "new writes are refused until a backup is restored (switchboard restore)",
+                                value=1 if self._status()["state"] == "corrupt" else 0)
+
+
+class _LastBackup:
+    """``switchboard_backup_last_success_timestamp_seconds``: when the newest good automatic backup was made."""
+
+    def __init__(self, status: Callable[[], dict]):
+        self._status = status
+
+    def collect(self):
+        last = self._status()["last_good"]
+        if last is not None:
+            yield GaugeMetricFamily("switchboard_backup_last_success_timestamp_seconds", "When the newest automatic "
+                                    "backup that passed its integrity check was made (Unix time)", value=last["at"])
+
+
 LOOP_LAG_PROBE_SECONDS = 0.5  # how often the probe sleeps and wakes
 
 
@@ -133,6 +158,8 @@ class Metrics:
             f"{LOOP_LAG_PROBE_SECONDS:g} s (time spent blocked or busy elsewhere)", registry=r,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
+        self.backup_failures = Counter("switchboard_backup_failures", "Automatic backups that failed (each a "
+                                       "WARNING in the log; the earlier backups are kept)", registry=r)
         r.register(_ScrapedCounter("switchboard_background_task_failures", "Background tasks that ended with an "
                                    "exception (logged with a traceback)", "task", tasks.failures))
         r.register(_ScrapedCounter("switchboard_plain_text_fallbacks", "Reply parts whose formatting the platform "
@@ -157,6 +184,14 @@ class Metrics:
         """Expose the store's size and WAL size from ``status()`` (``StoreUpkeep.status``) at each scrape."""
         self.registry.register(_StoreSize(status))
 
+
+    def watch_integrity(self, status: Callable[[], dict]) -> None:
+        """Expose the integrity guard's verdict (``IntegrityGuard.status``) at each scrape."""
+        self.registry.register(_Integrity(status))
+
+    def watch_backups(self, status: Callable[[], dict]) -> None:
+        """Expose the newest good automatic backup's time from ``status()`` (``AutoBackups.status``)."""
+        self.registry.register(_LastBackup(status))
 
     def watch_unanswered(self, status: Callable[[], dict]) -> None:
         """Expose the unanswered backlog (``UnansweredBacklog.status``) at each scrape."""

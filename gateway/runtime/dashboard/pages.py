@@ -28,6 +28,7 @@ from gateway.insights import account_names, daily_chart, from_summary, window
 from gateway.platforms import installed_platforms, sources
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
+from gateway.runtime.storage_view import OBJECTS_SHOWN, report_json, size
 
 if TYPE_CHECKING:
     from gateway.runtime.dashboard.app import Dashboard
@@ -42,6 +43,7 @@ DEAD_LETTERS_SHOWN = 20
 USAGE_GROUPINGS = ("model", "purpose", "platform", "day", "user", "chat")
 USAGE_TOP = 20  # groups shown on the usage page; the rest are one row
 USAGE_MAX_DAYS = 366
+STORAGE_FRESH_SECONDS = 60.0  # the Storage page's report is reused this long (dbstat reads every page)
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -83,6 +85,8 @@ class Pages:
     def __init__(self, sources: Sources):
         self.src = sources
         self.ui: Dashboard | None = None
+        self._storage: tuple[float, dict] | None = None  # (measured at, report_json) for the Storage page
+        self._storage_lock = asyncio.Lock()  # one measurement at a time, however many tabs ask
 
     def routes(self, app: web.Application, ui: Dashboard) -> None:
         self.ui = ui
@@ -98,6 +102,7 @@ class Pages:
         get("/ui/cron/{job_id}/runs/fragment", self.runs_fragment)
         post("/ui/cron/{job_id}/{action}", self.cron_action)
         get("/ui/usage", self.usage)
+        get("/ui/storage", self.storage)
         get("/ui/pairing", self.pairing)
         post("/ui/pairing/approve", self.pairing_approve)
         post("/ui/pairing/revoke", self.pairing_revoke)
@@ -209,6 +214,17 @@ class Pages:
                             headers={"Content-Disposition": f'attachment; filename="session-{name}.{kind}"'})
 
     # -- usage ----------------------------------------------------------------------
+    async def storage(self, request: web.Request) -> web.StreamResponse:
+        """``switchboard storage`` as a page: the same report and the same commands that reduce each line,
+        measured on a reader thread at most once a minute (on a large store ``dbstat`` takes seconds)."""
+        async with self._storage_lock:
+            if self._storage is None or time.time() - self._storage[0] > STORAGE_FRESH_SECONDS:
+                self._storage = (time.time(), report_json(await self.src.db.storage_report()))
+        measured_at, report = self._storage
+        return self._render(request, "storage.html", "storage", report=report, size=size, shown=OBJECTS_SHOWN,
+                            measured_at=measured_at, integrity=(self.src.health().get("integrity") or {}),
+                            backup=self.src.health().get("backup"))
+
     async def usage(self, request: web.Request) -> web.StreamResponse:
         """The insights of ``switchboard insights``: the chart of the days' tokens by purpose and cost per
         day, and one row per model, purpose, platform, day, user (an identity's accounts together) or chat."""
