@@ -81,6 +81,17 @@ def test_add_list_show_edit_pause_resume_remove(tmp_path):
     assert "'every fortnight'" in cli(config, "edit", "morning-briefing", "-s", "every fortnight", code=1)
     assert cli(config, "remove", "morning-briefing-2") == "Removed job morning-briefing-2.\n"
     assert "no scheduled job has the id 'morning-briefing-2'" in cli(config, "show", "morning-briefing-2", code=1)
+    assert "tools:     none" in cli(config, "show", "morning-briefing")
+    assert cli(config, "add", "Files", "-s", "every 1h", "-p", "x", "--tools", "files__read_*", "--tools",
+               "search__query").startswith("Added job files ")
+    assert "tools:     files__read_* search__query" in cli(config, "show", "files")
+    assert "is not a glob over <server>__<tool>" in cli(config, "add", "Bad", "-s", "every 1h", "-p", "x",
+                                                         "--tools", "read", code=1)
+    cli(config, "edit", "files", "--tools", "files__list")
+    assert "tools:     files__list" in cli(config, "show", "files")
+    cli(config, "edit", "files", "--tools", "")
+    assert "tools:     none" in cli(config, "show", "files")
+    assert cli(config, "remove", "files") == "Removed job files.\n"
     assert cli(config, "history") == "No runs recorded.\n"
     assert cli(config, "history", "-n", "0") == "No runs shown (-n 0).\n"  # not a claim that there are none
     assert "No runs" not in cli(config, "show", "digest", "--runs", "0")

@@ -94,8 +94,10 @@ def cron_group() -> None:
 @click.option("--context", type=click.Choice(["fresh", "continue"]), default="fresh", show_default=True,
               help="fresh: a new session each run; continue: one session that goes on.")
 @click.option("--grace", default=None, help="How late a missed run may still run after a restart (default 1h).")
+@click.option("--tools", "tools", multiple=True, metavar="GLOB",
+              help="An MCP tool its runs may use, a glob over <server>__<tool> (repeatable; default: none).")
 def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, deliver: str, job_id: str | None,
-             model: str | None, context: str, grace: str | None) -> None:
+             model: str | None, context: str, grace: str | None, tools: tuple[str, ...]) -> None:
     """Add a job called NAME."""
     from gateway.cron.service import first_run_at
 
@@ -105,7 +107,8 @@ def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, de
         now = time.time()
         try:
             spec, sched = validate_job({"id": job_id, "name": name, "schedule": schedule, "prompt": prompt,
-                                        "deliver": deliver, "model": model, "context": context, "grace": grace},
+                                        "deliver": deliver, "model": model, "context": context, "grace": grace,
+                                        "tools": list(tools)},
                                        cfg.tzinfo, now=now)
             _refuse_unreachable(cfg, spec.deliver)
             job = db.add_cron_job(spec.as_row(), source="cli", now=now, next_run_at=first_run_at(sched, now))
@@ -183,7 +186,7 @@ def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -
     for label, value in [("id", job["id"]), ("name", job["name"]), ("schedule", f"{job['schedule']} ({cfg.timezone})"),
                          ("next run", nxt), ("deliver", job["deliver"]), ("model", job["model"] or cfg.model.name),
                          ("context", job["context"]), ("grace", format_duration(job["grace_seconds"])),
-                         ("source", job["source"]), ("prompt", job["prompt"])]:
+                         ("tools", job.get("tools") or "none"), ("source", job["source"]), ("prompt", job["prompt"])]:
         click.echo(f"{label + ':':<10} {value}")
     if not runs:
         return  # --runs 0: the definition alone
@@ -209,6 +212,8 @@ def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -
 @click.option("--model", default=None, help="Model for this job ('' for the config's model.name).")
 @click.option("--context", type=click.Choice(["fresh", "continue"]), default=None)
 @click.option("--grace", default=None)
+@click.option("--tools", "tools", multiple=True, metavar="GLOB",
+              help="Replaces the MCP tools its runs may use (repeatable; --tools '' for none).")
 def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
     """Change a job added with `cron add` (config jobs are edited in the config file)."""
     from gateway.cron.service import first_run_at
@@ -218,9 +223,13 @@ def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
         job = _job_or_fail(db, job_id)
         if job["source"] == "config":
             _fail(f"job {job_id!r} is defined in the config file (cron.jobs); edit it there and restart the daemon")
+        tools = changes.pop("tools")
         given = {k: v for k, v in changes.items() if v is not None}
+        if tools:
+            given["tools"] = [t for t in tools if t]
         if not given:
-            _fail("nothing to change: give --name, --schedule, --prompt, --deliver, --model, --context or --grace")
+            _fail("nothing to change: give --name, --schedule, --prompt, --deliver, --model, --context, --grace "
+                  "or --tools")
         now = time.time()
         merged = {**{k: job[k] for k in ("id", "name", "schedule", "prompt", "deliver", "model", "context", "tools")},
                   "grace": f"{int(job['grace_seconds'])}s", **given}
