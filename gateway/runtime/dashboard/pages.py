@@ -56,6 +56,7 @@ class Sources:
     instance: dict  # agent, host, pid, home, version
     queued_messages: Callable[[], int]  # messages waiting in the router's lanes
     identities: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the config's identities:
+    budgets: Any = None  # gateway.budgetgate.BudgetGate: the budgets page (None: not shown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ class Pages:
         get("/ui/cron/{job_id}/runs/fragment", self.runs_fragment)
         post("/ui/cron/{job_id}/{action}", self.cron_action)
         get("/ui/usage", self.usage)
+        get("/ui/budgets", self.budgets)
         get("/ui/pairing", self.pairing)
         post("/ui/pairing/approve", self.pairing_approve)
         post("/ui/pairing/revoke", self.pairing_revoke)
@@ -209,6 +211,13 @@ class Pages:
                             headers={"Content-Disposition": f'attachment; filename="session-{name}.{kind}"'})
 
     # -- usage ----------------------------------------------------------------------
+    async def budgets(self, request: web.Request) -> web.StreamResponse:
+        """Every budget rule in force with what its scope spent this period, what is left and when it
+        resets (read-only: ``switchboard budgets set|reset`` change them)."""
+        gate = self.src.budgets
+        states = await gate.listing() if gate is not None else []
+        return self._render(request, "budgets.html", "budgets", states=[s.as_dict() for s in states])
+
     async def usage(self, request: web.Request) -> web.StreamResponse:
         """The insights of ``switchboard insights``: the chart of the days' tokens by purpose and cost per
         day, and one row per model, purpose, platform, day, user (an identity's accounts together) or chat."""
