@@ -780,6 +780,7 @@ class LimitsConfig(_Model):
 
 
 BUDGET_SCOPE_KINDS = ("user", "chat", "platform", "cron", "gateway")
+BUDGET_SOURCES = ("api",)  # besides the platforms: the local API's calls (platform:api, user:api:<caller>)
 
 
 class BudgetRuleConfig(_Model):
@@ -819,7 +820,7 @@ def budget_scope_problem(scope: str, cfg: Config, cron_ids: set[str] | None = No
     with it (None: nothing).  ``cron_ids``: the jobs a ``cron:`` scope may name (default: the config's)."""
     kind, _, rest = scope.strip().partition(":")
     rest = rest.strip()
-    platforms = installed_platforms()
+    platforms = (*installed_platforms(), *BUDGET_SOURCES)
     if kind == "gateway":
         return ("gateway", None) if not rest else (scope, "gateway takes nothing after it; write just gateway")
     if kind == "platform":
@@ -830,7 +831,7 @@ def budget_scope_problem(scope: str, cfg: Config, cron_ids: set[str] | None = No
         if rest in cfg.identities:
             return f"user:{rest}", None
         try:
-            account = _check_user_ref(rest)
+            account = rest if rest.startswith("api:") and len(rest) > 4 else _check_user_ref(rest)
         except ValueError:
             known = ", ".join(cfg.identities) or "none defined"
             return scope, (f"{describe(rest)} is neither a name under identities (known: {known}) nor an account "

@@ -20,7 +20,7 @@ from gateway.cli.main import main
 from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import FakeModel
 from tests.fakes.telegram import FakeTelegram
-from tests.harness import Clock, eventually, gateway_config, running_gateway
+from tests.harness import ApiClient, Clock, eventually, gateway_config, running_gateway
 
 ANN = FakeTelegram.user(111, "Ann")
 ANN_TOO = FakeTelegram.user(222, "Ann")  # Ann's second account, linked to the same identity
@@ -154,3 +154,22 @@ async def test_a_cron_job_over_its_budget_is_skipped_and_its_history_says_so(tmp
     history = CliRunner().invoke(main, ["cron", "history", "digest", "--home", str(tmp_path / "home")])
     assert history.exit_code == 0, history.output
     assert "skipped - over budget: cron:digest/month/tokens is used up" in " ".join(history.output.split())
+
+
+async def test_a_local_api_request_over_budget_gets_429_saying_when_and_is_stored(tmp_path):
+    clock = Clock()
+    async with FakeModel() as model, running_gateway(
+            tmp_path / "home", model, clock=clock,
+            budgets={"rules": [{"scope": "platform:api", "period": "month", "cost": 1.5}]}) as gw:
+        api = ApiClient(gw)
+        try:
+            month = period_key("month", clock(), gw.config.tzinfo)
+            await gw.db.budgets.record_calls([], [("platform:api", month, 1.5, 0)])
+            status, text = await api.failure("k", "anything left?")
+            assert status == 429
+            assert text.startswith("The api platform's monthly budget is used up; it resets on ")
+            assert not model.requests
+            stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+            assert [m["content"] for m in stored if m["role"] == "user"] == ["anything left?"]
+        finally:
+            await api.close()
