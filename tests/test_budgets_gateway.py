@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from gateway.budgets import period_key
 from gateway.cli.main import main
 from gateway.runtime.daemon import Gateway
-from tests.fakes.model_server import FakeModel
+from tests.fakes.model_server import FakeModel, ToolCall
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import ApiClient, Clock, eventually, gateway_config, running_gateway
 
@@ -173,3 +173,23 @@ async def test_a_local_api_request_over_budget_gets_429_saying_when_and_is_store
             assert [m["content"] for m in stored if m["role"] == "user"] == ["anything left?"]
         finally:
             await api.close()
+
+
+async def test_a_tool_loop_call_past_the_budget_is_refused_and_the_message_kept_for_later(tmp_path):
+    """The turn's first call is allowed (just under the limit); the tool loop's next call is refused: the
+    user gets the budget line, no further call is made, and the message is answered after the reset."""
+    clock = Clock()
+    async with telegram_gateway(tmp_path, clock) as (tg, model, gw):
+        await spent_before(gw, clock, LIMIT - 1)
+        model.script(ToolCall("session_search", {"query": "Lyon"}, "call_s"))
+        tg.dm(ANN, "what did we say about Lyon?")
+        await tg.wait_for(lambda: any("budget is used up" in t for t in to(tg, 111)), what="the budget line")
+        assert len(model.requests) == 1, "the tool loop's second call was not made"
+        assert model.requests[0].body["max_tokens"] == 1, "the first call was capped at the one token left"
+        key = "agent:main:telegram:dm:111"
+        await eventually(lambda: gw.router.held_back(key) == 1 and not gw.router.working_on(key), 10, "held")
+        await gw.db.budgets.reset("user:ann", period_key("day", clock(), gw.config.tzinfo))
+        tg.dm(ANN, "and now?")
+        await tg.wait_for(lambda: to(tg, 111)[-1].startswith("echo: "), what="the answer")
+        seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
+        assert seen[-2:] == ["what did we say about Lyon?", "and now?"]
