@@ -193,3 +193,19 @@ async def test_a_tool_loop_call_past_the_budget_is_refused_and_the_message_kept_
         await tg.wait_for(lambda: to(tg, 111)[-1].startswith("echo: "), what="the answer")
         seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
         assert seen[-2:] == ["what did we say about Lyon?", "and now?"]
+
+
+async def test_held_messages_are_answered_by_themselves_once_the_budget_resets(tmp_path):
+    clock = Clock()
+    async with telegram_gateway(tmp_path, clock) as (tg, model, gw):
+        now = dt.datetime.fromtimestamp(clock(), dt.timezone.utc)
+        midnight = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), dt.timezone.utc).timestamp()
+        clock.advance(midnight - clock() - 2)  # two seconds before midnight (UTC)
+        await spent_before(gw, clock, LIMIT)
+        tg.dm(ANN, "just before midnight")
+        await tg.wait_for(lambda: len(to(tg, 111)) == 1, what="the budget line")
+        assert "resets at 00:00 (UTC)" in to(tg, 111)[0] or "resets tomorrow at 00:00 (UTC)" in to(tg, 111)[0]
+        # nothing more is sent by Ann: the held message is answered when the new day starts
+        await tg.wait_for(lambda: len(to(tg, 111)) == 2, what="the answer after midnight", timeout=15)
+        assert to(tg, 111)[1].startswith("echo: just before midnight")
+        assert len(model.requests) == 1
