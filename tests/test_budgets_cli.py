@@ -86,25 +86,46 @@ def test_a_bad_rule_in_the_config_exits_78(home):
     assert "budgets.rules[0].scope" in result.output
 
 
-async def test_the_dashboard_shows_each_rule_with_what_is_left(tmp_path):
+def _rows(body: str) -> list[list[str]]:
+    rows = [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+    return [r[:7] for r in rows if r]
+
+
+async def test_the_dashboard_shows_each_rule_with_what_is_left_and_changes_it(tmp_path):
     async with FakeModel() as model, running_gateway(
             tmp_path, model, ui={"enabled": True}, api={"token": TOKEN}, identities={"ann": ["telegram:1"]},
             budgets={"rules": [{"scope": "user:ann", "period": "day", "tokens": 1000},
                                {"scope": "gateway", "period": "month", "cost": 10}]}) as gw:
-        await gw.db.budgets.record_calls([], [("user:ann", period_key("day", time.time(), gw.config.tzinfo), 0.0,
-                                               250)])
+        day = period_key("day", time.time(), gw.config.tzinfo)
+        await gw.db.budgets.record_calls([], [("user:ann", day, 0.0, 250)])
         browser = Browser(gw)
         try:
             await browser.login()
             status, body, _ = await browser.get("/ui/budgets")
+            assert status == 200
+            assert _rows(body) == [["gateway/month/cost", "gateway", "month", "10.00", "0.00", "10.00", "0"],
+                                   ["user:ann/day/tokens", "user:ann", "day", "1,000", "250", "750", "25"]]
+            csrf = await browser.csrf("/ui/budgets")
+            status, _, response = await browser.post("/ui/budgets/set", {"csrf": csrf, "name": "user:ann/day/tokens",
+                                                                         "limit": "2,000"})
+            assert status == 303, response.headers
+            status, body, _ = await browser.post("/ui/budgets/set", {"csrf": csrf, "name": "user:ann/day/tokens",
+                                                                     "limit": "lots"})
+            assert status == 400 and "must be a number above 0" in html.unescape(body)
+            status, _, _ = await browser.post("/ui/budgets/reset", {"csrf": csrf, "name": "user:ann/day/tokens"})
+            assert status == 303
+            status, _, _ = await browser.post("/ui/budgets/set", {"csrf": csrf, "name": "gateway/month/cost",
+                                                                  "off": "1"})
+            assert status == 303
+            status, _, _ = await browser.post("/ui/budgets/reset", {"csrf": "forged", "name": "user:ann/day/tokens"})
+            assert status == 403, "a change without the page's CSRF token is refused"
+            _, body, _ = await browser.get("/ui/budgets")
+            assert _rows(body) == [["user:ann/day/tokens", "user:ann", "day", "2,000", "0", "2,000", "0"]]
+            assert [s.rule.name for s in await gw.services.budgets.listing()] == ["user:ann/day/tokens"], \
+                "the daemon enforces what the page set"
         finally:
             await browser.close()
-    assert status == 200
-    rows = [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
-            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
-    rows = [r[:7] for r in rows if r]
-    assert rows == [["gateway/month/cost", "gateway", "month", "10.00", "0.00", "10.00", "0"],
-                    ["user:ann/day/tokens", "user:ann", "day", "1,000", "250", "750", "25"]]
 
 
 def test_config_check_warns_of_a_model_without_a_price_under_a_cost_budget(home):
