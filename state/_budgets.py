@@ -137,12 +137,14 @@ def claim_notice(conn: sqlite3.Connection, rule: str, period: str, level: str, t
                         (rule, period, level, target, now)).rowcount > 0
 
 
-def prune_spend(conn: sqlite3.Connection, keep: Iterable[str]) -> int:
-    """Drop the spend and notice rows of every period not in ``keep`` (the current ones); how many."""
-    keep = list(keep)
-    marks = ", ".join("?" * len(keep)) or "NULL"
-    gone = conn.execute(f"DELETE FROM budget_spend WHERE period NOT IN ({marks})", keep).rowcount
-    conn.execute(f"DELETE FROM budget_notices WHERE period NOT IN ({marks})", keep)
+def prune_spend(conn: sqlite3.Connection, before_day: str, before_month: str) -> int:
+    """Drop the spend and notice rows of the days before ``before_day`` (``d:YYYY-MM-DD``) and the
+    months before ``before_month`` (``m:YYYY-MM``): no rule reads them again; how many spend rows."""
+    gone = 0
+    for table in ("budget_spend", "budget_notices"):
+        count = conn.execute(f"DELETE FROM {table} WHERE (period LIKE 'd:%' AND period < ?) "
+                             "OR (period LIKE 'm:%' AND period < ?)", (before_day, before_month)).rowcount
+        gone += count if table == "budget_spend" else 0
     return gone
 
 
@@ -185,6 +187,6 @@ class Budgets(Repository):
         return self._engine.write(claim_notice, rule, period, level, target, now=now)
 
     @writes
-    def prune(self, keep: list[str]) -> int:
-        """Drop the spend rows of the periods not in ``keep``."""
-        return self._engine.write(prune_spend, list(keep))
+    def prune(self, before_day: str, before_month: str) -> int:
+        """Drop the spends of the days before ``before_day`` and the months before ``before_month``."""
+        return self._engine.write(prune_spend, before_day, before_month)

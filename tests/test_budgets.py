@@ -248,3 +248,13 @@ async def test_three_instances_on_one_budget_overshoot_by_at_most_one_call_each(
             for (client, _), (db, _) in zip(clients, instances, strict=True):
                 await client.close()
                 await db.close()
+
+
+def test_spends_of_periods_long_over_are_pruned(store):
+    store.budgets.record_calls([], [("user:ann", "d:2026-09-01", 1.0, 10), ("user:ann", "d:2026-11-27", 1.0, 10),
+                                    ("user:ann", "m:2025-01", 1.0, 10), ("user:ann", "m:2026-11", 1.0, 10)])
+    store.budgets.claim_notice("user:ann/day/cost", "d:2026-09-01", "80", "chat", now=1.0)
+    assert store.budgets.prune("d:2026-10-18", "m:2025-10") == 2
+    assert sorted(store.budgets.spent(["user:ann"], ["d:2026-09-01", "d:2026-11-27", "m:2025-01", "m:2026-11"])) == \
+        [("user:ann", "d:2026-11-27"), ("user:ann", "m:2026-11")]
+    assert store.budgets.claim_notice("user:ann/day/cost", "d:2026-09-01", "80", "chat", now=2.0), "its notice went too"
