@@ -148,7 +148,14 @@ class BudgetGate:
     def _maybe_refresh(self) -> None:
         if self.clock() - self._refreshed_at >= REFRESH_SECONDS and (self._refresher is None or self._refresher.done()):
             self._refreshed_at = self.clock()
-            self._refresher = spawn(self.refresh(), name="budgets:refresh")
+            self._refresher = spawn(self._refresh_quietly(), name="budgets:refresh")
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except Exception as exc:  # noqa: BLE001 - the rules in force stay; the next check tries again
+            log.warning("budgets: the rules set from the CLI could not be read again (%s); the ones read last "
+                        "stay in force", exc)
 
     # -- who a call is for ----------------------------------------------------------------------
 
@@ -256,8 +263,9 @@ class BudgetGate:
             cost = 0.0 if default is None else spend_of(int(row.get("prompt_tokens") or 0),
                                                          int(row.get("completion_tokens") or 0),
                                                          int(row.get("cached_tokens") or 0), default)
-        at, tz = float(row["at"]), self.settings.tz
-        out = [(scope, period_key(period, at, tz), float(cost), tokens) for scope in scopes for period in ("day", "month")]
+        at = float(row["at"])
+        keys = [self._period(period, at)[0] for period in ("day", "month")]
+        out = [(scope, key, float(cost), tokens) for scope in scopes for key in keys]
         self._hold([(s, p) for s, p, _, _ in out], float(cost), tokens)
         return out
 
