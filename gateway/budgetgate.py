@@ -8,13 +8,17 @@ period is read from the store's roll-up (``db.budgets.spent``: one read down its
 ledger), and :func:`gateway.budgets.decide` says whether the call goes ahead and with what
 ``max_tokens``.  A refused call raises :class:`gateway.errors.BudgetExceeded` and is not made.
 
-What this instance spent but the store does not hold yet counts too: a call admitted and still
-running holds back its prompt and its ``max_tokens`` (at the model's price), and a call made is
-added in memory until the usage recorder's batch is written (:meth:`record` /
-:meth:`written`).  The recorder writes the ledger's row and the budgets' roll-up in one
+What this instance spent but the store does not hold yet counts too: a call made is added in
+memory until the usage recorder's batch is written (:meth:`spends` / :meth:`written`), and a call
+admitted and still running holds back its prompt and up to :data:`ANSWER_HELD_TOKENS` of its
+answer (at the model's price).  Not its whole cap: that is all that is left, and holding it would
+stop every other call of a shared budget until it ended.  When all that is left is held by running
+calls, the next call waits for one of them to end (up to :data:`WAIT_SECONDS`) instead of being told
+the budget is used up.  The recorder writes the ledger's row and the budgets' roll-up in one
 transaction, so on PostgreSQL what one instance spent is seen by the others once written: several
 instances together overshoot a budget by at most one call each (each may admit one call the others'
-running calls would have refused).
+running calls would have refused), plus, within an instance, what its calls running side by side
+answer beyond the tokens each held back.
 
 The router asks :meth:`check` before a turn (the user is told at 80 % and at 100 %, once per rule and
 period: ``db.budgets.claim_notice``), and the operator is told once in ``budgets.notify`` when a
@@ -55,6 +59,11 @@ from gateway.usage import CallContext
 log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 10.0  # how often the rules set from the CLI are read again
+# What a running call holds back of its answer, at most: its prompt and up to this many answer tokens.
+# Holding back its whole cap (all that is left) would stop every other call until it ends; near the
+# end of a budget (less than this left) a call holds back all it may use, and the next one waits.
+ANSWER_HELD_TOKENS = 1024
+WAIT_SECONDS = 120.0  # how long a call waits for the calls in flight to give back what they held
 SESSIONS_REMEMBERED = 4096  # sessions whose platform and user are kept for calls that do not name them
 
 
@@ -117,6 +126,8 @@ class BudgetGate:
         self._index: dict[str, list[Rule]] = {}
         self._reindex()
         self._held: dict[tuple[str, str], list] = {}  # (scope, period) -> [cost, tokens] not yet in the store
+        self._in_flight: dict[tuple[str, str], list] = {}  # (scope, period) -> [cost, tokens] held by running calls
+        self._released = asyncio.Event()  # set (and replaced) whenever a running call gives back what it held
         self._sessions: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
         self._refreshed_at = 0.0
         self._stored_since = -1.0
@@ -179,8 +190,10 @@ class BudgetGate:
 
     # -- what was spent --------------------------------------------------------------------------
 
-    async def states(self, scopes: tuple[str, ...], now: float | None = None) -> list[RuleState]:
-        """The rules on ``scopes`` with what each spent this period (the store's and this instance's)."""
+    async def states(self, scopes: tuple[str, ...], now: float | None = None, *,
+                     in_flight: bool = True) -> list[RuleState]:
+        """The rules on ``scopes`` with what each spent this period (the store's and this instance's
+        calls not written yet), and what the calls running here hold back (``in_flight``)."""
         self._maybe_refresh()
         rules = [rule for scope in scopes for rule in self._index.get(scope, ())]
         if not rules:
@@ -193,9 +206,9 @@ class BudgetGate:
             period, ends = periods[rule.period]
             key = (rule.scope, period)
             cost, tokens = found.get(key, (0.0, 0))
-            held = self._held.get(key)
-            if held is not None:
-                cost, tokens = cost + held[0], tokens + held[1]
+            for held in (self._held.get(key), self._in_flight.get(key) if in_flight else None):
+                if held is not None:
+                    cost, tokens = cost + held[0], tokens + held[1]
             out.append(RuleState(rule, period, cost if rule.kind == "cost" else float(tokens), ends))
         return out
 
@@ -211,7 +224,7 @@ class BudgetGate:
     async def check(self, ctx: CallContext, *, prompt_tokens: int = 0, model: str | None = None) -> Verdict:
         """The verdict on a call for ``ctx`` now, without holding anything back (the router's look
         before a turn, cron's before a run, ``/usage``)."""
-        states = await self.states(await self.scopes_of(ctx))
+        states = await self.states(await self.scopes_of(ctx), in_flight=False)  # admit waits for those
         price = (self.price(model) if model else None) or Price(0.0, 0.0)
         return decide(states, prompt_tokens=prompt_tokens, price=price)
 
@@ -229,29 +242,43 @@ class BudgetGate:
         prompt = compression.estimate_tokens(messages)
         price = self.price(model) or Price(0.0, 0.0)
         verdict = decide(states, prompt_tokens=prompt, price=price, asked_max_tokens=asked_max_tokens)
+        waited_until = time.monotonic() + WAIT_SECONDS
+        while verdict.refused is not None and time.monotonic() < waited_until \
+                and await self._spent_only_in_flight(scopes):
+            released = self._released  # the calls running here may leave some: wait for one to end
+            try:
+                await asyncio.wait_for(released.wait(), waited_until - time.monotonic())
+            except asyncio.TimeoutError:
+                break
+            states = await self.states(scopes)
+            verdict = decide(states, prompt_tokens=prompt, price=price, asked_max_tokens=asked_max_tokens)
         if verdict.refused is not None:
             await self.refused(verdict.refused, ctx)
             raise BudgetExceeded(verdict.refused, refusal_line(verdict.refused, self.settings.tz, self.clock()))
-        answer = verdict.max_tokens or 0
+        answer = min(verdict.max_tokens, max(ANSWER_HELD_TOKENS, asked_max_tokens or 0)) \
+            if verdict.max_tokens is not None else 0
         keys = tuple({(s.rule.scope, s.period) for s in states})
         admission = Admission(scopes, keys, spend_of(prompt, answer, 0, price), prompt + answer, verdict.max_tokens)
-        self._hold(keys, admission.cost, admission.tokens)
+        _add(self._in_flight, keys, admission.cost, admission.tokens)
         return admission
+
+    async def _spent_only_in_flight(self, scopes: tuple[str, ...]) -> bool:
+        """Whether what the calls running here hold back is all that keeps ``scopes`` from a call."""
+        if not self._in_flight:
+            return False
+        return decide(await self.states(scopes, in_flight=False), prompt_tokens=0, price=Price(0.0, 0.0)).allowed
 
     def release(self, admission: Admission | None) -> None:
         """After the call (made or failed): what it held back is given back (its row counts instead)."""
         if admission is None or admission.released:
             return
         admission.released = True
-        self._hold(admission.keys, -admission.cost, -admission.tokens)
+        _add(self._in_flight, admission.keys, -admission.cost, -admission.tokens)
+        released, self._released = self._released, asyncio.Event()
+        released.set()
 
     def _hold(self, keys: Any, cost: float, tokens: int) -> None:
-        for key in keys:
-            held = self._held.setdefault(key, [0.0, 0])
-            held[0] += cost
-            held[1] += tokens
-            if abs(held[0]) < 1e-12 and held[1] == 0:
-                del self._held[key]
+        _add(self._held, keys, cost, tokens)
 
     def spends(self, row: dict, scopes: tuple[str, ...]) -> list[tuple[str, str, float, int]]:
         """A ledger row's spends, one per scope and period (day and month), held in memory until
@@ -314,6 +341,16 @@ class BudgetGate:
     async def listing(self, now: float | None = None) -> list[RuleState]:
         """Every rule with what its scope spent this period (the CLI, the dashboard)."""
         return await listing(self.db, self.rules(), self.settings.tz, self.clock() if now is None else now)
+
+
+def _add(sums: dict[tuple[str, str], list], keys: Any, cost: float, tokens: int) -> None:
+    """Add (or, negative, take back) a cost and tokens under each key; a key back at nothing goes."""
+    for key in keys:
+        held = sums.setdefault(key, [0.0, 0])
+        held[0] += cost
+        held[1] += tokens
+        if abs(held[0]) < 1e-12 and held[1] == 0:
+            del sums[key]
 
 
 async def listing(db: Any, rules: list[Rule], tz: ZoneInfo, now: float) -> list[RuleState]:

@@ -258,3 +258,31 @@ def test_spends_of_periods_long_over_are_pruned(store):
     assert sorted(store.budgets.spent(["user:ann"], ["d:2026-09-01", "d:2026-11-27", "m:2025-01", "m:2026-11"])) == \
         [("user:ann", "d:2026-11-27"), ("user:ann", "m:2026-11")]
     assert store.budgets.claim_notice("user:ann/day/cost", "d:2026-09-01", "80", "chat", now=2.0), "its notice went too"
+
+
+async def test_calls_under_a_shared_budget_run_side_by_side_and_near_its_end_wait_for_each_other(store_target):
+    """A running call holds back its prompt and a part of its answer, not all that is left: the calls of a
+    gateway-wide budget still run at once; when what is left is only what running calls hold, the next
+    call waits for them instead of being told the budget is used up."""
+    async with FakeModel(delay=0.3) as model:
+        db, gate = await _gate(store_target, [Rule("gateway", "day", "tokens", 100_000)])
+        client, usage = _client(model, db, gate)
+        try:
+            ctx = CallContext("turn", None, "api", "k", "k")
+            await asyncio.gather(*(client.complete([{"role": "user", "content": f"q{i}"}], purpose=ctx)
+                                   for i in range(5)))
+            assert model.max_in_flight >= 2, "not one at a time"
+            await usage.drain()
+            day = period_key("day", gate.clock(), gate.settings.tz)
+            spent = (await db.budgets.spent(["gateway"], [day]))[("gateway", day)][1]
+            await db.budgets.record_calls([], [("gateway", day, 0.0, 100_000 - spent - 1_000)])  # 1,000 left
+            model.requests.clear()
+            await asyncio.gather(*(client.complete([{"role": "user", "content": f"r{i}"}], purpose=ctx)
+                                   for i in range(2)))
+            first, second = sorted(model.requests, key=lambda r: r.at)
+            assert second.at >= first.answered, "the second waited for the first (all that was left was held)"
+            assert first.body["max_tokens"] == 1_000 and second.body["max_tokens"] < 1_000, "then had what was left"
+        finally:
+            await usage.drain()
+            await client.close()
+            await db.close()
