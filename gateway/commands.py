@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import state
+from gateway.budgets import left_line
 from gateway.durations import time_ago
 from gateway.insights import summarize, window
+from gateway.keys import chat_of_key
 from gateway.tools import ToolContext
+from gateway.usage import CallContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from gateway.router import Lane, SessionRouter, Ticket
@@ -337,6 +340,11 @@ async def cmd_usage(ctx: CommandContext) -> str:
         lines.append(f"Last {days} days: {t.calls:,} call{'s' if t.calls != 1 else ''} · "
                      f"{t.input_tokens:,} uncached input tokens · {t.cached_input_tokens:,} cached input tokens · "
                      f"{t.output_tokens:,} output tokens · cost {t.cost_text()}")
+    gate = ctx.router.budgets
+    if gate is not None:  # what is left of each budget this user's calls count against
+        call = CallContext("turn", ctx.session_id, msg.platform, chat_of_key(ctx.lane.key), msg.user_id)
+        now = ctx.router.clock()
+        lines += [left_line(s, gate.settings.tz, now) for s in await gate.states(await gate.scopes_of(call), now)]
     return "\n".join(lines)
 
 

@@ -69,6 +69,8 @@ from state import mask_url
 __all__ = [
     "ApiConfig",
     "AuthConfig",
+    "BudgetRuleConfig",
+    "BudgetsConfig",
     "CompressionConfig",
     "Config",
     "CronConfig",
@@ -846,6 +848,80 @@ class MediaConfig(_Model):
     # --- end of voice ---
 
 
+BUDGET_SCOPE_KINDS = ("user", "chat", "platform", "cron", "gateway")
+BUDGET_SOURCES = ("api",)  # besides the platforms: the local API's calls (platform:api, user:api:<caller>)
+
+
+class BudgetRuleConfig(_Model):
+    """``budgets.rules[]``: one scope, one period, one limit (``cost`` in the pricing's currency, or ``tokens``)."""
+
+    scope: str = Field(min_length=1)  # user:<identity or platform:user_id>, chat:<platform:chat_id>, platform:<p>, cron:<job>, gateway
+    period: Literal["day", "month"] = "day"  # in the config's timezone
+    cost: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, gt=0)
+    tokens: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> BudgetRuleConfig:
+        if (self.cost is None) == (self.tokens is None):
+            raise ValueError("give the rule one limit: cost (in the pricing's currency) or tokens, not both or neither")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "cost" if self.cost is not None else "tokens"
+
+    @property
+    def limit(self) -> float:
+        return float(self.cost if self.cost is not None else self.tokens or 0)
+
+
+class BudgetsConfig(_Model):
+    """``budgets``: spend limits checked before every model call (see docs/configuration.md)."""
+
+    rules: tuple[BudgetRuleConfig, ...] = ()
+    notify: OptionalText = None  # platform:chat_id the operator is told in once a budget is used up
+    # what a model without a price counts at under a cost rule (its tokens estimated when not reported)
+    default_price: ModelPrice | None = None
+
+
+def budget_scope_problem(scope: str, cfg: Config, cron_ids: set[str] | None = None) -> tuple[str, str | None]:
+    """``scope`` normalized (an account linked to an identity is ``user:<identity>``), and what is wrong
+    with it (None: nothing).  ``cron_ids``: the jobs a ``cron:`` scope may name (default: the config's)."""
+    kind, _, rest = scope.strip().partition(":")
+    rest = rest.strip()
+    platforms = (*installed_platforms(), *BUDGET_SOURCES)
+    if kind == "gateway":
+        return ("gateway", None) if not rest else (scope, "gateway takes nothing after it; write just gateway")
+    if kind == "platform":
+        if rest not in platforms:
+            return scope, f"{describe(rest)} is not a platform; use one of {', '.join(platforms)}"
+        return f"platform:{rest}", None
+    if kind == "user":
+        if rest in cfg.identities:
+            return f"user:{rest}", None
+        try:
+            account = rest if rest.startswith("api:") and len(rest) > 4 else _check_user_ref(rest)
+        except ValueError:
+            known = ", ".join(cfg.identities) or "none defined"
+            return scope, (f"{describe(rest)} is neither a name under identities (known: {known}) nor an account "
+                           "written platform:user_id")
+        owner = next((name for name, refs in cfg.identities.items() if account in refs), None)
+        return f"user:{owner or account}", None
+    if kind == "chat":
+        platform, sep, chat_id = rest.partition(":")
+        if not sep or platform not in platforms or not chat_id.strip() or any(c.isspace() for c in chat_id):
+            return scope, f"a chat is platform:chat_id with platform one of {', '.join(platforms)} (got {describe(rest)})"
+        return f"chat:{platform}:{chat_id}", None
+    if kind == "cron":
+        ids = cron_ids if cron_ids is not None else {j.id for j in cfg.cron.jobs if j.id}
+        if rest not in ids:
+            return scope, (f"{describe(rest)} is not a job under cron.jobs (known: {', '.join(sorted(ids)) or 'none'}); "
+                           "a job added with switchboard cron add gets its budget with switchboard budgets set")
+        return f"cron:{rest}", None
+    return scope, (f"a scope starts with one of {', '.join(BUDGET_SCOPE_KINDS)} "
+                   f"(user:alice, chat:telegram:-100123, platform:slack, cron:digest, gateway), not {describe(scope)}")
+
+
 class StreamingConfig(_Model):
     """``streaming``: replies shown as they are written, one message edited in place."""
 
@@ -894,6 +970,7 @@ class Config(_Model):
     media: MediaConfig = MediaConfig()
     backup: BackupConfig = BackupConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    budgets: BudgetsConfig = BudgetsConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -958,7 +1035,26 @@ class Config(_Model):
             if job.model is not None and job.model not in self.model_names:
                 raise KeyedError(f"cron.jobs.{i}.model", f"{job.model!r} is not a model name; use one of "
                                                          f"{', '.join(self.model_names)} (models: and default)")
+        self._check_budgets()
         return self
+
+    def _check_budgets(self) -> None:
+        names: dict[str, int] = {}
+        for i, rule in enumerate(self.budgets.rules):
+            scope, problem = budget_scope_problem(rule.scope, self)
+            if problem is not None:
+                raise KeyedError(f"budgets.rules.{i}.scope", problem)
+            name = f"{scope}/{rule.period}/{rule.kind}"
+            if name in names:
+                raise KeyedError(f"budgets.rules.{i}", f"a {rule.period} {rule.kind} limit for {scope} is already "
+                                                       f"budgets.rules[{names[name]}]; keep one")
+            names[name] = i
+        notify = self.budgets.notify
+        if notify is not None:
+            platform, sep, chat_id = notify.partition(":")
+            if not sep or platform not in installed_platforms() or not chat_id.strip():
+                raise KeyedError("budgets.notify", f"must be platform:chat_id with platform one of "
+                                                   f"{', '.join(installed_platforms())} (got {describe(notify)})")
 
     # -- derived values
 

@@ -18,6 +18,8 @@
     ├── ApiError                     gateway/runtime/api_request.py: a request the local API
     │                                refuses, answered as OpenAI-shaped JSON (status, type, code,
     │                                param); never leaves the API's request handling
+    ├── BudgetExceeded               a spend budget is used up: no model call was made (.state:
+    │                                the rule, what it spent, when it resets)
     ├── GatewayClosing               the gateway is shutting down and takes no new message;
     │                                the platform or API client should send it again later
     ├── AlreadyRunning               another daemon holds this home's lock
@@ -142,6 +144,15 @@ class ModelForbidden(ModelRefused):
 class ModelNotFound(ModelRefused):
     """The endpoint does not know the model (404): check ``model.name`` against the server's model list and
     ``model.base_url`` (it usually ends in /v1)."""
+
+
+class BudgetExceeded(SwitchboardError):
+    """A budget rule's scope spent its limit for this period; the call was not made.  ``state`` is a
+    :class:`gateway.budgets.RuleState` (the rule, what it spent, when the period ends)."""
+
+    def __init__(self, state: object, message: str):
+        super().__init__(message)
+        self.state = state
 
 
 class GatewayClosing(SwitchboardError):

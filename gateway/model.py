@@ -59,6 +59,7 @@ from gateway.tasks import spawn
 from gateway.usage import OTHER, CallContext, ModelCall, Outcome, UsageRecorder
 
 if TYPE_CHECKING:
+    from gateway.budgetgate import BudgetGate
     from gateway.config import Config
 
 log = logging.getLogger(__name__)
@@ -257,8 +258,9 @@ class ModelClient:
     def __init__(self, settings: ModelSettings, *, metrics=None, usage: UsageRecorder | None = None,
                  backoff: Backoff = Backoff(base=0.5, cap=20.0), capabilities: Capabilities | None = None,
                  fallbacks: Sequence[Endpoint] = (), chain: ChainSettings | None = None,
-                 named: Sequence[Endpoint] = ()):
+                 named: Sequence[Endpoint] = (), budgets: BudgetGate | None = None):
         self.settings = settings
+        self._budgets = budgets  # asked before every call (gateway.budgetgate); None: no budgets
         self._metrics = metrics
         self._usage = usage  # the ledger: one row per call; None: not recorded
         self._backoff = backoff
@@ -329,25 +331,35 @@ class ModelClient:
         answers; ``purpose`` is what the usage ledger records it as; ``params`` are request fields of
         :data:`PASSED_PARAMS` (temperature, response_format, ...) sent as they are."""
         order = self._order(model, messages, tools)
-        for i, (endpoint, name) in enumerate(order):
-            last = i == len(order) - 1
-            try:
-                with tracing.model_call(name, endpoint.host, messages) as call:
-                    completion = await self._complete_on(endpoint, name, last, messages, tools, timeout,
-                                                         call.stream(on_text), purpose, params)
-                    call.finished(input_tokens=completion.prompt_tokens, output_tokens=completion.completion_tokens,
-                                  finish_reason=completion.finish_reason, text=completion.message.get("content"))
-                    return completion
-            except ModelUnavailable as exc:
-                if not _falls_back(exc):
-                    raise
-                self._keep_out(endpoint)
-                if last:
-                    raise
-                log.warning("model %s failed (%s): trying %s", endpoint.label, exc, order[i + 1][0].label)
-                if self._metrics:
-                    self._metrics.model_fallbacks.labels(endpoint.label).inc()
-        raise AssertionError("unreachable: the chain has at least one model")
+        admission = None
+        if self._budgets is not None:  # every call asks first: refused (BudgetExceeded), or its answer capped
+            admission = await self._budgets.admit(purpose, order[0][1], messages, _asked_max_tokens(params))
+            params = _capped(params, admission.max_tokens)
+        try:
+            for i, (endpoint, name) in enumerate(order):
+                last = i == len(order) - 1
+                try:
+                    with tracing.model_call(name, endpoint.host, messages) as call:
+                        completion = await self._complete_on(
+                            endpoint, name, last, messages, tools, timeout, call.stream(on_text), purpose, params,
+                            admission.scopes if admission is not None else ())
+                        call.finished(input_tokens=completion.prompt_tokens,
+                                      output_tokens=completion.completion_tokens,
+                                      finish_reason=completion.finish_reason, text=completion.message.get("content"))
+                        return completion
+                except ModelUnavailable as exc:
+                    if not _falls_back(exc):
+                        raise
+                    self._keep_out(endpoint)
+                    if last:
+                        raise
+                    log.warning("model %s failed (%s): trying %s", endpoint.label, exc, order[i + 1][0].label)
+                    if self._metrics:
+                        self._metrics.model_fallbacks.labels(endpoint.label).inc()
+            raise AssertionError("unreachable: the chain has at least one model")
+        finally:
+            if self._budgets is not None:
+                self._budgets.release(admission)
 
     def _keep_out(self, endpoint: _Endpoint) -> None:
         """Open ``endpoint``'s breaker (when there is a chain to leave it out of) and probe it in the background."""
@@ -369,8 +381,10 @@ class ModelClient:
 
     async def _complete_on(self, endpoint: _Endpoint, name: str, last: bool, messages: list[dict],
                            tools: list[dict] | None, timeout: float | None, on_text: Callable[[str], None] | None,
-                           purpose: CallContext, params: dict[str, Any] | None) -> Completion:
-        """One call on one model of the chain, retried there; recorded in the ledger under ``name``."""
+                           purpose: CallContext, params: dict[str, Any] | None,
+                           scopes: tuple[str, ...] = ()) -> Completion:
+        """One call on one model of the chain, retried there; recorded in the ledger under ``name``
+        (and its spend under the budget ``scopes``)."""
         started, clock = time.monotonic(), self._usage.clock() if self._usage is not None else 0.0
         attempts = [1]
         streams = on_text is not None and endpoint.capabilities.streaming
@@ -379,24 +393,25 @@ class ModelClient:
                                               on_text if streams else None, attempts, params)
         except ModelRefused as exc:
             endpoint.note(True)  # it answered: reachable, it just refused this request
-            self._record(purpose, name, messages, started, clock, attempts[0], None, exc)
+            self._record(purpose, name, messages, started, clock, attempts[0], None, exc, scopes)
             raise
         except ModelUnavailable as exc:
             if not isinstance(exc, AnswerCutOff):
                 endpoint.note(False, str(exc))
-            self._record(purpose, name, messages, started, clock, attempts[0], None, exc)
+            self._record(purpose, name, messages, started, clock, attempts[0], None, exc, scopes)
             raise
         except BaseException as exc:
-            self._record(purpose, name, messages, started, clock, attempts[0], None, exc)
+            self._record(purpose, name, messages, started, clock, attempts[0], None, exc, scopes)
             raise
         endpoint.note(True)
-        self._record(purpose, name, messages, started, clock, attempts[0], completion, None)
+        self._record(purpose, name, messages, started, clock, attempts[0], completion, None, scopes)
         if on_text is not None and not streams and completion.message.get("content"):
             on_text(completion.message["content"])  # a model that does not stream: its answer in one piece
         return completion
 
     def _record(self, purpose: CallContext, model: str, messages: list[dict], started: float, clock: float,
-                attempts: int, completion: Completion | None, failure: BaseException | None) -> None:
+                attempts: int, completion: Completion | None, failure: BaseException | None,
+                scopes: tuple[str, ...] = ()) -> None:
         if self._usage is None:
             return
         try:
@@ -420,7 +435,7 @@ class ModelClient:
                 context=purpose, model=model, at=clock,
                 latency_ms=(time.monotonic() - started) * 1000, outcome=outcome, attempts=attempts, error=error,
                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=cached,
-                cache_write_tokens=written, estimated=estimated))
+                cache_write_tokens=written, estimated=estimated, budget_scopes=scopes))
         except Exception:  # the ledger never fails a model call
             log.exception("usage ledger: the call could not be recorded")
 
@@ -528,6 +543,26 @@ class ModelClient:
             await endpoint.client.close()
 
 
+def _asked_max_tokens(params: dict[str, Any] | None) -> int | None:
+    """The cap on the answer the caller asked for, if any (``max_completion_tokens`` or ``max_tokens``)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = (params or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _capped(params: dict[str, Any] | None, max_tokens: int | None) -> dict[str, Any] | None:
+    """``params`` with the answer capped at ``max_tokens`` (what a budget still allows)."""
+    if max_tokens is None:
+        return params
+    capped = dict(params or {})
+    capped["max_tokens"] = max_tokens
+    if "max_completion_tokens" in capped:
+        capped["max_completion_tokens"] = max_tokens
+    return capped
+
+
 def _without_none(value: Any) -> Any:
     """``value`` with every None in its dicts left out (what the SDK's ``exclude_none`` did)."""
     if isinstance(value, dict):
@@ -623,7 +658,8 @@ def _connect_error(exc: BaseException) -> OSError | None:
     return next((e for e in errors if isinstance(e, ConnectionRefusedError)), errors[0] if errors else None)
 
 
-def model_client(cfg: Config, *, metrics=None, usage: UsageRecorder | None = None) -> ModelClient:
+def model_client(cfg: Config, *, metrics=None, usage: UsageRecorder | None = None,
+                 budgets: BudgetGate | None = None) -> ModelClient:
     """The client for ``cfg``'s chain: ``model`` (named ``default``), then ``model.fallbacks`` from ``models``."""
     m = cfg.model
 
@@ -636,5 +672,5 @@ def model_client(cfg: Config, *, metrics=None, usage: UsageRecorder | None = Non
              for label, n in cfg.models.items()}
     return ModelClient(settings(m.base_url, m.api_key, m.name), metrics=metrics, usage=usage,
                        capabilities=Capabilities(m.vision, m.tools, m.streaming),
-                       fallbacks=[named[label] for label in m.fallbacks], named=list(named.values()),
+                       fallbacks=[named[label] for label in m.fallbacks], named=list(named.values()), budgets=budgets,
                        chain=ChainSettings(max_wait_seconds=m.max_wait_seconds, breaker_seconds=m.breaker_seconds))

@@ -34,9 +34,11 @@ from zoneinfo import ZoneInfo
 
 import state
 from gateway import tracing
-from gateway.errors import GatewayClosing, ModelUnavailable, PlatformHTTPError
+from gateway.budgetgate import BudgetGate
+from gateway.budgets import RuleState, notice_line, refusal_line
+from gateway.errors import BudgetExceeded, GatewayClosing, ModelUnavailable, PlatformHTTPError
 from gateway.failures import failure_line
-from gateway.keys import KeyPolicy, session_key
+from gateway.keys import KeyPolicy, chat_of_key, session_key
 from gateway.limits import MessageLimit, try_again_line
 from gateway.modelchoice import ModelChoices
 from gateway.reset import ResetPolicy, describe_reset, reset_reason
@@ -44,6 +46,7 @@ from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_str
 from gateway.tasks import spawn
 from gateway.turn import EMPTY_ANSWER, AgentTurn, ReplySink, TurnRequest, TurnResult
 from gateway.types import Attachment, ChatRef, ChatType, Delivery, InboundMessage, SendProgress
+from gateway.usage import CallContext
 from gateway.voice import TRANSCRIBING, Voice, is_pending, pending_line, transcribe_stored
 
 log = logging.getLogger(__name__)
@@ -279,10 +282,13 @@ class _TrustedDrafts:
 class SessionRouter:
     def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
                  hooks: SessionHooks = SessionHooks(), context_length: int | None = None,
-                 clock: Callable[[], float] = time.time, voice: Voice | None = None):
+                 clock: Callable[[], float] = time.time, voice: Voice | None = None,
+                 budgets: BudgetGate | None = None):
         self.db = db
         self.voice = voice  # media.transcribe_with / speak_with: voice messages transcribed, /voice on spoken
         self.turn = turn
+        self.budgets = budgets  # spend budgets (gateway.budgetgate): looked at before each turn; None: none
+        self._budget_wakes: dict[str, asyncio.Task] = {}  # lanes whose held messages are answered at a reset
         self.settings = settings
         self.hooks = hooks
         self.context_length = context_length  # the model's window, for /status; None: not known
@@ -834,7 +840,7 @@ class SessionRouter:
             await self._answer(lane, batch, history, claim)
 
     async def _answer(self, lane: Lane, batch: list[Ticket], history: list[dict], claim: TurnGuard) -> None:
-        if claim is SINGLE_INSTANCE and await self._held_back(lane, batch):
+        if claim is SINGLE_INSTANCE and (await self._held_back(lane, batch) or await self._over_budget(lane, batch)):
             return
         last = batch[-1]
         msg = last.msg
@@ -900,6 +906,10 @@ class SessionRouter:
                 for t in batch:  # shutdown ran out of grace: the messages stay stored, and in the inbox
                     t.fail(GatewayClosing(STOPPED_BEFORE_ANSWERING))
                 raise
+        except BudgetExceeded as exc:  # a call of the turn (a tool loop's, a compression's) was refused
+            if claim is SINGLE_INSTANCE and await self._over_budget(lane, batch, exc.state):
+                return
+            text = str(exc)
         except ModelUnavailable as exc:
             log.warning("turn for %s failed: model unavailable (%s)", lane.key, exc)
             text = failure_line(exc)
@@ -1057,6 +1067,55 @@ class SessionRouter:
             t.held_for = wait
             t.resolve(line)
         return True
+
+    async def _over_budget(self, lane: Lane, batch: list[Ticket], refused: object = None) -> bool:
+        """Whether a spend budget holds ``batch`` back (stored, unanswered, no model call), as a rate limit
+        does (:meth:`_held_back`); told once per rule and period, answered when the budget resets (or
+        with the next message after that).  Short of that, the one notice at 80 % goes first."""
+        gate = self.budgets
+        if gate is None:
+            return False
+        msg = batch[-1].msg
+        ctx = CallContext("turn", batch[-1].session_id, msg.platform, chat_of_key(lane.key), msg.user_id)
+        if refused is None:
+            verdict = await gate.check(ctx)
+            for near in verdict.near if verdict.allowed else ():
+                if await gate.first_time(near, "80", lane.key):
+                    if self.metrics:
+                        self.metrics.budget_notices.labels(near.rule.scope.partition(":")[0]).inc()
+                    await self.deliver(msg.chat, notice_line(near), None)
+            if verdict.refused is None:
+                return False
+            refused = verdict.refused
+            await gate.refused(refused, ctx)
+        assert isinstance(refused, RuleState)
+        now = self.clock()
+        line = refusal_line(refused, self._tz, now)
+        log.info("holding back %d message(s) for %s: budget %s is used up until %s", len(batch), lane.key,
+                 refused.rule.name, dt.datetime.fromtimestamp(refused.resets_at, self._tz).isoformat())
+        if any(t.inbox_id is not None for t in batch):
+            lane.held = batch
+            self._wake_at_reset(lane, refused.resets_at)
+            if await gate.first_time(refused, "100", lane.key):
+                await self.deliver(msg.chat, line, msg.message_id)
+        for t in batch:
+            t.held_for = max(1.0, refused.resets_at - now)
+            t.resolve(line)
+        return True
+
+    def _wake_at_reset(self, lane: Lane, at: float) -> None:
+        """At ``at`` (a budget's reset), the messages held back in ``lane`` are answered."""
+        waking = self._budget_wakes.get(lane.key)
+        if waking is not None and not waking.done():
+            return
+
+        async def wake() -> None:
+            await asyncio.sleep(max(0.0, at - self.clock()) + 1.0)
+            if lane.held and not self._closing:
+                lane.queue.append(("chat", lane.held.pop(), None))  # the rest of lane.held joins it
+                self._wake(lane)
+
+        self._budget_wakes[lane.key] = spawn(wake(), name=f"budget-wake:{lane.key}")
 
     async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict,
                              claim: TurnGuard = SINGLE_INSTANCE) -> bool:
@@ -1266,6 +1325,8 @@ class SessionRouter:
 
         Returns the keys whose work was cancelled (their user messages stay stored, unanswered)."""
         self._closing = True
+        for waking in self._budget_wakes.values():
+            waking.cancel()
         workers = {key: lane.worker for key, lane in self._lanes.items()
                    if lane.worker is not None and not lane.worker.done()}  # the busy lanes
         if not workers:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal, Mapping
+from typing import Callable, Literal, Mapping, Protocol
 
 from gateway.keys import chat_of_key
 from gateway.tasks import spawn
@@ -28,6 +28,15 @@ Purpose = Literal["turn", "tool_loop", "compression", "recall", "memory_flush", 
 PURPOSES: tuple[str, ...] = ("turn", "tool_loop", "compression", "recall", "memory_flush", "fact_extraction", "cron",
                              "other")
 Outcome = Literal["ok", "retried", "failed"]
+
+
+class Spends(Protocol):
+    """What the recorder needs of the budgets (:class:`gateway.budgetgate.BudgetGate`): a row's spends,
+    held in memory until they are written."""
+
+    def spends(self, row: dict, scopes: tuple[str, ...]) -> list[tuple[str, str, float, int]]: ...
+
+    def written(self, spends: list[tuple[str, str, float, int]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,7 @@ class ModelCall:
     cached_tokens: int = 0
     cache_write_tokens: int = 0
     estimated: bool = False
+    budget_scopes: tuple[str, ...] = ()  # the budget scopes it counts against (gateway.budgetgate)
 
 
 def cost_of(call: ModelCall, price: Mapping[str, float] | None) -> float | None:
@@ -105,12 +115,15 @@ def price_of(pricing: Mapping, model: str) -> dict[str, float] | None:
 class UsageRecorder:
     """Writes each model call to the ledger in the background (``db`` is an :class:`state.AsyncSessionDB`)."""
 
-    def __init__(self, db: AsyncSessionDB, pricing: Mapping, *, clock: Callable[[], float] = time.time, batch_seconds: float = 0.5):
+    def __init__(self, db: AsyncSessionDB, pricing: Mapping, *, clock: Callable[[], float] = time.time,
+                 batch_seconds: float = 0.5, budgets: Spends | None = None):
         self.db = db
+        self.budgets = budgets  # the spends of each row go to the budgets' roll-up, in the same transaction
         self.pricing = pricing
         self.clock = clock
         self.batch_seconds = batch_seconds
         self._queue: list[dict] = []
+        self._spends: list[tuple[str, str, float, int]] = []
         self._writer: asyncio.Task | None = None
         self._now = asyncio.Event()  # set by drain(): write what is queued without waiting
 
@@ -130,7 +143,10 @@ class UsageRecorder:
 
     def record(self, call: ModelCall) -> None:
         """Queue the call's row; returns at once."""
-        self._queue.append(self.row(call))
+        row = self.row(call)
+        self._queue.append(row)
+        if self.budgets is not None:
+            self._spends += self.budgets.spends(row, call.budget_scopes)
         if self._writer is None or self._writer.done():
             self._writer = spawn(self._write(), name="usage:write")
 
@@ -141,11 +157,18 @@ class UsageRecorder:
             pass
         while self._queue:
             rows, self._queue = self._queue, []
+            spends, self._spends = self._spends, []
             try:
-                await self.db.record_model_calls(rows)
+                if self.budgets is None:
+                    await self.db.record_model_calls(rows)
+                else:  # the ledger and the budgets' roll-up together: a budget never misses a recorded call
+                    await self.db.budgets.record_calls(rows, spends)
             except Exception as exc:  # noqa: BLE001 - the ledger never fails a turn: logged, the rows are lost
                 log.warning("usage ledger: %d model call(s) not recorded (%s, first: the %s call to %s): %s",
                             len(rows), type(exc).__name__, rows[0]["purpose"], rows[0]["model"], exc)
+            finally:
+                if self.budgets is not None:
+                    self.budgets.written(spends)
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait for the rows still being written (at shutdown, before the store closes)."""

@@ -38,6 +38,28 @@ class AsyncVoiceMessages:
     async def set_text(self, message_id: int, text: str) -> bool: ...
 
 
+class AsyncBudgets:
+    """Budgets's marked methods (``adb.budgets``), each a coroutine."""
+
+    async def record_calls(self, rows: list[dict], spends: list[tuple[str, str, float, int]]) -> list[int]: ...
+    async def spent(self, scopes: list[str], periods: list[str]) -> dict[tuple[str, str], tuple[float, int]]: ...
+    async def spent_in(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[float, int]]: ...
+    async def reset(self, scope: str, period: str) -> bool: ...
+    async def set_rule(
+        self,
+        name: str,
+        scope: str,
+        period: str,
+        kind: str,
+        amount: float | None,
+        *,
+        now: float,
+    ) -> None: ...
+    async def rules(self, since: float = ...) -> list[dict]: ...
+    async def claim_notice(self, rule: str, period: str, level: str, target: str, *, now: float) -> bool: ...
+    async def prune(self, before_day: str, before_month: str) -> int: ...
+
+
 class AsyncFace:
     """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
     repositories, whose marked methods are coroutines too."""
@@ -45,6 +67,7 @@ class AsyncFace:
     prefs: AsyncChatPrefs
     tool_journal: AsyncToolJournal
     voice: AsyncVoiceMessages
+    budgets: AsyncBudgets
 
     async def create_session(
         self,

@@ -32,6 +32,7 @@ from . import (
     _upkeep,
     _usage,
 )
+from ._budgets import Budgets
 from ._dialect import dialect_of
 from ._engine import Engine
 from ._lock import GaveWay
@@ -68,10 +69,12 @@ class SessionDB:
         "prefs": ChatPrefs,
         "tool_journal": ToolJournal,
         "voice": VoiceMessages,
+        "budgets": Budgets,
     }
     prefs: ChatPrefs
     tool_journal: ToolJournal
     voice: VoiceMessages
+    budgets: Budgets
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

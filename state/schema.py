@@ -358,6 +358,13 @@ def _v25_tool_calls(conn):
     _toolcalls.create_tables(conn)
 
 
+def _v26_budgets(conn):
+    """Both engines: :data:`state._budgets.TABLES`."""
+    from . import _budgets
+
+    _budgets.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -456,6 +463,8 @@ for _step in [
     Migration(23, "cluster: shared rate budgets", _v23_rate_buckets, _v23_rate_buckets_pg),
     Migration(24, "messages.pos: a reply placed right after what it answers", _v24_order, _v24_order),
     Migration(25, "tool calls: the journal of calls in flight, cron_jobs.tools", _v25_tool_calls, _v25_tool_calls),
+    Migration(26, "budgets: spend per scope and period, rules set from the CLI, notices sent", _v26_budgets,
+              _v26_budgets),
 ]:
     register(_step)
 

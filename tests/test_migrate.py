@@ -53,6 +53,10 @@ def _fill_every_table(home: Path) -> Path:
         db.claim_fact_extraction("root", now=NOW)
         db.set_facts_prefetch("telegram:dm:u1", True, now=NOW)
         db.prefs.set("telegram:dm:u1", "stream", "off", now=NOW)
+        db.budgets.record_calls([{"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
+                                  "prompt_tokens": 3, "completion_tokens": 2}], [("user:alice", "d:2026-01-01", 0.5, 5)])
+        db.budgets.set_rule("user:alice/day/cost", "user:alice", "day", "cost", 2.0, now=NOW)
+        db.budgets.claim_notice("user:alice/day/cost", "d:2026-01-01", "80", "telegram:dm:u1", now=NOW)
         db.request_pairing("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
         db.request_pairing("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
         db.approve_pairing("telegram", "CODE2")
@@ -124,6 +128,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     with state.SessionDB(pg_url) as db:
         assert db.get_session("child")["parent_session_id"] == "root"
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
+        assert db.budgets.spent(["user:alice"], ["d:2026-01-01"]) == {("user:alice", "d:2026-01-01"): (0.5, 5)}
         assert db.get_routed_session("telegram:dm:u1")["id"] == "child"
         assert db.is_user_approved("telegram", "u3")
         assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]

@@ -79,9 +79,10 @@ def check(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
 def _warnings(cfg: Config) -> list[str]:
     """What is valid but probably not meant (said here and in the daemon's log, not at every chat)."""
     from compression import context_length_for
+    from gateway.budgetgate import config_warnings
 
     _tokens, warning = context_length_for(cfg.model.name, cfg.model.context_length)
-    return [warning] if warning else []
+    return ([warning] if warning else []) + config_warnings(cfg)
 
 
 @config_group.command("show")

@@ -12,6 +12,7 @@
     switchboard restore FILE         replace the database with a checked backup
     switchboard maintenance [--vacuum]   the database's size, free space and last upkeep
     switchboard storage [--json]     bytes by table and index, platform, month, largest session; what reduces each
+    switchboard budgets list|show|set|reset [--json]   spend budgets: rules, what is left, changes
     switchboard insights [--days N] [--by ...] [--top N] [--plot FILE]   tokens and cost of the model calls
     switchboard insights reprice [--days N] [--model M]   recompute their cost after a price change
     switchboard migrate --to URL [--dry-run]   copy this home's SQLite store into PostgreSQL, then check it
@@ -20,7 +21,7 @@
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
 ``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``, ``insights``,
-``storage``, ``tools``);
+``storage``, ``tools``, ``budgets``);
 ``run``, ``chat``, ``doctor`` and ``pairing`` are defined here, with the work of
 ``chat`` and ``doctor`` in ``gateway/cli/chat.py`` and ``gateway/cli/doctor.py``.
 """
@@ -36,6 +37,7 @@ from pathlib import Path
 import click
 
 import state
+from gateway.cli.budgets import budgets_group
 from gateway.cli.common import (
     InstalledChoice,
     Switchboard,
@@ -77,6 +79,7 @@ def main() -> None:
 
 for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd, maintenance_cmd):
     main.add_command(command)
+main.add_command(budgets_group)
 main.add_command(deadletters_group)
 main.add_command(insights_cmd)
 main.add_command(migrate_cmd)

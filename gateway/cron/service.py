@@ -65,13 +65,14 @@ from gateway.cron.schedule import (
     parse_target,
     validate_job,
 )
-from gateway.errors import ConfigError, ModelUnavailable
+from gateway.errors import BudgetExceeded, ConfigError, ModelUnavailable
 from gateway.keys import cron_key
 from gateway.retry import Backoff
 from gateway.tasks import spawn
 from gateway.tools_mcp.policy import job_tools
 from gateway.turn import AgentTurn, TurnRequest
 from gateway.types import ChatRef, Delivery, PlatformStatus
+from gateway.usage import CallContext
 from state import CronJobNotFound
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,9 @@ class CronService:
                  clock: Callable[[], float], *, holder: str | None = None, lease_seconds: float = 60.0, poll_seconds: float = 5.0,
                  delivery_backoff: Backoff = Backoff(base=30.0, factor=2.0, cap=1800.0),
                  delivery_attempts: int = 6, delivery_hold_seconds: float = 300.0,
-                 claim_tick: Callable[[str, float], Awaitable[bool]] | None = None):
+                 claim_tick: Callable[[str, float], Awaitable[bool]] | None = None, budgets: Any = None):
         self.db = db
+        self.budgets = budgets  # a gateway.budgetgate.BudgetGate: a job over its budget is skipped
         # Several instances on one store: a scheduled run starts only where this claims its tick first.
         self.claim_tick = claim_tick
         self.turn = turn
@@ -447,9 +449,18 @@ class CronService:
 
     async def _execute(self, job: dict, run: dict) -> dict:
         key = cron_key(self.settings.agent, job["id"])
+        if self.budgets is not None:  # over budget: skipped, recorded as such, no session, no model call
+            ctx = CallContext("cron", None, "cron", job["id"], job["id"])
+            verdict = await self.budgets.check(ctx)
+            if verdict.refused is not None:
+                await self.budgets.refused(verdict.refused, ctx)
+                return await self._end(job, run, None, output=None, skipped=True,
+                                       error=f"over budget: {verdict.refused.rule.name} is used up until "
+                                             f"{_local(verdict.refused.resets_at, self.tz)}")
         renewer = spawn(self._renew(job["id"]), name=f"cron-lease:{job['id']}")
         session_id = None
         output = error = None
+        skipped = False
         try:
             session_id = await self._session_for(job, run, key)
             await self.db.set_cron_run_session(run["id"], session_id)
@@ -469,6 +480,10 @@ class CronService:
             error = "interrupted: the gateway stopped during the run"
             await self._end(job, run, session_id, output=None, error=error)
             raise
+        except BudgetExceeded as exc:  # a call of the run was refused: the run is skipped, as recorded
+            state = exc.state
+            error, skipped = f"over budget: {getattr(getattr(state, 'rule', None), 'name', exc)} is used up until " \
+                f"{_local(getattr(state, 'resets_at', None), self.tz)}", True
         except ModelUnavailable as exc:
             error = f"model unavailable: {_model_error(exc)}"
         except Exception as exc:  # recorded on the run; the job keeps its schedule
@@ -476,14 +491,17 @@ class CronService:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             renewer.cancel()
-        return await self._end(job, run, session_id, output=output, error=error)
+        return await self._end(job, run, session_id, output=output, error=error, skipped=skipped)
 
     async def _end(self, job: dict, run: dict, session_id: str | None, *, output: str | None,
-                   error: str | None) -> dict:
+                   error: str | None, skipped: bool = False) -> dict:
         now = self.now()
         if session_id and job["context"] != "continue":
             await self.db.end_session(session_id, "cron_error" if error else "cron_complete")
-        if error is not None:
+        if skipped:
+            status, delivery, due = "skipped", None, None
+            log.warning("cron job %s run %s skipped: %s", job["id"], run["id"], error)
+        elif error is not None:
             status, delivery, due = "error", None, None
             log.warning("cron job %s run %s failed: %s", job["id"], run["id"], error)
         elif (output or "").strip() == SILENT:

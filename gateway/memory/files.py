@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway import filelock
-from gateway.errors import MemoryRefused, ModelUnavailable
+from gateway.errors import BudgetExceeded, MemoryRefused, ModelUnavailable
 from gateway.memory.identity import user_dir_name
 from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
@@ -417,6 +417,9 @@ async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", ses
                                                         user_id=ctx.user_id, agent=ctx.agent))
     except ModelUnavailable as exc:
         log.warning("memory flush before %s of %s skipped: model unavailable (%s)", reason, session_id, exc)
+        return False
+    except BudgetExceeded as exc:
+        log.info("memory flush before %s of %s skipped: %s", reason, session_id, exc)
         return False
     log.info("memory flush before %s of %s: %d memory call(s)", reason, session_id, loop.tool_calls)
     return True

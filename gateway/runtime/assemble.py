@@ -4,7 +4,8 @@
     services.router, services.cron, services.api ...   # never None; the Gateway starts and stops them
 
 This is the only place that reads the config to build the daemon's parts, each
-with what it uses, in this order, and nothing is set or wrapped afterwards::
+with what it uses, in this order, and nothing is set or wrapped afterwards (but the budgets' operator
+notice, pointed at the router once it is made)::
 
     SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
     McpTools(config.tools, tools)            (the MCP servers; their allowed tools join the registry once started)
@@ -36,6 +37,7 @@ from typing import Awaitable, Callable
 import compression
 import state
 from gateway.auth import Authorizer, AuthSettings
+from gateway.budgetgate import BudgetGate, config_warnings, settings_from_config
 from gateway.commands import CommandSet, default_commands
 from gateway.compressing import Compressor
 from gateway.config import Config, is_loopback
@@ -54,7 +56,7 @@ from gateway.runtime.metrics import Metrics
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
-from gateway.types import PlatformStatus
+from gateway.types import ChatRef, PlatformStatus
 from gateway.usage import UsageRecorder
 from gateway.voice import Voice, VoiceSettings
 
@@ -81,6 +83,7 @@ class Services:
 
     db: state.AsyncSessionDB
     usage: UsageRecorder
+    budgets: BudgetGate
     model: ModelClient
     tools: ToolRegistry
     recall: SessionRecall
@@ -105,10 +108,15 @@ async def assemble(cfg: Config, wiring: Wiring) -> Services:
     model: ModelClient | None = None
     try:
         # every model call, whatever it is for, becomes a row of the usage ledger
-        usage = UsageRecorder(db, cfg.all_pricing, clock=wiring.clock)
-        model = model_client(cfg, metrics=wiring.metrics, usage=usage)  # the primary and its fallbacks
+        # spend budgets: asked before every model call; each call's spend goes beside its ledger row
+        budgets = BudgetGate(settings_from_config(cfg), db, clock=wiring.clock, metrics=wiring.metrics)
+        for said in config_warnings(cfg) if wiring.serve_api else ():
+            log.warning("%s", said)
+        await budgets.refresh()  # the rules set with `switchboard budgets set`
+        usage = UsageRecorder(db, cfg.all_pricing, clock=wiring.clock, budgets=budgets)
+        model = model_client(cfg, metrics=wiring.metrics, usage=usage, budgets=budgets)  # the primary and its fallbacks
         wiring.metrics.watch_models(model.endpoints)
-        return _build(cfg, wiring, db, usage, model, persona, context_length)
+        return _build(cfg, wiring, db, usage, model, budgets, persona, context_length)
     except BaseException:
         if model is not None:
             await model.close()
@@ -117,7 +125,7 @@ async def assemble(cfg: Config, wiring: Wiring) -> Services:
 
 
 def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRecorder, model: ModelClient,
-           persona: str, context_length: int) -> Services:
+           budgets: BudgetGate, persona: str, context_length: int) -> Services:
     clock, tools = wiring.clock, wiring.tools
     # Recall, memory and facts: their tools, /search and /facts, the memory snapshot frozen per
     # session and the facts' prompt block and prefetch, and a keep-what-matters turn (memory) and
@@ -182,30 +190,37 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         authorizer=Authorizer(wiring.auth, db, clock=clock),
         commands=commands, metrics=wiring.metrics,
         hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending),
-        context_length=context_length, clock=clock,
+        context_length=context_length, clock=clock, budgets=budgets,
         # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
         voice=Voice(VoiceSettings.from_config(cfg)) if cfg.media.transcribe_with or cfg.media.speak_with else None,
     )
+    if cfg.budgets.notify:  # the operator is told there once a budget is used up
+        platform, _, chat_id = cfg.budgets.notify.partition(":")
+
+        async def notify(line: str) -> None:
+            await router.deliver(ChatRef(platform, chat_id), line, None)
+
+        budgets.notify = notify
     # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
     # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
     cron = CronService(db, turn, router.deliver, wiring.platform_status,
                        CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), clock,
-                       claim_tick=wiring.claim_cron_tick)
+                       claim_tick=wiring.claim_cron_tick, budgets=budgets)
     api = LocalApi(router, wiring.health, wiring.metrics, model_name=cfg.model.name, host=cfg.api.host,
                    port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
-                   dashboard=_dashboard(cfg, db, wiring.health, cron, router) if cfg.ui.enabled else None,
+                   dashboard=_dashboard(cfg, db, wiring.health, cron, router, budgets) if cfg.ui.enabled else None,
                    probe=model.probe, agent=cfg.agent)
-    return Services(db=db, usage=usage, model=model, tools=tools, recall=recall, memory=memory, facts=facts,
+    return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory, facts=facts,
                     mcp=mcp, compressor=compressor, commands=commands, turn=turn, router=router, cron=cron, api=api)
 
 
 def _dashboard(cfg: Config, db: state.AsyncSessionDB, health: Callable[[], dict], cron: CronService,
-               router: SessionRouter) -> Dashboard:
+               router: SessionRouter, budgets: BudgetGate) -> Dashboard:
     """The web dashboard (``ui.enabled``) on the store, the health view, cron and the router's lanes."""
     instance = {"agent": cfg.agent, "host": socket.gethostname(), "pid": os.getpid(), "home": str(cfg.home),
                 "version": _version(), "listen": f"{cfg.api.host}:{cfg.api.port}"}
     sources = Sources(db=db, health=health, cron=cron, tz=cfg.tzinfo, instance=instance,
-                      queued_messages=router.queued_messages, identities=cfg.identities)
+                      queued_messages=router.queued_messages, identities=cfg.identities, budgets=budgets)
     settings = DashboardSettings(token=cfg.api.token or None, loopback=is_loopback(cfg.api.host),
                                  allow_local_writes=cfg.ui.allow_local_writes,
                                  trusted_proxies=cfg.ui.trusted_proxies, cookie_secure=cfg.ui.cookie_secure)

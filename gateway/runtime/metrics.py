@@ -145,6 +145,12 @@ class Metrics:
         self.model_retries = Counter("switchboard_model_retries", "Model call retries", registry=r)
         self.model_fallbacks = Counter("switchboard_model_fallbacks", "Model calls passed on to the next model "
                                        "of the chain, by the model that failed", ["model"], registry=r)
+        self.budget_refusals = Counter("switchboard_budget_refusals", "Model calls refused because a budget was "
+                                       "used up", ["scope"], registry=r)
+        self.budget_exhausted = Counter("switchboard_budget_exhausted", "Budgets used up (once per rule and period)",
+                                        ["scope"], registry=r)
+        self.budget_notices = Counter("switchboard_budget_notices", "Users told that 80 % of a budget is used",
+                                      ["scope"], registry=r)
         self.active_sessions = Gauge("switchboard_active_sessions", "Sessions with a turn running or queued", registry=r)
         self.dead_letters = Gauge("switchboard_dead_letters", "Events set aside after failing again and again, "
                                   "held for an operator (switchboard deadletters list)", registry=r)

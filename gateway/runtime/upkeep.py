@@ -12,6 +12,7 @@ touches SQLite.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import sqlite3
 import time
@@ -72,6 +73,7 @@ class StoreUpkeep:
                     dropped = await self._prune_usage(self.clock() - self.usage_keep_days * 86_400)
                     if dropped:
                         log.info("usage ledger: %d rows older than %g days deleted", dropped, self.usage_keep_days)
+                await self._prune_budget_spends()
             except (state.StateError, sqlite3.Error) as exc:  # a write timeout, a full disk: try again later
                 log.warning("store upkeep failed (%s); next attempt in %.0f minutes", exc, RETRY_SECONDS / 60,
                             exc_info=not isinstance(exc, state.StateError))
@@ -89,6 +91,16 @@ class StoreUpkeep:
                      report.db_bytes_after / 2**20, report.steps, report.gave_way, report.longest_hold or "none",
                      "; free space stays inside the file until: switchboard maintenance --vacuum"
                      if report.vacuum_needed else "")
+
+    async def _prune_budget_spends(self) -> None:
+        """The budgets' spends of periods long over (``switchboard budgets show`` reads the current ones):
+        days before the last 40, months before the last 13 (a margin over any timezone's offset)."""
+        now = dt.datetime.fromtimestamp(self.clock(), dt.timezone.utc)
+        month = now.year * 12 + now.month - 1 - 13
+        dropped = await self.db.budgets.prune(f"d:{(now - dt.timedelta(days=40)).date().isoformat()}",
+                                              f"m:{month // 12:04d}-{month % 12 + 1:02d}")
+        if dropped:
+            log.info("budgets: %d spend rows of periods long over deleted", dropped)
 
     async def _prune_usage(self, before: float) -> int:
         """Delete the ledger's rows older than ``before``, a bounded number per transaction (the first

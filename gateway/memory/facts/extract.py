@@ -20,7 +20,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from gateway.errors import ModelUnavailable
+from gateway.errors import BudgetExceeded, ModelUnavailable
 from gateway.memory.facts import text as _text
 from gateway.memory.facts.service import FactRefused, FactService, user_scope
 from gateway.usage import for_session
@@ -126,7 +126,7 @@ async def extract_session(service: FactService, model, config, session_id: str, 
             "fact_extraction", session_id, key, platform=session.get("source"), user_id=session.get("user_id"),
             agent=agent))
         facts, contradicted = parse_reply(completion.message.get("content") or "")
-    except (ModelUnavailable, ValueError) as exc:
+    except (ModelUnavailable, BudgetExceeded, ValueError) as exc:
         await db.release_fact_extraction(session_id)
         log.warning("fact extraction for session %s failed: %s; nothing stored (it runs again if the session "
                     "is resumed and ends again)", session_id, exc)

@@ -21,6 +21,7 @@ from aiohttp import web
 from markupsafe import Markup
 
 import state
+from gateway.budgets import period_key
 from gateway.charts import usage_svg
 from gateway.cron.service import run_status_line
 from gateway.durations import time_ago
@@ -58,6 +59,7 @@ class Sources:
     instance: dict  # agent, host, pid, home, version
     queued_messages: Callable[[], int]  # messages waiting in the router's lanes
     identities: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the config's identities:
+    budgets: Any = None  # gateway.budgetgate.BudgetGate: the budgets page (None: not shown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,9 @@ class Pages:
         post("/ui/cron/{job_id}/{action}", self.cron_action)
         get("/ui/usage", self.usage)
         get("/ui/storage", self.storage)
+        get("/ui/budgets", self.budgets)
+        post("/ui/budgets/set", self.budget_set)
+        post("/ui/budgets/reset", self.budget_reset)
         get("/ui/pairing", self.pairing)
         post("/ui/pairing/approve", self.pairing_approve)
         post("/ui/pairing/revoke", self.pairing_revoke)
@@ -224,6 +229,52 @@ class Pages:
         return self._render(request, "storage.html", "storage", report=report, size=size, shown=OBJECTS_SHOWN,
                             measured_at=measured_at, integrity=(self.src.health().get("integrity") or {}),
                             backup=self.src.health().get("backup"))
+
+    async def budgets(self, request: web.Request, *, error: str = "", status: int = 200) -> web.StreamResponse:
+        """Every budget rule in force with what its scope spent this period, what is left and when it
+        resets; a rule's limit changed, the rule turned off, or what its scope spent forgotten (new
+        rules come from the config or ``switchboard budgets set``, which check their scope)."""
+        gate = self.src.budgets
+        states = await gate.listing() if gate is not None else []
+        assert self.ui is not None
+        return self.ui.render(request, "budgets.html", {
+            "page": "budgets", "states": [s.as_dict() for s in states], "error": error,
+            "done": request.query.get("done", "")}, status=status)
+
+    def _budget_rule(self, name: str):
+        gate = self.src.budgets
+        return next((r for r in gate.rules() if r.name == name), None) if gate is not None else None
+
+    async def budget_set(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        name, off = str(form.get("name", "")), form.get("off") == "1"
+        rule = self._budget_rule(name)
+        if rule is None:
+            return await self.budgets(request, status=404, error=f"no budget rule is named {name!r}: nothing changed")
+        amount: float | None = None
+        if not off:
+            try:
+                amount = float(str(form.get("limit", "")).replace(",", ""))
+                if not 0 < amount < float("inf"):
+                    raise ValueError
+            except ValueError:
+                return await self.budgets(request, status=400, error=(
+                    f"the new limit of {name} must be a number above 0 (a cost, or tokens): nothing changed"))
+        await self.src.db.budgets.set_rule(name, rule.scope, rule.period, rule.kind, amount, now=time.time())
+        await self.src.budgets.refresh()  # this instance at once; the others within their refresh
+        log.info("dashboard: budget %s %s", name, "turned off" if amount is None else f"set to {amount:g}")
+        return redirect("/ui/budgets?" + urlencode({"done": f"{name}: {'off' if amount is None else f'{amount:g}'}"}))
+
+    async def budget_reset(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        name = str(form.get("name", ""))
+        rule = self._budget_rule(name)
+        if rule is None:
+            return await self.budgets(request, status=404, error=f"no budget rule is named {name!r}: nothing reset")
+        period = period_key(rule.period, time.time(), self.src.tz)
+        await self.src.db.budgets.reset(rule.scope, period)
+        log.info("dashboard: budget spend of %s in %s reset", rule.scope, period)
+        return redirect("/ui/budgets?" + urlencode({"done": f"{rule.scope}: spent in {period[2:]} reset"}))
 
     async def usage(self, request: web.Request) -> web.StreamResponse:
         """The insights of ``switchboard insights``: the chart of the days' tokens by purpose and cost per
