@@ -32,6 +32,7 @@ from . import (
     _upkeep,
     _usage,
 )
+from ._approvals import Approvals
 from ._dialect import dialect_of
 from ._engine import Engine
 from ._lock import GaveWay
@@ -63,8 +64,10 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "approvals": Approvals,
     }
     prefs: ChatPrefs
+    approvals: Approvals
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

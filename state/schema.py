@@ -345,6 +345,12 @@ _V24_ORDER = (
 )
 
 
+def _v25_tool_approvals(conn):
+    from . import _approvals
+
+    _approvals.create_tables(conn)
+
+
 def _v24_order(conn):
     if "pos" not in columns(conn, "messages"):
         conn.execute(_V24_ORDER[0])
@@ -448,6 +454,7 @@ for _step in [
     Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
     Migration(23, "cluster: shared rate budgets", _v23_rate_buckets, _v23_rate_buckets_pg),
     Migration(24, "messages.pos: a reply placed right after what it answers", _v24_order, _v24_order),
+    Migration(25, "tool calls waiting for approval, and their answers", _v25_tool_approvals, _v25_tool_approvals),
 ]:
     register(_step)
 
