@@ -881,7 +881,7 @@ class SessionRouter:
         if stream is not None:
             await self._finish_stream(stream, record)
             if buttons and msg.platform in self._button_senders:  # a stream's message has none: they come next
-                await self.deliver(msg.chat, "Answer the request above:", None, buttons=buttons)
+                await self.deliver(msg.chat, "Approve or deny the request above:", None, buttons=buttons)
         else:
             await self._send_recorded(record)
 

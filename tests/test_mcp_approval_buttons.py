@@ -1,0 +1,80 @@
+"""Approval buttons on the platforms, pressed through the fake servers by the real client libraries:
+Telegram inline keyboards (callback_query, answerCallbackQuery), Discord components (interactions) and
+Slack Block Kit actions (block_actions).  A press is the presser's ``/approve <id>``: only the person who
+asked (or an approver) can answer; the call is a real SDK server's (tests/mcp_servers/ledger_server.py),
+which appends a line per run, so each test counts the runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.runtime.daemon import Gateway
+from tests.fakes.model_server import FakeModel, Reply, ToolCall
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import eventually, gateway_config
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+LEDGER = str(Path(__file__).resolve().parent / "mcp_servers" / "ledger_server.py")
+ANN = FakeTelegram.user(111, "Ann")
+BOB = FakeTelegram.user(222, "Bob")
+TEAM = FakeTelegram.group_chat(-1001234567890, "Team")
+
+
+def tools(**extra) -> dict:
+    return {"mcp_servers": {"ledger": {"command": sys.executable, "args": [LEDGER], "allow": ["ledger__*"],
+                                       "env": {"PYTHONCOERCECLOCALE": "0"}, "approval": "always"}}, **extra}
+
+
+def lines(path: Path) -> list[str]:
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def _ready(gw: Gateway) -> None:
+    server = gw.mcp.servers["ledger"]
+    await eventually(lambda: server.available, 20, lambda: f"ledger ready ({server.state}: {server.last_error})")
+
+
+async def test_telegram_inline_buttons_approve_and_a_strangers_press_changes_nothing(tmp_path):
+    target = tmp_path / "ledger.txt"
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "ship it", "path": str(target)}), Reply("shipped"))
+        config = gateway_config(tmp_path / "home", model.base_url, tools=tools(),
+                                auth={"allowed_users": ["telegram:111", "telegram:222"]},
+                                streaming={"enabled": False},
+                                platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}})
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await _ready(gw)
+            await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", what="connected")
+            tg.in_group(TEAM, ANN, "@switchboard_bot ship it please")
+            [request] = await tg.wait_for_sent(1, timeout=15)
+            assert "ledger__append" in request.visible_text and '"text": "ship it"' in request.visible_text
+            approve, deny = request.button_data()
+            assert approve.startswith("/approve ") and deny.startswith("/deny ")
+            rid = approve.split()[1]
+
+            tg.press(request, BOB, approve, chat=TEAM)  # in the chat, but not the one who asked
+            [_, refused] = await tg.wait_for_sent(2, timeout=10)
+            assert refused.visible_text == (f"Only the person who asked, or an approver, can answer request {rid} "
+                                            "(ledger__append); nothing changed.")
+            assert lines(target) == [] and (await gw.db.approvals.get(rid))["status"] == "pending"
+
+            tg.press(request, ANN, approve, chat=TEAM)
+            sent = await tg.wait_for_sent(4, timeout=15)
+            assert [s.visible_text for s in sent[2:]] == [f"Approved: running ledger__append (request {rid}).",
+                                                         "shipped"]
+            assert lines(target) == ["ship it"]
+            tg.press(request, ANN, approve, chat=TEAM)  # pressed again: answered already, not run again
+            sent = await tg.wait_for_sent(5, timeout=10)
+            assert sent[4].visible_text.endswith("was already answered: approved and run.")
+            assert lines(target) == ["ship it"]
+            # every press was answered (the client's spinner stops), once each
+            assert len(tg.calls("answerCallbackQuery")) == 3 and all(tg.queries.values())
+        finally:
+            await gw.stop(grace_seconds=5)
