@@ -78,3 +78,49 @@ async def test_telegram_inline_buttons_approve_and_a_strangers_press_changes_not
             assert len(tg.calls("answerCallbackQuery")) == 3 and all(tg.queries.values())
         finally:
             await gw.stop(grace_seconds=5)
+
+
+async def test_discord_buttons_approve_a_call_in_a_channel_and_another_members_press_is_refused(tmp_path):
+    from adapters.discord import DiscordAdapter
+    from gateway.config import Config
+    from tests.fakes.discord import FakeDiscord, visible_text
+
+    target = tmp_path / "ledger.txt"
+    async with FakeDiscord() as dc, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "deploy", "path": str(target)}), Reply("deployed"))
+        config = Config.model_validate({
+            "home": str(tmp_path / "home"),
+            "model": {"base_url": model.base_url, "name": "fake-model", "api_key": "sk-test"},
+            "auth": {"allowed_users": [f"discord:{dc.alice['id']}", f"discord:{dc.bob['id']}"]},
+            "platforms": {"discord": {"token": dc.token, "api_base_url": dc.api_base_url,
+                                      "gateway_url": dc.gateway_url, "stall_timeout_seconds": 30},
+                          "telegram": {"enabled": False}, "slack": {"enabled": False}},
+            "streaming": {"enabled": False}, "tools": tools(), "shutdown": {"grace_seconds": 2},
+        })
+        adapter = DiscordAdapter.from_config(config.platforms.discord, commands=[], vision=False)
+        gw = Gateway(config, adapters={"discord": adapter}, serve_api=False)
+        await gw.start()
+        try:
+            await _ready(gw)
+            await dc.wait_until(lambda: gw.health()["platforms"]["discord"]["state"] == "connected", 10, "connected")
+            await dc.channel_message(dc.general, dc.alice, f"{dc.mention(dc.bot)} deploy please", mentions=(dc.bot,))
+            [request] = await dc.wait_for_sent(1, timeout=15)
+            shown = visible_text(request["content"])
+            assert "ledger__append" in shown and '"text": "deploy"' in shown
+            approve, deny = dc.button_ids(request)
+            assert approve.startswith("/approve ") and deny.startswith("/deny ")
+
+            await dc.press_button(request, dc.bob, approve, channel=dc.general)
+            [_, refused] = await dc.wait_for_sent(2, timeout=10)
+            assert visible_text(refused["content"]).startswith("Only the person who asked, or an approver, can answer request")
+            assert lines(target) == []
+
+            await dc.press_button(request, dc.alice, approve, channel=dc.general)
+            sent = await dc.wait_for_sent(4, timeout=15)
+            assert visible_text(sent[2]["content"]).startswith("Approved: running ledger__append")
+            assert sent[3]["content"] == "deployed"
+            assert lines(target) == ["deploy"]
+            # each press was acknowledged within Discord's 3 s as an update of the message (type 6)
+            assert [c.get("type") for c in dc.interaction_callbacks] == [6, 6]
+        finally:
+            await gw.stop()
