@@ -124,3 +124,37 @@ async def test_discord_buttons_approve_a_call_in_a_channel_and_another_members_p
             assert [c.get("type") for c in dc.interaction_callbacks] == [6, 6]
         finally:
             await gw.stop()
+
+
+async def test_slack_block_kit_buttons_approve_over_socket_mode(tmp_path, monkeypatch):
+    from tests.fakes.slack import FakeSlack
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    target = tmp_path / "ledger.txt"
+    async with FakeSlack() as slack, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "invoice 7", "path": str(target)}), Reply("invoiced"))
+        config = gateway_config(tmp_path / "home", model.base_url, tools=tools(),
+                                auth={"allowed_users": ["slack:U1", "slack:U2"]}, streaming={"enabled": False},
+                                platforms={"slack": {"bot_token": slack.bot_token, "app_token": slack.app_token,
+                                                     "api_base_url": slack.base_url}})
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await _ready(gw)
+            await eventually(lambda: gw.health()["platforms"]["slack"]["state"] == "connected", 10)
+            await slack.wait_connected()
+            await slack.send_event(slack.message("D1", "U1", "send invoice 7"))
+            [request] = await slack.wait_for_sent(1, timeout=15)
+            section = request["blocks"][0]["text"]["text"]
+            assert "ledger__append" in section and '"text": "invoice 7"' in section
+            approve, deny = slack.button_values(request)
+            assert approve.startswith("/approve ") and deny.startswith("/deny ")
+            envelope = await slack.press(request, "U1", approve, channel_name="directmessage")
+            await slack.wait_for_ack(envelope)
+            sent = await slack.wait_for_sent(3, timeout=15)
+            assert sent[1]["text"].startswith("Approved: running ledger") and sent[2]["text"] == "invoiced"
+            assert lines(target) == ["invoice 7"]
+            assert all(s["channel"] == "D1" for s in sent)
+        finally:
+            await gw.stop(grace_seconds=5)
