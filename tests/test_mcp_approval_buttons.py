@@ -158,3 +158,50 @@ async def test_slack_block_kit_buttons_approve_over_socket_mode(tmp_path, monkey
             assert all(s["channel"] == "D1" for s in sent)
         finally:
             await gw.stop(grace_seconds=5)
+
+
+async def test_a_kill_9_between_the_request_and_the_answer_the_button_still_works_and_runs_the_call_once(tmp_path):
+    """The real daemon (``switchboard run``) is killed with SIGKILL while a request waits; after the
+    restart nothing has run, the button under the old message still answers it, and the call runs once."""
+    from tests.crashkit import Daemon, TelegramSide
+
+    target = tmp_path / "ledger.txt"
+
+    def ledger_ready(run: int) -> bool:
+        path = daemon.log_path(run)
+        return path.exists() and "MCP server ledger is ready" in path.read_text(errors="replace")
+
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "after the crash", "path": str(target)}),
+                     Reply("done, once"))
+        side = TelegramSide(tg)
+        daemon = Daemon(tmp_path, {
+            "model": {"base_url": model.base_url, "name": "fake-model", "api_key": "sk-test-not-a-secret-0000"},
+            "auth": {"allowed_users": ["telegram:111"]}, "streaming": {"enabled": False},
+            "logging": {"level": "INFO", "format": "text"}, "shutdown": {"grace_seconds": 5},
+            "tools": tools(), **side.settings()})
+        start = await daemon.start()
+        try:
+            await side.ready(start, 30)
+            await eventually(lambda: ledger_ready(0), 30, "the ledger server ready in the first run")
+            tg.dm(ANN, "append after the crash")
+            [request] = await tg.wait_for_sent(1, timeout=20)
+            approve = request.button_data()[0]
+            await daemon.kill()
+
+            start = await daemon.start()
+            await side.ready(start, 30)
+            await eventually(lambda: ledger_ready(1), 30, "the ledger server ready after the restart")
+            assert lines(target) == [] and len(model.requests) == 1  # nothing ran without its answer
+            tg.press(request, ANN, approve)
+            sent = await tg.wait_for_sent(3, timeout=30)
+            assert [s.visible_text for s in sent[1:]] == [
+                f"Approved: running ledger__append (request {approve.split()[1]}).", "done, once"]
+            tg.press(request, ANN, approve)
+            sent = await tg.wait_for_sent(4, timeout=20)
+            assert sent[3].visible_text.endswith("was already answered: approved and run.")
+            assert await daemon.stop() == 0
+        finally:
+            if daemon.proc is not None and daemon.proc.returncode is None:
+                await daemon.kill()
+    assert lines(target) == ["after the crash"], daemon.log_problems()
