@@ -83,16 +83,26 @@ async def test_a_call_runs_only_after_approve_with_exactly_the_arguments_shown(t
                                  ("tool", "appended 'pay 10 EUR'"), ("assistant", "appended it")]
 
 
-async def test_deny_gives_the_model_the_denial_as_the_result_and_nothing_runs(tmp_path, model):
+async def test_deny_gives_the_model_the_denial_as_the_result_and_nothing_runs(tmp_path, model, monkeypatch):
+    from click.testing import CliRunner
+
+    from gateway.cli.sessions import sessions
+
     target = tmp_path / "ledger.txt"
     model.script(ToolCall("ledger__append", {"text": "x", "path": str(target)}), Reply("ok, I will not"))
     async with running_gateway(tmp_path, model, tools=_tools()) as gw:
         await _ready(gw)
         api = ApiClient(gw)
-        request_id(await api.say("ann", "append x"))
+        rid = request_id(await api.say("ann", "append x"))
         assert await api.say("ann", "/deny") == "ok, I will not"  # the only one waiting: no id needed
         await api.close()
+        session = await gw.db.get_route("agent:main:api:dm:ann")
     assert lines(target) == []
+    monkeypatch.setenv("SWITCHBOARD_HOME", str(tmp_path))
+    shown = CliRunner().invoke(sessions, ["show", session], catch_exceptions=False).output
+    assert "tool (ledger__append)  [denied by api:ann at " in shown and f"request {rid}, sha256 " in shown
+    as_json = json.loads(CliRunner().invoke(sessions, ["show", session, "--json"], catch_exceptions=False).output)
+    assert [(a["id"], a["status"], a["decided_by"]) for a in as_json["approvals"]] == [(rid, "denied", "api:ann")]
     [result] = [m["content"] for m in model.requests[-1].messages if m["role"] == "tool"]
     assert result.startswith("error: the user denied this call to ledger__append; it was not run")
 
@@ -190,3 +200,32 @@ async def test_a_request_in_a_cron_job_is_refused_without_running(tmp_path, mode
         verdict = await gw.services.approvals.check(ctx, "c1", "ledger__append", '{"text": "x", "path": "/tmp/y"}')
     assert isinstance(verdict, str) and "nobody can answer here" in verdict
     await asyncio.sleep(0)
+
+
+async def test_the_terminal_chat_answers_with_approve_and_shows_the_continued_answer(tmp_path, model):
+    import io
+
+    from rich.console import Console
+
+    from gateway.cli.chat import _Chat
+
+    target = tmp_path / "ledger.txt"
+    model.script(ToolCall("ledger__append", {"text": "from the terminal", "path": str(target)}),
+                 Reply("written from the terminal"))
+    typed = iter(["append from the terminal", "/approve"])
+
+    def read_line() -> str:
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    out = Console(file=io.StringIO(), width=200, color_system=None, record=True)
+    async with running_gateway(tmp_path, model, tools=_tools()) as gw:
+        await _ready(gw)
+        await _Chat(gw.router, out, out, False).run(None, None, read_line)
+    shown = out.export_text()
+    assert "Approval needed: **ledger__append**" in shown or "Approval needed: ledger__append" in shown
+    assert '"text": "from the terminal"' in shown
+    assert shown.index("Approval needed") < shown.index("written from the terminal")
+    assert lines(target) == ["from the terminal"]
