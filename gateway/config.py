@@ -887,6 +887,11 @@ class Config(_Model):
         if owner is not None and owner not in self.identities:
             known = ", ".join(self.identities) or "none defined"
             raise KeyedError("auth.owner", f"{owner!r} is not a name under identities (known: {known}); add identities.{owner}: [platform:user_id, ...]")
+        for i, entry in enumerate(self.tools.approvers):
+            if ":" not in entry and entry not in self.identities:
+                known = ", ".join(self.identities) or "none defined"
+                raise KeyedError(f"tools.approvers.{i}", f"{entry!r} is neither an identity name (known: {known}) nor "
+                                                         "platform:user_id; write one of those")
         if DEFAULT_MODEL in self.models:
             raise KeyedError(f"models.{DEFAULT_MODEL}", f"{DEFAULT_MODEL!r} is the model section's own name; "
                                                         "give this model another name")

@@ -80,6 +80,33 @@ async def test_telegram_inline_buttons_approve_and_a_strangers_press_changes_not
             await gw.stop(grace_seconds=5)
 
 
+async def test_a_configured_approver_answers_for_someone_else_with_the_deny_button(tmp_path):
+    target = tmp_path / "ledger.txt"
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "drop tables", "path": str(target)}), Reply("not done"))
+        config = gateway_config(tmp_path / "home", model.base_url, tools=tools(approvers=["ops"]),
+                                identities={"ops": ["telegram:222"]}, streaming={"enabled": False},
+                                auth={"allowed_users": ["telegram:111", "telegram:222"]},
+                                platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}})
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await _ready(gw)
+            await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", what="connected")
+            tg.in_group(TEAM, ANN, "@switchboard_bot drop the tables")
+            [request] = await tg.wait_for_sent(1, timeout=15)
+            deny = request.button_data()[1]
+            tg.press(request, BOB, deny, chat=TEAM)  # Bob is an approver (identity "ops")
+            sent = await tg.wait_for_sent(3, timeout=15)
+            assert [s.visible_text for s in sent[1:]] == [
+                f"Denied: ledger__append was not run (request {deny.split()[1]}).", "not done"]
+            row = await gw.db.approvals.get(deny.split()[1])
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert lines(target) == [] and (row["status"], row["decided_by"]) == ("denied", "telegram:222")
+    [result] = [m["content"] for m in model.requests[-1].messages if m["role"] == "tool"]
+    assert result.startswith("error: the user denied this call to ledger__append")
+
 async def test_discord_buttons_approve_a_call_in_a_channel_and_another_members_press_is_refused(tmp_path):
     from adapters.discord import DiscordAdapter
     from gateway.config import Config

@@ -229,3 +229,20 @@ async def test_the_terminal_chat_answers_with_approve_and_shows_the_continued_an
     assert '"text": "from the terminal"' in shown
     assert shown.index("Approval needed") < shown.index("written from the terminal")
     assert lines(target) == ["from the terminal"]
+
+
+def test_the_approval_settings_are_checked_when_the_config_is_read(tmp_path):
+    from gateway.config import config_from_dict
+    from gateway.errors import ConfigError
+
+    base = {"home": str(tmp_path), "identities": {"ops": ["telegram:1", "slack:U2"]}}
+    cfg = config_from_dict({**base, "tools": {"approvers": ["ops", "discord:9"], "approval_timeout": "2m",
+                                              "mcp_servers": {"ledger": ledger_server(tool_approval={"look": "never"})}}},
+                           env={})
+    assert cfg.tools.approval_timeout == 120
+    assert cfg.tools.mcp_servers["ledger"].approval_for("append") == "always"
+    assert cfg.tools.mcp_servers["ledger"].approval_for("look") == "never"
+    with pytest.raises(ConfigError, match="tools.approvers.0"):
+        config_from_dict({**base, "tools": {"approvers": ["nobody"]}}, env={})
+    with pytest.raises(ConfigError, match="approval"):
+        config_from_dict({**base, "tools": {"mcp_servers": {"ledger": ledger_server(approval="sometimes")}}}, env={})
