@@ -246,3 +246,40 @@ def test_the_approval_settings_are_checked_when_the_config_is_read(tmp_path):
         config_from_dict({**base, "tools": {"approvers": ["nobody"]}}, env={})
     with pytest.raises(ConfigError, match="approval"):
         config_from_dict({**base, "tools": {"mcp_servers": {"ledger": ledger_server(approval="sometimes")}}}, env={})
+
+
+async def test_approve_in_a_streamed_api_request_streams_the_continued_answer(tmp_path, model):
+    target = tmp_path / "ledger.txt"
+    model.script(ToolCall("ledger__append", {"text": "streamed", "path": str(target)}), Reply("appended, streamed"))
+    async with running_gateway(tmp_path, model, tools=_tools()) as gw:
+        await _ready(gw)
+        api = ApiClient(gw)
+        rid = request_id(await api.say("ann", "append streamed"))
+        stream = await api.client.chat.completions.create(
+            model="switchboard", messages=[{"role": "user", "content": f"/approve {rid}"}], stream=True,
+            extra_headers={"X-Session-Key": "ann"})
+        text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+        await api.close()
+    assert text == "appended, streamed"
+    assert lines(target) == ["streamed"]
+
+
+async def test_a_call_changed_in_the_store_after_the_request_is_not_run(tmp_path, model):
+    """The hash binds what runs to what was shown: arguments changed between the request and the answer
+    (here written into the store behind the gateway's back) are refused, and the model is told."""
+    import sqlite3
+
+    target, other = tmp_path / "ledger.txt", tmp_path / "other.txt"
+    model.script(ToolCall("ledger__append", {"text": "safe", "path": str(target)}), Reply("refused, as it should"))
+    async with running_gateway(tmp_path, model, tools=_tools()) as gw:
+        await _ready(gw)
+        api = ApiClient(gw)
+        rid = request_id(await api.say("ann", "append safe"))
+        changed = json.dumps({"path": str(other), "text": "evil"}, sort_keys=True, separators=(",", ":"))
+        with sqlite3.connect(tmp_path / "state.db") as conn:
+            conn.execute("UPDATE tool_approvals SET arguments = ? WHERE id = ?", (changed, rid))
+        assert await api.say("ann", f"/approve {rid}") == "refused, as it should"
+        await api.close()
+    assert lines(target) == [] and lines(other) == []
+    [result] = [m["content"] for m in model.requests[-1].messages if m["role"] == "tool"]
+    assert result == "error: the approved call to ledger__append does not match what was approved; it was not run"
