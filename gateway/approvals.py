@@ -283,12 +283,16 @@ class ToolApprovals:
         return "" if chat_output else text
 
     # -- timeouts -------------------------------------------------------------------------
-    async def start(self, *, daemon: bool = True) -> None:
+    async def start(self, *, daemon: bool = True, settle: bool = True) -> None:
         """Settle what a crash left (approved calls without a result: interrupted, never run again) and
         start the timeout sweep.  ``daemon`` False (``switchboard chat``, beside a running daemon): only
-        the terminal's own requests are this process's to time out, and nothing is settled at start."""
+        the terminal's own requests are this process's to time out, and nothing is settled at start.
+        ``settle`` False (a cluster: another instance may be running an approved call right now):
+        approved calls are left as they are."""
         self._mine = (lambda platform: platform != "cli") if daemon else (lambda platform: platform == "cli")
-        for row in await self.db.approvals.interrupted() if daemon else []:
+        for row in await self.db.approvals.interrupted() if daemon and settle else []:
+            if not self._mine(row["platform"]):
+                continue
             await self.db.approvals.store_result(row["id"], row["session_id"], INTERRUPTED.format(tool=row["tool"]),
                                                  from_status="approved", to_status="interrupted")
             log.warning("approval request %s (%s) was approved but its call was cut off by a restart; "

@@ -232,3 +232,54 @@ async def test_a_kill_9_between_the_request_and_the_answer_the_button_still_work
             if daemon.proc is not None and daemon.proc.returncode is None:
                 await daemon.kill()
     assert lines(target) == ["after the crash"], daemon.log_problems()
+
+
+async def test_an_approved_call_cut_off_by_a_kill_9_is_never_run_again(tmp_path):
+    """SIGKILL while the approved call runs: after the restart the call is not run again, its result says
+    it was interrupted, and a second press is told so."""
+    from tests.crashkit import Daemon, TelegramSide
+
+    target = tmp_path / "ledger.txt"
+
+    def ledger_ready(run: int) -> bool:
+        path = daemon.log_path(run)
+        return path.exists() and "MCP server ledger is ready" in path.read_text(errors="replace")
+
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("ledger__append_slowly", {"text": "half", "path": str(target), "seconds": 20}))
+        side = TelegramSide(tg)
+        daemon = Daemon(tmp_path, {
+            "model": {"base_url": model.base_url, "name": "fake-model", "api_key": "sk-test-not-a-secret-0000"},
+            "auth": {"allowed_users": ["telegram:111"]}, "streaming": {"enabled": False},
+            "logging": {"level": "INFO", "format": "text"}, "shutdown": {"grace_seconds": 5},
+            "tools": tools(), **side.settings()})
+        start = await daemon.start()
+        try:
+            await side.ready(start, 30)
+            await eventually(lambda: ledger_ready(0), 30, "the ledger server ready")
+            tg.dm(ANN, "append half")
+            [request] = await tg.wait_for_sent(1, timeout=20)
+            approve = request.button_data()[0]
+            tg.press(request, ANN, approve)
+            await eventually(lambda: lines(target) == ["half"], 20, "the approved call running")
+            await daemon.kill()
+
+            start = await daemon.start()
+            await side.ready(start, 30)
+            tg.press(request, ANN, approve)
+            sent = await tg.wait_for_sent(3, timeout=20)
+            assert sent[2].visible_text.endswith("was already answered: approved, and cut off by a restart.")
+            assert await daemon.stop() == 0
+        finally:
+            if daemon.proc is not None and daemon.proc.returncode is None:
+                await daemon.kill()
+        import state
+
+        with state.SessionDB(daemon.db_path) as db:
+            row = db.approvals.get(approve.split()[1])
+            tool_rows = [m for m in db.get_messages(row["session_id"]) if m["role"] == "tool"]
+    assert row["status"] == "interrupted" and lines(target) == ["half"]
+    assert [m["content"] for m in tool_rows] == [
+        "error: this call to ledger__append_slowly was approved, but the gateway stopped before its result came "
+        "back; it may or may not have taken effect and it was not run again. Check before calling it again."]
+    assert len(model.requests) == 1  # nobody asked the model to go on by itself

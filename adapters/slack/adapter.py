@@ -52,6 +52,10 @@ when it reports connected but no envelope, hello or pong arrived for
 ``stall_timeout_seconds``; restarts back off with :class:`gateway.retry.Backoff`.
 In HTTP mode Slack connects to us, so silence is not a fault.
 
+Approval buttons (Block Kit actions) need the app's Interactivity turned on (in HTTP mode, its
+Request URL is the events path); a press arrives as ``block_actions``, is acked at once, and is
+handed over in the background as the presser's command.
+
 Scopes the Slack app needs: ``chat:write``, ``app_mentions:read``,
 ``im:history``, ``channels:history``, ``groups:history``, ``mpim:history``
 (events ``message.im``, ``message.channels``, ``message.groups``,

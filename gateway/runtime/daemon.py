@@ -231,7 +231,7 @@ class Gateway:
             self._rate_budgets = await share_rate_budgets(self.cluster)
         # MCP servers: started once the built-in tools are registered (assemble), supervised from here on
         services.mcp.start()
-        await services.approvals.start(daemon=self.serve_api)
+        await services.approvals.start(daemon=self.serve_api, settle=not cfg.clustered)
         if cfg.facts.enabled:
             await services.facts.start(sweep=self.serve_api)
         if self.serve_api:

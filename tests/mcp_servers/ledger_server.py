@@ -6,6 +6,7 @@ test can count how many times a call really ran and with exactly which arguments
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from mcp.server.fastmcp import FastMCP
@@ -20,6 +21,14 @@ def build() -> FastMCP:
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps({"text": text}) + "\n")
         return f"appended {text!r}"
+
+    @server.tool()
+    async def append_slowly(path: str, text: str, seconds: float) -> str:
+        """Append a line to the file at ``path``, then take ``seconds`` to answer."""
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"text": text}) + "\n")
+        await asyncio.sleep(seconds)
+        return f"appended {text!r} slowly"
 
     @server.tool()
     def look(path: str) -> str:
