@@ -283,3 +283,27 @@ async def test_a_call_changed_in_the_store_after_the_request_is_not_run(tmp_path
     assert lines(target) == [] and lines(other) == []
     [result] = [m["content"] for m in model.requests[-1].messages if m["role"] == "tool"]
     assert result == "error: the approved call to ledger__append does not match what was approved; it was not run"
+
+
+async def test_parallel_calls_those_before_the_request_run_those_after_it_wait(tmp_path, model):
+    from tests.fakes.model_server import ToolCalls
+
+    target = tmp_path / "ledger.txt"
+    model.script(ToolCalls([ToolCall("ledger__look", {"path": str(target)}, call_id="c1"),
+                            ToolCall("ledger__append", {"text": "mid", "path": str(target)}, call_id="c2"),
+                            ToolCall("ledger__look", {"path": str(target)}, call_id="c3")]),
+                 Reply("looked, appended"))
+    async with running_gateway(tmp_path, model, tools=_tools(tool_approval={"look": "never"})) as gw:
+        await _ready(gw)
+        api = ApiClient(gw)
+        rid = request_id(await api.say("ann", "look, append, look"))
+        assert await api.say("ann", f"/approve {rid}") == "looked, appended"
+        await api.close()
+    results = {m["tool_call_id"]: m["content"] for m in model.requests[-1].messages if m["role"] == "tool"}
+    assert results == {
+        "c1": "0",  # ran before the request
+        "c2": "appended 'mid'",  # ran once approved
+        "c3": "error: not run: it was asked together with a call to ledger__append, which waits for the user's "
+              "approval; call it again after that answer if it is still needed",
+    }
+    assert lines(target) == ["mid"]
