@@ -30,6 +30,13 @@ def tools(**extra) -> dict:
                                        "env": {"PYTHONCOERCECLOCALE": "0"}, "approval": "always"}}, **extra}
 
 
+def _deliveries(db_path: Path) -> list[str]:
+    import sqlite3
+
+    with sqlite3.connect(db_path) as conn:
+        return [row[0] for row in conn.execute("SELECT status FROM deliveries ORDER BY created_at")]
+
+
 def lines(path: Path) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -214,6 +221,8 @@ async def test_a_kill_9_between_the_request_and_the_answer_the_button_still_work
             tg.dm(ANN, "append after the crash")
             [request] = await tg.wait_for_sent(1, timeout=20)
             approve = request.button_data()[0]
+            # killed once the request is recorded as sent (a kill before that may send it again, by design)
+            await eventually(lambda: _deliveries(daemon.db_path) == ["sent"], 10, "the request recorded as sent")
             await daemon.kill()
 
             start = await daemon.start()
