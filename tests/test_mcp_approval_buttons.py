@@ -87,6 +87,31 @@ async def test_telegram_inline_buttons_approve_and_a_strangers_press_changes_not
             await gw.stop(grace_seconds=5)
 
 
+async def test_a_streamed_reply_ends_in_the_request_and_the_buttons_come_right_under_it(tmp_path):
+    """Streaming on (Telegram's default): the streamed message becomes the request; the buttons follow."""
+    target = tmp_path / "ledger.txt"
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "streamed", "path": str(target)}, content="Let me note it."),
+                     Reply("noted"))
+        config = gateway_config(tmp_path / "home", model.base_url, tools=tools(),
+                                auth={"allowed_users": ["telegram:111"]},
+                                platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}})
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await _ready(gw)
+            await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", what="connected")
+            tg.dm(ANN, "note it")
+            await tg.wait_for(lambda: any(s.button_data() for s in tg.sent), 15, "the buttons")
+            request, buttons = tg.sent[-2:]
+            assert request.visible_text.startswith("Approval needed: ledger__append") and not request.button_data()
+            assert buttons.visible_text == "Approve or deny the request above:"
+            tg.press(buttons, ANN, buttons.button_data()[0])
+            await tg.wait_for(lambda: tg.sent[-1].visible_text == "noted", 15, "the continued answer")
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert lines(target) == ["streamed"]
+
 async def test_a_configured_approver_answers_for_someone_else_with_the_deny_button(tmp_path):
     target = tmp_path / "ledger.txt"
     async with FakeTelegram() as tg, FakeModel() as model:
