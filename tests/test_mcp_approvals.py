@@ -103,6 +103,9 @@ async def test_deny_gives_the_model_the_denial_as_the_result_and_nothing_runs(tm
     assert "tool (ledger__append)  [denied by api:ann at " in shown and f"request {rid}, sha256 " in shown
     as_json = json.loads(CliRunner().invoke(sessions, ["show", session, "--json"], catch_exceptions=False).output)
     assert [(a["id"], a["status"], a["decided_by"]) for a in as_json["approvals"]] == [(rid, "denied", "api:ann")]
+    exported = CliRunner().invoke(sessions, ["export", "-", "--session-id", session], catch_exceptions=False).output
+    [record] = [json.loads(line) for line in exported.splitlines() if line.startswith("{")]
+    assert [(a["id"], a["status"], a["tool"]) for a in record["approvals"]] == [(rid, "denied", "ledger__append")]
     [result] = [m["content"] for m in model.requests[-1].messages if m["role"] == "tool"]
     assert result.startswith("error: the user denied this call to ledger__append; it was not run")
 

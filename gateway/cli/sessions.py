@@ -147,9 +147,9 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     data = db.export_session(session_id)
     if data is None:  # deleted between the two calls
         raise click.ClickException(f"session {session_id} no longer exists")
-    approvals = db.approvals.for_session(session_id)  # tool calls that asked a person first
+    approvals = data.get("approvals") or []  # tool calls that asked a person first
     if as_json:
-        _json_out({**data, "approvals": approvals})
+        _json_out(data)
         return
     lines = [
         f"Session   {data['id']}",
