@@ -402,6 +402,25 @@ class FakeSlack:
     async def press(self, message: dict, user: str, value: str, *, channel_name: str = "general") -> str:
         """``user`` presses the button whose value is ``value`` in a message the bot posted: a
         block_actions payload over Socket Mode (an ``interactive`` envelope), as Slack sends it."""
+        envelope_id = f"act-{next(self._ids)}"
+        payload = self.action_payload(message, user, value, channel_name=channel_name, trigger_id=envelope_id)
+        return await self.push({"envelope_id": envelope_id, "type": "interactive", "accepts_response_payload": False,
+                                "payload": payload})
+
+    async def post_action(self, url: str, message: dict, user: str, value: str, *,
+                          channel_name: str = "general") -> tuple[int, str]:
+        """The same press in HTTP mode: a signed POST of ``payload=<json>`` (form-encoded), as Slack sends
+        interactivity requests; returns (status, body)."""
+        payload = self.action_payload(message, user, value, channel_name=channel_name,
+                                      trigger_id=f"trig-{next(self._ids)}")
+        body = urlencode({"payload": json.dumps(payload)})
+        headers = {"Content-Type": "application/x-www-form-urlencoded", **self.sign(body)}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=body.encode(), headers=headers) as resp:
+                return resp.status, await resp.text()
+
+    def action_payload(self, message: dict, user: str, value: str, *, channel_name: str, trigger_id: str) -> dict:
+        """A block_actions payload for a press of the button ``value`` under the bot's ``message``."""
         ts = next(t for t, posted in self.posted.items() if posted is message)
         [element] = [e for block in message.get("blocks") or [] if block.get("type") == "actions"
                      for e in block.get("elements", []) if e.get("value") == value]
@@ -409,7 +428,7 @@ class FakeSlack:
         container = {"type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": False}
         if message.get("thread_ts"):
             container["thread_ts"] = message["thread_ts"]
-        envelope_id = f"act-{next(self._ids)}"
+        envelope_id = trigger_id
         payload = {
             "type": "block_actions", "user": {"id": user, "username": self.users.get(user, user), "team_id": self.team_id},
             "api_app_id": "A0001", "token": "legacy", "container": container, "trigger_id": envelope_id,
@@ -420,8 +439,7 @@ class FakeSlack:
             "actions": [{"action_id": element["action_id"], "block_id": "b1", "text": element["text"],
                          "value": value, "type": "button", "action_ts": f"{time.time():.6f}"}],
         }
-        return await self.push({"envelope_id": envelope_id, "type": "interactive", "accepts_response_payload": False,
-                                "payload": payload})
+        return payload
 
     def command_payload(self, command: str, text: str, *, user: str, channel: str, channel_name: str, trigger_id: str) -> dict:
         return {
