@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.processes, pytest.mark.slow]
 LEDGER = str(Path(__file__).resolve().parent / "mcp_servers" / "ledger_server.py")
 ANN = FakeTelegram.user(111, "Ann")
 BOB = FakeTelegram.user(222, "Bob")
+EVE = FakeTelegram.user(666, "Eve")
 TEAM = FakeTelegram.group_chat(-1001234567890, "Team")
 
 
@@ -66,8 +67,10 @@ async def test_telegram_inline_buttons_approve_and_a_strangers_press_changes_not
             assert approve.startswith("/approve ") and deny.startswith("/deny ")
             rid = approve.split()[1]
 
+            tg.press(request, EVE, approve, chat=TEAM)  # not even allowed to talk to the bot: refused silently
             tg.press(request, BOB, approve, chat=TEAM)  # in the chat, but not the one who asked
             [_, refused] = await tg.wait_for_sent(2, timeout=10)
+            assert len(tg.sent) == 2  # Eve's press (handled before Bob's) changed nothing and said nothing
             assert refused.visible_text == (f"Only the person who asked, or an approver, can answer request {rid} "
                                             "(ledger__append); nothing changed.")
             assert lines(target) == [] and (await gw.db.approvals.get(rid))["status"] == "pending"
@@ -82,7 +85,7 @@ async def test_telegram_inline_buttons_approve_and_a_strangers_press_changes_not
             assert sent[4].visible_text.endswith("was already answered: approved and run.")
             assert lines(target) == ["ship it"]
             # every press was answered (the client's spinner stops), once each
-            assert len(tg.calls("answerCallbackQuery")) == 3 and all(tg.queries.values())
+            assert len(tg.calls("answerCallbackQuery")) == 4 and all(tg.queries.values())
         finally:
             await gw.stop(grace_seconds=5)
 
