@@ -114,6 +114,9 @@ class Ticket:
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
     client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
     held_for: float | None = None  # over limits.messages_per_minute: stored, unanswered; seconds to wait
+    # a turn resumed after an approval (no message of its own in the inbox): its reply is still recorded
+    # as a pending delivery, so a crash before the send does not lose it
+    records_reply: bool = False
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -707,6 +710,7 @@ class SessionRouter:
             ticket.resolve("")
             return
         ticket.message_id = stored  # the continued answer is placed right after the call's result
+        ticket.records_reply = self.has_output(ticket.msg.platform)
         session_id, history = await self.db.continued_conversation(ticket.session_id, upto=stored)
         ticket.session_id = session_id
         await self._run_turn(lane, [ticket], history)
@@ -793,7 +797,7 @@ class SessionRouter:
         started = time.monotonic()
         answered = tuple(t.message_id for t in batch if t.message_id is not None)  # what the reply follows
         inbox = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
-        plan = self._delivery_plan(msg) if inbox else None
+        plan = self._delivery_plan(msg) if inbox or last.records_reply else None
         stream = None
         if plan is not None:
             stream = await self._stream_for(lane, msg, plan, last.session_id, claim)

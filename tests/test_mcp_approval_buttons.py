@@ -269,6 +269,8 @@ async def test_a_kill_9_between_the_request_and_the_answer_the_button_still_work
             if daemon.proc is not None and daemon.proc.returncode is None:
                 await daemon.kill()
     assert lines(target) == ["after the crash"], daemon.log_problems()
+    # the request and the continued answer were each recorded before they were sent (crash-safe), and sent
+    assert _deliveries(daemon.db_path) == ["sent", "sent"]
 
 
 async def test_an_approved_call_cut_off_by_a_kill_9_is_never_run_again(tmp_path):
