@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
 
 import state
 from gateway.config import ToolsConfig
+from gateway.errors import GatewayClosing
 from gateway.tasks import spawn
 from gateway.tools import ToolContext, ToolRegistry
 from gateway.types import Button, ChatRef, ChatType, InboundMessage
@@ -225,6 +226,8 @@ class ToolApprovals:
             return (f"Only the person who asked, or an approver, can answer request {row['id']} "
                     f"({row['tool']}); nothing changed.")
         by = f"{msg.platform}:{msg.user_id}"
+        if self.router is not None and self.router.closing:  # nothing is decided that could not go on
+            return f"The gateway is restarting; answer request {row['id']} again in a moment (nothing changed)."
         if approve:
             decided = await self.db.approvals.decide(row["id"], "approved", by, now=self.clock())
             if decided is None:
@@ -278,7 +281,11 @@ class ToolApprovals:
         if chat_output:
             await router.deliver(msg.chat, ack, None)
         ticket = Ticket(msg, row["session_key"], row["session_id"], sink=sink)
-        await router.resume(row["session_key"], ticket, step)
+        try:
+            await router.resume(row["session_key"], ticket, step)
+        except GatewayClosing:  # the answer is stored; the model goes on from it with the next message
+            log.info("approval request %s answered during shutdown; the turn goes on after the restart", row["id"])
+            return "The gateway is restarting; your answer is saved and the conversation goes on from it."
         text = await ticket.reply
         return "" if chat_output else text
 
@@ -327,11 +334,14 @@ class ToolApprovals:
     async def _sweep(self) -> None:
         while True:
             self._wake.clear()
+            nxt = None
             try:
                 await self.expire_due()
+                nxt = await self.db.approvals.next_expiry()
             except state.StateError as exc:
                 log.warning("approval timeouts not checked (%s); trying again shortly", exc)
-            nxt = await self.db.approvals.next_expiry()
+            except Exception:  # the sweep goes on: a request must never wait past its time for good
+                log.exception("approval timeouts not checked; trying again shortly")
             wait = SWEEP_AT_MOST_SECONDS if nxt is None else min(max(nxt - self.clock(), 0.05), SWEEP_AT_MOST_SECONDS)
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)

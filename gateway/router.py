@@ -322,6 +322,11 @@ class SessionRouter:
         else:
             self._streamed.pop(platform, None)
 
+    @property
+    def closing(self) -> bool:
+        """The gateway is shutting down: no new work is taken."""
+        return self._closing
+
     def has_output(self, platform: str) -> bool:
         """Whether ``platform`` is a chat the router sends to (not a request/response source)."""
         return platform in self._senders
