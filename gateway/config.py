@@ -705,6 +705,9 @@ MCP_SERVER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"  # and no "__": it separat
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
+Approval = Literal["never", "always", "once_per_session"]
+
+
 class McpServerConfig(_Model):
     """``tools.mcp_servers.<name>``: one MCP server, run over stdio (``command``) or reached by URL."""
 
@@ -723,6 +726,15 @@ class McpServerConfig(_Model):
     timeout_seconds: Seconds = 60.0  # per call
     max_output_bytes: int = Field(32768, ge=256)  # a longer result is cut here and marked
     max_concurrent_calls: int = Field(4, ge=1)
+    # who must say yes before a tool runs: never | always (each call) | once_per_session (the first call)
+    approval: Approval = "never"
+    tool_approval: Annotated[  # per tool (its own name, as the server lists it), over ``approval``
+        Mapping[str, Approval], AfterValidator(lambda m: MappingProxyType(dict(m))), PlainSerializer(dict),
+    ] = Field(default_factory=lambda: MappingProxyType({}))
+
+    def approval_for(self, tool: str) -> str:
+        """The approval ``tool`` (the server's own name for it) needs."""
+        return self.tool_approval.get(tool, self.approval)
 
     @field_validator("cwd")
     @classmethod
@@ -792,6 +804,14 @@ class ToolsConfig(_Model):
         AfterValidator(lambda m: MappingProxyType(dict(_check_server_names(m)))),
         PlainSerializer(dict),
     ] = Field(default_factory=lambda: MappingProxyType({}))
+    # who may answer an approval besides the session's own user: identity names or platform:user_id
+    approvers: tuple[str, ...] = ()
+    approval_timeout: Seconds = 600.0  # an unanswered approval request is denied after this long
+
+    @field_validator("approval_timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> Any:
+        return parse_duration(value) if isinstance(value, str) else value
 
 
 # --------------------------------------------------------------------------- Config
@@ -1016,6 +1036,11 @@ class Config(_Model):
         if owner is not None and owner not in self.identities:
             known = ", ".join(self.identities) or "none defined"
             raise KeyedError("auth.owner", f"{owner!r} is not a name under identities (known: {known}); add identities.{owner}: [platform:user_id, ...]")
+        for i, entry in enumerate(self.tools.approvers):
+            if ":" not in entry and entry not in self.identities:
+                known = ", ".join(self.identities) or "none defined"
+                raise KeyedError(f"tools.approvers.{i}", f"{entry!r} is neither an identity name (known: {known}) nor "
+                                                         "platform:user_id; write one of those")
         if DEFAULT_MODEL in self.models:
             raise KeyedError(f"models.{DEFAULT_MODEL}", f"{DEFAULT_MODEL!r} is the model section's own name; "
                                                         "give this model another name")

@@ -45,13 +45,14 @@ from gateway.reset import ResetPolicy, describe_reset, reset_reason
 from gateway.streaming import DraftOutput, ReplyStream, StreamPacing, finish_streamed, mark_cut_short
 from gateway.tasks import spawn
 from gateway.turn import EMPTY_ANSWER, AgentTurn, ReplySink, TurnRequest, TurnResult
-from gateway.types import Attachment, ChatRef, ChatType, Delivery, InboundMessage, SendProgress
+from gateway.types import Attachment, Button, ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 from gateway.usage import CallContext
 from gateway.voice import TRANSCRIBING, Voice, is_pending, pending_line, transcribe_stored
 
 log = logging.getLogger(__name__)
 
 Sender = Callable[[ChatRef, str, str | None, SendProgress | None], Awaitable[Delivery]]
+ButtonSender = Callable[[ChatRef, str, tuple[Button, ...], str | None], Awaitable[Delivery]]
 Typing = Callable[[ChatRef], Awaitable[None]]
 VoiceSender = Callable[[ChatRef, bytes, str | None], Awaitable[Delivery]]  # (chat, OGG/Opus audio, reply to)
 
@@ -126,6 +127,9 @@ class Ticket:
     client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
     held_for: float | None = None  # over limits.messages_per_minute: stored, unanswered; seconds to wait
     trace: Any = None  # the inbound event's span context (gateway.tracing), the parent of the turn answering it
+    # a turn resumed after an approval (no message of its own in the inbox): its reply is still recorded
+    # as a pending delivery, so a crash before the send does not lose it
+    records_reply: bool = False
 
     def resolve(self, text: str) -> None:
         if not self.reply.done():
@@ -299,6 +303,7 @@ class SessionRouter:
         self._tz = ZoneInfo(settings.timezone)
         self._lanes: dict[str, Lane] = {}
         self._senders: dict[str, Sender] = {}
+        self._button_senders: dict[str, ButtonSender] = {}
         self._typers: dict[str, Typing] = {}
         self._voice_senders: dict[str, VoiceSender] = {}
         self._held_audio: OrderedDict[int, tuple[Attachment, ...]] = OrderedDict()
@@ -316,7 +321,8 @@ class SessionRouter:
     # -- wiring -----------------------------------------------------------
     def register_output(self, platform: str, send: Sender, typing: Typing | None = None, *,
                         streamed: StreamedOutput | None = None, drafts: DraftOutput | None = None,
-                        claimed: bool = False, voice: VoiceSender | None = None) -> None:
+                        claimed: bool = False, voice: VoiceSender | None = None,
+                        buttons: ButtonSender | None = None) -> None:
         """Where replies for ``platform`` go: the adapter's send and typing, how replies stream there (None:
         sent whole), and its drafts (edits), with which a restart finishes what a stream left; ``voice``:
         how it sends a voice message (a spoken reply, ``/voice on``), None: it cannot.
@@ -324,6 +330,10 @@ class SessionRouter:
         ``claimed`` (several instances): the platform's chat messages are stored for any instance to
         claim (:meth:`run_claimed`) instead of being queued here."""
         self._senders[platform] = send
+        if buttons is not None:
+            self._button_senders[platform] = buttons
+        else:
+            self._button_senders.pop(platform, None)
         if claimed:
             self._claimed.add(platform)
         else:
@@ -340,6 +350,15 @@ class SessionRouter:
             self._streamed[platform] = streamed
         else:
             self._streamed.pop(platform, None)
+
+    @property
+    def closing(self) -> bool:
+        """The gateway is shutting down: no new work is taken."""
+        return self._closing
+
+    def has_output(self, platform: str) -> bool:
+        """Whether ``platform`` is a chat the router sends to (not a request/response source)."""
+        return platform in self._senders
 
     def claims_turns(self, platform: str) -> bool:
         """Whether ``platform``'s chat messages are answered by whichever instance claims their session."""
@@ -755,12 +774,44 @@ class SessionRouter:
                     _settle_future(done, None, finished)
             elif kind == "command":
                 await self._run_command(ticket, command, lane, track=True)
+            elif kind == "resume":  # an answered approval: its call's result, then the turn goes on
+                await self._resume(lane, ticket, command)
             elif kind == "send":  # a reply stored before a restart, not yet confirmed sent
                 await self._send_recorded(ticket)
             elif kind == "expired":  # messages a restart found unanswered, too old to answer blindly
                 await self._answer_expired(ticket)
             else:
                 await self._run_turn(lane, batch, history)
+
+    async def resume(self, key: str, ticket: Ticket, step: Callable[[], Awaitable[int | None]]) -> None:
+        """Queue ``step`` in ``key``'s lane, then a turn that goes on from the message it stored (an
+        approval's answer: ``step`` stores the approved call's result or its denial, and returns its id;
+        None: nothing to go on from).  ``ticket`` (no stored message of its own) gets the reply."""
+        if self._closing:
+            raise GatewayClosing("the gateway is shutting down; answer again after it restarts")
+        lane = self.lane(key)
+        async with lane.lock:
+            lane.queue.append(("resume", ticket, step))
+            self._wake(lane)
+
+    async def _resume(self, lane: Lane, ticket: Ticket, step: Callable[[], Awaitable[int | None]]) -> None:
+        try:
+            lane.current = asyncio.current_task()
+            stored = await step()
+        except Exception as exc:  # the lane lives on; the caller is told
+            log.exception("resuming session %s after an approval failed", ticket.session_id)
+            ticket.resolve(f"The tool call could not be completed: {exc}")
+            return
+        finally:
+            lane.current = None
+        if stored is None:
+            ticket.resolve("")
+            return
+        ticket.message_id = stored  # the continued answer is placed right after the call's result
+        ticket.records_reply = self.has_output(ticket.msg.platform)
+        session_id, history = await self.db.continued_conversation(ticket.session_id, upto=stored)
+        ticket.session_id = session_id
+        await self._run_turn(lane, [ticket], history)
 
     def _spawn(self, coro) -> asyncio.Task:
         return spawn(coro, name=f"router:{coro.__qualname__}")
@@ -777,7 +828,8 @@ class SessionRouter:
             if track:
                 lane.current = None
         ticket.resolve(text)
-        await self.deliver(ticket.msg.chat, text, ticket.msg.message_id)
+        if text:  # "": the command sent its own answer (an approval's continued turn)
+            await self.deliver(ticket.msg.chat, text, ticket.msg.message_id)
 
     # -- clustered: a session's work claimed under a lease -------------------------
     async def run_claimed(self, claim: TurnClaim) -> bool:
@@ -847,7 +899,7 @@ class SessionRouter:
         started = time.monotonic()
         answered = tuple(t.message_id for t in batch if t.message_id is not None)  # what the reply follows
         inbox = tuple(t.inbox_id for t in batch if t.inbox_id is not None)
-        plan = self._delivery_plan(msg) if inbox else None
+        plan = self._delivery_plan(msg) if inbox or last.records_reply else None
         stream = None
         if plan is not None:
             stream = await self._stream_for(lane, msg, plan, last.session_id, claim)
@@ -869,6 +921,7 @@ class SessionRouter:
             stream=stream if stream is not None else last.sink, fence=claim.fence,
             system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
             model=last.extras.model or await self.chat_model(lane, msg),
+            chat=msg.chat, chat_type=msg.chat_type.value,
         )
         typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
@@ -879,6 +932,7 @@ class SessionRouter:
         lane.starting = lane.stop_asked = False
         recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
         spoken = False  # the reply is the model's answer: with /voice on, it is also sent spoken
+        buttons: tuple[Button, ...] = ()  # the reply is an approval request: its buttons
         stopped_partial = False  # /stop cut a streamed answer short: what was shown is the answer
         try:
             result: TurnResult = await turn
@@ -888,7 +942,8 @@ class SessionRouter:
                 last.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
             text = result.reply if result.client_calls else result.reply or EMPTY_ANSWER
-            spoken = bool(result.reply) and not result.client_calls
+            spoken = bool(result.reply) and not result.client_calls and not result.buttons
+            buttons = result.buttons
             for t in batch:
                 t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
                 t.answered_in = result.session_id
@@ -930,9 +985,10 @@ class SessionRouter:
         for t in batch:
             t.resolve(text)
         if plan is None:
-            await self.deliver(msg.chat, text, msg.message_id)
+            await self.deliver(msg.chat, text, msg.message_id, buttons=buttons)
             return
-        record = {**plan, "text": text}
+        # (buttons are not a stored field: a reply re-sent after a restart says how to answer by command)
+        record = {**plan, "text": text, **({"buttons": buttons} if buttons else {})}
         if stopped_partial:
             recorded = await self._store_stopped(last.session_id, answered, record, claim)
         if not recorded:
@@ -946,6 +1002,8 @@ class SessionRouter:
             return
         if stream is not None:
             await self._finish_stream(stream, record)
+            if buttons and msg.platform in self._button_senders:  # a stream's message has none: they come next
+                await self.deliver(msg.chat, "Approve or deny the request above:", None, buttons=buttons)
         else:
             await self._send_recorded(record)
         if spoken and not stopped_partial and await self.voice_choice(lane) == "on":
@@ -1203,7 +1261,8 @@ class SessionRouter:
 
         chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
         progress = SendProgress(record.get("sent_ids") or (), note)
-        delivery = await self.deliver(chat, record["text"], record.get("reply_to"), progress=progress)
+        delivery = await self.deliver(chat, record["text"], record.get("reply_to"), progress=progress,
+                                      buttons=tuple(record.get("buttons") or ()))
         if not finished:
             status = _status_of(delivery)
             try:
@@ -1231,13 +1290,19 @@ class SessionRouter:
             await asyncio.sleep(TYPING_EVERY_SECONDS)
 
     async def deliver(self, chat: ChatRef, text: str, reply_to: str | None, *,
-                      progress: SendProgress | None = None) -> Delivery:
+                      progress: SendProgress | None = None, buttons: tuple[Button, ...] = ()) -> Delivery:
         send = self._senders.get(chat.platform)
         if send is None:
             return Delivery(ok=True)  # request/response sources (local API, CLI) read the ticket instead
+        with_buttons = self._button_senders.get(chat.platform) if buttons and not (progress and progress.skip) else None
         with tracing.send(chat.platform) as span:
             try:
-                delivery = await send(chat, text, reply_to, progress)
+                if with_buttons is not None:
+                    delivery = await with_buttons(chat, text, buttons, reply_to)
+                    if progress is not None and delivery.ok and delivery.message_ids:
+                        await progress.confirmed(delivery.message_ids[-1], last=True)
+                else:
+                    delivery = await send(chat, text, reply_to, progress)
             except Exception as exc:  # noqa: BLE001 - adapters should not raise; record it if one does
                 delivery = Delivery(ok=False, error=str(exc))
             span.outcome(delivery.ok, delivery.error)

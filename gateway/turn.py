@@ -35,7 +35,7 @@ from gateway.errors import AnswerCutOff
 from gateway.model import Completion, ModelClient
 from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
-from gateway.types import Attachment
+from gateway.types import Attachment, Button, ChatRef
 from gateway.usage import CallContext, for_session
 from state import AsyncSessionDB, Fence
 from state.memory_fence import FenceScrubber, strip_memory_fence
@@ -120,6 +120,9 @@ class TurnRequest:
     # A local API client's own tools (OpenAI function schemas), offered beside the agent's: a call to
     # one ends the turn with the calls (``TurnResult.client_calls``), for the client to run.
     client_tools: tuple[dict, ...] = ()
+    # the chat the turn answers in (and its kind), where an approval request is posted and answered
+    chat: ChatRef | None = None
+    chat_type: str = "dm"
 
 
 @dataclass(slots=True)
@@ -131,6 +134,29 @@ class TurnResult:
     tool_calls: int = 0
     notices: list[str] = field(default_factory=list)  # lines for the user besides the reply
     client_calls: list[dict] = field(default_factory=list)  # calls of the client's tools, for it to run
+    # the reply is an approval request: the buttons that answer it (where the platform has buttons)
+    buttons: tuple[Button, ...] = ()
+
+
+class PendingApproval(Protocol):
+    """A call the tool loop stopped at, waiting for a person (``gateway.approvals.PendingCall``)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def buttons(self) -> tuple[Button, ...]: ...
+
+
+class ApprovalGate(Protocol):
+    """Asked before each tool call (``gateway.approvals.ToolApprovals``)."""
+
+    async def check(self, ctx: ToolContext, call_id: str | None, name: str,
+                    arguments: str | None) -> PendingApproval | str | None:
+        """None: run it; a text: the call's result without running it; a pending approval: stop and ask."""
+
+    async def requested(self, pending, ctx: ToolContext, after_message_id: int | None) -> None:
+        """The turn that stopped at ``pending`` stored its messages (the last is ``after_message_id``)."""
 
 
 class PromptHook(Protocol):
@@ -153,6 +179,7 @@ class ToolLoop:
     completion_tokens: int = 0
     tool_calls: int = 0
     client_calls: list[dict] = field(default_factory=list)  # the calls of client tools that ended the loop
+    pending: PendingApproval | None = None  # the call the loop stopped at, to be approved first
 
 
 # Given (request, session id): a block for the system prompt, or None.
@@ -169,6 +196,7 @@ class TurnHooks:
     prompt_hook: PromptHook | None = None  # compression: before each model call, and the usage after it
     prompt_blocks: tuple[PromptBlock, ...] = ()  # memory (a snapshot frozen per session), facts
     prefetch: Prefetch | None = None  # facts recalled for the user's message
+    approvals: ApprovalGate | None = None  # tools that run only once a person approves the exact call
 
 
 class AgentTurn:
@@ -239,7 +267,8 @@ class AgentTurn:
         prompt = system + self._with_attachments(history, req.attachments)
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
-        ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
+        ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id,
+                          agent=self.settings.agent, extra={"chat": req.chat, "chat_type": req.chat_type})
         journal = TurnJournal(self.db, req.answered, session_id, self._clock) if req.answered else None
         resumed = await journal.resumed() if journal is not None else []
         loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
@@ -254,18 +283,23 @@ class AgentTurn:
             prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
         reply = strip_memory_fence(completion.message.get("content") or "")
         to_store = [_for_store(m) for m in produced]
-        if not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
+        if loop.pending is not None:  # the reply is the approval request; the loop resumes once it is answered
+            reply = loop.pending.text
+        elif not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
             to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
                              "token_count": completion.completion_tokens})
         if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
             reply = f"{reply}\n\n{CUT_OFF_NOTE}"
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
-        await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens, output_tokens=completion_tokens,
-                                  answered=req.answered, delivery=delivery, fence=req.fence)
+        stored = await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens,
+                                           output_tokens=completion_tokens, answered=req.answered, delivery=delivery,
+                                           fence=req.fence)
         if journal is not None and journal.written:
             await journal.drop()
+        if loop.pending is not None and self.hooks.approvals is not None:
+            await self.hooks.approvals.requested(loop.pending, ctx, stored[-1] if stored else None)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices,
-                          loop.client_calls)
+                          loop.client_calls, loop.pending.buttons if loop.pending is not None else ())
 
     async def answer_unstored(self, messages: list[dict], *, platform: str, system_notes: tuple[str, ...] = (),
                               params: dict | None = None, sink: ReplySink | None = None,
@@ -323,6 +357,8 @@ class AgentTurn:
         produced: list[dict] = list(resumed or [])
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
+        pending: PendingApproval | None = None  # a call that waits for a person's approval ends the loop
+        pending_name = ""
         for iteration in range(max_iterations + 1):
             offer = iteration < max_iterations and (max_tool_calls is None or tool_calls < max_tool_calls)
             sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
@@ -352,19 +388,31 @@ class AgentTurn:
                 name = fn.get("name", "")
                 if call in client_calls:
                     continue  # the client runs it and sends its result
-                if journal is not None:
-                    await journal.write(produced, call.get("id"))
-                with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
-                    result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
-                    span.result(result)
+                if pending is not None:  # behind a call that waits for approval: not run
+                    result = WAITS_BEHIND.format(tool=pending_name)
+                else:
+                    gate = await self.hooks.approvals.check(ctx, call.get("id"), name, fn.get("arguments")) \
+                        if self.hooks.approvals is not None and name in offered else None
+                    if gate is not None and not isinstance(gate, str):
+                        pending, pending_name = gate, name
+                        continue  # its result comes with the answer (gateway.approvals)
+                    if gate is not None:
+                        result = gate  # refused before it could run (e.g. a scheduled job cannot wait for a person)
+                    else:
+                        if journal is not None:
+                            await journal.write(produced, call.get("id"))
+                        with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
+                            result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
+                            span.result(result)
                 tool_calls += 1
                 produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
                 if journal is not None:
                     await journal.write(produced, None)
-            if client_calls:
+            if client_calls or pending is not None:
                 break
         assert completion is not None
-        return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls)
+        return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls, pending)
+
 
     async def run_tool_call(self, name: str, arguments: str | None, ctx: ToolContext, offered: set[str]) -> str:
         """Run one call the model asked for, exactly as asked: its result is the text the model reads.
@@ -373,6 +421,10 @@ class AgentTurn:
         if name not in offered:
             return _not_offered(name, offered)
         return await self.tools.call(name, arguments, ctx)
+
+
+WAITS_BEHIND = ("error: not run: it was asked together with a call to {tool}, which waits for the user's approval; "
+                "call it again after that answer if it is still needed")
 
 
 class ToolJournal(Protocol):

@@ -168,6 +168,27 @@ class Delivery:
     retry_later: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Button:
+    """A button under a message.  Pressing it is the presser sending ``command`` (``/approve 3f9a1c07``):
+    the adapter hands the gateway an :class:`InboundMessage` from the presser with that text, so a press
+    goes through the same checks as the typed command."""
+
+    label: str
+    command: str
+    style: str = "primary"  # primary | danger
+
+
+@runtime_checkable
+class ButtonOutput(Protocol):
+    """An adapter that can send a message with buttons (Telegram inline keyboards, Discord components,
+    Slack Block Kit actions) and turns a press into an :class:`InboundMessage` carrying the button's command."""
+
+    async def send_buttons(self, chat: ChatRef, text: str, buttons: tuple[Button, ...], *,
+                           reply_to: str | None = None) -> Delivery:
+        """Send ``text`` with ``buttons`` under it, as one message."""
+
+
 PartConfirmed = Callable[[list[str], bool], Awaitable[None]]
 """Told ``(ids of the parts confirmed so far, whether that was the last part)``."""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
 from . import schema
+from ._approvals import session_approvals
 from ._dialect import dialect_of
 from ._messages import get_messages
 from .errors import ImportFileError
@@ -33,6 +34,8 @@ def _export_row(conn: sqlite3.Connection, row: sqlite3.Row) -> dict:
         except (json.JSONDecodeError, TypeError):
             pass
     session["messages"] = get_messages(conn, session["id"])
+    # the tool calls that asked a person first, with the answers (an import leaves them out)
+    session["approvals"] = session_approvals(conn, session["id"])
     return session
 
 

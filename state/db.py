@@ -32,6 +32,7 @@ from . import (
     _upkeep,
     _usage,
 )
+from ._approvals import Approvals
 from ._budgets import Budgets
 from ._dialect import dialect_of
 from ._engine import Engine
@@ -70,11 +71,13 @@ class SessionDB:
         "tool_journal": ToolJournal,
         "voice": VoiceMessages,
         "budgets": Budgets,
+        "approvals": Approvals,
     }
     prefs: ChatPrefs
     tool_journal: ToolJournal
     voice: VoiceMessages
     budgets: Budgets
+    approvals: Approvals
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

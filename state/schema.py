@@ -365,6 +365,13 @@ def _v26_budgets(conn):
     _budgets.create_tables(conn)
 
 
+def _v27_tool_approvals(conn):
+    """Both engines: :data:`state._approvals.TABLES` (tool calls waiting for approval, and their answers)."""
+    from . import _approvals
+
+    _approvals.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -465,6 +472,7 @@ for _step in [
     Migration(25, "tool calls: the journal of calls in flight, cron_jobs.tools", _v25_tool_calls, _v25_tool_calls),
     Migration(26, "budgets: spend per scope and period, rules set from the CLI, notices sent", _v26_budgets,
               _v26_budgets),
+    Migration(27, "tool calls waiting for approval, and their answers", _v27_tool_approvals, _v27_tool_approvals),
 ]:
     register(_step)
 

@@ -118,3 +118,22 @@ async def test_a_busy_port_fails_start_with_the_reason(slack):
         with pytest.raises(AdapterError, match="http_port"):
             await second.start(Recorder())
         assert second.health().state == "failed"
+
+
+async def test_a_button_press_over_http_is_acked_and_handed_over_as_the_pressers_command(slack):
+    from gateway.types import Button, ChatRef
+
+    async with http_adapter(slack) as (adapter, rec, url):
+        buttons = (Button("Approve", "/approve 0a1b2c3d"), Button("Deny", "/deny 0a1b2c3d", "danger"))
+        delivery = await adapter.send_buttons(ChatRef("slack", "C1", "1700000000.000100"), "Approve **this**?", buttons)
+        assert delivery.ok
+        [posted] = slack.sent
+        assert posted["thread_ts"] == "1700000000.000100" and posted["blocks"][0]["text"]["text"] == "Approve *this*?"
+        assert slack.button_values(posted) == ["/approve 0a1b2c3d", "/deny 0a1b2c3d"]
+        rec.gate = asyncio.Event()  # a slow gateway does not delay the ack
+        status, _ = await slack.post_action(url, posted, "U2", "/deny 0a1b2c3d")
+        assert status == 200
+        msg = (await rec.wait_for(1))[0]
+        rec.gate.set()
+        assert (msg.text, msg.user_id, msg.chat_id, msg.thread_id, msg.chat_type) == (
+            "/deny 0a1b2c3d", "U2", "C1", "1700000000.000100", ChatType.CHANNEL)

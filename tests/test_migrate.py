@@ -57,6 +57,10 @@ def _fill_every_table(home: Path) -> Path:
                                   "prompt_tokens": 3, "completion_tokens": 2}], [("user:alice", "d:2026-01-01", 0.5, 5)])
         db.budgets.set_rule("user:alice/day/cost", "user:alice", "day", "cost", 2.0, now=NOW)
         db.budgets.claim_notice("user:alice/day/cost", "d:2026-01-01", "80", "telegram:dm:u1", now=NOW)
+        db.approvals.add({"id": "0a1b2c3d", "session_id": "root", "session_key": "telegram:dm:u1",
+                          "platform": "telegram", "chat_type": "dm", "chat_id": "c1", "user_id": "u1",
+                          "tool": "files__write", "arguments": '{"path":"a"}', "call_hash": "ab" * 32,
+                          "tool_call_id": "t1", "policy": "always", "requested_at": NOW, "expires_at": NOW + 600})
         db.request_pairing("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
         db.request_pairing("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
         db.approve_pairing("telegram", "CODE2")
@@ -115,7 +119,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         empty = [t for t in tables if conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] == 0]
     assert [t for t in empty if t not in UNUSED_ON_SQLITE] == [], "the test's home must have rows in every table"
     assert {"sessions", "messages", "routes", "inbox", "deliveries", "facts", "cron_runs", "model_calls_daily",
-            "meta", "approved_users", "dead_letters", "chat_prefs"} <= set(tables)
+            "meta", "approved_users", "dead_letters", "chat_prefs", "tool_approvals"} <= set(tables)
 
     result = _cli("--to", pg_url, "--home", str(home))
 
@@ -129,6 +133,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         assert db.get_session("child")["parent_session_id"] == "root"
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.budgets.spent(["user:alice"], ["d:2026-01-01"]) == {("user:alice", "d:2026-01-01"): (0.5, 5)}
+        assert db.approvals.get("0a1b2c3d")["status"] == "pending"
         assert db.get_routed_session("telegram:dm:u1")["id"] == "child"
         assert db.is_user_approved("telegram", "u3")
         assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]

@@ -52,6 +52,7 @@ from gateway.tasks import spawn
 from gateway.types import (
     DEAD_LETTER_AFTER,
     AdapterHealth,
+    Button,
     ChatRef,
     ChatType,
     DeadLetterHandler,
@@ -283,8 +284,12 @@ class DiscordAdapter:
         async def on_message(message: discord.Message) -> None:
             await self._on_message(message)
 
+        async def on_interaction(interaction: discord.Interaction) -> None:
+            if interaction.type == discord.InteractionType.component:
+                await self.on_button(interaction)
+
         client.setup_hook = setup_hook  # type: ignore[method-assign]
-        for fn in (on_socket_raw_receive, on_connect, on_resumed, on_disconnect, on_message):
+        for fn in (on_socket_raw_receive, on_connect, on_resumed, on_disconnect, on_message, on_interaction):
             client.event(fn)
         return client
 
@@ -482,6 +487,31 @@ class DiscordAdapter:
                           inbound.message_id, inbound.chat_id, self._deliver_attempts)
             await self._failed.set_aside(inbound.message_id, payload(), inbound, exc)
             return False
+
+    async def on_button(self, interaction: discord.Interaction) -> None:
+        """A press of one of our buttons (a message component): acknowledged at once (3 s rule, the
+        message stays as it is), then handed over as the presser's command (``gateway.types.Button``)."""
+        custom_id = str((interaction.data or {}).get("custom_id") or "")
+        try:
+            await interaction.response.defer()
+        except discord.HTTPException as exc:
+            log.warning("discord: could not acknowledge a button press: %s", describe(exc))
+        if not custom_id.startswith("/") or interaction.channel is None:
+            return
+        place = await self._place(interaction.channel)
+        if place is None:
+            return
+        user = interaction.user
+        inbound = InboundMessage(platform=events.PLATFORM, chat_type=place.chat_type, chat_id=place.chat_id,
+                                 thread_id=place.thread_id, user_id=str(user.id), user_name=user.display_name,
+                                 text=custom_id, message_id=f"button:{interaction.id}", addressed=True)
+        await self._deliver(inbound, lambda: {"id": str(interaction.id), "type": "component",
+                                              "channel_id": str(interaction.channel_id),
+                                              "user": {"id": str(user.id)}, "custom_id": custom_id})
+
+    async def send_buttons(self, chat: ChatRef, text: str, buttons: tuple[Button, ...], *,
+                           reply_to: str | None = None) -> Delivery:
+        return await self._outbound.send_buttons(chat, text, buttons, reply_to=reply_to)
 
     async def on_command(self, interaction: discord.Interaction, name: str, args: str | None) -> None:
         """A slash command: defer first (3 s rule), hand it over, remember where the answer goes."""

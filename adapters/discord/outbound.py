@@ -34,7 +34,7 @@ from gateway.formatting import split_message
 from gateway.markdown import count_plain_fallback
 from gateway.ratelimit import ChatRate, RateLimiter, chat_budget_for, limiter_for
 from gateway.retry import Backoff, retry_async
-from gateway.types import ChatRef, Delivery, SendProgress
+from gateway.types import Button, ChatRef, Delivery, SendProgress
 
 from .format import to_discord, to_plain
 from .redact import describe
@@ -169,6 +169,33 @@ class Outbound:
                 msg_id = await self._send_part(channel_id, follow_up, to_plain(part), ref)
             await progress.confirmed(msg_id, last=index == len(parts) - 1)
         return Delivery(ok=True, message_ids=tuple(progress.sent_ids))
+
+    async def send_buttons(self, chat: ChatRef, text: str, buttons: tuple[Button, ...], *,
+                           reply_to: str | None = None) -> Delivery:
+        """``text`` with a row of buttons (message components), each button's custom id its command."""
+        client = self._client()
+        if client is None:
+            return Delivery(ok=False, error="the Discord adapter is not connected", retry_later=True)
+        view = discord.ui.View(timeout=None)
+        for button in buttons:
+            style = discord.ButtonStyle.danger if button.style == "danger" else discord.ButtonStyle.primary
+            view.add_item(discord.ui.Button(label=button.label, custom_id=button.command[:100], style=style))
+        channel_id = int(chat.thread_id or chat.chat_id)
+        try:
+            await self.chat_budget(channel_id).acquire()
+            await self.limiter().acquire()
+            msg = await client.get_partial_messageable(channel_id).send(
+                to_discord(text)[:MESSAGE_LIMIT], view=view, allowed_mentions=allowed_mentions())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the contract: report, never raise
+            log.warning("discord: send with buttons to %s failed: %s", chat.chat_id, describe(exc))
+            return Delivery(ok=False, error=describe(exc))
+        finally:
+            # a press is read from the interaction event itself (adapter.on_interaction), also after a
+            # restart: discord.py's own store of live views is not needed, and would only grow
+            view.stop()
+        return Delivery(ok=True, message_ids=(str(msg.id),))
 
     async def _send_part(self, channel_id: int, follow_up: str | None, content: str,
                          reference: discord.MessageReference | None) -> str:

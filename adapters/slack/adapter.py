@@ -52,6 +52,10 @@ when it reports connected but no envelope, hello or pong arrived for
 ``stall_timeout_seconds``; restarts back off with :class:`gateway.retry.Backoff`.
 In HTTP mode Slack connects to us, so silence is not a fault.
 
+Approval buttons (Block Kit actions) need the app's Interactivity turned on (in HTTP mode, its
+Request URL is the events path); a press arrives as ``block_actions``, is acked at once, and is
+handed over in the background as the presser's command.
+
 Scopes the Slack app needs: ``chat:write``, ``app_mentions:read``,
 ``im:history``, ``channels:history``, ``groups:history``, ``mpim:history``
 (events ``message.im``, ``message.channels``, ``message.groups``,
@@ -78,7 +82,7 @@ from gateway.formatting import split_message
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff
 from gateway.tasks import spawn
-from gateway.types import AdapterHealth, ChatRef, DeadLetterHandler, Delivery, InboundHandler, SendProgress
+from gateway.types import AdapterHealth, Button, ChatRef, DeadLetterHandler, Delivery, InboundHandler, SendProgress
 
 from .connection import HttpEndpoint, Pulse, SocketConnection
 from .inbound import Inbound, InboundSettings, Lru
@@ -92,6 +96,8 @@ log = logging.getLogger(__name__)
 CHANNEL_RATE = ChatRate(rate=1.0, burst=2)
 
 PLATFORM = "slack"
+ACTION_PREFIX = "switchboard_button_"  # our buttons' action ids (a press of another app's is not ours)
+SECTION_LIMIT = 3000  # the most text a section block holds
 
 
 class SlackAdapter:
@@ -334,6 +340,12 @@ class SlackAdapter:
             self._pulse.beat()
             log.debug("slack: ignoring %s event", event.get("type") if isinstance(event, dict) else "?")
 
+        @app.action(re.compile(f"^{ACTION_PREFIX}"))
+        async def on_action(ack, body):
+            await ack()  # within Slack's 3 s; the gateway gets the press in the background
+            self._pulse.beat()
+            self._spawn(inbound.on_action(dict(body)), "slack:action")
+
         @app.command(re.compile(".*"))
         async def on_command(ack, command):
             await ack()  # within Slack's 3 s; the gateway gets it in the background
@@ -407,6 +419,25 @@ class SlackAdapter:
         if chat.thread_id and inbound is not None:
             inbound.threads.remember((chat.chat_id, chat.thread_id), True)
         return Delivery(ok=True, message_ids=tuple(sent))
+
+    async def send_buttons(self, chat: ChatRef, text: str, buttons: tuple[Button, ...], *,
+                           reply_to: str | None = None) -> Delivery:
+        """``text`` in a section block with an actions block of buttons, each button's value its command."""
+        sender = self._sender
+        if sender is None:
+            return Delivery(ok=False, error="slack adapter is not running", retry_later=True)
+        shown = to_mrkdwn(text)[:SECTION_LIMIT]
+        elements = [{"type": "button", "text": {"type": "plain_text", "text": b.label[:75]},
+                     "action_id": f"{ACTION_PREFIX}{i}", "value": b.command[:2000],
+                     "style": "danger" if b.style == "danger" else "primary"} for i, b in enumerate(buttons)]
+        blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": shown}},
+                  {"type": "actions", "elements": elements}]
+        try:
+            ts = await sender.post_blocks(chat.chat_id, shown, blocks, thread_ts=chat.thread_id)
+        except PartFailed as exc:
+            log.warning("slack: message with buttons to %s not delivered: %s", chat.chat_id, exc)
+            return Delivery(ok=False, error=str(exc))
+        return Delivery(ok=True, message_ids=(ts,))
 
     # -- a streamed reply: one message, updated in place (gateway.streaming.DraftOutput) ---------
 

@@ -140,6 +140,25 @@ class Sender:
             raise PartFailed(f"chat.postMessage failed: {type(exc).__name__}: {exc}") from None
         return str(resp.get("ts") or "")
 
+    async def post_blocks(self, channel: str, text: str, blocks: list[dict], *, thread_ts: str | None) -> str:
+        """Post a message of Block Kit ``blocks`` (``text`` its notification fallback); its ts, or raises
+        :class:`PartFailed`."""
+        budget = self.chat_budget(channel)
+
+        async def call():
+            await budget.acquire()
+            async with self._limiter:
+                return await self._client.chat_postMessage(channel=channel, text=text, blocks=blocks,
+                                                           thread_ts=thread_ts, unfurl_links=False)
+
+        try:
+            resp = await self._retry(call, budget)
+        except SlackApiError as exc:
+            raise PartFailed(f"chat.postMessage (blocks) failed: {_error_code(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - raised as the message's failure, with what went wrong
+            raise PartFailed(f"chat.postMessage (blocks) failed: {type(exc).__name__}: {exc}") from None
+        return str(resp.get("ts") or "")
+
     async def draft(self, channel: str, text: str, *, thread_ts: str | None, ts: str | None, final: bool) -> str:
         """Post (``ts`` None) or update one message of a streamed reply, from the channel's budget; its ts.
 

@@ -30,7 +30,16 @@ from dataclasses import replace
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from telegram import Bot, BotCommand, InputFile, Message, ReplyParameters, Update
+from telegram import (
+    Bot,
+    BotCommand,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    InputFile,
+    Message,
+    ReplyParameters,
+    Update,
+)
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
@@ -44,6 +53,7 @@ from gateway.tasks import spawn
 from gateway.types import (
     AdapterHealth,
     Attachment,
+    Button,
     ChatRef,
     DeadLetterHandler,
     Delivery,
@@ -54,10 +64,10 @@ from gateway.types import (
     SendProgress,
 )
 
-from .events import PLATFORM, Addressing, normalize
+from .events import PLATFORM, Addressing, from_button, normalize
 from .format import is_parse_error, markdown_to_html
 from .media import collect_attachments
-from .polling import Poller
+from .polling import ALLOWED_UPDATES, Poller
 from .redact import describe, install_redaction, retry_after_seconds
 from .webhook import WebhookServer
 
@@ -323,7 +333,7 @@ class TelegramAdapter:
         except OSError as exc:
             self._fail(f"could not listen for webhooks on {self._webhook_listen}:{self._webhook_port}: {exc}")
         await self.bot.set_webhook(url=self._webhook_url, secret_token=self._webhook_secret,
-                                   allowed_updates=["message", "channel_post"])
+                                   allowed_updates=list(ALLOWED_UPDATES))
 
     async def stop(self) -> None:
         if self._stopping or self._bot is None:
@@ -362,6 +372,8 @@ class TelegramAdapter:
         """Hand one update to the gateway; True when it may be acknowledged (stored, skipped on
         purpose, or set aside as a dead letter)."""
         self._health.last_event_at = time.time()
+        if update.callback_query is not None:
+            return await self._pressed(update)
         message = update.message or update.channel_post
         if message is None or self._who is None or self._handler is None:
             return True
@@ -371,6 +383,27 @@ class TelegramAdapter:
             if inbound is None:
                 return True
             await self._handler(inbound)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - delivered again, or set aside after the last attempt
+            return await self._on_failure(update, inbound, exc)
+        self._failed.forget(str(update.update_id))
+        return True
+
+    async def _pressed(self, update: Update) -> bool:
+        """A press of one of our buttons: answered at once (the client stops its spinner), then handed
+        over as the presser's command (``gateway.types.Button``)."""
+        query = update.callback_query
+        assert query is not None
+        try:
+            await query.get_bot().answer_callback_query(query.id)
+        except TelegramError as exc:  # best effort: the press still counts
+            log.debug("telegram answerCallbackQuery failed: %s", describe(exc))
+        inbound = None
+        try:
+            inbound = from_button(query)
+            if inbound is not None and self._handler is not None:
+                await self._handler(inbound)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - delivered again, or set aside after the last attempt
@@ -457,8 +490,24 @@ class TelegramAdapter:
             limiter.pause(wait)
             raise
 
-    async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None) -> Message:
+    async def send_buttons(self, chat: ChatRef, text: str, buttons: tuple[Button, ...], *,
+                           reply_to: str | None = None) -> Delivery:
+        """``text`` with an inline keyboard (one row), each button's callback data its command."""
+        if self._bot is None:
+            return Delivery(ok=False, error="telegram adapter is not running", retry_later=True)
+        markup = InlineKeyboardMarkup([[InlineKeyboardButton(b.label, callback_data=b.command[:64]) for b in buttons]])
+        try:
+            sent = await self._send_part(chat, text, reply_to, markup=markup)
+        except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
+            log.warning("telegram send with buttons to chat %s failed: %s", chat.chat_id, describe(exc))
+            return Delivery(ok=False, error=describe(exc))
+        return Delivery(ok=True, message_ids=(str(sent.message_id),))
+
+    async def _send_part(self, chat: ChatRef, part: str, reply_to: str | None, *,
+                         markup: InlineKeyboardMarkup | None = None) -> Message:
         kwargs = self._where(chat, reply_to)
+        if markup is not None:
+            kwargs["reply_markup"] = markup
 
         async def attempt(**extra: Any) -> Message:
             try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from telegram import Message, MessageEntity, User
+from telegram import CallbackQuery, Message, MessageEntity, User
 
 from gateway.types import ChatType, InboundMessage, clean_text
 
@@ -164,3 +164,25 @@ def normalize(message: Message, who: Addressing) -> InboundMessage | None:
         message_id=str(message.message_id),
         addressed=True,
     )
+
+
+def from_button(query: CallbackQuery) -> InboundMessage | None:
+    """A press of one of our inline buttons as the presser's own message: the button's command
+    (``/approve 3f9a1c07``), from the presser, in the chat (and topic) of the message it is under.
+    None when the press carries no command or its message is out of reach (too old to be given)."""
+    message = query.message
+    data = query.data or ""
+    if not data.startswith("/") or message is None or not isinstance(message, Message):
+        return None
+    chat = message.chat
+    if chat.type == "private":
+        chat_type, thread_id = ChatType.DM, None
+    elif chat.type in ("group", "supergroup"):
+        topic = message.is_topic_message and message.message_thread_id
+        chat_type, thread_id = (ChatType.THREAD, str(message.message_thread_id)) if topic else (ChatType.GROUP, None)
+    else:
+        return None
+    return InboundMessage(platform="telegram", chat_type=chat_type, chat_id=str(chat.id), user_id=str(query.from_user.id),
+                          text=data, message_id=f"button:{query.id}", thread_id=thread_id,
+                          user_name=_user_name(query.from_user), addressed=True)
+

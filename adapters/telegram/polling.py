@@ -36,7 +36,7 @@ from .redact import retry_after_seconds
 
 log = logging.getLogger(__name__)
 
-ALLOWED_UPDATES = ("message", "channel_post")
+ALLOWED_UPDATES = ("message", "channel_post", "callback_query")  # callback_query: a press of our buttons
 # A gated long poll ends this long before the gate's allowance runs out (the request's own round trip).
 GATE_MARGIN_SECONDS = 1.0
 GATE_RECHECK_SECONDS = 0.2  # how soon a poll the gate did not allow is asked for again

@@ -147,6 +147,7 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     data = db.export_session(session_id)
     if data is None:  # deleted between the two calls
         raise click.ClickException(f"session {session_id} no longer exists")
+    approvals = data.get("approvals") or []  # tool calls that asked a person first
     if as_json:
         _json_out(data)
         return
@@ -166,16 +167,31 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     if tip != session_id:
         lines.append(f"Continued {tip}")
     click.echo("\n".join(lines))
+    decided = {row["tool_call_id"]: row for row in approvals if row.get("tool_call_id")}
     for message in data["messages"]:
         head = f"[{_when(message['timestamp'])}] {message['role']}"
         if message.get("tool_name"):
             head += f" ({message['tool_name']})"
+        if message["role"] == "tool" and message.get("tool_call_id") in decided:
+            head += f"  [{_approval_line(decided[message['tool_call_id']])}]"
         click.echo(f"\n{head}")
         if message.get("content"):
             click.echo(message["content"])
         for call in message.get("tool_calls") or []:
             fn = call.get("function", {}) if isinstance(call, dict) else {}
             click.echo(f"  -> {fn.get('name', '?')}({fn.get('arguments', '')})")
+    waiting = [row for row in approvals if row["status"] == "pending"]
+    for row in waiting:
+        click.echo(f"\n[{_when(row['requested_at'])}] waiting for approval: {row['tool']} (request {row['id']}, "
+                   f"until {_when(row['expires_at'])})")
+
+
+def _approval_line(row: dict) -> str:
+    """How a tool call's approval went, for ``sessions show``."""
+    what = {"done": "approved", "approved": "approved", "interrupted": "approved, cut off by a restart",
+            "denied": "denied", "expired": "not answered in time: denied"}.get(row["status"], row["status"])
+    by = f" by {row['decided_by']}" if row.get("decided_by") else ""
+    return f"{what}{by} at {_when(row['decided_at'])}, request {row['id']}, sha256 {row['call_hash'][:16]}"
 
 
 @sessions.command("search")

@@ -36,6 +36,7 @@ from typing import Awaitable, Callable
 
 import compression
 import state
+from gateway.approvals import ToolApprovals
 from gateway.auth import Authorizer, AuthSettings
 from gateway.budgetgate import BudgetGate, config_warnings, settings_from_config
 from gateway.commands import CommandSet, default_commands
@@ -89,6 +90,7 @@ class Services:
     recall: SessionRecall
     memory: MemoryService
     facts: FactMemory
+    approvals: ToolApprovals  # tool calls waiting for a person: /approve, /deny, buttons, timeouts
     mcp: McpTools  # the MCP servers of tools.mcp_servers: Gateway.start() starts them, stop() stops them
     compressor: Compressor
     commands: CommandSet
@@ -139,6 +141,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         tools.register(facts.tool())
     # MCP servers: nothing runs until Gateway.start(); their allowed tools join the registry as they come up
     mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call)
+    # tools marked approval: always | once_per_session run only once a person approved the exact call
+    approvals = ToolApprovals(db, cfg.tools, tools, identities=cfg.identities, agent=cfg.agent, clock=clock)
 
     turn: AgentTurn | None = None  # made below; the memory turns run on it
 
@@ -164,6 +168,10 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
     commands = default_commands(compressor=compressor if cfg.compression.enabled else None, tools=mcp)
     commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
                  search_command(recall, cfg), runs_now=True)
+    commands.add("approve", "Run a tool call waiting for your approval", "/approve [id]", approvals.approve_command,
+                 runs_now=True)
+    commands.add("deny", "Refuse a tool call waiting for your approval", "/deny [id]", approvals.deny_command,
+                 runs_now=True)
     if cfg.facts.enabled:
         commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
                      facts.command, runs_now=True)
@@ -175,6 +183,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         prompt_hook=compressor,
         prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),
         prefetch=facts.prefetch if cfg.facts.enabled else None,
+        approvals=approvals,
     ), max_message_tokens=max_message_tokens(context_length, cfg.model.max_message_share), clock=clock)
     on_session_end = facts.on_session_end(flush_memory) if cfg.facts.enabled else flush_memory
     router = SessionRouter(
@@ -203,6 +212,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         budgets.notify = notify
     # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
     # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
+    approvals.set_router(router)
     cron = CronService(db, turn, router.deliver, wiring.platform_status,
                        CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), clock,
                        claim_tick=wiring.claim_cron_tick, budgets=budgets)
@@ -210,8 +220,9 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
                    port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
                    dashboard=_dashboard(cfg, db, wiring.health, cron, router, budgets) if cfg.ui.enabled else None,
                    probe=model.probe, agent=cfg.agent)
-    return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory, facts=facts,
-                    mcp=mcp, compressor=compressor, commands=commands, turn=turn, router=router, cron=cron, api=api)
+    return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
+                    facts=facts, approvals=approvals, mcp=mcp, compressor=compressor, commands=commands, turn=turn,
+                    router=router, cron=cron, api=api)
 
 
 def _dashboard(cfg: Config, db: state.AsyncSessionDB, health: Callable[[], dict], cron: CronService,

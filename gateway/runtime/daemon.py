@@ -70,6 +70,8 @@ from gateway.tools_mcp import McpTools
 from gateway.types import (
     Adapter,
     AdapterHealth,
+    Button,
+    ButtonOutput,
     ChatRef,
     Delivery,
     GatedPolling,
@@ -237,6 +239,7 @@ class Gateway:
             self._rate_budgets = await share_rate_budgets(self.cluster)
         # MCP servers: started once the built-in tools are registered (assemble), supervised from here on
         services.mcp.start()
+        await services.approvals.start(daemon=self.serve_api, settle=not cfg.clustered)
         if cfg.facts.enabled:
             await services.facts.start(sweep=self.serve_api)
         if self.serve_api:
@@ -362,7 +365,9 @@ class Gateway:
                                     streamed=self._streamed_output(name, adapter),
                                     drafts=adapter if isinstance(adapter, DraftOutput) else None, claimed=claimed,
                                     voice=functools.partial(self._send_voice, name)
-                                    if isinstance(adapter, VoiceOutput) else None)
+                                    if isinstance(adapter, VoiceOutput) else None,
+                                    buttons=functools.partial(self._send_buttons, name)
+                                    if isinstance(adapter, ButtonOutput) else None)
         if key is not None:
             self._own(name, adapter, key)
             return
@@ -432,6 +437,14 @@ class Gateway:
                               first_after=streaming.first_after_seconds)
         return StreamedOutput(adapter, pacing, groups=streaming.groups)
 
+    async def _send_buttons(self, name: str, chat: ChatRef, text: str, buttons: tuple[Button, ...],
+                            reply_to: str | None) -> Delivery:
+        """The router's sender of a message with buttons (an approval request) on ``name``."""
+        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
+        if not isinstance(adapter, ButtonOutput):
+            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
+        return await adapter.send_buttons(chat, text, buttons, reply_to=reply_to)
+
     async def _send(self, name: str, chat: ChatRef, text: str, reply_to: str | None,
                     progress: SendProgress | None) -> Delivery:
         """The router's sender for ``name``: the platform's current adapter, once it has connected
@@ -491,6 +504,7 @@ class Gateway:
         if self.claims is not None:
             await self.claims.close()  # the leases still held go back: another instance answers what is left
         if services is not None:  # after the turns: no tool call is still running
+            await services.approvals.stop()
             await services.mcp.stop()
         self.platforms.cancel()
         if self.upkeep is not None:

@@ -368,6 +368,42 @@ class FakeDiscord:
         await self.dispatch("INTERACTION_CREATE", interaction)
         return interaction
 
+    @staticmethod
+    def button_ids(message: dict) -> list[str]:
+        """The custom ids of the buttons under a message the bot sent, in order."""
+        return [item["custom_id"] for row in message.get("components") or [] for item in row.get("components", [])
+                if item.get("type") == 2]
+
+    async def press_button(self, message: dict, user: dict, custom_id: str, *, channel: dict | None = None) -> dict:
+        """``user`` presses the button ``custom_id`` under the bot's ``message`` (a MESSAGE_COMPONENT
+        interaction, as Discord sends it); ``channel`` None: the user's DM.  Returns the interaction."""
+        assert custom_id in self.button_ids(message), f"no button {custom_id!r}: {self.button_ids(message)}"
+        interaction: dict[str, Any] = {
+            "id": snowflake(), "application_id": self.application_id, "type": 3,
+            "data": {"custom_id": custom_id, "component_type": 2},
+            "message": {k: v for k, v in message.items() if k not in ("request", "edits")},
+            "token": "interaction-token-" + snowflake(), "version": 1, "app_permissions": "1071698660929",
+            "locale": "en-US", "entitlements": [], "attachment_size_limit": 10_485_760,
+            "authorizing_integration_owners": {"0": self.guild["id"]} if channel else {"1": user["id"]},
+        }
+        if channel is None:
+            interaction["channel_id"] = user["dm_channel_id"]
+            interaction["channel"] = {"id": user["dm_channel_id"], "type": 1, "recipients": [self._public(user)],
+                                      "last_message_id": None, "flags": 0}
+            interaction["user"] = self._public(user)
+            interaction["context"] = 1
+        else:
+            interaction["channel_id"] = channel["id"]
+            interaction["channel"] = channel
+            interaction["guild_id"] = channel["guild_id"]
+            interaction["guild"] = {"id": channel["guild_id"], "locale": "en-US", "features": []}
+            interaction["guild_locale"] = "en-US"
+            interaction["member"] = dict(self._member(user), user=self._public(user), permissions="1071698660929")
+            interaction["context"] = 0
+        self.interactions[interaction["token"]] = interaction
+        await self.dispatch("INTERACTION_CREATE", interaction)
+        return interaction
+
     async def dispatch(self, event: str, data: dict) -> None:
         """Send a dispatch (op 0) in the current session; kept for RESUME replay either way."""
         session = self._current
@@ -618,12 +654,17 @@ class FakeDiscord:
             for earlier in self.messages.get(channel_id, []):
                 if earlier["request"].get("nonce") == nonce:  # Discord answers a repeat with the first message
                     return _json({k: v for k, v in earlier.items() if k != "request"})
+        for row in body.get("components") or []:
+            for item in row.get("components", []):
+                if item.get("type") == 2 and not 1 <= len(item.get("custom_id") or "") <= 100:
+                    return _json({"message": "Invalid Form Body", "code": 50035}, status=400)
         channel = self._find_channel(channel_id)
         msg = self._bot_message(channel_id, body, guild_id=channel["guild_id"] if channel else None)
         for f in files:  # an upload: kept with its bytes in ``uploads``, shown as an attachment
             att = self.attachment(f["filename"], f["data"], f["content_type"])
             msg["attachments"].append(att)
             self.uploads.append({"channel_id": channel_id, "message_id": msg["id"], **f})
+        msg["components"] = body.get("components") or []
         self.messages.setdefault(channel_id, []).append(msg)
         self._touch()
         return _json({k: v for k, v in msg.items() if k != "request"})

@@ -244,6 +244,11 @@ class FakeSlack:
             return web.json_response({"ok": True, "channel": body.get("channel"), "ts": body.get("ts"),
                                       "text": body.get("text")})
         if method == "chat.postMessage":
+            blocks = body.get("blocks")
+            if isinstance(blocks, str):
+                body["blocks"] = blocks = json.loads(blocks)
+            if blocks is not None and _invalid_blocks(blocks):
+                return web.json_response({"ok": False, "error": "invalid_blocks"})
             ts = self.new_ts()
             self.sent.append(body)
             self.posted[ts] = body
@@ -417,6 +422,54 @@ class FakeSlack:
             "payload": self.command_payload(command, text, user=user, channel=channel, channel_name=channel_name, trigger_id=envelope_id),
         })
 
+    @staticmethod
+    def button_values(message: dict) -> list[str]:
+        """The values of the buttons in a posted message's actions blocks, in order."""
+        return [e["value"] for block in message.get("blocks") or [] if block.get("type") == "actions"
+                for e in block.get("elements", []) if e.get("type") == "button"]
+
+    async def press(self, message: dict, user: str, value: str, *, channel_name: str = "general") -> str:
+        """``user`` presses the button whose value is ``value`` in a message the bot posted: a
+        block_actions payload over Socket Mode (an ``interactive`` envelope), as Slack sends it."""
+        envelope_id = f"act-{next(self._ids)}"
+        payload = self.action_payload(message, user, value, channel_name=channel_name, trigger_id=envelope_id)
+        return await self.push({"envelope_id": envelope_id, "type": "interactive", "accepts_response_payload": False,
+                                "payload": payload})
+
+    async def post_action(self, url: str, message: dict, user: str, value: str, *,
+                          channel_name: str = "general") -> tuple[int, str]:
+        """The same press in HTTP mode: a signed POST of ``payload=<json>`` (form-encoded), as Slack sends
+        interactivity requests; returns (status, body)."""
+        payload = self.action_payload(message, user, value, channel_name=channel_name,
+                                      trigger_id=f"trig-{next(self._ids)}")
+        body = urlencode({"payload": json.dumps(payload)})
+        headers = {"Content-Type": "application/x-www-form-urlencoded", **self.sign(body)}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=body.encode(), headers=headers) as resp:
+                return resp.status, await resp.text()
+
+    def action_payload(self, message: dict, user: str, value: str, *, channel_name: str, trigger_id: str) -> dict:
+        """A block_actions payload for a press of the button ``value`` under the bot's ``message``."""
+        ts = next(t for t, posted in self.posted.items() if posted is message)
+        [element] = [e for block in message.get("blocks") or [] if block.get("type") == "actions"
+                     for e in block.get("elements", []) if e.get("value") == value]
+        channel = str(message.get("channel"))
+        container = {"type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": False}
+        if message.get("thread_ts"):
+            container["thread_ts"] = message["thread_ts"]
+        envelope_id = trigger_id
+        payload = {
+            "type": "block_actions", "user": {"id": user, "username": self.users.get(user, user), "team_id": self.team_id},
+            "api_app_id": "A0001", "token": "legacy", "container": container, "trigger_id": envelope_id,
+            "team": {"id": self.team_id, "domain": "fake"}, "channel": {"id": channel, "name": channel_name},
+            "message": {"type": "message", "ts": ts, "text": message.get("text"), "blocks": message.get("blocks"),
+                        **({"thread_ts": message["thread_ts"]} if message.get("thread_ts") else {})},
+            "response_url": f"{self.root}/respond/{envelope_id}",
+            "actions": [{"action_id": element["action_id"], "block_id": "b1", "text": element["text"],
+                         "value": value, "type": "button", "action_ts": f"{time.time():.6f}"}],
+        }
+        return payload
+
     def command_payload(self, command: str, text: str, *, user: str, channel: str, channel_name: str, trigger_id: str) -> dict:
         return {
             "token": "legacy", "team_id": self.team_id, "team_domain": "fake", "channel_id": channel,
@@ -532,3 +585,17 @@ class FakeSlack:
 
 
 _MAX_RETRIES = 3
+
+
+def _invalid_blocks(blocks: list) -> bool:
+    """What Slack refuses as ``invalid_blocks``: a section's text over 3,000 characters, a button without
+    an action id, a value over 2,000 characters, or a label over 75."""
+    for block in blocks:
+        if block.get("type") == "section" and len((block.get("text") or {}).get("text") or "") > 3000:
+            return True
+        for element in block.get("elements", []) if block.get("type") == "actions" else []:
+            if not element.get("action_id") or len(element.get("value") or "") > 2000 \
+                    or len((element.get("text") or {}).get("text") or "") > 75:
+                return True
+    return False
+

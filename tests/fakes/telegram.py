@@ -89,6 +89,11 @@ class SentMessage:
     at: float = field(default_factory=time.monotonic)  # when the fake accepted it
     edits: int = 0  # editMessageText calls that changed it
     lost_formatting: list[str] = field(default_factory=list)  # entities Telegram would drop (see parse_html)
+    reply_markup: dict | None = None  # an inline keyboard: {"inline_keyboard": [[{"text", "callback_data"}]]}
+
+    def button_data(self) -> list[str]:
+        """The callback data of its inline buttons, in order."""
+        return [b["callback_data"] for row in (self.reply_markup or {}).get("inline_keyboard", []) for b in row]
 
 
 @dataclass
@@ -200,6 +205,8 @@ class FakeTelegram:
         self._updates: deque[dict] = deque()
         self._update_ids = itertools.count(1)
         self._message_ids = itertools.count(100)
+        self._callback_ids = itertools.count(9_000_000_001)
+        self.queries: dict[str, bool] = {}  # callback query id -> answered (answerCallbackQuery)
         self._scripts: dict[str, deque[_Scripted]] = {}
         self._changed: asyncio.Condition | None = None
         self._closing = False
@@ -330,6 +337,19 @@ class FakeTelegram:
         self._updates.append(update)
         self._notify_soon()
         return update
+
+    def press(self, sent: SentMessage, sender: dict, data: str, *, chat: dict | None = None) -> dict:
+        """``sender`` presses the inline button with callback ``data`` under the bot's message ``sent``
+        (a callback_query update, as Telegram sends it); the button must be on the message."""
+        assert data in sent.button_data(), f"no button {data!r} under message {sent.message_id}: {sent.button_data()}"
+        if chat is None:
+            chat = self.private_chat(sender) if int(sent.chat_id) > 0 else self.group_chat(int(sent.chat_id))
+        message = {"message_id": sent.message_id, "date": int(time.time()), "chat": chat, "from": self.bot_user,
+                   "text": sent.visible_text, "reply_markup": sent.reply_markup}
+        query = {"id": str(next(self._callback_ids)), "from": sender, "message": message,
+                 "chat_instance": f"ci{chat['id']}", "data": data}
+        self.queries[query["id"]] = False
+        return self.push(query, kind="callback_query")
 
     def redeliver(self, update: dict) -> dict:
         """Deliver the same message again under a new update id (a duplicate delivery)."""
@@ -556,6 +576,15 @@ class FakeTelegram:
                                             "that only one bot instance is running")
         return self._ok([u for u in self._updates if u["update_id"] >= offset][:limit])
 
+    async def _m_answercallbackquery(self, params: dict) -> web.Response:
+        query_id = str(params.get("callback_query_id"))
+        if query_id not in self.queries:
+            return self._error(400, "Bad Request: query is too old and response timeout expired or query ID is invalid")
+        if self.queries[query_id]:
+            return self._error(400, "Bad Request: query is already answered")
+        self.queries[query_id] = True
+        return self._ok(True)
+
     async def _m_editmessagetext(self, params: dict) -> web.Response:
         text = params.get("text") or ""
         mode = params.get("parse_mode")
@@ -613,8 +642,15 @@ class FakeTelegram:
             return self._error(400, "Bad Request: message is too long")
         chat_id = params.get("chat_id")
         reply = params.get("reply_parameters") or {}
+        markup = params.get("reply_markup")
+        if markup is not None:
+            for row in markup.get("inline_keyboard", []):
+                for button in row:
+                    if len(button.get("callback_data", "").encode()) > 64:
+                        return self._error(400, "Bad Request: BUTTON_DATA_INVALID")
         sent = SentMessage(next(self._message_ids), chat_id, text, mode, visible, params.get("message_thread_id"),
-                           reply.get("message_id") if isinstance(reply, dict) else None, lost_formatting=lost)
+                           reply.get("message_id") if isinstance(reply, dict) else None, lost_formatting=lost,
+                           reply_markup=markup)
         self.sent.append(sent)
         if self.on_shown is not None:
             self.on_shown(sent)
