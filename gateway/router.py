@@ -317,6 +317,10 @@ class SessionRouter:
         """Whether ``platform``'s chat messages are answered by whichever instance claims their session."""
         return platform in self._claimed
 
+    def claimed_platforms(self) -> list[str]:
+        """The platforms whose chat messages any instance answers under a lease (sorted)."""
+        return sorted(self._claimed)
+
     async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict, session_id: str,
                           claim: TurnGuard = SINGLE_INSTANCE) -> ReplyStream | None:
         """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off;

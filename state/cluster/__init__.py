@@ -30,7 +30,18 @@ from .cron import claim_cron_tick, cron_tick_holder, prune_cron_ticks
 from .ddl import CLUSTER_TABLES_PG, create_cluster_tables
 from .dsn import mask_dsn
 from .errors import ClusterError, LeaseLost, NotInTransaction, OwnershipLost
-from .leases import Lease, claim, claim_next, fenced_write, get_lease, mark_pending, release, renew
+from .leases import (
+    Lease,
+    Stranded,
+    claim,
+    claim_next,
+    fenced_write,
+    get_lease,
+    mark_pending,
+    release,
+    renew,
+    sweep_stranded,
+)
 from .owner import ConnectionOwner, OwnerTiming, lock_id
 from .store import ClusterStore
 
@@ -45,6 +56,7 @@ __all__ = [
     "OwnerTiming",
     "OwnershipLost",
     "PgBuckets",
+    "Stranded",
     "claim",
     "claim_cron_tick",
     "claim_next",
@@ -58,4 +70,5 @@ __all__ = [
     "prune_cron_ticks",
     "release",
     "renew",
+    "sweep_stranded",
 ]

@@ -113,6 +113,44 @@ def mark_pending(conn: psycopg.Connection, session_id: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Stranded:
+    """A session the sweeper found with unanswered messages, no pending mark and no live lease."""
+
+    session_id: str
+    messages: int  # unanswered messages stored in it
+    waited: float  # seconds since the oldest of them arrived
+
+
+def sweep_stranded(conn: psycopg.Connection, platforms: list[str]) -> list[Stranded]:
+    """Mark pending every session with unanswered messages (of ``platforms``) that nothing would claim:
+    no pending mark, and no holder whose lease is still live.  Returns what it marked.
+
+    The second line behind :func:`mark_pending`: a message stored in the same transaction as its
+    mark is claimed by :func:`claim_next` anyway; this finds the sessions that slipped through
+    (an instance that stored without the mark, a release that cleared it while rows were left).
+    A session whose lease is live is left alone: its holder is answering it.
+    """
+    if not platforms:
+        return []
+    rows = conn.execute(
+        f"WITH waiting AS ("
+        f"  SELECT session_id, COUNT(*) AS n, MIN(received_at) AS oldest FROM inbox"
+        f"   WHERE platform = ANY(%(platforms)s) GROUP BY session_id),"
+        f" marked AS ("
+        f"  INSERT INTO work_leases AS l (session_id, pending_seq, pending_since)"
+        f"   SELECT session_id, 1, {_NOW} FROM waiting"
+        f"  ON CONFLICT (session_id) DO UPDATE"
+        f"   SET pending_seq = l.pending_seq + 1, pending_since = excluded.pending_since"
+        f"   WHERE l.pending_since IS NULL AND (l.holder IS NULL OR l.expires_at <= {_NOW})"
+        f"  RETURNING l.session_id)"
+        f" SELECT m.session_id, w.n, {_NOW} - w.oldest FROM marked m JOIN waiting w USING (session_id)"
+        f" ORDER BY w.oldest",
+        {"platforms": list(platforms)},
+    ).fetchall()
+    return [Stranded(sid, int(n), max(0.0, float(waited or 0))) for sid, n, waited in rows]
+
+
 def renew(conn: psycopg.Connection, lease: Lease, lease_seconds: float) -> Lease:
     """Extend an unexpired lease from now; raises :class:`LeaseLost` when it expired or was taken."""
     seconds = _check_seconds(lease_seconds)

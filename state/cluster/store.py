@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol, TypeVar
 from .budgets import PgBuckets
 from .cron import claim_cron_tick, cron_tick_holder
 from .dsn import mask_dsn
-from .leases import Lease, claim_next, get_lease, release, renew
+from .leases import Lease, Stranded, claim_next, get_lease, release, renew, sweep_stranded
 from .owner import ConnectionOwner
 
 T = TypeVar("T")
@@ -96,6 +96,10 @@ class ClusterStore:
 
     def get_lease(self, session_id: str) -> Lease | None:
         return self._engine.write_committed(_raw(get_lease), session_id)
+
+    def sweep_stranded(self, platforms: list[str]) -> list[Stranded]:
+        """Mark pending the sessions with unanswered messages that nothing would claim (see ``leases``)."""
+        return self._engine.write_committed(_raw(sweep_stranded), platforms)
 
     # --- rate budgets ----------------------------------------------------------------------------
 
