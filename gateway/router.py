@@ -70,6 +70,9 @@ class RouterSettings:
     # limits.messages_per_minute / chat_messages_per_minute: turns held back past them (None: no limit)
     messages_per_minute: int | None = None
     chat_messages_per_minute: int | None = None
+    # clustered: a chat's /stream and /model choices are read again when older than this (another
+    # instance may have changed them); None: read once per lane (one instance sees every change)
+    prefs_fresh_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +143,9 @@ class Lane:
     stop_asked: bool = False
     last_prompt_tokens: int | None = None
     stream_choice: str | None = None  # the chat's /stream on|off ("on", "off"; None: the config's default)
-    stream_choice_read: bool = False  # stream_choice was read from the store
+    stream_choice_at: float | None = None  # when stream_choice was read from the store (monotonic; None: not yet)
     model_choice: str | None = None  # the chat's /model NAME (None: default)
-    model_choice_read: bool = False  # model_choice was read from the store
+    model_choice_at: float | None = None  # when model_choice was read from the store
     held: list[Ticket] = field(default_factory=list)  # stored, held back by a rate limit: the next turn answers them
 
     @property
@@ -172,6 +175,12 @@ class SessionHooks:
     # clustered: a platform message was stored for any instance to claim (wakes this instance's
     # claim loop, gateway.runtime.turn_claims); must not block
     on_work_pending: Callable[[], object] | None = None
+    # clustered: write a chat's /stop for the instance running its turn (key, session id); whether a
+    # turn of the session runs or waits anywhere
+    ask_stop: Callable[[str, str | None], Awaitable[bool]] | None = None
+    # clustered: whether a turn of the session runs on another instance or waits to be claimed (the
+    # reset policy never ends a session with work running anywhere)
+    work_elsewhere: Callable[[str], Awaitable[bool]] | None = None
 
 
 class TurnGuard(Protocol):
@@ -282,6 +291,7 @@ class SessionRouter:
         self._streamed: dict[str, StreamedOutput] = {}
         self._drafts: dict[str, DraftOutput] = {}
         self._claimed: set[str] = set()  # platforms whose messages any instance runs, under a lease
+        self._claim_keys: dict[str, str] = {}  # clustered: session key -> the claimed session its lane runs
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
@@ -317,6 +327,10 @@ class SessionRouter:
         """Whether ``platform``'s chat messages are answered by whichever instance claims their session."""
         return platform in self._claimed
 
+    def claimed_keys(self) -> dict[str, str]:
+        """The session keys whose claimed work runs in this instance now: key -> session id."""
+        return dict(self._claim_keys)
+
     def claimed_platforms(self) -> list[str]:
         """The platforms whose chat messages any instance answers under a lease (sorted)."""
         return sorted(self._claimed)
@@ -338,16 +352,26 @@ class SessionRouter:
         drafts: DraftOutput = _TrustedDrafts(out.drafts, claim)
         return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
 
+    def _stale(self, read_at: float | None) -> bool:
+        """Whether a chat choice read at ``read_at`` (monotonic; None: never) must be read again:
+        never read, or (clustered, where another instance may change it) read over
+        ``settings.prefs_fresh_for`` seconds ago."""
+        fresh_for = self.settings.prefs_fresh_for
+        return read_at is None or (fresh_for is not None and time.monotonic() - read_at > fresh_for)
+
     async def stream_choice(self, lane: Lane) -> str | None:
-        """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane."""
-        if not lane.stream_choice_read:
-            lane.stream_choice, lane.stream_choice_read = await self.db.chat_pref(lane.key, "stream"), True
+        """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane (clustered:
+        again when older than ``settings.prefs_fresh_for``)."""
+        if self._stale(lane.stream_choice_at):
+            lane.stream_choice = await self.db.chat_pref(lane.key, "stream")
+            lane.stream_choice_at = time.monotonic()
         return lane.stream_choice
 
     async def model_choice(self, lane: Lane) -> str | None:
-        """The chat's /model choice as stored (None: it made none); read once per lane."""
-        if not lane.model_choice_read:
-            lane.model_choice, lane.model_choice_read = await self.db.chat_pref(lane.key, "model"), True
+        """The chat's /model choice as stored (None: it made none); read as :meth:`stream_choice` is."""
+        if self._stale(lane.model_choice_at):
+            lane.model_choice = await self.db.chat_pref(lane.key, "model")
+            lane.model_choice_at = time.monotonic()
         return lane.model_choice
 
     async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
@@ -361,7 +385,7 @@ class SessionRouter:
     async def choose_model(self, lane: Lane, name: str) -> None:
         """The chat's /model NAME (the caller checked it may): remembered in the store, used from the next turn."""
         await self.db.set_chat_pref(lane.key, "model", name, now=self.clock())
-        lane.model_choice, lane.model_choice_read = name, True
+        lane.model_choice, lane.model_choice_at = name, time.monotonic()
 
     def streamed_output(self, platform: str, chat_type: ChatType, choice: str | None) -> StreamedOutput | None:
         """How a reply on ``platform`` streams given the chat's choice (None: it made none), or None: sent whole."""
@@ -374,7 +398,7 @@ class SessionRouter:
         """The chat's /stream on|off: remembered in the store, used from its next reply."""
         choice = "on" if on else "off"
         await self.db.set_chat_pref(lane.key, "stream", choice, now=self.clock())
-        lane.stream_choice, lane.stream_choice_read = choice, True
+        lane.stream_choice, lane.stream_choice_at = choice, time.monotonic()
 
     def lane(self, key: str) -> Lane:
         lane = self._lanes.get(key)
@@ -569,6 +593,8 @@ class SessionRouter:
             reason = reset_reason(policy, _last_active(session), self.clock(), self._tz)
             if reason is None:
                 return session_id, None
+            if self.hooks.work_elsewhere is not None and await self.hooks.work_elsewhere(session_id):
+                return session_id, None  # its turn runs (or waits) on another instance: never reset under it
             await self.db.end_session(session_id, reason)
             self.session_ended(session_id, key)
             previous = (session, reason, policy)
@@ -674,6 +700,7 @@ class SessionRouter:
             else:
                 await self._run_turn(lane, batch, history)
 
+
     def _spawn(self, coro) -> asyncio.Task:
         return spawn(coro, name=f"router:{coro.__qualname__}")
 
@@ -713,7 +740,12 @@ class SessionRouter:
         lane.queue.extend(("send", record, None) for record in records)
         lane.queue.append(("claimed", (claim, done), None))
         self._wake(lane)
-        return await done
+        self._claim_keys[key] = claim.session_id  # a /stop written anywhere reaches it (turn_claims)
+        try:
+            return await done
+        finally:
+            if self._claim_keys.get(key) == claim.session_id:
+                del self._claim_keys[key]
 
     async def _run_claimed_batch(self, lane: Lane, batch: list[Ticket], history: list[dict],
                                  claim: TurnClaim) -> None:
@@ -1064,6 +1096,15 @@ class SessionRouter:
         return f"{at:%H:%M}" if at.date() == today else f"{at:%a %d %b %H:%M}"
 
     # -- control --------------------------------------------------------------
+    async def stop_anywhere(self, key: str, session_id: str | None) -> bool:
+        """/stop: the chat's turn stops here if it runs here; clustered, the stop is also written to the
+        store for whichever instance runs it (True when a turn runs or waits there)."""
+        if self.stop_turn(key):
+            return True
+        if self.hooks.ask_stop is not None:
+            return await self.hooks.ask_stop(key, session_id)
+        return False
+
     def stop_turn(self, key: str) -> bool:
         lane = self._lanes.get(key)
         if lane and lane.current and not lane.current.done():

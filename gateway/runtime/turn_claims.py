@@ -43,6 +43,7 @@ from gateway.retry import Backoff
 from gateway.router import SessionRouter
 from gateway.tasks import spawn
 from state.cluster import ClusterStore, Lease, LeaseLost
+from state.cluster.signals import STOP, WORK
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,6 +52,7 @@ POLL_SECONDS = 0.5  # how often the loop looks for work nobody woke it for (anot
 TRUSTED_SHARE = 0.8  # of lease_seconds after a claim or renewal was sent: sends may go until then
 RECENT_CLAIMS = 20  # the claims /healthz lists besides those held now
 THREADS = 3  # the lease calls' own threads, and the connections the store's pool grows by for them
+STOP_POLL_SECONDS = 0.5  # while turns run here: how often /stop rows are read when no signal came
 SWEEP_SECONDS = 2.0  # how often the sweeper looks for sessions with unanswered messages nothing would claim
 
 
@@ -64,6 +66,7 @@ class Claim:
         self._trust_for = lease_seconds * TRUSTED_SHARE
         self._trusted_until = sent_at + self._trust_for
         self.claimed_at = time.time()
+        self.db_claimed_at = lease.expires_at - lease_seconds  # by the database's clock: a later /stop stops it
         self.lost_by: BaseException | None = None
         self._lost = False
         self.pending = False  # work left undone: released unfinished, so it is claimed again
@@ -124,6 +127,11 @@ class TurnClaims:
         self._runs: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._sweep_task: asyncio.Task | None = None
+        self._stop_task: asyncio.Task | None = None
+        self._signal_task: asyncio.Task | None = None
+        self._stop_wake = asyncio.Event()
+        self.signals = cluster.signals(self._signalled)
+        self.stops_honoured = 0  # turns stopped here by a /stop another instance (or this one) wrote
         self._reserved = 0  # connections the store's pool grew by for this loop
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="turn-claims")
         self.turns_claimed = 0  # sessions this instance claimed since it started
@@ -138,24 +146,30 @@ class TurnClaims:
         self._reserved = THREADS
         self._loop_task = spawn(self._claim_loop(), name="turn-claims:loop")
         self._sweep_task = spawn(self._sweep_loop(), name="turn-claims:sweeper")
+        self._stop_task = spawn(self._stop_loop(), name="turn-claims:stops")
+        self._signal_task = spawn(self.signals.run(), name="turn-claims:signals")
 
     def stop_claiming(self) -> None:
         """Claim nothing more (shutdown): what runs goes on while the router drains."""
-        for task in (self._loop_task, self._sweep_task):
+        for task in (self._loop_task, self._sweep_task, self._signal_task):
             if task is not None:
                 task.cancel()
 
     async def close(self, timeout: float = 5.0) -> None:
         """After the router drained: wait for the runs to give their leases back, then close."""
         self.stop_claiming()
-        await asyncio.gather(*(t for t in (self._loop_task, self._sweep_task) if t is not None),
+        await asyncio.gather(*(t for t in (self._loop_task, self._sweep_task, self._signal_task) if t is not None),
                              return_exceptions=True)
+        await self.signals.close()
         if self._runs:
             _, late = await asyncio.wait(set(self._runs), timeout=timeout)
             for task in late:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=2)
+        if self._stop_task is not None:  # runs while turns may still be stopped: until the runs are over
+            self._stop_task.cancel()
+            await asyncio.gather(self._stop_task, return_exceptions=True)
         if self._reserved:
             await self._call(functools.partial(self.cluster.reserve_connections, -self._reserved))
             self._reserved = 0
@@ -164,7 +178,9 @@ class TurnClaims:
     def status(self) -> dict:
         """What /healthz shows: the sessions whose turns this instance holds now, and how many it claimed."""
         return {"turns": [claim.status() for claim in self._held.values()], "turns_claimed": self.turns_claimed,
-                "leases_lost": self.leases_lost, "lease_seconds": self.lease_seconds, "swept": self.swept}
+                "leases_lost": self.leases_lost, "lease_seconds": self.lease_seconds, "swept": self.swept,
+                "signals": "listening" if self.signals.listening else "polling",
+                "stops_honoured": self.stops_honoured}
 
     # -- the loop --------------------------------------------------------------
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -202,6 +218,39 @@ class TurnClaims:
             task = spawn(self._run(claim), name=f"turn-claim:{lease.session_id}")
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
+
+    def _signalled(self, signal: str) -> None:
+        """Another instance (or this one) signalled: work to claim, or a /stop to read."""
+        if signal == WORK:
+            self._wake.set()
+        elif signal == STOP:
+            self._stop_wake.set()
+
+    async def _stop_loop(self) -> None:
+        """Stop the turns running here whose chat's /stop was written after they were claimed: read at
+        once when signalled, every ``STOP_POLL_SECONDS`` otherwise (only while turns run here)."""
+        while True:
+            try:
+                async with asyncio.timeout(STOP_POLL_SECONDS):
+                    await self._stop_wake.wait()
+            except TimeoutError:
+                pass
+            self._stop_wake.clear()
+            running = {key: self._held[sid] for key, sid in self.router.claimed_keys().items()
+                       if sid in self._held}  # session key -> the claim its turn runs under
+            if not running:
+                continue
+            since = min(claim.db_claimed_at for claim in running.values())
+            try:
+                asked = await self._call(functools.partial(self.cluster.stops_asked, list(running), since))
+            except Exception as exc:  # noqa: BLE001 - read again at the next poll
+                log.warning("could not read the /stop requests (%s); trying again", exc)
+                continue
+            for key, at in asked:
+                claim = running.get(key)
+                if claim is not None and at > claim.db_claimed_at and self.router.stop_turn(key):
+                    self.stops_honoured += 1
+                    log.info("stopping the turn of %s (session %s): /stop was asked", key, claim.session_id)
 
     async def _sweep_loop(self) -> None:
         """Every ``sweep_seconds``: sessions with unanswered messages, no pending mark and no live lease

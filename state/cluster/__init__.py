@@ -9,6 +9,8 @@
 * :func:`claim_cron_tick` (``cron.py``): each scheduled run once across instances.
 * :class:`PgBuckets` (``budgets.py``): the rate budgets of bot tokens and chats, one
   token bucket per key that every instance draws its send slots from.
+* :class:`Signals` (``signals.py``): ``LISTEN/NOTIFY`` that wakes the other instances (work to
+  claim, a ``/stop``), with polling behind it.
 * :class:`ClusterStore` (``store.py``): all of the above as the PostgreSQL store offers it
   (``SessionDB.cluster``), on the store's pool where a call is one short transaction; what the
   gateway holds instead of the store's URL.
@@ -43,9 +45,11 @@ from .leases import (
     sweep_stranded,
 )
 from .owner import ConnectionOwner, OwnerTiming, lock_id
+from .signals import CHANNEL, Signals
 from .store import ClusterStore
 
 __all__ = [
+    "CHANNEL",
     "CLUSTER_TABLES_PG",
     "ClusterError",
     "ClusterStore",
@@ -56,6 +60,7 @@ __all__ = [
     "OwnerTiming",
     "OwnershipLost",
     "PgBuckets",
+    "Signals",
     "Stranded",
     "claim",
     "claim_cron_tick",

@@ -37,6 +37,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from .errors import LeaseLost, NotInTransaction
+from .signals import WORK, notify
 
 _NOW = "extract(epoch FROM clock_timestamp())"
 _FIELDS = "session_id, holder, fencing_token, expires_at, pending_seq"
@@ -111,6 +112,7 @@ def mark_pending(conn: psycopg.Connection, session_id: str) -> None:
         f"  SET pending_seq = l.pending_seq + 1, pending_since = COALESCE(l.pending_since, excluded.pending_since)",
         (session_id,),
     )
+    notify(conn, WORK)  # delivered at commit: every claim loop looks at once
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,8 @@ def sweep_stranded(conn: psycopg.Connection, platforms: list[str]) -> list[Stran
         f" ORDER BY w.oldest",
         {"platforms": list(platforms)},
     ).fetchall()
+    if rows:
+        notify(conn, WORK)
     return [Stranded(sid, int(n), max(0.0, float(waited or 0))) for sid, n, waited in rows]
 
 
@@ -171,13 +175,16 @@ def release(conn: psycopg.Connection, lease: Lease, *, finished: bool = False) -
 
     False when the lease was no longer ours (someone claimed the session since): nothing changed.
     """
-    cur = conn.execute(
+    row = conn.execute(
         f"UPDATE work_leases SET holder = NULL, expires_at = {_NOW},"
         f"  pending_since = CASE WHEN %(finished)s AND pending_seq = %(seen)s THEN NULL ELSE pending_since END"
-        f" WHERE session_id = %(sid)s AND fencing_token = %(token)s AND holder IS NOT NULL",
+        f" WHERE session_id = %(sid)s AND fencing_token = %(token)s AND holder IS NOT NULL"
+        f" RETURNING pending_since IS NOT NULL",
         {"sid": lease.session_id, "token": lease.token, "finished": finished, "seen": lease.pending_seq},
-    )
-    return cur.rowcount > 0
+    ).fetchone()
+    if row is not None and row[0]:
+        notify(conn, WORK)  # work is left (it arrived during the turn, or the turn gave up): claim it now
+    return row is not None
 
 
 def fenced_write(conn: psycopg.Connection, session_id: str, token: int) -> None:
