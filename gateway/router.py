@@ -147,6 +147,9 @@ class Lane:
     model_choice: str | None = None  # the chat's /model NAME (None: default)
     model_choice_at: float | None = None  # when model_choice was read from the store
     held: list[Ticket] = field(default_factory=list)  # stored, held back by a rate limit: the next turn answers them
+    # a streamed reply whose turn never finished (its instance died): the next turn here edits its messages
+    # into its own answer instead of posting new ones (one answer in the chat, not a cut-short one and another)
+    adopt: dict | None = None
 
     @property
     def busy(self) -> bool:
@@ -345,12 +348,20 @@ class SessionRouter:
         out = self.streamed_output(msg.platform, msg.chat_type, await self.stream_choice(lane))
         if out is None:
             return None
+        adopted: list[str] = []
+        if lane.adopt is not None and (lane.adopt["platform"], str(lane.adopt["chat_id"])) == \
+                (msg.platform, str(msg.chat_id)):
+            record, lane.adopt = lane.adopt, None
+            plan["id"], adopted = record["id"], list(record["sent_ids"])  # the same record, its messages edited
+            log.info("continuing the streamed reply %s in its %d message(s) posted before a stop",
+                     record["id"], len(adopted))
 
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
             await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
 
         drafts: DraftOutput = _TrustedDrafts(out.drafts, claim)
-        return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
+        return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted,
+                           adopt=adopted)
 
     def _stale(self, read_at: float | None) -> bool:
         """Whether a chat choice read at ``read_at`` (monotonic; None: never) must be read again:
@@ -688,6 +699,7 @@ class SessionRouter:
                 finished = False
                 try:
                     await self._run_claimed_batch(lane, batch, history, claim)
+                    await self._unadopted(lane, claim)
                     finished = True
                 finally:
                     _settle_future(done, None, finished)
@@ -697,9 +709,23 @@ class SessionRouter:
                 await self._send_recorded(ticket)
             elif kind == "expired":  # messages a restart found unanswered, too old to answer blindly
                 await self._answer_expired(ticket)
+                await self._unadopted(lane)
             else:
                 await self._run_turn(lane, batch, history)
+                await self._unadopted(lane)
 
+    async def _unadopted(self, lane: Lane, claim: TurnGuard = SINGLE_INSTANCE) -> None:
+        """A streamed reply left to adopt that the turn did not continue (it did not stream, or went to
+        another chat): its messages say they were cut short, as before adoption."""
+        record, lane.adopt = lane.adopt, None
+        if record is not None and not claim.lost():
+            await self._send_recorded(record)
+
+    def _adoptable(self, record: dict) -> bool:
+        """Whether a recorded streamed reply can be continued by the next turn: its turn never finished,
+        it posted messages, and its platform can edit them."""
+        return (record.get("kind") == "stream" and record.get("status") == "streaming"
+                and bool(record.get("sent_ids")) and record["platform"] in self._drafts)
 
     def _spawn(self, coro) -> asyncio.Task:
         return spawn(coro, name=f"router:{coro.__qualname__}")
@@ -737,6 +763,11 @@ class SessionRouter:
             return True
         lane = self.lane(key)
         done = asyncio.get_running_loop().create_future()
+        if rows:  # the turn about to answer them continues the latest reply their earlier turn streamed
+            streams = [record for record in records if self._adoptable(record)]
+            if streams and lane.adopt is None:
+                lane.adopt = streams[-1]
+                records = [record for record in records if record is not streams[-1]]
         lane.queue.extend(("send", record, None) for record in records)
         lane.queue.append(("claimed", (claim, done), None))
         self._wake(lane)
@@ -1043,8 +1074,17 @@ class SessionRouter:
         Only for platforms whose output is registered; the rest wait for a start that runs them.
         New messages for the same session queue behind.  Returns counts for the log."""
         counts = {"replies": 0, "sessions": 0, "expired": 0}
+        waiting = {row["session_key"] for row in unanswered if row["platform"] in self._senders}
         for record in pending:
             if record["platform"] not in self._senders:
+                continue
+            key = record.get("session_key")
+            if key is not None and key in waiting and self._adoptable(record):
+                lane = self.lane(key)
+                if lane.adopt is not None:  # an older one: said cut short, as before
+                    lane.queue.append(("send", lane.adopt, None))
+                lane.adopt = record  # the turn answering the session's messages continues it
+                counts["replies"] += 1
                 continue
             lane = self.lane(record.get("session_key") or f"delivery:{record['id']}")
             lane.queue.append(("send", record, None))
