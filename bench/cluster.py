@@ -22,7 +22,7 @@ Printed per number of instances:
 * CPU, as a % of one core over the window: each daemon, PostgreSQL (every process
   of the server), the fake model, this process (the fake Telegram and the users),
   and the whole machine (both cores, other users of the machine included);
-* the load average at the end, PostgreSQL commits per turn, and its backends as
+* the load average at the end, PostgreSQL commits and rollbacks (retried conflicts) per turn, and its backends as
   sampled every 0.1 s: active on average, waiting on a lock (heavyweight ``Lock``,
   or ``LWLock``) on average.
 
@@ -167,10 +167,11 @@ class DbSampler:
     on_lock: int = 0
     on_lwlock: int = 0
     commits: int = 0
+    rollbacks: int = 0  # serialization failures and deadlocks retried, mostly
 
     async def run(self, stop: asyncio.Event) -> None:
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            first = await self._commits(conn)
+            first, first_rollbacks = await self._commits(conn), await self._rollbacks(conn)
             while not stop.is_set():
                 cur = await conn.execute(
                     "SELECT state, wait_event_type FROM pg_stat_activity"
@@ -187,10 +188,16 @@ class DbSampler:
                 except asyncio.TimeoutError:
                     pass
             self.commits = await self._commits(conn) - first
+            self.rollbacks = await self._rollbacks(conn) - first_rollbacks
 
     @staticmethod
     async def _commits(conn: psycopg.AsyncConnection) -> int:
         cur = await conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        return (await cur.fetchone())[0]
+
+    @staticmethod
+    async def _rollbacks(conn: psycopg.AsyncConnection) -> int:
+        cur = await conn.execute("SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()")
         return (await cur.fetchone())[0]
 
 
@@ -346,7 +353,7 @@ def print_row(row: Row) -> None:
           f"{_percentile(row.latencies, 95):>6.2f}  {per_instance:<16}  {cpu['postgres'] / window:>8.0%}  "
           f"{cpu['model'] / window:>5.0%}  {cpu['bench'] / window:>5.0%}  {machine:>7.0%}  {row.load:<14}  "
           f"{db.commits / row.turns:>6.1f}  {db.in_transaction / samples:>6.2f}  {db.active / samples:>6.2f}  "
-          f"{db.on_lock / samples:>5.2f}  {db.on_lwlock / samples:>6.2f}", flush=True)
+          f"{db.on_lock / samples:>5.2f}  {db.on_lwlock / samples:>6.2f}  {db.rollbacks / row.turns:>6.2f}", flush=True)
     for n in range(row.instances):
         loop, others = row.meter.threads(n)
         busiest = ", ".join(f"{t / window:.0%}" for t in others[:3])
@@ -382,10 +389,10 @@ async def main() -> None:
           f"PostgreSQL fsync "
           f"{'on' if args.durable else 'off'}; {os.cpu_count()} cores")
     print("CPU: % of one core over the window; PG: commits per turn, backends in a transaction / active / waiting on "
-          "Lock / on LWLock (averages)")
+          "Lock / on LWLock (averages), rollbacks per turn (retried conflicts)")
     print(f"{'instances':>9}  {'turns/s':>7}  {'p50 s':>6}  {'p95 s':>6}  {'CPU per instance':<16}  {'postgres':>8}  "
           f"{'model':>5}  {'bench':>5}  {'machine':>7}  {'load avg':<14}  {'PG c/t':>6}  {'in txn':>6}  "
-          f"{'active':>6}  {'Lock':>5}  {'LWLock':>6}")
+          f"{'active':>6}  {'Lock':>5}  {'LWLock':>6}  {'PG r/t':>6}")
     model, model_port = await start_model(args.delay)
     cluster = PgCluster.start(settings)
     try:

@@ -272,7 +272,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
 
 
 async def cmd_stop(ctx: CommandContext) -> str:
-    if ctx.router.stop_turn(ctx.lane.key):
+    if await ctx.router.stop_anywhere(ctx.lane.key, ctx.session_id):
         return "Stopping the current reply."
     return "Nothing is running."
 

@@ -83,6 +83,9 @@ class RouterSettings:
     # limits.messages_per_minute / chat_messages_per_minute: turns held back past them (None: no limit)
     messages_per_minute: int | None = None
     chat_messages_per_minute: int | None = None
+    # clustered: a chat's /stream and /model choices are read again when older than this (another
+    # instance may have changed them); None: read once per lane (one instance sees every change)
+    prefs_fresh_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +160,15 @@ class Lane:
     stop_asked: bool = False
     last_prompt_tokens: int | None = None
     stream_choice: str | None = None  # the chat's /stream on|off ("on", "off"; None: the config's default)
-    stream_choice_read: bool = False  # stream_choice was read from the store
+    stream_choice_at: float | None = None  # when stream_choice was read from the store (monotonic; None: not yet)
     model_choice: str | None = None  # the chat's /model NAME (None: default)
-    model_choice_read: bool = False  # model_choice was read from the store
+    model_choice_at: float | None = None  # when model_choice was read from the store
     voice_choice: str | None = None  # the chat's /voice on|off ("on", "off"; None: off, the default)
-    voice_choice_read: bool = False  # voice_choice was read from the store
+    voice_choice_at: float | None = None  # when voice_choice was read from the store
     held: list[Ticket] = field(default_factory=list)  # stored, held back by a rate limit: the next turn answers them
+    # a streamed reply whose turn never finished (its instance died): the next turn here edits its messages
+    # into its own answer instead of posting new ones (one answer in the chat, not a cut-short one and another)
+    adopt: dict | None = None
 
     @property
     def busy(self) -> bool:
@@ -191,6 +197,12 @@ class SessionHooks:
     # clustered: a platform message was stored for any instance to claim (wakes this instance's
     # claim loop, gateway.runtime.turn_claims); must not block
     on_work_pending: Callable[[], object] | None = None
+    # clustered: write a chat's /stop for the instance running its turn (key, session id); whether a
+    # turn of the session runs or waits anywhere
+    ask_stop: Callable[[str, str | None], Awaitable[bool]] | None = None
+    # clustered: whether a turn of the session runs on another instance or waits to be claimed (the
+    # reset policy never ends a session with work running anywhere)
+    work_elsewhere: Callable[[str], Awaitable[bool]] | None = None
 
 
 class TurnGuard(Protocol):
@@ -310,6 +322,7 @@ class SessionRouter:
         self._streamed: dict[str, StreamedOutput] = {}
         self._drafts: dict[str, DraftOutput] = {}
         self._claimed: set[str] = set()  # platforms whose messages any instance runs, under a lease
+        self._claim_keys: dict[str, str] = {}  # clustered: session key -> the claimed session its lane runs
         self._closing = False
         self._recent_commands: deque[tuple[str, str]] = deque(maxlen=2048)
         self._answered_strangers: deque[tuple[str, str | None]] = deque(maxlen=256)
@@ -364,6 +377,14 @@ class SessionRouter:
         """Whether ``platform``'s chat messages are answered by whichever instance claims their session."""
         return platform in self._claimed
 
+    def claimed_keys(self) -> dict[str, str]:
+        """The session keys whose claimed work runs in this instance now: key -> session id."""
+        return dict(self._claim_keys)
+
+    def claimed_platforms(self) -> list[str]:
+        """The platforms whose chat messages any instance answers under a lease (sorted)."""
+        return sorted(self._claimed)
+
     async def _stream_for(self, lane: Lane, msg: InboundMessage, plan: dict, session_id: str,
                           claim: TurnGuard = SINGLE_INSTANCE) -> ReplyStream | None:
         """A stream for the reply to ``msg`` when its platform streams and the chat has not said /stream off;
@@ -374,23 +395,41 @@ class SessionRouter:
         out = self.streamed_output(msg.platform, msg.chat_type, await self.stream_choice(lane))
         if out is None:
             return None
+        adopted: list[str] = []
+        if lane.adopt is not None and (lane.adopt["platform"], str(lane.adopt["chat_id"])) == \
+                (msg.platform, str(msg.chat_id)):
+            record, lane.adopt = lane.adopt, None
+            plan["id"], adopted = record["id"], list(record["sent_ids"])  # the same record, its messages edited
+            log.info("continuing the streamed reply %s in its %d message(s) posted before a stop",
+                     record["id"], len(adopted))
 
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
             await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
 
         drafts: DraftOutput = _TrustedDrafts(out.drafts, claim)
-        return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
+        return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted,
+                           adopt=adopted)
+
+    def _stale(self, read_at: float | None) -> bool:
+        """Whether a chat choice read at ``read_at`` (monotonic; None: never) must be read again:
+        never read, or (clustered, where another instance may change it) read over
+        ``settings.prefs_fresh_for`` seconds ago."""
+        fresh_for = self.settings.prefs_fresh_for
+        return read_at is None or (fresh_for is not None and time.monotonic() - read_at > fresh_for)
 
     async def stream_choice(self, lane: Lane) -> str | None:
-        """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane."""
-        if not lane.stream_choice_read:
-            lane.stream_choice, lane.stream_choice_read = await self.db.prefs.get(lane.key, "stream"), True
+        """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane (clustered:
+        again when older than ``settings.prefs_fresh_for``)."""
+        if self._stale(lane.stream_choice_at):
+            lane.stream_choice = await self.db.prefs.get(lane.key, "stream")
+            lane.stream_choice_at = time.monotonic()
         return lane.stream_choice
 
     async def model_choice(self, lane: Lane) -> str | None:
-        """The chat's /model choice as stored (None: it made none); read once per lane."""
-        if not lane.model_choice_read:
-            lane.model_choice, lane.model_choice_read = await self.db.prefs.get(lane.key, "model"), True
+        """The chat's /model choice as stored (None: it made none); read as :meth:`stream_choice` is."""
+        if self._stale(lane.model_choice_at):
+            lane.model_choice = await self.db.prefs.get(lane.key, "model")
+            lane.model_choice_at = time.monotonic()
         return lane.model_choice
 
     async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
@@ -404,19 +443,21 @@ class SessionRouter:
     async def choose_model(self, lane: Lane, name: str) -> None:
         """The chat's /model NAME (the caller checked it may): remembered in the store, used from the next turn."""
         await self.db.prefs.set(lane.key, "model", name, now=self.clock())
-        lane.model_choice, lane.model_choice_read = name, True
+        lane.model_choice, lane.model_choice_at = name, time.monotonic()
 
     async def voice_choice(self, lane: Lane) -> str | None:
-        """The chat's /voice choice ("on", "off"), or None when it made none (off); read once per lane."""
-        if not lane.voice_choice_read:
-            lane.voice_choice, lane.voice_choice_read = await self.db.prefs.get(lane.key, "voice"), True
+        """The chat's /voice choice ("on", "off"), or None when it made none (off); read as :meth:`stream_choice`
+        is."""
+        if self._stale(lane.voice_choice_at):
+            lane.voice_choice = await self.db.prefs.get(lane.key, "voice")
+            lane.voice_choice_at = time.monotonic()
         return lane.voice_choice
 
     async def choose_voice(self, lane: Lane, on: bool) -> None:
         """The chat's /voice on|off: remembered in the store, used from its next reply."""
         choice = "on" if on else "off"
         await self.db.prefs.set(lane.key, "voice", choice, now=self.clock())
-        lane.voice_choice, lane.voice_choice_read = choice, True
+        lane.voice_choice, lane.voice_choice_at = choice, time.monotonic()
 
     def speaks_on(self, platform: str) -> str | None:
         """Why replies on ``platform`` cannot be spoken (None: they can)."""
@@ -446,7 +487,7 @@ class SessionRouter:
         """The chat's /stream on|off: remembered in the store, used from its next reply."""
         choice = "on" if on else "off"
         await self.db.prefs.set(lane.key, "stream", choice, now=self.clock())
-        lane.stream_choice, lane.stream_choice_read = choice, True
+        lane.stream_choice, lane.stream_choice_at = choice, time.monotonic()
 
     def lane(self, key: str) -> Lane:
         lane = self._lanes.get(key)
@@ -662,6 +703,8 @@ class SessionRouter:
             reason = reset_reason(policy, _last_active(session), self.clock(), self._tz)
             if reason is None:
                 return session_id, None
+            if self.hooks.work_elsewhere is not None and await self.hooks.work_elsewhere(session_id):
+                return session_id, None  # its turn runs (or waits) on another instance: never reset under it
             await self.db.end_session(session_id, reason)
             self.session_ended(session_id, key)
             await self.release_held(lane, session_id)
@@ -769,6 +812,7 @@ class SessionRouter:
                 finished = False
                 try:
                     await self._run_claimed_batch(lane, batch, history, claim)
+                    await self._unadopted(lane, claim)
                     finished = True
                 finally:
                     _settle_future(done, None, finished)
@@ -780,8 +824,23 @@ class SessionRouter:
                 await self._send_recorded(ticket)
             elif kind == "expired":  # messages a restart found unanswered, too old to answer blindly
                 await self._answer_expired(ticket)
+                await self._unadopted(lane)
             else:
                 await self._run_turn(lane, batch, history)
+                await self._unadopted(lane)
+
+    async def _unadopted(self, lane: Lane, claim: TurnGuard = SINGLE_INSTANCE) -> None:
+        """A streamed reply left to adopt that the turn did not continue (it did not stream, or went to
+        another chat): its messages say they were cut short, as before adoption."""
+        record, lane.adopt = lane.adopt, None
+        if record is not None and not claim.lost():
+            await self._send_recorded(record)
+
+    def _adoptable(self, record: dict) -> bool:
+        """Whether a recorded streamed reply can be continued by the next turn: its turn never finished,
+        it posted messages, and its platform can edit them."""
+        return (record.get("kind") == "stream" and record.get("status") == "streaming"
+                and bool(record.get("sent_ids")) and record["platform"] in self._drafts)
 
     async def resume(self, key: str, ticket: Ticket, step: Callable[[], Awaitable[int | None]]) -> None:
         """Queue ``step`` in ``key``'s lane, then a turn that goes on from the message it stored (an
@@ -850,10 +909,20 @@ class SessionRouter:
             return True
         lane = self.lane(key)
         done = asyncio.get_running_loop().create_future()
+        if rows:  # the turn about to answer them continues the latest reply their earlier turn streamed
+            streams = [record for record in records if self._adoptable(record)]
+            if streams and lane.adopt is None:
+                lane.adopt = streams[-1]
+                records = [record for record in records if record is not streams[-1]]
         lane.queue.extend(("send", record, None) for record in records)
         lane.queue.append(("claimed", (claim, done), None))
         self._wake(lane)
-        return await done
+        self._claim_keys[key] = claim.session_id  # a /stop written anywhere reaches it (turn_claims)
+        try:
+            return await done
+        finally:
+            if self._claim_keys.get(key) == claim.session_id:
+                del self._claim_keys[key]
 
     async def _run_claimed_batch(self, lane: Lane, batch: list[Ticket], history: list[dict],
                                  claim: TurnClaim) -> None:
@@ -1321,8 +1390,17 @@ class SessionRouter:
         Only for platforms whose output is registered; the rest wait for a start that runs them.
         New messages for the same session queue behind.  Returns counts for the log."""
         counts = {"replies": 0, "sessions": 0, "expired": 0}
+        waiting = {row["session_key"] for row in unanswered if row["platform"] in self._senders}
         for record in pending:
             if record["platform"] not in self._senders:
+                continue
+            key = record.get("session_key")
+            if key is not None and key in waiting and self._adoptable(record):
+                lane = self.lane(key)
+                if lane.adopt is not None:  # an older one: said cut short, as before
+                    lane.queue.append(("send", lane.adopt, None))
+                lane.adopt = record  # the turn answering the session's messages continues it
+                counts["replies"] += 1
                 continue
             lane = self.lane(record.get("session_key") or f"delivery:{record['id']}")
             lane.queue.append(("send", record, None))
@@ -1375,6 +1453,15 @@ class SessionRouter:
         return f"{at:%H:%M}" if at.date() == today else f"{at:%a %d %b %H:%M}"
 
     # -- control --------------------------------------------------------------
+    async def stop_anywhere(self, key: str, session_id: str | None) -> bool:
+        """/stop: the chat's turn stops here if it runs here; clustered, the stop is also written to the
+        store for whichever instance runs it (True when a turn runs or waits there)."""
+        if self.stop_turn(key):
+            return True
+        if self.hooks.ask_stop is not None:
+            return await self.hooks.ask_stop(key, session_id)
+        return False
+
     def stop_turn(self, key: str) -> bool:
         lane = self._lanes.get(key)
         if lane and lane.current and not lane.current.done():

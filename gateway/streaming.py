@@ -84,8 +84,13 @@ class ReplyStream:
 
     def __init__(self, out: DraftOutput, chat: ChatRef, *, reply_to: str | None = None,
                  pacing: StreamPacing = StreamPacing(), clock: Callable[[], float] = time.monotonic,
-                 on_posted: Callable[[tuple[str, ...]], Awaitable[object]] | None = None):
+                 on_posted: Callable[[tuple[str, ...]], Awaitable[object]] | None = None,
+                 adopt: Sequence[str] = ()):
         self._out = out
+        # messages an earlier attempt at this reply posted before its instance died: edited into this
+        # reply's messages, in order, instead of posting new ones (a part that is not needed is
+        # emptied at the end)
+        self._adopted = list(adopt)
         self._on_posted = on_posted  # told every message id so far, each time a message is posted
         self._chat = chat
         self._reply_to = reply_to
@@ -159,12 +164,13 @@ class ReplyStream:
                     live.text = part
                 else:
                     reply_to = self._reply_to if not self.message_ids else None
-                    message_id = await self._final(lambda p=part, r=reply_to: self._out.post_draft(
-                        self._chat, p, reply_to=r, final=True))
+                    message_id = await self._final(lambda p=part, r=reply_to: self._new_message(
+                        p, reply_to=r, final=True))
                     if self._live is not None:
                         self._frozen.append(self._live)
                     self._live = _Shown(message_id, part)
                     await self._posted()
+            await self._empty_unused()
         except PlatformHTTPError as exc:
             log.info("streamed reply to %s ended: %s", self._chat.chat_id, exc)
             return Delivery(ok=False, message_ids=self.message_ids, error=str(exc))
@@ -250,16 +256,31 @@ class ReplyStream:
     async def _put(self, text: str, *, final: bool) -> None:
         if self._live is None:
             reply_to = self._reply_to if not self._frozen else None
-            self._live = _Shown(await self._out.post_draft(self._chat, text, reply_to=reply_to, final=final), text)
+            self._live = _Shown(await self._new_message(text, reply_to=reply_to, final=final), text)
             await self._posted()
         else:
             await self._out.edit_draft(self._chat, self._live.message_id, text, final=final)
             self._live.text = text
 
+    async def _new_message(self, text: str, *, reply_to: str | None, final: bool) -> str:
+        """The next message of the reply: an adopted one edited to ``text``, else a new one posted."""
+        if self._adopted:
+            message_id = self._adopted[0]
+            await self._out.edit_draft(self._chat, message_id, text, final=final)
+            self._adopted.pop(0)
+            return message_id
+        return await self._out.post_draft(self._chat, text, reply_to=reply_to, final=final)
+
+    async def _empty_unused(self) -> None:
+        """Adopted messages the reply did not need (it came out shorter) show an ellipsis, not old text."""
+        while self._adopted:
+            await self._final(lambda m=self._adopted[0]: self._out.edit_draft(self._chat, m, "…", final=False))
+            self._adopted.pop(0)
+
     async def _posted(self) -> None:
         if self._on_posted is not None:
-            try:
-                await self._on_posted(self.message_ids)
+            try:  # adopted messages not used yet stay recorded, for whoever finishes the reply next
+                await self._on_posted(self.message_ids + tuple(self._adopted))
             except Exception:  # the reply goes on; only a restart's clean-up would miss it
                 log.exception("could not record the messages of a streamed reply to %s", self._chat.chat_id)
 

@@ -1,6 +1,11 @@
 """``AsyncSessionDB``: the store for the asyncio daemon, never blocking the event loop.
 
-Every write goes to ONE writer thread, each in its own ``BEGIN IMMEDIATE``;
+Every write goes to a writer thread, each in its own transaction: on SQLite ONE writer thread
+(``BEGIN IMMEDIATE``: SQLite writes one at a time anyway); on PostgreSQL :data:`PG_WRITERS`, each on
+a connection of the pool, side by side (serializable transactions, retried on a conflict, as the
+cluster's instances already write the same sessions side by side).  A write goes to the writer its
+session picks (``session_id``, else its first argument when that is text), so one session's writes
+submitted one after another still commit in that order;
 reads run on a small pool of reader threads, each with its own connection.
 The store's upkeep steps (``@_upkeep_steps``) run on a thread of their own
 and give way: a write that comes while one runs interrupts it.
@@ -19,6 +24,7 @@ import functools
 import queue
 import threading
 import weakref
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
@@ -34,6 +40,14 @@ else:
     AsyncFace = object
 
 
+#: Writer threads on PostgreSQL, each on a connection of the store's pool (8: these, the readers, upkeep).
+#: Two, not more: the store's write transactions are SERIALIZABLE, and two sessions' writes running side
+#: by side fail each other's transactions now and then (PostgreSQL's predicate locks cover index pages,
+#: which small tables' sessions share) and are retried; with more writers those retries cost more than
+#: the parallelism brings (bench/cluster.py --via api, docs/cluster.md).
+PG_WRITERS = 2
+
+
 class _Workers:
     """Threads that run calls for coroutines: a queue in, the result handed back with ``call_soon_threadsafe``.
 
@@ -44,22 +58,28 @@ class _Workers:
 
     _live: "weakref.WeakSet[_Workers]" = weakref.WeakSet()
 
-    def __init__(self, count: int, name: str):
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(count)]
+    def __init__(self, count: int, name: str, *, keyed: bool = False):
+        # keyed: a queue per thread, a call goes to the thread its key picks (calls with one key run in
+        # the order submitted; calls with no key all go to the first, one after another); otherwise one
+        # queue that every thread takes from
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(count if keyed else 1)]
+        self._threads = [threading.Thread(target=self._serve, args=(self._queues[i % len(self._queues)],),
+                                          name=f"{name}_{i}", daemon=True) for i in range(count)]
         for thread in self._threads:
             thread.start()
         _Workers._live.add(self)
 
-    def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
+    def submit(self, fn: Callable[[], Any], key: str | None = None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._calls.put((loop, future, fn))
+        queues = self._queues
+        pick = 0 if key is None or len(queues) == 1 else zlib.crc32(key.encode()) % len(queues)
+        queues[pick].put((loop, future, fn))
         return future
 
-    def _serve(self) -> None:
+    def _serve(self, calls: queue.SimpleQueue) -> None:
         while True:
-            call = self._calls.get()
+            call = calls.get()
             if call is None:
                 return
             loop, future, fn = call
@@ -76,8 +96,8 @@ class _Workers:
                 pass
 
     def shutdown(self) -> None:
-        for _ in self._threads:
-            self._calls.put(None)
+        for i in range(len(self._threads)):
+            self._queues[i % len(self._queues)].put(None)
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join()
@@ -107,16 +127,37 @@ def observe_writes(observer: Callable[[str], ContextManager[Any]] | None) -> Non
     _write_observer = observer
 
 
+def _write_key(args: tuple, kwargs: dict) -> str | None:
+    """What a write is about, for the writer it goes to: its ``session_id``, else its first argument when
+    that is text (a session's id or key, a delivery's id).  None (the usage ledger, whose daily roll-up
+    rows every turn adds to, and other writes of no one session): the first writer, so such writes
+    still take turns as with one writer instead of failing each other's serializable transactions."""
+    key = kwargs.get("session_id")
+    if isinstance(key, str):
+        return key
+    return args[0] if args and isinstance(args[0], str) else None
+
+
+async def _run(owner: "AsyncSessionDB", kind: str, label: str, call: Callable[[], Any],
+               args: tuple, kwargs: dict) -> Any:
+    """``call()`` on the store's threads for ``kind``: a write on the writer its session picks (inside the
+    write observer, a tracing span, when one is set), a read on a reader, an upkeep step on its own."""
+    workers = {"write": owner._writer, "read": owner._readers, "upkeep": owner._upkeep}[kind]
+    if workers is None:
+        raise StateError("the async state store is closed: open a new AsyncSessionDB")
+    if kind != "write":
+        return await workers.submit(call)
+    key = _write_key(args, kwargs)
+    if _write_observer is not None:
+        with _write_observer(label):
+            return await workers.submit(call, key)
+    return await workers.submit(call, key)
+
+
 def _coroutine(name: str, method: Callable[..., Any], kind: str) -> Callable[..., Any]:
     @functools.wraps(method)
     async def call(self: "AsyncSessionDB", *args: Any, **kwargs: Any) -> Any:
-        workers = {"write": self._writer, "read": self._readers, "upkeep": self._upkeep}[kind]
-        if workers is None:
-            raise StateError("the async state store is closed: open a new AsyncSessionDB")
-        if kind == "write" and _write_observer is not None:
-            with _write_observer(name):
-                return await workers.submit(functools.partial(method, self.db, *args, **kwargs))
-        return await workers.submit(functools.partial(method, self.db, *args, **kwargs))
+        return await _run(self, kind, name, functools.partial(method, self.db, *args, **kwargs), args, kwargs)
 
     call.__name__ = name
     call.__qualname__ = f"AsyncSessionDB.{name}"
@@ -136,13 +177,12 @@ class _AsyncRepository:
 
 
 def _repository_coroutine(name: str, method: Callable[..., Any], kind: str, cls_name: str) -> Callable[..., Any]:
+    label = f"{cls_name.removeprefix('Async')}.{name}"  # Messages.record_turn
+
     @functools.wraps(method)
     async def call(self: _AsyncRepository, *args: Any, **kwargs: Any) -> Any:
-        owner = self._owner
-        workers = {"write": owner._writer, "read": owner._readers, "upkeep": owner._upkeep}[kind]
-        if workers is None:
-            raise StateError("the async state store is closed: open a new AsyncSessionDB")
-        return await workers.submit(functools.partial(method, self._repository, *args, **kwargs))
+        return await _run(self._owner, kind, label, functools.partial(method, self._repository, *args, **kwargs),
+                          args, kwargs)
 
     call.__name__ = name
     call.__qualname__ = f"{cls_name}.{name}"
@@ -176,9 +216,11 @@ class AsyncSessionDB(AsyncFace):
     (opening may migrate, which must not block the loop either).
     """
 
-    def __init__(self, db: SessionDB, *, readers: int = 3):
+    def __init__(self, db: SessionDB, *, readers: int = 3, writers: int | None = None):
         self.db = db
-        self._writer: _Workers | None = _Workers(1, "state-writer")
+        # SQLite has one writer at a time anyway; PostgreSQL's serializable transactions run side by side
+        writers = writers if writers is not None else (1 if db.db_path is not None else PG_WRITERS)
+        self._writer: _Workers | None = _Workers(max(1, writers), "state-writer", keyed=True)
         self._readers: _Workers | None = _Workers(max(1, readers), "state-reader")
         # upkeep steps give way to the other writes: on a thread of their own, so that a write
         # coming meanwhile (from the writer thread) reaches the lock and interrupts the step

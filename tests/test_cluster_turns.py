@@ -161,6 +161,10 @@ async def test_discord_turns_run_on_standbys_that_send_through_the_rest_api(tmp_
         await _spread_turns(tmp_path, pg_url, DiscordSide(dc), model)
     # the standbys logged in for sending only: one gateway connection, identified once, all along
     assert [op["op"] for op in dc.gateway_ops].count(2) == 1 and dc.concurrent_sessions == []
+    # every instance's DM replies look the same: none quotes the user's message (the owner knows the DM
+    # channels from its events; a standby asks Discord once per channel)
+    quoted = [m for ms in dc.messages.values() for m in ms if (m.get("request") or {}).get("message_reference")]
+    assert quoted == [], quoted
 
 
 async def test_slack_socket_mode_turns_run_on_standbys_that_send_through_the_web_api(tmp_path, pg_url):

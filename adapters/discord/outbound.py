@@ -89,6 +89,7 @@ class Outbound:
         self._attempts, self._total, self._backoff = attempts, total_seconds, backoff
         self._interactions: dict[str, PendingInteraction] = {}
         self._dm_channels: set[str] = set()
+        self._other_channels: set[str] = set()  # channels found not to be DMs (a reply there quotes)
 
     def limiter(self) -> RateLimiter:
         return limiter_for(PLATFORM, self._token, rate=self._rate, burst=self._burst)
@@ -126,6 +127,35 @@ class Outbound:
             self._dm_channels.clear()
         self._dm_channels.add(channel_id)
 
+    async def _reference(self, chat: ChatRef, reply_to: str | None,
+                         channel_id: int) -> discord.MessageReference | None:
+        """The reply reference for ``reply_to``: none in a DM, where it only adds noise."""
+        if not (reply_to and reply_to.isdigit()) or await self._is_dm(chat.chat_id):
+            return None
+        return discord.MessageReference(message_id=int(reply_to), channel_id=channel_id, fail_if_not_exists=False)
+
+    async def _is_dm(self, chat_id: str) -> bool:
+        """Whether ``chat_id`` is a DM channel: known from the events this instance saw, else asked of
+        Discord once (a cluster's standby sends replies to messages only the gateway's owner saw)."""
+        if chat_id in self._dm_channels:
+            return True
+        if chat_id in self._other_channels or not chat_id.isdigit() or (client := self._client()) is None:
+            return False
+        channel = client.get_channel(int(chat_id))
+        if channel is None:
+            try:
+                channel = await client.fetch_channel(int(chat_id))
+            except Exception as exc:  # noqa: BLE001 - a reply that quotes is the fallback, not a failure
+                log.debug("discord: could not look channel %s up: %s", chat_id, describe(exc))
+                return False
+        if isinstance(channel, discord.DMChannel):
+            self.remember_dm(chat_id)
+            return True
+        if len(self._other_channels) > 10_000:
+            self._other_channels.clear()
+        self._other_channels.add(chat_id)
+        return False
+
     def _prune(self) -> None:
         now = time.monotonic()
         for key in [k for k, p in self._interactions.items() if now - p.created > INTERACTION_TTL]:
@@ -151,10 +181,7 @@ class Outbound:
         self._prune()
         follow_up = reply_to if reply_to in self._interactions else None
         channel_id = int(chat.thread_id or chat.chat_id)
-        reference = None
-        if follow_up is None and reply_to and reply_to.isdigit() and chat.chat_id not in self._dm_channels:
-            reference = discord.MessageReference(message_id=int(reply_to), channel_id=channel_id,
-                                                 fail_if_not_exists=False)
+        reference = None if follow_up is not None else await self._reference(chat, reply_to, channel_id)
         for index, part in enumerate(parts):
             if index < progress.skip:
                 continue  # confirmed before a restart
@@ -253,10 +280,7 @@ class Outbound:
     async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
         channel_id = int(chat.thread_id or chat.chat_id)
         content = to_discord(text) if final else text
-        reference = None
-        if reply_to and reply_to.isdigit() and chat.chat_id not in self._dm_channels:
-            reference = discord.MessageReference(message_id=int(reply_to), channel_id=channel_id,
-                                                 fail_if_not_exists=False)
+        reference = await self._reference(chat, reply_to, channel_id)
 
         async def post(client: discord.Client) -> str:
             channel = client.get_partial_messageable(channel_id)

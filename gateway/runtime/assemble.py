@@ -76,6 +76,10 @@ class Wiring:
     platform_status: Callable[[str], PlatformStatus]
     claim_cron_tick: Callable[[str, float], Awaitable[bool]] | None  # clustered: one instance runs a tick
     on_work_pending: Callable[[], None] | None  # clustered: a stored message waits for any instance
+    # clustered: a chat's /stop written for the instance running its turn; whether work runs or waits
+    # anywhere for a session (the reset policy's check)
+    ask_stop: Callable[[str, str | None], Awaitable[bool]] | None = None
+    work_elsewhere: Callable[[str], Awaitable[bool]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +199,12 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
             models=model_choices(cfg.model_names, {name: m.allowed_for for name, m in cfg.models.items()}),
             messages_per_minute=cfg.limits.messages_per_minute,
             chat_messages_per_minute=cfg.limits.chat_messages_per_minute,
+            prefs_fresh_for=1.0 if cfg.clustered else None,  # another instance may change /stream, /model
         ),
         authorizer=Authorizer(wiring.auth, db, clock=clock),
         commands=commands, metrics=wiring.metrics,
-        hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending),
+        hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending,
+                           ask_stop=wiring.ask_stop, work_elsewhere=wiring.work_elsewhere),
         context_length=context_length, clock=clock, budgets=budgets,
         # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
         voice=Voice(VoiceSettings.from_config(cfg)) if cfg.media.transcribe_with or cfg.media.speak_with else None,

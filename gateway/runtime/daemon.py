@@ -232,7 +232,9 @@ class Gateway:
             metrics=self.metrics, tools=self.tools, clock=self.clock, auth=auth_settings(cfg),
             serve_api=self.serve_api, health=self.health, platform_status=self.platform_status,
             claim_cron_tick=self._claim_cron_tick if cfg.clustered else None,
-            on_work_pending=self._work_pending.set if claims_turns else None))
+            on_work_pending=self._work_pending.set if claims_turns else None,
+            ask_stop=self._ask_stop if claims_turns else None,
+            work_elsewhere=self._work_elsewhere if claims_turns else None))
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
             from gateway.runtime.cluster import share_rate_budgets
 
@@ -417,6 +419,22 @@ class Gateway:
         await self.platforms.stop_owned(name)
         if self.router.claims_turns(name) and not self.draining:
             self.platforms.open_for_sending(name)  # a standby again: it still sends for the turns it runs
+
+    async def _ask_stop(self, key: str, session_id: str | None) -> bool:
+        """/stop for a chat whose turn does not run here: written for whichever instance runs it."""
+        try:
+            return await asyncio.to_thread(self.cluster.ask_stop, key, session_id)
+        except Exception as exc:  # noqa: BLE001 - the user is told nothing runs here; said in the log
+            log.warning("could not pass /stop for %s on to the other instances: %s", key, exc)
+            return False
+
+    async def _work_elsewhere(self, session_id: str) -> bool:
+        """Whether a turn of the session runs on another instance or waits to be claimed there."""
+        try:
+            return await asyncio.to_thread(self.cluster.work_waiting, session_id)
+        except Exception as exc:  # noqa: BLE001 - the reset goes ahead as it would on one instance
+            log.warning("could not tell whether session %s has work on another instance: %s", session_id, exc)
+            return False
 
     async def _claim_cron_tick(self, job_id: str, scheduled_for: float) -> bool:
         claimed = await asyncio.to_thread(self.cluster.claim_tick, job_id, scheduled_for, self.instance_id)

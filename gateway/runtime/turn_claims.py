@@ -43,6 +43,7 @@ from gateway.retry import Backoff
 from gateway.router import SessionRouter
 from gateway.tasks import spawn
 from state.cluster import ClusterStore, Lease, LeaseLost
+from state.cluster.signals import STOP, WORK
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,6 +52,8 @@ POLL_SECONDS = 0.5  # how often the loop looks for work nobody woke it for (anot
 TRUSTED_SHARE = 0.8  # of lease_seconds after a claim or renewal was sent: sends may go until then
 RECENT_CLAIMS = 20  # the claims /healthz lists besides those held now
 THREADS = 3  # the lease calls' own threads, and the connections the store's pool grows by for them
+STOP_POLL_SECONDS = 0.5  # while turns run here: how often /stop rows are read when no signal came
+SWEEP_SECONDS = 2.0  # how often the sweeper looks for sessions with unanswered messages nothing would claim
 
 
 class Claim:
@@ -63,6 +66,7 @@ class Claim:
         self._trust_for = lease_seconds * TRUSTED_SHARE
         self._trusted_until = sent_at + self._trust_for
         self.claimed_at = time.time()
+        self.db_claimed_at = lease.expires_at - lease_seconds  # by the database's clock: a later /stop stops it
         self.lost_by: BaseException | None = None
         self._lost = False
         self.pending = False  # work left undone: released unfinished, so it is claimed again
@@ -108,7 +112,7 @@ class TurnClaims:
     """This instance's claim loop: at most ``slots`` sessions' turns at once, each under a lease."""
 
     def __init__(self, cluster: ClusterStore, router: SessionRouter, *, holder: str, lease_seconds: float, slots: int,
-                 wake: asyncio.Event, poll_seconds: float = POLL_SECONDS):
+                 wake: asyncio.Event, poll_seconds: float = POLL_SECONDS, sweep_seconds: float = SWEEP_SECONDS):
         if not lease_seconds > 0:
             raise ValueError(f"cluster.lease_seconds must be more than 0 (got {lease_seconds!r})")
         self.cluster = cluster
@@ -116,15 +120,23 @@ class TurnClaims:
         self.holder = holder
         self.lease_seconds = float(lease_seconds)
         self.poll_seconds = poll_seconds
+        self.sweep_seconds = sweep_seconds
         self._wake = wake
         self._slots = asyncio.Semaphore(max(1, slots))
         self._held: dict[str, Claim] = {}
         self._runs: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
+        self._sweep_task: asyncio.Task | None = None
+        self._stop_task: asyncio.Task | None = None
+        self._signal_task: asyncio.Task | None = None
+        self._stop_wake = asyncio.Event()
+        self.signals = cluster.signals(self._signalled)
+        self.stops_honoured = 0  # turns stopped here by a /stop another instance (or this one) wrote
         self._reserved = 0  # connections the store's pool grew by for this loop
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="turn-claims")
         self.turns_claimed = 0  # sessions this instance claimed since it started
         self.leases_lost = 0
+        self.swept = 0  # stranded sessions the sweeper marked for claiming
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
@@ -133,23 +145,31 @@ class TurnClaims:
         await self._call(functools.partial(self.cluster.reserve_connections, THREADS))
         self._reserved = THREADS
         self._loop_task = spawn(self._claim_loop(), name="turn-claims:loop")
+        self._sweep_task = spawn(self._sweep_loop(), name="turn-claims:sweeper")
+        self._stop_task = spawn(self._stop_loop(), name="turn-claims:stops")
+        self._signal_task = spawn(self.signals.run(), name="turn-claims:signals")
 
     def stop_claiming(self) -> None:
         """Claim nothing more (shutdown): what runs goes on while the router drains."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
+        for task in (self._loop_task, self._sweep_task, self._signal_task):
+            if task is not None:
+                task.cancel()
 
     async def close(self, timeout: float = 5.0) -> None:
         """After the router drained: wait for the runs to give their leases back, then close."""
         self.stop_claiming()
-        if self._loop_task is not None:
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await asyncio.gather(*(t for t in (self._loop_task, self._sweep_task, self._signal_task) if t is not None),
+                             return_exceptions=True)
+        await self.signals.close()
         if self._runs:
             _, late = await asyncio.wait(set(self._runs), timeout=timeout)
             for task in late:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=2)
+        if self._stop_task is not None:  # runs while turns may still be stopped: until the runs are over
+            self._stop_task.cancel()
+            await asyncio.gather(self._stop_task, return_exceptions=True)
         if self._reserved:
             await self._call(functools.partial(self.cluster.reserve_connections, -self._reserved))
             self._reserved = 0
@@ -158,7 +178,9 @@ class TurnClaims:
     def status(self) -> dict:
         """What /healthz shows: the sessions whose turns this instance holds now, and how many it claimed."""
         return {"turns": [claim.status() for claim in self._held.values()], "turns_claimed": self.turns_claimed,
-                "leases_lost": self.leases_lost, "lease_seconds": self.lease_seconds}
+                "leases_lost": self.leases_lost, "lease_seconds": self.lease_seconds, "swept": self.swept,
+                "signals": "listening" if self.signals.listening else "polling",
+                "stops_honoured": self.stops_honoured}
 
     # -- the loop --------------------------------------------------------------
     async def _call(self, fn: Callable[[], T]) -> T:
@@ -196,6 +218,64 @@ class TurnClaims:
             task = spawn(self._run(claim), name=f"turn-claim:{lease.session_id}")
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
+
+    def _signalled(self, signal: str) -> None:
+        """Another instance (or this one) signalled: work to claim, or a /stop to read."""
+        if signal == WORK:
+            self._wake.set()
+        elif signal == STOP:
+            self._stop_wake.set()
+
+    async def _stop_loop(self) -> None:
+        """Stop the turns running here whose chat's /stop was written after they were claimed: read at
+        once when signalled, every ``STOP_POLL_SECONDS`` otherwise (only while turns run here)."""
+        while True:
+            try:
+                async with asyncio.timeout(STOP_POLL_SECONDS):
+                    await self._stop_wake.wait()
+            except TimeoutError:
+                pass
+            self._stop_wake.clear()
+            running = {key: self._held[sid] for key, sid in self.router.claimed_keys().items()
+                       if sid in self._held}  # session key -> the claim its turn runs under
+            if not running:
+                continue
+            since = min(claim.db_claimed_at for claim in running.values())
+            try:
+                asked = await self._call(functools.partial(self.cluster.stops_asked, list(running), since))
+            except Exception as exc:  # noqa: BLE001 - read again at the next poll
+                log.warning("could not read the /stop requests (%s); trying again", exc)
+                continue
+            for key, at in asked:
+                claim = running.get(key)
+                if claim is not None and at > claim.db_claimed_at and self.router.stop_turn(key):
+                    self.stops_honoured += 1
+                    log.info("stopping the turn of %s (session %s): /stop was asked", key, claim.session_id)
+
+    async def _sweep_loop(self) -> None:
+        """Every ``sweep_seconds``: sessions with unanswered messages, no pending mark and no live lease
+        are marked pending (logged), and this instance's claim loop is woken to take them."""
+        while True:
+            await asyncio.sleep(self.sweep_seconds)
+            await self.sweep()
+
+    async def sweep(self) -> int:
+        """One sweep; how many stranded sessions it marked (a failed sweep is logged and counts 0)."""
+        try:
+            found = await self._call(functools.partial(self.cluster.sweep_stranded,
+                                                       self.router.claimed_platforms()))
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("the sweeper could not look for stranded sessions (%s); trying again in %.0fs",
+                        exc, self.sweep_seconds)
+            return 0
+        for stranded in found:
+            log.warning("sweeper: session %s had %d unanswered message(s), the oldest %.1fs old, and no live lease "
+                        "or pending mark; marked for claiming", stranded.session_id, stranded.messages,
+                        stranded.waited)
+        if found:
+            self.swept += len(found)
+            self._wake.set()
+        return len(found)
 
     async def _run(self, claim: Claim) -> None:
         keeper = spawn(self._keep(claim), name=f"turn-lease:{claim.session_id}")

@@ -9,6 +9,8 @@
 * :func:`claim_cron_tick` (``cron.py``): each scheduled run once across instances.
 * :class:`PgBuckets` (``budgets.py``): the rate budgets of bot tokens and chats, one
   token bucket per key that every instance draws its send slots from.
+* :class:`Signals` (``signals.py``): ``LISTEN/NOTIFY`` that wakes the other instances (work to
+  claim, a ``/stop``), with polling behind it.
 * :class:`ClusterStore` (``store.py``): all of the above as the PostgreSQL store offers it
   (``SessionDB.cluster``), on the store's pool where a call is one short transaction; what the
   gateway holds instead of the store's URL.
@@ -30,11 +32,24 @@ from .cron import claim_cron_tick, cron_tick_holder, prune_cron_ticks
 from .ddl import CLUSTER_TABLES_PG, create_cluster_tables
 from .dsn import mask_dsn
 from .errors import ClusterError, LeaseLost, NotInTransaction, OwnershipLost
-from .leases import Lease, claim, claim_next, fenced_write, get_lease, mark_pending, release, renew
+from .leases import (
+    Lease,
+    Stranded,
+    claim,
+    claim_next,
+    fenced_write,
+    get_lease,
+    mark_pending,
+    release,
+    renew,
+    sweep_stranded,
+)
 from .owner import ConnectionOwner, OwnerTiming, lock_id
+from .signals import CHANNEL, Signals
 from .store import ClusterStore
 
 __all__ = [
+    "CHANNEL",
     "CLUSTER_TABLES_PG",
     "ClusterError",
     "ClusterStore",
@@ -45,6 +60,8 @@ __all__ = [
     "OwnerTiming",
     "OwnershipLost",
     "PgBuckets",
+    "Signals",
+    "Stranded",
     "claim",
     "claim_cron_tick",
     "claim_next",
@@ -58,4 +75,5 @@ __all__ = [
     "prune_cron_ticks",
     "release",
     "renew",
+    "sweep_stranded",
 ]

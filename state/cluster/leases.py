@@ -37,6 +37,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from .errors import LeaseLost, NotInTransaction
+from .signals import WORK, notify
 
 _NOW = "extract(epoch FROM clock_timestamp())"
 _FIELDS = "session_id, holder, fencing_token, expires_at, pending_seq"
@@ -111,6 +112,47 @@ def mark_pending(conn: psycopg.Connection, session_id: str) -> None:
         f"  SET pending_seq = l.pending_seq + 1, pending_since = COALESCE(l.pending_since, excluded.pending_since)",
         (session_id,),
     )
+    notify(conn, WORK)  # delivered at commit: every claim loop looks at once
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """A session the sweeper found with unanswered messages, no pending mark and no live lease."""
+
+    session_id: str
+    messages: int  # unanswered messages stored in it
+    waited: float  # seconds since the oldest of them arrived
+
+
+def sweep_stranded(conn: psycopg.Connection, platforms: list[str]) -> list[Stranded]:
+    """Mark pending every session with unanswered messages (of ``platforms``) that nothing would claim:
+    no pending mark, and no holder whose lease is still live.  Returns what it marked.
+
+    The second line behind :func:`mark_pending`: a message stored in the same transaction as its
+    mark is claimed by :func:`claim_next` anyway; this finds the sessions that slipped through
+    (an instance that stored without the mark, a release that cleared it while rows were left).
+    A session whose lease is live is left alone: its holder is answering it.
+    """
+    if not platforms:
+        return []
+    rows = conn.execute(
+        f"WITH waiting AS ("
+        f"  SELECT session_id, COUNT(*) AS n, MIN(received_at) AS oldest FROM inbox"
+        f"   WHERE platform = ANY(%(platforms)s) GROUP BY session_id),"
+        f" marked AS ("
+        f"  INSERT INTO work_leases AS l (session_id, pending_seq, pending_since)"
+        f"   SELECT session_id, 1, {_NOW} FROM waiting"
+        f"  ON CONFLICT (session_id) DO UPDATE"
+        f"   SET pending_seq = l.pending_seq + 1, pending_since = excluded.pending_since"
+        f"   WHERE l.pending_since IS NULL AND (l.holder IS NULL OR l.expires_at <= {_NOW})"
+        f"  RETURNING l.session_id)"
+        f" SELECT m.session_id, w.n, {_NOW} - w.oldest FROM marked m JOIN waiting w USING (session_id)"
+        f" ORDER BY w.oldest",
+        {"platforms": list(platforms)},
+    ).fetchall()
+    if rows:
+        notify(conn, WORK)
+    return [Stranded(sid, int(n), max(0.0, float(waited or 0))) for sid, n, waited in rows]
 
 
 def renew(conn: psycopg.Connection, lease: Lease, lease_seconds: float) -> Lease:
@@ -133,13 +175,16 @@ def release(conn: psycopg.Connection, lease: Lease, *, finished: bool = False) -
 
     False when the lease was no longer ours (someone claimed the session since): nothing changed.
     """
-    cur = conn.execute(
+    row = conn.execute(
         f"UPDATE work_leases SET holder = NULL, expires_at = {_NOW},"
         f"  pending_since = CASE WHEN %(finished)s AND pending_seq = %(seen)s THEN NULL ELSE pending_since END"
-        f" WHERE session_id = %(sid)s AND fencing_token = %(token)s AND holder IS NOT NULL",
+        f" WHERE session_id = %(sid)s AND fencing_token = %(token)s AND holder IS NOT NULL"
+        f" RETURNING pending_since IS NOT NULL",
         {"sid": lease.session_id, "token": lease.token, "finished": finished, "seen": lease.pending_seq},
-    )
-    return cur.rowcount > 0
+    ).fetchone()
+    if row is not None and row[0]:
+        notify(conn, WORK)  # work is left (it arrived during the turn, or the turn gave up): claim it now
+    return row is not None
 
 
 def fenced_write(conn: psycopg.Connection, session_id: str, token: int) -> None:

@@ -22,8 +22,9 @@ from typing import Any, Callable, Protocol, TypeVar
 from .budgets import PgBuckets
 from .cron import claim_cron_tick, cron_tick_holder
 from .dsn import mask_dsn
-from .leases import Lease, claim_next, get_lease, release, renew
+from .leases import Lease, Stranded, claim_next, get_lease, release, renew, sweep_stranded
 from .owner import ConnectionOwner
+from .signals import Signals, ask_stop, stops_asked, work_waiting
 
 T = TypeVar("T")
 
@@ -96,6 +97,28 @@ class ClusterStore:
 
     def get_lease(self, session_id: str) -> Lease | None:
         return self._engine.write_committed(_raw(get_lease), session_id)
+
+    def sweep_stranded(self, platforms: list[str]) -> list[Stranded]:
+        """Mark pending the sessions with unanswered messages that nothing would claim (see ``leases``)."""
+        return self._engine.write_committed(_raw(sweep_stranded), platforms)
+
+    # --- signals and /stop (blocking, but ``signals``: call on a thread) -------------------------
+
+    def signals(self, on_signal: Callable[[str], Any]) -> Signals:
+        """A listener for the other instances' signals (``work``, ``stop``): a connection of its own,
+        since a LISTEN lasts as long as its server session."""
+        return Signals(self._engine.url, on_signal)
+
+    def ask_stop(self, session_key: str, session_id: str | None) -> bool:
+        """Write the chat's /stop for whichever instance runs its turn; whether one runs or waits."""
+        return self._engine.write_committed(_raw(ask_stop), session_key, session_id)
+
+    def stops_asked(self, session_keys: list[str], since: float) -> list[tuple[str, float]]:
+        return self._engine.write_committed(_raw(stops_asked), session_keys, since)
+
+    def work_waiting(self, session_id: str) -> bool:
+        """Whether a turn of the session runs on some instance or waits to be claimed."""
+        return self._engine.write_committed(_raw(work_waiting), session_id)
 
     # --- rate budgets ----------------------------------------------------------------------------
 

@@ -167,6 +167,7 @@ class FakeDiscord:
         self.expired_tokens: set[str] = set()  # follow-ups with these answer 401 (tokens live 15 minutes)
         self.cdn_files: dict[str, tuple[bytes, str]] = {}
         self.uploads: list[dict] = []  # files the bot uploaded with a message: channel_id, message_id, filename, data
+        self.dm_channels: dict[str, dict] = {}  # DM channel id -> the user it is with (GET /channels/{id})
         self._failures: list[_Failure] = []
         self._connections: list[_Connection] = []
         self._sessions: dict[str, _Session] = {}
@@ -200,6 +201,7 @@ class FakeDiscord:
     def add_user(self, name: str, *, bot: bool = False, global_name: str | None = None) -> dict:
         user = self._user(name, bot=bot, global_name=global_name)
         user["dm_channel_id"] = snowflake()  # our own bookkeeping; stripped when serialized
+        self.dm_channels[user["dm_channel_id"]] = user
         return user
 
     @staticmethod
@@ -614,6 +616,9 @@ class FakeDiscord:
             return web.Response(status=204)
         if parts[0] == "channels" and len(parts) == 2 and method == "GET":
             channel = self._find_channel(parts[1])
+            if channel is None and (user := self.dm_channels.get(parts[1])) is not None:
+                channel = {"id": parts[1], "type": 1, "recipients": [self._public(user)], "last_message_id": None,
+                           "flags": 0}
             if channel is None:
                 return _json({"message": "Unknown Channel", "code": 10003}, status=404)
             return _json(channel)
