@@ -35,6 +35,7 @@ from . import (
 from ._dialect import dialect_of
 from ._engine import Engine
 from ._lock import GaveWay
+from ._media import Media
 from ._messages import Appended
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
@@ -63,8 +64,10 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "media": Media,
     }
     prefs: ChatPrefs
+    media: Media
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

@@ -351,6 +351,13 @@ def _v24_order(conn):
     conn.execute(_V24_ORDER[1])
 
 
+def _v25_media(conn):
+    """Both engines: :data:`state._media.TABLES`."""
+    from . import _media
+
+    _media.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -448,6 +455,7 @@ for _step in [
     Migration(22, "cluster: work leases and cron tick claims", _v22_cluster, _v22_cluster_pg),
     Migration(23, "cluster: shared rate budgets", _v23_rate_buckets, _v23_rate_buckets_pg),
     Migration(24, "messages.pos: a reply placed right after what it answers", _v24_order, _v24_order),
+    Migration(25, "message_media: a message's files by hash (the bytes in the media folder)", _v25_media, _v25_media),
 ]:
     register(_step)
 
