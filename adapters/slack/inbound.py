@@ -41,6 +41,8 @@ from gateway.types import (
     FailedEvents,
     InboundHandler,
     InboundMessage,
+    MediaLimits,
+    attachment_kind,
     clean_text,
 )
 
@@ -73,6 +75,7 @@ class InboundSettings:
     max_image_bytes: int
     duplicate_wait: float
     api_base_url: str
+    media: MediaLimits = MediaLimits()  # what is downloaded, per kind (media.max_bytes)
 
 
 class Inbound:
@@ -271,7 +274,8 @@ class Inbound:
         return name
 
     async def _attachments(self, files: Any) -> tuple[Attachment, ...]:
-        """Images downloaded (vision on, within max_image_bytes); everything else described, not fetched."""
+        """Every kind downloaded within its limit (media.max_bytes); bigger ones, videos and files not on
+        Slack's own hosts described, not fetched."""
         if not isinstance(files, list):
             return ()
         out: list[Attachment] = []
@@ -283,39 +287,43 @@ class Inbound:
             mime = f.get("mimetype") if isinstance(f.get("mimetype"), str) else None
             size = f.get("size") if isinstance(f.get("size"), int) else None
             url = f.get("url_private_download") or f.get("url_private")
-            if not (mime and mime.startswith("image/")):
-                out.append(Attachment(kind="file", name=name, mime_type=mime, size=size))
-            elif not self._s.vision:
-                out.append(Attachment(kind="image", name=name, mime_type=mime, size=size))
-            else:
-                data = await self._download(url, size) if isinstance(url, str) else None
-                if data is None:  # too big or unreachable: the model hears of a file it cannot see
-                    out.append(Attachment(kind="file", name=name, mime_type=mime, size=size))
-                else:
-                    out.append(Attachment(kind="image", name=name, mime_type=mime, size=len(data), data=data))
+            kind = attachment_kind(mime, name)
+            limit = min(self._s.media.for_kind(kind), self._s.max_image_bytes) if kind == "image" \
+                else self._s.media.for_kind(kind)
+            data = await self._download(url, size, kind, limit) if isinstance(url, str) and limit else None
+            out.append(Attachment(kind=kind, name=name, mime_type=mime, size=len(data) if data is not None else size,
+                                  data=data))
         return tuple(out)
 
-    async def _download(self, url: str, size: int | None) -> bytes | None:
-        limit = self._s.max_image_bytes
-        if size is not None and size > limit:
-            log.warning("slack: image of %d bytes is over max_image_bytes=%d; not downloaded", size, limit)
-            return None
+    def _served_by_slack(self, url: str) -> bool:
+        """Whether ``url`` is on Slack's own hosts (https) or the configured API's host: nothing else is fetched."""
         parts = urlsplit(url)
-        # The bot token goes only to https hosts or the configured API host (files need it).
-        trusted = parts.scheme == "https" or parts.hostname == urlsplit(self._s.api_base_url).hostname
-        headers = {"Authorization": f"Bearer {self._bot_token}"} if trusted else {}
+        host = parts.hostname or ""
+        if parts.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com")):
+            return True
+        api = urlsplit(self._s.api_base_url)
+        return (parts.scheme, host, parts.port) == (api.scheme, api.hostname, api.port)
+
+    async def _download(self, url: str, size: int | None, kind: str, limit: int) -> bytes | None:
+        if size is not None and size > limit:
+            log.warning("slack: %s of %d bytes is over its limit of %d; not downloaded", kind, size, limit)
+            return None
+        if not self._served_by_slack(url):
+            log.warning("slack: a file not on Slack's hosts was not downloaded")
+            return None
+        headers = {"Authorization": f"Bearer {self._bot_token}"}
         try:
-            async with self._http.get(url, headers=headers) as resp:
+            async with self._http.get(url, headers=headers, allow_redirects=False) as resp:
                 if resp.status != 200:
-                    log.warning("slack: image download answered %d; skipped", resp.status)
+                    log.warning("slack: %s download answered %d; skipped", kind, resp.status)
                     return None
                 data = bytearray()
                 async for chunk in resp.content.iter_chunked(65536):
                     data += chunk
                     if len(data) > limit:
-                        log.warning("slack: image larger than max_image_bytes=%d; skipped", limit)
+                        log.warning("slack: %s larger than its limit of %d bytes; skipped", kind, limit)
                         return None
                 return bytes(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            log.warning("slack: image download failed (%s); skipped", type(exc).__name__)
+            log.warning("slack: %s download failed (%s); skipped", kind, type(exc).__name__)
             return None
