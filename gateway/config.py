@@ -72,6 +72,7 @@ __all__ = [
     "CompressionConfig",
     "Config",
     "CronConfig",
+    "MediaConfig",
     "CronJobConfig",
     "LoggingConfig",
     "ModelConfig",
@@ -687,6 +688,33 @@ class UsageConfig(_Model):
     keep_days: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
 
 
+class MediaBytesConfig(_Model):
+    """``media.max_bytes``: the most downloaded of one attachment, per kind; a larger one is described."""
+
+    image: int = Field(10 * 1024 * 1024, ge=1)
+    audio: int = Field(25 * 1024 * 1024, ge=1)
+    document: int = Field(20 * 1024 * 1024, ge=1)
+
+
+class MediaConfig(_Model):
+    """``media``: pictures, voice and documents, kept as files outside the database (``gateway.media``)."""
+
+    # Where the files go (content-addressed by SHA-256); empty: $home/media.  A shared volume when clustered.
+    path: Annotated[Path | None, BeforeValidator(empty_to_none)] = None
+    max_bytes: MediaBytesConfig = MediaBytesConfig()
+    # The last this many images of a session go to a vision model again on later turns; 0: only on their own.
+    images_in_context: int = Field(4, ge=0, le=32)
+    # A vision model under ``models`` that describes an image once for a model without vision; empty: none.
+    describe_with: OptionalText = None
+    # A document's text (PDF, text, Markdown, CSV, JSON) is cut at this many characters.
+    max_document_chars: int = Field(50_000, ge=100, le=2_000_000)
+
+    @field_validator("path")
+    @classmethod
+    def _resolve_media_path(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _resolve_path(value, info)
+
+
 # --------------------------------------------------------------------------- tools
 
 
@@ -822,6 +850,7 @@ class Config(_Model):
     usage: UsageConfig = UsageConfig()
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     limits: LimitsConfig = LimitsConfig()
+    media: MediaConfig = MediaConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -877,6 +906,12 @@ class Config(_Model):
                                                          f"add models.{name}: {{base_url, name, ...}}")
             if name in self.model.fallbacks[:i]:
                 raise KeyedError(f"model.fallbacks.{i}", f"{name!r} is listed twice")
+        describer = self.media.describe_with
+        if describer is not None and (describer not in self.models or not self.models[describer].vision):
+            known = ", ".join(n for n, m in self.models.items() if m.vision) or "none defined"
+            raise KeyedError("media.describe_with", f"{describer!r} is not a model with vision under models "
+                                                    f"(known: {known}); add models.{describer}: "
+                                                    "{base_url, name, vision: true}")
         for i, job in enumerate(self.cron.jobs):
             if job.model is not None and job.model not in self.model_names:
                 raise KeyedError(f"cron.jobs.{i}.model", f"{job.model!r} is not a model name; use one of "
@@ -908,6 +943,11 @@ class Config(_Model):
     @property
     def db_path(self) -> Path:
         return self.home / "state.db"
+
+    @property
+    def media_path(self) -> Path:
+        """Where the media store keeps its files: ``media.path``, else ``$home/media``."""
+        return self.media.path or self.home / "media"
 
     @property
     def clustered(self) -> bool:

@@ -104,6 +104,17 @@ def media_of_message(conn: sqlite3.Connection, message_id: int) -> list[dict]:
     return [dict(row) for row in rows]
 
 
+def session_hashes(conn: sqlite3.Connection, session_ids: list[str]) -> set[str]:
+    """The hashes the messages of ``session_ids`` refer to."""
+    found: set[str] = set()
+    for start in range(0, len(session_ids), 500):
+        chunk = session_ids[start:start + 500]
+        found.update(row[0] for row in conn.execute(
+            "SELECT DISTINCT mm.sha256 FROM message_media mm JOIN messages m ON m.id = mm.message_id "
+            f"WHERE m.session_id IN ({', '.join('?' for _ in chunk)})", chunk))
+    return found
+
+
 def referenced_hashes(conn: sqlite3.Connection) -> set[str]:
     """Every hash a message or a dead letter still refers to: the media folder keeps these files."""
     found = {row[0] for row in conn.execute("SELECT DISTINCT sha256 FROM message_media")}
@@ -183,6 +194,11 @@ class Media(Repository):
     @reads
     def of_message(self, message_id: int) -> list[dict]:
         return self._engine.read(media_of_message, message_id)
+
+    @reads
+    def of_sessions(self, session_ids: list[str]) -> set[str]:
+        """The hashes the messages of these sessions refer to (read before deleting them)."""
+        return self._engine.read(session_hashes, list(session_ids))
 
     @reads
     def referenced(self) -> set[str]:

@@ -7,7 +7,7 @@
 
 Adapters are found through the ``switchboard.adapters`` entry points (see
 pyproject.toml), so the gateway never imports a platform module: an adapter
-class offers ``from_config(platform_cfg, *, commands, vision)``.  Tests may
+class offers ``from_config(platform_cfg, *, commands, vision, media)``.  Tests may
 pass ready-made adapters with ``Gateway(config, adapters={...})``.
 
 The parts are built by :func:`gateway.runtime.assemble.assemble` (the composition root) into a
@@ -44,6 +44,7 @@ from gateway.commands import CommandSet
 from gateway.compressing import Compressor
 from gateway.config import Config
 from gateway.cron.service import CronService
+from gateway.media import media_limits
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService
 from gateway.memory.recall import SessionRecall
@@ -110,7 +111,8 @@ def load_adapters(config: Config, commands: list[tuple[str, str]], *, only: str 
             off[name] = f"off: no adapter installed for {name} (reinstall the package: make run)"
             continue
         cls = ep.load()
-        adapters[name] = cls.from_config(getattr(config.platforms, name), commands=commands, vision=config.model.vision)
+        adapters[name] = cls.from_config(getattr(config.platforms, name), commands=commands, vision=config.model.vision,
+                                         media=media_limits(config))
     return adapters, off
 
 
@@ -262,7 +264,8 @@ class Gateway:
         if self.serve_api:
             self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
                                       usage_keep_days=cfg.usage.keep_days, clock=self.clock,
-                                      idle=lambda: services.router.active_lanes() == 0)
+                                      idle=lambda: services.router.active_lanes() == 0,
+                                      sweep_media=services.media.sweep)
             self.upkeep.start()
             self.metrics.watch_store(self.upkeep.status)
             self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
