@@ -312,7 +312,8 @@ class Gateway:
                              message: InboundMessage | None, error: str) -> None:
         """The adapters' dead-letter store (``gateway.types.DeadLetterHandler``): keeps the event with its
         secrets masked, so the adapter can acknowledge it and the chat's next messages get through."""
-        row = dead_letter_row(platform, event_id, payload, message, error, secrets=self.config.secrets())
+        row = await asyncio.to_thread(dead_letter_row, platform, event_id, payload, message, error,
+                                      secrets=self.config.secrets(), files=self.services.media.files)
         dead_letter_id = await self.db.add_dead_letter(**row)
         log.error("%s event %s failed %d times and was set aside as dead letter %d (%s); "
                   "see: switchboard deadletters show %d", platform, row["event_id"], row["attempts"],
@@ -327,7 +328,8 @@ class Gateway:
         """In the daemon: replay what ``switchboard deadletters retry`` marked, keep the held count fresh."""
         if not self.serve_api:
             return
-        replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters)
+        replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters,
+                                  files=self.services.media.files)
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
