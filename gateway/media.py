@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
 from gateway.media_read import Reading, read_file
-from gateway.types import Attachment, MediaLimits
+from gateway.types import Attachment, MediaLimits, article
 from state import AsyncSessionDB
 from state.media_files import SWEEP_GRACE_SECONDS, MediaFiles, Swept
 
@@ -97,7 +97,7 @@ class MediaService:
             kind = a.kind if a.kind in ("image", "audio", "document") else "document"
             limit = self.limits.for_kind(kind)
             if len(a.data) > limit:
-                notes.append(f"{a.name} is {len(a.data):,} bytes, more than the {limit:,} kept for a {kind}; "
+                notes.append(f"{a.name} is {len(a.data):,} bytes, more than the {limit:,} kept for {article(kind)}; "
                              "only its name reaches the model.")
                 continue
             reading: Reading = read_file(kind, a.name, a.mime_type, a.data, max_chars=self.max_document_chars)

@@ -130,6 +130,11 @@ def attachment_kind(mime_type: str | None, name: str = "") -> str:
     return "document"
 
 
+def article(kind: str) -> str:
+    """``an image``, ``an audio``, ``a document``: a kind of attachment with its article, for messages."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
 @dataclass(frozen=True, slots=True)
 class MediaLimits:
     """The most an adapter downloads of one attachment, in bytes, per kind (``media.max_bytes``).
