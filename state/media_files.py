@@ -115,6 +115,22 @@ class MediaFiles:
                 continue
         return files, size
 
+    def copy_to(self, target: Path | str) -> tuple[int, int]:
+        """Copy every file ``target`` (another media folder) does not hold yet; returns (files, bytes)
+        copied.  Content-addressed: a second backup into the same folder copies only what is new."""
+        other = MediaFiles(target)
+        files = size = 0
+        for sha in self.hashes():
+            if other.exists(sha):
+                continue
+            data = self.read(sha)
+            if data is None:  # deleted meanwhile
+                continue
+            other.put(data)
+            files += 1
+            size += len(data)
+        return files, size
+
     def sweep(self, referenced: Iterable[str], *, doomed: Iterable[str] = (), now: float | None = None,
               grace_seconds: float = SWEEP_GRACE_SECONDS) -> Swept:
         """Delete every file whose hash is not in ``referenced`` and is older than ``grace_seconds``;

@@ -206,3 +206,35 @@ async def test_a_file_over_its_kinds_limit_is_not_kept_and_the_user_is_told(tmp_
     assert kept.items == () and kept.notes == ("big.txt is 11 bytes, more than the 10 kept for a document; "
                                                "only its name reaches the model.",)
     assert not (tmp_path / "media").exists()
+
+
+def test_storage_reports_the_media_folder_and_backup_says_where_it_is_or_copies_it(tmp_path):
+    from click.testing import CliRunner
+
+    from gateway.cli.service import backup_cmd
+    from gateway.cli.storage import storage_cmd
+
+    home = tmp_path / "home"
+    files = MediaFiles(home / "media")
+    with SessionDB(home / "state.db") as db:
+        db.create_session("s", "telegram")
+        sent = db.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
+        picture = samples.png()
+        db.media.attach(sent.id, [{"sha256": files.put(picture), "name": "a.png", "mime": "image/png",
+                                   "size": len(picture), "kind": "image"}])
+    runner = CliRunner()
+    report = runner.invoke(storage_cmd, ["--home", str(home)])
+    assert report.exit_code == 0, report.output
+    assert (f"Media folder {home / 'media'}: 1 file, {len(picture)} B (pictures, voice and documents; 1 message "
+            "reference)") in report.output
+    doc = __import__("json").loads(runner.invoke(storage_cmd, ["--home", str(home), "--json"]).output)
+    assert {k: doc["media"][k] for k in ("files", "bytes", "references")} == {"files": 1, "bytes": len(picture),
+                                                                               "references": 1}
+    said = runner.invoke(backup_cmd, [str(tmp_path / "b.db"), "--home", str(home)])
+    assert said.exit_code == 0, said.output
+    assert f"the media folder is not in b.db: 1 file ({len(picture)} bytes) in {home / 'media'}" in said.output
+    copied = runner.invoke(backup_cmd, [str(tmp_path / "c.db"), "--home", str(home), "--media", str(tmp_path / "m")])
+    assert "copied 1 media file" in copied.output
+    assert list(MediaFiles(tmp_path / "m").hashes()) == list(files.hashes())
+    again = runner.invoke(backup_cmd, [str(tmp_path / "d.db"), "--home", str(home), "--media", str(tmp_path / "m")])
+    assert "copied 0 media files (0 bytes)" in again.output
