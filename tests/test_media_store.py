@@ -238,3 +238,19 @@ def test_storage_reports_the_media_folder_and_backup_says_where_it_is_or_copies_
     assert list(MediaFiles(tmp_path / "m").hashes()) == list(files.hashes())
     again = runner.invoke(backup_cmd, [str(tmp_path / "d.db"), "--home", str(home), "--media", str(tmp_path / "m")])
     assert "copied 0 media files (0 bytes)" in again.output
+
+
+def test_recall_finds_a_documents_text_for_its_owner_only(store):
+    store.create_session("mine", "telegram", user_id="1")
+    store.create_session("theirs", "telegram", user_id="2")
+    for sid in ("mine", "theirs"):
+        sent = store.append_inbound(sid, "[attached document: plan.pdf]", platform_message_id="1")
+        store.media.attach(sent.id, [{"sha256": "d" * 64, "name": "plan.pdf", "mime": "application/pdf", "size": 9,
+                                      "kind": "document", "text": "The zeppelin hangar opens in March"}])
+    found = store.recall_hits("zeppelin hangar", agent_prefix=None, accounts=["telegram:1"])
+    assert [(h["session_id"], h["snippet"].split("]")[0]) for h in found["hits"]] == [("mine", "[plan.pdf")]
+    everyone = store.recall_hits("zeppelin", agent_prefix=None, accounts=None)
+    assert sorted(h["session_id"] for h in everyone["hits"]) == ["mine", "theirs"]
+    [session] = store.recall_sessions(["mine"])  # what recall summarizes: the document's text with its message
+    assert session["messages"][0]["content"] == ("[attached document: plan.pdf]\n[plan.pdf:]\n"
+                                                 "The zeppelin hangar opens in March")
