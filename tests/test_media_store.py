@@ -254,3 +254,20 @@ def test_recall_finds_a_documents_text_for_its_owner_only(store):
     [session] = store.recall_sessions(["mine"])  # what recall summarizes: the document's text with its message
     assert session["messages"][0]["content"] == ("[attached document: plan.pdf]\n[plan.pdf:]\n"
                                                  "The zeppelin hangar opens in March")
+
+
+async def test_compression_is_shown_what_a_folded_picture_was_and_told_to_keep_it(tmp_path):
+    from compression.prompt import SYSTEM_PROMPT, render_transcript
+
+    async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
+        media = MediaService(db, MediaFiles(tmp_path / "media"))
+        await db.create_session("s", "telegram")
+        sent = await db.append_inbound("s", "my cat\n[attached image: photo.jpg]", platform_message_id="1")
+        await media.keep(sent.id, [Attachment("image", "photo.jpg", "image/jpeg", data=samples.png())])
+        await db.media.set_text(sha256_of(samples.png()), "A ginger cat asleep on a red sofa.")
+        history = await media.expand("s", [{"role": "user", "content": "my cat\n[attached image: photo.jpg]"}],
+                                     vision=True)
+    transcript = render_transcript(history)
+    assert "[image photo.jpg: A ginger cat asleep on a red sofa.]" in transcript
+    assert "[image: the picture itself is not shown here" in transcript
+    assert "keep one short line: its name and what it showed or said" in SYSTEM_PROMPT
