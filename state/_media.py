@@ -34,7 +34,7 @@ TABLES = (
         text TEXT,
         note TEXT,
         PRIMARY KEY (message_id, position)
-    ){WITHOUT_ROWID}""",
+    )""",  # a rowid table: a document's text makes rows too large to keep inside the key's b-tree
     "CREATE INDEX IF NOT EXISTS idx_message_media_sha256 ON message_media(sha256)",
 )
 
