@@ -271,3 +271,16 @@ async def test_compression_is_shown_what_a_folded_picture_was_and_told_to_keep_i
     assert "[image photo.jpg: A ginger cat asleep on a red sofa.]" in transcript
     assert "[image: the picture itself is not shown here" in transcript
     assert "keep one short line: its name and what it showed or said" in SYSTEM_PROMPT
+
+
+def test_describe_with_must_name_a_model_with_vision():
+    from gateway.config import config_from_dict
+    from gateway.errors import ConfigError
+
+    ok = config_from_dict({"models": {"eyes": {"base_url": "http://127.0.0.1:1/v1", "name": "e", "vision": True}},
+                           "media": {"describe_with": "eyes"}})
+    assert ok.media.describe_with == "eyes" and ok.media_path == ok.home / "media"
+    with pytest.raises(ConfigError) as refused:
+        config_from_dict({"models": {"blind": {"base_url": "http://127.0.0.1:1/v1", "name": "b"}},
+                          "media": {"describe_with": "blind"}})
+    assert "media.describe_with" in str(refused.value) and "'blind' is not a model with vision" in str(refused.value)
