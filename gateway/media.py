@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 DESCRIBE_PROMPT = ("Describe this picture for someone who cannot see it, in at most three sentences: what it "
                    "shows, and any text in it word for word.")
 DEFAULT_LIMITS = MediaLimits()
+#: the longest a file is read for (a document's text); past it the file is kept without
+READ_TIMEOUT_SECONDS = 30.0
 #: a description is cut here (it is stored, and sent with every later turn)
 MAX_DESCRIPTION_CHARS = 1_000
 
@@ -53,8 +55,10 @@ class Kept:
 class MediaService:
     def __init__(self, db: AsyncSessionDB, files: MediaFiles, *, limits: MediaLimits = DEFAULT_LIMITS,
                  images_in_context: int = 4, max_document_chars: int = 50_000,
-                 describer: Describer | None = None, vision: Callable[[str | None], bool] = lambda model: False):
+                 describer: Describer | None = None, vision: Callable[[str | None], bool] = lambda model: False,
+                 read_timeout: float = READ_TIMEOUT_SECONDS):
         self.db = db
+        self.read_timeout = read_timeout
         self._vision = vision
         self.files = files
         self.limits = limits
@@ -77,36 +81,42 @@ class MediaService:
     # -- a message's files in --------------------------------------------------------------
     async def keep(self, message_id: int | None, attachments: Sequence[Attachment]) -> Kept:
         """Store the attachments that came with their bytes and refer ``message_id`` to them."""
-        with_data = [a for a in attachments if a.data is not None]
-        if not with_data:
-            return Kept()
-        items, notes = await asyncio.to_thread(self._save, with_data)
-        if message_id is not None and items:
-            await self.db.media.attach(message_id, list(items))
-        return Kept(tuple(items), tuple(notes))
-
-    async def keep_notes(self, message_id: int, attachments: tuple[Attachment, ...]) -> tuple[str, ...]:
-        """:meth:`keep`, giving only the lines for the user (``gateway.router.SessionHooks.keep_media``)."""
-        return (await self.keep(message_id, attachments)).notes
-
-    def _save(self, attachments: list[Attachment]) -> tuple[list[dict], list[str]]:
         items: list[dict] = []
         notes: list[str] = []
         for a in attachments:
-            assert a.data is not None
+            if a.data is None:
+                continue
             kind = a.kind if a.kind in ("image", "audio", "document") else "document"
             limit = self.limits.for_kind(kind)
             if len(a.data) > limit:
                 notes.append(f"{a.name} is {len(a.data):,} bytes, more than the {limit:,} kept for {article(kind)}; "
                              "only its name reaches the model.")
                 continue
-            reading: Reading = read_file(kind, a.name, a.mime_type, a.data, max_chars=self.max_document_chars)
-            sha = self.files.put(a.data)
+            reading = await self._read(kind, a)
+            sha = await asyncio.to_thread(self.files.put, a.data)
             items.append({"sha256": sha, "name": a.name, "mime": reading.mime, "size": len(a.data),
                           "kind": reading.kind, "text": reading.text, "note": reading.note})
             if reading.note:
                 notes.append(f"{a.name} {reading.note}.")
-        return items, notes
+        if message_id is not None and items:
+            await self.db.media.attach(message_id, items)
+        return Kept(tuple(items), tuple(notes))
+
+    async def _read(self, kind: str, a: Attachment) -> Reading:
+        """What ``a`` really is and its text, on a worker thread, within ``read_timeout`` seconds (a crafted
+        PDF can make a parser work for minutes: the message goes on without its text)."""
+        assert a.data is not None
+        work = asyncio.to_thread(read_file, kind, a.name, a.mime_type, a.data, max_chars=self.max_document_chars)
+        try:
+            return await asyncio.wait_for(work, self.read_timeout)
+        except asyncio.TimeoutError:
+            log.warning("reading %s took over %g s; kept without its text", a.name, self.read_timeout)
+            return Reading(kind, a.mime_type, note=f"took too long to read (over {self.read_timeout:g} s); "
+                                                   "only its name reaches the model")
+
+    async def keep_notes(self, message_id: int, attachments: tuple[Attachment, ...]) -> tuple[str, ...]:
+        """:meth:`keep`, giving only the lines for the user (``gateway.router.SessionHooks.keep_media``)."""
+        return (await self.keep(message_id, attachments)).notes
 
     # -- what a turn sends -------------------------------------------------------------------
     async def expand(self, session_id: str, history: list[dict], *, vision: bool) -> list[dict]:

@@ -284,3 +284,12 @@ def test_describe_with_must_name_a_model_with_vision():
         config_from_dict({"models": {"blind": {"base_url": "http://127.0.0.1:1/v1", "name": "b"}},
                           "media": {"describe_with": "blind"}})
     assert "media.describe_with" in str(refused.value) and "'blind' is not a model with vision" in str(refused.value)
+
+
+async def test_a_document_that_takes_too_long_to_read_is_kept_without_its_text(tmp_path):
+    async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
+        media = MediaService(db, MediaFiles(tmp_path / "media"), read_timeout=1e-6)
+        kept = await media.keep(None, [Attachment("document", "long.pdf", "application/pdf",
+                                                  data=samples.pdf("page one"))])
+    assert [(i["name"], i["text"]) for i in kept.items] == [("long.pdf", None)]
+    assert kept.notes == ("long.pdf took too long to read (over 1e-06 s); only its name reaches the model.",)
