@@ -131,10 +131,12 @@ class MediaService:
         if not vision and self.describer is not None:
             await self._describe_missing([item for items in matched.values() for item in items])
         pictures: dict[int, list[dict]] = {}
-        if vision and self.images_in_context:
+        if vision:
             images = [(i, item) for i in sorted(matched) for item in matched[i]
                       if item["kind"] == "image" and not item.get("note")]
-            for i, item in images[-self.images_in_context:]:
+            asked = _first_unanswered(history)  # the pictures of the messages this turn answers, always
+            recent = images[-self.images_in_context:] if self.images_in_context else []
+            for i, item in [(i, item) for i, item in images if i >= asked or (i, item) in recent]:
                 data = await asyncio.to_thread(self.files.read, item["sha256"])
                 if data is not None:
                     url = f"data:{item.get('mime') or 'image/jpeg'};base64,{base64.b64encode(data).decode()}"
@@ -170,6 +172,14 @@ class MediaService:
         """Delete the files no message or dead letter refers to (see :func:`sweep_files`)."""
         referenced = await self.db.media.referenced()
         return await asyncio.to_thread(self.files.sweep, referenced, doomed=doomed, grace_seconds=grace_seconds)
+
+
+def _first_unanswered(history: list[dict]) -> int:
+    """The index of the first of the user messages at the end (those a turn answers)."""
+    i = len(history)
+    while i > 0 and history[i - 1].get("role") == "user":
+        i -= 1
+    return i
 
 
 def _by_message(rows: list[dict]) -> list[tuple[str, list[dict]]]:

@@ -293,3 +293,15 @@ async def test_a_document_that_takes_too_long_to_read_is_kept_without_its_text(t
                                                   data=samples.pdf("page one"))])
     assert [(i["name"], i["text"]) for i in kept.items] == [("long.pdf", None)]
     assert kept.notes == ("long.pdf took too long to read (over 1e-06 s); only its name reaches the model.",)
+
+
+async def test_with_images_in_context_0_a_picture_goes_only_with_its_own_message(tmp_path):
+    async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
+        media = MediaService(db, MediaFiles(tmp_path / "media"), images_in_context=0)
+        await db.create_session("s", "telegram")
+        sent = await db.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
+        await media.keep(sent.id, [Attachment("image", "a.png", "image/png", data=samples.png())])
+        asking = [{"role": "user", "content": "[attached image: a.png]"}]
+        later = [*asking, {"role": "assistant", "content": "a red square"}, {"role": "user", "content": "and now?"}]
+        assert [p["type"] for p in (await media.expand("s", asking, vision=True))[0]["content"]] == ["text", "image_url"]
+        assert (await media.expand("s", later, vision=True))[0] == asking[0]
