@@ -169,7 +169,8 @@ class MediaService:
 
     # -- files that nothing refers to any more -----------------------------------------------
     async def sweep(self, *, doomed: Sequence[str] = (), grace_seconds: float = SWEEP_GRACE_SECONDS) -> Swept:
-        """Delete the files no message or dead letter refers to (see :func:`sweep_files`)."""
+        """Delete the files no message or dead letter refers to: ``doomed`` (the files of sessions just
+        deleted) at once, any other after ``grace_seconds`` (see :meth:`state.media_files.MediaFiles.sweep`)."""
         referenced = await self.db.media.referenced()
         return await asyncio.to_thread(self.files.sweep, referenced, doomed=doomed, grace_seconds=grace_seconds)
 

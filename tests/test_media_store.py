@@ -305,3 +305,13 @@ async def test_with_images_in_context_0_a_picture_goes_only_with_its_own_message
         later = [*asking, {"role": "assistant", "content": "a red square"}, {"role": "user", "content": "and now?"}]
         assert [p["type"] for p in (await media.expand("s", asking, vision=True))[0]["content"]] == ["text", "image_url"]
         assert (await media.expand("s", later, vision=True))[0] == asking[0]
+
+
+def test_sessions_search_finds_a_documents_text(store):
+    store.create_session("s", "telegram")
+    sent = store.append_inbound("s", "[attached document: menu.pdf]", platform_message_id="1")
+    store.media.attach(sent.id, [{"sha256": "e" * 64, "name": "menu.pdf", "mime": "application/pdf", "size": 9,
+                                  "kind": "document", "text": "Soup of the day: pumpkin"}])
+    [hit] = store.search_messages("pumpkin soup")
+    assert (hit["id"], hit["session_id"]) == (sent.id, "s") and hit["snippet"].startswith("[menu.pdf] ")
+    assert store.search_messages("pumpkin", source_filter=["slack"]) == []
