@@ -315,3 +315,23 @@ def test_sessions_search_finds_a_documents_text(store):
     [hit] = store.search_messages("pumpkin soup")
     assert (hit["id"], hit["session_id"]) == (sent.id, "s") and hit["snippet"].startswith("[menu.pdf] ")
     assert store.search_messages("pumpkin", source_filter=["slack"]) == []
+
+
+def test_sessions_prune_deletes_the_files_of_the_sessions_it_prunes(tmp_path):
+    from click.testing import CliRunner
+
+    from gateway.cli.sessions import sessions
+
+    home = tmp_path / "home"
+    files = MediaFiles(home / "media")
+    with SessionDB(home / "state.db") as db:
+        for sid, data in (("ended", b"old notes"), ("open", b"current notes")):
+            db.create_session(sid, "telegram")
+            sent = db.append_inbound(sid, "[attached document: notes.txt]", platform_message_id="1")
+            db.media.attach(sent.id, [{"sha256": files.put(data), "name": "notes.txt", "mime": "text/plain",
+                                       "size": len(data), "kind": "document", "text": data.decode()}])
+        db.end_session("ended", "reset")
+    result = CliRunner().invoke(sessions, ["prune", "--older-than", "0", "--yes", "--home", str(home)])
+    assert result.exit_code == 0, result.output
+    assert "pruned 1 session" in result.output and "deleted 1 media file (9 bytes)" in result.output
+    assert list(files.hashes()) == [sha256_of(b"current notes")]
