@@ -157,7 +157,9 @@ def test_a_dead_letter_refers_to_its_files_by_hash_and_keeps_them_while_it_is_ke
     msg = InboundMessage("telegram", ChatType.DM, "1", "1", "look", message_id="9",
                          attachments=(Attachment("image", "cat.png", "image/png", len(picture), data=picture),))
     row = dead_letter_row("telegram", "9", {"update_id": 9}, msg, "boom", files=files)
-    assert "base64" not in row["message"] and len(row["message"]) < 1024
+    [stored] = __import__("json").loads(row["message"])["attachments"]
+    assert stored["sha256"] == sha256_of(picture) and "data" not in stored
+    assert base64.b64encode(picture).decode() not in row["message"]
     assert message_from_json(row["message"], files).attachments == msg.attachments
     with SessionDB(tmp_path / "state.db") as db:
         dl = db.add_dead_letter(**row)
