@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .errors import StateError
+
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 #: a file younger than this is kept by a sweep even when nothing refers to it yet (its message is
@@ -31,7 +33,7 @@ _HASH = re.compile(r"^[0-9a-f]{64}$")
 SWEEP_GRACE_SECONDS = 3600.0
 
 
-class BadHash(ValueError):
+class BadHash(StateError, ValueError):
     """Not a SHA-256 in hex: the media store is asked only for the hashes it handed out."""
 
 
