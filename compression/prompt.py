@@ -46,6 +46,8 @@ SYSTEM_PROMPT = (
     "- Use these sections, as short headings, and leave out a section only when it would be empty:\n"
     + "".join(f"  {i}. {s}\n" for i, s in enumerate(SECTIONS, 1))
     + "- Keep every name, number, path, URL and identifier exactly as written.\n"
+    "- For each picture, document or voice note the user sent (shown as [image ...], [document ...] or "
+    "[attached ...]), keep one short line: its name and what it showed or said.\n"
     "- Secrets were replaced by [REDACTED]; keep that placeholder and never guess the secret.\n"
     "- State facts; do not address the user, do not greet, do not add commentary about the summary.\n"
     "- When an earlier summary is given, produce one updated summary that keeps everything in it that "
@@ -77,7 +79,7 @@ def _content_text(content: Any) -> str:
             if isinstance(part, Mapping) and part.get("type") == "text":
                 parts.append(str(part.get("text") or ""))
             elif isinstance(part, Mapping) and part.get("type") in ("image_url", "input_image", "image"):
-                parts.append("[image]")
+                parts.append("[image: the picture itself is not shown here; keep what the text says of it]")
             else:
                 parts.append(str(part))
         return "\n".join(parts)

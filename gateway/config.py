@@ -74,6 +74,7 @@ __all__ = [
     "CompressionConfig",
     "Config",
     "CronConfig",
+    "MediaConfig",
     "CronJobConfig",
     "LoggingConfig",
     "MediaConfig",
@@ -691,6 +692,42 @@ class UsageConfig(_Model):
     keep_days: Annotated[float | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)
 
 
+class MediaBytesConfig(_Model):
+    """``media.max_bytes``: the most downloaded of one attachment, per kind; a larger one is described."""
+
+    image: int = Field(10 * 1024 * 1024, ge=1)
+    audio: int = Field(25 * 1024 * 1024, ge=1)
+    document: int = Field(20 * 1024 * 1024, ge=1)
+
+
+class MediaConfig(_Model):
+    """``media``: pictures, voice and documents, kept as files outside the database (``gateway.media``)."""
+
+    # Where the files go (content-addressed by SHA-256); empty: $home/media.  A shared volume when clustered.
+    path: Annotated[Path | None, BeforeValidator(empty_to_none)] = None
+    max_bytes: MediaBytesConfig = MediaBytesConfig()
+    # The last this many images of a session go to a vision model again on later turns; 0: only on their own.
+    images_in_context: int = Field(4, ge=0, le=32)
+    # A vision model under ``models`` that describes an image once for a model without vision; empty: none.
+    describe_with: OptionalText = None
+    # A document's text (PDF, text, Markdown, CSV, JSON) is cut at this many characters.
+    max_document_chars: int = Field(50_000, ge=100, le=2_000_000)
+    # --- voice (gateway.voice), through the model endpoint's audio API ---
+    # a transcription model (``whisper-1``) served at model.base_url's /audio/transcriptions; empty: voice
+    # messages are described, not transcribed
+    transcribe_with: OptionalText = None
+    # a speech model (``tts-1``) at model.base_url's /audio/speech, for /voice on; empty: /voice is unavailable
+    speak_with: OptionalText = None
+    voice: str = Field("alloy", min_length=1)  # the speech model's voice
+    max_audio_seconds: Seconds = 300.0  # longer voice messages are refused politely, not transcribed
+    audio_timeout_seconds: Seconds = 60.0  # per transcription or speech call
+
+    @field_validator("path")
+    @classmethod
+    def _resolve_media_path(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _resolve_path(value, info)
+
+
 # --------------------------------------------------------------------------- tools
 
 
@@ -851,21 +888,6 @@ class LimitsConfig(_Model):
 
     messages_per_minute: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)  # per user
     chat_messages_per_minute: Annotated[int | None, BeforeValidator(empty_to_none)] = Field(None, ge=1)  # per chat
-
-
-class MediaConfig(_Model):
-    """``media``: attachments.  Voice (issue #32 items 3 and 4) goes through the model endpoint's audio API."""
-
-    # --- voice: transcribe_with / speak_with / voice / speech_format / max_audio_seconds ---
-    # a transcription model (``whisper-1``) served at model.base_url's /audio/transcriptions; empty: voice
-    # messages are described, not transcribed
-    transcribe_with: OptionalText = None
-    # a speech model (``tts-1``) at model.base_url's /audio/speech, for /voice on; empty: /voice is unavailable
-    speak_with: OptionalText = None
-    voice: str = Field("alloy", min_length=1)  # the speech model's voice
-    max_audio_seconds: Seconds = 300.0  # longer voice messages are refused politely, not transcribed
-    audio_timeout_seconds: Seconds = 60.0  # per transcription or speech call
-    # --- end of voice ---
 
 
 BUDGET_SCOPE_KINDS = ("user", "chat", "platform", "cron", "gateway")
@@ -1056,6 +1078,12 @@ class Config(_Model):
                              f"(store.url): remove backup.every and back it up with pg_dump, e.g. daily from cron: "
                              f"pg_dump --format=custom --file=switchboard-$(date +%F).dump '{mask_url(self.store.url)}' "
                              "(give the password in ~/.pgpass or PGPASSWORD; pg_restore puts it back)")
+        describer = self.media.describe_with
+        if describer is not None and (describer not in self.models or not self.models[describer].vision):
+            known = ", ".join(n for n, m in self.models.items() if m.vision) or "none defined"
+            raise KeyedError("media.describe_with", f"{describer!r} is not a model with vision under models "
+                                                    f"(known: {known}); add models.{describer}: "
+                                                    "{base_url, name, vision: true}")
         for i, job in enumerate(self.cron.jobs):
             if job.model is not None and job.model not in self.model_names:
                 raise KeyedError(f"cron.jobs.{i}.model", f"{job.model!r} is not a model name; use one of "
@@ -1111,6 +1139,11 @@ class Config(_Model):
     def backup_dir(self) -> Path:
         """Where automatic backups go: ``backup.dir``, else ``$home/backups``."""
         return self.backup.dir or self.home / "backups"
+
+    @property
+    def media_path(self) -> Path:
+        """Where the media store keeps its files: ``media.path``, else ``$home/media``."""
+        return self.media.path or self.home / "media"
 
     @property
     def clustered(self) -> bool:

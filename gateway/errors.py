@@ -33,11 +33,14 @@
     │                                chat id, no platform); it is refused where it is made
     ├── MemoryRefused                the memory tool refused a change; the model is told why
     ├── FactRefused                  the facts tool refused a change; the model is told why
-    └── PlotsUnavailable             insights --plot needs matplotlib, an optional extra, not installed
+    ├── PlotsUnavailable             insights --plot needs matplotlib, an optional extra, not installed
+    └── AttachError                  gateway/cli/chat.py: a file ``/attach`` cannot send (missing, too
+                                     large); the terminal chat prints it and goes on
 
 Every class is defined in this module and exported from ``gateway``, except
 ``KeyedError``, which is internal to the config loader
-(``gateway/_config_load.py``), and ``ApiError``, internal to the local API.  The modules that raise them import them from
+(``gateway/_config_load.py``), ``ApiError``, internal to the local API, and ``AttachError``, internal to
+the terminal chat.  The modules that raise them import them from
 here, and the old names still work: ``gateway.router.GatewayClosing``,
 ``gateway.runtime.systemd.ServiceError``, ``gateway.runtime.backup.BackupError``,
 ``gateway.runtime.deadletters.NotReplayable``, ``gateway.cron.schedule.InvalidJob``,

@@ -203,6 +203,10 @@ class SessionHooks:
     # clustered: whether a turn of the session runs on another instance or waits to be claimed (the
     # reset policy never ends a session with work running anywhere)
     work_elsewhere: Callable[[str], Awaitable[bool]] | None = None
+    # given (stored message id, its attachments): keeps the downloaded files in the media store, refers
+    # the message to them, and returns a line for the user about each file that could not be used
+    # (``gateway.media.MediaService.keep``)
+    keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None
 
 
 class TurnGuard(Protocol):
@@ -632,6 +636,7 @@ class SessionRouter:
                 ticket.inbox_id = appended.id if inbox is not None else None
                 if self._hears and _audio_of(msg):
                     self._hold_audio(appended.id, _audio_of(msg))
+                await self._keep_media(ticket)
                 if claimed:
                     if self.hooks.on_work_pending is not None:
                         self.hooks.on_work_pending()
@@ -670,12 +675,28 @@ class SessionRouter:
         appended = await self.db.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
         ticket.message_id = appended.id  # the answering turn's reply is placed right after it
         if appended.new:
+            await self._keep_media(ticket)
             return ticket.session_id
         messages = await self.db.get_messages(ticket.session_id)
         at = next((i for i, m in enumerate(messages) if m["id"] == appended.id), len(messages))
         answered = any(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")
                        for m in messages[at + 1:])
         return None if answered else ticket.session_id  # stored, unanswered (its turn failed): answer it now
+
+    async def _keep_media(self, ticket: Ticket) -> None:
+        """The stored message's downloaded files into the media store; a line for each that is unusable."""
+        attachments = ticket.msg.attachments
+        if self.hooks.keep_media is None or ticket.message_id is None or not any(a.data for a in attachments):
+            return
+        try:
+            notes = await self.hooks.keep_media(ticket.message_id, attachments)
+        except Exception:  # the message is stored; it goes on with its files named
+            log.exception("keeping the media of message %s failed", ticket.message_id)
+            notes = ("The file you sent could not be kept; the model sees only its name.",)
+        for note in notes:
+            ticket.notices.append(note)
+            if ticket.msg.platform in self._senders:
+                await self.deliver(ticket.msg.chat, note, None)
 
     # -- sessions -----------------------------------------------------------
     def _keeps_session(self, msg: InboundMessage, lane: Lane):

@@ -197,6 +197,17 @@ class TurnHooks:
     prompt_blocks: tuple[PromptBlock, ...] = ()  # memory (a snapshot frozen per session), facts
     prefetch: Prefetch | None = None  # facts recalled for the user's message
     approvals: ApprovalGate | None = None  # tools that run only once a person approves the exact call
+    media: MediaInContext | None = None  # the session's pictures and documents (``gateway.media``)
+
+
+class MediaInContext(Protocol):
+    """What a turn asks of the media store (:class:`gateway.media.MediaService`)."""
+
+    def vision_of(self, model: str | None) -> bool:
+        """Whether the model a turn runs on (None: the default) sees pictures."""
+
+    async def expand(self, session_id: str, history: list[dict], *, vision: bool) -> list[dict]:
+        """``history`` with its messages' documents, descriptions and recent pictures in it."""
 
 
 class AgentTurn:
@@ -219,11 +230,15 @@ class AgentTurn:
         )
 
     def _with_attachments(self, history: list[dict], attachments: tuple[Attachment, ...]) -> list[dict]:
-        images = [a for a in attachments if a.kind == "image" and (a.data or a.url)]
+        """The last user message with this turn's pictures that are not in the media store: all of them
+        without one, else only links (an API client's ``image_url``, which the model fetches itself)."""
+        kept = self.hooks.media is not None
+        images = [a for a in attachments if a.kind == "image" and ((a.data and not kept) or (a.url and not a.data))]
         if not (self.settings.vision and images) or not history or history[-1].get("role") != "user":
             return history
         last = dict(history[-1])
-        parts: list[dict] = [{"type": "text", "text": last.get("content") or ""}]
+        content = last.get("content")
+        parts: list[dict] = list(content) if isinstance(content, list) else [{"type": "text", "text": content or ""}]
         for image in images:
             if image.data:
                 encoded = base64.b64encode(image.data).decode()
@@ -255,6 +270,10 @@ class AgentTurn:
                 blocks.append(block)
         system = [{"role": "system", "content": "\n\n".join(blocks)}]
         system += [{"role": "system", "content": note} for note in req.system_notes]  # after the persona
+        media = self.hooks.media
+        vision = media.vision_of(req.model) if media is not None else self.settings.vision
+        if media is not None:  # documents' text, pictures' descriptions, the last pictures themselves
+            history = await media.expand(session_id, history, vision=vision)
         shortened = self._as_sent(history)
         history = shortened.messages
         prompt_hook = self.hooks.prompt_hook
@@ -262,6 +281,8 @@ class AgentTurn:
             session_id, history, notices = await prompt_hook.before_model_call(
                 req, history, compression.estimate_tokens(system))
             if session_id != req.session_id:  # compressed: the history is the child's copy, read from the store
+                if media is not None:
+                    history = await media.expand(session_id, history, vision=vision)
                 history = self._as_sent(history).messages
         notices = [*shortened.notices, *notices]
         prompt = system + self._with_attachments(history, req.attachments)

@@ -90,9 +90,12 @@ class ChatRef:
 class Attachment:
     """A file that came with a message.
 
-    ``kind`` is ``"image"``, ``"audio"`` (a voice message or an audio file), ``"document"`` or
-    ``"file"``.  ``data`` is filled for what the adapter downloaded (an image small enough for a
-    vision model, a voice message to transcribe); ``url`` when the platform gives a link instead.
+    ``kind`` is one of :data:`ATTACHMENT_KINDS`: ``"image"``, ``"audio"`` (a voice note or an
+    audio file), ``"document"`` (a PDF, text, a spreadsheet...) or ``"file"`` (anything
+    else, such as a video, which is described and never downloaded).  ``data`` is filled when
+    the adapter downloaded it (within :class:`MediaLimits` for its kind); ``url`` when the
+    platform gives a link instead.  Without ``data`` the model is told only that the file was
+    attached (its name, type and size).
     ``duration`` is an audio clip's length in seconds when the platform says it.
     """
 
@@ -106,6 +109,46 @@ class Attachment:
 
     def __post_init__(self) -> None:
         _clean_fields(self, ("kind", "name", "mime_type", "url"))
+
+
+#: what an :class:`Attachment` may be
+ATTACHMENT_KINDS = ("image", "audio", "document", "file")
+
+
+def attachment_kind(mime_type: str | None, name: str = "") -> str:
+    """The :class:`Attachment` kind for a file the platform says is ``mime_type`` (its name when it
+    gives no type): ``image``, ``audio``, ``file`` for a video, ``document`` for the rest.  What the
+    platform says is only a claim; ``gateway.media`` checks the bytes before trusting it."""
+    mime = (mime_type or "").split(";")[0].strip().lower()
+    if not mime:
+        import mimetypes
+
+        mime = (mimetypes.guess_type(name)[0] or "").lower()
+    major = mime.split("/")[0]
+    if major in ("image", "audio"):
+        return major
+    if major == "video":
+        return "file"
+    return "document"
+
+
+def article(kind: str) -> str:
+    """``an image``, ``an audio``, ``a document``: a kind of attachment with its article, for messages."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class MediaLimits:
+    """The most an adapter downloads of one attachment, in bytes, per kind (``media.max_bytes``).
+    A larger one is described, not downloaded."""
+
+    image: int = 10 * 1024 * 1024
+    audio: int = 25 * 1024 * 1024
+    document: int = 20 * 1024 * 1024
+
+    def for_kind(self, kind: str) -> int:
+        """The limit for ``kind``; 0 (never downloaded) for a ``file``."""
+        return {"image": self.image, "audio": self.audio, "document": self.document}.get(kind, 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,10 +97,40 @@ def recall_hits(
         if "fts5" not in str(exc):
             raise
         hits = []
+    # the text of the documents people sent (and the pictures' descriptions), in the same scope
+    seen = {h["id"] for h in hits}
+    hits += [h for h in _media_hits(conn, tree, agent_prefix, accounts, excluded, role_filter, limit)
+             if h["id"] not in seen][:max(0, limit - len(hits))]
     roots = _conversation_roots(conn, {h["session_id"] for h in hits})
     for hit in hits:
         hit["conversation"] = roots[hit["session_id"]]
     return {"hits": hits, "excluded": excluded}
+
+
+def _media_hits(conn, tree, agent_prefix, accounts, excluded, role_filter, limit) -> list[dict]:
+    """Messages in the scope whose files' text (``state._media``) holds every positive term, newest first."""
+    words = [t.text.strip().lower() for t in search.positive_terms(tree) if t.text.strip()][:8]
+    if not words:
+        return []
+    where, args = _scope_sql(conn, agent_prefix, accounts, excluded, role_filter)
+    like = " AND ".join("LOWER(mm.text) LIKE ? ESCAPE '\\'" for _ in words)
+    rows = conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, mm.name, mm.text"
+        " FROM message_media mm JOIN messages m ON m.id = mm.message_id JOIN sessions s ON s.id = m.session_id"
+        f" WHERE mm.text IS NOT NULL AND {like}{where} ORDER BY m.timestamp DESC, m.id DESC LIMIT ?",
+        [*(f"%{_escape_like(w)}%" for w in words), *args, int(limit)],
+    ).fetchall()
+    keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
+    hits = []
+    for row in rows:
+        hit = dict(zip(keys, tuple(row[:7]), strict=True))
+        hit["snippet"] = f"[{row[7]}] " + first_snippet([row[8]], words)
+        hits.append(hit)
+    return hits
+
+
+def _escape_like(word: str) -> str:
+    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _conversation_roots(conn, session_ids) -> dict[str, str]:
@@ -203,8 +233,14 @@ def recall_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> list[di
         if row is None:
             continue
         session = dict(zip(_META, tuple(row), strict=True))
+        texts: dict[int, list[str]] = {}
+        for message_id, name, text in conn.execute(  # what the message's files held: part of what was said
+                "SELECT mm.message_id, mm.name, mm.text FROM message_media mm JOIN messages m ON m.id = mm.message_id"
+                " WHERE m.session_id = ? AND mm.text IS NOT NULL ORDER BY mm.message_id, mm.position", (sid,)):
+            texts.setdefault(message_id, []).append(f"[{name}:]\n{text}")
         session["messages"] = [
-            {"id": r[0], "role": r[1], "content": r[2], "tool_calls": r[3], "tool_name": r[4], "timestamp": r[5]}
+            {"id": r[0], "role": r[1], "content": "\n".join([r[2] or "", *texts[r[0]]]) if r[0] in texts else r[2],
+             "tool_calls": r[3], "tool_name": r[4], "timestamp": r[5]}
             for r in conn.execute(
                 "SELECT id, role, content, tool_calls, tool_name, timestamp FROM messages"
                 f" WHERE session_id = ? ORDER BY {ORDER_KEY}",

@@ -37,6 +37,7 @@ from ._budgets import Budgets
 from ._dialect import dialect_of
 from ._engine import Engine
 from ._lock import GaveWay
+from ._media import Media
 from ._messages import Appended
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
@@ -72,12 +73,14 @@ class SessionDB:
         "voice": VoiceMessages,
         "budgets": Budgets,
         "approvals": Approvals,
+        "media": Media,
     }
     prefs: ChatPrefs
     tool_journal: ToolJournal
     voice: VoiceMessages
     budgets: Budgets
     approvals: Approvals
+    media: Media
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

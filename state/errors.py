@@ -23,6 +23,8 @@
     │                                never leaves the store: the engine raises WriteTimeout instead
     ├── GaveWay                      (state/_lock.py, internal) an upkeep step was interrupted by a
     │                                live write and rolled back; the upkeep pass tries it again
+    ├── BadHash (ValueError)         (state/media_files.py) a media file asked for by something that
+    │                                is not a SHA-256 in hex: a bug, never a path taken from outside
     ├── UnsafeSql (ValueError)       (state/_pg.py, internal) SQL with parameters that PostgreSQL's
     │                                placeholder translation refuses (a comment, a $$ body, an E'' string,
     │                                jsonb's ? operator): a bug in the store's SQL
@@ -33,7 +35,7 @@
 
 Every class above is defined in this module and exported from ``state``,
 except ``LockTimeout`` and ``GaveWay``, which stay next to the write lock
-they are about, ``UnsafeSql``, next to the translation that raises it, and
+they are about, ``BadHash``, next to the media folder, ``UnsafeSql``, next to the translation that raises it, and
 the cluster's, exported from ``state.cluster`` (which needs psycopg).
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says

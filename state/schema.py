@@ -372,6 +372,13 @@ def _v27_tool_approvals(conn):
     _approvals.create_tables(conn)
 
 
+def _v28_media(conn):
+    """Both engines: :data:`state._media.TABLES`."""
+    from . import _media
+
+    _media.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -473,6 +480,7 @@ for _step in [
     Migration(26, "budgets: spend per scope and period, rules set from the CLI, notices sent", _v26_budgets,
               _v26_budgets),
     Migration(27, "tool calls waiting for approval, and their answers", _v27_tool_approvals, _v27_tool_approvals),
+    Migration(28, "message_media: a message's files by hash (the bytes in the media folder)", _v28_media, _v28_media),
 ]:
     register(_step)
 

@@ -10,7 +10,7 @@ import pytest
 from adapters.discord import DiscordAdapter
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
-from gateway.types import Adapter, Attachment, ChatRef, ChatType, InboundMessage
+from gateway.types import Adapter, Attachment, ChatRef, ChatType, InboundMessage, MediaLimits
 from tests.fakes.discord import APP_FLAG_MESSAGE_CONTENT_LIMITED, FakeDiscord
 from tests.harness import eventually
 from tests.recording import Recorder
@@ -277,14 +277,18 @@ async def test_a_handler_that_keeps_failing_is_logged_and_the_adapter_goes_on(fa
     assert adapter.health().state == "connected"
 
 
-async def test_attachments_image_downloaded_with_vision_files_described(fake, started):
-    _, handler = await started(vision=True, max_image_bytes=1000)
+async def test_attachments_every_kind_downloaded_within_its_limit(fake, started):
+    _, handler = await started(max_image_bytes=1000, media=MediaLimits(image=5000, audio=200, document=100))
     png = b"\x89PNG\r\n\x1a\n" + b"x" * 100
+    ogg = b"OggS" + b"v" * 50
     atts = (
         fake.attachment("cat.png", png, "image/png"),
         fake.attachment("report.pdf", b"%PDF-1.7", "application/pdf"),
-        fake.attachment("huge.jpg", b"y" * 2000, "image/jpeg"),
+        fake.attachment("huge.jpg", b"y" * 2000, "image/jpeg"),  # over max_image_bytes
         fake.attachment("liar.png", b"z" * 5000, "image/png", size=10),  # says 10 bytes, sends 5000
+        fake.attachment("voice-message.ogg", ogg, "audio/ogg", voice=True),
+        fake.attachment("song.mp3", b"ID3" + b"m" * 300, "audio/mpeg"),  # over media.max_bytes.audio
+        fake.attachment("clip.mp4", b"video", "video/mp4"),  # a video: described, never downloaded
     )
     await fake.dm(fake.alice, "look", attachments=atts)
     [msg] = await handler.wait_for(1)
@@ -294,18 +298,26 @@ async def test_attachments_image_downloaded_with_vision_files_described(fake, st
 
     assert msg.attachments == (
         Attachment(kind="image", name="cat.png", mime_type="image/png", size=len(png), url=url(0), data=png),
-        Attachment(kind="file", name="report.pdf", mime_type="application/pdf", size=8, url=url(1)),
+        Attachment(kind="document", name="report.pdf", mime_type="application/pdf", size=8, url=url(1),
+                   data=b"%PDF-1.7"),
         Attachment(kind="image", name="huge.jpg", mime_type="image/jpeg", size=2000, url=url(2)),
         Attachment(kind="image", name="liar.png", mime_type="image/png", size=10, url=url(3)),
+        Attachment(kind="audio", name="voice-message.ogg", mime_type="audio/ogg", size=len(ogg), url=url(4), data=ogg,
+                   duration=2.5),  # a voice message says how long it is
+        Attachment(kind="audio", name="song.mp3", mime_type="audio/mpeg", size=303, url=url(5)),
+        Attachment(kind="file", name="clip.mp4", mime_type="video/mp4", size=5, url=url(6)),
     )
+    assert sorted(fake.cdn_downloads) == ["cat.png", "liar.png", "report.pdf", "voice-message.ogg"]
 
 
-async def test_images_are_not_downloaded_without_vision(fake, bot):
+async def test_an_attachment_not_on_discords_hosts_is_not_fetched(fake, bot):
     _, handler = bot
-    att = fake.attachment("cat.png", b"png", "image/png")
+    elsewhere = f"{fake.base_url}".replace("127.0.0.1", "localhost") + "/cdn/attachments/1/cat.png"
+    att = fake.attachment("cat.png", b"\x89PNG\r\n\x1a\n", "image/png", url=elsewhere)
     await fake.dm(fake.alice, "", attachments=(att,))
     [msg] = await handler.wait_for(1)
-    assert (msg.text, msg.attachments) == ("", (Attachment("image", "cat.png", "image/png", 3, att["url"]),))
+    assert (msg.text, msg.attachments) == ("", (Attachment("image", "cat.png", "image/png", 8, elsewhere),))
+    assert fake.cdn_downloads == []
 
 
 # -- connection faults --------------------------------------------------------------------

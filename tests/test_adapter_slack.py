@@ -11,7 +11,7 @@ import pytest
 from adapters.slack import SlackAdapter
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
-from gateway.types import Attachment, ChatRef, ChatType, InboundMessage
+from gateway.types import Attachment, ChatRef, ChatType, InboundMessage, MediaLimits
 from tests.fakes.slack import FakeSlack
 from tests.harness import eventually
 from tests.recording import plain_fallbacks_in_metrics
@@ -478,26 +478,35 @@ async def test_typing_is_a_reaction_removed_when_the_reply_is_sent(running):
     assert [(c.body["channel"], c.body["timestamp"]) for c in removed] == [("D1", event["ts"])]
 
 
-async def test_images_are_downloaded_and_other_files_described(slack):
+async def test_every_kind_is_downloaded_within_its_limit_and_the_rest_described(slack):
     rec = Recorder()
-    adapter = make_adapter(slack, vision=True, max_image_bytes=1000)
+    adapter = make_adapter(slack, max_image_bytes=1000, media=MediaLimits(image=5000, audio=100, document=100))
     await adapter.start(rec)
     try:
         png = b"\x89PNG\r\n\x1a\n" + b"x" * 100
+        m4a = b"\x00\x00\x00\x20ftypM4A " + b"a" * 20
         files = [
             slack.add_file("F1", png, name="shot.png", mimetype="image/png"),
             slack.add_file("F2", b"%PDF-1.4 ...", name="report.pdf", mimetype="application/pdf"),
-            slack.add_file("F3", b"y" * 5000, name="huge.jpg", mimetype="image/jpeg"),
+            slack.add_file("F3", b"y" * 5000, name="huge.jpg", mimetype="image/jpeg"),  # over max_image_bytes
+            slack.add_file("F4", m4a, name="audio_message.m4a", mimetype="audio/mp4"),
+            slack.add_file("F5", b"z" * 500, name="big.csv", mimetype="text/csv"),  # over media.max_bytes.document
+            {**slack.add_file("F6", png, name="elsewhere.png", mimetype="image/png"),
+             "url_private": "https://example.com/elsewhere.png", "url_private_download": "https://example.com/e.png"},
             "not a file object",
         ]
         await slack.wait_for_ack(await slack.send_event(slack.message("D1", "U1", "look", files=files)))
         msg = (await rec.wait_for(1))[0]
         assert msg.attachments == (
             Attachment(kind="image", name="shot.png", mime_type="image/png", size=len(png), data=png),
-            Attachment(kind="file", name="report.pdf", mime_type="application/pdf", size=12),
-            Attachment(kind="file", name="huge.jpg", mime_type="image/jpeg", size=5000),
+            Attachment(kind="document", name="report.pdf", mime_type="application/pdf", size=12, data=b"%PDF-1.4 ..."),
+            Attachment(kind="image", name="huge.jpg", mime_type="image/jpeg", size=5000),
+            Attachment(kind="audio", name="audio_message.m4a", mime_type="audio/mp4", size=len(m4a), data=m4a),
+            Attachment(kind="document", name="big.csv", mime_type="text/csv", size=500),
+            Attachment(kind="image", name="elsewhere.png", mime_type="image/png", size=len(png)),
         )
-        assert [c.path for c in slack.calls_to("file")] == ["/files/F1"]  # the oversized one was never fetched
+        # the oversized ones and the one not on Slack's hosts were never fetched
+        assert [c.path for c in slack.calls_to("file")] == ["/files/F1", "/files/F2", "/files/F4"]
     finally:
         await adapter.stop()
 

@@ -11,7 +11,7 @@ import pytest
 from adapters.telegram import TelegramAdapter
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
-from gateway.types import Adapter, Attachment, ChatType, InboundMessage
+from gateway.types import Adapter, Attachment, ChatType, InboundMessage, MediaLimits
 from tests.fakes.telegram import FakeTelegram
 from tests.recording import Recorder
 
@@ -175,27 +175,41 @@ async def test_commands_in_a_dm_keep_their_arguments(tg, bot):
     assert all(m.is_command for m in msgs)
 
 
-async def test_attachments_images_downloaded_with_vision_and_files_described(tg):
-    adapter, handler = make_adapter(tg, vision=True, max_image_bytes=1000), Recorder()
+async def test_attachments_every_kind_downloaded_within_its_limit_and_the_rest_described(tg):
+    limits = MediaLimits(image=5000, audio=100, document=1000)
+    adapter, handler = make_adapter(tg, max_image_bytes=1000, media=limits), Recorder()
     await adapter.start(handler)
+    pdf = b"%PDF-1.4 small"
+    voice = b"OggS voice"
     try:
         small = tg.add_file("small", b"\x89PNG small image", path="photos/small.jpg")
         big = tg.add_file("big", b"x" * 5000, path="photos/big.jpg")
+        tg.add_file("doc1", pdf, path="documents/report.pdf")
+        tg.add_file("voice1", voice, path="voice/file_1.oga")
         photo = [dict(small, width=90, height=90), dict(big, width=1280, height=1280)]
         tg.dm(ANN, None, caption="what is this?", photo=photo)
         tg.dm(ANN, None, caption="read it", document={"file_id": "doc1", "file_unique_id": "d1",
                                                        "file_name": "report.pdf", "mime_type": "application/pdf",
-                                                       "file_size": 123456})
+                                                       "file_size": len(pdf)})
         tg.dm(ANN, None, caption="huge", photo=[dict(big, width=1280, height=1280)])
-        msgs = await handler.wait_for(3)
+        tg.dm(ANN, None, voice={"file_id": "voice1", "file_unique_id": "v1", "duration": 2,
+                                "mime_type": "audio/ogg", "file_size": len(voice)})
+        tg.dm(ANN, None, audio={"file_id": "song", "file_unique_id": "s1", "duration": 200, "file_name": "song.mp3",
+                                "mime_type": "audio/mpeg", "file_size": 4_000_000})  # over media.max_bytes.audio
+        msgs = await handler.wait_for(5)
     finally:
         await adapter.stop()
     assert msgs[0].text == "what is this?"
     assert msgs[0].attachments == (Attachment(kind="image", name="photo.jpg", mime_type="image/jpeg",
                                               size=len(b"\x89PNG small image"), data=b"\x89PNG small image"),)
-    assert msgs[1].attachments == (Attachment(kind="file", name="report.pdf", mime_type="application/pdf", size=123456),)
-    assert msgs[2].attachments == (Attachment(kind="file", name="photo.jpg", mime_type="image/jpeg", size=5000),)
-    assert [c["file_id"] for c in tg.calls("getFile")] == ["small"]
+    assert msgs[1].attachments == (Attachment(kind="document", name="report.pdf", mime_type="application/pdf",
+                                              size=len(pdf), data=pdf),)
+    assert msgs[2].attachments == (Attachment(kind="image", name="photo.jpg", mime_type="image/jpeg", size=5000),)
+    assert msgs[3].attachments == (Attachment(kind="audio", name="voice.ogg", mime_type="audio/ogg",
+                                              size=len(voice), data=voice, duration=2.0),)  # Telegram says how long
+    assert msgs[4].attachments == (Attachment(kind="audio", name="song.mp3", mime_type="audio/mpeg", size=4_000_000,
+                                              duration=200.0),)
+    assert [c["file_id"] for c in tg.calls("getFile")] == ["small", "doc1", "voice1"]
 
 
 # -- acknowledgement and redelivery ---------------------------------------------------------

@@ -68,7 +68,7 @@ class EchoAdapter:
         self._delivering = None
 
     @classmethod
-    def from_config(cls, cfg, *, commands, vision):
+    def from_config(cls, cfg, *, commands, vision, media=None):
         return cls(cfg.inbox, cfg.outbox)
 
     async def start(self, handler, *, dead_letter=None):

@@ -34,9 +34,11 @@ def _fill_every_table(home: Path) -> Path:
         db.create_session("child", "telegram", model="m", user_id="u1", parent_session_id="root")
         db.create_session("other", "cli", model="m")
         db.set_route("telegram:dm:u1", "child")
-        db.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
-                          inbox={"session_key": "telegram:dm:u1", "platform": "telegram", "chat_id": "c1",
-                                 "chat_type": "dm", "user_id": "u1"})
+        stalled = db.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
+                                    inbox={"session_key": "telegram:dm:u1", "platform": "telegram", "chat_id": "c1",
+                                           "chat_type": "dm", "user_id": "u1"})
+        db.media.attach(stalled.id, [{"sha256": "ab" * 32, "name": "rollout.log", "mime": "text/plain", "size": 9,
+                                      "kind": "document", "text": "rollout stalled at 3/5 pods"}])
         db.append_message("root", "assistant", "restart the deployment with a canary")
         db.append_message("root", "assistant", None, tool_calls=[{"id": "t1", "type": "function", "function": {
             "name": "shell", "arguments": json.dumps({"cmd": "kubectl rollout undo"})}}])
@@ -134,6 +136,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.budgets.spent(["user:alice"], ["d:2026-01-01"]) == {("user:alice", "d:2026-01-01"): (0.5, 5)}
         assert db.approvals.get("0a1b2c3d")["status"] == "pending"
+        assert [m["name"] for m in db.media.of_lineage("child")] == ["rollout.log"]
         assert db.get_routed_session("telegram:dm:u1")["id"] == "child"
         assert db.is_user_approved("telegram", "u3")
         assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]

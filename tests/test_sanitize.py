@@ -144,7 +144,7 @@ async def test_user_and_file_names_with_controls_and_surrogates_are_stored_clean
         "file_id": "d1", "file_unique_id": "ud1", "file_name": "notes\udfff\x1b.txt", "mime_type": "text/plain",
         "file_size": 10})
     await tg.wait_for_sent(1, timeout=10)
-    assert await stored_text(gw, str(update["message"]["message_id"])) == "see file\n[attached file: notes\ufffd.txt]"
+    assert await stored_text(gw, str(update["message"]["message_id"])) == "see file\n[attached document: notes\ufffd.txt]"
     with closing(sqlite3.connect(gw.config.db_path)) as conn:
         [(name,)] = conn.execute("SELECT CAST(user_name AS BLOB) FROM sessions WHERE source = 'telegram'").fetchall()
     assert name.decode("utf-8") == "Bo\ufffdb"

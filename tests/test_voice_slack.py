@@ -50,7 +50,7 @@ async def test_an_audio_file_becomes_a_turn_on_its_transcript(world):
 async def test_a_failed_transcription_gets_one_line(world):
     slack, model, gw = world
     model.transcribe_fail = Fail(400, message="unsupported codec", type="invalid_request_error")
-    clip = slack.add_file("F9", b"not audio at all", name="clip.amr", mimetype="audio/amr")
+    clip = slack.add_file("F9", wav(2), name="clip.wav", mimetype="audio/wav")  # audio the endpoint refuses
     await slack.send_event(slack.message("D1", "U1", "", files=[clip]))
     [line] = await slack.wait_for_sent(1, timeout=10)
     assert line["text"].startswith("I could not transcribe your voice message (the transcription endpoint refused "

@@ -38,6 +38,7 @@ import asyncio
 import logging
 import random
 import time
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import aiohttp
@@ -60,6 +61,7 @@ from gateway.types import (
     FailedEvents,
     InboundHandler,
     InboundMessage,
+    MediaLimits,
     SendProgress,
 )
 
@@ -115,6 +117,7 @@ class DiscordAdapter:
         commands: Sequence[tuple[str, str]] = (),
         vision: bool = False,
         max_image_bytes: int = 8 * 1024 * 1024,
+        media: MediaLimits | None = None,
         connect_timeout_seconds: float = 30.0,
         sync_commands: bool = True,
         send_rate: float = 5.0,
@@ -140,6 +143,9 @@ class DiscordAdapter:
         self.commands = tuple((name.lower(), desc) for name, desc in commands)
         self.vision = vision
         self.max_image_bytes = max_image_bytes
+        # what is downloaded, per kind (media.max_bytes); a picture no more than max_image_bytes either
+        limits = media or MediaLimits()
+        self.media_limits = replace(limits, image=min(limits.image, max_image_bytes))
         self.connect_timeout_seconds = connect_timeout_seconds
         self.sync_commands = sync_commands
         self._reconnect_backoff = reconnect_backoff
@@ -165,7 +171,8 @@ class DiscordAdapter:
         redact.install(self._token)
 
     @classmethod
-    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool) -> "DiscordAdapter":
+    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool,
+                    media: MediaLimits | None = None) -> "DiscordAdapter":
         """Build from ``Config.platforms.discord`` (a :class:`~adapters.discord.config.DiscordConfig`)."""
         return cls(
             token=platform_cfg.token,
@@ -176,6 +183,7 @@ class DiscordAdapter:
             stall_timeout_seconds=platform_cfg.stall_timeout_seconds,
             commands=commands,
             vision=vision,
+            media=media,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -442,8 +450,8 @@ class DiscordAdapter:
             self._warn_if_content_missing(message, place)
             if events.from_message(message, place, addressing) is None:
                 return
-            files = await _attachments.collect(message.attachments, self._downloads, vision=self.vision,
-                                               max_image_bytes=self.max_image_bytes)
+            files = await _attachments.collect(message.attachments, self._downloads, limits=self.media_limits,
+                                               api_base_url=self.api_base_url)
             inbound = events.from_message(message, place, addressing, attachments=files)
         except Exception as exc:  # one odd event must not kill the adapter
             log.exception("discord message %s could not be normalized; setting it aside", getattr(message, "id", "?"))

@@ -82,7 +82,16 @@ from gateway.formatting import split_message
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff
 from gateway.tasks import spawn
-from gateway.types import AdapterHealth, Button, ChatRef, DeadLetterHandler, Delivery, InboundHandler, SendProgress
+from gateway.types import (
+    AdapterHealth,
+    Button,
+    ChatRef,
+    DeadLetterHandler,
+    Delivery,
+    InboundHandler,
+    MediaLimits,
+    SendProgress,
+)
 
 from .connection import HttpEndpoint, Pulse, SocketConnection
 from .inbound import Inbound, InboundSettings, Lru
@@ -123,6 +132,7 @@ class SlackAdapter:
         commands: Sequence[tuple[str, str]] = (),
         vision: bool = False,
         max_image_bytes: int = 5_000_000,
+        media: MediaLimits | None = None,
         typing_reaction: str | None = "hourglass_flowing_sand",
         connect_timeout: float = 30.0,
         send_rate: float = 1.0,
@@ -162,6 +172,7 @@ class SlackAdapter:
             max_image_bytes=max_image_bytes,
             duplicate_wait=duplicate_wait,
             api_base_url=self._api_base_url,
+            media=media or MediaLimits(),
         )
         self._stall_timeout = float(stall_timeout_seconds)
         self._typing_reaction = typing_reaction

@@ -41,6 +41,8 @@ from gateway.types import (
     FailedEvents,
     InboundHandler,
     InboundMessage,
+    MediaLimits,
+    attachment_kind,
     clean_text,
 )
 
@@ -48,8 +50,6 @@ from . import events
 from .outbound import RESPONSE_URL_TTL, ResponseRoute
 
 log = logging.getLogger(__name__)
-
-MAX_AUDIO_BYTES = 25 * 1024 * 1024  # a voice clip or an audio file downloaded for transcription, at most
 
 PLATFORM = "slack"
 _MEMORY = 10_000  # entries kept in each bounded map
@@ -75,6 +75,7 @@ class InboundSettings:
     max_image_bytes: int
     duplicate_wait: float
     api_base_url: str
+    media: MediaLimits = MediaLimits()  # what is downloaded, per kind (media.max_bytes)
 
 
 class Inbound:
@@ -256,35 +257,6 @@ class Inbound:
             self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
             await self._apologize(channel, message_id)
 
-    async def on_action(self, body: dict) -> None:
-        """A press of one of our Block Kit buttons (already acked): the presser's command (the button's
-        value, ``gateway.types.Button``), in the channel (and thread) of the message it is under."""
-        action = next(iter(body.get("actions") or []), {})
-        text = str(action.get("value") or "")
-        channel = str((body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id") or "")
-        user = str((body.get("user") or {}).get("id") or "")
-        if not text.startswith("/") or not channel or not user:
-            log.warning("slack: a button press without a command, channel or user; skipped")
-            return
-        channel_name = str((body.get("channel") or {}).get("name") or "")
-        is_dm = channel.startswith("D") or channel_name == "directmessage"
-        kind = ChatType.DM if is_dm else (ChatType.GROUP if channel_name.startswith("mpdm-") else ChatType.CHANNEL)
-        message = body.get("message") or {}
-        thread = message.get("thread_ts") or (body.get("container") or {}).get("thread_ts")
-        msg = InboundMessage(
-            platform=PLATFORM, chat_type=kind, chat_id=channel, user_id=user, text=text,
-            message_id=f"button:{action.get('action_ts') or body.get('trigger_id') or time.time()}",
-            thread_id=str(thread) if thread and not is_dm else None,
-            user_name=(body.get("user") or {}).get("username") or await self._user_name(user), addressed=True,
-        )
-        try:
-            await self._handler(msg)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # never kills the adapter; Slack does not resend a press
-            log.exception("slack: the gateway failed on a button press (%s)", text.split()[0])
-            self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
-
     # ------------------------------------------------------------------ people and files
 
     async def _user_name(self, user_id: str) -> str | None:
@@ -302,8 +274,8 @@ class Inbound:
         return name
 
     async def _attachments(self, files: Any) -> tuple[Attachment, ...]:
-        """Images downloaded (vision on, within max_image_bytes), audio files (within MAX_AUDIO_BYTES) for the
-        gateway to transcribe; everything else described, not fetched."""
+        """Every kind downloaded within its limit (media.max_bytes); bigger ones, videos and files not on
+        Slack's own hosts described, not fetched."""
         if not isinstance(files, list):
             return ()
         out: list[Attachment] = []
@@ -315,44 +287,44 @@ class Inbound:
             mime = f.get("mimetype") if isinstance(f.get("mimetype"), str) else None
             size = f.get("size") if isinstance(f.get("size"), int) else None
             url = f.get("url_private_download") or f.get("url_private")
-            if mime and mime.startswith("audio/"):
-                clip = await self._download(url, size, MAX_AUDIO_BYTES) if isinstance(url, str) else None
-                ms = f.get("duration_ms")  # Slack's own clips say how long they are
-                out.append(Attachment(kind="audio" if clip else "file", name=name, mime_type=mime, size=size,
-                                      data=clip, duration=ms / 1000 if isinstance(ms, (int, float)) else None))
-            elif not (mime and mime.startswith("image/")):
-                out.append(Attachment(kind="file", name=name, mime_type=mime, size=size))
-            elif not self._s.vision:
-                out.append(Attachment(kind="image", name=name, mime_type=mime, size=size))
-            else:
-                data = await self._download(url, size) if isinstance(url, str) else None
-                if data is None:  # too big or unreachable: the model hears of a file it cannot see
-                    out.append(Attachment(kind="file", name=name, mime_type=mime, size=size))
-                else:
-                    out.append(Attachment(kind="image", name=name, mime_type=mime, size=len(data), data=data))
+            kind = attachment_kind(mime, name)
+            limit = min(self._s.media.for_kind(kind), self._s.max_image_bytes) if kind == "image" \
+                else self._s.media.for_kind(kind)
+            data = await self._download(url, size, kind, limit) if isinstance(url, str) and limit else None
+            ms = f.get("duration_ms") if kind == "audio" else None  # Slack's own clips say how long they are
+            out.append(Attachment(kind=kind, name=name, mime_type=mime, size=len(data) if data is not None else size,
+                                  data=data, duration=ms / 1000 if isinstance(ms, (int, float)) else None))
         return tuple(out)
 
-    async def _download(self, url: str, size: int | None, limit: int | None = None) -> bytes | None:
-        limit = self._s.max_image_bytes if limit is None else limit
-        if size is not None and size > limit:
-            log.warning("slack: file of %d bytes is over the %d-byte limit; not downloaded", size, limit)
-            return None
+    def _served_by_slack(self, url: str) -> bool:
+        """Whether ``url`` is on Slack's own hosts (https) or the configured API's host: nothing else is fetched."""
         parts = urlsplit(url)
-        # The bot token goes only to https hosts or the configured API host (files need it).
-        trusted = parts.scheme == "https" or parts.hostname == urlsplit(self._s.api_base_url).hostname
-        headers = {"Authorization": f"Bearer {self._bot_token}"} if trusted else {}
+        host = parts.hostname or ""
+        if parts.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com")):
+            return True
+        api = urlsplit(self._s.api_base_url)
+        return (parts.scheme, host, parts.port) == (api.scheme, api.hostname, api.port)
+
+    async def _download(self, url: str, size: int | None, kind: str, limit: int) -> bytes | None:
+        if size is not None and size > limit:
+            log.warning("slack: %s of %d bytes is over its limit of %d; not downloaded", kind, size, limit)
+            return None
+        if not self._served_by_slack(url):
+            log.warning("slack: a file not on Slack's hosts was not downloaded")
+            return None
+        headers = {"Authorization": f"Bearer {self._bot_token}"}
         try:
-            async with self._http.get(url, headers=headers) as resp:
+            async with self._http.get(url, headers=headers, allow_redirects=False) as resp:
                 if resp.status != 200:
-                    log.warning("slack: file download answered %d; skipped", resp.status)
+                    log.warning("slack: %s download answered %d; skipped", kind, resp.status)
                     return None
                 data = bytearray()
                 async for chunk in resp.content.iter_chunked(65536):
                     data += chunk
                     if len(data) > limit:
-                        log.warning("slack: file larger than %d bytes; skipped", limit)
+                        log.warning("slack: %s larger than its limit of %d bytes; skipped", kind, limit)
                         return None
                 return bytes(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            log.warning("slack: file download failed (%s); skipped", type(exc).__name__)
+            log.warning("slack: %s download failed (%s); skipped", kind, type(exc).__name__)
             return None

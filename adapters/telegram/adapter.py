@@ -60,6 +60,7 @@ from gateway.types import (
     FailedEvents,
     InboundHandler,
     InboundMessage,
+    MediaLimits,
     PollGate,
     SendProgress,
 )
@@ -97,6 +98,7 @@ class TelegramAdapter:
         free_response_channels: Sequence[str] = (),
         vision: bool = False,
         max_image_bytes: int = 5 * 1024 * 1024,
+        media: MediaLimits | None = None,
         poll_timeout: int = 30,
         stall_timeout_seconds: float = 90.0,
         webhook_url: str | None = None,
@@ -123,7 +125,9 @@ class TelegramAdapter:
         self._require_mention = require_mention
         self._free = frozenset(str(c) for c in free_response_channels)
         self._vision = vision
-        self._max_image_bytes = max_image_bytes
+        # what is downloaded, per kind (media.max_bytes); a picture no more than max_image_bytes either
+        limits = media or MediaLimits()
+        self._media_limits = replace(limits, image=min(limits.image, max_image_bytes))
         self._stall_timeout = float(stall_timeout_seconds)
         # A long poll must come back well within the stall timeout, or a quiet chat looks stalled.
         self._poll_timeout = max(1, min(int(poll_timeout), int(self._stall_timeout / 3)))
@@ -159,7 +163,8 @@ class TelegramAdapter:
         self._may_poll = may_poll
 
     @classmethod
-    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool) -> "TelegramAdapter":
+    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool,
+                    media: MediaLimits | None = None) -> "TelegramAdapter":
         """Build from ``Config.platforms.telegram`` (a :class:`~adapters.telegram.config.TelegramConfig`)."""
         fields = {
             "token": "token", "base_url": "base_url", "base_file_url": "base_file_url",  # file URL: derived when absent
@@ -176,7 +181,7 @@ class TelegramAdapter:
             if hasattr(value, "get_secret_value"):  # pydantic SecretStr
                 value = value.get_secret_value()
             kwargs[ours] = value
-        return cls(commands=commands, vision=vision, **kwargs)
+        return cls(commands=commands, vision=vision, media=media, **kwargs)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -416,8 +421,7 @@ class TelegramAdapter:
         inbound = normalize(message, self._who)
         if inbound is None:
             return None
-        attachments = await collect_attachments(self.bot, message, vision=self._vision,
-                                                max_image_bytes=self._max_image_bytes)
+        attachments = await collect_attachments(self.bot, message, limits=self._media_limits)
         if attachments:
             inbound = _with_attachments(inbound, attachments)
         if not inbound.text and not inbound.attachments:

@@ -20,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import mimetypes
 import os
 import stat
 import sys
+from pathlib import Path
 
 from rich.console import Console, RenderableType
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.spinner import Spinner
 from rich.text import Text
@@ -34,9 +37,10 @@ import state
 from gateway.cli.terminal import TerminalInput, catch_interrupts
 from gateway.config import Config
 from gateway.errors import SwitchboardError
+from gateway.media import media_limits
 from gateway.router import STOPPED_MARK, SessionRouter, Ticket
 from gateway.runtime.daemon import local_gateway
-from gateway.types import ChatType, InboundMessage
+from gateway.types import Attachment, ChatType, InboundMessage, MediaLimits, article, attachment_kind
 
 RECAP_EXCHANGES = 10
 USER_CHARS = 300
@@ -189,8 +193,11 @@ async def run_chat(config: Config, *, continue_: str | None = None, resume: str 
     notes = console if interactive else Console(stderr=True, soft_wrap=True)
     async with local_gateway(config) as gateway:
         assert gateway.router is not None
-        chat = _Chat(gateway.router, console, notes, interactive)
+        chat = _Chat(gateway.router, console, notes, interactive, limits=media_limits(config))
         await chat.run(continue_, resume, read_line)
+
+
+_NO_LIMITS = MediaLimits()
 
 
 class _Chat:
@@ -198,8 +205,11 @@ class _Chat:
     written (marked ``(stopped)``, and stored so, as on the platforms), or, at the prompt or a second
     time, leaves with the hint to continue."""
 
-    def __init__(self, router: SessionRouter, console: Console, notes: Console, interactive: bool) -> None:
+    def __init__(self, router: SessionRouter, console: Console, notes: Console, interactive: bool, *,
+                 limits: MediaLimits = _NO_LIMITS) -> None:
         self.router, self.db = router, router.db
+        self.limits = limits  # the most /attach sends of a file, per kind (media.max_bytes)
+        self.attached: list[Attachment] = []  # files /attach gave, sent with the next message
         self.console, self.notes, self.interactive = console, notes, interactive
         self.login = getpass.getuser()
         self.key = router.key_for(InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=self.login,
@@ -228,8 +238,8 @@ class _Chat:
             self.notes.print(Panel(recap(await self.db.get_messages(resumed)), title=f"Previous conversation: {title}",
                                    border_style="dim"))
         if self.interactive:
-            self.notes.print("[dim]Type a message; /help for commands; Ctrl-C stops an answer; "
-                             "Ctrl-D or Ctrl-C at the prompt leaves.[/dim]")
+            self.notes.print("[dim]Type a message; /help for commands; /attach PATH sends a file with your next "
+                             "message; Ctrl-C stops an answer; Ctrl-D or Ctrl-C at the prompt leaves.[/dim]")
         undo = None
         if read_line is None and not _pollable_stdin():
             read_line = _read_stdin_line
@@ -263,14 +273,29 @@ class _Chat:
                 return
             if not line.strip():
                 continue
+            if line.strip().split(maxsplit=1)[0] == "/attach":
+                await self._attach(line.strip()[len("/attach"):].strip())
+                continue
             msg = InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=self.login, user_id=self.login,
-                                 user_name=self.login, text=line)
+                                 user_name=self.login, text=line, attachments=tuple(self.attached))
+            self.attached = []
             answer = LiveAnswer(self.console)
             ticket = await self.router.handle(msg, sink=answer)
             if ticket is None:
                 continue
             if not await self._answer(ticket, answer):
                 return
+
+    async def _attach(self, path: str) -> None:
+        """``/attach PATH``: the file goes with the next message (read now, within media.max_bytes)."""
+        try:
+            attachment = await asyncio.to_thread(read_attachment, path, self.limits)
+        except AttachError as exc:
+            self.notes.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
+            return
+        self.attached.append(attachment)
+        self.notes.print(f"[dim]Attached {escape(attachment.name)} ({attachment.kind}, {attachment.size:,} bytes); "
+                         "it goes with your next message.[/dim]", soft_wrap=True)
 
     async def _answer(self, ticket: Ticket, answer: LiveAnswer) -> bool:
         """Show the answer to ``ticket``; False when Ctrl-C twice means leave."""
@@ -320,6 +345,33 @@ class _Chat:
                                                            "finish_reason": "stopped"}])
         except state.StateError as exc:
             self.notes.print(f"[dim]the stopped answer could not be stored: {exc}[/dim]")
+
+
+class AttachError(SwitchboardError):
+    """A file ``/attach`` cannot send (the message says which and why)."""
+
+
+def read_attachment(path: str, limits: MediaLimits) -> Attachment:
+    """The file at ``path`` as an attachment of the kind its name says, if it is within its kind's limit."""
+    if not path:
+        raise AttachError("/attach needs a file: /attach PATH (a picture, a document, an audio file)")
+    file = Path(path.strip("'\"")).expanduser()
+    if not file.is_file():
+        raise AttachError(f"cannot attach {path}: no such file" if not file.exists() else
+                          f"cannot attach {path}: not a file")
+    mime = mimetypes.guess_type(file.name)[0]
+    kind = attachment_kind(mime, file.name)
+    limit = limits.for_kind(kind)
+    size = file.stat().st_size
+    if size > limit:
+        raise AttachError(f"cannot attach {file.name}: {size:,} bytes is more than the {limit:,} {article(kind)} may have "
+                          "(media.max_bytes)" if limit else f"cannot attach {file.name}: a {mime or 'file'} "
+                          "is not sent to the model (pictures, audio and documents are)")
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise AttachError(f"cannot attach {path}: {exc.strerror or exc}") from None
+    return Attachment(kind, file.name, mime_type=mime, size=len(data), data=data)
 
 
 def _pollable_stdin() -> bool:

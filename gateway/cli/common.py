@@ -25,6 +25,7 @@ from gateway.config import Config, config_from_dict, load_config
 from gateway.errors import ConfigError
 
 _HOME_KEY = "switchboard.home"
+_CONFIG_KEY = "switchboard.config"
 
 _CONFIG_HELP = "Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml)."
 _HOME_HELP = ("The home holding state.db (default: the config file's home:, else $SWITCHBOARD_HOME, "
@@ -69,6 +70,9 @@ def with_store(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def run(*args: Any, config_path: Path | None = None, **kwargs: Any) -> Any:
         db = None
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.meta[_CONFIG_KEY] = config_path  # for resolve_media, in the command
         try:
             db = state.SessionDB(resolve_store(config_path))
             return command(db, *args, **kwargs)
@@ -219,6 +223,25 @@ def resolve_store(config_path: Path | None = None) -> Path | str:
     ``${TOKEN}`` elsewhere stops nothing; a bad ``store.url`` exits 78 naming it."""
     url = config_keys(config_path, "store").store.url
     return url if url else resolve_home(config_path) / "state.db"
+
+
+def resolve_media(config_path: Path | None = None) -> Path:
+    """The media folder the operator means: ``media.path`` of the config file, else ``media`` in
+    :func:`resolve_home` (inside a :func:`with_store` command, the ``--config`` it was given)."""
+    if config_path is None:
+        ctx = click.get_current_context(silent=True)
+        config_path = ctx.meta.get(_CONFIG_KEY) if ctx is not None else None
+    return config_keys(config_path, "media").media.path or resolve_home(config_path) / "media"
+
+
+def forget_media(db: state.SessionDB, doomed: set[str]) -> None:
+    """After sessions were deleted: delete the files only they referred to (``doomed``: their hashes),
+    and any other file nothing refers to any more (older than the sweep's grace period)."""
+    from state.media_files import MediaFiles
+
+    swept = MediaFiles(resolve_media()).sweep(db.media.referenced(), doomed=doomed)
+    if swept.files:
+        click.echo(f"deleted {plural(swept.files, 'media file')} ({swept.bytes:,} bytes) no message refers to any more")
 
 
 def refuse_on_postgresql(config_path: Path | None, what: str, instead: str) -> None:

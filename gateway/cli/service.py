@@ -13,9 +13,10 @@ from pathlib import Path
 
 import click
 
-from gateway.cli.common import given_home, home_options, plural, refuse_on_postgresql, resolve_home
+from gateway.cli.common import given_home, home_options, plural, refuse_on_postgresql, resolve_home, resolve_media
 from gateway.errors import SwitchboardError
 from gateway.runtime import backup as backup_mod, systemd as service_mod
+from state.media_files import MediaFiles
 from state.paths import default_home
 
 
@@ -167,8 +168,13 @@ def status_cmd(user_scope, config_path, unit_dir) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @home_options
 @click.option("--allow-empty", is_flag=True, help="Back up a database that holds no sessions (refused otherwise).")
-def backup_cmd(file, config_path, allow_empty) -> None:
-    """Copy the live database to FILE (consistent while the daemon runs; mode 0600)."""
+@click.option("--media", "media_to", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also copy the media folder's files into DIR (only those DIR does not hold yet).")
+def backup_cmd(file, config_path, allow_empty, media_to) -> None:
+    """Copy the live database to FILE (consistent while the daemon runs; mode 0600).
+
+    Pictures, voice and documents are files in the media folder, not in the database: --media DIR
+    copies them too, after the database; without it the command says where they are."""
     refuse_on_postgresql(config_path, "backup", "back PostgreSQL up with its own tools (pg_dump)")
     try:
         summary = backup_mod.backup(resolve_home(config_path), file, allow_empty=allow_empty)
@@ -178,6 +184,19 @@ def backup_cmd(file, config_path, allow_empty) -> None:
         f"backed up {plural(summary.sessions, 'session')}, {plural(summary.messages, 'message')} "
         f"(schema {summary.schema_version}, {summary.size_bytes} bytes) to {summary.path}; integrity check ok"
     )
+    media = MediaFiles(resolve_media(config_path))
+    if media_to is not None:
+        try:
+            copied, size = media.copy_to(media_to)
+        except OSError as exc:
+            raise _fail(exc) from None
+        click.echo(f"copied {plural(copied, 'media file')} ({size:,} bytes) to {media_to}; "
+                   "the files it held already were left as they were")
+        return
+    files, size = media.usage()
+    if files:
+        click.echo(f"the media folder is not in {file.name}: {plural(files, 'file')} ({size:,} bytes) in "
+                   f"{media.root}; back it up too (--media DIR copies what is new)")
 
 
 @click.command("restore")

@@ -20,6 +20,7 @@ from rich.text import Text
 from gateway.cli.common import (
     InstalledChoice,
     console as _console,
+    forget_media,
     json_option,
     json_out as _json_out,
     plural,
@@ -278,9 +279,11 @@ def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
     session = db.get_session(session_id) or {}
     label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
     _confirm(f"Delete session {label} and its {plural(session.get('message_count', 0), 'message')}?", yes)
+    doomed = db.media.of_sessions([session_id])
     if not db.delete_session(session_id):
         raise click.ClickException(f"session {session_id} no longer exists")
     click.echo(f"deleted {label}")
+    forget_media(db, doomed)
 
 
 @sessions.command("rename")
@@ -308,7 +311,9 @@ def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None
         click.echo("Nothing to prune.")
         return
     _confirm(f"Delete {plural(len(candidates), 'ended session')} inactive for {days:g} days?", yes)
+    doomed = db.media.of_sessions(candidates)
     click.echo(f"pruned {plural(db.prune_sessions(days, source), 'session')}")
+    forget_media(db, doomed)
 
 
 def _size(n: float) -> str:

@@ -4,6 +4,8 @@ A thin layer: one ``SessionDB.storage_report`` call (``state._storage``), printe
 ``--json``, as one document.  Each line names what reduces it: ``sessions prune`` (or
 ``store.retention_days``, the daemon's daily prune) for the sessions' tables and text, ``sessions
 delete`` for one large session, ``maintenance --vacuum`` for the free pages of an older SQLite file.
+The media folder (``media.path``, else ``$home/media``) is outside the store: its files and bytes are
+counted on disk, beside how many message references point at them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from gateway.cli.common import console, home_options, json_option, json_out, resolve_store, when
+from gateway.cli.common import (
+    console,
+    home_options,
+    json_option,
+    json_out,
+    plural,
+    resolve_media,
+    resolve_store,
+    when,
+)
 from gateway.runtime.storage_view import (
     DELETE,
     OBJECTS_SHOWN,
@@ -25,6 +36,7 @@ from gateway.runtime.storage_view import (
     wal_hint,
 )
 from state import SessionDB, StateError, StorageReport
+from state.media_files import MediaFiles
 
 
 @click.command("storage")
@@ -46,12 +58,20 @@ def storage_cmd(config_path: Path | None, top: int, as_json: bool) -> None:
     try:
         with SessionDB(target) as db:
             report = db.storage_report(top)
+            references = db.media.stats()
     except StateError as exc:
         raise click.ClickException(str(exc)) from exc
+    folder = resolve_media(config_path)
+    files, on_disk = MediaFiles(folder).usage()
+    media = {"path": str(folder), "files": files, "bytes": on_disk, "references": references["references"],
+             "reduce": PRUNE}
     if as_json:
-        json_out(report_json(report))
+        json_out({**report_json(report), "media": media})
     else:
         _print(report)
+        click.echo()
+        click.echo(f"Media folder {folder}: {plural(files, 'file')}, {size(on_disk)} (pictures, voice and documents; "
+                   f"{plural(references['references'], 'message reference')}); reduce with: {PRUNE}, or {DELETE}")
 
 
 def _table(title: str, *columns: str) -> Table:

@@ -209,7 +209,8 @@ class LocalApi:
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
         self._running: dict[tuple[str, str], str] = {}  # (session key, Idempotency-Key) -> text, while answered
-        self.conversations = Conversations(router.db, agent, model_name, router.turn.settings.persona)
+        self.conversations = Conversations(router.db, agent, model_name, router.turn.settings.persona,
+                                           keep_media=router.hooks.keep_media)
         self.chat_format = ChatCompletions(model_name)
 
     def app(self) -> web.Application:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import SwitchboardError
-from gateway.types import Attachment
+from gateway.types import Attachment, attachment_kind
 
 MAX_STOP_SEQUENCES = 4
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -60,7 +60,7 @@ class ClientMessage:
 
     role: str
     text: str  # its text parts, joined by spaces
-    images: tuple[Attachment, ...] = ()
+    images: tuple[Attachment, ...] = ()  # its image_url parts, and its input_audio and file parts
 
     @property
     def stored(self) -> str:
@@ -279,9 +279,13 @@ def _content(content: Any, where: str, *, images: bool) -> tuple[str, tuple[Atta
             texts.append(part["text"])
         elif kind == "image_url" and images:
             found.append(_image(part.get("image_url"), at))
+        elif kind == "input_audio" and images:
+            found.append(_audio(part.get("input_audio"), at))
+        elif kind == "file" and images:
+            found.append(_file(part.get("file"), at))
         else:
-            raise ApiError(400, f"{at} is not a part the gateway reads (text parts, and image_url parts in a "
-                                "user message)", param=at)
+            raise ApiError(400, f"{at} is not a part the gateway reads (text parts, and image_url, input_audio and "
+                                "file parts in a user message)", param=at)
     return " ".join(texts), tuple(found)
 
 
@@ -304,6 +308,49 @@ def _image(value: Any, where: str) -> Attachment:
     if not url.startswith(("http://", "https://")):
         raise ApiError(400, f"{where}: an image URL must be http(s) or a data URL", param=where)
     return Attachment("image", name, url=url)
+
+
+#: ``input_audio.format`` values and the type each is stored as
+AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "ogg": "audio/ogg", "flac": "audio/flac",
+                 "m4a": "audio/mp4", "webm": "audio/webm"}
+
+
+def _decoded(data: Any, where: str, what: str) -> bytes:
+    if not isinstance(data, str) or not data:
+        raise ApiError(400, f"{where}: the {what} must be base64 text", param=where)
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{where}: the {what}'s base64 data does not decode", param=where) from None
+
+
+def _audio(value: Any, where: str) -> Attachment:
+    """An ``input_audio`` part (``{"data": base64, "format": "wav"}``): an audio attachment."""
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{where}.input_audio must hold 'data' and 'format'", param=where)
+    fmt = value.get("format")
+    if fmt not in AUDIO_FORMATS:
+        raise ApiError(400, f"{where}.input_audio.format must be one of {', '.join(AUDIO_FORMATS)}", param=where)
+    decoded = _decoded(value.get("data"), where, "audio")
+    name = f"audio-{hashlib.sha256(decoded).hexdigest()[:12]}.{fmt}"
+    return Attachment("audio", name, mime_type=AUDIO_FORMATS[fmt], size=len(decoded), data=decoded)
+
+
+def _file(value: Any, where: str) -> Attachment:
+    """A ``file`` part (``{"file_data": "data:application/pdf;base64,...", "filename": "q3.pdf"}``): a document
+    (or a picture or audio, by its type).  A ``file_id`` names an upload this gateway never had: refused."""
+    if not isinstance(value, dict) or not isinstance(value.get("file_data"), str):
+        raise ApiError(400, f"{where}.file must hold 'file_data' (a data URL) and 'filename'; uploaded file ids "
+                            "are not kept by this gateway", param=where)
+    head, _, data = value["file_data"].partition(",")
+    if not head.startswith("data:") or ";base64" not in head:
+        raise ApiError(400, f"{where}.file.file_data must be a base64 data URL", param=where)
+    mime = head[5:].split(";")[0] or "application/octet-stream"
+    decoded = _decoded(data, where, "file")
+    given = value.get("filename")
+    name: str = given if isinstance(given, str) and given else \
+        "file-" + hashlib.sha256(decoded).hexdigest()[:12] + (mimetypes.guess_extension(mime) or "")
+    return Attachment(attachment_kind(mime, name), name[:200], mime_type=mime, size=len(decoded), data=decoded)
 
 
 def _params(body: dict) -> dict[str, Any]:

@@ -29,11 +29,13 @@ import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 import state
 from gateway.keys import api_conversation_key
 from gateway.runtime.api_request import ChatRequest, ClientMessage
 from gateway.turn import CUT_OFF_NOTE, EMPTY_ANSWER
+from gateway.types import Attachment
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,10 @@ def explicit_id(headers, request: ChatRequest) -> tuple[str, str] | None:
 class Conversations:
     """Finds and records the sessions of conversations whose history the client keeps."""
 
-    def __init__(self, db: state.AsyncSessionDB, agent: str, model_name: str, persona: str):
+    def __init__(self, db: state.AsyncSessionDB, agent: str, model_name: str, persona: str, *,
+                 keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None):
         self.db = db
+        self.keep_media = keep_media  # a new message's files into the media store (gateway.media)
         self.agent = agent
         self.model_name = model_name
         self.persona = persona
@@ -188,7 +192,11 @@ class Conversations:
                 entry["platform_message_id"] = idempotency_key
             messages.append(entry)
         if messages:
-            await self.db.append_messages(session_id, messages)
+            ids = await self.db.append_messages(session_id, messages)
+            if self.keep_media is not None:
+                for message_id, message in zip(ids[len(copied):], new, strict=True):
+                    if any(a.data for a in message.images):
+                        await self.keep_media(message_id, message.images)
 
     async def _lineage_rows(self, session: dict) -> list[dict]:
         """The stored messages of ``session`` as the client saw them: a compressed parent's own, then

@@ -44,6 +44,7 @@ from gateway.compressing import Compressor
 from gateway.config import Config, is_loopback
 from gateway.cron.service import CronService, CronSettings
 from gateway.keys import KeyPolicy
+from gateway.media import MediaService, describer_for
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService, memory_flush_turn
 from gateway.memory.recall import RecallSettings, SessionRecall, search_command, session_search_tool
@@ -58,7 +59,7 @@ from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import ChatRef, PlatformStatus
-from gateway.usage import UsageRecorder
+from gateway.usage import CallContext, UsageRecorder
 from gateway.voice import Voice, VoiceSettings
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class Services:
     router: SessionRouter
     cron: CronService
     api: LocalApi
+    media: MediaService  # the media folder and what refers to it: the daemon sweeps it after its upkeep
 
 
 async def assemble(cfg: Config, wiring: Wiring) -> Services:
@@ -179,6 +181,10 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
     if cfg.facts.enabled:
         commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
                      facts.command, runs_now=True)
+    # the media store: what people send kept as files, referred to by their messages, remembered by the turns
+    describe_with = cfg.media.describe_with
+    media = MediaService.from_config(cfg, db, describer=describer_for(
+        model, describe_with, CallContext("other", None, None, None, None, cfg.agent)) if describe_with else None)
     turn = AgentTurn(db, model, tools, TurnSettings(
         agent=cfg.agent, persona=persona, timezone=cfg.timezone, model_name=cfg.model.name,
         max_tool_iterations=cfg.model.max_tool_iterations, vision=cfg.model.vision,
@@ -186,7 +192,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
     ), hooks=TurnHooks(
         prompt_hook=compressor,
         prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),
-        prefetch=facts.prefetch if cfg.facts.enabled else None,
+        prefetch=facts.prefetch if cfg.facts.enabled else None, media=media,
         approvals=approvals,
     ), max_message_tokens=max_message_tokens(context_length, cfg.model.max_message_share), clock=clock)
     on_session_end = facts.on_session_end(flush_memory) if cfg.facts.enabled else flush_memory
@@ -204,7 +210,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         authorizer=Authorizer(wiring.auth, db, clock=clock),
         commands=commands, metrics=wiring.metrics,
         hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending,
-                           ask_stop=wiring.ask_stop, work_elsewhere=wiring.work_elsewhere),
+                           ask_stop=wiring.ask_stop, work_elsewhere=wiring.work_elsewhere,
+                           keep_media=media.keep_notes),
         context_length=context_length, clock=clock, budgets=budgets,
         # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
         voice=Voice(VoiceSettings.from_config(cfg)) if cfg.media.transcribe_with or cfg.media.speak_with else None,
@@ -228,7 +235,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
                    probe=model.probe, agent=cfg.agent)
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
                     facts=facts, approvals=approvals, mcp=mcp, compressor=compressor, commands=commands, turn=turn,
-                    router=router, cron=cron, api=api)
+                    router=router, cron=cron, api=api, media=media)
 
 
 def _dashboard(cfg: Config, db: state.AsyncSessionDB, health: Callable[[], dict], cron: CronService,

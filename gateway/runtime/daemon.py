@@ -7,7 +7,7 @@
 
 Adapters are found through the ``switchboard.adapters`` entry points (see
 pyproject.toml), so the gateway never imports a platform module: an adapter
-class offers ``from_config(platform_cfg, *, commands, vision)``.  Tests may
+class offers ``from_config(platform_cfg, *, commands, vision, media)``.  Tests may
 pass ready-made adapters with ``Gateway(config, adapters={...})``.
 
 The parts are built by :func:`gateway.runtime.assemble.assemble` (the composition root) into a
@@ -45,6 +45,7 @@ from gateway.commands import CommandSet
 from gateway.compressing import Compressor
 from gateway.config import Config
 from gateway.cron.service import CronService
+from gateway.media import media_limits
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService
 from gateway.memory.recall import SessionRecall
@@ -118,7 +119,8 @@ def load_adapters(config: Config, commands: list[tuple[str, str]], *, only: str 
             off[name] = f"off: no adapter installed for {name} (reinstall the package: make run)"
             continue
         cls = ep.load()
-        adapters[name] = cls.from_config(getattr(config.platforms, name), commands=commands, vision=config.model.vision)
+        adapters[name] = cls.from_config(getattr(config.platforms, name), commands=commands, vision=config.model.vision,
+                                         media=media_limits(config))
     return adapters, off
 
 
@@ -278,7 +280,8 @@ class Gateway:
         if self.serve_api:
             self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
                                       usage_keep_days=cfg.usage.keep_days, clock=self.clock,
-                                      idle=lambda: services.router.active_lanes() == 0)
+                                      idle=lambda: services.router.active_lanes() == 0,
+                                      sweep_media=services.media.sweep)
             self.upkeep.start()
             self.metrics.watch_store(self.upkeep.status)
             self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
@@ -334,7 +337,8 @@ class Gateway:
                              message: InboundMessage | None, error: str) -> None:
         """The adapters' dead-letter store (``gateway.types.DeadLetterHandler``): keeps the event with its
         secrets masked, so the adapter can acknowledge it and the chat's next messages get through."""
-        row = dead_letter_row(platform, event_id, payload, message, error, secrets=self.config.secrets())
+        row = await asyncio.to_thread(dead_letter_row, platform, event_id, payload, message, error,
+                                      secrets=self.config.secrets(), files=self.services.media.files)
         dead_letter_id = await self.db.add_dead_letter(**row)
         log.error("%s event %s failed %d times and was set aside as dead letter %d (%s); "
                   "see: switchboard deadletters show %d", platform, row["event_id"], row["attempts"],
@@ -349,7 +353,8 @@ class Gateway:
         """In the daemon: replay what ``switchboard deadletters retry`` marked, keep the held count fresh."""
         if not self.serve_api:
             return
-        replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters)
+        replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters,
+                                  files=self.services.media.files)
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:

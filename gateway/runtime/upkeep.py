@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 import sqlite3
 import time
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 import state
 from gateway.tasks import spawn
@@ -32,8 +32,10 @@ USAGE_PRUNE_ROWS = 5_000  # ledger rows deleted per transaction (a few tenths of
 
 class StoreUpkeep:
     def __init__(self, db: state.AsyncSessionDB, *, retention_days: float | None, idle: Callable[[], bool],
-                 usage_keep_days: float | None = None, clock: Callable[[], float] = time.time):
+                 usage_keep_days: float | None = None, clock: Callable[[], float] = time.time,
+                 sweep_media: Callable[[], Awaitable[Any]] | None = None):
         self.db = db
+        self.sweep_media = sweep_media  # after a pass: the files of the sessions it deleted (gateway.media)
         self.retention_days = retention_days
         self.usage_keep_days = usage_keep_days  # the usage ledger's rows older than this go (usage.keep_days)
         self.idle = idle
@@ -69,6 +71,8 @@ class StoreUpkeep:
                     continue
                 report = await state.run_upkeep(self.db, retention_days=self.retention_days, now=self.clock(),
                                                 idle=self.idle)
+                if self.sweep_media is not None:
+                    await self._sweep_media()
                 if self.usage_keep_days:
                     dropped = await self._prune_usage(self.clock() - self.usage_keep_days * 86_400)
                     if dropped:
@@ -101,6 +105,17 @@ class StoreUpkeep:
                                               f"m:{month // 12:04d}-{month % 12 + 1:02d}")
         if dropped:
             log.info("budgets: %d spend rows of periods long over deleted", dropped)
+
+    async def _sweep_media(self) -> None:
+        assert self.sweep_media is not None
+        try:
+            swept = await self.sweep_media()
+        except OSError as exc:  # the media folder unreadable: the next pass tries again
+            log.warning("media sweep failed (%s); the files stay until the next pass", exc)
+            return
+        if swept.files:
+            log.info("media: %d files (%.1f MiB) no message refers to any more deleted", swept.files,
+                     swept.bytes / 2**20)
 
     async def _prune_usage(self, before: float) -> int:
         """Delete the ledger's rows older than ``before``, a bounded number per transaction (the first

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 from .._dialect import dialect_of
 from ._index import MergeStep, SearchIndex
 from ._query import MAX_TERMS, Node, Op, Term, index_of, indexes, is_cjk, parse, positive_terms, render, sanitize_query
+from ._rank import first_snippet
 from .fts5 import FTS5
 from .tsvector import TSVECTOR
 
@@ -129,7 +130,36 @@ def search_messages(
             raise
         log.warning("search query %r rejected by FTS5 (%s); returning no results", str(query)[:200], exc)
         return []
-    return [_shaped(hit) for hit in hits]
+    found = [_shaped(hit) for hit in hits]
+    if len(found) < limit:  # then the messages whose documents hold the words (state._media)
+        seen = {hit["id"] for hit in found}
+        found += [hit for hit in _media_hits(conn, tree, where, args, limit) if hit["id"] not in seen][
+            :limit - len(found)]
+    return found
+
+
+def _media_hits(conn: Any, tree: Node, where: str, args: list, limit: int) -> list[dict]:
+    """Messages whose files' text (a document's, a picture's description) holds every positive term,
+    newest first, shaped like the index's hits (no context)."""
+    words = [t.text.strip().lower() for t in positive_terms(tree) if t.text.strip()][:8]
+    if not words:
+        return []
+    like = " AND ".join("LOWER(mm.text) LIKE ? ESCAPE '\\'" for _ in words)
+    patterns = ["%" + w.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for w in words]
+    try:
+        rows = conn.execute(
+            "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, mm.name, mm.text"
+            " FROM message_media mm JOIN messages m ON m.id = mm.message_id JOIN sessions s ON s.id = m.session_id"
+            f" WHERE mm.text IS NOT NULL AND {like}{where} ORDER BY m.timestamp DESC, m.id DESC LIMIT ?",
+            [*patterns, *args, int(limit)],
+        ).fetchall()
+    except sqlite3.OperationalError as exc:  # a seed database the index was installed on, before schema v25
+        if "message_media" not in str(exc):
+            raise
+        return []
+    return [{"id": r[0], "session_id": r[1], "role": r[2], "timestamp": r[3],
+             "snippet": f"[{r[7]}] " + first_snippet([r[8]], words), "context": [], "source": r[4], "model": r[5],
+             "session_started": r[6]} for r in rows]
 
 
 def matching_ids(conn: Any, tree: Node, where: str = "", args: Sequence = (), need_s: bool = False,

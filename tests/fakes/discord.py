@@ -168,6 +168,7 @@ class FakeDiscord:
         self.cdn_files: dict[str, tuple[bytes, str]] = {}
         self.uploads: list[dict] = []  # files the bot uploaded with a message: channel_id, message_id, filename, data
         self.dm_channels: dict[str, dict] = {}  # DM channel id -> the user it is with (GET /channels/{id})
+        self.cdn_downloads: list[str] = []  # the file names fetched from the CDN, in order
         self._failures: list[_Failure] = []
         self._connections: list[_Connection] = []
         self._sessions: dict[str, _Session] = {}
@@ -301,15 +302,19 @@ class FakeDiscord:
             msg["referenced_message"] = reply_to
         return msg
 
-    def attachment(self, filename: str, data: bytes, content_type: str | None, *, size: int | None = None) -> dict:
-        """An attachment payload whose URL is served by this fake's CDN."""
+    def attachment(self, filename: str, data: bytes, content_type: str | None, *, size: int | None = None,
+                   voice: bool = False, url: str | None = None) -> dict:
+        """An attachment payload whose URL is served by this fake's CDN (``url``: somewhere else instead);
+        ``voice``: a voice message (Discord's IS_VOICE_MESSAGE flag, with its duration and waveform)."""
         att_id = snowflake()
         self.cdn_files[att_id] = (data, content_type or "application/octet-stream")
-        url = f"{self.base_url}/cdn/attachments/{att_id}/{filename}"
-        att = {"id": att_id, "filename": filename, "size": len(data) if size is None else size,
-               "url": url, "proxy_url": url}
+        url = url or f"{self.base_url}/cdn/attachments/{att_id}/{filename}"
+        att: dict = {"id": att_id, "filename": filename, "size": len(data) if size is None else size,
+                     "url": url, "proxy_url": url}
         if content_type:
             att["content_type"] = content_type
+        if voice:
+            att.update(flags=1 << 13, duration_secs=2.5, waveform="AAAA")
         return att
 
     def voice_message(self, data: bytes, *, seconds: float) -> dict:
@@ -716,6 +721,7 @@ class FakeDiscord:
         return _json({k: v for k, v in msg.items() if k not in ("request", "interaction_token")})
 
     async def _cdn(self, request: web.Request) -> web.Response:
+        self.cdn_downloads.append(request.match_info["name"])
         found = self.cdn_files.get(request.match_info["id"])
         if found is None:
             return web.Response(status=404)

@@ -380,6 +380,18 @@ class FakeTelegram:
         self.files[file_id] = (data, path)
         return {"file_id": file_id, "file_unique_id": f"u{file_id}", "file_size": len(data)}
 
+    def photo(self, file_id: str, data: bytes) -> list[dict]:
+        """A message's ``photo`` (one size) whose bytes this fake serves."""
+        return [dict(self.add_file(file_id, data, path=f"photos/{file_id}.jpg"), width=64, height=64)]
+
+    def document(self, file_id: str, data: bytes, name: str, mime_type: str) -> dict:
+        """A message's ``document`` whose bytes this fake serves."""
+        return dict(self.add_file(file_id, data, path=f"documents/{name}"), file_name=name, mime_type=mime_type)
+
+    def voice(self, file_id: str, data: bytes, duration: int = 2) -> dict:
+        """A message's ``voice`` note (Ogg Opus) whose bytes this fake serves."""
+        return dict(self.add_file(file_id, data, path=f"voice/{file_id}.oga"), duration=duration, mime_type="audio/ogg")
+
     # -- scripting failures ----------------------------------------------------------
 
     def fail_next(self, method: str, times: int = 1, *, status: int = 500, description: str = "Internal Server Error",

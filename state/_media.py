@@ -1,0 +1,215 @@
+"""Messages' media: which files a message brought, by hash, with what was read from them.
+
+    message_media   (message id, position) -> the file's SHA-256, name, type, size, kind,
+                    its text (a document's extracted text, an image's description, a
+                    transcript), and a note (one line: why it could not be read)
+
+The bytes live in the media folder (:mod:`state.media_files`), never here: a row is a few
+hundred bytes plus the text read from the file, stored once.  A row goes with its message
+(``ON DELETE CASCADE``), so deleting a session, pruning, and ``store.retention_days`` take
+the references with them; :func:`referenced_hashes` then says which files are still wanted,
+and the media folder's sweep deletes the rest.  A dead letter's message (``gateway.runtime.
+deadletters``) refers to its attachments by hash too, and keeps them until it is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Iterable
+
+from ._dialect import dialect_of
+from ._repo import Repository, reads, writes
+
+#: The table (schema v25), written once for both engines (``state._dialect``'s type tokens).
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS message_media (
+        message_id {INTEGER} NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        position {INTEGER} NOT NULL,
+        sha256 TEXT NOT NULL,
+        name TEXT NOT NULL,
+        mime TEXT,
+        size {INTEGER},
+        kind TEXT NOT NULL,
+        text TEXT,
+        note TEXT,
+        PRIMARY KEY (message_id, position)
+    )""",  # a rowid table: a document's text makes rows too large to keep inside the key's b-tree
+    "CREATE INDEX IF NOT EXISTS idx_message_media_sha256 ON message_media(sha256)",
+)
+
+_FIELDS = ("sha256", "name", "mime", "size", "kind", "text", "note")
+
+#: how many of a session's ancestors (compression's parents) are searched for the media of the
+#: messages a compressed session carries over
+_ANCESTORS = 8
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    dialect_of(conn).create(conn, TABLES)
+
+
+def attach_media(conn: sqlite3.Connection, message_id: int, items: list[dict]) -> int:
+    """Record ``items`` (dicts of :data:`_FIELDS`) as ``message_id``'s media, in order; once only (a
+    message already holding media keeps what it has).  Returns how many were recorded."""
+    if not items or conn.execute("SELECT 1 FROM message_media WHERE message_id = ? LIMIT 1",
+                                 (message_id,)).fetchone():
+        return 0
+    if conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone() is None:
+        return 0  # deleted meanwhile (its session with it): its files go with the next sweep
+    for position, item in enumerate(items):
+        conn.execute(
+            "INSERT INTO message_media (message_id, position, sha256, name, mime, size, kind, text, note) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (message_id, position, *(item.get(f) for f in _FIELDS)),
+        )
+    return len(items)
+
+
+def set_media_text(conn: sqlite3.Connection, sha256: str, text: str) -> int:
+    """Give every reference to ``sha256`` without a text this text (an image described once)."""
+    return conn.execute("UPDATE message_media SET text = ? WHERE sha256 = ? AND text IS NULL",
+                        (text, sha256)).rowcount
+
+
+def media_of_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict]:
+    """The media of ``session_id``'s messages and of its ancestors' (the sessions compression moved
+    on from), oldest session first, each in the session's order, with the message's role and stored
+    content (what a turn's history matches them by)."""
+    from ._messages import SLOT
+
+    chain: list[str] = []
+    current: str | None = session_id
+    while current is not None and current not in chain and len(chain) <= _ANCESTORS:
+        chain.append(current)
+        row = conn.execute("SELECT parent_session_id FROM sessions WHERE id = ?", (current,)).fetchone()
+        current = row[0] if row else None
+    out: list[dict] = []
+    for sid in reversed(chain):
+        rows = conn.execute(
+            "SELECT mm.message_id, mm.position, mm.sha256, mm.name, mm.mime, mm.size, mm.kind, mm.text, mm.note, "
+            f"m.role, m.content FROM message_media mm JOIN messages m ON m.id = mm.message_id "
+            f"WHERE m.session_id = ? ORDER BY COALESCE(m.pos, m.id * {SLOT}), mm.position",  # _messages.ORDER_KEY
+            (sid,),
+        ).fetchall()
+        out += [{**dict(row), "session_id": sid} for row in rows]
+    return out
+
+
+def media_of_message(conn: sqlite3.Connection, message_id: int) -> list[dict]:
+    rows = conn.execute(
+        "SELECT sha256, name, mime, size, kind, text, note FROM message_media WHERE message_id = ? ORDER BY position",
+        (message_id,),
+    ).fetchall()
+    return [dict(row) for row in rows]
+
+
+def session_hashes(conn: sqlite3.Connection, session_ids: list[str]) -> set[str]:
+    """The hashes the messages of ``session_ids`` refer to."""
+    found: set[str] = set()
+    for start in range(0, len(session_ids), 500):
+        chunk = session_ids[start:start + 500]
+        found.update(row[0] for row in conn.execute(
+            "SELECT DISTINCT mm.sha256 FROM message_media mm JOIN messages m ON m.id = mm.message_id "
+            f"WHERE m.session_id IN ({', '.join('?' for _ in chunk)})", chunk))
+    return found
+
+
+def referenced_hashes(conn: sqlite3.Connection) -> set[str]:
+    """Every hash a message or a dead letter still refers to: the media folder keeps these files."""
+    found = {row[0] for row in conn.execute("SELECT DISTINCT sha256 FROM message_media")}
+    for (text,) in conn.execute("SELECT message FROM dead_letters WHERE message LIKE ?", ('%"sha256"%',)):
+        found.update(_dead_letter_hashes(text))
+    return found
+
+
+def _dead_letter_hashes(text: str | None) -> Iterable[str]:
+    try:
+        attachments = json.loads(text or "{}").get("attachments") or ()
+    except (ValueError, AttributeError):
+        return ()
+    return [a["sha256"] for a in attachments if isinstance(a, dict) and isinstance(a.get("sha256"), str)]
+
+
+def search_media_text(conn: sqlite3.Connection, query: str, *, session_ids: list[str] | None = None,
+                      limit: int = 10) -> list[dict]:
+    """Messages whose documents' text (or images' descriptions) hold every word of ``query``
+    (case-insensitive), newest first, with the session and a snippet around the first word."""
+    words = [w for w in query.lower().split() if w.strip()][:8]
+    if not words:
+        return []
+    where = " AND ".join("LOWER(mm.text) LIKE ? ESCAPE '\\'" for _ in words)
+    args: list[Any] = [f"%{_escape_like(w)}%" for w in words]
+    if session_ids is not None:
+        if not session_ids:
+            return []
+        where += f" AND m.session_id IN ({', '.join('?' for _ in session_ids)})"
+        args += session_ids
+    rows = conn.execute(
+        "SELECT m.id AS message_id, m.session_id, m.timestamp, mm.name, mm.kind, mm.text "
+        f"FROM message_media mm JOIN messages m ON m.id = mm.message_id WHERE mm.text IS NOT NULL AND {where} "
+        "ORDER BY m.timestamp DESC LIMIT ?",
+        (*args, limit),
+    ).fetchall()
+    out = []
+    for row in rows:
+        text = row["text"] or ""
+        at = max(0, text.lower().find(words[0]) - 80)
+        out.append({"message_id": row["message_id"], "session_id": row["session_id"], "timestamp": row["timestamp"],
+                    "name": row["name"], "kind": row["kind"], "snippet": text[at:at + 240].strip()})
+    return out
+
+
+def _escape_like(word: str) -> str:
+    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def media_stats(conn: sqlite3.Connection) -> dict:
+    """References, distinct files and the bytes they name, for ``switchboard storage``."""
+    refs, files, size = conn.execute(
+        "SELECT COUNT(*), COUNT(DISTINCT sha256), "
+        "(SELECT COALESCE(SUM(size), 0) FROM (SELECT sha256, MAX(size) AS size FROM message_media GROUP BY sha256) f) "
+        "FROM message_media").fetchone()
+    return {"references": int(refs or 0), "files": int(files or 0), "bytes": int(size or 0)}
+
+
+class Media(Repository):
+    """``db.media``: which files each message brought (the bytes are in ``state.media_files``)."""
+
+    @writes
+    def attach(self, message_id: int, items: list[dict]) -> int:
+        """Record a stored message's media: dicts with sha256, name, mime, size, kind, text, note."""
+        return self._engine.write(attach_media, message_id, items)
+
+    @writes
+    def set_text(self, sha256: str, text: str) -> int:
+        """An image's description (or a file's text) found later, for every reference still without one."""
+        return self._engine.write(set_media_text, sha256, text)
+
+    @reads
+    def of_lineage(self, session_id: str) -> list[dict]:
+        """The media of a session and of the sessions compression moved it on from, in order."""
+        return self._engine.read(media_of_lineage, session_id)
+
+    @reads
+    def of_message(self, message_id: int) -> list[dict]:
+        return self._engine.read(media_of_message, message_id)
+
+    @reads
+    def of_sessions(self, session_ids: list[str]) -> set[str]:
+        """The hashes the messages of these sessions refer to (read before deleting them)."""
+        return self._engine.read(session_hashes, list(session_ids))
+
+    @reads
+    def referenced(self) -> set[str]:
+        """Every hash still referred to (by a message or a dead letter)."""
+        return self._engine.read(referenced_hashes)
+
+    @reads
+    def search(self, query: str, session_ids: list[str] | None = None, limit: int = 10) -> list[dict]:
+        """Messages whose documents' text holds every word of ``query``."""
+        return self._engine.read(search_media_text, query, session_ids=session_ids, limit=limit)
+
+    @reads
+    def stats(self) -> dict:
+        return self._engine.read(media_stats)
