@@ -16,11 +16,40 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncDeadLetters:
+    """DeadLetters's marked methods (``adb.dead_letters``), each a coroutine."""
+
+    async def add(
+        self,
+        *,
+        platform: str,
+        event_id: str | None,
+        payload: str,
+        message: str | None,
+        error: str,
+        attempts: int = ...,
+    ) -> int: ...
+    async def get(self, dead_letter_id: int) -> dict | None: ...
+    async def due_for_retry(self, limit: int = ...) -> list[dict]: ...
+    async def set_status(
+        self,
+        dead_letter_id: int,
+        status: str,
+        *,
+        only_from: tuple[str, ...] | None = ...,
+        error: str | None = ...,
+        failed_attempt: bool = ...,
+    ) -> bool: ...
+    async def count(self, status: str = ...) -> int: ...
+    async def list(self, *, status: str | None = ..., limit: int = ...) -> list[dict]: ...
+
+
 class AsyncFace:
     """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    dead_letters: AsyncDeadLetters
 
     async def create_session(
         self,
@@ -386,29 +415,6 @@ class AsyncFace:
     async def get_delivery(self, delivery_id: str) -> dict | None: ...
     async def list_deliveries(self, session_id: str) -> list[dict]: ...
     async def recovery_counts(self) -> dict: ...
-    async def add_dead_letter(
-        self,
-        *,
-        platform: str,
-        event_id: str | None,
-        payload: str,
-        message: str | None,
-        error: str,
-        attempts: int = ...,
-    ) -> int: ...
-    async def list_dead_letters(self, *, status: str | None = ..., limit: int = ...) -> list[dict]: ...
-    async def dead_letters_due_for_retry(self, limit: int = ...) -> list[dict]: ...
-    async def get_dead_letter(self, dead_letter_id: int) -> dict | None: ...
-    async def set_dead_letter_status(
-        self,
-        dead_letter_id: int,
-        status: str,
-        *,
-        only_from: tuple[str, ...] | None = ...,
-        error: str | None = ...,
-        failed_attempt: bool = ...,
-    ) -> bool: ...
-    async def count_dead_letters(self, status: str = ...) -> int: ...
     async def record_model_call(self, row: dict) -> int: ...
     async def record_model_calls(self, rows: list[dict]) -> list[int]: ...
     async def model_calls(self, since: float = ..., limit: int = ...) -> list[dict]: ...

@@ -17,7 +17,6 @@ from typing import IO, TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
 
 from . import (
     _cron,
-    _deadletters,
     _facts,
     _messages,
     _pairing,
@@ -32,6 +31,7 @@ from . import (
     _upkeep,
     _usage,
 )
+from ._deadletters import DeadLetters
 from ._dialect import dialect_of
 from ._engine import Engine
 from ._lock import GaveWay
@@ -63,8 +63,10 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    dead_letters: DeadLetters
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine
@@ -946,41 +948,6 @@ class SessionDB:
     def recovery_counts(self) -> dict:
         """``unanswered`` messages, ``deliveries_pending`` and held ``dead_letters``."""
         return self._engine.read(_recovery.recovery_counts)
-
-    # --- dead letters: events set aside after failing again and again ---------------
-
-    @_writes
-    def add_dead_letter(self, *, platform: str, event_id: str | None, payload: str, message: str | None,
-                        error: str, attempts: int = 1) -> int:
-        """Set an event aside (``payload`` and ``message`` are JSON, secrets already masked); returns its id."""
-        return self._engine.write(_deadletters.add_dead_letter, platform=platform, event_id=event_id,
-                                  payload=payload, message=message, error=error, attempts=attempts)
-
-    @_reads
-    def list_dead_letters(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
-        """Dead letters, newest first (only those in ``status`` when given)."""
-        return self._engine.read(_deadletters.list_dead_letters, status=status, limit=limit)
-
-    @_reads
-    def dead_letters_due_for_retry(self, limit: int = 20) -> list[dict]:
-        """Dead letters an operator marked for replay, oldest first."""
-        return self._engine.read(_deadletters.due_for_retry, limit)
-
-    @_reads
-    def get_dead_letter(self, dead_letter_id: int) -> dict | None:
-        return self._engine.read(_deadletters.get_dead_letter, dead_letter_id)
-
-    @_writes
-    def set_dead_letter_status(self, dead_letter_id: int, status: str, *, only_from: tuple[str, ...] | None = None,
-                               error: str | None = None, failed_attempt: bool = False) -> bool:
-        """Move a dead letter to ``status`` (held, retry, retried, dropped), only from ``only_from`` when
-        given; False when no row moved."""
-        return self._engine.write(_deadletters.set_dead_letter_status, dead_letter_id, status, only_from=only_from,
-                                  error=error, failed_attempt=failed_attempt)
-
-    @_reads
-    def count_dead_letters(self, status: str = "held") -> int:
-        return self._engine.read(_deadletters.count_dead_letters, status)
 
     # --- the usage ledger (state._usage): one row per model call ---------------------------------
 

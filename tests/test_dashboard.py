@@ -492,7 +492,7 @@ async def _run_ended(gw, run_id: int) -> bool:
 
 async def test_health_shows_platforms_queues_and_the_instance(tmp_path, model):
     async with dashboard(tmp_path, model) as gw:
-        await gw.db.add_dead_letter(platform="slack", event_id="Ev1", payload="{}", message=None,
+        await gw.db.dead_letters.add(platform="slack", event_id="Ev1", payload="{}", message=None,
                                     error="<b>boom</b> handler failed")
         browser = Browser(gw)
         try:

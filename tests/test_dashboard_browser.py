@@ -92,7 +92,7 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         await watched.shot("health")
 
         # the health panel refreshes itself (the page's script, allowed by the CSP)
-        await gw.db.add_dead_letter(platform="slack", event_id="EvLate", payload="{}", message=None,
+        await gw.db.dead_letters.add(platform="slack", event_id="EvLate", payload="{}", message=None,
                                     error="handler failed")
         await page.wait_for_selector("text=EvLate", timeout=15_000)
 

@@ -45,7 +45,7 @@ def _fill_every_table(home: Path) -> Path:
             db.append_message("other", "user", f"filler message number {i} about gardening")
         db.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
                                    sent_ids=["m1"])
-        db.add_dead_letter(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
+        db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
         db.record_model_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
                               "prompt_tokens": 10, "completion_tokens": 5})
         db.add_fact("agent", "u1", "prefers canary deploys", ["deploy"], session_id="root", trust=0.5, now=NOW,
@@ -149,7 +149,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
         assert db.append_message("root", "user", "after the move") == doomed + 1
         assert db.add_fact("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
             == tops["facts"] + 1
-        assert db.add_dead_letter(platform="slack", event_id=None, payload="{}", message=None, error="x") \
+        assert db.dead_letters.add(platform="slack", event_id=None, payload="{}", message=None, error="x") \
             == tops["dead_letters"] + 1
         assert db.record_model_call({"at": NOW, "purpose": "turn", "model": "m", "outcome": "ok"}) \
             == tops["model_calls"] + 1

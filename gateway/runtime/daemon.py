@@ -310,7 +310,7 @@ class Gateway:
         """The adapters' dead-letter store (``gateway.types.DeadLetterHandler``): keeps the event with its
         secrets masked, so the adapter can acknowledge it and the chat's next messages get through."""
         row = dead_letter_row(platform, event_id, payload, message, error, secrets=self.config.secrets())
-        dead_letter_id = await self.db.add_dead_letter(**row)
+        dead_letter_id = await self.db.dead_letters.add(**row)
         log.error("%s event %s failed %d times and was set aside as dead letter %d (%s); "
                   "see: switchboard deadletters show %d", platform, row["event_id"], row["attempts"],
                   dead_letter_id, row["error"], dead_letter_id)

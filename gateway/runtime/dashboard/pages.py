@@ -119,7 +119,7 @@ class Pages:
     async def _health_context(self) -> dict:
         health = self.src.health()
         counts = await self.src.db.recovery_counts()
-        dead = await self.src.db.list_dead_letters(status="held", limit=DEAD_LETTERS_SHOWN)
+        dead = await self.src.db.dead_letters.list(status="held", limit=DEAD_LETTERS_SHOWN)
         return {"health": health, "counts": counts, "dead_letters": dead, "instance": self.src.instance,
                 "queued": self.src.queued_messages(), "now": time.time()}
 
