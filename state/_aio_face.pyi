@@ -16,6 +16,26 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncPairing:
+    """Pairing's marked methods (``adb.pairing``), each a coroutine."""
+
+    async def is_approved(self, platform: str, user_id: str) -> bool: ...
+    async def request(
+        self,
+        platform: str,
+        user_id: str,
+        user_name: str | None,
+        code: str,
+        *,
+        now: float,
+        ttl: float,
+        max_pending: int,
+    ) -> dict | None: ...
+    async def approve(self, platform: str, code: str, now: float | None = ...) -> dict: ...
+    async def revoke(self, platform: str, user_id: str) -> bool: ...
+    async def list(self, now: float | None = ...) -> dict: ...
+
+
 class AsyncDeadLetters:
     """DeadLetters's marked methods (``adb.dead_letters``), each a coroutine."""
 
@@ -49,6 +69,7 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    pairing: AsyncPairing
     dead_letters: AsyncDeadLetters
 
     async def create_session(
@@ -235,21 +256,6 @@ class AsyncFace:
     async def upkeep_vacuum_step(self, pages: int, *, gives_way: bool = ...) -> tuple[int, '_upkeep.Timed']: ...
     async def record_upkeep(self, report: dict) -> None: ...
     async def last_upkeep(self) -> dict | None: ...
-    async def is_user_approved(self, platform: str, user_id: str) -> bool: ...
-    async def request_pairing(
-        self,
-        platform: str,
-        user_id: str,
-        user_name: str | None,
-        code: str,
-        *,
-        now: float,
-        ttl: float,
-        max_pending: int,
-    ) -> dict | None: ...
-    async def list_pairing(self, now: float | None = ...) -> dict: ...
-    async def approve_pairing(self, platform: str, code: str, now: float | None = ...) -> dict: ...
-    async def revoke_user(self, platform: str, user_id: str) -> bool: ...
     async def recall_hits(
         self,
         query: str,

@@ -19,7 +19,6 @@ from . import (
     _cron,
     _facts,
     _messages,
-    _pairing,
     _recall,
     _recovery,
     _routes,
@@ -36,6 +35,7 @@ from ._dialect import dialect_of
 from ._engine import Engine
 from ._lock import GaveWay
 from ._messages import Appended
+from ._pairing import Pairing
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
 from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
@@ -63,9 +63,11 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "pairing": Pairing,
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    pairing: Pairing
     dead_letters: DeadLetters
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
@@ -619,34 +621,6 @@ class SessionDB:
     def last_upkeep(self) -> dict | None:
         """What the last upkeep pass did (``state._upkeep.UpkeepReport`` as a dict), or None."""
         return self._engine.read(_upkeep.recorded, _upkeep.LAST_UPKEEP)
-
-    # --- pairing ---------------------------------------------------------------
-
-    @_reads
-    def is_user_approved(self, platform: str, user_id: str) -> bool:
-        return self._engine.read(_pairing.is_user_approved, platform, user_id)
-
-    @_writes
-    def request_pairing(self, platform: str, user_id: str, user_name: str | None, code: str, *,
-                        now: float, ttl: float, max_pending: int) -> dict | None:
-        """The user's pending pairing request, or a new one with ``code``; None when
-        ``max_pending`` requests are already open on the platform."""
-        return self._engine.write(_pairing.request_pairing, platform, user_id, user_name, code,
-                                  now=now, ttl=ttl, max_pending=max_pending)
-
-    @_reads
-    def list_pairing(self, now: float | None = None) -> dict:
-        """``{"pending": [...], "approved": [...]}``."""
-        return self._engine.read(_pairing.list_pairing, now)
-
-    @_writes
-    def approve_pairing(self, platform: str, code: str, now: float | None = None) -> dict:
-        """Approve the user holding ``code``; raises :class:`state.PairingNotFound`."""
-        return self._engine.write(_pairing.approve_pairing, platform, code, now)
-
-    @_writes
-    def revoke_user(self, platform: str, user_id: str) -> bool:
-        return self._engine.write(_pairing.revoke_user, platform, user_id)
 
     # --- recall ------------------------------------------------------------------
 

@@ -104,7 +104,7 @@ def test_every_command_opens_the_same_home(operator, monkeypatch):
     """pairing, cron and sessions agree on the database: a pairing approved is seen by each."""
     monkeypatch.setenv("SWITCHBOARD_CONFIG", str(operator["config"]))
     with SessionDB(operator["home"] / "state.db") as db:
-        db.request_pairing("telegram", "42", "Ann", "K7M2XQ9P", now=time.time(), ttl=3600, max_pending=3)
+        db.pairing.request("telegram", "42", "Ann", "K7M2XQ9P", now=time.time(), ttl=3600, max_pending=3)
     assert "K7M2XQ9P" in invoke("pairing", "list").output
     assert "Total sessions: 1" in invoke("sessions", "stats").output
 

@@ -66,7 +66,7 @@ async def seed(gw) -> dict:
     summary = compression.make_summary_message("They want three days in Lisbon in May.")
     await db.append_message("s-child", summary["role"], summary["content"])
     await db.append_message("s-child", "user", "and Porto?")
-    pairing = await db.request_pairing("telegram", "999", EVIL_NAME, "ABCD2345", now=now, ttl=3600, max_pending=3)
+    pairing = await db.pairing.request("telegram", "999", EVIL_NAME, "ABCD2345", now=now, ttl=3600, max_pending=3)
     return {"pairing": pairing}
 
 
@@ -157,7 +157,7 @@ async def test_every_route_refuses_a_visitor_who_has_not_logged_in(tmp_path, mod
                     assert "script-src 'self'" in response.headers["Content-Security-Policy"], where
                     assert response.headers["Referrer-Policy"] == "same-origin", where
             # and nothing was changed by those POSTs
-            assert (await gw.db.list_pairing())["pending"][0]["code"] == "ABCD2345"
+            assert (await gw.db.pairing.list())["pending"][0]["code"] == "ABCD2345"
             assert (await gw.db.list_cron_runs("digest")) == []
         finally:
             await visitor.close()
@@ -208,7 +208,7 @@ async def test_behind_a_reverse_proxy_the_forwarded_host_is_the_origin(tmp_path,
             proxied = {"Origin": "https://board.example", "X-Forwarded-Host": "board.example", "Host": "127.0.0.1:1"}
             status, _, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram",
                                                                      "code": "ABCD2345"}, headers=proxied)
-            assert status == 303 and await gw.db.is_user_approved("telegram", "999")
+            assert status == 303 and await gw.db.pairing.is_approved("telegram", "999")
         finally:
             await browser.close()
 
@@ -243,15 +243,15 @@ async def test_a_change_needs_its_csrf_token_and_a_same_site_origin(tmp_path, mo
                                                  {"csrf": csrf, "platform": "telegram", "code": "ABCD2345"},
                                                  headers={"Origin": "https://evil.example"})
             assert status == 403 and "another site" in body
-            assert not await gw.db.is_user_approved("telegram", "999")
+            assert not await gw.db.pairing.is_approved("telegram", "999")
             status, _, response = await browser.post("/ui/pairing/approve",
                                                      {"csrf": csrf, "platform": "telegram", "code": "abcd2345"})
             assert status == 303
-            assert await gw.db.is_user_approved("telegram", "999")
+            assert await gw.db.pairing.is_approved("telegram", "999")
             status, body, _ = await browser.get(response.headers["Location"])
             assert "Approved telegram:999" in body
             status, _, _ = await browser.post("/ui/pairing/revoke", {"csrf": csrf, "platform": "telegram", "user_id": "999"})
-            assert status == 303 and not await gw.db.is_user_approved("telegram", "999")
+            assert status == 303 and not await gw.db.pairing.is_approved("telegram", "999")
             status, body, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram", "code": "NOPE"})
             assert status == 404 and "no pending telegram pairing request" in body
         finally:
@@ -282,7 +282,7 @@ async def test_on_loopback_without_a_token_the_dashboard_is_read_only(tmp_path, 
                         status, body, _ = await browser.post(where, {"csrf": token, "platform": "telegram",
                                                                      "code": "ABCD2345", "user_id": "999"})
                         assert status == 403 and "read-only" in body, where
-            assert not await gw.db.is_user_approved("telegram", "999")
+            assert not await gw.db.pairing.is_approved("telegram", "999")
             assert not (await gw.db.get_cron_job("digest"))["paused"]
             assert await gw.db.list_cron_runs("digest") == []
             # a page asked for by another name (DNS rebinding onto 127.0.0.1) is refused
@@ -307,7 +307,7 @@ async def test_on_loopback_allow_local_writes_lets_the_dashboard_act(tmp_path, m
             assert status == 403  # still a CSRF token per change
             status, _, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram",
                                                                      "code": "ABCD2345"})
-            assert status == 303 and await gw.db.is_user_approved("telegram", "999")
+            assert status == 303 and await gw.db.pairing.is_approved("telegram", "999")
         finally:
             await browser.close()
 

@@ -141,7 +141,7 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         await watched.shot("pairing")
         await page.click("#pending >> text=Approve")
         assert "Approved telegram:999" in await page.inner_text("#approved-now")
-        assert await gw.db.is_user_approved("telegram", "999")
+        assert await gw.db.pairing.is_approved("telegram", "999")
         await watched.shot("pairing-approved")
 
         # usage: the chart of the days (inline SVG, no script) and one row per model

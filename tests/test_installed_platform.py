@@ -343,4 +343,4 @@ async def test_the_daemon_runs_the_installed_platform_and_reloads_it(tmp_path, e
     approved = switchboard(echo_site, "pairing", "approve", "echo", code_43, "--config", str(config))
     assert approved.returncode == 0, approved.stderr
     with state.SessionDB(tmp_path / "home" / "state.db") as db:
-        assert [(a["platform"], a["user_id"]) for a in db.list_pairing()["approved"]] == [("echo", "43")]
+        assert [(a["platform"], a["user_id"]) for a in db.pairing.list()["approved"]] == [("echo", "43")]

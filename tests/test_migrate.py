@@ -53,9 +53,9 @@ def _fill_every_table(home: Path) -> Path:
         db.claim_fact_extraction("root", now=NOW)
         db.set_facts_prefetch("telegram:dm:u1", True, now=NOW)
         db.prefs.set("telegram:dm:u1", "stream", "off", now=NOW)
-        db.request_pairing("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
-        db.request_pairing("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
-        db.approve_pairing("telegram", "CODE2")
+        db.pairing.request("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
+        db.pairing.request("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
+        db.pairing.approve("telegram", "CODE2")
         db.add_cron_job({"id": "j", "name": "J", "schedule": "every 1h", "prompt": "p", "deliver": "local",
                          "model": None, "context": "fresh", "grace_seconds": 3600.0},
                         source="cli", now=NOW, next_run_at=NOW + 3600)
@@ -124,7 +124,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         assert db.get_session("child")["parent_session_id"] == "root"
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.get_routed_session("telegram:dm:u1")["id"] == "child"
-        assert db.is_user_approved("telegram", "u3")
+        assert db.pairing.is_approved("telegram", "u3")
         assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]
         assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
         assert [h["session_id"] for h in db.search_messages("记忆系统")] == ["other"]

@@ -285,7 +285,7 @@ class Pages:
 
     # -- pairing --------------------------------------------------------------------
     async def pairing(self, request: web.Request, *, error: str = "", status: int = 200) -> web.StreamResponse:
-        listing = await self.src.db.list_pairing()
+        listing = await self.src.db.pairing.list()
         assert self.ui is not None
         return self.ui.render(request, "pairing.html", {
             "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": installed_platforms(),
@@ -299,7 +299,7 @@ class Pages:
             return await self.pairing(request, error=f"choose a platform ({', '.join(installed_platforms())}) and a code",
                                       status=400)
         try:
-            user = await self.src.db.approve_pairing(platform, code)
+            user = await self.src.db.pairing.approve(platform, code)
         except state.PairingNotFound:
             return await self.pairing(request, status=404, error=(
                 f"no pending {platform} pairing request has code {code!r} (codes expire after an hour); "
@@ -312,7 +312,7 @@ class Pages:
         platform, user_id = str(form.get("platform", "")).lower(), str(form.get("user_id", ""))
         if platform not in installed_platforms() or not user_id:
             return await self.pairing(request, error="choose an approved user to revoke", status=400)
-        if not await self.src.db.revoke_user(platform, user_id):
+        if not await self.src.db.pairing.revoke(platform, user_id):
             return await self.pairing(request, error=f"{platform} user {user_id} was not approved: nothing changed",
                                       status=404)
         log.info("dashboard: revoked %s user %s", platform, user_id)
