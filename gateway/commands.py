@@ -312,7 +312,7 @@ async def cmd_usage(ctx: CommandContext) -> str:
     lines = ["Your usage (the model calls made for your sessions here):"]
     for days in (7, 30):
         since, dates = window(days, ctx.router.clock())
-        t = summarize(await ctx.db.usage_report(since, "day", platform=msg.platform, user_id=msg.user_id),
+        t = summarize(await ctx.db.usage.report(since, "day", platform=msg.platform, user_id=msg.user_id),
                       dates).total.totals
         lines.append(f"Last {days} days: {t.calls:,} call{'s' if t.calls != 1 else ''} · "
                      f"{t.input_tokens:,} uncached input tokens · {t.cached_input_tokens:,} cached input tokens · "

@@ -142,7 +142,7 @@ class UsageRecorder:
         while self._queue:
             rows, self._queue = self._queue, []
             try:
-                await self.db.record_model_calls(rows)
+                await self.db.usage.record_calls(rows)
             except Exception as exc:  # noqa: BLE001 - the ledger never fails a turn: logged, the rows are lost
                 log.warning("usage ledger: %d model call(s) not recorded (%s, first: the %s call to %s): %s",
                             len(rows), type(exc).__name__, rows[0]["purpose"], rows[0]["model"], exc)

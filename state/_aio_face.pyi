@@ -16,6 +16,40 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncUsageLedger:
+    """UsageLedger's marked methods (``adb.usage``), each a coroutine."""
+
+    async def record_call(self, row: dict) -> int: ...
+    async def record_calls(self, rows: list[dict]) -> list[int]: ...
+    async def calls(self, since: float = ..., limit: int = ...) -> list[dict]: ...
+    async def report(
+        self,
+        since: float,
+        by: str = ...,
+        *,
+        platform: str | None = ...,
+        user_id: str | None = ...,
+    ) -> list[dict]: ...
+    async def summary(
+        self,
+        since: float,
+        by: str = ...,
+        *,
+        limit: int | None = ...,
+        platform: str | None = ...,
+        user_id: str | None = ...,
+    ) -> dict: ...
+    async def called_models(self, since: float = ...) -> dict[str, float]: ...
+    async def reprice(
+        self,
+        model: str,
+        price: dict[str, float] | None,
+        since: float = ...,
+        until: float | None = ...,
+    ) -> int: ...
+    async def prune(self, before: float, limit: int | None = ...) -> int: ...
+
+
 class AsyncPairing:
     """Pairing's marked methods (``adb.pairing``), each a coroutine."""
 
@@ -69,6 +103,7 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    usage: AsyncUsageLedger
     pairing: AsyncPairing
     dead_letters: AsyncDeadLetters
 
@@ -421,32 +456,3 @@ class AsyncFace:
     async def get_delivery(self, delivery_id: str) -> dict | None: ...
     async def list_deliveries(self, session_id: str) -> list[dict]: ...
     async def recovery_counts(self) -> dict: ...
-    async def record_model_call(self, row: dict) -> int: ...
-    async def record_model_calls(self, rows: list[dict]) -> list[int]: ...
-    async def model_calls(self, since: float = ..., limit: int = ...) -> list[dict]: ...
-    async def usage_report(
-        self,
-        since: float,
-        by: str = ...,
-        *,
-        platform: str | None = ...,
-        user_id: str | None = ...,
-    ) -> list[dict]: ...
-    async def usage_summary(
-        self,
-        since: float,
-        by: str = ...,
-        *,
-        limit: int | None = ...,
-        platform: str | None = ...,
-        user_id: str | None = ...,
-    ) -> dict: ...
-    async def called_models(self, since: float = ...) -> dict[str, float]: ...
-    async def reprice_model_calls(
-        self,
-        model: str,
-        price: dict[str, float] | None,
-        since: float = ...,
-        until: float | None = ...,
-    ) -> int: ...
-    async def prune_model_calls(self, before: float, limit: int | None = ...) -> int: ...

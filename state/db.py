@@ -28,7 +28,6 @@ from . import (
     _titles,
     _transfer,
     _upkeep,
-    _usage,
 )
 from ._deadletters import DeadLetters
 from ._dialect import dialect_of
@@ -39,6 +38,7 @@ from ._pairing import Pairing
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
 from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
+from ._usage import UsageLedger
 from .paths import default_db_path
 
 if TYPE_CHECKING:
@@ -63,10 +63,12 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "usage": UsageLedger,
         "pairing": Pairing,
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    usage: UsageLedger
     pairing: Pairing
     dead_letters: DeadLetters
 
@@ -923,56 +925,13 @@ class SessionDB:
         """``unanswered`` messages, ``deliveries_pending`` and held ``dead_letters``."""
         return self._engine.read(_recovery.recovery_counts)
 
-    # --- the usage ledger (state._usage): one row per model call ---------------------------------
 
-    @_writes
-    def record_model_call(self, row: dict) -> int:
-        """Add one model call to the ledger (keys: :data:`state._usage.COLUMNS`); its id."""
-        return self._engine.write(_usage.record_call, dict(row))
 
-    @_writes
-    def record_model_calls(self, rows: list[dict]) -> list[int]:
-        """Add several model calls in one transaction; their ids."""
-        return self._engine.write(_usage.record_calls, [dict(r) for r in rows])
 
-    @_reads
-    def model_calls(self, since: float = 0.0, limit: int = 1000) -> list[dict]:
-        """The ledger's rows since ``since``, oldest first."""
-        return self._engine.read(_usage.list_calls, since, limit)
 
-    @_reads
-    def usage_report(self, since: float, by: str = "day", *, platform: str | None = None,
-                     user_id: str | None = None) -> list[dict]:
-        """Totals per group (day, model, platform, purpose, user, chat) and UTC day since ``since``;
-        with ``user_id`` (and its ``platform``) one user's calls only."""
-        return self._engine.read(_usage.usage_report, since, by, platform=platform, user_id=user_id)
 
-    @_reads
-    def usage_summary(self, since: float, by: str = "day", *, limit: int | None = None,
-                      platform: str | None = None, user_id: str | None = None) -> dict:
-        """``usage_report``'s figures summed per group, with each group's tokens per day and the total;
-        with ``limit``, the ``limit`` groups with the most tokens only (see
-        :func:`state._usage.usage_summary`): what ``switchboard insights`` shows."""
-        return self._engine.read(_usage.usage_summary, since, by, limit=limit, platform=platform,
-                                 user_id=user_id)
 
-    @_reads
-    def called_models(self, since: float = 0.0) -> dict[str, float]:
-        """The models the ledger has calls of since ``since``, each with the time of its first."""
-        return self._engine.read(_usage.called_models, since)
 
-    @_writes
-    def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0,
-                            until: float | None = None) -> int:
-        """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
-        ({input, output, cached_input} per million; None: no price); how many.  One transaction: a
-        large ledger is repriced a day at a time (``switchboard insights reprice``)."""
-        return self._engine.write(_usage.reprice_calls, model, price, since, until)
-
-    @_writes
-    def prune_model_calls(self, before: float, limit: int | None = None) -> int:
-        """Delete the ledger's rows older than ``before``, the oldest ``limit`` of them when given; how many."""
-        return self._engine.write(_usage.prune_calls, before, limit)
 
 
 @dataclass(frozen=True)

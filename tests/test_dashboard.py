@@ -529,7 +529,7 @@ async def test_the_usage_page_charts_the_days_and_sums_each_model_and_identity(t
         for platform, user, model_name, prompt, cost in (("telegram", "111", "gpt-small", 100, 0.25),
                                                         ("discord", "222", "gpt-small", 50, 0.125),
                                                         ("telegram", "333", evil_model, 7, None)):
-            await gw.db.record_model_call({"at": now - 60, "platform": platform, "user_id": user, "purpose": "turn",
+            await gw.db.usage.record_call({"at": now - 60, "platform": platform, "user_id": user, "purpose": "turn",
                                            "model": model_name, "outcome": "ok", "prompt_tokens": prompt,
                                            "completion_tokens": 10, "cost": cost})
         browser = Browser(gw)
@@ -579,7 +579,7 @@ async def test_usage_by_user_names_a_cron_jobs_calls_by_the_job(tmp_path, model)
 
 
 async def _cron_calls(gw) -> bool:
-    summary = await gw.db.usage_summary(time.time() - 3600, "purpose")
+    summary = await gw.db.usage.summary(time.time() - 3600, "purpose")
     return any(row["grp"] == "cron" for row in summary["groups"])
 
 

@@ -146,7 +146,7 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
 
         # usage: the chart of the days (inline SVG, no script) and one row per model
         for hours_ago, purpose, tokens in ((30, "turn", 1200), (30, "compression", 800), (2, "turn", 600)):
-            await gw.db.record_model_call({"at": time.time() - hours_ago * 3600, "purpose": purpose, "model": "gpt-x",
+            await gw.db.usage.record_call({"at": time.time() - hours_ago * 3600, "purpose": purpose, "model": "gpt-x",
                                            "outcome": "ok", "prompt_tokens": tokens, "completion_tokens": 100,
                                            "cost": tokens / 1e5})
         await page.click("nav >> text=Usage")
@@ -210,7 +210,7 @@ async def test_on_a_phone_nothing_runs_off_the_page_and_the_header_keeps_its_hei
         await gw.db.append_message(long_id, "user", "how do I deploy it?")
         await gw.db.append_message(long_id, "assistant", MARKDOWN_ANSWER)
         await gw.cron.run_job("digest")
-        await gw.db.record_model_call({"at": time.time() - 60, "purpose": "turn", "model": "a-model-with-a-long-name-v2",
+        await gw.db.usage.record_call({"at": time.time() - 60, "purpose": "turn", "model": "a-model-with-a-long-name-v2",
                                        "platform": "telegram", "user_id": "12345678901234567890", "outcome": "ok",
                                        "prompt_tokens": 123456, "completion_tokens": 7890, "cost": 1.25})
         context = await browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)

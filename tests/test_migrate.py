@@ -46,7 +46,7 @@ def _fill_every_table(home: Path) -> Path:
         db.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
                                    sent_ids=["m1"])
         db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
-        db.record_model_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
+        db.usage.record_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
                               "prompt_tokens": 10, "completion_tokens": 5})
         db.add_fact("agent", "u1", "prefers canary deploys", ["deploy"], session_id="root", trust=0.5, now=NOW,
                     hrr=b"\x00\x01\x02vector")
@@ -151,7 +151,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
             == tops["facts"] + 1
         assert db.dead_letters.add(platform="slack", event_id=None, payload="{}", message=None, error="x") \
             == tops["dead_letters"] + 1
-        assert db.record_model_call({"at": NOW, "purpose": "turn", "model": "m", "outcome": "ok"}) \
+        assert db.usage.record_call({"at": NOW, "purpose": "turn", "model": "m", "outcome": "ok"}) \
             == tops["model_calls"] + 1
         run = db.begin_cron_run("j", holder="h2", now=NOW + 7200, lease_seconds=60, trigger="manual",
                                 scheduled_at=None, deliver="local")

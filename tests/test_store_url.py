@@ -69,7 +69,7 @@ def test_the_cli_opens_the_configured_store(tmp_path, pg_url, monkeypatch):
     found = CliRunner().invoke(main, ["sessions", "search", "PostgreSQL", "--json", "--config", str(config)])
     assert [h["session_id"] for h in json.loads(found.output)] == ["20250301_100000_aaaa0001"]
     with SessionDB(pg_url) as db:
-        db.record_model_call({"at": time.time(), "purpose": "turn", "model": "pg-model", "outcome": "ok",
+        db.usage.record_call({"at": time.time(), "purpose": "turn", "model": "pg-model", "outcome": "ok",
                               "prompt_tokens": 30, "completion_tokens": 12})
     usage = CliRunner().invoke(main, ["insights", "--json", "--config", str(config)])
     assert usage.exit_code == 0, usage.output

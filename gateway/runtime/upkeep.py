@@ -95,7 +95,7 @@ class StoreUpkeep:
         pass after ``usage.keep_days`` is set may have months to drop), so live writes go between."""
         dropped = 0
         while True:
-            count = await self.db.prune_model_calls(before, limit=USAGE_PRUNE_ROWS)
+            count = await self.db.usage.prune(before, limit=USAGE_PRUNE_ROWS)
             dropped += count
             if count < USAGE_PRUNE_ROWS:
                 return dropped

@@ -232,10 +232,10 @@ class Pages:
         limit = None if by == "day" else USAGE_TOP
         # with identities, every account is read: an identity's accounts add up before the ranking
         everyone = by == "user" and bool(self.src.identities)
-        found = from_summary(await db.usage_summary(since, by, limit=None if everyone else limit), dates, rename,
+        found = from_summary(await db.usage.summary(since, by, limit=None if everyone else limit), dates, rename,
                              limit)
-        chart = daily_chart(from_summary(await db.usage_summary(since, "purpose"), dates),
-                            from_summary(await db.usage_summary(since, "day"), dates))
+        chart = daily_chart(from_summary(await db.usage.summary(since, "purpose"), dates),
+                            from_summary(await db.usage.summary(since, "day"), dates))
         svg = Markup(usage_svg(chart, title=f"Last {days} days (UTC): tokens by purpose, cost per day"))  # usage_svg escapes every label
         rows = [*found.groups, *([found.others] if found.others else [])]
         return self._render(request, "usage.html", "usage", insights=found, rows=rows, by=by, days=days,
