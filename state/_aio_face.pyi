@@ -16,6 +16,72 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncCronJobs:
+    """CronJobs's marked methods (``adb.cron``), each a coroutine."""
+
+    async def add_job(self, job: dict, *, source: str, now: float, next_run_at: float | None) -> dict: ...
+    async def get_job(self, job_id: str) -> dict | None: ...
+    async def list_jobs(self) -> list[dict]: ...
+    async def update_job(self, job_id: str, changes: dict, *, now: float, next_run_at: Any = ...) -> dict: ...
+    async def set_paused(self, job_id: str, paused: bool, *, now: float, next_run_at: Any = ...) -> dict: ...
+    async def remove_job(self, job_id: str) -> bool: ...
+    async def sync_config_jobs(self, jobs: list[dict], *, now: float, remove_missing: bool = ...) -> dict: ...
+    async def begin_run(
+        self,
+        job_id: str,
+        *,
+        holder: str,
+        now: float,
+        lease_seconds: float,
+        trigger: str,
+        scheduled_at: float | None,
+        deliver: str | None,
+        expect_next_run_at: Any = ...,
+        next_run_at: Any = ...,
+        note: str | None = ...,
+    ) -> dict: ...
+    async def skip_run(
+        self,
+        job_id: str,
+        *,
+        now: float,
+        scheduled_at: float | None,
+        reason: str,
+        expect_next_run_at: float | None,
+        next_run_at: float | None,
+    ) -> dict | None: ...
+    async def renew_lease(self, job_id: str, holder: str, *, now: float, lease_seconds: float) -> bool: ...
+    async def get_lease(self, job_id: str) -> dict | None: ...
+    async def set_run_session(self, run_id: int, session_id: str) -> None: ...
+    async def finish_run(
+        self,
+        run_id: int,
+        *,
+        holder: str,
+        now: float,
+        status: str,
+        session_id: str | None = ...,
+        output: str | None = ...,
+        error: str | None = ...,
+        delivery: str | None = ...,
+        next_delivery_at: float | None = ...,
+    ) -> dict | None: ...
+    async def get_run(self, run_id: int) -> dict | None: ...
+    async def list_runs(self, job_id: str | None = ..., limit: int = ...) -> list[dict]: ...
+    async def reap_runs(self, *, now: float) -> list[dict]: ...
+    async def due_deliveries(self, *, now: float, limit: int = ...) -> list[dict]: ...
+    async def claim_delivery(self, run_id: int, *, now: float, hold_seconds: float) -> dict | None: ...
+    async def record_delivery(
+        self,
+        run_id: int,
+        *,
+        now: float,
+        ok: bool,
+        error: str | None = ...,
+        retry_at: float | None = ...,
+    ) -> dict | None: ...
+
+
 class AsyncUsageLedger:
     """UsageLedger's marked methods (``adb.usage``), each a coroutine."""
 
@@ -103,6 +169,7 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    cron: AsyncCronJobs
     usage: AsyncUsageLedger
     pairing: AsyncPairing
     dead_letters: AsyncDeadLetters
@@ -310,67 +377,6 @@ class AsyncFace:
         limit: int = ...,
     ) -> list[dict]: ...
     async def recall_sessions(self, session_ids: list[str]) -> list[dict]: ...
-    async def add_cron_job(self, job: dict, *, source: str, now: float, next_run_at: float | None) -> dict: ...
-    async def get_cron_job(self, job_id: str) -> dict | None: ...
-    async def list_cron_jobs(self) -> list[dict]: ...
-    async def update_cron_job(self, job_id: str, changes: dict, *, now: float, next_run_at: Any = ...) -> dict: ...
-    async def set_cron_job_paused(self, job_id: str, paused: bool, *, now: float, next_run_at: Any = ...) -> dict: ...
-    async def remove_cron_job(self, job_id: str) -> bool: ...
-    async def sync_config_cron_jobs(self, jobs: list[dict], *, now: float, remove_missing: bool = ...) -> dict: ...
-    async def begin_cron_run(
-        self,
-        job_id: str,
-        *,
-        holder: str,
-        now: float,
-        lease_seconds: float,
-        trigger: str,
-        scheduled_at: float | None,
-        deliver: str | None,
-        expect_next_run_at: Any = ...,
-        next_run_at: Any = ...,
-        note: str | None = ...,
-    ) -> dict: ...
-    async def skip_cron_run(
-        self,
-        job_id: str,
-        *,
-        now: float,
-        scheduled_at: float | None,
-        reason: str,
-        expect_next_run_at: float | None,
-        next_run_at: float | None,
-    ) -> dict | None: ...
-    async def renew_cron_lease(self, job_id: str, holder: str, *, now: float, lease_seconds: float) -> bool: ...
-    async def get_cron_lease(self, job_id: str) -> dict | None: ...
-    async def set_cron_run_session(self, run_id: int, session_id: str) -> None: ...
-    async def finish_cron_run(
-        self,
-        run_id: int,
-        *,
-        holder: str,
-        now: float,
-        status: str,
-        session_id: str | None = ...,
-        output: str | None = ...,
-        error: str | None = ...,
-        delivery: str | None = ...,
-        next_delivery_at: float | None = ...,
-    ) -> dict | None: ...
-    async def get_cron_run(self, run_id: int) -> dict | None: ...
-    async def list_cron_runs(self, job_id: str | None = ..., limit: int = ...) -> list[dict]: ...
-    async def reap_cron_runs(self, *, now: float) -> list[dict]: ...
-    async def due_cron_deliveries(self, *, now: float, limit: int = ...) -> list[dict]: ...
-    async def claim_cron_delivery(self, run_id: int, *, now: float, hold_seconds: float) -> dict | None: ...
-    async def record_cron_delivery(
-        self,
-        run_id: int,
-        *,
-        now: float,
-        ok: bool,
-        error: str | None = ...,
-        retry_at: float | None = ...,
-    ) -> dict | None: ...
     async def add_fact(
         self,
         agent: str,

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
 
 from . import (
-    _cron,
     _facts,
     _messages,
     _recall,
@@ -29,6 +28,7 @@ from . import (
     _transfer,
     _upkeep,
 )
+from ._cron import CronJobs
 from ._deadletters import DeadLetters
 from ._dialect import dialect_of
 from ._engine import Engine
@@ -63,11 +63,13 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "cron": CronJobs,
         "usage": UsageLedger,
         "pairing": Pairing,
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    cron: CronJobs
     usage: UsageLedger
     pairing: Pairing
     dead_letters: DeadLetters
@@ -652,108 +654,6 @@ class SessionDB:
     def recall_sessions(self, session_ids: list[str]) -> list[dict]:
         """Rows of the given sessions with their ``messages``, in the order asked."""
         return self._engine.read(_recall.recall_sessions, list(session_ids))
-
-    # --- cron ---------------------------------------------------------------
-    # Scheduled jobs, their runs and leases (state._cron).  Times come from the caller's clock.
-
-    @_writes
-    def add_cron_job(self, job: dict, *, source: str, now: float, next_run_at: float | None) -> dict:
-        """Store a new job (``job`` holds id and the editable fields); raises ``CronJobExists``."""
-        return self._engine.write(_cron.add_cron_job, dict(job), source=source, now=now, next_run_at=next_run_at)
-
-    @_reads
-    def get_cron_job(self, job_id: str) -> dict | None:
-        return self._engine.read(_cron.get_cron_job, job_id)
-
-    @_reads
-    def list_cron_jobs(self) -> list[dict]:
-        """Every job, by id, with ``last_status`` and ``last_started_at`` of its newest run."""
-        return self._engine.read(_cron.list_cron_jobs)
-
-    @_writes
-    def update_cron_job(self, job_id: str, changes: dict, *, now: float, next_run_at: Any = "keep") -> dict:
-        return self._engine.write(_cron.update_cron_job, job_id, dict(changes), now=now, next_run_at=next_run_at)
-
-    @_writes
-    def set_cron_job_paused(self, job_id: str, paused: bool, *, now: float, next_run_at: Any = "keep") -> dict:
-        return self._engine.write(_cron.set_cron_job_paused, job_id, paused, now=now, next_run_at=next_run_at)
-
-    @_writes
-    def remove_cron_job(self, job_id: str) -> bool:
-        """Delete the job with its history and lease; the sessions of its runs stay."""
-        return self._engine.write(_cron.remove_cron_job, job_id)
-
-    @_writes
-    def sync_config_cron_jobs(self, jobs: list[dict], *, now: float, remove_missing: bool = True) -> dict:
-        """Make the table's ``config`` jobs match ``jobs``; returns {added, changed, removed}."""
-        return self._engine.write(_cron.sync_config_cron_jobs, [dict(j) for j in jobs], now=now,
-                                  remove_missing=remove_missing)
-
-    @_writes
-    def begin_cron_run(self, job_id: str, *, holder: str, now: float, lease_seconds: float, trigger: str,
-                       scheduled_at: float | None, deliver: str | None, expect_next_run_at: Any = "any",
-                       next_run_at: Any = "keep", note: str | None = None) -> dict:
-        """Take the job's lease and record a running run in one transaction (see ``state._cron``)."""
-        return self._engine.write(
-            _cron.begin_cron_run, job_id, holder=holder, now=now, lease_seconds=lease_seconds, trigger=trigger,
-            scheduled_at=scheduled_at, deliver=deliver, expect_next_run_at=expect_next_run_at,
-            next_run_at=next_run_at, note=note,
-        )
-
-    @_writes
-    def skip_cron_run(self, job_id: str, *, now: float, scheduled_at: float | None, reason: str,
-                      expect_next_run_at: float | None, next_run_at: float | None) -> dict | None:
-        return self._engine.write(_cron.skip_cron_run, job_id, now=now, scheduled_at=scheduled_at, reason=reason,
-                                  expect_next_run_at=expect_next_run_at, next_run_at=next_run_at)
-
-    @_writes
-    def renew_cron_lease(self, job_id: str, holder: str, *, now: float, lease_seconds: float) -> bool:
-        return self._engine.write(_cron.renew_cron_lease, job_id, holder, now=now, lease_seconds=lease_seconds)
-
-    @_reads
-    def get_cron_lease(self, job_id: str) -> dict | None:
-        return self._engine.read(_cron.get_cron_lease, job_id)
-
-    @_writes
-    def set_cron_run_session(self, run_id: int, session_id: str) -> None:
-        return self._engine.write(_cron.set_cron_run_session, run_id, session_id)
-
-    @_writes
-    def finish_cron_run(self, run_id: int, *, holder: str, now: float, status: str, session_id: str | None = None,
-                        output: str | None = None, error: str | None = None, delivery: str | None = None,
-                        next_delivery_at: float | None = None) -> dict | None:
-        """Record the run's end and release the lease; None when the job was removed meanwhile."""
-        return self._engine.write(
-            _cron.finish_cron_run, run_id, holder=holder, now=now, status=status, session_id=session_id,
-            output=output, error=error, delivery=delivery, next_delivery_at=next_delivery_at,
-        )
-
-    @_reads
-    def get_cron_run(self, run_id: int) -> dict | None:
-        return self._engine.read(_cron.get_cron_run, run_id)
-
-    @_reads
-    def list_cron_runs(self, job_id: str | None = None, limit: int = 20) -> list[dict]:
-        """Newest first."""
-        return self._engine.read(_cron.list_cron_runs, job_id, limit)
-
-    @_writes
-    def reap_cron_runs(self, *, now: float) -> list[dict]:
-        """Runs left running by a process that died (lease expired) become errors."""
-        return self._engine.write(_cron.reap_cron_runs, now=now)
-
-    @_reads
-    def due_cron_deliveries(self, *, now: float, limit: int = 50) -> list[dict]:
-        return self._engine.read(_cron.due_cron_deliveries, now=now, limit=limit)
-
-    @_writes
-    def claim_cron_delivery(self, run_id: int, *, now: float, hold_seconds: float) -> dict | None:
-        return self._engine.write(_cron.claim_cron_delivery, run_id, now=now, hold_seconds=hold_seconds)
-
-    @_writes
-    def record_cron_delivery(self, run_id: int, *, now: float, ok: bool, error: str | None = None,
-                             retry_at: float | None = None) -> dict | None:
-        return self._engine.write(_cron.record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
 
     # --- facts ---------------------------------------------------------------
     # Holographic fact memory (state._facts): facts per (agent, user scope), their FTS5 index,

@@ -158,7 +158,7 @@ async def test_every_route_refuses_a_visitor_who_has_not_logged_in(tmp_path, mod
                     assert response.headers["Referrer-Policy"] == "same-origin", where
             # and nothing was changed by those POSTs
             assert (await gw.db.pairing.list())["pending"][0]["code"] == "ABCD2345"
-            assert (await gw.db.list_cron_runs("digest")) == []
+            assert (await gw.db.cron.list_runs("digest")) == []
         finally:
             await visitor.close()
 
@@ -283,8 +283,8 @@ async def test_on_loopback_without_a_token_the_dashboard_is_read_only(tmp_path, 
                                                                      "code": "ABCD2345", "user_id": "999"})
                         assert status == 403 and "read-only" in body, where
             assert not await gw.db.pairing.is_approved("telegram", "999")
-            assert not (await gw.db.get_cron_job("digest"))["paused"]
-            assert await gw.db.list_cron_runs("digest") == []
+            assert not (await gw.db.cron.get_job("digest"))["paused"]
+            assert await gw.db.cron.list_runs("digest") == []
             # a page asked for by another name (DNS rebinding onto 127.0.0.1) is refused
             status, body, _ = await browser.get("/ui/sessions", headers={"Host": "evil.example"})
             assert status == 403 and "Lisbon" not in body
@@ -463,7 +463,7 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
             csrf = await browser.csrf("/ui/cron")
             status, _, response = await browser.post("/ui/cron/digest/run", {"csrf": csrf})
             assert status == 303 and "/ui/cron/digest?started=" in response.headers["Location"]
-            run = (await gw.db.list_cron_runs("digest"))[0]
+            run = (await gw.db.cron.list_runs("digest"))[0]
             assert run["trigger"] == "manual"
             await eventually(lambda: _run_ended(gw, run["id"]), 10, "the run to end")
             _, body, _ = await browser.get("/ui/cron/digest")
@@ -475,19 +475,19 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
                 assert status == 200 and "<html" not in fragment and "kept in the store (local)" in fragment, path
             assert (await browser.get("/ui/cron/nope/runs/fragment"))[0] == 404
             status, _, _ = await browser.post("/ui/cron/digest/pause", {"csrf": csrf})
-            assert status == 303 and (await gw.db.get_cron_job("digest"))["paused"]
+            assert status == 303 and (await gw.db.cron.get_job("digest"))["paused"]
             _, body, _ = await browser.get("/ui/cron")
             assert 'badge paused' in body and "Resume" in body
             assert '<span class="badge ok">ok</span> just now' in body  # the last run
             status, _, _ = await browser.post("/ui/cron/digest/resume", {"csrf": csrf})
-            job = await gw.db.get_cron_job("digest")
+            job = await gw.db.cron.get_job("digest")
             assert status == 303 and not job["paused"] and job["next_run_at"] > time.time()
         finally:
             await browser.close()
 
 
 async def _run_ended(gw, run_id: int) -> bool:
-    return (await gw.db.get_cron_run(run_id))["status"] not in ("running",)
+    return (await gw.db.cron.get_run(run_id))["status"] not in ("running",)
 
 
 async def test_health_shows_platforms_queues_and_the_instance(tmp_path, model):

@@ -130,7 +130,7 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         assert "Started run #" in await page.inner_text("#started")
         assert "running" in await page.inner_text("#runs")
         model.delay = 0
-        run = (await gw.db.list_cron_runs("digest"))[0]
+        run = (await gw.db.cron.list_runs("digest"))[0]
         await eventually(lambda: _ended(gw, run["id"]), 10, "the cron run to end")
         await page.wait_for_selector("#runs >> text=kept in the store (local)", timeout=10_000)  # no reload
         await watched.shot("cron-run")
@@ -187,7 +187,7 @@ async def test_a_framing_page_cannot_show_the_dashboard(tmp_path, model, browser
 
 
 async def _ended(gw, run_id: int) -> bool:
-    return (await gw.db.get_cron_run(run_id))["status"] != "running"
+    return (await gw.db.cron.get_run(run_id))["status"] != "running"
 
 
 MARKDOWN_ANSWER = (

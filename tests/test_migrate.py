@@ -56,10 +56,10 @@ def _fill_every_table(home: Path) -> Path:
         db.pairing.request("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
         db.pairing.request("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
         db.pairing.approve("telegram", "CODE2")
-        db.add_cron_job({"id": "j", "name": "J", "schedule": "every 1h", "prompt": "p", "deliver": "local",
+        db.cron.add_job({"id": "j", "name": "J", "schedule": "every 1h", "prompt": "p", "deliver": "local",
                          "model": None, "context": "fresh", "grace_seconds": 3600.0},
                         source="cli", now=NOW, next_run_at=NOW + 3600)
-        db.begin_cron_run("j", holder="h", now=NOW, lease_seconds=60, trigger="manual", scheduled_at=None,
+        db.cron.begin_run("j", holder="h", now=NOW, lease_seconds=60, trigger="manual", scheduled_at=None,
                           deliver="local")
         db.record_upkeep({"finished_at": NOW, "sessions_pruned": 0})
         db.create_session("early", "api")
@@ -153,7 +153,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
             == tops["dead_letters"] + 1
         assert db.usage.record_call({"at": NOW, "purpose": "turn", "model": "m", "outcome": "ok"}) \
             == tops["model_calls"] + 1
-        run = db.begin_cron_run("j", holder="h2", now=NOW + 7200, lease_seconds=60, trigger="manual",
+        run = db.cron.begin_run("j", holder="h2", now=NOW + 7200, lease_seconds=60, trigger="manual",
                                 scheduled_at=None, deliver="local")
         assert run["status"] == "running" and run["run"]["id"] == tops["cron_runs"] + 1
 
@@ -319,4 +319,4 @@ def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
     with state.SessionDB(back / "state.db") as db:
         assert db.get_session("early")["parent_session_id"] == "late"
         assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
-        assert db.list_cron_jobs() == []  # what an export does not carry: see docs/postgresql.md
+        assert db.cron.list_jobs() == []  # what an export does not carry: see docs/postgresql.md

@@ -84,7 +84,7 @@ def insights_cmd(ctx: click.Context, config_path: Path | None, days: int, by: st
     since, dates = window(days, time.time())
     with _store(config_path) as db:
         if by == "user":  # an identity's accounts are one row; a cron job's calls go by its name
-            rename = account_names(identities, db.list_cron_jobs())
+            rename = account_names(identities, db.cron.list_jobs())
         # with identities, every account is read: an identity's accounts add up before the ranking
         found = from_summary(db.usage.summary(since, by, limit=None if identities else limit), dates, rename, limit)
         if plot is not None:

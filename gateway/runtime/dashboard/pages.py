@@ -228,7 +228,7 @@ class Pages:
         since, dates = window(days, time.time())
         db = self.src.db
         # by user: an identity's accounts are one row, a cron job's calls go by its name
-        rename = account_names(self.src.identities, await db.list_cron_jobs()) if by == "user" else None
+        rename = account_names(self.src.identities, await db.cron.list_jobs()) if by == "user" else None
         limit = None if by == "day" else USAGE_TOP
         # with identities, every account is read: an identity's accounts add up before the ranking
         everyone = by == "user" and bool(self.src.identities)
@@ -246,15 +246,15 @@ class Pages:
         return [{**r, "line": run_status_line(r, self.src.tz)} for r in runs]
 
     async def cron(self, request: web.Request) -> web.StreamResponse:
-        jobs = await self.src.db.list_cron_jobs()
-        runs = await self.src.db.list_cron_runs(None, limit=HISTORY_LIMIT)
+        jobs = await self.src.db.cron.list_jobs()
+        runs = await self.src.db.cron.list_runs(None, limit=HISTORY_LIMIT)
         return self._render(request, "cron.html", "cron", jobs=jobs, runs=self._runs(runs))
 
     async def cron_job(self, request: web.Request) -> web.StreamResponse:
-        job = await self.src.db.get_cron_job(request.match_info["job_id"])
+        job = await self.src.db.cron.get_job(request.match_info["job_id"])
         if job is None:
             raise web.HTTPNotFound()
-        runs = await self.src.db.list_cron_runs(job["id"], limit=HISTORY_LIMIT)
+        runs = await self.src.db.cron.list_runs(job["id"], limit=HISTORY_LIMIT)
         started = request.query.get("started", "")
         return self._render(request, "cron_job.html", "cron", job=job, runs=self._runs(runs),
                             started=started if started.isdigit() else "", done=request.query.get("done", ""))
@@ -262,9 +262,9 @@ class Pages:
     async def runs_fragment(self, request: web.Request) -> web.StreamResponse:
         """The runs table alone (of one job, or of all), which the page refreshes while a run is running."""
         job_id = request.match_info.get("job_id")
-        if job_id is not None and await self.src.db.get_cron_job(job_id) is None:
+        if job_id is not None and await self.src.db.cron.get_job(job_id) is None:
             raise web.HTTPNotFound()
-        runs = await self.src.db.list_cron_runs(job_id, limit=HISTORY_LIMIT)
+        runs = await self.src.db.cron.list_runs(job_id, limit=HISTORY_LIMIT)
         return self._render(request, "_runs.html", "cron", runs=self._runs(runs))
 
     async def cron_action(self, request: web.Request) -> web.StreamResponse:
