@@ -100,7 +100,7 @@ def build(path: Path, n: int) -> str:
 
     def flush() -> None:
         for owner, rows in pending.items():
-            db.add_facts(AGENT, owner, rows, now=NOW - rng.uniform(0, 365) * 86400)
+            db.facts.add_many(AGENT, owner, rows, now=NOW - rng.uniform(0, 365) * 86400)
         pending.clear()
 
     while made < n:

@@ -16,6 +16,71 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncFacts:
+    """Facts's marked methods (``adb.facts``), each a coroutine."""
+
+    async def add(
+        self,
+        agent: str,
+        user_scope: str,
+        content: str,
+        entities: list[str],
+        *,
+        session_id: str | None,
+        trust: float,
+        now: float,
+        hrr: bytes | None,
+    ) -> int: ...
+    async def add_many(self, agent: str, user_scope: str, rows: list[dict], *, now: float) -> list[int]: ...
+    async def confirm(self, fact_id: int, *, now: float, trust_step: float) -> dict | None: ...
+    async def contradict(self, fact_id: int, *, factor: float, superseded_by: int | None = ...) -> dict | None: ...
+    async def delete(self, agent: str, user_scope: str, fact_id: int) -> bool: ...
+    async def claim_extraction(self, session_id: str, *, now: float) -> bool: ...
+    async def finish_extraction(self, session_id: str, *, added: int, confirmed: int) -> None: ...
+    async def release_extraction(self, session_id: str) -> None: ...
+    async def extraction(self, session_id: str) -> dict | None: ...
+    async def sessions_awaiting(
+        self,
+        *,
+        since: float,
+        now: float,
+        min_messages: int = ...,
+        limit: int = ...,
+    ) -> list[str]: ...
+    async def set_prefetch(self, session_key: str, on: bool, *, now: float) -> None: ...
+    async def prefetch_enabled(self, session_key: str) -> bool | None: ...
+    async def prefetch_candidates(
+        self,
+        session_key: str,
+        default_on: bool,
+        agent: str,
+        user_scope: str,
+        terms: list[str],
+        *,
+        limit: int,
+    ) -> list[dict]: ...
+    async def get(self, fact_id: int) -> dict | None: ...
+    async def candidates(
+        self,
+        agent: str,
+        user_scope: str,
+        terms: list[str],
+        *,
+        limit: int,
+        include_superseded: bool = ...,
+        window: int = ...,
+    ) -> list[dict]: ...
+    async def count(self, agent: str, user_scope: str) -> int: ...
+    async def list(
+        self,
+        agent: str,
+        user_scope: str,
+        *,
+        limit: int = ...,
+        include_superseded: bool = ...,
+    ) -> list[dict]: ...
+
+
 class AsyncCronJobs:
     """CronJobs's marked methods (``adb.cron``), each a coroutine."""
 
@@ -169,6 +234,7 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    facts: AsyncFacts
     cron: AsyncCronJobs
     usage: AsyncUsageLedger
     pairing: AsyncPairing
@@ -377,66 +443,6 @@ class AsyncFace:
         limit: int = ...,
     ) -> list[dict]: ...
     async def recall_sessions(self, session_ids: list[str]) -> list[dict]: ...
-    async def add_fact(
-        self,
-        agent: str,
-        user_scope: str,
-        content: str,
-        entities: list[str],
-        *,
-        session_id: str | None,
-        trust: float,
-        now: float,
-        hrr: bytes | None,
-    ) -> int: ...
-    async def add_facts(self, agent: str, user_scope: str, rows: list[dict], *, now: float) -> list[int]: ...
-    async def confirm_fact(self, fact_id: int, *, now: float, trust_step: float) -> dict | None: ...
-    async def contradict_fact(self, fact_id: int, *, factor: float, superseded_by: int | None = ...) -> dict | None: ...
-    async def delete_fact(self, agent: str, user_scope: str, fact_id: int) -> bool: ...
-    async def claim_fact_extraction(self, session_id: str, *, now: float) -> bool: ...
-    async def finish_fact_extraction(self, session_id: str, *, added: int, confirmed: int) -> None: ...
-    async def release_fact_extraction(self, session_id: str) -> None: ...
-    async def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None: ...
-    async def get_fact(self, fact_id: int) -> dict | None: ...
-    async def fact_candidates(
-        self,
-        agent: str,
-        user_scope: str,
-        terms: list[str],
-        *,
-        limit: int,
-        include_superseded: bool = ...,
-        window: int = ...,
-    ) -> list[dict]: ...
-    async def list_facts(
-        self,
-        agent: str,
-        user_scope: str,
-        *,
-        limit: int = ...,
-        include_superseded: bool = ...,
-    ) -> list[dict]: ...
-    async def fact_count(self, agent: str, user_scope: str) -> int: ...
-    async def fact_prefetch_candidates(
-        self,
-        session_key: str,
-        default_on: bool,
-        agent: str,
-        user_scope: str,
-        terms: list[str],
-        *,
-        limit: int,
-    ) -> list[dict]: ...
-    async def facts_prefetch_enabled(self, session_key: str) -> bool | None: ...
-    async def sessions_awaiting_facts(
-        self,
-        *,
-        since: float,
-        now: float,
-        min_messages: int = ...,
-        limit: int = ...,
-    ) -> list[str]: ...
-    async def get_fact_extraction(self, session_id: str) -> dict | None: ...
     async def settle_inbox(
         self,
         message_ids: Iterable[int],

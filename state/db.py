@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
 
 from . import (
-    _facts,
     _messages,
     _recall,
     _recovery,
@@ -32,6 +31,7 @@ from ._cron import CronJobs
 from ._deadletters import DeadLetters
 from ._dialect import dialect_of
 from ._engine import Engine
+from ._facts import Facts
 from ._lock import GaveWay
 from ._messages import Appended
 from ._pairing import Pairing
@@ -63,12 +63,14 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "facts": Facts,
         "cron": CronJobs,
         "usage": UsageLedger,
         "pairing": Pairing,
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    facts: Facts
     cron: CronJobs
     usage: UsageLedger
     pairing: Pairing
@@ -654,98 +656,6 @@ class SessionDB:
     def recall_sessions(self, session_ids: list[str]) -> list[dict]:
         """Rows of the given sessions with their ``messages``, in the order asked."""
         return self._engine.read(_recall.recall_sessions, list(session_ids))
-
-    # --- facts ---------------------------------------------------------------
-    # Holographic fact memory (state._facts): facts per (agent, user scope), their FTS5 index,
-    # the once-per-session extraction claim and the per-chat prefetch switch.  Times come from the caller.
-
-    @_writes
-    def add_fact(self, agent: str, user_scope: str, content: str, entities: list[str], *, session_id: str | None,
-                 trust: float, now: float, hrr: bytes | None) -> int:
-        """Store a fact; returns its id."""
-        return self._engine.write(_facts.add_fact, agent, user_scope, content, list(entities),
-                                  session_id=session_id, trust=trust, now=now, hrr=hrr)
-
-    @_writes
-    def add_facts(self, agent: str, user_scope: str, rows: list[dict], *, now: float) -> list[int]:
-        """Store several facts in one transaction (dicts: content, entities, session_id, trust, hrr)."""
-        return self._engine.write(_facts.add_facts, agent, user_scope, [dict(r) for r in rows], now=now)
-
-    @_writes
-    def confirm_fact(self, fact_id: int, *, now: float, trust_step: float) -> dict | None:
-        """Seen again: trust up by ``trust_step`` (at most 1.0), last-confirmed ``now``."""
-        return self._engine.write(_facts.confirm_fact, fact_id, now=now, trust_step=trust_step)
-
-    @_writes
-    def contradict_fact(self, fact_id: int, *, factor: float, superseded_by: int | None = None) -> dict | None:
-        """The user said otherwise: trust times ``factor``; ``superseded_by`` hides it behind its correction."""
-        return self._engine.write(_facts.contradict_fact, fact_id, factor=factor, superseded_by=superseded_by)
-
-    @_writes
-    def delete_fact(self, agent: str, user_scope: str, fact_id: int) -> bool:
-        return self._engine.write(_facts.delete_fact, agent, user_scope, fact_id)
-
-    @_writes
-    def claim_fact_extraction(self, session_id: str, *, now: float) -> bool:
-        """True for the first caller only (each ended session is extracted once)."""
-        return self._engine.write(_facts.claim_extraction, session_id, now=now)
-
-    @_writes
-    def finish_fact_extraction(self, session_id: str, *, added: int, confirmed: int) -> None:
-        return self._engine.write(_facts.finish_extraction, session_id, added=added, confirmed=confirmed)
-
-    @_writes
-    def release_fact_extraction(self, session_id: str) -> None:
-        """A failed extraction gives its claim back, so a later attempt may run."""
-        return self._engine.write(_facts.release_extraction, session_id)
-
-    @_writes
-    def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None:
-        return self._engine.write(_facts.set_facts_prefetch, session_key, on, now=now)
-
-    @_reads
-    def get_fact(self, fact_id: int) -> dict | None:
-        return self._engine.read(_facts.get_fact, fact_id)
-
-    @_reads
-    def fact_candidates(self, agent: str, user_scope: str, terms: list[str], *, limit: int,
-                        include_superseded: bool = False, window: int = _facts.RECALL_WINDOW) -> list[dict]:
-        """Facts of the scope matching any term, best BM25 among its newest ``window`` matches first,
-        with ``hrr`` and ``fts_rank``."""
-        return self._engine.read(_facts.fact_candidates, agent, user_scope, list(terms), limit=limit,
-                                 include_superseded=include_superseded, window=window)
-
-    @_reads
-    def list_facts(self, agent: str, user_scope: str, *, limit: int = 20, include_superseded: bool = False) -> list[dict]:
-        """Most recently confirmed first."""
-        return self._engine.read(_facts.list_facts, agent, user_scope, limit=limit, include_superseded=include_superseded)
-
-    @_reads
-    def fact_count(self, agent: str, user_scope: str) -> int:
-        return self._engine.read(_facts.fact_count, agent, user_scope)
-
-    @_reads
-    def fact_prefetch_candidates(self, session_key: str, default_on: bool, agent: str, user_scope: str,
-                                 terms: list[str], *, limit: int) -> list[dict]:
-        """:meth:`fact_candidates` for a turn's prefetch, in the same read as the chat's choice: none when
-        the chat turned prefetch off (or never chose and ``default_on`` is False)."""
-        return self._engine.read(_facts.prefetch_candidates, session_key, default_on, agent, user_scope, list(terms),
-                                 limit=limit)
-
-    @_reads
-    def facts_prefetch_enabled(self, session_key: str) -> bool | None:
-        """The chat's prefetch choice; None when never set."""
-        return self._engine.read(_facts.facts_prefetch_enabled, session_key)
-
-    @_reads
-    def sessions_awaiting_facts(self, *, since: float, now: float, min_messages: int = 4, limit: int = 200) -> list[str]:
-        """Ended sessions (since ``since``, with a user, not cron) whose facts were never extracted."""
-        return self._engine.read(_facts.sessions_awaiting_facts, since=since, now=now, min_messages=min_messages,
-                                 limit=limit)
-
-    @_reads
-    def get_fact_extraction(self, session_id: str) -> dict | None:
-        return self._engine.read(_facts.extraction_of, session_id)
 
     # --- recovery: the inbox, the delivery record ---------------------------------
 

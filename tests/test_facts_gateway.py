@@ -97,14 +97,14 @@ async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_
         first = await gw.db.get_route("agent:main:api:dm:cy")
         await api.say("cy", "/new")
         await until(lambda: _extracted(gw, 1))
-        stored = await gw.db.list_facts("main", "api:cy")
+        stored = await gw.db.facts.list("main", "api:cy")
         miso_id.append(next(f["id"] for f in stored if "Miso" in f["content"]))
         await api.say("cy", "the postgres migration is still on")
         await api.say("cy", "and the cat is Mochi now, we renamed her")
         await api.say("cy", "/new")
         await until(lambda: _extracted(gw, 2))
-        after = {f["content"]: f for f in await gw.db.list_facts("main", "api:cy", include_superseded=True)}
-        extraction = await gw.db.get_fact_extraction(first)
+        after = {f["content"]: f for f in await gw.db.facts.list("main", "api:cy", include_superseded=True)}
+        extraction = await gw.db.facts.extraction(first)
         await api.say("cy", "hello")
         await api.close()
 
@@ -151,8 +151,8 @@ async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, mo
         await until(lambda: _extracted(gw, 1))
         await api.close()
         assert gw.facts.extracted[-1].skipped.startswith("failed: the answer holds no JSON object")
-        assert await gw.db.get_fact_extraction(sid) is None  # the claim was given back
-        assert await gw.db.list_facts("main", "api:eve") == []
+        assert await gw.db.facts.extraction(sid) is None  # the claim was given back
+        assert await gw.db.facts.list("main", "api:eve") == []
 
 
 async def test_the_model_stores_and_finds_facts_with_the_tool(tmp_path, model, store_config):
@@ -193,7 +193,7 @@ async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_
         reply = await api.say("gus", "/compress")
         await until(lambda: _extracted(gw, 1))
         await api.close()
-        facts = await gw.db.list_facts("main", "api:gus")
+        facts = await gw.db.facts.list("main", "api:gus")
     assert reply.startswith("Compressed: ")
     assert gw.facts.extracted[0].session_id == root and gw.facts.extracted[0].added == 1
     assert [f["content"] for f in facts] == ["The user plans a staging database migration"]

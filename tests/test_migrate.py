@@ -48,10 +48,10 @@ def _fill_every_table(home: Path) -> Path:
         db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
         db.usage.record_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
                               "prompt_tokens": 10, "completion_tokens": 5})
-        db.add_fact("agent", "u1", "prefers canary deploys", ["deploy"], session_id="root", trust=0.5, now=NOW,
+        db.facts.add("agent", "u1", "prefers canary deploys", ["deploy"], session_id="root", trust=0.5, now=NOW,
                     hrr=b"\x00\x01\x02vector")
-        db.claim_fact_extraction("root", now=NOW)
-        db.set_facts_prefetch("telegram:dm:u1", True, now=NOW)
+        db.facts.claim_extraction("root", now=NOW)
+        db.facts.set_prefetch("telegram:dm:u1", True, now=NOW)
         db.prefs.set("telegram:dm:u1", "stream", "off", now=NOW)
         db.pairing.request("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
         db.pairing.request("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
@@ -147,7 +147,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
     with state.SessionDB(pg_url) as db:
         assert db.get_session("early")["parent_session_id"] == "late"
         assert db.append_message("root", "user", "after the move") == doomed + 1
-        assert db.add_fact("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
+        assert db.facts.add("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
             == tops["facts"] + 1
         assert db.dead_letters.add(platform="slack", event_id=None, payload="{}", message=None, error="x") \
             == tops["dead_letters"] + 1
