@@ -329,7 +329,7 @@ class SessionRouter:
             return None
 
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
-            await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
+            await self.db.recovery.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
 
         drafts: DraftOutput = _TrustedDrafts(out.drafts, claim)
         return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted)
@@ -695,10 +695,10 @@ class SessionRouter:
         left the work undone (the session stays pending for another instance)."""
         if self._closing:
             return False
-        rows = [row for row in await self.db.unanswered_messages(claim.session_id)
+        rows = [row for row in await self.db.recovery.unanswered(claim.session_id)
                 if row["platform"] in self._senders]
         # replies stored under an earlier lease whose holder stopped before confirming the send
-        records = [record for record in await self.db.pending_deliveries(claim.session_id)
+        records = [record for record in await self.db.recovery.pending_deliveries(claim.session_id)
                    if record["platform"] in self._senders]
         key = rows[-1]["session_key"] if rows else next((r["session_key"] for r in records if r.get("session_key")),
                                                          None)
@@ -897,7 +897,7 @@ class SessionRouter:
             delivery = await finish_streamed(drafts, chat, record["sent_ids"], record["text"])
             status, error = _status_of(delivery), delivery.error
         try:
-            await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids) or record["sent_ids"],
+            await self.db.recovery.update_delivery(record["id"], sent_ids=list(delivery.message_ids) or record["sent_ids"],
                                           status=status, error=error)
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", record["id"], exc)
@@ -916,7 +916,7 @@ class SessionRouter:
         if not delivery.ok:
             log.error("streamed reply to %s:%s not delivered: %s", record["platform"], record["chat_id"], delivery.error)
         try:
-            await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids),
+            await self.db.recovery.update_delivery(record["id"], sent_ids=list(delivery.message_ids),
                                           status=_status_of(delivery), error=delivery.error)
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", record["id"], exc)
@@ -926,7 +926,7 @@ class SessionRouter:
         """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store
         failed (or, under ``claim``, its lease was lost: then nothing may be sent either)."""
         try:
-            await self.db.settle_inbox(answered, delivery, session_id=session_id, fence=claim.fence)
+            await self.db.recovery.settle_inbox(answered, delivery, session_id=session_id, fence=claim.fence)
             return True
         except state.StateError as exc:
             if self._dropped(claim, exc, "the line standing in for an answer"):
@@ -952,7 +952,7 @@ class SessionRouter:
 
         async def note(sent_ids: list[str], last: bool) -> None:
             nonlocal finished
-            await self.db.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending")
+            await self.db.recovery.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending")
             finished = last
 
         chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
@@ -961,7 +961,7 @@ class SessionRouter:
         if not finished:
             status = _status_of(delivery)
             try:
-                await self.db.update_delivery(delivery_id, sent_ids=list(progress.sent_ids), status=status,
+                await self.db.recovery.update_delivery(delivery_id, sent_ids=list(progress.sent_ids), status=status,
                                               error=delivery.error)
             except state.StateError as exc:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)

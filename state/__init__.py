@@ -9,6 +9,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 ``state`` imports nothing from ``gateway``, ``adapters`` or ``compression``.
 """
 
+from ._fence import Fence
 from ._messages import Appended
 from ._pg import mask_url, probe as probe_store
 from ._split import Split
@@ -16,7 +17,7 @@ from ._storage import ObjectSize, SessionSize, StorageReport, TextSize
 from ._transfer import parse_jsonl
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
-from .db import Fence, SessionDB
+from .db import SessionDB
 from .errors import (
     AmbiguousSession,
     CronJobExists,

@@ -11,7 +11,6 @@ coroutines from those marks, so the daemon runs exactly this code.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
 
@@ -32,11 +31,13 @@ from ._deadletters import DeadLetters
 from ._dialect import dialect_of
 from ._engine import Engine
 from ._facts import Facts
+from ._fence import Fence, fenced
 from ._lock import GaveWay
 from ._messages import Appended
 from ._pairing import Pairing
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
+from ._recovery import Recovery
 from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
 from ._usage import UsageLedger
 from .paths import default_db_path
@@ -63,6 +64,7 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "recovery": Recovery,
         "facts": Facts,
         "cron": CronJobs,
         "usage": UsageLedger,
@@ -70,6 +72,7 @@ class SessionDB:
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    recovery: Recovery
     facts: Facts
     cron: CronJobs
     usage: UsageLedger
@@ -659,24 +662,6 @@ class SessionDB:
 
     # --- recovery: the inbox, the delivery record ---------------------------------
 
-    @_writes
-    def settle_inbox(self, message_ids: Iterable[int], delivery: dict | None = None, *,
-                     session_id: str | None = None, fence: Fence | None = None) -> None:
-        """These messages got their answer (a line standing in for a reply): drop their inbox rows and,
-        with ``delivery``, record the pending send of that line, in one transaction (fenced as
-        :meth:`record_turn` is)."""
-        def settle(conn) -> None:
-            _fenced(conn, fence)
-            _recovery.settle(conn, list(message_ids), delivery, session_id=session_id)
-
-        self._engine.write(settle)
-
-    @_reads
-    def unanswered_messages(self, session_id: str | None = None) -> list[dict]:
-        """Every stored platform message that no turn has answered yet (of ``session_id`` only, when
-        given), oldest first."""
-        return self._engine.read(_recovery.unanswered, session_id)
-
     @_reads
     def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]:
         """``session_id``'s unanswered messages and its conversation as far as the last of them, read
@@ -689,51 +674,6 @@ class SessionDB:
 
         return self._engine.read(read)
 
-    @_reads
-    def unanswered_backlog(self) -> tuple[int, float | None]:
-        """``(sessions, oldest_received_at)``: how many sessions have stored messages no turn answered
-        yet, and the oldest such message's arrival (epoch seconds; None when nothing waits)."""
-        return self._engine.read(_recovery.backlog)
-
-    @_writes
-    def mark_sessions_pending(self, session_ids: Iterable[str]) -> int:
-        """Mark sessions as having work for any instance to claim (PostgreSQL; nothing on SQLite,
-        where one instance answers everything itself); how many were marked."""
-        ids = sorted(set(session_ids))
-
-        def mark(conn) -> int:
-            return sum(dialect_of(conn).mark_pending(conn, session_id) for session_id in ids)
-
-        return self._engine.write(mark)
-
-    @_writes
-    def begin_streamed_delivery(self, delivery: dict, *, session_id: str, sent_ids: list[str]) -> None:
-        """Record that a streamed reply posted ``sent_ids`` before its text is known (kind ``stream``,
-        status ``streaming``); the turn's transaction fills the text in."""
-        return self._engine.write(_recovery.begin_streamed_delivery, delivery, session_id=session_id,
-                                  sent_ids=sent_ids)
-
-    @_reads
-    def pending_deliveries(self, session_id: str | None = None) -> list[dict]:
-        """Replies stored but not yet confirmed sent (of ``session_id`` only, when given), oldest first."""
-        return self._engine.read(_recovery.pending_deliveries, session_id)
-
-    @_writes
-    def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None) -> bool:
-        return self._engine.write(_recovery.update_delivery, delivery_id, sent_ids=sent_ids, status=status, error=error)
-
-    @_reads
-    def get_delivery(self, delivery_id: str) -> dict | None:
-        return self._engine.read(_recovery.get_delivery, delivery_id)
-
-    @_reads
-    def list_deliveries(self, session_id: str) -> list[dict]:
-        return self._engine.read(_recovery.list_deliveries, session_id)
-
-    @_reads
-    def recovery_counts(self) -> dict:
-        """``unanswered`` messages, ``deliveries_pending`` and held ``dead_letters``."""
-        return self._engine.read(_recovery.recovery_counts)
 
 
 
@@ -744,25 +684,16 @@ class SessionDB:
 
 
 
-@dataclass(frozen=True)
-class Fence:
-    """The lease a turn's writes are made under: they happen only while ``token`` is current (PostgreSQL)."""
-
-    session_id: str
-    token: int
 
 
-def _fenced(conn, fence: Fence | None) -> None:
-    """First in a fenced transaction: raise ``LeaseLost`` (nothing written) unless ``fence`` still holds.
 
-    SQLite has one instance per file and no leases: a fence there has nothing to guard against."""
-    if fence is not None:
-        dialect_of(conn).fence(conn, fence.session_id, fence.token)
+
+
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
                  answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
-    _fenced(conn, fence)
+    fenced(conn, fence)
     ids = _messages.append_messages(conn, session_id, messages)
     _messages.place_after(conn, session_id, ids, answered)
     _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)

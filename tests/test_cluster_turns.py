@@ -52,14 +52,14 @@ def test_the_unanswered_messages_of_one_session_are_read_apart_from_the_others(s
     one = store.append_inbound("s1", "one", platform_message_id="1", inbox={**WHERE, "platform_message_id": "1"})
     store.append_inbound("s2", "other", platform_message_id="2", inbox={**WHERE, "platform_message_id": "2"})
     two = store.append_inbound("s1", "two", platform_message_id="3", inbox={**WHERE, "platform_message_id": "3"})
-    assert [(m["message_id"], m["text"]) for m in store.unanswered_messages("s1")] == [(one.id, "one"), (two.id, "two")]
-    assert [m["text"] for m in store.unanswered_messages()] == ["one", "other", "two"]
+    assert [(m["message_id"], m["text"]) for m in store.recovery.unanswered("s1")] == [(one.id, "one"), (two.id, "two")]
+    assert [m["text"] for m in store.recovery.unanswered()] == ["one", "other", "two"]
     rows, history = store.unanswered_with_history("s1")
     assert [m["text"] for m in rows] == ["one", "two"]
     assert [(m["role"], m["content"]) for m in history] == [("user", "one"), ("user", "two")]
     store.record_turn("s1", [{"role": "assistant", "content": "both"}], answered=[one.id, two.id])
-    assert store.unanswered_messages("s1") == []
-    assert [m["text"] for m in store.unanswered_messages("s2")] == ["other"]
+    assert store.recovery.unanswered("s1") == []
+    assert [m["text"] for m in store.recovery.unanswered("s2")] == ["other"]
 
 
 def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
@@ -78,11 +78,11 @@ def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
                            fence=Fence("s1", first.token))
         assert lost.value.holder == "other"
         with pytest.raises(LeaseLost):
-            db.settle_inbox([asked.id], {**reply, "id": "d-line", "kind": "notice"}, session_id="s1",
+            db.recovery.settle_inbox([asked.id], {**reply, "id": "d-line", "kind": "notice"}, session_id="s1",
                             fence=Fence("s1", first.token))
         assert [m["role"] for m in db.get_messages("s1")] == ["user"]
-        assert [m["message_id"] for m in db.unanswered_messages("s1")] == [asked.id]
-        assert db.pending_deliveries() == [] and db.list_deliveries("s1") == []
+        assert [m["message_id"] for m in db.recovery.unanswered("s1")] == [asked.id]
+        assert db.recovery.pending_deliveries() == [] and db.recovery.list_deliveries("s1") == []
         # the current holder's write goes through
         db.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[asked.id],
                        delivery={**reply, "id": "d-ok", "text": "hi"}, fence=Fence("s1", second.token))

@@ -43,7 +43,7 @@ def _fill_every_table(home: Path) -> Path:
         db.append_message("other", "user", "记忆系统 的设计 notes about zeppelins")
         for i in range(30):
             db.append_message("other", "user", f"filler message number {i} about gardening")
-        db.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
+        db.recovery.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
                                    sent_ids=["m1"])
         db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
         db.usage.record_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",

@@ -65,7 +65,7 @@ async def test_a_turn_cut_off_by_shutdown_is_answered_after_the_restart(tmp_path
     finally:
         await gw.stop(grace_seconds=5)
     with state.SessionDB(config.db_path) as db:
-        assert db.recovery_counts()["unanswered"] == 0
+        assert db.recovery.counts()["unanswered"] == 0
 
 
 async def test_messages_that_arrived_during_the_cut_off_turn_are_answered_together(tmp_path, fakes):
@@ -129,7 +129,7 @@ async def test_a_long_reply_goes_on_from_the_first_part_not_confirmed(tmp_path, 
         await gw.stop(grace_seconds=5)
     assert "paragraph 0" not in second_part.visible_text and "paragraph 7" in second_part.visible_text
     with state.SessionDB(config.db_path) as db:
-        [record] = db.list_deliveries(_session_id(config))
+        [record] = db.recovery.list_deliveries(_session_id(config))
     assert record["status"] == "sent" and record["sent_ids"] == ["9001", str(second_part.message_id)]
 
 
@@ -199,7 +199,7 @@ def crashed_after_the_answer(config, question: str, answer: str, *, confirmed: l
         db.record_turn(sid, [{"role": "assistant", "content": answer}], answered=[message_id], delivery={
             "id": delivery_id, "platform": "telegram", "chat_id": "111", "reply_to": "500", "text": answer})
         if confirmed:
-            db.update_delivery(delivery_id, sent_ids=list(confirmed), status="pending")
+            db.recovery.update_delivery(delivery_id, sent_ids=list(confirmed), status="pending")
 
 
 def _session_id(config) -> str:
@@ -209,12 +209,12 @@ def _session_id(config) -> str:
 
 def _pending(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return db.recovery_counts()["deliveries_pending"]
+        return db.recovery.counts()["deliveries_pending"]
 
 
 def _unanswered(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return db.recovery_counts()["unanswered"]
+        return db.recovery.counts()["unanswered"]
 
 
 def _stored_user_texts(config) -> int:

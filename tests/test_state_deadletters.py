@@ -30,7 +30,7 @@ def test_a_dead_letter_is_held_with_its_payload_error_and_time(db):
         "error": "RuntimeError: boom", "attempts": 3, "status": "held"}
     assert row["created_at"] == row["updated_at"] > 0
     assert db.dead_letters.count() == 1
-    assert db.recovery_counts()["dead_letters"] == 1
+    assert db.recovery.counts()["dead_letters"] == 1
 
 
 def test_the_same_event_set_aside_again_updates_its_open_row(db):

@@ -45,7 +45,7 @@ async def stopped_at_the_end(daemon: Daemon):
 def deliveries(daemon: Daemon) -> list[dict]:
     with state.SessionDB(daemon.db_path) as db:
         [(_, session_id)] = list(db.list_routes())
-        return db.list_deliveries(session_id)
+        return db.recovery.list_deliveries(session_id)
 
 
 async def test_a_kill_mid_stream_marks_the_partial_and_the_answer_comes_once_after_the_restart(tmp_path):

@@ -46,7 +46,7 @@ class UnansweredBacklog:
             self._task = None
 
     async def refresh(self) -> None:
-        self._sessions, self._oldest = await self._db.unanswered_backlog()
+        self._sessions, self._oldest = await self._db.recovery.backlog()
 
     def status(self) -> dict:
         """``{"sessions": N, "oldest_seconds": S}`` (S None when nothing waits; both None before the first read)."""

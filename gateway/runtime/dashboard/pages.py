@@ -118,7 +118,7 @@ class Pages:
     # -- health ---------------------------------------------------------------------
     async def _health_context(self) -> dict:
         health = self.src.health()
-        counts = await self.src.db.recovery_counts()
+        counts = await self.src.db.recovery.counts()
         dead = await self.src.db.dead_letters.list(status="held", limit=DEAD_LETTERS_SHOWN)
         return {"health": health, "counts": counts, "dead_letters": dead, "instance": self.src.instance,
                 "queued": self.src.queued_messages(), "now": time.time()}
