@@ -101,7 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
         home = Path(tmp)
         with SessionDB(home / "state.db") as db:
-            db.import_sessions(enumerate(records, 1))
+            db.transfer.import_sessions(enumerate(records, 1))
             db.checkpoint("TRUNCATE")
         print(f"built the store in {time.perf_counter() - t0:.0f} s")
         asyncio.run(serve_and_measure(home, args.repeat))

@@ -110,7 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
         seed = build_seed(Path(tmp) / "seed.db", records)
         ours = SessionDB(Path(tmp) / "ours.db")
-        ours.import_sessions(enumerate(records, 1))
+        ours.transfer.import_sessions(enumerate(records, 1))
         ours.checkpoint("TRUNCATE")
         print(f"built both databases in {time.perf_counter() - t0:.0f} s")
         cases = [

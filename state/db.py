@@ -10,9 +10,8 @@ coroutines from those marks, so the daemon runs exactly this code.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
 
 from . import (
     _messages,
@@ -21,10 +20,7 @@ from . import (
     _routes,
     _sessions,
     _split,
-    _storage,
     _titles,
-    _transfer,
-    _upkeep,
 )
 from ._cron import CronJobs
 from ._deadletters import DeadLetters
@@ -32,13 +28,15 @@ from ._dialect import dialect_of
 from ._engine import Engine
 from ._facts import Facts
 from ._fence import Fence, fenced
-from ._lock import GaveWay
 from ._messages import Appended
 from ._pairing import Pairing
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
 from ._recovery import Recovery
-from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
+from ._repo import Repository, marked_methods, reads as _reads, writes as _writes
+from ._storage import Storage
+from ._transfer import Transfer
+from ._upkeep import Upkeep
 from ._usage import UsageLedger
 from .paths import default_db_path
 
@@ -64,6 +62,9 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "transfer": Transfer,
+        "storage": Storage,
+        "upkeep": Upkeep,
         "recovery": Recovery,
         "facts": Facts,
         "cron": CronJobs,
@@ -72,6 +73,9 @@ class SessionDB:
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    transfer: Transfer
+    storage: Storage
+    upkeep: Upkeep
     recovery: Recovery
     facts: Facts
     cron: CronJobs
@@ -91,7 +95,7 @@ class SessionDB:
             self.db_path = Path(db_path) if db_path is not None else default_db_path()
             self._engine = Engine(self.db_path, write_timeout=write_timeout)
         for name, repository in self.REPOSITORIES.items():
-            setattr(self, name, repository(self._engine))
+            setattr(self, name, repository(self._engine, file=self.db_path, url=self.url))
 
     @property
     def backend(self) -> str:
@@ -496,54 +500,6 @@ class SessionDB:
     def list_routes(self, prefix: str | None = None) -> list[tuple[str, str]]:
         return self._engine.read(_routes.list_routes, prefix)
 
-    # --- export, import, maintenance -------------------------------------------
-
-    @_reads
-    def export_session(self, session_id: str) -> dict | None:
-        """The session row plus ``messages``; secrets in ``model_config`` are redacted."""
-        return self._engine.read(_transfer.export_session, session_id)
-
-    @_reads
-    def export_all(self, source: str | None = None) -> list[dict]:
-        return self._engine.read(_transfer.export_all, source)
-
-    @_reads
-    def write_export(self, handle: IO[str], source: str | None = None, session_id: str | None = None) -> int:
-        """Stream sessions to ``handle`` as JSON lines from one snapshot; returns how many."""
-        return self._engine.read(_transfer.write_export, handle, source, session_id)
-
-    @_writes
-    def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = 2000) -> dict:
-        """Restore ``(line_no, session)`` pairs from an export: all of them or none.
-
-        Every record is checked before anything is written.  The writes go in
-        transactions of about ``chunk_messages`` messages, so a big import never keeps the
-        daemon's writes waiting for long; if one fails, the sessions already
-        imported from the same file are deleted again and the error (an
-        :class:`state.ImportFileError` naming the line) is raised.  Sessions
-        whose id exists already are skipped.  Returns ``imported``,
-        ``messages``, ``skipped`` (ids) and ``ids`` (imported).
-        """
-        chunks, in_file = _transfer.plan_import(records, chunk_messages)
-        total: dict = {"imported": 0, "messages": 0, "skipped": [], "ids": []}
-        try:
-            for chunk in chunks:
-                done = self._engine.write(_transfer.import_sessions, chunk, in_file)
-                total["imported"] += done["imported"]
-                total["messages"] += done["messages"]
-                total["skipped"] += done["skipped"]
-                total["ids"] += done["ids"]
-        except BaseException:
-            if total["ids"]:
-                self._engine.write(_sessions.delete_sessions, total["ids"])
-            raise
-        return total
-
-    @_reads
-    def stats(self) -> dict:
-        """Counts (sessions, messages, by source), database and WAL size in bytes, schema version."""
-        return self._engine.read(_transfer.stats, self.db_path or self.url)
-
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
         return self._engine.checkpoint(mode)
@@ -553,83 +509,6 @@ class SessionDB:
         """A checkpoint that leaves the write connection free (the async store runs it on a
         reader thread, so no write queues behind it); returns (busy, wal pages, checkpointed)."""
         return self._engine.checkpoint_aside(mode)
-
-    # --- upkeep (see state._upkeep: each step is one short write transaction) ---------------
-
-    def _timed_write(self, fn: Callable[..., T], *args: Any, gives_way: bool = True) -> tuple[T, "_upkeep.Timed"]:
-        """``fn``'s result and when its transaction took the write lock and for how long (begin to
-        commit, ``time.perf_counter`` seconds).  Giving way (the default), a write from another
-        thread interrupts it: :class:`state._lock.GaveWay` is raised, its ``timed`` set."""
-        began: list[float] = []
-
-        def run(conn):
-            began.append(time.perf_counter())
-            out = fn(conn, *args)
-            began.append(time.perf_counter())  # the commit comes next
-            return out
-
-        try:
-            result = self._engine.write_giving_way(run) if gives_way else self._engine.write(run)
-        except GaveWay as exc:
-            exc.timed = _upkeep.Timed(began[0], time.perf_counter() - began[0])
-            raise
-        end = time.perf_counter()
-        return result, _upkeep.Timed(began[-2], end - began[-2], end - began[-1])
-
-    @_reads
-    def store_size(self) -> "_upkeep.StoreSize":
-        """The database and WAL file sizes, page size, free pages and auto_vacuum mode."""
-        return self._engine.read(_upkeep.store_size, self.db_path)
-
-    @_reads
-    def storage_report(self, largest: int = _storage.LARGEST) -> "_storage.StorageReport":
-        """Where the bytes are: each table and index, the message text by platform and by month, the
-        ``largest`` biggest sessions, the WAL and the free pages (``switchboard storage``)."""
-        return self._engine.read(_storage.storage_report, self.db_path, largest)
-
-    @_reads
-    def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]:
-        """(id, message count) of ended sessions with no activity since ``cutoff``, oldest first."""
-        return self._engine.read(_upkeep.expired_sessions, cutoff)
-
-    @_upkeep_steps
-    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int, *,
-                          gives_way: bool = True) -> tuple["_upkeep.PruneStep", "_upkeep.Timed"]:
-        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold.
-        ``gives_way``: a write from another thread that comes meanwhile interrupts it (see ``_timed_write``)."""
-        return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes, gives_way=gives_way)
-
-    @_reads
-    def fts_segments(self, table: str) -> list[int]:
-        """The segments the FTS5 index ``table`` (one of ``state._upkeep.FTS_TABLES``) holds now."""
-        return self._engine.read(_upkeep.fts_segments, _upkeep.fts_table(table))
-
-    @_upkeep_steps
-    def upkeep_merge_step(self, table: str, pages: int, segments: list[int] | None = None,
-                          start: bool = False, *, gives_way: bool = True) -> tuple["_upkeep.MergeStep", "_upkeep.Timed"]:
-        """One step (about ``pages`` pages) of merging the FTS5 index ``table`` (down from ``segments``
-        when given: see ``state._upkeep.merge_step``); returns it and its lock hold."""
-        return self._timed_write(_upkeep.merge_step, _upkeep.fts_table(table), pages,
-                                 None if segments is None else list(segments), bool(start), gives_way=gives_way)
-
-    @_writes
-    def upkeep_automerge(self, on: bool) -> "_upkeep.Timed":
-        """Turn FTS5's automerge of the search indexes on or off (off while upkeep prunes)."""
-        return self._timed_write(_upkeep.set_automerge, bool(on), gives_way=False)[1]
-
-    @_upkeep_steps
-    def upkeep_vacuum_step(self, pages: int, *, gives_way: bool = True) -> tuple[int, "_upkeep.Timed"]:
-        """Up to ``pages`` free pages returned to the file system; returns how many and the lock hold."""
-        return self._timed_write(_upkeep.vacuum_step, pages, gives_way=gives_way)
-
-    @_writes
-    def record_upkeep(self, report: dict) -> None:
-        self._engine.write(_upkeep.record, _upkeep.LAST_UPKEEP, report)
-
-    @_reads
-    def last_upkeep(self) -> dict | None:
-        """What the last upkeep pass did (``state._upkeep.UpkeepReport`` as a dict), or None."""
-        return self._engine.read(_upkeep.recorded, _upkeep.LAST_UPKEEP)
 
     # --- recall ------------------------------------------------------------------
 

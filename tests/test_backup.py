@@ -157,7 +157,7 @@ def test_restore_brings_back_the_backup_and_keeps_the_previous_database(filled, 
     ]
     with SessionDB(filled / "state.db") as db:  # the store opens it and goes on writing
         assert db.message_count() == 20
-        assert db.stats() is not None
+        assert db.transfer.stats() is not None
 
 
 def test_restores_in_the_same_second_keep_each_previous_database_under_its_own_name(filled, tmp_path):

@@ -428,7 +428,7 @@ async def test_a_session_exports_as_the_stores_json_and_as_markdown(tmp_path, mo
             await browser.login()
             status, body, response = await browser.get("/ui/sessions/s-child/export.json")
             assert status == 200 and response.headers["Content-Disposition"] == 'attachment; filename="session-s-child.json"'
-            assert json.loads(body) == json.loads(json.dumps(await gw.db.export_session("s-child"), default=str))
+            assert json.loads(body) == json.loads(json.dumps(await gw.db.transfer.export("s-child"), default=str))
             status, body, response = await browser.get("/ui/sessions/s-child/export.md")
             assert status == 200 and response.content_type == "text/markdown"
             assert body.startswith("# Trip planning #2\n")

@@ -362,7 +362,7 @@ async def test_the_state_directory_is_private(tmp_path, model):
     assert (home.stat().st_mode & 0o777) == 0o700
     assert (home / "state.db").stat().st_mode & 0o077 == 0
     with state.SessionDB(home / "state.db") as db:
-        assert db.stats()["sessions"] == 1
+        assert db.transfer.stats()["sessions"] == 1
 
 
 

@@ -104,7 +104,7 @@ def test_doctor_shows_the_last_upkeep_and_the_next(tmp_path):
     home.mkdir()
     finished = time.time() - 3600
     with state.SessionDB(home / "state.db") as db:
-        db.record_upkeep({"finished_at": finished, "sessions_pruned": 7})
+        db.upkeep.record({"finished_at": finished, "sessions_pruned": 7})
     (upkeep,) = [c for c in check_database(home) if c.name == "store upkeep"]
     assert upkeep.ok is True
     assert upkeep.detail.startswith("last ") and "(7 sessions pruned), next about " in upkeep.detail

@@ -61,7 +61,7 @@ def _fill_every_table(home: Path) -> Path:
                         source="cli", now=NOW, next_run_at=NOW + 3600)
         db.cron.begin_run("j", holder="h", now=NOW, lease_seconds=60, trigger="manual", scheduled_at=None,
                           deliver="local")
-        db.record_upkeep({"finished_at": NOW, "sessions_pruned": 0})
+        db.upkeep.record({"finished_at": NOW, "sessions_pruned": 0})
         db.create_session("early", "api")
         db.create_session("late", "api")
     with sqlite3.connect(path) as conn:  # a parent stored after its child: copied first all the same

@@ -88,7 +88,7 @@ def test_export_search_context_and_recall_read_in_the_same_order(store):
     sid = store.create_session(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
     store.record_turn(sid, [{"role": "assistant", "content": "heron answer"}], answered=[d1])
-    assert [m["content"] for m in store.export_session(sid)["messages"]] == ["d1", "heron answer", "d2", "d3"]
+    assert [m["content"] for m in store.transfer.export(sid)["messages"]] == ["d1", "heron answer", "d2", "d3"]
     [hit] = store.search_messages("heron")
     assert [c["content"] for c in hit["context"]] == ["d1", "d2"]
     [recalled] = store.recall_sessions([sid])
@@ -99,11 +99,11 @@ def test_an_export_imports_in_its_order_whether_or_not_its_ids_are_free(store, t
     sid = store.create_session(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
     store.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
-    record = store.export_session(sid)
+    record = store.transfer.export(sid)
     store.delete_session(sid)
-    store.import_sessions([(1, record)])  # ids free: kept, with their places
+    store.transfer.import_sessions([(1, record)])  # ids free: kept, with their places
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
-    store.import_sessions([(1, {**record, "id": "copy"})])  # ids taken: new ones, in the file's order
+    store.transfer.import_sessions([(1, {**record, "id": "copy"})])  # ids taken: new ones, in the file's order
     assert _said(store, "copy") == ["u:d1", "a:r1", "u:d2", "u:d3"]
     assert {m["id"] for m in store.get_messages("copy")}.isdisjoint(m["id"] for m in record["messages"])
 
@@ -144,7 +144,7 @@ def test_an_older_store_migrates_and_keeps_its_order(store_target, backend):
         assert _said(db, sid) == ["u:d1", "u:d2", "u:d3"]
         db.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
         assert _said(db, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
-        assert db.stats()["schema_version"] == 24
+        assert db.transfer.stats()["schema_version"] == 24
 
 
 def test_no_room_after_a_message_is_a_clear_error_that_stores_nothing(store_target, backend):
@@ -229,6 +229,6 @@ def test_the_export_file_lists_a_session_in_its_order(store):
     d1, _, _ = _burst(store, sid)
     store.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     out = io.StringIO()
-    store.write_export(out, session_id=sid)
+    store.transfer.write_export(out, session_id=sid)
     [line] = out.getvalue().splitlines()
     assert [m["content"] for m in json.loads(line)["messages"]] == ["d1", "r1", "d2", "d3"]

@@ -66,7 +66,7 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
     _seed_v1_db(path)
     db = SessionDB(path)
     try:
-        assert db.stats()["schema_version"] == schema.current_version()
+        assert db.transfer.stats()["schema_version"] == schema.current_version()
         old = db.get_session("old")
         assert (old["message_count"], old["title"], old["session_key"], old["input_tokens"]) == (3, None, None, 0)
         assert old["preview"] == "how do I deploy the kubernetes cluster"

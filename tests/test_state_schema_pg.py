@@ -145,10 +145,10 @@ def test_an_unreachable_store_says_so_without_its_password(pg_cluster):
 
 def test_the_store_shows_its_url_with_the_password_masked(pg_cluster, store):
     if store.backend == "sqlite":
-        assert store.url is None and store.stats()["path"].endswith("state.db")
+        assert store.url is None and store.transfer.stats()["path"].endswith("state.db")
         return
-    assert pg_cluster.password not in repr(store) and pg_cluster.password not in str(store.stats())
-    assert store.stats()["db_bytes"] > 0 and store.stats()["wal_bytes"] == 0
+    assert pg_cluster.password not in repr(store) and pg_cluster.password not in str(store.transfer.stats())
+    assert store.transfer.stats()["db_bytes"] > 0 and store.transfer.stats()["wal_bytes"] == 0
 
 
 def test_mask_url():

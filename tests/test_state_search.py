@@ -42,13 +42,13 @@ def test_deletes_and_imports_keep_the_index_in_sync(db, tmp_path):
     db.append_message("a", "user", "marmalade sandwich 记忆断裂")
     db.create_session("b", "cli")
     db.append_message("b", "user", "marmalade toast")
-    exported = db.export_all()
+    exported = db.transfer.export_all()
     db.clear_messages("a")
     assert _ids(db.search_messages("marmalade")) == ["b"]
     assert db.search_messages("记忆断裂") == []
     db.delete_session("b")
     assert db.search_messages("marmalade") == []
     with SessionDB(tmp_path / "restored.db") as other:
-        other.import_sessions(enumerate(exported, 1))
+        other.transfer.import_sessions(enumerate(exported, 1))
         assert _ids(other.search_messages("marmalade")) == ["a", "b"]
         assert _ids(other.search_messages("记忆断裂")) == ["a"]

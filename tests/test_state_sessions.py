@@ -350,13 +350,13 @@ def test_stats_and_checkpoint(db):
     db.create_session("b", "telegram")
     db.create_session("c", "cli")
     db.append_message("a", "user", "x")
-    stats = db.stats()
+    stats = db.transfer.stats()
     assert {k: stats[k] for k in ("sessions", "messages", "by_source")} == {
         "sessions": 3, "messages": 1, "by_source": {"telegram": 2, "cli": 1}}
     assert stats["db_bytes"] > 0 and stats["wal_bytes"] > 0
     busy, _, _ = db.checkpoint("TRUNCATE")
     assert busy == 0
-    assert db.stats()["wal_bytes"] == 0
+    assert db.transfer.stats()["wal_bytes"] == 0
     with pytest.raises(ValueError):
         db.checkpoint("BOGUS")
 
@@ -397,7 +397,7 @@ def test_threads_share_one_store(db):
 def test_exports_redact_secrets_in_model_config(db):
     db.create_session("s", "cli", model_config={"temperature": 0.1, "api_key": "sk-live-123",
                                                  "headers": {"Authorization": "Bearer abc"}})
-    exported = db.export_session("s")
+    exported = db.transfer.export("s")
     assert "sk-live-123" not in str(exported) and "Bearer abc" not in str(exported)
     assert '"temperature": 0.1' in exported["model_config"]
 
@@ -411,8 +411,8 @@ def test_a_failing_import_leaves_nothing_even_across_transactions(db):
                  "title": "t", "messages": []})
     dup_title = (8, {"id": "s8", "source": "cli", "started_at": 8.0, "title": "t", "messages": []})
     with pytest.raises(StateError, match="line 8"):
-        db.import_sessions(good + [clash, dup_title], chunk_messages=3)
+        db.transfer.import_sessions(good + [clash, dup_title], chunk_messages=3)
     assert db.session_count() == 1  # only "taken"
     assert db.message_count() == 0
-    result = db.import_sessions(good)
+    result = db.transfer.import_sessions(good)
     assert (result["imported"], result["messages"]) == (6, 6)

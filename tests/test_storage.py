@@ -36,7 +36,7 @@ def fill(db: SessionDB) -> dict[str, int]:
 
 def test_the_report_measures_tables_sums_text_by_platform_and_month_and_puts_the_largest_first(store):
     sizes = fill(store)
-    report = store.storage_report()
+    report = store.storage.report()
 
     assert report.engine == store.backend and report.db_bytes > 0
     objects = {o.name: o for o in report.objects}
@@ -53,7 +53,7 @@ def test_the_report_measures_tables_sums_text_by_platform_and_month_and_puts_the
     assert report.text_bytes == sum(sizes.values())
     assert [(s.session_id, s.source, s.messages, s.bytes) for s in report.largest_sessions] == [
         ("big", "telegram", 2, 13_000), ("slack1", "slack", 2, 2_100), ("small", "telegram", 1, 5)]
-    assert [s.session_id for s in store.storage_report(largest=1).largest_sessions] == ["big"]
+    assert [s.session_id for s in store.storage.report(largest=1).largest_sessions] == ["big"]
 
 
 @pytest.mark.sqlite_only("the WAL and free pages are SQLite's file")
@@ -61,7 +61,7 @@ def test_free_pages_after_a_delete_show_what_a_vacuum_would_return(store):
     fill(store)
     store.delete_session("big")
     store.checkpoint("TRUNCATE")
-    report = store.storage_report()
+    report = store.storage.report()
     assert report.free_bytes > 0
     assert [s.session_id for s in report.largest_sessions] == ["slack1", "small"]
 

@@ -61,12 +61,12 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
     path = tmp_path / "state.db"
     expired, kept = _build(path, now)
     async with await AsyncSessionDB.open(path) as db:
-        before = await db.store_size()
+        before = await db.upkeep.store_size()
         report = await state.run_upkeep(db, retention_days=1, now=now)
         remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
         child = await db.get_session("child")
-        last = await db.last_upkeep()
-        after = await db.store_size()
+        last = await db.upkeep.last()
+        after = await db.upkeep.store_size()
         hits = await db.search_messages("restarted", limit=1000)
     assert remaining == kept
     assert child["parent_session_id"] is None  # kept, its link to the pruned parent cleared
@@ -95,7 +95,7 @@ async def test_a_pass_prunes_the_expired_sessions_on_either_backend(store_target
         report = await state.run_upkeep(db, retention_days=1, now=now)
         remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
         child = await db.get_session("child")
-        last = await db.last_upkeep()
+        last = await db.upkeep.last()
         hits = await db.search_messages("restarted", limit=1000)
         orphans = await db.message_count() - sum([(await db.get_session(sid))["message_count"] for sid in kept])
     assert remaining == kept and child["parent_session_id"] is None
@@ -159,7 +159,7 @@ async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(sto
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=None, now=now)
         remaining = await db.session_count()
-        last = await db.last_upkeep()
+        last = await db.upkeep.last()
     assert remaining == 8 and report.sessions_pruned == 0
     assert last["finished_at"] >= now and last["retention_days"] is None
 
@@ -171,7 +171,7 @@ async def test_a_session_resumed_during_the_pass_is_left_alone(store_target):
         _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY)
         cutoff = now - DAY
         db.append_message("old", "user", "I am back", timestamp=now)  # activity after the candidates were read
-        step = db.upkeep_prune_step(["old"], cutoff, 100)[0]
+        step = db.upkeep.prune_step(["old"], cutoff, 100)[0]
         assert (step.deleted, step.dropped, step.messages) == ([], ["old"], 0)
         assert db.message_count("old") == 4
 
@@ -187,7 +187,7 @@ async def test_an_old_database_without_incremental_vacuum_says_so(tmp_path):
         _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY, messages=50)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        size = await db.store_size()
+        size = await db.upkeep.store_size()
     assert report.sessions_pruned == 1 and size.auto_vacuum == "none"
     assert report.vacuum_needed and size.free_pages > 0 and report.pages_vacuumed == 0
 
@@ -229,19 +229,19 @@ def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
     path = tmp_path / "state.db"
     with SessionDB(path) as db:
         db.create_session("live", "telegram")
-        db.upkeep_automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
+        db.upkeep.automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
         for i in range(32 * 40):  # forty segments, each of many distinct words
             db.append_message("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
-        segments = db.fts_segments("messages_fts")
+        segments = db.upkeep.fts_segments("messages_fts")
         assert len(segments) >= 10
         steps, start, left = 0, True, len(segments)
         while left and steps < 200:
-            step, _hold = db.upkeep_merge_step("messages_fts", 16, segments, start)
+            step, _hold = db.upkeep.merge_step("messages_fts", 16, segments, start)
             start, left, steps = False, step.left, steps + 1
             for i in range(64):  # two more segments between steps
                 db.append_message("live", "assistant", f"reply {steps} {i} the container restarted")
-        db.upkeep_automerge(True)
-        now = db.fts_segments("messages_fts")
+        db.upkeep.automerge(True)
+        now = db.upkeep.fts_segments("messages_fts")
         found = db.search_messages("restarted", limit=1000)
     # every segment there was at the start merged away, in a few steps (asking for a full merge
     # at each step starts it over on a new level each time: 900 segments after 300 steps)
@@ -280,9 +280,9 @@ async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_
         for i in range(200):  # about 400 KB of WAL: past a 64 KiB limit
             await db.append_message("live", "user", f"{i} {TEXT}")
         busy = await state.run_upkeep(db, retention_days=None, idle=lambda: False, wal_limit_bytes=65_536)
-        wal_busy = (await db.store_size()).wal_bytes
+        wal_busy = (await db.upkeep.store_size()).wal_bytes
         quiet = await state.run_upkeep(db, retention_days=None, idle=lambda: True, wal_limit_bytes=65_536)
-        wal_quiet = (await db.store_size()).wal_bytes
+        wal_quiet = (await db.upkeep.store_size()).wal_bytes
         found = await db.search_messages("restarted", limit=1000)
     # a turn running: the WAL is left for later (a TRUNCATE checkpoint makes writers wait while it runs)
     assert not busy.wal_truncated and wal_busy > 65_536 and busy.wal_bytes_after == wal_busy

@@ -144,7 +144,7 @@ def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_j
 def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     """Show one session (by id, unique id prefix, or title) and its messages."""
     session_id = _resolve(db, ref, "nothing is shown")
-    data = db.export_session(session_id)
+    data = db.transfer.export(session_id)
     if data is None:  # deleted between the two calls
         raise click.ClickException(f"session {session_id} no longer exists")
     if as_json:
@@ -221,7 +221,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
         raise click.ClickException(f"{file} already exists: nothing was written (pass --force to replace it)")
     wanted = _resolve(db, session_id, "nothing was written") if session_id else None
     if str(file) == "-":
-        count = db.write_export(sys.stdout, source=source, session_id=wanted)
+        count = db.transfer.write_export(sys.stdout, source=source, session_id=wanted)
         click.echo(f"exported {plural(count, 'session')}", err=True)
         return
     partial = file.with_name(f".{file.name}.partial")
@@ -229,7 +229,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
         # conversations are private: the file is readable by its owner only
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            count = db.write_export(handle, source=source, session_id=wanted)
+            count = db.transfer.write_export(handle, source=source, session_id=wanted)
         os.replace(partial, file)
     except OSError as exc:
         partial.unlink(missing_ok=True)
@@ -245,7 +245,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
 @with_store
 def import_cmd(db: SessionDB, file: Path) -> None:
     """Restore sessions from an export; sessions already present are skipped."""
-    result = db.import_sessions(parse_jsonl(file))
+    result = db.transfer.import_sessions(parse_jsonl(file))
     click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) from {file}")
     if result["skipped"]:
         shown = ", ".join(result["skipped"][:10]) + (" ..." if len(result["skipped"]) > 10 else "")
@@ -308,7 +308,7 @@ def _size(n: float) -> str:
 @with_store
 def stats_cmd(db: SessionDB, as_json: bool) -> None:
     """Counts by source, database and WAL size."""
-    stats = db.stats()
+    stats = db.transfer.stats()
     if as_json:
         _json_out(stats)
         return

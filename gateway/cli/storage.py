@@ -70,7 +70,7 @@ def storage_cmd(config_path: Path | None, top: int, as_json: bool) -> None:
                                    "$SWITCHBOARD_HOME the daemon's home?)")
     try:
         with SessionDB(target) as db:
-            report = db.storage_report(top)
+            report = db.storage.report(top)
     except StateError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

@@ -55,7 +55,7 @@ class StoreUpkeep:
         return dict(self._status)
 
     async def _run(self) -> None:
-        last = await self.db.last_upkeep()
+        last = await self.db.upkeep.last()
         due = last["finished_at"] + EVERY_SECONDS if last else 0.0
         next_at = max(due, self.clock() + START_DELAY_SECONDS)
         self._status.update(last_upkeep=last, next_upkeep_at=next_at)
@@ -101,10 +101,10 @@ class StoreUpkeep:
                 return dropped
 
     async def _refresh(self) -> None:
-        size = await self.db.store_size()
+        size = await self.db.upkeep.store_size()
         if size.wal_bytes > state.WAL_LIMIT_BYTES and self.idle():
             # off the write connection, like the pass's own checkpoint: live writes never queue behind it
             busy, _pages, _done = await self.db.checkpoint_aside("TRUNCATE")
             if not busy:
-                size = await self.db.store_size()
+                size = await self.db.upkeep.store_size()
         self._status.update(db_bytes=size.db_bytes, wal_bytes=size.wal_bytes, free_bytes=size.free_bytes)

@@ -179,7 +179,7 @@ class Pages:
                             rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
 
     async def _record(self, request: web.Request) -> dict:
-        record = await self.src.db.export_session(request.match_info["session_id"])
+        record = await self.src.db.transfer.export(request.match_info["session_id"])
         if record is None:
             raise web.HTTPNotFound()
         return record
