@@ -104,7 +104,7 @@ async def run(runs: int, n: int) -> int:
                 sid = f"bench_{r:03d}"
                 await adb.create_session(sid, "telegram", "gpt-4o", "u1", session_key=f"telegram:dm:{r}",
                                          title=f"bench chat {r}", system_prompt="You are Switchboard.")
-                await adb.set_route(f"telegram:dm:{r}", sid)
+                await adb.routes.set(f"telegram:dm:{r}", sid)
                 await adb.append_messages(sid, make_session(r, n))
                 sessions.append(sid)
             await adb.checkpoint("TRUNCATE")

@@ -261,7 +261,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
     await ctx.db.end_session(ctx.session_id, "switched")
     if session.get("ended_at") is not None:
         await ctx.db.reopen_session(target)
-    await ctx.db.set_route(ctx.lane.key, target)
+    await ctx.db.routes.set(ctx.lane.key, target)
     ctx.ticket.session_id = target
     ctx.lane.last_prompt_tokens = None
     return f"Resumed {_label(session)} ({target}, {session.get('message_count', 0)} messages)."

@@ -520,7 +520,7 @@ class SessionRouter:
         """Store a request's message in its session when its turn starts; None when a retry finds it
         stored and answered already (same ``message_id``, the Idempotency-Key)."""
         msg = ticket.msg
-        routed = await self.db.get_routed_session(ticket.session_key)
+        routed = await self.db.routes.session(ticket.session_key)
         if routed is not None and routed.get("ended_at") is None:
             ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
         text = _stored_text(msg)
@@ -550,7 +550,7 @@ class SessionRouter:
 
     async def _active_session(self, key: str, msg: InboundMessage, lane: Lane) -> tuple[str, str | None]:
         """The key's session after applying the reset policy; creates one when needed.  Lane lock held."""
-        return await self._apply_policy(key, msg, lane, await self.db.get_routed_session(key))
+        return await self._apply_policy(key, msg, lane, await self.db.routes.session(key))
 
     async def _apply_policy(self, key: str, msg: InboundMessage, lane: Lane,
                             session: dict | None) -> tuple[str, str | None]:
@@ -604,7 +604,7 @@ class SessionRouter:
                 f"[Session note] This conversation continues from session {follows['id']}{title}, "
                 f"which ended because {why}. Its history is not shown here; the user can return to it with /resume.",
             )
-        await self.db.set_route(key, session_id)
+        await self.db.routes.set(key, session_id)
         return session_id
 
     # -- the lane worker ------------------------------------------------------

@@ -34,6 +34,7 @@ from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
 from ._recovery import Recovery
 from ._repo import Repository, marked_methods, reads as _reads, writes as _writes
+from ._routes import Routes
 from ._storage import Storage
 from ._transfer import Transfer
 from ._upkeep import Upkeep
@@ -62,6 +63,7 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "routes": Routes,
         "transfer": Transfer,
         "storage": Storage,
         "upkeep": Upkeep,
@@ -73,6 +75,7 @@ class SessionDB:
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    routes: Routes
     transfer: Transfer
     storage: Storage
     upkeep: Upkeep
@@ -477,28 +480,10 @@ class SessionDB:
             role_filter=role_filter, limit=limit,
         )
 
-    # --- routes ------------------------------------------------------------
 
-    @_reads
-    def get_routed_session(self, session_key: str) -> dict | None:
-        """The session row ``session_key`` routes to, or None."""
-        return self._engine.read(_routes.get_routed_session, session_key)
 
-    @_reads
-    def get_route(self, session_key: str) -> str | None:
-        return self._engine.read(_routes.get_route, session_key)
 
-    @_writes
-    def set_route(self, session_key: str, session_id: str) -> None:
-        return self._engine.write(_routes.set_route, session_key, session_id)
 
-    @_writes
-    def delete_route(self, session_key: str) -> bool:
-        return self._engine.write(_routes.delete_route, session_key)
-
-    @_reads
-    def list_routes(self, prefix: str | None = None) -> list[tuple[str, str]]:
-        return self._engine.read(_routes.list_routes, prefix)
 
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""

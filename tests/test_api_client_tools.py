@@ -228,7 +228,7 @@ async def test_the_text_before_a_client_tool_call_never_shows_or_stores_the_memo
         raw = await client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": "user", "content": "weather, plainly?"}], tools=[WEATHER])
         await client.close()
-        streamed_rows = await stored(gw, await gw.db.get_route("agent:main:api:dm:fenced"))
+        streamed_rows = await stored(gw, await gw.db.routes.get("agent:main:api:dm:fenced"))
         plain_rows = await stored(gw, raw.headers["X-Switchboard-Session"])
     plain = raw.parse().choices[0]
     assert finish == "tool_calls"

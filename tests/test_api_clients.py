@@ -168,7 +168,7 @@ async def test_three_concurrent_requests_in_one_session_each_get_their_own_answe
             await model.wait_for_requests(1)
             rest = [asyncio.create_task(llm.ainvoke(text)) for text in ("d2", "d3")]
             replies = [m.content for m in await asyncio.gather(first, *rest)]
-            stored = await conversation_of(gw, await gw.db.get_route("agent:main:api:dm:burst"))
+            stored = await conversation_of(gw, await gw.db.routes.get("agent:main:api:dm:burst"))
     assert replies == [echo(d, n, "d1") for n, d in enumerate(["d1", "d2", "d3"], 1)]
     assert [r.messages[-1]["role"] for r in model.requests] == ["user"] * 3
     assert stored == [pair for reply, d in zip(replies, ["d1", "d2", "d3"], strict=True) for pair in (("user", d), ("assistant", reply))]
@@ -298,7 +298,7 @@ async def test_the_sdks_own_retry_after_a_model_failure_stores_the_message_once(
         answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}],
                                                       extra_headers={"X-Session-Key": "k"})
         await client.close()
-        stored = await conversation_of(gw, await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await conversation_of(gw, await gw.db.routes.get("agent:main:api:dm:k"))
     assert answer.choices[0].message.content == echo("hello", 1, "hello")
     assert stored == [("user", "hello"), ("assistant", echo("hello", 1, "hello"))]
     assert len(model.requests) == 2

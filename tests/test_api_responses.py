@@ -182,7 +182,7 @@ async def test_a_reset_notice_reaches_a_responses_client_in_a_header_never_in_it
                                sessions={"reset": {"mode": "idle", "idle_minutes": 60}}) as gw:
         client = client_of(gw)
         await client.responses.create(model="m", input="before the break", extra_headers={"X-Session-Key": "k"})
-        old = await gw.db.get_route("agent:main:api:dm:k")
+        old = await gw.db.routes.get("agent:main:api:dm:k")
         clock.advance(61 * 60)
         raw = await client.responses.with_raw_response.create(model="m", input="back again",
                                                               extra_headers={"X-Session-Key": "k"})

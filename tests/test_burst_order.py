@@ -32,7 +32,7 @@ ANN = FakeTelegram.user(111, "Ann")
 def stored(config, key: str | None = None) -> list[tuple[str, str]]:
     """(role, text) of the one routed session (or ``key``'s), as every reader of the store sees it."""
     with state.SessionDB(config.store_target) as db:
-        routes = dict(db.list_routes())
+        routes = dict(db.routes.list())
         if key is None:
             if not routes:
                 return []

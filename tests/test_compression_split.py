@@ -58,7 +58,7 @@ async def new_session(adb, sid: str, *, title: str | None = "my project", key: s
     await adb.create_session(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.",
                              session_key=key, user_name="Ada", title=title)
     if key is not None:
-        await adb.set_route(key, sid)
+        await adb.routes.set(key, sid)
     messages = conversation(turns, tag=sid, tool_at=tool_at)
     await adb.append_messages(sid, messages)
     return messages
@@ -82,7 +82,7 @@ async def snapshot(adb) -> dict:
     sessions = await adb.list_sessions_rich(include_children=True, limit=100)
     return {
         "sessions": [(s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions],
-        "routes": await adb.list_routes(),
+        "routes": await adb.routes.list(),
         "messages": {s["id"]: await adb.get_messages(s["id"]) for s in sessions},
     }
 
@@ -101,7 +101,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     assert child["parent_session_id"] == "root" and child["ended_at"] is None
     for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt"):
         assert child[field] == root[field]
-    assert await adb.get_route(KEY) == first.new_session_id
+    assert await adb.routes.get(KEY) == first.new_session_id
     # The parent keeps its full history, untouched.
     assert [(m["role"], m["content"]) for m in await adb.get_messages("root")] == [
         (m["role"], m["content"]) for m in original
@@ -127,7 +127,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
 
     assert second.title == "my project #3"
     assert (await adb.get_session(second.new_session_id))["parent_session_id"] == first.new_session_id
-    assert await adb.get_route(KEY) == second.new_session_id
+    assert await adb.routes.get(KEY) == second.new_session_id
     assert await adb.get_compression_tip("root") == second.new_session_id
     assert await adb.resolve_session_by_title("my project") == second.new_session_id
     assert [s["id"] for s in await adb.get_lineage(second.new_session_id)] == [
@@ -225,7 +225,7 @@ async def test_a_failing_summarizer_changes_nothing_and_the_session_goes_on(adb)
     assert await snapshot(adb) == before
     # The turn is still answered in the same session.
     await adb.append_messages("s", [{"role": "assistant", "content": "answered anyway"}])
-    assert (await adb.get_messages_as_conversation(await adb.get_route(KEY)))[-1]["content"] == "answered anyway"
+    assert (await adb.get_messages_as_conversation(await adb.routes.get(KEY)))[-1]["content"] == "answered anyway"
 
 
 async def test_a_hanging_summarizer_times_out_and_changes_nothing(adb):
@@ -289,13 +289,13 @@ async def test_other_sessions_are_served_while_one_compresses(adb):
     # While "slow" waits for its summary, another chat is answered and even compressed.
     await adb.append_messages("fast", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
     fast = await compress_session(adb, "fast", Summarizer("fast summary"), context_length=2_000)
-    assert await adb.get_route("telegram:dm:2") == fast.new_session_id
+    assert await adb.routes.get("telegram:dm:2") == fast.new_session_id
     assert not pending.done()
-    assert await adb.get_route("telegram:dm:1") == "slow"
+    assert await adb.routes.get("telegram:dm:1") == "slow"
 
     slow.release.set()
     done = await pending
-    assert await adb.get_route("telegram:dm:1") == done.new_session_id
+    assert await adb.routes.get("telegram:dm:1") == done.new_session_id
 
 
 def test_describe_is_the_compress_reply():
@@ -337,7 +337,7 @@ async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
     with pytest.raises(SessionChanged, match="lost messages"):
         await task
     assert await snapshot(adb) == before  # no child, route and parent untouched
-    assert await adb.get_route(KEY) == "s"
+    assert await adb.routes.get(KEY) == "s"
 
 
 async def test_a_summary_too_long_to_leave_the_room_asked_for_changes_nothing(adb):

@@ -52,7 +52,7 @@ def summarizer(fake: FakeModel):
 
 async def start(adb, turns: int = 20, size: int = 200) -> list[dict]:
     await adb.create_session("s", "discord", "fake-model", "u7", session_key=KEY, title="trip")
-    await adb.set_route(KEY, "s")
+    await adb.routes.set(KEY, "s")
     history = []
     for i in range(turns):
         history += [{"role": "user", "content": f"question {i} " + "q" * size},
@@ -90,7 +90,7 @@ async def test_compression_triggers_at_the_threshold_and_not_below(adb, model):
     summary_request = model.requests[-1].messages
     assert summary_request[0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert at.session_id != "s" and at.compressed.title == "trip #2"
-    assert await adb.get_route(KEY) == at.session_id
+    assert await adb.routes.get(KEY) == at.session_id
     assert at.history == await adb.get_messages_as_conversation(at.session_id)
     assert is_summary(at.history[3]) and "LH 454" in at.history[3]["content"]
     assert at.history[-1] == {"role": "user", "content": "and then?"}
@@ -127,7 +127,7 @@ async def test_a_failing_summarizer_leaves_the_session_and_the_turn_goes_on(adb,
 
     assert await adb.get_messages("s") == before
     assert (await adb.get_session("s"))["ended_at"] is None
-    assert await adb.get_route(KEY) == "s"
+    assert await adb.routes.get(KEY) == "s"
     assert await adb.list_sessions_rich(include_children=True) == await adb.list_sessions_rich()
 
 
@@ -167,7 +167,7 @@ async def test_a_split_that_would_trigger_again_at_once_is_not_made(adb, model):
     assert isinstance(prepared.failure, TooLittleToGain)
     assert model.requests == []  # decided before any summary was asked for
     assert prepared.session_id == "s" and prepared.compressed is None
-    assert await adb.get_messages("s") == before and await adb.get_route(KEY) == "s"
+    assert await adb.get_messages("s") == before and await adb.routes.get(KEY) == "s"
     assert prepared.notice is not None and "a summary would not free enough of it" in prepared.notice
     assert f"the {prepared.dropped} oldest messages" in prepared.notice
 

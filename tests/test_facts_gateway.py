@@ -47,7 +47,7 @@ async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_pat
         api = ApiClient(gw)
         reply = await api.say("ann", "which editor should I configure?")
         sent = model.requests[-1]
-        session = await gw.db.get_route("agent:main:api:dm:ann")
+        session = await gw.db.routes.get("agent:main:api:dm:ann")
         stored = await gw.db.get_messages(session)
 
         assert (await api.say("ann", "/facts off")).startswith("Fact recall is off for this chat")
@@ -94,7 +94,7 @@ async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_
         api = ApiClient(gw)
         await api.say("cy", "we are moving the shop to postgres")
         await api.say("cy", "also my cat Miso says hi")
-        first = await gw.db.get_route("agent:main:api:dm:cy")
+        first = await gw.db.routes.get("agent:main:api:dm:cy")
         await api.say("cy", "/new")
         await until(lambda: _extracted(gw, 1))
         stored = await gw.db.facts.list("main", "api:cy")
@@ -146,7 +146,7 @@ async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, mo
         api = ApiClient(gw)
         await api.say("eve", "I prefer tea")
         await api.say("eve", "green tea, mostly")
-        sid = await gw.db.get_route("agent:main:api:dm:eve")
+        sid = await gw.db.routes.get("agent:main:api:dm:eve")
         await api.say("eve", "/new")  # the default echo is no JSON: the extraction fails
         await until(lambda: _extracted(gw, 1))
         await api.close()
@@ -189,7 +189,7 @@ async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_
         api = ApiClient(gw)
         for i in range(7):
             await api.say("gus", f"turn {i}: {long}")
-        root = await gw.db.get_route("agent:main:api:dm:gus")
+        root = await gw.db.routes.get("agent:main:api:dm:gus")
         reply = await api.say("gus", "/compress")
         await until(lambda: _extracted(gw, 1))
         await api.close()

@@ -121,7 +121,7 @@ async def test_allowlisted_users_talk_and_a_redelivered_event_is_answered_once(t
         # groups are per user by default; the stored key is the documented one
         await platform.deliver("in the group", chat="-100", chat_type=ChatType.GROUP, message_id="g1")
         await platform.wait_sent(2)
-        routes = dict(await gw.db.list_routes())
+        routes = dict(await gw.db.routes.list())
     assert set(routes) == {"agent:main:telegram:dm:42", "agent:main:telegram:group:-100:42"}
 
 

@@ -37,7 +37,7 @@ async def test_no_compression_below_the_threshold(tmp_path, model):
         api = ApiClient(gw)
         await chat(api, 8)
         await api.close()
-        sid = await gw.db.get_route(KEY)
+        sid = await gw.db.routes.get(KEY)
         assert (await gw.db.get_session(sid))["parent_session_id"] is None
     assert summary_requests(model) == []
 
@@ -47,7 +47,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         api = ApiClient(gw)
         await chat(api, 6)
         assert await api.say("k", "/title migration") == "Session title set: migration"
-        root = await gw.db.get_route(KEY)
+        root = await gw.db.routes.get(KEY)
         # the trigger, then the memory turn before the split, the summary, the answer
         model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
                      Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
@@ -55,7 +55,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         raw = await api.client.chat.completions.with_raw_response.create(  # the trigger fires before this call
             model="m", messages=[{"role": "user", "content": "and now?"}], extra_headers={"X-Session-Key": "k"})
         answer = raw.parse().choices[0].message.content
-        second = await gw.db.get_route(KEY)
+        second = await gw.db.routes.get(KEY)
         assert second != root
         notice = raw.headers["X-Switchboard-Notice"]  # beside the answer, never in it
         assert notice.startswith('Compressed: ') and 'Continuing as "migration #2".' in notice
@@ -65,7 +65,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         model.script(Reply("ok", prompt_tokens=3600), Reply("nothing new"), Reply("SECOND SUMMARY"), Reply("after two"))
         await api.say("k", "again")
         await api.say("k", "and again?")
-        third = await gw.db.get_route(KEY)
+        third = await gw.db.routes.get(KEY)
         await api.close()
 
         parent, child, grandchild = [await gw.db.get_session(s) for s in (root, second, third)]
@@ -102,11 +102,11 @@ async def test_compress_with_too_little_changes_nothing(tmp_path, model):
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 2)
-        before = await gw.db.get_route(KEY)
+        before = await gw.db.routes.get(KEY)
         answer = await api.say("k", "/compress")
         await api.close()
         assert answer == "Nothing to compress yet: the conversation is still short. Nothing was changed."
-        assert await gw.db.get_route(KEY) == before
+        assert await gw.db.routes.get(KEY) == before
 
 
 @pytest.mark.parametrize("failure", ["error", "timeout"])
@@ -114,7 +114,7 @@ async def test_a_failing_summarizer_changes_nothing_and_the_turn_is_answered(tmp
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 6)
-        sid = await gw.db.get_route(KEY)
+        sid = await gw.db.routes.get(KEY)
         stored_before = len(await gw.db.get_messages(sid))
         broken = [Fail(500)] * 4 if failure == "error" else [Hang(30)]
         model.script(Reply("ok", prompt_tokens=3300), Reply("nothing new to remember"), *broken,
@@ -122,7 +122,7 @@ async def test_a_failing_summarizer_changes_nothing_and_the_turn_is_answered(tmp
         await api.say("k", "push it over")
         answer = await api.say("k", "are you there?")
         assert answer == "still answered"
-        assert await gw.db.get_route(KEY) == sid
+        assert await gw.db.routes.get(KEY) == sid
         assert len(await gw.db.get_messages(sid)) == stored_before + 4
         # the cooldown: the next turn does not try again
         requests_before = len(model.requests)
@@ -153,7 +153,7 @@ async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, mode
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 6)
-        root = await gw.db.get_route(KEY)
+        root = await gw.db.routes.get(KEY)
         model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"), Reply("SUMMARY"),
                      Reply("after the split"))
         await api.say("k", "one more")  # reports 3,500 tokens: the next turn compresses first
@@ -168,7 +168,7 @@ async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, mode
             named = response.model_extra["session_id"]
             text = response.choices[0].message.content
         await api.close()
-        child = await gw.db.get_route(KEY)
+        child = await gw.db.routes.get(KEY)
         assert child != root and "after the split" in text
         assert (await gw.db.get_messages(child))[-1]["content"] == "after the split"
         assert named == child
@@ -207,7 +207,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 6)
-        root = await gw.db.get_route(KEY)
+        root = await gw.db.routes.get(KEY)
         model.script(Reply("ok", prompt_tokens=3500))
         await api.say("k", "one more")  # the next turn compresses first
         model.script(Reply("nothing new to remember"), Reply("SUMMARY: the migration plan"))
@@ -220,7 +220,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
             extra_headers={"X-Session-Key": "k"})
         answered_first = await compressing
         await api.close()
-        child = await gw.db.get_route(KEY)
+        child = await gw.db.routes.get(KEY)
         parent = await gw.db.get_session(root)
         in_child = [(m["role"], m["content"]) for m in await gw.db.get_messages(child)]
         in_parent = await gw.db.get_messages(root)

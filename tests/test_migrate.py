@@ -33,7 +33,7 @@ def _fill_every_table(home: Path) -> Path:
         db.create_session("root", "telegram", model="m", user_id="u1")
         db.create_session("child", "telegram", model="m", user_id="u1", parent_session_id="root")
         db.create_session("other", "cli", model="m")
-        db.set_route("telegram:dm:u1", "child")
+        db.routes.set("telegram:dm:u1", "child")
         db.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
                           inbox={"session_key": "telegram:dm:u1", "platform": "telegram", "chat_id": "c1",
                                  "chat_type": "dm", "user_id": "u1"})
@@ -123,7 +123,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     with state.SessionDB(pg_url) as db:
         assert db.get_session("child")["parent_session_id"] == "root"
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
-        assert db.get_routed_session("telegram:dm:u1")["id"] == "child"
+        assert db.routes.session("telegram:dm:u1")["id"] == "child"
         assert db.pairing.is_approved("telegram", "u3")
         assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]
         assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]

@@ -71,7 +71,7 @@ async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, mod
         api = ApiClient(gw)
         answer = await api.say("alice", "like we discussed last week, what was the docker fix?")
         await api.close()
-        current = await gw.db.get_route("agent:main:api:dm:alice")
+        current = await gw.db.routes.get("agent:main:api:dm:alice")
         stored = await gw.db.get_messages(current)
         day = when((await gw.db.get_session("old-docker"))["started_at"])
     assert answer.startswith("tool said: Earlier conversations about \"docker restarting\" (1):")

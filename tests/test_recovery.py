@@ -183,7 +183,7 @@ def crashed_before_the_answer(config, text: str, *, received_at: float | None = 
     with state.SessionDB(config.db_path) as db:
         sid = state.new_session_id()
         db.create_session(sid, "telegram", model="fake-model", user_id="111", session_key=ANN_KEY)
-        db.set_route(ANN_KEY, sid)
+        db.routes.set(ANN_KEY, sid)
         appended = db.append_inbound(sid, text, platform_message_id="500", timestamp=received_at, inbox={
             "session_key": ANN_KEY, "platform": "telegram", "chat_id": "111", "chat_type": "dm", "user_id": "111",
             "user_name": "Ann", "platform_message_id": "500", "received_at": received_at})
@@ -194,7 +194,7 @@ def crashed_after_the_answer(config, question: str, answer: str, *, confirmed: l
     """The turn stored its answer with a pending delivery; the kill came before the send was confirmed."""
     message_id = crashed_before_the_answer(config, question)
     with state.SessionDB(config.db_path) as db:
-        sid = db.get_route(ANN_KEY)
+        sid = db.routes.get(ANN_KEY)
         delivery_id = uuid.uuid4().hex
         db.record_turn(sid, [{"role": "assistant", "content": answer}], answered=[message_id], delivery={
             "id": delivery_id, "platform": "telegram", "chat_id": "111", "reply_to": "500", "text": answer})
@@ -204,7 +204,7 @@ def crashed_after_the_answer(config, question: str, answer: str, *, confirmed: l
 
 def _session_id(config) -> str:
     with state.SessionDB(config.db_path) as db:
-        return db.get_route(ANN_KEY)
+        return db.routes.get(ANN_KEY)
 
 
 def _pending(config) -> int:

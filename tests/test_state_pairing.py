@@ -38,12 +38,12 @@ def test_approving_is_once_by_code_and_revoking_takes_it_back(store):
 def test_routes_point_a_key_at_a_session_and_list_by_prefix(store):
     store.create_session("s1", "telegram")
     store.create_session("s2", "telegram")
-    store.set_route("agent:main:telegram:dm:42", "s1")
-    store.set_route("agent:main:telegram:dm:42", "s2")  # a reset moves the key
-    store.set_route("agent:main:discord:dm:7", "s1")
-    store.set_route("agent:main:telegram:dm:4_", "s1")
-    assert store.get_route("agent:main:telegram:dm:42") == "s2"
-    assert store.list_routes("agent:main:telegram:dm:4_") == [("agent:main:telegram:dm:4_", "s1")]
-    assert [k for k, _ in store.list_routes("agent:main:telegram")] == ["agent:main:telegram:dm:42",
+    store.routes.set("agent:main:telegram:dm:42", "s1")
+    store.routes.set("agent:main:telegram:dm:42", "s2")  # a reset moves the key
+    store.routes.set("agent:main:discord:dm:7", "s1")
+    store.routes.set("agent:main:telegram:dm:4_", "s1")
+    assert store.routes.get("agent:main:telegram:dm:42") == "s2"
+    assert store.routes.list("agent:main:telegram:dm:4_") == [("agent:main:telegram:dm:4_", "s1")]
+    assert [k for k, _ in store.routes.list("agent:main:telegram")] == ["agent:main:telegram:dm:42",
                                                                           "agent:main:telegram:dm:4_"]
-    assert store.delete_route("agent:main:discord:dm:7") and store.get_route("agent:main:discord:dm:7") is None
+    assert store.routes.delete("agent:main:discord:dm:7") and store.routes.get("agent:main:discord:dm:7") is None

@@ -80,7 +80,7 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
         db.set_session_title("old", "deploy")
         db.append_message("old", "user", "again", platform_message_id="p1", finish_reason="stop")
         assert db.append_inbound("old", "again", platform_message_id="p1").new is False
-        db.set_route("k", "old")
+        db.routes.set("k", "old")
         assert db.resolve_session_id("deploy") == "old"
     finally:
         db.close()

@@ -185,18 +185,18 @@ def test_clear_messages_keeps_the_session(db):
 def test_routes(db):
     db.create_session("s1", "telegram")
     db.create_session("s2", "discord")
-    assert db.get_route("agent:main:telegram:dm:1") is None
-    db.set_route("agent:main:telegram:dm:1", "s1")
-    db.set_route("agent:main:discord:dm:9", "s2")
-    db.set_route("agent:main:telegram:dm:1", "s2")
-    assert db.get_route("agent:main:telegram:dm:1") == "s2"
-    assert db.list_routes() == [("agent:main:discord:dm:9", "s2"), ("agent:main:telegram:dm:1", "s2")]
-    assert db.list_routes("agent:main:telegram") == [("agent:main:telegram:dm:1", "s2")]
-    assert db.list_routes("AGENT:") == []
-    assert db.delete_route("agent:main:discord:dm:9") is True
-    assert db.delete_route("agent:main:discord:dm:9") is False
+    assert db.routes.get("agent:main:telegram:dm:1") is None
+    db.routes.set("agent:main:telegram:dm:1", "s1")
+    db.routes.set("agent:main:discord:dm:9", "s2")
+    db.routes.set("agent:main:telegram:dm:1", "s2")
+    assert db.routes.get("agent:main:telegram:dm:1") == "s2"
+    assert db.routes.list() == [("agent:main:discord:dm:9", "s2"), ("agent:main:telegram:dm:1", "s2")]
+    assert db.routes.list("agent:main:telegram") == [("agent:main:telegram:dm:1", "s2")]
+    assert db.routes.list("AGENT:") == []
+    assert db.routes.delete("agent:main:discord:dm:9") is True
+    assert db.routes.delete("agent:main:discord:dm:9") is False
     with pytest.raises(SessionNotFound):
-        db.set_route("k", "ghost")
+        db.routes.set("k", "ghost")
 
 
 def test_resolve_session_id(db):
@@ -299,11 +299,11 @@ def test_listing_filters_by_user_and_key(db):
 
 def test_delete_session_keeps_children_and_drops_routes(db):
     _chain(db, time.time())
-    db.set_route("key", "mid")
+    db.routes.set("key", "mid")
     assert db.delete_session("mid") is True
     assert db.delete_session("mid") is False
     assert db.get_session("tip")["parent_session_id"] is None
-    assert db.get_route("key") is None
+    assert db.routes.get("key") is None
     assert db.get_messages("mid") == []
 
 

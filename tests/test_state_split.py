@@ -14,7 +14,7 @@ def everything(db) -> dict:
     sessions = db.list_sessions_rich(include_children=True, limit=100)
     return {
         "sessions": sorted((s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions),
-        "routes": db.list_routes(),
+        "routes": db.routes.list(),
         "messages": {s["id"]: db.get_messages(s["id"]) for s in sessions},
     }
 
@@ -22,7 +22,7 @@ def everything(db) -> dict:
 def parent_with(db, sid: str = "p", *, title: str | None = "my project", turns: int = 4) -> list[int]:
     db.create_session(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.", session_key=KEY,
                       user_name="Ada", title=title, model_config={"temperature": 0.2})
-    db.set_route(KEY, sid)
+    db.routes.set(KEY, sid)
     ids = []
     for i in range(turns):
         ids.append(db.append_message(sid, "user", f"question {i}", platform_message_id=f"m{i}", timestamp=100.0 + 2 * i))
@@ -53,7 +53,7 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
     assert child["started_at"] == parent["ended_at"]  # one instant: the child continues exactly where it ended
     for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt", "model_config"):
         assert child[field] == parent[field], field
-    assert store.get_route(KEY) == split.child_id
+    assert store.routes.get(KEY) == split.child_id
     assert store.get_compression_tip("p") == split.child_id
     assert [m["content"] for m in store.get_messages(split.child_id)] == [
         "question 0", "answer 0", "[Summary of earlier conversation]\nGoals: v2", "question 3", "answer 3"]
@@ -80,15 +80,15 @@ def test_a_chain_of_splits_numbers_on(store):
     second = store.split_session(first.child_id, kept(store, first.child_id),
                                  expected_message_ids=[m["id"] for m in store.get_messages(first.child_id)])
     assert (first.title, second.title) == ("my project #2", "my project #3")
-    assert store.get_route(KEY) == second.child_id and store.get_compression_tip("p") == second.child_id
+    assert store.routes.get(KEY) == second.child_id and store.get_compression_tip("p") == second.child_id
     assert store.resolve_session_by_title("my project") == second.child_id
 
 
 def test_a_key_without_a_route_gets_one(store):
     ids = parent_with(store)
-    store.delete_route(KEY)
+    store.routes.delete(KEY)
     split = store.split_session("p", kept(store), expected_message_ids=ids)
-    assert store.get_route(KEY) == split.child_id
+    assert store.routes.get(KEY) == split.child_id
 
 
 def test_messages_stored_after_the_plan_refuse_the_split_and_say_so(store):
@@ -114,7 +114,7 @@ def test_a_session_that_changed_meanwhile_is_left_alone(store, change, reason):
         store.clear_messages("p")
     else:
         store.create_session("other", "telegram", session_key=KEY)
-        store.set_route(KEY, "other")
+        store.routes.set(KEY, "other")
     before = everything(store)
     with pytest.raises(SessionChangedMeanwhile, match=reason) as info:
         store.split_session("p", kept(store) if change != "cleared" else [], expected_message_ids=ids)
@@ -136,7 +136,7 @@ def test_a_split_that_fails_half_way_writes_nothing(store):
     with pytest.raises(ValueError, match="needs a role"):
         store.split_session("p", [*kept(store), {"content": "no role"}], expected_message_ids=ids)
     assert everything(store) == before
-    assert store.get_route(KEY) == "p" and store.get_session("p")["ended_at"] is None
+    assert store.routes.get(KEY) == "p" and store.get_session("p")["ended_at"] is None
 
 
 def test_a_conversation_continues_where_compression_moved_it(store):

@@ -6,13 +6,13 @@ from state import new_session_id
 def test_record_turn_stores_messages_and_usage_together(store):
     with store as db:
         sid = db.create_session(new_session_id(), "api", session_key="k")
-        db.set_route("k", sid)
+        db.routes.set("k", sid)
         db.append_message(sid, "user", "hi")
         ids = db.record_turn(sid, [{"role": "assistant", "content": "hello"}], input_tokens=12, output_tokens=3)
-        session = db.get_routed_session("k")
+        session = db.routes.session("k")
         assert len(ids) == 1
         assert (session["id"], session["input_tokens"], session["output_tokens"], session["message_count"]) == (sid, 12, 3, 2)
-        assert db.get_routed_session("nowhere") is None
+        assert db.routes.session("nowhere") is None
 
 
 def test_a_failing_turn_record_leaves_nothing(store):
@@ -28,7 +28,7 @@ def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):
     with store as db:
         assert db.append_inbound_to_route("k", "hello?", platform_message_id="m0") == (None, None)  # no route yet
         sid = db.create_session(new_session_id(), "telegram", session_key="k")
-        db.set_route("k", sid)
+        db.routes.set("k", sid)
 
         session, appended = db.append_inbound_to_route("k", "hi", platform_message_id="m1")
         assert session["id"] == sid and appended.new

@@ -44,7 +44,7 @@ async def stopped_at_the_end(daemon: Daemon):
 
 def deliveries(daemon: Daemon) -> list[dict]:
     with state.SessionDB(daemon.db_path) as db:
-        [(_, session_id)] = list(db.list_routes())
+        [(_, session_id)] = list(db.routes.list())
         return db.recovery.list_deliveries(session_id)
 
 

@@ -59,7 +59,7 @@ def gateway_on(world, **platform):
 def stored(gw: Gateway) -> tuple[list[dict], list[dict]]:
     """The DM session's messages and deliveries, read from state.db."""
     with state.SessionDB(gw.config.db_path) as db:
-        [(_, session_id)] = [(k, s) for k, s in db.list_routes()]
+        [(_, session_id)] = [(k, s) for k, s in db.routes.list()]
         return db.get_messages(session_id), db.recovery.list_deliveries(session_id)
 
 

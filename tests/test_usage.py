@@ -60,7 +60,7 @@ async def test_each_model_call_is_one_row_with_its_purpose_tokens_and_cost(tmp_p
         assert (await api.say("ann", "/compress")).startswith("Compressed: ")
         await api.close()
         rows = await ledger(gw, 10)
-        child = await gw.db.get_session(await gw.db.get_route("agent:main:api:dm:ann"))
+        child = await gw.db.get_session(await gw.db.routes.get("agent:main:api:dm:ann"))
         first_session = child["parent_session_id"]  # the one the calls were made for, compressed into the child
     assert Counter(r["purpose"] for r in rows) == {"turn": 7, "tool_loop": 1, "memory_flush": 1, "compression": 1}
     # the first turn: the call that asked for the tool, then the one that answered

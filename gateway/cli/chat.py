@@ -144,7 +144,7 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
     elif continue_ is not None:
         # where the terminal was when it left (a /resume'd session, not an empty one /new made before it),
         # else the most recently active of its sessions
-        routed = await db.get_routed_session(key)
+        routed = await db.routes.session(key)
         rows = [routed] if routed else await db.list_sessions_rich(source="cli", session_key=key, limit=1)
         if not rows:
             return None
@@ -159,7 +159,7 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
         return None
     if session.get("ended_at") is not None:
         await db.reopen_session(target)
-    await db.set_route(key, target)
+    await db.routes.set(key, target)
     return target
 
 
@@ -167,13 +167,13 @@ async def _start_fresh(router: SessionRouter, key: str) -> None:
     """A plain ``switchboard chat``: the terminal's open session ends (saved, as with /new); the first
     message starts a new one."""
     db = router.db
-    routed = await db.get_routed_session(key)
+    routed = await db.routes.session(key)
     if routed is None:
         return
     if routed.get("ended_at") is None:
         await db.end_session(routed["id"], "new_session")
         router.session_ended(routed["id"], key)
-    await db.delete_route(key)
+    await db.routes.delete(key)
 
 
 async def run_chat(config: Config, *, continue_: str | None = None, resume: str | None = None,
@@ -241,7 +241,7 @@ class _Chat:
         finally:
             if undo is not None:
                 undo()
-        route = await self.db.get_route(self.key)
+        route = await self.db.routes.get(self.key)
         if route:
             if self.interactive and self.input is not None:
                 self.notes.print("")  # after the ^C or the prompt the terminal shows

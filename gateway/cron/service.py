@@ -460,7 +460,7 @@ class CronService:
             if result.session_id != session_id:  # compression moved the conversation on
                 session_id = result.session_id
                 if job["context"] == "continue":
-                    await self.db.set_route(key, session_id)
+                    await self.db.routes.set(key, session_id)
             output = result.reply
         except asyncio.CancelledError:
             error = "interrupted: the gateway stopped during the run"
@@ -509,7 +509,7 @@ class CronService:
 
     async def _session_for(self, job: dict, run: dict, key: str) -> str:
         if job["context"] == "continue":
-            current = await self.db.get_route(key)
+            current = await self.db.routes.get(key)
             session = await self.db.get_session(current) if current else None
             if current and session is not None and session.get("ended_at") is None:
                 return current
@@ -530,7 +530,7 @@ class CronService:
             await self.db.create_session(session_id, "cron", model=job["model"] or self.settings.model_name,
                                          session_key=key, system_prompt=self.turn.settings.persona)
         if job["context"] == "continue":
-            await self.db.set_route(key, session_id)
+            await self.db.routes.set(key, session_id)
         return session_id
 
     async def _renew(self, job_id: str) -> None:

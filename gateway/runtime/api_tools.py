@@ -92,7 +92,7 @@ def continue_routed(db: AsyncSessionDB, key: str, request: ChatRequest) -> Calla
     results go to the session ``key`` routes to."""
 
     async def prepared() -> str | None:
-        session = await db.get_routed_session(key)
+        session = await db.routes.session(key)
         if session is None:
             raise ApiError(400, "no conversation under this session waits for tool results; send the tool "
                                 "results in the session whose answer called the tools", param="messages",
