@@ -141,7 +141,7 @@ async def cmd_new(ctx: CommandContext) -> str:
         title = ctx.db.sanitize_title(ctx.command.args)
     except state.InvalidTitle as exc:
         return f"No new session started: the title is not valid ({exc})."
-    holder = await ctx.db.get_session_by_title(title) if title else None
+    holder = await ctx.db.titles.session(title) if title else None
     if title and holder is not None:
         return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
@@ -153,7 +153,7 @@ async def cmd_new(ctx: CommandContext) -> str:
     named = ""
     if title:
         try:
-            await ctx.db.set_session_title(new_id, title)
+            await ctx.db.titles.set(new_id, title)
             named = f' "{title}"'
         except state.TitleConflict as exc:  # taken in the meantime: the session starts untitled
             return (f"Started a new session, untitled: {await _title_taken(ctx, exc.title, exc.holder_session_id)} "
@@ -175,15 +175,15 @@ def _owned_by(session: dict, msg) -> bool:
 
 async def cmd_title(ctx: CommandContext) -> str:
     if not ctx.command.args:
-        title = await ctx.db.get_session_title(ctx.session_id)
+        title = await ctx.db.titles.get(ctx.session_id)
         return f"Session title: {title}" if title else "This session has no title. Set one with /title <name>."
     try:
-        await ctx.db.set_session_title(ctx.session_id, ctx.command.args)
+        await ctx.db.titles.set(ctx.session_id, ctx.command.args)
     except state.TitleConflict as exc:
         return await _title_taken(ctx, exc.title, exc.holder_session_id)
     except state.StateError as exc:
         return f"Title not set: {exc}"
-    title = await ctx.db.get_session_title(ctx.session_id)
+    title = await ctx.db.titles.get(ctx.session_id)
     if title is None:
         return "Session title cleared."
     return f"Session title set: {title}"

@@ -36,6 +36,7 @@ from ._recovery import Recovery
 from ._repo import Repository, marked_methods, reads as _reads, writes as _writes
 from ._routes import Routes
 from ._storage import Storage
+from ._titles import Titles
 from ._transfer import Transfer
 from ._upkeep import Upkeep
 from ._usage import UsageLedger
@@ -63,6 +64,7 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "titles": Titles,
         "routes": Routes,
         "transfer": Transfer,
         "storage": Storage,
@@ -75,6 +77,7 @@ class SessionDB:
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    titles: Titles
     routes: Routes
     transfer: Transfer
     storage: Storage
@@ -324,32 +327,6 @@ class SessionDB:
     @staticmethod
     def sanitize_title(title: str | None) -> str | None:
         return _titles.sanitize_title(title)
-
-    @_writes
-    def set_session_title(self, session_id: str, title: str | None) -> bool:
-        """Set (or clear, with an empty title) the title.  False if the session does not exist.
-
-        Raises :class:`state.TitleConflict` naming the holder, or :class:`state.InvalidTitle`.
-        """
-        return self._engine.write(_titles.set_session_title, session_id, title)
-
-    @_reads
-    def get_session_title(self, session_id: str) -> str | None:
-        return self._engine.read(_titles.get_session_title, session_id)
-
-    @_reads
-    def get_session_by_title(self, title: str) -> dict | None:
-        return self._engine.read(_titles.get_session_by_title, title)
-
-    @_reads
-    def resolve_session_by_title(self, title: str) -> str | None:
-        """The newest session titled ``title`` or ``title #N``; None if there is none."""
-        return self._engine.read(_titles.resolve_session_by_title, title)
-
-    @_reads
-    def get_next_title_in_lineage(self, base_title: str) -> str:
-        """``base`` if unused, else ``base #N`` one past the highest in use."""
-        return self._engine.read(_titles.get_next_title_in_lineage, base_title)
 
     # --- messages ----------------------------------------------------------
 

@@ -93,7 +93,7 @@ def test_title_lookups_ignore_case_and_an_ambiguous_title_is_listed(run, filled)
     shown = run("show", "DOCKER WORK", "--json")
     assert shown.exit_code == 0 and json.loads(shown.output)["id"] == "20250301_100000_aaaa0001"
     with SessionDB(filled / "state.db") as db:
-        db.set_session_title("20250302_100000_bbbb0002", "Docker Work")
+        db.titles.set("20250302_100000_bbbb0002", "Docker Work")
     written_as_stored = run("show", "Docker Work", "--json")
     assert json.loads(written_as_stored.output)["id"] == "20250302_100000_bbbb0002"
     for command in (("show", "docker WORK"), ("rename", "docker WORK", "new"), ("delete", "docker WORK", "--yes")):
@@ -103,7 +103,7 @@ def test_title_lookups_ignore_case_and_an_ambiguous_title_is_listed(run, filled)
                                                   "  20250301_100000_aaaa0001  docker work"], command
     assert run("rename", "DOCKER work", "renamed").exit_code == 1  # nothing was renamed
     with SessionDB(filled / "state.db") as db:
-        assert db.get_session_title("20250301_100000_aaaa0001") == "docker work"
+        assert db.titles.get("20250301_100000_aaaa0001") == "docker work"
 
 
 def test_unknown_session_is_one_clear_line(run, filled):

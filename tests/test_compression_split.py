@@ -129,7 +129,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     assert (await adb.get_session(second.new_session_id))["parent_session_id"] == first.new_session_id
     assert await adb.routes.get(KEY) == second.new_session_id
     assert await adb.get_compression_tip("root") == second.new_session_id
-    assert await adb.resolve_session_by_title("my project") == second.new_session_id
+    assert await adb.titles.resolve("my project") == second.new_session_id
     assert [s["id"] for s in await adb.get_lineage(second.new_session_id)] == [
         "root", first.new_session_id, second.new_session_id]
     listed = await adb.list_sessions_rich()

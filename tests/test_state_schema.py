@@ -77,7 +77,7 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
         assert [r["id"] for r in db.search_messages("记忆断裂")] == [2]
         assert [r["id"] for r in db.search_messages("helmfile")] == [3]
         # and everything added since works on it
-        db.set_session_title("old", "deploy")
+        db.titles.set("old", "deploy")
         db.append_message("old", "user", "again", platform_message_id="p1", finish_reason="stop")
         assert db.append_inbound("old", "again", platform_message_id="p1").new is False
         db.routes.set("k", "old")
@@ -96,7 +96,7 @@ def test_every_step_is_idempotent(db):
     schema.migrate(conn, 0)  # re-run the whole chain over the current schema
     conn.execute("COMMIT")
     assert [m["content"] for m in db.get_messages("s")] == ["kept"]
-    assert db.get_session_title("s") == "t"
+    assert db.titles.get("s") == "t"
     assert [r["session_id"] for r in db.search_messages("kept")] == ["s"]
 
 

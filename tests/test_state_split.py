@@ -81,7 +81,7 @@ def test_a_chain_of_splits_numbers_on(store):
                                  expected_message_ids=[m["id"] for m in store.get_messages(first.child_id)])
     assert (first.title, second.title) == ("my project #2", "my project #3")
     assert store.routes.get(KEY) == second.child_id and store.get_compression_tip("p") == second.child_id
-    assert store.resolve_session_by_title("my project") == second.child_id
+    assert store.titles.resolve("my project") == second.child_id
 
 
 def test_a_key_without_a_route_gets_one(store):

@@ -72,7 +72,7 @@ def _candidates(db: SessionDB, ref: str, exc: AmbiguousSession, unchanged: str) 
     """The error listing the sessions ``ref`` may mean, each with its title."""
     lines = [f"{ref!r} does not name one session exactly; {unchanged}. Give the id or the exact title of one of:"]
     for session_id in exc.candidates[:20]:
-        title = db.get_session_title(session_id)
+        title = db.titles.get(session_id)
         lines.append(f"  {session_id}" + (f"  {title}" if title else ""))
     if len(exc.candidates) > 20:
         lines.append(f"  ... and {len(exc.candidates) - 20} more")
@@ -274,8 +274,8 @@ def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
 def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
     """Set the title of the session with id or exact title REF (words need no quotes)."""
     session_id = _exactly(db, ref, "nothing was renamed")
-    db.set_session_title(session_id, " ".join(title))
-    new = db.get_session_title(session_id)
+    db.titles.set(session_id, " ".join(title))
+    new = db.titles.get(session_id)
     click.echo(f"{session_id} is now titled {new!r}" if new else f"{session_id} has no title now")
 
 

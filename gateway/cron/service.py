@@ -517,7 +517,7 @@ class CronService:
         base = f"{job['name'][:76]} {dt.datetime.fromtimestamp(when, self.tz):%Y-%m-%d %H:%M}"  # room for " #NN"
         session_id = state.new_session_id()
         for _ in range(5):
-            title = await self.db.get_next_title_in_lineage(base)
+            title = await self.db.titles.next_in_lineage(base)
             try:
                 await self.db.create_session(
                     session_id, "cron", model=job["model"] or self.settings.model_name, session_key=key,
