@@ -139,7 +139,7 @@ def report_pg(server: str, n: int, runs: int, ours) -> None:
         worst = 0.0
         for label, q in [*QUERIES.items(), ("1-2 CJK characters", "日志"), ("1 CJK character", "库"),
                          *MIXED_QUERIES.items()]:
-            p50, p95, _ = timed(lambda: db.search_messages(q, limit=20), runs)  # noqa: B023 - called within this iteration
+            p50, p95, _ = timed(lambda: db.search.messages(q, limit=20), runs)  # noqa: B023 - called within this iteration
             worst = max(worst, p95)
             print(f"  {label:20} {q!r:28} {len(matches(q)):9,} matches  p50 {p50 * 1e3:7.1f}  p95 {p95 * 1e3:7.1f}")
         print(f"  worst p95 on PostgreSQL: {worst * 1e3:.1f} ms (target <= 50 ms)")

@@ -20,6 +20,43 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncRecall:
+    """Recall's marked methods (``adb.recall``), each a coroutine."""
+
+    async def hits(
+        self,
+        query: str,
+        *,
+        agent_prefix: str | None,
+        accounts: Iterable[str] | None,
+        exclude_lineage_of: str | None = ...,
+        role_filter: Iterable[str] | None = ...,
+        limit: int = ...,
+    ) -> dict: ...
+    async def recent_sessions(
+        self,
+        *,
+        agent_prefix: str | None,
+        accounts: Iterable[str] | None,
+        exclude_lineage_of: str | None = ...,
+        limit: int = ...,
+    ) -> list[dict]: ...
+    async def sessions(self, session_ids: list[str]) -> list[dict]: ...
+
+
+class AsyncSearch:
+    """Search's marked methods (``adb.search``), each a coroutine."""
+
+    async def messages(
+        self,
+        query: str,
+        source_filter: list[str] | None = ...,
+        exclude_sources: list[str] | None = ...,
+        role_filter: list[str] | None = ...,
+        limit: int = ...,
+    ) -> list[dict]: ...
+
+
 class AsyncTitles:
     """Titles's marked methods (``adb.titles``), each a coroutine."""
 
@@ -332,6 +369,8 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    recall: AsyncRecall
+    search: AsyncSearch
     titles: AsyncTitles
     routes: AsyncRoutes
     transfer: AsyncTransfer
@@ -479,32 +518,5 @@ class AsyncFace:
     async def get_messages_as_conversation(self, session_id: str, upto: int | None = ...) -> list[dict]: ...
     async def clear_messages(self, session_id: str) -> int: ...
     async def message_count(self, session_id: str | None = ...) -> int: ...
-    async def search_messages(
-        self,
-        query: str,
-        source_filter: list[str] | None = ...,
-        exclude_sources: list[str] | None = ...,
-        role_filter: list[str] | None = ...,
-        limit: int = ...,
-    ) -> list[dict]: ...
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...
-    async def recall_hits(
-        self,
-        query: str,
-        *,
-        agent_prefix: str | None,
-        accounts: Iterable[str] | None,
-        exclude_lineage_of: str | None = ...,
-        role_filter: Iterable[str] | None = ...,
-        limit: int = ...,
-    ) -> dict: ...
-    async def recent_sessions(
-        self,
-        *,
-        agent_prefix: str | None,
-        accounts: Iterable[str] | None,
-        exclude_lineage_of: str | None = ...,
-        limit: int = ...,
-    ) -> list[dict]: ...
-    async def recall_sessions(self, session_ids: list[str]) -> list[dict]: ...
     async def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]: ...

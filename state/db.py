@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
 
 from . import (
     _messages,
-    _recall,
     _recovery,
     _routes,
     _sessions,
@@ -32,6 +31,7 @@ from ._messages import Appended
 from ._pairing import Pairing
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
+from ._recall import Recall
 from ._recovery import Recovery
 from ._repo import Repository, marked_methods, reads as _reads, writes as _writes
 from ._routes import Routes
@@ -41,6 +41,7 @@ from ._transfer import Transfer
 from ._upkeep import Upkeep
 from ._usage import UsageLedger
 from .paths import default_db_path
+from .search import Search
 
 if TYPE_CHECKING:
     from .cluster.store import ClusterStore
@@ -64,6 +65,8 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "recall": Recall,
+        "search": Search,
         "titles": Titles,
         "routes": Routes,
         "transfer": Transfer,
@@ -77,6 +80,8 @@ class SessionDB:
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    recall: Recall
+    search: Search
     titles: Titles
     routes: Routes
     transfer: Transfer
@@ -438,24 +443,6 @@ class SessionDB:
     def message_count(self, session_id: str | None = None) -> int:
         return self._engine.read(_messages.message_count, session_id)
 
-    # --- search --------------------------------------------------------------
-
-    @_reads
-    def search_messages(
-        self,
-        query: str,
-        source_filter: list[str] | None = None,
-        exclude_sources: list[str] | None = None,
-        role_filter: list[str] | None = None,
-        limit: int = 20,
-    ) -> list[dict]:
-        """Full-text search (see ``state.search``); never raises on any query string."""
-        from . import search
-
-        return self._engine.read(
-            search.search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
-            role_filter=role_filter, limit=limit,
-        )
 
 
 
@@ -471,35 +458,6 @@ class SessionDB:
         """A checkpoint that leaves the write connection free (the async store runs it on a
         reader thread, so no write queues behind it); returns (busy, wal pages, checkpointed)."""
         return self._engine.checkpoint_aside(mode)
-
-    # --- recall ------------------------------------------------------------------
-
-    @_reads
-    def recall_hits(self, query: str, *, agent_prefix: str | None, accounts: Iterable[str] | None,
-                    exclude_lineage_of: str | None = None, role_filter: Iterable[str] | None = None,
-                    limit: int = 50) -> dict:
-        """Full-text search within a scope (agent prefix, ``platform:user_id`` accounts; None: all),
-        leaving out the lineage of ``exclude_lineage_of``; see ``state._recall``."""
-        return self._engine.read(
-            _recall.recall_hits, query, agent_prefix=agent_prefix,
-            accounts=list(accounts) if accounts is not None else None,
-            exclude_lineage_of=exclude_lineage_of, role_filter=list(role_filter or ()), limit=limit,
-        )
-
-    @_reads
-    def recent_sessions(self, *, agent_prefix: str | None, accounts: Iterable[str] | None,
-                        exclude_lineage_of: str | None = None, limit: int = 5) -> list[dict]:
-        """The newest sessions within a scope (compression chains folded), newest first."""
-        return self._engine.read(
-            _recall.recent_sessions, agent_prefix=agent_prefix,
-            accounts=list(accounts) if accounts is not None else None,
-            exclude_lineage_of=exclude_lineage_of, limit=limit,
-        )
-
-    @_reads
-    def recall_sessions(self, session_ids: list[str]) -> list[dict]:
-        """Rows of the given sessions with their ``messages``, in the order asked."""
-        return self._engine.read(_recall.recall_sessions, list(session_ids))
 
     # --- recovery: the inbox, the delivery record ---------------------------------
 

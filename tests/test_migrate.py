@@ -125,9 +125,9 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.routes.session("telegram:dm:u1")["id"] == "child"
         assert db.pairing.is_approved("telegram", "u3")
-        assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]
-        assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
-        assert [h["session_id"] for h in db.search_messages("记忆系统")] == ["other"]
+        assert [h["session_id"] for h in db.search.messages("kubernetes")] == ["child"]
+        assert [h["session_id"] for h in db.search.messages("kubectl")] == ["root"]
+        assert [h["session_id"] for h in db.search.messages("记忆系统")] == ["other"]
 
 
 def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
@@ -217,7 +217,7 @@ def test_refused_when_the_target_holds_sessions_unless_replace(tmp_path, pg_url)
     with state.SessionDB(pg_url) as db:
         assert db.get_session("theirs") is None
         assert db.get_session("root") is not None
-        assert db.search_messages("already") == []
+        assert db.search.messages("already") == []
 
 
 def test_refused_while_another_client_is_connected_to_the_target(tmp_path, pg_url):
@@ -318,5 +318,5 @@ def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
     assert _rows(back / "state.db", "messages") == _rows(home / "state.db", "messages")
     with state.SessionDB(back / "state.db") as db:
         assert db.get_session("early")["parent_session_id"] == "late"
-        assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
+        assert [h["session_id"] for h in db.search.messages("kubectl")] == ["root"]
         assert db.cron.list_jobs() == []  # what an export does not carry: see docs/postgresql.md

@@ -57,7 +57,7 @@ class Store:
                                       timestamp=self.clock)
 
     def search(self, query, **kw):
-        return self.db.search_messages(query, **kw)
+        return self.db.search.messages(query, **kw)
 
     def ids(self, query, **kw):
         return [hit["id"] for hit in self.search(query, **kw)]

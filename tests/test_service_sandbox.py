@@ -137,7 +137,7 @@ WORKLOAD = textwrap.dedent(
         sid = db.create_session(new_session_id(), "telegram")
         db.append_message(sid, "user", "hello from the sandbox")
         report["sqlite"] = [m["content"] for m in db.get_messages(sid)] == ["hello from the sandbox"]
-        report["fts5"] = len(db.search_messages("sandbox")) == 1
+        report["fts5"] = len(db.search.messages("sandbox")) == 1
 
     async def network():
         from openai import AsyncOpenAI

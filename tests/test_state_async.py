@@ -87,7 +87,7 @@ async def test_round_trip_and_concurrent_appends(store_target):
         assert (await adb.append_inbound("s", "event", platform_message_id="e1")) == (first.id, False)
         assert await adb.resolve_session_id("async") == "s"
         assert [r["id"] for r in await adb.list_sessions_rich()] == ["s"]
-        assert len(await adb.search_messages("m7")) == 1
+        assert len(await adb.search.messages("m7")) == 1
         with pytest.raises(SessionNotFound):
             await adb.append_message("ghost", "user", "x")
     finally:

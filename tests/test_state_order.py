@@ -89,9 +89,9 @@ def test_export_search_context_and_recall_read_in_the_same_order(store):
     d1, _, _ = _burst(store, sid)
     store.record_turn(sid, [{"role": "assistant", "content": "heron answer"}], answered=[d1])
     assert [m["content"] for m in store.transfer.export(sid)["messages"]] == ["d1", "heron answer", "d2", "d3"]
-    [hit] = store.search_messages("heron")
+    [hit] = store.search.messages("heron")
     assert [c["content"] for c in hit["context"]] == ["d1", "d2"]
-    [recalled] = store.recall_sessions([sid])
+    [recalled] = store.recall.sessions([sid])
     assert [m["content"] for m in recalled["messages"]] == ["d1", "heron answer", "d2", "d3"]
 
 

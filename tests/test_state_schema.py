@@ -73,9 +73,9 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
         assert old["last_active"] == pytest.approx(time.time() - 20, abs=5)
         assert [m["role"] for m in db.get_messages("old")] == ["user", "assistant", "assistant"]
         # the old messages are searchable in the new indexes, CJK and tool arguments included
-        assert [r["id"] for r in db.search_messages("kubernetes")] == [1]
-        assert [r["id"] for r in db.search_messages("记忆断裂")] == [2]
-        assert [r["id"] for r in db.search_messages("helmfile")] == [3]
+        assert [r["id"] for r in db.search.messages("kubernetes")] == [1]
+        assert [r["id"] for r in db.search.messages("记忆断裂")] == [2]
+        assert [r["id"] for r in db.search.messages("helmfile")] == [3]
         # and everything added since works on it
         db.titles.set("old", "deploy")
         db.append_message("old", "user", "again", platform_message_id="p1", finish_reason="stop")
@@ -97,7 +97,7 @@ def test_every_step_is_idempotent(db):
     conn.execute("COMMIT")
     assert [m["content"] for m in db.get_messages("s")] == ["kept"]
     assert db.titles.get("s") == "t"
-    assert [r["session_id"] for r in db.search_messages("kept")] == ["s"]
+    assert [r["session_id"] for r in db.search.messages("kept")] == ["s"]
 
 
 def test_migration_chain_is_gapless_and_extensible():

@@ -67,7 +67,7 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
         child = await db.get_session("child")
         last = await db.upkeep.last()
         after = await db.upkeep.store_size()
-        hits = await db.search_messages("restarted", limit=1000)
+        hits = await db.search.messages("restarted", limit=1000)
     assert remaining == kept
     assert child["parent_session_id"] is None  # kept, its link to the pruned parent cleared
     assert report.sessions_pruned == len(expired) == 4
@@ -96,7 +96,7 @@ async def test_a_pass_prunes_the_expired_sessions_on_either_backend(store_target
         remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
         child = await db.get_session("child")
         last = await db.upkeep.last()
-        hits = await db.search_messages("restarted", limit=1000)
+        hits = await db.search.messages("restarted", limit=1000)
         orphans = await db.message_count() - sum([(await db.get_session(sid))["message_count"] for sid in kept])
     assert remaining == kept and child["parent_session_id"] is None
     assert (report.sessions_pruned, report.messages_pruned) == (4, 3 + 3 + 400 + 3)
@@ -133,8 +133,8 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
     before = _index_bytes(path)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        latin = await db.search_messages("restarted", limit=1000)
-        cjk = await db.search_messages("记忆系统 OR 容器重启", limit=1000)
+        latin = await db.search.messages("restarted", limit=1000)
+        cjk = await db.search.messages("记忆系统 OR 容器重启", limit=1000)
     after = _index_bytes(path)
     assert report.sessions_pruned == len(expired) + 1 and report.index_merged
     # a prune only adds deletion entries to an index; merged, the deleted messages' entries are gone
@@ -242,7 +242,7 @@ def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
                 db.append_message("live", "assistant", f"reply {steps} {i} the container restarted")
         db.upkeep.automerge(True)
         now = db.upkeep.fts_segments("messages_fts")
-        found = db.search_messages("restarted", limit=1000)
+        found = db.search.messages("restarted", limit=1000)
     # every segment there was at the start merged away, in a few steps (asking for a full merge
     # at each step starts it over on a new level each time: 900 segments after 300 steps)
     assert left == 0 and steps < 50
@@ -283,7 +283,7 @@ async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_
         wal_busy = (await db.upkeep.store_size()).wal_bytes
         quiet = await state.run_upkeep(db, retention_days=None, idle=lambda: True, wal_limit_bytes=65_536)
         wal_quiet = (await db.upkeep.store_size()).wal_bytes
-        found = await db.search_messages("restarted", limit=1000)
+        found = await db.search.messages("restarted", limit=1000)
     # a turn running: the WAL is left for later (a TRUNCATE checkpoint makes writers wait while it runs)
     assert not busy.wal_truncated and wal_busy > 65_536 and busy.wal_bytes_after == wal_busy
     # idle: emptied (then the pass's own record is its first page again)
@@ -373,7 +373,7 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
         await task
         remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
         live = await db.get_messages("live")
-        hits = await db.search_messages("restarted", limit=10_000)
+        hits = await db.search.messages("restarted", limit=10_000)
     assert report.gave_way > 0  # steps of about 2 ms, a write every millisecond or so: some came mid-step
     assert remaining == kept | {"live"} and report.sessions_pruned == len(expired)
     assert [m["content"].split()[1] for m in live] == [str(i) for i in written]

@@ -189,7 +189,7 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
 def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[str, ...], limit: int,
                as_json: bool) -> None:
     """Full-text search over every stored message (any text is accepted)."""
-    results = db.search_messages(query, source_filter=list(source) or None, role_filter=list(role) or None,
+    results = db.search.messages(query, source_filter=list(source) or None, role_filter=list(role) or None,
                                  limit=limit)
     if as_json:
         _json_out(results)

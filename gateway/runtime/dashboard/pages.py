@@ -170,7 +170,7 @@ class Pages:
         filters, args = self._session_filters(request)
         if filters.query:
             # any text is accepted: a query the search cannot read finds nothing, as in the CLI
-            hits = await self.src.db.search_messages(
+            hits = await self.src.db.search.messages(
                 filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
             return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=hits,
                                 rows=[], more=False)
