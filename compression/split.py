@@ -178,7 +178,7 @@ async def compress_session(
     late = stored[len(answering):]  # stored after the caller's history was read: carried over after the tail
     for attempt in range(MAX_REPLANS + 1):
         try:
-            split = await db.split_session(session_id, copied + [_copy(m) for m in late],
+            split = await db.compression.split(session_id, copied + [_copy(m) for m in late],
                                            expected_message_ids=known, session_key=session_key,
                                            end_reason=END_REASON)
             break

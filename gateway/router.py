@@ -628,7 +628,7 @@ class SessionRouter:
                     batch = [t for t in lane.held if t.session_id == ticket.session_id] + batch
                     lane.held = []
                     # a compression may have moved the conversation to a child since these were stored
-                    session_id, history = await self.db.continued_conversation(batch[-1].session_id,
+                    session_id, history = await self.db.compression.continued_conversation(batch[-1].session_id,
                                                                                upto=batch[-1].message_id)
                     for t in batch:
                         t.session_id = session_id

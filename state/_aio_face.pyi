@@ -5,10 +5,10 @@ Generated from the marked methods of ``state/db.py`` and its repositories: do no
 
 from typing import IO, Any, Callable, Iterable
 
-from . import _split
 from ._dialect import StoreSize
 from ._fence import Fence
 from ._messages import Appended
+from ._split import Split
 from ._storage import StorageReport
 from ._upkeep import PruneStep, Timed
 from .search import MergeStep
@@ -18,6 +18,21 @@ class AsyncChatPrefs:
 
     async def set(self, session_key: str, name: str, value: str, *, now: float) -> None: ...
     async def get(self, session_key: str, name: str) -> str | None: ...
+
+
+class AsyncCompression:
+    """Compression's marked methods (``adb.compression``), each a coroutine."""
+
+    async def split(
+        self,
+        session_id: str,
+        messages: list[dict],
+        *,
+        expected_message_ids: Iterable[int],
+        session_key: str | None = ...,
+        end_reason: str = ...,
+    ) -> Split: ...
+    async def continued_conversation(self, session_id: str, upto: int | None = ...) -> tuple[str, list[dict]]: ...
 
 
 class AsyncRecall:
@@ -369,6 +384,7 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    compression: AsyncCompression
     recall: AsyncRecall
     search: AsyncSearch
     titles: AsyncTitles
@@ -458,16 +474,6 @@ class AsyncFace:
     async def get_lineage(self, session_id: str) -> list[dict]: ...
     async def get_descendants(self, session_id: str) -> list[dict]: ...
     async def get_compression_tip(self, session_id: str) -> str: ...
-    async def continued_conversation(self, session_id: str, upto: int | None = ...) -> tuple[str, list[dict]]: ...
-    async def split_session(
-        self,
-        session_id: str,
-        messages: list[dict],
-        *,
-        expected_message_ids: Iterable[int],
-        session_key: str | None = ...,
-        end_reason: str = ...,
-    ) -> _split.Split: ...
     async def delete_session(self, session_id: str) -> bool: ...
     async def prune_candidates(self, older_than_days: float = ..., source: str | None = ...) -> list[str]: ...
     async def prune_sessions(self, older_than_days: float = ..., source: str | None = ...) -> int: ...

@@ -18,7 +18,6 @@ from . import (
     _recovery,
     _routes,
     _sessions,
-    _split,
     _titles,
 )
 from ._cron import CronJobs
@@ -35,6 +34,7 @@ from ._recall import Recall
 from ._recovery import Recovery
 from ._repo import Repository, marked_methods, reads as _reads, writes as _writes
 from ._routes import Routes
+from ._split import Compression
 from ._storage import Storage
 from ._titles import Titles
 from ._transfer import Transfer
@@ -65,6 +65,7 @@ class SessionDB:
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
         "prefs": ChatPrefs,
+        "compression": Compression,
         "recall": Recall,
         "search": Search,
         "titles": Titles,
@@ -80,6 +81,7 @@ class SessionDB:
         "dead_letters": DeadLetters,
     }
     prefs: ChatPrefs
+    compression: Compression
     recall: Recall
     search: Search
     titles: Titles
@@ -292,25 +294,6 @@ class SessionDB:
     def get_compression_tip(self, session_id: str) -> str:
         """The live end of a compression chain (the id itself when it was not compressed)."""
         return self._engine.read(_sessions.get_compression_tip, session_id)
-
-    @_reads
-    def continued_conversation(self, session_id: str, upto: int | None = None) -> tuple[str, list[dict]]:
-        """``(session, its conversation)`` for answering messages stored in ``session_id``: the session
-        itself (as far as message ``upto``), or, when compression ended it meanwhile, the child the
-        conversation went on in."""
-        return self._engine.read(_split.continued_conversation, session_id, upto)
-
-    @_writes
-    def split_session(self, session_id: str, messages: list[dict], *, expected_message_ids: Iterable[int],
-                      session_key: str | None = None, end_reason: str = "compression") -> _split.Split:
-        """Continue ``session_id`` in a new child holding ``messages`` (compression), in ONE transaction:
-        the lineage's next title, the child, its messages, the route of ``session_key`` (default: the
-        session's own key) moved to it, the parent ended.  Raises :class:`state.SessionChangedMeanwhile`,
-        writing nothing, when the session's messages are no longer ``expected_message_ids`` or it was
-        ended or routed away meanwhile (see ``state._split``)."""
-        return self._engine.write(_split.split_session, session_id, list(messages),
-                                  expected_message_ids=list(expected_message_ids), session_key=session_key,
-                                  end_reason=end_reason)
 
     @_writes
     def delete_session(self, session_id: str) -> bool:

@@ -44,7 +44,7 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
     ids = parent_with(store)
     before = store.get_messages("p")
 
-    split = store.split_session("p", kept(store), expected_message_ids=ids)
+    split = store.compression.split("p", kept(store), expected_message_ids=ids)
 
     assert isinstance(split, Split)
     assert (split.parent_id, split.title, split.session_key) == ("p", "my project #2", KEY)
@@ -66,18 +66,18 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
 def test_the_title_is_the_next_of_the_lineage_and_untitled_stays_untitled(store):
     ids = parent_with(store)
     store.create_session("elsewhere", "cli", title="my project #4")  # the highest number in use anywhere
-    assert store.split_session("p", kept(store), expected_message_ids=ids).title == "my project #5"
+    assert store.compression.split("p", kept(store), expected_message_ids=ids).title == "my project #5"
 
     plain = parent_with(store, "plain", title=None)
-    split = store.split_session("plain", kept(store, "plain"), expected_message_ids=plain)
+    split = store.compression.split("plain", kept(store, "plain"), expected_message_ids=plain)
     assert split.title is None and store.get_session(split.child_id)["title"] is None
 
 
 def test_a_chain_of_splits_numbers_on(store):
     ids = parent_with(store)
-    first = store.split_session("p", kept(store), expected_message_ids=ids)
+    first = store.compression.split("p", kept(store), expected_message_ids=ids)
     store.append_message(first.child_id, "user", "more")
-    second = store.split_session(first.child_id, kept(store, first.child_id),
+    second = store.compression.split(first.child_id, kept(store, first.child_id),
                                  expected_message_ids=[m["id"] for m in store.get_messages(first.child_id)])
     assert (first.title, second.title) == ("my project #2", "my project #3")
     assert store.routes.get(KEY) == second.child_id and store.get_compression_tip("p") == second.child_id
@@ -87,7 +87,7 @@ def test_a_chain_of_splits_numbers_on(store):
 def test_a_key_without_a_route_gets_one(store):
     ids = parent_with(store)
     store.routes.delete(KEY)
-    split = store.split_session("p", kept(store), expected_message_ids=ids)
+    split = store.compression.split("p", kept(store), expected_message_ids=ids)
     assert store.routes.get(KEY) == split.child_id
 
 
@@ -96,7 +96,7 @@ def test_messages_stored_after_the_plan_refuse_the_split_and_say_so(store):
     store.append_message("p", "user", "arrived while the summary was written")
     before = everything(store)
     with pytest.raises(SessionChangedMeanwhile, match="received 1 new message since") as info:
-        store.split_session("p", kept(store), expected_message_ids=ids)
+        store.compression.split("p", kept(store), expected_message_ids=ids)
     assert info.value.new_messages is True  # the caller may plan again with them
     assert everything(store) == before
 
@@ -117,7 +117,7 @@ def test_a_session_that_changed_meanwhile_is_left_alone(store, change, reason):
         store.routes.set(KEY, "other")
     before = everything(store)
     with pytest.raises(SessionChangedMeanwhile, match=reason) as info:
-        store.split_session("p", kept(store) if change != "cleared" else [], expected_message_ids=ids)
+        store.compression.split("p", kept(store) if change != "cleared" else [], expected_message_ids=ids)
     assert info.value.new_messages is False
     assert "nothing was written" in str(info.value)
     assert everything(store) == before
@@ -125,7 +125,7 @@ def test_a_session_that_changed_meanwhile_is_left_alone(store, change, reason):
 
 def test_an_unknown_session_is_not_found(store):
     with pytest.raises(SessionNotFound):
-        store.split_session("nope", [], expected_message_ids=[])
+        store.compression.split("nope", [], expected_message_ids=[])
 
 
 def test_a_split_that_fails_half_way_writes_nothing(store):
@@ -134,19 +134,19 @@ def test_a_split_that_fails_half_way_writes_nothing(store):
     ids = parent_with(store)
     before = everything(store)
     with pytest.raises(ValueError, match="needs a role"):
-        store.split_session("p", [*kept(store), {"content": "no role"}], expected_message_ids=ids)
+        store.compression.split("p", [*kept(store), {"content": "no role"}], expected_message_ids=ids)
     assert everything(store) == before
     assert store.routes.get(KEY) == "p" and store.get_session("p")["ended_at"] is None
 
 
 def test_a_conversation_continues_where_compression_moved_it(store):
     ids = parent_with(store)
-    assert store.continued_conversation("p") == ("p", store.get_messages_as_conversation("p"))
-    first = store.split_session("p", kept(store), expected_message_ids=ids)
-    second = store.split_session(first.child_id, kept(store, first.child_id),
+    assert store.compression.continued_conversation("p") == ("p", store.get_messages_as_conversation("p"))
+    first = store.compression.split("p", kept(store), expected_message_ids=ids)
+    second = store.compression.split(first.child_id, kept(store, first.child_id),
                                  expected_message_ids=[m["id"] for m in store.get_messages(first.child_id)])
     # a message left unanswered in "p" (stored while its summary was written, or before a kill) is
     # answered in the live end of the chain, with that session's history
-    assert store.continued_conversation("p") == (second.child_id, store.get_messages_as_conversation(second.child_id))
+    assert store.compression.continued_conversation("p") == (second.child_id, store.get_messages_as_conversation(second.child_id))
     store.end_session(second.child_id, "reset")  # only compression moves a conversation on
-    assert store.continued_conversation(second.child_id)[0] == second.child_id
+    assert store.compression.continued_conversation(second.child_id)[0] == second.child_id
