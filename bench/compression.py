@@ -105,7 +105,7 @@ async def run(runs: int, n: int) -> int:
                 await adb.create_session(sid, "telegram", "gpt-4o", "u1", session_key=f"telegram:dm:{r}",
                                          title=f"bench chat {r}", system_prompt="You are Switchboard.")
                 await adb.routes.set(f"telegram:dm:{r}", sid)
-                await adb.append_messages(sid, make_session(r, n))
+                await adb.messages.append_many(sid, make_session(r, n))
                 sessions.append(sid)
             await adb.checkpoint("TRUNCATE")
 
@@ -122,7 +122,7 @@ async def run(runs: int, n: int) -> int:
                 elapsed = (time.perf_counter() - start) * 1000
                 ticker.stop = True
                 await tick
-                stored = await adb.get_messages(sid)
+                stored = await adb.messages.get(sid)
                 start = time.perf_counter()
                 cut = plan(stored, context_length=CONTEXT_LENGTH)
                 build_summary_request(cut)

@@ -116,10 +116,10 @@ class OurStore:
         self.db.create_session(session_id, source)
 
     def append_message(self, session_id: str, role: str, content: str) -> int:
-        return self.db.append_message(session_id, role, content)
+        return self.db.messages.append(session_id, role, content)
 
     def count(self, session_id: str) -> int:
-        return self.db.message_count(session_id)
+        return self.db.messages.count(session_id)
 
     def close(self) -> None:
         self.db.close()

@@ -73,7 +73,7 @@ async def _writer(db, sid: str, interval: float, stop: asyncio.Event, writes: li
     i = 0
     while not stop.is_set():
         t = time.perf_counter()
-        await db.append_message(sid, "user", f"live message {i} while the store keeps itself in check")
+        await db.messages.append(sid, "user", f"live message {i} while the store keeps itself in check")
         writes.append((t, time.perf_counter() - t))
         i += 1
         await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t)))

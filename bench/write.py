@@ -114,7 +114,7 @@ def measure_sessiondb(path: Path, appends: int) -> dict | None:
     t0 = time.perf_counter()
     for sid, role, content, tool_calls, tool_name, _ts in rows:
         t = time.perf_counter()
-        db.append_message(sid, role=role, content=content,
+        db.messages.append(sid, role=role, content=content,
                           tool_calls=json.loads(tool_calls) if tool_calls else None, tool_name=tool_name)
         lat.append(time.perf_counter() - t)
     elapsed = time.perf_counter() - t0
@@ -155,7 +155,7 @@ def measure_pg(url: str, appends: int) -> tuple[dict, dict]:
     t0 = time.perf_counter()
     for sid, role, content, tool_calls, tool_name, _ts in rows[appends // 2:]:
         t = time.perf_counter()
-        db.append_message(sid, role=role, content=content,
+        db.messages.append(sid, role=role, content=content,
                           tool_calls=json.loads(tool_calls) if tool_calls else None, tool_name=tool_name)
         lat.append(time.perf_counter() - t)
     through = {"rate": len(lat) / (time.perf_counter() - t0), "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)}

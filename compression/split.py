@@ -149,7 +149,7 @@ async def compress_session(
         raise SessionNotFound(session_id)
     if parent.get("ended_at") is not None:
         raise SessionChanged(session_id, f"was already ended ({parent.get('end_reason') or 'no reason'})")
-    stored = await db.get_messages(session_id)
+    stored = await db.messages.get(session_id)
     # Planning and the request are pure CPU (a few ms for hundreds of messages,
     # more with huge tool results): off the event loop, so other chats go on.
     answering = stored if upto is None else stored[:upto]
@@ -186,7 +186,7 @@ async def compress_session(
             if not exc.new_messages or attempt == MAX_REPLANS:
                 raise SessionChanged(session_id, exc.reason) from exc
         # A turn stored messages meanwhile: they follow the tail (the summary still covers the same middle).
-        now = await db.get_messages(session_id)
+        now = await db.messages.get(session_id)
         if not set(known) <= {m["id"] for m in now}:
             raise SessionChanged(session_id, "lost messages")
         seen = set(known)

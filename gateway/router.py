@@ -454,7 +454,7 @@ class SessionRouter:
             else:
                 # the common case in one store call: the routed session is open and fresh, so the
                 # message is stored in it at once; otherwise nothing was written and the policy decides
-                session, appended = await self.db.append_inbound_to_route(
+                session, appended = await self.db.messages.append_inbound_to_route(
                     key, _stored_text(msg), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
                     inbox=inbox, pending=claimed)
                 if appended is not None and session is not None:  # stored: the session is the routed one
@@ -485,7 +485,7 @@ class SessionRouter:
                 lane.queue.append(("request", ticket, None))
             else:
                 if appended is None:
-                    appended = await self.db.append_inbound(
+                    appended = await self.db.messages.append_inbound(
                         session_id, _stored_text(msg), platform_message_id=msg.message_id, inbox=inbox,
                         pending=claimed,
                     )
@@ -525,15 +525,15 @@ class SessionRouter:
             ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
         text = _stored_text(msg)
         if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
-            messages = await self.db.get_messages(ticket.session_id)
+            messages = await self.db.messages.get(ticket.session_id)
             if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == text:
                 ticket.message_id = messages[-1]["id"]
                 return ticket.session_id
-        appended = await self.db.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
+        appended = await self.db.messages.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
         ticket.message_id = appended.id  # the answering turn's reply is placed right after it
         if appended.new:
             return ticket.session_id
-        messages = await self.db.get_messages(ticket.session_id)
+        messages = await self.db.messages.get(ticket.session_id)
         at = next((i for i, m in enumerate(messages) if m["id"] == appended.id), len(messages))
         answered = any(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")
                        for m in messages[at + 1:])
@@ -599,7 +599,7 @@ class SessionRouter:
         if follows is not None:
             title = f' "{follows["title"]}"' if follows.get("title") else ""
             why = {"idle": "it was idle", "daily": "of the daily reset"}.get(reason or "", reason or "the user asked")
-            await self.db.append_message(
+            await self.db.messages.append(
                 session_id, "system",
                 f"[Session note] This conversation continues from session {follows['id']}{title}, "
                 f"which ended because {why}. Its history is not shown here; the user can return to it with /resume.",
@@ -645,11 +645,11 @@ class SessionRouter:
                         continue
                     ticket.session_id = session_id
                     batch = [ticket]
-                    history = await self.db.get_messages_as_conversation(session_id)
+                    history = await self.db.messages.as_conversation(session_id)
                 elif kind == "claimed":
                     claim, done = ticket
                     try:
-                        rows, history = await self.db.unanswered_with_history(claim.session_id)
+                        rows, history = await self.db.messages.unanswered_with_history(claim.session_id)
                     except BaseException as exc:
                         _settle_future(done, exc)
                         raise
@@ -875,7 +875,7 @@ class SessionRouter:
                              claim: TurnGuard = SINGLE_INSTANCE) -> bool:
         """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
         try:
-            await self.db.record_turn(session_id, [{"role": "assistant", "content": record["text"],
+            await self.db.messages.record_turn(session_id, [{"role": "assistant", "content": record["text"],
                                                     "finish_reason": "stopped"}], answered=answered, delivery=record,
                                       fence=claim.fence)
             return True

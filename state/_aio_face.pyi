@@ -20,6 +20,70 @@ class AsyncChatPrefs:
     async def get(self, session_key: str, name: str) -> str | None: ...
 
 
+class AsyncMessages:
+    """Messages's marked methods (``adb.messages``), each a coroutine."""
+
+    async def append(
+        self,
+        session_id: str,
+        role: str,
+        content: str | None = ...,
+        tool_call_id: str | None = ...,
+        tool_calls: Any = ...,
+        tool_name: str | None = ...,
+        token_count: int | None = ...,
+        finish_reason: str | None = ...,
+        reasoning: str | None = ...,
+        reasoning_details: Any = ...,
+        codex_reasoning_items: Any = ...,
+        *,
+        platform_message_id: str | None = ...,
+        timestamp: float | None = ...,
+    ) -> int: ...
+    async def append_many(self, session_id: str, messages: list[dict]) -> list[int]: ...
+    async def append_inbound(
+        self,
+        session_id: str,
+        content: str | None,
+        *,
+        platform_message_id: str | None,
+        role: str = ...,
+        timestamp: float | None = ...,
+        inbox: dict | None = ...,
+        pending: bool = ...,
+        **fields: Any,
+    ) -> Appended: ...
+    async def append_inbound_to_route(
+        self,
+        session_key: str,
+        content: str | None,
+        *,
+        platform_message_id: str | None,
+        keep: Callable[[dict], bool] = ...,
+        role: str = ...,
+        timestamp: float | None = ...,
+        inbox: dict | None = ...,
+        pending: bool = ...,
+        **fields: Any,
+    ) -> tuple[dict | None, Appended | None]: ...
+    async def record_turn(
+        self,
+        session_id: str,
+        messages: list[dict],
+        *,
+        input_tokens: int = ...,
+        output_tokens: int = ...,
+        answered: Iterable[int] = ...,
+        delivery: dict | None = ...,
+        fence: Fence | None = ...,
+    ) -> list[int]: ...
+    async def get(self, session_id: str) -> list[dict]: ...
+    async def as_conversation(self, session_id: str, upto: int | None = ...) -> list[dict]: ...
+    async def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]: ...
+    async def count(self, session_id: str | None = ...) -> int: ...
+    async def clear(self, session_id: str) -> int: ...
+
+
 class AsyncCompression:
     """Compression's marked methods (``adb.compression``), each a coroutine."""
 
@@ -384,6 +448,7 @@ class AsyncFace:
     repositories, whose marked methods are coroutines too."""
 
     prefs: AsyncChatPrefs
+    messages: AsyncMessages
     compression: AsyncCompression
     recall: AsyncRecall
     search: AsyncSearch
@@ -415,17 +480,6 @@ class AsyncFace:
     ) -> str: ...
     async def end_session(self, session_id: str, end_reason: str) -> bool: ...
     async def reopen_session(self, session_id: str) -> bool: ...
-    async def record_turn(
-        self,
-        session_id: str,
-        messages: list[dict],
-        *,
-        input_tokens: int = ...,
-        output_tokens: int = ...,
-        answered: Iterable[int] = ...,
-        delivery: dict | None = ...,
-        fence: Fence | None = ...,
-    ) -> list[int]: ...
     async def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool: ...
     async def update_token_counts(
         self,
@@ -477,52 +531,4 @@ class AsyncFace:
     async def delete_session(self, session_id: str) -> bool: ...
     async def prune_candidates(self, older_than_days: float = ..., source: str | None = ...) -> list[str]: ...
     async def prune_sessions(self, older_than_days: float = ..., source: str | None = ...) -> int: ...
-    async def append_message(
-        self,
-        session_id: str,
-        role: str,
-        content: str | None = ...,
-        tool_call_id: str | None = ...,
-        tool_calls: Any = ...,
-        tool_name: str | None = ...,
-        token_count: int | None = ...,
-        finish_reason: str | None = ...,
-        reasoning: str | None = ...,
-        reasoning_details: Any = ...,
-        codex_reasoning_items: Any = ...,
-        *,
-        platform_message_id: str | None = ...,
-        timestamp: float | None = ...,
-    ) -> int: ...
-    async def append_inbound(
-        self,
-        session_id: str,
-        content: str | None,
-        *,
-        platform_message_id: str | None,
-        role: str = ...,
-        timestamp: float | None = ...,
-        inbox: dict | None = ...,
-        pending: bool = ...,
-        **fields: Any,
-    ) -> Appended: ...
-    async def append_inbound_to_route(
-        self,
-        session_key: str,
-        content: str | None,
-        *,
-        platform_message_id: str | None,
-        keep: Callable[[dict], bool] = ...,
-        role: str = ...,
-        timestamp: float | None = ...,
-        inbox: dict | None = ...,
-        pending: bool = ...,
-        **fields: Any,
-    ) -> tuple[dict | None, Appended | None]: ...
-    async def append_messages(self, session_id: str, messages: list[dict]) -> list[int]: ...
-    async def get_messages(self, session_id: str) -> list[dict]: ...
-    async def get_messages_as_conversation(self, session_id: str, upto: int | None = ...) -> list[dict]: ...
-    async def clear_messages(self, session_id: str) -> int: ...
-    async def message_count(self, session_id: str | None = ...) -> int: ...
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...
-    async def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]: ...

@@ -318,6 +318,12 @@ class UpkeepSteps(Protocol):
     async def record(self, report: dict) -> None: ...
 
 
+class MessageCount(Protocol):
+    """What a pass calls on ``db.messages``."""
+
+    async def count(self, session_id: str | None = ...) -> int: ...
+
+
 class UpkeepStore(Protocol):
     """What a pass calls on the store: :class:`state.AsyncSessionDB`'s coroutines of these names (a
     narrow view, since this module cannot import the async store it is part of; mypy checks at each
@@ -326,8 +332,10 @@ class UpkeepStore(Protocol):
     @property
     def upkeep(self) -> UpkeepSteps: ...
 
+    @property
+    def messages(self) -> MessageCount: ...
+
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...
-    async def message_count(self, session_id: str | None = ...) -> int: ...
 
 
 async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: float | None = None,
@@ -434,7 +442,7 @@ async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: floa
                     await merge(table)
 
             if report.messages_pruned and report.messages_pruned >= min(
-                    MERGE_AFTER_MESSAGES, (report.messages_pruned + await db.message_count()) // 10):
+                    MERGE_AFTER_MESSAGES, (report.messages_pruned + await db.messages.count()) // 10):
                 # A prune leaves a deletion entry in the search indexes for every message it
                 # deleted, on top of the message's own entries: merged into one segment, both go.
                 for table in FTS_TABLES:

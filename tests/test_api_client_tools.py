@@ -35,7 +35,7 @@ def offered(record) -> list[str]:
 
 async def stored(gw, session_id: str) -> list[tuple]:
     return [(m["role"], m["content"], [c["id"] for c in m.get("tool_calls") or []] or m.get("tool_call_id"))
-            for m in await gw.db.get_messages(session_id)]
+            for m in await gw.db.messages.get(session_id)]
 
 
 async def test_a_client_tool_call_comes_back_and_its_result_continues_the_turn(tmp_path, model):

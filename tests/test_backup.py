@@ -31,7 +31,7 @@ WRITER = textwrap.dedent(
     padding = "x" * 2000  # grow the file so the backup takes many steps
     i = 0
     while True:
-        db.append_message(sid, "user", f"msg {i} {padding}")
+        db.messages.append(sid, "user", f"msg {i} {padding}")
         print(i, flush=True)
         i += 1
     """
@@ -79,7 +79,7 @@ def filled(tmp_path):
     with SessionDB(home / "state.db") as db:
         sid = db.create_session(new_session_id(), "discord")
         for i in range(20):
-            db.append_message(sid, "user", f"m{i}")
+            db.messages.append(sid, "user", f"m{i}")
     return home
 
 
@@ -142,7 +142,7 @@ def test_restore_brings_back_the_backup_and_keeps_the_previous_database(filled, 
     backup_mod.backup(filled, target)
     with SessionDB(filled / "state.db") as db:  # the database moves on after the backup
         sid = db.create_session(new_session_id(), "slack")
-        db.append_message(sid, "user", "after the backup")
+        db.messages.append(sid, "user", "after the backup")
     result = run(restore_cmd, target, "--home", filled)
     assert result.exit_code == 0, result.output
     assert _messages(filled / "state.db") == [f"m{i}" for i in range(20)]
@@ -156,7 +156,7 @@ def test_restore_brings_back_the_backup_and_keeps_the_previous_database(filled, 
         f"from {target} into {filled / 'state.db'}",
     ]
     with SessionDB(filled / "state.db") as db:  # the store opens it and goes on writing
-        assert db.message_count() == 20
+        assert db.messages.count() == 20
         assert db.transfer.stats() is not None
 
 
@@ -198,7 +198,7 @@ def test_restore_is_refused_while_the_daemon_holds_the_lock(filled, tmp_path):
     target = tmp_path / "b.db"
     backup_mod.backup(filled, target)
     with SessionDB(filled / "state.db") as db:
-        db.append_message(db.list_sessions_rich()[0]["id"], "user", "newer")
+        db.messages.append(db.list_sessions_rich()[0]["id"], "user", "newer")
     before = _messages(filled / "state.db")
     daemon = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(filled)],

@@ -94,7 +94,7 @@ async def test_chat_never_continues_another_surfaces_session_unless_given_its_id
         await _chat(cfg, "my own words", "/title Mine")
         with SessionDB(cfg.db_path) as db:
             db.create_session("20990101_000000_a9a9a9a9", "api", user_id="someone", title="Their talk")
-            db.append_message("20990101_000000_a9a9a9a9", "user", "an API user's secret")
+            db.messages.append("20990101_000000_a9a9a9a9", "user", "an API user's secret")
         out = await _chat(cfg, "hello again", continue_="")
         assert "Previous conversation: Mine" in out and "secret" not in out
         for how in ({"resume": "Their talk"}, {"continue_": "Their talk"}, {"resume": "20990101"}):
@@ -210,7 +210,7 @@ def _env(tmp_path) -> dict[str, str]:
 def _stored(tmp_path) -> tuple[str, list[dict]]:
     with SessionDB(tmp_path / "home" / "state.db") as db:
         session = db.list_sessions_rich(source="cli", limit=1)[0]["id"]
-        return session, db.get_messages(session)
+        return session, db.messages.get(session)
 
 
 async def test_ctrl_c_stops_the_answer_marked_stopped_and_a_second_ctrl_c_leaves_with_the_hint(tmp_path):

@@ -16,8 +16,8 @@ from state import SessionDB
 def store(home):
     with SessionDB(home / "state.db") as db:
         db.create_session("20260101_000000_aaaa0001", "api", user_id="k")
-        db.append_message("20260101_000000_aaaa0001", "user", "deploy the docker stack")
-        db.append_message("20260101_000000_aaaa0001", "assistant", "docker compose up -d")
+        db.messages.append("20260101_000000_aaaa0001", "user", "deploy the docker stack")
+        db.messages.append("20260101_000000_aaaa0001", "assistant", "docker compose up -d")
     return home
 
 

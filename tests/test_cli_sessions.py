@@ -26,11 +26,11 @@ def run(home):
 def filled(home):
     with SessionDB(home / "state.db") as db:
         db.create_session("20250301_100000_aaaa0001", "telegram", model="m", title="docker work")
-        db.append_message("20250301_100000_aaaa0001", "user", "How do I fix the docker build?")
-        db.append_message("20250301_100000_aaaa0001", "assistant", "Pin the base image.",
+        db.messages.append("20250301_100000_aaaa0001", "user", "How do I fix the docker build?")
+        db.messages.append("20250301_100000_aaaa0001", "assistant", "Pin the base image.",
                           tool_calls=[{"id": "c", "function": {"name": "shell", "arguments": '{"cmd": "docker ps"}'}}])
         db.create_session("20250302_100000_bbbb0002", "discord")
-        db.append_message("20250302_100000_bbbb0002", "user", "我们讨论了记忆断裂的问题")
+        db.messages.append("20250302_100000_bbbb0002", "user", "我们讨论了记忆断裂的问题")
         db.create_session("20250302_100000_bbbb0003", "cli")
     return home
 

@@ -60,7 +60,7 @@ async def new_session(adb, sid: str, *, title: str | None = "my project", key: s
     if key is not None:
         await adb.routes.set(key, sid)
     messages = conversation(turns, tag=sid, tool_at=tool_at)
-    await adb.append_messages(sid, messages)
+    await adb.messages.append_many(sid, messages)
     return messages
 
 
@@ -83,7 +83,7 @@ async def snapshot(adb) -> dict:
     return {
         "sessions": [(s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions],
         "routes": await adb.routes.list(),
-        "messages": {s["id"]: await adb.get_messages(s["id"]) for s in sessions},
+        "messages": {s["id"]: await adb.messages.get(s["id"]) for s in sessions},
     }
 
 
@@ -103,11 +103,11 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
         assert child[field] == root[field]
     assert await adb.routes.get(KEY) == first.new_session_id
     # The parent keeps its full history, untouched.
-    assert [(m["role"], m["content"]) for m in await adb.get_messages("root")] == [
+    assert [(m["role"], m["content"]) for m in await adb.messages.get("root")] == [
         (m["role"], m["content"]) for m in original
     ]
     # The child: head, the marked summary, the tail.
-    stored = await adb.get_messages_as_conversation(first.new_session_id)
+    stored = await adb.messages.as_conversation(first.new_session_id)
     assert [m["content"] for m in stored[:3]] == [m["content"] for m in original[:3]]
     assert is_summary(stored[3]) and stored[3]["content"].startswith(SUMMARY_MARKER)
     assert "stg-7.example.net" in summary_text(stored[3])
@@ -122,7 +122,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     )
 
     # The conversation goes on in the child, then is compressed again.
-    await adb.append_messages(first.new_session_id, conversation(10, tag="root", start=15))
+    await adb.messages.append_many(first.new_session_id, conversation(10, tag="root", start=15))
     second = await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
 
     assert second.title == "my project #3"
@@ -135,8 +135,8 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     listed = await adb.list_sessions_rich()
     assert [(s["id"], s.get("lineage_root")) for s in listed] == [(second.new_session_id, "root")]
     # Nothing stored was lost anywhere in the chain.
-    assert await adb.message_count("root") == 30
-    assert await adb.message_count(first.new_session_id) == len(stored) + 20
+    assert await adb.messages.count("root") == 30
+    assert await adb.messages.count(first.new_session_id) == len(stored) + 20
 
 
 async def test_the_second_summary_is_built_on_the_first(adb):
@@ -144,7 +144,7 @@ async def test_the_second_summary_is_built_on_the_first(adb):
     summarizer = Summarizer("Facts: the deploy key is in /etc/app/deploy.pem; budget 4,200 EUR.", "updated")
     first = await compress_session(adb, "root", summarizer, context_length=2_000)
     assert "EARLIER SUMMARY" not in summarizer.last_body()
-    await adb.append_messages(first.new_session_id, conversation(10, tag="later", start=15))
+    await adb.messages.append_many(first.new_session_id, conversation(10, tag="later", start=15))
 
     await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
 
@@ -175,7 +175,7 @@ async def test_tool_calls_stay_with_their_results_in_the_child(adb):
     original = await new_session(adb, "tools", turns=18, tool_at=15)
     assert original[-6]["role"] == "tool" and original[-7].get("tool_calls")
     result = await compress_session(adb, "tools", Summarizer("s"), context_length=600)
-    stored = await adb.get_messages_as_conversation(result.new_session_id)
+    stored = await adb.messages.as_conversation(result.new_session_id)
     tail = stored[4:]
     assert [m["content"] for m in tail] == [m["content"] for m in original[-7:]]
     assert tail[0]["tool_calls"][0]["id"] == "call15"
@@ -184,11 +184,11 @@ async def test_tool_calls_stay_with_their_results_in_the_child(adb):
 
 async def test_the_summary_is_redacted_but_copied_messages_are_not(adb):
     await new_session(adb, "s", turns=12)
-    await adb.append_messages("s", [{"role": "user", "content": "use sk-live-abcdefghijklmnopqrstuvwxyz01"},
+    await adb.messages.append_many("s", [{"role": "user", "content": "use sk-live-abcdefghijklmnopqrstuvwxyz01"},
                                     {"role": "assistant", "content": "ok"}])
     summarizer = Summarizer("Facts: the API key is sk-abcdefghijklmnopqrstuvwxyz0123 and password: hunter22")
     result = await compress_session(adb, "s", summarizer, context_length=2_000)
-    stored = await adb.get_messages_as_conversation(result.new_session_id)
+    stored = await adb.messages.as_conversation(result.new_session_id)
     text = summary_text(stored[3])
     assert "sk-abcdefghijklmnopqrstuvwxyz0123" not in text and "hunter22" not in text
     assert "[REDACTED]" in text and result.summary == text
@@ -198,7 +198,7 @@ async def test_the_summary_is_redacted_but_copied_messages_are_not(adb):
 async def test_a_redelivered_platform_event_is_still_recognised_in_the_child(adb):
     await new_session(adb, "s", turns=12)
     result = await compress_session(adb, "s", Summarizer("s"), context_length=2_000)
-    again = await adb.append_inbound(result.new_session_id, "s question 11 ...", platform_message_id="s-11")
+    again = await adb.messages.append_inbound(result.new_session_id, "s question 11 ...", platform_message_id="s-11")
     assert again.new is False
 
 
@@ -224,8 +224,8 @@ async def test_a_failing_summarizer_changes_nothing_and_the_session_goes_on(adb)
     assert isinstance(info.value.__cause__, ConnectionError)
     assert await snapshot(adb) == before
     # The turn is still answered in the same session.
-    await adb.append_messages("s", [{"role": "assistant", "content": "answered anyway"}])
-    assert (await adb.get_messages_as_conversation(await adb.routes.get(KEY)))[-1]["content"] == "answered anyway"
+    await adb.messages.append_many("s", [{"role": "assistant", "content": "answered anyway"}])
+    assert (await adb.messages.as_conversation(await adb.routes.get(KEY)))[-1]["content"] == "answered anyway"
 
 
 async def test_a_hanging_summarizer_times_out_and_changes_nothing(adb):
@@ -270,11 +270,11 @@ async def test_messages_stored_during_the_summary_are_carried_over(adb):
     summarizer.release = asyncio.Event()
     task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
     await summarizer.called.wait()
-    await adb.append_messages("s", [{"role": "user", "content": "arrived mid-compression"}])
+    await adb.messages.append_many("s", [{"role": "user", "content": "arrived mid-compression"}])
     summarizer.release.set()
     result = await task
-    assert (await adb.get_messages_as_conversation(result.new_session_id))[-1]["content"] == "arrived mid-compression"
-    assert (await adb.get_messages_as_conversation("s"))[-1]["content"] == "arrived mid-compression"
+    assert (await adb.messages.as_conversation(result.new_session_id))[-1]["content"] == "arrived mid-compression"
+    assert (await adb.messages.as_conversation("s"))[-1]["content"] == "arrived mid-compression"
     assert result.messages_before == 31
 
 
@@ -287,7 +287,7 @@ async def test_other_sessions_are_served_while_one_compresses(adb):
     await slow.called.wait()
 
     # While "slow" waits for its summary, another chat is answered and even compressed.
-    await adb.append_messages("fast", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    await adb.messages.append_many("fast", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
     fast = await compress_session(adb, "fast", Summarizer("fast summary"), context_length=2_000)
     assert await adb.routes.get("telegram:dm:2") == fast.new_session_id
     assert not pending.done()
@@ -331,7 +331,7 @@ async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
     summarizer.release = asyncio.Event()
     task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
     await summarizer.called.wait()
-    await adb.clear_messages("s")
+    await adb.messages.clear("s")
     before = await snapshot(adb)
     summarizer.release.set()
     with pytest.raises(SessionChanged, match="lost messages"):

@@ -59,7 +59,7 @@ async def test_a_run_is_a_cron_session_delivered_to_the_chat(tmp_path, model, tg
         await connected(gw)
         run = await gw.cron.run_job("morning")
         session = await gw.db.get_session(run["session_id"])
-        messages = await gw.db.get_messages(run["session_id"])
+        messages = await gw.db.messages.get(run["session_id"])
     [sent] = tg.sent
     assert (sent.chat_id, sent.visible_text) == (111, "Morning briefing\n\nSunny, 3 meetings.")
     assert (run["status"], run["delivery"], run["delivery_attempts"], run["trigger"]) == ("ok", "delivered", 1, "manual")
@@ -340,7 +340,7 @@ async def test_a_run_cannot_use_a_tool_even_when_the_model_asks_for_one(tmp_path
     async with telegram_gateway(tmp_path, model, tg) as gw:
         await connected(gw)
         run = await gw.cron.run_job("morning")
-        messages = await gw.db.get_messages(run["session_id"])
+        messages = await gw.db.messages.get(run["session_id"])
     assert "tools" not in model.requests[0].body  # none offered: jobs cannot create jobs
     [tool_result] = [m for m in messages if m["role"] == "tool"]
     assert tool_result["content"] == "error: no tool is available now, not 'memory'"

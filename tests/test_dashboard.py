@@ -56,16 +56,16 @@ async def seed(gw) -> dict:
     now = time.time()
     await db.create_session("s-evil", "telegram", user_id="666", user_name=EVIL_NAME, title=EVIL_TITLE,
                             session_key="agent:main:telegram:dm:666")
-    await db.append_message("s-evil", "user", EVIL_TEXT)
-    await db.append_message("s-evil", "assistant", "an answer about the needle")
+    await db.messages.append("s-evil", "user", EVIL_TEXT)
+    await db.messages.append("s-evil", "assistant", "an answer about the needle")
     await db.create_session("s-root", "discord", user_id="42", user_name="Dora", title="Trip planning")
-    await db.append_message("s-root", "user", "plan a trip to Lisbon")
+    await db.messages.append("s-root", "user", "plan a trip to Lisbon")
     await db.end_session("s-root", "compression")
     await db.create_session("s-child", "discord", user_id="42", user_name="Dora", title="Trip planning #2",
                             parent_session_id="s-root")
     summary = compression.make_summary_message("They want three days in Lisbon in May.")
-    await db.append_message("s-child", summary["role"], summary["content"])
-    await db.append_message("s-child", "user", "and Porto?")
+    await db.messages.append("s-child", summary["role"], summary["content"])
+    await db.messages.append("s-child", "user", "and Porto?")
     pairing = await db.pairing.request("telegram", "999", EVIL_NAME, "ABCD2345", now=now, ttl=3600, max_pending=3)
     return {"pairing": pairing}
 
@@ -589,8 +589,8 @@ async def test_a_transcript_renders_markdown_with_raw_html_as_text_and_no_foreig
               "![pixel](https://tracker.example/p.png) <a href=\"https://evil.example\">raw link</a>")
     async with dashboard(tmp_path, model) as gw:
         await gw.db.create_session("s-md", "telegram", user_id="1")
-        await gw.db.append_message("s-md", "assistant", answer)
-        await gw.db.append_message("s-md", "tool", "**not markdown** <b>x</b>")
+        await gw.db.messages.append("s-md", "assistant", answer)
+        await gw.db.messages.append("s-md", "tool", "**not markdown** <b>x</b>")
         browser = Browser(gw)
         try:
             await browser.login()

@@ -207,8 +207,8 @@ async def test_on_a_phone_nothing_runs_off_the_page_and_the_header_keeps_its_hei
         long_id = "s-" + "0123456789abcdef" * 3
         await gw.db.create_session(long_id, "telegram", user_id="12345678901234567890", user_name="Ann",
                                    title="A session with a title long enough to wrap on a phone screen")
-        await gw.db.append_message(long_id, "user", "how do I deploy it?")
-        await gw.db.append_message(long_id, "assistant", MARKDOWN_ANSWER)
+        await gw.db.messages.append(long_id, "user", "how do I deploy it?")
+        await gw.db.messages.append(long_id, "assistant", MARKDOWN_ANSWER)
         await gw.cron.run_job("digest")
         await gw.db.usage.record_call({"at": time.time() - 60, "purpose": "turn", "model": "a-model-with-a-long-name-v2",
                                        "platform": "telegram", "user_id": "12345678901234567890", "outcome": "ok",

@@ -48,7 +48,7 @@ async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_pat
         reply = await api.say("ann", "which editor should I configure?")
         sent = model.requests[-1]
         session = await gw.db.routes.get("agent:main:api:dm:ann")
-        stored = await gw.db.get_messages(session)
+        stored = await gw.db.messages.get(session)
 
         assert (await api.say("ann", "/facts off")).startswith("Fact recall is off for this chat")
         await api.say("ann", "which editor again?")
@@ -128,7 +128,7 @@ async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_st
     db = state.SessionDB(store_config["store"]["url"] if store_config else tmp_path / "state.db")
     db.create_session("old-1", "api", user_id="dee", session_key="agent:main:api:dm:dee")
     for i, text in enumerate(["I run a bakery in Ghent", "Nice!", "We open at 7", "Noted."]):
-        db.append_message("old-1", "user" if i % 2 == 0 else "assistant", text)
+        db.messages.append("old-1", "user" if i % 2 == 0 else "assistant", text)
     db.end_session("old-1", "idle")
     db.close()
     model.responder = lambda messages: (json.dumps({"facts": [{"text": "The user runs a bakery in Ghent",

@@ -27,7 +27,7 @@ async def test_a_conversation_is_remembered_across_turns(tmp_path, model):
         assert await api.say("bob", "hello") == "echo: hello | turns: 1 | first: hello"
         await api.close()
         sid = await gw.db.routes.get("agent:main:api:dm:alice")
-        stored = await gw.db.get_messages(sid)
+        stored = await gw.db.messages.get(sid)
     assert [(m["role"], m["content"]) for m in stored] == [
         ("user", "my name is Alice"),
         ("assistant", "echo: my name is Alice | turns: 1 | first: my name is Alice"),
@@ -100,7 +100,7 @@ async def test_429_then_success_is_answered_once(tmp_path, model):
         api = ApiClient(gw)
         assert await api.say("k", "hi") == "finally"
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.routes.get("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert len(model.requests) == 2
     assert model.requests[1].at - model.requests[0].at >= 0.2  # Retry-After honoured
     assert [m["role"] for m in stored] == ["user", "assistant"]
@@ -117,7 +117,7 @@ async def test_total_model_failure_is_a_503_and_the_message_is_kept_then_a_norma
         assert failed.value.response.headers["Retry-After"] == "2"
         assert await api.say("k", "second question") == "echo: second question | turns: 2 | first: first question"
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.routes.get("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert [(m["role"], m["content"]) for m in stored][:2] == [("user", "first question"), ("user", "second question")]
     assert len(stored) == 3
 
@@ -147,7 +147,7 @@ async def test_messages_sent_during_a_turn_are_answered_after_it(tmp_path):
             third = asyncio.create_task(api.say("k", "three"))
             replies = await asyncio.gather(first, second, third)
             await api.close()
-            stored = await gw.db.get_messages(await gw.db.routes.get("agent:main:api:dm:k"))
+            stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     # two and three waited for the first turn; each request got a turn and an answer of its own, in order
     assert replies == [f"echo: {word} | turns: {n} | first: one" for n, word in enumerate(["one", "two", "three"], 1)]
     assert [(m["role"], m["content"]) for m in stored] == [
@@ -207,7 +207,7 @@ async def test_an_idempotency_key_stores_and_answers_once_and_a_retry_gets_the_s
             async with http.post(url, json=body, headers=headers) as r2:
                 assert r2.status == 200
                 again = await r2.json()
-        stored = await gw.db.get_messages(await gw.db.routes.get("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert again["choices"][0]["message"]["content"] == "echo: once | turns: 1 | first: once"
     assert (again["id"], again["session_id"]) == (first["id"], first["session_id"])
     assert [m["content"] for m in stored if m["role"] == "user"] == ["once"]
@@ -385,7 +385,7 @@ async def test_a_turn_cut_off_by_shutdown_is_a_503_with_retry_after_and_keeps_th
     assert cut.value.response.headers["Retry-After"] == "10"
     assert "stopped before answering; your message is saved" in cut.value.message
     with state.SessionDB(tmp_path / "state.db") as store:
-        stored = store.get_messages(store.routes.get("agent:main:api:dm:k"))
+        stored = store.messages.get(store.routes.get("agent:main:api:dm:k"))
     assert [(m["role"], m["content"]) for m in stored] == [("user", "a very long question")]
 
 

@@ -75,8 +75,8 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         assert await gw.db.get_compression_tip(root) == third
         assert await gw.db.resolve_session_id("migration") == third
         # the parent keeps its whole history
-        assert len(await gw.db.get_messages(root)) == 2 * 7 + 1
-        child_messages = await gw.db.get_messages(third)
+        assert len(await gw.db.messages.get(root)) == 2 * 7 + 1
+        child_messages = await gw.db.messages.get(third)
         assert any(compression.is_summary(m) for m in child_messages)
     # the second summary request carried the first summary forward
     requests = summary_requests(model)
@@ -115,7 +115,7 @@ async def test_a_failing_summarizer_changes_nothing_and_the_turn_is_answered(tmp
         api = ApiClient(gw)
         await chat(api, 6)
         sid = await gw.db.routes.get(KEY)
-        stored_before = len(await gw.db.get_messages(sid))
+        stored_before = len(await gw.db.messages.get(sid))
         broken = [Fail(500)] * 4 if failure == "error" else [Hang(30)]
         model.script(Reply("ok", prompt_tokens=3300), Reply("nothing new to remember"), *broken,
                      Reply("still answered"))
@@ -123,7 +123,7 @@ async def test_a_failing_summarizer_changes_nothing_and_the_turn_is_answered(tmp
         answer = await api.say("k", "are you there?")
         assert answer == "still answered"
         assert await gw.db.routes.get(KEY) == sid
-        assert len(await gw.db.get_messages(sid)) == stored_before + 4
+        assert len(await gw.db.messages.get(sid)) == stored_before + 4
         # the cooldown: the next turn does not try again
         requests_before = len(model.requests)
         await api.say("k", "one more")
@@ -170,7 +170,7 @@ async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, mode
         await api.close()
         child = await gw.db.routes.get(KEY)
         assert child != root and "after the split" in text
-        assert (await gw.db.get_messages(child))[-1]["content"] == "after the split"
+        assert (await gw.db.messages.get(child))[-1]["content"] == "after the split"
         assert named == child
 
 
@@ -222,8 +222,8 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
         await api.close()
         child = await gw.db.routes.get(KEY)
         parent = await gw.db.get_session(root)
-        in_child = [(m["role"], m["content"]) for m in await gw.db.get_messages(child)]
-        in_parent = await gw.db.get_messages(root)
+        in_child = [(m["role"], m["content"]) for m in await gw.db.messages.get(child)]
+        in_parent = await gw.db.messages.get(root)
     assert child != root and parent["end_reason"] == "compression"
     assert meanwhile.choices[0].message.content.startswith("echo: arrived meanwhile")
     assert "echo: and now? |" in answered_first  # each message answered by one turn: its own

@@ -27,7 +27,7 @@ def _old_database_with_free_pages(home):
         for n in range(4):
             db.create_session(f"s{n}", "cli")
             for i in range(100):
-                db.append_message(f"s{n}", "user", f"message {i} " + "x" * 2000)
+                db.messages.append(f"s{n}", "user", f"message {i} " + "x" * 2000)
             db.end_session(f"s{n}", "reset")
         db.delete_session("s0")
         db.delete_session("s1")
@@ -52,7 +52,7 @@ def test_vacuum_announces_what_it_frees_then_frees_it(tmp_path):
     assert (after.auto_vacuum, after.free_bytes) == ("incremental", 0)
     assert after.quick_check == "ok"
     with state.SessionDB(path) as db:
-        assert db.message_count() == 200
+        assert db.messages.count() == 200
 
 
 def test_vacuum_of_a_database_already_incremental_does_not_say_it_switches(tmp_path):

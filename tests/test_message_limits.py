@@ -47,7 +47,7 @@ def test_the_limit_is_off_unless_set_and_must_be_positive(tmp_path):
 
 
 async def _stored_user_texts(gw: Gateway, key: str) -> list[str]:
-    messages = await gw.db.get_messages(await gw.db.routes.get(key))
+    messages = await gw.db.messages.get(await gw.db.routes.get(key))
     return [m["content"] for m in messages if m["role"] == "user"]
 
 

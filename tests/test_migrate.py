@@ -34,15 +34,15 @@ def _fill_every_table(home: Path) -> Path:
         db.create_session("child", "telegram", model="m", user_id="u1", parent_session_id="root")
         db.create_session("other", "cli", model="m")
         db.routes.set("telegram:dm:u1", "child")
-        db.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
+        db.messages.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
                           inbox={"session_key": "telegram:dm:u1", "platform": "telegram", "chat_id": "c1",
                                  "chat_type": "dm", "user_id": "u1"})
-        db.append_message("root", "assistant", "restart the deployment with a canary")
-        db.append_message("root", "assistant", None, tool_calls=[{"id": "t1", "type": "function", "function": {
+        db.messages.append("root", "assistant", "restart the deployment with a canary")
+        db.messages.append("root", "assistant", None, tool_calls=[{"id": "t1", "type": "function", "function": {
             "name": "shell", "arguments": json.dumps({"cmd": "kubectl rollout undo"})}}])
-        db.append_message("other", "user", "记忆系统 的设计 notes about zeppelins")
+        db.messages.append("other", "user", "记忆系统 的设计 notes about zeppelins")
         for i in range(30):
-            db.append_message("other", "user", f"filler message number {i} about gardening")
+            db.messages.append("other", "user", f"filler message number {i} about gardening")
         db.recovery.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
                                    sent_ids=["m1"])
         db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
@@ -134,7 +134,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
     home = tmp_path / "home"
     path = _fill_every_table(home)
     with state.SessionDB(path) as db:  # an AUTOINCREMENT id deleted before the move is not given out again
-        doomed = db.append_message("root", "user", "this one is deleted")
+        doomed = db.messages.append("root", "user", "this one is deleted")
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("DELETE FROM messages WHERE id = ?", (doomed,))
@@ -146,7 +146,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
     assert result.exit_code == 0, result.output
     with state.SessionDB(pg_url) as db:
         assert db.get_session("early")["parent_session_id"] == "late"
-        assert db.append_message("root", "user", "after the move") == doomed + 1
+        assert db.messages.append("root", "user", "after the move") == doomed + 1
         assert db.facts.add("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
             == tops["facts"] + 1
         assert db.dead_letters.add(platform="slack", event_id=None, payload="{}", message=None, error="x") \
@@ -201,7 +201,7 @@ def test_refused_when_the_target_holds_sessions_unless_replace(tmp_path, pg_url)
     _fill_every_table(home)
     with state.SessionDB(pg_url) as db:
         db.create_session("theirs", "slack")
-        db.append_message("theirs", "user", "already here")
+        db.messages.append("theirs", "user", "already here")
 
     refused = _cli("--to", pg_url, "--home", str(home))
 

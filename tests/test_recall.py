@@ -49,7 +49,7 @@ async def seed(db, sid, platform, user, lines, *, title=None, agent="main", pare
     await db.create_session(sid, platform, model="m", user_id=user, session_key=f"agent:{agent}:{platform}:dm:{user}",
                             parent_session_id=parent, title=title)
     for i, text in enumerate(lines):
-        await db.append_message(sid, "user" if i % 2 == 0 else "assistant", text,
+        await db.messages.append(sid, "user" if i % 2 == 0 else "assistant", text,
                                 timestamp=(started or 1_700_000_000.0) + i)
 
 
@@ -72,7 +72,7 @@ async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, mod
         answer = await api.say("alice", "like we discussed last week, what was the docker fix?")
         await api.close()
         current = await gw.db.routes.get("agent:main:api:dm:alice")
-        stored = await gw.db.get_messages(current)
+        stored = await gw.db.messages.get(current)
         day = when((await gw.db.get_session("old-docker"))["started_at"])
     assert answer.startswith("tool said: Earlier conversations about \"docker restarting\" (1):")
     assert f'1. "Docker trouble" · {day} · api · session old-docker · 1 matching message' in answer

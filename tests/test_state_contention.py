@@ -20,7 +20,7 @@ from state import SessionDB
 path, worker, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 db = SessionDB(path)
 for i in range(count):
-    db.append_message(f"s{worker}", "user", f"worker {worker} message {i}", platform_message_id=f"{worker}-{i}")
+    db.messages.append(f"s{worker}", "user", f"worker {worker} message {i}", platform_message_id=f"{worker}-{i}")
 db.close()
 print("done")
 """
@@ -55,9 +55,9 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
     assert holder_out.strip() == "released" and holder_err == ""
     assert outcomes == [("done\n", "", 0)] * 4
     with SessionDB(path) as db:
-        assert db.message_count() == 1000
+        assert db.messages.count() == 1000
         for worker in range(4):
-            contents = [m["content"] for m in db.get_messages(f"s{worker}")]
+            contents = [m["content"] for m in db.messages.get(f"s{worker}")]
             assert contents == [f"worker {worker} message {i}" for i in range(250)]
             assert db.get_session(f"s{worker}")["message_count"] == 250
 
@@ -107,7 +107,7 @@ import sys
 from state import SessionDB
 with SessionDB(sys.argv[1]) as db:
     db.create_session(sys.argv[2], "cli")
-    db.append_message(sys.argv[2], "user", "first words")
+    db.messages.append(sys.argv[2], "user", "first words")
 print("ok")
 """
 
@@ -118,7 +118,7 @@ def test_processes_opening_a_new_database_at_once_all_succeed(home):
     assert [p.communicate(timeout=60) + (p.returncode,) for p in procs] == [("ok\n", "", 0)] * 4
     with SessionDB(path) as db:
         assert sorted(r["id"] for r in db.list_sessions_rich()) == ["s0", "s1", "s2", "s3"]
-        assert db.message_count() == 4
+        assert db.messages.count() == 4
 
 
 # appends as fast as it can until the file named by argv[2] exists, then prints how many it stored
@@ -129,7 +129,7 @@ db = SessionDB(sys.argv[1])
 print("writing", flush=True)
 n = 0
 while not os.path.exists(sys.argv[2]):
-    db.append_message("greedy", "user", f"greedy {n}")
+    db.messages.append("greedy", "user", f"greedy {n}")
     n += 1
 db.close()
 print(n, flush=True)
@@ -148,18 +148,18 @@ def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
         assert greedy.stdout.readline().strip() == "writing"
         with SessionDB(path) as db:
             for i in range(30):
-                db.append_message("polite", "user", f"polite {i}")
+                db.messages.append("polite", "user", f"polite {i}")
             assert greedy.poll() is None  # all 30 stored while the greedy writer was still writing
-            last_polite = db.get_messages("polite")[-1]["id"]
+            last_polite = db.messages.get("polite")[-1]["id"]
             # and it goes on writing after our last one (however slowly a loaded machine schedules it)
             deadline = time.monotonic() + 30
-            while not any(m["id"] > last_polite for m in db.get_messages("greedy")):
+            while not any(m["id"] > last_polite for m in db.messages.get("greedy")):
                 assert time.monotonic() < deadline, "the greedy writer stopped writing"
                 time.sleep(0.01)
             stop.touch()
             stored = int(greedy.communicate(timeout=30)[0].strip())
-            polite_ids = [m["id"] for m in db.get_messages("polite")]
-            greedy_ids = [m["id"] for m in db.get_messages("greedy")]
+            polite_ids = [m["id"] for m in db.messages.get("polite")]
+            greedy_ids = [m["id"] for m in db.messages.get("greedy")]
         assert len(polite_ids) == 30 and len(greedy_ids) == stored
     finally:
         greedy.kill()
@@ -170,7 +170,7 @@ QUIET = """
 import sys
 from state import SessionDB
 db = SessionDB(sys.argv[1])
-db.append_message("quiet", "user", "one message")
+db.messages.append("quiet", "user", "one message")
 print("wrote", flush=True)
 sys.stdin.readline()
 db.close()

@@ -68,13 +68,13 @@ def test_the_first_read_and_write_after_a_server_restart_succeed_and_the_write_i
     db = SessionDB(url)
     try:
         db.create_session("s1", "cli")
-        db.append_message("s1", "user", "before the restart")
+        db.messages.append("s1", "user", "before the restart")
         _warm(db)
         own_cluster.restart()  # every connection the pool holds is now dead
         sessions = [s["id"] for s in db.list_sessions_rich()]  # the very next call: a read
         own_cluster.restart()
-        db.append_message("s1", "user", "after the restart")  # the very next call: a write
-        history = [m["content"] for m in db.get_messages("s1")]
+        db.messages.append("s1", "user", "after the restart")  # the very next call: a write
+        history = [m["content"] for m in db.messages.get("s1")]
     finally:
         db.close()
     assert sessions == ["s1"]
@@ -89,15 +89,15 @@ def test_while_the_server_is_down_a_call_fails_at_once_saying_what_to_check_and_
         db.create_session("s1", "cli")
         own_cluster.stop_server()
         took = []
-        for call in (db.list_sessions_rich, lambda: db.append_message("s1", "user", "lost"),
-                     lambda: db.append_message("s1", "user", "lost")):
+        for call in (db.list_sessions_rich, lambda: db.messages.append("s1", "user", "lost"),
+                     lambda: db.messages.append("s1", "user", "lost")):
             started = time.monotonic()
             with pytest.raises(StoreUnavailable) as caught:
                 call()
             took.append(time.monotonic() - started)
         own_cluster.start_server()
-        db.append_message("s1", "user", "back")
-        history = [m["content"] for m in db.get_messages("s1")]
+        db.messages.append("s1", "user", "back")
+        history = [m["content"] for m in db.messages.get("s1")]
     finally:
         db.close()
     message = str(caught.value)
@@ -126,7 +126,7 @@ async def test_an_outage_never_blocks_the_event_loop(own_cluster, url):
         ticker = asyncio.create_task(tick())
         try:
             with pytest.raises(StoreUnavailable):
-                await adb.append_message("s1", "user", "lost")
+                await adb.messages.append("s1", "user", "lost")
             with pytest.raises(StoreUnavailable):
                 await adb.list_sessions_rich()
         finally:

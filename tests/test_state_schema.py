@@ -71,15 +71,15 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
         assert (old["message_count"], old["title"], old["session_key"], old["input_tokens"]) == (3, None, None, 0)
         assert old["preview"] == "how do I deploy the kubernetes cluster"
         assert old["last_active"] == pytest.approx(time.time() - 20, abs=5)
-        assert [m["role"] for m in db.get_messages("old")] == ["user", "assistant", "assistant"]
+        assert [m["role"] for m in db.messages.get("old")] == ["user", "assistant", "assistant"]
         # the old messages are searchable in the new indexes, CJK and tool arguments included
         assert [r["id"] for r in db.search.messages("kubernetes")] == [1]
         assert [r["id"] for r in db.search.messages("记忆断裂")] == [2]
         assert [r["id"] for r in db.search.messages("helmfile")] == [3]
         # and everything added since works on it
         db.titles.set("old", "deploy")
-        db.append_message("old", "user", "again", platform_message_id="p1", finish_reason="stop")
-        assert db.append_inbound("old", "again", platform_message_id="p1").new is False
+        db.messages.append("old", "user", "again", platform_message_id="p1", finish_reason="stop")
+        assert db.messages.append_inbound("old", "again", platform_message_id="p1").new is False
         db.routes.set("k", "old")
         assert db.resolve_session_id("deploy") == "old"
     finally:
@@ -90,12 +90,12 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
 
 def test_every_step_is_idempotent(db):
     db.create_session("s", "cli", title="t")
-    db.append_message("s", "user", "kept")
+    db.messages.append("s", "user", "kept")
     conn = db._engine._wconn
     conn.execute("BEGIN IMMEDIATE")
     schema.migrate(conn, 0)  # re-run the whole chain over the current schema
     conn.execute("COMMIT")
-    assert [m["content"] for m in db.get_messages("s")] == ["kept"]
+    assert [m["content"] for m in db.messages.get("s")] == ["kept"]
     assert db.titles.get("s") == "t"
     assert [r["session_id"] for r in db.search.messages("kept")] == ["s"]
 

@@ -111,7 +111,7 @@ def test_concurrent_redeliveries_store_the_message_once(store):
 
     def deliver():
         gate.wait()
-        results.append(store.append_inbound("s1", "hello", platform_message_id="tg:42"))
+        results.append(store.messages.append_inbound("s1", "hello", platform_message_id="tg:42"))
 
     threads = [threading.Thread(target=deliver) for _ in range(6)]
     for t in threads:
@@ -120,7 +120,7 @@ def test_concurrent_redeliveries_store_the_message_once(store):
         t.join()
     assert sorted(r.new for r in results) == [False] * 5 + [True]
     assert len({r.id for r in results}) == 1
-    assert [m["content"] for m in store.get_messages("s1")] == ["hello"]
+    assert [m["content"] for m in store.messages.get("s1")] == ["hello"]
     assert store.get_session("s1")["message_count"] == 1
 
 

@@ -20,9 +20,9 @@ def _ids(results):
 
 def test_search_through_the_store(db):
     db.create_session("zh", "telegram", model="m")
-    db.append_message("zh", "user", "昨天我们讨论了记忆断裂的问题，今天继续")
+    db.messages.append("zh", "user", "昨天我们讨论了记忆断裂的问题，今天继续")
     db.create_session("en", "discord")
-    db.append_message("en", "assistant", "the deploy finished", tool_calls=[
+    db.messages.append("en", "assistant", "the deploy finished", tool_calls=[
         {"id": "c", "function": {"name": "shell", "arguments": '{"cmd": "kubectl rollout"}'}}])
     hit = db.search.messages("记忆断裂")[0]
     assert (hit["session_id"], hit["source"], hit["model"]) == ("zh", "telegram", "m")
@@ -34,16 +34,16 @@ def test_search_through_the_store(db):
     assert _ids(db.search.messages("deploy", role_filter=["user"])) == []
     for nasty in ['"', "*", "NEAR(", "^", "AND", "((", "x" * 10_000, "\x00", "'; DROP TABLE messages; --"]:
         assert isinstance(db.search.messages(nasty), list)
-    assert db.message_count() == 2
+    assert db.messages.count() == 2
 
 
 def test_deletes_and_imports_keep_the_index_in_sync(db, tmp_path):
     db.create_session("a", "cli")
-    db.append_message("a", "user", "marmalade sandwich 记忆断裂")
+    db.messages.append("a", "user", "marmalade sandwich 记忆断裂")
     db.create_session("b", "cli")
-    db.append_message("b", "user", "marmalade toast")
+    db.messages.append("b", "user", "marmalade toast")
     exported = db.transfer.export_all()
-    db.clear_messages("a")
+    db.messages.clear("a")
     assert _ids(db.search.messages("marmalade")) == ["b"]
     assert db.search.messages("记忆断裂") == []
     db.delete_session("b")

@@ -29,7 +29,7 @@ def db(store):
 @pytest.mark.sqlite_only("the files of a SQLite store and their modes")
 def test_default_location_is_private(home, db):
     db.create_session("s1", "cli")
-    db.append_message("s1", "user", "hi")
+    db.messages.append("s1", "user", "hi")
     assert db.db_path == home / "state.db"
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
     for name in ("state.db", "state.db-wal", "state.db-shm", "state.db-lock"):
@@ -94,59 +94,59 @@ def test_messages_round_trip_and_counters(db):
              {"id": "c2", "type": "function", "function": {"name": "web", "arguments": "{}"}}]
     t = time.time()
     ids = [
-        db.append_message("s1", "system", "you are helpful", timestamp=t + 1),
-        db.append_message("s1", "user", "list files", timestamp=t + 2),
-        db.append_message("s1", "assistant", None, tool_calls=calls, finish_reason="tool_calls",
+        db.messages.append("s1", "system", "you are helpful", timestamp=t + 1),
+        db.messages.append("s1", "user", "list files", timestamp=t + 2),
+        db.messages.append("s1", "assistant", None, tool_calls=calls, finish_reason="tool_calls",
                           reasoning="need ls", reasoning_details=[{"type": "summary"}], timestamp=t + 3),
-        db.append_message("s1", "tool", "a.txt", tool_call_id="c1", tool_name="terminal", timestamp=t + 4),
+        db.messages.append("s1", "tool", "a.txt", tool_call_id="c1", tool_name="terminal", timestamp=t + 4),
     ]
     assert ids == sorted(ids)
     session = db.get_session("s1")
     assert (session["message_count"], session["tool_call_count"], session["last_active"]) == (4, 2, t + 4)
-    messages = db.get_messages("s1")
+    messages = db.messages.get("s1")
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     assert messages[2]["tool_calls"] == calls
     assert messages[2]["reasoning_details"] == [{"type": "summary"}]
     assert (messages[2]["finish_reason"], messages[2]["reasoning"]) == ("tool_calls", "need ls")
-    assert db.get_messages_as_conversation("s1") == [
+    assert db.messages.as_conversation("s1") == [
         {"role": "system", "content": "you are helpful"},
         {"role": "user", "content": "list files"},
         {"role": "assistant", "content": None, "tool_calls": calls, "reasoning": "need ls",
          "reasoning_content": "need ls", "reasoning_details": [{"type": "summary"}]},
         {"role": "tool", "content": "a.txt", "tool_call_id": "c1", "tool_name": "terminal"},
     ]
-    assert db.message_count("s1") == 4
+    assert db.messages.count("s1") == 4
 
 
 def test_append_to_unknown_session_is_refused_and_stores_nothing(db):
     with pytest.raises(SessionNotFound):
-        db.append_message("ghost", "user", "hello")
-    assert db.message_count() == 0
+        db.messages.append("ghost", "user", "hello")
+    assert db.messages.count() == 0
 
 
 def test_a_redelivered_platform_event_is_stored_once(db):
     db.create_session("s1", "telegram")
     db.create_session("s2", "telegram")
-    first = db.append_message("s1", "user", "hello", platform_message_id="42")
-    assert db.append_message("s1", "user", "hello", platform_message_id="42") == first
-    assert db.append_inbound("s1", "hello", platform_message_id="42") == Appended(first, False)
-    fresh = db.append_inbound("s1", "next", platform_message_id="43")
+    first = db.messages.append("s1", "user", "hello", platform_message_id="42")
+    assert db.messages.append("s1", "user", "hello", platform_message_id="42") == first
+    assert db.messages.append_inbound("s1", "hello", platform_message_id="42") == Appended(first, False)
+    fresh = db.messages.append_inbound("s1", "next", platform_message_id="43")
     assert fresh.new is True and fresh.id > first
     # the same platform id in another session is another message
-    assert db.append_inbound("s2", "hello", platform_message_id="42").new is True
-    assert [m["content"] for m in db.get_messages("s1")] == ["hello", "next"]
+    assert db.messages.append_inbound("s2", "hello", platform_message_id="42").new is True
+    assert [m["content"] for m in db.messages.get("s1")] == ["hello", "next"]
     assert db.get_session("s1")["message_count"] == 2
 
 
 def test_batch_append_is_all_or_nothing(db):
     db.create_session("s1", "cli")
-    ids = db.append_messages("s1", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    ids = db.messages.append_many("s1", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
     assert len(ids) == 2
     with pytest.raises(ValueError):
-        db.append_messages("s1", [{"role": "assistant", "content": "partial"}, {"content": "no role"}])
+        db.messages.append_many("s1", [{"role": "assistant", "content": "partial"}, {"content": "no role"}])
     with pytest.raises(TypeError):
-        db.append_messages("s1", [{"role": "assistant", "content": "x"}, {"role": "user", "bogus": 1}])
-    assert [m["content"] for m in db.get_messages("s1")] == ["q", "a"]
+        db.messages.append_many("s1", [{"role": "assistant", "content": "x"}, {"role": "user", "bogus": 1}])
+    assert [m["content"] for m in db.messages.get("s1")] == ["q", "a"]
     assert db.get_session("s1")["message_count"] == 2
 
 
@@ -175,9 +175,9 @@ def test_the_session_keeps_its_model_whatever_model_a_call_was_billed_to(db):
 
 def test_clear_messages_keeps_the_session(db):
     db.create_session("s1", "cli")
-    db.append_message("s1", "user", "hello")
-    assert db.clear_messages("s1") == 1
-    assert db.get_messages("s1") == []
+    db.messages.append("s1", "user", "hello")
+    assert db.messages.clear("s1") == 1
+    assert db.messages.get("s1") == []
     s = db.get_session("s1")
     assert (s["message_count"], s["preview"]) == (0, None)
 
@@ -219,13 +219,13 @@ def test_resolve_session_id(db):
 def _chain(db, now):
     """root -(compression)-> mid -(compression)-> tip, plus a delegated child of root."""
     db.create_session("root", "cli", title="proj")
-    db.append_message("root", "user", "first question\nwith a newline", timestamp=now)
+    db.messages.append("root", "user", "first question\nwith a newline", timestamp=now)
     db.create_session("helper", "cli", parent_session_id="root")
     db.end_session("root", "compression")
     db.create_session("mid", "cli", parent_session_id="root", title="proj #2")
     db.end_session("mid", "compression")
     db.create_session("tip", "cli", parent_session_id="mid", title="proj #3")
-    db.append_message("tip", "user", "later", timestamp=now + 10)
+    db.messages.append("tip", "user", "later", timestamp=now + 10)
 
 
 def test_lineage_descendants_and_compression_tip(db):
@@ -244,7 +244,7 @@ def test_listing_shows_a_chain_as_its_tip(db):
     now = time.time()
     _chain(db, now)
     db.create_session("other", "telegram")
-    db.append_message("other", "user", "x" * 80)
+    db.messages.append("other", "user", "x" * 80)
     rows = db.list_sessions_rich()
     # the chain's tip was active last (now + 10): the chain is listed first, as its tip
     assert [(r["id"], r.get("lineage_root")) for r in rows] == [("tip", "root"), ("other", None)]
@@ -304,7 +304,7 @@ def test_delete_session_keeps_children_and_drops_routes(db):
     assert db.delete_session("mid") is False
     assert db.get_session("tip")["parent_session_id"] is None
     assert db.routes.get("key") is None
-    assert db.get_messages("mid") == []
+    assert db.messages.get("mid") == []
 
 
 def _age(db, session_id, days):
@@ -317,12 +317,12 @@ def _age(db, session_id, days):
 
 def test_prune_a_chain_whose_old_part_ended(db):
     db.create_session("A", "cli")
-    db.append_message("A", "user", "old")
+    db.messages.append("A", "user", "old")
     db.end_session("A", "compression")
     db.create_session("B", "cli", parent_session_id="A")
     db.end_session("B", "compression")
     db.create_session("C", "cli", parent_session_id="B")
-    db.append_message("C", "user", "recent")
+    db.messages.append("C", "user", "recent")
     db.create_session("never_ended", "cli")
     for sid in ("A", "B", "never_ended"):
         _age(db, sid, 100)
@@ -331,7 +331,7 @@ def test_prune_a_chain_whose_old_part_ended(db):
     assert db.get_session("A") is None and db.get_session("B") is None
     assert db.get_session("C")["parent_session_id"] is None
     assert db.get_session("never_ended") is not None
-    assert [m["content"] for m in db.get_messages("C")] == ["recent"]
+    assert [m["content"] for m in db.messages.get("C")] == ["recent"]
     assert db.prune_sessions(older_than_days=90) == 0
 
 
@@ -349,7 +349,7 @@ def test_stats_and_checkpoint(db):
     db.create_session("a", "telegram")
     db.create_session("b", "telegram")
     db.create_session("c", "cli")
-    db.append_message("a", "user", "x")
+    db.messages.append("a", "user", "x")
     stats = db.transfer.stats()
     assert {k: stats[k] for k in ("sessions", "messages", "by_source")} == {
         "sessions": 3, "messages": 1, "by_source": {"telegram": 2, "cli": 1}}
@@ -379,8 +379,8 @@ def test_threads_share_one_store(db):
     def work(n):
         try:
             for i in range(50):
-                db.append_message("s", "user", f"{n}-{i}")
-                db.get_messages("s")
+                db.messages.append("s", "user", f"{n}-{i}")
+                db.messages.get("s")
         except Exception as exc:  # noqa: BLE001 - collected and asserted empty below  # pragma: no cover
             errors.append(exc)
 
@@ -391,7 +391,7 @@ def test_threads_share_one_store(db):
         t.join()
     assert errors == []
     assert db.get_session("s")["message_count"] == 200
-    assert len({m["content"] for m in db.get_messages("s")}) == 200
+    assert len({m["content"] for m in db.messages.get("s")}) == 200
 
 
 def test_exports_redact_secrets_in_model_config(db):
@@ -413,6 +413,6 @@ def test_a_failing_import_leaves_nothing_even_across_transactions(db):
     with pytest.raises(StateError, match="line 8"):
         db.transfer.import_sessions(good + [clash, dup_title], chunk_messages=3)
     assert db.session_count() == 1  # only "taken"
-    assert db.message_count() == 0
+    assert db.messages.count() == 0
     result = db.transfer.import_sessions(good)
     assert (result["imported"], result["messages"]) == (6, 6)

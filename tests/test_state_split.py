@@ -15,7 +15,7 @@ def everything(db) -> dict:
     return {
         "sessions": sorted((s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions),
         "routes": db.routes.list(),
-        "messages": {s["id"]: db.get_messages(s["id"]) for s in sessions},
+        "messages": {s["id"]: db.messages.get(s["id"]) for s in sessions},
     }
 
 
@@ -25,14 +25,14 @@ def parent_with(db, sid: str = "p", *, title: str | None = "my project", turns: 
     db.routes.set(KEY, sid)
     ids = []
     for i in range(turns):
-        ids.append(db.append_message(sid, "user", f"question {i}", platform_message_id=f"m{i}", timestamp=100.0 + 2 * i))
-        ids.append(db.append_message(sid, "assistant", f"answer {i}", timestamp=101.0 + 2 * i))
+        ids.append(db.messages.append(sid, "user", f"question {i}", platform_message_id=f"m{i}", timestamp=100.0 + 2 * i))
+        ids.append(db.messages.append(sid, "assistant", f"answer {i}", timestamp=101.0 + 2 * i))
     return ids
 
 
 def kept(db, sid: str = "p") -> list[dict]:
     """What a planner would keep: the first two messages, a summary, the last two."""
-    stored = db.get_messages(sid)
+    stored = db.messages.get(sid)
     copy = ("role", "content", "platform_message_id", "timestamp")
     head = [{k: m[k] for k in copy if m[k] is not None} for m in stored[:2]]
     tail = [{k: m[k] for k in copy if m[k] is not None} for m in stored[-2:]]
@@ -42,7 +42,7 @@ def kept(db, sid: str = "p") -> list[dict]:
 
 def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(store):
     ids = parent_with(store)
-    before = store.get_messages("p")
+    before = store.messages.get("p")
 
     split = store.compression.split("p", kept(store), expected_message_ids=ids)
 
@@ -55,12 +55,12 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
         assert child[field] == parent[field], field
     assert store.routes.get(KEY) == split.child_id
     assert store.get_compression_tip("p") == split.child_id
-    assert [m["content"] for m in store.get_messages(split.child_id)] == [
+    assert [m["content"] for m in store.messages.get(split.child_id)] == [
         "question 0", "answer 0", "[Summary of earlier conversation]\nGoals: v2", "question 3", "answer 3"]
-    assert [m["id"] for m in store.get_messages(split.child_id)] == list(split.message_ids)
-    assert store.get_messages("p") == before  # the parent keeps every message, untouched
+    assert [m["id"] for m in store.messages.get(split.child_id)] == list(split.message_ids)
+    assert store.messages.get("p") == before  # the parent keeps every message, untouched
     # a redelivered platform event is still recognised in the child
-    assert store.append_inbound(split.child_id, "question 3", platform_message_id="m3").new is False
+    assert store.messages.append_inbound(split.child_id, "question 3", platform_message_id="m3").new is False
 
 
 def test_the_title_is_the_next_of_the_lineage_and_untitled_stays_untitled(store):
@@ -76,9 +76,9 @@ def test_the_title_is_the_next_of_the_lineage_and_untitled_stays_untitled(store)
 def test_a_chain_of_splits_numbers_on(store):
     ids = parent_with(store)
     first = store.compression.split("p", kept(store), expected_message_ids=ids)
-    store.append_message(first.child_id, "user", "more")
+    store.messages.append(first.child_id, "user", "more")
     second = store.compression.split(first.child_id, kept(store, first.child_id),
-                                 expected_message_ids=[m["id"] for m in store.get_messages(first.child_id)])
+                                 expected_message_ids=[m["id"] for m in store.messages.get(first.child_id)])
     assert (first.title, second.title) == ("my project #2", "my project #3")
     assert store.routes.get(KEY) == second.child_id and store.get_compression_tip("p") == second.child_id
     assert store.titles.resolve("my project") == second.child_id
@@ -93,7 +93,7 @@ def test_a_key_without_a_route_gets_one(store):
 
 def test_messages_stored_after_the_plan_refuse_the_split_and_say_so(store):
     ids = parent_with(store)
-    store.append_message("p", "user", "arrived while the summary was written")
+    store.messages.append("p", "user", "arrived while the summary was written")
     before = everything(store)
     with pytest.raises(SessionChangedMeanwhile, match="received 1 new message since") as info:
         store.compression.split("p", kept(store), expected_message_ids=ids)
@@ -111,7 +111,7 @@ def test_a_session_that_changed_meanwhile_is_left_alone(store, change, reason):
     if change == "ended":
         store.end_session("p", "reset")
     elif change == "cleared":
-        store.clear_messages("p")
+        store.messages.clear("p")
     else:
         store.create_session("other", "telegram", session_key=KEY)
         store.routes.set(KEY, "other")
@@ -141,12 +141,12 @@ def test_a_split_that_fails_half_way_writes_nothing(store):
 
 def test_a_conversation_continues_where_compression_moved_it(store):
     ids = parent_with(store)
-    assert store.compression.continued_conversation("p") == ("p", store.get_messages_as_conversation("p"))
+    assert store.compression.continued_conversation("p") == ("p", store.messages.as_conversation("p"))
     first = store.compression.split("p", kept(store), expected_message_ids=ids)
     second = store.compression.split(first.child_id, kept(store, first.child_id),
-                                 expected_message_ids=[m["id"] for m in store.get_messages(first.child_id)])
+                                 expected_message_ids=[m["id"] for m in store.messages.get(first.child_id)])
     # a message left unanswered in "p" (stored while its summary was written, or before a kill) is
     # answered in the live end of the chain, with that session's history
-    assert store.compression.continued_conversation("p") == (second.child_id, store.get_messages_as_conversation(second.child_id))
+    assert store.compression.continued_conversation("p") == (second.child_id, store.messages.as_conversation(second.child_id))
     store.end_session(second.child_id, "reset")  # only compression moves a conversation on
     assert store.compression.continued_conversation(second.child_id)[0] == second.child_id

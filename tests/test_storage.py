@@ -30,7 +30,7 @@ def fill(db: SessionDB) -> dict[str, int]:
     db.create_session("slack1", source="slack")
     for session_id, contents in texts.items():
         for i, content in enumerate(contents):
-            db.append_message(session_id, "user", content, timestamp=JAN if i == 0 else FEB)
+            db.messages.append(session_id, "user", content, timestamp=JAN if i == 0 else FEB)
     return {sid: sum(len(c.encode()) for c in contents) for sid, contents in texts.items()}
 
 

@@ -30,7 +30,7 @@ def _session(db: SessionDB, sid: str, *, started: float, last: float, ended: flo
         "UPDATE sessions SET started_at = ?, last_active = NULL WHERE id = ?", (started, sid)))
     for i in range(messages):
         ts = started + (last - started) * (i + 1) / messages
-        db.append_message(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
+        db.messages.append(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
     if ended is not None:
         db.end_session(sid, "reset")
         db._engine.write(lambda conn: conn.execute(  # the session ended back then
@@ -97,7 +97,7 @@ async def test_a_pass_prunes_the_expired_sessions_on_either_backend(store_target
         child = await db.get_session("child")
         last = await db.upkeep.last()
         hits = await db.search.messages("restarted", limit=1000)
-        orphans = await db.message_count() - sum([(await db.get_session(sid))["message_count"] for sid in kept])
+        orphans = await db.messages.count() - sum([(await db.get_session(sid))["message_count"] for sid in kept])
     assert remaining == kept and child["parent_session_id"] is None
     assert (report.sessions_pruned, report.messages_pruned) == (4, 3 + 3 + 400 + 3)
     assert report.steps > 10  # the big session was cut into several short transactions
@@ -122,8 +122,8 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
         _session(db, "old-cjk", started=now - 6 * DAY, last=now - 6 * DAY, ended=None, messages=0)
         _session(db, "new-cjk", started=now - 3600, last=now - 60, ended=None, messages=0)
         for i in range(60):
-            db.append_message("old-cjk", "user", f"记忆系统 断裂连接 {i} 容器重启了" * 5, timestamp=now - 6 * DAY)
-        db.append_message("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
+            db.messages.append("old-cjk", "user", f"记忆系统 断裂连接 {i} 容器重启了" * 5, timestamp=now - 6 * DAY)
+        db.messages.append("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
         db.end_session("old-cjk", "reset")
     with sqlite3.connect(path) as conn:  # ended back then; every message indexed
         conn.execute("UPDATE sessions SET ended_at = ?, last_active = ? WHERE id = 'old-cjk'",
@@ -170,10 +170,10 @@ async def test_a_session_resumed_during_the_pass_is_left_alone(store_target):
     with SessionDB(path) as db:
         _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY)
         cutoff = now - DAY
-        db.append_message("old", "user", "I am back", timestamp=now)  # activity after the candidates were read
+        db.messages.append("old", "user", "I am back", timestamp=now)  # activity after the candidates were read
         step = db.upkeep.prune_step(["old"], cutoff, 100)[0]
         assert (step.deleted, step.dropped, step.messages) == ([], ["old"], 0)
-        assert db.message_count("old") == 4
+        assert db.messages.count("old") == 4
 
 
 async def test_an_old_database_without_incremental_vacuum_says_so(tmp_path):
@@ -231,7 +231,7 @@ def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
         db.create_session("live", "telegram")
         db.upkeep.automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
         for i in range(32 * 40):  # forty segments, each of many distinct words
-            db.append_message("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
+            db.messages.append("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
         segments = db.upkeep.fts_segments("messages_fts")
         assert len(segments) >= 10
         steps, start, left = 0, True, len(segments)
@@ -239,7 +239,7 @@ def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
             step, _hold = db.upkeep.merge_step("messages_fts", 16, segments, start)
             start, left, steps = False, step.left, steps + 1
             for i in range(64):  # two more segments between steps
-                db.append_message("live", "assistant", f"reply {steps} {i} the container restarted")
+                db.messages.append("live", "assistant", f"reply {steps} {i} the container restarted")
         db.upkeep.automerge(True)
         now = db.upkeep.fts_segments("messages_fts")
         found = db.search.messages("restarted", limit=1000)
@@ -278,7 +278,7 @@ async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_
     async with await AsyncSessionDB.open(path) as db:
         await db.create_session("live", "telegram")
         for i in range(200):  # about 400 KB of WAL: past a 64 KiB limit
-            await db.append_message("live", "user", f"{i} {TEXT}")
+            await db.messages.append("live", "user", f"{i} {TEXT}")
         busy = await state.run_upkeep(db, retention_days=None, idle=lambda: False, wal_limit_bytes=65_536)
         wal_busy = (await db.upkeep.store_size()).wal_bytes
         quiet = await state.run_upkeep(db, retention_days=None, idle=lambda: True, wal_limit_bytes=65_536)
@@ -318,11 +318,11 @@ def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
         thread = threading.Thread(target=upkeep)
         thread.start()
         assert started.wait(10)
-        db.append_message("s", "user", "a live message")  # waits for the step to give way, not to finish
+        db.messages.append("s", "user", "a live message")  # waits for the step to give way, not to finish
         thread.join(10)
-        contents = [m["content"] for m in db.get_messages("s")]
-        db.append_message("s", "user", "and the next one")  # the store writes on as usual
-        assert [m["content"] for m in db.get_messages("s")] == ["a live message", "and the next one"]
+        contents = [m["content"] for m in db.messages.get("s")]
+        db.messages.append("s", "user", "and the next one")  # the store writes on as usual
+        assert [m["content"] for m in db.messages.get("s")] == ["a live message", "and the next one"]
     assert outcome == {"upkeep": "gave way"}
     assert contents == ["a live message"]  # the step's own insert was rolled back
 
@@ -344,9 +344,9 @@ def test_a_write_never_gives_way_to_another(tmp_path):
         thread = threading.Thread(target=long_write)
         thread.start()
         assert started.wait(10)
-        db.append_message("s", "user", "second")
+        db.messages.append("s", "user", "second")
         thread.join(10)
-        contents = [m["content"] for m in db.get_messages("s")]
+        contents = [m["content"] for m in db.messages.get("s")]
     assert outcome == {"first": "finished"} and contents == ["first", "second"]
 
 
@@ -362,7 +362,7 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
         async def writer():
             i = 0
             while not done.is_set():
-                await db.append_message("live", "user", f"live {i} {TEXT}")
+                await db.messages.append("live", "user", f"live {i} {TEXT}")
                 written.append(i)
                 i += 1
                 await asyncio.sleep(0.001)
@@ -372,7 +372,7 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
         done.set()
         await task
         remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
-        live = await db.get_messages("live")
+        live = await db.messages.get("live")
         hits = await db.search.messages("restarted", limit=10_000)
     assert report.gave_way > 0  # steps of about 2 ms, a write every millisecond or so: some came mid-step
     assert remaining == kept | {"live"} and report.sessions_pruned == len(expired)

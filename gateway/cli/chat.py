@@ -225,7 +225,7 @@ class _Chat:
         if resumed:
             session = await self.db.get_session(resumed)
             title = (session or {}).get("title") or resumed
-            self.notes.print(Panel(recap(await self.db.get_messages(resumed)), title=f"Previous conversation: {title}",
+            self.notes.print(Panel(recap(await self.db.messages.get(resumed)), title=f"Previous conversation: {title}",
                                    border_style="dim"))
         if self.interactive:
             self.notes.print("[dim]Type a message; /help for commands; Ctrl-C stops an answer; "
@@ -316,7 +316,7 @@ class _Chat:
         self.console.print(answer.text, markup=False, highlight=False)
         self.console.print("[dim](stopped)[/dim]")
         try:
-            await self.db.record_turn(ticket.session_id, [{"role": "assistant", "content": stopped_text(answer.text),
+            await self.db.messages.record_turn(ticket.session_id, [{"role": "assistant", "content": stopped_text(answer.text),
                                                            "finish_reason": "stopped"}])
         except state.StateError as exc:
             self.notes.print(f"[dim]the stopped answer could not be stored: {exc}[/dim]")

@@ -451,7 +451,7 @@ class CronService:
         try:
             session_id = await self._session_for(job, run, key)
             await self.db.cron.set_run_session(run["id"], session_id)
-            asked = await self.db.append_message(session_id, "user", job["prompt"])
+            asked = await self.db.messages.append(session_id, "user", job["prompt"])
             result = await self.turn.run(TurnRequest(
                 session_id=session_id, session_key=key, platform="cron", user_id=None, answered=(asked,),
                 tool_names=set(),  # no tools: jobs cannot create jobs

@@ -396,7 +396,7 @@ async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", ses
     key = session.get("session_key") or ""
     if session.get("source") == "cron" or ":cron:" in key:
         return False
-    history = await db.get_messages_as_conversation(session_id)
+    history = await db.messages.as_conversation(session_id)
     if len([m for m in history if m.get("role") in ("user", "assistant")]) < min_messages:
         return False
     platform = session.get("source") or "?"

@@ -121,7 +121,7 @@ class Conversations:
         if session is None or not session.get("session_key"):
             return ConversationId("fingerprint", None, fingerprint)
         if first_reply is None:  # a retry of a first message is the conversation it started
-            first = next((m for m in await self.db.get_messages(session["id"]) if m["role"] == "user"), None)
+            first = next((m for m in await self.db.messages.get(session["id"]) if m["role"] == "user"), None)
             if first is None or first.get("platform_message_id") != idempotency_key:
                 return ConversationId("fingerprint", None, fingerprint)
         return ConversationId("fingerprint", session["session_key"], fingerprint)
@@ -188,12 +188,12 @@ class Conversations:
                 entry["platform_message_id"] = idempotency_key
             messages.append(entry)
         if messages:
-            await self.db.append_messages(session_id, messages)
+            await self.db.messages.append_many(session_id, messages)
 
     async def _lineage_rows(self, session: dict) -> list[dict]:
         """The stored messages of ``session`` as the client saw them: a compressed parent's own, then
         the messages added after the compression (not its summary and copies)."""
-        rows = await self.db.get_messages(session["id"])
+        rows = await self.db.messages.get(session["id"])
         parent_id = session.get("parent_session_id")
         parent = await self.db.get_session(parent_id) if parent_id else None
         if parent is None or parent.get("end_reason") != "compression" or parent.get("ended_at") is None:

@@ -112,7 +112,7 @@ class ResponsesApi:
         else:
             session_id = session["id"]
         if chat.messages:
-            await db.append_messages(session_id, [{"role": m.role, "content": m.stored} for m in chat.messages])
+            await db.messages.append_many(session_id, [{"role": m.role, "content": m.stored} for m in chat.messages])
         return session_id
 
 

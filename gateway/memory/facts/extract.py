@@ -110,7 +110,7 @@ async def extract_session(service: FactService, model, config, session_id: str, 
     scope = user_scope(config, session.get("source") or "", session.get("user_id"))
     if scope is None:
         return Extraction(session_id, skipped="no user")
-    history = await db.get_messages_as_conversation(session_id)
+    history = await db.messages.as_conversation(session_id)
     if len([m for m in history if m.get("role") in ("user", "assistant")]) < MIN_MESSAGES:
         return Extraction(session_id, skipped="too short")
     if not await db.facts.claim_extraction(session_id, now=service.clock()):
