@@ -102,7 +102,7 @@ async def run(runs: int, n: int) -> int:
             sessions = []
             for r in range(runs + 1):  # one extra to warm up
                 sid = f"bench_{r:03d}"
-                await adb.create_session(sid, "telegram", "gpt-4o", "u1", session_key=f"telegram:dm:{r}",
+                await adb.sessions.create(sid, "telegram", "gpt-4o", "u1", session_key=f"telegram:dm:{r}",
                                          title=f"bench chat {r}", system_prompt="You are Switchboard.")
                 await adb.routes.set(f"telegram:dm:{r}", sid)
                 await adb.messages.append_many(sid, make_session(r, n))

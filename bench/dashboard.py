@@ -74,7 +74,7 @@ async def serve_and_measure(home: Path, repeat: int) -> None:
     gw = Gateway(cfg, adapters={})
     await gw.start()
     try:
-        first = (await gw.db.list_sessions_rich(limit=1))[0]["id"]
+        first = (await gw.db.sessions.list_rich(limit=1))[0]["id"]
         paths = [
             ("sessions (50 newest)", "/ui/sessions"),
             ("sessions, platform=telegram", "/ui/sessions?platform=telegram"),

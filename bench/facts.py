@@ -5,7 +5,7 @@
 
 Builds ``bench/.data/facts-<n>.db`` once (facts made from templates over a
 Zipf vocabulary of tech words, names and made-up words; every fact encoded
-with ``gateway.memory.facts.hrr.encode_fact`` and stored through ``SessionDB.add_facts``)
+with ``gateway.memory.facts.hrr.encode_fact`` and stored through ``db.facts.add_many``)
 and keeps it for later runs.  All facts belong to ONE (agent, user), the worst
 case for the scope filter, plus a user with 10 % as many facts around them (also timed, for probe).
 

@@ -160,7 +160,7 @@ async def sdk_cpu_per_call(model_port: int, calls: int = 300) -> float:
 
 async def ledger_cpu_per_call(tmp: Path, batch: int, calls: int = 2_000) -> float:
     """CPU (ms, all threads) per model call of writing the usage ledger as the daemon does: the
-    recorder's priced row, then ``record_model_calls`` through the async store, ``batch`` rows a
+    recorder's priced row, then ``usage.record_calls`` through the async store, ``batch`` rows a
     write, into a ledger that already holds 20,000 rows over 30 days."""
     from gateway.usage import CallContext, ModelCall, UsageRecorder
     from state import AsyncSessionDB

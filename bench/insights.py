@@ -5,9 +5,9 @@
 
 The rows (20,000 sessions, 3 models, 7 purposes, 2,000 user ids and 3,000 chat ids each
 seen on all 4 platforms: 8,000 accounts and 12,000 chats, nearly all active every day) are
-written in time order through ``SessionDB.record_model_calls``, as the daemon writes
+written in time order through ``db.usage.record_calls``, as the daemon writes
 them (the daily roll-ups with them), into a database in a temporary directory, removed
-afterwards.  Prints the time of ``SessionDB.usage_summary`` plus
+afterwards.  Prints the time of ``db.usage.summary`` plus
 :func:`gateway.insights.from_summary` (what ``switchboard insights`` runs) for ``--days``
 (half the rows) per grouping, with ``--top`` (20) and, by user and chat, ``--top 0``;
 and of one user's report (``/usage``); best and median of ``--repeat`` runs.

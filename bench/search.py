@@ -25,7 +25,7 @@ Then it checks that both designs find exactly the same messages (whole match
 sets, not just the top 20) for those queries and a few more from the issue.
 
 With ``--url`` or ``--pg`` (``bench._pg``): the same queries through
-``SessionDB.search_messages`` on a PostgreSQL database of the same messages (same ids),
+``db.search.messages`` on a PostgreSQL database of the same messages (same ids),
 p50/p95, and whether PostgreSQL finds the same whole match sets as SQLite.
 """
 
@@ -134,7 +134,7 @@ def report_pg(server: str, n: int, runs: int, ours) -> None:
         return set(db._engine.read(search.matching_ids, search.parse(q), limit=10**9))
 
     try:
-        print(f"\nPostgreSQL: SessionDB.search_messages over {n:,} messages, limit 20, warm cache "
+        print(f"\nPostgreSQL: db.search.messages over {n:,} messages, limit 20, warm cache "
               f"({runs} runs; p50 / p95 in ms)")
         worst = 0.0
         for label, q in [*QUERIES.items(), ("1-2 CJK characters", "日志"), ("1 CJK character", "库"),

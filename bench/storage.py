@@ -1,4 +1,4 @@
-"""``switchboard storage``: how long ``SessionDB.storage_report`` takes on a SQLite store of N messages.
+"""``switchboard storage``: how long ``db.storage.report`` takes on a SQLite store of N messages.
 
     .venv/bin/python bench/storage.py                      # 200,000 messages in 2,000 sessions
     .venv/bin/python bench/storage.py --messages 1000000

@@ -126,7 +126,7 @@ async def run(args) -> None:
     print(f"Upkeep over {messages:,} messages in {sessions:,} sessions, half past retention_days: 1; "
           f"database + WAL {_mib(size_before)}\n")
     async with await state.AsyncSessionDB.open(work) as db:
-        await db.create_session("live", "telegram")
+        await db.sessions.create("live", "telegram")
         quiet: list[tuple[float, float]] = []
         stop = asyncio.Event()
         writer = asyncio.create_task(_writer(db, "live", args.interval / 1000, stop, quiet))

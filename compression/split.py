@@ -14,7 +14,7 @@ that reach the parent while the summary is being written are carried over
 after the tail: the store refuses a split planned from an older read
 (``SessionChangedMeanwhile.new_messages``), and the split is planned again
 with them (the summary still covers the same middle).  They belong to the
-turns that answer them (``state.SessionDB.continued_conversation`` leads
+turns that answer them (``db.compression.continued_conversation`` leads
 those turns to the child), not to the one compressing: its history is the
 child's first ``CompressionResult.kept`` messages.
 
@@ -144,7 +144,7 @@ async def compress_session(
     messages meanwhile); in all three cases nothing was written.  ``state.SessionNotFound`` when
     there is no such session.
     """
-    parent = await db.get_session(session_id)
+    parent = await db.sessions.get(session_id)
     if parent is None:
         raise SessionNotFound(session_id)
     if parent.get("ended_at") is not None:

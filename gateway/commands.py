@@ -145,7 +145,7 @@ async def cmd_new(ctx: CommandContext) -> str:
     if title and holder is not None:
         return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
-    await ctx.db.end_session(old, "new_session")
+    await ctx.db.sessions.end(old, "new_session")
     ctx.router.session_ended(old, ctx.lane.key)  # persistent memory: keep what matters, in the background
     new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
     ctx.ticket.session_id = new_id
@@ -163,7 +163,7 @@ async def cmd_new(ctx: CommandContext) -> str:
 
 async def _title_taken(ctx: CommandContext, title: str, holder_id: str) -> str:
     """The line for a title already in use: the holder is named only when it is one of the user's own."""
-    holder = await ctx.db.get_session(holder_id)
+    holder = await ctx.db.sessions.get(holder_id)
     if holder is not None and _owned_by(holder, ctx.ticket.msg):
         return f'The title "{title}" is already used by your session {holder_id}. Choose another.'
     return f'The title "{title}" is already taken. Choose another.'
@@ -190,7 +190,7 @@ async def cmd_title(ctx: CommandContext) -> str:
 
 
 async def cmd_status(ctx: CommandContext) -> str:
-    s = await ctx.db.get_session(ctx.session_id)
+    s = await ctx.db.sessions.get(ctx.session_id)
     if s is None:  # deleted meanwhile (sessions delete, prune)
         return "This session no longer exists; your next message starts a new one."
     context_length = ctx.router.context_length
@@ -209,17 +209,17 @@ async def _own_sessions(ctx: CommandContext, limit: int = 10) -> list[dict]:
     msg = ctx.ticket.msg
     if msg.user_id is None:
         return []
-    rows = await ctx.db.list_sessions_rich(source=msg.platform, limit=limit * 3, user_ids=[msg.user_id])
+    rows = await ctx.db.sessions.list_rich(source=msg.platform, limit=limit * 3, user_ids=[msg.user_id])
     return rows[:limit]
 
 
 async def _find_own(ctx: CommandContext, ref: str) -> tuple[str | None, list[str]]:
     """The id of the one session of the user's that ``ref`` names, or None with the candidate ids
-    when an id prefix fits several of theirs (see ``SessionDB.find_owned_session``)."""
+    when an id prefix fits several of theirs (see ``db.sessions.find_owned``)."""
     msg = ctx.ticket.msg
     if msg.user_id is None:
         return None, []
-    return await ctx.db.find_owned_session(ref, source=msg.platform, user_ids=[msg.user_id])
+    return await ctx.db.sessions.find_owned(ref, source=msg.platform, user_ids=[msg.user_id])
 
 
 async def cmd_sessions(ctx: CommandContext) -> str:
@@ -250,17 +250,17 @@ async def cmd_resume(ctx: CommandContext) -> str:
         return f'More than one of your sessions matches "{ref}": {shown}. Give more of the id.'
     if found is None:
         return f'No session of yours matches "{ref}". /resume alone lists yours.'
-    target = await ctx.db.get_compression_tip(found) or found
-    session = await ctx.db.get_session(target)
+    target = await ctx.db.sessions.compression_tip(found) or found
+    session = await ctx.db.sessions.get(target)
     if session is None or not _owned_by(session, ctx.ticket.msg):
-        target, session = found, await ctx.db.get_session(found)
+        target, session = found, await ctx.db.sessions.get(found)
     if session is None:  # deleted meanwhile (sessions delete, prune)
         return f'Session {found} no longer exists. /resume alone lists yours.'
     if target == ctx.session_id:
         return "That is the current session."
-    await ctx.db.end_session(ctx.session_id, "switched")
+    await ctx.db.sessions.end(ctx.session_id, "switched")
     if session.get("ended_at") is not None:
-        await ctx.db.reopen_session(target)
+        await ctx.db.sessions.reopen(target)
     await ctx.db.routes.set(ctx.lane.key, target)
     ctx.ticket.session_id = target
     ctx.lane.last_prompt_tokens = None

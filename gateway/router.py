@@ -565,7 +565,7 @@ class SessionRouter:
             reason = reset_reason(policy, _last_active(session), self.clock(), self._tz)
             if reason is None:
                 return session_id, None
-            await self.db.end_session(session_id, reason)
+            await self.db.sessions.end(session_id, reason)
             self.session_ended(session_id, key)
             previous = (session, reason, policy)
         elif session is not None:
@@ -592,7 +592,7 @@ class SessionRouter:
                             reason: str | None = None) -> str:
         """Create a session for ``key`` and point the route at it.  Lane lock held by the caller."""
         session_id = state.new_session_id()
-        await self.db.create_session(
+        await self.db.sessions.create(
             session_id, msg.platform, model=self.settings.model_name, user_id=msg.user_id,
             session_key=key, user_name=msg.user_name, system_prompt=self.turn.settings.persona,
         )

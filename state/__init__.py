@@ -2,7 +2,7 @@
 
     from state import SessionDB
     db = SessionDB()            # $SWITCHBOARD_HOME/state.db, ~/.switchboard by default
-    sid = db.create_session(new_session_id(), "telegram", model="gpt-4o")
+    sid = db.sessions.create(new_session_id(), "telegram", model="gpt-4o")
     db.messages.append(sid, "user", "hello")
 
 The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).

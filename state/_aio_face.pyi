@@ -13,11 +13,70 @@ from ._storage import StorageReport
 from ._upkeep import PruneStep, Timed
 from .search import MergeStep
 
-class AsyncChatPrefs:
-    """ChatPrefs's marked methods (``adb.prefs``), each a coroutine."""
+class AsyncSessions:
+    """Sessions's marked methods (``adb.sessions``), each a coroutine."""
 
-    async def set(self, session_key: str, name: str, value: str, *, now: float) -> None: ...
-    async def get(self, session_key: str, name: str) -> str | None: ...
+    async def create(
+        self,
+        session_id: str,
+        source: str,
+        model: str | None = ...,
+        user_id: str | None = ...,
+        parent_session_id: str | None = ...,
+        *,
+        system_prompt: str | None = ...,
+        model_config: Any = ...,
+        session_key: str | None = ...,
+        user_name: str | None = ...,
+        title: str | None = ...,
+    ) -> str: ...
+    async def get(self, session_id: str) -> dict | None: ...
+    async def end(self, session_id: str, end_reason: str) -> bool: ...
+    async def reopen(self, session_id: str) -> bool: ...
+    async def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool: ...
+    async def update_token_counts(
+        self,
+        session_id: str,
+        input_tokens: int = ...,
+        output_tokens: int = ...,
+        cache_read_tokens: int = ...,
+        cache_write_tokens: int = ...,
+        reasoning_tokens: int = ...,
+        *,
+        estimated_cost_usd: float | None = ...,
+        actual_cost_usd: float | None = ...,
+        model: str | None = ...,
+        billing_provider: str | None = ...,
+        billing_base_url: str | None = ...,
+        billing_mode: str | None = ...,
+        cost_status: str | None = ...,
+        cost_source: str | None = ...,
+        pricing_version: str | None = ...,
+    ) -> bool: ...
+    async def resolve_id(self, prefix_or_title: str) -> str: ...
+    async def resolve_exactly(self, ref: str) -> str: ...
+    async def find_owned(self, ref: str, *, source: str, user_ids: Iterable[str]) -> tuple[str | None, list[str]]: ...
+    async def list_rich(
+        self,
+        source: str | None = ...,
+        limit: int = ...,
+        offset: int = ...,
+        include_children: bool = ...,
+        user_ids: Iterable[str] | None = ...,
+        session_key: str | None = ...,
+        *,
+        user: str | None = ...,
+        title_contains: str | None = ...,
+        active_since: float | None = ...,
+        active_before: float | None = ...,
+    ) -> list[dict]: ...
+    async def count(self, source: str | None = ...) -> int: ...
+    async def lineage(self, session_id: str) -> list[dict]: ...
+    async def descendants(self, session_id: str) -> list[dict]: ...
+    async def compression_tip(self, session_id: str) -> str: ...
+    async def delete(self, session_id: str) -> bool: ...
+    async def prune_candidates(self, older_than_days: float = ..., source: str | None = ...) -> list[str]: ...
+    async def prune(self, older_than_days: float = ..., source: str | None = ...) -> int: ...
 
 
 class AsyncMessages:
@@ -84,6 +143,26 @@ class AsyncMessages:
     async def clear(self, session_id: str) -> int: ...
 
 
+class AsyncTitles:
+    """Titles's marked methods (``adb.titles``), each a coroutine."""
+
+    async def get(self, session_id: str) -> str | None: ...
+    async def session(self, title: str) -> dict | None: ...
+    async def resolve(self, title: str) -> str | None: ...
+    async def next_in_lineage(self, base_title: str) -> str: ...
+    async def set(self, session_id: str, title: str | None) -> bool: ...
+
+
+class AsyncRoutes:
+    """Routes's marked methods (``adb.routes``), each a coroutine."""
+
+    async def session(self, session_key: str) -> dict | None: ...
+    async def get(self, session_key: str) -> str | None: ...
+    async def delete(self, session_key: str) -> bool: ...
+    async def set(self, session_key: str, session_id: str) -> None: ...
+    async def list(self, prefix: str | None = ...) -> list[tuple[str, str]]: ...
+
+
 class AsyncCompression:
     """Compression's marked methods (``adb.compression``), each a coroutine."""
 
@@ -97,6 +176,19 @@ class AsyncCompression:
         end_reason: str = ...,
     ) -> Split: ...
     async def continued_conversation(self, session_id: str, upto: int | None = ...) -> tuple[str, list[dict]]: ...
+
+
+class AsyncSearch:
+    """Search's marked methods (``adb.search``), each a coroutine."""
+
+    async def messages(
+        self,
+        query: str,
+        source_filter: list[str] | None = ...,
+        exclude_sources: list[str] | None = ...,
+        role_filter: list[str] | None = ...,
+        limit: int = ...,
+    ) -> list[dict]: ...
 
 
 class AsyncRecall:
@@ -121,84 +213,6 @@ class AsyncRecall:
         limit: int = ...,
     ) -> list[dict]: ...
     async def sessions(self, session_ids: list[str]) -> list[dict]: ...
-
-
-class AsyncSearch:
-    """Search's marked methods (``adb.search``), each a coroutine."""
-
-    async def messages(
-        self,
-        query: str,
-        source_filter: list[str] | None = ...,
-        exclude_sources: list[str] | None = ...,
-        role_filter: list[str] | None = ...,
-        limit: int = ...,
-    ) -> list[dict]: ...
-
-
-class AsyncTitles:
-    """Titles's marked methods (``adb.titles``), each a coroutine."""
-
-    async def get(self, session_id: str) -> str | None: ...
-    async def session(self, title: str) -> dict | None: ...
-    async def resolve(self, title: str) -> str | None: ...
-    async def next_in_lineage(self, base_title: str) -> str: ...
-    async def set(self, session_id: str, title: str | None) -> bool: ...
-
-
-class AsyncRoutes:
-    """Routes's marked methods (``adb.routes``), each a coroutine."""
-
-    async def session(self, session_key: str) -> dict | None: ...
-    async def get(self, session_key: str) -> str | None: ...
-    async def delete(self, session_key: str) -> bool: ...
-    async def set(self, session_key: str, session_id: str) -> None: ...
-    async def list(self, prefix: str | None = ...) -> list[tuple[str, str]]: ...
-
-
-class AsyncTransfer:
-    """Transfer's marked methods (``adb.transfer``), each a coroutine."""
-
-    async def export(self, session_id: str) -> dict | None: ...
-    async def export_all(self, source: str | None = ...) -> list[dict]: ...
-    async def write_export(self, handle: IO[str], source: str | None = ..., session_id: str | None = ...) -> int: ...
-    async def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = ...) -> dict: ...
-    async def stats(self) -> dict: ...
-
-
-class AsyncStorage:
-    """Storage's marked methods (``adb.storage``), each a coroutine."""
-
-    async def report(self, largest: int = ...) -> StorageReport: ...
-
-
-class AsyncUpkeep:
-    """Upkeep's marked methods (``adb.upkeep``), each a coroutine."""
-
-    async def store_size(self) -> StoreSize: ...
-    async def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]: ...
-    async def prune_step(
-        self,
-        session_ids: list[str],
-        cutoff: float,
-        max_bytes: int,
-        *,
-        gives_way: bool = ...,
-    ) -> tuple[PruneStep, Timed]: ...
-    async def fts_segments(self, table: str) -> list[int]: ...
-    async def merge_step(
-        self,
-        table: str,
-        pages: int,
-        segments: list[int] | None = ...,
-        start: bool = ...,
-        *,
-        gives_way: bool = ...,
-    ) -> tuple[MergeStep, Timed]: ...
-    async def automerge(self, on: bool) -> Timed: ...
-    async def vacuum_step(self, pages: int, *, gives_way: bool = ...) -> tuple[int, Timed]: ...
-    async def record(self, report: dict) -> None: ...
-    async def last(self) -> dict | None: ...
 
 
 class AsyncRecovery:
@@ -228,6 +242,41 @@ class AsyncRecovery:
     async def get_delivery(self, delivery_id: str) -> dict | None: ...
     async def list_deliveries(self, session_id: str) -> list[dict]: ...
     async def counts(self) -> dict: ...
+
+
+class AsyncDeadLetters:
+    """DeadLetters's marked methods (``adb.dead_letters``), each a coroutine."""
+
+    async def add(
+        self,
+        *,
+        platform: str,
+        event_id: str | None,
+        payload: str,
+        message: str | None,
+        error: str,
+        attempts: int = ...,
+    ) -> int: ...
+    async def get(self, dead_letter_id: int) -> dict | None: ...
+    async def due_for_retry(self, limit: int = ...) -> list[dict]: ...
+    async def set_status(
+        self,
+        dead_letter_id: int,
+        status: str,
+        *,
+        only_from: tuple[str, ...] | None = ...,
+        error: str | None = ...,
+        failed_attempt: bool = ...,
+    ) -> bool: ...
+    async def count(self, status: str = ...) -> int: ...
+    async def list(self, *, status: str | None = ..., limit: int = ...) -> list[dict]: ...
+
+
+class AsyncChatPrefs:
+    """ChatPrefs's marked methods (``adb.prefs``), each a coroutine."""
+
+    async def set(self, session_key: str, name: str, value: str, *, now: float) -> None: ...
+    async def get(self, session_key: str, name: str) -> str | None: ...
 
 
 class AsyncFacts:
@@ -415,120 +464,71 @@ class AsyncPairing:
     async def list(self, now: float | None = ...) -> dict: ...
 
 
-class AsyncDeadLetters:
-    """DeadLetters's marked methods (``adb.dead_letters``), each a coroutine."""
+class AsyncTransfer:
+    """Transfer's marked methods (``adb.transfer``), each a coroutine."""
 
-    async def add(
+    async def export(self, session_id: str) -> dict | None: ...
+    async def export_all(self, source: str | None = ...) -> list[dict]: ...
+    async def write_export(self, handle: IO[str], source: str | None = ..., session_id: str | None = ...) -> int: ...
+    async def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = ...) -> dict: ...
+    async def stats(self) -> dict: ...
+
+
+class AsyncStorage:
+    """Storage's marked methods (``adb.storage``), each a coroutine."""
+
+    async def report(self, largest: int = ...) -> StorageReport: ...
+
+
+class AsyncUpkeep:
+    """Upkeep's marked methods (``adb.upkeep``), each a coroutine."""
+
+    async def store_size(self) -> StoreSize: ...
+    async def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]: ...
+    async def prune_step(
         self,
+        session_ids: list[str],
+        cutoff: float,
+        max_bytes: int,
         *,
-        platform: str,
-        event_id: str | None,
-        payload: str,
-        message: str | None,
-        error: str,
-        attempts: int = ...,
-    ) -> int: ...
-    async def get(self, dead_letter_id: int) -> dict | None: ...
-    async def due_for_retry(self, limit: int = ...) -> list[dict]: ...
-    async def set_status(
+        gives_way: bool = ...,
+    ) -> tuple[PruneStep, Timed]: ...
+    async def fts_segments(self, table: str) -> list[int]: ...
+    async def merge_step(
         self,
-        dead_letter_id: int,
-        status: str,
+        table: str,
+        pages: int,
+        segments: list[int] | None = ...,
+        start: bool = ...,
         *,
-        only_from: tuple[str, ...] | None = ...,
-        error: str | None = ...,
-        failed_attempt: bool = ...,
-    ) -> bool: ...
-    async def count(self, status: str = ...) -> int: ...
-    async def list(self, *, status: str | None = ..., limit: int = ...) -> list[dict]: ...
+        gives_way: bool = ...,
+    ) -> tuple[MergeStep, Timed]: ...
+    async def automerge(self, on: bool) -> Timed: ...
+    async def vacuum_step(self, pages: int, *, gives_way: bool = ...) -> tuple[int, Timed]: ...
+    async def record(self, report: dict) -> None: ...
+    async def last(self) -> dict | None: ...
 
 
 class AsyncFace:
     """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
     repositories, whose marked methods are coroutines too."""
 
-    prefs: AsyncChatPrefs
+    sessions: AsyncSessions
     messages: AsyncMessages
-    compression: AsyncCompression
-    recall: AsyncRecall
-    search: AsyncSearch
     titles: AsyncTitles
     routes: AsyncRoutes
-    transfer: AsyncTransfer
-    storage: AsyncStorage
-    upkeep: AsyncUpkeep
+    compression: AsyncCompression
+    search: AsyncSearch
+    recall: AsyncRecall
     recovery: AsyncRecovery
+    dead_letters: AsyncDeadLetters
+    prefs: AsyncChatPrefs
     facts: AsyncFacts
     cron: AsyncCronJobs
     usage: AsyncUsageLedger
     pairing: AsyncPairing
-    dead_letters: AsyncDeadLetters
+    transfer: AsyncTransfer
+    storage: AsyncStorage
+    upkeep: AsyncUpkeep
 
-    async def create_session(
-        self,
-        session_id: str,
-        source: str,
-        model: str | None = ...,
-        user_id: str | None = ...,
-        parent_session_id: str | None = ...,
-        *,
-        system_prompt: str | None = ...,
-        model_config: Any = ...,
-        session_key: str | None = ...,
-        user_name: str | None = ...,
-        title: str | None = ...,
-    ) -> str: ...
-    async def end_session(self, session_id: str, end_reason: str) -> bool: ...
-    async def reopen_session(self, session_id: str) -> bool: ...
-    async def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool: ...
-    async def update_token_counts(
-        self,
-        session_id: str,
-        input_tokens: int = ...,
-        output_tokens: int = ...,
-        cache_read_tokens: int = ...,
-        cache_write_tokens: int = ...,
-        reasoning_tokens: int = ...,
-        *,
-        estimated_cost_usd: float | None = ...,
-        actual_cost_usd: float | None = ...,
-        model: str | None = ...,
-        billing_provider: str | None = ...,
-        billing_base_url: str | None = ...,
-        billing_mode: str | None = ...,
-        cost_status: str | None = ...,
-        cost_source: str | None = ...,
-        pricing_version: str | None = ...,
-    ) -> bool: ...
-    async def get_session(self, session_id: str) -> dict | None: ...
-    async def resolve_session_id(self, prefix_or_title: str) -> str: ...
-    async def resolve_session_exactly(self, ref: str) -> str: ...
-    async def find_owned_session(
-        self,
-        ref: str,
-        *,
-        source: str,
-        user_ids: Iterable[str],
-    ) -> tuple[str | None, list[str]]: ...
-    async def list_sessions_rich(
-        self,
-        source: str | None = ...,
-        limit: int = ...,
-        offset: int = ...,
-        include_children: bool = ...,
-        user_ids: Iterable[str] | None = ...,
-        session_key: str | None = ...,
-        *,
-        user: str | None = ...,
-        title_contains: str | None = ...,
-        active_since: float | None = ...,
-        active_before: float | None = ...,
-    ) -> list[dict]: ...
-    async def session_count(self, source: str | None = ...) -> int: ...
-    async def get_lineage(self, session_id: str) -> list[dict]: ...
-    async def get_descendants(self, session_id: str) -> list[dict]: ...
-    async def get_compression_tip(self, session_id: str) -> str: ...
-    async def delete_session(self, session_id: str) -> bool: ...
-    async def prune_candidates(self, older_than_days: float = ..., source: str | None = ...) -> list[str]: ...
-    async def prune_sessions(self, older_than_days: float = ..., source: str | None = ...) -> int: ...
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...

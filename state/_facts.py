@@ -303,7 +303,7 @@ class Facts(Repository):
     @reads
     def prefetch_candidates(self, session_key: str, default_on: bool, agent: str, user_scope: str,
                             terms: list[str], *, limit: int) -> list[dict]:
-        """:meth:`fact_candidates` for a turn's prefetch, in the same read as the chat's choice: none when
+        """:meth:`candidates` for a turn's prefetch, in the same read as the chat's choice: none when
         the chat turned prefetch off (or never chose and ``default_on`` is False)."""
         return self._engine.read(prefetch_candidates, session_key, default_on, agent, user_scope, list(terms),
                                  limit=limit)

@@ -313,7 +313,7 @@ class Messages(Repository):
     def append_many(self, session_id: str, messages: list[dict]) -> list[int]:
         """Store a turn's messages in one transaction: all of them or, on any error, none.
 
-        Keys are :meth:`append_message`'s parameters."""
+        Keys are :meth:`append`'s parameters."""
         return self._engine.write(append_messages, session_id, list(messages))
 
     @writes

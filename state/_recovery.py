@@ -256,7 +256,7 @@ class Recovery(Repository):
                      session_id: str | None = None, fence: Fence | None = None) -> None:
         """These messages got their answer (a line standing in for a reply): drop their inbox rows and,
         with ``delivery``, record the pending send of that line, in one transaction (fenced as
-        :meth:`record_turn` is)."""
+        :meth:`Messages.record_turn` is)."""
         def settle_fenced(conn) -> None:
             fenced(conn, fence)
             settle(conn, list(message_ids), delivery, session_id=session_id)

@@ -32,7 +32,7 @@ def echo(last: str, turns: int, first: str) -> str:
 
 
 async def api_sessions(gw) -> list[dict]:
-    return await gw.db.list_sessions_rich(source="api", include_children=True, limit=100)
+    return await gw.db.sessions.list_rich(source="api", include_children=True, limit=100)
 
 
 async def conversation_of(gw, session_id: str) -> list[tuple[str, str]]:
@@ -99,7 +99,7 @@ async def test_an_edited_message_continues_in_a_child_session_that_branches_ther
         _, regenerated = await say([u1, {"role": "assistant", "content": a1}, edited])
         await client.close()
         original, branch = await conversation_of(gw, first), await conversation_of(gw, child)
-        child_row, regen_row = await gw.db.get_session(child), await gw.db.get_session(regenerated)
+        child_row, regen_row = await gw.db.sessions.get(child), await gw.db.sessions.get(regenerated)
     assert same == first
     assert a2_edited == echo("to Oslo", 2, "plan a trip")
     assert child != first and child_row["parent_session_id"] == first
@@ -196,7 +196,7 @@ async def test_open_webui_chats_by_their_forwarded_ids_and_task_requests_stay_ou
         await client.close()
         session = raw.headers["X-Switchboard-Session"]
         stored = await conversation_of(gw, session)
-        row = await gw.db.get_session(session)
+        row = await gw.db.sessions.get(session)
     assert again.headers["X-Switchboard-Session"] == session
     assert title.parse().choices[0].message.content.startswith("echo: ### Task:")
     assert "X-Switchboard-Session" not in title.headers
@@ -327,7 +327,7 @@ async def test_a_client_kept_conversation_goes_on_after_compression_without_bran
         child = await say("and now?")
         after = await say("still there?")
         await client.close()
-        child_row = await gw.db.get_session(child)
+        child_row = await gw.db.sessions.get(child)
         stored = await conversation_of(gw, child)
     assert child != root and child_row["parent_session_id"] == root  # compression's child, no branch
     assert after == child

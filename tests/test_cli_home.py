@@ -29,7 +29,7 @@ def operator(tmp_path, monkeypatch):
         pass
     real_home = tmp_path / "gateway-home"
     with SessionDB(real_home / "state.db") as db:
-        db.create_session("20260101_090000_c0ffee01", "telegram", title="the real one")
+        db.sessions.create("20260101_090000_c0ffee01", "telegram", title="the real one")
         db.messages.append("20260101_090000_c0ffee01", "user", "hello")
     config = tmp_path / "my.yaml"
     config.write_text("home: gateway-home\nmodel:\n  api_key: ${MODEL_KEY}\n", encoding="utf-8")

@@ -15,7 +15,7 @@ from state import SessionDB
 @pytest.fixture
 def store(home):
     with SessionDB(home / "state.db") as db:
-        db.create_session("20260101_000000_aaaa0001", "api", user_id="k")
+        db.sessions.create("20260101_000000_aaaa0001", "api", user_id="k")
         db.messages.append("20260101_000000_aaaa0001", "user", "deploy the docker stack")
         db.messages.append("20260101_000000_aaaa0001", "assistant", "docker compose up -d")
     return home

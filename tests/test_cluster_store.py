@@ -63,7 +63,7 @@ def test_leases_run_on_the_store_pool(pg_url, finished):
     with SessionDB(pg_url) as db:
         cluster = db.cluster
         assert cluster is not None
-        db.create_session("s1", "telegram")
+        db.sessions.create("s1", "telegram")
         db.recovery.mark_pending(["s1"])
         lease = cluster.claim_next("i-1", 15)
         assert lease is not None and lease.session_id == "s1"

@@ -47,8 +47,8 @@ async def _stop_all(daemons) -> None:
 
 
 def test_the_unanswered_messages_of_one_session_are_read_apart_from_the_others(store):
-    store.create_session("s1", "telegram")
-    store.create_session("s2", "telegram")
+    store.sessions.create("s1", "telegram")
+    store.sessions.create("s2", "telegram")
     one = store.messages.append_inbound("s1", "one", platform_message_id="1", inbox={**WHERE, "platform_message_id": "1"})
     store.messages.append_inbound("s2", "other", platform_message_id="2", inbox={**WHERE, "platform_message_id": "2"})
     two = store.messages.append_inbound("s1", "two", platform_message_id="3", inbox={**WHERE, "platform_message_id": "3"})
@@ -64,7 +64,7 @@ def test_the_unanswered_messages_of_one_session_are_read_apart_from_the_others(s
 
 def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
     with SessionDB(pg_url) as db, psycopg.connect(pg_url, autocommit=True) as conn:
-        db.create_session("s1", "telegram")
+        db.sessions.create("s1", "telegram")
         asked = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox={**WHERE, "platform_message_id": "7"},
                                   pending=True)
         first = claim_next(conn, "paused", 15)

@@ -55,7 +55,7 @@ async def adb(tmp_path):
 
 async def new_session(adb, sid: str, *, title: str | None = "my project", key: str | None = KEY, turns: int = 15,
                       tool_at: int | None = None) -> list[dict]:
-    await adb.create_session(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.",
+    await adb.sessions.create(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.",
                              session_key=key, user_name="Ada", title=title)
     if key is not None:
         await adb.routes.set(key, sid)
@@ -79,7 +79,7 @@ def conversation(turns: int, *, tag: str = "", tool_at: int | None = None, start
 
 async def snapshot(adb) -> dict:
     """Everything a compression could change."""
-    sessions = await adb.list_sessions_rich(include_children=True, limit=100)
+    sessions = await adb.sessions.list_rich(include_children=True, limit=100)
     return {
         "sessions": [(s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions],
         "routes": await adb.routes.list(),
@@ -96,7 +96,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
 
     assert isinstance(first, CompressionResult)
     assert first.old_session_id == "root" and first.title == "my project #2" and first.session_key == KEY
-    root, child = await adb.get_session("root"), await adb.get_session(first.new_session_id)
+    root, child = await adb.sessions.get("root"), await adb.sessions.get(first.new_session_id)
     assert root["end_reason"] == "compression" and root["ended_at"] is not None
     assert child["parent_session_id"] == "root" and child["ended_at"] is None
     for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt"):
@@ -126,13 +126,13 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     second = await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
 
     assert second.title == "my project #3"
-    assert (await adb.get_session(second.new_session_id))["parent_session_id"] == first.new_session_id
+    assert (await adb.sessions.get(second.new_session_id))["parent_session_id"] == first.new_session_id
     assert await adb.routes.get(KEY) == second.new_session_id
-    assert await adb.get_compression_tip("root") == second.new_session_id
+    assert await adb.sessions.compression_tip("root") == second.new_session_id
     assert await adb.titles.resolve("my project") == second.new_session_id
-    assert [s["id"] for s in await adb.get_lineage(second.new_session_id)] == [
+    assert [s["id"] for s in await adb.sessions.lineage(second.new_session_id)] == [
         "root", first.new_session_id, second.new_session_id]
-    listed = await adb.list_sessions_rich()
+    listed = await adb.sessions.list_rich()
     assert [(s["id"], s.get("lineage_root")) for s in listed] == [(second.new_session_id, "root")]
     # Nothing stored was lost anywhere in the chain.
     assert await adb.messages.count("root") == 30
@@ -166,7 +166,7 @@ async def test_an_untitled_session_stays_untitled(adb):
     await new_session(adb, "plain", title=None, turns=12)
     result = await compress_session(adb, "plain", Summarizer("s"), context_length=2_000)
     assert result.title is None
-    assert (await adb.get_session(result.new_session_id))["title"] is None
+    assert (await adb.sessions.get(result.new_session_id))["title"] is None
     assert result.describe().endswith("Continuing in a new session.")
 
 
@@ -254,7 +254,7 @@ async def test_a_session_ended_meanwhile_is_left_alone(adb):
     summarizer.release = asyncio.Event()
     task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
     await summarizer.called.wait()
-    await adb.end_session("s", "reset")  # e.g. /reset while the summary was being written
+    await adb.sessions.end("s", "reset")  # e.g. /reset while the summary was being written
     before = await snapshot(adb)
     summarizer.release.set()
     with pytest.raises(SessionChanged, match="was ended"):

@@ -51,7 +51,7 @@ def summarizer(fake: FakeModel):
 
 
 async def start(adb, turns: int = 20, size: int = 200) -> list[dict]:
-    await adb.create_session("s", "discord", "fake-model", "u7", session_key=KEY, title="trip")
+    await adb.sessions.create("s", "discord", "fake-model", "u7", session_key=KEY, title="trip")
     await adb.routes.set(KEY, "s")
     history = []
     for i in range(turns):
@@ -126,9 +126,9 @@ async def test_a_failing_summarizer_leaves_the_session_and_the_turn_goes_on(adb,
     assert (hung.session_id, hung.history) == ("s", history)
 
     assert await adb.messages.get("s") == before
-    assert (await adb.get_session("s"))["ended_at"] is None
+    assert (await adb.sessions.get("s"))["ended_at"] is None
     assert await adb.routes.get(KEY) == "s"
-    assert await adb.list_sessions_rich(include_children=True) == await adb.list_sessions_rich()
+    assert await adb.sessions.list_rich(include_children=True) == await adb.sessions.list_rich()
 
 
 async def test_in_cooldown_a_prompt_that_does_not_fit_is_trimmed_for_this_call_only(adb, model):

@@ -58,7 +58,7 @@ async def test_a_run_is_a_cron_session_delivered_to_the_chat(tmp_path, model, tg
     async with telegram_gateway(tmp_path, model, tg, clock=clock, timezone="Europe/Berlin") as gw:
         await connected(gw)
         run = await gw.cron.run_job("morning")
-        session = await gw.db.get_session(run["session_id"])
+        session = await gw.db.sessions.get(run["session_id"])
         messages = await gw.db.messages.get(run["session_id"])
     [sent] = tg.sent
     assert (sent.chat_id, sent.visible_text) == (111, "Morning briefing\n\nSunny, 3 meetings.")
@@ -80,9 +80,9 @@ async def test_titles_stay_unique_and_a_continue_job_keeps_one_session(tmp_path,
     fixed = dt.datetime(2026, 11, 22, 9, 15, 30, tzinfo=dt.timezone.utc).timestamp()
     async with running_gateway(tmp_path, model, clock=lambda: fixed, cron={"jobs": jobs}) as gw:
         one, two = await gw.cron.run_job("a"), await gw.cron.run_job("a")
-        titles = [(await gw.db.get_session(r["session_id"]))["title"] for r in (one, two)]
+        titles = [(await gw.db.sessions.get(r["session_id"]))["title"] for r in (one, two)]
         d1, d2 = await gw.cron.run_job("b"), await gw.cron.run_job("b")
-        diary = await gw.db.get_session(d1["session_id"])
+        diary = await gw.db.sessions.get(d1["session_id"])
     assert one["session_id"] != two["session_id"]
     assert titles == ["Check 2026-11-22 09:15", "Check 2026-11-22 09:15 #2"]  # same minute: numbered
     assert d1["session_id"] == d2["session_id"] and diary["ended_at"] is None
@@ -204,7 +204,7 @@ async def test_a_model_error_is_recorded_and_the_job_keeps_its_schedule(tmp_path
         await connected(gw)
         before = await gw.db.cron.get_job("morning")
         run = await gw.cron.run_job("morning")
-        session = await gw.db.get_session(run["session_id"])
+        session = await gw.db.sessions.get(run["session_id"])
         after = await gw.db.cron.get_job("morning")
         again = await gw.cron.run_job("morning")
     assert run["status"] == "error" and run["error"].startswith("model unavailable:")
@@ -268,7 +268,7 @@ async def test_a_run_cut_by_shutdown_is_recorded_and_its_lease_released(tmp_path
             await task
         [run] = await gw.db.cron.list_runs("slow")
         lease = await gw.db.cron.get_lease("slow")
-        session = await gw.db.get_session(run["session_id"])
+        session = await gw.db.sessions.get(run["session_id"])
     assert run["status"] == "error" and run["error"] == "interrupted: the gateway stopped during the run"
     assert lease is None and session["end_reason"] == "cron_error"
 

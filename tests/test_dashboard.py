@@ -54,14 +54,14 @@ async def seed(gw) -> dict:
     """A conversation with hostile text in it, a compression chain, a stranger's pairing code."""
     db = gw.db
     now = time.time()
-    await db.create_session("s-evil", "telegram", user_id="666", user_name=EVIL_NAME, title=EVIL_TITLE,
+    await db.sessions.create("s-evil", "telegram", user_id="666", user_name=EVIL_NAME, title=EVIL_TITLE,
                             session_key="agent:main:telegram:dm:666")
     await db.messages.append("s-evil", "user", EVIL_TEXT)
     await db.messages.append("s-evil", "assistant", "an answer about the needle")
-    await db.create_session("s-root", "discord", user_id="42", user_name="Dora", title="Trip planning")
+    await db.sessions.create("s-root", "discord", user_id="42", user_name="Dora", title="Trip planning")
     await db.messages.append("s-root", "user", "plan a trip to Lisbon")
-    await db.end_session("s-root", "compression")
-    await db.create_session("s-child", "discord", user_id="42", user_name="Dora", title="Trip planning #2",
+    await db.sessions.end("s-root", "compression")
+    await db.sessions.create("s-child", "discord", user_id="42", user_name="Dora", title="Trip planning #2",
                             parent_session_id="s-root")
     summary = compression.make_summary_message("They want three days in Lisbon in May.")
     await db.messages.append("s-child", summary["role"], summary["content"])
@@ -588,7 +588,7 @@ async def test_a_transcript_renders_markdown_with_raw_html_as_text_and_no_foreig
               '<img src=x onerror=alert(5)> [click](javascript:alert(6)) [ok](https://example.com "t") '
               "![pixel](https://tracker.example/p.png) <a href=\"https://evil.example\">raw link</a>")
     async with dashboard(tmp_path, model) as gw:
-        await gw.db.create_session("s-md", "telegram", user_id="1")
+        await gw.db.sessions.create("s-md", "telegram", user_id="1")
         await gw.db.messages.append("s-md", "assistant", answer)
         await gw.db.messages.append("s-md", "tool", "**not markdown** <b>x</b>")
         browser = Browser(gw)

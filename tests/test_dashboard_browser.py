@@ -205,7 +205,7 @@ async def test_on_a_phone_nothing_runs_off_the_page_and_the_header_keeps_its_hei
     async with dashboard(tmp_path, model) as gw:
         await seed(gw)
         long_id = "s-" + "0123456789abcdef" * 3
-        await gw.db.create_session(long_id, "telegram", user_id="12345678901234567890", user_name="Ann",
+        await gw.db.sessions.create(long_id, "telegram", user_id="12345678901234567890", user_name="Ann",
                                    title="A session with a title long enough to wrap on a phone screen")
         await gw.db.messages.append(long_id, "user", "how do I deploy it?")
         await gw.db.messages.append(long_id, "assistant", MARKDOWN_ANSWER)

@@ -126,10 +126,10 @@ async def _extracted(gw, n):
 
 async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_start(tmp_path, model, store_config):
     db = state.SessionDB(store_config["store"]["url"] if store_config else tmp_path / "state.db")
-    db.create_session("old-1", "api", user_id="dee", session_key="agent:main:api:dm:dee")
+    db.sessions.create("old-1", "api", user_id="dee", session_key="agent:main:api:dm:dee")
     for i, text in enumerate(["I run a bakery in Ghent", "Nice!", "We open at 7", "Noted."]):
         db.messages.append("old-1", "user" if i % 2 == 0 else "assistant", text)
-    db.end_session("old-1", "idle")
+    db.sessions.end("old-1", "idle")
     db.close()
     model.responder = lambda messages: (json.dumps({"facts": [{"text": "The user runs a bakery in Ghent",
                                                                  "entities": ["bakery", "ghent"]}]})

@@ -240,11 +240,11 @@ async def test_a_correction_replaces_the_old_fact_which_loses_trust(facts, db):
 
 
 async def test_a_session_is_claimed_for_extraction_once_unless_its_claim_went_stale(db):
-    await db.create_session("s1", "telegram", user_id="7", session_key="agent:main:telegram:dm:7")
+    await db.sessions.create("s1", "telegram", user_id="7", session_key="agent:main:telegram:dm:7")
     for i in range(4):
         await db.messages.append("s1", "user" if i % 2 == 0 else "assistant", f"message {i}")
-    await db.end_session("s1", "idle")
-    ended = (await db.get_session("s1"))["ended_at"]
+    await db.sessions.end("s1", "idle")
+    ended = (await db.sessions.get("s1"))["ended_at"]
     assert await db.facts.sessions_awaiting(since=ended - 1, now=ended) == ["s1"]
     assert await db.facts.claim_extraction("s1", now=ended) is True
     assert await db.facts.claim_extraction("s1", now=ended + 60) is False  # another process is on it

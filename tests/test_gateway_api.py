@@ -45,7 +45,7 @@ async def test_token_usage_is_recorded(tmp_path, model):
         api = ApiClient(gw)
         await api.say("k", "hello")
         await api.close()
-        session = await gw.db.get_session(await gw.db.routes.get("agent:main:api:dm:k"))
+        session = await gw.db.sessions.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert session["input_tokens"] == 1234 and session["output_tokens"] > 0
 
 
@@ -281,7 +281,7 @@ async def test_idle_reset_ends_the_old_session_and_says_how_to_go_back(tmp_path,
             extra_headers={"X-Session-Key": "k"})
         new = await _session_for(gw)
         await api.close()
-        ended = await gw.db.get_session(old)
+        ended = await gw.db.sessions.get(old)
         first_prompt = model.requests[-1].messages
     assert new != old
     assert ended["end_reason"] == "idle"
@@ -307,7 +307,7 @@ async def test_daily_reset_at_the_configured_hour(tmp_path, model):
         clock.advance(3600 - now.minute * 60 - now.second + 60)  # just past next_hour:00
         await api.say("k", "after the hour")
         assert await _session_for(gw) != old
-        assert (await gw.db.get_session(old))["end_reason"] == "daily"
+        assert (await gw.db.sessions.get(old))["end_reason"] == "daily"
         await api.close()
 
 
@@ -338,7 +338,7 @@ async def test_both_mode_and_a_restart_evaluate_the_policy_on_the_first_message(
         answer = await api.say("k", "after restart")
         await api.close()
         assert await _session_for(gw) != old
-        assert (await gw.db.get_session(old))["end_reason"] in ("idle", "daily")
+        assert (await gw.db.sessions.get(old))["end_reason"] in ("idle", "daily")
     assert answer == "echo: after restart | turns: 1 | first: after restart"
 
 

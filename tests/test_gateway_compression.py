@@ -38,7 +38,7 @@ async def test_no_compression_below_the_threshold(tmp_path, model):
         await chat(api, 8)
         await api.close()
         sid = await gw.db.routes.get(KEY)
-        assert (await gw.db.get_session(sid))["parent_session_id"] is None
+        assert (await gw.db.sessions.get(sid))["parent_session_id"] is None
     assert summary_requests(model) == []
 
 
@@ -68,12 +68,12 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         third = await gw.db.routes.get(KEY)
         await api.close()
 
-        parent, child, grandchild = [await gw.db.get_session(s) for s in (root, second, third)]
+        parent, child, grandchild = [await gw.db.sessions.get(s) for s in (root, second, third)]
         assert (child["parent_session_id"], grandchild["parent_session_id"]) == (root, second)
         assert (parent["end_reason"], child["end_reason"]) == ("compression", "compression")
         assert (child["title"], grandchild["title"]) == ("migration #2", "migration #3")
-        assert await gw.db.get_compression_tip(root) == third
-        assert await gw.db.resolve_session_id("migration") == third
+        assert await gw.db.sessions.compression_tip(root) == third
+        assert await gw.db.sessions.resolve_id("migration") == third
         # the parent keeps its whole history
         assert len(await gw.db.messages.get(root)) == 2 * 7 + 1
         child_messages = await gw.db.messages.get(third)
@@ -196,7 +196,7 @@ async def test_a_small_window_is_not_compressed_over_and_over(tmp_path, model):
             answers.append(raw.parse().choices[0].message.content)
             notices.append(raw.headers.get("X-Switchboard-Notice", ""))  # beside the answer, never in it
         await api.close()
-        sessions = await gw.db.list_sessions_rich(include_children=True, limit=100)
+        sessions = await gw.db.sessions.list_rich(include_children=True, limit=100)
     assert all(f"echo: turn {i}:" in answer for i, answer in enumerate(answers))  # every turn answered
     assert len(sessions) <= 2, [a.split("echo:")[0] for a in answers]  # at most one split, not one every few turns
     told = [n for n in notices if "a summary would not free enough of it" in n]
@@ -221,7 +221,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
         answered_first = await compressing
         await api.close()
         child = await gw.db.routes.get(KEY)
-        parent = await gw.db.get_session(root)
+        parent = await gw.db.sessions.get(root)
         in_child = [(m["role"], m["content"]) for m in await gw.db.messages.get(child)]
         in_parent = await gw.db.messages.get(root)
     assert child != root and parent["end_reason"] == "compression"

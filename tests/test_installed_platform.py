@@ -243,8 +243,8 @@ def switchboard(site: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_cli_offers_the_installed_platform(tmp_path, echo_site):
     home = tmp_path / "home"
     with state.SessionDB(home / "state.db") as db:
-        db.create_session("s-echo", "echo", user_id="42")
-        db.create_session("s-tg", "telegram", user_id="7")
+        db.sessions.create("s-echo", "echo", user_id="42")
+        db.sessions.create("s-tg", "telegram", user_id="7")
 
     listed = switchboard(echo_site, "sessions", "list", "--source", "Echo", "--json", "--home", str(home))
     assert listed.returncode == 0, listed.stderr

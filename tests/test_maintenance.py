@@ -25,12 +25,12 @@ def _old_database_with_free_pages(home):
     conn.close()
     with state.SessionDB(path) as db:
         for n in range(4):
-            db.create_session(f"s{n}", "cli")
+            db.sessions.create(f"s{n}", "cli")
             for i in range(100):
                 db.messages.append(f"s{n}", "user", f"message {i} " + "x" * 2000)
-            db.end_session(f"s{n}", "reset")
-        db.delete_session("s0")
-        db.delete_session("s1")
+            db.sessions.end(f"s{n}", "reset")
+        db.sessions.delete("s0")
+        db.sessions.delete("s1")
     return path
 
 

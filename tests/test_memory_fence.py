@@ -153,7 +153,7 @@ async def test_a_telegram_stream_never_shows_a_tag_split_across_chunks(tmp_path)
 # -- stored before the fix ----------------------------------------------------------------------
 
 def test_a_stored_answer_written_before_the_fix_is_read_back_without_the_block(store):
-    store.create_session("s1", "telegram")
+    store.sessions.create("s1", "telegram")
     store.messages.append("s1", "user", "which editor?")
     store.messages.append("s1", "assistant", f"Helix.\n\n{BLOCK}")
     store.messages.append("s1", "user", f"quoting you: {MEMORY_OPEN}")  # a user's own words are theirs

@@ -30,9 +30,9 @@ def _fill_every_table(home: Path) -> Path:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = home / "state.db"
     with state.SessionDB(path) as db:
-        db.create_session("root", "telegram", model="m", user_id="u1")
-        db.create_session("child", "telegram", model="m", user_id="u1", parent_session_id="root")
-        db.create_session("other", "cli", model="m")
+        db.sessions.create("root", "telegram", model="m", user_id="u1")
+        db.sessions.create("child", "telegram", model="m", user_id="u1", parent_session_id="root")
+        db.sessions.create("other", "cli", model="m")
         db.routes.set("telegram:dm:u1", "child")
         db.messages.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
                           inbox={"session_key": "telegram:dm:u1", "platform": "telegram", "chat_id": "c1",
@@ -62,8 +62,8 @@ def _fill_every_table(home: Path) -> Path:
         db.cron.begin_run("j", holder="h", now=NOW, lease_seconds=60, trigger="manual", scheduled_at=None,
                           deliver="local")
         db.upkeep.record({"finished_at": NOW, "sessions_pruned": 0})
-        db.create_session("early", "api")
-        db.create_session("late", "api")
+        db.sessions.create("early", "api")
+        db.sessions.create("late", "api")
     with sqlite3.connect(path) as conn:  # a parent stored after its child: copied first all the same
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("UPDATE sessions SET parent_session_id = 'late' WHERE id = 'early'")
@@ -121,7 +121,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     for table in tables:
         assert _rows(pg_url, table) == _rows(path, table), table
     with state.SessionDB(pg_url) as db:
-        assert db.get_session("child")["parent_session_id"] == "root"
+        assert db.sessions.get("child")["parent_session_id"] == "root"
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.routes.session("telegram:dm:u1")["id"] == "child"
         assert db.pairing.is_approved("telegram", "u3")
@@ -145,7 +145,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
 
     assert result.exit_code == 0, result.output
     with state.SessionDB(pg_url) as db:
-        assert db.get_session("early")["parent_session_id"] == "late"
+        assert db.sessions.get("early")["parent_session_id"] == "late"
         assert db.messages.append("root", "user", "after the move") == doomed + 1
         assert db.facts.add("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
             == tops["facts"] + 1
@@ -200,7 +200,7 @@ def test_refused_when_the_target_holds_sessions_unless_replace(tmp_path, pg_url)
     home = tmp_path / "home"
     _fill_every_table(home)
     with state.SessionDB(pg_url) as db:
-        db.create_session("theirs", "slack")
+        db.sessions.create("theirs", "slack")
         db.messages.append("theirs", "user", "already here")
 
     refused = _cli("--to", pg_url, "--home", str(home))
@@ -209,14 +209,14 @@ def test_refused_when_the_target_holds_sessions_unless_replace(tmp_path, pg_url)
     assert "target store is not empty (sessions 1, messages 1)" in refused.output
     assert "--replace" in refused.output and "nothing was copied" in refused.output
     with state.SessionDB(pg_url) as db:
-        assert [s["id"] for s in db.list_sessions_rich()] == ["theirs"]
+        assert [s["id"] for s in db.sessions.list_rich()] == ["theirs"]
 
     replaced = _cli("--to", pg_url, "--home", str(home), "--replace")
 
     assert replaced.exit_code == 0, replaced.output
     with state.SessionDB(pg_url) as db:
-        assert db.get_session("theirs") is None
-        assert db.get_session("root") is not None
+        assert db.sessions.get("theirs") is None
+        assert db.sessions.get("root") is not None
         assert db.search.messages("already") == []
 
 
@@ -317,6 +317,6 @@ def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
     assert "imported 5 sessions (34 messages)" in imported.output
     assert _rows(back / "state.db", "messages") == _rows(home / "state.db", "messages")
     with state.SessionDB(back / "state.db") as db:
-        assert db.get_session("early")["parent_session_id"] == "late"
+        assert db.sessions.get("early")["parent_session_id"] == "late"
         assert [h["session_id"] for h in db.search.messages("kubectl")] == ["root"]
         assert db.cron.list_jobs() == []  # what an export does not carry: see docs/postgresql.md

@@ -14,7 +14,7 @@ DETAILS = [{"type": "reasoning.encrypted", "data": "gAAAA-opaque", "id": "rs_1",
 
 def test_the_conversation_gives_back_stored_reasoning_exactly(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "cli")
+        db.sessions.create("s", "cli")
         db.messages.append("s", "user", "hi")
         call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
         db.messages.append("s", "assistant", None, tool_calls=call, reasoning="think", reasoning_details=DETAILS,
@@ -39,7 +39,7 @@ def test_the_conversation_gives_back_stored_reasoning_exactly(tmp_path):
 
 def test_reasoning_content_is_stored_as_the_reasoning(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "cli")
+        db.sessions.create("s", "cli")
         db.messages.record_turn("s", [{"role": "assistant", "content": "a", "reasoning_content": "deepseek style"}])
         (message,) = db.messages.as_conversation("s")
         stored = db.messages.get("s")[0]["reasoning"]
@@ -64,7 +64,7 @@ async def test_the_tool_loop_sends_the_reasoning_back_and_later_turns_do_not(tmp
         # the fake fails the tool loop's second request when the reasoning did not come back
         assert await api.say("kim", "did we talk about deploys?") == "found nothing"
         assert (await api.say("kim", "thanks")).startswith("echo: thanks")
-        (session,) = await gw.db.list_sessions_rich(source="api", limit=5)
+        (session,) = await gw.db.sessions.list_rich(source="api", limit=5)
         stored = await gw.db.messages.get(session["id"])
         await api.close()
     loop_request, next_turn = model.requests[1], model.requests[2]

@@ -182,7 +182,7 @@ def crashed_before_the_answer(config, text: str, *, received_at: float | None = 
     received_at = received_at or time.time()
     with state.SessionDB(config.db_path) as db:
         sid = state.new_session_id()
-        db.create_session(sid, "telegram", model="fake-model", user_id="111", session_key=ANN_KEY)
+        db.sessions.create(sid, "telegram", model="fake-model", user_id="111", session_key=ANN_KEY)
         db.routes.set(ANN_KEY, sid)
         appended = db.messages.append_inbound(sid, text, platform_message_id="500", timestamp=received_at, inbox={
             "session_key": ANN_KEY, "platform": "telegram", "chat_id": "111", "chat_type": "dm", "user_id": "111",
@@ -219,7 +219,7 @@ def _unanswered(config) -> int:
 
 def _stored_user_texts(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return sum(1 for s in db.list_sessions_rich() for m in db.messages.get(s["id"]) if m["role"] == "user")
+        return sum(1 for s in db.sessions.list_rich() for m in db.messages.get(s["id"]) if m["role"] == "user")
 
 
 async def test_healthz_and_metrics_show_a_session_awaiting_its_answer_and_for_how_long(tmp_path, fakes):

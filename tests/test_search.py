@@ -48,7 +48,7 @@ class Store:
             fts5.flush(self.conn)
 
     def session(self, sid, source="cli", model="m1"):
-        self.db.create_session(sid, source, model=model)
+        self.db.sessions.create(sid, source, model=model)
         return sid
 
     def add(self, sid, role, content=None, tool_calls=None, tool_name=None):
@@ -144,7 +144,7 @@ def test_result_shape_with_context(store):
             ],
             "source": "telegram",
             "model": "gpt-x",
-            "session_started": store.db.get_session("s1")["started_at"],
+            "session_started": store.db.sessions.get("s1")["started_at"],
         }
     ]
 
@@ -513,7 +513,7 @@ def test_short_terms_with_cjk_only_excluded_still_find_english_messages(store):
 
 def _append_many(path, worker, n):
     with SessionDB(path) as db:
-        db.create_session(f"w{worker}", "cli")
+        db.sessions.create(f"w{worker}", "cli")
         for i in range(n):
             db.messages.append(f"w{worker}", "user", f"parallel kestrel {worker} {i} 并行写入测试")
 

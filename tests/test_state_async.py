@@ -79,26 +79,26 @@ async def test_a_repository_runs_on_the_stores_threads(store_target):
 async def test_round_trip_and_concurrent_appends(store_target):
     adb = await AsyncSessionDB.open(store_target)
     try:
-        await adb.create_session("s", "telegram", title="async")
+        await adb.sessions.create("s", "telegram", title="async")
         ids = await asyncio.gather(*(adb.messages.append("s", "user", f"m{i}") for i in range(40)))
         assert len(set(ids)) == 40
-        assert (await adb.get_session("s"))["message_count"] == 40
+        assert (await adb.sessions.get("s"))["message_count"] == 40
         first = await adb.messages.append_inbound("s", "event", platform_message_id="e1")
         assert (await adb.messages.append_inbound("s", "event", platform_message_id="e1")) == (first.id, False)
-        assert await adb.resolve_session_id("async") == "s"
-        assert [r["id"] for r in await adb.list_sessions_rich()] == ["s"]
+        assert await adb.sessions.resolve_id("async") == "s"
+        assert [r["id"] for r in await adb.sessions.list_rich()] == ["s"]
         assert len(await adb.search.messages("m7")) == 1
         with pytest.raises(SessionNotFound):
             await adb.messages.append("ghost", "user", "x")
     finally:
         await adb.close()
     with pytest.raises(StateError, match="closed"):
-        await adb.get_session("s")
+        await adb.sessions.get("s")
 
 
 async def test_a_locked_database_does_not_block_the_loop(store_target, backend):
     adb = await AsyncSessionDB.open(store_target)
-    await adb.create_session("s", "cli")
+    await adb.sessions.create("s", "cli")
     if backend == "sqlite":  # another process holds the write lock
         holder = sqlite3.connect(store_target, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
@@ -130,7 +130,7 @@ async def test_a_locked_database_does_not_block_the_loop(store_target, backend):
 
 async def test_close_finishes_queued_writes(store_target):
     adb = AsyncSessionDB(SessionDB(store_target))
-    await adb.create_session("s", "cli")
+    await adb.sessions.create("s", "cli")
     pending = [asyncio.ensure_future(adb.messages.append("s", "user", str(i))) for i in range(20)]
     await asyncio.sleep(0)
     await adb.close()

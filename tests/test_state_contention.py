@@ -46,7 +46,7 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
     path = home / "state.db"
     with SessionDB(path) as db:
         for worker in range(4):
-            db.create_session(f"s{worker}", "cli")
+            db.sessions.create(f"s{worker}", "cli")
     holder = _spawn(HOLDER, str(path))
     assert holder.stdout.readline().strip() == "locked"
     writers = [_spawn(WRITER, str(path), str(worker), "250") for worker in range(4)]
@@ -59,7 +59,7 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
         for worker in range(4):
             contents = [m["content"] for m in db.messages.get(f"s{worker}")]
             assert contents == [f"worker {worker} message {i}" for i in range(250)]
-            assert db.get_session(f"s{worker}")["message_count"] == 250
+            assert db.sessions.get(f"s{worker}")["message_count"] == 250
 
 
 # a Switchboard writer that stays inside its write transaction until told to finish
@@ -86,17 +86,17 @@ def test_a_write_queued_behind_another_process_times_out_then_the_queue_moves_on
         assert slow.stdout.readline().strip() == "inside"
         with SessionDB(path, write_timeout=0.2) as db:
             with pytest.raises(WriteTimeout):
-                db.create_session("impatient", "cli")  # queued behind the slow writer, gives up
-            assert db.get_session("impatient") is None
+                db.sessions.create("impatient", "cli")  # queued behind the slow writer, gives up
+            assert db.sessions.get("impatient") is None
             db.write_timeout = 30.0
             results = []
-            patient = threading.Thread(target=lambda: results.append(db.create_session("patient", "cli")))
+            patient = threading.Thread(target=lambda: results.append(db.sessions.create("patient", "cli")))
             patient.start()
             slow.stdin.write("go\n")
             slow.stdin.flush()
             patient.join(timeout=30)
             assert results == ["patient"]
-            assert db.get_session("slow") is not None and db.get_session("impatient") is None
+            assert db.sessions.get("slow") is not None and db.sessions.get("impatient") is None
         assert slow.communicate(timeout=30)[0].strip() == "done"
     finally:
         slow.kill()
@@ -106,7 +106,7 @@ OPENER = """
 import sys
 from state import SessionDB
 with SessionDB(sys.argv[1]) as db:
-    db.create_session(sys.argv[2], "cli")
+    db.sessions.create(sys.argv[2], "cli")
     db.messages.append(sys.argv[2], "user", "first words")
 print("ok")
 """
@@ -117,7 +117,7 @@ def test_processes_opening_a_new_database_at_once_all_succeed(home):
     procs = [_spawn(OPENER, str(path), f"s{i}") for i in range(4)]
     assert [p.communicate(timeout=60) + (p.returncode,) for p in procs] == [("ok\n", "", 0)] * 4
     with SessionDB(path) as db:
-        assert sorted(r["id"] for r in db.list_sessions_rich()) == ["s0", "s1", "s2", "s3"]
+        assert sorted(r["id"] for r in db.sessions.list_rich()) == ["s0", "s1", "s2", "s3"]
         assert db.messages.count() == 4
 
 
@@ -140,8 +140,8 @@ def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
     """Each writer keeps its turn only for a short lease: the other process's writes are interleaved."""
     path = home / "state.db"
     with SessionDB(path) as db:
-        db.create_session("greedy", "cli")
-        db.create_session("polite", "cli")
+        db.sessions.create("greedy", "cli")
+        db.sessions.create("polite", "cli")
     stop = home / "stop"
     greedy = _spawn(GREEDY, str(path), str(stop))
     try:
@@ -180,14 +180,14 @@ db.close()
 def test_a_process_that_stops_writing_gives_its_turn_back(home):
     path = home / "state.db"
     with SessionDB(path) as db:
-        db.create_session("quiet", "cli")
+        db.sessions.create("quiet", "cli")
     quiet = subprocess.Popen([sys.executable, "-c", QUIET, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert quiet.stdout.readline().strip() == "wrote"
         with SessionDB(path, write_timeout=5.0) as db:
-            db.create_session("after", "cli")  # would time out if the quiet process still held its turn
-            assert db.get_session("after") is not None
+            db.sessions.create("after", "cli")  # would time out if the quiet process still held its turn
+            assert db.sessions.get("after") is not None
         assert quiet.poll() is None
     finally:
         quiet.kill()

@@ -37,7 +37,7 @@ def _burst(db: SessionDB, sid: str) -> tuple[int, int, int]:
 
 
 def test_a_reply_stored_after_later_arrivals_reads_right_after_what_it_answered(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, d2, d3 = _burst(store, sid)
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
@@ -49,11 +49,11 @@ def test_a_reply_stored_after_later_arrivals_reads_right_after_what_it_answered(
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r2"}], answered=[d2, d3])
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r4"}], answered=[d4])
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3", "a:r2", "u:d4", "a:r4"]
-    assert store.get_session(sid)["message_count"] == 7
+    assert store.sessions.get(sid)["message_count"] == 7
 
 
 def test_a_turns_tool_calls_and_results_move_with_its_reply_in_their_order(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, d2, _ = _burst(store, sid)
     call = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
     store.messages.record_turn(sid, [{"role": "assistant", "content": None, "tool_calls": [call]},
@@ -67,7 +67,7 @@ def test_a_turns_tool_calls_and_results_move_with_its_reply_in_their_order(store
 
 
 def test_a_reply_with_nothing_after_what_it_answered_stays_where_it_arrived(store):
-    sid = store.create_session(new_session_id(), "api")
+    sid = store.sessions.create(new_session_id(), "api")
     asked = store.messages.append(sid, "user", "hello")
     [reply] = store.messages.record_turn(sid, [{"role": "assistant", "content": "hi"}], answered=[asked])
     assert store.messages.get(sid)[-1]["pos"] is None  # nothing moved: no write beyond the insert
@@ -75,7 +75,7 @@ def test_a_reply_with_nothing_after_what_it_answered_stays_where_it_arrived(stor
 
 
 def test_the_inbox_read_for_a_claimed_turn_ends_with_the_last_unanswered_message(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     ids = [store.messages.append_inbound(sid, f"d{i}", platform_message_id=str(i),
                                 inbox={**TELEGRAM, "platform_message_id": str(i)}).id for i in (1, 2, 3)]
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=ids[:1])
@@ -85,7 +85,7 @@ def test_the_inbox_read_for_a_claimed_turn_ends_with_the_last_unanswered_message
 
 
 def test_export_search_context_and_recall_read_in_the_same_order(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
     store.messages.record_turn(sid, [{"role": "assistant", "content": "heron answer"}], answered=[d1])
     assert [m["content"] for m in store.transfer.export(sid)["messages"]] == ["d1", "heron answer", "d2", "d3"]
@@ -96,11 +96,11 @@ def test_export_search_context_and_recall_read_in_the_same_order(store):
 
 
 def test_an_export_imports_in_its_order_whether_or_not_its_ids_are_free(store, tmp_path):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     record = store.transfer.export(sid)
-    store.delete_session(sid)
+    store.sessions.delete(sid)
     store.transfer.import_sessions([(1, record)])  # ids free: kept, with their places
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
     store.transfer.import_sessions([(1, {**record, "id": "copy"})])  # ids taken: new ones, in the file's order
@@ -109,11 +109,11 @@ def test_an_export_imports_in_its_order_whether_or_not_its_ids_are_free(store, t
 
 
 def test_a_turn_that_compression_moved_into_a_child_follows_the_copy_of_what_it_answered(store):
-    parent = store.create_session(new_session_id(), "telegram")
+    parent = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, parent)
     # compression copies the messages into a child (new ids, same role, time and text), then the turn
     # that answered d1 in the parent stores its reply in the child
-    child = store.create_session(new_session_id(), "telegram", parent_session_id=parent)
+    child = store.sessions.create(new_session_id(), "telegram", parent_session_id=parent)
     store.messages.append_many(child, [{k: m[k] for k in ("role", "content", "timestamp")}
                                   for m in store.messages.get(parent)])
     store.messages.record_turn(child, [{"role": "assistant", "content": "r1"}], answered=[d1])
@@ -136,7 +136,7 @@ def _run_sql(store_target, backend: str, *statements: tuple) -> None:
 
 def test_an_older_store_migrates_and_keeps_its_order(store_target, backend):
     with SessionDB(store_target) as db:
-        sid = db.create_session(new_session_id(), "telegram")
+        sid = db.sessions.create(new_session_id(), "telegram")
         d1, _, _ = _burst(db, sid)
     _run_sql(store_target, backend, ("DROP INDEX idx_messages_order",), ("ALTER TABLE messages DROP COLUMN pos",),
              ("UPDATE schema_version SET version = 23",))
@@ -149,7 +149,7 @@ def test_an_older_store_migrates_and_keeps_its_order(store_target, backend):
 
 def test_no_room_after_a_message_is_a_clear_error_that_stores_nothing(store_target, backend):
     with SessionDB(store_target) as db:
-        sid = db.create_session(new_session_id(), "telegram")
+        sid = db.sessions.create(new_session_id(), "telegram")
         d1, _, _ = _burst(db, sid)
         [r1] = db.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     # the slot after d1 nearly full (a million messages placed after it would leave it so)
@@ -189,7 +189,7 @@ def shared_store(request, tmp_path_factory):
 def test_any_interleaving_of_arrivals_and_turn_ends_reads_as_batches_each_followed_by_its_reply(
         shared_store, events, chats):
     db = shared_store
-    sessions = [db.create_session(new_session_id(), "telegram") for _ in (0, 1)]
+    sessions = [db.sessions.create(new_session_id(), "telegram") for _ in (0, 1)]
     waiting: list[list[int]] = [[], []]  # arrived, not yet taken by a turn
     running: list[list[int] | None] = [None, None]  # the running turn's batch
     expected: list[list[str]] = [[], []]  # per chat: the order a reader must see
@@ -225,7 +225,7 @@ def test_any_interleaving_of_arrivals_and_turn_ends_reads_as_batches_each_follow
 
 
 def test_the_export_file_lists_a_session_in_its_order(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     out = io.StringIO()

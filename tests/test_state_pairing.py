@@ -36,8 +36,8 @@ def test_approving_is_once_by_code_and_revoking_takes_it_back(store):
 
 
 def test_routes_point_a_key_at_a_session_and_list_by_prefix(store):
-    store.create_session("s1", "telegram")
-    store.create_session("s2", "telegram")
+    store.sessions.create("s1", "telegram")
+    store.sessions.create("s2", "telegram")
     store.routes.set("agent:main:telegram:dm:42", "s1")
     store.routes.set("agent:main:telegram:dm:42", "s2")  # a reset moves the key
     store.routes.set("agent:main:discord:dm:7", "s1")

@@ -22,7 +22,7 @@ def store(request, tmp_path_factory):
         request.addfinalizer(lambda: cluster.drop_database(target))
     db = SessionDB(target)
     for i, title in enumerate(["plain", "100% done", "a_b", "proj", "proj #2", "记忆断裂"]):
-        db.create_session(f"2025010{i}_000000_0000000{i}", "cli", title=title)
+        db.sessions.create(f"2025010{i}_000000_0000000{i}", "cli", title=title)
     yield db
     db.close()
 
@@ -51,10 +51,10 @@ def test_any_title_is_cleaned_or_refused_with_a_title_error(store, raw):
 @given(TEXT)
 def test_any_reference_resolves_or_says_why(store, ref):
     try:
-        resolved = store.resolve_session_id(ref)
+        resolved = store.sessions.resolve_id(ref)
     except (SessionNotFound, AmbiguousSession):
         return
-    assert store.get_session(resolved) is not None
+    assert store.sessions.get(resolved) is not None
     title = store.titles.resolve(ref)
-    assert title is None or store.get_session(title) is not None
+    assert title is None or store.sessions.get(title) is not None
     assert isinstance(store.titles.next_in_lineage(ref or "x"), str)

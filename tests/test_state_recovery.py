@@ -11,7 +11,7 @@ WHERE = {"session_key": "agent:main:telegram:dm:42", "platform": "telegram", "ch
 @pytest.fixture
 def db(store):
     """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``), with a session."""
-    store.create_session("s1", "telegram")
+    store.sessions.create("s1", "telegram")
     return store
 
 
@@ -53,14 +53,14 @@ def test_deleting_a_session_takes_its_inbox_and_deliveries_along(db):
     first = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
     db.recovery.settle_inbox([], {"id": "d3", "platform": "telegram", "chat_id": "42", "text": "x"}, session_id="s1")
     assert first.new
-    db.delete_session("s1")
+    db.sessions.delete("s1")
     assert db.recovery.counts()["unanswered"] == 0
     assert db.recovery.pending_deliveries() == []
 
 
 def test_the_backlog_counts_sessions_awaiting_an_answer_and_the_oldest_arrival(db):
     assert db.recovery.backlog() == (0, None)
-    db.create_session("s2", "telegram")
+    db.sessions.create("s2", "telegram")
     first = db.messages.append_inbound("s1", "one", platform_message_id="7", inbox={**WHERE, "received_at": 1000.5})
     db.messages.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8",
                                                                    "received_at": 1002.0})

@@ -67,7 +67,7 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
     db = SessionDB(path)
     try:
         assert db.transfer.stats()["schema_version"] == schema.current_version()
-        old = db.get_session("old")
+        old = db.sessions.get("old")
         assert (old["message_count"], old["title"], old["session_key"], old["input_tokens"]) == (3, None, None, 0)
         assert old["preview"] == "how do I deploy the kubernetes cluster"
         assert old["last_active"] == pytest.approx(time.time() - 20, abs=5)
@@ -81,7 +81,7 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
         db.messages.append("old", "user", "again", platform_message_id="p1", finish_reason="stop")
         assert db.messages.append_inbound("old", "again", platform_message_id="p1").new is False
         db.routes.set("k", "old")
-        assert db.resolve_session_id("deploy") == "old"
+        assert db.sessions.resolve_id("deploy") == "old"
     finally:
         db.close()
     # reopening is a no-op
@@ -89,7 +89,7 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
 
 
 def test_every_step_is_idempotent(db):
-    db.create_session("s", "cli", title="t")
+    db.sessions.create("s", "cli", title="t")
     db.messages.append("s", "user", "kept")
     conn = db._engine._wconn
     conn.execute("BEGIN IMMEDIATE")
@@ -151,10 +151,10 @@ def test_opening_never_takes_the_write_lock(home):
     try:
         db = SessionDB(path, write_timeout=0.3)  # opens while another connection holds the write lock
         try:
-            assert db.list_sessions_rich() == []
+            assert db.sessions.list_rich() == []
             started = time.monotonic()
             with pytest.raises(WriteTimeout, match="held the write lock"):
-                db.create_session("s", "cli")
+                db.sessions.create("s", "cli")
             assert time.monotonic() - started >= 0.3
         finally:
             db.close()
@@ -162,6 +162,6 @@ def test_opening_never_takes_the_write_lock(home):
         holder.execute("ROLLBACK")
         holder.close()
     with SessionDB(path) as db:
-        assert db.get_session("s") is None  # the timed-out write left nothing behind
-        db.create_session("s", "cli")
-        assert db.get_session("s")["id"] == "s"
+        assert db.sessions.get("s") is None  # the timed-out write left nothing behind
+        db.sessions.create("s", "cli")
+        assert db.sessions.get("s")["id"] == "s"

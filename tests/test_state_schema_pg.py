@@ -59,9 +59,9 @@ def test_both_backends_have_the_same_tables_and_columns(tmp_path, pg_url):
 
 def test_reopening_a_migrated_database_changes_nothing(pg_url):
     with SessionDB(pg_url) as db:
-        db.create_session("s1", "cli")
+        db.sessions.create("s1", "cli")
     with SessionDB(pg_url) as db:
-        assert db.get_session("s1")["source"] == "cli"
+        assert db.sessions.get("s1")["source"] == "cli"
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(schema.current_version(),)]
 
@@ -105,7 +105,7 @@ async def test_instances_starting_together_on_an_empty_database_migrate_it_once(
 def test_concurrent_redeliveries_store_the_message_once(store):
     """Writers on several threads (several instances, on PostgreSQL) race to store one platform event:
     one stores it, every other is told it is a redelivery."""
-    store.create_session("s1", "telegram")
+    store.sessions.create("s1", "telegram")
     results = []
     gate = threading.Barrier(6)
 
@@ -121,7 +121,7 @@ def test_concurrent_redeliveries_store_the_message_once(store):
     assert sorted(r.new for r in results) == [False] * 5 + [True]
     assert len({r.id for r in results}) == 1
     assert [m["content"] for m in store.messages.get("s1")] == ["hello"]
-    assert store.get_session("s1")["message_count"] == 1
+    assert store.sessions.get("s1")["message_count"] == 1
 
 
 def test_a_database_holding_other_tables_is_refused_untouched(pg_url):

@@ -19,9 +19,9 @@ def _ids(results):
 
 
 def test_search_through_the_store(db):
-    db.create_session("zh", "telegram", model="m")
+    db.sessions.create("zh", "telegram", model="m")
     db.messages.append("zh", "user", "昨天我们讨论了记忆断裂的问题，今天继续")
-    db.create_session("en", "discord")
+    db.sessions.create("en", "discord")
     db.messages.append("en", "assistant", "the deploy finished", tool_calls=[
         {"id": "c", "function": {"name": "shell", "arguments": '{"cmd": "kubectl rollout"}'}}])
     hit = db.search.messages("记忆断裂")[0]
@@ -38,15 +38,15 @@ def test_search_through_the_store(db):
 
 
 def test_deletes_and_imports_keep_the_index_in_sync(db, tmp_path):
-    db.create_session("a", "cli")
+    db.sessions.create("a", "cli")
     db.messages.append("a", "user", "marmalade sandwich 记忆断裂")
-    db.create_session("b", "cli")
+    db.sessions.create("b", "cli")
     db.messages.append("b", "user", "marmalade toast")
     exported = db.transfer.export_all()
     db.messages.clear("a")
     assert _ids(db.search.messages("marmalade")) == ["b"]
     assert db.search.messages("记忆断裂") == []
-    db.delete_session("b")
+    db.sessions.delete("b")
     assert db.search.messages("marmalade") == []
     with SessionDB(tmp_path / "restored.db") as other:
         other.transfer.import_sessions(enumerate(exported, 1))

@@ -1,4 +1,4 @@
-"""``SessionDB.split_session``: the compression split in one transaction, on SQLite and PostgreSQL."""
+"""``db.compression.split``: the compression split in one transaction, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ KEY = "agent:main:telegram:dm:42"
 
 def everything(db) -> dict:
     """All a split could change."""
-    sessions = db.list_sessions_rich(include_children=True, limit=100)
+    sessions = db.sessions.list_rich(include_children=True, limit=100)
     return {
         "sessions": sorted((s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions),
         "routes": db.routes.list(),
@@ -20,7 +20,7 @@ def everything(db) -> dict:
 
 
 def parent_with(db, sid: str = "p", *, title: str | None = "my project", turns: int = 4) -> list[int]:
-    db.create_session(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.", session_key=KEY,
+    db.sessions.create(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.", session_key=KEY,
                       user_name="Ada", title=title, model_config={"temperature": 0.2})
     db.routes.set(KEY, sid)
     ids = []
@@ -48,13 +48,13 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
 
     assert isinstance(split, Split)
     assert (split.parent_id, split.title, split.session_key) == ("p", "my project #2", KEY)
-    parent, child = store.get_session("p"), store.get_session(split.child_id)
+    parent, child = store.sessions.get("p"), store.sessions.get(split.child_id)
     assert (parent["end_reason"], child["ended_at"], child["parent_session_id"]) == ("compression", None, "p")
     assert child["started_at"] == parent["ended_at"]  # one instant: the child continues exactly where it ended
     for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt", "model_config"):
         assert child[field] == parent[field], field
     assert store.routes.get(KEY) == split.child_id
-    assert store.get_compression_tip("p") == split.child_id
+    assert store.sessions.compression_tip("p") == split.child_id
     assert [m["content"] for m in store.messages.get(split.child_id)] == [
         "question 0", "answer 0", "[Summary of earlier conversation]\nGoals: v2", "question 3", "answer 3"]
     assert [m["id"] for m in store.messages.get(split.child_id)] == list(split.message_ids)
@@ -65,12 +65,12 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
 
 def test_the_title_is_the_next_of_the_lineage_and_untitled_stays_untitled(store):
     ids = parent_with(store)
-    store.create_session("elsewhere", "cli", title="my project #4")  # the highest number in use anywhere
+    store.sessions.create("elsewhere", "cli", title="my project #4")  # the highest number in use anywhere
     assert store.compression.split("p", kept(store), expected_message_ids=ids).title == "my project #5"
 
     plain = parent_with(store, "plain", title=None)
     split = store.compression.split("plain", kept(store, "plain"), expected_message_ids=plain)
-    assert split.title is None and store.get_session(split.child_id)["title"] is None
+    assert split.title is None and store.sessions.get(split.child_id)["title"] is None
 
 
 def test_a_chain_of_splits_numbers_on(store):
@@ -80,7 +80,7 @@ def test_a_chain_of_splits_numbers_on(store):
     second = store.compression.split(first.child_id, kept(store, first.child_id),
                                  expected_message_ids=[m["id"] for m in store.messages.get(first.child_id)])
     assert (first.title, second.title) == ("my project #2", "my project #3")
-    assert store.routes.get(KEY) == second.child_id and store.get_compression_tip("p") == second.child_id
+    assert store.routes.get(KEY) == second.child_id and store.sessions.compression_tip("p") == second.child_id
     assert store.titles.resolve("my project") == second.child_id
 
 
@@ -109,11 +109,11 @@ def test_messages_stored_after_the_plan_refuse_the_split_and_say_so(store):
 def test_a_session_that_changed_meanwhile_is_left_alone(store, change, reason):
     ids = parent_with(store)
     if change == "ended":
-        store.end_session("p", "reset")
+        store.sessions.end("p", "reset")
     elif change == "cleared":
         store.messages.clear("p")
     else:
-        store.create_session("other", "telegram", session_key=KEY)
+        store.sessions.create("other", "telegram", session_key=KEY)
         store.routes.set(KEY, "other")
     before = everything(store)
     with pytest.raises(SessionChangedMeanwhile, match=reason) as info:
@@ -136,7 +136,7 @@ def test_a_split_that_fails_half_way_writes_nothing(store):
     with pytest.raises(ValueError, match="needs a role"):
         store.compression.split("p", [*kept(store), {"content": "no role"}], expected_message_ids=ids)
     assert everything(store) == before
-    assert store.routes.get(KEY) == "p" and store.get_session("p")["ended_at"] is None
+    assert store.routes.get(KEY) == "p" and store.sessions.get("p")["ended_at"] is None
 
 
 def test_a_conversation_continues_where_compression_moved_it(store):
@@ -148,5 +148,5 @@ def test_a_conversation_continues_where_compression_moved_it(store):
     # a message left unanswered in "p" (stored while its summary was written, or before a kill) is
     # answered in the live end of the chain, with that session's history
     assert store.compression.continued_conversation("p") == (second.child_id, store.messages.as_conversation(second.child_id))
-    store.end_session(second.child_id, "reset")  # only compression moves a conversation on
+    store.sessions.end(second.child_id, "reset")  # only compression moves a conversation on
     assert store.compression.continued_conversation(second.child_id)[0] == second.child_id

@@ -5,7 +5,7 @@ from state import new_session_id
 
 def test_record_turn_stores_messages_and_usage_together(store):
     with store as db:
-        sid = db.create_session(new_session_id(), "api", session_key="k")
+        sid = db.sessions.create(new_session_id(), "api", session_key="k")
         db.routes.set("k", sid)
         db.messages.append(sid, "user", "hi")
         ids = db.messages.record_turn(sid, [{"role": "assistant", "content": "hello"}], input_tokens=12, output_tokens=3)
@@ -17,17 +17,17 @@ def test_record_turn_stores_messages_and_usage_together(store):
 
 def test_a_failing_turn_record_leaves_nothing(store):
     with store as db:
-        sid = db.create_session(new_session_id(), "api")
+        sid = db.sessions.create(new_session_id(), "api")
         with pytest.raises(ValueError):
             db.messages.record_turn(sid, [{"role": "assistant", "content": "ok"}, {"content": "no role"}], input_tokens=5)
         assert db.messages.get(sid) == []
-        assert db.get_session(sid)["input_tokens"] == 0
+        assert db.sessions.get(sid)["input_tokens"] == 0
 
 
 def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):
     with store as db:
         assert db.messages.append_inbound_to_route("k", "hello?", platform_message_id="m0") == (None, None)  # no route yet
-        sid = db.create_session(new_session_id(), "telegram", session_key="k")
+        sid = db.sessions.create(new_session_id(), "telegram", session_key="k")
         db.routes.set("k", sid)
 
         session, appended = db.messages.append_inbound_to_route("k", "hi", platform_message_id="m1")
@@ -39,7 +39,7 @@ def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):
         session, appended = db.messages.append_inbound_to_route("k", "stale?", platform_message_id="m2",
                                                        keep=lambda row: seen.append(row["id"]) or False)
         assert (session["id"], appended, seen) == (sid, None, [sid])  # turned down: nothing written
-        db.end_session(sid, "user_exit")
+        db.sessions.end(sid, "user_exit")
         session, appended = db.messages.append_inbound_to_route("k", "after the end", platform_message_id="m3")
         assert session["ended_at"] is not None and appended is None
         assert [m["content"] for m in db.messages.get(sid)] == ["hi"]

@@ -1,4 +1,4 @@
-"""`SessionDB.storage_report` on both engines: the tables and indexes measured by the engine, the message
+"""`db.storage.report` on both engines: the tables and indexes measured by the engine, the message
 text summed by platform and by month, the largest sessions first; and `switchboard storage` printing it,
 as text (each line with what reduces it) and as JSON."""
 
@@ -25,9 +25,9 @@ def fill(db: SessionDB) -> dict[str, int]:
         "small": ["hello"],
         "slack1": ["s" * 2_000, "t" * 100],
     }
-    db.create_session("big", source="telegram")
-    db.create_session("small", source="telegram")
-    db.create_session("slack1", source="slack")
+    db.sessions.create("big", source="telegram")
+    db.sessions.create("small", source="telegram")
+    db.sessions.create("slack1", source="slack")
     for session_id, contents in texts.items():
         for i, content in enumerate(contents):
             db.messages.append(session_id, "user", content, timestamp=JAN if i == 0 else FEB)
@@ -59,7 +59,7 @@ def test_the_report_measures_tables_sums_text_by_platform_and_month_and_puts_the
 @pytest.mark.sqlite_only("the WAL and free pages are SQLite's file")
 def test_free_pages_after_a_delete_show_what_a_vacuum_would_return(store):
     fill(store)
-    store.delete_session("big")
+    store.sessions.delete("big")
     store.checkpoint("TRUNCATE")
     report = store.storage.report()
     assert report.free_bytes > 0

@@ -25,14 +25,14 @@ TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages 
 
 def _session(db: SessionDB, sid: str, *, started: float, last: float, ended: float | None, messages: int = 3,
              parent: str | None = None) -> str:
-    db.create_session(sid, "telegram", parent_session_id=parent)
+    db.sessions.create(sid, "telegram", parent_session_id=parent)
     db._engine.write(lambda conn: conn.execute(  # the session started back then
         "UPDATE sessions SET started_at = ?, last_active = NULL WHERE id = ?", (started, sid)))
     for i in range(messages):
         ts = started + (last - started) * (i + 1) / messages
         db.messages.append(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
     if ended is not None:
-        db.end_session(sid, "reset")
+        db.sessions.end(sid, "reset")
         db._engine.write(lambda conn: conn.execute(  # the session ended back then
             "UPDATE sessions SET ended_at = ? WHERE id = ?", (ended, sid)))
     return sid
@@ -63,8 +63,8 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
     async with await AsyncSessionDB.open(path) as db:
         before = await db.upkeep.store_size()
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
-        child = await db.get_session("child")
+        remaining = {s["id"] for s in await db.sessions.list_rich(limit=100)}
+        child = await db.sessions.get("child")
         last = await db.upkeep.last()
         after = await db.upkeep.store_size()
         hits = await db.search.messages("restarted", limit=1000)
@@ -93,11 +93,11 @@ async def test_a_pass_prunes_the_expired_sessions_on_either_backend(store_target
     expired, kept = _build(store_target, now)
     async with await AsyncSessionDB.open(store_target) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
-        child = await db.get_session("child")
+        remaining = {s["id"] for s in await db.sessions.list_rich(limit=100)}
+        child = await db.sessions.get("child")
         last = await db.upkeep.last()
         hits = await db.search.messages("restarted", limit=1000)
-        orphans = await db.messages.count() - sum([(await db.get_session(sid))["message_count"] for sid in kept])
+        orphans = await db.messages.count() - sum([(await db.sessions.get(sid))["message_count"] for sid in kept])
     assert remaining == kept and child["parent_session_id"] is None
     assert (report.sessions_pruned, report.messages_pruned) == (4, 3 + 3 + 400 + 3)
     assert report.steps > 10  # the big session was cut into several short transactions
@@ -124,7 +124,7 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
         for i in range(60):
             db.messages.append("old-cjk", "user", f"记忆系统 断裂连接 {i} 容器重启了" * 5, timestamp=now - 6 * DAY)
         db.messages.append("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
-        db.end_session("old-cjk", "reset")
+        db.sessions.end("old-cjk", "reset")
     with sqlite3.connect(path) as conn:  # ended back then; every message indexed
         conn.execute("UPDATE sessions SET ended_at = ?, last_active = ? WHERE id = 'old-cjk'",
                      (now - 6 * DAY, now - 6 * DAY))
@@ -158,7 +158,7 @@ async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(sto
     _expired, kept = _build(path, now)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=None, now=now)
-        remaining = await db.session_count()
+        remaining = await db.sessions.count()
         last = await db.upkeep.last()
     assert remaining == 8 and report.sessions_pruned == 0
     assert last["finished_at"] >= now and last["retention_days"] is None
@@ -203,7 +203,7 @@ async def test_the_daemon_prunes_by_itself_and_healthz_shows_the_store(tmp_path)
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"http://127.0.0.1:{gw.api.bound_port}/healthz") as r:
                     store = (await r.json())["store"]
-            remaining = {s["id"] for s in await gw.db.list_sessions_rich(limit=100)}
+            remaining = {s["id"] for s in await gw.db.sessions.list_rich(limit=100)}
     assert before["retention_days"] == 1 and before["last_upkeep"] is None
     assert remaining == kept
     last = store["last_upkeep"]
@@ -228,7 +228,7 @@ async def test_other_processes_run_no_upkeep(tmp_path):
 def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
     path = tmp_path / "state.db"
     with SessionDB(path) as db:
-        db.create_session("live", "telegram")
+        db.sessions.create("live", "telegram")
         db.upkeep.automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
         for i in range(32 * 40):  # forty segments, each of many distinct words
             db.messages.append("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
@@ -263,7 +263,7 @@ async def test_each_prune_step_takes_only_the_sessions_its_budget_can_empty(tmp_
             _session(db, f"old-{i:02}", started=now - 9 * DAY + i, last=now - 8 * DAY, ended=now - 8 * DAY, messages=20)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        left = await db.session_count()
+        left = await db.sessions.count()
     steps = [re.match(r"(\d+) sessions asked, \d+ messages \([\d,]+ of ([\d,]+) bytes\)", h.detail)
              for h in report.holds if h.kind == "prune"]
     asked = [(int(m.group(1)), int(m.group(2).replace(",", ""))) for m in steps]
@@ -276,7 +276,7 @@ async def test_each_prune_step_takes_only_the_sessions_its_budget_can_empty(tmp_
 async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_path):
     path = tmp_path / "state.db"
     async with await AsyncSessionDB.open(path) as db:
-        await db.create_session("live", "telegram")
+        await db.sessions.create("live", "telegram")
         for i in range(200):  # about 400 KB of WAL: past a 64 KiB limit
             await db.messages.append("live", "user", f"{i} {TEXT}")
         busy = await state.run_upkeep(db, retention_days=None, idle=lambda: False, wal_limit_bytes=65_536)
@@ -300,7 +300,7 @@ def _long_statement(conn: sqlite3.Connection, started: threading.Event) -> None:
 
 def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "telegram")
+        db.sessions.create("s", "telegram")
         engine = db._engine
         started, outcome = threading.Event(), {}
 
@@ -329,7 +329,7 @@ def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
 
 def test_a_write_never_gives_way_to_another(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "telegram")
+        db.sessions.create("s", "telegram")
         started, outcome = threading.Event(), {}
 
         def long_write():
@@ -355,7 +355,7 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
     path = tmp_path / "state.db"
     expired, kept = _build(path, now)
     async with await AsyncSessionDB.open(path) as db:
-        await db.create_session("live", "telegram")
+        await db.sessions.create("live", "telegram")
         done = asyncio.Event()
         written: list[int] = []
 
@@ -371,7 +371,7 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
         report = await state.run_upkeep(db, retention_days=1, now=now)
         done.set()
         await task
-        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
+        remaining = {s["id"] for s in await db.sessions.list_rich(limit=100)}
         live = await db.messages.get("live")
         hits = await db.search.messages("restarted", limit=10_000)
     assert report.gave_way > 0  # steps of about 2 ms, a write every millisecond or so: some came mid-step

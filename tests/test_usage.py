@@ -60,7 +60,7 @@ async def test_each_model_call_is_one_row_with_its_purpose_tokens_and_cost(tmp_p
         assert (await api.say("ann", "/compress")).startswith("Compressed: ")
         await api.close()
         rows = await ledger(gw, 10)
-        child = await gw.db.get_session(await gw.db.routes.get("agent:main:api:dm:ann"))
+        child = await gw.db.sessions.get(await gw.db.routes.get("agent:main:api:dm:ann"))
         first_session = child["parent_session_id"]  # the one the calls were made for, compressed into the child
     assert Counter(r["purpose"] for r in rows) == {"turn": 7, "tool_loop": 1, "memory_flush": 1, "compression": 1}
     # the first turn: the call that asked for the tool, then the one that answered
@@ -216,13 +216,13 @@ async def test_a_streamed_call_reads_cached_tokens_from_the_last_chunk(tmp_path,
 
 def test_a_sessions_rows_go_with_it_and_old_rows_are_pruned(store):
     with store as db:
-        kept = db.create_session("s-kept", "api", user_id="u")
-        gone = db.create_session("s-gone", "api", user_id="u")
+        kept = db.sessions.create("s-kept", "api", user_id="u")
+        gone = db.sessions.create("s-gone", "api", user_id="u")
         for sid, at in ((kept, 1_000.0), (kept, 5_000.0), (gone, 5_000.0)):
             db.usage.record_call({"at": at, "session_id": sid, "purpose": "turn", "model": "m", "outcome": "ok",
                                   "prompt_tokens": 10})
         assert {r["user_id"] for r in db.usage.calls()} == {"u"}  # filled in from the session
-        assert db.delete_session(gone)
+        assert db.sessions.delete(gone)
         assert [(r["session_id"], r["at"]) for r in db.usage.calls()] == [(kept, 1_000.0), (kept, 5_000.0)]
         assert db.usage.prune(before=2_000.0) == 1
         assert [r["at"] for r in db.usage.calls()] == [5_000.0]

@@ -109,7 +109,7 @@ def ledger_rows(rng: random.Random, count: int, sessions: list[str]) -> list[dic
 def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(store_target):
     rng = random.Random(7)
     with SessionDB(store_target) as db:
-        sessions = [db.create_session(f"s{i}", ["telegram", "discord", "api"][i % 3], user_id=f"su{i % 4}")
+        sessions = [db.sessions.create(f"s{i}", ["telegram", "discord", "api"][i % 3], user_id=f"su{i % 4}")
                     for i in range(12)]
         rows = ledger_rows(rng, 1_500, sessions)
         db.usage.record_calls(rows[:1_000])
@@ -119,10 +119,10 @@ def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(s
         assert_reports_match_the_ledger(db)
         before = len(db.usage.calls(limit=1_000_000))
 
-        assert db.delete_session(sessions[0])  # `sessions delete`: its calls go with it
-        db.end_session(sessions[1], "reset")
-        db.end_session(sessions[2], "reset")
-        assert db.prune_sessions(older_than_days=0) == 2  # `sessions prune`, the daemon's retention
+        assert db.sessions.delete(sessions[0])  # `sessions delete`: its calls go with it
+        db.sessions.end(sessions[1], "reset")
+        db.sessions.end(sessions[2], "reset")
+        assert db.sessions.prune(older_than_days=0) == 2  # `sessions prune`, the daemon's retention
         left = db.usage.calls(limit=1_000_000)
         assert 0 < len(left) < before and not {r["session_id"] for r in left} & set(sessions[:3])
         assert_reports_match_the_ledger(db)

@@ -122,10 +122,10 @@ async def _terminal_session(db: state.AsyncSessionDB, ref: str) -> str:
     a prefix or a title names only terminal sessions (source ``cli``), so an API
     user's or a platform chat's conversation is never continued by accident.
     """
-    if await db.get_session(ref) is not None:
+    if await db.sessions.get(ref) is not None:
         return ref
-    target = await db.resolve_session_id(ref)
-    session = await db.get_session(target) or {}
+    target = await db.sessions.resolve_id(ref)
+    session = await db.sessions.get(target) or {}
     if session.get("source") != "cli":
         raise SwitchboardError(
             f"{ref!r} names a {session.get('source')} session ({target}), not one of this terminal's; "
@@ -145,20 +145,20 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
         # where the terminal was when it left (a /resume'd session, not an empty one /new made before it),
         # else the most recently active of its sessions
         routed = await db.routes.session(key)
-        rows = [routed] if routed else await db.list_sessions_rich(source="cli", session_key=key, limit=1)
+        rows = [routed] if routed else await db.sessions.list_rich(source="cli", session_key=key, limit=1)
         if not rows:
             return None
         target = rows[0]["id"]
     else:
         await _start_fresh(router, key)
         return None
-    target = await db.get_compression_tip(target) or target
-    session = await db.get_session(target)
+    target = await db.sessions.compression_tip(target) or target
+    session = await db.sessions.get(target)
     if session is None:  # deleted meanwhile: a fresh one instead
         await _start_fresh(router, key)
         return None
     if session.get("ended_at") is not None:
-        await db.reopen_session(target)
+        await db.sessions.reopen(target)
     await db.routes.set(key, target)
     return target
 
@@ -171,7 +171,7 @@ async def _start_fresh(router: SessionRouter, key: str) -> None:
     if routed is None:
         return
     if routed.get("ended_at") is None:
-        await db.end_session(routed["id"], "new_session")
+        await db.sessions.end(routed["id"], "new_session")
         router.session_ended(routed["id"], key)
     await db.routes.delete(key)
 
@@ -223,7 +223,7 @@ class _Chat:
         if continue_ == "" and not resume and resumed is None:
             self.notes.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
         if resumed:
-            session = await self.db.get_session(resumed)
+            session = await self.db.sessions.get(resumed)
             title = (session or {}).get("title") or resumed
             self.notes.print(Panel(recap(await self.db.messages.get(resumed)), title=f"Previous conversation: {title}",
                                    border_style="dim"))

@@ -2,7 +2,7 @@
 
 Read from the usage ledger in state.db (one row per model call, written by the
 daemon, ``switchboard chat`` and cron runs, summed per day in its roll-ups).  A
-thin layer: one ``SessionDB.usage_summary`` call, summed up by
+thin layer: one ``db.usage.summary`` call, summed up by
 :mod:`gateway.insights`, printed (and drawn by :mod:`gateway.plots` for
 ``--plot``).  ``insights reprice`` recomputes the stored costs from the config's
 ``pricing`` table after a price changed.

@@ -83,7 +83,7 @@ def _exactly(db: SessionDB, ref: str, unchanged: str) -> str:
     """The one session ``ref`` names by id or exact title (in any case when only one fits); otherwise the
     candidates and no action."""
     try:
-        return db.resolve_session_exactly(ref)
+        return db.sessions.resolve_exactly(ref)
     except AmbiguousSession as exc:
         raise _candidates(db, ref, exc, unchanged) from None
 
@@ -92,7 +92,7 @@ def _resolve(db: SessionDB, ref: str, unchanged: str) -> str:
     """The session ``ref`` names: an id, a unique id prefix, or a title (in any case; the newest of its
     lineage); otherwise the candidates."""
     try:
-        return db.resolve_session_id(ref)
+        return db.sessions.resolve_id(ref)
     except AmbiguousSession as exc:
         raise _candidates(db, ref, exc, unchanged) from None
 
@@ -117,7 +117,7 @@ def sessions() -> None:
 @with_store
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
     """List the most recently active sessions: title, preview, last activity, id."""
-    rows = db.list_sessions_rich(source=source, limit=limit, include_children=show_all)
+    rows = db.sessions.list_rich(source=source, limit=limit, include_children=show_all)
     if as_json:
         _json_out([{k: v for k, v in row.items() if k != "system_prompt"} for row in rows])
         return
@@ -162,7 +162,7 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     ]
     if data.get("parent_session_id"):
         lines.append(f"Parent    {data['parent_session_id']}")
-    tip = db.get_compression_tip(session_id)
+    tip = db.sessions.compression_tip(session_id)
     if tip != session_id:
         lines.append(f"Continued {tip}")
     click.echo("\n".join(lines))
@@ -259,10 +259,10 @@ def import_cmd(db: SessionDB, file: Path) -> None:
 def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
     """Delete the session with id or exact title REF, and its messages (its children are kept)."""
     session_id = _exactly(db, ref, "nothing was deleted")
-    session = db.get_session(session_id) or {}
+    session = db.sessions.get(session_id) or {}
     label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
     _confirm(f"Delete session {label} and its {plural(session.get('message_count', 0), 'message')}?", yes)
-    if not db.delete_session(session_id):
+    if not db.sessions.delete(session_id):
         raise click.ClickException(f"session {session_id} no longer exists")
     click.echo(f"deleted {label}")
 
@@ -287,12 +287,12 @@ def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
 @with_store
 def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None:
     """Delete ended sessions inactive for DAYS; children of a pruned session are kept."""
-    candidates = db.prune_candidates(days, source)
+    candidates = db.sessions.prune_candidates(days, source)
     if not candidates:
         click.echo("Nothing to prune.")
         return
     _confirm(f"Delete {plural(len(candidates), 'ended session')} inactive for {days:g} days?", yes)
-    click.echo(f"pruned {plural(db.prune_sessions(days, source), 'session')}")
+    click.echo(f"pruned {plural(db.sessions.prune(days, source), 'session')}")
 
 
 def _size(n: float) -> str:

@@ -1,6 +1,6 @@
 """``switchboard storage``: where the store's bytes are, and which command gives each back.
 
-A thin layer: one ``SessionDB.storage_report`` call (``state._storage``), printed as tables or, with
+A thin layer: one ``db.storage.report`` call (``state._storage``), printed as tables or, with
 ``--json``, as one document.  Each line names what reduces it: ``sessions prune`` (or
 ``store.retention_days``, the daemon's daily prune) for the sessions' tables and text, ``sessions
 delete`` for one large session, ``maintenance --vacuum`` for the free pages of an older SQLite file.

@@ -479,7 +479,7 @@ class CronService:
                    error: str | None) -> dict:
         now = self.now()
         if session_id and job["context"] != "continue":
-            await self.db.end_session(session_id, "cron_error" if error else "cron_complete")
+            await self.db.sessions.end(session_id, "cron_error" if error else "cron_complete")
         if error is not None:
             status, delivery, due = "error", None, None
             log.warning("cron job %s run %s failed: %s", job["id"], run["id"], error)
@@ -510,7 +510,7 @@ class CronService:
     async def _session_for(self, job: dict, run: dict, key: str) -> str:
         if job["context"] == "continue":
             current = await self.db.routes.get(key)
-            session = await self.db.get_session(current) if current else None
+            session = await self.db.sessions.get(current) if current else None
             if current and session is not None and session.get("ended_at") is None:
                 return current
         when = run["scheduled_at"] or run["started_at"]
@@ -519,7 +519,7 @@ class CronService:
         for _ in range(5):
             title = await self.db.titles.next_in_lineage(base)
             try:
-                await self.db.create_session(
+                await self.db.sessions.create(
                     session_id, "cron", model=job["model"] or self.settings.model_name, session_key=key,
                     title=title, system_prompt=self.turn.settings.persona,
                 )
@@ -527,7 +527,7 @@ class CronService:
             except state.TitleConflict:  # another job took it between the two calls: next number
                 continue
         else:
-            await self.db.create_session(session_id, "cron", model=job["model"] or self.settings.model_name,
+            await self.db.sessions.create(session_id, "cron", model=job["model"] or self.settings.model_name,
                                          session_key=key, system_prompt=self.turn.settings.persona)
         if job["context"] == "continue":
             await self.db.routes.set(key, session_id)

@@ -390,7 +390,7 @@ async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", ses
     db, tools = turn.db, turn.tools
     if "memory" not in tools.names():
         return False
-    session = await db.get_session(session_id)
+    session = await db.sessions.get(session_id)
     if session is None:
         return False
     key = session.get("session_key") or ""

@@ -173,7 +173,7 @@ class Conversations:
 
     async def _create(self, key: str, parent: str | None, user_id: str | None, user_name: str | None) -> str:
         session_id = state.new_session_id()
-        await self.db.create_session(session_id, "api", self.model_name, user_id, parent, session_key=key,
+        await self.db.sessions.create(session_id, "api", self.model_name, user_id, parent, session_key=key,
                                      user_name=user_name, system_prompt=self.persona)
         if parent is None:
             await self.db.routes.set(key, session_id)
@@ -195,7 +195,7 @@ class Conversations:
         the messages added after the compression (not its summary and copies)."""
         rows = await self.db.messages.get(session["id"])
         parent_id = session.get("parent_session_id")
-        parent = await self.db.get_session(parent_id) if parent_id else None
+        parent = await self.db.sessions.get(parent_id) if parent_id else None
         if parent is None or parent.get("end_reason") != "compression" or parent.get("ended_at") is None:
             return rows
         own = [row for row in rows if row["timestamp"] > parent["ended_at"]]

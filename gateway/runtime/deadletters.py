@@ -54,7 +54,7 @@ def mask(value: Any, hide: Callable[[str], str] = redact) -> Any:
 
 def dead_letter_row(platform: str, event_id: str | None, payload: dict, message: InboundMessage | None,
                     error: str, *, secrets: Iterable[str] = ()) -> dict:
-    """The ``SessionDB.add_dead_letter`` arguments for an event set aside: nothing in them holds a token."""
+    """The ``db.dead_letters.add`` arguments for an event set aside: nothing in them holds a token."""
     hide = masker(secrets)
     text = json.dumps(mask(payload, hide), ensure_ascii=False, sort_keys=True)
     return {

@@ -106,7 +106,7 @@ class ResponsesApi:
         session = await db.routes.session(key)
         if session is None:
             session_id = state.new_session_id()
-            await db.create_session(session_id, "api", self.api.model_name, user, None, session_key=key,
+            await db.sessions.create(session_id, "api", self.api.model_name, user, None, session_key=key,
                                     user_name=user, system_prompt=self.api.conversations.persona)
             await db.routes.set(key, session_id)
         else:

@@ -101,7 +101,7 @@ async def extract_session(service: FactService, model, config, session_id: str, 
                           default_agent: str = "main") -> Extraction:
     """Extract the facts of the ended session ``session_id`` (see the module docstring)."""
     db = service.db
-    session = await db.get_session(session_id)
+    session = await db.sessions.get(session_id)
     if session is None:
         return Extraction(session_id, skipped="no such session")
     key = session.get("session_key") or ""

@@ -174,7 +174,7 @@ class Pages:
                 filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
             return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=hits,
                                 rows=[], more=False)
-        rows = await self.src.db.list_sessions_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
+        rows = await self.src.db.sessions.list_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
         return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=None,
                             rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
 
@@ -187,9 +187,9 @@ class Pages:
     async def session(self, request: web.Request) -> web.StreamResponse:
         record = await self._record(request)
         db = self.src.db
-        parent = await db.get_session(record["parent_session_id"]) if record.get("parent_session_id") else None
-        children = [s for s in await db.get_descendants(record["id"]) if s["parent_session_id"] == record["id"]]
-        lineage = transcript.Lineage(parent=parent, children=children, tip=await db.get_compression_tip(record["id"]))
+        parent = await db.sessions.get(record["parent_session_id"]) if record.get("parent_session_id") else None
+        children = [s for s in await db.sessions.descendants(record["id"]) if s["parent_session_id"] == record["id"]]
+        lineage = transcript.Lineage(parent=parent, children=children, tip=await db.sessions.compression_tip(record["id"]))
         # Markdown takes CPU (0.1-1.5 ms a message): a long transcript renders off the event loop
         messages = await asyncio.to_thread(lambda: [transcript.shown(m) for m in record["messages"]])
         return self._render(request, "session.html", "sessions", session=record, lineage=lineage, messages=messages,
