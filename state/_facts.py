@@ -239,7 +239,8 @@ def extraction_of(conn: sqlite3.Connection, session_id: str) -> dict | None:
 
 
 class Facts(Repository):
-    """``db.facts``: facts per (agent, user scope), the once-per-session extraction claim and the per-chat prefetch switch; times come from the caller."""
+    """``db.facts``: facts per (agent, user scope), the once-per-session extraction claim and the
+    per-chat prefetch switch; times come from the caller."""
 
     @writes
     def add(self, agent: str, user_scope: str, content: str, entities: list[str], *, session_id: str | None,
