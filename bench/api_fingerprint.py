@@ -108,7 +108,7 @@ async def main() -> None:
             query = []
             for key in keys:
                 started = time.perf_counter()
-                assert sync_db.get_routed_session(key) is not None
+                assert sync_db.routes.session(key) is not None
                 query.append(time.perf_counter() - started)
     print(f"identify, found, first read of each ({args.lookups} lookups): {micro(cold)}")
     print(f"identify, found, pages cached       ({args.lookups} lookups): {micro(found)}")

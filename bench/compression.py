@@ -102,10 +102,10 @@ async def run(runs: int, n: int) -> int:
             sessions = []
             for r in range(runs + 1):  # one extra to warm up
                 sid = f"bench_{r:03d}"
-                await adb.create_session(sid, "telegram", "gpt-4o", "u1", session_key=f"telegram:dm:{r}",
+                await adb.sessions.create(sid, "telegram", "gpt-4o", "u1", session_key=f"telegram:dm:{r}",
                                          title=f"bench chat {r}", system_prompt="You are Switchboard.")
-                await adb.set_route(f"telegram:dm:{r}", sid)
-                await adb.append_messages(sid, make_session(r, n))
+                await adb.routes.set(f"telegram:dm:{r}", sid)
+                await adb.messages.append_many(sid, make_session(r, n))
                 sessions.append(sid)
             await adb.checkpoint("TRUNCATE")
 
@@ -122,7 +122,7 @@ async def run(runs: int, n: int) -> int:
                 elapsed = (time.perf_counter() - start) * 1000
                 ticker.stop = True
                 await tick
-                stored = await adb.get_messages(sid)
+                stored = await adb.messages.get(sid)
                 start = time.perf_counter()
                 cut = plan(stored, context_length=CONTEXT_LENGTH)
                 build_summary_request(cut)

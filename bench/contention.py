@@ -14,7 +14,7 @@ but missing from the database afterwards).
   to 15 application retries sleeping 20-150 ms at random, ``BEGIN IMMEDIATE``,
   a PASSIVE checkpoint every 50 writes; over the seed's tables with both FTS5
   tables (unicode61 and trigram over every message), ``synchronous=NORMAL``.
-* ``ours``: ``state.SessionDB.append_message`` (writers queue on a kernel
+* ``ours``: ``db.messages.append`` (writers queue on a kernel
   lock in front of SQLite's, patience 10 s measured in time; the search
   design of ``state.search.fts5``).
 
@@ -113,13 +113,13 @@ class OurStore:
         SessionDB(path).close()
 
     def create_session(self, session_id: str, source: str) -> None:
-        self.db.create_session(session_id, source)
+        self.db.sessions.create(session_id, source)
 
     def append_message(self, session_id: str, role: str, content: str) -> int:
-        return self.db.append_message(session_id, role, content)
+        return self.db.messages.append(session_id, role, content)
 
     def count(self, session_id: str) -> int:
-        return self.db.message_count(session_id)
+        return self.db.messages.count(session_id)
 
     def close(self) -> None:
         self.db.close()
@@ -172,7 +172,7 @@ def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int)
     STORES[design].create(path)
     setup = STORES[design](path)
     for w in range(writers):
-        setup.create_session(f"w{w}", "bench")
+        setup.sessions.create(f"w{w}", "bench")
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(writers + 1)
     results = ctx.Queue()

@@ -74,7 +74,7 @@ async def serve_and_measure(home: Path, repeat: int) -> None:
     gw = Gateway(cfg, adapters={})
     await gw.start()
     try:
-        first = (await gw.db.list_sessions_rich(limit=1))[0]["id"]
+        first = (await gw.db.sessions.list_rich(limit=1))[0]["id"]
         paths = [
             ("sessions (50 newest)", "/ui/sessions"),
             ("sessions, platform=telegram", "/ui/sessions?platform=telegram"),
@@ -101,7 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
         home = Path(tmp)
         with SessionDB(home / "state.db") as db:
-            db.import_sessions(enumerate(records, 1))
+            db.transfer.import_sessions(enumerate(records, 1))
             db.checkpoint("TRUNCATE")
         print(f"built the store in {time.perf_counter() - t0:.0f} s")
         asyncio.run(serve_and_measure(home, args.repeat))

@@ -5,7 +5,7 @@
 
 Builds ``bench/.data/facts-<n>.db`` once (facts made from templates over a
 Zipf vocabulary of tech words, names and made-up words; every fact encoded
-with ``gateway.memory.facts.hrr.encode_fact`` and stored through ``SessionDB.add_facts``)
+with ``gateway.memory.facts.hrr.encode_fact`` and stored through ``db.facts.add_many``)
 and keeps it for later runs.  All facts belong to ONE (agent, user), the worst
 case for the scope filter, plus a user with 10 % as many facts around them (also timed, for probe).
 
@@ -100,7 +100,7 @@ def build(path: Path, n: int) -> str:
 
     def flush() -> None:
         for owner, rows in pending.items():
-            db.add_facts(AGENT, owner, rows, now=NOW - rng.uniform(0, 365) * 86400)
+            db.facts.add_many(AGENT, owner, rows, now=NOW - rng.uniform(0, 365) * 86400)
         pending.clear()
 
     while made < n:

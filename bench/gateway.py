@@ -160,7 +160,7 @@ async def sdk_cpu_per_call(model_port: int, calls: int = 300) -> float:
 
 async def ledger_cpu_per_call(tmp: Path, batch: int, calls: int = 2_000) -> float:
     """CPU (ms, all threads) per model call of writing the usage ledger as the daemon does: the
-    recorder's priced row, then ``record_model_calls`` through the async store, ``batch`` rows a
+    recorder's priced row, then ``usage.record_calls`` through the async store, ``batch`` rows a
     write, into a ledger that already holds 20,000 rows over 30 days."""
     from gateway.usage import CallContext, ModelCall, UsageRecorder
     from state import AsyncSessionDB
@@ -169,7 +169,7 @@ async def ledger_cpu_per_call(tmp: Path, batch: int, calls: int = 2_000) -> floa
     try:
         recorder = UsageRecorder(db, {})
         now = time.time()
-        await db.record_model_calls([
+        await db.usage.record_calls([
             {"at": now - i * 130, "session_id": None, "platform": "api", "chat_id": f"c{i % 300}",
              "user_id": f"u{i % 200}", "agent": "main", "purpose": "turn", "model": "fake", "outcome": "ok",
              "prompt_tokens": 900, "completion_tokens": 40} for i in range(20_000)])
@@ -177,10 +177,10 @@ async def ledger_cpu_per_call(tmp: Path, batch: int, calls: int = 2_000) -> floa
                           480.0, "ok", prompt_tokens=900 + i % 50, completion_tokens=40, cached_tokens=i % 3 * 64)
                 for i in range(calls)]
         for call in made[:batch * 2]:  # warm the statement cache
-            await db.record_model_calls([recorder.row(call)])
+            await db.usage.record_calls([recorder.row(call)])
         started = time.process_time()
         for i in range(0, calls, batch):
-            await db.record_model_calls([recorder.row(call) for call in made[i:i + batch]])
+            await db.usage.record_calls([recorder.row(call) for call in made[i:i + batch]])
         return (time.process_time() - started) / calls * 1000
     finally:
         await db.close()

@@ -5,9 +5,9 @@
 
 The rows (20,000 sessions, 3 models, 7 purposes, 2,000 user ids and 3,000 chat ids each
 seen on all 4 platforms: 8,000 accounts and 12,000 chats, nearly all active every day) are
-written in time order through ``SessionDB.record_model_calls``, as the daemon writes
+written in time order through ``db.usage.record_calls``, as the daemon writes
 them (the daily roll-ups with them), into a database in a temporary directory, removed
-afterwards.  Prints the time of ``SessionDB.usage_summary`` plus
+afterwards.  Prints the time of ``db.usage.summary`` plus
 :func:`gateway.insights.from_summary` (what ``switchboard insights`` runs) for ``--days``
 (half the rows) per grouping, with ``--top`` (20) and, by user and chat, ``--top 0``;
 and of one user's report (``/usage``); best and median of ``--repeat`` runs.
@@ -36,7 +36,7 @@ def build(path: Path, rows: int, now: float) -> None:
     times = sorted(now - rng.random() * 60 * 86_400 for _ in range(rows))
     with SessionDB(path) as db:
         for start in range(0, rows, 50_000):
-            db.record_model_calls([
+            db.usage.record_calls([
                 {"at": at, "session_id": f"s{i % 20_000}", "platform": rng.choice(["telegram", "discord", "slack", "api"]),
                  "chat_id": f"c{i % 3_000}", "user_id": f"u{i % 2_000}", "agent": "main", "purpose": rng.choice(PURPOSES),
                  "model": rng.choice(["gpt-4o", "gpt-4o-mini", "local"]), "prompt_tokens": rng.randint(100, 20_000),
@@ -74,10 +74,10 @@ def main() -> None:
                                                                      "chat")]
             for by, limit in runs + [("user", None), ("chat", None)]:
                 best, median = timed(lambda by=by, limit=limit: from_summary(
-                    db.usage_summary(since, by, limit=limit), dates, limit=limit), args.repeat)
+                    db.usage.summary(since, by, limit=limit), dates, limit=limit), args.repeat)
                 top = "" if by == "day" else f" --top {limit or 0:<2}"
                 print(f"insights --days {args.days} --by {by:<8}{top:9}  best {best:7.0f} ms  median {median:7.0f} ms")
-            best, median = timed(lambda: db.usage_report(since, "day", platform="telegram", user_id="u7"),
+            best, median = timed(lambda: db.usage.report(since, "day", platform="telegram", user_id="u7"),
                                  args.repeat)
             print(f"/usage (one user, {args.days} days)       best {best:7.1f} ms  median {median:7.1f} ms")
 

@@ -10,7 +10,7 @@ Chinese) and are built in a temporary directory, removed afterwards.
   subqueries per session for the first user message and the last message
   time, over the seed's tables, ordered like ours by last activity
   (``ORDER BY last_active DESC LIMIT 20``; the seed ordered by start).
-* ``ours``: ``SessionDB.list_sessions_rich()`` (preview and last activity
+* ``ours``: ``SessionDB.sessions.list_rich()`` (preview and last activity
   are kept on the session row as messages are appended; ordered by last
   activity, with no index on it in schema v16: one pass over the session rows;
   compression chains collapse to their tip).
@@ -110,7 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
         seed = build_seed(Path(tmp) / "seed.db", records)
         ours = SessionDB(Path(tmp) / "ours.db")
-        ours.import_sessions(enumerate(records, 1))
+        ours.transfer.import_sessions(enumerate(records, 1))
         ours.checkpoint("TRUNCATE")
         print(f"built both databases in {time.perf_counter() - t0:.0f} s")
         cases = [
@@ -124,7 +124,7 @@ def main() -> None:
             sql = SEED_QUERY.format(where=where)
             runs = {
                 "seed": lambda: seed.execute(sql, (*params, 20, offset)).fetchall(),  # noqa: B023 - called within this iteration
-                "ours": lambda: ours.list_sessions_rich(limit=20, **kwargs),  # noqa: B023 - called within this iteration
+                "ours": lambda: ours.sessions.list_rich(limit=20, **kwargs),  # noqa: B023 - called within this iteration
             }
             previews = {}
             for design, fn in runs.items():

@@ -43,17 +43,17 @@ async def run(messages: int, kb: int, home: Path, documents_every: int = 4) -> N
     started = time.perf_counter()
     async with await AsyncSessionDB.open(home / "state.db") as db:
         media = MediaService(db, files)
-        await db.create_session("bench", "telegram")
+        await db.sessions.create("bench", "telegram")
         for i in range(messages):
             if documents_every and i % documents_every == documents_every - 1:
                 attachment = Attachment("document", f"report-{i}.pdf", "application/pdf",
                                         data=samples.pdf(f"Report {i}. {PAGE[:1500]}"))
             else:
                 attachment = Attachment("image", "photo.jpg", "image/png", data=_picture(i, kb))
-            sent = await db.append_inbound("bench", f"message {i}\n[attached {attachment.kind}: {attachment.name}]",
+            sent = await db.messages.append_inbound("bench", f"message {i}\n[attached {attachment.kind}: {attachment.name}]",
                                            platform_message_id=str(i))
             await media.keep(sent.id, [attachment])
-            await db.append_messages("bench", [{"role": "assistant", "content": f"answer {i}"}])
+            await db.messages.append_many("bench", [{"role": "assistant", "content": f"answer {i}"}])
         await db.checkpoint("TRUNCATE")
     took = time.perf_counter() - started
     size = (home / "state.db").stat().st_size

@@ -86,7 +86,7 @@ async def run(home: Path, runs: int, users: int, seed: int) -> None:
                 "SELECT DISTINCT source, user_id FROM sessions WHERE source IN ('telegram', 'discord', 'slack')"
                 " ORDER BY source, user_id")]
             conn.close()
-            print(f"store: {await gw.db.message_count():,} messages, {await gw.db.session_count():,} sessions, "
+            print(f"store: {await gw.db.messages.count():,} messages, {await gw.db.sessions.count():,} sessions, "
                   f"{len(accounts)} accounts ({users} users x platforms)\n")
             all_ms: list[float] = []
             print(f"{'query':<22} {'scope':<9} {'p50 ms':>8} {'p95 ms':>8} {'sessions':>9} {'empty':>6}")

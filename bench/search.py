@@ -25,7 +25,7 @@ Then it checks that both designs find exactly the same messages (whole match
 sets, not just the top 20) for those queries and a few more from the issue.
 
 With ``--url`` or ``--pg`` (``bench._pg``): the same queries through
-``SessionDB.search_messages`` on a PostgreSQL database of the same messages (same ids),
+``db.search.messages`` on a PostgreSQL database of the same messages (same ids),
 p50/p95, and whether PostgreSQL finds the same whole match sets as SQLite.
 """
 
@@ -134,12 +134,12 @@ def report_pg(server: str, n: int, runs: int, ours) -> None:
         return set(db._engine.read(search.matching_ids, search.parse(q), limit=10**9))
 
     try:
-        print(f"\nPostgreSQL: SessionDB.search_messages over {n:,} messages, limit 20, warm cache "
+        print(f"\nPostgreSQL: db.search.messages over {n:,} messages, limit 20, warm cache "
               f"({runs} runs; p50 / p95 in ms)")
         worst = 0.0
         for label, q in [*QUERIES.items(), ("1-2 CJK characters", "日志"), ("1 CJK character", "库"),
                          *MIXED_QUERIES.items()]:
-            p50, p95, _ = timed(lambda: db.search_messages(q, limit=20), runs)  # noqa: B023 - called within this iteration
+            p50, p95, _ = timed(lambda: db.search.messages(q, limit=20), runs)  # noqa: B023 - called within this iteration
             worst = max(worst, p95)
             print(f"  {label:20} {q!r:28} {len(matches(q)):9,} matches  p50 {p50 * 1e3:7.1f}  p95 {p95 * 1e3:7.1f}")
         print(f"  worst p95 on PostgreSQL: {worst * 1e3:.1f} ms (target <= 50 ms)")

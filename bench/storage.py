@@ -1,4 +1,4 @@
-"""``switchboard storage`` and the integrity guard: how long ``SessionDB.storage_report`` and ``PRAGMA
+"""``switchboard storage`` and the integrity guard: how long ``db.storage.report`` and ``PRAGMA
 quick_check`` take on a SQLite store of N messages.
 
     .venv/bin/python bench/storage.py                      # 200,000 messages in 2,000 sessions
@@ -58,7 +58,7 @@ def main() -> None:
         with SessionDB(path) as db:
             for _ in range(args.repeat):
                 t = time.perf_counter()
-                report = db.storage_report()
+                report = db.storage.report()
                 times.append(time.perf_counter() - t)
         print(f"storage_report: median {statistics.median(times):.2f} s, max {max(times):.2f} s over {len(times)} runs; "
               f"{len(report.objects)} tables and indexes, text {report.text_bytes / 2**20:.1f} MiB, "

@@ -83,8 +83,8 @@ async def _overhead(label: str, server, n: int) -> None:
 async def _journal(home: str, n: int) -> None:
     db = await AsyncSessionDB.open(Path(home) / "state.db")
     try:
-        await db.create_session("s", "bench")
-        message_id = await db.append_message("s", "user", "use the tools")
+        await db.sessions.create("s", "bench")
+        message_id = await db.messages.append("s", "user", "use the tools")
         journal = TurnJournal(db, (message_id,), "s", None)
         step = {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "stdio__echo", "arguments": '{"text": "ping"}'}}]}

@@ -73,7 +73,7 @@ async def _writer(db, sid: str, interval: float, stop: asyncio.Event, writes: li
     i = 0
     while not stop.is_set():
         t = time.perf_counter()
-        await db.append_message(sid, "user", f"live message {i} while the store keeps itself in check")
+        await db.messages.append(sid, "user", f"live message {i} while the store keeps itself in check")
         writes.append((t, time.perf_counter() - t))
         i += 1
         await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t)))
@@ -126,7 +126,7 @@ async def run(args) -> None:
     print(f"Upkeep over {messages:,} messages in {sessions:,} sessions, half past retention_days: 1; "
           f"database + WAL {_mib(size_before)}\n")
     async with await state.AsyncSessionDB.open(work) as db:
-        await db.create_session("live", "telegram")
+        await db.sessions.create("live", "telegram")
         quiet: list[tuple[float, float]] = []
         stop = asyncio.Event()
         writer = asyncio.create_task(_writer(db, "live", args.interval / 1000, stop, quiet))

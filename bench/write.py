@@ -11,11 +11,11 @@ session's counter, ``COMMIT``; WAL, ``synchronous=NORMAL``) timed one by one.
 The appended rows are deleted afterwards so the next run starts from the same
 database.  Prints messages/s, p50/p99 append latency and file size per
 million messages, with where the bytes go.  When ``state.SessionDB`` exists,
-the same appends through ``SessionDB.append_message`` are measured too.
+the same appends through ``db.messages.append`` are measured too.
 
 With ``--url`` or ``--pg`` (``bench._pg``), the same appends go to a PostgreSQL database of
 the same messages: as plain transactions (insert, bump the counter, commit) and through
-``SessionDB.append_message`` (a serializable transaction from the pool), with the
+``db.messages.append`` (a serializable transaction from the pool), with the
 database's size per million messages.
 """
 
@@ -109,12 +109,12 @@ def measure_sessiondb(path: Path, appends: int) -> dict | None:
     import json
 
     for s in corpus.sessions:
-        db.create_session(session_id=s.id, source=s.source, model=s.model)
+        db.sessions.create(session_id=s.id, source=s.source, model=s.model)
     lat = []
     t0 = time.perf_counter()
     for sid, role, content, tool_calls, tool_name, _ts in rows:
         t = time.perf_counter()
-        db.append_message(sid, role=role, content=content,
+        db.messages.append(sid, role=role, content=content,
                           tool_calls=json.loads(tool_calls) if tool_calls else None, tool_name=tool_name)
         lat.append(time.perf_counter() - t)
     elapsed = time.perf_counter() - t0
@@ -125,7 +125,7 @@ def measure_sessiondb(path: Path, appends: int) -> dict | None:
 
 
 def measure_pg(url: str, appends: int) -> tuple[dict, dict]:
-    """Plain single-message transactions, then ``SessionDB.append_message``, on PostgreSQL."""
+    """Plain single-message transactions, then ``db.messages.append``, on PostgreSQL."""
     import json
 
     import psycopg
@@ -155,7 +155,7 @@ def measure_pg(url: str, appends: int) -> tuple[dict, dict]:
     t0 = time.perf_counter()
     for sid, role, content, tool_calls, tool_name, _ts in rows[appends // 2:]:
         t = time.perf_counter()
-        db.append_message(sid, role=role, content=content,
+        db.messages.append(sid, role=role, content=content,
                           tool_calls=json.loads(tool_calls) if tool_calls else None, tool_name=tool_name)
         lat.append(time.perf_counter() - t)
     through = {"rate": len(lat) / (time.perf_counter() - t0), "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)}
@@ -174,7 +174,7 @@ def report_pg(server: str, n: int, appends: int) -> None:
     print(f"\nPostgreSQL ({n:,} messages, {appends // 2:,} appends each way):")
     print(f"  plain transactions (insert, bump the counter, commit): {plain['rate']:,.0f} msgs/s, "
           f"p50 {plain['p50'] * 1000:.2f} ms, p99 {plain['p99'] * 1000:.2f} ms")
-    print(f"  through SessionDB.append_message: {through['rate']:,.0f} msgs/s, "
+    print(f"  through db.messages.append: {through['rate']:,.0f} msgs/s, "
           f"p50 {through['p50'] * 1000:.2f} ms, p99 {through['p99'] * 1000:.2f} ms")
     print(f"  size: {sum(parts.values()) * per_m / MB:,.0f} MB per 1M messages")
     for key, size in sorted(parts.items(), key=lambda kv: -kv[1]):
@@ -222,7 +222,7 @@ def main(argv=None) -> None:
             print(f"  {key:28} {size * per_m / MB:9,.0f}")
     sdb = measure_sessiondb(_stores.path_for("ours", args.messages), args.appends)
     if sdb:
-        print(f"\nours through SessionDB.append_message: {sdb['rate']:,.0f} msgs/s, "
+        print(f"\nours through db.messages.append: {sdb['rate']:,.0f} msgs/s, "
               f"p50 {sdb['p50'] * 1000:.2f} ms, p99 {sdb['p99'] * 1000:.2f} ms")
     with _pg.server(args) as server:
         if server is not None:

@@ -14,7 +14,7 @@ that reach the parent while the summary is being written are carried over
 after the tail: the store refuses a split planned from an older read
 (``SessionChangedMeanwhile.new_messages``), and the split is planned again
 with them (the summary still covers the same middle).  They belong to the
-turns that answer them (``state.SessionDB.continued_conversation`` leads
+turns that answer them (``db.compression.continued_conversation`` leads
 those turns to the child), not to the one compressing: its history is the
 child's first ``CompressionResult.kept`` messages.
 
@@ -144,12 +144,12 @@ async def compress_session(
     messages meanwhile); in all three cases nothing was written.  ``state.SessionNotFound`` when
     there is no such session.
     """
-    parent = await db.get_session(session_id)
+    parent = await db.sessions.get(session_id)
     if parent is None:
         raise SessionNotFound(session_id)
     if parent.get("ended_at") is not None:
         raise SessionChanged(session_id, f"was already ended ({parent.get('end_reason') or 'no reason'})")
-    stored = await db.get_messages(session_id)
+    stored = await db.messages.get(session_id)
     # Planning and the request are pure CPU (a few ms for hundreds of messages,
     # more with huge tool results): off the event loop, so other chats go on.
     answering = stored if upto is None else stored[:upto]
@@ -178,7 +178,7 @@ async def compress_session(
     late = stored[len(answering):]  # stored after the caller's history was read: carried over after the tail
     for attempt in range(MAX_REPLANS + 1):
         try:
-            split = await db.split_session(session_id, copied + [_copy(m) for m in late],
+            split = await db.compression.split(session_id, copied + [_copy(m) for m in late],
                                            expected_message_ids=known, session_key=session_key,
                                            end_reason=END_REASON)
             break
@@ -186,7 +186,7 @@ async def compress_session(
             if not exc.new_messages or attempt == MAX_REPLANS:
                 raise SessionChanged(session_id, exc.reason) from exc
         # A turn stored messages meanwhile: they follow the tail (the summary still covers the same middle).
-        now = await db.get_messages(session_id)
+        now = await db.messages.get(session_id)
         if not set(known) <= {m["id"] for m in now}:
             raise SessionChanged(session_id, "lost messages")
         seen = set(known)

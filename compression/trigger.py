@@ -130,7 +130,7 @@ async def prepare_history(
             level = logging.WARNING if isinstance(exc, CompressionFailed) else logging.INFO
             log.log(level, "session %s not compressed: %s", session_id, exc)
         else:
-            child = await db.get_messages_as_conversation(result.new_session_id)
+            child = await db.messages.as_conversation(result.new_session_id)
             # only what stands for ``history``: messages stored since are answered by their own turns
             child = child[:result.kept] if result.kept else child
             fitted, dropped = fit_to_window(child, context_length - overhead_tokens, reserve_tokens=reserve_tokens)

@@ -73,7 +73,7 @@ class Authorizer:
             return Verdict(False)
         if self.allowed_by_config(msg.platform, msg.user_id):
             return Verdict(True)
-        if await self.db.is_user_approved(msg.platform, msg.user_id):
+        if await self.db.pairing.is_approved(msg.platform, msg.user_id):
             return Verdict(True)
         if msg.chat_type is not ChatType.DM or self.settings.unauthorized_dm != "pair":
             log.info("ignored a message from unknown %s user %s", msg.platform, msg.user_id)
@@ -85,7 +85,7 @@ class Authorizer:
         who = (msg.platform, user_id)
         if now - self._last_reply.get(who, -1e18) < REPLY_EVERY_SECONDS:
             return None  # rate-limited: one answer per stranger per window
-        request = await self.db.request_pairing(
+        request = await self.db.pairing.request(
             msg.platform, user_id, msg.user_name, new_code(), now=now, ttl=CODE_TTL_SECONDS,
             max_pending=MAX_PENDING_PER_PLATFORM,
         )

@@ -177,7 +177,7 @@ class BudgetGate:
         if (platform is None or user_id is None) and ctx.session_id:
             known = self._sessions.get(ctx.session_id)
             if known is None:
-                session = await self.db.get_session(ctx.session_id)
+                session = await self.db.sessions.get(ctx.session_id)
                 known = (session.get("source"), session.get("user_id")) if session else (None, None)
                 self._sessions[ctx.session_id] = known
                 if len(self._sessions) > SESSIONS_REMEMBERED:

@@ -143,11 +143,11 @@ async def cmd_new(ctx: CommandContext) -> str:
         title = ctx.db.sanitize_title(ctx.command.args)
     except state.InvalidTitle as exc:
         return f"No new session started: the title is not valid ({exc})."
-    holder = await ctx.db.get_session_by_title(title) if title else None
+    holder = await ctx.db.titles.session(title) if title else None
     if title and holder is not None:
         return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
-    await ctx.db.end_session(old, "new_session")
+    await ctx.db.sessions.end(old, "new_session")
     ctx.router.session_ended(old, ctx.lane.key)  # persistent memory: keep what matters, in the background
     await ctx.router.release_held(ctx.lane, old)
     new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
@@ -156,7 +156,7 @@ async def cmd_new(ctx: CommandContext) -> str:
     named = ""
     if title:
         try:
-            await ctx.db.set_session_title(new_id, title)
+            await ctx.db.titles.set(new_id, title)
             named = f' "{title}"'
         except state.TitleConflict as exc:  # taken in the meantime: the session starts untitled
             return (f"Started a new session, untitled: {await _title_taken(ctx, exc.title, exc.holder_session_id)} "
@@ -166,7 +166,7 @@ async def cmd_new(ctx: CommandContext) -> str:
 
 async def _title_taken(ctx: CommandContext, title: str, holder_id: str) -> str:
     """The line for a title already in use: the holder is named only when it is one of the user's own."""
-    holder = await ctx.db.get_session(holder_id)
+    holder = await ctx.db.sessions.get(holder_id)
     if holder is not None and _owned_by(holder, ctx.ticket.msg):
         return f'The title "{title}" is already used by your session {holder_id}. Choose another.'
     return f'The title "{title}" is already taken. Choose another.'
@@ -178,22 +178,22 @@ def _owned_by(session: dict, msg) -> bool:
 
 async def cmd_title(ctx: CommandContext) -> str:
     if not ctx.command.args:
-        title = await ctx.db.get_session_title(ctx.session_id)
+        title = await ctx.db.titles.get(ctx.session_id)
         return f"Session title: {title}" if title else "This session has no title. Set one with /title <name>."
     try:
-        await ctx.db.set_session_title(ctx.session_id, ctx.command.args)
+        await ctx.db.titles.set(ctx.session_id, ctx.command.args)
     except state.TitleConflict as exc:
         return await _title_taken(ctx, exc.title, exc.holder_session_id)
     except state.StateError as exc:
         return f"Title not set: {exc}"
-    title = await ctx.db.get_session_title(ctx.session_id)
+    title = await ctx.db.titles.get(ctx.session_id)
     if title is None:
         return "Session title cleared."
     return f"Session title set: {title}"
 
 
 async def cmd_status(ctx: CommandContext) -> str:
-    s = await ctx.db.get_session(ctx.session_id)
+    s = await ctx.db.sessions.get(ctx.session_id)
     if s is None:  # deleted meanwhile (sessions delete, prune)
         return "This session no longer exists; your next message starts a new one."
     context_length = ctx.router.context_length
@@ -212,17 +212,17 @@ async def _own_sessions(ctx: CommandContext, limit: int = 10) -> list[dict]:
     msg = ctx.ticket.msg
     if msg.user_id is None:
         return []
-    rows = await ctx.db.list_sessions_rich(source=msg.platform, limit=limit * 3, user_ids=[msg.user_id])
+    rows = await ctx.db.sessions.list_rich(source=msg.platform, limit=limit * 3, user_ids=[msg.user_id])
     return rows[:limit]
 
 
 async def _find_own(ctx: CommandContext, ref: str) -> tuple[str | None, list[str]]:
     """The id of the one session of the user's that ``ref`` names, or None with the candidate ids
-    when an id prefix fits several of theirs (see ``SessionDB.find_owned_session``)."""
+    when an id prefix fits several of theirs (see ``db.sessions.find_owned``)."""
     msg = ctx.ticket.msg
     if msg.user_id is None:
         return None, []
-    return await ctx.db.find_owned_session(ref, source=msg.platform, user_ids=[msg.user_id])
+    return await ctx.db.sessions.find_owned(ref, source=msg.platform, user_ids=[msg.user_id])
 
 
 async def cmd_sessions(ctx: CommandContext) -> str:
@@ -253,19 +253,19 @@ async def cmd_resume(ctx: CommandContext) -> str:
         return f'More than one of your sessions matches "{ref}": {shown}. Give more of the id.'
     if found is None:
         return f'No session of yours matches "{ref}". /resume alone lists yours.'
-    target = await ctx.db.get_compression_tip(found) or found
-    session = await ctx.db.get_session(target)
+    target = await ctx.db.sessions.compression_tip(found) or found
+    session = await ctx.db.sessions.get(target)
     if session is None or not _owned_by(session, ctx.ticket.msg):
-        target, session = found, await ctx.db.get_session(found)
+        target, session = found, await ctx.db.sessions.get(found)
     if session is None:  # deleted meanwhile (sessions delete, prune)
         return f'Session {found} no longer exists. /resume alone lists yours.'
     if target == ctx.session_id:
         return "That is the current session."
-    await ctx.db.end_session(ctx.session_id, "switched")
+    await ctx.db.sessions.end(ctx.session_id, "switched")
     await ctx.router.release_held(ctx.lane, ctx.session_id)
     if session.get("ended_at") is not None:
-        await ctx.db.reopen_session(target)
-    await ctx.db.set_route(ctx.lane.key, target)
+        await ctx.db.sessions.reopen(target)
+    await ctx.db.routes.set(ctx.lane.key, target)
     ctx.ticket.session_id = target
     ctx.lane.last_prompt_tokens = None
     return f"Resumed {_label(session)} ({target}, {session.get('message_count', 0)} messages)."
@@ -335,7 +335,7 @@ async def cmd_usage(ctx: CommandContext) -> str:
     lines = ["Your usage (the model calls made for your sessions here):"]
     for days in (7, 30):
         since, dates = window(days, ctx.router.clock())
-        t = summarize(await ctx.db.usage_report(since, "day", platform=msg.platform, user_id=msg.user_id),
+        t = summarize(await ctx.db.usage.report(since, "day", platform=msg.platform, user_id=msg.user_id),
                       dates).total.totals
         lines.append(f"Last {days} days: {t.calls:,} call{'s' if t.calls != 1 else ''} · "
                      f"{t.input_tokens:,} uncached input tokens · {t.cached_input_tokens:,} cached input tokens · "

@@ -408,7 +408,7 @@ class SessionRouter:
                      record["id"], len(adopted))
 
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
-            await self.db.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
+            await self.db.recovery.begin_streamed_delivery(plan, session_id=session_id, sent_ids=list(message_ids))
 
         drafts: DraftOutput = _TrustedDrafts(out.drafts, claim)
         return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted,
@@ -594,7 +594,7 @@ class SessionRouter:
             else:
                 # the common case in one store call: the routed session is open and fresh, so the
                 # message is stored in it at once; otherwise nothing was written and the policy decides
-                session, appended = await self.db.append_inbound_to_route(
+                session, appended = await self.db.messages.append_inbound_to_route(
                     key, _stored_text(msg, self._hears), platform_message_id=msg.message_id, keep=self._keeps_session(msg, lane),
                     inbox=inbox, pending=claimed)
                 if appended is not None and session is not None:  # stored: the session is the routed one
@@ -625,7 +625,7 @@ class SessionRouter:
                 lane.queue.append(("request", ticket, None))
             else:
                 if appended is None:
-                    appended = await self.db.append_inbound(
+                    appended = await self.db.messages.append_inbound(
                         session_id, _stored_text(msg, self._hears), platform_message_id=msg.message_id, inbox=inbox,
                         pending=claimed,
                     )
@@ -663,21 +663,21 @@ class SessionRouter:
         """Store a request's message in its session when its turn starts; None when a retry finds it
         stored and answered already (same ``message_id``, the Idempotency-Key)."""
         msg = ticket.msg
-        routed = await self.db.get_routed_session(ticket.session_key)
+        routed = await self.db.routes.session(ticket.session_key)
         if routed is not None and routed.get("ended_at") is None:
             ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
         text = _stored_text(msg, self._hears)
         if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
-            messages = await self.db.get_messages(ticket.session_id)
+            messages = await self.db.messages.get(ticket.session_id)
             if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == text:
                 ticket.message_id = messages[-1]["id"]
                 return ticket.session_id
-        appended = await self.db.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
+        appended = await self.db.messages.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
         ticket.message_id = appended.id  # the answering turn's reply is placed right after it
         if appended.new:
             await self._keep_media(ticket)
             return ticket.session_id
-        messages = await self.db.get_messages(ticket.session_id)
+        messages = await self.db.messages.get(ticket.session_id)
         at = next((i for i, m in enumerate(messages) if m["id"] == appended.id), len(messages))
         answered = any(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")
                        for m in messages[at + 1:])
@@ -709,7 +709,7 @@ class SessionRouter:
 
     async def _active_session(self, key: str, msg: InboundMessage, lane: Lane) -> tuple[str, str | None]:
         """The key's session after applying the reset policy; creates one when needed.  Lane lock held."""
-        return await self._apply_policy(key, msg, lane, await self.db.get_routed_session(key))
+        return await self._apply_policy(key, msg, lane, await self.db.routes.session(key))
 
     async def _apply_policy(self, key: str, msg: InboundMessage, lane: Lane,
                             session: dict | None) -> tuple[str, str | None]:
@@ -726,7 +726,7 @@ class SessionRouter:
                 return session_id, None
             if self.hooks.work_elsewhere is not None and await self.hooks.work_elsewhere(session_id):
                 return session_id, None  # its turn runs (or waits) on another instance: never reset under it
-            await self.db.end_session(session_id, reason)
+            await self.db.sessions.end(session_id, reason)
             self.session_ended(session_id, key)
             await self.release_held(lane, session_id)
             previous = (session, reason, policy)
@@ -752,7 +752,7 @@ class SessionRouter:
         lane.held = [t for t in lane.held if t.session_id != session_id]
         inbox = [t.inbox_id for t in released if t.inbox_id is not None]
         if inbox:
-            await self.db.settle_inbox(inbox, None, session_id=session_id)
+            await self.db.recovery.settle_inbox(inbox, None, session_id=session_id)
         log.info("released %d held-back message(s) of %s: the session ended", len(released), session_id)
 
     def session_ended(self, session_id: str, key: str) -> None:
@@ -767,19 +767,19 @@ class SessionRouter:
                             reason: str | None = None) -> str:
         """Create a session for ``key`` and point the route at it.  Lane lock held by the caller."""
         session_id = state.new_session_id()
-        await self.db.create_session(
+        await self.db.sessions.create(
             session_id, msg.platform, model=self.settings.model_name, user_id=msg.user_id,
             session_key=key, user_name=msg.user_name, system_prompt=self.turn.settings.persona,
         )
         if follows is not None:
             title = f' "{follows["title"]}"' if follows.get("title") else ""
             why = {"idle": "it was idle", "daily": "of the daily reset"}.get(reason or "", reason or "the user asked")
-            await self.db.append_message(
+            await self.db.messages.append(
                 session_id, "system",
                 f"[Session note] This conversation continues from session {follows['id']}{title}, "
                 f"which ended because {why}. Its history is not shown here; the user can return to it with /resume.",
             )
-        await self.db.set_route(key, session_id)
+        await self.db.routes.set(key, session_id)
         return session_id
 
     # -- the lane worker ------------------------------------------------------
@@ -803,7 +803,7 @@ class SessionRouter:
                     batch = [t for t in lane.held if t.session_id == ticket.session_id] + batch
                     lane.held = []
                     # a compression may have moved the conversation to a child since these were stored
-                    session_id, history = await self.db.continued_conversation(batch[-1].session_id,
+                    session_id, history = await self.db.compression.continued_conversation(batch[-1].session_id,
                                                                                upto=batch[-1].message_id)
                     for t in batch:
                         t.session_id = session_id
@@ -820,11 +820,11 @@ class SessionRouter:
                         continue
                     ticket.session_id = session_id
                     batch = [ticket]
-                    history = await self.db.get_messages_as_conversation(session_id)
+                    history = await self.db.messages.as_conversation(session_id)
                 elif kind == "claimed":
                     claim, done = ticket
                     try:
-                        rows, history = await self.db.unanswered_with_history(claim.session_id)
+                        rows, history = await self.db.messages.unanswered_with_history(claim.session_id)
                     except BaseException as exc:
                         _settle_future(done, exc)
                         raise
@@ -889,7 +889,7 @@ class SessionRouter:
             return
         ticket.message_id = stored  # the continued answer is placed right after the call's result
         ticket.records_reply = self.has_output(ticket.msg.platform)
-        session_id, history = await self.db.continued_conversation(ticket.session_id, upto=stored)
+        session_id, history = await self.db.compression.continued_conversation(ticket.session_id, upto=stored)
         ticket.session_id = session_id
         await self._run_turn(lane, [ticket], history)
 
@@ -919,10 +919,10 @@ class SessionRouter:
         left the work undone (the session stays pending for another instance)."""
         if self._closing:
             return False
-        rows = [row for row in await self.db.unanswered_messages(claim.session_id)
+        rows = [row for row in await self.db.recovery.unanswered(claim.session_id)
                 if row["platform"] in self._senders]
         # replies stored under an earlier lease whose holder stopped before confirming the send
-        records = [record for record in await self.db.pending_deliveries(claim.session_id)
+        records = [record for record in await self.db.recovery.pending_deliveries(claim.session_id)
                    if record["platform"] in self._senders]
         key = rows[-1]["session_key"] if rows else next((r["session_key"] for r in records if r.get("session_key")),
                                                          None)
@@ -1269,7 +1269,7 @@ class SessionRouter:
                              claim: TurnGuard = SINGLE_INSTANCE) -> bool:
         """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
         try:
-            await self.db.record_turn(session_id, [{"role": "assistant", "content": record["text"],
+            await self.db.messages.record_turn(session_id, [{"role": "assistant", "content": record["text"],
                                                     "finish_reason": "stopped"}], answered=answered, delivery=record,
                                       fence=claim.fence)
             return True
@@ -1291,7 +1291,7 @@ class SessionRouter:
             delivery = await finish_streamed(drafts, chat, record["sent_ids"], record["text"])
             status, error = _status_of(delivery), delivery.error
         try:
-            await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids) or record["sent_ids"],
+            await self.db.recovery.update_delivery(record["id"], sent_ids=list(delivery.message_ids) or record["sent_ids"],
                                           status=status, error=error)
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", record["id"], exc)
@@ -1310,7 +1310,7 @@ class SessionRouter:
         if not delivery.ok:
             log.error("streamed reply to %s:%s not delivered: %s", record["platform"], record["chat_id"], delivery.error)
         try:
-            await self.db.update_delivery(record["id"], sent_ids=list(delivery.message_ids),
+            await self.db.recovery.update_delivery(record["id"], sent_ids=list(delivery.message_ids),
                                           status=_status_of(delivery), error=delivery.error)
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", record["id"], exc)
@@ -1320,7 +1320,7 @@ class SessionRouter:
         """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store
         failed (or, under ``claim``, its lease was lost: then nothing may be sent either)."""
         try:
-            await self.db.settle_inbox(answered, delivery, session_id=session_id, fence=claim.fence)
+            await self.db.recovery.settle_inbox(answered, delivery, session_id=session_id, fence=claim.fence)
             return True
         except state.StateError as exc:
             if self._dropped(claim, exc, "the line standing in for an answer"):
@@ -1346,7 +1346,7 @@ class SessionRouter:
 
         async def note(sent_ids: list[str], last: bool) -> None:
             nonlocal finished
-            await self.db.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending")
+            await self.db.recovery.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending")
             finished = last
 
         chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
@@ -1356,7 +1356,7 @@ class SessionRouter:
         if not finished:
             status = _status_of(delivery)
             try:
-                await self.db.update_delivery(delivery_id, sent_ids=list(progress.sent_ids), status=status,
+                await self.db.recovery.update_delivery(delivery_id, sent_ids=list(progress.sent_ids), status=status,
                                               error=delivery.error)
             except state.StateError as exc:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)

@@ -260,7 +260,7 @@ class AgentTurn:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
         session_id = req.session_id
         if history is None:
-            history = await self.db.get_messages_as_conversation(
+            history = await self.db.messages.as_conversation(
                 session_id, upto=max(req.answered) if req.answered else None)
         notices: list[str] = []
         blocks = [self.system_prompt(req.platform)]
@@ -312,7 +312,7 @@ class AgentTurn:
         if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
             reply = f"{reply}\n\n{CUT_OFF_NOTE}"
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
-        stored = await self.db.record_turn(session_id, to_store, input_tokens=prompt_tokens,
+        stored = await self.db.messages.record_turn(session_id, to_store, input_tokens=prompt_tokens,
                                            output_tokens=completion_tokens, answered=req.answered, delivery=delivery,
                                            fence=req.fence)
         if journal is not None and journal.written:

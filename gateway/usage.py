@@ -160,7 +160,7 @@ class UsageRecorder:
             spends, self._spends = self._spends, []
             try:
                 if self.budgets is None:
-                    await self.db.record_model_calls(rows)
+                    await self.db.usage.record_calls(rows)
                 else:  # the ledger and the budgets' roll-up together: a budget never misses a recorded call
                     await self.db.budgets.record_calls(rows, spends)
             except Exception as exc:  # noqa: BLE001 - the ledger never fails a turn: logged, the rows are lost

@@ -2,13 +2,14 @@
 
     from state import SessionDB
     db = SessionDB()            # $SWITCHBOARD_HOME/state.db, ~/.switchboard by default
-    sid = db.create_session(new_session_id(), "telegram", model="gpt-4o")
-    db.append_message(sid, "user", "hello")
+    sid = db.sessions.create(new_session_id(), "telegram", model="gpt-4o")
+    db.messages.append(sid, "user", "hello")
 
 The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 ``state`` imports nothing from ``gateway``, ``adapters`` or ``compression``.
 """
 
+from ._fence import Fence
 from ._integrity import IntegrityChecker
 from ._messages import Appended
 from ._pg import mask_url, probe as probe_store
@@ -17,7 +18,7 @@ from ._storage import ObjectSize, SessionSize, StorageReport, TextSize
 from ._transfer import parse_jsonl
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
-from .db import Fence, SessionDB
+from .db import SessionDB
 from .errors import (
     AmbiguousSession,
     CronJobExists,

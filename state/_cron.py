@@ -26,6 +26,7 @@ from typing import Any, overload
 
 from . import _sessions
 from ._dialect import dialect_of
+from ._repo import Repository, reads, writes
 from .errors import CronJobExists, CronJobNotFound
 
 JOB_FIELDS = ("id", "name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds", "source",
@@ -354,3 +355,106 @@ def record_cron_delivery(conn: sqlite3.Connection, run_id: int, *, now: float, o
             " delivery_attempts = delivery_attempts + 1 WHERE id = ?",
             ("pending" if retry_at is not None else "failed", retry_at, error, run_id))
     return get_cron_run(conn, run_id)
+
+
+class CronJobs(Repository):
+    """``db.cron``: scheduled jobs, their runs and leases; times come from the caller's clock."""
+
+    @writes
+    def add_job(self, job: dict, *, source: str, now: float, next_run_at: float | None) -> dict:
+        """Store a new job (``job`` holds id and the editable fields); raises ``CronJobExists``."""
+        return self._engine.write(add_cron_job, dict(job), source=source, now=now, next_run_at=next_run_at)
+
+    @reads
+    def get_job(self, job_id: str) -> dict | None:
+        return self._engine.read(get_cron_job, job_id)
+
+    @reads
+    def list_jobs(self) -> list[dict]:
+        """Every job, by id, with ``last_status`` and ``last_started_at`` of its newest run."""
+        return self._engine.read(list_cron_jobs)
+
+    @writes
+    def update_job(self, job_id: str, changes: dict, *, now: float, next_run_at: Any = "keep") -> dict:
+        return self._engine.write(update_cron_job, job_id, dict(changes), now=now, next_run_at=next_run_at)
+
+    @writes
+    def set_paused(self, job_id: str, paused: bool, *, now: float, next_run_at: Any = "keep") -> dict:
+        return self._engine.write(set_cron_job_paused, job_id, paused, now=now, next_run_at=next_run_at)
+
+    @writes
+    def remove_job(self, job_id: str) -> bool:
+        """Delete the job with its history and lease; the sessions of its runs stay."""
+        return self._engine.write(remove_cron_job, job_id)
+
+    @writes
+    def sync_config_jobs(self, jobs: list[dict], *, now: float, remove_missing: bool = True) -> dict:
+        """Make the table's ``config`` jobs match ``jobs``; returns {added, changed, removed}."""
+        return self._engine.write(sync_config_cron_jobs, [dict(j) for j in jobs], now=now,
+                                  remove_missing=remove_missing)
+
+    @writes
+    def begin_run(self, job_id: str, *, holder: str, now: float, lease_seconds: float, trigger: str,
+                  scheduled_at: float | None, deliver: str | None, expect_next_run_at: Any = "any",
+                  next_run_at: Any = "keep", note: str | None = None) -> dict:
+        """Take the job's lease and record a running run in one transaction (see ``state._cron``)."""
+        return self._engine.write(
+            begin_cron_run, job_id, holder=holder, now=now, lease_seconds=lease_seconds, trigger=trigger,
+            scheduled_at=scheduled_at, deliver=deliver, expect_next_run_at=expect_next_run_at,
+            next_run_at=next_run_at, note=note,
+        )
+
+    @writes
+    def skip_run(self, job_id: str, *, now: float, scheduled_at: float | None, reason: str,
+                 expect_next_run_at: float | None, next_run_at: float | None) -> dict | None:
+        return self._engine.write(skip_cron_run, job_id, now=now, scheduled_at=scheduled_at, reason=reason,
+                                  expect_next_run_at=expect_next_run_at, next_run_at=next_run_at)
+
+    @writes
+    def renew_lease(self, job_id: str, holder: str, *, now: float, lease_seconds: float) -> bool:
+        return self._engine.write(renew_cron_lease, job_id, holder, now=now, lease_seconds=lease_seconds)
+
+    @reads
+    def get_lease(self, job_id: str) -> dict | None:
+        return self._engine.read(get_cron_lease, job_id)
+
+    @writes
+    def set_run_session(self, run_id: int, session_id: str) -> None:
+        return self._engine.write(set_cron_run_session, run_id, session_id)
+
+    @writes
+    def finish_run(self, run_id: int, *, holder: str, now: float, status: str, session_id: str | None = None,
+                   output: str | None = None, error: str | None = None, delivery: str | None = None,
+                   next_delivery_at: float | None = None) -> dict | None:
+        """Record the run's end and release the lease; None when the job was removed meanwhile."""
+        return self._engine.write(
+            finish_cron_run, run_id, holder=holder, now=now, status=status, session_id=session_id,
+            output=output, error=error, delivery=delivery, next_delivery_at=next_delivery_at,
+        )
+
+    @reads
+    def get_run(self, run_id: int) -> dict | None:
+        return self._engine.read(get_cron_run, run_id)
+
+    @reads
+    def list_runs(self, job_id: str | None = None, limit: int = 20) -> list[dict]:
+        """Newest first."""
+        return self._engine.read(list_cron_runs, job_id, limit)
+
+    @writes
+    def reap_runs(self, *, now: float) -> list[dict]:
+        """Runs left running by a process that died (lease expired) become errors."""
+        return self._engine.write(reap_cron_runs, now=now)
+
+    @reads
+    def due_deliveries(self, *, now: float, limit: int = 50) -> list[dict]:
+        return self._engine.read(due_cron_deliveries, now=now, limit=limit)
+
+    @writes
+    def claim_delivery(self, run_id: int, *, now: float, hold_seconds: float) -> dict | None:
+        return self._engine.write(claim_cron_delivery, run_id, now=now, hold_seconds=hold_seconds)
+
+    @writes
+    def record_delivery(self, run_id: int, *, now: float, ok: bool, error: str | None = None,
+                        retry_at: float | None = None) -> dict | None:
+        return self._engine.write(record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)

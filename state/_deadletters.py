@@ -18,6 +18,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from ._repo import Repository, reads, writes
+
 STATUSES = ("held", "retry", "retried", "dropped")
 _OPEN = ("held", "retry")  # still waiting for an operator or a replay
 
@@ -97,3 +99,40 @@ def _check_status(status: str) -> None:
 
 def _marks(values: tuple) -> str:
     return ", ".join("?" * len(values))
+
+
+class DeadLetters(Repository):
+    """``db.dead_letters``: events set aside after failing again and again, for an operator to retry or drop."""
+
+    @writes
+    def add(self, *, platform: str, event_id: str | None, payload: str, message: str | None,
+            error: str, attempts: int = 1) -> int:
+        """Set an event aside (``payload`` and ``message`` are JSON, secrets already masked); returns its id."""
+        return self._engine.write(add_dead_letter, platform=platform, event_id=event_id,
+                                  payload=payload, message=message, error=error, attempts=attempts)
+
+    @reads
+    def get(self, dead_letter_id: int) -> dict | None:
+        return self._engine.read(get_dead_letter, dead_letter_id)
+
+    @reads
+    def due_for_retry(self, limit: int = 20) -> list[dict]:
+        """Dead letters an operator marked for replay, oldest first."""
+        return self._engine.read(due_for_retry, limit)
+
+    @writes
+    def set_status(self, dead_letter_id: int, status: str, *, only_from: tuple[str, ...] | None = None,
+                   error: str | None = None, failed_attempt: bool = False) -> bool:
+        """Move a dead letter to ``status`` (held, retry, retried, dropped), only from ``only_from`` when
+        given; False when no row moved."""
+        return self._engine.write(set_dead_letter_status, dead_letter_id, status, only_from=only_from,
+                                  error=error, failed_attempt=failed_attempt)
+
+    @reads
+    def count(self, status: str = "held") -> int:
+        return self._engine.read(count_dead_letters, status)
+
+    @reads
+    def list(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
+        """Dead letters, newest first (only those in ``status`` when given)."""
+        return self._engine.read(list_dead_letters, status=status, limit=limit)

@@ -26,6 +26,7 @@ import sqlite3
 from typing import Iterable
 
 from ._dialect import dialect_of
+from ._repo import Repository, reads, writes
 from .search import search_index
 
 FACT_FIELDS = ("id", "agent", "user_scope", "content", "entities", "session_id", "trust", "created_at",
@@ -235,3 +236,96 @@ def sessions_awaiting_facts(conn: sqlite3.Connection, *, since: float, now: floa
 def extraction_of(conn: sqlite3.Connection, session_id: str) -> dict | None:
     row = conn.execute("SELECT * FROM fact_extractions WHERE session_id = ?", (session_id,)).fetchone()
     return dict(row) if row else None
+
+
+class Facts(Repository):
+    """``db.facts``: facts per (agent, user scope), the once-per-session extraction claim and the
+    per-chat prefetch switch; times come from the caller."""
+
+    @writes
+    def add(self, agent: str, user_scope: str, content: str, entities: list[str], *, session_id: str | None,
+            trust: float, now: float, hrr: bytes | None) -> int:
+        """Store a fact; returns its id."""
+        return self._engine.write(add_fact, agent, user_scope, content, list(entities),
+                                  session_id=session_id, trust=trust, now=now, hrr=hrr)
+
+    @writes
+    def add_many(self, agent: str, user_scope: str, rows: list[dict], *, now: float) -> list[int]:
+        """Store several facts in one transaction (dicts: content, entities, session_id, trust, hrr)."""
+        return self._engine.write(add_facts, agent, user_scope, [dict(r) for r in rows], now=now)
+
+    @writes
+    def confirm(self, fact_id: int, *, now: float, trust_step: float) -> dict | None:
+        """Seen again: trust up by ``trust_step`` (at most 1.0), last-confirmed ``now``."""
+        return self._engine.write(confirm_fact, fact_id, now=now, trust_step=trust_step)
+
+    @writes
+    def contradict(self, fact_id: int, *, factor: float, superseded_by: int | None = None) -> dict | None:
+        """The user said otherwise: trust times ``factor``; ``superseded_by`` hides it behind its correction."""
+        return self._engine.write(contradict_fact, fact_id, factor=factor, superseded_by=superseded_by)
+
+    @writes
+    def delete(self, agent: str, user_scope: str, fact_id: int) -> bool:
+        return self._engine.write(delete_fact, agent, user_scope, fact_id)
+
+    @writes
+    def claim_extraction(self, session_id: str, *, now: float) -> bool:
+        """True for the first caller only (each ended session is extracted once)."""
+        return self._engine.write(claim_extraction, session_id, now=now)
+
+    @writes
+    def finish_extraction(self, session_id: str, *, added: int, confirmed: int) -> None:
+        return self._engine.write(finish_extraction, session_id, added=added, confirmed=confirmed)
+
+    @writes
+    def release_extraction(self, session_id: str) -> None:
+        """A failed extraction gives its claim back, so a later attempt may run."""
+        return self._engine.write(release_extraction, session_id)
+
+    @reads
+    def extraction(self, session_id: str) -> dict | None:
+        return self._engine.read(extraction_of, session_id)
+
+    @reads
+    def sessions_awaiting(self, *, since: float, now: float, min_messages: int = 4, limit: int = 200) -> list[str]:
+        """Ended sessions (since ``since``, with a user, not cron) whose facts were never extracted."""
+        return self._engine.read(sessions_awaiting_facts, since=since, now=now, min_messages=min_messages,
+                                 limit=limit)
+
+    @writes
+    def set_prefetch(self, session_key: str, on: bool, *, now: float) -> None:
+        return self._engine.write(set_facts_prefetch, session_key, on, now=now)
+
+    @reads
+    def prefetch_enabled(self, session_key: str) -> bool | None:
+        """The chat's prefetch choice; None when never set."""
+        return self._engine.read(facts_prefetch_enabled, session_key)
+
+    @reads
+    def prefetch_candidates(self, session_key: str, default_on: bool, agent: str, user_scope: str,
+                            terms: list[str], *, limit: int) -> list[dict]:
+        """:meth:`candidates` for a turn's prefetch, in the same read as the chat's choice: none when
+        the chat turned prefetch off (or never chose and ``default_on`` is False)."""
+        return self._engine.read(prefetch_candidates, session_key, default_on, agent, user_scope, list(terms),
+                                 limit=limit)
+
+    @reads
+    def get(self, fact_id: int) -> dict | None:
+        return self._engine.read(get_fact, fact_id)
+
+    @reads
+    def candidates(self, agent: str, user_scope: str, terms: list[str], *, limit: int,
+                   include_superseded: bool = False, window: int = RECALL_WINDOW) -> list[dict]:
+        """Facts of the scope matching any term, best BM25 among its newest ``window`` matches first,
+        with ``hrr`` and ``fts_rank``."""
+        return self._engine.read(fact_candidates, agent, user_scope, list(terms), limit=limit,
+                                 include_superseded=include_superseded, window=window)
+
+    @reads
+    def count(self, agent: str, user_scope: str) -> int:
+        return self._engine.read(fact_count, agent, user_scope)
+
+    @reads
+    def list(self, agent: str, user_scope: str, *, limit: int = 20, include_superseded: bool = False) -> list[dict]:
+        """Most recently confirmed first."""
+        return self._engine.read(list_facts, agent, user_scope, limit=limit, include_superseded=include_superseded)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import inspect
 from pathlib import Path
 
@@ -93,9 +94,29 @@ def _coroutine(fn: ast.FunctionDef) -> str:
     return f"    async def {fn.name}(\n{inner}    ) -> {returns}: ..."
 
 
-def _where_names_come_from(tree: ast.Module, module: str) -> dict[str, str]:
+def _relative_to_state(level: int, module: str | None, package: str) -> str:
+    """An import's module, ``from`` ``"." * level + module`` in ``package`` (``state``,
+    ``state.search``), as seen from ``state`` (``.._dialect`` in ``state.search`` is ``._dialect``)."""
+    if level == 0:
+        return module or ""
+    parts = package.split(".")[: len(package.split(".")) - (level - 1)] + ([module] if module else [])
+    absolute = ".".join(parts)
+    return "." + absolute.removeprefix("state").lstrip(".") if absolute.startswith("state") else absolute
+
+
+def _same_object(name: str, one: str, other: str) -> bool:
+    """Whether ``name`` from module ``one`` and from ``other`` (relative to ``state``) is the same object."""
+    def get(module: str) -> object:
+        return getattr(importlib.import_module(module, "state") if module.startswith(".") else
+                       importlib.import_module(module), name, None)
+
+    return get(one) is get(other) is not None
+
+
+def _where_names_come_from(tree: ast.Module, module: str, package: str = "state") -> dict[str, str]:
     """Each name a module imports at the top (those under ``if TYPE_CHECKING:`` included) or
-    defines as a class, with the module (relative to ``state``) to import it from."""
+    defines as a class, with the module (relative to ``state``) to import it from; ``package`` is
+    the one the module's own relative imports start from."""
     where: dict[str, str] = {}
     statements = list(tree.body)
     for node in tree.body:
@@ -103,7 +124,7 @@ def _where_names_come_from(tree: ast.Module, module: str) -> dict[str, str]:
             statements.extend(node.body)
     for node in statements:
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            source = "." * node.level + (node.module or "")
+            source = _relative_to_state(node.level, node.module, package)
             for alias in node.names:
                 where[alias.asname or alias.name] = source
         elif isinstance(node, ast.ClassDef):
@@ -167,14 +188,16 @@ def render() -> str:
     attributes: list[str] = []
     for attribute, repository in SessionDB.REPOSITORIES.items():
         path = Path(inspect.getfile(repository))
-        module = "." + repository.__module__.rpartition(".")[2]
+        module = "." + repository.__module__.removeprefix("state.")
+        package = repository.__module__ if path.name == "__init__.py" else repository.__module__.rpartition(".")[0]
         repo_tree = ast.parse(path.read_text(encoding="utf-8"))
         repo_marked = {name for kind in KINDS for name in marked_methods(repository, kind)}
         repo_methods = _marked_defs(_class_named(repo_tree, repository.__name__, path), repo_marked, path)
-        for name, source in _where_names_come_from(repo_tree, module).items():
-            if name in where and where[name] != source:
+        for name, source in _where_names_come_from(repo_tree, module, package).items():
+            if name in where and where[name] != source and not _same_object(name, where[name], source):
                 raise LookupError(f"{name!r} means {where[name]} in one store module and {source} in {path.name}")
-            where[name] = source
+            if name not in where or len(source) < len(where[name]):
+                where[name] = source  # the same object through two modules: the shorter path
         used |= _used_names(repo_methods)
         doc = f'    """{repository.__name__}\'s marked methods (``adb.{attribute}``), each a coroutine."""\n\n'
         classes.append(f"class Async{repository.__name__}:\n{doc}" + "\n".join(_coroutine(fn) for fn in repo_methods)

@@ -14,9 +14,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
-from . import _recovery
+from . import _recovery, _sessions
+from ._dialect import dialect_of
+from ._fence import Fence, fenced
+from ._repo import Repository, reads, writes
+from ._routes import get_routed_session
 from .errors import SessionNotFound
 from .memory_fence import has_memory_fence, strip_memory_fence
 
@@ -254,3 +258,160 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
     if session_id:
         return conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)).fetchone()[0]
     return conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+
+
+def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
+                 answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
+    fenced(conn, fence)
+    ids = append_messages(conn, session_id, messages)
+    place_after(conn, session_id, ids, answered)
+    _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
+    if answered or delivery is not None:
+        _recovery.settle(conn, answered, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)
+    return ids
+
+
+def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **message: Any) -> Appended:
+    appended = append_inbound(conn, session_id, **message)
+    if inbox is not None and appended.new:
+        _recovery.add_to_inbox(conn, appended.id, session_id, inbox)
+        if pending:
+            dialect_of(conn).mark_pending(conn, session_id)
+    return appended
+
+class Messages(Repository):
+    """``db.messages``: a session's messages: stored once each, in order, with what a turn writes in one transaction."""
+
+    @writes
+    def append(
+        self,
+        session_id: str,
+        role: str,
+        content: str | None = None,
+        tool_call_id: str | None = None,
+        tool_calls: Any = None,
+        tool_name: str | None = None,
+        token_count: int | None = None,
+        finish_reason: str | None = None,
+        reasoning: str | None = None,
+        reasoning_details: Any = None,
+        codex_reasoning_items: Any = None,
+        *,
+        platform_message_id: str | None = None,
+        timestamp: float | None = None,
+    ) -> int:
+        """Store a message; returns its id.  A ``platform_message_id`` seen before in
+        this session returns the first message's id and stores nothing."""
+        return self._engine.write(
+            append_message, session_id, role=role, content=content, tool_call_id=tool_call_id,
+            tool_calls=tool_calls, tool_name=tool_name, token_count=token_count, finish_reason=finish_reason,
+            reasoning=reasoning, reasoning_details=reasoning_details, codex_reasoning_items=codex_reasoning_items,
+            platform_message_id=platform_message_id, timestamp=timestamp,
+        )
+
+    @writes
+    def append_many(self, session_id: str, messages: list[dict]) -> list[int]:
+        """Store a turn's messages in one transaction: all of them or, on any error, none.
+
+        Keys are :meth:`append`'s parameters."""
+        return self._engine.write(append_messages, session_id, list(messages))
+
+    @writes
+    def append_inbound(
+        self,
+        session_id: str,
+        content: str | None,
+        *,
+        platform_message_id: str | None,
+        role: str = "user",
+        timestamp: float | None = None,
+        inbox: dict | None = None,
+        pending: bool = False,
+        **fields: Any,
+    ) -> Appended:
+        """Store a platform event once.  Returns ``Appended(id, new)``: ``new`` is False
+        when this event was stored before (a redelivery the router must not answer again).
+
+        With ``inbox`` (where to answer: see ``state._recovery.INBOX_FIELDS``) a new message
+        is also put in the inbox, in the same transaction, until a turn answers it.  With
+        ``pending`` as well (PostgreSQL), the session is marked as having work for any instance
+        to claim (``state.cluster.mark_pending``), in that transaction too."""
+        return self._engine.write(
+            _append_inbound, session_id, inbox, pending, role=role, content=content,
+            platform_message_id=platform_message_id, timestamp=timestamp, **fields,
+        )
+
+    @writes
+    def append_inbound_to_route(
+        self,
+        session_key: str,
+        content: str | None,
+        *,
+        platform_message_id: str | None,
+        keep: Callable[[dict], bool] = lambda session: True,
+        role: str = "user",
+        timestamp: float | None = None,
+        inbox: dict | None = None,
+        pending: bool = False,
+        **fields: Any,
+    ) -> tuple[dict | None, Appended | None]:
+        """In one transaction: the session ``session_key`` routes to and, when that session is open
+        and ``keep(session)`` holds, this event stored in it (as :meth:`append_inbound`).
+
+        Returns ``(session row or None, Appended or None)``; nothing is written when the second is
+        None (no route, an ended session, or one ``keep`` turned down: the caller decides what next).
+        """
+        def route_and_append(conn):
+            session = get_routed_session(conn, session_key)
+            if session is None or session.get("ended_at") is not None or not keep(session):
+                return session, None
+            appended = _append_inbound(
+                conn, session["id"], inbox, pending, role=role, content=content, platform_message_id=platform_message_id,
+                timestamp=timestamp, **fields)
+            return session, appended
+
+        return self._engine.write(route_and_append)
+
+    @writes
+    def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,
+                    output_tokens: int = 0, answered: Iterable[int] = (), delivery: dict | None = None,
+                    fence: Fence | None = None) -> list[int]:
+        """A turn's messages and its token usage in one transaction: all of it or, on any error, none.
+
+        ``answered`` are the ids of the user messages this turn answers: its messages are placed right
+        after the last of them, before any message that arrived after those (see ``state._messages``),
+        and their inbox rows go.  ``delivery`` (``id``, platform, chat_id, thread_id, reply_to, text) records the pending
+        send of the reply, tied to the last message stored.  With ``fence`` (PostgreSQL) nothing is
+        written unless its lease is still the session's current one (``LeaseLost`` otherwise)."""
+        return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens,
+                                  list(answered), delivery, fence)
+
+    @reads
+    def get(self, session_id: str) -> list[dict]:
+        return self._engine.read(get_messages, session_id)
+
+    @reads
+    def as_conversation(self, session_id: str, upto: int | None = None) -> list[dict]:
+        """The session in order as chat messages; with ``upto`` (a message id), as far as that message."""
+        return self._engine.read(get_messages_as_conversation, session_id, upto)
+
+    @reads
+    def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]:
+        """``session_id``'s unanswered messages and its conversation as far as the last of them, read
+        together (one snapshot on PostgreSQL), so a message another instance stores meanwhile is in both
+        or in neither."""
+        def read(conn) -> tuple[list[dict], list[dict]]:
+            rows = _recovery.unanswered(conn, session_id)
+            upto = rows[-1]["message_id"] if rows else None
+            return rows, get_messages_as_conversation(conn, session_id, upto)
+
+        return self._engine.read(read)
+
+    @reads
+    def count(self, session_id: str | None = None) -> int:
+        return self._engine.read(message_count, session_id)
+
+    @writes
+    def clear(self, session_id: str) -> int:
+        """Delete the session's messages (the session stays); returns how many."""
+        return self._engine.write(clear_messages, session_id)

@@ -6,6 +6,7 @@ import sqlite3
 import time
 
 from ._dialect import dialect_of
+from ._repo import Repository, reads, writes
 from .errors import PairingNotFound
 
 #: The tables (schema v12), written once for both engines (``state._dialect``'s type tokens).
@@ -88,3 +89,33 @@ def revoke_user(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
     removed = conn.execute("DELETE FROM approved_users WHERE platform = ? AND user_id = ?", (platform, user_id)).rowcount
     conn.execute("DELETE FROM pairing_requests WHERE platform = ? AND user_id = ?", (platform, user_id))
     return removed > 0
+
+
+class Pairing(Repository):
+    """``db.pairing``: users who asked to pair with a code, and those an operator approved."""
+
+    @reads
+    def is_approved(self, platform: str, user_id: str) -> bool:
+        return self._engine.read(is_user_approved, platform, user_id)
+
+    @writes
+    def request(self, platform: str, user_id: str, user_name: str | None, code: str, *,
+                now: float, ttl: float, max_pending: int) -> dict | None:
+        """The user's pending pairing request, or a new one with ``code``; None when
+        ``max_pending`` requests are already open on the platform."""
+        return self._engine.write(request_pairing, platform, user_id, user_name, code,
+                                  now=now, ttl=ttl, max_pending=max_pending)
+
+    @writes
+    def approve(self, platform: str, code: str, now: float | None = None) -> dict:
+        """Approve the user holding ``code``; raises :class:`state.PairingNotFound`."""
+        return self._engine.write(approve_pairing, platform, code, now)
+
+    @writes
+    def revoke(self, platform: str, user_id: str) -> bool:
+        return self._engine.write(revoke_user, platform, user_id)
+
+    @reads
+    def list(self, now: float | None = None) -> dict:
+        """``{"pending": [...], "approved": [...]}``."""
+        return self._engine.read(list_pairing, now)

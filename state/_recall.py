@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from . import search
 from ._dialect import dialect_of
 from ._messages import ORDER_KEY
+from ._repo import Repository, reads
 from ._sessions import get_descendants, get_lineage
 from .search._rank import first_snippet
 
@@ -249,3 +250,34 @@ def recall_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> list[di
         ]
         out.append(session)
     return out
+
+
+class Recall(Repository):
+    """``db.recall``: what the model may look up of earlier conversations, within a scope (agent, accounts)."""
+
+    @reads
+    def hits(self, query: str, *, agent_prefix: str | None, accounts: Iterable[str] | None,
+             exclude_lineage_of: str | None = None, role_filter: Iterable[str] | None = None,
+             limit: int = 50) -> dict:
+        """Full-text search within a scope (agent prefix, ``platform:user_id`` accounts; None: all),
+        leaving out the lineage of ``exclude_lineage_of``; see ``state._recall``."""
+        return self._engine.read(
+            recall_hits, query, agent_prefix=agent_prefix,
+            accounts=list(accounts) if accounts is not None else None,
+            exclude_lineage_of=exclude_lineage_of, role_filter=list(role_filter or ()), limit=limit,
+        )
+
+    @reads
+    def recent_sessions(self, *, agent_prefix: str | None, accounts: Iterable[str] | None,
+                        exclude_lineage_of: str | None = None, limit: int = 5) -> list[dict]:
+        """The newest sessions within a scope (compression chains folded), newest first."""
+        return self._engine.read(
+            recent_sessions, agent_prefix=agent_prefix,
+            accounts=list(accounts) if accounts is not None else None,
+            exclude_lineage_of=exclude_lineage_of, limit=limit,
+        )
+
+    @reads
+    def sessions(self, session_ids: list[str]) -> list[dict]:
+        """Rows of the given sessions with their ``messages``, in the order asked."""
+        return self._engine.read(recall_sessions, list(session_ids))

@@ -35,6 +35,8 @@ from typing import Iterable
 
 from ._deadletters import count_dead_letters
 from ._dialect import dialect_of
+from ._fence import Fence, fenced
+from ._repo import Repository, reads, writes
 
 INBOX_FIELDS = ("session_key", "platform", "chat_id", "thread_id", "chat_type", "user_id", "user_name",
                 "platform_message_id", "received_at")
@@ -244,3 +246,72 @@ def _decode_delivery(row: sqlite3.Row) -> dict:
     except (TypeError, json.JSONDecodeError):
         out["sent_ids"] = []
     return out
+
+
+class Recovery(Repository):
+    """``db.recovery``: the inbox of messages no turn has answered yet, and the record of replies
+    stored but not yet confirmed sent."""
+
+    @writes
+    def settle_inbox(self, message_ids: Iterable[int], delivery: dict | None = None, *,
+                     session_id: str | None = None, fence: Fence | None = None) -> None:
+        """These messages got their answer (a line standing in for a reply): drop their inbox rows and,
+        with ``delivery``, record the pending send of that line, in one transaction (fenced as
+        :meth:`Messages.record_turn` is)."""
+        def settle_fenced(conn) -> None:
+            fenced(conn, fence)
+            settle(conn, list(message_ids), delivery, session_id=session_id)
+
+        self._engine.write(settle_fenced)
+
+    @reads
+    def unanswered(self, session_id: str | None = None) -> list[dict]:
+        """Every stored platform message that no turn has answered yet (of ``session_id`` only, when
+        given), oldest first."""
+        return self._engine.read(unanswered, session_id)
+
+    @reads
+    def backlog(self) -> tuple[int, float | None]:
+        """``(sessions, oldest_received_at)``: how many sessions have stored messages no turn answered
+        yet, and the oldest such message's arrival (epoch seconds; None when nothing waits)."""
+        return self._engine.read(backlog)
+
+    @writes
+    def mark_pending(self, session_ids: Iterable[str]) -> int:
+        """Mark sessions as having work for any instance to claim (PostgreSQL; nothing on SQLite,
+        where one instance answers everything itself); how many were marked."""
+        ids = sorted(set(session_ids))
+
+        def mark(conn) -> int:
+            return sum(dialect_of(conn).mark_pending(conn, session_id) for session_id in ids)
+
+        return self._engine.write(mark)
+
+    @writes
+    def begin_streamed_delivery(self, delivery: dict, *, session_id: str, sent_ids: list[str]) -> None:
+        """Record that a streamed reply posted ``sent_ids`` before its text is known (kind ``stream``,
+        status ``streaming``); the turn's transaction fills the text in."""
+        return self._engine.write(begin_streamed_delivery, delivery, session_id=session_id,
+                                  sent_ids=sent_ids)
+
+    @reads
+    def pending_deliveries(self, session_id: str | None = None) -> list[dict]:
+        """Replies stored but not yet confirmed sent (of ``session_id`` only, when given), oldest first."""
+        return self._engine.read(pending_deliveries, session_id)
+
+    @writes
+    def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None) -> bool:
+        return self._engine.write(update_delivery, delivery_id, sent_ids=sent_ids, status=status, error=error)
+
+    @reads
+    def get_delivery(self, delivery_id: str) -> dict | None:
+        return self._engine.read(get_delivery, delivery_id)
+
+    @reads
+    def list_deliveries(self, session_id: str) -> list[dict]:
+        return self._engine.read(list_deliveries, session_id)
+
+    @reads
+    def counts(self) -> dict:
+        """``unanswered`` messages, ``deliveries_pending`` and held ``dead_letters``."""
+        return self._engine.read(recovery_counts)

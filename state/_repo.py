@@ -20,6 +20,7 @@ so that mypy sees its coroutines::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,8 +75,12 @@ def marked_methods(cls: type, kind: str) -> dict[str, Callable[..., Any]]:
 class Repository:
     """One feature's slice of the store, over the store's engine (SQLite or PostgreSQL)."""
 
-    def __init__(self, engine: StoreEngine):
+    def __init__(self, engine: StoreEngine, *, file: Path | None = None, url: str | None = None):
         self._engine = engine
+        #: the SQLite file (None on PostgreSQL), for what reports file sizes
+        self._file = file
+        #: the store's URL with its password masked (None on SQLite), for what names the store
+        self._url = url
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} on {self._engine!r}>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from ._repo import Repository, reads, writes
 from ._titles import like_escape
 from .errors import SessionNotFound
 
@@ -46,3 +47,28 @@ def list_routes(conn: sqlite3.Connection, prefix: str | None = None) -> list[tup
         rows = conn.execute("SELECT session_key, session_id FROM routes ORDER BY session_key")
     # LIKE ignores ASCII case; keys are case-sensitive
     return [(r[0], r[1]) for r in rows if not prefix or r[0].startswith(prefix)]
+
+
+class Routes(Repository):
+    """``db.routes``: which session each chat (session key) talks to."""
+
+    @reads
+    def session(self, session_key: str) -> dict | None:
+        """The session row ``session_key`` routes to, or None."""
+        return self._engine.read(get_routed_session, session_key)
+
+    @reads
+    def get(self, session_key: str) -> str | None:
+        return self._engine.read(get_route, session_key)
+
+    @writes
+    def delete(self, session_key: str) -> bool:
+        return self._engine.write(delete_route, session_key)
+
+    @writes
+    def set(self, session_key: str, session_id: str) -> None:
+        return self._engine.write(set_route, session_key, session_id)
+
+    @reads
+    def list(self, prefix: str | None = None) -> list[tuple[str, str]]:
+        return self._engine.read(list_routes, prefix)

@@ -9,6 +9,7 @@ import time
 from typing import Any, Iterable
 
 from . import _recovery, _usage
+from ._repo import Repository, reads, writes
 from ._titles import (
     CASE_HINT,
     check_free,
@@ -468,3 +469,159 @@ def prune_sessions(conn: sqlite3.Connection, older_than_days: float = 90, source
     ids = prune_candidates(conn, older_than_days, source)
     _delete_ids(conn, ids)
     return len(ids)
+
+
+class Sessions(Repository):
+    """``db.sessions``: sessions, their lineage (compression chains) and their pruning."""
+
+    @writes
+    def create(
+        self,
+        session_id: str,
+        source: str,
+        model: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        *,
+        system_prompt: str | None = None,
+        model_config: Any = None,
+        session_key: str | None = None,
+        user_name: str | None = None,
+        title: str | None = None,
+    ) -> str:
+        """Create a session and return its id; an id that exists already is left as it is."""
+        return self._engine.write(
+            create_session, session_id, source, model, user_id, parent_session_id,
+            system_prompt=system_prompt, model_config=model_config, session_key=session_key,
+            user_name=user_name, title=title,
+        )
+
+    @reads
+    def get(self, session_id: str) -> dict | None:
+        return self._engine.read(get_session, session_id)
+
+    @writes
+    def end(self, session_id: str, end_reason: str) -> bool:
+        """Mark the session ended; the first end wins.  True if this call ended it."""
+        return self._engine.write(end_session, session_id, end_reason)
+
+    @writes
+    def reopen(self, session_id: str) -> bool:
+        """Clear ``ended_at`` and ``end_reason``.  False if the session does not exist."""
+        return self._engine.write(reopen_session, session_id)
+
+    @writes
+    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
+        return self._engine.write(update_system_prompt, session_id, system_prompt)
+
+    @writes
+    def update_token_counts(
+        self,
+        session_id: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        *,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        model: str | None = None,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
+    ) -> bool:
+        """Add to the session's token counts and costs; set the billing labels given; ``model``
+        only fills in a session that has none (the session keeps the model it was created for)."""
+        return self._engine.write(
+            update_token_counts, session_id,
+            input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
+            cache_write_tokens=cache_write_tokens, reasoning_tokens=reasoning_tokens,
+            estimated_cost_usd=estimated_cost_usd, actual_cost_usd=actual_cost_usd, model=model,
+            billing_provider=billing_provider, billing_base_url=billing_base_url, billing_mode=billing_mode,
+            cost_status=cost_status, cost_source=cost_source, pricing_version=pricing_version,
+        )
+
+    @reads
+    def resolve_id(self, prefix_or_title: str) -> str:
+        """Exact id, unique id prefix, or title (newest of its lineage).
+
+        Raises :class:`state.AmbiguousSession` (with ``candidates``) or
+        :class:`state.SessionNotFound`.
+        """
+        return self._engine.read(resolve_session_id, prefix_or_title)
+
+    @reads
+    def resolve_exactly(self, ref: str) -> str:
+        """Exact id, exact title, or a unique id prefix (for delete and rename: never another of a lineage).
+
+        Raises :class:`state.AmbiguousSession` (every candidate, including ``ref #N``
+        when no session is titled ``ref`` itself) or :class:`state.SessionNotFound`.
+        """
+        return self._engine.read(resolve_session_exactly, ref)
+
+    @reads
+    def find_owned(self, ref: str, *, source: str, user_ids: Iterable[str]) -> tuple[str | None, list[str]]:
+        """``ref`` (id, id prefix or title) among the sessions of ``source`` owned by ``user_ids`` only:
+        ``(id, [])``, ``(None, candidate ids)`` for an ambiguous prefix, or ``(None, [])``."""
+        return self._engine.read(find_owned_session, ref, source=source, user_ids=list(user_ids))
+
+    @reads
+    def list_rich(
+        self,
+        source: str | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        include_children: bool = False,
+        user_ids: Iterable[str] | None = None,
+        session_key: str | None = None,
+        *,
+        user: str | None = None,
+        title_contains: str | None = None,
+        active_since: float | None = None,
+        active_before: float | None = None,
+    ) -> list[dict]:
+        """Newest first, with ``preview`` and ``last_active``; a compression chain is one row (its tip).
+        ``user`` (id or name), ``title_contains`` and the last activity's range narrow the list."""
+        return self._engine.read(
+            list_sessions_rich, source, limit, offset, include_children,
+            list(user_ids) if user_ids is not None else None, session_key, user=user,
+            title_contains=title_contains, active_since=active_since, active_before=active_before,
+        )
+
+    @reads
+    def count(self, source: str | None = None) -> int:
+        return self._engine.read(session_count, source)
+
+    @reads
+    def lineage(self, session_id: str) -> list[dict]:
+        """Ancestors from the root down to the session itself."""
+        return self._engine.read(get_lineage, session_id)
+
+    @reads
+    def descendants(self, session_id: str) -> list[dict]:
+        """Every session below this one, oldest first."""
+        return self._engine.read(get_descendants, session_id)
+
+    @reads
+    def compression_tip(self, session_id: str) -> str:
+        """The live end of a compression chain (the id itself when it was not compressed)."""
+        return self._engine.read(get_compression_tip, session_id)
+
+    @writes
+    def delete(self, session_id: str) -> bool:
+        """Delete a session, its messages and routes; children stay with no parent."""
+        return self._engine.write(delete_session, session_id)
+
+    @reads
+    def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[str]:
+        """The ids :meth:`prune` would delete now."""
+        return self._engine.read(prune_candidates, older_than_days, source)
+
+    @writes
+    def prune(self, older_than_days: float = 90, source: str | None = None) -> int:
+        """Delete ended sessions with no activity for ``older_than_days``; returns how many."""
+        return self._engine.write(prune_sessions, older_than_days, source)

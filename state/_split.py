@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ._messages import append_messages, get_messages_as_conversation
+from ._repo import Repository, reads, writes
 from ._routes import get_route, set_route
 from ._sessions import create_session, get_compression_tip, get_session
 from ._titles import get_next_title_in_lineage
@@ -112,3 +113,27 @@ def continued_conversation(conn: sqlite3.Connection, session_id: str,
     live end of its chain (the child that holds the messages it had, with those that came meanwhile)."""
     tip = get_compression_tip(conn, session_id)
     return tip, get_messages_as_conversation(conn, tip, upto if tip == session_id else None)
+
+
+class Compression(Repository):
+    """``db.compression``: a session continued in a child holding its summary, in one transaction,
+    and the conversation that goes on there."""
+
+    @writes
+    def split(self, session_id: str, messages: list[dict], *, expected_message_ids: Iterable[int],
+              session_key: str | None = None, end_reason: str = "compression") -> Split:
+        """Continue ``session_id`` in a new child holding ``messages`` (compression), in ONE transaction:
+        the lineage's next title, the child, its messages, the route of ``session_key`` (default: the
+        session's own key) moved to it, the parent ended.  Raises :class:`state.SessionChangedMeanwhile`,
+        writing nothing, when the session's messages are no longer ``expected_message_ids`` or it was
+        ended or routed away meanwhile (see ``state._split``)."""
+        return self._engine.write(split_session, session_id, list(messages),
+                                  expected_message_ids=list(expected_message_ids), session_key=session_key,
+                                  end_reason=end_reason)
+
+    @reads
+    def continued_conversation(self, session_id: str, upto: int | None = None) -> tuple[str, list[dict]]:
+        """``(session, its conversation)`` for answering messages stored in ``session_id``: the session
+        itself (as far as message ``upto``), or, when compression ended it meanwhile, the child the
+        conversation went on in."""
+        return self._engine.read(continued_conversation, session_id, upto)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._dialect import dialect_of
+from ._repo import Repository, reads
 
 LARGEST = 20
 
@@ -87,3 +88,13 @@ def storage_report(conn: Any, path: Path | None, largest: int = LARGEST) -> Stor
         engine=dialect.name, db_bytes=size.db_bytes, wal_bytes=size.wal_bytes, free_bytes=size.free_bytes,
         auto_vacuum=size.auto_vacuum, objects=tuple(objects), objects_note=note, by_platform=tuple(by_platform),
         by_month=tuple(by_month), largest_sessions=tuple(sessions))
+
+
+class Storage(Repository):
+    """``db.storage``: where the bytes are (``switchboard storage``)."""
+
+    @reads
+    def report(self, largest: int = LARGEST) -> StorageReport:
+        """Where the bytes are: each table and index, the message text by platform and by month, the
+        ``largest`` biggest sessions, the WAL and the free pages (``switchboard storage``)."""
+        return self._engine.read(storage_report, self._file, largest)

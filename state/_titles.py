@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 
+from ._repo import Repository, reads, writes
 from .errors import AmbiguousSession, InvalidTitle, TitleConflict
 
 MAX_TITLE_LENGTH = 100
@@ -131,3 +132,33 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, base_title: str) -> str:
         if numbered and numbered.group(1) == base:
             highest = max(highest, int(numbered.group(2)))
     return f"{base} #{highest + 1}"
+
+
+class Titles(Repository):
+    """``db.titles``: session titles, unique among open lineages (``title``, ``title #2``...)."""
+
+    @reads
+    def get(self, session_id: str) -> str | None:
+        return self._engine.read(get_session_title, session_id)
+
+    @reads
+    def session(self, title: str) -> dict | None:
+        return self._engine.read(get_session_by_title, title)
+
+    @reads
+    def resolve(self, title: str) -> str | None:
+        """The newest session titled ``title`` or ``title #N``; None if there is none."""
+        return self._engine.read(resolve_session_by_title, title)
+
+    @reads
+    def next_in_lineage(self, base_title: str) -> str:
+        """``base`` if unused, else ``base #N`` one past the highest in use."""
+        return self._engine.read(get_next_title_in_lineage, base_title)
+
+    @writes
+    def set(self, session_id: str, title: str | None) -> bool:
+        """Set (or clear, with an empty title) the title.  False if the session does not exist.
+
+        Raises :class:`state.TitleConflict` naming the holder, or :class:`state.InvalidTitle`.
+        """
+        return self._engine.write(set_session_title, session_id, title)

@@ -12,6 +12,8 @@ from . import schema
 from ._approvals import session_approvals
 from ._dialect import dialect_of
 from ._messages import get_messages
+from ._repo import Repository, reads, writes
+from ._sessions import delete_sessions
 from .errors import ImportFileError
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|passwd|authorization|bearer|access[_-]?token|refresh[_-]?token", re.I)
@@ -271,3 +273,53 @@ def stats(conn: sqlite3.Connection, path: Path | str) -> dict:
         "wal_bytes": wal_bytes,
         "schema_version": conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0],
     }
+
+
+class Transfer(Repository):
+    """``db.transfer``: export, import and the store's counts."""
+
+    @reads
+    def export(self, session_id: str) -> dict | None:
+        """The session row plus ``messages``; secrets in ``model_config`` are redacted."""
+        return self._engine.read(export_session, session_id)
+
+    @reads
+    def export_all(self, source: str | None = None) -> list[dict]:
+        return self._engine.read(export_all, source)
+
+    @reads
+    def write_export(self, handle: IO[str], source: str | None = None, session_id: str | None = None) -> int:
+        """Stream sessions to ``handle`` as JSON lines from one snapshot; returns how many."""
+        return self._engine.read(write_export, handle, source, session_id)
+
+    @writes
+    def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = 2000) -> dict:
+        """Restore ``(line_no, session)`` pairs from an export: all of them or none.
+
+        Every record is checked before anything is written.  The writes go in
+        transactions of about ``chunk_messages`` messages, so a big import never keeps the
+        daemon's writes waiting for long; if one fails, the sessions already
+        imported from the same file are deleted again and the error (an
+        :class:`state.ImportFileError` naming the line) is raised.  Sessions
+        whose id exists already are skipped.  Returns ``imported``,
+        ``messages``, ``skipped`` (ids) and ``ids`` (imported).
+        """
+        chunks, in_file = plan_import(records, chunk_messages)
+        total: dict = {"imported": 0, "messages": 0, "skipped": [], "ids": []}
+        try:
+            for chunk in chunks:
+                done = self._engine.write(import_sessions, chunk, in_file)
+                total["imported"] += done["imported"]
+                total["messages"] += done["messages"]
+                total["skipped"] += done["skipped"]
+                total["ids"] += done["ids"]
+        except BaseException:
+            if total["ids"]:
+                self._engine.write(delete_sessions, total["ids"])
+            raise
+        return total
+
+    @reads
+    def stats(self) -> dict:
+        """Counts (sessions, messages, by source), database and WAL size in bytes, schema version."""
+        return self._engine.read(stats, self._file or self._url)

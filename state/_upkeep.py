@@ -60,14 +60,17 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, NamedTuple, Protocol
+from typing import Any, Awaitable, Callable, NamedTuple, Protocol, TypeVar
 
 from . import _sessions
 from ._dialect import StoreSize, dialect_of, file_size
 from ._lock import GaveWay
+from ._repo import Repository, reads, upkeep_steps, writes
 from .search import MergeStep, search_index
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DAY = 86_400.0
 MAX_HOLD = 0.050  # the longest a step may hold the write lock
@@ -300,23 +303,39 @@ class _Pacer:
             self.size = int(min(self.hi, max(self.lo, min(wanted, self.size * 2))))
 
 
+class UpkeepSteps(Protocol):
+    """What a pass calls on ``db.upkeep``: :class:`Upkeep`'s methods as the async store's coroutines."""
+
+    async def store_size(self) -> StoreSize: ...
+    async def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]: ...
+    async def prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int, *,
+                         gives_way: bool = ...) -> tuple[PruneStep, Timed]: ...
+    async def fts_segments(self, table: str) -> list[int]: ...
+    async def merge_step(self, table: str, pages: int, segments: list[int] | None = ..., start: bool = ..., *,
+                         gives_way: bool = ...) -> tuple[MergeStep, Timed]: ...
+    async def automerge(self, on: bool) -> Timed: ...
+    async def vacuum_step(self, pages: int, *, gives_way: bool = ...) -> tuple[int, Timed]: ...
+    async def record(self, report: dict) -> None: ...
+
+
+class MessageCount(Protocol):
+    """What a pass calls on ``db.messages``."""
+
+    async def count(self, session_id: str | None = ...) -> int: ...
+
+
 class UpkeepStore(Protocol):
     """What a pass calls on the store: :class:`state.AsyncSessionDB`'s coroutines of these names (a
     narrow view, since this module cannot import the async store it is part of; mypy checks at each
     call of :func:`run_upkeep` that the store given has them, with these signatures)."""
 
-    async def store_size(self) -> StoreSize: ...
+    @property
+    def upkeep(self) -> UpkeepSteps: ...
+
+    @property
+    def messages(self) -> MessageCount: ...
+
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...
-    async def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]: ...
-    async def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int, *,
-                                gives_way: bool = ...) -> tuple[PruneStep, Timed]: ...
-    async def fts_segments(self, table: str) -> list[int]: ...
-    async def upkeep_merge_step(self, table: str, pages: int, segments: list[int] | None = ..., start: bool = ..., *,
-                                gives_way: bool = ...) -> tuple[MergeStep, Timed]: ...
-    async def upkeep_automerge(self, on: bool) -> Timed: ...
-    async def upkeep_vacuum_step(self, pages: int, *, gives_way: bool = ...) -> tuple[int, Timed]: ...
-    async def message_count(self, session_id: str | None = ...) -> int: ...
-    async def record_upkeep(self, report: dict) -> None: ...
 
 
 async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: float | None = None,
@@ -324,7 +343,7 @@ async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: floa
     """One upkeep pass over an :class:`state.AsyncSessionDB` (see the module docstring)."""
     now = time.time() if now is None else now
     report = UpkeepReport(started_at=now, retention_days=retention_days)
-    size = await db.store_size()
+    size = await db.upkeep.store_size()
     report.db_bytes_before = size.db_bytes
 
     uncopied = 0.0  # seconds the steps held the lock since the last checkpoint
@@ -383,7 +402,7 @@ async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: floa
         start = segments is not None
         while True:
             pages, step, timed = await attempt(
-                "merge", functools.partial(db.upkeep_merge_step, table, segments=segments, start=start),
+                "merge", functools.partial(db.upkeep.merge_step, table, segments=segments, start=start),
                 merge_pacer.size, MIN_MERGE_PAGES)
             await held("merge", f"{table}{' (full, first step)' if start else ' (full)' if segments else ''}: "
                        f"{pages} pages asked, {step.worked} rows changed", timed)
@@ -394,10 +413,10 @@ async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: floa
             merge_pacer.done(pages, timed.seconds)
             start = False
 
-    queue = await db.expired_sessions(now - retention_days * DAY) if retention_days else []
+    queue = await db.upkeep.expired_sessions(now - retention_days * DAY) if retention_days else []
     if queue:
         assert retention_days is not None  # only a retention finds sessions to prune
-        await held("automerge", "off", await db.upkeep_automerge(False))
+        await held("automerge", "off", await db.upkeep.automerge(False))
         try:
             pacer, cutoff = _Pacer(FIRST_BUDGET, MIN_BUDGET, MAX_BUDGET), now - retention_days * DAY
             while queue:
@@ -409,7 +428,7 @@ async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: floa
                     batch.append(sid)
                     weight += count
                 budget, step, timed = await attempt(
-                    "prune", functools.partial(db.upkeep_prune_step, batch, cutoff), pacer.size, MIN_BUDGET)
+                    "prune", functools.partial(db.upkeep.prune_step, batch, cutoff), pacer.size, MIN_BUDGET)
                 await held("prune", f"{len(batch)} sessions asked, {step.messages} messages "
                            f"({step.size:,} of {budget:,} bytes), {len(step.deleted)} sessions deleted", timed)
                 report.sessions_pruned += len(step.deleted)
@@ -423,37 +442,37 @@ async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: floa
                     await merge(table)
 
             if report.messages_pruned and report.messages_pruned >= min(
-                    MERGE_AFTER_MESSAGES, (report.messages_pruned + await db.message_count()) // 10):
+                    MERGE_AFTER_MESSAGES, (report.messages_pruned + await db.messages.count()) // 10):
                 # A prune leaves a deletion entry in the search indexes for every message it
                 # deleted, on top of the message's own entries: merged into one segment, both go.
                 for table in FTS_TABLES:
-                    segments = await db.fts_segments(table)
+                    segments = await db.upkeep.fts_segments(table)
                     if len(segments) > 1:
                         await merge(table, segments)
                     await merge(table)
                 report.index_merged = True
         finally:
-            await held("automerge", "on", await db.upkeep_automerge(True))
+            await held("automerge", "on", await db.upkeep.automerge(True))
     else:
-        await held("automerge", "on", await db.upkeep_automerge(True))  # in case a pass was cut short, even with retention since turned off
+        await held("automerge", "on", await db.upkeep.automerge(True))  # in case a pass was cut short, even with retention since turned off
 
-    size = await db.store_size()
+    size = await db.upkeep.store_size()
     if size.auto_vacuum == "incremental":
         pacer = _Pacer(FIRST_VACUUM_PAGES, 8, MAX_VACUUM_PAGES)
         while size.free_pages > 0:
             pages, freed, timed = await attempt(
-                "vacuum", db.upkeep_vacuum_step, pacer.size, 8)
+                "vacuum", db.upkeep.vacuum_step, pacer.size, 8)
             await held("vacuum", f"{pages} pages asked, {freed} freed", timed)
             report.pages_vacuumed += freed
             if freed <= 0:
                 break
-            size = await db.store_size()
+            size = await db.upkeep.store_size()
             pacer.done(freed, timed.seconds)
     else:
         report.vacuum_needed = size.free_pages > 0
 
     # the file shrinks when the checkpoint writes the vacuumed pages back; the WAL empties when idle
-    size = await db.store_size()
+    size = await db.upkeep.store_size()
     truncate = size.wal_bytes > wal_limit_bytes and idle()
     for _attempt in range(CHECKPOINT_ATTEMPTS):  # another checkpoint or a reader's snapshot may be in the way
         busy, wal_pages, copied = await checkpoint("TRUNCATE" if truncate else "PASSIVE")
@@ -461,8 +480,82 @@ async def run_upkeep(db: UpkeepStore, *, retention_days: float | None, now: floa
             break
         await asyncio.sleep(CHECKPOINT_PAUSE)
     report.wal_truncated = truncate and not busy
-    size = await db.store_size()
+    size = await db.upkeep.store_size()
     report.db_bytes_after, report.wal_bytes_after = size.db_bytes, size.wal_bytes
     report.finished_at = max(now, time.time())
-    await db.record_upkeep(report.as_dict())
+    await db.upkeep.record(report.as_dict())
     return report
+
+
+class Upkeep(Repository):
+    """``db.upkeep``: the steps of an upkeep pass (:func:`run_upkeep`), each one short write
+    transaction, and the record of the last pass."""
+
+    @reads
+    def store_size(self) -> StoreSize:
+        """The database and WAL file sizes, page size, free pages and auto_vacuum mode."""
+        return self._engine.read(store_size, self._file)
+
+    @reads
+    def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]:
+        """(id, message count) of ended sessions with no activity since ``cutoff``, oldest first."""
+        return self._engine.read(expired_sessions, cutoff)
+
+    @upkeep_steps
+    def prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int, *,
+                   gives_way: bool = True) -> tuple[PruneStep, Timed]:
+        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold.
+        ``gives_way``: a write from another thread that comes meanwhile interrupts it (see ``_timed_write``)."""
+        return self._timed_write(prune_step, list(session_ids), cutoff, max_bytes, gives_way=gives_way)
+
+    @reads
+    def fts_segments(self, table: str) -> list[int]:
+        """The segments the FTS5 index ``table`` (one of ``state._upkeep.FTS_TABLES``) holds now."""
+        return self._engine.read(fts_segments, fts_table(table))
+
+    @upkeep_steps
+    def merge_step(self, table: str, pages: int, segments: list[int] | None = None,
+                   start: bool = False, *, gives_way: bool = True) -> tuple[MergeStep, Timed]:
+        """One step (about ``pages`` pages) of merging the FTS5 index ``table`` (down from ``segments``
+        when given: see ``state._upkeep.merge_step``); returns it and its lock hold."""
+        return self._timed_write(merge_step, fts_table(table), pages,
+                                 None if segments is None else list(segments), bool(start), gives_way=gives_way)
+
+    @writes
+    def automerge(self, on: bool) -> Timed:
+        """Turn FTS5's automerge of the search indexes on or off (off while upkeep prunes)."""
+        return self._timed_write(set_automerge, bool(on), gives_way=False)[1]
+
+    @upkeep_steps
+    def vacuum_step(self, pages: int, *, gives_way: bool = True) -> tuple[int, Timed]:
+        """Up to ``pages`` free pages returned to the file system; returns how many and the lock hold."""
+        return self._timed_write(vacuum_step, pages, gives_way=gives_way)
+
+    @writes
+    def record(self, report: dict) -> None:
+        self._engine.write(record, LAST_UPKEEP, report)
+
+    @reads
+    def last(self) -> dict | None:
+        """What the last upkeep pass did (``state._upkeep.UpkeepReport`` as a dict), or None."""
+        return self._engine.read(recorded, LAST_UPKEEP)
+
+    def _timed_write(self, fn: Callable[..., T], *args: Any, gives_way: bool = True) -> tuple[T, Timed]:
+        """``fn``'s result and when its transaction took the write lock and for how long (begin to
+        commit, ``time.perf_counter`` seconds).  Giving way (the default), a write from another
+        thread interrupts it: :class:`state._lock.GaveWay` is raised, its ``timed`` set."""
+        began: list[float] = []
+
+        def run(conn):
+            began.append(time.perf_counter())
+            out = fn(conn, *args)
+            began.append(time.perf_counter())  # the commit comes next
+            return out
+
+        try:
+            result = self._engine.write_giving_way(run) if gives_way else self._engine.write(run)
+        except GaveWay as exc:
+            exc.timed = Timed(began[0], time.perf_counter() - began[0])
+            raise
+        end = time.perf_counter()
+        return result, Timed(began[-2], end - began[-2], end - began[-1])

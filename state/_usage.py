@@ -44,6 +44,7 @@ import sqlite3
 from typing import Any
 
 from ._dialect import SQLITE, Dialect, dialect_of
+from ._repo import Repository, reads, writes
 
 _EPOCH = dt.date(1970, 1, 1)
 DAY = 86_400
@@ -476,3 +477,56 @@ def prune_calls(conn: sqlite3.Connection, before: float, limit: int | None = Non
         where, params = "id IN (SELECT id FROM model_calls WHERE at < ? ORDER BY at LIMIT ?)", [before, limit]
     _unroll(conn, where, params)
     return conn.execute(f"DELETE FROM model_calls WHERE {where}", params).rowcount
+
+
+class UsageLedger(Repository):
+    """``db.usage``: the usage ledger, one row per model call, and its reports."""
+
+    @writes
+    def record_call(self, row: dict) -> int:
+        """Add one model call to the ledger (keys: :data:`state._usage.COLUMNS`); its id."""
+        return self._engine.write(record_call, dict(row))
+
+    @writes
+    def record_calls(self, rows: list[dict]) -> list[int]:
+        """Add several model calls in one transaction; their ids."""
+        return self._engine.write(record_calls, [dict(r) for r in rows])
+
+    @reads
+    def calls(self, since: float = 0.0, limit: int = 1000) -> list[dict]:
+        """The ledger's rows since ``since``, oldest first."""
+        return self._engine.read(list_calls, since, limit)
+
+    @reads
+    def report(self, since: float, by: str = "day", *, platform: str | None = None,
+               user_id: str | None = None) -> list[dict]:
+        """Totals per group (day, model, platform, purpose, user, chat) and UTC day since ``since``;
+        with ``user_id`` (and its ``platform``) one user's calls only."""
+        return self._engine.read(usage_report, since, by, platform=platform, user_id=user_id)
+
+    @reads
+    def summary(self, since: float, by: str = "day", *, limit: int | None = None,
+                platform: str | None = None, user_id: str | None = None) -> dict:
+        """``usage_report``'s figures summed per group, with each group's tokens per day and the total;
+        with ``limit``, the ``limit`` groups with the most tokens only (see
+        :func:`state._usage.usage_summary`): what ``switchboard insights`` shows."""
+        return self._engine.read(usage_summary, since, by, limit=limit, platform=platform,
+                                 user_id=user_id)
+
+    @reads
+    def called_models(self, since: float = 0.0) -> dict[str, float]:
+        """The models the ledger has calls of since ``since``, each with the time of its first."""
+        return self._engine.read(called_models, since)
+
+    @writes
+    def reprice(self, model: str, price: dict[str, float] | None, since: float = 0.0,
+                until: float | None = None) -> int:
+        """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
+        ({input, output, cached_input} per million; None: no price); how many.  One transaction: a
+        large ledger is repriced a day at a time (``switchboard insights reprice``)."""
+        return self._engine.write(reprice_calls, model, price, since, until)
+
+    @writes
+    def prune(self, before: float, limit: int | None = None) -> int:
+        """Delete the ledger's rows older than ``before``, the oldest ``limit`` of them when given; how many."""
+        return self._engine.write(prune_calls, before, limit)

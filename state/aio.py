@@ -7,12 +7,13 @@ cluster's instances already write the same sessions side by side).  A write goes
 session picks (``session_id``, else its first argument when that is text), so one session's writes
 submitted one after another still commit in that order;
 reads run on a small pool of reader threads, each with its own connection.
-The store's upkeep steps (``@_upkeep_steps``) run on a thread of their own
+The store's upkeep steps (``@upkeep_steps``) run on a thread of their own
 and give way: a write that comes while one runs interrupts it.
 A call is a queue in and ``call_soon_threadsafe`` out (:class:`_Workers`):
 about 60 µs of CPU, where ``run_in_executor`` took 100 (a turn makes six).  The
-coroutines are generated from :class:`state.SessionDB`'s ``@_reads`` /
-``@_writes`` marks and call the very same methods, so there is no second
+coroutines are generated from the ``@reads`` / ``@writes`` marks of
+:class:`state.SessionDB`'s repositories (``state._repo``: ``adb.sessions``,
+``adb.messages``...) and call the very same methods, so there is no second
 copy of any SQL.
 """
 
@@ -205,10 +206,10 @@ def _async_repository_class(repository: type[Repository]) -> type[_AsyncReposito
 
 
 class AsyncSessionDB(AsyncFace):
-    """The same public methods as :class:`SessionDB`, as coroutines, and the same repositories
-    (``adb.prefs``...), whose methods are coroutines too.
+    """The same repositories as :class:`SessionDB` (``adb.sessions``, ``adb.messages``...), whose
+    methods are coroutines here, and SessionDB's own few store-wide methods as coroutines.
 
-    They are made at import from SessionDB's marks; ``state/_aio_face.pyi`` declares them for the
+    They are made at import from the marks; ``state/_aio_face.pyi`` declares them for the
     type checker (``python -m state._gen_aio_face`` writes it).
 
     ``await adb.close()`` waits for queued writes to finish, then closes the

@@ -1,56 +1,53 @@
 """``SessionDB``: the synchronous face of the store (the CLI, cron runs, tests).
 
-Each public method is one call to a function of ``state._sessions``,
-``_messages``, ``_titles``, ``_routes``, ``_transfer``, ``_pairing``, ``_recall``,
-``_cron``, ``_facts``, ``_recovery``, ``_deadletters``, ``_upkeep``, ``_usage``, ``_storage``
-or ``search`` through the engine, marked ``@_reads`` or ``@_writes``.  The features that have
-moved to repositories (``state._repo``) hang off the store instead: ``db.prefs``.  :class:`state.AsyncSessionDB` builds its
-coroutines from those marks, so the daemon runs exactly this code.
+The store's features hang off it as repositories (``state._repo``), each in the feature's own
+module: ``db.sessions`` (``state._sessions``), ``db.messages`` (``_messages``), ``db.titles``,
+``db.routes``, ``db.compression`` (``_split``), ``db.search`` (``state.search``), ``db.recall``,
+``db.recovery``, ``db.dead_letters``, ``db.prefs``, ``db.facts``, ``db.cron``, ``db.usage``,
+``db.pairing``, ``db.transfer``, ``db.storage`` and ``db.upkeep``.  Each public method of a
+repository is one call to a function of its module through the engine, marked ``@reads``,
+``@writes`` or ``@upkeep_steps``; :class:`state.AsyncSessionDB` builds its coroutines from those
+marks, so the daemon runs exactly this code.  SessionDB itself keeps what concerns the whole store:
+where it is, its engine, the cluster, the write timeout, checkpoints and closing.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, ClassVar, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
-from . import (
-    _cron,
-    _deadletters,
-    _facts,
-    _messages,
-    _pairing,
-    _recall,
-    _recovery,
-    _routes,
-    _sessions,
-    _split,
-    _storage,
-    _titles,
-    _transfer,
-    _upkeep,
-    _usage,
-)
+from . import _titles
 from ._approvals import Approvals
 from ._budgets import Budgets
-from ._dialect import dialect_of
+from ._cron import CronJobs
+from ._deadletters import DeadLetters
 from ._engine import Engine
-from ._lock import GaveWay
+from ._facts import Facts
+from ._fence import Fence
 from ._media import Media
-from ._messages import Appended
+from ._messages import Messages
+from ._pairing import Pairing
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
-from ._repo import Repository, marked_methods, reads as _reads, upkeep_steps as _upkeep_steps, writes as _writes
+from ._recall import Recall
+from ._recovery import Recovery
+from ._repo import Repository, marked_methods, reads as _reads
+from ._routes import Routes
+from ._sessions import Sessions
+from ._split import Compression
+from ._storage import Storage
+from ._titles import Titles
 from ._toolcalls import ToolJournal
+from ._transfer import Transfer
+from ._upkeep import Upkeep
+from ._usage import UsageLedger
 from ._voice import VoiceMessages
 from .errors import StateError, StoreCorrupt
 from .paths import default_db_path
+from .search import Search
 
 if TYPE_CHECKING:
     from .cluster.store import ClusterStore
-
-T = TypeVar("T")
 
 
 class SessionDB:
@@ -68,14 +65,46 @@ class SessionDB:
 
     #: the features' repositories (``state._repo``), by the attribute each hangs off: ``db.prefs``...
     REPOSITORIES: ClassVar[dict[str, type[Repository]]] = {
+        "sessions": Sessions,
+        "messages": Messages,
+        "titles": Titles,
+        "routes": Routes,
+        "compression": Compression,
+        "search": Search,
+        "recall": Recall,
+        "recovery": Recovery,
+        "dead_letters": DeadLetters,
         "prefs": ChatPrefs,
+        "facts": Facts,
+        "cron": CronJobs,
+        "usage": UsageLedger,
+        "pairing": Pairing,
+        "transfer": Transfer,
+        "storage": Storage,
+        "upkeep": Upkeep,
         "tool_journal": ToolJournal,
         "voice": VoiceMessages,
         "budgets": Budgets,
         "approvals": Approvals,
         "media": Media,
     }
+    sessions: Sessions
+    messages: Messages
+    titles: Titles
+    routes: Routes
+    compression: Compression
+    search: Search
+    recall: Recall
+    recovery: Recovery
+    dead_letters: DeadLetters
     prefs: ChatPrefs
+    facts: Facts
+    cron: CronJobs
+    usage: UsageLedger
+    pairing: Pairing
+    transfer: Transfer
+    storage: Storage
+    upkeep: Upkeep
     tool_journal: ToolJournal
     voice: VoiceMessages
     budgets: Budgets
@@ -94,7 +123,7 @@ class SessionDB:
             self.db_path = Path(db_path) if db_path is not None else default_db_path()
             self._engine = Engine(self.db_path, write_timeout=write_timeout)
         for name, repository in self.REPOSITORIES.items():
-            setattr(self, name, repository(self._engine))
+            setattr(self, name, repository(self._engine, file=self.db_path, url=self.url))
 
     @property
     def backend(self) -> str:
@@ -116,441 +145,6 @@ class SessionDB:
     def write_timeout(self, seconds: float) -> None:
         self._engine.write_timeout = float(seconds)
 
-    def close(self) -> None:
-        self._engine.close()
-
-    def __enter__(self) -> "SessionDB":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SessionDB({self.url or str(self.db_path)!r})"
-
-    # --- sessions ------------------------------------------------------------
-
-    @_writes
-    def create_session(
-        self,
-        session_id: str,
-        source: str,
-        model: str | None = None,
-        user_id: str | None = None,
-        parent_session_id: str | None = None,
-        *,
-        system_prompt: str | None = None,
-        model_config: Any = None,
-        session_key: str | None = None,
-        user_name: str | None = None,
-        title: str | None = None,
-    ) -> str:
-        """Create a session and return its id; an id that exists already is left as it is."""
-        return self._engine.write(
-            _sessions.create_session, session_id, source, model, user_id, parent_session_id,
-            system_prompt=system_prompt, model_config=model_config, session_key=session_key,
-            user_name=user_name, title=title,
-        )
-
-    @_writes
-    def end_session(self, session_id: str, end_reason: str) -> bool:
-        """Mark the session ended; the first end wins.  True if this call ended it."""
-        return self._engine.write(_sessions.end_session, session_id, end_reason)
-
-    @_writes
-    def reopen_session(self, session_id: str) -> bool:
-        """Clear ``ended_at`` and ``end_reason``.  False if the session does not exist."""
-        return self._engine.write(_sessions.reopen_session, session_id)
-
-    @_writes
-    def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,
-                    output_tokens: int = 0, answered: Iterable[int] = (), delivery: dict | None = None,
-                    fence: Fence | None = None) -> list[int]:
-        """A turn's messages and its token usage in one transaction: all of it or, on any error, none.
-
-        ``answered`` are the ids of the user messages this turn answers: its messages are placed right
-        after the last of them, before any message that arrived after those (see ``state._messages``),
-        and their inbox rows go.  ``delivery`` (``id``, platform, chat_id, thread_id, reply_to, text) records the pending
-        send of the reply, tied to the last message stored.  With ``fence`` (PostgreSQL) nothing is
-        written unless its lease is still the session's current one (``LeaseLost`` otherwise)."""
-        return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens,
-                                  list(answered), delivery, fence)
-
-    @_writes
-    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> bool:
-        return self._engine.write(_sessions.update_system_prompt, session_id, system_prompt)
-
-    @_writes
-    def update_token_counts(
-        self,
-        session_id: str,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        *,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        model: str | None = None,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-    ) -> bool:
-        """Add to the session's token counts and costs; set the billing labels given; ``model``
-        only fills in a session that has none (the session keeps the model it was created for)."""
-        return self._engine.write(
-            _sessions.update_token_counts, session_id,
-            input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
-            cache_write_tokens=cache_write_tokens, reasoning_tokens=reasoning_tokens,
-            estimated_cost_usd=estimated_cost_usd, actual_cost_usd=actual_cost_usd, model=model,
-            billing_provider=billing_provider, billing_base_url=billing_base_url, billing_mode=billing_mode,
-            cost_status=cost_status, cost_source=cost_source, pricing_version=pricing_version,
-        )
-
-    @_reads
-    def get_session(self, session_id: str) -> dict | None:
-        return self._engine.read(_sessions.get_session, session_id)
-
-    @_reads
-    def resolve_session_id(self, prefix_or_title: str) -> str:
-        """Exact id, unique id prefix, or title (newest of its lineage).
-
-        Raises :class:`state.AmbiguousSession` (with ``candidates``) or
-        :class:`state.SessionNotFound`.
-        """
-        return self._engine.read(_sessions.resolve_session_id, prefix_or_title)
-
-    @_reads
-    def resolve_session_exactly(self, ref: str) -> str:
-        """Exact id, exact title, or a unique id prefix (for delete and rename: never another of a lineage).
-
-        Raises :class:`state.AmbiguousSession` (every candidate, including ``ref #N``
-        when no session is titled ``ref`` itself) or :class:`state.SessionNotFound`.
-        """
-        return self._engine.read(_sessions.resolve_session_exactly, ref)
-
-    @_reads
-    def find_owned_session(self, ref: str, *, source: str, user_ids: Iterable[str]) -> tuple[str | None, list[str]]:
-        """``ref`` (id, id prefix or title) among the sessions of ``source`` owned by ``user_ids`` only:
-        ``(id, [])``, ``(None, candidate ids)`` for an ambiguous prefix, or ``(None, [])``."""
-        return self._engine.read(_sessions.find_owned_session, ref, source=source, user_ids=list(user_ids))
-
-    @_reads
-    def list_sessions_rich(
-        self,
-        source: str | None = None,
-        limit: int = 20,
-        offset: int = 0,
-        include_children: bool = False,
-        user_ids: Iterable[str] | None = None,
-        session_key: str | None = None,
-        *,
-        user: str | None = None,
-        title_contains: str | None = None,
-        active_since: float | None = None,
-        active_before: float | None = None,
-    ) -> list[dict]:
-        """Newest first, with ``preview`` and ``last_active``; a compression chain is one row (its tip).
-        ``user`` (id or name), ``title_contains`` and the last activity's range narrow the list."""
-        return self._engine.read(
-            _sessions.list_sessions_rich, source, limit, offset, include_children,
-            list(user_ids) if user_ids is not None else None, session_key, user=user,
-            title_contains=title_contains, active_since=active_since, active_before=active_before,
-        )
-
-    @_reads
-    def session_count(self, source: str | None = None) -> int:
-        return self._engine.read(_sessions.session_count, source)
-
-    @_reads
-    def get_lineage(self, session_id: str) -> list[dict]:
-        """Ancestors from the root down to the session itself."""
-        return self._engine.read(_sessions.get_lineage, session_id)
-
-    @_reads
-    def get_descendants(self, session_id: str) -> list[dict]:
-        """Every session below this one, oldest first."""
-        return self._engine.read(_sessions.get_descendants, session_id)
-
-    @_reads
-    def get_compression_tip(self, session_id: str) -> str:
-        """The live end of a compression chain (the id itself when it was not compressed)."""
-        return self._engine.read(_sessions.get_compression_tip, session_id)
-
-    @_reads
-    def continued_conversation(self, session_id: str, upto: int | None = None) -> tuple[str, list[dict]]:
-        """``(session, its conversation)`` for answering messages stored in ``session_id``: the session
-        itself (as far as message ``upto``), or, when compression ended it meanwhile, the child the
-        conversation went on in."""
-        return self._engine.read(_split.continued_conversation, session_id, upto)
-
-    @_writes
-    def split_session(self, session_id: str, messages: list[dict], *, expected_message_ids: Iterable[int],
-                      session_key: str | None = None, end_reason: str = "compression") -> _split.Split:
-        """Continue ``session_id`` in a new child holding ``messages`` (compression), in ONE transaction:
-        the lineage's next title, the child, its messages, the route of ``session_key`` (default: the
-        session's own key) moved to it, the parent ended.  Raises :class:`state.SessionChangedMeanwhile`,
-        writing nothing, when the session's messages are no longer ``expected_message_ids`` or it was
-        ended or routed away meanwhile (see ``state._split``)."""
-        return self._engine.write(_split.split_session, session_id, list(messages),
-                                  expected_message_ids=list(expected_message_ids), session_key=session_key,
-                                  end_reason=end_reason)
-
-    @_writes
-    def delete_session(self, session_id: str) -> bool:
-        """Delete a session, its messages and routes; children stay with no parent."""
-        return self._engine.write(_sessions.delete_session, session_id)
-
-    @_reads
-    def prune_candidates(self, older_than_days: float = 90, source: str | None = None) -> list[str]:
-        """The ids :meth:`prune_sessions` would delete now."""
-        return self._engine.read(_sessions.prune_candidates, older_than_days, source)
-
-    @_writes
-    def prune_sessions(self, older_than_days: float = 90, source: str | None = None) -> int:
-        """Delete ended sessions with no activity for ``older_than_days``; returns how many."""
-        return self._engine.write(_sessions.prune_sessions, older_than_days, source)
-
-    # --- titles ----------------------------------------------------------------
-
-    @staticmethod
-    def sanitize_title(title: str | None) -> str | None:
-        return _titles.sanitize_title(title)
-
-    @_writes
-    def set_session_title(self, session_id: str, title: str | None) -> bool:
-        """Set (or clear, with an empty title) the title.  False if the session does not exist.
-
-        Raises :class:`state.TitleConflict` naming the holder, or :class:`state.InvalidTitle`.
-        """
-        return self._engine.write(_titles.set_session_title, session_id, title)
-
-    @_reads
-    def get_session_title(self, session_id: str) -> str | None:
-        return self._engine.read(_titles.get_session_title, session_id)
-
-    @_reads
-    def get_session_by_title(self, title: str) -> dict | None:
-        return self._engine.read(_titles.get_session_by_title, title)
-
-    @_reads
-    def resolve_session_by_title(self, title: str) -> str | None:
-        """The newest session titled ``title`` or ``title #N``; None if there is none."""
-        return self._engine.read(_titles.resolve_session_by_title, title)
-
-    @_reads
-    def get_next_title_in_lineage(self, base_title: str) -> str:
-        """``base`` if unused, else ``base #N`` one past the highest in use."""
-        return self._engine.read(_titles.get_next_title_in_lineage, base_title)
-
-    # --- messages ----------------------------------------------------------
-
-    @_writes
-    def append_message(
-        self,
-        session_id: str,
-        role: str,
-        content: str | None = None,
-        tool_call_id: str | None = None,
-        tool_calls: Any = None,
-        tool_name: str | None = None,
-        token_count: int | None = None,
-        finish_reason: str | None = None,
-        reasoning: str | None = None,
-        reasoning_details: Any = None,
-        codex_reasoning_items: Any = None,
-        *,
-        platform_message_id: str | None = None,
-        timestamp: float | None = None,
-    ) -> int:
-        """Store a message; returns its id.  A ``platform_message_id`` seen before in
-        this session returns the first message's id and stores nothing."""
-        return self._engine.write(
-            _messages.append_message, session_id, role=role, content=content, tool_call_id=tool_call_id,
-            tool_calls=tool_calls, tool_name=tool_name, token_count=token_count, finish_reason=finish_reason,
-            reasoning=reasoning, reasoning_details=reasoning_details, codex_reasoning_items=codex_reasoning_items,
-            platform_message_id=platform_message_id, timestamp=timestamp,
-        )
-
-    @_writes
-    def append_inbound(
-        self,
-        session_id: str,
-        content: str | None,
-        *,
-        platform_message_id: str | None,
-        role: str = "user",
-        timestamp: float | None = None,
-        inbox: dict | None = None,
-        pending: bool = False,
-        **fields: Any,
-    ) -> Appended:
-        """Store a platform event once.  Returns ``Appended(id, new)``: ``new`` is False
-        when this event was stored before (a redelivery the router must not answer again).
-
-        With ``inbox`` (where to answer: see ``state._recovery.INBOX_FIELDS``) a new message
-        is also put in the inbox, in the same transaction, until a turn answers it.  With
-        ``pending`` as well (PostgreSQL), the session is marked as having work for any instance
-        to claim (``state.cluster.mark_pending``), in that transaction too."""
-        return self._engine.write(
-            _append_inbound, session_id, inbox, pending, role=role, content=content,
-            platform_message_id=platform_message_id, timestamp=timestamp, **fields,
-        )
-
-    @_writes
-    def append_inbound_to_route(
-        self,
-        session_key: str,
-        content: str | None,
-        *,
-        platform_message_id: str | None,
-        keep: Callable[[dict], bool] = lambda session: True,
-        role: str = "user",
-        timestamp: float | None = None,
-        inbox: dict | None = None,
-        pending: bool = False,
-        **fields: Any,
-    ) -> tuple[dict | None, Appended | None]:
-        """In one transaction: the session ``session_key`` routes to and, when that session is open
-        and ``keep(session)`` holds, this event stored in it (as :meth:`append_inbound`).
-
-        Returns ``(session row or None, Appended or None)``; nothing is written when the second is
-        None (no route, an ended session, or one ``keep`` turned down: the caller decides what next).
-        """
-        def route_and_append(conn):
-            session = _routes.get_routed_session(conn, session_key)
-            if session is None or session.get("ended_at") is not None or not keep(session):
-                return session, None
-            appended = _append_inbound(
-                conn, session["id"], inbox, pending, role=role, content=content, platform_message_id=platform_message_id,
-                timestamp=timestamp, **fields)
-            return session, appended
-
-        return self._engine.write(route_and_append)
-
-    @_writes
-    def append_messages(self, session_id: str, messages: list[dict]) -> list[int]:
-        """Store a turn's messages in one transaction: all of them or, on any error, none.
-
-        Keys are :meth:`append_message`'s parameters."""
-        return self._engine.write(_messages.append_messages, session_id, list(messages))
-
-    @_reads
-    def get_messages(self, session_id: str) -> list[dict]:
-        return self._engine.read(_messages.get_messages, session_id)
-
-    @_reads
-    def get_messages_as_conversation(self, session_id: str, upto: int | None = None) -> list[dict]:
-        """The session in order as chat messages; with ``upto`` (a message id), as far as that message."""
-        return self._engine.read(_messages.get_messages_as_conversation, session_id, upto)
-
-    @_writes
-    def clear_messages(self, session_id: str) -> int:
-        """Delete the session's messages (the session stays); returns how many."""
-        return self._engine.write(_messages.clear_messages, session_id)
-
-    @_reads
-    def message_count(self, session_id: str | None = None) -> int:
-        return self._engine.read(_messages.message_count, session_id)
-
-    # --- search --------------------------------------------------------------
-
-    @_reads
-    def search_messages(
-        self,
-        query: str,
-        source_filter: list[str] | None = None,
-        exclude_sources: list[str] | None = None,
-        role_filter: list[str] | None = None,
-        limit: int = 20,
-    ) -> list[dict]:
-        """Full-text search (see ``state.search``); never raises on any query string."""
-        from . import search
-
-        return self._engine.read(
-            search.search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
-            role_filter=role_filter, limit=limit,
-        )
-
-    # --- routes ------------------------------------------------------------
-
-    @_reads
-    def get_routed_session(self, session_key: str) -> dict | None:
-        """The session row ``session_key`` routes to, or None."""
-        return self._engine.read(_routes.get_routed_session, session_key)
-
-    @_reads
-    def get_route(self, session_key: str) -> str | None:
-        return self._engine.read(_routes.get_route, session_key)
-
-    @_writes
-    def set_route(self, session_key: str, session_id: str) -> None:
-        return self._engine.write(_routes.set_route, session_key, session_id)
-
-    @_writes
-    def delete_route(self, session_key: str) -> bool:
-        return self._engine.write(_routes.delete_route, session_key)
-
-    @_reads
-    def list_routes(self, prefix: str | None = None) -> list[tuple[str, str]]:
-        return self._engine.read(_routes.list_routes, prefix)
-
-    # --- export, import, maintenance -------------------------------------------
-
-    @_reads
-    def export_session(self, session_id: str) -> dict | None:
-        """The session row plus ``messages``; secrets in ``model_config`` are redacted."""
-        return self._engine.read(_transfer.export_session, session_id)
-
-    @_reads
-    def export_all(self, source: str | None = None) -> list[dict]:
-        return self._engine.read(_transfer.export_all, source)
-
-    @_reads
-    def write_export(self, handle: IO[str], source: str | None = None, session_id: str | None = None) -> int:
-        """Stream sessions to ``handle`` as JSON lines from one snapshot; returns how many."""
-        return self._engine.read(_transfer.write_export, handle, source, session_id)
-
-    @_writes
-    def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = 2000) -> dict:
-        """Restore ``(line_no, session)`` pairs from an export: all of them or none.
-
-        Every record is checked before anything is written.  The writes go in
-        transactions of about ``chunk_messages`` messages, so a big import never keeps the
-        daemon's writes waiting for long; if one fails, the sessions already
-        imported from the same file are deleted again and the error (an
-        :class:`state.ImportFileError` naming the line) is raised.  Sessions
-        whose id exists already are skipped.  Returns ``imported``,
-        ``messages``, ``skipped`` (ids) and ``ids`` (imported).
-        """
-        chunks, in_file = _transfer.plan_import(records, chunk_messages)
-        total: dict = {"imported": 0, "messages": 0, "skipped": [], "ids": []}
-        try:
-            for chunk in chunks:
-                done = self._engine.write(_transfer.import_sessions, chunk, in_file)
-                total["imported"] += done["imported"]
-                total["messages"] += done["messages"]
-                total["skipped"] += done["skipped"]
-                total["ids"] += done["ids"]
-        except BaseException:
-            if total["ids"]:
-                self._engine.write(_sessions.delete_sessions, total["ids"])
-            raise
-        return total
-
-    @_reads
-    def stats(self) -> dict:
-        """Counts (sessions, messages, by source), database and WAL size in bytes, schema version."""
-        return self._engine.read(_transfer.stats, self.db_path or self.url)
-
-    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
-        """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
-        return self._engine.checkpoint(mode)
-
     def refuse_writes(self, problems: Iterable[str]) -> StoreCorrupt:
         """Every write from now on raises :class:`StoreCorrupt`, reads go on (the integrity guard found
         the SQLite file damaged); returns that error.  PostgreSQL checks its own pages."""
@@ -563,539 +157,32 @@ class SessionDB:
         """The error every write raises since the file was found damaged; None while writes go on."""
         return self._engine.writes_refused if isinstance(self._engine, Engine) else None
 
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self) -> "SessionDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SessionDB({self.url or str(self.db_path)!r})"
+
+    @staticmethod
+    def sanitize_title(title: str | None) -> str | None:
+        """A title as it would be stored (see ``state._titles``); it touches no database."""
+        return _titles.sanitize_title(title)
+
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """Run a WAL checkpoint; returns SQLite's (busy, wal pages, checkpointed pages)."""
+        return self._engine.checkpoint(mode)
+
     @_reads
     def checkpoint_aside(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """A checkpoint that leaves the write connection free (the async store runs it on a
         reader thread, so no write queues behind it); returns (busy, wal pages, checkpointed)."""
         return self._engine.checkpoint_aside(mode)
-
-    # --- upkeep (see state._upkeep: each step is one short write transaction) ---------------
-
-    def _timed_write(self, fn: Callable[..., T], *args: Any, gives_way: bool = True) -> tuple[T, "_upkeep.Timed"]:
-        """``fn``'s result and when its transaction took the write lock and for how long (begin to
-        commit, ``time.perf_counter`` seconds).  Giving way (the default), a write from another
-        thread interrupts it: :class:`state._lock.GaveWay` is raised, its ``timed`` set."""
-        began: list[float] = []
-
-        def run(conn):
-            began.append(time.perf_counter())
-            out = fn(conn, *args)
-            began.append(time.perf_counter())  # the commit comes next
-            return out
-
-        try:
-            result = self._engine.write_giving_way(run) if gives_way else self._engine.write(run)
-        except GaveWay as exc:
-            exc.timed = _upkeep.Timed(began[0], time.perf_counter() - began[0])
-            raise
-        end = time.perf_counter()
-        return result, _upkeep.Timed(began[-2], end - began[-2], end - began[-1])
-
-    @_reads
-    def store_size(self) -> "_upkeep.StoreSize":
-        """The database and WAL file sizes, page size, free pages and auto_vacuum mode."""
-        return self._engine.read(_upkeep.store_size, self.db_path)
-
-    @_reads
-    def storage_report(self, largest: int = _storage.LARGEST) -> "_storage.StorageReport":
-        """Where the bytes are: each table and index, the message text by platform and by month, the
-        ``largest`` biggest sessions, the WAL and the free pages (``switchboard storage``)."""
-        return self._engine.read(_storage.storage_report, self.db_path, largest)
-
-    @_reads
-    def expired_sessions(self, cutoff: float) -> list[tuple[str, int]]:
-        """(id, message count) of ended sessions with no activity since ``cutoff``, oldest first."""
-        return self._engine.read(_upkeep.expired_sessions, cutoff)
-
-    @_upkeep_steps
-    def upkeep_prune_step(self, session_ids: list[str], cutoff: float, max_bytes: int, *,
-                          gives_way: bool = True) -> tuple["_upkeep.PruneStep", "_upkeep.Timed"]:
-        """One retention step (about ``max_bytes`` of message text deleted); returns it and its lock hold.
-        ``gives_way``: a write from another thread that comes meanwhile interrupts it (see ``_timed_write``)."""
-        return self._timed_write(_upkeep.prune_step, list(session_ids), cutoff, max_bytes, gives_way=gives_way)
-
-    @_reads
-    def fts_segments(self, table: str) -> list[int]:
-        """The segments the FTS5 index ``table`` (one of ``state._upkeep.FTS_TABLES``) holds now."""
-        return self._engine.read(_upkeep.fts_segments, _upkeep.fts_table(table))
-
-    @_upkeep_steps
-    def upkeep_merge_step(self, table: str, pages: int, segments: list[int] | None = None,
-                          start: bool = False, *, gives_way: bool = True) -> tuple["_upkeep.MergeStep", "_upkeep.Timed"]:
-        """One step (about ``pages`` pages) of merging the FTS5 index ``table`` (down from ``segments``
-        when given: see ``state._upkeep.merge_step``); returns it and its lock hold."""
-        return self._timed_write(_upkeep.merge_step, _upkeep.fts_table(table), pages,
-                                 None if segments is None else list(segments), bool(start), gives_way=gives_way)
-
-    @_writes
-    def upkeep_automerge(self, on: bool) -> "_upkeep.Timed":
-        """Turn FTS5's automerge of the search indexes on or off (off while upkeep prunes)."""
-        return self._timed_write(_upkeep.set_automerge, bool(on), gives_way=False)[1]
-
-    @_upkeep_steps
-    def upkeep_vacuum_step(self, pages: int, *, gives_way: bool = True) -> tuple[int, "_upkeep.Timed"]:
-        """Up to ``pages`` free pages returned to the file system; returns how many and the lock hold."""
-        return self._timed_write(_upkeep.vacuum_step, pages, gives_way=gives_way)
-
-    @_writes
-    def record_upkeep(self, report: dict) -> None:
-        self._engine.write(_upkeep.record, _upkeep.LAST_UPKEEP, report)
-
-    @_reads
-    def last_upkeep(self) -> dict | None:
-        """What the last upkeep pass did (``state._upkeep.UpkeepReport`` as a dict), or None."""
-        return self._engine.read(_upkeep.recorded, _upkeep.LAST_UPKEEP)
-
-    # --- pairing ---------------------------------------------------------------
-
-    @_reads
-    def is_user_approved(self, platform: str, user_id: str) -> bool:
-        return self._engine.read(_pairing.is_user_approved, platform, user_id)
-
-    @_writes
-    def request_pairing(self, platform: str, user_id: str, user_name: str | None, code: str, *,
-                        now: float, ttl: float, max_pending: int) -> dict | None:
-        """The user's pending pairing request, or a new one with ``code``; None when
-        ``max_pending`` requests are already open on the platform."""
-        return self._engine.write(_pairing.request_pairing, platform, user_id, user_name, code,
-                                  now=now, ttl=ttl, max_pending=max_pending)
-
-    @_reads
-    def list_pairing(self, now: float | None = None) -> dict:
-        """``{"pending": [...], "approved": [...]}``."""
-        return self._engine.read(_pairing.list_pairing, now)
-
-    @_writes
-    def approve_pairing(self, platform: str, code: str, now: float | None = None) -> dict:
-        """Approve the user holding ``code``; raises :class:`state.PairingNotFound`."""
-        return self._engine.write(_pairing.approve_pairing, platform, code, now)
-
-    @_writes
-    def revoke_user(self, platform: str, user_id: str) -> bool:
-        return self._engine.write(_pairing.revoke_user, platform, user_id)
-
-    # --- recall ------------------------------------------------------------------
-
-    @_reads
-    def recall_hits(self, query: str, *, agent_prefix: str | None, accounts: Iterable[str] | None,
-                    exclude_lineage_of: str | None = None, role_filter: Iterable[str] | None = None,
-                    limit: int = 50) -> dict:
-        """Full-text search within a scope (agent prefix, ``platform:user_id`` accounts; None: all),
-        leaving out the lineage of ``exclude_lineage_of``; see ``state._recall``."""
-        return self._engine.read(
-            _recall.recall_hits, query, agent_prefix=agent_prefix,
-            accounts=list(accounts) if accounts is not None else None,
-            exclude_lineage_of=exclude_lineage_of, role_filter=list(role_filter or ()), limit=limit,
-        )
-
-    @_reads
-    def recent_sessions(self, *, agent_prefix: str | None, accounts: Iterable[str] | None,
-                        exclude_lineage_of: str | None = None, limit: int = 5) -> list[dict]:
-        """The newest sessions within a scope (compression chains folded), newest first."""
-        return self._engine.read(
-            _recall.recent_sessions, agent_prefix=agent_prefix,
-            accounts=list(accounts) if accounts is not None else None,
-            exclude_lineage_of=exclude_lineage_of, limit=limit,
-        )
-
-    @_reads
-    def recall_sessions(self, session_ids: list[str]) -> list[dict]:
-        """Rows of the given sessions with their ``messages``, in the order asked."""
-        return self._engine.read(_recall.recall_sessions, list(session_ids))
-
-    # --- cron ---------------------------------------------------------------
-    # Scheduled jobs, their runs and leases (state._cron).  Times come from the caller's clock.
-
-    @_writes
-    def add_cron_job(self, job: dict, *, source: str, now: float, next_run_at: float | None) -> dict:
-        """Store a new job (``job`` holds id and the editable fields); raises ``CronJobExists``."""
-        return self._engine.write(_cron.add_cron_job, dict(job), source=source, now=now, next_run_at=next_run_at)
-
-    @_reads
-    def get_cron_job(self, job_id: str) -> dict | None:
-        return self._engine.read(_cron.get_cron_job, job_id)
-
-    @_reads
-    def list_cron_jobs(self) -> list[dict]:
-        """Every job, by id, with ``last_status`` and ``last_started_at`` of its newest run."""
-        return self._engine.read(_cron.list_cron_jobs)
-
-    @_writes
-    def update_cron_job(self, job_id: str, changes: dict, *, now: float, next_run_at: Any = "keep") -> dict:
-        return self._engine.write(_cron.update_cron_job, job_id, dict(changes), now=now, next_run_at=next_run_at)
-
-    @_writes
-    def set_cron_job_paused(self, job_id: str, paused: bool, *, now: float, next_run_at: Any = "keep") -> dict:
-        return self._engine.write(_cron.set_cron_job_paused, job_id, paused, now=now, next_run_at=next_run_at)
-
-    @_writes
-    def remove_cron_job(self, job_id: str) -> bool:
-        """Delete the job with its history and lease; the sessions of its runs stay."""
-        return self._engine.write(_cron.remove_cron_job, job_id)
-
-    @_writes
-    def sync_config_cron_jobs(self, jobs: list[dict], *, now: float, remove_missing: bool = True) -> dict:
-        """Make the table's ``config`` jobs match ``jobs``; returns {added, changed, removed}."""
-        return self._engine.write(_cron.sync_config_cron_jobs, [dict(j) for j in jobs], now=now,
-                                  remove_missing=remove_missing)
-
-    @_writes
-    def begin_cron_run(self, job_id: str, *, holder: str, now: float, lease_seconds: float, trigger: str,
-                       scheduled_at: float | None, deliver: str | None, expect_next_run_at: Any = "any",
-                       next_run_at: Any = "keep", note: str | None = None) -> dict:
-        """Take the job's lease and record a running run in one transaction (see ``state._cron``)."""
-        return self._engine.write(
-            _cron.begin_cron_run, job_id, holder=holder, now=now, lease_seconds=lease_seconds, trigger=trigger,
-            scheduled_at=scheduled_at, deliver=deliver, expect_next_run_at=expect_next_run_at,
-            next_run_at=next_run_at, note=note,
-        )
-
-    @_writes
-    def skip_cron_run(self, job_id: str, *, now: float, scheduled_at: float | None, reason: str,
-                      expect_next_run_at: float | None, next_run_at: float | None) -> dict | None:
-        return self._engine.write(_cron.skip_cron_run, job_id, now=now, scheduled_at=scheduled_at, reason=reason,
-                                  expect_next_run_at=expect_next_run_at, next_run_at=next_run_at)
-
-    @_writes
-    def renew_cron_lease(self, job_id: str, holder: str, *, now: float, lease_seconds: float) -> bool:
-        return self._engine.write(_cron.renew_cron_lease, job_id, holder, now=now, lease_seconds=lease_seconds)
-
-    @_reads
-    def get_cron_lease(self, job_id: str) -> dict | None:
-        return self._engine.read(_cron.get_cron_lease, job_id)
-
-    @_writes
-    def set_cron_run_session(self, run_id: int, session_id: str) -> None:
-        return self._engine.write(_cron.set_cron_run_session, run_id, session_id)
-
-    @_writes
-    def finish_cron_run(self, run_id: int, *, holder: str, now: float, status: str, session_id: str | None = None,
-                        output: str | None = None, error: str | None = None, delivery: str | None = None,
-                        next_delivery_at: float | None = None) -> dict | None:
-        """Record the run's end and release the lease; None when the job was removed meanwhile."""
-        return self._engine.write(
-            _cron.finish_cron_run, run_id, holder=holder, now=now, status=status, session_id=session_id,
-            output=output, error=error, delivery=delivery, next_delivery_at=next_delivery_at,
-        )
-
-    @_reads
-    def get_cron_run(self, run_id: int) -> dict | None:
-        return self._engine.read(_cron.get_cron_run, run_id)
-
-    @_reads
-    def list_cron_runs(self, job_id: str | None = None, limit: int = 20) -> list[dict]:
-        """Newest first."""
-        return self._engine.read(_cron.list_cron_runs, job_id, limit)
-
-    @_writes
-    def reap_cron_runs(self, *, now: float) -> list[dict]:
-        """Runs left running by a process that died (lease expired) become errors."""
-        return self._engine.write(_cron.reap_cron_runs, now=now)
-
-    @_reads
-    def due_cron_deliveries(self, *, now: float, limit: int = 50) -> list[dict]:
-        return self._engine.read(_cron.due_cron_deliveries, now=now, limit=limit)
-
-    @_writes
-    def claim_cron_delivery(self, run_id: int, *, now: float, hold_seconds: float) -> dict | None:
-        return self._engine.write(_cron.claim_cron_delivery, run_id, now=now, hold_seconds=hold_seconds)
-
-    @_writes
-    def record_cron_delivery(self, run_id: int, *, now: float, ok: bool, error: str | None = None,
-                             retry_at: float | None = None) -> dict | None:
-        return self._engine.write(_cron.record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
-
-    # --- facts ---------------------------------------------------------------
-    # Holographic fact memory (state._facts): facts per (agent, user scope), their FTS5 index,
-    # the once-per-session extraction claim and the per-chat prefetch switch.  Times come from the caller.
-
-    @_writes
-    def add_fact(self, agent: str, user_scope: str, content: str, entities: list[str], *, session_id: str | None,
-                 trust: float, now: float, hrr: bytes | None) -> int:
-        """Store a fact; returns its id."""
-        return self._engine.write(_facts.add_fact, agent, user_scope, content, list(entities),
-                                  session_id=session_id, trust=trust, now=now, hrr=hrr)
-
-    @_writes
-    def add_facts(self, agent: str, user_scope: str, rows: list[dict], *, now: float) -> list[int]:
-        """Store several facts in one transaction (dicts: content, entities, session_id, trust, hrr)."""
-        return self._engine.write(_facts.add_facts, agent, user_scope, [dict(r) for r in rows], now=now)
-
-    @_writes
-    def confirm_fact(self, fact_id: int, *, now: float, trust_step: float) -> dict | None:
-        """Seen again: trust up by ``trust_step`` (at most 1.0), last-confirmed ``now``."""
-        return self._engine.write(_facts.confirm_fact, fact_id, now=now, trust_step=trust_step)
-
-    @_writes
-    def contradict_fact(self, fact_id: int, *, factor: float, superseded_by: int | None = None) -> dict | None:
-        """The user said otherwise: trust times ``factor``; ``superseded_by`` hides it behind its correction."""
-        return self._engine.write(_facts.contradict_fact, fact_id, factor=factor, superseded_by=superseded_by)
-
-    @_writes
-    def delete_fact(self, agent: str, user_scope: str, fact_id: int) -> bool:
-        return self._engine.write(_facts.delete_fact, agent, user_scope, fact_id)
-
-    @_writes
-    def claim_fact_extraction(self, session_id: str, *, now: float) -> bool:
-        """True for the first caller only (each ended session is extracted once)."""
-        return self._engine.write(_facts.claim_extraction, session_id, now=now)
-
-    @_writes
-    def finish_fact_extraction(self, session_id: str, *, added: int, confirmed: int) -> None:
-        return self._engine.write(_facts.finish_extraction, session_id, added=added, confirmed=confirmed)
-
-    @_writes
-    def release_fact_extraction(self, session_id: str) -> None:
-        """A failed extraction gives its claim back, so a later attempt may run."""
-        return self._engine.write(_facts.release_extraction, session_id)
-
-    @_writes
-    def set_facts_prefetch(self, session_key: str, on: bool, *, now: float) -> None:
-        return self._engine.write(_facts.set_facts_prefetch, session_key, on, now=now)
-
-    @_reads
-    def get_fact(self, fact_id: int) -> dict | None:
-        return self._engine.read(_facts.get_fact, fact_id)
-
-    @_reads
-    def fact_candidates(self, agent: str, user_scope: str, terms: list[str], *, limit: int,
-                        include_superseded: bool = False, window: int = _facts.RECALL_WINDOW) -> list[dict]:
-        """Facts of the scope matching any term, best BM25 among its newest ``window`` matches first,
-        with ``hrr`` and ``fts_rank``."""
-        return self._engine.read(_facts.fact_candidates, agent, user_scope, list(terms), limit=limit,
-                                 include_superseded=include_superseded, window=window)
-
-    @_reads
-    def list_facts(self, agent: str, user_scope: str, *, limit: int = 20, include_superseded: bool = False) -> list[dict]:
-        """Most recently confirmed first."""
-        return self._engine.read(_facts.list_facts, agent, user_scope, limit=limit, include_superseded=include_superseded)
-
-    @_reads
-    def fact_count(self, agent: str, user_scope: str) -> int:
-        return self._engine.read(_facts.fact_count, agent, user_scope)
-
-    @_reads
-    def fact_prefetch_candidates(self, session_key: str, default_on: bool, agent: str, user_scope: str,
-                                 terms: list[str], *, limit: int) -> list[dict]:
-        """:meth:`fact_candidates` for a turn's prefetch, in the same read as the chat's choice: none when
-        the chat turned prefetch off (or never chose and ``default_on`` is False)."""
-        return self._engine.read(_facts.prefetch_candidates, session_key, default_on, agent, user_scope, list(terms),
-                                 limit=limit)
-
-    @_reads
-    def facts_prefetch_enabled(self, session_key: str) -> bool | None:
-        """The chat's prefetch choice; None when never set."""
-        return self._engine.read(_facts.facts_prefetch_enabled, session_key)
-
-    @_reads
-    def sessions_awaiting_facts(self, *, since: float, now: float, min_messages: int = 4, limit: int = 200) -> list[str]:
-        """Ended sessions (since ``since``, with a user, not cron) whose facts were never extracted."""
-        return self._engine.read(_facts.sessions_awaiting_facts, since=since, now=now, min_messages=min_messages,
-                                 limit=limit)
-
-    @_reads
-    def get_fact_extraction(self, session_id: str) -> dict | None:
-        return self._engine.read(_facts.extraction_of, session_id)
-
-    # --- recovery: the inbox, the delivery record ---------------------------------
-
-    @_writes
-    def settle_inbox(self, message_ids: Iterable[int], delivery: dict | None = None, *,
-                     session_id: str | None = None, fence: Fence | None = None) -> None:
-        """These messages got their answer (a line standing in for a reply): drop their inbox rows and,
-        with ``delivery``, record the pending send of that line, in one transaction (fenced as
-        :meth:`record_turn` is)."""
-        def settle(conn) -> None:
-            _fenced(conn, fence)
-            _recovery.settle(conn, list(message_ids), delivery, session_id=session_id)
-
-        self._engine.write(settle)
-
-    @_reads
-    def unanswered_messages(self, session_id: str | None = None) -> list[dict]:
-        """Every stored platform message that no turn has answered yet (of ``session_id`` only, when
-        given), oldest first."""
-        return self._engine.read(_recovery.unanswered, session_id)
-
-    @_reads
-    def unanswered_with_history(self, session_id: str) -> tuple[list[dict], list[dict]]:
-        """``session_id``'s unanswered messages and its conversation as far as the last of them, read
-        together (one snapshot on PostgreSQL), so a message another instance stores meanwhile is in both
-        or in neither."""
-        def read(conn) -> tuple[list[dict], list[dict]]:
-            rows = _recovery.unanswered(conn, session_id)
-            upto = rows[-1]["message_id"] if rows else None
-            return rows, _messages.get_messages_as_conversation(conn, session_id, upto)
-
-        return self._engine.read(read)
-
-    @_reads
-    def unanswered_backlog(self) -> tuple[int, float | None]:
-        """``(sessions, oldest_received_at)``: how many sessions have stored messages no turn answered
-        yet, and the oldest such message's arrival (epoch seconds; None when nothing waits)."""
-        return self._engine.read(_recovery.backlog)
-
-    @_writes
-    def mark_sessions_pending(self, session_ids: Iterable[str]) -> int:
-        """Mark sessions as having work for any instance to claim (PostgreSQL; nothing on SQLite,
-        where one instance answers everything itself); how many were marked."""
-        ids = sorted(set(session_ids))
-
-        def mark(conn) -> int:
-            return sum(dialect_of(conn).mark_pending(conn, session_id) for session_id in ids)
-
-        return self._engine.write(mark)
-
-    @_writes
-    def begin_streamed_delivery(self, delivery: dict, *, session_id: str, sent_ids: list[str]) -> None:
-        """Record that a streamed reply posted ``sent_ids`` before its text is known (kind ``stream``,
-        status ``streaming``); the turn's transaction fills the text in."""
-        return self._engine.write(_recovery.begin_streamed_delivery, delivery, session_id=session_id,
-                                  sent_ids=sent_ids)
-
-    @_reads
-    def pending_deliveries(self, session_id: str | None = None) -> list[dict]:
-        """Replies stored but not yet confirmed sent (of ``session_id`` only, when given), oldest first."""
-        return self._engine.read(_recovery.pending_deliveries, session_id)
-
-    @_writes
-    def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None) -> bool:
-        return self._engine.write(_recovery.update_delivery, delivery_id, sent_ids=sent_ids, status=status, error=error)
-
-    @_reads
-    def get_delivery(self, delivery_id: str) -> dict | None:
-        return self._engine.read(_recovery.get_delivery, delivery_id)
-
-    @_reads
-    def list_deliveries(self, session_id: str) -> list[dict]:
-        return self._engine.read(_recovery.list_deliveries, session_id)
-
-    @_reads
-    def recovery_counts(self) -> dict:
-        """``unanswered`` messages, ``deliveries_pending`` and held ``dead_letters``."""
-        return self._engine.read(_recovery.recovery_counts)
-
-    # --- dead letters: events set aside after failing again and again ---------------
-
-    @_writes
-    def add_dead_letter(self, *, platform: str, event_id: str | None, payload: str, message: str | None,
-                        error: str, attempts: int = 1) -> int:
-        """Set an event aside (``payload`` and ``message`` are JSON, secrets already masked); returns its id."""
-        return self._engine.write(_deadletters.add_dead_letter, platform=platform, event_id=event_id,
-                                  payload=payload, message=message, error=error, attempts=attempts)
-
-    @_reads
-    def list_dead_letters(self, *, status: str | None = None, limit: int = 50) -> list[dict]:
-        """Dead letters, newest first (only those in ``status`` when given)."""
-        return self._engine.read(_deadletters.list_dead_letters, status=status, limit=limit)
-
-    @_reads
-    def dead_letters_due_for_retry(self, limit: int = 20) -> list[dict]:
-        """Dead letters an operator marked for replay, oldest first."""
-        return self._engine.read(_deadletters.due_for_retry, limit)
-
-    @_reads
-    def get_dead_letter(self, dead_letter_id: int) -> dict | None:
-        return self._engine.read(_deadletters.get_dead_letter, dead_letter_id)
-
-    @_writes
-    def set_dead_letter_status(self, dead_letter_id: int, status: str, *, only_from: tuple[str, ...] | None = None,
-                               error: str | None = None, failed_attempt: bool = False) -> bool:
-        """Move a dead letter to ``status`` (held, retry, retried, dropped), only from ``only_from`` when
-        given; False when no row moved."""
-        return self._engine.write(_deadletters.set_dead_letter_status, dead_letter_id, status, only_from=only_from,
-                                  error=error, failed_attempt=failed_attempt)
-
-    @_reads
-    def count_dead_letters(self, status: str = "held") -> int:
-        return self._engine.read(_deadletters.count_dead_letters, status)
-
-    # --- the usage ledger (state._usage): one row per model call ---------------------------------
-
-    @_writes
-    def record_model_call(self, row: dict) -> int:
-        """Add one model call to the ledger (keys: :data:`state._usage.COLUMNS`); its id."""
-        return self._engine.write(_usage.record_call, dict(row))
-
-    @_writes
-    def record_model_calls(self, rows: list[dict]) -> list[int]:
-        """Add several model calls in one transaction; their ids."""
-        return self._engine.write(_usage.record_calls, [dict(r) for r in rows])
-
-    @_reads
-    def model_calls(self, since: float = 0.0, limit: int = 1000) -> list[dict]:
-        """The ledger's rows since ``since``, oldest first."""
-        return self._engine.read(_usage.list_calls, since, limit)
-
-    @_reads
-    def usage_report(self, since: float, by: str = "day", *, platform: str | None = None,
-                     user_id: str | None = None) -> list[dict]:
-        """Totals per group (day, model, platform, purpose, user, chat) and UTC day since ``since``;
-        with ``user_id`` (and its ``platform``) one user's calls only."""
-        return self._engine.read(_usage.usage_report, since, by, platform=platform, user_id=user_id)
-
-    @_reads
-    def usage_summary(self, since: float, by: str = "day", *, limit: int | None = None,
-                      platform: str | None = None, user_id: str | None = None) -> dict:
-        """``usage_report``'s figures summed per group, with each group's tokens per day and the total;
-        with ``limit``, the ``limit`` groups with the most tokens only (see
-        :func:`state._usage.usage_summary`): what ``switchboard insights`` shows."""
-        return self._engine.read(_usage.usage_summary, since, by, limit=limit, platform=platform,
-                                 user_id=user_id)
-
-    @_reads
-    def called_models(self, since: float = 0.0) -> dict[str, float]:
-        """The models the ledger has calls of since ``since``, each with the time of its first."""
-        return self._engine.read(_usage.called_models, since)
-
-    @_writes
-    def reprice_model_calls(self, model: str, price: dict[str, float] | None, since: float = 0.0,
-                            until: float | None = None) -> int:
-        """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
-        ({input, output, cached_input} per million; None: no price); how many.  One transaction: a
-        large ledger is repriced a day at a time (``switchboard insights reprice``)."""
-        return self._engine.write(_usage.reprice_calls, model, price, since, until)
-
-    @_writes
-    def prune_model_calls(self, before: float, limit: int | None = None) -> int:
-        """Delete the ledger's rows older than ``before``, the oldest ``limit`` of them when given; how many."""
-        return self._engine.write(_usage.prune_calls, before, limit)
-
-
-@dataclass(frozen=True)
-class Fence:
-    """The lease a turn's writes are made under: they happen only while ``token`` is current (PostgreSQL)."""
-
-    session_id: str
-    token: int
-
-
-def _fenced(conn, fence: Fence | None) -> None:
-    """First in a fenced transaction: raise ``LeaseLost`` (nothing written) unless ``fence`` still holds.
-
-    SQLite has one instance per file and no leases: a fence there has nothing to guard against."""
-    if fence is not None:
-        dialect_of(conn).fence(conn, fence.session_id, fence.token)
-
-
-def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
-                 answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
-    _fenced(conn, fence)
-    ids = _messages.append_messages(conn, session_id, messages)
-    _messages.place_after(conn, session_id, ids, answered)
-    _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
-    if answered or delivery is not None:
-        _recovery.settle(conn, answered, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)
-    return ids
-
-
-def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **message: Any) -> Appended:
-    appended = _messages.append_inbound(conn, session_id, **message)
-    if inbox is not None and appended.new:
-        _recovery.add_to_inbox(conn, appended.id, session_id, inbox)
-        if pending:
-            dialect_of(conn).mark_pending(conn, session_id)
-    return appended
 
 
 def public_methods(kind: str) -> dict[str, Callable[..., Any]]:

@@ -422,10 +422,10 @@ def verify_migration(source: Path, url: str, *, words: int = 5) -> Verification:
             cjk = bool(_CJK_RUN.fullmatch(query))
             if compared >= words and not cjk:
                 continue
-            here = lite.search_messages(query, limit=SEARCH_LIMIT)
+            here = lite.search.messages(query, limit=SEARCH_LIMIT)
             if len(here) >= SEARCH_LIMIT:
                 continue  # too common: the engines rank differently, so their first pages may differ
-            there = pgdb.search_messages(query, limit=SEARCH_LIMIT)
+            there = pgdb.search.messages(query, limit=SEARCH_LIMIT)
             searches.append(SearchCheck(query, tuple(sorted({h["session_id"] for h in here})),
                                         tuple(sorted({h["session_id"] for h in there}))))
             compared += not cjk

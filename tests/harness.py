@@ -84,4 +84,4 @@ class ApiClient:
 def stored_routes(config) -> list[str]:
     """The session keys the gateway stored routes for, sorted (what the key tests compare)."""
     with state.SessionDB(config.db_path) as db:
-        return sorted(key for key, _ in db.list_routes())
+        return sorted(key for key, _ in db.routes.list())

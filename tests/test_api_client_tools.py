@@ -35,7 +35,7 @@ def offered(record) -> list[str]:
 
 async def stored(gw, session_id: str) -> list[tuple]:
     return [(m["role"], m["content"], [c["id"] for c in m.get("tool_calls") or []] or m.get("tool_call_id"))
-            for m in await gw.db.get_messages(session_id)]
+            for m in await gw.db.messages.get(session_id)]
 
 
 async def test_a_client_tool_call_comes_back_and_its_result_continues_the_turn(tmp_path, model):
@@ -124,7 +124,7 @@ async def test_with_a_session_key_the_results_alone_continue_and_the_agents_own_
             await asyncio.to_thread(client.chat.completions.create, model="m", tools=[WEATHER],
                                     messages=[{"role": "tool", "tool_call_id": "call_zz", "content": "?"}])
         client.close()
-        (session,) = await gw.db.list_sessions_rich(source="api", limit=10)
+        (session,) = await gw.db.sessions.list_rich(source="api", limit=10)
         roles = [(role, ref) for role, _, ref in await stored(gw, session["id"])]
     assert [c.id for c in first.choices[0].message.tool_calls] == ["call_w"]  # only the client's call
     assert first.choices[0].finish_reason == "tool_calls"
@@ -144,7 +144,7 @@ async def test_a_client_tool_named_like_an_agent_tool_is_a_400_naming_it(tmp_pat
             await client.chat.completions.create(model="m", tools=[WEATHER, clash],
                                                  messages=[{"role": "user", "content": "hi"}])
         await client.close()
-        sessions = await gw.db.list_sessions_rich(source="api", limit=10)
+        sessions = await gw.db.sessions.list_rich(source="api", limit=10)
     assert refused.value.status_code == 400
     assert "'session_search'" in refused.value.message
     assert refused.value.body["param"] == "tools[1].function.name"
@@ -205,7 +205,7 @@ async def test_bad_tools_and_tool_messages_are_400s_naming_the_field(tmp_path, m
             await client.chat.completions.create(**{"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                     **body})
         await client.close()
-        sessions = await gw.db.list_sessions_rich(source="api", limit=10)
+        sessions = await gw.db.sessions.list_rich(source="api", limit=10)
     assert refused.value.body["param"] == param
     assert sessions == [] and model.requests == []
 
@@ -228,7 +228,7 @@ async def test_the_text_before_a_client_tool_call_never_shows_or_stores_the_memo
         raw = await client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": "user", "content": "weather, plainly?"}], tools=[WEATHER])
         await client.close()
-        streamed_rows = await stored(gw, await gw.db.get_route("agent:main:api:dm:fenced"))
+        streamed_rows = await stored(gw, await gw.db.routes.get("agent:main:api:dm:fenced"))
         plain_rows = await stored(gw, raw.headers["X-Switchboard-Session"])
     plain = raw.parse().choices[0]
     assert finish == "tool_calls"

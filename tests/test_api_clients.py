@@ -32,11 +32,11 @@ def echo(last: str, turns: int, first: str) -> str:
 
 
 async def api_sessions(gw) -> list[dict]:
-    return await gw.db.list_sessions_rich(source="api", include_children=True, limit=100)
+    return await gw.db.sessions.list_rich(source="api", include_children=True, limit=100)
 
 
 async def conversation_of(gw, session_id: str) -> list[tuple[str, str]]:
-    return [(m["role"], m["content"]) for m in await gw.db.get_messages(session_id)]
+    return [(m["role"], m["content"]) for m in await gw.db.messages.get(session_id)]
 
 
 async def test_the_sync_sdk_with_its_whole_history_continues_one_session_storing_nothing_twice(tmp_path, model):
@@ -99,7 +99,7 @@ async def test_an_edited_message_continues_in_a_child_session_that_branches_ther
         _, regenerated = await say([u1, {"role": "assistant", "content": a1}, edited])
         await client.close()
         original, branch = await conversation_of(gw, first), await conversation_of(gw, child)
-        child_row, regen_row = await gw.db.get_session(child), await gw.db.get_session(regenerated)
+        child_row, regen_row = await gw.db.sessions.get(child), await gw.db.sessions.get(regenerated)
     assert same == first
     assert a2_edited == echo("to Oslo", 2, "plan a trip")
     assert child != first and child_row["parent_session_id"] == first
@@ -168,7 +168,7 @@ async def test_three_concurrent_requests_in_one_session_each_get_their_own_answe
             await model.wait_for_requests(1)
             rest = [asyncio.create_task(llm.ainvoke(text)) for text in ("d2", "d3")]
             replies = [m.content for m in await asyncio.gather(first, *rest)]
-            stored = await conversation_of(gw, await gw.db.get_route("agent:main:api:dm:burst"))
+            stored = await conversation_of(gw, await gw.db.routes.get("agent:main:api:dm:burst"))
     assert replies == [echo(d, n, "d1") for n, d in enumerate(["d1", "d2", "d3"], 1)]
     assert [r.messages[-1]["role"] for r in model.requests] == ["user"] * 3
     assert stored == [pair for reply, d in zip(replies, ["d1", "d2", "d3"], strict=True) for pair in (("user", d), ("assistant", reply))]
@@ -196,7 +196,7 @@ async def test_open_webui_chats_by_their_forwarded_ids_and_task_requests_stay_ou
         await client.close()
         session = raw.headers["X-Switchboard-Session"]
         stored = await conversation_of(gw, session)
-        row = await gw.db.get_session(session)
+        row = await gw.db.sessions.get(session)
     assert again.headers["X-Switchboard-Session"] == session
     assert title.parse().choices[0].message.content.startswith("echo: ### Task:")
     assert "X-Switchboard-Session" not in title.headers
@@ -298,7 +298,7 @@ async def test_the_sdks_own_retry_after_a_model_failure_stores_the_message_once(
         answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}],
                                                       extra_headers={"X-Session-Key": "k"})
         await client.close()
-        stored = await conversation_of(gw, await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await conversation_of(gw, await gw.db.routes.get("agent:main:api:dm:k"))
     assert answer.choices[0].message.content == echo("hello", 1, "hello")
     assert stored == [("user", "hello"), ("assistant", echo("hello", 1, "hello"))]
     assert len(model.requests) == 2
@@ -327,7 +327,7 @@ async def test_a_client_kept_conversation_goes_on_after_compression_without_bran
         child = await say("and now?")
         after = await say("still there?")
         await client.close()
-        child_row = await gw.db.get_session(child)
+        child_row = await gw.db.sessions.get(child)
         stored = await conversation_of(gw, child)
     assert child != root and child_row["parent_session_id"] == root  # compression's child, no branch
     assert after == child
@@ -365,7 +365,7 @@ async def test_a_regenerated_answer_branches_without_the_old_answers_tool_calls(
         model.script(Reply("we spoke of Oslo"))
         regenerated, child = await say([u1, {"role": "assistant", "content": a1}, u2])
         await client.close()
-        original = [m["role"] for m in await gw.db.get_messages(first)]
+        original = [m["role"] for m in await gw.db.messages.get(first)]
         branch = await conversation_of(gw, child)
     assert (a2, regenerated) == ("we spoke of Lyon", "we spoke of Oslo")
     assert original == ["user", "assistant", "user", "assistant", "tool", "assistant"]

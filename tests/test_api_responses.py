@@ -31,8 +31,8 @@ def client_of(gw, **kwargs) -> openai.AsyncOpenAI:
 
 
 async def stored(gw) -> list[list[tuple[str, str | None]]]:
-    sessions = await gw.db.list_sessions_rich(source="api", include_children=True, limit=10)
-    return [[(m["role"], m["content"]) for m in await gw.db.get_messages(s["id"])] for s in sessions]
+    sessions = await gw.db.sessions.list_rich(source="api", include_children=True, limit=10)
+    return [[(m["role"], m["content"]) for m in await gw.db.messages.get(s["id"])] for s in sessions]
 
 
 async def test_plain_responses_with_instructions_and_previous_response_id_continuing(tmp_path, model):
@@ -182,7 +182,7 @@ async def test_a_reset_notice_reaches_a_responses_client_in_a_header_never_in_it
                                sessions={"reset": {"mode": "idle", "idle_minutes": 60}}) as gw:
         client = client_of(gw)
         await client.responses.create(model="m", input="before the break", extra_headers={"X-Session-Key": "k"})
-        old = await gw.db.get_route("agent:main:api:dm:k")
+        old = await gw.db.routes.get("agent:main:api:dm:k")
         clock.advance(61 * 60)
         raw = await client.responses.with_raw_response.create(model="m", input="back again",
                                                               extra_headers={"X-Session-Key": "k"})

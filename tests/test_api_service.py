@@ -66,7 +66,7 @@ async def test_a_lone_surrogate_in_the_body_is_a_400_naming_where_and_nothing_is
             nested = b'{"messages": [{"role": "user", "content": "fine"}], "user": "k", "metadata": {"\\udfff": 1}}'
             async with http.post(_url(gw), data=nested, headers={"Content-Type": "application/json"}) as r:
                 nested_status = r.status
-        route = await gw.db.get_route("agent:main:api:dm:k")
+        route = await gw.db.routes.get("agent:main:api:dm:k")
     assert status == 400
     assert "messages[0].content" in error and "lone UTF-16 surrogate" in error
     assert nested_status == 400
@@ -178,5 +178,5 @@ async def test_a_second_signal_while_draining_exits_at_once(tmp_path):
     with sqlite3.connect(tmp_path / "home" / "state.db") as conn:  # the sudden exit left a sound database
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     with state.SessionDB(tmp_path / "home" / "state.db") as db:
-        stored = db.get_messages(db.get_route("agent:main:api:dm:slow"))
+        stored = db.messages.get(db.routes.get("agent:main:api:dm:slow"))
     assert [(m["role"], m["content"]) for m in stored] == [("user", "take forever")]

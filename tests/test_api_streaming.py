@@ -51,7 +51,7 @@ async def test_a_streamed_answer_comes_in_chunks_as_the_model_writes_with_usage_
         api = ApiClient(gw)
         chunks = await stream(api, "k", "tell me about streaming", include_usage=True)
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     objects = [c for _, c in chunks]
     assert {c.object for c in objects} == {"chat.completion.chunk"}
     assert len({c.id for c in objects}) == 1 and objects[0].id.startswith("chatcmpl-")
@@ -88,7 +88,7 @@ async def test_a_reset_notice_is_a_header_and_a_comment_never_content(tmp_path, 
                                sessions={"reset": {"mode": "idle", "idle_minutes": 60}}) as gw:
         api = ApiClient(gw)
         await stream(api, "k", "before the break")
-        old = await gw.db.get_route("agent:main:api:dm:k")
+        old = await gw.db.routes.get("agent:main:api:dm:k")
         clock.advance(61 * 60)
         url = f"http://127.0.0.1:{gw.api.bound_port}/v1/chat/completions"
         body = {"model": "x", "messages": [{"role": "user", "content": "back again"}], "stream": True}
@@ -160,7 +160,7 @@ async def test_a_client_that_leaves_mid_stream_does_not_stop_the_turn(tmp_path, 
         assert model.requests[0].answered is None  # while the model is still writing
 
         async def answered() -> bool:
-            stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+            stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
             return [(m["role"], m["content"]) for m in stored] == [("user", "long one"), ("assistant", LONG)]
 
         await eventually(answered, what="the whole answer stored")
@@ -215,7 +215,7 @@ async def test_a_model_failure_after_the_stream_began_is_an_error_event_the_sdk_
         with pytest.raises(openai.APIError) as failed:
             await stream(api, "k", "first question")
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert failed.value.message.startswith("The model is unavailable right now (HTTP 503)")
     assert [(m["role"], m["content"]) for m in stored] == [("user", "first question")]  # kept, unanswered
 

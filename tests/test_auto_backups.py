@@ -62,8 +62,8 @@ def _filled_home(home: Path, sessions: int = 3) -> None:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     with state.SessionDB(home / "state.db") as db:
         for i in range(sessions):
-            sid = db.create_session(state.new_session_id(), "telegram", model="m")
-            db.append_message(sid, "user", f"hello {i}")
+            sid = db.sessions.create(state.new_session_id(), "telegram", model="m")
+            db.messages.append(sid, "user", f"hello {i}")
 
 
 async def test_each_run_is_checked_and_the_oldest_beyond_keep_are_removed(tmp_path):
@@ -143,10 +143,10 @@ async def test_restore_drill_the_newest_automatic_backup_opens_every_session(tmp
     result = await asyncio.to_thread(CliRunner().invoke, restore_cmd, [str(newest), "--home", str(fresh)])
     assert result.exit_code == 0, result.output
     with state.SessionDB(daemon.db_path) as live, state.SessionDB(fresh / "state.db") as restored:
-        originals = {s["id"]: [(m["role"], m["content"]) for m in live.get_messages(s["id"])]
-                     for s in live.list_sessions_rich(limit=100)}
-        opened = {s["id"]: [(m["role"], m["content"]) for m in restored.get_messages(s["id"])]
-                  for s in restored.list_sessions_rich(limit=100)}
+        originals = {s["id"]: [(m["role"], m["content"]) for m in live.messages.get(s["id"])]
+                     for s in live.sessions.list_rich(limit=100)}
+        opened = {s["id"]: [(m["role"], m["content"]) for m in restored.messages.get(s["id"])]
+                  for s in restored.sessions.list_rich(limit=100)}
     assert len(opened) == 4
     assert opened == originals
     assert sorted(msgs[0][1] for msgs in opened.values()) == [f"remember the number {i}" for i in range(4)]

@@ -26,12 +26,12 @@ WRITER = textwrap.dedent(
     from pathlib import Path
     from state import SessionDB, new_session_id
     db = SessionDB(Path(sys.argv[1]) / "state.db")
-    sid = db.create_session(new_session_id(), "telegram")
+    sid = db.sessions.create(new_session_id(), "telegram")
     print("session", sid, flush=True)
     padding = "x" * 2000  # grow the file so the backup takes many steps
     i = 0
     while True:
-        db.append_message(sid, "user", f"msg {i} {padding}")
+        db.messages.append(sid, "user", f"msg {i} {padding}")
         print(i, flush=True)
         i += 1
     """
@@ -77,9 +77,9 @@ def filled(tmp_path):
     """A home whose state.db holds 20 messages "m0".."m19"."""
     home = tmp_path / "home"
     with SessionDB(home / "state.db") as db:
-        sid = db.create_session(new_session_id(), "discord")
+        sid = db.sessions.create(new_session_id(), "discord")
         for i in range(20):
-            db.append_message(sid, "user", f"m{i}")
+            db.messages.append(sid, "user", f"m{i}")
     return home
 
 
@@ -141,8 +141,8 @@ def test_restore_brings_back_the_backup_and_keeps_the_previous_database(filled, 
     target = tmp_path / "b.db"
     backup_mod.backup(filled, target)
     with SessionDB(filled / "state.db") as db:  # the database moves on after the backup
-        sid = db.create_session(new_session_id(), "slack")
-        db.append_message(sid, "user", "after the backup")
+        sid = db.sessions.create(new_session_id(), "slack")
+        db.messages.append(sid, "user", "after the backup")
     result = run(restore_cmd, target, "--home", filled)
     assert result.exit_code == 0, result.output
     assert _messages(filled / "state.db") == [f"m{i}" for i in range(20)]
@@ -156,8 +156,8 @@ def test_restore_brings_back_the_backup_and_keeps_the_previous_database(filled, 
         f"from {target} into {filled / 'state.db'}",
     ]
     with SessionDB(filled / "state.db") as db:  # the store opens it and goes on writing
-        assert db.message_count() == 20
-        assert db.stats() is not None
+        assert db.messages.count() == 20
+        assert db.transfer.stats() is not None
 
 
 def test_restores_in_the_same_second_keep_each_previous_database_under_its_own_name(filled, tmp_path):
@@ -198,7 +198,7 @@ def test_restore_is_refused_while_the_daemon_holds_the_lock(filled, tmp_path):
     target = tmp_path / "b.db"
     backup_mod.backup(filled, target)
     with SessionDB(filled / "state.db") as db:
-        db.append_message(db.list_sessions_rich()[0]["id"], "user", "newer")
+        db.messages.append(db.sessions.list_rich()[0]["id"], "user", "newer")
     before = _messages(filled / "state.db")
     daemon = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(filled)],

@@ -149,7 +149,7 @@ async def test_every_call_is_checked_and_its_answer_capped_then_refused_once_spe
             assert sent == sorted(sent, reverse=True) and sent[-1] < 200, "capped at what is left, lower each time"
             assert len(model.requests) == made, "the refused call never reached the model"
             spent = await db.budgets.spent(["user:telegram:7"], [period_key("day", gate.clock(), gate.settings.tz)])
-            total = sum(r["prompt_tokens"] + r["completion_tokens"] for r in await db.model_calls(0))
+            total = sum(r["prompt_tokens"] + r["completion_tokens"] for r in await db.usage.calls(0))
             assert list(spent.values())[0][1] == total >= 200, "the roll-up holds exactly what the ledger holds"
             assert "resets" in str(refused.value)
         finally:
@@ -163,16 +163,16 @@ async def test_internal_calls_count_against_the_user_whose_session_it_is(store_t
                                owners={"telegram:1": "ann"})
         client, usage = _client(model, db, gate)
         try:
-            await db.create_session("s1", "telegram", user_id="1", session_key="agent:main:telegram:dm:1")
+            await db.sessions.create("s1", "telegram", user_id="1", session_key="agent:main:telegram:dm:1")
             purposes = ("compression", "recall", "memory_flush", "fact_extraction")
             for purpose in purposes:  # no platform or user given: the session's are used
                 await client.complete([{"role": "user", "content": "summarize"}],
                                       purpose=for_session(purpose, "s1", "agent:main:telegram:dm:1"))
             await usage.drain()
             states = await gate.states(("user:ann",))
-            total = sum(r["prompt_tokens"] + r["completion_tokens"] for r in await db.model_calls(0))
+            total = sum(r["prompt_tokens"] + r["completion_tokens"] for r in await db.usage.calls(0))
             assert states[0].used == total > 0
-            assert sorted(r["purpose"] for r in await db.model_calls(0)) == sorted(purposes)
+            assert sorted(r["purpose"] for r in await db.usage.calls(0)) == sorted(purposes)
         finally:
             await client.close()
             await db.close()
@@ -187,7 +187,7 @@ async def test_a_model_without_a_price_counts_at_the_default_price(store_target)
             await client.complete([{"role": "user", "content": "hello"}], purpose=CallContext("turn", None, "api",
                                                                                               "k", "k"))
             await usage.drain()
-            row = (await db.model_calls(0))[0]
+            row = (await db.usage.calls(0))[0]
             assert row["cost"] is None, "the ledger says: no price"
             (state_,) = await gate.states(("gateway",))
             assert state_.used == pytest.approx((row["prompt_tokens"] + row["completion_tokens"]) * 1000 / 1e6)
@@ -240,7 +240,7 @@ async def test_three_instances_on_one_budget_overshoot_by_at_most_one_call_each(
         try:
             await asyncio.wait_for(asyncio.gather(*(keep_calling(c, u) for c, u in clients)), 60)
             db = instances[0][0]
-            total = sum(r["prompt_tokens"] + r["completion_tokens"] for r in await db.model_calls(0))
+            total = sum(r["prompt_tokens"] + r["completion_tokens"] for r in await db.usage.calls(0))
             assert total >= limit, "the budget was used up"
             assert total <= limit + 3 * largest[0], f"{total} tokens spent against a limit of {limit}"
             assert len(model.requests) > 3

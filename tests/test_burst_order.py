@@ -32,12 +32,12 @@ ANN = FakeTelegram.user(111, "Ann")
 def stored(config, key: str | None = None) -> list[tuple[str, str]]:
     """(role, text) of the one routed session (or ``key``'s), as every reader of the store sees it."""
     with state.SessionDB(config.store_target) as db:
-        routes = dict(db.list_routes())
+        routes = dict(db.routes.list())
         if key is None:
             if not routes:
                 return []
             [key] = routes
-        return [(m["role"], m["content"]) for m in db.get_messages(routes[key])] if key in routes else []
+        return [(m["role"], m["content"]) for m in db.messages.get(routes[key])] if key in routes else []
 
 
 def roles(prompt: list[dict]) -> list[str]:

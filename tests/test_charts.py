@@ -100,10 +100,10 @@ def test_the_chart_of_a_ledger_has_its_days_purposes_and_costs(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
         for purpose, at, tokens, cost in (("turn", since + 3_600, 100, 0.25), ("turn", now - 1, 40, None),
                                           ("compression", now - 1, 60, 0.5), ("cron", since + 3_600, 7, 0.125)):
-            db.record_model_call({"at": at, "purpose": purpose, "model": "m", "outcome": "ok",
+            db.usage.record_call({"at": at, "purpose": purpose, "model": "m", "outcome": "ok",
                                   "prompt_tokens": tokens, "cost": cost})
-        chart = daily_chart(from_summary(db.usage_summary(since, "purpose"), dates),
-                            from_summary(db.usage_summary(since, "day"), dates))
+        chart = daily_chart(from_summary(db.usage.summary(since, "purpose"), dates),
+                            from_summary(db.usage.summary(since, "day"), dates))
     root = parse(usage_svg(chart))
     days = {d.get("data-date"): d for d in days_of(root)}
     assert list(days) == dates

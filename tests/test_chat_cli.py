@@ -93,8 +93,8 @@ async def test_chat_never_continues_another_surfaces_session_unless_given_its_id
         cfg = gateway_config(tmp_path / "home", model.base_url)
         await _chat(cfg, "my own words", "/title Mine")
         with SessionDB(cfg.db_path) as db:
-            db.create_session("20990101_000000_a9a9a9a9", "api", user_id="someone", title="Their talk")
-            db.append_message("20990101_000000_a9a9a9a9", "user", "an API user's secret")
+            db.sessions.create("20990101_000000_a9a9a9a9", "api", user_id="someone", title="Their talk")
+            db.messages.append("20990101_000000_a9a9a9a9", "user", "an API user's secret")
         out = await _chat(cfg, "hello again", continue_="")
         assert "Previous conversation: Mine" in out and "secret" not in out
         for how in ({"resume": "Their talk"}, {"continue_": "Their talk"}, {"resume": "20990101"}):
@@ -181,7 +181,7 @@ async def test_c_continues_the_session_the_user_resumed_not_the_empty_one_new_ma
         await _chat(cfg, "first topic", "/title Alpha")
         left = await _chat(cfg, "/new", "/resume Alpha")  # back in Alpha when they leave
         with SessionDB(cfg.db_path) as db:
-            alpha = db.resolve_session_id("Alpha")
+            alpha = db.sessions.resolve_id("Alpha")
         assert f"Continue with: switchboard chat -r {alpha}" in left
         out = await _chat(cfg, "and more", continue_="")
     assert "Previous conversation: Alpha" in out
@@ -209,8 +209,8 @@ def _env(tmp_path) -> dict[str, str]:
 
 def _stored(tmp_path) -> tuple[str, list[dict]]:
     with SessionDB(tmp_path / "home" / "state.db") as db:
-        session = db.list_sessions_rich(source="cli", limit=1)[0]["id"]
-        return session, db.get_messages(session)
+        session = db.sessions.list_rich(source="cli", limit=1)[0]["id"]
+        return session, db.messages.get(session)
 
 
 async def test_ctrl_c_stops_the_answer_marked_stopped_and_a_second_ctrl_c_leaves_with_the_hint(tmp_path):

@@ -24,9 +24,9 @@ def home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     with SessionDB(home / "state.db") as db:
-        db.add_dead_letter(**dead_letter_row("telegram", "41", {"update_id": 41, "raw": "\x00"}, None,
+        db.dead_letters.add(**dead_letter_row("telegram", "41", {"update_id": 41, "raw": "\x00"}, None,
                                              "ValueError: unreadable"))
-        db.add_dead_letter(**dead_letter_row(
+        db.dead_letters.add(**dead_letter_row(
             "telegram", "42", {"update_id": 42, "message": {"text": f"bot {TOKEN}"}}, MESSAGE,
             f"IntegrityError: refused at https://api.telegram.org/bot{TOKEN}/getUpdates"))
     return home
@@ -75,8 +75,8 @@ def test_retry_marks_the_row_for_the_daemon_and_says_so(home):
     assert "dead letter 2 is marked for retry: the running daemon replays it within a few seconds" in result.output
     assert "already marked for retry" in run(home, "retry", "2").output
     with SessionDB(home / "state.db") as db:
-        assert db.get_dead_letter(2)["status"] == "retry"
-        db.set_dead_letter_status(2, "retried")
+        assert db.dead_letters.get(2)["status"] == "retry"
+        db.dead_letters.set_status(2, "retried")
     again = run(home, "retry", "2")
     assert again.exit_code == 1 and "was already replayed" in again.output
 
@@ -87,14 +87,14 @@ def test_retry_refuses_an_event_that_never_became_a_message_and_says_why(home):
     assert "dead letter 1 cannot be replayed: it failed before it was read into a message" in result.output
     assert "switchboard deadletters drop 1" in result.output
     with SessionDB(home / "state.db") as db:
-        assert db.get_dead_letter(1)["status"] == "held"
+        assert db.dead_letters.get(1)["status"] == "held"
 
 
 def test_drop_and_unknown_ids(home):
     assert run(home, "drop", "2").output.strip() == "dead letter 2 dropped"
     assert run(home, "drop", "2").output.strip() == "dead letter 2 was already dropped"
     with SessionDB(home / "state.db") as db:
-        assert db.count_dead_letters() == 1
+        assert db.dead_letters.count() == 1
     missing = run(home, "show", "99")
     assert missing.exit_code == 1 and "there is no dead letter 99 (see: switchboard deadletters list)" in missing.output
 

@@ -29,8 +29,8 @@ def operator(tmp_path, monkeypatch):
         pass
     real_home = tmp_path / "gateway-home"
     with SessionDB(real_home / "state.db") as db:
-        db.create_session("20260101_090000_c0ffee01", "telegram", title="the real one")
-        db.append_message("20260101_090000_c0ffee01", "user", "hello")
+        db.sessions.create("20260101_090000_c0ffee01", "telegram", title="the real one")
+        db.messages.append("20260101_090000_c0ffee01", "user", "hello")
     config = tmp_path / "my.yaml"
     config.write_text("home: gateway-home\nmodel:\n  api_key: ${MODEL_KEY}\n", encoding="utf-8")
     monkeypatch.setenv("HOME", str(fake_user))
@@ -104,7 +104,7 @@ def test_every_command_opens_the_same_home(operator, monkeypatch):
     """pairing, cron and sessions agree on the database: a pairing approved is seen by each."""
     monkeypatch.setenv("SWITCHBOARD_CONFIG", str(operator["config"]))
     with SessionDB(operator["home"] / "state.db") as db:
-        db.request_pairing("telegram", "42", "Ann", "K7M2XQ9P", now=time.time(), ttl=3600, max_pending=3)
+        db.pairing.request("telegram", "42", "Ann", "K7M2XQ9P", now=time.time(), ttl=3600, max_pending=3)
     assert "K7M2XQ9P" in invoke("pairing", "list").output
     assert "Total sessions: 1" in invoke("sessions", "stats").output
 

@@ -15,9 +15,9 @@ from state import SessionDB
 @pytest.fixture
 def store(home):
     with SessionDB(home / "state.db") as db:
-        db.create_session("20260101_000000_aaaa0001", "api", user_id="k")
-        db.append_message("20260101_000000_aaaa0001", "user", "deploy the docker stack")
-        db.append_message("20260101_000000_aaaa0001", "assistant", "docker compose up -d")
+        db.sessions.create("20260101_000000_aaaa0001", "api", user_id="k")
+        db.messages.append("20260101_000000_aaaa0001", "user", "deploy the docker stack")
+        db.messages.append("20260101_000000_aaaa0001", "assistant", "docker compose up -d")
     return home
 
 
@@ -69,7 +69,7 @@ def test_pairing_an_unknown_platform_says_so(store):
 
 def test_pairing_list_json(store):
     with SessionDB(store / "state.db") as db:
-        db.request_pairing("telegram", "42", "Ann", "K7M2XQ9P", now=time.time(), ttl=3600, max_pending=3)
+        db.pairing.request("telegram", "42", "Ann", "K7M2XQ9P", now=time.time(), ttl=3600, max_pending=3)
     approved = run("pairing", "approve", "Telegram", "k7m2xq9p")
     assert approved.exit_code == 0 and "Approved telegram user 42" in approved.output
     data = json.loads(run("pairing", "list", "--json").output)

@@ -25,13 +25,13 @@ def run(home):
 @pytest.fixture
 def filled(home):
     with SessionDB(home / "state.db") as db:
-        db.create_session("20250301_100000_aaaa0001", "telegram", model="m", title="docker work")
-        db.append_message("20250301_100000_aaaa0001", "user", "How do I fix the docker build?")
-        db.append_message("20250301_100000_aaaa0001", "assistant", "Pin the base image.",
+        db.sessions.create("20250301_100000_aaaa0001", "telegram", model="m", title="docker work")
+        db.messages.append("20250301_100000_aaaa0001", "user", "How do I fix the docker build?")
+        db.messages.append("20250301_100000_aaaa0001", "assistant", "Pin the base image.",
                           tool_calls=[{"id": "c", "function": {"name": "shell", "arguments": '{"cmd": "docker ps"}'}}])
-        db.create_session("20250302_100000_bbbb0002", "discord")
-        db.append_message("20250302_100000_bbbb0002", "user", "我们讨论了记忆断裂的问题")
-        db.create_session("20250302_100000_bbbb0003", "cli")
+        db.sessions.create("20250302_100000_bbbb0002", "discord")
+        db.messages.append("20250302_100000_bbbb0002", "user", "我们讨论了记忆断裂的问题")
+        db.sessions.create("20250302_100000_bbbb0003", "cli")
     return home
 
 
@@ -57,9 +57,9 @@ def test_list_human_and_json(run, filled):
 
 def test_list_has_a_user_column(run, home):
     with SessionDB(home / "state.db") as db:
-        db.create_session("20250301_100000_aaaa0001", "telegram", user_id="4242", user_name="alice")
-        db.create_session("20250301_100000_aaaa0002", "api", user_id="svc-7")
-        db.create_session("20250301_100000_aaaa0003", "cron")
+        db.sessions.create("20250301_100000_aaaa0001", "telegram", user_id="4242", user_name="alice")
+        db.sessions.create("20250301_100000_aaaa0002", "api", user_id="svc-7")
+        db.sessions.create("20250301_100000_aaaa0003", "cron")
     lines = run("list").output.splitlines()
     assert lines[0].split() == ["Title", "Preview", "Last", "active", "Src", "User", "ID"]
     users = {line.split()[-1]: line.split()[-2] for line in lines[1:]}
@@ -93,7 +93,7 @@ def test_title_lookups_ignore_case_and_an_ambiguous_title_is_listed(run, filled)
     shown = run("show", "DOCKER WORK", "--json")
     assert shown.exit_code == 0 and json.loads(shown.output)["id"] == "20250301_100000_aaaa0001"
     with SessionDB(filled / "state.db") as db:
-        db.set_session_title("20250302_100000_bbbb0002", "Docker Work")
+        db.titles.set("20250302_100000_bbbb0002", "Docker Work")
     written_as_stored = run("show", "Docker Work", "--json")
     assert json.loads(written_as_stored.output)["id"] == "20250302_100000_bbbb0002"
     for command in (("show", "docker WORK"), ("rename", "docker WORK", "new"), ("delete", "docker WORK", "--yes")):
@@ -103,7 +103,7 @@ def test_title_lookups_ignore_case_and_an_ambiguous_title_is_listed(run, filled)
                                                   "  20250301_100000_aaaa0001  docker work"], command
     assert run("rename", "DOCKER work", "renamed").exit_code == 1  # nothing was renamed
     with SessionDB(filled / "state.db") as db:
-        assert db.get_session_title("20250301_100000_aaaa0001") == "docker work"
+        assert db.titles.get("20250301_100000_aaaa0001") == "docker work"
 
 
 def test_unknown_session_is_one_clear_line(run, filled):
@@ -170,7 +170,7 @@ def test_a_malformed_import_line_imports_nothing(run, home, tmp_path):
     result = run("import", str(missing))
     assert result.exit_code == 1 and "line 2: message 1 has no 'role'" in result.stderr
     with SessionDB(home / "state.db") as db:
-        assert db.session_count() == 0
+        assert db.sessions.count() == 0
 
 
 def test_delete_asks_first(run, filled):
@@ -193,7 +193,7 @@ def test_rename(run, filled):
 
 def test_prune(run, filled):
     with SessionDB(filled / "state.db") as db:
-        db.end_session("20250302_100000_bbbb0003", "done")
+        db.sessions.end("20250302_100000_bbbb0003", "done")
         db._engine.write(lambda conn: conn.execute(
             "UPDATE sessions SET started_at = 0, last_active = 0, ended_at = 1 WHERE id = '20250302_100000_bbbb0003'"))
     assert run("prune", "--older-than", "30", "--source", "telegram").output == "Nothing to prune.\n"
@@ -212,7 +212,7 @@ def test_stats(run, filled):
 def test_home_option_selects_the_database(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     with SessionDB(elsewhere / "state.db") as db:
-        db.create_session("only-here", "cli")
+        db.sessions.create("only-here", "cli")
     result = CliRunner().invoke(sessions, ["--home", str(elsewhere), "list", "--json"])
     assert [r["id"] for r in json.loads(result.output)] == ["only-here"]
 
@@ -232,7 +232,7 @@ def lineage(home):
     with SessionDB(home / "state.db") as db:
         for sid, title in [("20250401_100000_11110001", "My topic"), ("20250402_100000_22220002", "My topic #2"),
                            ("20250403_100000_33330003", "My topic #3")]:
-            db.create_session(sid, "telegram", title=title)
+            db.sessions.create(sid, "telegram", title=title)
     return home
 
 
@@ -271,8 +271,8 @@ def test_an_ambiguous_id_prefix_deletes_nothing(run, lineage):
 
 def test_resume_still_takes_the_newest_of_a_lineage(lineage):
     with SessionDB(lineage / "state.db") as db:
-        assert db.resolve_session_id("My topic") == "20250403_100000_33330003"
-        assert db.resolve_session_exactly("My topic") == "20250401_100000_11110001"
+        assert db.sessions.resolve_id("My topic") == "20250403_100000_33330003"
+        assert db.sessions.resolve_exactly("My topic") == "20250401_100000_11110001"
 
 
 def test_export_refuses_to_overwrite_a_file_without_force(run, filled, tmp_path):

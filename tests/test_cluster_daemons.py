@@ -106,7 +106,7 @@ def _store_config_jobs(url: str, cron: dict, first_tick: float) -> None:
     rows = [{**spec.as_row(), "next_run_at": first_tick if spec.id == "minutely" else first_run_at(schedule, now)}
             for spec, schedule in config_jobs(config_from_dict({"cron": cron}), now=now)]
     with SessionDB(url) as db:
-        db.sync_config_cron_jobs(rows, now=now)
+        db.cron.sync_config_jobs(rows, now=now)
 
 
 async def test_three_instances_run_each_scheduled_tick_once(tmp_path, pg_url):

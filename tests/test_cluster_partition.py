@@ -30,7 +30,7 @@ import psycopg
 from state import SessionDB
 from state._liveness import connection_kwargs
 db = SessionDB(os.environ["STORE_URL"], write_timeout=60)
-db.create_session("s", "api")
+db.sessions.create("s", "api")
 raw = psycopg.connect(os.environ["STORE_URL"], autocommit=True, **connection_kwargs(os.environ["STORE_URL"]))
 raw.execute("SELECT 1")
 print("ready", flush=True)
@@ -43,7 +43,7 @@ except Exception as exc:
     print(f"failed {time.monotonic() - start:.2f} {type(exc).__name__}", flush=True)
 start = time.monotonic()
 try:
-    db.append_message("s", "user", "into the partition")
+    db.messages.append("s", "user", "into the partition")
     print(f"wrote {time.monotonic() - start:.2f}", flush=True)
 except Exception as exc:
     print(f"failed {time.monotonic() - start:.2f} {type(exc).__name__}", flush=True)
@@ -51,7 +51,7 @@ sys.stdin.readline()
 start = time.monotonic()
 while True:
     try:
-        db.append_message("s", "user", "after the partition")
+        db.messages.append("s", "user", "after the partition")
         print(f"recovered {time.monotonic() - start:.2f}", flush=True)
         break
     except Exception as exc:

@@ -63,8 +63,8 @@ def test_leases_run_on_the_store_pool(pg_url, finished):
     with SessionDB(pg_url) as db:
         cluster = db.cluster
         assert cluster is not None
-        db.create_session("s1", "telegram")
-        db.mark_sessions_pending(["s1"])
+        db.sessions.create("s1", "telegram")
+        db.recovery.mark_pending(["s1"])
         lease = cluster.claim_next("i-1", 15)
         assert lease is not None and lease.session_id == "s1"
         assert cluster.claim_next("i-2", 15) is None  # held: nobody else gets it

@@ -30,9 +30,9 @@ def _where(chat: str, message_id: str) -> dict:
 def _strand(db: SessionDB, conn: psycopg.Connection, session_id: str, chat: str, text: str) -> None:
     """A session as a dead instance leaves it: a message stored and unanswered, no pending mark, and the
     dead instance's lease on it expired."""
-    db.create_session(session_id, "telegram", session_key=f"agent:main:telegram:dm:{chat}", user_id=chat)
-    db.set_route(f"agent:main:telegram:dm:{chat}", session_id)
-    db.append_inbound(session_id, text, platform_message_id=f"{session_id}-1", inbox=_where(chat, f"{session_id}-1"))
+    db.sessions.create(session_id, "telegram", session_key=f"agent:main:telegram:dm:{chat}", user_id=chat)
+    db.routes.set(f"agent:main:telegram:dm:{chat}", session_id)
+    db.messages.append_inbound(session_id, text, platform_message_id=f"{session_id}-1", inbox=_where(chat, f"{session_id}-1"))
     assert claim(conn, session_id, "dead-instance", 0.05) is not None
     time.sleep(0.1)  # its lease runs out; the instance never released it
 
@@ -40,14 +40,14 @@ def _strand(db: SessionDB, conn: psycopg.Connection, session_id: str, chat: str,
 def test_the_sweeper_marks_only_sessions_nothing_would_claim(pg_url):
     with SessionDB(pg_url) as db, psycopg.connect(pg_url, autocommit=True) as conn:
         _strand(db, conn, "stranded", "1", "lost one")
-        db.create_session("held", "telegram")  # a live lease: its holder answers it
-        db.append_inbound("held", "mine", platform_message_id="h-1", inbox=_where("2", "h-1"))
+        db.sessions.create("held", "telegram")  # a live lease: its holder answers it
+        db.messages.append_inbound("held", "mine", platform_message_id="h-1", inbox=_where("2", "h-1"))
         assert claim(conn, "held", "alive-instance", 60) is not None
-        db.create_session("queued", "telegram")  # marked when stored: the claims take it anyway
-        db.append_inbound("queued", "q", platform_message_id="q-1", inbox=_where("3", "q-1"), pending=True)
-        db.create_session("answered", "telegram")  # nothing unanswered
-        db.create_session("elsewhere", "discord")  # a platform this instance does not answer
-        db.append_inbound("elsewhere", "d", platform_message_id="d-1",
+        db.sessions.create("queued", "telegram")  # marked when stored: the claims take it anyway
+        db.messages.append_inbound("queued", "q", platform_message_id="q-1", inbox=_where("3", "q-1"), pending=True)
+        db.sessions.create("answered", "telegram")  # nothing unanswered
+        db.sessions.create("elsewhere", "discord")  # a platform this instance does not answer
+        db.messages.append_inbound("elsewhere", "d", platform_message_id="d-1",
                           inbox={**_where("4", "d-1"), "platform": "discord"})
 
         found = sweep_stranded(conn, ["telegram"])

@@ -47,25 +47,25 @@ async def _stop_all(daemons) -> None:
 
 
 def test_the_unanswered_messages_of_one_session_are_read_apart_from_the_others(store):
-    store.create_session("s1", "telegram")
-    store.create_session("s2", "telegram")
-    one = store.append_inbound("s1", "one", platform_message_id="1", inbox={**WHERE, "platform_message_id": "1"})
-    store.append_inbound("s2", "other", platform_message_id="2", inbox={**WHERE, "platform_message_id": "2"})
-    two = store.append_inbound("s1", "two", platform_message_id="3", inbox={**WHERE, "platform_message_id": "3"})
-    assert [(m["message_id"], m["text"]) for m in store.unanswered_messages("s1")] == [(one.id, "one"), (two.id, "two")]
-    assert [m["text"] for m in store.unanswered_messages()] == ["one", "other", "two"]
-    rows, history = store.unanswered_with_history("s1")
+    store.sessions.create("s1", "telegram")
+    store.sessions.create("s2", "telegram")
+    one = store.messages.append_inbound("s1", "one", platform_message_id="1", inbox={**WHERE, "platform_message_id": "1"})
+    store.messages.append_inbound("s2", "other", platform_message_id="2", inbox={**WHERE, "platform_message_id": "2"})
+    two = store.messages.append_inbound("s1", "two", platform_message_id="3", inbox={**WHERE, "platform_message_id": "3"})
+    assert [(m["message_id"], m["text"]) for m in store.recovery.unanswered("s1")] == [(one.id, "one"), (two.id, "two")]
+    assert [m["text"] for m in store.recovery.unanswered()] == ["one", "other", "two"]
+    rows, history = store.messages.unanswered_with_history("s1")
     assert [m["text"] for m in rows] == ["one", "two"]
     assert [(m["role"], m["content"]) for m in history] == [("user", "one"), ("user", "two")]
-    store.record_turn("s1", [{"role": "assistant", "content": "both"}], answered=[one.id, two.id])
-    assert store.unanswered_messages("s1") == []
-    assert [m["text"] for m in store.unanswered_messages("s2")] == ["other"]
+    store.messages.record_turn("s1", [{"role": "assistant", "content": "both"}], answered=[one.id, two.id])
+    assert store.recovery.unanswered("s1") == []
+    assert [m["text"] for m in store.recovery.unanswered("s2")] == ["other"]
 
 
 def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
     with SessionDB(pg_url) as db, psycopg.connect(pg_url, autocommit=True) as conn:
-        db.create_session("s1", "telegram")
-        asked = db.append_inbound("s1", "hello", platform_message_id="7", inbox={**WHERE, "platform_message_id": "7"},
+        db.sessions.create("s1", "telegram")
+        asked = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox={**WHERE, "platform_message_id": "7"},
                                   pending=True)
         first = claim_next(conn, "paused", 15)
         assert first is not None and first.session_id == "s1"  # storing the message marked the session pending
@@ -74,19 +74,19 @@ def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
         assert second is not None and second.token > first.token
         reply = {"id": "d-stale", "platform": "telegram", "chat_id": "42", "reply_to": "7", "text": "late"}
         with pytest.raises(LeaseLost) as lost:
-            db.record_turn("s1", [{"role": "assistant", "content": "late"}], answered=[asked.id], delivery=reply,
+            db.messages.record_turn("s1", [{"role": "assistant", "content": "late"}], answered=[asked.id], delivery=reply,
                            fence=Fence("s1", first.token))
         assert lost.value.holder == "other"
         with pytest.raises(LeaseLost):
-            db.settle_inbox([asked.id], {**reply, "id": "d-line", "kind": "notice"}, session_id="s1",
+            db.recovery.settle_inbox([asked.id], {**reply, "id": "d-line", "kind": "notice"}, session_id="s1",
                             fence=Fence("s1", first.token))
-        assert [m["role"] for m in db.get_messages("s1")] == ["user"]
-        assert [m["message_id"] for m in db.unanswered_messages("s1")] == [asked.id]
-        assert db.pending_deliveries() == [] and db.list_deliveries("s1") == []
+        assert [m["role"] for m in db.messages.get("s1")] == ["user"]
+        assert [m["message_id"] for m in db.recovery.unanswered("s1")] == [asked.id]
+        assert db.recovery.pending_deliveries() == [] and db.recovery.list_deliveries("s1") == []
         # the current holder's write goes through
-        db.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[asked.id],
+        db.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[asked.id],
                        delivery={**reply, "id": "d-ok", "text": "hi"}, fence=Fence("s1", second.token))
-        assert [m["content"] for m in db.get_messages("s1")] == ["hello", "hi"]
+        assert [m["content"] for m in db.messages.get("s1")] == ["hello", "hi"]
         assert get_lease(conn, "s1").holder == "other"
 
 

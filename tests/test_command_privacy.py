@@ -25,10 +25,10 @@ async def _alice(gw, api) -> list[str]:
     """Alice's two sessions (the first titled); returns their ids."""
     await api.say("alice", ALICE_TEXT)
     await api.say("alice", f"/title {ALICE_TITLE}")
-    first = await gw.db.get_route("agent:main:api:dm:alice")
+    first = await gw.db.routes.get("agent:main:api:dm:alice")
     await api.say("alice", "/new")
     await api.say("alice", "the second plan: " + ALICE_TEXT)
-    second = await gw.db.get_route("agent:main:api:dm:alice")
+    second = await gw.db.routes.get("agent:main:api:dm:alice")
     return [first, second]
 
 

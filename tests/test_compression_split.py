@@ -55,12 +55,12 @@ async def adb(tmp_path):
 
 async def new_session(adb, sid: str, *, title: str | None = "my project", key: str | None = KEY, turns: int = 15,
                       tool_at: int | None = None) -> list[dict]:
-    await adb.create_session(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.",
+    await adb.sessions.create(sid, "telegram", "gpt-4o", "u42", system_prompt="You are Switchboard.",
                              session_key=key, user_name="Ada", title=title)
     if key is not None:
-        await adb.set_route(key, sid)
+        await adb.routes.set(key, sid)
     messages = conversation(turns, tag=sid, tool_at=tool_at)
-    await adb.append_messages(sid, messages)
+    await adb.messages.append_many(sid, messages)
     return messages
 
 
@@ -79,11 +79,11 @@ def conversation(turns: int, *, tag: str = "", tool_at: int | None = None, start
 
 async def snapshot(adb) -> dict:
     """Everything a compression could change."""
-    sessions = await adb.list_sessions_rich(include_children=True, limit=100)
+    sessions = await adb.sessions.list_rich(include_children=True, limit=100)
     return {
         "sessions": [(s["id"], s["ended_at"], s["end_reason"], s["title"], s["message_count"]) for s in sessions],
-        "routes": await adb.list_routes(),
-        "messages": {s["id"]: await adb.get_messages(s["id"]) for s in sessions},
+        "routes": await adb.routes.list(),
+        "messages": {s["id"]: await adb.messages.get(s["id"]) for s in sessions},
     }
 
 
@@ -96,18 +96,18 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
 
     assert isinstance(first, CompressionResult)
     assert first.old_session_id == "root" and first.title == "my project #2" and first.session_key == KEY
-    root, child = await adb.get_session("root"), await adb.get_session(first.new_session_id)
+    root, child = await adb.sessions.get("root"), await adb.sessions.get(first.new_session_id)
     assert root["end_reason"] == "compression" and root["ended_at"] is not None
     assert child["parent_session_id"] == "root" and child["ended_at"] is None
     for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt"):
         assert child[field] == root[field]
-    assert await adb.get_route(KEY) == first.new_session_id
+    assert await adb.routes.get(KEY) == first.new_session_id
     # The parent keeps its full history, untouched.
-    assert [(m["role"], m["content"]) for m in await adb.get_messages("root")] == [
+    assert [(m["role"], m["content"]) for m in await adb.messages.get("root")] == [
         (m["role"], m["content"]) for m in original
     ]
     # The child: head, the marked summary, the tail.
-    stored = await adb.get_messages_as_conversation(first.new_session_id)
+    stored = await adb.messages.as_conversation(first.new_session_id)
     assert [m["content"] for m in stored[:3]] == [m["content"] for m in original[:3]]
     assert is_summary(stored[3]) and stored[3]["content"].startswith(SUMMARY_MARKER)
     assert "stg-7.example.net" in summary_text(stored[3])
@@ -122,21 +122,21 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     )
 
     # The conversation goes on in the child, then is compressed again.
-    await adb.append_messages(first.new_session_id, conversation(10, tag="root", start=15))
+    await adb.messages.append_many(first.new_session_id, conversation(10, tag="root", start=15))
     second = await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
 
     assert second.title == "my project #3"
-    assert (await adb.get_session(second.new_session_id))["parent_session_id"] == first.new_session_id
-    assert await adb.get_route(KEY) == second.new_session_id
-    assert await adb.get_compression_tip("root") == second.new_session_id
-    assert await adb.resolve_session_by_title("my project") == second.new_session_id
-    assert [s["id"] for s in await adb.get_lineage(second.new_session_id)] == [
+    assert (await adb.sessions.get(second.new_session_id))["parent_session_id"] == first.new_session_id
+    assert await adb.routes.get(KEY) == second.new_session_id
+    assert await adb.sessions.compression_tip("root") == second.new_session_id
+    assert await adb.titles.resolve("my project") == second.new_session_id
+    assert [s["id"] for s in await adb.sessions.lineage(second.new_session_id)] == [
         "root", first.new_session_id, second.new_session_id]
-    listed = await adb.list_sessions_rich()
+    listed = await adb.sessions.list_rich()
     assert [(s["id"], s.get("lineage_root")) for s in listed] == [(second.new_session_id, "root")]
     # Nothing stored was lost anywhere in the chain.
-    assert await adb.message_count("root") == 30
-    assert await adb.message_count(first.new_session_id) == len(stored) + 20
+    assert await adb.messages.count("root") == 30
+    assert await adb.messages.count(first.new_session_id) == len(stored) + 20
 
 
 async def test_the_second_summary_is_built_on_the_first(adb):
@@ -144,7 +144,7 @@ async def test_the_second_summary_is_built_on_the_first(adb):
     summarizer = Summarizer("Facts: the deploy key is in /etc/app/deploy.pem; budget 4,200 EUR.", "updated")
     first = await compress_session(adb, "root", summarizer, context_length=2_000)
     assert "EARLIER SUMMARY" not in summarizer.last_body()
-    await adb.append_messages(first.new_session_id, conversation(10, tag="later", start=15))
+    await adb.messages.append_many(first.new_session_id, conversation(10, tag="later", start=15))
 
     await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
 
@@ -166,7 +166,7 @@ async def test_an_untitled_session_stays_untitled(adb):
     await new_session(adb, "plain", title=None, turns=12)
     result = await compress_session(adb, "plain", Summarizer("s"), context_length=2_000)
     assert result.title is None
-    assert (await adb.get_session(result.new_session_id))["title"] is None
+    assert (await adb.sessions.get(result.new_session_id))["title"] is None
     assert result.describe().endswith("Continuing in a new session.")
 
 
@@ -175,7 +175,7 @@ async def test_tool_calls_stay_with_their_results_in_the_child(adb):
     original = await new_session(adb, "tools", turns=18, tool_at=15)
     assert original[-6]["role"] == "tool" and original[-7].get("tool_calls")
     result = await compress_session(adb, "tools", Summarizer("s"), context_length=600)
-    stored = await adb.get_messages_as_conversation(result.new_session_id)
+    stored = await adb.messages.as_conversation(result.new_session_id)
     tail = stored[4:]
     assert [m["content"] for m in tail] == [m["content"] for m in original[-7:]]
     assert tail[0]["tool_calls"][0]["id"] == "call15"
@@ -184,11 +184,11 @@ async def test_tool_calls_stay_with_their_results_in_the_child(adb):
 
 async def test_the_summary_is_redacted_but_copied_messages_are_not(adb):
     await new_session(adb, "s", turns=12)
-    await adb.append_messages("s", [{"role": "user", "content": "use sk-live-abcdefghijklmnopqrstuvwxyz01"},
+    await adb.messages.append_many("s", [{"role": "user", "content": "use sk-live-abcdefghijklmnopqrstuvwxyz01"},
                                     {"role": "assistant", "content": "ok"}])
     summarizer = Summarizer("Facts: the API key is sk-abcdefghijklmnopqrstuvwxyz0123 and password: hunter22")
     result = await compress_session(adb, "s", summarizer, context_length=2_000)
-    stored = await adb.get_messages_as_conversation(result.new_session_id)
+    stored = await adb.messages.as_conversation(result.new_session_id)
     text = summary_text(stored[3])
     assert "sk-abcdefghijklmnopqrstuvwxyz0123" not in text and "hunter22" not in text
     assert "[REDACTED]" in text and result.summary == text
@@ -198,7 +198,7 @@ async def test_the_summary_is_redacted_but_copied_messages_are_not(adb):
 async def test_a_redelivered_platform_event_is_still_recognised_in_the_child(adb):
     await new_session(adb, "s", turns=12)
     result = await compress_session(adb, "s", Summarizer("s"), context_length=2_000)
-    again = await adb.append_inbound(result.new_session_id, "s question 11 ...", platform_message_id="s-11")
+    again = await adb.messages.append_inbound(result.new_session_id, "s question 11 ...", platform_message_id="s-11")
     assert again.new is False
 
 
@@ -224,8 +224,8 @@ async def test_a_failing_summarizer_changes_nothing_and_the_session_goes_on(adb)
     assert isinstance(info.value.__cause__, ConnectionError)
     assert await snapshot(adb) == before
     # The turn is still answered in the same session.
-    await adb.append_messages("s", [{"role": "assistant", "content": "answered anyway"}])
-    assert (await adb.get_messages_as_conversation(await adb.get_route(KEY)))[-1]["content"] == "answered anyway"
+    await adb.messages.append_many("s", [{"role": "assistant", "content": "answered anyway"}])
+    assert (await adb.messages.as_conversation(await adb.routes.get(KEY)))[-1]["content"] == "answered anyway"
 
 
 async def test_a_hanging_summarizer_times_out_and_changes_nothing(adb):
@@ -254,7 +254,7 @@ async def test_a_session_ended_meanwhile_is_left_alone(adb):
     summarizer.release = asyncio.Event()
     task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
     await summarizer.called.wait()
-    await adb.end_session("s", "reset")  # e.g. /reset while the summary was being written
+    await adb.sessions.end("s", "reset")  # e.g. /reset while the summary was being written
     before = await snapshot(adb)
     summarizer.release.set()
     with pytest.raises(SessionChanged, match="was ended"):
@@ -270,11 +270,11 @@ async def test_messages_stored_during_the_summary_are_carried_over(adb):
     summarizer.release = asyncio.Event()
     task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
     await summarizer.called.wait()
-    await adb.append_messages("s", [{"role": "user", "content": "arrived mid-compression"}])
+    await adb.messages.append_many("s", [{"role": "user", "content": "arrived mid-compression"}])
     summarizer.release.set()
     result = await task
-    assert (await adb.get_messages_as_conversation(result.new_session_id))[-1]["content"] == "arrived mid-compression"
-    assert (await adb.get_messages_as_conversation("s"))[-1]["content"] == "arrived mid-compression"
+    assert (await adb.messages.as_conversation(result.new_session_id))[-1]["content"] == "arrived mid-compression"
+    assert (await adb.messages.as_conversation("s"))[-1]["content"] == "arrived mid-compression"
     assert result.messages_before == 31
 
 
@@ -287,15 +287,15 @@ async def test_other_sessions_are_served_while_one_compresses(adb):
     await slow.called.wait()
 
     # While "slow" waits for its summary, another chat is answered and even compressed.
-    await adb.append_messages("fast", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    await adb.messages.append_many("fast", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
     fast = await compress_session(adb, "fast", Summarizer("fast summary"), context_length=2_000)
-    assert await adb.get_route("telegram:dm:2") == fast.new_session_id
+    assert await adb.routes.get("telegram:dm:2") == fast.new_session_id
     assert not pending.done()
-    assert await adb.get_route("telegram:dm:1") == "slow"
+    assert await adb.routes.get("telegram:dm:1") == "slow"
 
     slow.release.set()
     done = await pending
-    assert await adb.get_route("telegram:dm:1") == done.new_session_id
+    assert await adb.routes.get("telegram:dm:1") == done.new_session_id
 
 
 def test_describe_is_the_compress_reply():
@@ -331,13 +331,13 @@ async def test_a_split_that_goes_wrong_half_way_is_undone(adb):
     summarizer.release = asyncio.Event()
     task = asyncio.create_task(compress_session(adb, "s", summarizer, context_length=2_000))
     await summarizer.called.wait()
-    await adb.clear_messages("s")
+    await adb.messages.clear("s")
     before = await snapshot(adb)
     summarizer.release.set()
     with pytest.raises(SessionChanged, match="lost messages"):
         await task
     assert await snapshot(adb) == before  # no child, route and parent untouched
-    assert await adb.get_route(KEY) == "s"
+    assert await adb.routes.get(KEY) == "s"
 
 
 async def test_a_summary_too_long_to_leave_the_room_asked_for_changes_nothing(adb):

@@ -51,14 +51,14 @@ def summarizer(fake: FakeModel):
 
 
 async def start(adb, turns: int = 20, size: int = 200) -> list[dict]:
-    await adb.create_session("s", "discord", "fake-model", "u7", session_key=KEY, title="trip")
-    await adb.set_route(KEY, "s")
+    await adb.sessions.create("s", "discord", "fake-model", "u7", session_key=KEY, title="trip")
+    await adb.routes.set(KEY, "s")
     history = []
     for i in range(turns):
         history += [{"role": "user", "content": f"question {i} " + "q" * size},
                     {"role": "assistant", "content": f"answer {i} " + "a" * size}]
-    await adb.append_messages("s", history)
-    return await adb.get_messages_as_conversation("s")
+    await adb.messages.append_many("s", history)
+    return await adb.messages.as_conversation("s")
 
 
 async def turn(adb, fake: FakeModel, history: list[dict], reported: int) -> tuple[int, int, list[dict]]:
@@ -66,9 +66,9 @@ async def turn(adb, fake: FakeModel, history: list[dict], reported: int) -> tupl
     fake.script(Reply("sure", prompt_tokens=reported))
     response = await fake.client.chat.completions.create(model="fake-model", messages=history)
     count = len(history)
-    await adb.append_messages("s", [{"role": "assistant", "content": response.choices[0].message.content},
+    await adb.messages.append_many("s", [{"role": "assistant", "content": response.choices[0].message.content},
                                     {"role": "user", "content": "and then?"}])
-    return response.usage.prompt_tokens, count, await adb.get_messages_as_conversation("s")
+    return response.usage.prompt_tokens, count, await adb.messages.as_conversation("s")
 
 
 async def test_compression_triggers_at_the_threshold_and_not_below(adb, model):
@@ -90,8 +90,8 @@ async def test_compression_triggers_at_the_threshold_and_not_below(adb, model):
     summary_request = model.requests[-1].messages
     assert summary_request[0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert at.session_id != "s" and at.compressed.title == "trip #2"
-    assert await adb.get_route(KEY) == at.session_id
-    assert at.history == await adb.get_messages_as_conversation(at.session_id)
+    assert await adb.routes.get(KEY) == at.session_id
+    assert at.history == await adb.messages.as_conversation(at.session_id)
     assert is_summary(at.history[3]) and "LH 454" in at.history[3]["content"]
     assert at.history[-1] == {"role": "user", "content": "and then?"}
     assert at.notice == at.compressed.describe()
@@ -112,7 +112,7 @@ async def test_without_a_report_the_estimate_and_overhead_decide(adb, model):
 
 async def test_a_failing_summarizer_leaves_the_session_and_the_turn_goes_on(adb, model):
     history = await start(adb)
-    before = await adb.get_messages("s")
+    before = await adb.messages.get("s")
     model.script(Fail(500, message="model overloaded"))
     failed = await prepare_history(adb, "s", history, summarizer(model), context_length=WINDOW,
                                    reported_prompt_tokens=8_000, reported_message_count=len(history))
@@ -125,15 +125,15 @@ async def test_a_failing_summarizer_leaves_the_session_and_the_turn_goes_on(adb,
     assert isinstance(hung.failure, CompressionFailed) and "did not answer within 0.3s" in str(hung.failure)
     assert (hung.session_id, hung.history) == ("s", history)
 
-    assert await adb.get_messages("s") == before
-    assert (await adb.get_session("s"))["ended_at"] is None
-    assert await adb.get_route(KEY) == "s"
-    assert await adb.list_sessions_rich(include_children=True) == await adb.list_sessions_rich()
+    assert await adb.messages.get("s") == before
+    assert (await adb.sessions.get("s"))["ended_at"] is None
+    assert await adb.routes.get(KEY) == "s"
+    assert await adb.sessions.list_rich(include_children=True) == await adb.sessions.list_rich()
 
 
 async def test_in_cooldown_a_prompt_that_does_not_fit_is_trimmed_for_this_call_only(adb, model):
     history = await start(adb, turns=20, size=1_000)  # ~12,000 tokens: over the window
-    before = await adb.get_messages("s")
+    before = await adb.messages.get("s")
     prepared = await prepare_history(adb, "s", history, summarizer(model), context_length=WINDOW,
                                      allow_compression=False, overhead_tokens=200, reserve_tokens=500)
     assert model.requests == []
@@ -142,7 +142,7 @@ async def test_in_cooldown_a_prompt_that_does_not_fit_is_trimmed_for_this_call_o
     assert prepared.history[:3] == history[:3] and prepared.history[-1] == history[-1]
     assert estimate_tokens(prepared.history) <= WINDOW - 200 - 500
     assert f"the {prepared.dropped} oldest messages" in prepared.notice and "still saved" in prepared.notice
-    assert await adb.get_messages("s") == before
+    assert await adb.messages.get("s") == before
 
 
 async def test_a_short_conversation_over_the_threshold_is_not_compressed(adb, model):
@@ -158,7 +158,7 @@ async def test_a_split_that_would_trigger_again_at_once_is_not_made(adb, model):
     # 20 turns of large messages over a small window: the head and the six-message tail alone take
     # most of what the history may hold, so a child would be over the threshold again within a turn.
     history = await start(adb, turns=20, size=600)
-    before = await adb.get_messages("s")
+    before = await adb.messages.get("s")
     # threshold 4,500 tokens, 3,000 of them the history's with this system prompt: a child of about
     # 2,800 tokens (head, tail and a summary as long as asked for) would leave it less than a quarter
     window = 6_000
@@ -167,7 +167,7 @@ async def test_a_split_that_would_trigger_again_at_once_is_not_made(adb, model):
     assert isinstance(prepared.failure, TooLittleToGain)
     assert model.requests == []  # decided before any summary was asked for
     assert prepared.session_id == "s" and prepared.compressed is None
-    assert await adb.get_messages("s") == before and await adb.get_route(KEY) == "s"
+    assert await adb.messages.get("s") == before and await adb.routes.get(KEY) == "s"
     assert prepared.notice is not None and "a summary would not free enough of it" in prepared.notice
     assert f"the {prepared.dropped} oldest messages" in prepared.notice
 

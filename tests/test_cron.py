@@ -159,35 +159,35 @@ JOB = {"id": "j", "name": "J", "schedule": "every 1h", "prompt": "p", "deliver":
 
 def test_jobs_table_add_edit_pause_remove_and_config_sync(store):
     with store as db:
-        db.add_cron_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
+        db.cron.add_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
         with pytest.raises(CronJobExists):
-            db.add_cron_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
+            db.cron.add_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
         with pytest.raises(CronJobNotFound, match="switchboard cron list"):
-            db.update_cron_job("nope", {"name": "x"}, now=1.0)
-        assert db.update_cron_job("j", {"name": "Jay", "source": "config"}, now=200.0)["name"] == "Jay"
-        paused = db.set_cron_job_paused("j", True, now=300.0)
+            db.cron.update_job("nope", {"name": "x"}, now=1.0)
+        assert db.cron.update_job("j", {"name": "Jay", "source": "config"}, now=200.0)["name"] == "Jay"
+        paused = db.cron.set_paused("j", True, now=300.0)
         assert (paused["paused"], paused["next_run_at"], paused["source"]) == (1, 3700.0, "cli")
         # config sync: adds, keeps next_run_at while unchanged, refuses a clash with a CLI job, removes dropped ones
         cfg_job = {**JOB, "id": "c", "next_run_at": 5000.0}
-        assert db.sync_config_cron_jobs([cfg_job], now=400.0) == {"added": ["c"], "changed": [], "removed": []}
-        assert db.sync_config_cron_jobs([{**cfg_job, "next_run_at": 9999.0}], now=500.0)["changed"] == []
-        assert db.get_cron_job("c")["next_run_at"] == 5000.0
-        moved = db.sync_config_cron_jobs([{**cfg_job, "prompt": "new", "next_run_at": 9999.0}], now=600.0)
-        assert moved["changed"] == ["c"] and db.get_cron_job("c")["next_run_at"] == 5000.0  # same schedule
-        db.sync_config_cron_jobs([{**cfg_job, "schedule": "every 2h", "next_run_at": 7800.0}], now=600.0)
-        assert db.get_cron_job("c")["next_run_at"] == 7800.0
+        assert db.cron.sync_config_jobs([cfg_job], now=400.0) == {"added": ["c"], "changed": [], "removed": []}
+        assert db.cron.sync_config_jobs([{**cfg_job, "next_run_at": 9999.0}], now=500.0)["changed"] == []
+        assert db.cron.get_job("c")["next_run_at"] == 5000.0
+        moved = db.cron.sync_config_jobs([{**cfg_job, "prompt": "new", "next_run_at": 9999.0}], now=600.0)
+        assert moved["changed"] == ["c"] and db.cron.get_job("c")["next_run_at"] == 5000.0  # same schedule
+        db.cron.sync_config_jobs([{**cfg_job, "schedule": "every 2h", "next_run_at": 7800.0}], now=600.0)
+        assert db.cron.get_job("c")["next_run_at"] == 7800.0
         with pytest.raises(CronJobExists, match="cron.jobs has a job 'j'"):
-            db.sync_config_cron_jobs([{**JOB, "next_run_at": 1.0}], now=700.0)
-        assert db.sync_config_cron_jobs([], now=800.0, remove_missing=False)["removed"] == []
-        assert db.sync_config_cron_jobs([], now=800.0)["removed"] == ["c"]
-        assert [j["id"] for j in db.list_cron_jobs()] == ["j"]
-        assert db.remove_cron_job("j") and db.list_cron_jobs() == []
+            db.cron.sync_config_jobs([{**JOB, "next_run_at": 1.0}], now=700.0)
+        assert db.cron.sync_config_jobs([], now=800.0, remove_missing=False)["removed"] == []
+        assert db.cron.sync_config_jobs([], now=800.0)["removed"] == ["c"]
+        assert [j["id"] for j in db.cron.list_jobs()] == ["j"]
+        assert db.cron.remove_job("j") and db.cron.list_jobs() == []
 
 
 def test_two_stores_in_threads_never_run_one_job_twice(store_target):
     path = store_target
     with state.SessionDB(path) as db:
-        db.add_cron_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
+        db.cron.add_job(JOB, source="cli", now=100.0, next_run_at=3700.0)
     contenders = 6
     barrier = threading.Barrier(contenders)
     results: list[dict] = []
@@ -195,7 +195,7 @@ def test_two_stores_in_threads_never_run_one_job_twice(store_target):
     def contend(i: int) -> None:
         with state.SessionDB(path) as db:
             barrier.wait()
-            results.append(db.begin_cron_run("j", holder=f"proc-{i}", now=3700.0, lease_seconds=60, trigger="manual",
+            results.append(db.cron.begin_run("j", holder=f"proc-{i}", now=3700.0, lease_seconds=60, trigger="manual",
                                              scheduled_at=None, deliver="local"))
 
     threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
@@ -207,28 +207,28 @@ def test_two_stores_in_threads_never_run_one_job_twice(store_target):
     assert statuses == ["busy"] * (contenders - 1) + ["running"]
     [winner] = [r for r in results if r["status"] == "running"]
     with state.SessionDB(path) as db:
-        runs = db.list_cron_runs("j")
+        runs = db.cron.list_runs("j")
         assert sorted(r["status"] for r in runs) == ["running"] + ["skipped"] * (contenders - 1)
         assert all(f"held by {winner['run']['holder']}" in r["error"] for r in runs if r["status"] == "skipped")
         # the scheduled path: only one caller moves next_run_at on; the others see a stale time
-        db.finish_cron_run(winner["run"]["id"], holder=winner["run"]["holder"], now=3710.0, status="ok",
+        db.cron.finish_run(winner["run"]["id"], holder=winner["run"]["holder"], now=3710.0, status="ok",
                            output="done", delivery="local")
-        first = db.begin_cron_run("j", holder="a", now=3720.0, lease_seconds=60, trigger="schedule", scheduled_at=3700.0,
+        first = db.cron.begin_run("j", holder="a", now=3720.0, lease_seconds=60, trigger="schedule", scheduled_at=3700.0,
                                   deliver="local", expect_next_run_at=3700.0, next_run_at=7300.0)
-        second = db.begin_cron_run("j", holder="b", now=3720.0, lease_seconds=60, trigger="schedule", scheduled_at=3700.0,
+        second = db.cron.begin_run("j", holder="b", now=3720.0, lease_seconds=60, trigger="schedule", scheduled_at=3700.0,
                                    deliver="local", expect_next_run_at=3700.0, next_run_at=7300.0)
         assert first["status"] == "running" and second["status"] == "stale"
         # a holder that died: once its lease expires another takes over and its run becomes an error
-        assert db.renew_cron_lease("j", "a", now=3730.0, lease_seconds=60)
-        assert not db.renew_cron_lease("j", "b", now=3730.0, lease_seconds=60)
-        assert db.begin_cron_run("j", holder="b", now=3780.0, lease_seconds=60, trigger="manual", scheduled_at=None,
+        assert db.cron.renew_lease("j", "a", now=3730.0, lease_seconds=60)
+        assert not db.cron.renew_lease("j", "b", now=3730.0, lease_seconds=60)
+        assert db.cron.begin_run("j", holder="b", now=3780.0, lease_seconds=60, trigger="manual", scheduled_at=None,
                                  deliver="local")["status"] == "busy"
-        took = db.begin_cron_run("j", holder="b", now=3800.0, lease_seconds=60, trigger="manual", scheduled_at=None,
+        took = db.cron.begin_run("j", holder="b", now=3800.0, lease_seconds=60, trigger="manual", scheduled_at=None,
                                  deliver="local")
         assert took["status"] == "running"
-        dead = db.get_cron_run(first["run"]["id"])
+        dead = db.cron.get_run(first["run"]["id"])
         assert dead["status"] == "error" and dead["error"].startswith("interrupted")
-        assert not db.renew_cron_lease("j", "a", now=3810.0, lease_seconds=60)
+        assert not db.cron.renew_lease("j", "a", now=3810.0, lease_seconds=60)
 
 
 def test_instances_syncing_the_config_jobs_at_once_add_each_job_once(store_target):
@@ -241,7 +241,7 @@ def test_instances_syncing_the_config_jobs_at_once_add_each_job_once(store_targe
     def sync() -> None:
         with state.SessionDB(store_target) as db:
             barrier.wait()
-            results.append(db.sync_config_cron_jobs(jobs, now=100.0))
+            results.append(db.cron.sync_config_jobs(jobs, now=100.0))
 
     threads = [threading.Thread(target=sync) for _ in range(4)]
     for t in threads:
@@ -250,27 +250,27 @@ def test_instances_syncing_the_config_jobs_at_once_add_each_job_once(store_targe
         t.join(timeout=30)
     assert sorted(job for r in results for job in r["added"]) == ["c0", "c1", "c2"]
     with state.SessionDB(store_target) as db:
-        assert [j["id"] for j in db.list_cron_jobs()] == ["c0", "c1", "c2"]
+        assert [j["id"] for j in db.cron.list_jobs()] == ["c0", "c1", "c2"]
 
 
 def test_delivery_outbox_claims_once_and_records_every_attempt(store):
     with store as db:
-        db.add_cron_job({**JOB, "deliver": "telegram:1"}, source="cli", now=0.0, next_run_at=3600.0)
-        run = db.begin_cron_run("j", holder="h", now=10.0, lease_seconds=60, trigger="manual", scheduled_at=None,
+        db.cron.add_job({**JOB, "deliver": "telegram:1"}, source="cli", now=0.0, next_run_at=3600.0)
+        run = db.cron.begin_run("j", holder="h", now=10.0, lease_seconds=60, trigger="manual", scheduled_at=None,
                                 deliver="telegram:1")["run"]
-        db.finish_cron_run(run["id"], holder="h", now=20.0, status="delivering", output="hi", delivery="pending",
+        db.cron.finish_run(run["id"], holder="h", now=20.0, status="delivering", output="hi", delivery="pending",
                            next_delivery_at=20.0)
-        assert db.get_cron_lease("j") is None  # released
-        assert [r["id"] for r in db.due_cron_deliveries(now=20.0)] == [run["id"]]
-        assert db.claim_cron_delivery(run["id"], now=20.0, hold_seconds=300) is not None
-        assert db.claim_cron_delivery(run["id"], now=21.0, hold_seconds=300) is None  # taken
-        assert db.due_cron_deliveries(now=21.0) == []
-        failed = db.record_cron_delivery(run["id"], now=22.0, ok=False, error="403 blocked", retry_at=60.0)
+        assert db.cron.get_lease("j") is None  # released
+        assert [r["id"] for r in db.cron.due_deliveries(now=20.0)] == [run["id"]]
+        assert db.cron.claim_delivery(run["id"], now=20.0, hold_seconds=300) is not None
+        assert db.cron.claim_delivery(run["id"], now=21.0, hold_seconds=300) is None  # taken
+        assert db.cron.due_deliveries(now=21.0) == []
+        failed = db.cron.record_delivery(run["id"], now=22.0, ok=False, error="403 blocked", retry_at=60.0)
         assert (failed["status"], failed["delivery"], failed["delivery_attempts"], failed["delivered_at"]) == (
             "delivery_failed", "pending", 1, None)
-        assert db.due_cron_deliveries(now=59.0) == [] and len(db.due_cron_deliveries(now=60.0)) == 1
-        db.claim_cron_delivery(run["id"], now=60.0, hold_seconds=300)
-        done = db.record_cron_delivery(run["id"], now=61.0, ok=True)
+        assert db.cron.due_deliveries(now=59.0) == [] and len(db.cron.due_deliveries(now=60.0)) == 1
+        db.cron.claim_delivery(run["id"], now=60.0, hold_seconds=300)
+        done = db.cron.record_delivery(run["id"], now=61.0, ok=True)
         assert (done["status"], done["delivery"], done["delivery_attempts"], done["delivered_at"]) == (
             "ok", "delivered", 2, 61.0)
 
@@ -279,18 +279,18 @@ def test_old_runs_are_pruned_but_waiting_deliveries_kept(store):
     from state import _cron
 
     with store as db:
-        db.add_cron_job(JOB, source="cli", now=0.0, next_run_at=3600.0)
+        db.cron.add_job(JOB, source="cli", now=0.0, next_run_at=3600.0)
         ids = []
         for i in range(6):
-            run = db.begin_cron_run("j", holder="h", now=10.0 + i, lease_seconds=60, trigger="manual",
+            run = db.cron.begin_run("j", holder="h", now=10.0 + i, lease_seconds=60, trigger="manual",
                                     scheduled_at=None, deliver="local")["run"]
             pending = i == 0  # the oldest still waits for its delivery
-            db.finish_cron_run(run["id"], holder="h", now=10.5 + i, status="delivering" if pending else "ok",
+            db.cron.finish_run(run["id"], holder="h", now=10.5 + i, status="delivering" if pending else "ok",
                                output=str(i), delivery="pending" if pending else "local",
                                next_delivery_at=11.0 if pending else None)
             ids.append(run["id"])
         db._engine.write(_cron._prune_runs, "j", keep=3)
-        assert [r["id"] for r in db.list_cron_runs("j")] == [ids[5], ids[4], ids[3], ids[0]]
+        assert [r["id"] for r in db.cron.list_runs("j")] == [ids[5], ids[4], ids[3], ids[0]]
 
 
 def test_how_long_ago_reads_as_a_person_would_say_it():

@@ -121,14 +121,14 @@ async def test_cron_run_in_a_second_process_respects_the_lease(tmp_path):
         # another process holds the job's lease: the CLI does not run it a second time
         db = state.SessionDB(tmp_path / "home" / "state.db")
         try:
-            held = db.begin_cron_run("brief", holder="daemon-on-host:4242:abcd", now=time.time(), lease_seconds=120,
+            held = db.cron.begin_run("brief", holder="daemon-on-host:4242:abcd", now=time.time(), lease_seconds=120,
                                      trigger="schedule", scheduled_at=None, deliver="local")
             assert held["status"] == "running"
             code, out = await run_cli("run", "brief", "--config", str(config))
             assert code == 1
             assert "skipped - the previous run was still going (held by daemon-on-host:4242:abcd)" in out
             assert len(model.requests) == 1  # the second process never called the model
-            db.finish_cron_run(held["run"]["id"], holder="daemon-on-host:4242:abcd", now=time.time(), status="ok",
+            db.cron.finish_run(held["run"]["id"], holder="daemon-on-host:4242:abcd", now=time.time(), status="ok",
                                output="x", delivery="local")
         finally:
             db.close()

@@ -58,8 +58,8 @@ async def test_a_run_is_a_cron_session_delivered_to_the_chat(tmp_path, model, tg
     async with telegram_gateway(tmp_path, model, tg, clock=clock, timezone="Europe/Berlin") as gw:
         await connected(gw)
         run = await gw.cron.run_job("morning")
-        session = await gw.db.get_session(run["session_id"])
-        messages = await gw.db.get_messages(run["session_id"])
+        session = await gw.db.sessions.get(run["session_id"])
+        messages = await gw.db.messages.get(run["session_id"])
     [sent] = tg.sent
     assert (sent.chat_id, sent.visible_text) == (111, "Morning briefing\n\nSunny, 3 meetings.")
     assert (run["status"], run["delivery"], run["delivery_attempts"], run["trigger"]) == ("ok", "delivered", 1, "manual")
@@ -80,9 +80,9 @@ async def test_titles_stay_unique_and_a_continue_job_keeps_one_session(tmp_path,
     fixed = dt.datetime(2026, 11, 22, 9, 15, 30, tzinfo=dt.timezone.utc).timestamp()
     async with running_gateway(tmp_path, model, clock=lambda: fixed, cron={"jobs": jobs}) as gw:
         one, two = await gw.cron.run_job("a"), await gw.cron.run_job("a")
-        titles = [(await gw.db.get_session(r["session_id"]))["title"] for r in (one, two)]
+        titles = [(await gw.db.sessions.get(r["session_id"]))["title"] for r in (one, two)]
         d1, d2 = await gw.cron.run_job("b"), await gw.cron.run_job("b")
-        diary = await gw.db.get_session(d1["session_id"])
+        diary = await gw.db.sessions.get(d1["session_id"])
     assert one["session_id"] != two["session_id"]
     assert titles == ["Check 2026-11-22 09:15", "Check 2026-11-22 09:15 #2"]  # same minute: numbered
     assert d1["session_id"] == d2["session_id"] and diary["ended_at"] is None
@@ -113,7 +113,7 @@ async def test_a_failed_delivery_is_recorded_retried_with_backoff_and_never_call
         gw.cron.poll_seconds = 0.05  # polls before the time comes do not retry
         polls = gw.cron.polls
         await until(lambda: gw.cron.polls > polls + 1, "two polls")
-        assert tg.sent == [] and (await gw.db.get_cron_run(run["id"]))["delivery_attempts"] == 1
+        assert tg.sent == [] and (await gw.db.cron.get_run(run["id"]))["delivery_attempts"] == 1
         clock.advance(wait + 1)
         gw.cron.wake()
         done = await until(lambda: _delivered(gw, run["id"]), "the retried delivery")
@@ -123,7 +123,7 @@ async def test_a_failed_delivery_is_recorded_retried_with_backoff_and_never_call
 
 
 async def _delivered(gw, run_id):
-    run = await gw.db.get_cron_run(run_id)
+    run = await gw.db.cron.get_run(run_id)
     return run if run["delivery"] == "delivered" else None
 
 
@@ -144,14 +144,14 @@ async def test_a_delivery_that_keeps_failing_is_given_up_as_failed(tmp_path, mod
         gw.cron.wake()
         polls = gw.cron.polls
         await until(lambda: gw.cron.polls > polls + 1, "two more polls")
-        final = await gw.db.get_cron_run(run["id"])
+        final = await gw.db.cron.get_run(run["id"])
     assert (final["status"], final["delivery"], final["delivery_attempts"]) == ("delivery_failed", "failed", 3)
     assert "Bad Gateway" in final["delivery_error"] and final["delivered_at"] is None
     assert tg.sent == [] and len(tg.calls("sendMessage")) == 3 * 4  # 3 deliveries, each tried 4 times by the adapter
 
 
 async def _attempts(gw, run_id, n):
-    run = await gw.db.get_cron_run(run_id)
+    run = await gw.db.cron.get_run(run_id)
     return run if run["delivery_attempts"] >= n else None
 
 
@@ -176,7 +176,7 @@ async def test_a_chat_that_cannot_be_reached_fails_at_once_with_its_reason(tmp_p
         run = await gw.cron.run_job("morning")
         polls = gw.cron.polls
         await until(lambda: gw.cron.polls > polls + 2, "three more polls")
-        final = await gw.db.get_cron_run(run["id"])
+        final = await gw.db.cron.get_run(run["id"])
     assert (final["status"], final["delivery"], final["delivery_attempts"]) == ("delivery_failed", "failed", 1)
     assert final["delivery_error"].startswith("not retried: ")
     assert description.split(": ")[1] in final["delivery_error"].lower()
@@ -202,10 +202,10 @@ async def test_a_model_error_is_recorded_and_the_job_keeps_its_schedule(tmp_path
     model.script(Fail(503, message="upstream overloaded"))
     async with telegram_gateway(tmp_path, model, tg, model={"max_retries": 0}) as gw:
         await connected(gw)
-        before = await gw.db.get_cron_job("morning")
+        before = await gw.db.cron.get_job("morning")
         run = await gw.cron.run_job("morning")
-        session = await gw.db.get_session(run["session_id"])
-        after = await gw.db.get_cron_job("morning")
+        session = await gw.db.sessions.get(run["session_id"])
+        after = await gw.db.cron.get_job("morning")
         again = await gw.cron.run_job("morning")
     assert run["status"] == "error" and run["error"].startswith("model unavailable:")
     assert "overloaded" in run["error"] and run["delivery"] is None
@@ -220,14 +220,14 @@ async def test_missed_runs_are_coalesced_after_a_restart(tmp_path, model):
     hourly = {"id": "hourly", "name": "Hourly", "schedule": "every 1h", "prompt": "tick"}
     strict = {"id": "strict", "name": "Strict", "schedule": "every 1h", "prompt": "tock", "grace": "10m"}
     async with running_gateway(tmp_path, model, clock=clock, cron={"jobs": [hourly, strict]}) as gw:
-        first_due = (await gw.db.get_cron_job("hourly"))["next_run_at"]
+        first_due = (await gw.db.cron.get_job("hourly"))["next_run_at"]
         assert await until(lambda: "hourly" in gw.cron.armed(), "the alarm is set")
         assert gw.health()["cron"]["jobs_armed"] == 2  # /healthz shows what is scheduled
     clock.advance(5.5 * 3600)  # down for 5.5 hours: due 5 times, the last 30 minutes ago
     async with running_gateway(tmp_path, model, clock=clock, cron={"jobs": [hourly, strict]}) as gw:
         runs = await until(lambda: _finished_runs(gw, 2), "the catch-up")
-        hourly_job = await gw.db.get_cron_job("hourly")
-        strict_job = await gw.db.get_cron_job("strict")
+        hourly_job = await gw.db.cron.get_job("hourly")
+        strict_job = await gw.db.cron.get_job("strict")
     ran = next(r for r in runs if r["job_id"] == "hourly")
     skipped = next(r for r in runs if r["job_id"] == "strict")
     assert (ran["status"], ran["trigger"], ran["scheduled_at"]) == ("ok", "catch-up", first_due + 4 * 3600)
@@ -240,7 +240,7 @@ async def test_missed_runs_are_coalesced_after_a_restart(tmp_path, model):
 
 
 async def _finished_runs(gw, n):
-    runs = await gw.db.list_cron_runs()
+    runs = await gw.db.cron.list_runs()
     done = [r for r in runs if r["status"] not in ("running", "delivering")]
     return done if len(done) >= n else None
 
@@ -249,11 +249,11 @@ async def test_the_alarm_fires_at_next_run_at(tmp_path, model):
     async with running_gateway(tmp_path, model, cron={"jobs": [{"id": "soon", "schedule": "every 1h", "prompt": "go"}]}) as gw:
         gw.cron.poll_seconds = 3600  # only apscheduler's alarm can start it
         when = time.time() + 0.5
-        await gw.db.update_cron_job("soon", {}, now=time.time(), next_run_at=when)
+        await gw.db.cron.update_job("soon", {}, now=time.time(), next_run_at=when)
         await gw.cron.refresh()
         assert gw.cron.armed()["soon"] == pytest.approx(when, abs=1e-3)
         [run] = await until(lambda: _finished_runs(gw, 1), "the alarm")
-        job = await gw.db.get_cron_job("soon")
+        job = await gw.db.cron.get_job("soon")
     assert (run["status"], run["trigger"], run["scheduled_at"]) == ("ok", "schedule", when)
     assert job["next_run_at"] > when + 3000
 
@@ -266,9 +266,9 @@ async def test_a_run_cut_by_shutdown_is_recorded_and_its_lease_released(tmp_path
         await gw.cron.stop(grace_seconds=0.1)
         with pytest.raises(asyncio.CancelledError):
             await task
-        [run] = await gw.db.list_cron_runs("slow")
-        lease = await gw.db.get_cron_lease("slow")
-        session = await gw.db.get_session(run["session_id"])
+        [run] = await gw.db.cron.list_runs("slow")
+        lease = await gw.db.cron.get_lease("slow")
+        session = await gw.db.sessions.get(run["session_id"])
     assert run["status"] == "error" and run["error"] == "interrupted: the gateway stopped during the run"
     assert lease is None and session["end_reason"] == "cron_error"
 
@@ -302,7 +302,7 @@ async def test_cli_changes_are_picked_up_by_a_running_daemon(tmp_path, model):
         assert out.startswith("Added job ping (Ping): every 1h, next run ")
         job = state.SessionDB(home / "state.db")
         try:
-            stored = job.get_cron_job("ping")
+            stored = job.cron.get_job("ping")
         finally:
             job.close()
         await until(lambda: gw.cron.armed().get("ping") == pytest.approx(stored["next_run_at"], abs=1e-3), "the new alarm")
@@ -314,9 +314,9 @@ async def test_cli_changes_are_picked_up_by_a_running_daemon(tmp_path, model):
         clock.advance(2 * 3600)
         polls = gw.cron.polls
         await until(lambda: gw.cron.polls > polls + 2, "a few polls")
-        assert len(await gw.db.list_cron_runs("ping")) == 1  # paused: nothing ran
+        assert len(await gw.db.cron.list_runs("ping")) == 1  # paused: nothing ran
         await cli("remove", "ping")
-        assert await gw.db.get_cron_job("ping") is None
+        assert await gw.db.cron.get_job("ping") is None
 
 
 async def test_a_slack_channel_that_does_not_exist_fails_at_once(tmp_path, model):
@@ -340,7 +340,7 @@ async def test_a_run_cannot_use_a_tool_even_when_the_model_asks_for_one(tmp_path
     async with telegram_gateway(tmp_path, model, tg) as gw:
         await connected(gw)
         run = await gw.cron.run_job("morning")
-        messages = await gw.db.get_messages(run["session_id"])
+        messages = await gw.db.messages.get(run["session_id"])
     assert "tools" not in model.requests[0].body  # none offered: jobs cannot create jobs
     [tool_result] = [m for m in messages if m["role"] == "tool"]
     assert tool_result["content"] == "error: no tool is available now, not 'memory'"

@@ -58,8 +58,8 @@ async def test_sigterm_during_a_slow_turn_finishes_it_and_exits_cleanly(tmp_path
     assert code == 0, stderr
     assert "sk-daemon-test-secret-123456" not in stderr  # secrets never reach the logs
     with state.SessionDB(tmp_path / "home" / "state.db") as db:
-        sid = db.get_route("agent:main:api:dm:slow")
-        assert [m["role"] for m in db.get_messages(sid)] == ["user", "assistant"]
+        sid = db.routes.get("agent:main:api:dm:slow")
+        assert [m["role"] for m in db.messages.get(sid)] == ["user", "assistant"]
 
 
 async def test_a_second_daemon_on_the_same_home_refuses_to_start(tmp_path):

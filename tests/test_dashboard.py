@@ -54,19 +54,19 @@ async def seed(gw) -> dict:
     """A conversation with hostile text in it, a compression chain, a stranger's pairing code."""
     db = gw.db
     now = time.time()
-    await db.create_session("s-evil", "telegram", user_id="666", user_name=EVIL_NAME, title=EVIL_TITLE,
+    await db.sessions.create("s-evil", "telegram", user_id="666", user_name=EVIL_NAME, title=EVIL_TITLE,
                             session_key="agent:main:telegram:dm:666")
-    await db.append_message("s-evil", "user", EVIL_TEXT)
-    await db.append_message("s-evil", "assistant", "an answer about the needle")
-    await db.create_session("s-root", "discord", user_id="42", user_name="Dora", title="Trip planning")
-    await db.append_message("s-root", "user", "plan a trip to Lisbon")
-    await db.end_session("s-root", "compression")
-    await db.create_session("s-child", "discord", user_id="42", user_name="Dora", title="Trip planning #2",
+    await db.messages.append("s-evil", "user", EVIL_TEXT)
+    await db.messages.append("s-evil", "assistant", "an answer about the needle")
+    await db.sessions.create("s-root", "discord", user_id="42", user_name="Dora", title="Trip planning")
+    await db.messages.append("s-root", "user", "plan a trip to Lisbon")
+    await db.sessions.end("s-root", "compression")
+    await db.sessions.create("s-child", "discord", user_id="42", user_name="Dora", title="Trip planning #2",
                             parent_session_id="s-root")
     summary = compression.make_summary_message("They want three days in Lisbon in May.")
-    await db.append_message("s-child", summary["role"], summary["content"])
-    await db.append_message("s-child", "user", "and Porto?")
-    pairing = await db.request_pairing("telegram", "999", EVIL_NAME, "ABCD2345", now=now, ttl=3600, max_pending=3)
+    await db.messages.append("s-child", summary["role"], summary["content"])
+    await db.messages.append("s-child", "user", "and Porto?")
+    pairing = await db.pairing.request("telegram", "999", EVIL_NAME, "ABCD2345", now=now, ttl=3600, max_pending=3)
     return {"pairing": pairing}
 
 
@@ -157,8 +157,8 @@ async def test_every_route_refuses_a_visitor_who_has_not_logged_in(tmp_path, mod
                     assert "script-src 'self'" in response.headers["Content-Security-Policy"], where
                     assert response.headers["Referrer-Policy"] == "same-origin", where
             # and nothing was changed by those POSTs
-            assert (await gw.db.list_pairing())["pending"][0]["code"] == "ABCD2345"
-            assert (await gw.db.list_cron_runs("digest")) == []
+            assert (await gw.db.pairing.list())["pending"][0]["code"] == "ABCD2345"
+            assert (await gw.db.cron.list_runs("digest")) == []
         finally:
             await visitor.close()
 
@@ -208,7 +208,7 @@ async def test_behind_a_reverse_proxy_the_forwarded_host_is_the_origin(tmp_path,
             proxied = {"Origin": "https://board.example", "X-Forwarded-Host": "board.example", "Host": "127.0.0.1:1"}
             status, _, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram",
                                                                      "code": "ABCD2345"}, headers=proxied)
-            assert status == 303 and await gw.db.is_user_approved("telegram", "999")
+            assert status == 303 and await gw.db.pairing.is_approved("telegram", "999")
         finally:
             await browser.close()
 
@@ -243,15 +243,15 @@ async def test_a_change_needs_its_csrf_token_and_a_same_site_origin(tmp_path, mo
                                                  {"csrf": csrf, "platform": "telegram", "code": "ABCD2345"},
                                                  headers={"Origin": "https://evil.example"})
             assert status == 403 and "another site" in body
-            assert not await gw.db.is_user_approved("telegram", "999")
+            assert not await gw.db.pairing.is_approved("telegram", "999")
             status, _, response = await browser.post("/ui/pairing/approve",
                                                      {"csrf": csrf, "platform": "telegram", "code": "abcd2345"})
             assert status == 303
-            assert await gw.db.is_user_approved("telegram", "999")
+            assert await gw.db.pairing.is_approved("telegram", "999")
             status, body, _ = await browser.get(response.headers["Location"])
             assert "Approved telegram:999" in body
             status, _, _ = await browser.post("/ui/pairing/revoke", {"csrf": csrf, "platform": "telegram", "user_id": "999"})
-            assert status == 303 and not await gw.db.is_user_approved("telegram", "999")
+            assert status == 303 and not await gw.db.pairing.is_approved("telegram", "999")
             status, body, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram", "code": "NOPE"})
             assert status == 404 and "no pending telegram pairing request" in body
         finally:
@@ -282,9 +282,9 @@ async def test_on_loopback_without_a_token_the_dashboard_is_read_only(tmp_path, 
                         status, body, _ = await browser.post(where, {"csrf": token, "platform": "telegram",
                                                                      "code": "ABCD2345", "user_id": "999"})
                         assert status == 403 and "read-only" in body, where
-            assert not await gw.db.is_user_approved("telegram", "999")
-            assert not (await gw.db.get_cron_job("digest"))["paused"]
-            assert await gw.db.list_cron_runs("digest") == []
+            assert not await gw.db.pairing.is_approved("telegram", "999")
+            assert not (await gw.db.cron.get_job("digest"))["paused"]
+            assert await gw.db.cron.list_runs("digest") == []
             # a page asked for by another name (DNS rebinding onto 127.0.0.1) is refused
             status, body, _ = await browser.get("/ui/sessions", headers={"Host": "evil.example"})
             assert status == 403 and "Lisbon" not in body
@@ -307,7 +307,7 @@ async def test_on_loopback_allow_local_writes_lets_the_dashboard_act(tmp_path, m
             assert status == 403  # still a CSRF token per change
             status, _, _ = await browser.post("/ui/pairing/approve", {"csrf": csrf, "platform": "telegram",
                                                                      "code": "ABCD2345"})
-            assert status == 303 and await gw.db.is_user_approved("telegram", "999")
+            assert status == 303 and await gw.db.pairing.is_approved("telegram", "999")
         finally:
             await browser.close()
 
@@ -428,7 +428,7 @@ async def test_a_session_exports_as_the_stores_json_and_as_markdown(tmp_path, mo
             await browser.login()
             status, body, response = await browser.get("/ui/sessions/s-child/export.json")
             assert status == 200 and response.headers["Content-Disposition"] == 'attachment; filename="session-s-child.json"'
-            assert json.loads(body) == json.loads(json.dumps(await gw.db.export_session("s-child"), default=str))
+            assert json.loads(body) == json.loads(json.dumps(await gw.db.transfer.export("s-child"), default=str))
             status, body, response = await browser.get("/ui/sessions/s-child/export.md")
             assert status == 200 and response.content_type == "text/markdown"
             assert body.startswith("# Trip planning #2\n")
@@ -463,7 +463,7 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
             csrf = await browser.csrf("/ui/cron")
             status, _, response = await browser.post("/ui/cron/digest/run", {"csrf": csrf})
             assert status == 303 and "/ui/cron/digest?started=" in response.headers["Location"]
-            run = (await gw.db.list_cron_runs("digest"))[0]
+            run = (await gw.db.cron.list_runs("digest"))[0]
             assert run["trigger"] == "manual"
             await eventually(lambda: _run_ended(gw, run["id"]), 10, "the run to end")
             _, body, _ = await browser.get("/ui/cron/digest")
@@ -475,24 +475,24 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
                 assert status == 200 and "<html" not in fragment and "kept in the store (local)" in fragment, path
             assert (await browser.get("/ui/cron/nope/runs/fragment"))[0] == 404
             status, _, _ = await browser.post("/ui/cron/digest/pause", {"csrf": csrf})
-            assert status == 303 and (await gw.db.get_cron_job("digest"))["paused"]
+            assert status == 303 and (await gw.db.cron.get_job("digest"))["paused"]
             _, body, _ = await browser.get("/ui/cron")
             assert 'badge paused' in body and "Resume" in body
             assert '<span class="badge ok">ok</span> just now' in body  # the last run
             status, _, _ = await browser.post("/ui/cron/digest/resume", {"csrf": csrf})
-            job = await gw.db.get_cron_job("digest")
+            job = await gw.db.cron.get_job("digest")
             assert status == 303 and not job["paused"] and job["next_run_at"] > time.time()
         finally:
             await browser.close()
 
 
 async def _run_ended(gw, run_id: int) -> bool:
-    return (await gw.db.get_cron_run(run_id))["status"] not in ("running",)
+    return (await gw.db.cron.get_run(run_id))["status"] not in ("running",)
 
 
 async def test_health_shows_platforms_queues_and_the_instance(tmp_path, model):
     async with dashboard(tmp_path, model) as gw:
-        await gw.db.add_dead_letter(platform="slack", event_id="Ev1", payload="{}", message=None,
+        await gw.db.dead_letters.add(platform="slack", event_id="Ev1", payload="{}", message=None,
                                     error="<b>boom</b> handler failed")
         browser = Browser(gw)
         try:
@@ -529,7 +529,7 @@ async def test_the_usage_page_charts_the_days_and_sums_each_model_and_identity(t
         for platform, user, model_name, prompt, cost in (("telegram", "111", "gpt-small", 100, 0.25),
                                                         ("discord", "222", "gpt-small", 50, 0.125),
                                                         ("telegram", "333", evil_model, 7, None)):
-            await gw.db.record_model_call({"at": now - 60, "platform": platform, "user_id": user, "purpose": "turn",
+            await gw.db.usage.record_call({"at": now - 60, "platform": platform, "user_id": user, "purpose": "turn",
                                            "model": model_name, "outcome": "ok", "prompt_tokens": prompt,
                                            "completion_tokens": 10, "cost": cost})
         browser = Browser(gw)
@@ -579,7 +579,7 @@ async def test_usage_by_user_names_a_cron_jobs_calls_by_the_job(tmp_path, model)
 
 
 async def _cron_calls(gw) -> bool:
-    summary = await gw.db.usage_summary(time.time() - 3600, "purpose")
+    summary = await gw.db.usage.summary(time.time() - 3600, "purpose")
     return any(row["grp"] == "cron" for row in summary["groups"])
 
 
@@ -588,9 +588,9 @@ async def test_a_transcript_renders_markdown_with_raw_html_as_text_and_no_foreig
               '<img src=x onerror=alert(5)> [click](javascript:alert(6)) [ok](https://example.com "t") '
               "![pixel](https://tracker.example/p.png) <a href=\"https://evil.example\">raw link</a>")
     async with dashboard(tmp_path, model) as gw:
-        await gw.db.create_session("s-md", "telegram", user_id="1")
-        await gw.db.append_message("s-md", "assistant", answer)
-        await gw.db.append_message("s-md", "tool", "**not markdown** <b>x</b>")
+        await gw.db.sessions.create("s-md", "telegram", user_id="1")
+        await gw.db.messages.append("s-md", "assistant", answer)
+        await gw.db.messages.append("s-md", "tool", "**not markdown** <b>x</b>")
         browser = Browser(gw)
         try:
             await browser.login()
@@ -611,14 +611,14 @@ async def test_a_transcript_renders_markdown_with_raw_html_as_text_and_no_foreig
 async def test_the_storage_page_shows_the_storage_report_with_what_reduces_each_line(tmp_path, model):
     async with dashboard(tmp_path, model, token=TOKEN) as gw:
         await seed(gw)
-        await gw.db.append_message("s-root", "assistant", "x" * 5000)  # the largest session by text
+        await gw.db.messages.append("s-root", "assistant", "x" * 5000)  # the largest session by text
         browser = Browser(gw)
         try:
             await browser.login()
             status, body, _ = await browser.get("/ui/storage")
         finally:
             await browser.close()
-        report = await gw.db.storage_report()
+        report = await gw.db.storage.report()
     assert status == 200
     text = html.unescape(body)
     assert 'class="here">Storage</a>' in body

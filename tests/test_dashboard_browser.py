@@ -92,7 +92,7 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         await watched.shot("health")
 
         # the health panel refreshes itself (the page's script, allowed by the CSP)
-        await gw.db.add_dead_letter(platform="slack", event_id="EvLate", payload="{}", message=None,
+        await gw.db.dead_letters.add(platform="slack", event_id="EvLate", payload="{}", message=None,
                                     error="handler failed")
         await page.wait_for_selector("text=EvLate", timeout=15_000)
 
@@ -130,7 +130,7 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         assert "Started run #" in await page.inner_text("#started")
         assert "running" in await page.inner_text("#runs")
         model.delay = 0
-        run = (await gw.db.list_cron_runs("digest"))[0]
+        run = (await gw.db.cron.list_runs("digest"))[0]
         await eventually(lambda: _ended(gw, run["id"]), 10, "the cron run to end")
         await page.wait_for_selector("#runs >> text=kept in the store (local)", timeout=10_000)  # no reload
         await watched.shot("cron-run")
@@ -141,12 +141,12 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         await watched.shot("pairing")
         await page.click("#pending >> text=Approve")
         assert "Approved telegram:999" in await page.inner_text("#approved-now")
-        assert await gw.db.is_user_approved("telegram", "999")
+        assert await gw.db.pairing.is_approved("telegram", "999")
         await watched.shot("pairing-approved")
 
         # usage: the chart of the days (inline SVG, no script) and one row per model
         for hours_ago, purpose, tokens in ((30, "turn", 1200), (30, "compression", 800), (2, "turn", 600)):
-            await gw.db.record_model_call({"at": time.time() - hours_ago * 3600, "purpose": purpose, "model": "gpt-x",
+            await gw.db.usage.record_call({"at": time.time() - hours_ago * 3600, "purpose": purpose, "model": "gpt-x",
                                            "outcome": "ok", "prompt_tokens": tokens, "completion_tokens": 100,
                                            "cost": tokens / 1e5})
         await page.click("nav >> text=Usage")
@@ -187,7 +187,7 @@ async def test_a_framing_page_cannot_show_the_dashboard(tmp_path, model, browser
 
 
 async def _ended(gw, run_id: int) -> bool:
-    return (await gw.db.get_cron_run(run_id))["status"] != "running"
+    return (await gw.db.cron.get_run(run_id))["status"] != "running"
 
 
 MARKDOWN_ANSWER = (
@@ -205,12 +205,12 @@ async def test_on_a_phone_nothing_runs_off_the_page_and_the_header_keeps_its_hei
     async with dashboard(tmp_path, model) as gw:
         await seed(gw)
         long_id = "s-" + "0123456789abcdef" * 3
-        await gw.db.create_session(long_id, "telegram", user_id="12345678901234567890", user_name="Ann",
+        await gw.db.sessions.create(long_id, "telegram", user_id="12345678901234567890", user_name="Ann",
                                    title="A session with a title long enough to wrap on a phone screen")
-        await gw.db.append_message(long_id, "user", "how do I deploy it?")
-        await gw.db.append_message(long_id, "assistant", MARKDOWN_ANSWER)
+        await gw.db.messages.append(long_id, "user", "how do I deploy it?")
+        await gw.db.messages.append(long_id, "assistant", MARKDOWN_ANSWER)
         await gw.cron.run_job("digest")
-        await gw.db.record_model_call({"at": time.time() - 60, "purpose": "turn", "model": "a-model-with-a-long-name-v2",
+        await gw.db.usage.record_call({"at": time.time() - 60, "purpose": "turn", "model": "a-model-with-a-long-name-v2",
                                        "platform": "telegram", "user_id": "12345678901234567890", "outcome": "ok",
                                        "prompt_tokens": 123456, "completion_tokens": 7890, "cost": 1.25})
         context = await browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)

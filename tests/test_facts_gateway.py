@@ -47,8 +47,8 @@ async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_pat
         api = ApiClient(gw)
         reply = await api.say("ann", "which editor should I configure?")
         sent = model.requests[-1]
-        session = await gw.db.get_route("agent:main:api:dm:ann")
-        stored = await gw.db.get_messages(session)
+        session = await gw.db.routes.get("agent:main:api:dm:ann")
+        stored = await gw.db.messages.get(session)
 
         assert (await api.say("ann", "/facts off")).startswith("Fact recall is off for this chat")
         await api.say("ann", "which editor again?")
@@ -94,17 +94,17 @@ async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_
         api = ApiClient(gw)
         await api.say("cy", "we are moving the shop to postgres")
         await api.say("cy", "also my cat Miso says hi")
-        first = await gw.db.get_route("agent:main:api:dm:cy")
+        first = await gw.db.routes.get("agent:main:api:dm:cy")
         await api.say("cy", "/new")
         await until(lambda: _extracted(gw, 1))
-        stored = await gw.db.list_facts("main", "api:cy")
+        stored = await gw.db.facts.list("main", "api:cy")
         miso_id.append(next(f["id"] for f in stored if "Miso" in f["content"]))
         await api.say("cy", "the postgres migration is still on")
         await api.say("cy", "and the cat is Mochi now, we renamed her")
         await api.say("cy", "/new")
         await until(lambda: _extracted(gw, 2))
-        after = {f["content"]: f for f in await gw.db.list_facts("main", "api:cy", include_superseded=True)}
-        extraction = await gw.db.get_fact_extraction(first)
+        after = {f["content"]: f for f in await gw.db.facts.list("main", "api:cy", include_superseded=True)}
+        extraction = await gw.db.facts.extraction(first)
         await api.say("cy", "hello")
         await api.close()
 
@@ -126,10 +126,10 @@ async def _extracted(gw, n):
 
 async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_start(tmp_path, model, store_config):
     db = state.SessionDB(store_config["store"]["url"] if store_config else tmp_path / "state.db")
-    db.create_session("old-1", "api", user_id="dee", session_key="agent:main:api:dm:dee")
+    db.sessions.create("old-1", "api", user_id="dee", session_key="agent:main:api:dm:dee")
     for i, text in enumerate(["I run a bakery in Ghent", "Nice!", "We open at 7", "Noted."]):
-        db.append_message("old-1", "user" if i % 2 == 0 else "assistant", text)
-    db.end_session("old-1", "idle")
+        db.messages.append("old-1", "user" if i % 2 == 0 else "assistant", text)
+    db.sessions.end("old-1", "idle")
     db.close()
     model.responder = lambda messages: (json.dumps({"facts": [{"text": "The user runs a bakery in Ghent",
                                                                  "entities": ["bakery", "ghent"]}]})
@@ -146,13 +146,13 @@ async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, mo
         api = ApiClient(gw)
         await api.say("eve", "I prefer tea")
         await api.say("eve", "green tea, mostly")
-        sid = await gw.db.get_route("agent:main:api:dm:eve")
+        sid = await gw.db.routes.get("agent:main:api:dm:eve")
         await api.say("eve", "/new")  # the default echo is no JSON: the extraction fails
         await until(lambda: _extracted(gw, 1))
         await api.close()
         assert gw.facts.extracted[-1].skipped.startswith("failed: the answer holds no JSON object")
-        assert await gw.db.get_fact_extraction(sid) is None  # the claim was given back
-        assert await gw.db.list_facts("main", "api:eve") == []
+        assert await gw.db.facts.extraction(sid) is None  # the claim was given back
+        assert await gw.db.facts.list("main", "api:eve") == []
 
 
 async def test_the_model_stores_and_finds_facts_with_the_tool(tmp_path, model, store_config):
@@ -189,11 +189,11 @@ async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_
         api = ApiClient(gw)
         for i in range(7):
             await api.say("gus", f"turn {i}: {long}")
-        root = await gw.db.get_route("agent:main:api:dm:gus")
+        root = await gw.db.routes.get("agent:main:api:dm:gus")
         reply = await api.say("gus", "/compress")
         await until(lambda: _extracted(gw, 1))
         await api.close()
-        facts = await gw.db.list_facts("main", "api:gus")
+        facts = await gw.db.facts.list("main", "api:gus")
     assert reply.startswith("Compressed: ")
     assert gw.facts.extracted[0].session_id == root and gw.facts.extracted[0].added == 1
     assert [f["content"] for f in facts] == ["The user plans a staging database migration"]

@@ -82,27 +82,27 @@ async def test_facts_stay_in_their_scope_and_odd_queries_are_harmless(facts, db)
     assert await top(facts, "notes", scope="carol") == []
     for odd in ['"', "notes OR *", "NEAR(notes", "owner : x", "' ; DROP TABLE facts; --", "", "the of and"]:
         assert isinstance(await facts.search("main", "alice", odd), list)
-    assert await db.fact_count("main", "alice") == 1
+    assert await db.facts.count("main", "alice") == 1
 
 
 async def test_recall_ranks_the_scopes_newest_matches_whether_or_not_other_users_crowd_them(db):
     def add(scope, text):
-        return db.add_fact("main", scope, text, [], session_id=None, trust=0.5, now=NOW, hrr=None)
+        return db.facts.add("main", scope, text, [], session_id=None, trust=0.5, now=NOW, hrr=None)
 
     alice_old = await add("alice", "tea tea tea with lemon")  # the best BM25, but the oldest
     alice_new = [await add("alice", f"tea and note {i}") for i in range(5)]
     for i in range(30):
         await add("bob", f"tea for bob {i}")
-    newest3 = await db.fact_candidates("main", "alice", ["tea"], limit=10, window=3)
+    newest3 = await db.facts.candidates("main", "alice", ["tea"], limit=10, window=3)
     assert sorted(f["id"] for f in newest3) == alice_new[-3:]
-    everything = await db.fact_candidates("main", "alice", ["tea"], limit=10, window=100)
+    everything = await db.facts.candidates("main", "alice", ["tea"], limit=10, window=100)
     assert everything[0]["id"] == alice_old and len(everything) == 6
     # carol has one old match behind 30 of bob's: her token joins the MATCH, and she still finds it
     carol = await add("carol", "tea from carol")
     for i in range(30):
         await add("bob", f"more tea for bob {i}")
-    assert [f["id"] for f in await db.fact_candidates("main", "carol", ["tea"], limit=5, window=2)] == [carol]
-    assert all(f["user_scope"] == "alice" for f in await db.fact_candidates("main", "alice", ["tea"], limit=50, window=2))
+    assert [f["id"] for f in await db.facts.candidates("main", "carol", ["tea"], limit=5, window=2)] == [carol]
+    assert all(f["user_scope"] == "alice" for f in await db.facts.candidates("main", "alice", ["tea"], limit=50, window=2))
 
 
 def test_a_linked_identity_owns_the_facts_of_all_its_accounts(tmp_path):
@@ -190,7 +190,7 @@ async def test_trust_and_decay_change_the_order_as_documented(facts, db, clock):
     assert ranked[1].trust == pytest.approx(TRUST_NEW * CONTRADICT_FACTOR)
     # a confirmed fact (trust up, fresh) beats an equally trusted one confirmed one half-life ago
     clock.t += 30 * DAY
-    await db.confirm_fact(old, now=clock.t, trust_step=TRUST_NEW * CONTRADICT_FACTOR)  # back to 0.5
+    await db.facts.confirm(old, now=clock.t, trust_step=TRUST_NEW * CONTRADICT_FACTOR)  # back to 0.5
     ranked = await facts.search("main", "alice", "which editor does alice use")
     assert [f.id for f in ranked] == [old, new]
     assert ranked[0].decay == pytest.approx(1.0) and ranked[1].decay == pytest.approx(0.5)
@@ -218,10 +218,10 @@ async def test_a_near_duplicate_confirms_the_stored_fact(facts, db, clock):
     clock.t += 5 * DAY
     again = await facts.remember("main", "alice", "alice's cat is called miso!")
     assert (again.fact_id, again.status) == (fid, "confirmed")
-    row = await db.get_fact(fid)
+    row = await db.facts.get(fid)
     assert row["trust"] == pytest.approx(TRUST_NEW + TRUST_STEP)
     assert (row["created_at"], row["confirmed_at"], row["confirmations"]) == (NOW, clock.t, 1)
-    assert await db.fact_count("main", "alice") == 1
+    assert await db.facts.count("main", "alice") == 1
     other = await facts.remember("main", "alice", "Alice's dog is called Pepper")
     assert other.status == "added"
 
@@ -240,18 +240,18 @@ async def test_a_correction_replaces_the_old_fact_which_loses_trust(facts, db):
 
 
 async def test_a_session_is_claimed_for_extraction_once_unless_its_claim_went_stale(db):
-    await db.create_session("s1", "telegram", user_id="7", session_key="agent:main:telegram:dm:7")
+    await db.sessions.create("s1", "telegram", user_id="7", session_key="agent:main:telegram:dm:7")
     for i in range(4):
-        await db.append_message("s1", "user" if i % 2 == 0 else "assistant", f"message {i}")
-    await db.end_session("s1", "idle")
-    ended = (await db.get_session("s1"))["ended_at"]
-    assert await db.sessions_awaiting_facts(since=ended - 1, now=ended) == ["s1"]
-    assert await db.claim_fact_extraction("s1", now=ended) is True
-    assert await db.claim_fact_extraction("s1", now=ended + 60) is False  # another process is on it
-    assert await db.sessions_awaiting_facts(since=ended - 1, now=ended + 60) == []
+        await db.messages.append("s1", "user" if i % 2 == 0 else "assistant", f"message {i}")
+    await db.sessions.end("s1", "idle")
+    ended = (await db.sessions.get("s1"))["ended_at"]
+    assert await db.facts.sessions_awaiting(since=ended - 1, now=ended) == ["s1"]
+    assert await db.facts.claim_extraction("s1", now=ended) is True
+    assert await db.facts.claim_extraction("s1", now=ended + 60) is False  # another process is on it
+    assert await db.facts.sessions_awaiting(since=ended - 1, now=ended + 60) == []
     # that process died: an hour later the claim may be taken again
-    assert await db.sessions_awaiting_facts(since=ended - 1, now=ended + 3700) == ["s1"]
-    assert await db.claim_fact_extraction("s1", now=ended + 3700) is True
-    await db.finish_fact_extraction("s1", added=2, confirmed=1)
-    assert await db.claim_fact_extraction("s1", now=ended + 99999) is False  # done is done
-    assert (await db.get_fact_extraction("s1"))["added"] == 2
+    assert await db.facts.sessions_awaiting(since=ended - 1, now=ended + 3700) == ["s1"]
+    assert await db.facts.claim_extraction("s1", now=ended + 3700) is True
+    await db.facts.finish_extraction("s1", added=2, confirmed=1)
+    assert await db.facts.claim_extraction("s1", now=ended + 99999) is False  # done is done
+    assert (await db.facts.extraction("s1"))["added"] == 2

@@ -26,8 +26,8 @@ async def test_a_conversation_is_remembered_across_turns(tmp_path, model):
         # another key is another conversation
         assert await api.say("bob", "hello") == "echo: hello | turns: 1 | first: hello"
         await api.close()
-        sid = await gw.db.get_route("agent:main:api:dm:alice")
-        stored = await gw.db.get_messages(sid)
+        sid = await gw.db.routes.get("agent:main:api:dm:alice")
+        stored = await gw.db.messages.get(sid)
     assert [(m["role"], m["content"]) for m in stored] == [
         ("user", "my name is Alice"),
         ("assistant", "echo: my name is Alice | turns: 1 | first: my name is Alice"),
@@ -45,7 +45,7 @@ async def test_token_usage_is_recorded(tmp_path, model):
         api = ApiClient(gw)
         await api.say("k", "hello")
         await api.close()
-        session = await gw.db.get_session(await gw.db.get_route("agent:main:api:dm:k"))
+        session = await gw.db.sessions.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert session["input_tokens"] == 1234 and session["output_tokens"] > 0
 
 
@@ -55,11 +55,11 @@ async def test_title_new_and_resume(tmp_path, model):
         await api.say("u", "let's plan the trip")
         assert await api.say("u", "/title") == "This session has no title. Set one with /title <name>."
         assert await api.say("u", "/title Trip planning") == "Session title set: Trip planning"
-        first = await gw.db.get_route("agent:main:api:dm:u")
+        first = await gw.db.routes.get("agent:main:api:dm:u")
         answer = await api.say("u", "/new")
         assert answer.startswith("Started a new session.") and first in answer
         assert await api.say("u", "fresh start") == "echo: fresh start | turns: 1 | first: fresh start"
-        second = await gw.db.get_route("agent:main:api:dm:u")
+        second = await gw.db.routes.get("agent:main:api:dm:u")
         assert second != first
         # a duplicate title is refused, naming the holder
         assert await api.say("u", "/title Trip planning") == (
@@ -100,7 +100,7 @@ async def test_429_then_success_is_answered_once(tmp_path, model):
         api = ApiClient(gw)
         assert await api.say("k", "hi") == "finally"
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert len(model.requests) == 2
     assert model.requests[1].at - model.requests[0].at >= 0.2  # Retry-After honoured
     assert [m["role"] for m in stored] == ["user", "assistant"]
@@ -117,7 +117,7 @@ async def test_total_model_failure_is_a_503_and_the_message_is_kept_then_a_norma
         assert failed.value.response.headers["Retry-After"] == "2"
         assert await api.say("k", "second question") == "echo: second question | turns: 2 | first: first question"
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert [(m["role"], m["content"]) for m in stored][:2] == [("user", "first question"), ("user", "second question")]
     assert len(stored) == 3
 
@@ -147,7 +147,7 @@ async def test_messages_sent_during_a_turn_are_answered_after_it(tmp_path):
             third = asyncio.create_task(api.say("k", "three"))
             replies = await asyncio.gather(first, second, third)
             await api.close()
-            stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+            stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     # two and three waited for the first turn; each request got a turn and an answer of its own, in order
     assert replies == [f"echo: {word} | turns: {n} | first: one" for n, word in enumerate(["one", "two", "three"], 1)]
     assert [(m["role"], m["content"]) for m in stored] == [
@@ -207,7 +207,7 @@ async def test_an_idempotency_key_stores_and_answers_once_and_a_retry_gets_the_s
             async with http.post(url, json=body, headers=headers) as r2:
                 assert r2.status == 200
                 again = await r2.json()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert again["choices"][0]["message"]["content"] == "echo: once | turns: 1 | first: once"
     assert (again["id"], again["session_id"]) == (first["id"], first["session_id"])
     assert [m["content"] for m in stored if m["role"] == "user"] == ["once"]
@@ -262,7 +262,7 @@ async def test_healthz_and_metrics(tmp_path, model):
 # -- reset policies --------------------------------------------------------
 
 async def _session_for(gw, key="agent:main:api:dm:k"):
-    return await gw.db.get_route(key)
+    return await gw.db.routes.get(key)
 
 
 async def test_idle_reset_ends_the_old_session_and_says_how_to_go_back(tmp_path, model):
@@ -281,7 +281,7 @@ async def test_idle_reset_ends_the_old_session_and_says_how_to_go_back(tmp_path,
             extra_headers={"X-Session-Key": "k"})
         new = await _session_for(gw)
         await api.close()
-        ended = await gw.db.get_session(old)
+        ended = await gw.db.sessions.get(old)
         first_prompt = model.requests[-1].messages
     assert new != old
     assert ended["end_reason"] == "idle"
@@ -307,7 +307,7 @@ async def test_daily_reset_at_the_configured_hour(tmp_path, model):
         clock.advance(3600 - now.minute * 60 - now.second + 60)  # just past next_hour:00
         await api.say("k", "after the hour")
         assert await _session_for(gw) != old
-        assert (await gw.db.get_session(old))["end_reason"] == "daily"
+        assert (await gw.db.sessions.get(old))["end_reason"] == "daily"
         await api.close()
 
 
@@ -338,7 +338,7 @@ async def test_both_mode_and_a_restart_evaluate_the_policy_on_the_first_message(
         answer = await api.say("k", "after restart")
         await api.close()
         assert await _session_for(gw) != old
-        assert (await gw.db.get_session(old))["end_reason"] in ("idle", "daily")
+        assert (await gw.db.sessions.get(old))["end_reason"] in ("idle", "daily")
     assert answer == "echo: after restart | turns: 1 | first: after restart"
 
 
@@ -362,7 +362,7 @@ async def test_the_state_directory_is_private(tmp_path, model):
     assert (home.stat().st_mode & 0o777) == 0o700
     assert (home / "state.db").stat().st_mode & 0o077 == 0
     with state.SessionDB(home / "state.db") as db:
-        assert db.stats()["sessions"] == 1
+        assert db.transfer.stats()["sessions"] == 1
 
 
 
@@ -385,7 +385,7 @@ async def test_a_turn_cut_off_by_shutdown_is_a_503_with_retry_after_and_keeps_th
     assert cut.value.response.headers["Retry-After"] == "10"
     assert "stopped before answering; your message is saved" in cut.value.message
     with state.SessionDB(tmp_path / "state.db") as store:
-        stored = store.get_messages(store.get_route("agent:main:api:dm:k"))
+        stored = store.messages.get(store.routes.get("agent:main:api:dm:k"))
     assert [(m["role"], m["content"]) for m in stored] == [("user", "a very long question")]
 
 

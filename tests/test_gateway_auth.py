@@ -75,7 +75,7 @@ async def test_a_stranger_gets_a_pairing_code_and_nothing_else_until_approved(tm
         await platform.deliver("hello???", message_id="2")
         assert len(platform.sent) == 1
         assert model.requests == []
-        assert (await gw.db.stats())["sessions"] == 0
+        assert (await gw.db.transfer.stats())["sessions"] == 0
 
         runner = CliRunner()
         listing = runner.invoke(main, ["pairing", "list"], env={"SWITCHBOARD_HOME": str(home), "SWITCHBOARD_CONFIG": ""})
@@ -92,11 +92,11 @@ async def test_a_stranger_gets_a_pairing_code_and_nothing_else_until_approved(tm
         revoked = runner.invoke(main, ["pairing", "revoke", "telegram", "42"],
                                 env={"SWITCHBOARD_HOME": str(home), "SWITCHBOARD_CONFIG": ""})
         assert revoked.exit_code == 0
-        stored = (await gw.db.stats())["messages"]
+        stored = (await gw.db.transfer.stats())["messages"]
         # refused and unanswered (the handler says nothing will be sent), and not stored: an allowed
         # message is stored before the handler returns, and only a stored one reaches the model
         assert await platform.deliver("still there?", message_id="4") is False
-        assert (await gw.db.stats())["messages"] == stored
+        assert (await gw.db.transfer.stats())["messages"] == stored
         assert len(platform.sent) == 2 and len(model.requests) == 1
 
 
@@ -106,7 +106,7 @@ async def test_strangers_in_groups_are_ignored_silently(tmp_path, model):
         await _started(platform)
         assert await platform.deliver("@bot hi", chat="-100", chat_type=ChatType.GROUP, message_id="1") is False
         assert platform.sent == [] and model.requests == []
-        assert (await gw.db.stats())["sessions"] == 0
+        assert (await gw.db.transfer.stats())["sessions"] == 0
 
 
 async def test_allowlisted_users_talk_and_a_redelivered_event_is_answered_once(tmp_path, model):
@@ -121,7 +121,7 @@ async def test_allowlisted_users_talk_and_a_redelivered_event_is_answered_once(t
         # groups are per user by default; the stored key is the documented one
         await platform.deliver("in the group", chat="-100", chat_type=ChatType.GROUP, message_id="g1")
         await platform.wait_sent(2)
-        routes = dict(await gw.db.list_routes())
+        routes = dict(await gw.db.routes.list())
     assert set(routes) == {"agent:main:telegram:dm:42", "agent:main:telegram:group:-100:42"}
 
 

@@ -37,8 +37,8 @@ async def test_no_compression_below_the_threshold(tmp_path, model):
         api = ApiClient(gw)
         await chat(api, 8)
         await api.close()
-        sid = await gw.db.get_route(KEY)
-        assert (await gw.db.get_session(sid))["parent_session_id"] is None
+        sid = await gw.db.routes.get(KEY)
+        assert (await gw.db.sessions.get(sid))["parent_session_id"] is None
     assert summary_requests(model) == []
 
 
@@ -47,7 +47,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         api = ApiClient(gw)
         await chat(api, 6)
         assert await api.say("k", "/title migration") == "Session title set: migration"
-        root = await gw.db.get_route(KEY)
+        root = await gw.db.routes.get(KEY)
         # the trigger, then the memory turn before the split, the summary, the answer
         model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"),
                      Reply("FIRST SUMMARY: staging database chosen"), Reply("after one"))
@@ -55,7 +55,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         raw = await api.client.chat.completions.with_raw_response.create(  # the trigger fires before this call
             model="m", messages=[{"role": "user", "content": "and now?"}], extra_headers={"X-Session-Key": "k"})
         answer = raw.parse().choices[0].message.content
-        second = await gw.db.get_route(KEY)
+        second = await gw.db.routes.get(KEY)
         assert second != root
         notice = raw.headers["X-Switchboard-Notice"]  # beside the answer, never in it
         assert notice.startswith('Compressed: ') and 'Continuing as "migration #2".' in notice
@@ -65,18 +65,18 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         model.script(Reply("ok", prompt_tokens=3600), Reply("nothing new"), Reply("SECOND SUMMARY"), Reply("after two"))
         await api.say("k", "again")
         await api.say("k", "and again?")
-        third = await gw.db.get_route(KEY)
+        third = await gw.db.routes.get(KEY)
         await api.close()
 
-        parent, child, grandchild = [await gw.db.get_session(s) for s in (root, second, third)]
+        parent, child, grandchild = [await gw.db.sessions.get(s) for s in (root, second, third)]
         assert (child["parent_session_id"], grandchild["parent_session_id"]) == (root, second)
         assert (parent["end_reason"], child["end_reason"]) == ("compression", "compression")
         assert (child["title"], grandchild["title"]) == ("migration #2", "migration #3")
-        assert await gw.db.get_compression_tip(root) == third
-        assert await gw.db.resolve_session_id("migration") == third
+        assert await gw.db.sessions.compression_tip(root) == third
+        assert await gw.db.sessions.resolve_id("migration") == third
         # the parent keeps its whole history
-        assert len(await gw.db.get_messages(root)) == 2 * 7 + 1
-        child_messages = await gw.db.get_messages(third)
+        assert len(await gw.db.messages.get(root)) == 2 * 7 + 1
+        child_messages = await gw.db.messages.get(third)
         assert any(compression.is_summary(m) for m in child_messages)
     # the second summary request carried the first summary forward
     requests = summary_requests(model)
@@ -102,11 +102,11 @@ async def test_compress_with_too_little_changes_nothing(tmp_path, model):
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 2)
-        before = await gw.db.get_route(KEY)
+        before = await gw.db.routes.get(KEY)
         answer = await api.say("k", "/compress")
         await api.close()
         assert answer == "Nothing to compress yet: the conversation is still short. Nothing was changed."
-        assert await gw.db.get_route(KEY) == before
+        assert await gw.db.routes.get(KEY) == before
 
 
 @pytest.mark.parametrize("failure", ["error", "timeout"])
@@ -114,16 +114,16 @@ async def test_a_failing_summarizer_changes_nothing_and_the_turn_is_answered(tmp
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 6)
-        sid = await gw.db.get_route(KEY)
-        stored_before = len(await gw.db.get_messages(sid))
+        sid = await gw.db.routes.get(KEY)
+        stored_before = len(await gw.db.messages.get(sid))
         broken = [Fail(500)] * 4 if failure == "error" else [Hang(30)]
         model.script(Reply("ok", prompt_tokens=3300), Reply("nothing new to remember"), *broken,
                      Reply("still answered"))
         await api.say("k", "push it over")
         answer = await api.say("k", "are you there?")
         assert answer == "still answered"
-        assert await gw.db.get_route(KEY) == sid
-        assert len(await gw.db.get_messages(sid)) == stored_before + 4
+        assert await gw.db.routes.get(KEY) == sid
+        assert len(await gw.db.messages.get(sid)) == stored_before + 4
         # the cooldown: the next turn does not try again
         requests_before = len(model.requests)
         await api.say("k", "one more")
@@ -153,7 +153,7 @@ async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, mode
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 6)
-        root = await gw.db.get_route(KEY)
+        root = await gw.db.routes.get(KEY)
         model.script(Reply("ok", prompt_tokens=3500), Reply("nothing new to remember"), Reply("SUMMARY"),
                      Reply("after the split"))
         await api.say("k", "one more")  # reports 3,500 tokens: the next turn compresses first
@@ -168,9 +168,9 @@ async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, mode
             named = response.model_extra["session_id"]
             text = response.choices[0].message.content
         await api.close()
-        child = await gw.db.get_route(KEY)
+        child = await gw.db.routes.get(KEY)
         assert child != root and "after the split" in text
-        assert (await gw.db.get_messages(child))[-1]["content"] == "after the split"
+        assert (await gw.db.messages.get(child))[-1]["content"] == "after the split"
         assert named == child
 
 
@@ -196,7 +196,7 @@ async def test_a_small_window_is_not_compressed_over_and_over(tmp_path, model):
             answers.append(raw.parse().choices[0].message.content)
             notices.append(raw.headers.get("X-Switchboard-Notice", ""))  # beside the answer, never in it
         await api.close()
-        sessions = await gw.db.list_sessions_rich(include_children=True, limit=100)
+        sessions = await gw.db.sessions.list_rich(include_children=True, limit=100)
     assert all(f"echo: turn {i}:" in answer for i, answer in enumerate(answers))  # every turn answered
     assert len(sessions) <= 2, [a.split("echo:")[0] for a in answers]  # at most one split, not one every few turns
     told = [n for n in notices if "a summary would not free enough of it" in n]
@@ -207,7 +207,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
     async with running_gateway(tmp_path, model, **settings()) as gw:
         api = ApiClient(gw)
         await chat(api, 6)
-        root = await gw.db.get_route(KEY)
+        root = await gw.db.routes.get(KEY)
         model.script(Reply("ok", prompt_tokens=3500))
         await api.say("k", "one more")  # the next turn compresses first
         model.script(Reply("nothing new to remember"), Reply("SUMMARY: the migration plan"))
@@ -220,10 +220,10 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
             extra_headers={"X-Session-Key": "k"})
         answered_first = await compressing
         await api.close()
-        child = await gw.db.get_route(KEY)
-        parent = await gw.db.get_session(root)
-        in_child = [(m["role"], m["content"]) for m in await gw.db.get_messages(child)]
-        in_parent = await gw.db.get_messages(root)
+        child = await gw.db.routes.get(KEY)
+        parent = await gw.db.sessions.get(root)
+        in_child = [(m["role"], m["content"]) for m in await gw.db.messages.get(child)]
+        in_parent = await gw.db.messages.get(root)
     assert child != root and parent["end_reason"] == "compression"
     assert meanwhile.choices[0].message.content.startswith("echo: arrived meanwhile")
     assert "echo: and now? |" in answered_first  # each message answered by one turn: its own
@@ -247,7 +247,7 @@ async def test_a_chat_on_a_named_model_is_compressed_for_that_models_window(tmp_
             model.script(Reply("ok", prompt_tokens=3500))
             await api.say("k", "on the default")  # 3,500 of 100,000 tokens: far from the threshold
             await api.say("k", "still the default")
-            root = await gw.db.get_route(KEY)
+            root = await gw.db.routes.get(KEY)
             assert summary_requests(model) == []
             assert await api.say("k", "/model small") == "This chat now uses the model small."
             small.script(Reply("ok", prompt_tokens=3500))  # over 75 % of the small model's 4,096
@@ -255,7 +255,7 @@ async def test_a_chat_on_a_named_model_is_compressed_for_that_models_window(tmp_
             model.script(Reply("nothing new to remember"), Reply("SUMMARY: the migration plan"))
             await api.say("k", "and now?")
             await api.close()
-            child = await gw.db.get_route(KEY)
+            child = await gw.db.routes.get(KEY)
     assert child != root
     assert len(summary_requests(model)) == 1
     assert any("SUMMARY: the migration plan" in (m.get("content") or "") for m in small.requests[-1].messages)

@@ -30,7 +30,7 @@ async def test_a_blank_message_is_refused_by_the_api_and_dropped_from_a_platform
         blank = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id="p", user_id="p", user_name="p",
                                text=" \n ", message_id="m1")
         taken = await gw.on_inbound(blank)  # what every platform adapter calls
-        routes = [await gw.db.get_route(key) for key in ("agent:main:api:dm:k", "agent:main:api:dm:p")]
+        routes = [await gw.db.routes.get(key) for key in ("agent:main:api:dm:k", "agent:main:api:dm:p")]
     assert (resp.status, body["error"]["message"]) == (400, "the last user message is only whitespace: send some text")
     assert taken is False and routes == [None, None]  # nothing stored, no session made
     assert model.requests == []
@@ -46,7 +46,7 @@ async def test_a_message_without_a_chat_id_is_refused_where_an_adapter_makes_it(
             assert "InboundMessage.chat_id" in str(refused.value) and "refused" in str(refused.value)
         with pytest.raises(InvalidMessage, match="InboundMessage.platform"):
             InboundMessage(platform="", chat_type=ChatType.DM, chat_id="5", user_id="5", text="hi")
-        assert await gw.db.get_route("agent:main:telegram:dm:") is None
+        assert await gw.db.routes.get("agent:main:telegram:dm:") is None
     assert model.requests == []
 
 
@@ -54,12 +54,12 @@ async def test_new_with_a_name_titles_the_new_session(tmp_path, model):
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
         await api.say("u", "old topic")
-        first = await gw.db.get_route("agent:main:api:dm:u")
+        first = await gw.db.routes.get("agent:main:api:dm:u")
         started = await api.say("u", "/new Fresh start")
-        second = await gw.db.get_route("agent:main:api:dm:u")
+        second = await gw.db.routes.get("agent:main:api:dm:u")
         shown = await api.say("u", "/title")
         again = await api.say("u", "/new Fresh start")  # the title is taken (by this very session)
-        third = await gw.db.get_route("agent:main:api:dm:u")
+        third = await gw.db.routes.get("agent:main:api:dm:u")
         await api.close()
     assert started == f'Started a new session "Fresh start". The previous one ({first}) is saved: /resume {first} to go back.'
     assert shown == "Session title: Fresh start"

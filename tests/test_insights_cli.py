@@ -45,7 +45,7 @@ def run(home, *args, code=0):
 def test_by_user_puts_an_identitys_linked_accounts_in_one_row(home):
     now = time.time()
     with SessionDB(home / "state.db") as db:
-        db.record_model_calls([call(now - 10, user="1", prompt=500), call(now - 10, platform="slack", user="U2",
+        db.usage.record_calls([call(now - 10, user="1", prompt=500), call(now - 10, platform="slack", user="U2",
                                                                           prompt=700),
                                call(now - 10, platform="discord", user="9", prompt=300),
                                call(now - 10, platform="discord", user="1", prompt=200)])  # not alice's: discord
@@ -65,7 +65,7 @@ def test_by_user_puts_an_identitys_linked_accounts_in_one_row(home):
 def test_the_biggest_groups_then_one_row_for_the_rest(home):
     now = time.time()
     with SessionDB(home / "state.db") as db:
-        db.record_model_calls([call(now - 10, platform="api", user=f"u{i:02}", prompt=100 * (i + 1), cached=10,
+        db.usage.record_calls([call(now - 10, platform="api", user=f"u{i:02}", prompt=100 * (i + 1), cached=10,
                                     cost=0.001 * (i + 1)) for i in range(30)])
     found = json.loads(run(home, "--by", "chat", "--top", "5", "--json"))
     assert [r["name"] for r in found["rows"]] == ["api:u29", "api:u28", "api:u27", "api:u26", "api:u25"]
@@ -86,7 +86,7 @@ def test_reprice_recomputes_costs_from_the_config_after_a_price_change(home):
     now = time.time()
     since_today, _ = window(1, now)
     with SessionDB(home / "state.db") as db:
-        db.record_model_calls([
+        db.usage.record_calls([
             call(since_today - 3 * 86_400, prompt=1_000_000, cached=400_000, output=100_000, cost=99.0, price=99.0),
             call(now - 10, prompt=1_000_000, cached=400_000, output=100_000, cost=99.0, price=99.0),
             call(now - 10, model="summarizer", purpose="compression", prompt=2_000_000, output=0),  # no price then
@@ -114,7 +114,7 @@ def test_reprice_recomputes_costs_from_the_config_after_a_price_change(home):
 def test_plot_writes_a_png_or_an_svg_chart(home):
     now = time.time()
     with SessionDB(home / "state.db") as db:
-        db.record_model_calls([call(now - 10, purpose="turn", cost=0.5), call(now - 86_400, purpose="cron"),
+        db.usage.record_calls([call(now - 10, purpose="turn", cost=0.5), call(now - 86_400, purpose="cron"),
                                call(now - 10, purpose="compression", model="summarizer", cost=0.25)])
     out = run(home, "--days", "7", "--plot", str(home / "usage.png"))
     assert f"Chart written to {home / 'usage.png'}" in out

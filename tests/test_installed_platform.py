@@ -243,8 +243,8 @@ def switchboard(site: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_cli_offers_the_installed_platform(tmp_path, echo_site):
     home = tmp_path / "home"
     with state.SessionDB(home / "state.db") as db:
-        db.create_session("s-echo", "echo", user_id="42")
-        db.create_session("s-tg", "telegram", user_id="7")
+        db.sessions.create("s-echo", "echo", user_id="42")
+        db.sessions.create("s-tg", "telegram", user_id="7")
 
     listed = switchboard(echo_site, "sessions", "list", "--source", "Echo", "--json", "--home", str(home))
     assert listed.returncode == 0, listed.stderr
@@ -343,4 +343,4 @@ async def test_the_daemon_runs_the_installed_platform_and_reloads_it(tmp_path, e
     approved = switchboard(echo_site, "pairing", "approve", "echo", code_43, "--config", str(config))
     assert approved.returncode == 0, approved.stderr
     with state.SessionDB(tmp_path / "home" / "state.db") as db:
-        assert [(a["platform"], a["user_id"]) for a in db.list_pairing()["approved"]] == [("echo", "43")]
+        assert [(a["platform"], a["user_id"]) for a in db.pairing.list()["approved"]] == [("echo", "43")]

@@ -26,13 +26,13 @@ KEPT = "the tulips by the gate are red this year"
 def real_store(path: Path) -> str:
     """A store written by the real code: one short session first, then enough to fill many pages."""
     with state.SessionDB(path) as db:
-        keep = db.create_session(state.new_session_id(), "telegram", model="fake-model", user_id="501")
-        db.append_message(keep, "user", KEPT)
-        db.append_message(keep, "assistant", "noted")
+        keep = db.sessions.create(state.new_session_id(), "telegram", model="fake-model", user_id="501")
+        db.messages.append(keep, "user", KEPT)
+        db.messages.append(keep, "assistant", "noted")
         for i in range(30):
-            sid = db.create_session(state.new_session_id(), "telegram", model="fake-model")
+            sid = db.sessions.create(state.new_session_id(), "telegram", model="fake-model")
             for j in range(10):
-                db.append_message(sid, "user", f"filler {i}.{j} " + "lorem ipsum " * 50)
+                db.messages.append(sid, "user", f"filler {i}.{j} " + "lorem ipsum " * 50)
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -81,8 +81,8 @@ def test_a_refused_store_still_reads_and_every_write_says_what_to_do(tmp_path):
     with state.SessionDB(path) as db:
         db.refuse_writes(["messages: database disk image is malformed"])
         with pytest.raises(state.StoreCorrupt, match="switchboard restore"):
-            db.append_message(keep, "user", "one more")
-        assert [m["content"] for m in db.get_messages(keep)] == [KEPT, "noted"]
+            db.messages.append(keep, "user", "one more")
+        assert [m["content"] for m in db.messages.get(keep)] == [KEPT, "noted"]
 
 
 async def test_the_daemon_started_on_a_damaged_store_refuses_writes_and_says_so(tmp_path):

@@ -41,12 +41,12 @@ def fill(path: Path, sessions: int, per_session: int, *, old: int = 0) -> None:
     ids = []
     with state.SessionDB(path) as db:
         for i in range(sessions):
-            sid = db.create_session(state.new_session_id(), "telegram", model="fake-model", user_id=str(i))
-            db.append_messages(sid, [{"role": "user" if j % 2 == 0 else "assistant", "content": TEXT.format(n=f"{i}.{j}")}
+            sid = db.sessions.create(state.new_session_id(), "telegram", model="fake-model", user_id=str(i))
+            db.messages.append_many(sid, [{"role": "user" if j % 2 == 0 else "assistant", "content": TEXT.format(n=f"{i}.{j}")}
                                      for j in range(per_session)])
             ids.append(sid)
             if i < old:
-                db.end_session(sid, "idle")
+                db.sessions.end(sid, "idle")
     if old:
         conn = sqlite3.connect(path)
         past = time.time() - 10 * DAY
@@ -147,9 +147,9 @@ async def test_a_kill_during_an_incremental_vacuum_step(tmp_path):
     daemon = Daemon(tmp_path, settings())
     fill(daemon.db_path, 300, 40)
     with state.SessionDB(daemon.db_path) as db:
-        doomed = [s["id"] for s in db.list_sessions_rich(limit=1000)][:240]
+        doomed = [s["id"] for s in db.sessions.list_rich(limit=1000)][:240]
         for sid in doomed:
-            db.delete_session(sid)
+            db.sessions.delete(sid)
     before = digest(daemon.db_path)
     watch = reader(daemon.db_path)
     free = watch.execute("PRAGMA freelist_count").fetchone()[0]

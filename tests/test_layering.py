@@ -220,3 +220,52 @@ def test_the_gateway_opens_no_database_connection_itself():
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if any(word in line for word in opening)]
     assert offenders == []
+
+
+# A class of the store or the gateway with more public methods than this is growing into a god
+# object: split it (the store's features hang off it as repositories, state/_repo.py).
+MAX_PUBLIC_METHODS = 40
+
+
+def _public_methods_per_class(packages=("state", "gateway")) -> dict[str, set[str]]:
+    """``path:Class`` -> the public methods it defines or inherits from classes of these packages
+    (by name; the generated ``state/_aio_face.pyi`` included, since AsyncSessionDB inherits it)."""
+    own: dict[str, tuple[str, set[str], list[str]]] = {}
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py*")):
+            if path.suffix not in (".py", ".pyi"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef):
+                    methods = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                               and not n.name.startswith("_")}
+                    bases = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                             if isinstance(b, (ast.Name, ast.Attribute))]
+                    own[f"{path.relative_to(ROOT).as_posix()}:{node.name}"] = (node.name, methods, bases)
+    by_name: dict[str, list[str]] = {}
+    for key, (name, _, _) in own.items():
+        by_name.setdefault(name, []).append(key)
+
+    def every(key: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        _, methods, bases = own[key]
+        out = set(methods)
+        for base in bases:
+            for base_key in by_name.get(base, []):
+                if base_key not in seen and base_key != key:
+                    out |= every(base_key, seen | {key})
+        return out
+
+    return {key: every(key) for key in own}
+
+
+def test_no_class_of_the_store_or_the_gateway_has_more_than_40_public_methods():
+    counts = {key: len(methods) for key, methods in _public_methods_per_class().items()}
+    assert {key: n for key, n in counts.items() if n > MAX_PUBLIC_METHODS} == {}
+
+
+def test_the_public_method_count_sees_the_store_and_its_repositories():
+    found = _public_methods_per_class()
+    assert {"get", "create", "lineage"} <= found["state/_sessions.py:Sessions"]
+    assert {"add_job", "list_jobs"} <= found["state/_cron.py:CronJobs"]
+    assert "close" in found["state/db.py:SessionDB"]
+    assert {"checkpoint", "close"} <= found["state/aio.py:AsyncSessionDB"]

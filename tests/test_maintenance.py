@@ -25,12 +25,12 @@ def _old_database_with_free_pages(home):
     conn.close()
     with state.SessionDB(path) as db:
         for n in range(4):
-            db.create_session(f"s{n}", "cli")
+            db.sessions.create(f"s{n}", "cli")
             for i in range(100):
-                db.append_message(f"s{n}", "user", f"message {i} " + "x" * 2000)
-            db.end_session(f"s{n}", "reset")
-        db.delete_session("s0")
-        db.delete_session("s1")
+                db.messages.append(f"s{n}", "user", f"message {i} " + "x" * 2000)
+            db.sessions.end(f"s{n}", "reset")
+        db.sessions.delete("s0")
+        db.sessions.delete("s1")
     return path
 
 
@@ -52,7 +52,7 @@ def test_vacuum_announces_what_it_frees_then_frees_it(tmp_path):
     assert (after.auto_vacuum, after.free_bytes) == ("incremental", 0)
     assert after.quick_check == "ok"
     with state.SessionDB(path) as db:
-        assert db.message_count() == 200
+        assert db.messages.count() == 200
 
 
 def test_vacuum_of_a_database_already_incremental_does_not_say_it_switches(tmp_path):
@@ -104,7 +104,7 @@ def test_doctor_shows_the_last_upkeep_and_the_next(tmp_path):
     home.mkdir()
     finished = time.time() - 3600
     with state.SessionDB(home / "state.db") as db:
-        db.record_upkeep({"finished_at": finished, "sessions_pruned": 7})
+        db.upkeep.record({"finished_at": finished, "sessions_pruned": 7})
     (upkeep,) = [c for c in check_database(home) if c.name == "store upkeep"]
     assert upkeep.ok is True
     assert upkeep.detail.startswith("last ") and "(7 sessions pruned), next about " in upkeep.detail

@@ -69,8 +69,8 @@ async def test_a_call_runs_only_after_approve_with_exactly_the_arguments_shown(t
         again = await api.say("ann", f"/approve {rid}")
         await api.close()
         row = await gw.db.approvals.get(rid)
-        session = await gw.db.get_route("agent:main:api:dm:ann")
-        stored = await gw.db.get_messages(session)
+        session = await gw.db.routes.get("agent:main:api:dm:ann")
+        stored = await gw.db.messages.get(session)
     assert again == f"Request {rid} (ledger__append) was already answered: approved and run."
     assert lines(target) == ["pay 10 EUR"]  # once
     canonical, digest = canonical_call("ledger__append", {"path": str(target), "text": "pay 10 EUR"})
@@ -96,7 +96,7 @@ async def test_deny_gives_the_model_the_denial_as_the_result_and_nothing_runs(tm
         rid = request_id(await api.say("ann", "append x"))
         assert await api.say("ann", "/deny") == "ok, I will not"  # the only one waiting: no id needed
         await api.close()
-        session = await gw.db.get_route("agent:main:api:dm:ann")
+        session = await gw.db.routes.get("agent:main:api:dm:ann")
     assert lines(target) == []
     monkeypatch.setenv("SWITCHBOARD_HOME", str(tmp_path))
     shown = CliRunner().invoke(sessions, ["show", session], catch_exceptions=False).output

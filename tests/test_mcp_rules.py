@@ -102,7 +102,7 @@ async def test_a_cron_job_gets_only_the_tools_it_names(tmp_path, model):
     async with running_gateway(tmp_path, model, tools=tools, cron={"jobs": [job, other]}) as gw:
         await _ready(gw)
         run = await gw.cron.run_job("morning")
-        messages = await gw.db.get_messages(run["session_id"])
+        messages = await gw.db.messages.get(run["session_id"])
         await gw.cron.run_job("evening")
     morning, _, evening = model.requests[-3:]
     assert [t["function"]["name"] for t in morning.body["tools"]] == ["echo__pid"]

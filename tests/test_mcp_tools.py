@@ -58,7 +58,7 @@ async def test_the_model_calls_an_allowed_tool_and_its_result_is_stored_once_as_
         api = ApiClient(gw)
         reply = await api.say("ann", "call the echo tool")
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:ann"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:ann"))
     first, second = model.requests[-2:]
     offered = sorted(t["function"]["name"] for t in first.body.get("tools", []))
     assert "echo__echo" in offered and "echo__die" not in offered  # denied: never offered
@@ -91,7 +91,7 @@ async def test_a_ten_megabyte_result_reaches_the_model_and_the_store_cut_at_the_
         api = ApiClient(gw)
         assert await api.say("cy", "give me everything") == "that was long"
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:cy"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:cy"))
     sent = _tool_messages(model.requests[-1])[0]["content"]
     assert sent.startswith("x" * 32768) and not sent.startswith("x" * 32769)
     assert sent.endswith("[cut: the result was 10,000,000 bytes; only the first 32,768 are shown]")

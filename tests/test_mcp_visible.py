@@ -33,7 +33,7 @@ async def test_tool_calls_show_in_the_transcripts_and_are_counted_per_tool(home,
         api = ApiClient(gw)
         assert await api.say("ann", "use your tools") == "done with tools"
         await api.close()
-        session_id = await gw.db.get_route("agent:main:api:dm:ann")
+        session_id = await gw.db.routes.get("agent:main:api:dm:ann")
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{gw.api.bound_port}/metrics",
                                 headers={"Authorization": f"Bearer {TOKEN}"}) as r:

@@ -60,10 +60,10 @@ def test_a_sweep_keeps_referenced_and_fresh_files_and_deletes_the_rest(tmp_path)
 
 
 def test_references_go_with_their_session_on_both_engines(store):
-    store.create_session("s1", "telegram")
-    store.create_session("s2", "telegram")
-    first = store.append_inbound("s1", "look\n[attached image: a.png]", platform_message_id="1")
-    other = store.append_inbound("s2", "[attached image: a.png]", platform_message_id="1")
+    store.sessions.create("s1", "telegram")
+    store.sessions.create("s2", "telegram")
+    first = store.messages.append_inbound("s1", "look\n[attached image: a.png]", platform_message_id="1")
+    other = store.messages.append_inbound("s2", "[attached image: a.png]", platform_message_id="1")
     ref = {"sha256": "a" * 64, "name": "a.png", "mime": "image/png", "size": 10, "kind": "image"}
     assert store.media.attach(first.id, [ref, {**ref, "sha256": "b" * 64, "name": "b.pdf", "kind": "document",
                                                "text": "zeppelin fleet report"}]) == 2
@@ -73,26 +73,26 @@ def test_references_go_with_their_session_on_both_engines(store):
     assert [h["name"] for h in store.media.search("ZEPPELIN report")] == ["b.pdf"]
     assert store.media.of_sessions(["s1"]) == {"a" * 64, "b" * 64}
     assert store.media.stats() == {"references": 3, "files": 2, "bytes": 20}
-    store.delete_session("s1")
+    store.sessions.delete("s1")
     assert store.media.referenced() == {"a" * 64}  # still the other session's
     assert store.media.of_lineage("s1") == []
 
 
 def test_a_compressed_session_finds_the_media_of_the_messages_it_carries_over(store):
-    store.create_session("parent", "telegram")
-    sent = store.append_inbound("parent", "[attached image: cat.png]", platform_message_id="1")
+    store.sessions.create("parent", "telegram")
+    sent = store.messages.append_inbound("parent", "[attached image: cat.png]", platform_message_id="1")
     store.media.attach(sent.id, [{"sha256": "c" * 64, "name": "cat.png", "mime": "image/png", "size": 3,
                                   "kind": "image"}])
-    store.create_session("child", "telegram", parent_session_id="parent")
+    store.sessions.create("child", "telegram", parent_session_id="parent")
     assert [(m["session_id"], m["name"]) for m in store.media.of_lineage("child")] == [("parent", "cat.png")]
 
 
 async def test_an_image_the_session_carries_over_goes_to_the_model_again(tmp_path):
     async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
         media = MediaService(db, MediaFiles(tmp_path / "media"), images_in_context=1)
-        await db.create_session("s", "telegram")
-        first = await db.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
-        second = await db.append_inbound("s", "[attached image: a.png]", platform_message_id="2")
+        await db.sessions.create("s", "telegram")
+        first = await db.messages.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
+        second = await db.messages.append_inbound("s", "[attached image: a.png]", platform_message_id="2")
         await media.keep(first.id, [Attachment("image", "a.png", "image/png", data=samples.png(rgb=(1, 1, 1)))])
         await media.keep(second.id, [Attachment("image", "a.png", "image/png", data=samples.png(rgb=(2, 2, 2)))])
         history = [{"role": "user", "content": "[attached image: a.png]"},
@@ -110,10 +110,10 @@ def test_state_db_holds_no_blob_larger_than_4kb_after_1000_media_messages(tmp_pa
     """Like the daemon: each message's file kept in the media folder, the message referring to it."""
     files = MediaFiles(tmp_path / "media")
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "telegram")
+        db.sessions.create("s", "telegram")
         for i in range(1000):
             picture = samples.png(16, 16, rgb=(i % 256, i // 256, 7))
-            sent = db.append_inbound("s", "[attached image: photo.jpg]", platform_message_id=str(i))
+            sent = db.messages.append_inbound("s", "[attached image: photo.jpg]", platform_message_id=str(i))
             db.media.attach(sent.id, [{"sha256": files.put(picture), "name": "photo.jpg", "mime": "image/png",
                                        "size": len(picture), "kind": "image"}])
     with sqlite3.connect(tmp_path / "state.db") as conn:
@@ -134,11 +134,11 @@ async def test_retention_deletes_the_references_and_the_upkeep_sweep_the_files(t
     async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
         media = MediaService(db, files)
         for sid in ("old", "recent"):
-            await db.create_session(sid, "telegram")
-            sent = await db.append_inbound(sid, "[attached document: notes.txt]", platform_message_id="1",
+            await db.sessions.create(sid, "telegram")
+            sent = await db.messages.append_inbound(sid, "[attached document: notes.txt]", platform_message_id="1",
                                            timestamp=now - (10 * DAY if sid == "old" else 0))
             await media.keep(sent.id, [Attachment("document", "notes.txt", "text/plain", data=f"{sid} notes".encode())])
-            await db.end_session(sid, "reset")
+            await db.sessions.end(sid, "reset")
         with SessionDB(tmp_path / "state.db") as sync:
             sync._engine.write(lambda conn: conn.execute(
                 "UPDATE sessions SET started_at = ?, ended_at = ?, last_active = ? WHERE id = 'old'",
@@ -162,10 +162,10 @@ def test_a_dead_letter_refers_to_its_files_by_hash_and_keeps_them_while_it_is_ke
     assert base64.b64encode(picture).decode() not in row["message"]
     assert message_from_json(row["message"], files).attachments == msg.attachments
     with SessionDB(tmp_path / "state.db") as db:
-        dl = db.add_dead_letter(**row)
+        dl = db.dead_letters.add(**row)
         _old(files)
         assert files.sweep(db.media.referenced()).files == 0  # the dead letter still refers to it
-        db.set_dead_letter_status(dl, "dropped")  # dropped is kept (and may be retried): so is its file
+        db.dead_letters.set_status(dl, "dropped")  # dropped is kept (and may be retried): so is its file
         assert files.sweep(db.media.referenced()).files == 0
         db._engine.write(lambda conn: conn.execute("DELETE FROM dead_letters WHERE id = ?", (dl,)))
         assert files.sweep(db.media.referenced()).files == 1
@@ -219,8 +219,8 @@ def test_storage_reports_the_media_folder_and_backup_says_where_it_is_or_copies_
     home = tmp_path / "home"
     files = MediaFiles(home / "media")
     with SessionDB(home / "state.db") as db:
-        db.create_session("s", "telegram")
-        sent = db.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
+        db.sessions.create("s", "telegram")
+        sent = db.messages.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
         picture = samples.png()
         db.media.attach(sent.id, [{"sha256": files.put(picture), "name": "a.png", "mime": "image/png",
                                    "size": len(picture), "kind": "image"}])
@@ -243,17 +243,17 @@ def test_storage_reports_the_media_folder_and_backup_says_where_it_is_or_copies_
 
 
 def test_recall_finds_a_documents_text_for_its_owner_only(store):
-    store.create_session("mine", "telegram", user_id="1")
-    store.create_session("theirs", "telegram", user_id="2")
+    store.sessions.create("mine", "telegram", user_id="1")
+    store.sessions.create("theirs", "telegram", user_id="2")
     for sid in ("mine", "theirs"):
-        sent = store.append_inbound(sid, "[attached document: plan.pdf]", platform_message_id="1")
+        sent = store.messages.append_inbound(sid, "[attached document: plan.pdf]", platform_message_id="1")
         store.media.attach(sent.id, [{"sha256": "d" * 64, "name": "plan.pdf", "mime": "application/pdf", "size": 9,
                                       "kind": "document", "text": "The zeppelin hangar opens in March"}])
-    found = store.recall_hits("zeppelin hangar", agent_prefix=None, accounts=["telegram:1"])
+    found = store.recall.hits("zeppelin hangar", agent_prefix=None, accounts=["telegram:1"])
     assert [(h["session_id"], h["snippet"].split("]")[0]) for h in found["hits"]] == [("mine", "[plan.pdf")]
-    everyone = store.recall_hits("zeppelin", agent_prefix=None, accounts=None)
+    everyone = store.recall.hits("zeppelin", agent_prefix=None, accounts=None)
     assert sorted(h["session_id"] for h in everyone["hits"]) == ["mine", "theirs"]
-    [session] = store.recall_sessions(["mine"])  # what recall summarizes: the document's text with its message
+    [session] = store.recall.sessions(["mine"])  # what recall summarizes: the document's text with its message
     assert session["messages"][0]["content"] == ("[attached document: plan.pdf]\n[plan.pdf:]\n"
                                                  "The zeppelin hangar opens in March")
 
@@ -263,8 +263,8 @@ async def test_compression_is_shown_what_a_folded_picture_was_and_told_to_keep_i
 
     async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
         media = MediaService(db, MediaFiles(tmp_path / "media"))
-        await db.create_session("s", "telegram")
-        sent = await db.append_inbound("s", "my cat\n[attached image: photo.jpg]", platform_message_id="1")
+        await db.sessions.create("s", "telegram")
+        sent = await db.messages.append_inbound("s", "my cat\n[attached image: photo.jpg]", platform_message_id="1")
         await media.keep(sent.id, [Attachment("image", "photo.jpg", "image/jpeg", data=samples.png())])
         await db.media.set_text(sha256_of(samples.png()), "A ginger cat asleep on a red sofa.")
         history = await media.expand("s", [{"role": "user", "content": "my cat\n[attached image: photo.jpg]"}],
@@ -300,8 +300,8 @@ async def test_a_document_that_takes_too_long_to_read_is_kept_without_its_text(t
 async def test_with_images_in_context_0_a_picture_goes_only_with_its_own_message(tmp_path):
     async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
         media = MediaService(db, MediaFiles(tmp_path / "media"), images_in_context=0)
-        await db.create_session("s", "telegram")
-        sent = await db.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
+        await db.sessions.create("s", "telegram")
+        sent = await db.messages.append_inbound("s", "[attached image: a.png]", platform_message_id="1")
         await media.keep(sent.id, [Attachment("image", "a.png", "image/png", data=samples.png())])
         asking = [{"role": "user", "content": "[attached image: a.png]"}]
         later = [*asking, {"role": "assistant", "content": "a red square"}, {"role": "user", "content": "and now?"}]
@@ -310,13 +310,13 @@ async def test_with_images_in_context_0_a_picture_goes_only_with_its_own_message
 
 
 def test_sessions_search_finds_a_documents_text(store):
-    store.create_session("s", "telegram")
-    sent = store.append_inbound("s", "[attached document: menu.pdf]", platform_message_id="1")
+    store.sessions.create("s", "telegram")
+    sent = store.messages.append_inbound("s", "[attached document: menu.pdf]", platform_message_id="1")
     store.media.attach(sent.id, [{"sha256": "e" * 64, "name": "menu.pdf", "mime": "application/pdf", "size": 9,
                                   "kind": "document", "text": "Soup of the day: pumpkin"}])
-    [hit] = store.search_messages("pumpkin soup")
+    [hit] = store.search.messages("pumpkin soup")
     assert (hit["id"], hit["session_id"]) == (sent.id, "s") and hit["snippet"].startswith("[menu.pdf] ")
-    assert store.search_messages("pumpkin", source_filter=["slack"]) == []
+    assert store.search.messages("pumpkin", source_filter=["slack"]) == []
 
 
 def test_sessions_prune_deletes_the_files_of_the_sessions_it_prunes(tmp_path):
@@ -328,11 +328,11 @@ def test_sessions_prune_deletes_the_files_of_the_sessions_it_prunes(tmp_path):
     files = MediaFiles(home / "media")
     with SessionDB(home / "state.db") as db:
         for sid, data in (("ended", b"old notes"), ("open", b"current notes")):
-            db.create_session(sid, "telegram")
-            sent = db.append_inbound(sid, "[attached document: notes.txt]", platform_message_id="1")
+            db.sessions.create(sid, "telegram")
+            sent = db.messages.append_inbound(sid, "[attached document: notes.txt]", platform_message_id="1")
             db.media.attach(sent.id, [{"sha256": files.put(data), "name": "notes.txt", "mime": "text/plain",
                                        "size": len(data), "kind": "document", "text": data.decode()}])
-        db.end_session("ended", "reset")
+        db.sessions.end("ended", "reset")
     result = CliRunner().invoke(sessions, ["prune", "--older-than", "0", "--yes", "--home", str(home)])
     assert result.exit_code == 0, result.output
     assert "pruned 1 session" in result.output and "deleted 1 media file (9 bytes)" in result.output

@@ -195,8 +195,8 @@ async def test_before_a_reset_the_agent_keeps_what_matters(tmp_path, model):
                      Reply("kept"))
         await api.say("lee", "/new")
         reply = await api.say("lee", "what do you know about my family?")
-        old = (await gw.db.list_sessions_rich(source="api", user_ids=["lee"], limit=5))[-1]
-        old_messages = await gw.db.get_messages(old["id"])
+        old = (await gw.db.sessions.list_rich(source="api", user_ids=["lee"], limit=5))[-1]
+        old_messages = await gw.db.messages.get(old["id"])
         await api.close()
     flush = [r for r in model.requests if FLUSH_MARK in r.last_user_text]
     assert len(flush) == 2  # the tool call, then the model's last word
@@ -220,9 +220,9 @@ async def test_no_memory_turn_for_short_sessions_or_cron(tmp_path, model):
         await api.say("max", "/new")
         await api.say("max", "hi again")
         await api.close()
-        await gw.db.create_session("cron-1", "cron", model="m", session_key="agent:main:cron:job1")
+        await gw.db.sessions.create("cron-1", "cron", model="m", session_key="agent:main:cron:job1")
         for i in range(6):
-            await gw.db.append_message("cron-1", "user" if i % 2 == 0 else "assistant", f"report {i}")
+            await gw.db.messages.append("cron-1", "user" if i % 2 == 0 else "assistant", f"report {i}")
         ran_for_cron = await memory_flush_turn(gw.router.turn, gw.memory, "cron-1")
     assert ran_for_cron is False
     assert [r for r in model.requests if FLUSH_MARK in r.last_user_text] == []

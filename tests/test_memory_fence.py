@@ -102,7 +102,7 @@ async def test_an_api_stream_split_anywhere_shows_and_stores_the_sanitised_answe
     pieces = [c.choices[0].delta.content or "" for _, c in chunks if c.choices]
     assert all("<" not in p for p in pieces), pieces
     assert content(chunks) == strip_memory_fence(text)
-    stored = await gw.db.get_messages(await gw.db.get_route(f"agent:main:api:dm:{key}"))
+    stored = await gw.db.messages.get(await gw.db.routes.get(f"agent:main:api:dm:{key}"))
     assert [m["content"] for m in stored if m["role"] == "assistant"] == [strip_memory_fence(text)]
 
 
@@ -110,7 +110,7 @@ async def test_a_plain_answer_that_echoes_the_block_is_sent_and_stored_without_i
     gw, api = gateway
     model.script(Reply(f"{BLOCK}\n\nYour editor is Helix."))
     assert await api.say("plain", "which editor?") == "Your editor is Helix."
-    stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:plain"))
+    stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:plain"))
     assert stored[-1]["content"] == "Your editor is Helix."
 
 
@@ -144,8 +144,8 @@ async def test_a_telegram_stream_never_shows_a_tag_split_across_chunks(tmp_path)
                 assert "memory" not in text and "Recalled" not in text, text
                 assert call.get("parse_mode") or "<" not in text, text  # a preview is plain text: no tag
             with SessionDB(gw.config.db_path) as db:
-                [(_, session_id)] = list(db.list_routes())
-                assert db.get_messages(session_id)[-1]["content"] == expected
+                [(_, session_id)] = list(db.routes.list())
+                assert db.messages.get(session_id)[-1]["content"] == expected
         finally:
             await gw.stop(grace_seconds=5)
 
@@ -153,9 +153,9 @@ async def test_a_telegram_stream_never_shows_a_tag_split_across_chunks(tmp_path)
 # -- stored before the fix ----------------------------------------------------------------------
 
 def test_a_stored_answer_written_before_the_fix_is_read_back_without_the_block(store):
-    store.create_session("s1", "telegram")
-    store.append_message("s1", "user", "which editor?")
-    store.append_message("s1", "assistant", f"Helix.\n\n{BLOCK}")
-    store.append_message("s1", "user", f"quoting you: {MEMORY_OPEN}")  # a user's own words are theirs
-    conversation = store.get_messages_as_conversation("s1")
+    store.sessions.create("s1", "telegram")
+    store.messages.append("s1", "user", "which editor?")
+    store.messages.append("s1", "assistant", f"Helix.\n\n{BLOCK}")
+    store.messages.append("s1", "user", f"quoting you: {MEMORY_OPEN}")  # a user's own words are theirs
+    conversation = store.messages.as_conversation("s1")
     assert [m["content"] for m in conversation] == ["which editor?", "Helix.\n\n", f"quoting you: {MEMORY_OPEN}"]

@@ -47,7 +47,7 @@ def test_the_limit_is_off_unless_set_and_must_be_positive(tmp_path):
 
 
 async def _stored_user_texts(gw: Gateway, key: str) -> list[str]:
-    messages = await gw.db.get_messages(await gw.db.get_route(key))
+    messages = await gw.db.messages.get(await gw.db.routes.get(key))
     return [m["content"] for m in messages if m["role"] == "user"]
 
 
@@ -128,10 +128,10 @@ async def test_messages_held_back_in_a_session_that_ends_are_settled_not_answere
         key = "agent:main:telegram:dm:111"
         tg.dm(ANN, "/new earlier")
         await tg.wait_for_sent(1, timeout=10)
-        earlier = await gw.db.get_route(key)
+        earlier = await gw.db.routes.get(key)
         tg.dm(ANN, "/new")
         await tg.wait_for_sent(2, timeout=10)
-        held_in = await gw.db.get_route(key)
+        held_in = await gw.db.routes.get(key)
         for i in range(LIMIT + 1):
             tg.dm(ANN, f"m{i}")
             await tg.wait_for_sent(2 + i + 1, timeout=10)
@@ -140,8 +140,8 @@ async def test_messages_held_back_in_a_session_that_ends_are_settled_not_answere
         tg.dm(ANN, command if command == "/new" else f"/resume {earlier}")
         await tg.wait_for_sent(2 + LIMIT + 2, timeout=10)
         assert gw.router.held_back(key) == 0
-        assert await gw.db.get_route(key) != held_in
-        assert await gw.db.unanswered_messages(held_in) == [], "a restart would answer it out of the blue"
+        assert await gw.db.routes.get(key) != held_in
+        assert await gw.db.recovery.unanswered(held_in) == [], "a restart would answer it out of the blue"
         clock.advance(61)
         tg.dm(ANN, "after the window")
         answer = (await tg.wait_for_sent(2 + LIMIT + 3, timeout=10))[-1]

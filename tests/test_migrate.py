@@ -30,30 +30,30 @@ def _fill_every_table(home: Path) -> Path:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = home / "state.db"
     with state.SessionDB(path) as db:
-        db.create_session("root", "telegram", model="m", user_id="u1")
-        db.create_session("child", "telegram", model="m", user_id="u1", parent_session_id="root")
-        db.create_session("other", "cli", model="m")
-        db.set_route("telegram:dm:u1", "child")
-        stalled = db.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
+        db.sessions.create("root", "telegram", model="m", user_id="u1")
+        db.sessions.create("child", "telegram", model="m", user_id="u1", parent_session_id="root")
+        db.sessions.create("other", "cli", model="m")
+        db.routes.set("telegram:dm:u1", "child")
+        stalled = db.messages.append_inbound("child", "the kubernetes rollout stalled overnight", platform_message_id="tg:1",
                                     inbox={"session_key": "telegram:dm:u1", "platform": "telegram", "chat_id": "c1",
                                            "chat_type": "dm", "user_id": "u1"})
         db.media.attach(stalled.id, [{"sha256": "ab" * 32, "name": "rollout.log", "mime": "text/plain", "size": 9,
                                       "kind": "document", "text": "rollout stalled at 3/5 pods"}])
-        db.append_message("root", "assistant", "restart the deployment with a canary")
-        db.append_message("root", "assistant", None, tool_calls=[{"id": "t1", "type": "function", "function": {
+        db.messages.append("root", "assistant", "restart the deployment with a canary")
+        db.messages.append("root", "assistant", None, tool_calls=[{"id": "t1", "type": "function", "function": {
             "name": "shell", "arguments": json.dumps({"cmd": "kubectl rollout undo"})}}])
-        db.append_message("other", "user", "记忆系统 的设计 notes about zeppelins")
+        db.messages.append("other", "user", "记忆系统 的设计 notes about zeppelins")
         for i in range(30):
-            db.append_message("other", "user", f"filler message number {i} about gardening")
-        db.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
+            db.messages.append("other", "user", f"filler message number {i} about gardening")
+        db.recovery.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
                                    sent_ids=["m1"])
-        db.add_dead_letter(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
-        db.record_model_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
+        db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
+        db.usage.record_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
                               "prompt_tokens": 10, "completion_tokens": 5})
-        db.add_fact("agent", "u1", "prefers canary deploys", ["deploy"], session_id="root", trust=0.5, now=NOW,
+        db.facts.add("agent", "u1", "prefers canary deploys", ["deploy"], session_id="root", trust=0.5, now=NOW,
                     hrr=b"\x00\x01\x02vector")
-        db.claim_fact_extraction("root", now=NOW)
-        db.set_facts_prefetch("telegram:dm:u1", True, now=NOW)
+        db.facts.claim_extraction("root", now=NOW)
+        db.facts.set_prefetch("telegram:dm:u1", True, now=NOW)
         db.prefs.set("telegram:dm:u1", "stream", "off", now=NOW)
         db.budgets.record_calls([{"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
                                   "prompt_tokens": 3, "completion_tokens": 2}], [("user:alice", "d:2026-01-01", 0.5, 5)])
@@ -63,18 +63,18 @@ def _fill_every_table(home: Path) -> Path:
                           "platform": "telegram", "chat_type": "dm", "chat_id": "c1", "user_id": "u1",
                           "tool": "files__write", "arguments": '{"path":"a"}', "call_hash": "ab" * 32,
                           "tool_call_id": "t1", "policy": "always", "requested_at": NOW, "expires_at": NOW + 600})
-        db.request_pairing("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
-        db.request_pairing("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
-        db.approve_pairing("telegram", "CODE2")
-        db.add_cron_job({"id": "j", "name": "J", "schedule": "every 1h", "prompt": "p", "deliver": "local",
+        db.pairing.request("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
+        db.pairing.request("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
+        db.pairing.approve("telegram", "CODE2")
+        db.cron.add_job({"id": "j", "name": "J", "schedule": "every 1h", "prompt": "p", "deliver": "local",
                          "model": None, "context": "fresh", "grace_seconds": 3600.0},
                         source="cli", now=NOW, next_run_at=NOW + 3600)
-        db.begin_cron_run("j", holder="h", now=NOW, lease_seconds=60, trigger="manual", scheduled_at=None,
+        db.cron.begin_run("j", holder="h", now=NOW, lease_seconds=60, trigger="manual", scheduled_at=None,
                           deliver="local")
-        db.record_upkeep({"finished_at": NOW, "sessions_pruned": 0})
+        db.upkeep.record({"finished_at": NOW, "sessions_pruned": 0})
         db.tool_journal.save(1, "root", "[]", "call-1", now=NOW)
-        db.create_session("early", "api")
-        db.create_session("late", "api")
+        db.sessions.create("early", "api")
+        db.sessions.create("late", "api")
     with sqlite3.connect(path) as conn:  # a parent stored after its child: copied first all the same
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("UPDATE sessions SET parent_session_id = 'late' WHERE id = 'early'")
@@ -132,23 +132,23 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     for table in tables:
         assert _rows(pg_url, table) == _rows(path, table), table
     with state.SessionDB(pg_url) as db:
-        assert db.get_session("child")["parent_session_id"] == "root"
+        assert db.sessions.get("child")["parent_session_id"] == "root"
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.budgets.spent(["user:alice"], ["d:2026-01-01"]) == {("user:alice", "d:2026-01-01"): (0.5, 5)}
         assert db.approvals.get("0a1b2c3d")["status"] == "pending"
         assert [m["name"] for m in db.media.of_lineage("child")] == ["rollout.log"]
-        assert db.get_routed_session("telegram:dm:u1")["id"] == "child"
-        assert db.is_user_approved("telegram", "u3")
-        assert [h["session_id"] for h in db.search_messages("kubernetes")] == ["child"]
-        assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
-        assert [h["session_id"] for h in db.search_messages("记忆系统")] == ["other"]
+        assert db.routes.session("telegram:dm:u1")["id"] == "child"
+        assert db.pairing.is_approved("telegram", "u3")
+        assert [h["session_id"] for h in db.search.messages("kubernetes")] == ["child"]
+        assert [h["session_id"] for h in db.search.messages("kubectl")] == ["root"]
+        assert [h["session_id"] for h in db.search.messages("记忆系统")] == ["other"]
 
 
 def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
     home = tmp_path / "home"
     path = _fill_every_table(home)
     with state.SessionDB(path) as db:  # an AUTOINCREMENT id deleted before the move is not given out again
-        doomed = db.append_message("root", "user", "this one is deleted")
+        doomed = db.messages.append("root", "user", "this one is deleted")
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("DELETE FROM messages WHERE id = ?", (doomed,))
@@ -159,15 +159,15 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
 
     assert result.exit_code == 0, result.output
     with state.SessionDB(pg_url) as db:
-        assert db.get_session("early")["parent_session_id"] == "late"
-        assert db.append_message("root", "user", "after the move") == doomed + 1
-        assert db.add_fact("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
+        assert db.sessions.get("early")["parent_session_id"] == "late"
+        assert db.messages.append("root", "user", "after the move") == doomed + 1
+        assert db.facts.add("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
             == tops["facts"] + 1
-        assert db.add_dead_letter(platform="slack", event_id=None, payload="{}", message=None, error="x") \
+        assert db.dead_letters.add(platform="slack", event_id=None, payload="{}", message=None, error="x") \
             == tops["dead_letters"] + 1
-        assert db.record_model_call({"at": NOW, "purpose": "turn", "model": "m", "outcome": "ok"}) \
+        assert db.usage.record_call({"at": NOW, "purpose": "turn", "model": "m", "outcome": "ok"}) \
             == tops["model_calls"] + 1
-        run = db.begin_cron_run("j", holder="h2", now=NOW + 7200, lease_seconds=60, trigger="manual",
+        run = db.cron.begin_run("j", holder="h2", now=NOW + 7200, lease_seconds=60, trigger="manual",
                                 scheduled_at=None, deliver="local")
         assert run["status"] == "running" and run["run"]["id"] == tops["cron_runs"] + 1
 
@@ -214,8 +214,8 @@ def test_refused_when_the_target_holds_sessions_unless_replace(tmp_path, pg_url)
     home = tmp_path / "home"
     _fill_every_table(home)
     with state.SessionDB(pg_url) as db:
-        db.create_session("theirs", "slack")
-        db.append_message("theirs", "user", "already here")
+        db.sessions.create("theirs", "slack")
+        db.messages.append("theirs", "user", "already here")
 
     refused = _cli("--to", pg_url, "--home", str(home))
 
@@ -223,15 +223,15 @@ def test_refused_when_the_target_holds_sessions_unless_replace(tmp_path, pg_url)
     assert "target store is not empty (sessions 1, messages 1)" in refused.output
     assert "--replace" in refused.output and "nothing was copied" in refused.output
     with state.SessionDB(pg_url) as db:
-        assert [s["id"] for s in db.list_sessions_rich()] == ["theirs"]
+        assert [s["id"] for s in db.sessions.list_rich()] == ["theirs"]
 
     replaced = _cli("--to", pg_url, "--home", str(home), "--replace")
 
     assert replaced.exit_code == 0, replaced.output
     with state.SessionDB(pg_url) as db:
-        assert db.get_session("theirs") is None
-        assert db.get_session("root") is not None
-        assert db.search_messages("already") == []
+        assert db.sessions.get("theirs") is None
+        assert db.sessions.get("root") is not None
+        assert db.search.messages("already") == []
 
 
 def test_refused_while_another_client_is_connected_to_the_target(tmp_path, pg_url):
@@ -331,6 +331,6 @@ def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
     assert "imported 5 sessions (34 messages)" in imported.output
     assert _rows(back / "state.db", "messages") == _rows(home / "state.db", "messages")
     with state.SessionDB(back / "state.db") as db:
-        assert db.get_session("early")["parent_session_id"] == "late"
-        assert [h["session_id"] for h in db.search_messages("kubectl")] == ["root"]
-        assert db.list_cron_jobs() == []  # what an export does not carry: see docs/postgresql.md
+        assert db.sessions.get("early")["parent_session_id"] == "late"
+        assert [h["session_id"] for h in db.search.messages("kubectl")] == ["root"]
+        assert db.cron.list_jobs() == []  # what an export does not carry: see docs/postgresql.md

@@ -39,7 +39,7 @@ async def test_a_message_larger_than_the_window_is_answered_and_the_session_keep
         answer, notice = raw.parse().choices[0].message.content, raw.headers["X-Switchboard-Notice"]
         second = await api.say("k", "and what was on the first line?")
         await api.close()
-        stored = await gw.db.get_messages(await gw.db.get_route("agent:main:api:dm:k"))
+        stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     # the notice comes beside the answer (a header), not in it
     assert notice.startswith(f"Your message is {len(huge):,} characters long, more than the model can read at once: "
                              "it is saved whole, but the model sees only its beginning and end (")

@@ -42,7 +42,7 @@ def answering(fake: FakeModel, text: str) -> FakeModel:
 
 async def ledger(gw, count: int) -> list[dict]:
     async def written():
-        rows = await gw.db.model_calls()
+        rows = await gw.db.usage.calls()
         return rows if len(rows) >= count else None
     return await eventually(written)
 
@@ -195,7 +195,7 @@ async def test_a_fallback_without_vision_is_skipped_for_an_image_and_a_stream_fa
 
 def _rows_at_least(db, n: int):
     async def rows():
-        found = await db.model_calls()
+        found = await db.usage.calls()
         return found if len(found) >= n else None
     return rows
 

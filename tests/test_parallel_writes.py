@@ -20,12 +20,12 @@ async def test_writes_of_many_sessions_sent_at_once_keep_each_sessions_order(sto
     try:
         sessions = [f"s{i}" for i in range(8)]
         for sid in sessions:
-            await db.create_session(sid, "api")
+            await db.sessions.create(sid, "api")
         # every write submitted before any is awaited: 8 sessions x 40 messages, interleaved
-        writes = [db.append_message(sid, "user", f"{sid} #{n}") for n in range(40) for sid in sessions]
+        writes = [db.messages.append(sid, "user", f"{sid} #{n}") for n in range(40) for sid in sessions]
         await asyncio.gather(*writes)
         for sid in sessions:
-            assert [m["content"] for m in await db.get_messages(sid)] == [f"{sid} #{n}" for n in range(40)]
+            assert [m["content"] for m in await db.messages.get(sid)] == [f"{sid} #{n}" for n in range(40)]
         writers = {t.name for t in threading.enumerate() if t.name.startswith("state-writer")}
         assert len(writers) == (1 if backend == "sqlite" else PG_WRITERS) and PG_WRITERS > 1
     finally:
@@ -41,13 +41,13 @@ async def test_on_postgresql_a_slow_write_does_not_hold_up_another_sessions(pg_u
     try:
         free = [f"free{i}" for i in range(8)]
         for sid in ("held", *free):
-            await db.create_session(sid, "api")
+            await db.sessions.create(sid, "api")
         with psycopg.connect(pg_url) as other:
             other.execute("SELECT id FROM sessions WHERE id = 'held' FOR UPDATE")  # a lock the next write waits on
-            stuck = asyncio.ensure_future(db.end_session("held", "test"))
+            stuck = asyncio.ensure_future(db.sessions.end("held", "test"))
             await asyncio.sleep(0.3)
             assert not stuck.done()
-            others = [asyncio.ensure_future(db.append_message(sid, "user", "meanwhile")) for sid in free]
+            others = [asyncio.ensure_future(db.messages.append(sid, "user", "meanwhile")) for sid in free]
             done, _ = await asyncio.wait(others, timeout=5.0)
             assert done and not stuck.done(), "no other session's write went through while one waited"
             other.rollback()

@@ -14,17 +14,17 @@ DETAILS = [{"type": "reasoning.encrypted", "data": "gAAAA-opaque", "id": "rs_1",
 
 def test_the_conversation_gives_back_stored_reasoning_exactly(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "cli")
-        db.append_message("s", "user", "hi")
+        db.sessions.create("s", "cli")
+        db.messages.append("s", "user", "hi")
         call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-        db.append_message("s", "assistant", None, tool_calls=call, reasoning="think", reasoning_details=DETAILS,
+        db.messages.append("s", "assistant", None, tool_calls=call, reasoning="think", reasoning_details=DETAILS,
                           codex_reasoning_items=[{"type": "reasoning", "encrypted_content": "x"}])
-        db.append_message("s", "tool", "result", tool_call_id="c1", tool_name="f")
-        db.append_message("s", "assistant", "empty reasoning", reasoning="", reasoning_details="",
+        db.messages.append("s", "tool", "result", tool_call_id="c1", tool_name="f")
+        db.messages.append("s", "assistant", "empty reasoning", reasoning="", reasoning_details="",
                           codex_reasoning_items=[])
-        db.append_message("s", "assistant", "a JSON string stays a string", reasoning_details="[1, 2]")
-        db.append_message("s", "assistant", "no reasoning")
-        conversation = db.get_messages_as_conversation("s")
+        db.messages.append("s", "assistant", "a JSON string stays a string", reasoning_details="[1, 2]")
+        db.messages.append("s", "assistant", "no reasoning")
+        conversation = db.messages.as_conversation("s")
     assert conversation == [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": call, "reasoning": "think", "reasoning_content": "think",
@@ -39,10 +39,10 @@ def test_the_conversation_gives_back_stored_reasoning_exactly(tmp_path):
 
 def test_reasoning_content_is_stored_as_the_reasoning(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "cli")
-        db.record_turn("s", [{"role": "assistant", "content": "a", "reasoning_content": "deepseek style"}])
-        (message,) = db.get_messages_as_conversation("s")
-        stored = db.get_messages("s")[0]["reasoning"]
+        db.sessions.create("s", "cli")
+        db.messages.record_turn("s", [{"role": "assistant", "content": "a", "reasoning_content": "deepseek style"}])
+        (message,) = db.messages.as_conversation("s")
+        stored = db.messages.get("s")[0]["reasoning"]
     assert message["reasoning_content"] == message["reasoning"] == stored == "deepseek style"
 
 
@@ -64,8 +64,8 @@ async def test_the_tool_loop_sends_the_reasoning_back_and_later_turns_do_not(tmp
         # the fake fails the tool loop's second request when the reasoning did not come back
         assert await api.say("kim", "did we talk about deploys?") == "found nothing"
         assert (await api.say("kim", "thanks")).startswith("echo: thanks")
-        (session,) = await gw.db.list_sessions_rich(source="api", limit=5)
-        stored = await gw.db.get_messages(session["id"])
+        (session,) = await gw.db.sessions.list_rich(source="api", limit=5)
+        stored = await gw.db.messages.get(session["id"])
         await api.close()
     loop_request, next_turn = model.requests[1], model.requests[2]
     assert {k: _assistant_with_call(loop_request).get(k) for k in reasoning} == reasoning

@@ -46,10 +46,10 @@ async def model():
 
 
 async def seed(db, sid, platform, user, lines, *, title=None, agent="main", parent=None, started=None):
-    await db.create_session(sid, platform, model="m", user_id=user, session_key=f"agent:{agent}:{platform}:dm:{user}",
+    await db.sessions.create(sid, platform, model="m", user_id=user, session_key=f"agent:{agent}:{platform}:dm:{user}",
                             parent_session_id=parent, title=title)
     for i, text in enumerate(lines):
-        await db.append_message(sid, "user" if i % 2 == 0 else "assistant", text,
+        await db.messages.append(sid, "user" if i % 2 == 0 else "assistant", text,
                                 timestamp=(started or 1_700_000_000.0) + i)
 
 
@@ -71,9 +71,9 @@ async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, mod
         api = ApiClient(gw)
         answer = await api.say("alice", "like we discussed last week, what was the docker fix?")
         await api.close()
-        current = await gw.db.get_route("agent:main:api:dm:alice")
-        stored = await gw.db.get_messages(current)
-        day = when((await gw.db.get_session("old-docker"))["started_at"])
+        current = await gw.db.routes.get("agent:main:api:dm:alice")
+        stored = await gw.db.messages.get(current)
+        day = when((await gw.db.sessions.get("old-docker"))["started_at"])
     assert answer.startswith("tool said: Earlier conversations about \"docker restarting\" (1):")
     assert f'1. "Docker trouble" · {day} · api · session old-docker · 1 matching message' in answer
     assert "SUMMARY[docker restarting] of \"Docker trouble\" on api" in answer
@@ -181,7 +181,7 @@ async def test_empty_query_lists_recent_sessions_without_the_model(tmp_path, mod
         api = ApiClient(gw)
         answer = await api.say("erin", "what have we talked about?")
         await api.close()
-        days = [when((await gw.db.get_session(sid))["last_active"]) for sid in ("e1", "e2")]
+        days = [when((await gw.db.sessions.get(sid))["last_active"]) for sid in ("e1", "e2")]
     lines = answer.splitlines()
     assert lines[0] == "tool said: Recent sessions:"
     assert lines[1] == f"1. (untitled) · {days[1]} · api · 2 messages · session e2 · “tax questions”"
@@ -267,7 +267,7 @@ async def test_indexed_and_just_appended_messages_are_both_found(tmp_path, model
 async def test_a_compressed_conversation_is_recalled_as_one(tmp_path, model, store_config):
     async with running_gateway(tmp_path, model, **store_config) as gw:
         await seed(gw.db, "part1", "api", "quinn", ["the lighthouse budget is 40k", "noted"], title="Lighthouse")
-        await gw.db.end_session("part1", "compression")
+        await gw.db.sessions.end("part1", "compression")
         await seed(gw.db, "part2", "api", "quinn", ["lighthouse budget raised to 55k", "ok"], parent="part1",
                    title="Lighthouse #2")
         await seed(gw.db, "other", "api", "quinn", ["a lighthouse photo", "nice"])

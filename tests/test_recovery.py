@@ -65,7 +65,7 @@ async def test_a_turn_cut_off_by_shutdown_is_answered_after_the_restart(tmp_path
     finally:
         await gw.stop(grace_seconds=5)
     with state.SessionDB(config.db_path) as db:
-        assert db.recovery_counts()["unanswered"] == 0
+        assert db.recovery.counts()["unanswered"] == 0
 
 
 async def test_messages_that_arrived_during_the_cut_off_turn_are_answered_together(tmp_path, fakes):
@@ -129,7 +129,7 @@ async def test_a_long_reply_goes_on_from_the_first_part_not_confirmed(tmp_path, 
         await gw.stop(grace_seconds=5)
     assert "paragraph 0" not in second_part.visible_text and "paragraph 7" in second_part.visible_text
     with state.SessionDB(config.db_path) as db:
-        [record] = db.list_deliveries(_session_id(config))
+        [record] = db.recovery.list_deliveries(_session_id(config))
     assert record["status"] == "sent" and record["sent_ids"] == ["9001", str(second_part.message_id)]
 
 
@@ -182,9 +182,9 @@ def crashed_before_the_answer(config, text: str, *, received_at: float | None = 
     received_at = received_at or time.time()
     with state.SessionDB(config.db_path) as db:
         sid = state.new_session_id()
-        db.create_session(sid, "telegram", model="fake-model", user_id="111", session_key=ANN_KEY)
-        db.set_route(ANN_KEY, sid)
-        appended = db.append_inbound(sid, text, platform_message_id="500", timestamp=received_at, inbox={
+        db.sessions.create(sid, "telegram", model="fake-model", user_id="111", session_key=ANN_KEY)
+        db.routes.set(ANN_KEY, sid)
+        appended = db.messages.append_inbound(sid, text, platform_message_id="500", timestamp=received_at, inbox={
             "session_key": ANN_KEY, "platform": "telegram", "chat_id": "111", "chat_type": "dm", "user_id": "111",
             "user_name": "Ann", "platform_message_id": "500", "received_at": received_at})
         return appended.id
@@ -194,32 +194,32 @@ def crashed_after_the_answer(config, question: str, answer: str, *, confirmed: l
     """The turn stored its answer with a pending delivery; the kill came before the send was confirmed."""
     message_id = crashed_before_the_answer(config, question)
     with state.SessionDB(config.db_path) as db:
-        sid = db.get_route(ANN_KEY)
+        sid = db.routes.get(ANN_KEY)
         delivery_id = uuid.uuid4().hex
-        db.record_turn(sid, [{"role": "assistant", "content": answer}], answered=[message_id], delivery={
+        db.messages.record_turn(sid, [{"role": "assistant", "content": answer}], answered=[message_id], delivery={
             "id": delivery_id, "platform": "telegram", "chat_id": "111", "reply_to": "500", "text": answer})
         if confirmed:
-            db.update_delivery(delivery_id, sent_ids=list(confirmed), status="pending")
+            db.recovery.update_delivery(delivery_id, sent_ids=list(confirmed), status="pending")
 
 
 def _session_id(config) -> str:
     with state.SessionDB(config.db_path) as db:
-        return db.get_route(ANN_KEY)
+        return db.routes.get(ANN_KEY)
 
 
 def _pending(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return db.recovery_counts()["deliveries_pending"]
+        return db.recovery.counts()["deliveries_pending"]
 
 
 def _unanswered(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return db.recovery_counts()["unanswered"]
+        return db.recovery.counts()["unanswered"]
 
 
 def _stored_user_texts(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return sum(1 for s in db.list_sessions_rich() for m in db.get_messages(s["id"]) if m["role"] == "user")
+        return sum(1 for s in db.sessions.list_rich() for m in db.messages.get(s["id"]) if m["role"] == "user")
 
 
 async def test_healthz_and_metrics_show_a_session_awaiting_its_answer_and_for_how_long(tmp_path, fakes):

@@ -242,7 +242,7 @@ async def test_sighup_turns_a_platform_on_and_off_and_healthz_shows_it(tmp_path)
 
 def _finished_runs(tmp_path, job_id: str) -> list[dict]:
     with state.SessionDB(tmp_path / "home" / "state.db") as db:
-        return [r for r in db.list_cron_runs(job_id) if r["status"] != "running"]
+        return [r for r in db.cron.list_runs(job_id) if r["status"] != "running"]
 
 
 async def _wait_health(daemon: Daemon, predicate, timeout: float = 20.0) -> dict:

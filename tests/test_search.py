@@ -48,16 +48,16 @@ class Store:
             fts5.flush(self.conn)
 
     def session(self, sid, source="cli", model="m1"):
-        self.db.create_session(sid, source, model=model)
+        self.db.sessions.create(sid, source, model=model)
         return sid
 
     def add(self, sid, role, content=None, tool_calls=None, tool_name=None):
         self.clock += 1
-        return self.db.append_message(sid, role, content, tool_calls=tool_calls, tool_name=tool_name,
+        return self.db.messages.append(sid, role, content, tool_calls=tool_calls, tool_name=tool_name,
                                       timestamp=self.clock)
 
     def search(self, query, **kw):
-        return self.db.search_messages(query, **kw)
+        return self.db.search.messages(query, **kw)
 
     def ids(self, query, **kw):
         return [hit["id"] for hit in self.search(query, **kw)]
@@ -144,7 +144,7 @@ def test_result_shape_with_context(store):
             ],
             "source": "telegram",
             "model": "gpt-x",
-            "session_started": store.db.get_session("s1")["started_at"],
+            "session_started": store.db.sessions.get("s1")["started_at"],
         }
     ]
 
@@ -221,7 +221,7 @@ def test_cjk_two_and_one_character_queries(store):
 def test_cjk_in_tool_call_arguments_escaped_as_ascii_json(store):
     s = store.session("s1")
     hit = store.add(s, "assistant", None, tool_calls=json.dumps(call("search", q="查询记忆断裂日志")))
-    assert "\\u" in store.db.get_messages(s)[0]["tool_calls"][0]["function"]["arguments"]
+    assert "\\u" in store.db.messages.get(s)[0]["tool_calls"][0]["function"]["arguments"]
     assert store.ids("记忆断裂") == [hit]
     assert store.ids("日志") == [hit]
 
@@ -513,9 +513,9 @@ def test_short_terms_with_cjk_only_excluded_still_find_english_messages(store):
 
 def _append_many(path, worker, n):
     with SessionDB(path) as db:
-        db.create_session(f"w{worker}", "cli")
+        db.sessions.create(f"w{worker}", "cli")
         for i in range(n):
-            db.append_message(f"w{worker}", "user", f"parallel kestrel {worker} {i} 并行写入测试")
+            db.messages.append(f"w{worker}", "user", f"parallel kestrel {worker} {i} 并行写入测试")
 
 
 def test_concurrent_writers_keep_the_batches_whole(store):

@@ -73,12 +73,12 @@ def test_pending_messages_answer_boolean_cjk_queries(store):
 
 
 def test_recall_scope_combines_both_indexes(store):
-    store.db.create_session("mine", "telegram", user_id="1")
-    store.db.create_session("theirs", "telegram", user_id="2")
+    store.db.sessions.create("mine", "telegram", user_id="1")
+    store.db.sessions.create("theirs", "telegram", user_id="2")
     docker = store.add("mine", "user", "docker keeps restarting")
     memory = store.add("mine", "user", "记忆系统坏了")
     store.add("theirs", "user", "docker and 记忆系统 for someone else")
-    found = store.db.recall_hits("docker OR 记忆系统", agent_prefix=None, accounts=["telegram:1"])
+    found = store.db.recall.hits("docker OR 记忆系统", agent_prefix=None, accounts=["telegram:1"])
     assert sorted(h["id"] for h in found["hits"]) == [docker, memory]
 
 

@@ -134,10 +134,10 @@ WORKLOAD = textwrap.dedent(
 
     from state import SessionDB, new_session_id
     with SessionDB(home / "state.db") as db:
-        sid = db.create_session(new_session_id(), "telegram")
-        db.append_message(sid, "user", "hello from the sandbox")
-        report["sqlite"] = [m["content"] for m in db.get_messages(sid)] == ["hello from the sandbox"]
-        report["fts5"] = len(db.search_messages("sandbox")) == 1
+        sid = db.sessions.create(new_session_id(), "telegram")
+        db.messages.append(sid, "user", "hello from the sandbox")
+        report["sqlite"] = [m["content"] for m in db.messages.get(sid)] == ["hello from the sandbox"]
+        report["fts5"] = len(db.search.messages("sandbox")) == 1
 
     async def network():
         from openai import AsyncOpenAI

@@ -9,9 +9,9 @@ CALL = [{"id": "c1", "type": "function", "function": {"name": "files__write", "a
 
 
 def _request(store, approval_id: str = "0a1b2c3d", **extra) -> int:
-    store.create_session("s1", "telegram", session_key="k1")
-    store.append_message("s1", "user", "write a")
-    asked = store.append_message("s1", "assistant", None, tool_calls=CALL)
+    store.sessions.create("s1", "telegram", session_key="k1")
+    store.messages.append("s1", "user", "write a")
+    asked = store.messages.append("s1", "assistant", None, tool_calls=CALL)
     store.approvals.add({"id": approval_id, "session_id": "s1", "session_key": "k1", "platform": "telegram",
                          "chat_type": "dm", "chat_id": "42", "user_id": "42", "tool": "files__write",
                          "arguments": '{"path":"a"}', "call_hash": "ab" * 32, "tool_call_id": "c1",
@@ -21,12 +21,12 @@ def _request(store, approval_id: str = "0a1b2c3d", **extra) -> int:
 
 
 def _roles(store) -> list[tuple[str, str | None]]:
-    return [(m["role"], m["content"]) for m in store.get_messages("s1")]
+    return [(m["role"], m["content"]) for m in store.messages.get("s1")]
 
 
 def test_a_request_is_decided_once_and_its_result_follows_the_call(store):
     _request(store)
-    store.append_message("s1", "user", "meanwhile, another question")
+    store.messages.append("s1", "user", "meanwhile, another question")
     assert [r["id"] for r in store.approvals.pending_in_chat("telegram", "42")] == ["0a1b2c3d"]
     assert store.approvals.pending_in_chat("telegram", "43") == []
     approved = store.approvals.decide("0a1b2c3d", "approved", "telegram:42", now=150.0)

@@ -81,26 +81,26 @@ async def test_a_repository_runs_on_the_stores_threads(store_target):
 async def test_round_trip_and_concurrent_appends(store_target):
     adb = await AsyncSessionDB.open(store_target)
     try:
-        await adb.create_session("s", "telegram", title="async")
-        ids = await asyncio.gather(*(adb.append_message("s", "user", f"m{i}") for i in range(40)))
+        await adb.sessions.create("s", "telegram", title="async")
+        ids = await asyncio.gather(*(adb.messages.append("s", "user", f"m{i}") for i in range(40)))
         assert len(set(ids)) == 40
-        assert (await adb.get_session("s"))["message_count"] == 40
-        first = await adb.append_inbound("s", "event", platform_message_id="e1")
-        assert (await adb.append_inbound("s", "event", platform_message_id="e1")) == (first.id, False)
-        assert await adb.resolve_session_id("async") == "s"
-        assert [r["id"] for r in await adb.list_sessions_rich()] == ["s"]
-        assert len(await adb.search_messages("m7")) == 1
+        assert (await adb.sessions.get("s"))["message_count"] == 40
+        first = await adb.messages.append_inbound("s", "event", platform_message_id="e1")
+        assert (await adb.messages.append_inbound("s", "event", platform_message_id="e1")) == (first.id, False)
+        assert await adb.sessions.resolve_id("async") == "s"
+        assert [r["id"] for r in await adb.sessions.list_rich()] == ["s"]
+        assert len(await adb.search.messages("m7")) == 1
         with pytest.raises(SessionNotFound):
-            await adb.append_message("ghost", "user", "x")
+            await adb.messages.append("ghost", "user", "x")
     finally:
         await adb.close()
     with pytest.raises(StateError, match="closed"):
-        await adb.get_session("s")
+        await adb.sessions.get("s")
 
 
 async def test_a_locked_database_does_not_block_the_loop(store_target, backend):
     adb = await AsyncSessionDB.open(store_target)
-    await adb.create_session("s", "cli")
+    await adb.sessions.create("s", "cli")
     if backend == "sqlite":  # another process holds the write lock
         holder = sqlite3.connect(store_target, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
@@ -117,13 +117,13 @@ async def test_a_locked_database_does_not_block_the_loop(store_target, backend):
 
     ticking = asyncio.create_task(ticker())
     try:
-        write = asyncio.create_task(adb.append_message("s", "user", "waits for the lock"))
+        write = asyncio.create_task(adb.messages.append("s", "user", "waits for the lock"))
         # the loop keeps running while the write waits on its thread
         await eventually(lambda: ticks >= 50, 5.0, "the event loop to tick 50 times while the write waits")
         assert not write.done()
         holder.rollback()  # both connections' way of letting go
         assert isinstance(await asyncio.wait_for(write, 10), int)
-        assert [m["content"] for m in await adb.get_messages("s")] == ["waits for the lock"]
+        assert [m["content"] for m in await adb.messages.get("s")] == ["waits for the lock"]
     finally:
         ticking.cancel()
         holder.close()
@@ -132,10 +132,10 @@ async def test_a_locked_database_does_not_block_the_loop(store_target, backend):
 
 async def test_close_finishes_queued_writes(store_target):
     adb = AsyncSessionDB(SessionDB(store_target))
-    await adb.create_session("s", "cli")
-    pending = [asyncio.ensure_future(adb.append_message("s", "user", str(i))) for i in range(20)]
+    await adb.sessions.create("s", "cli")
+    pending = [asyncio.ensure_future(adb.messages.append("s", "user", str(i))) for i in range(20)]
     await asyncio.sleep(0)
     await adb.close()
     assert len(await asyncio.gather(*pending)) == 20
     with SessionDB(store_target) as db:
-        assert db.message_count("s") == 20
+        assert db.messages.count("s") == 20

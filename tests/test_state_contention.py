@@ -20,7 +20,7 @@ from state import SessionDB
 path, worker, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 db = SessionDB(path)
 for i in range(count):
-    db.append_message(f"s{worker}", "user", f"worker {worker} message {i}", platform_message_id=f"{worker}-{i}")
+    db.messages.append(f"s{worker}", "user", f"worker {worker} message {i}", platform_message_id=f"{worker}-{i}")
 db.close()
 print("done")
 """
@@ -46,7 +46,7 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
     path = home / "state.db"
     with SessionDB(path) as db:
         for worker in range(4):
-            db.create_session(f"s{worker}", "cli")
+            db.sessions.create(f"s{worker}", "cli")
     holder = _spawn(HOLDER, str(path))
     assert holder.stdout.readline().strip() == "locked"
     writers = [_spawn(WRITER, str(path), str(worker), "250") for worker in range(4)]
@@ -55,11 +55,11 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
     assert holder_out.strip() == "released" and holder_err == ""
     assert outcomes == [("done\n", "", 0)] * 4
     with SessionDB(path) as db:
-        assert db.message_count() == 1000
+        assert db.messages.count() == 1000
         for worker in range(4):
-            contents = [m["content"] for m in db.get_messages(f"s{worker}")]
+            contents = [m["content"] for m in db.messages.get(f"s{worker}")]
             assert contents == [f"worker {worker} message {i}" for i in range(250)]
-            assert db.get_session(f"s{worker}")["message_count"] == 250
+            assert db.sessions.get(f"s{worker}")["message_count"] == 250
 
 
 # a Switchboard writer that stays inside its write transaction until told to finish
@@ -86,17 +86,17 @@ def test_a_write_queued_behind_another_process_times_out_then_the_queue_moves_on
         assert slow.stdout.readline().strip() == "inside"
         with SessionDB(path, write_timeout=0.2) as db:
             with pytest.raises(WriteTimeout):
-                db.create_session("impatient", "cli")  # queued behind the slow writer, gives up
-            assert db.get_session("impatient") is None
+                db.sessions.create("impatient", "cli")  # queued behind the slow writer, gives up
+            assert db.sessions.get("impatient") is None
             db.write_timeout = 30.0
             results = []
-            patient = threading.Thread(target=lambda: results.append(db.create_session("patient", "cli")))
+            patient = threading.Thread(target=lambda: results.append(db.sessions.create("patient", "cli")))
             patient.start()
             slow.stdin.write("go\n")
             slow.stdin.flush()
             patient.join(timeout=30)
             assert results == ["patient"]
-            assert db.get_session("slow") is not None and db.get_session("impatient") is None
+            assert db.sessions.get("slow") is not None and db.sessions.get("impatient") is None
         assert slow.communicate(timeout=30)[0].strip() == "done"
     finally:
         slow.kill()
@@ -106,8 +106,8 @@ OPENER = """
 import sys
 from state import SessionDB
 with SessionDB(sys.argv[1]) as db:
-    db.create_session(sys.argv[2], "cli")
-    db.append_message(sys.argv[2], "user", "first words")
+    db.sessions.create(sys.argv[2], "cli")
+    db.messages.append(sys.argv[2], "user", "first words")
 print("ok")
 """
 
@@ -117,8 +117,8 @@ def test_processes_opening_a_new_database_at_once_all_succeed(home):
     procs = [_spawn(OPENER, str(path), f"s{i}") for i in range(4)]
     assert [p.communicate(timeout=60) + (p.returncode,) for p in procs] == [("ok\n", "", 0)] * 4
     with SessionDB(path) as db:
-        assert sorted(r["id"] for r in db.list_sessions_rich()) == ["s0", "s1", "s2", "s3"]
-        assert db.message_count() == 4
+        assert sorted(r["id"] for r in db.sessions.list_rich()) == ["s0", "s1", "s2", "s3"]
+        assert db.messages.count() == 4
 
 
 # appends as fast as it can until the file named by argv[2] exists, then prints how many it stored
@@ -129,7 +129,7 @@ db = SessionDB(sys.argv[1])
 print("writing", flush=True)
 n = 0
 while not os.path.exists(sys.argv[2]):
-    db.append_message("greedy", "user", f"greedy {n}")
+    db.messages.append("greedy", "user", f"greedy {n}")
     n += 1
 db.close()
 print(n, flush=True)
@@ -140,26 +140,26 @@ def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
     """Each writer keeps its turn only for a short lease: the other process's writes are interleaved."""
     path = home / "state.db"
     with SessionDB(path) as db:
-        db.create_session("greedy", "cli")
-        db.create_session("polite", "cli")
+        db.sessions.create("greedy", "cli")
+        db.sessions.create("polite", "cli")
     stop = home / "stop"
     greedy = _spawn(GREEDY, str(path), str(stop))
     try:
         assert greedy.stdout.readline().strip() == "writing"
         with SessionDB(path) as db:
             for i in range(30):
-                db.append_message("polite", "user", f"polite {i}")
+                db.messages.append("polite", "user", f"polite {i}")
             assert greedy.poll() is None  # all 30 stored while the greedy writer was still writing
-            last_polite = db.get_messages("polite")[-1]["id"]
+            last_polite = db.messages.get("polite")[-1]["id"]
             # and it goes on writing after our last one (however slowly a loaded machine schedules it)
             deadline = time.monotonic() + 30
-            while not any(m["id"] > last_polite for m in db.get_messages("greedy")):
+            while not any(m["id"] > last_polite for m in db.messages.get("greedy")):
                 assert time.monotonic() < deadline, "the greedy writer stopped writing"
                 time.sleep(0.01)
             stop.touch()
             stored = int(greedy.communicate(timeout=30)[0].strip())
-            polite_ids = [m["id"] for m in db.get_messages("polite")]
-            greedy_ids = [m["id"] for m in db.get_messages("greedy")]
+            polite_ids = [m["id"] for m in db.messages.get("polite")]
+            greedy_ids = [m["id"] for m in db.messages.get("greedy")]
         assert len(polite_ids) == 30 and len(greedy_ids) == stored
     finally:
         greedy.kill()
@@ -170,7 +170,7 @@ QUIET = """
 import sys
 from state import SessionDB
 db = SessionDB(sys.argv[1])
-db.append_message("quiet", "user", "one message")
+db.messages.append("quiet", "user", "one message")
 print("wrote", flush=True)
 sys.stdin.readline()
 db.close()
@@ -180,14 +180,14 @@ db.close()
 def test_a_process_that_stops_writing_gives_its_turn_back(home):
     path = home / "state.db"
     with SessionDB(path) as db:
-        db.create_session("quiet", "cli")
+        db.sessions.create("quiet", "cli")
     quiet = subprocess.Popen([sys.executable, "-c", QUIET, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert quiet.stdout.readline().strip() == "wrote"
         with SessionDB(path, write_timeout=5.0) as db:
-            db.create_session("after", "cli")  # would time out if the quiet process still held its turn
-            assert db.get_session("after") is not None
+            db.sessions.create("after", "cli")  # would time out if the quiet process still held its turn
+            assert db.sessions.get("after") is not None
         assert quiet.poll() is None
     finally:
         quiet.kill()

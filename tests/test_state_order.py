@@ -25,98 +25,98 @@ TELEGRAM = {"session_key": "agent:main:telegram:dm:1", "platform": "telegram", "
 
 
 def _said(db: SessionDB, sid: str) -> list[str]:
-    return [f"{m['role'][0]}:{m['content']}" for m in db.get_messages(sid)]
+    return [f"{m['role'][0]}:{m['content']}" for m in db.messages.get(sid)]
 
 
 def _burst(db: SessionDB, sid: str) -> tuple[int, int, int]:
     """d1, then d2 and d3 while d1's turn runs (stored before its reply)."""
-    d1 = db.append_inbound(sid, "d1", platform_message_id="1").id
-    d2 = db.append_inbound(sid, "d2", platform_message_id="2").id
-    d3 = db.append_inbound(sid, "d3", platform_message_id="3").id
+    d1 = db.messages.append_inbound(sid, "d1", platform_message_id="1").id
+    d2 = db.messages.append_inbound(sid, "d2", platform_message_id="2").id
+    d3 = db.messages.append_inbound(sid, "d3", platform_message_id="3").id
     return d1, d2, d3
 
 
 def test_a_reply_stored_after_later_arrivals_reads_right_after_what_it_answered(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, d2, d3 = _burst(store, sid)
-    store.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
-    assert [m["content"] for m in store.get_messages_as_conversation(sid)] == ["d1", "r1", "d2", "d3"]
+    assert [m["content"] for m in store.messages.as_conversation(sid)] == ["d1", "r1", "d2", "d3"]
     # the next turn answers d2 and d3 from a history that ends with them; a message arrives during it
-    assert store.get_messages_as_conversation(sid, upto=d3)[-1] == {"role": "user", "content": "d3"}
-    d4 = store.append_inbound(sid, "d4", platform_message_id="4").id
-    assert [m["content"] for m in store.get_messages_as_conversation(sid, upto=d3)] == ["d1", "r1", "d2", "d3"]
-    store.record_turn(sid, [{"role": "assistant", "content": "r2"}], answered=[d2, d3])
-    store.record_turn(sid, [{"role": "assistant", "content": "r4"}], answered=[d4])
+    assert store.messages.as_conversation(sid, upto=d3)[-1] == {"role": "user", "content": "d3"}
+    d4 = store.messages.append_inbound(sid, "d4", platform_message_id="4").id
+    assert [m["content"] for m in store.messages.as_conversation(sid, upto=d3)] == ["d1", "r1", "d2", "d3"]
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r2"}], answered=[d2, d3])
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r4"}], answered=[d4])
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3", "a:r2", "u:d4", "a:r4"]
-    assert store.get_session(sid)["message_count"] == 7
+    assert store.sessions.get(sid)["message_count"] == 7
 
 
 def test_a_turns_tool_calls_and_results_move_with_its_reply_in_their_order(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, d2, _ = _burst(store, sid)
     call = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
-    store.record_turn(sid, [{"role": "assistant", "content": None, "tool_calls": [call]},
+    store.messages.record_turn(sid, [{"role": "assistant", "content": None, "tool_calls": [call]},
                             {"role": "tool", "content": "12:00", "tool_call_id": "call_1", "tool_name": "clock"},
                             {"role": "assistant", "content": "noon"}], answered=[d1])
-    assert [m["role"] for m in store.get_messages_as_conversation(sid)] == ["user", "assistant", "tool", "assistant",
+    assert [m["role"] for m in store.messages.as_conversation(sid)] == ["user", "assistant", "tool", "assistant",
                                                                            "user", "user"]
     # a second answer to the same message (a stopped stream's partial, say) comes after the first
-    store.record_turn(sid, [{"role": "assistant", "content": "again"}], answered=[d1])
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "again"}], answered=[d1])
     assert _said(store, sid)[3:6] == ["a:noon", "a:again", "u:d2"]
 
 
 def test_a_reply_with_nothing_after_what_it_answered_stays_where_it_arrived(store):
-    sid = store.create_session(new_session_id(), "api")
-    asked = store.append_message(sid, "user", "hello")
-    [reply] = store.record_turn(sid, [{"role": "assistant", "content": "hi"}], answered=[asked])
-    assert store.get_messages(sid)[-1]["pos"] is None  # nothing moved: no write beyond the insert
+    sid = store.sessions.create(new_session_id(), "api")
+    asked = store.messages.append(sid, "user", "hello")
+    [reply] = store.messages.record_turn(sid, [{"role": "assistant", "content": "hi"}], answered=[asked])
+    assert store.messages.get(sid)[-1]["pos"] is None  # nothing moved: no write beyond the insert
     assert _said(store, sid) == ["u:hello", "a:hi"] and reply > asked
 
 
 def test_the_inbox_read_for_a_claimed_turn_ends_with_the_last_unanswered_message(store):
-    sid = store.create_session(new_session_id(), "telegram")
-    ids = [store.append_inbound(sid, f"d{i}", platform_message_id=str(i),
+    sid = store.sessions.create(new_session_id(), "telegram")
+    ids = [store.messages.append_inbound(sid, f"d{i}", platform_message_id=str(i),
                                 inbox={**TELEGRAM, "platform_message_id": str(i)}).id for i in (1, 2, 3)]
-    store.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=ids[:1])
-    rows, history = store.unanswered_with_history(sid)
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=ids[:1])
+    rows, history = store.messages.unanswered_with_history(sid)
     assert [r["text"] for r in rows] == ["d2", "d3"]
     assert [m["content"] for m in history] == ["d1", "r1", "d2", "d3"]
 
 
 def test_export_search_context_and_recall_read_in_the_same_order(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
-    store.record_turn(sid, [{"role": "assistant", "content": "heron answer"}], answered=[d1])
-    assert [m["content"] for m in store.export_session(sid)["messages"]] == ["d1", "heron answer", "d2", "d3"]
-    [hit] = store.search_messages("heron")
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "heron answer"}], answered=[d1])
+    assert [m["content"] for m in store.transfer.export(sid)["messages"]] == ["d1", "heron answer", "d2", "d3"]
+    [hit] = store.search.messages("heron")
     assert [c["content"] for c in hit["context"]] == ["d1", "d2"]
-    [recalled] = store.recall_sessions([sid])
+    [recalled] = store.recall.sessions([sid])
     assert [m["content"] for m in recalled["messages"]] == ["d1", "heron answer", "d2", "d3"]
 
 
 def test_an_export_imports_in_its_order_whether_or_not_its_ids_are_free(store, tmp_path):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
-    store.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
-    record = store.export_session(sid)
-    store.delete_session(sid)
-    store.import_sessions([(1, record)])  # ids free: kept, with their places
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
+    record = store.transfer.export(sid)
+    store.sessions.delete(sid)
+    store.transfer.import_sessions([(1, record)])  # ids free: kept, with their places
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
-    store.import_sessions([(1, {**record, "id": "copy"})])  # ids taken: new ones, in the file's order
+    store.transfer.import_sessions([(1, {**record, "id": "copy"})])  # ids taken: new ones, in the file's order
     assert _said(store, "copy") == ["u:d1", "a:r1", "u:d2", "u:d3"]
-    assert {m["id"] for m in store.get_messages("copy")}.isdisjoint(m["id"] for m in record["messages"])
+    assert {m["id"] for m in store.messages.get("copy")}.isdisjoint(m["id"] for m in record["messages"])
 
 
 def test_a_turn_that_compression_moved_into_a_child_follows_the_copy_of_what_it_answered(store):
-    parent = store.create_session(new_session_id(), "telegram")
+    parent = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, parent)
     # compression copies the messages into a child (new ids, same role, time and text), then the turn
     # that answered d1 in the parent stores its reply in the child
-    child = store.create_session(new_session_id(), "telegram", parent_session_id=parent)
-    store.append_messages(child, [{k: m[k] for k in ("role", "content", "timestamp")}
-                                  for m in store.get_messages(parent)])
-    store.record_turn(child, [{"role": "assistant", "content": "r1"}], answered=[d1])
+    child = store.sessions.create(new_session_id(), "telegram", parent_session_id=parent)
+    store.messages.append_many(child, [{k: m[k] for k in ("role", "content", "timestamp")}
+                                  for m in store.messages.get(parent)])
+    store.messages.record_turn(child, [{"role": "assistant", "content": "r1"}], answered=[d1])
     assert _said(store, child) == ["u:d1", "a:r1", "u:d2", "u:d3"]
 
 
@@ -136,28 +136,28 @@ def _run_sql(store_target, backend: str, *statements: tuple) -> None:
 
 def test_an_older_store_migrates_and_keeps_its_order(store_target, backend):
     with SessionDB(store_target) as db:
-        sid = db.create_session(new_session_id(), "telegram")
+        sid = db.sessions.create(new_session_id(), "telegram")
         d1, _, _ = _burst(db, sid)
     _run_sql(store_target, backend, ("DROP INDEX idx_messages_order",), ("ALTER TABLE messages DROP COLUMN pos",),
              ("UPDATE schema_version SET version = 23",))
     with SessionDB(store_target) as db:  # schema v24: messages.pos and its index
         assert _said(db, sid) == ["u:d1", "u:d2", "u:d3"]
-        db.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
+        db.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
         assert _said(db, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
-        assert db.stats()["schema_version"] == 27
+        assert db.transfer.stats()["schema_version"] == 28
 
 
 def test_no_room_after_a_message_is_a_clear_error_that_stores_nothing(store_target, backend):
     with SessionDB(store_target) as db:
-        sid = db.create_session(new_session_id(), "telegram")
+        sid = db.sessions.create(new_session_id(), "telegram")
         d1, _, _ = _burst(db, sid)
-        [r1] = db.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
+        [r1] = db.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     # the slot after d1 nearly full (a million messages placed after it would leave it so)
     _run_sql(store_target, backend, ("UPDATE messages SET pos = ? WHERE id = ?", (d1 * SLOT + SLOT - 2, r1)))
     with SessionDB(store_target) as db:
         with pytest.raises(ValueError, match="no room for 2 more messages after message"):
-            db.record_turn(sid, [{"role": "assistant", "content": "x"}] * 2, answered=[d1])
-        db.record_turn(sid, [{"role": "assistant", "content": "r1 again"}], answered=[d1])  # one still fits
+            db.messages.record_turn(sid, [{"role": "assistant", "content": "x"}] * 2, answered=[d1])
+        db.messages.record_turn(sid, [{"role": "assistant", "content": "r1 again"}], answered=[d1])  # one still fits
         assert _said(db, sid) == ["u:d1", "a:r1", "a:r1 again", "u:d2", "u:d3"]
 
 
@@ -189,7 +189,7 @@ def shared_store(request, tmp_path_factory):
 def test_any_interleaving_of_arrivals_and_turn_ends_reads_as_batches_each_followed_by_its_reply(
         shared_store, events, chats):
     db = shared_store
-    sessions = [db.create_session(new_session_id(), "telegram") for _ in (0, 1)]
+    sessions = [db.sessions.create(new_session_id(), "telegram") for _ in (0, 1)]
     waiting: list[list[int]] = [[], []]  # arrived, not yet taken by a turn
     running: list[list[int] | None] = [None, None]  # the running turn's batch
     expected: list[list[str]] = [[], []]  # per chat: the order a reader must see
@@ -199,7 +199,7 @@ def test_any_interleaving_of_arrivals_and_turn_ends_reads_as_batches_each_follow
     def start(chat: int) -> None:
         if running[chat] is None and waiting[chat]:
             batch, waiting[chat] = waiting[chat], []
-            history = db.get_messages_as_conversation(sessions[chat], upto=batch[-1])
+            history = db.messages.as_conversation(sessions[chat], upto=batch[-1])
             assert history[-1] == {"role": "user", "content": texts[batch[-1]]}  # never ends with a reply
             running[chat] = batch
 
@@ -208,14 +208,14 @@ def test_any_interleaving_of_arrivals_and_turn_ends_reads_as_batches_each_follow
         if kind == "arrive":
             count += 1
             text = f"u{count}"
-            message_id = db.append_inbound(sid, text, platform_message_id=str(count)).id
+            message_id = db.messages.append_inbound(sid, text, platform_message_id=str(count)).id
             texts[message_id] = text
             waiting[chat].append(message_id)
         elif running[chat] is not None:
             batch = running[chat]
             reply = f"reply to {texts[batch[-1]]}"
             produced = [{"role": "tool", "content": f"tool {i}", "tool_call_id": f"c{i}"} for i in range(tools)]
-            db.record_turn(sid, [*produced, {"role": "assistant", "content": reply}], answered=batch)
+            db.messages.record_turn(sid, [*produced, {"role": "assistant", "content": reply}], answered=batch)
             expected[chat] += [f"u:{texts[i]}" for i in batch] + [f"t:tool {i}" for i in range(tools)] + [f"a:{reply}"]
             running[chat] = None
         start(chat)
@@ -225,10 +225,10 @@ def test_any_interleaving_of_arrivals_and_turn_ends_reads_as_batches_each_follow
 
 
 def test_the_export_file_lists_a_session_in_its_order(store):
-    sid = store.create_session(new_session_id(), "telegram")
+    sid = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)
-    store.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
     out = io.StringIO()
-    store.write_export(out, session_id=sid)
+    store.transfer.write_export(out, session_id=sid)
     [line] = out.getvalue().splitlines()
     assert [m["content"] for m in json.loads(line)["messages"]] == ["d1", "r1", "d2", "d3"]

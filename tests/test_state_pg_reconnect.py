@@ -55,7 +55,7 @@ def _warm(db: SessionDB, threads: int = 4) -> None:
     def use() -> None:
         barrier.wait()
         for _ in range(20):
-            db.list_sessions_rich()
+            db.sessions.list_rich()
 
     workers = [threading.Thread(target=use) for _ in range(threads)]
     for worker in workers:
@@ -67,14 +67,14 @@ def _warm(db: SessionDB, threads: int = 4) -> None:
 def test_the_first_read_and_write_after_a_server_restart_succeed_and_the_write_is_stored_once(own_cluster, url):
     db = SessionDB(url)
     try:
-        db.create_session("s1", "cli")
-        db.append_message("s1", "user", "before the restart")
+        db.sessions.create("s1", "cli")
+        db.messages.append("s1", "user", "before the restart")
         _warm(db)
         own_cluster.restart()  # every connection the pool holds is now dead
-        sessions = [s["id"] for s in db.list_sessions_rich()]  # the very next call: a read
+        sessions = [s["id"] for s in db.sessions.list_rich()]  # the very next call: a read
         own_cluster.restart()
-        db.append_message("s1", "user", "after the restart")  # the very next call: a write
-        history = [m["content"] for m in db.get_messages("s1")]
+        db.messages.append("s1", "user", "after the restart")  # the very next call: a write
+        history = [m["content"] for m in db.messages.get("s1")]
     finally:
         db.close()
     assert sessions == ["s1"]
@@ -86,18 +86,18 @@ def test_while_the_server_is_down_a_call_fails_at_once_saying_what_to_check_and_
         own_cluster, url):
     db = SessionDB(url, write_timeout=30)  # far longer than a call may take while the server is down
     try:
-        db.create_session("s1", "cli")
+        db.sessions.create("s1", "cli")
         own_cluster.stop_server()
         took = []
-        for call in (db.list_sessions_rich, lambda: db.append_message("s1", "user", "lost"),
-                     lambda: db.append_message("s1", "user", "lost")):
+        for call in (db.sessions.list_rich, lambda: db.messages.append("s1", "user", "lost"),
+                     lambda: db.messages.append("s1", "user", "lost")):
             started = time.monotonic()
             with pytest.raises(StoreUnavailable) as caught:
                 call()
             took.append(time.monotonic() - started)
         own_cluster.start_server()
-        db.append_message("s1", "user", "back")
-        history = [m["content"] for m in db.get_messages("s1")]
+        db.messages.append("s1", "user", "back")
+        history = [m["content"] for m in db.messages.get("s1")]
     finally:
         db.close()
     message = str(caught.value)
@@ -110,7 +110,7 @@ def test_while_the_server_is_down_a_call_fails_at_once_saying_what_to_check_and_
 async def test_an_outage_never_blocks_the_event_loop(own_cluster, url):
     adb = await AsyncSessionDB.open(url, write_timeout=30)
     try:
-        await adb.create_session("s1", "cli")
+        await adb.sessions.create("s1", "cli")
         own_cluster.stop_server()
         ticks = 0
         longest = 0.0
@@ -126,13 +126,13 @@ async def test_an_outage_never_blocks_the_event_loop(own_cluster, url):
         ticker = asyncio.create_task(tick())
         try:
             with pytest.raises(StoreUnavailable):
-                await adb.append_message("s1", "user", "lost")
+                await adb.messages.append("s1", "user", "lost")
             with pytest.raises(StoreUnavailable):
-                await adb.list_sessions_rich()
+                await adb.sessions.list_rich()
         finally:
             ticker.cancel()
         own_cluster.start_server()
-        sessions = [s["id"] for s in await adb.list_sessions_rich()]
+        sessions = [s["id"] for s in await adb.sessions.list_rich()]
     finally:
         await adb.close()
     assert ticks > 0 and longest < 0.5
@@ -155,7 +155,7 @@ def test_a_write_whose_commit_may_have_happened_is_not_run_again(own_cluster, ur
     try:
         with pytest.raises(StoreUnavailable) as caught:
             db._engine.write(insert_then_lose_the_connection)
-        after = db.list_sessions_rich()
+        after = db.sessions.list_rich()
     finally:
         db.close()
     assert runs == [1]

@@ -22,7 +22,7 @@ def store(request, tmp_path_factory):
         request.addfinalizer(lambda: cluster.drop_database(target))
     db = SessionDB(target)
     for i, title in enumerate(["plain", "100% done", "a_b", "proj", "proj #2", "记忆断裂"]):
-        db.create_session(f"2025010{i}_000000_0000000{i}", "cli", title=title)
+        db.sessions.create(f"2025010{i}_000000_0000000{i}", "cli", title=title)
     yield db
     db.close()
 
@@ -38,23 +38,23 @@ def test_any_title_is_cleaned_or_refused_with_a_title_error(store, raw):
         assert 0 < len(clean) <= 100 and clean == clean.strip()
         assert not any(ch in clean for ch in "\x00\n\r\t\u200b\u202e\ufeff")
     try:
-        store.set_session_title("20250100_000000_00000000", raw)
+        store.titles.set("20250100_000000_00000000", raw)
     except TitleConflict as exc:
         assert exc.holder_session_id != "20250100_000000_00000000"
     else:
-        assert store.get_session_title("20250100_000000_00000000") == clean
+        assert store.titles.get("20250100_000000_00000000") == clean
     finally:
-        store.set_session_title("20250100_000000_00000000", "plain")
+        store.titles.set("20250100_000000_00000000", "plain")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(TEXT)
 def test_any_reference_resolves_or_says_why(store, ref):
     try:
-        resolved = store.resolve_session_id(ref)
+        resolved = store.sessions.resolve_id(ref)
     except (SessionNotFound, AmbiguousSession):
         return
-    assert store.get_session(resolved) is not None
-    title = store.resolve_session_by_title(ref)
-    assert title is None or store.get_session(title) is not None
-    assert isinstance(store.get_next_title_in_lineage(ref or "x"), str)
+    assert store.sessions.get(resolved) is not None
+    title = store.titles.resolve(ref)
+    assert title is None or store.sessions.get(title) is not None
+    assert isinstance(store.titles.next_in_lineage(ref or "x"), str)

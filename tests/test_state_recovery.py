@@ -11,63 +11,63 @@ WHERE = {"session_key": "agent:main:telegram:dm:42", "platform": "telegram", "ch
 @pytest.fixture
 def db(store):
     """The store under test, on SQLite and on PostgreSQL (tests/conftest.py: ``store``), with a session."""
-    store.create_session("s1", "telegram")
+    store.sessions.create("s1", "telegram")
     return store
 
 
 def test_a_stored_message_waits_in_the_inbox_until_a_turn_answers_it(db):
-    first = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
-    assert [(m["message_id"], m["text"], m["chat_id"]) for m in db.unanswered_messages()] == [(first.id, "hello", "42")]
-    db.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[first.id],
+    first = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    assert [(m["message_id"], m["text"], m["chat_id"]) for m in db.recovery.unanswered()] == [(first.id, "hello", "42")]
+    db.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[first.id],
                    delivery={"id": "d1", "platform": "telegram", "chat_id": "42", "reply_to": "7", "text": "hi"})
-    assert db.unanswered_messages() == []
-    [pending] = db.pending_deliveries()
+    assert db.recovery.unanswered() == []
+    [pending] = db.recovery.pending_deliveries()
     assert (pending["id"], pending["text"], pending["sent_ids"], pending["status"]) == ("d1", "hi", [], "pending")
 
 
 def test_a_redelivered_event_is_not_put_in_the_inbox_again(db):
-    first = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
-    db.settle_inbox([first.id])
-    again = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    first = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    db.recovery.settle_inbox([first.id])
+    again = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
     assert not again.new
-    assert db.unanswered_messages() == []
+    assert db.recovery.unanswered() == []
 
 
 def test_a_message_that_arrived_during_a_turn_stays_unanswered_after_it(db):
-    first = db.append_inbound("s1", "one", platform_message_id="7", inbox=WHERE)
-    second = db.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8"})
-    db.record_turn("s1", [{"role": "assistant", "content": "answer to one"}], answered=[first.id])
-    assert [m["message_id"] for m in db.unanswered_messages()] == [second.id]
+    first = db.messages.append_inbound("s1", "one", platform_message_id="7", inbox=WHERE)
+    second = db.messages.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8"})
+    db.messages.record_turn("s1", [{"role": "assistant", "content": "answer to one"}], answered=[first.id])
+    assert [m["message_id"] for m in db.recovery.unanswered()] == [second.id]
 
 
 def test_a_confirmed_delivery_is_no_longer_pending(db):
-    db.settle_inbox([], {"id": "d2", "platform": "telegram", "chat_id": "42", "text": "line", "kind": "notice"},
+    db.recovery.settle_inbox([], {"id": "d2", "platform": "telegram", "chat_id": "42", "text": "line", "kind": "notice"},
                     session_id="s1")
-    assert db.update_delivery("d2", sent_ids=["100"], status="sent")
-    assert db.pending_deliveries() == []
-    assert db.get_delivery("d2")["sent_ids"] == ["100"]
-    assert db.recovery_counts() == {"unanswered": 0, "deliveries_pending": 0, "dead_letters": 0}
+    assert db.recovery.update_delivery("d2", sent_ids=["100"], status="sent")
+    assert db.recovery.pending_deliveries() == []
+    assert db.recovery.get_delivery("d2")["sent_ids"] == ["100"]
+    assert db.recovery.counts() == {"unanswered": 0, "deliveries_pending": 0, "dead_letters": 0}
 
 
 def test_deleting_a_session_takes_its_inbox_and_deliveries_along(db):
-    first = db.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
-    db.settle_inbox([], {"id": "d3", "platform": "telegram", "chat_id": "42", "text": "x"}, session_id="s1")
+    first = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
+    db.recovery.settle_inbox([], {"id": "d3", "platform": "telegram", "chat_id": "42", "text": "x"}, session_id="s1")
     assert first.new
-    db.delete_session("s1")
-    assert db.recovery_counts()["unanswered"] == 0
-    assert db.pending_deliveries() == []
+    db.sessions.delete("s1")
+    assert db.recovery.counts()["unanswered"] == 0
+    assert db.recovery.pending_deliveries() == []
 
 
 def test_the_backlog_counts_sessions_awaiting_an_answer_and_the_oldest_arrival(db):
-    assert db.unanswered_backlog() == (0, None)
-    db.create_session("s2", "telegram")
-    first = db.append_inbound("s1", "one", platform_message_id="7", inbox={**WHERE, "received_at": 1000.5})
-    db.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8",
+    assert db.recovery.backlog() == (0, None)
+    db.sessions.create("s2", "telegram")
+    first = db.messages.append_inbound("s1", "one", platform_message_id="7", inbox={**WHERE, "received_at": 1000.5})
+    db.messages.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8",
                                                                    "received_at": 1002.0})
-    other = db.append_inbound("s2", "hi", platform_message_id="9", inbox={**WHERE, "platform_message_id": "9",
+    other = db.messages.append_inbound("s2", "hi", platform_message_id="9", inbox={**WHERE, "platform_message_id": "9",
                                                                           "received_at": 1001.0})
-    assert db.unanswered_backlog() == (2, 1000.5)  # two sessions, however many messages each holds
-    db.record_turn("s1", [{"role": "assistant", "content": "answer to one"}], answered=[first.id])
-    assert db.unanswered_backlog() == (2, 1001.0)  # s1's second message still waits
-    db.settle_inbox([other.id])
-    assert db.unanswered_backlog() == (1, 1002.0)
+    assert db.recovery.backlog() == (2, 1000.5)  # two sessions, however many messages each holds
+    db.messages.record_turn("s1", [{"role": "assistant", "content": "answer to one"}], answered=[first.id])
+    assert db.recovery.backlog() == (2, 1001.0)  # s1's second message still waits
+    db.recovery.settle_inbox([other.id])
+    assert db.recovery.backlog() == (1, 1002.0)

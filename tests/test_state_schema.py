@@ -66,22 +66,22 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
     _seed_v1_db(path)
     db = SessionDB(path)
     try:
-        assert db.stats()["schema_version"] == schema.current_version()
-        old = db.get_session("old")
+        assert db.transfer.stats()["schema_version"] == schema.current_version()
+        old = db.sessions.get("old")
         assert (old["message_count"], old["title"], old["session_key"], old["input_tokens"]) == (3, None, None, 0)
         assert old["preview"] == "how do I deploy the kubernetes cluster"
         assert old["last_active"] == pytest.approx(time.time() - 20, abs=5)
-        assert [m["role"] for m in db.get_messages("old")] == ["user", "assistant", "assistant"]
+        assert [m["role"] for m in db.messages.get("old")] == ["user", "assistant", "assistant"]
         # the old messages are searchable in the new indexes, CJK and tool arguments included
-        assert [r["id"] for r in db.search_messages("kubernetes")] == [1]
-        assert [r["id"] for r in db.search_messages("记忆断裂")] == [2]
-        assert [r["id"] for r in db.search_messages("helmfile")] == [3]
+        assert [r["id"] for r in db.search.messages("kubernetes")] == [1]
+        assert [r["id"] for r in db.search.messages("记忆断裂")] == [2]
+        assert [r["id"] for r in db.search.messages("helmfile")] == [3]
         # and everything added since works on it
-        db.set_session_title("old", "deploy")
-        db.append_message("old", "user", "again", platform_message_id="p1", finish_reason="stop")
-        assert db.append_inbound("old", "again", platform_message_id="p1").new is False
-        db.set_route("k", "old")
-        assert db.resolve_session_id("deploy") == "old"
+        db.titles.set("old", "deploy")
+        db.messages.append("old", "user", "again", platform_message_id="p1", finish_reason="stop")
+        assert db.messages.append_inbound("old", "again", platform_message_id="p1").new is False
+        db.routes.set("k", "old")
+        assert db.sessions.resolve_id("deploy") == "old"
     finally:
         db.close()
     # reopening is a no-op
@@ -89,15 +89,15 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
 
 
 def test_every_step_is_idempotent(db):
-    db.create_session("s", "cli", title="t")
-    db.append_message("s", "user", "kept")
+    db.sessions.create("s", "cli", title="t")
+    db.messages.append("s", "user", "kept")
     conn = db._engine._wconn
     conn.execute("BEGIN IMMEDIATE")
     schema.migrate(conn, 0)  # re-run the whole chain over the current schema
     conn.execute("COMMIT")
-    assert [m["content"] for m in db.get_messages("s")] == ["kept"]
-    assert db.get_session_title("s") == "t"
-    assert [r["session_id"] for r in db.search_messages("kept")] == ["s"]
+    assert [m["content"] for m in db.messages.get("s")] == ["kept"]
+    assert db.titles.get("s") == "t"
+    assert [r["session_id"] for r in db.search.messages("kept")] == ["s"]
 
 
 def test_migration_chain_is_gapless_and_extensible():
@@ -151,10 +151,10 @@ def test_opening_never_takes_the_write_lock(home):
     try:
         db = SessionDB(path, write_timeout=0.3)  # opens while another connection holds the write lock
         try:
-            assert db.list_sessions_rich() == []
+            assert db.sessions.list_rich() == []
             started = time.monotonic()
             with pytest.raises(WriteTimeout, match="held the write lock"):
-                db.create_session("s", "cli")
+                db.sessions.create("s", "cli")
             assert time.monotonic() - started >= 0.3
         finally:
             db.close()
@@ -162,6 +162,6 @@ def test_opening_never_takes_the_write_lock(home):
         holder.execute("ROLLBACK")
         holder.close()
     with SessionDB(path) as db:
-        assert db.get_session("s") is None  # the timed-out write left nothing behind
-        db.create_session("s", "cli")
-        assert db.get_session("s")["id"] == "s"
+        assert db.sessions.get("s") is None  # the timed-out write left nothing behind
+        db.sessions.create("s", "cli")
+        assert db.sessions.get("s")["id"] == "s"

@@ -59,9 +59,9 @@ def test_both_backends_have_the_same_tables_and_columns(tmp_path, pg_url):
 
 def test_reopening_a_migrated_database_changes_nothing(pg_url):
     with SessionDB(pg_url) as db:
-        db.create_session("s1", "cli")
+        db.sessions.create("s1", "cli")
     with SessionDB(pg_url) as db:
-        assert db.get_session("s1")["source"] == "cli"
+        assert db.sessions.get("s1")["source"] == "cli"
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(schema.current_version(),)]
 
@@ -105,13 +105,13 @@ async def test_instances_starting_together_on_an_empty_database_migrate_it_once(
 def test_concurrent_redeliveries_store_the_message_once(store):
     """Writers on several threads (several instances, on PostgreSQL) race to store one platform event:
     one stores it, every other is told it is a redelivery."""
-    store.create_session("s1", "telegram")
+    store.sessions.create("s1", "telegram")
     results = []
     gate = threading.Barrier(6)
 
     def deliver():
         gate.wait()
-        results.append(store.append_inbound("s1", "hello", platform_message_id="tg:42"))
+        results.append(store.messages.append_inbound("s1", "hello", platform_message_id="tg:42"))
 
     threads = [threading.Thread(target=deliver) for _ in range(6)]
     for t in threads:
@@ -120,8 +120,8 @@ def test_concurrent_redeliveries_store_the_message_once(store):
         t.join()
     assert sorted(r.new for r in results) == [False] * 5 + [True]
     assert len({r.id for r in results}) == 1
-    assert [m["content"] for m in store.get_messages("s1")] == ["hello"]
-    assert store.get_session("s1")["message_count"] == 1
+    assert [m["content"] for m in store.messages.get("s1")] == ["hello"]
+    assert store.sessions.get("s1")["message_count"] == 1
 
 
 def test_a_database_holding_other_tables_is_refused_untouched(pg_url):
@@ -145,10 +145,10 @@ def test_an_unreachable_store_says_so_without_its_password(pg_cluster):
 
 def test_the_store_shows_its_url_with_the_password_masked(pg_cluster, store):
     if store.backend == "sqlite":
-        assert store.url is None and store.stats()["path"].endswith("state.db")
+        assert store.url is None and store.transfer.stats()["path"].endswith("state.db")
         return
-    assert pg_cluster.password not in repr(store) and pg_cluster.password not in str(store.stats())
-    assert store.stats()["db_bytes"] > 0 and store.stats()["wal_bytes"] == 0
+    assert pg_cluster.password not in repr(store) and pg_cluster.password not in str(store.transfer.stats())
+    assert store.transfer.stats()["db_bytes"] > 0 and store.transfer.stats()["wal_bytes"] == 0
 
 
 def test_mask_url():

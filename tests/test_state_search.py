@@ -19,36 +19,36 @@ def _ids(results):
 
 
 def test_search_through_the_store(db):
-    db.create_session("zh", "telegram", model="m")
-    db.append_message("zh", "user", "昨天我们讨论了记忆断裂的问题，今天继续")
-    db.create_session("en", "discord")
-    db.append_message("en", "assistant", "the deploy finished", tool_calls=[
+    db.sessions.create("zh", "telegram", model="m")
+    db.messages.append("zh", "user", "昨天我们讨论了记忆断裂的问题，今天继续")
+    db.sessions.create("en", "discord")
+    db.messages.append("en", "assistant", "the deploy finished", tool_calls=[
         {"id": "c", "function": {"name": "shell", "arguments": '{"cmd": "kubectl rollout"}'}}])
-    hit = db.search_messages("记忆断裂")[0]
+    hit = db.search.messages("记忆断裂")[0]
     assert (hit["session_id"], hit["source"], hit["model"]) == ("zh", "telegram", "m")
     assert ">>>" in hit["snippet"] and "<<<" in hit["snippet"]
-    assert _ids(db.search_messages("记忆")) == ["zh"]
-    assert _ids(db.search_messages("kubectl")) == ["en"]
-    assert _ids(db.search_messages("deploy", source_filter=["telegram"])) == []
-    assert _ids(db.search_messages("deploy", exclude_sources=["telegram"])) == ["en"]
-    assert _ids(db.search_messages("deploy", role_filter=["user"])) == []
+    assert _ids(db.search.messages("记忆")) == ["zh"]
+    assert _ids(db.search.messages("kubectl")) == ["en"]
+    assert _ids(db.search.messages("deploy", source_filter=["telegram"])) == []
+    assert _ids(db.search.messages("deploy", exclude_sources=["telegram"])) == ["en"]
+    assert _ids(db.search.messages("deploy", role_filter=["user"])) == []
     for nasty in ['"', "*", "NEAR(", "^", "AND", "((", "x" * 10_000, "\x00", "'; DROP TABLE messages; --"]:
-        assert isinstance(db.search_messages(nasty), list)
-    assert db.message_count() == 2
+        assert isinstance(db.search.messages(nasty), list)
+    assert db.messages.count() == 2
 
 
 def test_deletes_and_imports_keep_the_index_in_sync(db, tmp_path):
-    db.create_session("a", "cli")
-    db.append_message("a", "user", "marmalade sandwich 记忆断裂")
-    db.create_session("b", "cli")
-    db.append_message("b", "user", "marmalade toast")
-    exported = db.export_all()
-    db.clear_messages("a")
-    assert _ids(db.search_messages("marmalade")) == ["b"]
-    assert db.search_messages("记忆断裂") == []
-    db.delete_session("b")
-    assert db.search_messages("marmalade") == []
+    db.sessions.create("a", "cli")
+    db.messages.append("a", "user", "marmalade sandwich 记忆断裂")
+    db.sessions.create("b", "cli")
+    db.messages.append("b", "user", "marmalade toast")
+    exported = db.transfer.export_all()
+    db.messages.clear("a")
+    assert _ids(db.search.messages("marmalade")) == ["b"]
+    assert db.search.messages("记忆断裂") == []
+    db.sessions.delete("b")
+    assert db.search.messages("marmalade") == []
     with SessionDB(tmp_path / "restored.db") as other:
-        other.import_sessions(enumerate(exported, 1))
-        assert _ids(other.search_messages("marmalade")) == ["a", "b"]
-        assert _ids(other.search_messages("记忆断裂")) == ["a"]
+        other.transfer.import_sessions(enumerate(exported, 1))
+        assert _ids(other.search.messages("marmalade")) == ["a", "b"]
+        assert _ids(other.search.messages("记忆断裂")) == ["a"]

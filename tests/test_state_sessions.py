@@ -28,8 +28,8 @@ def db(store):
 
 @pytest.mark.sqlite_only("the files of a SQLite store and their modes")
 def test_default_location_is_private(home, db):
-    db.create_session("s1", "cli")
-    db.append_message("s1", "user", "hi")
+    db.sessions.create("s1", "cli")
+    db.messages.append("s1", "user", "hi")
     assert db.db_path == home / "state.db"
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
     for name in ("state.db", "state.db-wal", "state.db-shm", "state.db-lock"):
@@ -50,213 +50,213 @@ def test_new_session_ids_sort_by_time_and_differ():
 
 
 def test_create_and_get_session(db):
-    assert db.create_session("s1", "telegram", model="m1", user_id="u1", system_prompt="be brief",
+    assert db.sessions.create("s1", "telegram", model="m1", user_id="u1", system_prompt="be brief",
                              model_config={"temperature": 0.2}, session_key="agent:main:telegram:dm:1",
                              user_name="Ann") == "s1"
-    session = db.get_session("s1")
+    session = db.sessions.get("s1")
     assert {k: session[k] for k in ("id", "source", "model", "user_id", "user_name", "session_key",
                                      "system_prompt", "model_config", "message_count", "ended_at")} == {
         "id": "s1", "source": "telegram", "model": "m1", "user_id": "u1", "user_name": "Ann",
         "session_key": "agent:main:telegram:dm:1", "system_prompt": "be brief",
         "model_config": '{"temperature": 0.2}', "message_count": 0, "ended_at": None,
     }
-    assert db.get_session("nope") is None
+    assert db.sessions.get("nope") is None
     # creating an existing id changes nothing
-    db.create_session("s1", "cli", model="other")
-    assert db.get_session("s1")["model"] == "m1"
-    assert db.update_system_prompt("s1", "be thorough") is True
-    assert db.get_session("s1")["system_prompt"] == "be thorough"
-    assert db.update_system_prompt("ghost", "x") is False
-    assert (db.session_count(), db.session_count("telegram"), db.session_count("cli")) == (1, 1, 0)
+    db.sessions.create("s1", "cli", model="other")
+    assert db.sessions.get("s1")["model"] == "m1"
+    assert db.sessions.update_system_prompt("s1", "be thorough") is True
+    assert db.sessions.get("s1")["system_prompt"] == "be thorough"
+    assert db.sessions.update_system_prompt("ghost", "x") is False
+    assert (db.sessions.count(), db.sessions.count("telegram"), db.sessions.count("cli")) == (1, 1, 0)
 
 
 def test_create_with_unknown_parent_is_refused(db):
     with pytest.raises(SessionNotFound):
-        db.create_session("child", "cli", parent_session_id="ghost")
-    assert db.get_session("child") is None
+        db.sessions.create("child", "cli", parent_session_id="ghost")
+    assert db.sessions.get("child") is None
 
 
 def test_end_twice_keeps_the_first_and_reopen_clears(db):
-    db.create_session("s1", "cli")
-    assert db.end_session("s1", "user_exit") is True
-    first = db.get_session("s1")
-    assert db.end_session("s1", "compression") is False
-    again = db.get_session("s1")
+    db.sessions.create("s1", "cli")
+    assert db.sessions.end("s1", "user_exit") is True
+    first = db.sessions.get("s1")
+    assert db.sessions.end("s1", "compression") is False
+    again = db.sessions.get("s1")
     assert (again["end_reason"], again["ended_at"]) == ("user_exit", first["ended_at"])
-    assert db.reopen_session("s1") is True
-    assert (db.get_session("s1")["ended_at"], db.get_session("s1")["end_reason"]) == (None, None)
-    assert db.reopen_session("ghost") is False
+    assert db.sessions.reopen("s1") is True
+    assert (db.sessions.get("s1")["ended_at"], db.sessions.get("s1")["end_reason"]) == (None, None)
+    assert db.sessions.reopen("ghost") is False
 
 
 def test_messages_round_trip_and_counters(db):
-    db.create_session("s1", "cli")
+    db.sessions.create("s1", "cli")
     calls = [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": '{"cmd": "ls"}'}},
              {"id": "c2", "type": "function", "function": {"name": "web", "arguments": "{}"}}]
     t = time.time()
     ids = [
-        db.append_message("s1", "system", "you are helpful", timestamp=t + 1),
-        db.append_message("s1", "user", "list files", timestamp=t + 2),
-        db.append_message("s1", "assistant", None, tool_calls=calls, finish_reason="tool_calls",
+        db.messages.append("s1", "system", "you are helpful", timestamp=t + 1),
+        db.messages.append("s1", "user", "list files", timestamp=t + 2),
+        db.messages.append("s1", "assistant", None, tool_calls=calls, finish_reason="tool_calls",
                           reasoning="need ls", reasoning_details=[{"type": "summary"}], timestamp=t + 3),
-        db.append_message("s1", "tool", "a.txt", tool_call_id="c1", tool_name="terminal", timestamp=t + 4),
+        db.messages.append("s1", "tool", "a.txt", tool_call_id="c1", tool_name="terminal", timestamp=t + 4),
     ]
     assert ids == sorted(ids)
-    session = db.get_session("s1")
+    session = db.sessions.get("s1")
     assert (session["message_count"], session["tool_call_count"], session["last_active"]) == (4, 2, t + 4)
-    messages = db.get_messages("s1")
+    messages = db.messages.get("s1")
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     assert messages[2]["tool_calls"] == calls
     assert messages[2]["reasoning_details"] == [{"type": "summary"}]
     assert (messages[2]["finish_reason"], messages[2]["reasoning"]) == ("tool_calls", "need ls")
-    assert db.get_messages_as_conversation("s1") == [
+    assert db.messages.as_conversation("s1") == [
         {"role": "system", "content": "you are helpful"},
         {"role": "user", "content": "list files"},
         {"role": "assistant", "content": None, "tool_calls": calls, "reasoning": "need ls",
          "reasoning_content": "need ls", "reasoning_details": [{"type": "summary"}]},
         {"role": "tool", "content": "a.txt", "tool_call_id": "c1", "tool_name": "terminal"},
     ]
-    assert db.message_count("s1") == 4
+    assert db.messages.count("s1") == 4
 
 
 def test_append_to_unknown_session_is_refused_and_stores_nothing(db):
     with pytest.raises(SessionNotFound):
-        db.append_message("ghost", "user", "hello")
-    assert db.message_count() == 0
+        db.messages.append("ghost", "user", "hello")
+    assert db.messages.count() == 0
 
 
 def test_a_redelivered_platform_event_is_stored_once(db):
-    db.create_session("s1", "telegram")
-    db.create_session("s2", "telegram")
-    first = db.append_message("s1", "user", "hello", platform_message_id="42")
-    assert db.append_message("s1", "user", "hello", platform_message_id="42") == first
-    assert db.append_inbound("s1", "hello", platform_message_id="42") == Appended(first, False)
-    fresh = db.append_inbound("s1", "next", platform_message_id="43")
+    db.sessions.create("s1", "telegram")
+    db.sessions.create("s2", "telegram")
+    first = db.messages.append("s1", "user", "hello", platform_message_id="42")
+    assert db.messages.append("s1", "user", "hello", platform_message_id="42") == first
+    assert db.messages.append_inbound("s1", "hello", platform_message_id="42") == Appended(first, False)
+    fresh = db.messages.append_inbound("s1", "next", platform_message_id="43")
     assert fresh.new is True and fresh.id > first
     # the same platform id in another session is another message
-    assert db.append_inbound("s2", "hello", platform_message_id="42").new is True
-    assert [m["content"] for m in db.get_messages("s1")] == ["hello", "next"]
-    assert db.get_session("s1")["message_count"] == 2
+    assert db.messages.append_inbound("s2", "hello", platform_message_id="42").new is True
+    assert [m["content"] for m in db.messages.get("s1")] == ["hello", "next"]
+    assert db.sessions.get("s1")["message_count"] == 2
 
 
 def test_batch_append_is_all_or_nothing(db):
-    db.create_session("s1", "cli")
-    ids = db.append_messages("s1", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    db.sessions.create("s1", "cli")
+    ids = db.messages.append_many("s1", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
     assert len(ids) == 2
     with pytest.raises(ValueError):
-        db.append_messages("s1", [{"role": "assistant", "content": "partial"}, {"content": "no role"}])
+        db.messages.append_many("s1", [{"role": "assistant", "content": "partial"}, {"content": "no role"}])
     with pytest.raises(TypeError):
-        db.append_messages("s1", [{"role": "assistant", "content": "x"}, {"role": "user", "bogus": 1}])
-    assert [m["content"] for m in db.get_messages("s1")] == ["q", "a"]
-    assert db.get_session("s1")["message_count"] == 2
+        db.messages.append_many("s1", [{"role": "assistant", "content": "x"}, {"role": "user", "bogus": 1}])
+    assert [m["content"] for m in db.messages.get("s1")] == ["q", "a"]
+    assert db.sessions.get("s1")["message_count"] == 2
 
 
 def test_update_token_counts_adds(db):
-    db.create_session("s1", "cli")
-    db.update_token_counts("s1", input_tokens=10, output_tokens=5, estimated_cost_usd=0.01, billing_provider="x")
-    db.update_token_counts("s1", input_tokens=1, output_tokens=2, cache_read_tokens=3, estimated_cost_usd=0.02)
-    s = db.get_session("s1")
+    db.sessions.create("s1", "cli")
+    db.sessions.update_token_counts("s1", input_tokens=10, output_tokens=5, estimated_cost_usd=0.01, billing_provider="x")
+    db.sessions.update_token_counts("s1", input_tokens=1, output_tokens=2, cache_read_tokens=3, estimated_cost_usd=0.02)
+    s = db.sessions.get("s1")
     assert (s["input_tokens"], s["output_tokens"], s["cache_read_tokens"], s["billing_provider"]) == (11, 7, 3, "x")
     assert s["estimated_cost_usd"] == pytest.approx(0.03)
 
 
 def test_the_session_keeps_its_model_whatever_model_a_call_was_billed_to(db):
-    db.create_session("created", "cli", model="gpt-4o")
-    db.update_token_counts("created", input_tokens=5, model="summary-mini")
-    db.update_token_counts("created", input_tokens=5, model="recall-model")
-    db.create_session("unknown", "cli")
-    db.update_token_counts("unknown", input_tokens=1, model="first-billed")
-    db.update_token_counts("unknown", input_tokens=1, model="second-billed")
-    db.create_session("blank", "cli", model="")
-    db.update_token_counts("blank", model="filled")
-    models = {sid: db.get_session(sid)["model"] for sid in ("created", "unknown", "blank")}
+    db.sessions.create("created", "cli", model="gpt-4o")
+    db.sessions.update_token_counts("created", input_tokens=5, model="summary-mini")
+    db.sessions.update_token_counts("created", input_tokens=5, model="recall-model")
+    db.sessions.create("unknown", "cli")
+    db.sessions.update_token_counts("unknown", input_tokens=1, model="first-billed")
+    db.sessions.update_token_counts("unknown", input_tokens=1, model="second-billed")
+    db.sessions.create("blank", "cli", model="")
+    db.sessions.update_token_counts("blank", model="filled")
+    models = {sid: db.sessions.get(sid)["model"] for sid in ("created", "unknown", "blank")}
     assert models == {"created": "gpt-4o", "unknown": "first-billed", "blank": "filled"}
-    assert db.get_session("created")["input_tokens"] == 10
+    assert db.sessions.get("created")["input_tokens"] == 10
 
 
 def test_clear_messages_keeps_the_session(db):
-    db.create_session("s1", "cli")
-    db.append_message("s1", "user", "hello")
-    assert db.clear_messages("s1") == 1
-    assert db.get_messages("s1") == []
-    s = db.get_session("s1")
+    db.sessions.create("s1", "cli")
+    db.messages.append("s1", "user", "hello")
+    assert db.messages.clear("s1") == 1
+    assert db.messages.get("s1") == []
+    s = db.sessions.get("s1")
     assert (s["message_count"], s["preview"]) == (0, None)
 
 
 def test_routes(db):
-    db.create_session("s1", "telegram")
-    db.create_session("s2", "discord")
-    assert db.get_route("agent:main:telegram:dm:1") is None
-    db.set_route("agent:main:telegram:dm:1", "s1")
-    db.set_route("agent:main:discord:dm:9", "s2")
-    db.set_route("agent:main:telegram:dm:1", "s2")
-    assert db.get_route("agent:main:telegram:dm:1") == "s2"
-    assert db.list_routes() == [("agent:main:discord:dm:9", "s2"), ("agent:main:telegram:dm:1", "s2")]
-    assert db.list_routes("agent:main:telegram") == [("agent:main:telegram:dm:1", "s2")]
-    assert db.list_routes("AGENT:") == []
-    assert db.delete_route("agent:main:discord:dm:9") is True
-    assert db.delete_route("agent:main:discord:dm:9") is False
+    db.sessions.create("s1", "telegram")
+    db.sessions.create("s2", "discord")
+    assert db.routes.get("agent:main:telegram:dm:1") is None
+    db.routes.set("agent:main:telegram:dm:1", "s1")
+    db.routes.set("agent:main:discord:dm:9", "s2")
+    db.routes.set("agent:main:telegram:dm:1", "s2")
+    assert db.routes.get("agent:main:telegram:dm:1") == "s2"
+    assert db.routes.list() == [("agent:main:discord:dm:9", "s2"), ("agent:main:telegram:dm:1", "s2")]
+    assert db.routes.list("agent:main:telegram") == [("agent:main:telegram:dm:1", "s2")]
+    assert db.routes.list("AGENT:") == []
+    assert db.routes.delete("agent:main:discord:dm:9") is True
+    assert db.routes.delete("agent:main:discord:dm:9") is False
     with pytest.raises(SessionNotFound):
-        db.set_route("k", "ghost")
+        db.routes.set("k", "ghost")
 
 
 def test_resolve_session_id(db):
-    db.create_session("20250305_091523_aaaa1111", "cli", title="fix docker")
-    db.create_session("20250305_091523_aaaa2222", "cli")
-    db.create_session("20250306_101010_bbbb3333", "cli")
-    assert db.resolve_session_id("20250305_091523_aaaa1111") == "20250305_091523_aaaa1111"
-    assert db.resolve_session_id("20250306") == "20250306_101010_bbbb3333"
+    db.sessions.create("20250305_091523_aaaa1111", "cli", title="fix docker")
+    db.sessions.create("20250305_091523_aaaa2222", "cli")
+    db.sessions.create("20250306_101010_bbbb3333", "cli")
+    assert db.sessions.resolve_id("20250305_091523_aaaa1111") == "20250305_091523_aaaa1111"
+    assert db.sessions.resolve_id("20250306") == "20250306_101010_bbbb3333"
     with pytest.raises(AmbiguousSession) as err:
-        db.resolve_session_id("20250305")
+        db.sessions.resolve_id("20250305")
     assert sorted(err.value.candidates) == ["20250305_091523_aaaa1111", "20250305_091523_aaaa2222"]
     assert "20250305_091523_aaaa2222" in str(err.value)
-    assert db.resolve_session_id("fix docker") == "20250305_091523_aaaa1111"
+    assert db.sessions.resolve_id("fix docker") == "20250305_091523_aaaa1111"
     with pytest.raises(SessionNotFound):
-        db.resolve_session_id("nothing like it")
+        db.sessions.resolve_id("nothing like it")
     with pytest.raises(SessionNotFound):
-        db.resolve_session_id("2025030_")  # a LIKE wildcard is a literal here
+        db.sessions.resolve_id("2025030_")  # a LIKE wildcard is a literal here
 
 
 def _chain(db, now):
     """root -(compression)-> mid -(compression)-> tip, plus a delegated child of root."""
-    db.create_session("root", "cli", title="proj")
-    db.append_message("root", "user", "first question\nwith a newline", timestamp=now)
-    db.create_session("helper", "cli", parent_session_id="root")
-    db.end_session("root", "compression")
-    db.create_session("mid", "cli", parent_session_id="root", title="proj #2")
-    db.end_session("mid", "compression")
-    db.create_session("tip", "cli", parent_session_id="mid", title="proj #3")
-    db.append_message("tip", "user", "later", timestamp=now + 10)
+    db.sessions.create("root", "cli", title="proj")
+    db.messages.append("root", "user", "first question\nwith a newline", timestamp=now)
+    db.sessions.create("helper", "cli", parent_session_id="root")
+    db.sessions.end("root", "compression")
+    db.sessions.create("mid", "cli", parent_session_id="root", title="proj #2")
+    db.sessions.end("mid", "compression")
+    db.sessions.create("tip", "cli", parent_session_id="mid", title="proj #3")
+    db.messages.append("tip", "user", "later", timestamp=now + 10)
 
 
 def test_lineage_descendants_and_compression_tip(db):
     _chain(db, time.time())
-    assert [s["id"] for s in db.get_lineage("tip")] == ["root", "mid", "tip"]
-    assert [s["id"] for s in db.get_lineage("root")] == ["root"]
-    assert db.get_lineage("ghost") == []
-    assert [s["id"] for s in db.get_descendants("root")] == ["helper", "mid", "tip"]
-    assert db.get_compression_tip("root") == "tip"
-    assert db.get_compression_tip("mid") == "tip"
-    assert db.get_compression_tip("helper") == "helper"
-    assert db.get_compression_tip("ghost") == "ghost"
+    assert [s["id"] for s in db.sessions.lineage("tip")] == ["root", "mid", "tip"]
+    assert [s["id"] for s in db.sessions.lineage("root")] == ["root"]
+    assert db.sessions.lineage("ghost") == []
+    assert [s["id"] for s in db.sessions.descendants("root")] == ["helper", "mid", "tip"]
+    assert db.sessions.compression_tip("root") == "tip"
+    assert db.sessions.compression_tip("mid") == "tip"
+    assert db.sessions.compression_tip("helper") == "helper"
+    assert db.sessions.compression_tip("ghost") == "ghost"
 
 
 def test_listing_shows_a_chain_as_its_tip(db):
     now = time.time()
     _chain(db, now)
-    db.create_session("other", "telegram")
-    db.append_message("other", "user", "x" * 80)
-    rows = db.list_sessions_rich()
+    db.sessions.create("other", "telegram")
+    db.messages.append("other", "user", "x" * 80)
+    rows = db.sessions.list_rich()
     # the chain's tip was active last (now + 10): the chain is listed first, as its tip
     assert [(r["id"], r.get("lineage_root")) for r in rows] == [("tip", "root"), ("other", None)]
     assert rows[1]["preview"] == "x" * 60 + "..."
     assert rows[0]["preview"] == "later"
     assert rows[0]["last_active"] == pytest.approx(now + 10)
-    every = db.list_sessions_rich(include_children=True)
+    every = db.sessions.list_rich(include_children=True)
     assert [r["id"] for r in every][:2] == ["tip", "other"]
     assert set(r["id"] for r in every) == {"tip", "other", "mid", "helper", "root"}
     assert next(r for r in every if r["id"] == "root")["preview"] == "first question with a newline"
-    assert [r["id"] for r in db.list_sessions_rich(source="telegram")] == ["other"]
-    assert [r["id"] for r in db.list_sessions_rich(limit=1, offset=1)] == ["other"]
+    assert [r["id"] for r in db.sessions.list_rich(source="telegram")] == ["other"]
+    assert [r["id"] for r in db.sessions.list_rich(limit=1, offset=1)] == ["other"]
 
 
 def _set_times(db, session_id, started_at, last_active):
@@ -266,14 +266,14 @@ def _set_times(db, session_id, started_at, last_active):
 
 def test_listing_orders_by_last_activity_not_start(db):
     for sid in ("old-but-busy", "new-but-quiet", "middle"):
-        db.create_session(sid, "cli")
+        db.sessions.create(sid, "cli")
     _set_times(db, "old-but-busy", 1_000, 9_000)
     _set_times(db, "new-but-quiet", 8_000, 8_000)
     _set_times(db, "middle", 5_000, 8_500)
-    assert [r["id"] for r in db.list_sessions_rich()] == ["old-but-busy", "middle", "new-but-quiet"]
-    assert [r["id"] for r in db.list_sessions_rich(source="cli", limit=2)] == ["old-but-busy", "middle"]
-    assert [r["id"] for r in db.list_sessions_rich(limit=1, offset=2)] == ["new-but-quiet"]
-    assert [r["id"] for r in db.list_sessions_rich(include_children=True)] == ["old-but-busy", "middle", "new-but-quiet"]
+    assert [r["id"] for r in db.sessions.list_rich()] == ["old-but-busy", "middle", "new-but-quiet"]
+    assert [r["id"] for r in db.sessions.list_rich(source="cli", limit=2)] == ["old-but-busy", "middle"]
+    assert [r["id"] for r in db.sessions.list_rich(limit=1, offset=2)] == ["new-but-quiet"]
+    assert [r["id"] for r in db.sessions.list_rich(include_children=True)] == ["old-but-busy", "middle", "new-but-quiet"]
 
 
 def test_a_chain_is_placed_by_its_tips_activity_even_when_its_start_is_oldest(db):
@@ -282,29 +282,29 @@ def test_a_chain_is_placed_by_its_tips_activity_even_when_its_start_is_oldest(db
     for sid in ("root", "mid", "helper"):
         _set_times(db, sid, 1_000, 1_000)
     for n in range(5):
-        db.create_session(f"s{n}", "cli")
+        db.sessions.create(f"s{n}", "cli")
         _set_times(db, f"s{n}", 2_000 + n, 2_000 + n)
     _set_times(db, "tip", 1_500, 5_000)
-    rows = db.list_sessions_rich(limit=3)
+    rows = db.sessions.list_rich(limit=3)
     assert [(r["id"], r.get("lineage_root")) for r in rows] == [("tip", "root"), ("s4", None), ("s3", None)]
 
 
 def test_listing_filters_by_user_and_key(db):
-    db.create_session("a", "telegram", user_id="u1", session_key="k1")
-    db.create_session("b", "telegram", user_id="u2", session_key="k2")
-    assert [r["id"] for r in db.list_sessions_rich(user_ids=["u2"])] == ["b"]
-    assert db.list_sessions_rich(user_ids=[]) == []
-    assert [r["id"] for r in db.list_sessions_rich(session_key="k1")] == ["a"]
+    db.sessions.create("a", "telegram", user_id="u1", session_key="k1")
+    db.sessions.create("b", "telegram", user_id="u2", session_key="k2")
+    assert [r["id"] for r in db.sessions.list_rich(user_ids=["u2"])] == ["b"]
+    assert db.sessions.list_rich(user_ids=[]) == []
+    assert [r["id"] for r in db.sessions.list_rich(session_key="k1")] == ["a"]
 
 
 def test_delete_session_keeps_children_and_drops_routes(db):
     _chain(db, time.time())
-    db.set_route("key", "mid")
-    assert db.delete_session("mid") is True
-    assert db.delete_session("mid") is False
-    assert db.get_session("tip")["parent_session_id"] is None
-    assert db.get_route("key") is None
-    assert db.get_messages("mid") == []
+    db.routes.set("key", "mid")
+    assert db.sessions.delete("mid") is True
+    assert db.sessions.delete("mid") is False
+    assert db.sessions.get("tip")["parent_session_id"] is None
+    assert db.routes.get("key") is None
+    assert db.messages.get("mid") == []
 
 
 def _age(db, session_id, days):
@@ -316,47 +316,47 @@ def _age(db, session_id, days):
 
 
 def test_prune_a_chain_whose_old_part_ended(db):
-    db.create_session("A", "cli")
-    db.append_message("A", "user", "old")
-    db.end_session("A", "compression")
-    db.create_session("B", "cli", parent_session_id="A")
-    db.end_session("B", "compression")
-    db.create_session("C", "cli", parent_session_id="B")
-    db.append_message("C", "user", "recent")
-    db.create_session("never_ended", "cli")
+    db.sessions.create("A", "cli")
+    db.messages.append("A", "user", "old")
+    db.sessions.end("A", "compression")
+    db.sessions.create("B", "cli", parent_session_id="A")
+    db.sessions.end("B", "compression")
+    db.sessions.create("C", "cli", parent_session_id="B")
+    db.messages.append("C", "user", "recent")
+    db.sessions.create("never_ended", "cli")
     for sid in ("A", "B", "never_ended"):
         _age(db, sid, 100)
-    assert db.prune_candidates(90) == ["A", "B"]
-    assert db.prune_sessions(older_than_days=90) == 2
-    assert db.get_session("A") is None and db.get_session("B") is None
-    assert db.get_session("C")["parent_session_id"] is None
-    assert db.get_session("never_ended") is not None
-    assert [m["content"] for m in db.get_messages("C")] == ["recent"]
-    assert db.prune_sessions(older_than_days=90) == 0
+    assert db.sessions.prune_candidates(90) == ["A", "B"]
+    assert db.sessions.prune(older_than_days=90) == 2
+    assert db.sessions.get("A") is None and db.sessions.get("B") is None
+    assert db.sessions.get("C")["parent_session_id"] is None
+    assert db.sessions.get("never_ended") is not None
+    assert [m["content"] for m in db.messages.get("C")] == ["recent"]
+    assert db.sessions.prune(older_than_days=90) == 0
 
 
 def test_prune_by_source(db):
     for sid, source in (("t", "telegram"), ("d", "discord")):
-        db.create_session(sid, source)
-        db.end_session(sid, "done")
+        db.sessions.create(sid, source)
+        db.sessions.end(sid, "done")
         _age(db, sid, 40)
-    assert db.prune_sessions(older_than_days=30, source="telegram") == 1
-    assert db.get_session("d") is not None
+    assert db.sessions.prune(older_than_days=30, source="telegram") == 1
+    assert db.sessions.get("d") is not None
 
 
 @pytest.mark.sqlite_only("the WAL file and its checkpoints")
 def test_stats_and_checkpoint(db):
-    db.create_session("a", "telegram")
-    db.create_session("b", "telegram")
-    db.create_session("c", "cli")
-    db.append_message("a", "user", "x")
-    stats = db.stats()
+    db.sessions.create("a", "telegram")
+    db.sessions.create("b", "telegram")
+    db.sessions.create("c", "cli")
+    db.messages.append("a", "user", "x")
+    stats = db.transfer.stats()
     assert {k: stats[k] for k in ("sessions", "messages", "by_source")} == {
         "sessions": 3, "messages": 1, "by_source": {"telegram": 2, "cli": 1}}
     assert stats["db_bytes"] > 0 and stats["wal_bytes"] > 0
     busy, _, _ = db.checkpoint("TRUNCATE")
     assert busy == 0
-    assert db.stats()["wal_bytes"] == 0
+    assert db.transfer.stats()["wal_bytes"] == 0
     with pytest.raises(ValueError):
         db.checkpoint("BOGUS")
 
@@ -365,22 +365,22 @@ def test_closed_store_says_so(home):
     store = SessionDB()
     store.close()
     with pytest.raises(StateError, match="closed"):
-        store.create_session("s", "cli")
+        store.sessions.create("s", "cli")
     with pytest.raises(StateError, match="closed"):
-        store.get_session("s")
+        store.sessions.get("s")
 
 
 def test_threads_share_one_store(db):
     import threading
 
-    db.create_session("s", "cli")
+    db.sessions.create("s", "cli")
     errors = []
 
     def work(n):
         try:
             for i in range(50):
-                db.append_message("s", "user", f"{n}-{i}")
-                db.get_messages("s")
+                db.messages.append("s", "user", f"{n}-{i}")
+                db.messages.get("s")
         except Exception as exc:  # noqa: BLE001 - collected and asserted empty below  # pragma: no cover
             errors.append(exc)
 
@@ -390,20 +390,20 @@ def test_threads_share_one_store(db):
     for t in threads:
         t.join()
     assert errors == []
-    assert db.get_session("s")["message_count"] == 200
-    assert len({m["content"] for m in db.get_messages("s")}) == 200
+    assert db.sessions.get("s")["message_count"] == 200
+    assert len({m["content"] for m in db.messages.get("s")}) == 200
 
 
 def test_exports_redact_secrets_in_model_config(db):
-    db.create_session("s", "cli", model_config={"temperature": 0.1, "api_key": "sk-live-123",
+    db.sessions.create("s", "cli", model_config={"temperature": 0.1, "api_key": "sk-live-123",
                                                  "headers": {"Authorization": "Bearer abc"}})
-    exported = db.export_session("s")
+    exported = db.transfer.export("s")
     assert "sk-live-123" not in str(exported) and "Bearer abc" not in str(exported)
     assert '"temperature": 0.1' in exported["model_config"]
 
 
 def test_a_failing_import_leaves_nothing_even_across_transactions(db):
-    db.create_session("taken", "cli")
+    db.sessions.create("taken", "cli")
     good = [(i, {"id": f"s{i}", "source": "cli", "started_at": float(i),
                  "messages": [{"role": "user", "content": f"m{i}", "timestamp": float(i)}]}) for i in range(1, 7)]
     # the last session takes a title imported just before it: refused by SQLite in the last transaction
@@ -411,8 +411,8 @@ def test_a_failing_import_leaves_nothing_even_across_transactions(db):
                  "title": "t", "messages": []})
     dup_title = (8, {"id": "s8", "source": "cli", "started_at": 8.0, "title": "t", "messages": []})
     with pytest.raises(StateError, match="line 8"):
-        db.import_sessions(good + [clash, dup_title], chunk_messages=3)
-    assert db.session_count() == 1  # only "taken"
-    assert db.message_count() == 0
-    result = db.import_sessions(good)
+        db.transfer.import_sessions(good + [clash, dup_title], chunk_messages=3)
+    assert db.sessions.count() == 1  # only "taken"
+    assert db.messages.count() == 0
+    result = db.transfer.import_sessions(good)
     assert (result["imported"], result["messages"]) == (6, 6)

@@ -1,4 +1,4 @@
-"""`SessionDB.storage_report` on both engines: the tables and indexes measured by the engine, the message
+"""`db.storage.report` on both engines: the tables and indexes measured by the engine, the message
 text summed by platform and by month, the largest sessions first; and `switchboard storage` printing it,
 as text (each line with what reduces it) and as JSON."""
 
@@ -25,18 +25,18 @@ def fill(db: SessionDB) -> dict[str, int]:
         "small": ["hello"],
         "slack1": ["s" * 2_000, "t" * 100],
     }
-    db.create_session("big", source="telegram")
-    db.create_session("small", source="telegram")
-    db.create_session("slack1", source="slack")
+    db.sessions.create("big", source="telegram")
+    db.sessions.create("small", source="telegram")
+    db.sessions.create("slack1", source="slack")
     for session_id, contents in texts.items():
         for i, content in enumerate(contents):
-            db.append_message(session_id, "user", content, timestamp=JAN if i == 0 else FEB)
+            db.messages.append(session_id, "user", content, timestamp=JAN if i == 0 else FEB)
     return {sid: sum(len(c.encode()) for c in contents) for sid, contents in texts.items()}
 
 
 def test_the_report_measures_tables_sums_text_by_platform_and_month_and_puts_the_largest_first(store):
     sizes = fill(store)
-    report = store.storage_report()
+    report = store.storage.report()
 
     assert report.engine == store.backend and report.db_bytes > 0
     objects = {o.name: o for o in report.objects}
@@ -53,15 +53,15 @@ def test_the_report_measures_tables_sums_text_by_platform_and_month_and_puts_the
     assert report.text_bytes == sum(sizes.values())
     assert [(s.session_id, s.source, s.messages, s.bytes) for s in report.largest_sessions] == [
         ("big", "telegram", 2, 13_000), ("slack1", "slack", 2, 2_100), ("small", "telegram", 1, 5)]
-    assert [s.session_id for s in store.storage_report(largest=1).largest_sessions] == ["big"]
+    assert [s.session_id for s in store.storage.report(largest=1).largest_sessions] == ["big"]
 
 
 @pytest.mark.sqlite_only("the WAL and free pages are SQLite's file")
 def test_free_pages_after_a_delete_show_what_a_vacuum_would_return(store):
     fill(store)
-    store.delete_session("big")
+    store.sessions.delete("big")
     store.checkpoint("TRUNCATE")
-    report = store.storage_report()
+    report = store.storage.report()
     assert report.free_bytes > 0
     assert [s.session_id for s in report.largest_sessions] == ["slack1", "small"]
 

@@ -51,15 +51,15 @@ async def test_the_daemon_stores_and_answers_on_postgresql(tmp_path, model, pg_u
     assert pg_cluster.password not in health
     assert not (tmp_path / "state.db").exists()  # nothing written to SQLite
     with SessionDB(pg_url) as db:
-        [session] = db.list_sessions_rich()
-        stored = [(m["role"], m["content"]) for m in db.get_messages(session["id"])]
+        [session] = db.sessions.list_rich()
+        stored = [(m["role"], m["content"]) for m in db.messages.get(session["id"])]
     assert stored == [("user", "hello over postgres"), ("assistant", reply)]
 
 
 def test_the_cli_opens_the_configured_store(tmp_path, pg_url, monkeypatch):
     with SessionDB(pg_url) as db:
-        db.create_session("20250301_100000_aaaa0001", "telegram", title="on postgres")
-        db.append_message("20250301_100000_aaaa0001", "user", "stored in PostgreSQL")
+        db.sessions.create("20250301_100000_aaaa0001", "telegram", title="on postgres")
+        db.messages.append("20250301_100000_aaaa0001", "user", "stored in PostgreSQL")
     config = tmp_path / "config.yaml"
     config.write_text("store:\n  url: ${SB_STORE_URL}\n")
     monkeypatch.setenv("SB_STORE_URL", pg_url)
@@ -69,7 +69,7 @@ def test_the_cli_opens_the_configured_store(tmp_path, pg_url, monkeypatch):
     found = CliRunner().invoke(main, ["sessions", "search", "PostgreSQL", "--json", "--config", str(config)])
     assert [h["session_id"] for h in json.loads(found.output)] == ["20250301_100000_aaaa0001"]
     with SessionDB(pg_url) as db:
-        db.record_model_call({"at": time.time(), "purpose": "turn", "model": "pg-model", "outcome": "ok",
+        db.usage.record_call({"at": time.time(), "purpose": "turn", "model": "pg-model", "outcome": "ok",
                               "prompt_tokens": 30, "completion_tokens": 12})
     usage = CliRunner().invoke(main, ["insights", "--json", "--config", str(config)])
     assert usage.exit_code == 0, usage.output

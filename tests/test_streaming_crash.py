@@ -44,8 +44,8 @@ async def stopped_at_the_end(daemon: Daemon):
 
 def deliveries(daemon: Daemon) -> list[dict]:
     with state.SessionDB(daemon.db_path) as db:
-        [(_, session_id)] = list(db.list_routes())
-        return db.list_deliveries(session_id)
+        [(_, session_id)] = list(db.routes.list())
+        return db.recovery.list_deliveries(session_id)
 
 
 async def test_a_kill_mid_stream_is_answered_after_the_restart_in_the_message_the_stream_had_posted(tmp_path):

@@ -59,8 +59,8 @@ def gateway_on(world, **platform):
 def stored(gw: Gateway) -> tuple[list[dict], list[dict]]:
     """The DM session's messages and deliveries, read from state.db."""
     with state.SessionDB(gw.config.db_path) as db:
-        [(_, session_id)] = [(k, s) for k, s in db.list_routes()]
-        return db.get_messages(session_id), db.list_deliveries(session_id)
+        [(_, session_id)] = [(k, s) for k, s in db.routes.list()]
+        return db.messages.get(session_id), db.recovery.list_deliveries(session_id)
 
 
 async def test_a_dm_answer_shows_while_it_is_written_and_is_stored_once(running):

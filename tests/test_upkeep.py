@@ -25,14 +25,14 @@ TEXT = "the deploy log says the container restarted " * 40  # about 2 KB: pages 
 
 def _session(db: SessionDB, sid: str, *, started: float, last: float, ended: float | None, messages: int = 3,
              parent: str | None = None) -> str:
-    db.create_session(sid, "telegram", parent_session_id=parent)
+    db.sessions.create(sid, "telegram", parent_session_id=parent)
     db._engine.write(lambda conn: conn.execute(  # the session started back then
         "UPDATE sessions SET started_at = ?, last_active = NULL WHERE id = ?", (started, sid)))
     for i in range(messages):
         ts = started + (last - started) * (i + 1) / messages
-        db.append_message(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
+        db.messages.append(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
     if ended is not None:
-        db.end_session(sid, "reset")
+        db.sessions.end(sid, "reset")
         db._engine.write(lambda conn: conn.execute(  # the session ended back then
             "UPDATE sessions SET ended_at = ? WHERE id = ?", (ended, sid)))
     return sid
@@ -61,13 +61,13 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
     path = tmp_path / "state.db"
     expired, kept = _build(path, now)
     async with await AsyncSessionDB.open(path) as db:
-        before = await db.store_size()
+        before = await db.upkeep.store_size()
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
-        child = await db.get_session("child")
-        last = await db.last_upkeep()
-        after = await db.store_size()
-        hits = await db.search_messages("restarted", limit=1000)
+        remaining = {s["id"] for s in await db.sessions.list_rich(limit=100)}
+        child = await db.sessions.get("child")
+        last = await db.upkeep.last()
+        after = await db.upkeep.store_size()
+        hits = await db.search.messages("restarted", limit=1000)
     assert remaining == kept
     assert child["parent_session_id"] is None  # kept, its link to the pruned parent cleared
     assert report.sessions_pruned == len(expired) == 4
@@ -93,11 +93,11 @@ async def test_a_pass_prunes_the_expired_sessions_on_either_backend(store_target
     expired, kept = _build(store_target, now)
     async with await AsyncSessionDB.open(store_target) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
-        child = await db.get_session("child")
-        last = await db.last_upkeep()
-        hits = await db.search_messages("restarted", limit=1000)
-        orphans = await db.message_count() - sum([(await db.get_session(sid))["message_count"] for sid in kept])
+        remaining = {s["id"] for s in await db.sessions.list_rich(limit=100)}
+        child = await db.sessions.get("child")
+        last = await db.upkeep.last()
+        hits = await db.search.messages("restarted", limit=1000)
+        orphans = await db.messages.count() - sum([(await db.sessions.get(sid))["message_count"] for sid in kept])
     assert remaining == kept and child["parent_session_id"] is None
     assert (report.sessions_pruned, report.messages_pruned) == (4, 3 + 3 + 400 + 3)
     assert report.steps > 10  # the big session was cut into several short transactions
@@ -122,9 +122,9 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
         _session(db, "old-cjk", started=now - 6 * DAY, last=now - 6 * DAY, ended=None, messages=0)
         _session(db, "new-cjk", started=now - 3600, last=now - 60, ended=None, messages=0)
         for i in range(60):
-            db.append_message("old-cjk", "user", f"记忆系统 断裂连接 {i} 容器重启了" * 5, timestamp=now - 6 * DAY)
-        db.append_message("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
-        db.end_session("old-cjk", "reset")
+            db.messages.append("old-cjk", "user", f"记忆系统 断裂连接 {i} 容器重启了" * 5, timestamp=now - 6 * DAY)
+        db.messages.append("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
+        db.sessions.end("old-cjk", "reset")
     with sqlite3.connect(path) as conn:  # ended back then; every message indexed
         conn.execute("UPDATE sessions SET ended_at = ?, last_active = ? WHERE id = 'old-cjk'",
                      (now - 6 * DAY, now - 6 * DAY))
@@ -133,8 +133,8 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
     before = _index_bytes(path)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        latin = await db.search_messages("restarted", limit=1000)
-        cjk = await db.search_messages("记忆系统 OR 容器重启", limit=1000)
+        latin = await db.search.messages("restarted", limit=1000)
+        cjk = await db.search.messages("记忆系统 OR 容器重启", limit=1000)
     after = _index_bytes(path)
     assert report.sessions_pruned == len(expired) + 1 and report.index_merged
     # a prune only adds deletion entries to an index; merged, the deleted messages' entries are gone
@@ -158,8 +158,8 @@ async def test_without_retention_nothing_is_deleted_and_the_pass_is_recorded(sto
     _expired, kept = _build(path, now)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=None, now=now)
-        remaining = await db.session_count()
-        last = await db.last_upkeep()
+        remaining = await db.sessions.count()
+        last = await db.upkeep.last()
     assert remaining == 8 and report.sessions_pruned == 0
     assert last["finished_at"] >= now and last["retention_days"] is None
 
@@ -170,10 +170,10 @@ async def test_a_session_resumed_during_the_pass_is_left_alone(store_target):
     with SessionDB(path) as db:
         _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY)
         cutoff = now - DAY
-        db.append_message("old", "user", "I am back", timestamp=now)  # activity after the candidates were read
-        step = db.upkeep_prune_step(["old"], cutoff, 100)[0]
+        db.messages.append("old", "user", "I am back", timestamp=now)  # activity after the candidates were read
+        step = db.upkeep.prune_step(["old"], cutoff, 100)[0]
         assert (step.deleted, step.dropped, step.messages) == ([], ["old"], 0)
-        assert db.message_count("old") == 4
+        assert db.messages.count("old") == 4
 
 
 async def test_an_old_database_without_incremental_vacuum_says_so(tmp_path):
@@ -187,7 +187,7 @@ async def test_an_old_database_without_incremental_vacuum_says_so(tmp_path):
         _session(db, "old", started=now - 10 * DAY, last=now - 9 * DAY, ended=now - 9 * DAY, messages=50)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        size = await db.store_size()
+        size = await db.upkeep.store_size()
     assert report.sessions_pruned == 1 and size.auto_vacuum == "none"
     assert report.vacuum_needed and size.free_pages > 0 and report.pages_vacuumed == 0
 
@@ -203,7 +203,7 @@ async def test_the_daemon_prunes_by_itself_and_healthz_shows_the_store(tmp_path)
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"http://127.0.0.1:{gw.api.bound_port}/healthz") as r:
                     store = (await r.json())["store"]
-            remaining = {s["id"] for s in await gw.db.list_sessions_rich(limit=100)}
+            remaining = {s["id"] for s in await gw.db.sessions.list_rich(limit=100)}
     assert before["retention_days"] == 1 and before["last_upkeep"] is None
     assert remaining == kept
     last = store["last_upkeep"]
@@ -228,21 +228,21 @@ async def test_other_processes_run_no_upkeep(tmp_path):
 def test_a_full_index_merge_finishes_while_new_messages_keep_coming(tmp_path):
     path = tmp_path / "state.db"
     with SessionDB(path) as db:
-        db.create_session("live", "telegram")
-        db.upkeep_automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
+        db.sessions.create("live", "telegram")
+        db.upkeep.automerge(False)  # as during a pass: each flush of 32 messages stays its own segment
         for i in range(32 * 40):  # forty segments, each of many distinct words
-            db.append_message("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
-        segments = db.fts_segments("messages_fts")
+            db.messages.append("live", "user", f"message {i} " + " ".join(f"w{i * 31 + j}" for j in range(40)))
+        segments = db.upkeep.fts_segments("messages_fts")
         assert len(segments) >= 10
         steps, start, left = 0, True, len(segments)
         while left and steps < 200:
-            step, _hold = db.upkeep_merge_step("messages_fts", 16, segments, start)
+            step, _hold = db.upkeep.merge_step("messages_fts", 16, segments, start)
             start, left, steps = False, step.left, steps + 1
             for i in range(64):  # two more segments between steps
-                db.append_message("live", "assistant", f"reply {steps} {i} the container restarted")
-        db.upkeep_automerge(True)
-        now = db.fts_segments("messages_fts")
-        found = db.search_messages("restarted", limit=1000)
+                db.messages.append("live", "assistant", f"reply {steps} {i} the container restarted")
+        db.upkeep.automerge(True)
+        now = db.upkeep.fts_segments("messages_fts")
+        found = db.search.messages("restarted", limit=1000)
     # every segment there was at the start merged away, in a few steps (asking for a full merge
     # at each step starts it over on a new level each time: 900 segments after 300 steps)
     assert left == 0 and steps < 50
@@ -263,7 +263,7 @@ async def test_each_prune_step_takes_only_the_sessions_its_budget_can_empty(tmp_
             _session(db, f"old-{i:02}", started=now - 9 * DAY + i, last=now - 8 * DAY, ended=now - 8 * DAY, messages=20)
     async with await AsyncSessionDB.open(path) as db:
         report = await state.run_upkeep(db, retention_days=1, now=now)
-        left = await db.session_count()
+        left = await db.sessions.count()
     steps = [re.match(r"(\d+) sessions asked, \d+ messages \([\d,]+ of ([\d,]+) bytes\)", h.detail)
              for h in report.holds if h.kind == "prune"]
     asked = [(int(m.group(1)), int(m.group(2).replace(",", ""))) for m in steps]
@@ -276,14 +276,14 @@ async def test_each_prune_step_takes_only_the_sessions_its_budget_can_empty(tmp_
 async def test_a_wal_past_its_limit_is_emptied_only_when_the_daemon_is_idle(tmp_path):
     path = tmp_path / "state.db"
     async with await AsyncSessionDB.open(path) as db:
-        await db.create_session("live", "telegram")
+        await db.sessions.create("live", "telegram")
         for i in range(200):  # about 400 KB of WAL: past a 64 KiB limit
-            await db.append_message("live", "user", f"{i} {TEXT}")
+            await db.messages.append("live", "user", f"{i} {TEXT}")
         busy = await state.run_upkeep(db, retention_days=None, idle=lambda: False, wal_limit_bytes=65_536)
-        wal_busy = (await db.store_size()).wal_bytes
+        wal_busy = (await db.upkeep.store_size()).wal_bytes
         quiet = await state.run_upkeep(db, retention_days=None, idle=lambda: True, wal_limit_bytes=65_536)
-        wal_quiet = (await db.store_size()).wal_bytes
-        found = await db.search_messages("restarted", limit=1000)
+        wal_quiet = (await db.upkeep.store_size()).wal_bytes
+        found = await db.search.messages("restarted", limit=1000)
     # a turn running: the WAL is left for later (a TRUNCATE checkpoint makes writers wait while it runs)
     assert not busy.wal_truncated and wal_busy > 65_536 and busy.wal_bytes_after == wal_busy
     # idle: emptied (then the pass's own record is its first page again)
@@ -300,7 +300,7 @@ def _long_statement(conn: sqlite3.Connection, started: threading.Event) -> None:
 
 def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "telegram")
+        db.sessions.create("s", "telegram")
         engine = db._engine
         started, outcome = threading.Event(), {}
 
@@ -318,18 +318,18 @@ def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
         thread = threading.Thread(target=upkeep)
         thread.start()
         assert started.wait(10)
-        db.append_message("s", "user", "a live message")  # waits for the step to give way, not to finish
+        db.messages.append("s", "user", "a live message")  # waits for the step to give way, not to finish
         thread.join(10)
-        contents = [m["content"] for m in db.get_messages("s")]
-        db.append_message("s", "user", "and the next one")  # the store writes on as usual
-        assert [m["content"] for m in db.get_messages("s")] == ["a live message", "and the next one"]
+        contents = [m["content"] for m in db.messages.get("s")]
+        db.messages.append("s", "user", "and the next one")  # the store writes on as usual
+        assert [m["content"] for m in db.messages.get("s")] == ["a live message", "and the next one"]
     assert outcome == {"upkeep": "gave way"}
     assert contents == ["a live message"]  # the step's own insert was rolled back
 
 
 def test_a_write_never_gives_way_to_another(tmp_path):
     with SessionDB(tmp_path / "state.db") as db:
-        db.create_session("s", "telegram")
+        db.sessions.create("s", "telegram")
         started, outcome = threading.Event(), {}
 
         def long_write():
@@ -344,9 +344,9 @@ def test_a_write_never_gives_way_to_another(tmp_path):
         thread = threading.Thread(target=long_write)
         thread.start()
         assert started.wait(10)
-        db.append_message("s", "user", "second")
+        db.messages.append("s", "user", "second")
         thread.join(10)
-        contents = [m["content"] for m in db.get_messages("s")]
+        contents = [m["content"] for m in db.messages.get("s")]
     assert outcome == {"first": "finished"} and contents == ["first", "second"]
 
 
@@ -355,14 +355,14 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
     path = tmp_path / "state.db"
     expired, kept = _build(path, now)
     async with await AsyncSessionDB.open(path) as db:
-        await db.create_session("live", "telegram")
+        await db.sessions.create("live", "telegram")
         done = asyncio.Event()
         written: list[int] = []
 
         async def writer():
             i = 0
             while not done.is_set():
-                await db.append_message("live", "user", f"live {i} {TEXT}")
+                await db.messages.append("live", "user", f"live {i} {TEXT}")
                 written.append(i)
                 i += 1
                 await asyncio.sleep(0.001)
@@ -371,9 +371,9 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
         report = await state.run_upkeep(db, retention_days=1, now=now)
         done.set()
         await task
-        remaining = {s["id"] for s in await db.list_sessions_rich(limit=100)}
-        live = await db.get_messages("live")
-        hits = await db.search_messages("restarted", limit=10_000)
+        remaining = {s["id"] for s in await db.sessions.list_rich(limit=100)}
+        live = await db.messages.get("live")
+        hits = await db.search.messages("restarted", limit=10_000)
     assert report.gave_way > 0  # steps of about 2 ms, a write every millisecond or so: some came mid-step
     assert remaining == kept | {"live"} and report.sessions_pruned == len(expired)
     assert [m["content"].split()[1] for m in live] == [str(i) for i in written]

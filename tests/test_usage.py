@@ -36,7 +36,7 @@ def priced(**extra):
 async def ledger(gw, count: int) -> list[dict]:
     """The ledger once ``count`` rows are written (they are written in the background)."""
     async def written():
-        rows = await gw.db.model_calls()
+        rows = await gw.db.usage.calls()
         return rows if len(rows) >= count else None
     return await eventually(written)
 
@@ -60,7 +60,7 @@ async def test_each_model_call_is_one_row_with_its_purpose_tokens_and_cost(tmp_p
         assert (await api.say("ann", "/compress")).startswith("Compressed: ")
         await api.close()
         rows = await ledger(gw, 10)
-        child = await gw.db.get_session(await gw.db.get_route("agent:main:api:dm:ann"))
+        child = await gw.db.sessions.get(await gw.db.routes.get("agent:main:api:dm:ann"))
         first_session = child["parent_session_id"]  # the one the calls were made for, compressed into the child
     assert Counter(r["purpose"] for r in rows) == {"turn": 7, "tool_loop": 1, "memory_flush": 1, "compression": 1}
     # the first turn: the call that asked for the tool, then the one that answered
@@ -205,7 +205,7 @@ async def test_a_streamed_call_reads_cached_tokens_from_the_last_chunk(tmp_path,
         done = await client.complete([{"role": "user", "content": "stream this"}], on_text=shown.append,
                                      purpose=CallContext("turn", session_id=None, platform="api", chat_id="c",
                                                          user_id="u", agent="main"))
-        rows = await eventually(lambda: db.model_calls())
+        rows = await eventually(lambda: db.usage.calls())
     finally:
         await client.close()
         await db.close()
@@ -216,18 +216,18 @@ async def test_a_streamed_call_reads_cached_tokens_from_the_last_chunk(tmp_path,
 
 def test_a_sessions_rows_go_with_it_and_old_rows_are_pruned(store):
     with store as db:
-        kept = db.create_session("s-kept", "api", user_id="u")
-        gone = db.create_session("s-gone", "api", user_id="u")
+        kept = db.sessions.create("s-kept", "api", user_id="u")
+        gone = db.sessions.create("s-gone", "api", user_id="u")
         for sid, at in ((kept, 1_000.0), (kept, 5_000.0), (gone, 5_000.0)):
-            db.record_model_call({"at": at, "session_id": sid, "purpose": "turn", "model": "m", "outcome": "ok",
+            db.usage.record_call({"at": at, "session_id": sid, "purpose": "turn", "model": "m", "outcome": "ok",
                                   "prompt_tokens": 10})
-        assert {r["user_id"] for r in db.model_calls()} == {"u"}  # filled in from the session
-        assert db.delete_session(gone)
-        assert [(r["session_id"], r["at"]) for r in db.model_calls()] == [(kept, 1_000.0), (kept, 5_000.0)]
-        assert db.prune_model_calls(before=2_000.0) == 1
-        assert [r["at"] for r in db.model_calls()] == [5_000.0]
-        assert db.reprice_model_calls("m", {"input": 1.0, "output": 1.0, "cached_input": 1.0}) == 1
-        assert db.model_calls()[0]["cost"] == pytest.approx(10 / 1e6)
+        assert {r["user_id"] for r in db.usage.calls()} == {"u"}  # filled in from the session
+        assert db.sessions.delete(gone)
+        assert [(r["session_id"], r["at"]) for r in db.usage.calls()] == [(kept, 1_000.0), (kept, 5_000.0)]
+        assert db.usage.prune(before=2_000.0) == 1
+        assert [r["at"] for r in db.usage.calls()] == [5_000.0]
+        assert db.usage.reprice("m", {"input": 1.0, "output": 1.0, "cached_input": 1.0}) == 1
+        assert db.usage.calls()[0]["cost"] == pytest.approx(10 / 1e6)
 
 
 async def test_recall_summaries_fact_extraction_and_cron_runs_have_their_purpose(tmp_path, model):
@@ -257,7 +257,7 @@ async def test_recall_summaries_fact_extraction_and_cron_runs_have_their_purpose
 
 
 async def _with_purposes(gw, wanted: set[str]) -> list[dict] | None:
-    rows = await gw.db.model_calls()
+    rows = await gw.db.usage.calls()
     return rows if wanted <= {r["purpose"] for r in rows} else None
 
 
@@ -268,7 +268,7 @@ async def test_the_daemon_deletes_ledger_rows_older_than_usage_keep_days(tmp_pat
     now = time.time()
     with SessionDB(tmp_path / "state.db") as db:
         for age_days in (40, 3, 0.5):
-            db.record_model_call({"at": now - age_days * 86_400, "purpose": "turn", "model": "m", "outcome": "ok"})
+            db.usage.record_call({"at": now - age_days * 86_400, "purpose": "turn", "model": "m", "outcome": "ok"})
     async with running_gateway(tmp_path, model, usage={"keep_days": 7}) as gw:
         await eventually(lambda: gw.health()["store"]["last_upkeep"], timeout=30, what="the first upkeep pass")
         left = await eventually(lambda: _rows_if(gw, 2), timeout=10)
@@ -276,7 +276,7 @@ async def test_the_daemon_deletes_ledger_rows_older_than_usage_keep_days(tmp_pat
 
 
 async def _rows_if(gw, count: int) -> list[dict] | None:
-    rows = await gw.db.model_calls()
+    rows = await gw.db.usage.calls()
     return rows if len(rows) == count else None
 
 
@@ -295,13 +295,13 @@ def test_the_report_counts_each_utc_day_and_group_alike_on_both_backends(store):
         {"at": 86_400.2, "platform": None, "user_id": "7", "purpose": "cron", "model": "m", "outcome": "retried",
          "prompt_tokens": 10, "estimated": True},
     ]
-    store.record_model_calls(calls)
-    days = sorted(store.usage_report(0.0, "day"), key=lambda r: r["day"])
+    store.usage.record_calls(calls)
+    days = sorted(store.usage.report(0.0, "day"), key=lambda r: r["day"])
     assert [(r["day"], r["calls"], r["input_tokens"], r["cached_input_tokens"], r["unpriced"], r["failed"],
              r["retried"], r["estimated"]) for r in days] == [
         ("1970-01-01", 1, 60, 40, 0, 0, 0, 0),
         ("1970-01-02", 2, 10, 0, 2, 1, 1, 1),
     ]
     assert days[0]["grp"] == "1970-01-01" and days[0]["cost"] == 0.5
-    mine = store.usage_report(0.0, "user", platform=None, user_id="7")
+    mine = store.usage.report(0.0, "user", platform=None, user_id="7")
     assert [(r["grp"], r["day"], r["calls"]) for r in mine] == [("?:7", "1970-01-02", 1)]

@@ -45,18 +45,18 @@ def expected(rows: list[dict], since: float, by: str) -> dict[tuple[str, str], d
 
 
 def reported(db: SessionDB, since: float, by: str) -> dict[tuple[str, str], dict]:
-    return {(row.pop("grp"), row.pop("day")): row for row in db.usage_report(since, by)}
+    return {(row.pop("grp"), row.pop("day")): row for row in db.usage.report(since, by)}
 
 
 def assert_reports_match_the_ledger(db: SessionDB) -> None:
-    rows = db.model_calls(limit=1_000_000)
+    rows = db.usage.calls(limit=1_000_000)
     for since in (0.0, NOW - 30 * DAY, NOW - 7 * DAY - 5 * 3_600, (NOW // DAY - 6) * DAY):
         for by in GROUPINGS:
             want, got = expected(rows, since, by), reported(db, since, by)
             assert set(got) == set(want), (since, by)
             for key, totals in want.items():
                 assert got[key] == pytest.approx(totals, rel=1e-9, abs=1e-12), (since, by, key)
-            summary = db.usage_summary(since, by)
+            summary = db.usage.summary(since, by)
             per_group: dict[str, dict] = defaultdict(lambda: defaultdict(float))
             for (group, _), totals in want.items():
                 for name, value in totals.items():
@@ -74,7 +74,7 @@ def assert_reports_match_the_ledger(db: SessionDB) -> None:
             ranked = sorted(per_group, key=lambda g: (-(per_group[g]["input_tokens"] + per_group[g]["cached_input_tokens"]
                                                          + per_group[g]["output_tokens"]), g))
             for limit in (1, 3):
-                top = db.usage_summary(since, by, limit=limit)
+                top = db.usage.summary(since, by, limit=limit)
                 assert top["count"] == len(per_group), (since, by, limit)
                 assert sorted(g["grp"] for g in top["groups"]) == sorted(ranked[:limit]), (since, by, limit)
                 for g in top["groups"]:
@@ -109,43 +109,43 @@ def ledger_rows(rng: random.Random, count: int, sessions: list[str]) -> list[dic
 def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(store_target):
     rng = random.Random(7)
     with SessionDB(store_target) as db:
-        sessions = [db.create_session(f"s{i}", ["telegram", "discord", "api"][i % 3], user_id=f"su{i % 4}")
+        sessions = [db.sessions.create(f"s{i}", ["telegram", "discord", "api"][i % 3], user_id=f"su{i % 4}")
                     for i in range(12)]
         rows = ledger_rows(rng, 1_500, sessions)
-        db.record_model_calls(rows[:1_000])
+        db.usage.record_calls(rows[:1_000])
         for row in rows[1_000:1_100]:
-            db.record_model_call(row)
-        db.record_model_calls(rows[1_100:])
+            db.usage.record_call(row)
+        db.usage.record_calls(rows[1_100:])
         assert_reports_match_the_ledger(db)
-        before = len(db.model_calls(limit=1_000_000))
+        before = len(db.usage.calls(limit=1_000_000))
 
-        assert db.delete_session(sessions[0])  # `sessions delete`: its calls go with it
-        db.end_session(sessions[1], "reset")
-        db.end_session(sessions[2], "reset")
-        assert db.prune_sessions(older_than_days=0) == 2  # `sessions prune`, the daemon's retention
-        left = db.model_calls(limit=1_000_000)
+        assert db.sessions.delete(sessions[0])  # `sessions delete`: its calls go with it
+        db.sessions.end(sessions[1], "reset")
+        db.sessions.end(sessions[2], "reset")
+        assert db.sessions.prune(older_than_days=0) == 2  # `sessions prune`, the daemon's retention
+        left = db.usage.calls(limit=1_000_000)
         assert 0 < len(left) < before and not {r["session_id"] for r in left} & set(sessions[:3])
         assert_reports_match_the_ledger(db)
 
         cutoff = NOW - 25.5 * DAY  # usage.keep_days: a cutoff within a day, 40 rows per transaction
-        assert db.prune_model_calls(before=cutoff, limit=40) == 40
+        assert db.usage.prune(before=cutoff, limit=40) == 40
         assert_reports_match_the_ledger(db)
-        while db.prune_model_calls(before=cutoff, limit=40) == 40:
+        while db.usage.prune(before=cutoff, limit=40) == 40:
             pass
-        assert min(r["at"] for r in db.model_calls(limit=1_000_000)) >= cutoff
+        assert min(r["at"] for r in db.usage.calls(limit=1_000_000)) >= cutoff
         assert_reports_match_the_ledger(db)
 
-        assert db.reprice_model_calls("gpt-4o", PRICE) > 0
-        assert db.reprice_model_calls("local", None, since=NOW - 10 * DAY) > 0  # a price taken away
-        assert db.reprice_model_calls("gpt-4o-mini", PRICE, since=NOW - 12 * DAY, until=NOW - 11.5 * DAY) > 0
+        assert db.usage.reprice("gpt-4o", PRICE) > 0
+        assert db.usage.reprice("local", None, since=NOW - 10 * DAY) > 0  # a price taken away
+        assert db.usage.reprice("gpt-4o-mini", PRICE, since=NOW - 12 * DAY, until=NOW - 11.5 * DAY) > 0
         assert_reports_match_the_ledger(db)
 
-        db.record_model_calls(ledger_rows(rng, 200, sessions[3:]))  # new rows on the changed roll-ups
+        db.usage.record_calls(ledger_rows(rng, 200, sessions[3:]))  # new rows on the changed roll-ups
         assert_reports_match_the_ledger(db)
 
-        assert db.prune_model_calls(before=NOW + DAY) > 0  # everything
-        assert db.usage_report(0.0, "chat") == []
-        empty = db.usage_summary(0.0, "model")
+        assert db.usage.prune(before=NOW + DAY) > 0  # everything
+        assert db.usage.report(0.0, "chat") == []
+        empty = db.usage.summary(0.0, "model")
         assert (empty["groups"], empty["daily"], empty["total_daily"], empty["count"]) == ([], [], [], 0)
 
 
@@ -153,7 +153,7 @@ def test_reports_from_the_roll_ups_equal_the_ledgers_rows_through_every_change(s
 def test_a_store_from_before_the_roll_ups_gets_them_filled_from_its_ledger(tmp_path):
     path = tmp_path / "state.db"
     with SessionDB(path) as db:
-        db.record_model_calls(ledger_rows(random.Random(3), 300, []))
+        db.usage.record_calls(ledger_rows(random.Random(3), 300, []))
         before = reported(db, NOW - 30 * DAY, "user")
     with sqlite3.connect(path) as conn:  # back to schema v20: the ledger without its roll-ups
         conn.execute("DROP TABLE model_calls_daily")

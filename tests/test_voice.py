@@ -112,13 +112,13 @@ async def test_each_waiting_voice_message_gets_its_own_transcript_or_line():
 
 
 def test_a_voice_messages_text_is_set_once_known_and_recall_finds_it(store):
-    store.create_session("s1", "telegram")
-    waiting = store.append_message("s1", "user", pending_line(clip(ogg_opus(3))))
-    answer = store.append_message("s1", "assistant", "an answer")
+    store.sessions.create("s1", "telegram")
+    waiting = store.messages.append("s1", "user", pending_line(clip(ogg_opus(3))))
+    answer = store.messages.append("s1", "assistant", "an answer")
     assert store.voice.set_text(waiting, "[voice message, transcribed]\nthe zucchini harvest") is True
     assert store.voice.set_text(answer, "not a user message") is False  # only a user's message is ever rewritten
     assert store.voice.set_text(999_999, "nothing") is False
-    assert [m["content"] for m in store.get_messages("s1")] == [
+    assert [m["content"] for m in store.messages.get("s1")] == [
         "[voice message, transcribed]\nthe zucchini harvest", "an answer"]
-    assert [m["id"] for m in store.search_messages("zucchini")] == [waiting]
-    assert store.search_messages("transcript") == []  # the placeholder's words are gone from the index
+    assert [m["id"] for m in store.search.messages("zucchini")] == [waiting]
+    assert store.search.messages("transcript") == []  # the placeholder's words are gone from the index

@@ -257,6 +257,35 @@ class Inbound:
             self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
             await self._apologize(channel, message_id)
 
+    async def on_action(self, body: dict) -> None:
+        """A press of one of our Block Kit buttons (already acked): the presser's command (the button's
+        value, ``gateway.types.Button``), in the channel (and thread) of the message it is under."""
+        action = next(iter(body.get("actions") or []), {})
+        text = str(action.get("value") or "")
+        channel = str((body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id") or "")
+        user = str((body.get("user") or {}).get("id") or "")
+        if not text.startswith("/") or not channel or not user:
+            log.warning("slack: a button press without a command, channel or user; skipped")
+            return
+        channel_name = str((body.get("channel") or {}).get("name") or "")
+        is_dm = channel.startswith("D") or channel_name == "directmessage"
+        kind = ChatType.DM if is_dm else (ChatType.GROUP if channel_name.startswith("mpdm-") else ChatType.CHANNEL)
+        message = body.get("message") or {}
+        thread = message.get("thread_ts") or (body.get("container") or {}).get("thread_ts")
+        msg = InboundMessage(
+            platform=PLATFORM, chat_type=kind, chat_id=channel, user_id=user, text=text,
+            message_id=f"button:{action.get('action_ts') or body.get('trigger_id') or time.time()}",
+            thread_id=str(thread) if thread and not is_dm else None,
+            user_name=(body.get("user") or {}).get("username") or await self._user_name(user), addressed=True,
+        )
+        try:
+            await self._handler(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never kills the adapter; Slack does not resend a press
+            log.exception("slack: the gateway failed on a button press (%s)", text.split()[0])
+            self._health.last_error = f"handler: {type(exc).__name__}: {exc}"
+
     # ------------------------------------------------------------------ people and files
 
     async def _user_name(self, user_id: str) -> str | None:

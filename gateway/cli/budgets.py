@@ -47,7 +47,7 @@ def _states(cfg: Config, db: state.SessionDB, now: float, scope: str | None = No
 
 def _scope(cfg: Config, db: state.SessionDB, scope: str) -> str:
     """``scope`` normalized, or exit 2 saying what is wrong; a cron job may be any the store knows."""
-    cron_ids = {j["id"] for j in db.list_cron_jobs()} | {j.id for j in cfg.cron.jobs if j.id}
+    cron_ids = {j["id"] for j in db.cron.list_jobs()} | {j.id for j in cfg.cron.jobs if j.id}
     normalized, problem = budget_scope_problem(scope, cfg, cron_ids)
     if problem is not None:
         raise click.BadParameter(problem, param_hint="SCOPE")

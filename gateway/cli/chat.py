@@ -126,10 +126,10 @@ async def _terminal_session(db: state.AsyncSessionDB, ref: str) -> str:
     a prefix or a title names only terminal sessions (source ``cli``), so an API
     user's or a platform chat's conversation is never continued by accident.
     """
-    if await db.get_session(ref) is not None:
+    if await db.sessions.get(ref) is not None:
         return ref
-    target = await db.resolve_session_id(ref)
-    session = await db.get_session(target) or {}
+    target = await db.sessions.resolve_id(ref)
+    session = await db.sessions.get(target) or {}
     if session.get("source") != "cli":
         raise SwitchboardError(
             f"{ref!r} names a {session.get('source')} session ({target}), not one of this terminal's; "
@@ -148,22 +148,22 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
     elif continue_ is not None:
         # where the terminal was when it left (a /resume'd session, not an empty one /new made before it),
         # else the most recently active of its sessions
-        routed = await db.get_routed_session(key)
-        rows = [routed] if routed else await db.list_sessions_rich(source="cli", session_key=key, limit=1)
+        routed = await db.routes.session(key)
+        rows = [routed] if routed else await db.sessions.list_rich(source="cli", session_key=key, limit=1)
         if not rows:
             return None
         target = rows[0]["id"]
     else:
         await _start_fresh(router, key)
         return None
-    target = await db.get_compression_tip(target) or target
-    session = await db.get_session(target)
+    target = await db.sessions.compression_tip(target) or target
+    session = await db.sessions.get(target)
     if session is None:  # deleted meanwhile: a fresh one instead
         await _start_fresh(router, key)
         return None
     if session.get("ended_at") is not None:
-        await db.reopen_session(target)
-    await db.set_route(key, target)
+        await db.sessions.reopen(target)
+    await db.routes.set(key, target)
     return target
 
 
@@ -171,13 +171,13 @@ async def _start_fresh(router: SessionRouter, key: str) -> None:
     """A plain ``switchboard chat``: the terminal's open session ends (saved, as with /new); the first
     message starts a new one."""
     db = router.db
-    routed = await db.get_routed_session(key)
+    routed = await db.routes.session(key)
     if routed is None:
         return
     if routed.get("ended_at") is None:
-        await db.end_session(routed["id"], "new_session")
+        await db.sessions.end(routed["id"], "new_session")
         router.session_ended(routed["id"], key)
-    await db.delete_route(key)
+    await db.routes.delete(key)
 
 
 async def run_chat(config: Config, *, continue_: str | None = None, resume: str | None = None,
@@ -233,9 +233,9 @@ class _Chat:
         if continue_ == "" and not resume and resumed is None:
             self.notes.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
         if resumed:
-            session = await self.db.get_session(resumed)
+            session = await self.db.sessions.get(resumed)
             title = (session or {}).get("title") or resumed
-            self.notes.print(Panel(recap(await self.db.get_messages(resumed)), title=f"Previous conversation: {title}",
+            self.notes.print(Panel(recap(await self.db.messages.get(resumed)), title=f"Previous conversation: {title}",
                                    border_style="dim"))
         if self.interactive:
             self.notes.print("[dim]Type a message; /help for commands; /attach PATH sends a file with your next "
@@ -251,7 +251,7 @@ class _Chat:
         finally:
             if undo is not None:
                 undo()
-        route = await self.db.get_route(self.key)
+        route = await self.db.routes.get(self.key)
         if route:
             if self.interactive and self.input is not None:
                 self.notes.print("")  # after the ^C or the prompt the terminal shows
@@ -341,7 +341,7 @@ class _Chat:
         self.console.print(answer.text, markup=False, highlight=False)
         self.console.print("[dim](stopped)[/dim]")
         try:
-            await self.db.record_turn(ticket.session_id, [{"role": "assistant", "content": stopped_text(answer.text),
+            await self.db.messages.record_turn(ticket.session_id, [{"role": "assistant", "content": stopped_text(answer.text),
                                                            "finish_reason": "stopped"}])
         except state.StateError as exc:
             self.notes.print(f"[dim]the stopped answer could not be stored: {exc}[/dim]")

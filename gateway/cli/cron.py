@@ -49,7 +49,7 @@ def _open(config_path: Path | None) -> tuple[Config, state.SessionDB]:
         if cfg.source is not None:
             rows = [{**spec.as_row(), "next_run_at": first_run_at(schedule, now)}
                     for spec, schedule in config_jobs(cfg, now=now)]
-            db.sync_config_cron_jobs(rows, now=now, remove_missing=False)  # the daemon removes dropped ones
+            db.cron.sync_config_jobs(rows, now=now, remove_missing=False)  # the daemon removes dropped ones
     except ConfigError as exc:
         db.close()
         _fail(str(exc), exc.exit_code)
@@ -64,7 +64,7 @@ def _when(ts: float | None, cfg: Config) -> str:
 
 
 def _job_or_fail(db: state.SessionDB, job_id: str) -> dict:
-    job = db.get_cron_job(job_id)
+    job = db.cron.get_job(job_id)
     if job is None:
         _fail(str(CronJobNotFound(job_id)))
     return job
@@ -111,7 +111,7 @@ def cron_add(config_path: Path | None, name: str, schedule: str, prompt: str, de
                                         "tools": list(tools)},
                                        cfg.tzinfo, now=now)
             _refuse_unreachable(cfg, spec.deliver)
-            job = db.add_cron_job(spec.as_row(), source="cli", now=now, next_run_at=first_run_at(sched, now))
+            job = db.cron.add_job(spec.as_row(), source="cli", now=now, next_run_at=first_run_at(sched, now))
         except InvalidJob as exc:
             _fail(str(exc))
             return
@@ -136,7 +136,7 @@ def _free_id(db: state.SessionDB, name: str) -> str:
 
     base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:56] or "job"
     candidate, n = base, 2
-    while db.get_cron_job(candidate) is not None:
+    while db.cron.get_job(candidate) is not None:
         candidate, n = f"{base}-{n}", n + 1
     return candidate
 
@@ -154,7 +154,7 @@ def cron_list(config_path: Path | None, as_json: bool) -> None:
     """Every job with its schedule, next run and last result."""
     cfg, db = _open(config_path)
     with db:
-        jobs = db.list_cron_jobs()
+        jobs = db.cron.list_jobs()
     if as_json:
         _json_out([_job_json(j) for j in jobs])
         return
@@ -178,7 +178,7 @@ def cron_show(config_path: Path | None, job_id: str, runs: int, as_json: bool) -
     cfg, db = _open(config_path)
     with db:
         job = _job_or_fail(db, job_id)
-        history = db.list_cron_runs(job_id, limit=runs)
+        history = db.cron.list_runs(job_id, limit=runs)
     if as_json:
         _json_out({"job": _job_json(job), "runs": history})
         return
@@ -245,7 +245,7 @@ def cron_edit(config_path: Path | None, job_id: str, **changes: Any) -> None:
         else:
             next_run = first_run_at(sched, now) if not job["paused"] else None
         row = spec.as_row()
-        updated = db.update_cron_job(job_id, {k: row[k] for k in row if k != "id"}, now=now, next_run_at=next_run)
+        updated = db.cron.update_job(job_id, {k: row[k] for k in row if k != "id"}, now=now, next_run_at=next_run)
     click.echo(f"Updated job {job_id}: next run {_when(updated['next_run_at'], cfg) if updated['next_run_at'] else '-'}.")
 
 
@@ -257,7 +257,7 @@ def cron_pause(config_path: Path | None, job_id: str) -> None:
     cfg, db = _open(config_path)
     with db:
         _job_or_fail(db, job_id)
-        db.set_cron_job_paused(job_id, True, now=time.time())
+        db.cron.set_paused(job_id, True, now=time.time())
     click.echo(f"Paused job {job_id}.")
 
 
@@ -273,7 +273,7 @@ def cron_resume(config_path: Path | None, job_id: str) -> None:
         job = _job_or_fail(db, job_id)
         now = time.time()
         nxt = next_run_on_resume(job, cfg.tzinfo, now)
-        updated = db.set_cron_job_paused(job_id, False, now=now, next_run_at=nxt)
+        updated = db.cron.set_paused(job_id, False, now=now, next_run_at=nxt)
     shown = _when(updated["next_run_at"], cfg) if updated["next_run_at"] else "none (the one-shot time has passed)"
     click.echo(f"Resumed job {job_id}: next run {shown}.")
 
@@ -288,7 +288,7 @@ def cron_remove(config_path: Path | None, job_id: str) -> None:
         job = _job_or_fail(db, job_id)
         if job["source"] == "config":
             _fail(f"job {job_id!r} is defined in the config file (cron.jobs); remove it there (or pause it)")
-        db.remove_cron_job(job_id)
+        db.cron.remove_job(job_id)
     click.echo(f"Removed job {job_id}.")
 
 
@@ -336,7 +336,7 @@ def cron_history(config_path: Path | None, job_id: str | None, limit: int, as_js
     with db:
         if job_id is not None:
             _job_or_fail(db, job_id)
-        runs = db.list_cron_runs(job_id, limit=limit)
+        runs = db.cron.list_runs(job_id, limit=limit)
     if as_json:
         _json_out(runs)
         return

@@ -19,7 +19,7 @@ from state import SessionDB
 
 STATUSES = ("held", "retry", "retried", "dropped")
 def _get(db: SessionDB, dead_letter_id: int) -> dict:
-    row = db.get_dead_letter(dead_letter_id)
+    row = db.dead_letters.get(dead_letter_id)
     if row is None:
         raise click.ClickException(f"there is no dead letter {dead_letter_id} (see: switchboard deadletters list)")
     return row
@@ -49,7 +49,7 @@ def deadletters() -> None:
 @with_store
 def list_cmd(db: SessionDB, status: str | None, limit: int, as_json: bool) -> None:
     """Dead letters, newest first: id, platform, event, state, attempts, last error."""
-    rows = db.list_dead_letters(status=status, limit=limit)
+    rows = db.dead_letters.list(status=status, limit=limit)
     if as_json:
         _json_out([_decoded(r) for r in rows])
         return
@@ -109,7 +109,7 @@ def retry_cmd(db: SessionDB, dead_letter_id: int) -> None:
         click.echo(f"dead letter {dead_letter_id} is already marked for retry; the running daemon replays it "
                    "within a few seconds")
         return
-    if not db.set_dead_letter_status(dead_letter_id, "retry", only_from=("held", "dropped")):
+    if not db.dead_letters.set_status(dead_letter_id, "retry", only_from=("held", "dropped")):
         raise click.ClickException(f"dead letter {dead_letter_id} was already replayed "
                                    f"({_when(row['updated_at'])}); nothing to do")
     click.echo(f"dead letter {dead_letter_id} is marked for retry: the running daemon replays it within a few "
@@ -125,6 +125,6 @@ def drop_cmd(db: SessionDB, dead_letter_id: int) -> None:
     if row["status"] == "dropped":
         click.echo(f"dead letter {dead_letter_id} was already dropped")
         return
-    if not db.set_dead_letter_status(dead_letter_id, "dropped", only_from=("held", "retry")):
+    if not db.dead_letters.set_status(dead_letter_id, "dropped", only_from=("held", "retry")):
         raise click.ClickException(f"dead letter {dead_letter_id} was already replayed; there is nothing to drop")
     click.echo(f"dead letter {dead_letter_id} dropped")

@@ -2,7 +2,7 @@
 
 Read from the usage ledger in state.db (one row per model call, written by the
 daemon, ``switchboard chat`` and cron runs, summed per day in its roll-ups).  A
-thin layer: one ``SessionDB.usage_summary`` call, summed up by
+thin layer: one ``db.usage.summary`` call, summed up by
 :mod:`gateway.insights`, printed (and drawn by :mod:`gateway.plots` for
 ``--plot``).  ``insights reprice`` recomputes the stored costs from the config's
 ``pricing`` table after a price changed.
@@ -84,12 +84,12 @@ def insights_cmd(ctx: click.Context, config_path: Path | None, days: int, by: st
     since, dates = window(days, time.time())
     with _store(config_path) as db:
         if by == "user":  # an identity's accounts are one row; a cron job's calls go by its name
-            rename = account_names(identities, db.list_cron_jobs())
+            rename = account_names(identities, db.cron.list_jobs())
         # with identities, every account is read: an identity's accounts add up before the ranking
-        found = from_summary(db.usage_summary(since, by, limit=None if identities else limit), dates, rename, limit)
+        found = from_summary(db.usage.summary(since, by, limit=None if identities else limit), dates, rename, limit)
         if plot is not None:
-            chart = daily_chart(from_summary(db.usage_summary(since, "purpose"), dates),
-                                from_summary(db.usage_summary(since, "day"), dates))
+            chart = daily_chart(from_summary(db.usage.summary(since, "purpose"), dates),
+                                from_summary(db.usage.summary(since, "day"), dates))
     if plot is not None:
         _write_plot(chart, plot, days)
     if as_json:
@@ -160,7 +160,7 @@ def reprice_cmd(config_path: Path | None, days: int | None, models: tuple[str, .
     now = time.time()
     since = window(days, now)[0] if days else 0.0
     with _store(config_path) as db:
-        called = db.called_models(since)
+        called = db.usage.called_models(since)
         chosen = list(models) or list(called)
         if not chosen:
             click.echo("No model calls to reprice.")
@@ -182,6 +182,6 @@ def _reprice(db: SessionDB, model: str, price: dict[str, float] | None, start: f
     call stamped after ``now``."""
     count, day = 0, math.floor(start / DAY) * DAY
     while day + DAY <= now:
-        count += db.reprice_model_calls(model, price, max(start, day), day + DAY)
+        count += db.usage.reprice(model, price, max(start, day), day + DAY)
         day += DAY
-    return count + db.reprice_model_calls(model, price, max(start, day))
+    return count + db.usage.reprice(model, price, max(start, day))

@@ -185,7 +185,7 @@ _PLATFORM = InstalledChoice(installed_platforms)
 def pairing_list(config_path: Path | None, as_json: bool) -> None:
     """Pending pairing codes and approved users."""
     with _pairing_db(config_path) as db:
-        listing = db.list_pairing()
+        listing = db.pairing.list()
     if as_json:
         click.echo(json.dumps(listing, indent=2, ensure_ascii=False))
         return
@@ -208,7 +208,7 @@ def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
     """Let the user who received CODE on PLATFORM talk to the agent."""
     with _pairing_db(config_path) as db:
         try:
-            user = db.approve_pairing(platform, code)
+            user = db.pairing.approve(platform, code)
         except state.StateError as exc:
             _fail(str(exc))
             return
@@ -222,6 +222,6 @@ def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
 def pairing_revoke(config_path: Path | None, platform: str, user_id: str) -> None:
     """Withdraw an approval (users in the config's allowlists stay allowed)."""
     with _pairing_db(config_path) as db:
-        if not db.revoke_user(platform, user_id):
+        if not db.pairing.revoke(platform, user_id):
             _fail(f"{platform} user {user_id} was not approved by pairing")
     click.echo(f"Revoked {platform} user {user_id}.")

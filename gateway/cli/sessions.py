@@ -73,7 +73,7 @@ def _candidates(db: SessionDB, ref: str, exc: AmbiguousSession, unchanged: str) 
     """The error listing the sessions ``ref`` may mean, each with its title."""
     lines = [f"{ref!r} does not name one session exactly; {unchanged}. Give the id or the exact title of one of:"]
     for session_id in exc.candidates[:20]:
-        title = db.get_session_title(session_id)
+        title = db.titles.get(session_id)
         lines.append(f"  {session_id}" + (f"  {title}" if title else ""))
     if len(exc.candidates) > 20:
         lines.append(f"  ... and {len(exc.candidates) - 20} more")
@@ -84,7 +84,7 @@ def _exactly(db: SessionDB, ref: str, unchanged: str) -> str:
     """The one session ``ref`` names by id or exact title (in any case when only one fits); otherwise the
     candidates and no action."""
     try:
-        return db.resolve_session_exactly(ref)
+        return db.sessions.resolve_exactly(ref)
     except AmbiguousSession as exc:
         raise _candidates(db, ref, exc, unchanged) from None
 
@@ -93,7 +93,7 @@ def _resolve(db: SessionDB, ref: str, unchanged: str) -> str:
     """The session ``ref`` names: an id, a unique id prefix, or a title (in any case; the newest of its
     lineage); otherwise the candidates."""
     try:
-        return db.resolve_session_id(ref)
+        return db.sessions.resolve_id(ref)
     except AmbiguousSession as exc:
         raise _candidates(db, ref, exc, unchanged) from None
 
@@ -118,7 +118,7 @@ def sessions() -> None:
 @with_store
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
     """List the most recently active sessions: title, preview, last activity, id."""
-    rows = db.list_sessions_rich(source=source, limit=limit, include_children=show_all)
+    rows = db.sessions.list_rich(source=source, limit=limit, include_children=show_all)
     if as_json:
         _json_out([{k: v for k, v in row.items() if k != "system_prompt"} for row in rows])
         return
@@ -145,7 +145,7 @@ def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_j
 def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     """Show one session (by id, unique id prefix, or title) and its messages."""
     session_id = _resolve(db, ref, "nothing is shown")
-    data = db.export_session(session_id)
+    data = db.transfer.export(session_id)
     if data is None:  # deleted between the two calls
         raise click.ClickException(f"session {session_id} no longer exists")
     approvals = data.get("approvals") or []  # tool calls that asked a person first
@@ -164,7 +164,7 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     ]
     if data.get("parent_session_id"):
         lines.append(f"Parent    {data['parent_session_id']}")
-    tip = db.get_compression_tip(session_id)
+    tip = db.sessions.compression_tip(session_id)
     if tip != session_id:
         lines.append(f"Continued {tip}")
     click.echo("\n".join(lines))
@@ -206,7 +206,7 @@ def _approval_line(row: dict) -> str:
 def search_cmd(db: SessionDB, query: str, source: tuple[str, ...], role: tuple[str, ...], limit: int,
                as_json: bool) -> None:
     """Full-text search over every stored message (any text is accepted)."""
-    results = db.search_messages(query, source_filter=list(source) or None, role_filter=list(role) or None,
+    results = db.search.messages(query, source_filter=list(source) or None, role_filter=list(role) or None,
                                  limit=limit)
     if as_json:
         _json_out(results)
@@ -238,7 +238,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
         raise click.ClickException(f"{file} already exists: nothing was written (pass --force to replace it)")
     wanted = _resolve(db, session_id, "nothing was written") if session_id else None
     if str(file) == "-":
-        count = db.write_export(sys.stdout, source=source, session_id=wanted)
+        count = db.transfer.write_export(sys.stdout, source=source, session_id=wanted)
         click.echo(f"exported {plural(count, 'session')}", err=True)
         return
     partial = file.with_name(f".{file.name}.partial")
@@ -246,7 +246,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
         # conversations are private: the file is readable by its owner only
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            count = db.write_export(handle, source=source, session_id=wanted)
+            count = db.transfer.write_export(handle, source=source, session_id=wanted)
         os.replace(partial, file)
     except OSError as exc:
         partial.unlink(missing_ok=True)
@@ -262,7 +262,7 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
 @with_store
 def import_cmd(db: SessionDB, file: Path) -> None:
     """Restore sessions from an export; sessions already present are skipped."""
-    result = db.import_sessions(parse_jsonl(file))
+    result = db.transfer.import_sessions(parse_jsonl(file))
     click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) from {file}")
     if result["skipped"]:
         shown = ", ".join(result["skipped"][:10]) + (" ..." if len(result["skipped"]) > 10 else "")
@@ -276,11 +276,11 @@ def import_cmd(db: SessionDB, file: Path) -> None:
 def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
     """Delete the session with id or exact title REF, and its messages (its children are kept)."""
     session_id = _exactly(db, ref, "nothing was deleted")
-    session = db.get_session(session_id) or {}
+    session = db.sessions.get(session_id) or {}
     label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
     _confirm(f"Delete session {label} and its {plural(session.get('message_count', 0), 'message')}?", yes)
     doomed = db.media.of_sessions([session_id])
-    if not db.delete_session(session_id):
+    if not db.sessions.delete(session_id):
         raise click.ClickException(f"session {session_id} no longer exists")
     click.echo(f"deleted {label}")
     forget_media(db, doomed)
@@ -293,8 +293,8 @@ def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
 def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
     """Set the title of the session with id or exact title REF (words need no quotes)."""
     session_id = _exactly(db, ref, "nothing was renamed")
-    db.set_session_title(session_id, " ".join(title))
-    new = db.get_session_title(session_id)
+    db.titles.set(session_id, " ".join(title))
+    new = db.titles.get(session_id)
     click.echo(f"{session_id} is now titled {new!r}" if new else f"{session_id} has no title now")
 
 
@@ -306,13 +306,13 @@ def rename_cmd(db: SessionDB, ref: str, title: tuple[str, ...]) -> None:
 @with_store
 def prune_cmd(db: SessionDB, days: float, source: str | None, yes: bool) -> None:
     """Delete ended sessions inactive for DAYS; children of a pruned session are kept."""
-    candidates = db.prune_candidates(days, source)
+    candidates = db.sessions.prune_candidates(days, source)
     if not candidates:
         click.echo("Nothing to prune.")
         return
     _confirm(f"Delete {plural(len(candidates), 'ended session')} inactive for {days:g} days?", yes)
     doomed = db.media.of_sessions(candidates)
-    click.echo(f"pruned {plural(db.prune_sessions(days, source), 'session')}")
+    click.echo(f"pruned {plural(db.sessions.prune(days, source), 'session')}")
     forget_media(db, doomed)
 
 
@@ -329,7 +329,7 @@ def _size(n: float) -> str:
 @with_store
 def stats_cmd(db: SessionDB, as_json: bool) -> None:
     """Counts by source, database and WAL size."""
-    stats = db.stats()
+    stats = db.transfer.stats()
     if as_json:
         _json_out(stats)
         return

@@ -1,6 +1,6 @@
 """``switchboard storage``: where the store's bytes are, and which command gives each back.
 
-A thin layer: one ``SessionDB.storage_report`` call (``state._storage``), printed as tables or, with
+A thin layer: one ``db.storage.report`` call (``state._storage``), printed as tables or, with
 ``--json``, as one document.  Each line names what reduces it: ``sessions prune`` (or
 ``store.retention_days``, the daemon's daily prune) for the sessions' tables and text, ``sessions
 delete`` for one large session, ``maintenance --vacuum`` for the free pages of an older SQLite file.
@@ -57,7 +57,7 @@ def storage_cmd(config_path: Path | None, top: int, as_json: bool) -> None:
                                    "$SWITCHBOARD_HOME the daemon's home?)")
     try:
         with SessionDB(target) as db:
-            report = db.storage_report(top)
+            report = db.storage.report(top)
             references = db.media.stats()
     except StateError as exc:
         raise click.ClickException(str(exc)) from exc

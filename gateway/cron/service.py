@@ -225,7 +225,7 @@ class CronService:
             return
         await self.sync_config(config)
         self.scheduling = True
-        reaped = await self.db.reap_cron_runs(now=self.now())
+        reaped = await self.db.cron.reap_runs(now=self.now())
         for run in reaped:
             log.warning("cron run %s of job %s was interrupted when its process stopped; recorded as an error",
                         run["id"], run["job_id"])
@@ -239,7 +239,7 @@ class CronService:
         rows = []
         for spec, schedule in config_jobs(config, now=now):
             rows.append({**spec.as_row(), "next_run_at": first_run_at(schedule, now)})
-        changes = await self.db.sync_config_cron_jobs(rows, now=now)
+        changes = await self.db.cron.sync_config_jobs(rows, now=now)
         for what in ("added", "changed", "removed"):
             if changes[what]:
                 log.info("cron jobs from the config %s: %s", what, ", ".join(changes[what]))
@@ -300,7 +300,7 @@ class CronService:
 
     async def refresh(self) -> list[dict]:
         """Arm a timer for every active job at its ``next_run_at``; drop timers of the others."""
-        jobs = await self.db.list_cron_jobs()
+        jobs = await self.db.cron.list_jobs()
         wanted = {j["id"]: j["next_run_at"] for j in jobs if not j["paused"] and j["next_run_at"] is not None}
         if self._scheduler is None:
             return jobs
@@ -334,7 +334,7 @@ class CronService:
         Returns the run rows written (running or skipped); the runs go on as tasks."""
         now = self.now() if now is None else now
         if jobs is None:
-            jobs = await self.db.list_cron_jobs()
+            jobs = await self.db.cron.list_jobs()
         out = []
         for job in jobs:
             if job_ids is not None and job["id"] not in job_ids:
@@ -360,7 +360,7 @@ class CronService:
             many = f"{count} runs" if count == 1 or count < 1000 else "1000 or more runs"
             reason = (f"missed {many} while no daemon was running (the last was due {shown}); that is more than "
                       f"the grace period of {format_duration(grace)} ago, so it was not run")
-            run = await self.db.skip_cron_run(job["id"], now=now, scheduled_at=last, reason=reason,
+            run = await self.db.cron.skip_run(job["id"], now=now, scheduled_at=last, reason=reason,
                                               expect_next_run_at=job["next_run_at"], next_run_at=following)
             if run is not None:
                 log.warning("cron job %s: %s", job["id"], reason)
@@ -381,7 +381,7 @@ class CronService:
         """Run ``job_id`` once now and wait for it; returns the run row.  A run already in
         progress elsewhere (the lease is held) gives a ``skipped`` run saying who holds it."""
         now = self.now() if now is None else now
-        job = await self.db.get_cron_job(job_id)
+        job = await self.db.cron.get_job(job_id)
         if job is None:
             raise CronJobNotFound(job_id)
         run = await self._begin(job, trigger="manual", scheduled_at=None, now=now, expect="any",
@@ -393,7 +393,7 @@ class CronService:
         """Start one run of ``job_id`` now without waiting for it (the dashboard's "run now");
         returns the run row, ``running`` (or ``skipped`` when another process holds the lease)."""
         now = self.now() if now is None else now
-        job = await self.db.get_cron_job(job_id)
+        job = await self.db.cron.get_job(job_id)
         if job is None:
             raise CronJobNotFound(job_id)
         run = await self._begin(job, trigger="manual", scheduled_at=None, now=now, expect="any",
@@ -403,18 +403,18 @@ class CronService:
 
     async def pause_job(self, job_id: str, *, now: float | None = None) -> dict:
         """Stop running ``job_id`` until :meth:`resume_job`; returns the job row."""
-        job = await self.db.set_cron_job_paused(job_id, True, now=self.now() if now is None else now)
+        job = await self.db.cron.set_paused(job_id, True, now=self.now() if now is None else now)
         await self._rearm()
         return job
 
     async def resume_job(self, job_id: str, *, now: float | None = None) -> dict:
         """Run a paused job again from its next time on (times passed while paused are not made up)."""
         now = self.now() if now is None else now
-        job = await self.db.get_cron_job(job_id)
+        job = await self.db.cron.get_job(job_id)
         if job is None:
             raise CronJobNotFound(job_id)
         following = next_run_on_resume(job, self.tz, now)
-        job = await self.db.set_cron_job_paused(job_id, False, now=now, next_run_at=following)
+        job = await self.db.cron.set_paused(job_id, False, now=now, next_run_at=following)
         await self._rearm()
         return job
 
@@ -428,7 +428,7 @@ class CronService:
             if not await self.claim_tick(job["id"], scheduled_at):
                 log.debug("cron job %s: its run due at %s is another instance's", job["id"], _local(scheduled_at, self.tz))
                 return None
-        started = await self.db.begin_cron_run(
+        started = await self.db.cron.begin_run(
             job["id"], holder=self.holder, now=now, lease_seconds=self.lease_seconds, trigger=trigger,
             scheduled_at=scheduled_at, deliver=job["deliver"], expect_next_run_at=expect, next_run_at=following,
             note=note,
@@ -463,8 +463,8 @@ class CronService:
         skipped = False
         try:
             session_id = await self._session_for(job, run, key)
-            await self.db.set_cron_run_session(run["id"], session_id)
-            asked = await self.db.append_message(session_id, "user", job["prompt"])
+            await self.db.cron.set_run_session(run["id"], session_id)
+            asked = await self.db.messages.append(session_id, "user", job["prompt"])
             result = await self.turn.run(TurnRequest(
                 session_id=session_id, session_key=key, platform="cron", user_id=None, answered=(asked,),
                 # only the MCP tools the job names (never the agent's own: jobs cannot create jobs)
@@ -474,7 +474,7 @@ class CronService:
             if result.session_id != session_id:  # compression moved the conversation on
                 session_id = result.session_id
                 if job["context"] == "continue":
-                    await self.db.set_route(key, session_id)
+                    await self.db.routes.set(key, session_id)
             output = result.reply
         except asyncio.CancelledError:
             error = "interrupted: the gateway stopped during the run"
@@ -497,7 +497,7 @@ class CronService:
                    error: str | None, skipped: bool = False) -> dict:
         now = self.now()
         if session_id and job["context"] != "continue":
-            await self.db.end_session(session_id, "cron_error" if error else "cron_complete")
+            await self.db.sessions.end(session_id, "cron_error" if error else "cron_complete")
         if skipped:
             status, delivery, due = "skipped", None, None
             log.warning("cron job %s run %s skipped: %s", job["id"], run["id"], error)
@@ -510,7 +510,7 @@ class CronService:
             status, delivery, due = "ok", "local", None
         else:
             status, delivery, due = "delivering", "pending", now
-        finished = await self.db.finish_cron_run(run["id"], holder=self.holder, now=now, status=status,
+        finished = await self.db.cron.finish_run(run["id"], holder=self.holder, now=now, status=status,
                                                  session_id=session_id, output=output, error=error,
                                                  delivery=delivery, next_delivery_at=due)
         if finished is None:
@@ -520,7 +520,7 @@ class CronService:
         log.info("cron job %s run %s finished: %s", job["id"], run["id"], delivery or status)
         if delivery == "pending" and self.scheduling and not self._stopping:
             await self._deliver(finished, now=now)
-            finished = await self.db.get_cron_run(run["id"]) or finished  # as delivered (the row stays)
+            finished = await self.db.cron.get_run(run["id"]) or finished  # as delivered (the row stays)
         return finished
 
     def _note(self, job: dict) -> str:
@@ -530,17 +530,17 @@ class CronService:
 
     async def _session_for(self, job: dict, run: dict, key: str) -> str:
         if job["context"] == "continue":
-            current = await self.db.get_route(key)
-            session = await self.db.get_session(current) if current else None
+            current = await self.db.routes.get(key)
+            session = await self.db.sessions.get(current) if current else None
             if current and session is not None and session.get("ended_at") is None:
                 return current
         when = run["scheduled_at"] or run["started_at"]
         base = f"{job['name'][:76]} {dt.datetime.fromtimestamp(when, self.tz):%Y-%m-%d %H:%M}"  # room for " #NN"
         session_id = state.new_session_id()
         for _ in range(5):
-            title = await self.db.get_next_title_in_lineage(base)
+            title = await self.db.titles.next_in_lineage(base)
             try:
-                await self.db.create_session(
+                await self.db.sessions.create(
                     session_id, "cron", model=job["model"] or self.settings.model_name, session_key=key,
                     title=title, system_prompt=self.turn.settings.persona,
                 )
@@ -548,17 +548,17 @@ class CronService:
             except state.TitleConflict:  # another job took it between the two calls: next number
                 continue
         else:
-            await self.db.create_session(session_id, "cron", model=job["model"] or self.settings.model_name,
+            await self.db.sessions.create(session_id, "cron", model=job["model"] or self.settings.model_name,
                                          session_key=key, system_prompt=self.turn.settings.persona)
         if job["context"] == "continue":
-            await self.db.set_route(key, session_id)
+            await self.db.routes.set(key, session_id)
         return session_id
 
     async def _renew(self, job_id: str) -> None:
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
-                if not await self.db.renew_cron_lease(job_id, self.holder, now=self.now(),
+                if not await self.db.cron.renew_lease(job_id, self.holder, now=self.now(),
                                                       lease_seconds=self.lease_seconds):
                     log.error("cron job %s: lost its lease (it expired and another process took it)", job_id)
                     return
@@ -572,7 +572,7 @@ class CronService:
             return []
         now = self.now() if now is None else now
         out = []
-        for run in await self.db.due_cron_deliveries(now=now):
+        for run in await self.db.cron.due_deliveries(now=now):
             if run["id"] in self._delivering:
                 continue
             done = await self._deliver(run, now=now)
@@ -592,12 +592,12 @@ class CronService:
         if self._connecting(parse_target(run["deliver"]).platform):
             self._soon = True  # look again shortly rather than after a whole poll interval
             return None
-        claimed = await self.db.claim_cron_delivery(run["id"], now=now, hold_seconds=self.delivery_hold_seconds)
+        claimed = await self.db.cron.claim_delivery(run["id"], now=now, hold_seconds=self.delivery_hold_seconds)
         if claimed is None:
             return None
         self._delivering.add(run["id"])
         try:
-            job = await self.db.get_cron_job(run["job_id"])
+            job = await self.db.cron.get_job(run["job_id"])
             name = job["name"] if job else run["job_id"]
             target = parse_target(claimed["deliver"])
             text = f"**{name}**\n\n{(claimed['output'] or '').strip() or '(The model returned an empty answer.)'}"
@@ -617,7 +617,7 @@ class CronService:
                 retry_at = self.now() + self.delivery_backoff.delay(attempts - 1)
             if permanent:
                 error = f"not retried: {error}"
-            recorded = await self.db.record_cron_delivery(run["id"], now=self.now(), ok=ok, error=error,
+            recorded = await self.db.cron.record_delivery(run["id"], now=self.now(), ok=ok, error=error,
                                                           retry_at=retry_at)
             if ok:
                 log.info("cron job %s run %s delivered to %s", run["job_id"], run["id"], target)

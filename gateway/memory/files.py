@@ -390,13 +390,13 @@ async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", ses
     db, tools = turn.db, turn.tools
     if "memory" not in tools.names():
         return False
-    session = await db.get_session(session_id)
+    session = await db.sessions.get(session_id)
     if session is None:
         return False
     key = session.get("session_key") or ""
     if session.get("source") == "cron" or ":cron:" in key:
         return False
-    history = await db.get_messages_as_conversation(session_id)
+    history = await db.messages.as_conversation(session_id)
     if len([m for m in history if m.get("role") in ("user", "assistant")]) < min_messages:
         return False
     platform = session.get("source") or "?"

@@ -136,7 +136,7 @@ class SessionRecall:
         wanted = max(1, min(limit or s.default_sessions, s.max_sessions))
         if scope.accounts is not None and not scope.accounts:
             return []
-        found = await self.db.recall_hits(
+        found = await self.db.recall.hits(
             query, agent_prefix=scope.agent_prefix, accounts=scope.accounts,
             exclude_lineage_of=current_session_id, role_filter=role_filter, limit=s.hit_limit,
         )
@@ -149,7 +149,7 @@ class SessionRecall:
         if not top:
             return []
         members = {root: list(dict.fromkeys(h["session_id"] for h in groups[root])) for root in top}
-        rows = {row["id"]: row for row in await self.db.recall_sessions([m for root in top for m in members[root]])}
+        rows = {row["id"]: row for row in await self.db.recall.sessions([m for root in top for m in members[root]])}
 
         def cut() -> list[RecalledSession]:
             out = []
@@ -228,7 +228,7 @@ class SessionRecall:
     async def recent(self, scope: Scope, *, current_session_id: str | None = None, limit: int = 5) -> list[dict]:
         if scope.accounts is not None and not scope.accounts:
             return []
-        return await self.db.recent_sessions(agent_prefix=scope.agent_prefix, accounts=scope.accounts,
+        return await self.db.recall.recent_sessions(agent_prefix=scope.agent_prefix, accounts=scope.accounts,
                                              exclude_lineage_of=current_session_id, limit=limit)
 
     # -- answers -------------------------------------------------------------------

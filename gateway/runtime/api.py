@@ -569,8 +569,8 @@ class LocalApi:
         """A request seen before (same Idempotency-Key in this conversation): the stored reply to it (its
         usage 0: no model call answers a replay), or the error saying why there is none."""
         db = self.router.db
-        session_id = await db.get_route(ticket.session_key)
-        messages = await db.get_messages(session_id) if session_id else []
+        session_id = await db.routes.get(ticket.session_key)
+        messages = await db.messages.get(session_id) if session_id else []
         at = next((i for i, m in enumerate(messages)
                    if m["role"] == "user" and m.get("platform_message_id") == ticket.msg.message_id), None)
         if session_id is None or at is None:

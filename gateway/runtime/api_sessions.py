@@ -121,11 +121,11 @@ class Conversations:
         fingerprint = self.fingerprint_key(caller, request, first_reply)
         if first_reply is None and idempotency_key is None:
             return ConversationId("fingerprint", None, fingerprint)  # a first message: a new conversation
-        session = await self.db.get_routed_session(fingerprint)  # one indexed read: the route and its session
+        session = await self.db.routes.session(fingerprint)  # one indexed read: the route and its session
         if session is None or not session.get("session_key"):
             return ConversationId("fingerprint", None, fingerprint)
         if first_reply is None:  # a retry of a first message is the conversation it started
-            first = next((m for m in await self.db.get_messages(session["id"]) if m["role"] == "user"), None)
+            first = next((m for m in await self.db.messages.get(session["id"]) if m["role"] == "user"), None)
             if first is None or first.get("platform_message_id") != idempotency_key:
                 return ConversationId("fingerprint", None, fingerprint)
         return ConversationId("fingerprint", session["session_key"], fingerprint)
@@ -139,12 +139,12 @@ class Conversations:
         answer in; None when this request (by its Idempotency-Key) was stored and answered before.
         Runs under the conversation's lane lock."""
         incoming = list(request.messages)
-        routed = await self.db.get_routed_session(key)
+        routed = await self.db.routes.session(key)
         if routed is None:
             session_id = await self._create(key, None, user_id, user_name)
             await self._append(session_id, [], incoming, idempotency_key)
             if fingerprint is not None:
-                await self.db.set_route(fingerprint, session_id)
+                await self.db.routes.set(fingerprint, session_id)
             return session_id
         rows = await self._lineage_rows(routed)
         if idempotency_key is not None:
@@ -164,7 +164,7 @@ class Conversations:
         before = stored[common - 1][0] + 1 if common else 0
         child = await self._create(key, routed["id"], user_id, user_name)
         await self._append(child, rows[:before], incoming[common:], idempotency_key)
-        await self.db.set_route(key, child)  # the branch is the conversation from now on
+        await self.db.routes.set(key, child)  # the branch is the conversation from now on
         log.info("API conversation %s branched from session %s into %s after %d messages", key, routed["id"],
                  child, common)
         return child
@@ -173,14 +173,14 @@ class Conversations:
         """After the first answer of a fingerprinted conversation: its fingerprint with that answer, which
         the client's next request (its history holding the answer) is recognised by."""
         if _first_reply(request) is None:
-            await self.db.set_route(self.fingerprint_key(caller, request, reply), session_id)
+            await self.db.routes.set(self.fingerprint_key(caller, request, reply), session_id)
 
     async def _create(self, key: str, parent: str | None, user_id: str | None, user_name: str | None) -> str:
         session_id = state.new_session_id()
-        await self.db.create_session(session_id, "api", self.model_name, user_id, parent, session_key=key,
+        await self.db.sessions.create(session_id, "api", self.model_name, user_id, parent, session_key=key,
                                      user_name=user_name, system_prompt=self.persona)
         if parent is None:
-            await self.db.set_route(key, session_id)
+            await self.db.routes.set(key, session_id)
         return session_id
 
     async def _append(self, session_id: str, copied: list[dict], new: list[ClientMessage],
@@ -192,7 +192,7 @@ class Conversations:
                 entry["platform_message_id"] = idempotency_key
             messages.append(entry)
         if messages:
-            ids = await self.db.append_messages(session_id, messages)
+            ids = await self.db.messages.append_many(session_id, messages)
             if self.keep_media is not None:
                 for message_id, message in zip(ids[len(copied):], new, strict=True):
                     if any(a.data for a in message.images):
@@ -201,9 +201,9 @@ class Conversations:
     async def _lineage_rows(self, session: dict) -> list[dict]:
         """The stored messages of ``session`` as the client saw them: a compressed parent's own, then
         the messages added after the compression (not its summary and copies)."""
-        rows = await self.db.get_messages(session["id"])
+        rows = await self.db.messages.get(session["id"])
         parent_id = session.get("parent_session_id")
-        parent = await self.db.get_session(parent_id) if parent_id else None
+        parent = await self.db.sessions.get(parent_id) if parent_id else None
         if parent is None or parent.get("end_reason") != "compression" or parent.get("ended_at") is None:
             return rows
         own = [row for row in rows if row["timestamp"] > parent["ended_at"]]

@@ -37,7 +37,7 @@ async def store_results(db: AsyncSessionDB, session_id: str, continued: tuple[di
     A result must answer a call the session holds (or the request carries); a continuation whose
     results are all stored and already answered is refused (409), so a resent request never makes
     the model answer twice."""
-    rows = await db.get_messages(session_id)
+    rows = await db.messages.get(session_id)
     calls = {call["id"]: at for at, row in enumerate(rows) if row["role"] == "assistant"
              for call in row.get("tool_calls") or []}
     results = {row["tool_call_id"]: at for at, row in enumerate(rows) if row["role"] == "tool"}
@@ -62,7 +62,7 @@ async def store_results(db: AsyncSessionDB, session_id: str, continued: tuple[di
                     "tool_name": names.get(call_id)})
         results[call_id] = len(rows)
     if new:
-        await db.append_messages(session_id, new)
+        await db.messages.append_many(session_id, new)
         return
     last = max(results[m["tool_call_id"]] for m in continued if m["role"] == "tool")
     if any(row["role"] == "assistant" for row in rows[last + 1:]):
@@ -92,7 +92,7 @@ def continue_routed(db: AsyncSessionDB, key: str, request: ChatRequest) -> Calla
     results go to the session ``key`` routes to."""
 
     async def prepared() -> str | None:
-        session = await db.get_routed_session(key)
+        session = await db.routes.session(key)
         if session is None:
             raise ApiError(400, "no conversation under this session waits for tool results; send the tool "
                                 "results in the session whose answer called the tools", param="messages",

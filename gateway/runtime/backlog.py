@@ -1,6 +1,6 @@
 """The unanswered backlog for ``/healthz`` and ``/metrics``: sessions waiting for an answer, and for how long.
 
-A small background task reads the store's inbox (``unanswered_backlog``: one query, on the
+A small background task reads the store's inbox (``db.recovery.backlog``: one query, on the
 store's reader threads, never on the event loop) every few seconds and caches what it found.
 ``status()`` only returns the cache, so the synchronous health check never touches the store;
 the oldest message's age is counted from its cached arrival time, so it grows between reads.
@@ -46,7 +46,7 @@ class UnansweredBacklog:
             self._task = None
 
     async def refresh(self) -> None:
-        self._sessions, self._oldest = await self._db.unanswered_backlog()
+        self._sessions, self._oldest = await self._db.recovery.backlog()
 
     def status(self) -> dict:
         """``{"sessions": N, "oldest_seconds": S}`` (S None when nothing waits; both None before the first read)."""

@@ -265,7 +265,7 @@ class Gateway:
             claimed = {row["session_id"] for rows in undone for row in rows
                        if self.router.claims_turns(row["platform"]) and row.get("session_id")}
             if claimed:  # answered (or sent) by whichever instance claims the session, this one included
-                await self.db.mark_sessions_pending(claimed)
+                await self.db.recovery.mark_pending(claimed)
             # an owned connection's platform is resumed by whichever instance comes to own it
             pending, unanswered = ([row for row in rows if row["platform"] not in self.owned
                                     and not self.router.claims_turns(row["platform"])] for rows in undone)
@@ -304,7 +304,7 @@ class Gateway:
         process serves no platform (``switchboard chat``, ``cron run``: the daemon resumes them)."""
         if not self.serve_api:
             return None
-        return await self.db.pending_deliveries(), await self.db.unanswered_messages()
+        return await self.db.recovery.pending_deliveries(), await self.db.recovery.unanswered()
 
     def _start_platforms(self) -> None:
         cfg = self.config
@@ -339,7 +339,7 @@ class Gateway:
         secrets masked, so the adapter can acknowledge it and the chat's next messages get through."""
         row = await asyncio.to_thread(dead_letter_row, platform, event_id, payload, message, error,
                                       secrets=self.config.secrets(), files=self.services.media.files)
-        dead_letter_id = await self.db.add_dead_letter(**row)
+        dead_letter_id = await self.db.dead_letters.add(**row)
         log.error("%s event %s failed %d times and was set aside as dead letter %d (%s); "
                   "see: switchboard deadletters show %d", platform, row["event_id"], row["attempts"],
                   dead_letter_id, row["error"], dead_letter_id)
@@ -403,10 +403,10 @@ class Gateway:
         # queued again)
         claimed = self.router.claims_turns(name)
         pending = [] if claimed else [
-            row for row in await self.db.pending_deliveries()
+            row for row in await self.db.recovery.pending_deliveries()
             if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
         unanswered = [] if claimed else [
-            row for row in await self.db.unanswered_messages()
+            row for row in await self.db.recovery.unanswered()
             if row["platform"] == name and not self.router.working_on(row["session_key"])]
         counts = self.router.recover(pending, unanswered)
         if any(counts.values()):

@@ -131,12 +131,12 @@ class DeadLetterReplay:
             await asyncio.sleep(self.interval)
 
     async def refresh_count(self) -> int:
-        held = await self._db.count_dead_letters()
+        held = await self._db.dead_letters.count()
         self._on_count(held)
         return held
 
     async def tick(self) -> None:
-        for row in await self._db.dead_letters_due_for_retry():
+        for row in await self._db.dead_letters.due_for_retry():
             await self._replay_one(row)
         await self.refresh_count()
 
@@ -149,9 +149,9 @@ class DeadLetterReplay:
             raise
         except Exception as exc:  # noqa: BLE001 - the row goes back to held with the reason
             error = redact(clean_text(f"{type(exc).__name__}: {exc}"))
-            await self._db.set_dead_letter_status(dl, "held", only_from=("retry",), error=error, failed_attempt=True)
+            await self._db.dead_letters.set_status(dl, "held", only_from=("retry",), error=error, failed_attempt=True)
             log.error("dead letter %d (%s event %s) failed again on replay: %s; it is held again",
                       dl, row["platform"], row.get("event_id"), error)
             return
-        await self._db.set_dead_letter_status(dl, "retried", only_from=("retry",))
+        await self._db.dead_letters.set_status(dl, "retried", only_from=("retry",))
         log.info("dead letter %d (%s event %s) replayed", dl, row["platform"], row.get("event_id"))

@@ -80,7 +80,7 @@ class ResponsesApi:
         chat = parse_chat_request(chat_body)
         api_tools.check_names(chat, api.router.turn.tools.names())
         if options.previous_response_id is not None:
-            session = await api.router.db.get_routed_session(fmt.route_key(options.previous_response_id))
+            session = await api.router.db.routes.session(fmt.route_key(options.previous_response_id))
             if session is None or not session.get("session_key"):
                 raise ApiError(400, f"no response with the id {options.previous_response_id!r} is known here; "
                                     "send the whole conversation as 'input' instead", param="previous_response_id",
@@ -107,16 +107,16 @@ class ResponsesApi:
 
     async def _append(self, key: str, chat: ChatRequest, user: str | None) -> str:
         db = self.api.router.db
-        session = await db.get_routed_session(key)
+        session = await db.routes.session(key)
         if session is None:
             session_id = state.new_session_id()
-            await db.create_session(session_id, "api", self.api.model_name, user, None, session_key=key,
+            await db.sessions.create(session_id, "api", self.api.model_name, user, None, session_key=key,
                                     user_name=user, system_prompt=self.api.conversations.persona)
-            await db.set_route(key, session_id)
+            await db.routes.set(key, session_id)
         else:
             session_id = session["id"]
         if chat.messages:
-            await db.append_messages(session_id, [{"role": m.role, "content": m.stored} for m in chat.messages])
+            await db.messages.append_many(session_id, [{"role": m.role, "content": m.stored} for m in chat.messages])
         return session_id
 
 
@@ -138,7 +138,7 @@ class ResponsesFormat:
 
     async def kept(self, answer: Answer) -> None:
         if answer.session_id:
-            await self.db.set_route(self.route_key(self.id), answer.session_id)
+            await self.db.routes.set(self.route_key(self.id), answer.session_id)
 
     def output(self, content: str, calls: list[dict]) -> list[dict]:
         items: list[dict] = []

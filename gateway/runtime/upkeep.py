@@ -58,7 +58,7 @@ class StoreUpkeep:
         return dict(self._status)
 
     async def _run(self) -> None:
-        last = await self.db.last_upkeep()
+        last = await self.db.upkeep.last()
         due = last["finished_at"] + EVERY_SECONDS if last else 0.0
         next_at = max(due, self.clock() + START_DELAY_SECONDS)
         self._status.update(last_upkeep=last, next_upkeep_at=next_at)
@@ -122,16 +122,16 @@ class StoreUpkeep:
         pass after ``usage.keep_days`` is set may have months to drop), so live writes go between."""
         dropped = 0
         while True:
-            count = await self.db.prune_model_calls(before, limit=USAGE_PRUNE_ROWS)
+            count = await self.db.usage.prune(before, limit=USAGE_PRUNE_ROWS)
             dropped += count
             if count < USAGE_PRUNE_ROWS:
                 return dropped
 
     async def _refresh(self) -> None:
-        size = await self.db.store_size()
+        size = await self.db.upkeep.store_size()
         if size.wal_bytes > state.WAL_LIMIT_BYTES and self.idle():
             # off the write connection, like the pass's own checkpoint: live writes never queue behind it
             busy, _pages, _done = await self.db.checkpoint_aside("TRUNCATE")
             if not busy:
-                size = await self.db.store_size()
+                size = await self.db.upkeep.store_size()
         self._status.update(db_bytes=size.db_bytes, wal_bytes=size.wal_bytes, free_bytes=size.free_bytes)

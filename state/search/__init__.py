@@ -20,6 +20,7 @@ import sqlite3
 from typing import Any, Iterable, Sequence
 
 from .._dialect import dialect_of
+from .._repo import Repository, reads
 from ._index import MergeStep, SearchIndex
 from ._query import MAX_TERMS, Node, Op, Term, index_of, indexes, is_cjk, parse, positive_terms, render, sanitize_query
 from ._rank import first_snippet
@@ -28,11 +29,13 @@ from .tsvector import TSVECTOR
 
 log = logging.getLogger(__name__)
 
+
 __all__ = [
     "SearchIndex",
     "MergeStep",
     "search_index",
     "search_messages",
+    "Search",
     "matching_ids",
     "RANK_WINDOW",
     "MAX_LIMIT",
@@ -174,3 +177,23 @@ def _shaped(hit: dict) -> dict:
         k: hit[k]
         for k in ("id", "session_id", "role", "timestamp", "snippet", "context", "source", "model", "session_started")
     }
+
+
+class Search(Repository):
+    """``db.search``: the full-text search the user sees (``switchboard search``, ``/search``)."""
+
+    @reads
+    def messages(
+        self,
+        query: str,
+        source_filter: list[str] | None = None,
+        exclude_sources: list[str] | None = None,
+        role_filter: list[str] | None = None,
+        limit: int = 20,
+    ) -> list[dict]:
+        """Full-text search (see ``state.search``); never raises on any query string."""
+        return self._engine.read(
+            search_messages, query, source_filter=source_filter, exclude_sources=exclude_sources,
+            role_filter=role_filter, limit=limit,
+        )
+

@@ -81,7 +81,7 @@ class FactMemory:
         arg = ctx.command.args.strip().lower()
         key = ctx.lane.key
         if arg in ("on", "off"):
-            await self.service.db.set_facts_prefetch(key, arg == "on", now=self.service.clock())
+            await self.service.db.facts.set_prefetch(key, arg == "on", now=self.service.clock())
             return ("Fact recall is on for this chat: relevant facts go with each message to the model."
                     if arg == "on" else
                     "Fact recall is off for this chat: no stored facts go with your messages. The model can still "
@@ -89,10 +89,10 @@ class FactMemory:
         if arg:
             return "Usage: /facts (what is stored, and whether recall is on), /facts on, /facts off"
         agent = self.config.agent
-        count = await self.service.db.fact_count(agent, scope)
-        chosen = await self.service.db.facts_prefetch_enabled(key)
+        count = await self.service.db.facts.count(agent, scope)
+        chosen = await self.service.db.facts.prefetch_enabled(key)
         on = self.settings.prefetch if chosen is None else chosen
-        recent = await self.service.db.list_facts(agent, scope, limit=5)
+        recent = await self.service.db.facts.list(agent, scope, limit=5)
         lines = [f"{count} fact(s) stored about you. Recall before each message is {'on' if on else 'off'} in this "
                  f"chat (/facts {'off' if on else 'on'} to change)."]
         lines += [f"#{f['id']} (trust {f['trust']:.2f}) {f['content']}" for f in recent]
@@ -114,7 +114,7 @@ class FactMemory:
             return
         now = self.service.clock()
         try:
-            waiting = await self.service.db.sessions_awaiting_facts(since=now - SWEEP_DAYS * 86400, now=now,
+            waiting = await self.service.db.facts.sessions_awaiting(since=now - SWEEP_DAYS * 86400, now=now,
                                                                     limit=SWEEP_LIMIT)
         except Exception:  # the sweep is a catch-up; new sessions are still extracted
             log.warning("could not list ended sessions awaiting fact extraction", exc_info=True)

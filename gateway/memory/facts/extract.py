@@ -101,7 +101,7 @@ async def extract_session(service: FactService, model, config, session_id: str, 
                           default_agent: str = "main") -> Extraction:
     """Extract the facts of the ended session ``session_id`` (see the module docstring)."""
     db = service.db
-    session = await db.get_session(session_id)
+    session = await db.sessions.get(session_id)
     if session is None:
         return Extraction(session_id, skipped="no such session")
     key = session.get("session_key") or ""
@@ -110,15 +110,15 @@ async def extract_session(service: FactService, model, config, session_id: str, 
     scope = user_scope(config, session.get("source") or "", session.get("user_id"))
     if scope is None:
         return Extraction(session_id, skipped="no user")
-    history = await db.get_messages_as_conversation(session_id)
+    history = await db.messages.as_conversation(session_id)
     if len([m for m in history if m.get("role") in ("user", "assistant")]) < MIN_MESSAGES:
         return Extraction(session_id, skipped="too short")
-    if not await db.claim_fact_extraction(session_id, now=service.clock()):
+    if not await db.facts.claim_extraction(session_id, now=service.clock()):
         return Extraction(session_id, skipped="already extracted")
     agent = _agent_of(key, default_agent)
     try:
         user_words = " ".join(m["content"] for m in history if m.get("role") == "user" and isinstance(m.get("content"), str))
-        known = await db.fact_candidates(agent, scope, sorted(_text.token_set(user_words)), limit=KNOWN_SHOWN)
+        known = await db.facts.candidates(agent, scope, sorted(_text.token_set(user_words)), limit=KNOWN_SHOWN)
         known_text = "\n".join(f"{k['id']}: {k['content']}" for k in known) or "(none)"
         messages = [{"role": "system", "content": EXTRACT_PROMPT},
                     {"role": "user", "content": EXTRACT_INPUT.format(known=known_text, transcript=transcript_of(history))}]
@@ -127,12 +127,12 @@ async def extract_session(service: FactService, model, config, session_id: str, 
             agent=agent))
         facts, contradicted = parse_reply(completion.message.get("content") or "")
     except (ModelUnavailable, BudgetExceeded, ValueError) as exc:
-        await db.release_fact_extraction(session_id)
+        await db.facts.release_extraction(session_id)
         log.warning("fact extraction for session %s failed: %s; nothing stored (it runs again if the session "
                     "is resumed and ends again)", session_id, exc)
         return Extraction(session_id, skipped=f"failed: {exc}")
     except BaseException:
-        await db.release_fact_extraction(session_id)
+        await db.facts.release_extraction(session_id)
         raise
     added = confirmed = hit = 0
     shown = {k["id"] for k in known}
@@ -150,6 +150,6 @@ async def extract_session(service: FactService, model, config, session_id: str, 
             added += 1
         else:
             confirmed += 1
-    await db.finish_fact_extraction(session_id, added=added, confirmed=confirmed)
+    await db.facts.finish_extraction(session_id, added=added, confirmed=confirmed)
     log.info("facts from session %s: %d added, %d confirmed, %d contradicted", session_id, added, confirmed, hit)
     return Extraction(session_id, added=added, confirmed=confirmed, contradicted=hit)

@@ -1,6 +1,6 @@
 """Retrieval: FTS5 recall, then Jaccard and HRR scores, times trust, times time decay.
 
-:func:`rank` scores the candidates that :meth:`state.SessionDB.fact_candidates`
+:func:`rank` scores the candidates that ``db.facts.candidates``
 recalled (FTS5, OR of the query's words: three times the limit)::
 
     score = (w_fts · fts + w_jaccard · jaccard + w_hrr · hrr)

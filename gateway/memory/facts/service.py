@@ -81,14 +81,14 @@ class FactService:
         if mode not in scoring.MODES:
             raise FactRefused(f"unknown mode {mode!r}; use one of {', '.join(scoring.MODES)}")
         limit = self._limit(limit)
-        candidates = await self.db.fact_candidates(agent, scope, scoring.recall_terms(query, mode), limit=3 * limit)
+        candidates = await self.db.facts.candidates(agent, scope, scoring.recall_terms(query, mode), limit=3 * limit)
         return await self._rank(query, candidates, mode, limit)
 
     async def search_for_prefetch(self, session_key: str, agent: str, scope: str, query: str) -> list[scoring.ScoredFact]:
         """:meth:`search` for a turn's prefetch: nothing when the chat turned prefetch off (``/facts off``),
         with that choice and the candidates read together (one store call per turn, not two)."""
         limit = self._limit(None)
-        candidates = await self.db.fact_prefetch_candidates(session_key, self.settings.prefetch, agent, scope,
+        candidates = await self.db.facts.prefetch_candidates(session_key, self.settings.prefetch, agent, scope,
                                                             scoring.recall_terms(query, "probe"), limit=3 * limit)
         return await self._rank(query, candidates, "probe", limit)
 
@@ -112,14 +112,14 @@ class FactService:
         twin = await self._near_duplicate(agent, scope, content, ents, vector)
         now = self.clock()
         if twin is not None:
-            await self.db.confirm_fact(twin["id"], now=now, trust_step=TRUST_STEP)
+            await self.db.facts.confirm(twin["id"], now=now, trust_step=TRUST_STEP)
             return Remembered(twin["id"], "confirmed", twin["content"])
-        fact_id = await self.db.add_fact(agent, scope, content, ents, session_id=session_id, trust=trust, now=now,
+        fact_id = await self.db.facts.add(agent, scope, content, ents, session_id=session_id, trust=trust, now=now,
                                          hrr=hrr.to_blob(vector))
         return Remembered(fact_id, "added", content)
 
     async def _near_duplicate(self, agent: str, scope: str, content: str, ents: list[str], vector) -> dict | None:
-        candidates = await self.db.fact_candidates(agent, scope, sorted(_text.token_set(content)), limit=20)
+        candidates = await self.db.facts.candidates(agent, scope, sorted(_text.token_set(content)), limit=20)
         if not candidates:
             return None
         return await asyncio.to_thread(_closest_twin, content, ents, vector, candidates, self.settings.dimension)
@@ -129,7 +129,7 @@ class FactService:
             fid = int(fact_id)
         except (TypeError, ValueError):
             raise FactRefused(f"fact_id must be a number (the #id shown by a search), not {fact_id!r}") from None
-        fact = await self.db.get_fact(fid)
+        fact = await self.db.facts.get(fid)
         if fact is None or fact["agent"] != agent or fact["user_scope"] != scope:
             raise FactRefused(f"there is no fact #{fid} for this user; search first to get the id")
         return fact
@@ -137,7 +137,7 @@ class FactService:
     async def contradict(self, agent: str, scope: str, fact_id) -> dict:
         """The user said the fact is wrong: its trust is halved."""
         fact = await self.owned(agent, scope, fact_id)
-        updated = await self.db.contradict_fact(fact["id"], factor=CONTRADICT_FACTOR)
+        updated = await self.db.facts.contradict(fact["id"], factor=CONTRADICT_FACTOR)
         if updated is None:  # forgotten meanwhile
             raise FactRefused(f"there is no fact #{fact['id']} any more; search again to get the id")
         return updated
@@ -149,14 +149,14 @@ class FactService:
         new = await self.remember(agent, scope, content, entities, session_id=session_id, trust=TRUST_TOLD)
         if new.fact_id == old["id"]:
             raise FactRefused(f"the correction says the same as fact #{old['id']}; nothing changed")
-        updated = await self.db.contradict_fact(old["id"], factor=CONTRADICT_FACTOR, superseded_by=new.fact_id)
+        updated = await self.db.facts.contradict(old["id"], factor=CONTRADICT_FACTOR, superseded_by=new.fact_id)
         if updated is None:  # forgotten meanwhile; the correction is kept
             raise FactRefused(f"fact #{old['id']} was forgotten meanwhile; the correction is kept as #{new.fact_id}")
         return updated, new
 
     async def forget(self, agent: str, scope: str, fact_id) -> None:
         fact = await self.owned(agent, scope, fact_id)
-        await self.db.delete_fact(agent, scope, fact["id"])
+        await self.db.facts.delete(agent, scope, fact["id"])
 
 
 def _closest_twin(content: str, ents: list[str], vector, candidates: list[dict], dim: int) -> dict | None:

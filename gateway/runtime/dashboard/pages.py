@@ -128,8 +128,8 @@ class Pages:
     # -- health ---------------------------------------------------------------------
     async def _health_context(self) -> dict:
         health = self.src.health()
-        counts = await self.src.db.recovery_counts()
-        dead = await self.src.db.list_dead_letters(status="held", limit=DEAD_LETTERS_SHOWN)
+        counts = await self.src.db.recovery.counts()
+        dead = await self.src.db.dead_letters.list(status="held", limit=DEAD_LETTERS_SHOWN)
         return {"health": health, "counts": counts, "dead_letters": dead, "instance": self.src.instance,
                 "queued": self.src.queued_messages(), "now": time.time()}
 
@@ -180,16 +180,16 @@ class Pages:
         filters, args = self._session_filters(request)
         if filters.query:
             # any text is accepted: a query the search cannot read finds nothing, as in the CLI
-            hits = await self.src.db.search_messages(
+            hits = await self.src.db.search.messages(
                 filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
             return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=hits,
                                 rows=[], more=False)
-        rows = await self.src.db.list_sessions_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
+        rows = await self.src.db.sessions.list_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
         return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=None,
                             rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
 
     async def _record(self, request: web.Request) -> dict:
-        record = await self.src.db.export_session(request.match_info["session_id"])
+        record = await self.src.db.transfer.export(request.match_info["session_id"])
         if record is None:
             raise web.HTTPNotFound()
         return record
@@ -197,9 +197,9 @@ class Pages:
     async def session(self, request: web.Request) -> web.StreamResponse:
         record = await self._record(request)
         db = self.src.db
-        parent = await db.get_session(record["parent_session_id"]) if record.get("parent_session_id") else None
-        children = [s for s in await db.get_descendants(record["id"]) if s["parent_session_id"] == record["id"]]
-        lineage = transcript.Lineage(parent=parent, children=children, tip=await db.get_compression_tip(record["id"]))
+        parent = await db.sessions.get(record["parent_session_id"]) if record.get("parent_session_id") else None
+        children = [s for s in await db.sessions.descendants(record["id"]) if s["parent_session_id"] == record["id"]]
+        lineage = transcript.Lineage(parent=parent, children=children, tip=await db.sessions.compression_tip(record["id"]))
         # Markdown takes CPU (0.1-1.5 ms a message): a long transcript renders off the event loop
         messages = await asyncio.to_thread(lambda: [transcript.shown(m) for m in record["messages"]])
         return self._render(request, "session.html", "sessions", session=record, lineage=lineage, messages=messages,
@@ -224,7 +224,7 @@ class Pages:
         measured on a reader thread at most once a minute (on a large store ``dbstat`` takes seconds)."""
         async with self._storage_lock:
             if self._storage is None or time.time() - self._storage[0] > STORAGE_FRESH_SECONDS:
-                self._storage = (time.time(), report_json(await self.src.db.storage_report()))
+                self._storage = (time.time(), report_json(await self.src.db.storage.report()))
         measured_at, report = self._storage
         return self._render(request, "storage.html", "storage", report=report, size=size, shown=OBJECTS_SHOWN,
                             measured_at=measured_at, integrity=(self.src.health().get("integrity") or {}),
@@ -295,14 +295,14 @@ class Pages:
         since, dates = window(days, time.time())
         db = self.src.db
         # by user: an identity's accounts are one row, a cron job's calls go by its name
-        rename = account_names(self.src.identities, await db.list_cron_jobs()) if by == "user" else None
+        rename = account_names(self.src.identities, await db.cron.list_jobs()) if by == "user" else None
         limit = None if by == "day" else USAGE_TOP
         # with identities, every account is read: an identity's accounts add up before the ranking
         everyone = by == "user" and bool(self.src.identities)
-        found = from_summary(await db.usage_summary(since, by, limit=None if everyone else limit), dates, rename,
+        found = from_summary(await db.usage.summary(since, by, limit=None if everyone else limit), dates, rename,
                              limit)
-        chart = daily_chart(from_summary(await db.usage_summary(since, "purpose"), dates),
-                            from_summary(await db.usage_summary(since, "day"), dates))
+        chart = daily_chart(from_summary(await db.usage.summary(since, "purpose"), dates),
+                            from_summary(await db.usage.summary(since, "day"), dates))
         svg = Markup(usage_svg(chart, title=f"Last {days} days (UTC): tokens by purpose, cost per day"))  # usage_svg escapes every label
         rows = [*found.groups, *([found.others] if found.others else [])]
         return self._render(request, "usage.html", "usage", insights=found, rows=rows, by=by, days=days,
@@ -313,15 +313,15 @@ class Pages:
         return [{**r, "line": run_status_line(r, self.src.tz)} for r in runs]
 
     async def cron(self, request: web.Request) -> web.StreamResponse:
-        jobs = await self.src.db.list_cron_jobs()
-        runs = await self.src.db.list_cron_runs(None, limit=HISTORY_LIMIT)
+        jobs = await self.src.db.cron.list_jobs()
+        runs = await self.src.db.cron.list_runs(None, limit=HISTORY_LIMIT)
         return self._render(request, "cron.html", "cron", jobs=jobs, runs=self._runs(runs))
 
     async def cron_job(self, request: web.Request) -> web.StreamResponse:
-        job = await self.src.db.get_cron_job(request.match_info["job_id"])
+        job = await self.src.db.cron.get_job(request.match_info["job_id"])
         if job is None:
             raise web.HTTPNotFound()
-        runs = await self.src.db.list_cron_runs(job["id"], limit=HISTORY_LIMIT)
+        runs = await self.src.db.cron.list_runs(job["id"], limit=HISTORY_LIMIT)
         started = request.query.get("started", "")
         return self._render(request, "cron_job.html", "cron", job=job, runs=self._runs(runs),
                             started=started if started.isdigit() else "", done=request.query.get("done", ""))
@@ -329,9 +329,9 @@ class Pages:
     async def runs_fragment(self, request: web.Request) -> web.StreamResponse:
         """The runs table alone (of one job, or of all), which the page refreshes while a run is running."""
         job_id = request.match_info.get("job_id")
-        if job_id is not None and await self.src.db.get_cron_job(job_id) is None:
+        if job_id is not None and await self.src.db.cron.get_job(job_id) is None:
             raise web.HTTPNotFound()
-        runs = await self.src.db.list_cron_runs(job_id, limit=HISTORY_LIMIT)
+        runs = await self.src.db.cron.list_runs(job_id, limit=HISTORY_LIMIT)
         return self._render(request, "_runs.html", "cron", runs=self._runs(runs))
 
     async def cron_action(self, request: web.Request) -> web.StreamResponse:
@@ -352,7 +352,7 @@ class Pages:
 
     # -- pairing --------------------------------------------------------------------
     async def pairing(self, request: web.Request, *, error: str = "", status: int = 200) -> web.StreamResponse:
-        listing = await self.src.db.list_pairing()
+        listing = await self.src.db.pairing.list()
         assert self.ui is not None
         return self.ui.render(request, "pairing.html", {
             "page": "pairing", "pending": listing["pending"], "approved": listing["approved"], "platforms": installed_platforms(),
@@ -366,7 +366,7 @@ class Pages:
             return await self.pairing(request, error=f"choose a platform ({', '.join(installed_platforms())}) and a code",
                                       status=400)
         try:
-            user = await self.src.db.approve_pairing(platform, code)
+            user = await self.src.db.pairing.approve(platform, code)
         except state.PairingNotFound:
             return await self.pairing(request, status=404, error=(
                 f"no pending {platform} pairing request has code {code!r} (codes expire after an hour); "
@@ -379,7 +379,7 @@ class Pages:
         platform, user_id = str(form.get("platform", "")).lower(), str(form.get("user_id", ""))
         if platform not in installed_platforms() or not user_id:
             return await self.pairing(request, error="choose an approved user to revoke", status=400)
-        if not await self.src.db.revoke_user(platform, user_id):
+        if not await self.src.db.pairing.revoke(platform, user_id):
             return await self.pairing(request, error=f"{platform} user {user_id} was not approved: nothing changed",
                                       status=404)
         log.info("dashboard: revoked %s user %s", platform, user_id)
