@@ -8,7 +8,11 @@ what it is sent: every trace kept, then one in ten (``OTEL_TRACES_SAMPLER=parent
 ``OTEL_TRACES_SAMPLER_ARG=0.1``).  Prints the gateway process's CPU seconds per turn (user + system,
 from /proc) for each, and the difference in percent.
 
-    .venv/bin/python bench/traces.py [--sessions 50] [--messages 10] [--rounds 3]
+``--turn tool`` measures the turn of bench/soak.py instead of the bare one: streamed to the client,
+the model's answer streamed (400 characters, 8 to a chunk) after a call of the built-in
+``session_search`` tool (two model calls, a tool call and its search).
+
+    .venv/bin/python bench/traces.py [--sessions 50] [--messages 10] [--rounds 3] [--turn bare|tool]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway import cpu_seconds, run_load, start_gateway
+from bench.soak import DEFAULT_TOOL, start_model as start_tool_model, streamed_turn
 from tests.fakes.model_server import start_in_process as start_model
 
 
@@ -64,11 +69,12 @@ async def cpu_per_turn(home: Path, model_port: int, args, env: dict[str, str]) -
             else:
                 os.environ[k] = v
     try:
-        await run_load(port, 5, 2, "warmup")
+        load = run_load if args.turn == "bare" else run_streamed
+        await load(port, 5, 2, "warmup")
         runs = []
         for r in range(args.rounds):
             before = cpu_seconds(gw.pid)
-            await run_load(port, args.sessions, args.messages, f"r{r}")
+            await load(port, args.sessions, args.messages, f"r{r}")
             runs.append((cpu_seconds(gw.pid) - before) / (args.sessions * args.messages))
         return runs
     finally:
@@ -76,15 +82,30 @@ async def cpu_per_turn(home: Path, model_port: int, args, env: dict[str, str]) -
         await gw.wait()
 
 
+async def run_streamed(port: int, sessions: int, messages: int, tag: str) -> None:
+    """run_load's sessions, each turn streamed to the client (bench/soak.py's turn)."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def conversation(i: int) -> None:
+            for n in range(messages):
+                assert await streamed_turn(http, url, f"{tag}-{i}", f"{tag} {i} msg {n}: what about item {n}?")
+
+        await asyncio.gather(*(conversation(i) for i in range(sessions)))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turn", choices=("bare", "tool"), default="bare",
+                        help="bare: a whole answer at once; tool: streamed, after a session_search call")
     args = parser.parse_args()
     receiver = Receiver()
     runner, url = await receiver.start()
-    model, model_port = await start_model(0.0)
+    model, model_port = await (start_model(0.0) if args.turn == "bare" else start_tool_model(400, DEFAULT_TOOL))
     try:
         with tempfile.TemporaryDirectory() as tmp:
             off = await cpu_per_turn(Path(tmp) / "off" / "home", model_port, args, {})
@@ -102,7 +123,7 @@ async def main() -> None:
     turns = args.sessions * args.messages
     m_off, m_on = statistics.median(off), statistics.median(on)
     print(f"{args.rounds} rounds of {turns} turns ({args.sessions} sessions x {args.messages} messages), "
-          f"model answers at once")
+          f"model answers at once" + ("" if args.turn == "bare" else ", streamed, after a session_search call"))
     print(f"traces off: {m_off * 1000:.2f} ms of gateway CPU per turn (median; rounds "
           f"{', '.join(f'{x * 1000:.2f}' for x in off)})")
     print(f"traces on:  {m_on * 1000:.2f} ms of gateway CPU per turn (median; rounds "
