@@ -19,7 +19,7 @@ each model call (``chat <model>``, the GenAI semantic conventions: ``gen_ai.requ
 answer has a ``gen_ai.first_token`` event), each tool call (``execute_tool <name>``), each platform
 send (``send <platform>``, drafts and their edits too), and each store write (``store <method>``,
 through :func:`state.aio.observe_writes`): an event on the span it happened in, with its duration,
-or a span of its own when it took 10 ms or more or failed (a span costs the SDK about ten times
+or a span of its own when it took 50 ms or more or failed (a span costs the SDK about ten times
 what an event does, and a turn makes several writes that take a millisecond).  The trace id goes into every log line written
 inside (``trace_id=``, see :mod:`gateway.logging_setup`).
 
@@ -331,7 +331,7 @@ class _StoreWrite:
         span.end(end_time=ended)
 
 
-SLOW_STORE_WRITE_SECONDS = 0.01  # a store write that took this long is a span of its own, not an event
+SLOW_STORE_WRITE_SECONDS = 0.05  # a store write that took this long (waiting its turn included) is a span of its own
 _SLOW_STORE_WRITE_NS = int(SLOW_STORE_WRITE_SECONDS * 1e9)
 
 
