@@ -16,9 +16,11 @@ One trace per turn: the inbound event is its root (``inbound <platform>``), the 
 (``turn``; several messages answered together are links), and under the turn, as they happen:
 each model call (``chat <model>``, the GenAI semantic conventions: ``gen_ai.request.model``,
 ``gen_ai.usage.input_tokens``/``output_tokens``, ``gen_ai.response.finish_reasons``; a streamed
-answer has a ``gen_ai.first_token`` event), each tool call (``execute_tool <name>``), each store
-write (``store <method>``, through :func:`state.aio.observe_writes`) and each platform send
-(``send <platform>``, drafts and their edits too).  The trace id goes into every log line written
+answer has a ``gen_ai.first_token`` event), each tool call (``execute_tool <name>``), each platform
+send (``send <platform>``, drafts and their edits too), and each store write (``store <method>``,
+through :func:`state.aio.observe_writes`): an event on the span it happened in, with its duration,
+or a span of its own when it took 50 ms or more or failed (a span costs the SDK about ten times
+what an event does, and a turn makes several writes that take a millisecond).  The trace id goes into every log line written
 inside (``trace_id=``, see :mod:`gateway.logging_setup`).
 
 Configured by the standard environment variables, read by the OpenTelemetry SDK itself:
@@ -38,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from importlib.metadata import PackageNotFoundError, version as package_version
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -194,15 +197,15 @@ class _Span:
 
     def finished(self, *, input_tokens: int, output_tokens: int, finish_reason: str | None,
                  response_model: str | None = None, text: str | None = None) -> None:
-        span = self.span
-        span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+        attributes: dict[str, Any] = {"gen_ai.usage.input_tokens": input_tokens,
+                                      "gen_ai.usage.output_tokens": output_tokens}
         if finish_reason:
-            span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+            attributes["gen_ai.response.finish_reasons"] = (finish_reason,)
         if response_model:
-            span.set_attribute("gen_ai.response.model", response_model)
+            attributes["gen_ai.response.model"] = response_model
         if _include_content and text:
-            span.set_attribute("gen_ai.output.messages", _text([{"role": "assistant", "content": text}]))
+            attributes["gen_ai.output.messages"] = _text([{"role": "assistant", "content": text}])
+        self.span.set_attributes(attributes)  # one call: the SDK takes its lock once
 
     def stream(self, on_text: Callable[[str], None] | None) -> Callable[[str], None] | None:
         """``on_text`` that marks the first streamed text with a ``gen_ai.first_token`` event."""
@@ -295,8 +298,49 @@ def send(platform: str, what: str = "message") -> _Span | _Noop:
     return _Span(f"send {platform}", SpanKind.PRODUCER, {"switchboard.platform": platform, "switchboard.send": what})
 
 
-def store_write(method: str) -> _Span | _Noop:
-    """A write to the store inside a turn (``state.aio.observe_writes``); none outside one."""
-    if _tracer is None or not trace.get_current_span().get_span_context().is_valid:
+class _StoreWrite:
+    """One store write inside a turn: an event on the span running it (``store <method>``, with
+    ``db.operation.name`` and ``switchboard.duration_ms``), which costs a tenth of a span; a write that
+    took ``SLOW_STORE_WRITE_SECONDS`` or more, or failed, becomes a child span of its own instead, with
+    the write's own start and end, so a slow turn shows where its store time went."""
+
+    __slots__ = ("_parent", "_method", "_started")
+
+    def __init__(self, parent: Any, method: str):
+        self._parent = parent
+        self._method = method
+
+    def __enter__(self) -> "_StoreWrite":
+        self._started = time.time_ns()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        ended = time.time_ns()
+        name = "store " + self._method
+        # (a write that outlives its span, e.g. from a task the turn left behind, becomes a span too)
+        if exc is None and ended - self._started < _SLOW_STORE_WRITE_NS and self._parent.is_recording():
+            self._parent.add_event(name, {"db.operation.name": self._method,
+                                          "switchboard.duration_ms": (ended - self._started) / 1e6},
+                                   timestamp=self._started)
+            return
+        span = _tracer.start_span(name, context=trace.set_span_in_context(self._parent), kind=SpanKind.CLIENT,
+                                  attributes={"db.operation.name": self._method}, start_time=self._started)
+        if exc is not None:
+            span.set_attribute("error.type", type(exc).__qualname__)
+            span.set_status(Status(StatusCode.ERROR, str(exc)[:200] or type(exc).__qualname__))
+        span.end(end_time=ended)
+
+
+SLOW_STORE_WRITE_SECONDS = 0.05  # a store write that took this long (waiting its turn included) is a span of its own
+_SLOW_STORE_WRITE_NS = int(SLOW_STORE_WRITE_SECONDS * 1e9)
+
+
+def store_write(method: str) -> _StoreWrite | _Noop:
+    """A write to the store inside a turn (``state.aio.observe_writes``); nothing outside one."""
+    if _tracer is None:
         return NOOP
-    return _Span(f"store {method}", SpanKind.CLIENT, {"db.operation.name": method})
+    parent = trace.get_current_span()
+    context = parent.get_span_context()
+    if not context.is_valid or not context.trace_flags.sampled:  # outside a turn, or a trace not kept
+        return NOOP
+    return _StoreWrite(parent, method)

@@ -108,7 +108,8 @@ async def test_one_platform_turn_with_a_tool_call_is_one_trace(tmp_path, monkeyp
         return sorted((s for s in spans if s["parent"] == span["id"]), key=lambda s: s["start"])
 
     (turn,) = [s for s in children(root) if s["name"] == "turn"]
-    assert "store append_inbound_to_route" in {s["name"] for s in children(root)}  # the message stored
+    # the store's writes, each an event on the span it happened in (a span only when slow or failed)
+    assert "store Messages.append_inbound_to_route" in root["events"] + [s["name"] for s in children(root)]  # the message stored
     steps = [s["name"] for s in children(turn) if not s["name"].startswith("store ")]
     # the tool loop as it happened: a model call asking for the tool, the tool, the answering call;
     # the sends to Telegram between them (streamed: the tool's status line as a draft) and after
@@ -117,7 +118,7 @@ async def test_one_platform_turn_with_a_tool_call_is_one_trace(tmp_path, monkeyp
     assert steps[-1] == "send telegram", steps
     assert {s["attributes"]["switchboard.send"] for s in children(turn) if s["name"] == "send telegram"} <= \
         {"draft", "edit", "message"}
-    assert "store record_turn" in {s["name"] for s in children(turn)}  # the answer stored
+    assert "store Messages.record_turn" in turn["events"] + [s["name"] for s in children(turn)]  # the answer stored
     first_call, tool, second_call = (next(s for s in children(turn) if s["name"] == n and s["start"] >= after)
                                      for n, after in (("chat fake-model", 0), ("execute_tool memory", 0),
                                                       ("chat fake-model", children(turn)[0]["end"])))
@@ -163,6 +164,33 @@ async def test_include_content_puts_the_text_in_and_tracing_off_costs_nothing():
     assert SECRET_TEXT in attributes["execute_tool memory"]["gen_ai.tool.call.arguments"]
     assert attributes["execute_tool memory"]["gen_ai.tool.call.result"] == "saved 4711"
     assert tracing.enabled() is False and tracing.inbound(msg) is tracing.NOOP  # shut down: off again
+
+
+async def test_a_store_write_is_an_event_unless_it_was_slow_or_failed():
+    msg = InboundMessage(platform="telegram", chat_type="dm", chat_id="1", user_id="1", text="hi")
+    async with OtlpReceiver() as otlp:
+        assert tracing.setup(env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url})
+        try:
+            assert tracing.store_write("append_message") is tracing.NOOP  # outside a turn: nothing
+            with tracing.inbound(msg):
+                with tracing.store_write("append_inbound_to_route"):
+                    pass
+                with tracing.store_write("record_turn"):
+                    await asyncio.sleep(tracing.SLOW_STORE_WRITE_SECONDS * 1.5)  # a write that took long
+                with pytest.raises(RuntimeError), tracing.store_write("set_title"):
+                    raise RuntimeError("disk full")
+        finally:
+            await asyncio.to_thread(tracing.shutdown)
+    by_name = {s["name"]: s for s in otlp.spans}
+    assert set(by_name) == {"inbound telegram", "store record_turn", "store set_title"}
+    root = by_name["inbound telegram"]
+    assert root["events"] == ["store append_inbound_to_route"]
+    slow, failed = by_name["store record_turn"], by_name["store set_title"]
+    assert slow["parent"] == failed["parent"] == root["id"]
+    assert slow["end"] - slow["start"] >= tracing.SLOW_STORE_WRITE_SECONDS * 1e9
+    assert slow["attributes"] == {"db.operation.name": "record_turn"} and slow["status"] == 0
+    assert failed["attributes"] == {"db.operation.name": "set_title", "error.type": "RuntimeError"}
+    assert failed["status"] == 2  # STATUS_CODE_ERROR
 
 
 @pytest.fixture(autouse=True)

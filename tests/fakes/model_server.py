@@ -19,7 +19,9 @@ one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ToolCalls``, ``Reaso
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
-OpenAI's 400 ``context_length_exceeded``).  Run as a script it serves until
+OpenAI's 400 ``context_length_exceeded``), and with ``tool_loop`` (a ``ToolCall`` made by every turn:
+the answer to each request that offers tools and ends with the user's message; ``--tool-loop`` run
+as a script).  Run as a script it serves until
 killed, printing ``PORT <n>`` first (used by the benchmarks)::
 
     python -m tests.fakes.model_server --delay 0.5
@@ -178,6 +180,9 @@ class FakeModel:
         # optional: prompts estimated above this many tokens get a 400 context_length_exceeded
         self.context_limit: int | None = None
         self._expect_reasoning: tuple[str, dict] | None = None  # set by ReasoningToolCall for the next request
+        # optional: a request that offers tools and ends with the user's message gets this call (a tool in
+        # every turn, however many turns run at once; the request after the tool's result gets the answer)
+        self.tool_loop: ToolCall | None = None
         # a streamed answer ("stream": true) comes this many characters to a chunk, this many seconds apart
         self.stream_chunk_chars = 8
         self.stream_interval = 0.0
@@ -331,6 +336,9 @@ class FakeModel:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             behaviour = self._script.pop(0) if self._script else None
+            if behaviour is None and self.tool_loop is not None and body.get("tools") \
+                    and (body.get("messages") or [{}])[-1].get("role") == "user":
+                behaviour = self.tool_loop
             if self.delay:
                 await asyncio.sleep(self.delay)
             if isinstance(behaviour, Hang):
@@ -440,9 +448,12 @@ async def start_in_process(delay: float = 0.0) -> tuple[asyncio.subprocess.Proce
 
 
 async def _serve(delay: float, chunk_chars: int = 8, interval: float = 0.0, reply_chars: int = 0,
-                 transcribe_delay: float = 0.0) -> None:
+                 transcribe_delay: float = 0.0, tool_loop: str | None = None) -> None:
     async with FakeModel(delay=delay) as fake:
         fake.transcribe_delay = transcribe_delay
+        if tool_loop:
+            call = json.loads(tool_loop)
+            fake.tool_loop = ToolCall(call["name"], call.get("arguments") or {})
         fake.stream_chunk_chars, fake.stream_interval = chunk_chars, interval
         if reply_chars:
             words = ("The answer goes on, word after word, as a model writes it. " * (reply_chars // 40 + 1))
@@ -458,11 +469,13 @@ if __name__ == "__main__":
     parser.add_argument("--stream-interval", type=float, default=0.0, help="seconds between streamed chunks")
     parser.add_argument("--reply-chars", type=int, default=0, help="answer with this many characters (0: the echo)")
     parser.add_argument("--transcribe-delay", type=float, default=0.0, help="seconds each transcription takes")
+    parser.add_argument("--tool-loop", default=None, metavar="JSON",
+                        help='every turn calls this tool first: {"name": "session_search", "arguments": {...}}')
     args = parser.parse_args()
     try:
         import uvloop  # the fake should cost the benchmarks as little as a real server would
 
         uvloop.run(_serve(args.delay, args.stream_chunk_chars, args.stream_interval, args.reply_chars,
-                          args.transcribe_delay))
+                          args.transcribe_delay, args.tool_loop))
     except KeyboardInterrupt:
         pass
