@@ -1270,7 +1270,9 @@ class SessionRouter:
         """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
         try:
             await self.db.messages.record_turn(session_id, [{"role": "assistant", "content": record["text"],
-                                                    "finish_reason": "stopped"}], answered=answered, delivery=record,
+                                                    "finish_reason": "stopped",
+                                                    "trace_id": tracing.current_trace_id()}],
+                                      answered=answered, delivery=record,
                                       fence=claim.fence)
             return True
         except state.StateError as exc:

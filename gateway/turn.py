@@ -309,6 +309,9 @@ class AgentTurn:
         elif not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
             to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
                              "token_count": completion.completion_tokens})
+        trace_id = tracing.current_trace_id()  # None while traces are off: the transcript shows it beside the reply
+        if trace_id is not None:
+            to_store = [{**m, "trace_id": trace_id} for m in to_store]
         if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
             reply = f"{reply}\n\n{CUT_OFF_NOTE}"
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None

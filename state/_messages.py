@@ -29,7 +29,7 @@ PREVIEW_STORED = 100  # characters of the first user message kept on the session
 MESSAGE_KEYS = (
     "role", "content", "tool_call_id", "tool_calls", "tool_name", "token_count", "finish_reason",
     "reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items", "platform_message_id",
-    "timestamp",
+    "timestamp", "trace_id",
 )
 _JSON_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items")
 # A model's reasoning, as stored: ``reasoning`` is text (a model that calls it ``reasoning_content``
@@ -107,11 +107,12 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
     cur = conn.execute(
         """INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp,
                                  token_count, finish_reason, reasoning, reasoning_details,
-                                 codex_reasoning_items, platform_message_id)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
+                                 codex_reasoning_items, platform_message_id, trace_id)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
         (session_id, role, content, message.get("tool_call_id"), _json(tool_calls), message.get("tool_name"),
          timestamp, message.get("token_count"), message.get("finish_reason"), reasoning,
-         _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id),
+         _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id,
+         message.get("trace_id")),
     )
     return Appended(cur.fetchall()[0][0], True)
 
@@ -313,7 +314,7 @@ class Messages(Repository):
     def append_many(self, session_id: str, messages: list[dict]) -> list[int]:
         """Store a turn's messages in one transaction: all of them or, on any error, none.
 
-        Keys are :meth:`append`'s parameters."""
+        Keys are :meth:`append`'s parameters, and ``trace_id`` (the turn's trace, 32 hex digits)."""
         return self._engine.write(append_messages, session_id, list(messages))
 
     @writes

@@ -379,6 +379,12 @@ def _v28_media(conn):
     _media.create_tables(conn)
 
 
+def _v29_trace_id(conn):
+    """Both engines: ``messages.trace_id``, the trace (32 hex digits) of the turn that wrote a reply or
+    tool message, when traces were on and the trace was sampled; NULL otherwise (and for older rows)."""
+    add_column(conn, "messages", "trace_id", "TEXT")
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -481,6 +487,7 @@ for _step in [
               _v26_budgets),
     Migration(27, "tool calls waiting for approval, and their answers", _v27_tool_approvals, _v27_tool_approvals),
     Migration(28, "message_media: a message's files by hash (the bytes in the media folder)", _v28_media, _v28_media),
+    Migration(29, "messages.trace_id: the trace of the turn that wrote it", _v29_trace_id, _v29_trace_id),
 ]:
     register(_step)
 

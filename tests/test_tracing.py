@@ -1,11 +1,15 @@
 """OpenTelemetry traces (the switchboard[otel] extra): the real daemon exports one trace per turn by
 OTLP over HTTP to a receiver in this process, which decodes the protobuf ExportTraceServiceRequest as
 a collector would.  One platform turn with a tool call is checked whole: the tree of spans, their
-order, the GenAI attributes, no message text, and the trace id in the turn's log lines."""
+order, the GenAI attributes, no message text, and the trace id in the turn's log lines, in the rows it
+stored and on the dashboard's transcript."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import sqlite3
 
 import pytest
 from aiohttp import web
@@ -19,6 +23,8 @@ from gateway.types import InboundMessage
 from tests.crashkit import Daemon, TelegramSide
 from tests.fakes.model_server import FakeModel, ToolCall
 from tests.fakes.telegram import FakeTelegram
+from tests.harness import ApiClient, running_gateway
+from tests.test_dashboard import TOKEN, Browser
 
 SECRET_TEXT = "my locker code is 4711"
 
@@ -92,6 +98,24 @@ async def test_one_platform_turn_with_a_tool_call_is_one_trace(tmp_path, monkeyp
             await tg.wait_for(lambda: any(SECRET_TEXT in m.visible_text for m in tg.sent), 30, "the answer")
         finally:
             assert await daemon.stop() == 0  # the last spans are sent at exit
+        # the same home served by an in-process gateway: traces off there (only `switchboard run` turns them
+        # on), its dashboard shows the Telegram turn, and an API turn it answers itself stores no trace id
+        monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+        async with running_gateway(daemon.home, model, ui={"enabled": True}, api={"token": TOKEN}) as gw:
+            assert await ApiClient(gw).say("untraced", "hello without traces")
+            with sqlite3.connect(daemon.db_path) as conn:
+                stored = conn.execute("SELECT s.source, s.id, m.role, m.trace_id FROM messages m "
+                                      "JOIN sessions s ON s.id = m.session_id ORDER BY m.id").fetchall()
+            browser = Browser(gw)
+            try:
+                await browser.login(TOKEN)
+                (telegram_session,) = {sid for source, sid, _, _ in stored if source == "telegram"}
+                (api_session,) = {sid for source, sid, _, _ in stored if source == "api"}
+                _, traced_page, _ = await browser.get(f"/ui/sessions/{telegram_session}")
+                _, untraced_page, _ = await browser.get(f"/ui/sessions/{api_session}")
+                _, export, _ = await browser.get(f"/ui/sessions/{telegram_session}/export.json")
+            finally:
+                await browser.close()
     log = daemon.log_path(0).read_text()
     assert otlp.content_types == {"application/x-protobuf"}
     assert otlp.resources[0]["service.name"] == "switchboard"
@@ -138,6 +162,19 @@ async def test_one_platform_turn_with_a_tool_call_is_one_trace(tmp_path, monkeyp
     # the trace id in the turn's log lines: the memory tool's own line, for one
     memory_lines = [line for line in log.splitlines() if "memory add on" in line]
     assert memory_lines and all(f"trace_id={root['trace']}" in line for line in memory_lines), log[-2000:]
+
+    # the turn's trace id stored with what it wrote (the tool call, the tool's result, the reply), not with
+    # the user's message (stored before the turn); with traces off, none
+    assert [(role, trace_id) for source, _, role, trace_id in stored if source == "telegram"] == [
+        ("user", None), ("assistant", root["trace"]), ("tool", root["trace"]), ("assistant", root["trace"])]
+    assert [(role, trace_id) for source, _, role, trace_id in stored if source == "api"] == [
+        ("user", None), ("assistant", None)]
+    # on the dashboard: beside the reply, the whole id to copy (shown cut short), and in the export
+    reply = re.findall(r'<div class="message assistant"[^>]*>\s*<div class="head">(.*?)</div>', traced_page, re.S)[-1]
+    assert f'trace <code>{root["trace"]}</code>' in reply and f'title="the trace of the turn that wrote this: ' \
+        f'{root["trace"]}"' in reply, reply
+    assert "trace <code>" not in untraced_page
+    assert [m.get("trace_id") for m in json.loads(export)["messages"]] == [None] + [root["trace"]] * 3
 
 
 async def test_include_content_puts_the_text_in_and_tracing_off_costs_nothing():

@@ -68,7 +68,10 @@ def as_markdown(record: dict, tz: dt.tzinfo) -> str:
         head = f"## {message['role']}"
         if message.get("tool_name"):
             head += f" ({message['tool_name']})"
-        lines += ["", f"{head} · {_when(message.get('timestamp'), tz)}", ""]
+        head += f" · {_when(message.get('timestamp'), tz)}"
+        if message.get("trace_id"):
+            head += f" · trace `{message['trace_id']}`"
+        lines += ["", head, ""]
         if compression.is_summary(message):
             lines += ["*Summary of the earlier conversation:*", "", compression.summary_text(message)]
         elif message.get("content"):
