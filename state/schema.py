@@ -379,6 +379,18 @@ def _v28_media(conn):
     _media.create_tables(conn)
 
 
+def _v29_reserved(conn):
+    """Reserved: v29 (``messages.trace_id``) is being written on another branch; merged, that step
+    replaces this one.  Nothing to do here."""
+
+
+def _v30_media_search(conn):
+    """Both engines: the documents' search index over ``message_media.text`` (``state.search``)."""
+    from .search import search_index  # owned by the search package
+
+    search_index(conn).install_media(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -481,6 +493,9 @@ for _step in [
               _v26_budgets),
     Migration(27, "tool calls waiting for approval, and their answers", _v27_tool_approvals, _v27_tool_approvals),
     Migration(28, "message_media: a message's files by hash (the bytes in the media folder)", _v28_media, _v28_media),
+    Migration(29, "(reserved: messages.trace_id, on another branch)", _v29_reserved, _v29_reserved),
+    Migration(30, "search over the text of messages' files (documents, descriptions, transcripts)",
+              _v30_media_search, _v30_media_search),
 ]:
     register(_step)
 
