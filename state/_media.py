@@ -5,7 +5,8 @@
                     transcript), and a note (one line: why it could not be read)
 
 The bytes live in the media folder (:mod:`state.media_files`), never here: a row is a few
-hundred bytes plus the text read from the file, stored once.  A row goes with its message
+hundred bytes plus the text read from the file, stored once; search finds it through the engine's
+index over this column (``state.search``, schema v30), ranked with the messages' own text.  A row goes with its message
 (``ON DELETE CASCADE``), so deleting a session, pruning, and ``store.retention_days`` take
 the references with them; :func:`referenced_hashes` then says which files are still wanted,
 and the media folder's sweep deletes the rest.  A dead letter's message (``gateway.runtime.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Iterable
+from typing import Iterable
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
@@ -133,35 +134,25 @@ def _dead_letter_hashes(text: str | None) -> Iterable[str]:
 
 def search_media_text(conn: sqlite3.Connection, query: str, *, session_ids: list[str] | None = None,
                       limit: int = 10) -> list[dict]:
-    """Messages whose documents' text (or images' descriptions) hold every word of ``query``
-    (case-insensitive), newest first, with the session and a snippet around the first word."""
-    words = [w for w in query.lower().split() if w.strip()][:8]
-    if not words:
+    """Messages whose documents' text (or images' descriptions) match ``query`` (the search's query
+    language and index, ``state.search``), best first, each with its best file and a snippet."""
+    from . import search  # the index over this table's text is the search package's
+
+    tree = search.parse(query)
+    if tree is None or (session_ids is not None and not session_ids):
         return []
-    where = " AND ".join("LOWER(mm.text) LIKE ? ESCAPE '\\'" for _ in words)
-    args: list[Any] = [f"%{_escape_like(w)}%" for w in words]
+    where, args = "", []
     if session_ids is not None:
-        if not session_ids:
-            return []
-        where += f" AND m.session_id IN ({', '.join('?' for _ in session_ids)})"
-        args += session_ids
-    rows = conn.execute(
-        "SELECT m.id AS message_id, m.session_id, m.timestamp, mm.name, mm.kind, mm.text "
-        f"FROM message_media mm JOIN messages m ON m.id = mm.message_id WHERE mm.text IS NOT NULL AND {where} "
-        "ORDER BY m.timestamp DESC LIMIT ?",
-        (*args, limit),
-    ).fetchall()
+        where, args = f" AND m.session_id IN ({dialect_of(conn).json_values()})", [json.dumps(list(session_ids))]
+    hits = search.media_hits(conn, tree, where, args, False, int(limit))
     out = []
-    for row in rows:
-        text = row["text"] or ""
-        at = max(0, text.lower().find(words[0]) - 80)
-        out.append({"message_id": row["message_id"], "session_id": row["session_id"], "timestamp": row["timestamp"],
-                    "name": row["name"], "kind": row["kind"], "snippet": text[at:at + 240].strip()})
+    for hit in hits:
+        row = conn.execute("SELECT name, kind FROM message_media WHERE message_id = ? AND position = ?",
+                           (hit["id"], hit["position"])).fetchone()
+        if row is not None:
+            out.append({"message_id": hit["id"], "session_id": hit["session_id"], "timestamp": hit["timestamp"],
+                        "name": row[0], "kind": row[1], "snippet": hit["snippet"].split("] ", 1)[-1]})
     return out
-
-
-def _escape_like(word: str) -> str:
-    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def media_stats(conn: sqlite3.Connection) -> dict:
@@ -207,7 +198,7 @@ class Media(Repository):
 
     @reads
     def search(self, query: str, session_ids: list[str] | None = None, limit: int = 10) -> list[dict]:
-        """Messages whose documents' text holds every word of ``query``."""
+        """Messages whose documents' text matches ``query`` (the search's index), best first."""
         return self._engine.read(search_media_text, query, session_ids=session_ids, limit=limit)
 
     @reads

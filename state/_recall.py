@@ -94,44 +94,24 @@ def recall_hits(
         else:
             ids = _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter)
             hits = _newest_in(conn, tree, ids, limit) if ids else []
+        # the text of the documents people sent (and the pictures' descriptions), in the same scope
+        where, args = _scope_sql(conn, agent_prefix, accounts, excluded, role_filter)
+        media = search.media_hits(conn, tree, where, args, True, limit)
     except sqlite3.OperationalError as exc:
         if "fts5" not in str(exc):
             raise
-        hits = []
-    # the text of the documents people sent (and the pictures' descriptions), in the same scope
-    seen = {h["id"] for h in hits}
-    hits += [h for h in _media_hits(conn, tree, agent_prefix, accounts, excluded, role_filter, limit)
-             if h["id"] not in seen][:max(0, limit - len(hits))]
+        hits, media = [], []
+    if accounts is None:  # ranked, files and messages alike
+        hits = search.merge_hits(hits, media, limit)
+    else:  # one user's scope: the newest matches (recall groups them by session)
+        seen = {h["id"] for h in hits}
+        hits = sorted([*hits, *(h for h in media if h["id"] not in seen)], key=lambda h: -h["id"])[:limit]
     roots = _conversation_roots(conn, {h["session_id"] for h in hits})
     for hit in hits:
+        hit.pop("score", None)
+        hit.pop("position", None)
         hit["conversation"] = roots[hit["session_id"]]
     return {"hits": hits, "excluded": excluded}
-
-
-def _media_hits(conn, tree, agent_prefix, accounts, excluded, role_filter, limit) -> list[dict]:
-    """Messages in the scope whose files' text (``state._media``) holds every positive term, newest first."""
-    words = [t.text.strip().lower() for t in search.positive_terms(tree) if t.text.strip()][:8]
-    if not words:
-        return []
-    where, args = _scope_sql(conn, agent_prefix, accounts, excluded, role_filter)
-    like = " AND ".join("LOWER(mm.text) LIKE ? ESCAPE '\\'" for _ in words)
-    rows = conn.execute(
-        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, mm.name, mm.text"
-        " FROM message_media mm JOIN messages m ON m.id = mm.message_id JOIN sessions s ON s.id = m.session_id"
-        f" WHERE mm.text IS NOT NULL AND {like}{where} ORDER BY m.timestamp DESC, m.id DESC LIMIT ?",
-        [*(f"%{_escape_like(w)}%" for w in words), *args, int(limit)],
-    ).fetchall()
-    keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
-    hits = []
-    for row in rows:
-        hit = dict(zip(keys, tuple(row[:7]), strict=True))
-        hit["snippet"] = f"[{row[7]}] " + first_snippet([row[8]], words)
-        hits.append(hit)
-    return hits
-
-
-def _escape_like(word: str) -> str:
-    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _conversation_roots(conn, session_ids) -> dict[str, str]:

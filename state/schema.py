@@ -385,6 +385,13 @@ def _v29_trace_id(conn):
     add_column(conn, "messages", "trace_id", "TEXT")
 
 
+def _v30_media_search(conn):
+    """Both engines: the documents' search index over ``message_media.text`` (``state.search``)."""
+    from .search import search_index  # owned by the search package
+
+    search_index(conn).install_media(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -488,6 +495,8 @@ for _step in [
     Migration(27, "tool calls waiting for approval, and their answers", _v27_tool_approvals, _v27_tool_approvals),
     Migration(28, "message_media: a message's files by hash (the bytes in the media folder)", _v28_media, _v28_media),
     Migration(29, "messages.trace_id: the trace of the turn that wrote it", _v29_trace_id, _v29_trace_id),
+    Migration(30, "search over the text of messages' files (documents, descriptions, transcripts)",
+              _v30_media_search, _v30_media_search),
 ]:
     register(_step)
 

@@ -144,7 +144,7 @@ def test_an_older_store_migrates_and_keeps_its_order(store_target, backend):
         assert _said(db, sid) == ["u:d1", "u:d2", "u:d3"]
         db.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=[d1])
         assert _said(db, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
-        assert db.transfer.stats()["schema_version"] == 29
+        assert db.transfer.stats()["schema_version"] == 30
 
 
 def test_no_room_after_a_message_is_a_clear_error_that_stores_nothing(store_target, backend):

@@ -18,9 +18,9 @@ from state._pg import MIGRATION_LOCK, Row, mask_url, translate
 from tests.harness import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
-# The search indexes' own tables: FTS5's and the batch mark on SQLite, messages_fts (words and
+# The search indexes' own tables: FTS5's (messages, facts, documents) and the batch mark on SQLite, messages_fts (words and
 # CJK text, GIN-indexed) on PostgreSQL (state/search/tsvector.py); each engine's own business.
-SEARCH_INTERNALS = ("messages_fts", "facts_fts", "search_index_", "sqlite_")
+SEARCH_INTERNALS = ("messages_fts", "facts_fts", "media_fts", "search_index_", "sqlite_")
 
 
 def test_every_schema_step_has_a_postgresql_form():

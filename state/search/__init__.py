@@ -1,4 +1,4 @@
-"""Full-text search over messages and facts: one query language, one seam, an index per engine.
+"""Full-text search over messages, the text of their files, and facts: one query language, one seam, an index per engine.
 
 * ``state.search._query`` parses and sanitises what the user typed into a tree of terms joined by
   ``AND``, ``OR`` and ``NOT`` (the query syntax, CJK dispatch and limits are there).
@@ -23,7 +23,6 @@ from .._dialect import dialect_of
 from .._repo import Repository, reads
 from ._index import MergeStep, SearchIndex
 from ._query import MAX_TERMS, Node, Op, Term, index_of, indexes, is_cjk, parse, positive_terms, render, sanitize_query
-from ._rank import first_snippet
 from .fts5 import FTS5
 from .tsvector import TSVECTOR
 
@@ -33,6 +32,8 @@ log = logging.getLogger(__name__)
 __all__ = [
     "SearchIndex",
     "MergeStep",
+    "media_hits",
+    "merge_hits",
     "search_index",
     "search_messages",
     "Search",
@@ -127,42 +128,35 @@ def search_messages(
     try:
         hits = search_index(conn).search(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit),
                                          CONTEXT_CHARS)
+        media = media_hits(conn, tree, where, args, need_s, limit)
     except sqlite3.OperationalError as exc:
         # Only a query the sanitiser let through by mistake gets here; say so and find nothing.
         if "fts5" not in str(exc):
             raise
         log.warning("search query %r rejected by FTS5 (%s); returning no results", str(query)[:200], exc)
         return []
-    found = [_shaped(hit) for hit in hits]
-    if len(found) < limit:  # then the messages whose documents hold the words (state._media)
-        seen = {hit["id"] for hit in found}
-        found += [hit for hit in _media_hits(conn, tree, where, args, limit) if hit["id"] not in seen][
-            :limit - len(found)]
-    return found
+    return [_shaped(hit) for hit in merge_hits(hits, media, limit)]
 
 
-def _media_hits(conn: Any, tree: Node, where: str, args: list, limit: int) -> list[dict]:
-    """Messages whose files' text (a document's, a picture's description) holds every positive term,
-    newest first, shaped like the index's hits (no context)."""
-    words = [t.text.strip().lower() for t in positive_terms(tree) if t.text.strip()][:8]
-    if not words:
-        return []
-    like = " AND ".join("LOWER(mm.text) LIKE ? ESCAPE '\\'" for _ in words)
-    patterns = ["%" + w.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for w in words]
+def media_hits(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[dict]:
+    """The index's hits in the text of messages' files (``SearchIndex.search_media``); none on a
+    database whose schema has no such index yet (an index installed on a seed, before schema v30)."""
     try:
-        rows = conn.execute(
-            "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, mm.name, mm.text"
-            " FROM message_media mm JOIN messages m ON m.id = mm.message_id JOIN sessions s ON s.id = m.session_id"
-            f" WHERE mm.text IS NOT NULL AND {like}{where} ORDER BY m.timestamp DESC, m.id DESC LIMIT ?",
-            [*patterns, *args, int(limit)],
-        ).fetchall()
-    except sqlite3.OperationalError as exc:  # a seed database the index was installed on, before schema v25
-        if "message_media" not in str(exc):
+        return search_index(conn).search_media(conn, tree, where, args, need_s, limit, max(RANK_WINDOW, limit))
+    except sqlite3.OperationalError as exc:
+        if "media_fts" not in str(exc) and "media_search_src" not in str(exc):
             raise
         return []
-    return [{"id": r[0], "session_id": r[1], "role": r[2], "timestamp": r[3],
-             "snippet": f"[{r[7]}] " + first_snippet([r[8]], words), "context": [], "source": r[4], "model": r[5],
-             "session_started": r[6]} for r in rows]
+
+
+def merge_hits(hits: list[dict], media: list[dict], limit: int) -> list[dict]:
+    """Messages found by their text and by their files' text, as one ranking: best ``score`` first,
+    newest first on equal scores; a message found both ways once, where it ranked better."""
+    best: dict[int, dict] = {}
+    for hit in [*hits, *media]:
+        if hit["id"] not in best or hit["score"] > best[hit["id"]]["score"]:
+            best[hit["id"]] = hit
+    return sorted(best.values(), key=lambda h: (-h["score"], -h["id"]))[:limit]
 
 
 def matching_ids(conn: Any, tree: Node, where: str = "", args: Sequence = (), need_s: bool = False,
@@ -174,7 +168,7 @@ def matching_ids(conn: Any, tree: Node, where: str = "", args: Sequence = (), ne
 
 def _shaped(hit: dict) -> dict:
     return {
-        k: hit[k]
+        k: hit.get(k, [])  # a file's hit has no context
         for k in ("id", "session_id", "role", "timestamp", "snippet", "context", "source", "model", "session_started")
     }
 

@@ -33,7 +33,20 @@ class SearchIndex(Protocol):
                context_chars: int | None = None) -> list[dict]:
         """The best ``limit`` of the newest ``window`` matches, best first, as hits (``id``,
         ``session_id``, ``role``, ``timestamp``, ``source``, ``model``, ``session_started``,
-        ``snippet``); with ``context_chars``, each with its ``context`` (the messages around it)."""
+        ``snippet``, ``score``: higher is better, comparable with :meth:`search_media`'s); with
+        ``context_chars``, each with its ``context`` (the messages around it)."""
+        ...
+
+    def install_media(self, conn: Any) -> None:
+        """Create the documents' index over ``message_media.text`` (schema step v30), kept in step with
+        its rows (inserts, text set later, deletes and their messages' cascades)."""
+
+    def search_media(self, conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int,
+                     window: int) -> list[dict]:
+        """Messages whose files' text (a document's, a picture's description, a transcript) matches,
+        ranked by the rules :meth:`search` ranks messages by, each message once: hits as :meth:`search`'s
+        (no ``context``), the snippet led by ``[file name]``, each with the ``score`` it was ranked by and
+        the ``position`` of the file that matched best."""
         ...
 
     def matching_ids(self, conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:

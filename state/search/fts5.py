@@ -282,9 +282,12 @@ def _writing(conn: sqlite3.Connection):
 
 
 def rebuild(conn: sqlite3.Connection) -> None:
-    """Rebuild both indexes from ``messages`` (after a bulk import or a repair)."""
+    """Rebuild both indexes from ``messages``, and the documents' from ``message_media`` (after a bulk
+    import or a repair)."""
     with _writing(conn):
         _rebuild(conn)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'media_fts'").fetchone():
+            conn.execute("INSERT INTO media_fts(media_fts) VALUES ('rebuild')")
 
 
 def _rebuild(conn: sqlite3.Connection) -> None:
@@ -439,7 +442,8 @@ def _rank(conn, texts: dict[int, tuple], scorers: list[Scorer], upto: int, windo
     def score(i: int) -> float:
         return sum(scorer.score(texts[i], size.get(i)) for scorer, size in zip(scorers, sizes, strict=True))
 
-    ranked = [-neg for _score, neg in sorted((score(i), -i) for i in newest)[:limit]]
+    scores = {i: score(i) for i in newest}
+    ranked = [-neg for _score, neg in sorted((scores[i], -i) for i in newest)[:limit]]
     details = {r[0]: r for r in conn.execute(
         "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
         " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each(?))",
@@ -453,6 +457,7 @@ def _rank(conn, texts: dict[int, tuple], scorers: list[Scorer], upto: int, windo
             if like_terms:
                 snippets.append(first_snippet(texts[msg_id], like_terms))
             hit["snippet"] = max(snippets, key=lambda cut: cut.count(">>>"))
+            hit["score"] = -scores[msg_id]  # higher is better, as the documents' (search_media)
             hits.append(hit)
     return hits
 
@@ -627,6 +632,103 @@ def _add_context(conn: sqlite3.Connection, hit: dict, chars: int) -> None:
     hit["context"] = [{"id": r[0], "role": r[1], "content": (r[2] or "")[:chars]} for r in (before, after) if r]
 
 
+# --- documents: the text read from a message's files (state._media) ---------------------------------------
+
+#: A file's row in ``media_fts``: its message's id times MEDIA_SLOT plus its position.  Not
+#: ``message_media``'s own rowid, which a VACUUM may renumber (the table has no INTEGER PRIMARY KEY).
+MEDIA_SLOT = 1024
+
+_MEDIA_KEY = "{0}.message_id * " + str(MEDIA_SLOT) + " + {0}.position"
+_MEDIA_WHEN = "{0}.text IS NOT NULL AND {0}.position < " + str(MEDIA_SLOT)
+
+_MEDIA_INDEX = (
+    # external content: the text is stored once, in message_media; the index holds only its words
+    f"CREATE VIEW IF NOT EXISTS media_search_src AS SELECT {_MEDIA_KEY.format('mm')} AS id, mm.text AS text "
+    f"FROM message_media mm WHERE {_MEDIA_WHEN.format('mm')}",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS media_fts USING fts5(text, content='media_search_src', content_rowid='id')",
+    f"""CREATE TRIGGER IF NOT EXISTS media_fts_ai AFTER INSERT ON message_media WHEN {_MEDIA_WHEN.format('new')} BEGIN
+        INSERT INTO media_fts(rowid, text) VALUES ({_MEDIA_KEY.format('new')}, new.text);
+    END""",
+    # a deleted message takes its rows with it (ON DELETE CASCADE), and SQLite fires this for each
+    f"""CREATE TRIGGER IF NOT EXISTS media_fts_ad AFTER DELETE ON message_media WHEN {_MEDIA_WHEN.format('old')} BEGIN
+        INSERT INTO media_fts(media_fts, rowid, text) VALUES ('delete', {_MEDIA_KEY.format('old')}, old.text);
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS media_fts_au AFTER UPDATE OF message_id, position, text ON message_media BEGIN
+        INSERT INTO media_fts(media_fts, rowid, text) SELECT 'delete', {_MEDIA_KEY.format('old')}, old.text
+            WHERE {_MEDIA_WHEN.format('old')};
+        INSERT INTO media_fts(rowid, text) SELECT {_MEDIA_KEY.format('new')}, new.text WHERE {_MEDIA_WHEN.format('new')};
+    END""",
+)
+
+
+def install_media(conn: sqlite3.Connection) -> None:
+    """The documents' index (schema v30): ``media_fts`` over ``message_media.text``, kept by triggers,
+    filled from the rows already there."""
+    fresh = not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'media_fts'").fetchone()
+    for sql in _MEDIA_INDEX:
+        conn.execute(sql)
+    if fresh:
+        conn.execute("INSERT INTO media_fts(media_fts) VALUES ('rebuild')")
+
+
+def search_media(conn: sqlite3.Connection, tree: Node, where: str, args: list, need_s: bool, limit: int,
+                 window: int) -> list[dict]:
+    """Messages whose files' text matches ``media_fts``, ranked by the BM25 messages are ranked by
+    (the newest ``window`` matches, best ``limit``), each message once with its best file; hits as
+    :func:`search`'s, the snippet led by the file's name.  A query with CJK terms (the
+    documents have no trigram index) matches each positive term as a substring, newest first."""
+    join = " JOIN messages m ON m.id = f.rowid / " + str(MEDIA_SLOT)
+    join += " JOIN sessions s ON s.id = m.session_id" if need_s else ""
+    one = one_index_match(tree)
+    scorer: Scorer | None = None
+    if one is not None and one[0] == "unicode61":
+        keys = [r[0] for r in conn.execute(
+            f"SELECT f.rowid FROM media_fts f{join} WHERE f.media_fts MATCH ?{where} ORDER BY f.rowid DESC LIMIT ?",
+            [one[1], *args, window])]
+        # scored with the messages' statistics (their BM25 weights and average length), so a file's
+        # text and a message's are scored alike and rank in one list; its length is its own
+        scorer = Scorer(conn, False, positive_terms(tree), _indexed_upto(conn))
+        terms = [t.text.strip() for t in positive_terms(tree)]
+    else:
+        terms = [t.text.strip() for t in positive_terms(tree) if t.text.strip()][:8]
+        if not terms:
+            return []
+        like = " AND ".join("f.text LIKE ? ESCAPE '\\'" for _ in terms)
+        keys = [r[0] for r in conn.execute(
+            f"SELECT f.id FROM media_search_src f JOIN messages m ON m.id = f.id / {MEDIA_SLOT}"
+            + (" JOIN sessions s ON s.id = m.session_id" if need_s else "")
+            + f" WHERE {like}{where} ORDER BY f.id DESC LIMIT ?", [*map(_like_arg, terms), *args, limit])]
+    if not keys:
+        return []
+    files = {r[0] * MEDIA_SLOT + r[1]: r[2:] for r in conn.execute(
+        "SELECT message_id, position, name, text FROM message_media WHERE message_id IN (SELECT value FROM json_each(?))",
+        (json.dumps(sorted({k // MEDIA_SLOT for k in keys})),))}
+    best: dict[int, tuple[float, int]] = {}  # message -> (score, key of its best file)
+    for key in keys:
+        if key in files:
+            score = -scorer.score((files[key][1],)) if scorer is not None else 0.0
+            message = key // MEDIA_SLOT
+            if message not in best or score > best[message][0]:
+                best[message] = (score, key)
+    order = sorted(best, key=lambda i: (-best[i][0], -i))[:limit]
+    details = {r[0]: r for r in conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
+        " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each(?))",
+        (json.dumps(order),))}
+    hits = []
+    for message in order:
+        if message in details:
+            score, key = best[message]
+            name, text = files[key]
+            hit = _row_dict(details[message])
+            cut = scorer.snippet((text,)) if scorer is not None else ""
+            hit["snippet"] = f"[{name}] " + (cut or first_snippet([text], terms) or text[:120])
+            hit["score"] = score
+            hit["position"] = key % MEDIA_SLOT
+            hits.append(hit)
+    return hits
+
+
 # --- one user's scope (recall) and facts ----------------------------------------------------------------
 
 
@@ -781,7 +883,9 @@ class Fts5Index:
     name = "fts5"
 
     install = staticmethod(install)
+    install_media = staticmethod(install_media)
     search = staticmethod(search)
+    search_media = staticmethod(search_media)
     texts = staticmethod(searched_texts)
     newest_in = staticmethod(newest_in)
     fact_candidates = staticmethod(fact_candidates)

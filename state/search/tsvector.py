@@ -224,7 +224,7 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         f"> {order_key('m')} ORDER BY {ORDER_KEY} LIMIT 1) a ON true") if context_chars is not None else ("", "")
     rows = conn.execute(
         "SELECT r.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, m.content, m.tool_name, "
-        f"search_tool_text(m.tool_calls){around[0]} FROM ({ranked}) r JOIN messages m ON m.id = r.id "
+        f"search_tool_text(m.tool_calls){around[0]}, r.rank FROM ({ranked}) r JOIN messages m ON m.id = r.id "
         f"JOIN sessions s ON s.id = m.session_id{around[1]} ORDER BY r.rank DESC, r.id DESC", ranked_args).fetchall()
     terms = [t.text.strip() for t in positive]
     unaccented: list[str] | None = None  # the terms as PostgreSQL's unaccent reads them, asked for once if needed
@@ -241,11 +241,75 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
                                                              (terms,)).fetchall()]
             cut = marked_snippet(texts, terms + unaccented)
         hit["snippet"] = cut if cut is not None else _opening(texts)
+        hit["score"] = float(r[-1])  # higher is better, as the documents' (search_media)
         if context_chars is not None:
             hit["context"] = [{"id": r[i], "role": r[i + 1], "content": (r[i + 2] or "")[:context_chars]}
                               for i in (10, 13) if r[i] is not None]
         hits.append(hit)
     return hits
+
+
+# --- documents: the text read from a message's files (state._media) -------------------------------------
+
+#: The documents' index (schema v30): an expression index on ``message_media``'s own text, so the
+#: text is stored once and a row's words go with it (a deleted message's files cascade away).
+MEDIA_INSTALL = ("CREATE INDEX IF NOT EXISTS idx_message_media_words ON message_media USING gin (search_words(text)) "
+                 "WHERE text IS NOT NULL",)
+
+# the files' text as messages_fts's columns (the planner folds this into the query, so the
+# expression index above answers ``f.words @@ ...``); CJK terms are substrings of the text
+_MEDIA_SRC = ("(SELECT mm.message_id AS id, mm.position, search_words(mm.text) AS words, mm.text AS cjk "
+              "FROM message_media mm WHERE mm.text IS NOT NULL) f")
+
+
+def install_media(conn: Any) -> None:
+    """Schema v30 on PostgreSQL: the GIN index on the words of ``message_media.text``."""
+    for sql in MEDIA_INSTALL:
+        conn.execute(sql)
+
+
+def search_media(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int) -> list[dict]:
+    """Messages whose files' text matches, ranked as :func:`search` ranks messages (``ts_rank`` on the
+    words of the newest ``window`` matches, plus English stems among the best), each message once
+    with its best file; the snippet is led by the file's name."""
+    cond, cargs = condition(tree)
+    positive = positive_terms(tree)
+    words = [t for t in positive if index_of(t) == "unicode61"]
+    join = " JOIN messages m ON m.id = f.id" + (" JOIN sessions s ON s.id = m.session_id" if need_s else "")
+    if words:
+        parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
+        ranked = (
+            "SELECT b.id, b.position, b.score + CASE WHEN numnode(e.q) = 0 THEN 0 ELSE "
+            "ts_rank(to_tsvector('english'::regconfig, mm.text), e.q) END AS rank "
+            f"FROM (SELECT c.id, c.position, c.score FROM (SELECT f.id, f.position, ts_rank(f.words, "
+            f"{' || '.join(parts)}) AS score FROM {_MEDIA_SRC}{join} WHERE {cond}{where} "
+            "ORDER BY f.id DESC, f.position LIMIT ?) c ORDER BY c.score DESC, c.id DESC LIMIT ?) b "
+            "JOIN message_media mm ON mm.message_id = b.id AND mm.position = b.position "
+            "CROSS JOIN (SELECT plainto_tsquery('english', ?) AS q) e")
+        ranked_args = [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
+                       " ".join(t.text for t in words)]
+    else:  # CJK substrings only: newest first
+        ranked = f"SELECT f.id, f.position, 0 AS rank FROM {_MEDIA_SRC}{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
+        ranked_args = [*cargs, *args, limit]
+    rows = conn.execute(
+        "SELECT r.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, mm.name, mm.text, r.rank, "
+        "r.position "
+        f"FROM ({ranked}) r JOIN message_media mm ON mm.message_id = r.id AND mm.position = r.position "
+        "JOIN messages m ON m.id = r.id JOIN sessions s ON s.id = m.session_id ORDER BY r.rank DESC, r.id DESC",
+        ranked_args).fetchall()
+    terms = [t.text.strip() for t in positive]
+    hits: dict[int, dict] = {}
+    for r in rows:
+        if r[0] in hits:  # a message's best file only (rows come best first)
+            continue
+        hit = dict(zip(("id", "session_id", "role", "timestamp", "source", "model", "session_started"), r[:7],
+                       strict=True))
+        cut = marked_snippet([r[8]], terms)
+        hit["snippet"] = f"[{r[7]}] " + (cut if cut is not None else _opening([r[8]]))
+        hit["score"] = float(r[9])
+        hit["position"] = r[10]
+        hits[r[0]] = hit
+    return list(hits.values())[:limit]
 
 
 def marked_snippet(texts: list[str | None], terms: list[str]) -> str | None:
@@ -315,7 +379,9 @@ class TsvectorIndex:
     name = "tsvector"
 
     install = staticmethod(install)
+    install_media = staticmethod(install_media)
     search = staticmethod(search)
+    search_media = staticmethod(search_media)
     newest_in = staticmethod(newest_in)
     texts = staticmethod(searched_texts)
     fact_candidates = staticmethod(fact_candidates)
