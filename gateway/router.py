@@ -58,7 +58,8 @@ VoiceSender = Callable[[ChatRef, bytes, str | None], Awaitable[Delivery]]  # (ch
 
 TYPING_EVERY_SECONDS = 4.0
 # Voice messages waiting for their transcript keep their audio here (by stored message id) until their
-# turn, for a turn that starts from the store (clustered: the session claimed); the newest this many.
+# turn, the newest this many; the others, and those of a turn after a restart or on another instance,
+# are read back from the media store.
 HELD_AUDIO = 256
 MAX_IDLE_LANES = 10_000  # past this many chats seen, idle lanes are forgotten (their state is in the store)
 # A reply that comes quicker than this needs no typing indicator: the user would not see it,
@@ -207,6 +208,10 @@ class SessionHooks:
     # the message to them, and returns a line for the user about each file that could not be used
     # (``gateway.media.MediaService.keep``)
     keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None
+    # given a stored message id: its audio read back from the media store, for a voice message whose
+    # audio this instance does not hold (a restart, or another instance received it)
+    # (``gateway.media.MediaService.audio_of``)
+    stored_audio: Callable[[int], Awaitable[tuple[Attachment, ...]]] | None = None
 
 
 class TurnGuard(Protocol):
@@ -475,6 +480,16 @@ class SessionRouter:
         self._held_audio[message_id] = audio
         while len(self._held_audio) > HELD_AUDIO:
             self._held_audio.popitem(last=False)
+
+    async def _stored_audio(self, message_id: int) -> tuple[Attachment, ...]:
+        """The message's audio from the media store; none when it cannot be read (the user is told)."""
+        if self.hooks.stored_audio is None:
+            return ()
+        try:
+            return await self.hooks.stored_audio(message_id)
+        except (state.StateError, OSError) as exc:
+            log.error("could not read the audio of message %s from the media store: %s", message_id, exc)
+            return ()
 
     @property
     def _hears(self) -> bool:
@@ -1119,7 +1134,8 @@ class SessionRouter:
                 if t.message_id is None or not is_pending(stored):
                     answerable = True
                     continue
-                audio = self._held_audio.pop(t.message_id, ()) or _audio_of(t.msg)  # from the store: held here
+                audio = (self._held_audio.pop(t.message_id, ()) or _audio_of(t.msg)  # received here: held
+                         or await self._stored_audio(t.message_id))  # a restart, another instance: the media store
                 heard = await transcribe_stored(self.voice, stored, audio)
                 answerable = answerable or heard.answerable
                 lines += heard.problems
