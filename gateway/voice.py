@@ -11,11 +11,11 @@ and OpenAI serve this API).  Every failure is a :class:`~gateway.errors.ModelUna
 A voice message is stored when it arrives, its text a placeholder (:func:`pending_line`) that says
 what the audio is; the router then calls :func:`transcribe_stored`, which replaces each placeholder by
 the transcript, marked ``[voice message, transcribed]`` (what the model sees and the store keeps), or
-by a description saying why there is none, with one line for the user.  The audio comes from the
-instance that received it (held in memory) or, after a restart or on another instance of a cluster,
-from the media store (``gateway.media.MediaService.audio_of``); its length is then the one the
-placeholder states (the platform's, when it gave one).  A placeholder whose audio is in neither (it
-could not be kept) gets such a line too, so it is answered.
+by a description saying why there is none, with one line for the user.  The audio comes with the
+message as received or, when the turn starts from the store (after a restart; clustered, a claimed
+session, on any instance), from the media store (``gateway.media.MediaService.audio_of``); its
+length is then the one the placeholder states (the platform's, when it gave one).  A placeholder
+whose audio is in neither (it could not be kept) gets such a line too, so it is answered.
 """
 
 from __future__ import annotations
