@@ -10,6 +10,8 @@
   of the session go to a vision model again as pictures.  For a model without vision an image
   is described once by ``media.describe_with`` and the description stored as the message's text
   part.
+- :meth:`MediaService.audio_of` reads a stored message's audio back from the media folder, for a
+  voice message transcribed after a restart or on another instance of a cluster (``gateway.voice``).
 - :meth:`MediaService.sweep` deletes the files no message (and no dead letter) refers to any more.
 
 Disk work runs on a worker thread; the event loop never waits on it.
@@ -117,6 +119,16 @@ class MediaService:
     async def keep_notes(self, message_id: int, attachments: tuple[Attachment, ...]) -> tuple[str, ...]:
         """:meth:`keep`, giving only the lines for the user (``gateway.router.SessionHooks.keep_media``)."""
         return (await self.keep(message_id, attachments)).notes
+
+    async def audio_of(self, message_id: int) -> tuple[Attachment, ...]:
+        """The audio ``message_id`` brought, in order, read back from the media folder (a file gone
+        with its session has no ``data``); what ``gateway.router.SessionHooks.stored_audio`` gives."""
+        rows = [row for row in await self.db.media.of_message(message_id) if row["kind"] == "audio"]
+        out: list[Attachment] = []
+        for row in rows:
+            data = await asyncio.to_thread(self.files.read, row["sha256"])
+            out.append(Attachment("audio", row["name"], row.get("mime"), row.get("size"), data=data))
+        return tuple(out)
 
     # -- what a turn sends -------------------------------------------------------------------
     async def expand(self, session_id: str, history: list[dict], *, vision: bool) -> list[dict]:

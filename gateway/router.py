@@ -27,7 +27,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 from zoneinfo import ZoneInfo
@@ -57,9 +57,6 @@ Typing = Callable[[ChatRef], Awaitable[None]]
 VoiceSender = Callable[[ChatRef, bytes, str | None], Awaitable[Delivery]]  # (chat, OGG/Opus audio, reply to)
 
 TYPING_EVERY_SECONDS = 4.0
-# Voice messages waiting for their transcript keep their audio here (by stored message id) until their
-# turn, for a turn that starts from the store (clustered: the session claimed); the newest this many.
-HELD_AUDIO = 256
 MAX_IDLE_LANES = 10_000  # past this many chats seen, idle lanes are forgotten (their state is in the store)
 # A reply that comes quicker than this needs no typing indicator: the user would not see it,
 # and it would cost a platform call (and rate-limit budget) per turn.
@@ -207,6 +204,10 @@ class SessionHooks:
     # the message to them, and returns a line for the user about each file that could not be used
     # (``gateway.media.MediaService.keep``)
     keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None
+    # given a stored message id: its audio read back from the media store, for a voice message whose
+    # audio this instance does not hold (a restart, or another instance received it)
+    # (``gateway.media.MediaService.audio_of``)
+    stored_audio: Callable[[int], Awaitable[tuple[Attachment, ...]]] | None = None
 
 
 class TurnGuard(Protocol):
@@ -322,7 +323,6 @@ class SessionRouter:
         self._button_senders: dict[str, ButtonSender] = {}
         self._typers: dict[str, Typing] = {}
         self._voice_senders: dict[str, VoiceSender] = {}
-        self._held_audio: OrderedDict[int, tuple[Attachment, ...]] = OrderedDict()
         self._streamed: dict[str, StreamedOutput] = {}
         self._drafts: dict[str, DraftOutput] = {}
         self._claimed: set[str] = set()  # platforms whose messages any instance runs, under a lease
@@ -471,10 +471,15 @@ class SessionRouter:
             return f"{platform} cannot send voice messages from here"
         return None
 
-    def _hold_audio(self, message_id: int, audio: tuple[Attachment, ...]) -> None:
-        self._held_audio[message_id] = audio
-        while len(self._held_audio) > HELD_AUDIO:
-            self._held_audio.popitem(last=False)
+    async def _stored_audio(self, message_id: int) -> tuple[Attachment, ...]:
+        """The message's audio from the media store; none when it cannot be read (the user is told)."""
+        if self.hooks.stored_audio is None:
+            return ()
+        try:
+            return await self.hooks.stored_audio(message_id)
+        except (state.StateError, OSError) as exc:
+            log.error("could not read the audio of message %s from the media store: %s", message_id, exc)
+            return ()
 
     @property
     def _hears(self) -> bool:
@@ -634,8 +639,6 @@ class SessionRouter:
                     return None
                 ticket.message_id = appended.id
                 ticket.inbox_id = appended.id if inbox is not None else None
-                if self._hears and _audio_of(msg):
-                    self._hold_audio(appended.id, _audio_of(msg))
                 await self._keep_media(ticket)
                 if claimed:
                     if self.hooks.on_work_pending is not None:
@@ -1119,7 +1122,9 @@ class SessionRouter:
                 if t.message_id is None or not is_pending(stored):
                     answerable = True
                     continue
-                audio = self._held_audio.pop(t.message_id, ()) or _audio_of(t.msg)  # from the store: held here
+                # the message as received here, else (a restart, a session claimed from the store, here or on
+                # another instance) its audio read back from the media store
+                audio = _audio_of(t.msg) or await self._stored_audio(t.message_id)
                 heard = await transcribe_stored(self.voice, stored, audio)
                 answerable = answerable or heard.answerable
                 lines += heard.problems

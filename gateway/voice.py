@@ -11,8 +11,11 @@ and OpenAI serve this API).  Every failure is a :class:`~gateway.errors.ModelUna
 A voice message is stored when it arrives, its text a placeholder (:func:`pending_line`) that says
 what the audio is; the router then calls :func:`transcribe_stored`, which replaces each placeholder by
 the transcript, marked ``[voice message, transcribed]`` (what the model sees and the store keeps), or
-by a description saying why there is none, with one line for the user.  A placeholder without its
-audio (a restart came between storing and transcribing) gets such a line too, so it is answered.
+by a description saying why there is none, with one line for the user.  The audio comes with the
+message as received or, when the turn starts from the store (after a restart; clustered, a claimed
+session, on any instance), from the media store (``gateway.media.MediaService.audio_of``); its
+length is then the one the placeholder states (the platform's, when it gave one).  A placeholder
+whose audio is in neither (it could not be kept) gets such a line too, so it is answered.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import re
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import openai
@@ -38,6 +41,7 @@ SPEECH_MIME = "audio/ogg"
 MAX_SPEECH_CHARS = 4096  # OpenAI's limit on one speech request's input
 
 _PENDING = re.compile(r"^\[voice message (?P<desc>[^\]\n]*): waiting for its transcript\]$", re.MULTILINE)
+_STATED = re.compile(r", (?:(?P<min>\d+) min)? ?(?:(?P<s>\d+) s)?$")  # the length :func:`describe` ends with
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +180,7 @@ class Transcribed:
 
 async def transcribe_stored(voice: Voice, stored: str, audio: tuple[Attachment, ...]) -> Transcribed:
     """``stored`` (a message's text) with each placeholder replaced, in order, by the transcript of the
-    matching attachment of ``audio``; a placeholder without its audio says it was lost to a restart."""
+    matching attachment of ``audio``; a placeholder without its audio says it was not kept."""
     problems: list[str] = []
     count = 0
     took = 0.0
@@ -188,9 +192,11 @@ async def transcribe_stored(voice: Voice, stored: str, audio: tuple[Attachment, 
         desc = match.group("desc")
         clip = audio[index] if index < len(audio) else None
         if clip is None or not clip.data:
-            pieces.append(f"[voice message {desc}: not transcribed, the gateway restarted before it could be]")
-            problems.append("I restarted before I could transcribe your voice message. Please send it again.")
+            pieces.append(f"[voice message {desc}: not transcribed, its audio was not kept]")
+            problems.append("I lost the audio of your voice message before I could transcribe it. Please send it again.")
             continue
+        if clip.duration is None:  # read back from the media store: the length the placeholder states comes first
+            clip = replace(clip, duration=stated_seconds(desc))
         seconds = audio_seconds(clip)
         limit = voice.settings.max_audio_seconds
         if seconds is not None and seconds > limit:
@@ -216,6 +222,14 @@ async def transcribe_stored(voice: Voice, stored: str, audio: tuple[Attachment, 
     rest = _PENDING.sub("", stored).strip()  # the caption, other attachments
     pieces.append(stored[end:])
     return Transcribed("".join(pieces), tuple(problems), count, took, answerable=bool(count or rest))
+
+
+def stated_seconds(desc: str) -> float | None:
+    """The length a :func:`describe` text ends with (``…, 4 s``, ``…, 5 min 3 s``); None: it states none."""
+    match = _STATED.search(desc)
+    if match is None or not (match.group("min") or match.group("s")):
+        return None
+    return 60.0 * int(match.group("min") or 0) + int(match.group("s") or 0)
 
 
 def _length(seconds: float) -> str:

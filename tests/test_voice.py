@@ -16,6 +16,7 @@ from gateway.voice import (
     is_pending,
     pending_line,
     spoken_text,
+    stated_seconds,
     transcribe_stored,
 )
 from tests.fakes.model_server import Fail, FakeModel
@@ -103,9 +104,15 @@ async def test_each_waiting_voice_message_gets_its_own_transcript_or_line():
             assert heard.problems == ("Your voice message is 30 s long; I transcribe up to 10 s. Please send a "
                                       "shorter one, or type it.",)
             assert (heard.transcribed, heard.answerable) == (1, True)
-            lost = await transcribe_stored(voice, pending_line(short), ())  # its audio is gone (a restart)
-            assert lost.answerable is False and lost.text.endswith("not transcribed, the gateway restarted "
-                                                                   "before it could be]")
+            lost = await transcribe_stored(voice, pending_line(short), ())  # its audio is in no store
+            assert lost.answerable is False and lost.text.endswith("not transcribed, its audio was not kept]")
+            assert lost.problems == ("I lost the audio of your voice message before I could transcribe it. "
+                                     "Please send it again.",)
+            # read back from the media store (no duration): the platform's length the placeholder states
+            # counts, not the header's 3 s
+            said_90 = clip(ogg_opus(3), duration=90)
+            again = await transcribe_stored(voice, pending_line(said_90), (clip(ogg_opus(3)),))
+            assert again.text.endswith("1 min 30 s: not transcribed, longer than the 10 s limit]")
             assert len(model.transcriptions) == 1
         finally:
             await voice.close()
@@ -122,3 +129,14 @@ def test_a_voice_messages_text_is_set_once_known_and_recall_finds_it(store):
         "[voice message, transcribed]\nthe zucchini harvest", "an answer"]
     assert [m["id"] for m in store.search.messages("zucchini")] == [waiting]
     assert store.search.messages("transcript") == []  # the placeholder's words are gone from the index
+
+
+@pytest.mark.parametrize("desc, seconds", [
+    ("voice.ogg, audio/ogg, 2 KB, 4 s", 4.0),
+    ("voice.ogg, audio/ogg, 2 KB, 1 min 30 s", 90.0),
+    ("voice.ogg, audio/ogg, 2 KB, 5 min", 300.0),
+    ("voice.ogg, audio/ogg, 2 KB", None),
+    ("voice.ogg", None),
+])
+def test_the_length_a_placeholder_states_is_read_back(desc, seconds):
+    assert stated_seconds(desc) == seconds

@@ -208,7 +208,7 @@ async def test_the_voice_choice_survives_a_restart(tmp_path):
             await gw.stop(grace_seconds=5)
 
 
-async def test_a_stop_between_storing_and_transcribing_still_gets_an_answer_after_restart(tmp_path):
+async def test_a_stop_between_storing_and_transcribing_is_transcribed_and_answered_after_restart(tmp_path):
     async with FakeTelegram() as tg, FakeModel() as model:
         config = _config(tmp_path, tg, model)
         model.transcribe_delay = 30  # the endpoint hangs: the gateway stops while it waits
@@ -221,32 +221,63 @@ async def test_a_stop_between_storing_and_transcribing_still_gets_an_answer_afte
             await gw.stop(grace_seconds=0.2)
         assert _user_messages(config) == ["[voice message voice.ogg, audio/ogg, 2 KB, 4 s: waiting for its transcript]"]
         answered_before = [s.visible_text for s in tg.sent if s.visible_text != "transcribing…"]
-        gw = await _started(config, daemon=True)
+        model.transcribe_delay = 0
+        model.transcript = "water the plants on Friday"
+        gw = await _started(config, daemon=True)  # a new process: the audio is read back from the media folder
         try:
-            await tg.wait_for(lambda: any("restarted" in s.visible_text for s in tg.sent), timeout=10,
+            await tg.wait_for(lambda: any("echo:" in s.visible_text for s in tg.sent), timeout=10,
                               what="the answer after the restart")
         finally:
             await gw.stop(grace_seconds=5)
         assert answered_before == []
-        assert any(s.visible_text == "I restarted before I could transcribe your voice message. Please send it again."
-                   for s in tg.sent)
-        assert _user_messages(config) == [
-            "[voice message voice.ogg, audio/ogg, 2 KB, 4 s: not transcribed, the gateway restarted before it could be]"]
+        [answer] = [s for s in tg.sent if "echo:" in s.visible_text]
+        assert answer.visible_text.startswith("echo: [voice message, transcribed]\nwater the plants on Friday")
+        assert not any("send it again" in s.visible_text for s in tg.sent)
+        # the note's own bytes went to the endpoint again, and the model was asked about its transcript
+        assert [t["file"]["data"] for t in model.transcriptions] == [ogg_opus(4), ogg_opus(4)]
+        [chat] = model.requests
+        assert chat.last_user_text == "[voice message, transcribed]\nwater the plants on Friday"
+        assert _user_messages(config) == ["[voice message, transcribed]\nwater the plants on Friday"]
 
 
-async def test_clustered_the_instance_that_stored_a_voice_note_transcribes_it_when_it_claims_the_session(
+async def test_clustered_a_voice_note_claimed_on_the_other_instance_is_transcribed_there_from_the_shared_media(
         tmp_path, pg_url):
     async with FakeTelegram() as tg, FakeModel() as model:
-        config = _config(tmp_path, tg, model, store={"url": pg_url}, cluster={"instance_id": "a"})
-        assert config.clustered
-        gw = await _started(config, daemon=True)  # its turns run under leases, claimed from the store
+        def instance(name: str):
+            return gateway_config(
+                tmp_path / name, model.base_url, auth={"allowed_users": ["telegram:111"]},
+                platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}},
+                media={**MEDIA, "path": str(tmp_path / "shared-media")},
+                store={"url": pg_url}, cluster={"instance_id": name, "lease_seconds": 3})
+
+        a, b = instance("a"), instance("b")
+        assert a.clustered and a.media_path == b.media_path and a.home != b.home
+        # a alone stores the note and claims its session; b starts meanwhile; a stops while it transcribes
+        model.transcribe_delay = 30
+        gw_a = await _started(a, daemon=True)
+        gw_b, a_running = None, True
         try:
-            await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", timeout=10,
-                              what="connected")
-            _voice(tg, "v1", 4, duration=4)
-            [answer] = await tg.wait_for_sent(1, timeout=15)
-            await tg.wait_for(lambda: "echo:" in answer.visible_text, timeout=10, what="the answer")
+            await tg.wait_for(lambda: gw_a.health()["platforms"]["telegram"]["state"] == "connected", timeout=10,
+                              what="a connected")
+            update = _voice(tg, "v1", 4, duration=4)
+            await tg.wait_until_confirmed(update)
+            await tg.wait_for(lambda: len(model.transcriptions) == 1, timeout=10, what="a transcribing")
+            gw_b = await _started(b, daemon=True)  # stands by for the connection, and claims sessions' turns
+            model.transcribe_delay = 0
+            a_running = False
+            await gw_a.stop(grace_seconds=0.2)  # its lease goes back: b claims the session, without the audio
+            await tg.wait_for(lambda: any("echo:" in s.visible_text for s in tg.sent), timeout=20,
+                              what="the answer from b")
+            claimed = gw_b.health()["cluster"]["claims"]["turns_claimed"]
         finally:
-            await gw.stop(grace_seconds=5)
+            if a_running:
+                await gw_a.stop(grace_seconds=0.2)
+            if gw_b is not None:
+                await gw_b.stop(grace_seconds=5)
+    assert claimed >= 1
+    [answer] = [s for s in tg.sent if "echo:" in s.visible_text]
     assert answer.visible_text.startswith("echo: [voice message, transcribed]\nhello from a voice note")
-    assert len(model.transcriptions) == 1
+    assert not any("send it again" in s.visible_text for s in tg.sent)
+    assert [t["file"]["data"] for t in model.transcriptions] == [ogg_opus(4), ogg_opus(4)]
+    [chat] = model.requests
+    assert chat.last_user_text == "[voice message, transcribed]\nhello from a voice note"

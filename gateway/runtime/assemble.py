@@ -211,7 +211,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         commands=commands, metrics=wiring.metrics,
         hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending,
                            ask_stop=wiring.ask_stop, work_elsewhere=wiring.work_elsewhere,
-                           keep_media=media.keep_notes),
+                           keep_media=media.keep_notes, stored_audio=media.audio_of),
         context_length=context_length, clock=clock, budgets=budgets,
         # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
         voice=Voice(VoiceSettings.from_config(cfg)) if cfg.media.transcribe_with or cfg.media.speak_with else None,
