@@ -40,12 +40,13 @@ while another instance holds the socket; :meth:`SlackAdapter.start` later adds
 the connection on the same client, :meth:`SlackAdapter.stop` closes both.
 
 Typing: Slack has no typing indicator for bots posting with
-chat.postMessage.  ``send_typing`` adds a reaction (``typing_reaction``,
-default ``hourglass_flowing_sand``) to the user's last message in that chat,
-removed when the reply is sent; without the ``reactions:write`` scope it
-turns itself off after one warning.  ``typing_reaction=None`` makes it a no-op.
-Only the instance holding the connection saw the user's message, so an
-adapter open for sending only shows no reaction.
+chat.postMessage.  ``send_typing_on`` adds a reaction (``typing_reaction``,
+default ``hourglass_flowing_sand``) to the message being answered, which the
+router names (``send_typing``: the user's last message this instance saw in
+that chat), removed when the reply is sent; without the ``reactions:write``
+scope it turns itself off after one warning.  ``typing_reaction=None`` makes it
+a no-op.  An adapter open for sending only (a standby of a cluster) reacts to
+the message named, as the instance holding the connection does.
 
 Stall detection (Socket Mode): a watchdog restarts the Socket Mode client
 when it reports connected but no envelope, hello or pong arrived for
@@ -503,11 +504,16 @@ class SlackAdapter:
 
     async def send_typing(self, chat: ChatRef) -> None:
         """React to the user's latest message in ``chat`` (Slack has no bot typing indicator)."""
-        inbound = self._inbound
-        if not self._typing_reaction or self._client is None or inbound is None or not self._started:
+        await self.send_typing_on(chat, None)
+
+    async def send_typing_on(self, chat: ChatRef, message_id: str | None) -> None:
+        """React to ``message_id`` (its ts), the message being answered; when None, to the user's latest
+        message in ``chat`` that this instance received.  A standby, open for sending only, reacts too."""
+        if not self._typing_reaction or self._client is None or self._sender is None:
             return
-        ts = inbound.last_message.get((chat.chat_id, chat.thread_id))
-        if ts is None or ts in self._reacted or self._sender is None:
+        inbound = self._inbound if self._started else None
+        ts = message_id or (inbound.last_message.get((chat.chat_id, chat.thread_id)) if inbound else None)
+        if ts is None or ts in self._reacted:
             return
         if not await self._sender.chat_budget(chat.chat_id).take_if_free():
             return  # best effort: never queued in front of a reply, never sent during a pause
