@@ -175,11 +175,13 @@ async def test_slack_socket_mode_turns_run_on_standbys_that_send_through_the_web
     assert sl.overlapping_connections == []
 
 
-async def test_a_slack_standby_shows_the_owners_typing_reaction_and_takes_it_off_with_the_reply(tmp_path, pg_url):
+@pytest.mark.parametrize("streaming", [True, False], ids=["streamed", "sent-whole"])
+async def test_a_slack_standby_shows_the_owners_typing_reaction_and_takes_it_off_with_the_reply(tmp_path, pg_url,
+                                                                                              streaming):
     # the model answers after 1.5 s: long enough for the typing indicator (after 0.5 s) on every turn
     async with FakeSlack() as sl, FakeModel(delay=1.5) as model:
         side = SlackSide(sl)
-        extra = {**side.settings(), "streaming": {"enabled": False}}
+        extra = {**side.settings(), "streaming": {"enabled": streaming}}
         daemons = [Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, lease_seconds=5, slots=1,
                                                           **extra))
                    for name in ("owner", "standby")]
