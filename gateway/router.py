@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 Sender = Callable[[ChatRef, str, str | None, SendProgress | None], Awaitable[Delivery]]
 ButtonSender = Callable[[ChatRef, str, tuple[Button, ...], str | None], Awaitable[Delivery]]
-Typing = Callable[[ChatRef], Awaitable[None]]
+Typing = Callable[[ChatRef, str | None], Awaitable[None]]  # (chat, the platform id of the message answered)
 VoiceSender = Callable[[ChatRef, bytes, str | None], Awaitable[Delivery]]  # (chat, OGG/Opus audio, reply to)
 
 TYPING_EVERY_SECONDS = 4.0
@@ -1016,7 +1016,7 @@ class SessionRouter:
             model=last.extras.model or await self.chat_model(lane, msg),
             chat=msg.chat, chat_type=msg.chat_type.value,
         )
-        typing = spawn(self._keep_typing(msg.chat, stream, claim), name=f"typing:{lane.key}")
+        typing = spawn(self._keep_typing(msg.chat, msg.message_id, stream, claim), name=f"typing:{lane.key}")
         turn = asyncio.create_task(self.turn.run(req, history=history))
         claim.attach(turn)
         lane.current = turn
@@ -1110,7 +1110,8 @@ class SessionRouter:
         that line when nothing else is left to answer (then no turn runs), else None."""
         assert self.voice is not None
         chat = batch[-1].msg.chat
-        typing = spawn(self._keep_typing(chat, stream, claim, at_once=True), name=f"transcribing:{lane.key}")
+        typing = spawn(self._keep_typing(chat, batch[-1].msg.message_id, stream, claim, at_once=True),
+                       name=f"transcribing:{lane.key}")
         if stream is not None:
             stream.show_status(TRANSCRIBING)
         lines: list[str] = []
@@ -1368,8 +1369,10 @@ class SessionRouter:
             except state.StateError as exc:
                 log.error("could not record the delivery of %s: %s", delivery_id, exc)
 
-    async def _keep_typing(self, chat: ChatRef, stream: ReplyStream | None = None,
+    async def _keep_typing(self, chat: ChatRef, answering: str | None, stream: ReplyStream | None = None,
                            claim: TurnGuard = SINGLE_INSTANCE, *, at_once: bool = False) -> None:
+        """The typing indicator in ``chat`` until cancelled; ``answering``, the platform id of the message
+        answered, for a platform whose indicator marks that message (Slack's reaction)."""
         typer = self._typers.get(chat.platform)
         if typer is None:
             return
@@ -1381,7 +1384,7 @@ class SessionRouter:
             if not claim.trusted():
                 return  # the lease may be another instance's by now: it shows its own indicator
             try:
-                await typer(chat)
+                await typer(chat, answering)
             except Exception:  # typing is best effort
                 log.debug("typing indicator failed for %s", chat.platform, exc_info=True)
             await asyncio.sleep(TYPING_EVERY_SECONDS)

@@ -387,6 +387,17 @@ class SendingOnly(Protocol):
 
 
 @runtime_checkable
+class TypingOnMessage(Protocol):
+    """An adapter whose typing indicator marks the message being answered (Slack: a reaction on it).  The
+    router names that message, so an instance that did not receive it (a standby of a cluster) shows the
+    same indicator as the one that did."""
+
+    async def send_typing_on(self, chat: ChatRef, message_id: str | None) -> None:
+        """Show the typing indicator on ``message_id`` (the platform's id), or on the latest message seen
+        in ``chat`` when None (best effort)."""
+
+
+@runtime_checkable
 class GatedPolling(Protocol):
     """An adapter that long-polls its platform and asks a :data:`PollGate` before every poll (clustered)."""
 

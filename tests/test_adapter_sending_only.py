@@ -99,9 +99,15 @@ async def test_slack_sends_and_drafts_without_a_socket_until_started():
             ts = await adapter.post_draft(ChatRef("slack", "D1"), "thinking", reply_to=None, final=False)
             await adapter.edit_draft(ChatRef("slack", "D1"), ts, "the answer", final=True)
             assert slack.posted[ts]["text"] == "the answer" and slack.posted[ts]["channel"] == "D1"
-            # The typing reaction goes on the user's latest message, which only the connection's owner saw.
+            # The typing reaction goes on the message being answered: the user's latest one, which only the
+            # connection's owner saw, or the one the router names, which a standby reacts to just the same.
             await adapter.send_typing(ChatRef("slack", "D1"))
             assert slack.calls_to("reactions.add") == []
+            asked = slack.new_ts()  # in D2: D1's budget went on the draft just now
+            await adapter.send_typing_on(ChatRef("slack", "D2"), asked)
+            assert [(c.body["channel"], c.body["timestamp"]) for c in slack.calls_to("reactions.add")] == [("D2", asked)]
+            assert (await adapter.send(ChatRef("slack", "D2"), "answered", reply_to=asked)).ok
+            assert [(c.body["channel"], c.body["timestamp"]) for c in slack.calls_to("reactions.remove")] == [("D2", asked)]
             assert slack.calls_to("apps.connections.open") == [] and slack.connections_opened == 0
 
             handler = Recorder()
@@ -114,7 +120,7 @@ async def test_slack_sends_and_drafts_without_a_socket_until_started():
 
             async def reacted() -> list[str]:  # the owner saw the message: the reaction shows (once D1's budget allows)
                 await adapter.send_typing(ChatRef("slack", "D1"))
-                return [c.body["timestamp"] for c in slack.calls_to("reactions.add")]
+                return [c.body["timestamp"] for c in slack.calls_to("reactions.add")[1:]]
 
             assert await eventually(reacted, 5, "the typing reaction", every=0.2) == [msg.message_id]
             assert (await adapter.send(ChatRef("slack", "D1"), "hi", reply_to=msg.message_id)).ok

@@ -464,6 +464,20 @@ async def test_expired_response_url_falls_back_to_post_message(running):
     assert [(s["channel"], s["text"]) for s in slack.sent] == [("D1", "Commands: ...")]
 
 
+async def test_typing_reaction_comes_off_when_a_streamed_reply_is_whole(running):
+    slack, adapter, rec = running
+    event = slack.message("D1", "U1", "think hard")
+    await slack.wait_for_ack(await slack.send_event(event))
+    msg = (await rec.wait_for(1))[0]
+    await adapter.send_typing_on(msg.chat, msg.message_id)
+    assert [c.body["timestamp"] for c in slack.calls_to("reactions.add")] == [event["ts"]]
+    ts = await adapter.post_draft(msg.chat, "the answer so", reply_to=msg.message_id, final=False)
+    assert slack.calls_to("reactions.remove") == []  # still being written
+    await adapter.edit_draft(msg.chat, ts, "the answer so far, and all of it", final=True)
+    removed = slack.calls_to("reactions.remove")
+    assert [(c.body["channel"], c.body["timestamp"]) for c in removed] == [("D1", event["ts"])]
+
+
 async def test_typing_is_a_reaction_removed_when_the_reply_is_sent(running):
     slack, adapter, rec = running
     event = slack.message("D1", "U1", "think hard")

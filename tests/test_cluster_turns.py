@@ -175,6 +175,41 @@ async def test_slack_socket_mode_turns_run_on_standbys_that_send_through_the_web
     assert sl.overlapping_connections == []
 
 
+@pytest.mark.parametrize("streaming", [True, False], ids=["streamed", "sent-whole"])
+async def test_a_slack_standby_shows_the_owners_typing_reaction_and_takes_it_off_with_the_reply(tmp_path, pg_url,
+                                                                                              streaming):
+    # the model answers after 1.5 s: long enough for the typing indicator (after 0.5 s) on every turn
+    async with FakeSlack() as sl, FakeModel(delay=1.5) as model:
+        side = SlackSide(sl)
+        extra = {**side.settings(), "streaming": {"enabled": streaming}}
+        daemons = [Daemon(_dir(tmp_path, name), _settings(pg_url, name, model.base_url, lease_seconds=5, slots=1,
+                                                          **extra))
+                   for name in ("owner", "standby")]
+        try:
+            await side.ready(await daemons[0].start(), 30.0)
+            await daemons[1].start()
+            events = [sl.message(side.chat_of(i), f"U{100 + i}", f"think {i}") for i in range(4)]
+            for i, event in enumerate(events):  # one turn at a time on each instance: both answer some
+                sl.users.setdefault(f"U{100 + i}", f"user{i}")
+                await sl.send_event(event)
+            await eventually(lambda: len(sl.sent) >= 4, 30.0, "every DM answered")
+            claimed = {d.workdir.name: (await _health(d))["cluster"]["claims"]["turns_claimed"] for d in daemons}
+            assert claimed["standby"] > 0, claimed
+            for daemon in daemons:
+                assert await daemon.stop() == 0, daemon.log_problems()
+        finally:
+            await _stop_all(daemons)
+    asked = sorted((e["channel"], e["ts"]) for e in events)
+    added = sorted((c.body["channel"], c.body["timestamp"]) for c in sl.calls_to("reactions.add"))
+    removed = sorted((c.body["channel"], c.body["timestamp"]) for c in sl.calls_to("reactions.remove"))
+    # each user message got the hourglass while it was answered, whichever instance answered it, and lost
+    # it with the reply
+    assert added == asked, f"turns claimed {claimed}: reactions added {added}, messages {asked}"
+    assert {c.body["name"] for c in sl.calls_to("reactions.add")} == {"hourglass_flowing_sand"}
+    assert removed == asked, f"turns claimed {claimed}: reactions removed {removed}, messages {asked}"
+    assert sorted(m["channel"] for m in sl.sent) == [channel for channel, _ in asked]
+
+
 async def test_an_instance_paused_past_its_lease_stores_and_sends_nothing_for_the_turn(tmp_path, pg_url):
     async with FakeTelegram() as tg, FakeModel() as model:
         side = TelegramSide(tg)

@@ -40,12 +40,13 @@ while another instance holds the socket; :meth:`SlackAdapter.start` later adds
 the connection on the same client, :meth:`SlackAdapter.stop` closes both.
 
 Typing: Slack has no typing indicator for bots posting with
-chat.postMessage.  ``send_typing`` adds a reaction (``typing_reaction``,
-default ``hourglass_flowing_sand``) to the user's last message in that chat,
-removed when the reply is sent; without the ``reactions:write`` scope it
-turns itself off after one warning.  ``typing_reaction=None`` makes it a no-op.
-Only the instance holding the connection saw the user's message, so an
-adapter open for sending only shows no reaction.
+chat.postMessage.  ``send_typing_on`` adds a reaction (``typing_reaction``,
+default ``hourglass_flowing_sand``) to the message being answered, which the
+router names (``send_typing``: the user's last message this instance saw in
+that chat), removed when the reply is sent or its streamed message is whole;
+without the ``reactions:write`` scope it turns itself off after one warning.
+``typing_reaction=None`` makes it a no-op.  An adapter open for sending only (a standby of a cluster) reacts to
+the message named, as the instance holding the connection does.
 
 Stall detection (Socket Mode): a watchdog restarts the Socket Mode client
 when it reports connected but no envelope, hello or pong arrived for
@@ -70,7 +71,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import aiohttp
 from slack_bolt.async_app import AsyncApp
@@ -195,7 +196,7 @@ class SlackAdapter:
         self._started = False
         self._opening = asyncio.Lock()  # one Web API client: open_for_sending and start may overlap
         self._who = ""  # "@name (id) in team", from auth.test
-        self._reacted = Lru()  # ts -> channel, where the typing reaction is on
+        self._reacted = Lru()  # ts -> (channel, thread), where the typing reaction is on
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
         self.http_port: int | None = None  # the bound port in HTTP mode (useful with http_port=0)
@@ -458,10 +459,18 @@ class SlackAdapter:
         return len(to_mrkdwn(text))  # what Slack holds is the text after our rewrite
 
     async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
-        return await self._draft(chat, text, None, final)
+        try:
+            return await self._draft(chat, text, None, final)
+        finally:
+            if final:
+                await self._clear_typing_in(chat)
 
     async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
-        await self._draft(chat, text, message_id, final)
+        try:
+            await self._draft(chat, text, message_id, final)
+        finally:
+            if final:  # the streamed answer is whole: the typing reaction comes off, as with a sent reply
+                await self._clear_typing_in(chat)
 
     async def _draft(self, chat: ChatRef, text: str, ts: str | None, final: bool) -> str:
         sender = self._sender
@@ -503,15 +512,20 @@ class SlackAdapter:
 
     async def send_typing(self, chat: ChatRef) -> None:
         """React to the user's latest message in ``chat`` (Slack has no bot typing indicator)."""
-        inbound = self._inbound
-        if not self._typing_reaction or self._client is None or inbound is None or not self._started:
+        await self.send_typing_on(chat, None)
+
+    async def send_typing_on(self, chat: ChatRef, message_id: str | None) -> None:
+        """React to ``message_id`` (its ts), the message being answered; when None, to the user's latest
+        message in ``chat`` that this instance received.  A standby, open for sending only, reacts too."""
+        if not self._typing_reaction or self._client is None or self._sender is None:
             return
-        ts = inbound.last_message.get((chat.chat_id, chat.thread_id))
-        if ts is None or ts in self._reacted or self._sender is None:
+        inbound = self._inbound if self._started else None
+        ts = message_id or (inbound.last_message.get((chat.chat_id, chat.thread_id)) if inbound else None)
+        if ts is None or ts in self._reacted:
             return
         if not await self._sender.chat_budget(chat.chat_id).take_if_free():
             return  # best effort: never queued in front of a reply, never sent during a pause
-        self._reacted.remember(ts, chat.chat_id)
+        self._reacted.remember(ts, (chat.chat_id, chat.thread_id))
         try:
             await self._client.reactions_add(channel=chat.chat_id, name=self._typing_reaction, timestamp=ts)
         except SlackApiError as exc:
@@ -526,10 +540,20 @@ class SlackAdapter:
 
     async def _clear_typing(self, chat: ChatRef, reply_to: str | None) -> None:
         latest = self._inbound.last_message.get((chat.chat_id, chat.thread_id)) if self._inbound else None
-        for ts in {reply_to, latest} - {None}:
-            channel = self._reacted.pop(ts, None)
-            if channel is None or self._client is None or not self._typing_reaction:
+        await self._unreact({reply_to, latest} - {None})
+
+    async def _clear_typing_in(self, chat: ChatRef) -> None:
+        """Take the typing reaction off every message in ``chat`` (its thread) that has it: one turn at a
+        time runs in a chat, so they are all the one just answered (a streamed reply names no message)."""
+        where = (chat.chat_id, chat.thread_id)
+        await self._unreact([ts for ts, at in self._reacted.items() if at == where])
+
+    async def _unreact(self, stamps: Iterable[str]) -> None:
+        for ts in stamps:
+            at = self._reacted.pop(ts, None)
+            if at is None or self._client is None or not self._typing_reaction:
                 continue
+            channel = at[0]
             try:
                 await self._client.reactions_remove(channel=channel, name=self._typing_reaction, timestamp=ts)
             except Exception as exc:  # noqa: BLE001 - best effort

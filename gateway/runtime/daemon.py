@@ -52,7 +52,7 @@ from gateway.memory.recall import SessionRecall
 from gateway.model import ModelClient
 from gateway.platforms import ADAPTERS, installed_platforms
 from gateway.ratelimit import budget_sharing
-from gateway.router import SessionRouter, StreamedOutput
+from gateway.router import SessionRouter, StreamedOutput, Typing
 from gateway.runtime.api import LocalApi
 from gateway.runtime.assemble import Services, Wiring, assemble
 from gateway.runtime.autobackup import AutoBackups, BackupSchedule
@@ -80,6 +80,7 @@ from gateway.types import (
     PlatformStatus,
     SendingOnly,
     SendProgress,
+    TypingOnMessage,
     VoiceOutput,
 )
 from gateway.usage import UsageRecorder
@@ -94,6 +95,13 @@ LOCAL_SOURCES = ("api", "cli")
 # restart of that adapter) waits this long for it before the adapter is asked anyway.
 SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
 LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
+
+
+def _typing_in_chat(adapter: Adapter) -> Typing:
+    """The router's typing for an adapter whose indicator belongs to the chat, not to a message."""
+    async def typing(chat: ChatRef, message_id: str | None) -> None:
+        await adapter.send_typing(chat)
+    return typing
 
 
 def auth_settings(config: Config) -> AuthSettings:
@@ -368,7 +376,8 @@ class Gateway:
         # Clustered, any instance runs a turn when it can send the reply: in a mode where every instance
         # serves the platform, or when the adapter can send without holding the connection.
         claimed = self.claims is not None and (key is None or isinstance(adapter, SendingOnly))
-        self.router.register_output(name, functools.partial(self._send, name), adapter.send_typing,
+        typing = adapter.send_typing_on if isinstance(adapter, TypingOnMessage) else _typing_in_chat(adapter)
+        self.router.register_output(name, functools.partial(self._send, name), typing,
                                     streamed=self._streamed_output(name, adapter),
                                     drafts=adapter if isinstance(adapter, DraftOutput) else None, claimed=claimed,
                                     voice=functools.partial(self._send_voice, name)
