@@ -18,15 +18,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .atomic import write_atomically
 from .errors import StateError
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
+TEMP_PREFIX = ".tmp-"  # a write in progress; one a crash cut short is swept
 
 #: a file younger than this is kept by a sweep even when nothing refers to it yet (its message is
 #: being stored)
@@ -72,17 +73,7 @@ class MediaFiles:
             return sha
         _make_dir(self.root)
         _make_dir(target.parent)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(target, data, temp_prefix=TEMP_PREFIX)
         return sha
 
     def read(self, sha256: str) -> bytes | None:
@@ -156,7 +147,7 @@ class MediaFiles:
             size += stat.st_size
         for sub in self.root.iterdir() if self.root.is_dir() else ():
             if sub.is_dir() and len(sub.name) == 2:
-                for tmp in sub.glob(".tmp-*"):  # a write a crash cut short
+                for tmp in sub.glob(f"{TEMP_PREFIX}*"):  # a write a crash cut short
                     if tmp.stat().st_mtime <= cutoff:
                         tmp.unlink(missing_ok=True)
                 try:

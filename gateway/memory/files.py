@@ -29,9 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import re
-import tempfile
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ from gateway.tasks import spawn
 from gateway.tools import Tool, ToolContext
 from gateway.turn import AgentTurn
 from gateway.usage import for_session
+from state.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -206,23 +205,8 @@ class MemoryFiles:
         return filelock.lock(self.folder / f".{self.path(target).name}.lock")
 
     def _write(self, target: str, entries: tuple[str, ...]) -> MemoryState:
-        path = self.path(target)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(SEPARATOR.join(entries) + ("\n" if entries else ""))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a crash
-        finally:
-            os.close(dir_fd)
+        text = SEPARATOR.join(entries) + ("\n" if entries else "")
+        write_atomically(self.path(target), text.encode("utf-8"), sync_folder=True)  # the rename survives a crash
         return MemoryState(target, entries, self.limits[target])
 
 
