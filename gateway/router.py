@@ -156,12 +156,9 @@ class Lane:
     starting: bool = False
     stop_asked: bool = False
     last_prompt_tokens: int | None = None
-    stream_choice: str | None = None  # the chat's /stream on|off ("on", "off"; None: the config's default)
-    stream_choice_at: float | None = None  # when stream_choice was read from the store (monotonic; None: not yet)
-    model_choice: str | None = None  # the chat's /model NAME (None: default)
-    model_choice_at: float | None = None  # when model_choice was read from the store
-    voice_choice: str | None = None  # the chat's /voice on|off ("on", "off"; None: off, the default)
-    voice_choice_at: float | None = None  # when voice_choice was read from the store
+    # the chat's choices as read from the store (``stream``: /stream on|off, ``model``: /model NAME,
+    # ``voice``: /voice on|off; a value of None: none made), each with when it was read (monotonic)
+    choices: dict[str, tuple[str | None, float]] = field(default_factory=dict)
     held: list[Ticket] = field(default_factory=list)  # stored, held back by a rate limit: the next turn answers them
     # a streamed reply whose turn never finished (its instance died): the next turn here edits its messages
     # into its own answer instead of posting new ones (one answer in the chat, not a cut-short one and another)
@@ -421,20 +418,29 @@ class SessionRouter:
         fresh_for = self.settings.prefs_fresh_for
         return read_at is None or (fresh_for is not None and time.monotonic() - read_at > fresh_for)
 
+    async def chat_choice(self, lane: Lane, name: str) -> str | None:
+        """The chat's choice ``name`` (``stream``, ``model``, ``voice``) as stored, None when it made none;
+        read once per lane (clustered: again when older than ``settings.prefs_fresh_for``)."""
+        cached = lane.choices.get(name)
+        if self._stale(cached[1] if cached is not None else None):
+            value = await self.db.prefs.get(lane.key, name)
+            lane.choices[name] = (value, time.monotonic())
+            return value
+        assert cached is not None
+        return cached[0]
+
+    async def remember_choice(self, lane: Lane, name: str, value: str) -> None:
+        """The chat's ``/<name> <value>``: remembered in the store, used from its next turn or reply."""
+        await self.db.prefs.set(lane.key, name, value, now=self.clock())
+        lane.choices[name] = (value, time.monotonic())
+
     async def stream_choice(self, lane: Lane) -> str | None:
-        """The chat's /stream choice ("on", "off"), or None when it made none; read once per lane (clustered:
-        again when older than ``settings.prefs_fresh_for``)."""
-        if self._stale(lane.stream_choice_at):
-            lane.stream_choice = await self.db.prefs.get(lane.key, "stream")
-            lane.stream_choice_at = time.monotonic()
-        return lane.stream_choice
+        """The chat's /stream choice ("on", "off"), or None when it made none (the config's default)."""
+        return await self.chat_choice(lane, "stream")
 
     async def model_choice(self, lane: Lane) -> str | None:
-        """The chat's /model choice as stored (None: it made none); read as :meth:`stream_choice` is."""
-        if self._stale(lane.model_choice_at):
-            lane.model_choice = await self.db.prefs.get(lane.key, "model")
-            lane.model_choice_at = time.monotonic()
-        return lane.model_choice
+        """The chat's /model choice as stored (None: it made none)."""
+        return await self.chat_choice(lane, "model")
 
     async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
         """The model this chat's turn for ``msg`` starts on: its /model choice while the sender may still use
@@ -446,22 +452,15 @@ class SessionRouter:
 
     async def choose_model(self, lane: Lane, name: str) -> None:
         """The chat's /model NAME (the caller checked it may): remembered in the store, used from the next turn."""
-        await self.db.prefs.set(lane.key, "model", name, now=self.clock())
-        lane.model_choice, lane.model_choice_at = name, time.monotonic()
+        await self.remember_choice(lane, "model", name)
 
     async def voice_choice(self, lane: Lane) -> str | None:
-        """The chat's /voice choice ("on", "off"), or None when it made none (off); read as :meth:`stream_choice`
-        is."""
-        if self._stale(lane.voice_choice_at):
-            lane.voice_choice = await self.db.prefs.get(lane.key, "voice")
-            lane.voice_choice_at = time.monotonic()
-        return lane.voice_choice
+        """The chat's /voice choice ("on", "off"), or None when it made none (off)."""
+        return await self.chat_choice(lane, "voice")
 
     async def choose_voice(self, lane: Lane, on: bool) -> None:
         """The chat's /voice on|off: remembered in the store, used from its next reply."""
-        choice = "on" if on else "off"
-        await self.db.prefs.set(lane.key, "voice", choice, now=self.clock())
-        lane.voice_choice, lane.voice_choice_at = choice, time.monotonic()
+        await self.remember_choice(lane, "voice", "on" if on else "off")
 
     def speaks_on(self, platform: str) -> str | None:
         """Why replies on ``platform`` cannot be spoken (None: they can)."""
@@ -494,9 +493,7 @@ class SessionRouter:
 
     async def choose_streaming(self, lane: Lane, on: bool) -> None:
         """The chat's /stream on|off: remembered in the store, used from its next reply."""
-        choice = "on" if on else "off"
-        await self.db.prefs.set(lane.key, "stream", choice, now=self.clock())
-        lane.stream_choice, lane.stream_choice_at = choice, time.monotonic()
+        await self.remember_choice(lane, "stream", "on" if on else "off")
 
     def lane(self, key: str) -> Lane:
         lane = self._lanes.get(key)
