@@ -300,11 +300,15 @@ class AgentTurn:
         resumed = await journal.resumed() if journal is not None else []
         purpose = for_session("cron" if req.platform == "cron" else "turn", session_id, req.session_key,
                               platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
-        try:
-            loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
+
+        async def answer(prompt: list[dict], resumed: list[dict]) -> ToolLoop:
+            return await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
                                         max_iterations=self.settings.max_tool_iterations, model=req.model,
                                         sink=req.stream, params=req.params, client_tools=req.client_tools,
                                         purpose=purpose)
+
+        try:
+            loop = await answer(prompt, resumed)
         except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
             prompt, dropped = _without_pictures(prompt)
             if not dropped:
@@ -313,11 +317,8 @@ class AgentTurn:
             names = names or tuple(a.name for a in req.attachments if a.kind == "image")
             notices.append(_refused_line(names, str(exc)))
             log.warning("the model refused the pictures of a turn in %s (%s); answering without them", session_id, exc)
-            resumed = await journal.resumed() if journal is not None else []
-            loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
-                                        max_iterations=self.settings.max_tool_iterations, model=req.model,
-                                        sink=req.stream, params=req.params, client_tools=req.client_tools,
-                                        purpose=purpose)
+            # what the first try's tool calls produced is journaled: the second goes on from there
+            loop = await answer(prompt, await journal.resumed() if journal is not None else [])
         completion, produced = loop.completion, loop.produced
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
         if prompt_hook is not None:
