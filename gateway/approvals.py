@@ -7,8 +7,9 @@ A turn never holds a model call (or a lane) open while a person decides.  When t
 call that needs approval, the tool loop stops there (:meth:`ToolApprovals.check` returns a
 :class:`PendingCall`): the turn stores what it produced so far (the assistant message with its tool
 calls, the results of the calls before this one) and its reply is the request itself -- the tool and
-its exact arguments, pretty-printed and cut to fit the platform -- sent with Approve/Deny buttons where
-the platform has them.  The request is stored (``db.approvals``, status ``pending``) bound to the
+its exact arguments, pretty-printed and cut to fit the platform, and what each answer does -- sent
+with Approve/Deny buttons in the same message where the platform has them (a streamed reply's last
+message gets them with its final edit).  The request is stored (``db.approvals``, status ``pending``) bound to the
 SHA-256 of the canonical call (the tool's name and its arguments as canonical JSON).
 
 The answer is an ordinary inbound message: ``/approve <id>`` or ``/deny <id>`` typed anywhere (the
@@ -55,6 +56,7 @@ SEPARATOR = "__"  # an MCP tool is offered as <server>__<tool>
 # section 3,000, Telegram 4,096): the arguments are cut to fit, never the lines that say how to answer.
 FITS = {"discord": 1900, "slack": 2900, "telegram": 3800}
 DEFAULT_FIT = 3800
+BUTTONED = frozenset({"discord", "slack", "telegram"})  # the platforms whose request carries Approve/Deny buttons
 SWEEP_AT_MOST_SECONDS = 30.0  # the timeout sweep looks again at least this often
 
 DENIED = ("error: the user denied this call to {tool}; it was not run. Do not call it again unless the "
@@ -101,8 +103,13 @@ def request_text(approval_id: str, tool: str, canonical: str, digest: str, *, pl
     pretty = json.dumps(json.loads(canonical), indent=2, ensure_ascii=False, sort_keys=True)
     pretty = pretty.replace("```", "`\u200b``")  # the arguments cannot close the code block they are shown in
     head = f"Approval needed: **{tool}** wants to run with these arguments (request {approval_id}):"
-    tail = (f"Approve with /approve {approval_id} or deny with /deny {approval_id}. "
-            f"Unanswered, it is denied in {_duration(timeout)}.")
+    if platform in BUTTONED:  # the buttons come in this same message, under this text
+        tail = (f"**Approve** runs exactly this call, once; **Deny** refuses it and the model is told "
+                f"(or send /approve {approval_id} or /deny {approval_id}). "
+                f"Unanswered, it is denied in {_duration(timeout)}.")
+    else:
+        tail = (f"Approve with /approve {approval_id} or deny with /deny {approval_id}. "
+                f"Unanswered, it is denied in {_duration(timeout)}.")
     room = FITS.get(platform, DEFAULT_FIT) - len(head) - len(tail) - 120
     if len(pretty) > room:
         cut = len(pretty) - room

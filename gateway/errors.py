@@ -12,6 +12,7 @@
     │   ├── AnswerCutOff             a streamed answer broke off after some of it was shown (.partial)
     │   └── ModelRefused             it refused the request itself (4xx): retrying cannot help
     │       ├── ContextTooLong       400: the prompt is larger than the model's context window
+    │       ├── AttachmentRefused    400: the endpoint refused a picture or a file in the prompt
     │       ├── ModelAuthRejected    401: the API key was refused
     │       ├── ModelForbidden       403: the key may not use this model
     │       └── ModelNotFound        404: no such model (or endpoint)
@@ -134,6 +135,11 @@ class ModelRefused(ModelUnavailable):
 class ContextTooLong(ModelRefused):
     """The prompt is larger than the model's context window (400, ``context_length_exceeded``):
     shorten the conversation with /compress, or start a new one with /new; check ``model.context_length``."""
+
+
+class AttachmentRefused(ModelRefused):
+    """The endpoint refused a picture or a file the prompt carried (a 4xx naming an image or a file, such
+    as ``invalid_image_format``): the turn is tried once more without them, and that file is not sent again."""
 
 
 class ModelAuthRejected(ModelRefused):

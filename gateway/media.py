@@ -144,11 +144,7 @@ class MediaService:
             await self._describe_missing([item for items in matched.values() for item in items])
         pictures: dict[int, list[dict]] = {}
         if vision:
-            images = [(i, item) for i in sorted(matched) for item in matched[i]
-                      if item["kind"] == "image" and not item.get("note")]
-            asked = _first_unanswered(history)  # the pictures of the messages this turn answers, always
-            recent = images[-self.images_in_context:] if self.images_in_context else []
-            for i, item in [(i, item) for i, item in images if i >= asked or (i, item) in recent]:
+            for i, item in self._pictures(history, matched):
                 data = await asyncio.to_thread(self.files.read, item["sha256"])
                 if data is not None:
                     url = f"data:{item.get('mime') or 'image/jpeg'};base64,{base64.b64encode(data).decode()}"
@@ -158,6 +154,30 @@ class MediaService:
             text = _with_media_text(out[i].get("content") or "", items)
             out[i] = {**out[i], "content": [{"type": "text", "text": text}, *pictures[i]] if i in pictures else text}
         return out
+
+    def _pictures(self, history: list[dict], matched: dict[int, list[dict]]) -> list[tuple[int, dict]]:
+        """The pictures a vision model is sent with ``history``: those of the messages this turn answers,
+        always, and the last ``images_in_context`` of the session; never one with a note (unusable)."""
+        images = [(i, item) for i in sorted(matched) for item in matched[i]
+                  if item["kind"] == "image" and not item.get("note")]
+        asked = _first_unanswered(history)
+        recent = images[-self.images_in_context:] if self.images_in_context else []
+        return [(i, item) for i, item in images if i >= asked or (i, item) in recent]
+
+    async def refused(self, session_id: str, history: list[dict], reason: str) -> tuple[str, ...]:
+        """The model refused the pictures :meth:`expand` put in ``history`` (``reason``, e.g. "HTTP 400:
+        invalid_image_format"): those of the messages the turn answers (the new ones; the others were taken
+        before), else all of them, are noted as refused and never sent again.  Returns their names."""
+        rows = await self.db.media.of_lineage(session_id)
+        matched = _align(history, _by_message(rows)) if rows else {}
+        sent = self._pictures(history, matched)
+        asked = _first_unanswered(history)
+        suspects = [item for i, item in sent if i >= asked] or [item for _, item in sent]
+        note = f"was refused by the model ({reason}), so it is no longer shown to it"
+        for item in suspects:
+            await self.db.media.set_note(item["sha256"], note)
+            log.warning("the model refused image %s (%s); it is not sent again", item["name"], reason)
+        return tuple(dict.fromkeys(item["name"] for item in suspects))
 
     async def _describe_missing(self, items: list[dict]) -> None:
         assert self.describer is not None

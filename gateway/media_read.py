@@ -6,13 +6,22 @@ real type, the text (a document's, up to ``max_chars``) and, when the file canno
 line that says why.  Nothing here raises on any input: a file that lies about its type, a ZIP
 archive posing as a document (a zip bomb is never opened), a PDF that will not parse, audio in
 a codec nobody knows, all become a :class:`Reading` with a ``note``.
+
+A picture is decoded far enough to know it is whole (Pillow's ``verify()``, then its first frame
+loaded), after its size in pixels is read from its header and checked against
+:data:`MAX_IMAGE_PIXELS`: a truncated PNG, a JPEG with a damaged scan or a decompression bomb is
+never sent to a model, which would refuse it (and every later turn that sent it again).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from dataclasses import dataclass
+from struct import error as struct_error
+
+from PIL import Image
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,9 @@ _TEXT_TYPES = {"text/plain", "text/markdown", "text/x-markdown", "text/csv", "ap
 _TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".csv", ".tsv", ".json", ".jsonl", ".log")
 #: a PDF is read page by page, no further than this (a document of more pages is cut)
 MAX_PDF_PAGES = 500
+#: a picture of more pixels than this is not decoded (a decompression bomb: a few kilobytes on disk,
+#: gigabytes in memory); 40 megapixels is more than any phone camera takes
+MAX_IMAGE_PIXELS = 40_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +117,38 @@ def _read(kind: str, name: str, mime: str | None, data: bytes, max_chars: int) -
             what = _archive(data)
             return Reading("image", mime, note=f"is not a picture ({what or 'its bytes are not JPEG, PNG, GIF or WebP'}), "
                                               "so the model cannot see it")
-        return Reading("image", real)
+        return Reading("image", real, note=_damaged(data))
     if kind == "audio":
         real = sniff_audio(data)
         if real is None:
             return Reading("audio", mime, note="is audio in a format I do not recognise, so it cannot be transcribed")
         return Reading("audio", real)
     return _document(name, mime, data, max_chars)
+
+
+def _damaged(data: bytes) -> str | None:
+    """Why a picture cannot be shown (too many pixels, damaged, cut short), or None when it is whole."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                return _too_large(width, height)
+            image.verify()  # the structure: every chunk there, checksums right (PNG), up to its end
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()  # the pixels of the first frame: a damaged scan or a cut-off file fails here
+    except Image.DecompressionBombError:  # Pillow's own cap (beyond ours) refused it at the header
+        return f"is a picture of more than {MAX_IMAGE_PIXELS:,} pixels, too large to read, so the model cannot see it"
+    except (OSError, SyntaxError, ValueError, IndexError, struct_error, EOFError, MemoryError) as exc:
+        log.info("a picture did not decode: %s: %s", type(exc).__name__, exc)
+        cut = "truncated" in str(exc).lower()
+        return (f"is a damaged picture ({'cut off before its end' if cut else 'its data does not decode'}), "
+                "so the model cannot see it")
+    return None
+
+
+def _too_large(width: int, height: int) -> str:
+    return (f"is a picture of {width:,} x {height:,} pixels, more than the {MAX_IMAGE_PIXELS:,} read, "
+            "so the model cannot see it")
 
 
 def _document(name: str, mime: str | None, data: bytes, max_chars: int) -> Reading:
@@ -188,4 +225,4 @@ def _cut(text: str, max_chars: int) -> str:
     return text[:max_chars] + f"\n[... cut here: {len(text) - max_chars:,} more characters not read ...]"
 
 
-__all__ = ["MAX_PDF_PAGES", "Reading", "read_file", "sniff_audio", "sniff_image"]
+__all__ = ["MAX_IMAGE_PIXELS", "MAX_PDF_PAGES", "Reading", "read_file", "sniff_audio", "sniff_image"]

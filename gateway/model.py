@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -46,6 +47,7 @@ import compression
 from gateway import tracing
 from gateway.errors import (
     AnswerCutOff,
+    AttachmentRefused,
     ContextTooLong,
     ModelAuthRejected,
     ModelForbidden,
@@ -157,6 +159,17 @@ def _is_context_length(exc: openai.APIStatusError) -> bool:
     return any(words in said for words in _CONTEXT_WORDS) or "exceed context" in said
 
 
+_ATTACHMENT_WORDS = re.compile(r"\b(images?|files?|pictures?|attachments?)\b")
+
+
+def _names_attachment(exc: openai.APIStatusError) -> bool:
+    """A refusal that names a picture or a file (OpenAI: ``invalid_image_format``, ``image_parse_error``;
+    others say "Invalid image", "Failed to load image", "unsupported file type")."""
+    said = " ".join(str(part or "") for part in (getattr(exc, "code", None), getattr(exc, "type", None),
+                                                 getattr(exc, "param", None), exc.message)).lower()
+    return _ATTACHMENT_WORDS.search(said.replace("_", " ")) is not None
+
+
 def as_model_error(exc: BaseException) -> ModelUnavailable:
     """The gateway's error for the client's last failure: a typed refusal for a 4xx that
     says what to fix, else :class:`ModelUnavailable` (a later message may work)."""
@@ -164,6 +177,9 @@ def as_model_error(exc: BaseException) -> ModelUnavailable:
         status = exc.status_code
         if status in (400, 413) and _is_context_length(exc):
             return ContextTooLong(status, f"HTTP {status}: context length exceeded")
+        if status in (400, 413, 415, 422) and _names_attachment(exc):
+            code = getattr(exc, "code", None)
+            return AttachmentRefused(status, f"HTTP {status}: {code or 'a picture or file was refused'}")
         if status in _REFUSALS:
             return _REFUSALS[status](status, _describe(exc))
     return ModelUnavailable(_describe(exc), _failure_kind(exc))

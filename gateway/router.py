@@ -286,15 +286,19 @@ class _TrustedDrafts:
         if not self._claim.trusted():
             raise PlatformHTTPError(chat.platform, 0, "this instance's lease on the session ran out")
 
-    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> str:
         self._check(chat)
         with tracing.send(chat.platform, "draft"):
-            return await self._drafts.post_draft(chat, text, reply_to=reply_to, final=final)
+            return await self._drafts.post_draft(chat, text, reply_to=reply_to, final=final,
+                                                 **({"buttons": buttons} if buttons else {}))
 
-    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> None:
         self._check(chat)
         with tracing.send(chat.platform, "edit"):
-            await self._drafts.edit_draft(chat, message_id, text, final=final)
+            await self._drafts.edit_draft(chat, message_id, text, final=final,
+                                          **({"buttons": buttons} if buttons else {}))
 
 
 class SessionRouter:
@@ -1091,9 +1095,7 @@ class SessionRouter:
         if not self._may_send_stored(claim, last.session_id):
             return
         if stream is not None:
-            await self._finish_stream(stream, record)
-            if buttons and msg.platform in self._button_senders:  # a stream's message has none: they come next
-                await self.deliver(msg.chat, "Approve or deny the request above:", None, buttons=buttons)
+            await self._finish_stream(stream, record)  # an approval request's buttons come with its final edit
         else:
             await self._send_recorded(record)
         if spoken and not stopped_partial and await self.voice_choice(lane) == "on":
@@ -1303,7 +1305,8 @@ class SessionRouter:
 
     async def _finish_stream(self, stream: ReplyStream, record: dict) -> None:
         """Show the recorded text as the streamed reply's final form, once, and note the delivery."""
-        delivery = await stream.finish(record["text"])
+        buttons = tuple(record.get("buttons") or ()) if record["platform"] in self._button_senders else ()
+        delivery = await stream.finish(record["text"], buttons=buttons)
         if not delivery.ok and delivery.retry_later and not delivery.message_ids:
             # nothing of it was shown: it goes the way a whole reply does (waits for a restarting adapter,
             # stays pending for the next start), so a stream that could not start never loses the answer

@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkab
 
 from gateway.errors import PlatformHTTPError, RateLimited
 from gateway.formatting import cut_once, fits, split_message
-from gateway.types import ChatRef, Delivery
+from gateway.types import Button, ChatRef, Delivery
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,13 @@ class DraftOutput(Protocol):
     def measure(self, text: str) -> int:
         """The length of ``text`` as the platform counts it against :attr:`message_limit`."""
 
-    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
-        """Post a new message; its id."""
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> str:
+        """Post a new message (with ``buttons`` under it, a final one only); its id."""
 
-    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
-        """Replace the text of a message this bot posted."""
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> None:
+        """Replace the text of a message this bot posted (and put ``buttons`` under it, a final edit only)."""
 
 
 @dataclass(slots=True)
@@ -145,8 +147,10 @@ class ReplyStream:
         self._text = self._text[: self._start]
         self._wake()
 
-    async def finish(self, text: str) -> Delivery:
-        """Show exactly ``text`` as the whole reply, once; the delivery says which messages hold it."""
+    async def finish(self, text: str, *, buttons: tuple[Button, ...] = ()) -> Delivery:
+        """Show exactly ``text`` as the whole reply, once, with ``buttons`` under its last message (an
+        approval request's: in the same message as the text that names the request); the delivery says
+        which messages hold it."""
         await self._stop_pacing()
         if self._refused is not None:
             return Delivery(ok=False, message_ids=self.message_ids, error=self._refused)
@@ -157,15 +161,16 @@ class ReplyStream:
         parts = self._final_parts(rest)
         try:
             for index, part in enumerate(parts):
+                under = {"buttons": buttons} if buttons and index == len(parts) - 1 else {}
                 if index == 0 and self._live is not None:
                     live = self._live  # edited even when the text is the same: the final edit formats it
-                    await self._final(lambda p=part, m=live.message_id: self._out.edit_draft(
-                        self._chat, m, p, final=True))
+                    await self._final(lambda p=part, m=live.message_id, u=under: self._out.edit_draft(
+                        self._chat, m, p, final=True, **u))
                     live.text = part
                 else:
                     reply_to = self._reply_to if not self.message_ids else None
-                    message_id = await self._final(lambda p=part, r=reply_to: self._new_message(
-                        p, reply_to=r, final=True))
+                    message_id = await self._final(lambda p=part, r=reply_to, u=under: self._new_message(
+                        p, reply_to=r, final=True, **u))
                     if self._live is not None:
                         self._frozen.append(self._live)
                     self._live = _Shown(message_id, part)
@@ -262,14 +267,15 @@ class ReplyStream:
             await self._out.edit_draft(self._chat, self._live.message_id, text, final=final)
             self._live.text = text
 
-    async def _new_message(self, text: str, *, reply_to: str | None, final: bool) -> str:
-        """The next message of the reply: an adopted one edited to ``text``, else a new one posted."""
+    async def _new_message(self, text: str, *, reply_to: str | None, final: bool, **under: Any) -> str:
+        """The next message of the reply: an adopted one edited to ``text``, else a new one posted
+        (``under``: the buttons of a final one, only when there are any)."""
         if self._adopted:
             message_id = self._adopted[0]
-            await self._out.edit_draft(self._chat, message_id, text, final=final)
+            await self._out.edit_draft(self._chat, message_id, text, final=final, **under)
             self._adopted.pop(0)
             return message_id
-        return await self._out.post_draft(self._chat, text, reply_to=reply_to, final=final)
+        return await self._out.post_draft(self._chat, text, reply_to=reply_to, final=final, **under)
 
     async def _empty_unused(self) -> None:
         """Adopted messages the reply did not need (it came out shorter) show an ellipsis, not old text."""

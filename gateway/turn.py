@@ -31,7 +31,7 @@ from zoneinfo import ZoneInfo
 
 import compression
 from gateway import tracing
-from gateway.errors import AnswerCutOff
+from gateway.errors import AnswerCutOff, AttachmentRefused
 from gateway.model import Completion, ModelClient
 from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
@@ -209,6 +209,10 @@ class MediaInContext(Protocol):
     async def expand(self, session_id: str, history: list[dict], *, vision: bool) -> list[dict]:
         """``history`` with its messages' documents, descriptions and recent pictures in it."""
 
+    async def refused(self, session_id: str, history: list[dict], reason: str) -> tuple[str, ...]:
+        """The model refused the pictures ``expand`` put in ``history``: note them, never to be sent
+        again; their names."""
+
 
 class AgentTurn:
     def __init__(self, db: AsyncSessionDB, model: ModelClient, tools: ToolRegistry, settings: TurnSettings, *,
@@ -272,6 +276,7 @@ class AgentTurn:
         system += [{"role": "system", "content": note} for note in req.system_notes]  # after the persona
         media = self.hooks.media
         vision = media.vision_of(req.model) if media is not None else self.settings.vision
+        expanded = (session_id, history)  # what the pictures came from, should the model refuse one
         if media is not None:  # documents' text, pictures' descriptions, the last pictures themselves
             history = await media.expand(session_id, history, vision=vision)
         shortened = self._as_sent(history)
@@ -281,6 +286,7 @@ class AgentTurn:
             session_id, history, notices = await prompt_hook.before_model_call(
                 req, history, compression.estimate_tokens(system))
             if session_id != req.session_id:  # compressed: the history is the child's copy, read from the store
+                expanded = (session_id, history)
                 if media is not None:
                     history = await media.expand(session_id, history, vision=vision)
                 history = self._as_sent(history).messages
@@ -292,12 +298,27 @@ class AgentTurn:
                           agent=self.settings.agent, extra={"chat": req.chat, "chat_type": req.chat_type})
         journal = TurnJournal(self.db, req.answered, session_id, self._clock) if req.answered else None
         resumed = await journal.resumed() if journal is not None else []
-        loop = await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
-                                    max_iterations=self.settings.max_tool_iterations, model=req.model,
-                                    sink=req.stream, params=req.params, client_tools=req.client_tools,
-                                    purpose=for_session("cron" if req.platform == "cron" else "turn", session_id,
-                                                        req.session_key, platform=req.platform, user_id=req.user_id,
-                                                        agent=self.settings.agent))
+        purpose = for_session("cron" if req.platform == "cron" else "turn", session_id, req.session_key,
+                              platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
+
+        async def answer(prompt: list[dict], resumed: list[dict]) -> ToolLoop:
+            return await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
+                                        max_iterations=self.settings.max_tool_iterations, model=req.model,
+                                        sink=req.stream, params=req.params, client_tools=req.client_tools,
+                                        purpose=purpose)
+
+        try:
+            loop = await answer(prompt, resumed)
+        except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
+            prompt, dropped = _without_pictures(prompt)
+            if not dropped:
+                raise
+            names = await media.refused(*expanded, str(exc)) if media is not None else ()
+            names = names or tuple(a.name for a in req.attachments if a.kind == "image")
+            notices.append(_refused_line(names, str(exc)))
+            log.warning("the model refused the pictures of a turn in %s (%s); answering without them", session_id, exc)
+            # what the first try's tool calls produced is journaled: the second goes on from there
+            loop = await answer(prompt, await journal.resumed() if journal is not None else [])
         completion, produced = loop.completion, loop.produced
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
         if prompt_hook is not None:
@@ -594,6 +615,30 @@ def replayed_history(history: list[dict], mode: str) -> list[dict]:
     if mode == "always":
         return history
     return [_without_reasoning(m) if m.get("role") == "assistant" else m for m in history]
+
+
+def _without_pictures(prompt: list[dict]) -> tuple[list[dict], int]:
+    """``prompt`` with every picture taken out of its messages, and how many there were."""
+    out: list[dict] = []
+    dropped = 0
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, list):
+            kept = [part for part in content if not (isinstance(part, dict) and part.get("type") == "image_url")]
+            dropped += len(content) - len(kept)
+            if len(kept) != len(content):
+                texts = [p.get("text", "") for p in kept if isinstance(p, dict) and p.get("type") == "text"]
+                message = {**message, "content": "\n".join(texts) if len(texts) == len(kept) else kept}
+        out.append(message)
+    return out, dropped
+
+
+def _refused_line(names: tuple[str, ...], reason: str) -> str:
+    """The one line a user is told when the model refused their pictures."""
+    which = ", ".join(names) if names else "a picture"
+    them = "it" if len(names) <= 1 else "them"
+    return (f"The model could not read {which} ({reason}), so I answered without {them}; "
+            f"{them} will not be sent to the model again.")
 
 
 async def _with_prefetch(prefetch, req: TurnRequest, message: dict) -> dict:

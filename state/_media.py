@@ -73,6 +73,12 @@ def set_media_text(conn: sqlite3.Connection, sha256: str, text: str) -> int:
                         (text, sha256)).rowcount
 
 
+def set_media_note(conn: sqlite3.Connection, sha256: str, note: str) -> int:
+    """Mark every reference to a file as unusable, saying why (a model refused it): it is never sent again."""
+    return conn.execute("UPDATE message_media SET note = ? WHERE sha256 = ? AND note IS NULL",
+                        (note, sha256)).rowcount
+
+
 def media_of_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict]:
     """The media of ``session_id``'s messages and of its ancestors' (the sessions compression moved
     on from), oldest session first, each in the session's order, with the message's role and stored
@@ -176,6 +182,11 @@ class Media(Repository):
     def set_text(self, sha256: str, text: str) -> int:
         """An image's description (or a file's text) found later, for every reference still without one."""
         return self._engine.write(set_media_text, sha256, text)
+
+    @writes
+    def set_note(self, sha256: str, note: str) -> int:
+        """A file found unusable later (a model refused it), for every reference still without a note."""
+        return self._engine.write(set_media_note, sha256, note)
 
     @reads
     def of_lineage(self, session_id: str) -> list[dict]:

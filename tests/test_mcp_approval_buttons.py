@@ -90,8 +90,15 @@ async def test_telegram_inline_buttons_approve_and_a_strangers_press_changes_not
             await gw.stop(grace_seconds=5)
 
 
-async def test_a_streamed_reply_ends_in_the_request_and_the_buttons_come_right_under_it(tmp_path):
-    """Streaming on (Telegram's default): the streamed message becomes the request; the buttons follow."""
+def _names_it_all(text: str, rid: str) -> None:
+    """The request names the tool, the request and what each button does, in the message with the buttons."""
+    assert text.startswith(f"Approval needed: ledger__append wants to run with these arguments (request {rid}):")
+    assert ("Approve runs exactly this call, once; Deny refuses it and the model is told "
+            f"(or send /approve {rid} or /deny {rid}). Unanswered, it is denied in") in text
+
+
+async def test_a_streamed_reply_ends_in_the_request_with_its_buttons_in_the_same_message(tmp_path):
+    """Streaming on (Telegram's default): the streamed message becomes the request, buttons and all."""
     target = tmp_path / "ledger.txt"
     async with FakeTelegram() as tg, FakeModel() as model:
         model.script(ToolCall("ledger__append", {"text": "streamed", "path": str(target)}, content="Let me note it."),
@@ -106,11 +113,15 @@ async def test_a_streamed_reply_ends_in_the_request_and_the_buttons_come_right_u
             await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", what="connected")
             tg.dm(ANN, "note it")
             await tg.wait_for(lambda: any(s.button_data() for s in tg.sent), 15, "the buttons")
-            request, buttons = tg.sent[-2:]
-            assert request.visible_text.startswith("Approval needed: ledger__append") and not request.button_data()
-            assert buttons.visible_text == "Approve or deny the request above:"
-            tg.press(buttons, ANN, buttons.button_data()[0])
+            [request] = tg.sent  # one message: the streamed one, edited into the request with its buttons
+            approve, deny = request.button_data()
+            rid = approve.split()[1]
+            assert (approve, deny) == (f"/approve {rid}", f"/deny {rid}") and request.edits >= 1
+            _names_it_all(request.visible_text, rid)
+            tg.press(request, ANN, approve)
             await tg.wait_for(lambda: tg.sent[-1].visible_text == "noted", 15, "the continued answer")
+            assert [s.visible_text for s in tg.sent[1:]] == [f"Approved: running ledger__append (request {rid}).",
+                                                            "noted"]
         finally:
             await gw.stop(grace_seconds=5)
     assert lines(target) == ["streamed"]
@@ -322,3 +333,78 @@ async def test_an_approved_call_cut_off_by_a_kill_9_is_never_run_again(tmp_path)
         "error: this call to ledger__append_slowly was approved, but the gateway stopped before its result came "
         "back; it may or may not have taken effect and it was not run again. Check before calling it again."]
     assert len(model.requests) == 1  # nobody asked the model to go on by itself
+
+
+async def test_discord_a_streamed_request_carries_its_buttons_in_the_same_message(tmp_path):
+    from adapters.discord import DiscordAdapter
+    from gateway.config import Config
+    from tests.fakes.discord import FakeDiscord, visible_text
+
+    target = tmp_path / "ledger.txt"
+    async with FakeDiscord() as dc, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "streamed", "path": str(target)}, content="Let me note it."),
+                     Reply("noted"))
+        config = Config.model_validate({
+            "home": str(tmp_path / "home"),
+            "model": {"base_url": model.base_url, "name": "fake-model", "api_key": "sk-test"},
+            "auth": {"allowed_users": [f"discord:{dc.alice['id']}"]},
+            "platforms": {"discord": {"token": dc.token, "api_base_url": dc.api_base_url,
+                                      "gateway_url": dc.gateway_url, "stall_timeout_seconds": 30},
+                          "telegram": {"enabled": False}, "slack": {"enabled": False}},
+            "streaming": {"enabled": True}, "tools": tools(), "shutdown": {"grace_seconds": 2},
+        })
+        adapter = DiscordAdapter.from_config(config.platforms.discord, commands=[], vision=False)
+        gw = Gateway(config, adapters={"discord": adapter}, serve_api=False)
+        await gw.start()
+        try:
+            await _ready(gw)
+            await dc.wait_until(lambda: gw.health()["platforms"]["discord"]["state"] == "connected", 10, "connected")
+            await dc.dm(dc.alice, "note it")
+            await dc.wait_until(lambda: any(dc.button_ids(m) for m in dc.sent()), 15, "the buttons")
+            [request] = dc.sent()
+            approve, deny = dc.button_ids(request)
+            rid = approve.split()[1]
+            assert deny == f"/deny {rid}"
+            _names_it_all(visible_text(request["content"]), rid)
+            await dc.press_button(request, dc.alice, approve)
+            await dc.wait_until(lambda: dc.sent()[-1]["content"] == "noted", 15, "the continued answer")
+        finally:
+            await gw.stop()
+    assert lines(target) == ["streamed"]
+
+
+async def test_slack_a_streamed_request_carries_its_buttons_in_the_same_message(tmp_path, monkeypatch):
+    from tests.fakes.slack import FakeSlack
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    target = tmp_path / "ledger.txt"
+    async with FakeSlack() as slack, FakeModel() as model:
+        model.script(ToolCall("ledger__append", {"text": "streamed", "path": str(target)}, content="Let me note it."),
+                     Reply("noted"))
+        config = gateway_config(tmp_path / "home", model.base_url, tools=tools(),
+                                auth={"allowed_users": ["slack:U1"]}, streaming={"enabled": True},
+                                platforms={"slack": {"bot_token": slack.bot_token, "app_token": slack.app_token,
+                                                     "api_base_url": slack.base_url}})
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await _ready(gw)
+            await eventually(lambda: gw.health()["platforms"]["slack"]["state"] == "connected", 10)
+            await slack.wait_connected()
+            await slack.send_event(slack.message("D1", "U1", "note it"))
+            await eventually(lambda: any(slack.button_values(m) for m in slack.sent), 15, "the buttons")
+            [request] = slack.sent
+            approve, deny = slack.button_values(request)
+            rid = approve.split()[1]
+            assert deny == f"/deny {rid}"
+            section = request["blocks"][0]["text"]["text"]
+            assert section.startswith(f"Approval needed: *ledger__append* wants to run with these arguments "
+                                      f"(request {rid}):")
+            assert "*Approve* runs exactly this call, once; *Deny* refuses it" in section
+            envelope = await slack.press(request, "U1", approve, channel_name="directmessage")
+            await slack.wait_for_ack(envelope)
+            await eventually(lambda: slack.sent[-1].get("text") == "noted", 15, "the continued answer")
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert lines(target) == ["streamed"]

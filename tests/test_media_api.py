@@ -88,3 +88,33 @@ async def test_a_bad_media_part_gets_a_clear_400(tmp_path, model, part, error):
         await client.close()
     assert caught.value.body["message"] == error
     assert model.requests == []
+
+
+@pytest.mark.parametrize("picture, line", [
+    (files.truncated_png(), "is a damaged picture (cut off before its end), so the model cannot see it."),
+    (files.cmyk_jpeg(), "(HTTP 400: invalid_image_format), so I answered without it; it will not be sent to the "
+                        "model again."),
+])
+async def test_a_broken_or_refused_picture_over_the_api_is_left_out_and_said_once(tmp_path, model, picture, line):
+    """A strict vision endpoint (it decodes what it is sent): a damaged picture never reaches it; one it
+    refuses is left out on a second try and never sent again.  Either way the client gets its answer, and
+    one X-Switchboard-Notice saying what happened to the picture."""
+    model.images = "strict"
+    mime = "image/jpeg" if picture.startswith(b"\xff\xd8") else "image/png"
+    url = f"data:{mime};base64,{base64.b64encode(picture).decode()}"
+    async with running_gateway(tmp_path, model, model={"vision": True}) as gw:
+        client = _client(gw)
+        key = {"X-Session-Key": "bad-pics"}
+        first = await client.chat.completions.with_raw_response.create(
+            model="m", extra_headers=key, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "look at this"}, {"type": "image_url", "image_url": {"url": url}}]}])
+        second = await client.chat.completions.with_raw_response.create(
+            model="m", extra_headers=key, messages=[{"role": "user", "content": "and now?"}])
+        await client.close()
+    [notice] = first.headers.get_list("X-Switchboard-Notice")
+    assert notice.endswith(line) and notice.startswith(("image-", "The model could not read image-"))
+    assert first.parse().choices[0].message.content.startswith("echo: look at this")
+    assert second.headers.get_list("X-Switchboard-Notice") == []
+    assert second.parse().choices[0].message.content.startswith("echo: and now?")
+    sent = [u for r in model.requests for u in _images(r)]
+    assert sent == ([url] if mime == "image/jpeg" else [])  # the refused one went once, the damaged one never

@@ -78,6 +78,18 @@ def test_references_go_with_their_session_on_both_engines(store):
     assert store.media.of_lineage("s1") == []
 
 
+def test_a_file_marked_refused_keeps_its_note_on_every_reference_on_both_engines(store):
+    store.sessions.create("s1", "telegram")
+    first = store.messages.append_inbound("s1", "[attached image: a.png]", platform_message_id="1")
+    again = store.messages.append_inbound("s1", "[attached image: a.png]", platform_message_id="2")
+    ref = {"sha256": "a" * 64, "name": "a.png", "mime": "image/png", "size": 10, "kind": "image"}
+    store.media.attach(first.id, [ref])
+    store.media.attach(again.id, [ref])
+    assert store.media.set_note("a" * 64, "was refused by the model (HTTP 400)") == 2
+    assert store.media.set_note("a" * 64, "a second reason") == 0  # the first reason stays
+    assert [m["note"] for m in store.media.of_lineage("s1")] == ["was refused by the model (HTTP 400)"] * 2
+
+
 def test_a_compressed_session_finds_the_media_of_the_messages_it_carries_over(store):
     store.sessions.create("parent", "telegram")
     sent = store.messages.append_inbound("parent", "[attached image: cat.png]", platform_message_id="1")

@@ -269,6 +269,23 @@ async def test_slack_native_streaming_in_a_thread_appends_and_stops_the_stream(s
         assert slack.calls_to("chat.update") == [] and slack.calls_to("chat.postMessage") == []
 
 
+async def test_slack_a_natively_streamed_approval_request_ends_with_its_buttons_in_the_same_message(slack):
+    from gateway.approvals import buttons_for
+
+    async with started(slack, native_streaming=True) as (adapter, _):
+        chat = ChatRef("slack", "C1", "1700000000.000100")
+        stream = ReplyStream(adapter, chat, pacing=StreamPacing(edit_interval=0.3))
+        stream.show_status("using ledger__append…")
+        await slack.wait_for_calls("chat.startStream", 1)
+        request = "Approval needed: **ledger__append** wants to run (request ab12cd34). Approve runs it once."
+        delivery = await stream.finish(request, buttons=buttons_for("ab12cd34"))
+        [message] = slack.sent
+        assert delivery.ok and message["streaming"] is False  # the stream stopped, then updated with its blocks
+        assert slack.button_values(message) == ["/approve ab12cd34", "/deny ab12cd34"]
+        assert message["blocks"][0]["text"]["text"] == to_mrkdwn(request) == message["text"]
+        assert slack.calls_to("chat.postMessage") == []
+
+
 async def test_slack_without_the_streaming_methods_falls_back_to_chat_update_and_stays_there(slack):
     async with started(slack, native_streaming=True) as (adapter, _):
         slack.error_next("chat.startStream", "unknown_method")

@@ -570,11 +570,13 @@ class DiscordAdapter:
     def measure(self, text: str) -> int:
         return self._outbound.measure(text)
 
-    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
-        return await self._outbound.post_draft(chat, text, reply_to=reply_to, final=final)
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> str:
+        return await self._outbound.post_draft(chat, text, reply_to=reply_to, final=final, buttons=buttons)
 
-    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
-        await self._outbound.edit_draft(chat, message_id, text, final=final)
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> None:
+        await self._outbound.edit_draft(chat, message_id, text, final=final, buttons=buttons)
 
 
 def _message_payload(message: discord.Message) -> dict:

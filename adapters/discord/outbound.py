@@ -203,10 +203,7 @@ class Outbound:
         client = self._client()
         if client is None:
             return Delivery(ok=False, error="the Discord adapter is not connected", retry_later=True)
-        view = discord.ui.View(timeout=None)
-        for button in buttons:
-            style = discord.ButtonStyle.danger if button.style == "danger" else discord.ButtonStyle.primary
-            view.add_item(discord.ui.Button(label=button.label, custom_id=button.command[:100], style=style))
+        view = _view(buttons)
         channel_id = int(chat.thread_id or chat.chat_id)
         try:
             await self.chat_budget(channel_id).acquire()
@@ -277,25 +274,37 @@ class Outbound:
     def measure(self, text: str) -> int:
         return len(to_discord(text))  # what Discord counts is the text after our rewrite
 
-    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> str:
         channel_id = int(chat.thread_id or chat.chat_id)
         content = to_discord(text) if final else text
         reference = await self._reference(chat, reply_to, channel_id)
 
         async def post(client: discord.Client) -> str:
             channel = client.get_partial_messageable(channel_id)
-            msg = await channel.send(content, reference=reference, allowed_mentions=allowed_mentions())
+            view = {"view": _view(buttons)} if buttons else {}
+            try:
+                msg = await channel.send(content, reference=reference, allowed_mentions=allowed_mentions(), **view)
+            finally:
+                for v in view.values():
+                    v.stop()  # as in send_buttons: discord.py's store of live views is not needed
             return str(msg.id)
 
         return await self._draft_call(channel_id, post)
 
-    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> None:
         channel_id = int(chat.thread_id or chat.chat_id)
         content = to_discord(text) if final else text
 
         async def edit(client: discord.Client) -> None:
             message = client.get_partial_messageable(channel_id).get_partial_message(int(message_id))
-            await message.edit(content=content, allowed_mentions=allowed_mentions())
+            view = {"view": _view(buttons)} if buttons else {}
+            try:
+                await message.edit(content=content, allowed_mentions=allowed_mentions(), **view)
+            finally:
+                for v in view.values():
+                    v.stop()
 
         await self._draft_call(channel_id, edit)
 
@@ -351,3 +360,14 @@ class Outbound:
             await client.get_partial_messageable(int(channel_id)).typing()
         except Exception as exc:  # noqa: BLE001 - best effort
             log.debug("discord: typing indicator failed: %s", describe(exc))
+
+
+def _view(buttons: tuple[Button, ...]) -> discord.ui.View:
+    """A row of buttons (message components), each button's custom id its command.  A press is read from
+    the interaction event itself (adapter.on_interaction), also after a restart: the view is never
+    listened to (its callbacks are discord.py's, not ours), only sent."""
+    view = discord.ui.View(timeout=None)
+    for button in buttons:
+        style = discord.ButtonStyle.danger if button.style == "danger" else discord.ButtonStyle.primary
+        view.add_item(discord.ui.Button(label=button.label, custom_id=button.command[:100], style=style))
+    return view

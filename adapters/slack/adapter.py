@@ -439,11 +439,7 @@ class SlackAdapter:
         if sender is None:
             return Delivery(ok=False, error="slack adapter is not running", retry_later=True)
         shown = to_mrkdwn(text)[:SECTION_LIMIT]
-        elements = [{"type": "button", "text": {"type": "plain_text", "text": b.label[:75]},
-                     "action_id": f"{ACTION_PREFIX}{i}", "value": b.command[:2000],
-                     "style": "danger" if b.style == "danger" else "primary"} for i, b in enumerate(buttons)]
-        blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": shown}},
-                  {"type": "actions", "elements": elements}]
+        blocks = _button_blocks(shown, buttons)
         try:
             ts = await sender.post_blocks(chat.chat_id, shown, blocks, thread_ts=chat.thread_id)
         except PartFailed as exc:
@@ -458,24 +454,33 @@ class SlackAdapter:
     def measure(self, text: str) -> int:
         return len(to_mrkdwn(text))  # what Slack holds is the text after our rewrite
 
-    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> str:
         try:
-            return await self._draft(chat, text, None, final)
+            return await self._draft(chat, text, None, final, buttons)
         finally:
             if final:
                 await self._clear_typing_in(chat)
 
-    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> None:
         try:
-            await self._draft(chat, text, message_id, final)
+            await self._draft(chat, text, message_id, final, buttons)
         finally:
             if final:  # the streamed answer is whole: the typing reaction comes off, as with a sent reply
                 await self._clear_typing_in(chat)
 
-    async def _draft(self, chat: ChatRef, text: str, ts: str | None, final: bool) -> str:
+    async def _draft(self, chat: ChatRef, text: str, ts: str | None, final: bool,
+                     buttons: tuple[Button, ...] = ()) -> str:
         sender = self._sender
         if sender is None:
             raise AdapterError("slack adapter is not running")
+        if buttons:  # an approval request's final form: a section and its buttons, by chat.postMessage or chat.update
+            if ts is not None and ts in self._native_shown:
+                await sender.end_native(chat.chat_id, ts, self._native_shown)
+            shown = to_mrkdwn(text)[:SECTION_LIMIT]
+            return await sender.draft(chat.chat_id, shown, thread_ts=chat.thread_id, ts=ts, final=True,
+                                      blocks=_button_blocks(shown, buttons))
         native = ts in self._native_shown if ts is not None else self._native_streaming and bool(chat.thread_id)
         if native:
             try:
@@ -558,3 +563,12 @@ class SlackAdapter:
                 await self._client.reactions_remove(channel=channel, name=self._typing_reaction, timestamp=ts)
             except Exception as exc:  # noqa: BLE001 - best effort
                 log.debug("slack: reactions.remove failed: %s", type(exc).__name__)
+
+
+def _button_blocks(shown: str, buttons: tuple[Button, ...]) -> list[dict]:
+    """``shown`` (mrkdwn) in a section block with an actions block of buttons, each button's value its command."""
+    elements = [{"type": "button", "text": {"type": "plain_text", "text": b.label[:75]},
+                 "action_id": f"{ACTION_PREFIX}{i}", "value": b.command[:2000],
+                 "style": "danger" if b.style == "danger" else "primary"} for i, b in enumerate(buttons)]
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": shown}},
+            {"type": "actions", "elements": elements}]

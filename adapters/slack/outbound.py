@@ -159,7 +159,8 @@ class Sender:
             raise PartFailed(f"chat.postMessage (blocks) failed: {type(exc).__name__}: {exc}") from None
         return str(resp.get("ts") or "")
 
-    async def draft(self, channel: str, text: str, *, thread_ts: str | None, ts: str | None, final: bool) -> str:
+    async def draft(self, channel: str, text: str, *, thread_ts: str | None, ts: str | None, final: bool,
+                    blocks: list[dict] | None = None) -> str:
         """Post (``ts`` None) or update one message of a streamed reply, from the channel's budget; its ts.
 
         Raises :class:`RateLimited` on a 429 (the budget paused), :class:`PlatformHTTPError` when
@@ -169,11 +170,12 @@ class Sender:
         await budget.acquire()
         try:
             async with self._limiter:
+                shaped = {"blocks": blocks} if blocks else {}  # a final one's buttons, under its text
                 if ts is None:
                     resp = await self._client.chat_postMessage(channel=channel, text=text, thread_ts=thread_ts,
-                                                               mrkdwn=final, unfurl_links=False)
+                                                               mrkdwn=final, unfurl_links=False, **shaped)
                 else:
-                    resp = await self._client.chat_update(channel=channel, ts=ts, text=text)
+                    resp = await self._client.chat_update(channel=channel, ts=ts, text=text, **shaped)
         except SlackApiError as exc:
             if (wait := self._paused_for(exc, budget)) is not None:
                 raise RateLimited(PLATFORM, wait) from None

@@ -499,7 +499,7 @@ class TelegramAdapter:
         """``text`` with an inline keyboard (one row), each button's callback data its command."""
         if self._bot is None:
             return Delivery(ok=False, error="telegram adapter is not running", retry_later=True)
-        markup = InlineKeyboardMarkup([[InlineKeyboardButton(b.label, callback_data=b.command[:64]) for b in buttons]])
+        markup = _keyboard(buttons)
         try:
             sent = await self._send_part(chat, text, reply_to, markup=markup)
         except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
@@ -541,15 +541,22 @@ class TelegramAdapter:
     def measure(self, text: str) -> int:
         return utf16_len(text)
 
-    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool) -> str:
+    async def post_draft(self, chat: ChatRef, text: str, *, reply_to: str | None, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> str:
         kwargs = self._where(chat, reply_to)
+        if buttons:
+            kwargs["reply_markup"] = _keyboard(buttons)
         message = await self._draft_call(chat, lambda **kw: self.bot.send_message(**kwargs, **kw), text, final)
         return str(message.message_id)
 
-    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool) -> None:
+    async def edit_draft(self, chat: ChatRef, message_id: str, text: str, *, final: bool,
+                         buttons: tuple[Button, ...] = ()) -> None:
+        markup = {"reply_markup": _keyboard(buttons)} if buttons else {}
+
         async def edit(**kw: Any) -> Any:
             try:
-                return await self.bot.edit_message_text(chat_id=_chat_id(chat.chat_id), message_id=int(message_id), **kw)
+                return await self.bot.edit_message_text(chat_id=_chat_id(chat.chat_id), message_id=int(message_id),
+                                                        **markup, **kw)
             except BadRequest as exc:
                 if "not modified" in str(exc).lower():  # it already shows this text: done
                     return None
@@ -611,6 +618,11 @@ def _file_url_for(base_url: str) -> str:
     root = base_url.rstrip("/")
     root = root[: -len("/bot")] if root.endswith("/bot") else root
     return f"{root}/file/bot"
+
+
+def _keyboard(buttons: tuple[Button, ...]) -> InlineKeyboardMarkup:
+    """One row of inline buttons, each button's callback data its command (Telegram takes 64 bytes)."""
+    return InlineKeyboardMarkup([[InlineKeyboardButton(b.label, callback_data=b.command[:64]) for b in buttons]])
 
 
 def _chat_id(chat_id: str) -> int | str:

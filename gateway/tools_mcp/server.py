@@ -100,6 +100,7 @@ class McpServer:
         self._broken = asyncio.Event()
         self._refresh = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._ended: str | None = None  # why the transport ended by itself (the server died), this connection
         self._said: deque[str] = deque(maxlen=3)  # a stdio server's last lines on stderr, for last_error
 
     # -- lifecycle --------------------------------------------------------
@@ -177,6 +178,16 @@ class McpServer:
 
         spawn(send(), name=f"mcp-cancel:{self.name}:{request_id}")
 
+    def _transport_ended(self, why: str) -> None:
+        """The server's stdout ended or its process exited: down at once (its tools answer "unavailable",
+        /healthz says restarting), the supervisor wakes to restart it."""
+        if self._ended is None:
+            self._ended = why
+            log.warning("MCP server %s stopped (%s)", self.name, why)
+        self._session = None
+        self.state = "restarting"
+        self._broken.set()
+
     def _lost(self, session: ClientSession) -> None:
         """A call found ``session`` broken: calls after it are told the server is restarting."""
         if self._session is session:
@@ -195,8 +206,10 @@ class McpServer:
         try:
             await self._serve()
         except Exception as exc:  # any failure of a server means: restart it
+            if self._ended is not None:
+                raise ConnectionError(f"the server stopped: {self._ended}") from exc
             raise ConnectionError(_describe(exc)) from exc
-        raise ConnectionError("the connection ended")
+        raise ConnectionError(f"the server stopped: {self._ended}" if self._ended else "the connection ended")
 
     def _down(self, failures: int, exc: Exception, wait: float) -> None:
         """After a connection ended: its tools answer "unavailable" until the restart in ``wait`` seconds."""
@@ -214,12 +227,15 @@ class McpServer:
         """Connect, read the tools, then watch the connection until it breaks (returns or raises)."""
         self._broken.clear()
         self._refresh.clear()
+        self._ended = None
         async with contextlib.AsyncExitStack() as stack:
             read, write = await stack.enter_async_context(self._transport())
             session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
             with _deadline(CONNECT_SECONDS):
                 await session.initialize()
                 await self._read_tools(session)
+            if self._broken.is_set():  # it died while starting
+                return
             self._session = session
             self.state = "ready"
             self.last_error = None
@@ -266,7 +282,7 @@ class McpServer:
         errlog = os.fdopen(write_fd, "w")
         try:
             async with stdio_transport(command, list(cfg.args), env=env, cwd=str(cfg.cwd) if cfg.cwd else None,
-                                       errlog=errlog) as streams:
+                                       errlog=errlog, on_end=self._transport_ended) as streams:
                 errlog.close()  # the child has its own copy: the reader sees the end when the child's closes
                 yield streams
         finally:

@@ -7,6 +7,10 @@ end of a line only in what is new, and reads a long message (over ``THREAD_PARSE
 event loop.  And it hands the process exactly the environment it is given, where the SDK's adds
 some of the gateway's own (see :mod:`.environment`).  The rest is as the SDK does it: one process in its own session, JSON-RPC messages a line
 each, and on close stdin shut, two seconds for the server to go, then SIGTERM and SIGKILL to its group.
+
+One thing more than the SDK: ``on_end`` is told at once when the server's stdout ends or its process
+exits (a kill -9, a crash) before the transport is closed, so the client marks the server down then,
+not at its next ping.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any, AsyncIterator, TextIO
+from typing import Any, AsyncIterator, Callable, TextIO
 
 import anyio
 import anyio.to_thread
@@ -34,7 +38,8 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 
 @contextlib.asynccontextmanager
 async def stdio_transport(command: str, args: list[str], *, env: dict[str, str], cwd: str | None,
-                          errlog: TextIO) -> AsyncIterator[tuple[Any, Any]]:
+                          errlog: TextIO, on_end: Callable[[str], None] = lambda why: None,
+                          ) -> AsyncIterator[tuple[Any, Any]]:
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     try:
@@ -44,6 +49,11 @@ async def stdio_transport(command: str, args: list[str], *, env: dict[str, str],
         for stream in (read_writer, read_stream, write_stream, write_reader):
             await stream.aclose()
         raise
+    closing = False  # our own close ends the output too: that is not the server's end
+
+    def ended(why: str) -> None:
+        if not closing:
+            on_end(why)
 
     async def stdout_reader() -> None:
         assert process.stdout is not None
@@ -64,6 +74,11 @@ async def stdio_transport(command: str, args: list[str], *, env: dict[str, str],
                         else:
                             message = _parse(line)
                         await read_writer.send(message)
+        ended("its output ended")
+
+    async def exit_watcher() -> None:
+        code = await process.wait()
+        ended(f"its process exited ({_exit_status(code)})")
 
     async def stdin_writer() -> None:
         assert process.stdin is not None
@@ -76,9 +91,11 @@ async def stdio_transport(command: str, args: list[str], *, env: dict[str, str],
     async with anyio.create_task_group() as tg, process:
         tg.start_soon(stdout_reader)
         tg.start_soon(stdin_writer)
+        tg.start_soon(exit_watcher)
         try:
             yield read_stream, write_stream
         finally:
+            closing = True
             if process.stdin is not None:
                 with contextlib.suppress(Exception):
                     await process.stdin.aclose()
@@ -93,6 +110,15 @@ async def stdio_transport(command: str, args: list[str], *, env: dict[str, str],
             for stream in (read_stream, write_stream, read_writer, write_reader):
                 await stream.aclose()
             tg.cancel_scope.cancel()
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _signal_group(pid: int, sig: int) -> None:

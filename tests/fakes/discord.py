@@ -685,10 +685,16 @@ class FakeDiscord:
             return _json({"message": "Invalid Form Body", "code": 50035}, status=400)
         for msg in self.messages.get(channel_id, []):
             if msg["id"] == message_id and msg["author"]["id"] == self.bot["id"]:
+                for row in body.get("components") or []:
+                    for item in row.get("components", []):
+                        if item.get("type") == 2 and not 1 <= len(item.get("custom_id") or "") <= 100:
+                            return _json({"message": "Invalid Form Body", "code": 50035}, status=400)
                 if content is not None:
                     msg["content"] = content
                     msg["edited_timestamp"] = msg["timestamp"]
                     msg["edits"] = msg.get("edits", 0) + 1
+                if "components" in body:  # as Discord: given, they replace the message's; absent, they stay
+                    msg["components"] = body["components"] or []
                 self._touch()
                 return _json({k: v for k, v in msg.items() if k not in ("request", "edits")})
         return _json({"message": "Unknown Message", "code": 10008}, status=404)

@@ -2,7 +2,8 @@
 
 Built here byte by byte (no file is checked in, nothing is downloaded): a PNG any decoder opens,
 a one-page PDF whose text pypdf extracts, a PDF that does not parse, a ZIP archive posing as a
-PDF whose content inflates a thousandfold (a zip bomb in miniature), an Ogg voice note header.
+PDF whose content inflates a thousandfold (a zip bomb in miniature), an Ogg voice note header,
+and broken pictures: a PNG cut in half, a JPEG whose scan is damaged, a PNG bomb.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import io
 import struct
 import zipfile
 import zlib
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
 def png(width: int = 2, height: int = 2, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -61,9 +66,54 @@ def zip_bomb(inflated_bytes: int = 5_000_000) -> bytes:
     return out.getvalue()
 
 
+def truncated_png() -> bytes:
+    """A real 64 x 64 PNG cut in half: the signature and header intact, the image data cut, no IEND."""
+    row = b"\x00" + bytes(range(192))
+    whole = (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", 64, 64, 8, 2, 0, 0, 0))
+             + _chunk(b"IDAT", zlib.compress(row * 64, 0)) + _chunk(b"IEND", b""))
+    return whole[:len(whole) // 2]
+
+
+def corrupt_jpeg() -> bytes:
+    """A baseline JPEG (written by Pillow) whose entropy-coded scan is overwritten with noise past its start:
+    the markers and tables are intact, the scan cannot be decoded."""
+    import random
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.effect_noise((128, 128), 60).convert("RGB").save(out, "JPEG", quality=90)
+    data = bytearray(out.getvalue())
+    scan = data.find(b"\xff\xda")
+    rng = random.Random(36)
+    for i in range(scan + 200, min(scan + 2200, len(data) - 2)):
+        data[i] = rng.randrange(256)
+    return bytes(data)
+
+
+def cmyk_jpeg() -> bytes:
+    """A whole, valid CMYK JPEG (as print workflows export): Pillow reads it; some vision endpoints refuse it."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("CMYK", (16, 16), (0, 128, 255, 0)).save(out, "JPEG")
+    return out.getvalue()
+
+
+def png_bomb(side: int = 50_000) -> bytes:
+    """A valid ``side`` x ``side`` one-bit greyscale PNG of zeros: a few hundred kilobytes on disk, 2.5 billion
+    pixels (10 GB as RGBA) once decoded."""
+    row = b"\x00" * (1 + (side + 7) // 8)
+    packer = zlib.compressobj(9)
+    idat = b"".join(packer.compress(row * 1000) for _ in range(side // 1000)) + packer.compress(row * (side % 1000))
+    idat += packer.flush()
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+            + _chunk(b"IDAT", idat) + _chunk(b"IEND", b""))
+
+
 def ogg_voice() -> bytes:
     """The first page header of an Ogg Opus voice note (what Telegram sends as a voice message)."""
     return b"OggS\x00\x02" + b"\x00" * 20 + b"\x01\x13OpusHead\x01\x01" + b"\x00" * 16
 
 
-__all__ = ["broken_pdf", "ogg_voice", "pdf", "png", "zip_bomb"]
+__all__ = ["broken_pdf", "cmyk_jpeg", "corrupt_jpeg", "ogg_voice", "pdf", "png", "png_bomb", "truncated_png", "zip_bomb"]

@@ -164,6 +164,32 @@ def _text_of(message: dict) -> str:
     return content or ""
 
 
+def _unreadable_image(messages: list[dict]) -> str | None:
+    """Why a strict vision endpoint refuses one of the pictures of ``messages`` (None: it reads them all)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    for message in messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            url = (part.get("image_url") or {}).get("url", "")
+            if not url.startswith("data:"):
+                continue
+            try:
+                data = base64.b64decode(url.partition(",")[2])
+                with Image.open(io.BytesIO(data)) as image:
+                    image.load()
+                    if image.mode == "CMYK":
+                        return "the image is CMYK"
+            except Exception as exc:  # noqa: BLE001 - any failure to decode is the refusal
+                return f"the image could not be decoded ({type(exc).__name__})"
+    return None
+
+
 class FakeModel:
     def __init__(self, *, delay: float = 0.0, model_name: str = "fake-model", port: int = 0):
         self.delay = delay
@@ -201,6 +227,10 @@ class FakeModel:
         self.speech_audio = b"OggS\x00fake-opus-audio"
         self.speech_fail: Fail | None = None
         self.speeches: list[dict] = []
+        # a vision endpoint's own check of the pictures it is sent: "strict" decodes each (as OpenAI's API
+        # and llama.cpp's server do) and answers 400 invalid_image_format for one that does not decode
+        # whole, or that is CMYK (which stb_image, llama.cpp's decoder, does not read); None: anything goes
+        self.images: str | None = None
 
     # -- steering ---------------------------------------------------------
     def script(self, *behaviours) -> None:
@@ -341,6 +371,10 @@ class FakeModel:
                 behaviour = self.tool_loop
             if self.delay:
                 await asyncio.sleep(self.delay)
+            if self.images == "strict" and (refused := _unreadable_image(body.get("messages") or [])):
+                return web.json_response({"error": {
+                    "message": f"Invalid image: {refused}. Supported formats are PNG, JPEG, GIF and WebP.",
+                    "type": "invalid_request_error", "param": None, "code": "invalid_image_format"}}, status=400)
             if isinstance(behaviour, Hang):
                 await asyncio.sleep(behaviour.seconds)
             if isinstance(behaviour, Held):

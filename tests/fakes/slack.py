@@ -239,7 +239,14 @@ class FakeSlack:
             posted = self.posted.get(str(body.get("ts")))
             if posted is None or posted.get("channel") != body.get("channel"):
                 return web.json_response({"ok": False, "error": "message_not_found"})
+            blocks = body.get("blocks")
+            if isinstance(blocks, str):
+                body["blocks"] = blocks = json.loads(blocks)
+            if blocks is not None and _invalid_blocks(blocks):
+                return web.json_response({"ok": False, "error": "invalid_blocks"})
             posted["text"] = body.get("text")
+            if blocks is not None:  # given, they replace the message's blocks
+                posted["blocks"] = blocks
             self.updates.append(body)
             return web.json_response({"ok": True, "channel": body.get("channel"), "ts": body.get("ts"),
                                       "text": body.get("text")})

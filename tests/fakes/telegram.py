@@ -612,10 +612,17 @@ class FakeTelegram:
             return self._error(400, "Bad Request: message text is empty")
         if utf16_len(visible) > 4096:
             return self._error(400, "Bad Request: message is too long")
-        if (text, mode) == (sent.text, sent.parse_mode):
+        # an inline keyboard given with the edit replaces the message's; an edit without one removes it
+        markup = params.get("reply_markup")
+        for row in (markup or {}).get("inline_keyboard", []):
+            for button in row:
+                if len(button.get("callback_data", "").encode()) > 64:
+                    return self._error(400, "Bad Request: BUTTON_DATA_INVALID")
+        if (text, mode, markup) == (sent.text, sent.parse_mode, sent.reply_markup):
             return self._error(400, "Bad Request: message is not modified: specified new message content and "
                                     "reply markup are exactly the same as a current content and reply markup of the message")
         sent.text, sent.parse_mode, sent.visible_text, sent.lost_formatting = text, mode, visible, lost
+        sent.reply_markup = markup
         sent.edits += 1
         if self.on_shown is not None:
             self.on_shown(sent)
