@@ -64,6 +64,7 @@ from gateway._config_load import KeyedError, describe
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
 from gateway.platforms import ADAPTER_CONFIGS, in_platform_order, installed_platforms
+from gateway.types import Capabilities
 from state import mask_url
 
 __all__ = [
@@ -459,6 +460,8 @@ class PlatformConfig(_Model):
     streaming: PlatformStreamingConfig = PlatformStreamingConfig()
     # the pause between edits of a streamed reply when neither section sets one (the platform's own pace)
     STREAM_EDIT_INTERVAL: ClassVar[float] = 1.0
+    # what the platform can do (gateway.types.Capabilities); each package declares its own
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities()
 
     @field_validator("allowed_users", mode="after")
     @classmethod

@@ -263,6 +263,59 @@ class SendProgress:
             await self._on_part(list(self.sent_ids), last)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a platform can do, declared by its package next to its settings model
+    (``PlatformConfig.CAPABILITIES``, e.g. ``adapters/telegram/config.py``).
+
+    The gateway reads it (an approval's request is cut to ``max_message_length``; ``doctor`` and the
+    dashboard show it) and the conformance kit (``tests/platformkit``) checks the adapter against it:
+    a check a platform cannot pass by its nature (no threads, no edits) is reported as not applicable,
+    naming the capability.
+
+    - ``edits``: a sent message can be changed (a streamed reply is edited in place; without it the
+      reply is sent whole);
+    - ``threads``: a thread or topic inside a group is a conversation of its own;
+    - ``buttons``: a message can carry buttons (approvals; without them ``/approve`` is typed);
+    - ``typing``: a typing indicator (or a reaction standing in for one) shows while a turn runs;
+    - ``reactions``: the bot can react to a message;
+    - ``files``: attachments people send are received (into the media store);
+    - ``voice``: voice messages are received and spoken replies can be sent;
+    - ``groups``: a chat with several people in it exists (group sessions, mentions);
+    - ``max_message_length``: the longest message the adapter sends, in ``length_unit`` (``chars`` or
+      ``utf16`` code units, as Telegram counts); a longer reply is split into parts within it;
+    - ``chat_rate`` and ``chat_burst``: sends and edits per second into one chat, with bursts of that
+      many, that the adapter keeps to (the platform's documented rate or below it).
+    """
+
+    edits: bool = False
+    threads: bool = False
+    buttons: bool = False
+    typing: bool = False
+    reactions: bool = False
+    files: bool = False
+    voice: bool = False
+    groups: bool = True
+    max_message_length: int = 4000
+    length_unit: str = "chars"  # chars | utf16
+    chat_rate: float = 1.0
+    chat_burst: int = 1
+
+    def __post_init__(self) -> None:
+        if self.length_unit not in ("chars", "utf16"):
+            raise ValueError(f"Capabilities.length_unit must be chars or utf16 (got {self.length_unit!r})")
+        if self.max_message_length < 1 or self.chat_rate <= 0 or self.chat_burst < 1:
+            raise ValueError("Capabilities: max_message_length, chat_rate and chat_burst must be positive "
+                             f"(got {self.max_message_length}, {self.chat_rate}, {self.chat_burst})")
+
+    def length(self, text: str) -> int:
+        """``text``'s length as the platform counts it."""
+        return len(text.encode("utf-16-le")) // 2 if self.length_unit == "utf16" else len(text)
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
 @dataclass(slots=True)
 class AdapterHealth:
     """What ``/healthz`` shows for one adapter."""

@@ -16,7 +16,10 @@ gives up or the connection stalls (no frame, heartbeat ACKs included, for
 Endpoints are process-wide: discord.py reads ``discord.http.Route.BASE`` and
 ``DiscordWebSocket.DEFAULT_GATEWAY`` (class attributes), so ``api_base_url``
 and ``gateway_url`` apply to every discord.py client in the process; one
-Discord adapter per process is the supported setup.
+Discord adapter per process is the supported setup.  So is its JSON reader
+(``discord.utils._from_json``), made tolerant of lone surrogates (``_tolerant_json``),
+and each event's parser is guarded (``_guard_parsers``): an event discord.py cannot
+read is set aside instead of ending the connection.
 
 Sending lives in :mod:`.outbound`.
 
@@ -35,6 +38,7 @@ slash command given up gets a follow-up telling the user.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -89,6 +93,20 @@ _FATAL_CLOSE_CODES = {4004: BAD_TOKEN_HELP, 4014: MESSAGE_CONTENT_HELP}
 
 class _Fatal(AdapterError):
     """A start failure that retrying cannot fix (bad token, missing intent)."""
+
+
+_STRICT_JSON = discord.utils._from_json  # orjson.loads when orjson is installed, else json.loads
+
+
+def _tolerant_json(text: str | bytes) -> Any:
+    """discord.py's JSON reader, falling back to the standard library's for what it refuses: orjson
+    refuses a lone surrogate escape (``"\\ud800"``), and a frame it cannot read ends the gateway
+    connection and is replayed on RESUME, so one such message would keep the bot offline.  The standard
+    reader keeps the surrogate, and ``InboundMessage`` turns it into U+FFFD."""
+    try:
+        return _STRICT_JSON(text)
+    except ValueError:
+        return json.loads(text)
 
 
 def _intents() -> discord.Intents:
@@ -248,6 +266,7 @@ class DiscordAdapter:
         # Process-wide class attributes of discord.py (see the module docstring).
         discord.http.Route.BASE = self.api_base_url
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self.gateway_url)
+        discord.utils._from_json = _tolerant_json  # type: ignore[attr-defined]
 
     def _build_client(self) -> discord.Client:
         # The bot never joins voice: discord.py's "PyNaCl/davey is not installed" warnings would only mislead.
@@ -299,7 +318,34 @@ class DiscordAdapter:
         client.setup_hook = setup_hook  # type: ignore[method-assign]
         for fn in (on_socket_raw_receive, on_connect, on_resumed, on_disconnect, on_message, on_interaction):
             client.event(fn)
+        self._guard_parsers(client)
         return client
+
+    def _guard_parsers(self, client: discord.Client) -> None:
+        """discord.py parses each gateway event inside the websocket's read loop, so one event it cannot
+        read (a field missing, an id that is not a snowflake) ends the connection, and the RESUME replays
+        it: the bot would be offline for good.  Each event's parser is wrapped (``ConnectionState.parsers``
+        is discord.py's own table; there is no public hook before parsing): such an event is logged and
+        set aside as a dead letter, and the connection goes on.  READY and RESUMED are left alone: a
+        session that cannot start is the supervisor's to restart."""
+        parsers = client._connection.parsers
+        for event, parse in list(parsers.items()):
+            if event not in ("READY", "RESUMED"):
+                parsers[event] = self._guarded(event, parse)
+
+    def _guarded(self, event: str, parse: Callable[[Any], None]) -> Callable[[Any], None]:
+        def guarded(data: Any) -> None:
+            try:
+                parse(data)
+            except Exception as exc:  # noqa: BLE001 - one unreadable event must not end the connection
+                event_id = str(data.get("id") or "") or None if isinstance(data, dict) else None
+                log.error("discord %s event %s cannot be read (%s: %s); setting it aside", event, event_id,
+                          type(exc).__name__, exc)
+                self._health.last_error = f"could not read a {event} event: {type(exc).__name__}: {exc}"
+                payload = {"t": event, "d": data if isinstance(data, dict) else repr(data)}
+                spawn(self._failed.set_aside(event_id, payload, None, exc), name="discord:unreadable-event")
+
+        return guarded
 
     def _mark_connected(self, client: discord.Client, how: str) -> None:
         self._last_seen = time.monotonic()

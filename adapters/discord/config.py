@@ -11,6 +11,7 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, BeforeValidator
 
 from gateway.config import HttpUrl, PlatformConfig, check_url, empty_to_none, secret_field
+from gateway.types import Capabilities
 
 __all__ = ["DiscordConfig"]
 
@@ -20,6 +21,11 @@ WebSocketUrl = Annotated[str, AfterValidator(check_url(("ws", "wss")))]
 class DiscordConfig(PlatformConfig):
     PLATFORM: ClassVar[str] = "discord"
     STREAM_EDIT_INTERVAL: ClassVar[float] = 1.2  # Discord: 5 calls per 5 s in a channel
+    # 2,000 characters a message; 5 sends or edits per 5 s in a channel (any 5 s window holds at most
+    # burst + 5 x rate = 5); threads, components (buttons), attachments and voice messages
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        edits=True, threads=True, buttons=True, typing=True, reactions=False, files=True, voice=True,
+        max_message_length=2000, chat_rate=0.6, chat_burst=2)
     token: str = secret_field()
     api_base_url: HttpUrl = "https://discord.com/api/v10"
     gateway_url: Annotated[WebSocketUrl | None, BeforeValidator(empty_to_none)] = None

@@ -36,13 +36,14 @@ from gateway.ratelimit import ChatRate, RateLimiter, chat_budget_for, limiter_fo
 from gateway.retry import Backoff, retry_async
 from gateway.types import Button, ChatRef, Delivery, SendProgress
 
+from .config import DiscordConfig
 from .format import to_discord, to_plain
 from .redact import describe
 
 log = logging.getLogger(__name__)
 
 PLATFORM = "discord"
-MESSAGE_LIMIT = 2000
+MESSAGE_LIMIT = DiscordConfig.CAPABILITIES.max_message_length
 INTERACTION_TTL = 14 * 60.0
 
 
@@ -73,7 +74,7 @@ def _retry_after(exc: discord.HTTPException) -> float:
 
 # One budget per channel for sends and typing (Discord: 5 per 5 s in a channel); any 5 s window
 # holds at most burst + 5 x rate = 5 calls.
-CHANNEL_RATE = ChatRate(rate=0.6, burst=2)
+CHANNEL_RATE = ChatRate(rate=DiscordConfig.CAPABILITIES.chat_rate, burst=DiscordConfig.CAPABILITIES.chat_burst)
 _CHANNEL_PATH = re.compile(r"/channels/(\d+)/")
 
 

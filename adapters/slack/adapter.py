@@ -94,6 +94,7 @@ from gateway.types import (
     SendProgress,
 )
 
+from .config import SlackConfig
 from .connection import HttpEndpoint, Pulse, SocketConnection
 from .inbound import Inbound, InboundSettings, Lru
 from .mrkdwn import to_mrkdwn
@@ -103,7 +104,7 @@ log = logging.getLogger(__name__)
 
 # One budget per channel for posts and the typing reaction (Slack: about 1 message a second in a
 # channel, short bursts allowed).
-CHANNEL_RATE = ChatRate(rate=1.0, burst=2)
+CHANNEL_RATE = ChatRate(rate=SlackConfig.CAPABILITIES.chat_rate, burst=SlackConfig.CAPABILITIES.chat_burst)
 
 PLATFORM = "slack"
 ACTION_PREFIX = "switchboard_button_"  # our buttons' action ids (a press of another app's is not ours)

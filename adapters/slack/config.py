@@ -11,12 +11,18 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, PlatformConfig, describe, secret_field
+from gateway.types import Capabilities
 
 __all__ = ["SlackConfig"]
 
 
 class SlackConfig(PlatformConfig):
     PLATFORM: ClassVar[str] = "slack"
+    # 3,900 characters a message (Slack truncates display around 4,000); about one message a second
+    # into a channel; threads, Block Kit buttons, the typing reaction, files and voice clips
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        edits=True, threads=True, buttons=True, typing=True, reactions=True, files=True, voice=True,
+        max_message_length=3900, chat_rate=1.0, chat_burst=2)
     bot_token: str = secret_field()  # xoxb-...
     app_token: str = secret_field()  # xapp-..., socket mode
     signing_secret: str = secret_field()  # http mode

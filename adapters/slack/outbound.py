@@ -30,10 +30,12 @@ from gateway.markdown import count_plain_fallback
 from gateway.ratelimit import RateLimiter
 from gateway.retry import Backoff, retry_async
 
+from .config import SlackConfig
+
 log = logging.getLogger(__name__)
 
 PLATFORM = "slack"
-TEXT_LIMIT = 3900  # Slack truncates display around 4,000 characters; stay well under
+TEXT_LIMIT = SlackConfig.CAPABILITIES.max_message_length  # Slack truncates display around 4,000 characters
 RESPONSE_URL_USES = 5
 RESPONSE_URL_TTL = 30 * 60.0
 # ok:false errors that mean "Slack did not accept this text as formatted": resend it plain.

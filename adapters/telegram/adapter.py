@@ -65,6 +65,7 @@ from gateway.types import (
     SendProgress,
 )
 
+from .config import TelegramConfig
 from .events import PLATFORM, Addressing, from_button, normalize
 from .format import is_parse_error, markdown_to_html
 from .media import collect_attachments
@@ -74,10 +75,10 @@ from .webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
-MESSAGE_LIMIT = 4096  # UTF-16 code units, after entity parsing
+MESSAGE_LIMIT = TelegramConfig.CAPABILITIES.max_message_length  # UTF-16 code units, after entity parsing
 # One budget per chat for sends and typing (Telegram: about 1 message a second in a chat, 20 a
 # minute in a group); any 60 s window of a group holds at most burst + 60 x rate = 20 calls.
-CHAT_RATE = ChatRate(rate=1.0, burst=2)
+CHAT_RATE = ChatRate(rate=TelegramConfig.CAPABILITIES.chat_rate, burst=TelegramConfig.CAPABILITIES.chat_burst)
 GROUP_RATE = ChatRate(rate=18 / 60, burst=2)
 _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 
@@ -298,7 +299,7 @@ class TelegramAdapter:
 
     def _start_polling(self) -> None:
         self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
-                              may_poll=self._may_poll, backoff=self._reconnect_backoff)
+                              may_poll=self._may_poll, backoff=self._reconnect_backoff, unreadable=self._unreadable)
         self._poll_task = spawn(self._poller.run(), name="telegram:poller")
         self._watchdog_task = spawn(self._watchdog(), name="telegram:watchdog")
 
@@ -324,7 +325,8 @@ class TelegramAdapter:
                 self._poll_task.cancel()
                 await asyncio.gather(self._poll_task, return_exceptions=True)
             self._poller = Poller(self.bot, self._deliver, report=self._report, poll_timeout=self._poll_timeout,
-                                  may_poll=self._may_poll, backoff=self._reconnect_backoff)
+                                  may_poll=self._may_poll, backoff=self._reconnect_backoff,
+                                  unreadable=self._unreadable)
             self._poller.offset = offset
             self._poll_task = spawn(self._poller.run(), name="telegram:poller")
 
@@ -393,6 +395,19 @@ class TelegramAdapter:
         except Exception as exc:  # noqa: BLE001 - delivered again, or set aside after the last attempt
             return await self._on_failure(update, inbound, exc)
         self._failed.forget(str(update.update_id))
+        return True
+
+    async def _unreadable(self, raw: dict, exc: Exception) -> bool:
+        """An update python-telegram-bot cannot read: set aside as a dead letter (the raw JSON kept), so
+        the chats go on; True once it may be acknowledged."""
+        event = str(raw.get("update_id"))
+        self._health.last_error = f"could not read update {event}: {type(exc).__name__}: {exc}"
+        if await self._failed.set_aside(event, raw, None, exc):
+            log.error("telegram update %s cannot be read (%s: %s); set aside as a dead letter", event,
+                      type(exc).__name__, exc)
+        else:
+            log.error("telegram update %s cannot be read (%s: %s) and there is no dead-letter store; "
+                      "skipped so the chats go on", event, type(exc).__name__, exc)
         return True
 
     async def _pressed(self, update: Update) -> bool:

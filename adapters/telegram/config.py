@@ -12,12 +12,18 @@ from typing import ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, OptionalHttpUrl, PlatformConfig, secret_field
+from gateway.types import Capabilities
 
 __all__ = ["TelegramConfig"]
 
 
 class TelegramConfig(PlatformConfig):
     PLATFORM: ClassVar[str] = "telegram"
+    # 4,096 UTF-16 units after entity parsing; about one message a second into a chat (groups: 20 a
+    # minute, the adapter's GROUP_RATE); forum topics are threads; inline keyboards are buttons
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        edits=True, threads=True, buttons=True, typing=True, reactions=False, files=True, voice=True,
+        max_message_length=4096, length_unit="utf16", chat_rate=1.0, chat_burst=2)
     token: str = secret_field()
     base_url: HttpUrl = "https://api.telegram.org/bot"  # python-telegram-bot appends the token
     base_file_url: OptionalHttpUrl = None  # None: derived from base_url (.../bot -> .../file/bot)

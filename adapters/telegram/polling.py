@@ -8,6 +8,13 @@ starts at the first update not stored, so Telegram hands it over again; after
 the last allowed attempt ``deliver`` sets the update aside as a dead letter and
 returns True, so one bad update never holds the offset.
 
+An update python-telegram-bot cannot read (a field missing that it requires, a type it does not
+expect: Telegram adds fields, and a proxy or a fake can send anything) makes ``get_updates`` fail
+for the whole batch, and so for every poll after it: the bot would answer nobody again.  Then the
+batch is fetched once more raw (``Bot.do_api_request``, which warns that ``get_updates`` exists: it
+is the only public way to the raw JSON), each update read on its own, and one that cannot be read
+handed to ``unreadable`` (the adapter sets it aside as a dead letter), so the offset moves past it.
+
 409 Conflict (another process polls the same token, or a webhook is set),
 network errors and flood waits are logged, shown in health and retried with
 backoff: the loop itself never ends on an error.
@@ -47,6 +54,20 @@ CONFLICT_HINT = (
 )
 
 
+# What python-telegram-bot raises when it cannot read an update (its network and API errors are
+# TelegramError, which are none of these).
+UNREADABLE = (TypeError, KeyError, ValueError, AttributeError)
+
+
+class _SetAside:
+    """An unreadable update already set aside, holding its place in a batch (delivered: True at once)."""
+
+    def __init__(self, update_id: int):
+        self.update_id = update_id
+        self.effective_chat = None
+        self.callback_query = None
+
+
 class Poller:
     """Fetches updates and hands them to ``deliver``, in order within each chat."""
 
@@ -59,9 +80,11 @@ class Poller:
         poll_timeout: int,
         backoff: Backoff,
         may_poll: PollGate | None = None,
+        unreadable: Callable[[dict, Exception], Awaitable[bool]] | None = None,
     ):
         self._bot = bot
         self._deliver = deliver
+        self._unreadable = unreadable  # (raw update, why) -> True once set aside
         self._report = report  # (state, error) -> None
         self._poll_timeout = poll_timeout
         self._backoff = backoff
@@ -91,6 +114,14 @@ class Poller:
                 )
             except asyncio.CancelledError:
                 raise
+            except UNREADABLE as exc:  # the library could not read an update of the batch
+                updates = await self._read_one_by_one(exc)
+                if updates is None:
+                    wait = self._backoff.delay(failures)
+                    failures += 1
+                    self._on_poll_error(exc, wait)
+                    await asyncio.sleep(wait)
+                    continue
             except Exception as exc:  # noqa: BLE001 - every error is reported and retried
                 wait = self._backoff.delay(failures)
                 failures += 1
@@ -116,6 +147,35 @@ class Poller:
                 self._handler_failures += 1
             else:
                 self._handler_failures = 0
+
+    async def _read_one_by_one(self, why: Exception) -> list[Update] | None:
+        """The batch fetched again raw and read update by update; the unreadable ones are set aside and
+        the offset moves past them.  None when even that failed (the poll is retried with backoff)."""
+        if self._unreadable is None:
+            return None
+        try:
+            raw = await self._bot.do_api_request(
+                "getUpdates", api_kwargs={"offset": self.offset or None, "timeout": 0,
+                                          "allowed_updates": list(ALLOWED_UPDATES)})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported and retried like any failed poll
+            log.warning("telegram: could not fetch the batch again raw (%s: %s)", type(exc).__name__, exc)
+            return None
+        readable: list[Update] = []
+        for item in raw if isinstance(raw, list) else []:
+            try:
+                readable.append(Update.de_json(item, self._bot))
+            except UNREADABLE as exc:
+                if not await self._unreadable(item if isinstance(item, dict) else {"raw": repr(item)}, exc):
+                    return None
+                update_id = item.get("update_id") if isinstance(item, dict) else None
+                if isinstance(update_id, int) and not readable:  # nothing before it waits: move past it now
+                    self.offset = max(self.offset, update_id + 1)
+                elif isinstance(update_id, int):
+                    readable.append(_SetAside(update_id))  # type: ignore[arg-type]
+        log.info("telegram: read a batch update by update after %s: %s", type(why).__name__, why)
+        return readable
 
     def _allowed_timeout(self) -> int | None:
         """The long-poll timeout for the next getUpdates; None: the gate allows no poll now."""
@@ -145,7 +205,7 @@ class Poller:
         async def in_order(indexes: list[int]) -> None:
             nonlocal leading
             for index in indexes:
-                if not await self._deliver(updates[index]):
+                if not isinstance(updates[index], _SetAside) and not await self._deliver(updates[index]):
                     return  # later updates of this chat wait for the redelivery, to keep its order
                 stored[index] = True
                 while leading < len(updates) and stored[leading]:

@@ -106,6 +106,7 @@ class _Failure:
     headers: dict[str, str]
     match: Callable[[Request], bool]
     remaining: int
+    delay: float = 0.0  # > 0: not a failure, the normal answer after this many seconds
 
 
 @dataclass
@@ -467,6 +468,11 @@ class FakeDiscord:
             headers = {}
         self._failures.append(_Failure(status, body, headers, match or _is_send, n))
 
+    def delay_next(self, seconds: float, n: int = 1, *, match: Callable[[Request], bool] | None = None) -> None:
+        """Answer the next ``n`` REST requests that ``match`` (default: message sends) normally, but only
+        after ``seconds`` (a slow API)."""
+        self._failures.append(_Failure(200, {}, {}, match or _is_send, n, delay=seconds))
+
     def clear_failures(self) -> None:
         """Forget every pending :meth:`fail_next`."""
         self._failures.clear()
@@ -579,6 +585,9 @@ class FakeDiscord:
         for failure in self._failures:
             if failure.remaining > 0 and failure.match(rec):
                 failure.remaining -= 1
+                if failure.delay:
+                    await asyncio.sleep(failure.delay)
+                    break
                 return _json(failure.body, status=failure.status, headers=failure.headers)
         return await handler(request)
 

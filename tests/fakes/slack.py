@@ -25,7 +25,7 @@ It serves, on 127.0.0.1 and a free port:
   event to the adapter's endpoint.
 
 Faults: :meth:`fail_next` (an HTTP status such as 429 with ``Retry-After``),
-:meth:`error_next` (``ok: false`` with an error code).  Usable from scripts
+:meth:`error_next` (``ok: false`` with an error code), :meth:`delay_next` (a late answer).  Usable from scripts
 (bench) as well as tests: nothing here depends on pytest.
 """
 
@@ -180,11 +180,19 @@ class FakeSlack:
         for _ in range(n):
             self._faults.setdefault(method, deque()).append((200, {"ok": False, "error": error}, {}))
 
-    def _fault(self, method: str) -> web.Response | None:
+    def delay_next(self, method: str, seconds: float, n: int = 1) -> None:
+        """Answer the next ``n`` calls of ``method`` normally, but only after ``seconds`` (a slow API)."""
+        for _ in range(n):
+            self._faults.setdefault(method, deque()).append((0, {"delay": seconds}, {}))
+
+    async def _fault(self, method: str) -> web.Response | None:
         queue = self._faults.get(method)
         if not queue:
             return None
         status, body, headers = queue.popleft()
+        if status == 0:  # a delay: the normal answer, late
+            await asyncio.sleep(body["delay"])
+            return None
         return web.json_response(body, status=status, headers=headers)
 
     # ------------------------------------------------------------------ Web API
@@ -208,7 +216,7 @@ class FakeSlack:
         expected = self.app_token if method == "apps.connections.open" else self.bot_token
         if token != expected:
             return web.json_response({"ok": False, "error": "invalid_auth"})
-        fault = self._fault(method)
+        fault = await self._fault(method)
         if fault is not None:
             return fault
         if method == "auth.test":
@@ -293,7 +301,7 @@ class FakeSlack:
     async def _respond(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         self.calls.append(Call("response_url", request.method, request.path, body))
-        fault = self._fault("response_url")
+        fault = await self._fault("response_url")
         if fault is not None:
             return fault
         self.responses.append(body)

@@ -17,7 +17,7 @@ Every request is recorded in :attr:`FakeTelegram.requests`.  Failures are
 scripted per method: :meth:`fail_next` (an error answer, e.g. 429 with
 ``retry_after``, 409, 400 "can't parse entities"), :meth:`drop_next` (the
 connection is cut without an answer) and :meth:`hang_next` (no answer until
-the client gives up); :meth:`go_down`/:meth:`come_back` make a whole outage.  ``parse_mode=HTML`` texts are checked the way Telegram
+the client gives up), :meth:`delay_next` (a late answer); :meth:`go_down`/:meth:`come_back` make a whole outage.  ``parse_mode=HTML`` texts are checked the way Telegram
 does (known tags, balanced, ``<&>`` escaped) and rejected with the real
 error text when they are not; texts over 4,096 UTF-16 units after entity
 parsing are rejected too.  Tags nested against Telegram's entity rules (code
@@ -98,11 +98,12 @@ class SentMessage:
 
 @dataclass
 class _Scripted:
-    kind: str  # "fail" | "drop" | "hang"
+    kind: str  # "fail" | "drop" | "hang" | "delay"
     status: int = 500
     description: str = ""
     retry_after: int | None = None
     parameters: dict | None = None
+    delay: float = 0.0
 
 
 class HTMLRejected(ValueError):
@@ -408,6 +409,10 @@ class FakeTelegram:
     def hang_next(self, method: str, times: int = 1) -> None:
         self._script(method, times, _Scripted("hang"))
 
+    def delay_next(self, method: str, seconds: float, times: int = 1) -> None:
+        """Answer the next ``times`` calls of ``method`` normally, but only after ``seconds`` (a slow API)."""
+        self._script(method, times, _Scripted("delay", delay=seconds))
+
     def _script(self, method: str, times: int, item: _Scripted) -> None:
         self._scripts.setdefault(method.lower(), deque()).extend([item] * times)
 
@@ -508,6 +513,8 @@ class FakeTelegram:
                 while not self._closing:
                     await asyncio.sleep(0.05)
                 return self._error(500, "shutting down")
+            if item.kind == "delay":
+                await asyncio.sleep(item.delay)
         handler = getattr(self, f"_m_{method.lower()}", None)
         if handler is None:
             return self._error(404, "Not Found: method not found")
