@@ -113,7 +113,7 @@ def sessions() -> None:
 @sessions.command("list")
 @_source_option("Only sessions from this source.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
+@click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain or of a conversation that branched, not just its tip.")
 @json_option("Print JSON for scripts.")
 @with_store
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
@@ -163,7 +163,13 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
         f"tokens in {data['input_tokens']} out {data['output_tokens']}",
     ]
     if data.get("parent_session_id"):
-        lines.append(f"Parent    {data['parent_session_id']}")
+        parent = db.sessions.get(data["parent_session_id"])
+        if parent is not None and parent.get("end_reason") != "compression" and data.get("session_key") and \
+                parent.get("session_key") == data.get("session_key"):
+            # a local-API client edited a message or regenerated an answer: the conversation went on here
+            lines.append(f"Branched  from {data['parent_session_id']}" + (f" ({parent['title']})" if parent.get("title") else ""))
+        else:
+            lines.append(f"Parent    {data['parent_session_id']}")
     tip = db.sessions.compression_tip(session_id)
     if tip != session_id:
         lines.append(f"Continued {tip}")

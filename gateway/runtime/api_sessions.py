@@ -165,6 +165,7 @@ class Conversations:
         child = await self._create(key, routed["id"], user_id, user_name)
         await self._append(child, rows[:before], incoming[common:], idempotency_key)
         await self.db.routes.set(key, child)  # the branch is the conversation from now on
+        await self.db.sessions.end(routed["id"], "branched")  # listed as its branch from now on (first end wins)
         log.info("API conversation %s branched from session %s into %s after %d messages", key, routed["id"],
                  child, common)
         return child
