@@ -261,13 +261,15 @@ def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict]:
 # parent, or when it is a branch: a local-API client edited a message or regenerated an answer, and the
 # conversation (its session key) went on in a child holding the history up to where they part.
 # ``{c}`` and ``{p}`` are the child's and the parent's aliases.
-_CONTINUES = ("({p}.end_reason = 'compression' OR ({c}.session_key IS NOT NULL AND {c}.session_key = {p}.session_key))")
+_CONTINUES = ("({p}.end_reason = 'compression' OR ({c}.source = 'api' AND {c}.session_key IS NOT NULL "
+              "AND {c}.session_key = {p}.session_key))")
 
 
 def continues(parent: dict, child: dict) -> bool:
     """Whether ``child`` (a child session of ``parent``) is where ``parent``'s conversation went on."""
     return parent.get("end_reason") == "compression" or (
-        child.get("session_key") is not None and child.get("session_key") == parent.get("session_key"))
+        child.get("source") == "api" and child.get("session_key") is not None
+        and child.get("session_key") == parent.get("session_key"))
 
 
 def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str:

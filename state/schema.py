@@ -32,6 +32,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import _ownership
 from ._dialect import dialect_of
 from .errors import NotADatabase, SchemaTooNew
 
@@ -505,13 +506,16 @@ for _step in [
 
 
 def read_version(conn: sqlite3.Connection, path: str) -> int:
-    """The stored version; 0 for an empty file.  Refuses what is not ours.
+    """The stored version; 0 for an empty file.  Refuses what is not ours (``state._ownership``).
 
     Only reads: never takes the write lock.
     """
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "schema_version" in tables:
+            foreign = _ownership.foreign_reason(conn)  # Hermes Agent's state.db has a schema_version too
+            if foreign is not None:
+                raise NotADatabase(path, foreign)
             row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
             version = int(row[0] or 0)
         elif not tables:
@@ -535,6 +539,7 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> int:
             step.apply(conn)
     conn.execute("DELETE FROM schema_version")
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (current_version(),))
+    conn.execute(f"PRAGMA application_id = {_ownership.APPLICATION_ID}")  # the file says whose it is
     return current_version()
 
 

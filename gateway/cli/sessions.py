@@ -164,7 +164,8 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     ]
     if data.get("parent_session_id"):
         parent = db.sessions.get(data["parent_session_id"])
-        if parent is not None and parent.get("end_reason") != "compression" and data.get("session_key") and \
+        if parent is not None and parent.get("end_reason") != "compression" and data.get("source") == "api" and \
+                data.get("session_key") and \
                 parent.get("session_key") == data.get("session_key"):
             # a local-API client edited a message or regenerated an answer: the conversation went on here
             lines.append(f"Branched  from {data['parent_session_id']}" + (f" ({parent['title']})" if parent.get("title") else ""))
