@@ -73,7 +73,7 @@ class Engine:
         self._aside_mutex = threading.Lock()
         self._refused: StoreCorrupt | None = None  # set once the file is found damaged: no write runs after
         prepare_db_file(self.path)
-        _ownership.refuse_foreign(self.path)  # before any write connection: another program's file stays as it is
+        _ownership.refuse_foreign(self.path, schema.core_columns)  # before any write connection: another program's file stays as it is
         self._wconn = self._connect(timeout=0.0)
         try:
             self._open_schema(self._wconn)

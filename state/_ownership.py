@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 from urllib.request import pathname2url
 
 from .errors import NotADatabase
@@ -34,37 +34,27 @@ APPLICATION_ID = 0x53774264
 
 _INLINE_PARENT = re.compile(r"\bparent_session_id\b\s+TEXT\s+REFERENCES\s+\"?sessions\"?\s*\(", re.I)
 _TABLE_FOREIGN_KEY = re.compile(r"\bFOREIGN\s+KEY\b", re.I)
-_CORE = ("sessions", "messages")
+CORE_TABLES = ("sessions", "messages")
 
 
 def read_only(path: Path | str) -> sqlite3.Connection:
-    """A connection that cannot change the file (nor checkpoint its WAL when it closes)."""
-    return sqlite3.connect(f"file:{pathname2url(str(Path(path).absolute()))}?mode=ro", uri=True,
-                           isolation_level=None, check_same_thread=False)
+    """A connection that cannot change the file (nor checkpoint its WAL when it closes), and leaves no
+    file beside it: with a ``-wal`` file there (the program is running, or stopped without a
+    checkpoint) SQLite reads it through the program's own ``-shm``; without one, the file alone holds
+    everything and is read as immutable, so SQLite creates no ``-wal`` or ``-shm`` next to it."""
+    path = Path(path).absolute()
+    mode = "mode=ro" if Path(f"{path}-wal").exists() else "mode=ro&immutable=1"
+    return sqlite3.connect(f"file:{pathname2url(str(path))}?{mode}", uri=True, isolation_level=None,
+                           check_same_thread=False)
 
 
-@lru_cache(maxsize=1)
-def _our_columns() -> dict[int, dict[str, frozenset[str]]]:
-    """The columns of ``sessions`` and ``messages`` after each step of our chain (built once, in memory)."""
-    from . import schema
-
-    conn = sqlite3.connect(":memory:", isolation_level=None)
-    try:
-        conn.execute("BEGIN")
-        shapes: dict[int, dict[str, frozenset[str]]] = {}
-        for step in schema.MIGRATIONS:
-            step.apply(conn)
-            shapes[step.version] = {t: frozenset(r[1] for r in conn.execute(f'PRAGMA table_info("{t}")'))
-                                    for t in _CORE}
-        conn.execute("ROLLBACK")
-        return shapes
-    finally:
-        conn.close()
+#: the columns of ``sessions`` and ``messages`` our chain gives them at a schema version (None: unknown)
+ColumnsAt = Callable[[int], "dict[str, frozenset[str]] | None"]
 
 
-def foreign_reason(conn: sqlite3.Connection) -> str | None:
+def foreign_reason(conn: sqlite3.Connection, columns_at: ColumnsAt) -> str | None:
     """Why the database on ``conn`` is not a Switchboard store, or None when it is ours (or empty).
-    Only reads."""
+    Only reads; ``columns_at`` is ``state.schema.core_columns``."""
     app_id = conn.execute("PRAGMA application_id").fetchone()[0]
     if app_id == APPLICATION_ID:
         return None
@@ -79,18 +69,18 @@ def foreign_reason(conn: sqlite3.Connection) -> str | None:
         version = int(conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0)
     except (sqlite3.DatabaseError, TypeError, ValueError):
         return "a SQLite database, but not a Switchboard state store (its schema_version table is not ours)"
-    hermes = " (it looks like Hermes Agent's state.db)" if _looks_like_hermes(sql) else ""
-    missing = [t for t in _CORE if t not in sql]
+    hermes = " (it looks like Hermes Agent's state.db: `switchboard sessions import --from-hermes FILE` " \
+        "brings its sessions over)" if _looks_like_hermes(sql) else ""
+    missing = [t for t in CORE_TABLES if t not in sql]
     if missing:
         return f"a SQLite database with a schema_version table (version {version}), but not a Switchboard " \
                f"state store (no {' or '.join(missing)} table){hermes}"
     if not _INLINE_PARENT.search(sql["sessions"]) or _TABLE_FOREIGN_KEY.search(sql["sessions"]):
         return f"a SQLite database with a schema_version table (version {version}) whose sessions table " \
                f"another program created, not a Switchboard state store{hermes}"
-    shapes = _our_columns()
-    expected = shapes.get(version) if version >= 1 else None
+    expected = columns_at(version) if version >= 1 else None
     if expected is not None:
-        for table in _CORE:
+        for table in CORE_TABLES:
             have = {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')}
             lacking = sorted(expected[table] - have)
             if lacking:
@@ -103,7 +93,7 @@ def _looks_like_hermes(sql: dict[str, str]) -> bool:
     return "sessions" in sql and "messages" in sql and bool(_TABLE_FOREIGN_KEY.search(sql["sessions"]))
 
 
-def refuse_foreign(path: Path) -> None:
+def refuse_foreign(path: Path, columns_at: ColumnsAt) -> None:
     """Raise :class:`NotADatabase` when the existing, non-empty file at ``path`` is not a Switchboard
     store; reads it through a read-only connection, so it is left exactly as it was."""
     try:
@@ -116,7 +106,7 @@ def refuse_foreign(path: Path) -> None:
     except sqlite3.Error:
         return  # the engine's own open says what is wrong
     try:
-        reason = foreign_reason(conn)
+        reason = foreign_reason(conn, columns_at)
     except sqlite3.DatabaseError as exc:
         if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
             return  # a writer holds it: the engine waits for it and checks again (schema.read_version)

@@ -29,10 +29,11 @@ from gateway.cli.common import (
     with_store,
 )
 from gateway.platforms import sources
-from state import AmbiguousSession, SessionDB, parse_jsonl
+from state import AmbiguousSession, SessionDB, parse_jsonl, read_hermes
 
 _MARKED = re.compile(r">>>(.*?)<<<", re.S)
 ROLES = ("user", "assistant", "tool", "system")
+HERMES_TITLE_SUFFIX = " (Hermes)"  # an imported title another session here holds already
 
 
 def _source_option(help_text: str, multiple: bool = False):
@@ -265,12 +266,28 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
 
 
 @sessions.command("import")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
+@click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
+@click.option("--from-hermes", "hermes", metavar="STATE_DB",
+              type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path),
+              help="Import the sessions of a Hermes Agent state.db (read only, left as it is).")
 @with_store
-def import_cmd(db: SessionDB, file: Path) -> None:
-    """Restore sessions from an export; sessions already present are skipped."""
-    result = db.transfer.import_sessions(parse_jsonl(file))
-    click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) from {file}")
+def import_cmd(db: SessionDB, file: Path | None, hermes: Path | None) -> None:
+    """Restore sessions from an export FILE, or import a Hermes Agent state.db (--from-hermes); sessions
+    already present are skipped, so running it again imports nothing twice."""
+    if (file is None) == (hermes is None):
+        raise click.UsageError("give an export FILE, or --from-hermes STATE_DB (one of the two)")
+    if hermes is not None:
+        found = read_hermes(hermes)
+        result = db.transfer.import_sessions(found.records, taken_title_suffix=HERMES_TITLE_SUFFIX)
+        click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) "
+                   f"from Hermes Agent's {hermes} (schema v{found.version}); it was left unchanged")
+        if found.left_out:
+            click.echo(f"left out {plural(found.left_out, 'message')} Hermes no longer shows (rewound or replaced)")
+    else:
+        assert file is not None
+        result = db.transfer.import_sessions(parse_jsonl(file))
+        click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) "
+                   f"from {file}")
     if result["skipped"]:
         shown = ", ".join(result["skipped"][:10]) + (" ..." if len(result["skipped"]) > 10 else "")
         click.echo(f"skipped {plural(len(result['skipped']), 'session')} already present: {shown}")
