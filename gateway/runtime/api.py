@@ -485,10 +485,12 @@ class LocalApi:
 
     @staticmethod
     def _answer_of(ticket: Ticket, reply: str) -> Answer:
+        """The answer of ``ticket``; while it streams (no reply yet), the model writing it now."""
         calls = list(ticket.client_calls)
+        model = ticket.answered_by or (ticket.sink.model if isinstance(ticket.sink, SseSink) else None)
         return Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
                       time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices),
-                      "tool_calls" if calls else "stop", calls)
+                      "tool_calls" if calls else "stop", calls, model)
 
     async def _stream(self, ticket: Ticket, sink: SseSink, call: _Call) -> web.StreamResponse:
         """The answer as it is written; the turn goes on if the client leaves.
@@ -597,7 +599,8 @@ class LocalApi:
                 messages, platform="api", system_notes=chat.system, params=chat.params)
         except ModelUnavailable as exc:
             return _error_response(model_failure(exc))
-        answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens)
+        answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens,
+                        model=result.model)
         return await self._whole(answer, call)
 
     # -- the rest ----------------------------------------------------------------------
