@@ -107,10 +107,10 @@ def refuse_foreign(path: Path, columns_at: ColumnsAt) -> None:
         return  # the engine's own open says what is wrong
     try:
         reason = foreign_reason(conn, columns_at)
-    except sqlite3.DatabaseError as exc:
-        if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
-            return  # a writer holds it: the engine waits for it and checks again (schema.read_version)
-        raise NotADatabase(str(path)) from exc
+    except sqlite3.DatabaseError:
+        # not readable so (not SQLite, or a writer in the way): the engine's own open says which, and
+        # schema.read_version asks foreign_reason again before anything is written
+        return
     finally:
         conn.close()
     if reason is not None:
