@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gateway.cli.sessions import sessions
-from state import SessionDB
+from state import SessionDB, read_hermes
 from tests.fakes import hermes_store
 
 ROOT, CHILD, CLI = "20260301_090000_aaaa11", "20260301_091700_bbbb22", "20260302_100000_cccc33"
@@ -126,3 +126,17 @@ def test_what_is_not_a_hermes_store_is_refused_in_one_line(tmp_path, home, run):
         assert _files(path) == before
     neither = CliRunner().invoke(sessions, ["import"])
     assert neither.exit_code == 2 and "--from-hermes" in neither.output
+
+
+def test_the_import_on_both_engines(tmp_path, store):
+    """The same records into a SQLite or a PostgreSQL store (tests/conftest.py: ``store``), twice."""
+    found = read_hermes(hermes_store.build(_dir(tmp_path) / "state.db", "v30"))
+    store.sessions.create("mine", "cli", title="Trip to Lisbon")
+    first = store.transfer.import_sessions(found.records, taken_title_suffix=" (Hermes)")
+    again = store.transfer.import_sessions(found.records, taken_title_suffix=" (Hermes)")
+    assert (found.version, found.left_out) == (30, 1)
+    assert (first["imported"], first["messages"], again["imported"], len(again["skipped"])) == (3, 7, 0, 3)
+    assert store.titles.get(ROOT) == "Trip to Lisbon (Hermes)"
+    assert store.sessions.get(CHILD)["parent_session_id"] == ROOT
+    assert store.sessions.get(ROOT)["system_prompt"] == "You are Hermes."
+    assert [m["content"] for m in store.messages.get(CHILD)] == ["and a day trip to Sintra?", "Take the train from Rossio."]
