@@ -32,6 +32,7 @@ none, its latency and its outcome.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
@@ -87,6 +88,9 @@ class Completion:
     cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
     cache_write_tokens: int = 0  # of prompt_tokens, written to it
     reported: bool = True  # False: the endpoint reported no usage (the counts are 0)
+    #: the model that answered: a name under ``models`` (``alt``, a fallback's), or the model name the
+    #: ``default`` endpoint was asked for (``model.name``, or a chat's ``/model`` name on it)
+    answered_by: str | None = None
 
 
 def _cache_counts(usage: Any) -> tuple[int, int]:
@@ -342,10 +346,13 @@ class ModelClient:
         on_text: Callable[[str], None] | None = None,
         purpose: CallContext = OTHER,
         params: dict[str, Any] | None = None,
+        on_model: Callable[[str], None] | None = None,
     ) -> Completion:
         """One model call (retried as the module docstring says), on the first model of the chain that
         answers; ``purpose`` is what the usage ledger records it as; ``params`` are request fields of
-        :data:`PASSED_PARAMS` (temperature, response_format, ...) sent as they are."""
+        :data:`PASSED_PARAMS` (temperature, response_format, ...) sent as they are.  ``on_model`` is told
+        each model the call tries as it starts on it (the last one told is the one whose text streams),
+        and the completion names the one that answered (``answered_by``)."""
         order = self._order(model, messages, tools)
         admission = None
         if self._budgets is not None:  # every call asks first: refused (BudgetExceeded), or its answer capped
@@ -354,6 +361,9 @@ class ModelClient:
         try:
             for i, (endpoint, name) in enumerate(order):
                 last = i == len(order) - 1
+                answering = name if endpoint is self._primary else endpoint.label
+                if on_model is not None:
+                    on_model(answering)
                 try:
                     with tracing.model_call(name, endpoint.host, messages) as call:
                         completion = await self._complete_on(
@@ -362,7 +372,7 @@ class ModelClient:
                         call.finished(input_tokens=completion.prompt_tokens,
                                       output_tokens=completion.completion_tokens,
                                       finish_reason=completion.finish_reason, text=completion.message.get("content"))
-                        return completion
+                        return dataclasses.replace(completion, answered_by=answering)
                 except ModelUnavailable as exc:
                     if not _falls_back(exc):
                         raise

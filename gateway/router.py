@@ -124,6 +124,7 @@ class Ticket:
     extras: RequestExtras = field(default_factory=lambda: NO_EXTRAS)  # what a local API client adds to its request
     failure: BaseException | None = None  # why the model gave no answer (``reply`` holds the line saying so)
     answered_in: str | None = None  # the session the answer was stored in (compression may move it on)
+    answered_by: str | None = None  # the model that answered (a fallback's name when one did)
     client_calls: list[dict] = field(default_factory=list)  # the answer: calls of those tools, for the client
     held_for: float | None = None  # over limits.messages_per_minute: stored, unanswered; seconds to wait
     trace: Any = None  # the inbound event's span context (gateway.tracing), the parent of the turn answering it
@@ -1041,6 +1042,7 @@ class SessionRouter:
             for t in batch:
                 t.prompt_tokens, t.completion_tokens = result.prompt_tokens, result.completion_tokens
                 t.answered_in = result.session_id
+                t.answered_by = result.model
                 t.client_calls = result.client_calls
         except asyncio.CancelledError:
             if turn.cancelled() and not _current_cancelling() and \

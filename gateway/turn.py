@@ -136,6 +136,8 @@ class TurnResult:
     client_calls: list[dict] = field(default_factory=list)  # calls of the client's tools, for it to run
     # the reply is an approval request: the buttons that answer it (where the platform has buttons)
     buttons: tuple[Button, ...] = ()
+    model: str | None = None  # the model that answered (``Completion.answered_by``); None: none did
+
 
 
 class PendingApproval(Protocol):
@@ -344,7 +346,8 @@ class AgentTurn:
         if loop.pending is not None and self.hooks.approvals is not None:
             await self.hooks.approvals.requested(loop.pending, ctx, stored[-1] if stored else None)
         return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices,
-                          loop.client_calls, loop.pending.buttons if loop.pending is not None else ())
+                          loop.client_calls, loop.pending.buttons if loop.pending is not None else (),
+                          completion.answered_by)
 
     async def answer_unstored(self, messages: list[dict], *, platform: str, system_notes: tuple[str, ...] = (),
                               params: dict | None = None, sink: ReplySink | None = None,
@@ -362,7 +365,7 @@ class AgentTurn:
         reply = completion.message.get("content") or ""
         if completion.finish_reason == "incomplete":
             reply = f"{reply}\n\n{CUT_OFF_NOTE}"
-        return TurnResult("", reply, completion.prompt_tokens, loop.completion_tokens)
+        return TurnResult("", reply, completion.prompt_tokens, loop.completion_tokens, model=completion.answered_by)
 
     async def tool_loop(self, prompt: list[dict], ctx: ToolContext, *, tool_names: set[str] | None,
                         max_iterations: int, max_tool_calls: int | None = None, model: str | None = None,
@@ -411,7 +414,9 @@ class AgentTurn:
                 completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
                                                        on_text=_scrubbed(sink) if sink is not None else None,
                                                        purpose=purpose if iteration == 0 else purpose.next_in_loop(),
-                                                       params=params)
+                                                       params=params,
+                                                       # a sink that shows which model writes (the local API's)
+                                                       on_model=getattr(sink, "answering", None))
             except AnswerCutOff as cut:
                 log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
                 completion = Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete")

@@ -10,6 +10,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 """
 
 from ._fence import Fence
+from ._hermes import HermesStore, read_hermes
 from ._integrity import IntegrityChecker
 from ._messages import Appended
 from ._pg import mask_url, probe as probe_store
@@ -28,6 +29,7 @@ from .errors import (
     InvalidTitle,
     MigrationRefused,
     NotADatabase,
+    NotAHermesStore,
     PairingNotFound,
     SchemaTooNew,
     SessionChangedMeanwhile,
@@ -55,6 +57,7 @@ __all__ = [
     "InvalidTitle",
     "MigrationRefused",
     "NotADatabase",
+    "NotAHermesStore",
     "ObjectSize",
     "PairingNotFound",
     "SchemaTooNew",
@@ -79,6 +82,8 @@ __all__ = [
     "probe_store",
     "new_session_id",
     "parse_jsonl",
+    "read_hermes",
+    "HermesStore",
     "run_upkeep",
     "WAL_LIMIT_BYTES",
     "vacuum_database",

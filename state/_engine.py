@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from . import schema
+from . import _ownership, schema
 from ._integrity import is_corruption
 from ._lock import GaveWay, LockTimeout, ProcessWriteLock
 from .errors import NotADatabase, StateError, StoreCorrupt, WriteTimeout
@@ -73,6 +73,7 @@ class Engine:
         self._aside_mutex = threading.Lock()
         self._refused: StoreCorrupt | None = None  # set once the file is found damaged: no write runs after
         prepare_db_file(self.path)
+        _ownership.refuse_foreign(self.path, schema.core_columns)  # before any write connection: another program's file stays as it is
         self._wconn = self._connect(timeout=0.0)
         try:
             self._open_schema(self._wconn)

@@ -257,21 +257,37 @@ def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict]:
     return [dict(r) for r in rows]
 
 
+# A child session continues its parent (the conversation goes on in it) when compression ended the
+# parent, or when it is a branch: a local-API client edited a message or regenerated an answer, and the
+# conversation (its session key) went on in a child holding the history up to where they part.
+# ``{c}`` and ``{p}`` are the child's and the parent's aliases.
+_CONTINUES = ("({p}.end_reason = 'compression' OR ({c}.source = 'api' AND {c}.session_key IS NOT NULL "
+              "AND {c}.session_key = {p}.session_key))")
+
+
+def continues(parent: dict, child: dict) -> bool:
+    """Whether ``child`` (a child session of ``parent``) is where ``parent``'s conversation went on."""
+    return parent.get("end_reason") == "compression" or (
+        child.get("source") == "api" and child.get("session_key") is not None
+        and child.get("session_key") == parent.get("session_key"))
+
+
 def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str:
-    """Follow continuations of sessions ended by compression; the live end of the chain.
+    """Follow continuations of sessions ended by compression, and branches; the live end of the chain.
 
     A session ended with ``end_reason='compression'`` continues in its newest
     child (children started after the end are preferred over older ones,
-    which are delegations rather than continuations).  Returns
-    ``session_id`` itself when it was not compressed or is unknown.
+    which are delegations rather than continuations); a local-API session whose
+    conversation branched continues in its newest branch (a child with its session key).
+    Returns ``session_id`` itself when it was not continued or is unknown.
     """
     current = session_id
     seen = {current}
     while True:
         row = conn.execute(
-            """SELECT c.id FROM sessions p JOIN sessions c ON c.parent_session_id = p.id
-               WHERE p.id = ? AND p.end_reason = 'compression'
-               ORDER BY (c.started_at >= p.ended_at) DESC, c.started_at DESC, c.id DESC LIMIT 1""",
+            f"""SELECT c.id FROM sessions p JOIN sessions c ON c.parent_session_id = p.id
+               WHERE p.id = ? AND {_CONTINUES.format(p="p", c="c")}
+               ORDER BY (c.started_at >= COALESCE(p.ended_at, 0)) DESC, c.started_at DESC, c.id DESC LIMIT 1""",
             (current,),
         ).fetchone()
         if row is None or row[0] in seen:
@@ -343,12 +359,12 @@ def list_sessions_rich(
         where.append("COALESCE(s.last_active, s.started_at) < ?")
         params.append(active_before)
     if not include_children:
-        # one row per conversation: sessions without a parent and the tips of compression
-        # chains (a session ended by compression is shown as its continuation)
+        # one row per conversation: sessions without a parent and the tips of chains (a session ended
+        # by compression, or a local-API conversation that branched, is shown as its continuation)
         where.append("(s.parent_session_id IS NULL OR EXISTS (SELECT 1 FROM sessions p "
-                     "WHERE p.id = s.parent_session_id AND p.end_reason = 'compression'))")
-        where.append("(s.end_reason IS NULL OR s.end_reason <> 'compression' OR NOT EXISTS (SELECT 1 FROM sessions c "
-                     "WHERE c.parent_session_id = s.id))")
+                     f"WHERE p.id = s.parent_session_id AND {_CONTINUES.format(p='p', c='s')}))")
+        where.append("NOT EXISTS (SELECT 1 FROM sessions c "
+                     f"WHERE c.parent_session_id = s.id AND {_CONTINUES.format(p='s', c='c')})")
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     # only ids go through the sort; the rows are read afterwards by primary key
     ordered = (f"SELECT s.id, s.parent_session_id FROM sessions s {clause} "
@@ -402,13 +418,13 @@ def _chain_row(conn: sqlite3.Connection, root: dict) -> dict:
 
 
 def _chain_root(conn: sqlite3.Connection, session_id: str) -> dict | None:
-    """The first session of the compression chain ``session_id`` continues (walking up compressed parents)."""
+    """The first session of the chain ``session_id`` continues (walking up compressed and branched parents)."""
     lineage = get_lineage(conn, session_id)
     if not lineage:
         return None
     root = lineage[-1]
     for ancestor in reversed(lineage[:-1]):
-        if ancestor.get("end_reason") != "compression":
+        if not continues(ancestor, root):
             break
         root = ancestor
     return root

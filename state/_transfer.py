@@ -14,6 +14,7 @@ from ._dialect import dialect_of
 from ._messages import get_messages
 from ._repo import Repository, reads, writes
 from ._sessions import delete_sessions
+from ._titles import MAX_TITLE_LENGTH
 from .errors import ImportFileError
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|passwd|authorization|bearer|access[_-]?token|refresh[_-]?token", re.I)
@@ -174,14 +175,16 @@ def plan_import(records: Iterable[tuple[int, dict]], chunk_messages: int = IMPOR
 
 
 def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]],
-                    in_file: set[str] | None = None) -> dict:
+                    in_file: set[str] | None = None, taken_title_suffix: str | None = None) -> dict:
     """Restore exported sessions (ordered parents first) in the caller's transaction.
 
     Sessions whose id exists already are skipped (listed under ``skipped``);
     message ids are kept when all of a session's are free (else it gets new ones, in
     the file's order).  A parent missing from both the database
     and the file (``in_file``: every id of the file) is dropped from the
-    child.  A failure raises :class:`ImportFileError` naming the line.
+    child.  A title another session holds here already gets ``taken_title_suffix`` (no title when
+    that is taken too); without it, such a title is an error.  A failure raises
+    :class:`ImportFileError` naming the line.
     """
     records = list(records)
     for line_no, record in records:
@@ -196,6 +199,9 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
             skipped.append(sid)
             continue
         row = {k: v for k, v in record.items() if k in session_cols}
+        if taken_title_suffix is not None and row.get("title") and _title_taken(conn, row["title"]):
+            retitled = f"{row['title'][:MAX_TITLE_LENGTH - len(taken_title_suffix)]}{taken_title_suffix}"
+            row["title"] = None if _title_taken(conn, retitled) else retitled
         parent = row.get("parent_session_id")
         if parent and parent not in in_file and not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone():
             row["parent_session_id"] = None
@@ -238,6 +244,10 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
     if messages:  # ids kept from the file: the next new message must come after them
         dialect_of(conn).ids_restored(conn, "messages")
     return {"imported": len(imported), "messages": messages, "skipped": skipped, "ids": imported}
+
+
+def _title_taken(conn: sqlite3.Connection, title: str) -> bool:
+    return conn.execute("SELECT 1 FROM sessions WHERE title = ?", (title,)).fetchone() is not None
 
 
 def _ids_free(conn: sqlite3.Connection, messages: list[dict]) -> bool:
@@ -293,7 +303,8 @@ class Transfer(Repository):
         return self._engine.read(write_export, handle, source, session_id)
 
     @writes
-    def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = 2000) -> dict:
+    def import_sessions(self, records: Iterable[tuple[int, dict]], *, chunk_messages: int = 2000,
+                        taken_title_suffix: str | None = None) -> dict:
         """Restore ``(line_no, session)`` pairs from an export: all of them or none.
 
         Every record is checked before anything is written.  The writes go in
@@ -302,13 +313,14 @@ class Transfer(Repository):
         imported from the same file are deleted again and the error (an
         :class:`state.ImportFileError` naming the line) is raised.  Sessions
         whose id exists already are skipped.  Returns ``imported``,
-        ``messages``, ``skipped`` (ids) and ``ids`` (imported).
+        ``messages``, ``skipped`` (ids) and ``ids`` (imported).  With ``taken_title_suffix`` a title
+        held here already is imported with it (``Trip (Hermes)``) instead of failing the import.
         """
         chunks, in_file = plan_import(records, chunk_messages)
         total: dict = {"imported": 0, "messages": 0, "skipped": [], "ids": []}
         try:
             for chunk in chunks:
-                done = self._engine.write(import_sessions, chunk, in_file)
+                done = self._engine.write(import_sessions, chunk, in_file, taken_title_suffix)
                 total["imported"] += done["imported"]
                 total["messages"] += done["messages"]
                 total["skipped"] += done["skipped"]

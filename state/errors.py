@@ -15,6 +15,7 @@
     │                                reads still work (.problems); restore a backup
     ├── StoreUnavailable             the PostgreSQL store (store.url, password masked) cannot be reached
     ├── ImportFileError              a line of an import file is malformed (.line_no); nothing imported
+    ├── NotAHermesStore              ``sessions import --from-hermes`` was given another file; left untouched
     ├── MigrationRefused             ``switchboard migrate`` cannot or must not copy (says why and what to do)
     ├── PairingNotFound              no pending pairing request has that code (or it expired)
     ├── CronJobNotFound              no scheduled job has that id (.job_id)
@@ -180,6 +181,15 @@ class ImportFileError(StateError):
         self.line_no = line_no
         self.reason = reason
         super().__init__(f"line {line_no}: {reason}; nothing was imported. Fix or remove that line and retry")
+
+
+class NotAHermesStore(StateError):
+    """The file given to ``sessions import --from-hermes`` is not a Hermes Agent ``state.db``."""
+
+    def __init__(self, path: str, detail: str):
+        self.path = path
+        super().__init__(f"{path} {detail}: it is not a Hermes Agent state.db, and it was left untouched. "
+                         "Give the state.db in your Hermes home (~/.hermes/state.db)")
 
 
 class PairingNotFound(StateError):

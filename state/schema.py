@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable
 
+from . import _ownership
 from ._dialect import dialect_of
 from .errors import NotADatabase, SchemaTooNew
 
@@ -504,14 +506,39 @@ for _step in [
 # --- running it ------------------------------------------------------------
 
 
+@lru_cache(maxsize=1)
+def _core_columns_by_version() -> dict[int, dict[str, frozenset[str]]]:
+    """The columns of ``sessions`` and ``messages`` after each step of the chain (built once, in memory)."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        shapes: dict[int, dict[str, frozenset[str]]] = {}
+        for step in MIGRATIONS:
+            step.apply(conn)
+            shapes[step.version] = {t: frozenset(columns(conn, t)) for t in _ownership.CORE_TABLES}
+        conn.execute("ROLLBACK")
+        return shapes
+    finally:
+        conn.close()
+
+
+def core_columns(version: int) -> dict[str, frozenset[str]] | None:
+    """The columns ``sessions`` and ``messages`` have in a store of ours at ``version`` (None: not a
+    version of ours), by which ``state._ownership`` knows a store written before stores were marked."""
+    return _core_columns_by_version().get(version)
+
+
 def read_version(conn: sqlite3.Connection, path: str) -> int:
-    """The stored version; 0 for an empty file.  Refuses what is not ours.
+    """The stored version; 0 for an empty file.  Refuses what is not ours (``state._ownership``).
 
     Only reads: never takes the write lock.
     """
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "schema_version" in tables:
+            foreign = _ownership.foreign_reason(conn, core_columns)  # Hermes Agent's state.db has one too
+            if foreign is not None:
+                raise NotADatabase(path, foreign)
             row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
             version = int(row[0] or 0)
         elif not tables:
@@ -535,6 +562,7 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> int:
             step.apply(conn)
     conn.execute("DELETE FROM schema_version")
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (current_version(),))
+    conn.execute(f"PRAGMA application_id = {_ownership.APPLICATION_ID}")  # the file says whose it is
     return current_version()
 
 

@@ -10,15 +10,16 @@ import pytest
 
 from state import NotADatabase, SchemaTooNew, SessionDB, WriteTimeout, schema
 
-# The seed's first schema, written out here (not imported) so the test keeps
-# meaning even if state/schema.py changes.
+# Switchboard's first schema (the seed's, with the parent link declared on its column as our first
+# step always wrote it), written out here (not imported) so the test keeps meaning even if
+# state/schema.py changes.  The same tables with the link as a table constraint are Hermes Agent's
+# state.db, which is refused (tests/test_state_ownership.py) and read by `sessions import --from-hermes`.
 SEED_V1 = [
     """CREATE TABLE schema_version (version INTEGER NOT NULL)""",
     """CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, user_id TEXT, model TEXT,
-        model_config TEXT, system_prompt TEXT, parent_session_id TEXT, started_at REAL NOT NULL,
-        ended_at REAL, end_reason TEXT, message_count INTEGER DEFAULT 0, tool_call_count INTEGER DEFAULT 0,
-        input_tokens INTEGER DEFAULT 0, output_tokens INTEGER DEFAULT 0,
-        FOREIGN KEY (parent_session_id) REFERENCES sessions(id))""",
+        model_config TEXT, system_prompt TEXT, parent_session_id TEXT REFERENCES sessions(id),
+        started_at REAL NOT NULL, ended_at REAL, end_reason TEXT, message_count INTEGER DEFAULT 0,
+        tool_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0, output_tokens INTEGER DEFAULT 0)""",
     """CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
         role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT,
         timestamp REAL NOT NULL, token_count INTEGER)""",

@@ -416,3 +416,25 @@ def test_a_failing_import_leaves_nothing_even_across_transactions(db):
     assert db.messages.count() == 0
     result = db.transfer.import_sessions(good)
     assert (result["imported"], result["messages"]) == (6, 6)
+
+
+def test_a_local_api_conversation_that_branched_is_listed_as_its_newest_branch(db):
+    """Both engines: a branch (a child holding the conversation's key) stands for it, as a compression tip
+    does, whether its parent was ended as ``branched`` or (a branch made before that) left open; a child
+    of another source with the same key is not a branch."""
+    key = "agent:main:api:chat:openwebui::c1"
+    db.sessions.create("api-root", "api", session_key=key)
+    db.messages.append("api-root", "user", "plan a trip")
+    db.sessions.create("api-edit", "api", parent_session_id="api-root", session_key=key)
+    db.messages.append("api-edit", "user", "plan a trip to Oslo")
+    db.sessions.end("api-root", "branched")
+    db.sessions.create("api-regen", "api", parent_session_id="api-edit", session_key=key)  # its parent left open
+    db.messages.append("api-regen", "user", "plan a trip to Oslo, again")
+    db.sessions.create("tg-root", "telegram", session_key="agent:main:telegram:dm:1")
+    db.sessions.create("tg-child", "telegram", parent_session_id="tg-root", session_key="agent:main:telegram:dm:1")
+    listed = [(r["id"], r.get("lineage_root")) for r in db.sessions.list_rich(limit=10)]
+    assert ("api-regen", "api-root") in listed
+    assert not {"api-root", "api-edit"} & {sid for sid, _ in listed}
+    assert ("tg-root", None) in listed and "tg-child" not in {sid for sid, _ in listed}
+    assert db.sessions.compression_tip("api-root") == "api-regen"
+    assert db.sessions.compression_tip("tg-root") == "tg-root"

@@ -29,10 +29,11 @@ from gateway.cli.common import (
     with_store,
 )
 from gateway.platforms import sources
-from state import AmbiguousSession, SessionDB, parse_jsonl
+from state import AmbiguousSession, SessionDB, parse_jsonl, read_hermes
 
 _MARKED = re.compile(r">>>(.*?)<<<", re.S)
 ROLES = ("user", "assistant", "tool", "system")
+HERMES_TITLE_SUFFIX = " (Hermes)"  # an imported title another session here holds already
 
 
 def _source_option(help_text: str, multiple: bool = False):
@@ -113,7 +114,7 @@ def sessions() -> None:
 @sessions.command("list")
 @_source_option("Only sessions from this source.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain, not just its tip.")
+@click.option("--all", "show_all", is_flag=True, help="Show every session of a compression chain or of a conversation that branched, not just its tip.")
 @json_option("Print JSON for scripts.")
 @with_store
 def list_cmd(db: SessionDB, source: str | None, limit: int, show_all: bool, as_json: bool) -> None:
@@ -163,7 +164,14 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
         f"tokens in {data['input_tokens']} out {data['output_tokens']}",
     ]
     if data.get("parent_session_id"):
-        lines.append(f"Parent    {data['parent_session_id']}")
+        parent = db.sessions.get(data["parent_session_id"])
+        if parent is not None and parent.get("end_reason") != "compression" and data.get("source") == "api" and \
+                data.get("session_key") and \
+                parent.get("session_key") == data.get("session_key"):
+            # a local-API client edited a message or regenerated an answer: the conversation went on here
+            lines.append(f"Branched  from {data['parent_session_id']}" + (f" ({parent['title']})" if parent.get("title") else ""))
+        else:
+            lines.append(f"Parent    {data['parent_session_id']}")
     tip = db.sessions.compression_tip(session_id)
     if tip != session_id:
         lines.append(f"Continued {tip}")
@@ -258,12 +266,28 @@ def export_cmd(db: SessionDB, file: Path, source: str | None, session_id: str | 
 
 
 @sessions.command("import")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
+@click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
+@click.option("--from-hermes", "hermes", metavar="STATE_DB",
+              type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path),
+              help="Import the sessions of a Hermes Agent state.db (read only, left as it is).")
 @with_store
-def import_cmd(db: SessionDB, file: Path) -> None:
-    """Restore sessions from an export; sessions already present are skipped."""
-    result = db.transfer.import_sessions(parse_jsonl(file))
-    click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) from {file}")
+def import_cmd(db: SessionDB, file: Path | None, hermes: Path | None) -> None:
+    """Restore sessions from an export FILE, or import a Hermes Agent state.db (--from-hermes); sessions
+    already present are skipped, so running it again imports nothing twice."""
+    if (file is None) == (hermes is None):
+        raise click.UsageError("give an export FILE, or --from-hermes STATE_DB (one of the two)")
+    if hermes is not None:
+        found = read_hermes(hermes)
+        result = db.transfer.import_sessions(found.records, taken_title_suffix=HERMES_TITLE_SUFFIX)
+        click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) "
+                   f"from Hermes Agent's {hermes} (schema v{found.version}); it was left unchanged")
+        if found.left_out:
+            click.echo(f"left out {plural(found.left_out, 'message')} Hermes no longer shows (rewound or replaced)")
+    else:
+        assert file is not None
+        result = db.transfer.import_sessions(parse_jsonl(file))
+        click.echo(f"imported {plural(result['imported'], 'session')} ({plural(result['messages'], 'message')}) "
+                   f"from {file}")
     if result["skipped"]:
         shown = ", ".join(result["skipped"][:10]) + (" ..." if len(result["skipped"]) > 10 else "")
         click.echo(f"skipped {plural(len(result['skipped']), 'session')} already present: {shown}")

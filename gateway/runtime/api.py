@@ -9,6 +9,8 @@
 
 Which session answers a request:
 
+- ``X-Switchboard-Session: <id>``: the session a response returned in that header, continued when
+  this caller (its token and user scope) was answered in it, else a 404 like an unknown id.
 - ``X-Session-Key`` (or, with no conversation id, the ``user`` field): the gateway keeps the
   history, so only the last user message is taken (source ``api``).
 - Otherwise the client keeps the history and sends all of it: the conversation is the one its id
@@ -187,6 +189,7 @@ class _Call:
     stored: str  # the last user message as the store keeps it (a replay is checked against it)
     answered: Callable[[Answer], Awaitable[None]] | None = None
     model: str | None = None  # the named model the request chose (its ``model`` field), checked
+    caller: Caller | None = None  # who sends it: the sessions it is answered in become its to name
 
 
 class LocalApi:
@@ -328,9 +331,12 @@ class LocalApi:
                            param="Idempotency-Key")
         idempotency_key = _header_text(idempotency_key, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
         session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
-        call = _Call(request, chat, fmt, _last_stored(chat))
+        call = _Call(request, chat, fmt, _last_stored(chat), caller=self.caller_of(request, chat))
         if chat.is_side_request:
             return await self._side_request(call)
+        named = _header_text(request.headers.get(SESSION_HEADER), SESSION_HEADER)
+        if named is not None:
+            return await self._named(call, named, idempotency_key)
         client_id = client_id or explicit_id(request.headers, chat)
         if session_key is None and client_id is None and chat.user is not None:
             session_key = chat.user  # `user` alone keeps its meaning: the gateway keeps the history under it
@@ -347,9 +353,9 @@ class LocalApi:
             raise ApiError(400, "tool results alone need the conversation they continue: send the whole history "
                                 "(the user message, the assistant's tool calls, the results) or an X-Session-Key",
                            param="messages")
-        user = _header_text(request.headers.get("X-OpenWebUI-User-Id"), "X-OpenWebUI-User-Id") \
-            or chat.user or chat.safety_identifier
-        caller = Caller(token_hash(request.headers.get("Authorization")), user)
+        assert call.caller is not None
+        caller = call.caller
+        user = caller.user
         found = await self.conversations.identify(caller, chat, client_id, idempotency_key)
         key = found.key or self.conversations.new_key()
         user_name = _header_text(request.headers.get("X-OpenWebUI-User-Name"), "X-OpenWebUI-User-Name") or user
@@ -368,6 +374,39 @@ class LocalApi:
                 await self.conversations.remember_first_reply(caller, chat, first, answer.session_id)
 
         call.answered = answered
+        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
+
+    @staticmethod
+    def caller_of(request: web.Request, chat: ChatRequest) -> Caller:
+        """Who sends ``request``: a hash of its bearer token, and its user scope (``X-OpenWebUI-User-Id``,
+        else ``user``, else ``safety_identifier``)."""
+        user = _header_text(request.headers.get("X-OpenWebUI-User-Id"), "X-OpenWebUI-User-Id") \
+            or chat.user or chat.safety_identifier
+        return Caller(token_hash(request.headers.get("Authorization")), user)
+
+    async def _named(self, call: _Call, named: str, idempotency_key: str | None) -> web.StreamResponse:
+        """``X-Switchboard-Session: <id>``: continue that session (at the live end of its chain, when a
+        compression or a branch moved it on), if this caller (its token and user) was answered in it; any
+        other id is a 404 that says no more than an unknown one would."""
+        db, chat = self.router.db, call.chat
+        assert call.caller is not None
+        session = await self.conversations.owned(call.caller, named)
+        tip = await db.sessions.get(await db.sessions.compression_tip(named)) if session is not None else None
+        key = tip.get("session_key") if tip is not None else None
+        if tip is None or not key:
+            raise ApiError(404, f"no session {named!r} is known to this caller (its API token and user): name a "
+                                f"session a response to you returned in {SESSION_HEADER}, or leave the header out "
+                                "to start a new conversation", code="session_not_found", param=SESSION_HEADER)
+        if await db.routes.get(key) != tip["id"]:
+            await db.routes.set(key, tip["id"])  # the conversation goes on in the session named
+        msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=tip.get("user_id"),
+                             user_name=tip.get("user_name"), text=chat.last_user.text if chat.messages else "",
+                             message_id=idempotency_key, attachments=chat.images)
+        call.model = self.chosen_model(chat, tip.get("user_id"), key)
+        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None,
+                        extras=self.extras_of(call.request, chat, call.model))
+        ticket.prepare = api_tools.with_results(db, chat, lambda: self.conversations.continue_named(
+            key, chat, user_id=tip.get("user_id"), user_name=tip.get("user_name"), idempotency_key=idempotency_key))
         return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
 
     def chosen_model(self, chat: ChatRequest, user_id: str | None, key: str) -> str | None:
@@ -425,7 +464,8 @@ class LocalApi:
                             fmt: Format) -> web.StreamResponse:
         """Queue ``ticket`` (a front door's own request, its ``prepare`` storing what it brings) and write
         its answer out in ``fmt``."""
-        return await self._client_kept(ticket, _Call(request, chat, fmt, _last_stored(chat)))
+        return await self._client_kept(ticket, _Call(request, chat, fmt, _last_stored(chat),
+                                                     caller=self.caller_of(request, chat)))
 
     async def _gateway_kept(self, msg: InboundMessage, call: _Call) -> web.StreamResponse:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
@@ -479,16 +519,24 @@ class LocalApi:
             return _error_response(model_failure(ticket.failure), self._headers(ticket.session_id, ticket.notices))
         answer = self._answer_of(ticket, reply)
         await call.fmt.kept(answer)
+        await self._owned(call, answer)
         if call.answered is not None:
             await call.answered(answer)
         return await self._whole(answer, call)
 
+    async def _owned(self, call: _Call, answer: Answer) -> None:
+        """The session the answer is stored in becomes the caller's to name (``X-Switchboard-Session``)."""
+        if call.caller is not None and answer.session_id:
+            await self.conversations.remember_owner(call.caller, answer.session_id)
+
     @staticmethod
     def _answer_of(ticket: Ticket, reply: str) -> Answer:
+        """The answer of ``ticket``; while it streams (no reply yet), the model writing it now."""
         calls = list(ticket.client_calls)
+        model = ticket.answered_by or (ticket.sink.model if isinstance(ticket.sink, SseSink) else None)
         return Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
                       time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices),
-                      "tool_calls" if calls else "stop", calls)
+                      "tool_calls" if calls else "stop", calls, model)
 
     async def _stream(self, ticket: Ticket, sink: SseSink, call: _Call) -> web.StreamResponse:
         """The answer as it is written; the turn goes on if the client leaves.
@@ -535,6 +583,7 @@ class LocalApi:
                 await events.content(text)
         answer = self._answer_of(ticket, reply)
         await call.fmt.kept(answer)
+        await self._owned(call, answer)
         await events.finish(answer, call.chat.include_usage)
         if call.answered is not None:
             await call.answered(answer)
@@ -597,7 +646,8 @@ class LocalApi:
                 messages, platform="api", system_notes=chat.system, params=chat.params)
         except ModelUnavailable as exc:
             return _error_response(model_failure(exc))
-        answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens)
+        answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens,
+                        model=result.model)
         return await self._whole(answer, call)
 
     # -- the rest ----------------------------------------------------------------------

@@ -38,6 +38,7 @@ class Answer:
     notices: list[str] = field(default_factory=list)  # sent beside the content, never in it
     finish_reason: str = "stop"  # "tool_calls": the answer ends with calls of the client's tools
     tool_calls: list[dict] = field(default_factory=list)  # those calls, for the client to run
+    model: str | None = None  # the model that answered (None: the configured one's name is shown)
 
     def response_id(self) -> str:
         """A new id, or (with an Idempotency-Key) the same one for a replay of the same request."""
@@ -88,7 +89,7 @@ class ChatCompletions:
 
     def _head(self, answer: Answer, kind: str) -> dict:
         return {"id": f"chatcmpl-{answer.response_id()}", "object": kind, "created": int(answer.created),
-                "model": self.model_name}
+                "model": answer.model or self.model_name}
 
     def body(self, answer: Answer) -> dict:
         return {

@@ -13,6 +13,9 @@ a fingerprint is found with one indexed read whatever the number of conversation
                                          and by a branch); a fingerprinted one gets a random id
     agent:<agent>:api:fp:<hash>          a fingerprint: the session it was first seen in, whose
                                          ``session_key`` names the conversation
+    agent:<agent>:api:own:<hash>         a session a caller (a hash of its token, its user scope and
+                                         the session's id) was answered in: the sessions it may name
+                                         in ``X-Switchboard-Session``
 
 When the turn starts (under the conversation's lane lock), :meth:`ClientHistory.prepare` lines the
 client's messages up with the stored conversation (user messages and answers, the compressed
@@ -165,9 +168,52 @@ class Conversations:
         child = await self._create(key, routed["id"], user_id, user_name)
         await self._append(child, rows[:before], incoming[common:], idempotency_key)
         await self.db.routes.set(key, child)  # the branch is the conversation from now on
+        await self.db.sessions.end(routed["id"], "branched")  # listed as its branch from now on (first end wins)
         log.info("API conversation %s branched from session %s into %s after %d messages", key, routed["id"],
                  child, common)
         return child
+
+    def owner_key(self, caller: Caller, session_id: str) -> str:
+        """The routing key saying that ``caller`` was answered in ``session_id``."""
+        return api_conversation_key(self.agent, _hash(caller.token_hash, caller.user or "", session_id), kind="own")
+
+    async def remember_owner(self, caller: Caller, session_id: str) -> None:
+        """After an answer in ``session_id``: the caller may name it in ``X-Switchboard-Session``."""
+        key = self.owner_key(caller, session_id)
+        if await self.db.routes.get(key) != session_id:
+            await self.db.routes.set(key, session_id)
+
+    async def owned(self, caller: Caller, session_id: str) -> dict | None:
+        """The session ``session_id`` when ``caller`` (its token and user) was answered in it; None
+        otherwise, whether it exists or not (another caller's session is never told apart from none)."""
+        if await self.db.routes.get(self.owner_key(caller, session_id)) != session_id:
+            return None
+        return await self.db.sessions.get(session_id)
+
+    async def continue_named(self, key: str, request: ChatRequest, *, user_id: str | None, user_name: str | None,
+                             idempotency_key: str | None) -> str | None:
+        """``X-Switchboard-Session``: store what the request brings in the conversation ``key`` (routed
+        at the named session) and return the session to answer in.  A request whose history begins as
+        the stored one does is lined up with it (:meth:`prepare`: an edit branches); one that holds only
+        what is new (a user message, no answer) has it stored after the session's messages."""
+        routed = await self.db.routes.session(key)
+        if routed is None:
+            return None
+        rows = await self._lineage_rows(routed)
+        if idempotency_key is not None:
+            at = next((i for i, row in enumerate(rows) if row["role"] == "user"
+                       and row.get("platform_message_id") == idempotency_key), None)
+            if at is not None:
+                return None if _answered(rows, at) else routed["id"]
+        stored = [row for row in rows if _in_transcript(row)]
+        incoming = list(request.messages)
+        if len(incoming) > 1 and stored and _same(stored[0], incoming[0]):
+            return await self.prepare(key, request, user_id=user_id, user_name=user_name,
+                                      idempotency_key=idempotency_key, fingerprint=None)
+        if routed.get("ended_at") is not None:
+            await self.db.sessions.reopen(routed["id"])  # named again: it goes on
+        await self._append(routed["id"], [], incoming, idempotency_key)
+        return routed["id"]
 
     async def remember_first_reply(self, caller: Caller, request: ChatRequest, reply: str, session_id: str) -> None:
         """After the first answer of a fingerprinted conversation: its fingerprint with that answer, which

@@ -151,7 +151,7 @@ class ResponsesFormat:
         chat = self.chat_body
         body = {
             "id": self.id, "object": "response", "created_at": int(self.created), "status": status,
-            "model": self.model, "output": self.output(answer.content, answer.tool_calls) if output is None else output,
+            "model": answer.model or self.model, "output": self.output(answer.content, answer.tool_calls) if output is None else output,
             "error": None, "incomplete_details": None, "instructions": self.options.instructions,
             "metadata": self.options.metadata or {}, "parallel_tool_calls": True,
             "previous_response_id": self.options.previous_response_id,

@@ -43,6 +43,11 @@ class SseSink:
         self._paragraph = False  # the next content starts a new paragraph
         self._changed = asyncio.Event()
         self._closed = False
+        self.model: str | None = None  # the model whose call is writing now (the answer's, once it writes)
+
+    def answering(self, model: str) -> None:
+        """The turn's model call starts on ``model`` (a fallback, when the first failed)."""
+        self.model = model
 
     def feed(self, delta: str) -> None:
         if delta and not self._closed:
@@ -136,6 +141,8 @@ class ChunkEvents:
         on the chunks name the session the answer is stored in (a compression may have moved it on)."""
         if "session_id" in self._base:
             self._base["session_id"] = answer.session_id
+        if answer.model:  # the model that answered (known for sure only now: a later call may fall back)
+            self._base["model"] = answer.model
         if answer.tool_calls:  # calls of the client's tools: one delta with each call whole
             await self.send(call_deltas(answer.tool_calls))
         await self.send({}, answer.finish_reason)
