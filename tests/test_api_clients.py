@@ -4,6 +4,7 @@ session header, as Open WebUI, LibreChat, LangChain and ``llm`` do."""
 
 import asyncio
 import base64
+import io
 import socket
 
 import aiohttp
@@ -11,6 +12,7 @@ import openai
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
+from PIL import Image
 from pydantic import BaseModel
 
 from tests.fakes.model_server import Fail, FakeModel, Reply, ToolCall
@@ -129,7 +131,10 @@ async def test_request_fields_reach_the_model_and_n_above_one_is_refused(tmp_pat
 
 
 async def test_an_image_reaches_a_vision_model(tmp_path, model):
-    png = base64.b64encode(b"\x89PNG\r\n\x1a\n fake").decode()
+    # A whole picture: a broken one is refused on arrival (gateway/media_read.py) and never sent.
+    buf = io.BytesIO()
+    Image.new("RGB", (2, 2), "red").save(buf, format="PNG")
+    png = base64.b64encode(buf.getvalue()).decode()
     async with running_gateway(tmp_path, model, model={"vision": True}) as gw:
         client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": [
