@@ -68,6 +68,7 @@ class Prepared:
     compressed: CompressionResult | None = None
     dropped: int = 0  # messages left out of this one prompt (still stored)
     failure: CompressionError | None = None  # why a needed compression did not happen
+    overflows: bool = False  # even fitted, the prompt is larger than the window: the model client cuts it
 
     @property
     def notice(self) -> str | None:
@@ -81,6 +82,12 @@ class Prepared:
                 "This conversation nearly fills the model's context window, and a summary would not free "
                 f"enough of it, so it was not compressed{left_out}. Use /new to start afresh, or give the "
                 "model a larger context window (model.context_length)."
+            )
+        if self.overflows and not self.dropped:
+            return (
+                "This conversation is larger than the model's context window even without its older messages, "
+                "so this reply sees its longest messages only in part (they are still saved). Use /new to start "
+                "afresh, or give the model a larger context window (model.context_length)."
             )
         if self.dropped:
             return (
@@ -152,11 +159,13 @@ async def prepare_history(
             return Prepared(result.new_session_id, fitted, tokens, compressed=result, dropped=dropped)
 
     fitted, dropped = fit_to_window(history, context_length - overhead_tokens, reserve_tokens=reserve_tokens)
-    if dropped:
+    overflows = estimate_tokens(fitted) + overhead_tokens > context_length
+    if dropped or overflows:
         log.warning("session %s: no split can make room in the model's %d-token window, so the %d oldest "
-                    "messages after its start were left out of this prompt (still stored)%s",
-                    session_id, context_length, dropped, f" ({failure})" if failure is not None else "")
-    return Prepared(session_id, fitted, tokens, dropped=dropped, failure=failure)
+                    "messages after its start were left out of this prompt (still stored)%s%s",
+                    session_id, context_length, dropped, ", and it still overflows" if overflows else "",
+                    f" ({failure})" if failure is not None else "")
+    return Prepared(session_id, fitted, tokens, dropped=dropped, failure=failure, overflows=overflows)
 
 
 __all__ = ["Prepared", "prepare_history"]

@@ -109,7 +109,8 @@ class Compressor:
         if prepared.session_id != req.session_id:
             self._split(req.session_id, req.session_key)
         notice = prepared.notice
-        if prepared.compressed is None and (prepared.dropped or isinstance(prepared.failure, compression.TooLittleToGain)):
+        if prepared.compressed is None and (prepared.dropped or prepared.overflows
+                                            or isinstance(prepared.failure, compression.TooLittleToGain)):
             # that no split can make room (and that old messages are left out) is said once a session;
             # the turns after it go on quietly
             if req.session_id in self._told_too_little:

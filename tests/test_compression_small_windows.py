@@ -106,8 +106,9 @@ async def test_a_window_smaller_than_one_message_is_said_once(tmp_path, model):
         turns = [await say(api, f"paste: {words(900)}")]
         turns += [await say(api, f"short {i}") for i in range(6)]
         await api.close()
-        sid = await gw.db.routes.get(KEY)
-        stored = await gw.db.messages.get(sid)
+        sessions = await gw.db.sessions.list_rich(include_children=True, limit=100)
+        root = next(s["id"] for s in sessions if s["parent_session_id"] is None)
+        stored = await gw.db.messages.get(root)
     assert turns[0][0].startswith("echo: paste:")
     assert all(answer.startswith(f"echo: short {i}") for i, (answer, _) in enumerate(turns[1:]))
     notices = [notice for _, notice in turns if notice]
