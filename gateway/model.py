@@ -336,6 +336,8 @@ class ModelClient:
         for endpoint in (*self._endpoints, *self._chosen):
             endpoint.window = (windows or {}).get(endpoint.label)
         self._max_message_share = max_message_share
+        # told (label, model name, window) when a server named a window: the daemon notes it for ``doctor``
+        self.on_learned: Callable[[str, str, int], object] | None = None
 
     @property
     def health(self) -> EndpointHealth:
@@ -469,6 +471,8 @@ class ModelClient:
                 and window == endpoint.window:
             return False  # the window we fitted to already: fitting again would send the same prompt
         endpoint.learned = window
+        if self.on_learned is not None:
+            self.on_learned(endpoint.label, endpoint.settings.name, window)
         key = "model" if endpoint.label == DEFAULT_LABEL else f"models.{endpoint.label}"
         log.warning("model %s: its server says the context window is %d tokens (%s), not the %s assumed: prompts "
                     "are fitted to it from now on; set %s.context_length: %d in the config", endpoint.label, window,
