@@ -156,3 +156,23 @@ async def test_two_turns_a_minute_apart_share_their_whole_prompt_prefix(tmp_path
     assert second.startswith(before_new), (first[:300], second[:300])
     assert model.requests[1].body["messages"][len(model.requests[0].body["messages"]) - 1]["content"] \
         .startswith("first question")
+
+
+async def test_the_memory_flush_before_new_fits_a_known_window(tmp_path):
+    """With the window known, the flush before /new used to send the session's oversized message uncut
+    (4,529 tokens asked of a 2,048-token model, refused with 400): it is fitted like a turn."""
+    async with FakeModel() as model:
+        model.llama_cpp_window = 2048
+        async with running_gateway(tmp_path, model, model={"context_length": 2048}) as gw:
+            api = ApiClient(gw)
+            answer = await api.say("k", PASTED)
+            for i in range(2):  # a session worth a flush (a few messages)
+                await api.say("k", f"short question {i}")
+            await api.say("k", "/new")
+            await eventually(lambda: any("about to" in str(r.messages[-1].get("content")) for r in model.requests),
+                             10, "the memory flush before /new")
+            await api.close()
+    flush = next(r for r in model.requests if "about to" in str(r.messages[-1].get("content")))
+    assert answer.startswith("echo: ")
+    assert model.refused == []  # no call over the window, the flush included
+    assert sum(len(str(m.get("content"))) for m in flush.messages) < 2048 * 4
