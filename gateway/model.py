@@ -456,10 +456,14 @@ class ModelClient:
                 continue
             if completion.message.get("content") or completion.message.get("tool_calls"):
                 return dataclasses.replace(completion, fitted=True) if sent is not messages else completion
-            if completion.finish_reason == "length" and not attempt and self._learn(
-                    endpoint, completion.prompt_tokens + completion.completion_tokens if completion.reported
-                    else compression.estimate_tokens(sent), "an empty answer cut off by the window"):
-                continue
+            if completion.finish_reason == "length" and not attempt and not _asked_max_tokens(params):
+                # nothing written before the window ran out: the prompt all but filled it (no cap was asked
+                # for, so the answer's own limit is not what cut it)
+                filled = completion.prompt_tokens + completion.completion_tokens if completion.reported \
+                    else compression.estimate_tokens(sent)
+                if (endpoint.fits_in is None or filled < endpoint.fits_in) and \
+                        self._learn(endpoint, filled, "an empty answer cut off by the window"):
+                    continue
             raise EmptyAnswer(f"the model sent an empty answer (finish_reason: {completion.finish_reason})")
         raise AssertionError("unreachable: the second attempt returns or raises")
 

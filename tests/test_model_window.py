@@ -176,3 +176,17 @@ async def test_the_memory_flush_before_new_fits_a_known_window(tmp_path):
     assert answer.startswith("echo: ")
     assert model.refused == []  # no call over the window, the flush included
     assert sum(len(str(m.get("content"))) for m in flush.messages) < 2048 * 4
+
+
+async def test_an_empty_answer_cut_by_the_window_teaches_the_window_and_is_asked_again(tmp_path):
+    async with FakeModel() as model:
+        # the prompt filled a 3,000-token window: nothing was written before it ran out
+        model.script(Reply("", prompt_tokens=2_999, finish_reason="length"))
+        async with running_gateway(tmp_path, model, model={"context_length": None}) as gw:
+            api = ApiClient(gw)
+            answer = await api.say("k", "hello " * 400)
+            window = gw.health()["models"]["default"]
+            await api.close()
+    assert answer.startswith("echo: hello")
+    assert len(model.requests) == 2
+    assert window["learned"] == 3_000 and window["fix"].startswith("set model.context_length: 3000")

@@ -51,6 +51,7 @@ class Reply:
     text: str
     prompt_tokens: int | None = None  # None: estimate from the request
     chunks: tuple[str, ...] | None = None  # streamed: exactly these pieces (joined, they are ``text``)
+    finish_reason: str = "stop"  # "length": cut off by the window (or the answer's cap)
 
 
 @dataclass
@@ -466,7 +467,7 @@ class FakeModel:
                     if text is None:
                         text = self.default_reply(messages)
                 message = {"role": "assistant", "content": text}
-                finish = "stop"
+                finish = behaviour.finish_reason if isinstance(behaviour, Reply) else "stop"
             completion_tokens = len(message.get("content") or "") // 4 + 1
             usage: dict | None = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                   "total_tokens": prompt_tokens + completion_tokens}
