@@ -11,10 +11,17 @@ head nor the tail ever starts or ends inside such a group, and the tail
 never starts with a tool result (the API rejects a tool result whose call is
 missing).
 
-The tail is at least ``min_tail`` messages; it grows, a whole group at a
-time, while it fits in ``TAIL_SHARE`` (20 %) of the compression threshold,
-but never takes more than half of what would otherwise be summarized, so a
-compression that runs always has something to gain.
+The tail is **up to** ``max_tail`` (6) messages, fewer when the budget says
+so, and never less than the newest user message with everything after it
+(what the turn answers).  With ``max_tokens_after`` (the most the child may
+hold) the parts share it in this order: the newest user message first, then
+a summary of at least :data:`SUMMARY_FLOOR_TOKENS`, then the head (up to
+``head`` messages, fewer when they do not fit), then more of the tail (up to
+``max_tail`` messages), and what is left goes to the summary, up to its usual
+target (:func:`summary_target`).  Without it the tail is the last
+``max_tail`` messages (fewer where a tool call's group would straddle).  A plan
+that still does not fit is returned all the same: the caller compares
+:func:`expected_tokens_after` with its limit (``TooLittleToGain``).
 """
 
 from __future__ import annotations
@@ -22,13 +29,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, TypeVar
 
-from .summary import is_summary, summary_text
-from .tokens import estimate_message_tokens
+from .summary import is_summary, make_summary_message, summary_text
+from .tokens import estimate_message_tokens, estimate_text_tokens
 
 Message = Mapping[str, Any]
 M = TypeVar("M", bound=Message)  # fit_to_window hands back the caller's own messages
 
-TAIL_SHARE = 0.20
+MAX_TAIL = 6  # the tail is up to this many messages (seed 002: "up to the last 6")
+# The summary asked for: about TARGET_SHARE of what it replaces, between these bounds, and never
+# squeezed below SUMMARY_FLOOR_TOKENS to make room (a summary that short keeps too little).
+TARGET_SHARE = 0.20
+SUMMARY_MIN_TOKENS = 200
+SUMMARY_MAX_TOKENS = 4_000
+SUMMARY_FLOOR_TOKENS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +51,7 @@ class Plan:
     ``previous_summary`` is the text of the summary left by an earlier
     compression (it sits right after the head of a continued session); it is
     not part of ``middle`` but is handed to the summarizer to be updated.
+    ``summary_tokens`` is how long the summary may be (0: its usual target).
     """
 
     head: tuple[Message, ...]
@@ -46,10 +60,29 @@ class Plan:
     previous_summary: str | None
     tokens_before: int
     middle_tokens: int
+    summary_tokens: int = 0
 
     @property
     def messages_before(self) -> int:
         return len(self.head) + len(self.middle) + len(self.tail) + (self.previous_summary is not None)
+
+
+def summary_target(middle_tokens: int, previous_summary: str | None = None) -> int:
+    """About 20 % of what the summary replaces, between 200 and 4,000 tokens."""
+    replaced = middle_tokens + estimate_text_tokens(previous_summary or "")
+    return max(SUMMARY_MIN_TOKENS, min(SUMMARY_MAX_TOKENS, round(replaced * TARGET_SHARE)))
+
+
+def summary_frame_tokens() -> int:
+    """What the summary message costs besides the summary itself (its marker and footer)."""
+    return estimate_message_tokens(make_summary_message(""))
+
+
+def expected_tokens_after(cut: Plan) -> int:
+    """The child's size if the summary is as long as the plan asks for."""
+    kept = sum(estimate_message_tokens(m) for m in (*cut.head, *cut.tail))
+    asked = cut.summary_tokens or summary_target(cut.middle_tokens, cut.previous_summary)
+    return kept + summary_frame_tokens() + asked
 
 
 def _is_tool_result(message: Message) -> bool:
@@ -71,74 +104,123 @@ def _group_start(messages: Sequence[Message], end: int, floor: int) -> int:
     return start
 
 
+def _newest_request(messages: Sequence[Message], floor: int) -> int:
+    """Where the smallest tail starts: the newest user message (with the user messages right before it,
+    which the same turn answers), else the last group; what follows it comes along."""
+    n = len(messages)
+    for i in range(n - 1, floor - 1, -1):
+        if messages[i].get("role") == "user" and not is_summary(messages[i]):
+            while i > floor and messages[i - 1].get("role") == "user" and not is_summary(messages[i - 1]):
+                i -= 1
+            return i
+    return _group_start(messages, n, floor) if n > floor else n
+
+
+def _head_ends(messages: Sequence[Message], first: int, natural: int) -> list[int]:
+    """The places the head may end, longest first: never inside a tool call's group."""
+    ends = []
+    for end in range(natural, first - 1, -1):
+        if end < len(messages) and _is_tool_result(messages[end]):
+            continue  # the results of a call in the head belong to the head
+        if end > first and messages[end - 1].get("tool_calls"):
+            continue  # a call whose results would be cut off from it
+        ends.append(end)
+    return ends or [first]
+
+
 def plan(
     messages: Sequence[Message],
     *,
     context_length: int,
     threshold: float = 0.75,
     head: int = 3,
-    min_tail: int = 6,
+    max_tail: int = MAX_TAIL,
+    max_tokens_after: int | None = None,
 ) -> Plan | None:
     """Cut ``messages`` into head, middle and tail; None when that would gain nothing.
 
-    It gains nothing when the conversation holds no more than the protected
-    head and tail (``head + min_tail`` messages), or when, after the cuts
-    are moved to keep tool calls with their results, nothing new is left to
-    summarize.
+    It gains nothing when, with the head and the tail the budget allows (see the module's docstring),
+    nothing is left to summarize between them.  ``max_tokens_after``: the most the child may hold
+    (head, summary and tail); None: no limit but the tail's ``max_tail`` messages.  ``context_length`` and
+    ``threshold`` are the window the plan is for (the caller derives ``max_tokens_after`` from them).
     """
-    if head < 0 or min_tail < 1:
-        raise ValueError(f"head must be >= 0 and min_tail >= 1, got head={head}, min_tail={min_tail}")
+    if head < 0 or max_tail < 1:
+        raise ValueError(f"head must be >= 0 and max_tail >= 1, got head={head}, max_tail={max_tail}")
     sizes = [estimate_message_tokens(m) for m in messages]
     n = len(messages)
     first = _leading_system(messages)
-    if n - first < head + min_tail + 1:
+    if n - first < 2:
         return None
 
     # Head: the first `head` messages, extended over the results of a tool call.
-    head_end = first + head
-    while head_end < n and _is_tool_result(messages[head_end]):
-        head_end += 1
+    natural_head = first + head
+    while natural_head < n and _is_tool_result(messages[natural_head]):
+        natural_head += 1
+    natural_head = min(natural_head, n)
     # A summary left by an earlier compression is never part of the head.
-    for i in range(first, head_end):
+    summary_at = None
+    for i in range(first, min(natural_head + 1, n)):
         if is_summary(messages[i]):
-            head_end = i
+            summary_at = i
             break
+    if summary_at is not None:
+        natural_head = min(natural_head, summary_at)
+    previous_summary = summary_text(messages[summary_at]) if summary_at is not None else None
+    after_head = summary_at + 1 if summary_at is not None else natural_head
 
-    previous_summary = None
-    middle_start = head_end
-    if middle_start < n and is_summary(messages[middle_start]):
-        previous_summary = summary_text(messages[middle_start])
-        middle_start += 1
-
-    # Tail: at least min_tail messages, never starting with a tool result.
-    tail_start = max(middle_start, n - min_tail)
-    while tail_start > middle_start and _is_tool_result(messages[tail_start]):
+    tail_start = _newest_request(messages, first)
+    if tail_start < after_head:
+        return None  # the newest request is still in the protected head: the conversation is short
+    while tail_start > after_head and _is_tool_result(messages[tail_start]):
         tail_start -= 1
-
-    # Grow the tail a whole group at a time while it fits the budget, leaving
-    # at least half of the remaining middle to summarize.
-    budget = TAIL_SHARE * threshold * context_length
     tail_tokens = sum(sizes[tail_start:])
-    floor = tail_start - (tail_start - middle_start) // 2
-    while tail_start > floor:
-        start = _group_start(messages, tail_start, middle_start)
-        if start < floor:
+    frame = summary_frame_tokens()
+
+    # The head: as many of its messages as fit beside the smallest tail and the shortest summary.
+    head_end = natural_head
+    if max_tokens_after is not None:
+        for end in _head_ends(messages, first, natural_head):
+            head_end = end
+            if sum(sizes[:end]) + tail_tokens + frame + SUMMARY_FLOOR_TOKENS <= max_tokens_after:
+                break
+    head_tokens = sum(sizes[:head_end])
+
+    # More of the tail, a whole group at a time: up to max_tail messages, within the room the head and
+    # the shortest summary leave, never swallowing the middle.
+    while tail_start > after_head:
+        start = _group_start(messages, tail_start, after_head)
+        if n - start > max_tail:
             break
         extra = sum(sizes[start:tail_start])
-        if tail_tokens + extra > budget:
+        if max_tokens_after is not None and \
+                head_tokens + tail_tokens + extra + frame + SUMMARY_FLOOR_TOKENS > max_tokens_after:
             break
+        if start <= after_head:
+            # Everything after the head fits in the tail the budget allows: the conversation is
+            # short, and a summary of nothing (or of what the budget would keep anyway) gains nothing.
+            return None
         tail_tokens += extra
         tail_start = start
 
-    if tail_start <= middle_start:
+    if summary_at is not None:  # what the head let go of, then what came after the earlier summary
+        middle = tuple(messages[head_end:summary_at]) + tuple(messages[after_head:tail_start])
+    else:
+        middle = tuple(messages[head_end:tail_start])
+    if not middle:
         return None
+    middle_tokens = sum(estimate_message_tokens(m) for m in middle)
+    summary_tokens = 0
+    if max_tokens_after is not None:
+        room = max_tokens_after - head_tokens - tail_tokens - frame
+        summary_tokens = max(SUMMARY_FLOOR_TOKENS, min(summary_target(middle_tokens, previous_summary), room))
     return Plan(
         head=tuple(messages[:head_end]),
-        middle=tuple(messages[middle_start:tail_start]),
+        middle=middle,
         tail=tuple(messages[tail_start:]),
         previous_summary=previous_summary,
         tokens_before=sum(sizes),
-        middle_tokens=sum(sizes[middle_start:tail_start]),
+        middle_tokens=middle_tokens,
+        summary_tokens=summary_tokens,
     )
 
 

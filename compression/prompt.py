@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from .planning import Plan
+from .planning import SUMMARY_MAX_TOKENS, SUMMARY_MIN_TOKENS, TARGET_SHARE, Plan, summary_target
 from .redaction import redact
 from .tokens import estimate_text_tokens
 
-TARGET_SHARE = 0.20
-SUMMARY_MIN_TOKENS = 200
-SUMMARY_MAX_TOKENS = 4_000
+__all__ = ["SUMMARY_MAX_TOKENS", "SUMMARY_MIN_TOKENS", "SYSTEM_PROMPT", "TARGET_SHARE", "build_summary_request",
+           "render_transcript", "target_summary_tokens"]
 # One message of the transcript is cut to this many characters (head and end
 # kept); a pasted log or a large tool result should not crowd out the rest.
 MESSAGE_CHAR_LIMIT = 6_000
@@ -56,9 +55,9 @@ SYSTEM_PROMPT = (
 
 
 def target_summary_tokens(plan: Plan) -> int:
-    """About 20 % of what the summary replaces, between 200 and 4,000 tokens."""
-    replaced = plan.middle_tokens + estimate_text_tokens(plan.previous_summary or "")
-    return max(SUMMARY_MIN_TOKENS, min(SUMMARY_MAX_TOKENS, round(replaced * TARGET_SHARE)))
+    """How long the summary should be: what the plan left room for, else about 20 % of what it
+    replaces, between 200 and 4,000 tokens."""
+    return plan.summary_tokens or summary_target(plan.middle_tokens, plan.previous_summary)
 
 
 def _clip(text: str, limit: int = MESSAGE_CHAR_LIMIT) -> str:
@@ -101,7 +100,8 @@ def _tool_calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def render_transcript(messages: tuple[Mapping[str, Any], ...] | list[Mapping[str, Any]]) -> str:
+def render_transcript(messages: tuple[Mapping[str, Any], ...] | list[Mapping[str, Any]],
+                      clip: int = MESSAGE_CHAR_LIMIT) -> str:
     """The messages as plain text, one block per message, long ones clipped."""
     blocks = []
     for m in messages:
@@ -109,20 +109,55 @@ def render_transcript(messages: tuple[Mapping[str, Any], ...] | list[Mapping[str
         text = _content_text(m.get("content"))
         if role == "tool":
             name = m.get("name") or m.get("tool_name") or "tool"
-            blocks.append(f"TOOL RESULT ({name}):\n{_clip(text)}")
+            blocks.append(f"TOOL RESULT ({name}):\n{_clip(text, clip)}")
             continue
         if role == "assistant":
             calls = _tool_calls(m)
-            lines = [f"ASSISTANT:\n{_clip(text)}"] if text else []
-            lines += [f"ASSISTANT called tool {name} with arguments: {_clip(args, 2_000)}" for name, args in calls]
+            lines = [f"ASSISTANT:\n{_clip(text, clip)}"] if text else []
+            lines += [f"ASSISTANT called tool {name} with arguments: {_clip(args, min(2_000, clip))}" for name, args in calls]
             blocks.append("\n".join(lines) or "ASSISTANT: (no text)")
             continue
-        blocks.append(f"{role.upper()}:\n{_clip(text)}")
+        blocks.append(f"{role.upper()}:\n{_clip(text, clip)}")
     return "\n\n".join(blocks)
 
 
-def build_summary_request(plan: Plan, *, focus: str | None = None) -> list[dict[str, str]]:
-    """Chat messages asking for the summary of ``plan.middle`` (secrets already redacted)."""
+# Clips tried in turn when the request does not fit the window: one message of the transcript to this
+# many characters (its start and end kept).
+TIGHTER_CLIPS = (2_000, 800, 300)
+
+
+def build_summary_request(plan: Plan, *, focus: str | None = None,
+                          max_prompt_tokens: int | None = None) -> list[dict[str, str]]:
+    """Chat messages asking for the summary of ``plan.middle`` (secrets already redacted).
+
+    ``max_prompt_tokens``: the most the request may take of the summarizer's window (what is left
+    after the summary it asks for); long messages of the transcript are clipped harder, and then the
+    transcript's own middle is left out, until it fits."""
+    request = _summary_request(plan, focus, MESSAGE_CHAR_LIMIT)
+    if max_prompt_tokens is None:
+        return request
+    for clip in TIGHTER_CLIPS:
+        if _request_tokens(request) <= max_prompt_tokens:
+            return request
+        request = _summary_request(plan, focus, clip)
+    over = _request_tokens(request) - max_prompt_tokens
+    if over > 0:
+        body = request[1]["content"]
+        start, end = body.index("<transcript>\n") + len("<transcript>\n"), body.index("\n</transcript>")
+        transcript = body[start:end]
+        keep = max(0, len(transcript) - int(over * 3.5 * 1.1) - 200)  # 3.5 characters a token, and some slack
+        cut = (f"{transcript[:keep // 2]}\n[... {len(transcript) - keep:,} characters of the transcript left out "
+               f"to fit the model's context window ...]\n{transcript[len(transcript) - keep // 2:]}" if keep else
+               "[the transcript is too long for the model's context window: only the earlier summary is left]")
+        request[1]["content"] = body[:start] + cut + body[end:]
+    return request
+
+
+def _request_tokens(request: list[dict[str, str]]) -> int:
+    return sum(4 + estimate_text_tokens(m["content"]) for m in request)
+
+
+def _summary_request(plan: Plan, focus: str | None, clip: int) -> list[dict[str, str]]:
     target = target_summary_tokens(plan)
     parts = []
     if plan.previous_summary:
@@ -131,7 +166,7 @@ def build_summary_request(plan: Plan, *, focus: str | None = None) -> list[dict[
             "still true):\n<earlier-summary>\n" + redact(plan.previous_summary) + "\n</earlier-summary>"
         )
     parts.append(
-        "MESSAGES TO SUMMARIZE:\n<transcript>\n" + redact(render_transcript(plan.middle)) + "\n</transcript>"
+        "MESSAGES TO SUMMARIZE:\n<transcript>\n" + redact(render_transcript(plan.middle, clip)) + "\n</transcript>"
     )
     if focus and focus.strip():
         parts.append(

@@ -36,11 +36,11 @@ from typing import Any, Awaitable, Callable, Mapping
 from state import AsyncSessionDB, SessionChangedMeanwhile as StateSessionChanged, SessionNotFound
 
 from .errors import CompressionFailed, NothingToCompress, SessionChanged, TooLittleToGain
-from .planning import Plan, plan
+from .planning import MAX_TAIL, Plan, expected_tokens_after, plan
 from .prompt import build_summary_request, target_summary_tokens
 from .redaction import redact
 from .summary import make_summary_message
-from .tokens import estimate_message_tokens, estimate_tokens, round_tokens
+from .tokens import estimate_text_tokens, estimate_tokens, round_tokens
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ END_REASON = "compression"
 DEFAULT_TIMEOUT = 120.0
 # A split the store refuses because messages arrived meanwhile is planned again with them, this often.
 MAX_REPLANS = 3
+SUMMARY_REQUEST_SLACK = 64  # tokens of a summarizer's window kept free besides the summary itself
 
 # The fields of a stored message that are copied into the child session.
 _COPIED_FIELDS = (
@@ -117,9 +118,10 @@ async def compress_session(
     session_key: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT,
     head: int = 3,
-    min_tail: int = 6,
+    max_tail: int = MAX_TAIL,
     max_tokens_after: int | None = None,
     upto: int | None = None,
+    summary_window: int | None = None,
 ) -> CompressionResult:
     """Compress ``session_id`` into a child session and return what happened.
 
@@ -134,7 +136,8 @@ async def compress_session(
     ``upto``: plan from the first ``upto`` stored messages only, the history
     the caller's turn answers; messages stored after it are carried into the
     child after the tail, for the turns that answer them (so no message is
-    answered by two turns).
+    answered by two turns).  ``summary_window``: the summarizer's context window (None:
+    ``context_length``); the request is fitted to it, leaving room for the summary.
 
     Raises :class:`NothingToCompress` (too short), :class:`TooLittleToGain`
     (the child would hold more than ``max_tokens_after`` even with a summary
@@ -153,14 +156,17 @@ async def compress_session(
     # Planning and the request are pure CPU (a few ms for hundreds of messages,
     # more with huge tool results): off the event loop, so other chats go on.
     answering = stored if upto is None else stored[:upto]
-    cut, request = await asyncio.to_thread(_prepare, answering, context_length, threshold, head, min_tail, focus)
+    cut, request = await asyncio.to_thread(_prepare, answering, context_length, threshold, head, max_tail, focus,
+                                           max_tokens_after, summary_window or context_length)
     if cut is None:
         raise NothingToCompress(session_id, len(answering))
-    expected = _expected_tokens_after(cut)
+    expected = expected_tokens_after(cut)
     if max_tokens_after is not None and expected > max_tokens_after:
         raise TooLittleToGain(session_id, cut.tokens_before, expected, max_tokens_after)  # before any model call
 
     text = await _summarize(summarize, request, session_id, timeout)
+    if max_tokens_after is not None:
+        text = _within(text, max_tokens_after - expected + target_summary_tokens(cut))
 
     summary = make_summary_message(text, cut.head[-1] if cut.head else None)
     summary["timestamp"] = cut.head[-1].get("timestamp") if cut.head else cut.tail[0].get("timestamp")
@@ -213,18 +219,37 @@ async def compress_session(
     return result
 
 
-def _expected_tokens_after(cut: Plan) -> int:
-    """The child's size if the summary is as long as the summarizer is asked for."""
-    kept = sum(estimate_message_tokens(m) for m in (*cut.head, *cut.tail))
-    frame = estimate_message_tokens(make_summary_message(""))
-    return kept + frame + target_summary_tokens(cut)
+def _within(text: str, tokens: int) -> str:
+    """``text`` cut (at a line, else a word) to about ``tokens``: a summary longer than it was asked to
+    be would leave the child no room, and its start (the newest request, the goals) matters most."""
+    if estimate_text_tokens(text) <= tokens:
+        return text
+    note = "\n[... the rest of the summary was cut to fit the context window ...]"
+    limit = max(0, int((tokens - estimate_text_tokens(note)) * 3.5))
+    cut = text
+    while cut and estimate_text_tokens(cut) + estimate_text_tokens(note) > tokens:
+        cut = cut[:limit]
+        for sep in ("\n", " "):
+            at = cut.rfind(sep)
+            if at > limit // 2:
+                cut = cut[:at]
+                break
+        limit = int(len(cut) * 0.9)  # denser text (CJK) than on average: keep less
+    log.info("the summary was %d tokens where %d were asked for: cut to fit", estimate_text_tokens(text), tokens)
+    return cut.rstrip() + note
 
 
 def _prepare(
-    stored: list[dict], context_length: int, threshold: float, head: int, min_tail: int, focus: str | None
+    stored: list[dict], context_length: int, threshold: float, head: int, max_tail: int, focus: str | None,
+    max_tokens_after: int | None, summary_window: int,
 ) -> tuple[Plan | None, list[dict]]:
-    cut = plan(stored, context_length=context_length, threshold=threshold, head=head, min_tail=min_tail)
-    return cut, (build_summary_request(cut, focus=focus) if cut is not None else [])
+    cut = plan(stored, context_length=context_length, threshold=threshold, head=head, max_tail=max_tail,
+               max_tokens_after=max_tokens_after)
+    if cut is None:
+        return None, []
+    # the request fits the summarizer's window with room for the summary (and some for its framing)
+    room = summary_window - target_summary_tokens(cut) - SUMMARY_REQUEST_SLACK
+    return cut, build_summary_request(cut, focus=focus, max_prompt_tokens=max(room, summary_window // 4))
 
 
 __all__ = ["END_REASON", "CompressionResult", "compress_session"]

@@ -10,14 +10,17 @@ model call, in one place:
 3. at or above it, and ``allow_compression`` (the gateway's cooldown after a
    failure says no): :func:`~compression.split.compress_session`, and go on
    with the child session's history, provided the child leaves at least
-   ``MIN_ROOM`` of the history's share of the threshold free (else
-   :class:`TooLittleToGain`, decided before any model call: a split that
-   would trigger again at once is not made, and the user is told once);
+   ``MIN_ROOM`` of the history's share of the threshold free, and room for
+   a turn as large as the last one (else :class:`TooLittleToGain`, decided
+   before any model call: a split that would trigger again at once is not
+   made, and the user is told once); the tail, the head and the summary
+   shrink to fit that room (:func:`~compression.planning.plan`);
 4. when compression is not possible (too short, it would save too little,
    the summarizer failed or is cooling down): the history as it is if it
    still fits the window, else
    :func:`~compression.planning.fit_to_window` drops the oldest middle turns
-   from this one prompt (never from the store) and says so in ``notice``.
+   from this one prompt (never from the store), logs it at WARNING and says
+   so in ``notice`` (naming ``/new`` and ``model.context_length``).
 
 It never raises a :class:`~compression.errors.CompressionError`: the reason
 compression did not happen is returned in ``failure`` (so the gateway can
@@ -35,7 +38,8 @@ from state import AsyncSessionDB
 from .errors import CompressionError, CompressionFailed, TooLittleToGain
 from .planning import fit_to_window
 from .split import DEFAULT_TIMEOUT, CompressionResult, Summarize, compress_session
-from .tokens import prompt_tokens, should_compress
+from .summary import is_summary
+from .tokens import estimate_tokens, prompt_tokens, should_compress
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,15 @@ log = logging.getLogger(__name__)
 # threshold less the system prompt) free, or the next turn or two would trigger it again: a
 # 1,500-token window went "~1,000 → ~800 tokens" every other turn, each time into a new session.
 MIN_ROOM = 0.25
+
+
+def room_after_split(history: list[dict[str, Any]], budget: float) -> int:
+    """The most a child may hold for a split to be worth it: at most ``1 - MIN_ROOM`` of the history's
+    ``budget``, and room under it for a turn as large as the last one (what the next turn is likely to
+    add), so a split never leaves a conversation that triggers again on the next turn."""
+    last_user = [i for i, m in enumerate(history) if m.get("role") == "user" and not is_summary(m)]
+    growth = estimate_tokens(history[last_user[-2]:last_user[-1]]) if len(last_user) >= 2 else 0
+    return int(min((1 - MIN_ROOM) * budget, budget - growth))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +68,7 @@ class Prepared:
     compressed: CompressionResult | None = None
     dropped: int = 0  # messages left out of this one prompt (still stored)
     failure: CompressionError | None = None  # why a needed compression did not happen
+    overflows: bool = False  # even fitted, the prompt is larger than the window: the model client cuts it
 
     @property
     def notice(self) -> str | None:
@@ -69,11 +83,18 @@ class Prepared:
                 f"enough of it, so it was not compressed{left_out}. Use /new to start afresh, or give the "
                 "model a larger context window (model.context_length)."
             )
+        if self.overflows and not self.dropped:
+            return (
+                "This conversation is larger than the model's context window even without its older messages, "
+                "so this reply sees its longest messages only in part (they are still saved). Use /new to start "
+                "afresh, or give the model a larger context window (model.context_length)."
+            )
         if self.dropped:
             return (
                 f"This conversation no longer fits the model's context window, so the {self.dropped} oldest "
-                f"messages after its start were left out of this reply (they are still saved). "
-                "Use /compress to summarize them, or start a new conversation."
+                "messages after its start were left out of this reply (they are still saved), as older ones "
+                "will be from now on. Use /new to start afresh, or give the model a larger context window "
+                "(model.context_length)."
             )
         return None
 
@@ -93,6 +114,7 @@ async def prepare_history(
     allow_compression: bool = True,
     session_key: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT,
+    summary_window: int | None = None,
 ) -> Prepared:
     """What to send for ``history`` (the stored conversation of ``session_id``), compressing if needed.
 
@@ -122,8 +144,8 @@ async def prepare_history(
             result = await compress_session(
                 db, session_id, summarize, context_length=context_length, threshold=threshold,
                 session_key=session_key, timeout=timeout,
-                max_tokens_after=int((1 - MIN_ROOM) * (threshold * context_length - overhead_tokens)),
-                upto=len(history),
+                max_tokens_after=room_after_split(history, threshold * context_length - overhead_tokens),
+                upto=len(history), summary_window=summary_window,
             )
         except CompressionError as exc:
             failure = exc
@@ -137,7 +159,13 @@ async def prepare_history(
             return Prepared(result.new_session_id, fitted, tokens, compressed=result, dropped=dropped)
 
     fitted, dropped = fit_to_window(history, context_length - overhead_tokens, reserve_tokens=reserve_tokens)
-    return Prepared(session_id, fitted, tokens, dropped=dropped, failure=failure)
+    overflows = estimate_tokens(fitted) + overhead_tokens > context_length
+    if dropped or overflows:
+        log.warning("session %s: no split can make room in the model's %d-token window, so the %d oldest "
+                    "messages after its start were left out of this prompt (still stored)%s%s",
+                    session_id, context_length, dropped, ", and it still overflows" if overflows else "",
+                    f" ({failure})" if failure is not None else "")
+    return Prepared(session_id, fitted, tokens, dropped=dropped, failure=failure, overflows=overflows)
 
 
 __all__ = ["Prepared", "prepare_history"]

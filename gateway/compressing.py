@@ -21,7 +21,7 @@ from gateway.usage import OTHER, CallContext, for_session
 
 log = logging.getLogger(__name__)
 
-RESERVE_FOR_ANSWER = 1024
+RESERVE_FOR_ANSWER = 1024  # at most; a small window keeps a quarter of itself for the answer
 MAX_REMEMBERED = 20_000  # sessions whose last reported prompt size is kept
 
 
@@ -77,8 +77,11 @@ class Compressor:
                 self._reported.pop(next(iter(self._reported)))
 
     def window_of(self, model: str | None) -> int:
-        """The context window of the named model a turn runs on (``default`` or None: the chat's own)."""
-        return self.context_lengths.get(model or "", self.context_length)
+        """The context window of the named model a turn runs on (``default`` or None: the chat's own): the
+        one the model's server named in a context-length error this run, else the configured one."""
+        learned = getattr(self.model, "learned_window", None)
+        known = learned(model) if learned is not None else None
+        return known or self.context_lengths.get(model or "", self.context_length)
 
     def _cooling_down(self, session_id: str) -> bool:
         failed = self._failed_at.get(session_id)
@@ -87,14 +90,15 @@ class Compressor:
     async def before_model_call(self, req: TurnRequest, history: list[dict], system_tokens: int) -> tuple[str, list[dict], list[str]]:
         """The history to send (maybe from a new child session) and lines for the user."""
         reported = self._reported.get(req.session_id)
+        window = self.window_of(req.model)
         prepared = await compression.prepare_history(
             self.db, req.session_id, history, self._summarizer_for(req.session_id, req.session_key),
-            context_length=self.window_of(req.model), threshold=self.threshold,
+            context_length=window, threshold=self.threshold,
             reported_prompt_tokens=reported[0] if reported else None,
             reported_message_count=reported[1] if reported else None,
-            overhead_tokens=system_tokens, reserve_tokens=RESERVE_FOR_ANSWER,
+            overhead_tokens=system_tokens, reserve_tokens=min(RESERVE_FOR_ANSWER, window // 4),
             allow_compression=self.enabled and not self._cooling_down(req.session_id),
-            session_key=req.session_key, timeout=self.timeout,
+            session_key=req.session_key, timeout=self.timeout, summary_window=self.window_of(self.summary_model),
         )
         if isinstance(prepared.failure, compression.CompressionFailed):
             now = self.clock()
@@ -105,9 +109,12 @@ class Compressor:
         if prepared.session_id != req.session_id:
             self._split(req.session_id, req.session_key)
         notice = prepared.notice
-        if isinstance(prepared.failure, compression.TooLittleToGain):
+        if prepared.compressed is None and (prepared.dropped or prepared.overflows
+                                            or isinstance(prepared.failure, compression.TooLittleToGain)):
+            # that no split can make room (and that old messages are left out) is said once a session;
+            # the turns after it go on quietly
             if req.session_id in self._told_too_little:
-                notice = None  # said once; the turns after it go on quietly
+                notice = None
             else:
                 self._told_too_little[req.session_id] = None
                 if len(self._told_too_little) > MAX_REMEMBERED:

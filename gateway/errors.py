@@ -10,6 +10,10 @@
     │   └── ...                      the adapters' own, drawn in ``adapters/__init__.py``
     ├── ModelUnavailable             the model endpoint failed after every retry
     │   ├── AnswerCutOff             a streamed answer broke off after some of it was shown (.partial)
+    │   ├── EmptyAnswer              it answered with nothing (an empty stream, no text and no tool
+    │   │   │                        call): never stored as an answer
+    │   │   └── _EmptyStream         gateway/model.py: a stream that ended with no event; asked again
+    │   │                            unstreamed, it never leaves the model client
     │   └── ModelRefused             it refused the request itself (4xx): retrying cannot help
     │       ├── ContextTooLong       400: the prompt is larger than the model's context window
     │       ├── AttachmentRefused    400: the endpoint refused a picture or a file in the prompt
@@ -121,6 +125,11 @@ class AnswerCutOff(ModelUnavailable):
         super().__init__(f"the answer was cut off: {reason}")
 
 
+class EmptyAnswer(ModelUnavailable):
+    """The model answered with nothing at all (an empty event stream, or no text and no tool call); it is
+    not stored as an answer, so the message stays unanswered and the next turn answers it."""
+
+
 class ModelRefused(ModelUnavailable):
     """The model endpoint refused the request with a 4xx; the same request would be refused again.
 
@@ -134,7 +143,12 @@ class ModelRefused(ModelUnavailable):
 
 class ContextTooLong(ModelRefused):
     """The prompt is larger than the model's context window (400, ``context_length_exceeded``):
-    shorten the conversation with /compress, or start a new one with /new; check ``model.context_length``."""
+    shorten the conversation with /compress, or start a new one with /new; check ``model.context_length``.
+    ``window`` is the window the server named ("maximum context length is N tokens"), if it did."""
+
+    def __init__(self, status: int, summary: str, window: int | None = None):
+        self.window = window
+        super().__init__(status, summary)
 
 
 class AttachmentRefused(ModelRefused):

@@ -37,7 +37,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import openai
@@ -50,6 +50,7 @@ from gateway.errors import (
     AnswerCutOff,
     AttachmentRefused,
     ContextTooLong,
+    EmptyAnswer,
     ModelAuthRejected,
     ModelForbidden,
     ModelNotFound,
@@ -57,6 +58,7 @@ from gateway.errors import (
     ModelUnavailable,
 )
 from gateway.fallback import Breaker, Capabilities, ChainSettings, Endpoint, lacking, move_on_now, probe_until_back
+from gateway.oversize import max_message_tokens, shorten_oversized
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
 from gateway.usage import OTHER, CallContext, ModelCall, Outcome, UsageRecorder
@@ -91,6 +93,9 @@ class Completion:
     #: the model that answered: a name under ``models`` (``alt``, a fallback's), or the model name the
     #: ``default`` endpoint was asked for (``model.name``, or a chat's ``/model`` name on it)
     answered_by: str | None = None
+    # True: the prompt was fitted to the window here (messages cut or left out), so ``prompt_tokens`` is not
+    # the size of the prompt the caller built
+    fitted: bool = False
 
 
 def _cache_counts(usage: Any) -> tuple[int, int]:
@@ -174,13 +179,30 @@ def _names_attachment(exc: openai.APIStatusError) -> bool:
     return _ATTACHMENT_WORDS.search(said.replace("_", " ")) is not None
 
 
+# "This model's maximum context length is 2048 tokens": the wording OpenAI, vLLM and llama.cpp share
+_WINDOW_SAID = re.compile(r"maximum context length is (\d[\d,]*) tokens", re.IGNORECASE)
+MIN_LEARNED_WINDOW = 256  # a number below this is not taken for a window
+
+
+def named_window(exc: openai.APIStatusError) -> int | None:
+    """The context window a context-length error names, if it names one (llama.cpp's ``n_ctx`` too)."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error") if isinstance(body.get("error"), dict) else body
+    n_ctx = error.get("n_ctx") if isinstance(error, dict) else None
+    if isinstance(n_ctx, int) and n_ctx >= MIN_LEARNED_WINDOW:
+        return n_ctx
+    said = _WINDOW_SAID.search(exc.message or "")
+    window = int(said.group(1).replace(",", "")) if said else None
+    return window if window is not None and window >= MIN_LEARNED_WINDOW else None
+
+
 def as_model_error(exc: BaseException) -> ModelUnavailable:
     """The gateway's error for the client's last failure: a typed refusal for a 4xx that
     says what to fix, else :class:`ModelUnavailable` (a later message may work)."""
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         if status in (400, 413) and _is_context_length(exc):
-            return ContextTooLong(status, f"HTTP {status}: context length exceeded")
+            return ContextTooLong(status, f"HTTP {status}: context length exceeded", named_window(exc))
         if status in (400, 413, 415, 422) and _names_attachment(exc):
             code = getattr(exc, "code", None)
             return AttachmentRefused(status, f"HTTP {status}: {code or 'a picture or file was refused'}")
@@ -241,6 +263,12 @@ class _Endpoint:
         self.breaker = Breaker(breaker_seconds)
         self.prober: asyncio.Task | None = None
         self.probed_at = 0.0
+        self.window: int | None = None  # the configured (or assumed) context window; None: prompts not fitted
+        self.learned: int | None = None  # the window its server named this run (a context-length error)
+
+    @property
+    def fits_in(self) -> int | None:
+        return self.learned or self.window
 
     def note(self, ok: bool, error: str | None = None) -> None:
         if ok and self.health.state != "ok":
@@ -264,6 +292,14 @@ class _Endpoint:
     def as_dict(self) -> dict:
         return {**self.health.as_dict(), "model": self.settings.name, "breaker": self.breaker.state}
 
+    def window_dict(self) -> dict:
+        """The window prompts are fitted to, and, once the server named one, the config line to add."""
+        out: dict[str, Any] = {"context_length": self.window, "learned": self.learned}
+        if self.learned is not None and self.learned != self.window:
+            key = "model" if self.label == DEFAULT_LABEL else f"models.{self.label}"
+            out["fix"] = f"set {key}.context_length: {self.learned} in the config (the server said so)"
+        return out
+
 
 def _falls_back(exc: BaseException) -> bool:
     """Whether a call's failure sends it to the next model: unreachable, timed out, failing (5xx after the
@@ -278,7 +314,8 @@ class ModelClient:
     def __init__(self, settings: ModelSettings, *, metrics=None, usage: UsageRecorder | None = None,
                  backoff: Backoff = Backoff(base=0.5, cap=20.0), capabilities: Capabilities | None = None,
                  fallbacks: Sequence[Endpoint] = (), chain: ChainSettings | None = None,
-                 named: Sequence[Endpoint] = (), budgets: BudgetGate | None = None):
+                 named: Sequence[Endpoint] = (), budgets: BudgetGate | None = None,
+                 windows: Mapping[str, int] | None = None, max_message_share: float = 0.5):
         self.settings = settings
         self._budgets = budgets  # asked before every call (gateway.budgetgate); None: no budgets
         self._metrics = metrics
@@ -294,6 +331,13 @@ class ModelClient:
                         if e.label not in {f.label for f in fallbacks}]
         self._client = self._primary.client
         self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
+        # every call's prompt is fitted to its model's window (the configured one, or the one its server
+        # named this run); a model without one here is sent prompts as they are
+        for endpoint in (*self._endpoints, *self._chosen):
+            endpoint.window = (windows or {}).get(endpoint.label)
+        self._max_message_share = max_message_share
+        # told (label, model name, window) when a server named a window: the daemon notes it for ``doctor``
+        self.on_learned: Callable[[str, str, int], object] | None = None
 
     @property
     def health(self) -> EndpointHealth:
@@ -303,6 +347,15 @@ class ModelClient:
     def endpoints(self) -> dict[str, dict]:
         """Each model of the chain, in order: its state, since when, last error, model name and breaker."""
         return {e.label: e.as_dict() for e in (*self._endpoints, *self._chosen)}
+
+    def windows(self) -> dict[str, dict]:
+        """Each model's context window: configured, learned from its server this run, the line to add."""
+        return {e.label: e.window_dict() for e in (*self._endpoints, *self._chosen)}
+
+    def learned_window(self, model: str | None) -> int | None:
+        """The window the server of ``model`` (a label; None: ``default``) named this run, if any."""
+        endpoint = next((e for e in (*self._endpoints, *self._chosen) if e.label == (model or DEFAULT_LABEL)), None)
+        return endpoint.learned if endpoint is not None else None
 
     async def probe(self) -> EndpointHealth:
         """While the last call said an endpoint is down, see (at most every few seconds, with a
@@ -365,14 +418,10 @@ class ModelClient:
                 if on_model is not None:
                     on_model(answering)
                 try:
-                    with tracing.model_call(name, endpoint.host, messages) as call:
-                        completion = await self._complete_on(
-                            endpoint, name, last, messages, tools, timeout, call.stream(on_text), purpose, params,
-                            admission.scopes if admission is not None else ())
-                        call.finished(input_tokens=completion.prompt_tokens,
-                                      output_tokens=completion.completion_tokens,
-                                      finish_reason=completion.finish_reason, text=completion.message.get("content"))
-                        return dataclasses.replace(completion, answered_by=answering)
+                    completion = await self._fitted_call(
+                        endpoint, name, last, messages, tools, timeout, on_text, purpose, params,
+                        admission.scopes if admission is not None else ())
+                    return dataclasses.replace(completion, answered_by=answering)
                 except ModelUnavailable as exc:
                     if not _falls_back(exc):
                         raise
@@ -386,6 +435,74 @@ class ModelClient:
         finally:
             if self._budgets is not None:
                 self._budgets.release(admission)
+
+    async def _fitted_call(self, endpoint: _Endpoint, name: str, last: bool, messages: list[dict],
+                           tools: list[dict] | None, timeout: float | None, on_text: Callable[[str], None] | None,
+                           purpose: CallContext, params: dict[str, Any] | None, scopes: tuple[str, ...]) -> Completion:
+        """One call on ``endpoint`` with the prompt fitted to its window.  When the server says the window is
+        smaller (a context-length error naming it, or an empty answer cut by ``finish_reason: length``), that
+        window is this model's for the rest of the run, and the call is fitted to it and made once more."""
+        for attempt in range(2):
+            sent = self._fitted(endpoint, messages, params)
+            try:
+                with tracing.model_call(name, endpoint.host, sent) as call:
+                    completion = await self._complete_on(endpoint, name, last, sent, tools, timeout,
+                                                         call.stream(on_text), purpose, params, scopes)
+                    call.finished(input_tokens=completion.prompt_tokens, output_tokens=completion.completion_tokens,
+                                  finish_reason=completion.finish_reason, text=completion.message.get("content"))
+            except ContextTooLong as exc:
+                if attempt or not self._learn(endpoint, exc.window, "a context-length error"):
+                    raise
+                continue
+            if completion.message.get("content") or completion.message.get("tool_calls"):
+                return dataclasses.replace(completion, fitted=True) if sent is not messages else completion
+            if completion.finish_reason == "length" and not attempt and not _asked_max_tokens(params):
+                # nothing written before the window ran out: the prompt all but filled it (no cap was asked
+                # for, so the answer's own limit is not what cut it)
+                filled = completion.prompt_tokens + completion.completion_tokens if completion.reported \
+                    else compression.estimate_tokens(sent)
+                if (endpoint.fits_in is None or filled < endpoint.fits_in) and \
+                        self._learn(endpoint, filled, "an empty answer cut off by the window"):
+                    continue
+            raise EmptyAnswer(f"the model sent an empty answer (finish_reason: {completion.finish_reason})")
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _learn(self, endpoint: _Endpoint, window: int | None, how: str) -> bool:
+        """Take ``window`` as ``endpoint``'s for this run; False when it tells nothing new (the call is not made again)."""
+        if window is None or window < MIN_LEARNED_WINDOW or window == endpoint.learned:
+            return False
+        if endpoint.fits_in is not None and window >= endpoint.fits_in and endpoint.learned is None \
+                and window == endpoint.window:
+            return False  # the window we fitted to already: fitting again would send the same prompt
+        endpoint.learned = window
+        if self.on_learned is not None:
+            self.on_learned(endpoint.label, endpoint.settings.name, window)
+        key = "model" if endpoint.label == DEFAULT_LABEL else f"models.{endpoint.label}"
+        log.warning("model %s: its server says the context window is %d tokens (%s), not the %s assumed: prompts "
+                    "are fitted to it from now on; set %s.context_length: %d in the config", endpoint.label, window,
+                    how, f"{endpoint.window:,}" if endpoint.window else "unknown", key, window)
+        return True
+
+    def _fitted(self, endpoint: _Endpoint, messages: list[dict], params: dict[str, Any] | None) -> list[dict]:
+        """``messages`` fitted to ``endpoint``'s window with room for the answer: oversized messages cut to
+        their start and end, then the oldest middle turns left out (the store is untouched)."""
+        window = endpoint.fits_in
+        if window is None:
+            return messages
+        reserve = min(_asked_max_tokens(params) or RESERVE_FOR_ANSWER, window // 8)
+        limit = window - reserve
+        before = compression.estimate_tokens(messages)
+        if before <= limit:
+            return messages
+        cap = max_message_tokens(window, self._max_message_share)
+        fitted, dropped = compression.fit_to_window(shorten_oversized(messages, cap).messages, window,
+                                                    reserve_tokens=reserve)
+        while compression.estimate_tokens(fitted) > limit and cap > 64:  # a few huge messages: cut them harder
+            cap //= 2
+            fitted = shorten_oversized(fitted, cap).messages
+        log.info("a prompt of ~%d tokens was fitted to %s's %d-token window (~%d tokens, %d messages left out)",
+                 before, endpoint.label, window, compression.estimate_tokens(fitted), dropped)
+        return fitted
 
     def _keep_out(self, endpoint: _Endpoint) -> None:
         """Open ``endpoint``'s breaker (when there is a chain to leave it out of) and probe it in the background."""
@@ -415,8 +532,17 @@ class ModelClient:
         attempts = [1]
         streams = on_text is not None and endpoint.capabilities.streaming
         try:
-            completion = await self._complete(endpoint, name, last, messages, tools, timeout,
-                                              on_text if streams else None, attempts, params)
+            try:
+                completion = await self._complete(endpoint, name, last, messages, tools, timeout,
+                                                  on_text if streams else None, attempts, params)
+            except _EmptyStream:
+                # an empty stream is a failed call: asked again unstreamed, whose answer (or error) says more
+                log.warning("model %s: the stream ended with no text and no finish reason; asking again unstreamed",
+                            endpoint.label)
+                attempts[0] += 1
+                streams = False
+                completion = await self._complete(endpoint, name, last, messages, tools, timeout, None, attempts,
+                                                  params)
         except ModelRefused as exc:
             endpoint.note(True)  # it answered: reachable, it just refused this request
             self._record(purpose, name, messages, started, clock, attempts[0], None, exc, scopes)
@@ -560,6 +686,9 @@ class ModelClient:
             await stream.close()
         if answer.finish_reason is None and answer.text:
             raise AnswerCutOff(answer.text, "the stream ended without a finish reason")
+        if answer.finish_reason is None and not answer.tool_calls:
+            # llama.cpp's server answers an over-window streamed request with 200 and no event at all
+            raise _EmptyStream()
         return answer.completion()
 
     async def close(self) -> None:
@@ -596,6 +725,15 @@ def _without_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_none(v) for v in value]
     return value
+
+
+class _EmptyStream(EmptyAnswer):
+    """A stream that ended with no text, no tool call and no finish reason (asked again unstreamed)."""
+
+
+# Tokens of a window kept for the answer when a prompt is fitted here (at most an eighth of it).  This is
+# the safety net under every call; a turn's prompt was already fitted (and compressed) with more room.
+RESERVE_FOR_ANSWER = 512
 
 
 class _StreamedAnswer:
@@ -696,7 +834,10 @@ def model_client(cfg: Config, *, metrics=None, usage: UsageRecorder | None = Non
 
     named = {label: Endpoint(label, settings(n.base_url, n.api_key, n.name), Capabilities(n.vision, n.tools, n.streaming))
              for label, n in cfg.models.items()}
+    windows = {label: compression.context_length_for(n.name, n.context_length)[0] for label, n in cfg.models.items()}
+    windows[DEFAULT_LABEL] = compression.context_length_for(m.name, m.context_length)[0]
     return ModelClient(settings(m.base_url, m.api_key, m.name), metrics=metrics, usage=usage,
+                       windows=windows, max_message_share=m.max_message_share,
                        capabilities=Capabilities(m.vision, m.tools, m.streaming),
                        fallbacks=[named[label] for label in m.fallbacks], named=list(named.values()), budgets=budgets,
                        chain=ChainSettings(max_wait_seconds=m.max_wait_seconds, breaker_seconds=m.breaker_seconds))

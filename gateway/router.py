@@ -1010,9 +1010,17 @@ class SessionRouter:
                 lane.starting = lane.stop_asked = False
                 await self._answer_with_line(batch, heard, plan, stream, claim)
                 return
+        told: list[str] = []  # lines the turn had before its model call: sent then, one line before the reply
+
+        async def tell(line: str) -> None:
+            told.append(line)
+            last.notices.append(line)
+            await self.deliver(msg.chat, line, None)
+
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=answered, delivery=plan,
+            on_notice=tell,
             stream=stream if stream is not None else last.sink, fence=claim.fence,
             system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
             model=last.extras.model or await self.chat_model(lane, msg),
@@ -1034,6 +1042,9 @@ class SessionRouter:
             recorded = True
             lane.last_prompt_tokens = result.prompt_tokens
             for notice in result.notices:
+                if notice in told:  # already sent, before the reply
+                    told.remove(notice)
+                    continue
                 last.notices.append(notice)
                 await self.deliver(msg.chat, notice, None)
             text = result.reply if result.client_calls else result.reply or EMPTY_ANSWER

@@ -46,6 +46,7 @@ INTERRUPTED = ("error: this call was cut off: the gateway stopped while it ran, 
                "unknown, and it was not run again. Call the tool again if it is still needed.")
 NOT_RUN = ("error: this call was not run: the gateway stopped during an earlier call of the same step. "
            "Call the tool again if it is still needed.")
+MAX_REMEMBERED_SESSIONS = 20_000  # sessions whose start (their system prompt's date) a turn remembers
 EMPTY_ANSWER = "(The model returned an empty answer.)"  # what the user is sent when the reply is empty
 CUT_OFF_NOTE = "_(The answer was cut off here: the model stopped sending. Ask again to get the rest.)_"
 
@@ -123,6 +124,10 @@ class TurnRequest:
     # the chat the turn answers in (and its kind), where an approval request is posted and answered
     chat: ChatRef | None = None
     chat_type: str = "dm"
+    # told each line for the user the turn has before its model call (a message cut to fit, a
+    # compression), so it reaches the chat before the reply, streamed or not; they are in
+    # ``TurnResult.notices`` too.  None: only there.
+    on_notice: Callable[[str], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)
@@ -227,13 +232,31 @@ class AgentTurn:
         # the most one message may take of the context window (model.max_message_share); None: no limit
         self.max_message_tokens = max_message_tokens
         self._clock = clock
+        self._started: dict[str, float] = {}  # session -> when it started (its system prompt's date)
 
-    def system_prompt(self, platform: str) -> str:
-        now = dt.datetime.fromtimestamp(self._clock() if self._clock else dt.datetime.now().timestamp(), ZoneInfo(self.settings.timezone))
+    def system_prompt(self, platform: str, started: float | None = None) -> str:
+        """The persona and where and when the conversation is: frozen per session (``started``, the session's
+        start), so consecutive turns share their whole prompt prefix and the model server's prompt cache
+        hits (seed 002); None: now, for a prompt of its own (a side request)."""
+        at = started if started is not None else (self._clock() if self._clock else time.time())
+        now = dt.datetime.fromtimestamp(at, ZoneInfo(self.settings.timezone))
         return (
             f"{self.settings.persona}\n\n"
-            f"You are talking on {platform}. The current date is {now:%A, %d %B %Y}, {now:%H:%M} ({self.settings.timezone})."
+            f"You are talking on {platform}. The current date at the start of this conversation was "
+            f"{now:%A, %d %B %Y}, {now:%H:%M} ({self.settings.timezone})."
         )
+
+    async def session_started(self, session_id: str) -> float | None:
+        """When ``session_id`` started (read once, then remembered): what its system prompt says."""
+        started = self._started.get(session_id)
+        if started is None:
+            row = await self.db.sessions.get(session_id)
+            started = row.get("started_at") if row else None
+            if started is not None:
+                self._started[session_id] = started
+                if len(self._started) > MAX_REMEMBERED_SESSIONS:
+                    self._started.pop(next(iter(self._started)))
+        return started
 
     def _with_attachments(self, history: list[dict], attachments: tuple[Attachment, ...]) -> list[dict]:
         """The last user message with this turn's pictures that are not in the media store: all of them
@@ -269,7 +292,7 @@ class AgentTurn:
             history = await self.db.messages.as_conversation(
                 session_id, upto=max(req.answered) if req.answered else None)
         notices: list[str] = []
-        blocks = [self.system_prompt(req.platform)]
+        blocks = [self.system_prompt(req.platform, await self.session_started(session_id))]
         for block_for in self.hooks.prompt_blocks:
             block = await block_for(req, session_id)
             if block:
@@ -293,6 +316,9 @@ class AgentTurn:
                     history = await media.expand(session_id, history, vision=vision)
                 history = self._as_sent(history).messages
         notices = [*shortened.notices, *notices]
+        if req.on_notice is not None:
+            for notice in notices:
+                await req.on_notice(notice)
         prompt = system + self._with_attachments(history, req.attachments)
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
@@ -323,7 +349,7 @@ class AgentTurn:
             loop = await answer(prompt, await journal.resumed() if journal is not None else [])
         completion, produced = loop.completion, loop.produced
         prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
-        if prompt_hook is not None:
+        if prompt_hook is not None and not completion.fitted:  # a fitted prompt's size says nothing of the history's
             prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
         reply = strip_memory_fence(completion.message.get("content") or "")
         to_store = [_for_store(m) for m in produced]

@@ -340,19 +340,21 @@ async def test_a_client_kept_conversation_goes_on_after_compression_without_bran
     assert sum(1 for role, text in stored if text == "and now?") == 1
 
 
-async def test_an_empty_answer_sent_back_as_received_continues_the_same_session(tmp_path, model):
+async def test_an_empty_answer_is_a_failure_and_the_message_is_answered_by_the_next_request(tmp_path, model):
+    # nothing empty is ever stored as an answer (issue #36): the client is told, and asking again answers it
     model.script(Reply(""))
     async with running_gateway(tmp_path, model) as gw:
-        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything")
-        first = await client.chat.completions.with_raw_response.create(
+        client = openai.AsyncOpenAI(base_url=base_url(gw), api_key="sk-anything", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as failed:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hm"}])
+        again = await client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": "user", "content": "hm"}])
-        shown = first.parse().choices[0].message.content
-        second = await client.chat.completions.with_raw_response.create(model="m", messages=[
-            {"role": "user", "content": "hm"}, {"role": "assistant", "content": shown},
-            {"role": "user", "content": "hello?"}])
         await client.close()
-    assert shown == "(The model returned an empty answer.)"
-    assert second.headers["X-Switchboard-Session"] == first.headers["X-Switchboard-Session"]
+        sid = again.headers["X-Switchboard-Session"]
+        stored = await conversation_of(gw, sid)
+    assert failed.value.status_code == 503 and "empty answer" in str(failed.value)
+    assert again.parse().choices[0].message.content == "echo: hm | turns: 1 | first: hm"
+    assert [text for role, text in stored if role == "assistant"] == ["echo: hm | turns: 1 | first: hm"]
 
 
 async def test_a_regenerated_answer_branches_without_the_old_answers_tool_calls(tmp_path, model):

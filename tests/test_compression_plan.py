@@ -16,6 +16,7 @@ from compression import (
     prompt_tokens,
     should_compress,
 )
+from compression.planning import expected_tokens_after, summary_frame_tokens, summary_target
 
 
 def user(text: str) -> dict:
@@ -134,16 +135,27 @@ def test_head_middle_and_tail_cover_the_conversation_in_order():
     assert p.messages_before == len(messages)
 
 
-def test_the_tail_grows_while_it_fits_a_fifth_of_the_threshold():
+def test_the_tail_is_up_to_six_messages_fewer_when_the_budget_says_so():
     messages = chat(40)
-    small = plan(messages, context_length=500)  # budget 75 tokens: only the minimum tail
-    assert len(small.tail) == 6
-    big = plan(messages, context_length=20_000)  # budget 3,000 tokens
-    assert len(big.tail) > 6
-    assert estimate_tokens(big.tail) <= 0.2 * 0.75 * 20_000
-    # ... but it never swallows the middle: there is always something to summarize.
-    huge = plan(messages, context_length=10_000_000)
-    assert len(huge.middle) >= (len(messages) - 3 - 6) // 2
+    assert len(plan(messages, context_length=500).tail) == 6  # no budget: the last six
+    assert len(plan(messages, context_length=20_000).tail) == 6  # never more
+    budget = 3 * 50 + 4 * 50 + 200  # head, four of the tail's messages, frame and summary, roughly
+    p = plan(messages, context_length=4_000, max_tokens_after=budget)
+    assert 1 <= len(p.tail) < 6 and p.tail[0]["role"] == "assistant" or p.tail[0]["role"] == "user"
+    assert expected_tokens_after(p) <= budget
+    # the newest user message is always kept, and the head gives way before it
+    tight = plan(messages, context_length=4_000, max_tokens_after=200)
+    assert tight.tail[-2:] == tuple(messages[-2:]) and len(tight.head) < 3
+    assert list(tight.head) + list(tight.middle) + list(tight.tail) == messages
+
+
+def test_the_summary_gets_the_room_the_head_and_tail_leave():
+    messages = chat(40)
+    roomy = plan(messages, context_length=4_000, max_tokens_after=10_000)
+    assert roomy.summary_tokens == summary_target(roomy.middle_tokens)  # its usual target
+    kept = estimate_tokens(roomy.head) + estimate_tokens(roomy.tail)
+    squeezed = plan(messages, context_length=4_000, max_tokens_after=kept + summary_frame_tokens() + 150)
+    assert squeezed.summary_tokens == 150 and expected_tokens_after(squeezed) == kept + summary_frame_tokens() + 150
 
 
 def test_system_messages_stay_on_top_of_the_head():
@@ -155,11 +167,11 @@ def test_system_messages_stay_on_top_of_the_head():
 def test_tail_never_starts_with_a_tool_result():
     messages = chat(10) + [user("look it up"), tool_call("c1"), tool_result("c1"), tool_result("c1b"),
                            tool_result("c1c"), assistant("found"), user("thanks"), assistant("welcome"), user("bye")]
-    # the last six would start at the second tool result
+    # the last six would start at the second tool result: the tail is up to six, so it starts after the group
     p = plan(messages, context_length=100)
     assert p.tail[0]["role"] != "tool"
-    assert p.tail[0] == tool_call("c1")
-    assert p.middle[-1] == user("look it up")
+    assert p.tail[0] == assistant("found") and len(p.tail) == 4
+    assert p.middle[-4:] == (tool_call("c1"), tool_result("c1"), tool_result("c1b"), tool_result("c1c"))
 
 
 def test_head_is_extended_over_the_results_of_its_tool_call():
@@ -209,16 +221,21 @@ def _groups_intact(parts: list[list[dict]]) -> bool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(_conversations(), st.sampled_from([1_000, 8_000, 128_000]), st.integers(0, 4), st.integers(1, 8))
-def test_tool_calls_are_never_separated_from_their_results(messages, context_length, head, min_tail):
+@given(_conversations(), st.sampled_from([1_000, 8_000, 128_000]), st.integers(0, 4), st.integers(1, 8),
+       st.one_of(st.none(), st.integers(100, 5_000)))
+def test_tool_calls_are_never_separated_from_their_results(messages, context_length, head, max_tail, budget):
     # Conversations the agent writes end with an answer, never with a bare tool call.
     messages = messages + [assistant("done")]
-    p = plan(messages, context_length=context_length, head=head, min_tail=min_tail)
+    p = plan(messages, context_length=context_length, head=head, max_tail=max_tail, max_tokens_after=budget)
     if p is None:
         return
     parts = [list(p.head), list(p.middle), list(p.tail)]
     assert sum(parts, []) == messages
-    assert len(p.tail) >= min_tail and p.middle
+    assert p.middle and p.tail
+    if len(p.tail) > max_tail:  # only for the newest request (a run of user messages) and what answers it
+        roles = [m["role"] for m in p.tail]
+        first_other = next((i for i, r in enumerate(roles) if r != "user"), len(roles))
+        assert roles[0] == "user" and "user" not in roles[first_other:]
     assert _groups_intact(parts[1:]) and (not p.head or not p.head[-1].get("tool_calls"))
 
 

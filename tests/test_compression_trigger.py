@@ -146,30 +146,41 @@ async def test_in_cooldown_a_prompt_that_does_not_fit_is_trimmed_for_this_call_o
 
 
 async def test_a_short_conversation_over_the_threshold_is_not_compressed(adb, model):
-    history = await start(adb, turns=4, size=5_000)  # 8 huge messages: nothing between head and tail
+    history = await start(adb, turns=2, size=14_000)  # 4 huge messages: the newest request is in the head
     prepared = await prepare_history(adb, "s", history, summarizer(model), context_length=WINDOW)
     assert isinstance(prepared.failure, NothingToCompress)
     assert model.requests == []
-    assert prepared.session_id == "s" and prepared.dropped > 0
+    assert prepared.session_id == "s"
     assert prepared.history[-1] == history[-1]
 
 
+async def test_a_few_huge_messages_are_split_with_a_smaller_head_and_tail(adb, model):
+    # 8 messages of ~1,400 tokens: the head and a six-message tail would fill the window alone, so
+    # they shrink (the tail to the newest request) and the summary takes the rest
+    history = await start(adb, turns=4, size=5_000)
+    model.script(Reply("SUMMARY: four long questions and answers"))
+    prepared = await prepare_history(adb, "s", history, summarizer(model), context_length=WINDOW)
+    assert prepared.compressed is not None, prepared.failure
+    assert estimate_tokens(prepared.history) < 0.75 * WINDOW
+    assert prepared.history[-2:] == history[-2:]  # the newest question and its answer, whole
+
+
 async def test_a_split_that_would_trigger_again_at_once_is_not_made(adb, model):
-    # 20 turns of large messages over a small window: the head and the six-message tail alone take
-    # most of what the history may hold, so a child would be over the threshold again within a turn.
-    history = await start(adb, turns=20, size=600)
+    # 20 turns of large messages over a small window with a large system prompt: even the newest
+    # question with its answer and the shortest summary leave less room than the last turn took, so a
+    # child would be over the threshold again on the next turn.
+    history = await start(adb, turns=20, size=2_000)
     before = await adb.messages.get("s")
-    # threshold 4,500 tokens, 3,000 of them the history's with this system prompt: a child of about
-    # 2,800 tokens (head, tail and a summary as long as asked for) would leave it less than a quarter
-    window = 6_000
+    window = 6_000  # threshold 4,500, 2,000 of them the history's with this system prompt
     prepared = await prepare_history(adb, "s", history, summarizer(model), context_length=window,
-                                     overhead_tokens=1_500, reserve_tokens=100)
+                                     overhead_tokens=2_500, reserve_tokens=100)
     assert isinstance(prepared.failure, TooLittleToGain)
     assert model.requests == []  # decided before any summary was asked for
     assert prepared.session_id == "s" and prepared.compressed is None
     assert await adb.messages.get("s") == before and await adb.routes.get(KEY) == "s"
     assert prepared.notice is not None and "a summary would not free enough of it" in prepared.notice
     assert f"the {prepared.dropped} oldest messages" in prepared.notice
+    assert "/new" in prepared.notice and "model.context_length" in prepared.notice
 
     # the same conversation with a system prompt that leaves the history room is compressed
     model.script(Reply("summary"))

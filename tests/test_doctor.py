@@ -185,3 +185,29 @@ async def test_the_readmes_next_steps_after_make_run_work_when_pasted(tmp_path):
             out = (await proc.communicate())[0].decode()
             assert proc.returncode == 0, f"{step}:\n{out}"
             assert "✗" not in out and "error" not in out.lower(), f"{step}:\n{out}"
+
+
+async def test_a_window_the_models_server_named_is_shown_with_the_line_to_add(tmp_path):
+    """The daemon learned a 2,048-token window from the server's context-length error (issue #36):
+    ``doctor`` says so, with the config line that makes it permanent."""
+    from gateway.windows import learned_windows
+    from tests.harness import ApiClient, eventually, running_gateway
+
+    async with FakeModel(model_name="fake-model") as model:
+        model.llama_cpp_window = 2048
+        async with running_gateway(tmp_path / "home", model, model={"context_length": None}) as gw:
+            api = ApiClient(gw)
+            answer = await api.say("k", "a pasted log line, again and again. " * 500)
+            await api.close()
+            await eventually(lambda: learned_windows(tmp_path / "home"), 5, "the learned window noted")
+        config = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"})
+        code, out = await doctor(config)
+        fixed = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model", "context_length": 2048})
+        _, after = await doctor(fixed)
+    assert answer.startswith("echo: a pasted log line")
+    assert code == 1
+    assert line(out, "context length").startswith("✗ context length: the model's server said its window is 2,048 "
+                                                 "tokens")
+    assert "not the 8,192 assumed" in line(out, "context length")
+    assert "fix: set model.context_length: 2048 in the config" in out
+    assert line(after, "context length") == "✓ context length: 2,048 tokens (model.context_length)"

@@ -53,21 +53,36 @@ async def test_a_message_larger_than_the_window_is_answered_and_the_session_keep
     assert [(m["role"], len(m["content"])) for m in stored][0] == ("user", len(huge))  # stored whole
 
 
-@pytest.mark.parametrize("said", [
-    None,  # OpenAI: code context_length_exceeded (the fake's own answer)
-    "This model's maximum context length is 1000 tokens. However, you requested 2100 tokens.",  # vLLM: words only
-])
-async def test_a_context_length_refusal_suggests_compress_or_new_and_is_not_retried(tmp_path, model, said):
-    if said is None:
-        model.context_limit = 1000
-    else:
-        model.script(Fail(400, message=said, type="BadRequestError"))
+async def test_a_context_length_refusal_that_names_no_window_suggests_compress_or_new_and_is_not_retried(
+        tmp_path, model):
+    model.script(Fail(400, message="Prompt is too long.", type="invalid_request_error", code="context_length_exceeded"))
     async with running_gateway(tmp_path, model) as gw:  # the gateway believes the window is 32768
         api = ApiClient(gw)
         answer = await api.failure("k", "x" * 8000)
         await api.close()
     assert answer == (400, COMPRESS_LINE)
     assert len(model.requests) == 1
+
+
+@pytest.mark.parametrize("said", [
+    None,  # OpenAI: code context_length_exceeded and the words (the fake's own answer)
+    "This model's maximum context length is 1000 tokens. However, you requested 2100 tokens.",  # vLLM: words only
+])
+async def test_a_context_length_refusal_naming_the_window_is_learned_and_the_turn_fitted_and_retried_once(
+        tmp_path, model, said):
+    model.context_limit = 1000
+    if said is not None:
+        model.script(Fail(400, message=said, type="BadRequestError"))
+    async with running_gateway(tmp_path, model) as gw:  # the gateway believes the window is 32768
+        api = ApiClient(gw)
+        answer = await api.say("k", "x" * 8000)
+        again = await api.say("k", "and now?")
+        windows = gw.health()["models"]["default"]
+        await api.close()
+    assert answer.startswith("echo: xxxx") and "left out here" in answer  # the message cut to the window
+    assert len(model.requests) == 3  # refused, fitted and answered; the next turn fitted at once
+    assert again.startswith("echo: and now?")
+    assert windows["learned"] == 1000 and windows["fix"].startswith("set model.context_length: 1000")
 
 
 @pytest.mark.parametrize("status,line", [

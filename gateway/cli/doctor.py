@@ -154,11 +154,20 @@ def check_permissions(home: Path) -> list[Check]:
 
 def check_context_length(cfg: Config) -> Check:
     from compression import context_length_for
+    from gateway.windows import learned_windows
 
     try:
         tokens, warning = context_length_for(cfg.model.name, cfg.model.context_length)
     except ValueError as exc:
         return Check("context length", False, str(exc), "set model.context_length")
+    learned = learned_windows(cfg.home).get("default")
+    if learned is not None and learned.get("model") == cfg.model.name and learned["window"] != tokens:
+        # the daemon's model client met a context-length error (or an empty answer cut by the window) naming it
+        return Check("context length", False,
+                     f"the model's server said its window is {learned['window']:,} tokens (the daemon learned it "
+                     f"on {time.strftime('%Y-%m-%d %H:%M', time.localtime(learned.get('at') or 0))}), not the "
+                     f"{tokens:,} {'configured' if cfg.model.context_length else 'assumed'}",
+                     f"set model.context_length: {learned['window']} in the config")
     if warning:
         return Check("context length", None, warning)
     source = "model.context_length" if cfg.model.context_length else f"known window of {cfg.model.name!r}"

@@ -386,7 +386,7 @@ async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", ses
     platform = session.get("source") or "?"
     ctx = ToolContext(session_id=session_id, session_key=key, platform=platform, user_id=session.get("user_id"),
                       agent=_agent_of(key, turn.settings.agent))
-    system = turn.system_prompt(platform)
+    system = turn.system_prompt(platform, session.get("started_at"))
     files = memory.files_for(ctx.agent, platform, ctx.user_id) if memory is not None else None
     live = await asyncio.to_thread(memory.render_block, files) if memory is not None and files is not None else None
     if live:

@@ -55,12 +55,14 @@ from gateway.router import RouterSettings, SessionHooks, SessionRouter
 from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.metrics import Metrics
+from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import ChatRef, PlatformStatus
 from gateway.usage import CallContext, UsageRecorder
 from gateway.voice import Voice, VoiceSettings
+from gateway.windows import note_learned
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,9 @@ async def assemble(cfg: Config, wiring: Wiring) -> Services:
         await budgets.refresh()  # the rules set with `switchboard budgets set`
         usage = UsageRecorder(db, cfg.all_pricing, clock=wiring.clock, budgets=budgets)
         model = model_client(cfg, metrics=wiring.metrics, usage=usage, budgets=budgets)  # the primary and its fallbacks
+        home = cfg.home  # a window a model's server named is noted there for `doctor` (off the loop)
+        model.on_learned = lambda label, name, window: spawn(
+            asyncio.to_thread(note_learned, home, label, name, window), name=f"note-window:{label}")
         wiring.metrics.watch_models(model.endpoints)
         return _build(cfg, wiring, db, usage, model, budgets, persona, context_length)
     except BaseException:

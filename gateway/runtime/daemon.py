@@ -604,6 +604,8 @@ class Gateway:
         model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
         ok = ok and model["state"] != "unreachable"
         models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
+        windows = self.model.windows() if self.model is not None else {}  # and its window, learned or configured
+        models = {label: {**state, **windows.get(label, {})} for label, state in models.items()}
         integrity = self.integrity.status() if self.integrity is not None else None
         corrupt = integrity is not None and integrity["state"] == "corrupt"
         return {

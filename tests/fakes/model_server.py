@@ -19,7 +19,10 @@ one request at a time (``Reply``, ``Fail``, ``ToolCall``, ``ToolCalls``, ``Reaso
 ``delay`` (seconds before every answer), and with ``responder`` (a function of
 the request's messages whose string, when it returns one, replaces the echo), and with
 ``context_limit`` (a prompt estimated above that many tokens is refused with
-OpenAI's 400 ``context_length_exceeded``), and with ``tool_loop`` (a ``ToolCall`` made by every turn:
+OpenAI's 400 ``context_length_exceeded``), and ``llama_cpp_window`` (the same limit as llama.cpp's
+server keeps it: an over-window streamed request gets 200 and an empty event stream, no data, no
+``finish_reason``, no ``[DONE]``; unstreamed, a 400 in the wording llama.cpp, vLLM and OpenAI share,
+"This model's maximum context length is N tokens"), ``EmptyStream`` (that empty stream, scripted), and with ``tool_loop`` (a ``ToolCall`` made by every turn:
 the answer to each request that offers tools and ends with the user's message; ``--tool-loop`` run
 as a script).  Run as a script it serves until
 killed, printing ``PORT <n>`` first (used by the benchmarks)::
@@ -48,6 +51,7 @@ class Reply:
     text: str
     prompt_tokens: int | None = None  # None: estimate from the request
     chunks: tuple[str, ...] | None = None  # streamed: exactly these pieces (joined, they are ``text``)
+    finish_reason: str = "stop"  # "length": cut off by the window (or the answer's cap)
 
 
 @dataclass
@@ -118,6 +122,12 @@ class Held:
 @dataclass
 class NoChoice:
     """A 200 answer without any choice in it (a broken proxy or a server in trouble)."""
+
+
+@dataclass
+class EmptyStream:
+    """A streamed request answered 200 with an event stream that ends at once: no data, no ``finish_reason``,
+    no ``[DONE]`` (what llama.cpp's server sends for a prompt over its window); unstreamed, an empty answer."""
 
 
 @dataclass
@@ -205,6 +215,9 @@ class FakeModel:
         self.responder: Callable[[list[dict]], str | None] | None = None
         # optional: prompts estimated above this many tokens get a 400 context_length_exceeded
         self.context_limit: int | None = None
+        # optional: the same, as llama.cpp's server does it (an empty 200 stream when streamed)
+        self.llama_cpp_window: int | None = None
+        self.refused: list[Recorded] = []  # the requests refused (or emptied) for their length
         self._expect_reasoning: tuple[str, dict] | None = None  # set by ReasoningToolCall for the next request
         # optional: a request that offers tools and ends with the user's message gets this call (a tool in
         # every turn, however many turns run at once; the request after the tool's result gets the answer)
@@ -399,6 +412,25 @@ class FakeModel:
                     status=400,
                 )
             prompt_tokens = sum(len(_text_of(m)) for m in messages) // 4 + 4 * len(messages)
+            if isinstance(behaviour, EmptyStream) or (self.llama_cpp_window is not None
+                                                      and prompt_tokens > self.llama_cpp_window):
+                if self.llama_cpp_window is not None and prompt_tokens > self.llama_cpp_window:
+                    self.refused.append(record)
+                if body.get("stream"):
+                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                    await response.prepare(request)
+                    await response.write_eof()
+                    return response
+                if isinstance(behaviour, EmptyStream):
+                    return web.json_response({"id": "chatcmpl-empty", "object": "chat.completion", "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}]})
+                window = self.llama_cpp_window
+                return web.json_response({"error": {
+                    "code": 400, "message": (f"This model's maximum context length is {window} tokens. However, "
+                                             f"your request has {prompt_tokens} tokens. Please reduce the length "
+                                             "of the messages."),
+                    "type": "invalid_request_error", "param": "messages", "code_name": "context_length_exceeded",
+                    "n_prompt_tokens": prompt_tokens, "n_ctx": window}}, status=400)
             if self.context_limit is not None and prompt_tokens > self.context_limit:
                 return web.json_response({"error": {
                     "message": (f"This model's maximum context length is {self.context_limit} tokens. However, your "
@@ -435,7 +467,7 @@ class FakeModel:
                     if text is None:
                         text = self.default_reply(messages)
                 message = {"role": "assistant", "content": text}
-                finish = "stop"
+                finish = behaviour.finish_reason if isinstance(behaviour, Reply) else "stop"
             completion_tokens = len(message.get("content") or "") // 4 + 1
             usage: dict | None = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                   "total_tokens": prompt_tokens + completion_tokens}
