@@ -32,7 +32,8 @@ ANN = FakeTelegram.user(111, "Ann")
 def stored(config, key: str | None = None) -> list[tuple[str, str]]:
     """(role, text) of the one routed session (or ``key``'s), as every reader of the store sees it."""
     with state.SessionDB(config.store_target) as db:
-        routes = dict(db.routes.list())
+        # the conversations' routes (the API's ownership records, api:own:, are not chats)
+        routes = {k: s for k, s in db.routes.list() if ":api:own:" not in k}
         if key is None:
             if not routes:
                 return []
