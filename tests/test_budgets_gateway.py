@@ -53,6 +53,7 @@ async def spent_before(gw: Gateway, clock: Clock, tokens: int) -> None:
     """What Ann's earlier calls today came to (as the usage recorder writes it)."""
     day = period_key("day", clock(), gw.config.tzinfo)
     await gw.db.budgets.record_calls([], [("user:ann", day, 0.0, tokens)])
+    await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
 
 
 def to(tg: FakeTelegram, chat_id: int) -> list[str]:
@@ -111,6 +112,7 @@ async def test_a_user_is_told_at_80_and_at_100_percent_and_their_messages_are_ke
         # the operator resets it (what `switchboard budgets reset user:ann` does): the next message
         # is answered together with the held ones
         await gw.db.budgets.reset("user:ann", period_key("day", clock(), gw.config.tzinfo))
+        await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
         tg.dm(ANN, "after the reset")
         await tg.wait_for(lambda: len(to(tg, 111)) == 3, what="the answer")
         assert to(tg, 111)[-1].startswith("echo: after the reset")
@@ -165,6 +167,7 @@ async def test_a_local_api_request_over_budget_gets_429_saying_when_and_is_store
         try:
             month = period_key("month", clock(), gw.config.tzinfo)
             await gw.db.budgets.record_calls([], [("platform:api", month, 1.5, 0)])
+            await gw.services.budgets.refresh()
             status, text = await api.failure("k", "anything left?")
             assert status == 429
             assert text.startswith("The api platform's monthly budget is used up; it resets on ")
@@ -189,6 +192,7 @@ async def test_a_tool_loop_call_past_the_budget_is_refused_and_the_message_kept_
         key = "agent:main:telegram:dm:111"
         await eventually(lambda: gw.router.held_back(key) == 1 and not gw.router.working_on(key), 10, "held")
         await gw.db.budgets.reset("user:ann", period_key("day", clock(), gw.config.tzinfo))
+        await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
         tg.dm(ANN, "and now?")
         await tg.wait_for(lambda: to(tg, 111)[-1].startswith("echo: "), what="the answer")
         seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
