@@ -9,10 +9,13 @@ What was spent before the test is put in the budgets' roll-up as the daemon's ow
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
 from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 from click.testing import CliRunner
 
 from gateway.budgets import period_key
@@ -213,3 +216,32 @@ async def test_held_messages_are_answered_by_themselves_once_the_budget_resets(t
         await tg.wait_for(lambda: len(to(tg, 111)) == 2, what="the answer after midnight", timeout=15)
         assert to(tg, 111)[1].startswith("echo: just before midnight")
         assert len(model.requests) == 1
+
+
+@pytest.mark.parametrize("change", [["set", "user:ann", "--tokens", "100000"],
+                                    ["set", "user:ann", "--off", "--kind", "tokens"],
+                                    ["reset", "user:ann"]], ids=["raised", "off", "reset"])
+async def test_held_messages_are_answered_within_10_s_of_a_budget_change_without_writing_again(tmp_path, change):
+    """`switchboard budgets set|reset` from another process (the CLI on the same store): the held DM is
+    answered by itself, and the dashboard's page shows the rule the gate now uses."""
+    clock = Clock()
+    async with telegram_gateway(tmp_path, clock, ui={"enabled": True}) as (tg, model, gw):
+        await spent_before(gw, clock, LIMIT)
+        tg.dm(ANN, "held until the change")
+        await tg.wait_for(lambda: len(to(tg, 111)) == 1, what="the budget line")
+        assert to(tg, 111)[0].startswith("Your daily budget is used up; it resets ")
+        key = "agent:main:telegram:dm:111"
+        await eventually(lambda: gw.router.held_back(key) == 1 and not gw.router.working_on(key), 10, "held")
+        config = tmp_path / "cli.yaml"  # what the operator's CLI reads: the same home and identities
+        config.write_text(json.dumps({"home": str(tmp_path / "home"), "identities": {"ann": ["telegram:111"]},
+                                      "budgets": {"rules": [{"scope": "user:ann", "period": "day", "tokens": LIMIT}]}}))
+        result = await asyncio.to_thread(CliRunner().invoke, main, ["budgets", *change, "--config", str(config)])
+        assert result.exit_code == 0, result.output
+        changed_at = asyncio.get_running_loop().time()
+        await tg.wait_for(lambda: len(to(tg, 111)) == 2, what="the held message answered", timeout=12)
+        took = asyncio.get_running_loop().time() - changed_at
+        assert to(tg, 111)[1].startswith("echo: held until the change")
+        assert took <= 10, f"answered {took:.1f} s after the change"
+        rules = {s.rule.name: s.rule.limit for s in await gw.services.budgets.listing()}
+    expected = {"set": {"user:ann/day/tokens": 100_000.0}, "reset": {"user:ann/day/tokens": float(LIMIT)}}
+    assert rules == expected.get(change[0] if "--off" not in change else "off", {}), "the rules the gate uses"

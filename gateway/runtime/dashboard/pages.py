@@ -273,6 +273,7 @@ class Pages:
             return await self.budgets(request, status=404, error=f"no budget rule is named {name!r}: nothing reset")
         period = period_key(rule.period, time.time(), self.src.tz)
         await self.src.db.budgets.reset(rule.scope, period)
+        await self.src.budgets.refresh()  # this instance at once; the others within their refresh
         log.info("dashboard: budget spend of %s in %s reset", rule.scope, period)
         return redirect("/ui/budgets?" + urlencode({"done": f"{rule.scope}: spent in {period[2:]} reset"}))
 
