@@ -47,9 +47,11 @@ from gateway.budgets import (
     Verdict,
     call_scopes,
     decide,
+    ledger_filters,
     merged_rules,
     period_end,
     period_key,
+    period_start,
     refusal_line,
     spend_of,
     states_of,
@@ -525,6 +527,17 @@ class BudgetGate:
         except Exception as exc:  # noqa: BLE001 - not telling twice is best effort
             log.warning("budget %s: could not record the notice to %s: %s", state.rule.name, target, exc)
             return True
+
+    async def deleted_share(self, state: RuleState, now: float | None = None) -> float:
+        """How much of ``state``'s spend (in its rule's kind) the usage ledger no longer lists: the calls
+        of sessions deleted (or pruned) since.  A budget keeps them (the money was spent); insights,
+        which reads the ledger, does not: this is the difference between the two."""
+        now = self.clock() if now is None else now
+        rule = state.rule
+        cost, tokens = await self.db.budgets.ledger_spent(ledger_filters(rule.scope, self.settings.owners),
+                                                          period_start(rule.period, now, self.settings.tz),
+                                                          period_end(rule.period, now, self.settings.tz))
+        return max(0.0, state.used - (cost if rule.kind == "cost" else tokens))
 
     async def listing(self, now: float | None = None) -> list[RuleState]:
         """Every rule with what its scope spent this period (the CLI, the dashboard)."""

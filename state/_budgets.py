@@ -185,6 +185,23 @@ def spent_in(conn: sqlite3.Connection, pairs: list[tuple[str, str]]) -> dict[tup
     return found
 
 
+def ledger_spent(conn: sqlite3.Connection, filters: list[tuple[str | None, str | None, str | None]], since: float,
+                 until: float) -> tuple[float, int]:
+    """(cost, tokens) of the usage ledger's rows from ``since`` to before ``until`` that match any of
+    ``filters`` ((platform, user_id, chat_id), None: any): what the ledger still holds of a scope's spend."""
+    clauses: list[str] = []
+    params: list = [since, until]
+    for platform, user_id, chat_id in filters:
+        parts = [f"{column} = ?" for column, value in (("platform", platform), ("user_id", user_id),
+                                                     ("chat_id", chat_id)) if value is not None]
+        clauses.append(" AND ".join(parts) or "1 = 1")
+        params += [value for value in (platform, user_id, chat_id) if value is not None]
+    where = " OR ".join(f"({c})" for c in clauses) or "1 = 0"
+    cost, tokens = conn.execute("SELECT COALESCE(SUM(cost), 0.0), COALESCE(SUM(prompt_tokens + completion_tokens), 0) "
+                                f"FROM model_calls WHERE at >= ? AND at < ? AND ({where})", params).fetchone()
+    return float(cost), int(tokens)
+
+
 def reset_spend(conn: sqlite3.Connection, scope: str, period: str, now: float | None = None) -> bool:
     """Forget what ``scope`` spent in ``period`` (the ledger keeps its rows); whether there was any.
     The period's notices go too, so the next 80 % is told again; the reset is marked (``budget_resets``)
@@ -280,6 +297,12 @@ class Budgets(Repository):
     def spent_in(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[float, int]]:
         """(cost, tokens) spent per (scope, period) pair asked for; a pair that spent nothing is absent."""
         return self._engine.read(spent_in, list(pairs))
+
+    @reads
+    def ledger_spent(self, filters: list[tuple[str | None, str | None, str | None]], since: float,
+                     until: float) -> tuple[float, int]:
+        """(cost, tokens) the usage ledger still holds of a scope's spend (see :func:`ledger_spent`)."""
+        return self._engine.read(ledger_spent, [tuple(f) for f in filters], since, until)
 
     @writes
     def reset(self, scope: str, period: str, *, now: float | None = None) -> bool:
