@@ -188,7 +188,9 @@ class BudgetGate:
             self._resets_since = max(self._resets_since, at)
         for key in [key for key, at in self._used.items() if started - at >= ACTIVE_SECONDS]:
             del self._used[key]
-        keys = set(self._used) | {(scope, period) for scope, period, _ in resets}
+        # on a shared store the others' calls: the scopes in use every round; alone, this instance wrote all
+        # the rest (but a reset, or another process's call, which the sweep every SWEEP_SECONDS reads)
+        keys = (set(self._used) if self.shared else set()) | {(scope, period) for scope, period, _ in resets}
         if every_spend or not self._loaded or changed:
             now = self.clock()
             current = {(rule.scope, self._period(rule.period, now)[0]) for rule in self.rules()}

@@ -112,15 +112,17 @@ async def test_a_user_is_told_at_80_and_at_100_percent_and_their_messages_are_ke
         assert 'switchboard_budget_exhausted_total{scope="user"} 1.0' in metrics
         assert 'switchboard_budget_notices_total{scope="user"} 1.0' in metrics
 
-        # the operator resets it (what `switchboard budgets reset user:ann` does): the next message
-        # is answered together with the held ones
+        # the operator resets it (what `switchboard budgets reset user:ann` does): the held messages are
+        # answered together, without Ann writing again
         await gw.db.budgets.reset("user:ann", period_key("day", clock(), gw.config.tzinfo))
         await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
-        tg.dm(ANN, "after the reset")
-        await tg.wait_for(lambda: len(to(tg, 111)) == 3, what="the answer")
-        assert to(tg, 111)[-1].startswith("echo: after the reset")
+        await tg.wait_for(lambda: len(to(tg, 111)) == 3, what="the held messages answered")
+        assert to(tg, 111)[-1].startswith("echo: over budget two")
         seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
-        assert seen[-3:] == ["over budget one", "over budget two", "after the reset"]
+        assert seen[-2:] == ["over budget one", "over budget two"]
+        tg.dm(ANN, "after the reset")
+        await tg.wait_for(lambda: len(to(tg, 111)) == 4, what="the answer")
+        assert to(tg, 111)[-1].startswith("echo: after the reset")
         assert len(to(tg, OPERATOR_CHAT)) == 1, "the operator was told once"
 
 
@@ -196,10 +198,9 @@ async def test_a_tool_loop_call_past_the_budget_is_refused_and_the_message_kept_
         await eventually(lambda: gw.router.held_back(key) == 1 and not gw.router.working_on(key), 10, "held")
         await gw.db.budgets.reset("user:ann", period_key("day", clock(), gw.config.tzinfo))
         await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
-        tg.dm(ANN, "and now?")
-        await tg.wait_for(lambda: to(tg, 111)[-1].startswith("echo: "), what="the answer")
+        await tg.wait_for(lambda: to(tg, 111)[-1].startswith("echo: "), what="the held message answered by itself")
         seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
-        assert seen[-2:] == ["what did we say about Lyon?", "and now?"]
+        assert seen[-1] == "what did we say about Lyon?"
 
 
 async def test_held_messages_are_answered_by_themselves_once_the_budget_resets(tmp_path):
