@@ -246,3 +246,27 @@ async def test_held_messages_are_answered_within_10_s_of_a_budget_change_without
         rules = {s.rule.name: s.rule.limit for s in await gw.services.budgets.listing()}
     expected = {"set": {"user:ann/day/tokens": 100_000.0}, "reset": {"user:ann/day/tokens": float(LIMIT)}}
     assert rules == expected.get(change[0] if "--off" not in change else "off", {}), "the rules the gate uses"
+
+
+async def test_a_local_api_caller_is_told_at_80_percent_in_the_notice_header(tmp_path):
+    clock = Clock()
+    async with FakeModel() as model, running_gateway(
+            tmp_path / "home", model, clock=clock,
+            budgets={"rules": [{"scope": "platform:api", "period": "day", "tokens": LIMIT}]}) as gw:
+        api = ApiClient(gw)
+        try:
+            day = period_key("day", clock(), gw.config.tzinfo)
+            await gw.db.budgets.record_calls([], [("platform:api", day, 0.0, int(LIMIT * 0.9))])
+            await gw.services.budgets.refresh()
+            raw = await api.client.chat.completions.with_raw_response.create(
+                model="switchboard", messages=[{"role": "user", "content": "how much is left?"}],
+                extra_headers={"X-Session-Key": "k"})
+            again = await api.client.chat.completions.with_raw_response.create(
+                model="switchboard", messages=[{"role": "user", "content": "and now?"}],
+                extra_headers={"X-Session-Key": "k"})
+        finally:
+            await api.close()
+    assert raw.headers["X-Switchboard-Notice"].startswith(
+        "Note: 90% of the api platform's daily budget is used (9,000 tokens of 10,000 tokens)")
+    assert raw.parse().choices[0].message.content.startswith("echo: how much is left?"), "the notice is not the answer"
+    assert "X-Switchboard-Notice" not in again.headers, "told once a period"
