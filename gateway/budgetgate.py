@@ -3,27 +3,35 @@
 :class:`gateway.model.ModelClient` calls :meth:`BudgetGate.admit` before each call (turns, tool
 loops, compression, recall, memory flushes, fact extraction, cron): the call's scopes
 (:func:`gateway.budgets.call_scopes`: a call without a user, such as a compression, is the user's
-whose session it is) and the rules on them are looked up in memory, what those scopes spent this
-period is read from the store's roll-up (``db.budgets.spent``: one read down its key, never the
-ledger), and :func:`gateway.budgets.decide` says whether the call goes ahead and with what
-``max_tokens``.  A refused call raises :class:`gateway.errors.BudgetExceeded` and is not made.
+whose session it is) and the rules on them are looked up in memory, and so is what those scopes
+spent this period: the gate keeps the store's roll-up (``db.budgets``) of its rules' scopes in
+memory, read at its first refresh, written through when the usage recorder's batch is written
+(:meth:`written`), and read again by its refresher (:data:`REFRESH_SECONDS`: the resets and the
+rules, and on a shared store the scopes in use; every :data:`SWEEP_SECONDS` all of them), so a
+check makes no store read.  :func:`gateway.budgets.decide` says whether the call goes ahead and
+with what ``max_tokens``.  A refused call raises :class:`gateway.errors.BudgetExceeded` and is not
+made.
 
-What this instance spent but the store does not hold yet counts too: a call made is added in
-memory until the usage recorder's batch is written (:meth:`spends` / :meth:`written`), and a call
-admitted and still running holds back its prompt and up to :data:`ANSWER_HELD_TOKENS` of its
-answer (at the model's price).  Not its whole cap: that is all that is left, and holding it would
-stop every other call of a shared budget until it ended.  When all that is left is held by running
-calls, the next call waits for one of them to end (up to :data:`WAIT_SECONDS`) instead of being told
-the budget is used up.  The recorder writes the ledger's row and the budgets' roll-up in one
-transaction, so on PostgreSQL what one instance spent is seen by the others once written: several
-instances together overshoot a budget by at most one call each (each may admit one call the others'
-running calls would have refused), plus, within an instance, what its calls running side by side
-answer beyond the tokens each held back.
+What this instance spent but the store does not hold yet counts too (:meth:`spends` /
+:meth:`written`), and a call admitted and still running holds back its prompt and up to
+:data:`ANSWER_HELD_TOKENS` of its answer (at the model's price).  Not its whole cap: that is all that
+is left, and holding it would stop every other call of a shared budget until it ended.  When all that
+is left is held by running calls, the next call waits for one of them to end (up to
+:data:`WAIT_SECONDS`) instead of being told the budget is used up.
+
+On a shared store (PostgreSQL, several instances) what is held is a reservation in the store: the
+call is admitted in one transaction (``db.budgets.admit``) that locks its scopes' spend rows, reads
+what every instance spent and still reserves, decides, and writes the reservation; the usage
+recorder deletes it in the transaction that writes the call's ledger row and spends.  A call is
+always counted, as reserved or as spent, by every instance; several instances together overshoot a
+budget by at most one call each (what an admitted call answers beyond what it held back).
 
 The router asks :meth:`check` before a turn (the user is told at 80 % and at 100 %, once per rule and
 period: ``db.budgets.claim_notice``), and the operator is told once in ``budgets.notify`` when a
-budget is used up, and in the log and ``/metrics``.  Rules set with ``switchboard budgets set`` are
-read from the store at start and every :data:`REFRESH_SECONDS`.
+budget is used up, and in the log and ``/metrics``.  Rules set and spends reset with ``switchboard
+budgets`` are read at start and every :data:`REFRESH_SECONDS` (and before a decision when the last
+read is :data:`STALE_SECONDS` old); a refresh that finds one wakes the messages a budget held
+(:meth:`changed`).
 """
 
 from __future__ import annotations
