@@ -408,7 +408,12 @@ class BudgetGate:
             said: dict[str, Any] = {}
 
             judge = functools.partial(_judge, rules, periods, keys, prompt, price, asked_max_tokens, said)
-            spent, _, ids = await self.db.budgets.admit(list(keys), judge, now=now)
+            admitting = asyncio.ensure_future(self.db.budgets.admit(list(keys), judge, now=now))
+            try:  # a caller cancelled meanwhile (/stop) leaves no reservation behind
+                spent, _, ids = await asyncio.shield(admitting)
+            except asyncio.CancelledError:
+                admitting.add_done_callback(self._drop_reservations)
+                raise
             self._learned(spent, keys)
             verdict = said["verdict"]
             if verdict.refused is None:
@@ -447,6 +452,14 @@ class BudgetGate:
                 spawn(self._release_quietly(ids), name="budgets:release")
         released, self._released = self._released, asyncio.Event()
         released.set()
+
+    def _drop_reservations(self, admitting: asyncio.Future) -> None:
+        """The reservations of an admission whose caller went away before it was made: deleted."""
+        if admitting.cancelled() or admitting.exception() is not None:
+            return
+        ids = admitting.result()[2]
+        if ids:
+            spawn(self._release_quietly(list(ids)), name="budgets:release")
 
     def releasing(self) -> list[int]:
         """The reservations to delete with the ledger rows the usage recorder writes next (taken)."""
