@@ -19,7 +19,7 @@ from state import AsyncSessionDB
 from tests.fakes.model_server import FakeModel
 
 LIMIT = 1_500
-BURSTS = 6
+BURSTS = 10
 CALLS = 30  # at once in each burst, spread over the instances
 INSTANCES = 3
 
