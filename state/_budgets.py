@@ -144,23 +144,28 @@ def admit(conn: Any, keys: list[tuple[str, str]], judge: Judge, *, now: float) -
     keys = sorted(set(keys))
     if not keys:
         return {}, {}, []
-    conn.executemany("INSERT INTO budget_spend (scope, period, cost, tokens, calls) VALUES (?, ?, 0, 0, 0) "
-                     "ON CONFLICT (scope, period) DO NOTHING", keys)
+    # one statement: each key's row made if new and locked (the upsert's no-op update takes the row's
+    # lock, in key order, and waits for an admission holding it), and what it holds returned
+    params = [part for key in keys for part in key]
+    rows = conn.execute("INSERT INTO budget_spend (scope, period, cost, tokens, calls) VALUES "
+                        f"{', '.join('(?, ?, 0, 0, 0)' for _ in keys)} ON CONFLICT (scope, period) "
+                        "DO UPDATE SET calls = budget_spend.calls RETURNING scope, period, cost, tokens",
+                        params).fetchall()
+    spent = {(s, p): (float(c), int(t)) for s, p, c, t in rows}
     scopes, periods = sorted({s for s, _ in keys}), sorted({p for _, p in keys})
-    where = f"scope IN ({', '.join('?' * len(scopes))}) AND period IN ({', '.join('?' * len(periods))})"
-    rows = conn.execute(f"SELECT scope, period, cost, tokens FROM budget_spend WHERE {where} "
-                        f"ORDER BY scope, period{dialect_of(conn).lock_rows}", [*scopes, *periods]).fetchall()
     wanted = set(keys)
-    spent = {(s, p): (float(c), int(t)) for s, p, c, t in rows if (s, p) in wanted}
     reserved = {(s, p): (float(c), int(t)) for s, p, c, t in conn.execute(
-        f"SELECT scope, period, SUM(cost), SUM(tokens) FROM budget_reservations WHERE {where} AND at >= ? "
+        f"SELECT scope, period, SUM(cost), SUM(tokens) FROM budget_reservations WHERE scope IN "
+        f"({', '.join('?' * len(scopes))}) AND period IN ({', '.join('?' * len(periods))}) AND at >= ? "
         "GROUP BY scope, period", [*scopes, *periods, now - RESERVATION_SECONDS]).fetchall() if (s, p) in wanted}
     holds = judge(spent, reserved)
     if not holds:
         return spent, reserved, []
-    ids = dialect_of(conn).insert_ids(
-        conn, "INSERT INTO budget_reservations (scope, period, cost, tokens, at) VALUES (?, ?, ?, ?, ?)",
-        [[scope, period, cost, tokens, now] for (scope, period), (cost, tokens) in sorted(holds.items())])
+    held = sorted(holds.items())
+    ids = [int(row[0]) for row in conn.execute(
+        "INSERT INTO budget_reservations (scope, period, cost, tokens, at) VALUES "
+        f"{', '.join('(?, ?, ?, ?, ?)' for _ in held)} RETURNING id",
+        [part for (scope, period), (cost, tokens) in held for part in (scope, period, cost, tokens, now)]).fetchall()]
     return spent, reserved, ids
 
 
