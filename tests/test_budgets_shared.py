@@ -7,6 +7,7 @@ the daemon's) and model client, as three daemons would have, against one fake mo
 from __future__ import annotations
 
 import asyncio
+import time
 
 import psycopg
 
@@ -79,3 +80,42 @@ async def test_three_instances_on_one_postgresql_overshoot_a_shared_budget_by_at
                 await db.close()
     print(f"\n{INSTANCES} instances, {CALLS} calls a burst, limit {LIMIT}: admitted {admitted}, "
           f"overshoot per burst {overshoots} tokens")
+
+
+async def test_a_rule_raised_or_a_spend_reset_elsewhere_reaches_every_instance_within_10_seconds(pg_url):
+    """What `switchboard budgets set` and `reset` write (from another process) is what each instance's
+    next check uses within 10 s, read before the decision, with no call of its own to trigger it."""
+    async with FakeModel() as model:
+        rules = [Rule("user:api:ann", "day", "tokens", 100)]
+        instances = [await _instance(pg_url, model, rules) for _ in range(2)]
+        ctx = CallContext("turn", None, "api", "ann", "ann")
+        loop = asyncio.get_running_loop()
+        try:
+            db, gate = instances[0][0], instances[0][1]
+            day = period_key("day", gate.clock(), gate.settings.tz)
+            await db.budgets.record_calls([], [("user:api:ann", day, 0.0, 100)])  # another instance's calls
+            checks = [inst[1] for inst in instances]
+
+            async def allowed_everywhere() -> bool:
+                return all([(await g.check(ctx)).allowed for g in checks])
+
+            await db.budgets.set_rule("user:api:ann/day/tokens", "user:api:ann", "day", "tokens", 1_000,
+                                      now=time.time())
+            started = loop.time()
+            while not await allowed_everywhere():
+                assert loop.time() - started <= 10, "the raised rule reached every instance within 10 s"
+                await asyncio.sleep(0.2)
+            await db.budgets.record_calls([], [("user:api:ann", day, 0.0, 1_000)])
+            for g in checks:
+                await g.refresh()
+            assert not any([(await g.check(ctx)).allowed for g in checks])
+            await db.budgets.reset("user:api:ann", day)
+            started = loop.time()
+            while not await allowed_everywhere():
+                assert loop.time() - started <= 10, "the reset reached every instance within 10 s"
+                await asyncio.sleep(0.2)
+        finally:
+            for db, gate, _, client in instances:
+                await client.close()
+                await gate.close()
+                await db.close()
