@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 from zoneinfo import ZoneInfo
 
-__all__ = ["NOTICE_AT", "Allowance", "Price", "Rule", "RuleState", "Verdict", "call_scopes", "decide", "left_line",
-           "merged_rules", "notice_line", "period_end", "period_key", "refusal_line", "rule_name", "spend_of",
-           "states_of"]
+__all__ = ["NOTICE_AT", "Allowance", "Price", "Rule", "RuleState", "Verdict", "call_scopes", "decide", "ledger_filters",
+           "left_line", "merged_rules", "notice_line", "period_end", "period_key", "period_start", "refusal_line",
+           "rule_name", "spend_of", "states_of"]
 
 Period = Literal["day", "month"]
 Kind = Literal["cost", "tokens"]
@@ -118,6 +118,35 @@ def period_key(period: str, at: float, tz: ZoneInfo) -> str:
     """The period ``at`` falls in, in ``tz``: ``d:YYYY-MM-DD`` or ``m:YYYY-MM``."""
     local = dt.datetime.fromtimestamp(at, tz)
     return f"d:{local:%Y-%m-%d}" if period == "day" else f"m:{local:%Y-%m}"
+
+
+def period_start(period: str, at: float, tz: ZoneInfo) -> float:
+    """When the period ``at`` falls in began: that local midnight, or the first of the month."""
+    local = dt.datetime.fromtimestamp(at, tz).date()
+    first = local if period == "day" else local.replace(day=1)
+    return dt.datetime(first.year, first.month, first.day, tzinfo=tz).timestamp()
+
+
+def ledger_filters(scope: str, owners: Mapping[str, str]) -> list[tuple[str | None, str | None, str | None]]:
+    """The usage ledger's rows a scope's spend is made of, as (platform, user_id, chat_id) filters (None:
+    any), any of which a row matches: ``gateway`` every row; a user its accounts (an identity's linked
+    ones, ``owners`` mapping ``platform:user_id`` to it); a cron job platform ``cron`` and its id."""
+    kind, _, rest = scope.partition(":")
+    if kind == "gateway":
+        return [(None, None, None)]
+    if kind == "platform":
+        return [(rest, None, None)]
+    if kind == "cron":
+        return [("cron", rest, None)]
+    if kind == "chat":
+        platform, _, chat = rest.partition(":")
+        return [(platform, None, chat)]
+    accounts = [account for account, name in owners.items() if name == rest] or [rest]
+    out: list[tuple[str | None, str | None, str | None]] = []
+    for account in accounts:
+        platform, _, user_id = account.partition(":")
+        out.append((platform, user_id, None))
+    return out
 
 
 def period_end(period: str, at: float, tz: ZoneInfo) -> float:

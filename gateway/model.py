@@ -571,6 +571,9 @@ class ModelClient:
             if completion is not None and completion.reported:
                 prompt_tokens, completion_tokens, estimated = completion.prompt_tokens, completion.completion_tokens, False
                 cached, written = completion.cached_tokens, completion.cache_write_tokens
+            elif completion is None and failure is not None and not _reached_model(failure):
+                prompt_tokens = completion_tokens = 0  # refused, never sent, or an error answer: costs nothing
+                estimated = False
             else:  # nothing reported (or a failure): what the prompt and the answer so far come to
                 partial = failure.partial if isinstance(failure, AnswerCutOff) else ""
                 answer = completion.message if completion is not None else {"role": "assistant", "content": partial}
@@ -809,6 +812,35 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, openai.APIConnectionError):
         return "connection failed"
     return type(exc).__name__
+
+
+def _reached_model(failure: BaseException) -> bool:
+    """Whether a failed call may have cost tokens: it was sent and the model may have read it (an answer
+    cut off, a read that timed out, a call cancelled on its way), so the prompt is counted.  Not a
+    refused or failed connection, a timeout before the request was sent, nor an HTTP error answer (a
+    429, a 5xx, a 4xx refusal: the endpoint reports no usage with one, and the model did not answer)."""
+    if isinstance(failure, AnswerCutOff):
+        return True
+    cause = failure.__cause__
+    if isinstance(cause, openai.APIStatusError):
+        return False
+    if isinstance(cause, openai.APIConnectionError):
+        if _connect_error(cause) is not None or not isinstance(cause, openai.APITimeoutError):
+            return False
+        return not _timed_out_connecting(cause)
+    return True
+
+
+def _timed_out_connecting(exc: BaseException) -> bool:
+    """Whether a timeout came before the request was sent (connecting, or waiting for a pooled connection)."""
+    cause: BaseException | None = exc
+    for _ in range(8):
+        if cause is None:
+            return False
+        if type(cause).__name__ in ("ConnectTimeout", "PoolTimeout", "ConnectionTimeoutError"):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _connect_error(exc: BaseException) -> OSError | None:

@@ -1249,6 +1249,7 @@ class SessionRouter:
                 if await gate.first_time(near, "80", lane.key):
                     if self.metrics:
                         self.metrics.budget_notices.labels(near.rule.scope.partition(":")[0]).inc()
+                    batch[-1].notices.append(notice_line(near))  # a local-API caller's X-Switchboard-Notice
                     await self.deliver(msg.chat, notice_line(near), None)
             if verdict.refused is None:
                 return False
@@ -1276,7 +1277,11 @@ class SessionRouter:
             return
 
         async def wake() -> None:
-            await asyncio.sleep(max(0.0, at - self.clock()) + 1.0)
+            wait = max(0.0, at - self.clock()) + 1.0
+            if self.budgets is not None:  # or sooner: a rule raised or turned off, a spend reset (looked at again)
+                await self.budgets.changed(wait)
+            else:
+                await asyncio.sleep(wait)
             if lane.held and not self._closing:
                 lane.queue.append(("chat", lane.held.pop(), None))  # the rest of lane.held joins it
                 self._wake(lane)

@@ -32,11 +32,17 @@ Outcome = Literal["ok", "retried", "failed"]
 
 class Spends(Protocol):
     """What the recorder needs of the budgets (:class:`gateway.budgetgate.BudgetGate`): a row's spends,
-    held in memory until they are written."""
+    held in memory until they are written; the reservations (shared store) to delete with them; and
+    a hook it sets, called when there are reservations to delete."""
+
+    on_release: Callable[[], None] | None
 
     def spends(self, row: dict, scopes: tuple[str, ...]) -> list[tuple[str, str, float, int]]: ...
 
-    def written(self, spends: list[tuple[str, str, float, int]]) -> None: ...
+    def releasing(self) -> list[int]: ...
+
+    def written(self, spends: list[tuple[str, str, float, int]], ok: bool = True,
+                released: list[int] | None = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,9 @@ class UsageRecorder:
         self._spends: list[tuple[str, str, float, int]] = []
         self._writer: asyncio.Task | None = None
         self._now = asyncio.Event()  # set by drain(): write what is queued without waiting
+        self._releases = False  # a call ended whose reservations go with the next batch
+        if budgets is not None:
+            budgets.on_release = self._released
 
     def row(self, call: ModelCall) -> dict:
         price = price_of(self.pricing, call.model)
@@ -147,6 +156,14 @@ class UsageRecorder:
         self._queue.append(row)
         if self.budgets is not None:
             self._spends += self.budgets.spends(row, call.budget_scopes)
+        self._start()
+
+    def _released(self) -> None:
+        """A call admitted on a shared store ended: its reservations go with the next batch (its rows')."""
+        self._releases = True
+        self._start()
+
+    def _start(self) -> None:
         if self._writer is None or self._writer.done():
             self._writer = spawn(self._write(), name="usage:write")
 
@@ -155,20 +172,25 @@ class UsageRecorder:
             await asyncio.wait_for(self._now.wait(), self.batch_seconds)
         except asyncio.TimeoutError:
             pass
-        while self._queue:
+        while self._queue or self._releases:
             rows, self._queue = self._queue, []
             spends, self._spends = self._spends, []
+            self._releases = False
+            released = self.budgets.releasing() if self.budgets is not None else []
+            ok = False
             try:
                 if self.budgets is None:
                     await self.db.usage.record_calls(rows)
                 else:  # the ledger and the budgets' roll-up together: a budget never misses a recorded call
-                    await self.db.budgets.record_calls(rows, spends)
+                    await self.db.budgets.record_calls(rows, spends, released)
+                ok = True
             except Exception as exc:  # noqa: BLE001 - the ledger never fails a turn: logged, the rows are lost
-                log.warning("usage ledger: %d model call(s) not recorded (%s, first: the %s call to %s): %s",
-                            len(rows), type(exc).__name__, rows[0]["purpose"], rows[0]["model"], exc)
+                first = f", first: the {rows[0]['purpose']} call to {rows[0]['model']}" if rows else ""
+                log.warning("usage ledger: %d model call(s) not recorded (%s%s): %s",
+                            len(rows), type(exc).__name__, first, exc)
             finally:
                 if self.budgets is not None:
-                    self.budgets.written(spends)
+                    self.budgets.written(spends, ok, released)
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Wait for the rows still being written (at shutdown, before the store closes)."""

@@ -6,6 +6,11 @@
     budget_rules    rules set with ``switchboard budgets set`` (they override the config's of the
                     same name until set again)
     budget_notices  (rule, period, level, target): who was told what, once per period
+    budget_reservations  what admitted calls still running (or not yet in the ledger) hold back,
+                    per (scope, period): written in the transaction that admits a call on a shared
+                    store (PostgreSQL), deleted in the one that writes its ledger row
+    budget_resets   (scope, period) -> when ``switchboard budgets reset`` last forgot its spend: how
+                    every instance learns of a reset it did not make
 
 Why a roll-up of its own: the ledger's (``state._usage``) are per UTC day and per account, while a
 budget runs over a day or month in the configured timezone and over an identity's linked accounts.
@@ -17,7 +22,8 @@ transaction, so a check that reads :func:`spent` sees every call the ledger hold
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Iterable
+import time
+from typing import Any, Callable, Iterable
 
 from . import _usage
 from ._dialect import dialect_of
@@ -52,6 +58,29 @@ TABLES = (
     ){WITHOUT_ROWID}""",
 )
 
+#: Schema v31, both engines: the reservations of calls admitted on a shared store, and the resets.
+TABLES_V31 = (
+    """CREATE TABLE IF NOT EXISTS budget_reservations (
+        id {SERIAL},
+        scope TEXT NOT NULL,
+        period TEXT NOT NULL,
+        cost {REAL} NOT NULL,
+        tokens {INTEGER} NOT NULL,
+        at {REAL} NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS idx_budget_reservations_key ON budget_reservations(scope, period)",
+    """CREATE TABLE IF NOT EXISTS budget_resets (
+        scope TEXT NOT NULL,
+        period TEXT NOT NULL,
+        at {REAL} NOT NULL,
+        PRIMARY KEY (scope, period)
+    ){WITHOUT_ROWID}""",
+    "CREATE INDEX IF NOT EXISTS idx_budget_resets_at ON budget_resets(at)",
+)
+
+#: A reservation older than this is a crashed instance's: no longer counted, and pruned.
+RESERVATION_SECONDS = 900.0
+
 #: one spend: (scope, period, cost, tokens)
 Spend = tuple[str, str, float, int]
 
@@ -64,6 +93,11 @@ def create_tables(conn: Any) -> None:
     dialect_of(conn).create(conn, TABLES)
 
 
+def create_v31(conn: Any) -> None:
+    """Schema v31: :data:`TABLES_V31`."""
+    dialect_of(conn).create(conn, TABLES_V31)
+
+
 def add_spends(conn: Any, spends: Iterable[Spend]) -> None:
     """Add spends to the roll-up, summed per (scope, period) first: one upsert per key."""
     summed: dict[tuple[str, str], list] = {}
@@ -72,15 +106,67 @@ def add_spends(conn: Any, spends: Iterable[Spend]) -> None:
         known[0] += cost
         known[1] += tokens
         known[2] += 1
-    if summed:
-        conn.executemany(_ADD, [(scope, period, *sums) for (scope, period), sums in summed.items()])
+    if summed:  # in key order: an admission locks its keys in that order too (no deadlock between them)
+        conn.executemany(_ADD, [(scope, period, *summed[(scope, period)]) for scope, period in sorted(summed)])
 
 
-def record_calls(conn: sqlite3.Connection, rows: list[dict], spends: list[Spend]) -> list[int]:
-    """The ledger's rows (and its roll-ups) and the budgets' spends, in one transaction; the rows' ids."""
+def record_calls(conn: sqlite3.Connection, rows: list[dict], spends: list[Spend],
+                 released: Iterable[int] = ()) -> list[int]:
+    """The ledger's rows (and its roll-ups) and the budgets' spends, in one transaction, with the
+    reservations of the calls they are (``released``) deleted in it: a call counts as reserved until
+    it counts as spent, never as neither; the rows' ids."""
     ids = _usage.record_calls(conn, rows)
     add_spends(conn, spends)
+    release(conn, released)
     return ids
+
+
+def release(conn: Any, ids: Iterable[int]) -> None:
+    """Delete reservations (their calls' spends are written, or the calls were never made)."""
+    ids = list(ids)
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        conn.execute(f"DELETE FROM budget_reservations WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+
+
+#: What :func:`admit` is told of the keys: (spent, reserved), each {(scope, period): (cost, tokens)}; it
+#: answers what to reserve per key ({key: (cost, tokens)}), or None to reserve nothing (refused).
+Judge = Callable[[dict[tuple[str, str], tuple[float, int]], dict[tuple[str, str], tuple[float, int]]],
+                 "dict[tuple[str, str], tuple[float, int]] | None"]
+
+
+def admit(conn: Any, keys: list[tuple[str, str]], judge: Judge, *, now: float) -> tuple[
+        dict[tuple[str, str], tuple[float, int]], dict[tuple[str, str], tuple[float, int]], list[int]]:
+    """One admission on a shared store, in one transaction: the keys' spend rows locked (in key order),
+    what every instance spent and still reserves on them read, ``judge`` asked, and what it says to
+    reserve written before the locks go.  Two instances admitting on one key take turns, and each
+    sees the other's reservation: (spent, reserved, the new reservations' ids)."""
+    keys = sorted(set(keys))
+    if not keys:
+        return {}, {}, []
+    # one statement: each key's row made if new and locked (the upsert's no-op update takes the row's
+    # lock, in key order, and waits for an admission holding it), and what it holds returned
+    params = [part for key in keys for part in key]
+    rows = conn.execute("INSERT INTO budget_spend (scope, period, cost, tokens, calls) VALUES "
+                        f"{', '.join('(?, ?, 0, 0, 0)' for _ in keys)} ON CONFLICT (scope, period) "
+                        "DO UPDATE SET calls = budget_spend.calls RETURNING scope, period, cost, tokens",
+                        params).fetchall()
+    spent = {(s, p): (float(c), int(t)) for s, p, c, t in rows}
+    scopes, periods = sorted({s for s, _ in keys}), sorted({p for _, p in keys})
+    wanted = set(keys)
+    reserved = {(s, p): (float(c), int(t)) for s, p, c, t in conn.execute(
+        f"SELECT scope, period, SUM(cost), SUM(tokens) FROM budget_reservations WHERE scope IN "
+        f"({', '.join('?' * len(scopes))}) AND period IN ({', '.join('?' * len(periods))}) AND at >= ? "
+        "GROUP BY scope, period", [*scopes, *periods, now - RESERVATION_SECONDS]).fetchall() if (s, p) in wanted}
+    holds = judge(spent, reserved)
+    if not holds:
+        return spent, reserved, []
+    held = sorted(holds.items())
+    ids = [int(row[0]) for row in conn.execute(
+        "INSERT INTO budget_reservations (scope, period, cost, tokens, at) VALUES "
+        f"{', '.join('(?, ?, ?, ?, ?)' for _ in held)} RETURNING id",
+        [part for (scope, period), (cost, tokens) in held for part in (scope, period, cost, tokens, now)]).fetchall()]
+    return spent, reserved, ids
 
 
 def spent(conn: sqlite3.Connection, scopes: list[str], periods: list[str]) -> dict[tuple[str, str], tuple[float, int]]:
@@ -104,12 +190,39 @@ def spent_in(conn: sqlite3.Connection, pairs: list[tuple[str, str]]) -> dict[tup
     return found
 
 
-def reset_spend(conn: sqlite3.Connection, scope: str, period: str) -> bool:
+def ledger_spent(conn: sqlite3.Connection, filters: list[tuple[str | None, str | None, str | None]], since: float,
+                 until: float) -> tuple[float, int]:
+    """(cost, tokens) of the usage ledger's rows from ``since`` to before ``until`` that match any of
+    ``filters`` ((platform, user_id, chat_id), None: any): what the ledger still holds of a scope's spend."""
+    clauses: list[str] = []
+    params: list = [since, until]
+    for platform, user_id, chat_id in filters:
+        parts = [f"{column} = ?" for column, value in (("platform", platform), ("user_id", user_id),
+                                                     ("chat_id", chat_id)) if value is not None]
+        clauses.append(" AND ".join(parts) or "1 = 1")
+        params += [value for value in (platform, user_id, chat_id) if value is not None]
+    where = " OR ".join(f"({c})" for c in clauses) or "1 = 0"
+    cost, tokens = conn.execute("SELECT COALESCE(SUM(cost), 0.0), COALESCE(SUM(prompt_tokens + completion_tokens), 0) "
+                                f"FROM model_calls WHERE at >= ? AND at < ? AND ({where})", params).fetchone()
+    return float(cost), int(tokens)
+
+
+def reset_spend(conn: sqlite3.Connection, scope: str, period: str, now: float | None = None) -> bool:
     """Forget what ``scope`` spent in ``period`` (the ledger keeps its rows); whether there was any.
-    The period's notices go too, so the next 80 % is told again."""
+    The period's notices go too, so the next 80 % is told again; the reset is marked (``budget_resets``)
+    for the instances that keep the spends in memory."""
     gone = conn.execute("DELETE FROM budget_spend WHERE scope = ? AND period = ?", (scope, period)).rowcount
     conn.execute("DELETE FROM budget_notices WHERE period = ? AND rule LIKE ?", (period, f"{scope}/%"))
+    conn.execute("INSERT INTO budget_resets (scope, period, at) VALUES (?, ?, ?) "
+                 "ON CONFLICT (scope, period) DO UPDATE SET at = excluded.at",
+                 (scope, period, time.time() if now is None else now))
     return gone > 0
+
+
+def resets_since(conn: sqlite3.Connection, since: float) -> list[tuple[str, str, float]]:
+    """The (scope, period, at) reset after ``since``, oldest first."""
+    return [(s, p, float(a)) for s, p, a in conn.execute(
+        "SELECT scope, period, at FROM budget_resets WHERE at > ? ORDER BY at", (since,)).fetchall()]
 
 
 def set_rule(conn: sqlite3.Connection, name: str, scope: str, period: str, kind: str, amount: float | None, *,
@@ -145,6 +258,9 @@ def prune_spend(conn: sqlite3.Connection, before_day: str, before_month: str) ->
         count = conn.execute(f"DELETE FROM {table} WHERE (period LIKE 'd:%' AND period < ?) "
                              "OR (period LIKE 'm:%' AND period < ?)", (before_day, before_month)).rowcount
         gone += count if table == "budget_spend" else 0
+    conn.execute("DELETE FROM budget_resets WHERE (period LIKE 'd:%' AND period < ?) "
+                 "OR (period LIKE 'm:%' AND period < ?)", (before_day, before_month))
+    conn.execute("DELETE FROM budget_reservations WHERE at < ?", (time.time() - RESERVATION_SECONDS,))
     return gone
 
 
@@ -152,9 +268,30 @@ class Budgets(Repository):
     """``db.budgets``: the spend roll-up per budget scope and period, the rules set from the CLI, notices."""
 
     @writes
-    def record_calls(self, rows: list[dict], spends: list[tuple[str, str, float, int]]) -> list[int]:
-        """Add model calls to the usage ledger and their spends to the budgets', in one transaction."""
-        return self._engine.write(record_calls, [dict(r) for r in rows], list(spends))
+    def record_calls(self, rows: list[dict], spends: list[tuple[str, str, float, int]],
+                     released: list[int] | None = None) -> list[int]:
+        """Add model calls to the usage ledger and their spends to the budgets', and delete the
+        reservations ``released``, in one transaction."""
+        return self._engine.write(record_calls, [dict(r) for r in rows], list(spends), list(released or ()))
+
+    @writes
+    def admit(self, keys: list[tuple[str, str]], judge: Callable[..., Any], *, now: float) -> tuple[
+            dict[tuple[str, str], tuple[float, int]], dict[tuple[str, str], tuple[float, int]], list[int]]:
+        """Decide on a call against what every instance spent and reserves on ``keys``, and reserve
+        what ``judge`` says, in one transaction (see :func:`admit`).  On PostgreSQL at READ COMMITTED
+        with the keys' rows locked: the lock is what orders admissions, not a serialization failure."""
+        run = getattr(self._engine, "write_committed", None) or self._engine.write
+        return run(admit, list(keys), judge, now=now)
+
+    @writes
+    def release(self, ids: list[int]) -> None:
+        """Delete reservations (calls that were never recorded)."""
+        return self._engine.write(release, list(ids))
+
+    @reads
+    def resets(self, since: float) -> list[tuple[str, str, float]]:
+        """The (scope, period, at) reset after ``since``."""
+        return self._engine.read(resets_since, since)
 
     @reads
     def spent(self, scopes: list[str], periods: list[str]) -> dict[tuple[str, str], tuple[float, int]]:
@@ -166,10 +303,16 @@ class Budgets(Repository):
         """(cost, tokens) spent per (scope, period) pair asked for; a pair that spent nothing is absent."""
         return self._engine.read(spent_in, list(pairs))
 
+    @reads
+    def ledger_spent(self, filters: list[tuple[str | None, str | None, str | None]], since: float,
+                     until: float) -> tuple[float, int]:
+        """(cost, tokens) the usage ledger still holds of a scope's spend (see :func:`ledger_spent`)."""
+        return self._engine.read(ledger_spent, [tuple(f) for f in filters], since, until)
+
     @writes
-    def reset(self, scope: str, period: str) -> bool:
+    def reset(self, scope: str, period: str, *, now: float | None = None) -> bool:
         """Forget what ``scope`` spent in ``period``; whether it had spent anything."""
-        return self._engine.write(reset_spend, scope, period)
+        return self._engine.write(reset_spend, scope, period, now)
 
     @writes
     def set_rule(self, name: str, scope: str, period: str, kind: str, amount: float | None, *, now: float) -> None:

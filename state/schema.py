@@ -367,6 +367,13 @@ def _v26_budgets(conn):
     _budgets.create_tables(conn)
 
 
+def _v31_budget_reservations(conn):
+    """Both engines: :data:`state._budgets.TABLES_V31` (the reservations of admitted calls, the resets)."""
+    from . import _budgets
+
+    _budgets.create_v31(conn)
+
+
 def _v27_tool_approvals(conn):
     """Both engines: :data:`state._approvals.TABLES` (tool calls waiting for approval, and their answers)."""
     from . import _approvals
@@ -499,6 +506,8 @@ for _step in [
     Migration(29, "messages.trace_id: the trace of the turn that wrote it", _v29_trace_id, _v29_trace_id),
     Migration(30, "search over the text of messages' files (documents, descriptions, transcripts)",
               _v30_media_search, _v30_media_search),
+    Migration(31, "budgets: reservations of admitted calls (shared across instances), resets",
+              _v31_budget_reservations, _v31_budget_reservations),
 ]:
     register(_step)
 

@@ -6,6 +6,7 @@ page is read through the real daemon's local API, logged in as the dashboard tes
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import re
@@ -19,7 +20,7 @@ import state
 from gateway.budgets import period_key
 from gateway.cli.main import main
 from tests.fakes.model_server import FakeModel
-from tests.harness import running_gateway
+from tests.harness import ApiClient, running_gateway
 from tests.test_dashboard import TOKEN, Browser
 
 CONFIG = """
@@ -133,3 +134,48 @@ def test_config_check_warns_of_a_model_without_a_price_under_a_cost_budget(home)
     assert result.exit_code == 0, result.output
     assert ("budgets: default has no price (pricing) under a cost budget; its calls are counted as free: set "
             "budgets.default_price or pricing") in json.loads(result.output)["warnings"]
+
+
+async def test_a_deleted_sessions_spend_stays_in_the_budget_and_show_and_the_dashboard_say_how_much(tmp_path):
+    """Two chats over the local API; one session deleted: the budget keeps its spend, the usage ledger
+    (and so insights) drops its calls, and `budgets show` and the Budgets page name the difference."""
+    async with FakeModel() as model, running_gateway(
+            tmp_path, model, ui={"enabled": True}, api={"token": TOKEN},
+            budgets={"rules": [{"scope": "gateway", "period": "day", "tokens": 1_000_000}]}) as gw:
+        api = ApiClient(gw)
+        try:
+            await api.say("keep", "a question that stays")
+            await api.say("drop", "a question whose session is deleted " * 20)
+        finally:
+            await api.close()
+        await gw.services.usage.drain()
+        dropped = await gw.db.routes.get("agent:main:api:dm:drop")
+        calls = await gw.db.usage.calls(0)
+        gone = sum(r["prompt_tokens"] + r["completion_tokens"] for r in calls if r["session_id"] == dropped)
+        total = sum(r["prompt_tokens"] + r["completion_tokens"] for r in calls)
+        assert 0 < gone < total
+        deleted = await asyncio.to_thread(CliRunner().invoke, main, ["sessions", "delete", dropped, "--yes",
+                                                                     "--home", str(tmp_path)])
+        assert deleted.exit_code == 0, deleted.output
+        shown = await asyncio.to_thread(CliRunner().invoke, main, ["budgets", "show", "gateway", "--home", str(tmp_path)])
+        as_json = await asyncio.to_thread(CliRunner().invoke, main, ["budgets", "show", "gateway", "--json",
+                                                                     "--home", str(tmp_path)])
+        insights = (await gw.db.usage.summary(time.time() - 86_400))["total"]
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/budgets")
+        finally:
+            await browser.close()
+    day = json.loads(as_json.output)["spent"]["day"]
+    assert (day["tokens"], day["deleted_sessions"]["tokens"]) == (total, gone), "the budget keeps it and says whose"
+    assert insights["input_tokens"] + insights["cached_input_tokens"] + insights["output_tokens"] == total - gone
+    assert f"of which cost 0.0000, {gone:,} tokens by sessions deleted since" in " ".join(shown.output.split())
+    [row] = [r for r in _all_cells(body) if r[0] == "gateway/day/tokens"]
+    assert row[4] == f"{total:,}" and row[7] == f"{gone:,}", row
+
+
+def _all_cells(body: str) -> list[list[str]]:
+    rows = [[html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+    return [r for r in rows if r]

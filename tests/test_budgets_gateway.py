@@ -9,10 +9,13 @@ What was spent before the test is put in the budgets' roll-up as the daemon's ow
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
 from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 from click.testing import CliRunner
 
 from gateway.budgets import period_key
@@ -53,6 +56,7 @@ async def spent_before(gw: Gateway, clock: Clock, tokens: int) -> None:
     """What Ann's earlier calls today came to (as the usage recorder writes it)."""
     day = period_key("day", clock(), gw.config.tzinfo)
     await gw.db.budgets.record_calls([], [("user:ann", day, 0.0, tokens)])
+    await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
 
 
 def to(tg: FakeTelegram, chat_id: int) -> list[str]:
@@ -108,14 +112,17 @@ async def test_a_user_is_told_at_80_and_at_100_percent_and_their_messages_are_ke
         assert 'switchboard_budget_exhausted_total{scope="user"} 1.0' in metrics
         assert 'switchboard_budget_notices_total{scope="user"} 1.0' in metrics
 
-        # the operator resets it (what `switchboard budgets reset user:ann` does): the next message
-        # is answered together with the held ones
+        # the operator resets it (what `switchboard budgets reset user:ann` does): the held messages are
+        # answered together, without Ann writing again
         await gw.db.budgets.reset("user:ann", period_key("day", clock(), gw.config.tzinfo))
-        tg.dm(ANN, "after the reset")
-        await tg.wait_for(lambda: len(to(tg, 111)) == 3, what="the answer")
-        assert to(tg, 111)[-1].startswith("echo: after the reset")
+        await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
+        await tg.wait_for(lambda: len(to(tg, 111)) == 3, what="the held messages answered")
+        assert to(tg, 111)[-1].startswith("echo: over budget two")
         seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
-        assert seen[-3:] == ["over budget one", "over budget two", "after the reset"]
+        assert seen[-2:] == ["over budget one", "over budget two"]
+        tg.dm(ANN, "after the reset")
+        await tg.wait_for(lambda: len(to(tg, 111)) == 4, what="the answer")
+        assert to(tg, 111)[-1].startswith("echo: after the reset")
         assert len(to(tg, OPERATOR_CHAT)) == 1, "the operator was told once"
 
 
@@ -165,6 +172,7 @@ async def test_a_local_api_request_over_budget_gets_429_saying_when_and_is_store
         try:
             month = period_key("month", clock(), gw.config.tzinfo)
             await gw.db.budgets.record_calls([], [("platform:api", month, 1.5, 0)])
+            await gw.services.budgets.refresh()
             status, text = await api.failure("k", "anything left?")
             assert status == 429
             assert text.startswith("The api platform's monthly budget is used up; it resets on ")
@@ -189,10 +197,10 @@ async def test_a_tool_loop_call_past_the_budget_is_refused_and_the_message_kept_
         key = "agent:main:telegram:dm:111"
         await eventually(lambda: gw.router.held_back(key) == 1 and not gw.router.working_on(key), 10, "held")
         await gw.db.budgets.reset("user:ann", period_key("day", clock(), gw.config.tzinfo))
-        tg.dm(ANN, "and now?")
-        await tg.wait_for(lambda: to(tg, 111)[-1].startswith("echo: "), what="the answer")
+        await gw.services.budgets.refresh()  # what the gate's refresher reads within two seconds
+        await tg.wait_for(lambda: to(tg, 111)[-1].startswith("echo: "), what="the held message answered by itself")
         seen = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
-        assert seen[-2:] == ["what did we say about Lyon?", "and now?"]
+        assert seen[-1] == "what did we say about Lyon?"
 
 
 async def test_held_messages_are_answered_by_themselves_once_the_budget_resets(tmp_path):
@@ -209,3 +217,56 @@ async def test_held_messages_are_answered_by_themselves_once_the_budget_resets(t
         await tg.wait_for(lambda: len(to(tg, 111)) == 2, what="the answer after midnight", timeout=15)
         assert to(tg, 111)[1].startswith("echo: just before midnight")
         assert len(model.requests) == 1
+
+
+@pytest.mark.parametrize("change", [["set", "user:ann", "--tokens", "100000"],
+                                    ["set", "user:ann", "--off", "--kind", "tokens"],
+                                    ["reset", "user:ann"]], ids=["raised", "off", "reset"])
+async def test_held_messages_are_answered_within_10_s_of_a_budget_change_without_writing_again(tmp_path, change):
+    """`switchboard budgets set|reset` from another process (the CLI on the same store): the held DM is
+    answered by itself, and the dashboard's page shows the rule the gate now uses."""
+    clock = Clock()
+    async with telegram_gateway(tmp_path, clock, ui={"enabled": True}) as (tg, model, gw):
+        await spent_before(gw, clock, LIMIT)
+        tg.dm(ANN, "held until the change")
+        await tg.wait_for(lambda: len(to(tg, 111)) == 1, what="the budget line")
+        assert to(tg, 111)[0].startswith("Your daily budget is used up; it resets ")
+        key = "agent:main:telegram:dm:111"
+        await eventually(lambda: gw.router.held_back(key) == 1 and not gw.router.working_on(key), 10, "held")
+        config = tmp_path / "cli.yaml"  # what the operator's CLI reads: the same home and identities
+        config.write_text(json.dumps({"home": str(tmp_path / "home"), "identities": {"ann": ["telegram:111"]},
+                                      "budgets": {"rules": [{"scope": "user:ann", "period": "day", "tokens": LIMIT}]}}))
+        result = await asyncio.to_thread(CliRunner().invoke, main, ["budgets", *change, "--config", str(config)])
+        assert result.exit_code == 0, result.output
+        changed_at = asyncio.get_running_loop().time()
+        await tg.wait_for(lambda: len(to(tg, 111)) == 2, what="the held message answered", timeout=12)
+        took = asyncio.get_running_loop().time() - changed_at
+        assert to(tg, 111)[1].startswith("echo: held until the change")
+        assert took <= 10, f"answered {took:.1f} s after the change"
+        rules = {s.rule.name: s.rule.limit for s in await gw.services.budgets.listing()}
+    expected = {"set": {"user:ann/day/tokens": 100_000.0}, "reset": {"user:ann/day/tokens": float(LIMIT)}}
+    assert rules == expected.get(change[0] if "--off" not in change else "off", {}), "the rules the gate uses"
+
+
+async def test_a_local_api_caller_is_told_at_80_percent_in_the_notice_header(tmp_path):
+    clock = Clock()
+    async with FakeModel() as model, running_gateway(
+            tmp_path / "home", model, clock=clock,
+            budgets={"rules": [{"scope": "platform:api", "period": "day", "tokens": LIMIT}]}) as gw:
+        api = ApiClient(gw)
+        try:
+            day = period_key("day", clock(), gw.config.tzinfo)
+            await gw.db.budgets.record_calls([], [("platform:api", day, 0.0, int(LIMIT * 0.9))])
+            await gw.services.budgets.refresh()
+            raw = await api.client.chat.completions.with_raw_response.create(
+                model="switchboard", messages=[{"role": "user", "content": "how much is left?"}],
+                extra_headers={"X-Session-Key": "k"})
+            again = await api.client.chat.completions.with_raw_response.create(
+                model="switchboard", messages=[{"role": "user", "content": "and now?"}],
+                extra_headers={"X-Session-Key": "k"})
+        finally:
+            await api.close()
+    assert raw.headers["X-Switchboard-Notice"].startswith(
+        "Note: 90% of the api platform's daily budget is used (9,000 tokens of 10,000 tokens)")
+    assert raw.parse().choices[0].message.content.startswith("echo: how much is left?"), "the notice is not the answer"
+    assert "X-Switchboard-Notice" not in again.headers, "told once a period"

@@ -59,6 +59,9 @@ def _fill_every_table(home: Path) -> Path:
                                   "prompt_tokens": 3, "completion_tokens": 2}], [("user:alice", "d:2026-01-01", 0.5, 5)])
         db.budgets.set_rule("user:alice/day/cost", "user:alice", "day", "cost", 2.0, now=NOW)
         db.budgets.claim_notice("user:alice/day/cost", "d:2026-01-01", "80", "telegram:dm:u1", now=NOW)
+        db.budgets.admit([("user:alice", "d:2026-01-01")], lambda spent, reserved: {("user:alice", "d:2026-01-01"):
+                                                                                   (0.25, 3)}, now=NOW)
+        db.budgets.reset("user:bob", "d:2026-01-01", now=NOW)
         db.approvals.add({"id": "0a1b2c3d", "session_id": "root", "session_key": "telegram:dm:u1",
                           "platform": "telegram", "chat_type": "dm", "chat_id": "c1", "user_id": "u1",
                           "tool": "files__write", "arguments": '{"path":"a"}', "call_hash": "ab" * 32,

@@ -162,7 +162,8 @@ async def test_failed_and_retried_calls_are_recorded_with_their_outcome(tmp_path
     failed, retried = rows
     assert (failed["outcome"], failed["purpose"], failed["attempts"]) == ("failed", "turn", 1)
     assert failed["error"].startswith("ModelAuthRejected")
-    assert failed["estimated"] == 1 and failed["completion_tokens"] == 0  # nothing reported: the prompt estimated
+    # refused with an error answer: the model never ran, so the call costs nothing (no estimate either)
+    assert (failed["estimated"], failed["prompt_tokens"], failed["completion_tokens"]) == (0, 0, 0)
     assert (failed["cost"], failed["price_input"]) == (None, None)  # no pricing: tokens only
     assert (retried["outcome"], retried["attempts"], retried["error"]) == ("retried", 2, None)
     out = insights(tmp_path, "--by", "purpose").output

@@ -22,7 +22,17 @@ from rich.table import Table
 
 import state
 from gateway.budgetgate import settings_from_config
-from gateway.budgets import PERIODS, RuleState, merged_rules, period_key, rule_name, states_of
+from gateway.budgets import (
+    PERIODS,
+    RuleState,
+    ledger_filters,
+    merged_rules,
+    period_end,
+    period_key,
+    period_start,
+    rule_name,
+    states_of,
+)
 from gateway.cli.common import config_or_defaults, console, fail, home_options, json_option, json_out
 from gateway.config import Config, budget_scope_problem
 
@@ -104,14 +114,25 @@ def show_cmd(config_path: Path | None, scope: str, as_json: bool) -> None:
         states = _states(cfg, db, now, scope)
         periods = {p: period_key(p, now, cfg.tzinfo) for p in PERIODS}
         found = db.budgets.spent([scope], list(periods.values()))
-    spent: dict[str, dict] = {p: {"period": key, "cost": found.get((scope, key), (0.0, 0))[0],
-                                  "tokens": found.get((scope, key), (0.0, 0))[1]} for p, key in periods.items()}
+        filters = ledger_filters(scope, settings_from_config(cfg).owners)
+        ledger = {p: db.budgets.ledger_spent(filters, period_start(p, now, cfg.tzinfo), period_end(p, now, cfg.tzinfo))
+                  for p in PERIODS}
+    spent: dict[str, dict] = {}
+    for p, key in periods.items():
+        cost, tokens = found.get((scope, key), (0.0, 0))
+        spent[p] = {"period": key, "cost": cost, "tokens": tokens,
+                    # what the ledger no longer lists: the calls of sessions deleted (or pruned) since
+                    "deleted_sessions": {"cost": max(0.0, cost - ledger[p][0]), "tokens": max(0, tokens - ledger[p][1])}}
     if as_json:
         json_out({"scope": scope, "spent": spent, "rules": [s.as_dict() for s in states]})
         return
     click.echo(f"{scope}")
     for p, row in spent.items():
+        gone = row["deleted_sessions"]
         click.echo(f"  this {p} ({row['period'][2:]}): cost {row['cost']:,.4f}, {row['tokens']:,} tokens")
+        if gone["tokens"] or gone["cost"] > 1e-9:
+            click.echo(f"    of which cost {gone['cost']:,.4f}, {gone['tokens']:,} tokens by sessions deleted since "
+                       "(a budget keeps what was spent; the usage ledger and insights no longer count those calls)")
     if states:
         console().print(_table(states, cfg))
     else:

@@ -566,6 +566,7 @@ class Gateway:
             if services.router.voice is not None:
                 await services.router.voice.close()
             await services.usage.drain()
+            await services.budgets.close()
             try:
                 await services.db.checkpoint("TRUNCATE")
             except state.StateError as exc:

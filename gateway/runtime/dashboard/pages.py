@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 50
 MAX_PAGE = 1_000_000  # 50 million sessions; past it an offset is no page (and no longer fits a database integer)
 SEARCH_LIMIT = 50
+DELETED_SHARE_RULES = 200  # up to this many budget rules, the page says how much is of deleted sessions
 HISTORY_LIMIT = 30
 DEAD_LETTERS_SHOWN = 20
 USAGE_GROUPINGS = ("model", "purpose", "platform", "day", "user", "chat")
@@ -236,10 +237,14 @@ class Pages:
         rules come from the config or ``switchboard budgets set``, which check their scope)."""
         gate = self.src.budgets
         states = await gate.listing() if gate is not None else []
+        rows = [s.as_dict() for s in states]
+        if len(states) <= DELETED_SHARE_RULES:  # one ledger read per rule: shown for a page of rules
+            for row, state in zip(rows, states, strict=True):
+                row["deleted"] = await gate.deleted_share(state)
         assert self.ui is not None
         return self.ui.render(request, "budgets.html", {
-            "page": "budgets", "states": [s.as_dict() for s in states], "error": error,
-            "done": request.query.get("done", "")}, status=status)
+            "page": "budgets", "states": rows, "error": error, "done": request.query.get("done", ""),
+            "refreshed_at": gate.refreshed_at if gate is not None else None}, status=status)
 
     def _budget_rule(self, name: str):
         gate = self.src.budgets
@@ -273,6 +278,7 @@ class Pages:
             return await self.budgets(request, status=404, error=f"no budget rule is named {name!r}: nothing reset")
         period = period_key(rule.period, time.time(), self.src.tz)
         await self.src.db.budgets.reset(rule.scope, period)
+        await self.src.budgets.refresh()  # this instance at once; the others within their refresh
         log.info("dashboard: budget spend of %s in %s reset", rule.scope, period)
         return redirect("/ui/budgets?" + urlencode({"done": f"{rule.scope}: spent in {period[2:]} reset"}))
 
