@@ -1,0 +1,144 @@
+"""SMTP submission on aiosmtplib, retried; and the IMAP connection both directions share.
+
+aiosmtplib and aioimaplib are the maintained asyncio clients of the two protocols
+(aiosmtplib has typed errors carrying the server's code; aioimaplib does IDLE);
+the standard library's ``smtplib``/``imaplib`` would block the event loop.
+
+    smtp = Submission(host, port, tls="starttls", username=..., password=...)
+    await smtp.send(mail)                  # retried on 4xx and dropped connections; a 5xx raises at once
+
+A refusal of the whole message (5xx) is final and says what the server said; a
+temporary one (4xx), a timeout or a dropped connection is retried with backoff
+(a timed-out DATA may have been accepted: the reply's stable ``Message-ID`` lets
+the reader's client show a repeat once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from email.message import EmailMessage
+
+import aioimaplib
+import aiosmtplib
+
+from gateway.errors import AdapterError
+from gateway.retry import Backoff, retry_async
+
+log = logging.getLogger(__name__)
+
+
+class SmtpRefused(AdapterError):
+    """The SMTP server refused the reply for good (a 5xx); its answer says why."""
+
+
+def smtp_retry(exc: BaseException) -> float | None:
+    """Seconds to wait before trying again (0: at once), or None to give up."""
+    if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
+        return None
+    if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):
+        return 0.0 if all(400 <= r.code < 500 for r in exc.recipients) else None
+    if isinstance(exc, aiosmtplib.SMTPResponseException):
+        return 0.0 if 400 <= exc.code < 500 else None
+    if isinstance(exc, (aiosmtplib.SMTPConnectError, aiosmtplib.SMTPServerDisconnected, aiosmtplib.SMTPTimeoutError,
+                        OSError, asyncio.TimeoutError)):
+        return 0.0
+    return None
+
+
+def describe_smtp(exc: BaseException) -> str:
+    if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
+        return f"the SMTP server refused the login ({exc.code}): check platforms.email.smtp_username and smtp_password"
+    if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):
+        return "the SMTP server refused the recipient: " + "; ".join(f"{r.recipient}: {r.code} {r.message}"
+                                                                     for r in exc.recipients)
+    if isinstance(exc, aiosmtplib.SMTPResponseException):
+        return f"the SMTP server answered {exc.code} {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class Submission:
+    host: str
+    port: int
+    tls: str  # ssl | starttls | none
+    username: str
+    password: str
+    timeout: float = 30.0
+    backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0)
+    attempts: int = 5
+    budget_seconds: float = 120.0
+
+    async def _once(self, mail: EmailMessage, sender: str, to: str) -> None:
+        await aiosmtplib.send(
+            mail, sender=sender, recipients=[to], hostname=self.host, port=self.port,
+            username=self.username or None, password=self.password or None,
+            use_tls=self.tls == "ssl", start_tls=True if self.tls == "starttls" else False,
+            timeout=self.timeout, tls_context=ssl.create_default_context() if self.tls != "none" else None)
+
+    async def send(self, mail: EmailMessage, *, sender: str, to: str) -> None:
+        def retrying(attempt: int, exc: BaseException, wait: float) -> None:
+            log.warning("email: sending to %s failed (%s); attempt %d, again in %.1fs", to, describe_smtp(exc),
+                        attempt, wait)
+
+        await retry_async(lambda: self._once(mail, sender, to), classify=smtp_retry, backoff=self.backoff,
+                          max_attempts=self.attempts, total_seconds=self.budget_seconds, on_retry=retrying)
+
+
+class ImapError(AdapterError):
+    """The IMAP server refused a command or the connection failed; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ImapLogin:
+    host: str
+    port: int
+    tls: str  # ssl | none (aioimaplib has no STARTTLS)
+    username: str
+    password: str
+    mailbox: str
+    timeout: float = 30.0
+
+    async def open(self) -> aioimaplib.IMAP4:
+        """A logged-in connection with ``mailbox`` selected."""
+        if self.tls == "ssl":
+            client: aioimaplib.IMAP4 = aioimaplib.IMAP4_SSL(host=self.host, port=self.port, timeout=self.timeout,
+                                                            ssl_context=ssl.create_default_context())
+        else:
+            client = aioimaplib.IMAP4(host=self.host, port=self.port, timeout=self.timeout)
+        try:
+            await client.wait_hello_from_server()
+            response = await client.login(self.username, self.password)
+            if response.result != "OK":
+                raise ImapError(f"the IMAP server refused the login of {self.username!r}: check platforms.email."
+                                "username and password")
+            await expect(client.select(quote(self.mailbox)), f"SELECT {self.mailbox}")
+        except BaseException:
+            await close(client)
+            raise
+        return client
+
+
+async def expect(call, what: str) -> aioimaplib.Response:
+    response = await call
+    if response.result != "OK":
+        detail = b" ".join(line for line in response.lines if isinstance(line, bytes))[:300]
+        raise ImapError(f"IMAP {what} failed: {response.result} {detail.decode(errors='replace')}")
+    return response
+
+
+def quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+async def close(client: aioimaplib.IMAP4) -> None:
+    try:
+        if client.get_state() in ("AUTH", "SELECTED"):
+            await asyncio.wait_for(client.logout(), 5)
+    except Exception as exc:  # noqa: BLE001 - closing is best effort
+        log.debug("email: IMAP logout failed: %s", type(exc).__name__)
+    transport = getattr(client.protocol, "transport", None)
+    if transport is not None:
+        transport.close()
