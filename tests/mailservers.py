@@ -114,6 +114,7 @@ class DovecotServer:
     process: subprocess.Popen | None = None
     user: str = USER
     password: str = PASSWORD
+    own_logins: int = 0
 
     @classmethod
     def start(cls) -> DovecotServer:
@@ -153,6 +154,7 @@ class DovecotServer:
                 return False
             with contextlib.suppress(OSError, imaplib.IMAP4.error):
                 with imaplib.IMAP4("127.0.0.1", self.port, timeout=2) as conn:
+                    self.own_logins += 1
                     conn.login(USER, PASSWORD)
                     conn.logout()
                     return True
@@ -166,7 +168,14 @@ class DovecotServer:
             text += self.process.stdout.read().decode(errors="replace")[-2000:]
         return text
 
+    def logins(self) -> int:
+        """How many IMAP logins others made (the adapter's): those in Dovecot's log less this helper's own."""
+        path = self.root / "dovecot.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return sum(1 for line in text.splitlines() if "imap-login: Info: Login: user=<" in line) - self.own_logins
+
     def connect(self) -> imaplib.IMAP4:
+        self.own_logins += 1  # counted before the login, so logins() never counts it as someone else's
         conn = imaplib.IMAP4("127.0.0.1", self.port, timeout=10)
         conn.login(USER, PASSWORD)
         return conn
