@@ -6,6 +6,7 @@ Published to the gateway under the ``switchboard.adapter_configs`` entry point;
 
 from __future__ import annotations
 
+import importlib.util
 from email.headerregistry import Address
 from typing import ClassVar, Literal
 
@@ -16,6 +17,8 @@ from gateway.config import KeyedError, OptionalText, PlatformConfig, describe, s
 __all__ = ["EmailConfig", "strict_address"]
 
 Tls = Literal["ssl", "starttls", "none"]
+# what the adapter imports (the switchboard[email] extra); without them the platform stays off, saying so
+_LIBRARIES = ("aioimaplib", "aiosmtplib", "mailparser_reply", "html2text")
 
 
 def strict_address(value: str) -> str | None:
@@ -109,6 +112,10 @@ class EmailConfig(PlatformConfig):
             return "platforms.email.imap_host is not set"
         if not self.password:
             return "platforms.email.password is not set"
+        missing = [name for name in _LIBRARIES if importlib.util.find_spec(name) is None]
+        if missing:
+            return (f"platforms.email needs the email extra ({', '.join(missing)} not installed): "
+                    "pip install 'switchboard[email]'")
         return None
 
     def connection_identity(self) -> str:
