@@ -487,6 +487,11 @@ class PlatformConfig(_Model):
         key by ``gateway.runtime.cluster.connection_key``, never stored or logged as it is."""
         return None
 
+    async def probe(self, timeout: float) -> tuple[bool, str, str] | None:
+        """``switchboard doctor``'s check of a platform the gateway has no call of its own for: (ok, what was
+        found, how to fix it), never a secret in either; None when the platform offers none."""
+        return None
+
 
 @functools.cache
 def platform_models() -> Mapping[str, type[PlatformConfig]]:

@@ -274,7 +274,7 @@ class SmtpSink:
         def authenticate(server, session, envelope, mechanism, auth_data):
             ok = getattr(auth_data, "login", None) == sink.user.encode() and \
                 getattr(auth_data, "password", None) == sink.password.encode()
-            return AuthResult(success=ok)
+            return AuthResult(success=ok, handled=False)  # not handled: aiosmtpd answers 535 itself
 
         ready = threading.Event()
         loop = asyncio.new_event_loop()

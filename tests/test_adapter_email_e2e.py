@@ -225,3 +225,22 @@ def test_raw_reply_parses_strictly():
     # the sink's parsing matches what a client does (a guard on the helpers above)
     raw, _ = mail("x")
     assert email.message_from_bytes(raw, policy=email.policy.default)["From"].addresses[0].addr_spec == BOSS
+
+
+async def test_doctor_logs_in_to_both_servers_and_says_which_one_refused(servers):
+    import aiohttp
+
+    from gateway.cli.doctor import check_platforms
+    from gateway.config import config_from_dict
+
+    imap, smtp = servers
+    async with aiohttp.ClientSession() as http:
+        good = config_from_dict({"platforms": {"email": email_section(imap, smtp)}})
+        (check,) = [c for c in await check_platforms(http, good) if c.name == "email"]
+        assert check.ok is True and check.detail == "IMAP login to INBOX (IDLE) and SMTP login work"
+        bad = config_from_dict({"platforms": {"email": email_section(imap, smtp, smtp_password="wrong-smtp-pw")}})
+        (check,) = [c for c in await check_platforms(http, bad) if c.name == "email"]
+        assert (check.ok, check.detail) == (False, "the SMTP server refused the login")
+        worse = config_from_dict({"platforms": {"email": email_section(imap, smtp, password="wrong-imap-pw")}})
+        (check,) = [c for c in await check_platforms(http, worse) if c.name == "email"]
+        assert check.ok is False and "refused the login" in check.detail and "wrong-imap-pw" not in check.line()

@@ -118,6 +118,12 @@ class EmailConfig(PlatformConfig):
                     "pip install 'switchboard[email]'")
         return None
 
+    async def probe(self, timeout: float) -> tuple[bool, str, str]:
+        """``switchboard doctor``: log in to the IMAP mailbox and to the SMTP server (nothing is sent)."""
+        from .outbound import probe_servers  # the extra's libraries, imported only when asked
+
+        return await probe_servers(self, timeout)
+
     def connection_identity(self) -> str:
         """What names the one IMAP connection a cluster runs at a time (hashed into its key, never stored)."""
         return f"{self.imap_host.lower()}:{self.imap_port}:{self.username}:{self.mailbox}"

@@ -20,6 +20,7 @@ import logging
 import ssl
 from dataclasses import dataclass
 from email.message import EmailMessage
+from typing import Any
 
 import aioimaplib
 import aiosmtplib
@@ -142,3 +143,36 @@ async def close(client: aioimaplib.IMAP4) -> None:
     transport = getattr(client.protocol, "transport", None)
     if transport is not None:
         transport.close()
+
+
+async def probe_servers(cfg: Any, timeout: float) -> tuple[bool, str, str]:
+    """Log in to the mailbox and the submission server of ``cfg`` (an ``EmailConfig``); sends nothing."""
+    login = ImapLogin(cfg.imap_host, cfg.imap_port, cfg.imap_tls, cfg.username, cfg.password, cfg.mailbox,
+                      timeout=timeout)
+    try:
+        client = await login.open()
+    except ImapError as exc:
+        return False, str(exc), "check platforms.email.username, password and mailbox"
+    except (OSError, asyncio.TimeoutError) as exc:
+        return (False, f"cannot reach the IMAP server {cfg.imap_host}:{cfg.imap_port} ({type(exc).__name__})",
+                "check platforms.email.imap_host, imap_port and imap_tls")
+    idle = client.has_capability("IDLE")
+    await close(client)
+    smtp = aiosmtplib.SMTP(hostname=cfg.smtp_host, port=cfg.smtp_port, use_tls=cfg.smtp_tls == "ssl",
+                           start_tls=cfg.smtp_tls == "starttls", timeout=timeout)
+    try:
+        await smtp.connect()
+        await smtp.login(cfg.smtp_username or cfg.username, cfg.smtp_password or cfg.password)
+    except aiosmtplib.SMTPAuthenticationError:
+        return False, "the SMTP server refused the login", "check platforms.email.smtp_username and smtp_password"
+    except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as exc:
+        return (False, f"cannot use the SMTP server {cfg.smtp_host}:{cfg.smtp_port} ({type(exc).__name__})",
+                "check platforms.email.smtp_host, smtp_port and smtp_tls")
+    finally:
+        if smtp.is_connected:
+            try:
+                await smtp.quit()
+            except aiosmtplib.SMTPException:
+                smtp.close()
+    how = "IDLE" if idle and cfg.idle else f"polling every {cfg.poll_seconds:g}s"
+    return True, f"IMAP login to {cfg.mailbox} ({how}) and SMTP login work", ""
