@@ -12,7 +12,8 @@ Dovecot is not installed the tests skip and say how to install it (``make mail-s
 
 The SMTP sink checks what a submission server checks: AUTH before MAIL FROM (535 for a wrong
 password, 530 without it), and it can script faults: ``fail_next`` answers the next N DATA with a
-4xx, so a test sees the adapter retry.
+4xx, ``refusals`` with answers of the test's choosing, ``delays`` late; ``attempts`` records every
+DATA with its time and answer.  ``DovecotServer.kick`` cuts every IMAP connection (doveadm kick).
 """
 
 from __future__ import annotations
@@ -207,6 +208,12 @@ class DovecotServer:
                     out[str(header["Message-ID"]).strip()] = item[0].decode()
         return out
 
+    def kick(self) -> None:
+        """Cut every IMAP connection of the user (``doveadm kick``), as a server restart or a network cut would."""
+        doveadm = shutil.which("doveadm") or "/usr/bin/doveadm"
+        subprocess.run([doveadm, "-c", str(self.root / "dovecot.conf"), "kick", self.user], check=True,
+                       capture_output=True, timeout=20)
+
     def _kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -249,6 +256,9 @@ class SmtpSink:
     password: str = "s3cret-smtp-password"
     messages: list[Accepted] = field(default_factory=list)
     fail_next: int = 0  # the next N DATA commands are answered 451
+    refusals: list[str] = field(default_factory=list)  # the answers to the next DATA commands ("421 ...")
+    delays: list[float] = field(default_factory=list)  # seconds before answering the next DATA commands
+    attempts: list[tuple[float, list[str], str]] = field(default_factory=list)  # (monotonic, recipients, answer)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -262,9 +272,15 @@ class SmtpSink:
 
         class Handler:
             async def handle_DATA(self, server, session, envelope):
-                if sink.fail_next > 0:
+                if sink.delays:
+                    await asyncio.sleep(sink.delays.pop(0))
+                answer = sink.refusals.pop(0) if sink.refusals else None
+                if answer is None and sink.fail_next > 0:
                     sink.fail_next -= 1
-                    return "451 4.3.0 try again later (scripted)"
+                    answer = "451 4.3.0 try again later (scripted)"
+                sink.attempts.append((time.monotonic(), list(envelope.rcpt_tos), answer or "250"))
+                if answer is not None:
+                    return answer
                 with sink._arrived:
                     sink.messages.append(Accepted(envelope.mail_from, list(envelope.rcpt_tos),
                                                   bytes(envelope.original_content or envelope.content), time.time()))

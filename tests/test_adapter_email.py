@@ -11,7 +11,7 @@ import pytest
 
 from adapters.email.compose import compose_reply, markdown_to_html
 from adapters.email.config import EmailConfig, strict_address
-from adapters.email.message import Rules, Thread, read_mail, reply_subject
+from adapters.email.message import Rules, Thread, read_mail, reply_subject, split_chat
 from gateway.errors import ConfigError
 from gateway.types import ChatType, MediaLimits
 
@@ -44,7 +44,10 @@ def test_a_new_mail_is_a_thread_of_its_own_keyed_by_its_sender():
     assert read.skipped is None and read.message is not None
     m = read.message
     assert (m.platform, m.chat_type, m.chat_id, m.user_id, m.thread_id, m.message_id) == (
-        "email", ChatType.THREAD, "boss@example.com", "boss@example.com", "<q1@example.com>", "<q1@example.com>")
+        "email", ChatType.DM, "boss@example.com <q1@example.com>", "boss@example.com", None, "<q1@example.com>")
+    assert split_chat(m.chat_id) == ("boss@example.com", "<q1@example.com>")
+    assert split_chat("boss@example.com") == ("boss@example.com", None)  # a new mail (a scheduled job's)
+    assert split_chat('"x" <evil@x.org>')[0] is None  # never an address to send to
     assert m.text == "Question\n\nHello there"  # the first mail of a thread carries its subject
     assert m.user_name == "Boss"
 
@@ -53,13 +56,13 @@ def test_a_reply_joins_its_thread_through_references():
     raw = mail("Thanks", subject="Re: Question", message_id="<q2@example.com>",
                headers={"In-Reply-To": "<sb.1@example.com>", "References": "<q1@example.com> <sb.1@example.com>"})
     m = read_mail(raw, event_id="7:2", rules=RULES).message
-    assert m is not None and (m.thread_id, m.text) == ("<q1@example.com>", "Thanks")
+    assert m is not None and (m.chat_id, m.text) == ("boss@example.com <q1@example.com>", "Thanks")
 
 
 def test_a_display_name_is_never_read_as_the_address():
     # a quoted display name holding the allowed address: the sender is the address in the brackets
     m = read_mail(mail(sender='"boss@example.com" <evil@x.org>'), event_id="7:3", rules=RULES).message
-    assert m is not None and m.user_id == "evil@x.org" and m.chat_id == "evil@x.org"
+    assert m is not None and m.user_id == "evil@x.org" and m.chat_id == "evil@x.org <q1@example.com>"
     # the same unquoted is not a valid From at all
     assert read_mail(mail(sender="boss@example.com <evil@x.org>"), event_id="7:3", rules=RULES).message is None
 
@@ -184,7 +187,8 @@ def test_hostile_mail_is_harmless():
 
 def test_a_mail_without_message_id_gets_one_from_its_uid():
     m = read_mail(mail(message_id=""), event_id="7:18", rules=RULES).message
-    assert m is not None and m.message_id == "<7:18@switchboard.invalid>" == m.thread_id
+    assert m is not None and m.message_id == "<7:18@switchboard.invalid>"
+    assert m.chat_id == "boss@example.com <7:18@switchboard.invalid>"
 
 
 def test_the_reply_threads_under_the_mail_it_answers():

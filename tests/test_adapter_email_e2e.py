@@ -114,7 +114,7 @@ async def test_a_mail_is_answered_threaded_in_text_and_html_and_a_reply_continue
     assert "echo: What is my name? | turns: 2 | first: Hello" in body(again)[0]
     assert again.message["In-Reply-To"] == second_id
     assert again.message["References"].split() == [first_id, str(msg["Message-ID"]), second_id]
-    assert stored_routes(config) == [f"agent:main:email:group:{BOSS}:{first_id.replace(':', '%3A')}"]
+    assert stored_routes(config) == [f"agent:main:email:dm:{BOSS} {first_id}"]
     # both mails carry the keyword: they are never taken again
     await eventually(lambda: all("$SwitchboardTaken" in f for f in imap.flags().values()), timeout=10,
                      what="both mails flagged as taken")
@@ -127,21 +127,24 @@ async def test_two_threads_are_two_sessions(world):
     imap.append(mail("second thread", subject="Two")[0])
     sent = await replies(smtp, 2)
     assert all("turns: 1" in body(s)[0] for s in sent)
-    assert len(stored_routes(config)) == 2
+    assert len(stored_routes(config)) == 2 and all(k.startswith(f"agent:main:email:dm:{BOSS} <")
+                                                   for k in stored_routes(config))
 
 
-async def test_strangers_and_a_spoofed_display_name_get_nothing(world):
+async def test_strangers_and_a_spoofed_display_name_never_reach_the_model(world):
     imap, smtp, model, gw, config = world
     imap.append(mail("let me in", sender='"boss@example.com" <evil@x.org>')[0])
     imap.append(mail("me too", sender="stranger@x.org")[0])
     imap.append(mail("and this one is real")[0])
-    (reply,) = await replies(smtp, 1)  # only the boss's mail is answered
-    assert reply.rcpt_tos == [BOSS] and "and this one is real" in body(reply)[0]
+    sent = await replies(smtp, 3)  # two pairing offers, one answer
+    offers = {s.rcpt_tos[0]: body(s)[0] for s in sent if "pairing approve" in body(s)[0]}
+    assert sorted(offers) == ["evil@x.org", "stranger@x.org"]  # the spoofed display name is evil@x.org's
+    assert all("switchboard pairing approve email " in text for text in offers.values())
+    [answer] = [s for s in sent if s.rcpt_tos == [BOSS]]
+    assert "and this one is real" in body(answer)[0]
     await eventually(lambda: len(imap.flags()) == 3 and all("$SwitchboardTaken" in f for f in imap.flags().values()),
                      timeout=10, what="every mail taken")
-    assert all("let me in" not in r.messages[-1]["content"] and "me too" not in r.messages[-1]["content"]
-               for r in model.requests)
-    assert len(smtp.messages) == 1
+    assert [r.last_user_text for r in model.requests] == ["Question\n\nand this one is real"]
 
 
 async def test_auto_replies_bounces_and_list_mail_are_never_answered(world):
@@ -198,7 +201,7 @@ async def test_a_reply_after_a_restart_threads_from_the_mailbox(tmp_path, server
     await adapter.open_for_sending()
     from gateway.types import ChatRef
 
-    delivery = await adapter.send(ChatRef("email", BOSS, "<root@example.com>"), "Here it is.", reply_to=mid)
+    delivery = await adapter.send(ChatRef("email", f"{BOSS} <root@example.com>"), "Here it is.", reply_to=mid)
     assert delivery.ok, delivery.error
     (reply,) = await replies(smtp, 1)
     assert reply.message["Subject"] == "Re: Budget"

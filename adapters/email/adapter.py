@@ -7,17 +7,20 @@
                        reply_to="<question@example.com>")
     await adapter.stop()
 
-Chats: the chat is the sender's address, the thread is the thread's root
-``Message-ID`` (:mod:`adapters.email.message`), so each thread is a session of its
-own.  Strangers (senders not in ``allowed_users``) are ignored by the gateway as in
-any group thread: nothing they write is stored, and no pairing code is mailed to an
-address that anyone can put in ``From``.
+Chats: the chat is the sender's address with the thread's root ``Message-ID``
+(``boss@example.com <root@example.com>``, :func:`~adapters.email.message.chat_id`), a
+private conversation like a DM, so each thread is a session of its own.  A stranger
+(a sender not in ``allowed_users``) is offered pairing as on any platform, within the
+gateway's limits (one answer per sender per 10 minutes, 3 codes pending); set
+``authserv_id`` so only mail your server authenticated gets that far, or
+``auth.unauthorized_dm: ignore``.
 
 A reply threads under the mail it answers.  Its subject and references come from
 the mail as it was read; after a restart, or on a standby of a cluster, which never
 read it, they are looked up in the mailbox by ``Message-ID`` (a short IMAP
 connection of its own).  A reply is one mail, never split; resent after a crash it
-carries the same ``Message-ID`` (:func:`~adapters.email.compose.reply_id`).
+carries the same ``Message-ID`` (:func:`~adapters.email.compose.reply_id`).  A reply
+over :data:`MESSAGE_LIMIT` characters goes as several mails, each threaded the same.
 
 Email cannot edit a sent mail, so replies are never streamed, and there is no
 typing indicator.  A cluster runs the IMAP loop on one instance (the connection
@@ -33,6 +36,7 @@ from collections import OrderedDict
 from typing import Any, Sequence
 
 from gateway.errors import AdapterError
+from gateway.formatting import split_message
 from gateway.retry import Backoff
 from gateway.tasks import spawn
 from gateway.types import (
@@ -49,12 +53,15 @@ from gateway.types import (
 from .compose import compose_reply
 from .config import strict_address
 from .mailbox import Mailbox, search_uids
-from .message import PLATFORM, Rules, Thread, parse_headers, read_mail, thread_of
+from .message import PLATFORM, Rules, Thread, parse_headers, read_mail, split_chat, thread_of
 from .outbound import ImapError, ImapLogin, Submission, close, describe_smtp, expect, quote
 
 log = logging.getLogger(__name__)
 
 THREADS_REMEMBERED = 10_000
+# A mail can be far longer, but a reply longer than this is more readable as several (and the kit's
+# split check needs a limit); the model's replies are rarely a tenth of it.
+MESSAGE_LIMIT = 100_000
 
 
 class EmailAdapter:
@@ -87,7 +94,8 @@ class EmailAdapter:
         media: MediaLimits | None = None,
         timeout: float = 30.0,
         reconnect_backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=60.0),
-        send_backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0),
+        # SMTP says no retry-after: a 4xx is tried again after 1-2 s, then 2-4 s, ...
+        send_backoff: Backoff = Backoff(base=2.0, factor=2.0, cap=30.0),
         send_attempts: int = 5,
     ):
         if not imap_host or not username or not password or not smtp_host:
@@ -145,8 +153,11 @@ class EmailAdapter:
         self._handler = handler
         self._failed = FailedEvents(PLATFORM, dead_letter)
         self._report("starting", None)
+        mailbox = Mailbox(self._login, self._deliver, keyword=self._keyword, idle=self._idle,
+                          poll_seconds=self._poll_seconds, idle_seconds=self._idle_seconds, report=self._report,
+                          backoff=self._reconnect_backoff)
         try:
-            client = await self._login.open()
+            client = await self._login.open(on_lost=mailbox.connection_lost)
         except ImapError as exc:
             self._report("failed", str(exc))
             raise AdapterError(f"email: {exc}") from exc
@@ -154,10 +165,8 @@ class EmailAdapter:
             self._report("failed", f"{type(exc).__name__}: {exc}")
             raise AdapterError(f"email: could not reach the IMAP server {self._login.host}:{self._login.port} "
                                f"({type(exc).__name__}: {exc}); check platforms.email.imap_host and imap_port") from exc
-        self._mailbox = Mailbox(self._login, self._deliver, keyword=self._keyword, idle=self._idle,
-                                poll_seconds=self._poll_seconds, idle_seconds=self._idle_seconds, report=self._report,
-                                backoff=self._reconnect_backoff)
-        self._mailbox.adopt(client)
+        self._mailbox = mailbox
+        mailbox.adopt(client)
         self._open = True
         self._task = spawn(self._mailbox.run(), name=f"email:{self._login.username}:mailbox")
         self._report("connected", None)
@@ -244,29 +253,31 @@ class EmailAdapter:
         if not self._open:
             return Delivery(ok=False, error="email adapter is not running", retry_later=True)
         progress = progress if progress is not None else SendProgress()
-        if progress.skip:  # a mail is one part: confirmed before a restart, so it is sent
-            return Delivery(ok=True, message_ids=tuple(progress.sent_ids))
-        to = strict_address(chat.chat_id)
+        to, root = split_chat(chat.chat_id)
         if to is None:
             return Delivery(ok=False, error=f"email: {chat.chat_id!r} is not an address to reply to")
-        if not text.strip():
+        parts = split_message(text, MESSAGE_LIMIT)
+        if not parts:
             return Delivery(ok=False, error="nothing to send: the reply is empty")
-        answering = reply_to or chat.thread_id
+        answering = reply_to if reply_to and reply_to.startswith("<") else root
         thread = await self._thread_for(answering) if answering else None
         if thread is None and answering:
-            thread = Thread(message_id=answering, references=(chat.thread_id,) if chat.thread_id else (), subject="")
-        mail = await asyncio.to_thread(compose_reply, text, sender=self._sender, sender_name=self._from_name, to=to,
-                                       thread=thread)
-        try:
-            await self._smtp.send(mail, sender=self._sender, to=to)
-        except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
-            error = describe_smtp(exc)
-            log.warning("email: the reply to %s was not sent: %s", to, error)
-            return Delivery(ok=False, error=error)
-        sent_id = str(mail["Message-ID"])
-        self._remember(Thread(message_id=sent_id, references=thread.reply_references() if thread else (),
-                              subject=str(mail["Subject"])))
-        await progress.confirmed(sent_id, last=True)
+            thread = Thread(message_id=answering, references=(root,) if root else (), subject="")
+        for index, part in enumerate(parts):
+            if index < progress.skip:
+                continue  # confirmed before a restart
+            mail = await asyncio.to_thread(compose_reply, part, sender=self._sender, sender_name=self._from_name,
+                                           to=to, thread=thread)
+            try:
+                await self._smtp.send(mail, sender=self._sender, to=to)
+            except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
+                error = f"part {index + 1}/{len(parts)} not sent: {describe_smtp(exc)}"
+                log.warning("email: the reply to %s was not sent: %s", to, error)
+                return Delivery(ok=False, message_ids=tuple(progress.sent_ids), error=error)
+            sent_id = str(mail["Message-ID"])
+            self._remember(Thread(message_id=sent_id, references=thread.reply_references() if thread else (),
+                                  subject=str(mail["Subject"])))
+            await progress.confirmed(sent_id, last=index == len(parts) - 1)
         return Delivery(ok=True, message_ids=tuple(progress.sent_ids))
 
     async def send_typing(self, chat: ChatRef) -> None:

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import KeyedError, OptionalText, PlatformConfig, describe, secret_field
+from gateway.types import Capabilities
 
 __all__ = ["EmailConfig", "strict_address"]
 
@@ -39,6 +40,12 @@ def strict_address(value: str) -> str | None:
 
 class EmailConfig(PlatformConfig):
     PLATFORM: ClassVar[str] = "email"
+    # A sent mail cannot be changed (replies go whole); every thread is a private conversation with one
+    # sender (no groups, no shared threads); attachments are read; a reply over 100,000 characters goes
+    # as several mails.  SMTP sets no pace per recipient: a burst of parts goes at once.
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        edits=False, threads=False, buttons=False, typing=False, reactions=False, files=True, voice=False,
+        groups=False, max_message_length=100_000, chat_rate=5.0, chat_burst=10)
     imap_host: str = ""
     imap_port: int = Field(993, ge=1, le=65535)
     imap_tls: Literal["ssl", "none"] = "ssl"  # implicit TLS (993); "none" for a server on this host

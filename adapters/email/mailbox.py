@@ -36,7 +36,7 @@ import aioimaplib
 
 from gateway.retry import Backoff
 
-from .outbound import ImapLogin, close, expect
+from .outbound import ImapError, ImapLogin, close, expect
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +71,16 @@ class Mailbox:
         self.rounds = 0  # finished rounds, for tests and health
         self._last_found = 0  # mails the last round's search found
         self._heard_nothing_new = 0  # rounds in a row that heard of new mail and found none
+        self.lost = asyncio.Event()  # set when the current connection ended
 
     def adopt(self, client: aioimaplib.IMAP4) -> None:
-        """Begin with ``client``, a connection already opened (the adapter's start checks the login on it)."""
+        """Begin with ``client``, a connection already opened with :meth:`connection_lost` as its callback
+        (the adapter's start checks the login on it)."""
         self._first = client
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """aioimaplib's callback: the server closed the connection (or the network cut it)."""
+        self.lost.set()
 
     async def run(self) -> None:
         failures = 0
@@ -82,7 +88,8 @@ class Mailbox:
             client, self._first = self._first, None
             try:
                 if client is None:
-                    client = await self._login.open()
+                    self.lost = asyncio.Event()
+                    client = await self._login.open(on_lost=self.connection_lost)
                 self._report("connected", None)
                 if failures:
                     log.info("email: the IMAP connection is back after %d failed attempt(s)", failures)
@@ -105,6 +112,8 @@ class Mailbox:
         idle = self._idle and client.has_capability("IDLE")
         stuck = 0
         while True:
+            if self.lost.is_set():  # polling: the connection ended while we slept
+                raise ImapError("the IMAP server closed the connection")
             handed = await self._round(client, validity)
             self.rounds += 1
             self.last_beat = time.monotonic()
@@ -167,19 +176,37 @@ class Mailbox:
         return None
 
     async def _wait_idle(self, client: aioimaplib.IMAP4) -> None:
-        """Wait in IDLE until the mailbox changes (or ``idle_seconds`` pass, to renew it)."""
+        """Wait in IDLE until the mailbox changes (or ``idle_seconds`` pass, to renew it).
+
+        aioimaplib does not end a wait when the server goes away, so the connection's end (its
+        ``conn_lost_cb``) and a ``BYE`` end it here: the loop reconnects instead of waiting out the renewal."""
+        if self.lost.is_set():
+            raise ImapError("the IMAP server closed the connection")
         idle = await client.idle_start(timeout=self._idle_seconds)
         try:
             while True:
-                push = await client.wait_server_push(timeout=self._idle_seconds + 30)
+                push = asyncio.ensure_future(client.wait_server_push(timeout=self._idle_seconds + 30))
+                lost = asyncio.ensure_future(self.lost.wait())
+                done, _ = await asyncio.wait({push, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if push not in done:
+                    push.cancel()
+                    raise ImapError("the IMAP server closed the connection")
+                lost.cancel()
+                got = push.result()
                 self.last_beat = time.monotonic()
-                if push == aioimaplib.STOP_WAIT_SERVER_PUSH:
+                if got == aioimaplib.STOP_WAIT_SERVER_PUSH:
                     break
-                lines = push if isinstance(push, list) else [push]
-                if any(b"EXISTS" in bytes(line) or b"FETCH" in bytes(line) for line in lines
-                       if isinstance(line, (bytes, bytearray))):
+                lines = [bytes(line) for line in (got if isinstance(got, list) else [got])
+                         if isinstance(line, (bytes, bytearray))]
+                bye = next((line for line in lines if line.startswith(b"BYE")), None)
+                if bye is not None:
+                    raise ImapError(f"the IMAP server ended the connection: {bye.decode(errors='replace')[:200]}")
+                if any(b"EXISTS" in line or b"FETCH" in line for line in lines):
                     break
         finally:
-            if client.has_pending_idle():
-                client.idle_done()
-            await asyncio.wait_for(idle, self._login.timeout)
+            if self.lost.is_set():
+                idle.cancel()
+            else:
+                if client.has_pending_idle():
+                    client.idle_done()
+                await asyncio.wait_for(idle, self._login.timeout)

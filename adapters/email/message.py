@@ -28,8 +28,9 @@ than ``no``, ``Precedence: bulk|list|junk|auto_reply``, ``List-Id`` or
 
 **A thread is a session**: its root is the first ``References`` id, else
 ``In-Reply-To``, else the mail's own ``Message-ID``.  The chat is the sender's
-address and the thread that root, so two senders quoting the same thread are
-two sessions, never one.
+address with that root (:func:`chat_id`: ``boss@example.com <root@example.com>``),
+a private conversation like a DM (so a stranger is offered pairing, as on any
+platform), and two senders quoting the same thread are two sessions, never one.
 
 **The text** is the ``text/plain`` part, or the ``text/html`` one turned into text by
 html2text, with quoted history and the signature cut by mail-parser-reply (maintained,
@@ -94,6 +95,19 @@ class ReadMail:
     skipped: str | None
     thread: Thread | None
     event_id: str
+
+
+def chat_id(sender: str, root: str | None) -> str:
+    """The chat of one thread with one sender: ``boss@example.com <root@example.com>`` (the address alone
+    for a mail that opens no thread of ours, such as a scheduled job's)."""
+    return f"{sender} {root}" if root else sender
+
+
+def split_chat(chat: str) -> tuple[str | None, str | None]:
+    """``chat_id``'s parts: (the address, strictly parsed, or None; the thread's root id, or None)."""
+    address, _, root = chat.strip().partition(" ")
+    root = root.strip()
+    return strict_address(address), (root if _MSGID.fullmatch(root) else None) if root else None
 
 
 def reply_subject(subject: str) -> str:
@@ -308,9 +322,9 @@ def read_mail(raw: bytes, *, event_id: str, rules: Rules) -> ReadMail:
         name = addresses[0].display_name or None
     message = InboundMessage(
         platform=PLATFORM,
-        chat_type=ChatType.THREAD,
-        chat_id=sender,
-        thread_id=root,
+        chat_type=ChatType.DM,
+        chat_id=chat_id(sender, root),
+        thread_id=None,
         user_id=sender,
         user_name=name or sender,
         text=text,

@@ -20,7 +20,7 @@ import logging
 import ssl
 from dataclasses import dataclass
 from email.message import EmailMessage
-from typing import Any
+from typing import Any, Callable
 
 import aioimaplib
 import aiosmtplib
@@ -102,13 +102,14 @@ class ImapLogin:
     mailbox: str
     timeout: float = 30.0
 
-    async def open(self) -> aioimaplib.IMAP4:
-        """A logged-in connection with ``mailbox`` selected."""
+    async def open(self, on_lost: Callable[[Exception | None], None] | None = None) -> aioimaplib.IMAP4:
+        """A logged-in connection with ``mailbox`` selected; ``on_lost`` is called when the connection ends."""
         if self.tls == "ssl":
             client: aioimaplib.IMAP4 = aioimaplib.IMAP4_SSL(host=self.host, port=self.port, timeout=self.timeout,
-                                                            ssl_context=ssl.create_default_context())
+                                                            ssl_context=ssl.create_default_context(),
+                                                            conn_lost_cb=on_lost)
         else:
-            client = aioimaplib.IMAP4(host=self.host, port=self.port, timeout=self.timeout)
+            client = aioimaplib.IMAP4(host=self.host, port=self.port, timeout=self.timeout, conn_lost_cb=on_lost)
         try:
             await client.wait_hello_from_server()
             response = await client.login(self.username, self.password)
