@@ -409,7 +409,10 @@ class EmailSide:
             msg["In-Reply-To"] = root
             msg["References"] = root
         msg.set_content(text)
-        await asyncio.to_thread(self.imap.append, msg.as_bytes())
+        # Appended in this thread, not to_thread: the load is cancelled at a kill, and a cancelled await would
+        # leave a mail in the inbox that the run never counted as written (its answer then looks lost).  The
+        # daemon is another process, so blocking this loop for the append's few milliseconds stalls nothing.
+        self.imap.append(msg.as_bytes())
         return True
 
     def replies(self) -> list[BotReply]:
