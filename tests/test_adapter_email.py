@@ -8,6 +8,7 @@ import email.policy
 from email.message import EmailMessage
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from adapters.email.compose import compose_reply, markdown_to_html
 from adapters.email.config import EmailConfig, strict_address
@@ -183,6 +184,14 @@ def test_hostile_mail_is_harmless():
         read = read_mail(raw, event_id="7:17", rules=RULES)
         if read.message is not None:
             assert "\x00" not in read.message.text and len(read.message.text) < 51_000
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2000), st.sampled_from([b"", b"From: boss@example.com\r\n",
+                                                  b"From: boss@example.com\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n--b\r\n"]))
+def test_no_bytes_make_the_reader_raise(noise, head):
+    read = read_mail(head + noise, event_id="7:99", rules=RULES)
+    assert (read.message is None) == (read.skipped is not None)
 
 
 def test_a_mail_without_message_id_gets_one_from_its_uid():

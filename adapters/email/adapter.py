@@ -188,7 +188,14 @@ class EmailAdapter:
         """Hand one mail to the gateway; True when it may be flagged taken (stored, skipped on purpose,
         or set aside as a dead letter)."""
         self._health.last_event_at = time.time()
-        read = await asyncio.to_thread(read_mail, raw, event_id=event_id, rules=self._rules)
+        try:
+            read = await asyncio.to_thread(read_mail, raw, event_id=event_id, rules=self._rules)
+        except Exception as exc:  # a mail the parser chokes on: read again, set aside after the last attempt
+            set_aside = await self._failed.give_up(event_id, {"event": event_id, "size": len(raw)}, None, exc)
+            log.error("could not read email %s; %s", event_id,
+                      "set aside as a dead letter" if set_aside else "it will be read again", exc_info=exc)
+            self._health.last_error = f"could not read mail {event_id}: {type(exc).__name__}: {exc}"
+            return set_aside
         if read.thread is not None:
             self._remember(read.thread)
         if read.message is None:
