@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast check bench clean systemd-tools postgresql-server browser
+.PHONY: run test test-fast check bench clean systemd-tools postgresql-server browser mail-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ run: $(STAMP)
 WORKERS ?= 4
 
 # Everything: in-process tests, PostgreSQL, real daemons and kill tests, the sandbox, chromium.
-test: check systemd-tools postgresql-server browser
+test: check systemd-tools postgresql-server browser mail-servers
 	$(BIN)/python -m pytest -q -n $(WORKERS)
 
 # The fast loop: what runs in-process (tests/marks.py marks the rest slow from what it uses).
@@ -53,6 +53,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: could not install chromium; the browser tests say they skipped and why"
+
+# The email tests start Dovecot (IMAP) from a config file they write; install it when we can (root, Debian).
+# Elsewhere those tests say they skipped and why.  (SMTP is aiosmtpd, from the test extra.)
+mail-servers:
+	@command -v dovecot >/dev/null 2>&1 || [ -x /usr/sbin/dovecot ] || [ "$$(id -u)" != 0 ] || \
+		! command -v apt-get >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq dovecot-imapd >/dev/null) || \
+		echo "note: could not install Dovecot; the email tests against a real IMAP server say they skipped and why"
 
 bench: $(STAMP)
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done

@@ -481,6 +481,17 @@ class PlatformConfig(_Model):
         """Why the platform is off ("platforms.x.key is not set"), or None when it can start."""
         raise NotImplementedError
 
+    def connection_identity(self) -> str | None:
+        """What names the one connection of this section that a cluster may hold on one instance at a time
+        (a mailbox, a bot's poller), or None when every instance may serve; hashed into the connection's
+        key by ``gateway.runtime.cluster.connection_key``, never stored or logged as it is."""
+        return None
+
+    async def probe(self, timeout: float) -> tuple[bool, str, str] | None:
+        """``switchboard doctor``'s check of a platform the gateway has no call of its own for: (ok, what was
+        found, how to fix it), never a secret in either; None when the platform offers none."""
+        return None
+
 
 @functools.cache
 def platform_models() -> Mapping[str, type[PlatformConfig]]:

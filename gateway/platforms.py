@@ -1,6 +1,6 @@
 """Which chat platforms are installed: the names every part of the gateway accepts.
 
-    installed_platforms()        # ("telegram", "discord", "slack", "matrix") with a matrix package installed
+    installed_platforms()        # ("telegram", "discord", "slack", "email", "matrix") with a matrix package installed
 
 A platform is installed when a package publishes its settings model under the
 ``switchboard.adapter_configs`` entry point (and its adapter under
@@ -26,7 +26,7 @@ __all__ = ["ADAPTERS", "ADAPTER_CONFIGS", "BUILT_IN", "OTHER_SOURCES", "in_platf
 ADAPTERS = "switchboard.adapters"
 ADAPTER_CONFIGS = "switchboard.adapter_configs"
 # The platforms that ship with Switchboard, in the order they are listed everywhere.
-BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack")
+BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack", "email")
 # Where a session comes from besides a platform: the local API, `switchboard chat`, a cron run.
 OTHER_SOURCES: tuple[str, ...] = ("api", "cli", "cron")
 

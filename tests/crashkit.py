@@ -366,6 +366,68 @@ class SlackSide:
                 "envelopes never acknowledged": len(self.fake.unacknowledged())}
 
 
+class EmailSide:
+    """IMAP: a mail stays in the mailbox without the taken keyword until the daemon stored it, so a mail the
+    killed daemon had not flagged is read again.  Each user's mails are one thread (one session)."""
+
+    name = "email"
+    redelivers = True
+    keeps_order = True  # the mailbox is read oldest first, one mail at a time
+
+    def __init__(self, imap, smtp):
+        self.imap = imap  # tests.mailservers.DovecotServer
+        self.smtp = smtp  # tests.mailservers.SmtpSink
+        self._threads: dict[int, str] = {}
+        self._logins = 0
+
+    def settings(self) -> dict:
+        return {"auth": {"allow_all": True},
+                "platforms": {"email": {"imap_host": "127.0.0.1", "imap_port": self.imap.port, "imap_tls": "none",
+                                        "username": self.imap.user, "password": self.imap.password,
+                                        "smtp_host": "127.0.0.1", "smtp_port": self.smtp.port, "smtp_tls": "none",
+                                        "smtp_password": self.smtp.password, "poll_seconds": 1}}}
+
+    def chat_of(self, index: int) -> str:
+        return f"user{index}@example.com"
+
+    async def ready(self, start: Start, timeout: float) -> None:
+        self._logins += 1
+        await eventually(lambda: self.imap.logins() >= self._logins, timeout, "the daemon's IMAP login")
+
+    async def send(self, index: int, text: str) -> bool:
+        from email.message import EmailMessage
+
+        msg = EmailMessage()
+        msg["From"] = self.chat_of(index)
+        msg["To"] = self.imap.user
+        # no subject: the text the model sees is the body alone (a thread's subject would come first)
+        root = self._threads.get(index)
+        msg["Message-ID"] = f"<m{index}.{time.monotonic_ns()}@example.com>"
+        if root is None:
+            self._threads[index] = str(msg["Message-ID"])
+        else:
+            msg["In-Reply-To"] = root
+            msg["References"] = root
+        msg.set_content(text)
+        # Appended in this thread, not to_thread: the load is cancelled at a kill, and a cancelled await would
+        # leave a mail in the inbox that the run never counted as written (its answer then looks lost).  The
+        # daemon is another process, so blocking this loop for the append's few milliseconds stalls nothing.
+        self.imap.append(msg.as_bytes())
+        return True
+
+    def replies(self) -> list[BotReply]:
+        offset = time.time() - time.monotonic()
+        out = []
+        for accepted in list(self.smtp.messages):
+            body = accepted.message.get_body(("plain",))
+            text = body.get_content().replace("\r\n", "\n").strip() if body is not None else ""
+            out.append(BotReply(accepted.rcpt_tos[0], text, accepted.at - offset, str(accepted.message["Message-ID"])))
+        return out
+
+    def notes(self) -> dict[str, int]:
+        return {}
+
+
 # -- the run -----------------------------------------------------------------------------------
 
 

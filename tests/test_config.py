@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from adapters.discord.config import DiscordConfig
+from adapters.email.config import EmailConfig
 from adapters.slack.config import SlackConfig
 from adapters.telegram.config import TelegramConfig
 from gateway.cli.config import config_group
@@ -35,6 +36,7 @@ SLACK_APP = "xapp-1-A111-2222-fakeapptoken"
 MODEL_KEY = "sk-test-model-key-0000000000000"
 API_TOKEN = "api-token-for-tests-123"
 WEBHOOK_SECRET = "hook_secret-123"
+EMAIL_PASSWORD = "email-password-for-tests-42"
 
 FULL_ENV = {
     "TELEGRAM_BOT_TOKEN": TG_TOKEN,
@@ -44,8 +46,12 @@ FULL_ENV = {
     "SLACK_APP_TOKEN": SLACK_APP,
     "SWITCHBOARD_MODEL_KEY": MODEL_KEY,
     "SWITCHBOARD_API_TOKEN": API_TOKEN,
+    "EMAIL_IMAP_HOST": "imap.example.com",
+    "EMAIL_USERNAME": "bot@example.com",
+    "EMAIL_PASSWORD": EMAIL_PASSWORD,
+    "EMAIL_SMTP_HOST": "smtp.example.com",
 }
-ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET]
+ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET, EMAIL_PASSWORD]
 
 
 def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
@@ -69,6 +75,7 @@ def test_example_loads_with_no_environment_and_every_platform_off():
         "telegram": "off: platforms.telegram.token is not set",
         "discord": "off: platforms.discord.token is not set",
         "slack": "off: platforms.slack.bot_token is not set",
+        "email": "off: platforms.email.imap_host is not set",
     }
     assert cfg.home == Path("~/.switchboard").expanduser()
     assert cfg.agent == "main"
@@ -102,7 +109,7 @@ def _documented_in_block(lines: list[str], i: int) -> bool:
 
 def test_example_with_tokens_in_the_environment_turns_platforms_on():
     cfg = load_config(EXAMPLE, env=FULL_ENV)
-    assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on"}
+    assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on", "email": "on"}
     assert cfg.platforms.telegram.token == TG_TOKEN
     assert sorted(cfg.secrets()) == sorted(ALL_SECRETS)
 
@@ -113,7 +120,7 @@ def test_every_key_of_the_contract_is_in_the_example():
     for section in ("model", "sessions", "auth", "api", "logging", "shutdown", "compression", "recall", "cron", "store"):
         model_fields = set(type(getattr(Config(), section)).model_fields)
         assert set(data[section]) <= model_fields
-    for name in ("telegram", "discord", "slack"):
+    for name in ("telegram", "discord", "slack", "email"):
         documented = set(data["platforms"][name]) | {"enabled"}
         assert documented == set(type(getattr(Config().platforms, name)).model_fields), name
 
@@ -326,9 +333,9 @@ MISTAKES = [
     ("duplicate key", "agent: a\nagent: b\n", {}, None, 'line 2, column 1: duplicate key "agent" (first set on line 1)'),
     ("not a mapping", "- a\n- b\n", {}, None, "must be a mapping of keys at the top level (got a list)"),
     ("unknown key", "platforms:\n  telgram: {}\n", {}, "platforms.telgram",
-     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack'),
+     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email'),
     ("platform not installed", "platforms:\n  matrix: {}\n", {}, "platforms.matrix",
-     'unknown key "matrix"; valid keys here: telegram, discord, slack (these are the installed platforms; '
+     'unknown key "matrix"; valid keys here: telegram, discord, slack, email (these are the installed platforms; '
      "a platform's settings come with its adapter package)"),
     ("unknown platform key", "platforms:\n  discord:\n    tokn: x\n", {}, "platforms.discord.tokn",
      'unknown key "tokn" (did you mean "token"?); valid keys here: enabled, allowed_users'),
@@ -436,7 +443,8 @@ def test_the_example_names_features_not_internal_documents():
 
 
 def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
-    assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig}
+    assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig,
+                                       "email": EmailConfig}
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert type(cfg.platforms.telegram) is TelegramConfig
     assert type(cfg.platforms.discord) is DiscordConfig
@@ -518,7 +526,7 @@ def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeyp
 
 
 def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installed):
-    assert list(platform_models()) == ["telegram", "discord", "slack", "matrix"]
+    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "matrix"]
     path = write(tmp_path, "platforms:\n  matrix:\n    homeserver: matrix.example.org\n")
     result = cli("check", "--config", str(path))
     assert result.exit_code == 78
@@ -555,6 +563,7 @@ def test_check_reports_platform_states(tmp_path):
         "  telegram: on",
         "  discord: off: platforms.discord.token is not set",
         "  slack: off: platforms.slack.bot_token is not set",
+        "  email: off: platforms.email.imap_host is not set",
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
         "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
         "are compressed early. Set model.context_length in the config to the model's real window",
@@ -568,7 +577,8 @@ def test_check_json_has_one_shape(tmp_path):
     assert json.loads(result.stdout) == {
         "ok": True, "file": str(EXAMPLE), "home": str(tmp_path), "api": "http://127.0.0.1:8642",
         "platforms": {"telegram": "on", "discord": "off: platforms.discord.token is not set",
-                      "slack": "off: platforms.slack.bot_token is not set"},
+                      "slack": "off: platforms.slack.bot_token is not set",
+                      "email": "off: platforms.email.imap_host is not set"},
         "warnings": [],
     }
     bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
@@ -604,7 +614,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
         "mode": "both",
         "idle_minutes": 1440,
         "at_hour": 4,
-        "by_platform": {"telegram": None, "discord": None, "slack": None},
+        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None},
         "by_type": {"dm": None, "group": None, "thread": None, "channel": None},
     }
 

@@ -249,11 +249,24 @@ async def check_platforms(http: aiohttp.ClientSession, cfg: Config) -> list[Chec
             calls.append(_platform_call(http, name, "GET", f"{str(p.api_base_url).rstrip('/')}/users/@me",
                                         {"Authorization": f"Bot {p.token}"},
                                         lambda s, b: s == 200 and b.get("username")))
-        else:
+        elif name == "slack":
             calls.append(_platform_call(http, name, "POST", f"{str(p.api_base_url).rstrip('/')}/auth.test",
                                         {"Authorization": f"Bearer {p.bot_token}"},
                                         lambda s, b: b.get("ok") and f"{b.get('team')} as {b.get('user')}"))
+        else:  # any other platform checks itself (PlatformConfig.probe)
+            calls.append(_probe(name, p))
     return list(await asyncio.gather(*calls))
+
+
+async def _probe(name: str, section) -> Check:
+    try:
+        found = await asyncio.wait_for(section.probe(TIMEOUT.total or 10.0), (TIMEOUT.total or 10.0) * 2)
+    except Exception as exc:  # noqa: BLE001 - a platform's own check failing is a failed check, said so
+        return Check(name, False, f"its check failed: {type(exc).__name__}", f"check platforms.{name}")
+    if found is None:
+        return Check(name, None, "on (doctor has no check for this platform)")
+    ok, detail, fix = found
+    return Check(name, ok, detail, fix or None)
 
 
 def check_unit(home: Path) -> Check:

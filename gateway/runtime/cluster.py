@@ -69,7 +69,10 @@ def connection_key(platform: str, section: object) -> str | None:
         app_token = _secret(section, "app_token")  # xapp-1-<app id>-<number>-<secret>
         parts = app_token.split("-")
         return slack_key(parts[2] if len(parts) > 3 and parts[2].startswith("A") else _fingerprint(app_token))
-    return None
+    # any other platform says itself what its one connection is (PlatformConfig.connection_identity)
+    identity = getattr(section, "connection_identity", None)
+    named = identity() if callable(identity) else None
+    return f"{platform}:{_fingerprint(named)}" if named else None
 
 
 class OwnedConnection:

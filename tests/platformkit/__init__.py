@@ -30,6 +30,7 @@ BUILT_IN_FAKES = {
     "telegram": "tests.platformkit.telegram:TelegramKit",
     "discord": "tests.platformkit.discord:DiscordKit",
     "slack": "tests.platformkit.slack:SlackKit",
+    "email": "tests.platformkit.email:EmailKit",
 }
 
 
