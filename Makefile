@@ -1,6 +1,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps, so `make run` never stands for the test tools and `make test` never undoes the runtime:
+# .runtime is the gateway alone (`pip install -e .`), .installed is that plus the test extra.
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast check bench clean systemd-tools postgresql-server browser mail-servers
@@ -8,12 +11,20 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+$(RUNTIME): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(RUNTIME)
+
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(RUNTIME) $(STAMP)
 
-run: $(STAMP)
+# The runtime alone, plus the extras the config needs and lacks (a postgresql:// store, OTEL_* traces).
+run: $(RUNTIME)
+	@extras=$$($(BIN)/switchboard config extras --config $${SWITCHBOARD_CONFIG:-config.example.yaml}) && \
+		{ [ -z "$$extras" ] || $(BIN)/pip install --quiet -e ".[$$extras]"; }
 	$(BIN)/switchboard run --config $${SWITCHBOARD_CONFIG:-config.example.yaml}
 
 # pytest-xdist workers (4: many tests wait on daemons and timers more than they compute);

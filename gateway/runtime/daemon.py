@@ -36,7 +36,7 @@ import signal
 import time
 from collections import deque
 from importlib.metadata import entry_points
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import state
 from gateway import tracing
@@ -84,7 +84,9 @@ from gateway.types import (
     VoiceOutput,
 )
 from gateway.usage import UsageRecorder
-from state.cluster.store import ClusterStore
+
+if TYPE_CHECKING:  # psycopg is the postgresql extra: `make run` on SQLite goes without it
+    from state.cluster.store import ClusterStore
 
 log = logging.getLogger(__name__)
 
