@@ -90,6 +90,7 @@ if TYPE_CHECKING:  # psycopg is the postgresql extra: `make run` on SQLite goes 
 
 log = logging.getLogger(__name__)
 
+MODEL_PROBE_SECONDS = 6.0  # how long start waits for the model's probe before saying it serves
 RESUME_TOOLS_SECONDS = 15.0  # how long a restart waits for the MCP servers before resuming turns
 
 LOCAL_SOURCES = ("api", "cli")
@@ -247,6 +248,8 @@ class Gateway:
             on_work_pending=self._work_pending.set if claims_turns else None,
             ask_stop=self._ask_stop if claims_turns else None,
             work_elsewhere=self._work_elsewhere if claims_turns else None))
+        # the model is probed once, alongside the rest of the start: /healthz says at once what it found
+        model_probe = spawn(self._probe_model(), name="model:start-probe") if self.serve_api else None
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
             from gateway.runtime.cluster import share_rate_budgets
 
@@ -307,7 +310,18 @@ class Gateway:
             self.backlog = UnansweredBacklog(self.db)
             self.metrics.watch_unanswered(self.backlog.status)
             self.backlog.start()
+        if model_probe is not None:
+            await asyncio.wait([model_probe], timeout=MODEL_PROBE_SECONDS)
         self.started_at = time.time()
+
+    async def _probe_model(self) -> None:
+        """At start: is each model endpoint up and serving its model?  A WARNING naming the URL if not."""
+        def variable(key: str) -> str | None:
+            names = self.config.variables_for(key)
+            return names[0] if names else None
+
+        for warning in await self.model.check_at_start(variable):
+            log.warning("%s", warning)
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
         """Replies stored but not confirmed sent, and messages no turn answered; None where this
@@ -605,7 +619,7 @@ class Gateway:
         ok = all(p["state"] in ("connected", "disabled", "standby") for p in platforms.values())
         # the model endpoint as the last calls (or a probe, see LocalApi.healthz) found it
         model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
-        ok = ok and model["state"] != "unreachable"
+        ok = ok and model["state"] not in ("unreachable", "not_serving")
         models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
         windows = self.model.windows() if self.model is not None else {}  # and its window, learned or configured
         models = {label: {**state, **windows.get(label, {})} for label, state in models.items()}
