@@ -45,6 +45,7 @@ from gateway.commands import CommandSet
 from gateway.compressing import Compressor
 from gateway.config import Config
 from gateway.cron.service import CronService
+from gateway.errors import TokenRejected
 from gateway.media import media_limits
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService
@@ -90,6 +91,7 @@ if TYPE_CHECKING:  # psycopg is the postgresql extra: `make run` on SQLite goes 
 
 log = logging.getLogger(__name__)
 
+FIRST_TRY_SECONDS = 5.0  # how long the serving line waits for the platforms' first starts
 MODEL_PROBE_SECONDS = 6.0  # how long start waits for the model's probe before saying it serves
 RESUME_TOOLS_SECONDS = 15.0  # how long a restart waits for the MCP servers before resuming turns
 
@@ -146,7 +148,7 @@ class Gateway:
         self._services: Services | None = None  # built by start(), through assemble()
         self._closed = False  # stop() has closed the services
         self._given_adapters = adapters
-        self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter)
+        self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter, named=lambda key: self.config.named(key))
         self.platforms_off: dict[str, str] = {}
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
@@ -234,6 +236,18 @@ class Gateway:
     def adapters(self) -> dict[str, Adapter]:
         """The platforms whose adapter runs (or stands by) here."""
         return self.platforms.adapters
+
+    @property
+    def rejected_platforms(self) -> dict[str, TokenRejected]:
+        """The platforms that refused their token: not retried until a reload."""
+        return self.platforms.rejected
+
+    def platform_summary(self, name: str) -> str:
+        """One platform in the serving line: ``on`` (a cluster's owned connection), ``connected``,
+        ``starting``, ``failed: the token was rejected``, ``failed: <why>; retrying``, or why it is off."""
+        if name not in self.adapters:
+            return self.platforms_off.get(name, "off")
+        return "on" if name in self.owned else self.platforms.state(name)
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -613,6 +627,7 @@ class Gateway:
             if name in self.platforms.start_errors:
                 h["state"] = "failed"
                 h["last_error"] = self.platforms.start_errors[name]
+                h["detail"] = self.platforms.state(name)
             if name in self.owned and self.owned[name].owner.state != "owner":
                 h["state"] = "standby"  # another instance owns the connection; this one takes over if it dies
             platforms[name] = h
@@ -694,8 +709,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     watchdog = spawn(_watchdog(notifier), name="watchdog")
     port = gw.api.bound_port if gw.api is not None else None
-    summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}"
-                        for n in installed_platforms())
+    await gw.platforms.first_tries(FIRST_TRY_SECONDS)  # the line says what each platform's first start did
+    summary = ", ".join(f"{n}: {gw.platform_summary(n)}" for n in installed_platforms())
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{port}; {summary}")
     log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, port)
     await stop.wait()
