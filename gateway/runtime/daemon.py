@@ -631,17 +631,23 @@ class Gateway:
             if name in self.owned and self.owned[name].owner.state != "owner":
                 h["state"] = "standby"  # another instance owns the connection; this one takes over if it dies
             platforms[name] = h
-        ok = all(p["state"] in ("connected", "disabled", "standby") for p in platforms.values())
+        # why the status is not "ok", one line each: what the dashboard's Health page shows beside it
+        reasons = [_platform_reason(name, p) for name, p in platforms.items()
+                   if p["state"] not in ("connected", "disabled", "standby")]
         # the model endpoint as the last calls (or a probe, see LocalApi.healthz) found it
         model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
-        ok = ok and model["state"] not in ("unreachable", "not_serving")
         models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
         windows = self.model.windows() if self.model is not None else {}  # and its window, learned or configured
         models = {label: {**state, **windows.get(label, {})} for label, state in models.items()}
+        if model["state"] in ("unreachable", "not_serving"):
+            reasons.append(f"model: {model['state'].replace('_', ' ')}: {model['last_error'] or 'no answer'}")
         integrity = self.integrity.status() if self.integrity is not None else None
         corrupt = integrity is not None and integrity["state"] == "corrupt"
+        if corrupt:
+            reasons.append("store: the integrity check found damage (see integrity.problems)")
         return {
-            "status": "draining" if self.draining else "corrupt" if corrupt else "ok" if ok else "degraded",
+            "status": "draining" if self.draining else "corrupt" if corrupt else "degraded" if reasons else "ok",
+            "reasons": reasons,
             "platforms": platforms,
             "model": model,
             "models": models,
@@ -666,6 +672,15 @@ class Gateway:
                 "connections": {name: held.status() for name, held in self.owned.items()},
                 "rate_budgets": budget_sharing(),  # shared across the instances, or each on its own (fallback)
                 "claims": {"cron_ticks": list(self.cron_claims), **turns}}
+
+
+def _platform_reason(name: str, health: dict) -> str:
+    """Why one platform makes the status "degraded": ``telegram: failed: the token was rejected``,
+    ``discord: reconnecting (the last error)``."""
+    detail = health.get("detail") or ""
+    if detail.startswith("failed"):
+        return f"{name}: {detail}"
+    return f"{name}: {health['state']}" + (f" ({health['last_error']})" if health.get("last_error") else "")
 
 
 @contextlib.asynccontextmanager
