@@ -212,7 +212,8 @@ def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
         except state.StateError as exc:
             _fail(str(exc))
             return
-    click.echo(f"Approved {platform} user {user['user_id']}. They can talk to the agent now.")
+    click.echo(f"Approved {platform} user {user['user_id']}. They can talk to the agent now: the running daemon "
+               "tells them so and answers the message they were waiting on.")
 
 
 @pairing.command("revoke")

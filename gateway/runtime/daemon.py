@@ -65,6 +65,7 @@ from gateway.runtime.notify import Notifier
 from gateway.runtime.platforms import PlatformSupervisor
 from gateway.runtime.reload import reload_config
 from gateway.runtime.upkeep import StoreUpkeep
+from gateway.runtime.welcome import Welcomes
 from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
@@ -154,6 +155,7 @@ class Gateway:
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
         self._dead_letter_replay: asyncio.Task | None = None
+        self._welcomes: asyncio.Task | None = None  # approved users told so, their waiting message answered
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
         self.integrity: IntegrityGuard | None = None  # quick_check at start and daily, in the daemon only
         self.backups: AutoBackups | None = None  # backup.every: automatic online backups, in the daemon only
@@ -304,6 +306,7 @@ class Gateway:
             await self.claims.start()
         await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
+        self._start_welcomes()
         if self.serve_api:
             self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
                                       usage_keep_days=cfg.usage.keep_days, clock=self.clock,
@@ -394,6 +397,19 @@ class Gateway:
         replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters,
                                   files=self.services.media.files)
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
+
+    def _start_welcomes(self) -> None:
+        """Where platforms run: tell the users an operator approved, and answer what they sent."""
+        if not (self.serve_api or self.adapters):
+            return
+        welcomes = Welcomes(self.db, lambda chat, text: self.router.deliver(chat, text, None), self.on_inbound,
+                            serves=self._owns_connection)
+        self._welcomes = spawn(welcomes.run(), name="pairing:welcomes")
+
+    def _owns_connection(self, platform: str) -> bool:
+        """Whether ``platform``'s adapter runs here and, in a cluster, this instance owns its connection."""
+        held = self.owned.get(platform)
+        return platform in self.adapters and (held is None or held.owner.state == "owner")
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         self.platforms.add(name, adapter)
@@ -545,9 +561,10 @@ class Gateway:
         """Stop taking messages, finish running turns within the grace period, close everything."""
         grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
         self.draining = True
-        if self._dead_letter_replay is not None:
-            self._dead_letter_replay.cancel()
-            await asyncio.gather(self._dead_letter_replay, return_exceptions=True)
+        for poll in (self._dead_letter_replay, self._welcomes):
+            if poll is not None:
+                poll.cancel()
+                await asyncio.gather(poll, return_exceptions=True)
         # Everything that is still working gets the same grace period, at the same time, so
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
         # turns (the router stops taking messages first), cron runs, memory flushes and fact
