@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast check bench clean systemd-tools postgresql-server browser mail-servers
+.PHONY: run setup test test-fast check bench clean systemd-tools postgresql-server browser mail-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,11 +21,20 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(RUNTIME) $(STAMP)
 
+# The config `make run` starts with: $SWITCHBOARD_CONFIG, else the home's config.yaml (what
+# `switchboard setup` writes, in $SWITCHBOARD_HOME or ~/.switchboard), else the checkout's example.
+RUN_CONFIG = $${SWITCHBOARD_CONFIG:-$$(h="$${SWITCHBOARD_HOME:-$$HOME/.switchboard}"; \
+	if [ -f "$$h/config.yaml" ]; then echo "$$h/config.yaml"; else echo config.example.yaml; fi)}
+
 # The runtime alone, plus the extras the config needs and lacks (a postgresql:// store, OTEL_* traces).
 run: $(RUNTIME)
-	@extras=$$($(BIN)/switchboard config extras --config $${SWITCHBOARD_CONFIG:-config.example.yaml}) && \
+	@extras=$$($(BIN)/switchboard config extras --config "$(RUN_CONFIG)") && \
 		{ [ -z "$$extras" ] || $(BIN)/pip install --quiet -e ".[$$extras]"; }
-	$(BIN)/switchboard run --config $${SWITCHBOARD_CONFIG:-config.example.yaml}
+	$(BIN)/switchboard run --config "$(RUN_CONFIG)"
+
+# A guided set-up (the model, the platforms, the owner): writes ~/.switchboard/config.yaml and switchboard.env.
+setup: $(RUNTIME)
+	$(BIN)/switchboard setup
 
 # pytest-xdist workers (4: many tests wait on daemons and timers more than they compute);
 # `make test WORKERS=auto` is one per core, WORKERS=0 runs in one process.

@@ -99,6 +99,39 @@ def read_text(path: Path, source: str) -> str:
         raise ConfigError(f"cannot read {path.resolve()}: {exc.strerror}", file=shown) from None
 
 
+ENV_FILENAME = "switchboard.env"  # the secrets beside the config (systemd's EnvironmentFile=, `switchboard setup`)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines (systemd's EnvironmentFile= syntax: no ``export``, ``#`` comments, a value
+    optionally in double or single quotes); a missing or unreadable file is empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        name, value = name.strip(), value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            values[name] = value
+    return values
+
+
+def with_env_file(config_path: Path, env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the variables of ``switchboard.env`` beside the config filled in where ``env`` lacks
+    them (the shell's own win), so `switchboard run` from a shell reads what the service reads."""
+    extra = read_env_file(config_path.parent / ENV_FILENAME)
+    if not extra:
+        return env
+    return collections.ChainMap(dict(env), {k: v for k, v in extra.items() if k not in env})
+
+
 # --------------------------------------------------------------------------- YAML
 
 

@@ -1267,6 +1267,7 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     text = _config_load.read_text(found, source)
     data = _config_load.parse_yaml(text, shown)
     sources: dict[str, list[tuple[str, str]]] = {}
+    env = _config_load.with_env_file(found, env)
     data = _config_load.expand_env(data, env, shown, sources=sources)
     try:
         config = Config.model_validate(data, context={"env": env, "base_dir": found.resolve().parent})

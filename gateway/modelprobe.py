@@ -32,7 +32,7 @@ SERVERS: tuple[tuple[str, str], ...] = (
     ("vLLM (vllm serve)", "http://127.0.0.1:8000/v1"),
     ("LM Studio", "http://127.0.0.1:1234/v1"),
     ("OpenAI", "https://api.openai.com/v1"),
-    ("another hosted OpenAI-compatible API (OpenRouter, Together, Groq, ...)", ""),
+    ("another address: a hosted OpenAI-compatible API (OpenRouter, Together, Groq, ...) or a server elsewhere", ""),
 )
 
 # Where servers report a model's context window in their /models entries: vLLM (max_model_len),

@@ -1,5 +1,6 @@
 """``switchboard``: the command line.  A thin layer: load, call one thing, turn errors into exit codes.
 
+    switchboard setup [--yes ...]    guided set-up: the model, the platforms, the owner; writes the config
     switchboard run                  the daemon (every configured platform + the local API)
     switchboard chat [-c [TITLE]] [-r ID|TITLE]   talk to the agent from the terminal
     switchboard sessions ...         list, show, search, export, import, rename, delete, prune, stats
@@ -21,7 +22,7 @@
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
 ``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``, ``insights``,
-``storage``, ``tools``, ``budgets``);
+``storage``, ``tools``, ``budgets``, and the package ``setup``);
 ``run``, ``chat``, ``doctor`` and ``pairing`` are defined here, with the work of
 ``chat`` and ``doctor`` in ``gateway/cli/chat.py`` and ``gateway/cli/doctor.py``.
 """
@@ -56,6 +57,7 @@ from gateway.cli.maintenance import maintenance_cmd
 from gateway.cli.migrate import migrate_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
+from gateway.cli.setup import setup_cmd
 from gateway.cli.storage import storage_cmd
 from gateway.cli.tools import tools_group
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
@@ -80,6 +82,7 @@ def main() -> None:
 for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd, maintenance_cmd):
     main.add_command(command)
 main.add_command(budgets_group)
+main.add_command(setup_cmd)
 main.add_command(deadletters_group)
 main.add_command(insights_cmd)
 main.add_command(migrate_cmd)
