@@ -28,9 +28,10 @@ RUN_CONFIG = $${SWITCHBOARD_CONFIG:-$$(h="$${SWITCHBOARD_HOME:-$$HOME/.switchboa
 
 # The runtime alone, plus the extras the config needs and lacks (a postgresql:// store, OTEL_* traces).
 run: $(RUNTIME)
-	@extras=$$($(BIN)/switchboard config extras --config "$(RUN_CONFIG)") && \
-		{ [ -z "$$extras" ] || $(BIN)/pip install --quiet -e ".[$$extras]"; }
-	$(BIN)/switchboard run --config "$(RUN_CONFIG)"
+	@config="$(RUN_CONFIG)" && echo "make run: $(BIN)/switchboard run --config $$config" && \
+		extras=$$($(BIN)/switchboard config extras --config "$$config") && \
+		{ [ -z "$$extras" ] || $(BIN)/pip install --quiet -e ".[$$extras]"; } && \
+		exec $(BIN)/switchboard run --config "$$config"
 
 # A guided set-up (the model, the platforms, the owner): writes ~/.switchboard/config.yaml and switchboard.env.
 setup: $(RUNTIME)

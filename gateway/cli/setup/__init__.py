@@ -3,6 +3,10 @@
     switchboard setup                       # in a terminal: asks, probing and checking as it goes
     switchboard setup --yes --model-url URL --telegram-token TOKEN   # scripted: flags, no questions
 
+Each flag's default is the variable the example config reads (``SWITCHBOARD_MODEL_URL``,
+``SWITCHBOARD_MODEL``, ``SWITCHBOARD_MODEL_KEY``, ``TELEGRAM_BOT_TOKEN``, ...), so the three
+variables of the README work here too.  Without a terminal it asks nothing, as with ``--yes``.
+
 1. the model (:mod:`.model`): the usual servers offered (those answering now marked), the URL probed
    (a missing ``/v1`` added when that is what answers), the served models listed, the context window
    read where the server reports it, and one real completion;
@@ -43,14 +47,14 @@ def _home(given: Path | None) -> Path:
 @click.command("setup")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write config.yaml and switchboard.env. Default: $SWITCHBOARD_HOME, else ~/.switchboard.")
-@click.option("--model-url", default=None, help="The model server's OpenAI-compatible base URL (a missing /v1 is added).")
-@click.option("--model", "model_name", default=None, help="The model's name as the server knows it.")
-@click.option("--model-key", default=None, help="The server's API key (hosted APIs); kept in switchboard.env.")
+@click.option("--model-url", default=None, envvar="SWITCHBOARD_MODEL_URL", show_envvar=True, help="The model server's OpenAI-compatible base URL (a missing /v1 is added).")
+@click.option("--model", "model_name", default=None, envvar="SWITCHBOARD_MODEL", show_envvar=True, help="The model's name as the server knows it.")
+@click.option("--model-key", default=None, envvar="SWITCHBOARD_MODEL_KEY", show_envvar=True, help="The server's API key (hosted APIs); kept in switchboard.env.")
 @click.option("--context-length", type=click.IntRange(min=1), default=None, help="The model's context window in tokens.")
-@click.option("--telegram-token", default=None, help="The bot token from @BotFather.")
-@click.option("--discord-token", default=None, help="The bot token from the Discord Developer Portal.")
-@click.option("--slack-bot-token", default=None, help="The Slack app's Bot User OAuth Token (xoxb-...).")
-@click.option("--slack-app-token", default=None, help="The Slack app-level token (xapp-...), for Socket Mode.")
+@click.option("--telegram-token", default=None, envvar="TELEGRAM_BOT_TOKEN", show_envvar=True, help="The bot token from @BotFather.")
+@click.option("--discord-token", default=None, envvar="DISCORD_BOT_TOKEN", show_envvar=True, help="The bot token from the Discord Developer Portal.")
+@click.option("--slack-bot-token", default=None, envvar="SLACK_BOT_TOKEN", show_envvar=True, help="The Slack app's Bot User OAuth Token (xoxb-...).")
+@click.option("--slack-app-token", default=None, envvar="SLACK_APP_TOKEN", show_envvar=True, help="The Slack app-level token (xapp-...), for Socket Mode.")
 @click.option("--owner", default=None, metavar="PLATFORM:ID", help="The owner's account (allowed, approves tools).")
 @click.option("--owner-wait", type=float, default=OWNER_WAIT_SECONDS, show_default=True,
               help="Seconds to wait for the owner's first message.")

@@ -116,9 +116,9 @@ GUIDES: dict[str, PlatformGuide] = {
     "slack": PlatformGuide(
         "slack", "Slack",
         ("api.slack.com/apps -> Create New App -> From scratch; Socket Mode: on (an app-level token with "
-         "connections:write, xapp-...); Event Subscriptions: message.im, app_mention.",
-         "OAuth & Permissions: scopes chat:write, im:history, app_mentions:read; Install to Workspace; copy the "
-         "Bot User OAuth Token (xoxb-...)."),
+         "connections:write, xapp-...); Event Subscriptions: message.im, app_mention (docs/first-bot-slack.md).",
+         "OAuth & Permissions: scopes chat:write, app_mentions:read, im:history, users:read; Install to "
+         "Workspace; copy the Bot User OAuth Token (xoxb-...)."),
         (Secret("SLACK_BOT_TOKEN", "Slack bot token (xoxb-...)", "xoxb-"),
          Secret("SLACK_APP_TOKEN", "Slack app-level token (xapp-...)", "xapp-")), check_slack, *SLACK_BASE),
 }
