@@ -140,8 +140,9 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
     log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
     logged_before = log_path.stat().st_size
     setup_logging("WARNING", "text", secrets=cfg.secrets(), stream=log_file)
+    code = 0
     try:
-        asyncio.run(run_chat(cfg, continue_=continue_, resume=resume))
+        code = asyncio.run(run_chat(cfg, continue_=continue_, resume=resume))
     except (SwitchboardError, state.StateError) as exc:
         _fail(str(exc))
     except (KeyboardInterrupt, EOFError):
@@ -150,6 +151,8 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
         log_file.flush()
         if log_path.stat().st_size > logged_before:
             click.echo(f"(warnings from this chat are in {log_path})", err=True)
+    if code:
+        sys.exit(code)  # a turn got no answer: a script piping questions in sees it
 
 
 @main.command()
