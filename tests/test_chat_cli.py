@@ -337,3 +337,19 @@ async def test_a_piped_chat_of_commands_leaves_no_empty_session_and_stream_says_
     assert "saved" not in err  # no session to continue
     with SessionDB(tmp_path / "home" / "state.db") as db:
         assert db.sessions.list_rich(source="cli", limit=5) == []
+
+
+async def test_markdown_in_an_answer_is_drawn_in_the_terminal_not_printed_raw(tmp_path):
+    request = ("The agent wants to run **demo__write_note** with:\n\n```json\n{\"path\": \"a.txt\"}\n```\n\n"
+               "**Approve** runs exactly this call: `/approve 1`")
+    async with FakeModel() as model:
+        model.script(Reply(request), Reply(request))
+        cfg = gateway_config(tmp_path / "home", model.base_url)
+        screen = console()
+        await run_chat(cfg, interactive=True, console=screen, read_line=lines("write a note"))
+        out = screen.export_text()
+        piped = console()
+        await run_chat(cfg, interactive=False, console=piped, read_line=lines("again"))
+    assert "demo__write_note" in out and '"path": "a.txt"' in out
+    assert "**" not in out and "```" not in out and "/approve 1" in out
+    assert "**demo__write_note**" in piped.export_text()  # piped, the text stays as written, for scripts

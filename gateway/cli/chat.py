@@ -24,12 +24,14 @@ import getpass
 import json
 import mimetypes
 import os
+import re
 import stat
 import sys
 from pathlib import Path
 
 from rich.console import Console, RenderableType
 from rich.live import Live
+from rich.markdown import Markdown
 from rich.markup import escape
 from rich.panel import Panel
 from rich.spinner import Spinner
@@ -44,6 +46,8 @@ from gateway.router import STOPPED_MARK, SessionRouter, Ticket
 from gateway.runtime.daemon import local_gateway
 from gateway.types import Attachment, ChatType, InboundMessage, MediaLimits, article, attachment_kind
 
+# Markdown that reads badly raw (bold, inline code, a fence, a list item): drawn by rich in a terminal
+_MARKDOWN = re.compile(r"\*\*[^*\n]+\*\*|`[^`\n]+`|^```|^\s*[-*] ", re.M)
 RECAP_EXCHANGES = 10
 USER_CHARS = 300
 ASSISTANT_CHARS = 200
@@ -336,7 +340,10 @@ class _Chat:
             self.notes.print(f"[dim]{notice}[/dim]")
         if ticket.failure is not None:
             self.failed = True
-        self.console.print(reply, markup=False, highlight=False)
+        if self.interactive and _MARKDOWN.search(reply):  # an approval request, a code block: drawn, not raw
+            self.console.print(Markdown(reply, code_theme="ansi_dark"))
+        else:
+            self.console.print(reply, markup=False, highlight=False)
         return True
 
     async def _reply_or_leave(self, ticket: Ticket) -> str | None:
