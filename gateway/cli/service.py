@@ -45,6 +45,15 @@ def _scope(user_scope: bool | None) -> service_mod.Scope:
     return "user" if user_scope else "system"
 
 
+def _where_installed(home: Path, user_scope: bool | None, unit_dir: Path | None) -> tuple[service_mod.Scope, Path | None]:
+    """The scope and unit folder status and uninstall look at: as given, else where `service install`
+    put the unit for this home (--user --unit-dir DIR included), else the default for this account."""
+    recorded = service_mod.installed_unit(home) if user_scope is None and unit_dir is None else None
+    if recorded is not None:
+        return recorded[0], recorded[1].parent
+    return _scope(user_scope), unit_dir
+
+
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
 
@@ -112,7 +121,10 @@ def install_cmd(user_scope, dry_run, config_path, unit_dir, env_file, run_as) ->
     if result.home_created:
         click.echo(f"created home {settings.home} (mode 0700)")
     if result.env_file_created:
-        click.echo(f"created {settings.env_file} (mode 0600): put the platform tokens and the model key in it")
+        filled = sorted(service_mod.env_file_names(settings.env_file))
+        click.echo(f"created {settings.env_file} (mode 0600)" + (
+            f" with {', '.join(filled)} as this shell exports them; put any other token there too" if filled
+            else ": put the platform tokens and the model key in it"))
     elif result.env_file_tightened:
         click.echo(f"{settings.env_file} was readable by other users; it is now mode 0600")
     else:
@@ -135,8 +147,8 @@ def _remind_environment(plan: service_mod.InstallPlan) -> None:
 @_unit_dir_option
 def uninstall_cmd(user_scope, config_path, unit_dir) -> None:
     """Remove the unit file (the home, the database and the secrets file stay)."""
-    scope = _scope(user_scope)
     home = resolve_home(config_path)
+    scope, unit_dir = _where_installed(home, user_scope, unit_dir)
     try:
         result = service_mod.uninstall(scope, home=home, unit_dir=unit_dir)
     except SwitchboardError as exc:
@@ -158,7 +170,9 @@ def uninstall_cmd(user_scope, config_path, unit_dir) -> None:
 @_unit_dir_option
 def status_cmd(user_scope, config_path, unit_dir) -> None:
     """Show whether the unit is installed and the daemon runs (exit 3 when it does not)."""
-    report = service_mod.service_status(_scope(user_scope), home=resolve_home(config_path), unit_dir=unit_dir)
+    home = resolve_home(config_path)
+    scope, unit_dir = _where_installed(home, user_scope, unit_dir)
+    report = service_mod.service_status(scope, home=home, unit_dir=unit_dir)
     for line in report.lines:
         click.echo(line)
     raise SystemExit(report.exit_code)
