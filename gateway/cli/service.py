@@ -9,6 +9,7 @@ one-line message and exit status 1.  ``gateway.cli.main`` mounts these with
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -182,16 +183,17 @@ def status_cmd(user_scope, config_path, unit_dir) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @home_options
 @click.option("--allow-empty", is_flag=True, help="Back up a database that holds no sessions (refused otherwise).")
+@click.option("--force", is_flag=True, help="Replace FILE if it exists (once the new copy is whole and checked).")
 @click.option("--media", "media_to", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also copy the media folder's files into DIR (only those DIR does not hold yet).")
-def backup_cmd(file, config_path, allow_empty, media_to) -> None:
+def backup_cmd(file, config_path, allow_empty, force, media_to) -> None:
     """Copy the live database to FILE (consistent while the daemon runs; mode 0600).
 
     Pictures, voice and documents are files in the media folder, not in the database: --media DIR
     copies them too, after the database; without it the command says where they are."""
     refuse_on_postgresql(config_path, "backup", "back PostgreSQL up with its own tools (pg_dump)")
     try:
-        summary = backup_mod.backup(resolve_home(config_path), file, allow_empty=allow_empty)
+        summary = backup_mod.backup(resolve_home(config_path), file, allow_empty=allow_empty, force=force)
     except (SwitchboardError, OSError) as exc:
         raise _fail(exc) from None
     click.echo(
@@ -216,11 +218,19 @@ def backup_cmd(file, config_path, allow_empty, media_to) -> None:
 @click.command("restore")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @home_options
-def restore_cmd(file, config_path) -> None:
-    """Replace the database with FILE after checking it; the daemon must be stopped."""
+@click.option("--yes", "-y", "assume_yes", is_flag=True, help="Do not ask before replacing the database.")
+def restore_cmd(file, config_path, assume_yes) -> None:
+    """Replace the database with FILE after checking it; the daemon must be stopped.  In a terminal it
+    asks first (--yes does not)."""
     refuse_on_postgresql(config_path, "restore", "restore PostgreSQL with its own tools (pg_restore)")
+    home = resolve_home(config_path)
+    if not assume_yes and sys.stdin.isatty():
+        live = home / "state.db"
+        what = (f"{live} ({live.stat().st_size:,} bytes)" if live.exists() else f"the empty home {home}")
+        if not click.confirm(f"Replace {what} with {file}? The current database is kept as a copy", default=False):
+            raise click.ClickException("nothing was restored")
     try:
-        result = backup_mod.restore(resolve_home(config_path), file)
+        result = backup_mod.restore(home, file)
     except (SwitchboardError, OSError) as exc:
         raise _fail(exc) from None
     if result.previous_copy:
