@@ -403,6 +403,16 @@ class ModelClient:
                 endpoint.note(True)
         return self.health
 
+    async def back(self, within: float, every: float = PROBE_EVERY_SECONDS) -> bool:
+        """Wait until the ``default`` endpoint, seen down, answers again (probed every ``every`` seconds);
+        False after ``within`` seconds without it.  What holds a chat's messages through an outage."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            await asyncio.sleep(every)
+            if (await self.probe()).state != "unreachable":
+                return True
+        return False
+
     def _order(self, model: str | None, messages: list[dict], tools: list[dict] | None) -> list[tuple[_Endpoint, str]]:
         """The models this call tries, in order: the one asked for (a name under ``models``, else a model
         name for the ``default`` endpoint), then the fallbacks that have what it needs; those whose
