@@ -59,7 +59,8 @@ that way.  Each message says what to do next.
 Outside the tree: ``gateway/cli/config.py``'s ``ConfigFailure`` is a
 ``click.ClickException``, the way the CLI prints a ``ConfigError`` as one
 line and exits 78; ``gateway/cli/common.py``'s ``_JsonError`` is one too, the
-way any command's error is printed as ``{"error": ...}`` under ``--json``.
+way any command's error is printed as ``{"error": ...}`` under ``--json``, and
+``gateway/cli/setup/ask.py``'s ``SetupFailed`` too, the one line ``switchboard setup`` stops with.
 
 ``state.StateError`` is the store's own root (``state`` imports nothing from
 the gateway), and ``compression.CompressionError`` the compressor's; the CLI
