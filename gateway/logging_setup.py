@@ -243,8 +243,8 @@ def setup_logging(
     quiet = logging.WARNING if numeric > logging.DEBUG else logging.NOTSET
     for name in QUIET_PER_REQUEST:
         logging.getLogger(name).setLevel(quiet)
-    for name in NO_MESSAGE_TEXT:
-        logging.getLogger(name).setLevel(max(numeric, logging.INFO))
+    for name in NO_MESSAGE_TEXT:  # above DEBUG they follow the root's level, as before
+        logging.getLogger(name).setLevel(logging.INFO if numeric <= logging.DEBUG else logging.NOTSET)
     short = sum(1 for s in set(secrets) if s and len(s) < MIN_SECRET_LENGTH)
     if short:
         logging.getLogger(__name__).warning(
