@@ -660,3 +660,20 @@ async def test_the_storage_page_shows_the_storage_report_with_what_reduces_each_
     assert platforms == {"discord": "4", "telegram": "2"}
     assert "<script>alert('title')</script>" not in body  # the hostile title is escaped here too
     assert "Integrity check" in body
+
+
+async def test_an_untitled_session_is_listed_by_when_it_started_not_by_its_raw_id(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await gw.db.sessions.create("20261201_101500_abcdef12", "telegram", user_id="7", user_name="Ann")
+        await gw.db.messages.append("20261201_101500_abcdef12", "user", "first words")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions")
+        finally:
+            await browser.close()
+    link = re.search(r'<a href="/ui/sessions/20261201_101500_abcdef12"[^>]*>(.*?)</a>', body, re.S)
+    assert link, body
+    shown = html.unescape(re.sub(r"<[^>]+>", "", link.group(1)))
+    assert shown.startswith("Untitled, started ") and "abcdef12" not in shown
+    assert 'title="20261201_101500_abcdef12"' in link.group(0)  # the id is still there, on hover
