@@ -39,7 +39,7 @@ async def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
-async def expect(term: Terminal, pattern: str, timeout: float = 30) -> str:
+async def expect(term: Terminal, pattern: str, timeout: float = 90) -> str:
     """Wait until the screen shows ``pattern`` (a regex) after what was already matched; return the screen."""
     await eventually(lambda: re.search(pattern, term.text()), timeout, lambda: f"{pattern!r} on the screen:\n{term.text()}")
     return term.text()

@@ -102,7 +102,8 @@ def show(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
 def needed_extras(cfg: Config, env: dict[str, str] | None = None) -> list[str]:
     """The optional extras this config (and these variables) use that are not installed, by name.
 
-    ``postgresql`` for a ``postgresql://`` store, ``otel`` when ``OTEL_*`` names an endpoint.
+    ``postgresql`` for a ``postgresql://`` store, ``otel`` when ``OTEL_*`` names an endpoint, and a
+    platform's own extra (``email``) when that platform is on and its library is missing.
     """
     import importlib.util
     import os
@@ -115,7 +116,15 @@ def needed_extras(cfg: Config, env: dict[str, str] | None = None) -> list[str]:
         wanted.append("postgresql")
     if tracing.requested(env_vars) and not tracing.available():
         wanted.append("otel")
+    for name, state in cfg.enabled_platforms().items():
+        library = PLATFORM_EXTRAS.get(name)
+        if state == "on" and library is not None and importlib.util.find_spec(library) is None:
+            wanted.append(name)
     return wanted
+
+
+# Platforms whose library is an extra of their own (pyproject.toml), by the module that extra brings.
+PLATFORM_EXTRAS = {"email": "aioimaplib"}
 
 
 @config_group.command("extras")
