@@ -1,20 +1,41 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps, so `make run` never stands for the test tools and `make test` never undoes the runtime:
+# .runtime is the gateway alone (`pip install -e .`), .installed is that plus the test extra.
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast check bench clean systemd-tools postgresql-server browser mail-servers
+.PHONY: run setup test test-fast check bench clean systemd-tools postgresql-server browser mail-servers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+$(RUNTIME): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(RUNTIME)
+
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(RUNTIME) $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/switchboard run --config $${SWITCHBOARD_CONFIG:-config.example.yaml}
+# The config `make run` starts with: $SWITCHBOARD_CONFIG, else the home's config.yaml (what
+# `switchboard setup` writes, in $SWITCHBOARD_HOME or ~/.switchboard), else the checkout's example.
+RUN_CONFIG = $${SWITCHBOARD_CONFIG:-$$(h="$${SWITCHBOARD_HOME:-$$HOME/.switchboard}"; \
+	if [ -f "$$h/config.yaml" ]; then echo "$$h/config.yaml"; else echo config.example.yaml; fi)}
+
+# The runtime alone, plus the extras the config needs and lacks (a postgresql:// store, OTEL_* traces).
+run: $(RUNTIME)
+	@config="$(RUN_CONFIG)" && echo "make run: $(BIN)/switchboard run --config $$config" && \
+		extras=$$($(BIN)/switchboard config extras --config "$$config") && \
+		{ [ -z "$$extras" ] || $(BIN)/pip install --quiet -e ".[$$extras]"; } && \
+		exec $(BIN)/switchboard run --config "$$config"
+
+# A guided set-up (the model, the platforms, the owner): writes ~/.switchboard/config.yaml and switchboard.env.
+setup: $(RUNTIME)
+	$(BIN)/switchboard setup
 
 # pytest-xdist workers (4: many tests wait on daemons and timers more than they compute);
 # `make test WORKERS=auto` is one per core, WORKERS=0 runs in one process.

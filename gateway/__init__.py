@@ -27,6 +27,7 @@ from gateway.errors import (
     RateLimited,
     ServiceError,
     SwitchboardError,
+    TokenRejected,
 )
 
 __all__ = [
@@ -55,4 +56,5 @@ __all__ = [
     "RateLimited",
     "ServiceError",
     "SwitchboardError",
+    "TokenRejected",
 ]

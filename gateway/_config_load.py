@@ -99,6 +99,39 @@ def read_text(path: Path, source: str) -> str:
         raise ConfigError(f"cannot read {path.resolve()}: {exc.strerror}", file=shown) from None
 
 
+ENV_FILENAME = "switchboard.env"  # the secrets beside the config (systemd's EnvironmentFile=, `switchboard setup`)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines (systemd's EnvironmentFile= syntax: no ``export``, ``#`` comments, a value
+    optionally in double or single quotes); a missing or unreadable file is empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        name, value = name.strip(), value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            values[name] = value
+    return values
+
+
+def with_env_file(config_path: Path, env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the variables of ``switchboard.env`` beside the config filled in where ``env`` lacks
+    them (the shell's own win), so `switchboard run` from a shell reads what the service reads."""
+    extra = read_env_file(config_path.parent / ENV_FILENAME)
+    if not extra:
+        return env
+    return collections.ChainMap(dict(env), {k: v for k, v in extra.items() if k not in env})
+
+
 # --------------------------------------------------------------------------- YAML
 
 
@@ -164,8 +197,13 @@ _VAR = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 _VAR_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
 
 
-def expand_env(data: Any, env: Mapping[str, str], file: str, loc: Loc = ()) -> Any:
+def expand_env(data: Any, env: Mapping[str, str], file: str, loc: Loc = (),
+               sources: dict[str, list[tuple[str, str]]] | None = None) -> Any:
     """Expand ``${VAR}``/``${VAR:-default}`` in every string value (keys are left alone).
+
+    ``sources``, when given, is filled with the variables each key's value came from (the key as
+    :func:`format_loc` writes it -> ``[(NAME, value), ...]``; a default that stood in is not one), so
+    an error about that value names the variable as well as the key (:func:`translate`).
 
     ``${VAR}`` must be set (an empty value counts as set); ``${VAR:-default}``
     uses the default when VAR is unset or empty, as in the shell.  Expansion
@@ -173,9 +211,9 @@ def expand_env(data: Any, env: Mapping[str, str], file: str, loc: Loc = ()) -> A
     ``"8642"`` then becomes a number where the key wants one.
     """
     if isinstance(data, dict):
-        return {k: expand_env(v, env, file, loc + (k,)) for k, v in data.items()}
+        return {k: expand_env(v, env, file, loc + (k,), sources) for k, v in data.items()}
     if isinstance(data, list):
-        return [expand_env(v, env, file, loc + (i,)) for i, v in enumerate(data)]
+        return [expand_env(v, env, file, loc + (i,), sources) for i, v in enumerate(data)]
     if not isinstance(data, str) or "$" not in data:
         return data
 
@@ -193,6 +231,8 @@ def expand_env(data: Any, env: Mapping[str, str], file: str, loc: Loc = ()) -> A
             )
         name, default = parsed.group(1), parsed.group(2)
         value = env.get(name)
+        if value and sources is not None:
+            sources.setdefault(format_loc(loc), []).append((name, value))
         if default is not None:
             return value if value else default
         if value is None:
@@ -348,10 +388,27 @@ def _message(err: Mapping[str, Any], root: type[BaseModel]) -> tuple[Loc, str]:
     return loc, f"{err.get('msg', 'is invalid')}{got}"
 
 
-def translate(exc: ValidationError, root: type[BaseModel], file: str | None) -> ConfigError:
-    """One ConfigError for the first problem, naming how many more there are."""
+def from_variables(key: str, sources: Mapping[str, list[tuple[str, str]]] | None, *, secret: bool = False) -> str:
+    """``"; set by NAME=value in the environment"`` when ``key``'s value (or its parent's) came from a
+    variable, else ``""``; a secret's value is never shown, only the variable's name."""
+    if not sources:
+        return ""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        found = sources.get(".".join(parts[:n]))
+        if found:
+            named = ", ".join(name if secret else f"{name}={value}" for name, value in found)
+            return f"; set by {named} in the environment"
+    return ""
+
+
+def translate(exc: ValidationError, root: type[BaseModel], file: str | None,
+              sources: Mapping[str, list[tuple[str, str]]] | None = None) -> ConfigError:
+    """One ConfigError for the first problem, naming how many more there are, and the variable that
+    set the value when one did (``sources`` from :func:`expand_env`)."""
     errors = exc.errors()
     loc, message = _message(errors[0], root)
+    message += from_variables(format_loc(loc), sources, secret=_is_secret(_walk(root, loc)[1]))
     more = [format_loc(_message(e, root)[0]) or "(top level)" for e in errors[1:]]
     if more:
         message += f" (also wrong: {', '.join(dict.fromkeys(more))})"

@@ -8,7 +8,10 @@ A stranger who writes in a DM gets an 8-character pairing code (valid one
 hour, at most 3 pending per platform, answered at most once per
 ``REPLY_EVERY_SECONDS``) and nothing else; the operator approves it with
 ``switchboard pairing approve <platform> <code>``.  In groups strangers are
-ignored.  Nothing a stranger writes is stored or reaches the model.
+ignored.  Nothing a stranger writes reaches the model: the message that got the
+code is kept with the request alone (gone with it when it expires), and once the
+operator approves, the daemon tells the user in one line and answers that message
+(:mod:`gateway.runtime.welcome`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from gateway.types import ChatType, InboundMessage
+from gateway.types import ChatType, InboundMessage, message_json
 from state import AsyncSessionDB
 
 log = logging.getLogger(__name__)
@@ -87,7 +90,7 @@ class Authorizer:
             return None  # rate-limited: one answer per stranger per window
         request = await self.db.pairing.request(
             msg.platform, user_id, msg.user_name, new_code(), now=now, ttl=CODE_TTL_SECONDS,
-            max_pending=MAX_PENDING_PER_PLATFORM,
+            max_pending=MAX_PENDING_PER_PLATFORM, waiting=message_json(msg),
         )
         if len(self._last_reply) > 10_000:  # forget strangers whose window has passed
             self._last_reply = {k: t for k, t in self._last_reply.items() if now - t < REPLY_EVERY_SECONDS}

@@ -282,6 +282,10 @@ async def cmd_stream(ctx: CommandContext) -> str:
     choice = (ctx.command.args or "").strip().lower()
     if choice not in ("", "on", "off"):
         return "Usage: /stream (whether replies here show as they are written), /stream on, /stream off"
+    if msg.platform == "cli":  # the terminal chat draws every answer as it is written (piped: whole)
+        return "The terminal chat shows replies as they are written (piped, each answer comes whole); nothing to change."
+    if msg.platform == "api":
+        return 'On the local API a request chooses for itself: "stream": true streams its answer.'
     if ctx.router.streamed_output(msg.platform, msg.chat_type, "on") is None:
         return (f"Replies on {msg.platform} arrive whole: streaming is off for it in the config "
                 f"(streaming.enabled, platforms.{msg.platform}.streaming.enabled).")

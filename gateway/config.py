@@ -1029,6 +1029,7 @@ class Config(_Model):
     budgets: BudgetsConfig = BudgetsConfig()
 
     _source: Path | None = PrivateAttr(default=None)
+    _variables: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -1129,6 +1130,16 @@ class Config(_Model):
     def source(self) -> Path | None:
         """The file this config was loaded from (None when built in code)."""
         return self._source
+
+    def variables_for(self, key: str) -> tuple[str, ...]:
+        """The environment variables that set ``key``'s value (``platforms.telegram.token`` ->
+        ``("TELEGRAM_BOT_TOKEN",)``); empty when the file wrote it, or the config was built in code."""
+        return self._variables.get(key, ())
+
+    def named(self, key: str) -> str:
+        """``key`` as an error names it: ``TELEGRAM_BOT_TOKEN (platforms.telegram.token)`` when a variable set it."""
+        names = self.variables_for(key)
+        return f"{', '.join(names)} ({key})" if names else key
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -1255,12 +1266,15 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     shown = str(found)
     text = _config_load.read_text(found, source)
     data = _config_load.parse_yaml(text, shown)
-    data = _config_load.expand_env(data, env, shown)
+    sources: dict[str, list[tuple[str, str]]] = {}
+    env = _config_load.with_env_file(found, env)
+    data = _config_load.expand_env(data, env, shown, sources=sources)
     try:
         config = Config.model_validate(data, context={"env": env, "base_dir": found.resolve().parent})
     except ValidationError as exc:
-        raise _config_load.translate(exc, Config, shown) from None
+        raise _config_load.translate(exc, Config, shown, sources) from None
     config._source = found
+    config._variables = {key: tuple(name for name, _value in found_in) for key, found_in in sources.items()}
     return config
 
 

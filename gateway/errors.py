@@ -7,6 +7,8 @@
     ├── AdapterError                 a platform adapter could not start or deliver
     │   ├── PlatformHTTPError        the platform answered with an error status
     │   ├── RateLimited              the platform said "wait retry_after seconds" (not a failure)
+    │   ├── TokenRejected            the platform refused the bot's token (401, 4004, invalid_auth):
+    │   │                            not retried until a reload; .platform, .key, .help
     │   └── ...                      the adapters' own, drawn in ``adapters/__init__.py``
     ├── ModelUnavailable             the model endpoint failed after every retry
     │   ├── AnswerCutOff             a streamed answer broke off after some of it was shown (.partial)
@@ -57,7 +59,8 @@ that way.  Each message says what to do next.
 Outside the tree: ``gateway/cli/config.py``'s ``ConfigFailure`` is a
 ``click.ClickException``, the way the CLI prints a ``ConfigError`` as one
 line and exits 78; ``gateway/cli/common.py``'s ``_JsonError`` is one too, the
-way any command's error is printed as ``{"error": ...}`` under ``--json``.
+way any command's error is printed as ``{"error": ...}`` under ``--json``, and
+``gateway/cli/setup/ask.py``'s ``SetupFailed`` too, the one line ``switchboard setup`` stops with.
 
 ``state.StateError`` is the store's own root (``state`` imports nothing from
 the gateway), and ``compression.CompressionError`` the compressor's; the CLI
@@ -104,6 +107,19 @@ class RateLimited(AdapterError):
         self.platform = platform
         self.retry_after = retry_after
         super().__init__(f"{platform} rate limit: retry after {retry_after:.1f}s")
+
+
+class TokenRejected(AdapterError):
+    """The platform refused the bot's token: retrying cannot help, so the daemon stops trying until a
+    reload.  ``key`` is the config key that holds the token, ``help`` where to get a good one."""
+
+    SUMMARY = "the token was rejected"
+
+    def __init__(self, platform: str, key: str, help: str):
+        self.platform = platform
+        self.key = key
+        self.help = help
+        super().__init__(f"{platform}: {self.SUMMARY}: {help}")
 
 
 class ModelUnavailable(SwitchboardError):

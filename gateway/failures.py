@@ -17,6 +17,11 @@ __all__ = ["failure_line"]
 SAVED = "Your message is saved."
 
 
+def outage_line(exc: ModelUnavailable) -> str:
+    """The line for a chat whose messages wait for the model to come back (they are answered then)."""
+    return f"The model is unavailable right now ({exc}). Your message is saved: I'll answer it when the model is back."
+
+
 def failure_line(exc: ModelUnavailable) -> str:
     """The one line sent to the user for a turn that failed with ``exc``."""
     if isinstance(exc, ContextTooLong):

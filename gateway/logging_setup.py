@@ -197,6 +197,10 @@ class _SwitchboardHandler(logging.StreamHandler):
 
 # HTTP clients that log every request at INFO (httpx2 is the openai SDK's aiohttp transport): a line per model call
 QUIET_PER_REQUEST = ("httpx", "httpcore", "httpx2")
+# The platform libraries' own DEBUG lines hold what people write ("Calling Bot API endpoint sendMessage
+# with parameters {'text': ...}", request bodies): kept at INFO even at DEBUG, so a debug log carries
+# no message text.  Our own modules' DEBUG lines say what they do without it.
+NO_MESSAGE_TEXT = ("telegram", "discord.http", "discord.gateway", "discord.webhook", "slack_sdk", "slack_bolt")
 
 
 def setup_logging(
@@ -239,6 +243,8 @@ def setup_logging(
     quiet = logging.WARNING if numeric > logging.DEBUG else logging.NOTSET
     for name in QUIET_PER_REQUEST:
         logging.getLogger(name).setLevel(quiet)
+    for name in NO_MESSAGE_TEXT:  # above DEBUG they follow the root's level, as before
+        logging.getLogger(name).setLevel(logging.INFO if numeric <= logging.DEBUG else logging.NOTSET)
     short = sum(1 for s in set(secrets) if s and len(s) < MIN_SECRET_LENGTH)
     if short:
         logging.getLogger(__name__).warning(

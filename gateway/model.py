@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+import aiohttp
 import openai
 from openai import AsyncStream, RequestOptions
 from openai.types.chat import ChatCompletion
@@ -58,6 +59,7 @@ from gateway.errors import (
     ModelUnavailable,
 )
 from gateway.fallback import Breaker, Capabilities, ChainSettings, Endpoint, lacking, move_on_now, probe_until_back
+from gateway.modelprobe import probe_models
 from gateway.oversize import max_message_tokens, shorten_oversized
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
@@ -231,8 +233,10 @@ PROBE_EVERY_SECONDS = 2.0  # at most one reachability probe this often while the
 
 @dataclass(slots=True)
 class EndpointHealth:
-    """What the last calls (or a probe) said of the endpoint: ``ok``, ``unknown`` (no call yet) or
-    ``unreachable`` (the last call failed to connect, timed out or kept failing), since when, and why."""
+    """What the last calls (or a probe) said of the endpoint: ``ok``, ``unknown`` (no call yet),
+    ``unreachable`` (the last call failed to connect, timed out or kept failing) or ``not_serving``
+    (the probe at start found a server that is not this model's API: a 404 at /models, another
+    model, a refused key), since when, and why."""
 
     state: str = "unknown"
     since: float | None = None
@@ -265,6 +269,7 @@ class _Endpoint:
         self.probed_at = 0.0
         self.window: int | None = None  # the configured (or assumed) context window; None: prompts not fitted
         self.learned: int | None = None  # the window its server named this run (a context-length error)
+        self.variables: tuple[str | None, str | None] = (None, None)  # what set base_url and name (check_at_start)
 
     @property
     def fits_in(self) -> int | None:
@@ -290,7 +295,23 @@ class _Endpoint:
         return not listed_too or not names or self.settings.name in names
 
     def as_dict(self) -> dict:
-        return {**self.health.as_dict(), "model": self.settings.name, "breaker": self.breaker.state}
+        return {**self.health.as_dict(), "model": self.settings.name, "breaker": self.breaker.state,
+                "base_url": str(self.settings.base_url)}
+
+    async def check_at_start(self, http: aiohttp.ClientSession) -> str | None:
+        """One ``GET /models`` at start: the health it finds (``ok``, ``unreachable``, or ``not_serving``:
+        it answers but not as this model's API), and a warning naming the URL and what to try."""
+        probe = await probe_models(http, str(self.settings.base_url), self.settings.api_key)
+        problem = probe.problem(self.settings.name)
+        if problem is None:
+            if self.health.state == "unknown":
+                self.health = EndpointHealth("ok", time.time())
+            return None
+        if self.health.state == "unknown":  # a call that came first knows better
+            state = "unreachable" if not probe.reachable else "not_serving"
+            self.health = EndpointHealth(state, time.time(), problem)
+        key = "model" if self.label == DEFAULT_LABEL else f"models.{self.label}"
+        return f"model {self.label}: {problem}; {probe.fix(self.settings.name, key, self.variables)}"
 
     def window_dict(self) -> dict:
         """The window prompts are fitted to, and, once the server named one, the config line to add."""
@@ -344,6 +365,18 @@ class ModelClient:
         """The ``model`` section's endpoint (``default``)."""
         return self._primary.health
 
+    async def check_at_start(self, variables: Callable[[str], str | None] = lambda key: None) -> list[str]:
+        """Probe every endpoint once (at start, concurrently, a few seconds at most): the health each
+        shows at once in ``/healthz``, and a warning per endpoint that is down or does not serve its
+        model, naming the URL and what to try (``variables(key)``: the variable that set a key)."""
+        endpoints = (*self._endpoints, *self._chosen)
+        for endpoint in endpoints:
+            key = "model" if endpoint.label == DEFAULT_LABEL else f"models.{endpoint.label}"
+            endpoint.variables = (variables(f"{key}.base_url"), variables(f"{key}.name"))
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            found = await asyncio.gather(*(e.check_at_start(http) for e in endpoints))
+        return [warning for warning in found if warning]
+
     def endpoints(self) -> dict[str, dict]:
         """Each model of the chain, in order: its state, since when, last error, model name and breaker."""
         return {e.label: e.as_dict() for e in (*self._endpoints, *self._chosen)}
@@ -369,6 +402,16 @@ class ModelClient:
             if await endpoint.answers(listed_too=False):
                 endpoint.note(True)
         return self.health
+
+    async def back(self, within: float, every: float = PROBE_EVERY_SECONDS) -> bool:
+        """Wait until the ``default`` endpoint, seen down, answers again (probed every ``every`` seconds);
+        False after ``within`` seconds without it.  What holds a chat's messages through an outage."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            await asyncio.sleep(every)
+            if (await self.probe()).state != "unreachable":
+                return True
+        return False
 
     def _order(self, model: str | None, messages: list[dict], tools: list[dict] | None) -> list[tuple[_Endpoint, str]]:
         """The models this call tries, in order: the one asked for (a name under ``models``, else a model

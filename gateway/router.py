@@ -36,8 +36,15 @@ import state
 from gateway import tracing
 from gateway.budgetgate import BudgetGate
 from gateway.budgets import RuleState, notice_line, refusal_line
-from gateway.errors import BudgetExceeded, GatewayClosing, ModelUnavailable, PlatformHTTPError
-from gateway.failures import failure_line
+from gateway.errors import (
+    AnswerCutOff,
+    BudgetExceeded,
+    GatewayClosing,
+    ModelRefused,
+    ModelUnavailable,
+    PlatformHTTPError,
+)
+from gateway.failures import failure_line, outage_line
 from gateway.keys import KeyPolicy, chat_of_key, session_key
 from gateway.limits import MessageLimit, try_again_line
 from gateway.modelchoice import ModelChoices
@@ -161,6 +168,7 @@ class Lane:
     # ``voice``: /voice on|off; a value of None: none made), each with when it was read (monotonic)
     choices: dict[str, tuple[str | None, float]] = field(default_factory=dict)
     held: list[Ticket] = field(default_factory=list)  # stored, held back by a rate limit: the next turn answers them
+    outage_told: bool = False  # the chat was told the model is down (once per outage: a turn answered resets it)
     # a streamed reply whose turn never finished (its instance died): the next turn here edits its messages
     # into its own answer instead of posting new ones (one answer in the chat, not a cut-short one and another)
     adopt: dict | None = None
@@ -306,12 +314,16 @@ class SessionRouter:
     def __init__(self, db: state.AsyncSessionDB, turn: AgentTurn, settings: RouterSettings, *, authorizer, commands, metrics=None,
                  hooks: SessionHooks = SessionHooks(), context_length: int | None = None,
                  clock: Callable[[], float] = time.time, voice: Voice | None = None,
-                 budgets: BudgetGate | None = None):
+                 budgets: BudgetGate | None = None, model_back: Callable[[], Awaitable[bool]] | None = None):
         self.db = db
+        # waits until the model answers again (False: it gave up): a chat's messages an outage left
+        # unanswered are answered then, without the user writing again; None: they are told to resend
+        self.model_back = model_back
         self.voice = voice  # media.transcribe_with / speak_with: voice messages transcribed, /voice on spoken
         self.turn = turn
         self.budgets = budgets  # spend budgets (gateway.budgetgate): looked at before each turn; None: none
         self._budget_wakes: dict[str, asyncio.Task] = {}  # lanes whose held messages are answered at a reset
+        self._outage_wakes: dict[str, asyncio.Task] = {}  # lanes whose held messages wait for the model
         self.settings = settings
         self.hooks = hooks
         self.context_length = context_length  # the model's window, for /status; None: not known
@@ -1034,11 +1046,13 @@ class SessionRouter:
             turn.cancel()
         lane.starting = lane.stop_asked = False
         recorded = False  # the reply (or the line standing in for it) is stored with its pending delivery
+        outage = False  # the model is down: the batch waits in lane.held for it, unanswered (not settled)
         spoken = False  # the reply is the model's answer: with /voice on, it is also sent spoken
         buttons: tuple[Button, ...] = ()  # the reply is an approval request: its buttons
         stopped_partial = False  # /stop cut a streamed answer short: what was shown is the answer
         try:
             result: TurnResult = await turn
+            lane.outage_told = False  # answered: a later outage is told again
             recorded = True
             lane.last_prompt_tokens = result.prompt_tokens
             for notice in result.notices:
@@ -1077,6 +1091,9 @@ class SessionRouter:
             text = failure_line(exc)
             for t in batch:
                 t.failure = exc
+            if claim is SINGLE_INSTANCE and self._hold_for_outage(lane, batch, exc):
+                text = outage_line(exc)
+                outage = True
         except Exception as exc:  # the user gets an answer, the lane lives on
             if self._dropped(claim, exc, "the turn's answer"):
                 return
@@ -1091,6 +1108,13 @@ class SessionRouter:
             self.metrics.turn_seconds.labels(msg.platform).observe(time.monotonic() - started)
         for t in batch:
             t.resolve(text)
+        if outage:  # said once (or in the draft a stream began), the messages stay in the inbox meanwhile
+            if stream is not None and (stream.message_ids or not lane.outage_told):
+                await stream.finish(text)
+            elif stream is None and not lane.outage_told:
+                await self.deliver(msg.chat, text, msg.message_id)
+            lane.outage_told = True
+            return
         if plan is None:
             await self.deliver(msg.chat, text, msg.message_id, buttons=buttons)
             return
@@ -1268,6 +1292,28 @@ class SessionRouter:
         for t in batch:
             t.held_for = max(1.0, refused.resets_at - now)
             t.resolve(line)
+        return True
+
+    def _hold_for_outage(self, lane: Lane, batch: list[Ticket], exc: ModelUnavailable) -> bool:
+        """Keep a chat's batch that the model could not answer (down, failing; not a refusal of this
+        request) in ``lane.held`` until :attr:`model_back` says the model answers again; False when it
+        is not held (no waiter, nothing in the inbox, a refusal, a shutdown)."""
+        if self.model_back is None or self._closing or isinstance(exc, (ModelRefused, AnswerCutOff)):
+            return False
+        if not any(t.inbox_id is not None for t in batch):
+            return False
+        lane.held = batch
+        waking = self._outage_wakes.get(lane.key)
+        if waking is None or waking.done():
+            model_back = self.model_back
+
+            async def wake() -> None:
+                if await model_back() and lane.held and not self._closing:
+                    log.info("the model answers again: answering the %d message(s) %s held", len(lane.held), lane.key)
+                    lane.queue.append(("chat", lane.held.pop(), None))  # the rest of lane.held joins it
+                    self._wake(lane)
+
+            self._outage_wakes[lane.key] = spawn(wake(), name=f"outage-wake:{lane.key}")
         return True
 
     def _wake_at_reset(self, lane: Lane, at: float) -> None:
@@ -1526,7 +1572,7 @@ class SessionRouter:
 
         Returns the keys whose work was cancelled (their user messages stay stored, unanswered)."""
         self._closing = True
-        for waking in self._budget_wakes.values():
+        for waking in (*self._budget_wakes.values(), *self._outage_wakes.values()):
             waking.cancel()
         workers = {key: lane.worker for key, lane in self._lanes.items()
                    if lane.worker is not None and not lane.worker.done()}  # the busy lanes

@@ -105,6 +105,11 @@ def enabled() -> bool:
     return _tracer is not None
 
 
+def requested(env: dict[str, str] | os._Environ) -> bool:
+    """Whether these variables ask for traces (``make run`` then installs the extra when it is missing)."""
+    return _wanted(env) is None
+
+
 def _wanted(env: dict[str, str] | os._Environ) -> str | None:
     """Why traces stay off under these variables, or None when they are on."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":

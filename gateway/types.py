@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import re
 import time
@@ -196,6 +197,26 @@ class InboundMessage:
 
 
 _MESSAGE_TEXT_FIELDS = ("platform", "chat_id", "user_id", "text", "message_id", "thread_id", "user_name")
+
+
+def message_json(msg: InboundMessage) -> str:
+    """``msg`` as JSON without its attachments (what a pairing request keeps to answer once approved)."""
+    return json.dumps({"platform": msg.platform, "chat_type": msg.chat_type.value, "chat_id": msg.chat_id,
+                       "user_id": msg.user_id, "text": msg.text, "message_id": msg.message_id,
+                       "thread_id": msg.thread_id, "user_name": msg.user_name, "addressed": msg.addressed,
+                       "received_at": msg.received_at}, ensure_ascii=False)
+
+
+def message_from_json(text: str) -> InboundMessage:
+    """The message :func:`message_json` wrote (raises ValueError, InvalidMessage on anything else)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a message")
+    return InboundMessage(platform=data["platform"], chat_type=ChatType(data["chat_type"]), chat_id=data["chat_id"],
+                          user_id=data.get("user_id"), text=data.get("text") or "", message_id=data.get("message_id"),
+                          thread_id=data.get("thread_id"), user_name=data.get("user_name"),
+                          addressed=bool(data.get("addressed", True)),
+                          received_at=float(data.get("received_at") or time.time()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,9 @@ def is_user_approved(conn: sqlite3.Connection, platform: str, user_id: str) -> b
 
 
 def request_pairing(conn: sqlite3.Connection, platform: str, user_id: str, user_name: str | None, code: str,
-                    *, now: float, ttl: float, max_pending: int) -> dict | None:
-    """The user's pending request (kept while valid) or a new one; None when ``max_pending`` are open."""
+                    *, now: float, ttl: float, max_pending: int, waiting: str | None = None) -> dict | None:
+    """The user's pending request (kept while valid) or a new one; None when ``max_pending`` are open.
+    ``waiting`` (the message as JSON) is kept with a new request: answered once the user is approved."""
     conn.execute("DELETE FROM pairing_requests WHERE expires_at <= ?", (now,))
     row = conn.execute(
         "SELECT platform, user_id, user_name, code, created_at, expires_at FROM pairing_requests"
@@ -46,8 +47,9 @@ def request_pairing(conn: sqlite3.Connection, platform: str, user_id: str, user_
     if pending >= max_pending:
         return None
     conn.execute(
-        "INSERT INTO pairing_requests (platform, user_id, user_name, code, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
-        (platform, user_id, user_name, code, now, now + ttl),
+        "INSERT INTO pairing_requests (platform, user_id, user_name, code, created_at, expires_at, waiting)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (platform, user_id, user_name, code, now, now + ttl, waiting),
     )
     return {"platform": platform, "user_id": user_id, "user_name": user_name, "code": code,
             "created_at": now, "expires_at": now + ttl}
@@ -71,18 +73,32 @@ def list_pairing(conn: sqlite3.Connection, now: float | None = None) -> dict:
 def approve_pairing(conn: sqlite3.Connection, platform: str, code: str, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     row = conn.execute(
-        "SELECT user_id, user_name FROM pairing_requests WHERE platform = ? AND code = ? AND expires_at > ?",
+        "SELECT user_id, user_name, waiting FROM pairing_requests WHERE platform = ? AND code = ? AND expires_at > ?",
         (platform, code.strip().upper(), now),
     ).fetchone()
     if row is None:
         raise PairingNotFound(platform, code)
     conn.execute(
-        "INSERT INTO approved_users (platform, user_id, user_name, approved_at) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (platform, user_id) DO UPDATE SET user_name = excluded.user_name, approved_at = excluded.approved_at",
-        (platform, row[0], row[1], now),
+        "INSERT INTO approved_users (platform, user_id, user_name, approved_at, waiting) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (platform, user_id) DO UPDATE SET user_name = excluded.user_name, approved_at = excluded.approved_at,"
+        " waiting = excluded.waiting",
+        (platform, row[0], row[1], now, row[2]),
     )
     conn.execute("DELETE FROM pairing_requests WHERE platform = ? AND user_id = ?", (platform, row[0]))
     return {"platform": platform, "user_id": row[0], "user_name": row[1]}
+
+
+def waiting_welcomes(conn: sqlite3.Connection) -> list[dict]:
+    """Users approved whose waiting message the daemon has not answered yet (oldest approval first)."""
+    rows = conn.execute("SELECT platform, user_id, user_name, waiting FROM approved_users"
+                        " WHERE waiting IS NOT NULL ORDER BY approved_at").fetchall()
+    return [dict(zip(("platform", "user_id", "user_name", "waiting"), r, strict=True)) for r in rows]
+
+
+def mark_welcomed(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
+    """Claim one welcome: True for the one caller (of every instance) that cleared it."""
+    return conn.execute("UPDATE approved_users SET waiting = NULL WHERE platform = ? AND user_id = ?"
+                        " AND waiting IS NOT NULL", (platform, user_id)).rowcount > 0
 
 
 def revoke_user(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
@@ -100,11 +116,21 @@ class Pairing(Repository):
 
     @writes
     def request(self, platform: str, user_id: str, user_name: str | None, code: str, *,
-                now: float, ttl: float, max_pending: int) -> dict | None:
-        """The user's pending pairing request, or a new one with ``code``; None when
-        ``max_pending`` requests are already open on the platform."""
+                now: float, ttl: float, max_pending: int, waiting: str | None = None) -> dict | None:
+        """The user's pending pairing request, or a new one with ``code`` (and ``waiting``, the message
+        to answer once approved); None when ``max_pending`` requests are already open on the platform."""
         return self._engine.write(request_pairing, platform, user_id, user_name, code,
-                                  now=now, ttl=ttl, max_pending=max_pending)
+                                  now=now, ttl=ttl, max_pending=max_pending, waiting=waiting)
+
+    @reads
+    def welcomes(self) -> list[dict]:
+        """Approved users whose waiting message is still to be answered: ``platform, user_id, user_name, waiting``."""
+        return self._engine.read(waiting_welcomes)
+
+    @writes
+    def welcomed(self, platform: str, user_id: str) -> bool:
+        """Clear a welcome; True for the one caller that did (the others leave it alone)."""
+        return self._engine.write(mark_welcomed, platform, user_id)
 
     @writes
     def approve(self, platform: str, code: str, now: float | None = None) -> dict:

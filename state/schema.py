@@ -401,6 +401,14 @@ def _v30_media_search(conn):
     search_index(conn).install_media(conn)
 
 
+def _v32_pairing_waiting(conn):
+    """Both engines: the message a stranger sent before being approved (``pairing_requests.waiting``,
+    JSON), moved to ``approved_users.waiting`` on approval until the daemon has greeted the user and
+    answered it; NULL otherwise."""
+    add_column(conn, "pairing_requests", "waiting", "TEXT")
+    add_column(conn, "approved_users", "waiting", "TEXT")
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -508,6 +516,7 @@ for _step in [
               _v30_media_search, _v30_media_search),
     Migration(31, "budgets: reservations of admitted calls (shared across instances), resets",
               _v31_budget_reservations, _v31_budget_reservations),
+    Migration(32, "pairing: the message that waits for the approval", _v32_pairing_waiting, _v32_pairing_waiting),
 ]:
     register(_step)
 

@@ -99,6 +99,31 @@ async def test_a_stranger_gets_a_pairing_code_in_a_dm_and_nothing_in_a_group(wor
     assert stored_routes(config) == ["agent:main:telegram:dm:111"]
 
 
+async def test_an_approved_stranger_is_told_so_and_their_waiting_message_is_answered(world, tmp_path):
+    import asyncio
+    import re
+
+    from click.testing import CliRunner
+
+    from gateway.cli.main import main
+
+    tg, model, gw, config = world
+    tg.dm(EVE, "what is the capital of France?")
+    [code_reply] = await tg.wait_for_sent(1, timeout=10)
+    code = re.search(r"pairing approve telegram (\S+)", code_reply.visible_text).group(1)
+    assert len(model.requests) == 0  # nothing reached the model before the approval
+    # the operator approves from another process's CLI, on the same home
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["pairing", "approve", "--home", str(config.home),
+                                                                "telegram", code])
+    assert result.exit_code == 0, result.output
+    assert "tells them so and answers the message they were waiting on" in result.output
+    told, answer = (await tg.wait_for_sent(3, timeout=15))[1:]
+    assert told.chat_id == 666 and told.visible_text == "You're approved: you can talk to me now. Answering your message…"
+    assert answer.chat_id == 666 and "echo: what is the capital of France?" in answer.visible_text
+    assert len(model.requests) == 1
+    assert await gw.db.pairing.welcomes() == []  # told once: a restart does not tell them again
+
+
 async def test_native_commands_reach_the_gateway_from_the_menu(world):
     tg, model, gw, config = world
     assert {c["command"] for c in tg.commands} >= {"help", "new", "reset", "status", "stop"}

@@ -283,3 +283,43 @@ def test_switchboard_backup_and_restore_from_the_installed_command(filled, tmp_p
     back = subprocess.run([switchboard, "restore", target], capture_output=True, text=True, timeout=60, env=env)
     assert back.returncode == 0, back.stderr
     assert "restored 1 session, 20 messages" in back.stdout
+
+
+def test_a_killed_backups_partial_file_is_removed_and_force_replaces_a_backup(filled, tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that is gone, as a SIGKILLed backup's is
+    left = tmp_path / f".old.db.partial-{dead.pid}"
+    left.write_bytes(b"half a database")
+    mine = tmp_path / f".other.db.partial-{os.getpid()}"  # a live process's (this one): not touched
+    mine.write_bytes(b"in progress")
+    target = tmp_path / "b.db"
+    assert run(backup_cmd, target, "--home", filled).exit_code == 0
+    assert not left.exists() and mine.exists()
+    refused = run(backup_cmd, target, "--home", filled)
+    assert refused.exit_code == 1 and "or pass --force to replace it" in refused.output
+    with SessionDB(filled / "state.db") as db:
+        db.messages.append(db.sessions.list_rich(limit=1)[0]["id"], "user", "m20")
+    forced = run(backup_cmd, target, "--home", filled, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert _messages(target)[-1] == "m20"
+
+
+def test_restore_in_a_terminal_asks_first(filled, tmp_path):
+    from tests.ptykit import Terminal
+
+    switchboard = Path(sys.executable).parent / "switchboard"
+    target = tmp_path / "b.db"
+    assert run(backup_cmd, target, "--home", filled).exit_code == 0
+    before = (filled / "state.db").read_bytes()
+    term = Terminal([str(switchboard), "restore", str(target), "--home", str(filled)], env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 30
+        while "[y/N]" not in term.text() and time.monotonic() < deadline and term.proc.poll() is None:
+            time.sleep(0.05)
+        assert f"Replace {filled / 'state.db'}" in term.text(), term.text()
+        term.type("n\r")
+        assert term.wait(30) == 1
+    finally:
+        term.close()
+    assert "nothing was restored" in term.text()
+    assert (filled / "state.db").read_bytes() == before

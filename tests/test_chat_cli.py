@@ -143,7 +143,7 @@ def test_warnings_go_to_a_file_not_between_the_prompt_and_the_typing(tmp_path):
                       "  max_retries: 1\n  retry_total_seconds: 2\n", encoding="utf-8")
     for _ in range(2):
         result = CliRunner().invoke(main, ["chat", "--config", str(config)], input="hello\n")
-        assert result.exit_code == 0, result.output
+        assert result.exit_code == 1, result.output  # piped, a turn without an answer is a failure
         assert "The model is unavailable right now (connection refused)" in result.stdout
         assert "WARNING" not in result.output and "retry 1" not in result.output
         assert f"(warnings from this chat are in {home / 'chat.log'})" in result.stderr
@@ -308,3 +308,48 @@ async def test_questions_from_a_file_are_answered_too(tmp_path):
             out, err = (b.decode() for b in await proc.communicate())
     assert proc.returncode == 0, err
     assert out == "echo: hello from a file | turns: 1 | first: hello from a file\n"
+
+
+async def _piped(tmp_path, model_url: str, lines_in: str) -> tuple[int, str, str]:
+    path = tmp_path / "chat.yaml"
+    path.write_text(yaml.safe_dump({"home": str(tmp_path / "home"), "model": {
+        "base_url": model_url, "name": "fake-model", "context_length": 32768, "max_retries": 0}}), encoding="utf-8")
+    proc = await asyncio.create_subprocess_exec(
+        str(SWITCHBOARD), "chat", "--config", str(path), env=_env(tmp_path),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = (b.decode() for b in await proc.communicate(lines_in.encode()))
+    assert proc.returncode is not None
+    return proc.returncode, out, err
+
+
+async def test_a_piped_chat_whose_turn_failed_exits_1(tmp_path):
+    code, out, err = await _piped(tmp_path, "http://127.0.0.1:9/v1", "hello?\n")
+    assert code == 1, (out, err)
+    assert "model" in out.lower() and "echo:" not in out  # the line saying why stands in for the answer
+
+
+async def test_a_piped_chat_of_commands_leaves_no_empty_session_and_stream_says_what_is_true(tmp_path):
+    async with FakeModel() as model:
+        code, out, err = await _piped(tmp_path, model.base_url, "/help\n/stream\n")
+    assert code == 0, err
+    assert "The terminal chat shows replies as they are written" in out
+    assert "platforms.cli" not in out and "streaming is off" not in out
+    assert "saved" not in err  # no session to continue
+    with SessionDB(tmp_path / "home" / "state.db") as db:
+        assert db.sessions.list_rich(source="cli", limit=5) == []
+
+
+async def test_markdown_in_an_answer_is_drawn_in_the_terminal_not_printed_raw(tmp_path):
+    request = ("The agent wants to run **demo__write_note** with:\n\n```json\n{\"path\": \"a.txt\"}\n```\n\n"
+               "**Approve** runs exactly this call: `/approve 1`")
+    async with FakeModel() as model:
+        model.script(Reply(request), Reply(request))
+        cfg = gateway_config(tmp_path / "home", model.base_url)
+        screen = console()
+        await run_chat(cfg, interactive=True, console=screen, read_line=lines("write a note"))
+        out = screen.export_text()
+        piped = console()
+        await run_chat(cfg, interactive=False, console=piped, read_line=lines("again"))
+    assert "demo__write_note" in out and '"path": "a.txt"' in out
+    assert "**" not in out and "```" not in out and "/approve 1" in out
+    assert "**demo__write_note**" in piped.export_text()  # piped, the text stays as written, for scripts

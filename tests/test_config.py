@@ -672,3 +672,14 @@ def test_a_bad_cluster_value_names_its_key(section, key):
     with pytest.raises(ConfigError) as info:
         config_from_dict({"cluster": section}, env={})
     assert info.value.key == key, str(info.value)
+
+
+def test_an_error_about_a_value_from_the_environment_names_the_variable(tmp_path):
+    example = Path(__file__).resolve().parent.parent / "config.example.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(example, env={"SWITCHBOARD_CONTEXT_LENGTH": "128k", "SWITCHBOARD_HOME": str(tmp_path)})
+    assert str(caught.value).endswith('model.context_length: must be a whole number (got "128k"); '
+                                      "set by SWITCHBOARD_CONTEXT_LENGTH=128k in the environment")
+    cfg = load_config(example, env={"TELEGRAM_BOT_TOKEN": "123:abc", "SWITCHBOARD_HOME": str(tmp_path)})
+    assert cfg.named("platforms.telegram.token") == "TELEGRAM_BOT_TOKEN (platforms.telegram.token)"
+    assert cfg.named("model.name") == "model.name"  # the default stood in: no variable set it

@@ -508,6 +508,33 @@ async def test_health_shows_platforms_queues_and_the_instance(tmp_path, model):
             await browser.close()
 
 
+async def test_health_says_why_it_is_degraded_and_shows_the_model_endpoints(tmp_path):
+    from gateway.runtime.daemon import Gateway
+    from tests.fakes.telegram import FakeTelegram
+
+    async with FakeModel(model_name="llama3.1:8b") as other, FakeTelegram() as tg:
+        platforms = {"telegram": {"token": "999:wrong-token-aaaaaaaaaaaaaaaaaaaaaaaaaaaa", "base_url": tg.base_url}}
+        gw = Gateway(gateway_config(tmp_path, other.base_url, ui={"enabled": True}, api={"token": TOKEN},
+                                    platforms=platforms))  # the platforms found through their entry points
+        await gw.start()
+        try:
+            await eventually(lambda: "telegram" in gw.rejected_platforms, 20, "telegram rejected")
+            browser = Browser(gw)
+            try:
+                await browser.login()
+                _, body, _ = await browser.get("/ui/")
+            finally:
+                await browser.close()
+        finally:
+            await gw.stop(grace_seconds=5)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", body))
+    text = re.sub(r"\s+", " ", text)
+    assert "Degraded because: telegram: failed: the token was rejected" in text
+    assert (f"model: not serving: {other.base_url} does not serve 'fake-model' (it has: llama3.1:8b)") in text
+    assert f"default fake-model {other.base_url} not serving closed" in text  # the endpoint, its state and breaker
+    assert "No MCP tool server is configured" in text
+
+
 async def test_the_guard_does_not_change_the_apis_bearer_token(tmp_path, model):
     async with dashboard(tmp_path, model) as gw:
         browser = Browser(gw)
@@ -633,3 +660,20 @@ async def test_the_storage_page_shows_the_storage_report_with_what_reduces_each_
     assert platforms == {"discord": "4", "telegram": "2"}
     assert "<script>alert('title')</script>" not in body  # the hostile title is escaped here too
     assert "Integrity check" in body
+
+
+async def test_an_untitled_session_is_listed_by_when_it_started_not_by_its_raw_id(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await gw.db.sessions.create("20261201_101500_abcdef12", "telegram", user_id="7", user_name="Ann")
+        await gw.db.messages.append("20261201_101500_abcdef12", "user", "first words")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions")
+        finally:
+            await browser.close()
+    link = re.search(r'<a href="/ui/sessions/20261201_101500_abcdef12"[^>]*>(.*?)</a>', body, re.S)
+    assert link, body
+    shown = html.unescape(re.sub(r"<[^>]+>", "", link.group(1)))
+    assert shown.startswith("Untitled, started ") and "abcdef12" not in shown
+    assert 'title="20261201_101500_abcdef12"' in link.group(0)  # the id is still there, on hover

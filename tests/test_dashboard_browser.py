@@ -258,3 +258,33 @@ async def test_on_a_phone_nothing_runs_off_the_page_and_the_header_keeps_its_hei
         await context.close()
         assert watched.problems == []
         assert watched.refused == []
+
+
+async def test_turning_a_budget_off_or_resetting_it_asks_first_and_cancel_changes_nothing(tmp_path, browser):
+    from tests.fakes.model_server import FakeModel
+    from tests.harness import running_gateway
+
+    async with FakeModel() as fake, running_gateway(
+            tmp_path, fake, ui={"enabled": True}, api={"token": TOKEN},
+            budgets={"rules": [{"scope": "gateway", "period": "month", "cost": 10}]}) as gw:
+        page = await browser.new_page()
+        asked: list[str] = []
+
+        async def answer(dialog) -> None:
+            asked.append(dialog.message)
+            await (dialog.accept() if len(asked) > 1 else dialog.dismiss())  # Cancel first, then OK
+
+        page.on("dialog", answer)
+        root = base(gw)
+        await page.goto(root + "/ui/login")
+        await page.fill("#token", TOKEN)
+        await page.click("button[type=submit]")
+        await page.goto(root + "/ui/budgets")
+        await page.click("button:has-text('Turn off')")
+        await page.goto(root + "/ui/budgets")  # nothing was sent: the rule is still there
+        assert [s.rule.name for s in await gw.services.budgets.listing()] == ["gateway/month/cost"]
+        await page.click("button:has-text('Turn off')")
+        await eventually(lambda: page.url.startswith(root + "/ui/budgets?"), 10, "the rule turned off")
+        assert asked == ["Turn off the rule gateway/month/cost? Nothing it limits is limited until it is set again."] * 2
+        assert [s.rule.name for s in await gw.services.budgets.listing()] == []
+        await page.close()

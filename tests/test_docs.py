@@ -1,4 +1,5 @@
-"""The README and the guides in docs/ link to files and headings that exist.
+"""The README and the guides in docs/ link to files and headings that exist, and the README's quick
+start works when pasted: every shell line of it, in a throw-away home, with the fake model, no network.
 
 A guide moved or a heading renamed breaks the links that pointed at it; this finds them. Links are
 read with markdown-it-py (so a `[x](y)` inside code is not a link), and a `#anchor` is matched
@@ -7,7 +8,10 @@ against the target's headings as GitHub turns them into anchors.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -102,3 +106,54 @@ def test_anchors_follow_githubs_rules(tmp_path):
     page.write_text("# Slash commands (same on every platform and in `switchboard chat`)\n\n## Notes\n\n## Notes\n",
                     encoding="utf-8")
     assert anchors(page) == {"slash-commands-same-on-every-platform-and-in-switchboard-chat", "notes", "notes-1"}
+
+
+def quick_start_lines() -> list[str]:
+    """The shell lines of the README's first sh block under "## Quick start", without their comments."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "the quick start has no sh block"
+    return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.split("#", 1)[0].strip()]
+
+
+async def test_every_shell_line_of_the_quick_start_works_in_a_throw_away_home(tmp_path):
+    from tests.fakes.model_server import FakeModel
+
+    lines = quick_start_lines()
+    assert lines == ["make setup", "make run"]
+    user = tmp_path / "user"
+    user.mkdir()
+    async with FakeModel() as model:
+        model.max_model_len = 32768  # reported, as vLLM does: setup writes it, so the daemon warns of nothing
+        # a newcomer's shell: their model server's address as they copied it (no /v1), nothing else set;
+        # no terminal, so setup asks nothing; the API on any free port (the quick start's is 8642)
+        env = {"PATH": os.environ["PATH"], "HOME": str(user), "LANG": "C.UTF-8",
+               "SWITCHBOARD_MODEL_URL": model.base_url.removesuffix("/v1"), "SWITCHBOARD_API_PORT": "0"}
+        setup = await asyncio.create_subprocess_shell(lines[0], cwd=ROOT, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                      stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out = (await asyncio.wait_for(setup.communicate(), 300))[0].decode()
+        assert setup.returncode == 0, out
+        assert "answers at /v1" in out and "All checks passed." in out
+        assert (user / ".switchboard" / "config.yaml").is_file()
+        run = await asyncio.create_subprocess_shell(lines[1], cwd=ROOT, env=env, start_new_session=True,
+                                                    stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        seen: list[str] = []
+        try:
+            async def serving() -> str:
+                assert run.stdout is not None
+                while True:
+                    line = (await run.stdout.readline()).decode()
+                    assert line, "make run ended:\n" + "".join(seen)
+                    seen.append(line)
+                    if "switchboard is serving" in line:
+                        return line
+
+            line = await asyncio.wait_for(serving(), 120)
+        finally:
+            if run.returncode is None:
+                os.killpg(run.pid, signal.SIGTERM)
+                await asyncio.wait_for(run.wait(), 60)
+    assert str(user / ".switchboard" / "config.yaml") in "".join(seen)  # make run took what setup wrote
+    assert "local API on http://127.0.0.1:" in line and "WARNING" not in "".join(seen)

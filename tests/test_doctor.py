@@ -75,7 +75,42 @@ async def test_each_fallback_model_is_checked_and_named(tmp_path):
     assert line(out, "fallback good") == f"✓ fallback good: {backup.base_url} serves 'backup-model'"
     assert line(out, "fallback wrong") == \
         f"✗ fallback wrong: {backup.base_url} does not serve 'gone-model' (it has: backup-model)"
-    assert "fix: set models.wrong.name to one of those" in out
+    assert "fix: set models.wrong.name to one of backup-model" in out
+
+
+async def test_a_url_without_v1_is_a_problem_with_the_v1_url_as_the_fix(tmp_path):
+    async with FakeModel(model_name="fake-model") as model:
+        bare = model.base_url.removesuffix("/v1")  # Ollama's address as people copy it
+        config = tmp_path / "config.yaml"
+        config.write_text(yaml.safe_dump({"home": str(tmp_path / "home"),
+                                          "model": {"base_url": "${SWITCHBOARD_MODEL_URL}", "name": "fake-model"}}))
+        result = await asyncio.to_thread(CliRunner().invoke, main, ["doctor", "--config", str(config)],
+                                         env={"HTTP_PROXY": "", "SWITCHBOARD_MODEL_URL": bare})
+        code, out = result.exit_code, result.output
+    assert code == 1, out
+    assert line(out, "model") == \
+        f"✗ model: {bare}/models answered 404: the OpenAI-compatible API is at {model.base_url}"
+    assert f"fix: set model.base_url to {model.base_url} (SWITCHBOARD_MODEL_URL={model.base_url})" in out
+    assert "All checks passed" not in out
+
+
+async def test_a_server_that_is_not_an_openai_api_is_a_problem(tmp_path):
+    from aiohttp import web
+
+    app = web.Application()  # answers 404 everywhere, like a web server on the wrong port
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        config = write_config(tmp_path, model={"base_url": f"http://127.0.0.1:{port}/v1", "name": "fake-model"})
+        code, out = await doctor(config)
+    finally:
+        await runner.cleanup()
+    assert code == 1
+    assert line(out, "model") == (f"✗ model: http://127.0.0.1:{port}/v1/models answered 404: "
+                                  "this is not an OpenAI-compatible API's base URL")
 
 
 async def test_bad_platform_tokens(tmp_path):
@@ -126,7 +161,7 @@ async def test_json_report_has_one_shape(tmp_path):
     assert set(data) == {"ok", "problems", "checks"} and data["ok"] is False and data["problems"] >= 1
     assert all(set(c) == {"name", "ok", "detail", "fix"} for c in data["checks"])
     model_check = next(c for c in data["checks"] if c["name"] == "model")
-    assert model_check["ok"] is False and model_check["fix"] == "set model.name to one of those"
+    assert model_check["ok"] is False and model_check["fix"] == "set model.name to one of other-model"
     assert next(c for c in data["checks"] if c["name"] == "discord")["ok"] is None
 
 

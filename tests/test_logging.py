@@ -222,3 +222,23 @@ def test_logs_and_summaries_know_the_same_token_shapes():
         assert redact_for_summary(f"got {token} back") == "got [REDACTED] back"
     url = f"https://api.telegram.org/bot{TG_TOKEN}/getMe"
     assert redact_for_summary(url) == "https://api.telegram.org/bot[REDACTED]/getMe"
+
+
+async def test_at_debug_the_telegram_librarys_own_lines_carry_no_message_text():
+    import telegram
+
+    from tests.fakes.telegram import FakeTelegram
+
+    out = io.StringIO()
+    setup_logging("DEBUG", "json", stream=out)
+    try:
+        async with FakeTelegram() as tg:
+            bot = telegram.Bot(tg.token, base_url=tg.base_url)
+            async with bot:
+                await bot.send_message(chat_id=111, text="my private words")
+        logging.getLogger("gateway.test").debug("our own debug line")
+    finally:
+        setup_logging("INFO", "json", stream=io.StringIO())
+    logged = out.getvalue()
+    assert "our own debug line" in logged  # DEBUG is on
+    assert "my private words" not in logged and "Calling Bot API endpoint" not in logged

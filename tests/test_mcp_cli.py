@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -91,3 +92,28 @@ async def test_slash_tools_lists_what_this_chat_may_use(tmp_path, model):
     assert "- session_search:" in shown and "- memory:" in shown
     assert "echo__environment" not in shown and "echo__fail" not in shown  # not allowed: not listed
     assert "- echo__echo: Say the text back. (unavailable now: the echo tool server is stopped)" in down.splitlines()
+
+
+def test_list_without_any_server_names_the_built_in_tools_and_succeeds(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"home": str(tmp_path / "home")}))
+    result = run(path, "list")
+    assert result.exit_code == 0, result.output
+    assert "No MCP server is configured" in result.output and "session_search, memory" in result.output
+    as_json = run(path, "list", "--json")
+    assert (as_json.exit_code, json.loads(as_json.stdout)) == (0, [])
+
+
+async def test_show_and_slash_tools_say_which_tools_ask_for_approval(tmp_path, model):
+    servers = {"echo": {**SERVERS["echo"], "tool_approval": {"echo": "always"}}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"home": str(tmp_path / "home"), "tools": {"mcp_servers": servers}}))
+    shown = await asyncio.to_thread(run, config, "show", "echo__echo")
+    assert shown.exit_code == 0, shown.output
+    assert "Approval    always: each call waits for a yes" in shown.stdout
+    async with running_gateway(tmp_path, model, tools={"mcp_servers": servers}) as gw:
+        await eventually(lambda: gw.mcp.servers["echo"].available, 20, "the echo server ready")
+        api = ApiClient(gw)
+        listed = await api.say("ann", "/tools")
+        await api.close()
+    assert "- echo__echo: Say the text back. (asks for approval at each call)" in listed.splitlines()

@@ -344,8 +344,34 @@ def test_uninstall_is_refused_while_the_daemon_runs(tmp_path, config):
     with lockfile.acquire(home):
         result = invoke("uninstall", "--user", "--home", str(home), "--unit-dir", str(units))
     assert result.exit_code == 1
-    assert "stop it first (systemctl --user disable --now switchboard.service)" in result.output
+    # this process holds the lock, as `make run` would: not the service, so no systemctl line
+    assert f"a daemon started outside systemd (make run, switchboard run) is running on {home}" in result.output
+    assert "Ctrl-C in its terminal" in result.output and "disable --now" not in result.output
     assert (units / "switchboard.service").exists()
+
+
+def test_install_fills_the_env_file_with_the_variables_this_shell_exports(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  base_url: ${SWITCHBOARD_MODEL_URL:-http://127.0.0.1:8000/v1}\n"
+                      "  name: ${MY_MODEL_NAME}\n")
+    home, units = tmp_path / "home", tmp_path / "units"
+    result = CliRunner(env={"SWITCHBOARD_MODEL_URL": "http://127.0.0.1:11434/v1", "MY_MODEL_NAME": "llama3.1:8b"}).invoke(
+        service_group, ["install", "--user", "--config", str(config), "--home", str(home), "--unit-dir", str(units)])
+    assert result.exit_code == 0, result.output
+    text = (home / "switchboard.env").read_text()
+    assert "\nSWITCHBOARD_MODEL_URL=http://127.0.0.1:11434/v1\n" in text and "#SWITCHBOARD_MODEL_URL=" not in text
+    assert "\nMY_MODEL_NAME=llama3.1:8b\n" in text
+    assert f"created {home / 'switchboard.env'} (mode 0600) with MY_MODEL_NAME, SWITCHBOARD_MODEL_URL" in result.output
+    assert "llama3.1:8b" not in result.output  # names only, never values
+
+
+def test_status_and_uninstall_find_a_unit_installed_with_user_and_unit_dir(tmp_path, config):
+    home, units = tmp_path / "home", tmp_path / "units"
+    invoke("install", "--user", "--config", str(config), "--home", str(home), "--unit-dir", str(units))
+    status = invoke("status", "--home", str(home))  # no --user, no --unit-dir
+    assert status.output.splitlines()[0] == f"unit: {units / 'switchboard.service'} (installed, not enabled)"
+    removed = invoke("uninstall", "--home", str(home))
+    assert removed.exit_code == 0 and f"removed {units / 'switchboard.service'}" in removed.output
 
 
 def test_status_says_what_is_installed_running_and_that_systemd_is_absent(tmp_path, config):

@@ -50,7 +50,7 @@ import discord
 import yarl
 from discord import app_commands
 
-from gateway.errors import AdapterError
+from gateway.errors import AdapterError, TokenRejected
 from gateway.ratelimit import ChatRate
 from gateway.retry import Backoff, retry_async
 from gateway.tasks import spawn
@@ -85,10 +85,10 @@ MESSAGE_CONTENT_HELP = (
 )
 BAD_TOKEN_HELP = (
     "Discord rejected the bot token (401). Copy it again from the Discord Developer Portal "
-    "(your application -> Bot -> Reset Token) into platforms.discord.token."
+    "(your application -> Bot -> Reset Token) into platforms.discord.token, then reload."
 )
 _APP_FLAG_MESSAGE_CONTENT = (1 << 18) | (1 << 19)  # GATEWAY_MESSAGE_CONTENT, GATEWAY_MESSAGE_CONTENT_LIMITED
-_FATAL_CLOSE_CODES = {4004: BAD_TOKEN_HELP, 4014: MESSAGE_CONTENT_HELP}
+_FATAL_CLOSE_CODES = {4014: MESSAGE_CONTENT_HELP}  # and 4004, the token: _bad_token()
 
 
 class _Fatal(AdapterError):
@@ -107,6 +107,10 @@ def _tolerant_json(text: str | bytes) -> Any:
         return _STRICT_JSON(text)
     except ValueError:
         return json.loads(text)
+
+
+def _bad_token() -> TokenRejected:
+    return TokenRejected(PLATFORM, "platforms.discord.token", BAD_TOKEN_HELP)
 
 
 def _intents() -> discord.Intents:
@@ -358,7 +362,7 @@ class DiscordAdapter:
         try:
             await asyncio.wait_for(client.login(self._token), self.connect_timeout_seconds)
         except discord.LoginFailure:
-            raise _Fatal(BAD_TOKEN_HELP) from None
+            raise _bad_token() from None
         except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise AdapterError(f"could not log in to Discord at {self.api_base_url}: {describe(exc)}") from None
 
@@ -416,7 +420,7 @@ class DiscordAdapter:
                     await self._connect_once()
                     log.info("discord: reconnected")
                     break
-                except _Fatal as exc:
+                except (_Fatal, TokenRejected) as exc:
                     self._health.state = "failed"
                     self._health.last_error = str(exc)
                     log.error("discord: %s", exc)
@@ -441,7 +445,7 @@ class DiscordAdapter:
             done, _ = await asyncio.wait({task}, timeout=tick)
             if done:
                 error = _start_error(task)
-                if isinstance(error, _Fatal):
+                if isinstance(error, (_Fatal, TokenRejected)):
                     self._health.state = "failed"
                     self._health.last_error = str(error)
                     log.error("discord: %s", error)
@@ -675,8 +679,10 @@ def _start_error(task: asyncio.Task) -> AdapterError:
         return AdapterError("the gateway connection closed")
     if isinstance(exc, discord.PrivilegedIntentsRequired):
         return _Fatal(MESSAGE_CONTENT_HELP)
+    if isinstance(exc, discord.ConnectionClosed) and exc.code == 4004:  # Authentication failed
+        return _bad_token()
     if isinstance(exc, discord.ConnectionClosed) and exc.code in _FATAL_CLOSE_CODES:
         return _Fatal(_FATAL_CLOSE_CODES[exc.code])
     if isinstance(exc, discord.LoginFailure):
-        return _Fatal(BAD_TOKEN_HELP)
+        return _bad_token()
     return AdapterError(f"the Discord gateway connection failed: {describe(exc)}")

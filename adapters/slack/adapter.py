@@ -78,7 +78,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gateway.errors import AdapterError, RateLimited
+from gateway.errors import AdapterError, RateLimited, TokenRejected
 from gateway.formatting import split_message
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
 from gateway.retry import Backoff
@@ -95,7 +95,7 @@ from gateway.types import (
 )
 
 from .config import SlackConfig
-from .connection import HttpEndpoint, Pulse, SocketConnection
+from .connection import TOKEN_ERRORS, HttpEndpoint, Pulse, SocketConnection
 from .inbound import Inbound, InboundSettings, Lru
 from .mrkdwn import to_mrkdwn
 from .outbound import TEXT_LIMIT, PartFailed, Sender, describe_slack_error
@@ -283,10 +283,12 @@ class SlackAdapter:
             auth = await asyncio.wait_for(client.auth_test(), self._connect_timeout)
         except SlackApiError as exc:
             error = exc.response.get("error") if exc.response is not None else "error"
-            raise AdapterError(
-                f"slack: the bot token was refused ({error}); set platforms.slack.bot_token to the "
-                "Bot User OAuth Token (xoxb-...) of an installed app"
-            ) from None
+            help = (f"Slack refused the bot token ({error}); set platforms.slack.bot_token to the Bot User "
+                    "OAuth Token (xoxb-...) of an installed app (api.slack.com/apps -> your app -> OAuth & "
+                    "Permissions), then reload")
+            if error in TOKEN_ERRORS:
+                raise TokenRejected(PLATFORM, "platforms.slack.bot_token", help) from None
+            raise AdapterError(f"slack: {help}") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise AdapterError(f"slack: cannot reach {self._api_base_url} ({type(exc).__name__}); check the network and api_base_url") from None
         self.bot_user_id, self.bot_id = auth.get("user_id"), auth.get("bot_id")

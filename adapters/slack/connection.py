@@ -30,9 +30,12 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gateway.errors import AdapterError
+from gateway.errors import AdapterError, TokenRejected
 from gateway.retry import Backoff
 from gateway.tasks import spawn
+
+# Slack's answers that mean the token itself is bad: retrying cannot help (TokenRejected).
+TOKEN_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"})
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +95,11 @@ class SocketConnection:
             opened = await asyncio.wait_for(self._client.apps_connections_open(app_token=self._app_token), self._connect_timeout)
         except SlackApiError as exc:
             error = exc.response.get("error") if exc.response is not None else "error"
-            raise AdapterError(
-                f"slack: apps.connections.open failed ({error}); set platforms.slack.app_token to an "
-                "app-level token (xapp-...) with connections:write and enable Socket Mode"
-            ) from None
+            help = (f"apps.connections.open failed ({error}); set platforms.slack.app_token to an "
+                    "app-level token (xapp-...) with connections:write and enable Socket Mode")
+            if error in TOKEN_ERRORS:
+                raise TokenRejected("slack", "platforms.slack.app_token", help) from None
+            raise AdapterError(f"slack: {help}") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise AdapterError(f"slack: cannot reach Slack for apps.connections.open ({type(exc).__name__})") from None
         handler = AsyncSocketModeHandler(

@@ -44,7 +44,7 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, ChatMigrated, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
-from gateway.errors import AdapterError, PlatformHTTPError, RateLimited
+from gateway.errors import AdapterError, PlatformHTTPError, RateLimited, TokenRejected
 from gateway.formatting import split_message, utf16_len
 from gateway.markdown import count_plain_fallback
 from gateway.ratelimit import ChatRate, chat_budget_for, limiter_for
@@ -75,6 +75,9 @@ from .webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
+PLATFORM_NAME = "telegram"
+BAD_TOKEN_HELP = ("Telegram rejected the bot token (401). Get it again from @BotFather (/mybots -> your bot -> "
+                  "API Token) into platforms.telegram.token, then reload (systemctl reload, or SIGHUP)")
 MESSAGE_LIMIT = TelegramConfig.CAPABILITIES.max_message_length  # UTF-16 code units, after entity parsing
 # One budget per chat for sends and typing (Telegram: about 1 message a second in a chat, 20 a
 # minute in a group); any 60 s window of a group holds at most burst + 60 x rate = 20 calls.
@@ -254,7 +257,9 @@ class TelegramAdapter:
             await retry_async(self._bot.initialize, classify=_retry_network, backoff=self._reconnect_backoff,
                               max_attempts=3)
         except InvalidToken:
-            self._fail("Telegram rejected the bot token (401/404): check platforms.telegram.token")
+            self._health.state = "failed"
+            self._health.last_error = TokenRejected.SUMMARY
+            raise TokenRejected(PLATFORM_NAME, "platforms.telegram.token", BAD_TOKEN_HELP) from None
         except TelegramError as exc:
             self._fail(f"could not reach the Telegram Bot API at {self._api_host()}: {describe(exc)}")
         me = self._bot.bot

@@ -12,7 +12,9 @@ spinner until the first text (with a running tool's status line beside it),
 then the newest lines of the text; once the answer is done it is printed
 whole, in place of the live view.  Ctrl-C stops the answer being written
 (kept as far as it got, marked ``(stopped)``); at the prompt, or a second
-time, it leaves, as Ctrl-D does.  Piped, standard output gets the answers only.
+time, it leaves, as Ctrl-D does.  Piped, standard output gets the answers only, and the exit status
+is 1 when a turn got no answer from the model (the line saying why went to standard output as the
+answer does).  A chat that sent only commands (``/help``, ``/status``) leaves no empty session behind.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import getpass
 import json
 import mimetypes
 import os
+import re
 import stat
 import sys
 from pathlib import Path
 
 from rich.console import Console, RenderableType
 from rich.live import Live
+from rich.markdown import Markdown
 from rich.markup import escape
 from rich.panel import Panel
 from rich.spinner import Spinner
@@ -42,6 +46,8 @@ from gateway.router import STOPPED_MARK, SessionRouter, Ticket
 from gateway.runtime.daemon import local_gateway
 from gateway.types import Attachment, ChatType, InboundMessage, MediaLimits, article, attachment_kind
 
+# Markdown that reads badly raw (bold, inline code, a fence, a list item): drawn by rich in a terminal
+_MARKDOWN = re.compile(r"\*\*[^*\n]+\*\*|`[^`\n]+`|^```|^\s*[-*] ", re.M)
 RECAP_EXCHANGES = 10
 USER_CHARS = 300
 ASSISTANT_CHARS = 200
@@ -181,13 +187,13 @@ async def _start_fresh(router: SessionRouter, key: str) -> None:
 
 
 async def run_chat(config: Config, *, continue_: str | None = None, resume: str | None = None,
-                   console: Console | None = None, read_line=None, interactive: bool | None = None) -> None:
+                   console: Console | None = None, read_line=None, interactive: bool | None = None) -> int:
     """The chat until Ctrl-D, end of input, or Ctrl-C at the prompt.
 
     ``interactive`` (default: standard input is a terminal) shows the prompt, the live answer and
     the notes; piped, standard output gets the answers only (notes go to standard error).  Tests
     pass ``read_line`` (a function returning the next line, raising EOFError at the end) in place
-    of standard input."""
+    of standard input.  Returns the exit status: 1 when a turn failed (the model gave no answer)."""
     interactive = sys.stdin.isatty() if interactive is None else interactive
     console = console or Console(soft_wrap=not interactive)
     notes = console if interactive else Console(stderr=True, soft_wrap=True)
@@ -195,6 +201,7 @@ async def run_chat(config: Config, *, continue_: str | None = None, resume: str 
         assert gateway.router is not None
         chat = _Chat(gateway.router, console, notes, interactive, limits=media_limits(config))
         await chat.run(continue_, resume, read_line)
+        return 1 if chat.failed and not interactive else 0
 
 
 _NO_LIMITS = MediaLimits()
@@ -218,6 +225,7 @@ class _Chat:
         self.answering: Ticket | None = None  # the message whose answer is being written
         self.interrupted_once = False  # Ctrl-C was pressed during this answer
         self.stopped = False  # ... and cut the answer short (it had not finished)
+        self.failed = False  # a turn got no answer from the model (piped: exit 1)
 
     def interrupted(self) -> None:
         """Ctrl-C: the first one while an answer is written stops it; at the prompt, or again, leave."""
@@ -252,11 +260,23 @@ class _Chat:
             if undo is not None:
                 undo()
         route = await self.db.routes.get(self.key)
+        if route and route != resumed and await self._forget_if_empty(route):
+            route = None
         if route:
             if self.interactive and self.input is not None:
                 self.notes.print("")  # after the ^C or the prompt the terminal shows
             self.notes.print(f"[dim]Session {route} saved. Continue with: switchboard chat -r {route}[/dim]",
                              soft_wrap=True)
+
+    async def _forget_if_empty(self, session_id: str) -> bool:
+        """A session this chat started that holds no message (only commands were sent): deleted, with
+        its route, so it does not top ``sessions list``.  True when it was."""
+        session = await self.db.sessions.get(session_id)
+        if session is None or session.get("message_count") or await self.db.messages.get(session_id):
+            return False
+        await self.db.routes.delete(self.key)
+        await self.db.sessions.delete(session_id)
+        return True
 
     async def _next_line(self, read_line) -> str | None:
         if self.input is not None:
@@ -318,7 +338,12 @@ class _Chat:
                 return True
         for notice in ticket.notices:
             self.notes.print(f"[dim]{notice}[/dim]")
-        self.console.print(reply, markup=False, highlight=False)
+        if ticket.failure is not None:
+            self.failed = True
+        if self.interactive and _MARKDOWN.search(reply):  # an approval request, a code block: drawn, not raw
+            self.console.print(Markdown(reply, code_theme="ansi_dark"))
+        else:
+            self.console.print(reply, markup=False, highlight=False)
         return True
 
     async def _reply_or_leave(self, ticket: Ticket) -> str | None:

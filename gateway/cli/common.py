@@ -27,7 +27,8 @@ from gateway.errors import ConfigError
 _HOME_KEY = "switchboard.home"
 _CONFIG_KEY = "switchboard.config"
 
-_CONFIG_HELP = "Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml)."
+_CONFIG_HELP = ("Config file (default: $SWITCHBOARD_CONFIG, else $SWITCHBOARD_HOME/config.yaml, else "
+                "~/.switchboard/config.yaml, else the checkout's config.example.yaml).")
 _HOME_HELP = ("The home holding state.db (default: the config file's home:, else $SWITCHBOARD_HOME, "
               "else ~/.switchboard).")
 

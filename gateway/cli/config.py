@@ -1,4 +1,5 @@
-"""``switchboard config check|show``: validate the config file, or print it with secrets masked.
+"""``switchboard config check|show|extras``: validate the config file, print it with secrets masked,
+or name the optional extras it needs that are not installed (``make run`` installs those).
 
 A thin layer over :func:`gateway.config.load_config`; a bad file prints one
 line naming the file and key, and exits 78 (EX_CONFIG).
@@ -96,3 +97,39 @@ def show(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False), nl=False)
+
+
+def needed_extras(cfg: Config, env: dict[str, str] | None = None) -> list[str]:
+    """The optional extras this config (and these variables) use that are not installed, by name.
+
+    ``postgresql`` for a ``postgresql://`` store, ``otel`` when ``OTEL_*`` names an endpoint, and a
+    platform's own extra (``email``) when that platform is on and its library is missing.
+    """
+    import importlib.util
+    import os
+
+    from gateway import tracing
+
+    env_vars = dict(os.environ) if env is None else env
+    wanted: list[str] = []
+    if cfg.store.url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg") is None:
+        wanted.append("postgresql")
+    if tracing.requested(env_vars) and not tracing.available():
+        wanted.append("otel")
+    for name, state in cfg.enabled_platforms().items():
+        library = PLATFORM_EXTRAS.get(name)
+        if state == "on" and library is not None and importlib.util.find_spec(library) is None:
+            wanted.append(name)
+    return wanted
+
+
+# Platforms whose library is an extra of their own (pyproject.toml), by the module that extra brings.
+PLATFORM_EXTRAS = {"email": "aioimaplib"}
+
+
+@config_group.command("extras")
+@home_options
+@click.pass_context
+def extras(ctx: click.Context, config_path: Path | None) -> None:
+    """Print the extras the config needs and lacks, comma-separated (empty when none): `make run` installs them."""
+    click.echo(",".join(needed_extras(_load(ctx, config_path))))

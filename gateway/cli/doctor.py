@@ -23,6 +23,7 @@ from gateway import _config_load
 from gateway.config import Config, load_config
 from gateway.durations import format_duration, time_ago
 from gateway.errors import ConfigError
+from gateway.modelprobe import probe_models
 from gateway.runtime import systemd as service
 from gateway.runtime.autobackup import list_backups
 from gateway.runtime.upkeep import EVERY_SECONDS as UPKEEP_EVERY_SECONDS
@@ -176,48 +177,33 @@ def check_context_length(cfg: Config) -> Check:
 
 async def check_model(http: aiohttp.ClientSession, cfg: Config) -> Check:
     """The ``model`` section's endpoint (the chain's ``default``)."""
-    return await check_endpoint(http, "model", "model", str(cfg.model.base_url), cfg.model.api_key, cfg.model.name)
+    return await check_endpoint(http, "model", "model", str(cfg.model.base_url), cfg.model.api_key, cfg.model.name,
+                                cfg=cfg)
 
 
 async def check_fallbacks(http: aiohttp.ClientSession, cfg: Config) -> list[Check]:
     """Each model of ``model.fallbacks``, in order: reachable, and serving its model name."""
     return list(await asyncio.gather(*(
         check_endpoint(http, f"fallback {label}", f"models.{label}", str(cfg.models[label].base_url),
-                       cfg.models[label].api_key, cfg.models[label].name)
+                       cfg.models[label].api_key, cfg.models[label].name, cfg=cfg)
         for label in cfg.model.fallbacks)))
 
 
 async def check_endpoint(http: aiohttp.ClientSession, what: str, key: str, base_url: str, api_key: str,
-                         name: str) -> Check:
-    base = base_url.rstrip("/")
-    try:
-        async with http.get(f"{base}/models", headers={"Authorization": f"Bearer {api_key}"}) as r:
-            if r.status in (401, 403):
-                return Check(what, False, f"{base} refused the API key (HTTP {r.status})", f"set {key}.api_key")
-            if r.status == 404:
-                return Check(what, True, f"{base} is reachable (it lists no models, so {name!r} was not checked)")
-            if r.status >= 400:
-                return Check(what, False, f"{base}/models answered HTTP {r.status}", f"check {key}.base_url")
-            body = await r.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        return Check(what, False, f"cannot reach {base}: {_why(exc)}",
-                     f"check {key}.base_url and that the model server is running")
-    names = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
-    if name in names:
-        return Check(what, True, f"{base} serves {name!r}")
-    shown = ", ".join(str(n) for n in names[:8]) or "none"
-    return Check(what, False, f"{base} does not serve {name!r} (it has: {shown})", f"set {key}.name to one of those")
+                         name: str, *, cfg: Config | None = None) -> Check:
+    """``GET /models``: a ✗ with the likely fix for an unreachable server, a refused key, a URL that
+    answers 404 (usually a missing ``/v1``) or a server that does not serve ``name``."""
+    probe = await probe_models(http, base_url, api_key, timeout=TIMEOUT)
+    problem = probe.problem(name)
+    if problem is None:
+        if probe.served:
+            return Check(what, True, f"{probe.base_url} serves {name!r}")
+        return Check(what, True, f"{probe.base_url} is reachable (it lists no models, so {name!r} was not checked)")
+    def variable(k: str) -> str | None:
+        names = cfg.variables_for(k) if cfg is not None else ()
+        return names[0] if names else None
 
-
-def _why(exc: BaseException) -> str:
-    """A failed request in a few words: refused, timed out, or the error's own text."""
-    if isinstance(exc, asyncio.TimeoutError):
-        return f"no answer within {TIMEOUT.total:g} s (timed out)"
-    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, ConnectionRefusedError):
-        return "connection refused (nothing listens there)"
-    return f"{type(exc).__name__} {exc}".strip()
-
-
+    return Check(what, False, problem, probe.fix(name, key, (variable(f"{key}.base_url"), variable(f"{key}.name"))))
 async def _platform_call(http, name, method, url, headers, ok) -> Check:
     try:
         async with http.request(method, url, headers=headers) as r:

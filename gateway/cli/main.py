@@ -1,5 +1,6 @@
 """``switchboard``: the command line.  A thin layer: load, call one thing, turn errors into exit codes.
 
+    switchboard setup [--yes ...]    guided set-up: the model, the platforms, the owner; writes the config
     switchboard run                  the daemon (every configured platform + the local API)
     switchboard chat [-c [TITLE]] [-r ID|TITLE]   talk to the agent from the terminal
     switchboard sessions ...         list, show, search, export, import, rename, delete, prune, stats
@@ -21,7 +22,7 @@
 
 The groups live in their own modules of ``gateway/cli`` (``sessions``, ``config``,
 ``cron``, ``deadletters``, ``service`` with ``backup`` and ``restore``, ``maintenance``, ``insights``,
-``storage``, ``tools``, ``budgets``);
+``storage``, ``tools``, ``budgets``, and the package ``setup``);
 ``run``, ``chat``, ``doctor`` and ``pairing`` are defined here, with the work of
 ``chat`` and ``doctor`` in ``gateway/cli/chat.py`` and ``gateway/cli/doctor.py``.
 """
@@ -56,6 +57,7 @@ from gateway.cli.maintenance import maintenance_cmd
 from gateway.cli.migrate import migrate_cmd
 from gateway.cli.service import backup_cmd, restore_cmd, service as service_group
 from gateway.cli.sessions import sessions as sessions_group
+from gateway.cli.setup import setup_cmd
 from gateway.cli.storage import storage_cmd
 from gateway.cli.tools import tools_group
 from gateway.errors import AlreadyRunning, ConfigError, SwitchboardError
@@ -80,6 +82,7 @@ def main() -> None:
 for command in (sessions_group, config_group, cron_group, service_group, backup_cmd, restore_cmd, maintenance_cmd):
     main.add_command(command)
 main.add_command(budgets_group)
+main.add_command(setup_cmd)
 main.add_command(deadletters_group)
 main.add_command(insights_cmd)
 main.add_command(migrate_cmd)
@@ -137,8 +140,9 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
     log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", encoding="utf-8")
     logged_before = log_path.stat().st_size
     setup_logging("WARNING", "text", secrets=cfg.secrets(), stream=log_file)
+    code = 0
     try:
-        asyncio.run(run_chat(cfg, continue_=continue_, resume=resume))
+        code = asyncio.run(run_chat(cfg, continue_=continue_, resume=resume))
     except (SwitchboardError, state.StateError) as exc:
         _fail(str(exc))
     except (KeyboardInterrupt, EOFError):
@@ -147,6 +151,8 @@ def chat(config_path: Path | None, continue_: str | None, resume: str | None) ->
         log_file.flush()
         if log_path.stat().st_size > logged_before:
             click.echo(f"(warnings from this chat are in {log_path})", err=True)
+    if code:
+        sys.exit(code)  # a turn got no answer: a script piping questions in sees it
 
 
 @main.command()
@@ -212,7 +218,8 @@ def pairing_approve(config_path: Path | None, platform: str, code: str) -> None:
         except state.StateError as exc:
             _fail(str(exc))
             return
-    click.echo(f"Approved {platform} user {user['user_id']}. They can talk to the agent now.")
+    click.echo(f"Approved {platform} user {user['user_id']}. They can talk to the agent now: the running daemon "
+               "tells them so and answers the message they were waiting on.")
 
 
 @pairing.command("revoke")

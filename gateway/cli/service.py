@@ -9,6 +9,7 @@ one-line message and exit status 1.  ``gateway.cli.main`` mounts these with
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -43,6 +44,15 @@ def _scope(user_scope: bool | None) -> service_mod.Scope:
     if user_scope is None:
         return "system" if os.geteuid() == 0 else "user"
     return "user" if user_scope else "system"
+
+
+def _where_installed(home: Path, user_scope: bool | None, unit_dir: Path | None) -> tuple[service_mod.Scope, Path | None]:
+    """The scope and unit folder status and uninstall look at: as given, else where `service install`
+    put the unit for this home (--user --unit-dir DIR included), else the default for this account."""
+    recorded = service_mod.installed_unit(home) if user_scope is None and unit_dir is None else None
+    if recorded is not None:
+        return recorded[0], recorded[1].parent
+    return _scope(user_scope), unit_dir
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -112,7 +122,10 @@ def install_cmd(user_scope, dry_run, config_path, unit_dir, env_file, run_as) ->
     if result.home_created:
         click.echo(f"created home {settings.home} (mode 0700)")
     if result.env_file_created:
-        click.echo(f"created {settings.env_file} (mode 0600): put the platform tokens and the model key in it")
+        filled = sorted(service_mod.env_file_names(settings.env_file))
+        click.echo(f"created {settings.env_file} (mode 0600)" + (
+            f" with {', '.join(filled)} as this shell exports them; put any other token there too" if filled
+            else ": put the platform tokens and the model key in it"))
     elif result.env_file_tightened:
         click.echo(f"{settings.env_file} was readable by other users; it is now mode 0600")
     else:
@@ -135,8 +148,8 @@ def _remind_environment(plan: service_mod.InstallPlan) -> None:
 @_unit_dir_option
 def uninstall_cmd(user_scope, config_path, unit_dir) -> None:
     """Remove the unit file (the home, the database and the secrets file stay)."""
-    scope = _scope(user_scope)
     home = resolve_home(config_path)
+    scope, unit_dir = _where_installed(home, user_scope, unit_dir)
     try:
         result = service_mod.uninstall(scope, home=home, unit_dir=unit_dir)
     except SwitchboardError as exc:
@@ -158,7 +171,9 @@ def uninstall_cmd(user_scope, config_path, unit_dir) -> None:
 @_unit_dir_option
 def status_cmd(user_scope, config_path, unit_dir) -> None:
     """Show whether the unit is installed and the daemon runs (exit 3 when it does not)."""
-    report = service_mod.service_status(_scope(user_scope), home=resolve_home(config_path), unit_dir=unit_dir)
+    home = resolve_home(config_path)
+    scope, unit_dir = _where_installed(home, user_scope, unit_dir)
+    report = service_mod.service_status(scope, home=home, unit_dir=unit_dir)
     for line in report.lines:
         click.echo(line)
     raise SystemExit(report.exit_code)
@@ -168,16 +183,17 @@ def status_cmd(user_scope, config_path, unit_dir) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @home_options
 @click.option("--allow-empty", is_flag=True, help="Back up a database that holds no sessions (refused otherwise).")
+@click.option("--force", is_flag=True, help="Replace FILE if it exists (once the new copy is whole and checked).")
 @click.option("--media", "media_to", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also copy the media folder's files into DIR (only those DIR does not hold yet).")
-def backup_cmd(file, config_path, allow_empty, media_to) -> None:
+def backup_cmd(file, config_path, allow_empty, force, media_to) -> None:
     """Copy the live database to FILE (consistent while the daemon runs; mode 0600).
 
     Pictures, voice and documents are files in the media folder, not in the database: --media DIR
     copies them too, after the database; without it the command says where they are."""
     refuse_on_postgresql(config_path, "backup", "back PostgreSQL up with its own tools (pg_dump)")
     try:
-        summary = backup_mod.backup(resolve_home(config_path), file, allow_empty=allow_empty)
+        summary = backup_mod.backup(resolve_home(config_path), file, allow_empty=allow_empty, force=force)
     except (SwitchboardError, OSError) as exc:
         raise _fail(exc) from None
     click.echo(
@@ -202,11 +218,19 @@ def backup_cmd(file, config_path, allow_empty, media_to) -> None:
 @click.command("restore")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @home_options
-def restore_cmd(file, config_path) -> None:
-    """Replace the database with FILE after checking it; the daemon must be stopped."""
+@click.option("--yes", "-y", "assume_yes", is_flag=True, help="Do not ask before replacing the database.")
+def restore_cmd(file, config_path, assume_yes) -> None:
+    """Replace the database with FILE after checking it; the daemon must be stopped.  In a terminal it
+    asks first (--yes does not)."""
     refuse_on_postgresql(config_path, "restore", "restore PostgreSQL with its own tools (pg_restore)")
+    home = resolve_home(config_path)
+    if not assume_yes and sys.stdin.isatty():
+        live = home / "state.db"
+        what = (f"{live} ({live.stat().st_size:,} bytes)" if live.exists() else f"the empty home {home}")
+        if not click.confirm(f"Replace {what} with {file}? The current database is kept as a copy", default=False):
+            raise click.ClickException("nothing was restored")
     try:
-        result = backup_mod.restore(resolve_home(config_path), file)
+        result = backup_mod.restore(home, file)
     except (SwitchboardError, OSError) as exc:
         raise _fail(exc) from None
     if result.previous_copy:

@@ -26,11 +26,15 @@ T = TypeVar("T")
 WAIT_HELP = "Seconds to wait for the servers to start and answer."
 
 
+NO_SERVER = ("No MCP server is configured (tools.mcp_servers in the config; see config.example.yaml). "
+             "The built-in tools need none: session_search, memory and, with facts on, facts "
+             "(/tools in a chat lists what it may use).")
+
+
 def _with_servers(config_path: Path | None, wait: float, work: Callable[[McpTools], Awaitable[T]]) -> T:
     cfg = config_keys(config_path, "tools")
     if not cfg.tools.mcp_servers:
-        raise click.ClickException("no MCP server is configured: add one under tools.mcp_servers in the config "
-                                   "(see config.example.yaml)")
+        raise click.ClickException(NO_SERVER)
     logging.getLogger("gateway.tools_mcp").setLevel(logging.ERROR)  # a server that fails is shown in the output
 
     async def run() -> T:
@@ -68,6 +72,12 @@ def list_cmd(config_path: Path | None, wait: float, as_json: bool) -> None:
     async def work(tools: McpTools) -> list[ServerStatus]:
         return tools.catalog()
 
+    if not config_keys(config_path, "tools").tools.mcp_servers:  # nothing to start: not an error
+        if as_json:
+            json_out([])
+        else:
+            click.echo(NO_SERVER)
+        return
     catalog = _with_servers(config_path, wait, work)
     if as_json:
         json_out([_server_row(s) for s in catalog])
@@ -91,6 +101,9 @@ def list_cmd(config_path: Path | None, wait: float, as_json: bool) -> None:
                    else "The servers offer no tools.")
 
 
+_APPROVAL = {"never": "none: the model calls it directly",
+             "always": "always: each call waits for a yes (the chat's buttons or /approve)",
+             "once_per_session": "once per session: the first call in a session waits for a yes"}
 _OFFERED = {"everywhere": "yes", "some chats": "some chats", "nowhere": "no"}
 
 
@@ -120,6 +133,7 @@ def show_cmd(config_path: Path | None, name: str, wait: float, as_json: bool) ->
     server, tool, where = _with_servers(config_path, wait, work)
     if as_json:
         json_out({"name": tool.full_name, "server": server.name, "offered": where == "everywhere",
+                  "approval": server.cfg.approval_for(tool.name),
                   "offered_in": where, "description": tool.description, "parameters": tool.parameters})
         return
     cfg = server.cfg
@@ -130,6 +144,7 @@ def show_cmd(config_path: Path | None, name: str, wait: float, as_json: bool) ->
                               "some chats": "in some chats (tools.rules; /tools in a chat shows what it may use)",
                               }.get(where, f"no: allow it with a glob under tools.mcp_servers.{server.name}.allow "
                                            f"or tools.rules"),
+        "Approval    " + _APPROVAL[cfg.approval_for(tool.name)],
         f"Limits      {cfg.timeout_seconds:g} s per call, results cut at {cfg.max_output_bytes:,} bytes, "
         f"{cfg.max_concurrent_calls} at once",
         "",

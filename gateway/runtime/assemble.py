@@ -218,6 +218,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
                            ask_stop=wiring.ask_stop, work_elsewhere=wiring.work_elsewhere,
                            keep_media=media.keep_notes, stored_audio=media.audio_of),
         context_length=context_length, clock=clock, budgets=budgets,
+        model_back=lambda: model.back(cfg.sessions.resume_within),
         # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
         voice=Voice(VoiceSettings.from_config(cfg)) if cfg.media.transcribe_with or cfg.media.speak_with else None,
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import time
@@ -140,6 +141,38 @@ def check_file(path: Path) -> DatabaseSummary:
 
 # --- backup ----------------------------------------------------------------
 
+_PARTIAL = re.compile(r"^\..+\.partial-(\d+)(-journal)?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def sweep_partials(folder: Path) -> list[Path]:
+    """Remove the half-written copies (``.NAME.partial-PID``) that backups killed mid-way left in
+    ``folder``: those whose process is gone.  Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _PARTIAL.match(path.name)
+        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            removed.append(path)
+            log.info("removed %s, left by a backup that did not finish", path)
+    return removed
+
 
 def backup(
     home: Path,
@@ -148,8 +181,13 @@ def backup(
     pages_per_step: int = PAGES_PER_STEP,
     progress: Callable[[int, int], None] | None = None,
     allow_empty: bool = True,
+    force: bool = False,
 ) -> DatabaseSummary:
     """Copy ``<home>/state.db`` to ``target`` while it is in use; returns what the copy holds.
+
+    ``force`` replaces an existing ``target`` (only once the new copy is whole and checked).  The
+    half-written copies a killed backup left in ``target``'s folder (``.NAME.partial-PID`` of a process
+    that is gone) are removed first.
 
     ``progress(remaining, total)`` is called after every step of ``pages_per_step`` pages.
     Unless ``allow_empty``, a database holding no sessions is refused (``BackupError``, no
@@ -159,12 +197,16 @@ def backup(
     target = Path(target).expanduser().absolute()
     if not source.is_file():
         raise BackupError(f"no database at {source}: nothing to back up (is --home or SWITCHBOARD_HOME right?)")
-    if target.exists() or target.is_symlink():
-        raise BackupError(f"{target} already exists: choose a new file name, or move that file away first")
+    if (target.exists() or target.is_symlink()) and not force:
+        raise BackupError(f"{target} already exists: choose a new file name, move that file away, "
+                          "or pass --force to replace it")
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise BackupError(f"{target} is not a regular file: choose another name")
     if not target.parent.is_dir():
         raise BackupError(f"directory {target.parent} does not exist: create it first")
     if target.resolve() == source.resolve():
         raise BackupError(f"{target} is the live database itself: choose another file")
+    sweep_partials(target.parent)
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     started = time.monotonic()
     src = sqlite3.connect(source, isolation_level=None, timeout=BUSY_TIMEOUT)

@@ -36,7 +36,7 @@ import signal
 import time
 from collections import deque
 from importlib.metadata import entry_points
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import state
 from gateway import tracing
@@ -45,6 +45,7 @@ from gateway.commands import CommandSet
 from gateway.compressing import Compressor
 from gateway.config import Config
 from gateway.cron.service import CronService
+from gateway.errors import TokenRejected
 from gateway.media import media_limits
 from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService
@@ -64,6 +65,7 @@ from gateway.runtime.notify import Notifier
 from gateway.runtime.platforms import PlatformSupervisor
 from gateway.runtime.reload import reload_config
 from gateway.runtime.upkeep import StoreUpkeep
+from gateway.runtime.welcome import Welcomes
 from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
@@ -84,10 +86,14 @@ from gateway.types import (
     VoiceOutput,
 )
 from gateway.usage import UsageRecorder
-from state.cluster.store import ClusterStore
+
+if TYPE_CHECKING:  # psycopg is the postgresql extra: `make run` on SQLite goes without it
+    from state.cluster.store import ClusterStore
 
 log = logging.getLogger(__name__)
 
+FIRST_TRY_SECONDS = 5.0  # how long the serving line waits for the platforms' first starts
+MODEL_PROBE_SECONDS = 6.0  # how long start waits for the model's probe before saying it serves
 RESUME_TOOLS_SECONDS = 15.0  # how long a restart waits for the MCP servers before resuming turns
 
 LOCAL_SOURCES = ("api", "cli")
@@ -143,12 +149,13 @@ class Gateway:
         self._services: Services | None = None  # built by start(), through assemble()
         self._closed = False  # stop() has closed the services
         self._given_adapters = adapters
-        self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter)
+        self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter, named=lambda key: self.config.named(key))
         self.platforms_off: dict[str, str] = {}
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
         self.dead_letters_held = 0  # kept fresh by the dead-letter poll, for /healthz and /metrics
         self._dead_letter_replay: asyncio.Task | None = None
+        self._welcomes: asyncio.Task | None = None  # approved users told so, their waiting message answered
         self.upkeep: StoreUpkeep | None = None  # the store's daily upkeep, in the daemon only (start())
         self.integrity: IntegrityGuard | None = None  # quick_check at start and daily, in the daemon only
         self.backups: AutoBackups | None = None  # backup.every: automatic online backups, in the daemon only
@@ -232,6 +239,18 @@ class Gateway:
         """The platforms whose adapter runs (or stands by) here."""
         return self.platforms.adapters
 
+    @property
+    def rejected_platforms(self) -> dict[str, TokenRejected]:
+        """The platforms that refused their token: not retried until a reload."""
+        return self.platforms.rejected
+
+    def platform_summary(self, name: str) -> str:
+        """One platform in the serving line: ``on`` (a cluster's owned connection), ``connected``,
+        ``starting``, ``failed: the token was rejected``, ``failed: <why>; retrying``, or why it is off."""
+        if name not in self.adapters:
+            return self.platforms_off.get(name, "off")
+        return "on" if name in self.owned else self.platforms.state(name)
+
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
         """Open the store, assemble the turn and its features, serve the API, start the platforms and cron."""
@@ -245,6 +264,8 @@ class Gateway:
             on_work_pending=self._work_pending.set if claims_turns else None,
             ask_stop=self._ask_stop if claims_turns else None,
             work_elsewhere=self._work_elsewhere if claims_turns else None))
+        # the model is probed once, alongside the rest of the start: /healthz says at once what it found
+        model_probe = spawn(self._probe_model(), name="model:start-probe") if self.serve_api else None
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
             from gateway.runtime.cluster import share_rate_budgets
 
@@ -285,6 +306,7 @@ class Gateway:
             await self.claims.start()
         await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
+        self._start_welcomes()
         if self.serve_api:
             self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
                                       usage_keep_days=cfg.usage.keep_days, clock=self.clock,
@@ -305,7 +327,18 @@ class Gateway:
             self.backlog = UnansweredBacklog(self.db)
             self.metrics.watch_unanswered(self.backlog.status)
             self.backlog.start()
+        if model_probe is not None:
+            await asyncio.wait([model_probe], timeout=MODEL_PROBE_SECONDS)
         self.started_at = time.time()
+
+    async def _probe_model(self) -> None:
+        """At start: is each model endpoint up and serving its model?  A WARNING naming the URL if not."""
+        def variable(key: str) -> str | None:
+            names = self.config.variables_for(key)
+            return names[0] if names else None
+
+        for warning in await self.model.check_at_start(variable):
+            log.warning("%s", warning)
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
         """Replies stored but not confirmed sent, and messages no turn answered; None where this
@@ -364,6 +397,19 @@ class Gateway:
         replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters,
                                   files=self.services.media.files)
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
+
+    def _start_welcomes(self) -> None:
+        """Where platforms run: tell the users an operator approved, and answer what they sent."""
+        if not (self.serve_api or self.adapters):
+            return
+        welcomes = Welcomes(self.db, lambda chat, text: self.router.deliver(chat, text, None), self.on_inbound,
+                            serves=self._owns_connection)
+        self._welcomes = spawn(welcomes.run(), name="pairing:welcomes")
+
+    def _owns_connection(self, platform: str) -> bool:
+        """Whether ``platform``'s adapter runs here and, in a cluster, this instance owns its connection."""
+        held = self.owned.get(platform)
+        return platform in self.adapters and (held is None or held.owner.state == "owner")
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         self.platforms.add(name, adapter)
@@ -515,9 +561,10 @@ class Gateway:
         """Stop taking messages, finish running turns within the grace period, close everything."""
         grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
         self.draining = True
-        if self._dead_letter_replay is not None:
-            self._dead_letter_replay.cancel()
-            await asyncio.gather(self._dead_letter_replay, return_exceptions=True)
+        for poll in (self._dead_letter_replay, self._welcomes):
+            if poll is not None:
+                poll.cancel()
+                await asyncio.gather(poll, return_exceptions=True)
         # Everything that is still working gets the same grace period, at the same time, so
         # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
         # turns (the router stops taking messages first), cron runs, memory flushes and fact
@@ -597,20 +644,27 @@ class Gateway:
             if name in self.platforms.start_errors:
                 h["state"] = "failed"
                 h["last_error"] = self.platforms.start_errors[name]
+                h["detail"] = self.platforms.state(name)
             if name in self.owned and self.owned[name].owner.state != "owner":
                 h["state"] = "standby"  # another instance owns the connection; this one takes over if it dies
             platforms[name] = h
-        ok = all(p["state"] in ("connected", "disabled", "standby") for p in platforms.values())
+        # why the status is not "ok", one line each: what the dashboard's Health page shows beside it
+        reasons = [_platform_reason(name, p) for name, p in platforms.items()
+                   if p["state"] not in ("connected", "disabled", "standby")]
         # the model endpoint as the last calls (or a probe, see LocalApi.healthz) found it
         model = self._services.model.health.as_dict() if self._services is not None else {"state": "unknown"}
-        ok = ok and model["state"] != "unreachable"
         models = self.model.endpoints() if self.model is not None else {}  # each model of the chain
         windows = self.model.windows() if self.model is not None else {}  # and its window, learned or configured
         models = {label: {**state, **windows.get(label, {})} for label, state in models.items()}
+        if model["state"] in ("unreachable", "not_serving"):
+            reasons.append(f"model: {model['state'].replace('_', ' ')}: {model['last_error'] or 'no answer'}")
         integrity = self.integrity.status() if self.integrity is not None else None
         corrupt = integrity is not None and integrity["state"] == "corrupt"
+        if corrupt:
+            reasons.append("store: the integrity check found damage (see integrity.problems)")
         return {
-            "status": "draining" if self.draining else "corrupt" if corrupt else "ok" if ok else "degraded",
+            "status": "draining" if self.draining else "corrupt" if corrupt else "degraded" if reasons else "ok",
+            "reasons": reasons,
             "platforms": platforms,
             "model": model,
             "models": models,
@@ -635,6 +689,15 @@ class Gateway:
                 "connections": {name: held.status() for name, held in self.owned.items()},
                 "rate_budgets": budget_sharing(),  # shared across the instances, or each on its own (fallback)
                 "claims": {"cron_ticks": list(self.cron_claims), **turns}}
+
+
+def _platform_reason(name: str, health: dict) -> str:
+    """Why one platform makes the status "degraded": ``telegram: failed: the token was rejected``,
+    ``discord: reconnecting (the last error)``."""
+    detail = health.get("detail") or ""
+    if detail.startswith("failed"):
+        return f"{name}: {detail}"
+    return f"{name}: {health['state']}" + (f" ({health['last_error']})" if health.get("last_error") else "")
 
 
 @contextlib.asynccontextmanager
@@ -678,8 +741,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     loop.add_signal_handler(signal.SIGHUP, reloads.request)
     watchdog = spawn(_watchdog(notifier), name="watchdog")
     port = gw.api.bound_port if gw.api is not None else None
-    summary = ", ".join(f"{n}: {'on' if n in gw.adapters else gw.platforms_off.get(n, 'off')}"
-                        for n in installed_platforms())
+    await gw.platforms.first_tries(FIRST_TRY_SECONDS)  # the line says what each platform's first start did
+    summary = ", ".join(f"{n}: {gw.platform_summary(n)}" for n in installed_platforms())
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{port}; {summary}")
     log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, port)
     await stop.wait()

@@ -46,7 +46,7 @@ class _ModelEndpoints:
         breaker = GaugeMetricFamily("switchboard_model_breaker_open", "Each model of the chain left out after a "
                                     "failure (1), probed in the background until it answers", labels=["model"])
         for name, state in self._endpoints().items():
-            up.add_metric([name], 0 if state["state"] == "unreachable" else 1)
+            up.add_metric([name], 0 if state["state"] in ("unreachable", "not_serving") else 1)
             breaker.add_metric([name], 1 if state["breaker"] == "open" else 0)
         yield up
         yield breaker

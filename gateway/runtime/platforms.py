@@ -10,7 +10,10 @@
 An adapter that fails to start (bad token, unreachable server), or a standby
 that fails to open for sending, is logged with the reason and run again through
 :func:`gateway.retry.supervise` while the others serve; :attr:`start_errors`
-holds the last reason for ``/healthz``.  Where a platform's connection is owned
+holds the last reason for ``/healthz``.  A platform that refuses the token
+(:class:`~gateway.errors.TokenRejected`: Telegram's 401, Discord's 4004, Slack's
+``invalid_auth``) is not retried: it shows ``failed: the token was rejected``
+until a reload starts it again (:attr:`rejected`).  Where a platform's connection is owned
 by one instance of a cluster, :class:`gateway.runtime.cluster.OwnedConnection`
 decides when it runs and calls :meth:`start_owned` and :meth:`stop_owned`.
 """
@@ -19,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Container
+from typing import Callable, Container
 
+from gateway.errors import TokenRejected
 from gateway.retry import Backoff, supervise
 from gateway.tasks import spawn
 from gateway.types import Adapter, DeadLetterHandler, InboundHandler, SendingOnly
@@ -34,12 +38,15 @@ class PlatformSupervisor:
     """Runs each platform's adapter, restarts it after a failed start, and stops it."""
 
     def __init__(self, handler: InboundHandler, dead_letter: DeadLetterHandler, *,
-                 backoff: Backoff = ADAPTER_BACKOFF):
+                 backoff: Backoff = ADAPTER_BACKOFF, named: Callable[[str], str] = str):
         self._handler = handler
         self._dead_letter = dead_letter
         self._backoff = backoff
+        self._named = named  # a config key as errors name it: with the variable that set it (Config.named)
         self.adapters: dict[str, Adapter] = {}  # the platforms whose adapter runs (or stands by) here
         self.start_errors: dict[str, str] = {}  # why a platform's last start failed, until one succeeds
+        self.rejected: dict[str, TokenRejected] = {}  # platforms that refused their token: not retried
+        self._first_try: dict[str, asyncio.Event] = {}  # set once a platform's first start has succeeded or failed
         self._connected: dict[str, asyncio.Event] = {}  # set once a platform's adapter has started
         self._starting: dict[str, asyncio.Task] = {}
         self._sending_only: dict[str, asyncio.Task] = {}  # standbys: adapters opened to send, not to receive
@@ -48,23 +55,57 @@ class PlatformSupervisor:
         """Hold ``adapter`` for ``name``, not yet connected (replies due meanwhile wait for it)."""
         self.adapters[name] = adapter
         self._connected[name] = asyncio.Event()
+        self._first_try[name] = asyncio.Event()
+        self.rejected.pop(name, None)
 
     def run(self, name: str) -> None:
         """Start ``name``'s adapter in the background, again after each failure, until it connects."""
         adapter = self.adapters[name]
 
+        first_try = self._first_try.setdefault(name, asyncio.Event())
+
         async def start() -> None:
-            await adapter.start(self._handler, dead_letter=self._dead_letter)
+            try:
+                await adapter.start(self._handler, dead_letter=self._dead_letter)
+            except TokenRejected as exc:  # retrying cannot help: given up until a reload
+                self.rejected[name] = exc
+                self.start_errors[name] = f"{TokenRejected.SUMMARY}: {exc.help}"
+                log.error("platform %s failed: %s (%s); %s (not retried until a reload)", name,
+                          TokenRejected.SUMMARY, self._named(exc.key), exc.help)
+                first_try.set()
+                return
             self._connected[name].set()
             self.start_errors.pop(name, None)
+            first_try.set()
             log.info("platform %s connected", name)  # from here the adapter keeps its own connection alive
 
         def failed(failures: int, exc: Exception, wait: float) -> None:  # one platform's failure never stops the others
             self.start_errors[name] = str(exc)
+            first_try.set()
             log.error("platform %s failed to start: %s; retrying in %.0fs", name, exc, wait)
 
         self._starting[name] = spawn(supervise(start, name=f"adapter:{name}", backoff=self._backoff,
                                                on_failure=failed), name=f"adapter:{name}")
+
+    async def first_tries(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until every platform's first start has connected or failed:
+        what the daemon's "serving" line then says of each."""
+        waits = [asyncio.ensure_future(e.wait()) for name, e in self._first_try.items()
+                 if not e.is_set() and name in self._starting and not self._starting[name].done()]
+        if waits:
+            _done, pending = await asyncio.wait(waits, timeout=timeout)
+            for w in pending:
+                w.cancel()
+
+    def state(self, name: str) -> str:
+        """One platform's state in words, as the serving line, ``/healthz``'s detail and the dashboard say it:
+        ``connected``, ``starting``, ``failed: the token was rejected``, ``failed: <why>; retrying``."""
+        if name in self.rejected:
+            return f"failed: {TokenRejected.SUMMARY}"
+        if name in self.start_errors:
+            return f"failed: {self.start_errors[name]}; retrying"
+        connected = self._connected.get(name)
+        return "connected" if connected is not None and connected.is_set() else "starting"
 
     def open_for_sending(self, name: str) -> None:
         """While another instance owns ``name``'s connection, this one still sends the replies of the turns
@@ -125,6 +166,7 @@ class PlatformSupervisor:
         """Stop ``name``'s adapter and forget it; replies due meanwhile wait for the next one."""
         adapter = self.adapters.pop(name, None)
         self.start_errors.pop(name, None)
+        self.rejected.pop(name, None)
         self._connected[name] = asyncio.Event()
         if adapter is not None:
             try:

@@ -3,7 +3,8 @@
 Applied live: ``auth`` and ``platforms.<p>.allowed_users`` (allowlists),
 ``sessions`` (reset policies, key policy for new keys), ``platforms``
 (tokens and settings: a changed platform's adapter alone is restarted, a
-platform turned on is started, one turned off is stopped), ``cron.jobs``
+platform turned on is started, one turned off is stopped, one that refused its
+token is tried again), ``cron.jobs``
 (stored and re-armed: a job whose schedule did not change keeps its next
 run), ``tools`` (the rules at once; MCP servers added, removed, and restarted
 when their settings changed) and ``shutdown``.  Everything else (``home``, ``agent``, ``model``,
@@ -26,7 +27,7 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Container, Mapping, Protocol
 
 import state
 from gateway.config import Config, load_config
@@ -59,6 +60,9 @@ class Running(Protocol):
 
     @property
     def mcp(self) -> McpTools: ...  # the MCP tool servers
+
+    @property
+    def rejected_platforms(self) -> Container[str]: ...  # refused their token: a reload tries them again
 
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter, if any, and start it again from ``config``."""
@@ -179,7 +183,8 @@ async def _apply(running: Running, old: Config, new: Config, auth_settings: Auth
     new_platforms = new.platforms.model_dump(mode="json")
     now_on = new.enabled_platforms()
     for name in installed_platforms():
-        if old_platforms.get(name) != new_platforms.get(name) or (name in running.adapters) != (now_on.get(name) == "on"):
+        if (old_platforms.get(name) != new_platforms.get(name) or (name in running.adapters) != (now_on.get(name) == "on")
+                or name in running.rejected_platforms):
             restarted.append(name)
     # Swap the config before touching adapters and cron: they are rebuilt from it.
     running.config = _keep_restart_only_values(old, new)

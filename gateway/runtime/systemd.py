@@ -547,10 +547,28 @@ def _ensure_home(settings: UnitSettings) -> bool:
     return True
 
 
-def _ensure_env_file(path: Path) -> tuple[bool, bool]:
-    """Create the env file from the example (0600), or tighten an existing one to 0600.
+def _env_file_text(example: str, wanted: Mapping[str, str]) -> str:
+    """The example with each of ``wanted`` (the config's variables set in this shell) filled in: its
+    commented line uncommented with the value, or, when the example lacks it, a line at the end."""
+    lines, done = [], set()
+    for line in example.splitlines():
+        name = line.lstrip("#").partition("=")[0].strip()
+        if line.startswith("#") and "=" in line and name in wanted and name not in done:
+            lines.append(f"{name}={wanted[name]}")
+            done.add(name)
+        else:
+            lines.append(line)
+    rest = [f"{name}={value}" for name, value in wanted.items() if name not in done]
+    if rest:
+        lines += ["", "# Read by the config, as exported in the shell that ran `switchboard service install`:", *rest]
+    return "\n".join(lines) + "\n"
 
-    Returns (created, tightened).  The contents are never read or printed.
+
+def _ensure_env_file(path: Path, wanted: Mapping[str, str] | None = None) -> tuple[bool, bool]:
+    """Create the env file from the example (0600), with ``wanted`` filled in, or tighten an existing one
+    to 0600.
+
+    Returns (created, tightened).  The contents are never printed.
     """
     if path.exists():
         mode = path.stat().st_mode & 0o777
@@ -558,7 +576,7 @@ def _ensure_env_file(path: Path) -> tuple[bool, bool]:
             os.chmod(path, 0o600)
             return False, True
         return False, False
-    example = read_template(ENV_EXAMPLE)
+    example = _env_file_text(read_template(ENV_EXAMPLE), wanted or {})
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -569,10 +587,13 @@ def _ensure_env_file(path: Path) -> tuple[bool, bool]:
     return True, False
 
 
-def install(plan: InstallPlan) -> InstallResult:
-    """Write the unit; create the home (0700) and the env file (0600) when they are missing."""
+def install(plan: InstallPlan, environ: Mapping[str, str] | None = None) -> InstallResult:
+    """Write the unit; create the home (0700) and the env file (0600) when they are missing, the latter
+    with the variables the config reads that this shell (``environ``) exports filled in."""
+    environ = os.environ if environ is None else environ
     home_created = _ensure_home(plan.settings)
-    env_created, env_tightened = _ensure_env_file(plan.settings.env_file)
+    wanted = {name: environ[name] for name in _config_variable_defaults(plan.settings.config) if environ.get(name)}
+    env_created, env_tightened = _ensure_env_file(plan.settings.env_file, wanted)
     unit_path = plan.unit_path
     try:
         unchanged = unit_path.read_text(encoding="utf-8") == plan.unit_text
@@ -588,6 +609,7 @@ def install(plan: InstallPlan) -> InstallResult:
                 + ("run as root (sudo) for a system unit" if plan.settings.scope == "system" else "check that directory's permissions")
             ) from None
     log.info("unit %s %s", unit_path, "unchanged" if unchanged else "written")
+    _record_install(plan.settings.home, plan.settings.scope, unit_path)
     return InstallResult(
         plan=plan,
         unit_changed=not unchanged,
@@ -607,15 +629,52 @@ def _enablement_links(scope: Scope, unit_path: Path) -> list[Path]:
     return links
 
 
+INSTALLED_MARKER = ".service-unit"  # in the home: where `service install` put the unit, and its scope
+
+
+def installed_unit(home: Path) -> tuple[Scope, Path] | None:
+    """The scope and path `service install` recorded in ``home`` (a --unit-dir included), if any."""
+    try:
+        scope, _, path = (Path(home) / INSTALLED_MARKER).read_text(encoding="utf-8").strip().partition(" ")
+    except OSError:
+        return None
+    return (scope, Path(path)) if scope in TEMPLATES and path else None
+
+
+def _record_install(home: Path, scope: Scope, unit_path: Path) -> None:
+    try:
+        _write_atomically(Path(home) / INSTALLED_MARKER, f"{scope} {unit_path}\n", 0o600)
+    except OSError as exc:  # only status and uninstall's default lose it
+        log.warning("could not record where the unit went (%s): %s", Path(home) / INSTALLED_MARKER, exc)
+
+
+def _runs_as_service(pid: int | None) -> bool | None:
+    """Whether process ``pid`` runs in the unit's cgroup (started by systemd); None when that is unknown."""
+    if not pid:
+        return None
+    try:
+        return UNIT_NAME in Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
 def uninstall(scope: Scope, *, home: Path, unit_dir: Path | None = None) -> UninstallResult:
     """Remove the unit file and its enablement links; the home and the env file stay.
 
     Refused while a daemon holds the home's lock: stop the service first, so it
-    is not left running from a unit file that no longer exists.
+    is not left running from a unit file that no longer exists; a daemon started in
+    a terminal (`make run`) is stopped there instead.
     """
     unit_path = Path(unit_dir or default_unit_dir(scope)).expanduser().absolute() / UNIT_NAME
     ctl = "systemctl" if scope == "system" else "systemctl --user"
     if daemon_running(home):
+        pid = lockfile.holder_pid(home)
+        as_service = _runs_as_service(pid)
+        if as_service is False or (as_service is None and not unit_path.exists()):
+            raise ServiceError(
+                f"a daemon started outside systemd (make run, switchboard run) is running on {home}"
+                + (f" as pid {pid}" if pid else "") + ": stop it where it runs (Ctrl-C in its terminal"
+                + (f", or kill {pid}" if pid else "") + "), then uninstall")
         raise ServiceError(
             f"the daemon is running on {home}: stop it first ({ctl} disable --now {UNIT_NAME}), then uninstall"
         )
@@ -627,6 +686,9 @@ def uninstall(scope: Scope, *, home: Path, unit_dir: Path | None = None) -> Unin
             raise ServiceError(f"cannot remove {path}: run as root (sudo) for a system unit") from None
         removed.append(path)
     commands = (f"{ctl} daemon-reload", f"{ctl} reset-failed {UNIT_NAME}") if removed else ()
+    marker = installed_unit(home)
+    if marker is not None and marker[1] == unit_path:
+        (Path(home) / INSTALLED_MARKER).unlink(missing_ok=True)
     return UninstallResult(unit_path=unit_path, removed=tuple(removed), commands=commands)
 
 

@@ -123,7 +123,10 @@ class McpTools:
             if server is not None and not server.available:
                 unavailable = f"the {server_name} tool server is {'restarting' if server.state != 'stopped' else 'stopped'}"
             first = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
-            out.append((tool.name, first[:120], unavailable))
+            approval = server.cfg.approval_for(tool.name.partition(SEPARATOR)[2]) if server is not None else "never"
+            asks = {"always": " (asks for approval at each call)",
+                    "once_per_session": " (asks for approval once per session)"}.get(approval, "")
+            out.append((tool.name, first[:120] + asks, unavailable))
         return out
 
     def _register(self, name: str) -> None:

@@ -205,6 +205,9 @@ class FakeModel:
         self.delay = delay
         self._bind_port = port  # 0: any free port
         self.model_name = model_name
+        # GET /v1/models lists these (default: model_name alone), each with vLLM's max_model_len when set
+        self.served: list[str] | None = None
+        self.max_model_len: int | None = None
         self.requests: list[Recorded] = []
         self._script: list = []
         self._runner: web.AppRunner | None = None
@@ -278,7 +281,9 @@ class FakeModel:
             await self._runner.cleanup()
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+        entries = [{"id": name, "object": "model", **({"max_model_len": self.max_model_len} if self.max_model_len else {})}
+                   for name in (self.served or [self.model_name])]
+        return web.json_response({"object": "list", "data": entries})
 
     @staticmethod
     def _failure(fail: Fail) -> web.Response:

@@ -35,3 +35,16 @@
   }
   document.querySelectorAll("[data-refresh]").forEach(refresh);
 })();
+
+// A form marked data-confirm="<question>" (turning a budget off, resetting what it spent) asks first;
+// Cancel sends nothing.
+(function () {
+  "use strict";
+  document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+    form.addEventListener("submit", function (event) {
+      if (!window.confirm(form.getAttribute("data-confirm"))) {
+        event.preventDefault();
+      }
+    });
+  });
+})();

@@ -1,0 +1,62 @@
+"""`make run` installs the runtime alone: the daemon starts without the test extra or the optional extras."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from gateway.cli.main import main as cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What the runtime must not need: the postgresql and otel extras and the test tools.
+NOT_INSTALLED = ("psycopg", "psycopg_pool", "opentelemetry", "pytest", "hypothesis", "matplotlib", "playwright",
+                 "langchain_openai", "mypy", "ruff")
+
+
+def test_the_daemon_and_every_command_import_without_the_extras() -> None:
+    blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in NOT_INSTALLED)
+    code = (f"import sys; {blocked}\n"
+            "import gateway.runtime.daemon, gateway.runtime.assemble, gateway.cli.main, gateway.cli.doctor\n"
+            "from gateway.cli.main import main\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def _rule(makefile: str, target: str) -> str:
+    match = re.search(rf"^{re.escape(target)}:([^\n]*)\n((?:\t[^\n]*\n)*)", makefile, re.M)
+    assert match, f"no {target} rule in the Makefile"
+    return match.group(1) + "\n" + match.group(2)
+
+
+def test_make_run_installs_the_runtime_and_make_test_the_test_extra() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(RUNTIME)" in _rule(makefile, "run") and "$(STAMP)" not in _rule(makefile, "run")
+    runtime = _rule(makefile, "$(RUNTIME)")
+    assert "pip install --quiet -e .\n" in runtime and "[test]" not in runtime
+    assert "-e '.[test]'" in _rule(makefile, "$(STAMP)")
+    assert "$(STAMP)" in _rule(makefile, "check")  # make test runs check first: CI installs the test extra
+
+
+def test_config_extras_names_what_a_postgresql_store_and_traces_need(tmp_path: Path) -> None:
+    from gateway.cli.config import needed_extras
+    from gateway.config import load_config
+
+    config = tmp_path / "config.yaml"
+    config.write_text("store:\n  url: postgresql://sb@127.0.0.1:5432/sb\n")
+    cfg = load_config(config)
+    code = ("import sys; sys.modules['psycopg'] = None; sys.modules['opentelemetry'] = None\n"
+            "from gateway.cli.config import needed_extras; from gateway.config import load_config\n"
+            f"print(','.join(needed_extras(load_config({str(config)!r}), "
+            "{'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:4318'})))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "postgresql,otel", done.stderr
+    assert needed_extras(cfg, {}) == []  # this checkout's venv has the postgresql extra, and no OTEL_* asks for traces
+    result = CliRunner().invoke(cli, ["config", "extras", "--config", str(ROOT / "config.example.yaml")], env={})
+    assert result.exit_code == 0 and result.output == "\n"
