@@ -9,8 +9,11 @@ Their errors derive from ``gateway.errors.AdapterError`` (drawn in :mod:`gateway
     │                                (starting or reconnecting); the send is retried
     ├── _Fatal                       discord/adapter.py, internal: a start failure retrying cannot
     │                                fix (bad token, missing intent); its message says what to change
-    └── PartFailed                   slack/outbound.py: one part of a reply was not delivered; the
-                                     adapter reports a failed Delivery with the reason
+    ├── PartFailed                   slack/outbound.py: one part of a reply was not delivered; the
+    │                                adapter reports a failed Delivery with the reason
+    ├── SmtpRefused                  email/outbound.py: the SMTP server refused the reply for good (5xx)
+    └── ImapError                    email/outbound.py: the IMAP server refused a command or the
+                                     connection failed
 
 An adapter's start raises ``AdapterError`` with a message naming the config key
 to fix; a send never raises: it returns a ``Delivery`` that says what failed.
