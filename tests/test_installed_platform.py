@@ -146,17 +146,17 @@ def with_echo(site: Path) -> dict[str, str]:
 
 
 def test_the_installed_platforms_are_the_built_ins_then_the_others_by_name(echo_site):
-    assert installed_platforms() == ("telegram", "discord", "slack", "email", "echo")
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "echo"]
+    assert installed_platforms() == ("telegram", "discord", "slack", "email", "webhook", "echo")
+    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "echo"]
 
 
 def test_without_the_package_only_the_built_ins_are_installed():
-    assert installed_platforms() == ("telegram", "discord", "slack", "email")
+    assert installed_platforms() == ("telegram", "discord", "slack", "email", "webhook")
     with pytest.raises(ConfigError) as info:
         config_from_dict({"auth": {"allowed_users": ["echo:42"]}}, env={})
     assert info.value.key == "auth.allowed_users[0]"
     assert str(info.value).startswith(
-        'auth.allowed_users[0]: must be platform:user_id with platform one of telegram, discord, slack, email '
+        'auth.allowed_users[0]: must be platform:user_id with platform one of telegram, discord, slack, email, webhook '
         '(the installed ones), like "telegram:123456789" or "slack:U0123ABCD" (got "echo:42")')
 
 
@@ -177,21 +177,21 @@ def test_an_installed_platform_is_named_in_auth_identities_and_reset(echo_site):
     assert cfg.sessions.reset_policy_for("slack", "dm") == ResetPolicy("both", 600, 6)
     assert cfg.sessions.reset_policy_for("telegram", "dm") == ResetPolicy("both", 600, 4)
     assert cfg.redacted()["sessions"]["reset"]["by_platform"] == {
-        "telegram": None, "discord": None, "slack": {"mode": None, "idle_minutes": None, "at_hour": 6}, "email": None,
+        "telegram": None, "discord": None, "slack": {"mode": None, "idle_minutes": None, "at_hour": 6}, "email": None, "webhook": None,
         "echo": {"mode": "idle", "idle_minutes": 5, "at_hour": None}}
     assert cfg.enabled_platforms()["echo"] == "off: platforms.echo.inbox is not set"
 
 
 UNKNOWN = [
     ("auth", {"auth": {"allowed_users": ["irc:42"]}}, "auth.allowed_users[0]",
-     'must be platform:user_id with platform one of telegram, discord, slack, email, echo (the installed ones), '
+     'must be platform:user_id with platform one of telegram, discord, slack, email, webhook, echo (the installed ones), '
      'like "telegram:123456789" or "slack:U0123ABCD" (got "irc:42")'),
     ("identity", {"identities": {"alice": ["echo:42", "irc:bob"]}}, "identities.alice[1]",
-     'must be platform:user_id with platform one of telegram, discord, slack, email, echo (the installed ones), '
+     'must be platform:user_id with platform one of telegram, discord, slack, email, webhook, echo (the installed ones), '
      'like "telegram:123456789" or "slack:U0123ABCD" (got "irc:bob")'),
     ("reset", {"sessions": {"reset": {"by_platform": {"echo": {"idle_minutes": 5}, "ecoh": {"idle_minutes": 5}}}}},
      "sessions.reset.by_platform.ecoh",
-     'unknown key "ecoh" (did you mean "echo"?); valid keys here: telegram, discord, slack, email, echo '
+     'unknown key "ecoh" (did you mean "echo"?); valid keys here: telegram, discord, slack, email, webhook, echo '
      "(these are the installed platforms; another one comes with its adapter package)"),
     ("reset value", {"sessions": {"reset": {"by_platform": {"echo": {"mode": "sometimes"}}}}},
      "sessions.reset.by_platform.echo.mode", 'must be one of idle, daily, both, none (got "sometimes")'),
@@ -214,7 +214,7 @@ def test_config_check_refuses_an_unknown_reset_platform_with_exit_78(tmp_path, e
     assert result.exit_code == 78
     assert result.stderr.splitlines() == [
         f'error: {path}: sessions.reset.by_platform.matrix: unknown key "matrix"; valid keys here: '
-        "telegram, discord, slack, email, echo (these are the installed platforms; another one comes with its adapter package)"
+        "telegram, discord, slack, email, webhook, echo (these are the installed platforms; another one comes with its adapter package)"
     ]
 
 

@@ -349,4 +349,5 @@ async def test_kill_9_under_a_burst_and_a_restart_loses_nothing_and_doubles_only
         outcome = await ChaosRun(fake.crash_side(), tmp_path, model.base_url, plan, kill_when=kill_when).run()
     if outcome.problems():
         pytest.fail(outcome.report(), pytrace=False)
+    print(outcome.report())
     assert outcome.figures()["stored twice"] == 0 and outcome.figures()["answered"] >= 1, outcome.report()

@@ -263,7 +263,7 @@ class Gateway:
             claim_cron_tick=self._claim_cron_tick if cfg.clustered else None,
             on_work_pending=self._work_pending.set if claims_turns else None,
             ask_stop=self._ask_stop if claims_turns else None,
-            work_elsewhere=self._work_elsewhere if claims_turns else None))
+            work_elsewhere=self._work_elsewhere if claims_turns else None, adapter=self.platforms.adapters.get))
         # the model is probed once, alongside the rest of the start: /healthz says at once what it found
         model_probe = spawn(self._probe_model(), name="model:start-probe") if self.serve_api else None
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
