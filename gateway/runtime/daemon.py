@@ -132,7 +132,13 @@ def load_adapters(config: Config, commands: list[tuple[str, str]], *, only: str 
         if ep is None:
             off[name] = f"off: no adapter installed for {name} (reinstall the package: make run)"
             continue
-        cls = ep.load()
+        try:
+            cls = ep.load()
+        except ModuleNotFoundError as exc:  # the platform's extra is not installed
+            off[name] = (f"off: its library is not installed ({exc.name}); install it with: "
+                         f"pip install 'switchboard[{name}]'")
+            log.warning("%s is configured but %s", name, off[name][5:])
+            continue
         adapters[name] = cls.from_config(getattr(config.platforms, name), commands=commands, vision=config.model.vision,
                                          media=media_limits(config))
     return adapters, off
