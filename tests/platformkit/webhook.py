@@ -122,6 +122,13 @@ class WebhookKit(FakePlatform):
         self._crash = WebhookCrashSide(self.side)
         return self._crash
 
+    def chaos_plan(self, seed: int):
+        # the senders retry with backoff up to a second: what they wrote while the daemon was down
+        # arrives up to a second after it is back, so every message gets 25 s to be answered
+        from tests.crashkit import Plan
+
+        return Plan(kills=1, rate=10, chats=4, retire=4, load_seconds=(0.8, 2.0), settle_seconds=25.0, seed=seed)
+
 
 def _free_port() -> int:
     # The daemon is restarted after every kill and the senders keep posting to it, so its local API
@@ -174,7 +181,7 @@ class WebhookCrashSide:
             await asyncio.sleep(0.1)
 
     async def _deliver(self, payload: dict) -> None:
-        for attempt in range(600):
+        for attempt in range(200):
             try:
                 status, _ = await self.side.post(HOOK, payload)
                 if status in (200, 202):
@@ -182,7 +189,7 @@ class WebhookCrashSide:
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass
             self.retries += 1
-            await asyncio.sleep(min(0.5, 0.05 * (attempt + 1)))
+            await asyncio.sleep(min(1.0, 0.05 * 2 ** attempt))  # backing off, as n8n or a CI system does
         raise AssertionError(f"request {payload['id']} was never taken")
 
     async def send(self, index: int, text: str) -> bool:
