@@ -353,7 +353,7 @@ MISTAKES = [
      "must be one of idle, daily, both, none"),
     ("bad timezone", "timezone: Mars/Base\n", {}, "timezone", 'unknown timezone "Mars/Base"; use an IANA name'),
     ("bad user ref", "auth:\n  allowed_users: [telegram123]\n", {}, "auth.allowed_users[0]",
-     'must be platform:user_id with platform one of telegram, discord, slack, webhook'),
+     'must be platform:user_id with platform one of telegram, discord, slack, email, webhook'),
     ("bad identity ref", "identities:\n  alice: [irc:bob]\n", {}, "identities.alice[0]", "must be platform:user_id"),
     ("wrong platform id", "platforms:\n  discord:\n    allowed_users: ['telegram:1']\n", {},
      "platforms.discord.allowed_users[0]", "must be a discord user id"),
@@ -529,7 +529,7 @@ def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeyp
 
 
 def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installed):
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "matrix"]
+    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix"]
     path = write(tmp_path, "platforms:\n  matrix:\n    homeserver: matrix.example.org\n")
     result = cli("check", "--config", str(path))
     assert result.exit_code == 78
@@ -567,6 +567,7 @@ def test_check_reports_platform_states(tmp_path):
         "  discord: off: platforms.discord.token is not set",
         "  slack: off: platforms.slack.bot_token is not set",
         "  email: off: platforms.email.imap_host is not set",
+        "  webhook: off: platforms.webhook.hooks is empty",
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
         "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
         "are compressed early. Set model.context_length in the config to the model's real window",
@@ -581,7 +582,8 @@ def test_check_json_has_one_shape(tmp_path):
         "ok": True, "file": str(EXAMPLE), "home": str(tmp_path), "api": "http://127.0.0.1:8642",
         "platforms": {"telegram": "on", "discord": "off: platforms.discord.token is not set",
                       "slack": "off: platforms.slack.bot_token is not set",
-                      "email": "off: platforms.email.imap_host is not set"},
+                      "email": "off: platforms.email.imap_host is not set",
+                      "webhook": "off: platforms.webhook.hooks is empty"},
         "warnings": [],
     }
     bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
@@ -617,7 +619,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
         "mode": "both",
         "idle_minutes": 1440,
         "at_hour": 4,
-        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None},
+        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None},
         "by_type": {"dm": None, "group": None, "thread": None, "channel": None},
     }
 

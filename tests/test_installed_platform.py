@@ -225,7 +225,7 @@ def test_a_cron_job_delivers_to_the_installed_platform(echo_site):
         parse_target("irc:#general")
     assert str(info.value) == (
         "unknown delivery target 'irc:#general'; use local, telegram:<chat_id>[:<topic_id>], discord:<channel_id>, "
-        "slack:<channel_id>[:<thread_ts>], email:<chat_id>[:<thread_id>], echo:<chat_id>[:<thread_id>]")
+        "slack:<channel_id>[:<thread_ts>], email:<chat_id>[:<thread_id>], webhook:<hook>[:<conversation>], echo:<chat_id>[:<thread_id>]")
     with pytest.raises(ValueError, match=r"'echo:' is not a echo target; write echo:<chat_id>\[:<thread_id>\]"):
         parse_target("echo:")
     cfg = config_from_dict({"cron": {"jobs": [{"id": "daily", "schedule": "0 8 * * *", "prompt": "hi",
@@ -251,11 +251,11 @@ def test_the_cli_offers_the_installed_platform(tmp_path, echo_site):
     assert [(s["id"], s["source"]) for s in json.loads(listed.stdout)] == [("s-echo", "echo")]
 
     helped = switchboard(echo_site, "pairing", "approve", "--help")
-    assert "{telegram|discord|slack|email|echo}" in helped.stdout
+    assert "{telegram|discord|slack|email|webhook|echo}" in helped.stdout
 
     refused = switchboard(echo_site, "sessions", "list", "--source", "irc", "--home", str(home))
     assert refused.returncode == 2
-    assert ("'irc' is not one of 'telegram', 'discord', 'slack', 'email', 'echo', 'api', 'cli', 'cron'"
+    assert ("'irc' is not one of 'telegram', 'discord', 'slack', 'email', 'webhook', 'echo', 'api', 'cli', 'cron'"
             in refused.stderr), refused.stderr
 
 
@@ -303,7 +303,7 @@ async def test_the_daemon_runs_the_installed_platform_and_reloads_it(tmp_path, e
             status = await notify.wait_for(lambda line: line.startswith("STATUS=serving"))
             assert status.endswith("telegram: off: platforms.telegram.token is not set, discord: off: platforms.discord.token "
                                    "is not set, slack: off: platforms.slack.bot_token is not set, email: off: platforms.email.imap_host is not set, "
-                                   "echo: on"), status
+                                   "webhook: off: platforms.webhook.hooks is empty, echo: on"), status
             first = await _wait_for_lines(tmp_path / "outbox1.jsonl", 2)
             port = int(re.search(r"API on 127\.0\.0\.1:(\d+)", status).group(1))
             async with aiohttp.ClientSession() as http:
