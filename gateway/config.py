@@ -465,6 +465,9 @@ class PlatformConfig(_Model):
     # paths of the local API this platform answers (aiohttp syntax, "/webhooks/{name}"): the gateway mounts
     # them while the platform is on and hands each request to its adapter (gateway.types.HttpInbound)
     HTTP_PATHS: ClassVar[tuple[str, ...]] = ()
+    # the module the platform's own extra (switchboard[<name>]) brings; `config extras` asks for the extra
+    # when the platform is on and the module is missing (None: no library beyond the base install)
+    LIBRARY: ClassVar[str | None] = None
     # how a cron job's `deliver` names a chat here ("" : <platform>:<chat_id>[:<thread_id>]), and whether
     # a thread may follow the chat id
     TARGET_FORM: ClassVar[str] = ""

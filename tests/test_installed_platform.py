@@ -303,7 +303,7 @@ async def test_the_daemon_runs_the_installed_platform_and_reloads_it(tmp_path, e
             status = await notify.wait_for(lambda line: line.startswith("STATUS=serving"))
             assert status.endswith("telegram: off: platforms.telegram.token is not set, discord: off: platforms.discord.token "
                                    "is not set, slack: off: platforms.slack.bot_token is not set, email: off: platforms.email.imap_host is not set, "
-                                   "webhook: off: platforms.webhook.hooks is empty, echo: on"), status
+                                   "webhook: off: platforms.webhook.hooks is empty, echo: connected"), status
             first = await _wait_for_lines(tmp_path / "outbox1.jsonl", 2)
             port = int(re.search(r"API on 127\.0\.0\.1:(\d+)", status).group(1))
             async with aiohttp.ClientSession() as http:

@@ -31,6 +31,7 @@ class DiscordConfig(PlatformConfig):
     gateway_url: Annotated[WebSocketUrl | None, BeforeValidator(empty_to_none)] = None
 
     TARGET_FORM: ClassVar[str] = "discord:<channel_id>"
+    LIBRARY: ClassVar[str | None] = "discord"  # discord.py, the switchboard[discord] extra
     TARGET_THREADS: ClassVar[bool] = False  # a thread is a channel of its own
 
     def credential_problem(self) -> str | None:

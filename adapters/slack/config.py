@@ -24,6 +24,7 @@ class SlackConfig(PlatformConfig):
         edits=True, threads=True, buttons=True, typing=True, reactions=True, files=True, voice=True,
         max_message_length=3900, chat_rate=1.0, chat_burst=2, button_message_length=3000)
     TARGET_FORM: ClassVar[str] = "slack:<channel_id>[:<thread_ts>]"
+    LIBRARY: ClassVar[str | None] = "slack_bolt"  # slack-bolt and slack-sdk, the switchboard[slack] extra
     bot_token: str = secret_field()  # xoxb-...
     app_token: str = secret_field()  # xapp-..., socket mode
     signing_secret: str = secret_field()  # http mode

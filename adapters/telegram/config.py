@@ -49,6 +49,7 @@ class TelegramConfig(PlatformConfig):
         return self
 
     TARGET_FORM: ClassVar[str] = "telegram:<chat_id>[:<topic_id>]"
+    LIBRARY: ClassVar[str | None] = "telegram"  # python-telegram-bot, the switchboard[telegram] extra
 
     def credential_problem(self) -> str | None:
         return None if self.token else "platforms.telegram.token is not set"
