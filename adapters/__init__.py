@@ -12,8 +12,14 @@ Their errors derive from ``gateway.errors.AdapterError`` (drawn in :mod:`gateway
     ├── PartFailed                   slack/outbound.py: one part of a reply was not delivered; the
     │                                adapter reports a failed Delivery with the reason
     ├── SmtpRefused                  email/outbound.py: the SMTP server refused the reply for good (5xx)
-    └── ImapError                    email/outbound.py: the IMAP server refused a command or the
-                                     connection failed
+    ├── ImapError                    email/outbound.py: the IMAP server refused a command or the
+    │                                connection failed
+    ├── Refused                      webhook/signing.py: a hook's request refused (unsigned, forged,
+    │                                stale, replayed, a body without sender or text); its status and why
+    ├── CallbackFailed               webhook/adapter.py: the callback refused a reply with a 4xx that a
+    │                                retry will not change; the reply is set aside as a dead letter
+    ├── SmtpRefused                  email/outbound.py: the SMTP server refused a reply
+    └── ImapError                    email/outbound.py: the IMAP server answered a command with an error
 
 An adapter's start raises ``AdapterError`` with a message naming the config key
 to fix; a send never raises: it returns a ``Delivery`` that says what failed.

@@ -52,11 +52,30 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 SEPARATOR = "__"  # an MCP tool is offered as <server>__<tool>
-# What the request may take of a message, per platform (Discord's limit is 2,000 characters, a Slack
-# section 3,000, Telegram 4,096): the arguments are cut to fit, never the lines that say how to answer.
-FITS = {"discord": 1900, "slack": 2900, "telegram": 3800}
+# What the request may take of a message: the platform's message (or, with buttons, its button message:
+# a Slack section holds 3,000) less 100, at most 3,800 (PlatformConfig.CAPABILITIES); the arguments are cut
+# to fit, never the lines that say how to answer.
 DEFAULT_FIT = 3800
-BUTTONED = frozenset({"discord", "slack", "telegram"})  # the platforms whose request carries Approve/Deny buttons
+
+
+def _model(platform: str):
+    from gateway.config import platform_models
+
+    return platform_models().get(platform)
+
+
+def fit(platform: str) -> int:
+    model = _model(platform)
+    if model is None:
+        return DEFAULT_FIT
+    caps = model.CAPABILITIES
+    return min(DEFAULT_FIT, (caps.button_message_length or caps.max_message_length) - 100)
+
+
+def buttoned(platform: str) -> bool:
+    """The request carries Approve/Deny buttons on ``platform`` (its CAPABILITIES.buttons)."""
+    model = _model(platform)
+    return model is not None and model.CAPABILITIES.buttons
 SWEEP_AT_MOST_SECONDS = 30.0  # the timeout sweep looks again at least this often
 
 DENIED = ("error: the user denied this call to {tool}; it was not run. Do not call it again unless the "
@@ -103,14 +122,14 @@ def request_text(approval_id: str, tool: str, canonical: str, digest: str, *, pl
     pretty = json.dumps(json.loads(canonical), indent=2, ensure_ascii=False, sort_keys=True)
     pretty = pretty.replace("```", "`\u200b``")  # the arguments cannot close the code block they are shown in
     head = f"Approval needed: **{tool}** wants to run with these arguments (request {approval_id}):"
-    if platform in BUTTONED:  # the buttons come in this same message, under this text
+    if buttoned(platform):  # the buttons come in this same message, under this text
         tail = (f"**Approve** runs exactly this call, once; **Deny** refuses it and the model is told "
                 f"(or send /approve {approval_id} or /deny {approval_id}). "
                 f"Unanswered, it is denied in {_duration(timeout)}.")
     else:
         tail = (f"Approve with /approve {approval_id} or deny with /deny {approval_id}. "
                 f"Unanswered, it is denied in {_duration(timeout)}.")
-    room = FITS.get(platform, DEFAULT_FIT) - len(head) - len(tail) - 120
+    room = fit(platform) - len(head) - len(tail) - 120
     if len(pretty) > room:
         cut = len(pretty) - room
         pretty = (f"{pretty[:max(room, 0)]}\n… ({cut:,} more characters not shown; approving runs the whole call, "

@@ -64,7 +64,7 @@ from gateway._config_load import KeyedError, describe
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
 from gateway.platforms import ADAPTER_CONFIGS, in_platform_order, installed_platforms
-from gateway.types import Capabilities
+from gateway.types import Capabilities, CredentialCheck
 from state import mask_url
 
 __all__ = [
@@ -462,6 +462,16 @@ class PlatformConfig(_Model):
     STREAM_EDIT_INTERVAL: ClassVar[float] = 1.0
     # what the platform can do (gateway.types.Capabilities); each package declares its own
     CAPABILITIES: ClassVar[Capabilities] = Capabilities()
+    # paths of the local API this platform answers (aiohttp syntax, "/webhooks/{name}"): the gateway mounts
+    # them while the platform is on and hands each request to its adapter (gateway.types.HttpInbound)
+    HTTP_PATHS: ClassVar[tuple[str, ...]] = ()
+    # the module the platform's own extra (switchboard[<name>]) brings; `config extras` asks for the extra
+    # when the platform is on and the module is missing (None: no library beyond the base install)
+    LIBRARY: ClassVar[str | None] = None
+    # how a cron job's `deliver` names a chat here ("" : <platform>:<chat_id>[:<thread_id>]), and whether
+    # a thread may follow the chat id
+    TARGET_FORM: ClassVar[str] = ""
+    TARGET_THREADS: ClassVar[bool] = True
 
     @field_validator("allowed_users", mode="after")
     @classmethod
@@ -488,8 +498,23 @@ class PlatformConfig(_Model):
         return None
 
     async def probe(self, timeout: float) -> tuple[bool, str, str] | None:
-        """``switchboard doctor``'s check of a platform the gateway has no call of its own for: (ok, what was
+        """``switchboard doctor``'s check of a platform that has no ``credential_check`` call: (ok, what was
         found, how to fix it), never a secret in either; None when the platform offers none."""
+        return None
+
+    def credential_check(self) -> CredentialCheck | None:
+        """The call ``switchboard doctor`` makes to see whether the credentials work; None: the platform
+        checks itself (:meth:`probe`), or there is nothing to ask it (the webhook's senders sign their own
+        requests)."""
+        return None
+
+    @classmethod
+    def target_form(cls) -> str:
+        return cls.TARGET_FORM or f"{cls.PLATFORM}:<chat_id>[:<thread_id>]"
+
+    @classmethod
+    def check_target(cls, chat: str, thread: str | None) -> str | None:
+        """Why ``chat`` (and ``thread``) cannot be a chat of this platform, or None (the adapter judges the rest)."""
         return None
 
 
@@ -1209,11 +1234,11 @@ class Config(_Model):
                 extra = field.json_schema_extra
                 if isinstance(extra, dict) and extra.get("secret"):
                     found.append((path + (name,), value))
-                elif isinstance(value, _Model):
+                elif isinstance(value, BaseModel):  # a platform package's own models are plain pydantic ones
                     walk(value, path + (name,))
-                elif isinstance(value, Mapping):  # named sections: models.<name>.api_key, tools.mcp_servers.<name>
-                    for key, item in value.items():
-                        if isinstance(item, _Model):
+                elif isinstance(value, Mapping):  # named sections: models.<name>.api_key, tools.mcp_servers.<name>,
+                    for key, item in value.items():  # platforms.webhook.hooks.<name>.secret
+                        if isinstance(item, BaseModel):
                             walk(item, path + (name, key))
 
         walk(self, ())

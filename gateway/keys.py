@@ -8,6 +8,8 @@
     channel  agent:<agent>:<platform>:channel:<chat_id>:<user_id>
              agent:<agent>:<platform>:channel:<chat_id>          (shared room, or no user id)
     cron     agent:<agent>:cron:<job_id>
+    own      agent:<agent>:<platform>:<part>:<part>...     (InboundMessage.key_parts: a webhook's
+                                                            <hook>:<conversation>:<sender>)
 
 The same message always maps to the same key, so the routing table in
 state.db (key -> active session) continues a conversation across restarts.
@@ -36,6 +38,8 @@ def _part(value: str) -> str:
 def session_key(msg: InboundMessage, policy: KeyPolicy) -> str:
     """The session key for an inbound message under ``policy``."""
     head = f"agent:{_part(policy.agent)}:{_part(msg.platform)}"
+    if msg.key_parts:  # the platform names its own conversations (a webhook: hook, conversation, sender)
+        return ":".join((head, *(_part(p) for p in msg.key_parts)))
     chat = _part(msg.chat_id)
     user = _part(msg.user_id) if msg.user_id else None
     if msg.chat_type is ChatType.DM:

@@ -174,9 +174,15 @@ class InboundMessage:
     attachments: tuple[Attachment, ...] = ()
     addressed: bool = True
     received_at: float = field(default_factory=time.time)
+    # the session key below the platform, for a platform whose conversations are not chats (a webhook:
+    # hook, conversation, sender -> agent:main:webhook:<hook>:<conversation>:<sender>); empty: the
+    # chat type decides (gateway.keys)
+    key_parts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _clean_fields(self, _MESSAGE_TEXT_FIELDS)
+        if self.key_parts:
+            object.__setattr__(self, "key_parts", tuple(clean_text(str(p)) for p in self.key_parts))
         for name in ("platform", "chat_id"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
@@ -285,6 +291,50 @@ class SendProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class CredentialCheck:
+    """How ``switchboard doctor`` asks a platform whether its credentials work: one HTTP call, and
+    ``who(status, body)`` naming the bot when they do (None when they were refused).  A platform's
+    settings model returns it from ``PlatformConfig.credential_check``."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    who: Callable[[int, dict], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """A request to one of a platform's paths on the local API (``PlatformConfig.HTTP_PATHS``), read whole:
+    the adapter never sees the server's own request object.  ``headers`` are lower-cased."""
+
+    method: str
+    path: str
+    params: dict[str, str]  # the path's {placeholders}
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    remote: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """The adapter's answer: ``body`` is sent as JSON."""
+
+    status: int
+    body: dict
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class HttpInbound(Protocol):
+    """An adapter that receives through the local API's server (webhooks): the gateway mounts its
+    settings model's ``HTTP_PATHS`` there and hands each request to :meth:`handle_http`."""
+
+    async def handle_http(self, request: HttpRequest) -> HttpResponse:
+        """Answer one request (never raises: a bad request gets a 4xx saying why)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a platform can do, declared by its package next to its settings model
     (``PlatformConfig.CAPABILITIES``, e.g. ``adapters/telegram/config.py``).
@@ -306,7 +356,9 @@ class Capabilities:
     - ``max_message_length``: the longest message the adapter sends, in ``length_unit`` (``chars`` or
       ``utf16`` code units, as Telegram counts); a longer reply is split into parts within it;
     - ``chat_rate`` and ``chat_burst``: sends and edits per second into one chat, with bursts of that
-      many, that the adapter keeps to (the platform's documented rate or below it).
+      many, that the adapter keeps to (the platform's documented rate or below it);
+    - ``button_message_length``: the most text a message with buttons holds, when less than
+      ``max_message_length`` (Slack: a section block's 3,000 characters).
     """
 
     edits: bool = False
@@ -321,6 +373,7 @@ class Capabilities:
     length_unit: str = "chars"  # chars | utf16
     chat_rate: float = 1.0
     chat_burst: int = 1
+    button_message_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.length_unit not in ("chars", "utf16"):

@@ -658,7 +658,8 @@ class ChaosRun:
                 await self._kill_moment()
                 await self.daemon.kill()
                 self._cycle = cycle + 1  # some chats go quiet for good, fresh ones write even while it is down
-                self.kills.append(Kill(time.monotonic(), *await asyncio.to_thread(_after_kill, self.daemon.db_path)))
+                self.kills.append(Kill(time.monotonic(), *await asyncio.to_thread(
+                    _after_kill, self.daemon.db_path, getattr(self.side, "delivery_chat", None))))
             await self._start()
             if load is not None:
                 await _cancel(load)
@@ -723,13 +724,15 @@ class ChaosRun:
             await asyncio.sleep(0.2)
 
 
-def _after_kill(db_path: Path) -> tuple[list[tuple[str, str]], int, str]:
-    """Deliveries pending, inbox rows and integrity_check of a killed daemon's state.db."""
+def _after_kill(db_path: Path, chat_of: Callable[[str, str | None], str] | None = None
+                ) -> tuple[list[tuple[str, str]], int, str]:
+    """Deliveries pending, inbox rows and integrity_check of a killed daemon's state.db; ``chat_of(chat_id,
+    thread_id)`` names a delivery's chat as the side's replies do (default: the chat id)."""
     con = sqlite3.connect(db_path)
     try:
         integrity = "; ".join(row[0] for row in con.execute("PRAGMA integrity_check"))
-        pending = [(str(chat), text) for chat, text in
-                   con.execute("SELECT chat_id, text FROM deliveries WHERE status = 'pending'")]
+        pending = [(chat_of(str(chat), thread) if chat_of else str(chat), text) for chat, thread, text in
+                   con.execute("SELECT chat_id, thread_id, text FROM deliveries WHERE status = 'pending'")]
         unanswered = con.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
         return pending, unanswered, integrity
     finally:

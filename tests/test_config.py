@@ -21,6 +21,7 @@ from adapters.discord.config import DiscordConfig
 from adapters.email.config import EmailConfig
 from adapters.slack.config import SlackConfig
 from adapters.telegram.config import TelegramConfig
+from adapters.webhook.config import WebhookConfig
 from gateway.cli.config import config_group
 from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config, platform_models
 from gateway.errors import ConfigError
@@ -76,6 +77,7 @@ def test_example_loads_with_no_environment_and_every_platform_off():
         "discord": "off: platforms.discord.token is not set",
         "slack": "off: platforms.slack.bot_token is not set",
         "email": "off: platforms.email.imap_host is not set",
+        "webhook": "off: platforms.webhook.hooks is empty",
     }
     assert cfg.home == Path("~/.switchboard").expanduser()
     assert cfg.agent == "main"
@@ -109,7 +111,8 @@ def _documented_in_block(lines: list[str], i: int) -> bool:
 
 def test_example_with_tokens_in_the_environment_turns_platforms_on():
     cfg = load_config(EXAMPLE, env=FULL_ENV)
-    assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on", "email": "on"}
+    assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on", "email": "on",
+                                       "webhook": "off: platforms.webhook.hooks is empty"}
     assert cfg.platforms.telegram.token == TG_TOKEN
     assert sorted(cfg.secrets()) == sorted(ALL_SECRETS)
 
@@ -120,7 +123,7 @@ def test_every_key_of_the_contract_is_in_the_example():
     for section in ("model", "sessions", "auth", "api", "logging", "shutdown", "compression", "recall", "cron", "store"):
         model_fields = set(type(getattr(Config(), section)).model_fields)
         assert set(data[section]) <= model_fields
-    for name in ("telegram", "discord", "slack", "email"):
+    for name in installed_platforms():
         documented = set(data["platforms"][name]) | {"enabled"}
         assert documented == set(type(getattr(Config().platforms, name)).model_fields), name
 
@@ -333,9 +336,9 @@ MISTAKES = [
     ("duplicate key", "agent: a\nagent: b\n", {}, None, 'line 2, column 1: duplicate key "agent" (first set on line 1)'),
     ("not a mapping", "- a\n- b\n", {}, None, "must be a mapping of keys at the top level (got a list)"),
     ("unknown key", "platforms:\n  telgram: {}\n", {}, "platforms.telgram",
-     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email'),
+     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email, webhook'),
     ("platform not installed", "platforms:\n  matrix: {}\n", {}, "platforms.matrix",
-     'unknown key "matrix"; valid keys here: telegram, discord, slack, email (these are the installed platforms; '
+     'unknown key "matrix"; valid keys here: telegram, discord, slack, email, webhook (these are the installed platforms; '
      "a platform's settings come with its adapter package)"),
     ("unknown platform key", "platforms:\n  discord:\n    tokn: x\n", {}, "platforms.discord.tokn",
      'unknown key "tokn" (did you mean "token"?); valid keys here: enabled, allowed_users'),
@@ -350,7 +353,7 @@ MISTAKES = [
      "must be one of idle, daily, both, none"),
     ("bad timezone", "timezone: Mars/Base\n", {}, "timezone", 'unknown timezone "Mars/Base"; use an IANA name'),
     ("bad user ref", "auth:\n  allowed_users: [telegram123]\n", {}, "auth.allowed_users[0]",
-     'must be platform:user_id with platform one of telegram, discord, slack'),
+     'must be platform:user_id with platform one of telegram, discord, slack, email, webhook'),
     ("bad identity ref", "identities:\n  alice: [irc:bob]\n", {}, "identities.alice[0]", "must be platform:user_id"),
     ("wrong platform id", "platforms:\n  discord:\n    allowed_users: ['telegram:1']\n", {},
      "platforms.discord.allowed_users[0]", "must be a discord user id"),
@@ -444,7 +447,7 @@ def test_the_example_names_features_not_internal_documents():
 
 def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
     assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig,
-                                       "email": EmailConfig}
+                                       "email": EmailConfig, "webhook": WebhookConfig}
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert type(cfg.platforms.telegram) is TelegramConfig
     assert type(cfg.platforms.discord) is DiscordConfig
@@ -526,7 +529,7 @@ def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeyp
 
 
 def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installed):
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "matrix"]
+    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix"]
     path = write(tmp_path, "platforms:\n  matrix:\n    homeserver: matrix.example.org\n")
     result = cli("check", "--config", str(path))
     assert result.exit_code == 78
@@ -564,6 +567,7 @@ def test_check_reports_platform_states(tmp_path):
         "  discord: off: platforms.discord.token is not set",
         "  slack: off: platforms.slack.bot_token is not set",
         "  email: off: platforms.email.imap_host is not set",
+        "  webhook: off: platforms.webhook.hooks is empty",
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
         "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
         "are compressed early. Set model.context_length in the config to the model's real window",
@@ -578,7 +582,8 @@ def test_check_json_has_one_shape(tmp_path):
         "ok": True, "file": str(EXAMPLE), "home": str(tmp_path), "api": "http://127.0.0.1:8642",
         "platforms": {"telegram": "on", "discord": "off: platforms.discord.token is not set",
                       "slack": "off: platforms.slack.bot_token is not set",
-                      "email": "off: platforms.email.imap_host is not set"},
+                      "email": "off: platforms.email.imap_host is not set",
+                      "webhook": "off: platforms.webhook.hooks is empty"},
         "warnings": [],
     }
     bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
@@ -614,7 +619,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
         "mode": "both",
         "idle_minutes": 1440,
         "at_hour": 4,
-        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None},
+        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None},
         "by_type": {"dm": None, "group": None, "thread": None, "channel": None},
     }
 

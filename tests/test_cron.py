@@ -107,7 +107,7 @@ def test_delivery_targets():
     assert parse_target("discord:998877").chat_id == "998877"
     assert parse_target("telegram:@news_channel").chat_id == "@news_channel"
     assert parse_target("local").local and parse_target(None).local
-    for bad, says in [("email:me@example.com", "unknown delivery target"), ("discord:1:2", "write discord:<channel_id>"),
+    for bad, says in [("irc:#general", "unknown delivery target"), ("discord:1:2", "write discord:<channel_id>"),
                       ("telegram:me", "telegram chat ids are numbers, or @name"), ("discord:general", "discord channel ids are numbers"), ("slack:", "is not a slack target"),
                       ("telegram:1:topic", "a telegram topic id is a number")]:
         with pytest.raises(ValueError, match=says):

@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, BeforeValidator
 
 from gateway.config import HttpUrl, PlatformConfig, check_url, empty_to_none, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, CredentialCheck
 
 __all__ = ["DiscordConfig"]
 
@@ -30,5 +30,18 @@ class DiscordConfig(PlatformConfig):
     api_base_url: HttpUrl = "https://discord.com/api/v10"
     gateway_url: Annotated[WebSocketUrl | None, BeforeValidator(empty_to_none)] = None
 
+    TARGET_FORM: ClassVar[str] = "discord:<channel_id>"
+    LIBRARY: ClassVar[str | None] = "discord"  # discord.py, the switchboard[discord] extra
+    TARGET_THREADS: ClassVar[bool] = False  # a thread is a channel of its own
+
     def credential_problem(self) -> str | None:
         return None if self.token else "platforms.discord.token is not set"
+
+    def credential_check(self) -> CredentialCheck:
+        return CredentialCheck("GET", f"{str(self.api_base_url).rstrip('/')}/users/@me",
+                               {"Authorization": f"Bot {self.token}"},
+                               lambda status, body: status == 200 and body.get("username"))
+
+    @classmethod
+    def check_target(cls, chat: str, thread: str | None) -> str | None:
+        return None if chat.isdigit() else f"discord channel ids are numbers (got {chat!r}); write {cls.TARGET_FORM}"

@@ -40,6 +40,7 @@ def strict_address(value: str) -> str | None:
 
 class EmailConfig(PlatformConfig):
     PLATFORM: ClassVar[str] = "email"
+    LIBRARY: ClassVar[str | None] = "aioimaplib"  # the switchboard[email] extra
     # A sent mail cannot be changed (replies go whole); every thread is a private conversation with one
     # sender (no groups, no shared threads); attachments are read; a reply over 100,000 characters goes
     # as several mails.  SMTP sets no pace per recipient: a burst of parts goes at once.

@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, PlatformConfig, describe, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, CredentialCheck
 
 __all__ = ["SlackConfig"]
 
@@ -22,7 +22,9 @@ class SlackConfig(PlatformConfig):
     # into a channel; threads, Block Kit buttons, the typing reaction, files and voice clips
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=True, reactions=True, files=True, voice=True,
-        max_message_length=3900, chat_rate=1.0, chat_burst=2)
+        max_message_length=3900, chat_rate=1.0, chat_burst=2, button_message_length=3000)
+    TARGET_FORM: ClassVar[str] = "slack:<channel_id>[:<thread_ts>]"
+    LIBRARY: ClassVar[str | None] = "slack_bolt"  # slack-bolt and slack-sdk, the switchboard[slack] extra
     bot_token: str = secret_field()  # xoxb-...
     app_token: str = secret_field()  # xapp-..., socket mode
     signing_secret: str = secret_field()  # http mode
@@ -58,3 +60,8 @@ class SlackConfig(PlatformConfig):
 
     def credential_problem(self) -> str | None:
         return None if self.bot_token else "platforms.slack.bot_token is not set"
+
+    def credential_check(self) -> CredentialCheck:
+        return CredentialCheck("POST", f"{str(self.api_base_url).rstrip('/')}/auth.test",
+                               {"Authorization": f"Bearer {self.bot_token}"},
+                               lambda status, body: body.get("ok") and f"{body.get('team')} as {body.get('user')}")

@@ -12,7 +12,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, OptionalHttpUrl, PlatformConfig, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, CredentialCheck
 
 __all__ = ["TelegramConfig"]
 
@@ -48,5 +48,20 @@ class TelegramConfig(PlatformConfig):
             raise KeyedError("token", "is not set but webhook settings are; set TELEGRAM_BOT_TOKEN (the token from @BotFather), or remove the webhook keys")
         return self
 
+    TARGET_FORM: ClassVar[str] = "telegram:<chat_id>[:<topic_id>]"
+    LIBRARY: ClassVar[str | None] = "telegram"  # python-telegram-bot, the switchboard[telegram] extra
+
     def credential_problem(self) -> str | None:
         return None if self.token else "platforms.telegram.token is not set"
+
+    def credential_check(self) -> CredentialCheck:
+        return CredentialCheck("POST", f"{self.base_url}{self.token}/getMe", {},
+                               lambda status, body: body.get("ok") and "@" + str(body["result"].get("username")))
+
+    @classmethod
+    def check_target(cls, chat: str, thread: str | None) -> str | None:
+        if not re.fullmatch(r"-?\d+|@[A-Za-z]\w{3,}", chat):
+            return f"telegram chat ids are numbers, or @name for a public channel (got {chat!r}); write {cls.TARGET_FORM}"
+        if thread is not None and not thread.isdigit():
+            return f"a telegram topic id is a number (got {thread!r})"
+        return None

@@ -116,15 +116,14 @@ def needed_extras(cfg: Config, env: dict[str, str] | None = None) -> list[str]:
         wanted.append("postgresql")
     if tracing.requested(env_vars) and not tracing.available():
         wanted.append("otel")
+    from gateway.config import platform_models
+
+    models = platform_models()
     for name, state in cfg.enabled_platforms().items():
-        library = PLATFORM_EXTRAS.get(name)
+        library = models[name].LIBRARY  # the module the platform's own extra brings (pyproject.toml)
         if state == "on" and library is not None and importlib.util.find_spec(library) is None:
             wanted.append(name)
     return wanted
-
-
-# Platforms whose library is an extra of their own (pyproject.toml), by the module that extra brings.
-PLATFORM_EXTRAS = {"email": "aioimaplib"}
 
 
 @config_group.command("extras")

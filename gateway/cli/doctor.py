@@ -227,20 +227,12 @@ async def check_platforms(http: aiohttp.ClientSession, cfg: Config) -> list[Chec
         if status != "on":
             calls.append(_ready(Check(name, None, status)))
             continue
-        p = getattr(cfg.platforms, name)
-        if name == "telegram":
-            calls.append(_platform_call(http, name, "POST", f"{str(p.base_url)}{p.token}/getMe", {},
-                                        lambda s, b: b.get("ok") and "@" + str(b["result"].get("username"))))
-        elif name == "discord":
-            calls.append(_platform_call(http, name, "GET", f"{str(p.api_base_url).rstrip('/')}/users/@me",
-                                        {"Authorization": f"Bot {p.token}"},
-                                        lambda s, b: s == 200 and b.get("username")))
-        elif name == "slack":
-            calls.append(_platform_call(http, name, "POST", f"{str(p.api_base_url).rstrip('/')}/auth.test",
-                                        {"Authorization": f"Bearer {p.bot_token}"},
-                                        lambda s, b: b.get("ok") and f"{b.get('team')} as {b.get('user')}"))
-        else:  # any other platform checks itself (PlatformConfig.probe)
-            calls.append(_probe(name, p))
+        section = cfg.platforms.sections()[name]
+        check = section.credential_check()
+        if check is None:  # the platform checks itself (PlatformConfig.probe)
+            calls.append(_probe(name, section))
+            continue
+        calls.append(_platform_call(http, name, check.method, check.url, check.headers, check.who))
     return list(await asyncio.gather(*calls))
 
 

@@ -35,17 +35,14 @@ DEFAULT_GRACE_SECONDS = 3600.0
 _CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 _TRIGGER_FIELDS = ("minute", "hour", "day", "month", "day_of_week")
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron numbering: 0 (and 7) is Sunday
-_PLATFORM_TARGETS = {
-    "telegram": "telegram:<chat_id>[:<topic_id>]",
-    "discord": "discord:<channel_id>",
-    "slack": "slack:<channel_id>[:<thread_ts>]",
-}
 
 
 def _target_form(platform: str) -> str:
-    """How a target on ``platform`` is written; a platform installed as its own package takes
-    ``<platform>:<chat_id>[:<thread_id>]``, its adapter being the judge of the ids."""
-    return _PLATFORM_TARGETS.get(platform, f"{platform}:<chat_id>[:<thread_id>]")
+    """How a target on ``platform`` is written, as its settings model says (``PlatformConfig.TARGET_FORM``;
+    ``<platform>:<chat_id>[:<thread_id>]`` when it says nothing, its adapter being the judge of the ids)."""
+    from gateway.config import platform_models
+
+    return platform_models()[platform].target_form()
 
 
 # --------------------------------------------------------------------------- durations
@@ -240,17 +237,16 @@ def parse_target(text: Any) -> Target:
     platform = parts[0].lower()
     if platform not in installed_platforms():
         raise ValueError(f"unknown delivery target {text!r}{hint}")
-    most = 2 if platform == "discord" else 3
+    from gateway.config import platform_models
+
+    model = platform_models()[platform]
+    most = 3 if model.TARGET_THREADS else 2
     if not 2 <= len(parts) <= most or not all(p.strip() for p in parts[1:]):
         raise ValueError(f"{text!r} is not a {platform} target; write {_target_form(platform)}")
     chat, thread = parts[1].strip(), (parts[2].strip() if len(parts) == 3 else None)
-    if platform == "telegram" and not re.fullmatch(r"-?\d+|@[A-Za-z]\w{3,}", chat):
-        raise ValueError(f"telegram chat ids are numbers, or @name for a public channel (got {chat!r}); "
-                         f"write {_PLATFORM_TARGETS[platform]}")
-    if platform == "discord" and not chat.isdigit():
-        raise ValueError(f"discord channel ids are numbers (got {chat!r}); write {_PLATFORM_TARGETS[platform]}")
-    if platform == "telegram" and thread is not None and not thread.isdigit():
-        raise ValueError(f"a telegram topic id is a number (got {thread!r})")
+    problem = model.check_target(chat, thread)
+    if problem:
+        raise ValueError(problem)
     return Target(platform, chat, thread)
 
 

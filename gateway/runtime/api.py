@@ -79,6 +79,7 @@ from gateway.runtime.api_request import ApiError, ChatRequest, calls_signature, 
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
 from gateway.runtime.metrics import Metrics
+from gateway.runtime.platform_http import PlatformHttp
 from gateway.runtime.portholder import port_holder
 from gateway.runtime.responses import ResponsesApi
 from gateway.runtime.sse import SseSink
@@ -198,8 +199,9 @@ class LocalApi:
     def __init__(self, router: SessionRouter, health: Callable[[], dict], metrics: Metrics, *, model_name: str,
                  host: str, port: int, token: str | None, config_file: str | None = None,
                  dashboard: Dashboard | None = None, probe: Callable[[], Awaitable[object]] | None = None,
-                 agent: str = "main"):
+                 agent: str = "main", platform_http: PlatformHttp | None = None):
         self.router = router
+        self.platform_http = platform_http  # the platforms' own paths (webhooks), authenticated by their adapters
         self.dashboard = dashboard  # the /ui routes (ui.enabled), with their own guard
         self.health = health
         self.probe = probe  # checks whether a model endpoint seen down answers again, before /healthz
@@ -228,6 +230,8 @@ class LocalApi:
         app.router.add_get("/metrics", self.metrics)
         if self.dashboard is not None:
             self.dashboard.routes(app)
+        if self.platform_http is not None:
+            self.platform_http.mount(app)
         return app
 
     async def start(self) -> None:
@@ -293,6 +297,8 @@ class LocalApi:
     async def _auth(self, request: web.Request, handler):
         if self.dashboard is not None and self._is_ui(request):
             return await handler(request)  # the dashboard's guard has let it through: a log-in, not a bearer token
+        if self.platform_http is not None and self.platform_http.owns(request):
+            return await handler(request)  # a platform's path: its adapter checks the request's own signature
         if self.token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):

@@ -55,6 +55,7 @@ from gateway.router import RouterSettings, SessionHooks, SessionRouter
 from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.metrics import Metrics
+from gateway.runtime.platform_http import PlatformHttp
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
@@ -83,6 +84,8 @@ class Wiring:
     # anywhere for a session (the reset policy's check)
     ask_stop: Callable[[str, str | None], Awaitable[bool]] | None = None
     work_elsewhere: Callable[[str], Awaitable[bool]] | None = None
+    # the running adapter of a platform, or None: a platform's own paths on the local API reach it
+    adapter: Callable[[str], object | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +241,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
     api = LocalApi(router, wiring.health, wiring.metrics, model_name=cfg.model.name, host=cfg.api.host,
                    port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
                    dashboard=_dashboard(cfg, db, wiring.health, cron, router, budgets) if cfg.ui.enabled else None,
-                   probe=model.probe, agent=cfg.agent)
+                   probe=model.probe, agent=cfg.agent,
+                   platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)))
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
                     facts=facts, approvals=approvals, mcp=mcp, compressor=compressor, commands=commands, turn=turn,
                     router=router, cron=cron, api=api, media=media)

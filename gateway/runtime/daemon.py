@@ -132,7 +132,13 @@ def load_adapters(config: Config, commands: list[tuple[str, str]], *, only: str 
         if ep is None:
             off[name] = f"off: no adapter installed for {name} (reinstall the package: make run)"
             continue
-        cls = ep.load()
+        try:
+            cls = ep.load()
+        except ModuleNotFoundError as exc:  # the platform's extra is not installed
+            off[name] = (f"off: its library is not installed ({exc.name}); install it with: "
+                         f"pip install 'switchboard[{name}]'")
+            log.warning("%s is configured but %s", name, off[name][5:])
+            continue
         adapters[name] = cls.from_config(getattr(config.platforms, name), commands=commands, vision=config.model.vision,
                                          media=media_limits(config))
     return adapters, off
@@ -263,7 +269,7 @@ class Gateway:
             claim_cron_tick=self._claim_cron_tick if cfg.clustered else None,
             on_work_pending=self._work_pending.set if claims_turns else None,
             ask_stop=self._ask_stop if claims_turns else None,
-            work_elsewhere=self._work_elsewhere if claims_turns else None))
+            work_elsewhere=self._work_elsewhere if claims_turns else None, adapter=self.platforms.adapters.get))
         # the model is probed once, alongside the rest of the start: /healthz says at once what it found
         model_probe = spawn(self._probe_model(), name="model:start-probe") if self.serve_api else None
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances

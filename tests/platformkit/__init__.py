@@ -31,6 +31,7 @@ BUILT_IN_FAKES = {
     "discord": "tests.platformkit.discord:DiscordKit",
     "slack": "tests.platformkit.slack:SlackKit",
     "email": "tests.platformkit.email:EmailKit",
+    "webhook": "tests.platformkit.webhook:WebhookKit",
 }
 
 
