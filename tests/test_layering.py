@@ -269,3 +269,18 @@ def test_the_public_method_count_sees_the_store_and_its_repositories():
     assert {"add_job", "list_jobs"} <= found["state/_cron.py:CronJobs"]
     assert "close" in found["state/db.py:SessionDB"]
     assert {"checkpoint", "close"} <= found["state/aio.py:AsyncSessionDB"]
+
+
+def test_an_adapters_config_model_loads_no_store():
+    """``import adapters.<name>.config`` (what reading the config needs) loads no ``state`` module: the
+    config is checked before any store is opened, and a config check opens none."""
+    import subprocess
+    import sys
+
+    names = sorted(p.parent.name for p in (ROOT / "adapters").glob("*/config.py"))
+    assert names, "no adapter config modules found"
+    probe = ("import sys\n" + "".join(f"import adapters.{n}.config\n" for n in names) +
+             "print(sorted(m for m in sys.modules if m == 'state' or m.startswith('state.')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "[]"
