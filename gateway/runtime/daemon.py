@@ -141,7 +141,10 @@ class Gateway:
         self.metrics = Metrics()
         self.tools = ToolRegistry()  # tests and embedders may register tools before start()
         self._services: Services | None = None  # built by start(), through assemble()
-        self._closed = False  # stop() has closed the services
+        # What start() opened, each closer pushed as its part starts: stop() drains (the grace period),
+        # then unwinds it in reverse order; a failed start closes what it got to, a second stop finds it empty.
+        self._opened = contextlib.AsyncExitStack()
+        self._grace = config.shutdown.grace_seconds  # stop()'s grace period, for the drain
         self._given_adapters = adapters
         self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter)
         self.platforms_off: dict[str, str] = {}
@@ -238,6 +241,7 @@ class Gateway:
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
         claims_turns = cfg.clustered and self.serve_api
+        opened = self._opened
         self._services = services = await assemble(cfg, Wiring(
             metrics=self.metrics, tools=self.tools, clock=self.clock, auth=auth_settings(cfg),
             serve_api=self.serve_api, health=self.health, platform_status=self.platform_status,
@@ -245,17 +249,22 @@ class Gateway:
             on_work_pending=self._work_pending.set if claims_turns else None,
             ask_stop=self._ask_stop if claims_turns else None,
             work_elsewhere=self._work_elsewhere if claims_turns else None))
+        opened.push_async_callback(self._close_services, services)
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
-            from gateway.runtime.cluster import share_rate_budgets
+            from gateway.runtime.cluster import share_rate_budgets, stop_sharing_rate_budgets
 
             self._rate_budgets = await share_rate_budgets(self.cluster)
+            opened.push_async_callback(stop_sharing_rate_budgets, self._rate_budgets)
         # MCP servers: started once the built-in tools are registered (assemble), supervised from here on
         services.mcp.start()
+        opened.push_async_callback(services.mcp.stop)
         await services.approvals.start(daemon=self.serve_api, settle=not cfg.clustered)
+        opened.push_async_callback(services.approvals.stop)  # after the turns: no tool call is still running
         if cfg.facts.enabled:
             await services.facts.start(sweep=self.serve_api)
         if self.serve_api:
             await services.api.start()
+            opened.push_async_callback(services.api.stop)
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
         # after the platforms' outputs are registered) before any of their new messages is taken.
         undone = await self._undone_work()
@@ -269,6 +278,7 @@ class Gateway:
                                      lease_seconds=cfg.cluster.lease_seconds, slots=cfg.model.max_concurrent_calls,
                                      wake=self._work_pending)
         self._start_platforms()
+        opened.push_async_callback(self._stop_platforms)
         if undone is not None:
             claimed = {row["session_id"] for rows in undone for row in rows
                        if self.router.claims_turns(row["platform"]) and row.get("session_id")}
@@ -283,29 +293,40 @@ class Gateway:
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
         if self.claims is not None:
             await self.claims.start()
+            opened.push_async_callback(self.claims.close)  # the leases still held go back: another instance answers
         await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
         if self.serve_api:
-            self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
-                                      usage_keep_days=cfg.usage.keep_days, clock=self.clock,
-                                      idle=lambda: services.router.active_lanes() == 0,
-                                      sweep_media=services.media.sweep)
-            self.upkeep.start()
-            self.metrics.watch_store(self.upkeep.status)
-            self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
-                                            clock=self.clock)
-            self.integrity.start()
-            self.metrics.watch_integrity(self.integrity.status)
-            if cfg.backup.every is not None:  # SQLite only: the config refuses it on PostgreSQL
-                self.backups = AutoBackups(cfg.home, BackupSchedule(cfg.backup.every, cfg.backup.keep, cfg.backup_dir),
-                                           failed=self.metrics.backup_failures.inc)
-                self.metrics.watch_backups(self.backups.status)
-                self.backups.start()
-            self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
-            self.backlog = UnansweredBacklog(self.db)
-            self.metrics.watch_unanswered(self.backlog.status)
-            self.backlog.start()
+            self._start_upkeep(services)
         self.started_at = time.time()
+
+    def _start_upkeep(self, services: Services) -> None:
+        """The daemon's own upkeep: the store's daily upkeep, the integrity guard, backups, the metrics probes."""
+        cfg, opened = self.config, self._opened
+        self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
+                                  usage_keep_days=cfg.usage.keep_days, clock=self.clock,
+                                  idle=lambda: services.router.active_lanes() == 0,
+                                  sweep_media=services.media.sweep)
+        self.upkeep.start()
+        opened.push_async_callback(self.upkeep.stop)
+        self.metrics.watch_store(self.upkeep.status)
+        self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
+                                        clock=self.clock)
+        self.integrity.start()
+        opened.push_async_callback(self.integrity.stop)
+        self.metrics.watch_integrity(self.integrity.status)
+        if cfg.backup.every is not None:  # SQLite only: the config refuses it on PostgreSQL
+            self.backups = AutoBackups(cfg.home, BackupSchedule(cfg.backup.every, cfg.backup.keep, cfg.backup_dir),
+                                       failed=self.metrics.backup_failures.inc)
+            self.metrics.watch_backups(self.backups.status)
+            self.backups.start()
+            opened.push_async_callback(self.backups.stop)
+        self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
+        opened.push_async_callback(_cancelled, self._loop_lag)
+        self.backlog = UnansweredBacklog(self.db)
+        self.metrics.watch_unanswered(self.backlog.status)
+        self.backlog.start()
+        opened.push_async_callback(self.backlog.stop)
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
         """Replies stored but not confirmed sent, and messages no turn answered; None where this
@@ -364,6 +385,7 @@ class Gateway:
         replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters,
                                   files=self.services.media.files)
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
+        self._opened.push_async_callback(_cancelled, self._dead_letter_replay)
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         self.platforms.add(name, adapter)
@@ -512,66 +534,48 @@ class Gateway:
             self.platforms_off.update(off)
 
     async def stop(self, grace_seconds: float | None = None) -> None:
-        """Stop taking messages, finish running turns within the grace period, close everything."""
-        grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
+        """Stop taking messages, finish running turns within the grace period, then close what
+        :meth:`start` opened, in reverse order of opening."""
+        self._grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
         self.draining = True
+        if self._services is not None:  # None when start() failed before it was built
+            await self._drain()
+        await self._opened.aclose()
+
+    async def _drain(self) -> None:
+        """Stop taking work, then let what still works finish within one grace period, all at once, so
+        stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s): turns (the
+        router stops taking messages first), cron runs, memory flushes and fact extractions of sessions
+        that just ended.  What was cut short is said."""
+        grace, services = self._grace, self.services
         if self._dead_letter_replay is not None:
-            self._dead_letter_replay.cancel()
-            await asyncio.gather(self._dead_letter_replay, return_exceptions=True)
-        # Everything that is still working gets the same grace period, at the same time, so
-        # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
-        # turns (the router stops taking messages first), cron runs, memory flushes and fact
-        # extractions of sessions that just ended.
+            await _cancelled(self._dead_letter_replay)
         if self.claims is not None:
             self.claims.stop_claiming()
-        services = self._services  # None when start() failed before it was built
-        if services is not None:
-            turns, *_ = await asyncio.gather(services.router.drain(grace), services.memory.drain(grace),
-                                             services.facts.drain(grace), services.cron.stop(grace))
-        else:
-            turns = []
+        turns, *_ = await asyncio.gather(services.router.drain(grace), services.memory.drain(grace),
+                                         services.facts.drain(grace), services.cron.stop(grace))
         for key in turns:
             log.warning("turn for %s cancelled at shutdown after %.0fs; the user's message is stored "
                         "and the next turn will answer it", key, grace)
-        if self.claims is not None:
-            await self.claims.close()  # the leases still held go back: another instance answers what is left
-        if services is not None:  # after the turns: no tool call is still running
-            await services.approvals.stop()
-            await services.mcp.stop()
+
+    async def _stop_platforms(self) -> None:
+        """The adapters: starts still being retried cancelled, owned connections handed to a standby, the rest stopped."""
         self.platforms.cancel()
-        if self.upkeep is not None:
-            await self.upkeep.stop()
-        if self.integrity is not None:
-            await self.integrity.stop()
-        if self.backups is not None:
-            await self.backups.stop()
-        if self._loop_lag is not None:
-            self._loop_lag.cancel()
-            await asyncio.gather(self._loop_lag, return_exceptions=True)
-            self._loop_lag = None
-        if self.backlog is not None:
-            await self.backlog.stop()
-        if services is not None:
-            await services.api.stop()
         await asyncio.gather(*(held.close() for held in self.owned.values()))  # standbys take over
         await self.platforms.stop(skip={name for name in self.owned if not self.platforms.sending_only(name)})
-        if self._rate_budgets is not None:
-            from gateway.runtime.cluster import stop_sharing_rate_budgets
 
-            await stop_sharing_rate_budgets(self._rate_budgets)
-            self._rate_budgets = None
-        if services is not None and not self._closed:
-            self._closed = True  # a second stop (after a failed start) finds everything closed
-            await services.model.close()
-            if services.router.voice is not None:
-                await services.router.voice.close()
-            await services.usage.drain()
-            await services.budgets.close()
-            try:
-                await services.db.checkpoint("TRUNCATE")
-            except state.StateError as exc:
-                log.warning("final WAL checkpoint skipped: %s", exc)
-            await services.db.close()
+    async def _close_services(self, services: Services) -> None:
+        """The last to close: the model client, the voice client, the usage ledger, the budgets, then the store."""
+        await services.model.close()
+        if services.router.voice is not None:
+            await services.router.voice.close()
+        await services.usage.drain()
+        await services.budgets.close()
+        try:
+            await services.db.checkpoint("TRUNCATE")
+        except state.StateError as exc:
+            log.warning("final WAL checkpoint skipped: %s", exc)
+        await services.db.close()
 
     # -- health -----------------------------------------------------------
     def platform_status(self, name: str) -> PlatformStatus:
@@ -635,6 +639,12 @@ class Gateway:
                 "connections": {name: held.status() for name, held in self.owned.items()},
                 "rate_budgets": budget_sharing(),  # shared across the instances, or each on its own (fallback)
                 "claims": {"cron_ticks": list(self.cron_claims), **turns}}
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    """Cancel ``task`` and wait for it to end."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
