@@ -545,6 +545,15 @@ class SessionRouter:
         return session_key(msg, self.settings.keys)
 
     # -- the entry point ----------------------------------------------------
+    async def take(self, msg: InboundMessage) -> bool:
+        """The adapters' handler (``gateway.types.InboundHandler``): returns once the message is persisted
+        (or dropped on purpose); False when it was dropped and nothing will be sent for it.  A message of
+        only whitespace, with no attachment, is dropped unanswered and not stored."""
+        if not msg.text.strip() and not msg.attachments:
+            log.debug("ignoring a blank message %s from %s", msg.message_id, msg.platform)
+            return False
+        return await self.handle(msg) is not None or self.answered_stranger(msg)
+
     async def handle(self, msg: InboundMessage, *, sink: ReplySink | None = None,
                      extras: RequestExtras = NO_EXTRAS) -> Ticket | None:
         """Persist and queue ``msg``; None when it was dropped on purpose (stranger, duplicate).

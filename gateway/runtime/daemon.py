@@ -2,7 +2,7 @@
 
     gw = Gateway(config)              # store, model client, router, commands, local API
     await gw.start()                  # opens state.db, serves the API, starts every adapter
-    ...                               # adapters call gw.on_inbound(msg); replies go back through them
+    ...                               # adapters hand messages to gw.router.take; replies go out through gw.platforms
     await gw.stop()                   # drain turns within the grace period, then close in reverse order
 
 Adapters are found through the ``switchboard.adapters`` entry points (see
@@ -71,15 +71,12 @@ from gateway.tools_mcp import McpTools
 from gateway.types import (
     Adapter,
     AdapterHealth,
-    Button,
     ButtonOutput,
     ChatRef,
-    Delivery,
     GatedPolling,
     InboundMessage,
     PlatformStatus,
     SendingOnly,
-    SendProgress,
     TypingOnMessage,
     VoiceOutput,
 )
@@ -91,9 +88,6 @@ log = logging.getLogger(__name__)
 RESUME_TOOLS_SECONDS = 15.0  # how long a restart waits for the MCP servers before resuming turns
 
 LOCAL_SOURCES = ("api", "cli")
-# A reply due while its platform is still connecting (resumed at start, or during a reload's
-# restart of that adapter) waits this long for it before the adapter is asked anyway.
-SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
 LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
 
 
@@ -146,7 +140,7 @@ class Gateway:
         self._opened = contextlib.AsyncExitStack()
         self._grace = config.shutdown.grace_seconds  # stop()'s grace period, for the drain
         self._given_adapters = adapters
-        self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter)
+        self._platforms: PlatformSupervisor | None = None  # built by start(): its adapters hand messages to the router
         self.platforms_off: dict[str, str] = {}
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
@@ -231,9 +225,16 @@ class Gateway:
         return cluster
 
     @property
+    def platforms(self) -> PlatformSupervisor:
+        """The platforms' adapters; built by :meth:`start`."""
+        if self._platforms is None:
+            raise RuntimeError("the gateway has not been started: await Gateway.start() first")
+        return self._platforms
+
+    @property
     def adapters(self) -> dict[str, Adapter]:
-        """The platforms whose adapter runs (or stands by) here."""
-        return self.platforms.adapters
+        """The platforms whose adapter runs (or stands by) here (none before :meth:`start`)."""
+        return self._platforms.adapters if self._platforms is not None else {}
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -250,6 +251,8 @@ class Gateway:
             ask_stop=self._ask_stop if claims_turns else None,
             work_elsewhere=self._work_elsewhere if claims_turns else None))
         opened.push_async_callback(self._close_services, services)
+        # the adapters hand their messages to the router's intake, and report dead letters here
+        self._platforms = PlatformSupervisor(services.router.take, self.on_dead_letter)
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
             from gateway.runtime.cluster import share_rate_budgets, stop_sharing_rate_budgets
 
@@ -352,15 +355,6 @@ class Gateway:
         """The commands for the platforms' native menus."""
         return self.commands.menu()
 
-    async def on_inbound(self, msg: InboundMessage) -> bool:
-        """The adapters' handler: returns once the message is persisted (or dropped on purpose);
-        False when the gateway dropped it and nothing will be sent for it.  A message of only
-        whitespace, with no attachment, is dropped unanswered and not stored."""
-        if not msg.text.strip() and not msg.attachments:
-            log.debug("ignoring a blank message %s from %s", msg.message_id, msg.platform)
-            return False
-        return await self.router.handle(msg) is not None or self.router.answered_stranger(msg)
-
     # -- dead letters: events the adapters gave up on ------------------------
     async def on_dead_letter(self, platform: str, event_id: str | None, payload: dict,
                              message: InboundMessage | None, error: str) -> None:
@@ -382,7 +376,7 @@ class Gateway:
         """In the daemon: replay what ``switchboard deadletters retry`` marked, keep the held count fresh."""
         if not self.serve_api:
             return
-        replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters,
+        replay = DeadLetterReplay(self.db, self.router.take, on_count=self._count_dead_letters,
                                   files=self.services.media.files)
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
         self._opened.push_async_callback(_cancelled, self._dead_letter_replay)
@@ -399,12 +393,13 @@ class Gateway:
         # serves the platform, or when the adapter can send without holding the connection.
         claimed = self.claims is not None and (key is None or isinstance(adapter, SendingOnly))
         typing = adapter.send_typing_on if isinstance(adapter, TypingOnMessage) else _typing_in_chat(adapter)
-        self.router.register_output(name, functools.partial(self._send, name), typing,
+        platforms = self.platforms  # replies go to the platform's current adapter, once it has connected
+        self.router.register_output(name, functools.partial(platforms.send, name), typing,
                                     streamed=self._streamed_output(name, adapter),
                                     drafts=adapter if isinstance(adapter, DraftOutput) else None, claimed=claimed,
-                                    voice=functools.partial(self._send_voice, name)
+                                    voice=functools.partial(platforms.send_voice, name)
                                     if isinstance(adapter, VoiceOutput) else None,
-                                    buttons=functools.partial(self._send_buttons, name)
+                                    buttons=functools.partial(platforms.send_buttons, name)
                                     if isinstance(adapter, ButtonOutput) else None)
         if key is not None:
             self._own(name, adapter, key)
@@ -490,30 +485,6 @@ class Gateway:
         pacing = StreamPacing(edit_interval=interval, first_chars=streaming.first_chars,
                               first_after=streaming.first_after_seconds)
         return StreamedOutput(adapter, pacing, groups=streaming.groups)
-
-    async def _send_buttons(self, name: str, chat: ChatRef, text: str, buttons: tuple[Button, ...],
-                            reply_to: str | None) -> Delivery:
-        """The router's sender of a message with buttons (an approval request) on ``name``."""
-        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
-        if not isinstance(adapter, ButtonOutput):
-            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
-        return await adapter.send_buttons(chat, text, buttons, reply_to=reply_to)
-
-    async def _send(self, name: str, chat: ChatRef, text: str, reply_to: str | None,
-                    progress: SendProgress | None) -> Delivery:
-        """The router's sender for ``name``: the platform's current adapter, once it has connected
-        (a reply resumed at start, or due while a reload restarts the adapter, waits for it)."""
-        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
-        if adapter is None:
-            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
-        return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
-
-    async def _send_voice(self, name: str, chat: ChatRef, audio: bytes, reply_to: str | None) -> Delivery:
-        """The router's voice sender for ``name`` (a spoken reply), through its current adapter."""
-        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
-        if not isinstance(adapter, VoiceOutput):
-            return Delivery(ok=False, error=f"platform {name} is not running")
-        return await adapter.send_voice(chat, audio, reply_to=reply_to)
 
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
