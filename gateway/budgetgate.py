@@ -266,7 +266,7 @@ class BudgetGate:
             known = self._sessions.get(ctx.session_id)
             if known is None:
                 session = await self.db.sessions.get(ctx.session_id)
-                known = (session.get("source"), session.get("user_id")) if session else (None, None)
+                known = (session.source, session.user_id) if session else (None, None)
                 self._sessions[ctx.session_id] = known
                 if len(self._sessions) > SESSIONS_REMEMBERED:
                     self._sessions.popitem(last=False)

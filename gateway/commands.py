@@ -172,8 +172,8 @@ async def _title_taken(ctx: CommandContext, title: str, holder_id: str) -> str:
     return f'The title "{title}" is already taken. Choose another.'
 
 
-def _owned_by(session: dict, msg) -> bool:
-    return msg.user_id is not None and session.get("user_id") == msg.user_id and session.get("source") == msg.platform
+def _owned_by(session: state.Session, msg) -> bool:
+    return msg.user_id is not None and session.user_id == msg.user_id and session.source == msg.platform
 
 
 async def cmd_title(ctx: CommandContext) -> str:
@@ -199,10 +199,10 @@ async def cmd_status(ctx: CommandContext) -> str:
     context_length = ctx.router.context_length
     used = ctx.lane.last_prompt_tokens
     share = f"{used / context_length:.0%} of {context_length:,} tokens" if (used and context_length) else "not measured yet"
-    title = s.get("title") or "(untitled)"
+    title = s.title or "(untitled)"
     return (
-        f"Session {s['id']}\nTitle: {title}\nMessages: {s.get('message_count', 0)}\n"
-        f"Tokens: {s.get('input_tokens', 0):,} in, {s.get('output_tokens', 0):,} out\n"
+        f"Session {s.id}\nTitle: {title}\nMessages: {s.message_count}\n"
+        f"Tokens: {s.input_tokens:,} in, {s.output_tokens:,} out\n"
         f"Context used: {share}"
         + ("\nA reply is being written." if ctx.lane.current is not None or ctx.lane.busy else "")
     )
@@ -263,12 +263,12 @@ async def cmd_resume(ctx: CommandContext) -> str:
         return "That is the current session."
     await ctx.db.sessions.end(ctx.session_id, "switched")
     await ctx.router.release_held(ctx.lane, ctx.session_id)
-    if session.get("ended_at") is not None:
+    if session.ended_at is not None:
         await ctx.db.sessions.reopen(target)
     await ctx.db.routes.set(ctx.lane.key, target)
     ctx.ticket.session_id = target
     ctx.lane.last_prompt_tokens = None
-    return f"Resumed {_label(session)} ({target}, {session.get('message_count', 0)} messages)."
+    return f"Resumed {_label(session.as_dict())} ({target}, {session.message_count} messages)."
 
 
 async def cmd_stop(ctx: CommandContext) -> str:

@@ -73,7 +73,7 @@ async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, mod
         await api.close()
         current = await gw.db.routes.get("agent:main:api:dm:alice")
         stored = await gw.db.messages.get(current)
-        day = when((await gw.db.sessions.get("old-docker"))["started_at"])
+        day = when((await gw.db.sessions.get("old-docker")).started_at)
     assert answer.startswith("tool said: Earlier conversations about \"docker restarting\" (1):")
     assert f'1. "Docker trouble" · {day} · api · session old-docker · 1 matching message' in answer
     assert "SUMMARY[docker restarting] of \"Docker trouble\" on api" in answer
@@ -181,7 +181,7 @@ async def test_empty_query_lists_recent_sessions_without_the_model(tmp_path, mod
         api = ApiClient(gw)
         answer = await api.say("erin", "what have we talked about?")
         await api.close()
-        days = [when((await gw.db.sessions.get(sid))["last_active"]) for sid in ("e1", "e2")]
+        days = [when((await gw.db.sessions.get(sid)).last_active) for sid in ("e1", "e2")]
     lines = answer.splitlines()
     assert lines[0] == "tool said: Recent sessions:"
     assert lines[1] == f"1. (untitled) · {days[1]} · api · 2 messages · session e2 · “tax questions”"

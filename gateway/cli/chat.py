@@ -129,10 +129,11 @@ async def _terminal_session(db: state.AsyncSessionDB, ref: str) -> str:
     if await db.sessions.get(ref) is not None:
         return ref
     target = await db.sessions.resolve_id(ref)
-    session = await db.sessions.get(target) or {}
-    if session.get("source") != "cli":
+    session = await db.sessions.get(target)
+    source = session.source if session is not None else None
+    if source != "cli":
         raise SwitchboardError(
-            f"{ref!r} names a {session.get('source')} session ({target}), not one of this terminal's; "
+            f"{ref!r} names a {source} session ({target}), not one of this terminal's; "
             f"to continue it here anyway, give its whole id: switchboard chat -r {target}"
         )
     return target
@@ -161,7 +162,7 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
     if session is None:  # deleted meanwhile: a fresh one instead
         await _start_fresh(router, key)
         return None
-    if session.get("ended_at") is not None:
+    if session.ended_at is not None:
         await db.sessions.reopen(target)
     await db.routes.set(key, target)
     return target
@@ -234,7 +235,7 @@ class _Chat:
             self.notes.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
         if resumed:
             session = await self.db.sessions.get(resumed)
-            title = (session or {}).get("title") or resumed
+            title = (session.title if session is not None else None) or resumed
             self.notes.print(Panel(recap(await self.db.messages.get(resumed)), title=f"Previous conversation: {title}",
                                    border_style="dim"))
         if self.interactive:
