@@ -134,13 +134,13 @@ class BudgetGate:
     ``shared``: the store is PostgreSQL, shared by instances (default: when ``db`` has no SQLite file)."""
 
     def __init__(self, settings: BudgetSettings, db: Any, *, clock: Callable[[], float] = time.time,
-                 metrics: Any = None, shared: bool | None = None):
+                 metrics: Any = None, shared: bool | None = None, notify: Notify | None = None):
         self.settings = settings
         self.db = db
         self.clock = clock
         self.metrics = metrics
         self.shared = getattr(db, "db_path", None) is None if shared is None else shared
-        self.notify: Notify | None = None  # set once the router can deliver (budgets.notify)
+        self.notify = notify  # where the operator is told a budget is used up (budgets.notify); None: nowhere
         self.on_release: Callable[[], None] | None = None  # the usage recorder's: write the released soon
         self._stored: dict[str, dict] = {}  # name -> the row of a rule set from the CLI (amount None: off)
         self._index: dict[str, list[Rule]] = {}

@@ -410,9 +410,9 @@ async def test_a_message_queued_behind_a_turn_cut_off_by_shutdown_gets_its_503_w
 
 
 async def test_idle_lanes_are_forgotten_and_conversations_go_on(tmp_path, model, monkeypatch):
-    import gateway.router
+    import gateway.router.lanes
 
-    monkeypatch.setattr(gateway.router, "MAX_IDLE_LANES", 3)  # a small bound, to see it work
+    monkeypatch.setattr(gateway.router.lanes, "MAX_IDLE_LANES", 3)  # a small bound, to see it work
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
         for i in range(6):

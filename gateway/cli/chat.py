@@ -177,7 +177,7 @@ async def _start_fresh(router: SessionRouter, key: str) -> None:
         return
     if routed.get("ended_at") is None:
         await db.sessions.end(routed["id"], "new_session")
-        router.session_ended(routed["id"], key)
+        router.control.session_ended(routed["id"], key)
     await db.routes.delete(key)
 
 

@@ -261,7 +261,7 @@ class Gateway:
         # MCP servers: started once the built-in tools are registered (assemble), supervised from here on
         services.mcp.start()
         opened.push_async_callback(services.mcp.stop)
-        await services.approvals.start(daemon=self.serve_api, settle=not cfg.clustered)
+        await services.approvals.start(services.router.control, daemon=self.serve_api, settle=not cfg.clustered)
         opened.push_async_callback(services.approvals.stop)  # after the turns: no tool call is still running
         if cfg.facts.enabled:
             await services.facts.start(sweep=self.serve_api)
@@ -284,12 +284,12 @@ class Gateway:
         opened.push_async_callback(self._stop_platforms)
         if undone is not None:
             claimed = {row["session_id"] for rows in undone for row in rows
-                       if self.router.claims_turns(row["platform"]) and row.get("session_id")}
+                       if self.router.outbox.claims_turns(row["platform"]) and row.get("session_id")}
             if claimed:  # answered (or sent) by whichever instance claims the session, this one included
                 await self.db.recovery.mark_pending(claimed)
             # an owned connection's platform is resumed by whichever instance comes to own it
             pending, unanswered = ([row for row in rows if row["platform"] not in self.owned
-                                    and not self.router.claims_turns(row["platform"])] for rows in undone)
+                                    and not self.router.outbox.claims_turns(row["platform"])] for rows in undone)
             counts = self.router.recover(pending, unanswered)
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
@@ -417,7 +417,7 @@ class Gateway:
         held = OwnedConnection(owner, start=functools.partial(self._start_owned, name, adapter),
                                stop=functools.partial(self._stop_owned, name, adapter))
         self.owned[name] = held
-        if self.router.claims_turns(name):
+        if self.router.outbox.claims_turns(name):
             self.platforms.open_for_sending(name)
         held.begin()
 
@@ -427,7 +427,7 @@ class Gateway:
         the turns, nothing is resumed here: the sessions with work stay pending for whoever claims them."""
         # (what this process is still working on, after losing and winning the connection back, is not
         # queued again)
-        claimed = self.router.claims_turns(name)
+        claimed = self.router.outbox.claims_turns(name)
         pending = [] if claimed else [
             row for row in await self.db.recovery.pending_deliveries()
             if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
@@ -448,7 +448,7 @@ class Gateway:
 
     async def _stop_owned(self, name: str, adapter: Adapter) -> None:
         await self.platforms.stop_owned(name)
-        if self.router.claims_turns(name) and not self.draining:
+        if self.router.outbox.claims_turns(name) and not self.draining:
             self.platforms.open_for_sending(name)  # a standby again: it still sends for the turns it runs
 
     async def _ask_stop(self, key: str, session_id: str | None) -> bool:

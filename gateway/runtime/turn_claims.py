@@ -263,7 +263,7 @@ class TurnClaims:
         """One sweep; how many stranded sessions it marked (a failed sweep is logged and counts 0)."""
         try:
             found = await self._call(functools.partial(self.cluster.sweep_stranded,
-                                                       self.router.claimed_platforms()))
+                                                       self.router.outbox.claimed_platforms()))
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again
             log.warning("the sweeper could not look for stranded sessions (%s); trying again in %.0fs",
                         exc, self.sweep_seconds)
