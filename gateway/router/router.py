@@ -184,6 +184,10 @@ class SessionRouter:
         left the work undone (the session stays pending for another instance)."""
         return await self.recovery.run_claimed(claim)
 
+    def claimed_platforms(self) -> list[str]:
+        """The platforms whose chat messages any instance answers under a lease (sorted)."""
+        return self.outbox.claimed_platforms()
+
     def claimed_keys(self) -> dict[str, str]:
         """The session keys whose claimed work runs in this instance now: key -> session id."""
         return self.recovery.claimed_keys()

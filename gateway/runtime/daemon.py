@@ -42,13 +42,10 @@ import state
 from gateway import tracing
 from gateway.auth import AuthSettings
 from gateway.commands import CommandSet
-from gateway.compressing import Compressor
 from gateway.config import Config
 from gateway.cron.service import CronService
 from gateway.media import media_limits
-from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService
-from gateway.memory.recall import SessionRecall
 from gateway.model import ModelClient
 from gateway.platforms import ADAPTERS, installed_platforms
 from gateway.ratelimit import budget_sharing
@@ -181,24 +178,12 @@ class Gateway:
         return self.services.usage
 
     @property
-    def recall(self) -> SessionRecall:
-        return self.services.recall
-
-    @property
     def memory(self) -> MemoryService:
         return self.services.memory
 
     @property
-    def facts(self) -> FactMemory:
-        return self.services.facts
-
-    @property
     def mcp(self) -> McpTools:
         return self.services.mcp
-
-    @property
-    def compressor(self) -> Compressor:
-        return self.services.compressor
 
     @property
     def commands(self) -> CommandSet:
