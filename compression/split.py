@@ -150,8 +150,8 @@ async def compress_session(
     parent = await db.sessions.get(session_id)
     if parent is None:
         raise SessionNotFound(session_id)
-    if parent.get("ended_at") is not None:
-        raise SessionChanged(session_id, f"was already ended ({parent.get('end_reason') or 'no reason'})")
+    if parent.ended_at is not None:
+        raise SessionChanged(session_id, f"was already ended ({parent.end_reason or 'no reason'})")
     stored = await db.messages.get(session_id)
     # Planning and the request are pure CPU (a few ms for hundreds of messages,
     # more with huge tool results): off the event loop, so other chats go on.

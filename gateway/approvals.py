@@ -48,6 +48,7 @@ from gateway.types import Button, ChatRef, ChatType, InboundMessage
 
 if TYPE_CHECKING:  # pragma: no cover
     from gateway.commands import CommandContext
+    from gateway.control import ChatControl
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,8 @@ class ToolApprovals:
         self.registry = registry
         self.agent = agent
         self.clock = clock
-        self.router = None  # set by set_router: where a resume step is queued
         self._wake = asyncio.Event()
+        self._control: ChatControl | None = None  # given by start(): what the timeout sweep goes on with
         self._task: asyncio.Task | None = None
         self._mine: Callable[[str], bool] = lambda platform: True  # the platforms whose requests this process times out
         self.configure(cfg, identities or {})
@@ -165,9 +166,6 @@ class ToolApprovals:
         for entry in cfg.approvers:
             approvers.update(identities.get(entry, ()) if entry in identities else (entry,))
         self.approvers = frozenset(approvers)
-
-    def set_router(self, router) -> None:
-        self.router = router
 
     def policy(self, name: str) -> str:
         """never | always | once_per_session for the tool offered as ``name``."""
@@ -252,7 +250,7 @@ class ToolApprovals:
             return (f"Only the person who asked, or an approver, can answer request {row['id']} "
                     f"({row['tool']}); nothing changed.")
         by = f"{msg.platform}:{msg.user_id}"
-        if self.router is not None and self.router.closing:  # nothing is decided that could not go on
+        if ctx.control.closing:  # nothing is decided that could not go on
             return f"The gateway is restarting; answer request {row['id']} again in a moment (nothing changed)."
         if approve:
             decided = await self.db.approvals.decide(row["id"], "approved", by, now=self.clock())
@@ -268,7 +266,7 @@ class ToolApprovals:
             ack = f"Denied: {row['tool']} was not run (request {row['id']})."
             step = _stored(stored)
         log.info("approval request %s (%s) %s by %s", row["id"], row["tool"], "approved" if approve else "denied", by)
-        return await self._continue(row, step, ack, sink=ctx.ticket.sink)
+        return await self._continue(ctx.control, row, step, ack, sink=ctx.ticket.sink)
 
     def may_answer(self, row: dict, msg: InboundMessage) -> bool:
         """The session's own user, or a configured approver."""
@@ -294,34 +292,31 @@ class ToolApprovals:
                                                         from_status="approved", to_status="done")
         return step
 
-    async def _continue(self, row: dict, step: Callable[[], Awaitable[int | None]], ack: str, *, sink=None) -> str:
+    async def _continue(self, control: ChatControl, row: dict, step: Callable[[], Awaitable[int | None]], ack: str,
+                        *, sink=None) -> str:
         """Queue ``step`` and the turn after it in the session's lane; the continued answer (for a
         request/response source; a platform's chat is sent it by the turn), or "" once it was sent."""
-        from gateway.router import Ticket
-
-        router = self.router
-        assert router is not None, "ToolApprovals.set_router comes before any answer"
         msg = InboundMessage(platform=row["platform"], chat_type=ChatType(row["chat_type"]), chat_id=row["chat_id"],
                              user_id=row["user_id"], text="", thread_id=row["thread_id"])
-        chat_output = router.has_output(row["platform"])
+        chat_output = control.has_output(row["platform"])
         if chat_output:
-            await router.deliver(msg.chat, ack, None)
-        ticket = Ticket(msg, row["session_key"], row["session_id"], sink=sink)
+            await control.deliver(msg.chat, ack, None)
         try:
-            await router.resume(row["session_key"], ticket, step)
+            reply = await control.resume(row["session_key"], msg, row["session_id"], step, sink=sink)
         except GatewayClosing:  # the answer is stored; the model goes on from it with the next message
             log.info("approval request %s answered during shutdown; the turn goes on after the restart", row["id"])
             return "The gateway is restarting; your answer is saved and the conversation goes on from it."
-        text = await ticket.reply
+        text = await reply
         return "" if chat_output else text
 
     # -- timeouts -------------------------------------------------------------------------
-    async def start(self, *, daemon: bool = True, settle: bool = True) -> None:
+    async def start(self, control: ChatControl, *, daemon: bool = True, settle: bool = True) -> None:
         """Settle what a crash left (approved calls without a result: interrupted, never run again) and
-        start the timeout sweep.  ``daemon`` False (``switchboard chat``, beside a running daemon): only
+        start the timeout sweep, which goes on with the chats through ``control``.  ``daemon`` False (``switchboard chat``, beside a running daemon): only
         the terminal's own requests are this process's to time out, and nothing is settled at start.
         ``settle`` False (a cluster: another instance may be running an approved call right now):
         approved calls are left as they are."""
+        self._control = control
         self._mine = (lambda platform: platform != "cli") if daemon else (lambda platform: platform == "cli")
         for row in await self.db.approvals.interrupted() if daemon and settle else []:
             if not self._mine(row["platform"]):
@@ -341,6 +336,8 @@ class ToolApprovals:
 
     async def expire_due(self) -> int:
         """Deny every request whose time ran out; the model reads the denial.  Returns how many."""
+        control = self._control
+        assert control is not None, "ToolApprovals.start() starts the sweep"
         count = 0
         for row in await self.db.approvals.expired(self.clock()):
             if not self._mine(row["platform"]):
@@ -354,7 +351,7 @@ class ToolApprovals:
             log.info("approval request %s (%s) ran out unanswered; denied", row["id"], row["tool"])
             ack = (f"Request {row['id']} ({row['tool']}) was not answered within {_duration(self.timeout)}; "
                    f"it was denied.")
-            spawn(self._continue(row, _stored(stored), ack), name=f"approvals:expired:{row['id']}")
+            spawn(self._continue(control, row, _stored(stored), ack), name=f"approvals:expired:{row['id']}")
         return count
 
     async def _sweep(self) -> None:

@@ -134,13 +134,13 @@ class BudgetGate:
     ``shared``: the store is PostgreSQL, shared by instances (default: when ``db`` has no SQLite file)."""
 
     def __init__(self, settings: BudgetSettings, db: Any, *, clock: Callable[[], float] = time.time,
-                 metrics: Any = None, shared: bool | None = None):
+                 metrics: Any = None, shared: bool | None = None, notify: Notify | None = None):
         self.settings = settings
         self.db = db
         self.clock = clock
         self.metrics = metrics
         self.shared = getattr(db, "db_path", None) is None if shared is None else shared
-        self.notify: Notify | None = None  # set once the router can deliver (budgets.notify)
+        self.notify = notify  # where the operator is told a budget is used up (budgets.notify); None: nowhere
         self.on_release: Callable[[], None] | None = None  # the usage recorder's: write the released soon
         self._stored: dict[str, dict] = {}  # name -> the row of a rule set from the CLI (amount None: off)
         self._index: dict[str, list[Rule]] = {}
@@ -266,7 +266,7 @@ class BudgetGate:
             known = self._sessions.get(ctx.session_id)
             if known is None:
                 session = await self.db.sessions.get(ctx.session_id)
-                known = (session.get("source"), session.get("user_id")) if session else (None, None)
+                known = (session.source, session.user_id) if session else (None, None)
                 self._sessions[ctx.session_id] = known
                 if len(self._sessions) > SESSIONS_REMEMBERED:
                     self._sessions.popitem(last=False)

@@ -11,18 +11,16 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 import state
 from gateway.budgets import left_line
+from gateway.control import ChatControl, ChatLane, ChatTicket
 from gateway.durations import time_ago
 from gateway.insights import summarize, window
 from gateway.keys import chat_of_key
 from gateway.tools import ToolContext
 from gateway.usage import CallContext
-
-if TYPE_CHECKING:  # pragma: no cover
-    from gateway.router import Lane, SessionRouter, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +46,17 @@ class CommandSpec:
 
 @dataclass(slots=True)
 class CommandContext:
+    """What a command runs with: its message, the chat's narrow control surface, its lane, the commands."""
+
     command: Command
-    ticket: "Ticket"
-    router: "SessionRouter"
-    lane: "Lane"
+    ticket: ChatTicket
+    control: ChatControl
+    lane: ChatLane
+    commands: "CommandSet"
 
     @property
     def db(self) -> state.AsyncSessionDB:
-        return self.router.db
+        return self.control.db
 
     @property
     def session_id(self) -> str:
@@ -109,11 +110,11 @@ class CommandSet:
         spec = self._specs.get(name)
         return spec is None or spec.runs_now  # unknown commands just get a hint
 
-    async def run(self, command: Command, ticket, router, lane) -> str:
+    async def run(self, command: Command, ticket: ChatTicket, control: ChatControl, lane: ChatLane) -> str:
         spec = self._specs.get(command.name)
         if spec is None:
             return f"Unknown command /{command.name}. Send /help to see what I understand."
-        return await spec.handler(CommandContext(command, ticket, router, lane))
+        return await spec.handler(CommandContext(command, ticket, control, lane, self))
 
     def help_text(self) -> str:
         lines = ["Commands:"]
@@ -135,7 +136,7 @@ def _label(session: dict) -> str:
 # -- handlers -------------------------------------------------------------
 
 async def cmd_help(ctx: CommandContext) -> str:
-    return ctx.router.commands.help_text()
+    return ctx.commands.help_text()
 
 
 async def cmd_new(ctx: CommandContext) -> str:
@@ -148,9 +149,9 @@ async def cmd_new(ctx: CommandContext) -> str:
         return f"No new session started: {await _title_taken(ctx, title, holder['id'])}"
     old = ctx.session_id
     await ctx.db.sessions.end(old, "new_session")
-    ctx.router.session_ended(old, ctx.lane.key)  # persistent memory: keep what matters, in the background
-    await ctx.router.release_held(ctx.lane, old)
-    new_id = await ctx.router.start_session(ctx.lane.key, ctx.ticket.msg)
+    ctx.control.session_ended(old, ctx.lane.key)  # persistent memory: keep what matters, in the background
+    await ctx.control.release_held(ctx.lane, old)
+    new_id = await ctx.control.start_session(ctx.lane.key, ctx.ticket.msg)
     ctx.ticket.session_id = new_id
     ctx.lane.last_prompt_tokens = None
     named = ""
@@ -172,8 +173,8 @@ async def _title_taken(ctx: CommandContext, title: str, holder_id: str) -> str:
     return f'The title "{title}" is already taken. Choose another.'
 
 
-def _owned_by(session: dict, msg) -> bool:
-    return msg.user_id is not None and session.get("user_id") == msg.user_id and session.get("source") == msg.platform
+def _owned_by(session: state.Session, msg) -> bool:
+    return msg.user_id is not None and session.user_id == msg.user_id and session.source == msg.platform
 
 
 async def cmd_title(ctx: CommandContext) -> str:
@@ -196,13 +197,13 @@ async def cmd_status(ctx: CommandContext) -> str:
     s = await ctx.db.sessions.get(ctx.session_id)
     if s is None:  # deleted meanwhile (sessions delete, prune)
         return "This session no longer exists; your next message starts a new one."
-    context_length = ctx.router.context_length
+    context_length = ctx.control.context_length
     used = ctx.lane.last_prompt_tokens
     share = f"{used / context_length:.0%} of {context_length:,} tokens" if (used and context_length) else "not measured yet"
-    title = s.get("title") or "(untitled)"
+    title = s.title or "(untitled)"
     return (
-        f"Session {s['id']}\nTitle: {title}\nMessages: {s.get('message_count', 0)}\n"
-        f"Tokens: {s.get('input_tokens', 0):,} in, {s.get('output_tokens', 0):,} out\n"
+        f"Session {s.id}\nTitle: {title}\nMessages: {s.message_count}\n"
+        f"Tokens: {s.input_tokens:,} in, {s.output_tokens:,} out\n"
         f"Context used: {share}"
         + ("\nA reply is being written." if ctx.lane.current is not None or ctx.lane.busy else "")
     )
@@ -229,7 +230,7 @@ async def cmd_sessions(ctx: CommandContext) -> str:
     rows = await _own_sessions(ctx)
     if not rows:
         return "You have no saved sessions yet."
-    now = ctx.router.clock()
+    now = ctx.control.clock()
     lines = ["Your recent sessions:"]
     for r in rows:
         marker = " (current)" if r["id"] == ctx.session_id else ""
@@ -243,7 +244,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
         rows = [r for r in await _own_sessions(ctx) if r["id"] != ctx.session_id]
         if not rows:
             return "There is no other session to resume."
-        now = ctx.router.clock()
+        now = ctx.control.clock()
         return "\n".join(["Resume one of these with /resume <title or id>:"] +
                          [f"{_label(r)} · {_ago(r.get('last_active'), now)} · {r['id']}" for r in rows])
     ref = ctx.command.args
@@ -262,17 +263,17 @@ async def cmd_resume(ctx: CommandContext) -> str:
     if target == ctx.session_id:
         return "That is the current session."
     await ctx.db.sessions.end(ctx.session_id, "switched")
-    await ctx.router.release_held(ctx.lane, ctx.session_id)
-    if session.get("ended_at") is not None:
+    await ctx.control.release_held(ctx.lane, ctx.session_id)
+    if session.ended_at is not None:
         await ctx.db.sessions.reopen(target)
     await ctx.db.routes.set(ctx.lane.key, target)
     ctx.ticket.session_id = target
     ctx.lane.last_prompt_tokens = None
-    return f"Resumed {_label(session)} ({target}, {session.get('message_count', 0)} messages)."
+    return f"Resumed {_label(session.as_dict())} ({target}, {session.message_count} messages)."
 
 
 async def cmd_stop(ctx: CommandContext) -> str:
-    if await ctx.router.stop_anywhere(ctx.lane.key, ctx.session_id):
+    if await ctx.control.stop_anywhere(ctx.lane.key, ctx.session_id):
         return "Stopping the current reply."
     return "Nothing is running."
 
@@ -286,14 +287,14 @@ async def cmd_stream(ctx: CommandContext) -> str:
         return "The terminal chat shows replies as they are written (piped, each answer comes whole); nothing to change."
     if msg.platform == "api":
         return 'On the local API a request chooses for itself: "stream": true streams its answer.'
-    if ctx.router.streamed_output(msg.platform, msg.chat_type, "on") is None:
+    if ctx.control.streamed_output(msg.platform, msg.chat_type, "on") is None:
         return (f"Replies on {msg.platform} arrive whole: streaming is off for it in the config "
                 f"(streaming.enabled, platforms.{msg.platform}.streaming.enabled).")
     if choice:
-        await ctx.router.choose_streaming(ctx.lane, choice == "on")
+        await ctx.control.choose(ctx.lane, "stream", choice)
         return ("Replies here now show as they are written." if choice == "on"
                 else "Replies here now arrive whole, once written.")
-    on = ctx.router.streamed_output(msg.platform, msg.chat_type, await ctx.router.stream_choice(ctx.lane)) is not None
+    on = ctx.control.streamed_output(msg.platform, msg.chat_type, await ctx.control.choice(ctx.lane, "stream")) is not None
     return (f"Replies here {'show as they are written' if on else 'arrive whole, once written'} "
             f"(/stream {'off' if on else 'on'} to change).")
 
@@ -303,30 +304,30 @@ async def cmd_voice(ctx: CommandContext) -> str:
     choice = (ctx.command.args or "").strip().lower()
     if choice not in ("", "on", "off"):
         return "Usage: /voice (whether replies here also come as voice messages), /voice on, /voice off"
-    why_not = ctx.router.speaks_on(msg.platform)
+    why_not = ctx.control.speaks_on(msg.platform)
     if choice == "off" or (choice == "" and why_not is None):
         if choice:
-            await ctx.router.choose_voice(ctx.lane, False)
+            await ctx.control.choose(ctx.lane, "voice", "off")
             return "Replies here now come as text only."
-        on = await ctx.router.voice_choice(ctx.lane) == "on"
+        on = await ctx.control.choice(ctx.lane, "voice") == "on"
         return (f"Replies here come {'as text and as a voice message' if on else 'as text only'} "
                 f"(/voice {'off' if on else 'on'} to change).")
     if why_not is not None:
         return f"Replies here cannot be spoken: {why_not}."
-    await ctx.router.choose_voice(ctx.lane, True)
+    await ctx.control.choose(ctx.lane, "voice", "on")
     return "Replies here now also come as a voice message, with their text beside it."
 
 
 async def cmd_model(ctx: CommandContext) -> str:
     msg = ctx.ticket.msg
-    names = ctx.router.settings.models.available(msg.platform, msg.user_id, ctx.lane.key)
+    names = ctx.control.models.available(msg.platform, msg.user_id, ctx.lane.key)
     name = (ctx.command.args or "").strip()
     if name:
         if name not in names:
             return f"There is no model {name!r} you can use here. Models here: {', '.join(names)}."
-        await ctx.router.choose_model(ctx.lane, name)
+        await ctx.control.choose(ctx.lane, "model", name)
         return f"This chat now uses the model {name}."
-    current = await ctx.router.chat_model(ctx.lane, msg)
+    current = await ctx.control.chat_model(ctx.lane, msg)
     listed = ", ".join(f"{n} (current)" if n == current else n for n in names)
     return f"Models here: {listed}. /model NAME switches this chat to another."
 
@@ -338,25 +339,25 @@ async def cmd_usage(ctx: CommandContext) -> str:
         return "Usage is counted per user, and this chat has no user id."
     lines = ["Your usage (the model calls made for your sessions here):"]
     for days in (7, 30):
-        since, dates = window(days, ctx.router.clock())
+        since, dates = window(days, ctx.control.clock())
         t = summarize(await ctx.db.usage.report(since, "day", platform=msg.platform, user_id=msg.user_id),
                       dates).total.totals
         lines.append(f"Last {days} days: {t.calls:,} call{'s' if t.calls != 1 else ''} · "
                      f"{t.input_tokens:,} uncached input tokens · {t.cached_input_tokens:,} cached input tokens · "
                      f"{t.output_tokens:,} output tokens · cost {t.cost_text()}")
-    gate = ctx.router.budgets
+    gate = ctx.control.budgets
     if gate is not None:  # what is left of each budget this user's calls count against
         call = CallContext("turn", ctx.session_id, msg.platform, chat_of_key(ctx.lane.key), msg.user_id)
-        now = ctx.router.clock()
+        now = ctx.control.clock()
         lines += [left_line(s, gate.settings.tz, now) for s in await gate.states(await gate.scopes_of(call), now)]
     return "\n".join(lines)
 
 
 async def cmd_compress(ctx: CommandContext) -> str:
-    compressor = ctx.router.commands.compressor
+    compressor = ctx.commands.compressor
     if compressor is None:
         return "Compression is turned off (compression.enabled is false)."
-    model = await ctx.router.chat_model(ctx.lane, ctx.ticket.msg)
+    model = await ctx.control.chat_model(ctx.lane, ctx.ticket.msg)
     session_id, text = await compressor.compress_now(ctx.session_id, ctx.lane.key, ctx.command.args or None, model)
     if session_id != ctx.session_id:
         ctx.ticket.session_id = session_id
@@ -368,9 +369,9 @@ TOOLS_SHOWN = 40  # /tools lists at most this many (a chat message has a size li
 
 
 async def cmd_tools(ctx: CommandContext) -> str:
-    tools = ctx.router.commands.tools
+    tools = ctx.commands.tools
     here = ToolContext(session_id=ctx.session_id, session_key=ctx.lane.key, platform=ctx.ticket.msg.platform,
-                       user_id=ctx.user_id, agent=ctx.router.settings.keys.agent)
+                       user_id=ctx.user_id, agent=ctx.control.agent)
     listing = tools.listing(here) if tools is not None else []
     if not listing:
         return "I have no tools in this chat."

@@ -65,7 +65,6 @@ from gateway.durations import parse_duration
 from gateway.errors import ConfigError
 from gateway.platforms import ADAPTER_CONFIGS, in_platform_order, installed_platforms
 from gateway.types import Capabilities, CredentialCheck
-from state import mask_url
 
 __all__ = [
     "ApiConfig",
@@ -690,12 +689,14 @@ class StoreConfig(_Model):
             return ""
         scheme = value.split("://", 1)[0].lower() if "://" in value else ""
         if scheme not in ("postgresql", "postgres"):
+            from state import mask_url  # only on this error path: loading the config loads no store
             raise ValueError(f"must be empty (SQLite at $home/state.db) or a postgresql://user:password@host:5432/db "
                              f"URL, not one starting {mask_url(value)[:24]!r}")
         try:
             parts = urlsplit(value)
             parts.port  # noqa: B018 - raises on a port that is not a number
         except ValueError as exc:
+            from state import mask_url
             raise ValueError(f"is not a valid URL ({mask_url(value)}: {str(exc).split(':')[0]}); "
                              "write postgresql://user:password@host:5432/db, with any '@', ':' or '/' "
                              "in the password percent-encoded") from None
@@ -1114,6 +1115,7 @@ class Config(_Model):
             if name in self.model.fallbacks[:i]:
                 raise KeyedError(f"model.fallbacks.{i}", f"{name!r} is listed twice")
         if self.store.url and self.backup.every is not None:
+            from state import mask_url
             raise KeyedError("backup.every", "automatic backups copy a SQLite state.db, and this store is PostgreSQL "
                              f"(store.url): remove backup.every and back it up with pg_dump, e.g. daily from cron: "
                              f"pg_dump --format=custom --file=switchboard-$(date +%F).dump '{mask_url(self.store.url)}' "

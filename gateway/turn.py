@@ -251,7 +251,7 @@ class AgentTurn:
         started = self._started.get(session_id)
         if started is None:
             row = await self.db.sessions.get(session_id)
-            started = row.get("started_at") if row else None
+            started = row.started_at if row else None
             if started is not None:
                 self._started[session_id] = started
                 if len(self._started) > MAX_REMEMBERED_SESSIONS:

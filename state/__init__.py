@@ -42,6 +42,7 @@ from .errors import (
 )
 from .inspect import DatabaseReport, inspect_database
 from .paths import default_db_path, default_home, new_session_id
+from .records import Session
 
 __all__ = [
     "AmbiguousSession",
@@ -61,6 +62,7 @@ __all__ = [
     "ObjectSize",
     "PairingNotFound",
     "SchemaTooNew",
+    "Session",
     "SessionChangedMeanwhile",
     "SessionDB",
     "SessionNotFound",

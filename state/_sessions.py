@@ -20,6 +20,7 @@ from ._titles import (
     sanitize_title,
 )
 from .errors import AmbiguousSession, InvalidTitle, SessionNotFound
+from .records import Session
 
 PREVIEW_CHARS = 60
 _MAX_DEPTH = 10_000  # lineage walks stop here even if a cycle was written by hand
@@ -513,8 +514,9 @@ class Sessions(Repository):
         )
 
     @reads
-    def get(self, session_id: str) -> dict | None:
-        return self._engine.read(get_session, session_id)
+    def get(self, session_id: str) -> Session | None:
+        row = self._engine.read(get_session, session_id)
+        return Session.of(row) if row is not None else None
 
     @writes
     def end(self, session_id: str, end_reason: str) -> bool:

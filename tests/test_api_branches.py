@@ -58,7 +58,7 @@ async def test_the_newest_branch_stands_for_the_conversation_in_the_listing_and_
     assert len({first, edit, regenerated}) == 3
     # one row for the conversation: the live branch, with the first session as its root
     assert [(row["id"], row["lineage_root"]) for row in listed] == [(regenerated, first)]
-    assert [p["end_reason"] for p in parents] == ["branched", "branched"]
+    assert [p.end_reason for p in parents] == ["branched", "branched"]
     linked = set(re.findall(r'href="/ui/sessions/([^"/]+)"', page))
     assert regenerated in linked and first not in linked and edit not in linked
 

@@ -104,10 +104,10 @@ async def test_an_edited_message_continues_in_a_child_session_that_branches_ther
         child_row, regen_row = await gw.db.sessions.get(child), await gw.db.sessions.get(regenerated)
     assert same == first
     assert a2_edited == echo("to Oslo", 2, "plan a trip")
-    assert child != first and child_row["parent_session_id"] == first
+    assert child != first and child_row.parent_session_id == first
     assert original == [("user", "plan a trip"), ("assistant", a1), ("user", "to Rome"), ("assistant", a2)]
     assert branch == [("user", "plan a trip"), ("assistant", a1), ("user", "to Oslo"), ("assistant", a2_edited)]
-    assert regen_row["parent_session_id"] == child and regenerated not in (first, child)
+    assert regen_row.parent_session_id == child and regenerated not in (first, child)
 
 
 async def test_request_fields_reach_the_model_and_n_above_one_is_refused(tmp_path, model):
@@ -207,7 +207,7 @@ async def test_open_webui_chats_by_their_forwarded_ids_and_task_requests_stay_ou
     assert "X-Switchboard-Session" not in title.headers
     assert stored == [("user", "hello"), ("assistant", answer), ("user", "more"),
                       ("assistant", echo("more", 2, "hello"))]  # the task request is not in the chat
-    assert (row["user_id"], row["user_name"]) == ("u1", "u1 name")
+    assert (row.user_id, row.user_name) == ("u1", "u1 name")
     assert len({session, other_chat.headers["X-Switchboard-Session"], other_user.headers["X-Switchboard-Session"]}) == 3
 
 
@@ -334,7 +334,7 @@ async def test_a_client_kept_conversation_goes_on_after_compression_without_bran
         await client.close()
         child_row = await gw.db.sessions.get(child)
         stored = await conversation_of(gw, child)
-    assert child != root and child_row["parent_session_id"] == root  # compression's child, no branch
+    assert child != root and child_row.parent_session_id == root  # compression's child, no branch
     assert after == child
     assert stored[-4:] == [(m["role"], m["content"]) for m in history[-4:]]  # each new message once
     assert sum(1 for role, text in stored if text == "and now?") == 1

@@ -71,8 +71,8 @@ async def test_a_4000_token_window_with_260_word_turns_is_split_into_a_titled_ch
         await api.close()
         parent, row = await gw.db.sessions.get(root), await gw.db.sessions.get(child)
         stored = await gw.db.messages.get(child)
-    assert parent["end_reason"] == "compression" and row["parent_session_id"] == root
-    assert row["title"] == "migration #2"
+    assert parent.end_reason == "compression" and row.parent_session_id == root
+    assert row.title == "migration #2"
     assert notices[split_at].startswith("Compressed: ") and 'Continuing as "migration #2".' in notices[split_at]
     summaries = [m for m in stored if compression.is_summary(m)]
     assert len(summaries) == 1 and "SUMMARY: the migration needs a rollback plan" in summaries[0]["content"]

@@ -97,10 +97,10 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     assert isinstance(first, CompressionResult)
     assert first.old_session_id == "root" and first.title == "my project #2" and first.session_key == KEY
     root, child = await adb.sessions.get("root"), await adb.sessions.get(first.new_session_id)
-    assert root["end_reason"] == "compression" and root["ended_at"] is not None
-    assert child["parent_session_id"] == "root" and child["ended_at"] is None
+    assert root.end_reason == "compression" and root.ended_at is not None
+    assert child.parent_session_id == "root" and child.ended_at is None
     for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt"):
-        assert child[field] == root[field]
+        assert getattr(child, field) == getattr(root, field)
     assert await adb.routes.get(KEY) == first.new_session_id
     # The parent keeps its full history, untouched.
     assert [(m["role"], m["content"]) for m in await adb.messages.get("root")] == [
@@ -126,7 +126,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     second = await compress_session(adb, first.new_session_id, summarizer, context_length=2_000)
 
     assert second.title == "my project #3"
-    assert (await adb.sessions.get(second.new_session_id))["parent_session_id"] == first.new_session_id
+    assert (await adb.sessions.get(second.new_session_id)).parent_session_id == first.new_session_id
     assert await adb.routes.get(KEY) == second.new_session_id
     assert await adb.sessions.compression_tip("root") == second.new_session_id
     assert await adb.titles.resolve("my project") == second.new_session_id
@@ -166,7 +166,7 @@ async def test_an_untitled_session_stays_untitled(adb):
     await new_session(adb, "plain", title=None, turns=12)
     result = await compress_session(adb, "plain", Summarizer("s"), context_length=2_000)
     assert result.title is None
-    assert (await adb.sessions.get(result.new_session_id))["title"] is None
+    assert (await adb.sessions.get(result.new_session_id)).title is None
     assert result.describe().endswith("Continuing in a new session.")
 
 

@@ -126,7 +126,7 @@ async def test_a_failing_summarizer_leaves_the_session_and_the_turn_goes_on(adb,
     assert (hung.session_id, hung.history) == ("s", history)
 
     assert await adb.messages.get("s") == before
-    assert (await adb.sessions.get("s"))["ended_at"] is None
+    assert (await adb.sessions.get("s")).ended_at is None
     assert await adb.routes.get(KEY) == "s"
     assert await adb.sessions.list_rich(include_children=True) == await adb.sessions.list_rich()
 

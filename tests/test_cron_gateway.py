@@ -63,10 +63,10 @@ async def test_a_run_is_a_cron_session_delivered_to_the_chat(tmp_path, model, tg
     [sent] = tg.sent
     assert (sent.chat_id, sent.visible_text) == (111, "Morning briefing\n\nSunny, 3 meetings.")
     assert (run["status"], run["delivery"], run["delivery_attempts"], run["trigger"]) == ("ok", "delivered", 1, "manual")
-    assert session["source"] == "cron" and session["session_key"] == "agent:main:cron:morning"
-    assert session["end_reason"] == "cron_complete"
+    assert session.source == "cron" and session.session_key == "agent:main:cron:morning"
+    assert session.end_reason == "cron_complete"
     berlin = dt.datetime.fromtimestamp(run["started_at"], dt.timezone.utc).astimezone(ZoneInfo("Europe/Berlin"))
-    assert session["title"] == f"Morning briefing {berlin:%Y-%m-%d %H:%M}"  # in the configured timezone
+    assert session.title == f"Morning briefing {berlin:%Y-%m-%d %H:%M}"  # in the configured timezone
     assert [(m["role"], m["content"]) for m in messages] == [("user", "What is on today?"), ("assistant", "Sunny, 3 meetings.")]
     [request] = model.requests
     assert "tools" not in request.body  # jobs cannot create jobs: no tools offered
@@ -80,12 +80,12 @@ async def test_titles_stay_unique_and_a_continue_job_keeps_one_session(tmp_path,
     fixed = dt.datetime(2026, 11, 22, 9, 15, 30, tzinfo=dt.timezone.utc).timestamp()
     async with running_gateway(tmp_path, model, clock=lambda: fixed, cron={"jobs": jobs}) as gw:
         one, two = await gw.cron.run_job("a"), await gw.cron.run_job("a")
-        titles = [(await gw.db.sessions.get(r["session_id"]))["title"] for r in (one, two)]
+        titles = [(await gw.db.sessions.get(r["session_id"])).title for r in (one, two)]
         d1, d2 = await gw.cron.run_job("b"), await gw.cron.run_job("b")
         diary = await gw.db.sessions.get(d1["session_id"])
     assert one["session_id"] != two["session_id"]
     assert titles == ["Check 2026-11-22 09:15", "Check 2026-11-22 09:15 #2"]  # same minute: numbered
-    assert d1["session_id"] == d2["session_id"] and diary["ended_at"] is None
+    assert d1["session_id"] == d2["session_id"] and diary.ended_at is None
     assert d2["output"] == "echo: again? | turns: 2 | first: again?"  # the second run saw the first
     assert (d1["delivery"], d1["status"]) == ("local", "ok")
 
@@ -209,7 +209,7 @@ async def test_a_model_error_is_recorded_and_the_job_keeps_its_schedule(tmp_path
         again = await gw.cron.run_job("morning")
     assert run["status"] == "error" and run["error"].startswith("model unavailable:")
     assert "overloaded" in run["error"] and run["delivery"] is None
-    assert session["end_reason"] == "cron_error"
+    assert session.end_reason == "cron_error"
     assert after["next_run_at"] == before["next_run_at"] and not after["paused"]
     assert again["status"] == "ok"  # the next run works
     assert [s.visible_text.split("\n\n")[0] for s in tg.sent] == ["Morning briefing"]  # the error was not sent
@@ -270,7 +270,7 @@ async def test_a_run_cut_by_shutdown_is_recorded_and_its_lease_released(tmp_path
         lease = await gw.db.cron.get_lease("slow")
         session = await gw.db.sessions.get(run["session_id"])
     assert run["status"] == "error" and run["error"] == "interrupted: the gateway stopped during the run"
-    assert lease is None and session["end_reason"] == "cron_error"
+    assert lease is None and session.end_reason == "cron_error"
 
 
 async def test_a_bad_job_in_the_config_stops_the_start_naming_it(tmp_path, model):

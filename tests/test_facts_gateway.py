@@ -42,8 +42,8 @@ async def until(condition, timeout: float = 10.0):
 async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_path, model, store_config):
     model.responder = lambda messages: "noted"  # (the default echo would repeat the block into the answer)
     async with running_gateway(tmp_path, model, **store_config, **FACTS) as gw:
-        await gw.facts.service.remember("main", "api:ann", "Ann's favourite editor is Helix", ["helix"])
-        await gw.facts.service.remember("main", "api:bob", "Bob's favourite editor is Emacs", ["emacs"])
+        await gw.services.facts.service.remember("main", "api:ann", "Ann's favourite editor is Helix", ["helix"])
+        await gw.services.facts.service.remember("main", "api:bob", "Bob's favourite editor is Emacs", ["emacs"])
         api = ApiClient(gw)
         reply = await api.say("ann", "which editor should I configure?")
         sent = model.requests[-1]
@@ -121,7 +121,7 @@ async def test_a_new_session_extracts_facts_once_and_a_repeat_confirms_them(tmp_
 
 
 async def _extracted(gw, n):
-    return len(gw.facts.extracted) >= n
+    return len(gw.services.facts.extracted) >= n
 
 
 async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_start(tmp_path, model, store_config):
@@ -136,7 +136,7 @@ async def test_sessions_that_ended_while_the_daemon_was_down_are_extracted_at_st
                                         if messages[0].get("content") == EXTRACT_PROMPT else None)
     async with running_gateway(tmp_path, model, **store_config, **FACTS) as gw:
         await until(lambda: _extracted(gw, 1))
-        found = await gw.facts.service.search("main", "api:dee", "where is the bakery?")
+        found = await gw.services.facts.service.search("main", "api:dee", "where is the bakery?")
     assert [f.content for f in found] == ["The user runs a bakery in Ghent"]
     assert found[0].session_id == "old-1"
 
@@ -150,7 +150,7 @@ async def test_a_failed_extraction_stores_nothing_and_can_run_again(tmp_path, mo
         await api.say("eve", "/new")  # the default echo is no JSON: the extraction fails
         await until(lambda: _extracted(gw, 1))
         await api.close()
-        assert gw.facts.extracted[-1].skipped.startswith("failed: the answer holds no JSON object")
+        assert gw.services.facts.extracted[-1].skipped.startswith("failed: the answer holds no JSON object")
         assert await gw.db.facts.extraction(sid) is None  # the claim was given back
         assert await gw.db.facts.list("main", "api:eve") == []
 
@@ -195,14 +195,14 @@ async def test_a_compressed_session_is_extracted_after_the_turn_that_compressed_
         await api.close()
         facts = await gw.db.facts.list("main", "api:gus")
     assert reply.startswith("Compressed: ")
-    assert gw.facts.extracted[0].session_id == root and gw.facts.extracted[0].added == 1
+    assert gw.services.facts.extracted[0].session_id == root and gw.services.facts.extracted[0].added == 1
     assert [f["content"] for f in facts] == ["The user plans a staging database migration"]
     assert facts[0]["session_id"] == root
 
 
 async def test_a_broken_fact_index_costs_the_prefetch_never_the_answer(tmp_path, model, caplog):
     async with running_gateway(tmp_path, model, **FACTS) as gw:
-        await gw.facts.service.remember("main", "api:ida", "Ida's favourite tea is sencha", ["sencha"])
+        await gw.services.facts.service.remember("main", "api:ida", "Ida's favourite tea is sencha", ["sencha"])
         conn = sqlite3.connect(gw.config.db_path)
         conn.execute("DROP TABLE facts_fts")  # damage the index under the running daemon
         conn.commit()

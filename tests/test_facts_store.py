@@ -244,7 +244,7 @@ async def test_a_session_is_claimed_for_extraction_once_unless_its_claim_went_st
     for i in range(4):
         await db.messages.append("s1", "user" if i % 2 == 0 else "assistant", f"message {i}")
     await db.sessions.end("s1", "idle")
-    ended = (await db.sessions.get("s1"))["ended_at"]
+    ended = (await db.sessions.get("s1")).ended_at
     assert await db.facts.sessions_awaiting(since=ended - 1, now=ended) == ["s1"]
     assert await db.facts.claim_extraction("s1", now=ended) is True
     assert await db.facts.claim_extraction("s1", now=ended + 60) is False  # another process is on it

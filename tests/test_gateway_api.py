@@ -46,7 +46,7 @@ async def test_token_usage_is_recorded(tmp_path, model):
         await api.say("k", "hello")
         await api.close()
         session = await gw.db.sessions.get(await gw.db.routes.get("agent:main:api:dm:k"))
-    assert session["input_tokens"] == 1234 and session["output_tokens"] > 0
+    assert session.input_tokens == 1234 and session.output_tokens > 0
 
 
 async def test_title_new_and_resume(tmp_path, model):
@@ -284,7 +284,7 @@ async def test_idle_reset_ends_the_old_session_and_says_how_to_go_back(tmp_path,
         ended = await gw.db.sessions.get(old)
         first_prompt = model.requests[-1].messages
     assert new != old
-    assert ended["end_reason"] == "idle"
+    assert ended.end_reason == "idle"
     # the notice comes beside the answer, in a header, never in it
     assert raw.headers["X-Switchboard-Notice"] == ("(Started a new session: the previous one was idle for more than "
                                                    f"1 h. Send /resume {old} to go back.)")
@@ -307,7 +307,7 @@ async def test_daily_reset_at_the_configured_hour(tmp_path, model):
         clock.advance(3600 - now.minute * 60 - now.second + 60)  # just past next_hour:00
         await api.say("k", "after the hour")
         assert await _session_for(gw) != old
-        assert (await gw.db.sessions.get(old))["end_reason"] == "daily"
+        assert (await gw.db.sessions.get(old)).end_reason == "daily"
         await api.close()
 
 
@@ -338,7 +338,7 @@ async def test_both_mode_and_a_restart_evaluate_the_policy_on_the_first_message(
         answer = await api.say("k", "after restart")
         await api.close()
         assert await _session_for(gw) != old
-        assert (await gw.db.sessions.get(old))["end_reason"] in ("idle", "daily")
+        assert (await gw.db.sessions.get(old)).end_reason in ("idle", "daily")
     assert answer == "echo: after restart | turns: 1 | first: after restart"
 
 
@@ -410,9 +410,9 @@ async def test_a_message_queued_behind_a_turn_cut_off_by_shutdown_gets_its_503_w
 
 
 async def test_idle_lanes_are_forgotten_and_conversations_go_on(tmp_path, model, monkeypatch):
-    import gateway.router
+    import gateway.router.lanes
 
-    monkeypatch.setattr(gateway.router, "MAX_IDLE_LANES", 3)  # a small bound, to see it work
+    monkeypatch.setattr(gateway.router.lanes, "MAX_IDLE_LANES", 3)  # a small bound, to see it work
     async with running_gateway(tmp_path, model) as gw:
         api = ApiClient(gw)
         for i in range(6):

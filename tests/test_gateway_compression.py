@@ -38,7 +38,7 @@ async def test_no_compression_below_the_threshold(tmp_path, model):
         await chat(api, 8)
         await api.close()
         sid = await gw.db.routes.get(KEY)
-        assert (await gw.db.sessions.get(sid))["parent_session_id"] is None
+        assert (await gw.db.sessions.get(sid)).parent_session_id is None
     assert summary_requests(model) == []
 
 
@@ -69,9 +69,9 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         await api.close()
 
         parent, child, grandchild = [await gw.db.sessions.get(s) for s in (root, second, third)]
-        assert (child["parent_session_id"], grandchild["parent_session_id"]) == (root, second)
-        assert (parent["end_reason"], child["end_reason"]) == ("compression", "compression")
-        assert (child["title"], grandchild["title"]) == ("migration #2", "migration #3")
+        assert (child.parent_session_id, grandchild.parent_session_id) == (root, second)
+        assert (parent.end_reason, child.end_reason) == ("compression", "compression")
+        assert (child.title, grandchild.title) == ("migration #2", "migration #3")
         assert await gw.db.sessions.compression_tip(root) == third
         assert await gw.db.sessions.resolve_id("migration") == third
         # the parent keeps its whole history
@@ -225,7 +225,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
         parent = await gw.db.sessions.get(root)
         in_child = [(m["role"], m["content"]) for m in await gw.db.messages.get(child)]
         in_parent = await gw.db.messages.get(root)
-    assert child != root and parent["end_reason"] == "compression"
+    assert child != root and parent.end_reason == "compression"
     assert meanwhile.choices[0].message.content.startswith("echo: arrived meanwhile")
     assert "echo: and now? |" in answered_first  # each message answered by one turn: its own
     assert meanwhile.model_extra["session_id"] == child
@@ -233,7 +233,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
     # then) and answered there
     assert ("user", "arrived meanwhile") in in_child
     assert in_child[-1] == ("assistant", meanwhile.choices[0].message.content)
-    assert [m for m in in_parent if m["role"] == "assistant" and m["timestamp"] > parent["ended_at"]] == []
+    assert [m for m in in_parent if m["role"] == "assistant" and m["timestamp"] > parent.ended_at] == []
 
 
 async def test_a_chat_on_a_named_model_is_compressed_for_that_models_window(tmp_path, model):

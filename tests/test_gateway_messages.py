@@ -29,7 +29,7 @@ async def test_a_blank_message_is_refused_by_the_api_and_dropped_from_a_platform
             body = await resp.json()
         blank = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id="p", user_id="p", user_name="p",
                                text=" \n ", message_id="m1")
-        taken = await gw.on_inbound(blank)  # what every platform adapter calls
+        taken = await gw.router.take(blank)  # what every platform adapter calls
         routes = [await gw.db.routes.get(key) for key in ("agent:main:api:dm:k", "agent:main:api:dm:p")]
     assert (resp.status, body["error"]["message"]) == (400, "the last user message is only whitespace: send some text")
     assert taken is False and routes == [None, None]  # nothing stored, no session made
@@ -41,7 +41,7 @@ async def test_a_message_without_a_chat_id_is_refused_where_an_adapter_makes_it(
     async with running_gateway(tmp_path, model) as gw:
         for user, chat_id in (("1", ""), ("2", "   "), ("3", "\x00")):
             with pytest.raises(InvalidMessage) as refused:
-                await gw.on_inbound(InboundMessage(platform="telegram", chat_type=ChatType.DM, chat_id=chat_id,
+                await gw.router.take(InboundMessage(platform="telegram", chat_type=ChatType.DM, chat_id=chat_id,
                                                    user_id=user, text="my secret plans"))
             assert "InboundMessage.chat_id" in str(refused.value) and "refused" in str(refused.value)
         with pytest.raises(InvalidMessage, match="InboundMessage.platform"):

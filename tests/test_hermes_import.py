@@ -50,13 +50,13 @@ def test_a_hermes_store_is_imported_whole_and_left_unchanged(tmp_path, home, run
     titled = version not in ("v1", "v2")
     with SessionDB(home / "state.db") as db:
         root, child, cli = (db.sessions.get(i) for i in (ROOT, CHILD, CLI))
-        assert (root["source"], root["user_id"], root["model"], root["end_reason"]) == (
+        assert (root.source, root.user_id, root.model, root.end_reason) == (
             "telegram", "4242", "hermes-3", "compression")
-        assert (root["input_tokens"], root["output_tokens"], root["tool_call_count"], root["message_count"]) == (
+        assert (root.input_tokens, root.output_tokens, root.tool_call_count, root.message_count) == (
             1200, 340, 1, 3)
-        assert (child["parent_session_id"], child["input_tokens"], child["output_tokens"]) == (ROOT, 800, 120)
-        assert root["system_prompt"] == "You are Hermes." and cli["system_prompt"] is None
-        assert (root["title"], child["title"]) == (("Trip to Lisbon", "Trip to Lisbon #2") if titled else (None, None))
+        assert (child.parent_session_id, child.input_tokens, child.output_tokens) == (ROOT, 800, 120)
+        assert root.system_prompt == "You are Hermes." and cli.system_prompt is None
+        assert (root.title, child.title) == (("Trip to Lisbon", "Trip to Lisbon #2") if titled else (None, None))
         messages = db.messages.get(ROOT)
         assert [(m["role"], m["content"]) for m in messages] == [
             ("user", "plan three days in Lisbon"), ("assistant", None), ("tool", "Lisbon: trams, Alfama, pastéis")]
@@ -70,7 +70,7 @@ def test_a_hermes_store_is_imported_whole_and_left_unchanged(tmp_path, home, run
     assert [(r["id"], r.get("lineage_root")) for r in listed] == [(CLI, None), (CHILD, ROOT)]
     if version == "v30":
         assert "left out 1 message Hermes no longer shows" in first.output
-        assert root["session_key"] == "agent:main:telegram:dm:4242"
+        assert root.session_key == "agent:main:telegram:dm:4242"
 
 
 def _dir(tmp_path: Path) -> Path:
@@ -137,6 +137,6 @@ def test_the_import_on_both_engines(tmp_path, store):
     assert (found.version, found.left_out) == (30, 1)
     assert (first["imported"], first["messages"], again["imported"], len(again["skipped"])) == (3, 7, 0, 3)
     assert store.titles.get(ROOT) == "Trip to Lisbon (Hermes)"
-    assert store.sessions.get(CHILD)["parent_session_id"] == ROOT
-    assert store.sessions.get(ROOT)["system_prompt"] == "You are Hermes."
+    assert store.sessions.get(CHILD).parent_session_id == ROOT
+    assert store.sessions.get(ROOT).system_prompt == "You are Hermes."
     assert [m["content"] for m in store.messages.get(CHILD)] == ["and a day trip to Sintra?", "Take the train from Rossio."]

@@ -135,7 +135,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     for table in tables:
         assert _rows(pg_url, table) == _rows(path, table), table
     with state.SessionDB(pg_url) as db:
-        assert db.sessions.get("child")["parent_session_id"] == "root"
+        assert db.sessions.get("child").parent_session_id == "root"
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.budgets.spent(["user:alice"], ["d:2026-01-01"]) == {("user:alice", "d:2026-01-01"): (0.5, 5)}
         assert db.approvals.get("0a1b2c3d")["status"] == "pending"
@@ -162,7 +162,7 @@ def test_the_targets_next_ids_follow_the_copied_ones(tmp_path, pg_url):
 
     assert result.exit_code == 0, result.output
     with state.SessionDB(pg_url) as db:
-        assert db.sessions.get("early")["parent_session_id"] == "late"
+        assert db.sessions.get("early").parent_session_id == "late"
         assert db.messages.append("root", "user", "after the move") == doomed + 1
         assert db.facts.add("agent", "u1", "a new fact", [], session_id=None, trust=0.5, now=NOW, hrr=None) \
             == tops["facts"] + 1
@@ -334,6 +334,6 @@ def test_back_to_sqlite_is_a_sessions_export_and_import(tmp_path, pg_url):
     assert "imported 5 sessions (34 messages)" in imported.output
     assert _rows(back / "state.db", "messages") == _rows(home / "state.db", "messages")
     with state.SessionDB(back / "state.db") as db:
-        assert db.sessions.get("early")["parent_session_id"] == "late"
+        assert db.sessions.get("early").parent_session_id == "late"
         assert [h["session_id"] for h in db.search.messages("kubectl")] == ["root"]
         assert db.cron.list_jobs() == []  # what an export does not carry: see docs/postgresql.md

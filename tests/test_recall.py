@@ -73,7 +73,7 @@ async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, mod
         await api.close()
         current = await gw.db.routes.get("agent:main:api:dm:alice")
         stored = await gw.db.messages.get(current)
-        day = when((await gw.db.sessions.get("old-docker"))["started_at"])
+        day = when((await gw.db.sessions.get("old-docker")).started_at)
     assert answer.startswith("tool said: Earlier conversations about \"docker restarting\" (1):")
     assert f'1. "Docker trouble" · {day} · api · session old-docker · 1 matching message' in answer
     assert "SUMMARY[docker restarting] of \"Docker trouble\" on api" in answer
@@ -94,9 +94,9 @@ async def test_the_current_lineage_is_excluded(tmp_path, model, store_config):
         await seed(gw.db, "child", "api", "bob", ["zebra notes, part three", "ok"], parent="current")
         await seed(gw.db, "unrelated", "api", "bob", ["zebra crossing design review", "noted"], title="Crossings")
         scope = recall_scope(gw.config, "main", "api", "bob")
-        from_current = await gw.recall.gather("zebra", scope, current_session_id="current")
-        from_child = await gw.recall.gather("zebra", scope, current_session_id="child")
-        from_nowhere = await gw.recall.gather("zebra", scope)
+        from_current = await gw.services.recall.gather("zebra", scope, current_session_id="current")
+        from_child = await gw.services.recall.gather("zebra", scope, current_session_id="child")
+        from_nowhere = await gw.services.recall.gather("zebra", scope)
     assert [f.session_id for f in from_current] == ["unrelated"]
     assert [f.session_id for f in from_child] == ["unrelated"]
     assert len(from_nowhere) == 3  # with no current session, any 3 of the 4
@@ -181,7 +181,7 @@ async def test_empty_query_lists_recent_sessions_without_the_model(tmp_path, mod
         api = ApiClient(gw)
         answer = await api.say("erin", "what have we talked about?")
         await api.close()
-        days = [when((await gw.db.sessions.get(sid))["last_active"]) for sid in ("e1", "e2")]
+        days = [when((await gw.db.sessions.get(sid)).last_active) for sid in ("e1", "e2")]
     lines = answer.splitlines()
     assert lines[0] == "tool said: Recent sessions:"
     assert lines[1] == f"1. (untitled) · {days[1]} · api · 2 messages · session e2 · “tax questions”"
@@ -205,9 +205,9 @@ async def test_role_filter_and_cjk_queries(tmp_path, model, store_config):
         await seed(gw.db, "zh", "api", "gus", ["数据库迁移失败了", "先备份数据库再重试"])
         await seed(gw.db, "en", "api", "gus", ["hello", "the heron answer is here"])
         scope = recall_scope(gw.config, "main", "api", "gus")
-        cjk = await gw.recall.gather("数据库", scope)
-        only_users = await gw.recall.gather("heron", scope, role_filter=["user"])
-        assistants = await gw.recall.gather("heron", scope, role_filter=["assistant"])
+        cjk = await gw.services.recall.gather("数据库", scope)
+        only_users = await gw.services.recall.gather("heron", scope, role_filter=["user"])
+        assistants = await gw.services.recall.gather("heron", scope, role_filter=["assistant"])
     assert [(f.session_id, f.hits) for f in cjk] == [("zh", 2)]
     assert only_users == []
     assert [f.session_id for f in assistants] == ["en"]
@@ -255,9 +255,9 @@ async def test_indexed_and_just_appended_messages_are_both_found(tmp_path, model
         with closing(sqlite3.connect(f"file:{gw.config.db_path}?mode=ro", uri=True)) as conn:
             assert conn.execute("SELECT indexed_upto FROM search_index_state").fetchone()[0] == 96
         scope = recall_scope(gw.config, "main", "api", "pat")
-        english = await gw.recall.gather("pelican migration", scope)
-        cjk = await gw.recall.gather("数据库", scope)
-        negated = await gw.recall.gather("pelican NOT finished", scope)
+        english = await gw.services.recall.gather("pelican migration", scope)
+        cjk = await gw.services.recall.gather("数据库", scope)
+        negated = await gw.services.recall.gather("pelican NOT finished", scope)
     assert [(f.session_id, f.hits) for f in english] == [("big", 2)]
     assert english[0].snippets == ("the >>>pelican<<< >>>migration<<< finished", "the >>>pelican<<< >>>migration<<< started")
     assert [(f.session_id, f.hits) for f in cjk] == [("big", 2)]
@@ -272,7 +272,7 @@ async def test_a_compressed_conversation_is_recalled_as_one(tmp_path, model, sto
                    title="Lighthouse #2")
         await seed(gw.db, "other", "api", "quinn", ["a lighthouse photo", "nice"])
         scope = recall_scope(gw.config, "main", "api", "quinn")
-        found = await gw.recall.gather("lighthouse budget", scope)
+        found = await gw.services.recall.gather("lighthouse budget", scope)
     assert [(f.session_id, f.title, f.hits) for f in found] == [("part2", "Lighthouse #2", 2)]
     text = found[0].text
     assert text.index("the lighthouse budget is 40k") < text.index("[... the conversation was compressed here")

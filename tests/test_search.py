@@ -144,7 +144,7 @@ def test_result_shape_with_context(store):
             ],
             "source": "telegram",
             "model": "gpt-x",
-            "session_started": store.db.sessions.get("s1")["started_at"],
+            "session_started": store.db.sessions.get("s1").started_at,
         }
     ]
 

@@ -84,7 +84,7 @@ async def test_round_trip_and_concurrent_appends(store_target):
         await adb.sessions.create("s", "telegram", title="async")
         ids = await asyncio.gather(*(adb.messages.append("s", "user", f"m{i}") for i in range(40)))
         assert len(set(ids)) == 40
-        assert (await adb.sessions.get("s"))["message_count"] == 40
+        assert (await adb.sessions.get("s")).message_count == 40
         first = await adb.messages.append_inbound("s", "event", platform_message_id="e1")
         assert (await adb.messages.append_inbound("s", "event", platform_message_id="e1")) == (first.id, False)
         assert await adb.sessions.resolve_id("async") == "s"

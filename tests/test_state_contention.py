@@ -59,7 +59,7 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
         for worker in range(4):
             contents = [m["content"] for m in db.messages.get(f"s{worker}")]
             assert contents == [f"worker {worker} message {i}" for i in range(250)]
-            assert db.sessions.get(f"s{worker}")["message_count"] == 250
+            assert db.sessions.get(f"s{worker}").message_count == 250
 
 
 # a Switchboard writer that stays inside its write transaction until told to finish

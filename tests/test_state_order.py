@@ -49,7 +49,7 @@ def test_a_reply_stored_after_later_arrivals_reads_right_after_what_it_answered(
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r2"}], answered=[d2, d3])
     store.messages.record_turn(sid, [{"role": "assistant", "content": "r4"}], answered=[d4])
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3", "a:r2", "u:d4", "a:r4"]
-    assert store.sessions.get(sid)["message_count"] == 7
+    assert store.sessions.get(sid).message_count == 7
 
 
 def test_a_turns_tool_calls_and_results_move_with_its_reply_in_their_order(store):

@@ -92,7 +92,7 @@ def test_our_own_stores_still_open_new_ones_marked_and_older_ones_by_their_shape
     conn.execute("PRAGMA application_id = 0")  # a store written before stores were marked
     conn.close()
     with SessionDB(path) as db:
-        assert db.sessions.get("s1")["source"] == "cli"
+        assert db.sessions.get("s1").source == "cli"
 
 
 def test_the_cli_says_so_in_one_line_with_exit_status_1(tmp_path):

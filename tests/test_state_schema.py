@@ -69,9 +69,9 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
     try:
         assert db.transfer.stats()["schema_version"] == schema.current_version()
         old = db.sessions.get("old")
-        assert (old["message_count"], old["title"], old["session_key"], old["input_tokens"]) == (3, None, None, 0)
-        assert old["preview"] == "how do I deploy the kubernetes cluster"
-        assert old["last_active"] == pytest.approx(time.time() - 20, abs=5)
+        assert (old.message_count, old.title, old.session_key, old.input_tokens) == (3, None, None, 0)
+        assert old.preview == "how do I deploy the kubernetes cluster"
+        assert old.last_active == pytest.approx(time.time() - 20, abs=5)
         assert [m["role"] for m in db.messages.get("old")] == ["user", "assistant", "assistant"]
         # the old messages are searchable in the new indexes, CJK and tool arguments included
         assert [r["id"] for r in db.search.messages("kubernetes")] == [1]
@@ -165,4 +165,4 @@ def test_opening_never_takes_the_write_lock(home):
     with SessionDB(path) as db:
         assert db.sessions.get("s") is None  # the timed-out write left nothing behind
         db.sessions.create("s", "cli")
-        assert db.sessions.get("s")["id"] == "s"
+        assert db.sessions.get("s").id == "s"

@@ -61,7 +61,7 @@ def test_reopening_a_migrated_database_changes_nothing(pg_url):
     with SessionDB(pg_url) as db:
         db.sessions.create("s1", "cli")
     with SessionDB(pg_url) as db:
-        assert db.sessions.get("s1")["source"] == "cli"
+        assert db.sessions.get("s1").source == "cli"
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(schema.current_version(),)]
 
@@ -121,7 +121,7 @@ def test_concurrent_redeliveries_store_the_message_once(store):
     assert sorted(r.new for r in results) == [False] * 5 + [True]
     assert len({r.id for r in results}) == 1
     assert [m["content"] for m in store.messages.get("s1")] == ["hello"]
-    assert store.sessions.get("s1")["message_count"] == 1
+    assert store.sessions.get("s1").message_count == 1
 
 
 def test_a_database_holding_other_tables_is_refused_untouched(pg_url):

@@ -54,7 +54,7 @@ def test_create_and_get_session(db):
                              model_config={"temperature": 0.2}, session_key="agent:main:telegram:dm:1",
                              user_name="Ann") == "s1"
     session = db.sessions.get("s1")
-    assert {k: session[k] for k in ("id", "source", "model", "user_id", "user_name", "session_key",
+    assert {k: getattr(session, k) for k in ("id", "source", "model", "user_id", "user_name", "session_key",
                                      "system_prompt", "model_config", "message_count", "ended_at")} == {
         "id": "s1", "source": "telegram", "model": "m1", "user_id": "u1", "user_name": "Ann",
         "session_key": "agent:main:telegram:dm:1", "system_prompt": "be brief",
@@ -63,9 +63,9 @@ def test_create_and_get_session(db):
     assert db.sessions.get("nope") is None
     # creating an existing id changes nothing
     db.sessions.create("s1", "cli", model="other")
-    assert db.sessions.get("s1")["model"] == "m1"
+    assert db.sessions.get("s1").model == "m1"
     assert db.sessions.update_system_prompt("s1", "be thorough") is True
-    assert db.sessions.get("s1")["system_prompt"] == "be thorough"
+    assert db.sessions.get("s1").system_prompt == "be thorough"
     assert db.sessions.update_system_prompt("ghost", "x") is False
     assert (db.sessions.count(), db.sessions.count("telegram"), db.sessions.count("cli")) == (1, 1, 0)
 
@@ -82,9 +82,9 @@ def test_end_twice_keeps_the_first_and_reopen_clears(db):
     first = db.sessions.get("s1")
     assert db.sessions.end("s1", "compression") is False
     again = db.sessions.get("s1")
-    assert (again["end_reason"], again["ended_at"]) == ("user_exit", first["ended_at"])
+    assert (again.end_reason, again.ended_at) == ("user_exit", first.ended_at)
     assert db.sessions.reopen("s1") is True
-    assert (db.sessions.get("s1")["ended_at"], db.sessions.get("s1")["end_reason"]) == (None, None)
+    assert (db.sessions.get("s1").ended_at, db.sessions.get("s1").end_reason) == (None, None)
     assert db.sessions.reopen("ghost") is False
 
 
@@ -102,7 +102,7 @@ def test_messages_round_trip_and_counters(db):
     ]
     assert ids == sorted(ids)
     session = db.sessions.get("s1")
-    assert (session["message_count"], session["tool_call_count"], session["last_active"]) == (4, 2, t + 4)
+    assert (session.message_count, session.tool_call_count, session.last_active) == (4, 2, t + 4)
     messages = db.messages.get("s1")
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     assert messages[2]["tool_calls"] == calls
@@ -135,7 +135,7 @@ def test_a_redelivered_platform_event_is_stored_once(db):
     # the same platform id in another session is another message
     assert db.messages.append_inbound("s2", "hello", platform_message_id="42").new is True
     assert [m["content"] for m in db.messages.get("s1")] == ["hello", "next"]
-    assert db.sessions.get("s1")["message_count"] == 2
+    assert db.sessions.get("s1").message_count == 2
 
 
 def test_batch_append_is_all_or_nothing(db):
@@ -147,7 +147,7 @@ def test_batch_append_is_all_or_nothing(db):
     with pytest.raises(TypeError):
         db.messages.append_many("s1", [{"role": "assistant", "content": "x"}, {"role": "user", "bogus": 1}])
     assert [m["content"] for m in db.messages.get("s1")] == ["q", "a"]
-    assert db.sessions.get("s1")["message_count"] == 2
+    assert db.sessions.get("s1").message_count == 2
 
 
 def test_update_token_counts_adds(db):
@@ -155,8 +155,8 @@ def test_update_token_counts_adds(db):
     db.sessions.update_token_counts("s1", input_tokens=10, output_tokens=5, estimated_cost_usd=0.01, billing_provider="x")
     db.sessions.update_token_counts("s1", input_tokens=1, output_tokens=2, cache_read_tokens=3, estimated_cost_usd=0.02)
     s = db.sessions.get("s1")
-    assert (s["input_tokens"], s["output_tokens"], s["cache_read_tokens"], s["billing_provider"]) == (11, 7, 3, "x")
-    assert s["estimated_cost_usd"] == pytest.approx(0.03)
+    assert (s.input_tokens, s.output_tokens, s.cache_read_tokens, s.billing_provider) == (11, 7, 3, "x")
+    assert s.estimated_cost_usd == pytest.approx(0.03)
 
 
 def test_the_session_keeps_its_model_whatever_model_a_call_was_billed_to(db):
@@ -168,9 +168,9 @@ def test_the_session_keeps_its_model_whatever_model_a_call_was_billed_to(db):
     db.sessions.update_token_counts("unknown", input_tokens=1, model="second-billed")
     db.sessions.create("blank", "cli", model="")
     db.sessions.update_token_counts("blank", model="filled")
-    models = {sid: db.sessions.get(sid)["model"] for sid in ("created", "unknown", "blank")}
+    models = {sid: db.sessions.get(sid).model for sid in ("created", "unknown", "blank")}
     assert models == {"created": "gpt-4o", "unknown": "first-billed", "blank": "filled"}
-    assert db.sessions.get("created")["input_tokens"] == 10
+    assert db.sessions.get("created").input_tokens == 10
 
 
 def test_clear_messages_keeps_the_session(db):
@@ -179,7 +179,7 @@ def test_clear_messages_keeps_the_session(db):
     assert db.messages.clear("s1") == 1
     assert db.messages.get("s1") == []
     s = db.sessions.get("s1")
-    assert (s["message_count"], s["preview"]) == (0, None)
+    assert (s.message_count, s.preview) == (0, None)
 
 
 def test_routes(db):
@@ -302,7 +302,7 @@ def test_delete_session_keeps_children_and_drops_routes(db):
     db.routes.set("key", "mid")
     assert db.sessions.delete("mid") is True
     assert db.sessions.delete("mid") is False
-    assert db.sessions.get("tip")["parent_session_id"] is None
+    assert db.sessions.get("tip").parent_session_id is None
     assert db.routes.get("key") is None
     assert db.messages.get("mid") == []
 
@@ -329,7 +329,7 @@ def test_prune_a_chain_whose_old_part_ended(db):
     assert db.sessions.prune_candidates(90) == ["A", "B"]
     assert db.sessions.prune(older_than_days=90) == 2
     assert db.sessions.get("A") is None and db.sessions.get("B") is None
-    assert db.sessions.get("C")["parent_session_id"] is None
+    assert db.sessions.get("C").parent_session_id is None
     assert db.sessions.get("never_ended") is not None
     assert [m["content"] for m in db.messages.get("C")] == ["recent"]
     assert db.sessions.prune(older_than_days=90) == 0
@@ -390,7 +390,7 @@ def test_threads_share_one_store(db):
     for t in threads:
         t.join()
     assert errors == []
-    assert db.sessions.get("s")["message_count"] == 200
+    assert db.sessions.get("s").message_count == 200
     assert len({m["content"] for m in db.messages.get("s")}) == 200
 
 
@@ -438,3 +438,22 @@ def test_a_local_api_conversation_that_branched_is_listed_as_its_newest_branch(d
     assert ("tg-root", None) in listed and "tg-child" not in {sid for sid, _ in listed}
     assert db.sessions.compression_tip("api-root") == "api-regen"
     assert db.sessions.compression_tip("tg-root") == "tg-root"
+
+
+def test_a_session_crosses_the_store_boundary_as_a_frozen_value(db):
+    import dataclasses
+
+    from state import Session
+
+    db.sessions.create("s1", "telegram", model="m1", user_id="u1", session_key="agent:main:telegram:dm:1")
+    session = db.sessions.get("s1")
+    assert session == Session(id="s1", source="telegram", started_at=session.started_at, model="m1", user_id="u1",
+                              session_key="agent:main:telegram:dm:1", last_active=session.last_active)
+    assert db.sessions.get("s1") == session  # read again: the same value
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        session.title = "changed"  # type: ignore[misc]
+    db.sessions.end("s1", "user_exit")
+    assert db.sessions.get("s1") == dataclasses.replace(session, ended_at=db.sessions.get("s1").ended_at,
+                                                         end_reason="user_exit")
+    # a column a newer schema adds is left out, never an error
+    assert Session.of({**session.as_dict(), "added_later": 1}) == session

@@ -49,10 +49,10 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
     assert isinstance(split, Split)
     assert (split.parent_id, split.title, split.session_key) == ("p", "my project #2", KEY)
     parent, child = store.sessions.get("p"), store.sessions.get(split.child_id)
-    assert (parent["end_reason"], child["ended_at"], child["parent_session_id"]) == ("compression", None, "p")
-    assert child["started_at"] == parent["ended_at"]  # one instant: the child continues exactly where it ended
+    assert (parent.end_reason, child.ended_at, child.parent_session_id) == ("compression", None, "p")
+    assert child.started_at == parent.ended_at  # one instant: the child continues exactly where it ended
     for field in ("source", "user_id", "user_name", "session_key", "model", "system_prompt", "model_config"):
-        assert child[field] == parent[field], field
+        assert getattr(child, field) == getattr(parent, field), field
     assert store.routes.get(KEY) == split.child_id
     assert store.sessions.compression_tip("p") == split.child_id
     assert [m["content"] for m in store.messages.get(split.child_id)] == [
@@ -70,7 +70,7 @@ def test_the_title_is_the_next_of_the_lineage_and_untitled_stays_untitled(store)
 
     plain = parent_with(store, "plain", title=None)
     split = store.compression.split("plain", kept(store, "plain"), expected_message_ids=plain)
-    assert split.title is None and store.sessions.get(split.child_id)["title"] is None
+    assert split.title is None and store.sessions.get(split.child_id).title is None
 
 
 def test_a_chain_of_splits_numbers_on(store):
@@ -136,7 +136,7 @@ def test_a_split_that_fails_half_way_writes_nothing(store):
     with pytest.raises(ValueError, match="needs a role"):
         store.compression.split("p", [*kept(store), {"content": "no role"}], expected_message_ids=ids)
     assert everything(store) == before
-    assert store.routes.get(KEY) == "p" and store.sessions.get("p")["ended_at"] is None
+    assert store.routes.get(KEY) == "p" and store.sessions.get("p").ended_at is None
 
 
 def test_a_conversation_continues_where_compression_moved_it(store):

@@ -21,7 +21,7 @@ def test_a_failing_turn_record_leaves_nothing(store):
         with pytest.raises(ValueError):
             db.messages.record_turn(sid, [{"role": "assistant", "content": "ok"}, {"content": "no role"}], input_tokens=5)
         assert db.messages.get(sid) == []
-        assert db.sessions.get(sid)["input_tokens"] == 0
+        assert db.sessions.get(sid).input_tokens == 0
 
 
 def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):

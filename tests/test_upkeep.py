@@ -69,7 +69,7 @@ async def test_one_pass_prunes_exactly_the_expired_sessions_and_shrinks_the_file
         after = await db.upkeep.store_size()
         hits = await db.search.messages("restarted", limit=1000)
     assert remaining == kept
-    assert child["parent_session_id"] is None  # kept, its link to the pruned parent cleared
+    assert child.parent_session_id is None  # kept, its link to the pruned parent cleared
     assert report.sessions_pruned == len(expired) == 4
     assert report.messages_pruned == 3 + 3 + 400 + 3
     assert report.steps > 10  # the big session was cut into several short transactions
@@ -97,8 +97,8 @@ async def test_a_pass_prunes_the_expired_sessions_on_either_backend(store_target
         child = await db.sessions.get("child")
         last = await db.upkeep.last()
         hits = await db.search.messages("restarted", limit=1000)
-        orphans = await db.messages.count() - sum([(await db.sessions.get(sid))["message_count"] for sid in kept])
-    assert remaining == kept and child["parent_session_id"] is None
+        orphans = await db.messages.count() - sum([(await db.sessions.get(sid)).message_count for sid in kept])
+    assert remaining == kept and child.parent_session_id is None
     assert (report.sessions_pruned, report.messages_pruned) == (4, 3 + 3 + 400 + 3)
     assert report.steps > 10  # the big session was cut into several short transactions
     assert {h["session_id"] for h in hits} == kept

@@ -61,7 +61,7 @@ async def test_each_model_call_is_one_row_with_its_purpose_tokens_and_cost(tmp_p
         await api.close()
         rows = await ledger(gw, 10)
         child = await gw.db.sessions.get(await gw.db.routes.get("agent:main:api:dm:ann"))
-        first_session = child["parent_session_id"]  # the one the calls were made for, compressed into the child
+        first_session = child.parent_session_id  # the one the calls were made for, compressed into the child
     assert Counter(r["purpose"] for r in rows) == {"turn": 7, "tool_loop": 1, "memory_flush": 1, "compression": 1}
     # the first turn: the call that asked for the tool, then the one that answered
     assert [r["purpose"] for r in rows[:2]] == ["turn", "tool_loop"]

@@ -135,10 +135,11 @@ async def _terminal_session(db: state.AsyncSessionDB, ref: str) -> str:
     if await db.sessions.get(ref) is not None:
         return ref
     target = await db.sessions.resolve_id(ref)
-    session = await db.sessions.get(target) or {}
-    if session.get("source") != "cli":
+    session = await db.sessions.get(target)
+    source = session.source if session is not None else None
+    if source != "cli":
         raise SwitchboardError(
-            f"{ref!r} names a {session.get('source')} session ({target}), not one of this terminal's; "
+            f"{ref!r} names a {source} session ({target}), not one of this terminal's; "
             f"to continue it here anyway, give its whole id: switchboard chat -r {target}"
         )
     return target
@@ -167,7 +168,7 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
     if session is None:  # deleted meanwhile: a fresh one instead
         await _start_fresh(router, key)
         return None
-    if session.get("ended_at") is not None:
+    if session.ended_at is not None:
         await db.sessions.reopen(target)
     await db.routes.set(key, target)
     return target
@@ -182,7 +183,7 @@ async def _start_fresh(router: SessionRouter, key: str) -> None:
         return
     if routed.get("ended_at") is None:
         await db.sessions.end(routed["id"], "new_session")
-        router.session_ended(routed["id"], key)
+        router.control.session_ended(routed["id"], key)
     await db.routes.delete(key)
 
 
@@ -242,7 +243,7 @@ class _Chat:
             self.notes.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
         if resumed:
             session = await self.db.sessions.get(resumed)
-            title = (session or {}).get("title") or resumed
+            title = (session.title if session is not None else None) or resumed
             self.notes.print(Panel(recap(await self.db.messages.get(resumed)), title=f"Previous conversation: {title}",
                                    border_style="dim"))
         if self.interactive:
@@ -272,7 +273,7 @@ class _Chat:
         """A session this chat started that holds no message (only commands were sent): deleted, with
         its route, so it does not top ``sessions list``.  True when it was."""
         session = await self.db.sessions.get(session_id)
-        if session is None or session.get("message_count") or await self.db.messages.get(session_id):
+        if session is None or session.message_count or await self.db.messages.get(session_id):
             return False
         await self.db.routes.delete(self.key)
         await self.db.sessions.delete(session_id)

@@ -165,11 +165,11 @@ def show_cmd(db: SessionDB, ref: str, as_json: bool) -> None:
     ]
     if data.get("parent_session_id"):
         parent = db.sessions.get(data["parent_session_id"])
-        if parent is not None and parent.get("end_reason") != "compression" and data.get("source") == "api" and \
+        if parent is not None and parent.end_reason != "compression" and data.get("source") == "api" and \
                 data.get("session_key") and \
-                parent.get("session_key") == data.get("session_key"):
+                parent.session_key == data.get("session_key"):
             # a local-API client edited a message or regenerated an answer: the conversation went on here
-            lines.append(f"Branched  from {data['parent_session_id']}" + (f" ({parent['title']})" if parent.get("title") else ""))
+            lines.append(f"Branched  from {data['parent_session_id']}" + (f" ({parent.title})" if parent.title else ""))
         else:
             lines.append(f"Parent    {data['parent_session_id']}")
     tip = db.sessions.compression_tip(session_id)
@@ -300,9 +300,10 @@ def import_cmd(db: SessionDB, file: Path | None, hermes: Path | None) -> None:
 def delete_cmd(db: SessionDB, ref: str, yes: bool) -> None:
     """Delete the session with id or exact title REF, and its messages (its children are kept)."""
     session_id = _exactly(db, ref, "nothing was deleted")
-    session = db.sessions.get(session_id) or {}
-    label = f"{session_id}" + (f" ({session['title']})" if session.get("title") else "")
-    _confirm(f"Delete session {label} and its {plural(session.get('message_count', 0), 'message')}?", yes)
+    session = db.sessions.get(session_id)
+    title, count = (session.title, session.message_count) if session is not None else (None, 0)
+    label = f"{session_id}" + (f" ({title})" if title else "")
+    _confirm(f"Delete session {label} and its {plural(count, 'message')}?", yes)
     doomed = db.media.of_sessions([session_id])
     if not db.sessions.delete(session_id):
         raise click.ClickException(f"session {session_id} no longer exists")

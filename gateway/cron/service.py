@@ -532,7 +532,7 @@ class CronService:
         if job["context"] == "continue":
             current = await self.db.routes.get(key)
             session = await self.db.sessions.get(current) if current else None
-            if current and session is not None and session.get("ended_at") is None:
+            if current and session is not None and session.ended_at is None:
                 return current
         when = run["scheduled_at"] or run["started_at"]
         base = f"{job['name'][:76]} {dt.datetime.fromtimestamp(when, self.tz):%Y-%m-%d %H:%M}"  # room for " #NN"

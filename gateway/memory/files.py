@@ -377,16 +377,16 @@ async def memory_flush_turn(turn: AgentTurn, memory: "MemoryService | None", ses
     session = await db.sessions.get(session_id)
     if session is None:
         return False
-    key = session.get("session_key") or ""
-    if session.get("source") == "cron" or ":cron:" in key:
+    key = session.session_key or ""
+    if session.source == "cron" or ":cron:" in key:
         return False
     history = await db.messages.as_conversation(session_id)
     if len([m for m in history if m.get("role") in ("user", "assistant")]) < min_messages:
         return False
-    platform = session.get("source") or "?"
-    ctx = ToolContext(session_id=session_id, session_key=key, platform=platform, user_id=session.get("user_id"),
+    platform = session.source or "?"
+    ctx = ToolContext(session_id=session_id, session_key=key, platform=platform, user_id=session.user_id,
                       agent=_agent_of(key, turn.settings.agent))
-    system = turn.system_prompt(platform, session.get("started_at"))
+    system = turn.system_prompt(platform, session.started_at)
     files = memory.files_for(ctx.agent, platform, ctx.user_id) if memory is not None else None
     live = await asyncio.to_thread(memory.render_block, files) if memory is not None and files is not None else None
     if live:

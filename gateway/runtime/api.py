@@ -398,21 +398,21 @@ class LocalApi:
         assert call.caller is not None
         session = await self.conversations.owned(call.caller, named)
         tip = await db.sessions.get(await db.sessions.compression_tip(named)) if session is not None else None
-        key = tip.get("session_key") if tip is not None else None
+        key = tip.session_key if tip is not None else None
         if tip is None or not key:
             raise ApiError(404, f"no session {named!r} is known to this caller (its API token and user): name a "
                                 f"session a response to you returned in {SESSION_HEADER}, or leave the header out "
                                 "to start a new conversation", code="session_not_found", param=SESSION_HEADER)
-        if await db.routes.get(key) != tip["id"]:
-            await db.routes.set(key, tip["id"])  # the conversation goes on in the session named
-        msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=tip.get("user_id"),
-                             user_name=tip.get("user_name"), text=chat.last_user.text if chat.messages else "",
+        if await db.routes.get(key) != tip.id:
+            await db.routes.set(key, tip.id)  # the conversation goes on in the session named
+        msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=tip.user_id,
+                             user_name=tip.user_name, text=chat.last_user.text if chat.messages else "",
                              message_id=idempotency_key, attachments=chat.images)
-        call.model = self.chosen_model(chat, tip.get("user_id"), key)
+        call.model = self.chosen_model(chat, tip.user_id, key)
         ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None,
                         extras=self.extras_of(call.request, chat, call.model))
         ticket.prepare = api_tools.with_results(db, chat, lambda: self.conversations.continue_named(
-            key, chat, user_id=tip.get("user_id"), user_name=tip.get("user_name"), idempotency_key=idempotency_key))
+            key, chat, user_id=tip.user_id, user_name=tip.user_name, idempotency_key=idempotency_key))
         return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
 
     def chosen_model(self, chat: ChatRequest, user_id: str | None, key: str) -> str | None:

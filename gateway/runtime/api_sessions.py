@@ -149,7 +149,7 @@ class Conversations:
             if fingerprint is not None:
                 await self.db.routes.set(fingerprint, session_id)
             return session_id
-        rows = await self._lineage_rows(routed)
+        rows = await self._lineage_rows(routed["id"], routed.get("parent_session_id"))
         if idempotency_key is not None:
             at = next((i for i, row in enumerate(rows) if row["role"] == "user"
                        and row.get("platform_message_id") == idempotency_key), None)
@@ -183,7 +183,7 @@ class Conversations:
         if await self.db.routes.get(key) != session_id:
             await self.db.routes.set(key, session_id)
 
-    async def owned(self, caller: Caller, session_id: str) -> dict | None:
+    async def owned(self, caller: Caller, session_id: str) -> state.Session | None:
         """The session ``session_id`` when ``caller`` (its token and user) was answered in it; None
         otherwise, whether it exists or not (another caller's session is never told apart from none)."""
         if await self.db.routes.get(self.owner_key(caller, session_id)) != session_id:
@@ -199,7 +199,7 @@ class Conversations:
         routed = await self.db.routes.session(key)
         if routed is None:
             return None
-        rows = await self._lineage_rows(routed)
+        rows = await self._lineage_rows(routed["id"], routed.get("parent_session_id"))
         if idempotency_key is not None:
             at = next((i for i, row in enumerate(rows) if row["role"] == "user"
                        and row.get("platform_message_id") == idempotency_key), None)
@@ -244,16 +244,16 @@ class Conversations:
                     if any(a.data for a in message.images):
                         await self.keep_media(message_id, message.images)
 
-    async def _lineage_rows(self, session: dict) -> list[dict]:
-        """The stored messages of ``session`` as the client saw them: a compressed parent's own, then
+    async def _lineage_rows(self, session_id: str, parent_id: str | None) -> list[dict]:
+        """The stored messages of the session as the client saw them: a compressed parent's own, then
         the messages added after the compression (not its summary and copies)."""
-        rows = await self.db.messages.get(session["id"])
-        parent_id = session.get("parent_session_id")
+        rows = await self.db.messages.get(session_id)
         parent = await self.db.sessions.get(parent_id) if parent_id else None
-        if parent is None or parent.get("end_reason") != "compression" or parent.get("ended_at") is None:
+        if parent is None or parent.end_reason != "compression" or parent.ended_at is None:
             return rows
-        own = [row for row in rows if row["timestamp"] > parent["ended_at"]]
-        return await self._lineage_rows(parent) + own
+        ended_at = parent.ended_at
+        own = [row for row in rows if row["timestamp"] > ended_at]
+        return await self._lineage_rows(parent.id, parent.parent_session_id) + own
 
 
 def _first_reply(request: ChatRequest) -> str | None:

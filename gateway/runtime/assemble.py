@@ -4,9 +4,10 @@
     services.router, services.cron, services.api ...   # never None; the Gateway starts and stops them
 
 This is the only place that reads the config to build the daemon's parts, each
-with what it uses, in this order, and nothing is set or wrapped afterwards (but the budgets' operator
-notice, pointed at the router once it is made)::
+with what it uses, in this order, and nothing is set or wrapped afterwards::
 
+    Outbox(db, metrics)                      (where every reply goes; the budgets' operator notice too)
+    BudgetGate(settings, db, notify=<outbox>)
     SessionRecall(db, model, settings)       MemoryService(config)       FactMemory(config, db, model)
     McpTools(config.tools, tools)            (the MCP servers; their allowed tools join the registry once started)
     Compressor(db, model, ..., before_split=<memory turn>, after_split=facts.on_compressed)
@@ -14,8 +15,8 @@ notice, pointed at the router once it is made)::
     AgentTurn(db, model, tools, settings, hooks=TurnHooks(prompt_hook, prompt_blocks, prefetch),
               max_message_tokens=...)
     SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
-                  context_length=...)
-    CronService(db, turn, router.deliver, platform_status, CronSettings(...), clock)
+                  context_length=..., outbox=outbox)   (commands and approvals see router.control, a ChatControl)
+    CronService(db, turn, outbox.deliver, platform_status, CronSettings(...), clock)
     LocalApi(router, health, metrics, ..., dashboard=Dashboard(settings, Pages(Sources(db, health, cron, ...))))
 
 What the built parts call back into the running daemon (its health, the
@@ -51,7 +52,7 @@ from gateway.memory.recall import RecallSettings, SessionRecall, search_command,
 from gateway.model import ModelClient, model_client
 from gateway.modelchoice import model_choices
 from gateway.oversize import max_message_tokens
-from gateway.router import RouterSettings, SessionHooks, SessionRouter
+from gateway.router import Outbox, RouterSettings, SessionHooks, SessionRouter
 from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.metrics import Metrics
@@ -122,7 +123,9 @@ async def assemble(cfg: Config, wiring: Wiring) -> Services:
     try:
         # every model call, whatever it is for, becomes a row of the usage ledger
         # spend budgets: asked before every model call; each call's spend goes beside its ledger row
-        budgets = BudgetGate(settings_from_config(cfg), db, clock=wiring.clock, metrics=wiring.metrics)
+        outbox = Outbox(db, wiring.metrics)  # where every reply goes: the router's, cron's, the budgets' notices
+        budgets = BudgetGate(settings_from_config(cfg), db, clock=wiring.clock, metrics=wiring.metrics,
+                             notify=_budget_notify(cfg, outbox))
         for said in config_warnings(cfg) if wiring.serve_api else ():
             log.warning("%s", said)
         await budgets.refresh()  # the rules set with `switchboard budgets set`
@@ -132,7 +135,7 @@ async def assemble(cfg: Config, wiring: Wiring) -> Services:
         model.on_learned = lambda label, name, window: spawn(
             asyncio.to_thread(note_learned, home, label, name, window), name=f"note-window:{label}")
         wiring.metrics.watch_models(model.endpoints)
-        return _build(cfg, wiring, db, usage, model, budgets, persona, context_length)
+        return _build(cfg, wiring, db, outbox, usage, model, budgets, persona, context_length)
     except BaseException:
         if model is not None:
             await model.close()
@@ -140,8 +143,20 @@ async def assemble(cfg: Config, wiring: Wiring) -> Services:
         raise
 
 
-def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRecorder, model: ModelClient,
-           budgets: BudgetGate, persona: str, context_length: int) -> Services:
+def _budget_notify(cfg: Config, outbox: Outbox) -> Callable[[str], Awaitable[None]] | None:
+    """Where the operator is told once a budget is used up (``budgets.notify``: platform:chat_id), or None."""
+    if not cfg.budgets.notify:
+        return None
+    platform, _, chat_id = cfg.budgets.notify.partition(":")
+
+    async def notify(line: str) -> None:
+        await outbox.deliver(ChatRef(platform, chat_id), line, None)
+
+    return notify
+
+
+def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox, usage: UsageRecorder,
+           model: ModelClient, budgets: BudgetGate, persona: str, context_length: int) -> Services:
     clock, tools = wiring.clock, wiring.tools
     # Recall, memory and facts: their tools, /search and /facts, the memory snapshot frozen per
     # session and the facts' prompt block and prefetch, and a keep-what-matters turn (memory) and
@@ -220,22 +235,14 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, usage: UsageRe
         hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending,
                            ask_stop=wiring.ask_stop, work_elsewhere=wiring.work_elsewhere,
                            keep_media=media.keep_notes, stored_audio=media.audio_of),
-        context_length=context_length, clock=clock, budgets=budgets,
+        context_length=context_length, clock=clock, budgets=budgets, outbox=outbox,
         model_back=lambda: model.back(cfg.sessions.resume_within),
         # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
         voice=Voice(VoiceSettings.from_config(cfg)) if cfg.media.transcribe_with or cfg.media.speak_with else None,
     )
-    if cfg.budgets.notify:  # the operator is told there once a budget is used up
-        platform, _, chat_id = cfg.budgets.notify.partition(":")
-
-        async def notify(line: str) -> None:
-            await router.deliver(ChatRef(platform, chat_id), line, None)
-
-        budgets.notify = notify
     # scheduled jobs: config jobs into state.db; the scheduler runs where the API does (the daemon),
     # not in `switchboard chat` / `cron run`, which build a Gateway with serve_api=False.
-    approvals.set_router(router)
-    cron = CronService(db, turn, router.deliver, wiring.platform_status,
+    cron = CronService(db, turn, outbox.deliver, wiring.platform_status,
                        CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), clock,
                        claim_tick=wiring.claim_cron_tick, budgets=budgets)
     api = LocalApi(router, wiring.health, wiring.metrics, model_name=cfg.model.name, host=cfg.api.host,

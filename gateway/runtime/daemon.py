@@ -2,7 +2,7 @@
 
     gw = Gateway(config)              # store, model client, router, commands, local API
     await gw.start()                  # opens state.db, serves the API, starts every adapter
-    ...                               # adapters call gw.on_inbound(msg); replies go back through them
+    ...                               # adapters hand messages to gw.router.take; replies go out through gw.platforms
     await gw.stop()                   # drain turns within the grace period, then close in reverse order
 
 Adapters are found through the ``switchboard.adapters`` entry points (see
@@ -42,14 +42,11 @@ import state
 from gateway import tracing
 from gateway.auth import AuthSettings
 from gateway.commands import CommandSet
-from gateway.compressing import Compressor
 from gateway.config import Config
 from gateway.cron.service import CronService
 from gateway.errors import TokenRejected
 from gateway.media import media_limits
-from gateway.memory.facts import FactMemory
 from gateway.memory.files import MemoryService
-from gateway.memory.recall import SessionRecall
 from gateway.model import ModelClient
 from gateway.platforms import ADAPTERS, installed_platforms
 from gateway.ratelimit import budget_sharing
@@ -73,15 +70,12 @@ from gateway.tools_mcp import McpTools
 from gateway.types import (
     Adapter,
     AdapterHealth,
-    Button,
     ButtonOutput,
     ChatRef,
-    Delivery,
     GatedPolling,
     InboundMessage,
     PlatformStatus,
     SendingOnly,
-    SendProgress,
     TypingOnMessage,
     VoiceOutput,
 )
@@ -97,9 +91,6 @@ MODEL_PROBE_SECONDS = 6.0  # how long start waits for the model's probe before s
 RESUME_TOOLS_SECONDS = 15.0  # how long a restart waits for the MCP servers before resuming turns
 
 LOCAL_SOURCES = ("api", "cli")
-# A reply due while its platform is still connecting (resumed at start, or during a reload's
-# restart of that adapter) waits this long for it before the adapter is asked anyway.
-SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
 LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
 
 
@@ -153,9 +144,12 @@ class Gateway:
         self.metrics = Metrics()
         self.tools = ToolRegistry()  # tests and embedders may register tools before start()
         self._services: Services | None = None  # built by start(), through assemble()
-        self._closed = False  # stop() has closed the services
+        # What start() opened, each closer pushed as its part starts: stop() drains (the grace period),
+        # then unwinds it in reverse order; a failed start closes what it got to, a second stop finds it empty.
+        self._opened = contextlib.AsyncExitStack()
+        self._grace = config.shutdown.grace_seconds  # stop()'s grace period, for the drain
         self._given_adapters = adapters
-        self.platforms = PlatformSupervisor(self.on_inbound, self.on_dead_letter, named=lambda key: self.config.named(key))
+        self._platforms: PlatformSupervisor | None = None  # built by start(): its adapters hand messages to the router
         self.platforms_off: dict[str, str] = {}
         self.started_at: float | None = None
         self.draining = False  # stop() has begun: /healthz says "draining", the API answers 503
@@ -197,24 +191,12 @@ class Gateway:
         return self.services.usage
 
     @property
-    def recall(self) -> SessionRecall:
-        return self.services.recall
-
-    @property
     def memory(self) -> MemoryService:
         return self.services.memory
 
     @property
-    def facts(self) -> FactMemory:
-        return self.services.facts
-
-    @property
     def mcp(self) -> McpTools:
         return self.services.mcp
-
-    @property
-    def compressor(self) -> Compressor:
-        return self.services.compressor
 
     @property
     def commands(self) -> CommandSet:
@@ -241,14 +223,21 @@ class Gateway:
         return cluster
 
     @property
+    def platforms(self) -> PlatformSupervisor:
+        """The platforms' adapters; built by :meth:`start`."""
+        if self._platforms is None:
+            raise RuntimeError("the gateway has not been started: await Gateway.start() first")
+        return self._platforms
+
+    @property
     def adapters(self) -> dict[str, Adapter]:
-        """The platforms whose adapter runs (or stands by) here."""
-        return self.platforms.adapters
+        """The platforms whose adapter runs (or stands by) here (none before :meth:`start`)."""
+        return self._platforms.adapters if self._platforms is not None else {}
 
     @property
     def rejected_platforms(self) -> dict[str, TokenRejected]:
         """The platforms that refused their token: not retried until a reload."""
-        return self.platforms.rejected
+        return self._platforms.rejected if self._platforms is not None else {}
 
     def platform_summary(self, name: str) -> str:
         """One platform in the serving line: ``on`` (a cluster's owned connection), ``connected``,
@@ -263,26 +252,36 @@ class Gateway:
         cfg = self.config
         await asyncio.to_thread(cfg.home.mkdir, mode=0o700, parents=True, exist_ok=True)
         claims_turns = cfg.clustered and self.serve_api
+        opened = self._opened
         self._services = services = await assemble(cfg, Wiring(
             metrics=self.metrics, tools=self.tools, clock=self.clock, auth=auth_settings(cfg),
             serve_api=self.serve_api, health=self.health, platform_status=self.platform_status,
             claim_cron_tick=self._claim_cron_tick if cfg.clustered else None,
             on_work_pending=self._work_pending.set if claims_turns else None,
             ask_stop=self._ask_stop if claims_turns else None,
-            work_elsewhere=self._work_elsewhere if claims_turns else None, adapter=self.platforms.adapters.get))
+            work_elsewhere=self._work_elsewhere if claims_turns else None,
+            adapter=lambda name: self.adapters.get(name)))
+        opened.push_async_callback(self._close_services, services)
+        # the adapters hand their messages to the router's intake, and report dead letters here
+        self._platforms = PlatformSupervisor(services.router.take, self.on_dead_letter,
+                                             named=lambda key: self.config.named(key))
         # the model is probed once, alongside the rest of the start: /healthz says at once what it found
         model_probe = spawn(self._probe_model(), name="model:start-probe") if self.serve_api else None
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
-            from gateway.runtime.cluster import share_rate_budgets
+            from gateway.runtime.cluster import share_rate_budgets, stop_sharing_rate_budgets
 
             self._rate_budgets = await share_rate_budgets(self.cluster)
+            opened.push_async_callback(stop_sharing_rate_budgets, self._rate_budgets)
         # MCP servers: started once the built-in tools are registered (assemble), supervised from here on
         services.mcp.start()
-        await services.approvals.start(daemon=self.serve_api, settle=not cfg.clustered)
+        opened.push_async_callback(services.mcp.stop)
+        await services.approvals.start(services.router.control, daemon=self.serve_api, settle=not cfg.clustered)
+        opened.push_async_callback(services.approvals.stop)  # after the turns: no tool call is still running
         if cfg.facts.enabled:
             await services.facts.start(sweep=self.serve_api)
         if self.serve_api:
             await services.api.start()
+            opened.push_async_callback(services.api.stop)
         # What a stop left undone is read before any platform runs, and queued (synchronously, right
         # after the platforms' outputs are registered) before any of their new messages is taken.
         undone = await self._undone_work()
@@ -296,43 +295,27 @@ class Gateway:
                                      lease_seconds=cfg.cluster.lease_seconds, slots=cfg.model.max_concurrent_calls,
                                      wake=self._work_pending)
         self._start_platforms()
+        opened.push_async_callback(self._stop_platforms)
         if undone is not None:
             claimed = {row["session_id"] for rows in undone for row in rows
-                       if self.router.claims_turns(row["platform"]) and row.get("session_id")}
+                       if self.router.outbox.claims_turns(row["platform"]) and row.get("session_id")}
             if claimed:  # answered (or sent) by whichever instance claims the session, this one included
                 await self.db.recovery.mark_pending(claimed)
             # an owned connection's platform is resumed by whichever instance comes to own it
             pending, unanswered = ([row for row in rows if row["platform"] not in self.owned
-                                    and not self.router.claims_turns(row["platform"])] for rows in undone)
+                                    and not self.router.outbox.claims_turns(row["platform"])] for rows in undone)
             counts = self.router.recover(pending, unanswered)
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
         if self.claims is not None:
             await self.claims.start()
+            opened.push_async_callback(self.claims.close)  # the leases still held go back: another instance answers
         await self.cron.start(cfg, schedule=self.serve_api)
         self._start_dead_letter_replay()
         self._start_welcomes()
         if self.serve_api:
-            self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
-                                      usage_keep_days=cfg.usage.keep_days, clock=self.clock,
-                                      idle=lambda: services.router.active_lanes() == 0,
-                                      sweep_media=services.media.sweep)
-            self.upkeep.start()
-            self.metrics.watch_store(self.upkeep.status)
-            self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
-                                            clock=self.clock)
-            self.integrity.start()
-            self.metrics.watch_integrity(self.integrity.status)
-            if cfg.backup.every is not None:  # SQLite only: the config refuses it on PostgreSQL
-                self.backups = AutoBackups(cfg.home, BackupSchedule(cfg.backup.every, cfg.backup.keep, cfg.backup_dir),
-                                           failed=self.metrics.backup_failures.inc)
-                self.metrics.watch_backups(self.backups.status)
-                self.backups.start()
-            self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
-            self.backlog = UnansweredBacklog(self.db)
-            self.metrics.watch_unanswered(self.backlog.status)
-            self.backlog.start()
+            self._start_upkeep(services)
         if model_probe is not None:
             await asyncio.wait([model_probe], timeout=MODEL_PROBE_SECONDS)
         self.started_at = time.time()
@@ -345,6 +328,34 @@ class Gateway:
 
         for warning in await self.model.check_at_start(variable):
             log.warning("%s", warning)
+
+    def _start_upkeep(self, services: Services) -> None:
+        """The daemon's own upkeep: the store's daily upkeep, the integrity guard, backups, the metrics probes."""
+        cfg, opened = self.config, self._opened
+        self.upkeep = StoreUpkeep(self.db, retention_days=cfg.store.retention_days,
+                                  usage_keep_days=cfg.usage.keep_days, clock=self.clock,
+                                  idle=lambda: services.router.active_lanes() == 0,
+                                  sweep_media=services.media.sweep)
+        self.upkeep.start()
+        opened.push_async_callback(self.upkeep.stop)
+        self.metrics.watch_store(self.upkeep.status)
+        self.integrity = IntegrityGuard(self.db, idle=lambda: services.router.active_lanes() == 0,
+                                        clock=self.clock)
+        self.integrity.start()
+        opened.push_async_callback(self.integrity.stop)
+        self.metrics.watch_integrity(self.integrity.status)
+        if cfg.backup.every is not None:  # SQLite only: the config refuses it on PostgreSQL
+            self.backups = AutoBackups(cfg.home, BackupSchedule(cfg.backup.every, cfg.backup.keep, cfg.backup_dir),
+                                       failed=self.metrics.backup_failures.inc)
+            self.metrics.watch_backups(self.backups.status)
+            self.backups.start()
+            opened.push_async_callback(self.backups.stop)
+        self._loop_lag = spawn(probe_loop_lag(self.metrics.loop_lag), name="metrics:loop-lag")
+        opened.push_async_callback(_cancelled, self._loop_lag)
+        self.backlog = UnansweredBacklog(self.db)
+        self.metrics.watch_unanswered(self.backlog.status)
+        self.backlog.start()
+        opened.push_async_callback(self.backlog.stop)
 
     async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
         """Replies stored but not confirmed sent, and messages no turn answered; None where this
@@ -370,15 +381,6 @@ class Gateway:
         """The commands for the platforms' native menus."""
         return self.commands.menu()
 
-    async def on_inbound(self, msg: InboundMessage) -> bool:
-        """The adapters' handler: returns once the message is persisted (or dropped on purpose);
-        False when the gateway dropped it and nothing will be sent for it.  A message of only
-        whitespace, with no attachment, is dropped unanswered and not stored."""
-        if not msg.text.strip() and not msg.attachments:
-            log.debug("ignoring a blank message %s from %s", msg.message_id, msg.platform)
-            return False
-        return await self.router.handle(msg) is not None or self.router.answered_stranger(msg)
-
     # -- dead letters: events the adapters gave up on ------------------------
     async def on_dead_letter(self, platform: str, event_id: str | None, payload: dict,
                              message: InboundMessage | None, error: str) -> None:
@@ -400,15 +402,16 @@ class Gateway:
         """In the daemon: replay what ``switchboard deadletters retry`` marked, keep the held count fresh."""
         if not self.serve_api:
             return
-        replay = DeadLetterReplay(self.db, self.on_inbound, on_count=self._count_dead_letters,
+        replay = DeadLetterReplay(self.db, self.router.take, on_count=self._count_dead_letters,
                                   files=self.services.media.files)
         self._dead_letter_replay = spawn(replay.run(), name="dead-letter-replay")
+        self._opened.push_async_callback(_cancelled, self._dead_letter_replay)
 
     def _start_welcomes(self) -> None:
         """Where platforms run: tell the users an operator approved, and answer what they sent."""
         if not (self.serve_api or self.adapters):
             return
-        welcomes = Welcomes(self.db, lambda chat, text: self.router.deliver(chat, text, None), self.on_inbound,
+        welcomes = Welcomes(self.db, lambda chat, text: self.router.outbox.deliver(chat, text, None), self.router.take,
                             serves=self._owns_connection)
         self._welcomes = spawn(welcomes.run(), name="pairing:welcomes")
 
@@ -429,12 +432,13 @@ class Gateway:
         # serves the platform, or when the adapter can send without holding the connection.
         claimed = self.claims is not None and (key is None or isinstance(adapter, SendingOnly))
         typing = adapter.send_typing_on if isinstance(adapter, TypingOnMessage) else _typing_in_chat(adapter)
-        self.router.register_output(name, functools.partial(self._send, name), typing,
+        platforms = self.platforms  # replies go to the platform's current adapter, once it has connected
+        self.router.register_output(name, functools.partial(platforms.send, name), typing,
                                     streamed=self._streamed_output(name, adapter),
                                     drafts=adapter if isinstance(adapter, DraftOutput) else None, claimed=claimed,
-                                    voice=functools.partial(self._send_voice, name)
+                                    voice=functools.partial(platforms.send_voice, name)
                                     if isinstance(adapter, VoiceOutput) else None,
-                                    buttons=functools.partial(self._send_buttons, name)
+                                    buttons=functools.partial(platforms.send_buttons, name)
                                     if isinstance(adapter, ButtonOutput) else None)
         if key is not None:
             self._own(name, adapter, key)
@@ -452,7 +456,7 @@ class Gateway:
         held = OwnedConnection(owner, start=functools.partial(self._start_owned, name, adapter),
                                stop=functools.partial(self._stop_owned, name, adapter))
         self.owned[name] = held
-        if self.router.claims_turns(name):
+        if self.router.outbox.claims_turns(name):
             self.platforms.open_for_sending(name)
         held.begin()
 
@@ -462,7 +466,7 @@ class Gateway:
         the turns, nothing is resumed here: the sessions with work stay pending for whoever claims them."""
         # (what this process is still working on, after losing and winning the connection back, is not
         # queued again)
-        claimed = self.router.claims_turns(name)
+        claimed = self.router.outbox.claims_turns(name)
         pending = [] if claimed else [
             row for row in await self.db.recovery.pending_deliveries()
             if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
@@ -483,7 +487,7 @@ class Gateway:
 
     async def _stop_owned(self, name: str, adapter: Adapter) -> None:
         await self.platforms.stop_owned(name)
-        if self.router.claims_turns(name) and not self.draining:
+        if self.router.outbox.claims_turns(name) and not self.draining:
             self.platforms.open_for_sending(name)  # a standby again: it still sends for the turns it runs
 
     async def _ask_stop(self, key: str, session_id: str | None) -> bool:
@@ -521,30 +525,6 @@ class Gateway:
                               first_after=streaming.first_after_seconds)
         return StreamedOutput(adapter, pacing, groups=streaming.groups)
 
-    async def _send_buttons(self, name: str, chat: ChatRef, text: str, buttons: tuple[Button, ...],
-                            reply_to: str | None) -> Delivery:
-        """The router's sender of a message with buttons (an approval request) on ``name``."""
-        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
-        if not isinstance(adapter, ButtonOutput):
-            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
-        return await adapter.send_buttons(chat, text, buttons, reply_to=reply_to)
-
-    async def _send(self, name: str, chat: ChatRef, text: str, reply_to: str | None,
-                    progress: SendProgress | None) -> Delivery:
-        """The router's sender for ``name``: the platform's current adapter, once it has connected
-        (a reply resumed at start, or due while a reload restarts the adapter, waits for it)."""
-        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
-        if adapter is None:
-            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
-        return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
-
-    async def _send_voice(self, name: str, chat: ChatRef, audio: bytes, reply_to: str | None) -> Delivery:
-        """The router's voice sender for ``name`` (a spoken reply), through its current adapter."""
-        adapter = await self.platforms.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
-        if not isinstance(adapter, VoiceOutput):
-            return Delivery(ok=False, error=f"platform {name} is not running")
-        return await adapter.send_voice(chat, audio, reply_to=reply_to)
-
     async def restart_platform(self, name: str) -> None:
         """Stop ``name``'s adapter (if any) and start it again from the current config (reload)."""
         self.platforms.forget_start(name)
@@ -564,67 +544,49 @@ class Gateway:
             self.platforms_off.update(off)
 
     async def stop(self, grace_seconds: float | None = None) -> None:
-        """Stop taking messages, finish running turns within the grace period, close everything."""
-        grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
+        """Stop taking messages, finish running turns within the grace period, then close what
+        :meth:`start` opened, in reverse order of opening."""
+        self._grace = self.config.shutdown.grace_seconds if grace_seconds is None else grace_seconds
         self.draining = True
+        if self._services is not None:  # None when start() failed before it was built
+            await self._drain()
+        await self._opened.aclose()
+
+    async def _drain(self) -> None:
+        """Stop taking work, then let what still works finish within one grace period, all at once, so
+        stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s): turns (the
+        router stops taking messages first), cron runs, memory flushes and fact extractions of sessions
+        that just ended.  What was cut short is said."""
+        grace, services = self._grace, self.services
         for poll in (self._dead_letter_replay, self._welcomes):
             if poll is not None:
-                poll.cancel()
-                await asyncio.gather(poll, return_exceptions=True)
-        # Everything that is still working gets the same grace period, at the same time, so
-        # stopping never takes longer than the grace (systemd's TimeoutStopSec is grace + 15 s):
-        # turns (the router stops taking messages first), cron runs, memory flushes and fact
-        # extractions of sessions that just ended.
+                await _cancelled(poll)
         if self.claims is not None:
             self.claims.stop_claiming()
-        services = self._services  # None when start() failed before it was built
-        if services is not None:
-            turns, *_ = await asyncio.gather(services.router.drain(grace), services.memory.drain(grace),
-                                             services.facts.drain(grace), services.cron.stop(grace))
-        else:
-            turns = []
+        turns, *_ = await asyncio.gather(services.router.drain(grace), services.memory.drain(grace),
+                                         services.facts.drain(grace), services.cron.stop(grace))
         for key in turns:
             log.warning("turn for %s cancelled at shutdown after %.0fs; the user's message is stored "
                         "and the next turn will answer it", key, grace)
-        if self.claims is not None:
-            await self.claims.close()  # the leases still held go back: another instance answers what is left
-        if services is not None:  # after the turns: no tool call is still running
-            await services.approvals.stop()
-            await services.mcp.stop()
+
+    async def _stop_platforms(self) -> None:
+        """The adapters: starts still being retried cancelled, owned connections handed to a standby, the rest stopped."""
         self.platforms.cancel()
-        if self.upkeep is not None:
-            await self.upkeep.stop()
-        if self.integrity is not None:
-            await self.integrity.stop()
-        if self.backups is not None:
-            await self.backups.stop()
-        if self._loop_lag is not None:
-            self._loop_lag.cancel()
-            await asyncio.gather(self._loop_lag, return_exceptions=True)
-            self._loop_lag = None
-        if self.backlog is not None:
-            await self.backlog.stop()
-        if services is not None:
-            await services.api.stop()
         await asyncio.gather(*(held.close() for held in self.owned.values()))  # standbys take over
         await self.platforms.stop(skip={name for name in self.owned if not self.platforms.sending_only(name)})
-        if self._rate_budgets is not None:
-            from gateway.runtime.cluster import stop_sharing_rate_budgets
 
-            await stop_sharing_rate_budgets(self._rate_budgets)
-            self._rate_budgets = None
-        if services is not None and not self._closed:
-            self._closed = True  # a second stop (after a failed start) finds everything closed
-            await services.model.close()
-            if services.router.voice is not None:
-                await services.router.voice.close()
-            await services.usage.drain()
-            await services.budgets.close()
-            try:
-                await services.db.checkpoint("TRUNCATE")
-            except state.StateError as exc:
-                log.warning("final WAL checkpoint skipped: %s", exc)
-            await services.db.close()
+    async def _close_services(self, services: Services) -> None:
+        """The last to close: the model client, the voice client, the usage ledger, the budgets, then the store."""
+        await services.model.close()
+        if services.router.voice is not None:
+            await services.router.voice.close()
+        await services.usage.drain()
+        await services.budgets.close()
+        try:
+            await services.db.checkpoint("TRUNCATE")
+        except state.StateError as exc:
+            log.warning("final WAL checkpoint skipped: %s", exc)
+        await services.db.close()
 
     # -- health -----------------------------------------------------------
     def platform_status(self, name: str) -> PlatformStatus:
@@ -704,6 +666,12 @@ def _platform_reason(name: str, health: dict) -> str:
     if detail.startswith("failed"):
         return f"{name}: {detail}"
     return f"{name}: {health['state']}" + (f" ({health['last_error']})" if health.get("last_error") else "")
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    """Cancel ``task`` and wait for it to end."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager

@@ -13,7 +13,7 @@ file until the dead letter is dropped (``state._media.referenced_hashes``).
 
 ``switchboard deadletters retry ID`` marks a row ``retry``; the daemon's
 :class:`DeadLetterReplay` polls for such rows every couple of seconds, hands the
-stored message to ``Gateway.on_inbound`` and marks the row ``retried``, or
+stored message to the router's intake (``SessionRouter.take``) and marks the row ``retried``, or
 ``held`` again with the new error.  The same poll keeps the count of held dead
 letters for ``/healthz`` and ``/metrics`` fresh without blocking the loop.
 """

@@ -1,6 +1,6 @@
 """The platforms' adapters in a running daemon: started, restarted, opened for sending, stopped.
 
-    platforms = PlatformSupervisor(gateway.on_inbound, gateway.on_dead_letter)
+    platforms = PlatformSupervisor(router.take, gateway.on_dead_letter)
     platforms.run("telegram", adapter)             # started in the background, retried until it connects
     adapter = await platforms.ready("telegram", 30)  # what a reply waits for while it connects
     platforms.open_for_sending("discord", adapter)   # a cluster standby: sends, does not receive
@@ -27,11 +27,25 @@ from typing import Callable, Container
 from gateway.errors import TokenRejected
 from gateway.retry import Backoff, supervise
 from gateway.tasks import spawn
-from gateway.types import Adapter, DeadLetterHandler, InboundHandler, SendingOnly
+from gateway.types import (
+    Adapter,
+    Button,
+    ButtonOutput,
+    ChatRef,
+    DeadLetterHandler,
+    Delivery,
+    InboundHandler,
+    SendingOnly,
+    SendProgress,
+    VoiceOutput,
+)
 
 log = logging.getLogger(__name__)
 
 ADAPTER_BACKOFF = Backoff(base=1.0, cap=60.0)  # an adapter that fails to start or to open for sending
+# A reply due while its platform is still connecting (resumed at start, or during a reload's
+# restart of that adapter) waits this long for it before the adapter is asked anyway.
+SEND_WAITS_FOR_CONNECTION_SECONDS = 30.0
 
 
 class PlatformSupervisor:
@@ -155,6 +169,31 @@ class PlatformSupervisor:
             except asyncio.TimeoutError:
                 pass  # the adapter says why it cannot send; a recorded reply stays pending
         return self.adapters.get(name)
+
+    # -- the outbox's senders: the platform's current adapter, once it has connected --------
+    async def send(self, name: str, chat: ChatRef, text: str, reply_to: str | None,
+                   progress: SendProgress | None) -> Delivery:
+        """Send ``text`` through ``name``'s current adapter, once it has connected (a reply resumed at
+        start, or due while a reload restarts the adapter, waits for it)."""
+        adapter = await self.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
+        if adapter is None:
+            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
+        return await adapter.send(chat, text, reply_to=reply_to, progress=progress)
+
+    async def send_buttons(self, name: str, chat: ChatRef, text: str, buttons: tuple[Button, ...],
+                           reply_to: str | None) -> Delivery:
+        """A message with buttons (an approval request) through ``name``'s current adapter."""
+        adapter = await self.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
+        if not isinstance(adapter, ButtonOutput):
+            return Delivery(ok=False, error=f"platform {name} is not running", retry_later=True)
+        return await adapter.send_buttons(chat, text, buttons, reply_to=reply_to)
+
+    async def send_voice(self, name: str, chat: ChatRef, audio: bytes, reply_to: str | None) -> Delivery:
+        """A voice message (a spoken reply) through ``name``'s current adapter."""
+        adapter = await self.ready(name, SEND_WAITS_FOR_CONNECTION_SECONDS)
+        if not isinstance(adapter, VoiceOutput):
+            return Delivery(ok=False, error=f"platform {name} is not running")
+        return await adapter.send_voice(chat, audio, reply_to=reply_to)
 
     def forget_start(self, name: str) -> None:
         """Stop trying to start ``name``'s adapter (a reload is about to replace it)."""

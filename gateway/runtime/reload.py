@@ -27,7 +27,7 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Container, Mapping, Protocol
+from typing import Any, Callable, Container, Mapping, Protocol
 
 import state
 from gateway.config import Config, load_config
@@ -35,7 +35,6 @@ from gateway.cron.service import CronService, config_jobs
 from gateway.errors import ConfigError, SwitchboardError
 from gateway.keys import KeyPolicy
 from gateway.platforms import installed_platforms
-from gateway.router import SessionRouter
 from gateway.tools_mcp import McpTools
 from gateway.types import Adapter
 
@@ -44,13 +43,21 @@ log = logging.getLogger(__name__)
 LIVE_SECTIONS = ("auth", "sessions", "platforms", "cron", "tools", "shutdown")
 
 
+class Rerouted(Protocol):
+    """What a reload changes in the router (:class:`gateway.router.SessionRouter` is one): who may talk,
+    and its settings (``gateway.router.RouterSettings``), whose keys and reset policy come from the new config."""
+
+    authorizer: Any
+    settings: Any
+
+
 class Running(Protocol):
     """What a reload changes in the running daemon (:class:`gateway.runtime.daemon.Gateway` is one)."""
 
     config: Config  # the config in force: adapters and cron are rebuilt from it
 
     @property
-    def router(self) -> SessionRouter | None: ...
+    def router(self) -> Rerouted | None: ...
 
     @property
     def cron(self) -> CronService | None: ...

@@ -36,11 +36,10 @@ import concurrent.futures
 import functools
 import logging
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 import state
 from gateway.retry import Backoff
-from gateway.router import SessionRouter
 from gateway.tasks import spawn
 from state.cluster import ClusterStore, Lease, LeaseLost
 from state.cluster.signals import STOP, WORK
@@ -54,6 +53,22 @@ RECENT_CLAIMS = 20  # the claims /healthz lists besides those held now
 THREADS = 3  # the lease calls' own threads, and the connections the store's pool grows by for them
 STOP_POLL_SECONDS = 0.5  # while turns run here: how often /stop rows are read when no signal came
 SWEEP_SECONDS = 2.0  # how often the sweeper looks for sessions with unanswered messages nothing would claim
+
+
+class ClaimRunner(Protocol):
+    """What the claim loop asks of the router (:class:`gateway.router.SessionRouter` is one)."""
+
+    def claimed_keys(self) -> dict[str, str]:
+        """The session keys whose claimed work runs here now: key -> session id."""
+
+    def claimed_platforms(self) -> list[str]:
+        """The platforms whose chat messages any instance answers under a lease."""
+
+    def stop_turn(self, key: str) -> bool:
+        """Stop the turn running in ``key``'s lane; whether one ran."""
+
+    async def run_claimed(self, claim: Any) -> bool:
+        """Answer what waits for the claimed session (``claim``: a ``gateway.router.TurnClaim``)."""
 
 
 class Claim:
@@ -111,7 +126,7 @@ class Claim:
 class TurnClaims:
     """This instance's claim loop: at most ``slots`` sessions' turns at once, each under a lease."""
 
-    def __init__(self, cluster: ClusterStore, router: SessionRouter, *, holder: str, lease_seconds: float, slots: int,
+    def __init__(self, cluster: ClusterStore, router: ClaimRunner, *, holder: str, lease_seconds: float, slots: int,
                  wake: asyncio.Event, poll_seconds: float = POLL_SECONDS, sweep_seconds: float = SWEEP_SECONDS):
         if not lease_seconds > 0:
             raise ValueError(f"cluster.lease_seconds must be more than 0 (got {lease_seconds!r})")

@@ -3,7 +3,7 @@
 ``switchboard pairing approve`` (another process) and the dashboard's Approve button both write the
 approval to the store, which moves the message that got the code (``pairing_requests.waiting``) to
 ``approved_users.waiting``.  The daemon's :class:`Welcomes` polls for such rows every second or so and,
-for each: sends the user :data:`APPROVED_LINE`, hands the waiting message to ``Gateway.on_inbound``
+for each: sends the user :data:`APPROVED_LINE`, hands the waiting message to the router's intake (``SessionRouter.take``)
 (stored and answered like any message: a command is not run again, the line says enough), then clears
 the row.  A crash between those steps sends the line again at the next start, and never answers the
 message twice (the store keeps a platform message once per session).

@@ -104,10 +104,10 @@ async def extract_session(service: FactService, model, config, session_id: str, 
     session = await db.sessions.get(session_id)
     if session is None:
         return Extraction(session_id, skipped="no such session")
-    key = session.get("session_key") or ""
-    if session.get("source") == "cron" or ":cron:" in key:
+    key = session.session_key or ""
+    if session.source == "cron" or ":cron:" in key:
         return Extraction(session_id, skipped="cron session")
-    scope = user_scope(config, session.get("source") or "", session.get("user_id"))
+    scope = user_scope(config, session.source or "", session.user_id)
     if scope is None:
         return Extraction(session_id, skipped="no user")
     history = await db.messages.as_conversation(session_id)
@@ -123,7 +123,7 @@ async def extract_session(service: FactService, model, config, session_id: str, 
         messages = [{"role": "system", "content": EXTRACT_PROMPT},
                     {"role": "user", "content": EXTRACT_INPUT.format(known=known_text, transcript=transcript_of(history))}]
         completion = await model.complete(messages, model=model_name, purpose=for_session(
-            "fact_extraction", session_id, key, platform=session.get("source"), user_id=session.get("user_id"),
+            "fact_extraction", session_id, key, platform=session.source, user_id=session.user_id,
             agent=agent))
         facts, contradicted = parse_reply(completion.message.get("content") or "")
     except (ModelUnavailable, BudgetExceeded, ValueError) as exc:

@@ -25,13 +25,14 @@ from markdown_it.common.utils import escapeHtml
 from markupsafe import Markup, escape
 
 import compression
+import state
 
 
 @dataclass(frozen=True, slots=True)
 class Lineage:
     """Where a session sits among compression chains: its parent and its children (``#N`` titles)."""
 
-    parent: dict | None
+    parent: state.Session | None
     children: list[dict]
     tip: str  # the live end of its chain (the session itself when it was not compressed)
 

@@ -1,0 +1,52 @@
+"""A chat's choices: ``/stream``, ``/model`` and ``/voice``, kept in the store, read once per lane.
+
+Clustered, where another instance may change them, a choice is read again when older than
+``settings.prefs_fresh_for`` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.types import InboundMessage
+
+from .lanes import Lane
+from .shared import RouterState
+
+
+class ChatChoices:
+    """The chat's ``/stream``, ``/model`` and ``/voice`` preferences, cached in its lane."""
+
+    def __init__(self, shared: RouterState) -> None:
+        self._shared = shared
+
+    def _stale(self, read_at: float | None) -> bool:
+        """Whether a chat choice read at ``read_at`` (monotonic; None: never) must be read again:
+        never read, or (clustered, where another instance may change it) read over
+        ``settings.prefs_fresh_for`` seconds ago."""
+        fresh_for = self._shared.settings.prefs_fresh_for
+        return read_at is None or (fresh_for is not None and time.monotonic() - read_at > fresh_for)
+
+    async def choice(self, lane: Lane, name: str) -> str | None:
+        """The chat's choice ``name`` (``stream``, ``model``, ``voice``) as stored, None when it made none;
+        read once per lane (clustered: again when older than ``settings.prefs_fresh_for``)."""
+        cached = lane.choices.get(name)
+        if self._stale(cached[1] if cached is not None else None):
+            value = await self._shared.db.prefs.get(lane.key, name)
+            lane.choices[name] = (value, time.monotonic())
+            return value
+        assert cached is not None
+        return cached[0]
+
+    async def remember(self, lane: Lane, name: str, value: str) -> None:
+        """The chat's ``/<name> <value>``: remembered in the store, used from its next turn or reply."""
+        await self._shared.db.prefs.set(lane.key, name, value, now=self._shared.clock())
+        lane.choices[name] = (value, time.monotonic())
+
+    async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
+        """The model this chat's turn for ``msg`` starts on: its /model choice while the sender may still use
+        it, else ``default``."""
+        choice = await self.choice(lane, "model")
+        if choice and self._shared.settings.models.allowed(choice, msg.platform, msg.user_id, lane.key):
+            return choice
+        return "default"
