@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import resource
 import statistics
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mcp import ClientSession
+from mcp import Client
 
 from gateway.config import config_from_dict
 from gateway.tools import ToolRegistry
@@ -67,16 +66,15 @@ async def _timed(call, n: int) -> list[float]:
 
 
 async def _overhead(label: str, server, n: int) -> None:
-    # the SDK alone, on a second connection opened the same way (the same transport)
-    async with contextlib.AsyncExitStack() as stack:
-        read, write = await stack.enter_async_context(server._transport())
-        raw = await stack.enter_async_context(ClientSession(read, write))
-        await raw.initialize()
-        sdk = await _timed(lambda: raw.call_tool("echo", {"text": "ping"}), n)
+    # the SDK alone, on a second connection opened the same way (the same transport, mode="auto")
+    async with Client(server._transport(), mode="auto", cache=None) as raw:
+        version = raw.protocol_version
+        sdk = await _timed(lambda: raw.call_tool("echo", {"text": "ping"}, read_timeout_seconds=60.0), n)
     ours = await _timed(lambda: server.call("echo", {"text": "ping"}), n)
+    label = f"{label} ({version})"
     p50, p95 = _pct(ours, 50), _pct(ours, 95)
     b50, b95 = _pct(sdk, 50), _pct(sdk, 95)
-    print(f"{label:6} gateway call p50 {p50:6.2f} ms  p95 {p95:6.2f} ms | SDK alone p50 {b50:6.2f} ms  "
+    print(f"{label:24} gateway call p50 {p50:6.2f} ms  p95 {p95:6.2f} ms | SDK alone p50 {b50:6.2f} ms  "
           f"p95 {b95:6.2f} ms | overhead p50 {p50 - b50:+.2f} ms  p95 {p95 - b95:+.2f} ms  ({n} calls)")
 
 

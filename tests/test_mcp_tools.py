@@ -117,7 +117,7 @@ async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_
         await tools.stop()
     # what the server wrote to its stderr is in our log (through the redactor), named after it
     said = [r.getMessage() for r in caplog.records if r.name == "gateway.tools_mcp.server.echo"]
-    assert any("Processing request of type" in line for line in said), said[:5]
+    assert any("Tool 'fail' failed" in line for line in said), said[:5]
 
 
 async def _calls(server, *, want: dict | None = None) -> dict | bool:

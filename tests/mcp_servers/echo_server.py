@@ -15,11 +15,13 @@ import asyncio
 import json
 import os
 
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 
-def build(name: str = "echo") -> FastMCP:
-    server = FastMCP(name)
+def build(name: str = "echo") -> MCPServer:
+    server = MCPServer(name)
 
     @server.tool()
     def echo(text: str) -> str:
@@ -68,8 +70,8 @@ def build(name: str = "echo") -> FastMCP:
 
     @server.tool()
     def fail(why: str) -> str:
-        """Always fails."""
-        raise ValueError(f"cannot do that: {why}")
+        """Always fails (a ToolError: MCPServer shows the model the message of that one, not of others)."""
+        raise ToolError(f"cannot do that: {why}")
 
     @server.tool()
     def big(size: int) -> str:
@@ -90,7 +92,10 @@ def build(name: str = "echo") -> FastMCP:
             return "late but here"
 
         server.add_tool(late, name="late")
-        await ctx.session.send_tool_list_changed()
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            await ctx.notify_tools_changed()  # to the client's subscriptions/listen stream
+        else:
+            await ctx.session.send_tool_list_changed()  # notifications/tools/list_changed
         return "grown"
 
     return server
