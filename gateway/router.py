@@ -203,6 +203,8 @@ class SessionHooks:
     # clustered: write a chat's /stop for the instance running its turn (key, session id); whether a
     # turn of the session runs or waits anywhere
     ask_stop: Callable[[str, str | None], Awaitable[bool]] | None = None
+    # a message that answers a tool server's question (gateway.tools_mcp.questions): taken there, never a turn
+    take_reply: Callable[[InboundMessage], Awaitable[bool]] | None = None
     # clustered: whether a turn of the session runs on another instance or waits to be claimed (the
     # reset policy never ends a session with work running anywhere)
     work_elsewhere: Callable[[str], Awaitable[bool]] | None = None
@@ -596,6 +598,8 @@ class SessionRouter:
             return None
         if self.metrics:
             self.metrics.messages_in.labels(msg.platform).inc()
+        if self.hooks.take_reply is not None and await self.hooks.take_reply(msg):
+            return None
         key = self.key_for(msg)
         lane = self.lane(key)
         command = self.commands.parse(msg.text) if msg.is_command else None

@@ -47,7 +47,7 @@ class Question:
             text += " (one of: " + ", ".join(label for _, label in self.choices) + ")"
         if self.kind == "choices":
             text += " (several may be named, separated by commas)"
-        if self.default is not None:
+        if self.default is not None and self.default != "":
             text += f" [default: {_shown(self.default)}]"
         return text
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Literal
 
 from mcp.server.fastmcp import Context, FastMCP
 from pydantic import BaseModel, Field
 
 
 class Trip(BaseModel):
-    city: Literal["Paris", "Rome", "Oslo"] = Field(description="Where to")
+    city: str = Field(description="Where to", json_schema_extra={"enum": ["Paris", "Rome", "Oslo"]})
     confirm: bool = Field(description="Book it now?")
     note: str = Field(default="", description="Anything to tell the hotel")
 
