@@ -244,7 +244,7 @@ async def test_only_allowed_tools_are_offered_and_nothing_without_an_allow(tmp_p
         assert "echo__environment" not in registry.names()  # the server's own deny: never registered
         listed = {s.name: sorted((t.full_name, t.allowed) for t in s.tools) for s in tools.catalog()}
         assert ("echo__environment", False) in listed["echo"] and ("echo__echo", True) in listed["echo"]
-        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 10
+        assert all(not ok for _, ok in listed["quiet"]) and len(listed["quiet"]) == 11
     finally:
         await tools.stop()
 
