@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: run setup test test-fast check bench clean systemd-tools postgresql-server browser mail-servers
+.PHONY: run setup test test-fast check bench clean systemd-tools postgresql-server browser mail-servers mcp-legacy \
+	mcp-conformance
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -42,7 +43,7 @@ setup: $(RUNTIME)
 WORKERS ?= 4
 
 # Everything: in-process tests, PostgreSQL, real daemons and kill tests, the sandbox, chromium.
-test: check systemd-tools postgresql-server browser mail-servers
+test: check systemd-tools postgresql-server browser mail-servers mcp-legacy mcp-conformance
 	$(BIN)/python -m pytest -q -n $(WORKERS)
 
 # The fast loop: what runs in-process (tests/marks.py marks the rest slow from what it uses).
@@ -83,8 +84,28 @@ mail-servers:
 		(apt-get update -qq && apt-get install -y -qq dovecot-imapd >/dev/null) || \
 		echo "note: could not install Dovecot; the email tests against a real IMAP server say they skipped and why"
 
+# A server on the legacy MCP revision (the SDK 1.x, in its own environment: ours has 2.x), which the
+# tests start to prove the gateway still talks to servers not yet moved (tests/mcp_servers/legacy_server.py).
+MCP_LEGACY := .venv-mcp1
+$(MCP_LEGACY)/.installed:
+	$(PY) -m venv $(MCP_LEGACY)
+	$(MCP_LEGACY)/bin/pip install --quiet 'mcp>=1.20,<2'
+	touch $@
+mcp-legacy: $(MCP_LEGACY)/.installed
+
+# The official MCP conformance suite (npm) with the Node 22 it needs (the npm package `node`, whose
+# binary comes from the registry too), installed into a folder of the checkout; tests/test_mcp_conformance.py
+# runs its client scenarios against our client.  Nothing is downloaded when the tests run.
+MCP_CONFORMANCE := .mcp-conformance
+$(MCP_CONFORMANCE)/.installed:
+	@command -v npm >/dev/null 2>&1 || { echo "note: no npm; the conformance tests say they skipped and why"; exit 0; }; \
+		mkdir -p $(MCP_CONFORMANCE) && cd $(MCP_CONFORMANCE) && \
+		npm install --silent --no-audit --no-fund --no-save @modelcontextprotocol/conformance@0.1.16 node@22.23.3 && \
+		touch .installed
+mcp-conformance: $(MCP_CONFORMANCE)/.installed
+
 bench: $(STAMP)
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MCP_LEGACY) $(MCP_CONFORMANCE) *.egg-info .mypy_cache .ruff_cache

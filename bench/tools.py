@@ -3,12 +3,15 @@
     .venv/bin/python bench/tools.py                          # 500 timed calls per transport, 1,000 x 1 MB
     .venv/bin/python bench/tools.py --calls 2000 --big 10000 # the issue's figures (10,000 x 1 MB: minutes)
 
-Servers: tests/mcp_servers/echo_server.py, over stdio (started as the daemon starts one, through the
-clean environment and its own transport) and over streamable HTTP (served in-process by uvicorn on 127.0.0.1).
+Servers: tests/mcp_servers/echo_server.py (SDK 2.x: the 2026-07-28 revision), over stdio (started as the daemon starts one, through the
+clean environment and its own transport) and over streamable HTTP (served in-process by uvicorn on 127.0.0.1),
+and tests/mcp_servers/legacy_server.py (SDK 1.x, the legacy revision: the initialize handshake) over stdio,
+when ``make mcp-legacy`` made its environment.
 
 Overhead: ``McpServer.call`` (what a turn's tool call runs: the concurrency slot, the SDK call with its
 timeout, the result turned into capped text) against the SDK's own ``ClientSession.call_tool`` on a
-second connection to the same server, each timed alone after 20 untimed calls; the difference of the
+second connection to the same server (the SDK's ``Client(mode="auto")``), the two timed in turns after
+20 untimed calls of each; the difference of the
 two is what the gateway adds beyond the server and the SDK.  A turn adds the crash journal around
 each call (``gateway.turn``: one write of what the turn produced before the call, one after), timed
 on a SQLite store with a turn's worth of produced messages.  Memory: RSS of this process while
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import logging
 import resource
 import statistics
 import sys
@@ -30,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mcp import ClientSession
+from mcp import Client
 
 from gateway.config import config_from_dict
 from gateway.tools import ToolRegistry
@@ -40,6 +43,8 @@ from state import AsyncSessionDB
 from tests.mcp_servers.http_server import http_echo_server
 
 ECHO = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "echo_server.py")
+LEGACY = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "legacy_server.py")
+LEGACY_PYTHON = Path(__file__).resolve().parent.parent / ".venv-mcp1" / "bin" / "python"
 TOKEN = "Bearer bench-token-123456"
 
 
@@ -66,17 +71,31 @@ async def _timed(call, n: int) -> list[float]:
     return out
 
 
+async def _timed_pairs(first, second, n: int) -> tuple[list[float], list[float]]:
+    for _ in range(20):
+        await first()
+        await second()
+    a, b = [], []
+    for _ in range(n):
+        for call, out in ((first, a), (second, b)):
+            began = time.perf_counter()
+            await call()
+            out.append((time.perf_counter() - began) * 1000)
+    return a, b
+
+
 async def _overhead(label: str, server, n: int) -> None:
-    # the SDK alone, on a second connection opened the same way (the same transport)
-    async with contextlib.AsyncExitStack() as stack:
-        read, write = await stack.enter_async_context(server._transport())
-        raw = await stack.enter_async_context(ClientSession(read, write))
-        await raw.initialize()
-        sdk = await _timed(lambda: raw.call_tool("echo", {"text": "ping"}), n)
-    ours = await _timed(lambda: server.call("echo", {"text": "ping"}), n)
+    # the SDK alone, on a second connection opened the same way (the same transport, mode="auto")
+    # timed in turns (one of each, n times) so that neither gets the machine's quieter moments
+    async with Client(server._transport(), mode="auto", cache=None) as raw:
+        version = raw.protocol_version
+        pair = await _timed_pairs(lambda: raw.call_tool("echo", {"text": "ping"}, read_timeout_seconds=60.0),
+                                  lambda: server.call("echo", {"text": "ping"}), n)
+    sdk, ours = pair
+    label = f"{label} ({version})"
     p50, p95 = _pct(ours, 50), _pct(ours, 95)
     b50, b95 = _pct(sdk, 50), _pct(sdk, 95)
-    print(f"{label:6} gateway call p50 {p50:6.2f} ms  p95 {p95:6.2f} ms | SDK alone p50 {b50:6.2f} ms  "
+    print(f"{label:24} gateway call p50 {p50:6.2f} ms  p95 {p95:6.2f} ms | SDK alone p50 {b50:6.2f} ms  "
           f"p95 {b95:6.2f} ms | overhead p50 {p50 - b50:+.2f} ms  p95 {p95 - b95:+.2f} ms  ({n} calls)")
 
 
@@ -105,15 +124,20 @@ async def _journal(home: str, n: int) -> None:
 async def main(calls: int, big: int, every: int) -> None:
     home = tempfile.mkdtemp(prefix="sb-bench-tools-")
     async with http_echo_server(value=TOKEN) as url:
-        cfg = config_from_dict({"home": home, "tools": {"mcp_servers": {
+        servers = {
             "stdio": {"command": sys.executable, "args": [ECHO], "allow": ["stdio__*"]},
             "http": {"url": url, "headers": {"Authorization": TOKEN}, "allow": ["http__*"]},
-        }}}, env={})
+        }
+        if LEGACY_PYTHON.exists():
+            servers["legacy"] = {"command": str(LEGACY_PYTHON), "args": [LEGACY], "allow": ["legacy__*"]}
+        else:
+            print(f"no legacy figures: {LEGACY_PYTHON} is missing (make mcp-legacy)")
+        cfg = config_from_dict({"home": home, "tools": {"mcp_servers": servers}}, env={})
         tools = McpTools(cfg.tools, ToolRegistry())
         tools.start()
         try:
             await tools.settled(30)
-            for name in ("stdio", "http"):
+            for name in servers:
                 await _overhead(name, tools.servers[name], calls)
             await _journal(home, calls)
             server = tools.servers["stdio"]
@@ -129,6 +153,7 @@ async def main(calls: int, big: int, every: int) -> None:
 
 
 if __name__ == "__main__":
+    logging.disable(logging.INFO)  # the servers' and the HTTP client's per-request lines
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500, help="timed echo calls per transport")
     parser.add_argument("--big", type=int, default=1000, help="calls returning 1 MB each, for the RSS figure")

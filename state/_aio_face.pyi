@@ -607,6 +607,23 @@ class AsyncApprovals:
     ) -> int | None: ...
 
 
+class AsyncQuestions:
+    """Questions's marked methods (``adb.questions``), each a coroutine."""
+
+    async def add(self, row: dict) -> None: ...
+    async def get(self, question_id: str) -> dict | None: ...
+    async def pending(self) -> list[dict]: ...
+    async def close(
+        self,
+        question_id: str,
+        status: str,
+        *,
+        answer: str | None = ...,
+        by: str | None = ...,
+        now: float,
+    ) -> bool: ...
+
+
 class AsyncMedia:
     """Media's marked methods (``adb.media``), each a coroutine."""
 
@@ -646,6 +663,7 @@ class AsyncFace:
     voice: AsyncVoiceMessages
     budgets: AsyncBudgets
     approvals: AsyncApprovals
+    questions: AsyncQuestions
     media: AsyncMedia
 
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...

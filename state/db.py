@@ -29,6 +29,7 @@ from ._messages import Messages
 from ._pairing import Pairing
 from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
+from ._questions import Questions
 from ._recall import Recall
 from ._recovery import Recovery
 from ._repo import Repository, marked_methods, reads as _reads
@@ -86,6 +87,7 @@ class SessionDB:
         "voice": VoiceMessages,
         "budgets": Budgets,
         "approvals": Approvals,
+        "questions": Questions,
         "media": Media,
     }
     sessions: Sessions
@@ -109,6 +111,7 @@ class SessionDB:
     voice: VoiceMessages
     budgets: Budgets
     approvals: Approvals
+    questions: Questions
     media: Media
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):

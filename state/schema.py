@@ -409,6 +409,13 @@ def _v32_pairing_waiting(conn):
     add_column(conn, "approved_users", "waiting", "TEXT")
 
 
+def _v33_tool_questions(conn):
+    """Both engines: :data:`state._questions.TABLES` (what MCP servers asked users mid-call)."""
+    from . import _questions
+
+    _questions.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -517,6 +524,8 @@ for _step in [
     Migration(31, "budgets: reservations of admitted calls (shared across instances), resets",
               _v31_budget_reservations, _v31_budget_reservations),
     Migration(32, "pairing: the message that waits for the approval", _v32_pairing_waiting, _v32_pairing_waiting),
+    Migration(33, "questions MCP servers asked users mid-call (elicitation), and the answers", _v33_tool_questions,
+              _v33_tool_questions),
 ]:
     register(_step)
 

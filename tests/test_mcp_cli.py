@@ -41,8 +41,8 @@ def test_list_shows_every_tool_and_whether_the_model_is_offered_it(config):
     [server] = json.loads(result.stdout)
     offered = {t["name"]: t["offered"] for t in server["tools"]}
     assert (server["server"], server["state"]) == ("echo", "ready")
-    assert offered == {"echo__big": False, "echo__calls": False, "echo__die": False, "echo__echo": True, "echo__environment": False,
-                       "echo__fail": False, "echo__grow": False, "echo__peak": False, "echo__pid": False,
+    assert offered == {"echo__big": False, "echo__book": False, "echo__calls": False, "echo__die": False,
+                       "echo__echo": True, "echo__environment": False, "echo__fail": False, "echo__grow": False, "echo__peak": False, "echo__pid": False,
                        "echo__slow": False}
 
 
@@ -84,7 +84,7 @@ async def test_slash_tools_lists_what_this_chat_may_use(tmp_path, model):
         await eventually(lambda: server.available, 20, "the echo server ready")
         api = ApiClient(gw)
         shown = await api.say("ann", "/tools")
-        assert gw.health()["tool_servers"] == {"echo": {"state": "ready", "tools": 10, "last_error": None}}
+        assert gw.health()["tool_servers"] == {"echo": {"state": "ready", "tools": 11, "last_error": None}}
         await server.stop()  # the server is gone: its tool stays listed, marked unavailable
         down = await api.say("ann", "/tools")
         await api.close()

@@ -66,6 +66,10 @@ def _fill_every_table(home: Path) -> Path:
                           "platform": "telegram", "chat_type": "dm", "chat_id": "c1", "user_id": "u1",
                           "tool": "files__write", "arguments": '{"path":"a"}', "call_hash": "ab" * 32,
                           "tool_call_id": "t1", "policy": "always", "requested_at": NOW, "expires_at": NOW + 600})
+        db.questions.add({"id": "q1w2e3r4", "session_id": "root", "session_key": "telegram:dm:u1",
+                          "platform": "telegram", "chat_id": "c1", "user_id": "u1", "tool": "trips__book",
+                          "field": "city", "kind": "choice", "choices": '[["rome","Rome"]]', "asked_at": NOW,
+                          "expires_at": NOW + 600})
         db.pairing.request("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
         db.pairing.request("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
         db.pairing.approve("telegram", "CODE2")
@@ -124,7 +128,8 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         empty = [t for t in tables if conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] == 0]
     assert [t for t in empty if t not in UNUSED_ON_SQLITE] == [], "the test's home must have rows in every table"
     assert {"sessions", "messages", "routes", "inbox", "deliveries", "facts", "cron_runs", "model_calls_daily",
-            "meta", "approved_users", "dead_letters", "chat_prefs", "tool_approvals"} <= set(tables)
+            "meta", "approved_users", "dead_letters", "chat_prefs", "tool_approvals",
+            "tool_questions"} <= set(tables)
 
     result = _cli("--to", pg_url, "--home", str(home))
 
@@ -139,6 +144,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
         assert db.prefs.get("telegram:dm:u1", "stream") == "off"
         assert db.budgets.spent(["user:alice"], ["d:2026-01-01"]) == {("user:alice", "d:2026-01-01"): (0.5, 5)}
         assert db.approvals.get("0a1b2c3d")["status"] == "pending"
+        assert db.questions.get("q1w2e3r4")["field"] == "city"
         assert [m["name"] for m in db.media.of_lineage("child")] == ["rollout.log"]
         assert db.routes.session("telegram:dm:u1")["id"] == "child"
         assert db.pairing.is_approved("telegram", "u3")

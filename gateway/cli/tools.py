@@ -51,7 +51,7 @@ def _with_servers(config_path: Path | None, wait: float, work: Callable[[McpTool
 
 def _server_row(status: ServerStatus) -> dict[str, Any]:
     return {"server": status.name, "transport": status.transport, "state": status.state,
-            "last_error": status.last_error,
+            "protocol": status.protocol, "last_error": status.last_error,
             "tools": [{"name": t.full_name, "offered": status.reach.get(t.full_name) == "everywhere",
                        "offered_in": status.reach.get(t.full_name, "nowhere"), "description": t.description}
                       for t in status.tools]}

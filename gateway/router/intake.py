@@ -197,6 +197,9 @@ class Intake:
                       extras: RequestExtras) -> Ticket | None:
         if not await self._admitted(msg):
             return None
+        take_reply = self._shared.hooks.take_reply
+        if take_reply is not None and await take_reply(msg):
+            return None
         key = self.key_for(msg)
         lane = self._lanes.lane(key)
         command = self.commands.parse(msg.text) if msg.is_command else None

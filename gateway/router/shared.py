@@ -144,6 +144,8 @@ class SessionHooks:
     # audio this instance does not hold (a restart, or another instance received it)
     # (``gateway.media.MediaService.audio_of``)
     stored_audio: Callable[[int], Awaitable[tuple[Attachment, ...]]] | None = None
+    # a message that answers a tool server's question (gateway.tools_mcp.questions): taken there, never a turn
+    take_reply: Callable[[InboundMessage], Awaitable[bool]] | None = None
 
 
 

@@ -60,6 +60,7 @@ from gateway.runtime.platform_http import PlatformHttp
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
+from gateway.tools_mcp.questions import ToolQuestions
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import ChatRef, PlatformStatus
 from gateway.usage import CallContext, UsageRecorder
@@ -102,6 +103,7 @@ class Services:
     memory: MemoryService
     facts: FactMemory
     approvals: ToolApprovals  # tool calls waiting for a person: /approve, /deny, buttons, timeouts
+    questions: ToolQuestions  # a tool server's questions to the user mid-call (elicitation): /answer, buttons
     mcp: McpTools  # the MCP servers of tools.mcp_servers: Gateway.start() starts them, stop() stops them
     compressor: Compressor
     commands: CommandSet
@@ -169,7 +171,9 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
     if cfg.facts.enabled:
         tools.register(facts.tool())
     # MCP servers: nothing runs until Gateway.start(); their allowed tools join the registry as they come up
-    mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call)
+    # a server's question mid-call (elicitation) goes to the chat of the person whose call it is
+    questions = ToolQuestions(db, cfg.tools, clock=clock)
+    mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call, elicit=questions.ask)
     # tools marked approval: always | once_per_session run only once a person approved the exact call
     approvals = ToolApprovals(db, cfg.tools, tools, identities=cfg.identities, agent=cfg.agent, clock=clock)
 
@@ -200,6 +204,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
     commands.add("approve", "Run a tool call waiting for your approval", "/approve [id]", approvals.approve_command,
                  runs_now=True)
     commands.add("deny", "Refuse a tool call waiting for your approval", "/deny [id]", approvals.deny_command,
+                 runs_now=True)
+    commands.add("answer", "Answer a question a tool asked you", "/answer <id> <answer>", questions.answer_command,
                  runs_now=True)
     if cfg.facts.enabled:
         commands.add("facts", "What is remembered about you; recall on or off", "/facts [on|off]",
@@ -234,7 +240,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
         commands=commands, metrics=wiring.metrics,
         hooks=SessionHooks(on_session_end=on_session_end, on_work_pending=wiring.on_work_pending,
                            ask_stop=wiring.ask_stop, work_elsewhere=wiring.work_elsewhere,
-                           keep_media=media.keep_notes, stored_audio=media.audio_of),
+                           keep_media=media.keep_notes, stored_audio=media.audio_of,
+                           take_reply=questions.take_reply),
         context_length=context_length, clock=clock, budgets=budgets, outbox=outbox,
         model_back=lambda: model.back(cfg.sessions.resume_within),
         # media.transcribe_with / speak_with: voice messages transcribed, replies spoken with /voice on
@@ -251,7 +258,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
                    probe=model.probe, agent=cfg.agent,
                    platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)))
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
-                    facts=facts, approvals=approvals, mcp=mcp, compressor=compressor, commands=commands, turn=turn,
+                    facts=facts, approvals=approvals, questions=questions, mcp=mcp, compressor=compressor,
+                    commands=commands, turn=turn,
                     router=router, cron=cron, api=api, media=media)
 
 

@@ -308,6 +308,8 @@ class Gateway:
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
+        if self.serve_api:  # questions a stop cut off: closed, their chats told (the platforms run now)
+            await services.questions.start(services.router.control, settle=not cfg.clustered)
         if self.claims is not None:
             await self.claims.start()
             opened.push_async_callback(self.claims.close)  # the leases still held go back: another instance answers

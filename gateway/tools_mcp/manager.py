@@ -36,6 +36,7 @@ class ServerStatus:
     tools: tuple[McpTool, ...]
     # where each tool is allowed (gateway.tools_mcp.policy.reach): everywhere | some chats | nowhere
     reach: Mapping[str, str] = field(default_factory=dict)
+    protocol: str | None = None  # the MCP revision it speaks (2026-07-28, 2025-11-25, ...), once connected
 
 
 class McpTools:
@@ -96,7 +97,7 @@ class McpTools:
             transport = f"http: {cfg.url}" if cfg.url else f"stdio: {cfg.command}"
             tools = tuple(t for _, t in sorted(server.tools.items()))
             out.append(ServerStatus(name, transport, server.state, server.last_error, server.restarts, tools,
-                                    {t.full_name: reach(self.policy, t.full_name) for t in tools}))
+                                    {t.full_name: reach(self.policy, t.full_name) for t in tools}, server.protocol))
         return out
 
     def find(self, full_name: str) -> tuple[McpServer, McpTool | None]:
@@ -138,7 +139,7 @@ class McpTools:
 
 def _as_tool(server: McpServer, tool: McpTool) -> Tool:
     async def run(ctx: ToolContext, args: dict) -> str:
-        return await server.call(tool.name, args)
+        return await server.call(tool.name, args, ctx)
 
     description = tool.description or f"The {tool.name} tool of the {server.name} MCP server."
     return Tool(tool.full_name, description, tool.parameters, run)

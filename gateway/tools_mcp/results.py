@@ -16,15 +16,15 @@ def result_text(result: types.CallToolResult) -> str:
         elif isinstance(block, types.EmbeddedResource):
             resource = block.resource
             text = getattr(resource, "text", None)
-            parts.append(text if text is not None else f"[binary resource {resource.uri} ({resource.mimeType or 'unknown type'})]")
+            parts.append(text if text is not None else f"[binary resource {resource.uri} ({resource.mime_type or 'unknown type'})]")
         elif isinstance(block, types.ResourceLink):
             parts.append(f"[resource link {block.uri}]")
         else:  # images and audio: the model is told what came, not given the bytes
-            parts.append(f"[{block.type} ({getattr(block, 'mimeType', None) or 'unknown type'}) not shown]")
-    if not parts and result.structuredContent is not None:
-        parts.append(json.dumps(result.structuredContent, ensure_ascii=False))
+            parts.append(f"[{block.type} ({getattr(block, 'mime_type', None) or 'unknown type'}) not shown]")
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
     text = "\n".join(parts)
-    if result.isError:
+    if result.is_error:
         return f"error: {text or 'the tool failed and said nothing more'}"
     return text
 

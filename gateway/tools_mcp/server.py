@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
+import contextvars
 import fnmatch
 import logging
 import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
-from mcp import ClientSession, McpError, types
-from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+from mcp import Client, MCPError, types
+from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.config import McpServerConfig
 from gateway.retry import Backoff, supervise
@@ -46,13 +50,33 @@ PING_ANSWER_SECONDS = 10.0  # a server that does not answer a ping within this i
 CONNECT_SECONDS = 30.0  # starting and initializing a server, at most
 HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff again from the beginning
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
-CONNECTION_CLOSED = -32000  # the SDK's code for a call whose connection ended (mcp.shared.session)
-REQUEST_TIMEOUT = 408  # ... and for a call that got no answer within its read timeout
-CANCEL_SEND_SECONDS = 5.0  # telling a server a call is cancelled, at most
+RELISTEN_SECONDS = 1.0  # a subscriptions/listen stream that ended is opened again after this
+CLIENT_INFO = types.Implementation(name="switchboard", version="1")
 
 
 # Told of every call: (<server>__<tool>, ok | error | timeout | unavailable | cancelled, seconds).
 OnCall = Callable[[str, str, float], None]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Asking:
+    """The call a server's question belongs to: the tool (``<server>__<tool>``) and who asked for it
+    (the turn's :class:`gateway.tools.ToolContext`, or None for a call with no chat behind it)."""
+
+    tool: str
+    arguments: dict[str, Any]
+    context: Any
+
+
+# Answers a server's question (an elicitation) for the call it belongs to; never raises.
+Elicit = Callable[[Asking, types.ElicitRequestParams], Awaitable[types.ElicitResult]]
+
+
+async def decline_all(asking: Asking, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="decline")
+
+
+_asking: contextvars.ContextVar[Asking | None] = contextvars.ContextVar("mcp_asking", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,19 +107,22 @@ def _valid_name(name: str) -> bool:
 class McpServer:
     def __init__(self, name: str, cfg: McpServerConfig, *, on_change: Callable[[], None] = lambda: None,
                  backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS,
-                 on_call: OnCall = lambda name, outcome, seconds: None) -> None:
+                 on_call: OnCall = lambda name, outcome, seconds: None, elicit: Elicit = decline_all) -> None:
         self.name = name
         self.cfg = cfg
         self._on_change = on_change
         self._on_call = on_call
+        self._elicit = elicit
+        self._asking: set[Asking] = set()  # the calls running now (a legacy question names none of them)
         self._backoff = backoff
         self._ping_seconds = ping_seconds
         self.state = "starting"  # starting | ready | restarting | stopped
         self.last_error: str | None = None
         self.restarts = 0
+        self.protocol: str | None = None  # the revision this connection speaks (2026-07-28, 2025-11-25, ...)
         self.tools: dict[str, McpTool] = {}  # by the server's own name
         self.settled = asyncio.Event()  # the first connection succeeded or failed (what the CLI waits for)
-        self._session: ClientSession | None = None
+        self._session: Client | None = None
         self._calls = asyncio.Semaphore(cfg.max_concurrent_calls)
         self._broken = asyncio.Event()
         self._refresh = asyncio.Event()
@@ -121,40 +148,44 @@ class McpServer:
         return self.state == "ready" and self._session is not None
 
     # -- calls ------------------------------------------------------------
-    async def call(self, tool: str, arguments: dict[str, Any]) -> str:
-        """Run ``tool`` with ``arguments``: its result, or why there is none, as text cut at the cap.
+    async def call(self, tool: str, arguments: dict[str, Any], context: Any = None) -> str:
+        """Run ``tool`` with ``arguments`` for ``context`` (the turn's ToolContext: who a question the server
+        asks mid-call goes to): its result, or why there is none, as text cut at the cap.
         Each call is reported to ``on_call`` (its name, outcome and seconds: the metrics)."""
         full = f"{self.name}{SEPARATOR}{tool}"
         began = time.monotonic()
         outcome = "cancelled"
+        asking = Asking(full, dict(arguments), context)
+        token = _asking.set(asking)
+        self._asking.add(asking)
         try:
             outcome, text = await self._call(full, tool, arguments)
         finally:
+            self._asking.discard(asking)
+            _asking.reset(token)
             self._on_call(full, outcome, time.monotonic() - began)
         return text
 
     async def _call(self, full: str, tool: str, arguments: dict[str, Any]) -> tuple[str, str]:
-        """(outcome, text): ok | error | timeout | unavailable, and what the model reads."""
+        """(outcome, text): ok | error | timeout | unavailable, and what the model reads.
+
+        A call given up on (``/stop``, the gateway stopping, no answer within ``timeout_seconds``) is
+        cancelled in the server too: the SDK (2.x) sends ``notifications/cancelled`` for the request it
+        abandons, so the server stops the call's work and sends no result."""
         session = self._session
         if session is None or self.state != "ready":
             return "unavailable", (f"error: {full} is unavailable right now (the {self.name} tool server is "
                                    f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later "
                                    f"or do without it")
         async with self._calls:
-            request_id = _next_request_id(session)
             try:
-                result = await session.call_tool(tool, arguments,
-                                                 read_timeout_seconds=dt.timedelta(seconds=self.cfg.timeout_seconds))
-            except asyncio.CancelledError:  # /stop, or the gateway stopping: the server is told to stop too
-                self._cancel(session, request_id, "stopped (/stop, or the gateway stopping)")
-                raise
-            except McpError as exc:
+                result = await session.call_tool(tool, arguments, read_timeout_seconds=self.cfg.timeout_seconds)
+            except MCPError as exc:
                 if exc.error.code == CONNECTION_CLOSED:
                     self._lost(session)
                     return "error", (f"error: the {self.name} tool server stopped during the call to {full}; it is "
                                      f"being restarted, try again shortly")
                 if exc.error.code == REQUEST_TIMEOUT:
-                    self._cancel(session, request_id, f"no answer within {self.cfg.timeout_seconds:g} seconds")
                     return "timeout", f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
                 return "error", f"error: {full} failed: {exc.error.message}"
             except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
@@ -162,21 +193,26 @@ class McpServer:
                 log.warning("MCP call %s failed: %s: %s", full, type(exc).__name__, exc)
                 return "error", (f"error: the {self.name} tool server could not run {full} "
                                  f"({type(exc).__name__}); try again shortly")
-        return "error" if result.isError else "ok", capped(result_text(result), self.cfg.max_output_bytes)
+        return "error" if result.is_error else "ok", capped(result_text(result), self.cfg.max_output_bytes)
 
-    def _cancel(self, session: ClientSession, request_id: int | None, reason: str) -> None:
-        """Send ``notifications/cancelled`` for a call given up on, from a task of its own (the caller
-        may itself be cancelled); the server stops the call's work and sends no result."""
-        if request_id is None or self._session is not session:
-            return
-        notice = types.ClientNotification(types.CancelledNotification(
-            params=types.CancelledNotificationParams(requestId=request_id, reason=reason)))
-
-        async def send() -> None:
-            with contextlib.suppress(Exception), anyio.move_on_after(CANCEL_SEND_SECONDS):
-                await session.send_notification(notice)
-
-        spawn(send(), name=f"mcp-cancel:{self.name}:{request_id}")
+    async def _on_elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
+        """The server asks the user something mid-call.  On 2026-07-28 the SDK's retry loop runs in the
+        calling task, so the call is known; a legacy ``elicitation/create`` arrives on the session's own
+        task and names no call: it belongs to the one call running on this server, and is declined when
+        several are (their askers may be different people: none of them is shown another's question)."""
+        asking = _asking.get()
+        if asking is None:
+            running = list(self._asking)
+            if len(running) != 1:
+                log.warning("MCP server %s asked a question while %d calls ran; it cannot be told whose it is, "
+                            "so it is declined", self.name, len(running))
+                return types.ElicitResult(action="decline")
+            asking = running[0]
+        try:
+            return await self._elicit(asking, params)
+        except Exception:  # a failed question is a declined one, never a broken call
+            log.exception("MCP server %s: answering its question for %s failed; declined", self.name, asking.tool)
+            return types.ElicitResult(action="decline")
 
     def _transport_ended(self, why: str) -> None:
         """The server's stdout ended or its process exited: down at once (its tools answer "unavailable",
@@ -188,7 +224,7 @@ class McpServer:
         self.state = "restarting"
         self._broken.set()
 
-    def _lost(self, session: ClientSession) -> None:
+    def _lost(self, session: Client) -> None:
         """A call found ``session`` broken: calls after it are told the server is restarting."""
         if self._session is session:
             self._session = None
@@ -228,31 +264,55 @@ class McpServer:
         self._broken.clear()
         self._refresh.clear()
         self._ended = None
-        async with contextlib.AsyncExitStack() as stack:
-            read, write = await stack.enter_async_context(self._transport())
-            session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
+        client = Client(self._transport(), mode="auto", message_handler=self._on_message,
+                        elicitation_callback=self._on_elicit, client_info=CLIENT_INFO,
+                        read_timeout_seconds=CONNECT_SECONDS,  # each call passes its own
+                        cache=None)  # the tool list is read again when it changes, never served stale
+        async with client, anyio.create_task_group() as tg:
             with _deadline(CONNECT_SECONDS):
-                await session.initialize()
-                await self._read_tools(session)
+                await self._read_tools(client)
             if self._broken.is_set():  # it died while starting
                 return
-            self._session = session
+            modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+            if modern and _announces_changes(client):
+                tg.start_soon(self._listen, client)
+            self._session = client
+            self.protocol = client.protocol_version
             self.state = "ready"
             self.last_error = None
             self.settled.set()
-            log.info("MCP server %s is ready: %d tool(s), %d allowed", self.name, len(self.tools),
-                     sum(t.allowed for t in self.tools.values()))
-            while not self._broken.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake(), timeout=self._ping_seconds)
-                if self._broken.is_set():
-                    return
-                if self._refresh.is_set():
-                    self._refresh.clear()
-                    await self._read_tools(session)
-                else:
-                    with _deadline(PING_ANSWER_SECONDS):
-                        await session.send_ping()
+            log.info("MCP server %s is ready (protocol %s): %d tool(s), %d allowed", self.name,
+                     client.protocol_version, len(self.tools), sum(t.allowed for t in self.tools.values()))
+            try:
+                while not self._broken.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake(), timeout=self._ping_seconds)
+                    if self._broken.is_set():
+                        return
+                    if self._refresh.is_set():
+                        self._refresh.clear()
+                        await self._read_tools(client)
+                    else:
+                        with _deadline(PING_ANSWER_SECONDS):
+                            await _still_there(client, modern)
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _listen(self, client: Client) -> None:
+        """2026-07-28: a ``subscriptions/listen`` stream for tool list changes, for as long as the
+        connection lasts; each event (and each new stream: there is no replay) reads the list again."""
+        first = True
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    if not first:
+                        self._refresh.set()
+                    first = False
+                    async for _event in subscription:
+                        self._refresh.set()
+            except (MCPError, SubscriptionLost, TimeoutError) as exc:
+                log.debug("MCP server %s: its change stream ended (%s); opened again", self.name, _describe(exc))
+            await anyio.sleep(RELISTEN_SECONDS)
 
     async def _wake(self) -> None:
         waits = [asyncio.ensure_future(self._broken.wait()), asyncio.ensure_future(self._refresh.wait())]
@@ -293,18 +353,18 @@ class McpServer:
 
     async def _on_message(self, message: Any) -> None:
         # Runs in the session's receive loop: never call the server from here, only wake the supervisor.
-        if isinstance(message, types.ServerNotification) and isinstance(message.root, types.ToolListChangedNotification):
+        if isinstance(message, types.ToolListChangedNotification):  # the legacy revision's notice
             self._refresh.set()
         elif isinstance(message, Exception):
             log.debug("MCP server %s sent something unreadable: %s", self.name, message)
 
-    async def _read_tools(self, session: ClientSession) -> None:
+    async def _read_tools(self, client: Client) -> None:
         listed: list[types.Tool] = []
         cursor: str | None = None
         while True:
-            page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+            page = await client.list_tools(cursor=cursor)
             listed += page.tools
-            cursor = page.nextCursor
+            cursor = page.next_cursor
             if not cursor:
                 break
         tools: dict[str, McpTool] = {}
@@ -316,7 +376,7 @@ class McpServer:
                             self.name, tool.name[:80], MAX_NAME)
                 continue
             tools[tool.name] = McpTool(self.name, tool.name, (tool.description or "")[:MAX_DESCRIPTION],
-                                       dict(tool.inputSchema or {"type": "object", "properties": {}}),
+                                       dict(tool.input_schema or {"type": "object", "properties": {}}),
                                        allowed(full, self.cfg.allow, self.cfg.deny))
         changed = tools != self.tools
         self.tools = tools
@@ -349,8 +409,22 @@ async def _log_lines(fd: int, log_to: logging.Logger, keep: Callable[[str], None
 @contextlib.asynccontextmanager
 async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[tuple[Any, Any]]:
     async with create_mcp_http_client(headers=headers) as client:
-        async with streamable_http_client(url, http_client=client) as (read, write, _session_id):
+        async with streamable_http_client(url, http_client=client) as (read, write):
             yield read, write
+
+
+def _announces_changes(client: Client) -> bool:
+    tools = client.server_capabilities.tools
+    return tools is not None and bool(tools.list_changed)
+
+
+async def _still_there(client: Client, modern: bool) -> None:
+    """A quiet connection's check: ``ping`` on the legacy revision; 2026-07-28 has none, and a
+    ``server/discover`` is the cheapest request every server answers."""
+    if modern:
+        await client.session.send_discover(client.protocol_version)  # discover() answers from what it kept
+    else:
+        await client.session.send_ping()
 
 
 @contextlib.contextmanager
@@ -358,15 +432,6 @@ def _deadline(seconds: float):
     """A deadline for awaits inside the SDK's anyio scopes."""
     with anyio.fail_after(seconds):
         yield
-
-
-def _next_request_id(session: ClientSession) -> int | None:
-    """The JSON-RPC id the session gives its next request, which ``call_tool`` takes before it first
-    waits: what ``notifications/cancelled`` must name.  The SDK (1.x) sends no cancellation itself when
-    a request is cancelled or times out, and keeps this counter private; None if it ever goes away
-    (then nothing is sent, the call is still abandoned)."""
-    value = getattr(session, "_request_id", None)
-    return value if isinstance(value, int) else None
 
 
 def _describe(exc: BaseException) -> str:

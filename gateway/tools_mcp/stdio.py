@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, TextIO
 
 import anyio
 import anyio.to_thread
-from mcp import types
+import mcp_types as types
 from mcp.shared.message import SessionMessage
 
 THREAD_PARSE_BYTES = 256 * 1024
@@ -31,7 +31,7 @@ STOP_SECONDS = 2.0
 
 def _parse(line: bytes) -> SessionMessage | Exception:
     try:
-        return SessionMessage(types.JSONRPCMessage.model_validate_json(line))
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except Exception as exc:  # noqa: BLE001 - handed to the session, which reports it
         return exc
 
@@ -85,7 +85,7 @@ async def stdio_transport(command: str, args: list[str], *, env: dict[str, str],
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             async with write_reader:
                 async for message in write_reader:
-                    data = message.message.model_dump_json(by_alias=True, exclude_none=True)
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
                     await process.stdin.send((data + "\n").encode("utf-8"))
 
     async with anyio.create_task_group() as tg, process:

@@ -6,7 +6,8 @@
 Its tools: ``echo``, ``pid``, ``environment`` (its whole os.environ, as JSON), ``slow`` (and ``peak``, the most
 that ran at once, and ``calls``: how many started and how many the client cancelled), ``fail``, ``big`` (a
 result of N bytes), ``die`` (the process exits in the middle of the call) and ``grow`` (adds the tool
-``late`` and tells the client its list changed).
+``late`` and tells the client its list changed) and ``book`` (asks the user, through elicitation, for a city
+and whether to go ahead).
 """
 
 from __future__ import annotations
@@ -14,12 +15,26 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import Annotated, Literal
 
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, ElicitationResult, MCPServer, Resolve
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, Field
 
 
-def build(name: str = "echo") -> FastMCP:
-    server = FastMCP(name)
+class Trip(BaseModel):
+    city: Literal["Paris", "Rome", "Oslo"] = Field(description="Where to")
+    confirm: bool = Field(description="Book it now?")
+    note: str = Field(default="", description="Anything to tell the hotel")
+
+
+def ask_trip() -> Elicit[Trip]:
+    return Elicit("Which trip shall I book?", Trip)
+
+
+def build(name: str = "echo") -> MCPServer:
+    server = MCPServer(name)
 
     @server.tool()
     def echo(text: str) -> str:
@@ -68,8 +83,8 @@ def build(name: str = "echo") -> FastMCP:
 
     @server.tool()
     def fail(why: str) -> str:
-        """Always fails."""
-        raise ValueError(f"cannot do that: {why}")
+        """Always fails (a ToolError: MCPServer shows the model the message of that one, not of others)."""
+        raise ToolError(f"cannot do that: {why}")
 
     @server.tool()
     def big(size: int) -> str:
@@ -90,8 +105,19 @@ def build(name: str = "echo") -> FastMCP:
             return "late but here"
 
         server.add_tool(late, name="late")
-        await ctx.session.send_tool_list_changed()
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            await ctx.notify_tools_changed()  # to the client's subscriptions/listen stream
+        else:
+            await ctx.session.send_tool_list_changed()  # notifications/tools/list_changed
         return "grown"
+
+    @server.tool()
+    def book(trip: Annotated[ElicitationResult[Trip], Resolve(ask_trip)]) -> str:
+        """Book a trip: asks the user where to and whether to go ahead (2026-07-28: InputRequiredResult)."""
+        if not isinstance(trip, AcceptedElicitation):
+            return f"not booked ({trip.action})"
+        got = trip.data
+        return f"booked {got.city} (note: {got.note or 'none'})" if got.confirm else f"not booked: {got.city} unconfirmed"
 
     return server
 

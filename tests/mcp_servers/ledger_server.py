@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from mcp.server.fastmcp import FastMCP
+from mcp.server.mcpserver import MCPServer
 
 
-def build() -> FastMCP:
-    server = FastMCP("ledger")
+def build() -> MCPServer:
+    server = MCPServer("ledger")
 
     @server.tool()
     def append(path: str, text: str) -> str:

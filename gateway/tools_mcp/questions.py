@@ -1,0 +1,276 @@
+"""A tool server's questions to the user mid-call (MCP elicitation), asked in the chat of the person
+whose call it is, as approvals are.
+
+    questions = ToolQuestions(db, cfg.tools, clock=clock)
+    McpTools(cfg.tools, registry, elicit=questions.ask)   # a server's question reaches ask()
+    await questions.start(control)                        # where the questions are posted (gateway.control)
+    /answer <id> <answer>                                 # a button press sends the same command
+
+The call waits while its server's question is asked (the SDK holds it: a legacy ``elicitation/create``
+request, or the retry of a 2026-07-28 ``InputRequiredResult``).  A form is asked one field at a time,
+each as its own message naming the tool and the question's id: a choice or a yes/no with buttons
+(where the platform has them), anything else answered by replying with the text (or ``/answer <id>
+<text>``).  A field that is not required can be skipped (it then gets its default); "Decline" refuses
+the whole form.  Only the person whose call it is can answer, in the chat it was asked in; an answer
+that does not fit says why and the question goes on waiting.
+
+Every question is stored (``db.questions``) when it is posted, and moves once from ``pending``: a
+second press finds it answered.  Unanswered within ``tools.approval_timeout`` the server is told the
+user declined.  A question still pending when the gateway stopped belonged to a call that ended with
+it: at the next start it is closed as interrupted and its chat told so, and a late press says the
+same; the model is told by the crash journal that the call was cut off.
+
+Where nobody can answer (a scheduled job, the local API, the terminal) the server is told the user declined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from mcp import types
+
+import state
+from gateway.config import ToolsConfig
+from gateway.tools_mcp.elicit import Question, Value, form_content, form_questions
+from gateway.tools_mcp.server import Asking
+from gateway.types import Button, ChatRef, InboundMessage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gateway.commands import CommandContext
+    from gateway.control import ChatControl
+
+log = logging.getLogger(__name__)
+
+NO_CHAT_PLATFORMS = frozenset({"cron", "api", "cli"})  # nobody reads a posted question there
+
+
+class _End:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+DECLINE, SKIP, EXPIRED = _End("decline"), _End("skip"), _End("expired")
+
+
+@dataclass
+class _Waiting:
+    question: Question
+    row: dict
+    answer: asyncio.Future
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{round(seconds / 60, 1):g} minutes"
+    return f"{round(seconds, 1 if seconds < 10 else None):g} seconds"
+
+
+def _shown(value: Value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(value) or "(none)"
+    return str(value)
+
+
+class ToolQuestions:
+    """The MCP servers' ``elicit`` callback, the ``/answer`` command, plain replies to a question, and the
+    settling of questions a restart cut off."""
+
+    def __init__(self, db: state.AsyncSessionDB, cfg: ToolsConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self.clock = clock
+        self.router: ChatControl | None = None  # given at start(): where the questions are posted
+        self._waiting: dict[str, _Waiting] = {}
+        self.configure(cfg)
+
+    def configure(self, cfg: ToolsConfig) -> None:
+        self.timeout = cfg.approval_timeout
+
+    # -- asked by a server (gateway.tools_mcp.server.Elicit) ---------------------------------
+    async def ask(self, asking: Asking, params: types.ElicitRequestParams) -> types.ElicitResult:
+        ctx = asking.context
+        extra = getattr(ctx, "extra", None) or {}
+        chat: ChatRef | None = extra.get("chat")
+        router = self.router
+        if (ctx is None or chat is None or router is None or ctx.platform in NO_CHAT_PLATFORMS
+                or not router.has_output(chat.platform)):
+            log.info("%s asked the user something where nobody can answer; declined", asking.tool)
+            return types.ElicitResult(action="decline")
+        if not isinstance(params, types.ElicitRequestFormParams):
+            # URL mode (a link to open, e.g. to authorise): not asked yet; the server is told no
+            log.info("%s asked the user to open a link (URL elicitation), which is not supported yet; declined",
+                     asking.tool)
+            return types.ElicitResult(action="decline")
+        try:
+            questions = form_questions(params.requested_schema)
+        except ValueError as exc:
+            log.warning("%s asked with a form a chat cannot ask (%s); declined", asking.tool, exc)
+            await router.deliver(chat, f"{asking.tool} asked for something that cannot be asked here ({exc}); "
+                                       "it was told no.", None)
+            return types.ElicitResult(action="decline")
+        deadline = self.clock() + self.timeout
+        answers: dict[str, Value] = {}
+        intro = f"**{asking.tool}** asks: {params.message.strip()[:1500]}"
+        for n, question in enumerate(questions, 1):
+            got = await self._ask_one(asking, ctx, chat, question, intro if n == 1 else None, n, len(questions),
+                                      deadline)
+            if got is DECLINE or got is EXPIRED:
+                return types.ElicitResult(action="decline")
+            if not isinstance(got, _End):
+                answers[question.name] = got
+        return types.ElicitResult(action="accept", content=form_content(questions, answers))
+
+    async def _ask_one(self, asking: Asking, ctx, chat: ChatRef, question: Question, intro: str | None, n: int,
+                       total: int, deadline: float) -> Value | _End:
+        qid = secrets.token_hex(4)
+        row = {"id": qid, "session_id": ctx.session_id, "session_key": ctx.session_key, "platform": chat.platform,
+               "chat_id": chat.chat_id, "thread_id": chat.thread_id, "user_id": ctx.user_id, "tool": asking.tool,
+               "field": question.name, "kind": question.kind, "choices": json.dumps(question.choices),
+               "asked_at": self.clock(), "expires_at": deadline}
+        await self.db.questions.add(row)
+        waiting = _Waiting(question, row, asyncio.get_running_loop().create_future())
+        self._waiting[qid] = waiting
+        router = self.router
+        assert router is not None  # ask() declines before a question when there is none
+        try:
+            buttons = self._buttons(qid, question) if chat.platform in ("telegram", "discord", "slack") else ()
+            await router.deliver(chat, self._text(qid, question, intro, n, total, deadline, bool(buttons)),
+                                      None, buttons=buttons)
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiting.answer), max(deadline - self.clock(), 0.01))
+            except asyncio.TimeoutError:
+                if await self.db.questions.close(qid, "expired", now=self.clock()):
+                    log.info("question %s of %s ran out unanswered; declined", qid, asking.tool)
+                    await router.deliver(chat, f"Question {qid} ({asking.tool}) was not answered within "
+                                                    f"{_duration(self.timeout)}; the server was told no.", None)
+                    return EXPIRED
+                return await waiting.answer  # answered in the same moment: that answer stands
+        finally:
+            self._waiting.pop(qid, None)
+
+    def _text(self, qid: str, q: Question, intro: str | None, n: int, total: int, deadline: float,
+              buttoned: bool) -> str:
+        lines = [intro] if intro else []
+        lines.append(f"Question {n} of {total} (question {qid}): {q.prompt()}")
+        how = "Press a button" if buttoned and q.buttoned else "Reply with your answer"
+        skip = "" if q.required else f", /answer {qid} skip to leave it{' at its default' if q.default not in (None, '') else ''}"
+        lines.append(f"{how} (or /answer {qid} <answer>{skip}, /answer {qid} decline to refuse the whole form). "
+                     f"Unanswered, it is declined in {_duration(max(deadline - self.clock(), 0))}.")
+        return "\n".join(lines)
+
+    def _buttons(self, qid: str, q: Question) -> tuple[Button, ...]:
+        out: list[Button] = []
+        if q.kind == "boolean":
+            out += [Button("Yes", f"/answer {qid} yes", "primary"), Button("No", f"/answer {qid} no")]
+        elif q.kind == "choice" and q.buttoned:  # by number: a platform's button data is short (Telegram: 64 bytes)
+            out += [Button(label[:60], f"/answer {qid} #{i}") for i, (_, label) in enumerate(q.choices, 1)]
+        if not q.required:
+            out.append(Button("Skip" if q.default is None or q.default == "" else f"Default ({_shown(q.default)[:30]})",
+                              f"/answer {qid} skip"))
+        out.append(Button("Decline", f"/answer {qid} decline", "danger"))
+        return tuple(out)
+
+    # -- answered: /answer, a button, or a plain reply ----------------------------------------
+    async def answer_command(self, ctx: CommandContext) -> str:
+        msg = ctx.ticket.msg
+        qid, _, text = ctx.command.args.strip().partition(" ")
+        if not qid:
+            mine = self._mine(msg)
+            if not mine:
+                return "No question here waits for your answer."
+            return "Say which question: " + "; ".join(f"/answer {w.row['id']} … ({w.row['tool']}: {w.question.title})"
+                                                      for w in mine[:10])
+        return await self._answer(msg, qid.lower(), text)
+
+    async def take_reply(self, msg: InboundMessage) -> bool:
+        """A plain message from someone a question in this chat waits for is the answer to it (the
+        newest, when several do): answered here, never a turn.  False: not an answer, route it as usual."""
+        if msg.is_command or not msg.text.strip():
+            return False
+        mine = self._mine(msg)
+        if not mine:
+            return False
+        said = await self._answer(msg, mine[-1].row["id"], msg.text)
+        if self.router is not None:
+            await self.router.deliver(msg.chat, said, msg.message_id)
+        return True
+
+    def _mine(self, msg: InboundMessage) -> list[_Waiting]:
+        return [w for w in self._waiting.values()
+                if (w.row["platform"], w.row["chat_id"], w.row["user_id"]) == (msg.platform, msg.chat_id, msg.user_id)]
+
+    async def _answer(self, msg: InboundMessage, qid: str, text: str) -> str:
+        row = await self.db.questions.get(qid)
+        if row is None or (row["platform"], row["chat_id"]) != (msg.platform, msg.chat_id):
+            return f"There is no question {qid} in this chat."  # another chat's: not even its existence is told
+        if row["status"] != "pending":
+            return _closed(row)
+        if msg.user_id is None or msg.user_id != row["user_id"]:
+            return (f"Only the person whose call it is can answer question {qid} ({row['tool']}); nothing changed.")
+        waiting = self._waiting.get(qid)
+        by = f"{msg.platform}:{msg.user_id}"
+        if waiting is None:  # its call is not running here any more (it ended with a restart)
+            await self.db.questions.close(qid, "interrupted", now=self.clock())
+            return _closed({**row, "status": "interrupted"})
+        word = text.strip()
+        if word.lower() == "decline":
+            if not await self.db.questions.close(qid, "declined", by=by, now=self.clock()):
+                return _closed(await self.db.questions.get(qid) or row)
+            waiting.answer.set_result(DECLINE)
+            return f"Declined: {row['tool']} was told no (question {qid})."
+        question = waiting.question
+        if word.lower() == "skip":
+            if question.required:
+                return f"Question {qid} must be answered (or declined); it still waits."
+            value: Value | _End = SKIP
+        else:
+            try:
+                value = question.parse(_by_number(question, word))
+            except ValueError as exc:
+                return f"That does not fit question {qid}: {exc}. It still waits for your answer."
+        stored = None if isinstance(value, _End) else json.dumps(value)
+        if not await self.db.questions.close(qid, "answered", answer=stored, by=by, now=self.clock()):
+            return _closed(await self.db.questions.get(qid) or row)
+        waiting.answer.set_result(value)
+        log.info("question %s of %s answered by %s", qid, row["tool"], by)
+        shown = "left at its default" if value is SKIP else _shown(value)  # type: ignore[arg-type]
+        return f"Noted for {row['tool']}: {question.title} = {shown} (question {qid})."
+
+    # -- after a restart -----------------------------------------------------------------------
+    async def start(self, control: ChatControl, *, settle: bool = True) -> None:
+        """Post questions through ``control`` from now on; close the questions a stop left pending (their
+        calls ended with it) and tell their chats."""
+        self.router = control
+        if not settle:
+            return
+        for row in await self.db.questions.pending():
+            if row["id"] in self._waiting or not await self.db.questions.close(row["id"], "interrupted",
+                                                                                now=self.clock()):
+                continue
+            log.warning("question %s of %s was cut off by a restart; its call ended", row["id"], row["tool"])
+            if self.router is not None:
+                await self.router.deliver(ChatRef(row["platform"], row["chat_id"], row["thread_id"]),
+                                          f"Question {row['id']} ({row['tool']}) was cut off: the gateway restarted "
+                                          "while it waited, and the call it belonged to ended.", None)
+
+
+def _by_number(question: Question, word: str) -> str:
+    """``#n`` (what a choice's button sends) as that choice's value."""
+    if question.kind == "choice" and word.startswith("#") and word[1:].isdigit():
+        index = int(word[1:]) - 1
+        if 0 <= index < len(question.choices):
+            return question.choices[index][0]
+    return word
+
+
+def _closed(row: dict) -> str:
+    how = {"answered": "answered", "declined": "declined", "expired": "declined (no answer in time)",
+           "interrupted": "cut off by a restart (the call it belonged to ended)"}.get(row["status"], row["status"])
+    return f"Question {row['id']} ({row['tool']}) is already closed: {how}."

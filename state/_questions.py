@@ -1,0 +1,107 @@
+"""Questions an MCP server asked the user mid-call (elicitation), one row per field asked, and their answers.
+
+    tool_questions   one row per question posted in a chat: the call it belongs to (tool, session, the
+                     chat and the user who asked for the call), the field, how it is answered (kind,
+                     choices), and its status with the answer
+
+A row is written ``pending`` when the question is posted.  It moves once, and only from ``pending``
+(one conditional UPDATE, so a button pressed twice or an answer racing the timeout decides once): to
+``answered`` (with the answer as JSON), ``declined`` (the user refused the form), ``expired`` (nobody
+answered in time: the server is told the user declined) or ``interrupted`` (the gateway stopped while
+it waited: the call ended with it, and a late answer is told so).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from ._dialect import dialect_of
+from ._repo import Repository, reads, writes
+
+#: The table (schema v33), written once for both engines (``state._dialect``'s type tokens).
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS tool_questions (
+        id TEXT PRIMARY KEY,
+        session_id TEXT,
+        session_key TEXT,
+        platform TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        thread_id TEXT,
+        user_id TEXT,
+        tool TEXT NOT NULL,
+        field TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        choices TEXT NOT NULL,
+        status TEXT NOT NULL,
+        answer TEXT,
+        asked_at {REAL} NOT NULL,
+        expires_at {REAL} NOT NULL,
+        answered_at {REAL},
+        answered_by TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS idx_tool_questions_chat ON tool_questions(platform, chat_id, status)",
+    "CREATE INDEX IF NOT EXISTS idx_tool_questions_pending ON tool_questions(status, expires_at)",
+)
+
+COLUMNS = ("id", "session_id", "session_key", "platform", "chat_id", "thread_id", "user_id", "tool", "field", "kind",
+           "choices", "status", "answer", "asked_at", "expires_at", "answered_at", "answered_by")
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM tool_questions"
+ENDS = ("answered", "declined", "expired", "interrupted")
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    dialect_of(conn).create(conn, TABLES)
+
+
+def _row(row: Any) -> dict:
+    return dict(zip(COLUMNS, row, strict=True))
+
+
+def add_question(conn: sqlite3.Connection, row: dict) -> None:
+    values = {**{c: None for c in COLUMNS}, **row, "status": "pending"}
+    conn.execute(f"INSERT INTO tool_questions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                 tuple(values[c] for c in COLUMNS))
+
+
+def get_question(conn: sqlite3.Connection, question_id: str) -> dict | None:
+    row = conn.execute(f"{_SELECT} WHERE id = ?", (question_id,)).fetchone()
+    return _row(row) if row else None
+
+
+def pending_questions(conn: sqlite3.Connection) -> list[dict]:
+    return [_row(r) for r in conn.execute(f"{_SELECT} WHERE status = 'pending' ORDER BY asked_at, id").fetchall()]
+
+
+def close_question(conn: sqlite3.Connection, question_id: str, status: str, answer: str | None, by: str | None,
+                   now: float) -> bool:
+    """Move a pending question to ``status`` (one of :data:`ENDS`); False when it was not pending."""
+    if status not in ENDS:
+        raise ValueError(f"status must be one of {ENDS}, not {status!r}")
+    cur = conn.execute("UPDATE tool_questions SET status = ?, answer = ?, answered_at = ?, answered_by = ? "
+                       "WHERE id = ? AND status = 'pending'", (status, answer, now, by, question_id))
+    return cur.rowcount == 1
+
+
+class Questions(Repository):
+    """``db.questions``: what MCP servers asked the users mid-call, and the answers."""
+
+    @writes
+    def add(self, row: dict) -> None:
+        """Store a pending question (``COLUMNS`` but status)."""
+        return self._engine.write(add_question, row)
+
+    @reads
+    def get(self, question_id: str) -> dict | None:
+        return self._engine.read(get_question, question_id)
+
+    @reads
+    def pending(self) -> list[dict]:
+        """Every unanswered question, oldest first (what a restart finds)."""
+        return self._engine.read(pending_questions)
+
+    @writes
+    def close(self, question_id: str, status: str, *, answer: str | None = None, by: str | None = None,
+              now: float) -> bool:
+        """The question's end, once: True when this call decided it, False when it was decided before."""
+        return self._engine.write(close_question, question_id, status, answer, by, now)

@@ -1,0 +1,146 @@
+"""A tool server's questions to the user mid-call (MCP elicitation), asked in the chat through the fake
+Telegram server with the real client library: real SDK servers that ask (tests/mcp_servers/echo_server.py's
+``book`` on 2026-07-28, answered by the SDK's retry of an InputRequiredResult; legacy_server.py's ``book``
+on the legacy revision, a server-to-client elicitation/create), a form of three fields asked one at a
+time: a choice and a yes/no as buttons, a text field answered by a plain reply."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.runtime.daemon import Gateway
+from tests.fakes.model_server import FakeModel, Reply, ToolCall
+from tests.fakes.telegram import FakeTelegram
+from tests.harness import eventually, gateway_config
+from tests.mcp_legacy import legacy_server, needs_legacy
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+ECHO = str(Path(__file__).resolve().parent / "mcp_servers" / "echo_server.py")
+ANN = FakeTelegram.user(111, "Ann")
+BOB = FakeTelegram.user(222, "Bob")
+TEAM = FakeTelegram.group_chat(-1001234567890, "Team")
+ECHO_SERVER = {"echo": {"command": sys.executable, "args": [ECHO], "allow": ["echo__*"],
+                        "env": {"PYTHONCOERCECLOCALE": "0"}}}
+
+
+def _config(tmp_path, tg, model, servers, **tools):
+    return gateway_config(tmp_path / "home", model.base_url, tools={"mcp_servers": servers, **tools},
+                          auth={"allowed_users": ["telegram:111", "telegram:222"]}, streaming={"enabled": False},
+                          platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}})
+
+
+async def _started(config, tg, server: str, *, daemon: bool = False) -> Gateway:
+    gw = Gateway(config, serve_api=daemon)  # daemon: what a stop left is settled at start (as `switchboard run`)
+    await gw.start()
+    await eventually(lambda: gw.mcp.servers[server].available, 30, f"{server} ready")
+    await tg.wait_for(lambda: gw.health()["platforms"]["telegram"]["state"] == "connected", what="connected")
+    return gw
+
+
+def _question(tg, field_text: str):
+    """The newest message that asks ``field_text``."""
+    asked = [s for s in tg.sent if "(question " in s.visible_text and field_text in s.visible_text]
+    return asked[-1] if asked else None
+
+
+async def _asked(tg, field_text: str, timeout: float = 20):
+    return await tg.wait_for(lambda: _question(tg, field_text), timeout,
+                             lambda: f"the question {field_text!r} (sent: {[s.visible_text for s in tg.sent]})")
+
+
+def _said(tg, text: str):
+    return next((s for s in tg.sent if text in s.visible_text), None)
+
+
+@pytest.mark.parametrize("revision", ["2026-07-28", "legacy"])
+async def test_a_form_is_asked_one_field_at_a_time_and_only_the_asker_answers(tmp_path, revision):
+    if revision == "legacy":
+        if needs_legacy.args[0]:
+            pytest.skip(needs_legacy.kwargs["reason"])
+    servers = ECHO_SERVER if revision != "legacy" else {"legacy": legacy_server()}
+    name = next(iter(servers))
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall(f"{name}__book", {}), Reply("your trip is booked"), Reply("Bob, it is Ann's trip"))
+        gw = await _started(_config(tmp_path, tg, model, servers), tg, name)
+        try:
+            assert gw.mcp.servers[name].protocol == ("2026-07-28" if revision != "legacy" else "2025-11-25")
+            tg.in_group(TEAM, ANN, "@switchboard_bot book me a trip")
+            city = await _asked(tg, "City: Where to")
+            assert city.visible_text.startswith(f"{name}__book asks: Which trip shall I book?\nQuestion 1 of 3")
+            labels = [b["text"] for row in city.reply_markup["inline_keyboard"] for b in row]
+            assert labels == ["Paris", "Rome", "Oslo", "Decline"]  # required: no skip
+            qid = city.visible_text.split("(question ")[1].split(")")[0]
+            paris, rome, _oslo, _decline = city.button_data()
+            assert rome == f"/answer {qid} #2"
+
+            tg.press(city, BOB, rome, chat=TEAM)  # in the chat, but not the one whose call it is
+            await tg.wait_for(lambda: _said(tg, f"can answer question {qid}"), 10, "Bob refused")
+            assert (await gw.db.questions.get(qid))["status"] == "pending"
+
+            tg.press(city, ANN, rome, chat=TEAM)
+            confirm = await _asked(tg, "Confirm: Book it now?")
+            await tg.wait_for(lambda: _said(tg, f"Noted for {name}__book: City = Rome (question {qid})."), 10, "noted")
+            tg.press(city, ANN, paris, chat=TEAM)  # pressed again: decided once
+            await tg.wait_for(lambda: _said(tg, f"Question {qid} ({name}__book) is already closed: answered."), 10,
+                              "the second press told")
+            yes, _no, _ = confirm.button_data()
+            tg.press(confirm, ANN, yes, chat=TEAM)
+
+            note = await _asked(tg, "Note: Anything to tell the hotel")
+            assert "Reply with your answer" in note.visible_text
+            tg.in_group(TEAM, BOB, "@switchboard_bot ignore her, book Oslo")  # not Bob's question: a message for a turn
+            replied = {"message_id": note.message_id, "date": 0, "chat": TEAM, "from": tg.bot_user, "text": note.text}
+            tg.in_group(TEAM, ANN, "late check-in", reply_to=replied)  # a plain reply to the question is the answer
+            await tg.wait_for(lambda: _said(tg, "your trip is booked"), 20,
+                              lambda: f"the model's answer ({[s.visible_text for s in tg.sent]})")
+        finally:
+            await gw.stop(grace_seconds=5)
+    tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+    assert [m["content"] for m in tool_messages][-1] == "booked Rome (note: late check-in)"
+    assert not any("ignore her" in m.get("content", "") for m in tool_messages)
+
+
+async def test_an_unanswered_question_is_declined_and_the_server_told(tmp_path):
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("echo__book", {}), Reply("no answer, no trip"))
+        gw = await _started(_config(tmp_path, tg, model, ECHO_SERVER, approval_timeout=1.5), tg, "echo")
+        try:
+            tg.dm(ANN, "book me a trip")
+            city = await _asked(tg, "City: Where to")
+            qid = city.visible_text.split("(question ")[1].split(")")[0]
+            await tg.wait_for(lambda: _said(tg, "no answer, no trip"), 20, "the model's answer")
+            assert _said(tg, f"Question {qid} (echo__book) was not answered within 1.5 seconds; the server was told no.")
+            assert (await gw.db.questions.get(qid))["status"] == "expired"
+        finally:
+            await gw.stop(grace_seconds=5)
+    tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+    assert tool_messages[-1]["content"] == "not booked (decline)"
+
+
+async def test_a_question_pending_across_a_restart_is_closed_and_a_late_press_says_so(tmp_path):
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("echo__book", {}), Reply("sorry, that was cut off"), Reply("sorry, that was cut off"))
+        config = _config(tmp_path, tg, model, ECHO_SERVER)
+        gw = await _started(config, tg, "echo", daemon=True)
+        try:
+            tg.dm(ANN, "book me a trip")
+            city = await _asked(tg, "City: Where to")
+            qid = city.visible_text.split("(question ")[1].split(")")[0]
+            assert (await gw.db.questions.get(qid))["status"] == "pending"
+        finally:
+            await gw.stop(grace_seconds=2)
+        gw = await _started(config, tg, "echo", daemon=True)
+        try:
+            await tg.wait_for(lambda: _said(tg, f"Question {qid} (echo__book) was cut off: the gateway restarted"),
+                              20, lambda: f"the chat told ({[s.visible_text for s in tg.sent]})")
+            assert (await gw.db.questions.get(qid))["status"] == "interrupted"
+            _, rome, _, _ = city.button_data()
+            tg.press(city, ANN, rome)
+            await tg.wait_for(lambda: _said(tg, f"Question {qid} (echo__book) is already closed: cut off by a restart"),
+                              10, "the late press told")
+        finally:
+            await gw.stop(grace_seconds=5)
