@@ -47,6 +47,8 @@ def _home(given: Path | None) -> Path:
 @click.command("setup")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write config.yaml and switchboard.env. Default: $SWITCHBOARD_HOME, else ~/.switchboard.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The config file to write, switchboard.env beside it. Default: config.yaml in the home.")
 @click.option("--model-url", default=None, envvar="SWITCHBOARD_MODEL_URL", show_envvar=True, help="The model server's OpenAI-compatible base URL (a missing /v1 is added).")
 @click.option("--model", "model_name", default=None, envvar="SWITCHBOARD_MODEL", show_envvar=True, help="The model's name as the server knows it.")
 @click.option("--model-key", default=None, envvar="SWITCHBOARD_MODEL_KEY", show_envvar=True, help="The server's API key (hosted APIs); kept in switchboard.env.")
@@ -62,14 +64,14 @@ def _home(given: Path | None) -> Path:
               help="Install the systemd service for this account or the system (default with --yes: none).")
 @click.option("--yes", "-y", "assume_yes", is_flag=True, help="Ask nothing: flags and defaults only (for scripts).")
 @click.option("--force", is_flag=True, help="Replace a config.yaml that is already there.")
-def setup_cmd(home, model_url, model_name, model_key, context_length, telegram_token, discord_token,
+def setup_cmd(home, config_file, model_url, model_name, model_key, context_length, telegram_token, discord_token,
               slack_bot_token, slack_app_token, owner, owner_wait, service_scope, assume_yes, force) -> None:
     """Set up the gateway step by step: the model, the chat platforms, the owner; writes the config."""
     interactive = not assume_yes and sys.stdin.isatty()
     ask = Ask(interactive)
     home_dir = _home(home)
-    config = home_dir / "config.yaml"
-    click.echo(f"Switchboard setup: writes {config} and {home_dir / 'switchboard.env'} (secrets, mode 0600).")
+    config = config_file.expanduser().absolute() if config_file is not None else home_dir / "config.yaml"
+    click.echo(f"Switchboard setup: writes {config} and {config.parent / 'switchboard.env'} (secrets, mode 0600).")
     if config.exists() and not force:
         if not ask.interactive:
             raise SetupFailed(f"{config} exists: pass --force to replace it (or --home DIR for another home)")
@@ -90,7 +92,7 @@ def setup_cmd(home, model_url, model_name, model_key, context_length, telegram_t
     platforms = choose_platforms(ask, installed_platforms(), given)
     owner = find_owner(ask, platforms, owner=owner, wait=owner_wait)
     ask.section("4. The files")
-    config_path, env_path = write_files(home_dir, model, platforms, owner)
+    config_path, env_path = write_files(home_dir, model, platforms, owner, config)
     ask.ok(f"wrote {config_path}")
     ask.ok(f"wrote {env_path} (mode 0600)")
     _doctor(ask, config_path)

@@ -77,18 +77,20 @@ def _write(path: Path, text: str, mode: int) -> None:
         raise
 
 
-def write_files(home: Path, model: ModelChoice, platforms: list[PlatformChoice], owner: str | None) -> tuple[Path, Path]:
-    """Write ``home/config.yaml`` (0600) and ``home/switchboard.env`` (0600); returns both paths."""
+def write_files(home: Path, model: ModelChoice, platforms: list[PlatformChoice], owner: str | None,
+                config: Path | None = None) -> tuple[Path, Path]:
+    """Write ``config`` (default ``home/config.yaml``, 0600) and ``switchboard.env`` beside it (0600),
+    where every command that reads the config finds it; returns both paths."""
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     stamp = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     header = (f"# Written by `switchboard setup` on {stamp}.  Secrets are not in this file: each ${{NAME}} is\n"
               f"# read from {ENV_FILENAME} beside it (or the environment).  Every other key takes its default;\n"
               "# config.example.yaml in the source tree documents them all.  Check it: switchboard config check\n")
-    config = home / CONFIG_NAME
+    config = config if config is not None else home / CONFIG_NAME
     body = yaml.safe_dump(config_data(home, model, platforms, owner), sort_keys=False, allow_unicode=True)
     _write(config, header + body, 0o600)
-    env = home / ENV_FILENAME
+    env = config.parent / ENV_FILENAME
     env_header = ("# Secrets for switchboard (systemd's EnvironmentFile=; `switchboard` reads it too).  Mode 0600:\n"
                   "# keep it so.  One NAME=value a line.\n")
     _write(env, env_header + "".join(line + "\n" for line in env_lines(model, platforms)), 0o600)
