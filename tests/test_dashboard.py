@@ -375,6 +375,25 @@ async def test_search_highlights_matches_and_a_broken_query_finds_nothing(tmp_pa
             await browser.close()
 
 
+async def test_search_shows_a_compressed_conversation_once_by_its_newest_tip(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)  # "Lisbon" is in s-root's message and in s-child's summary of it
+        await gw.db.messages.append("s-child", "assistant", "Lisbon, then Porto by train")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions?q=Lisbon")
+        finally:
+            await browser.close()
+    hits = re.findall(r'<table id="hits">.*?</table>', body, re.S)[0]
+    rows = re.findall(r"<tr><td>.*?</tr>", hits, re.S)
+    assert len(rows) == 1, rows  # not one row per half of the chain
+    links = re.findall(r'href="(/ui/sessions/[^"#]+)', rows[0])
+    assert links[0] == "/ui/sessions/s-child"  # the conversation is opened where it goes on
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", rows[0]))
+    assert "s-child" in text and "and 2 more matches" in text, text
+
+
 async def test_the_sessions_list_filters_by_platform_user_title_and_date(tmp_path, model):
     async with dashboard(tmp_path, model) as gw:
         await seed(gw)

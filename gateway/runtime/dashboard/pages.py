@@ -120,6 +120,7 @@ class Pages:
             return dt.datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%d %H:%M") if ts else "-"
 
         return {"when": when, "ago": time_ago, "duration": duration, "highlighted": transcript.highlighted,
+
                 "url": lambda part: quote(str(part), safe="")}
 
     def _render(self, request: web.Request, template: str, page: str, **context: Any) -> web.Response:
@@ -181,13 +182,31 @@ class Pages:
         filters, args = self._session_filters(request)
         if filters.query:
             # any text is accepted: a query the search cannot read finds nothing, as in the CLI
-            hits = await self.src.db.search.messages(
-                filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
+            hits = await self._conversation_hits(await self.src.db.search.messages(
+                filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT))
             return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=hits,
                                 rows=[], more=False)
         rows = await self.src.db.sessions.list_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
         return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=None,
                             rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
+
+    async def _conversation_hits(self, hits: list[dict]) -> list[dict]:
+        """One row per conversation, as ``sessions list`` shows it: a compression chain by its newest tip.
+
+        The best match of each conversation is kept (the search ranks them); ``tip`` is where the
+        conversation goes on, ``more`` how many other matches it holds."""
+        tips: dict[str, str] = {}
+        rows: dict[str, dict] = {}
+        for hit in hits:
+            session_id = hit["session_id"]
+            if session_id not in tips:
+                tips[session_id] = await self.src.db.sessions.compression_tip(session_id) or session_id
+            tip = tips[session_id]
+            if tip in rows:
+                rows[tip]["more"] += 1
+            else:
+                rows[tip] = {**hit, "tip": tip, "more": 0}
+        return list(rows.values())
 
     async def _record(self, request: web.Request) -> dict:
         record = await self.src.db.transfer.export(request.match_info["session_id"])
