@@ -509,6 +509,45 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
             await browser.close()
 
 
+async def test_cron_schedules_are_shown_in_words_with_the_timezone_and_the_raw_text(tmp_path, model):
+    jobs = [{**JOB, "schedule": "0 9 * * *"}, {"id": "weekly", "schedule": "30 7 * * 1-5", "prompt": "Plan the week"},
+            {"id": "odd", "schedule": "5 4 1-7 */2 *", "prompt": "Rare"}]
+    async with running_gateway(tmp_path, model, timezone="Europe/Paris", ui={"enabled": True}, api={"token": TOKEN},
+                               cron={"jobs": jobs}) as gw:
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, listing, _ = await browser.get("/ui/cron")
+            _, page, _ = await browser.get("/ui/cron/digest")
+        finally:
+            await browser.close()
+    cells = [re.sub(r"<[^>]+>", "|", c) for c in re.findall(r'<td class="schedule">(.*?)</td>', listing, re.S)]
+    assert sorted(cells) == ["cron 5 4 1-7 */2 * (Europe/Paris) |5 4 1-7 */2 *|",
+                             "every day at 09:00 (Europe/Paris) |0 9 * * *|",
+                             "weekdays at 07:30 (Europe/Paris) |30 7 * * 1-5|"]
+    assert "every day at 09:00 (Europe/Paris)" in page and "0 9 * * *" in page
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("0 9 * * *", "every day at 09:00 (Europe/Paris)"),
+    ("0 8,18 * * *", "every day at 08:00 and 18:00 (Europe/Paris)"),
+    ("15 6 * * 0,6", "weekends at 06:15 (Europe/Paris)"),
+    ("0 9 * * mon,wed", "every Monday, Wednesday at 09:00 (Europe/Paris)"),
+    ("0 9 * * 7", "every Sunday at 09:00 (Europe/Paris)"),
+    ("0 12 1 * *", "on day 1 of every month at 12:00 (Europe/Paris)"),
+    ("*/15 * * * *", "every 15 minutes (Europe/Paris)"),
+    ("5 * * * *", "every hour at :05 (Europe/Paris)"),
+    ("0 */6 * * *", "every 6 hours at :00 (Europe/Paris)"),
+    ("every 30m", "every 30m"),
+    ("2026-12-01T09:00", "once at 2026-12-01 09:00 (Europe/Paris)"),
+    ("0 9 * 1 *", "cron 0 9 * 1 * (Europe/Paris)"),
+])
+def test_a_schedule_in_words(text, words):
+    from gateway.runtime.dashboard.schedules import readable_schedule
+
+    assert readable_schedule(text, "Europe/Paris") == words
+
+
 async def _run_ended(gw, run_id: int) -> bool:
     return (await gw.db.cron.get_run(run_id))["status"] not in ("running",)
 

@@ -29,6 +29,7 @@ from gateway.insights import account_names, daily_chart, from_summary, window
 from gateway.platforms import installed_platforms, sources
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
+from gateway.runtime.dashboard.schedules import readable_schedule
 from gateway.runtime.storage_view import OBJECTS_SHOWN, report_json, size
 
 if TYPE_CHECKING:
@@ -119,8 +120,11 @@ class Pages:
         def when(ts: float | None) -> str:
             return dt.datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%d %H:%M") if ts else "-"
 
-        return {"when": when, "ago": time_ago, "duration": duration, "highlighted": transcript.highlighted,
+        def schedule(text: str) -> str:
+            return readable_schedule(text, getattr(tz, "key", str(tz)))
 
+        return {"when": when, "ago": time_ago, "duration": duration, "highlighted": transcript.highlighted,
+                "schedule": schedule,
                 "url": lambda part: quote(str(part), safe="")}
 
     def _render(self, request: web.Request, template: str, page: str, **context: Any) -> web.Response:
