@@ -521,7 +521,7 @@ async def test_cron_schedules_are_shown_in_words_with_the_timezone_and_the_raw_t
             _, page, _ = await browser.get("/ui/cron/digest")
         finally:
             await browser.close()
-    cells = [re.sub(r"<[^>]+>", "|", c) for c in re.findall(r'<td class="schedule">(.*?)</td>', listing, re.S)]
+    cells = [re.sub(r"<[^>]+>", "|", c) for c in re.findall(r'<td[^>]*class="schedule">(.*?)</td>', listing, re.S)]
     assert sorted(cells) == ["cron 5 4 1-7 */2 * (Europe/Paris) |5 4 1-7 */2 *|",
                              "every day at 09:00 (Europe/Paris) |0 9 * * *|",
                              "weekdays at 07:30 (Europe/Paris) |30 7 * * 1-5|"]
