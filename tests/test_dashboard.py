@@ -724,6 +724,28 @@ async def test_the_storage_page_shows_the_storage_report_with_what_reduces_each_
     assert "Integrity check" in body
 
 
+async def test_the_storage_page_folds_the_empty_tables_into_one_line(tmp_path, model):
+    async with dashboard(tmp_path, model, token=TOKEN) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/storage")
+        finally:
+            await browser.close()
+        report = await gw.db.storage.report()
+    empty = [o for o in report.objects if o.bytes is not None and o.bytes <= 4096]
+    assert len(empty) >= 10  # a fresh store: most of its tables and indexes are one page
+    listed = re.findall(r"<tr><td>([^<]+)</td>", re.findall(r'<table id="objects">.*?</table>', body, re.S)[0])
+    assert not {o.name for o in empty} & set(listed), listed  # no row each ...
+    assert listed and listed[0] == report.objects[0].name  # ... while the big ones keep theirs
+    folded = re.findall(r'<details id="small-objects" class="folded">\s*<summary>(.*?)</summary>', body, re.S)[0]
+    kib = sum(o.bytes for o in empty) / 1024
+    assert re.sub(r"<[^>]+>", "", folded).startswith(f"{len(empty)} empty tables and indexes, {kib:.1f} KiB (")
+    shown = re.findall(r'<details id="small-objects".*?</details>', body, re.S)[0]
+    assert all(f"<td>{o.name}</td>" in shown for o in empty)  # one click shows them
+
+
 async def test_an_untitled_session_is_listed_by_when_it_started_not_by_its_raw_id(tmp_path, model):
     async with dashboard(tmp_path, model) as gw:
         await gw.db.sessions.create("20261201_101500_abcdef12", "telegram", user_id="7", user_name="Ann")

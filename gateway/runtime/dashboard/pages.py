@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 50
 MAX_PAGE = 1_000_000  # 50 million sessions; past it an offset is no page (and no longer fits a database integer)
 SEARCH_LIMIT = 50
+# A table or index at its engine's smallest size on disk (SQLite's one 4 KiB page, PostgreSQL's one
+# 8 KiB index page, an empty PostgreSQL table's 0) holds nothing or next to nothing: the Storage page
+# folds those into one line instead of a row each.
+SMALLEST_OBJECT_BYTES = {"sqlite": 4096, "postgresql": 8192}
 DELETED_SHARE_RULES = 200  # up to this many budget rules, the page says how much is of deleted sessions
 HISTORY_LIMIT = 30
 DEAD_LETTERS_SHOWN = 20
@@ -250,7 +254,11 @@ class Pages:
             if self._storage is None or time.time() - self._storage[0] > STORAGE_FRESH_SECONDS:
                 self._storage = (time.time(), report_json(await self.src.db.storage.report()))
         measured_at, report = self._storage
+        smallest = SMALLEST_OBJECT_BYTES.get(report["engine"], 0)
+        small = [o for o in report["objects"] if o["bytes"] is not None and o["bytes"] <= smallest]
+        listed = [o for o in report["objects"] if o not in small]
         return self._render(request, "storage.html", "storage", report=report, size=size, shown=OBJECTS_SHOWN,
+                            objects=listed, small=small, small_bytes=sum(o["bytes"] for o in small),
                             measured_at=measured_at, integrity=(self.src.health().get("integrity") or {}),
                             backup=self.src.health().get("backup"))
 
