@@ -375,6 +375,25 @@ async def test_search_highlights_matches_and_a_broken_query_finds_nothing(tmp_pa
             await browser.close()
 
 
+async def test_search_shows_a_compressed_conversation_once_by_its_newest_tip(tmp_path, model):
+    async with dashboard(tmp_path, model) as gw:
+        await seed(gw)  # "Lisbon" is in s-root's message and in s-child's summary of it
+        await gw.db.messages.append("s-child", "assistant", "Lisbon, then Porto by train")
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/sessions?q=Lisbon")
+        finally:
+            await browser.close()
+    hits = re.findall(r'<table id="hits">.*?</table>', body, re.S)[0]
+    rows = re.findall(r"<tr><td>.*?</tr>", hits, re.S)
+    assert len(rows) == 1, rows  # not one row per half of the chain
+    links = re.findall(r'href="(/ui/sessions/[^"#]+)', rows[0])
+    assert links[0] == "/ui/sessions/s-child"  # the conversation is opened where it goes on
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", rows[0]))
+    assert "s-child" in text and "and 2 more matches" in text, text
+
+
 async def test_the_sessions_list_filters_by_platform_user_title_and_date(tmp_path, model):
     async with dashboard(tmp_path, model) as gw:
         await seed(gw)
@@ -488,6 +507,45 @@ async def test_cron_runs_now_pauses_and_resumes_from_the_dashboard(tmp_path, mod
             assert status == 303 and not job["paused"] and job["next_run_at"] > time.time()
         finally:
             await browser.close()
+
+
+async def test_cron_schedules_are_shown_in_words_with_the_timezone_and_the_raw_text(tmp_path, model):
+    jobs = [{**JOB, "schedule": "0 9 * * *"}, {"id": "weekly", "schedule": "30 7 * * 1-5", "prompt": "Plan the week"},
+            {"id": "odd", "schedule": "5 4 1-7 */2 *", "prompt": "Rare"}]
+    async with running_gateway(tmp_path, model, timezone="Europe/Paris", ui={"enabled": True}, api={"token": TOKEN},
+                               cron={"jobs": jobs}) as gw:
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, listing, _ = await browser.get("/ui/cron")
+            _, page, _ = await browser.get("/ui/cron/digest")
+        finally:
+            await browser.close()
+    cells = [re.sub(r"<[^>]+>", "|", c) for c in re.findall(r'<td[^>]*class="schedule">(.*?)</td>', listing, re.S)]
+    assert sorted(cells) == ["cron 5 4 1-7 */2 * (Europe/Paris) |5 4 1-7 */2 *|",
+                             "every day at 09:00 (Europe/Paris) |0 9 * * *|",
+                             "weekdays at 07:30 (Europe/Paris) |30 7 * * 1-5|"]
+    assert "every day at 09:00 (Europe/Paris)" in page and "0 9 * * *" in page
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("0 9 * * *", "every day at 09:00 (Europe/Paris)"),
+    ("0 8,18 * * *", "every day at 08:00 and 18:00 (Europe/Paris)"),
+    ("15 6 * * 0,6", "weekends at 06:15 (Europe/Paris)"),
+    ("0 9 * * mon,wed", "every Monday, Wednesday at 09:00 (Europe/Paris)"),
+    ("0 9 * * 7", "every Sunday at 09:00 (Europe/Paris)"),
+    ("0 12 1 * *", "on day 1 of every month at 12:00 (Europe/Paris)"),
+    ("*/15 * * * *", "every 15 minutes (Europe/Paris)"),
+    ("5 * * * *", "every hour at :05 (Europe/Paris)"),
+    ("0 */6 * * *", "every 6 hours at :00 (Europe/Paris)"),
+    ("every 30m", "every 30m"),
+    ("2026-12-01T09:00", "once at 2026-12-01 09:00 (Europe/Paris)"),
+    ("0 9 * 1 *", "cron 0 9 * 1 * (Europe/Paris)"),
+])
+def test_a_schedule_in_words(text, words):
+    from gateway.runtime.dashboard.schedules import readable_schedule
+
+    assert readable_schedule(text, "Europe/Paris") == words
 
 
 async def _run_ended(gw, run_id: int) -> bool:
@@ -664,6 +722,28 @@ async def test_the_storage_page_shows_the_storage_report_with_what_reduces_each_
     assert platforms == {"discord": "4", "telegram": "2"}
     assert "<script>alert('title')</script>" not in body  # the hostile title is escaped here too
     assert "Integrity check" in body
+
+
+async def test_the_storage_page_folds_the_empty_tables_into_one_line(tmp_path, model):
+    async with dashboard(tmp_path, model, token=TOKEN) as gw:
+        await seed(gw)
+        browser = Browser(gw)
+        try:
+            await browser.login()
+            _, body, _ = await browser.get("/ui/storage")
+        finally:
+            await browser.close()
+        report = await gw.db.storage.report()
+    empty = [o for o in report.objects if o.bytes is not None and o.bytes <= 4096]
+    assert len(empty) >= 10  # a fresh store: most of its tables and indexes are one page
+    listed = re.findall(r"<tr><td>([^<]+)</td>", re.findall(r'<table id="objects">.*?</table>', body, re.S)[0])
+    assert not {o.name for o in empty} & set(listed), listed  # no row each ...
+    assert listed and listed[0] == report.objects[0].name  # ... while the big ones keep theirs
+    folded = re.findall(r'<details id="small-objects" class="folded">\s*<summary>(.*?)</summary>', body, re.S)[0]
+    kib = sum(o.bytes for o in empty) / 1024
+    assert re.sub(r"<[^>]+>", "", folded).startswith(f"{len(empty)} empty tables and indexes, {kib:.1f} KiB (")
+    shown = re.findall(r'<details id="small-objects".*?</details>', body, re.S)[0]
+    assert all(f"<td>{o.name}</td>" in shown for o in empty)  # one click shows them
 
 
 async def test_an_untitled_session_is_listed_by_when_it_started_not_by_its_raw_id(tmp_path, model):

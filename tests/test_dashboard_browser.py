@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import eventually
-from tests.test_dashboard import TOKEN, base, dashboard, model, seed  # noqa: F401 - model is a fixture
+from tests.test_dashboard import JOB, TOKEN, base, dashboard, model, seed  # noqa: F401 - model is a fixture
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -102,6 +102,10 @@ async def test_an_operator_logs_in_searches_reads_runs_a_job_and_approves_a_pair
         await page.click("form.filters button[type=submit]")
         marks = await page.locator("#hits mark").all_inner_texts()
         assert marks and all(m.lower() == "needle" for m in marks)
+        # a conversation is one row: the hostile message is its other match; a search for it alone shows it
+        assert "and 1 more match" in await page.inner_text("#hits")
+        await page.fill("input[name=q]", "hello")
+        await page.click("form.filters button[type=submit]")
         assert await page.locator("img[src=x]").count() == 0
         assert "<img src=x onerror=alert(1)>" in await page.inner_text("#hits")
         await watched.shot("search")
@@ -288,3 +292,52 @@ async def test_turning_a_budget_off_or_resetting_it_asks_first_and_cancel_change
         assert asked == ["Turn off the rule gateway/month/cost? Nothing it limits is limited until it is set again."] * 2
         assert [s.rule.name for s in await gw.services.budgets.listing()] == []
         await page.close()
+
+
+async def test_on_a_phone_every_action_button_is_on_screen_and_the_chart_text_is_readable(tmp_path, model, browser):  # noqa: F811
+    from tests.harness import running_gateway
+
+    async with running_gateway(tmp_path, model, ui={"enabled": True}, api={"token": TOKEN}, cron={"jobs": [JOB]},
+                               budgets={"rules": [{"scope": "gateway", "period": "month", "cost": 10}]}) as gw:
+        await seed(gw)
+        await gw.db.pairing.request("telegram", "31337", "Ann", "WXYZ2345", now=time.time(), ttl=3600, max_pending=3)
+        await gw.db.pairing.approve("telegram", "WXYZ2345")
+        await gw.db.usage.record_call({"at": time.time() - 60, "purpose": "turn", "model": "gpt-x", "outcome": "ok",
+                                       "prompt_tokens": 1200, "completion_tokens": 100, "cost": 0.01})
+        context = await browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+        watched = Watched(await context.new_page())
+        page = watched.page
+        root = base(gw)
+        await page.goto(root + "/ui/login")
+        await page.fill("#token", TOKEN)
+        await page.click("button[type=submit]")
+        # each button, scrolled to vertically as a thumb would, is wholly on the screen and not hidden by its box
+        where = """(selector) => [...document.querySelectorAll(selector)].map(b => {
+            b.scrollIntoView({block: "center", inline: "nearest"});
+            document.querySelectorAll(".scroll").forEach(s => { s.scrollLeft = 0; });  // no sideways swipe
+            const r = b.getBoundingClientRect();
+            const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+            return {text: b.innerText, left: r.left, right: r.right, shown: hit === b || b.contains(hit)};
+        })"""
+        for path, selector, texts in (("/ui/pairing", "#pending button, #approved button", ["Approve", "Revoke"]),
+                                      ("/ui/budgets", "#budgets button", ["Set", "Reset spent", "Turn off"]),
+                                      ("/ui/cron", "#jobs button", ["Run now", "Pause"])):
+            await page.goto(root + path)
+            await watched.shot("phone-actions" + path.replace("/", "-"))
+            buttons = await page.evaluate(where, selector)
+            assert [b["text"] for b in buttons] == texts, (path, buttons)
+            for b in buttons:
+                assert b["left"] >= 0 and b["right"] <= 390 and b["shown"], (path, b)
+            assert await page.evaluate("document.documentElement.scrollWidth") <= 390, path
+        # the chart's labels are at least 10 px tall on the screen (the chart scrolls in its box instead)
+        await page.goto(root + "/ui/usage?days=7")
+        await watched.shot("phone-usage-chart")
+        sizes = await page.evaluate("""() => {
+            const svg = document.querySelector("svg.usage-chart");
+            const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+            return [...svg.querySelectorAll("text")].map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
+        }""")
+        assert sizes and min(sizes) >= 10, sizes
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+        await context.close()
+        assert watched.problems == []

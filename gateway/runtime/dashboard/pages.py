@@ -29,6 +29,7 @@ from gateway.insights import account_names, daily_chart, from_summary, window
 from gateway.platforms import installed_platforms, sources
 from gateway.runtime.dashboard import transcript
 from gateway.runtime.dashboard.app import redirect
+from gateway.runtime.dashboard.schedules import readable_schedule
 from gateway.runtime.storage_view import OBJECTS_SHOWN, report_json, size
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 50
 MAX_PAGE = 1_000_000  # 50 million sessions; past it an offset is no page (and no longer fits a database integer)
 SEARCH_LIMIT = 50
+# A table or index at its engine's smallest size on disk (SQLite's one 4 KiB page, PostgreSQL's one
+# 8 KiB index page, an empty PostgreSQL table's 0) holds nothing or next to nothing: the Storage page
+# folds those into one line instead of a row each.
+SMALLEST_OBJECT_BYTES = {"sqlite": 4096, "postgresql": 8192}
 DELETED_SHARE_RULES = 200  # up to this many budget rules, the page says how much is of deleted sessions
 HISTORY_LIMIT = 30
 DEAD_LETTERS_SHOWN = 20
@@ -119,7 +124,11 @@ class Pages:
         def when(ts: float | None) -> str:
             return dt.datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%d %H:%M") if ts else "-"
 
+        def schedule(text: str) -> str:
+            return readable_schedule(text, getattr(tz, "key", str(tz)))
+
         return {"when": when, "ago": time_ago, "duration": duration, "highlighted": transcript.highlighted,
+                "schedule": schedule,
                 "url": lambda part: quote(str(part), safe="")}
 
     def _render(self, request: web.Request, template: str, page: str, **context: Any) -> web.Response:
@@ -181,13 +190,31 @@ class Pages:
         filters, args = self._session_filters(request)
         if filters.query:
             # any text is accepted: a query the search cannot read finds nothing, as in the CLI
-            hits = await self.src.db.search.messages(
-                filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT)
+            hits = await self._conversation_hits(await self.src.db.search.messages(
+                filters.query, source_filter=[filters.platform] if filters.platform else None, limit=SEARCH_LIMIT))
             return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=hits,
                                 rows=[], more=False)
         rows = await self.src.db.sessions.list_rich(limit=PAGE_SIZE + 1, offset=(filters.page - 1) * PAGE_SIZE, **args)
         return self._render(request, "sessions.html", "sessions", filters=filters, sources=sources(), hits=None,
                             rows=rows[:PAGE_SIZE], more=len(rows) > PAGE_SIZE)
+
+    async def _conversation_hits(self, hits: list[dict]) -> list[dict]:
+        """One row per conversation, as ``sessions list`` shows it: a compression chain by its newest tip.
+
+        The best match of each conversation is kept (the search ranks them); ``tip`` is where the
+        conversation goes on, ``more`` how many other matches it holds."""
+        tips: dict[str, str] = {}
+        rows: dict[str, dict] = {}
+        for hit in hits:
+            session_id = hit["session_id"]
+            if session_id not in tips:
+                tips[session_id] = await self.src.db.sessions.compression_tip(session_id) or session_id
+            tip = tips[session_id]
+            if tip in rows:
+                rows[tip]["more"] += 1
+            else:
+                rows[tip] = {**hit, "tip": tip, "more": 0}
+        return list(rows.values())
 
     async def _record(self, request: web.Request) -> dict:
         record = await self.src.db.transfer.export(request.match_info["session_id"])
@@ -227,7 +254,11 @@ class Pages:
             if self._storage is None or time.time() - self._storage[0] > STORAGE_FRESH_SECONDS:
                 self._storage = (time.time(), report_json(await self.src.db.storage.report()))
         measured_at, report = self._storage
+        smallest = SMALLEST_OBJECT_BYTES.get(report["engine"], 0)
+        small = [o for o in report["objects"] if o["bytes"] is not None and o["bytes"] <= smallest]
+        listed = [o for o in report["objects"] if o not in small]
         return self._render(request, "storage.html", "storage", report=report, size=size, shown=OBJECTS_SHOWN,
+                            objects=listed, small=small, small_bytes=sum(o["bytes"] for o in small),
                             measured_at=measured_at, integrity=(self.src.health().get("integrity") or {}),
                             backup=self.src.health().get("backup"))
 
