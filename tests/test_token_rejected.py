@@ -9,7 +9,7 @@ import signal
 
 import yaml
 
-from gateway.runtime.daemon import Gateway
+from gateway.runtime.daemon import Gateway, platform_summary
 from gateway.runtime.reload import apply_reload
 from tests.crashkit import NotifySocket, start_daemon
 from tests.fakes.discord import FakeDiscord
@@ -37,7 +37,7 @@ async def test_telegram_401_is_not_retried_and_a_reload_with_the_right_token_con
             health = await rejected(gw, "telegram")
             assert (health["state"], health["detail"]) == ("failed", "failed: the token was rejected")
             assert "@BotFather" in health["last_error"] and "wrong-token" not in health["last_error"]
-            assert gw.platform_summary("telegram") == "failed: the token was rejected"
+            assert platform_summary(gw, "telegram") == "failed: the token was rejected"
             assert len(tg.calls("getMe")) == 1  # asked once, never again
             # a reload with the same config tries again (the token may have been restored); still rejected
             same = gateway_config(tmp_path, model.base_url, platforms=bad)

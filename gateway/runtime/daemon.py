@@ -239,13 +239,6 @@ class Gateway:
         """The platforms that refused their token: not retried until a reload."""
         return self._platforms.rejected if self._platforms is not None else {}
 
-    def platform_summary(self, name: str) -> str:
-        """One platform in the serving line: ``on`` (a cluster's owned connection), ``connected``,
-        ``starting``, ``failed: the token was rejected``, ``failed: <why>; retrying``, or why it is off."""
-        if name not in self.adapters:
-            return self.platforms_off.get(name, "off")
-        return "on" if name in self.owned else self.platforms.state(name)
-
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
         """Open the store, assemble the turn and its features, serve the API, start the platforms and cron."""
@@ -670,6 +663,14 @@ def _platform_reason(name: str, health: dict) -> str:
     return f"{name}: {health['state']}" + (f" ({health['last_error']})" if health.get("last_error") else "")
 
 
+def platform_summary(gw: Gateway, name: str) -> str:
+    """One platform in the serving line: ``on`` (a cluster's owned connection), ``connected``,
+    ``starting``, ``failed: the token was rejected``, ``failed: <why>; retrying``, or why it is off."""
+    if name not in gw.adapters:
+        return gw.platforms_off.get(name, "off")
+    return "on" if name in gw.owned else gw.platforms.state(name)
+
+
 async def _cancelled(task: asyncio.Task) -> None:
     """Cancel ``task`` and wait for it to end."""
     task.cancel()
@@ -718,7 +719,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     watchdog = spawn(_watchdog(notifier), name="watchdog")
     port = gw.api.bound_port if gw.api is not None else None
     await gw.platforms.first_tries(FIRST_TRY_SECONDS)  # the line says what each platform's first start did
-    summary = ", ".join(f"{n}: {gw.platform_summary(n)}" for n in installed_platforms())
+    summary = ", ".join(f"{n}: {platform_summary(gw, n)}" for n in installed_platforms())
     notifier.send("READY=1", f"STATUS=serving; API on {config.api.host}:{port}; {summary}")
     log.info("switchboard is serving (%s); local API on http://%s:%s", summary, config.api.host, port)
     await stop.wait()
