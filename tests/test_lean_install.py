@@ -13,8 +13,10 @@ from gateway.cli.main import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# What the runtime must not need: the postgresql and otel extras and the test tools.
-NOT_INSTALLED = ("psycopg", "psycopg_pool", "opentelemetry", "pytest", "hypothesis", "matplotlib", "playwright",
+# What the runtime must not need: the postgresql and otel extras and the test tools.  (The otel extra
+# is the SDK and its exporter: opentelemetry-api itself comes with the mcp SDK, a runtime dependency.)
+NOT_INSTALLED = ("psycopg", "psycopg_pool", "opentelemetry.sdk", "opentelemetry.exporter", "pytest", "hypothesis",
+                 "matplotlib", "playwright",
                  "langchain_openai", "mypy", "ruff")
 
 
@@ -51,7 +53,7 @@ def test_config_extras_names_what_a_postgresql_store_and_traces_need(tmp_path: P
     config = tmp_path / "config.yaml"
     config.write_text("store:\n  url: postgresql://sb@127.0.0.1:5432/sb\n")
     cfg = load_config(config)
-    code = ("import sys; sys.modules['psycopg'] = None; sys.modules['opentelemetry'] = None\n"
+    code = ("import sys; sys.modules['psycopg'] = None; sys.modules['opentelemetry.sdk'] = None\n"
             "from gateway.cli.config import needed_extras; from gateway.config import load_config\n"
             f"print(','.join(needed_extras(load_config({str(config)!r}), "
             "{'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:4318'})))")

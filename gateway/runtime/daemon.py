@@ -301,8 +301,9 @@ class Gateway:
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
                          "%d too old to answer (told so)", counts["replies"], counts["sessions"], counts["expired"])
-        if self.serve_api:  # questions a stop cut off: closed, their chats told (the platforms run now)
-            await services.questions.start(services.router.control, settle=not cfg.clustered)
+        # questions are posted through the router's control; in the daemon, those a stop cut off are
+        # closed and their chats told (the platforms run now)
+        await services.questions.start(services.router.control, settle=self.serve_api and not cfg.clustered)
         if self.claims is not None:
             await self.claims.start()
             opened.push_async_callback(self.claims.close)  # the leases still held go back: another instance answers
