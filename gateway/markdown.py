@@ -296,22 +296,26 @@ def address(url: str) -> str:
 
 
 def render_list(block: ListBlock, render: Callable[[Block], str], *, depth: int = 0,
-                own_line: tuple[type, ...] = ()) -> str:
+                own_line: tuple[type, ...] = (), flush: tuple[type, ...] = ()) -> str:
     """A list as lines ``• item``, a nested list two spaces further in, the item's other blocks under it.
 
     Nothing is indented but the nested items, so a code block in an item keeps its lines as
     written and a chat message is never longer than the Markdown it came from (Telegram splits
     the Markdown by its length).  An item that opens with a block of an ``own_line`` type puts it
-    under the marker (Slack reads ``>`` and a fence only at a line's start)."""
+    under the marker (Slack reads ``>`` and a fence only at a line's start); one that opens with a
+    ``flush`` type follows the marker with no space (Telegram shows ``<pre>`` as a block of its own,
+    and a tab the code block expanded into spaces already costs the character the space would)."""
     out: list[str] = []
     for n, item in enumerate(block.items):
-        body = "\n".join(render_list(b, render, depth=depth + 1, own_line=own_line) if isinstance(b, ListBlock)
+        body = "\n".join(render_list(b, render, depth=depth + 1, own_line=own_line, flush=flush) if isinstance(b, ListBlock)
                          else render(b) for b in item)
         head = "  " * depth + marker(block, n)
         if not body.strip():
             out.append(head)
         elif isinstance(item[0], own_line):
             out.append(f"{head}\n{body}")
+        elif isinstance(item[0], flush):
+            out.append(f"{head}{body}")
         else:
             out.append(f"{head} {body.lstrip(' ')}")
     return "\n".join(out)

@@ -88,7 +88,7 @@ def _block(block: Block, *, quoted: bool) -> str:
         inner = _blocks(block.blocks, quoted=True)
         return inner if quoted else f"<blockquote>{inner}</blockquote>"
     if isinstance(block, ListBlock):
-        return render_list(block, lambda b: _block(b, quoted=quoted))
+        return render_list(block, lambda b: _block(b, quoted=quoted), flush=(CodeBlock,))
     assert isinstance(block, Rule)
     return RULE
 
