@@ -17,7 +17,9 @@ from pathlib import Path
 import yaml
 
 from tests.crashkit import SWITCHBOARD, NotifySocket, start_daemon
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel
+from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 from tests.ptykit import Terminal
 from tests.waiting import eventually
@@ -160,3 +162,51 @@ def test_setup_is_listed_in_the_help() -> None:
 
     done = subprocess.run([SWITCHBOARD, "--help"], capture_output=True, text=True, timeout=60)
     assert re.search(r"^\s+setup\s", done.stdout, re.M), done.stdout
+
+
+async def _setup_in_a_terminal(argv: list[str], env: dict[str, str], answers: list[tuple[str, str]]) -> str:
+    """Run setup in a pseudo-terminal, typing each answer once its pattern shows; the whole screen."""
+    term = Terminal([str(SWITCHBOARD), "setup", *argv], env=env)
+    try:
+        for pattern, typed in answers:
+            await expect(term, pattern)
+            term.type(typed)
+        screen = await expect(term, r"Done\. Start it now|Install it as a systemd service", timeout=60)
+        if "Install it as a systemd service" in screen:
+            term.type("none\r")
+        await expect(term, r"Done\. Start it now")
+        assert term.wait(30) == 0
+        return term.text()
+    finally:
+        term.close()
+
+
+async def test_on_discord_the_owner_is_the_applications_owner_as_the_developer_portal_says(tmp_path):
+    async with FakeModel() as model, FakeTelegram() as tg, FakeDiscord() as dc:
+        env = {**_env(tmp_path, tg), "DISCORD_API_BASE_URL": dc.api_base_url}
+        home = tmp_path / "sb"
+        screen = await _setup_in_a_terminal(
+            ["--home", str(home), "--model-url", model.base_url, "--model", "fake-model", "--context-length", "8192", "--discord-token", dc.token],
+            env, [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Slack\? \[y/N\]", "\r"),
+                  (r"Make this account the owner.*\[Y/n\]", "\r")])
+    assert f"The application's owner in the Developer Portal: Alice, Discord id {dc.alice['id']}" in screen
+    data = yaml.safe_load((home / "config.yaml").read_text())
+    assert data["auth"] == {"allowed_users": [f"discord:{dc.alice['id']}"]}
+    assert data["tools"] == {"approvers": [f"discord:{dc.alice['id']}"]}
+    assert dc.token not in screen
+
+
+async def test_on_slack_the_owners_member_id_is_looked_up_so_a_typo_is_caught_at_once(tmp_path):
+    async with FakeModel() as model, FakeTelegram() as tg, FakeSlack() as slack:
+        env = {**_env(tmp_path, tg), "SLACK_API_BASE_URL": slack.base_url}
+        home = tmp_path / "sb"
+        screen = await _setup_in_a_terminal(
+            ["--home", str(home), "--model-url", model.base_url, "--model", "fake-model", "--context-length", "8192",
+             "--slack-bot-token", slack.bot_token, "--slack-app-token", slack.app_token],
+            env, [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Discord\? \[y/N\]", "\r"),
+                  (r"Your Slack member ID.*: ", "U9\r"), (r"Slack knows no member U9", ""),
+                  (r"(?s)U9 in this workspace.*Your Slack member ID.*: ", "U1\r"),
+                  (r"Make this account the owner.*\[Y/n\]", "\r")])
+    assert "Slack member U1: alice" in screen
+    assert yaml.safe_load((home / "config.yaml").read_text())["auth"] == {"allowed_users": ["slack:U1"]}
+    assert slack.bot_token not in screen

@@ -12,8 +12,9 @@ variables of the README work here too.  Without a terminal it asks nothing, as w
    read where the server reports it, and one real completion;
 2. the platforms (:mod:`.platforms`): per platform the two lines of where its token comes from, the
    token checked at once (``getMe``, ``/users/@me``, ``auth.test``);
-3. the owner: "send any message to @yourbot now"; the first account that does is shown with its id and,
-   confirmed, allowed and made a tool approver, and greeted;
+3. the owner: on Telegram "send any message to @yourbot now", the first account that does shown with
+   its id and, confirmed, allowed, made a tool approver and greeted; on Discord the application's
+   owner; on Slack the member id the operator types, looked up;
 4. ``config.yaml`` and ``switchboard.env`` written in the home (:mod:`.files`), ``doctor`` run on them,
    and ``service install`` offered.
 """

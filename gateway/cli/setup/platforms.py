@@ -196,16 +196,28 @@ GREETING = ("Hello {name}! You are this Switchboard's owner now: I answer you he
             "(make run, or switchboard service install).")
 
 
-def find_owner(ask: Ask, chosen: list[PlatformChoice], *, owner: str | None, wait: float) -> str | None:
-    """The owner's ``platform:user_id``: given, or the first account that messages the bot during setup."""
-    ask.section("3. The owner")
-    if owner:
-        ask.ok(f"owner: {owner}")
-        return owner
-    telegram = next((c for c in chosen if c.name == "telegram"), None)
-    if telegram is None or not ask.interactive:
-        ask.say("No owner set: strangers get a pairing code (switchboard pairing approve PLATFORM CODE).")
+async def _discord_app_owner(token: str) -> dict | None:
+    """The account that owns the bot's application in the Developer Portal (a team's owner for a team app)."""
+    base = _base(*DISCORD_BASE).rstrip("/")
+    status, app = await _json("GET", f"{base}/oauth2/applications/@me", headers={"Authorization": f"Bot {token}"})
+    if status != 200:
         return None
+    team = app.get("team") or {}
+    if team.get("owner_user_id"):
+        member = next((m.get("user") for m in team.get("members", []) if (m.get("user") or {}).get("id") == team["owner_user_id"]), None)
+        return member or {"id": team["owner_user_id"]}
+    owner = app.get("owner")
+    return owner if isinstance(owner, dict) and owner.get("id") else None
+
+
+async def _slack_member(token: str, member_id: str) -> dict | None:
+    base = _base(*SLACK_BASE).rstrip("/")
+    _status, body = await _json("POST", f"{base}/users.info", headers={"Authorization": f"Bearer {token}"},
+                                data={"user": member_id})
+    return body.get("user") if body.get("ok") else None
+
+
+def _telegram_owner(ask: Ask, telegram: PlatformChoice, wait: float) -> str | None:
     token = telegram.values["TELEGRAM_BOT_TOKEN"]
     ask.say(f"Send any message to {telegram.who} now, from your own Telegram account (waiting {wait:.0f} s) …")
     found = asyncio.run(_telegram_first_dm(token, wait))
@@ -224,3 +236,54 @@ def find_owner(ask: Ask, chosen: list[PlatformChoice], *, owner: str | None, wai
     asyncio.run(_telegram_send(token, message["chat"]["id"], GREETING.format(name=sender.get("first_name") or name)))
     ask.ok(f"owner: telegram:{sender['id']}, greeted")
     return f"telegram:{sender['id']}"
+
+
+def _discord_owner(ask: Ask, discord: PlatformChoice) -> str | None:
+    """Discord sends a bot's DMs only over its gateway, so the owner is the application's, as the portal says."""
+    owner = asyncio.run(_discord_app_owner(discord.values["DISCORD_BOT_TOKEN"]))
+    if owner is None:
+        ask.bad("Discord did not say who owns the application; pass --owner discord:YOUR_ID "
+                "(Discord: Settings -> Advanced -> Developer Mode, then right-click yourself -> Copy User ID)")
+        return None
+    name = owner.get("global_name") or owner.get("username") or owner["id"]
+    ask.say(f"The application's owner in the Developer Portal: {name}, Discord id {owner['id']}")
+    if not ask.confirm("Make this account the owner (allowed, and approves tools)?", default=True):
+        return None
+    ask.ok(f"owner: discord:{owner['id']}")
+    return f"discord:{owner['id']}"
+
+
+def _slack_owner(ask: Ask, slack: PlatformChoice) -> str | None:
+    """Slack's member id, asked for and looked up, so a typo is caught here and not at the first DM."""
+    while True:
+        member_id = ask.text("Your Slack member ID (your profile -> ⋮ -> Copy member ID; empty: none)", default="").strip()
+        if not member_id:
+            return None
+        member = asyncio.run(_slack_member(slack.values["SLACK_BOT_TOKEN"], member_id))
+        if member is not None:
+            break
+        ask.bad(f"Slack knows no member {member_id} in this workspace; it looks like U01ABCDEF")
+    name = (member.get("profile") or {}).get("display_name") or member.get("real_name") or member.get("name") or member_id
+    ask.say(f"Slack member {member_id}: {name}")
+    if not ask.confirm("Make this account the owner (allowed, and approves tools)?", default=True):
+        return None
+    ask.ok(f"owner: slack:{member_id}")
+    return f"slack:{member_id}"
+
+
+def find_owner(ask: Ask, chosen: list[PlatformChoice], *, owner: str | None, wait: float) -> str | None:
+    """The owner's ``platform:user_id``: given; or on Telegram the first account that messages the bot during
+    setup, on Discord the application's owner, on Slack the member id the operator gives (looked up)."""
+    ask.section("3. The owner")
+    if owner:
+        ask.ok(f"owner: {owner}")
+        return owner
+    by_name = {c.name: c for c in chosen}
+    if not ask.interactive or not by_name.keys() & {"telegram", "discord", "slack"}:
+        ask.say("No owner set: strangers get a pairing code (switchboard pairing approve PLATFORM CODE).")
+        return None
+    if "telegram" in by_name:
+        return _telegram_owner(ask, by_name["telegram"], wait)
+    if "discord" in by_name:
+        return _discord_owner(ask, by_name["discord"])
+    return _slack_owner(ask, by_name["slack"])
