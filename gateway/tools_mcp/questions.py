@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable
 from mcp import types
 
 import state
+from gateway.approvals import buttoned
 from gateway.config import ToolsConfig
 from gateway.tools_mcp.elicit import Question, Value, form_content, form_questions
 from gateway.tools_mcp.server import Asking
@@ -140,7 +141,7 @@ class ToolQuestions:
         router = self.router
         assert router is not None  # ask() declines before a question when there is none
         try:
-            buttons = self._buttons(qid, question) if chat.platform in ("telegram", "discord", "slack") else ()
+            buttons = self._buttons(qid, question) if buttoned(chat.platform) else ()
             await router.deliver(chat, self._text(qid, question, intro, n, total, deadline, bool(buttons)),
                                       None, buttons=buttons)
             try:
