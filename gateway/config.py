@@ -64,7 +64,7 @@ from gateway._config_load import KeyedError, describe
 from gateway.durations import parse_duration
 from gateway.errors import ConfigError
 from gateway.platforms import ADAPTER_CONFIGS, in_platform_order, installed_platforms
-from gateway.types import Capabilities, CredentialCheck
+from gateway.types import Capabilities, CredentialCheck, SetupGuide
 
 __all__ = [
     "ApiConfig",
@@ -471,6 +471,8 @@ class PlatformConfig(_Model):
     # a thread may follow the chat id
     TARGET_FORM: ClassVar[str] = ""
     TARGET_THREADS: ClassVar[bool] = True
+    # how `switchboard setup` asks for this platform's values (None: the operator sets it in the config by hand)
+    SETUP: ClassVar[SetupGuide | None] = None
 
     @field_validator("allowed_users", mode="after")
     @classmethod

@@ -291,6 +291,33 @@ class SendProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class SetupValue:
+    """One answer ``switchboard setup`` asks for on a platform: the ``platforms.<name>`` key it fills."""
+
+    key: str
+    variable: str  # a secret's environment variable: switchboard.env holds it, the config says ${VARIABLE}
+    question: str
+    secret: bool = True  # typed hidden and kept in switchboard.env; else asked in the open and written in the config
+    prefix: str = ""  # what a good value starts with (xoxb-, xapp-): another is refused before any call
+    where: str = ""  # where a good value comes from, said when one is refused
+
+
+@dataclass(frozen=True, slots=True)
+class SetupGuide:
+    """How ``switchboard setup`` sets a platform up (``PlatformConfig.SETUP``): two lines on where its
+    values come from, the values, and where good ones come from when the platform's own check
+    (``credential_check`` or ``probe``) refuses them.  ``base_key`` names the setting of the platform's API
+    address, which the written config reads from ``base_variable`` (a local server, a test's fake)."""
+
+    title: str
+    how: tuple[str, ...]
+    values: tuple[SetupValue, ...]
+    refused: str
+    base_key: str = ""
+    base_variable: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class CredentialCheck:
     """How ``switchboard doctor`` asks a platform whether its credentials work: one HTTP call, and
     ``who(status, body)`` naming the bot when they do (None when they were refused).  A platform's

@@ -77,6 +77,8 @@ async def test_a_newcomer_in_a_terminal_gets_a_bot_that_answers_their_first_dm(t
             term.type("\r")
             await expect(term, r"Set up Slack\? \[y/N\]")
             term.type("\r")
+            await expect(term, r"Set up Email\? \[y/N\]")
+            term.type("\r")
             await expect(term, r"Send any message to @switchboard_bot now")
             await asyncio.sleep(0)
             await eventually(lambda: tg.calls("getUpdates"), 10, "setup polling for the owner's message")
@@ -117,7 +119,7 @@ async def test_a_newcomer_in_a_terminal_gets_a_bot_that_answers_their_first_dm(t
         notify = NotifySocket(tmp_path / "notify.sock")
         proc = await start_daemon(config, {**env, "NOTIFY_SOCKET": str(notify.path), "SWITCHBOARD_API_PORT": "0"})
         try:
-            status = await notify.wait_for(lambda line: line.startswith("STATUS=serving"))
+            status = await notify.wait_for(lambda line: line.startswith("STATUS=serving"), timeout=60)
             assert "telegram: connected" in status
             before = len(tg.sent)
             tg.dm(ANN, "what can you do?")
@@ -188,7 +190,7 @@ async def test_on_discord_the_owner_is_the_applications_owner_as_the_developer_p
         screen = await _setup_in_a_terminal(
             ["--home", str(home), "--model-url", model.base_url, "--model", "fake-model", "--context-length", "8192", "--discord-token", dc.token],
             env, [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Slack\? \[y/N\]", "\r"),
-                  (r"Make this account the owner.*\[Y/n\]", "\r")])
+                  (r"Set up Email\? \[y/N\]", "\r"), (r"Make this account the owner.*\[Y/n\]", "\r")])
     assert f"The application's owner in the Developer Portal: Alice, Discord id {dc.alice['id']}" in screen
     data = yaml.safe_load((home / "config.yaml").read_text())
     assert data["auth"] == {"allowed_users": [f"discord:{dc.alice['id']}"]}
@@ -204,9 +206,30 @@ async def test_on_slack_the_owners_member_id_is_looked_up_so_a_typo_is_caught_at
             ["--home", str(home), "--model-url", model.base_url, "--model", "fake-model", "--context-length", "8192",
              "--slack-bot-token", slack.bot_token, "--slack-app-token", slack.app_token],
             env, [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Discord\? \[y/N\]", "\r"),
-                  (r"Your Slack member ID.*: ", "U9\r"), (r"Slack knows no member U9", ""),
+                  (r"Set up Email\? \[y/N\]", "\r"), (r"Your Slack member ID.*: ", "U9\r"), (r"Slack knows no member U9", ""),
                   (r"(?s)U9 in this workspace.*Your Slack member ID.*: ", "U1\r"),
                   (r"Make this account the owner.*\[Y/n\]", "\r")])
     assert "Slack member U1: alice" in screen
     assert yaml.safe_load((home / "config.yaml").read_text())["auth"] == {"allowed_users": ["slack:U1"]}
     assert slack.bot_token not in screen
+
+
+async def test_email_is_offered_from_its_package_and_a_server_that_is_not_there_is_named_and_asked_again(tmp_path):
+    async with FakeModel() as model, FakeTelegram() as tg:
+        term = Terminal([str(SWITCHBOARD), "setup", "--home", str(tmp_path / "sb"), "--model-url", model.base_url,
+                         "--model", "fake-model", "--context-length", "8192"], env=_env(tmp_path, tg))
+        try:
+            for pattern, typed in [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Discord\? \[y/N\]", "\r"),
+                                   (r"Set up Slack\? \[y/N\]", "\r"), (r"Set up Email\? \[y/N\]", "y\r"),
+                                   (r"IMAP server \(imap\.example\.com\): ", "127.0.0.1\r"),
+                                   (r"SMTP server \(smtp\.example\.com\): ", "127.0.0.1\r"),
+                                   (r"The mailbox's login.*: ", "bot@example.com\r"),
+                                   (r"Its password.*: ", "hunter2-not-shown\r")]:
+                await expect(term, pattern)
+                term.type(typed)
+            screen = await expect(term, r"(?s)✗ Email: .*IMAP server \(imap\.example\.com\): ", timeout=60)
+        finally:
+            term.close()
+    assert "A mailbox of its own for the gateway" in screen  # the package's own guide
+    assert re.search(r"Email: .*127\.0\.0\.1.*993", screen), screen  # the server it tried, by address and port
+    assert "hunter2-not-shown" not in screen and not (tmp_path / "sb" / "config.yaml").exists()

@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar
 from pydantic import AfterValidator, BeforeValidator
 
 from gateway.config import HttpUrl, PlatformConfig, check_url, empty_to_none, secret_field
-from gateway.types import Capabilities, CredentialCheck
+from gateway.types import Capabilities, CredentialCheck, SetupGuide, SetupValue
 
 __all__ = ["DiscordConfig"]
 
@@ -26,6 +26,15 @@ class DiscordConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=True, reactions=False, files=True, voice=True,
         max_message_length=2000, chat_rate=0.6, chat_burst=2)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Discord",
+        ("discord.com/developers/applications -> New Application -> Bot: Reset Token (copy it), and turn on "
+         "Message Content Intent.",
+         "Then OAuth2 -> URL Generator: scope bot, permissions Send Messages + Read Message History; open the URL "
+         "to invite it."),
+        (SetupValue("token", "DISCORD_BOT_TOKEN", "Discord bot token"),),
+        "copy it again: Developer Portal -> your application -> Bot -> Reset Token",
+        base_key="api_base_url", base_variable="DISCORD_API_BASE_URL")
     token: str = secret_field()
     api_base_url: HttpUrl = "https://discord.com/api/v10"
     gateway_url: Annotated[WebSocketUrl | None, BeforeValidator(empty_to_none)] = None

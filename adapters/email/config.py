@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import KeyedError, OptionalText, PlatformConfig, describe, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, SetupGuide, SetupValue
 
 __all__ = ["EmailConfig", "strict_address"]
 
@@ -47,6 +47,16 @@ class EmailConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=False, threads=False, buttons=False, typing=False, reactions=False, files=True, voice=False,
         groups=False, max_message_length=100_000, chat_rate=5.0, chat_burst=10)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Email",
+        ("A mailbox of its own for the gateway (mail in it is answered): its IMAP server, and the SMTP server "
+         "that sends as it (docs/configuration.md, platforms.email).",
+         "Ports and TLS take their defaults (993 with TLS, 587 with STARTTLS); change them in the config after."),
+        (SetupValue("imap_host", "EMAIL_IMAP_HOST", "IMAP server (imap.example.com)", secret=False),
+         SetupValue("smtp_host", "EMAIL_SMTP_HOST", "SMTP server (smtp.example.com)", secret=False),
+         SetupValue("username", "EMAIL_USERNAME", "The mailbox's login (often its address)", secret=False),
+         SetupValue("password", "EMAIL_PASSWORD", "Its password (an app password where the provider has them)")),
+        "check the servers, the login and the password (many providers want an app password for IMAP)")
     imap_host: str = ""
     imap_port: int = Field(993, ge=1, le=65535)
     imap_tls: Literal["ssl", "none"] = "ssl"  # implicit TLS (993); "none" for a server on this host

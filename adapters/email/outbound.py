@@ -104,12 +104,10 @@ class ImapLogin:
 
     async def open(self, on_lost: Callable[[Exception | None], None] | None = None) -> aioimaplib.IMAP4:
         """A logged-in connection with ``mailbox`` selected; ``on_lost`` is called when the connection ends."""
-        if self.tls == "ssl":
-            client: aioimaplib.IMAP4 = aioimaplib.IMAP4_SSL(host=self.host, port=self.port, timeout=self.timeout,
-                                                            ssl_context=ssl.create_default_context(),
-                                                            conn_lost_cb=on_lost)
-        else:
-            client = aioimaplib.IMAP4(host=self.host, port=self.port, timeout=self.timeout, conn_lost_cb=on_lost)
+        # IMAP4 itself, with a TLS context for implicit TLS: aioimaplib's IMAP4_SSL takes no conn_lost_cb
+        context = ssl.create_default_context() if self.tls == "ssl" else None
+        client = aioimaplib.IMAP4(host=self.host, port=self.port, timeout=self.timeout, conn_lost_cb=on_lost,
+                                  ssl_context=context)
         try:
             await client.wait_hello_from_server()
             response = await client.login(self.username, self.password)

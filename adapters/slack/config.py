@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, PlatformConfig, describe, secret_field
-from gateway.types import Capabilities, CredentialCheck
+from gateway.types import Capabilities, CredentialCheck, SetupGuide, SetupValue
 
 __all__ = ["SlackConfig"]
 
@@ -23,6 +23,19 @@ class SlackConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=True, reactions=True, files=True, voice=True,
         max_message_length=3900, chat_rate=1.0, chat_burst=2, button_message_length=3000)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Slack",
+        ("api.slack.com/apps -> Create New App -> From scratch; Socket Mode: on (an app-level token with "
+         "connections:write, xapp-...); Event Subscriptions: message.im, app_mention (docs/first-bot-slack.md).",
+         "OAuth & Permissions: scopes chat:write, app_mentions:read, im:history, users:read; Install to "
+         "Workspace; copy the Bot User OAuth Token (xoxb-...)."),
+        (SetupValue("bot_token", "SLACK_BOT_TOKEN", "Slack bot token (xoxb-...)", prefix="xoxb-",
+                    where="api.slack.com/apps -> your app -> OAuth & Permissions -> Bot User OAuth Token"),
+         SetupValue("app_token", "SLACK_APP_TOKEN", "Slack app-level token (xapp-...)", prefix="xapp-",
+                    where="api.slack.com/apps -> your app -> Basic Information -> App-Level Tokens (scope "
+                          "connections:write)")),
+        "copy the Bot User OAuth Token (xoxb-...) again: api.slack.com/apps -> your app -> OAuth & Permissions",
+        base_key="api_base_url", base_variable="SLACK_API_BASE_URL")
     TARGET_FORM: ClassVar[str] = "slack:<channel_id>[:<thread_ts>]"
     LIBRARY: ClassVar[str | None] = "slack_bolt"  # slack-bolt and slack-sdk, the switchboard[slack] extra
     bot_token: str = secret_field()  # xoxb-...

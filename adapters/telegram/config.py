@@ -12,7 +12,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, OptionalHttpUrl, PlatformConfig, secret_field
-from gateway.types import Capabilities, CredentialCheck
+from gateway.types import Capabilities, CredentialCheck, SetupGuide, SetupValue
 
 __all__ = ["TelegramConfig"]
 
@@ -24,6 +24,13 @@ class TelegramConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=True, reactions=False, files=True, voice=True,
         max_message_length=4096, length_unit="utf16", chat_rate=1.0, chat_burst=2)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Telegram",
+        ("In Telegram, open @BotFather, send /newbot, pick a name and a username ending in 'bot'.",
+         "BotFather answers with the bot's token (digits:letters): paste it here."),
+        (SetupValue("token", "TELEGRAM_BOT_TOKEN", "Telegram bot token"),),
+        "copy it again from @BotFather (/mybots -> your bot -> API Token)",
+        base_key="base_url", base_variable="TELEGRAM_BASE_URL")
     token: str = secret_field()
     base_url: HttpUrl = "https://api.telegram.org/bot"  # python-telegram-bot appends the token
     base_file_url: OptionalHttpUrl = None  # None: derived from base_url (.../bot -> .../file/bot)

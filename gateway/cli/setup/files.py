@@ -17,18 +17,9 @@ import yaml
 from gateway._config_load import ENV_FILENAME
 
 from .model import ModelChoice
-from .platforms import GUIDES, PlatformChoice
+from .platforms import PlatformChoice
 
 CONFIG_NAME = "config.yaml"
-
-_PLATFORM_KEYS = {  # the config's keys that take each secret, by variable
-    "TELEGRAM_BOT_TOKEN": ("telegram", "token"),
-    "DISCORD_BOT_TOKEN": ("discord", "token"),
-    "SLACK_BOT_TOKEN": ("slack", "bot_token"),
-    "SLACK_APP_TOKEN": ("slack", "app_token"),
-}
-_BASE_KEYS = {"telegram": "base_url", "discord": "api_base_url", "slack": "api_base_url"}
-
 
 def config_data(home: Path, model: ModelChoice, platforms: list[PlatformChoice], owner: str | None) -> dict:
     """The config as data: the model and platforms chosen, secrets as ``${VARIABLE}``."""
@@ -36,15 +27,7 @@ def config_data(home: Path, model: ModelChoice, platforms: list[PlatformChoice],
                            "api_key": "${SWITCHBOARD_MODEL_KEY:-not-needed}"}
     if model.context_length:
         model_section["context_length"] = model.context_length
-    section: dict = {}
-    for choice in platforms:
-        guide = GUIDES[choice.name]
-        keys: dict = {}
-        for variable in choice.values:
-            platform, key = _PLATFORM_KEYS[variable]
-            keys[key] = f"${{{variable}}}"
-        keys[_BASE_KEYS[choice.name]] = f"${{{guide.base_variable}:-{guide.base_default}}}"
-        section[choice.name] = keys
+    section = {choice.name: choice.settings() for choice in platforms}
     data: dict = {"home": str(home), "model": model_section,
                   "api": {"host": "127.0.0.1", "port": "${SWITCHBOARD_API_PORT:-8642}"}}
     if section:
@@ -58,7 +41,7 @@ def config_data(home: Path, model: ModelChoice, platforms: list[PlatformChoice],
 def env_lines(model: ModelChoice, platforms: list[PlatformChoice]) -> list[str]:
     lines = [f"SWITCHBOARD_MODEL_KEY={model.api_key}"] if model.api_key else []
     for choice in platforms:
-        lines += [f"{variable}={value}" for variable, value in choice.values.items()]
+        lines += [f"{variable}={value}" for variable, value in choice.secrets().items()]
     return lines
 
 

@@ -1,9 +1,11 @@
-"""`switchboard setup`, the platforms: each token checked at once, and the owner found by a message.
+"""`switchboard setup`, the platforms: each one's values checked at once, and the owner found.
 
-The checks are the platforms' own "who am I" calls (Telegram ``getMe``, Discord ``/users/@me``,
-Slack ``auth.test``), on the API base URLs the written config reads too (``TELEGRAM_BASE_URL``,
-``DISCORD_API_BASE_URL``, ``SLACK_API_BASE_URL``: a local Bot API server, or a test's fake).  A
-platform installed as its own package is listed by name, to be set in the config by hand.
+Each platform's package says what to ask (``PlatformConfig.SETUP``, a :class:`gateway.types.SetupGuide`)
+and how to check it: the same call ``switchboard doctor`` makes (``credential_check``: Telegram
+``getMe``, Discord ``/users/@me``, Slack ``auth.test``; or ``probe``: email's IMAP and SMTP logins), on
+the API address the written config reads too (``TELEGRAM_BASE_URL``, ``DISCORD_API_BASE_URL``,
+``SLACK_API_BASE_URL``: a local Bot API server, or a test's fake).  A platform that says nothing is
+listed by name, to be set in the config by hand.  Finding the owner is each platform's own way, below.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine
 
 import aiohttp
+from pydantic import ValidationError
 
+from gateway.config import PlatformConfig, platform_models
 from gateway.modelprobe import why_failed
+from gateway.types import SetupGuide
 
 from .ask import Ask, SetupFailed
 
@@ -24,31 +28,32 @@ TIMEOUT = aiohttp.ClientTimeout(total=15)
 OWNER_WAIT_SECONDS = 300.0
 
 
-@dataclass(frozen=True, slots=True)
-class Secret:
-    variable: str  # what the env file holds and the config names as ${VARIABLE}
-    question: str
-    prefix: str = ""  # what a good value starts with (xoxb-, xapp-)
-
-
-@dataclass(frozen=True, slots=True)
-class PlatformGuide:
-    name: str
-    title: str
-    how: tuple[str, str]  # the two lines shown before the token is asked for
-    secrets: tuple[Secret, ...]
-    check: Callable[[dict[str, str]], Coroutine[Any, Any, str]]  # the tokens -> who the bot is; raises SetupFailed
-    base_variable: str
-    base_default: str
-
-
 @dataclass
 class PlatformChoice:
     name: str
-    values: dict[str, str]  # variable -> secret
+    guide: SetupGuide
+    values: dict[str, str]  # variable -> the answer
     who: str  # "@switchboard_bot", from the check
     owner: str | None = None  # "<platform>:<user id>"
     extra: dict = field(default_factory=dict)
+
+    def settings(self) -> dict[str, str]:
+        """The platform's section as the config file holds it: secrets as ``${VARIABLE}``, the rest as typed,
+        the API address read from its variable with the platform's default."""
+        keys = {v.key: f"${{{v.variable}}}" if v.secret else self.values[v.variable] for v in self.guide.values}
+        if self.guide.base_key:
+            keys[self.guide.base_key] = f"${{{self.guide.base_variable}:-{_base_default(self.name)}}}"
+        return keys
+
+    def secrets(self) -> dict[str, str]:
+        """What switchboard.env holds for this platform: variable -> secret."""
+        return {v.variable: self.values[v.variable] for v in self.guide.values if v.secret}
+
+
+def _base_default(platform: str) -> str:
+    guide = platform_models()[platform].SETUP
+    assert guide is not None and guide.base_key
+    return str(platform_models()[platform].model_fields[guide.base_key].default)
 
 
 def _base(variable: str, default: str) -> str:
@@ -66,93 +71,89 @@ async def _json(method: str, url: str, **kw) -> tuple[int, dict]:
         raise SetupFailed(f"cannot reach {host}: {why_failed(exc)}") from None
 
 
-TELEGRAM_BASE = ("TELEGRAM_BASE_URL", "https://api.telegram.org/bot")
-DISCORD_BASE = ("DISCORD_API_BASE_URL", "https://discord.com/api/v10")
-SLACK_BASE = ("SLACK_API_BASE_URL", "https://slack.com/api/")
+def _api(platform: str) -> str:
+    """The platform's API address as the written config will read it: its variable, else the default."""
+    guide = platform_models()[platform].SETUP
+    assert guide is not None and guide.base_key
+    return _base(guide.base_variable, _base_default(platform))
 
 
-async def check_telegram(values: dict[str, str]) -> str:
-    status, body = await _json("POST", f"{_base(*TELEGRAM_BASE)}{values['TELEGRAM_BOT_TOKEN']}/getMe")
-    if not body.get("ok"):
-        raise SetupFailed(f"Telegram refused the token (HTTP {status}: {body.get('description', 'no description')}); "
-                          "copy it again from @BotFather (/mybots -> your bot -> API Token)")
-    return "@" + str(body["result"].get("username"))
+def _section(name: str, guide: SetupGuide, values: dict[str, str]) -> PlatformConfig:
+    """The platform's settings model as the written config will load it (the answers validated the same way)."""
+    keys: dict[str, str] = {v.key: values[v.variable] for v in guide.values}
+    if guide.base_key:
+        keys[guide.base_key] = _api(name)
+    try:
+        return platform_models()[name].model_validate({"enabled": True, **keys})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "?"
+        raise SetupFailed(f"platforms.{name}.{where}: {first.get('msg')}") from None
 
 
-async def check_discord(values: dict[str, str]) -> str:
-    base = _base(*DISCORD_BASE).rstrip("/")
-    status, body = await _json("GET", f"{base}/users/@me", headers={"Authorization": f"Bot {values['DISCORD_BOT_TOKEN']}"})
-    if status != 200:
-        raise SetupFailed(f"Discord refused the token (HTTP {status}); copy it again: Developer Portal -> your "
-                          "application -> Bot -> Reset Token")
-    return f"{body.get('username')} ({body.get('id')})"
+async def check_platform(name: str, guide: SetupGuide, values: dict[str, str]) -> tuple[str, str]:
+    """Who the platform says the bot is, and what the check found, by the platform's own check
+    (``credential_check``, else ``probe``); raises SetupFailed."""
+    for v in guide.values:
+        if v.prefix and not values[v.variable].startswith(v.prefix):
+            raise SetupFailed(f"the {v.question.split(' (')[0]} starts with {v.prefix}: {v.where}")
+    section = _section(name, guide, values)
+    check = section.credential_check()
+    if check is not None:
+        status, body = await _json(check.method, check.url, headers=check.headers)
+        who = check.who(status, body)
+        if not who:
+            said = body.get("description") or body.get("error") or body.get("message") or "no description"
+            raise SetupFailed(f"{guide.title} refused the token (HTTP {status}: {said}); {guide.refused}")
+        return str(who), f"the token works ({who})"
+    try:
+        found = await section.probe(TIMEOUT.total or 15.0)
+    except Exception as exc:  # noqa: BLE001 - a platform's own check failing is a refusal, said so
+        raise SetupFailed(f"{guide.title}: its check failed ({type(exc).__name__}); {guide.refused}") from None
+    if found is None:
+        return name, "not checked here; `switchboard doctor` checks it once the gateway runs"
+    ok, detail, fix = found
+    if not ok:
+        raise SetupFailed(f"{guide.title}: {detail}; {fix or guide.refused}")
+    return name, detail
 
 
-async def check_slack(values: dict[str, str]) -> str:
-    base = _base(*SLACK_BASE).rstrip("/")
-    status, body = await _json("POST", f"{base}/auth.test", headers={"Authorization": f"Bearer {values['SLACK_BOT_TOKEN']}"})
-    if not body.get("ok"):
-        raise SetupFailed(f"Slack refused the bot token ({body.get('error', f'HTTP {status}')}); copy the Bot User "
-                          "OAuth Token (xoxb-...) again: api.slack.com/apps -> your app -> OAuth & Permissions")
-    if not values["SLACK_APP_TOKEN"].startswith("xapp-"):
-        raise SetupFailed("the app-level token starts with xapp-: api.slack.com/apps -> your app -> Basic "
-                          "Information -> App-Level Tokens (scope connections:write)")
-    return f"@{body.get('user')} in {body.get('team')}"
-
-
-GUIDES: dict[str, PlatformGuide] = {
-    "telegram": PlatformGuide(
-        "telegram", "Telegram",
-        ("In Telegram, open @BotFather, send /newbot, pick a name and a username ending in 'bot'.",
-         "BotFather answers with the bot's token (digits:letters): paste it here."),
-        (Secret("TELEGRAM_BOT_TOKEN", "Telegram bot token"),), check_telegram, *TELEGRAM_BASE),
-    "discord": PlatformGuide(
-        "discord", "Discord",
-        ("discord.com/developers/applications -> New Application -> Bot: Reset Token (copy it), and turn on "
-         "Message Content Intent.",
-         "Then OAuth2 -> URL Generator: scope bot, permissions Send Messages + Read Message History; open the URL "
-         "to invite it."),
-        (Secret("DISCORD_BOT_TOKEN", "Discord bot token"),), check_discord, *DISCORD_BASE),
-    "slack": PlatformGuide(
-        "slack", "Slack",
-        ("api.slack.com/apps -> Create New App -> From scratch; Socket Mode: on (an app-level token with "
-         "connections:write, xapp-...); Event Subscriptions: message.im, app_mention (docs/first-bot-slack.md).",
-         "OAuth & Permissions: scopes chat:write, app_mentions:read, im:history, users:read; Install to "
-         "Workspace; copy the Bot User OAuth Token (xoxb-...)."),
-        (Secret("SLACK_BOT_TOKEN", "Slack bot token (xoxb-...)", "xoxb-"),
-         Secret("SLACK_APP_TOKEN", "Slack app-level token (xapp-...)", "xapp-")), check_slack, *SLACK_BASE),
-}
+def _ask_values(ask: Ask, guide: SetupGuide, values: dict[str, str]) -> None:
+    for v in guide.values:
+        if v.variable not in values:
+            values[v.variable] = ask.secret(v.question) if v.secret else ask.text(v.question, None).strip()
 
 
 def choose_platforms(ask: Ask, installed: tuple[str, ...], given: dict[str, dict[str, str]]) -> list[PlatformChoice]:
-    """Each platform the operator wants, its token checked at once; ``given``: the tokens passed as flags."""
+    """Each platform the operator wants, its values checked at once; ``given``: the tokens passed as flags.
+
+    A platform's package says how it is set up (``PlatformConfig.SETUP``); one that says nothing is named,
+    to be set in the config by hand."""
     ask.section("2. The chat platforms")
     chosen: list[PlatformChoice] = []
     for name in installed:
-        guide = GUIDES.get(name)
-        if guide is None:  # a platform installed as its own package: its settings are its own
+        guide = platform_models()[name].SETUP
+        if guide is None:
             ask.say(f"{name}: installed; set platforms.{name} in the config by hand (see its documentation)")
             continue
         values = dict(given.get(name, {}))
         if not values and not ask.confirm(f"Set up {guide.title}?", default=name == "telegram" and ask.interactive):
             continue
         if not values:
-            ask.say(guide.how[0])
-            ask.say(guide.how[1])
+            for line in guide.how:
+                ask.say(line)
         while True:
-            for secret in guide.secrets:
-                if secret.variable not in values:
-                    values[secret.variable] = ask.secret(secret.question)
+            _ask_values(ask, guide, values)
             try:
-                who = asyncio.run(guide.check(values))
+                who, found = asyncio.run(check_platform(name, guide, values))
                 break
             except SetupFailed as exc:
                 ask.bad(str(exc))
                 if not ask.interactive:
                     raise
                 values = {}
-        ask.ok(f"{guide.title}: the token works ({who})")
-        chosen.append(PlatformChoice(name, values, who))
+        ask.ok(f"{guide.title}: {found}")
+        chosen.append(PlatformChoice(name, guide, values, who))
     if not chosen:
         ask.say("No platform: the local API (curl, `switchboard chat`) still answers.")
     return chosen
@@ -162,7 +163,7 @@ def choose_platforms(ask: Ask, installed: tuple[str, ...], given: dict[str, dict
 
 async def _telegram_first_dm(token: str, wait: float) -> tuple[dict, int] | None:
     """The first private message sent to the bot from now on, and its update id (None: none in time)."""
-    base = f"{_base(*TELEGRAM_BASE)}{token}"
+    base = f"{_api('telegram')}{token}"
     _status, pending = await _json("POST", f"{base}/getUpdates", json={"timeout": 0})
     offset = max((u["update_id"] for u in pending.get("result", [])), default=-1) + 1  # what came before is not it
     deadline = time.monotonic() + wait
@@ -185,11 +186,11 @@ async def _telegram_first_dm(token: str, wait: float) -> tuple[dict, int] | None
 
 async def _telegram_confirm(token: str, update_id: int) -> None:
     """Tell Telegram the owner's message is handled, so the daemon does not answer it later."""
-    await _json("POST", f"{_base(*TELEGRAM_BASE)}{token}/getUpdates", json={"offset": update_id + 1, "timeout": 0})
+    await _json("POST", f"{_api('telegram')}{token}/getUpdates", json={"offset": update_id + 1, "timeout": 0})
 
 
 async def _telegram_send(token: str, chat_id: int, text: str) -> None:
-    await _json("POST", f"{_base(*TELEGRAM_BASE)}{token}/sendMessage", json={"chat_id": chat_id, "text": text})
+    await _json("POST", f"{_api('telegram')}{token}/sendMessage", json={"chat_id": chat_id, "text": text})
 
 
 GREETING = ("Hello {name}! You are this Switchboard's owner now: I answer you here once the gateway runs "
@@ -198,7 +199,7 @@ GREETING = ("Hello {name}! You are this Switchboard's owner now: I answer you he
 
 async def _discord_app_owner(token: str) -> dict | None:
     """The account that owns the bot's application in the Developer Portal (a team's owner for a team app)."""
-    base = _base(*DISCORD_BASE).rstrip("/")
+    base = _api("discord").rstrip("/")
     status, app = await _json("GET", f"{base}/oauth2/applications/@me", headers={"Authorization": f"Bot {token}"})
     if status != 200:
         return None
@@ -211,7 +212,7 @@ async def _discord_app_owner(token: str) -> dict | None:
 
 
 async def _slack_member(token: str, member_id: str) -> dict | None:
-    base = _base(*SLACK_BASE).rstrip("/")
+    base = _api("slack").rstrip("/")
     _status, body = await _json("POST", f"{base}/users.info", headers={"Authorization": f"Bearer {token}"},
                                 data={"user": member_id})
     return body.get("user") if body.get("ok") else None
