@@ -344,3 +344,16 @@ def test_the_router_finder_sees_every_form_of_import(tmp_path):
         assert _names_the_router(tmp_path / "m.py"), source
     (tmp_path / "m.py").write_text("from gateway.control import ChatControl\nimport gateway.routerless\n")
     assert not _names_the_router(tmp_path / "m.py")
+
+
+# No module on the message path (the router's parts, the turn, the local API) grows past this: split it
+# by what changes together (#37), not by squeezing lines.
+MAX_MESSAGE_PATH_LINES = 600
+MESSAGE_PATH = ("gateway/router/*.py", "gateway/turn*.py", "gateway/runtime/api*.py", "gateway/runtime/responses*.py")
+
+
+def test_no_module_on_the_message_path_is_over_600_lines():
+    sizes = {path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+             for pattern in MESSAGE_PATH for path in ROOT.glob(pattern)}
+    assert {"gateway/turn.py", "gateway/runtime/api.py", "gateway/router/answer.py"} <= set(sizes)
+    assert {path: n for path, n in sizes.items() if n > MAX_MESSAGE_PATH_LINES} == {}

@@ -61,20 +61,28 @@ import asyncio
 import errno
 import hmac
 import logging
-import math
 import time
-from dataclasses import dataclass
 from typing import Awaitable, Callable, cast
 
 from aiohttp import web
 
 import state
-from gateway.control import Answering, Reply, Request, RequestExtras, Requests
-from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
-from gateway.failures import failure_line
+from gateway.control import Request, RequestExtras, Requests
+from gateway.errors import ConfigError, GatewayClosing, ModelUnavailable
 from gateway.modelchoice import DEFAULT as DEFAULT_MODEL
 from gateway.runtime import api_tools
 from gateway.runtime.api_render import Answer, ChatCompletions, Format
+from gateway.runtime.api_reply import (
+    RETRY_AFTER_RUNNING_SECONDS,
+    RETRY_AFTER_SHUTDOWN_SECONDS,
+    SESSION_HEADER,
+    Call,
+    Replies,
+    error,
+    error_response,
+    mismatch,
+    model_failure,
+)
 from gateway.runtime.api_request import ApiError, ChatRequest, calls_signature, parse_chat_request
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
@@ -83,60 +91,17 @@ from gateway.runtime.platform_http import PlatformHttp
 from gateway.runtime.portholder import port_holder
 from gateway.runtime.responses import ResponsesApi
 from gateway.runtime.sse import SseSink
-from gateway.turn import AgentTurn, ReplySink, TurnResult
+from gateway.turn import AgentTurn, TurnResult
 from gateway.types import Attachment, ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # room for a few images as data URLs
 MAX_IDEMPOTENCY_KEY = 255
-RETRY_AFTER_SHUTDOWN_SECONDS = 10  # about what a restart takes
-RETRY_AFTER_RUNNING_SECONDS = 1
-RETRY_AFTER_MODEL_SECONDS = 2
-CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry once it is back "
-           "(with the same Idempotency-Key, to get its answer without sending it twice)")
-SESSION_HEADER = "X-Switchboard-Session"
-NOTICE_HEADER = "X-Switchboard-Notice"
 _HTTP_ERRORS = {404: ("not_found", "no such endpoint: {method} {path} (see GET /v1/models, POST "
                                    "/v1/chat/completions, POST /v1/responses, GET /healthz, GET /metrics)"),
                 405: ("method_not_allowed", "{method} is not allowed on {path}"),
                 413: ("request_too_large", f"the body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB")}
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", *,
-           retry_after: int | None = None, code: str | None = None, param: str | None = None) -> web.Response:
-    return _error_response(ApiError(status, message, kind, code=code, param=param, retry_after=retry_after))
-
-
-def _error_response(error: ApiError, headers: dict | None = None) -> web.Response:
-    extra = dict(headers or {})
-    if error.retry_after is not None:
-        extra["Retry-After"] = str(error.retry_after)
-    return web.json_response(error.body(), status=error.status, headers=extra or None)
-
-
-def _mismatch() -> web.Response:
-    return _error(422, "this Idempotency-Key was already used for another request (a different message); "
-                       "use a new key for a new message", code="idempotency_key_reused")
-
-
-def model_failure(exc: BaseException) -> ApiError:
-    """The HTTP error for a turn the model did not answer (the user message stays stored); its message is
-    the line a chat platform's user reads (what to fix, or that a retry may work)."""
-    if isinstance(exc, ContextTooLong):
-        return ApiError(400, failure_line(exc), code="context_length_exceeded")
-    if isinstance(exc, ModelRefused):  # the gateway's own set-up is wrong (its key, its model name)
-        return ApiError(502, failure_line(exc), "server_error", code="model_refused")
-    if isinstance(exc, ModelUnavailable):
-        kind = getattr(exc, "kind", "failing")
-        if kind == "unreachable":
-            return ApiError(502, failure_line(exc), "server_error", code="model_unreachable")
-        if kind == "timeout":
-            return ApiError(504, failure_line(exc), "server_error", code="model_timeout")
-        return ApiError(503, failure_line(exc), "server_error", code="model_unavailable",
-                        retry_after=RETRY_AFTER_MODEL_SECONDS)
-    return ApiError(500, "Something went wrong while answering. Your message is saved; send it again to retry.",
-                    "server_error", code="internal_error")
 
 
 def _lone_surrogate_at(value, path: str) -> str | None:
@@ -175,24 +140,6 @@ def _last_stored(chat: ChatRequest) -> str:
     return chat.last_user.stored if chat.messages else ""
 
 
-def notice_header(notice: str) -> str:
-    """A notice as a header value: ASCII on one line (other characters escaped as ``\\u2192``)."""
-    return " ".join(notice.splitlines()).encode("ascii", "backslashreplace").decode("ascii")
-
-
-@dataclass(slots=True)
-class _Call:
-    """One request on its way: what was asked, in which shape to answer, what to do once answered."""
-
-    request: web.Request
-    chat: ChatRequest
-    fmt: Format
-    stored: str  # the last user message as the store keeps it (a replay is checked against it)
-    answered: Callable[[Answer], Awaitable[None]] | None = None
-    model: str | None = None  # the named model the request chose (its ``model`` field), checked
-    caller: Caller | None = None  # who sends it: the sessions it is answered in become its to name
-
-
 class LocalApi:
     """The HTTP server: messages go to ``requests`` (the router's entry for callers answered in their own
     response), side requests to ``turn`` alone; ``/healthz`` shows ``health()``; ``/metrics`` renders ``metrics``."""
@@ -220,6 +167,7 @@ class LocalApi:
         self.conversations = Conversations(requests.db, agent, model_name, turn.settings.persona,
                                            keep_media=keep_media)
         self.chat_format = ChatCompletions(model_name)
+        self.replies = Replies(requests, self.conversations)  # how every front door's answer is written out
 
     def app(self) -> web.Application:
         middlewares = [self._errors, self._auth] if self.dashboard is None else \
@@ -287,13 +235,13 @@ class LocalApi:
         try:
             return await handler(request)
         except ApiError as exc:
-            return _error_response(exc)
+            return error_response(exc)
         except web.HTTPException as exc:
             if exc.status < 400 or exc.content_type == "application/json":
                 raise
             code, message = _HTTP_ERRORS.get(exc.status, ("http_error", exc.reason))
             headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return _error_response(ApiError(exc.status, message.format(method=request.method, path=request.path),
+            return error_response(ApiError(exc.status, message.format(method=request.method, path=request.path),
                                             code=code), headers)
 
     @web.middleware
@@ -305,8 +253,8 @@ class LocalApi:
         if self.token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return _error(401, "missing or wrong bearer token (api.token)", "authentication_error",
-                              code="invalid_api_key")
+                return error(401, "missing or wrong bearer token (api.token)", "authentication_error",
+                             code="invalid_api_key")
         return await handler(request)
 
     # -- POST /v1/chat/completions --------------------------------------------------
@@ -340,7 +288,7 @@ class LocalApi:
                            param="Idempotency-Key")
         idempotency_key = _header_text(idempotency_key, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
         session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
-        call = _Call(request, chat, fmt, _last_stored(chat), caller=self.caller_of(request, chat))
+        call = Call(request, chat, fmt, _last_stored(chat), caller=self.caller_of(request, chat))
         if chat.is_side_request:
             return await self._side_request(call)
         named = _header_text(request.headers.get(SESSION_HEADER), SESSION_HEADER)
@@ -393,7 +341,7 @@ class LocalApi:
             or chat.user or chat.safety_identifier
         return Caller(token_hash(request.headers.get("Authorization")), user)
 
-    async def _named(self, call: _Call, named: str, idempotency_key: str | None) -> web.StreamResponse:
+    async def _named(self, call: Call, named: str, idempotency_key: str | None) -> web.StreamResponse:
         """``X-Switchboard-Session: <id>``: continue that session (at the live end of its chain, when a
         compression or a branch moved it on), if this caller (its token and user) was answered in it; any
         other id is a 404 that says no more than an unknown one would."""
@@ -448,17 +396,17 @@ class LocalApi:
         running = self._running.get(slot)
         if running is not None:
             if running != text:
-                return _mismatch()
-            return _error(409, "the first request with this Idempotency-Key is still being answered; retry when "
-                               "it has finished to get its reply", "conflict", code="conflict",
-                          retry_after=RETRY_AFTER_RUNNING_SECONDS)
+                return mismatch()
+            return error(409, "the first request with this Idempotency-Key is still being answered; retry when "
+                              "it has finished to get its reply", "conflict", code="conflict",
+                         retry_after=RETRY_AFTER_RUNNING_SECONDS)
         self._running[slot] = text
         try:
             return await answer()
         finally:
             del self._running[slot]
 
-    async def _continue_kept(self, call: _Call, session_key: str) -> web.StreamResponse:
+    async def _continue_kept(self, call: Call, session_key: str) -> web.StreamResponse:
         """X-Session-Key with tool results: they continue the turn that called the tools, in that session."""
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                              user_name=session_key, text="")
@@ -473,189 +421,37 @@ class LocalApi:
                              fmt: Format) -> web.StreamResponse:
         """Submit a front door's own request (its ``store`` storing what it brings) under ``key`` and write
         its answer out in ``fmt``."""
-        return await self._client_kept(key, submitted, _Call(request, chat, fmt, _last_stored(chat),
+        return await self._client_kept(key, submitted, Call(request, chat, fmt, _last_stored(chat),
                                                              caller=self.caller_of(request, chat)))
 
-    async def _gateway_kept(self, msg: InboundMessage, call: _Call) -> web.StreamResponse:
+    async def _gateway_kept(self, msg: InboundMessage, call: Call) -> web.StreamResponse:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
         submitted = Request(msg, SseSink() if call.chat.stream else None,
                             self.extras_of(call.request, call.chat, call.model))
         try:
             answering = await self.requests.begin(self.requests.key_for(msg), submitted)
         except GatewayClosing as exc:
-            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
-                          code="shutting_down")
+            return error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
+                         code="shutting_down")
         except state.StateError as exc:  # not stored: the client may retry (with its Idempotency-Key)
             log.error("API message not stored: %s", exc)
-            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
-                          code="store_unavailable")
+            return error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
+                         code="store_unavailable")
         if answering is None:  # a command seen before with this key
-            return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
-                          "conflict", code="conflict")
-        return await self._respond(answering, submitted, call)
+            return error(409, "this Idempotency-Key was already used for a command, which is not run twice",
+                         "conflict", code="conflict")
+        return await self.replies.respond(answering, submitted, call)
 
-    async def _client_kept(self, key: str, submitted: Request, call: _Call) -> web.StreamResponse:
+    async def _client_kept(self, key: str, submitted: Request, call: Call) -> web.StreamResponse:
         try:
             answering = await self.requests.begin(key, submitted)
         except GatewayClosing as exc:
-            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
-                          code="shutting_down")
+            return error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
+                         code="shutting_down")
         assert answering is not None  # a request that stores itself is never dropped
-        return await self._respond(answering, submitted, call)
+        return await self.replies.respond(answering, submitted, call)
 
-    async def _respond(self, answering: Answering, submitted: Request, call: _Call) -> web.StreamResponse:
-        """The answer to a queued request: whole, or streamed as the model writes it."""
-        if call.chat.stream and isinstance(submitted.sink, SseSink):
-            return await self._stream(answering, submitted, submitted.sink, call)
-        await asyncio.wait([answering.reply])
-        return await self._settled(answering, submitted.sink, call)
-
-    async def _settled(self, answering: Answering, sink: ReplySink | None, call: _Call) -> web.StreamResponse:
-        """The response for a request whose turn is over (sent whole, or as one chunk when asked to stream)."""
-        try:
-            reply = await answering.reply
-        except GatewayClosing:
-            return self._cut_off()
-        except state.StateError as exc:
-            log.error("API message not stored: %s", exc)
-            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
-                          code="store_unavailable")
-        if reply.replayed:
-            return await self._replay(reply, call)
-        if reply.held_for is not None:  # over limits.messages_per_minute: stored, no model call
-            return _error_response(ApiError(429, reply.text, "rate_limit_error", code="rate_limited",
-                                            retry_after=max(1, math.ceil(reply.held_for))),
-                                   self._headers(reply.session_id, list(reply.notices)))
-        if reply.failure is not None:
-            return _error_response(model_failure(reply.failure), self._headers(reply.session_id, list(reply.notices)))
-        answer = self._answer_of(reply, sink)
-        await call.fmt.kept(answer)
-        await self._owned(call, answer)
-        if call.answered is not None:
-            await call.answered(answer)
-        return await self._whole(answer, call)
-
-    async def _owned(self, call: _Call, answer: Answer) -> None:
-        """The session the answer is stored in becomes the caller's to name (``X-Switchboard-Session``)."""
-        if call.caller is not None and answer.session_id:
-            await self.conversations.remember_owner(call.caller, answer.session_id)
-
-    @staticmethod
-    def _answer_of(reply: Reply, sink: ReplySink | None) -> Answer:
-        """The answer ``reply`` brings, as the formats write it out."""
-        calls = list(reply.tool_calls)
-        model = reply.model or (sink.model if isinstance(sink, SseSink) else None)
-        return Answer(reply.text, reply.session_id, reply.session_key, reply.message_id, time.time(),
-                      reply.prompt_tokens, reply.completion_tokens, list(reply.notices),
-                      "tool_calls" if calls else "stop", calls, model)
-
-    @staticmethod
-    def _answer_so_far(answering: Answering, msg: InboundMessage, sink: SseSink) -> Answer:
-        """What is known of an answer while it streams (no reply yet): its session, the model writing it."""
-        return Answer("", answering.session_id, answering.session_key, msg.message_id, time.time(), 0, 0,
-                      list(answering.notices), "stop", [], answering.model or sink.model)
-
-    async def _stream(self, answering: Answering, submitted: Request, sink: SseSink,
-                      call: _Call) -> web.StreamResponse:
-        """The answer as it is written; the turn goes on if the client leaves.
-
-        The response starts with the first thing to show, so a failure before it is a plain HTTP error."""
-        for notice in answering.notices:  # known now (a reset): a header and a comment
-            sink.note(notice)
-        seen_notices = len(answering.notices)
-        done = answering.reply
-        done.add_done_callback(lambda _: sink.wake())
-        while not done.done() and not sink.pending:
-            await sink.changed()
-        if done.done() and (not sink.pending or done.exception() is not None or done.result().replayed):
-            return await self._settled(answering, sink, call)
-        events = await call.fmt.open(call.request, self._answer_so_far(answering, submitted.msg, sink),
-                                     self._headers(answering.session_id, list(answering.notices)))
-        await events.start()
-        while True:
-            finished = done.done()
-            for kind, text in sink.take():
-                if kind == "status":
-                    await events.comment(text)
-                elif kind == "notice":
-                    await events.comment(f"notice: {text}")
-                else:
-                    await events.content(text)
-            if finished:
-                break
-            if events.gone:
-                sink.close()  # nobody reads: the turn answers on, and its answer is stored
-            await sink.changed()
-        if done.exception() is not None:  # shutdown cut the turn off: the SDK raises this as an APIError
-            await events.error(CUT_OFF, "unavailable", "shutting_down")
-            return await events.close()
-        reply = done.result()
-        if reply.failure is not None:  # the model failed after the stream began
-            error = model_failure(reply.failure)
-            await events.error(error.message, error.kind, error.code)
-            return await events.close()
-        sink.end(reply.text, list(reply.notices[seen_notices:]))
-        for kind, text in sink.take():
-            if kind == "notice":
-                await events.comment(f"notice: {text}")
-            elif kind == "content":
-                await events.content(text)
-        answer = self._answer_of(reply, sink)
-        await call.fmt.kept(answer)
-        await self._owned(call, answer)
-        await events.finish(answer, call.chat.include_usage)
-        if call.answered is not None:
-            await call.answered(answer)
-        return await events.close()
-
-    async def _whole(self, answer: Answer, call: _Call) -> web.StreamResponse:
-        """A whole answer: one JSON body, or (asked to stream) the same as one piece of content."""
-        headers = self._headers(answer.session_id, answer.notices)
-        if not call.chat.stream:
-            return web.json_response(call.fmt.body(answer), headers=headers)
-        events = await call.fmt.open(call.request, answer, headers)
-        for notice in answer.notices:
-            await events.comment(f"notice: {notice}")
-        await events.start()
-        if answer.content or not answer.tool_calls:
-            await events.content(answer.content)
-        await events.finish(answer, call.chat.include_usage)
-        return await events.close()
-
-    @staticmethod
-    def _headers(session_id: str, notices: list[str]) -> dict:
-        headers = {SESSION_HEADER: session_id} if session_id else {}
-        if notices:  # one header; several notices are joined (a client splits them at " | ")
-            headers[NOTICE_HEADER] = " | ".join(notice_header(n) for n in notices)
-        return headers
-
-    @staticmethod
-    def _cut_off() -> web.Response:
-        return _error(503, CUT_OFF, "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS, code="shutting_down")
-
-    async def _replay(self, replayed: Reply, call: _Call) -> web.StreamResponse:
-        """A request seen before (same Idempotency-Key in this conversation): the stored reply to it (its
-        usage 0: no model call answers a replay), or the error saying why there is none."""
-        db = self.requests.db
-        session_id = await db.routes.get(replayed.session_key)
-        messages = await db.messages.get(session_id) if session_id else []
-        at = next((i for i, m in enumerate(messages)
-                   if m["role"] == "user" and m.get("platform_message_id") == replayed.message_id), None)
-        if session_id is None or at is None:
-            return _error(409, "the message with this Idempotency-Key is stored elsewhere; retry later",
-                          "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        if messages[at]["content"] != call.stored:
-            return _mismatch()
-        reply = next((m for m in messages[at + 1:]
-                      if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")), None)
-        if reply is None:
-            return _error(409, "the message with this Idempotency-Key is stored but not answered yet; retry later "
-                               "to get its reply", "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        answer = Answer(reply["content"], session_id, replayed.session_key, replayed.message_id,
-                        reply.get("timestamp") or time.time())
-        return await self._whole(answer, call)
-
-    async def _side_request(self, call: _Call) -> web.StreamResponse:
+    async def _side_request(self, call: Call) -> web.StreamResponse:
         """A client's own prompt about the chat (Open WebUI's title, tags, follow-ups): answered from the
         request alone, stored nowhere."""
         chat = call.chat
@@ -664,10 +460,10 @@ class LocalApi:
             result: TurnResult = await self.turn.answer_unstored(
                 messages, platform="api", system_notes=chat.system, params=chat.params)
         except ModelUnavailable as exc:
-            return _error_response(model_failure(exc))
+            return error_response(model_failure(exc))
         answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens,
                         model=result.model)
-        return await self._whole(answer, call)
+        return await self.replies.whole(answer, call)
 
     # -- the rest ----------------------------------------------------------------------
     def _listed_models(self) -> list[str]:
