@@ -38,7 +38,7 @@ from mcp import Client
 from gateway.config import config_from_dict
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
-from gateway.turn import TurnJournal
+from gateway.turn_journal import TurnJournal
 from state import AsyncSessionDB
 from tests.mcp_servers.http_server import http_echo_server
 

@@ -691,7 +691,10 @@ class StoreConfig(_Model):
             return ""
         scheme = value.split("://", 1)[0].lower() if "://" in value else ""
         if scheme not in ("postgresql", "postgres"):
-            from state import mask_url  # only on this error path: loading the config loads no store
+            # only on this error path: loading the config loads no store.  mask_url stays in state: it knows
+            # the store's URL forms and the store imports nothing above it; a home both could import at load
+            # time would be a package below state for one function.
+            from state import mask_url
             raise ValueError(f"must be empty (SQLite at $home/state.db) or a postgresql://user:password@host:5432/db "
                              f"URL, not one starting {mask_url(value)[:24]!r}")
         try:

@@ -11,18 +11,15 @@ the final answer) in one atomic batch together with its token usage, so a
 failed or cancelled turn leaves the session exactly as it was: the user's
 message saved, unanswered, and answered by the next turn.
 
-A tool call may act on the world, so it must not run twice.  Before each call and after it, a turn
-that answers stored messages journals what it produced so far and which call is running
-(``state._toolcalls``).  The turn that answers the same messages after a crash starts from that
-journal: the call that was running is never run again, the model reads that it was cut off (as that
-call's tool message, :data:`INTERRUPTED`) and may ask for it again.
+A tool call may act on the world, so it must not run twice: a turn that answers stored messages
+keeps a journal of its tool calls (:mod:`gateway.turn_journal`), from which the turn answering the
+same messages after a crash starts.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,6 +32,16 @@ from gateway.errors import AnswerCutOff, AttachmentRefused
 from gateway.model import Completion, ModelClient
 from gateway.oversize import Shortened, shorten_oversized
 from gateway.tools import ToolContext, ToolRegistry
+from gateway.turn_history import (
+    for_store,
+    merged_user_messages,
+    reasoning_of,
+    replayed_history,
+    with_unanswered_calls,
+    without_pictures,
+    without_reasoning,
+)
+from gateway.turn_journal import ToolJournal, TurnJournal
 from gateway.types import Attachment, Button, ChatRef
 from gateway.usage import CallContext, for_session
 from state import AsyncSessionDB, Fence
@@ -42,10 +49,6 @@ from state.memory_fence import FenceScrubber, strip_memory_fence
 
 log = logging.getLogger(__name__)
 
-INTERRUPTED = ("error: this call was cut off: the gateway stopped while it ran, so whether it took effect is "
-               "unknown, and it was not run again. Call the tool again if it is still needed.")
-NOT_RUN = ("error: this call was not run: the gateway stopped during an earlier call of the same step. "
-           "Call the tool again if it is still needed.")
 MAX_REMEMBERED_SESSIONS = 20_000  # sessions whose start (their system prompt's date) a turn remembers
 EMPTY_ANSWER = "(The model returned an empty answer.)"  # what the user is sent when the reply is empty
 CUT_OFF_NOTE = "_(The answer was cut off here: the model stopped sending. Ask again to get the rest.)_"
@@ -338,7 +341,7 @@ class AgentTurn:
         try:
             loop = await answer(prompt, resumed)
         except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
-            prompt, dropped = _without_pictures(prompt)
+            prompt, dropped = without_pictures(prompt)
             if not dropped:
                 raise
             names = await media.refused(*expanded, str(exc)) if media is not None else ()
@@ -352,7 +355,7 @@ class AgentTurn:
         if prompt_hook is not None and not completion.fitted:  # a fitted prompt's size says nothing of the history's
             prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
         reply = strip_memory_fence(completion.message.get("content") or "")
-        to_store = [_for_store(m) for m in produced]
+        to_store = [for_store(m) for m in produced]
         if loop.pending is not None:  # the reply is the approval request; the loop resumes once it is answered
             reply = loop.pending.text
         elif not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
@@ -435,7 +438,7 @@ class AgentTurn:
         pending_name = ""
         for iteration in range(max_iterations + 1):
             offer = iteration < max_iterations and (max_tool_calls is None or tool_calls < max_tool_calls)
-            sent = produced if self.settings.replay_reasoning != "never" else [_without_reasoning(m) for m in produced]
+            sent = produced if self.settings.replay_reasoning != "never" else [without_reasoning(m) for m in produced]
             try:
                 completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
                                                        on_text=_scrubbed(sink) if sink is not None else None,
@@ -458,7 +461,7 @@ class AgentTurn:
                 sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
             content = completion.message.get("content")
             produced.append({"role": "assistant", "content": strip_memory_fence(content) if content else content,
-                             "tool_calls": calls, **_reasoning_of(completion.message)})
+                             "tool_calls": calls, **reasoning_of(completion.message)})
             for call in calls:
                 fn = call.get("function", {})
                 name = fn.get("name", "")
@@ -503,51 +506,6 @@ WAITS_BEHIND = ("error: not run: it was asked together with a call to {tool}, wh
                 "call it again after that answer if it is still needed")
 
 
-class ToolJournal(Protocol):
-    """Where a tool loop records what it produced and which call runs (:class:`TurnJournal`)."""
-
-    async def write(self, produced: list[dict], running: str | None) -> None: ...
-
-
-class TurnJournal:
-    """The journal of the turn answering the stored messages ``answered`` (see the module's docstring),
-    kept under the last of them."""
-
-    def __init__(self, db: AsyncSessionDB, answered: tuple[int, ...], session_id: str, clock) -> None:
-        self.db, self.answered, self.session_id = db, list(answered), session_id
-        self.message_id = max(answered)
-        self._clock = clock or time.time
-        self.written = False
-
-    async def resumed(self) -> list[dict]:
-        """What a run of this turn cut off by a crash produced, each call in it answered: the one that was
-        running with :data:`INTERRUPTED`, any after it in the same step with :data:`NOT_RUN`."""
-        entry = await self.db.tool_journal.newest(self.answered)
-        if entry is None:
-            return []
-        self.written = True
-        produced = json.loads(entry["produced"])
-        answered = {m.get("tool_call_id") for m in produced if m.get("role") == "tool"}
-        steps = [m for m in produced if m.get("role") == "assistant" and m.get("tool_calls")]
-        for call in steps[-1]["tool_calls"] if steps else []:
-            if call.get("id") in answered:
-                continue
-            name = call.get("function", {}).get("name")
-            text = INTERRUPTED if call.get("id") == entry["running"] else NOT_RUN
-            produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": text})
-        if entry["running"] is not None:
-            log.warning("a tool call cut off by a stop (%s) is not run again; the model is told", entry["running"])
-        return produced
-
-    async def write(self, produced: list[dict], running: str | None) -> None:
-        await self.db.tool_journal.save(self.message_id, self.session_id, json.dumps(produced, ensure_ascii=False),
-                                        running, now=self._clock())
-        self.written = True
-
-    async def drop(self) -> None:
-        await self.db.tool_journal.drop(self.answered)
-
-
 def _scrubbed(sink: ReplySink) -> Callable[[str], None]:
     """``sink.feed`` for one model call's text, through a fresh fence scrubber: the sink is shown only what
     is sure not to be part of the memory fence; what it holds back at the end comes with the final text."""
@@ -568,100 +526,6 @@ def _not_offered(name: str, offered: set[str]) -> str:
     if len(offered) == 1:
         return f"error: only the {next(iter(offered))} tool is available now, not {name!r}"
     return f"error: only the tools {', '.join(sorted(offered))} are available now, not {name!r}"
-
-
-def _for_store(message: dict) -> dict:
-    if message["role"] == "tool":
-        return {"role": "tool", "content": message["content"], "tool_call_id": message["tool_call_id"], "tool_name": message.get("name")}
-    return {"role": "assistant", "content": message.get("content"), "tool_calls": message["tool_calls"], "finish_reason": "tool_calls",
-            **_reasoning_of(message)}
-
-
-# The fields in which models return their reasoning (OpenRouter's ``reasoning`` and ``reasoning_details``,
-# DeepSeek's and Kimi's ``reasoning_content``, OpenAI's encrypted reasoning items as the Codex
-# client keeps them).  A model that reasons before a tool call expects them back, unchanged, on
-# the next request of the same tool loop.
-REASONING_KEYS = ("reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items")
-
-
-def _reasoning_of(message: dict) -> dict:
-    return {key: message[key] for key in REASONING_KEYS if message.get(key) is not None}
-
-
-def _without_reasoning(message: dict) -> dict:
-    if not any(key in message for key in REASONING_KEYS):
-        return message
-    return {k: v for k, v in message.items() if k not in REASONING_KEYS}
-
-
-NO_RESULT = "error: no result came back for this call (the client went on without it)"
-
-
-def with_unanswered_calls(history: list[dict]) -> list[dict]:
-    """``history`` with a result for every tool call that has none: a local API client may send a new
-    message instead of its tools' results, and a model refuses a call left without a result."""
-    answered = {m.get("tool_call_id") for m in history if m.get("role") == "tool"}
-    if all(c.get("id") in answered for m in history for c in m.get("tool_calls") or []):
-        return history
-    out: list[dict] = []
-    missing: list[str] = []
-    for message in history:
-        if missing and message.get("role") != "tool":  # the call's own results end here
-            out += [{"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in missing]
-            missing = []
-        out.append(message)
-        missing += [c.get("id") for c in message.get("tool_calls") or [] if c.get("id") not in answered]
-    if missing and out and out[-1].get("role") != "assistant":  # unanswered calls still awaited go last
-        out += [{"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in missing]
-    return out
-
-
-def merged_user_messages(history: list[dict]) -> list[dict]:
-    """``history`` with each run of consecutive user messages joined into one (their texts a blank line
-    apart), for models whose chat template demands that user and assistant alternate."""
-    out: list[dict] = []
-    for message in history:
-        if message.get("role") == "user" and out and out[-1].get("role") == "user":
-            out[-1] = {**out[-1], "content": _joined(out[-1].get("content"), message.get("content"))}
-        else:
-            out.append(message)
-    return out
-
-
-def _joined(first, second):
-    """Two user messages' contents as one: text a blank line apart, or (images among them) all their parts."""
-    if not isinstance(first, list) and not isinstance(second, list):
-        return "\n\n".join(t for t in (first, second) if t)
-    return [*_parts(first), *_parts(second)]
-
-
-def _parts(content) -> list:
-    if isinstance(content, list):
-        return content
-    return [{"type": "text", "text": content}] if content else []
-
-
-def replayed_history(history: list[dict], mode: str) -> list[dict]:
-    """The stored conversation as sent to the model: earlier turns' reasoning only with ``always``."""
-    if mode == "always":
-        return history
-    return [_without_reasoning(m) if m.get("role") == "assistant" else m for m in history]
-
-
-def _without_pictures(prompt: list[dict]) -> tuple[list[dict], int]:
-    """``prompt`` with every picture taken out of its messages, and how many there were."""
-    out: list[dict] = []
-    dropped = 0
-    for message in prompt:
-        content = message.get("content")
-        if isinstance(content, list):
-            kept = [part for part in content if not (isinstance(part, dict) and part.get("type") == "image_url")]
-            dropped += len(content) - len(kept)
-            if len(kept) != len(content):
-                texts = [p.get("text", "") for p in kept if isinstance(p, dict) and p.get("type") == "text"]
-                message = {**message, "content": "\n".join(texts) if len(texts) == len(kept) else kept}
-        out.append(message)
-    return out, dropped
 
 
 def _refused_line(names: tuple[str, ...], reason: str) -> str:

@@ -19,7 +19,7 @@ from adapters.discord import DiscordAdapter
 from gateway.commands import default_commands
 from gateway.config import Config
 from gateway.runtime.daemon import Gateway
-from gateway.turn import merged_user_messages
+from gateway.turn_history import merged_user_messages
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.model_server import FakeModel, Hang, Held
 from tests.fakes.slack import FakeSlack

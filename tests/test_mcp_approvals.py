@@ -226,7 +226,7 @@ async def test_the_terminal_chat_answers_with_approve_and_shows_the_continued_an
     out = Console(file=io.StringIO(), width=200, color_system=None, record=True)
     async with running_gateway(tmp_path, model, tools=_tools()) as gw:
         await _ready(gw)
-        await _Chat(gw.router, out, out, False).run(None, None, read_line)
+        await _Chat(gw.router.requests, out, out, False).run(None, None, read_line)
     shown = out.export_text()
     assert "Approval needed: **ledger__append**" in shown or "Approval needed: ledger__append" in shown
     assert '"text": "from the terminal"' in shown

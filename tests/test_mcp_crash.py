@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import state
-from gateway.turn import INTERRUPTED
+from gateway.turn_journal import INTERRUPTED
 from tests.crashkit import Daemon, TelegramSide
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.fakes.telegram import FakeTelegram

@@ -1,4 +1,5 @@
-"""``switchboard chat``: the agent in a terminal, through the same router as every platform.
+"""``switchboard chat``: the agent in a terminal, through the same router as every platform (its
+:class:`~gateway.control.Requests` entry).
 
 The session key is ``agent:<agent>:cli:dm:<login>``.  A plain ``chat`` starts a
 new session; ``-c`` continues the session the terminal was in when it left
@@ -40,9 +41,9 @@ from rich.text import Text
 import state
 from gateway.cli.terminal import TerminalInput, catch_interrupts
 from gateway.config import Config
+from gateway.control import STOPPED_MARK, Answering, Reply, Request, Requests
 from gateway.errors import SwitchboardError
 from gateway.media import media_limits
-from gateway.router import STOPPED_MARK, SessionRouter, Ticket
 from gateway.runtime.daemon import local_gateway
 from gateway.types import Attachment, ChatType, InboundMessage, MediaLimits, article, attachment_kind
 
@@ -145,9 +146,9 @@ async def _terminal_session(db: state.AsyncSessionDB, ref: str) -> str:
     return target
 
 
-async def _pick_session(router: SessionRouter, key: str, continue_: str | None, resume: str | None) -> str | None:
+async def _pick_session(requests: Requests, key: str, continue_: str | None, resume: str | None) -> str | None:
     """Point ``key`` at the session to continue; None when this chat starts a new one."""
-    db = router.db
+    db = requests.db
     if resume:
         target = await _terminal_session(db, resume)
     elif continue_:
@@ -161,12 +162,12 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
             return None
         target = rows[0]["id"]
     else:
-        await _start_fresh(router, key)
+        await _start_fresh(requests, key)
         return None
     target = await db.sessions.compression_tip(target) or target
     session = await db.sessions.get(target)
     if session is None:  # deleted meanwhile: a fresh one instead
-        await _start_fresh(router, key)
+        await _start_fresh(requests, key)
         return None
     if session.ended_at is not None:
         await db.sessions.reopen(target)
@@ -174,16 +175,16 @@ async def _pick_session(router: SessionRouter, key: str, continue_: str | None, 
     return target
 
 
-async def _start_fresh(router: SessionRouter, key: str) -> None:
+async def _start_fresh(requests: Requests, key: str) -> None:
     """A plain ``switchboard chat``: the terminal's open session ends (saved, as with /new); the first
     message starts a new one."""
-    db = router.db
+    db = requests.db
     routed = await db.routes.session(key)
     if routed is None:
         return
     if routed.get("ended_at") is None:
         await db.sessions.end(routed["id"], "new_session")
-        router.control.session_ended(routed["id"], key)
+        requests.session_ended(routed["id"], key)
     await db.routes.delete(key)
 
 
@@ -200,7 +201,7 @@ async def run_chat(config: Config, *, continue_: str | None = None, resume: str 
     notes = console if interactive else Console(stderr=True, soft_wrap=True)
     async with local_gateway(config) as gateway:
         assert gateway.router is not None
-        chat = _Chat(gateway.router, console, notes, interactive, limits=media_limits(config))
+        chat = _Chat(gateway.router.requests, console, notes, interactive, limits=media_limits(config))
         await chat.run(continue_, resume, read_line)
         return 1 if chat.failed and not interactive else 0
 
@@ -209,21 +210,21 @@ _NO_LIMITS = MediaLimits()
 
 
 class _Chat:
-    """One terminal conversation: what was typed goes to the router; Ctrl-C stops the answer being
+    """One terminal conversation: what was typed goes to the router (``requests``); Ctrl-C stops the answer being
     written (marked ``(stopped)``, and stored so, as on the platforms), or, at the prompt or a second
     time, leaves with the hint to continue."""
 
-    def __init__(self, router: SessionRouter, console: Console, notes: Console, interactive: bool, *,
+    def __init__(self, requests: Requests, console: Console, notes: Console, interactive: bool, *,
                  limits: MediaLimits = _NO_LIMITS) -> None:
-        self.router, self.db = router, router.db
+        self.requests, self.db = requests, requests.db
         self.limits = limits  # the most /attach sends of a file, per kind (media.max_bytes)
         self.attached: list[Attachment] = []  # files /attach gave, sent with the next message
         self.console, self.notes, self.interactive = console, notes, interactive
         self.login = getpass.getuser()
-        self.key = router.key_for(InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=self.login,
+        self.key = requests.key_for(InboundMessage(platform="cli", chat_type=ChatType.DM, chat_id=self.login,
                                                  user_id=self.login, text=""))
         self.input: TerminalInput | None = None
-        self.answering: Ticket | None = None  # the message whose answer is being written
+        self.answering: Answering | None = None  # the message whose answer is being written
         self.interrupted_once = False  # Ctrl-C was pressed during this answer
         self.stopped = False  # ... and cut the answer short (it had not finished)
         self.failed = False  # a turn got no answer from the model (piped: exit 1)
@@ -232,13 +233,13 @@ class _Chat:
         """Ctrl-C: the first one while an answer is written stops it; at the prompt, or again, leave."""
         if self.answering is not None and not self.interrupted_once:
             self.interrupted_once = True
-            self.stopped = self.router.stop_turn(self.key)  # False: it finished meanwhile, and is shown whole
+            self.stopped = self.requests.stop(self.key)  # False: it finished meanwhile, and is shown whole
             return
         if self.input is not None:
             self.input.leave()
 
     async def run(self, continue_: str | None, resume: str | None, read_line) -> None:
-        resumed = await _pick_session(self.router, self.key, continue_, resume)
+        resumed = await _pick_session(self.requests, self.key, continue_, resume)
         if continue_ == "" and not resume and resumed is None:
             self.notes.print("[dim]No earlier terminal session to continue: this is a new one.[/dim]")
         if resumed:
@@ -301,10 +302,10 @@ class _Chat:
                                  user_name=self.login, text=line, attachments=tuple(self.attached))
             self.attached = []
             answer = LiveAnswer(self.console)
-            ticket = await self.router.handle(msg, sink=answer)
-            if ticket is None:
+            answering = await self.requests.begin(self.key, Request(msg, sink=answer))
+            if answering is None:
                 continue
-            if not await self._answer(ticket, answer):
+            if not await self._answer(answering, answer):
                 return
 
     async def _attach(self, path: str) -> None:
@@ -318,47 +319,49 @@ class _Chat:
         self.notes.print(f"[dim]Attached {escape(attachment.name)} ({attachment.kind}, {attachment.size:,} bytes); "
                          "it goes with your next message.[/dim]", soft_wrap=True)
 
-    async def _answer(self, ticket: Ticket, answer: LiveAnswer) -> bool:
-        """Show the answer to ``ticket``; False when Ctrl-C twice means leave."""
-        if ticket.reply.done():  # a command, answered at once
-            reply = ticket.reply.result()
+    async def _answer(self, answering: Answering, answer: LiveAnswer) -> bool:
+        """Show the answer to the message ``answering`` answers; False when Ctrl-C twice means leave."""
+        if answering.reply.done():  # a command, answered at once
+            reply = answering.reply.result()
         else:
-            self.answering, self.interrupted_once, self.stopped = ticket, False, False
+            self.answering, self.interrupted_once, self.stopped = answering, False, False
             try:
                 if self.interactive:
                     with Live(answer, console=self.console, refresh_per_second=REFRESH_PER_SECOND, transient=True):
-                        reply = await self._reply_or_leave(ticket)
+                        got = await self._reply_or_leave(answering)
                 else:
-                    reply = await self._reply_or_leave(ticket)
+                    got = await self._reply_or_leave(answering)
             finally:
                 self.answering = None
-            if reply is None:
+            if got is None:
                 return False
+            reply = got
             if self.stopped:
-                await self._show_stopped(ticket, answer)
+                await self._show_stopped(reply.session_id, answer)
                 return True
-        for notice in ticket.notices:
+        for notice in reply.notices:
             self.notes.print(f"[dim]{notice}[/dim]")
-        if ticket.failure is not None:
+        if reply.failure is not None:
             self.failed = True
-        if self.interactive and _MARKDOWN.search(reply):  # an approval request, a code block: drawn, not raw
-            self.console.print(Markdown(reply, code_theme="ansi_dark"))
+        if self.interactive and _MARKDOWN.search(reply.text):  # an approval request, a code block: drawn, not raw
+            self.console.print(Markdown(reply.text, code_theme="ansi_dark"))
         else:
-            self.console.print(reply, markup=False, highlight=False)
+            self.console.print(reply.text, markup=False, highlight=False)
         return True
 
-    async def _reply_or_leave(self, ticket: Ticket) -> str | None:
+    async def _reply_or_leave(self, answering: Answering) -> Reply | None:
         """The reply, or None when the chat is left (Ctrl-C again) before it came."""
         if self.input is None:
-            return await ticket.reply
+            return await answering.reply
         leaving = asyncio.ensure_future(self.input.leaving.wait())
         try:
-            await asyncio.wait({ticket.reply, leaving}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future] = {answering.reply, leaving}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             leaving.cancel()
-        return ticket.reply.result() if ticket.reply.done() else None
+        return answering.reply.result() if answering.reply.done() else None
 
-    async def _show_stopped(self, ticket: Ticket, answer: LiveAnswer) -> None:
+    async def _show_stopped(self, session_id: str, answer: LiveAnswer) -> None:
         """An answer Ctrl-C cut short: as far as it got, marked (stopped), and stored so (as /stop does on
         the platforms); before any text, a line saying the message is kept."""
         if not answer.text.strip():
@@ -367,7 +370,7 @@ class _Chat:
         self.console.print(answer.text, markup=False, highlight=False)
         self.console.print("[dim](stopped)[/dim]")
         try:
-            await self.db.messages.record_turn(ticket.session_id, [{"role": "assistant", "content": stopped_text(answer.text),
+            await self.db.messages.record_turn(session_id, [{"role": "assistant", "content": stopped_text(answer.text),
                                                            "finish_reason": "stopped"}])
         except state.StateError as exc:
             self.notes.print(f"[dim]the stopped answer could not be stored: {exc}[/dim]")

@@ -1,15 +1,14 @@
 """The session router (see :mod:`gateway.router.router`): its parts, and the names others use."""
 
+from gateway.control import NO_EXTRAS, STOPPED_MARK, RequestExtras
+
 from .guard import SINGLE_INSTANCE, TurnClaim, TurnGuard
 from .lanes import MAX_IDLE_LANES, Lane
 from .outbox import Outbox
 from .router import RouterControl, SessionRouter
 from .shared import (
-    NO_EXTRAS,
     STOPPED_BEFORE_ANSWERING,
-    STOPPED_MARK,
     STORE_DAMAGED_LINE,
-    RequestExtras,
     RouterSettings,
     SessionHooks,
     StreamedOutput,

@@ -22,6 +22,7 @@ from typing import Awaitable, Callable
 import state
 from gateway import tracing
 from gateway.budgetgate import BudgetGate
+from gateway.control import STOPPED_MARK
 from gateway.errors import BudgetExceeded, GatewayClosing, ModelUnavailable
 from gateway.failures import failure_line, outage_line
 from gateway.streaming import DraftOutput, ReplyStream
@@ -49,7 +50,6 @@ from .lanes import (
 from .outbox import DeliveryPlan, Outbox
 from .shared import (
     STOPPED_BEFORE_ANSWERING,
-    STOPPED_MARK,
     RouterState,
     Ticket,
     audio_of,

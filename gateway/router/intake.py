@@ -281,7 +281,9 @@ class Intake:
         return True
 
     async def submit(self, key: str, ticket: Ticket) -> Ticket:
-        """See :meth:`gateway.router.SessionRouter.submit`."""
+        """Queue a request/response source's request in ``key``'s lane: it is answered by a turn of its
+        own, after every request queued there before it; ``ticket.prepare`` stores what it brings (and
+        says in which session) when that turn starts.  Raises GatewayClosing during shutdown."""
         if self._shared.closing:
             raise GatewayClosing("the gateway is shutting down; retry after it restarts")
         if self._shared.metrics:

@@ -13,8 +13,9 @@ Returning from :meth:`SessionRouter.handle` means the message is persisted, so a
 acknowledge it to the platform.  Each lane runs one turn at a time; messages that arrive during a
 turn wait in order and are answered together by the next turn.  A request/response source (the
 local API, the terminal) is different: each request is answered by a turn of its own, in arrival
-order, and is stored when that turn starts (:meth:`SessionRouter.submit`), so every answer follows
-the request it answers.  Many lanes run at once; the model client bounds concurrent calls.
+order, and is stored when that turn starts, so every answer follows the request it answers.  Such a
+source enters through :attr:`SessionRouter.requests` (:class:`gateway.control.Requests`): a
+:class:`~gateway.control.Request` in, a :class:`~gateway.control.Reply` out.  Many lanes run at once; the model client bounds concurrent calls.
 
 Commands and approvals see the router only through :class:`RouterControl`, which implements
 :class:`gateway.control.ChatControl`.
@@ -42,6 +43,7 @@ from .intake import Intake, Sessions
 from .lanes import Lane, Lanes, ResumeWork
 from .outbox import Outbox
 from .recovery import Recovery
+from .requests import RouterRequests
 from .shared import (
     NO_EXTRAS,
     NO_HOOKS,
@@ -77,6 +79,8 @@ class SessionRouter:
         self.answer = Answer(shared, turn, self.outbox, self.choices, run_command=self.intake.run_command,
                              wake=self._lanes.wake, budgets=budgets, model_back=model_back)
         self.recovery = Recovery(shared, self._lanes, self.outbox)
+        # the local API's and the terminal's one entry (gateway.control.Requests): a Request in, a Reply out
+        self.requests = RouterRequests(shared, self.intake, self._lanes, self.sessions)
         self.db, self.turn, self.commands, self.authorizer = db, turn, commands, authorizer
 
     async def _run(self, lane: Lane, work):  # the lanes' callback: the answering part runs every kind of work
@@ -139,12 +143,6 @@ class SessionRouter:
         While the store refuses writes (its file failed the integrity check) a chat's message is
         answered with :data:`STORE_DAMAGED_LINE` and dropped: nothing can be stored to answer later."""
         return await self.intake.handle(msg, sink=sink, extras=extras)
-
-    async def submit(self, key: str, ticket: Ticket) -> Ticket:
-        """Queue a request/response source's request in ``key``'s lane: it is answered by a turn of its
-        own, after every request queued there before it; ``ticket.prepare`` stores what it brings (and
-        says in which session) when that turn starts.  Raises GatewayClosing during shutdown."""
-        return await self.intake.submit(key, ticket)
 
     def key_for(self, msg: InboundMessage) -> str:
         return self.intake.key_for(msg)

@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 from zoneinfo import ZoneInfo
 
 import state
+from gateway.control import NO_EXTRAS, RequestExtras
 from gateway.keys import KeyPolicy
 from gateway.limits import MessageLimit
 from gateway.modelchoice import ModelChoices
@@ -48,22 +49,6 @@ class RouterSettings:
     # clustered: a chat's /stream and /model choices are read again when older than this (another
     # instance may have changed them); None: read once per lane (one instance sees every change)
     prefs_fresh_for: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestExtras:
-    """What a request/response client (the local API) adds to its message, for the turn that answers it."""
-
-    system_notes: tuple[str, ...] = ()  # the client's own system messages, sent after the gateway's
-    params: dict | None = None  # request fields for the model (temperature, response_format, ...)
-    # the client says this request repeats one it sent before (an SDK's automatic retry): when the
-    # session's last message is that same text, left unanswered by a failed turn, it is not stored again
-    retry: bool = False
-    client_tools: tuple[dict, ...] = ()  # the client's own tools (function schemas), offered beside the agent's
-    model: str | None = None  # a named model the request chose (checked by the API), over the chat's /model
-
-
-NO_EXTRAS = RequestExtras()
 
 
 @dataclass(eq=False)
@@ -115,9 +100,6 @@ class StreamedOutput:
     drafts: DraftOutput
     pacing: StreamPacing = StreamPacing()
     groups: bool = True
-
-
-STOPPED_MARK = "_(stopped)_"  # ends a streamed answer that /stop cut short; it stays as far as it got
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,20 +61,28 @@ import asyncio
 import errno
 import hmac
 import logging
-import math
 import time
-from dataclasses import dataclass
 from typing import Awaitable, Callable, cast
 
 from aiohttp import web
 
 import state
-from gateway.errors import ConfigError, ContextTooLong, GatewayClosing, ModelRefused, ModelUnavailable
-from gateway.failures import failure_line
+from gateway.control import Request, RequestExtras, Requests
+from gateway.errors import ConfigError, GatewayClosing, ModelUnavailable
 from gateway.modelchoice import DEFAULT as DEFAULT_MODEL
-from gateway.router import RequestExtras, SessionRouter, Ticket
 from gateway.runtime import api_tools
 from gateway.runtime.api_render import Answer, ChatCompletions, Format
+from gateway.runtime.api_reply import (
+    RETRY_AFTER_RUNNING_SECONDS,
+    RETRY_AFTER_SHUTDOWN_SECONDS,
+    SESSION_HEADER,
+    Call,
+    Replies,
+    error,
+    error_response,
+    mismatch,
+    model_failure,
+)
 from gateway.runtime.api_request import ApiError, ChatRequest, calls_signature, parse_chat_request
 from gateway.runtime.api_sessions import Caller, Conversations, explicit_id, token_hash
 from gateway.runtime.dashboard import Dashboard
@@ -83,60 +91,17 @@ from gateway.runtime.platform_http import PlatformHttp
 from gateway.runtime.portholder import port_holder
 from gateway.runtime.responses import ResponsesApi
 from gateway.runtime.sse import SseSink
-from gateway.turn import TurnResult
-from gateway.types import ChatType, InboundMessage
+from gateway.turn import AgentTurn, TurnResult
+from gateway.types import Attachment, ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # room for a few images as data URLs
 MAX_IDEMPOTENCY_KEY = 255
-RETRY_AFTER_SHUTDOWN_SECONDS = 10  # about what a restart takes
-RETRY_AFTER_RUNNING_SECONDS = 1
-RETRY_AFTER_MODEL_SECONDS = 2
-CUT_OFF = ("the gateway stopped before answering; your message is saved. Retry once it is back "
-           "(with the same Idempotency-Key, to get its answer without sending it twice)")
-SESSION_HEADER = "X-Switchboard-Session"
-NOTICE_HEADER = "X-Switchboard-Notice"
 _HTTP_ERRORS = {404: ("not_found", "no such endpoint: {method} {path} (see GET /v1/models, POST "
                                    "/v1/chat/completions, POST /v1/responses, GET /healthz, GET /metrics)"),
                 405: ("method_not_allowed", "{method} is not allowed on {path}"),
                 413: ("request_too_large", f"the body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB")}
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", *,
-           retry_after: int | None = None, code: str | None = None, param: str | None = None) -> web.Response:
-    return _error_response(ApiError(status, message, kind, code=code, param=param, retry_after=retry_after))
-
-
-def _error_response(error: ApiError, headers: dict | None = None) -> web.Response:
-    extra = dict(headers or {})
-    if error.retry_after is not None:
-        extra["Retry-After"] = str(error.retry_after)
-    return web.json_response(error.body(), status=error.status, headers=extra or None)
-
-
-def _mismatch() -> web.Response:
-    return _error(422, "this Idempotency-Key was already used for another request (a different message); "
-                       "use a new key for a new message", code="idempotency_key_reused")
-
-
-def model_failure(exc: BaseException) -> ApiError:
-    """The HTTP error for a turn the model did not answer (the user message stays stored); its message is
-    the line a chat platform's user reads (what to fix, or that a retry may work)."""
-    if isinstance(exc, ContextTooLong):
-        return ApiError(400, failure_line(exc), code="context_length_exceeded")
-    if isinstance(exc, ModelRefused):  # the gateway's own set-up is wrong (its key, its model name)
-        return ApiError(502, failure_line(exc), "server_error", code="model_refused")
-    if isinstance(exc, ModelUnavailable):
-        kind = getattr(exc, "kind", "failing")
-        if kind == "unreachable":
-            return ApiError(502, failure_line(exc), "server_error", code="model_unreachable")
-        if kind == "timeout":
-            return ApiError(504, failure_line(exc), "server_error", code="model_timeout")
-        return ApiError(503, failure_line(exc), "server_error", code="model_unavailable",
-                        retry_after=RETRY_AFTER_MODEL_SECONDS)
-    return ApiError(500, "Something went wrong while answering. Your message is saved; send it again to retry.",
-                    "server_error", code="internal_error")
 
 
 def _lone_surrogate_at(value, path: str) -> str | None:
@@ -175,32 +140,17 @@ def _last_stored(chat: ChatRequest) -> str:
     return chat.last_user.stored if chat.messages else ""
 
 
-def notice_header(notice: str) -> str:
-    """A notice as a header value: ASCII on one line (other characters escaped as ``\\u2192``)."""
-    return " ".join(notice.splitlines()).encode("ascii", "backslashreplace").decode("ascii")
-
-
-@dataclass(slots=True)
-class _Call:
-    """One request on its way: what was asked, in which shape to answer, what to do once answered."""
-
-    request: web.Request
-    chat: ChatRequest
-    fmt: Format
-    stored: str  # the last user message as the store keeps it (a replay is checked against it)
-    answered: Callable[[Answer], Awaitable[None]] | None = None
-    model: str | None = None  # the named model the request chose (its ``model`` field), checked
-    caller: Caller | None = None  # who sends it: the sessions it is answered in become its to name
-
-
 class LocalApi:
-    """The HTTP server: messages go to ``router``; ``/healthz`` shows ``health()``; ``/metrics`` renders ``metrics``."""
+    """The HTTP server: messages go to ``requests`` (the router's entry for callers answered in their own
+    response), side requests to ``turn`` alone; ``/healthz`` shows ``health()``; ``/metrics`` renders ``metrics``."""
 
-    def __init__(self, router: SessionRouter, health: Callable[[], dict], metrics: Metrics, *, model_name: str,
-                 host: str, port: int, token: str | None, config_file: str | None = None,
+    def __init__(self, requests: Requests, turn: AgentTurn, health: Callable[[], dict], metrics: Metrics, *,
+                 model_name: str, host: str, port: int, token: str | None, config_file: str | None = None,
                  dashboard: Dashboard | None = None, probe: Callable[[], Awaitable[object]] | None = None,
-                 agent: str = "main", platform_http: PlatformHttp | None = None):
-        self.router = router
+                 agent: str = "main", platform_http: PlatformHttp | None = None,
+                 keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None):
+        self.requests = requests
+        self.turn = turn
         self.platform_http = platform_http  # the platforms' own paths (webhooks), authenticated by their adapters
         self.dashboard = dashboard  # the /ui routes (ui.enabled), with their own guard
         self.health = health
@@ -214,9 +164,10 @@ class LocalApi:
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
         self._running: dict[tuple[str, str], str] = {}  # (session key, Idempotency-Key) -> text, while answered
-        self.conversations = Conversations(router.db, agent, model_name, router.turn.settings.persona,
-                                           keep_media=router.hooks.keep_media)
+        self.conversations = Conversations(requests.db, agent, model_name, turn.settings.persona,
+                                           keep_media=keep_media)
         self.chat_format = ChatCompletions(model_name)
+        self.replies = Replies(requests, self.conversations)  # how every front door's answer is written out
 
     def app(self) -> web.Application:
         middlewares = [self._errors, self._auth] if self.dashboard is None else \
@@ -284,13 +235,13 @@ class LocalApi:
         try:
             return await handler(request)
         except ApiError as exc:
-            return _error_response(exc)
+            return error_response(exc)
         except web.HTTPException as exc:
             if exc.status < 400 or exc.content_type == "application/json":
                 raise
             code, message = _HTTP_ERRORS.get(exc.status, ("http_error", exc.reason))
             headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return _error_response(ApiError(exc.status, message.format(method=request.method, path=request.path),
+            return error_response(ApiError(exc.status, message.format(method=request.method, path=request.path),
                                             code=code), headers)
 
     @web.middleware
@@ -302,8 +253,8 @@ class LocalApi:
         if self.token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return _error(401, "missing or wrong bearer token (api.token)", "authentication_error",
-                              code="invalid_api_key")
+                return error(401, "missing or wrong bearer token (api.token)", "authentication_error",
+                             code="invalid_api_key")
         return await handler(request)
 
     # -- POST /v1/chat/completions --------------------------------------------------
@@ -330,14 +281,14 @@ class LocalApi:
 
         Which session answers it: the module docstring (and docs/api.md, "Which session answers an
         API request")."""
-        api_tools.check_names(chat, self.router.turn.tools.names())
+        api_tools.check_names(chat, self.turn.tools.names())
         idempotency_key = request.headers.get("Idempotency-Key")
         if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY):
             raise ApiError(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text",
                            param="Idempotency-Key")
         idempotency_key = _header_text(idempotency_key, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
         session_key = _header_text(request.headers.get("X-Session-Key"), "X-Session-Key")
-        call = _Call(request, chat, fmt, _last_stored(chat), caller=self.caller_of(request, chat))
+        call = Call(request, chat, fmt, _last_stored(chat), caller=self.caller_of(request, chat))
         if chat.is_side_request:
             return await self._side_request(call)
         named = _header_text(request.headers.get(SESSION_HEADER), SESSION_HEADER)
@@ -352,8 +303,8 @@ class LocalApi:
             msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                                  user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
                                  attachments=chat.last_user.images)
-            call.model = self.chosen_model(chat, msg.user_id, self.router.key_for(msg))
-            return await self._once(self.router.key_for(msg), idempotency_key, call.stored,
+            call.model = self.chosen_model(chat, msg.user_id, self.requests.key_for(msg))
+            return await self._once(self.requests.key_for(msg), idempotency_key, call.stored,
                                     lambda: self._gateway_kept(msg, call))
         if not chat.messages:  # tool results alone: nothing names the conversation they continue
             raise ApiError(400, "tool results alone need the conversation they continue: send the whole history "
@@ -368,11 +319,11 @@ class LocalApi:
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user_name,
                              text=chat.last_user.text, message_id=idempotency_key, attachments=chat.images)
         call.model = self.chosen_model(chat, user, key)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None,
-                        extras=self.extras_of(request, chat, call.model))
         fingerprint = found.fingerprint if found.key is None else None
-        ticket.prepare = api_tools.with_results(self.router.db, chat, lambda: self.conversations.prepare(
-            key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key, fingerprint=fingerprint))
+        submitted = Request(msg, SseSink() if chat.stream else None, self.extras_of(request, chat, call.model),
+                            api_tools.with_results(self.requests.db, chat, lambda: self.conversations.prepare(
+                                key, chat, user_id=user, user_name=user_name, idempotency_key=idempotency_key,
+                                fingerprint=fingerprint)))
 
         async def answered(answer: Answer) -> None:
             if found.source == "fingerprint":
@@ -380,7 +331,7 @@ class LocalApi:
                 await self.conversations.remember_first_reply(caller, chat, first, answer.session_id)
 
         call.answered = answered
-        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
+        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(key, submitted, call))
 
     @staticmethod
     def caller_of(request: web.Request, chat: ChatRequest) -> Caller:
@@ -390,11 +341,11 @@ class LocalApi:
             or chat.user or chat.safety_identifier
         return Caller(token_hash(request.headers.get("Authorization")), user)
 
-    async def _named(self, call: _Call, named: str, idempotency_key: str | None) -> web.StreamResponse:
+    async def _named(self, call: Call, named: str, idempotency_key: str | None) -> web.StreamResponse:
         """``X-Switchboard-Session: <id>``: continue that session (at the live end of its chain, when a
         compression or a branch moved it on), if this caller (its token and user) was answered in it; any
         other id is a 404 that says no more than an unknown one would."""
-        db, chat = self.router.db, call.chat
+        db, chat = self.requests.db, call.chat
         assert call.caller is not None
         session = await self.conversations.owned(call.caller, named)
         tip = await db.sessions.get(await db.sessions.compression_tip(named)) if session is not None else None
@@ -409,17 +360,17 @@ class LocalApi:
                              user_name=tip.user_name, text=chat.last_user.text if chat.messages else "",
                              message_id=idempotency_key, attachments=chat.images)
         call.model = self.chosen_model(chat, tip.user_id, key)
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None,
-                        extras=self.extras_of(call.request, chat, call.model))
-        ticket.prepare = api_tools.with_results(db, chat, lambda: self.conversations.continue_named(
-            key, chat, user_id=tip.user_id, user_name=tip.user_name, idempotency_key=idempotency_key))
-        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(ticket, call))
+        submitted = Request(msg, SseSink() if chat.stream else None, self.extras_of(call.request, chat, call.model),
+                            api_tools.with_results(db, chat, lambda: self.conversations.continue_named(
+                                key, chat, user_id=tip.user_id, user_name=tip.user_name,
+                                idempotency_key=idempotency_key)))
+        return await self._once(key, idempotency_key, call.stored, lambda: self._client_kept(key, submitted, call))
 
     def chosen_model(self, chat: ChatRequest, user_id: str | None, key: str) -> str | None:
         """The named model the request's ``model`` field chooses, or None (the chat's own model answers).
         Only a name under ``models`` (or ``default``) chooses; any other name (``gpt-4o``, ``switchboard``)
         is answered as before.  A name this user or chat may not use is a 400 naming those it may."""
-        models = self.router.settings.models
+        models = self.requests.models
         if chat.model is None or chat.model not in models.names:
             return None
         if not models.allowed(chat.model, "api", user_id, key):
@@ -445,223 +396,81 @@ class LocalApi:
         running = self._running.get(slot)
         if running is not None:
             if running != text:
-                return _mismatch()
-            return _error(409, "the first request with this Idempotency-Key is still being answered; retry when "
-                               "it has finished to get its reply", "conflict", code="conflict",
-                          retry_after=RETRY_AFTER_RUNNING_SECONDS)
+                return mismatch()
+            return error(409, "the first request with this Idempotency-Key is still being answered; retry when "
+                              "it has finished to get its reply", "conflict", code="conflict",
+                         retry_after=RETRY_AFTER_RUNNING_SECONDS)
         self._running[slot] = text
         try:
             return await answer()
         finally:
             del self._running[slot]
 
-    async def _continue_kept(self, call: _Call, session_key: str) -> web.StreamResponse:
+    async def _continue_kept(self, call: Call, session_key: str) -> web.StreamResponse:
         """X-Session-Key with tool results: they continue the turn that called the tools, in that session."""
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                              user_name=session_key, text="")
-        key = self.router.key_for(msg)
+        key = self.requests.key_for(msg)
         call.model = self.chosen_model(call.chat, session_key, key)
-        ticket = Ticket(msg, key, "", sink=SseSink() if call.chat.stream else None,
-                        extras=self.extras_of(call.request, call.chat, call.model))
-        ticket.prepare = api_tools.continue_routed(self.router.db, key, call.chat)
-        return await self._client_kept(ticket, call)
+        submitted = Request(msg, SseSink() if call.chat.stream else None,
+                            self.extras_of(call.request, call.chat, call.model),
+                            api_tools.continue_routed(self.requests.db, key, call.chat))
+        return await self._client_kept(key, submitted, call)
 
-    async def answer_ticket(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
-                            fmt: Format) -> web.StreamResponse:
-        """Queue ``ticket`` (a front door's own request, its ``prepare`` storing what it brings) and write
+    async def answer_request(self, key: str, submitted: Request, request: web.Request, chat: ChatRequest,
+                             fmt: Format) -> web.StreamResponse:
+        """Submit a front door's own request (its ``store`` storing what it brings) under ``key`` and write
         its answer out in ``fmt``."""
-        return await self._client_kept(ticket, _Call(request, chat, fmt, _last_stored(chat),
-                                                     caller=self.caller_of(request, chat)))
+        return await self._client_kept(key, submitted, Call(request, chat, fmt, _last_stored(chat),
+                                                             caller=self.caller_of(request, chat)))
 
-    async def _gateway_kept(self, msg: InboundMessage, call: _Call) -> web.StreamResponse:
+    async def _gateway_kept(self, msg: InboundMessage, call: Call) -> web.StreamResponse:
         """X-Session-Key (or ``user``): the gateway keeps the history; this request's last message is the turn's."""
+        submitted = Request(msg, SseSink() if call.chat.stream else None,
+                            self.extras_of(call.request, call.chat, call.model))
         try:
-            ticket = await self.router.handle(msg, sink=SseSink() if call.chat.stream else None,
-                                              extras=self.extras_of(call.request, call.chat, call.model))
+            answering = await self.requests.begin(self.requests.key_for(msg), submitted)
         except GatewayClosing as exc:
-            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
-                          code="shutting_down")
+            return error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
+                         code="shutting_down")
         except state.StateError as exc:  # not stored: the client may retry (with its Idempotency-Key)
             log.error("API message not stored: %s", exc)
-            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
-                          code="store_unavailable")
-        if ticket is None:  # a command seen before with this key
-            return _error(409, "this Idempotency-Key was already used for a command, which is not run twice",
-                          "conflict", code="conflict")
-        return await self._respond(ticket, call)
+            return error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
+                         code="store_unavailable")
+        if answering is None:  # a command seen before with this key
+            return error(409, "this Idempotency-Key was already used for a command, which is not run twice",
+                         "conflict", code="conflict")
+        return await self.replies.respond(answering, submitted, call)
 
-    async def _client_kept(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
+    async def _client_kept(self, key: str, submitted: Request, call: Call) -> web.StreamResponse:
         try:
-            await self.router.submit(ticket.session_key, ticket)
+            answering = await self.requests.begin(key, submitted)
         except GatewayClosing as exc:
-            return _error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
-                          code="shutting_down")
-        return await self._respond(ticket, call)
+            return error(503, str(exc), "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS,
+                         code="shutting_down")
+        assert answering is not None  # a request that stores itself is never dropped
+        return await self.replies.respond(answering, submitted, call)
 
-    async def _respond(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
-        """The answer to a queued request: whole, or streamed as the model writes it."""
-        if call.chat.stream and isinstance(ticket.sink, SseSink):
-            return await self._stream(ticket, ticket.sink, call)
-        await asyncio.wait([ticket.reply])
-        return await self._settled(ticket, call)
-
-    async def _settled(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
-        """The response for a request whose turn is over (sent whole, or as one chunk when asked to stream)."""
-        try:
-            reply = await ticket.reply
-        except GatewayClosing:
-            return self._cut_off()
-        except state.StateError as exc:
-            log.error("API message not stored: %s", exc)
-            return _error(503, f"the message could not be stored, retry it: {exc}", "unavailable",
-                          code="store_unavailable")
-        if ticket.replayed:
-            return await self._replay(ticket, call)
-        if ticket.held_for is not None:  # over limits.messages_per_minute: stored, no model call
-            return _error_response(ApiError(429, reply, "rate_limit_error", code="rate_limited",
-                                            retry_after=max(1, math.ceil(ticket.held_for))),
-                                   self._headers(ticket.session_id, ticket.notices))
-        if ticket.failure is not None:
-            return _error_response(model_failure(ticket.failure), self._headers(ticket.session_id, ticket.notices))
-        answer = self._answer_of(ticket, reply)
-        await call.fmt.kept(answer)
-        await self._owned(call, answer)
-        if call.answered is not None:
-            await call.answered(answer)
-        return await self._whole(answer, call)
-
-    async def _owned(self, call: _Call, answer: Answer) -> None:
-        """The session the answer is stored in becomes the caller's to name (``X-Switchboard-Session``)."""
-        if call.caller is not None and answer.session_id:
-            await self.conversations.remember_owner(call.caller, answer.session_id)
-
-    @staticmethod
-    def _answer_of(ticket: Ticket, reply: str) -> Answer:
-        """The answer of ``ticket``; while it streams (no reply yet), the model writing it now."""
-        calls = list(ticket.client_calls)
-        model = ticket.answered_by or (ticket.sink.model if isinstance(ticket.sink, SseSink) else None)
-        return Answer(reply, ticket.answered_in or ticket.session_id, ticket.session_key, ticket.msg.message_id,
-                      time.time(), ticket.prompt_tokens, ticket.completion_tokens, list(ticket.notices),
-                      "tool_calls" if calls else "stop", calls, model)
-
-    async def _stream(self, ticket: Ticket, sink: SseSink, call: _Call) -> web.StreamResponse:
-        """The answer as it is written; the turn goes on if the client leaves.
-
-        The response starts with the first thing to show, so a failure before it is a plain HTTP error."""
-        for notice in ticket.notices:  # known now (a reset): a header and a comment
-            sink.note(notice)
-        seen_notices = len(ticket.notices)
-        ticket.reply.add_done_callback(lambda _: sink.wake())
-        while not ticket.reply.done() and not sink.pending:
-            await sink.changed()
-        if ticket.reply.done() and (not sink.pending or ticket.reply.exception() is not None or ticket.replayed):
-            return await self._settled(ticket, call)
-        events = await call.fmt.open(call.request, self._answer_of(ticket, ""),
-                                     self._headers(ticket.session_id, ticket.notices))
-        await events.start()
-        while True:
-            finished = ticket.reply.done()
-            for kind, text in sink.take():
-                if kind == "status":
-                    await events.comment(text)
-                elif kind == "notice":
-                    await events.comment(f"notice: {text}")
-                else:
-                    await events.content(text)
-            if finished:
-                break
-            if events.gone:
-                sink.close()  # nobody reads: the turn answers on, and its answer is stored
-            await sink.changed()
-        if ticket.reply.exception() is not None:  # shutdown cut the turn off: the SDK raises this as an APIError
-            await events.error(CUT_OFF, "unavailable", "shutting_down")
-            return await events.close()
-        if ticket.failure is not None:  # the model failed after the stream began
-            error = model_failure(ticket.failure)
-            await events.error(error.message, error.kind, error.code)
-            return await events.close()
-        reply = ticket.reply.result()
-        sink.end(reply, ticket.notices[seen_notices:])
-        for kind, text in sink.take():
-            if kind == "notice":
-                await events.comment(f"notice: {text}")
-            elif kind == "content":
-                await events.content(text)
-        answer = self._answer_of(ticket, reply)
-        await call.fmt.kept(answer)
-        await self._owned(call, answer)
-        await events.finish(answer, call.chat.include_usage)
-        if call.answered is not None:
-            await call.answered(answer)
-        return await events.close()
-
-    async def _whole(self, answer: Answer, call: _Call) -> web.StreamResponse:
-        """A whole answer: one JSON body, or (asked to stream) the same as one piece of content."""
-        headers = self._headers(answer.session_id, answer.notices)
-        if not call.chat.stream:
-            return web.json_response(call.fmt.body(answer), headers=headers)
-        events = await call.fmt.open(call.request, answer, headers)
-        for notice in answer.notices:
-            await events.comment(f"notice: {notice}")
-        await events.start()
-        if answer.content or not answer.tool_calls:
-            await events.content(answer.content)
-        await events.finish(answer, call.chat.include_usage)
-        return await events.close()
-
-    @staticmethod
-    def _headers(session_id: str, notices: list[str]) -> dict:
-        headers = {SESSION_HEADER: session_id} if session_id else {}
-        if notices:  # one header; several notices are joined (a client splits them at " | ")
-            headers[NOTICE_HEADER] = " | ".join(notice_header(n) for n in notices)
-        return headers
-
-    @staticmethod
-    def _cut_off() -> web.Response:
-        return _error(503, CUT_OFF, "unavailable", retry_after=RETRY_AFTER_SHUTDOWN_SECONDS, code="shutting_down")
-
-    async def _replay(self, ticket: Ticket, call: _Call) -> web.StreamResponse:
-        """A request seen before (same Idempotency-Key in this conversation): the stored reply to it (its
-        usage 0: no model call answers a replay), or the error saying why there is none."""
-        db = self.router.db
-        session_id = await db.routes.get(ticket.session_key)
-        messages = await db.messages.get(session_id) if session_id else []
-        at = next((i for i, m in enumerate(messages)
-                   if m["role"] == "user" and m.get("platform_message_id") == ticket.msg.message_id), None)
-        if session_id is None or at is None:
-            return _error(409, "the message with this Idempotency-Key is stored elsewhere; retry later",
-                          "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        if messages[at]["content"] != call.stored:
-            return _mismatch()
-        reply = next((m for m in messages[at + 1:]
-                      if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")), None)
-        if reply is None:
-            return _error(409, "the message with this Idempotency-Key is stored but not answered yet; retry later "
-                               "to get its reply", "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        answer = Answer(reply["content"], session_id, ticket.session_key, ticket.msg.message_id,
-                        reply.get("timestamp") or time.time())
-        return await self._whole(answer, call)
-
-    async def _side_request(self, call: _Call) -> web.StreamResponse:
+    async def _side_request(self, call: Call) -> web.StreamResponse:
         """A client's own prompt about the chat (Open WebUI's title, tags, follow-ups): answered from the
         request alone, stored nowhere."""
         chat = call.chat
         messages = [{"role": m.role, "content": m.text} for m in chat.messages]
         try:
-            result: TurnResult = await self.router.turn.answer_unstored(
+            result: TurnResult = await self.turn.answer_unstored(
                 messages, platform="api", system_notes=chat.system, params=chat.params)
         except ModelUnavailable as exc:
-            return _error_response(model_failure(exc))
+            return error_response(model_failure(exc))
         answer = Answer(result.reply, "", "", None, time.time(), result.prompt_tokens, result.completion_tokens,
                         model=result.model)
-        return await self._whole(answer, call)
+        return await self.replies.whole(answer, call)
 
     # -- the rest ----------------------------------------------------------------------
     def _listed_models(self) -> list[str]:
         """The chat's own model first (it answers any ``model`` the gateway has no name for), then the
         names under ``models:`` that are open to every caller (one limited by ``allowed_for`` is not listed:
         the listing knows no caller; asking for it by name still works for those it is allowed to)."""
-        choices = self.router.settings.models
+        choices = self.requests.models
         named = [n for n in choices.names if n != DEFAULT_MODEL and n not in choices.allowed_for]
         return [self.model_name, *(n for n in named if n != self.model_name)]
 
@@ -689,5 +498,5 @@ class LocalApi:
 
     async def metrics(self, request: web.Request) -> web.Response:
         metrics = self._metrics
-        metrics.active_sessions.set(self.router.active_lanes())
+        metrics.active_sessions.set(self.requests.active())
         return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})

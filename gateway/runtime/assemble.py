@@ -17,7 +17,7 @@ with what it uses, in this order, and nothing is set or wrapped afterwards::
     SessionRouter(db, turn, settings, authorizer=..., commands=..., hooks=SessionHooks(on_session_end),
                   context_length=..., outbox=outbox)   (commands and approvals see router.control, a ChatControl)
     CronService(db, turn, outbox.deliver, platform_status, CronSettings(...), clock)
-    LocalApi(router, health, metrics, ..., dashboard=Dashboard(settings, Pages(Sources(db, health, cron, ...))))
+    LocalApi(router.requests, turn, health, metrics, ..., dashboard=Dashboard(settings, Pages(Sources(db, health, cron, ...))))
 
 What the built parts call back into the running daemon (its health, the
 platforms' status, a cron tick's claim) comes in through :class:`Wiring`, so
@@ -252,10 +252,11 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
     cron = CronService(db, turn, outbox.deliver, wiring.platform_status,
                        CronSettings(agent=cfg.agent, model_name=cfg.model.name, tz=cfg.tzinfo), clock,
                        claim_tick=wiring.claim_cron_tick, budgets=budgets)
-    api = LocalApi(router, wiring.health, wiring.metrics, model_name=cfg.model.name, host=cfg.api.host,
-                   port=cfg.api.port, token=cfg.api.token, config_file=str(cfg.source) if cfg.source else None,
+    api = LocalApi(router.requests, router.turn, wiring.health, wiring.metrics, model_name=cfg.model.name,
+                   host=cfg.api.host, port=cfg.api.port, token=cfg.api.token,
+                   config_file=str(cfg.source) if cfg.source else None,
                    dashboard=_dashboard(cfg, db, wiring.health, cron, router, budgets) if cfg.ui.enabled else None,
-                   probe=model.probe, agent=cfg.agent,
+                   probe=model.probe, agent=cfg.agent, keep_media=router.hooks.keep_media,
                    platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)))
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
                     facts=facts, approvals=approvals, questions=questions, mcp=mcp, compressor=compressor,

@@ -31,14 +31,15 @@ from typing import Any, Protocol
 from aiohttp import web
 
 import state
+from gateway.control import Request, RequestExtras, Requests
 from gateway.keys import api_conversation_key
-from gateway.router import RequestExtras, SessionRouter, Ticket
 from gateway.runtime import api_tools
 from gateway.runtime.api_render import Answer, Format
 from gateway.runtime.api_request import ApiError, ChatRequest, parse_chat_request
 from gateway.runtime.api_sessions import Conversations
 from gateway.runtime.responses_request import ResponsesOptions, chat_body_of
 from gateway.runtime.sse import SseSink
+from gateway.turn import AgentTurn
 from gateway.types import ChatType, InboundMessage
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ CODEX_SESSION_HEADER = "session_id"  # the Codex CLI names its conversation so
 class ApiHost(Protocol):
     """What the Responses API uses of the local API (:class:`~gateway.runtime.api.LocalApi`)."""
 
-    router: SessionRouter
+    requests: Requests
+    turn: AgentTurn
     conversations: Conversations
     model_name: str
 
@@ -62,8 +64,8 @@ class ApiHost(Protocol):
     async def answer(self, request: web.Request, chat: ChatRequest, fmt: Format,
                      client_id: tuple[str, str] | None = None) -> web.StreamResponse: ...
 
-    async def answer_ticket(self, ticket: Ticket, request: web.Request, chat: ChatRequest,
-                            fmt: Format) -> web.StreamResponse: ...
+    async def answer_request(self, key: str, submitted: Request, request: web.Request, chat: ChatRequest,
+                             fmt: Format) -> web.StreamResponse: ...
 
 
 class ResponsesApi:
@@ -75,12 +77,12 @@ class ResponsesApi:
     async def create(self, request: web.Request) -> web.StreamResponse:
         api = self.api
         chat_body, options = chat_body_of(await api.read_json(request))
-        fmt = ResponsesFormat(api.router.db, api.conversations.agent, f"resp_{uuid.uuid4().hex}", api.model_name,
+        fmt = ResponsesFormat(api.requests.db, api.conversations.agent, f"resp_{uuid.uuid4().hex}", api.model_name,
                               time.time(), options, chat_body)
         chat = parse_chat_request(chat_body)
-        api_tools.check_names(chat, api.router.turn.tools.names())
+        api_tools.check_names(chat, api.turn.tools.names())
         if options.previous_response_id is not None:
-            session = await api.router.db.routes.session(fmt.route_key(options.previous_response_id))
+            session = await api.requests.db.routes.session(fmt.route_key(options.previous_response_id))
             if session is None or not session.get("session_key"):
                 raise ApiError(400, f"no response with the id {options.previous_response_id!r} is known here; "
                                     "send the whole conversation as 'input' instead", param="previous_response_id",
@@ -99,14 +101,13 @@ class ResponsesApi:
         user = chat.user or chat.safety_identifier
         msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=key, user_id=user, user_name=user,
                              text=chat.last_user.text if chat.messages else "", attachments=chat.images)
-        model = api.chosen_model(chat, user, api.router.key_for(msg))
-        ticket = Ticket(msg, key, "", sink=SseSink() if chat.stream else None,
-                        extras=api.extras_of(request, chat, model))
-        ticket.prepare = api_tools.with_results(api.router.db, chat, lambda: self._append(key, chat, user))
-        return await api.answer_ticket(ticket, request, chat, fmt)
+        model = api.chosen_model(chat, user, api.requests.key_for(msg))
+        submitted = Request(msg, SseSink() if chat.stream else None, api.extras_of(request, chat, model),
+                            api_tools.with_results(api.requests.db, chat, lambda: self._append(key, chat, user)))
+        return await api.answer_request(key, submitted, request, chat, fmt)
 
     async def _append(self, key: str, chat: ChatRequest, user: str | None) -> str:
-        db = self.api.router.db
+        db = self.api.requests.db
         session = await db.routes.session(key)
         if session is None:
             session_id = state.new_session_id()
