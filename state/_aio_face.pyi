@@ -638,6 +638,27 @@ class AsyncMedia:
     async def stats(self) -> dict: ...
 
 
+class AsyncA2aTasks:
+    """A2aTasks's marked methods (``adb.a2a``), each a coroutine."""
+
+    async def add(self, row: dict) -> bool: ...
+    async def get(self, task_id: str) -> dict | None: ...
+    async def in_context(self, caller: str, context_id: str, limit: int = ...) -> list[dict]: ...
+    async def end(
+        self,
+        task_id: str,
+        state: str,
+        *,
+        answer: str | None = ...,
+        error: str | None = ...,
+        now: float,
+    ) -> bool: ...
+    async def working_before(self, session_key: str, created_at: float) -> list[str]: ...
+    async def due_pushes(self, now: float, limit: int = ...) -> list[dict]: ...
+    async def take_push(self, task_id: str, due: float, retry_at: float) -> bool: ...
+    async def settle_push(self, task_id: str, retry_at: float | None, error: str | None = ...) -> None: ...
+
+
 class AsyncFace:
     """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
     repositories, whose marked methods are coroutines too."""
@@ -665,5 +686,6 @@ class AsyncFace:
     approvals: AsyncApprovals
     questions: AsyncQuestions
     media: AsyncMedia
+    a2a: AsyncA2aTasks
 
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...
