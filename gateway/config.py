@@ -622,6 +622,9 @@ class A2aConfig(_Model):
     callers: Mapping[str, A2aCallerConfig] = Field(default_factory=lambda: MappingProxyType({}))
     push_attempts: int = Field(5, ge=1, le=20)  # tries per push notification before it is given up (logged)
     push_timeout_seconds: float = Field(10.0, gt=0, le=120)
+    # How long SendMessage waits for the answer before it returns the task still working (GetTask, or
+    # the push notification, then has the answer).
+    wait_seconds: float = Field(60.0, gt=0, le=3600)
 
     _public = field_validator("public_url", mode="before")(empty_to_none)
 

@@ -98,6 +98,11 @@ def working_before(conn: sqlite3.Connection, session_key: str, created_at: float
     return [r[0] for r in rows]
 
 
+def forget_task(conn: sqlite3.Connection, task_id: str) -> None:
+    """Delete a task that never started (its message could not be stored), so a retry starts it afresh."""
+    conn.execute("DELETE FROM a2a_tasks WHERE id = ? AND state = 'working'", (task_id,))
+
+
 def due_pushes(conn: sqlite3.Connection, now: float, limit: int) -> list[dict]:
     rows = conn.execute(f"{_SELECT} WHERE push_due IS NOT NULL AND push_due <= ? ORDER BY push_due, id LIMIT ?",
                         (now, limit)).fetchall()
@@ -124,6 +129,10 @@ class A2aTasks(Repository):
     def add(self, row: dict) -> bool:
         """Store a working task (``COLUMNS`` but state); False when its id is taken."""
         return self._engine.write(add_task, row)
+
+    @writes
+    def forget(self, task_id: str) -> None:
+        return self._engine.write(forget_task, task_id)
 
     @reads
     def get(self, task_id: str) -> dict | None:

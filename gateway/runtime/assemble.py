@@ -53,6 +53,8 @@ from gateway.model import ModelClient, model_client
 from gateway.modelchoice import model_choices
 from gateway.oversize import max_message_tokens
 from gateway.router import Outbox, RouterSettings, SessionHooks, SessionRouter
+from gateway.runtime.a2a import A2aEndpoint, A2aSettings
+from gateway.runtime.a2a_tasks import PLATFORM as A2A_PLATFORM, A2aTasks, Caller as A2aCaller, PushSettings
 from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.metrics import Metrics
@@ -257,7 +259,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
                    config_file=str(cfg.source) if cfg.source else None,
                    dashboard=_dashboard(cfg, db, wiring.health, cron, router, budgets) if cfg.ui.enabled else None,
                    probe=model.probe, agent=cfg.agent, keep_media=router.hooks.keep_media,
-                   platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)))
+                   platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)),
+                   a2a=_a2a(cfg, router, tools) if cfg.a2a.enabled and wiring.serve_api else None)
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
                     facts=facts, approvals=approvals, questions=questions, mcp=mcp, compressor=compressor,
                     commands=commands, turn=turn,
@@ -275,6 +278,17 @@ def _dashboard(cfg: Config, db: state.AsyncSessionDB, health: Callable[[], dict]
                                  allow_local_writes=cfg.ui.allow_local_writes,
                                  trusted_proxies=cfg.ui.trusted_proxies, cookie_secure=cfg.ui.cookie_secure)
     return Dashboard(settings, Pages(sources))
+
+
+def _a2a(cfg: Config, router: SessionRouter, tools: ToolRegistry) -> A2aEndpoint:
+    """The A2A endpoint (``a2a.enabled``): its tasks are the ``a2a`` platform's messages, whose replies end
+    them; registered here, before the daemon queues what a stop left unanswered, so a restart answers them."""
+    a2a = cfg.a2a
+    tasks = A2aTasks(router, PushSettings(a2a.push_attempts, a2a.push_timeout_seconds))
+    router.register_output(A2A_PLATFORM, tasks.deliver, claimed=cfg.clustered)
+    callers = {name: (c.token, A2aCaller(name, c.push_url)) for name, c in a2a.callers.items()}
+    settings = A2aSettings(a2a.name, a2a.description, _version(), a2a.public_url, callers, a2a.wait_seconds)
+    return A2aEndpoint(settings, tasks, lambda: [(t.name, t.description) for t in tools.tools()])
 
 
 def _version() -> str:
