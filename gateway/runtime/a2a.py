@@ -27,14 +27,14 @@ import ipaddress
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
 import state
 from gateway.errors import GatewayClosing
 from gateway.runtime import a2a_wire as wire
-from gateway.runtime.a2a_tasks import A2aTasks, Caller
+from gateway.runtime.a2a_tasks import POLL_SECONDS, A2aTasks, Caller
 from gateway.runtime.sse import SseSink
 
 log = logging.getLogger(__name__)
@@ -191,34 +191,27 @@ class A2aEndpoint:
         await events.send({"task": wire.task(row)})
         sink = ticket.sink if ticket is not None and isinstance(ticket.sink, SseSink) else None
         streamed, note = "", None
-        while row["state"] == "working" and not events.gone:
-            if sink is not None:
-                for kind, text in sink.take():
-                    if kind == "content" and text:
-                        await events.send(wire.artifact_update(row, text, append=bool(streamed), last=False))
-                        streamed += text
-            if self.tasks.note(row["id"]) != note:
-                note = self.tasks.note(row["id"])
-                await events.send(wire.status_update(row, note))
-            await self._changed(row["id"], sink)
-            found = await self.tasks.db.a2a.get(row["id"])
-            row = found if found is not None else row
+        with self.tasks.watch(row["id"]) as changed:
+            while row["state"] == "working" and not events.gone:
+                if sink is not None:
+                    for kind, text in sink.take():
+                        if kind == "content" and text:
+                            await events.send(wire.artifact_update(row, text, append=bool(streamed), last=False))
+                            streamed += text
+                if self.tasks.note(row["id"]) != note:
+                    note = self.tasks.note(row["id"])
+                    await events.send(wire.status_update(row, note))
+                await _either(changed(POLL_SECONDS), sink.changed() if sink is not None else None)
+                found = await self.tasks.db.a2a.get(row["id"])
+                row = found if found is not None else row
+        if events.gone and sink is not None:
+            sink.close()  # nobody reads: the turn answers on, and its answer is stored
         if row["state"] == "completed" and row["answer"] is not None:
             rest = row["answer"][len(streamed):] if row["answer"].startswith(streamed) else row["answer"]
             await events.send(wire.artifact_update(row, rest, append=bool(streamed) and rest != row["answer"],
                                                    last=True))
         await events.send(wire.status_update(row))
         return await events.close()
-
-    async def _changed(self, task_id: str, sink: SseSink | None) -> None:
-        waits = [asyncio.ensure_future(self.tasks.changed(task_id, 0.5))]
-        if sink is not None:
-            waits.append(asyncio.ensure_future(sink.changed()))
-        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for waiting in pending:
-            waiting.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
 
 class _Events:
     """One stream's server-sent events, each a JSON-RPC response; a caller that left is noted, not raised."""
@@ -244,6 +237,15 @@ class _Events:
             except ConnectionError:
                 self.gone = True
         return self.response
+
+
+async def _either(first: Awaitable[None], second: Awaitable[None] | None) -> None:
+    """Until one of the two is done (the other is cancelled)."""
+    waits = [asyncio.ensure_future(first)] + ([asyncio.ensure_future(second)] if second is not None else [])
+    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in pending:
+        waiting.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _loopback(remote: str | None) -> bool:

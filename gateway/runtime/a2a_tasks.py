@@ -27,8 +27,9 @@ import hashlib
 import logging
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable, Iterator
 
 import aiohttp
 
@@ -79,7 +80,7 @@ class A2aTasks:
         self.db: state.AsyncSessionDB = router.db
         self.push = push
         self.clock = clock
-        self._ended: dict[str, asyncio.Event] = {}  # task id -> set when it ends here
+        self._waiters: dict[str, set[asyncio.Event]] = {}  # task id -> each waiter's event, set as it changes here
         self._tickets: dict[str, Ticket] = {}  # the tasks this instance took, while they work
         self._notes: dict[str, str] = {}  # task id -> why it waits (a rate limit, a budget)
         self._commands: set[str] = set()  # tasks whose message is a command (/help): answered unrecorded
@@ -113,13 +114,11 @@ class A2aTasks:
             found = await self.db.a2a.get(task_id)
             assert found is not None
             return found, None
-        self._ended[task_id] = asyncio.Event()
         try:
             ticket = await submit_turn(self.router, msg, SseSink() if stream else None)
         except BaseException:
             # not stored: the task never started; a retry of the message starts it afresh
             await self.db.a2a.forget(task_id)
-            self._ended.pop(task_id, None)
             raise
         if ticket is not None:
             self._tickets[task_id] = ticket
@@ -170,13 +169,11 @@ class A2aTasks:
         return Delivery(ok=True, message_ids=(reply_to,))
 
     def _wake(self, task_id: str) -> None:
-        event = self._ended.get(task_id)
-        if event is not None:
+        for event in self._waiters.get(task_id, ()):
             event.set()
 
     def _finished(self, task_id: str) -> None:
         self._wake(task_id)
-        self._ended.pop(task_id, None)
         self._tickets.pop(task_id, None)
         self._notes.pop(task_id, None)
         self._commands.discard(task_id)
@@ -190,26 +187,39 @@ class A2aTasks:
     async def wait(self, task_id: str, seconds: float) -> dict:
         """The task once it has ended, or as it stands after ``seconds``."""
         deadline = time.monotonic() + seconds
-        while True:
-            row = await self.db.a2a.get(task_id)
-            if row is None:
-                raise wire.task_not_found(task_id)
-            left = deadline - time.monotonic()
-            if row["state"] != "working" or left <= 0:
-                return row
-            await self.changed(task_id, min(left, POLL_SECONDS))
+        with self.watch(task_id) as changed:
+            while True:
+                row = await self.db.a2a.get(task_id)
+                if row is None:
+                    raise wire.task_not_found(task_id)
+                left = deadline - time.monotonic()
+                if row["state"] != "working" or left <= 0:
+                    return row
+                await changed(min(left, POLL_SECONDS))
 
-    async def changed(self, task_id: str, seconds: float) -> None:
-        """Until the task ends here (or a note changes), or ``seconds`` pass (another instance may end it)."""
-        event = self._ended.get(task_id)
-        if event is None:
-            await asyncio.sleep(seconds)
-            return
+    @contextmanager
+    def watch(self, task_id: str) -> Iterator[Callable[[float], Awaitable[None]]]:
+        """A wait for the task to change here (it ends, or a note changes), at most the seconds given
+        (another instance may end it: the caller reads the store again).  Watching starts before the
+        caller reads the task, so a change between that read and the wait is not missed."""
+        event = asyncio.Event()
+        self._waiters.setdefault(task_id, set()).add(event)
+
+        async def changed(seconds: float) -> None:
+            try:
+                await asyncio.wait_for(event.wait(), seconds)
+            except TimeoutError:
+                return
+            event.clear()
+
         try:
-            await asyncio.wait_for(event.wait(), seconds)
-        except TimeoutError:
-            return
-        event.clear()
+            yield changed
+        finally:
+            waiters = self._waiters.get(task_id)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[task_id]
 
     async def get(self, caller: Caller, task_id: str) -> dict:
         row = await self.db.a2a.get(task_id)
