@@ -619,7 +619,8 @@ class A2aConfig(_Model):
     public_url: str | None = None
     # Callers by name: each its own bearer token; the name is its user id (a2a:<name>) and part of its
     # session keys.  With none, only loopback callers are served, as the user ``local``.
-    callers: Mapping[str, A2aCallerConfig] = Field(default_factory=lambda: MappingProxyType({}))
+    callers: Annotated[Mapping[str, A2aCallerConfig], AfterValidator(lambda m: MappingProxyType(dict(m))),
+                       PlainSerializer(dict)] = Field(default_factory=lambda: MappingProxyType({}))
     push_attempts: int = Field(5, ge=1, le=20)  # tries per push notification before it is given up (logged)
     push_timeout_seconds: float = Field(10.0, gt=0, le=120)
     # How long SendMessage waits for the answer before it returns the task still working (GetTask, or
@@ -635,7 +636,7 @@ class A2aConfig(_Model):
             if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
                 raise KeyedError(str(name), "an A2A caller's name is letters, digits, '.', '_' or '-' (it is "
                                             "part of its session keys)")
-        return MappingProxyType(dict(value or {}))
+        return value
 
 
 class UiConfig(_Model):
@@ -1089,7 +1090,7 @@ class Config(_Model):
     platforms: SerializeAsAny[PlatformsConfig] = Field(default_factory=lambda: PlatformsConfig.concrete_model()())
     api: ApiConfig = ApiConfig()
     ui: UiConfig = UiConfig()
-    a2a: A2aConfig = A2aConfig()
+    a2a: A2aConfig = Field(default_factory=A2aConfig)
     logging: LoggingConfig = LoggingConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     compression: CompressionConfig = CompressionConfig()

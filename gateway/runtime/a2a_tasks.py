@@ -1,6 +1,6 @@
 """A2A tasks on the router: each task is a chat message of the ``a2a`` platform, answered like any other.
 
-    tasks = A2aTasks(router, settings)
+    tasks = A2aTasks(db, Router(submit, router.key_for, router.control.stop_anywhere, is_command))
     router.register_output("a2a", tasks.deliver, claimed=clustered)   # before the daemon recovers
     row, ticket = await tasks.send(caller, request)      # stored (task row, then the message), queued
     row = await tasks.wait(row["id"], seconds)            # until it ends, or the time is up
@@ -13,7 +13,9 @@ the outbox, recorded first, to :meth:`A2aTasks.deliver`, which ends the task in 
 instance can then answer ``GetTask`` from the store.  The rate limits and spend budgets hold a task's
 message back as they would a chat user's: the task stays working, its status saying why.
 
-The turn is submitted by :func:`submit_turn` alone, so it can move to another entry point later.
+The turn is submitted through one function the composition root gives (``Router.submit``:
+``gateway.runtime.assemble`` hands the message to the router's ``handle``), so it can move to
+another entry point later; this module never sees the router itself.
 
 Push notifications: a task whose caller has a ``push_url`` is marked due as it ends, in the same
 write; :meth:`A2aTasks.run_pushes` sends each due one (the task, as the stream's ``task`` event) with
@@ -29,13 +31,12 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 import aiohttp
 
 import state
 from gateway.retry import Backoff
-from gateway.router import SessionRouter, Ticket
 from gateway.runtime import a2a_wire as wire
 from gateway.runtime.sse import SseSink
 from gateway.types import ChatRef, ChatType, Delivery, InboundMessage, SendProgress
@@ -60,10 +61,23 @@ class PushSettings:
     timeout_seconds: float = 10.0
 
 
-async def submit_turn(router: SessionRouter, msg: InboundMessage, sink: SseSink | None) -> Ticket | None:
-    """Hand one task's message to the router: stored (in the inbox, so a restart answers it) and queued.
-    The one place a turn is submitted from here; None when the router dropped it (a retry seen before)."""
-    return await router.handle(msg, sink=sink)
+class Turn(Protocol):
+    """What a task's submitted message gives back (the router's ``Ticket``): where its answer streams, and
+    why the model gave none."""
+
+    sink: Any
+    failure: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class Router:
+    """What the tasks need of the router, given by the composition root."""
+
+    # store the message (in the inbox: a restart answers it) and queue it; None when dropped (a retry)
+    submit: Callable[[InboundMessage, SseSink | None], Awaitable[Turn | None]]
+    key_for: Callable[[InboundMessage], str]  # the message's session key
+    stop: Callable[[str, str | None], Awaitable[bool]]  # /stop for (session key, session id), anywhere
+    is_command: Callable[[str], bool]  # whether a text is a slash command (/help)
 
 
 def task_id_of(caller: str, message_id: str) -> str:
@@ -74,21 +88,21 @@ def task_id_of(caller: str, message_id: str) -> str:
 class A2aTasks:
     """The tasks of the A2A endpoint: started, delivered, waited for, cancelled, pushed."""
 
-    def __init__(self, router: SessionRouter, push: PushSettings = PushSettings(),
+    def __init__(self, db: state.AsyncSessionDB, router: Router, push: PushSettings = PushSettings(),
                  clock: Callable[[], float] = time.time):
         self.router = router
-        self.db: state.AsyncSessionDB = router.db
+        self.db = db
         self.push = push
         self.clock = clock
         self._waiters: dict[str, set[asyncio.Event]] = {}  # task id -> each waiter's event, set as it changes here
-        self._tickets: dict[str, Ticket] = {}  # the tasks this instance took, while they work
+        self._tickets: dict[str, Turn] = {}  # the tasks this instance took, while they work
         self._notes: dict[str, str] = {}  # task id -> why it waits (a rate limit, a budget)
         self._commands: set[str] = set()  # tasks whose message is a command (/help): answered unrecorded
         self._push_wake = asyncio.Event()
 
     # -- in --------------------------------------------------------------------------------
     async def send(self, caller: Caller, request: wire.SendRequest, *, stream: bool = False,
-                   ) -> tuple[dict, Ticket | None]:
+                   ) -> tuple[dict, Turn | None]:
         """Start the task ``request`` asks for (or find it again: a retry of the same message), its row and
         this instance's ticket for it (None for a retry: it was taken before)."""
         task_id = task_id_of(caller.name, request.message_id)
@@ -115,14 +129,14 @@ class A2aTasks:
             assert found is not None
             return found, None
         try:
-            ticket = await submit_turn(self.router, msg, SseSink() if stream else None)
+            ticket = await self.router.submit(msg, SseSink() if stream else None)
         except BaseException:
             # not stored: the task never started; a retry of the message starts it afresh
             await self.db.a2a.forget(task_id)
             raise
         if ticket is not None:
             self._tickets[task_id] = ticket
-            if msg.is_command and self.router.commands.parse(msg.text) is not None:
+            if msg.is_command and self.router.is_command(msg.text):
                 self._commands.add(task_id)  # answered by a line of its own, not a recorded reply
         stored = await self.db.a2a.get(task_id)
         assert stored is not None
@@ -244,7 +258,7 @@ class A2aTasks:
             raise wire.RpcError(-32002, f"task {task_id!r} has already ended ({row['state']}); it cannot be canceled")
         if await self.db.a2a.end(task_id, "canceled", now=self.clock()):
             session_id = await self.db.routes.get(row["session_key"])
-            await self.router.control.stop_anywhere(row["session_key"], session_id)
+            await self.router.stop(row["session_key"], session_id)
             self._finished(task_id)
         found = await self.db.a2a.get(task_id)
         assert found is not None
