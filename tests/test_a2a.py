@@ -259,3 +259,12 @@ async def test_a_bad_request_gets_a_clear_error_and_harms_nothing(tmp_path, mode
             async with connected(gw, PLANNER) as client:
                 [done] = await events(client, user_message("still fine"))
     assert done.task.status.state == pb.TASK_STATE_COMPLETED
+
+
+async def test_a_command_is_answered_in_its_task_without_the_model(tmp_path, model):
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER) as client:
+            [done] = await events(client, user_message("/help"))
+    assert done.task.status.state == pb.TASK_STATE_COMPLETED
+    assert "/stop" in answer_of(done.task)  # the list of commands
+    assert model.requests == []
