@@ -270,8 +270,11 @@ class A2aTasks:
         timeout = aiohttp.ClientTimeout(total=self.push.timeout_seconds)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
-                for row in await self.db.a2a.due_pushes(self.clock()):
-                    await self._push(session, row)
+                try:
+                    for row in await self.db.a2a.due_pushes(self.clock()):
+                        await self._push(session, row)
+                except state.StateError as exc:  # the store is busy or away: the pushes stay due, tried again
+                    log.warning("a2a push notifications wait: the store failed (%s)", exc)
                 self._push_wake.clear()
                 try:
                     await asyncio.wait_for(self._push_wake.wait(), PUSH_POLL_SECONDS)
