@@ -589,6 +589,56 @@ class ApiConfig(_Model):
         return self
 
 
+class A2aCallerConfig(_Model):
+    """One agent allowed to call the A2A endpoint (``a2a.callers.<name>``)."""
+
+    token: str = secret_field()  # its bearer token (``Authorization: Bearer ...``); required
+    # Where its tasks' push notifications may go: a request's push config must name a URL starting with
+    # this (empty: no push notifications for this caller).
+    push_url: str | None = None
+
+    _push = field_validator("push_url", mode="before")(empty_to_none)
+
+    @model_validator(mode="after")
+    def _has_token(self) -> A2aCallerConfig:
+        if not self.token:
+            raise KeyedError("token", "must be set: each A2A caller authenticates with its own bearer token "
+                                      "(e.g. ${A2A_PLANNER_TOKEN}; openssl rand -hex 32)")
+        if self.push_url is not None and not self.push_url.startswith(("http://", "https://")):
+            raise KeyedError("push_url", f"{self.push_url!r} is not an http:// or https:// URL")
+        return self
+
+
+class A2aConfig(_Model):
+    """``a2a``: the Agent2Agent endpoint on the local API's port (off unless asked for)."""
+
+    enabled: bool = False
+    name: str = "Switchboard"  # the agent card's name
+    description: str = "A chat agent with tools, reached over A2A."
+    # The URL other agents reach the endpoint at (behind a proxy); empty: http://<api.host>:<api.port>/a2a
+    public_url: str | None = None
+    # Callers by name: each its own bearer token; the name is its user id (a2a:<name>) and part of its
+    # session keys.  With none, only loopback callers are served, as the user ``local``.
+    callers: Annotated[Mapping[str, A2aCallerConfig], AfterValidator(lambda m: MappingProxyType(dict(m))),
+                       PlainSerializer(dict)] = Field(default_factory=lambda: MappingProxyType({}))
+    push_attempts: int = Field(5, ge=1, le=20)  # tries per push notification before it is given up (logged)
+    push_timeout_seconds: float = Field(10.0, gt=0, le=120)
+    # How long SendMessage waits for the answer before it returns the task still working (GetTask, or
+    # the push notification, then has the answer).
+    wait_seconds: float = Field(60.0, gt=0, le=3600)
+
+    _public = field_validator("public_url", mode="before")(empty_to_none)
+
+    @field_validator("callers", mode="before")
+    @classmethod
+    def _caller_names(cls, value: Any) -> Any:
+        for name in (value or {}):
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+                raise KeyedError(str(name), "an A2A caller's name is letters, digits, '.', '_' or '-' (it is "
+                                            "part of its session keys)")
+        return value
+
+
 class UiConfig(_Model):
     """``ui``: the web dashboard at ``/ui/`` on the local API's listener."""
 
@@ -1040,6 +1090,7 @@ class Config(_Model):
     platforms: SerializeAsAny[PlatformsConfig] = Field(default_factory=lambda: PlatformsConfig.concrete_model()())
     api: ApiConfig = ApiConfig()
     ui: UiConfig = UiConfig()
+    a2a: A2aConfig = Field(default_factory=A2aConfig)
     logging: LoggingConfig = LoggingConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     compression: CompressionConfig = CompressionConfig()

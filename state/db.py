@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from . import _titles
+from ._a2a import A2aTasks
 from ._approvals import Approvals
 from ._budgets import Budgets
 from ._cron import CronJobs
@@ -89,6 +90,7 @@ class SessionDB:
         "approvals": Approvals,
         "questions": Questions,
         "media": Media,
+        "a2a": A2aTasks,
     }
     sessions: Sessions
     messages: Messages
@@ -113,6 +115,7 @@ class SessionDB:
     approvals: Approvals
     questions: Questions
     media: Media
+    a2a: A2aTasks
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

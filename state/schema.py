@@ -416,6 +416,13 @@ def _v33_tool_questions(conn):
     _questions.create_tables(conn)
 
 
+def _v34_a2a_tasks(conn):
+    """Both engines: :data:`state._a2a.TABLES` (the A2A endpoint's tasks, kept across restarts)."""
+    from . import _a2a
+
+    _a2a.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -526,6 +533,8 @@ for _step in [
     Migration(32, "pairing: the message that waits for the approval", _v32_pairing_waiting, _v32_pairing_waiting),
     Migration(33, "questions MCP servers asked users mid-call (elicitation), and the answers", _v33_tool_questions,
               _v33_tool_questions),
+    Migration(34, "A2A tasks: what other agents asked, their states, their push notifications", _v34_a2a_tasks,
+              _v34_a2a_tasks),
 ]:
     register(_step)
 

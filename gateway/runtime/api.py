@@ -71,6 +71,7 @@ from gateway.control import Request, RequestExtras, Requests
 from gateway.errors import ConfigError, GatewayClosing, ModelUnavailable
 from gateway.modelchoice import DEFAULT as DEFAULT_MODEL
 from gateway.runtime import api_tools
+from gateway.runtime.a2a import A2aEndpoint
 from gateway.runtime.api_render import Answer, ChatCompletions, Format
 from gateway.runtime.api_reply import (
     RETRY_AFTER_RUNNING_SECONDS,
@@ -147,10 +148,11 @@ class LocalApi:
     def __init__(self, requests: Requests, turn: AgentTurn, health: Callable[[], dict], metrics: Metrics, *,
                  model_name: str, host: str, port: int, token: str | None, config_file: str | None = None,
                  dashboard: Dashboard | None = None, probe: Callable[[], Awaitable[object]] | None = None,
-                 agent: str = "main", platform_http: PlatformHttp | None = None,
+                 agent: str = "main", platform_http: PlatformHttp | None = None, a2a: A2aEndpoint | None = None,
                  keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None):
         self.requests = requests
         self.turn = turn
+        self.a2a = a2a  # the A2A endpoint (a2a.enabled), authenticated by its callers' own tokens
         self.platform_http = platform_http  # the platforms' own paths (webhooks), authenticated by their adapters
         self.dashboard = dashboard  # the /ui routes (ui.enabled), with their own guard
         self.health = health
@@ -183,6 +185,8 @@ class LocalApi:
             self.dashboard.routes(app)
         if self.platform_http is not None:
             self.platform_http.mount(app)
+        if self.a2a is not None:
+            self.a2a.mount(app)
         return app
 
     async def start(self) -> None:
@@ -250,6 +254,8 @@ class LocalApi:
             return await handler(request)  # the dashboard's guard has let it through: a log-in, not a bearer token
         if self.platform_http is not None and self.platform_http.owns(request):
             return await handler(request)  # a platform's path: its adapter checks the request's own signature
+        if self.a2a is not None and self.a2a.owns(request):
+            return await handler(request)  # the A2A paths: each caller's own token (gateway.runtime.a2a)
         if self.token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):

@@ -52,17 +52,26 @@ from gateway.memory.recall import RecallSettings, SessionRecall, search_command,
 from gateway.model import ModelClient, model_client
 from gateway.modelchoice import model_choices
 from gateway.oversize import max_message_tokens
-from gateway.router import Outbox, RouterSettings, SessionHooks, SessionRouter
+from gateway.router import Outbox, RouterSettings, SessionHooks, SessionRouter, Ticket
+from gateway.runtime.a2a import A2aEndpoint, A2aSettings
+from gateway.runtime.a2a_tasks import (
+    PLATFORM as A2A_PLATFORM,
+    A2aTasks,
+    Caller as A2aCaller,
+    PushSettings,
+    Router as A2aRouter,
+)
 from gateway.runtime.api import LocalApi
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.platform_http import PlatformHttp
+from gateway.runtime.sse import SseSink
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
 from gateway.tools_mcp.questions import ToolQuestions
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
-from gateway.types import ChatRef, PlatformStatus
+from gateway.types import ChatRef, InboundMessage, PlatformStatus
 from gateway.usage import CallContext, UsageRecorder
 from gateway.voice import Voice, VoiceSettings
 from gateway.windows import note_learned
@@ -257,7 +266,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
                    config_file=str(cfg.source) if cfg.source else None,
                    dashboard=_dashboard(cfg, db, wiring.health, cron, router, budgets) if cfg.ui.enabled else None,
                    probe=model.probe, agent=cfg.agent, keep_media=router.hooks.keep_media,
-                   platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)))
+                   platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)),
+                   a2a=_a2a(cfg, router, tools) if cfg.a2a.enabled and wiring.serve_api else None)
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
                     facts=facts, approvals=approvals, questions=questions, mcp=mcp, compressor=compressor,
                     commands=commands, turn=turn,
@@ -275,6 +285,23 @@ def _dashboard(cfg: Config, db: state.AsyncSessionDB, health: Callable[[], dict]
                                  allow_local_writes=cfg.ui.allow_local_writes,
                                  trusted_proxies=cfg.ui.trusted_proxies, cookie_secure=cfg.ui.cookie_secure)
     return Dashboard(settings, Pages(sources))
+
+
+def _a2a(cfg: Config, router: SessionRouter, tools: ToolRegistry) -> A2aEndpoint:
+    """The A2A endpoint (``a2a.enabled``): its tasks are the ``a2a`` platform's messages, whose replies end
+    them; registered here, before the daemon queues what a stop left unanswered, so a restart answers them."""
+    a2a = cfg.a2a
+    async def submit(msg: InboundMessage, sink: SseSink | None) -> Ticket | None:
+        # today the router's own intake, as a platform's message; the one place an A2A turn is submitted
+        return await router.handle(msg, sink=sink)
+
+    tasks = A2aTasks(router.db, A2aRouter(submit, router.key_for, router.control.stop_anywhere,
+                                          lambda text: router.commands.parse(text) is not None),
+                     PushSettings(a2a.push_attempts, a2a.push_timeout_seconds))
+    router.register_output(A2A_PLATFORM, tasks.deliver, claimed=cfg.clustered)
+    callers = {name: (c.token, A2aCaller(name, c.push_url)) for name, c in a2a.callers.items()}
+    settings = A2aSettings(a2a.name, a2a.description, _version(), a2a.public_url, callers, a2a.wait_seconds)
+    return A2aEndpoint(settings, tasks, lambda: [(t.name, t.description) for t in tools.tools()])
 
 
 def _version() -> str:

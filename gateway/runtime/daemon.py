@@ -90,7 +90,7 @@ FIRST_TRY_SECONDS = 5.0  # how long the serving line waits for the platforms' fi
 MODEL_PROBE_SECONDS = 6.0  # how long start waits for the model's probe before saying it serves
 RESUME_TOOLS_SECONDS = 15.0  # how long a restart waits for the MCP servers before resuming turns
 
-LOCAL_SOURCES = ("api", "cli")
+LOCAL_SOURCES = ("api", "cli", "a2a")  # a2a: its callers are authenticated by their tokens (gateway.runtime.a2a)
 LOCAL_STOP_GRACE_SECONDS = 5.0  # what a local command (chat, cron run) gives its turns when it ends
 
 
