@@ -32,6 +32,7 @@ from ._prefs import ChatPrefs
 from ._questions import Questions
 from ._recall import Recall
 from ._recovery import Recovery
+from ._replays import Replays
 from ._repo import Repository, marked_methods, reads as _reads
 from ._routes import Routes
 from ._sessions import Sessions
@@ -88,6 +89,7 @@ class SessionDB:
         "budgets": Budgets,
         "approvals": Approvals,
         "questions": Questions,
+        "replays": Replays,
         "media": Media,
     }
     sessions: Sessions
@@ -112,6 +114,7 @@ class SessionDB:
     budgets: Budgets
     approvals: Approvals
     questions: Questions
+    replays: Replays
     media: Media
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):

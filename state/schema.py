@@ -416,6 +416,14 @@ def _v33_tool_questions(conn):
     _questions.create_tables(conn)
 
 
+def _v34_signatures_seen(conn):
+    """Both engines: :data:`state._replays.TABLES` (signed requests accepted: a replay is refused by
+    every instance on the store)."""
+    from . import _replays
+
+    _replays.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -526,6 +534,8 @@ for _step in [
     Migration(32, "pairing: the message that waits for the approval", _v32_pairing_waiting, _v32_pairing_waiting),
     Migration(33, "questions MCP servers asked users mid-call (elicitation), and the answers", _v33_tool_questions,
               _v33_tool_questions),
+    Migration(34, "signatures of signed webhook requests accepted, for a replay guard shared by instances",
+              _v34_signatures_seen, _v34_signatures_seen),
 ]:
     register(_step)
 
