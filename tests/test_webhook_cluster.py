@@ -80,4 +80,4 @@ async def test_a_delivery_replayed_to_another_instance_is_refused_there(tmp_path
     assert racing == [202, 401], racing
     assert retried == (200, {"accepted": True, "id": "b41", "duplicate": True})
     assert not any("| turns: 4 |" in t for t in texts), texts  # nothing stored twice
-    assert texts[0] == "echo: build 41 failed | turns: 1 | first: build 41 failed"
+    assert all(t.endswith("| first: build 41 failed") for t in texts), texts  # one session on both instances
