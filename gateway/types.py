@@ -352,6 +352,25 @@ class HttpResponse:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+class ReplayLedger(Protocol):
+    """The store's record of signed requests already accepted (``state`` ``db.replays``), shared by every
+    instance on it: a replay taken by one instance is refused by all."""
+
+    async def claim(self, scope: str, signature: str, *, keep_until: float, now: float) -> bool:
+        """True the first time ``signature`` is claimed in ``scope``; False for a replay."""
+
+    async def release(self, scope: str, signature: str) -> None:
+        """Forget a claim whose request was not stored (the sender's retry of the same bytes is taken)."""
+
+
+@runtime_checkable
+class SignedInbound(Protocol):
+    """An adapter that refuses replayed signed requests: the gateway hands it the store's
+    :class:`ReplayLedger` before it starts (without one it remembers in memory, for one process)."""
+
+    def use_replay_ledger(self, ledger: ReplayLedger) -> None: ...
+
+
 @runtime_checkable
 class HttpInbound(Protocol):
     """An adapter that receives through the local API's server (webhooks): the gateway mounts its

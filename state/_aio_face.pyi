@@ -624,6 +624,13 @@ class AsyncQuestions:
     ) -> bool: ...
 
 
+class AsyncReplays:
+    """Replays's marked methods (``adb.replays``), each a coroutine."""
+
+    async def claim(self, scope: str, signature: str, *, keep_until: float, now: float) -> bool: ...
+    async def release(self, scope: str, signature: str) -> None: ...
+
+
 class AsyncMedia:
     """Media's marked methods (``adb.media``), each a coroutine."""
 
@@ -686,6 +693,7 @@ class AsyncFace:
     budgets: AsyncBudgets
     approvals: AsyncApprovals
     questions: AsyncQuestions
+    replays: AsyncReplays
     media: AsyncMedia
     a2a: AsyncA2aTasks
 

@@ -33,6 +33,7 @@ from ._prefs import ChatPrefs
 from ._questions import Questions
 from ._recall import Recall
 from ._recovery import Recovery
+from ._replays import Replays
 from ._repo import Repository, marked_methods, reads as _reads
 from ._routes import Routes
 from ._sessions import Sessions
@@ -89,6 +90,7 @@ class SessionDB:
         "budgets": Budgets,
         "approvals": Approvals,
         "questions": Questions,
+        "replays": Replays,
         "media": Media,
         "a2a": A2aTasks,
     }
@@ -114,6 +116,7 @@ class SessionDB:
     budgets: Budgets
     approvals: Approvals
     questions: Questions
+    replays: Replays
     media: Media
     a2a: A2aTasks
 

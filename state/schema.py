@@ -423,6 +423,14 @@ def _v34_a2a_tasks(conn):
     _a2a.create_tables(conn)
 
 
+def _v35_signatures_seen(conn):
+    """Both engines: :data:`state._replays.TABLES` (signed requests accepted: a replay is refused by
+    every instance on the store)."""
+    from . import _replays
+
+    _replays.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -535,6 +543,8 @@ for _step in [
               _v33_tool_questions),
     Migration(34, "A2A tasks: what other agents asked, their states, their push notifications", _v34_a2a_tasks,
               _v34_a2a_tasks),
+    Migration(35, "signatures of signed webhook requests accepted, for a replay guard shared by instances",
+              _v35_signatures_seen, _v35_signatures_seen),
 ]:
     register(_step)
 

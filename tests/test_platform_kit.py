@@ -196,10 +196,6 @@ async def test_a_429_is_waited_out_and_the_reply_sent_once(fake, tmp_path):
 
 
 async def test_a_5xx_a_slow_send_and_a_dropped_connection_cost_no_reply_and_send_none_twice(fake, tmp_path):
-    if fake.name == "email":
-        # A known defect, open in issue #38: after Dovecot cuts the IMAP connection (doveadm kick) the
-        # email adapter reconnects but does not take the next mail; the 5xx and slow-send halves pass.
-        pytest.skip("email: the mail after a dropped IMAP connection is not taken (issue #38, open)")
     async with FakeModel() as model, gateway(fake, tmp_path, model, streaming={"enabled": False}) as gw:
         fake.fail_sends(1, status=500)
         first = await fake.dm("ann", "after a 500")

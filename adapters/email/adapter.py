@@ -157,7 +157,7 @@ class EmailAdapter:
                           poll_seconds=self._poll_seconds, idle_seconds=self._idle_seconds, report=self._report,
                           backoff=self._reconnect_backoff)
         try:
-            client = await self._login.open(on_lost=mailbox.connection_lost)
+            link = await mailbox.open()
         except ImapError as exc:
             self._report("failed", str(exc))
             raise AdapterError(f"email: {exc}") from exc
@@ -166,7 +166,7 @@ class EmailAdapter:
             raise AdapterError(f"email: could not reach the IMAP server {self._login.host}:{self._login.port} "
                                f"({type(exc).__name__}: {exc}); check platforms.email.imap_host and imap_port") from exc
         self._mailbox = mailbox
-        mailbox.adopt(client)
+        mailbox.adopt(link)
         self._open = True
         self._task = spawn(self._mailbox.run(), name=f"email:{self._login.username}:mailbox")
         self._report("connected", None)

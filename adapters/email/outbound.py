@@ -133,9 +133,11 @@ def quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-async def close(client: aioimaplib.IMAP4) -> None:
+async def close(client: aioimaplib.IMAP4, *, lost: bool = False) -> None:
+    """Log out and close; a connection that already ended (``lost``) is only closed, since aioimaplib
+    keeps its state and would wait out the timeout for an answer to LOGOUT that cannot come."""
     try:
-        if client.get_state() in ("AUTH", "SELECTED"):
+        if not lost and client.get_state() in ("AUTH", "SELECTED"):
             await asyncio.wait_for(client.logout(), 5)
     except Exception as exc:  # noqa: BLE001 - closing is best effort
         log.debug("email: IMAP logout failed: %s", type(exc).__name__)

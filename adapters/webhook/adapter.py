@@ -4,7 +4,9 @@ Inbound, ``POST /webhooks/<name>`` (mounted on the local API by ``gateway.runtim
 this adapter never sees that server, only a :class:`gateway.types.HttpRequest`):
 
 1. the hook must exist, the request must be signed with its secret, fresh and not a replay
-   (:mod:`.signing`), and its body must name a sender and a text (:mod:`.payload`); else 401/400;
+   (:mod:`.signing`: a signature accepted by any instance on the store is refused by all; one whose
+   request could not be stored is released for the retry), and its body must name a sender and a
+   text (:mod:`.payload`); else 401/400;
 2. it becomes an :class:`InboundMessage` from the user ``<hook>/<sender>`` (what ``auth`` and pairing
    see; a hook's ``allowed_senders`` are those users) keyed ``agent:main:webhook:<hook>:<conversation>:<sender>``,
    with the idempotency key as its message id, so a retry is stored and answered once;
@@ -48,6 +50,7 @@ from gateway.types import (
     HttpResponse,
     InboundHandler,
     InboundMessage,
+    ReplayLedger,
     SendProgress,
 )
 
@@ -136,13 +139,19 @@ class WebhookAdapter:
         if handler is None:
             return HttpResponse(503, {"error": "the webhook platform is not running; retry shortly"},
                                 {"Retry-After": "5"})
+        scope = f"{PLATFORM}:{name}"
         try:
-            timestamp = self._guard.check(hook.secret, request.headers, request.body)
+            timestamp, signature = self._guard.verify(hook.secret, request.headers, request.body)
             parsed = parse(request.body, hook.fields, header_key=request.headers.get("idempotency-key"),
                            timestamp=timestamp)
+            await self._guard.claim(scope, timestamp, signature)
         except Refused as exc:
             log.info("webhook %s: refused a request from %s: %s", name, request.remote, exc)
             return HttpResponse(exc.status, {"error": str(exc)})
+        except Exception as exc:  # noqa: BLE001 - the store is away: nothing could be stored either
+            log.warning("webhook %s: could not check the request against the replay ledger (%s: %s)", name,
+                        type(exc).__name__, exc)
+            return HttpResponse(503, {"error": "the store is not reachable; retry shortly"}, {"Retry-After": "2"})
         msg = InboundMessage(platform=PLATFORM, chat_type=ChatType.DM, chat_id=name, thread_id=parsed.conversation,
                              user_id=f"{name}/{parsed.sender}", user_name=parsed.sender, text=parsed.text,
                              message_id=parsed.key, key_parts=(name, parsed.conversation, parsed.sender))
@@ -159,7 +168,10 @@ class WebhookAdapter:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - not stored: the sender retries, or it is set aside
-                return await self._not_stored(name, parsed.key, request, msg, exc)
+                answer_not_stored = await self._not_stored(name, parsed.key, request, msg, exc)
+                if answer_not_stored.status == 503:  # its retry, the same bytes, is taken then
+                    await self._release(scope, signature)
+                return answer_not_stored
             self._failed.forget(f"{name}:{parsed.key}")
             answer = {"accepted": True, "id": parsed.key}
             if taken is False:
@@ -174,6 +186,16 @@ class WebhookAdapter:
         finally:
             if future is not None:
                 self._waiting.pop(slot, None)
+
+    async def _release(self, scope: str, signature: str) -> None:
+        try:
+            await self._guard.release(scope, signature)
+        except Exception as exc:  # noqa: BLE001 - the sender's retry signed afresh is taken all the same
+            log.warning("webhook: could not release a claim on the replay ledger (%s: %s)", type(exc).__name__, exc)
+
+    def use_replay_ledger(self, ledger: ReplayLedger) -> None:
+        """Refuse replays through ``ledger`` (the store's, shared by every instance) instead of memory."""
+        self._guard.ledger = ledger
 
     async def _not_stored(self, name: str, key: str, request: HttpRequest, msg: InboundMessage,
                           exc: Exception) -> HttpResponse:

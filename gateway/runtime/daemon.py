@@ -76,6 +76,7 @@ from gateway.types import (
     InboundMessage,
     PlatformStatus,
     SendingOnly,
+    SignedInbound,
     TypingOnMessage,
     VoiceOutput,
 )
@@ -417,6 +418,8 @@ class Gateway:
         return platform in self.adapters and (held is None or held.owner.state == "owner")
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
+        if isinstance(adapter, SignedInbound):  # a replay is refused by every instance on the store
+            adapter.use_replay_ledger(self.db.replays)
         self.platforms.add(name, adapter)
         self.platforms_off.pop(name, None)
         key = None

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import socket
 import time
+from collections import Counter
 
 import aiohttp
 
@@ -152,6 +153,7 @@ class WebhookCrashSide:
         self._ids = itertools.count(1)
         self._retrying: set[asyncio.Task] = set()
         self.retries = 0
+        self.answers: Counter[str] = Counter()  # why requests were sent again
 
     def settings(self) -> dict:
         return {"api": {"port": self.port},
@@ -183,11 +185,12 @@ class WebhookCrashSide:
     async def _deliver(self, payload: dict) -> None:
         for attempt in range(200):
             try:
-                status, _ = await self.side.post(HOOK, payload)
+                status, answer = await self.side.post(HOOK, payload)
                 if status in (200, 202):
                     return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
+                self.answers[f"{status} {str(answer.get('error', ''))[:40]}"] += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                self.answers[type(exc).__name__] += 1
             self.retries += 1
             await asyncio.sleep(min(1.0, 0.05 * 2 ** attempt))  # backing off, as n8n or a CI system does
         raise AssertionError(f"request {payload['id']} was never taken")
@@ -207,7 +210,8 @@ class WebhookCrashSide:
 
     def notes(self) -> dict[str, int]:
         return {"requests sent again": self.retries,
-                "requests still being retried": sum(1 for t in self._retrying if not t.done())}
+                "requests still being retried": sum(1 for t in self._retrying if not t.done()),
+                **{f"sent again after: {why}": n for why, n in self.answers.most_common(4)}}
 
     async def close(self) -> None:
         for task in list(self._retrying):
