@@ -74,6 +74,7 @@ from gateway.types import (
     ChatRef,
     GatedPolling,
     InboundMessage,
+    KeepsState,
     PlatformStatus,
     SendingOnly,
     TypingOnMessage,
@@ -417,6 +418,10 @@ class Gateway:
         return platform in self.adapters and (held is None or held.owner.state == "owner")
 
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
+        if isinstance(adapter, KeepsState):  # its sync token and the like, in the store a takeover reads
+            from gateway.runtime.adapter_state import StoredAdapterState
+
+            adapter.keep_state_in(StoredAdapterState(self.db, name, self.config.home))
         self.platforms.add(name, adapter)
         self.platforms_off.pop(name, None)
         key = None
