@@ -9,7 +9,7 @@ without one, and an event no rule expects (a missing field, a wrong type) is ski
   in it, like a Telegram topic or a Slack thread.
 - In a group the bot answers when mentioned (``m.mentions.user_ids``, its user id or its display
   name in the text, a reply to one of its messages) or always in ``free_response_channels``
-  (room ids); the mention is taken out of the text.
+  (room ids); the mention is taken out of the text.  What is not addressed is dropped here.
 - An edit (``m.replace``) is not a new message; our own events, notices and redactions are skipped.
 - ``message_id`` is the event id: the store keeps it unique per session, so an event delivered
   again (a /sync repeated after a crash) is stored and answered once.
@@ -130,7 +130,9 @@ def normalize(event: dict, room: Room, who: Addressing, *, ours: set[str] | None
         replied = reply_to_of(content)
         addressed = (not who.require_mention or room.room_id in who.free_rooms
                      or _mentioned(content, body, who) or (replied is not None and replied in (ours or set())))
-        if addressed and text:
+        if not addressed:
+            return None  # the gateway answers whatever it is handed
+        if text:
             text = _without_mention(text, who)
     return InboundMessage(platform=PLATFORM, chat_type=chat_type, chat_id=room.room_id, user_id=sender,
                           text=text, message_id=event_id, thread_id=thread, user_name=None, addressed=addressed)

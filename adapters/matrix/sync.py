@@ -44,9 +44,14 @@ class TokenRefused(AdapterError):
 
 
 def source_of(event: Any) -> dict:
-    """An event's JSON as the homeserver sent it (nio keeps it as ``source``)."""
+    """An event's JSON as the homeserver sent it (nio keeps it as ``source``; an invited room's member
+    event has its ``content`` taken out of it by nio's parser, so it is put back)."""
     source = getattr(event, "source", event)
-    return source if isinstance(source, dict) else {}
+    if not isinstance(source, dict):
+        return {}
+    if "content" not in source and isinstance(getattr(event, "content", None), dict):
+        source = {**source, "content": event.content}
+    return source
 
 
 class SyncLoop:
