@@ -170,6 +170,7 @@ class Synapse:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
         config = self.folder / "homeserver.yaml"
         config.write_text(_config(self.folder, self.port, self.secret))
         (self.folder / "log.yaml").write_text(_LOG.replace("FOLDER", str(self.folder)))

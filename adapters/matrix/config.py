@@ -25,12 +25,13 @@ class MatrixConfig(PlatformConfig):
     # An event is at most 65,536 bytes of JSON (the spec's limit); a reply part of 4,000 characters
     # with its HTML stays well within it (the adapter checks every event's size and halves a part
     # that would not).  Edits are m.replace, threads m.thread, reactions stand in for buttons
-    # (approvals: a reaction of the asker's or an approver's, or /approve typed).  Synapse's default
-    # rc_message is 0.2 a second with bursts of 10 per user: a bot account gets its limit raised by
-    # the admin API (docs/platforms.md), and the adapter keeps one room to about 1 a second.
+    # (approvals: a reaction of the asker's or an approver's, or /approve typed).  Matrix has no
+    # per-room limit; Synapse's is per user (rc_message, 0.2 a second with bursts of 10 by default,
+    # which an admin lifts for a bot: docs/platforms.md), and its 429s are waited out.  The adapter
+    # keeps one room to 2 events a second with bursts of 4, so a streamed reply never floods it.
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=True, reactions=True, files=True, voice=True,
-        max_message_length=4000, chat_rate=1.0, chat_burst=3)
+        max_message_length=4000, chat_rate=2.0, chat_burst=4)
     homeserver: HttpUrl = "https://matrix.org"
     user_id: str = ""  # @bot:example.org
     access_token: str = secret_field()  # or a password, used once: the token and device id are kept in the home

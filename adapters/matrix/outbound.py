@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -37,6 +38,7 @@ ACCOUNT_RATE = (10.0, 10)
 _FATAL = ("M_FORBIDDEN", "M_UNKNOWN_TOKEN", "M_TOO_LARGE", "M_NOT_FOUND", "M_BAD_JSON", "M_NOT_JSON",
           "M_UNRECOGNIZED", "M_MISSING_TOKEN")
 _SEND_ATTEMPTS = 6
+TYPING_EVERY = 5.0
 
 
 def split_reply(text: str) -> list[str]:
@@ -65,6 +67,7 @@ class Outbound:
         self.client = client
         self._token = token
         self._backoff = backoff_seconds
+        self._typed: dict[str, float] = {}
 
     def budget(self, room_id: str):
         return chat_budget_for(PLATFORM, self._token, room_id, ROOM_RATE)
@@ -138,8 +141,12 @@ class Outbound:
         return await self.send_event(room_id, "m.reaction", content)
 
     async def typing(self, room_id: str) -> None:
-        if not await self.budget(room_id).take_if_free():
-            return  # best effort: never queued in front of a reply
+        # Typing is not a room event (no rc_message limit on it), so it takes nothing from the room's
+        # budget; one call holds for 20 s, so a room is told again at most every 5 s.
+        now = time.monotonic()
+        if now - self._typed.get(room_id, -1e9) < TYPING_EVERY:
+            return
+        self._typed[room_id] = now
         try:
             await self.client.room_typing(room_id, True, timeout=20_000)
         except Exception as exc:  # noqa: BLE001 - typing is best effort
