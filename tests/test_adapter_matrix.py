@@ -21,6 +21,7 @@ from gateway.runtime.daemon import Gateway
 from tests.fakes.matrix import BOT, SERVER, FakeMatrix
 from tests.fakes.model_server import FakeModel
 from tests.harness import eventually, gateway_config
+from tests.voicekit import ogg_opus
 
 ANN = f"@ann:{SERVER}"
 EVE = f"@eve:{SERVER}"
@@ -187,3 +188,36 @@ async def test_the_gateway_keeps_the_sync_token_in_the_store(tmp_path):
         finally:
             await gw.stop(grace_seconds=5)
     assert kept is not None and kept.startswith("s") and kept in hs.sync_since + [f"s{len(hs.stream.events)}"]
+
+
+async def test_a_voice_message_is_transcribed_and_a_spoken_reply_sent_as_voice(tmp_path):
+    async with FakeMatrix() as hs, FakeModel() as model:
+        config = gateway_config(tmp_path / "home", model.base_url, auth={"allowed_users": [f"matrix:{ANN}"]},
+                                platforms={"matrix": {"homeserver": hs.base_url, "access_token": hs.token,
+                                                      "sync_timeout_seconds": 2}},
+                                media={"transcribe_with": "whisper-1", "speak_with": "tts-1"},
+                                streaming={"enabled": False})
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await eventually(lambda: gw.health()["platforms"]["matrix"]["state"] == "connected", WAIT, "connected")
+            room = hs.dm_room(ANN)
+            model.transcript = "book a room for friday"
+            clip = ogg_opus(3)
+            hs.event(room, ANN, "m.room.message", {
+                "msgtype": "m.audio", "body": "Voice message", "url": hs.add_media(clip, "audio/ogg"),
+                "info": {"mimetype": "audio/ogg", "size": len(clip), "duration": 3000},
+                "org.matrix.msc1767.audio": {"duration": 3000}, "org.matrix.msc3245.voice": {}})
+            await eventually(lambda: hs.shown(room), WAIT, "the answer to the voice message")
+            answer = hs.shown(room)[0]
+            hs.message(room, ANN, "/voice on")
+            await eventually(lambda: len(hs.shown(room)) >= 2, WAIT, "/voice on answered")
+            hs.message(room, ANN, "say something")
+            await eventually(lambda: any(s.type == "m.room.message" and s.content.get("msgtype") == "m.audio"
+                                         for s in hs.sent), WAIT, "the spoken reply")
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert answer.startswith("echo: [voice message, transcribed]\nbook a room for friday")
+    assert model.transcriptions[0]["file"]["data"] == clip
+    [voice] = [s for s in hs.sent if s.content.get("msgtype") == "m.audio"]
+    assert "org.matrix.msc3245.voice" in voice.content and voice.content["url"].startswith("mxc://")

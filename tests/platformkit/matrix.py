@@ -198,7 +198,8 @@ class MatrixSide:
         return True
 
     def replies(self) -> list[BotReply]:
-        return [BotReply(s.room_id, str(s.content.get("body", "")), s.at, s.event_id) for s in self.hs.sent
+        # each message as it shows now: a streamed reply's first post is only its beginning, edited later
+        return [BotReply(s.room_id, str(self.hs.current(s).get("body", "")), s.at, s.event_id) for s in self.hs.sent
                 if s.type == "m.room.message" and (s.content.get("m.relates_to") or {}).get("rel_type") != "m.replace"]
 
     def notes(self) -> dict[str, int]:
