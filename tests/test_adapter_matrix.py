@@ -15,7 +15,7 @@ import pytest
 
 from adapters.matrix.adapter import CREDENTIALS, E2EE_NOTICE, MatrixAdapter, MemoryState
 from adapters.matrix.config import MatrixConfig
-from gateway.errors import AdapterError
+from gateway.errors import TokenRejected
 from gateway.runtime.cluster import connection_key
 from gateway.runtime.daemon import Gateway
 from tests.fakes.matrix import BOT, SERVER, FakeMatrix
@@ -56,7 +56,7 @@ def adapter(hs: FakeMatrix, tmp_path, **kw) -> tuple[MatrixAdapter, MemoryState]
 async def test_a_refused_token_fails_the_start_naming_the_key(tmp_path):
     async with FakeMatrix() as hs:
         a = MatrixAdapter(homeserver=hs.base_url, access_token="syt_wrong")
-        with pytest.raises(AdapterError, match="refused the access token.*platforms.matrix.access_token"):
+        with pytest.raises(TokenRejected, match="the token was rejected.*M_UNKNOWN_TOKEN.*platforms.matrix.access_token"):
             await a.start(Inbox())
         assert a.health().state == "failed"
         assert [c.path for c in hs.calls if c.path.endswith("/sync")] == []
@@ -69,6 +69,7 @@ async def test_a_token_revoked_while_running_stops_the_sync_and_says_so(tmp_path
         try:
             hs.refuse_token()
             await eventually(lambda: a.health().state == "failed", WAIT, "the adapter to give up")
+            assert "the token was rejected" in (a.health().last_error or "")
             assert "M_UNKNOWN_TOKEN" in (a.health().last_error or "")
             task = a._sync_task  # white box: the loop itself ended, so nothing is retried
             await eventually(lambda: task is not None and task.done(), WAIT, "the sync loop to end")
@@ -221,3 +222,19 @@ async def test_a_voice_message_is_transcribed_and_a_spoken_reply_sent_as_voice(t
     assert model.transcriptions[0]["file"]["data"] == clip
     [voice] = [s for s in hs.sent if s.content.get("msgtype") == "m.audio"]
     assert "org.matrix.msc3245.voice" in voice.content and voice.content["url"].startswith("mxc://")
+
+
+async def test_the_daemon_does_not_retry_a_refused_token(tmp_path):
+    async with FakeMatrix() as hs, FakeModel() as model:
+        config = gateway_config(tmp_path / "home", model.base_url,
+                                platforms={"matrix": {"homeserver": hs.base_url, "access_token": "syt_wrong"}})
+        gw = Gateway(config, serve_api=False)
+        await gw.start()
+        try:
+            await eventually(lambda: "matrix" in gw.rejected_platforms, WAIT, "matrix rejected")
+            summary = gw.platform_summary("matrix")
+            asked = [c for c in hs.calls if c.path.endswith("/whoami")]
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert summary == "failed: the token was rejected"
+    assert len(asked) == 1 and asked[0].status == 401  # asked once, never again

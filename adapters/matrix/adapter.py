@@ -9,7 +9,8 @@
 Logging in: with ``access_token`` the adapter asks ``whoami`` who it is; with a ``password`` it logs
 in once and keeps the token and device id in ``<home>/platforms/matrix/credentials.json`` (0600),
 so later starts are the same device.  A refused token (``M_UNKNOWN_TOKEN``) fails the start with
-the key to set, and stops a running /sync for good (``sync.TokenRefused``), never retried in a loop.
+the key to set (``gateway.errors.TokenRejected``: the daemon does not retry it until a reload), and
+stops a running /sync for good, never retried in a loop.
 
 Encrypted rooms: not supported (see the package docstring).  The first encrypted event of a room
 makes the bot say so in that room, once (remembered in the store), and every one is logged: a
@@ -30,7 +31,7 @@ from typing import Any, Sequence
 
 from nio import AsyncClient, AsyncClientConfig, LoginResponse, ProfileGetDisplayNameResponse, WhoamiResponse
 
-from gateway.errors import AdapterError
+from gateway.errors import AdapterError, TokenRejected
 from gateway.retry import Backoff
 from gateway.tasks import spawn
 from gateway.types import (
@@ -51,7 +52,7 @@ from gateway.types import (
 from .events import PLATFORM, Addressing, Room, invite_sender, normalize, reaction_command
 from .media import collect
 from .outbound import MESSAGE_LIMIT, Outbound, approval_footer, split_reply
-from .sync import SyncLoop, TokenRefused
+from .sync import TOKEN_HELP, SyncLoop
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class MatrixAdapter:
     async def _run_sync(self, loop: SyncLoop) -> None:
         try:
             await loop.run()
-        except TokenRefused as exc:  # retrying cannot help: say so once, stay down
+        except TokenRejected as exc:  # retrying cannot help: say so once, stay down
             self._health.state = "failed"
             self._health.last_error = str(exc)
             log.error("%s", exc)
@@ -197,8 +198,10 @@ class MatrixAdapter:
             if not isinstance(who, WhoamiResponse):
                 code = getattr(who, "status_code", None)
                 if code == "M_UNKNOWN_TOKEN":
-                    self._fail("the homeserver refused the access token (M_UNKNOWN_TOKEN): set a new "
-                               "platforms.matrix.access_token (or a password to log in again)")
+                    self._health.state = "failed"
+                    self._health.last_error = TokenRejected.SUMMARY
+                    log.error("matrix: %s: %s", TokenRejected.SUMMARY, TOKEN_HELP)
+                    raise TokenRejected(PLATFORM, "platforms.matrix.access_token", TOKEN_HELP)
                 self._fail(f"could not reach the homeserver at {self._homeserver}: {who}")
             client.user_id = client.user = who.user_id
             client.device_id = who.device_id or device or ""

@@ -12,8 +12,8 @@ The first /sync after a start asks for the rooms' full state (``full_state``), s
 (members, encryption) is whole again even when the token was stored by an earlier run.
 
 Errors: ``M_LIMIT_EXCEEDED`` waits what ``retry_after_ms`` says; ``M_UNKNOWN_TOKEN`` (the token was
-revoked or the device logged out) stops the loop for good with :class:`TokenRefused`, saying what
-to change; anything else (a 5xx, a dropped connection, a timeout) backs off and tries again.
+revoked or the device logged out) stops the loop for good, saying what
+to change (``gateway.errors.TokenRejected``, as every platform's refused token); anything else (a 5xx, a dropped connection, a timeout) backs off and tries again.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable
 
 from nio import AsyncClient, SyncError, SyncResponse
 
-from gateway.errors import AdapterError
+from gateway.errors import TokenRejected
 from gateway.retry import Backoff
 from gateway.types import AdapterState
 
@@ -39,8 +39,8 @@ Invited = Callable[[str, list], Awaitable[None]]
 Report = Callable[[str, "str | None"], None]
 
 
-class TokenRefused(AdapterError):
-    """The homeserver refused the access token (M_UNKNOWN_TOKEN): retrying cannot help."""
+TOKEN_HELP = ("the homeserver refused it (M_UNKNOWN_TOKEN: revoked, or the device was logged out); set a new "
+              "platforms.matrix.access_token (or a password to log in again) and reload")
 
 
 def source_of(event: Any) -> dict:
@@ -102,9 +102,7 @@ class SyncLoop:
     def _wait_for(self, resp: SyncError, failures: int) -> float:
         code = getattr(resp, "status_code", None)
         if code == "M_UNKNOWN_TOKEN":
-            raise TokenRefused("matrix: the homeserver refused the access token (M_UNKNOWN_TOKEN: revoked, or the "
-                               "device was logged out); set a new platforms.matrix.access_token (or a password "
-                               "to log in again) and restart")
+            raise TokenRejected("matrix", "platforms.matrix.access_token", TOKEN_HELP)
         if code == "M_LIMIT_EXCEEDED":
             return max(0.05, (getattr(resp, "retry_after_ms", None) or 1000) / 1000)
         return self._backoff.delay(failures)
