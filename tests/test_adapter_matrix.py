@@ -17,7 +17,7 @@ from adapters.matrix.adapter import CREDENTIALS, E2EE_NOTICE, MatrixAdapter, Mem
 from adapters.matrix.config import MatrixConfig
 from gateway.errors import TokenRejected
 from gateway.runtime.cluster import connection_key
-from gateway.runtime.daemon import Gateway
+from gateway.runtime.daemon import Gateway, platform_summary
 from tests.fakes.matrix import BOT, SERVER, FakeMatrix
 from tests.fakes.model_server import FakeModel
 from tests.harness import eventually, gateway_config
@@ -232,7 +232,7 @@ async def test_the_daemon_does_not_retry_a_refused_token(tmp_path):
         await gw.start()
         try:
             await eventually(lambda: "matrix" in gw.rejected_platforms, WAIT, "matrix rejected")
-            summary = gw.platform_summary("matrix")
+            summary = platform_summary(gw, "matrix")
             asked = [c for c in hs.calls if c.path.endswith("/whoami")]
         finally:
             await gw.stop(grace_seconds=5)
