@@ -133,10 +133,14 @@ class Client:
     def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         return _call(self.base, method, f"/_matrix/client/v3{path}", body, self.token, **kw)
 
-    def create_room(self, *, invite: list[str] = (), direct: bool = False, name: str | None = None) -> str:  # type: ignore[assignment]
+    def create_room(self, *, invite: list[str] = (), direct: bool = False, name: str | None = None,  # type: ignore[assignment]
+                    encrypted: bool = False) -> str:
         body: dict = {"invite": list(invite), "is_direct": direct, "preset": "private_chat"}
         if name:
             body["name"] = name
+        if encrypted:  # as Element creates a private room: Megolm from the first event on
+            body["initial_state"] = [{"type": "m.room.encryption", "state_key": "",
+                                      "content": {"algorithm": "m.megolm.v1.aes-sha2"}}]
         return self.call("POST", "/createRoom", body)["room_id"]
 
     def join(self, room_id: str) -> None:

@@ -4,8 +4,8 @@ The real gateway (``Gateway(config)``, the adapter found through its entry point
 talk to one Synapse started for the whole session; each test registers its own users, so the tests
 share nothing but the server.  The fake homeserver (tests/fakes/matrix.py, through the conformance
 kit) proves the faults; this proves the protocol: the invitation, a DM, a room, a thread, the
-formatted body, streamed edits (m.replace), approval reactions, files through mxc://, and a restart
-that resumes from the stored next_batch.
+formatted body, streamed edits (m.replace), approval reactions (the asker's only), files through mxc://,
+a restart that resumes from the stored next_batch, and an encrypted room told once that it is not read.
 
     .venv/bin/python -m pytest -q -n 0 tests/test_adapter_matrix_synapse.py
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.matrix.adapter import E2EE_NOTICE
 from gateway.runtime.daemon import Gateway
 from state.media_files import MediaFiles, sha256_of
 from tests.crashkit import _stored
@@ -259,6 +260,48 @@ async def test_an_approval_is_given_by_a_reaction(synapse, people, tmp_path):
     assert [json.loads(line)["text"] for line in target.read_text().splitlines()] == ["ship it"]
 
 
+async def test_an_approval_is_answered_only_by_the_asker(synapse, people, tmp_path):
+    target = tmp_path / "ledger.txt"
+    tools = {"mcp_servers": {"ledger": {"command": sys.executable, "args": [LEDGER], "allow": ["ledger__*"],
+                                        "env": {"PYTHONCOERCECLOCALE": "0"}, "approval": "always"}}}
+    async with FakeModel() as model, gateway(tmp_path, model, synapse, people, tools=tools,
+                                             streaming={"enabled": False}) as gw:
+        server = gw.mcp.servers["ledger"]
+        await eventually(lambda: server.available, WAIT, "the ledger server")
+        model.script(ToolCall("ledger__append", {"text": "ship it", "path": str(target)}), Reply("shipped"))
+        room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id, people.bob.user_id])
+        await asyncio.to_thread(people.bob.join, room)
+        await joined(people, room)
+        await asyncio.to_thread(people.ann.say, room, f"{people.bot.user_id} ship it please",
+                                **{"m.mentions": {"user_ids": [people.bot.user_id]}})
+
+        async def request() -> dict | None:
+            events = await asyncio.to_thread(people.ann.messages, room)
+            asked = [e for e in events if e["sender"] == people.bot.user_id and e["type"] == "m.room.message"
+                     and "/approve " in e["content"].get("body", "")]
+            offered = {e["content"]["m.relates_to"]["key"] for e in events if e["type"] == "m.reaction"
+                       and asked and e["content"]["m.relates_to"]["event_id"] == asked[-1]["event_id"]}
+            return asked[-1] if asked and offered == {"✅", "❌"} else None
+
+        asked = await eventually(request, WAIT, "the approval request with ✅ and ❌ under it", every=0.1)
+        tick = {"m.relates_to": {"rel_type": "m.annotation", "event_id": asked["event_id"], "key": "✅"}}
+        await asyncio.to_thread(people.bob.send, room, tick, "m.reaction")
+
+        async def refused() -> bool:
+            return any(b.startswith("Only the person who asked, or an approver, can answer")
+                       for b in await bodies(people.ann, room, people.bot.user_id))
+
+        await eventually(refused, WAIT, "Bob told he cannot answer Ann's request", every=0.1)
+        assert not target.exists()
+        await asyncio.to_thread(people.ann.send, room, tick, "m.reaction")
+
+        async def done() -> bool:
+            return (await bodies(people.ann, room, people.bot.user_id))[-1:] == ["shipped"]
+
+        await eventually(done, WAIT, "the call Ann approved answered", every=0.1)
+    assert [json.loads(line)["text"] for line in target.read_text().splitlines()] == ["ship it"]
+
+
 async def test_a_file_comes_through_mxc_into_the_media_store(synapse, people, tmp_path):
     pdf = files.pdf("Tickets go on sale on Friday")
     async with FakeModel() as model, gateway(tmp_path, model, synapse, people) as gw:
@@ -290,3 +333,32 @@ async def test_a_restart_resumes_from_the_stored_sync_token(synapse, people, tmp
                          "echo: while it was down | turns: 2 | first: before the restart"]
     assert [r.last_user_text for r in model.requests] == ["before the restart", "while it was down"]
     assert _stored(config.db_path)["before the restart"] == 1
+
+
+# --------------------------------------------------------------------------- encrypted rooms (not supported)
+
+
+def megolm(n: int) -> dict:
+    """What an encrypting client sends: the room key's session and the ciphertext (the bot has no key for it)."""
+    return {"algorithm": "m.megolm.v1.aes-sha2", "sender_key": "c2VuZGVyX2tleV9vZl9hbm4", "device_id": "ANNPHONE",
+            "session_id": "c2Vzc2lvbl9vZl9hbm4", "ciphertext": f"AwgAEoABbmV2ZXJfZGVjcnlwdGVk{n:04d}"}
+
+
+async def test_an_encrypted_room_is_told_once_and_each_message_logged(synapse, people, tmp_path, caplog):
+    async with FakeModel() as model:
+        async with gateway(tmp_path, model, synapse, people):
+            room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
+                                           encrypted=True)
+            await joined(people, room)
+            for n in range(2):
+                await asyncio.to_thread(people.ann.send, room, megolm(n), "m.room.encrypted")
+            await asyncio.to_thread(people.ann.say, room, "a plain marker")  # read after both, in order
+            await answered(people.ann, room, people.bot.user_id, "a plain marker")
+        await asyncio.to_thread(people.ann.send, room, megolm(2), "m.room.encrypted")
+        await asyncio.to_thread(people.ann.say, room, "after the restart")
+        async with gateway(tmp_path, model, synapse, people):
+            shown_now = await answered(people.ann, room, people.bot.user_id, "after the restart")
+    assert [b for b in shown_now if not b.startswith("echo:")] == [E2EE_NOTICE]  # once, across a restart too
+    logged = [r.getMessage() for r in caplog.records if "encrypted message" in r.getMessage()]
+    assert len(logged) == 3 and all(room in line and people.ann.user_id in line for line in logged)
+    assert [r.last_user_text for r in model.requests] == ["a plain marker", "after the restart"]
