@@ -94,6 +94,7 @@ class FakeMatrix:
         self.media: dict[str, tuple[bytes, str]] = {}
         self.syncs = 0
         self.sync_since: list[str | None] = []
+        self.sync_at: list[float] = []  # time.monotonic() of each /sync, beside its since
         self._faults: dict[str, deque[_Fault]] = {}
         self._drop_sync = 0
         self._refused = False
@@ -308,6 +309,7 @@ class FakeMatrix:
         self.syncs += 1
         since = request.query.get("since")
         self.sync_since.append(since)
+        self.sync_at.append(time.monotonic())
         refused = self._authorized(request)
         if refused:
             return refused
