@@ -7,10 +7,13 @@ what an adapter of a few modules needs: its own /sync loop (``sync``), its own r
 (``outbound``), the content repository (``media``).  mautrix is built for bridges and appservices
 (its client, state store and crypto store come as one framework), more than a bot account needs.
 
-End-to-end encryption: nio's crypto rests on python-olm, the bindings of libolm, which its authors
-deprecated in 2024 (vodozemac replaces it; nio has no vodozemac bindings yet), and mautrix's crypto
-uses the same libolm.  So encrypted rooms are not supported: the adapter says so in such a room once
-and in the log for every encrypted event, never ignoring a message silently (docs/platforms.md).
+End-to-end encryption is not supported yet.  matrix-nio 0.26's ``e2e`` extra does its crypto on
+vodozemac (the maintained Olm/Megolm, through the vodozemac Python bindings; libolm and python-olm
+were deprecated in 2024), so this is work left, not a missing library: the device's keys and room
+sessions in a crypto store in the home, keys uploaded and claimed, to-device events handled in our
+own /sync loop, and, in a cluster, a crypto store every owner can reach.  Until then the adapter says
+so in an encrypted room once and logs every encrypted event, never ignoring a message silently
+(docs/platforms.md).
 
 Modules: ``adapter`` (log-in, lifecycle, inbound delivery, sending), ``sync`` (the /sync loop and its
 stored ``next_batch``), ``events`` (event JSON -> InboundMessage), ``format`` (Markdown ->
