@@ -8,13 +8,17 @@ cover the conversations.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
 from adapters.matrix.adapter import CREDENTIALS, E2EE_NOTICE, MatrixAdapter, MemoryState
 from adapters.matrix.config import MatrixConfig
+from gateway.cli.main import main
 from gateway.errors import TokenRejected
 from gateway.runtime.cluster import connection_key
 from gateway.runtime.daemon import Gateway, platform_summary
@@ -238,3 +242,20 @@ async def test_the_daemon_does_not_retry_a_refused_token(tmp_path):
             await gw.stop(grace_seconds=5)
     assert summary == "failed: the token was rejected"
     assert len(asked) == 1 and asked[0].status == 401  # asked once, never again
+
+
+async def test_doctor_asks_the_homeserver_whether_the_token_works(tmp_path):
+    async with FakeMatrix() as hs, FakeModel() as model:
+        outputs = {}
+        for name, token in (("good", hs.token), ("bad", "syt_revoked_token_0000")):
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump({"home": str(tmp_path / name), "model": {"base_url": model.base_url,
+                                                                                  "name": "fake-model"},
+                                            "platforms": {"matrix": {"homeserver": hs.base_url,
+                                                                     "access_token": token}}}))
+            result = await asyncio.to_thread(CliRunner().invoke, main, ["doctor", "--config", str(path)],
+                                             env={"HTTP_PROXY": "", "HTTPS_PROXY": ""})
+            outputs[name] = next(line for line in result.output.splitlines() if line[2:].startswith("matrix:"))
+            assert token not in result.output  # never printed
+    assert outputs["good"] == f"✓ matrix: token valid ({BOT})"
+    assert outputs["bad"].startswith("✗ matrix: the token was refused (HTTP 401)")

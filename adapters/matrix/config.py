@@ -13,7 +13,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, PlatformConfig, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, CredentialCheck
 
 __all__ = ["MatrixConfig"]
 
@@ -71,6 +71,16 @@ class MatrixConfig(PlatformConfig):
         if self.access_token or self.password:
             return None
         return "platforms.matrix.access_token is not set (or a password with user_id)"
+
+    def credential_check(self) -> CredentialCheck | None:
+        """``switchboard doctor`` asks the homeserver who the token is (``whoami``, as the adapter's start
+        does).  With a password there is nothing to ask: a login would make a new device each time, so the
+        adapter's start checks it."""
+        if not self.access_token:
+            return None
+        return CredentialCheck("GET", f"{str(self.homeserver).rstrip('/')}/_matrix/client/v3/account/whoami",
+                               {"Authorization": f"Bearer {self.access_token}"},
+                               lambda status, body: status == 200 and body.get("user_id"))
 
     def connection_identity(self) -> str | None:
         """The one /sync of this account a cluster runs at a time (gateway.runtime.cluster hashes it into the
