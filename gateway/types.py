@@ -29,6 +29,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Awaitable, Callable, Protocol, runtime_checkable
 
 from gateway.errors import InvalidMessage
@@ -576,6 +577,28 @@ class GatedPolling(Protocol):
 
     def gate_polling(self, may_poll: PollGate) -> None:
         """Ask ``may_poll`` before each poll (and the confirming poll at stop); set before :meth:`Adapter.start`."""
+
+
+class AdapterState(Protocol):
+    """What an adapter keeps between runs, in the gateway's store (shared by a cluster's instances, so a
+    takeover resumes where the last owner stopped): short named values (a sync token, a message's
+    buttons), and a directory of its own in the home for files that must stay on this machine (a
+    device's credentials, mode 0700)."""
+
+    directory: Path
+
+    async def get(self, name: str) -> str | None:
+        """The value last set under ``name``, or None."""
+
+    async def set(self, name: str, value: str) -> None:
+        """Keep ``value`` under ``name``; returns once it is stored."""
+
+
+@runtime_checkable
+class KeepsState(Protocol):
+    """An adapter that keeps state between runs (Matrix: its /sync token); told where before :meth:`Adapter.start`."""
+
+    def keep_state_in(self, state: AdapterState) -> None: ...
 
 
 @runtime_checkable

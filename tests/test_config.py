@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from adapters.discord.config import DiscordConfig
 from adapters.email.config import EmailConfig
+from adapters.matrix.config import MatrixConfig
 from adapters.slack.config import SlackConfig
 from adapters.telegram.config import TelegramConfig
 from adapters.webhook.config import WebhookConfig
@@ -38,6 +39,7 @@ MODEL_KEY = "sk-test-model-key-0000000000000"
 API_TOKEN = "api-token-for-tests-123"
 WEBHOOK_SECRET = "hook_secret-123"
 EMAIL_PASSWORD = "email-password-for-tests-42"
+MATRIX_TOKEN = "syt_matrix_token_for_tests_0001"
 
 FULL_ENV = {
     "TELEGRAM_BOT_TOKEN": TG_TOKEN,
@@ -51,8 +53,9 @@ FULL_ENV = {
     "EMAIL_USERNAME": "bot@example.com",
     "EMAIL_PASSWORD": EMAIL_PASSWORD,
     "EMAIL_SMTP_HOST": "smtp.example.com",
+    "MATRIX_ACCESS_TOKEN": MATRIX_TOKEN,
 }
-ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET, EMAIL_PASSWORD]
+ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET, EMAIL_PASSWORD, MATRIX_TOKEN]
 
 
 def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
@@ -78,6 +81,7 @@ def test_example_loads_with_no_environment_and_every_platform_off():
         "slack": "off: platforms.slack.bot_token is not set",
         "email": "off: platforms.email.imap_host is not set",
         "webhook": "off: platforms.webhook.hooks is empty",
+        "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)",
     }
     assert cfg.home == Path("~/.switchboard").expanduser()
     assert cfg.agent == "main"
@@ -112,7 +116,8 @@ def _documented_in_block(lines: list[str], i: int) -> bool:
 def test_example_with_tokens_in_the_environment_turns_platforms_on():
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on", "email": "on",
-                                       "webhook": "off: platforms.webhook.hooks is empty"}
+                                       "webhook": "off: platforms.webhook.hooks is empty",
+                                       "matrix": "on"}
     assert cfg.platforms.telegram.token == TG_TOKEN
     assert sorted(cfg.secrets()) == sorted(ALL_SECRETS)
 
@@ -336,9 +341,9 @@ MISTAKES = [
     ("duplicate key", "agent: a\nagent: b\n", {}, None, 'line 2, column 1: duplicate key "agent" (first set on line 1)'),
     ("not a mapping", "- a\n- b\n", {}, None, "must be a mapping of keys at the top level (got a list)"),
     ("unknown key", "platforms:\n  telgram: {}\n", {}, "platforms.telgram",
-     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email, webhook'),
-    ("platform not installed", "platforms:\n  matrix: {}\n", {}, "platforms.matrix",
-     'unknown key "matrix"; valid keys here: telegram, discord, slack, email, webhook (these are the installed platforms; '
+     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email, webhook, matrix'),
+    ("platform not installed", "platforms:\n  xmpp: {}\n", {}, "platforms.xmpp",
+     'unknown key "xmpp"; valid keys here: telegram, discord, slack, email, webhook, matrix (these are the installed platforms; '
      "a platform's settings come with its adapter package)"),
     ("unknown platform key", "platforms:\n  discord:\n    tokn: x\n", {}, "platforms.discord.tokn",
      'unknown key "tokn" (did you mean "token"?); valid keys here: enabled, allowed_users'),
@@ -447,7 +452,8 @@ def test_the_example_names_features_not_internal_documents():
 
 def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
     assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig,
-                                       "email": EmailConfig, "webhook": WebhookConfig}
+                                       "email": EmailConfig, "webhook": WebhookConfig,
+                                       "matrix": MatrixConfig}
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert type(cfg.platforms.telegram) is TelegramConfig
     assert type(cfg.platforms.discord) is DiscordConfig
@@ -470,19 +476,19 @@ def test_loading_the_config_does_not_load_the_platform_libraries():
     assert out.stdout.strip() == "[]"
 
 
-MATRIX_CONFIG = """
+XMPP_CONFIG = """
 from typing import ClassVar
 
 from gateway.config import HttpUrl, PlatformConfig, secret_field
 
 
-class MatrixConfig(PlatformConfig):
-    PLATFORM: ClassVar[str] = "matrix"
-    homeserver: HttpUrl = "https://matrix.org"
+class XmppConfig(PlatformConfig):
+    PLATFORM: ClassVar[str] = "xmpp"
+    homeserver: HttpUrl = "https://xmpp.example.org"
     access_token: str = secret_field()
 
     def credential_problem(self):
-        return None if self.access_token else "platforms.matrix.access_token is not set"
+        return None if self.access_token else "platforms.xmpp.access_token is not set"
 """
 
 
@@ -513,8 +519,8 @@ def site(tmp_path):
 
 
 @pytest.fixture
-def matrix_installed(site, monkeypatch):
-    _install_platform(site, monkeypatch, "matrix", MATRIX_CONFIG)
+def xmpp_installed(site, monkeypatch):
+    _install_platform(site, monkeypatch, "xmpp", XMPP_CONFIG)
 
 
 def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeypatch):
@@ -528,27 +534,27 @@ def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeyp
     ]
 
 
-def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installed):
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix"]
-    path = write(tmp_path, "platforms:\n  matrix:\n    homeserver: matrix.example.org\n")
+def test_an_installed_platform_brings_its_own_settings(tmp_path, xmpp_installed):
+    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix", "xmpp"]
+    path = write(tmp_path, "platforms:\n  xmpp:\n    homeserver: xmpp.example.org\n")
     result = cli("check", "--config", str(path))
     assert result.exit_code == 78
     assert result.stderr.splitlines() == [
-        f"error: {path}: platforms.matrix.homeserver: must be a URL starting with http:// or https:// "
-        '(got "matrix.example.org")'
+        f"error: {path}: platforms.xmpp.homeserver: must be a URL starting with http:// or https:// "
+        '(got "xmpp.example.org")'
     ]
 
-    token = "syt_matrix_secret_token_0001"
-    path = write(tmp_path, f"platforms:\n  matrix:\n    homeserver: https://m.example.org\n    access_token: {token}\n")
+    token = "xmpp_secret_token_0001"
+    path = write(tmp_path, f"platforms:\n  xmpp:\n    homeserver: https://m.example.org\n    access_token: {token}\n")
     cfg = load_config(path, env={})
-    assert cfg.platforms.matrix.homeserver == "https://m.example.org"
-    assert cfg.enabled_platforms()["matrix"] == "on"
-    assert load_config(write(tmp_path, "", "empty.yaml"), env={}).enabled_platforms()["matrix"] == (
-        "off: platforms.matrix.access_token is not set")
+    assert cfg.platforms.xmpp.homeserver == "https://m.example.org"
+    assert cfg.enabled_platforms()["xmpp"] == "on"
+    assert load_config(write(tmp_path, "", "empty.yaml"), env={}).enabled_platforms()["xmpp"] == (
+        "off: platforms.xmpp.access_token is not set")
     result = cli("show", "--json", "--config", str(path))
     assert result.exit_code == 0, result.output
     assert token not in result.stdout
-    assert json.loads(result.stdout)["platforms"]["matrix"] == {
+    assert json.loads(result.stdout)["platforms"]["xmpp"] == {
         "enabled": True, "allowed_users": [], "require_mention": True, "free_response_channels": [],
         "stall_timeout_seconds": 120.0, "homeserver": "https://m.example.org", "access_token": "***",
         "streaming": {"enabled": None, "edit_interval_seconds": None},
@@ -568,6 +574,7 @@ def test_check_reports_platform_states(tmp_path):
         "  slack: off: platforms.slack.bot_token is not set",
         "  email: off: platforms.email.imap_host is not set",
         "  webhook: off: platforms.webhook.hooks is empty",
+        "  matrix: off: platforms.matrix.access_token is not set (or a password with user_id)",
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
         "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
         "are compressed early. Set model.context_length in the config to the model's real window",
@@ -583,7 +590,8 @@ def test_check_json_has_one_shape(tmp_path):
         "platforms": {"telegram": "on", "discord": "off: platforms.discord.token is not set",
                       "slack": "off: platforms.slack.bot_token is not set",
                       "email": "off: platforms.email.imap_host is not set",
-                      "webhook": "off: platforms.webhook.hooks is empty"},
+                      "webhook": "off: platforms.webhook.hooks is empty",
+                      "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)"},
         "warnings": [],
     }
     bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
@@ -612,6 +620,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
     assert data["platforms"]["discord"]["token"] == "***"
     assert data["platforms"]["slack"]["bot_token"] == "***"
     assert data["platforms"]["slack"]["app_token"] == "***"
+    assert data["platforms"]["matrix"]["access_token"] == "***"
     assert data["platforms"]["slack"]["signing_secret"] == ""  # unset stays visibly unset
     assert data["model"]["api_key"] == "***"
     assert data["api"]["token"] == "***"
@@ -619,7 +628,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
         "mode": "both",
         "idle_minutes": 1440,
         "at_hour": 4,
-        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None},
+        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None, "matrix": None},
         "by_type": {"dm": None, "group": None, "thread": None, "channel": None},
     }
 

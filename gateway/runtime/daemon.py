@@ -74,6 +74,7 @@ from gateway.types import (
     ChatRef,
     GatedPolling,
     InboundMessage,
+    KeepsState,
     PlatformStatus,
     SendingOnly,
     SignedInbound,
@@ -420,6 +421,10 @@ class Gateway:
     def _run_adapter(self, name: str, adapter: Adapter) -> None:
         if isinstance(adapter, SignedInbound):  # a replay is refused by every instance on the store
             adapter.use_replay_ledger(self.db.replays)
+        if isinstance(adapter, KeepsState):  # its sync token and the like, in the store a takeover reads
+            from gateway.runtime.adapter_state import StoredAdapterState
+
+            adapter.keep_state_in(StoredAdapterState(self.db, name, self.config.home))
         self.platforms.add(name, adapter)
         self.platforms_off.pop(name, None)
         key = None
