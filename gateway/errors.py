@@ -25,6 +25,8 @@
     ├── ApiError                     gateway/runtime/api_request.py: a request the local API
     │                                refuses, answered as OpenAI-shaped JSON (status, type, code,
     │                                param); never leaves the API's request handling
+    ├── RpcError                     gateway/runtime/a2a_wire.py: an A2A JSON-RPC error answered to
+    │                                the caller (.code, .status); never leaves the A2A endpoint
     ├── BudgetExceeded               a spend budget is used up: no model call was made (.state:
     │                                the rule, what it spent, when it resets)
     ├── GatewayClosing               the gateway is shutting down and takes no new message;
@@ -46,7 +48,7 @@
 
 Every class is defined in this module and exported from ``gateway``, except
 ``KeyedError``, which is internal to the config loader
-(``gateway/_config_load.py``), ``ApiError``, internal to the local API, and ``AttachError``, internal to
+(``gateway/_config_load.py``), ``ApiError``, internal to the local API, ``RpcError``, internal to the A2A endpoint, and ``AttachError``, internal to
 the terminal chat.  The modules that raise them import them from
 here, and the old names still work: ``gateway.router.GatewayClosing``,
 ``gateway.runtime.systemd.ServiceError``, ``gateway.runtime.backup.BackupError``,

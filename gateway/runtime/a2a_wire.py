@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from gateway.errors import SwitchboardError
+
 MAX_TEXT = 200_000  # characters of one message's text parts together
 STATES = {"working": "TASK_STATE_WORKING", "completed": "TASK_STATE_COMPLETED", "failed": "TASK_STATE_FAILED",
           "canceled": "TASK_STATE_CANCELED"}
 ARTIFACT_ID = "answer"
 
 
-class RpcError(Exception):
+class RpcError(SwitchboardError):
     """A JSON-RPC error answered to the caller (the code is the protocol's: -32001 task not found ...)."""
 
     def __init__(self, code: int, message: str, *, status: int = 200):
