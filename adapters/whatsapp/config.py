@@ -1,0 +1,63 @@
+"""``platforms.whatsapp``: the Cloud API's access token and phone number id, the app secret that signs
+webhooks, the verify token of the handshake, where the webhook listens, and the template sent outside
+the 24-hour customer-service window.
+
+Published to the gateway under the ``switchboard.adapter_configs`` entry point;
+``config.example.yaml`` documents every key.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config import HttpUrl, KeyedError, OptionalText, PlatformConfig, describe, secret_field
+from gateway.types import Capabilities
+
+__all__ = ["WhatsAppConfig"]
+
+
+class WhatsAppConfig(PlatformConfig):
+    PLATFORM: ClassVar[str] = "whatsapp"
+    # 4,096 characters a text message; no edits, no threads, no groups in the Cloud API; up to three
+    # reply buttons; reactions; a typing indicator with the read receipt; files and voice notes.
+    # Meta's pair rate: a burst, then one message every 6 seconds to one user (error 131056 past it).
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        edits=False, threads=False, buttons=True, typing=True, reactions=True, files=True, voice=True,
+        groups=False, max_message_length=4096, chat_rate=1 / 6, chat_burst=20)
+    access_token: str = secret_field()  # a system user's permanent token (whatsapp_business_messaging)
+    phone_number_id: str = ""  # the business phone number's id (WhatsApp Manager > API setup)
+    app_secret: str = secret_field()  # the Meta app's secret: every webhook POST is signed with it
+    verify_token: str = secret_field()  # any string you choose, typed again in the app's webhook settings
+    api_base_url: HttpUrl = "https://graph.facebook.com/v21.0"
+    webhook_listen: str = "127.0.0.1"  # put a TLS reverse proxy in front: Meta calls https only
+    webhook_port: int = Field(8444, ge=0, le=65535)
+    webhook_path: str = "/whatsapp/webhook"
+    # an approved message template sent instead of a reply outside the 24-hour window (unset: the
+    # reply fails with that reason, plainly); its one body parameter is the start of the reply
+    template_name: OptionalText = None
+    template_language: str = "en"
+
+    @field_validator("webhook_path")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f'must start with "/", like /whatsapp/webhook (got {describe(value)})')
+        return value
+
+    @model_validator(mode="after")
+    def _half_configured(self) -> WhatsAppConfig:
+        if not self.enabled or not self.access_token:
+            return self
+        for key, how in (("phone_number_id", "the business number's id from WhatsApp Manager > API setup"),
+                         ("app_secret", "the app secret from App settings > Basic: every webhook is checked "
+                                        "against it, and nothing unsigned is accepted"),
+                         ("verify_token", "any long random string (openssl rand -hex 32), entered again as "
+                                          "the webhook's Verify token in the app dashboard")):
+            if not getattr(self, key):
+                raise KeyedError(key, f"is not set but access_token is; set {how}")
+        return self
+
+    def credential_problem(self) -> str | None:
+        return None if self.access_token else "platforms.whatsapp.access_token is not set"
