@@ -110,6 +110,8 @@ class Outbound:
                     wamid = await self._call(chat, message)
                 except OutsideWindow:
                     return await self._outside_window(chat, text, progress)
+                except TokenRefused:
+                    raise  # _guarded says so, once for every send
                 except GraphError as exc:
                     return self._refused(chat, progress, f"part {index + 1}/{len(parts)} not delivered: "
                                                          f"WhatsApp {exc.description}")
@@ -140,6 +142,8 @@ class Outbound:
             "components": [{"type": "body", "parameters": [{"type": "text", "text": summary}]}]}}
         try:
             wamid = await self._call(chat, message)
+        except TokenRefused:
+            raise
         except GraphError as exc:
             return self._refused(chat, progress, f"outside the 24-hour window, and the template {name!r} was "
                                                  f"refused too: WhatsApp {exc.description}")
@@ -168,6 +172,8 @@ class Outbound:
                 wamid = await self._call(chat, message)
             except OutsideWindow:
                 return Delivery(ok=False, error=window_closed(chat.chat_id))
+            except TokenRefused:
+                raise
             except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
                 return self._refused(chat, SendProgress(), f"WhatsApp {getattr(exc, 'description', exc)}")
             self.buttons_sent[wamid] = tuple(b.command for b in buttons)
@@ -183,6 +189,8 @@ class Outbound:
             try:
                 wamid = await self._call(chat, {"type": "reaction",
                                                 "reaction": {"message_id": message_id, "emoji": emoji}})
+            except TokenRefused:
+                raise
             except Exception as exc:  # noqa: BLE001 - reported in the Delivery, never raised
                 return Delivery(ok=False, error=f"reaction not sent: {getattr(exc, 'description', exc)}")
             return Delivery(ok=True, message_ids=(wamid,))

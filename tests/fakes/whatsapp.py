@@ -68,6 +68,7 @@ class FakeWhatsApp:
         self.phone_number_id = phone_number_id
         self.window_seconds = 24 * 3600.0
         self.pair_burst = 45
+        self.pair_interval = PAIR_INTERVAL
         self.templates = {"reply_later"}  # the approved templates' names
         self.calls: list[Call] = []
         self.sent: list[dict] = []  # accepted messages: {"id", "to", "type", ..., "at"}
@@ -176,7 +177,7 @@ class FakeWhatsApp:
     def _pair_allows(self, to: str) -> bool:
         now = time.monotonic()
         tokens, at = self._pair.get(to, (float(self.pair_burst), now))
-        tokens = min(float(self.pair_burst), tokens + (now - at) / PAIR_INTERVAL)
+        tokens = min(float(self.pair_burst), tokens + (now - at) / self.pair_interval)
         if tokens < 1:
             self._pair[to] = (tokens, now)
             return False
