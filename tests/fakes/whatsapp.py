@@ -88,6 +88,7 @@ class FakeWhatsApp:
         self._client: aiohttp.ClientSession | None = None
         self.base_url = ""
         self.delivering = False
+        self.on_sent: Any = None  # called with each accepted message (the bench times replies by it)
 
     # -- lifecycle
 
@@ -218,6 +219,8 @@ class FakeWhatsApp:
             return self._error(400, 131056, "(#131056) (Business Account, Consumer Account) pair rate limit hit")
         wamid = f"wamid.OUT{next(self._ids)}"
         self.sent.append(dict(body, id=wamid, at=time.monotonic()))
+        if self.on_sent is not None:
+            self.on_sent(self.sent[-1])
         return web.json_response({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}],
                                   "messages": [{"id": wamid}]})
 
@@ -285,13 +288,23 @@ class FakeWhatsApp:
         contacts = [{"profile": {"name": name or wa_id}, "wa_id": wa_id}]
         return self._envelope({"contacts": contacts, "messages": [item]})
 
-    def push(self, payload: dict) -> dict:
-        """Deliver ``payload`` (signed, in order, again until answered 200); a message opens its sender's window."""
+    def opened(self, payload: dict) -> None:
+        """The senders of ``payload``'s messages have written now (their 24-hour windows open)."""
         for entry in (payload.get("entry") if isinstance(payload, dict) else None) or []:
             for change in entry.get("changes") or []:
                 for item in (change.get("value") or {}).get("messages") or []:
                     if isinstance(item, dict) and isinstance(item.get("from"), str):
                         self.last_wrote[item["from"]] = time.time()
+
+    def signed(self, payload: dict) -> tuple[bytes, dict[str, str]]:
+        """``payload``'s body and headers as Meta would POST them."""
+        self.opened(payload)
+        body = json.dumps(payload).encode()
+        return body, {"Content-Type": "application/json", "X-Hub-Signature-256": sign(self.app_secret, body)}
+
+    def push(self, payload: dict) -> dict:
+        """Deliver ``payload`` (signed, in order, again until answered 200); a message opens its sender's window."""
+        self.opened(payload)
         self._queue.put_nowait(payload)
         return payload
 
@@ -323,8 +336,7 @@ class FakeWhatsApp:
     async def _deliver_all(self) -> None:
         while True:
             payload = await self._queue.get()
-            body = json.dumps(payload).encode()
-            headers = {"Content-Type": "application/json", "X-Hub-Signature-256": sign(self.app_secret, body)}
+            body, headers = self.signed(payload)
             while True:
                 self.delivering = True
                 status = None
