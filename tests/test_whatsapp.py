@@ -152,3 +152,20 @@ async def test_buttons_a_thumbs_up_on_them_and_the_typing_receipt():
     assert wa.button_ids(wa.to(ANN)[0]) == ["/approve 3f9a", "/deny 3f9a"]
     assert [r["message_id"] for r in wa.reads] == [got[0].message_id] and wa.reads[0]["typing_indicator"]
     assert four.ok and wa.texts_to(ANN)[-1] == "pick\n\n0: /approve 0\n1: /approve 1\n2: /approve 2\n3: /approve 3"
+
+
+async def test_doctor_asks_the_graph_api_with_the_token_and_never_prints_it(tmp_path):
+    from tests.fakes.model_server import FakeModel
+    from tests.test_doctor import doctor, line, write_config
+
+    async with FakeModel(model_name="fake-model") as model, FakeWhatsApp() as wa:
+        settings = {"access_token": wa.token, "phone_number_id": wa.phone_number_id, "app_secret": wa.app_secret,
+                    "verify_token": wa.verify_token, "api_base_url": wa.base_url}
+        good = write_config(tmp_path, model={"base_url": model.base_url, "name": "fake-model"},
+                            platforms={"whatsapp": settings})
+        _, ok = await doctor(good)
+        wa.token = "rotated"
+        _, refused = await doctor(good)
+    assert line(ok, "whatsapp") == "✓ whatsapp: token valid (+1 555-0100)", ok
+    assert line(refused, "whatsapp").startswith("✗ whatsapp: the token was refused (HTTP 401)"), refused
+    assert settings["access_token"] not in ok + refused

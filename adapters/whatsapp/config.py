@@ -61,3 +61,22 @@ class WhatsAppConfig(PlatformConfig):
 
     def credential_problem(self) -> str | None:
         return None if self.access_token else "platforms.whatsapp.access_token is not set"
+
+    async def probe(self, timeout: float) -> tuple[bool, str, str]:
+        """``switchboard doctor``: the phone number's own record, read with the access token."""
+        import aiohttp
+
+        url = f"{self.api_base_url.rstrip('/')}/{self.phone_number_id}"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
+                async with http.get(url, params={"fields": "display_phone_number"},
+                                    headers={"Authorization": f"Bearer {self.access_token}"}) as r:
+                    body = await r.json(content_type=None)
+                    status = r.status
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return False, f"cannot reach the Graph API: {type(exc).__name__}", "check platforms.whatsapp.api_base_url and the network"
+        number = body.get("display_phone_number") if isinstance(body, dict) else None
+        if status == 200 and number:
+            return True, f"token valid ({number})", ""
+        return (False, f"the token was refused (HTTP {status})",
+                "set platforms.whatsapp.access_token to a system user's token, and phone_number_id to the number's id")
