@@ -26,7 +26,7 @@ __all__ = ["ADAPTERS", "ADAPTER_CONFIGS", "BUILT_IN", "OTHER_SOURCES", "in_platf
 ADAPTERS = "switchboard.adapters"
 ADAPTER_CONFIGS = "switchboard.adapter_configs"
 # The platforms that ship with Switchboard, in the order they are listed everywhere.
-BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack", "email", "webhook", "whatsapp")
+BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack", "email", "webhook", "whatsapp", "signal")
 # Where a session comes from besides a platform: the local API, `switchboard chat`, a cron run.
 OTHER_SOURCES: tuple[str, ...] = ("api", "cli", "cron")
 

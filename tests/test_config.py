@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from adapters.discord.config import DiscordConfig
 from adapters.email.config import EmailConfig
+from adapters.signal.config import SignalConfig
 from adapters.slack.config import SlackConfig
 from adapters.telegram.config import TelegramConfig
 from adapters.webhook.config import WebhookConfig
@@ -53,6 +54,7 @@ FULL_ENV = {
     "WHATSAPP_PHONE_NUMBER_ID": "106540352242922",
     "WHATSAPP_APP_SECRET": WA_SECRET,
     "WHATSAPP_VERIFY_TOKEN": WA_VERIFY,
+    "SIGNAL_ACCOUNT": "+4915112345678",
     "SWITCHBOARD_MODEL_KEY": MODEL_KEY,
     "SWITCHBOARD_API_TOKEN": API_TOKEN,
     "EMAIL_IMAP_HOST": "imap.example.com",
@@ -88,6 +90,7 @@ def test_example_loads_with_no_environment_and_every_platform_off():
         "email": "off: platforms.email.imap_host is not set",
         "webhook": "off: platforms.webhook.hooks is empty",
         "whatsapp": "off: platforms.whatsapp.access_token is not set",
+        "signal": "off: platforms.signal.account is not set",
     }
     assert cfg.home == Path("~/.switchboard").expanduser()
     assert cfg.agent == "main"
@@ -123,7 +126,7 @@ def test_example_with_tokens_in_the_environment_turns_platforms_on():
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on", "email": "on",
                                        "webhook": "off: platforms.webhook.hooks is empty",
-                                       "whatsapp": "on"}
+                                       "whatsapp": "on", "signal": "on"}
     assert cfg.platforms.telegram.token == TG_TOKEN
     assert sorted(cfg.secrets()) == sorted(ALL_SECRETS)
 
@@ -349,7 +352,7 @@ MISTAKES = [
     ("unknown key", "platforms:\n  telgram: {}\n", {}, "platforms.telgram",
      'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email, webhook'),
     ("platform not installed", "platforms:\n  matrix: {}\n", {}, "platforms.matrix",
-     'unknown key "matrix"; valid keys here: telegram, discord, slack, email, webhook, whatsapp (these are the installed platforms; '
+     'unknown key "matrix"; valid keys here: telegram, discord, slack, email, webhook, whatsapp, signal (these are the installed platforms; '
      "a platform's settings come with its adapter package)"),
     ("unknown platform key", "platforms:\n  discord:\n    tokn: x\n", {}, "platforms.discord.tokn",
      'unknown key "tokn" (did you mean "token"?); valid keys here: enabled, allowed_users'),
@@ -459,7 +462,7 @@ def test_the_example_names_features_not_internal_documents():
 def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
     assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig,
                                        "email": EmailConfig, "webhook": WebhookConfig,
-                                       "whatsapp": WhatsAppConfig}
+                                       "whatsapp": WhatsAppConfig, "signal": SignalConfig}
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert type(cfg.platforms.telegram) is TelegramConfig
     assert type(cfg.platforms.discord) is DiscordConfig
@@ -541,7 +544,7 @@ def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeyp
 
 
 def test_an_installed_platform_brings_its_own_settings(tmp_path, matrix_installed):
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "whatsapp", "matrix"]
+    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "whatsapp", "signal", "matrix"]
     path = write(tmp_path, "platforms:\n  matrix:\n    homeserver: matrix.example.org\n")
     result = cli("check", "--config", str(path))
     assert result.exit_code == 78
@@ -581,6 +584,7 @@ def test_check_reports_platform_states(tmp_path):
         "  email: off: platforms.email.imap_host is not set",
         "  webhook: off: platforms.webhook.hooks is empty",
         "  whatsapp: off: platforms.whatsapp.access_token is not set",
+        "  signal: off: platforms.signal.account is not set",
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
         "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
         "are compressed early. Set model.context_length in the config to the model's real window",
@@ -597,7 +601,8 @@ def test_check_json_has_one_shape(tmp_path):
                       "slack": "off: platforms.slack.bot_token is not set",
                       "email": "off: platforms.email.imap_host is not set",
                       "webhook": "off: platforms.webhook.hooks is empty",
-                      "whatsapp": "off: platforms.whatsapp.access_token is not set"},
+                      "whatsapp": "off: platforms.whatsapp.access_token is not set",
+                      "signal": "off: platforms.signal.account is not set"},
         "warnings": [],
     }
     bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
@@ -633,7 +638,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
         "mode": "both",
         "idle_minutes": 1440,
         "at_hour": 4,
-        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None, "whatsapp": None},
+        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None, "whatsapp": None, "signal": None},
         "by_type": {"dm": None, "group": None, "thread": None, "channel": None},
     }
 

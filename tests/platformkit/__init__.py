@@ -33,6 +33,7 @@ BUILT_IN_FAKES = {
     "email": "tests.platformkit.email:EmailKit",
     "webhook": "tests.platformkit.webhook:WebhookKit",
     "whatsapp": "tests.platformkit.whatsapp:WhatsAppKit",
+    "signal": "tests.platformkit.signal:SignalKit",
 }
 
 
