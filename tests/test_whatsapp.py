@@ -169,3 +169,12 @@ async def test_doctor_asks_the_graph_api_with_the_token_and_never_prints_it(tmp_
     assert line(ok, "whatsapp") == "✓ whatsapp: token valid (+1 555-0100)", ok
     assert line(refused, "whatsapp").startswith("✗ whatsapp: the token was refused (HTTP 401)"), refused
     assert settings["access_token"] not in ok + refused
+
+
+def test_markdown_becomes_whatsapps_own_marks():
+    from adapters.whatsapp.format import to_whatsapp
+
+    assert to_whatsapp("**Bold**, *italic*, ~~gone~~ and `code`") == "*Bold*, _italic_, ~gone~ and `code`"
+    assert to_whatsapp("# Title\n\nsee [the docs](https://example.org/docs)") == \
+        "*Title*\n\nsee the docs (https://example.org/docs)"
+    assert to_whatsapp("> quoted\n\n- one\n- two") == "> quoted\n\n• one\n• two"
