@@ -12,6 +12,7 @@ import time
 from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 
 from adapters.whatsapp import WhatsAppAdapter
 from gateway.types import Button, ChatRef, InboundMessage
@@ -178,3 +179,16 @@ def test_markdown_becomes_whatsapps_own_marks():
     assert to_whatsapp("# Title\n\nsee [the docs](https://example.org/docs)") == \
         "*Title*\n\nsee the docs (https://example.org/docs)"
     assert to_whatsapp("> quoted\n\n- one\n- two") == "> quoted\n\n• one\n• two"
+
+
+async def test_a_token_refused_at_start_is_not_retried_and_names_the_key():
+    from gateway.errors import TokenRejected
+
+    async with FakeWhatsApp() as wa:
+        adapter = WhatsAppAdapter(access_token="EAAG-revoked", phone_number_id=wa.phone_number_id,
+                                  app_secret=wa.app_secret, verify_token=wa.verify_token, api_base_url=wa.base_url,
+                                  webhook_port=0)
+        with pytest.raises(TokenRejected) as info:
+            await adapter.start(lambda m: None)  # type: ignore[arg-type]
+    assert info.value.key == "platforms.whatsapp.access_token" and "EAAG-revoked" not in str(info.value)
+    assert adapter.webhook_local_url is None  # nothing listens for a number it cannot answer from

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
-from gateway.errors import AdapterError
+from gateway.errors import AdapterError, TokenRejected
 from gateway.types import (
     AdapterHealth,
     Attachment,
@@ -52,7 +52,9 @@ from .webhook import WebhookEndpoint, WebhookServer
 
 log = logging.getLogger(__name__)
 
-APPROVING = ("👍", "✅")  # a reaction on one of our button messages that presses its first button
+APPROVING = ("👍", "✅")
+BAD_TOKEN_HELP = ("generate a system user's permanent token with whatsapp_business_messaging (Business Settings > "
+                  "System users), and check phone_number_id is the number's id from WhatsApp Manager > API setup")  # a reaction on one of our button messages that presses its first button
 _SEEN = 20_000
 _STATUSES = 10_000
 
@@ -131,10 +133,11 @@ class WhatsAppAdapter:
         await self._graph.open()
         try:
             me = await self._graph.me()
-        except TokenRefused as exc:
+        except TokenRefused as exc:  # retrying cannot help: the daemon stops trying until a reload
             await self._graph.close()
-            self._fail(f"WhatsApp rejected the access token ({exc.description}): set platforms.whatsapp."
-                       "access_token to a system user's token with whatsapp_business_messaging")
+            self._health.state = "failed"
+            self._health.last_error = f"WhatsApp rejected the access token ({exc.description})"
+            raise TokenRejected(PLATFORM, "platforms.whatsapp.access_token", BAD_TOKEN_HELP) from None
         except (GraphError, OSError, asyncio.TimeoutError) as exc:
             await self._graph.close()
             self._fail(f"could not reach the Graph API at {self._graph.host}: {exc}")
