@@ -7,8 +7,8 @@
 Errors:
 
     SignalError           signal-cli answered a JSON-RPC error (``code``, its message kept)
-    ├── Throttled         Signal's rate limit (a RATE_LIMIT_FAILURE result, or HTTP 429): waited out
-    └── Unavailable       signal-cli did not answer (down, restarting, HTTP 5xx): retried
+    ├── SignalThrottled   Signal's rate limit (a RATE_LIMIT_FAILURE result, or HTTP 429): waited out
+    └── SignalUnavailable signal-cli did not answer (down, restarting, HTTP 5xx): retried
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ class SignalError(AdapterError):
         super().__init__(f"signal-cli {method}: {message}" + (f" (error {code})" if code is not None else ""))
 
 
-class Throttled(SignalError):
+class SignalThrottled(SignalError):
     """Signal asked us to slow down."""
 
 
-class Unavailable(SignalError):
+class SignalUnavailable(SignalError):
     """signal-cli did not answer (not running, restarting, or failing)."""
 
 
@@ -49,9 +49,9 @@ def _throttle(result: Any) -> float | None:
 
 
 def retryable(exc: BaseException) -> float | None:
-    if isinstance(exc, Throttled):
+    if isinstance(exc, SignalThrottled):
         return exc.retry_after or 1.0
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, SignalUnavailable):
         return 0.0
     return None
 
@@ -88,12 +88,12 @@ class Rpc:
         try:
             async with self.session.post(f"{self.base_url}/api/v1/rpc", json=request) as response:
                 if response.status == 429:
-                    raise Throttled(method, 429, "rate limited", 1.0)
+                    raise SignalThrottled(method, 429, "rate limited", 1.0)
                 if response.status >= 500:
-                    raise Unavailable(method, response.status, f"HTTP {response.status}")
+                    raise SignalUnavailable(method, response.status, f"HTTP {response.status}")
                 body = await response.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            raise Unavailable(method, None, f"no answer from {self.base_url} ({type(exc).__name__})") from None
+            raise SignalUnavailable(method, None, f"no answer from {self.base_url} ({type(exc).__name__})") from None
         if not isinstance(body, dict):
             raise SignalError(method, None, "the answer is not a JSON-RPC object")
         error = body.get("error")
@@ -102,10 +102,10 @@ class Rpc:
             data = error.get("data") if isinstance(error.get("data"), dict) else {}
             wait = _throttle((data.get("response") if isinstance(data, dict) else None) or {})
             if wait is not None or "rate limit" in message.lower():
-                raise Throttled(method, error.get("code"), message, wait or 1.0)
+                raise SignalThrottled(method, error.get("code"), message, wait or 1.0)
             raise SignalError(method, error.get("code") if isinstance(error.get("code"), int) else None, message)
         result = body.get("result")
         wait = _throttle(result)
         if wait is not None:
-            raise Throttled(method, None, "rate limited by Signal", wait)
+            raise SignalThrottled(method, None, "rate limited by Signal", wait)
         return result
