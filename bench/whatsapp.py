@@ -86,12 +86,12 @@ async def start_gateway(home: Path, model_port: int, wa: FakeWhatsApp, port: int
         "home": str(home),
         "model": {"base_url": f"http://127.0.0.1:{model_port}/v1", "name": "fake", "api_key": "x",
                   "max_concurrent_calls": 256, "context_length": 32768},
-        "api": {"port": 0},
+        "api": {"port": port},  # Meta's webhook lands on the local API's /whatsapp/webhook
         "auth": {"allowed_users": [f"whatsapp:{s}" for s in senders]},
         "logging": {"level": "WARNING", "format": "json"},
         "platforms": {"whatsapp": {"access_token": wa.token, "phone_number_id": wa.phone_number_id,
                                    "app_secret": wa.app_secret, "verify_token": wa.verify_token,
-                                   "api_base_url": wa.base_url, "webhook_port": port}},
+                                   "api_base_url": wa.base_url}},
     }))
     sock_path = home.parent / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -345,11 +345,13 @@ class HttpRequest:
 
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
-    """The adapter's answer: ``body`` is sent as JSON."""
+    """The adapter's answer: ``body`` is sent as JSON, or ``text`` as text/plain when it is set (a
+    handshake that must echo a value back byte for byte, as WhatsApp's ``hub.challenge``)."""
 
     status: int
     body: dict
     headers: dict[str, str] = field(default_factory=dict)
+    text: str | None = None
 
 
 class ReplayLedger(Protocol):

@@ -13,12 +13,31 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from adapters.whatsapp import WhatsAppAdapter
+from gateway.runtime.platform_http import PlatformHttp
 from gateway.types import Button, ChatRef, InboundMessage
 from tests.fakes.whatsapp import FakeWhatsApp, sign
 
 ANN = "4915100000001"
+
+
+@asynccontextmanager
+async def serving(adapter: WhatsAppAdapter):
+    """The daemon's own mounting of the platforms' paths (gateway.runtime.platform_http) on a server at
+    port 0, handing /whatsapp/webhook to ``adapter``; yields the webhook's URL."""
+    app = web.Application()
+    PlatformHttp.installed(lambda name: adapter if name == "whatsapp" else None).mount(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/whatsapp/webhook"
+    finally:
+        await runner.cleanup()
 
 
 @asynccontextmanager
@@ -29,18 +48,20 @@ async def running(wa: FakeWhatsApp, **kw):
         got.append(message)
 
     adapter = WhatsAppAdapter(access_token=wa.token, phone_number_id=wa.phone_number_id, app_secret=wa.app_secret,
-                              verify_token=wa.verify_token, api_base_url=wa.base_url, webhook_port=0, **kw)
-    await adapter.start(handler)
-    wa.webhook_url = adapter.webhook_local_url
-    try:
-        yield adapter, got
-    finally:
-        await adapter.stop()
+                              verify_token=wa.verify_token, api_base_url=wa.base_url, **kw)
+    async with serving(adapter) as url:
+        await adapter.start(handler)
+        wa.webhook_url = url
+        try:
+            yield adapter, got
+        finally:
+            await adapter.stop()
 
 
 async def test_the_verification_handshake_answers_the_challenge_only_to_our_verify_token():
     async with FakeWhatsApp() as wa, running(wa) as (adapter, _), aiohttp.ClientSession() as http:
-        url = adapter.webhook_local_url
+        assert wa.webhook_url
+        url = wa.webhook_url
         ok = {"hub.mode": "subscribe", "hub.verify_token": wa.verify_token, "hub.challenge": "1158201444"}
         async with http.get(url, params=ok) as r:
             assert (r.status, await r.text()) == (200, "1158201444")
@@ -186,9 +207,12 @@ async def test_a_token_refused_at_start_is_not_retried_and_names_the_key():
 
     async with FakeWhatsApp() as wa:
         adapter = WhatsAppAdapter(access_token="EAAG-revoked", phone_number_id=wa.phone_number_id,
-                                  app_secret=wa.app_secret, verify_token=wa.verify_token, api_base_url=wa.base_url,
-                                  webhook_port=0)
-        with pytest.raises(TokenRejected) as info:
-            await adapter.start(lambda m: None)  # type: ignore[arg-type]
+                                  app_secret=wa.app_secret, verify_token=wa.verify_token, api_base_url=wa.base_url)
+        async with serving(adapter) as url:
+            with pytest.raises(TokenRejected) as info:
+                await adapter.start(lambda m: None)  # type: ignore[arg-type]
+            wa.webhook_url = url
+            body = json.dumps(wa.message(ANN, "text", {"body": "hello"})).encode()
+            # nothing is taken for a number it cannot answer from: Meta is told to deliver it again later
+            assert await wa.post(body, {"X-Hub-Signature-256": sign(wa.app_secret, body)}) == 503
     assert info.value.key == "platforms.whatsapp.access_token" and "EAAG-revoked" not in str(info.value)
-    assert adapter.webhook_local_url is None  # nothing listens for a number it cannot answer from

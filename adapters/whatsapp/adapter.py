@@ -1,12 +1,15 @@
 """The WhatsApp adapter: Meta's Cloud API webhook in, the Graph API out.
 
     adapter = WhatsAppAdapter(access_token="EAAG...", phone_number_id="1234", app_secret="...",
-                              verify_token="...", webhook_port=8444)
-    await adapter.start(handler)   # checks the token (GET /<phone number id>), then listens for webhooks
+                              verify_token="...")
+    await adapter.start(handler)   # checks the token (GET /<phone number id>), then takes webhooks
+    await adapter.handle_http(request)   # the local API's /whatsapp/webhook (gateway.runtime.platform_http)
     await adapter.send(ChatRef("whatsapp", "4915112345678"), "**hi**", reply_to="wamid...")
     await adapter.stop()
 
-Inbound: a POST is answered 200 only once every message in it is stored (the handler returned), so a
+Inbound: Meta's webhook reaches the daemon's local API at ``/whatsapp/webhook`` (one listener for
+every platform's paths; put a TLS reverse proxy in front of it, Meta calls https only), which hands
+each request to :meth:`WhatsAppAdapter.handle_http`.  A POST is answered 200 only once every message in it is stored (the handler returned), so a
 crash before then is retried by Meta and nothing is lost; the store keeps one message per id, so a
 retry (or the same webhook reaching another instance of a cluster) is stored once.  Messages seen
 recently are skipped before their files are downloaded again.  An event that fails
@@ -39,6 +42,8 @@ from gateway.types import (
     DeadLetterHandler,
     Delivery,
     FailedEvents,
+    HttpRequest,
+    HttpResponse,
     InboundHandler,
     InboundMessage,
     MediaLimits,
@@ -48,7 +53,7 @@ from gateway.types import (
 from .events import PLATFORM, Incoming, MediaRef, Status, read_payload
 from .graph import Graph, GraphError, TokenRefused
 from .outbound import Outbound
-from .webhook import WebhookEndpoint, WebhookServer
+from .webhook import WebhookEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +70,7 @@ class WhatsAppAdapter:
     platform = PLATFORM
 
     def __init__(self, *, access_token: str, phone_number_id: str, app_secret: str, verify_token: str,
-                 api_base_url: str = "https://graph.facebook.com/v21.0", webhook_listen: str = "127.0.0.1",
-                 webhook_port: int = 8444, webhook_path: str = "/whatsapp/webhook",
+                 api_base_url: str = "https://graph.facebook.com/v21.0",
                  template_name: str | None = None, template_language: str = "en",
                  media: MediaLimits | None = None, vision: bool = False):
         for key, value in (("access_token", access_token), ("phone_number_id", phone_number_id),
@@ -80,13 +84,12 @@ class WhatsAppAdapter:
                                   template=(template_name, template_language) if template_name else None,
                                   on_token_refused=self._token_was_refused)
         self._endpoint = WebhookEndpoint(app_secret=app_secret, verify_token=verify_token, deliver=self._deliver)
-        self._listen = (webhook_listen, webhook_port, webhook_path)
         self._media = media or MediaLimits()
         self._vision = vision
         self._health = AdapterHealth(platform=PLATFORM)
         self._handler: InboundHandler | None = None
         self._failed = FailedEvents(PLATFORM, None)
-        self._server: WebhookServer | None = None
+        self._started = False
         self._seen: OrderedDict[str, None] = OrderedDict()  # message ids already stored
         self._latest: dict[str, str] = {}  # wa_id -> the newest message id (what typing marks read)
         self.statuses: OrderedDict[str, Status] = OrderedDict()
@@ -100,15 +103,10 @@ class WhatsAppAdapter:
 
         return cls(access_token=secret("access_token"), phone_number_id=str(cfg.phone_number_id),
                    app_secret=secret("app_secret"), verify_token=secret("verify_token"),
-                   api_base_url=cfg.api_base_url, webhook_listen=cfg.webhook_listen, webhook_port=cfg.webhook_port,
-                   webhook_path=cfg.webhook_path, template_name=cfg.template_name,
+                   api_base_url=cfg.api_base_url, template_name=cfg.template_name,
                    template_language=cfg.template_language, media=media, vision=vision)
 
     # -- lifecycle ---------------------------------------------------------------------
-
-    @property
-    def webhook_local_url(self) -> str | None:
-        return self._server.local_url if self._server is not None else None
 
     @property
     def refused_webhooks(self) -> int:
@@ -125,7 +123,7 @@ class WhatsAppAdapter:
         await self._graph.open()
 
     async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
-        if self._server is not None:
+        if self._started:
             raise RuntimeError("WhatsAppAdapter is already started")
         self._handler = handler
         self._failed = FailedEvents(PLATFORM, dead_letter)
@@ -141,19 +139,13 @@ class WhatsAppAdapter:
         except (GraphError, OSError, asyncio.TimeoutError) as exc:
             await self._graph.close()
             self._fail(f"could not reach the Graph API at {self._graph.host}: {exc}")
-        host, port, path = self._listen
-        server = WebhookServer(self._endpoint, host=host, port=port, path=path)
-        try:
-            await server.start()
-        except OSError as exc:
-            await self._graph.close()
-            self._fail(f"could not listen for webhooks on {host}:{port}: {exc}")
-        self._server = server
+        self._started = True
         self._outbound.token_refused = None
         self._health.state = "connected"
         self._health.last_error = None
-        self._health.detail = f"{me.get('display_phone_number') or self._graph.phone_number_id} (webhook {path})"
-        log.info("whatsapp connected as %s; webhook on %s", me.get("display_phone_number"), server.local_url)
+        self._health.detail = f"{me.get('display_phone_number') or self._graph.phone_number_id} (webhook /whatsapp/webhook)"
+        log.info("whatsapp connected as %s; webhooks taken on the local API at /whatsapp/webhook",
+                 me.get("display_phone_number"))
 
     def _fail(self, reason: str) -> None:
         self._health.state = "failed"
@@ -162,13 +154,19 @@ class WhatsAppAdapter:
         raise AdapterError(f"whatsapp: {reason}")
 
     async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop()  # a webhook meanwhile fails; Meta retries it for up to 7 days
+        self._started = False  # a webhook meanwhile is answered 503; Meta retries it for up to 7 days
         await self._graph.close()
         self._health.state = "stopped"
 
     # -- inbound -------------------------------------------------------------------------
+
+    async def handle_http(self, request: HttpRequest) -> HttpResponse:
+        """The local API's ``/whatsapp/webhook`` (``gateway.types.HttpInbound``): the handshake answered
+        with the challenge as plain text, each POST's signature checked before anything is read."""
+        if request.method == "POST" and not self._started:
+            return HttpResponse(503, {}, {"Retry-After": "5"}, text="whatsapp is starting: deliver it again")
+        status, text = await self._endpoint.handle(request.method, request.query, request.headers, request.body)
+        return HttpResponse(status, {}, text=text)
 
     async def _deliver(self, payload: dict) -> bool:
         """Hand every message of one signed POST to the gateway; True once it may be answered 200."""

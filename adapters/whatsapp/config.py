@@ -1,6 +1,6 @@
 """``platforms.whatsapp``: the Cloud API's access token and phone number id, the app secret that signs
-webhooks, the verify token of the handshake, where the webhook listens, and the template sent outside
-the 24-hour customer-service window.
+webhooks, the verify token of the handshake, and the template sent outside
+the 24-hour customer-service window.  Meta's webhook is served by the local API at ``/whatsapp/webhook``.
 
 Published to the gateway under the ``switchboard.adapter_configs`` entry point;
 ``config.example.yaml`` documents every key.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import model_validator
 
-from gateway.config import HttpUrl, KeyedError, OptionalText, PlatformConfig, describe, secret_field
+from gateway.config import HttpUrl, KeyedError, OptionalText, PlatformConfig, secret_field
 from gateway.types import Capabilities
 
 __all__ = ["WhatsAppConfig"]
@@ -26,25 +26,18 @@ class WhatsAppConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=False, threads=False, buttons=True, typing=True, reactions=True, files=True, voice=True,
         groups=False, max_message_length=4096, chat_rate=1 / 6, chat_burst=20)
+    # Meta's webhook, on the local API's listener (gateway.runtime.platform_http mounts it); put a TLS
+    # reverse proxy in front of the API for this path, Meta calls https only
+    HTTP_PATHS: ClassVar[tuple[str, ...]] = ("/whatsapp/webhook",)
     access_token: str = secret_field()  # a system user's permanent token (whatsapp_business_messaging)
     phone_number_id: str = ""  # the business phone number's id (WhatsApp Manager > API setup)
     app_secret: str = secret_field()  # the Meta app's secret: every webhook POST is signed with it
     verify_token: str = secret_field()  # any string you choose, typed again in the app's webhook settings
     api_base_url: HttpUrl = "https://graph.facebook.com/v21.0"
-    webhook_listen: str = "127.0.0.1"  # put a TLS reverse proxy in front: Meta calls https only
-    webhook_port: int = Field(8444, ge=0, le=65535)
-    webhook_path: str = "/whatsapp/webhook"
     # an approved message template sent instead of a reply outside the 24-hour window (unset: the
     # reply fails with that reason, plainly); its one body parameter is the start of the reply
     template_name: OptionalText = None
     template_language: str = "en"
-
-    @field_validator("webhook_path")
-    @classmethod
-    def _absolute_path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f'must start with "/", like /whatsapp/webhook (got {describe(value)})')
-        return value
 
     @model_validator(mode="after")
     def _half_configured(self) -> WhatsAppConfig:

@@ -1,18 +1,16 @@
-"""The webhook Meta calls: the verification handshake and the signed POSTs, on our own listener.
+"""The webhook Meta calls: the verification handshake and the signed POSTs.
 
-    GET  <path>?hub.mode=subscribe&hub.verify_token=T&hub.challenge=C  -> 200 C   (T is ours) | 403
-    POST <path>  X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the raw body with the app secret>
+    GET  /whatsapp/webhook?hub.mode=subscribe&hub.verify_token=T&hub.challenge=C  -> 200 C (T is ours) | 403
+    POST /whatsapp/webhook  X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the raw body with the app secret>
                  -> 200 once every message in it is stored (or it is unreadable: asking again would not
                     help); 401 unsigned or forged (nothing parsed);
                     500 when the gateway could not store one (Meta retries the POST)
 
-The signature is checked on the raw bytes before anything is parsed, in constant time, so a forged
-request costs one HMAC and reaches nothing.  Bodies over :data:`MAX_BODY` are refused unread.
-
-Why our own listener and not the local API's server: main's API server has no way yet for an
-adapter to mount a path (branch ``kit`` adds ``PlatformConfig.HTTP_PATHS`` and
-``gateway.types.HttpInbound``); :meth:`WebhookEndpoint.handle` takes plain values and returns plain
-values, so once that lands the adapter's ``handle_http`` is a two-line call into it.
+The path is served by the daemon's local API (``WhatsAppConfig.HTTP_PATHS``, mounted by
+``gateway.runtime.platform_http``), which hands the request over read whole; the API's bearer token
+does not apply there, this signature does.  The signature is checked on the raw bytes before
+anything is parsed, in constant time, so a forged request costs one HMAC and reaches nothing.
+Bodies over :data:`MAX_BODY` are refused unparsed.
 """
 
 from __future__ import annotations
@@ -22,8 +20,6 @@ import hmac
 import json
 import logging
 from typing import Awaitable, Callable
-
-from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +41,7 @@ class WebhookEndpoint:
         self._secret = app_secret.encode()
         self._verify = verify_token.encode()
         self._deliver = deliver
-        self.refused = 0  # POSTs refused for their signature (shown on /healthz's detail)
+        self.refused = 0  # POSTs refused for their signature or size
 
     def verify(self, query: dict[str, str]) -> tuple[int, str]:
         given = query.get("hub.verify_token", "").encode()
@@ -67,6 +63,9 @@ class WebhookEndpoint:
             return self.verify(query)
         if method != "POST":
             return 405, "GET (verification) or POST (events) only"
+        if len(body) > MAX_BODY:
+            self.refused += 1
+            return 413, f"refused: over {MAX_BODY} bytes (Meta's payloads are a few KB)"
         if not self.signed(headers, body):
             self.refused += 1
             return 401, "refused: X-Hub-Signature-256 is missing or does not match the app secret"
@@ -84,45 +83,3 @@ class WebhookEndpoint:
             log.exception("whatsapp: a webhook payload could not be handed over; Meta will retry it")
             ok = False
         return (200, "ok") if ok else (500, "not stored yet: deliver it again")
-
-
-class WebhookServer:
-    """``endpoint`` on ``host:port`` at ``path`` (port 0: any free port; :attr:`local_url` says which)."""
-
-    def __init__(self, endpoint: WebhookEndpoint, *, host: str, port: int, path: str):
-        self._endpoint = endpoint
-        self._host, self._port, self._path = host, port, path
-        self._runner: web.AppRunner | None = None
-        self.local_url: str | None = None
-
-    async def start(self) -> None:
-        app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_route("*", self._path, self._handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        sockets = getattr(site._server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else self._port
-        self.local_url = f"http://{self._host}:{port}{self._path}"
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        if request.content_length is not None and request.content_length > MAX_BODY:
-            return web.Response(status=413, text="too large")
-        try:
-            body = await request.read() if request.method == "POST" else b""
-        except web.HTTPRequestEntityTooLarge:
-            return web.Response(status=413, text="too large")
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        status, text = await self._endpoint.handle(request.method, dict(request.query), headers, body)
-        return web.Response(status=status, text=text)
-
-    async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()

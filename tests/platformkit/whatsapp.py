@@ -20,17 +20,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def settings_for(wa: FakeWhatsApp, port: int = 0) -> dict:
+def settings_for(wa: FakeWhatsApp) -> dict:
     return {"access_token": wa.token, "phone_number_id": wa.phone_number_id, "app_secret": wa.app_secret,
-            "verify_token": wa.verify_token, "api_base_url": wa.base_url, "webhook_port": port}
+            "verify_token": wa.verify_token, "api_base_url": wa.base_url}
 
 
 class WhatsAppKit(FakePlatform):
     name = "whatsapp"
+    serve_api = True  # Meta's webhook lands on the local API (/whatsapp/webhook)
 
     def __init__(self) -> None:
         self.wa = FakeWhatsApp()
-        self._gateway = None
 
     async def start(self) -> None:
         await self.wa.start()
@@ -44,10 +44,8 @@ class WhatsAppKit(FakePlatform):
     def user_id(self, who: str) -> str:
         return _IDS[who]
 
-    async def ready(self, gateway) -> None:
-        await super().ready(gateway)
-        adapter = gateway.platforms.adapters[self.name]
-        self.wa.webhook_url = await eventually(lambda: adapter.webhook_local_url, 15, "the webhook listening")
+    def attach(self, gateway) -> None:
+        self.wa.webhook_url = f"http://127.0.0.1:{gateway.api.bound_port}/whatsapp/webhook"
 
     # -- inbound
 
@@ -148,7 +146,7 @@ class WhatsAppSide:
         self.wa.webhook_url = f"http://127.0.0.1:{self.port}/whatsapp/webhook"
 
     def settings(self) -> dict:
-        return {"platforms": {"whatsapp": settings_for(self.wa, self.port)}}
+        return {"api": {"port": self.port}, "platforms": {"whatsapp": settings_for(self.wa)}}
 
     def chat_of(self, index: int) -> str:
         return f"4917000{index:05d}"
