@@ -580,6 +580,32 @@ class GatedPolling(Protocol):
         """Ask ``may_poll`` before each poll (and the confirming poll at stop); set before :meth:`Adapter.start`."""
 
 
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What a platform reported of one message we sent (WhatsApp's statuses): ``status`` is ``sent``,
+    ``delivered``, ``read`` or ``failed``; ``error`` is a failure's reason with the platform's code;
+    ``message_id`` the platform's id of the message (a part's id in the delivery record)."""
+
+    platform: str
+    message_id: str
+    status: str
+    error: str | None = None
+    at: float | None = None
+
+
+ReceiptHandler = Callable[[Receipt], Awaitable[None]]
+
+
+@runtime_checkable
+class ReportsReceipts(Protocol):
+    """An adapter whose platform reports what became of the messages it sent: each report goes to the
+    handler, which keeps it on the delivery record (``switchboard deliveries`` shows it)."""
+
+    def report_receipts(self, handler: ReceiptHandler) -> None:
+        """Hand each receipt to ``handler`` (set before :meth:`Adapter.start`); a receipt the handler
+        fails to keep is not acknowledged to the platform, so it comes again."""
+
+
 @runtime_checkable
 class VoiceOutput(Protocol):
     """An adapter that can send a voice message (a spoken reply, beside its text: ``/voice on``)."""

@@ -17,7 +17,9 @@ recently are skipped before their files are downloaded again.  An event that fai
 
 A press of one of our reply buttons is the presser typing its command (``/approve 3f9a1c07``); a 👍
 put on one of our button messages presses its first button.  Statuses (sent, delivered, read, failed)
-are kept per message id (:attr:`statuses`, the newest 10,000); a failed one is logged with Meta's code.
+go to the gateway's receipts handler (``report_receipts``), which keeps them on the delivery record; a
+POST whose status could not be kept is answered 500, so Meta sends it again.  The newest 10,000 are
+also held here (:attr:`statuses`); a failed one is logged with Meta's code.
 
 Every instance of a cluster may receive the webhook (no connection to own); each sends the replies of
 the turns it runs.
@@ -47,6 +49,8 @@ from gateway.types import (
     InboundHandler,
     InboundMessage,
     MediaLimits,
+    Receipt,
+    ReceiptHandler,
     SendProgress,
 )
 
@@ -62,6 +66,7 @@ BAD_TOKEN_HELP = ("generate a system user's permanent token with whatsapp_busine
                   "System users), and check phone_number_id is the number's id from WhatsApp Manager > API setup")  # a reaction on one of our button messages that presses its first button
 _SEEN = 20_000
 _STATUSES = 10_000
+RECEIPTS = ("sent", "delivered", "read", "failed")  # Meta's statuses a delivery record keeps
 
 
 class WhatsAppAdapter:
@@ -93,6 +98,7 @@ class WhatsAppAdapter:
         self._seen: OrderedDict[str, None] = OrderedDict()  # message ids already stored
         self._latest: dict[str, str] = {}  # wa_id -> the newest message id (what typing marks read)
         self.statuses: OrderedDict[str, Status] = OrderedDict()
+        self._receipts: ReceiptHandler | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, *, commands: Any = (), vision: bool = False,
@@ -118,6 +124,11 @@ class WhatsAppAdapter:
     def _token_was_refused(self, reason: str) -> None:
         self._health.state = "failed"
         self._health.last_error = reason
+
+    def report_receipts(self, handler: ReceiptHandler) -> None:
+        """Meta's statuses of what we sent go to ``handler`` (``gateway.types.ReportsReceipts``): the
+        delivery record's sent, delivered, read or failed."""
+        self._receipts = handler
 
     async def open_for_sending(self) -> None:
         await self._graph.open()
@@ -174,9 +185,10 @@ class WhatsAppAdapter:
         read = read_payload(payload, self._graph.phone_number_id)
         for why in read.skipped:
             log.info("whatsapp: skipped %s", why)
-        for status in read.statuses:
-            self._record(status)
         ok = True
+        for status in read.statuses:
+            if not await self._record(status):
+                ok = False
         for incoming in read.messages:
             if incoming.message_id in self._seen:
                 continue  # Meta's retry of a message already stored
@@ -184,16 +196,29 @@ class WhatsAppAdapter:
                 ok = False
         return ok
 
-    def _record(self, status: Status) -> None:
+    async def _record(self, status: Status) -> bool:
+        """Keep one status (on the delivery record, through the receipts handler); False when it could
+        not be kept, so Meta delivers it again."""
+        reason = None
+        if status.status == "failed":
+            reason = f"error {status.error_code}: {status.error or 'no reason given'}"
+        if self._receipts is not None and status.status in RECEIPTS:
+            try:
+                await self._receipts(Receipt(PLATFORM, status.message_id, status.status, reason, status.at))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Meta delivers the webhook again
+                log.exception("whatsapp: the status %s of message %s could not be kept; Meta will deliver it again",
+                              status.status, status.message_id)
+                return False
         self.statuses[status.message_id] = status
         self.statuses.move_to_end(status.message_id)
         while len(self.statuses) > _STATUSES:
             self.statuses.popitem(last=False)
-        if status.status == "failed":
-            reason = f"message {status.message_id} to {status.recipient} failed: error {status.error_code}: " \
-                     f"{status.error or 'no reason given'}"
-            self._health.last_error = reason
-            log.warning("whatsapp: %s", reason)
+        if reason is not None:
+            self._health.last_error = f"message {status.message_id} to {status.recipient} failed: {reason}"
+            log.warning("whatsapp: %s", self._health.last_error)
+        return True
 
     async def _one(self, incoming: Incoming) -> bool:
         inbound: InboundMessage | None = None

@@ -60,6 +60,7 @@ class Status:
     recipient: str
     error_code: int | None = None
     error: str | None = None
+    at: float | None = None  # Meta's timestamp of the status (epoch seconds)
 
 
 @dataclass
@@ -174,4 +175,6 @@ def _status(item: Any) -> Status | str:
         code = errors[0].get("code") if isinstance(errors[0].get("code"), int) else None
         data = errors[0].get("error_data") if isinstance(errors[0].get("error_data"), dict) else {}
         error = str(data.get("details") or errors[0].get("message") or errors[0].get("title") or "")[:300] or None
-    return Status(item["id"], item["status"], str(item.get("recipient_id") or ""), code, error)
+    stamp = item.get("timestamp")
+    at = float(stamp) if isinstance(stamp, (str, int)) and str(stamp).isdigit() else None
+    return Status(item["id"], item["status"], str(item.get("recipient_id") or ""), code, error, at)
