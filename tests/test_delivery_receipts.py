@@ -68,6 +68,31 @@ async def test_the_operator_sees_each_reply_delivered_read_or_failed_with_metas_
     assert "131026" in next(r["receipt_error"] for r in rows if r["chat_id"] == BOB)
 
 
+async def test_a_reply_the_24_hour_window_refused_is_shown_failed_saying_why(tmp_path):
+    home = tmp_path / "home"
+    async with FakeModel(delay=1.5) as model, FakeWhatsApp() as wa:
+        wa.window_seconds = 0.5  # the window closes while the model thinks (no template configured)
+        config = gateway_config(home, model.base_url, auth={"allowed_users": [f"whatsapp:{ANN}"]},
+                                platforms={"whatsapp": settings_for(wa)})
+        gw = Gateway(config, serve_api=True)
+        await gw.start()
+        try:
+            wa.webhook_url = f"http://127.0.0.1:{gw.api.bound_port}/whatsapp/webhook"
+            wa.text(ANN, "hello")
+
+            async def settled():
+                return [r for r in await gw.db.receipts.deliveries() if r["status"] == "failed"]
+
+            await eventually(settled, 20, "the reply recorded as failed")
+        finally:
+            await gw.stop(grace_seconds=5)
+        assert wa.texts_to(ANN) == []
+    [line] = [line for line in deliveries(home).splitlines() if ANN in line]
+    assert " failed " in line and "24 hours" in line  # the reason, plainly (the rest of it in --json)
+    [row] = json.loads(deliveries(home, "--json"))
+    assert "131047" in row["error"] and "template_name" in row["error"]
+
+
 async def test_a_status_the_store_cannot_keep_is_not_acknowledged_so_meta_sends_it_again(tmp_path):
     from adapters.whatsapp import WhatsAppAdapter
     from gateway.types import ChatRef, Receipt

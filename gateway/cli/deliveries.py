@@ -46,8 +46,8 @@ def list_cmd(db: SessionDB, platform: str | None, session_ref: str | None, limit
     table = Table(box=None, header_style="bold")
     for name in ("When", "Platform", "Chat", "Parts", "Send", "Receipt"):
         table.add_column(name, no_wrap=True)
-    table.add_column("Reason", max_width=50, overflow="ellipsis", no_wrap=True)
-    table.add_column("Reply", max_width=40, overflow="ellipsis", no_wrap=True)
+    table.add_column("Reason", max_width=64, overflow="ellipsis", no_wrap=True)
+    table.add_column("Reply", max_width=24, overflow="ellipsis", no_wrap=True)
     for row in rows:
         reason = row.get("receipt_error") or row.get("error") or ""
         table.add_row(when(row["created_at"]), row["platform"], row["chat_id"], str(len(row["sent_ids"])),
