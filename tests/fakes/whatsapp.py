@@ -77,6 +77,12 @@ class FakeWhatsApp:
         self.media: dict[str, tuple[bytes, str]] = {}  # media id -> (bytes, mime)
         self.last_wrote: dict[str, float] = {}  # wa_id -> time.time() of their last message
         self.webhook_url: str | None = None
+        # a cluster's instances, each with its own local API: every POST attempt goes to the next one, and
+        # with again_elsewhere a message answered 200 is POSTed once more to the next (Meta retrying a POST
+        # whose answer it lost, through a load balancer that picks another instance)
+        self.webhook_urls: list[str] = []
+        self.again_elsewhere = False
+        self._turn = 0
         self._pair: dict[str, tuple[float, float]] = {}  # recipient -> (tokens, at)
         self._fail: list[tuple[int, int]] = []  # (status, code) for the next sends
         self._delay: list[float] = []
@@ -323,11 +329,18 @@ class FakeWhatsApp:
                                "error_data": {"details": "Message Undeliverable."}}]
         return self.push(self._envelope({"statuses": [item]}))
 
-    async def post(self, body: bytes, headers: dict[str, str]) -> int | None:
+    def _next_url(self) -> str | None:
+        if not self.webhook_urls:
+            return self.webhook_url
+        self._turn += 1
+        return self.webhook_urls[self._turn % len(self.webhook_urls)]
+
+    async def post(self, body: bytes, headers: dict[str, str], url: str | None = None) -> int | None:
         """One POST to the webhook as it is (for forged and malformed requests)."""
-        assert self._client is not None and self.webhook_url
+        url = url or self.webhook_url
+        assert self._client is not None and url
         try:
-            async with self._client.post(self.webhook_url, data=body, headers=headers) as response:
+            async with self._client.post(url, data=body, headers=headers) as response:
                 await response.read()
                 return response.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -340,15 +353,18 @@ class FakeWhatsApp:
             while True:
                 self.delivering = True
                 status = None
-                if self.webhook_url:
+                url = self._next_url()
+                if url:
                     if self._drop:
                         self._drop -= 1
                         self.deliveries.append(Delivery(payload, None))
                         await asyncio.sleep(0.2)
                         continue
-                    status = await self.post(body, headers)
+                    status = await self.post(body, headers, url)
                     self.deliveries.append(Delivery(payload, status))
                 if status == 200:
+                    if self.again_elsewhere and len(self.webhook_urls) > 1:
+                        self.deliveries.append(Delivery(payload, await self.post(body, headers, self._next_url())))
                     break
                 await asyncio.sleep(0.2)  # Meta backs off further; this keeps tests quick
             self.delivering = not self._queue.empty()

@@ -165,3 +165,23 @@ class WhatsAppSide:
 
     def notes(self) -> dict[str, int]:
         return {"webhooks delivered again": sum(1 for d in self.wa.deliveries if d.status != 200)}
+
+
+class WhatsAppClusterSide(WhatsAppSide):
+    """The webhook of a cluster: each instance listens on its own local API, Meta's POSTs go to one after
+    another, and each message answered 200 is POSTed once more to the next instance (a retry landing
+    elsewhere), so every instance takes messages and stores each one once."""
+
+    def __init__(self, wa: FakeWhatsApp):
+        super().__init__(wa)
+        wa.webhook_urls = []
+        wa.again_elsewhere = True
+
+    def settings(self) -> dict:  # asked once per instance
+        port = free_port()
+        self.wa.webhook_urls.append(f"http://127.0.0.1:{port}/whatsapp/webhook")
+        return {"api": {"port": port}, "platforms": {"whatsapp": settings_for(self.wa)}}
+
+    def notes(self) -> dict[str, int]:
+        return {**super().notes(), "instances": len(self.wa.webhook_urls)}
+
