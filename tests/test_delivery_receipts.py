@@ -93,6 +93,32 @@ async def test_a_reply_the_24_hour_window_refused_is_shown_failed_saying_why(tmp
     assert "131047" in row["error"] and "template_name" in row["error"]
 
 
+async def test_signals_delivery_and_read_receipts_show_on_the_replies_too(tmp_path):
+    from tests.fakes.signal_cli import FakeSignalCli
+
+    home, carol = tmp_path / "home", "+4915100000003"
+    async with FakeModel() as model, FakeSignalCli() as sc:
+        config = gateway_config(home, model.base_url, auth={"allowed_users": [f"signal:{carol}"]},
+                                platforms={"signal": {"account": sc.account, "http_url": sc.url}})
+        gw = Gateway(config)
+        await gw.start()
+        try:
+            sc.dm(carol, "hello")
+            await eventually(lambda: [m for m in sc.sent if m["chat"] == carol], 20, "the reply sent")
+            [stamp] = [m["timestamp"] for m in sc.sent if m["chat"] == carol]
+            sc.receipt(carol, [stamp], read=True)
+            sc.receipt(carol, [stamp])  # the delivery receipt, after the read one
+
+            async def kept():
+                return [r for r in await gw.db.receipts.deliveries(platform="signal") if r["receipt"] == "read"]
+
+            await eventually(kept, 20, "the read receipt kept")
+        finally:
+            await gw.stop(grace_seconds=5)
+    [line] = [line for line in deliveries(home, "--platform", "signal").splitlines() if carol in line]
+    assert " sent " in line and " read " in line
+
+
 async def test_a_status_the_store_cannot_keep_is_not_acknowledged_so_meta_sends_it_again(tmp_path):
     from adapters.whatsapp import WhatsAppAdapter
     from gateway.types import ChatRef, Receipt

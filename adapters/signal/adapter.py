@@ -40,11 +40,13 @@ from gateway.types import (
     InboundHandler,
     InboundMessage,
     MediaLimits,
+    Receipt,
+    ReceiptHandler,
     SendProgress,
 )
 
 from .config import SignalConfig
-from .events import GROUP, PLATFORM, AttachmentRef, Incoming, message_id, read_event, split_id
+from .events import GROUP, PLATFORM, AttachmentRef, Incoming, message_id, read_event, read_receipt, split_id
 from .rpc import Rpc, SignalError, retryable
 from .stream import EventStream
 
@@ -78,6 +80,7 @@ class SignalAdapter:
         self._stream: EventStream | None = None
         self._task: asyncio.Task | None = None
         self._commands: OrderedDict[str, str] = OrderedDict()  # our message id -> the /approve it names
+        self._receipts: ReceiptHandler | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, *, commands: Any = (), vision: bool = False,
@@ -90,6 +93,11 @@ class SignalAdapter:
 
     def health(self) -> AdapterHealth:
         return self._health
+
+    def report_receipts(self, handler: ReceiptHandler) -> None:
+        """Signal's delivery and read receipts of what we sent go to ``handler``
+        (``gateway.types.ReportsReceipts``), onto the delivery record."""
+        self._receipts = handler
 
     @property
     def stream(self) -> EventStream | None:
@@ -160,6 +168,9 @@ class SignalAdapter:
 
     async def _deliver(self, data: object) -> bool:
         self._health.last_event_at = time.time()
+        receipt = read_receipt(data, self._account)
+        if receipt is not None:
+            return await self._keep(*receipt)
         incoming = read_event(data, self._account, require_mention=self._require_mention, free=self._free)
         if isinstance(incoming, str):
             log.debug("signal: skipped %s", incoming)
@@ -180,6 +191,20 @@ class SignalAdapter:
             self._health.last_error = f"handler failed on message {incoming.message_id}: {exc}"
             return False
         self._failed.forget(incoming.message_id)
+        return True
+
+    async def _keep(self, status: str, ids: tuple[str, ...]) -> bool:
+        """A receipt onto the delivery record; False (the event comes again) when it could not be kept."""
+        if self._receipts is None:
+            return True
+        try:
+            for mid in ids:
+                await self._receipts(Receipt(PLATFORM, mid, status))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the stream delivers it again
+            log.exception("signal: a %s receipt could not be kept; it comes again", status)
+            return False
         return True
 
     async def _read(self, incoming: Incoming) -> InboundMessage | None:

@@ -61,9 +61,8 @@ def split_id(mid: str) -> tuple[int, str] | None:
     return (int(stamp), author) if sep and stamp.isdigit() and author else None
 
 
-def read_event(data: Any, account: str, *, account_uuid: str | None = None, require_mention: bool = True,
-               free: frozenset[str] = frozenset()) -> Incoming | str:
-    """The message in one event, or why it is skipped."""
+def _envelope(data: Any) -> dict | str:
+    """One event's envelope, or why it has none."""
     if isinstance(data, dict) and "envelope" in data and "method" not in data:
         data = {"method": "receive", "params": data}  # an event stream that sends the params alone
     if not isinstance(data, dict) or data.get("method") != "receive" or not isinstance(data.get("params"), dict):
@@ -74,6 +73,30 @@ def read_event(data: Any, account: str, *, account_uuid: str | None = None, requ
         envelope = params["result"].get("envelope")
     if not isinstance(envelope, dict):
         return "a notification without an envelope"
+    return envelope
+
+
+def read_receipt(data: Any, account: str) -> tuple[str, tuple[str, ...]] | None:
+    """A delivery or read receipt of messages we sent: (``delivered`` or ``read``, our message ids), or
+    None when the event is not one (``receiptMessage``: ``isDelivery``/``isRead``/``isViewed`` and the
+    sent ``timestamps`` it acknowledges; our message's id is ``<timestamp>:<our account>``)."""
+    envelope = _envelope(data)
+    receipt = envelope.get("receiptMessage") if isinstance(envelope, dict) else None
+    if not isinstance(receipt, dict):
+        return None
+    stamps = receipt.get("timestamps") if isinstance(receipt.get("timestamps"), list) else []
+    ids = tuple(message_id(t, account) for t in stamps if isinstance(t, int) and not isinstance(t, bool))
+    status = "read" if receipt.get("isRead") or receipt.get("isViewed") else \
+        "delivered" if receipt.get("isDelivery") else None
+    return (status, ids) if status and ids else None
+
+
+def read_event(data: Any, account: str, *, account_uuid: str | None = None, require_mention: bool = True,
+               free: frozenset[str] = frozenset()) -> Incoming | str:
+    """The message in one event, or why it is skipped."""
+    envelope = _envelope(data)
+    if isinstance(envelope, str):
+        return envelope
     message = envelope.get("dataMessage")
     if not isinstance(message, dict):
         return "an envelope without a data message (a receipt, typing or sync)"

@@ -163,6 +163,17 @@ class FakeSignalCli:
             "serverDeliveredTimestamp": stamp + 4, "dataMessage": {"expiresInSeconds": 0, "viewOnce": False,
                                                                     **data_message}}}}
 
+    def receipt(self, source: str, timestamps: list[int], *, read: bool = False) -> dict:
+        """``source``'s phone acknowledging messages we sent (a delivery receipt, or a read one), as
+        signal-cli reports it: a ``receiptMessage`` naming the sent timestamps."""
+        stamp = next(self._clock)
+        event = {"jsonrpc": "2.0", "method": "receive", "params": {"account": self.account, "envelope": {
+            "source": source, "sourceNumber": source, "sourceUuid": f"uuid-{source[1:]}", "sourceDevice": 1,
+            "timestamp": stamp, "receiptMessage": {"when": stamp, "isDelivery": not read, "isRead": read,
+                                                   "isViewed": False, "timestamps": timestamps}}}}
+        self.emit(event)
+        return event
+
     def dm(self, source: str, text: str, **kw: Any) -> dict:
         event = self.envelope(source, {"message": text}, **kw)
         self.emit(event)
