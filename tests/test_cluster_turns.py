@@ -169,6 +169,15 @@ async def test_whatsapp_webhooks_reach_every_instance_and_each_message_is_stored
     assert taken[200] >= 72, taken
 
 
+async def test_signals_event_stream_is_owned_by_one_instance_and_the_standbys_run_turns_and_send(tmp_path, pg_url):
+    from tests.fakes.signal_cli import FakeSignalCli
+    from tests.platformkit.signal import SignalSide
+
+    async with FakeSignalCli() as sc, FakeModel(delay=0.3) as model:
+        await _spread_turns(tmp_path, pg_url, SignalSide(sc), model)
+    assert len(sc.stream_requests) == 1, sc.stream_requests  # only the owner ever opened the event stream
+
+
 async def test_discord_turns_run_on_standbys_that_send_through_the_rest_api(tmp_path, pg_url):
     async with FakeDiscord() as dc, FakeModel(delay=0.3) as model:
         await _spread_turns(tmp_path, pg_url, DiscordSide(dc), model)
