@@ -4,6 +4,11 @@ Their errors derive from ``gateway.errors.AdapterError`` (drawn in :mod:`gateway
 
     AdapterError                     a platform adapter could not start or deliver
     ├── PlatformHTTPError            (gateway.errors) the platform answered with an error status
+    │   └── GraphError               whatsapp/graph.py: Meta refused a Graph API call (its code kept)
+    │       ├── TokenRefused         190 / HTTP 401: the access token is invalid; no send retries it
+    │       ├── Throttled            130429, 131056: Meta asked us to slow down; waited out with backoff
+    │       └── OutsideWindow        131047: past the user's 24-hour window; the configured template
+    │                                instead, or a failed Delivery that says so
     ├── RateLimited                  (gateway.errors) the platform said "wait retry_after seconds"
     ├── NotConnected                 discord/outbound.py: no logged-in client right now
     │                                (starting or reconnecting); the send is retried
@@ -11,6 +16,9 @@ Their errors derive from ``gateway.errors.AdapterError`` (drawn in :mod:`gateway
     │                                fix (bad token, missing intent); its message says what to change
     ├── PartFailed                   slack/outbound.py: one part of a reply was not delivered; the
     │                                adapter reports a failed Delivery with the reason
+    ├── SignalError                  signal/rpc.py: signal-cli answered a JSON-RPC error (its code kept)
+    │   ├── SignalThrottled          Signal's rate limit (a RATE_LIMIT_FAILURE result): waited out
+    │   └── SignalUnavailable        signal-cli did not answer (down, restarting, 5xx): retried
     ├── SmtpRefused                  email/outbound.py: the SMTP server refused the reply for good (5xx)
     ├── ImapError                    email/outbound.py: the IMAP server refused a command or the
     │                                connection failed

@@ -346,11 +346,13 @@ class HttpRequest:
 
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
-    """The adapter's answer: ``body`` is sent as JSON."""
+    """The adapter's answer: ``body`` is sent as JSON, or ``text`` as text/plain when it is set (a
+    handshake that must echo a value back byte for byte, as WhatsApp's ``hub.challenge``)."""
 
     status: int
     body: dict
     headers: dict[str, str] = field(default_factory=dict)
+    text: str | None = None
 
 
 class ReplayLedger(Protocol):
@@ -599,6 +601,32 @@ class KeepsState(Protocol):
     """An adapter that keeps state between runs (Matrix: its /sync token); told where before :meth:`Adapter.start`."""
 
     def keep_state_in(self, state: AdapterState) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What a platform reported of one message we sent (WhatsApp's statuses): ``status`` is ``sent``,
+    ``delivered``, ``read`` or ``failed``; ``error`` is a failure's reason with the platform's code;
+    ``message_id`` the platform's id of the message (a part's id in the delivery record)."""
+
+    platform: str
+    message_id: str
+    status: str
+    error: str | None = None
+    at: float | None = None
+
+
+ReceiptHandler = Callable[[Receipt], Awaitable[None]]
+
+
+@runtime_checkable
+class ReportsReceipts(Protocol):
+    """An adapter whose platform reports what became of the messages it sent: each report goes to the
+    handler, which keeps it on the delivery record (``switchboard deliveries`` shows it)."""
+
+    def report_receipts(self, handler: ReceiptHandler) -> None:
+        """Hand each receipt to ``handler`` (set before :meth:`Adapter.start`); a receipt the handler
+        fails to keep is not acknowledged to the platform, so it comes again."""
 
 
 @runtime_checkable

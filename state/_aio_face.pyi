@@ -631,6 +631,27 @@ class AsyncReplays:
     async def release(self, scope: str, signature: str) -> None: ...
 
 
+class AsyncReceipts:
+    """Receipts's marked methods (``adb.receipts``), each a coroutine."""
+
+    async def record(
+        self,
+        platform: str,
+        message_id: str,
+        status: str,
+        error: str | None = ...,
+        at: float | None = ...,
+    ) -> bool: ...
+    async def of(self, platform: str, message_ids: Iterable[str]) -> dict[str, dict]: ...
+    async def deliveries(
+        self,
+        *,
+        platform: str | None = ...,
+        session_id: str | None = ...,
+        limit: int = ...,
+    ) -> list[dict]: ...
+
+
 class AsyncMedia:
     """Media's marked methods (``adb.media``), each a coroutine."""
 
@@ -694,6 +715,7 @@ class AsyncFace:
     approvals: AsyncApprovals
     questions: AsyncQuestions
     replays: AsyncReplays
+    receipts: AsyncReceipts
     media: AsyncMedia
     a2a: AsyncA2aTasks
 

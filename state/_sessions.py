@@ -8,7 +8,7 @@ import sqlite3
 import time
 from typing import Any, Iterable
 
-from . import _recovery, _usage
+from . import _receipts, _recovery, _usage
 from ._repo import Repository, reads, writes
 from ._titles import (
     CASE_HINT,
@@ -447,6 +447,7 @@ def _delete_ids(conn: sqlite3.Connection, ids: list[str]) -> None:
         marks = ", ".join("?" * len(chunk))
         conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN ({marks})", chunk)
         conn.execute(f"DELETE FROM routes WHERE session_id IN ({marks})", chunk)
+        _receipts.forget_sessions(conn, marks, chunk)  # before the deliveries that name the parts go
         _recovery.forget_sessions(conn, marks, chunk)
         _usage.forget_sessions(conn, marks, chunk)
         conn.execute(f"DELETE FROM messages WHERE session_id IN ({marks})", chunk)

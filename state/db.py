@@ -32,6 +32,7 @@ from ._pg import PgEngine, is_url, mask_url
 from ._prefs import ChatPrefs
 from ._questions import Questions
 from ._recall import Recall
+from ._receipts import Receipts
 from ._recovery import Recovery
 from ._replays import Replays
 from ._repo import Repository, marked_methods, reads as _reads
@@ -91,6 +92,7 @@ class SessionDB:
         "approvals": Approvals,
         "questions": Questions,
         "replays": Replays,
+        "receipts": Receipts,
         "media": Media,
         "a2a": A2aTasks,
     }
@@ -117,6 +119,7 @@ class SessionDB:
     approvals: Approvals
     questions: Questions
     replays: Replays
+    receipts: Receipts
     media: Media
     a2a: A2aTasks
 

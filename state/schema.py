@@ -431,6 +431,13 @@ def _v35_signatures_seen(conn):
     _replays.create_tables(conn)
 
 
+def _v36_delivery_receipts(conn):
+    """Both engines: :data:`state._receipts.TABLES` (what a platform reported of the messages we sent)."""
+    from . import _receipts
+
+    _receipts.create_tables(conn)
+
+
 # --- the PostgreSQL forms -----------------------------------------------------
 
 
@@ -545,6 +552,8 @@ for _step in [
               _v34_a2a_tasks),
     Migration(35, "signatures of signed webhook requests accepted, for a replay guard shared by instances",
               _v35_signatures_seen, _v35_signatures_seen),
+    Migration(36, "delivery receipts: sent, delivered, read or failed, as the platform reported each message we sent",
+              _v36_delivery_receipts, _v36_delivery_receipts),
 ]:
     register(_step)
 

@@ -42,7 +42,7 @@ def test_an_unknown_role_or_source_is_an_error_listing_the_valid_ones(store, arg
     result = run(*args)
     assert result.exit_code == 2
     assert f"Invalid value for '{option}'" in result.output
-    valid = "'user', 'assistant', 'tool', 'system'" if option == "--role" else "'telegram', 'discord', 'slack', 'email', 'webhook', 'matrix', 'api', 'cli', 'cron'"
+    valid = "'user', 'assistant', 'tool', 'system'" if option == "--role" else "'telegram', 'discord', 'slack', 'email', 'webhook', 'matrix', 'whatsapp', 'signal', 'api', 'cli', 'cron'"
     assert valid in result.output
 
 
@@ -64,7 +64,7 @@ def test_pairing_an_unknown_platform_says_so(store):
     for args in (("pairing", "approve", "xmpp", "K7M2XQ9P"), ("pairing", "revoke", "xmpp", "42")):
         result = run(*args)
         assert result.exit_code == 2
-        assert "'xmpp' is not one of 'telegram', 'discord', 'slack', 'email', 'webhook', 'matrix'" in result.output
+        assert "'xmpp' is not one of 'telegram', 'discord', 'slack', 'email', 'webhook', 'matrix', 'whatsapp', 'signal'" in result.output
 
 
 def test_pairing_list_json(store):

@@ -156,6 +156,28 @@ async def test_turns_run_on_every_instance_and_each_dm_is_stored_once_and_answer
     assert tg.overlapping_polls == []
 
 
+async def test_whatsapp_webhooks_reach_every_instance_and_each_message_is_stored_and_answered_once(tmp_path, pg_url):
+    from tests.fakes.whatsapp import FakeWhatsApp
+    from tests.platformkit.whatsapp import WhatsAppClusterSide
+
+    async with FakeWhatsApp() as wa, FakeModel(delay=0.3) as model:
+        side = WhatsAppClusterSide(wa)
+        await _spread_turns(tmp_path, pg_url, side, model)
+        taken = Counter(d.status for d in wa.deliveries)
+    assert len(wa.webhook_urls) == 3
+    # each of the 36 messages was taken (200) by one instance and again by the next: stored once all the same
+    assert taken[200] >= 72, taken
+
+
+async def test_signals_event_stream_is_owned_by_one_instance_and_the_standbys_run_turns_and_send(tmp_path, pg_url):
+    from tests.fakes.signal_cli import FakeSignalCli
+    from tests.platformkit.signal import SignalSide
+
+    async with FakeSignalCli() as sc, FakeModel(delay=0.3) as model:
+        await _spread_turns(tmp_path, pg_url, SignalSide(sc), model)
+    assert len(sc.stream_requests) == 1, sc.stream_requests  # only the owner ever opened the event stream
+
+
 async def test_discord_turns_run_on_standbys_that_send_through_the_rest_api(tmp_path, pg_url):
     async with FakeDiscord() as dc, FakeModel(delay=0.3) as model:
         await _spread_turns(tmp_path, pg_url, DiscordSide(dc), model)

@@ -20,9 +20,11 @@ from pydantic import ValidationError
 from adapters.discord.config import DiscordConfig
 from adapters.email.config import EmailConfig
 from adapters.matrix.config import MatrixConfig
+from adapters.signal.config import SignalConfig
 from adapters.slack.config import SlackConfig
 from adapters.telegram.config import TelegramConfig
 from adapters.webhook.config import WebhookConfig
+from adapters.whatsapp.config import WhatsAppConfig
 from gateway.cli.config import config_group
 from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config, platform_models
 from gateway.errors import ConfigError
@@ -41,12 +43,20 @@ WEBHOOK_SECRET = "hook_secret-123"
 EMAIL_PASSWORD = "email-password-for-tests-42"
 MATRIX_TOKEN = "syt_matrix_token_for_tests_0001"
 
+WA_TOKEN = "EAAGtest-whatsapp-access-token"
+WA_SECRET = "whatsapp-app-secret-for-tests"
+WA_VERIFY = "whatsapp-verify-token-for-tests"
 FULL_ENV = {
     "TELEGRAM_BOT_TOKEN": TG_TOKEN,
     "TELEGRAM_WEBHOOK_SECRET": WEBHOOK_SECRET,
     "DISCORD_BOT_TOKEN": DISCORD_TOKEN,
     "SLACK_BOT_TOKEN": SLACK_BOT,
     "SLACK_APP_TOKEN": SLACK_APP,
+    "WHATSAPP_ACCESS_TOKEN": WA_TOKEN,
+    "WHATSAPP_PHONE_NUMBER_ID": "106540352242922",
+    "WHATSAPP_APP_SECRET": WA_SECRET,
+    "WHATSAPP_VERIFY_TOKEN": WA_VERIFY,
+    "SIGNAL_ACCOUNT": "+4915112345678",
     "SWITCHBOARD_MODEL_KEY": MODEL_KEY,
     "SWITCHBOARD_API_TOKEN": API_TOKEN,
     "EMAIL_IMAP_HOST": "imap.example.com",
@@ -55,7 +65,8 @@ FULL_ENV = {
     "EMAIL_SMTP_HOST": "smtp.example.com",
     "MATRIX_ACCESS_TOKEN": MATRIX_TOKEN,
 }
-ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET, EMAIL_PASSWORD, MATRIX_TOKEN]
+ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET, EMAIL_PASSWORD, MATRIX_TOKEN,
+               WA_TOKEN, WA_SECRET, WA_VERIFY]
 
 
 def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
@@ -82,6 +93,8 @@ def test_example_loads_with_no_environment_and_every_platform_off():
         "email": "off: platforms.email.imap_host is not set",
         "webhook": "off: platforms.webhook.hooks is empty",
         "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)",
+        "whatsapp": "off: platforms.whatsapp.access_token is not set",
+        "signal": "off: platforms.signal.account is not set",
     }
     assert cfg.home == Path("~/.switchboard").expanduser()
     assert cfg.agent == "main"
@@ -117,7 +130,7 @@ def test_example_with_tokens_in_the_environment_turns_platforms_on():
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on", "email": "on",
                                        "webhook": "off: platforms.webhook.hooks is empty",
-                                       "matrix": "on"}
+                                       "matrix": "on", "whatsapp": "on", "signal": "on"}
     assert cfg.platforms.telegram.token == TG_TOKEN
     assert sorted(cfg.secrets()) == sorted(ALL_SECRETS)
 
@@ -341,9 +354,9 @@ MISTAKES = [
     ("duplicate key", "agent: a\nagent: b\n", {}, None, 'line 2, column 1: duplicate key "agent" (first set on line 1)'),
     ("not a mapping", "- a\n- b\n", {}, None, "must be a mapping of keys at the top level (got a list)"),
     ("unknown key", "platforms:\n  telgram: {}\n", {}, "platforms.telgram",
-     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email, webhook, matrix'),
+     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email, webhook, matrix, whatsapp, signal'),
     ("platform not installed", "platforms:\n  xmpp: {}\n", {}, "platforms.xmpp",
-     'unknown key "xmpp"; valid keys here: telegram, discord, slack, email, webhook, matrix (these are the installed platforms; '
+     'unknown key "xmpp"; valid keys here: telegram, discord, slack, email, webhook, matrix, whatsapp, signal (these are the installed platforms; '
      "a platform's settings come with its adapter package)"),
     ("unknown platform key", "platforms:\n  discord:\n    tokn: x\n", {}, "platforms.discord.tokn",
      'unknown key "tokn" (did you mean "token"?); valid keys here: enabled, allowed_users'),
@@ -453,7 +466,7 @@ def test_the_example_names_features_not_internal_documents():
 def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
     assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig,
                                        "email": EmailConfig, "webhook": WebhookConfig,
-                                       "matrix": MatrixConfig}
+                                       "matrix": MatrixConfig, "whatsapp": WhatsAppConfig, "signal": SignalConfig}
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert type(cfg.platforms.telegram) is TelegramConfig
     assert type(cfg.platforms.discord) is DiscordConfig
@@ -535,7 +548,7 @@ def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeyp
 
 
 def test_an_installed_platform_brings_its_own_settings(tmp_path, xmpp_installed):
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix", "xmpp"]
+    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix", "whatsapp", "signal", "xmpp"]
     path = write(tmp_path, "platforms:\n  xmpp:\n    homeserver: xmpp.example.org\n")
     result = cli("check", "--config", str(path))
     assert result.exit_code == 78
@@ -575,6 +588,8 @@ def test_check_reports_platform_states(tmp_path):
         "  email: off: platforms.email.imap_host is not set",
         "  webhook: off: platforms.webhook.hooks is empty",
         "  matrix: off: platforms.matrix.access_token is not set (or a password with user_id)",
+        "  whatsapp: off: platforms.whatsapp.access_token is not set",
+        "  signal: off: platforms.signal.account is not set",
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
         "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
         "are compressed early. Set model.context_length in the config to the model's real window",
@@ -591,7 +606,9 @@ def test_check_json_has_one_shape(tmp_path):
                       "slack": "off: platforms.slack.bot_token is not set",
                       "email": "off: platforms.email.imap_host is not set",
                       "webhook": "off: platforms.webhook.hooks is empty",
-                      "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)"},
+                      "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)",
+                      "whatsapp": "off: platforms.whatsapp.access_token is not set",
+                      "signal": "off: platforms.signal.account is not set"},
         "warnings": [],
     }
     bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
@@ -628,7 +645,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
         "mode": "both",
         "idle_minutes": 1440,
         "at_hour": 4,
-        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None, "matrix": None},
+        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None, "matrix": None, "whatsapp": None, "signal": None},
         "by_type": {"dm": None, "group": None, "thread": None, "channel": None},
     }
 

@@ -47,6 +47,7 @@ def _fill_every_table(home: Path) -> Path:
             db.messages.append("other", "user", f"filler message number {i} about gardening")
         db.recovery.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
                                    sent_ids=["m1"])
+        db.receipts.record("telegram", "m1", "delivered", at=NOW)
         db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")
         db.usage.record_call({"at": NOW, "session_id": "root", "purpose": "turn", "model": "m", "outcome": "ok",
                               "prompt_tokens": 10, "completion_tokens": 5})
@@ -132,7 +133,7 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     assert [t for t in empty if t not in UNUSED_ON_SQLITE] == [], "the test's home must have rows in every table"
     assert {"sessions", "messages", "routes", "inbox", "deliveries", "facts", "cron_runs", "model_calls_daily",
             "meta", "approved_users", "dead_letters", "chat_prefs", "tool_approvals",
-            "tool_questions", "a2a_tasks", "signatures_seen"} <= set(tables)
+            "tool_questions", "a2a_tasks", "signatures_seen", "delivery_receipts"} <= set(tables)
 
     result = _cli("--to", pg_url, "--home", str(home))
 

@@ -8,6 +8,7 @@
     switchboard config check|show    validate / print the effective config (secrets redacted)
     switchboard cron ...             list, show, history, add, edit, pause, resume, run, remove scheduled jobs
     switchboard deadletters ...      list, show, retry, drop events set aside after failing again and again
+    switchboard deliveries list      the replies sent, newest first, with the platform's receipt (delivered, read, failed)
     switchboard service ...          install, status, uninstall the systemd unit
     switchboard backup FILE          copy the live database to FILE (safe while the daemon runs)
     switchboard restore FILE         replace the database with a checked backup
@@ -52,6 +53,7 @@ from gateway.cli.common import (
 from gateway.cli.config import config_group
 from gateway.cli.cron import cron_group
 from gateway.cli.deadletters import deadletters as deadletters_group
+from gateway.cli.deliveries import deliveries as deliveries_group
 from gateway.cli.insights import insights_cmd
 from gateway.cli.maintenance import maintenance_cmd
 from gateway.cli.migrate import migrate_cmd
@@ -84,6 +86,7 @@ for command in (sessions_group, config_group, cron_group, service_group, backup_
 main.add_command(budgets_group)
 main.add_command(setup_cmd)
 main.add_command(deadletters_group)
+main.add_command(deliveries_group)
 main.add_command(insights_cmd)
 main.add_command(migrate_cmd)
 main.add_command(storage_cmd)

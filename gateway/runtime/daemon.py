@@ -76,6 +76,7 @@ from gateway.types import (
     InboundMessage,
     KeepsState,
     PlatformStatus,
+    Receipt,
     SendingOnly,
     SignedInbound,
     TypingOnMessage,
@@ -259,7 +260,7 @@ class Gateway:
         opened.push_async_callback(self._close_services, services)
         # the adapters hand their messages to the router's intake, and report dead letters here
         self._platforms = PlatformSupervisor(services.router.take, self.on_dead_letter,
-                                             named=lambda key: self.config.named(key))
+                                             named=lambda key: self.config.named(key), receipts=self._keep_receipt)
         # the model is probed once, alongside the rest of the start: /healthz says at once what it found
         model_probe = spawn(self._probe_model(), name="model:start-probe") if self.serve_api else None
         if cfg.clustered:  # one rate budget per bot token and per chat across the instances
@@ -391,6 +392,13 @@ class Gateway:
                   "see: switchboard deadletters show %d", platform, row["event_id"], row["attempts"],
                   dead_letter_id, row["error"], dead_letter_id)
         self._count_dead_letters(self.dead_letters_held + 1)  # the replay poll recounts every few seconds
+
+    async def _keep_receipt(self, receipt: Receipt) -> None:
+        """The adapters' receipts (``gateway.types.ReceiptHandler``): what a platform said became of a
+        message we sent, kept on the delivery record (``switchboard deliveries``); a late one never
+        undoes a further one (``state._receipts``)."""
+        await self.db.receipts.record(receipt.platform, receipt.message_id, receipt.status, receipt.error,
+                                      receipt.at)
 
     def _count_dead_letters(self, held: int) -> None:
         self.dead_letters_held = held

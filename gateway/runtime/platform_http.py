@@ -59,6 +59,8 @@ class PlatformHttp:
             answer = await adapter.handle_http(HttpRequest(
                 method=request.method, path=request.path, params=dict(request.match_info), query=dict(request.query),
                 headers={k.lower(): v for k, v in request.headers.items()}, body=body, remote=request.remote))
+            if answer.text is not None:
+                return web.Response(text=answer.text, status=answer.status, headers=answer.headers)
             return web.json_response(answer.body, status=answer.status, headers=answer.headers)
 
         return handle

@@ -35,6 +35,8 @@ from gateway.types import (
     DeadLetterHandler,
     Delivery,
     InboundHandler,
+    ReceiptHandler,
+    ReportsReceipts,
     SendingOnly,
     SendProgress,
     VoiceOutput,
@@ -52,9 +54,11 @@ class PlatformSupervisor:
     """Runs each platform's adapter, restarts it after a failed start, and stops it."""
 
     def __init__(self, handler: InboundHandler, dead_letter: DeadLetterHandler, *,
-                 backoff: Backoff = ADAPTER_BACKOFF, named: Callable[[str], str] = str):
+                 backoff: Backoff = ADAPTER_BACKOFF, named: Callable[[str], str] = str,
+                 receipts: ReceiptHandler | None = None):
         self._handler = handler
         self._dead_letter = dead_letter
+        self._receipts = receipts  # where an adapter that reports receipts (ReportsReceipts) hands them
         self._backoff = backoff
         self._named = named  # a config key as errors name it: with the variable that set it (Config.named)
         self.adapters: dict[str, Adapter] = {}  # the platforms whose adapter runs (or stands by) here
@@ -68,6 +72,8 @@ class PlatformSupervisor:
     def add(self, name: str, adapter: Adapter) -> None:
         """Hold ``adapter`` for ``name``, not yet connected (replies due meanwhile wait for it)."""
         self.adapters[name] = adapter
+        if self._receipts is not None and isinstance(adapter, ReportsReceipts):
+            adapter.report_receipts(self._receipts)
         self._connected[name] = asyncio.Event()
         self._first_try[name] = asyncio.Event()
         self.rejected.pop(name, None)

@@ -33,6 +33,8 @@ BUILT_IN_FAKES = {
     "email": "tests.platformkit.email:EmailKit",
     "webhook": "tests.platformkit.webhook:WebhookKit",
     "matrix": "tests.platformkit.matrix:MatrixKit",
+    "whatsapp": "tests.platformkit.whatsapp:WhatsAppKit",
+    "signal": "tests.platformkit.signal:SignalKit",
 }
 
 
