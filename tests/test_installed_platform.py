@@ -213,7 +213,7 @@ def test_config_check_refuses_an_unknown_reset_platform_with_exit_78(tmp_path, e
     result = CliRunner().invoke(config_group, ["check", "--config", str(path)])
     assert result.exit_code == 78
     assert result.stderr.splitlines() == [
-        f'error: {path}: sessions.reset.by_platform.matrix: unknown key "matrix"; valid keys here: '
+        f'error: {path}: sessions.reset.by_platform.xmpp: unknown key "xmpp"; valid keys here: '
         "telegram, discord, slack, email, webhook, matrix, whatsapp, signal, echo (these are the installed platforms; another one comes with its adapter package)"
     ]
 
@@ -225,7 +225,7 @@ def test_a_cron_job_delivers_to_the_installed_platform(echo_site):
         parse_target("irc:#general")
     assert str(info.value) == (
         "unknown delivery target 'irc:#general'; use local, telegram:<chat_id>[:<topic_id>], discord:<channel_id>, "
-        "slack:<channel_id>[:<thread_ts>], email:<chat_id>[:<thread_id>], webhook:<hook>[:<conversation>], whatsapp:<chat_id>[:<thread_id>], signal:<chat_id>[:<thread_id>], echo:<chat_id>[:<thread_id>]")
+        "slack:<channel_id>[:<thread_ts>], email:<chat_id>[:<thread_id>], webhook:<hook>[:<conversation>], matrix:<chat_id>[:<thread_id>], whatsapp:<chat_id>[:<thread_id>], signal:<chat_id>[:<thread_id>], echo:<chat_id>[:<thread_id>]")
     with pytest.raises(ValueError, match=r"'echo:' is not a echo target; write echo:<chat_id>\[:<thread_id>\]"):
         parse_target("echo:")
     cfg = config_from_dict({"cron": {"jobs": [{"id": "daily", "schedule": "0 8 * * *", "prompt": "hi",
@@ -252,7 +252,7 @@ def test_the_cli_offers_the_installed_platform(tmp_path, echo_site):
 
     helped = switchboard(echo_site, "pairing", "approve", "--help")
     # (click wraps the choices once they pass the line's width)
-    assert "{telegram|discord|slack|email|webhook|whatsapp|signal|echo}" in "".join(helped.stdout.split())
+    assert "{telegram|discord|slack|email|webhook|matrix|whatsapp|signal|echo}" in "".join(helped.stdout.split())
 
     refused = switchboard(echo_site, "sessions", "list", "--source", "irc", "--home", str(home))
     assert refused.returncode == 2
@@ -305,6 +305,7 @@ async def test_the_daemon_runs_the_installed_platform_and_reloads_it(tmp_path, e
             assert status.endswith("telegram: off: platforms.telegram.token is not set, discord: off: platforms.discord.token "
                                    "is not set, slack: off: platforms.slack.bot_token is not set, email: off: platforms.email.imap_host is not set, "
                                    "webhook: off: platforms.webhook.hooks is empty, "
+                                   "matrix: off: platforms.matrix.access_token is not set (or a password with user_id), "
                                    "whatsapp: off: platforms.whatsapp.access_token is not set, signal: off: platforms.signal.account "
                                    "is not set, echo: connected"), status
             first = await _wait_for_lines(tmp_path / "outbox1.jsonl", 2)
