@@ -56,6 +56,11 @@ def file_size(path: Path) -> int:
         return 0
 
 
+#: The first key of :meth:`Dialect.serialize`'s advisory locks on PostgreSQL, one per kind of thing.
+ADVISORY_CLASSES = {"titles": 0x5357_0001, "session": 0x5357_0002, "pairing": 0x5357_0003,
+                    "cron": 0x5357_0004, "dead_letter": 0x5357_0005}
+
+
 class Dialect:
     """The parts of SQL and of the catalogue that differ between the engines (see the module docstring)."""
 
@@ -137,6 +142,20 @@ class Dialect:
     def fence(self, conn: Any, session_id: str, token: int) -> None:
         """First in a fenced write: raise ``LeaseLost`` (nothing written) unless the lease's ``token`` still
         holds.  SQLite has one instance per file and no leases: nothing to guard against."""
+
+    #: Appended to a ``SELECT`` of one table in a write that goes on to change what it read: the rows
+    #: found are locked until the transaction ends (PostgreSQL's writes run at ``READ COMMITTED``), and a
+    #: row another transaction changed is read as it committed.  Empty on SQLite, where ``BEGIN
+    #: IMMEDIATE`` already makes every write wait for the one before it.
+    for_update = ""
+    #: Appended to a ``SELECT`` that checks a row exists before a write refers to it (a session a route
+    #: or a child will point at): it cannot be deleted before this transaction ends.  Empty on SQLite.
+    for_key_share = ""
+
+    def serialize(self, conn: Any, what: str, key: str = "") -> None:
+        """Make the writes that call this with the same ``what`` and ``key`` take turns, until this
+        transaction ends: for a read-then-write whose rows may not exist yet (a new session's id, a title
+        that must stay unique).  A transaction-level advisory lock on PostgreSQL; nothing on SQLite."""
 
 
 class _Sqlite(Dialect):
@@ -257,6 +276,13 @@ class _Postgres(Dialect):
 
     def ids_restored(self, conn: Any, table: str) -> None:
         conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), GREATEST((SELECT max(id) FROM {table}), 1))")
+
+    for_update = " FOR UPDATE"
+    for_key_share = " FOR KEY SHARE"
+
+    def serialize(self, conn: Any, what: str, key: str = "") -> None:
+        # the two-int form: its keys never meet the single-bigint ones (the migration's, the cluster's)
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (ADVISORY_CLASSES[what], key))
 
     def mark_pending(self, conn: Any, session_id: str) -> bool:
         from .cluster.leases import mark_pending

@@ -7,6 +7,15 @@ except the messages of a turn that answered messages other messages arrived afte
 what it answers and the later arrivals follow the reply, for the next turn to answer.  Each message
 leaves room for ``SLOT - 1`` placed after it; the one index (``idx_messages_order``) is on exactly
 that expression.
+
+**Locks (PostgreSQL, whose writes run at READ COMMITTED).**  Every append first changes the session's
+row (its counters), which locks it until the transaction ends, and takes its id from the sequence only
+then: two appends to one session from two instances take turns, and ids (so the order) follow the
+order they commit in.  An append with a platform id locks that row *before* looking for the id, so a
+redelivery racing the first delivery finds it stored rather than failing on the unique index.
+:func:`place_after` reads the session's order only after the turn's appends hold that lock.  Storing
+into the session a route points to locks the route and then the session (:func:`routed_session_locked`),
+so a route move or an end committed meanwhile is seen, not overwritten.
 """
 
 from __future__ import annotations
@@ -78,6 +87,10 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
     platform_id = message.get("platform_message_id")
     if platform_id is not None:
         platform_id = str(platform_id)
+        dialect = dialect_of(conn)
+        if dialect.for_update:  # the session's row first: a racing delivery of this id waits, then is found
+            if conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{dialect.for_update}", (session_id,)).fetchone() is None:
+                raise SessionNotFound(session_id)
         row = conn.execute(
             "SELECT id FROM messages WHERE session_id = ? AND platform_message_id = ?", (session_id, platform_id)
         ).fetchone()
@@ -272,6 +285,20 @@ def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int,
     return ids
 
 
+def routed_session_locked(conn, session_key: str) -> dict | None:
+    """:func:`state._routes.get_routed_session` in a write: the route's row and then the session's locked
+    (PostgreSQL), so what is stored next goes where the route points when it commits, into a session
+    whose end is seen."""
+    lock = dialect_of(conn).for_update
+    if not lock:
+        return get_routed_session(conn, session_key)
+    route = conn.execute(f"SELECT session_id FROM routes WHERE session_key = ?{lock}", (session_key,)).fetchone()
+    if route is None:
+        return None
+    row = conn.execute(f"SELECT * FROM sessions WHERE id = ?{lock}", (route[0],)).fetchone()
+    return dict(row) if row else None
+
+
 def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **message: Any) -> Appended:
     appended = append_inbound(conn, session_id, **message)
     if inbox is not None and appended.new:
@@ -363,7 +390,7 @@ class Messages(Repository):
         None (no route, an ended session, or one ``keep`` turned down: the caller decides what next).
         """
         def route_and_append(conn):
-            session = get_routed_session(conn, session_key)
+            session = routed_session_locked(conn, session_key)
             if session is None or session.get("ended_at") is not None or not keep(session):
                 return session, None
             appended = _append_inbound(

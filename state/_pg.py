@@ -21,10 +21,15 @@ dialects truly differ the module asks its dialect (``state._dialect``).
 
 :class:`PgEngine` is :class:`state._engine.Engine` for PostgreSQL: a
 ``psycopg_pool.ConnectionPool``, one transaction per call (reads ``REPEATABLE READ``
-``READ ONLY``: one snapshot; writes ``SERIALIZABLE``, retried with jitter on a
-serialization failure or a deadlock until ``write_timeout``, so the functions keep
-the all-or-nothing, one-writer-at-a-time meaning SQLite's ``BEGIN IMMEDIATE`` gives
-them).  A connection found dead (the server restarted) is dropped with the pool's other dead
+``READ ONLY``: one snapshot; writes ``READ COMMITTED``, each store function taking the
+locks its own read-then-write needs: the rows it goes on to change ``FOR UPDATE``
+(``Dialect.for_update``), ``ON CONFLICT`` for what may not exist yet, an advisory lock
+(``Dialect.serialize``) where no row stands for the thing; each feature module's
+docstring says which.  So writes to different sessions never conflict (``SERIALIZABLE``'s
+predicate locks on the small tables' index pages made them fail and retry), and two on
+the same rows take turns as SQLite's ``BEGIN IMMEDIATE`` makes them.  A deadlock, or a
+serialization failure a function asks for, is still retried with jitter until
+``write_timeout``).  A connection found dead (the server restarted) is dropped with the pool's other dead
 ones and the call runs again on a new one, unless its COMMIT may have reached the server;
 while the server is down a call fails at once with :class:`StoreUnavailable` rather than
 waiting out the pool's reconnection.  Opening migrates the schema under a transaction-level advisory lock: of
@@ -408,21 +413,18 @@ class PgEngine:
                          deadline=time.monotonic() + self.write_timeout)
 
     def write(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, ...)`` in one serializable transaction: all of it or none.
+        """Run ``fn(conn, ...)`` in one ``READ COMMITTED`` transaction: all of it or none.
 
-        A serialization failure or a deadlock (another instance wrote the same rows) runs it
-        again, with jitter, until ``write_timeout`` seconds have passed; then
-        :class:`WriteTimeout` is raised with nothing written.
+        ``fn`` takes the row and advisory locks its reads need (see the module docstring).  A
+        deadlock or a serialization failure runs it again, with jitter, until ``write_timeout``
+        seconds have passed; then :class:`WriteTimeout` is raised with nothing written.
         """
-        return self._run(fn, args, kwargs, isolation="SERIALIZABLE", read_only=False,
+        return self._run(fn, args, kwargs, isolation="READ COMMITTED", read_only=False,
                          deadline=time.monotonic() + self.write_timeout)
 
     def write_committed(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, ...)`` in one ``READ COMMITTED`` transaction on a pooled connection.
-
-        For the cluster's statements (``state.cluster.store``), each of which settles its own race
-        (``ON CONFLICT``, ``FOR UPDATE SKIP LOCKED``, a row lock): serializable would only add retries.
-        """
+        """:meth:`write` (the name the cluster's statements, ``state.cluster.store``, and the budgets'
+        admission were written against when other writes ran ``SERIALIZABLE``)."""
         return self._run(fn, args, kwargs, isolation="READ COMMITTED", read_only=False,
                          deadline=time.monotonic() + self.write_timeout)
 
