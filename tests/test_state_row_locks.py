@@ -108,7 +108,7 @@ def test_a_route_moved_to_a_session_being_deleted_never_points_at_nothing(two):
     for round_ in range(6):
         target = f"t{round_}"
         a.sessions.create(target, "api")
-        results = race(2, lambda n: a.routes.set("chat", target) if n == 0 else b.sessions.delete(target))
+        results = race(2, lambda n, t=target: a.routes.set("chat", t) if n == 0 else b.sessions.delete(t))
         assert not any(isinstance(r, Exception) and not type(r).__name__ == "SessionNotFound" for r in results), results
         route = b.routes.get("chat")
         if route == target:
@@ -122,7 +122,7 @@ def test_appends_racing_a_delete_either_go_with_it_or_find_no_session(two):
     for round_ in range(6):
         sid = f"d{round_}"
         a.sessions.create(sid, "api")
-        results = race(2, lambda n: a.messages.append(sid, "user", "hi") if n == 0 else b.sessions.delete(sid))
+        results = race(2, lambda n, s=sid: a.messages.append(s, "user", "hi") if n == 0 else b.sessions.delete(s))
         assert results[1] is True
         assert results[0] is None or isinstance(results[0], int) or type(results[0]).__name__ == "SessionNotFound", \
             results
