@@ -17,6 +17,10 @@ budget runs over a day or month in the configured timezone and over an identity'
 The gateway names the scopes and periods of each call (:mod:`gateway.budgets`); this module only
 adds them up.  :func:`record_calls` writes the ledger's rows and adds them here in the same
 transaction, so a check that reads :func:`spent` sees every call the ledger holds, on every instance.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  The spends are added by upserts (``cost = cost +
+excluded.cost``), atomic on their row; the admission locks its keys' rows in key order
+(:func:`admit`); a reset, a rule and a notice are each one statement or ``ON CONFLICT``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ and how many attempts failed.  ``status`` moves::
 
 The table itself is created with the inbox and the delivery record
 (``state._recovery``, schema v16).
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Setting an event aside looks for its open row
+first, so it takes the ``dead_letter`` advisory lock on (platform, event id): two instances setting
+one event aside at once keep one row.  A status change is one ``UPDATE``.
 """
 
 from __future__ import annotations

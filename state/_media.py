@@ -11,6 +11,10 @@ index over this column (``state.search``, schema v30), ranked with the messages'
 the references with them; :func:`referenced_hashes` then says which files are still wanted,
 and the media folder's sweep deletes the rest.  A dead letter's message (``gateway.runtime.
 deadletters``) refers to its attachments by hash too, and keeps them until it is dropped.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Attaching locks the message's row before looking
+for media already attached (two attaching at once: the second finds the first's); filling a text or
+a note is one ``UPDATE ... WHERE text IS NULL``.
 """
 
 from __future__ import annotations

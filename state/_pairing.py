@@ -1,4 +1,9 @@
-"""Pairing: strangers' codes and the users the operator approved (no platform logic here)."""
+"""Pairing: strangers' codes and the users the operator approved (no platform logic here).
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A request counts the platform's pending ones
+before adding, and an approval reads the request it turns into an approval: both take the
+``pairing`` advisory lock on the platform first (:func:`_lock_platform`).
+"""
 
 from __future__ import annotations
 

@@ -26,6 +26,11 @@ Messages stored in the parent while its summary was written (or left
 unanswered there by a kill) are answered where the conversation went on:
 :func:`continued_conversation` gives a turn the compression tip and its
 history in one read.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A split locks the parent's row first, then
+compares its messages with what the caller read: an append or an end racing it lands before (and the
+split reports the change) or after (and finds the parent ended).  The child's title is chosen under
+the titles' lock (``state._titles``).
 """
 
 from __future__ import annotations

@@ -33,6 +33,12 @@ rows a day.  ``--top N`` by user or chat ranks every account by its tokens from
 the weekly rows of the window's whole weeks and the daily rows of the few days
 before them (a third of the rows the daily ones alone would be), then reads the
 N it shows day by day.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  The ledger's rows are inserts and its roll-ups
+upserts that add to the committed row (``ON CONFLICT ... DO UPDATE SET calls = calls +
+excluded.calls``), so two instances recording at once both count.  A reprice subtracts and adds back
+in one transaction; two reprices of one model at once are not expected (an operator's command) and
+the roll-up can be rebuilt from the ledger.
 """
 
 from __future__ import annotations
