@@ -166,7 +166,9 @@ def _writer(design: str, path: str, worker: int, begin: float, seconds: float, b
     latencies: list[float] = []
     errors = 0
     stored = in_window = 0
-    barrier.wait()
+    barrier.wait()  # every writer has opened its store
+    barrier.wait()  # and the start is set
+    begin = begin.value
     while time.perf_counter() < begin:
         time.sleep(0.0005)
     end = begin + seconds
@@ -199,11 +201,13 @@ def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int)
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(writers + 1)
     results = ctx.Queue()
-    begin = time.perf_counter() + 1.5 + 0.1 * writers  # every writer started (seconds on a busy machine)
+    begin = ctx.Value("d", 0.0)  # set once every writer has opened its store (seconds on a busy machine)
     procs = [ctx.Process(target=_writer, args=(design, str(path), w, begin, seconds, barrier, results))
              for w in range(writers)]
     for p in procs:
         p.start()
+    barrier.wait()
+    begin.value = time.perf_counter() + 0.05
     barrier.wait()
     outcomes = [results.get() for _ in procs]
     for p in procs:
@@ -290,14 +294,15 @@ def _product_role(design: str, path: str, role: str, begin: float, seconds: floa
             time.sleep(0.05)
     else:  # cron: a job's run begun and finished every 100 ms, its answer stored in its own session
         store = STORES[design](Path(path))
-        store.db.cron.add_job({"id": "job", "schedule": "every 1m", "prompt": "digest"}, source="cli",
+        store.db.cron.add_job({"id": "job", "name": "digest", "schedule": "every 1m", "prompt": "digest",
+                               "deliver": "local", "model": None, "context": "fresh", "grace_seconds": 60.0}, source="cli",
                               now=time.time(), next_run_at=None)
         while time.perf_counter() < end:
             run = timed(store.db.cron.begin_run, "job", holder="bench", now=time.time(), lease_seconds=60,
                         trigger="schedule", scheduled_at=None, deliver=None)
             timed(store.db.messages.append, "cron", "assistant", texts[i % len(texts)][1])
-            if run:
-                timed(store.db.cron.finish_run, run["id"], holder="bench", now=time.time(), status="ok")
+            if run and run["status"] == "running":
+                timed(store.db.cron.finish_run, run["run"]["id"], holder="bench", now=time.time(), status="ok")
             i += 1
             time.sleep(0.1)
         store.close()
@@ -382,6 +387,9 @@ def main_product(args: argparse.Namespace) -> None:
     print(f"{'design':<6} {'role':<7} {'writes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6}")
     for role in ("daemon", "cli", "cron"):
         for design in designs:
+            if not any(x["latencies"] for x in runs[(design, role)]):
+                print(f"{design:<6} {role:<7} no write finished in the window")
+                continue
             r = summarize(runs[(design, role)])
             writes = sum(x["stored"] for x in runs[(design, role)])
             print(f"{design:<6} {role:<7} {writes:>7} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} {r['errors']:>6}")
