@@ -64,7 +64,7 @@ def test_appends_to_one_session_from_two_instances_keep_every_message_and_its_or
     for n in range(THREADS):  # each writer's messages in the order it wrote them
         own = [c for c in contents if c.startswith(f"w{n} ")]
         assert own == [f"w{n} {i:02d}" for i in range(per_writer)]
-    assert a.sessions.get("s1")["message_count"] == THREADS * per_writer
+    assert a.sessions.get("s1").message_count == THREADS * per_writer
 
 
 def test_turns_recorded_from_two_instances_follow_what_each_answered(two):
@@ -82,7 +82,7 @@ def test_turns_recorded_from_two_instances_follow_what_each_answered(two):
     contents = [m["content"] for m in a.messages.get("s1")]
     assert contents == [text for n in range(THREADS) for text in (f"q{n}", f"a{n}")]
     row = b.sessions.get("s1")
-    assert (row["message_count"], row["input_tokens"], row["output_tokens"]) == (2 * THREADS, 10 * THREADS, THREADS)
+    assert (row.message_count, row.input_tokens, row.output_tokens) == (2 * THREADS, 10 * THREADS, THREADS)
 
 
 def test_one_title_given_to_two_sessions_at_once_goes_to_one_and_the_other_is_told(two):
@@ -139,7 +139,7 @@ def test_token_counters_added_from_two_instances_lose_nothing(two):
 
     race(THREADS, add)
     row = a.sessions.get("s1")
-    assert (row["input_tokens"], row["output_tokens"]) == (30 * THREADS, 10 * THREADS)
+    assert (row.input_tokens, row.output_tokens) == (30 * THREADS, 10 * THREADS)
 
 
 def test_pairing_requests_from_two_instances_stop_at_the_limit(two):
@@ -148,3 +148,18 @@ def test_pairing_requests_from_two_instances_stop_at_the_limit(two):
         "telegram", f"u{n}", None, f"CODE{n}", now=1000.0, ttl=3600, max_pending=2))
     assert sum(r is not None for r in results) == 2, results
     assert len(a.pairing.list(now=1000.0)["pending"]) == 2
+
+
+def test_a_question_answered_from_two_instances_at_once_ends_once_with_one_answer(two):
+    a, b = two
+    for round_ in range(4):
+        qid = f"q{round_}"
+        a.questions.add({"id": qid, "platform": "telegram", "chat_id": "42", "tool": "book", "field": "date",
+                         "kind": "text", "choices": "[]", "asked_at": 1000.0, "expires_at": 2000.0})
+        results = race(THREADS, lambda n, q=qid: (a, b)[n % 2].questions.close(
+            q, "answered" if n else "expired", answer=f'"{n}"', by=f"u{n}", now=1001.0))
+        assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
+        winner = results.index(True)
+        row = b.questions.get(qid)
+        assert (row["status"], row["answer"], row["answered_by"]) == (
+            "answered" if winner else "expired", f'"{winner}"', f"u{winner}")
