@@ -32,7 +32,7 @@ Printed per number of instances:
 No timed assertion: the figures are for reading.
 
     .venv/bin/python bench/cluster.py [--messages 600] [--chats 60] [--delay 0.2] [--instances 1 2 3]
-                                      [--via telegram|api] [--no-stream] [--durable]
+                                      [--via telegram|api] [--no-stream] [--durable] [--statements N]
 """
 
 from __future__ import annotations
@@ -173,12 +173,13 @@ class DbSampler:
     commits: int = 0
     rollbacks: int = 0  # serialization failures and deadlocks retried, mostly
     round_trips: int | None = None  # statements the daemons ran (pg_stat_statements), None when unavailable
+    statements: dict[str, int] = field(default_factory=dict)  # each statement's text -> times it ran in the window
 
     async def run(self, stop: asyncio.Event) -> None:
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn, \
                 await psycopg.AsyncConnection.connect(self.admin_url, autocommit=True) as admin:
             first, first_rollbacks = await self._commits(conn), await self._rollbacks(conn)
-            first_calls = await self._calls(admin)
+            first_calls, first_each = await self._calls(admin), await self._each(admin)
             while not stop.is_set():
                 cur = await conn.execute(
                     "SELECT state, wait_event_type FROM pg_stat_activity"
@@ -198,6 +199,20 @@ class DbSampler:
             self.rollbacks = await self._rollbacks(conn) - first_rollbacks
             calls = await self._calls(admin)
             self.round_trips = None if calls is None or first_calls is None else calls - first_calls
+            for query, count in (await self._each(admin)).items():
+                if count > first_each.get(query, 0):
+                    self.statements[query] = count - first_each.get(query, 0)
+
+    async def _each(self, admin: psycopg.AsyncConnection) -> dict[str, int]:
+        """Calls so far of each statement in the bench's database (the sampler's own left out)."""
+        try:
+            cur = await admin.execute(
+                "SELECT query, sum(calls) FROM pg_stat_statements"
+                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND query NOT LIKE %s GROUP BY query",
+                (self.url.rsplit("/", 1)[1], "%pg_stat_%"))
+        except psycopg.Error:
+            return {}
+        return {query: int(calls) for query, calls in await cur.fetchall()}
 
     async def _calls(self, admin: psycopg.AsyncConnection) -> int | None:
         """Statements run so far in the bench's database, this sampler's own left out (None: no extension)."""
@@ -362,7 +377,7 @@ async def run(cluster: PgCluster, instances: int, args: argparse.Namespace, mode
     return Row(instances, args.messages, seconds, latencies, meter, " ".join(load), sampler)
 
 
-def print_row(row: Row) -> None:
+def print_row(row: Row, statements: int = 0) -> None:
     cpu = row.meter.used
     window = row.seconds
     per_instance = "  ".join(f"{cpu[f'instance {n + 1}'] / window:>4.0%}" for n in range(row.instances))
@@ -382,6 +397,11 @@ def print_row(row: Row) -> None:
               f"{cpu[f'instance {n + 1}'] * 1000 / row.turns:.1f} ms CPU per turn (all instances: "
               f"{sum(cpu[f'instance {i + 1}'] for i in range(row.instances)) * 1000 / row.turns:.1f}, "
               f"postgres {cpu['postgres'] * 1000 / row.turns:.1f})", flush=True)
+    if statements:
+        print(f"{'':>11}statements per turn, most run first:")
+        for query, count in sorted(db.statements.items(), key=lambda item: -item[1])[:statements]:
+            text = " ".join(query.split())
+            print(f"{'':>11}{count / row.turns:>6.2f}  {text[:150]}{'...' if len(text) > 150 else ''}", flush=True)
 
 
 async def main() -> None:
@@ -395,6 +415,8 @@ async def main() -> None:
                              "local API, spread over the instances (no platform's rate limits)")
     parser.add_argument("--no-stream", action="store_true",
                         help="replies sent whole (streaming.enabled: false) instead of posted and edited")
+    parser.add_argument("--statements", type=int, default=0, metavar="N",
+                        help="also print the N statements run most per turn (pg_stat_statements), with how often")
     parser.add_argument("--durable", action="store_true",
                         help="PostgreSQL with fsync and synchronous_commit on (default: as the tests run it, fsync off)")
     args = parser.parse_args()
@@ -425,7 +447,8 @@ async def main() -> None:
                 print(f"round trips per turn not measured: {exc}".strip())
         with tempfile.TemporaryDirectory() as tmp:
             for n in args.instances:
-                print_row(await run(cluster, n, args, f"http://127.0.0.1:{model_port}/v1", model.pid, Path(tmp)))
+                print_row(await run(cluster, n, args, f"http://127.0.0.1:{model_port}/v1", model.pid, Path(tmp)),
+                          args.statements)
     finally:
         cluster.stop()
         model.terminate()

@@ -258,8 +258,17 @@ class _Postgres(Dialect):
         return [(r[0], r[1], r[2], int(r[3])) for r in rows], None
 
     def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
-        # ids from a sequence other instances share: each row's own
-        return [int(conn.execute(sql + " RETURNING id", row).fetchall()[0][0]) for row in rows]
+        # one multi-row statement per ROWS_PER_STATEMENT rows, each row's id from the sequence other
+        # instances share.  RETURNING's order is not promised, but the sequence is drawn as the VALUES
+        # list is read, one row after the other: the ids in ascending order are the rows' in order.
+        head, _, one = sql.partition(" VALUES ")
+        ids: list[int] = []
+        for i in range(0, len(rows), ROWS_PER_STATEMENT):
+            chunk = rows[i:i + ROWS_PER_STATEMENT]
+            found = conn.execute(f"{head} VALUES {', '.join([one] * len(chunk))} RETURNING id",
+                                 [v for row in chunk for v in row]).fetchall()
+            ids += sorted(int(row[0]) for row in found)
+        return ids
 
     def columns(self, conn: Any, table: str) -> set[str]:
         return {row[0] for row in conn.execute(
@@ -298,6 +307,22 @@ class _Postgres(Dialect):
 
 SQLITE: Dialect = _Sqlite()
 POSTGRES: Dialect = _Postgres()
+
+
+#: Rows one multi-row statement of :func:`insert_rows` takes at most (SQLite allows 32,766 parameters).
+ROWS_PER_STATEMENT = 200
+
+
+def insert_rows(conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``head VALUES (?, ...), (?, ...) tail`` for every :data:`ROWS_PER_STATEMENT` of ``rows``: one
+    statement (one round trip to PostgreSQL) where ``executemany`` runs one per row.  An upsert's rows
+    must have distinct keys (a statement may change a row once), and lock their rows in the order given."""
+    if not rows:
+        return
+    one = f"({', '.join('?' * len(rows[0]))})"
+    for i in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[i:i + ROWS_PER_STATEMENT]
+        conn.execute(f"{head} VALUES {', '.join([one] * len(chunk))} {tail}", [v for row in chunk for v in row])
 
 
 def dialect_of(conn: Any) -> Dialect:

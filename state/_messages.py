@@ -155,12 +155,20 @@ def place_after(conn: sqlite3.Connection, session_id: str, ids: list[int], answe
     answered = list(answered)
     if not ids or not answered:
         return
-    anchor = _answered_key(conn, session_id, answered)
-    if anchor is None:
-        return
     first = min(ids)
-    if conn.execute(f"SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > ? AND id < ? LIMIT 1",
-                    (session_id, anchor, first)).fetchone() is None:
+    # one statement for the usual case: the last answered message's place, and whether any message
+    # stored before this turn's came after it
+    anchor, later = conn.execute(
+        f"SELECT a.k, EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > a.k AND id < ?) "
+        f"FROM (SELECT MAX({ORDER_KEY}) AS k FROM messages WHERE session_id = ? AND id IN "
+        f"({', '.join('?' * len(answered))})) a", (session_id, first, session_id, *answered)).fetchone()
+    if anchor is None:  # not in the session: their copies there, if any
+        anchor = _copied_key(conn, session_id, answered)
+        if anchor is None:
+            return
+        later = conn.execute(f"SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > ? AND id < ? LIMIT 1",
+                             (session_id, anchor, first)).fetchone() is not None
+    if not later:
         return  # nothing came after what the turn answered: the turn's messages are in place as stored
     end = (anchor // SLOT + 1) * SLOT  # the slot ends where the next message by arrival starts
     start = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = ? AND {ORDER_KEY} >= ? "
@@ -172,13 +180,10 @@ def place_after(conn: sqlite3.Connection, session_id: str, ids: list[int], answe
         conn.execute("UPDATE messages SET pos = ? WHERE id = ?", (start + offset, message_id))
 
 
-def _answered_key(conn: sqlite3.Connection, session_id: str, answered: list[int]) -> int | None:
-    """The place of the last of ``answered`` in ``session_id`` (or of its copy there); None: not there."""
+def _copied_key(conn: sqlite3.Connection, session_id: str, answered: list[int]) -> int | None:
+    """The place in ``session_id`` of the last copy of ``answered`` (messages of another session, which
+    compression copied here); None: none is here."""
     marks = ", ".join("?" * len(answered))
-    row = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = ? AND id IN ({marks})",
-                       (session_id, *answered)).fetchone()
-    if row[0] is not None:
-        return row[0]
     row = conn.execute(
         f"SELECT MAX({order_key('c')}) FROM messages o JOIN messages c ON c.session_id = ? AND c.role = o.role "
         f"AND c.timestamp = o.timestamp AND c.content = o.content WHERE o.id IN ({marks})",

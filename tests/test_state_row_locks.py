@@ -163,3 +163,22 @@ def test_a_question_answered_from_two_instances_at_once_ends_once_with_one_answe
         row = b.questions.get(qid)
         assert (row["status"], row["answer"], row["answered_by"]) == (
             "answered" if winner else "expired", f'"{winner}"', f"u{winner}")
+
+
+def test_a_read_of_several_statements_sees_one_moment_while_another_instance_writes(two):
+    """Reads of one statement run without a transaction on PostgreSQL (state/_pg.py); one that runs a
+    second statement must still see a single snapshot, even when its first try began without one."""
+    a, b = two
+    a.sessions.create("s1", "api")
+    written = iter(range(100))
+
+    def counted_twice(conn) -> tuple[int, int]:
+        before = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", ("s1",)).fetchone()[0]
+        b.messages.append("s1", "user", f"meanwhile {next(written)}")  # committed by the other instance
+        after = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", ("s1",)).fetchone()[0]
+        return before, after
+
+    for _ in range(3):  # the first time, and once the store knows this read runs two statements
+        before, after = a._engine.read(counted_twice)
+        assert before == after, "the read's two statements saw two moments"
+    assert a.messages.count("s1") >= 3
