@@ -76,8 +76,10 @@ def _exact_json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> Appended:
-    """Store one message and bump the session's counters; a known platform id returns the first row."""
+def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
+                   tokens: tuple[int, int] = (0, 0)) -> Appended:
+    """Store one message and bump the session's counters (``tokens``: input and output tokens added to
+    its totals by the same statement); a known platform id returns the first row."""
     unknown = set(message) - set(MESSAGE_KEYS)
     if unknown:
         raise TypeError(f"unknown message fields: {', '.join(sorted(unknown))}")
@@ -107,13 +109,15 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
     preview = None
     if role == "user" and content:
         preview = str(content).replace("\r", " ").replace("\n", " ")[:PREVIEW_STORED]
+    added = ", input_tokens = COALESCE(input_tokens, 0) + ?, output_tokens = COALESCE(output_tokens, 0) + ?" \
+        if any(tokens) else ""
     cur = conn.execute(
-        """UPDATE sessions SET message_count = message_count + 1,
+        f"""UPDATE sessions SET message_count = message_count + 1,
                                tool_call_count = tool_call_count + ?,
                                last_active = MAX(COALESCE(last_active, started_at), ?),
-                               preview = COALESCE(preview, ?)
+                               preview = COALESCE(preview, ?){added}
            WHERE id = ?""",
-        (calls, timestamp, preview, session_id),
+        (calls, timestamp, preview, *((int(tokens[0]), int(tokens[1])) if added else ()), session_id),
     )
     if cur.rowcount == 0:
         raise SessionNotFound(session_id)
@@ -282,9 +286,15 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
                  answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
     fenced(conn, fence)
-    ids = append_messages(conn, session_id, messages)
+    tokens = (int(input_tokens or 0), int(output_tokens or 0))
+    if messages and messages[0].get("platform_message_id") is None:  # the tokens go with its counters
+        ids = [insert_message(conn, session_id, dict(messages[0]), tokens).id]
+        ids += append_messages(conn, session_id, messages[1:])
+    else:
+        ids = append_messages(conn, session_id, messages)
+        if any(tokens):
+            _sessions.update_token_counts(conn, session_id, input_tokens=tokens[0], output_tokens=tokens[1])
     place_after(conn, session_id, ids, answered)
-    _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
     if answered or delivery is not None:
         _recovery.settle(conn, answered, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)
     return ids
