@@ -182,3 +182,21 @@ def test_a_read_of_several_statements_sees_one_moment_while_another_instance_wri
         before, after = a._engine.read(counted_twice)
         assert before == after, "the read's two statements saw two moments"
     assert a.messages.count("s1") >= 3
+
+
+def test_one_a2a_task_added_by_two_instances_at_once_is_started_once(two):
+    a, b = two
+    for round_ in range(4):
+        results = race(THREADS, lambda n, r=round_: (a, b)[n % 2].a2a.add(
+            {"id": f"t{r}", "caller": f"caller{n}", "context_id": "ctx", "session_key": "k", "request": "hi",
+             "created_at": 1000.0}))
+        assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
+        assert b.a2a.get(f"t{round_}")["caller"] == f"caller{results.index(True)}"
+
+
+def test_one_signed_request_claimed_by_two_instances_at_once_is_taken_once(two):
+    a, b = two
+    for round_ in range(4):
+        results = race(THREADS, lambda n, r=round_: (a, b)[n % 2].replays.claim(
+            "webhook:hook", f"sig{r}", keep_until=2000.0, now=1000.0))
+        assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
