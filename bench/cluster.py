@@ -22,14 +22,17 @@ Printed per number of instances:
 * CPU, as a % of one core over the window: each daemon, PostgreSQL (every process
   of the server), the fake model, this process (the fake Telegram and the users),
   and the whole machine (both cores, other users of the machine included);
-* the load average at the end, PostgreSQL commits and rollbacks (retried conflicts) per turn, and its backends as
-  sampled every 0.1 s: active on average, waiting on a lock (heavyweight ``Lock``,
-  or ``LWLock``) on average.
+* the load average at the end, PostgreSQL commits and rollbacks (retried conflicts) per turn
+  (``pg_stat_database``'s ``xact_commit`` and ``xact_rollback`` over the window), round trips per
+  turn (``pg_stat_statements``' calls over the window, ``BEGIN`` and ``COMMIT`` included, the
+  sampler's own queries left out; the server is started with the module preloaded, the
+  extension created in its ``postgres`` database), and its backends as sampled every 0.1 s:
+  active on average, waiting on a lock (heavyweight ``Lock``, or ``LWLock``) on average.
 
 No timed assertion: the figures are for reading.
 
     .venv/bin/python bench/cluster.py [--messages 600] [--chats 60] [--delay 0.2] [--instances 1 2 3]
-                                      [--via telegram|api] [--no-stream] [--durable]
+                                      [--via telegram|api] [--no-stream] [--durable] [--statements N]
 """
 
 from __future__ import annotations
@@ -161,6 +164,7 @@ class DbSampler:
     """pg_stat_activity of the database every 0.1 s, and its commits, while the load runs."""
 
     url: str
+    admin_url: str  # the server's ``postgres`` database, where pg_stat_statements is created
     samples: int = 0
     active: int = 0
     in_transaction: int = 0  # active, or idle in a transaction: waiting for its client
@@ -168,10 +172,14 @@ class DbSampler:
     on_lwlock: int = 0
     commits: int = 0
     rollbacks: int = 0  # serialization failures and deadlocks retried, mostly
+    round_trips: int | None = None  # statements the daemons ran (pg_stat_statements), None when unavailable
+    statements: dict[str, int] = field(default_factory=dict)  # each statement's text -> times it ran in the window
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn, \
+                await psycopg.AsyncConnection.connect(self.admin_url, autocommit=True) as admin:
             first, first_rollbacks = await self._commits(conn), await self._rollbacks(conn)
+            first_calls, first_each = await self._calls(admin), await self._each(admin)
             while not stop.is_set():
                 cur = await conn.execute(
                     "SELECT state, wait_event_type FROM pg_stat_activity"
@@ -189,6 +197,33 @@ class DbSampler:
                     pass
             self.commits = await self._commits(conn) - first
             self.rollbacks = await self._rollbacks(conn) - first_rollbacks
+            calls = await self._calls(admin)
+            self.round_trips = None if calls is None or first_calls is None else calls - first_calls
+            for query, count in (await self._each(admin)).items():
+                if count > first_each.get(query, 0):
+                    self.statements[query] = count - first_each.get(query, 0)
+
+    async def _each(self, admin: psycopg.AsyncConnection) -> dict[str, int]:
+        """Calls so far of each statement in the bench's database (the sampler's own left out)."""
+        try:
+            cur = await admin.execute(
+                "SELECT query, sum(calls) FROM pg_stat_statements"
+                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND query NOT LIKE %s GROUP BY query",
+                (self.url.rsplit("/", 1)[1], "%pg_stat_%"))
+        except psycopg.Error:
+            return {}
+        return {query: int(calls) for query, calls in await cur.fetchall()}
+
+    async def _calls(self, admin: psycopg.AsyncConnection) -> int | None:
+        """Statements run so far in the bench's database, this sampler's own left out (None: no extension)."""
+        try:
+            cur = await admin.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND query NOT LIKE %s",
+                (self.url.rsplit("/", 1)[1], "%pg_stat_%"))
+        except psycopg.Error:
+            return None
+        return int((await cur.fetchone())[0])
 
     @staticmethod
     async def _commits(conn: psycopg.AsyncConnection) -> int:
@@ -325,7 +360,7 @@ async def run(cluster: PgCluster, instances: int, args: argparse.Namespace, mode
             await asyncio.gather(*(d.start() for d in daemons[1:]))
             await users.warm_up()
             meter = CpuMeter([d.proc.pid for d in daemons if d.proc], postmaster, model_pid)
-            sampler = DbSampler(url)
+            sampler = DbSampler(url, cluster.url())
             stop = asyncio.Event()
             sampling = asyncio.create_task(sampler.run(stop))
             meter.start()
@@ -342,7 +377,7 @@ async def run(cluster: PgCluster, instances: int, args: argparse.Namespace, mode
     return Row(instances, args.messages, seconds, latencies, meter, " ".join(load), sampler)
 
 
-def print_row(row: Row) -> None:
+def print_row(row: Row, statements: int = 0) -> None:
     cpu = row.meter.used
     window = row.seconds
     per_instance = "  ".join(f"{cpu[f'instance {n + 1}'] / window:>4.0%}" for n in range(row.instances))
@@ -353,7 +388,8 @@ def print_row(row: Row) -> None:
           f"{_percentile(row.latencies, 95):>6.2f}  {per_instance:<16}  {cpu['postgres'] / window:>8.0%}  "
           f"{cpu['model'] / window:>5.0%}  {cpu['bench'] / window:>5.0%}  {machine:>7.0%}  {row.load:<14}  "
           f"{db.commits / row.turns:>6.1f}  {db.in_transaction / samples:>6.2f}  {db.active / samples:>6.2f}  "
-          f"{db.on_lock / samples:>5.2f}  {db.on_lwlock / samples:>6.2f}  {db.rollbacks / row.turns:>6.2f}", flush=True)
+          f"{db.on_lock / samples:>5.2f}  {db.on_lwlock / samples:>6.2f}  {db.rollbacks / row.turns:>6.3f}  "
+          f"{'-' if db.round_trips is None else f'{db.round_trips / row.turns:.1f}':>6}", flush=True)
     for n in range(row.instances):
         loop, others = row.meter.threads(n)
         busiest = ", ".join(f"{t / window:.0%}" for t in others[:3])
@@ -361,6 +397,11 @@ def print_row(row: Row) -> None:
               f"{cpu[f'instance {n + 1}'] * 1000 / row.turns:.1f} ms CPU per turn (all instances: "
               f"{sum(cpu[f'instance {i + 1}'] for i in range(row.instances)) * 1000 / row.turns:.1f}, "
               f"postgres {cpu['postgres'] * 1000 / row.turns:.1f})", flush=True)
+    if statements:
+        print(f"{'':>11}statements per turn, most run first:")
+        for query, count in sorted(db.statements.items(), key=lambda item: -item[1])[:statements]:
+            text = " ".join(query.split())
+            print(f"{'':>11}{count / row.turns:>6.2f}  {text[:150]}{'...' if len(text) > 150 else ''}", flush=True)
 
 
 async def main() -> None:
@@ -374,6 +415,8 @@ async def main() -> None:
                              "local API, spread over the instances (no platform's rate limits)")
     parser.add_argument("--no-stream", action="store_true",
                         help="replies sent whole (streaming.enabled: false) instead of posted and edited")
+    parser.add_argument("--statements", type=int, default=0, metavar="N",
+                        help="also print the N statements run most per turn (pg_stat_statements), with how often")
     parser.add_argument("--durable", action="store_true",
                         help="PostgreSQL with fsync and synchronous_commit on (default: as the tests run it, fsync off)")
     args = parser.parse_args()
@@ -383,22 +426,29 @@ async def main() -> None:
     # the fake's requests cut off at a daemon's stop are expected; aiohttp would print each one's traceback
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     settings = {"fsync": "on", "synchronous_commit": "on"} if args.durable else {}
+    settings["shared_preload_libraries"] = "pg_stat_statements"  # round trips per turn
     how = "DMs through the fake Telegram (polling)" if args.via == "telegram" else "messages through the local API"
     print(f"{args.messages} {how} from {args.chats} chats (each waits for its answer), fake model "
           f"{args.delay * 1000:.0f} ms, replies {'sent whole' if args.no_stream or args.via == 'api' else 'streamed'}, "
           f"PostgreSQL fsync "
           f"{'on' if args.durable else 'off'}; {os.cpu_count()} cores")
     print("CPU: % of one core over the window; PG: commits per turn, backends in a transaction / active / waiting on "
-          "Lock / on LWLock (averages), rollbacks per turn (retried conflicts)")
+          "Lock / on LWLock (averages), rollbacks per turn (retried conflicts), round trips (statements) per turn")
     print(f"{'instances':>9}  {'turns/s':>7}  {'p50 s':>6}  {'p95 s':>6}  {'CPU per instance':<16}  {'postgres':>8}  "
           f"{'model':>5}  {'bench':>5}  {'machine':>7}  {'load avg':<14}  {'PG c/t':>6}  {'in txn':>6}  "
-          f"{'active':>6}  {'Lock':>5}  {'LWLock':>6}  {'PG r/t':>6}")
+          f"{'active':>6}  {'Lock':>5}  {'LWLock':>6}  {'PG r/t':>6}  {'RT/t':>6}")
     model, model_port = await start_model(args.delay)
     cluster = PgCluster.start(settings)
     try:
+        with psycopg.connect(cluster.url(), autocommit=True) as admin:
+            try:
+                admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            except psycopg.Error as exc:
+                print(f"round trips per turn not measured: {exc}".strip())
         with tempfile.TemporaryDirectory() as tmp:
             for n in args.instances:
-                print_row(await run(cluster, n, args, f"http://127.0.0.1:{model_port}/v1", model.pid, Path(tmp)))
+                print_row(await run(cluster, n, args, f"http://127.0.0.1:{model_port}/v1", model.pid, Path(tmp)),
+                          args.statements)
     finally:
         cluster.stop()
         model.terminate()

@@ -125,7 +125,30 @@ class OurStore:
         self.db.close()
 
 
-STORES = {"seed": SeedStore, "ours": OurStore}
+class RetryStore(OurStore):
+    """Ours without the writer queue (``state._lock``): SQLite's own lock, a busy timeout of
+    ``BUSY_MS`` on the write connection, then the engine's jittered retries (``Engine._retry_busy``:
+    1 ms doubling to 50 ms, each 0.5-1.5 times that, until the write timeout)."""
+
+    BUSY_MS = 0
+
+    def __init__(self, path: Path):
+        from state import _engine, db
+
+        real = _engine.Engine
+        db.Engine = lambda *a, **k: real(*a, process_lock=False, **k)  # type: ignore[misc]  # bench-only switch
+        try:
+            self.db = SessionDB(path)
+        finally:
+            db.Engine = real  # type: ignore[misc]
+        self.db._engine._wconn.execute(f"PRAGMA busy_timeout = {self.BUSY_MS}")  # type: ignore[union-attr]
+
+
+class RetryBusy5Store(RetryStore):
+    BUSY_MS = 5
+
+
+STORES = {"seed": SeedStore, "ours": OurStore, "retry": RetryStore, "retry5": RetryBusy5Store}
 
 
 def _texts(worker: int, n: int = 2000) -> list[tuple[str, str]]:
@@ -143,7 +166,9 @@ def _writer(design: str, path: str, worker: int, begin: float, seconds: float, b
     latencies: list[float] = []
     errors = 0
     stored = in_window = 0
-    barrier.wait()
+    barrier.wait()  # every writer has opened its store
+    barrier.wait()  # and the start is set
+    begin = begin.value
     while time.perf_counter() < begin:
         time.sleep(0.0005)
     end = begin + seconds
@@ -172,15 +197,17 @@ def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int)
     STORES[design].create(path)
     setup = STORES[design](path)
     for w in range(writers):
-        setup.sessions.create(f"w{w}", "bench")
+        setup.create_session(f"w{w}", "bench")
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(writers + 1)
     results = ctx.Queue()
-    begin = time.perf_counter() + 0.5 + 0.05 * writers  # after every writer has started and opened the store
+    begin = ctx.Value("d", 0.0)  # set once every writer has opened its store (seconds on a busy machine)
     procs = [ctx.Process(target=_writer, args=(design, str(path), w, begin, seconds, barrier, results))
              for w in range(writers)]
     for p in procs:
         p.start()
+    barrier.wait()
+    begin.value = time.perf_counter() + 0.05
     barrier.wait()
     outcomes = [results.get() for _ in procs]
     for p in procs:
@@ -203,6 +230,111 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
+# -- the product's own load: one daemon, CLI commands, cron -------------------------------------------
+
+
+def _cli_command(design: str, path: str, n: int, done) -> None:
+    """One CLI command: open the store, rename a chat's session, close; the seconds it took, failed or not."""
+    start = time.perf_counter()
+    try:
+        store = STORES[design](Path(path))
+        store.db.titles.set(f"chat{n % 20}", f"renamed {n}")
+        store.close()
+        done.put((time.perf_counter() - start, 0))
+    except Exception:  # noqa: BLE001 - any failure surfaced to the caller counts
+        done.put((time.perf_counter() - start, 1))
+
+
+def _product_role(design: str, path: str, role: str, begin: float, seconds: float, barrier, results) -> None:
+    """One process of the product's load, timing each of its writes (see :func:`product`)."""
+    latencies: list[float] = []
+    errors = stored = 0
+    texts = _texts(hash(role) % 100, 200)
+    barrier.wait()
+    while time.perf_counter() < begin:
+        time.sleep(0.0005)
+    end = begin + seconds
+    i = 0
+
+    def timed(op, *args, **kwargs):
+        nonlocal errors, stored
+        start = time.perf_counter()
+        result = None
+        try:
+            result = op(*args, **kwargs)
+            stored += 1
+        except Exception:  # noqa: BLE001 - any failure surfaced to the caller counts
+            errors += 1
+        latencies.append(time.perf_counter() - start)
+        return result
+
+    if role == "daemon":  # turns of 20 chats, each an inbound message and a recorded reply
+        store = STORES[design](Path(path))
+        while time.perf_counter() < end:
+            chat = f"chat{i % 20}"
+            content = texts[i % len(texts)][1]
+            got = timed(store.db.messages.append_inbound, chat, content, platform_message_id=f"p{i}")
+            timed(store.db.messages.record_turn, chat, [{"role": "assistant", "content": content}],
+                  input_tokens=100, output_tokens=20, answered=[got.id] if got else [])
+            i += 1
+            time.sleep(0.005)  # the model's answer, the platform's round trips: ~100 turns/s at most
+        store.close()
+    elif role == "cli":  # a command every 50 ms, each a process of its own opening the store for one write
+        ctx = mp.get_context("fork")
+        while time.perf_counter() < end:
+            done = ctx.Queue()
+            proc = ctx.Process(target=_cli_command, args=(design, path, i, done))
+            proc.start()
+            took, failed = done.get()
+            proc.join()
+            latencies.append(took)
+            errors += failed
+            stored += 1 - failed
+            i += 1
+            time.sleep(0.05)
+    else:  # cron: a job's run begun and finished every 100 ms, its answer stored in its own session
+        store = STORES[design](Path(path))
+        store.db.cron.add_job({"id": "job", "name": "digest", "schedule": "every 1m", "prompt": "digest",
+                               "deliver": "local", "model": None, "context": "fresh", "grace_seconds": 60.0}, source="cli",
+                              now=time.time(), next_run_at=None)
+        while time.perf_counter() < end:
+            run = timed(store.db.cron.begin_run, "job", holder="bench", now=time.time(), lease_seconds=60,
+                        trigger="schedule", scheduled_at=None, deliver=None)
+            timed(store.db.messages.append, "cron", "assistant", texts[i % len(texts)][1])
+            if run and run["status"] == "running":
+                timed(store.db.cron.finish_run, run["run"]["id"], holder="bench", now=time.time(), status="ok")
+            i += 1
+            time.sleep(0.1)
+        store.close()
+    results.put((role, stored, errors, latencies))
+
+
+def product(design: str, seconds: float, workdir: Path, round_no: int) -> dict[str, dict]:
+    """One daemon, a CLI command every 50 ms and cron, for ``seconds``: each role's write latencies."""
+    path = workdir / f"product-{design}-{round_no}.db"
+    STORES[design].create(path)
+    setup = STORES[design](path)
+    for n in range(20):
+        setup.create_session(f"chat{n}", "bench")
+    setup.create_session("cron", "cron")
+    ctx = mp.get_context("fork")
+    roles = ("daemon", "cli", "cron")
+    barrier = ctx.Barrier(len(roles) + 1)
+    results = ctx.Queue()
+    begin = time.perf_counter() + 2.0  # after every role has started and opened the store
+    procs = [ctx.Process(target=_product_role, args=(design, str(path), role, begin, seconds, barrier, results))
+             for role in roles]
+    for proc in procs:
+        proc.start()
+    barrier.wait()
+    outcomes = {o[0]: o for o in (results.get() for _ in procs)}
+    for proc in procs:
+        proc.join()
+    setup.close()
+    return {role: {"stored": o[1], "errors": o[2], "lost": 0, "in_window": o[1], "seconds": seconds,
+                   "latencies": o[3]} for role, o in outcomes.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="length of one run")
@@ -210,7 +342,14 @@ def main() -> None:
                         help="runs per configuration, interleaved with the others so load changes hit all alike")
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--designs", nargs="+", default=["seed", "ours"], choices=list(STORES))
+    parser.add_argument("--load", choices=["flat-out", "product"], default="flat-out",
+                        help="flat-out: --writers processes appending as fast as they can; product: one daemon "
+                             "(turns of 20 chats), a CLI command every 50 ms (a process opening the store for one "
+                             "write) and cron (a run every 100 ms)")
     args = parser.parse_args()
+    if args.load == "product":
+        main_product(args)
+        return
     print(f"SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {mp.cpu_count()} CPUs "
           f"(load average {os.getloadavg()[0]:.1f} before); {args.rounds} rounds of {args.seconds:g} s per "
           "configuration; one message per transaction")
@@ -231,6 +370,29 @@ def main() -> None:
             share = f"{r['rate'] / single * 100:.0f} %" if single else "-"
             print(f"{design:<6} {writers:>7} {r['rate']:>8.0f} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} "
                   f"{r['errors']:>6} {r['lost']:>5} {share:>11}")
+    print(f"load average {os.getloadavg()[0]:.1f} after (other processes on this machine share its CPUs)")
+
+
+def main_product(args: argparse.Namespace) -> None:
+    designs = [d for d in args.designs if d != "seed"]  # the seed's store has no turns, cron or titles
+    print(f"SQLite {sqlite3.sqlite_version}, {mp.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} before); "
+          f"the product's load: one daemon, CLI commands, cron; {args.rounds} rounds of {args.seconds:g} s; "
+          "latency of each write (CLI: of each command, opening the store included)")
+    runs: dict[tuple[str, str], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as tmp:
+        for round_no in range(args.rounds):
+            for design in designs:
+                for role, run_ in product(design, args.seconds, Path(tmp), round_no).items():
+                    runs.setdefault((design, role), []).append(run_)
+    print(f"{'design':<6} {'role':<7} {'writes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6}")
+    for role in ("daemon", "cli", "cron"):
+        for design in designs:
+            if not any(x["latencies"] for x in runs[(design, role)]):
+                print(f"{design:<6} {role:<7} no write finished in the window")
+                continue
+            r = summarize(runs[(design, role)])
+            writes = sum(x["stored"] for x in runs[(design, role)])
+            print(f"{design:<6} {role:<7} {writes:>7} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} {r['errors']:>6}")
     print(f"load average {os.getloadavg()[0]:.1f} after (other processes on this machine share its CPUs)")
 
 

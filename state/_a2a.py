@@ -10,6 +10,11 @@ conditional UPDATE, so an answer racing a cancel decides once, on any instance):
 ``push_due`` (the time its notification is next tried) as it moves; the sender takes it with a
 conditional UPDATE (so two instances never send the same try), and clears it once delivered or
 given up (``push_error`` then says why).
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Each write is one statement: a task is added by
+``INSERT ... ON CONFLICT (id) DO NOTHING`` (a request retried on two instances at once starts one task),
+and every move is an UPDATE conditional on the state it moves from, which a second mover, after waiting
+for the first's row lock, finds changed and leaves alone.
 """
 
 from __future__ import annotations
@@ -60,13 +65,12 @@ def _row(row: Any) -> dict:
 
 def add_task(conn: sqlite3.Connection, row: dict) -> bool:
     """A new working task; False when a task with that id exists (a retried request: nothing written)."""
-    if conn.execute("SELECT 1 FROM a2a_tasks WHERE id = ?", (row["id"],)).fetchone():
-        return False
     values = {**{c: None for c in COLUMNS}, "push_attempts": 0, **row, "state": "working",
               "updated_at": row["created_at"]}
-    conn.execute(f"INSERT INTO a2a_tasks ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                 tuple(values[c] for c in COLUMNS))
-    return True
+    # one statement: of two instances adding one id at once (PostgreSQL, READ COMMITTED), the second
+    # waits for the first and writes nothing, where a look first then an INSERT would fail on the key
+    return conn.execute(f"INSERT INTO a2a_tasks ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+                        "ON CONFLICT (id) DO NOTHING", tuple(values[c] for c in COLUMNS)).rowcount == 1
 
 
 def get_task(conn: sqlite3.Connection, task_id: str) -> dict | None:

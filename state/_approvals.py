@@ -10,6 +10,11 @@ result, in the same transaction).  Because the move is one conditional UPDATE, t
 pressed twice, an ``/approve`` racing a timeout, a press after a restart) decide once: the second
 finds the row no longer pending.  A row left ``approved`` (a crash while the call ran) is never run
 again; it reads as interrupted.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A decision is one ``UPDATE ... WHERE status =
+'pending'``: of two instances deciding at once one moves it, the other finds it moved.  Storing the
+result locks the request's row before reading its status, and the tool message goes through the
+session's row lock (``state._messages``).
 """
 
 from __future__ import annotations
@@ -120,6 +125,9 @@ def store_result(conn: sqlite3.Connection, approval_id: str, session_id: str, co
     """The call's result (or its denial) as its tool message, placed right after the message that asked,
     and the request moved from ``from_status`` to ``to_status``, in one transaction.  None (nothing
     written) when the request is no longer ``from_status``."""
+    # the request's row locked before its status is read (PostgreSQL): two instances storing one result
+    # take turns, and the second finds the status moved on
+    conn.execute(f"SELECT 1 FROM tool_approvals WHERE id = ?{dialect_of(conn).for_update}", (approval_id,)).fetchall()
     row = get_approval(conn, approval_id)
     if row is None or row["status"] != from_status:
         return None

@@ -17,6 +17,10 @@ budget runs over a day or month in the configured timezone and over an identity'
 The gateway names the scopes and periods of each call (:mod:`gateway.budgets`); this module only
 adds them up.  :func:`record_calls` writes the ledger's rows and adds them here in the same
 transaction, so a check that reads :func:`spent` sees every call the ledger holds, on every instance.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  The spends are added by upserts (``cost = cost +
+excluded.cost``), atomic on their row; the admission locks its keys' rows in key order
+(:func:`admit`); a reset, a rule and a notice are each one statement or ``ON CONFLICT``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from . import _usage
-from ._dialect import dialect_of
+from ._dialect import dialect_of, insert_rows
 from ._repo import Repository, reads, writes
 
 #: Schema v25, written once for both engines (``state._dialect``'s type tokens).
@@ -84,7 +88,8 @@ RESERVATION_SECONDS = 900.0
 #: one spend: (scope, period, cost, tokens)
 Spend = tuple[str, str, float, int]
 
-_ADD = ("INSERT INTO budget_spend (scope, period, cost, tokens, calls) VALUES (?, ?, ?, ?, ?) "
+#: An upsert adding to spends, as :func:`state._dialect.insert_rows`' head and tail.
+_ADD = ("INSERT INTO budget_spend (scope, period, cost, tokens, calls)",
         "ON CONFLICT (scope, period) DO UPDATE SET cost = budget_spend.cost + excluded.cost, "
         "tokens = budget_spend.tokens + excluded.tokens, calls = budget_spend.calls + excluded.calls")
 
@@ -106,8 +111,8 @@ def add_spends(conn: Any, spends: Iterable[Spend]) -> None:
         known[0] += cost
         known[1] += tokens
         known[2] += 1
-    if summed:  # in key order: an admission locks its keys in that order too (no deadlock between them)
-        conn.executemany(_ADD, [(scope, period, *summed[(scope, period)]) for scope, period in sorted(summed)])
+    # one statement, in key order: an admission locks its keys in that order too (no deadlock between them)
+    insert_rows(conn, *_ADD, [(scope, period, *summed[(scope, period)]) for scope, period in sorted(summed)])
 
 
 def record_calls(conn: sqlite3.Connection, rows: list[dict], spends: list[Spend],

@@ -17,6 +17,12 @@ delivery attempt.  Delivery: ``pending`` (to be tried at
 (the answer was ``[SILENT]``), ``local`` (kept here only).
 
 Times are passed in by the caller (the gateway's clock), never read here.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Every write of this module reads what it then
+changes (whether a lease is held, a run still running, a job still there), so each takes the one
+``cron`` advisory lock first (:func:`_in_turn`): cron's writes take turns, as all writes do on SQLite.
+They come a few a minute, so the turns cost nothing; the cluster's tick claims (``state.cluster.cron``)
+settle their own race with ``ON CONFLICT``.
 """
 
 from __future__ import annotations
@@ -357,13 +363,23 @@ def record_cron_delivery(conn: sqlite3.Connection, run_id: int, *, now: float, o
     return get_cron_run(conn, run_id)
 
 
+
+def _in_turn(conn: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn`` after the one ``cron`` advisory lock (PostgreSQL): cron's writes read the jobs, runs and leases
+    they go on to change (a lease held or not, a run still running, the next time due), and are few."""
+    dialect_of(conn).serialize(conn, "cron")
+    return fn(conn, *args, **kwargs)
+
 class CronJobs(Repository):
     """``db.cron``: scheduled jobs, their runs and leases; times come from the caller's clock."""
+
+    def _write(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.write(_in_turn, fn, *args, **kwargs)
 
     @writes
     def add_job(self, job: dict, *, source: str, now: float, next_run_at: float | None) -> dict:
         """Store a new job (``job`` holds id and the editable fields); raises ``CronJobExists``."""
-        return self._engine.write(add_cron_job, dict(job), source=source, now=now, next_run_at=next_run_at)
+        return self._write(add_cron_job, dict(job), source=source, now=now, next_run_at=next_run_at)
 
     @reads
     def get_job(self, job_id: str) -> dict | None:
@@ -376,21 +392,21 @@ class CronJobs(Repository):
 
     @writes
     def update_job(self, job_id: str, changes: dict, *, now: float, next_run_at: Any = "keep") -> dict:
-        return self._engine.write(update_cron_job, job_id, dict(changes), now=now, next_run_at=next_run_at)
+        return self._write(update_cron_job, job_id, dict(changes), now=now, next_run_at=next_run_at)
 
     @writes
     def set_paused(self, job_id: str, paused: bool, *, now: float, next_run_at: Any = "keep") -> dict:
-        return self._engine.write(set_cron_job_paused, job_id, paused, now=now, next_run_at=next_run_at)
+        return self._write(set_cron_job_paused, job_id, paused, now=now, next_run_at=next_run_at)
 
     @writes
     def remove_job(self, job_id: str) -> bool:
         """Delete the job with its history and lease; the sessions of its runs stay."""
-        return self._engine.write(remove_cron_job, job_id)
+        return self._write(remove_cron_job, job_id)
 
     @writes
     def sync_config_jobs(self, jobs: list[dict], *, now: float, remove_missing: bool = True) -> dict:
         """Make the table's ``config`` jobs match ``jobs``; returns {added, changed, removed}."""
-        return self._engine.write(sync_config_cron_jobs, [dict(j) for j in jobs], now=now,
+        return self._write(sync_config_cron_jobs, [dict(j) for j in jobs], now=now,
                                   remove_missing=remove_missing)
 
     @writes
@@ -398,7 +414,7 @@ class CronJobs(Repository):
                   scheduled_at: float | None, deliver: str | None, expect_next_run_at: Any = "any",
                   next_run_at: Any = "keep", note: str | None = None) -> dict:
         """Take the job's lease and record a running run in one transaction (see ``state._cron``)."""
-        return self._engine.write(
+        return self._write(
             begin_cron_run, job_id, holder=holder, now=now, lease_seconds=lease_seconds, trigger=trigger,
             scheduled_at=scheduled_at, deliver=deliver, expect_next_run_at=expect_next_run_at,
             next_run_at=next_run_at, note=note,
@@ -407,12 +423,12 @@ class CronJobs(Repository):
     @writes
     def skip_run(self, job_id: str, *, now: float, scheduled_at: float | None, reason: str,
                  expect_next_run_at: float | None, next_run_at: float | None) -> dict | None:
-        return self._engine.write(skip_cron_run, job_id, now=now, scheduled_at=scheduled_at, reason=reason,
+        return self._write(skip_cron_run, job_id, now=now, scheduled_at=scheduled_at, reason=reason,
                                   expect_next_run_at=expect_next_run_at, next_run_at=next_run_at)
 
     @writes
     def renew_lease(self, job_id: str, holder: str, *, now: float, lease_seconds: float) -> bool:
-        return self._engine.write(renew_cron_lease, job_id, holder, now=now, lease_seconds=lease_seconds)
+        return self._write(renew_cron_lease, job_id, holder, now=now, lease_seconds=lease_seconds)
 
     @reads
     def get_lease(self, job_id: str) -> dict | None:
@@ -420,14 +436,14 @@ class CronJobs(Repository):
 
     @writes
     def set_run_session(self, run_id: int, session_id: str) -> None:
-        return self._engine.write(set_cron_run_session, run_id, session_id)
+        return self._write(set_cron_run_session, run_id, session_id)
 
     @writes
     def finish_run(self, run_id: int, *, holder: str, now: float, status: str, session_id: str | None = None,
                    output: str | None = None, error: str | None = None, delivery: str | None = None,
                    next_delivery_at: float | None = None) -> dict | None:
         """Record the run's end and release the lease; None when the job was removed meanwhile."""
-        return self._engine.write(
+        return self._write(
             finish_cron_run, run_id, holder=holder, now=now, status=status, session_id=session_id,
             output=output, error=error, delivery=delivery, next_delivery_at=next_delivery_at,
         )
@@ -444,7 +460,7 @@ class CronJobs(Repository):
     @writes
     def reap_runs(self, *, now: float) -> list[dict]:
         """Runs left running by a process that died (lease expired) become errors."""
-        return self._engine.write(reap_cron_runs, now=now)
+        return self._write(reap_cron_runs, now=now)
 
     @reads
     def due_deliveries(self, *, now: float, limit: int = 50) -> list[dict]:
@@ -452,9 +468,9 @@ class CronJobs(Repository):
 
     @writes
     def claim_delivery(self, run_id: int, *, now: float, hold_seconds: float) -> dict | None:
-        return self._engine.write(claim_cron_delivery, run_id, now=now, hold_seconds=hold_seconds)
+        return self._write(claim_cron_delivery, run_id, now=now, hold_seconds=hold_seconds)
 
     @writes
     def record_delivery(self, run_id: int, *, now: float, ok: bool, error: str | None = None,
                         retry_at: float | None = None) -> dict | None:
-        return self._engine.write(record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)
+        return self._write(record_cron_delivery, run_id, now=now, ok=ok, error=error, retry_at=retry_at)

@@ -11,6 +11,10 @@ and how many attempts failed.  ``status`` moves::
 
 The table itself is created with the inbox and the delivery record
 (``state._recovery``, schema v16).
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Setting an event aside looks for its open row
+first, so it takes the ``dead_letter`` advisory lock on (platform, event id): two instances setting
+one event aside at once keep one row.  A status change is one ``UPDATE``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
 
 STATUSES = ("held", "retry", "retried", "dropped")
@@ -30,6 +35,7 @@ def add_dead_letter(conn: sqlite3.Connection, *, platform: str, event_id: str | 
     its row is still open updates that row (attempts added, latest error) instead of adding a second."""
     now = time.time() if now is None else now
     if event_id is not None:
+        dialect_of(conn).serialize(conn, "dead_letter", f"{platform}\n{event_id}")  # one open row per event
         row = conn.execute(
             f"SELECT id FROM dead_letters WHERE platform = ? AND event_id = ? AND status IN ({_marks(_OPEN)}) "
             "ORDER BY id DESC LIMIT 1", (platform, event_id, *_OPEN),

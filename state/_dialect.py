@@ -56,6 +56,11 @@ def file_size(path: Path) -> int:
         return 0
 
 
+#: The first key of :meth:`Dialect.serialize`'s advisory locks on PostgreSQL, one per kind of thing.
+ADVISORY_CLASSES = {"titles": 0x5357_0001, "session": 0x5357_0002, "pairing": 0x5357_0003,
+                    "cron": 0x5357_0004, "dead_letter": 0x5357_0005}
+
+
 class Dialect:
     """The parts of SQL and of the catalogue that differ between the engines (see the module docstring)."""
 
@@ -137,6 +142,20 @@ class Dialect:
     def fence(self, conn: Any, session_id: str, token: int) -> None:
         """First in a fenced write: raise ``LeaseLost`` (nothing written) unless the lease's ``token`` still
         holds.  SQLite has one instance per file and no leases: nothing to guard against."""
+
+    #: Appended to a ``SELECT`` of one table in a write that goes on to change what it read: the rows
+    #: found are locked until the transaction ends (PostgreSQL's writes run at ``READ COMMITTED``), and a
+    #: row another transaction changed is read as it committed.  Empty on SQLite, where ``BEGIN
+    #: IMMEDIATE`` already makes every write wait for the one before it.
+    for_update = ""
+    #: Appended to a ``SELECT`` that checks a row exists before a write refers to it (a session a route
+    #: or a child will point at): it cannot be deleted before this transaction ends.  Empty on SQLite.
+    for_key_share = ""
+
+    def serialize(self, conn: Any, what: str, key: str = "") -> None:
+        """Make the writes that call this with the same ``what`` and ``key`` take turns, until this
+        transaction ends: for a read-then-write whose rows may not exist yet (a new session's id, a title
+        that must stay unique).  A transaction-level advisory lock on PostgreSQL; nothing on SQLite."""
 
 
 class _Sqlite(Dialect):
@@ -239,8 +258,17 @@ class _Postgres(Dialect):
         return [(r[0], r[1], r[2], int(r[3])) for r in rows], None
 
     def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
-        # ids from a sequence other instances share: each row's own
-        return [int(conn.execute(sql + " RETURNING id", row).fetchall()[0][0]) for row in rows]
+        # one multi-row statement per ROWS_PER_STATEMENT rows, each row's id from the sequence other
+        # instances share.  RETURNING's order is not promised, but the sequence is drawn as the VALUES
+        # list is read, one row after the other: the ids in ascending order are the rows' in order.
+        head, _, one = sql.partition(" VALUES ")
+        ids: list[int] = []
+        for i in range(0, len(rows), ROWS_PER_STATEMENT):
+            chunk = rows[i:i + ROWS_PER_STATEMENT]
+            found = conn.execute(f"{head} VALUES {', '.join([one] * len(chunk))} RETURNING id",
+                                 [v for row in chunk for v in row]).fetchall()
+            ids += sorted(int(row[0]) for row in found)
+        return ids
 
     def columns(self, conn: Any, table: str) -> set[str]:
         return {row[0] for row in conn.execute(
@@ -258,6 +286,13 @@ class _Postgres(Dialect):
     def ids_restored(self, conn: Any, table: str) -> None:
         conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), GREATEST((SELECT max(id) FROM {table}), 1))")
 
+    for_update = " FOR UPDATE"
+    for_key_share = " FOR KEY SHARE"
+
+    def serialize(self, conn: Any, what: str, key: str = "") -> None:
+        # the two-int form: its keys never meet the single-bigint ones (the migration's, the cluster's)
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (ADVISORY_CLASSES[what], key))
+
     def mark_pending(self, conn: Any, session_id: str) -> bool:
         from .cluster.leases import mark_pending
 
@@ -272,6 +307,22 @@ class _Postgres(Dialect):
 
 SQLITE: Dialect = _Sqlite()
 POSTGRES: Dialect = _Postgres()
+
+
+#: Rows one multi-row statement of :func:`insert_rows` takes at most (SQLite allows 32,766 parameters).
+ROWS_PER_STATEMENT = 200
+
+
+def insert_rows(conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``head VALUES (?, ...), (?, ...) tail`` for every :data:`ROWS_PER_STATEMENT` of ``rows``: one
+    statement (one round trip to PostgreSQL) where ``executemany`` runs one per row.  An upsert's rows
+    must have distinct keys (a statement may change a row once), and lock their rows in the order given."""
+    if not rows:
+        return
+    one = f"({', '.join('?' * len(rows[0]))})"
+    for i in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[i:i + ROWS_PER_STATEMENT]
+        conn.execute(f"{head} VALUES {', '.join([one] * len(chunk))} {tail}", [v for row in chunk for v in row])
 
 
 def dialect_of(conn: Any) -> Dialect:

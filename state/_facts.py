@@ -16,6 +16,10 @@
 Scope: facts belong to an agent and a user scope (the identity name when the
 account is linked to one, else ``platform:user_id``).  Times come from the
 caller's clock.  Search terms come in as plain words; this module quotes them.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Each write is one statement: inserts, ``UPDATE``\
+s computing from the row's own committed value (trust), and the extraction claim's ``ON CONFLICT ...
+WHERE``, which decides between two instances claiming one session.  No lock of its own is needed.
 """
 
 from __future__ import annotations

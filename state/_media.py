@@ -11,6 +11,10 @@ index over this column (``state.search``, schema v30), ranked with the messages'
 the references with them; :func:`referenced_hashes` then says which files are still wanted,
 and the media folder's sweep deletes the rest.  A dead letter's message (``gateway.runtime.
 deadletters``) refers to its attachments by hash too, and keeps them until it is dropped.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Attaching locks the message's row before looking
+for media already attached (two attaching at once: the second finds the first's); filling a text or
+a note is one ``UPDATE ... WHERE text IS NULL``.
 """
 
 from __future__ import annotations
@@ -53,11 +57,14 @@ def create_tables(conn: sqlite3.Connection) -> None:
 def attach_media(conn: sqlite3.Connection, message_id: int, items: list[dict]) -> int:
     """Record ``items`` (dicts of :data:`_FIELDS`) as ``message_id``'s media, in order; once only (a
     message already holding media keeps what it has).  Returns how many were recorded."""
-    if not items or conn.execute("SELECT 1 FROM message_media WHERE message_id = ? LIMIT 1",
-                                 (message_id,)).fetchone():
+    if not items:
         return 0
-    if conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone() is None:
+    # the message's row locked first (PostgreSQL): two attaching to one message take turns, the second
+    # finds the first's media
+    if conn.execute(f"SELECT 1 FROM messages WHERE id = ?{dialect_of(conn).for_update}", (message_id,)).fetchone() is None:
         return 0  # deleted meanwhile (its session with it): its files go with the next sweep
+    if conn.execute("SELECT 1 FROM message_media WHERE message_id = ? LIMIT 1", (message_id,)).fetchone():
+        return 0
     for position, item in enumerate(items):
         conn.execute(
             "INSERT INTO message_media (message_id, position, sha256, name, mime, size, kind, text, note) "

@@ -7,6 +7,15 @@ except the messages of a turn that answered messages other messages arrived afte
 what it answers and the later arrivals follow the reply, for the next turn to answer.  Each message
 leaves room for ``SLOT - 1`` placed after it; the one index (``idx_messages_order``) is on exactly
 that expression.
+
+**Locks (PostgreSQL, whose writes run at READ COMMITTED).**  Every append first changes the session's
+row (its counters), which locks it until the transaction ends, and takes its id from the sequence only
+then: two appends to one session from two instances take turns, and ids (so the order) follow the
+order they commit in.  An append with a platform id locks that row *before* looking for the id, so a
+redelivery racing the first delivery finds it stored rather than failing on the unique index.
+:func:`place_after` reads the session's order only after the turn's appends hold that lock.  Storing
+into the session a route points to locks the route and then the session (:func:`routed_session_locked`),
+so a route move or an end committed meanwhile is seen, not overwritten.
 """
 
 from __future__ import annotations
@@ -67,8 +76,10 @@ def _exact_json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> Appended:
-    """Store one message and bump the session's counters; a known platform id returns the first row."""
+def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
+                   tokens: tuple[int, int] = (0, 0)) -> Appended:
+    """Store one message and bump the session's counters (``tokens``: input and output tokens added to
+    its totals by the same statement); a known platform id returns the first row."""
     unknown = set(message) - set(MESSAGE_KEYS)
     if unknown:
         raise TypeError(f"unknown message fields: {', '.join(sorted(unknown))}")
@@ -78,6 +89,10 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
     platform_id = message.get("platform_message_id")
     if platform_id is not None:
         platform_id = str(platform_id)
+        dialect = dialect_of(conn)
+        if dialect.for_update:  # the session's row first: a racing delivery of this id waits, then is found
+            if conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{dialect.for_update}", (session_id,)).fetchone() is None:
+                raise SessionNotFound(session_id)
         row = conn.execute(
             "SELECT id FROM messages WHERE session_id = ? AND platform_message_id = ?", (session_id, platform_id)
         ).fetchone()
@@ -94,13 +109,15 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict) -> 
     preview = None
     if role == "user" and content:
         preview = str(content).replace("\r", " ").replace("\n", " ")[:PREVIEW_STORED]
+    added = ", input_tokens = COALESCE(input_tokens, 0) + ?, output_tokens = COALESCE(output_tokens, 0) + ?" \
+        if any(tokens) else ""
     cur = conn.execute(
-        """UPDATE sessions SET message_count = message_count + 1,
+        f"""UPDATE sessions SET message_count = message_count + 1,
                                tool_call_count = tool_call_count + ?,
                                last_active = MAX(COALESCE(last_active, started_at), ?),
-                               preview = COALESCE(preview, ?)
+                               preview = COALESCE(preview, ?){added}
            WHERE id = ?""",
-        (calls, timestamp, preview, session_id),
+        (calls, timestamp, preview, *((int(tokens[0]), int(tokens[1])) if added else ()), session_id),
     )
     if cur.rowcount == 0:
         raise SessionNotFound(session_id)
@@ -142,12 +159,20 @@ def place_after(conn: sqlite3.Connection, session_id: str, ids: list[int], answe
     answered = list(answered)
     if not ids or not answered:
         return
-    anchor = _answered_key(conn, session_id, answered)
-    if anchor is None:
-        return
     first = min(ids)
-    if conn.execute(f"SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > ? AND id < ? LIMIT 1",
-                    (session_id, anchor, first)).fetchone() is None:
+    # one statement for the usual case: the last answered message's place, and whether any message
+    # stored before this turn's came after it
+    anchor, later = conn.execute(
+        f"SELECT a.k, EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > a.k AND id < ?) "
+        f"FROM (SELECT MAX({ORDER_KEY}) AS k FROM messages WHERE session_id = ? AND id IN "
+        f"({', '.join('?' * len(answered))})) a", (session_id, first, session_id, *answered)).fetchone()
+    if anchor is None:  # not in the session: their copies there, if any
+        anchor = _copied_key(conn, session_id, answered)
+        if anchor is None:
+            return
+        later = conn.execute(f"SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > ? AND id < ? LIMIT 1",
+                             (session_id, anchor, first)).fetchone() is not None
+    if not later:
         return  # nothing came after what the turn answered: the turn's messages are in place as stored
     end = (anchor // SLOT + 1) * SLOT  # the slot ends where the next message by arrival starts
     start = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = ? AND {ORDER_KEY} >= ? "
@@ -159,13 +184,10 @@ def place_after(conn: sqlite3.Connection, session_id: str, ids: list[int], answe
         conn.execute("UPDATE messages SET pos = ? WHERE id = ?", (start + offset, message_id))
 
 
-def _answered_key(conn: sqlite3.Connection, session_id: str, answered: list[int]) -> int | None:
-    """The place of the last of ``answered`` in ``session_id`` (or of its copy there); None: not there."""
+def _copied_key(conn: sqlite3.Connection, session_id: str, answered: list[int]) -> int | None:
+    """The place in ``session_id`` of the last copy of ``answered`` (messages of another session, which
+    compression copied here); None: none is here."""
     marks = ", ".join("?" * len(answered))
-    row = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = ? AND id IN ({marks})",
-                       (session_id, *answered)).fetchone()
-    if row[0] is not None:
-        return row[0]
     row = conn.execute(
         f"SELECT MAX({order_key('c')}) FROM messages o JOIN messages c ON c.session_id = ? AND c.role = o.role "
         f"AND c.timestamp = o.timestamp AND c.content = o.content WHERE o.id IN ({marks})",
@@ -264,12 +286,32 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
                  answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
     fenced(conn, fence)
-    ids = append_messages(conn, session_id, messages)
+    tokens = (int(input_tokens or 0), int(output_tokens or 0))
+    if messages and messages[0].get("platform_message_id") is None:  # the tokens go with its counters
+        ids = [insert_message(conn, session_id, dict(messages[0]), tokens).id]
+        ids += append_messages(conn, session_id, messages[1:])
+    else:
+        ids = append_messages(conn, session_id, messages)
+        if any(tokens):
+            _sessions.update_token_counts(conn, session_id, input_tokens=tokens[0], output_tokens=tokens[1])
     place_after(conn, session_id, ids, answered)
-    _sessions.update_token_counts(conn, session_id, input_tokens=input_tokens, output_tokens=output_tokens)
     if answered or delivery is not None:
         _recovery.settle(conn, answered, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)
     return ids
+
+
+def routed_session_locked(conn, session_key: str) -> dict | None:
+    """:func:`state._routes.get_routed_session` in a write: the route's row and then the session's locked
+    (PostgreSQL), so what is stored next goes where the route points when it commits, into a session
+    whose end is seen."""
+    lock = dialect_of(conn).for_update
+    if not lock:
+        return get_routed_session(conn, session_key)
+    route = conn.execute(f"SELECT session_id FROM routes WHERE session_key = ?{lock}", (session_key,)).fetchone()
+    if route is None:
+        return None
+    row = conn.execute(f"SELECT * FROM sessions WHERE id = ?{lock}", (route[0],)).fetchone()
+    return dict(row) if row else None
 
 
 def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **message: Any) -> Appended:
@@ -363,7 +405,7 @@ class Messages(Repository):
         None (no route, an ended session, or one ``keep`` turned down: the caller decides what next).
         """
         def route_and_append(conn):
-            session = get_routed_session(conn, session_key)
+            session = routed_session_locked(conn, session_key)
             if session is None or session.get("ended_at") is not None or not keep(session):
                 return session, None
             appended = _append_inbound(

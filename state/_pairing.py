@@ -1,4 +1,9 @@
-"""Pairing: strangers' codes and the users the operator approved (no platform logic here)."""
+"""Pairing: strangers' codes and the users the operator approved (no platform logic here).
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A request counts the platform's pending ones
+before adding, and an approval reads the request it turns into an approval: both take the
+``pairing`` advisory lock on the platform first (:func:`_lock_platform`).
+"""
 
 from __future__ import annotations
 
@@ -32,10 +37,17 @@ def is_user_approved(conn: sqlite3.Connection, platform: str, user_id: str) -> b
     ).fetchone() is not None
 
 
+def _lock_platform(conn: sqlite3.Connection, platform: str) -> None:
+    """A platform's pending requests are counted before one is added: requests and approvals on one
+    platform take turns (PostgreSQL, writes at READ COMMITTED; SQLite's writes always do)."""
+    dialect_of(conn).serialize(conn, "pairing", platform)
+
+
 def request_pairing(conn: sqlite3.Connection, platform: str, user_id: str, user_name: str | None, code: str,
                     *, now: float, ttl: float, max_pending: int, waiting: str | None = None) -> dict | None:
     """The user's pending request (kept while valid) or a new one; None when ``max_pending`` are open.
     ``waiting`` (the message as JSON) is kept with a new request: answered once the user is approved."""
+    _lock_platform(conn, platform)
     conn.execute("DELETE FROM pairing_requests WHERE expires_at <= ?", (now,))
     row = conn.execute(
         "SELECT platform, user_id, user_name, code, created_at, expires_at FROM pairing_requests"
@@ -72,6 +84,7 @@ def list_pairing(conn: sqlite3.Connection, now: float | None = None) -> dict:
 
 def approve_pairing(conn: sqlite3.Connection, platform: str, code: str, now: float | None = None) -> dict:
     now = time.time() if now is None else now
+    _lock_platform(conn, platform)
     row = conn.execute(
         "SELECT user_id, user_name, waiting FROM pairing_requests WHERE platform = ? AND code = ? AND expires_at > ?",
         (platform, code.strip().upper(), now),

@@ -21,10 +21,16 @@ dialects truly differ the module asks its dialect (``state._dialect``).
 
 :class:`PgEngine` is :class:`state._engine.Engine` for PostgreSQL: a
 ``psycopg_pool.ConnectionPool``, one transaction per call (reads ``REPEATABLE READ``
-``READ ONLY``: one snapshot; writes ``SERIALIZABLE``, retried with jitter on a
-serialization failure or a deadlock until ``write_timeout``, so the functions keep
-the all-or-nothing, one-writer-at-a-time meaning SQLite's ``BEGIN IMMEDIATE`` gives
-them).  A connection found dead (the server restarted) is dropped with the pool's other dead
+``READ ONLY``: one snapshot, or a statement alone for a read of one statement, see
+:meth:`PgEngine.read`; writes ``READ COMMITTED``, each store function taking the
+locks its own read-then-write needs: the rows it goes on to change ``FOR UPDATE``
+(``Dialect.for_update``), ``ON CONFLICT`` for what may not exist yet, an advisory lock
+(``Dialect.serialize``) where no row stands for the thing; each feature module's
+docstring says which.  So writes to different sessions never conflict (``SERIALIZABLE``'s
+predicate locks on the small tables' index pages made them fail and retry), and two on
+the same rows take turns as SQLite's ``BEGIN IMMEDIATE`` makes them.  A deadlock, or a
+serialization failure a function asks for, is still retried with jitter until
+``write_timeout``).  A connection found dead (the server restarted) is dropped with the pool's other dead
 ones and the call runs again on a new one, unless its COMMIT may have reached the server;
 while the server is down a call fails at once with :class:`StoreUnavailable` rather than
 waiting out the pool's reconnection.  Opening migrates the schema under a transaction-level advisory lock: of
@@ -283,15 +289,28 @@ class PgCursor:
         return iter(self.fetchall())
 
 
+class _NotOneStatement(BaseException):
+    """A read tried in one statement of its own runs a second: it needs its snapshot (see PgEngine.read).
+    A BaseException, so no ``except Exception`` of a store function can swallow it."""
+
+
 class PgConnection:
     """A psycopg connection that takes the store's SQL as sqlite3 does (see the module docstring)."""
 
     dialect = POSTGRES
 
-    def __init__(self, raw: Any):
+    def __init__(self, raw: Any, *, one_statement: bool = False):
         self.raw = raw
+        self._one_statement = one_statement  # a read run without a transaction: a second statement stops it
+        self._ran = 0
+
+    def _count(self, statements: int = 1) -> None:
+        self._ran += statements
+        if self._one_statement and self._ran > 1:
+            raise _NotOneStatement
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> PgCursor:
+        self._count()
         cursor = self.raw.cursor()
         if isinstance(params, dict):
             cursor.execute(translate(sql, True), {k: _param(v) for k, v in params.items()})
@@ -302,6 +321,8 @@ class PgConnection:
         return PgCursor(cursor)
 
     def executemany(self, sql: str, rows: Any) -> PgCursor:
+        rows = list(rows)
+        self._count(len(rows))
         cursor = self.raw.cursor()
         cursor.executemany(translate(sql), [[_param(v) for v in row] for row in rows])
         return PgCursor(cursor)
@@ -342,6 +363,7 @@ class PgEngine:
         self.connect_timeout = max(1, int(connect_timeout))
         self._closed = False
         self._server_down = False  # the last direct try found the server unreachable (see _connection)
+        self._multi_statement_reads: set[Any] = set()  # the code of reads that ran more than one statement
 
         def configure(conn: Any) -> None:
             conn.cursor_factory = psycopg.ClientCursor
@@ -403,26 +425,36 @@ class PgEngine:
     # --- transactions ------------------------------------------------------------
 
     def read(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, ...)`` in one read-only snapshot."""
-        return self._run(fn, args, kwargs, isolation="REPEATABLE READ", read_only=True,
-                         deadline=time.monotonic() + self.write_timeout)
+        """Run ``fn(conn, ...)`` in one read-only snapshot.
+
+        A read of one statement needs no transaction around it (a statement sees one snapshot of its
+        own), and ``BEGIN`` and ``COMMIT`` would be two of its three round trips: so a store function
+        is first run as a statement alone.  Should it run a second one, it is run again from the start
+        in a ``REPEATABLE READ READ ONLY`` transaction, and is remembered (by its code) as needing one
+        from then on.  Nothing is lost by the first try: a read changes nothing."""
+        deadline = time.monotonic() + self.write_timeout
+        code = getattr(getattr(fn, "func", fn), "__code__", None)
+        if code is not None and code not in self._multi_statement_reads:
+            try:
+                return self._run(fn, args, kwargs, isolation="REPEATABLE READ", read_only=True, deadline=deadline,
+                                 one_statement=True)
+            except _NotOneStatement:
+                self._multi_statement_reads.add(code)
+        return self._run(fn, args, kwargs, isolation="REPEATABLE READ", read_only=True, deadline=deadline)
 
     def write(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, ...)`` in one serializable transaction: all of it or none.
+        """Run ``fn(conn, ...)`` in one ``READ COMMITTED`` transaction: all of it or none.
 
-        A serialization failure or a deadlock (another instance wrote the same rows) runs it
-        again, with jitter, until ``write_timeout`` seconds have passed; then
-        :class:`WriteTimeout` is raised with nothing written.
+        ``fn`` takes the row and advisory locks its reads need (see the module docstring).  A
+        deadlock or a serialization failure runs it again, with jitter, until ``write_timeout``
+        seconds have passed; then :class:`WriteTimeout` is raised with nothing written.
         """
-        return self._run(fn, args, kwargs, isolation="SERIALIZABLE", read_only=False,
+        return self._run(fn, args, kwargs, isolation="READ COMMITTED", read_only=False,
                          deadline=time.monotonic() + self.write_timeout)
 
     def write_committed(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, ...)`` in one ``READ COMMITTED`` transaction on a pooled connection.
-
-        For the cluster's statements (``state.cluster.store``), each of which settles its own race
-        (``ON CONFLICT``, ``FOR UPDATE SKIP LOCKED``, a row lock): serializable would only add retries.
-        """
+        """:meth:`write` (the name the cluster's statements, ``state.cluster.store``, and the budgets'
+        admission were written against when other writes ran ``SERIALIZABLE``)."""
         return self._run(fn, args, kwargs, isolation="READ COMMITTED", read_only=False,
                          deadline=time.monotonic() + self.write_timeout)
 
@@ -444,10 +476,11 @@ class PgEngine:
         return self.write(fn, *args)
 
     def _run(self, fn: Callable[..., T], args: tuple, kwargs: dict, *, isolation: str, read_only: bool,
-             deadline: float) -> T:
+             deadline: float, one_statement: bool = False) -> T:
         """``fn`` in one transaction, run again on a serialization failure or a deadlock (until the deadline)
         and once on a connection found dead when nothing it did can have been committed: it failed before
-        its COMMIT was sent, or it only read."""
+        its COMMIT was sent, or it only read.  ``one_statement`` (a read): no transaction, and
+        :class:`_NotOneStatement` if ``fn`` runs a second statement."""
         import psycopg
         from psycopg import errors as pgerrors
         from psycopg_pool import PoolTimeout
@@ -464,6 +497,15 @@ class PgEngine:
                 with self._connection(deadline) as raw:
                     raw.isolation_level = getattr(psycopg.IsolationLevel, isolation.replace(" ", "_"))
                     raw.read_only = read_only
+                    if one_statement:
+                        raw.autocommit = True
+                        try:
+                            result = fn(PgConnection(raw, one_statement=True), *args, **kwargs)
+                        finally:
+                            if not raw.closed and not raw.broken:
+                                raw.autocommit = False
+                        self._server_down = False
+                        return result
                     conn = PgConnection(raw)
                     try:
                         result = fn(conn, *args, **kwargs)

@@ -4,6 +4,9 @@
 
 A chat is its session key, as for the facts' ``/facts on|off`` switch; a value
 is text (``"on"``, ``"off"``).  No row: the config's default applies.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A preference is one upsert: the last to commit
+wins, as on SQLite.  No lock of its own.
 """
 
 from __future__ import annotations

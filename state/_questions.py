@@ -9,6 +9,11 @@ A row is written ``pending`` when the question is posted.  It moves once, and on
 ``answered`` (with the answer as JSON), ``declined`` (the user refused the form), ``expired`` (nobody
 answered in time: the server is told the user declined) or ``interrupted`` (the gateway stopped while
 it waited: the call ended with it, and a late answer is told so).
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A question is written by one INSERT of a new id and
+closed by one ``UPDATE ... WHERE status = 'pending'``: a second close waits for the first's row lock and
+then re-reads the row as committed, finds it no longer pending and changes nothing, so a question ends
+once however many instances answer it at the same moment (what SERIALIZABLE gave, with no retry).
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ short, so a partial is never left looking like an answer nor sent again.
 
 **Dead letters** (table only here, see ``state._deadletters``): platform events
 whose handling failed again and again, set aside so the chat moves on.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Inbox rows and deliveries are written by ``INSERT
+... ON CONFLICT`` and single ``UPDATE`` statements, inside the turn's transaction, which already holds the
+session's row (``state._messages``).  No lock of its own.
 """
 
 from __future__ import annotations

@@ -1,10 +1,17 @@
-"""The routing table: which session a session key currently talks to."""
+"""The routing table: which session a session key currently talks to.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A route is moved by one upsert (``ON CONFLICT``):
+two moves of one key take turns on its row and the last to commit wins, as on SQLite.  The session it
+moves to is held ``FOR KEY SHARE`` meanwhile, so it cannot be deleted under the new route.  Storing a
+message where a route points locks the route's row (``state._messages.routed_session_locked``).
+"""
 
 from __future__ import annotations
 
 import sqlite3
 import time
 
+from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
 from ._titles import like_escape
 from .errors import SessionNotFound
@@ -24,7 +31,8 @@ def get_routed_session(conn: sqlite3.Connection, session_key: str) -> dict | Non
 
 
 def set_route(conn: sqlite3.Connection, session_key: str, session_id: str) -> None:
-    if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+    lock = dialect_of(conn).for_key_share  # the session cannot go before the route to it is stored
+    if not conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{lock}", (session_id,)).fetchone():
         raise SessionNotFound(session_id)
     conn.execute(
         "INSERT INTO routes (session_key, session_id, updated_at) VALUES (?, ?, ?) "

@@ -1,4 +1,14 @@
-"""Session rows: lifecycle, counters, lineage, listing, deletion."""
+"""Session rows: lifecycle, counters, lineage, listing, deletion.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  The counters, ends and prompts are single
+``UPDATE`` statements, which lock the row and add to what the last writer committed.  Creating a session
+takes the ``session`` advisory lock on its id (two creates of one id: the second finds the first's
+row) and holds its parent's row ``FOR KEY SHARE`` (it cannot be deleted meanwhile); a title is
+checked under the titles' lock (``state._titles``).  A delete or a prune locks the sessions'
+rows ``FOR UPDATE`` before deleting what hangs off them, so an append racing it either lands
+first (and is deleted with it) or finds no session; a prune's ``WHERE`` is read again on a row
+reopened meanwhile, which then stays.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +19,7 @@ import time
 from typing import Any, Iterable
 
 from . import _receipts, _recovery, _usage
+from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
 from ._titles import (
     CASE_HINT,
@@ -42,10 +53,12 @@ def create_session(
     started_at: float | None = None,
 ) -> str:
     """Insert a session; creating an id that exists already changes nothing."""
+    dialect = dialect_of(conn)
+    dialect.serialize(conn, "session", session_id)  # two creating one id at once: the second finds it
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
         return session_id
     if parent_session_id is not None and not conn.execute(
-        "SELECT 1 FROM sessions WHERE id = ?", (parent_session_id,)
+        f"SELECT 1 FROM sessions WHERE id = ?{dialect.for_key_share}", (parent_session_id,)
     ).fetchone():
         raise SessionNotFound(parent_session_id)
     clean = sanitize_title(title)
@@ -442,9 +455,12 @@ def session_count(conn: sqlite3.Connection, source: str | None = None) -> int:
 
 def _delete_ids(conn: sqlite3.Connection, ids: list[str]) -> None:
     """Delete sessions, their messages and routes; their children stay, unparented."""
+    lock = dialect_of(conn).for_update
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
         marks = ", ".join("?" * len(chunk))
+        if lock:  # an append racing the delete lands before it (and goes with it) or finds no session
+            conn.execute(f"SELECT id FROM sessions WHERE id IN ({marks}) ORDER BY id{lock}", chunk).fetchall()
         conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN ({marks})", chunk)
         conn.execute(f"DELETE FROM routes WHERE session_id IN ({marks})", chunk)
         _receipts.forget_sessions(conn, marks, chunk)  # before the deliveries that name the parts go
@@ -460,7 +476,7 @@ def delete_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> None:
 
 def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     """Delete a session and its messages; returns False if it did not exist."""
-    if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+    if not conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{dialect_of(conn).for_update}", (session_id,)).fetchone():
         return False
     _delete_ids(conn, [session_id])
     return True
@@ -471,7 +487,8 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
 EXPIRED = "ended_at IS NOT NULL AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
 
 
-def prune_candidates(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None) -> list[str]:
+def prune_candidates(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None,
+                     lock: str = "") -> list[str]:
     """Ended sessions whose last activity (start, last message or end) is older than the cutoff."""
     cutoff = time.time() - older_than_days * 86400
     sql = f"SELECT id FROM sessions WHERE {EXPIRED}"
@@ -479,12 +496,13 @@ def prune_candidates(conn: sqlite3.Connection, older_than_days: float = 90, sour
     if source:
         sql += " AND source = ?"
         params.append(source)
-    return [r[0] for r in conn.execute(sql + " ORDER BY started_at", params)]
+    # ``lock`` (a prune): the rows locked as found, and one reopened meanwhile no longer matches
+    return [r[0] for r in conn.execute(sql + " ORDER BY started_at" + lock, params)]
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None) -> int:
     """Delete ended sessions older than the cutoff; children are kept with their parent link cleared."""
-    ids = prune_candidates(conn, older_than_days, source)
+    ids = prune_candidates(conn, older_than_days, source, lock=dialect_of(conn).for_update)
     _delete_ids(conn, ids)
     return len(ids)
 

@@ -26,6 +26,11 @@ Messages stored in the parent while its summary was written (or left
 unanswered there by a kill) are answered where the conversation went on:
 :func:`continued_conversation` gives a turn the compression tip and its
 history in one read.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A split locks the parent's row first, then
+compares its messages with what the caller read: an append or an end racing it lands before (and the
+split reports the change) or after (and finds the parent ended).  The child's title is chosen under
+the titles' lock (``state._titles``).
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ._dialect import dialect_of
 from ._messages import append_messages, get_messages_as_conversation
 from ._repo import Repository, reads, writes
 from ._routes import get_route, set_route
 from ._sessions import create_session, get_compression_tip, get_session
-from ._titles import get_next_title_in_lineage
+from ._titles import get_next_title_in_lineage, lock_titles
 from .errors import SessionChangedMeanwhile, SessionNotFound
 from .paths import new_session_id
 
@@ -70,6 +76,11 @@ def split_session(
     for an unknown parent and :class:`SessionChangedMeanwhile` when the parent
     changed since ``expected_message_ids`` were read; nothing is written then.
     """
+    # the parent's row locked before its messages are compared (PostgreSQL): an append or an end racing
+    # this split lands before it (and is seen: SessionChangedMeanwhile) or after it (and finds it ended)
+    lock = dialect_of(conn).for_update
+    if lock:
+        conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{lock}", (parent_id,)).fetchall()
     parent = get_session(conn, parent_id)
     if parent is None:
         raise SessionNotFound(parent_id)
@@ -90,6 +101,8 @@ def split_session(
         if routed is not None and routed != parent_id:
             raise SessionChangedMeanwhile(parent_id, f"is no longer where {key} leads (now session {routed})")
 
+    if parent.get("title"):
+        lock_titles(conn)  # the lineage's next number stays ours until this commits (state._titles)
     title = get_next_title_in_lineage(conn, parent["title"]) if parent.get("title") else None
     child = new_session_id()
     now = time.time()

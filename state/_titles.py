@@ -1,10 +1,18 @@
-"""Session titles: cleaning, uniqueness and ``title #N`` lineages."""
+"""Session titles: cleaning, uniqueness and ``title #N`` lineages.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  Whether a title is free, and the next number of a
+lineage, are read from rows other sessions hold (case-insensitive ``LIKE`` over all titles), so no row
+lock can cover them: every write that sets a title first takes the one ``titles`` advisory lock
+(:func:`lock_titles`).  Titles are set rarely (a rename, a split), so taking turns costs nothing, and
+two sessions given one title at once get a :class:`TitleConflict`, not a unique-index error.
+"""
 
 from __future__ import annotations
 
 import re
 import sqlite3
 
+from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
 from .errors import AmbiguousSession, InvalidTitle, TitleConflict
 
@@ -39,7 +47,14 @@ def like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def lock_titles(conn: sqlite3.Connection) -> None:
+    """Before a write reads which titles are taken (see the module docstring)."""
+    dialect_of(conn).serialize(conn, "titles")
+
+
 def check_free(conn: sqlite3.Connection, title: str, session_id: str) -> None:
+    """Raise :class:`TitleConflict` when another session holds ``title``; in a write, the titles locked first."""
+    lock_titles(conn)
     row = conn.execute("SELECT id FROM sessions WHERE title = ? AND id != ?", (title, session_id)).fetchone()
     if row:
         raise TitleConflict(title, row[0])

@@ -10,6 +10,9 @@ it, and deletes it once the turn is stored.  After a crash the turn that answers
 finds the row, and the call that was running is never run again: the model is told it was cut off.
 A row left by a turn that then failed is replaced by the next turn for that message, or deleted with
 its session.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  The journal is one upsert or delete per call; the
+turn's session lock orders them.  No lock of its own.
 """
 
 from __future__ import annotations

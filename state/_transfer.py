@@ -1,4 +1,9 @@
-"""Export, import and statistics."""
+"""Export, import and statistics.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  An import checks ids and titles before inserting:
+it takes the titles' lock and each session id's ``session`` lock, as creating a session does
+(``state._sessions``).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from ._dialect import dialect_of
 from ._messages import get_messages
 from ._repo import Repository, reads, writes
 from ._sessions import delete_sessions
-from ._titles import MAX_TITLE_LENGTH
+from ._titles import MAX_TITLE_LENGTH, lock_titles
 from .errors import ImportFileError
 
 _SECRET_KEY = re.compile(r"api[_-]?key|secret|password|passwd|authorization|bearer|access[_-]?token|refresh[_-]?token", re.I)
@@ -193,8 +198,11 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
     session_cols = schema.columns(conn, "sessions")
     message_cols = schema.columns(conn, "messages") - {"session_id"}
     imported, skipped, messages = [], [], 0
+    dialect = dialect_of(conn)
+    lock_titles(conn)  # whether a title is taken is read below (state._titles)
     for line_no, record in _parents_first(records):
         sid = record["id"]
+        dialect.serialize(conn, "session", sid)  # as state._sessions.create_session does
         if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
             skipped.append(sid)
             continue

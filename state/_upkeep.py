@@ -46,6 +46,10 @@ One pass (:func:`run_upkeep`, run once a day by the daemon):
    is idle, a ``TRUNCATE`` checkpoint empties it.
 5. **A record** in the ``meta`` table (key ``last_upkeep``): when the pass
    ran and what it did, shown by ``switchboard doctor`` and ``/healthz``.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A prune step locks the sessions it found expired
+(``FOR UPDATE``, ``WHERE`` read again: one reopened meanwhile is left alone) before deleting their
+messages; the other steps are SQLite's own (FTS5 merges, vacuum) or one upsert (``record``).
 """
 
 from __future__ import annotations
@@ -136,8 +140,10 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     ids = json.dumps(list(session_ids))
     dialect = dialect_of(conn)
     values, messages_ids = dialect.json_values(), dialect.json_values(integers=True)
+    # locked as found (PostgreSQL): an append racing the prune waits, and a session reopened meanwhile is dropped
     still = [r[0] for r in conn.execute(
-        f"SELECT id FROM sessions WHERE id IN ({values}) AND {_sessions.EXPIRED}", (ids, cutoff))]
+        f"SELECT id FROM sessions WHERE id IN ({values}) AND {_sessions.EXPIRED} ORDER BY id{dialect.for_update}",
+        (ids, cutoff))]
     dropped = sorted(set(session_ids) - set(still))
     if not still:
         return PruneStep([], dropped, 0)

@@ -33,6 +33,12 @@ rows a day.  ``--top N`` by user or chat ranks every account by its tokens from
 the weekly rows of the window's whole weeks and the daily rows of the few days
 before them (a third of the rows the daily ones alone would be), then reads the
 N it shows day by day.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  The ledger's rows are inserts and its roll-ups
+upserts that add to the committed row (``ON CONFLICT ... DO UPDATE SET calls = calls +
+excluded.calls``), so two instances recording at once both count.  A reprice subtracts and adds back
+in one transaction; two reprices of one model at once are not expected (an operator's command) and
+the roll-up can be rebuilt from the ledger.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import math
 import sqlite3
 from typing import Any
 
-from ._dialect import SQLITE, Dialect, dialect_of
+from ._dialect import SQLITE, Dialect, dialect_of, insert_rows
 from ._repo import Repository, reads, writes
 
 _EPOCH = dt.date(1970, 1, 1)
@@ -249,8 +255,9 @@ _AT, _PLATFORM, _CHAT, _USER, _PURPOSE, _MODEL, _PROMPT, _COMPLETION, _CACHED, _
                                               "cache_write_tokens", "estimated", "outcome", "cost"))
 
 
-def _upsert(table: str, keys: tuple[str, ...], names: tuple[str, ...]) -> str:
-    return (f"INSERT INTO {table} ({', '.join(keys + names)}) VALUES ({', '.join('?' * (len(keys) + len(names)))}) "
+def _upsert(table: str, keys: tuple[str, ...], names: tuple[str, ...]) -> tuple[str, str]:
+    """An upsert that adds to a roll-up's row, as :func:`state._dialect.insert_rows`' head and tail."""
+    return (f"INSERT INTO {table} ({', '.join(keys + names)})",
             f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {_added(table, names)}")
 
 
@@ -291,9 +298,14 @@ def _add_new(conn: sqlite3.Connection, values: list[list]) -> None:
             else:
                 known[0] += 1
                 known[1] += tokens
-    conn.executemany(_UPSERT_CALLS, [(*key, *sums) for key, sums in calls.items()])
-    conn.executemany(_UPSERT_BY, [(*key, *sums) for key, sums in people.items()])
-    conn.executemany(_UPSERT_WEEKLY, [(*key, *sums) for key, sums in weekly.items()])
+    # one statement per roll-up (rows in key order: two writers lock shared rows in one order)
+    for (head, tail), sums_by_key in ((_UPSERT_CALLS, calls), (_UPSERT_BY, people), (_UPSERT_WEEKLY, weekly)):
+        insert_rows(conn, head, tail, [(*key, *sums_by_key[key]) for key in sorted(sums_by_key, key=_key_order)])
+
+
+def _key_order(key: tuple) -> tuple[str, ...]:
+    """One order for a roll-up's keys (a model may be None), the same in every writer."""
+    return tuple("" if part is None else str(part) for part in key)
 
 
 def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> list[dict]:

@@ -4,6 +4,9 @@ A voice message is stored when it arrives (the text says it waits for its transc
 anything that can fail; once transcribed, or once the transcription failed, its text is set here.
 The FTS triggers (SQLite) and the search column (PostgreSQL) follow the update, so recall finds
 what was said.  No table of its own: the transcript is the message's text.
+
+**Locks (PostgreSQL, writes at READ COMMITTED).**  A transcript is one ``UPDATE``.  No lock of its
+own.
 """
 
 from __future__ import annotations

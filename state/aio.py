@@ -42,10 +42,10 @@ else:
 
 
 #: Writer threads on PostgreSQL, each on a connection of the store's pool (8: these, the readers, upkeep).
-#: Two, not more: the store's write transactions are SERIALIZABLE, and two sessions' writes running side
-#: by side fail each other's transactions now and then (PostgreSQL's predicate locks cover index pages,
-#: which small tables' sessions share) and are retried; with more writers those retries cost more than
-#: the parallelism brings (bench/cluster.py --via api, docs/cluster.md).
+#: Two: chosen when the store's write transactions were SERIALIZABLE and two sessions' writes running side
+#: by side failed each other's now and then (predicate locks on the small tables' index pages), so more
+#: writers cost more retries than they brought.  Writes now run at READ COMMITTED with row locks
+#: (state._pg); whether more writers pay now is yet to be measured (bench/cluster.py --via api).
 PG_WRITERS = 2
 
 
