@@ -32,6 +32,7 @@ BUILT_IN_FAKES = {
     "slack": "tests.platformkit.slack:SlackKit",
     "email": "tests.platformkit.email:EmailKit",
     "webhook": "tests.platformkit.webhook:WebhookKit",
+    "teams": "tests.platformkit.teams:TeamsKit",
 }
 
 
