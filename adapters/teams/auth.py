@@ -77,6 +77,7 @@ class ActivityVerifier:
         self._clock = clock
         self._keys: dict[str, _Key] = {}
         self._read_at = float("-inf")
+        self._unknown_read_at = float("-inf")
         self._lock = asyncio.Lock()
 
     @property
@@ -122,18 +123,20 @@ class ActivityVerifier:
         log.debug("teams: %d signing keys read", len(keys))
 
     async def _key(self, kid: str) -> _Key | None:
-        now = self._clock()
-        stale = now - self._read_at >= self._refresh_seconds
-        if kid in self._keys and not stale:
+        if kid in self._keys and self._clock() - self._read_at < self._refresh_seconds:
             return self._keys[kid]
-        if stale or now - self._read_at >= UNKNOWN_KID_REFRESH_SECONDS:
-            async with self._lock:
-                # nobody read them while we waited for the lock
-                if self._clock() - self._read_at >= min(self._refresh_seconds, UNKNOWN_KID_REFRESH_SECONDS):
-                    try:
-                        await self._read()
-                    except AdapterError as exc:  # keep the keys we have; the next stale check tries again
-                        log.warning("%s", exc)
+        async with self._lock:
+            now = self._clock()
+            stale = now - self._read_at >= self._refresh_seconds
+            # an unknown key id reads the keys again, but no more than once per UNKNOWN_KID_REFRESH_SECONDS
+            unknown = kid not in self._keys and now - self._unknown_read_at >= UNKNOWN_KID_REFRESH_SECONDS
+            if stale or unknown:
+                if unknown:
+                    self._unknown_read_at = now
+                try:
+                    await self._read()
+                except AdapterError as exc:  # keep the keys we have; the next one tries again
+                    log.warning("%s", exc)
         return self._keys.get(kid)
 
     async def verify(self, authorization: str | None, activity: dict) -> dict:
