@@ -100,7 +100,7 @@ class TeamsAdapter:
                  service_url: str = GLOBAL_SERVICE_URL, service_url_hosts: Sequence[str] = (),
                  require_mention: bool = True, free_response_channels: Sequence[str] = (),
                  media: MediaLimits | None = None, send_backoff: Backoff = Backoff(), send_attempts: int = 6,
-                 send_total_seconds: float = 90.0):
+                 send_total_seconds: float = 90.0, chat_rate: ChatRate = CHAT_RATE, app_rate: float = 30.0):
         if not app_id or not app_password:
             raise ValueError("app_id and app_password are required (the Azure bot's Microsoft App ID and a client secret)")
         self._app_id, self._secret, self._tenant = app_id, app_password, tenant_id
@@ -114,6 +114,7 @@ class TeamsAdapter:
         self._free = frozenset(free_response_channels)
         self._media = media or MediaLimits()
         self._backoff, self._attempts, self._total = send_backoff, send_attempts, send_total_seconds
+        self._chat_rate, self._app_rate = chat_rate, app_rate
         self.bot_id = f"28:{app_id}"
         self._health = AdapterHealth(PLATFORM)
         self._http: aiohttp.ClientSession | None = None
@@ -153,8 +154,8 @@ class TeamsAdapter:
         self._token = BotToken(self._http, token_url=self._token_url, app_id=self._app_id, secret=self._secret,
                                scope=self._scope)
         self._connector = Connector(
-            self._http, self._token, limiter_for(PLATFORM, self._app_id, rate=30.0, burst=30),
-            chat_budget=lambda conversation: chat_budget_for(PLATFORM, self._app_id, conversation, CHAT_RATE),
+            self._http, self._token, limiter_for(PLATFORM, self._app_id, rate=self._app_rate, burst=int(self._app_rate)),
+            chat_budget=lambda conversation: chat_budget_for(PLATFORM, self._app_id, conversation, self._chat_rate),
             backoff=self._backoff, max_attempts=self._attempts, total_seconds=self._total)
 
     async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
