@@ -25,7 +25,7 @@ __all__ = ["ADAPTERS", "ADAPTER_CONFIGS", "BUILT_IN", "OTHER_SOURCES", "in_platf
 
 ADAPTERS = "switchboard.adapters"
 ADAPTER_CONFIGS = "switchboard.adapter_configs"
-BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack", "email", "webhook", "teams")
+BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack", "email", "webhook", "teams", "lark")
 # Where a session comes from besides a platform: the local API, `switchboard chat`, a cron run.
 OTHER_SOURCES: tuple[str, ...] = ("api", "cli", "cron")
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from adapters.discord.config import DiscordConfig
 from adapters.email.config import EmailConfig
+from adapters.lark.config import LarkConfig
 from adapters.slack.config import SlackConfig
 from adapters.teams.config import TeamsConfig
 from adapters.telegram.config import TelegramConfig
@@ -41,9 +42,10 @@ WEBHOOK_SECRET = "hook_secret-123"
 EMAIL_PASSWORD = "email-password-for-tests-42"
 TEAMS_ID = "00000000-0000-4000-8000-0000000000aa"
 TEAMS_PASSWORD = "teams~client-secret-for-tests"
+LARK_SECRET = "lark-app-secret-for-tests-0001"
 # the platforms beyond the first three, as `config check` shows them with no credentials
 OFF = {"email": "off: platforms.email.imap_host is not set", "webhook": "off: platforms.webhook.hooks is empty",
-       "teams": "off: platforms.teams.app_id is not set"}
+       "teams": "off: platforms.teams.app_id is not set", "lark": "off: platforms.lark.app_id is not set"}
 NAMES = ", ".join(installed_platforms())
 
 FULL_ENV = {
@@ -54,6 +56,8 @@ FULL_ENV = {
     "SLACK_APP_TOKEN": SLACK_APP,
     "TEAMS_APP_ID": TEAMS_ID,
     "TEAMS_APP_PASSWORD": TEAMS_PASSWORD,
+    "LARK_APP_ID": "cli_a1b2c3d4e5f60001",
+    "LARK_APP_SECRET": LARK_SECRET,
     "SWITCHBOARD_MODEL_KEY": MODEL_KEY,
     "SWITCHBOARD_API_TOKEN": API_TOKEN,
     "EMAIL_IMAP_HOST": "imap.example.com",
@@ -62,7 +66,7 @@ FULL_ENV = {
     "EMAIL_SMTP_HOST": "smtp.example.com",
 }
 ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET, EMAIL_PASSWORD,
-               TEAMS_PASSWORD]
+               TEAMS_PASSWORD, LARK_SECRET]
 
 
 def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
@@ -456,7 +460,8 @@ def test_the_example_names_features_not_internal_documents():
 
 def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
     assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig,
-                                       "email": EmailConfig, "webhook": WebhookConfig, "teams": TeamsConfig}
+                                       "email": EmailConfig, "webhook": WebhookConfig, "teams": TeamsConfig,
+                                       "lark": LarkConfig}
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert type(cfg.platforms.telegram) is TelegramConfig
     assert type(cfg.platforms.discord) is DiscordConfig

@@ -39,7 +39,7 @@ FORMS = {"webhook": "webhook:<hook>[:<conversation>]"}  # the cron targets not w
 SHIPPED = ", ".join(BUILT_IN)  # the platforms that come with Switchboard, as the messages list them
 # the platforms beyond the first three, as the daemon names them with no credentials
 OFF = {"email": "off: platforms.email.imap_host is not set", "webhook": "off: platforms.webhook.hooks is empty",
-       "teams": "off: platforms.teams.app_id is not set"}
+       "teams": "off: platforms.teams.app_id is not set", "lark": "off: platforms.lark.app_id is not set"}
 
 ECHO_CONFIG = '''
 from typing import ClassVar

@@ -33,6 +33,7 @@ BUILT_IN_FAKES = {
     "email": "tests.platformkit.email:EmailKit",
     "webhook": "tests.platformkit.webhook:WebhookKit",
     "teams": "tests.platformkit.teams:TeamsKit",
+    "lark": "tests.platformkit.lark:LarkKit",
 }
 
 
