@@ -1,0 +1,143 @@
+"""Feishu / Lark beyond the conformance kit, against tests/fakes/lark.py (the open API's token rules and
+the long connection's frames as lark-oapi speaks them)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from adapters.lark import LarkAdapter
+from gateway.runtime.cluster import connection_key
+from gateway.types import ChatRef, ChatType, InboundMessage
+from tests.fakes.lark import FakeLark
+from tests.waiting import eventually
+
+
+@pytest.fixture
+async def lark():
+    async with FakeLark() as fake:
+        yield fake
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[InboundMessage] = []
+        self.fail = 0
+
+    async def __call__(self, msg: InboundMessage) -> bool:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("the store is down")
+        self.messages.append(msg)
+        return True
+
+
+async def _started(lark: FakeLark, inbox: Inbox, **overrides) -> LarkAdapter:
+    settings = dict(app_id=lark.app_id, app_secret=lark.app_secret, base_url=lark.base_url)
+    settings.update(overrides)
+    adapter = LarkAdapter(**settings)
+    await adapter.start(inbox)
+    return adapter
+
+
+async def _acked(lark: FakeLark, event: dict, *, parts: int = 1) -> str:
+    frame = await lark.send_event(event, parts=parts)
+    await eventually(lambda: lark.acknowledged(frame), 10, f"frame {frame} acknowledged")
+    return frame
+
+
+async def test_chats_are_keyed_mentions_stripped_and_a_split_event_put_back_together(lark):
+    inbox = Inbox()
+    adapter = await _started(lark, inbox)
+    try:
+        await _acked(lark, lark.message("oc_dm", "ou_ann", "in private"))
+        await _acked(lark, lark.message("oc_g", "ou_ann", "hello bot", chat_type="group", mention=True))
+        await _acked(lark, lark.message("oc_g", "ou_bob", "just chatting", chat_type="group"))
+        await _acked(lark, lark.message("oc_g", "ou_bob", "in the topic " + "long " * 400, chat_type="group",
+                                        mention=True, root_id="om_root9"), parts=3)
+    finally:
+        await adapter.stop()
+    got = [(m.chat_type, m.chat_id, m.thread_id, m.text[:20], m.addressed) for m in inbox.messages]
+    assert got == [(ChatType.DM, "oc_dm", None, "in private", True),
+                   (ChatType.GROUP, "oc_g", None, "hello bot", True),
+                   (ChatType.GROUP, "oc_g", None, "just chatting", False),
+                   (ChatType.THREAD, "oc_g", "om_root9", "in the topic long lo", True)]
+
+
+async def test_an_event_the_gateway_could_not_store_comes_again_and_is_stored_once(lark):
+    inbox = Inbox()
+    adapter = await _started(lark, inbox)
+    try:
+        inbox.fail = 1
+        event = lark.message("oc_dm", "ou_ann", "keep me")
+        frame = await lark.send_event(event)
+        await eventually(lambda: lark.pushed.count(frame) == 1 and not inbox.fail, 10, "the failed attempt")
+        assert not lark.acknowledged(frame)
+        await lark.drop_connection()  # the platform pushes what was not acknowledged on the next connection
+        await eventually(lambda: lark.acknowledged(frame), 20, "the event acknowledged after the reconnect")
+        await _acked(lark, event)  # and a plain duplicate, acknowledged without a second hand-over
+    finally:
+        await adapter.stop()
+    assert [m.text for m in inbox.messages] == ["keep me"]
+
+
+async def test_the_tenant_token_is_refreshed_before_it_expires(lark):
+    lark.token_lifetime = 1801  # the adapter refreshes 30 minutes before the end: 1 s from now
+    inbox = Inbox()
+    adapter = await _started(lark, inbox)
+    try:
+        assert (await adapter.send(ChatRef("lark", "oc_dm"), "one")).ok
+        await asyncio.sleep(1.1)
+        assert (await adapter.send(ChatRef("lark", "oc_dm"), "two")).ok
+    finally:
+        await adapter.stop()
+    assert [s.text for s in lark.shown("oc_dm")] == ["one", "two"]
+    assert lark.tokens_issued() == 2
+
+
+async def test_a_rejected_app_secret_stops_trying_and_says_what_to_fix(lark):
+    adapter = LarkAdapter(app_id=lark.app_id, app_secret="an-old-secret", base_url=lark.base_url)
+    await adapter.start(Inbox())
+    try:
+        state, error = adapter.health().state, adapter.health().last_error
+        delivery = await adapter.send(ChatRef("lark", "oc_dm"), "hello")
+    finally:
+        await adapter.stop()
+    assert state == "failed" and "code 10014" in error and "platforms.lark.app_secret" in error
+    assert "an-old-secret" not in error
+    assert not delivery.ok and delivery.retry_later and delivery.error == error
+    assert lark.tokens_issued() == 1 and not [c for c in lark.calls if c.method == "endpoint"]
+
+
+async def test_a_rate_limit_code_is_waited_out(lark):
+    adapter = await _started(lark, Inbox())
+    try:
+        lark.fail_next(1, status=429, retry_after=1.0)
+        delivery = await adapter.send(ChatRef("lark", "oc_dm"), "patiently")
+    finally:
+        await adapter.stop()
+    times = lark.times("oc_dm")
+    assert delivery.ok and [s.text for s in lark.shown("oc_dm")] == ["patiently"]
+    assert len(times) == 2 and times[1] - times[0] >= 0.95
+
+
+async def test_a_voice_message_and_an_image_are_downloaded_into_the_message(lark):
+    inbox = Inbox()
+    adapter = await _started(lark, inbox)
+    try:
+        lark.add_file("file_voice", b"OggS fake opus")
+        lark.add_file("img_1", b"\x89PNG fake")
+        await _acked(lark, lark.message("oc_dm", "ou_ann", "", message_type="audio",
+                                        content={"file_key": "file_voice", "duration": 2000}))
+        await _acked(lark, lark.message("oc_dm", "ou_ann", "", message_type="image", content={"image_key": "img_1"}))
+    finally:
+        await adapter.stop()
+    got = [(a.kind, a.data, a.duration) for m in inbox.messages for a in m.attachments]
+    assert got == [("audio", b"OggS fake opus", 2.0), ("image", b"\x89PNG fake", None)]
+
+
+def test_the_long_connection_belongs_to_one_instance_and_teams_to_every_one():
+    assert connection_key("lark", SimpleNamespace(app_id="cli_abc")) == "lark:cli_abc"
+    assert connection_key("teams", SimpleNamespace(app_id="x")) is None
