@@ -97,6 +97,7 @@ class LarkAdapter:
         self._handler: InboundHandler | None = None
         self._failed = FailedEvents(PLATFORM, None)
         self._done: _Lru = _Lru()
+        self._chat_locks: _Lru = _Lru()  # chat id -> lock
         self._places: _Lru = _Lru()  # our card's message id -> (chat type, chat id, thread id), for presses
         self.bot_open_id: str | None = None
 
@@ -183,6 +184,19 @@ class LarkAdapter:
         kind, event_id = events.event_type(payload), events.event_id(payload)
         if kind not in (events.MESSAGE_EVENT, events.CARD_EVENT):
             return True
+        if event_id is not None and event_id in self._done:
+            return True
+        # one chat's events are handed over one at a time, in the order they arrived (nothing awaited before
+        # the lock is asked for, so arrival order is lock order)
+        chat = events.chat_of(payload) or ""
+        lock = self._chat_locks.get(chat)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._chat_locks.remember(chat, lock)
+        async with lock:
+            return await self._hand_over(payload, kind, event_id)
+
+    async def _hand_over(self, payload: dict, kind: str, event_id: str | None) -> bool:
         if event_id is not None and event_id in self._done:
             return True
         message: InboundMessage | None = None

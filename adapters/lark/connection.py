@@ -204,7 +204,13 @@ class LongConnection:
         payload = self._whole(frame)
         if payload is None:
             return
-        # one chat's events are handled in the order they came; the answer frame waits for the store
+        # each event is handled in a task of its own (the adapter keeps one chat's in the order they came);
+        # its answer frame waits for the store
+        task = spawn(self._handle(ws, frame, payload), name="lark:event")
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _handle(self, ws: aiohttp.ClientWebSocketResponse, frame: Frame, payload: bytes) -> None:
         try:
             event = json.loads(payload)
         except ValueError:
@@ -244,6 +250,7 @@ class LongConnection:
         self._stopping = True
         if self._ws is not None:
             await self._ws.close()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in [self._task, *self._handlers]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in [self._task, *self._handlers] if t is not None), return_exceptions=True)

@@ -52,6 +52,12 @@ def event_type(payload: dict) -> str | None:
     return _str(_dict(payload.get("header")).get("event_type"))
 
 
+def chat_of(payload: dict) -> str | None:
+    """The chat an event belongs to (a message's chat, a pressed card's), without reading more of it."""
+    event = _dict(payload.get("event"))
+    return _str(_dict(event.get("message")).get("chat_id")) or _str(_dict(event.get("context")).get("open_chat_id"))
+
+
 def shape_of(payload: dict) -> Shape | None:
     event = _dict(payload.get("event"))
     message, sender = _dict(event.get("message")), _dict(event.get("sender"))
