@@ -1,9 +1,10 @@
 """Files people send in Teams, downloaded within their kind's limit (:class:`~gateway.types.MediaLimits`).
 
 A file shared in a chat arrives as a ``file.download.info`` attachment whose ``downloadUrl`` is a
-short-lived pre-authenticated link (no token sent); a pasted picture as an ``image/*`` attachment
+short-lived pre-authenticated link on SharePoint (no token sent); a pasted picture as an ``image/*`` attachment
 whose ``contentUrl`` is on the connector, which wants the bot's token, sent only when the URL's host
-is the activity's ``serviceUrl`` host.  Only https URLs are fetched (http on loopback, for tests);
+is the activity's ``serviceUrl`` host.  Nothing is fetched from anywhere else: only https URLs on
+``*.sharepoint.com`` (and its China and test clouds) or the serviceUrl's host (http on loopback, for tests);
 anything too big, refused or unreachable is passed with its name alone, so the message still goes
 through and the model knows something was attached.
 """
@@ -23,6 +24,8 @@ from .outbound import allowed_service_url
 log = logging.getLogger(__name__)
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=60)
+# where Teams keeps what people share (SharePoint and OneDrive), besides the activity's own connector
+FILE_HOSTS = (".sharepoint.com", ".sharepoint.cn", ".sharepoint-df.com")
 _TYPES = {"pdf": "application/pdf", "txt": "text/plain", "md": "text/markdown", "csv": "text/csv",
           "png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "gif": "image/gif",
           "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}
@@ -42,7 +45,9 @@ async def collect(http: aiohttp.ClientSession, files: list[dict], *, service_url
 async def _download(http: aiohttp.ClientSession, url: str, name: str, mime: str | None, kind: str, limit: int,
                     *, service_url: str, token) -> Attachment:
     described = Attachment(kind=kind, name=name, mime_type=mime)
-    if limit <= 0 or not allowed_service_url(url, ()):
+    host = (urlsplit(url).hostname or "").lower()
+    served = host == (urlsplit(service_url).hostname or "").lower() or host.endswith(FILE_HOSTS)
+    if limit <= 0 or not served or not allowed_service_url(url, ()):
         return described
     headers = {}
     if urlsplit(url).hostname == urlsplit(service_url).hostname:
