@@ -4,11 +4,11 @@ the long connection's frames as lark-oapi speaks them)."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
-from adapters.lark import LarkAdapter
+from adapters.lark import LarkAdapter, LarkConfig
+from adapters.teams import TeamsConfig
 from gateway.runtime.cluster import connection_key
 from gateway.types import ChatRef, ChatType, InboundMessage
 from tests.fakes.lark import FakeLark
@@ -139,5 +139,8 @@ async def test_a_voice_message_and_an_image_are_downloaded_into_the_message(lark
 
 
 def test_the_long_connection_belongs_to_one_instance_and_teams_to_every_one():
-    assert connection_key("lark", SimpleNamespace(app_id="cli_abc")) == "lark:cli_abc"
-    assert connection_key("teams", SimpleNamespace(app_id="x")) is None
+    lark = LarkConfig(app_id="cli_abc", app_secret="s")
+    key = connection_key("lark", lark)
+    assert key is not None and key.startswith("lark:") and "cli_abc" not in key  # named by a hash of the app id
+    assert key != connection_key("lark", LarkConfig(app_id="cli_other", app_secret="s"))
+    assert connection_key("teams", TeamsConfig(app_id="x", app_password="y")) is None
