@@ -4,22 +4,23 @@ Replies are interactive cards whose body is one ``markdown`` element: a card can
 place (a streamed reply) and carries buttons (approvals), and its Markdown renders what the model
 writes: bold, italic, strikethrough, inline code, code blocks, links, lists and quotes.  What it
 does not: headings become bold lines, tables a code block, images links.  A card's text keeps
-``<`` and ``>`` as entities (the card Markdown reads tags such as ``<at>``).
+``<`` and ``>`` as entities (the card Markdown reads tags such as ``<at>``).  The walk is
+:func:`gateway.markdown.common_markdown`, shared with Teams, which renders the same subset.
 """
 
 from __future__ import annotations
 
 import json
 
+from gateway.markdown import common_markdown
 from gateway.types import Button
 
 from .events import SUBMIT_KEY
 
 
 def to_lark_md(markdown: str) -> str:
-    from adapters.teams.format import to_teams  # the same subset of Markdown renders in both
-
-    return to_teams(markdown)
+    """``markdown`` as a card's ``markdown`` element shows it (the subset Teams renders too)."""
+    return common_markdown(markdown)
 
 
 def card(text: str, *, markdown: bool = True, buttons: tuple[Button, ...] = (), rendered: bool = False) -> str:
