@@ -38,18 +38,19 @@ async def bench(args, home: Path) -> None:
 
     from adapters.teams import TeamsAdapter
     from adapters.teams.auth import ActivityVerifier
+    from adapters.teams.config import MESSAGES_PATH
     from tests.fakes.teams import FakeTeams
 
     proc, model = await start_model()
     try:
         async with FakeTeams() as teams:
-            adapter = TeamsAdapter(app_id=teams.app_id, app_password=teams.app_password, port=0,
+            adapter = TeamsAdapter(app_id=teams.app_id, app_password=teams.app_password,
                                    openid_metadata_url=teams.metadata_url, issuer=teams.issuer,
                                    token_url=teams.token_url, service_url=teams.service_url,
                                    chat_rate=UNPACED, app_rate=1e6)
-            async with running_gateway(home, model, adapters={"teams": adapter}, **GATEWAY):
+            async with running_gateway(home, model, adapters={"teams": adapter}, **GATEWAY) as gw:
                 await wait_until(lambda: adapter.health().state == "connected", 30, "teams to listen")
-                teams.endpoint = f"http://127.0.0.1:{adapter.http_port}/api/messages"
+                teams.endpoint = f"http://127.0.0.1:{gw.api.bound_port}{MESSAGES_PATH}"
                 activities = [teams.activity(conversation=f"a:dm-{i % args.chats}", user=f"29:u{i % args.chats}",
                                              text=f"bench {i}") for i in range(args.messages)]
                 posts: set[asyncio.Task] = set()

@@ -1,6 +1,7 @@
 """Microsoft Teams beyond the conformance kit: what the Bot Framework checks, against tests/fakes/teams.py.
 
-The real adapter (aiohttp and PyJWT) serves its messaging endpoint on 127.0.0.1; the fake signs
+The real adapter (aiohttp and PyJWT) takes activities on its messaging endpoint, served as the local
+API serves it (tests/platform_paths.py: the real PlatformHttp on 127.0.0.1); the fake signs
 activities with its own key, publishes it through its OpenID metadata and JWKS, issues the bot's
 tokens and checks them on every connector call.
 """
@@ -12,20 +13,29 @@ import asyncio
 import pytest
 
 from adapters.teams import TeamsAdapter
+from adapters.teams.config import MESSAGES_PATH
 from adapters.teams.format import to_teams
 from gateway.types import Button, ChatRef, ChatType, InboundMessage
 from tests.fakes.teams import FakeTeams
+from tests.platform_paths import serving
 from tests.waiting import eventually
+
+_RUNNING: dict[int, TeamsAdapter] = {}  # id(fake) -> the adapter its endpoint reaches
 
 
 @pytest.fixture
 async def teams():
     async with FakeTeams() as fake:
-        yield fake
+        async with serving("teams", lambda: _RUNNING.get(id(fake))) as base:
+            fake.endpoint = base + MESSAGES_PATH
+            try:
+                yield fake
+            finally:
+                _RUNNING.pop(id(fake), None)
 
 
 def _adapter(teams: FakeTeams, **overrides) -> TeamsAdapter:
-    settings = dict(app_id=teams.app_id, app_password=teams.app_password, port=0,
+    settings = dict(app_id=teams.app_id, app_password=teams.app_password,
                     openid_metadata_url=teams.metadata_url, issuer=teams.issuer, token_url=teams.token_url,
                     service_url=teams.service_url)
     settings.update(overrides)
@@ -48,7 +58,7 @@ class Inbox:
 async def _started(teams: FakeTeams, inbox: Inbox, **overrides) -> TeamsAdapter:
     adapter = _adapter(teams, **overrides)
     await adapter.start(inbox)
-    teams.endpoint = f"http://127.0.0.1:{adapter.http_port}/api/messages"
+    _RUNNING[id(teams)] = adapter
     return adapter
 
 
@@ -181,8 +191,11 @@ async def test_a_rejected_app_secret_stops_trying_and_says_what_to_fix(teams):
     inbox = Inbox()
     adapter = _adapter(teams, app_password="an-old-secret")
     await adapter.start(inbox)
+    _RUNNING[id(teams)] = adapter
     try:
         state, error = adapter.health().state, adapter.health().last_error
+        # activities it could not answer are refused for now (the Bot Framework sends them again later)
+        refused = await teams.post(teams.activity(conversation="a:dm-ann", user="29:ann", text="hi"))
         delivery = await adapter.send(ChatRef("teams", "a:dm-ann"), "hello")
         again = await adapter.send(ChatRef("teams", "a:dm-ann"), "hello")
     finally:
@@ -190,7 +203,7 @@ async def test_a_rejected_app_secret_stops_trying_and_says_what_to_fix(teams):
     assert state == "failed"
     assert "rejected the bot's app id or secret (invalid_client 7000215)" in error
     assert "platforms.teams.app_password" in error and "an-old-secret" not in error
-    assert adapter.http_port is None  # nothing listens for activities it could not answer
+    assert refused == 503
     assert not delivery.ok and delivery.retry_later and delivery.error == error and again == delivery
     assert teams.tokens_issued() == 1  # asked once, never again
 

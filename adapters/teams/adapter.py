@@ -9,8 +9,11 @@ four connector calls (:mod:`.outbound`).  Spoken directly, every address is a se
 point them at tests/fakes/teams.py), and acknowledgement, deduplication and retries follow the same
 rules as every other platform here.
 
-Inbound: Teams POSTs each activity to ``listen:port`` + ``path``.  The token is verified before the
-body is used at all: an unsigned or wrongly signed activity gets 401 and reaches nothing.  A
+Inbound: Teams POSTs each activity to the messaging endpoint, ``/teams/messages`` on the daemon's
+local API (``TeamsConfig.HTTP_PATHS``, served by ``gateway.runtime.platform_http``: no listener of
+its own; the Azure bot's messaging endpoint is the public HTTPS address a reverse proxy forwards
+there).  The token is verified before the body is used at all: an unsigned or wrongly signed
+activity gets 401 and reaches nothing.  A
 message activity is handed to the gateway, and answered 200 only after the handler returned (it
 is then stored); a failure answers 500 and the Bot Framework sends it again, until the third
 failure sets it aside as a dead letter (200).  Activity ids already handled here answer 200 at once;
@@ -43,7 +46,6 @@ from collections import OrderedDict
 from typing import Any, Sequence
 
 import aiohttp
-from aiohttp import web
 
 from gateway.errors import AdapterError, PlatformHTTPError
 from gateway.formatting import split_message
@@ -57,6 +59,8 @@ from gateway.types import (
     DeadLetterHandler,
     Delivery,
     FailedEvents,
+    HttpRequest,
+    HttpResponse,
     InboundHandler,
     InboundMessage,
     MediaLimits,
@@ -65,7 +69,7 @@ from gateway.types import (
 
 from . import events
 from .auth import ActivityVerifier, BotToken, CredentialsRejected, Unauthorized
-from .config import TeamsConfig
+from .config import MESSAGES_PATH, TeamsConfig
 from .format import to_teams
 from .media import collect
 from .outbound import Connector, PartFailed, allowed_service_url
@@ -77,6 +81,7 @@ TEXT_LIMIT = TeamsConfig.CAPABILITIES.max_message_length
 CHAT_RATE = ChatRate(rate=TeamsConfig.CAPABILITIES.chat_rate, burst=TeamsConfig.CAPABILITIES.chat_burst)
 GLOBAL_SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 MAX_BODY = 1024 * 1024  # an activity is a few KB; Teams caps a message at about 28 KB
+_OK = HttpResponse(200, {})
 _REMEMBERED = 10_000
 
 
@@ -94,7 +99,6 @@ class TeamsAdapter:
     platform = PLATFORM
 
     def __init__(self, *, app_id: str, app_password: str, tenant_id: str = "botframework.com",
-                 listen: str = "127.0.0.1", port: int = 3978, path: str = "/api/messages",
                  openid_metadata_url: str, issuer: str, token_url: str,
                  token_scope: str = "https://api.botframework.com/.default", keys_refresh_seconds: float = 86400.0,
                  service_url: str = GLOBAL_SERVICE_URL, service_url_hosts: Sequence[str] = (),
@@ -104,7 +108,6 @@ class TeamsAdapter:
         if not app_id or not app_password:
             raise ValueError("app_id and app_password are required (the Azure bot's Microsoft App ID and a client secret)")
         self._app_id, self._secret, self._tenant = app_id, app_password, tenant_id
-        self._listen, self._port, self._path = listen, port, path
         self._metadata_url, self._issuer = openid_metadata_url, issuer
         self._token_url = token_url.replace("{tenant}", tenant_id)
         self._scope, self._refresh = token_scope, keys_refresh_seconds
@@ -121,21 +124,19 @@ class TeamsAdapter:
         self._verifier: ActivityVerifier | None = None
         self._token: BotToken | None = None
         self._connector: Connector | None = None
-        self._runner: web.AppRunner | None = None
         self._handler: InboundHandler | None = None
         self._failed = FailedEvents(PLATFORM, None)
         self._done: _Lru = _Lru()  # activity ids handed over here
         self._service_urls: _Lru = _Lru()  # conversation id -> its serviceUrl
         self._chat_locks: _Lru = _Lru()  # conversation id -> lock: one activity at a time, in arrival order
-        self.http_port: int | None = None
         self.unauthorized = 0  # activities refused for their token (bench and tests read it)
 
     @classmethod
     def from_config(cls, cfg: Any, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
                     **overrides: Any) -> "TeamsAdapter":
         kwargs: dict[str, Any] = dict(
-            app_id=cfg.app_id, app_password=cfg.app_password, tenant_id=cfg.tenant_id, listen=cfg.listen,
-            port=cfg.port, path=cfg.path, openid_metadata_url=cfg.openid_metadata_url, issuer=cfg.issuer,
+            app_id=cfg.app_id, app_password=cfg.app_password, tenant_id=cfg.tenant_id,
+            openid_metadata_url=cfg.openid_metadata_url, issuer=cfg.issuer,
             token_url=cfg.token_url, token_scope=cfg.token_scope, keys_refresh_seconds=cfg.keys_refresh_seconds,
             service_url=cfg.service_url, service_url_hosts=tuple(cfg.service_url_hosts),
             require_mention=cfg.require_mention, free_response_channels=tuple(cfg.free_response_channels))
@@ -159,7 +160,7 @@ class TeamsAdapter:
             backoff=self._backoff, max_attempts=self._attempts, total_seconds=self._total)
 
     async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
-        if self._runner is not None:
+        if self._verifier is not None:
             raise RuntimeError("TeamsAdapter is already started")
         self._handler = handler
         self._failed = FailedEvents(PLATFORM, dead_letter)
@@ -178,34 +179,18 @@ class TeamsAdapter:
                                           app_id=self._app_id, refresh_seconds=self._refresh)
         try:
             await self._verifier.load()
-            await self._listen_on()
         except Exception:
             await self._close()
             raise
         self._health.state, self._health.last_error = "connected", None
-        self._health.detail = f"messaging endpoint on {self._listen}:{self.http_port}{self._path}, app {self._app_id}"
-        log.info("teams: listening on %s:%s%s", self._listen, self.http_port, self._path)
-
-    async def _listen_on(self) -> None:
-        app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_post(self._path, self._endpoint)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        try:
-            await web.TCPSite(self._runner, self._listen, self._port).start()
-        except OSError as exc:
-            raise AdapterError(f"teams: cannot listen on {self._listen}:{self._port} ({exc.strerror}); "
-                               "free the port or change platforms.teams.port") from None
-        self.http_port = self._runner.addresses[0][1]
+        self._health.detail = f"messaging endpoint {MESSAGES_PATH} on the local API, app {self._app_id}"
+        log.info("teams: taking activities at %s on the local API", MESSAGES_PATH)
 
     async def stop(self) -> None:
         await self._close()
         self._health.state = "stopped"
 
     async def _close(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
         http, self._http = self._http, None
         self._connector = self._token = self._verifier = None
         if http is not None:
@@ -213,37 +198,43 @@ class TeamsAdapter:
 
     # ------------------------------------------------------------------ inbound
 
-    async def _endpoint(self, request: web.Request) -> web.Response:
-        try:
-            activity = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
-            return web.json_response({"error": "the body is not JSON"}, status=400)
-        if not isinstance(activity, dict):
-            return web.json_response({"error": "an activity is a JSON object"}, status=400)
+    async def handle_http(self, request: HttpRequest) -> HttpResponse:
+        """One POST to the messaging endpoint (:class:`gateway.types.HttpInbound`); never raises."""
+        if request.method != "POST":
+            return HttpResponse(405, {"error": "the Bot Framework POSTs activities here"}, {"Allow": "POST"})
         verifier = self._verifier
-        if verifier is None:
-            return web.json_response({"error": "not ready"}, status=503)
+        if verifier is None or self._handler is None:
+            return HttpResponse(503, {"error": "the teams platform is not running; retry shortly"},
+                                {"Retry-After": "5"})
+        if len(request.body) > MAX_BODY:
+            return HttpResponse(413, {"error": f"an activity is at most {MAX_BODY} bytes"})
         try:
-            await verifier.verify(request.headers.get("Authorization"), activity)
+            activity = json.loads(request.body)
+        except (ValueError, UnicodeDecodeError):
+            return HttpResponse(400, {"error": "the body is not JSON"})
+        if not isinstance(activity, dict):
+            return HttpResponse(400, {"error": "an activity is a JSON object"})
+        try:
+            await verifier.verify(request.headers.get("authorization"), activity)
         except Unauthorized as exc:
             self.unauthorized += 1
-            log.warning("teams: refused an activity: %s", exc)
-            return web.json_response({"error": "unauthorized"}, status=401)
+            log.warning("teams: refused an activity from %s: %s", request.remote, exc)
+            return HttpResponse(401, {"error": "unauthorized"})
         self._health.last_event_at = asyncio.get_running_loop().time()
         return await self._on_activity(activity)
 
-    async def _on_activity(self, activity: dict) -> web.Response:
+    async def _on_activity(self, activity: dict) -> HttpResponse:
         kind = activity.get("type")
         command = events.submitted_command(activity)
         if kind not in ("message", "invoke") or (kind == "invoke" and command is None):
-            return web.Response(status=200)  # conversationUpdate, messageUpdate (an edit), reactions...
+            return _OK  # conversationUpdate, messageUpdate (an edit), reactions...
         shape = events.shape_of(activity)
         if shape is None or not allowed_service_url(shape.service_url, self._service_hosts):
             await self._failed.set_aside(_str_id(activity), activity, None,
                                          ValueError("an activity without a usable conversation, id, sender or serviceUrl"))
-            return web.Response(status=200)
+            return _OK
         if events.is_from_bot(activity, self.bot_id):
-            return web.Response(status=200)
+            return _OK
         event_id = f"{shape.chat_id}/{shape.message_id}"
         if event_id in self._done:
             return self._answer(kind)
@@ -265,17 +256,17 @@ class TeamsAdapter:
             except Exception as exc:  # noqa: BLE001 - Teams sends it again, or it is set aside
                 log.warning("teams: activity %s failed: %s: %s", shape.message_id, type(exc).__name__, exc)
                 if not await self._failed.give_up(event_id, activity, message, exc):
-                    return web.json_response({"error": "not stored; send it again"}, status=500)
+                    return HttpResponse(500, {"error": "not stored; send it again"})
             self._failed.forget(event_id)
             self._done.remember(event_id, True)
         return self._answer(kind)
 
     @staticmethod
-    def _answer(kind: object) -> web.Response:
+    def _answer(kind: object) -> HttpResponse:
         if kind == "invoke":  # Action.Execute wants an invoke response; the reply comes as its own message
-            return web.json_response({"statusCode": 200, "type": "application/vnd.microsoft.activity.message",
+            return HttpResponse(200, {"statusCode": 200, "type": "application/vnd.microsoft.activity.message",
                                       "value": "Got it."})
-        return web.Response(status=200)
+        return _OK
 
     async def _message(self, activity: dict, shape: events.Shape, command: str | None) -> InboundMessage:
         if command is not None:

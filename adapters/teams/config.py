@@ -1,4 +1,8 @@
-"""``platforms.teams``: the Azure bot's app id and secret, the messaging endpoint, Microsoft's login URLs.
+"""``platforms.teams``: the Azure bot's app id and secret, Microsoft's login URLs.
+
+The messaging endpoint is ``/teams/messages`` on the daemon's local API (``HTTP_PATHS``; ``api.host``
+and ``api.port`` say where it listens): the Azure bot's messaging endpoint is the public HTTPS
+address a reverse proxy forwards to it.
 
 Published to the gateway under the ``switchboard.adapter_configs`` entry point;
 ``config.example.yaml`` documents every key.  The three Microsoft addresses (the OpenID metadata that
@@ -10,12 +14,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from gateway.config import HttpUrl, KeyedError, PlatformConfig, describe, secret_field
+from gateway.config import HttpUrl, KeyedError, PlatformConfig, secret_field
 from gateway.types import Capabilities
 
-__all__ = ["TeamsConfig"]
+__all__ = ["MESSAGES_PATH", "TeamsConfig"]
+
+MESSAGES_PATH = "/teams/messages"
 
 BOT_FRAMEWORK_METADATA = "https://login.botframework.com/v1/.well-known/openidconfiguration"
 BOT_FRAMEWORK_ISSUER = "https://api.botframework.com"
@@ -31,12 +37,11 @@ class TeamsConfig(PlatformConfig):
         edits=True, threads=True, buttons=True, typing=True, reactions=False, files=True, voice=False,
         max_message_length=4000, chat_rate=2.0, chat_burst=3)
     LIBRARY: ClassVar[str | None] = "jwt"  # PyJWT with its RSA support, the switchboard[teams] extra
+    # the messaging endpoint, on the local API's listener (gateway.runtime.platform_http mounts it)
+    HTTP_PATHS: ClassVar[tuple[str, ...]] = (MESSAGES_PATH,)
     app_id: str = ""  # the Azure bot's Microsoft App ID (a GUID): the audience of every inbound token
     app_password: str = secret_field()  # its client secret
     tenant_id: str = "botframework.com"  # single-tenant bots: the Entra tenant id
-    listen: str = "127.0.0.1"
-    port: int = Field(3978, ge=0, le=65535)
-    path: str = "/api/messages"
     openid_metadata_url: HttpUrl = BOT_FRAMEWORK_METADATA
     issuer: str = BOT_FRAMEWORK_ISSUER
     # {tenant} is replaced by tenant_id
@@ -49,13 +54,6 @@ class TeamsConfig(PlatformConfig):
     service_url: HttpUrl = "https://smba.trafficmanager.net/teams/"
     # the serviceUrl an activity names must be one of these hosts' (empty: any https URL, and http on loopback)
     service_url_hosts: tuple[str, ...] = ()
-
-    @field_validator("path")
-    @classmethod
-    def _absolute_path(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f'must start with "/", like /api/messages (got {describe(value)})')
-        return value
 
     @model_validator(mode="after")
     def _half_configured(self) -> TeamsConfig:

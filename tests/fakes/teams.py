@@ -1,11 +1,11 @@
 """A local fake of the Bot Framework as a Teams bot meets it: the login side and the connector.
 
     async with FakeTeams() as teams:
-        adapter = TeamsAdapter(app_id=teams.app_id, app_password=teams.app_password, port=0,
+        adapter = TeamsAdapter(app_id=teams.app_id, app_password=teams.app_password,
                                openid_metadata_url=teams.metadata_url, issuer=teams.issuer,
                                token_url=teams.token_url, service_url=teams.service_url)
-        await adapter.start(handler)
-        teams.endpoint = f"http://127.0.0.1:{adapter.http_port}/api/messages"
+        await adapter.start(handler)   # its endpoint is /teams/messages on the local API
+        teams.endpoint = f"http://127.0.0.1:{api_port}/teams/messages"
         status = await teams.post(teams.activity(conversation=..., user=..., text="hello"))
         await teams.wait_for_messages("a:dm-ann", 1)
 
@@ -26,7 +26,9 @@ As the Bot Framework's side, :meth:`post` signs an activity (RS256, ``iss``, ``a
 no token and ``wrong_key=True`` signs it with a key the metadata does not publish.  With
 ``redeliver=True`` an activity answered with anything but 2xx (or not answered at all) is sent again,
 until it is accepted or ``redeliver_for`` seconds passed (the real service retries a failed
-delivery a few times; the kill test needs it to outlast a restart).
+delivery a few times; the kill test needs it to outlast a restart).  :meth:`deliver` is a user
+writing: the activity goes to the bot in the background (sent again like any other with
+``redeliver``), as Teams takes the message at once and delivers it on its own time.
 
 Faults: :meth:`fail_next` (a status such as 429 with ``Retry-After`` on the next message sends),
 :meth:`delay_next` (a late answer).  Nothing here depends on pytest (bench/teams.py uses it).
@@ -360,6 +362,12 @@ class FakeTeams:
             headers = dict(headers, Authorization="Bearer " + self.sign(activity))  # a fresh token each time
             if 200 <= await self._post_once(body, headers, activity) < 300:
                 return
+
+    def deliver(self, activity: dict) -> None:
+        """Hand ``activity`` to the bot in the background (a user wrote it; see the module docstring)."""
+        task = asyncio.create_task(self.post(activity))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     def unacknowledged(self) -> list[str]:
         done = {aid for aid, status in self.deliveries if 200 <= status < 300}
