@@ -1,5 +1,6 @@
-"""Feishu / Lark beyond the conformance kit, against tests/fakes/lark.py (the open API's token rules and
-the long connection's frames as lark-oapi speaks them)."""
+"""Feishu / Lark beyond the conformance kit, against tests/fakes/lark.py (the open API's token rules,
+the long connection's frames as lark-oapi speaks them, and the HTTP callbacks encrypted and signed as
+the platform does, to /lark/events served as the local API serves it)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import asyncio
 import pytest
 
 from adapters.lark import LarkAdapter, LarkConfig
+from adapters.lark.config import EVENTS_PATH
 from adapters.teams import TeamsConfig
 from gateway.runtime.cluster import connection_key
-from gateway.types import ChatRef, ChatType, InboundMessage
+from gateway.types import Button, ChatRef, ChatType, InboundMessage
 from tests.fakes.lark import FakeLark
+from tests.platform_paths import serving
 from tests.waiting import eventually
 
 
@@ -144,3 +147,113 @@ def test_the_long_connection_belongs_to_one_instance_and_teams_to_every_one():
     assert key is not None and key.startswith("lark:") and "cli_abc" not in key  # named by a hash of the app id
     assert key != connection_key("lark", LarkConfig(app_id="cli_other", app_secret="s"))
     assert connection_key("teams", TeamsConfig(app_id="x", app_password="y")) is None
+
+
+# --------------------------------------------------------------------------- mode: http (event callbacks)
+
+
+_HTTP: dict[int, LarkAdapter] = {}  # id(fake) -> the adapter /lark/events reaches
+
+
+@pytest.fixture
+async def lark_http():
+    """The fake, pushing callbacks to /lark/events as the local API serves it (tests/platform_paths.py)."""
+    async with FakeLark() as fake:
+        async with serving("lark", lambda: _HTTP.get(id(fake))) as base:
+            fake.callback_url = base + EVENTS_PATH
+            try:
+                yield fake
+            finally:
+                _HTTP.pop(id(fake), None)
+
+
+async def _on_http(lark: FakeLark, inbox: Inbox, **overrides) -> LarkAdapter:
+    adapter = await _started(lark, inbox, mode="http", verification_token=lark.verification_token,
+                             encrypt_key=lark.encrypt_key, **overrides)
+    _HTTP[id(lark)] = adapter
+    return adapter
+
+
+async def test_callbacks_answer_the_url_check_and_hand_over_each_event_once(lark_http):
+    lark, inbox = lark_http, Inbox()
+    adapter = await _on_http(lark, inbox)
+    try:
+        assert adapter.health().state == "connected" and EVENTS_PATH in adapter.health().detail
+        assert lark.connections == 0  # no long connection in this mode
+        assert await lark.verify_url("ch-4711") == (200, {"challenge": "ch-4711"})
+        assert (await lark.verify_url("ch-4712", token="another-apps-token"))[0] == 401
+        event = lark.message("oc_dm", "ou_ann", "by callback")
+        assert await lark.callback(event) == 200
+        assert await lark.callback(event) == 200  # the platform pushed it again: answered, not handed over
+        group = lark.message("oc_g", "ou_bob", "hello bot", chat_type="group", mention=True)
+        assert await lark.callback(group) == 200
+        [card_id] = [await adapter.send_buttons(ChatRef("lark", "oc_dm"), "Run it?",
+                                                (Button("Approve", "/approve 1f2e3d4c"),))]
+        assert card_id.ok
+        assert await lark.callback(lark.press_event(card_id.message_ids[0], "ou_ann", "/approve 1f2e3d4c")) == 200
+    finally:
+        await adapter.stop()
+    assert [(m.chat_id, m.user_id, m.text, m.addressed) for m in inbox.messages] == [
+        ("oc_dm", "ou_ann", "by callback", True), ("oc_g", "ou_bob", "hello bot", True),
+        ("oc_dm", "ou_ann", "/approve 1f2e3d4c", True)]
+    assert lark.unacknowledged() == []  # nothing came on a long connection
+
+
+async def test_a_callback_not_encrypted_signed_or_tokened_as_the_platform_does_reaches_nothing(lark_http):
+    lark, inbox = lark_http, Inbox()
+    adapter = await _on_http(lark, inbox)
+    event = lark.message("oc_dm", "ou_eve", "forged")
+    plain = lark.callback_body(event, encrypted=False)
+    good = lark.callback_body(event)
+    other_token = lark.callback_body({**event, "header": {**event["header"], "token": "guessed"}})
+    wrong_key = lark.callback_body(event, key="not-the-encrypt-key")
+    try:
+        statuses = {
+            "plain JSON, signed": (await lark.post_callback(plain, lark.signed_headers(plain)))[0],
+            "encrypted with another key": (await lark.post_callback(wrong_key, lark.signed_headers(wrong_key)))[0],
+            "not signed": (await lark.post_callback(good, {"Content-Type": "application/json"}))[0],
+            "signed with another key": (await lark.post_callback(good, lark.signed_headers(good, key="k2")))[0],
+            "signed over another body": (await lark.post_callback(good, lark.signed_headers(plain)))[0],
+            "another Verification Token": (await lark.post_callback(other_token,
+                                                                    lark.signed_headers(other_token)))[0],
+        }
+        garbage = (await lark.post_callback(b"\xff not json", {"Content-Type": "application/json"}))[0]
+    finally:
+        await adapter.stop()
+    assert statuses == dict.fromkeys(statuses, 401)
+    assert garbage == 400
+    assert inbox.messages == [] and adapter.refused == len(statuses) + 1
+
+
+async def test_a_callback_the_gateway_failed_on_is_pushed_again_and_handed_over_once(lark_http):
+    lark, inbox = lark_http, Inbox()
+    inbox.fail = 1
+    adapter = await _on_http(lark, inbox)
+    try:
+        assert await lark.callback(lark.message("oc_dm", "ou_ann", "store me")) == 500
+        await eventually(lambda: len(inbox.messages) == 1, 10, "the callback pushed again and taken")
+        await eventually(lambda: lark.callbacks[-1][1] == 200, 10, "the push answered 200")
+    finally:
+        await adapter.stop()
+    assert [m.text for m in inbox.messages] == ["store me"]
+    assert [status for _, status in lark.callbacks] == [500, 200]
+
+
+async def test_the_callback_path_answers_only_in_http_mode(lark_http):
+    lark, inbox = lark_http, Inbox()
+    adapter = await _started(lark, inbox)  # the long connection
+    _HTTP[id(lark)] = adapter
+    try:
+        status, answer = await lark.verify_url("ch-1")
+    finally:
+        await adapter.stop()
+    assert status == 404 and "websocket" in answer["error"]
+
+
+def test_http_mode_needs_the_verification_token_and_the_encrypt_key():
+    with pytest.raises(ValueError, match="LARK_VERIFICATION_TOKEN"):
+        LarkConfig(app_id="cli_abc", app_secret="s", mode="http", encrypt_key="k")
+    with pytest.raises(ValueError, match="LARK_ENCRYPT_KEY.*neither encrypts nor signs"):
+        LarkConfig(app_id="cli_abc", app_secret="s", mode="http", verification_token="t")
+    on_http = LarkConfig(app_id="cli_abc", app_secret="s", mode="http", verification_token="t", encrypt_key="k")
+    assert connection_key("lark", on_http) is None  # callbacks reach any instance of a cluster

@@ -1,6 +1,9 @@
-"""The Feishu / Lark adapter: events on the long connection, replies as cards through the open API.
+"""The Feishu / Lark adapter: events on the long connection or by HTTP callback, replies as cards.
 
-Inbound (:mod:`.connection`): each event is acknowledged only after the gateway's handler
+Inbound: on the long connection (:mod:`.connection`, ``mode: websocket``) or as HTTP callbacks to
+``/lark/events`` on the local API (:mod:`.callback`, ``mode: http``: decrypted, the signature and the
+Verification Token checked before anything else; the url_verification challenge answered).  Either
+way each event is acknowledged only after the gateway's handler
 returned (the message is stored); a failure answers 500 and the platform delivers the event
 again, until the third failure sets it aside as a dead letter.  Event ids already handled here are
 acknowledged at once; the store keeps ``message_id`` unique per session, so a redelivery after a
@@ -18,7 +21,8 @@ A rejected app secret stops the adapter trying: the health says ``failed`` with 
 nothing connects, and every send fails at once (kept pending) until a reload brings a new one.
 
 Cluster: the long connection belongs to one instance (``gateway.runtime.cluster.connection_key``),
-like Telegram's poller; any instance can send (:meth:`LarkAdapter.open_for_sending`).
+like Telegram's poller; any instance can send (:meth:`LarkAdapter.open_for_sending`).  Callbacks can
+reach any instance: the store keeps one copy of each message.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from gateway.types import (
     DeadLetterHandler,
     Delivery,
     FailedEvents,
+    HttpRequest,
+    HttpResponse,
     InboundHandler,
     InboundMessage,
     MediaLimits,
@@ -52,7 +58,8 @@ from gateway.types import (
 
 from . import events
 from .api import CredentialsRejected, OpenApi
-from .config import LarkConfig
+from .callback import CallbackKeys, Refused, open_callback
+from .config import EVENTS_PATH, LarkConfig
 from .connection import AppRefused, LongConnection
 from .format import card, to_lark_md
 
@@ -81,9 +88,16 @@ class LarkAdapter:
                  free_response_channels: Sequence[str] = (), stall_timeout_seconds: float = 120.0,
                  media: MediaLimits | None = None, send_backoff: Backoff = Backoff(), send_attempts: int = 6,
                  send_total_seconds: float = 90.0, chat_rate: ChatRate = CHAT_RATE,
-                 reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0)):
+                 reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0), mode: str = "websocket",
+                 verification_token: str = "", encrypt_key: str = ""):
         if not app_id or not app_secret:
             raise ValueError("app_id and app_secret are required (the developer console's Credentials page)")
+        if mode not in ("websocket", "http"):
+            raise ValueError(f"mode is websocket or http (got {mode!r})")
+        if mode == "http" and not (verification_token and encrypt_key):
+            raise ValueError("mode http needs verification_token and encrypt_key (the console's Encryption Strategy)")
+        self._mode = mode
+        self._keys = CallbackKeys(verification_token, encrypt_key)
         self._app_id, self._secret, self._base = app_id, app_secret, base_url
         self._require_mention, self._free = require_mention, frozenset(free_response_channels)
         self._stall = stall_timeout_seconds
@@ -100,6 +114,7 @@ class LarkAdapter:
         self._chat_locks: _Lru = _Lru()  # chat id -> lock
         self._places: _Lru = _Lru()  # our card's message id -> (chat type, chat id, thread id), for presses
         self.bot_open_id: str | None = None
+        self.refused = 0  # callback requests refused for their encryption, signature or token (tests read it)
 
     @classmethod
     def from_config(cls, cfg: Any, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
@@ -107,7 +122,8 @@ class LarkAdapter:
         kwargs: dict[str, Any] = dict(app_id=cfg.app_id, app_secret=cfg.app_secret, base_url=cfg.api_base,
                                       require_mention=cfg.require_mention,
                                       free_response_channels=tuple(cfg.free_response_channels),
-                                      stall_timeout_seconds=cfg.stall_timeout_seconds)
+                                      stall_timeout_seconds=cfg.stall_timeout_seconds, mode=cfg.mode,
+                                      verification_token=cfg.verification_token, encrypt_key=cfg.encrypt_key)
         kwargs.update(overrides)
         return cls(**kwargs)
 
@@ -135,7 +151,7 @@ class LarkAdapter:
             raise
 
     async def start(self, handler: InboundHandler, *, dead_letter: DeadLetterHandler | None = None) -> None:
-        if self._connection is not None:
+        if self._connection is not None or self._health.state == "connected":
             raise RuntimeError("LarkAdapter is already started")
         self._handler = handler
         self._failed = FailedEvents(PLATFORM, dead_letter)
@@ -144,6 +160,11 @@ class LarkAdapter:
         assert self._http is not None and self._api is not None
         if self._api.rejected:
             return  # not retried: a reload with a new secret starts it again
+        if self._mode == "http":
+            self._set_state("connected", None)
+            self._health.detail = f"event callbacks at {EVENTS_PATH} on the local API, app {self._app_id}"
+            log.info("lark: taking event callbacks at %s on the local API (%s)", EVENTS_PATH, self._base)
+            return
         connection = LongConnection(self._http, base_url=self._base, app_id=self._app_id, app_secret=self._secret,
                                     on_event=self._on_event, set_state=self._set_state, stall_timeout=self._stall,
                                     backoff=self._reconnect_backoff)
@@ -178,6 +199,29 @@ class LarkAdapter:
             await http.close()
 
     # ------------------------------------------------------------------ inbound
+
+    async def handle_http(self, request: HttpRequest) -> HttpResponse:
+        """One event callback (:class:`gateway.types.HttpInbound`, ``mode: http``); never raises."""
+        if self._mode != "http":
+            return HttpResponse(404, {"error": "platforms.lark.mode is websocket: events come on the long "
+                                               "connection, not here"})
+        if request.method != "POST":
+            return HttpResponse(405, {"error": "the open platform POSTs events here"}, {"Allow": "POST"})
+        if self._handler is None or self._api is None or self._health.state != "connected":
+            return HttpResponse(503, {"error": "the lark platform is not running; retry shortly"},
+                                {"Retry-After": "5"})
+        try:
+            callback = open_callback(request, self._keys)
+        except Refused as exc:
+            self.refused += 1
+            log.warning("lark: refused a callback from %s: %s", request.remote, exc)
+            return HttpResponse(exc.status, {"error": str(exc)})
+        if callback.challenge is not None:
+            return HttpResponse(200, {"challenge": callback.challenge})
+        assert callback.event is not None
+        if not await self._on_event(callback.event):
+            return HttpResponse(500, {"error": "not stored; send it again"})
+        return HttpResponse(200, {})
 
     async def _on_event(self, payload: dict) -> bool:
         self._health.last_event_at = asyncio.get_running_loop().time()

@@ -3,6 +3,9 @@
 Published to the gateway under the ``switchboard.adapter_configs`` entry point;
 ``config.example.yaml`` documents every key.  ``base_url`` is the open platform's address:
 ``https://open.feishu.cn`` (Feishu, China) or ``https://open.larksuite.com`` (Lark), or a test fake.
+Events come by the long connection (``mode: websocket``, the default: no public URL) or by HTTP
+callbacks (``mode: http``) to ``/lark/events`` on the local API (``HTTP_PATHS``), which need the
+console's Verification Token and Encrypt Key.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from pydantic import Field, model_validator
 from gateway.config import KeyedError, OptionalHttpUrl, PlatformConfig, secret_field
 from gateway.types import Capabilities
 
-__all__ = ["DOMAINS", "LarkConfig"]
+__all__ = ["DOMAINS", "EVENTS_PATH", "LarkConfig"]
+
+EVENTS_PATH = "/lark/events"
 
 DOMAINS = {"feishu": "https://open.feishu.cn", "lark": "https://open.larksuite.com"}
 
@@ -28,12 +33,16 @@ class LarkConfig(PlatformConfig):
         edits=True, threads=True, buttons=True, typing=False, reactions=False, files=True, voice=True,
         max_message_length=4000, chat_rate=2.0, chat_burst=3)
     LIBRARY: ClassVar[str | None] = "lark_oapi"  # the switchboard[lark] extra
+    # mode: http's event callbacks, on the local API's listener (gateway.runtime.platform_http mounts it)
+    HTTP_PATHS: ClassVar[tuple[str, ...]] = (EVENTS_PATH,)
     app_id: str = ""  # cli_...
     app_secret: str = secret_field()
     domain: Literal["feishu", "lark"] = "feishu"
     base_url: OptionalHttpUrl = None  # unset: the domain's open platform
     mode: Literal["websocket", "http"] = "websocket"
-    # http mode is not built yet: the config says so rather than running silently without events
+    # mode: http only: the console's Events and Callbacks > Encryption Strategy
+    verification_token: str = secret_field()
+    encrypt_key: str = secret_field()
     max_file_bytes: int = Field(20 * 1024 * 1024, ge=1)
 
     @model_validator(mode="after")
@@ -45,8 +54,14 @@ class LarkConfig(PlatformConfig):
         if self.app_id and not self.app_secret:
             raise KeyedError("app_secret", "is not set but app_id is; set LARK_APP_SECRET (the app's credentials page)")
         if self.app_id and self.mode == "http":
-            raise KeyedError("mode", "http (event callbacks) is not available yet; use websocket (the long "
-                             "connection: turn on 'receive events through persistent connection' in the console)")
+            where = "from the console's Events and Callbacks > Encryption Strategy"
+            if not self.verification_token:
+                raise KeyedError("verification_token", f"is not set but mode is http; set LARK_VERIFICATION_TOKEN "
+                                                       f"(the Verification Token {where})")
+            if not self.encrypt_key:
+                raise KeyedError("encrypt_key", f"is not set but mode is http; set LARK_ENCRYPT_KEY (the Encrypt "
+                                                f"Key {where}; without one the platform neither encrypts nor signs "
+                                                "its callbacks)")
         return self
 
     @property

@@ -17,6 +17,13 @@ It serves, on 127.0.0.1 and a free port, what the real platform checks:
   ``sum`` parts with :meth:`send_event`'s ``parts``), each answered by the client's frame with
   ``{"code": 200}``; pings answered with pongs; an event not acknowledged is pushed again on the
   next connection, as the platform does; one sent while no socket is open waits for the next;
+* the HTTP callback mode, as the platform pushes to a bot's request URL: :meth:`callback` POSTs an
+  event to :attr:`callback_url` encrypted with :attr:`encrypt_key` (AES-256-CBC under its SHA-256, a
+  random IV in front, PKCS#7, base64) and signed (``X-Lark-Request-Timestamp``, ``-Nonce`` and
+  ``X-Lark-Signature``: hex SHA-256 of timestamp + nonce + key + body), the event's ``header.token``
+  the :attr:`verification_token`; anything but 200 is pushed again after ``callback_retry`` seconds
+  (the platform waits 15 s, 5 min, 1 h and 6 h) up to ``callback_attempts`` times;
+  :meth:`verify_url` is the console's url_verification;
 * ``/open-apis/bot/v3/info``, ``/open-apis/im/v1/messages`` (create), ``.../{id}/reply``,
   ``PATCH .../{id}`` (a card only, and only one sent with ``update_multi``), and
   ``.../{id}/resources/{key}``, recording what every chat (and topic) shows.
@@ -28,15 +35,21 @@ Faults: :meth:`fail_next` (HTTP 429 with code 99991400 and ``x-ogw-ratelimit-res
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import itertools
 import json
+import os
 import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import WSMsgType, web
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
 from tests.fakes.teams import visible_text
@@ -96,6 +109,15 @@ class FakeLark:
         self.root_chats: dict[str, str] = {}  # a topic's root message (a user's) -> its chat
         self._runner: web.AppRunner | None = None
         self.port = 0
+        # the HTTP callback mode (the console's Encryption Strategy and the bot's request URL)
+        self.verification_token = "fake-verification-token-01"
+        self.encrypt_key = "fake-encrypt-key-0000000001"
+        self.callback_url: str | None = None
+        self.callback_retry = 0.2
+        self.callback_attempts = 4
+        self.callbacks: list[tuple[str, int]] = []  # (event id, status) of every callback POST
+        self._client: aiohttp.ClientSession | None = None
+        self._retrying: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> "FakeLark":
         await self.start()
@@ -120,6 +142,11 @@ class FakeLark:
         self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
+        for task in list(self._retrying):
+            task.cancel()
+        await asyncio.gather(*self._retrying, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
         for ws in list(self._sockets):
             await ws.close()
         if self._runner is not None:
@@ -248,6 +275,68 @@ class FakeLark:
         for ws in list(self._sockets):
             await ws.close()
 
+    # -- the HTTP callback mode
+
+    def encrypt(self, plaintext: bytes, key: str | None = None) -> str:
+        """``plaintext`` as the platform encrypts a callback's body (the module docstring)."""
+        padder = padding.PKCS7(128).padder()
+        data = padder.update(plaintext) + padder.finalize()
+        iv = os.urandom(16)
+        encryptor = Cipher(algorithms.AES(hashlib.sha256((key or self.encrypt_key).encode()).digest()),
+                           modes.CBC(iv)).encryptor()
+        return base64.b64encode(iv + encryptor.update(data) + encryptor.finalize()).decode()
+
+    def signed_headers(self, body: bytes, *, key: str | None = None) -> dict[str, str]:
+        timestamp, nonce = str(int(time.time())), secrets.token_hex(8)
+        signature = hashlib.sha256((timestamp + nonce + (key or self.encrypt_key)).encode() + body).hexdigest()
+        return {"Content-Type": "application/json", "X-Lark-Request-Timestamp": timestamp,
+                "X-Lark-Request-Nonce": nonce, "X-Lark-Signature": signature}
+
+    def callback_body(self, event: dict, *, key: str | None = None, encrypted: bool = True) -> bytes:
+        event = {**event, "header": {**event["header"], "token": self.verification_token}} \
+            if "header" in event and "token" not in event["header"] else event
+        plaintext = json.dumps(event).encode()
+        return json.dumps({"encrypt": self.encrypt(plaintext, key)}).encode() if encrypted else plaintext
+
+    async def post_callback(self, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+        """One POST to :attr:`callback_url`: the status (0: no answer) and the JSON answer."""
+        assert self.callback_url, "set FakeLark.callback_url to the bot's request URL"
+        if self._client is None:
+            self._client = aiohttp.ClientSession()
+        try:
+            async with self._client.post(self.callback_url, data=body, headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=15)) as resp:
+                answer = await resp.json(content_type=None)
+                return resp.status, answer if isinstance(answer, dict) else {}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError):
+            return 0, {}
+
+    async def callback(self, event: dict, *, retry: bool = True) -> int:
+        """Push ``event`` by HTTP callback, encrypted and signed; the first status.  With ``retry``, one
+        not answered 200 is pushed again in the background, signed afresh each time."""
+        body = self.callback_body(event)
+        status, _ = await self.post_callback(body, self.signed_headers(body))
+        self.callbacks.append((str(event.get("header", {}).get("event_id")), status))
+        if status != 200 and retry:
+            task = asyncio.create_task(self._again(event, body))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+        return status
+
+    async def _again(self, event: dict, body: bytes) -> None:
+        for _ in range(self.callback_attempts - 1):
+            await asyncio.sleep(self.callback_retry)
+            status, _ = await self.post_callback(body, self.signed_headers(body))
+            self.callbacks.append((str(event.get("header", {}).get("event_id")), status))
+            if status == 200:
+                return
+
+    async def verify_url(self, challenge: str, *, token: str | None = None) -> tuple[int, dict]:
+        """The console's check of the request URL: an encrypted url_verification, not signed."""
+        inner = {"challenge": challenge, "token": token or self.verification_token, "type": "url_verification"}
+        body = json.dumps({"encrypt": self.encrypt(json.dumps(inner).encode())}).encode()
+        return await self.post_callback(body, {"Content-Type": "application/json"})
+
     # -- events as the platform writes them
 
     def new_message_id(self) -> str:
@@ -267,14 +356,16 @@ class FakeLark:
             message.update(root_id=root_id, parent_id=root_id, thread_id="omt_" + root_id)
         return {"schema": "2.0",
                 "header": {"event_id": secrets.token_hex(16), "event_type": "im.message.receive_v1",
-                           "create_time": str(int(time.time() * 1000)), "app_id": self.app_id, "tenant_key": "tk"},
+                           "create_time": str(int(time.time() * 1000)), "app_id": self.app_id, "tenant_key": "tk",
+                           "token": self.verification_token},
                 "event": {"sender": {"sender_id": {"open_id": user}, "sender_type": "user", "tenant_key": "tk"},
                           "message": message}}
 
     def press_event(self, message_id: str, user: str, command: str) -> dict:
         chat = self._where[message_id].split("/")[0]
         return {"schema": "2.0",
-                "header": {"event_id": secrets.token_hex(16), "event_type": "card.action.trigger", "app_id": self.app_id},
+                "header": {"event_id": secrets.token_hex(16), "event_type": "card.action.trigger", "app_id": self.app_id,
+                           "token": self.verification_token},
                 "event": {"operator": {"open_id": user}, "action": {"tag": "button", "value": {"switchboard": command}},
                           "context": {"open_message_id": message_id, "open_chat_id": chat}}}
 
