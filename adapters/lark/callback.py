@@ -25,9 +25,9 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from lark_oapi.core.utils.decryptor import AESCipher
-
 from gateway.types import HttpRequest
+
+from .sdk import AESCipher
 
 __all__ = ["Callback", "CallbackKeys", "Refused", "open_callback"]
 

@@ -30,11 +30,12 @@ from typing import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
-from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
 from gateway.tasks import spawn
+
+from .sdk import Frame
 
 log = logging.getLogger(__name__)
 
