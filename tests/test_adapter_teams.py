@@ -15,8 +15,11 @@ import pytest
 from adapters.teams import TeamsAdapter
 from adapters.teams.config import MESSAGES_PATH
 from adapters.teams.format import to_teams
+from gateway.runtime.daemon import Gateway
 from gateway.types import Button, ChatRef, ChatType, InboundMessage
+from tests.fakes.model_server import FakeModel
 from tests.fakes.teams import FakeTeams
+from tests.harness import gateway_config, stored_routes
 from tests.platform_paths import serving
 from tests.waiting import eventually
 
@@ -274,3 +277,30 @@ async def test_only_the_asker_or_an_approver_can_answer_an_approval_card(tmp_pat
         await eventually(lambda: kit.shown(asked.chat)[-1:] == ["shipped"], WAIT,
                          lambda: f"the approved call's answer (shows {kit.shown(asked.chat)})")
     assert [json.loads(line)["text"] for line in target.read_text().splitlines()] == ["ship it"]
+
+
+async def test_the_daemons_listener_takes_only_signed_activities_and_its_api_token_opens_nothing(tmp_path):
+    api_token = "sk-api-token-for-the-other-endpoints"
+    async with FakeTeams() as teams, FakeModel() as model:
+        config = gateway_config(
+            tmp_path / "home", model.base_url, api={"token": api_token}, auth={"allowed_users": ["teams:29:ann"]},
+            platforms={"teams": {"app_id": teams.app_id, "app_password": teams.app_password,
+                                 "openid_metadata_url": teams.metadata_url, "token_url": teams.token_url,
+                                 "service_url": teams.service_url}})
+        gw = Gateway(config, serve_api=True)
+        await gw.start()
+        try:
+            await eventually(lambda: gw.health()["platforms"]["teams"]["state"] == "connected", 15, "teams connected")
+            teams.endpoint = f"http://127.0.0.1:{gw.api.bound_port}{MESSAGES_PATH}"
+            good = teams.activity(conversation="a:dm-ann", user="29:ann", text="hello")
+            refused = [await teams.post(dict(good, id="161", text="unsigned"), signed=False),
+                       await teams.post(dict(good, id="162", text="wrong key"), wrong_key=True),
+                       await teams.post(dict(good, id="163", text="api token"), token=f"Bearer {api_token}")]
+            assert await teams.post(good) == 200
+            [reply] = await teams.wait_for_messages("a:dm-ann", 1, timeout=20)
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert refused == [401, 401, 401]
+    assert reply.text == "echo: hello | turns: 1 | first: hello"  # the model saw only the signed one
+    assert stored_routes(config) == ["agent:main:teams:dm:a%3Adm-ann"]
+    assert len(model.requests) == 1

@@ -331,6 +331,23 @@ class FakeLark:
             if status == 200:
                 return
 
+    def deliver_callback(self, event: dict) -> None:
+        """A user wrote ``event``: pushed by callback in the background (and again until answered 200)."""
+        task = asyncio.create_task(self.callback(event))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    def unanswered_callbacks(self) -> list[str]:
+        """Event ids pushed by callback and never answered 200."""
+        done = {event_id for event_id, status in self.callbacks if status == 200}
+        return sorted({event_id for event_id, _ in self.callbacks} - done)
+
+    async def drop_callback_connections(self) -> None:
+        """Close the connections the callbacks went on (the next push opens a new one)."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
     async def verify_url(self, challenge: str, *, token: str | None = None) -> tuple[int, dict]:
         """The console's check of the request URL: an encrypted url_verification, not signed."""
         inner = {"challenge": challenge, "token": token or self.verification_token, "type": "url_verification"}
