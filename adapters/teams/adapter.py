@@ -168,20 +168,21 @@ class TeamsAdapter:
         await self._open_client()
         assert self._http is not None and self._token is not None
         try:
-            await self._token.get()  # the app id and secret, checked before anything listens
+            await self._token.get()  # the app id and secret, checked before any activity is taken
         except CredentialsRejected as exc:
             self._health.state, self._health.last_error = "failed", str(exc)
             return  # not retried: a reload with a new secret starts it again
         except Exception:
             await self._close()
             raise
-        self._verifier = ActivityVerifier(self._http, metadata_url=self._metadata_url, issuer=self._issuer,
-                                          app_id=self._app_id, refresh_seconds=self._refresh)
+        verifier = ActivityVerifier(self._http, metadata_url=self._metadata_url, issuer=self._issuer,
+                                    app_id=self._app_id, refresh_seconds=self._refresh)
         try:
-            await self._verifier.load()
+            await verifier.load()
         except Exception:
             await self._close()
             raise
+        self._verifier = verifier  # activities are taken from now on (503 until then: sent again)
         self._health.state, self._health.last_error = "connected", None
         self._health.detail = f"messaging endpoint {MESSAGES_PATH} on the local API, app {self._app_id}"
         log.info("teams: taking activities at %s on the local API", MESSAGES_PATH)
