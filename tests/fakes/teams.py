@@ -27,8 +27,9 @@ no token and ``wrong_key=True`` signs it with a key the metadata does not publis
 ``redeliver=True`` an activity answered with anything but 2xx (or not answered at all) is sent again,
 until it is accepted or ``redeliver_for`` seconds passed (the real service retries a failed
 delivery a few times; the kill test needs it to outlast a restart).  :meth:`deliver` is a user
-writing: the activity goes to the bot in the background (sent again like any other with
-``redeliver``), as Teams takes the message at once and delivers it on its own time.
+writing: Teams takes the message at once and delivers it on its own time, here in the background,
+one activity at a time in the order written, each sent again (freshly signed) until the bot
+accepts it or ``redeliver_for`` seconds passed.
 
 Faults: :meth:`fail_next` (a status such as 429 with ``Retry-After`` on the next message sends),
 :meth:`delay_next` (a late answer).  Nothing here depends on pytest (bench/teams.py uses it).
@@ -131,6 +132,8 @@ class FakeTeams:
         self._runner: web.AppRunner | None = None
         self._client: aiohttp.ClientSession | None = None
         self._pending: set[asyncio.Task] = set()
+        self._outbox: asyncio.Queue[dict] = asyncio.Queue()  # deliver(): written, not yet accepted
+        self._sender: asyncio.Task | None = None
         self.port = 0
 
     async def __aenter__(self) -> "FakeTeams":
@@ -365,9 +368,31 @@ class FakeTeams:
 
     def deliver(self, activity: dict) -> None:
         """Hand ``activity`` to the bot in the background (a user wrote it; see the module docstring)."""
-        task = asyncio.create_task(self.post(activity))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._outbox.put_nowait(activity)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._deliver_in_order())
+            self._pending.add(self._sender)
+            self._sender.add_done_callback(self._pending.discard)
+
+    def undelivered(self) -> int:
+        """Activities :meth:`deliver` was given that the bot has not accepted yet."""
+        return self._outbox.qsize() + (1 if self._sender is not None and not self._sender.done()
+                                       and self._in_delivery else 0)
+
+    _in_delivery = False
+
+    async def _deliver_in_order(self) -> None:
+        while True:
+            activity = await self._outbox.get()
+            self._in_delivery = True
+            body, deadline, wait = json.dumps(activity).encode(), time.monotonic() + self.redeliver_for, 0.2
+            while True:
+                headers = {"Content-Type": "application/json", "Authorization": "Bearer " + self.sign(activity)}
+                if 200 <= await self._post_once(body, headers, activity) < 300 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 2.0)
+            self._in_delivery = False
 
     def unacknowledged(self) -> list[str]:
         done = {aid for aid, status in self.deliveries if 200 <= status < 300}

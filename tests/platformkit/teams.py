@@ -164,10 +164,11 @@ class TeamsSide:
     # activities of one chat are handed over in the order they arrive, but one sent again after the
     # restart can arrive after a newer one of the same chat: counted, not failed
     keeps_order = False
-    # A user's message is Teams' once written: send() hands it to the fake's delivery and returns.
-    # (It used to await the POST, so the load, cancelled as the last daemon came up, could be
-    # cancelled after the activity reached the daemon and before crashkit recorded it as written:
-    # a stored message nobody wrote, the model shown "more messages than written".)
+    # A user's message is Teams' once written: send() hands it to the fake's delivery (in the order
+    # written, each sent again until accepted) and returns.  (It used to await the POST, so the load,
+    # cancelled as the last daemon came up, could be cancelled after the activity reached the daemon
+    # and before crashkit recorded it as written: a stored message nobody wrote, the model shown "more
+    # messages than written".)
 
     def __init__(self, fake: FakeTeams):
         self.fake = fake
@@ -210,4 +211,5 @@ class TeamsSide:
 
     def notes(self) -> dict[str, int]:
         return {"activities sent again": len(self.fake.deliveries) - len({a for a, _ in self.fake.deliveries}),
-                "activities never acknowledged": len(self.fake.unacknowledged())}
+                "activities never acknowledged": len(self.fake.unacknowledged()),
+                "activities still to deliver": self.fake.undelivered()}
