@@ -8,8 +8,9 @@ raw HTML shown as text) and turns its token stream into plain frozen dataclasses
 
 Nesting is the tree's, so a renderer never guesses where bold ends or whether a
 code span sits in a quote: ``adapters/telegram/format.py`` (HTML),
-``adapters/discord/format.py`` (Discord Markdown) and ``adapters/slack/mrkdwn.py``
-(mrkdwn) are each a walk over it, and :func:`plain` is the walk that keeps only the
+``adapters/discord/format.py`` (Discord Markdown), ``adapters/slack/mrkdwn.py``
+(mrkdwn) and :func:`common_markdown` (the subset Teams messages and Feishu/Lark
+cards both render) are each a walk over it, and :func:`plain` is the walk that keeps only the
 words (a fallback when a platform still refuses a formatted part).
 
 One divergence from CommonMark: ``*`` does not split a word, as ``_`` never does, so
@@ -387,6 +388,85 @@ def plain(blocks: tuple[Block, ...]) -> str:
     return join_blocks([(b, block(b)) for b in blocks if not isinstance(b, Rule)]).strip()
 
 
+# -- the common subset: Teams messages and Feishu/Lark card Markdown -----------------------------
+#
+# Both render bold, italic, strikethrough, inline code, code blocks, links, bulleted and numbered
+# lists, block quotes and line breaks, and read tags (``<at>``) in the text.  common_markdown keeps
+# those and rewrites the rest:
+#
+#     **bold**, *italic*, ~~strike~~, `code`   -> the same
+#     [text](url)                              -> the same for http(s)/mailto, else text (url)
+#     ![alt](src)                              -> [alt](src)  (a message cannot inline an image)
+#     # Heading (any level)                    -> **Heading**
+#     - item / 1. item                         -> - item / 1. item (nested ones indented)
+#     > quote                                  -> > quote (one level)
+#     ```lang ... ```                          -> the same fence
+#     | table |                                -> a code block of its rows (neither has tables)
+#     < > &                                    -> &lt; &gt; &amp; outside code
+
+_COMMON_MARK = {"strong": "**", "em": "*", "strike": "~~"}
+_COMMON_LINKABLE = ("http://", "https://", "mailto:")
+
+
+def escape_entities(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _common_inline(nodes: tuple[Inline, ...]) -> str:
+    out: list[str] = []
+    for node in nodes:
+        if isinstance(node, Text):
+            out.append(escape_entities(node.text))
+        elif isinstance(node, Code):
+            tick = "``" if "`" in node.text else "`"
+            out.append(f"{tick}{node.text}{tick}")
+        elif isinstance(node, Styled):
+            out.append(wrap(_common_inline(node.children), _COMMON_MARK.get(node.kind, "")))
+        elif isinstance(node, Link):
+            label = (_common_inline(node.children) if words(node.children).strip()
+                     else escape_entities(address(node.href)))
+            if node.href.startswith(_COMMON_LINKABLE):
+                out.append(f"[{label}]({node.href.replace(')', '%29')})")
+            else:
+                out.append(f"{label} ({escape_entities(address(node.href))})")
+        elif isinstance(node, Image):
+            out.append(f"[{escape_entities(node.alt or address(node.src))}]({node.src.replace(')', '%29')})"
+                       if node.src.startswith(_COMMON_LINKABLE) else escape_entities(node.alt or node.src))
+        elif isinstance(node, Break):
+            out.append("\n")
+        else:
+            out.append(escape_entities(words((node,))))
+    return "".join(out)
+
+
+def _common_block(block: Block) -> str:
+    if isinstance(block, Paragraph):
+        return _common_inline(block.children)
+    if isinstance(block, Heading):
+        return wrap(_common_inline(block.children), "**")
+    if isinstance(block, CodeBlock):
+        fence = "````" if "```" in block.text else "```"
+        return f"{fence}{block.lang}\n{block.text.rstrip(chr(10))}\n{fence}"
+    if isinstance(block, Table):
+        return f"```\n{block.source.rstrip(chr(10))}\n```"
+    if isinstance(block, Quote):
+        inner = join_blocks([(b, _common_block(b)) for b in block.blocks if not isinstance(b, Quote)]
+                            + [(b, plain((b,))) for b in block.blocks if isinstance(b, Quote)])
+        return indent(inner, "> ")
+    if isinstance(block, ListBlock):
+        return render_list(block, _common_block, own_line=(CodeBlock, Quote)).replace("•", "-")
+    if isinstance(block, Rule):
+        return "———"
+    return ""
+
+
+def common_markdown(markdown: str) -> str:
+    """``markdown`` in the subset Teams messages and Feishu/Lark cards render (see the section above)."""
+    if not markdown.strip():
+        return ""
+    return join_blocks([(b, _common_block(b)) for b in parse(markdown)]).strip("\n")
+
+
 # -- the plain-text fallback, counted ---------------------------------------------------------
 
 _plain_fallbacks: Counter[str] = Counter()
@@ -404,6 +484,6 @@ def plain_fallbacks() -> dict[str, int]:
 
 __all__ = [
     "Block", "Break", "Code", "CodeBlock", "Heading", "Image", "Inline", "Link", "ListBlock", "Paragraph", "Quote",
-    "Rule", "Styled", "Table", "Text", "address", "count_plain_fallback", "indent", "join_blocks", "marker", "parse",
-    "plain", "plain_fallbacks", "render_list", "words", "wrap",
+    "Rule", "Styled", "Table", "Text", "address", "common_markdown", "count_plain_fallback", "escape_entities",
+    "indent", "join_blocks", "marker", "parse", "plain", "plain_fallbacks", "render_list", "words", "wrap",
 ]

@@ -27,7 +27,7 @@ ADAPTERS = "switchboard.adapters"
 ADAPTER_CONFIGS = "switchboard.adapter_configs"
 # The platforms that ship with Switchboard, in the order they are listed everywhere (the order only:
 # any other installed platform is named everywhere too, after these, by name).
-BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack", "email", "webhook", "matrix", "whatsapp", "signal")
+BUILT_IN: tuple[str, ...] = ("telegram", "discord", "slack", "email", "webhook", "matrix", "whatsapp", "signal", "teams", "lark")
 # Where a session comes from besides a platform: the local API, `switchboard chat`, a cron run.
 OTHER_SOURCES: tuple[str, ...] = ("api", "cli", "cron")
 

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from gateway.cli.main import main
+from gateway.platforms import installed_platforms
 from state import SessionDB
 
 
@@ -42,7 +43,8 @@ def test_an_unknown_role_or_source_is_an_error_listing_the_valid_ones(store, arg
     result = run(*args)
     assert result.exit_code == 2
     assert f"Invalid value for '{option}'" in result.output
-    valid = "'user', 'assistant', 'tool', 'system'" if option == "--role" else "'telegram', 'discord', 'slack', 'email', 'webhook', 'matrix', 'whatsapp', 'signal', 'api', 'cli', 'cron'"
+    sources = ", ".join(f"'{name}'" for name in (*installed_platforms(), "api", "cli", "cron"))
+    valid = "'user', 'assistant', 'tool', 'system'" if option == "--role" else sources
     assert valid in result.output
 
 

@@ -21,14 +21,16 @@ from adapters.discord.config import DiscordConfig
 from adapters.email.config import EmailConfig
 from adapters.matrix.config import MatrixConfig
 from adapters.signal.config import SignalConfig
+from adapters.lark.config import LarkConfig
 from adapters.slack.config import SlackConfig
+from adapters.teams.config import TeamsConfig
 from adapters.telegram.config import TelegramConfig
 from adapters.webhook.config import WebhookConfig
 from adapters.whatsapp.config import WhatsAppConfig
 from gateway.cli.config import config_group
 from gateway.config import Config, ResetPolicy, config_from_dict, find_config_path, load_config, platform_models
 from gateway.errors import ConfigError
-from gateway.platforms import installed_platforms
+from gateway.platforms import BUILT_IN, installed_platforms
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.yaml"
@@ -42,6 +44,15 @@ API_TOKEN = "api-token-for-tests-123"
 WEBHOOK_SECRET = "hook_secret-123"
 EMAIL_PASSWORD = "email-password-for-tests-42"
 MATRIX_TOKEN = "syt_matrix_token_for_tests_0001"
+TEAMS_ID = "00000000-0000-4000-8000-0000000000aa"
+TEAMS_PASSWORD = "teams~client-secret-for-tests"
+LARK_SECRET = "lark-app-secret-for-tests-0001"
+# the platforms beyond the first three, as `config check` shows them with no credentials
+OFF = {"email": "off: platforms.email.imap_host is not set", "webhook": "off: platforms.webhook.hooks is empty",
+       "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)",
+       "whatsapp": "off: platforms.whatsapp.access_token is not set", "signal": "off: platforms.signal.account is not set",
+       "teams": "off: platforms.teams.app_id is not set", "lark": "off: platforms.lark.app_id is not set"}
+NAMES = ", ".join(installed_platforms())
 
 WA_TOKEN = "EAAGtest-whatsapp-access-token"
 WA_SECRET = "whatsapp-app-secret-for-tests"
@@ -57,6 +68,10 @@ FULL_ENV = {
     "WHATSAPP_APP_SECRET": WA_SECRET,
     "WHATSAPP_VERIFY_TOKEN": WA_VERIFY,
     "SIGNAL_ACCOUNT": "+4915112345678",
+    "TEAMS_APP_ID": TEAMS_ID,
+    "TEAMS_APP_PASSWORD": TEAMS_PASSWORD,
+    "LARK_APP_ID": "cli_a1b2c3d4e5f60001",
+    "LARK_APP_SECRET": LARK_SECRET,
     "SWITCHBOARD_MODEL_KEY": MODEL_KEY,
     "SWITCHBOARD_API_TOKEN": API_TOKEN,
     "EMAIL_IMAP_HOST": "imap.example.com",
@@ -66,7 +81,8 @@ FULL_ENV = {
     "MATRIX_ACCESS_TOKEN": MATRIX_TOKEN,
 }
 ALL_SECRETS = [TG_TOKEN, DISCORD_TOKEN, SLACK_BOT, SLACK_APP, MODEL_KEY, API_TOKEN, WEBHOOK_SECRET, EMAIL_PASSWORD, MATRIX_TOKEN,
-               WA_TOKEN, WA_SECRET, WA_VERIFY]
+               WA_TOKEN, WA_SECRET, WA_VERIFY,
+               TEAMS_PASSWORD, LARK_SECRET]
 
 
 def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
@@ -90,11 +106,7 @@ def test_example_loads_with_no_environment_and_every_platform_off():
         "telegram": "off: platforms.telegram.token is not set",
         "discord": "off: platforms.discord.token is not set",
         "slack": "off: platforms.slack.bot_token is not set",
-        "email": "off: platforms.email.imap_host is not set",
-        "webhook": "off: platforms.webhook.hooks is empty",
-        "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)",
-        "whatsapp": "off: platforms.whatsapp.access_token is not set",
-        "signal": "off: platforms.signal.account is not set",
+        **OFF,
     }
     assert cfg.home == Path("~/.switchboard").expanduser()
     assert cfg.agent == "main"
@@ -128,9 +140,8 @@ def _documented_in_block(lines: list[str], i: int) -> bool:
 
 def test_example_with_tokens_in_the_environment_turns_platforms_on():
     cfg = load_config(EXAMPLE, env=FULL_ENV)
-    assert cfg.enabled_platforms() == {"telegram": "on", "discord": "on", "slack": "on", "email": "on",
-                                       "webhook": "off: platforms.webhook.hooks is empty",
-                                       "matrix": "on", "whatsapp": "on", "signal": "on"}
+    assert cfg.enabled_platforms() == {**{name: "on" for name in installed_platforms()},
+                                       "webhook": "off: platforms.webhook.hooks is empty"}
     assert cfg.platforms.telegram.token == TG_TOKEN
     assert sorted(cfg.secrets()) == sorted(ALL_SECRETS)
 
@@ -354,9 +365,9 @@ MISTAKES = [
     ("duplicate key", "agent: a\nagent: b\n", {}, None, 'line 2, column 1: duplicate key "agent" (first set on line 1)'),
     ("not a mapping", "- a\n- b\n", {}, None, "must be a mapping of keys at the top level (got a list)"),
     ("unknown key", "platforms:\n  telgram: {}\n", {}, "platforms.telgram",
-     'unknown key "telgram" (did you mean "telegram"?); valid keys here: telegram, discord, slack, email, webhook, matrix, whatsapp, signal'),
+     'unknown key "telgram" (did you mean "telegram"?); valid keys here: ' + NAMES),
     ("platform not installed", "platforms:\n  xmpp: {}\n", {}, "platforms.xmpp",
-     'unknown key "xmpp"; valid keys here: telegram, discord, slack, email, webhook, matrix, whatsapp, signal (these are the installed platforms; '
+     'unknown key "xmpp"; valid keys here: ' + NAMES + ' (these are the installed platforms; '
      "a platform's settings come with its adapter package)"),
     ("unknown platform key", "platforms:\n  discord:\n    tokn: x\n", {}, "platforms.discord.tokn",
      'unknown key "tokn" (did you mean "token"?); valid keys here: enabled, allowed_users'),
@@ -371,7 +382,7 @@ MISTAKES = [
      "must be one of idle, daily, both, none"),
     ("bad timezone", "timezone: Mars/Base\n", {}, "timezone", 'unknown timezone "Mars/Base"; use an IANA name'),
     ("bad user ref", "auth:\n  allowed_users: [telegram123]\n", {}, "auth.allowed_users[0]",
-     'must be platform:user_id with platform one of telegram, discord, slack, email, webhook'),
+     'must be platform:user_id with platform one of ' + NAMES),
     ("bad identity ref", "identities:\n  alice: [irc:bob]\n", {}, "identities.alice[0]", "must be platform:user_id"),
     ("wrong platform id", "platforms:\n  discord:\n    allowed_users: ['telegram:1']\n", {},
      "platforms.discord.allowed_users[0]", "must be a discord user id"),
@@ -466,7 +477,8 @@ def test_the_example_names_features_not_internal_documents():
 def test_each_platform_section_is_validated_by_the_model_beside_its_adapter():
     assert dict(platform_models()) == {"telegram": TelegramConfig, "discord": DiscordConfig, "slack": SlackConfig,
                                        "email": EmailConfig, "webhook": WebhookConfig,
-                                       "matrix": MatrixConfig, "whatsapp": WhatsAppConfig, "signal": SignalConfig}
+                                       "matrix": MatrixConfig, "whatsapp": WhatsAppConfig, "signal": SignalConfig,
+                                       "teams": TeamsConfig, "lark": LarkConfig}
     cfg = load_config(EXAMPLE, env=FULL_ENV)
     assert type(cfg.platforms.telegram) is TelegramConfig
     assert type(cfg.platforms.discord) is DiscordConfig
@@ -548,7 +560,7 @@ def test_a_broken_platform_package_is_named_with_exit_78(tmp_path, site, monkeyp
 
 
 def test_an_installed_platform_brings_its_own_settings(tmp_path, xmpp_installed):
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix", "whatsapp", "signal", "xmpp"]
+    assert list(platform_models()) == [*BUILT_IN, "xmpp"]
     path = write(tmp_path, "platforms:\n  xmpp:\n    homeserver: xmpp.example.org\n")
     result = cli("check", "--config", str(path))
     assert result.exit_code == 78
@@ -585,11 +597,7 @@ def test_check_reports_platform_states(tmp_path):
         "  telegram: on",
         "  discord: off: platforms.discord.token is not set",
         "  slack: off: platforms.slack.bot_token is not set",
-        "  email: off: platforms.email.imap_host is not set",
-        "  webhook: off: platforms.webhook.hooks is empty",
-        "  matrix: off: platforms.matrix.access_token is not set (or a password with user_id)",
-        "  whatsapp: off: platforms.whatsapp.access_token is not set",
-        "  signal: off: platforms.signal.account is not set",
+        *(f"  {name}: {why}" for name, why in OFF.items()),
         f"  api: http://127.0.0.1:8642  home: {tmp_path}",
         "  warning: context length of model 'default' is unknown; assuming 8,192 tokens, so long conversations "
         "are compressed early. Set model.context_length in the config to the model's real window",
@@ -603,12 +611,7 @@ def test_check_json_has_one_shape(tmp_path):
     assert json.loads(result.stdout) == {
         "ok": True, "file": str(EXAMPLE), "home": str(tmp_path), "api": "http://127.0.0.1:8642",
         "platforms": {"telegram": "on", "discord": "off: platforms.discord.token is not set",
-                      "slack": "off: platforms.slack.bot_token is not set",
-                      "email": "off: platforms.email.imap_host is not set",
-                      "webhook": "off: platforms.webhook.hooks is empty",
-                      "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)",
-                      "whatsapp": "off: platforms.whatsapp.access_token is not set",
-                      "signal": "off: platforms.signal.account is not set"},
+                      "slack": "off: platforms.slack.bot_token is not set", **OFF},
         "warnings": [],
     }
     bad = write(tmp_path, "sessions:\n  reset:\n    mode: x\n")
@@ -645,7 +648,7 @@ def test_show_prints_the_effective_config_with_secrets_redacted(as_json):
         "mode": "both",
         "idle_minutes": 1440,
         "at_hour": 4,
-        "by_platform": {"telegram": None, "discord": None, "slack": None, "email": None, "webhook": None, "matrix": None, "whatsapp": None, "signal": None},
+        "by_platform": {name: None for name in installed_platforms()},
         "by_type": {"dm": None, "group": None, "thread": None, "channel": None},
     }
 

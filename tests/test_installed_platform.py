@@ -30,10 +30,16 @@ from gateway.config import ResetPolicy, config_from_dict, platform_models
 from gateway.cron.schedule import parse_target
 from gateway.cron.service import config_jobs
 from gateway.errors import ConfigError
-from gateway.platforms import installed_platforms
+from gateway.platforms import BUILT_IN, installed_platforms
 from gateway.runtime.daemon import auth_settings
 from tests.crashkit import SWITCHBOARD, NotifySocket, start_daemon
 from tests.fakes.model_server import FakeModel
+
+FORMS = {"webhook": "webhook:<hook>[:<conversation>]"}  # the cron targets not written <platform>:<chat_id>
+SHIPPED = ", ".join(BUILT_IN)  # the platforms that come with Switchboard, as the messages list them
+# the platforms beyond the first three, as the daemon names them with no credentials
+OFF = {"email": "off: platforms.email.imap_host is not set", "webhook": "off: platforms.webhook.hooks is empty",
+       "teams": "off: platforms.teams.app_id is not set", "lark": "off: platforms.lark.app_id is not set"}
 
 ECHO_CONFIG = '''
 from typing import ClassVar
@@ -146,17 +152,17 @@ def with_echo(site: Path) -> dict[str, str]:
 
 
 def test_the_installed_platforms_are_the_built_ins_then_the_others_by_name(echo_site):
-    assert installed_platforms() == ("telegram", "discord", "slack", "email", "webhook", "matrix", "whatsapp", "signal", "echo")
-    assert list(platform_models()) == ["telegram", "discord", "slack", "email", "webhook", "matrix", "whatsapp", "signal", "echo"]
+    assert installed_platforms() == (*BUILT_IN, "echo")
+    assert list(platform_models()) == [*BUILT_IN, "echo"]
 
 
 def test_without_the_package_only_the_built_ins_are_installed():
-    assert installed_platforms() == ("telegram", "discord", "slack", "email", "webhook", "matrix", "whatsapp", "signal")
+    assert installed_platforms() == BUILT_IN
     with pytest.raises(ConfigError) as info:
         config_from_dict({"auth": {"allowed_users": ["echo:42"]}}, env={})
     assert info.value.key == "auth.allowed_users[0]"
     assert str(info.value).startswith(
-        'auth.allowed_users[0]: must be platform:user_id with platform one of telegram, discord, slack, email, webhook, matrix, whatsapp, signal '
+        f'auth.allowed_users[0]: must be platform:user_id with platform one of {SHIPPED} '
         '(the installed ones), like "telegram:123456789" or "slack:U0123ABCD" (got "echo:42")')
 
 
@@ -177,21 +183,21 @@ def test_an_installed_platform_is_named_in_auth_identities_and_reset(echo_site):
     assert cfg.sessions.reset_policy_for("slack", "dm") == ResetPolicy("both", 600, 6)
     assert cfg.sessions.reset_policy_for("telegram", "dm") == ResetPolicy("both", 600, 4)
     assert cfg.redacted()["sessions"]["reset"]["by_platform"] == {
-        "telegram": None, "discord": None, "slack": {"mode": None, "idle_minutes": None, "at_hour": 6}, "email": None, "webhook": None, "matrix": None, "whatsapp": None, "signal": None,
+        **{name: None for name in BUILT_IN}, "slack": {"mode": None, "idle_minutes": None, "at_hour": 6},
         "echo": {"mode": "idle", "idle_minutes": 5, "at_hour": None}}
     assert cfg.enabled_platforms()["echo"] == "off: platforms.echo.inbox is not set"
 
 
 UNKNOWN = [
     ("auth", {"auth": {"allowed_users": ["irc:42"]}}, "auth.allowed_users[0]",
-     'must be platform:user_id with platform one of telegram, discord, slack, email, webhook, matrix, whatsapp, signal, echo (the installed ones), '
+     f'must be platform:user_id with platform one of {SHIPPED}, echo (the installed ones), '
      'like "telegram:123456789" or "slack:U0123ABCD" (got "irc:42")'),
     ("identity", {"identities": {"alice": ["echo:42", "irc:bob"]}}, "identities.alice[1]",
-     'must be platform:user_id with platform one of telegram, discord, slack, email, webhook, matrix, whatsapp, signal, echo (the installed ones), '
+     f'must be platform:user_id with platform one of {SHIPPED}, echo (the installed ones), '
      'like "telegram:123456789" or "slack:U0123ABCD" (got "irc:bob")'),
     ("reset", {"sessions": {"reset": {"by_platform": {"echo": {"idle_minutes": 5}, "ecoh": {"idle_minutes": 5}}}}},
      "sessions.reset.by_platform.ecoh",
-     'unknown key "ecoh" (did you mean "echo"?); valid keys here: telegram, discord, slack, email, webhook, matrix, whatsapp, signal, echo '
+     f'unknown key "ecoh" (did you mean "echo"?); valid keys here: {SHIPPED}, echo '
      "(these are the installed platforms; another one comes with its adapter package)"),
     ("reset value", {"sessions": {"reset": {"by_platform": {"echo": {"mode": "sometimes"}}}}},
      "sessions.reset.by_platform.echo.mode", 'must be one of idle, daily, both, none (got "sometimes")'),
@@ -214,7 +220,7 @@ def test_config_check_refuses_an_unknown_reset_platform_with_exit_78(tmp_path, e
     assert result.exit_code == 78
     assert result.stderr.splitlines() == [
         f'error: {path}: sessions.reset.by_platform.xmpp: unknown key "xmpp"; valid keys here: '
-        "telegram, discord, slack, email, webhook, matrix, whatsapp, signal, echo (these are the installed platforms; another one comes with its adapter package)"
+        f"{SHIPPED}, echo (these are the installed platforms; another one comes with its adapter package)"
     ]
 
 
@@ -225,7 +231,9 @@ def test_a_cron_job_delivers_to_the_installed_platform(echo_site):
         parse_target("irc:#general")
     assert str(info.value) == (
         "unknown delivery target 'irc:#general'; use local, telegram:<chat_id>[:<topic_id>], discord:<channel_id>, "
-        "slack:<channel_id>[:<thread_ts>], email:<chat_id>[:<thread_id>], webhook:<hook>[:<conversation>], matrix:<chat_id>[:<thread_id>], whatsapp:<chat_id>[:<thread_id>], signal:<chat_id>[:<thread_id>], echo:<chat_id>[:<thread_id>]")
+        "slack:<channel_id>[:<thread_ts>], "
+        + "".join(f"{FORMS.get(name, name + ':<chat_id>[:<thread_id>]')}, " for name in BUILT_IN[3:])
+        + "echo:<chat_id>[:<thread_id>]")
     with pytest.raises(ValueError, match=r"'echo:' is not a echo target; write echo:<chat_id>\[:<thread_id>\]"):
         parse_target("echo:")
     cfg = config_from_dict({"cron": {"jobs": [{"id": "daily", "schedule": "0 8 * * *", "prompt": "hi",
@@ -251,12 +259,11 @@ def test_the_cli_offers_the_installed_platform(tmp_path, echo_site):
     assert [(s["id"], s["source"]) for s in json.loads(listed.stdout)] == [("s-echo", "echo")]
 
     helped = switchboard(echo_site, "pairing", "approve", "--help")
-    # (click wraps the choices once they pass the line's width)
-    assert "{telegram|discord|slack|email|webhook|matrix|whatsapp|signal|echo}" in "".join(helped.stdout.split())
+    assert "{" + "|".join(BUILT_IN) + "|echo}" in "".join(helped.stdout.split())  # click wraps a long list
 
     refused = switchboard(echo_site, "sessions", "list", "--source", "irc", "--home", str(home))
     assert refused.returncode == 2
-    assert ("'irc' is not one of 'telegram', 'discord', 'slack', 'email', 'webhook', 'matrix', 'whatsapp', 'signal', 'echo', 'api', 'cli', 'cron'"
+    assert ("'irc' is not one of " + ", ".join(f"'{n}'" for n in (*BUILT_IN, "echo", "api", "cli", "cron"))
             in refused.stderr), refused.stderr
 
 
@@ -303,11 +310,8 @@ async def test_the_daemon_runs_the_installed_platform_and_reloads_it(tmp_path, e
         try:
             status = await notify.wait_for(lambda line: line.startswith("STATUS=serving"))
             assert status.endswith("telegram: off: platforms.telegram.token is not set, discord: off: platforms.discord.token "
-                                   "is not set, slack: off: platforms.slack.bot_token is not set, email: off: platforms.email.imap_host is not set, "
-                                   "webhook: off: platforms.webhook.hooks is empty, "
-                                   "matrix: off: platforms.matrix.access_token is not set (or a password with user_id), "
-                                   "whatsapp: off: platforms.whatsapp.access_token is not set, signal: off: platforms.signal.account "
-                                   "is not set, echo: connected"), status
+                                   "is not set, slack: off: platforms.slack.bot_token is not set, "
+                                   + "".join(f"{name}: {why}, " for name, why in OFF.items()) + "echo: connected"), status
             first = await _wait_for_lines(tmp_path / "outbox1.jsonl", 2)
             port = int(re.search(r"API on 127\.0\.0\.1:(\d+)", status).group(1))
             async with aiohttp.ClientSession() as http:

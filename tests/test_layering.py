@@ -58,6 +58,21 @@ def test_adapters_only_touch_the_gateway_boundary():
     assert offenders == []
 
 
+def test_no_adapter_imports_another_adapter():
+    # what two platforms share (a Markdown subset, a retry rule) lives in the gateway, so each adapter
+    # package can be installed, changed and removed alone
+    packages = sorted(p for p in (ROOT / "adapters").iterdir() if (p / "__init__.py").exists())
+    names = {p.name for p in packages}
+    offenders = []
+    for package in packages:
+        for path in package.rglob("*.py"):
+            for name in _imports(path):
+                parts = name.split(".")
+                if parts[0] == "adapters" and len(parts) > 1 and parts[1] in names - {package.name}:
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert offenders == []
+
+
 def test_no_adapter_writes_sql():
     offenders = [
         str(path.relative_to(ROOT))

@@ -35,6 +35,8 @@ BUILT_IN_FAKES = {
     "matrix": "tests.platformkit.matrix:MatrixKit",
     "whatsapp": "tests.platformkit.whatsapp:WhatsAppKit",
     "signal": "tests.platformkit.signal:SignalKit",
+    "teams": "tests.platformkit.teams:TeamsKit",
+    "lark": "tests.platformkit.lark:LarkKit",
 }
 
 
