@@ -19,9 +19,9 @@ from pydantic import ValidationError
 
 from adapters.discord.config import DiscordConfig
 from adapters.email.config import EmailConfig
+from adapters.lark.config import LarkConfig
 from adapters.matrix.config import MatrixConfig
 from adapters.signal.config import SignalConfig
-from adapters.lark.config import LarkConfig
 from adapters.slack.config import SlackConfig
 from adapters.teams.config import TeamsConfig
 from adapters.telegram.config import TelegramConfig

@@ -39,6 +39,8 @@ FORMS = {"webhook": "webhook:<hook>[:<conversation>]"}  # the cron targets not w
 SHIPPED = ", ".join(BUILT_IN)  # the platforms that come with Switchboard, as the messages list them
 # the platforms beyond the first three, as the daemon names them with no credentials
 OFF = {"email": "off: platforms.email.imap_host is not set", "webhook": "off: platforms.webhook.hooks is empty",
+       "matrix": "off: platforms.matrix.access_token is not set (or a password with user_id)",
+       "whatsapp": "off: platforms.whatsapp.access_token is not set", "signal": "off: platforms.signal.account is not set",
        "teams": "off: platforms.teams.app_id is not set", "lark": "off: platforms.lark.app_id is not set"}
 
 ECHO_CONFIG = '''
