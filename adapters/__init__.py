@@ -14,8 +14,8 @@ Their errors derive from ``gateway.errors.AdapterError`` (drawn in :mod:`gateway
     │                                (starting or reconnecting); the send is retried
     ├── _Fatal                       discord/adapter.py, internal: a start failure retrying cannot
     │                                fix (bad token, missing intent); its message says what to change
-    ├── PartFailed                   slack/outbound.py: one part of a reply was not delivered; the
-    │                                adapter reports a failed Delivery with the reason
+    ├── PartFailed                   slack/outbound.py, teams/outbound.py: one part of a reply was not
+    │                                delivered; the adapter reports a failed Delivery with the reason
     ├── SignalError                  signal/rpc.py: signal-cli answered a JSON-RPC error (its code kept)
     │   ├── SignalThrottled          Signal's rate limit (a RATE_LIMIT_FAILURE result): waited out
     │   └── SignalUnavailable        signal-cli did not answer (down, restarting, 5xx): retried
@@ -26,8 +26,14 @@ Their errors derive from ``gateway.errors.AdapterError`` (drawn in :mod:`gateway
     │                                stale, replayed, a body without sender or text); its status and why
     ├── CallbackFailed               webhook/adapter.py: the callback refused a reply with a 4xx that a
     │                                retry will not change; the reply is set aside as a dead letter
-    ├── SmtpRefused                  email/outbound.py: the SMTP server refused a reply
-    └── ImapError                    email/outbound.py: the IMAP server answered a command with an error
+    ├── Unauthorized                 teams/auth.py: an activity whose token is missing, malformed or not
+    │                                signed by a key Microsoft publishes; answered 401, it reaches nothing
+    ├── CredentialsRejected          teams/auth.py, lark/api.py: the token endpoint refused the app id or
+    │                                secret; retrying cannot help, the start fails naming the keys
+    ├── AppRefused                   lark/connection.py: the open platform refused the app on the long
+    │                                connection's endpoint (a wrong id or secret)
+    └── Refused                      lark/callback.py (as webhook/signing.py's): a callback request that
+                                     is not the platform's (unsigned, undecryptable); its status and why
 
 An adapter's start raises ``AdapterError`` with a message naming the config key
 to fix; a send never raises: it returns a ``Delivery`` that says what failed.

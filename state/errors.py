@@ -41,6 +41,10 @@ the cluster's, exported from ``state.cluster`` (which needs psycopg).
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says
 what to do next; the CLI prints it as one line.
+
+Outside the tree: ``state/_pg.py``'s ``_NotOneStatement`` is a ``BaseException`` that never leaves the
+engine: a read tried as one statement that runs a second is run again in its snapshot, and no
+``except Exception`` of a store function may swallow that signal.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import hmac
 import json
 from dataclasses import dataclass
 
+from gateway.errors import AdapterError
 from gateway.types import HttpRequest
 
 from .sdk import AESCipher
@@ -34,7 +35,7 @@ __all__ = ["Callback", "CallbackKeys", "Refused", "open_callback"]
 URL_VERIFICATION = "url_verification"
 
 
-class Refused(Exception):
+class Refused(AdapterError):
     """A callback request that is not the platform's (``status`` and why)."""
 
     def __init__(self, status: int, why: str):
