@@ -133,9 +133,9 @@ class RetryStore(OurStore):
     BUSY_MS = 0
 
     def __init__(self, path: Path):
-        from state import _engine, db
+        from state import db
 
-        real = _engine.Engine
+        real = db.Engine
         db.Engine = lambda *a, **k: real(*a, process_lock=False, **k)  # type: ignore[misc]  # bench-only switch
         try:
             self.db = SessionDB(path)
