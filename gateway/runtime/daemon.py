@@ -307,6 +307,7 @@ class Gateway:
         # questions are posted through the router's control; in the daemon, those a stop cut off are
         # closed and their chats told (the platforms run now)
         await services.questions.start(services.router.control, settle=self.serve_api and not cfg.clustered)
+        await services.signins.start(services.router.control)
         if self.claims is not None:
             await self.claims.start()
             opened.push_async_callback(self.claims.close)  # the leases still held go back: another instance answers
