@@ -56,7 +56,7 @@ from gateway.tools_mcp.vault import Vault, VaultError
 log = logging.getLogger(__name__)
 
 OPERATOR = "operator"  # the principal of an ``auth: operator`` server's one sign-in
-REFRESH_BEFORE = 120.0  # a token this close to its expiry is refreshed before it is used
+REFRESH_BEFORE = 120.0  # a token this close to its expiry (or half its lifetime, if shorter) is refreshed before use
 FLOW_SECONDS = 900.0  # a sign-in link is good for this long
 CACHE_SECONDS = 30.0  # a token read from the store is used this long before it is read again (another instance may sign out)
 HTTP_SECONDS = 15.0
@@ -153,7 +153,8 @@ class ServerAuth:
             if record is None:
                 return None
             expires_at = record.get("expires_at")
-            if expires_at is not None and expires_at - self.clock() < REFRESH_BEFORE:
+            margin = min(REFRESH_BEFORE, (record.get("lifetime") or REFRESH_BEFORE * 2) / 2)
+            if expires_at is not None and expires_at - self.clock() < margin:
                 if record.get("refresh_token"):
                     record = await self._refresh(principal, record)
                 elif expires_at <= self.clock():
@@ -219,7 +220,7 @@ class ServerAuth:
 
     def _token_fields(self, token: OAuthToken) -> dict:
         return {"access_token": token.access_token, "refresh_token": token.refresh_token,
-                "scope": token.scope,
+                "scope": token.scope, "lifetime": None if token.expires_in is None else float(token.expires_in),
                 "expires_at": None if token.expires_in is None else self.clock() + float(token.expires_in)}
 
     def challenged(self, principal: str | None, www_authenticate: str | None) -> None:
@@ -239,13 +240,13 @@ class ServerAuth:
         """The link that signs ``principal`` in (the flow kept, sealed, for the callback)."""
         async with self._http() as http:
             prm, asm = await self._discover(http)
-            client = await self._client(http, asm)
+            scope = " ".join(self.scopes) if self.scopes else get_client_metadata_scopes(
+                extract_field_from_www_auth(_Challenge(self._challenge), "scope") if self._challenge else None,
+                prm, asm, GRANTS)
+            client = await self._client(http, asm, scope)
         verifier, challenge = _pkce()
         state = secrets.token_urlsafe(32)
         resource = self._resource(prm)
-        scope = " ".join(self.scopes) if self.scopes else get_client_metadata_scopes(
-            extract_field_from_www_auth(_Challenge(self._challenge), "scope") if self._challenge else None,
-            prm, asm, GRANTS)
         params = {"response_type": "code", "client_id": client["client_id"], "redirect_uri": self.settings.redirect_uri,
                   "state": state, "code_challenge": challenge, "code_challenge_method": "S256", "resource": resource}
         if scope:
@@ -374,7 +375,7 @@ class ServerAuth:
             return str(prm.resource)
         return resource
 
-    async def _client(self, http: httpx2.AsyncClient, asm: OAuthMetadata) -> dict:
+    async def _client(self, http: httpx2.AsyncClient, asm: OAuthMetadata, scope: str | None) -> dict:
         """The client this gateway is to ``asm``'s issuer: its CIMD URL where taken, else a registration
         (made once, kept sealed; made again for another issuer)."""
         issuer = str(asm.issuer)
@@ -384,7 +385,8 @@ class ServerAuth:
         if sealed is not None:
             try:
                 known = self.vault.unseal(sealed)
-                if known.get("issuer") == issuer and known.get("redirect_uri") == self.settings.redirect_uri:
+                if (known.get("issuer") == issuer and known.get("redirect_uri") == self.settings.redirect_uri
+                        and set((scope or "").split()) <= set((known.get("scope") or "").split())):
                     return known
             except VaultError:
                 pass
@@ -394,6 +396,8 @@ class ServerAuth:
                             "nor dynamic registration; register a client there by hand")
         metadata = self.settings.client_metadata()
         metadata.pop("client_id", None)
+        if scope:
+            metadata["scope"] = scope
         try:
             response = await http.post(str(asm.registration_endpoint), json=metadata)
         except httpx2.HTTPError as exc:
@@ -410,7 +414,7 @@ class ServerAuth:
                 method != "none" and not info.client_secret):
             raise AuthError(f"the authorisation server registered a client this gateway cannot use ({method})")
         client = {"client_id": info.client_id, "client_secret": info.client_secret, "method": method,
-                  "issuer": issuer, "redirect_uri": self.settings.redirect_uri}
+                  "issuer": issuer, "redirect_uri": self.settings.redirect_uri, "scope": scope}
         await self.db.mcp_auth.put(self.server, "", "client", self.vault.seal(client), now=self.clock())
         log.info("MCP server %s: registered with its authorisation server %s", self.server, issuer)
         return client

@@ -42,11 +42,13 @@ CLIENT_DOCUMENT_PATH = "/mcp/oauth/client.json"
 NO_CHAT_PLATFORMS = frozenset({"cron", "api", "cli"})  # nobody reads a link sent there
 
 
-def oauth_settings(cfg: Any) -> OAuthSettings:
-    """The sign-ins' settings from a :class:`gateway.config.Config` (``tools.oauth``, ``api``)."""
+def oauth_settings(cfg: Any, bound_port: int | None = None) -> OAuthSettings:
+    """The sign-ins' settings from a :class:`gateway.config.Config` (``tools.oauth``, ``api``; the port the
+    local API was bound to, when it was asked for any: ``api.port: 0``)."""
     oauth, api = cfg.tools.oauth, cfg.api
-    return OAuthSettings(redirect_uri=oauth.callback_base(api.host, api.port) + CALLBACK_PATH,
-                         client_id_url=oauth.metadata_url(api.host, api.port), client_name=oauth.client_name)
+    port = bound_port or api.port
+    return OAuthSettings(redirect_uri=oauth.callback_base(api.host, port) + CALLBACK_PATH,
+                         client_id_url=oauth.metadata_url(api.host, port), client_name=oauth.client_name)
 
 
 class SignIns:
@@ -75,8 +77,13 @@ class SignIns:
                                       clock=self.clock)
         return self.auths[name]
 
-    async def start(self, control: ChatControl) -> None:
+    async def start(self, control: ChatControl, settings: OAuthSettings | None = None) -> None:
+        """Send the links through ``control`` from now on (with ``settings`` once the local API is bound)."""
         self.router = control
+        if settings is not None:
+            self.settings = settings
+            for auth in self.auths.values():
+                auth.settings = settings
 
     # -- a call that needs a sign-in (McpServer's sign_in) -------------------------------------
     async def sign_in(self, server: McpServer, asking: Asking, principal: str) -> str:
