@@ -238,3 +238,56 @@ async def test_a_client_id_metadata_document_is_used_where_the_server_takes_one(
             await eventually(lambda: gw.mcp.servers["docs"].available, 20, "ready")
         finally:
             await gw.stop(grace_seconds=5)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:  # the CLI and the daemon must agree on the callback's address
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_the_operator_signs_in_and_out_from_the_cli_and_the_daemon_receives_the_callback(tmp_path):
+    import asyncio
+
+    import yaml
+    from click.testing import CliRunner
+
+    from gateway.cli.main import main
+    from gateway.config import load_config
+
+    port = _free_port()
+    async with oauth_servers() as servers, FakeModel() as model:
+        data = {"home": str(tmp_path / "home"), "api": {"host": "127.0.0.1", "port": port},
+                "model": {"base_url": model.base_url, "name": "fake-model", "api_key": "sk-test-not-a-secret-0000"},
+                "tools": {"mcp_servers": {"docs": {"url": servers.mcp_url, "auth": "operator", "allow": ["docs__*"]}}}}
+        config_file = tmp_path / "config.yaml"
+        config_file.write_text(yaml.safe_dump(data))
+
+        def cli(*args: str):
+            return CliRunner().invoke(main, ["tools", *args, "--config", str(config_file)])
+
+        gw = Gateway(load_config(config_file), serve_api=True)
+        await gw.start()
+        try:
+            server = gw.mcp.servers["docs"]
+            await eventually(lambda: server.state == "unauthorised", 20, "unauthorised")
+            said = await asyncio.to_thread(cli, "login", "docs")
+            assert said.exit_code == 0, said.output
+            link = LINK.search(said.output).group(1)
+            page = await servers.browser(link, account="ops")
+            assert page.status_code == 200 and "for everyone" in page.text
+            await eventually(lambda: server.available, 20, lambda: f"ready ({server.last_error})")
+            assert await server.call("whoami", {}) == "you are ops"
+
+            wrong = await asyncio.to_thread(cli, "logout", "docs", "--user", "telegram:1")
+            assert wrong.exit_code != 0 and "--user is for auth: per_user" in wrong.output
+            said = await asyncio.to_thread(cli, "logout", "docs")
+            assert said.exit_code == 0 and "signed out the operator (1 sign-in deleted" in said.output, said.output
+            assert servers.provider.revoked and not servers.provider.refresh
+            # the daemon's connection is refused now: it waits for a sign-in again, offering only the link
+            await eventually(lambda: server.state == "unauthorised", 40, lambda: f"unauthorised ({server.state})")
+            assert [t.name for t in gw.tools.tools() if t.name.startswith("docs__")] == ["docs__authorise"]
+        finally:
+            await gw.stop(grace_seconds=5)
