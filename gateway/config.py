@@ -867,6 +867,10 @@ class McpServerConfig(_Model):
     # (each person signs in with their own account, sent a link in the chat; their token is theirs alone)
     auth: Literal["none", "operator", "per_user"] = "none"
     scopes: tuple[str, ...] = ()  # the scopes asked for; empty: what the server's metadata names
+    # a client registered by hand at the authorisation server (for servers that take neither a Client
+    # ID Metadata Document nor dynamic registration); the secret, if it has one, from the environment
+    client_id: OptionalText = None
+    client_secret: str = secret_field()
 
     def approval_for(self, tool: str) -> str:
         """The approval ``tool`` (the server's own name for it) needs."""
@@ -893,6 +897,8 @@ class McpServerConfig(_Model):
             raise ValueError("args, cwd and env are for stdio servers (command); an HTTP server (url) takes headers")
         if self.command is not None and self.headers:
             raise ValueError("headers are for HTTP servers (url); a stdio server (command) takes env")
+        if self.client_secret and not self.client_id:
+            raise ValueError("client_secret belongs to a client_id (the client registered at the authorisation server)")
         if self.auth != "none" and self.command is not None:
             raise ValueError("auth (OAuth) is for HTTP servers (url); a stdio server takes its credentials in env")
         if self.auth != "none" and any(k.lower() == "authorization" for k in self.headers):

@@ -106,7 +106,7 @@ class ServerAuth:
     """One server's sign-ins (``auth: operator | per_user``), its discovery and its client."""
 
     def __init__(self, server: str, url: str, mode: str, scopes: tuple[str, ...], settings: OAuthSettings, db: Any,
-                 vault: Vault, *, clock: Callable[[], float] = time.time,
+                 vault: Vault, *, client: tuple[str, str] | None = None, clock: Callable[[], float] = time.time,
                  http: Callable[[], httpx2.AsyncClient] | None = None) -> None:
         if mode not in ("operator", "per_user"):
             raise ValueError(f"auth must be operator or per_user, not {mode!r}")
@@ -114,6 +114,7 @@ class ServerAuth:
         self.url = url
         self.mode = mode
         self.scopes = scopes
+        self._preregistered = client  # (client_id, client_secret or ""): registered by hand, used as it is
         self.settings = settings
         self.db = db  # state.AsyncSessionDB: db.mcp_auth
         self.vault = vault
@@ -124,7 +125,7 @@ class ServerAuth:
         self._challenge: str | None = None  # the server's last WWW-Authenticate (where its metadata is)
         self.changed = asyncio.Event()  # set when someone signed in (the supervisor may connect now)
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # never the client secret
         return f"ServerAuth({self.server!r}, {self.mode})"
 
     # -- whose token --------------------------------------------------------------------------
@@ -346,19 +347,26 @@ class ServerAuth:
                 requested_resource=resource_url_from_server_url(self.url), configured_resource=str(prm.resource)):
             raise AuthError(f"the server's metadata is for another resource ({prm.resource}), not {self.url}")
         issuer = str(prm.authorization_servers[0]) if prm is not None else None
+        origin = f"{urlparse(self.url).scheme}://{urlparse(self.url).netloc}"
         for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, self.url):
             ok, asm = await handle_auth_metadata_response(await self._get(http, url))
             if not ok:
                 break
             if asm is not None:
-                expected = issuer or f"{urlparse(self.url).scheme}://{urlparse(self.url).netloc}"
-                if str(asm.issuer).rstrip("/") != expected.rstrip("/"):
-                    raise AuthError(f"the authorisation server's metadata names issuer {asm.issuer}, not {expected}")
+                # RFC 8414 §3.3: the metadata names the issuer it was looked up for.  Without resource
+                # metadata (the 2025-03-26 revision) it was found at the MCP server's own origin, which
+                # is what is trusted there, and its issuer was not checked by that revision.
+                if issuer is not None and str(asm.issuer).rstrip("/") != issuer.rstrip("/"):
+                    raise AuthError(f"the authorisation server's metadata names issuer {asm.issuer}, not {issuer}")
                 if asm.code_challenge_methods_supported is not None and "S256" not in asm.code_challenge_methods_supported:
                     raise AuthError("the authorisation server does not offer PKCE with S256, which MCP requires")
                 return prm, asm
-        raise AuthError(f"no authorisation server metadata was found for {self.url} "
-                        f"({'its resource metadata names ' + issuer if issuer else 'it publishes no resource metadata'})")
+        if issuer is None:  # 2025-03-26: no metadata at all; the default endpoints at the server's origin
+            return None, OAuthMetadata.model_validate({
+                "issuer": origin, "authorization_endpoint": f"{origin}/authorize", "token_endpoint": f"{origin}/token",
+                "registration_endpoint": f"{origin}/register", "response_types_supported": ["code"]})
+        raise AuthError(f"no authorisation server metadata was found for {self.url} (its resource metadata names "
+                        f"{issuer})")
 
     async def _get(self, http: httpx2.AsyncClient, url: str) -> httpx2.Response:
         try:
@@ -379,6 +387,12 @@ class ServerAuth:
         """The client this gateway is to ``asm``'s issuer: its CIMD URL where taken, else a registration
         (made once, kept sealed; made again for another issuer)."""
         issuer = str(asm.issuer)
+        if self._preregistered is not None:
+            client_id, secret = self._preregistered
+            methods = asm.token_endpoint_auth_methods_supported or ["client_secret_basic"]
+            method = "none" if not secret else ("client_secret_basic" if "client_secret_basic" in methods
+                                                else "client_secret_post")
+            return {"client_id": client_id, "client_secret": secret or None, "method": method, "issuer": issuer}
         if self.settings.client_id_url and asm.client_id_metadata_document_supported:
             return {"client_id": self.settings.client_id_url, "method": "none", "issuer": issuer}
         sealed = await self.db.mcp_auth.get(self.server, "", "client")
@@ -453,7 +467,11 @@ class BearerAuth(httpx2.Auth):
     def __init__(self, auth: ServerAuth, principal: Callable[[], str | None]) -> None:
         self._auth = auth
         self._principal = principal
-        self.refused = False  # the server answered 401 (or 403 insufficient_scope) on this connection
+        self.refusals = 0  # how often the server answered 401 (or 403 insufficient_scope) on this connection
+
+    @property
+    def refused(self) -> bool:
+        return self.refusals > 0
 
     def sync_auth_flow(self, request):  # pragma: no cover - the MCP client is async
         raise RuntimeError("BearerAuth is for httpx2.AsyncClient")
@@ -466,5 +484,5 @@ class BearerAuth(httpx2.Auth):
         response = yield request
         if response.status_code == 401 or (response.status_code == 403 and "insufficient_scope" in
                                            response.headers.get("WWW-Authenticate", "")):
-            self.refused = True
+            self.refusals += 1
             self._auth.challenged(principal, response.headers.get("WWW-Authenticate"))

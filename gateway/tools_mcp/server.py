@@ -252,8 +252,9 @@ class McpServer:
             return "unauthorised", await self._sign_in(self, asking, principal)
         if self.auth.mode == "operator":
             bearer = self._bearer
+            before = bearer.refusals if bearer is not None else 0
             outcome, text = await self._call(full, tool, arguments)
-            if bearer is not None and bearer.refused:
+            if bearer is not None and bearer.refusals > before:
                 await self.auth.refused(principal)
                 return "unauthorised", await self._sign_in(self, asking, principal)
             return outcome, text

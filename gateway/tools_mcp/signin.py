@@ -69,12 +69,14 @@ class SignIns:
             self.auths.pop(name, None)
             return None
         known = self.auths.get(name)
-        if known is not None and (known.url, known.mode, known.scopes) == (cfg.url, cfg.auth, cfg.scopes):
+        client = (cfg.client_id, cfg.client_secret) if cfg.client_id else None
+        if known is not None and (known.url, known.mode, known.scopes, known._preregistered) == (
+                cfg.url, cfg.auth, cfg.scopes, client):
             return known
         if self._vault is None:
             self._vault = Vault.open(self.home)  # a few bytes, once (at start, or the reload adding the first)
         self.auths[name] = ServerAuth(name, cfg.url, cfg.auth, cfg.scopes, self.settings, self.db, self._vault,
-                                      clock=self.clock)
+                                      client=client, clock=self.clock)
         return self.auths[name]
 
     async def start(self, control: ChatControl, settings: OAuthSettings | None = None) -> None:
