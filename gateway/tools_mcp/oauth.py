@@ -51,6 +51,7 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToke
 from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
 from pydantic import ValidationError
 
+from gateway.errors import SwitchboardError
 from gateway.tools_mcp.vault import Vault, VaultError
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ HTTP_SECONDS = 15.0
 GRANTS = ["authorization_code", "refresh_token"]
 
 
-class AuthError(Exception):
+class AuthError(SwitchboardError):
     """A sign-in could not be started or finished; the message says what failed (never a secret)."""
 
 

@@ -20,10 +20,12 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 
+from gateway.errors import SwitchboardError
+
 KEY_FILE = "mcp-oauth.key"
 
 
-class VaultError(Exception):
+class VaultError(SwitchboardError):
     """A sealed secret could not be opened (another key, or an altered row); the sign-in is asked again."""
 
 
