@@ -65,3 +65,44 @@ def test_the_key_is_made_once_readable_by_its_owner_alone_and_refuses_what_it_di
     (tmp_path / "bad" / KEY_FILE).write_text("not a key")
     with pytest.raises(VaultError, match="does not hold a key"):
         Vault.open(tmp_path / "bad")
+
+
+async def test_two_instances_refreshing_one_rotating_token_keep_the_sign_in(tmp_path):
+    """Two gateways on one store (a cluster, or the daemon and the CLI): the first refresh rotates the
+    refresh token, so the second one's is refused; it takes the rotated one from the store instead of
+    signing the person out."""
+    import time
+    from urllib.parse import parse_qs, urlparse
+
+    import httpx
+
+    import state
+    from gateway.tools_mcp.oauth import OAuthSettings, ServerAuth, state_hash
+    from tests.mcp_servers.oauth_server import oauth_servers
+
+    now = [time.time()]
+    db = state.AsyncSessionDB(state.SessionDB(tmp_path / "state.db"))
+    settings = OAuthSettings(redirect_uri="http://127.0.0.1:9/mcp/oauth/callback")
+    try:
+        async with oauth_servers(access_seconds=3600) as servers:
+            first, second = (ServerAuth("docs", servers.mcp_url, "per_user", (), settings, db, Vault.open(tmp_path),
+                                        clock=lambda: now[0]) for _ in range(2))
+            link = await first.begin("telegram:1")
+            async with httpx.AsyncClient() as http:
+                back = (await http.get(link, headers={"X-Signed-In-As": "ann"})).headers["location"]
+            query = {k: v[0] for k, v in parse_qs(urlparse(back).query).items()}
+            await first.complete(await db.mcp_auth.take_flow(state_hash(query["state"]), now=now[0]),
+                                 query["code"], None)
+            began = now[0]
+            now[0] = began + 3470  # 130 s left: not refreshed yet; the second keeps what it read (30 s)
+            stale = await second.token("telegram:1")
+            now[0] = began + 3490  # 110 s left: the first refreshes (and the server rotates the refresh token)
+            fresh = await first.token("telegram:1")
+            assert servers.provider.refreshed == 1 and fresh not in (None, stale)
+            now[0] = began + 3495  # the second, from what it keeps, refreshes with the rotated-away token
+            taken = await second.token("telegram:1")  # refused: the store's newer one is taken
+            assert taken == fresh and servers.provider.subjects()[taken] == "ann"
+            assert servers.provider.refreshed == 1
+            assert await db.mcp_auth.get("docs", "telegram:1", "tokens") is not None  # still signed in
+    finally:
+        await db.close()

@@ -203,6 +203,9 @@ class ServerAuth:
                         self.server, type(exc).__name__)
             return record if (record.get("expires_at") or 0) > self.clock() else None
         if response.status_code != 200:
+            newer = await self._newer(principal, record)
+            if newer is not None:  # another instance (or the CLI) refreshed first: its rotated token stands
+                return newer
             log.info("MCP server %s: the authorisation server refused a refresh (HTTP %d); a new sign-in is asked",
                      self.server, response.status_code)
             await self._forget(principal)
@@ -219,6 +222,14 @@ class ServerAuth:
         await self._store(principal, fresh)
         log.info("MCP server %s: a token was refreshed before its expiry", self.server)
         return fresh
+
+    async def _newer(self, principal: str, record: dict) -> dict | None:
+        """The store's record of ``principal`` when it is not ``record`` (refreshed elsewhere meanwhile)."""
+        self._cache.pop(principal, None)
+        stored = await self._record(principal)
+        if stored is None or stored.get("refresh_token") == record.get("refresh_token"):
+            return None
+        return stored
 
     def _token_fields(self, token: OAuthToken) -> dict:
         return {"access_token": token.access_token, "refresh_token": token.refresh_token,
