@@ -178,10 +178,25 @@ async def test_in_a_group_the_link_goes_to_the_asker_alone(tmp_path):
         try:
             await eventually(lambda: gw.mcp.servers["docs"].state == "unauthorised", 20, "unauthorised")
             tg.in_group(TEAM, ANN, "@switchboard_bot search the docs")
-            await _link_to(tg, 111)
+            link = await _link_to(tg, 111)
             await tg.wait_for(lambda: any("I sent you the link in a direct message" in s.visible_text
                                           for s in tg.sent if int(s.chat_id) == TEAM["id"]), 10, "told in the group")
             assert not any(LINK.search(s.visible_text) for s in tg.sent if int(s.chat_id) == TEAM["id"])
+
+            # what reaches the callback that is not a good answer harms nothing and says why
+            callback = f"http://127.0.0.1:{gw.api.bound_port}/mcp/oauth/callback"
+            async with httpx.AsyncClient(timeout=10) as http:
+                bare = await http.get(callback)
+                forged = await http.get(callback, params={"state": "made-up", "code": "x"})
+                # Ann says no at the authorisation server: it sends the browser back with an error
+                refused = await http.get(callback, params={"state": httpx.URL(link).params["state"],
+                                                           "error": "access_denied"})
+                again = await http.get(callback, params={"state": httpx.URL(link).params["state"], "code": "x"})
+            assert (bare.status_code, forged.status_code, refused.status_code) == (400, 400, 400)
+            assert "used up" in forged.text and "access_denied" in refused.text and "used up" in again.text
+            await tg.wait_for(lambda: any("Signing in to docs was refused (access_denied)" in s.visible_text
+                                          for s in tg.sent), 10, "told it was refused")
+            assert await gw.db.mcp_auth.principals("docs") == []
         finally:
             await gw.stop(grace_seconds=5)
 
