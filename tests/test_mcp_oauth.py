@@ -177,6 +177,10 @@ async def test_in_a_group_the_link_goes_to_the_asker_alone(tmp_path):
         gw = await _started(_config(tmp_path, tg, model, servers.mcp_url), tg)
         try:
             await eventually(lambda: gw.mcp.servers["docs"].state == "unauthorised", 20, "unauthorised")
+            tg.dm(ANN, "/tools")  # nobody signed in: the one tool that sends the link, not "unavailable"
+            listed = await tg.wait_for(lambda: next((s for s in tg.sent if "docs__authorise" in s.visible_text), None),
+                                       10, "/tools")
+            assert "needs the user to sign in" in listed.visible_text and "unavailable" not in listed.visible_text
             tg.in_group(TEAM, ANN, "@switchboard_bot search the docs")
             link = await _link_to(tg, 111)
             await tg.wait_for(lambda: any("I sent you the link in a direct message" in s.visible_text

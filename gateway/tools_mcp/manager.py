@@ -134,7 +134,7 @@ class McpTools:
             server_name, sep, _ = tool.name.partition(SEPARATOR)
             server = self.servers.get(server_name) if sep else None
             unavailable = None
-            if server is not None and not server.available:
+            if server is not None and not server.available and server.state != "unauthorised":
                 unavailable = f"the {server_name} tool server is {'restarting' if server.state != 'stopped' else 'stopped'}"
             first = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
             approval = server.cfg.approval_for(tool.name.partition(SEPARATOR)[2]) if server is not None else "never"
