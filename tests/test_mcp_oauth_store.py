@@ -1,4 +1,4 @@
-"""The MCP sign-ins' store (``db.mcp_auth``, schema v36) on both engines, and the key that seals them."""
+"""The MCP sign-ins' store (``db.mcp_auth``, schema v37) on both engines, and the key that seals them."""
 
 from __future__ import annotations
 
