@@ -84,13 +84,22 @@ class ToolListing(Protocol):
         ``ctx``'s chat."""
 
 
+class SigningOut(Protocol):
+    """What ``/tools logout SERVER`` asks (a :class:`gateway.tools_mcp.signin.SignIns`)."""
+
+    async def logout_command(self, name: str, platform: str, user_id: str | None) -> str:
+        """Sign the asker (or, for an approver, the operator) out of server ``name``; the line for the user."""
+
+
 class CommandSet:
     """The registry of slash commands; later features add theirs with :meth:`add`."""
 
-    def __init__(self, compressor: Compressing | None = None, tools: ToolListing | None = None) -> None:
+    def __init__(self, compressor: Compressing | None = None, tools: ToolListing | None = None,
+                 signins: SigningOut | None = None) -> None:
         self._specs: dict[str, CommandSpec] = {}
         self.compressor = compressor  # what /compress runs; None: compression is off
         self.tools = tools  # what /tools lists; None: the agent has no tools here
+        self.signins = signins  # what /tools logout asks; None: no server signs in here
 
     def add(self, name: str, description: str, usage: str, handler, *, runs_now: bool = False) -> None:
         self._specs[name] = CommandSpec(name, description, usage, runs_now, handler)
@@ -369,6 +378,14 @@ TOOLS_SHOWN = 40  # /tools lists at most this many (a chat message has a size li
 
 
 async def cmd_tools(ctx: CommandContext) -> str:
+    word, _, rest = ctx.command.args.strip().partition(" ")
+    if word.lower() == "logout":
+        server = rest.strip()
+        if not server:
+            return "Say which server: /tools logout SERVER"
+        if ctx.commands.signins is None:
+            return "No tool server signs in here."
+        return await ctx.commands.signins.logout_command(server, ctx.ticket.msg.platform, ctx.user_id)
     tools = ctx.commands.tools
     here = ToolContext(session_id=ctx.session_id, session_key=ctx.lane.key, platform=ctx.ticket.msg.platform,
                        user_id=ctx.user_id, agent=ctx.control.agent)
@@ -384,8 +401,9 @@ async def cmd_tools(ctx: CommandContext) -> str:
     return "\n".join(lines)
 
 
-def default_commands(compressor: Compressing | None = None, tools: ToolListing | None = None) -> CommandSet:
-    commands = CommandSet(compressor, tools)
+def default_commands(compressor: Compressing | None = None, tools: ToolListing | None = None,
+                     signins: SigningOut | None = None) -> CommandSet:
+    commands = CommandSet(compressor, tools, signins)
     commands.add("help", "Show the commands", "/help", cmd_help, runs_now=True)
     commands.add("new", "Start a fresh session (the old one is kept), titled if a name is given", "/new [title]", cmd_new)
     commands.add("reset", "Same as /new", "/reset [title]", cmd_new)
@@ -402,7 +420,8 @@ def default_commands(compressor: Compressing | None = None, tools: ToolListing |
                  runs_now=True)
     commands.add("model", "List the models this chat may use, or switch to one", "/model [name]", cmd_model,
                  runs_now=True)
-    commands.add("tools", "The tools I may use in this chat", "/tools", cmd_tools, runs_now=True)
+    commands.add("tools", "The tools I may use in this chat; sign out of a tool server", "/tools [logout SERVER]",
+                 cmd_tools, runs_now=True)
     return commands
 
 

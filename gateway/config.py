@@ -863,6 +863,14 @@ class McpServerConfig(_Model):
     tool_approval: Annotated[  # per tool (its own name, as the server lists it), over ``approval``
         Mapping[str, Approval], AfterValidator(lambda m: MappingProxyType(dict(m))), PlainSerializer(dict),
     ] = Field(default_factory=lambda: MappingProxyType({}))
+    # OAuth (an HTTP server): none | operator (one sign-in, the operator's, for every call) | per_user
+    # (each person signs in with their own account, sent a link in the chat; their token is theirs alone)
+    auth: Literal["none", "operator", "per_user"] = "none"
+    scopes: tuple[str, ...] = ()  # the scopes asked for; empty: what the server's metadata names
+    # a client registered by hand at the authorisation server (for servers that take neither a Client
+    # ID Metadata Document nor dynamic registration); the secret, if it has one, from the environment
+    client_id: OptionalText = None
+    client_secret: str = secret_field()
 
     def approval_for(self, tool: str) -> str:
         """The approval ``tool`` (the server's own name for it) needs."""
@@ -889,6 +897,13 @@ class McpServerConfig(_Model):
             raise ValueError("args, cwd and env are for stdio servers (command); an HTTP server (url) takes headers")
         if self.command is not None and self.headers:
             raise ValueError("headers are for HTTP servers (url); a stdio server (command) takes env")
+        if self.client_secret and not self.client_id:
+            raise ValueError("client_secret belongs to a client_id (the client registered at the authorisation server)")
+        if self.auth != "none" and self.command is not None:
+            raise ValueError("auth (OAuth) is for HTTP servers (url); a stdio server takes its credentials in env")
+        if self.auth != "none" and any(k.lower() == "authorization" for k in self.headers):
+            raise ValueError(f"auth: {self.auth} sends the signed-in token as Authorization; remove that header "
+                             "(or set auth: none to keep a static one)")
         return self
 
 
@@ -925,8 +940,46 @@ class ToolRule(_Model):
         return self
 
 
+class OAuthConfig(_Model):
+    """``tools.oauth``: where the MCP servers' sign-ins come back (``auth: operator | per_user``)."""
+
+    # where people's browsers reach the local API (the callback is <public_url>/mcp/oauth/callback);
+    # unset: http://127.0.0.1:<api.port>, which works only for a browser on this machine
+    public_url: OptionalHttpUrl = None
+    # a Client ID Metadata Document's URL (https), used where the authorisation server takes one;
+    # unset with an https public_url: <public_url>/mcp/oauth/client.json, which the local API serves.
+    # Servers that take none are registered with dynamically (RFC 7591).
+    client_id_url: OptionalHttpUrl = None
+    client_name: str = "Switchboard"
+
+    @field_validator("client_id_url")
+    @classmethod
+    def _https(cls, value: str | None) -> str | None:
+        if value is not None:
+            scheme, _, rest = value.partition("://")
+            host = rest.split("/", 1)[0].rsplit(":", 1)[0]
+            if scheme != "https" and host not in ("127.0.0.1", "localhost", "[::1]"):
+                raise ValueError("a Client ID Metadata Document is fetched over https (http only on loopback, to test)")
+            if "/" not in rest or rest.endswith("://") or rest.split("/", 1)[1] == "":
+                raise ValueError("a Client ID Metadata Document's URL needs a path (e.g. https://gw.example.org/mcp/oauth/client.json)")
+        return value
+
+    def callback_base(self, host: str, port: int) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+
+    def metadata_url(self, host: str, port: int) -> str | None:
+        if self.client_id_url:
+            return self.client_id_url
+        base = self.callback_base(host, port)
+        return f"{base}/mcp/oauth/client.json" if base.startswith("https://") else None
+
+
 class ToolsConfig(_Model):
     """``tools``: what the agent can act with beyond its own tools."""
+
+    oauth: OAuthConfig = Field(default_factory=OAuthConfig)
 
     # who may use what beyond the servers' own allow/deny (gateway.tools_mcp.policy)
     rules: tuple[ToolRule, ...] = ()

@@ -43,13 +43,18 @@
     ├── MemoryRefused                the memory tool refused a change; the model is told why
     ├── FactRefused                  the facts tool refused a change; the model is told why
     ├── PlotsUnavailable             insights --plot needs matplotlib, an optional extra, not installed
+    ├── AuthError                    gateway/tools_mcp/oauth.py: a sign-in to an MCP server could not be
+    │                                started or finished; the person (or the model) is told why
+    ├── VaultError                   gateway/tools_mcp/vault.py: a sealed sign-in cannot be opened with
+    │                                the home's key; that sign-in is asked again
     └── AttachError                  gateway/cli/chat.py: a file ``/attach`` cannot send (missing, too
                                      large); the terminal chat prints it and goes on
 
 Every class is defined in this module and exported from ``gateway``, except
 ``KeyedError``, which is internal to the config loader
-(``gateway/_config_load.py``), ``ApiError``, internal to the local API, ``RpcError``, internal to the A2A endpoint, and ``AttachError``, internal to
-the terminal chat.  The modules that raise them import them from
+(``gateway/_config_load.py``), ``ApiError``, internal to the local API, ``RpcError``, internal to the A2A
+endpoint, ``AttachError``, internal to the terminal chat, and ``AuthError`` and ``VaultError``, internal
+to the MCP servers' sign-ins.  The modules that raise them import them from
 here, and the old names still work: ``gateway.router.GatewayClosing``,
 ``gateway.runtime.systemd.ServiceError``, ``gateway.runtime.backup.BackupError``,
 ``gateway.runtime.deadletters.NotReplayable``, ``gateway.cron.schedule.InvalidJob``,

@@ -688,6 +688,26 @@ class AsyncA2aTasks:
     async def settle_push(self, task_id: str, retry_at: float | None, error: str | None = ...) -> None: ...
 
 
+class AsyncMcpAuthStore:
+    """McpAuthStore's marked methods (``adb.mcp_auth``), each a coroutine."""
+
+    async def put(
+        self,
+        server: str,
+        principal: str,
+        kind: str,
+        data: str,
+        *,
+        expires_at: float | None = ...,
+        now: float,
+    ) -> None: ...
+    async def get(self, server: str, principal: str, kind: str) -> str | None: ...
+    async def drop(self, server: str, principal: str | None, kind: str = ...) -> int: ...
+    async def principals(self, server: str) -> list[str]: ...
+    async def add_flow(self, row: dict) -> None: ...
+    async def take_flow(self, state_hash: str, *, now: float) -> dict | None: ...
+
+
 class AsyncFace:
     """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
     repositories, whose marked methods are coroutines too."""
@@ -718,5 +738,6 @@ class AsyncFace:
     receipts: AsyncReceipts
     media: AsyncMedia
     a2a: AsyncA2aTasks
+    mcp_auth: AsyncMcpAuthStore
 
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...

@@ -25,6 +25,7 @@ from ._deadletters import DeadLetters
 from ._engine import Engine
 from ._facts import Facts
 from ._fence import Fence
+from ._mcp_auth import McpAuthStore
 from ._media import Media
 from ._messages import Messages
 from ._pairing import Pairing
@@ -95,6 +96,7 @@ class SessionDB:
         "receipts": Receipts,
         "media": Media,
         "a2a": A2aTasks,
+        "mcp_auth": McpAuthStore,
     }
     sessions: Sessions
     messages: Messages
@@ -122,6 +124,7 @@ class SessionDB:
     receipts: Receipts
     media: Media
     a2a: A2aTasks
+    mcp_auth: McpAuthStore
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

@@ -429,6 +429,12 @@ def _v35_signatures_seen(conn):
     from . import _replays
 
     _replays.create_tables(conn)
+def _v37_mcp_auth(conn):
+    """Both engines: :data:`state._mcp_auth.TABLES` (the MCP servers' OAuth tokens, sealed, and sign-ins
+    under way)."""
+    from . import _mcp_auth
+
+    _mcp_auth.create_tables(conn)
 
 
 def _v36_delivery_receipts(conn):
@@ -554,6 +560,8 @@ for _step in [
               _v35_signatures_seen, _v35_signatures_seen),
     Migration(36, "delivery receipts: sent, delivered, read or failed, as the platform reported each message we sent",
               _v36_delivery_receipts, _v36_delivery_receipts),
+    Migration(37, "OAuth sign-ins to remote MCP servers: tokens and registrations (sealed), flows under way",
+              _v37_mcp_auth, _v37_mcp_auth),
 ]:
     register(_step)
 

@@ -74,6 +74,10 @@ def _fill_every_table(home: Path) -> Path:
         db.a2a.add({"id": "task-1", "caller": "planner", "context_id": "ctx-1",
                     "session_key": "agent:main:a2a:planner:ctx-1", "request": "hello", "created_at": NOW})
         assert db.replays.claim("webhook:n8n", "sha256=ab12", keep_until=NOW + 600, now=NOW)
+        db.mcp_auth.put("docs", "telegram:u1", "tokens", "sealed-tokens", expires_at=NOW + 3600, now=NOW)
+        db.mcp_auth.add_flow({"state_hash": "ab" * 32, "server": "docs", "principal": "telegram:u1",
+                              "platform": "telegram", "chat_id": "c1", "data": "sealed-flow", "created_at": NOW,
+                              "expires_at": NOW + 900})
         db.pairing.request("telegram", "u2", "Bea", "CODE1", now=time.time(), ttl=3600, max_pending=3)
         db.pairing.request("telegram", "u3", "Cy", "CODE2", now=time.time(), ttl=3600, max_pending=3)
         db.pairing.approve("telegram", "CODE2")
@@ -133,7 +137,8 @@ def test_every_table_is_copied_with_its_ids_and_search_finds_the_same(tmp_path, 
     assert [t for t in empty if t not in UNUSED_ON_SQLITE] == [], "the test's home must have rows in every table"
     assert {"sessions", "messages", "routes", "inbox", "deliveries", "facts", "cron_runs", "model_calls_daily",
             "meta", "approved_users", "dead_letters", "chat_prefs", "tool_approvals",
-            "tool_questions", "a2a_tasks", "signatures_seen", "delivery_receipts"} <= set(tables)
+            "tool_questions", "a2a_tasks", "signatures_seen", "delivery_receipts", "mcp_auth",
+            "mcp_auth_flows"} <= set(tables)
 
     result = _cli("--to", pg_url, "--home", str(home))
 

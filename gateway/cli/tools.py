@@ -1,4 +1,5 @@
-"""``switchboard tools``: list, show, call the tools of the configured MCP servers, without a chat.
+"""``switchboard tools``: list, show, call the tools of the configured MCP servers, without a chat;
+sign in to a server that needs it (``login``) and out (``logout``).
 
 Each command starts the servers of ``tools.mcp_servers`` itself (as the daemon does: the same clean
 environment for stdio servers, the same allow and deny rules, timeout and output cap), waits for
@@ -17,10 +18,13 @@ from typing import Any, Awaitable, Callable, TypeVar
 import click
 from rich.table import Table
 
-from gateway.cli.common import config_keys, console, home_options, json_option, json_out
+import state
+from gateway.cli.common import config_keys, console, home_options, json_option, json_out, resolve_home, resolve_store
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools, ServerStatus
+from gateway.tools_mcp.oauth import OPERATOR, AuthError
 from gateway.tools_mcp.policy import reach
+from gateway.tools_mcp.signin import SignIns, oauth_settings
 
 T = TypeVar("T")
 WAIT_HELP = "Seconds to wait for the servers to start and answer."
@@ -38,15 +42,50 @@ def _with_servers(config_path: Path | None, wait: float, work: Callable[[McpTool
     logging.getLogger("gateway.tools_mcp").setLevel(logging.ERROR)  # a server that fails is shown in the output
 
     async def run() -> T:
-        tools = McpTools(cfg.tools, ToolRegistry())
+        db, signins = _signins(config_path) if any(s.auth != "none" for s in cfg.tools.mcp_servers.values()) \
+            else (None, None)
+        tools = McpTools(cfg.tools, ToolRegistry(), signins=signins)
         tools.start()
         try:
             await tools.settled(wait)
             return await work(tools)
         finally:
             await tools.stop()
+            if db is not None:
+                await db.close()
 
     return asyncio.run(run())
+
+
+def _signins(config_path: Path | None) -> tuple[state.AsyncSessionDB, SignIns]:
+    """The sign-ins the daemon keeps (the store and the key in the home), for the CLI to read and change."""
+    cfg = config_keys(config_path, "tools", "api")
+    try:
+        db = state.AsyncSessionDB(state.SessionDB(resolve_store(config_path)))
+    except state.StateError as exc:
+        raise click.ClickException(str(exc)) from None
+    return db, SignIns(db, resolve_home(config_path), oauth_settings(cfg))
+
+
+def _signing_server(config_path: Path | None, name: str):
+    cfg = config_keys(config_path, "tools")
+    server = cfg.tools.mcp_servers.get(name)
+    signing = sorted(n for n, s in cfg.tools.mcp_servers.items() if s.auth != "none")
+    if server is None or server.auth == "none":
+        raise click.ClickException(f"{name!r} is not an MCP server that signs in (auth: operator | per_user); "
+                                   f"those that do: {', '.join(signing) or 'none'}")
+    return server
+
+
+def _principal(mode: str, user: str | None) -> str:
+    if mode == "operator":
+        if user:
+            raise click.ClickException("this server uses the operator's one sign-in; --user is for auth: per_user")
+        return OPERATOR
+    if not user or ":" not in user:
+        raise click.ClickException("this server signs in per user: name whose sign-in, --user PLATFORM:USER_ID "
+                                   "(e.g. telegram:123456789)")
+    return user
 
 
 def _server_row(status: ServerStatus) -> dict[str, Any]:
@@ -183,3 +222,61 @@ def call_cmd(config_path: Path | None, name: str, arguments: str, wait: float) -
     click.echo(result)
     if result.startswith("error:"):
         raise SystemExit(1)
+
+
+@tools_group.command("login")
+@home_options
+@click.argument("server", metavar="SERVER")
+@click.option("--user", metavar="PLATFORM:USER_ID", help="Whose sign-in (a per_user server); else the operator's.")
+def login_cmd(config_path: Path | None, server: str, user: str | None) -> None:
+    """Print a sign-in link for SERVER (auth: operator, or --user for per_user).
+
+    Open it in a browser; the running daemon's local API receives the authorisation server's answer
+    (tools.oauth.public_url, else http://127.0.0.1:<api.port>) and keeps the tokens.
+    """
+    cfg = _signing_server(config_path, server)
+    principal = _principal(cfg.auth, user)
+
+    async def run() -> str:
+        db, signins = _signins(config_path)
+        try:
+            auth = signins.auth_for(server, cfg)
+            assert auth is not None
+            return await auth.begin(principal)
+        finally:
+            await db.close()
+
+    try:
+        link = asyncio.run(run())
+    except AuthError as exc:
+        raise click.ClickException(f"the sign-in to {server} could not be started: {exc}") from None
+    click.echo(f"Open this link to sign {'in for everyone' if principal == OPERATOR else principal + ' in'} "
+               f"to {server} (it works for 15 minutes; the daemon must be running to receive the answer):")
+    click.echo(link)
+
+
+@tools_group.command("logout")
+@home_options
+@click.argument("server", metavar="SERVER")
+@click.option("--user", metavar="PLATFORM:USER_ID", help="Whose sign-in (a per_user server).")
+@click.option("--all", "everyone", is_flag=True, help="Every sign-in to SERVER (a per_user server: everyone's).")
+def logout_cmd(config_path: Path | None, server: str, user: str | None, everyone: bool) -> None:
+    """Sign out of SERVER: its tokens deleted from the store and revoked where the server allows it."""
+    cfg = _signing_server(config_path, server)
+    principal = None if everyone else _principal(cfg.auth, user)
+
+    async def run() -> int:
+        db, signins = _signins(config_path)
+        try:
+            signins.auth_for(server, cfg)
+            return await signins.logout(server, principal)
+        finally:
+            await db.close()
+
+    gone = asyncio.run(run())
+    who = "everyone" if principal is None else ("the operator" if principal == OPERATOR else principal)
+    if not gone:
+        click.echo(f"{server}: no sign-in of {who} to remove.")
+        return
+    click.echo(f"{server}: signed out {who} ({gone} sign-in{'s' if gone != 1 else ''} deleted and revoked where "
+               "the server allows it).")

@@ -72,6 +72,7 @@ from gateway.errors import ConfigError, GatewayClosing, ModelUnavailable
 from gateway.modelchoice import DEFAULT as DEFAULT_MODEL
 from gateway.runtime import api_tools
 from gateway.runtime.a2a import A2aEndpoint
+from gateway.runtime.api_oauth import SignInPaths
 from gateway.runtime.api_render import Answer, ChatCompletions, Format
 from gateway.runtime.api_reply import (
     RETRY_AFTER_RUNNING_SECONDS,
@@ -149,8 +150,10 @@ class LocalApi:
                  model_name: str, host: str, port: int, token: str | None, config_file: str | None = None,
                  dashboard: Dashboard | None = None, probe: Callable[[], Awaitable[object]] | None = None,
                  agent: str = "main", platform_http: PlatformHttp | None = None, a2a: A2aEndpoint | None = None,
-                 keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None):
+                 keep_media: Callable[[int, tuple[Attachment, ...]], Awaitable[tuple[str, ...]]] | None = None,
+                 signins: SignInPaths | None = None):
         self.requests = requests
+        self.signins = signins  # the MCP servers' OAuth callback and client document (gateway.runtime.api_oauth)
         self.turn = turn
         self.a2a = a2a  # the A2A endpoint (a2a.enabled), authenticated by its callers' own tokens
         self.platform_http = platform_http  # the platforms' own paths (webhooks), authenticated by their adapters
@@ -187,6 +190,8 @@ class LocalApi:
             self.platform_http.mount(app)
         if self.a2a is not None:
             self.a2a.mount(app)
+        if self.signins is not None:
+            self.signins.mount(app)
         return app
 
     async def start(self) -> None:
@@ -256,6 +261,8 @@ class LocalApi:
             return await handler(request)  # a platform's path: its adapter checks the request's own signature
         if self.a2a is not None and self.a2a.owns(request):
             return await handler(request)  # the A2A paths: each caller's own token (gateway.runtime.a2a)
+        if self.signins is not None and self.signins.owns(request):
+            return await handler(request)  # a browser or an authorisation server: the flow's state is its check
         if self.token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):

@@ -62,6 +62,7 @@ from gateway.runtime.a2a_tasks import (
     Router as A2aRouter,
 )
 from gateway.runtime.api import LocalApi
+from gateway.runtime.api_oauth import SignInPaths
 from gateway.runtime.dashboard import Dashboard, DashboardSettings, Pages, Sources
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.platform_http import PlatformHttp
@@ -70,6 +71,7 @@ from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
 from gateway.tools_mcp.questions import ToolQuestions
+from gateway.tools_mcp.signin import SignIns, oauth_settings
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import ChatRef, InboundMessage, PlatformStatus
 from gateway.usage import CallContext, UsageRecorder
@@ -114,6 +116,7 @@ class Services:
     approvals: ToolApprovals  # tool calls waiting for a person: /approve, /deny, buttons, timeouts
     questions: ToolQuestions  # a tool server's questions to the user mid-call (elicitation): /answer, buttons
     mcp: McpTools  # the MCP servers of tools.mcp_servers: Gateway.start() starts them, stop() stops them
+    signins: SignIns  # the MCP servers' OAuth sign-ins: links in the chat, the callback, /tools logout
     compressor: Compressor
     commands: CommandSet
     turn: AgentTurn
@@ -182,7 +185,9 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
     # MCP servers: nothing runs until Gateway.start(); their allowed tools join the registry as they come up
     # a server's question mid-call (elicitation) goes to the chat of the person whose call it is
     questions = ToolQuestions(db, cfg.tools, clock=clock)
-    mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call, elicit=questions.ask)
+    # servers with auth: operator | per_user: the sign-in links sent in the chat, the callback on the local API
+    signins = SignIns(db, cfg.home, oauth_settings(cfg), approvers=lambda: approvals.approvers, clock=clock)
+    mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call, elicit=questions.ask, signins=signins)
     # tools marked approval: always | once_per_session run only once a person approved the exact call
     approvals = ToolApprovals(db, cfg.tools, tools, identities=cfg.identities, agent=cfg.agent, clock=clock)
 
@@ -207,7 +212,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
                          for name, m in cfg.models.items()},
         before_split=flush_before_split, after_split=facts.on_compressed if cfg.facts.enabled else None,
     )
-    commands = default_commands(compressor=compressor if cfg.compression.enabled else None, tools=mcp)
+    commands = default_commands(compressor=compressor if cfg.compression.enabled else None, tools=mcp,
+                                signins=signins)
     commands.add("search", "Find and summarize your earlier conversations", "/search <words>",
                  search_command(recall, cfg), runs_now=True)
     commands.add("approve", "Run a tool call waiting for your approval", "/approve [id]", approvals.approve_command,
@@ -267,9 +273,11 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
                    dashboard=_dashboard(cfg, db, wiring.health, cron, router, budgets) if cfg.ui.enabled else None,
                    probe=model.probe, agent=cfg.agent, keep_media=router.hooks.keep_media,
                    platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)),
-                   a2a=_a2a(cfg, router, tools) if cfg.a2a.enabled and wiring.serve_api else None)
+                   a2a=_a2a(cfg, router, tools) if cfg.a2a.enabled and wiring.serve_api else None,
+                   signins=SignInPaths(signins))
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
-                    facts=facts, approvals=approvals, questions=questions, mcp=mcp, compressor=compressor,
+                    facts=facts, approvals=approvals, questions=questions, mcp=mcp, signins=signins,
+                    compressor=compressor,
                     commands=commands, turn=turn,
                     router=router, cron=cron, api=api, media=media)
 

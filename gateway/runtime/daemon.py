@@ -67,6 +67,7 @@ from gateway.streaming import DraftOutput, StreamPacing
 from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
+from gateway.tools_mcp.signin import oauth_settings
 from gateway.types import (
     Adapter,
     AdapterHealth,
@@ -307,6 +308,9 @@ class Gateway:
         # questions are posted through the router's control; in the daemon, those a stop cut off are
         # closed and their chats told (the platforms run now)
         await services.questions.start(services.router.control, settle=self.serve_api and not cfg.clustered)
+        # the sign-in links' callback is on the local API: its port is known once bound (api.port: 0)
+        await services.signins.start(services.router.control,
+                                     oauth_settings(cfg, services.api.bound_port if self.serve_api else None))
         if self.claims is not None:
             await self.claims.start()
             opened.push_async_callback(self.claims.close)  # the leases still held go back: another instance answers

@@ -18,12 +18,17 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from gateway.config import McpServerConfig, ToolsConfig
 from gateway.tools import Tool, ToolContext, ToolRegistry
 from gateway.tools_mcp.policy import ToolPolicy, reach
 from gateway.tools_mcp.server import SEPARATOR, McpServer, McpTool, allowed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gateway.tools_mcp.signin import SignIns
+
+AUTHORISE = "authorise"  # the one tool of a server nobody has signed in to yet: it sends the link
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +45,10 @@ class ServerStatus:
 
 
 class McpTools:
-    def __init__(self, cfg: ToolsConfig, registry: ToolRegistry, **server_options) -> None:
+    def __init__(self, cfg: ToolsConfig, registry: ToolRegistry, *, signins: SignIns | None = None,
+                 **server_options) -> None:
         self.registry = registry
+        self.signins = signins  # OAuth sign-ins of the servers with auth: operator | per_user
         self.policy = ToolPolicy(cfg)
         registry.set_policy(self.policy.offered)
         self._server_options = server_options
@@ -51,7 +58,13 @@ class McpTools:
                 self.servers[name] = self._server(name, server_cfg)
 
     def _server(self, name: str, cfg: McpServerConfig) -> McpServer:
-        return McpServer(name, cfg, on_change=functools.partial(self._register, name), **self._server_options)
+        options = dict(self._server_options)
+        if cfg.auth != "none":
+            if self.signins is None:
+                raise ValueError(f"tools.mcp_servers.{name} signs in (auth: {cfg.auth}), which needs the sign-ins "
+                                 "(McpTools(signins=...))")
+            options.update(auth=self.signins.auth_for(name, cfg), sign_in=self.signins.sign_in)
+        return McpServer(name, cfg, on_change=functools.partial(self._register, name), **options)
 
     async def reload(self, cfg: ToolsConfig) -> dict[str, list[str]]:
         """Apply a reloaded ``tools`` section: the new rules at once; servers no longer enabled are
@@ -121,7 +134,7 @@ class McpTools:
             server_name, sep, _ = tool.name.partition(SEPARATOR)
             server = self.servers.get(server_name) if sep else None
             unavailable = None
-            if server is not None and not server.available:
+            if server is not None and not server.available and server.state != "unauthorised":
                 unavailable = f"the {server_name} tool server is {'restarting' if server.state != 'stopped' else 'stopped'}"
             first = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
             approval = server.cfg.approval_for(tool.name.partition(SEPARATOR)[2]) if server is not None else "never"
@@ -132,9 +145,23 @@ class McpTools:
 
     def _register(self, name: str) -> None:
         server = self.servers[name]
+        if server.state == "unauthorised" and not server.tools:  # nobody signed in: only the link can be asked for
+            self.registry.set_group(f"mcp:{name}", [_authorise_tool(server)])
+            return
         # every tool its own deny leaves: which chat may use one is the policy's to say, per turn
         self.registry.set_group(f"mcp:{name}", [_as_tool(server, t) for t in server.tools.values()
                                                 if allowed(t.full_name, ("*",), server.cfg.deny)])
+
+
+def _authorise_tool(server: McpServer) -> Tool:
+    async def run(ctx: ToolContext, args: dict) -> str:
+        return await server.authorise(ctx)
+
+    who = "the operator" if server.auth is not None and server.auth.mode == "operator" else "the user"
+    return Tool(f"{server.name}{SEPARATOR}{AUTHORISE}",
+                f"The {server.name} tool server needs {who} to sign in before its tools can be used. Call this "
+                f"when the user wants something from {server.name}: it sends them a sign-in link.",
+                {"type": "object", "properties": {}}, run)
 
 
 def _as_tool(server: McpServer, tool: McpTool) -> Tool:

@@ -37,6 +37,7 @@ from gateway.config import McpServerConfig
 from gateway.retry import Backoff, supervise
 from gateway.tasks import spawn
 from gateway.tools_mcp.environment import server_environment
+from gateway.tools_mcp.oauth import OPERATOR, BearerAuth, ServerAuth
 from gateway.tools_mcp.results import capped, result_text
 from gateway.tools_mcp.stdio import stdio_transport
 
@@ -51,6 +52,7 @@ CONNECT_SECONDS = 30.0  # starting and initializing a server, at most
 HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff again from the beginning
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 RELISTEN_SECONDS = 1.0  # a subscriptions/listen stream that ended is opened again after this
+SIGNED_IN_POLL_SECONDS = 30.0  # a server waiting for a sign-in looks in the store this often (another instance's callback)
 CLIENT_INFO = types.Implementation(name="switchboard", version="1")
 
 
@@ -74,6 +76,16 @@ Elicit = Callable[[Asking, types.ElicitRequestParams], Awaitable[types.ElicitRes
 
 async def decline_all(asking: Asking, params: types.ElicitRequestParams) -> types.ElicitResult:
     return types.ElicitResult(action="decline")
+
+
+# Asks the person of a call to sign in to a server (``auth:``): sends them the link where it can, and
+# returns what the model reads instead of the tool's result; never raises (gateway.tools_mcp.signin).
+SignIn = Callable[["McpServer", Asking, str], Awaitable[str]]
+
+
+async def no_sign_in(server: McpServer, asking: Asking, principal: str) -> str:
+    return (f"error: the user must authorise {server.name} first, and no sign-in link can be sent from here "
+            f"(run `switchboard tools login {server.name}`)")
 
 
 _asking: contextvars.ContextVar[Asking | None] = contextvars.ContextVar("mcp_asking", default=None)
@@ -107,8 +119,13 @@ def _valid_name(name: str) -> bool:
 class McpServer:
     def __init__(self, name: str, cfg: McpServerConfig, *, on_change: Callable[[], None] = lambda: None,
                  backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS,
-                 on_call: OnCall = lambda name, outcome, seconds: None, elicit: Elicit = decline_all) -> None:
+                 on_call: OnCall = lambda name, outcome, seconds: None, elicit: Elicit = decline_all,
+                 auth: ServerAuth | None = None, sign_in: SignIn = no_sign_in) -> None:
         self.name = name
+        self.auth = auth  # OAuth (cfg.auth: operator | per_user), or None: the configured headers alone
+        self._sign_in = sign_in
+        self._listing_principal: str | None = None  # whose token this server's own connection carries
+        self._bearer: BearerAuth | None = None
         self.cfg = cfg
         self._on_change = on_change
         self._on_call = on_call
@@ -116,7 +133,7 @@ class McpServer:
         self._asking: set[Asking] = set()  # the calls running now (a legacy question names none of them)
         self._backoff = backoff
         self._ping_seconds = ping_seconds
-        self.state = "starting"  # starting | ready | restarting | stopped
+        self.state = "starting"  # starting | ready | restarting | unauthorised (waits for a sign-in) | stopped
         self.last_error: str | None = None
         self.restarts = 0
         self.protocol: str | None = None  # the revision this connection speaks (2026-07-28, 2025-11-25, ...)
@@ -159,7 +176,10 @@ class McpServer:
         token = _asking.set(asking)
         self._asking.add(asking)
         try:
-            outcome, text = await self._call(full, tool, arguments)
+            if self.auth is not None:
+                outcome, text = await self._authorised_call(full, tool, arguments, asking)
+            else:
+                outcome, text = await self._call(full, tool, arguments)
         finally:
             self._asking.discard(asking)
             _asking.reset(token)
@@ -178,22 +198,87 @@ class McpServer:
                                    f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later "
                                    f"or do without it")
         async with self._calls:
-            try:
-                result = await session.call_tool(tool, arguments, read_timeout_seconds=self.cfg.timeout_seconds)
-            except MCPError as exc:
-                if exc.error.code == CONNECTION_CLOSED:
-                    self._lost(session)
-                    return "error", (f"error: the {self.name} tool server stopped during the call to {full}; it is "
-                                     f"being restarted, try again shortly")
-                if exc.error.code == REQUEST_TIMEOUT:
-                    return "timeout", f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
-                return "error", f"error: {full} failed: {exc.error.message}"
-            except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
-                self._lost(session)
-                log.warning("MCP call %s failed: %s: %s", full, type(exc).__name__, exc)
-                return "error", (f"error: the {self.name} tool server could not run {full} "
-                                 f"({type(exc).__name__}); try again shortly")
+            return await self._call_on(session, full, tool, arguments, lost=self._lost)
+
+    async def _call_on(self, session: Client, full: str, tool: str, arguments: dict[str, Any], *,
+                       lost: Callable[[Client], None]) -> tuple[str, str]:
+        try:
+            result = await session.call_tool(tool, arguments, read_timeout_seconds=self.cfg.timeout_seconds)
+        except MCPError as exc:
+            if exc.error.code == CONNECTION_CLOSED:
+                lost(session)
+                return "error", (f"error: the {self.name} tool server stopped during the call to {full}; it is "
+                                 f"being restarted, try again shortly")
+            if exc.error.code == REQUEST_TIMEOUT:
+                return "timeout", f"error: {full} did not answer within {self.cfg.timeout_seconds:g} seconds"
+            return "error", f"error: {full} failed: {exc.error.message}"
+        except Exception as exc:  # noqa: BLE001 - a broken connection; the model reads it as the result
+            lost(session)
+            log.warning("MCP call %s failed: %s: %s", full, type(exc).__name__, exc)
+            return "error", (f"error: the {self.name} tool server could not run {full} "
+                             f"({type(exc).__name__}); try again shortly")
         return "error" if result.is_error else "ok", capped(result_text(result), self.cfg.max_output_bytes)
+
+    # -- calls of a server that signs in (cfg.auth) -------------------------------------------
+    def principal_for(self, context: Any) -> str | None:
+        """Whose sign-in a call for ``context`` uses (None: a per-user server's call with nobody behind it)."""
+        assert self.auth is not None
+        if context is None:
+            return OPERATOR if self.auth.mode == "operator" else None
+        return self.auth.principal_of(getattr(context, "platform", None), getattr(context, "user_id", None))
+
+    async def authorise(self, context: Any) -> str:
+        """What the ``<server>__authorise`` tool does while no tool is known: the link, unless signed in."""
+        asking = _asking.get() or Asking(f"{self.name}{SEPARATOR}authorise", {}, context)
+        principal = self.principal_for(context)
+        if principal is None or self.auth is None:
+            return f"error: {self.name} needs the signed-in account of the person asking, and this call has none"
+        if await self.auth.token(principal) is not None:
+            self.auth.changed.set()
+            return f"{self.name} is signed in; its tools are being read and will be offered in a moment."
+        return await self._sign_in(self, asking, principal)
+
+    async def _authorised_call(self, full: str, tool: str, arguments: dict[str, Any],
+                               asking: Asking) -> tuple[str, str]:
+        """A call with the asker's sign-in (``per_user``: a connection of their own, carrying their token
+        alone, for this call) or the operator's (the server's own connection).  Not signed in: the model
+        is told the user must authorise the server first, and the asker is sent the link."""
+        assert self.auth is not None
+        principal = self.principal_for(asking.context)
+        if principal is None:
+            return "unavailable", (f"error: {full} needs the signed-in account of the person asking ({self.name} "
+                                   f"signs in per user), and this call has nobody behind it")
+        if await self.auth.token(principal) is None:
+            return "unauthorised", await self._sign_in(self, asking, principal)
+        if self.auth.mode == "operator":
+            bearer = self._bearer
+            before = bearer.refusals if bearer is not None else 0
+            outcome, text = await self._call(full, tool, arguments)
+            if bearer is not None and bearer.refusals > before:
+                await self.auth.refused(principal)
+                return "unauthorised", await self._sign_in(self, asking, principal)
+            return outcome, text
+        if self.state == "stopped":
+            return "unavailable", f"error: {full} is unavailable right now (the {self.name} tool server is stopped)"
+        bearer = BearerAuth(self.auth, lambda: principal)
+        client = Client(_http(str(self.cfg.url), dict(self.cfg.headers), bearer), mode="auto",
+                        elicitation_callback=self._on_elicit, client_info=CLIENT_INFO,
+                        read_timeout_seconds=CONNECT_SECONDS, cache=None)
+        async with self._calls:
+            try:
+                with _deadline(CONNECT_SECONDS + self.cfg.timeout_seconds):
+                    async with client:
+                        outcome, text = await self._call_on(client, full, tool, arguments, lost=lambda c: None)
+            except Exception as exc:  # noqa: BLE001 - the connection failed; the model reads it as the result
+                if not bearer.refused:
+                    log.warning("MCP call %s for a signed-in user failed: %s", full, _describe(exc))
+                    return "error", (f"error: the {self.name} tool server could not run {full} "
+                                     f"({type(exc).__name__}); try again shortly")
+                outcome = "unauthorised"
+        if bearer.refused:
+            await self.auth.refused(principal)
+            return "unauthorised", await self._sign_in(self, asking, principal)
+        return outcome, text
 
     async def _on_elicit(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         """The server asks the user something mid-call.  On 2026-07-28 the SDK's retry loop runs in the
@@ -242,6 +327,10 @@ class McpServer:
         try:
             await self._serve()
         except Exception as exc:  # any failure of a server means: restart it
+            bearer, principal = self._bearer, self._listing_principal
+            if self.auth is not None and bearer is not None and bearer.refused and principal is not None:
+                await self.auth.refused(principal)  # revoked at the server: that sign-in is asked again
+                raise ConnectionError(f"the server refused the sign-in of {principal}; it must be authorised again") from exc
             if self._ended is not None:
                 raise ConnectionError(f"the server stopped: {self._ended}") from exc
             raise ConnectionError(_describe(exc)) from exc
@@ -264,6 +353,8 @@ class McpServer:
         self._broken.clear()
         self._refresh.clear()
         self._ended = None
+        if self.auth is not None:
+            await self._signed_in()
         client = Client(self._transport(), mode="auto", message_handler=self._on_message,
                         elicitation_callback=self._on_elicit, client_info=CLIENT_INFO,
                         read_timeout_seconds=CONNECT_SECONDS,  # each call passes its own
@@ -314,6 +405,28 @@ class McpServer:
                 log.debug("MCP server %s: its change stream ended (%s); opened again", self.name, _describe(exc))
             await anyio.sleep(RELISTEN_SECONDS)
 
+    async def _signed_in(self) -> None:
+        """Wait until someone whose token this connection may carry is signed in (the operator; per user,
+        anyone: only the tool list is read with it).  Meanwhile the server is ``unauthorised`` and offers
+        the one tool that sends the link (``<server>__authorise``, gateway.tools_mcp.manager)."""
+        assert self.auth is not None
+        while True:
+            self.auth.changed.clear()
+            principal = await self.auth.listing_principal()
+            if principal is not None and await self.auth.token(principal) is not None:
+                self._listing_principal = principal
+                return
+            if self.state != "unauthorised" or self.tools:
+                self.state = "unauthorised"
+                self.last_error = ("nobody is signed in yet" if self.auth.mode == "per_user"
+                                   else "the operator has not signed in yet") + \
+                    f" (the user must authorise {self.name}: a call sends them the link)"
+                self.tools = {}
+                self._on_change()
+            self.settled.set()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.auth.changed.wait(), SIGNED_IN_POLL_SECONDS)
+
     async def _wake(self) -> None:
         waits = [asyncio.ensure_future(self._broken.wait()), asyncio.ensure_future(self._refresh.wait())]
         try:
@@ -327,7 +440,8 @@ class McpServer:
         if cfg.command is not None:
             return self._stdio(cfg.command)
         assert cfg.url is not None, "McpServerConfig holds either a command or a url"
-        return _http(cfg.url, dict(cfg.headers))
+        self._bearer = None if self.auth is None else BearerAuth(self.auth, lambda: self._listing_principal)
+        return _http(cfg.url, dict(cfg.headers), self._bearer)
 
     @contextlib.asynccontextmanager
     async def _stdio(self, command: str) -> AsyncIterator[tuple[Any, Any]]:
@@ -407,8 +521,8 @@ async def _log_lines(fd: int, log_to: logging.Logger, keep: Callable[[str], None
 
 
 @contextlib.asynccontextmanager
-async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[tuple[Any, Any]]:
-    async with create_mcp_http_client(headers=headers) as client:
+async def _http(url: str, headers: dict[str, str], auth: BearerAuth | None = None) -> AsyncIterator[tuple[Any, Any]]:
+    async with create_mcp_http_client(headers=headers, auth=auth) as client:
         async with streamable_http_client(url, http_client=client) as (read, write):
             yield read, write
 
