@@ -301,6 +301,7 @@ class SetupValue:
     secret: bool = True  # typed hidden and kept in switchboard.env; else asked in the open and written in the config
     prefix: str = ""  # what a good value starts with (xoxb-, xapp-): another is refused before any call
     where: str = ""  # where a good value comes from, said when one is refused
+    default: str | None = None  # an open value's answer when the operator just presses Enter
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from gateway.config import platform_models
 from tests.crashkit import SWITCHBOARD, NotifySocket, start_daemon
 from tests.fakes.discord import FakeDiscord
+from tests.fakes.matrix import FakeMatrix
 from tests.fakes.model_server import FakeModel
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
@@ -25,6 +27,9 @@ from tests.ptykit import Terminal
 from tests.waiting import eventually
 
 ANN = FakeTelegram.user(111, "Ann", username="ann")
+# every platform after the first four that setup offers, in turn (its package's SETUP), declined
+LATER = [(rf"Set up {re.escape(model.SETUP.title)}\? \[y/N\]", "\r") for name, model in platform_models().items()
+         if model.SETUP is not None and name not in ("telegram", "discord", "slack", "email")]
 
 
 def _env(tmp_path: Path, tg: FakeTelegram) -> dict[str, str]:
@@ -79,6 +84,9 @@ async def test_a_newcomer_in_a_terminal_gets_a_bot_that_answers_their_first_dm(t
             term.type("\r")
             await expect(term, r"Set up Email\? \[y/N\]")
             term.type("\r")
+            for pattern, typed in LATER:
+                await expect(term, pattern)
+                term.type(typed)
             await expect(term, r"Send any message to @switchboard_bot now")
             await asyncio.sleep(0)
             await eventually(lambda: tg.calls("getUpdates"), 10, "setup polling for the owner's message")
@@ -190,7 +198,7 @@ async def test_on_discord_the_owner_is_the_applications_owner_as_the_developer_p
         screen = await _setup_in_a_terminal(
             ["--home", str(home), "--model-url", model.base_url, "--model", "fake-model", "--context-length", "8192", "--discord-token", dc.token],
             env, [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Slack\? \[y/N\]", "\r"),
-                  (r"Set up Email\? \[y/N\]", "\r"), (r"Make this account the owner.*\[Y/n\]", "\r")])
+                  (r"Set up Email\? \[y/N\]", "\r"), *LATER, (r"Make this account the owner.*\[Y/n\]", "\r")])
     assert f"The application's owner in the Developer Portal: Alice, Discord id {dc.alice['id']}" in screen
     data = yaml.safe_load((home / "config.yaml").read_text())
     assert data["auth"] == {"allowed_users": [f"discord:{dc.alice['id']}"]}
@@ -206,7 +214,7 @@ async def test_on_slack_the_owners_member_id_is_looked_up_so_a_typo_is_caught_at
             ["--home", str(home), "--model-url", model.base_url, "--model", "fake-model", "--context-length", "8192",
              "--slack-bot-token", slack.bot_token, "--slack-app-token", slack.app_token],
             env, [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Discord\? \[y/N\]", "\r"),
-                  (r"Set up Email\? \[y/N\]", "\r"), (r"Your Slack member ID.*: ", "U9\r"), (r"Slack knows no member U9", ""),
+                  (r"Set up Email\? \[y/N\]", "\r"), *LATER, (r"Your Slack member ID.*: ", "U9\r"), (r"Slack knows no member U9", ""),
                   (r"(?s)U9 in this workspace.*Your Slack member ID.*: ", "U1\r"),
                   (r"Make this account the owner.*\[Y/n\]", "\r")])
     assert "Slack member U1: alice" in screen
@@ -233,3 +241,24 @@ async def test_email_is_offered_from_its_package_and_a_server_that_is_not_there_
     assert "A mailbox of its own for the gateway" in screen  # the package's own guide
     assert re.search(r"Email: .*127\.0\.0\.1.*993", screen), screen  # the server it tried, by address and port
     assert "hunter2-not-shown" not in screen and not (tmp_path / "sb" / "config.yaml").exists()
+
+
+async def test_a_platform_beyond_the_first_three_is_set_up_from_its_package_matrix_against_a_homeserver(tmp_path):
+    async with FakeModel() as model, FakeTelegram() as tg, FakeMatrix() as hs:
+        home = tmp_path / "sb"
+        decline = [(pattern, typed) for pattern, typed in LATER if "Matrix" not in pattern]
+        screen = await _setup_in_a_terminal(
+            ["--home", str(home), "--model-url", model.base_url, "--model", "fake-model", "--context-length", "8192"],
+            _env(tmp_path, tg),
+            [(r"Set up Telegram\? \[Y/n\]", "n\r"), (r"Set up Discord\? \[y/N\]", "\r"), (r"Set up Slack\? \[y/N\]", "\r"),
+             (r"Set up Email\? \[y/N\]", "\r"), (r"Set up Matrix\? \[y/N\]", "y\r"),
+             (r"Homeserver address \[https://matrix\.org\]: ", hs.base_url + "\r"),
+             (r"The bot's access token: ", "syt_wrong_token\r"), (r"✗ Matrix refused the token", ""),
+             (r"(?s)refused the token.*Homeserver address.*: ", hs.base_url + "\r"),
+             (r"(?s)refused the token.*The bot's access token: ", hs.token + "\r"),
+             *decline])
+    assert "Matrix: the token works" in screen and "Element: Settings -> Help & About -> Access Token" in screen
+    assert hs.token not in screen and "syt_wrong_token" not in screen
+    config = yaml.safe_load((home / "config.yaml").read_text())
+    assert config["platforms"]["matrix"] == {"homeserver": hs.base_url, "access_token": "${MATRIX_ACCESS_TOKEN}"}
+    assert f"MATRIX_ACCESS_TOKEN={hs.token}" in (home / "switchboard.env").read_text()

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from gateway.config import KeyedError, OptionalHttpUrl, PlatformConfig, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, SetupGuide, SetupValue
 
 __all__ = ["DOMAINS", "EVENTS_PATH", "LarkConfig"]
 
@@ -32,6 +32,16 @@ class LarkConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=False, reactions=False, files=True, voice=True,
         max_message_length=4000, chat_rate=2.0, chat_burst=3)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Feishu/Lark",
+        ("open.feishu.cn/app (Lark: open.larksuite.com/app, then set platforms.lark.domain: lark) -> Create Custom "
+         "App -> Credentials & Basic Info: App ID and App Secret.",
+         "Add the Bot feature; Events and Callbacks: receive events through the persistent connection, "
+         "im.message.receive_v1."),
+        (SetupValue("app_id", "LARK_APP_ID", "App ID (cli_...)", secret=False),
+         SetupValue("app_secret", "LARK_APP_SECRET", "App Secret")),
+        "copy the App ID and App Secret again (Credentials & Basic Info)",
+        base_key="base_url", base_variable="LARK_BASE_URL")
     LIBRARY: ClassVar[str | None] = "lark_oapi"  # the switchboard[lark] extra
     # mode: http's event callbacks, on the local API's listener (gateway.runtime.platform_http mounts it)
     HTTP_PATHS: ClassVar[tuple[str, ...]] = (EVENTS_PATH,)

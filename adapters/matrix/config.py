@@ -13,7 +13,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config import HttpUrl, KeyedError, PlatformConfig, secret_field
-from gateway.types import Capabilities, CredentialCheck
+from gateway.types import Capabilities, CredentialCheck, SetupGuide, SetupValue
 
 __all__ = ["MatrixConfig"]
 
@@ -32,6 +32,15 @@ class MatrixConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=True, reactions=True, files=True, voice=True,
         max_message_length=4000, chat_rate=2.0, chat_burst=4)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Matrix",
+        ("Register the bot's own account on your homeserver; sign in as it in a private browser window (Element: "
+         "Settings -> Help & About -> Access Token), copy the token and close the window (signing out revokes it).",
+         "Or let the adapter log in once with a password: platforms.matrix.user_id and password in the config."),
+        (SetupValue("homeserver", "MATRIX_HOMESERVER", "Homeserver address", secret=False,
+                    default="https://matrix.org"),
+         SetupValue("access_token", "MATRIX_ACCESS_TOKEN", "The bot's access token")),
+        "copy the access token again (Element: Settings -> Help & About -> Access Token) and check the homeserver")
     homeserver: HttpUrl = "https://matrix.org"
     user_id: str = ""  # @bot:example.org
     access_token: str = secret_field()  # or a password, used once: the token and device id are kept in the home

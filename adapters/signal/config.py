@@ -12,7 +12,7 @@ from typing import ClassVar
 from pydantic import field_validator
 
 from gateway.config import HttpUrl, PlatformConfig, describe
-from gateway.types import Capabilities
+from gateway.types import Capabilities, SetupGuide, SetupValue
 
 __all__ = ["SignalConfig"]
 
@@ -24,6 +24,15 @@ class SignalConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=False, threads=False, buttons=False, typing=True, reactions=True, files=True, voice=False,
         groups=True, max_message_length=2000, chat_rate=1.0, chat_burst=3)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Signal",
+        ("Run signal-cli registered or linked as the bot's number: signal-cli -a +NUMBER daemon --http "
+         "127.0.0.1:8080 (docs/platforms.md, Signal).",
+         "Keep it on loopback: signal-cli's HTTP interface has no authentication of its own."),
+        (SetupValue("account", "SIGNAL_ACCOUNT", "The bot's number (+4915112345678)", secret=False),
+         SetupValue("http_url", "SIGNAL_HTTP_URL", "Where signal-cli answers", secret=False,
+                    default="http://127.0.0.1:8080")),
+        "start signal-cli's daemon for that number (docs/platforms.md, Signal)")
     account: str = ""  # the number signal-cli is registered or linked as, +E.164
     http_url: HttpUrl = "http://127.0.0.1:8080"  # signal-cli daemon --http 127.0.0.1:8080
 

@@ -17,7 +17,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from gateway.config import HttpUrl, KeyedError, PlatformConfig, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, SetupGuide, SetupValue
 
 __all__ = ["MESSAGES_PATH", "TeamsConfig"]
 
@@ -36,6 +36,15 @@ class TeamsConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=True, threads=True, buttons=True, typing=True, reactions=False, files=True, voice=False,
         max_message_length=4000, chat_rate=2.0, chat_burst=3)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "Microsoft Teams",
+        ("portal.azure.com -> Create a resource -> Azure Bot: its Microsoft App ID; Configuration -> Manage "
+         "Password -> New client secret.",
+         "Messaging endpoint: https://<your host>/teams/messages (a TLS proxy to the local API); Channels: add "
+         "Microsoft Teams."),
+        (SetupValue("app_id", "TEAMS_APP_ID", "Microsoft App ID", secret=False),
+         SetupValue("app_password", "TEAMS_APP_PASSWORD", "Client secret")),
+        "check the App ID and make a new client secret (Azure Bot -> Configuration -> Manage Password)")
     LIBRARY: ClassVar[str | None] = "jwt"  # PyJWT with its RSA support, the switchboard[teams] extra
     # the messaging endpoint, on the local API's listener (gateway.runtime.platform_http mounts it)
     HTTP_PATHS: ClassVar[tuple[str, ...]] = (MESSAGES_PATH,)

@@ -13,7 +13,7 @@ from typing import ClassVar
 from pydantic import model_validator
 
 from gateway.config import HttpUrl, KeyedError, OptionalText, PlatformConfig, secret_field
-from gateway.types import Capabilities
+from gateway.types import Capabilities, SetupGuide, SetupValue
 
 __all__ = ["WhatsAppConfig"]
 
@@ -26,6 +26,18 @@ class WhatsAppConfig(PlatformConfig):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         edits=False, threads=False, buttons=True, typing=True, reactions=True, files=True, voice=True,
         groups=False, max_message_length=4096, chat_rate=1 / 6, chat_burst=20)
+    SETUP: ClassVar[SetupGuide | None] = SetupGuide(
+        "WhatsApp",
+        ("developers.facebook.com -> your Business app -> WhatsApp -> API Setup: the phone number id; Business "
+         "Settings -> System users: a permanent token with whatsapp_business_messaging.",
+         "App settings -> Basic: the app secret. The verify token is any long random string, typed again as the "
+         "webhook's Verify token (docs/platforms.md, WhatsApp)."),
+        (SetupValue("access_token", "WHATSAPP_ACCESS_TOKEN", "Access token"),
+         SetupValue("phone_number_id", "WHATSAPP_PHONE_NUMBER_ID", "Phone number id", secret=False),
+         SetupValue("app_secret", "WHATSAPP_APP_SECRET", "App secret"),
+         SetupValue("verify_token", "WHATSAPP_VERIFY_TOKEN", "Verify token (any long random string)")),
+        "check the access token (a system user's permanent token) and the phone number id (API Setup)",
+        base_key="api_base_url", base_variable="WHATSAPP_API_BASE_URL")
     # Meta's webhook, on the local API's listener (gateway.runtime.platform_http mounts it); put a TLS
     # reverse proxy in front of the API for this path, Meta calls https only
     HTTP_PATHS: ClassVar[tuple[str, ...]] = ("/whatsapp/webhook",)

@@ -121,7 +121,7 @@ async def check_platform(name: str, guide: SetupGuide, values: dict[str, str]) -
 def _ask_values(ask: Ask, guide: SetupGuide, values: dict[str, str]) -> None:
     for v in guide.values:
         if v.variable not in values:
-            values[v.variable] = ask.secret(v.question) if v.secret else ask.text(v.question, None).strip()
+            values[v.variable] = ask.secret(v.question) if v.secret else ask.text(v.question, v.default).strip()
 
 
 def choose_platforms(ask: Ask, installed: tuple[str, ...], given: dict[str, dict[str, str]]) -> list[PlatformChoice]:
