@@ -26,6 +26,9 @@ from tests.harness import eventually, gateway_config, running_gateway
 
 # the installed platforms' own paths on the local API (webhooks, Teams, Lark): their adapters check the requests
 PLATFORM_PATHS = {path for model in platform_models().values() for path in model.HTTP_PATHS}
+# open by design, each with a check of its own: an MCP sign-in comes back with its flow's one-time state
+# (a visitor without one is refused, 400), and authorisation servers fetch the client's public document
+SIGN_IN_PATHS = {"/mcp/oauth/callback", "/mcp/oauth/client.json"}
 
 TOKEN = "dashboard-test-token-7f3a9c"
 EVIL_TITLE = "<script>alert('title')</script>"
@@ -147,6 +150,11 @@ async def test_every_route_refuses_a_visitor_who_has_not_logged_in(tmp_path, mod
                         assert status == 200, where
                     elif "nope" in path:
                         assert status == 404, where
+                    continue
+                if pattern in SIGN_IN_PATHS:
+                    assert status in (200, 400, 404), where
+                    for secret in ("Lisbon", "needle", "Trip planning", "ABCD2345", TOKEN):
+                        assert secret not in body, where
                     continue
                 if pattern in PLATFORM_PATHS:  # signed for its platform (a hook secret, a JWT), not api.token: off here
                     assert status in (401, 503), where
