@@ -22,6 +22,7 @@ import base64
 import datetime as dt
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 from zoneinfo import ZoneInfo
 
@@ -86,6 +87,30 @@ def tool_status(name: str) -> str:
     if sep and tool:
         return f"using {tool.replace('_', ' ')} ({server})…"
     return TOOL_STATUS.get(name, f"using {name.replace('_', ' ')}…")
+
+
+@dataclass(frozen=True, slots=True)
+class _SentHistory:
+    """The stored history as a turn's model call gets it (:meth:`AgentTurn._history_as_sent`)."""
+
+    session_id: str  # the request's, or the child session compression moved the conversation on to
+    history: list[dict]
+    notices: list[str]  # lines for the user: messages cut to fit, a compression
+    expanded: tuple[str, list[dict]]  # (session id, history) the pictures came from, should the model refuse one
+
+
+@dataclass(frozen=True, slots=True)
+class _TurnPlan:
+    """What a turn's tool loop is given, and what its result is stored with (:meth:`AgentTurn._plan`)."""
+
+    session_id: str
+    prompt: list[dict]
+    ctx: ToolContext
+    journal: TurnJournal | None  # None: the turn answers no stored message
+    purpose: CallContext
+    notices: list[str]
+    expanded: tuple[str, list[dict]]
+    history_length: int  # the messages of the history in the prompt, for the prompt hook's usage record
 
 
 class AgentTurn:
@@ -154,18 +179,29 @@ class AgentTurn:
 
     async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
-        session_id = req.session_id
         if history is None:
             history = await self.db.messages.as_conversation(
-                session_id, upto=max(req.answered) if req.answered else None)
-        notices: list[str] = []
-        blocks = [self.system_prompt(req.platform, await self.session_started(session_id))]
+                req.session_id, upto=max(req.answered) if req.answered else None)
+        plan = await self._plan(req, history)
+        loop, refused = await self._loop_or_without_pictures(req, plan)
+        return await self._settle(req, plan, loop, [*plan.notices, *refused])
+
+    async def _system_messages(self, req: TurnRequest) -> list[dict]:
+        """The system prompt (the persona, then the features' blocks) and the request's one-off notes after it."""
+        blocks = [self.system_prompt(req.platform, await self.session_started(req.session_id))]
         for block_for in self.hooks.prompt_blocks:
-            block = await block_for(req, session_id)
+            block = await block_for(req, req.session_id)
             if block:
                 blocks.append(block)
         system = [{"role": "system", "content": "\n\n".join(blocks)}]
         system += [{"role": "system", "content": note} for note in req.system_notes]  # after the persona
+        return system
+
+    async def _history_as_sent(self, req: TurnRequest, history: list[dict], system: list[dict]) -> _SentHistory:
+        """The stored ``history`` as the model gets it: media expanded, oversized messages cut down, and
+        compressed by the prompt hook (which may move the conversation on to a child session)."""
+        session_id = req.session_id
+        notices: list[str] = []
         media = self.hooks.media
         vision = media.vision_of(req.model) if media is not None else self.settings.vision
         expanded = (session_id, history)  # what the pictures came from, should the model refuse one
@@ -182,64 +218,71 @@ class AgentTurn:
                 if media is not None:
                     history = await media.expand(session_id, history, vision=vision)
                 history = self._as_sent(history).messages
-        notices = [*shortened.notices, *notices]
+        return _SentHistory(session_id, history, [*shortened.notices, *notices], expanded)
+
+    async def _plan(self, req: TurnRequest, history: list[dict]) -> _TurnPlan:
+        """Everything the tool loop of ``req`` is given: its prompt, the tools' context, its journal and
+        what its usage is recorded as; the notices for the user are told first (``req.on_notice``)."""
+        system = await self._system_messages(req)
+        sent = await self._history_as_sent(req, history, system)
+        session_id = sent.session_id
         if req.on_notice is not None:
-            for notice in notices:
+            for notice in sent.notices:
                 await req.on_notice(notice)
-        prompt = system + self._with_attachments(history, req.attachments)
+        prompt = system + self._with_attachments(sent.history, req.attachments)
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id,
                           agent=self.settings.agent, extra={"chat": req.chat, "chat_type": req.chat_type})
         journal = TurnJournal(self.db, req.answered, session_id, self._clock) if req.answered else None
-        resumed = await journal.resumed() if journal is not None else []
         purpose = for_session("cron" if req.platform == "cron" else "turn", session_id, req.session_key,
                               platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
+        return _TurnPlan(session_id, prompt, ctx, journal, purpose, sent.notices, sent.expanded, len(sent.history))
 
-        async def answer(prompt: list[dict], resumed: list[dict]) -> ToolLoop:
-            return await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
-                                        max_iterations=self.settings.max_tool_iterations, model=req.model,
-                                        sink=req.stream, params=req.params, client_tools=req.client_tools,
-                                        purpose=purpose)
-
+    async def _loop_or_without_pictures(self, req: TurnRequest, plan: _TurnPlan) -> tuple[ToolLoop, list[str]]:
+        """The tool loop of ``plan``; should the model refuse the pictures, once more without them (the
+        refused ones are never sent again).  Returns the loop and the line the user is told of that."""
+        resumed = await plan.journal.resumed() if plan.journal is not None else []
         try:
-            loop = await answer(prompt, resumed)
+            return await self._tool_loop_of(req, plan, plan.prompt, resumed), []
         except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
-            prompt, dropped = without_pictures(prompt)
+            prompt, dropped = without_pictures(plan.prompt)
             if not dropped:
                 raise
-            names = await media.refused(*expanded, str(exc)) if media is not None else ()
+            media = self.hooks.media
+            names = await media.refused(*plan.expanded, str(exc)) if media is not None else ()
             names = names or tuple(a.name for a in req.attachments if a.kind == "image")
-            notices.append(_refused_line(names, str(exc)))
-            log.warning("the model refused the pictures of a turn in %s (%s); answering without them", session_id, exc)
+            refused = [_refused_line(names, str(exc))]
+            log.warning("the model refused the pictures of a turn in %s (%s); answering without them",
+                        plan.session_id, exc)
             # what the first try's tool calls produced is journaled: the second goes on from there
-            loop = await answer(prompt, await journal.resumed() if journal is not None else [])
-        completion, produced = loop.completion, loop.produced
-        prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
+            resumed = await plan.journal.resumed() if plan.journal is not None else []
+            return await self._tool_loop_of(req, plan, prompt, resumed), refused
+
+    async def _tool_loop_of(self, req: TurnRequest, plan: _TurnPlan, prompt: list[dict], resumed: list[dict]) -> ToolLoop:
+        return await self.tool_loop(prompt, plan.ctx, tool_names=req.tool_names, resumed=resumed, journal=plan.journal,
+                                    max_iterations=self.settings.max_tool_iterations, model=req.model,
+                                    sink=req.stream, params=req.params, client_tools=req.client_tools,
+                                    purpose=plan.purpose)
+
+    async def _settle(self, req: TurnRequest, plan: _TurnPlan, loop: ToolLoop, notices: list[str]) -> TurnResult:
+        """Store what ``loop`` produced with its usage (and its reply's pending delivery) in one batch,
+        then tell the approvals a request is waiting; the turn's result."""
+        completion = loop.completion
+        prompt_hook = self.hooks.prompt_hook
         if prompt_hook is not None and not completion.fitted:  # a fitted prompt's size says nothing of the history's
-            prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
-        reply = strip_memory_fence(completion.message.get("content") or "")
-        to_store = [for_store(m) for m in produced]
-        if loop.pending is not None:  # the reply is the approval request; the loop resumes once it is answered
-            reply = loop.pending.text
-        elif not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
-            to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
-                             "token_count": completion.completion_tokens})
-        trace_id = tracing.current_trace_id()  # None while traces are off: the transcript shows it beside the reply
-        if trace_id is not None:
-            to_store = [{**m, "trace_id": trace_id} for m in to_store]
-        if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
-            reply = f"{reply}\n\n{CUT_OFF_NOTE}"
+            prompt_hook.record_usage(plan.session_id, completion.prompt_tokens, plan.history_length + len(loop.produced))
+        reply, to_store = _reply_and_messages(loop)
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
-        stored = await self.db.messages.record_turn(session_id, to_store, input_tokens=prompt_tokens,
-                                           output_tokens=completion_tokens, answered=req.answered, delivery=delivery,
-                                           fence=req.fence)
-        if journal is not None and journal.written:
-            await journal.drop()
+        stored = await self.db.messages.record_turn(plan.session_id, to_store, input_tokens=loop.prompt_tokens,
+                                                    output_tokens=loop.completion_tokens, answered=req.answered,
+                                                    delivery=delivery, fence=req.fence)
+        if plan.journal is not None and plan.journal.written:
+            await plan.journal.drop()
         if loop.pending is not None and self.hooks.approvals is not None:
-            await self.hooks.approvals.requested(loop.pending, ctx, stored[-1] if stored else None)
-        return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices,
-                          loop.client_calls, loop.pending.buttons if loop.pending is not None else (),
+            await self.hooks.approvals.requested(loop.pending, plan.ctx, stored[-1] if stored else None)
+        return TurnResult(plan.session_id, reply, completion.prompt_tokens, loop.completion_tokens, loop.tool_calls,
+                          notices, loop.client_calls, loop.pending.buttons if loop.pending is not None else (),
                           completion.answered_by)
 
     async def answer_unstored(self, messages: list[dict], *, platform: str, system_notes: tuple[str, ...] = (),
@@ -390,6 +433,24 @@ def _not_offered(name: str, offered: set[str]) -> str:
     if len(offered) == 1:
         return f"error: only the {next(iter(offered))} tool is available now, not {name!r}"
     return f"error: only the tools {', '.join(sorted(offered))} are available now, not {name!r}"
+
+
+def _reply_and_messages(loop: ToolLoop) -> tuple[str, list[dict]]:
+    """The reply a tool loop came to, and the messages it produced as the store keeps them."""
+    completion = loop.completion
+    reply = strip_memory_fence(completion.message.get("content") or "")
+    to_store = [for_store(m) for m in loop.produced]
+    if loop.pending is not None:  # the reply is the approval request; the loop resumes once it is answered
+        reply = loop.pending.text
+    elif not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
+        to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
+                         "token_count": completion.completion_tokens})
+    trace_id = tracing.current_trace_id()  # None while traces are off: the transcript shows it beside the reply
+    if trace_id is not None:
+        to_store = [{**m, "trace_id": trace_id} for m in to_store]
+    if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
+        reply = f"{reply}\n\n{CUT_OFF_NOTE}"
+    return reply, to_store
 
 
 def _refused_line(names: tuple[str, ...], reason: str) -> str:
