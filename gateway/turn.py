@@ -342,20 +342,13 @@ class AgentTurn:
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
         pending: PendingApproval | None = None  # a call that waits for a person's approval ends the loop
-        pending_name = ""
         for iteration in range(max_iterations + 1):
             offer = iteration < max_iterations and (max_tool_calls is None or tool_calls < max_tool_calls)
             sent = produced if self.settings.replay_reasoning != "never" else [without_reasoning(m) for m in produced]
-            try:
-                completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
-                                                       on_text=_scrubbed(sink) if sink is not None else None,
-                                                       purpose=purpose if iteration == 0 else purpose.next_in_loop(),
-                                                       params=params,
-                                                       # a sink that shows which model writes (the local API's)
-                                                       on_model=getattr(sink, "answering", None))
-            except AnswerCutOff as cut:
-                log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
-                completion = Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete")
+            completion, broke_off = await self._complete(prompt + sent, tools=schemas if offer else None, model=model,
+                                                         sink=sink, params=params,
+                                                         purpose=purpose if iteration == 0 else purpose.next_in_loop())
+            if broke_off:
                 break
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
@@ -363,42 +356,70 @@ class AgentTurn:
             if not calls:
                 break
             client_calls = [c for c in calls if c.get("function", {}).get("name") in client_names] if offer else []
-            if sink is not None and not client_calls:
-                sink.discard_text()  # it was not the answer
-                sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
-            content = completion.message.get("content")
-            produced.append({"role": "assistant", "content": strip_memory_fence(content) if content else content,
-                             "tool_calls": calls, **reasoning_of(completion.message)})
-            for call in calls:
-                fn = call.get("function", {})
-                name = fn.get("name", "")
-                if call in client_calls:
-                    continue  # the client runs it and sends its result
-                if pending is not None:  # behind a call that waits for approval: not run
-                    result = WAITS_BEHIND.format(tool=pending_name)
-                else:
-                    gate = await self.hooks.approvals.check(ctx, call.get("id"), name, fn.get("arguments")) \
-                        if self.hooks.approvals is not None and name in offered else None
-                    if gate is not None and not isinstance(gate, str):
-                        pending, pending_name = gate, name
-                        continue  # its result comes with the answer (gateway.approvals)
-                    if gate is not None:
-                        result = gate  # refused before it could run (e.g. a scheduled job cannot wait for a person)
-                    else:
-                        if journal is not None:
-                            await journal.write(produced, call.get("id"))
-                        with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
-                            result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
-                            span.result(result)
-                tool_calls += 1
-                produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
-                if journal is not None:
-                    await journal.write(produced, None)
+            ran, pending = await self._answer_calls(completion, calls, client_calls, ctx, offered, produced,
+                                                    sink=sink, journal=journal)
+            tool_calls += ran
             if client_calls or pending is not None:
                 break
         assert completion is not None
         return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls, pending)
 
+    async def _complete(self, messages: list[dict], *, tools: list[dict] | None, model: str | None,
+                        sink: ReplySink | None, params: dict | None, purpose: CallContext) -> tuple[Completion, bool]:
+        """One model call of a tool loop, and whether its answer broke off (then the completion holds
+        what came, its ``finish_reason`` ``incomplete``)."""
+        try:
+            return await self.model.complete(messages, tools=tools, model=model,
+                                             on_text=_scrubbed(sink) if sink is not None else None,
+                                             purpose=purpose, params=params,
+                                             # a sink that shows which model writes (the local API's)
+                                             on_model=getattr(sink, "answering", None)), False
+        except AnswerCutOff as cut:
+            log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
+            return Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete"), True
+
+    async def _answer_calls(self, completion: Completion, calls: list[dict], client_calls: list[dict],
+                            ctx: ToolContext, offered: set[str], produced: list[dict], *, sink: ReplySink | None,
+                            journal: ToolJournal | None) -> tuple[int, PendingApproval | None]:
+        """Append ``completion``'s tool-call message to ``produced``, then each call's result, running
+        those of offered tools (the client's, in ``client_calls``, are left to the client); a call that
+        waits for a person's approval stops the ones after it.  Returns how many calls were answered
+        and the call that waits, if one does."""
+        if sink is not None and not client_calls:
+            sink.discard_text()  # it was not the answer
+            sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
+        content = completion.message.get("content")
+        produced.append({"role": "assistant", "content": strip_memory_fence(content) if content else content,
+                         "tool_calls": calls, **reasoning_of(completion.message)})
+        answered = 0
+        pending: PendingApproval | None = None
+        pending_name = ""
+        for call in calls:
+            fn = call.get("function", {})
+            name = fn.get("name", "")
+            if call in client_calls:
+                continue  # the client runs it and sends its result
+            if pending is not None:  # behind a call that waits for approval: not run
+                result = WAITS_BEHIND.format(tool=pending_name)
+            else:
+                gate = await self.hooks.approvals.check(ctx, call.get("id"), name, fn.get("arguments")) \
+                    if self.hooks.approvals is not None and name in offered else None
+                if gate is not None and not isinstance(gate, str):
+                    pending, pending_name = gate, name
+                    continue  # its result comes with the answer (gateway.approvals)
+                if gate is not None:
+                    result = gate  # refused before it could run (e.g. a scheduled job cannot wait for a person)
+                else:
+                    if journal is not None:
+                        await journal.write(produced, call.get("id"))
+                    with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
+                        result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
+                        span.result(result)
+            answered += 1
+            produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
+            if journal is not None:
+                await journal.write(produced, None)
+        return answered, pending
 
     async def run_tool_call(self, name: str, arguments: str | None, ctx: ToolContext, offered: set[str]) -> str:
         """Run one call the model asked for, exactly as asked: its result is the text the model reads.
