@@ -22,8 +22,8 @@ import base64
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable
 from zoneinfo import ZoneInfo
 
 import compression
@@ -42,10 +42,31 @@ from gateway.turn_history import (
     without_reasoning,
 )
 from gateway.turn_journal import ToolJournal, TurnJournal
-from gateway.types import Attachment, Button, ChatRef
+from gateway.turn_types import (
+    DEFAULT_PERSONA,
+    ApprovalGate,
+    MediaInContext,
+    PendingApproval,
+    Prefetch,
+    PromptBlock,
+    PromptHook,
+    ReplySink,
+    ToolLoop,
+    TurnHooks,
+    TurnRequest,
+    TurnResult,
+    TurnSettings,
+)
+from gateway.types import Attachment
 from gateway.usage import CallContext, for_session
-from state import AsyncSessionDB, Fence
+from state import AsyncSessionDB
 from state.memory_fence import FenceScrubber, strip_memory_fence
+
+# The turn's plain data and protocols live in gateway.turn_types; they are named here too, where callers
+# have always found them.
+__all__ = ["CUT_OFF_NOTE", "DEFAULT_PERSONA", "EMPTY_ANSWER", "AgentTurn", "ApprovalGate", "MediaInContext",
+           "PendingApproval", "Prefetch", "PromptBlock", "PromptHook", "ReplySink", "ToolLoop", "TurnHooks",
+           "TurnRequest", "TurnResult", "TurnSettings", "tool_status"]
 
 log = logging.getLogger(__name__)
 
@@ -61,167 +82,35 @@ TOOL_STATUS = {
 }
 
 
-class ReplySink(Protocol):
-    """Where a streamed answer goes as it is written (:class:`gateway.streaming.ReplyStream`)."""
-
-    def feed(self, delta: str) -> None: ...
-
-    def show_status(self, line: str) -> None: ...
-
-    def discard_text(self) -> None: ...
-
-
 def tool_status(name: str) -> str:
     server, sep, tool = name.partition("__")  # an MCP server's tool: <server>__<tool>
     if sep and tool:
         return f"using {tool.replace('_', ' ')} ({server})…"
     return TOOL_STATUS.get(name, f"using {name.replace('_', ' ')}…")
 
-DEFAULT_PERSONA = (
-    "You are a helpful, concise assistant reachable through a chat gateway. "
-    "Answer in the user's language. Use Markdown sparingly; it is converted for the chat platform."
-)
+
+@dataclass(frozen=True, slots=True)
+class _SentHistory:
+    """The stored history as a turn's model call gets it (:meth:`AgentTurn._history_as_sent`)."""
+
+    session_id: str  # the request's, or the child session compression moved the conversation on to
+    history: list[dict]
+    notices: list[str]  # lines for the user: messages cut to fit, a compression
+    expanded: tuple[str, list[dict]]  # (session id, history) the pictures came from, should the model refuse one
 
 
 @dataclass(frozen=True, slots=True)
-class TurnSettings:
-    agent: str = "main"
-    persona: str = DEFAULT_PERSONA
-    timezone: str = "UTC"
-    model_name: str | None = None
-    max_tool_iterations: int = 8
-    vision: bool = False
-    replay_reasoning: str = "tool_loop"  # model.replay_reasoning: tool_loop | always | never
-    merge_user_messages: bool = False  # model.merge_user_messages: consecutive user messages sent as one
-
-
-@dataclass(slots=True)
-class TurnRequest:
-    """What the router asks of a turn."""
+class _TurnPlan:
+    """What a turn's tool loop is given, and what its result is stored with (:meth:`AgentTurn._plan`)."""
 
     session_id: str
-    session_key: str
-    platform: str
-    user_id: str | None
-    attachments: tuple[Attachment, ...] = ()
-    system_notes: tuple[str, ...] = ()  # one-off notes for this prompt (e.g. "continues after a reset")
-    tool_names: set[str] | None = None  # None: every registered tool
-    model: str | None = None
-    # The stored user messages this turn answers (their ids, in order): the turn is shown the session
-    # as far as the last of them, its messages are stored right after it (before what arrived since),
-    # and their inbox rows go with the reply.  Empty: the whole session, the reply stored last.
-    answered: tuple[int, ...] = ()
-    # Crash safety: where the reply will be sent (id, platform, chat_id, thread_id, reply_to), recorded
-    # as a pending delivery in the same transaction as the reply.  None for cron and local callers.
-    delivery: dict | None = None
-    stream: ReplySink | None = None  # the answer shown as it is written; None: sent whole, afterwards
-    # Clustered: the lease this turn runs under (a ``state.Fence``); its reply is stored only while the
-    # lease is still this instance's.  None: no lease (one instance, or a local request).
-    fence: Fence | None = None
-    # Request fields a local API client set (temperature, max_tokens, response_format, ...), sent with
-    # every model call of the turn (see ``gateway.model.PASSED_PARAMS``).
-    params: dict | None = None
-    # A local API client's own tools (OpenAI function schemas), offered beside the agent's: a call to
-    # one ends the turn with the calls (``TurnResult.client_calls``), for the client to run.
-    client_tools: tuple[dict, ...] = ()
-    # the chat the turn answers in (and its kind), where an approval request is posted and answered
-    chat: ChatRef | None = None
-    chat_type: str = "dm"
-    # told each line for the user the turn has before its model call (a message cut to fit, a
-    # compression), so it reaches the chat before the reply, streamed or not; they are in
-    # ``TurnResult.notices`` too.  None: only there.
-    on_notice: Callable[[str], Awaitable[None]] | None = None
-
-
-@dataclass(slots=True)
-class TurnResult:
-    session_id: str  # may differ from the request's when compression moved the conversation on
-    reply: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    tool_calls: int = 0
-    notices: list[str] = field(default_factory=list)  # lines for the user besides the reply
-    client_calls: list[dict] = field(default_factory=list)  # calls of the client's tools, for it to run
-    # the reply is an approval request: the buttons that answer it (where the platform has buttons)
-    buttons: tuple[Button, ...] = ()
-    model: str | None = None  # the model that answered (``Completion.answered_by``); None: none did
-
-
-
-class PendingApproval(Protocol):
-    """A call the tool loop stopped at, waiting for a person (``gateway.approvals.PendingCall``)."""
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def buttons(self) -> tuple[Button, ...]: ...
-
-
-class ApprovalGate(Protocol):
-    """Asked before each tool call (``gateway.approvals.ToolApprovals``)."""
-
-    async def check(self, ctx: ToolContext, call_id: str | None, name: str,
-                    arguments: str | None) -> PendingApproval | str | None:
-        """None: run it; a text: the call's result without running it; a pending approval: stop and ask."""
-
-    async def requested(self, pending, ctx: ToolContext, after_message_id: int | None) -> None:
-        """The turn that stopped at ``pending`` stored its messages (the last is ``after_message_id``)."""
-
-
-class PromptHook(Protocol):
-    """Called before the model call (compression plugs in here, see ``gateway.compressing``)."""
-
-    async def before_model_call(self, req: TurnRequest, history: list[dict], system_tokens: int) -> tuple[str, list[dict], list[str]]:
-        """Returns (session id to continue in, history to send, notices for the user)."""
-
-    def record_usage(self, session_id: str, prompt_tokens: int, history_messages: int) -> None:
-        """The model's reported prompt size for a prompt holding ``history_messages`` of the history."""
-
-
-@dataclass(slots=True)
-class ToolLoop:
-    """What a tool loop produced: the last completion (the answer) and the messages before it."""
-
-    completion: Completion
-    produced: list[dict]  # assistant tool-call messages and tool results, in order
-    prompt_tokens: int = 0  # summed over the loop's model calls
-    completion_tokens: int = 0
-    tool_calls: int = 0
-    client_calls: list[dict] = field(default_factory=list)  # the calls of client tools that ended the loop
-    pending: PendingApproval | None = None  # the call the loop stopped at, to be approved first
-
-
-# Given (request, session id): a block for the system prompt, or None.
-PromptBlock = Callable[[TurnRequest, str], Awaitable[str | None]]
-# Given (request, the user's message text): a block appended to that message for this turn's model
-# calls only (never stored), or None.
-Prefetch = Callable[[TurnRequest, str], Awaitable[str | None]]
-
-
-@dataclass(frozen=True, slots=True)
-class TurnHooks:
-    """What the features plug into every turn, given to :class:`AgentTurn` when it is made."""
-
-    prompt_hook: PromptHook | None = None  # compression: before each model call, and the usage after it
-    prompt_blocks: tuple[PromptBlock, ...] = ()  # memory (a snapshot frozen per session), facts
-    prefetch: Prefetch | None = None  # facts recalled for the user's message
-    approvals: ApprovalGate | None = None  # tools that run only once a person approves the exact call
-    media: MediaInContext | None = None  # the session's pictures and documents (``gateway.media``)
-
-
-class MediaInContext(Protocol):
-    """What a turn asks of the media store (:class:`gateway.media.MediaService`)."""
-
-    def vision_of(self, model: str | None) -> bool:
-        """Whether the model a turn runs on (None: the default) sees pictures."""
-
-    async def expand(self, session_id: str, history: list[dict], *, vision: bool) -> list[dict]:
-        """``history`` with its messages' documents, descriptions and recent pictures in it."""
-
-    async def refused(self, session_id: str, history: list[dict], reason: str) -> tuple[str, ...]:
-        """The model refused the pictures ``expand`` put in ``history``: note them, never to be sent
-        again; their names."""
+    prompt: list[dict]
+    ctx: ToolContext
+    journal: TurnJournal | None  # None: the turn answers no stored message
+    purpose: CallContext
+    notices: list[str]
+    expanded: tuple[str, list[dict]]
+    history_length: int  # the messages of the history in the prompt, for the prompt hook's usage record
 
 
 class AgentTurn:
@@ -290,18 +179,29 @@ class AgentTurn:
 
     async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
-        session_id = req.session_id
         if history is None:
             history = await self.db.messages.as_conversation(
-                session_id, upto=max(req.answered) if req.answered else None)
-        notices: list[str] = []
-        blocks = [self.system_prompt(req.platform, await self.session_started(session_id))]
+                req.session_id, upto=max(req.answered) if req.answered else None)
+        plan = await self._plan(req, history)
+        loop, refused = await self._loop_or_without_pictures(req, plan)
+        return await self._settle(req, plan, loop, [*plan.notices, *refused])
+
+    async def _system_messages(self, req: TurnRequest) -> list[dict]:
+        """The system prompt (the persona, then the features' blocks) and the request's one-off notes after it."""
+        blocks = [self.system_prompt(req.platform, await self.session_started(req.session_id))]
         for block_for in self.hooks.prompt_blocks:
-            block = await block_for(req, session_id)
+            block = await block_for(req, req.session_id)
             if block:
                 blocks.append(block)
         system = [{"role": "system", "content": "\n\n".join(blocks)}]
         system += [{"role": "system", "content": note} for note in req.system_notes]  # after the persona
+        return system
+
+    async def _history_as_sent(self, req: TurnRequest, history: list[dict], system: list[dict]) -> _SentHistory:
+        """The stored ``history`` as the model gets it: media expanded, oversized messages cut down, and
+        compressed by the prompt hook (which may move the conversation on to a child session)."""
+        session_id = req.session_id
+        notices: list[str] = []
         media = self.hooks.media
         vision = media.vision_of(req.model) if media is not None else self.settings.vision
         expanded = (session_id, history)  # what the pictures came from, should the model refuse one
@@ -318,64 +218,71 @@ class AgentTurn:
                 if media is not None:
                     history = await media.expand(session_id, history, vision=vision)
                 history = self._as_sent(history).messages
-        notices = [*shortened.notices, *notices]
+        return _SentHistory(session_id, history, [*shortened.notices, *notices], expanded)
+
+    async def _plan(self, req: TurnRequest, history: list[dict]) -> _TurnPlan:
+        """Everything the tool loop of ``req`` is given: its prompt, the tools' context, its journal and
+        what its usage is recorded as; the notices for the user are told first (``req.on_notice``)."""
+        system = await self._system_messages(req)
+        sent = await self._history_as_sent(req, history, system)
+        session_id = sent.session_id
         if req.on_notice is not None:
-            for notice in notices:
+            for notice in sent.notices:
                 await req.on_notice(notice)
-        prompt = system + self._with_attachments(history, req.attachments)
+        prompt = system + self._with_attachments(sent.history, req.attachments)
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
             prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id,
                           agent=self.settings.agent, extra={"chat": req.chat, "chat_type": req.chat_type})
         journal = TurnJournal(self.db, req.answered, session_id, self._clock) if req.answered else None
-        resumed = await journal.resumed() if journal is not None else []
         purpose = for_session("cron" if req.platform == "cron" else "turn", session_id, req.session_key,
                               platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
+        return _TurnPlan(session_id, prompt, ctx, journal, purpose, sent.notices, sent.expanded, len(sent.history))
 
-        async def answer(prompt: list[dict], resumed: list[dict]) -> ToolLoop:
-            return await self.tool_loop(prompt, ctx, tool_names=req.tool_names, resumed=resumed, journal=journal,
-                                        max_iterations=self.settings.max_tool_iterations, model=req.model,
-                                        sink=req.stream, params=req.params, client_tools=req.client_tools,
-                                        purpose=purpose)
-
+    async def _loop_or_without_pictures(self, req: TurnRequest, plan: _TurnPlan) -> tuple[ToolLoop, list[str]]:
+        """The tool loop of ``plan``; should the model refuse the pictures, once more without them (the
+        refused ones are never sent again).  Returns the loop and the line the user is told of that."""
+        resumed = await plan.journal.resumed() if plan.journal is not None else []
         try:
-            loop = await answer(prompt, resumed)
+            return await self._tool_loop_of(req, plan, plan.prompt, resumed), []
         except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
-            prompt, dropped = without_pictures(prompt)
+            prompt, dropped = without_pictures(plan.prompt)
             if not dropped:
                 raise
-            names = await media.refused(*expanded, str(exc)) if media is not None else ()
+            media = self.hooks.media
+            names = await media.refused(*plan.expanded, str(exc)) if media is not None else ()
             names = names or tuple(a.name for a in req.attachments if a.kind == "image")
-            notices.append(_refused_line(names, str(exc)))
-            log.warning("the model refused the pictures of a turn in %s (%s); answering without them", session_id, exc)
+            refused = [_refused_line(names, str(exc))]
+            log.warning("the model refused the pictures of a turn in %s (%s); answering without them",
+                        plan.session_id, exc)
             # what the first try's tool calls produced is journaled: the second goes on from there
-            loop = await answer(prompt, await journal.resumed() if journal is not None else [])
-        completion, produced = loop.completion, loop.produced
-        prompt_tokens, completion_tokens, tool_calls = loop.prompt_tokens, loop.completion_tokens, loop.tool_calls
+            resumed = await plan.journal.resumed() if plan.journal is not None else []
+            return await self._tool_loop_of(req, plan, prompt, resumed), refused
+
+    async def _tool_loop_of(self, req: TurnRequest, plan: _TurnPlan, prompt: list[dict], resumed: list[dict]) -> ToolLoop:
+        return await self.tool_loop(prompt, plan.ctx, tool_names=req.tool_names, resumed=resumed, journal=plan.journal,
+                                    max_iterations=self.settings.max_tool_iterations, model=req.model,
+                                    sink=req.stream, params=req.params, client_tools=req.client_tools,
+                                    purpose=plan.purpose)
+
+    async def _settle(self, req: TurnRequest, plan: _TurnPlan, loop: ToolLoop, notices: list[str]) -> TurnResult:
+        """Store what ``loop`` produced with its usage (and its reply's pending delivery) in one batch,
+        then tell the approvals a request is waiting; the turn's result."""
+        completion = loop.completion
+        prompt_hook = self.hooks.prompt_hook
         if prompt_hook is not None and not completion.fitted:  # a fitted prompt's size says nothing of the history's
-            prompt_hook.record_usage(session_id, completion.prompt_tokens, len(history) + len(produced))
-        reply = strip_memory_fence(completion.message.get("content") or "")
-        to_store = [for_store(m) for m in produced]
-        if loop.pending is not None:  # the reply is the approval request; the loop resumes once it is answered
-            reply = loop.pending.text
-        elif not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
-            to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
-                             "token_count": completion.completion_tokens})
-        trace_id = tracing.current_trace_id()  # None while traces are off: the transcript shows it beside the reply
-        if trace_id is not None:
-            to_store = [{**m, "trace_id": trace_id} for m in to_store]
-        if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
-            reply = f"{reply}\n\n{CUT_OFF_NOTE}"
+            prompt_hook.record_usage(plan.session_id, completion.prompt_tokens, plan.history_length + len(loop.produced))
+        reply, to_store = _reply_and_messages(loop)
         delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
-        stored = await self.db.messages.record_turn(session_id, to_store, input_tokens=prompt_tokens,
-                                           output_tokens=completion_tokens, answered=req.answered, delivery=delivery,
-                                           fence=req.fence)
-        if journal is not None and journal.written:
-            await journal.drop()
+        stored = await self.db.messages.record_turn(plan.session_id, to_store, input_tokens=loop.prompt_tokens,
+                                                    output_tokens=loop.completion_tokens, answered=req.answered,
+                                                    delivery=delivery, fence=req.fence)
+        if plan.journal is not None and plan.journal.written:
+            await plan.journal.drop()
         if loop.pending is not None and self.hooks.approvals is not None:
-            await self.hooks.approvals.requested(loop.pending, ctx, stored[-1] if stored else None)
-        return TurnResult(session_id, reply, completion.prompt_tokens, completion_tokens, tool_calls, notices,
-                          loop.client_calls, loop.pending.buttons if loop.pending is not None else (),
+            await self.hooks.approvals.requested(loop.pending, plan.ctx, stored[-1] if stored else None)
+        return TurnResult(plan.session_id, reply, completion.prompt_tokens, loop.completion_tokens, loop.tool_calls,
+                          notices, loop.client_calls, loop.pending.buttons if loop.pending is not None else (),
                           completion.answered_by)
 
     async def answer_unstored(self, messages: list[dict], *, platform: str, system_notes: tuple[str, ...] = (),
@@ -435,20 +342,13 @@ class AgentTurn:
         prompt_tokens = completion_tokens = tool_calls = 0
         completion: Completion | None = None
         pending: PendingApproval | None = None  # a call that waits for a person's approval ends the loop
-        pending_name = ""
         for iteration in range(max_iterations + 1):
             offer = iteration < max_iterations and (max_tool_calls is None or tool_calls < max_tool_calls)
             sent = produced if self.settings.replay_reasoning != "never" else [without_reasoning(m) for m in produced]
-            try:
-                completion = await self.model.complete(prompt + sent, tools=schemas if offer else None, model=model,
-                                                       on_text=_scrubbed(sink) if sink is not None else None,
-                                                       purpose=purpose if iteration == 0 else purpose.next_in_loop(),
-                                                       params=params,
-                                                       # a sink that shows which model writes (the local API's)
-                                                       on_model=getattr(sink, "answering", None))
-            except AnswerCutOff as cut:
-                log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
-                completion = Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete")
+            completion, broke_off = await self._complete(prompt + sent, tools=schemas if offer else None, model=model,
+                                                         sink=sink, params=params,
+                                                         purpose=purpose if iteration == 0 else purpose.next_in_loop())
+            if broke_off:
                 break
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
@@ -456,42 +356,70 @@ class AgentTurn:
             if not calls:
                 break
             client_calls = [c for c in calls if c.get("function", {}).get("name") in client_names] if offer else []
-            if sink is not None and not client_calls:
-                sink.discard_text()  # it was not the answer
-                sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
-            content = completion.message.get("content")
-            produced.append({"role": "assistant", "content": strip_memory_fence(content) if content else content,
-                             "tool_calls": calls, **reasoning_of(completion.message)})
-            for call in calls:
-                fn = call.get("function", {})
-                name = fn.get("name", "")
-                if call in client_calls:
-                    continue  # the client runs it and sends its result
-                if pending is not None:  # behind a call that waits for approval: not run
-                    result = WAITS_BEHIND.format(tool=pending_name)
-                else:
-                    gate = await self.hooks.approvals.check(ctx, call.get("id"), name, fn.get("arguments")) \
-                        if self.hooks.approvals is not None and name in offered else None
-                    if gate is not None and not isinstance(gate, str):
-                        pending, pending_name = gate, name
-                        continue  # its result comes with the answer (gateway.approvals)
-                    if gate is not None:
-                        result = gate  # refused before it could run (e.g. a scheduled job cannot wait for a person)
-                    else:
-                        if journal is not None:
-                            await journal.write(produced, call.get("id"))
-                        with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
-                            result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
-                            span.result(result)
-                tool_calls += 1
-                produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
-                if journal is not None:
-                    await journal.write(produced, None)
+            ran, pending = await self._answer_calls(completion, calls, client_calls, ctx, offered, produced,
+                                                    sink=sink, journal=journal)
+            tool_calls += ran
             if client_calls or pending is not None:
                 break
         assert completion is not None
         return ToolLoop(completion, produced, prompt_tokens, completion_tokens, tool_calls, client_calls, pending)
 
+    async def _complete(self, messages: list[dict], *, tools: list[dict] | None, model: str | None,
+                        sink: ReplySink | None, params: dict | None, purpose: CallContext) -> tuple[Completion, bool]:
+        """One model call of a tool loop, and whether its answer broke off (then the completion holds
+        what came, its ``finish_reason`` ``incomplete``)."""
+        try:
+            return await self.model.complete(messages, tools=tools, model=model,
+                                             on_text=_scrubbed(sink) if sink is not None else None,
+                                             purpose=purpose, params=params,
+                                             # a sink that shows which model writes (the local API's)
+                                             on_model=getattr(sink, "answering", None)), False
+        except AnswerCutOff as cut:
+            log.warning("the model's answer broke off after %d characters: %s", len(cut.partial), cut)
+            return Completion({"role": "assistant", "content": cut.partial}, 0, 0, "incomplete"), True
+
+    async def _answer_calls(self, completion: Completion, calls: list[dict], client_calls: list[dict],
+                            ctx: ToolContext, offered: set[str], produced: list[dict], *, sink: ReplySink | None,
+                            journal: ToolJournal | None) -> tuple[int, PendingApproval | None]:
+        """Append ``completion``'s tool-call message to ``produced``, then each call's result, running
+        those of offered tools (the client's, in ``client_calls``, are left to the client); a call that
+        waits for a person's approval stops the ones after it.  Returns how many calls were answered
+        and the call that waits, if one does."""
+        if sink is not None and not client_calls:
+            sink.discard_text()  # it was not the answer
+            sink.show_status(tool_status(calls[0].get("function", {}).get("name", "")))
+        content = completion.message.get("content")
+        produced.append({"role": "assistant", "content": strip_memory_fence(content) if content else content,
+                         "tool_calls": calls, **reasoning_of(completion.message)})
+        answered = 0
+        pending: PendingApproval | None = None
+        pending_name = ""
+        for call in calls:
+            fn = call.get("function", {})
+            name = fn.get("name", "")
+            if call in client_calls:
+                continue  # the client runs it and sends its result
+            if pending is not None:  # behind a call that waits for approval: not run
+                result = WAITS_BEHIND.format(tool=pending_name)
+            else:
+                gate = await self.hooks.approvals.check(ctx, call.get("id"), name, fn.get("arguments")) \
+                    if self.hooks.approvals is not None and name in offered else None
+                if gate is not None and not isinstance(gate, str):
+                    pending, pending_name = gate, name
+                    continue  # its result comes with the answer (gateway.approvals)
+                if gate is not None:
+                    result = gate  # refused before it could run (e.g. a scheduled job cannot wait for a person)
+                else:
+                    if journal is not None:
+                        await journal.write(produced, call.get("id"))
+                    with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
+                        result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
+                        span.result(result)
+            answered += 1
+            produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
+            if journal is not None:
+                await journal.write(produced, None)
+        return answered, pending
 
     async def run_tool_call(self, name: str, arguments: str | None, ctx: ToolContext, offered: set[str]) -> str:
         """Run one call the model asked for, exactly as asked: its result is the text the model reads.
@@ -526,6 +454,24 @@ def _not_offered(name: str, offered: set[str]) -> str:
     if len(offered) == 1:
         return f"error: only the {next(iter(offered))} tool is available now, not {name!r}"
     return f"error: only the tools {', '.join(sorted(offered))} are available now, not {name!r}"
+
+
+def _reply_and_messages(loop: ToolLoop) -> tuple[str, list[dict]]:
+    """The reply a tool loop came to, and the messages it produced as the store keeps them."""
+    completion = loop.completion
+    reply = strip_memory_fence(completion.message.get("content") or "")
+    to_store = [for_store(m) for m in loop.produced]
+    if loop.pending is not None:  # the reply is the approval request; the loop resumes once it is answered
+        reply = loop.pending.text
+    elif not loop.client_calls:  # else the turn ends with the tool-call message: the client runs its tools
+        to_store.append({"role": "assistant", "content": reply, "finish_reason": completion.finish_reason,
+                         "token_count": completion.completion_tokens})
+    trace_id = tracing.current_trace_id()  # None while traces are off: the transcript shows it beside the reply
+    if trace_id is not None:
+        to_store = [{**m, "trace_id": trace_id} for m in to_store]
+    if completion.finish_reason == "incomplete":  # stored as far as it came; the user is told it stopped
+        reply = f"{reply}\n\n{CUT_OFF_NOTE}"
+    return reply, to_store
 
 
 def _refused_line(names: tuple[str, ...], reason: str) -> str:

@@ -372,3 +372,30 @@ def test_no_module_on_the_message_path_is_over_600_lines():
              for pattern in MESSAGE_PATH for path in ROOT.glob(pattern)}
     assert {"gateway/turn.py", "gateway/runtime/api.py", "gateway/router/answer.py"} <= set(sizes)
     assert {path: n for path, n in sizes.items() if n > MAX_MESSAGE_PATH_LINES} == {}
+
+
+# Nor does any function there grow past this: split it into named steps with plain data between them
+# (#37), not by squeezing lines.  A function's length counts from its ``def`` to its last line.
+MAX_MESSAGE_PATH_FUNCTION_LINES = 60
+
+
+def _function_lengths(path: Path, root: Path = ROOT) -> dict[str, int]:
+    """Every function and method in ``path`` (nested ones too): ``"<path>:<line> <name>"`` -> its lines."""
+    where = path.relative_to(root).as_posix()
+    return {f"{where}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None}
+
+
+def test_no_function_on_the_message_path_is_over_60_lines():
+    lengths = {name: n for pattern in MESSAGE_PATH for path in ROOT.glob(pattern)
+               for name, n in _function_lengths(path).items()}
+    names = {name.split(" ", 1)[1] for name in lengths}
+    assert {"run", "tool_loop", "parse_chat_request"} <= names  # the scan reads the turn and the local API
+    assert {name: n for name, n in lengths.items() if n > MAX_MESSAGE_PATH_FUNCTION_LINES} == {}
+
+
+def test_a_function_is_measured_from_its_def_to_its_last_line(tmp_path):
+    (tmp_path / "m.py").write_text("class C:\n    def f(self):\n        x = 1\n\n        return x\n\n\n"
+                                   "async def g(): pass\n")
+    assert _function_lengths(tmp_path / "m.py", tmp_path) == {"m.py:2 f": 4, "m.py:8 g": 1}

@@ -133,6 +133,31 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if n is not None and n != 1:
         raise ApiError(400, "'n' must be 1: the gateway answers with one choice", param="n",
                        code="unsupported_value")
+    stream, include_usage = _stream_fields(body)
+    read = _read_messages(body["messages"])
+    continued = _continued(read)
+    return ChatRequest(
+        messages=tuple(read.messages), system=tuple(read.system), stream=stream,
+        include_usage=include_usage, params=_params(body),
+        model=_text_field(body, "model"), user=_text_field(body, "user"),
+        safety_identifier=_text_field(body, "safety_identifier"),
+        prompt_cache_key=_text_field(body, "prompt_cache_key"),
+        tools=_tools(body), continued=continued, first_calls=read.first_calls,
+    )
+
+
+@dataclass(slots=True)
+class _ReadMessages:
+    """A request's ``messages`` as :func:`_read_messages` read them."""
+
+    system: list[str] = field(default_factory=list)  # the system and developer messages' text
+    messages: list[ClientMessage] = field(default_factory=list)  # user and assistant messages
+    tail: list[dict] = field(default_factory=list)  # tool-call messages and tool results since the last user or answer
+    first_calls: str | None = None  # the first reply, when it was a tool call
+
+
+def _stream_fields(body: dict) -> tuple[bool, bool]:
+    """``stream`` and ``stream_options.include_usage``, checked: (stream, include usage)."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -142,12 +167,15 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise ApiError(400, "'stream_options' must be an object such as {\"include_usage\": true}",
                        param="stream_options")
-    system: list[str] = []
-    messages: list[ClientMessage] = []
-    tail: list[dict] = []  # tool-call messages and tool results since the last user or answer
-    first_calls: str | None = None
+    return stream, stream and bool(options.get("include_usage"))
+
+
+def _read_messages(raws: list) -> _ReadMessages:
+    """Each of a request's ``messages`` checked and sorted: system text, the conversation, the tail of
+    tool calls and results (each error names the message's place)."""
+    read = _ReadMessages()
     seen_user = replied = False  # a user message came; an assistant message came after the first one
-    for i, raw in enumerate(body["messages"]):
+    for i, raw in enumerate(raws):
         where = f"messages[{i}]"
         if not isinstance(raw, dict):
             raise ApiError(400, f"{where} must be an object with a 'role'", param=where)
@@ -155,35 +183,42 @@ def parse_chat_request(body: Any) -> ChatRequest:
         if role in ("system", "developer"):
             text, _ = _content(raw.get("content"), where, images=False)
             if text.strip():
-                system.append(text)
+                read.system.append(text)
         elif role == "user":
             text, images = _content(raw.get("content"), where, images=True)
-            messages.append(ClientMessage("user", text, images))
-            tail, seen_user = [], True
+            read.messages.append(ClientMessage("user", text, images))
+            read.tail, seen_user = [], True
         elif role == "assistant":
             text, _ = _content(raw.get("content"), where, images=False)
             if raw.get("tool_calls"):  # kept apart from the conversation as read (see ``continued``)
                 calls = _tool_calls(raw["tool_calls"], f"{where}.tool_calls")
                 if seen_user and not replied:
-                    first_calls = calls_signature(calls)
+                    read.first_calls = calls_signature(calls)
                 replied = replied or seen_user
-                tail.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+                read.tail.append({"role": "assistant", "content": text or None, "tool_calls": calls})
                 continue
             replied = replied or seen_user
-            messages.append(ClientMessage("assistant", text))
-            tail = []
+            read.messages.append(ClientMessage("assistant", text))
+            read.tail = []
         elif role == "tool":
             call_id = raw.get("tool_call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise ApiError(400, f"{where}.tool_call_id must name the call this is the result of",
                                param=f"{where}.tool_call_id")
             text, _ = _content(raw.get("content"), where, images=False)
-            tail.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            read.tail.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif role == "function":
             continue  # the deprecated function-call form: not read
         else:
             raise ApiError(400, f"{where}.role must be system, developer, user, assistant or tool, not {role!r}",
                            param=f"{where}.role")
+    return read
+
+
+def _continued(read: _ReadMessages) -> tuple[dict, ...]:
+    """What the request continues (its tail, when it ends with a tool result), after checking the
+    request ends with something to answer."""
+    tail, messages = read.tail, read.messages
     continued = tuple(tail) if tail and tail[-1]["role"] == "tool" else ()
     if tail and not continued:
         raise ApiError(400, "the assistant's tool calls at the end of 'messages' have no results: send a 'tool' "
@@ -192,14 +227,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise ApiError(400, "no user message with text content at the end of 'messages'", param="messages")
     if not continued and not messages[-1].text.strip() and not messages[-1].images:
         raise ApiError(400, "the last user message is only whitespace: send some text", param="messages")
-    return ChatRequest(
-        messages=tuple(messages), system=tuple(system), stream=stream,
-        include_usage=stream and bool(options.get("include_usage")), params=_params(body),
-        model=_text_field(body, "model"), user=_text_field(body, "user"),
-        safety_identifier=_text_field(body, "safety_identifier"),
-        prompt_cache_key=_text_field(body, "prompt_cache_key"),
-        tools=_tools(body), continued=continued, first_calls=first_calls,
-    )
+    return continued
 
 
 def _tools(body: dict) -> tuple[dict, ...]:
