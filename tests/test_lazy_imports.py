@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Top-level packages that are imported only where they are used (an MCP server connects, a page of the
 # dashboard is rendered).
-LAZY = ("mcp", "mcp_types")
+LAZY = ("mcp", "mcp_types", "jinja2")
 
 
 def _loaded(code: str) -> set[str]:
@@ -28,7 +28,7 @@ def _loaded(code: str) -> set[str]:
     return {name for name in last.removeprefix("loaded:").split(",") if name}
 
 
-def test_importing_the_daemon_loads_no_mcp_sdk() -> None:
+def test_importing_the_daemon_loads_no_mcp_sdk_nor_jinja2() -> None:
     assert _loaded("import gateway.runtime.daemon") == set()
 
 
