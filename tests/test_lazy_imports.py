@@ -12,9 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Top-level packages that are imported only where they are used (an MCP server connects, a page of the
-# dashboard is rendered).
-LAZY = ("mcp", "mcp_types", "jinja2")
+# Top-level packages that are imported only where they are used (an MCP server connects, the dashboard's
+# templates are loaded, a fact is encoded or ranked on a worker thread).
+LAZY = ("mcp", "mcp_types", "jinja2", "numpy")
 
 
 def _loaded(code: str) -> set[str]:
@@ -28,7 +28,7 @@ def _loaded(code: str) -> set[str]:
     return {name for name in last.removeprefix("loaded:").split(",") if name}
 
 
-def test_importing_the_daemon_loads_no_mcp_sdk_nor_jinja2() -> None:
+def test_importing_the_daemon_loads_no_mcp_sdk_jinja2_or_numpy() -> None:
     assert _loaded("import gateway.runtime.daemon") == set()
 
 
@@ -54,3 +54,10 @@ def test_switchboard_help_loads_no_mcp_sdk() -> None:
             "assert result.exit_code == 0 and 'Usage' in result.output, result.output")
     assert _loaded(code) == set()
 
+
+
+def test_the_fact_dimension_named_without_numpy_is_hrrs() -> None:
+    from gateway.memory.facts import hrr, scoring
+    from gateway.memory.facts.service import FactSettings
+
+    assert scoring.DEFAULT_DIM == hrr.DEFAULT_DIM == FactSettings().dimension
