@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import fnmatch
 import functools
+import importlib
 import logging
 import os
 import time
@@ -51,6 +52,11 @@ RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 RELISTEN_SECONDS = 1.0  # a subscriptions/listen stream that ended is opened again after this
 SIGNED_IN_POLL_SECONDS = 30.0  # a server waiting for a sign-in looks in the store this often (another instance's callback)
 CLIENT_NAME, CLIENT_VERSION = "switchboard", "1"  # what a server is told we are (types.Implementation)
+# The SDK's modules this package uses: imported on a worker thread when the first server starts (load_sdk).
+SDK_MODULES = ("mcp", "mcp.client.streamable_http", "mcp.client.subscriptions", "mcp.shared._httpx_utils",
+               "mcp.shared.message", "mcp.client.auth.utils", "mcp.shared.auth", "mcp.shared.auth_utils",
+               "mcp_types", "mcp_types.version")
+_sdk_loaded = False
 
 
 # Told of every call: (<server>__<tool>, ok | error | timeout | unavailable | cancelled, seconds).
@@ -356,6 +362,7 @@ class McpServer:
 
     async def _serve(self) -> None:
         """Connect, read the tools, then watch the connection until it breaks (returns or raises)."""
+        await load_sdk()
         self._broken.clear()
         self._refresh.clear()
         self._ended = None
@@ -544,6 +551,15 @@ async def _http(url: str, headers: dict[str, str], auth: BearerAuth | None = Non
     async with create_mcp_http_client(headers=headers, auth=auth) as client:
         async with streamable_http_client(url, http_client=client) as (read, write):
             yield read, write
+
+
+async def load_sdk() -> None:
+    """Import the mcp SDK (over a second of CPU) on a worker thread, once: the event loop never waits for it.
+    A daemon with no server configured never imports it at all."""
+    global _sdk_loaded
+    if not _sdk_loaded:
+        await asyncio.to_thread(lambda: [importlib.import_module(name) for name in SDK_MODULES])
+        _sdk_loaded = True
 
 
 @functools.cache
