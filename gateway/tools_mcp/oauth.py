@@ -34,25 +34,17 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
 from urllib.parse import quote, urlencode, urlparse
 
 import httpx2
-from mcp.client.auth.utils import (
-    build_oauth_authorization_server_metadata_discovery_urls,
-    build_protected_resource_metadata_discovery_urls,
-    create_oauth_metadata_request,
-    extract_field_from_www_auth,
-    get_client_metadata_scopes,
-    handle_auth_metadata_response,
-    handle_protected_resource_response,
-)
-from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
-from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
 from pydantic import ValidationError
 
 from gateway.errors import SwitchboardError
 from gateway.tools_mcp.vault import Vault, VaultError
+
+if TYPE_CHECKING:  # the SDK's OAuth helpers are imported by the methods that use them (a sign-in, a refresh)
+    from mcp.shared.auth import OAuthMetadata, OAuthToken, ProtectedResourceMetadata
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +184,8 @@ class ServerAuth:
         await self.db.mcp_auth.drop(self.server, principal, "tokens")
 
     async def _refresh(self, principal: str, record: dict) -> dict | None:
+        from mcp.shared.auth import OAuthToken
+
         data = {"grant_type": "refresh_token", "refresh_token": record["refresh_token"]}
         if record.get("resource"):
             data["resource"] = record["resource"]
@@ -251,6 +245,8 @@ class ServerAuth:
     # -- signing in ---------------------------------------------------------------------------
     async def begin(self, principal: str, chat: tuple[str, str, str | None] | None = None) -> str:
         """The link that signs ``principal`` in (the flow kept, sealed, for the callback)."""
+        from mcp.client.auth.utils import extract_field_from_www_auth, get_client_metadata_scopes
+
         async with self._http() as http:
             prm, asm = await self._discover(http)
             scope = " ".join(self.scopes) if self.scopes else get_client_metadata_scopes(
@@ -278,6 +274,8 @@ class ServerAuth:
 
     async def complete(self, flow: dict, code: str, iss: str | None) -> None:
         """Exchange the callback's ``code`` for tokens with the flow's verifier; stored for its principal."""
+        from mcp.shared.auth import OAuthToken
+
         try:
             secret = self.vault.unseal(flow["data"])
         except VaultError as exc:
@@ -341,6 +339,16 @@ class ServerAuth:
 
     # -- the protocol's steps -----------------------------------------------------------------
     async def _discover(self, http: httpx2.AsyncClient) -> tuple[ProtectedResourceMetadata | None, OAuthMetadata]:
+        from mcp.client.auth.utils import (
+            build_oauth_authorization_server_metadata_discovery_urls,
+            build_protected_resource_metadata_discovery_urls,
+            extract_field_from_www_auth,
+            handle_auth_metadata_response,
+            handle_protected_resource_response,
+        )
+        from mcp.shared.auth import OAuthMetadata
+        from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
+
         if self._challenge is None:  # ask the server once without a token: its 401 says where its metadata is
             try:
                 probe = await http.post(self.url, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
@@ -381,6 +389,8 @@ class ServerAuth:
                         f"{issuer})")
 
     async def _get(self, http: httpx2.AsyncClient, url: str) -> httpx2.Response:
+        from mcp.client.auth.utils import create_oauth_metadata_request
+
         try:
             response = await http.send(create_oauth_metadata_request(url))
             await response.aread()
@@ -389,6 +399,8 @@ class ServerAuth:
             raise AuthError(f"{url} could not be read ({type(exc).__name__})") from exc
 
     def _resource(self, prm: ProtectedResourceMetadata | None) -> str:
+        from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
+
         resource = resource_url_from_server_url(self.url)
         if prm is not None and prm.resource is not None and check_resource_allowed(
                 requested_resource=resource, configured_resource=str(prm.resource)):
@@ -398,6 +410,8 @@ class ServerAuth:
     async def _client(self, http: httpx2.AsyncClient, asm: OAuthMetadata, scope: str | None) -> dict:
         """The client this gateway is to ``asm``'s issuer: its CIMD URL where taken, else a registration
         (made once, kept sealed; made again for another issuer)."""
+        from mcp.shared.auth import OAuthClientInformationFull
+
         issuer = str(asm.issuer)
         if self._preregistered is not None:
             client_id, secret = self._preregistered

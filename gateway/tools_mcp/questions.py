@@ -33,8 +33,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from mcp import types
-
 import state
 from gateway.approvals import buttoned
 from gateway.config import ToolsConfig
@@ -43,6 +41,8 @@ from gateway.tools_mcp.server import Asking
 from gateway.types import Button, ChatRef, InboundMessage
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mcp import types
+
     from gateway.commands import CommandContext
     from gateway.control import ChatControl
 
@@ -96,6 +96,8 @@ class ToolQuestions:
 
     # -- asked by a server (gateway.tools_mcp.server.Elicit) ---------------------------------
     async def ask(self, asking: Asking, params: types.ElicitRequestParams) -> types.ElicitResult:
+        from mcp import types  # a question comes from a connected server: the SDK is loaded by then
+
         ctx = asking.context
         extra = getattr(ctx, "extra", None) or {}
         chat: ChatRef | None = extra.get("chat")

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from mcp import types
+if TYPE_CHECKING:  # a result exists only once the SDK is loaded (gateway.tools_mcp.server)
+    from mcp import types
 
 
 def result_text(result: types.CallToolResult) -> str:
     """The parts of ``result`` as one text: text as it is, other parts named by what they are."""
+    from mcp import types
+
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, types.TextContent):

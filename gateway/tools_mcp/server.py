@@ -18,20 +18,16 @@ import asyncio
 import contextlib
 import contextvars
 import fnmatch
+import functools
+import importlib
 import logging
 import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import anyio
-from mcp import Client, MCPError, types
-from mcp.client.streamable_http import streamable_http_client
-from mcp.client.subscriptions import SubscriptionLost
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.config import McpServerConfig
 from gateway.retry import Backoff, supervise
@@ -39,7 +35,9 @@ from gateway.tasks import spawn
 from gateway.tools_mcp.environment import server_environment
 from gateway.tools_mcp.oauth import OPERATOR, BearerAuth, ServerAuth
 from gateway.tools_mcp.results import capped, result_text
-from gateway.tools_mcp.stdio import stdio_transport
+
+if TYPE_CHECKING:  # the SDK is imported when a server first connects, never by a daemon with none configured
+    from mcp import Client, types
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,12 @@ HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff 
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 RELISTEN_SECONDS = 1.0  # a subscriptions/listen stream that ended is opened again after this
 SIGNED_IN_POLL_SECONDS = 30.0  # a server waiting for a sign-in looks in the store this often (another instance's callback)
-CLIENT_INFO = types.Implementation(name="switchboard", version="1")
+CLIENT_NAME, CLIENT_VERSION = "switchboard", "1"  # what a server is told we are (types.Implementation)
+# The SDK's modules this package uses: imported on a worker thread when the first server starts (load_sdk).
+SDK_MODULES = ("mcp", "mcp.client.streamable_http", "mcp.client.subscriptions", "mcp.shared._httpx_utils",
+               "mcp.shared.message", "mcp.client.auth.utils", "mcp.shared.auth", "mcp.shared.auth_utils",
+               "mcp_types", "mcp_types.version")
+_sdk_loaded = False
 
 
 # Told of every call: (<server>__<tool>, ok | error | timeout | unavailable | cancelled, seconds).
@@ -71,10 +74,12 @@ class Asking:
 
 
 # Answers a server's question (an elicitation) for the call it belongs to; never raises.
-Elicit = Callable[[Asking, types.ElicitRequestParams], Awaitable[types.ElicitResult]]
+Elicit = Callable[[Asking, "types.ElicitRequestParams"], Awaitable["types.ElicitResult"]]
 
 
 async def decline_all(asking: Asking, params: types.ElicitRequestParams) -> types.ElicitResult:
+    from mcp import types
+
     return types.ElicitResult(action="decline")
 
 
@@ -202,6 +207,9 @@ class McpServer:
 
     async def _call_on(self, session: Client, full: str, tool: str, arguments: dict[str, Any], *,
                        lost: Callable[[Client], None]) -> tuple[str, str]:
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
         try:
             result = await session.call_tool(tool, arguments, read_timeout_seconds=self.cfg.timeout_seconds)
         except MCPError as exc:
@@ -260,9 +268,11 @@ class McpServer:
             return outcome, text
         if self.state == "stopped":
             return "unavailable", f"error: {full} is unavailable right now (the {self.name} tool server is stopped)"
+        from mcp import Client
+
         bearer = BearerAuth(self.auth, lambda: principal)
         client = Client(_http(str(self.cfg.url), dict(self.cfg.headers), bearer), mode="auto",
-                        elicitation_callback=self._on_elicit, client_info=CLIENT_INFO,
+                        elicitation_callback=self._on_elicit, client_info=_client_info(),
                         read_timeout_seconds=CONNECT_SECONDS, cache=None)
         async with self._calls:
             try:
@@ -285,6 +295,8 @@ class McpServer:
         calling task, so the call is known; a legacy ``elicitation/create`` arrives on the session's own
         task and names no call: it belongs to the one call running on this server, and is declined when
         several are (their askers may be different people: none of them is shown another's question)."""
+        from mcp import types
+
         asking = _asking.get()
         if asking is None:
             running = list(self._asking)
@@ -350,13 +362,17 @@ class McpServer:
 
     async def _serve(self) -> None:
         """Connect, read the tools, then watch the connection until it breaks (returns or raises)."""
+        await load_sdk()
         self._broken.clear()
         self._refresh.clear()
         self._ended = None
+        from mcp import Client
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
         if self.auth is not None:
             await self._signed_in()
         client = Client(self._transport(), mode="auto", message_handler=self._on_message,
-                        elicitation_callback=self._on_elicit, client_info=CLIENT_INFO,
+                        elicitation_callback=self._on_elicit, client_info=_client_info(),
                         read_timeout_seconds=CONNECT_SECONDS,  # each call passes its own
                         cache=None)  # the tool list is read again when it changes, never served stale
         async with client, anyio.create_task_group() as tg:
@@ -392,6 +408,9 @@ class McpServer:
     async def _listen(self, client: Client) -> None:
         """2026-07-28: a ``subscriptions/listen`` stream for tool list changes, for as long as the
         connection lasts; each event (and each new stream: there is no replay) reads the list again."""
+        from mcp import MCPError
+        from mcp.client.subscriptions import SubscriptionLost
+
         first = True
         while True:
             try:
@@ -447,6 +466,8 @@ class McpServer:
     async def _stdio(self, command: str) -> AsyncIterator[tuple[Any, Any]]:
         """The stdio transport (:mod:`.stdio`) with exactly the server's environment, and its stderr read into our log (through the
         log redactor, as ``mcp.<server>: ...`` lines), never written raw to the daemon's own stderr."""
+        from gateway.tools_mcp.stdio import stdio_transport
+
         cfg = self.cfg
         env = server_environment(cfg.env)
         read_fd, write_fd = os.pipe()
@@ -467,6 +488,8 @@ class McpServer:
 
     async def _on_message(self, message: Any) -> None:
         # Runs in the session's receive loop: never call the server from here, only wake the supervisor.
+        from mcp import types
+
         if isinstance(message, types.ToolListChangedNotification):  # the legacy revision's notice
             self._refresh.set()
         elif isinstance(message, Exception):
@@ -522,9 +545,28 @@ async def _log_lines(fd: int, log_to: logging.Logger, keep: Callable[[str], None
 
 @contextlib.asynccontextmanager
 async def _http(url: str, headers: dict[str, str], auth: BearerAuth | None = None) -> AsyncIterator[tuple[Any, Any]]:
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
     async with create_mcp_http_client(headers=headers, auth=auth) as client:
         async with streamable_http_client(url, http_client=client) as (read, write):
             yield read, write
+
+
+async def load_sdk() -> None:
+    """Import the mcp SDK (over a second of CPU) on a worker thread, once: the event loop never waits for it.
+    A daemon with no server configured never imports it at all."""
+    global _sdk_loaded
+    if not _sdk_loaded:
+        await asyncio.to_thread(lambda: [importlib.import_module(name) for name in SDK_MODULES])
+        _sdk_loaded = True
+
+
+@functools.cache
+def _client_info() -> types.Implementation:
+    from mcp import types
+
+    return types.Implementation(name=CLIENT_NAME, version=CLIENT_VERSION)
 
 
 def _announces_changes(client: Client) -> bool:

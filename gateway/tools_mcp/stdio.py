@@ -18,18 +18,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any, AsyncIterator, Callable, TextIO
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, TextIO
 
 import anyio
 import anyio.to_thread
-import mcp_types as types
-from mcp.shared.message import SessionMessage
+
+if TYPE_CHECKING:  # loaded when a stdio server is started (stdio_transport), never at import
+    from mcp.shared.message import SessionMessage
 
 THREAD_PARSE_BYTES = 256 * 1024
 STOP_SECONDS = 2.0
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
+    import mcp_types as types
+    from mcp.shared.message import SessionMessage
+
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except Exception as exc:  # noqa: BLE001 - handed to the session, which reports it
@@ -40,6 +44,8 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 async def stdio_transport(command: str, args: list[str], *, env: dict[str, str], cwd: str | None,
                           errlog: TextIO, on_end: Callable[[str], None] = lambda why: None,
                           ) -> AsyncIterator[tuple[Any, Any]]:
+    from mcp.shared.message import SessionMessage
+
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     try:

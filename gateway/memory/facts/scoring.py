@@ -50,13 +50,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+from gateway.memory.facts import text as _text
 
-from gateway.memory.facts import hrr, text as _text
+if TYPE_CHECKING:  # numpy (and hrr, built on it) is imported by the functions that score, on a worker thread
+    import numpy as np
 
 MODES = ("probe", "related", "reason", "contradict")
 SECONDS_PER_DAY = 86400.0
+DEFAULT_DIM = 1024  # hrr.DEFAULT_DIM, named here so that a default imports no numpy (tests/test_lazy_imports.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,10 @@ def recall_terms(query: str, mode: str = "probe") -> list[str]:
 
 def hrr_scores(mode: str, query: str, vectors: np.ndarray) -> np.ndarray:
     """The mode's HRR score of each row of ``vectors`` (n, d) for ``query``; see the module docstring."""
+    import numpy as np
+
+    from gateway.memory.facts import hrr
+
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     n, dim = vectors.shape
@@ -126,6 +133,8 @@ def hrr_scores(mode: str, query: str, vectors: np.ndarray) -> np.ndarray:
 
 
 def decay(age_seconds: np.ndarray, half_life_days: float) -> np.ndarray:
+    import numpy as np
+
     if not half_life_days or half_life_days <= 0:
         return np.ones_like(age_seconds, dtype=float)
     age_days = np.maximum(0.0, age_seconds) / SECONDS_PER_DAY
@@ -134,6 +143,8 @@ def decay(age_seconds: np.ndarray, half_life_days: float) -> np.ndarray:
 
 def candidate_vectors(candidates: list[dict], dim: int) -> np.ndarray:
     """The candidates' stored vectors; a fact stored at another dimension is re-encoded."""
+    from gateway.memory.facts import hrr
+
     size = dim * 4
     rows = []
     for c in candidates:
@@ -145,8 +156,10 @@ def candidate_vectors(candidates: list[dict], dim: int) -> np.ndarray:
 
 
 def rank(query: str, candidates: list[dict], *, mode: str = "probe", weights: Weights = Weights(),
-         half_life_days: float = 90.0, now: float, dim: int = hrr.DEFAULT_DIM, limit: int = 10) -> list[ScoredFact]:
+         half_life_days: float = 90.0, now: float, dim: int = DEFAULT_DIM, limit: int = 10) -> list[ScoredFact]:
     """The best ``limit`` of ``candidates`` (rows of ``fact_candidates``), best first."""
+    import numpy as np
+
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     if not candidates or limit <= 0:

@@ -17,9 +17,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.errors import FactRefused
-from gateway.memory.facts import hrr, scoring, text as _text
+from gateway.memory.facts import scoring, text as _text
 from gateway.memory.identity import identity_of
 from state import AsyncSessionDB
 
@@ -37,7 +38,7 @@ MAX_FACT_CHARS = 500
 @dataclass(frozen=True, slots=True)
 class FactSettings:
     enabled: bool = True
-    dimension: int = hrr.DEFAULT_DIM
+    dimension: int = scoring.DEFAULT_DIM
     weights: scoring.Weights = field(default_factory=scoring.Weights)
     half_life_days: float = 90.0
     limit: int = 5
@@ -108,14 +109,14 @@ class FactService:
         """Store ``content``, or confirm the stored fact it nearly duplicates."""
         content = _clean(content)
         ents = _text.entities_of(content, entities)
-        vector = await asyncio.to_thread(hrr.encode_fact, content, ents, self.settings.dimension)
+        vector, blob = await asyncio.to_thread(_encoded, content, ents, self.settings.dimension)
         twin = await self._near_duplicate(agent, scope, content, ents, vector)
         now = self.clock()
         if twin is not None:
             await self.db.facts.confirm(twin["id"], now=now, trust_step=TRUST_STEP)
             return Remembered(twin["id"], "confirmed", twin["content"])
         fact_id = await self.db.facts.add(agent, scope, content, ents, session_id=session_id, trust=trust, now=now,
-                                         hrr=hrr.to_blob(vector))
+                                         hrr=blob)
         return Remembered(fact_id, "added", content)
 
     async def _near_duplicate(self, agent: str, scope: str, content: str, ents: list[str], vector) -> dict | None:
@@ -159,8 +160,18 @@ class FactService:
         await self.db.facts.delete(agent, scope, fact["id"])
 
 
+def _encoded(content: str, ents: list[str], dim: int) -> tuple[Any, bytes]:
+    """A fact's vector, and its bytes for the store (on a worker thread: hrr and numpy are imported here)."""
+    from gateway.memory.facts import hrr
+
+    vector = hrr.encode_fact(content, ents, dim)
+    return vector, hrr.to_blob(vector)
+
+
 def _closest_twin(content: str, ents: list[str], vector, candidates: list[dict], dim: int) -> dict | None:
     """The candidate that nearly duplicates the fact (content words this alike, or vectors), if any."""
+    from gateway.memory.facts import hrr
+
     words = _text.token_set(content + " " + " ".join(ents))
     cos = hrr.cosine(scoring.candidate_vectors(candidates, dim), vector[None, :])
     best, best_sim = None, 0.0

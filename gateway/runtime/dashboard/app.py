@@ -12,9 +12,8 @@ import logging
 import mimetypes
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-import jinja2
 from aiohttp import web
 
 from gateway.runtime.dashboard.guard import (
@@ -30,6 +29,9 @@ from gateway.runtime.dashboard.guard import (
     same_origin,
     same_secret,
 )
+
+if TYPE_CHECKING:  # jinja2 is imported by _load_files, off the loop, only when ui.enabled
+    import jinja2
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +239,8 @@ def redirect(location: str) -> web.Response:
 
 
 def _load_files(filters: dict[str, Callable]) -> tuple[jinja2.Environment, dict[str, tuple[bytes, str]]]:
+    import jinja2
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                              auto_reload=False, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(filters)
