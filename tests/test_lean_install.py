@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -62,3 +63,18 @@ def test_config_extras_names_what_a_postgresql_store_and_traces_need(tmp_path: P
     assert needed_extras(cfg, {}) == []  # this checkout's venv has the postgresql extra, and no OTEL_* asks for traces
     result = CliRunner().invoke(cli, ["config", "extras", "--config", str(ROOT / "config.example.yaml")], env={})
     assert result.exit_code == 0 and result.output == "\n"
+
+
+def test_every_platform_whose_extra_brings_a_library_names_it_so_make_run_installs_it() -> None:
+    """`make run` installs what `config extras` names; a platform that declares no LIBRARY is never named."""
+    import tomllib
+
+    from gateway.config import platform_models
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    for name, model in platform_models().items():
+        brings = {re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in project["optional-dependencies"].get(name, [])}
+        if brings - base:
+            assert model.LIBRARY is not None, f"{name}'s extra brings {sorted(brings - base)}: declare its LIBRARY"
+            assert importlib.util.find_spec(model.LIBRARY) is not None, f"{name}: {model.LIBRARY} is not what its extra installs"

@@ -22,6 +22,7 @@ _USER_ID = re.compile(r"^@[^:\s]+:[^\s]+$")
 
 class MatrixConfig(PlatformConfig):
     PLATFORM: ClassVar[str] = "matrix"
+    LIBRARY: ClassVar[str | None] = "nio"  # matrix-nio, the switchboard[matrix] extra
     # An event is at most 65,536 bytes of JSON (the spec's limit); a reply part of 4,000 characters
     # with its HTML stays well within it (the adapter checks every event's size and halves a part
     # that would not).  Edits are m.replace, threads m.thread, reactions stand in for buttons
