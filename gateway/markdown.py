@@ -101,6 +101,7 @@ class Heading(_Block):
 class CodeBlock(_Block):
     text: str  # without the final newline
     lang: str = ""  # the fence's first word, when it looks like a language name
+    fenced: bool = True  # written between fences (False: indented four spaces or a tab)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +184,7 @@ def _blocks(tokens: list[Token], i: int, lines: list[str], *, closing: str) -> t
         elif t.type in ("fence", "code_block"):
             words = t.info.split()
             lang = words[0] if words and _LANG.fullmatch(words[0]) else ""
-            out.append(CodeBlock(t.content.removesuffix("\n"), lang))
+            out.append(CodeBlock(t.content.removesuffix("\n"), lang, fenced=t.type == "fence"))
             i += 1
         elif t.type == "blockquote_open":
             inner, i = _blocks(tokens, i + 1, lines, closing="blockquote_close")
@@ -322,15 +323,20 @@ def render_list(block: ListBlock, render: Callable[[Block], str], *, depth: int 
     return "\n".join(out)
 
 
+def _fenced(block: Block) -> bool:
+    return isinstance(block, CodeBlock) and block.fenced
+
+
 def join_blocks(rendered: list[tuple[Block, str]]) -> str:
     """Blocks one blank line apart where the Markdown had one, else on the next line (``Steps:\n- a``).
 
-    A code block always stands apart (its fence lines, which a chat does not show, pay for the blank line)."""
+    A fenced code block always stands apart (its fence lines, which a chat does not show, pay for the
+    blank line); an indented one has no fences to pay for it, so it keeps the Markdown's spacing."""
     out: list[str] = []
     previous: Block | None = None
     for block, text in rendered:
         if previous is not None:
-            apart = block.blank_before or isinstance(block, CodeBlock) or isinstance(previous, CodeBlock)
+            apart = block.blank_before or _fenced(block) or _fenced(previous)
             out.append("\n\n" if apart else "\n")
         out.append(text)
         previous = block

@@ -132,7 +132,8 @@ NESTED = ("**bold *both* bold** and *it **both** it*\n\n"
 @given(markdown)
 @example(NESTED)
 @example("1.\n1.\n1.\n1.\n1.\n1.\n1.\n1.\n1.\n1.\n1.")
-@example("-\t\t**")  # an item opening with code whose indent was a tab: the spaces it expands to cost the gap
+@example("-\t\t**")
+@example("| a | b |\n|---|---|\n\t| a | b |\n|---|---|\n**")  # an indented code block has no fences to pay for a blank line  # an item opening with code whose indent was a tab: the spaces it expands to cost the gap
 def test_telegram_takes_every_message_shows_every_word_and_no_more_than_was_written(md):
     visible, lost = parse_html(markdown_to_html(md))  # raises HTMLRejected with Telegram's message
     assert lost == [], "Telegram would drop this formatting"
