@@ -719,7 +719,9 @@ class ChaosRun:
                                                                                     self.summarized)
             outcome = Outcome(self.side.name, self.plan, self.side.redelivers, self.messages, self.side.replies(),
                               stored, [], [], "ok", 0)
-            if not outcome.lost():
+            # a side whose senders retry (webhooks) is settled only once none of its requests is still being sent
+            busy = getattr(self.side, "busy", None)
+            if not outcome.lost() and not (busy is not None and busy()):
                 return
             await asyncio.sleep(0.2)
 

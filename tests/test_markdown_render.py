@@ -9,6 +9,7 @@ sees must be what the Markdown says: the same words, in the same order.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -117,7 +118,10 @@ PIECES = [
 ]
 markdown = st.lists(st.one_of(st.sampled_from(PIECES), st.text(alphabet="ab *_~`#>-|[]()!\\\n", max_size=6)),
                     max_size=40).map("".join)
-PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The same 400 examples on every run, so `make test` (and CI) is reproducible: these properties still find
+# rare renderings (see the @example lines).  MARKDOWN_EXPLORE=1 searches afresh each run, to find more.
+PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                    derandomize=not os.environ.get("MARKDOWN_EXPLORE"))
 
 NESTED = ("**bold *both* bold** and *it **both** it*\n\n"
           "- see [the **docs**](https://ex.com/d) and [`code` link](https://ex.com/c)\n"

@@ -204,6 +204,10 @@ class WebhookCrashSide:
         await asyncio.sleep(0)
         return True
 
+    def busy(self) -> bool:
+        """A request is still being sent again (the daemon had not taken it yet): not settled."""
+        return any(not t.done() for t in self._retrying)
+
     def replies(self) -> list[BotReply]:
         return [BotReply(str(c.body.get("conversation")), str(c.body.get("text") or ""), c.at, str(c.body.get("id")))
                 for c in self.side.replies]
