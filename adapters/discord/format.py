@@ -167,8 +167,9 @@ def _link(node: Link, active: frozenset[str], in_link: bool) -> str:
         return f"<{words(node.children)}>"
     if node.autolink:
         return _inline(node.children, active=active, in_link=True)
-    if not words(node.children).strip():
-        return shown
+    if not words(node.children).strip():  # no label: the address, in brackets so markup beside it still closes
+        linkable = node.href.lower().startswith(_LINKABLE) and not re.search(r"[\s<>]", node.href)
+        return f"<{node.href}>" if linkable and not in_link else shown
     label = _inline(node.children, active=active, in_link=True)
     if in_link:
         return label
