@@ -192,3 +192,22 @@ async def test_a_cut_between_storing_a_mail_and_flagging_it_never_hands_it_over_
         assert relay.count(b"UID fetch 1 ") == 1, [c for c in relay.sent if b"fetch" in c.lower()]
         assert relay.count(b"UID fetch 2 ") == 1
     assert len(smtp.messages) == 2
+
+
+async def test_the_imap_connection_probes_a_silent_peer_so_a_cut_without_a_reset_ends_it(servers):
+    # a cut that sends no reset (a NAT forgetting the connection) would otherwise be seen only at IDLE's renewal
+    import socket
+
+    from adapters.email.outbound import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES, ImapLogin, close
+
+    imap, _ = servers
+    client = await ImapLogin("127.0.0.1", imap.port, "none", imap.user, imap.password, "INBOX").open()
+    try:
+        sock = client.protocol.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert (sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)) == (KEEPALIVE_IDLE, KEEPALIVE_INTERVAL,
+                                                                            KEEPALIVE_PROBES)
+    finally:
+        await close(client)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -110,6 +111,7 @@ class ImapLogin:
                                   ssl_context=context)
         try:
             await client.wait_hello_from_server()
+            keep_alive(getattr(client.protocol, "transport", None))
             response = await client.login(self.username, self.password)
             if response.result != "OK":
                 raise ImapError(f"the IMAP server refused the login of {self.username!r}: check platforms.email."
@@ -119,6 +121,23 @@ class ImapLogin:
             await close(client)
             raise
         return client
+
+
+# A connection cut without a reset (a NAT or a firewall forgetting it) is otherwise seen only when IDLE is
+# renewed: the kernel probes after a minute of silence and gives up after four unanswered probes, 15 s apart.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES = 60, 15, 4
+
+
+def keep_alive(transport: asyncio.BaseTransport | None) -> None:
+    """Turn on TCP keepalive on the IMAP connection, so a silent cut ends it within about two minutes."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                          ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+        if hasattr(socket, option):  # Linux has all three; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 async def expect(call, what: str) -> aioimaplib.Response:
