@@ -1,6 +1,7 @@
 """Dependencies point one way: adapters -> gateway -> state, compression."""
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,11 +23,20 @@ ADAPTER_ALLOWED_GATEWAY = {"gateway.types", "gateway.errors", "gateway.retry", "
 BESIDE_THE_MESSAGE_PATH = ("gateway.runtime", "gateway.cron", "gateway.memory", "gateway.cli", "gateway.tools_mcp")
 
 
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the file's syntax tree (each text parsed once: the rules below walk the same files)."""
+    return _walked(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _walked(text: str) -> tuple[ast.AST, ...]:
+    return tuple(ast.walk(ast.parse(text)))
+
+
 def _imports(path: Path) -> set[str]:
     """Every module ``path`` imports, with ``from a import b`` counted as both ``a`` and ``a.b``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -147,7 +157,7 @@ def _import_graph() -> dict[str, set[str]]:
     for module, (path, is_package) in modules.items():
         package = module if is_package else module.rpartition(".")[0]
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _nodes(path):
             if isinstance(node, ast.Import):
                 targets.update(filter(None, (resolve(alias.name) for alias in node.names)))
             elif isinstance(node, ast.ImportFrom):
@@ -250,7 +260,7 @@ def _public_methods_per_class(packages=("state", "gateway")) -> dict[str, set[st
         for path in sorted((ROOT / package).rglob("*.py*")):
             if path.suffix not in (".py", ".pyi"):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in _nodes(path):
                 if isinstance(node, ast.ClassDef):
                     methods = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                                and not n.name.startswith("_")}
@@ -310,7 +320,7 @@ ROUTER_HOLDERS = {"gateway/runtime/assemble.py", "gateway/runtime/daemon.py"}
 
 def _names_the_router(path: Path) -> bool:
     """Whether ``path`` imports ``gateway.router`` anywhere, under ``TYPE_CHECKING`` and in functions too."""
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import) and any(_within(a.name, ("gateway.router",)) for a in node.names):
             return True
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
@@ -335,7 +345,7 @@ def test_no_module_takes_the_router_object():
             rel = str(path.relative_to(ROOT))
             if path.is_relative_to(ROOT / "gateway" / "router") or rel in ROUTER_HOLDERS:
                 continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in _nodes(path):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     for arg in [*node.args.args, *node.args.kwonlyargs]:
                         if arg.annotation is not None and "SessionRouter" in ast.unparse(arg.annotation):
@@ -383,7 +393,7 @@ def _function_lengths(path: Path, root: Path = ROOT) -> dict[str, int]:
     """Every function and method in ``path`` (nested ones too): ``"<path>:<line> <name>"`` -> its lines."""
     where = path.relative_to(root).as_posix()
     return {f"{where}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            for node in _nodes(path)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None}
 
 

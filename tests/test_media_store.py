@@ -117,6 +117,7 @@ async def test_an_image_the_session_carries_over_goes_to_the_model_again(tmp_pat
         base64.b64encode(samples.png(rgb=(2, 2, 2))).decode())
 
 
+@pytest.mark.slow  # 1,000 media messages (about 15 s): make test runs it, make test-fast leaves it out
 @pytest.mark.sqlite_only("the size of state.db on disk is SQLite's")
 def test_state_db_holds_no_blob_larger_than_4kb_after_1000_media_messages(tmp_path):
     """Like the daemon: each message's file kept in the media folder, the message referring to it."""

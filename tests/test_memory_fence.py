@@ -59,6 +59,7 @@ def test_the_sanitiser_removes_blocks_and_stray_tags():
     assert strip_memory_fence(memory_context([])) == ""  # the block the prefetch builds, whole
 
 
+@pytest.mark.slow  # 600 examples (about 18 s): make test runs it, make test-fast leaves it out
 @settings(max_examples=600, deadline=None)
 @given(text=TEXTS, cuts=st.lists(st.integers(0, 120), max_size=12))
 @example(text=f"ok {MEMORY_OPEN}secret{MEMORY_CLOSE} done", cuts=list(range(40)))
@@ -68,6 +69,7 @@ def test_any_split_of_a_stream_shows_exactly_the_sanitised_whole(text, cuts):
     assert "".join(shown) == strip_memory_fence(text)
 
 
+@pytest.mark.slow  # 400 examples (about 8 s): make test runs it, make test-fast leaves it out
 @settings(max_examples=400, deadline=None)
 @given(text=ECHOES, cuts=st.lists(st.integers(0, 150), max_size=15))
 def test_nothing_of_the_fence_is_ever_shown_even_for_a_moment(text, cuts):
