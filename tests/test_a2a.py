@@ -16,8 +16,9 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
 from aiohttp import web
 
-from tests.fakes.model_server import FakeModel, Held, Reply
-from tests.harness import eventually, running_gateway
+from gateway.runtime.daemon import Gateway
+from tests.fakes.model_server import FakeModel, Hang, Held, Reply, refusal
+from tests.harness import eventually, gateway_config, running_gateway
 
 PLANNER = "planner-token-0123456789abcdef"
 OTHER = "other-token-0123456789abcdef"
@@ -173,6 +174,45 @@ async def test_cancel_stops_the_running_turn_and_the_task_ends_canceled(tmp_path
 async def _ended(client, task_id: str) -> bool:
     task = await client.get_task(pb.GetTaskRequest(id=task_id))
     return task.status.state == pb.TASK_STATE_COMPLETED
+
+
+async def _over(client, task_id: str) -> pb.Task | None:
+    task = await client.get_task(pb.GetTaskRequest(id=task_id))
+    return task if task.status.state != pb.TASK_STATE_WORKING else None
+
+
+async def test_a_stop_sent_in_the_context_cancels_the_running_task_and_answers_its_own(tmp_path, model):
+    release = asyncio.Event()
+    model.script(Held(release))
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, polling=True) as client:
+            [started] = await events(client, user_message("a long job"))
+            await model.wait_for_requests(1)
+            [stop] = await events(client, user_message("/stop", started.task.context_id))
+            stopped = await eventually(lambda: _over(client, started.task.id), what="the stopped task ended")
+            answered = await eventually(lambda: _over(client, stop.task.id), what="the /stop task answered")
+            release.set()
+    assert stopped.status.state == pb.TASK_STATE_CANCELED and not stopped.artifacts
+    assert answered.status.state == pb.TASK_STATE_COMPLETED and answer_of(answered)
+
+
+async def test_a_task_whose_model_call_fails_after_a_restart_ends_failed_saying_why(tmp_path, model):
+    model.script(Hang())  # the first call never answers: the stop comes while it runs
+    cfg = gateway_config(tmp_path, model.base_url, **a2a_config())
+    first = Gateway(cfg, adapters={})
+    await first.start()
+    try:
+        async with connected(first, PLANNER, polling=True) as client:
+            [started] = await events(client, user_message("answer me later"))
+        await model.wait_for_requests(1)
+    finally:
+        await first.stop(grace_seconds=0.2)  # the turn is cut off: its message stays unanswered in the store
+    model.script(refusal(401))  # the restarted instance's call is refused
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, polling=True) as client:
+            done = await eventually(lambda: _over(client, started.task.id), timeout=20, what="the task ended")
+    assert done.status.state == pb.TASK_STATE_FAILED, answer_of(done)
+    assert "refused the API key" in done.status.message.parts[0].text and not done.artifacts
 
 
 class PushReceiver:

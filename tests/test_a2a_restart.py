@@ -17,7 +17,7 @@ from a2a.types import a2a_pb2 as pb
 
 from tests.clusterdaemons import FAST_FAILOVER, health, instance_dir, instance_settings
 from tests.crashkit import Daemon
-from tests.fakes.model_server import FakeModel, Hang
+from tests.fakes.model_server import FakeModel, Hang, refusal
 from tests.harness import eventually
 from tests.pgserver import free_port
 
@@ -115,6 +115,29 @@ async def test_another_instance_answers_a_task_whose_instance_was_killed_and_can
     with psycopg.connect(pg_url) as conn:
         stored = conn.execute("SELECT content FROM messages WHERE role = 'user' ORDER BY id").fetchall()
     assert stored == [("carry on elsewhere",), ("stop me from the other side",)]
+
+
+async def test_a_task_taken_over_by_another_instance_whose_model_call_fails_ends_failed(tmp_path, pg_url):
+    async with FakeModel() as model:
+        model.script(Hang(), refusal(401))  # the call the kill cuts off, then the survivor's, refused
+        names = ("a", "b")
+        daemons = [Daemon(instance_dir(tmp_path, name), instance_settings(pg_url, name, model.base_url,
+                                                                          cluster=FAST_FAILOVER, a2a=A2A))
+                   for name in names]
+        ports = [api_port(d) for d in daemons]
+        await asyncio.gather(*(d.start() for d in daemons))
+        try:
+            async with connected(ports[0]) as on_a, connected(ports[1]) as on_b:
+                task = await start_task(on_a, "fail elsewhere")
+                await model.wait_for_requests(1)
+                killed = names.index(await _holder(pg_url, task.context_id))
+                await daemons[killed].kill()
+                survivor = on_b if killed == 0 else on_a
+                done = await eventually(lambda: ended(survivor, task.id), timeout=40, what="the task ended")
+        finally:
+            await asyncio.gather(*(d.stop() for d in daemons if d.proc is not None and d.proc.returncode is None))
+    assert done.status.state == pb.TASK_STATE_FAILED, answer_of(done)
+    assert "refused the API key" in done.status.message.parts[0].text and not done.artifacts
 
 
 async def _stops_honoured(daemon: Daemon) -> int:

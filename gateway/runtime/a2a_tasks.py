@@ -36,6 +36,7 @@ from typing import Any, Awaitable, Callable, Iterator, Protocol
 import aiohttp
 
 import state
+from gateway.control import STOPPED_LINE
 from gateway.retry import Backoff
 from gateway.runtime import a2a_wire as wire
 from gateway.runtime.sse import SseSink
@@ -62,11 +63,9 @@ class PushSettings:
 
 
 class Turn(Protocol):
-    """What a task's submitted message gives back (the router's ``Ticket``): where its answer streams, and
-    why the model gave none."""
+    """What a task's submitted message gives back (the router's ``Ticket``): where its answer streams."""
 
     sink: Any
-    failure: BaseException | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +127,21 @@ class A2aTasks:
             found = await self.db.a2a.get(task_id)
             assert found is not None
             return found, None
+        if msg.is_command and self.router.is_command(msg.text):
+            # answered by a line of its own, not a recorded reply; marked first: a command that changes
+            # the session runs within the submit, and its line may come before the submit returns
+            self._commands.add(task_id)
         try:
             ticket = await self.router.submit(msg, SseSink() if stream else None)
         except BaseException:
             # not stored: the task never started; a retry of the message starts it afresh
+            self._commands.discard(task_id)
             await self.db.a2a.forget(task_id)
             raise
         if ticket is not None:
             self._tickets[task_id] = ticket
-            if msg.is_command and self.router.is_command(msg.text):
-                self._commands.add(task_id)  # answered by a line of its own, not a recorded reply
+        else:
+            self._commands.discard(task_id)
         stored = await self.db.a2a.get(task_id)
         assert stored is not None
         return stored, ticket
@@ -156,27 +160,35 @@ class A2aTasks:
                       progress: SendProgress | None = None) -> Delivery:
         """The outbox's sender: a reply to a task's message ends it (every task of the same session asked
         before it too: one turn answers what waited together); a line that holds it back (a rate limit,
-        a budget) becomes its status; a notice (a reset) is noted."""
+        a budget) becomes its status; a notice (a reset) is noted.
+
+        How it ends follows its delivery record, which every instance reads alike (here, after a restart,
+        or on the instance that took its session over): an answer ``completed``; a line standing in for one
+        (kind ``notice``) ``canceled`` when the turn was stopped, else ``failed`` (the model failed, a
+        budget refused the turn, a restart found it too old), the line its status message."""
         if reply_to is None:
             return Delivery(ok=True)
         row = await self.db.a2a.get(reply_to)
         if row is None:
             log.warning("an a2a reply to %s, which is no task here, was dropped", reply_to)
             return Delivery(ok=True)
-        ticket = self._tickets.get(reply_to)
-        if progress is None and reply_to not in self._commands:
+        command = reply_to in self._commands
+        if progress is None and not command:
             # a line that is no answer (the answer is always recorded first, and sent with its progress):
             # held back by a rate limit, a budget or the model's outage; stored, answered when it may be
             self._notes[reply_to] = text
             self._wake(reply_to)
             return Delivery(ok=True)
-        failed = ticket is not None and ticket.failure is not None
+        state = "completed" if command or progress is None or not progress.notice else \
+            "canceled" if text == STOPPED_LINE else "failed"
         now = self.clock()
-        for task_id in await self.db.a2a.working_before(row["session_key"], row["created_at"]):
-            if failed:
-                await self.db.a2a.end(task_id, "failed", error=text, now=now)
+        # a command's line answers its own task; a turn's reply, every task its batch answered
+        ended = [reply_to] if command else await self.db.a2a.working_before(row["session_key"], row["created_at"])
+        for task_id in ended:
+            if state == "completed":
+                await self.db.a2a.end(task_id, state, answer=text, now=now)
             else:
-                await self.db.a2a.end(task_id, "completed", answer=text, now=now)
+                await self.db.a2a.end(task_id, state, error=text if state == "failed" else None, now=now)
             self._finished(task_id)
         if progress is not None:
             await progress.confirmed(reply_to, last=True)
