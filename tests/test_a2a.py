@@ -13,7 +13,12 @@ import pytest
 from a2a.client import A2ACardResolver, ClientConfig, create_client
 from a2a.client.errors import A2AClientError
 from a2a.types import a2a_pb2 as pb
-from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
+from a2a.utils.errors import (
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
 from aiohttp import web
 
 from gateway.runtime.daemon import Gateway
@@ -108,6 +113,47 @@ async def test_a_streamed_answer_comes_as_artifact_chunks_then_the_final_status(
     assert "".join(c.artifact.parts[0].text for c in chunks) == text
     assert chunks[-1].last_chunk and not chunks[0].append and all(c.append for c in chunks[1:])
     assert got[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
+
+
+async def test_a_caller_that_lost_its_stream_subscribes_again_and_gets_the_answer_to_its_end(tmp_path, model):
+    release = asyncio.Event()
+    model.script(Held(release))
+    model.stream_chunk_chars, model.stream_interval = 6, 0.02
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, streaming=True) as client:
+            request = pb.SendMessageRequest(message=user_message("a long answer, please"))
+            stream = client.send_message(request)
+            first = await stream.__anext__()
+            await stream.aclose()  # the connection is lost
+            await model.wait_for_requests(1)
+            again = client.subscribe(pb.SubscribeToTaskRequest(id=first.task.id))
+            attached = await again.__anext__()
+            release.set()
+            rest = [event async for event in again]
+            fetched = await client.get_task(pb.GetTaskRequest(id=first.task.id))
+    assert attached.task.id == first.task.id and attached.task.status.state == pb.TASK_STATE_WORKING
+    chunks = [e.artifact_update for e in rest if e.HasField("artifact_update")]
+    assert len(chunks) > 2, "the answer came in one piece, not as the model wrote it"
+    assert "".join(c.artifact.parts[0].text for c in chunks) == answer_of(fetched) != ""
+    assert chunks[-1].last_chunk and not chunks[0].append
+    assert rest[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
+
+
+async def test_subscribing_to_an_ended_task_is_refused_as_the_protocol_says_and_to_anothers_is_not_found(
+        tmp_path, model):
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, streaming=True) as client:
+            done = (await events(client, user_message("quick")))[-1].status_update
+            assert done.status.state == pb.TASK_STATE_COMPLETED
+            with pytest.raises(UnsupportedOperationError, match="already ended"):
+                [e async for e in client.subscribe(pb.SubscribeToTaskRequest(id=done.task_id))]
+        async with connected(gw, OTHER, streaming=True) as other:
+            with pytest.raises(TaskNotFoundError):
+                [e async for e in other.subscribe(pb.SubscribeToTaskRequest(id=done.task_id))]
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {PLANNER}"}) as http:  # the 0.3 name
+            legacy = await http.post(f"{base_url(gw)}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe",
+                                                                 "params": {"id": done.task_id}})
+    assert legacy.json()["error"]["code"] == -32004
 
 
 async def test_a_retried_message_is_one_task_answered_once(tmp_path, model):

@@ -97,6 +97,7 @@ class A2aTasks:
         self._tickets: dict[str, Turn] = {}  # the tasks this instance took, while they work
         self._notes: dict[str, str] = {}  # task id -> why it waits (a rate limit, a budget)
         self._commands: set[str] = set()  # tasks whose message is a command (/help): answered unrecorded
+        self._written: dict[str, str] = {}  # task id -> its answer as streamed so far (a turn streaming here)
         self._push_wake = asyncio.Event()
 
     # -- in --------------------------------------------------------------------------------
@@ -201,6 +202,7 @@ class A2aTasks:
     def _finished(self, task_id: str) -> None:
         self._wake(task_id)
         self._tickets.pop(task_id, None)
+        self._written.pop(task_id, None)
         self._notes.pop(task_id, None)
         self._commands.discard(task_id)
         self._push_wake.set()
@@ -208,6 +210,29 @@ class A2aTasks:
     def note(self, task_id: str) -> str | None:
         """Why a working task waits, when this instance knows (held back by a limit)."""
         return self._notes.get(task_id)
+
+    def _sink(self, task_id: str) -> SseSink | None:
+        ticket = self._tickets.get(task_id)
+        return ticket.sink if ticket is not None and isinstance(ticket.sink, SseSink) else None
+
+    def written(self, task_id: str) -> str | None:
+        """The answer as the model has written it so far, when the task's turn streams here (None: it does
+        not: a task sent whole, or one running on another instance).  Every stream of the task reads the
+        same text, from its own offset: the first to read takes what the turn wrote and wakes the others."""
+        sink = self._sink(task_id)
+        if sink is None:
+            return None
+        pieces = [text for kind, text in sink.take() if kind == "content" and text]
+        text = self._written.get(task_id, "") + "".join(pieces)
+        self._written[task_id] = text
+        if pieces:
+            self._wake(task_id)
+        return text
+
+    def writes(self, task_id: str) -> Awaitable[None] | None:
+        """A wait until the task's turn here writes more of the answer; None when it does not stream here."""
+        sink = self._sink(task_id)
+        return sink.changed() if sink is not None else None
 
     # -- waiting, reading, cancelling ---------------------------------------------------------
     async def wait(self, task_id: str, seconds: float) -> dict:
