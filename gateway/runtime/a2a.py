@@ -207,13 +207,13 @@ class A2aEndpoint:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)
-        events = _Events(response, request_id)
+        events = _Events(request, response, request_id)
         task_id = row["id"]
         note = self.tasks.note(task_id)
         await events.send({"task": wire.task(row, None, note)})
         streamed = ""
         with self.tasks.watch(task_id) as changed:
-            while row["state"] == "working" and not events.gone:
+            while row["state"] == "working" and not events.left():
                 written = self.tasks.written(task_id)
                 if written is not None and len(written) > len(streamed):
                     await events.send(wire.artifact_update(row, written[len(streamed):], append=bool(streamed),
@@ -236,10 +236,17 @@ class A2aEndpoint:
 class _Events:
     """One stream's server-sent events, each a JSON-RPC response; a caller that left is noted, not raised."""
 
-    def __init__(self, response: web.StreamResponse, request_id: Any):
+    def __init__(self, request: web.Request, response: web.StreamResponse, request_id: Any):
+        self.request = request
         self.response = response
         self.request_id = request_id
         self.gone = False
+
+    def left(self) -> bool:
+        """Whether the caller is gone: a write failed, or its connection closed while nothing was written
+        (a caller that subscribes again leaves no stream following the task for nobody)."""
+        transport = self.request.transport
+        return self.gone or transport is None or transport.is_closing()
 
     async def send(self, value: dict) -> None:
         if self.gone:
