@@ -242,6 +242,16 @@ async def test_a_stop_sent_in_the_context_cancels_the_running_task_and_answers_i
     assert answered.status.state == pb.TASK_STATE_COMPLETED and answer_of(answered)
 
 
+async def test_a_streamed_task_whose_model_call_fails_ends_failed_with_no_answer(tmp_path, model):
+    model.script(refusal(401))
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, streaming=True) as client:
+            got = await events(client, user_message("this will fail"))
+    final = got[-1].status_update.status
+    assert final.state == pb.TASK_STATE_FAILED and "refused the API key" in final.message.parts[0].text
+    assert not [e for e in got if e.HasField("artifact_update")]
+
+
 async def test_a_task_whose_model_call_fails_after_a_restart_ends_failed_saying_why(tmp_path, model):
     model.script(Hang())  # the first call never answers: the stop comes while it runs
     cfg = gateway_config(tmp_path, model.base_url, **a2a_config())
