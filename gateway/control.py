@@ -31,10 +31,11 @@ from gateway.modelchoice import ModelChoices
 from gateway.turn import ReplySink
 from gateway.types import Button, ChatRef, ChatType, Delivery, InboundMessage
 
-__all__ = ["NO_EXTRAS", "STOPPED_MARK", "Answering", "ChatControl", "ChatLane", "ChatTicket", "Reply", "Request",
-           "RequestExtras", "Requests"]
+__all__ = ["NO_EXTRAS", "STOPPED_LINE", "STOPPED_MARK", "Answering", "ChatControl", "ChatLane", "ChatTicket", "Reply",
+           "Request", "RequestExtras", "Requests"]
 
 STOPPED_MARK = "_(stopped)_"  # ends a streamed answer that /stop cut short; it stays as far as it got
+STOPPED_LINE = "Stopped. Your message is saved; send another to continue."  # what a stopped turn says instead
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,13 +272,19 @@ class SendProgress:
     :meth:`confirmed` after each part the platform accepts, so the delivery record
     can note it before the next part goes out.  Splitting a text is deterministic,
     which is what makes "part N" mean the same thing after a restart.
+
+    ``notice``: the reply is a line standing in for an answer (the model failed, the turn was stopped,
+    a budget refused it), as its delivery record keeps it (kind ``notice``), so a sender that keeps
+    outcomes (the A2A endpoint's tasks) tells them apart on whichever instance sends it.
     """
 
-    __slots__ = ("sent_ids", "_on_part")
+    __slots__ = ("sent_ids", "_on_part", "notice")
 
-    def __init__(self, sent_ids: list[str] | tuple[str, ...] = (), on_part: PartConfirmed | None = None):
+    def __init__(self, sent_ids: list[str] | tuple[str, ...] = (), on_part: PartConfirmed | None = None, *,
+                 notice: bool = False):
         self.sent_ids: list[str] = list(sent_ids)
         self._on_part = on_part
+        self.notice = notice
 
     @property
     def skip(self) -> int:

@@ -13,11 +13,17 @@ import pytest
 from a2a.client import A2ACardResolver, ClientConfig, create_client
 from a2a.client.errors import A2AClientError
 from a2a.types import a2a_pb2 as pb
-from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
+from a2a.utils.errors import (
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
 from aiohttp import web
 
-from tests.fakes.model_server import FakeModel, Held, Reply
-from tests.harness import eventually, running_gateway
+from gateway.runtime.daemon import Gateway
+from tests.fakes.model_server import FakeModel, Hang, Held, Reply, refusal
+from tests.harness import eventually, gateway_config, running_gateway
 
 PLANNER = "planner-token-0123456789abcdef"
 OTHER = "other-token-0123456789abcdef"
@@ -109,6 +115,47 @@ async def test_a_streamed_answer_comes_as_artifact_chunks_then_the_final_status(
     assert got[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
 
 
+async def test_a_caller_that_lost_its_stream_subscribes_again_and_gets_the_answer_to_its_end(tmp_path, model):
+    release = asyncio.Event()
+    model.script(Held(release))
+    model.stream_chunk_chars, model.stream_interval = 6, 0.02
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, streaming=True) as client:
+            request = pb.SendMessageRequest(message=user_message("a long answer, please"))
+            stream = client.send_message(request)
+            first = await stream.__anext__()
+            await stream.aclose()  # the connection is lost
+            await model.wait_for_requests(1)
+            again = client.subscribe(pb.SubscribeToTaskRequest(id=first.task.id))
+            attached = await again.__anext__()
+            release.set()
+            rest = [event async for event in again]
+            fetched = await client.get_task(pb.GetTaskRequest(id=first.task.id))
+    assert attached.task.id == first.task.id and attached.task.status.state == pb.TASK_STATE_WORKING
+    chunks = [e.artifact_update for e in rest if e.HasField("artifact_update")]
+    assert len(chunks) > 2, "the answer came in one piece, not as the model wrote it"
+    assert "".join(c.artifact.parts[0].text for c in chunks) == answer_of(fetched) != ""
+    assert chunks[-1].last_chunk and not chunks[0].append
+    assert rest[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
+
+
+async def test_subscribing_to_an_ended_task_is_refused_as_the_protocol_says_and_to_anothers_is_not_found(
+        tmp_path, model):
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, streaming=True) as client:
+            done = (await events(client, user_message("quick")))[-1].status_update
+            assert done.status.state == pb.TASK_STATE_COMPLETED
+            with pytest.raises(UnsupportedOperationError, match="already ended"):
+                [e async for e in client.subscribe(pb.SubscribeToTaskRequest(id=done.task_id))]
+        async with connected(gw, OTHER, streaming=True) as other:
+            with pytest.raises(TaskNotFoundError):
+                [e async for e in other.subscribe(pb.SubscribeToTaskRequest(id=done.task_id))]
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {PLANNER}"}) as http:  # the 0.3 name
+            legacy = await http.post(f"{base_url(gw)}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe",
+                                                                 "params": {"id": done.task_id}})
+    assert legacy.json()["error"]["code"] == -32004
+
+
 async def test_a_retried_message_is_one_task_answered_once(tmp_path, model):
     async with running_gateway(tmp_path, model, **a2a_config()) as gw:
         async with connected(gw, PLANNER) as client:
@@ -173,6 +220,55 @@ async def test_cancel_stops_the_running_turn_and_the_task_ends_canceled(tmp_path
 async def _ended(client, task_id: str) -> bool:
     task = await client.get_task(pb.GetTaskRequest(id=task_id))
     return task.status.state == pb.TASK_STATE_COMPLETED
+
+
+async def _over(client, task_id: str) -> pb.Task | None:
+    task = await client.get_task(pb.GetTaskRequest(id=task_id))
+    return task if task.status.state != pb.TASK_STATE_WORKING else None
+
+
+async def test_a_stop_sent_in_the_context_cancels_the_running_task_and_answers_its_own(tmp_path, model):
+    release = asyncio.Event()
+    model.script(Held(release))
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, polling=True) as client:
+            [started] = await events(client, user_message("a long job"))
+            await model.wait_for_requests(1)
+            [stop] = await events(client, user_message("/stop", started.task.context_id))
+            stopped = await eventually(lambda: _over(client, started.task.id), what="the stopped task ended")
+            answered = await eventually(lambda: _over(client, stop.task.id), what="the /stop task answered")
+            release.set()
+    assert stopped.status.state == pb.TASK_STATE_CANCELED and not stopped.artifacts
+    assert answered.status.state == pb.TASK_STATE_COMPLETED and answer_of(answered)
+
+
+async def test_a_streamed_task_whose_model_call_fails_ends_failed_with_no_answer(tmp_path, model):
+    model.script(refusal(401))
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, streaming=True) as client:
+            got = await events(client, user_message("this will fail"))
+    final = got[-1].status_update.status
+    assert final.state == pb.TASK_STATE_FAILED and "refused the API key" in final.message.parts[0].text
+    assert not [e for e in got if e.HasField("artifact_update")]
+
+
+async def test_a_task_whose_model_call_fails_after_a_restart_ends_failed_saying_why(tmp_path, model):
+    model.script(Hang())  # the first call never answers: the stop comes while it runs
+    cfg = gateway_config(tmp_path, model.base_url, **a2a_config())
+    first = Gateway(cfg, adapters={})
+    await first.start()
+    try:
+        async with connected(first, PLANNER, polling=True) as client:
+            [started] = await events(client, user_message("answer me later"))
+        await model.wait_for_requests(1)
+    finally:
+        await first.stop(grace_seconds=0.2)  # the turn is cut off: its message stays unanswered in the store
+    model.script(refusal(401))  # the restarted instance's call is refused
+    async with running_gateway(tmp_path, model, **a2a_config()) as gw:
+        async with connected(gw, PLANNER, polling=True) as client:
+            done = await eventually(lambda: _over(client, started.task.id), timeout=20, what="the task ended")
+    assert done.status.state == pb.TASK_STATE_FAILED, answer_of(done)
+    assert "refused the API key" in done.status.message.parts[0].text and not done.artifacts
 
 
 class PushReceiver:

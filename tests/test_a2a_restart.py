@@ -17,7 +17,7 @@ from a2a.types import a2a_pb2 as pb
 
 from tests.clusterdaemons import FAST_FAILOVER, health, instance_dir, instance_settings
 from tests.crashkit import Daemon
-from tests.fakes.model_server import FakeModel, Hang
+from tests.fakes.model_server import FakeModel, Hang, Held, refusal
 from tests.harness import eventually
 from tests.pgserver import free_port
 
@@ -26,9 +26,9 @@ A2A = {"enabled": True, "callers": {"planner": {"token": TOKEN}}}
 
 
 @asynccontextmanager
-async def connected(port: int):
+async def connected(port: int, *, streaming: bool = False):
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as http:
-        yield await create_client(f"http://127.0.0.1:{port}", ClientConfig(streaming=False, polling=True,
+        yield await create_client(f"http://127.0.0.1:{port}", ClientConfig(streaming=streaming, polling=True,
                                                                             httpx_client=http))
 
 
@@ -115,6 +115,59 @@ async def test_another_instance_answers_a_task_whose_instance_was_killed_and_can
     with psycopg.connect(pg_url) as conn:
         stored = conn.execute("SELECT content FROM messages WHERE role = 'user' ORDER BY id").fetchall()
     assert stored == [("carry on elsewhere",), ("stop me from the other side",)]
+
+
+async def test_a_task_taken_over_by_another_instance_whose_model_call_fails_ends_failed(tmp_path, pg_url):
+    async with FakeModel() as model:
+        model.script(Hang(), refusal(401))  # the call the kill cuts off, then the survivor's, refused
+        names = ("a", "b")
+        daemons = [Daemon(instance_dir(tmp_path, name), instance_settings(pg_url, name, model.base_url,
+                                                                          cluster=FAST_FAILOVER, a2a=A2A))
+                   for name in names]
+        ports = [api_port(d) for d in daemons]
+        await asyncio.gather(*(d.start() for d in daemons))
+        try:
+            async with connected(ports[0]) as on_a, connected(ports[1]) as on_b:
+                task = await start_task(on_a, "fail elsewhere")
+                await model.wait_for_requests(1)
+                killed = names.index(await _holder(pg_url, task.context_id))
+                await daemons[killed].kill()
+                survivor = on_b if killed == 0 else on_a
+                done = await eventually(lambda: ended(survivor, task.id), timeout=40, what="the task ended")
+        finally:
+            await asyncio.gather(*(d.stop() for d in daemons if d.proc is not None and d.proc.returncode is None))
+    assert done.status.state == pb.TASK_STATE_FAILED, answer_of(done)
+    assert "refused the API key" in done.status.message.parts[0].text and not done.artifacts
+
+
+async def test_a_caller_subscribes_on_another_instance_than_the_one_running_its_task(tmp_path, pg_url):
+    async with FakeModel() as model:
+        release = asyncio.Event()
+        model.script(Held(release))
+        names = ("a", "b")
+        daemons = [Daemon(instance_dir(tmp_path, name), instance_settings(pg_url, name, model.base_url,
+                                                                          cluster=FAST_FAILOVER, a2a=A2A))
+                   for name in names]
+        ports = [api_port(d) for d in daemons]
+        await asyncio.gather(*(d.start() for d in daemons))
+        try:
+            async with connected(ports[0]) as on_a:
+                task = await start_task(on_a, "follow me from afar")
+                await model.wait_for_requests(1)
+                runs = await _holder(pg_url, task.context_id)
+                elsewhere = ports[1] if runs == "a" else ports[0]
+                async with connected(elsewhere, streaming=True) as client:
+                    stream = client.subscribe(pb.SubscribeToTaskRequest(id=task.id))
+                    attached = await stream.__anext__()
+                    release.set()
+                    rest = [event async for event in stream]
+        finally:
+            await asyncio.gather(*(d.stop() for d in daemons if d.proc is not None and d.proc.returncode is None))
+    assert attached.task.id == task.id and attached.task.status.state == pb.TASK_STATE_WORKING
+    chunks = [e.artifact_update for e in rest if e.HasField("artifact_update")]
+    assert "".join(c.artifact.parts[0].text for c in chunks) == \
+        "echo: follow me from afar | turns: 1 | first: follow me from afar"
+    assert chunks[-1].last_chunk and rest[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
 
 
 async def _stops_honoured(daemon: Daemon) -> int:

@@ -6,7 +6,7 @@ from gateway.runtime.dashboard.guard import (
     MAX_ANONYMOUS,
     SESSION_IDLE_SECONDS,
     BrowserSessions,
-    LoginLimiter,
+    ClientLimit,
     host_name,
     is_loopback_name,
     same_origin,
@@ -16,15 +16,15 @@ from tests.harness import Clock
 
 def test_failed_log_ins_open_again_once_the_window_has_passed():
     clock = Clock()
-    limiter = LoginLimiter(per_client=3, overall=5, window=60.0, clock=clock)
+    limiter = ClientLimit(per_client=3, overall=5, window=60.0, clock=clock)
     for _ in range(3):
         assert limiter.retry_after("a") == 0
-        limiter.failed("a")
+        limiter.count("a")
     wait = limiter.retry_after("a")
     assert 1 <= wait <= 61
     assert limiter.retry_after("b") == 0  # another address is not held up by a's failures...
-    limiter.failed("b")
-    limiter.failed("c")
+    limiter.count("b")
+    limiter.count("c")
     assert limiter.retry_after("d") > 0  # ...until the failures of all addresses reach the overall limit
     clock.advance(61)
     assert limiter.retry_after("a") == 0 and limiter.retry_after("d") == 0

@@ -310,3 +310,34 @@ async def test_the_operator_signs_in_and_out_from_the_cli_and_the_daemon_receive
             assert [t.name for t in gw.tools.tools() if t.name.startswith("docs__")] == ["docs__authorise"]
         finally:
             await gw.stop(grace_seconds=5)
+
+
+async def test_a_flood_of_callbacks_from_one_address_is_refused_before_the_store_and_a_real_sign_in_still_works(
+        tmp_path):
+    from gateway.runtime.api_oauth import CALLBACK_PER_CLIENT
+
+    async with oauth_servers() as servers, FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("docs__authorise", {}), Reply("I sent you a sign-in link"))
+        gw = await _started(_config(tmp_path, tg, model, servers.mcp_url), tg)
+        try:
+            server = gw.mcp.servers["docs"]
+            await eventually(lambda: server.state == "unauthorised", 20, "unauthorised")
+            tg.dm(ANN, "search my docs")
+            link = await _link_to(tg, 111)
+            callback = f"http://127.0.0.1:{gw.api.bound_port}/mcp/oauth/callback"
+            flood = httpx.AsyncHTTPTransport(local_address="127.0.0.2")  # another address than the browser's
+            async with httpx.AsyncClient(transport=flood, timeout=10) as http:
+                guessed = [await http.get(callback, params={"state": f"guess-{n}", "code": "x"})
+                           for n in range(CALLBACK_PER_CLIENT)]
+                # past the limit even the real state is refused unread: had it reached the store, the flow
+                # would be taken (used up) and Ann's own sign-in below would fail
+                refused = [await http.get(callback, params={"state": httpx.URL(link).params["state"], "code": "x"})
+                           for _ in range(30)]
+            assert {r.status_code for r in guessed} == {400} and all("used up" in r.text for r in guessed)
+            assert {r.status_code for r in refused} == {429}
+            assert all(1 <= int(r.headers["Retry-After"]) <= 61 for r in refused)
+            page = await servers.browser(link, account="ann")
+            assert page.status_code == 200 and "Signed in" in page.text, page.text
+            await eventually(lambda: server.available, 20, lambda: f"docs ready ({server.state}: {server.last_error})")
+        finally:
+            await gw.stop(grace_seconds=5)

@@ -22,7 +22,7 @@ from typing import Awaitable, Callable
 import state
 from gateway import tracing
 from gateway.budgetgate import BudgetGate
-from gateway.control import STOPPED_MARK
+from gateway.control import STOPPED_LINE, STOPPED_MARK
 from gateway.errors import BudgetExceeded, GatewayClosing, ModelUnavailable
 from gateway.failures import failure_line, outage_line
 from gateway.streaming import DraftOutput, ReplyStream
@@ -60,7 +60,6 @@ from .shared import (
 
 log = logging.getLogger("gateway.router")  # one logger for the router and its parts
 
-STOPPED_LINE = "Stopped. Your message is saved; send another to continue."
 FAILED_LINE = "Something went wrong while answering. Your message is saved; send another message to try again."
 
 

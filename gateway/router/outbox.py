@@ -186,7 +186,7 @@ class Outbox:
             finished = last
 
         chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
-        progress = SendProgress(record.get("sent_ids") or (), note)
+        progress = SendProgress(record.get("sent_ids") or (), note, notice=record.get("kind") == "notice")
         delivery = await self.deliver(chat, record["text"], record.get("reply_to"), progress=progress,
                                       buttons=tuple(record.get("buttons") or ()))
         if not finished:

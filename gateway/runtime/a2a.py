@@ -4,7 +4,8 @@
                                         JSON-RPC interface at /a2a, the bearer scheme it requires
     POST /a2a                           JSON-RPC 2.0: SendMessage (message/send), SendStreamingMessage
                                         (message/stream, answered as server-sent events), GetTask
-                                        (tasks/get), CancelTask (tasks/cancel)
+                                        (tasks/get), CancelTask (tasks/cancel), SubscribeToTask
+                                        (tasks/resubscribe: a working task's events again, as a stream)
 
 Who may call: each caller under ``a2a.callers`` has its own bearer token, and its name is its user
 (``a2a:<name>`` to the rate limits and budgets, as any chat user is).  With no callers configured,
@@ -35,7 +36,6 @@ import state
 from gateway.errors import GatewayClosing
 from gateway.runtime import a2a_wire as wire
 from gateway.runtime.a2a_tasks import POLL_SECONDS, A2aTasks, Caller
-from gateway.runtime.sse import SseSink
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ PROTOCOL_VERSION = "1.0"
 LOCAL_CALLER = "local"
 METHODS = {"SendMessage": "send", "message/send": "send", "SendStreamingMessage": "stream",
            "message/stream": "stream", "GetTask": "get", "tasks/get": "get", "CancelTask": "cancel",
-           "tasks/cancel": "cancel"}
+           "tasks/cancel": "cancel", "SubscribeToTask": "subscribe", "tasks/resubscribe": "subscribe"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +149,13 @@ class A2aEndpoint:
             kind = METHODS.get(body["method"])
             if kind is None:
                 raise wire.RpcError(-32601, f"no method {body['method']!r} here; this agent serves "
-                                            "SendMessage, SendStreamingMessage, GetTask and CancelTask")
+                                            "SendMessage, SendStreamingMessage, GetTask, CancelTask and "
+                                            "SubscribeToTask")
             params = body.get("params")
             if kind == "stream":
                 return await self._stream(request, request_id, caller, wire.parse_send(params))
+            if kind == "subscribe":
+                return await self._subscribe(request, request_id, caller, wire.parse_id(params)[0])
             if kind == "send":
                 value = await self._send(caller, wire.parse_send(params))
             elif kind == "get":
@@ -183,29 +186,45 @@ class A2aEndpoint:
     async def _stream(self, request: web.Request, request_id: Any, caller: Caller,
                       send: wire.SendRequest) -> web.StreamResponse:
         """The task, its answer as it is written (when this instance runs it), and its final status."""
-        row, ticket = await self.tasks.send(caller, send, stream=True)
+        row, _ = await self.tasks.send(caller, send, stream=True)
+        return await self._follow(request, request_id, row)
+
+    async def _subscribe(self, request: web.Request, request_id: Any, caller: Caller,
+                         task_id: str) -> web.StreamResponse:
+        """A caller that lost its stream attaches again: the task as it stands, then as :meth:`_stream`
+        goes on, wherever its turn runs.  A task that has ended has nothing more to stream (the protocol's
+        UnsupportedOperationError): ``GetTask`` reads it."""
+        row = await self.tasks.get(caller, task_id)
+        if row["state"] != "working":
+            raise wire.RpcError(-32004, f"task {task_id!r} has already ended ({row['state']}); nothing more "
+                                        "will be streamed: read it with GetTask")
+        return await self._follow(request, request_id, row)
+
+    async def _follow(self, request: web.Request, request_id: Any, row: dict) -> web.StreamResponse:
+        """Server-sent events for one task until it ends (or the caller leaves): the task, its answer as the
+        model writes it when its turn streams here (else whole at the end), a status when its note changes,
+        then its final status.  Another instance's turn is followed in the store."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)
-        events = _Events(response, request_id)
-        await events.send({"task": wire.task(row)})
-        sink = ticket.sink if ticket is not None and isinstance(ticket.sink, SseSink) else None
-        streamed, note = "", None
-        with self.tasks.watch(row["id"]) as changed:
-            while row["state"] == "working" and not events.gone:
-                if sink is not None:
-                    for kind, text in sink.take():
-                        if kind == "content" and text:
-                            await events.send(wire.artifact_update(row, text, append=bool(streamed), last=False))
-                            streamed += text
-                if self.tasks.note(row["id"]) != note:
-                    note = self.tasks.note(row["id"])
+        events = _Events(request, response, request_id)
+        task_id = row["id"]
+        note = self.tasks.note(task_id)
+        await events.send({"task": wire.task(row, None, note)})
+        streamed = ""
+        with self.tasks.watch(task_id) as changed:
+            while row["state"] == "working" and not events.left():
+                written = self.tasks.written(task_id)
+                if written is not None and len(written) > len(streamed):
+                    await events.send(wire.artifact_update(row, written[len(streamed):], append=bool(streamed),
+                                                           last=False))
+                    streamed = written
+                if self.tasks.note(task_id) != note:
+                    note = self.tasks.note(task_id)
                     await events.send(wire.status_update(row, note))
-                await _either(changed(POLL_SECONDS), sink.changed() if sink is not None else None)
-                found = await self.tasks.db.a2a.get(row["id"])
+                await _either(changed(POLL_SECONDS), self.tasks.writes(task_id))
+                found = await self.tasks.db.a2a.get(task_id)
                 row = found if found is not None else row
-        if events.gone and sink is not None:
-            sink.close()  # nobody reads: the turn answers on, and its answer is stored
         if row["state"] == "completed" and row["answer"] is not None:
             rest = row["answer"][len(streamed):] if row["answer"].startswith(streamed) else row["answer"]
             await events.send(wire.artifact_update(row, rest, append=bool(streamed) and rest != row["answer"],
@@ -213,13 +232,21 @@ class A2aEndpoint:
         await events.send(wire.status_update(row))
         return await events.close()
 
+
 class _Events:
     """One stream's server-sent events, each a JSON-RPC response; a caller that left is noted, not raised."""
 
-    def __init__(self, response: web.StreamResponse, request_id: Any):
+    def __init__(self, request: web.Request, response: web.StreamResponse, request_id: Any):
+        self.request = request
         self.response = response
         self.request_id = request_id
         self.gone = False
+
+    def left(self) -> bool:
+        """Whether the caller is gone: a write failed, or its connection closed while nothing was written
+        (a caller that subscribes again leaves no stream following the task for nobody)."""
+        transport = self.request.transport
+        return self.gone or transport is None or transport.is_closing()
 
     async def send(self, value: dict) -> None:
         if self.gone:

@@ -36,6 +36,7 @@ from typing import Any, Awaitable, Callable, Iterator, Protocol
 import aiohttp
 
 import state
+from gateway.control import STOPPED_LINE
 from gateway.retry import Backoff
 from gateway.runtime import a2a_wire as wire
 from gateway.runtime.sse import SseSink
@@ -62,11 +63,9 @@ class PushSettings:
 
 
 class Turn(Protocol):
-    """What a task's submitted message gives back (the router's ``Ticket``): where its answer streams, and
-    why the model gave none."""
+    """What a task's submitted message gives back (the router's ``Ticket``): where its answer streams."""
 
     sink: Any
-    failure: BaseException | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +97,7 @@ class A2aTasks:
         self._tickets: dict[str, Turn] = {}  # the tasks this instance took, while they work
         self._notes: dict[str, str] = {}  # task id -> why it waits (a rate limit, a budget)
         self._commands: set[str] = set()  # tasks whose message is a command (/help): answered unrecorded
+        self._written: dict[str, str] = {}  # task id -> its answer as streamed so far (a turn streaming here)
         self._push_wake = asyncio.Event()
 
     # -- in --------------------------------------------------------------------------------
@@ -128,16 +128,21 @@ class A2aTasks:
             found = await self.db.a2a.get(task_id)
             assert found is not None
             return found, None
+        if msg.is_command and self.router.is_command(msg.text):
+            # answered by a line of its own, not a recorded reply; marked first: a command that changes
+            # the session runs within the submit, and its line may come before the submit returns
+            self._commands.add(task_id)
         try:
             ticket = await self.router.submit(msg, SseSink() if stream else None)
         except BaseException:
             # not stored: the task never started; a retry of the message starts it afresh
+            self._commands.discard(task_id)
             await self.db.a2a.forget(task_id)
             raise
         if ticket is not None:
             self._tickets[task_id] = ticket
-            if msg.is_command and self.router.is_command(msg.text):
-                self._commands.add(task_id)  # answered by a line of its own, not a recorded reply
+        else:
+            self._commands.discard(task_id)
         stored = await self.db.a2a.get(task_id)
         assert stored is not None
         return stored, ticket
@@ -156,27 +161,35 @@ class A2aTasks:
                       progress: SendProgress | None = None) -> Delivery:
         """The outbox's sender: a reply to a task's message ends it (every task of the same session asked
         before it too: one turn answers what waited together); a line that holds it back (a rate limit,
-        a budget) becomes its status; a notice (a reset) is noted."""
+        a budget) becomes its status; a notice (a reset) is noted.
+
+        How it ends follows its delivery record, which every instance reads alike (here, after a restart,
+        or on the instance that took its session over): an answer ``completed``; a line standing in for one
+        (kind ``notice``) ``canceled`` when the turn was stopped, else ``failed`` (the model failed, a
+        budget refused the turn, a restart found it too old), the line its status message."""
         if reply_to is None:
             return Delivery(ok=True)
         row = await self.db.a2a.get(reply_to)
         if row is None:
             log.warning("an a2a reply to %s, which is no task here, was dropped", reply_to)
             return Delivery(ok=True)
-        ticket = self._tickets.get(reply_to)
-        if progress is None and reply_to not in self._commands:
+        command = reply_to in self._commands
+        if progress is None and not command:
             # a line that is no answer (the answer is always recorded first, and sent with its progress):
             # held back by a rate limit, a budget or the model's outage; stored, answered when it may be
             self._notes[reply_to] = text
             self._wake(reply_to)
             return Delivery(ok=True)
-        failed = ticket is not None and ticket.failure is not None
+        state = "completed" if command or progress is None or not progress.notice else \
+            "canceled" if text == STOPPED_LINE else "failed"
         now = self.clock()
-        for task_id in await self.db.a2a.working_before(row["session_key"], row["created_at"]):
-            if failed:
-                await self.db.a2a.end(task_id, "failed", error=text, now=now)
+        # a command's line answers its own task; a turn's reply, every task its batch answered
+        ended = [reply_to] if command else await self.db.a2a.working_before(row["session_key"], row["created_at"])
+        for task_id in ended:
+            if state == "completed":
+                await self.db.a2a.end(task_id, state, answer=text, now=now)
             else:
-                await self.db.a2a.end(task_id, "completed", answer=text, now=now)
+                await self.db.a2a.end(task_id, state, error=text if state == "failed" else None, now=now)
             self._finished(task_id)
         if progress is not None:
             await progress.confirmed(reply_to, last=True)
@@ -189,6 +202,7 @@ class A2aTasks:
     def _finished(self, task_id: str) -> None:
         self._wake(task_id)
         self._tickets.pop(task_id, None)
+        self._written.pop(task_id, None)
         self._notes.pop(task_id, None)
         self._commands.discard(task_id)
         self._push_wake.set()
@@ -196,6 +210,29 @@ class A2aTasks:
     def note(self, task_id: str) -> str | None:
         """Why a working task waits, when this instance knows (held back by a limit)."""
         return self._notes.get(task_id)
+
+    def _sink(self, task_id: str) -> SseSink | None:
+        ticket = self._tickets.get(task_id)
+        return ticket.sink if ticket is not None and isinstance(ticket.sink, SseSink) else None
+
+    def written(self, task_id: str) -> str | None:
+        """The answer as the model has written it so far, when the task's turn streams here (None: it does
+        not: a task sent whole, or one running on another instance).  Every stream of the task reads the
+        same text, from its own offset: the first to read takes what the turn wrote and wakes the others."""
+        sink = self._sink(task_id)
+        if sink is None:
+            return None
+        pieces = [text for kind, text in sink.take() if kind == "content" and text]
+        text = self._written.get(task_id, "") + "".join(pieces)
+        self._written[task_id] = text
+        if pieces:
+            self._wake(task_id)
+        return text
+
+    def writes(self, task_id: str) -> Awaitable[None] | None:
+        """A wait until the task's turn here writes more of the answer; None when it does not stream here."""
+        sink = self._sink(task_id)
+        return sink.changed() if sink is not None else None
 
     # -- waiting, reading, cancelling ---------------------------------------------------------
     async def wait(self, task_id: str, seconds: float) -> dict:

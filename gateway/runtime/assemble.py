@@ -274,7 +274,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
                    probe=model.probe, agent=cfg.agent, keep_media=router.hooks.keep_media,
                    platform_http=PlatformHttp.installed(wiring.adapter or (lambda name: None)),
                    a2a=_a2a(cfg, router, tools) if cfg.a2a.enabled and wiring.serve_api else None,
-                   signins=SignInPaths(signins))
+                   signins=SignInPaths(signins, trusted_proxies=cfg.ui.trusted_proxies))
     return Services(db=db, usage=usage, budgets=budgets, model=model, tools=tools, recall=recall, memory=memory,
                     facts=facts, approvals=approvals, questions=questions, mcp=mcp, signins=signins,
                     compressor=compressor,

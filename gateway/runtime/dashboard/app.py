@@ -22,7 +22,7 @@ from gateway.runtime.dashboard.guard import (
     BrowserSession,
     BrowserSessions,
     Client,
-    LoginLimiter,
+    ClientLimit,
     Proxies,
     host_name,
     is_loopback_name,
@@ -63,11 +63,11 @@ class DashboardSettings:
 class Dashboard:
     """The ``/ui`` routes of the local API, with their guard (see :mod:`gateway.runtime.dashboard.guard`)."""
 
-    def __init__(self, settings: DashboardSettings, pages: Any, *, limiter: LoginLimiter | None = None):
+    def __init__(self, settings: DashboardSettings, pages: Any, *, limiter: ClientLimit | None = None):
         self.settings = settings
         self.pages = pages  # a gateway.runtime.dashboard.pages.Pages
         self.sessions = BrowserSessions()
-        self.limiter = limiter or LoginLimiter()
+        self.limiter = limiter or ClientLimit()  # failed log-ins
         self.proxies = Proxies(settings.trusted_proxies)
         self._env: jinja2.Environment | None = None
         self._static: dict[str, tuple[bytes, str]] = {}
@@ -169,7 +169,7 @@ class Dashboard:
         form = await request.post()
         given = form.get("token")
         if not isinstance(given, str) or not same_secret(given, self.settings.token):
-            self.limiter.failed(client)
+            self.limiter.count(client)
             log.warning("dashboard: failed log-in from %s", client)
             return self.render(request, "login.html", {"page": "login", "error": "That is not the API token."},
                                status=401)

@@ -11,7 +11,7 @@ The rules (docs/operating.md, "Dashboard", says the same to operators):
   are refused there, so a web page cannot read the dashboard by pointing its own name at 127.0.0.1.
 * Every change is a POST that carries its session's CSRF token (and, when the browser says where it
   comes from, an ``Origin`` of this very server).
-* Failed log-ins are limited per client address and overall (:class:`LoginLimiter`).
+* Failed log-ins are limited per client address and overall (:class:`ClientLimit`).
 * Behind a reverse proxy, who the client is and whether it came over HTTPS are read from the
   forwarding headers only when the request's peer is one of ``ui.trusted_proxies``
   (:class:`Proxies`); from any other peer they change nothing.  The session cookie is ``Secure``
@@ -103,8 +103,10 @@ class BrowserSessions:
 
 
 @dataclass(slots=True)
-class LoginLimiter:
-    """Failed log-ins: at most ``per_client`` per client address and ``overall`` in all per ``window`` seconds."""
+class ClientLimit:
+    """At most ``per_client`` counted requests per client address and ``overall`` in all per ``window``
+    seconds (the dashboard's failed log-ins; the MCP sign-in callback's requests).  Only what is counted
+    fills the window, so a refused request costs nothing and the clients held are at most ``overall``."""
 
     per_client: int = 5
     overall: int = 30
@@ -125,7 +127,7 @@ class LoginLimiter:
             waits.append(self._all[0] + self.window - now)
         return max(1, int(max(waits)) + 1) if waits else 0
 
-    def failed(self, client: str) -> None:
+    def count(self, client: str) -> None:
         now = self.clock()
         self._failures.setdefault(client, deque()).append(now)
         self._all.append(now)
