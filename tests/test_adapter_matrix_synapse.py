@@ -5,7 +5,11 @@ talk to one Synapse started for the whole session; each test registers its own u
 share nothing but the server.  The fake homeserver (tests/fakes/matrix.py, through the conformance
 kit) proves the faults; this proves the protocol: the invitation, a DM, a room, a thread, the
 formatted body, streamed edits (m.replace), approval reactions (the asker's only), files through mxc://,
-a restart that resumes from the stored next_batch, and an encrypted room told once that it is not read.
+a restart that resumes from the stored next_batch; and end-to-end encryption against an encrypting
+client (matrix-nio with its own crypto store, as Element would be): Ann's encrypted message read, the
+bot's reply encrypted and read back decrypted, the same device and keys after a restart, only listed
+devices given the room key with ``device_trust: verified``, and with ``encryption: false`` the room
+told once that it is not read.
 
     .venv/bin/python -m pytest -q -n 0 tests/test_adapter_matrix_synapse.py
 """
@@ -14,12 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from nio import (
+    AsyncClient,
+    AsyncClientConfig,
+    MegolmEvent,
+    RoomMessageText,
+    RoomSendResponse,
+    SyncResponse,
+    ToDeviceMessage,
+)
+from nio.store import SqliteStore
 
 from adapters.matrix.adapter import E2EE_NOTICE
 from gateway.runtime.daemon import Gateway
@@ -335,7 +350,7 @@ async def test_a_restart_resumes_from_the_stored_sync_token(synapse, people, tmp
     assert _stored(config.db_path)["before the restart"] == 1
 
 
-# --------------------------------------------------------------------------- encrypted rooms (not supported)
+# --------------------------------------------------------------------------- encrypted rooms, encryption off
 
 
 def megolm(n: int) -> dict:
@@ -344,9 +359,11 @@ def megolm(n: int) -> dict:
             "session_id": "c2Vzc2lvbl9vZl9hbm4", "ciphertext": f"AwgAEoABbmV2ZXJfZGVjcnlwdGVk{n:04d}"}
 
 
-async def test_an_encrypted_room_is_told_once_and_each_message_logged(synapse, people, tmp_path, caplog):
+async def test_with_encryption_off_an_encrypted_room_is_told_once_and_each_message_logged(synapse, people, tmp_path,
+                                                                                        caplog):
+    off = {"encryption": False}
     async with FakeModel() as model:
-        async with gateway(tmp_path, model, synapse, people):
+        async with gateway(tmp_path, model, synapse, people, matrix=off):
             room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
                                            encrypted=True)
             await joined(people, room)
@@ -356,9 +373,199 @@ async def test_an_encrypted_room_is_told_once_and_each_message_logged(synapse, p
             await answered(people.ann, room, people.bot.user_id, "a plain marker")
         await asyncio.to_thread(people.ann.send, room, megolm(2), "m.room.encrypted")
         await asyncio.to_thread(people.ann.say, room, "after the restart")
-        async with gateway(tmp_path, model, synapse, people):
+        async with gateway(tmp_path, model, synapse, people, matrix=off):
             shown_now = await answered(people.ann, room, people.bot.user_id, "after the restart")
     assert [b for b in shown_now if not b.startswith("echo:")] == [E2EE_NOTICE]  # once, across a restart too
     logged = [r.getMessage() for r in caplog.records if "encrypted message" in r.getMessage()]
     assert len(logged) == 3 and all(room in line and people.ann.user_id in line for line in logged)
     assert [r.last_user_text for r in model.requests] == ["a plain marker", "after the restart"]
+
+
+# --------------------------------------------------------------------------- end-to-end encryption
+
+
+class Encrypting:
+    """One user's encrypting client: matrix-nio with its own crypto store on the user's registered device, synced
+    by hand as a client would (keys uploaded, queried and claimed, to-device messages sent)."""
+
+    def __init__(self, who: Client, store: Path):
+        self.who = who
+        self.store = store
+        self.nio: AsyncClient | None = None
+        self.read: list[tuple[str, str, str]] = []  # (room, sender, body) of every message it could decrypt
+        self.unreadable: list[MegolmEvent] = []
+
+    async def open(self) -> "Encrypting":
+        me = await asyncio.to_thread(self.who.call, "GET", "/account/whoami")
+        self.store.mkdir(parents=True, exist_ok=True)
+        self.nio = AsyncClient(self.who.base, self.who.user_id, store_path=str(self.store),
+                               config=AsyncClientConfig(encryption_enabled=True, store=SqliteStore,
+                                                        store_sync_tokens=False))
+        self.nio.restore_login(self.who.user_id, me["device_id"], self.who.token)
+        await self.sync()
+        return self
+
+    @property
+    def device(self) -> tuple[str, str]:
+        assert self.nio is not None and self.nio.olm is not None
+        return self.nio.device_id, self.nio.olm.account.identity_keys["ed25519"]
+
+    async def sync(self) -> None:
+        nio = self.nio
+        assert nio is not None
+        resp = await nio.sync(timeout=200, full_state=nio.next_batch is None or None)
+        assert isinstance(resp, SyncResponse), resp
+        if nio.should_upload_keys:
+            await nio.keys_upload()
+        if nio.should_query_keys:
+            await nio.keys_query()
+        if nio.should_claim_keys:
+            await nio.keys_claim(nio.get_users_for_key_claiming())
+        await nio.send_to_device_messages()
+        events = [(room_id, e) for room_id, info in resp.rooms.join.items() for e in info.timeline.events]
+        waiting, self.unreadable = self.unreadable, []
+        for event in waiting:
+            try:
+                events.append((event.room_id, nio.decrypt_event(event)))
+            except Exception:  # noqa: BLE001 - still no key for it
+                self.unreadable.append(event)
+        for room_id, event in events:
+            if isinstance(event, MegolmEvent):
+                event.room_id = room_id
+                self.unreadable.append(event)
+            elif isinstance(event, RoomMessageText):
+                self.read.append((room_id, event.sender, event.body))
+
+    async def say(self, room: str, text: str) -> None:
+        assert self.nio is not None
+        await self.sync()
+        resp = await self.nio.room_send(room, "m.room.message", {"msgtype": "m.text", "body": text},
+                                        ignore_unverified_devices=True)
+        assert isinstance(resp, RoomSendResponse), resp
+
+    async def answer(self, room: str, bot: str, text: str) -> list[str]:
+        """The bot's messages in ``room`` as this client decrypted them, once the answer to ``text`` is one."""
+        async def came() -> bool:
+            await self.sync()
+            return any(b.startswith(f"echo: {text} |") for r, who, b in self.read if r == room and who == bot)
+
+        await eventually(came, WAIT, lambda: f"the decrypted answer to {text!r} (read {self.read})", every=0.2)
+        return [b for r, who, b in self.read if r == room and who == bot]
+
+    async def close(self) -> None:
+        if self.nio is not None:
+            await self.nio.close()
+
+    async def withhold_key(self, room: str, user: str) -> dict:
+        """Start the room's Megolm session without giving ``user``'s devices its key (blacklisted, as a client
+        that shares with verified devices only would); the key, at its first message, for later."""
+        nio = self.nio
+        assert nio is not None and nio.olm is not None
+        await self.sync()
+        for device in nio.device_store.active_user_devices(user):
+            nio.blacklist_device(device)
+        await nio.joined_members(room)
+        await nio.share_group_session(room, ignore_unverified_devices=True)
+        session = nio.olm.outbound_group_sessions[room]
+        return {"algorithm": "m.megolm.v1.aes-sha2", "room_id": room, "session_id": session.id,
+                "session_key": session.session_key}
+
+    async def give_key(self, user: str, key: dict) -> None:
+        """The withheld room key, late, to each of ``user``'s devices over Olm (an ``m.room_key``)."""
+        nio = self.nio
+        assert nio is not None and nio.olm is not None
+        devices = list(nio.device_store.active_user_devices(user))
+        await nio.keys_claim({user: [d.id for d in devices]})
+        for device in devices:
+            nio.unblacklist_device(device)
+            session = nio.olm.session_store.get(device.curve25519)
+            payload = nio.olm._olm_encrypt(session, device, "m.room_key", key)
+            await nio.to_device(ToDeviceMessage("m.room.encrypted", user, device.id, payload))
+
+
+def bot_device(people: People) -> dict:
+    """The bot's devices as any user's key query sees them: device id -> its ed25519 key."""
+    found = people.ann.call("POST", "/keys/query", {"device_keys": {people.bot.user_id: []}})
+    return {d: keys["keys"][f"ed25519:{d}"] for d, keys in found["device_keys"][people.bot.user_id].items()}
+
+
+async def test_an_encrypted_dm_is_read_and_answered_encrypted_and_a_restart_keeps_the_device(synapse, people,
+                                                                                            tmp_path):
+    quiet = {"enabled": False}
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    try:
+        async with FakeModel() as model:
+            async with gateway(tmp_path, model, synapse, people, streaming=quiet):
+                room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
+                                               encrypted=True)
+                await joined(people, room)
+                await (await ann.open()).say(room, "a secret hello")
+                first = await ann.answer(room, people.bot.user_id, "a secret hello")
+                device_before = await asyncio.to_thread(bot_device, people)
+            await ann.say(room, "after the restart")  # the same Megolm session: the bot kept its key
+            async with gateway(tmp_path, model, synapse, people, streaming=quiet):
+                second = await ann.answer(room, people.bot.user_id, "after the restart")
+                device_after = await asyncio.to_thread(bot_device, people)
+            raw = await asyncio.to_thread(people.ann.messages, room)
+    finally:
+        await ann.close()
+    assert first == ["echo: a secret hello | turns: 1 | first: a secret hello"]
+    assert second[-1] == "echo: after the restart | turns: 2 | first: a secret hello"
+    assert [r.last_user_text for r in model.requests] == ["a secret hello", "after the restart"]
+    from_bot = [e["type"] for e in raw if e["sender"] == people.bot.user_id
+                and e["type"] in ("m.room.message", "m.room.encrypted")]
+    assert from_bot == ["m.room.encrypted", "m.room.encrypted"]  # never a plaintext reply in the room
+    assert not any("secret" in json.dumps(e["content"]) for e in raw)  # the server never saw a word of it
+    assert device_before == device_after and len(device_before) == 1  # one device, the same keys
+
+
+async def test_with_device_trust_verified_only_the_listed_devices_can_read_the_bot(synapse, people, tmp_path):
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    bob = Encrypting(people.bob, tmp_path / "bob-device")
+    try:
+        await ann.open()
+        await bob.open()
+        device, key = ann.device
+        trust = {"device_trust": "verified", "verified_devices": [f"{people.ann.user_id} {device} {key}"]}
+        async with FakeModel() as model, gateway(tmp_path, model, synapse, people, streaming={"enabled": False},
+                                                 matrix=trust):
+            room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id, people.bob.user_id],
+                                           encrypted=True)
+            await asyncio.to_thread(people.bob.join, room)
+            await joined(people, room)
+            await ann.say(room, f"{people.bot.user_id} only for Ann")
+            read = await ann.answer(room, people.bot.user_id, "only for Ann")
+            await bob.sync()
+    finally:
+        await ann.close()
+        await bob.close()
+    assert read == ["echo: only for Ann | turns: 1 | first: only for Ann"]
+    assert not any(who == people.bot.user_id for _, who, _ in bob.read)  # Bob's unlisted device got no key
+    assert any(e.sender == people.bot.user_id for e in bob.unreadable)
+
+
+async def test_a_message_whose_key_comes_late_is_kept_and_answered_once_it_comes(synapse, people, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="adapters.matrix.crypto")
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    try:
+        async with FakeModel() as model, gateway(tmp_path, model, synapse, people, streaming={"enabled": False}):
+            room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
+                                           encrypted=True)
+            await joined(people, room)
+            await ann.open()
+            key = await ann.withhold_key(room, people.bot.user_id)
+            await ann.say(room, "sent before its key")
+
+            def held() -> bool:
+                return any("cannot be decrypted yet" in r.getMessage() and room in r.getMessage()
+                           and people.ann.user_id in r.getMessage() for r in caplog.records)
+
+            await eventually(held, WAIT, "the bot to keep the message it cannot decrypt and ask for its key")
+            assert model.requests == []
+            await ann.give_key(people.bot.user_id, key)
+            read = await ann.answer(room, people.bot.user_id, "sent before its key")
+    finally:
+        await ann.close()
+    assert read == ["echo: sent before its key | turns: 1 | first: sent before its key"]  # no notice: it was read
+    assert [r.last_user_text for r in model.requests] == ["sent before its key"]
+    assert any("decrypted once its key came" in r.getMessage() for r in caplog.records)
