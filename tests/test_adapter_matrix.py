@@ -61,7 +61,7 @@ def adapter(hs: FakeMatrix, tmp_path, **kw) -> tuple[MatrixAdapter, MemoryState]
 
 async def test_a_refused_token_fails_the_start_naming_the_key(tmp_path):
     async with FakeMatrix() as hs:
-        a = MatrixAdapter(homeserver=hs.base_url, access_token="syt_wrong")
+        a, _ = adapter(hs, tmp_path, access_token="syt_wrong")  # its folder in tmp_path, not the cwd
         with pytest.raises(TokenRejected, match="the token was rejected.*M_UNKNOWN_TOKEN.*platforms.matrix.access_token"):
             await a.start(Inbox())
         assert a.health().state == "failed"
