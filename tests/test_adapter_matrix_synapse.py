@@ -29,11 +29,13 @@ from nio import (
     AsyncClient,
     AsyncClientConfig,
     MegolmEvent,
+    RoomEncryptedAudio,
     RoomMessageText,
     RoomSendResponse,
     SyncResponse,
     ToDeviceMessage,
 )
+from nio.crypto.attachments import decrypt_attachment
 from nio.store import SqliteStore
 
 from adapters.matrix.adapter import E2EE_NOTICE
@@ -44,6 +46,7 @@ from tests.fakes import files
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.harness import eventually, gateway_config
 from tests.synapse import Client, Synapse, started_synapse, why_unavailable
+from tests.voicekit import ogg_opus
 
 WAIT = 30.0
 LEDGER = str(Path(__file__).resolve().parent / "mcp_servers" / "ledger_server.py")
@@ -394,6 +397,7 @@ class Encrypting:
         self.nio: AsyncClient | None = None
         self.read: list[tuple[str, str, str]] = []  # (room, sender, body) of every message it could decrypt
         self.unreadable: list[MegolmEvent] = []
+        self.audio: list[tuple[str, str, RoomEncryptedAudio]] = []  # the encrypted voice messages it decrypted
 
     async def open(self) -> "Encrypting":
         me = await asyncio.to_thread(self.who.call, "GET", "/account/whoami")
@@ -435,13 +439,33 @@ class Encrypting:
                 self.unreadable.append(event)
             elif isinstance(event, RoomMessageText):
                 self.read.append((room_id, event.sender, event.body))
+            elif isinstance(event, RoomEncryptedAudio):
+                self.audio.append((room_id, event.sender, event))
 
     async def say(self, room: str, text: str) -> None:
+        await self.send(room, {"msgtype": "m.text", "body": text})
+
+    async def send(self, room: str, content: dict) -> None:
         assert self.nio is not None
         await self.sync()
-        resp = await self.nio.room_send(room, "m.room.message", {"msgtype": "m.text", "body": text},
-                                        ignore_unverified_devices=True)
+        resp = await self.nio.room_send(room, "m.room.message", content, ignore_unverified_devices=True)
         assert isinstance(resp, RoomSendResponse), resp
+
+    async def send_voice(self, room: str, clip: bytes) -> None:
+        """A voice message as Element sends one into an encrypted room: the file uploaded encrypted."""
+        assert self.nio is not None
+        resp, keys = await self.nio.upload(lambda *_: clip, content_type="audio/ogg", filename="voice.ogg",
+                                           encrypt=True, filesize=len(clip))
+        await self.send(room, {"msgtype": "m.audio", "body": "Voice message", "file": {**keys, "url": resp.content_uri},
+                               "info": {"mimetype": "audio/ogg", "size": len(clip), "duration": 3000},
+                               "org.matrix.msc1767.audio": {"duration": 3000}, "org.matrix.msc3245.voice": {}})
+
+    async def fetch(self, audio: RoomEncryptedAudio) -> tuple[bytes, bytes]:
+        """An encrypted voice message's file: (as the content repository holds it, decrypted)."""
+        assert self.nio is not None
+        resp = await self.nio.download(mxc=audio.url)
+        held = bytes(resp.body)
+        return held, decrypt_attachment(held, audio.key["k"], audio.hashes["sha256"], audio.iv)
 
     async def answer(self, room: str, bot: str, text: str) -> list[str]:
         """The bot's messages in ``room`` as this client decrypted them, once the answer to ``text`` is one."""
@@ -569,3 +593,38 @@ async def test_a_message_whose_key_comes_late_is_kept_and_answered_once_it_comes
     assert read == ["echo: sent before its key | turns: 1 | first: sent before its key"]  # no notice: it was read
     assert [r.last_user_text for r in model.requests] == ["sent before its key"]
     assert any("decrypted once its key came" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_encrypted_voice_message_is_transcribed_and_the_spoken_reply_is_encrypted_too(synapse, people,
+                                                                                              tmp_path):
+    clip = ogg_opus(3)
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    try:
+        async with FakeModel() as model, gateway(tmp_path, model, synapse, people, streaming={"enabled": False},
+                                                 media={"transcribe_with": "whisper-1", "speak_with": "tts-1"}):
+            room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
+                                           encrypted=True)
+            await joined(people, room)
+            await ann.open()
+            model.transcript = "book a room for friday"
+            await ann.send_voice(room, clip)
+            heard = await ann.answer(room, people.bot.user_id, "[voice message, transcribed]\nbook a room for friday")
+            await ann.say(room, "/voice on")
+            await ann.say(room, "say something")
+
+            async def spoken() -> bool:
+                await ann.sync()
+                return any(who == people.bot.user_id for _, who, _ in ann.audio)
+
+            await eventually(spoken, WAIT, "the spoken reply, decrypted", every=0.2)
+            [(_, _, voice)] = [a for a in ann.audio if a[1] == people.bot.user_id]
+            held, played = await ann.fetch(voice)
+            raw = await asyncio.to_thread(people.ann.messages, room)
+    finally:
+        await ann.close()
+    assert model.transcriptions[0]["file"]["data"] == clip  # the bot decrypted the file it downloaded
+    assert heard[0].startswith("echo: [voice message, transcribed]\nbook a room for friday")
+    assert played.startswith(b"OggS") and held != played  # the server holds only the ciphertext
+    assert "org.matrix.msc3245.voice" in voice.source["content"]
+    assert {e["type"] for e in raw if e["sender"] == people.bot.user_id and e["type"].startswith("m.room.")
+            and e["type"] not in ("m.room.member",)} == {"m.room.encrypted"}
