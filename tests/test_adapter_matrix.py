@@ -318,3 +318,17 @@ def test_encryption_with_a_cluster_is_refused_at_the_config_check(tmp_path):
         gateway_config(tmp_path, "http://127.0.0.1:9", platforms=platforms, store={"url": "postgresql://x@h/db"})
     off = {"matrix": {**platforms["matrix"], "encryption": False}}
     assert gateway_config(tmp_path, "http://127.0.0.1:9", platforms=off, store={"url": "postgresql://x@h/db"})
+
+
+def test_verified_devices_are_checked_at_the_config_check(tmp_path):
+    base = {"homeserver": "https://m.example.org", "access_token": "syt_a", "device_trust": "verified"}
+
+    def load(**matrix):
+        return gateway_config(tmp_path, "http://127.0.0.1:9", platforms={"matrix": {**base, **matrix}})
+
+    with pytest.raises(Exception, match=r"platforms\.matrix\.verified_devices.*is empty but device_trust is verified"):
+        load()
+    with pytest.raises(Exception, match=r'platforms\.matrix\.verified_devices\[0\]: must be "@ann:example.org DEVICEID <its'):
+        load(verified_devices=["ANNPHONE abcd"])
+    ok = load(verified_devices=["@ann:example.org ANNPHONE abcd efgh"])  # the key grouped, as Element shows it
+    assert ok.platforms.matrix.verified_devices == ("@ann:example.org ANNPHONE abcd efgh",)

@@ -28,6 +28,10 @@ the event is kept in the store (:data:`PENDING`); after every /sync it is tried 
 key came, delivered like any other.  Still undecryptable after ``key_wait`` seconds, the room is told
 once (remembered in the store, as before).  Kept events older than a day are let go, logged.
 
+The event loop: nio writes its store as it handles each response (the few rows of keys it just
+received or made, in a local SQLite file), as every nio client does; opening the store, which makes
+the account and its keys on a first start, runs off the loop.
+
 Cluster: the crypto store is in one home, so E2EE is refused with a cluster at the config check
 (``MatrixConfig.cluster_problem``): ``encryption: false`` there, or one instance.
 """
