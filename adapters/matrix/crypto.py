@@ -20,7 +20,9 @@ gets the keys, its keys pinned the first time the bot sees them (nio refuses a d
 key changes later); ``verified``, only the devices listed in ``verified_devices`` (user, device id,
 session key) are verified, every other is blacklisted, so it never gets a key (the bot's replies
 show as undecryptable there).  Messages are read from every device either way: the homeserver
-authenticates the sender, the device trust only decides who can read the bot.
+authenticates the sender, the device trust only decides who can read the bot.  nio has no
+cross-signing and no interactive (SAS) verification here, so "verified" is the operator's list, and
+the bot's own device is not cross-signed: Element marks its messages as from an unverified session.
 
 An event that cannot be decrypted (no Megolm session for it on this device) is never dropped: the
 key is requested from the sender's devices (``m.room_key_request``), room and sender are logged, and

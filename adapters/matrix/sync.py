@@ -85,8 +85,7 @@ class SyncLoop:
                 if await self._handle(resp):
                     await self.state.set(NEXT_BATCH, resp.next_batch)
                     since, full_state, failures = resp.next_batch, False, 0
-                    if self._after is not None:
-                        await self._after()
+                    await self._after_sync()
                     self._report("connected", None)
                     self.synced.set()
                     continue
@@ -99,6 +98,17 @@ class SyncLoop:
             self._report("reconnecting", f"/sync failed: {resp}")
             log.warning("matrix /sync failed (%s); trying again in %.1fs", resp, wait)
             await asyncio.sleep(wait)
+
+    async def _after_sync(self) -> None:
+        if self._after is None:
+            return
+        try:
+            await self._after()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the sync goes on; the step runs again after the next one
+            log.error("matrix: the step after /sync failed (%s: %s); it runs again after the next /sync",
+                      type(exc).__name__, exc)
 
     async def _sync(self, since: str | None, full_state: bool) -> Any:
         try:
