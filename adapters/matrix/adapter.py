@@ -267,6 +267,9 @@ class MatrixAdapter:
         self._out = self._crypto = None
         if client is not None:
             await client.close()
+            store = getattr(client, "store", None)
+            if store is not None:  # the crypto store's SQLite connection: a reload opens it afresh
+                store.database.close()
 
     # -- inbound ---------------------------------------------------------------------------
 
