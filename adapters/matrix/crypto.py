@@ -151,8 +151,10 @@ class Crypto:
         if client.should_upload_keys:
             resp = await client.keys_upload()
             if isinstance(resp, KeysUploadError):
-                log.error("matrix: the device's encryption keys were refused (%s); if this token belongs to "
-                          "another client's session (Element), give the bot its own device (a password login)", resp)
+                log.error("matrix: the device's encryption keys were refused (%s): device %s already has keys from "
+                          "another crypto store (another client's session, such as Element's, or a store lost or "
+                          "left in another home), so encrypted rooms cannot be read; give the bot a device of its "
+                          "own (a password login, or a new token)", resp, client.device_id)
         log.info("matrix: end-to-end encryption on, device %s, keys %s (%s)", client.device_id,
                  self.fingerprint(), self.trust)
 
