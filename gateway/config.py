@@ -498,6 +498,10 @@ class PlatformConfig(_Model):
         key by ``gateway.runtime.cluster.connection_key``, never stored or logged as it is."""
         return None
 
+    def cluster_problem(self) -> tuple[str, str] | None:
+        """Why this section cannot run in a cluster, as (its key, what is wrong and what to do), or None."""
+        return None
+
     async def probe(self, timeout: float) -> tuple[bool, str, str] | None:
         """``switchboard doctor``'s check of a platform that has no ``credential_check`` call: (ok, what was
         found, how to fix it), never a secret in either; None when the platform offers none."""
@@ -1229,6 +1233,11 @@ class Config(_Model):
                              f"(store.url): remove backup.every and back it up with pg_dump, e.g. daily from cron: "
                              f"pg_dump --format=custom --file=switchboard-$(date +%F).dump '{mask_url(self.store.url)}' "
                              "(give the password in ~/.pgpass or PGPASSWORD; pg_restore puts it back)")
+        for name, platform in self.platforms.sections().items() if self.store.url else ():
+            on = platform.enabled and platform.credential_problem() is None
+            problem = platform.cluster_problem() if on else None
+            if problem is not None:
+                raise KeyedError(f"platforms.{name}.{problem[0]}", problem[1])
         describer = self.media.describe_with
         if describer is not None and (describer not in self.models or not self.models[describer].vision):
             known = ", ".join(n for n, m in self.models.items() if m.vision) or "none defined"

@@ -9,6 +9,7 @@ cover the conversations.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 
 from adapters.matrix.adapter import CREDENTIALS, E2EE_NOTICE, MatrixAdapter, MemoryState
 from adapters.matrix.config import MatrixConfig
+from adapters.matrix.crypto import PENDING, PICKLE_KEY
 from gateway.cli.main import main
 from gateway.errors import TokenRejected
 from gateway.runtime.cluster import connection_key
@@ -59,7 +61,7 @@ def adapter(hs: FakeMatrix, tmp_path, **kw) -> tuple[MatrixAdapter, MemoryState]
 
 async def test_a_refused_token_fails_the_start_naming_the_key(tmp_path):
     async with FakeMatrix() as hs:
-        a = MatrixAdapter(homeserver=hs.base_url, access_token="syt_wrong")
+        a, _ = adapter(hs, tmp_path, access_token="syt_wrong")  # its folder in tmp_path, not the cwd
         with pytest.raises(TokenRejected, match="the token was rejected.*M_UNKNOWN_TOKEN.*platforms.matrix.access_token"):
             await a.start(Inbox())
         assert a.health().state == "failed"
@@ -151,10 +153,16 @@ async def test_invitations_are_taken_up_from_allowed_users_only(tmp_path):
     assert f"!from-eve:{SERVER}" not in hs.rooms
 
 
-async def test_an_encrypted_room_is_told_once_and_every_message_logged(tmp_path, caplog):
+def megolm(n: int) -> dict:
+    """An encrypted event's content from a device whose room key never reached the bot."""
+    return {"algorithm": "m.megolm.v1.aes-sha2", "sender_key": "c2VuZGVyX2tleV9vZl9hbm4", "device_id": "ANNPHONE",
+            "session_id": f"c2Vzc2lvbl9vZl9hbm4{n}", "ciphertext": "AwgAEoABbmV2ZXJfZGVjcnlwdGVk"}
+
+
+async def test_with_encryption_off_an_encrypted_room_is_told_once_and_every_message_logged(tmp_path, caplog):
     async with FakeMatrix() as hs:
         room = hs.room(f"!secret:{SERVER}", [ANN], encrypted=True).room_id
-        a, state = adapter(hs, tmp_path)
+        a, state = adapter(hs, tmp_path, encryption=False)
         inbox = Inbox()
         await a.start(inbox)
         try:
@@ -259,3 +267,68 @@ async def test_doctor_asks_the_homeserver_whether_the_token_works(tmp_path):
             assert token not in result.output  # never printed
     assert outputs["good"] == f"✓ matrix: token valid ({BOT})"
     assert outputs["bad"].startswith("✗ matrix: the token was refused (HTTP 401)")
+
+
+async def test_an_undecryptable_message_asks_for_its_key_is_kept_and_the_room_is_told_once(tmp_path, caplog):
+    async with FakeMatrix() as hs:
+        room = hs.room(f"!secret:{SERVER}", [ANN], encrypted=True).room_id
+        a, state = adapter(hs, tmp_path, key_wait_seconds=0.5)
+        inbox = Inbox()
+        await a.start(inbox)
+        try:
+            for n in range(3):
+                hs.event(room, ANN, "m.room.encrypted", megolm(n))
+            await eventually(lambda: state.values.get(f"e2ee_told:{room}") == "1", WAIT, "the room told")
+            hs.message(hs.dm_room(ANN), ANN, "marker")  # a later /sync: nothing told twice
+            await eventually(lambda: inbox.texts() == ["marker"], WAIT, "the marker")
+        finally:
+            await a.stop()
+    requests = [m for kind, m in hs.to_device if kind == "m.room_key_request"]
+    asked = {r["body"]["session_id"] for m in requests for r in m[BOT].values()}
+    assert asked == {megolm(n)["session_id"] for n in range(3)}  # each session's key asked of Ann's devices
+    told = [s for s in hs.sent if s.room_id == room]
+    assert [s.type for s in told] == ["m.room.encrypted"]  # once, and encrypted as the room is
+    logged = [r.getMessage() for r in caplog.records if "cannot be decrypted yet" in r.getMessage()]
+    assert len(logged) == 3 and all(room in line and ANN in line for line in logged)
+    assert len(json.loads(state.values[PENDING])) == 3  # still kept: a key that comes later still reads them
+
+
+async def test_the_device_keeps_its_keys_private_in_the_home_across_a_restart(tmp_path):
+    async with FakeMatrix() as hs:
+        first, state = adapter(hs, tmp_path)
+        await first.start(Inbox())
+        uploaded = hs.device_keys["FAKEDEVICE"]
+        await first.stop()
+        again, _ = adapter(hs, tmp_path)
+        await again.start(Inbox())
+        await again.stop()
+        uploads = [c for c in hs.calls if c.path.endswith("/keys/upload")]
+    assert hs.device_keys["FAKEDEVICE"] == uploaded  # the same identity: never a second set of keys
+    assert all(c.status == 200 for c in uploads)
+    home = state.directory
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    files = sorted(p.name for p in home.iterdir())
+    assert PICKLE_KEY in files and f"{BOT}_FAKEDEVICE.db" in files
+    assert all(stat.S_IMODE(os.stat(home / f).st_mode) == 0o600 for f in files)
+
+
+def test_encryption_with_a_cluster_is_refused_at_the_config_check(tmp_path):
+    platforms = {"matrix": {"homeserver": "https://m.example.org", "access_token": "syt_a"}}
+    with pytest.raises(Exception, match=r"platforms\.matrix\.encryption.*cannot share the device's crypto store"):
+        gateway_config(tmp_path, "http://127.0.0.1:9", platforms=platforms, store={"url": "postgresql://x@h/db"})
+    off = {"matrix": {**platforms["matrix"], "encryption": False}}
+    assert gateway_config(tmp_path, "http://127.0.0.1:9", platforms=off, store={"url": "postgresql://x@h/db"})
+
+
+def test_verified_devices_are_checked_at_the_config_check(tmp_path):
+    base = {"homeserver": "https://m.example.org", "access_token": "syt_a", "device_trust": "verified"}
+
+    def load(**matrix):
+        return gateway_config(tmp_path, "http://127.0.0.1:9", platforms={"matrix": {**base, **matrix}})
+
+    with pytest.raises(Exception, match=r"platforms\.matrix\.verified_devices.*is empty but device_trust is verified"):
+        load()
+    with pytest.raises(Exception, match=r'platforms\.matrix\.verified_devices\[0\]: must be "@ann:example.org DEVICEID <its'):
+        load(verified_devices=["ANNPHONE abcd"])
+    ok = load(verified_devices=["@ann:example.org ANNPHONE abcd efgh"])  # the key grouped, as Element shows it
+    assert ok.platforms.matrix.verified_devices == ("@ann:example.org ANNPHONE abcd efgh",)

@@ -5,7 +5,11 @@ talk to one Synapse started for the whole session; each test registers its own u
 share nothing but the server.  The fake homeserver (tests/fakes/matrix.py, through the conformance
 kit) proves the faults; this proves the protocol: the invitation, a DM, a room, a thread, the
 formatted body, streamed edits (m.replace), approval reactions (the asker's only), files through mxc://,
-a restart that resumes from the stored next_batch, and an encrypted room told once that it is not read.
+a restart that resumes from the stored next_batch; and end-to-end encryption against an encrypting
+client (matrix-nio with its own crypto store, as Element would be): Ann's encrypted message read, the
+bot's reply encrypted and read back decrypted, the same device and keys after a restart, only listed
+devices given the room key with ``device_trust: verified``, and with ``encryption: false`` the room
+told once that it is not read.
 
     .venv/bin/python -m pytest -q -n 0 tests/test_adapter_matrix_synapse.py
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import sys
 from contextlib import asynccontextmanager
@@ -28,7 +33,9 @@ from tests.crashkit import _stored
 from tests.fakes import files
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.harness import eventually, gateway_config
+from tests.matrix_client import Encrypting
 from tests.synapse import Client, Synapse, started_synapse, why_unavailable
+from tests.voicekit import ogg_opus
 
 WAIT = 30.0
 LEDGER = str(Path(__file__).resolve().parent / "mcp_servers" / "ledger_server.py")
@@ -335,7 +342,7 @@ async def test_a_restart_resumes_from_the_stored_sync_token(synapse, people, tmp
     assert _stored(config.db_path)["before the restart"] == 1
 
 
-# --------------------------------------------------------------------------- encrypted rooms (not supported)
+# --------------------------------------------------------------------------- encrypted rooms, encryption off
 
 
 def megolm(n: int) -> dict:
@@ -344,9 +351,11 @@ def megolm(n: int) -> dict:
             "session_id": "c2Vzc2lvbl9vZl9hbm4", "ciphertext": f"AwgAEoABbmV2ZXJfZGVjcnlwdGVk{n:04d}"}
 
 
-async def test_an_encrypted_room_is_told_once_and_each_message_logged(synapse, people, tmp_path, caplog):
+async def test_with_encryption_off_an_encrypted_room_is_told_once_and_each_message_logged(synapse, people, tmp_path,
+                                                                                        caplog):
+    off = {"encryption": False}
     async with FakeModel() as model:
-        async with gateway(tmp_path, model, synapse, people):
+        async with gateway(tmp_path, model, synapse, people, matrix=off):
             room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
                                            encrypted=True)
             await joined(people, room)
@@ -356,9 +365,135 @@ async def test_an_encrypted_room_is_told_once_and_each_message_logged(synapse, p
             await answered(people.ann, room, people.bot.user_id, "a plain marker")
         await asyncio.to_thread(people.ann.send, room, megolm(2), "m.room.encrypted")
         await asyncio.to_thread(people.ann.say, room, "after the restart")
-        async with gateway(tmp_path, model, synapse, people):
+        async with gateway(tmp_path, model, synapse, people, matrix=off):
             shown_now = await answered(people.ann, room, people.bot.user_id, "after the restart")
     assert [b for b in shown_now if not b.startswith("echo:")] == [E2EE_NOTICE]  # once, across a restart too
     logged = [r.getMessage() for r in caplog.records if "encrypted message" in r.getMessage()]
     assert len(logged) == 3 and all(room in line and people.ann.user_id in line for line in logged)
     assert [r.last_user_text for r in model.requests] == ["a plain marker", "after the restart"]
+
+
+# --------------------------------------------------------------------------- end-to-end encryption
+
+
+def bot_device(people: People) -> dict:
+    """The bot's devices as any user's key query sees them: device id -> its ed25519 key."""
+    found = people.ann.call("POST", "/keys/query", {"device_keys": {people.bot.user_id: []}})
+    return {d: keys["keys"][f"ed25519:{d}"] for d, keys in found["device_keys"][people.bot.user_id].items()}
+
+
+async def test_an_encrypted_dm_is_read_and_answered_encrypted_and_a_restart_keeps_the_device(synapse, people,
+                                                                                            tmp_path):
+    quiet = {"enabled": False}
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    try:
+        async with FakeModel() as model:
+            async with gateway(tmp_path, model, synapse, people, streaming=quiet):
+                room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
+                                               encrypted=True)
+                await joined(people, room)
+                await (await ann.open()).say(room, "a secret hello")
+                first = await ann.answer(room, people.bot.user_id, "a secret hello")
+                device_before = await asyncio.to_thread(bot_device, people)
+            await ann.say(room, "after the restart")  # the same Megolm session: the bot kept its key
+            async with gateway(tmp_path, model, synapse, people, streaming=quiet):
+                second = await ann.answer(room, people.bot.user_id, "after the restart")
+                device_after = await asyncio.to_thread(bot_device, people)
+            raw = await asyncio.to_thread(people.ann.messages, room)
+    finally:
+        await ann.close()
+    assert first == ["echo: a secret hello | turns: 1 | first: a secret hello"]
+    assert second[-1] == "echo: after the restart | turns: 2 | first: a secret hello"
+    assert [r.last_user_text for r in model.requests] == ["a secret hello", "after the restart"]
+    from_bot = [e["type"] for e in raw if e["sender"] == people.bot.user_id
+                and e["type"] in ("m.room.message", "m.room.encrypted")]
+    assert from_bot == ["m.room.encrypted", "m.room.encrypted"]  # never a plaintext reply in the room
+    assert not any("secret" in json.dumps(e["content"]) for e in raw)  # the server never saw a word of it
+    assert device_before == device_after and len(device_before) == 1  # one device, the same keys
+
+
+async def test_with_device_trust_verified_only_the_listed_devices_can_read_the_bot(synapse, people, tmp_path):
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    bob = Encrypting(people.bob, tmp_path / "bob-device")
+    try:
+        await ann.open()
+        await bob.open()
+        device, key = ann.device
+        trust = {"device_trust": "verified", "verified_devices": [f"{people.ann.user_id} {device} {key}"]}
+        async with FakeModel() as model, gateway(tmp_path, model, synapse, people, streaming={"enabled": False},
+                                                 matrix=trust):
+            room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id, people.bob.user_id],
+                                           encrypted=True)
+            await asyncio.to_thread(people.bob.join, room)
+            await joined(people, room)
+            await ann.say(room, f"{people.bot.user_id} only for Ann")
+            read = await ann.answer(room, people.bot.user_id, "only for Ann")
+            await bob.sync()
+    finally:
+        await ann.close()
+        await bob.close()
+    assert read == ["echo: only for Ann | turns: 1 | first: only for Ann"]
+    assert not any(who == people.bot.user_id for _, who, _ in bob.read)  # Bob's unlisted device got no key
+    assert any(e.sender == people.bot.user_id for e in bob.unreadable)
+
+
+async def test_a_message_whose_key_comes_late_is_kept_and_answered_once_it_comes(synapse, people, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="adapters.matrix.crypto")
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    try:
+        async with FakeModel() as model, gateway(tmp_path, model, synapse, people, streaming={"enabled": False}):
+            room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
+                                           encrypted=True)
+            await joined(people, room)
+            await ann.open()
+            key = await ann.withhold_key(room, people.bot.user_id)
+            await ann.say(room, "sent before its key")
+
+            def held() -> bool:
+                return any("cannot be decrypted yet" in r.getMessage() and room in r.getMessage()
+                           and people.ann.user_id in r.getMessage() for r in caplog.records)
+
+            await eventually(held, WAIT, "the bot to keep the message it cannot decrypt and ask for its key")
+            assert model.requests == []
+            await ann.give_key(people.bot.user_id, key)
+            read = await ann.answer(room, people.bot.user_id, "sent before its key")
+    finally:
+        await ann.close()
+    assert read == ["echo: sent before its key | turns: 1 | first: sent before its key"]  # no notice: it was read
+    assert [r.last_user_text for r in model.requests] == ["sent before its key"]
+    assert any("decrypted once its key came" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_encrypted_voice_message_is_transcribed_and_the_spoken_reply_is_encrypted_too(synapse, people,
+                                                                                              tmp_path):
+    clip = ogg_opus(3)
+    ann = Encrypting(people.ann, tmp_path / "ann-device")
+    try:
+        async with FakeModel() as model, gateway(tmp_path, model, synapse, people, streaming={"enabled": False},
+                                                 media={"transcribe_with": "whisper-1", "speak_with": "tts-1"}):
+            room = await asyncio.to_thread(people.ann.create_room, invite=[people.bot.user_id], direct=True,
+                                           encrypted=True)
+            await joined(people, room)
+            await ann.open()
+            model.transcript = "book a room for friday"
+            await ann.send_voice(room, clip)
+            heard = await ann.answer(room, people.bot.user_id, "[voice message, transcribed]\nbook a room for friday")
+            await ann.say(room, "/voice on")
+            await ann.say(room, "say something")
+
+            async def spoken() -> bool:
+                await ann.sync()
+                return any(who == people.bot.user_id for _, who, _ in ann.audio)
+
+            await eventually(spoken, WAIT, "the spoken reply, decrypted", every=0.2)
+            [(_, _, voice)] = [a for a in ann.audio if a[1] == people.bot.user_id]
+            held, played = await ann.fetch(voice)
+            raw = await asyncio.to_thread(people.ann.messages, room)
+    finally:
+        await ann.close()
+    assert model.transcriptions[0]["file"]["data"] == clip  # the bot decrypted the file it downloaded
+    assert heard[0].startswith("echo: [voice message, transcribed]\nbook a room for friday")
+    assert played.startswith(b"OggS") and held != played  # the server holds only the ciphertext
+    assert "org.matrix.msc3245.voice" in voice.source["content"]
+    assert {e["type"] for e in raw if e["sender"] == people.bot.user_id and e["type"].startswith("m.room.")
+            and e["type"] not in ("m.room.member",)} == {"m.room.encrypted"}

@@ -29,7 +29,7 @@ def stored_token(url: str) -> str | None:
 
 async def test_a_standby_takes_the_matrix_sync_over_from_a_killed_owner_and_resumes_from_its_token(tmp_path, pg_url):
     async with FakeMatrix(rate=50.0, burst=50) as hs, FakeModel(delay=MODEL_SECONDS) as model:
-        side = MatrixSide(hs)
+        side = MatrixSide(hs, encryption=False)  # E2EE is refused with a cluster (one crypto store)
         cluster = Cluster(tmp_path, pg_url, model.base_url, side, ("a", "b"))
         load = Load(side, total=120, at_once=8, retire=4, rate=15.0)
         killed = load.hold_at(60)

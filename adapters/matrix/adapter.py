@@ -12,9 +12,12 @@ so later starts are the same device.  A refused token (``M_UNKNOWN_TOKEN``) fail
 the key to set (``gateway.errors.TokenRejected``: the daemon does not retry it until a reload), and
 stops a running /sync for good, never retried in a loop.
 
-Encrypted rooms: not supported (see the package docstring).  The first encrypted event of a room
-makes the bot say so in that room, once (remembered in the store), and every one is logged: a
-message is never dropped without a word.
+Encrypted rooms (``crypto``): with ``encryption`` on (the default) the device's keys are kept in the
+home, an encrypted event is decrypted and goes to the same normaliser as a plaintext one, and what the
+bot sends into an encrypted room is encrypted.  An event it cannot decrypt is kept until its key comes
+(the room told once if it does not); with ``encryption: false`` the first encrypted event of a room
+makes the bot say in that room, once (remembered in the store), that it is not read, and every one is
+logged.  Either way a message is never dropped without a word.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from gateway.types import (
     SendProgress,
 )
 
+from .crypto import KEY_WAIT_SECONDS, Crypto
 from .events import PLATFORM, Addressing, Room, invite_sender, normalize, reaction_command
 from .media import collect
 from .outbound import MESSAGE_LIMIT, Outbound, approval_footer, split_reply
@@ -57,8 +61,11 @@ from .sync import TOKEN_HELP, SyncLoop
 log = logging.getLogger(__name__)
 
 CREDENTIALS = "credentials.json"
-E2EE_NOTICE = ("I can't read end-to-end encrypted messages: this bot has no encryption keys (Switchboard's "
-               "Matrix adapter does not support encrypted rooms yet). Write to me in an unencrypted room or DM.")
+E2EE_NOTICE = ("I can't read end-to-end encrypted messages: encryption is turned off for this bot "
+               "(platforms.matrix.encryption). Write to me in an unencrypted room or DM.")
+UNDECRYPTABLE_NOTICE = ("I couldn't decrypt a message here: no key for it reached my device, and asking your "
+                        "devices for it has not helped yet. If your client shares keys only with verified "
+                        "devices, allow unverified ones for this room, then send it again.")
 
 
 class MemoryState:
@@ -93,7 +100,9 @@ class MatrixAdapter:
                  device_name: str = "Switchboard", require_mention: bool = True,
                  free_response_channels: Sequence[str] = (), allowed_users: Sequence[str] = (),
                  media: MediaLimits | None = None, max_media_bytes: int = 20 * 1024 * 1024,
-                 sync_timeout_seconds: float = 30.0, backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0)):
+                 sync_timeout_seconds: float = 30.0, backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0),
+                 encryption: bool = True, device_trust: str = "tofu", verified_devices: Sequence[str] = (),
+                 key_wait_seconds: float = KEY_WAIT_SECONDS):
         if not (access_token or password):
             raise AdapterError("matrix: no access token configured (platforms.matrix.access_token, or a password "
                                "with user_id)")
@@ -109,6 +118,9 @@ class MatrixAdapter:
         self._max_media = max_media_bytes
         self._sync_timeout = sync_timeout_seconds
         self._backoff = backoff
+        self._encryption = encryption
+        self._trust = (device_trust, tuple(verified_devices), key_wait_seconds)
+        self._crypto: Crypto | None = None
         self._state: AdapterState = MemoryState()
         self._health = AdapterHealth(platform=PLATFORM)
         self._client: AsyncClient | None = None
@@ -129,7 +141,8 @@ class MatrixAdapter:
         return cls(homeserver=cfg.homeserver, user_id=cfg.user_id, access_token=cfg.access_token,
                    password=cfg.password, device_name=cfg.device_name, require_mention=cfg.require_mention,
                    free_response_channels=cfg.free_response_channels, allowed_users=cfg.allowed_users,
-                   media=media, max_media_bytes=cfg.max_media_bytes, sync_timeout_seconds=cfg.sync_timeout_seconds)
+                   media=media, max_media_bytes=cfg.max_media_bytes, sync_timeout_seconds=cfg.sync_timeout_seconds,
+                   encryption=cfg.encryption, device_trust=cfg.device_trust, verified_devices=cfg.verified_devices)
 
     def keep_state_in(self, state: AdapterState) -> None:
         self._state = state
@@ -165,7 +178,8 @@ class MatrixAdapter:
             await self._log_in()
         assert self._client is not None
         self._loop = SyncLoop(self._client, self._state, deliver=self._deliver, invited=self._invited,
-                              report=self._report, timeout_ms=int(self._sync_timeout * 1000), backoff=self._backoff)
+                              report=self._report, timeout_ms=int(self._sync_timeout * 1000), backoff=self._backoff,
+                              after=self._after_sync if self._crypto is not None else None)
         self._sync_task = spawn(self._run_sync(self._loop), name="matrix:sync")
         synced = asyncio.ensure_future(self._loop.synced.wait())
         await asyncio.wait([synced, self._sync_task], timeout=self._sync_timeout + 30,
@@ -188,9 +202,12 @@ class MatrixAdapter:
             log.error("%s", exc)
 
     async def _log_in(self) -> None:
-        client = AsyncClient(self._homeserver, self._user_id or "",
+        crypto = Crypto(self._state.directory, self._state, trust=self._trust[0], verified=self._trust[1],
+                        key_wait=self._trust[2]) if self._encryption else None
+        options = await crypto.client_options() if crypto is not None else {"encryption_enabled": False}
+        client = AsyncClient(self._homeserver, self._user_id or "", store_path=str(self._state.directory),
                              config=AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0,
-                                                      request_timeout=self._sync_timeout + 15, encryption_enabled=False))
+                                                      request_timeout=self._sync_timeout + 15, **options))
         try:
             token, device = await self._credentials(client)
             client.access_token = token
@@ -208,11 +225,17 @@ class MatrixAdapter:
             name = await client.get_displayname(who.user_id)
             display = name.displayname if isinstance(name, ProfileGetDisplayNameResponse) else None
             self._who = Addressing(who.user_id, display or "", self._require_mention, self._free)
+            if crypto is not None:
+                try:
+                    await crypto.open(client)
+                except AdapterError as exc:
+                    self._fail(str(exc).removeprefix("matrix: "))
         except BaseException:
             await client.close()
             raise
-        self._client = client
-        self._out = Outbound(client, f"{self._homeserver}|{self._who.user_id}")
+        self._client, self._crypto = client, crypto
+        self._out = Outbound(client, f"{self._homeserver}|{self._who.user_id}",
+                             prepare=crypto.prepare if crypto is not None else None)
 
     async def _credentials(self, client: AsyncClient) -> tuple[str, str | None]:
         """The access token and device id: the configured token, or the one a password login kept."""
@@ -241,9 +264,12 @@ class MatrixAdapter:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         client, self._client = self._client, None
-        self._out = None
+        self._out = self._crypto = None
         if client is not None:
             await client.close()
+            store = getattr(client, "store", None)
+            if store is not None:  # the crypto store's SQLite connection: a reload opens it afresh
+                store.database.close()
 
     # -- inbound ---------------------------------------------------------------------------
 
@@ -261,10 +287,13 @@ class MatrixAdapter:
         self._health.last_event_at = time.time()
         inbound: InboundMessage | None = None
         try:
-            kind = event.get("type")
-            if kind == "m.room.encrypted":
-                await self._encrypted(room_id, event)
-            elif kind == "m.reaction":
+            if event.get("type") == "m.room.encrypted":
+                plain = self._crypto.decrypt(room_id, event) if self._crypto is not None else None
+                if plain is None:
+                    await self._encrypted(room_id, event)
+                    return True  # kept for its key (crypto), or told: not one of the events seen
+                event = plain
+            if event.get("type") == "m.reaction":
                 inbound = await self._reaction(room_id, event)
             else:
                 inbound = normalize(event, self._room(room_id), self._who, ours=set(self._ours))
@@ -297,15 +326,33 @@ class MatrixAdapter:
         return inbound
 
     async def _encrypted(self, room_id: str, event: dict) -> None:
-        log.warning("matrix: an encrypted message %s from %s in %s cannot be read (encrypted rooms are not "
-                    "supported); the room is told once", event.get("event_id"), event.get("sender"), room_id)
+        """An event this device cannot decrypt: kept for its key (E2EE on), or the room told it is not read."""
+        if self._crypto is not None:
+            await self._crypto.hold(room_id, event)
+            return
+        log.warning("matrix: an encrypted message %s from %s in %s cannot be read (platforms.matrix.encryption is "
+                    "false); the room is told once", event.get("event_id"), event.get("sender"), room_id)
+        await self._tell(room_id, E2EE_NOTICE)
+
+    async def _tell(self, room_id: str, notice: str) -> None:
+        """``notice`` in ``room_id``, once (remembered in the store, so once across restarts too)."""
         if room_id in self._told_encrypted or await self._state.get(f"e2ee_told:{room_id}"):
             self._told_encrypted.add(room_id)
             return
         assert self._out is not None
-        await self._out.post(ChatRef(PLATFORM, room_id), E2EE_NOTICE, reply_to=None)
+        await self._out.post(ChatRef(PLATFORM, room_id), notice, reply_to=None)
         await self._state.set(f"e2ee_told:{room_id}", "1")
         self._told_encrypted.add(room_id)
+
+    async def _after_sync(self) -> None:
+        """After every /sync (E2EE on): keys kept up, and the events kept for their keys tried again."""
+        if self._crypto is not None:
+            await self._crypto.maintain(self._deliver, self._undecryptable)
+
+    async def _undecryptable(self, room_id: str) -> None:
+        log.warning("matrix: a message in %s is still undecryptable after %gs; the room is told once", room_id,
+                    self._trust[2])
+        await self._tell(room_id, UNDECRYPTABLE_NOTICE)
 
     async def _reaction(self, room_id: str, event: dict) -> InboundMessage | None:
         """✅/❌ on an approval request: the reactor typing its command (the gateway checks who may)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,6 +18,14 @@ from gateway.types import Capabilities, CredentialCheck, SetupGuide, SetupValue
 __all__ = ["MatrixConfig"]
 
 _USER_ID = re.compile(r"^@[^:\s]+:[^\s]+$")
+
+
+def verified_device(entry: str) -> tuple[str, str, str] | None:
+    """``"@ann:example.org DEVICEID <key>"`` -> (user id, device id, the ed25519 key without its spaces)."""
+    parts = entry.split()
+    if len(parts) < 3 or not _USER_ID.match(parts[0]):
+        return None
+    return parts[0], parts[1], "".join(parts[2:])
 
 
 class MatrixConfig(PlatformConfig):
@@ -49,6 +57,14 @@ class MatrixConfig(PlatformConfig):
     device_name: str = "Switchboard"
     sync_timeout_seconds: float = Field(30.0, gt=0, le=120)  # the long poll of /sync
     max_media_bytes: int = Field(20 * 1024 * 1024, ge=1)  # larger files are described, not downloaded
+    # End-to-end encrypted rooms read and answered (the device's keys in <home>/platforms/matrix/); false:
+    # such a room is told once that it is not read.  Not with a cluster (cluster_problem says why).
+    encryption: bool = True
+    # Who gets the keys to the bot's encrypted replies: "tofu" every device of the room's members, its keys
+    # pinned the first time the bot sees them; "verified" only the devices in verified_devices.
+    device_trust: Literal["tofu", "verified"] = "tofu"
+    # "@ann:example.org DEVICEID <its session key>" (Element: Settings -> Sessions), for device_trust: verified.
+    verified_devices: tuple[str, ...] = ()
 
     @field_validator("user_id")
     @classmethod
@@ -70,12 +86,34 @@ class MatrixConfig(PlatformConfig):
             out.append(user_id)
         return tuple(out)
 
+    @field_validator("verified_devices", mode="after")
+    @classmethod
+    def _devices(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, item in enumerate(value):
+            if verified_device(item) is None:
+                raise KeyedError(str(i), 'must be "@ann:example.org DEVICEID <its session key>" (the key as '
+                                 f"Element shows it under Settings -> Sessions; got {item!r})")
+        return value
+
     @model_validator(mode="after")
     def _needs_a_user_for_a_password(self) -> MatrixConfig:
         if self.enabled and self.password and not self.user_id:
             raise KeyedError("user_id", "is not set but password is: a password login needs the bot's user id "
                              "(@bot:example.org)")
+        if self.enabled and self.encryption and self.device_trust == "verified" and not self.verified_devices:
+            raise KeyedError("verified_devices", "is empty but device_trust is verified: no device could read the "
+                             "bot's encrypted replies; list them, or set device_trust: tofu")
         return self
+
+    def cluster_problem(self) -> tuple[str, str] | None:
+        """E2EE and a cluster: the device's Olm and Megolm sessions live in one crypto store in the home of
+        the instance that syncs, and a standby (or the next owner) could neither decrypt nor encrypt with
+        them, so the two are refused together, saying what to do."""
+        if not (self.enabled and self.encryption):
+            return None
+        return ("encryption", "is true, and a cluster cannot share the device's crypto store (it lives in the "
+                "home of the instance that syncs): set platforms.matrix.encryption: false (encrypted rooms are then "
+                "told once that they are not read), or run the Matrix bot on a single instance (SQLite store)")
 
     def credential_problem(self) -> str | None:
         if self.access_token or self.password:

@@ -4,8 +4,10 @@ An ``m.image``, ``m.file``, ``m.audio`` (a voice message carries ``org.matrix.ms
 downloaded through nio's authenticated media API when it fits ``media.max_bytes`` for its kind and
 ``platforms.matrix.max_media_bytes``; the gateway keeps it in the media store (a voice message is
 transcribed there like the other platforms').  Videos, anything too big, anything whose download
-fails, and an encrypted file (``content.file``: this adapter has no room keys) are passed with name,
-type and size only, so the message still goes through and the model knows something came.  Only
+fails are passed with name, type and size only, so the message still goes through and the model knows
+something came.  A file in an encrypted room (``content.file``: its ``url`` with the AES key, IV and
+SHA-256 the Megolm-encrypted event carried) is downloaded the same way and decrypted here; one whose
+hash does not match is described only.  Only
 ``mxc://`` URIs are fetched, and only from our homeserver's media API: never a URL a message names.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from nio import AsyncClient, MemoryDownloadResponse
+from nio.crypto.attachments import decrypt_attachment
 
 from gateway.types import Attachment, MediaLimits, attachment_kind
 
@@ -43,7 +46,8 @@ async def collect(client: AsyncClient, content: dict, *, limits: MediaLimits, ca
     else:
         kind = attachment_kind(mime, name)
     described = Attachment(kind=kind, name=name, mime_type=mime, size=size, duration=duration)
-    url = content.get("url")
+    secret = content.get("file") if isinstance(content.get("file"), dict) else None
+    url = secret.get("url") if secret is not None else content.get("url")
     if msgtype == "m.video" or not isinstance(url, str) or not url.startswith("mxc://"):
         return (described,)
     limit = min(limits.for_kind(kind), cap)
@@ -59,6 +63,12 @@ async def collect(client: AsyncClient, content: dict, *, limits: MediaLimits, ca
         log.warning("could not download a matrix %s: %s", kind, resp)
         return (described,)
     data = bytes(resp.body)
+    if secret is not None:
+        try:
+            data = decrypt_attachment(data, secret["key"]["k"], secret["hashes"]["sha256"], secret["iv"])
+        except Exception as exc:  # noqa: BLE001 - a wrong key or hash: described, never passed on as it is
+            log.warning("could not decrypt a matrix %s: %s: %s", kind, type(exc).__name__, exc)
+            return (described,)
     if len(data) > limit:
         log.info("a matrix %s of %d bytes is over its %d-byte limit; described only", kind, len(data), limit)
         return (described,)

@@ -4,6 +4,12 @@ Every event goes out as ``PUT /rooms/{room}/send/{type}/{txnId}`` with one trans
 event, kept across its retries: the homeserver answers a repeated transaction with the event it
 already made, so a retry after a timeout or a 5xx never posts a reply twice.
 
+Encrypted rooms: nio encrypts the content with the room's Megolm session (shared first with the
+devices ``device_trust`` allows: ``crypto.Crypto.prepare``), leaving ``m.relates_to`` in the clear
+so threads and edits still aggregate; a retry encrypts again under the same transaction id.  A voice
+reply there is uploaded encrypted (``file`` with its key, never a plaintext ``url``).  Reactions go
+unencrypted, as nio sends them (they carry only the key and the event they point at).
+
 Pacing: one budget per room (``gateway.ratelimit.chat_budget_for``: ``CAPABILITIES.chat_rate`` with
 bursts of ``chat_burst``) for messages, edits and typing, and one per account.  ``M_LIMIT_EXCEEDED``
 pauses both for its ``retry_after_ms`` and the same transaction is tried again (nio's own 429 loop is
@@ -16,7 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from nio import AsyncClient, RoomSendResponse, UploadResponse
 
@@ -62,9 +68,19 @@ def _http_status(resp: Any) -> int:
     return int(getattr(transport, "status", 0) or 0)
 
 
+#: room id -> whether unverified devices may get the room key (crypto.Crypto.prepare; encrypted rooms)
+Prepare = Callable[[str], Awaitable[bool]]
+
+
+async def _plain(room_id: str) -> bool:
+    return True
+
+
 class Outbound:
-    def __init__(self, client: AsyncClient, token: str, *, backoff_seconds: float = 0.5):
+    def __init__(self, client: AsyncClient, token: str, *, backoff_seconds: float = 0.5,
+                 prepare: Prepare | None = None):
         self.client = client
+        self._prepare = prepare or _plain
         self._token = token
         self._backoff = backoff_seconds
         self._typed: dict[str, float] = {}
@@ -84,8 +100,9 @@ class Outbound:
             await budget.acquire()
             await limiter.acquire()
             try:
+                unverified = await self._prepare(room_id)  # an encrypted room: its devices known, trust applied
                 resp = await self.client.room_send(room_id, event_type, content, tx_id=txn,
-                                                   ignore_unverified_devices=True)
+                                                   ignore_unverified_devices=unverified)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a timeout or a dropped connection: the same txn again
@@ -152,17 +169,24 @@ class Outbound:
         except Exception as exc:  # noqa: BLE001 - typing is best effort
             log.debug("matrix typing failed: %s", exc)
 
-    async def upload(self, data: bytes, mime: str, name: str) -> str:
-        """``data`` into the content repository; its ``mxc://`` URI."""
-        resp, _ = await self.client.upload(lambda *_: data, content_type=mime, filename=name, filesize=len(data))
+    async def upload(self, data: bytes, mime: str, name: str, *, encrypt: bool = False) -> tuple[str, dict | None]:
+        """``data`` into the content repository: its ``mxc://`` URI, and with ``encrypt`` the key to it."""
+        resp, keys = await self.client.upload(lambda *_: data, content_type=mime, filename=name, filesize=len(data),
+                                              encrypt=encrypt)
         if not isinstance(resp, UploadResponse):
             raise PlatformHTTPError(PLATFORM, _http_status(resp) or 500, str(resp))
-        return resp.content_uri
+        return resp.content_uri, keys
+
+    def encrypted(self, room_id: str) -> bool:
+        room = self.client.rooms.get(room_id)
+        return bool(self.client.olm is not None and room is not None and room.encrypted)
 
     async def send_audio(self, chat: ChatRef, audio: bytes, *, reply_to: str | None) -> str:
         """A spoken reply as a voice message (``m.audio`` with ``org.matrix.msc3245.voice``)."""
-        uri = await self.upload(audio, "audio/ogg", "reply.ogg")
-        content = {"msgtype": "m.audio", "body": "reply.ogg", "url": uri,
+        secret = self.encrypted(chat.chat_id)
+        uri, keys = await self.upload(audio, "audio/ogg", "reply.ogg", encrypt=secret)
+        where = {"file": {**(keys or {}), "url": uri}} if secret else {"url": uri}
+        content = {"msgtype": "m.audio", "body": "reply.ogg", **where,
                    "info": {"mimetype": "audio/ogg", "size": len(audio)},
                    "org.matrix.msc1767.audio": {}, "org.matrix.msc3245.voice": {}}
         content.update(self.relates(chat, reply_to))

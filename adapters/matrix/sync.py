@@ -8,6 +8,10 @@ one of them was stored (or set aside) is its ``next_batch`` written to our store
 after the restart, and the repeated events are answered once because each is keyed by its event
 id.  A takeover by another instance of a cluster resumes from the same stored token.
 
+Encrypted rooms: nio decrypts what it can while it parses the response (``crypto`` says how), so
+the events come here as plaintext; an ``after`` step runs once a response's events were all passed
+(keys uploaded, queried and claimed, to-device messages sent, events kept for their keys tried again).
+
 The first /sync after a start asks for the rooms' full state (``full_state``), so nio's room list
 (members, encryption) is whole again even when the token was stored by an earlier run.
 
@@ -37,6 +41,8 @@ NEXT_BATCH = "next_batch"
 Deliver = Callable[[str, dict], Awaitable[bool]]
 Invited = Callable[[str, list], Awaitable[None]]
 Report = Callable[[str, "str | None"], None]
+#: after every /sync whose events were all passed (E2EE: keys kept up, kept events tried again)
+After = Callable[[], Awaitable[None]]
 
 
 TOKEN_HELP = ("the homeserver refused it (M_UNKNOWN_TOKEN: revoked, or the device was logged out); set a new "
@@ -56,7 +62,7 @@ def source_of(event: Any) -> dict:
 
 class SyncLoop:
     def __init__(self, client: AsyncClient, state: AdapterState, *, deliver: Deliver, invited: Invited,
-                 report: Report, timeout_ms: int, backoff: Backoff):
+                 report: Report, timeout_ms: int, backoff: Backoff, after: After | None = None):
         self.client = client
         self.state = state
         self._deliver = deliver
@@ -64,6 +70,7 @@ class SyncLoop:
         self._report = report
         self._timeout_ms = timeout_ms
         self._backoff = backoff
+        self._after = after
         self.last_beat = time.monotonic()
         self.synced = asyncio.Event()  # the first /sync of this run came back
 
@@ -78,6 +85,7 @@ class SyncLoop:
                 if await self._handle(resp):
                     await self.state.set(NEXT_BATCH, resp.next_batch)
                     since, full_state, failures = resp.next_batch, False, 0
+                    await self._after_sync()
                     self._report("connected", None)
                     self.synced.set()
                     continue
@@ -90,6 +98,17 @@ class SyncLoop:
             self._report("reconnecting", f"/sync failed: {resp}")
             log.warning("matrix /sync failed (%s); trying again in %.1fs", resp, wait)
             await asyncio.sleep(wait)
+
+    async def _after_sync(self) -> None:
+        if self._after is None:
+            return
+        try:
+            await self._after()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the sync goes on; the step runs again after the next one
+            log.error("matrix: the step after /sync failed (%s: %s); it runs again after the next /sync",
+                      type(exc).__name__, exc)
 
     async def _sync(self, since: str | None, full_state: bool) -> Any:
         try:

@@ -11,7 +11,10 @@ What it checks, as Synapse does: the access token (``Authorization: Bearer``; a 
 is joined to a room it sends to (403 ``M_FORBIDDEN``), an event's size (65,536 bytes: 413
 ``M_TOO_LARGE``), the transaction id (a repeated ``txnId`` returns the first event, never a second
 one), and a per-account message rate (``rate``/``burst``: 429 ``M_LIMIT_EXCEEDED`` with
-``retry_after_ms``).  /sync is a real long poll on one stream of positions (``next_batch`` is
+``retry_after_ms``).  Device keys (``/keys/upload``): only the bot's own device's, with its user and
+device id, and an uploaded device key never replaced by another (Synapse refuses that too); a key
+query answers what was uploaded, a claim finds no one-time keys (no other device here has any); the
+to-device messages the bot sends are recorded.  /sync is a real long poll on one stream of positions (``next_batch`` is
 ``s<position>``): events after ``since``, the rooms' state on ``full_state`` or a first sync.
 
 Faults are scripted before the call that meets them: :meth:`fail_next` (429 with its
@@ -108,6 +111,9 @@ class FakeMatrix:
         self.attempts: list[tuple[float, str, str, dict]] = []  # every send asked for: (at, room, type, content)
         self.base_url = ""
         self.logins = 0
+        self.device_keys: dict[str, dict] = {}  # the bot's device -> its signed keys, as uploaded
+        self.one_time_keys: dict[str, dict] = {}
+        self.to_device: list[tuple[str, dict]] = []  # (event type, messages) the bot sent to devices
 
     # -- lifecycle
 
@@ -124,6 +130,11 @@ class FakeMatrix:
         r.add_post("/_matrix/client/v3/join/{room}", self._join)
         r.add_post("/_matrix/client/v3/rooms/{room}/leave", self._leave)
         r.add_post("/_matrix/media/v3/upload", self._upload)
+        r.add_get("/_matrix/client/v3/rooms/{room}/joined_members", self._joined_members)
+        r.add_post("/_matrix/client/v3/keys/upload", self._keys_upload)
+        r.add_post("/_matrix/client/v3/keys/query", self._keys_query)
+        r.add_post("/_matrix/client/v3/keys/claim", self._keys_claim)
+        r.add_put("/_matrix/client/v3/sendToDevice/{type}/{txn}", self._send_to_device)
         r.add_get("/_matrix/client/v1/media/download/{server}/{media}", self._download)
         r.add_get("/_matrix/client/v1/media/download/{server}/{media}/{name}", self._download)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
@@ -432,6 +443,49 @@ class FakeMatrix:
             return refused
         return web.json_response({"content_uri": self.add_media(await request.read(),
                                                                 request.content_type or "application/octet-stream")})
+
+    async def _joined_members(self, request: web.Request) -> web.Response:
+        room = self.rooms.get(request.match_info["room"])
+        refused = self._authorized(request)
+        if refused or room is None or BOT not in room.members:
+            return refused or self._error(403, "M_FORBIDDEN", "You aren't a member of the room")
+        return web.json_response({"joined": {u: {"display_name": u[1:].split(":")[0].title()} for u in room.members}})
+
+    async def _keys_upload(self, request: web.Request) -> web.Response:
+        refused = self._authorized(request)
+        if refused:
+            return refused
+        body = await request.json()
+        keys = body.get("device_keys")
+        if keys is not None:
+            if keys.get("user_id") != BOT or keys.get("device_id") != "FAKEDEVICE" or not keys.get("signatures"):
+                return self._error(400, "M_INVALID_PARAM", "device_keys for another user or device, or unsigned")
+            known = self.device_keys.get("FAKEDEVICE")
+            if known is not None and known.get("keys") != keys.get("keys"):
+                return self._error(400, "M_INVALID_PARAM", "this device already has other keys")
+            self.device_keys["FAKEDEVICE"] = keys
+        self.one_time_keys.update(body.get("one_time_keys") or {})
+        count = sum(1 for k in self.one_time_keys if k.startswith("signed_curve25519:"))
+        return web.json_response({"one_time_key_counts": {"signed_curve25519": count}})
+
+    async def _keys_query(self, request: web.Request) -> web.Response:
+        refused = self._authorized(request)
+        if refused:
+            return refused
+        wanted = (await request.json()).get("device_keys") or {}
+        found = {user: (dict(self.device_keys) if user == BOT else {}) for user in wanted}
+        return web.json_response({"device_keys": found, "failures": {}})
+
+    async def _keys_claim(self, request: web.Request) -> web.Response:
+        refused = self._authorized(request)
+        return refused or web.json_response({"one_time_keys": {}, "failures": {}})
+
+    async def _send_to_device(self, request: web.Request) -> web.Response:
+        refused = self._authorized(request)
+        if refused:
+            return refused
+        self.to_device.append((request.match_info["type"], (await request.json()).get("messages") or {}))
+        return web.json_response({})
 
     async def _download(self, request: web.Request) -> web.Response:
         refused = self._authorized(request)  # authenticated media (the v1 API) asks for the token too

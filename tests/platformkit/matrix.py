@@ -178,13 +178,14 @@ class MatrixSide:
     redelivers = True
     keeps_order = True  # one /sync's timeline is handed over event by event, in order
 
-    def __init__(self, hs: FakeMatrix):
+    def __init__(self, hs: FakeMatrix, *, encryption: bool = True):
         self.hs = hs
+        self.encryption = encryption  # a cluster cannot share the crypto store: off there (MatrixConfig)
         self._syncs_seen = 0
 
     def settings(self) -> dict:
         return {"platforms": {"matrix": {"homeserver": self.hs.base_url, "access_token": self.hs.token,
-                                         "sync_timeout_seconds": 5}}}
+                                         "sync_timeout_seconds": 5, "encryption": self.encryption}}}
 
     def chat_of(self, index: int) -> str:
         return self.hs.dm_room(f"@user{index}:{SERVER}")
