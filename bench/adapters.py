@@ -75,12 +75,12 @@ def report(name: str, latencies: list[float]) -> None:
 
 
 async def bench_telegram(model, args, home: Path) -> list[float]:
-    from adapters.telegram import TelegramAdapter
+    from adapters.telegram import TelegramAdapter, TelegramConfig
     from tests.fakes.telegram import FakeTelegram
 
     async with FakeTelegram() as tg:
-        adapter = TelegramAdapter(token=tg.token, base_url=tg.base_url, rate_per_second=1e6, rate_burst=1_000_000,
-                                  chat_rate=UNPACED, group_rate=UNPACED)
+        adapter = TelegramAdapter(TelegramConfig(token=tg.token, base_url=tg.base_url), rate_per_second=1e6,
+                                  rate_burst=1_000_000, chat_rate=UNPACED, group_rate=UNPACED)
         async with running_gateway(home, model, adapters={"telegram": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "telegram to connect")
             users = [tg.user(1000 + c, f"User{c}") for c in range(args.chats)]
