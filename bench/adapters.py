@@ -95,11 +95,11 @@ async def bench_telegram(model, args, home: Path) -> list[float]:
 
 
 async def bench_discord(model, args, home: Path) -> list[float]:
-    from adapters.discord import DiscordAdapter
+    from adapters.discord import DiscordAdapter, DiscordConfig
     from tests.fakes.discord import FakeDiscord
 
     async with FakeDiscord() as dc:
-        adapter = DiscordAdapter(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
+        adapter = DiscordAdapter(DiscordConfig(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url),
                                  send_rate=1e6, send_burst=1_000_000, channel_rate=UNPACED)
         async with running_gateway(home, model, adapters={"discord": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "discord to connect")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.discord import DiscordAdapter
+from adapters.discord import DiscordAdapter, DiscordConfig
 from adapters.slack import SlackAdapter
 from gateway.retry import Backoff
 from gateway.types import ChatRef, SendingOnly
@@ -27,8 +27,9 @@ def _no_proxy(monkeypatch):
 
 
 def discord_adapter(dc: FakeDiscord) -> DiscordAdapter:
-    return DiscordAdapter(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
-                          stall_timeout_seconds=30, connect_timeout_seconds=5, send_backoff=FAST,
+    config = DiscordConfig(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
+                           stall_timeout_seconds=30)
+    return DiscordAdapter(config, connect_timeout_seconds=5, send_backoff=FAST,
                           reconnect_backoff=FAST, deliver_backoff=FAST)
 
 
