@@ -114,11 +114,11 @@ async def bench_discord(model, args, home: Path) -> list[float]:
 
 
 async def bench_slack(model, args, home: Path) -> list[float]:
-    from adapters.slack import SlackAdapter
+    from adapters.slack import SlackAdapter, SlackConfig
     from tests.fakes.slack import FakeSlack
 
     async with FakeSlack() as sl:
-        adapter = SlackAdapter(bot_token=sl.bot_token, app_token=sl.app_token, api_base_url=sl.base_url,
+        adapter = SlackAdapter(SlackConfig(bot_token=sl.bot_token, app_token=sl.app_token, api_base_url=sl.base_url),
                                send_rate=1e6, send_burst=1_000_000, channel_rate=UNPACED)
         async with running_gateway(home, model, adapters={"slack": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "slack to connect")
