@@ -402,7 +402,7 @@ def test_a_function_is_measured_from_its_def_to_its_last_line(tmp_path):
 
 
 # The built-in adapters whose constructor takes its config model (issue #37: one platform at a time).
-TAKES_ITS_CONFIG = ("telegram", "discord", "slack", "email", "webhook", "whatsapp", "signal", "teams", "lark")
+TAKES_ITS_CONFIG = ("telegram", "discord", "slack", "email", "webhook", "whatsapp", "signal", "teams", "lark", "matrix")
 
 
 def _adapter_init(name: str) -> tuple[str, ast.FunctionDef]:
