@@ -75,12 +75,12 @@ def report(name: str, latencies: list[float]) -> None:
 
 
 async def bench_telegram(model, args, home: Path) -> list[float]:
-    from adapters.telegram import TelegramAdapter
+    from adapters.telegram import TelegramAdapter, TelegramConfig
     from tests.fakes.telegram import FakeTelegram
 
     async with FakeTelegram() as tg:
-        adapter = TelegramAdapter(token=tg.token, base_url=tg.base_url, rate_per_second=1e6, rate_burst=1_000_000,
-                                  chat_rate=UNPACED, group_rate=UNPACED)
+        adapter = TelegramAdapter(TelegramConfig(token=tg.token, base_url=tg.base_url), rate_per_second=1e6,
+                                  rate_burst=1_000_000, chat_rate=UNPACED, group_rate=UNPACED)
         async with running_gateway(home, model, adapters={"telegram": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "telegram to connect")
             users = [tg.user(1000 + c, f"User{c}") for c in range(args.chats)]
@@ -95,11 +95,11 @@ async def bench_telegram(model, args, home: Path) -> list[float]:
 
 
 async def bench_discord(model, args, home: Path) -> list[float]:
-    from adapters.discord import DiscordAdapter
+    from adapters.discord import DiscordAdapter, DiscordConfig
     from tests.fakes.discord import FakeDiscord
 
     async with FakeDiscord() as dc:
-        adapter = DiscordAdapter(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
+        adapter = DiscordAdapter(DiscordConfig(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url),
                                  send_rate=1e6, send_burst=1_000_000, channel_rate=UNPACED)
         async with running_gateway(home, model, adapters={"discord": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "discord to connect")
@@ -114,11 +114,11 @@ async def bench_discord(model, args, home: Path) -> list[float]:
 
 
 async def bench_slack(model, args, home: Path) -> list[float]:
-    from adapters.slack import SlackAdapter
+    from adapters.slack import SlackAdapter, SlackConfig
     from tests.fakes.slack import FakeSlack
 
     async with FakeSlack() as sl:
-        adapter = SlackAdapter(bot_token=sl.bot_token, app_token=sl.app_token, api_base_url=sl.base_url,
+        adapter = SlackAdapter(SlackConfig(bot_token=sl.bot_token, app_token=sl.app_token, api_base_url=sl.base_url),
                                send_rate=1e6, send_burst=1_000_000, channel_rate=UNPACED)
         async with running_gateway(home, model, adapters={"slack": adapter}, **GATEWAY):
             await wait_until(lambda: adapter.health().state == "connected", 30, "slack to connect")

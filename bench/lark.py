@@ -28,14 +28,14 @@ from tests.harness import running_gateway
 
 
 async def bench(args, home: Path) -> None:
-    from adapters.lark import LarkAdapter
+    from adapters.lark import LarkAdapter, LarkConfig
     from tests.fakes.lark import FakeLark
 
     proc, model = await start_model()
     try:
         async with FakeLark() as lark:
-            adapter = LarkAdapter(app_id=lark.app_id, app_secret=lark.app_secret, base_url=lark.base_url,
-                                  chat_rate=UNPACED)
+            config = LarkConfig(app_id=lark.app_id, app_secret=lark.app_secret, base_url=lark.base_url)
+            adapter = LarkAdapter(config, chat_rate=UNPACED)
             async with running_gateway(home, model, adapters={"lark": adapter}, **GATEWAY):
                 await wait_until(lambda: adapter.health().state == "connected", 30, "lark to connect")
                 events = [lark.message(f"oc_dm_{i % args.chats}", f"ou_{i % args.chats}", f"bench {i}")

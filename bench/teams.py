@@ -38,16 +38,16 @@ async def bench(args, home: Path) -> None:
 
     from adapters.teams import TeamsAdapter
     from adapters.teams.auth import ActivityVerifier
-    from adapters.teams.config import MESSAGES_PATH
+    from adapters.teams.config import MESSAGES_PATH, TeamsConfig
     from tests.fakes.teams import FakeTeams
 
     proc, model = await start_model()
     try:
         async with FakeTeams() as teams:
-            adapter = TeamsAdapter(app_id=teams.app_id, app_password=teams.app_password,
-                                   openid_metadata_url=teams.metadata_url, issuer=teams.issuer,
-                                   token_url=teams.token_url, service_url=teams.service_url,
-                                   chat_rate=UNPACED, app_rate=1e6)
+            config = TeamsConfig(app_id=teams.app_id, app_password=teams.app_password,
+                                 openid_metadata_url=teams.metadata_url, issuer=teams.issuer,
+                                 token_url=teams.token_url, service_url=teams.service_url)
+            adapter = TeamsAdapter(config, chat_rate=UNPACED, app_rate=1e6)
             async with running_gateway(home, model, adapters={"teams": adapter}, **GATEWAY) as gw:
                 await wait_until(lambda: adapter.health().state == "connected", 30, "teams to listen")
                 teams.endpoint = f"http://127.0.0.1:{gw.api.bound_port}{MESSAGES_PATH}"

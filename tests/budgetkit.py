@@ -43,13 +43,14 @@ async def _go() -> None:
 
 async def _telegram(args: argparse.Namespace) -> None:
     from adapters.telegram.adapter import TelegramAdapter
+    from adapters.telegram.config import TelegramConfig
     from gateway.ratelimit import ChatRate
     from gateway.types import ChatRef
 
     buckets = await _share(args)
     chat_rate = ChatRate(rate=args.chat_rate, burst=args.chat_burst, min_gap=0.0)
-    adapter = TelegramAdapter(token=os.environ["SWITCHBOARD_TEST_BOT_TOKEN"], base_url=args.base_url,
-                              rate_per_second=args.token_rate, rate_burst=args.token_burst,
+    config = TelegramConfig(token=os.environ["SWITCHBOARD_TEST_BOT_TOKEN"], base_url=args.base_url)
+    adapter = TelegramAdapter(config, rate_per_second=args.token_rate, rate_burst=args.token_burst,
                               chat_rate=chat_rate, group_rate=chat_rate, send_attempts=8)
     adapter.gate_polling(lambda: 0.0)  # another instance owns the poller: this one only sends
 

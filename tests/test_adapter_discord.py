@@ -7,10 +7,11 @@ import logging
 
 import pytest
 
-from adapters.discord import DiscordAdapter
+from adapters.discord import DiscordAdapter, DiscordConfig
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
 from gateway.types import Adapter, Attachment, ChatRef, ChatType, InboundMessage, MediaLimits
+from tests.adapter_config import configured
 from tests.fakes.discord import APP_FLAG_MESSAGE_CONTENT_LIMITED, FakeDiscord
 from tests.harness import eventually
 from tests.recording import Recorder
@@ -24,7 +25,7 @@ def make_adapter(fake: FakeDiscord, **kw) -> DiscordAdapter:
                     commands=COMMANDS, stall_timeout_seconds=30, connect_timeout_seconds=5,
                     send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
     settings.update(kw)
-    return DiscordAdapter(**settings)
+    return configured(DiscordAdapter, DiscordConfig, **settings)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from adapters.discord import DiscordAdapter
+from adapters.discord import DiscordAdapter, DiscordConfig
 from adapters.discord.format import to_discord, to_plain
 from gateway.retry import Backoff
 from gateway.types import ChatRef, ChatType, Delivery
@@ -28,8 +28,8 @@ async def fake():
 
 @pytest.fixture
 async def bot(fake):
-    adapter = DiscordAdapter(token=fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url,
-                             commands=COMMANDS, connect_timeout_seconds=5, send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
+    config = DiscordConfig(token=fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)
+    adapter = DiscordAdapter(config, commands=COMMANDS, connect_timeout_seconds=5, send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
     handler = Recorder()
     await adapter.start(handler)
     yield adapter, handler
@@ -180,7 +180,7 @@ async def test_send_before_start_and_empty_replies_fail_cleanly(fake, bot):
     adapter, _ = bot
     assert await adapter.send(ChatRef("discord", fake.general["id"]), "   ") == Delivery(
         ok=False, error="nothing to send: the reply is empty")
-    idle = DiscordAdapter(token=fake.token)
+    idle = DiscordAdapter(DiscordConfig(token=fake.token))
     assert (await idle.send(ChatRef("discord", "1"), "x")).ok is False
 
 
@@ -256,7 +256,6 @@ async def test_a_command_the_gateway_cannot_take_tells_the_user(fake, bot):
 
 
 def test_from_config_maps_the_discord_section():
-    from adapters.discord import DiscordConfig
 
     cfg = DiscordConfig(token="t0k", api_base_url="http://127.0.0.1:9/api/v10", gateway_url="ws://127.0.0.1:9/gw",
                         require_mention=False, free_response_channels=("42",), stall_timeout_seconds=60)

@@ -15,7 +15,7 @@ from email.utils import make_msgid
 
 import pytest
 
-from adapters.email import EmailAdapter
+from adapters.email import EmailAdapter, EmailConfig
 from gateway.runtime.cluster import connection_key
 from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import FakeModel
@@ -197,7 +197,7 @@ async def test_a_reply_after_a_restart_threads_from_the_mailbox(tmp_path, server
     raw, mid = mail("stored earlier", subject="Budget", reply_to_id="<root@example.com>",
                     references="<root@example.com> <mid@example.com>")
     imap.append(raw)
-    adapter = EmailAdapter.from_config(type("S", (), email_section(imap, smtp, imap_tls="none"))())
+    adapter = EmailAdapter(EmailConfig(**email_section(imap, smtp, imap_tls="none")))
     await adapter.open_for_sending()
     from gateway.types import ChatRef
 

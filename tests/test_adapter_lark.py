@@ -13,6 +13,7 @@ from adapters.lark.config import EVENTS_PATH
 from adapters.teams import TeamsConfig
 from gateway.runtime.cluster import connection_key
 from gateway.types import Button, ChatRef, ChatType, InboundMessage
+from tests.adapter_config import configured
 from tests.fakes.lark import FakeLark
 from tests.platform_paths import serving
 from tests.waiting import eventually
@@ -40,7 +41,7 @@ class Inbox:
 async def _started(lark: FakeLark, inbox: Inbox, **overrides) -> LarkAdapter:
     settings = dict(app_id=lark.app_id, app_secret=lark.app_secret, base_url=lark.base_url)
     settings.update(overrides)
-    adapter = LarkAdapter(**settings)
+    adapter = configured(LarkAdapter, LarkConfig, **settings)
     await adapter.start(inbox)
     return adapter
 
@@ -101,7 +102,7 @@ async def test_the_tenant_token_is_refreshed_before_it_expires(lark):
 
 
 async def test_a_rejected_app_secret_stops_trying_and_says_what_to_fix(lark):
-    adapter = LarkAdapter(app_id=lark.app_id, app_secret="an-old-secret", base_url=lark.base_url)
+    adapter = LarkAdapter(LarkConfig(app_id=lark.app_id, app_secret="an-old-secret", base_url=lark.base_url))
     await adapter.start(Inbox())
     try:
         state, error = adapter.health().state, adapter.health().last_error

@@ -24,6 +24,7 @@ from gateway.cli.main import main
 from gateway.errors import TokenRejected
 from gateway.runtime.cluster import connection_key
 from gateway.runtime.daemon import Gateway, platform_summary
+from tests.adapter_config import configured
 from tests.fakes.matrix import BOT, SERVER, FakeMatrix
 from tests.fakes.model_server import FakeModel
 from tests.harness import eventually, gateway_config
@@ -53,7 +54,8 @@ class Inbox:
 
 
 def adapter(hs: FakeMatrix, tmp_path, **kw) -> tuple[MatrixAdapter, MemoryState]:
-    a = MatrixAdapter(homeserver=hs.base_url, sync_timeout_seconds=2, **({"access_token": hs.token} | kw))
+    a = configured(MatrixAdapter, MatrixConfig, homeserver=hs.base_url, sync_timeout_seconds=2,
+                   **({"access_token": hs.token} | kw))
     state = MemoryState(tmp_path / "platforms" / "matrix")
     a.keep_state_in(state)
     return a, state
@@ -114,7 +116,7 @@ async def test_the_sync_token_is_kept_and_a_restart_takes_nothing_twice(tmp_path
         await eventually(lambda: state.values.get("next_batch") == f"s{len(hs.stream.events)}", WAIT, "the token kept")
         await first.stop()
         hs.message(room, ANN, "while it was down")
-        second = MatrixAdapter(homeserver=hs.base_url, access_token=hs.token, sync_timeout_seconds=2)
+        second = MatrixAdapter(MatrixConfig(homeserver=hs.base_url, access_token=hs.token, sync_timeout_seconds=2))
         second.keep_state_in(state)
         await second.start(inbox)
         try:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.discord import DiscordAdapter
-from adapters.slack import SlackAdapter
+from adapters.discord import DiscordAdapter, DiscordConfig
+from adapters.slack import SlackAdapter, SlackConfig
 from gateway.retry import Backoff
 from gateway.types import ChatRef, SendingOnly
 from tests.fakes.discord import FakeDiscord
@@ -27,14 +27,16 @@ def _no_proxy(monkeypatch):
 
 
 def discord_adapter(dc: FakeDiscord) -> DiscordAdapter:
-    return DiscordAdapter(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
-                          stall_timeout_seconds=30, connect_timeout_seconds=5, send_backoff=FAST,
+    config = DiscordConfig(token=dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url,
+                           stall_timeout_seconds=30)
+    return DiscordAdapter(config, connect_timeout_seconds=5, send_backoff=FAST,
                           reconnect_backoff=FAST, deliver_backoff=FAST)
 
 
 def slack_adapter(slack: FakeSlack) -> SlackAdapter:
-    return SlackAdapter(bot_token=slack.bot_token, app_token=slack.app_token, api_base_url=slack.base_url,
-                        send_backoff=Backoff(base=0.01, cap=0.05), stall_timeout_seconds=30)
+    config = SlackConfig(bot_token=slack.bot_token, app_token=slack.app_token, api_base_url=slack.base_url,
+                         stall_timeout_seconds=30)
+    return SlackAdapter(config, send_backoff=Backoff(base=0.01, cap=0.05))
 
 
 async def test_discord_sends_drafts_and_types_without_a_gateway_connection_until_started():

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from adapters.slack import SlackAdapter
+from adapters.slack import SlackAdapter, SlackConfig
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
 from gateway.types import ChatType
+from tests.adapter_config import configured
 from tests.fakes.slack import FakeSlack
 from tests.test_adapter_slack import COMMANDS, Recorder
 
@@ -24,9 +25,9 @@ def _no_proxy(monkeypatch):
 
 @contextlib.asynccontextmanager
 async def http_adapter(fake: FakeSlack, **kw):
-    adapter = SlackAdapter(
-        bot_token=fake.bot_token, signing_secret=fake.signing_secret, mode="http", http_port=0,
-        api_base_url=fake.base_url, commands=COMMANDS, send_backoff=Backoff(base=0.01, cap=0.05), **kw,
+    adapter = configured(
+        SlackAdapter, SlackConfig, bot_token=fake.bot_token, signing_secret=fake.signing_secret, mode="http",
+        http_port=0, api_base_url=fake.base_url, commands=COMMANDS, send_backoff=Backoff(base=0.01, cap=0.05), **kw,
     )
     rec = Recorder()
     await adapter.start(rec)
@@ -113,8 +114,8 @@ async def test_slash_command_over_http(slack):
 
 async def test_a_busy_port_fails_start_with_the_reason(slack):
     async with http_adapter(slack) as (first, _, _url):
-        second = SlackAdapter(bot_token=slack.bot_token, signing_secret="x", mode="http", http_port=first.http_port,
-                              api_base_url=slack.base_url)
+        second = SlackAdapter(SlackConfig(bot_token=slack.bot_token, signing_secret="x", mode="http",
+                                          http_port=first.http_port, api_base_url=slack.base_url))
         with pytest.raises(AdapterError, match="http_port"):
             await second.start(Recorder())
         assert second.health().state == "failed"

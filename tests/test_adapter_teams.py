@@ -13,10 +13,11 @@ import asyncio
 import pytest
 
 from adapters.teams import TeamsAdapter
-from adapters.teams.config import MESSAGES_PATH
+from adapters.teams.config import MESSAGES_PATH, TeamsConfig
 from adapters.teams.format import to_teams
 from gateway.runtime.daemon import Gateway
 from gateway.types import Button, ChatRef, ChatType, InboundMessage
+from tests.adapter_config import configured
 from tests.fakes.model_server import FakeModel
 from tests.fakes.teams import FakeTeams
 from tests.harness import gateway_config, stored_routes
@@ -42,7 +43,7 @@ def _adapter(teams: FakeTeams, **overrides) -> TeamsAdapter:
                     openid_metadata_url=teams.metadata_url, issuer=teams.issuer, token_url=teams.token_url,
                     service_url=teams.service_url)
     settings.update(overrides)
-    return TeamsAdapter(**settings)
+    return configured(TeamsAdapter, TeamsConfig, **settings)
 
 
 class Inbox:

@@ -8,10 +8,11 @@ import logging
 
 import pytest
 
-from adapters.telegram import TelegramAdapter
+from adapters.telegram import TelegramAdapter, TelegramConfig
 from gateway.errors import AdapterError
 from gateway.retry import Backoff
 from gateway.types import Adapter, Attachment, ChatType, InboundMessage, MediaLimits
+from tests.adapter_config import configured
 from tests.fakes.telegram import FakeTelegram
 from tests.recording import Recorder
 
@@ -23,7 +24,7 @@ def make_adapter(tg: FakeTelegram, **kw) -> TelegramAdapter:
     settings = dict(token=tg.token, base_url=tg.base_url, commands=COMMANDS, poll_timeout=1,
                     stall_timeout_seconds=30, reconnect_backoff=FAST, send_backoff=FAST)
     settings.update(kw)
-    return TelegramAdapter(**settings)
+    return configured(TelegramAdapter, TelegramConfig, **settings)
 
 
 @pytest.fixture

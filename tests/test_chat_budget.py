@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from adapters.discord import DiscordAdapter
+from adapters.discord import DiscordAdapter, DiscordConfig
 from adapters.discord.outbound import CHANNEL_RATE as DISCORD_CHANNEL
 from adapters.slack.adapter import CHANNEL_RATE as SLACK_CHANNEL
 from adapters.telegram.adapter import CHAT_RATE as TELEGRAM_CHAT, GROUP_RATE as TELEGRAM_GROUP
@@ -112,8 +112,8 @@ async def discord_fake():
 
 @pytest.fixture
 async def discord_bot(discord_fake):
-    adapter = DiscordAdapter(token=discord_fake.token, api_base_url=discord_fake.api_base_url,
-                             gateway_url=discord_fake.gateway_url, commands=DISCORD_COMMANDS,
+    adapter = DiscordAdapter(DiscordConfig(token=discord_fake.token, api_base_url=discord_fake.api_base_url,
+                                           gateway_url=discord_fake.gateway_url), commands=DISCORD_COMMANDS,
                              connect_timeout_seconds=5, send_backoff=FAST, reconnect_backoff=FAST, deliver_backoff=FAST)
     await adapter.start(Recorder())
     yield adapter

@@ -120,7 +120,7 @@ async def test_signals_delivery_and_read_receipts_show_on_the_replies_too(tmp_pa
 
 
 async def test_a_status_the_store_cannot_keep_is_not_acknowledged_so_meta_sends_it_again(tmp_path):
-    from adapters.whatsapp import WhatsAppAdapter
+    from adapters.whatsapp import WhatsAppAdapter, WhatsAppConfig
     from gateway.types import ChatRef, Receipt
     from tests.test_whatsapp import serving
 
@@ -133,8 +133,9 @@ async def test_a_status_the_store_cannot_keep_is_not_acknowledged_so_meta_sends_
         kept.append(receipt)
 
     async with FakeWhatsApp() as wa:
-        adapter = WhatsAppAdapter(access_token=wa.token, phone_number_id=wa.phone_number_id,
-                                  app_secret=wa.app_secret, verify_token=wa.verify_token, api_base_url=wa.base_url)
+        adapter = WhatsAppAdapter(WhatsAppConfig(access_token=wa.token, phone_number_id=wa.phone_number_id,
+                                                 app_secret=wa.app_secret, verify_token=wa.verify_token,
+                                                 api_base_url=wa.base_url))
         adapter.report_receipts(keep)
         async with serving(adapter) as url:
             wa.webhook_url = url

@@ -409,3 +409,42 @@ def test_a_function_is_measured_from_its_def_to_its_last_line(tmp_path):
     (tmp_path / "m.py").write_text("class C:\n    def f(self):\n        x = 1\n\n        return x\n\n\n"
                                    "async def g(): pass\n")
     assert _function_lengths(tmp_path / "m.py", tmp_path) == {"m.py:2 f": 4, "m.py:8 g": 1}
+
+
+# Every built-in platform: a package under adapters/ with its config model.
+BUILT_IN_PLATFORMS = tuple(sorted(p.parent.name for p in (ROOT / "adapters").glob("*/config.py")))
+
+
+def _adapter_init(name: str) -> tuple[str, ast.FunctionDef]:
+    """The class named by the ``switchboard.adapters`` entry point ``name`` and its ``__init__``, read from source."""
+    from importlib.metadata import entry_points
+
+    [ep] = [ep for ep in entry_points(group="switchboard.adapters") if ep.name == name]
+    cls = ep.value.partition(":")[2]
+    for path in sorted((ROOT / "adapters" / name).glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                [init] = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]
+                return f"{path.relative_to(ROOT)}:{cls}", init
+    raise AssertionError(f"class {cls} of the entry point {name} not found under adapters/{name}/")
+
+
+def test_each_adapter_takes_its_config_model_not_its_settings_one_by_one():
+    """A built-in adapter's constructor takes its ``platforms.<name>`` model first and no keyword named
+    like one of the model's settings: it reads them from the model, which checked them once, on load."""
+    from gateway.config import platform_models
+
+    models = platform_models()
+    wrong = []
+    assert len(BUILT_IN_PLATFORMS) >= 10, BUILT_IN_PLATFORMS
+    for name in BUILT_IN_PLATFORMS:
+        where, init = _adapter_init(name)
+        model = models[name]
+        params = [a for a in init.args.args[1:] + init.args.kwonlyargs]
+        first = init.args.args[1] if len(init.args.args) > 1 else None
+        if first is None or first.arg != "config" or ast.unparse(first.annotation or ast.Name("?")) != model.__name__:
+            wrong.append(f"{where}.__init__ does not take `config: {model.__name__}` first")
+        copied = sorted(a.arg for a in params if a.arg in model.model_fields)
+        if copied:
+            wrong.append(f"{where}.__init__ takes settings of {model.__name__} one by one: {', '.join(copied)}")
+    assert not wrong, "\n".join(wrong)

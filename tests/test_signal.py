@@ -12,9 +12,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from adapters.signal import SignalAdapter
+from adapters.signal import SignalAdapter, SignalConfig
 from gateway.errors import AdapterError
 from gateway.types import ChatRef, InboundMessage
+from tests.adapter_config import configured
 from tests.fakes.signal_cli import FakeSignalCli
 from tests.waiting import eventually
 
@@ -29,7 +30,7 @@ async def running(sc: FakeSignalCli, handler=None, **kw):
     async def keep(message: InboundMessage) -> None:
         got.append(message)
 
-    adapter = SignalAdapter(account=sc.account, http_url=sc.url, **kw)
+    adapter = configured(SignalAdapter, SignalConfig, account=sc.account, http_url=sc.url, **kw)
     await adapter.start(handler or keep)
     try:
         yield adapter, got
@@ -136,10 +137,10 @@ async def test_a_rate_limit_is_waited_out_and_a_refused_send_says_why():
 async def test_start_refuses_an_account_signal_cli_does_not_have_and_a_daemon_that_is_not_there():
     async with FakeSignalCli() as sc:
         with pytest.raises(AdapterError, match=r"\+15559999999 is not registered or linked in this signal-cli"):
-            await SignalAdapter(account="+15559999999", http_url=sc.url).start(lambda m: None)  # type: ignore[arg-type]
+            await SignalAdapter(SignalConfig(account="+15559999999", http_url=sc.url)).start(lambda m: None)  # type: ignore[arg-type]
         url = sc.url
     with pytest.raises(AdapterError, match="signal-cli does not answer at .* daemon --http"):
-        await SignalAdapter(account="+15550001111", http_url=url).start(lambda m: None)  # type: ignore[arg-type]
+        await SignalAdapter(SignalConfig(account="+15550001111", http_url=url)).start(lambda m: None)  # type: ignore[arg-type]
 
 
 async def test_doctor_checks_the_daemon_and_the_account(tmp_path):

@@ -15,9 +15,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from adapters.whatsapp import WhatsAppAdapter
+from adapters.whatsapp import WhatsAppAdapter, WhatsAppConfig
 from gateway.runtime.platform_http import PlatformHttp
 from gateway.types import Button, ChatRef, InboundMessage
+from tests.adapter_config import configured
 from tests.fakes.whatsapp import FakeWhatsApp, sign
 
 ANN = "4915100000001"
@@ -47,8 +48,8 @@ async def running(wa: FakeWhatsApp, **kw):
     async def handler(message: InboundMessage) -> None:
         got.append(message)
 
-    adapter = WhatsAppAdapter(access_token=wa.token, phone_number_id=wa.phone_number_id, app_secret=wa.app_secret,
-                              verify_token=wa.verify_token, api_base_url=wa.base_url, **kw)
+    adapter = configured(WhatsAppAdapter, WhatsAppConfig, access_token=wa.token, phone_number_id=wa.phone_number_id,
+                         app_secret=wa.app_secret, verify_token=wa.verify_token, api_base_url=wa.base_url, **kw)
     async with serving(adapter) as url:
         await adapter.start(handler)
         wa.webhook_url = url
@@ -206,8 +207,9 @@ async def test_a_token_refused_at_start_is_not_retried_and_names_the_key():
     from gateway.errors import TokenRejected
 
     async with FakeWhatsApp() as wa:
-        adapter = WhatsAppAdapter(access_token="EAAG-revoked", phone_number_id=wa.phone_number_id,
-                                  app_secret=wa.app_secret, verify_token=wa.verify_token, api_base_url=wa.base_url)
+        adapter = WhatsAppAdapter(WhatsAppConfig(access_token="EAAG-revoked", phone_number_id=wa.phone_number_id,
+                                                 app_secret=wa.app_secret, verify_token=wa.verify_token,
+                                                 api_base_url=wa.base_url))
         async with serving(adapter) as url:
             with pytest.raises(TokenRejected) as info:
                 await adapter.start(lambda m: None)  # type: ignore[arg-type]

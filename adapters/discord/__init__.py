@@ -1,7 +1,7 @@
 """Discord adapter (discord.py 2.7).
 
     from adapters.discord import DiscordAdapter
-    adapter = DiscordAdapter(token=..., commands=[("help", "Show commands")])
+    adapter = DiscordAdapter(DiscordConfig(token=...), commands=[("help", "Show commands")])
     await adapter.start(handler)
 
 The package is named like the library; every module here imports the

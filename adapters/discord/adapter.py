@@ -70,6 +70,7 @@ from gateway.types import (
 )
 
 from . import attachments as _attachments, commands as _commands, events, redact
+from .config import DiscordConfig
 from .outbound import CHANNEL_RATE, Outbound, allowed_mentions
 from .redact import describe
 
@@ -129,17 +130,12 @@ class DiscordAdapter:
 
     def __init__(
         self,
+        config: DiscordConfig,
         *,
-        token: str,
-        api_base_url: str = DEFAULT_API_BASE_URL,
-        gateway_url: str | None = None,
-        require_mention: bool = True,
-        free_response_channels: Sequence[str] = (),
-        stall_timeout_seconds: float = 120.0,
         commands: Sequence[tuple[str, str]] = (),
         vision: bool = False,
-        max_image_bytes: int = 8 * 1024 * 1024,
         media: MediaLimits | None = None,
+        max_image_bytes: int = 8 * 1024 * 1024,
         connect_timeout_seconds: float = 30.0,
         sync_commands: bool = True,
         send_rate: float = 5.0,
@@ -152,16 +148,17 @@ class DiscordAdapter:
         deliver_attempts: int = DEAD_LETTER_AFTER,
         deliver_backoff: Backoff = Backoff(base=0.5, cap=5.0),
     ):
-        if not token or not token.strip():
+        """``config`` (``platforms.discord``, checked when it was loaded) says where to connect and what to
+        answer; ``commands``, ``vision`` and ``media`` come from the rest of the config; the keywords after
+        them pace, time and retry (tests and benches turn them)."""
+        if not config.token.strip():
             raise AdapterError("platforms.discord.token is empty: paste the bot token from the Discord Developer Portal")
-        if stall_timeout_seconds <= 0:
-            raise AdapterError("stall_timeout_seconds must be > 0")
-        self._token = token.strip()
-        self.api_base_url = api_base_url.rstrip("/")
-        self.gateway_url = gateway_url or DEFAULT_GATEWAY_URL
-        self.require_mention = require_mention
-        self.free_response_channels = frozenset(str(c) for c in free_response_channels)
-        self.stall_timeout_seconds = stall_timeout_seconds
+        self._token = config.token.strip()
+        self.api_base_url = config.api_base_url.rstrip("/")
+        self.gateway_url = config.gateway_url or DEFAULT_GATEWAY_URL
+        self.require_mention = config.require_mention
+        self.free_response_channels = frozenset(str(c) for c in config.free_response_channels)
+        self.stall_timeout_seconds = config.stall_timeout_seconds
         self.commands = tuple((name.lower(), desc) for name, desc in commands)
         self.vision = vision
         self.max_image_bytes = max_image_bytes
@@ -193,20 +190,10 @@ class DiscordAdapter:
         redact.install(self._token)
 
     @classmethod
-    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool,
+    def from_config(cls, platform_cfg: DiscordConfig, *, commands: Sequence[tuple[str, str]], vision: bool,
                     media: MediaLimits | None = None) -> "DiscordAdapter":
-        """Build from ``Config.platforms.discord`` (a :class:`~adapters.discord.config.DiscordConfig`)."""
-        return cls(
-            token=platform_cfg.token,
-            api_base_url=platform_cfg.api_base_url,
-            gateway_url=platform_cfg.gateway_url,
-            require_mention=platform_cfg.require_mention,
-            free_response_channels=platform_cfg.free_response_channels,
-            stall_timeout_seconds=platform_cfg.stall_timeout_seconds,
-            commands=commands,
-            vision=vision,
-            media=media,
-        )
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.discord``."""
+        return cls(platform_cfg, commands=commands, vision=vision, media=media)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,7 +1,7 @@
 """The email adapter: one mailbox read over IMAP, replies submitted over SMTP.
 
-    adapter = EmailAdapter(imap_host="imap.example.com", username="bot@example.com", password="...",
-                           smtp_host="smtp.example.com")
+    adapter = EmailAdapter(EmailConfig(imap_host="imap.example.com", username="bot@example.com", password="...",
+                                       smtp_host="smtp.example.com"))
     await adapter.start(handler)      # logs in (a refused login raises AdapterError), then IDLE/polls
     await adapter.send(ChatRef("email", "boss@example.com", "<root@example.com>"), "**hi**",
                        reply_to="<question@example.com>")
@@ -33,7 +33,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Sequence
 
 from gateway.errors import AdapterError
 from gateway.formatting import split_message
@@ -51,7 +51,7 @@ from gateway.types import (
 )
 
 from .compose import compose_reply
-from .config import strict_address
+from .config import EmailConfig, strict_address
 from .mailbox import Mailbox, search_uids
 from .message import PLATFORM, Rules, Thread, parse_headers, read_mail, split_chat, thread_of
 from .outbound import ImapError, ImapLogin, Submission, close, describe_smtp, expect, quote
@@ -71,26 +71,10 @@ class EmailAdapter:
 
     def __init__(
         self,
+        config: EmailConfig,
         *,
-        imap_host: str,
-        username: str,
-        password: str,
-        smtp_host: str,
-        imap_port: int = 993,
-        imap_tls: str = "ssl",
-        mailbox: str = "INBOX",
-        smtp_port: int = 587,
-        smtp_tls: str = "starttls",
-        smtp_username: str | None = None,
-        smtp_password: str | None = None,
-        address: str | None = None,
-        from_name: str = "Switchboard",
-        idle: bool = True,
-        poll_seconds: float = 30.0,
-        idle_seconds: float = 300.0,
-        taken_keyword: str = "$SwitchboardTaken",
-        authserv_id: str | None = None,
-        max_body_chars: int = 50_000,
+        commands: Sequence[tuple[str, str]] = (),
+        vision: bool = False,
         media: MediaLimits | None = None,
         timeout: float = 30.0,
         reconnect_backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=60.0),
@@ -98,21 +82,26 @@ class EmailAdapter:
         send_backoff: Backoff = Backoff(base=2.0, factor=2.0, cap=30.0),
         send_attempts: int = 5,
     ):
-        if not imap_host or not username or not password or not smtp_host:
-            raise AdapterError("email: set platforms.email.imap_host, username, password and smtp_host")
-        sender = address or strict_address(username)
-        if sender is None or strict_address(sender) is None:
-            raise AdapterError(f"email: {address or username!r} is not an address; set platforms.email.address")
+        """``config`` (``platforms.email``, checked when it was loaded: the login, the SMTP server, the From
+        address) names the mailbox and how to answer; ``media`` comes from the rest of the config (mail has
+        no commands menu and reads no pictures); the keywords after it time and retry (tests turn them)."""
+        c = config
+        problem = c.credential_problem()  # the model's own rule: what the gateway asked before building this
+        if problem is not None:
+            raise AdapterError(f"email: {problem}")
+        sender = c.from_address or ""
         self._sender = strict_address(sender) or sender
-        self._from_name = from_name
-        self._login = ImapLogin(imap_host, imap_port, imap_tls, username, password, mailbox, timeout=timeout)
-        self._smtp = Submission(smtp_host, smtp_port, smtp_tls, smtp_username or username, smtp_password or password,
-                                timeout=timeout, backoff=send_backoff, attempts=send_attempts)
-        self._keyword = taken_keyword
-        self._idle = idle
-        self._poll_seconds = poll_seconds
-        self._idle_seconds = idle_seconds
-        self._rules = Rules(own=self._sender, authserv_id=authserv_id, max_body_chars=max_body_chars,
+        self._from_name = c.from_name
+        self._login = ImapLogin(c.imap_host, c.imap_port, c.imap_tls, c.username, c.password, c.mailbox,
+                                timeout=timeout)
+        self._smtp = Submission(c.smtp_host, c.smtp_port, c.smtp_tls, c.smtp_username or c.username,
+                                c.smtp_password or c.password, timeout=timeout, backoff=send_backoff,
+                                attempts=send_attempts)
+        self._keyword = c.taken_keyword
+        self._idle = c.idle
+        self._poll_seconds = c.poll_seconds
+        self._idle_seconds = c.idle_seconds
+        self._rules = Rules(own=self._sender, authserv_id=c.authserv_id, max_body_chars=c.max_body_chars,
                             media=media or MediaLimits())
         self._reconnect_backoff = reconnect_backoff
         self._health = AdapterHealth(platform=PLATFORM)
@@ -124,14 +113,10 @@ class EmailAdapter:
         self._open = False  # sending allowed (started, or opened for sending)
 
     @classmethod
-    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
+    def from_config(cls, platform_cfg: EmailConfig, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
                     media: MediaLimits | None = None) -> "EmailAdapter":
-        """Build from ``Config.platforms.email`` (an :class:`~adapters.email.config.EmailConfig`)."""
-        names = ("imap_host", "imap_port", "imap_tls", "username", "password", "mailbox", "smtp_host", "smtp_port",
-                 "smtp_tls", "smtp_username", "smtp_password", "address", "from_name", "idle", "poll_seconds",
-                 "idle_seconds", "taken_keyword", "authserv_id", "max_body_chars")
-        kwargs = {name: getattr(platform_cfg, name) for name in names if getattr(platform_cfg, name, None) not in (None, "")}
-        return cls(media=media, **kwargs)
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.email``."""
+        return cls(platform_cfg, commands=commands, vision=vision, media=media)
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Feishu / Lark adapter (the long connection in lark-oapi's protocol, or HTTP callbacks).
 
-    adapter = LarkAdapter.from_config(cfg.platforms.lark, commands=COMMANDS, vision=cfg.model.vision)
+    adapter = LarkAdapter(LarkConfig(app_id="cli_...", app_secret="..."))   # cfg.platforms.lark
 
 Modules: :mod:`.adapter` (lifecycle, inbound events, sends, card drafts), :mod:`.connection` (the long
 connection's frames, and why not the SDK's client), :mod:`.callback` (``mode: http``: a callback

@@ -84,23 +84,21 @@ class LarkAdapter:
 
     platform = PLATFORM
 
-    def __init__(self, *, app_id: str, app_secret: str, base_url: str, require_mention: bool = True,
-                 free_response_channels: Sequence[str] = (), stall_timeout_seconds: float = 120.0,
+    def __init__(self, config: LarkConfig, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
                  media: MediaLimits | None = None, send_backoff: Backoff = Backoff(), send_attempts: int = 6,
                  send_total_seconds: float = 90.0, chat_rate: ChatRate = CHAT_RATE,
-                 reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0), mode: str = "websocket",
-                 verification_token: str = "", encrypt_key: str = ""):
-        if not app_id or not app_secret:
+                 reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0)):
+        """``config`` (``platforms.lark``, checked when it was loaded: the app's credentials, the http mode's
+        keys) names the app, the open platform and what to answer; ``media`` comes from the rest of the
+        config (``commands`` and ``vision`` are accepted and unused); the keywords after it pace and retry."""
+        c = config
+        if not c.app_id or not c.app_secret:
             raise ValueError("app_id and app_secret are required (the developer console's Credentials page)")
-        if mode not in ("websocket", "http"):
-            raise ValueError(f"mode is websocket or http (got {mode!r})")
-        if mode == "http" and not (verification_token and encrypt_key):
-            raise ValueError("mode http needs verification_token and encrypt_key (the console's Encryption Strategy)")
-        self._mode = mode
-        self._keys = CallbackKeys(verification_token, encrypt_key)
-        self._app_id, self._secret, self._base = app_id, app_secret, base_url
-        self._require_mention, self._free = require_mention, frozenset(free_response_channels)
-        self._stall = stall_timeout_seconds
+        self._mode = c.mode
+        self._keys = CallbackKeys(c.verification_token, c.encrypt_key)
+        self._app_id, self._secret, self._base = c.app_id, c.app_secret, c.api_base
+        self._require_mention, self._free = c.require_mention, frozenset(c.free_response_channels)
+        self._stall = c.stall_timeout_seconds
         self._media = media or MediaLimits()
         self._backoff, self._attempts, self._total = send_backoff, send_attempts, send_total_seconds
         self._chat_rate, self._reconnect_backoff = chat_rate, reconnect_backoff
@@ -117,15 +115,10 @@ class LarkAdapter:
         self.refused = 0  # callback requests refused for their encryption, signature or token (tests read it)
 
     @classmethod
-    def from_config(cls, cfg: Any, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
-                    **overrides: Any) -> "LarkAdapter":
-        kwargs: dict[str, Any] = dict(app_id=cfg.app_id, app_secret=cfg.app_secret, base_url=cfg.api_base,
-                                      require_mention=cfg.require_mention,
-                                      free_response_channels=tuple(cfg.free_response_channels),
-                                      stall_timeout_seconds=cfg.stall_timeout_seconds, mode=cfg.mode,
-                                      verification_token=cfg.verification_token, encrypt_key=cfg.encrypt_key)
-        kwargs.update(overrides)
-        return cls(**kwargs)
+    def from_config(cls, cfg: LarkConfig, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
+                    media: MediaLimits | None = None) -> "LarkAdapter":
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.lark``."""
+        return cls(cfg, commands=commands, vision=vision, media=media)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,6 +1,6 @@
 """The Matrix adapter: matrix-nio's ``AsyncClient`` for every call, our own /sync loop around it.
 
-    adapter = MatrixAdapter(homeserver="https://example.org", access_token="syt_...")
+    adapter = MatrixAdapter(MatrixConfig(homeserver="https://example.org", access_token="syt_..."))
     adapter.keep_state_in(state)       # the gateway's store: the sync token survives restarts and takeovers
     await adapter.start(handler)       # whoami (or a password login, once), then /sync
     await adapter.send(ChatRef("matrix", "!room:example.org"), "**hi**")
@@ -52,6 +52,7 @@ from gateway.types import (
     SendProgress,
 )
 
+from .config import MatrixConfig
 from .crypto import KEY_WAIT_SECONDS, Crypto
 from .events import PLATFORM, Addressing, Room, invite_sender, normalize, reaction_command
 from .media import collect
@@ -96,30 +97,31 @@ class MatrixAdapter:
     platform = PLATFORM
     message_limit = MESSAGE_LIMIT
 
-    def __init__(self, *, homeserver: str, user_id: str = "", access_token: str = "", password: str = "",
-                 device_name: str = "Switchboard", require_mention: bool = True,
-                 free_response_channels: Sequence[str] = (), allowed_users: Sequence[str] = (),
-                 media: MediaLimits | None = None, max_media_bytes: int = 20 * 1024 * 1024,
-                 sync_timeout_seconds: float = 30.0, backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0),
-                 encryption: bool = True, device_trust: str = "tofu", verified_devices: Sequence[str] = (),
+    def __init__(self, config: MatrixConfig, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
+                 media: MediaLimits | None = None, backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0),
                  key_wait_seconds: float = KEY_WAIT_SECONDS):
-        if not (access_token or password):
+        """``config`` (``platforms.matrix``, checked when it was loaded) names the homeserver, the login and
+        what to answer; ``media`` comes from the rest of the config (``commands`` and ``vision`` are
+        accepted and unused); ``backoff`` paces the sync loop's retries; ``key_wait_seconds`` is how long an
+        undecryptable message waits for its key before the room is told."""
+        c = config
+        if not (c.access_token or c.password):
             raise AdapterError("matrix: no access token configured (platforms.matrix.access_token, or a password "
                                "with user_id)")
-        self._homeserver = homeserver.rstrip("/")
-        self._user_id = user_id
-        self._token = access_token.strip()
-        self._password = password
-        self._device_name = device_name
-        self._require_mention = require_mention
-        self._free = frozenset(free_response_channels)
-        self._allowed = frozenset(allowed_users)
+        self._homeserver = c.homeserver.rstrip("/")
+        self._user_id = c.user_id
+        self._token = c.access_token.strip()
+        self._password = c.password
+        self._device_name = c.device_name
+        self._require_mention = c.require_mention
+        self._free = frozenset(c.free_response_channels)
+        self._allowed = frozenset(c.allowed_users)
         self._media = media or MediaLimits()
-        self._max_media = max_media_bytes
-        self._sync_timeout = sync_timeout_seconds
+        self._max_media = c.max_media_bytes
+        self._sync_timeout = c.sync_timeout_seconds
         self._backoff = backoff
-        self._encryption = encryption
-        self._trust = (device_trust, tuple(verified_devices), key_wait_seconds)
+        self._encryption = c.encryption
+        self._trust = (c.device_trust, tuple(c.verified_devices), key_wait_seconds)
         self._crypto: Crypto | None = None
         self._state: AdapterState = MemoryState()
         self._health = AdapterHealth(platform=PLATFORM)
@@ -136,13 +138,10 @@ class MatrixAdapter:
         self._told_encrypted: set[str] = set()
 
     @classmethod
-    def from_config(cls, cfg: Any, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
+    def from_config(cls, cfg: MatrixConfig, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
                     media: MediaLimits | None = None) -> "MatrixAdapter":
-        return cls(homeserver=cfg.homeserver, user_id=cfg.user_id, access_token=cfg.access_token,
-                   password=cfg.password, device_name=cfg.device_name, require_mention=cfg.require_mention,
-                   free_response_channels=cfg.free_response_channels, allowed_users=cfg.allowed_users,
-                   media=media, max_media_bytes=cfg.max_media_bytes, sync_timeout_seconds=cfg.sync_timeout_seconds,
-                   encryption=cfg.encryption, device_trust=cfg.device_trust, verified_devices=cfg.verified_devices)
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.matrix``."""
+        return cls(cfg, commands=commands, vision=vision, media=media)
 
     def keep_state_in(self, state: AdapterState) -> None:
         self._state = state

@@ -1,6 +1,6 @@
 """The Signal adapter: signal-cli's event stream in, its JSON-RPC out.
 
-    adapter = SignalAdapter(account="+4915112345678", http_url="http://127.0.0.1:8080")
+    adapter = SignalAdapter(SignalConfig(account="+4915112345678", http_url="http://127.0.0.1:8080"))
     await adapter.start(handler)     # the daemon answers, the account is its own, the stream is open
     await adapter.send(ChatRef("signal", "+4917..."), "**hi**", reply_to="1700000000000:+4917...")
     await adapter.stop()
@@ -61,18 +61,19 @@ _COMMAND = re.compile(r"(/approve \S+)")
 class SignalAdapter:
     platform = PLATFORM
 
-    def __init__(self, *, account: str, http_url: str = "http://127.0.0.1:8080", require_mention: bool = True,
-                 free_response_channels: tuple[str, ...] = (), media: MediaLimits | None = None,
-                 stall_timeout_seconds: float = 120.0,
-                 send_backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0)):
-        if not account:
+    def __init__(self, config: SignalConfig, *, commands: Any = (), vision: bool = False,
+                 media: MediaLimits | None = None, send_backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=30.0)):
+        """``config`` (``platforms.signal``, checked when it was loaded) names the account and signal-cli's
+        address and what to answer; ``media`` comes from the rest of the config (Signal takes no commands
+        menu; ``commands`` and ``vision`` are accepted and unused); ``send_backoff`` paces send retries."""
+        if not config.account:
             raise AdapterError("signal: platforms.signal.account is not set")
-        self._account = account
-        self._rpc = Rpc(http_url, account=account)
-        self._require_mention = require_mention
-        self._free = frozenset(free_response_channels)
+        self._account = config.account
+        self._rpc = Rpc(config.http_url, account=config.account)
+        self._require_mention = config.require_mention
+        self._free = frozenset(config.free_response_channels)
         self._media = media or MediaLimits()
-        self._stall = stall_timeout_seconds
+        self._stall = config.stall_timeout_seconds
         self._send_backoff = send_backoff
         self._health = AdapterHealth(platform=PLATFORM)
         self._handler: InboundHandler | None = None
@@ -83,11 +84,10 @@ class SignalAdapter:
         self._receipts: ReceiptHandler | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, commands: Any = (), vision: bool = False,
+    def from_config(cls, cfg: SignalConfig, *, commands: Any = (), vision: bool = False,
                     media: MediaLimits | None = None) -> "SignalAdapter":
-        return cls(account=cfg.account, http_url=cfg.http_url, require_mention=cfg.require_mention,
-                   free_response_channels=tuple(cfg.free_response_channels), media=media,
-                   stall_timeout_seconds=cfg.stall_timeout_seconds)
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.signal``."""
+        return cls(cfg, commands=commands, vision=vision, media=media)
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Slack adapter (slack-bolt async; Socket Mode or HTTP Events mode).
 
-    adapter = SlackAdapter(bot_token="xoxb-...", app_token="xapp-...")       # Socket Mode
-    adapter = SlackAdapter(bot_token="xoxb-...", signing_secret="...", mode="http", http_port=3000)
+    adapter = SlackAdapter(SlackConfig(bot_token="xoxb-...", app_token="xapp-..."))       # Socket Mode
+    adapter = SlackAdapter(SlackConfig(bot_token="xoxb-...", signing_secret="...", mode="http", http_port=3000))
     adapter = SlackAdapter.from_config(cfg.platforms.slack, commands=COMMANDS, vision=cfg.model.vision)
 
 Modules: :mod:`.adapter` (lifecycle, inbound events, ack rules, threads),

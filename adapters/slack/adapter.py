@@ -71,7 +71,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import aiohttp
 from slack_bolt.async_app import AsyncApp
@@ -118,23 +118,14 @@ class SlackAdapter:
 
     def __init__(
         self,
+        config: SlackConfig,
         *,
-        bot_token: str,
-        app_token: str = "",
-        signing_secret: str = "",
-        mode: str = "socket",
-        http_host: str = "127.0.0.1",
-        http_port: int = 3000,
-        http_path: str = "/slack/events",
-        api_base_url: str = "https://slack.com/api/",
-        require_mention: bool = True,
-        free_response_channels: Sequence[str] = (),
-        reply_in_thread: bool = True,
-        stall_timeout_seconds: float = 120.0,
         commands: Sequence[tuple[str, str]] = (),
         vision: bool = False,
-        max_image_bytes: int = 5_000_000,
         media: MediaLimits | None = None,
+        http_host: str = "127.0.0.1",
+        reply_in_thread: bool = True,
+        max_image_bytes: int = 5_000_000,
         typing_reaction: str | None = "hourglass_flowing_sand",
         connect_timeout: float = 30.0,
         send_rate: float = 1.0,
@@ -144,30 +135,23 @@ class SlackAdapter:
         send_total_seconds: float = 90.0,
         reconnect_backoff: Backoff = Backoff(base=1.0, cap=60.0),
         duplicate_wait: float = 2.0,
-        native_streaming: bool = False,
         channel_rate: ChatRate = CHANNEL_RATE,
     ):
-        if mode not in ("socket", "http"):
-            raise ValueError(f'mode must be "socket" or "http" (got {mode!r})')
-        if not bot_token:
+        """``config`` (``platforms.slack``, checked when it was loaded: the mode's credentials, the path)
+        says how to connect and what to answer; ``commands``, ``vision`` and ``media`` come from the rest
+        of the config; the keywords after them shape replies, pace and retry (tests and benches turn them)."""
+        if not config.bot_token:
             raise ValueError("bot_token is required (xoxb-..., OAuth & Permissions > Bot User OAuth Token)")
-        if mode == "socket" and not app_token:
-            raise ValueError("socket mode needs app_token (xapp-... with connections:write), or use mode='http'")
-        if mode == "http" and not signing_secret:
-            raise ValueError("http mode needs signing_secret (Basic Information > Signing Secret)")
-        if not http_path.startswith("/"):
-            raise ValueError(f"http_path must start with / (got {http_path!r})")
-        if stall_timeout_seconds <= 0:
-            raise ValueError("stall_timeout_seconds must be > 0")
-        self.mode = mode
-        self._bot_token = bot_token
-        self._app_token = app_token
-        self._signing_secret = signing_secret
-        self._http_host, self._http_port, self._http_path = http_host, http_port, http_path
+        self.mode = config.mode
+        self._bot_token = config.bot_token
+        self._app_token = config.app_token
+        self._signing_secret = config.signing_secret
+        self._http_host, self._http_port, self._http_path = http_host, config.http_port, config.http_path
+        api_base_url = config.api_base_url
         self._api_base_url = api_base_url if api_base_url.endswith("/") else api_base_url + "/"
         self._settings = InboundSettings(
-            require_mention=require_mention,
-            free_channels=frozenset(c.strip().lstrip("#") for c in free_response_channels),
+            require_mention=config.require_mention,
+            free_channels=frozenset(c.strip().lstrip("#") for c in config.free_response_channels),
             reply_in_thread=reply_in_thread,
             commands=frozenset(name.lower() for name, _ in commands),
             vision=vision,
@@ -176,13 +160,13 @@ class SlackAdapter:
             api_base_url=self._api_base_url,
             media=media or MediaLimits(),
         )
-        self._stall_timeout = float(stall_timeout_seconds)
+        self._stall_timeout = float(config.stall_timeout_seconds)
         self._typing_reaction = typing_reaction
         self._connect_timeout = connect_timeout
         self._send_rate, self._send_burst = send_rate, send_burst
         self._send_backoff, self._send_attempts, self._send_total = send_backoff, send_attempts, send_total_seconds
         self._reconnect_backoff = reconnect_backoff
-        self._native_streaming = native_streaming
+        self._native_streaming = config.native_streaming
         self._channel_rate = channel_rate
         self._native_shown: dict[str, str] = {}  # ts of a message streamed with chat.startStream -> its text
 
@@ -203,26 +187,10 @@ class SlackAdapter:
         self.http_port: int | None = None  # the bound port in HTTP mode (useful with http_port=0)
 
     @classmethod
-    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool, **overrides: Any) -> "SlackAdapter":
-        """Build from :class:`~adapters.slack.config.SlackConfig` (``overrides``: any other constructor keyword)."""
-        c = platform_cfg
-        kwargs = dict(
-            bot_token=c.bot_token,
-            app_token=c.app_token,
-            signing_secret=c.signing_secret,
-            mode=c.mode,
-            http_port=c.http_port,
-            http_path=c.http_path,
-            api_base_url=c.api_base_url,
-            native_streaming=c.native_streaming,
-            require_mention=c.require_mention,
-            free_response_channels=tuple(c.free_response_channels),
-            stall_timeout_seconds=c.stall_timeout_seconds,
-            commands=commands,
-            vision=vision,
-        )
-        kwargs.update(overrides)
-        return cls(**kwargs)
+    def from_config(cls, platform_cfg: SlackConfig, *, commands: Sequence[tuple[str, str]], vision: bool,
+                    media: MediaLimits | None = None) -> "SlackAdapter":
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.slack``."""
+        return cls(platform_cfg, commands=commands, vision=vision, media=media)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,6 +1,6 @@
 """Microsoft Teams adapter (the Bot Framework protocol, spoken directly).
 
-    adapter = TeamsAdapter.from_config(cfg.platforms.teams, commands=COMMANDS, vision=cfg.model.vision)
+    adapter = TeamsAdapter(TeamsConfig(app_id="...", app_password="..."))   # cfg.platforms.teams
 
 Modules: :mod:`.adapter` (lifecycle, the messaging endpoint, sends, drafts, cards; why not the SDK),
 :mod:`.auth` (the inbound JWT checked against the OpenID metadata, the bot's own token),

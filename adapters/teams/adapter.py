@@ -98,27 +98,27 @@ class TeamsAdapter:
 
     platform = PLATFORM
 
-    def __init__(self, *, app_id: str, app_password: str, tenant_id: str = "botframework.com",
-                 openid_metadata_url: str, issuer: str, token_url: str,
-                 token_scope: str = "https://api.botframework.com/.default", keys_refresh_seconds: float = 86400.0,
-                 service_url: str = GLOBAL_SERVICE_URL, service_url_hosts: Sequence[str] = (),
-                 require_mention: bool = True, free_response_channels: Sequence[str] = (),
+    def __init__(self, config: TeamsConfig, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
                  media: MediaLimits | None = None, send_backoff: Backoff = Backoff(), send_attempts: int = 6,
                  send_total_seconds: float = 90.0, chat_rate: ChatRate = CHAT_RATE, app_rate: float = 30.0):
-        if not app_id or not app_password:
+        """``config`` (``platforms.teams``, checked when it was loaded: the app id with its secret) names the
+        bot, its login and the connector and what to answer; ``media`` comes from the rest of the config
+        (``commands`` and ``vision`` are accepted and unused); the keywords after it pace and retry sends."""
+        c = config
+        if not c.app_id or not c.app_password:
             raise ValueError("app_id and app_password are required (the Azure bot's Microsoft App ID and a client secret)")
-        self._app_id, self._secret, self._tenant = app_id, app_password, tenant_id
-        self._metadata_url, self._issuer = openid_metadata_url, issuer
-        self._token_url = token_url.replace("{tenant}", tenant_id)
-        self._scope, self._refresh = token_scope, keys_refresh_seconds
-        self._default_service_url = service_url
-        self._service_hosts = tuple(h.lower() for h in service_url_hosts)
-        self._require_mention = require_mention
-        self._free = frozenset(free_response_channels)
+        self._app_id, self._secret, self._tenant = c.app_id, c.app_password, c.tenant_id
+        self._metadata_url, self._issuer = c.openid_metadata_url, c.issuer
+        self._token_url = c.token_url.replace("{tenant}", c.tenant_id)
+        self._scope, self._refresh = c.token_scope, c.keys_refresh_seconds
+        self._default_service_url = c.service_url
+        self._service_hosts = tuple(h.lower() for h in c.service_url_hosts)
+        self._require_mention = c.require_mention
+        self._free = frozenset(c.free_response_channels)
         self._media = media or MediaLimits()
         self._backoff, self._attempts, self._total = send_backoff, send_attempts, send_total_seconds
         self._chat_rate, self._app_rate = chat_rate, app_rate
-        self.bot_id = f"28:{app_id}"
+        self.bot_id = f"28:{c.app_id}"
         self._health = AdapterHealth(PLATFORM)
         self._http: aiohttp.ClientSession | None = None
         self._verifier: ActivityVerifier | None = None
@@ -132,16 +132,10 @@ class TeamsAdapter:
         self.unauthorized = 0  # activities refused for their token (bench and tests read it)
 
     @classmethod
-    def from_config(cls, cfg: Any, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
-                    **overrides: Any) -> "TeamsAdapter":
-        kwargs: dict[str, Any] = dict(
-            app_id=cfg.app_id, app_password=cfg.app_password, tenant_id=cfg.tenant_id,
-            openid_metadata_url=cfg.openid_metadata_url, issuer=cfg.issuer,
-            token_url=cfg.token_url, token_scope=cfg.token_scope, keys_refresh_seconds=cfg.keys_refresh_seconds,
-            service_url=cfg.service_url, service_url_hosts=tuple(cfg.service_url_hosts),
-            require_mention=cfg.require_mention, free_response_channels=tuple(cfg.free_response_channels))
-        kwargs.update(overrides)
-        return cls(**kwargs)
+    def from_config(cls, cfg: TeamsConfig, *, commands: Sequence[tuple[str, str]] = (), vision: bool = False,
+                    media: MediaLimits | None = None) -> "TeamsAdapter":
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.teams``."""
+        return cls(cfg, commands=commands, vision=vision, media=media)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,6 +1,6 @@
 """The Telegram adapter: python-telegram-bot's ``Bot`` for every API call, our own loop around it.
 
-    adapter = TelegramAdapter(token="123:abc", commands=[("help", "Show commands")])
+    adapter = TelegramAdapter(TelegramConfig(token="123:abc"), commands=[("help", "Show commands")])
     await adapter.start(handler)      # getMe, setMyCommands, deleteWebhook, then long polling
     await adapter.send(ChatRef("telegram", "42"), "**hi**", reply_to="17")
     await adapter.stop()
@@ -93,22 +93,11 @@ class TelegramAdapter:
 
     def __init__(
         self,
+        config: TelegramConfig,
         *,
-        token: str,
-        base_url: str = "https://api.telegram.org/bot",
-        base_file_url: str | None = None,
         commands: Sequence[tuple[str, str]] = (),
-        require_mention: bool = True,
-        free_response_channels: Sequence[str] = (),
         vision: bool = False,
-        max_image_bytes: int = 5 * 1024 * 1024,
         media: MediaLimits | None = None,
-        poll_timeout: int = 30,
-        stall_timeout_seconds: float = 90.0,
-        webhook_url: str | None = None,
-        webhook_listen: str = "127.0.0.1",
-        webhook_port: int = 8443,
-        webhook_secret: str | None = None,
         reconnect_backoff: Backoff = Backoff(base=1.0, factor=2.0, cap=60.0),
         send_backoff: Backoff = Backoff(base=0.5, factor=2.0, cap=10.0),
         send_attempts: int = 4,
@@ -119,28 +108,30 @@ class TelegramAdapter:
         chat_rate: ChatRate = CHAT_RATE,
         group_rate: ChatRate = GROUP_RATE,
     ):
-        if not token or not token.strip():
+        """``config`` (``platforms.telegram``, checked when it was loaded) says what to connect to and how to
+        answer; ``commands``, ``vision`` and ``media`` come from the rest of the config; the keywords after
+        them pace and retry the Bot API (tests and benches turn them)."""
+        if not config.token.strip():
             raise AdapterError("telegram: no bot token configured (platforms.telegram.token); get one from @BotFather")
-        self._token = token.strip()
+        self._token = config.token.strip()
         install_redaction(self._token)
-        self._base_url = base_url
-        self._base_file_url = base_file_url or _file_url_for(base_url)
+        self._base_url = config.base_url
+        self._base_file_url = config.base_file_url or _file_url_for(config.base_url)
         self._commands = tuple(commands)
-        self._require_mention = require_mention
-        self._free = frozenset(str(c) for c in free_response_channels)
+        self._require_mention = config.require_mention
+        self._free = frozenset(str(c) for c in config.free_response_channels)
         self._vision = vision
         # what is downloaded, per kind (media.max_bytes); a picture no more than max_image_bytes either
         limits = media or MediaLimits()
-        self._media_limits = replace(limits, image=min(limits.image, max_image_bytes))
-        self._stall_timeout = float(stall_timeout_seconds)
+        self._media_limits = replace(limits, image=min(limits.image, config.max_image_bytes))
+        self._stall_timeout = float(config.stall_timeout_seconds)
         # A long poll must come back well within the stall timeout, or a quiet chat looks stalled.
-        self._poll_timeout = max(1, min(int(poll_timeout), int(self._stall_timeout / 3)))
-        self._webhook_url = webhook_url
-        self._webhook_listen = webhook_listen
-        self._webhook_port = webhook_port
-        self._webhook_secret = webhook_secret or (secrets.token_urlsafe(32) if webhook_url else None)
-        if self._webhook_secret and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", self._webhook_secret):
-            raise AdapterError("telegram: webhook_secret may only contain A-Z, a-z, 0-9, _ and - (1-256 characters)")
+        self._poll_timeout = max(1, min(int(config.poll_timeout), int(self._stall_timeout / 3)))
+        self._webhook_url = config.webhook_url
+        self._webhook_listen = config.webhook_listen
+        self._webhook_port = config.webhook_port
+        # the model checked a configured secret against Telegram's rule; a generated one keeps it
+        self._webhook_secret = config.webhook_secret or (secrets.token_urlsafe(32) if config.webhook_url else None)
         self._reconnect_backoff = reconnect_backoff
         self._send_backoff = send_backoff
         self._send_attempts = send_attempts
@@ -167,25 +158,10 @@ class TelegramAdapter:
         self._may_poll = may_poll
 
     @classmethod
-    def from_config(cls, platform_cfg: Any, *, commands: Sequence[tuple[str, str]], vision: bool,
+    def from_config(cls, platform_cfg: TelegramConfig, *, commands: Sequence[tuple[str, str]], vision: bool,
                     media: MediaLimits | None = None) -> "TelegramAdapter":
-        """Build from ``Config.platforms.telegram`` (a :class:`~adapters.telegram.config.TelegramConfig`)."""
-        fields = {
-            "token": "token", "base_url": "base_url", "base_file_url": "base_file_url",  # file URL: derived when absent
-            "require_mention": "require_mention", "free_response_channels": "free_response_channels",
-            "stall_timeout_seconds": "stall_timeout_seconds", "max_image_bytes": "max_image_bytes",
-            "webhook_url": "webhook_url", "webhook_port": "webhook_port", "webhook_secret": "webhook_secret",
-            "webhook_listen": "webhook_listen", "poll_timeout": "poll_timeout",
-        }
-        kwargs: dict[str, Any] = {}
-        for ours, theirs in fields.items():
-            value = getattr(platform_cfg, theirs, None)
-            if value is None:
-                continue
-            if hasattr(value, "get_secret_value"):  # pydantic SecretStr
-                value = value.get_secret_value()
-            kwargs[ours] = value
-        return cls(commands=commands, vision=vision, media=media, **kwargs)
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.telegram``."""
+        return cls(platform_cfg, commands=commands, vision=vision, media=media)
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -75,15 +75,17 @@ class WebhookAdapter:
 
     platform = PLATFORM
 
-    def __init__(self, hooks: dict[str, HookConfig], *, max_skew_seconds: float = 300.0, wait_seconds: float = 30.0,
-                 callback_timeout_seconds: float = 10.0, callback_attempts: int = 5,
-                 callback_budget_seconds: float = 60.0, backoff: Backoff = Backoff(base=0.5, factor=2.0, cap=10.0)):
-        self.hooks = dict(hooks)
-        self._guard = ReplayGuard(max_skew_seconds)
-        self._wait_seconds = wait_seconds
-        self._timeout = aiohttp.ClientTimeout(total=callback_timeout_seconds)
-        self._attempts = callback_attempts
-        self._budget = callback_budget_seconds
+    def __init__(self, config: WebhookConfig, *, commands: Any = (), vision: bool = False, media: Any = None,
+                 backoff: Backoff = Backoff(base=0.5, factor=2.0, cap=10.0)):
+        """``config`` (``platforms.webhook``, checked when it was loaded) holds the hooks, the signature's
+        window and the callbacks' limits; a hook takes no commands menu, pictures or media limits, so
+        ``commands``, ``vision`` and ``media`` are accepted and unused; ``backoff`` paces callback retries."""
+        self.hooks = dict(config.hooks)
+        self._guard = ReplayGuard(config.max_skew_seconds)
+        self._wait_seconds = config.wait_seconds
+        self._timeout = aiohttp.ClientTimeout(total=config.callback_timeout_seconds)
+        self._attempts = config.callback_attempts
+        self._budget = config.callback_budget_seconds
         self._backoff = backoff
         self._handler: InboundHandler | None = None
         self._failed = FailedEvents(PLATFORM, None)
@@ -94,9 +96,8 @@ class WebhookAdapter:
     @classmethod
     def from_config(cls, cfg: WebhookConfig, *, commands: Any = (), vision: bool = False,
                     media: Any = None) -> "WebhookAdapter":
-        return cls(cfg.hooks, max_skew_seconds=cfg.max_skew_seconds, wait_seconds=cfg.wait_seconds,
-                   callback_timeout_seconds=cfg.callback_timeout_seconds, callback_attempts=cfg.callback_attempts,
-                   callback_budget_seconds=cfg.callback_budget_seconds)
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.webhook``."""
+        return cls(cfg, commands=commands, vision=vision, media=media)
 
     # -- lifecycle ----------------------------------------------------------------------------
 

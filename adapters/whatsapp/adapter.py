@@ -1,7 +1,7 @@
 """The WhatsApp adapter: Meta's Cloud API webhook in, the Graph API out.
 
-    adapter = WhatsAppAdapter(access_token="EAAG...", phone_number_id="1234", app_secret="...",
-                              verify_token="...")
+    adapter = WhatsAppAdapter(WhatsAppConfig(access_token="EAAG...", phone_number_id="1234", app_secret="...",
+                                             verify_token="..."))
     await adapter.start(handler)   # checks the token (GET /<phone number id>), then takes webhooks
     await adapter.handle_http(request)   # the local API's /whatsapp/webhook (gateway.runtime.platform_http)
     await adapter.send(ChatRef("whatsapp", "4915112345678"), "**hi**", reply_to="wamid...")
@@ -54,6 +54,7 @@ from gateway.types import (
     SendProgress,
 )
 
+from .config import WhatsAppConfig
 from .events import PLATFORM, Incoming, MediaRef, Status, read_payload
 from .graph import Graph, GraphError, TokenRefused
 from .outbound import Outbound
@@ -74,21 +75,23 @@ class WhatsAppAdapter:
 
     platform = PLATFORM
 
-    def __init__(self, *, access_token: str, phone_number_id: str, app_secret: str, verify_token: str,
-                 api_base_url: str = "https://graph.facebook.com/v21.0",
-                 template_name: str | None = None, template_language: str = "en",
-                 media: MediaLimits | None = None, vision: bool = False):
-        for key, value in (("access_token", access_token), ("phone_number_id", phone_number_id),
-                           ("app_secret", app_secret), ("verify_token", verify_token)):
-            if not value or not value.strip():
-                raise AdapterError(f"whatsapp: platforms.whatsapp.{key} is not set")
-        self._token = access_token.strip()
+    def __init__(self, config: WhatsAppConfig, *, commands: Any = (), vision: bool = False,
+                 media: MediaLimits | None = None):
+        """``config`` (``platforms.whatsapp``, checked when it was loaded: the number, the app secret and
+        the verify token go with the access token) names the number and how to reach Meta; ``vision`` and
+        ``media`` come from the rest of the config (WhatsApp takes no commands menu)."""
+        problem = config.credential_problem()  # the model's own rule: what the gateway asked before building this
+        if problem is not None:
+            raise AdapterError(f"whatsapp: {problem}")
+        self._token = config.access_token.strip()
         self._token_key = hashlib.sha256(self._token.encode()).hexdigest()[:16]
-        self._graph = Graph(api_base_url, phone_number_id.strip(), self._token)
+        self._graph = Graph(config.api_base_url, config.phone_number_id.strip(), self._token)
+        template = config.template_name
         self._outbound = Outbound(self._graph, self._token_key,
-                                  template=(template_name, template_language) if template_name else None,
+                                  template=(template, config.template_language) if template else None,
                                   on_token_refused=self._token_was_refused)
-        self._endpoint = WebhookEndpoint(app_secret=app_secret, verify_token=verify_token, deliver=self._deliver)
+        self._endpoint = WebhookEndpoint(app_secret=config.app_secret, verify_token=config.verify_token,
+                                         deliver=self._deliver)
         self._media = media or MediaLimits()
         self._vision = vision
         self._health = AdapterHealth(platform=PLATFORM)
@@ -101,16 +104,10 @@ class WhatsAppAdapter:
         self._receipts: ReceiptHandler | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, commands: Any = (), vision: bool = False,
+    def from_config(cls, cfg: WhatsAppConfig, *, commands: Any = (), vision: bool = False,
                     media: MediaLimits | None = None) -> "WhatsAppAdapter":
-        def secret(name: str) -> str:
-            value = getattr(cfg, name, "")
-            return value.get_secret_value() if hasattr(value, "get_secret_value") else str(value or "")
-
-        return cls(access_token=secret("access_token"), phone_number_id=str(cfg.phone_number_id),
-                   app_secret=secret("app_secret"), verify_token=secret("verify_token"),
-                   api_base_url=cfg.api_base_url, template_name=cfg.template_name,
-                   template_language=cfg.template_language, media=media, vision=vision)
+        """The gateway's way in (``gateway.types.Adapter``): the adapter of ``Config.platforms.whatsapp``."""
+        return cls(cfg, commands=commands, vision=vision, media=media)
 
     # -- lifecycle ---------------------------------------------------------------------
 

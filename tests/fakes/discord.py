@@ -12,8 +12,8 @@ that succeeds while another identified websocket is still open, in
 A test (or a bench script) drives it through methods, not HTTP::
 
     async with FakeDiscord() as fake:
-        adapter = DiscordAdapter(token=fake.token, api_base_url=fake.api_base_url,
-                                 gateway_url=fake.gateway_url, ...)
+        adapter = DiscordAdapter(DiscordConfig(token=fake.token, api_base_url=fake.api_base_url,
+                                               gateway_url=fake.gateway_url), ...)
         await adapter.start(handler)
         await fake.dm(fake.alice, "hello")              # a user writes to the bot
         sent = await fake.wait_for_sent(1)               # what the bot posted

@@ -1,7 +1,7 @@
 """A local fake of the Feishu / Lark open platform as a bot app meets it.
 
     async with FakeLark() as lark:
-        adapter = LarkAdapter(app_id=lark.app_id, app_secret=lark.app_secret, base_url=lark.base_url)
+        adapter = LarkAdapter(LarkConfig(app_id=lark.app_id, app_secret=lark.app_secret, base_url=lark.base_url))
         await adapter.start(handler)
         await lark.send_event(lark.message("oc_dm_ann", "ou_ann", "hello"))   # pushed on the long connection
         await lark.wait_for_messages("oc_dm_ann", 1)

@@ -2,7 +2,7 @@
 GET /api/v1/events, GET /api/v1/check, as signal-cli-jsonrpc(5) documents them.
 
     async with FakeSignalCli(account="+15550001111") as sc:
-        adapter = SignalAdapter(account=sc.account, http_url=sc.url)
+        adapter = SignalAdapter(SignalConfig(account=sc.account, http_url=sc.url))
         sc.dm("+4915100000001", "hello")        # an envelope with a dataMessage, as an event
         sc.sent                                  # what ``send`` was asked: recipient or groupId, message
 

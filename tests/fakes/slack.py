@@ -1,7 +1,8 @@
 """A local fake of the slice of Slack that slack-sdk / slack-bolt use.
 
     async with FakeSlack() as slack:
-        adapter = SlackAdapter(bot_token=slack.bot_token, app_token=slack.app_token, api_base_url=slack.base_url)
+        adapter = SlackAdapter(SlackConfig(bot_token=slack.bot_token, app_token=slack.app_token,
+                                           api_base_url=slack.base_url))
         await adapter.start(handler)
         env = await slack.send_event(slack.message("D1", "U1", "hello"))   # a user writes in a DM
         await slack.wait_for_ack(env)

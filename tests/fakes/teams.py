@@ -1,9 +1,9 @@
 """A local fake of the Bot Framework as a Teams bot meets it: the login side and the connector.
 
     async with FakeTeams() as teams:
-        adapter = TeamsAdapter(app_id=teams.app_id, app_password=teams.app_password,
-                               openid_metadata_url=teams.metadata_url, issuer=teams.issuer,
-                               token_url=teams.token_url, service_url=teams.service_url)
+        adapter = TeamsAdapter(TeamsConfig(app_id=teams.app_id, app_password=teams.app_password,
+                                           openid_metadata_url=teams.metadata_url, issuer=teams.issuer,
+                                           token_url=teams.token_url, service_url=teams.service_url))
         await adapter.start(handler)   # its endpoint is /teams/messages on the local API
         teams.endpoint = f"http://127.0.0.1:{api_port}/teams/messages"
         status = await teams.post(teams.activity(conversation=..., user=..., text="hello"))

@@ -1,8 +1,9 @@
 """A local fake of Meta's WhatsApp Cloud API (the Graph API) that checks what Meta checks.
 
     async with FakeWhatsApp() as wa:
-        adapter = WhatsAppAdapter(access_token=wa.token, phone_number_id=wa.phone_number_id,
-                                  app_secret=wa.app_secret, verify_token=wa.verify_token, api_base_url=wa.base_url)
+        adapter = WhatsAppAdapter(WhatsAppConfig(access_token=wa.token, phone_number_id=wa.phone_number_id,
+                                                 app_secret=wa.app_secret, verify_token=wa.verify_token,
+                                                 api_base_url=wa.base_url))
         wa.webhook_url = ".../whatsapp/webhook"  # the local API (or a test's server) mounting its paths
         wa.text("4915100000001", "hello")       # a signed webhook POST, retried until answered 200
         await eventually(lambda: wa.texts_to("4915100000001"))
