@@ -11,7 +11,7 @@ from ._messages import Appended
 from ._split import Split
 from ._storage import StorageReport
 from ._upkeep import PruneStep, Timed
-from .records import Session
+from .records import DeliveryRecord, Session
 from .search import MergeStep
 
 class AsyncSessions:
@@ -134,7 +134,7 @@ class AsyncMessages:
         input_tokens: int = ...,
         output_tokens: int = ...,
         answered: Iterable[int] = ...,
-        delivery: dict | None = ...,
+        delivery: DeliveryRecord | None = ...,
         fence: Fence | None = ...,
     ) -> list[int]: ...
     async def get(self, session_id: str) -> list[dict]: ...
@@ -222,7 +222,7 @@ class AsyncRecovery:
     async def settle_inbox(
         self,
         message_ids: Iterable[int],
-        delivery: dict | None = ...,
+        delivery: DeliveryRecord | None = ...,
         *,
         session_id: str | None = ...,
         fence: Fence | None = ...,
@@ -230,8 +230,14 @@ class AsyncRecovery:
     async def unanswered(self, session_id: str | None = ...) -> list[dict]: ...
     async def backlog(self) -> tuple[int, float | None]: ...
     async def mark_pending(self, session_ids: Iterable[str]) -> int: ...
-    async def begin_streamed_delivery(self, delivery: dict, *, session_id: str, sent_ids: list[str]) -> None: ...
-    async def pending_deliveries(self, session_id: str | None = ...) -> list[dict]: ...
+    async def begin_streamed_delivery(
+        self,
+        delivery: DeliveryRecord,
+        *,
+        session_id: str,
+        sent_ids: list[str],
+    ) -> None: ...
+    async def pending_deliveries(self, session_id: str | None = ...) -> list[DeliveryRecord]: ...
     async def update_delivery(
         self,
         delivery_id: str,
@@ -240,8 +246,8 @@ class AsyncRecovery:
         status: str,
         error: str | None = ...,
     ) -> bool: ...
-    async def get_delivery(self, delivery_id: str) -> dict | None: ...
-    async def list_deliveries(self, session_id: str) -> list[dict]: ...
+    async def get_delivery(self, delivery_id: str) -> DeliveryRecord | None: ...
+    async def list_deliveries(self, session_id: str) -> list[DeliveryRecord]: ...
     async def counts(self) -> dict: ...
 
 
