@@ -230,10 +230,12 @@ def _chain(db, now):
 
 def test_lineage_descendants_and_compression_tip(db):
     _chain(db, time.time())
-    assert [s["id"] for s in db.sessions.lineage("tip")] == ["root", "mid", "tip"]
-    assert [s["id"] for s in db.sessions.lineage("root")] == ["root"]
+    assert [s.id for s in db.sessions.lineage("tip")] == ["root", "mid", "tip"]
+    assert [s.id for s in db.sessions.lineage("root")] == ["root"]
     assert db.sessions.lineage("ghost") == []
-    assert [s["id"] for s in db.sessions.descendants("root")] == ["helper", "mid", "tip"]
+    assert [s.id for s in db.sessions.descendants("root")] == ["helper", "mid", "tip"]
+    assert db.sessions.lineage("tip") == [db.sessions.get(i) for i in ("root", "mid", "tip")]  # the same values
+    assert db.sessions.descendants("mid") == [db.sessions.get("tip")]
     assert db.sessions.compression_tip("root") == "tip"
     assert db.sessions.compression_tip("mid") == "tip"
     assert db.sessions.compression_tip("helper") == "helper"
