@@ -32,7 +32,7 @@ from ._repo import Repository, reads, writes
 from ._routes import get_routed_session
 from .errors import SessionNotFound
 from .memory_fence import has_memory_fence, strip_memory_fence
-from .records import DeliveryRecord
+from .records import DeliveryRecord, StoredMessage
 
 PREVIEW_STORED = 100  # characters of the first user message kept on the session row
 
@@ -431,8 +431,9 @@ class Messages(Repository):
                                   list(answered), delivery, fence)
 
     @reads
-    def get(self, session_id: str) -> list[dict]:
-        return self._engine.read(get_messages, session_id)
+    def get(self, session_id: str) -> list[StoredMessage]:
+        """The session's messages in order (its JSON columns decoded)."""
+        return [StoredMessage.of(row) for row in self._engine.read(get_messages, session_id)]
 
     @reads
     def as_conversation(self, session_id: str, upto: int | None = None) -> list[dict]:

@@ -8,6 +8,9 @@
     db.messages.record_turn(..., delivery=record)               # stored with the answer it carries
     [record] = db.recovery.pending_deliveries()                 # read back to be sent after a restart
 
+    [question, answer] = db.messages.get(session_id)            # StoredMessage values, oldest first
+    answer.role == "assistant" and answer.tool_calls is None    # JSON columns decoded once, by the store
+
 A row's columns a newer schema adds and this version does not know are left out, never an error.
 """
 
@@ -18,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["DeliveryRecord", "Session"]
+__all__ = ["DeliveryRecord", "Session", "StoredMessage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +109,39 @@ class DeliveryRecord:
 
 
 _DELIVERY_FIELDS = tuple(f.name for f in dataclasses.fields(DeliveryRecord))
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One message of a session as the ``messages`` table keeps it (``db.messages.get``), its JSON
+    columns (``tool_calls``, ``reasoning_details``, ``codex_reasoning_items``) decoded by the store (a
+    value that is not JSON, written by an older version, is kept as the text it is)."""
+
+    id: int
+    session_id: str
+    role: str  # "user", "assistant", "tool" or "system"
+    content: str | None = None
+    timestamp: float = 0.0
+    tool_call_id: str | None = None  # a tool result's: the call it answers
+    tool_calls: Any = None  # an assistant message's calls, as OpenAI shapes them (a list of dicts)
+    tool_name: str | None = None
+    token_count: int | None = None
+    finish_reason: str | None = None
+    reasoning: str | None = None
+    reasoning_details: Any = None
+    codex_reasoning_items: Any = None
+    platform_message_id: str | None = None  # the platform's id of the event it came in (stored once)
+    trace_id: str | None = None  # the turn's trace (32 hex digits) that wrote it
+    pos: int | None = None  # its place when a reply was put after what it answered (``state._messages``)
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> StoredMessage:
+        """The message a decoded ``messages`` row holds (``state._messages`` decodes its JSON columns)."""
+        return cls(**{name: row[name] for name in _MESSAGE_FIELDS if name in row})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The columns as a dict (the compression planner's messages, exports)."""
+        return dataclasses.asdict(self)
+
+
+_MESSAGE_FIELDS = tuple(f.name for f in dataclasses.fields(StoredMessage))

@@ -81,13 +81,13 @@ def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
         with pytest.raises(LeaseLost):
             db.recovery.settle_inbox([asked.id], replace(reply, id="d-line", kind="notice"), session_id="s1",
                             fence=Fence("s1", first.token))
-        assert [m["role"] for m in db.messages.get("s1")] == ["user"]
+        assert [m.role for m in db.messages.get("s1")] == ["user"]
         assert [m["message_id"] for m in db.recovery.unanswered("s1")] == [asked.id]
         assert db.recovery.pending_deliveries() == [] and db.recovery.list_deliveries("s1") == []
         # the current holder's write goes through
         db.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[asked.id],
                        delivery=replace(reply, id="d-ok", text="hi"), fence=Fence("s1", second.token))
-        assert [m["content"] for m in db.messages.get("s1")] == ["hello", "hi"]
+        assert [m.content for m in db.messages.get("s1")] == ["hello", "hi"]
         assert get_lease(conn, "s1").holder == "other"
 
 

@@ -103,7 +103,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
         assert getattr(child, field) == getattr(root, field)
     assert await adb.routes.get(KEY) == first.new_session_id
     # The parent keeps its full history, untouched.
-    assert [(m["role"], m["content"]) for m in await adb.messages.get("root")] == [
+    assert [(m.role, m.content) for m in await adb.messages.get("root")] == [
         (m["role"], m["content"]) for m in original
     ]
     # The child: head, the marked summary, the tail.

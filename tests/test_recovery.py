@@ -219,7 +219,7 @@ def _unanswered(config) -> int:
 
 def _stored_user_texts(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return sum(1 for s in db.sessions.list_rich() for m in db.messages.get(s["id"]) if m["role"] == "user")
+        return sum(1 for s in db.sessions.list_rich() for m in db.messages.get(s["id"]) if m.role == "user")
 
 
 async def test_healthz_and_metrics_show_a_session_awaiting_its_answer_and_for_how_long(tmp_path, fakes):
