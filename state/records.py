@@ -137,7 +137,10 @@ class StoredMessage:
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> StoredMessage:
         """The message a decoded ``messages`` row holds (``state._messages`` decodes its JSON columns)."""
-        return cls(**{name: row[name] for name in _MESSAGE_FIELDS if name in row})
+        try:
+            return cls(**row)  # the row's columns are the fields (a session's every message is read: kept quick)
+        except TypeError:  # a column a newer schema added
+            return cls(**{name: row[name] for name in _MESSAGE_FIELDS if name in row})
 
     def as_dict(self) -> dict[str, Any]:
         """The columns as a dict (the compression planner's messages, exports)."""
