@@ -122,7 +122,7 @@ async def run(runs: int, n: int) -> int:
                 elapsed = (time.perf_counter() - start) * 1000
                 ticker.stop = True
                 await tick
-                stored = await adb.messages.get(sid)
+                stored = [m.as_dict() for m in await adb.messages.get(sid)]
                 start = time.perf_counter()
                 cut = plan(stored, context_length=CONTEXT_LENGTH)
                 build_summary_request(cut)

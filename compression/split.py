@@ -152,7 +152,7 @@ async def compress_session(
         raise SessionNotFound(session_id)
     if parent.ended_at is not None:
         raise SessionChanged(session_id, f"was already ended ({parent.end_reason or 'no reason'})")
-    stored = await db.messages.get(session_id)
+    stored = [m.as_dict() for m in await db.messages.get(session_id)]  # the planner's messages are dicts
     # Planning and the request are pure CPU (a few ms for hundreds of messages,
     # more with huge tool results): off the event loop, so other chats go on.
     answering = stored if upto is None else stored[:upto]
@@ -192,7 +192,7 @@ async def compress_session(
             if not exc.new_messages or attempt == MAX_REPLANS:
                 raise SessionChanged(session_id, exc.reason) from exc
         # A turn stored messages meanwhile: they follow the tail (the summary still covers the same middle).
-        now = await db.messages.get(session_id)
+        now = [m.as_dict() for m in await db.messages.get(session_id)]
         if not set(known) <= {m["id"] for m in now}:
             raise SessionChanged(session_id, "lost messages")
         seen = set(known)

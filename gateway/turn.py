@@ -22,7 +22,7 @@ import base64
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 from zoneinfo import ZoneInfo
 
@@ -273,7 +273,7 @@ class AgentTurn:
         if prompt_hook is not None and not completion.fitted:  # a fitted prompt's size says nothing of the history's
             prompt_hook.record_usage(plan.session_id, completion.prompt_tokens, plan.history_length + len(loop.produced))
         reply, to_store = _reply_and_messages(loop)
-        delivery = {**req.delivery, "text": reply or EMPTY_ANSWER} if req.delivery is not None else None
+        delivery = replace(req.delivery, text=reply or EMPTY_ANSWER) if req.delivery is not None else None
         stored = await self.db.messages.record_turn(plan.session_id, to_store, input_tokens=loop.prompt_tokens,
                                                     output_tokens=loop.completion_tokens, answered=req.answered,
                                                     delivery=delivery, fence=req.fence)

@@ -9,7 +9,7 @@ from typing import Awaitable, Callable, Protocol
 from gateway.model import Completion
 from gateway.tools import ToolContext
 from gateway.types import Attachment, Button, ChatRef
-from state import Fence
+from state import DeliveryRecord, Fence
 
 
 class ReplySink(Protocol):
@@ -56,9 +56,9 @@ class TurnRequest:
     # as far as the last of them, its messages are stored right after it (before what arrived since),
     # and their inbox rows go with the reply.  Empty: the whole session, the reply stored last.
     answered: tuple[int, ...] = ()
-    # Crash safety: where the reply will be sent (id, platform, chat_id, thread_id, reply_to), recorded
-    # as a pending delivery in the same transaction as the reply.  None for cron and local callers.
-    delivery: dict | None = None
+    # Crash safety: where the reply will be sent (its delivery record, no text yet), recorded as a
+    # pending delivery in the same transaction as the reply.  None for cron and local callers.
+    delivery: DeliveryRecord | None = None
     stream: ReplySink | None = None  # the answer shown as it is written; None: sent whole, afterwards
     # Clustered: the lease this turn runs under (a ``state.Fence``); its reply is stored only while the
     # lease is still this instance's.  None: no lease (one instance, or a local request).

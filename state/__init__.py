@@ -42,7 +42,7 @@ from .errors import (
 )
 from .inspect import DatabaseReport, inspect_database
 from .paths import default_db_path, default_home, new_session_id
-from .records import Session
+from .records import DeliveryRecord, Session, StoredMessage
 
 __all__ = [
     "AmbiguousSession",
@@ -52,6 +52,7 @@ __all__ = [
     "CronJobNotFound",
     "DatabaseReport",
     "DatabaseRefused",
+    "DeliveryRecord",
     "Fence",
     "ImportFileError",
     "IntegrityChecker",
@@ -73,6 +74,7 @@ __all__ = [
     "StoreCorrupt",
     "StoreSize",
     "StoreUnavailable",
+    "StoredMessage",
     "UpkeepReport",
     "TextSize",
     "TitleConflict",

@@ -32,6 +32,7 @@ from ._repo import Repository, reads, writes
 from ._routes import get_routed_session
 from .errors import SessionNotFound
 from .memory_fence import has_memory_fence, strip_memory_fence
+from .records import DeliveryRecord, StoredMessage
 
 PREVIEW_STORED = 100  # characters of the first user message kept on the session row
 
@@ -284,7 +285,7 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
-                 answered: list[int], delivery: dict | None, fence: Fence | None = None) -> list[int]:
+                 answered: list[int], delivery: DeliveryRecord | None, fence: Fence | None = None) -> list[int]:
     fenced(conn, fence)
     tokens = (int(input_tokens or 0), int(output_tokens or 0))
     if messages and messages[0].get("platform_message_id") is None:  # the tokens go with its counters
@@ -417,21 +418,22 @@ class Messages(Repository):
 
     @writes
     def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,
-                    output_tokens: int = 0, answered: Iterable[int] = (), delivery: dict | None = None,
+                    output_tokens: int = 0, answered: Iterable[int] = (), delivery: DeliveryRecord | None = None,
                     fence: Fence | None = None) -> list[int]:
         """A turn's messages and its token usage in one transaction: all of it or, on any error, none.
 
         ``answered`` are the ids of the user messages this turn answers: its messages are placed right
         after the last of them, before any message that arrived after those (see ``state._messages``),
-        and their inbox rows go.  ``delivery`` (``id``, platform, chat_id, thread_id, reply_to, text) records the pending
+        and their inbox rows go.  ``delivery`` (a :class:`state.DeliveryRecord`) records the pending
         send of the reply, tied to the last message stored.  With ``fence`` (PostgreSQL) nothing is
         written unless its lease is still the session's current one (``LeaseLost`` otherwise)."""
         return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens,
                                   list(answered), delivery, fence)
 
     @reads
-    def get(self, session_id: str) -> list[dict]:
-        return self._engine.read(get_messages, session_id)
+    def get(self, session_id: str) -> list[StoredMessage]:
+        """The session's messages in order (its JSON columns decoded)."""
+        return [StoredMessage.of(row) for row in self._engine.read(get_messages, session_id)]
 
     @reads
     def as_conversation(self, session_id: str, upto: int | None = None) -> list[dict]:

@@ -41,10 +41,10 @@ from ._deadletters import count_dead_letters
 from ._dialect import dialect_of
 from ._fence import Fence, fenced
 from ._repo import Repository, reads, writes
+from .records import DeliveryRecord
 
 INBOX_FIELDS = ("session_key", "platform", "chat_id", "thread_id", "chat_type", "user_id", "user_name",
                 "platform_message_id", "received_at")
-DELIVERY_FIELDS = ("platform", "chat_id", "thread_id", "reply_to", "text", "kind")
 DELIVERY_STATUSES = ("pending", "sent", "failed", "streaming")
 
 
@@ -139,10 +139,10 @@ def backlog(conn: sqlite3.Connection) -> tuple[int, float | None]:
     return int(sessions), None if oldest is None else float(oldest)
 
 
-def settle(conn: sqlite3.Connection, message_ids: Iterable[int], delivery: dict | None, *,
+def settle(conn: sqlite3.Connection, message_ids: Iterable[int], delivery: DeliveryRecord | None, *,
            session_id: str | None = None, reply_message_id: int | None = None) -> None:
-    """The messages ``message_ids`` are answered: drop their inbox rows and, with ``delivery``
-    (``id`` plus DELIVERY_FIELDS), record the pending send of that answer."""
+    """The messages ``message_ids`` are answered: drop their inbox rows and, with ``delivery``, record
+    the pending send of that answer."""
     ids = list(message_ids)
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
@@ -166,11 +166,9 @@ def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> N
 # --- the delivery record -----------------------------------------------------
 
 
-def add_delivery(conn: sqlite3.Connection, delivery: dict, *, session_id: str | None,
+def add_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord, *, session_id: str | None,
                  message_id: int | None) -> None:
-    unknown = set(delivery) - {"id", *DELIVERY_FIELDS}
-    if unknown:
-        raise TypeError(f"unknown delivery fields: {', '.join(sorted(unknown))}")
+    """Record ``delivery``'s pending send (its place, text and kind; its status and progress start afresh)."""
     now = time.time()
     # A streamed reply's row exists already (begin_streamed_delivery): its text arrives, its posted ids stay.
     conn.execute(
@@ -178,12 +176,12 @@ def add_delivery(conn: sqlite3.Connection, delivery: dict, *, session_id: str | 
         "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT(id) DO UPDATE SET session_id = excluded.session_id, message_id = excluded.message_id, "
         "text = excluded.text, status = 'pending', updated_at = excluded.updated_at",
-        (delivery["id"], session_id, message_id, delivery.get("kind") or "reply", delivery["platform"],
-         delivery["chat_id"], delivery.get("thread_id"), delivery.get("reply_to"), delivery["text"], now, now),
+        (delivery.id, session_id, message_id, delivery.kind, delivery.platform, delivery.chat_id,
+         delivery.thread_id, delivery.reply_to, delivery.text, now, now),
     )
 
 
-def begin_streamed_delivery(conn: sqlite3.Connection, delivery: dict, *, session_id: str,
+def begin_streamed_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord, *, session_id: str,
                             sent_ids: list[str]) -> None:
     """A streamed reply posted its messages ``sent_ids`` (its text is not known yet): recorded ``streaming``."""
     now = time.time()
@@ -191,8 +189,8 @@ def begin_streamed_delivery(conn: sqlite3.Connection, delivery: dict, *, session
         "INSERT INTO deliveries (id, session_id, kind, platform, chat_id, thread_id, reply_to, text, sent_ids, "
         "status, created_at, updated_at) VALUES (?, ?, 'stream', ?, ?, ?, ?, '', ?, 'streaming', ?, ?) "
         "ON CONFLICT(id) DO UPDATE SET sent_ids = excluded.sent_ids, updated_at = excluded.updated_at",
-        (delivery["id"], session_id, delivery["platform"], delivery["chat_id"], delivery.get("thread_id"),
-         delivery.get("reply_to"), json.dumps(list(sent_ids)), now, now),
+        (delivery.id, session_id, delivery.platform, delivery.chat_id, delivery.thread_id, delivery.reply_to,
+         json.dumps(list(sent_ids)), now, now),
     )
 
 
@@ -208,7 +206,7 @@ def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: lis
     ).rowcount > 0
 
 
-def pending_deliveries(conn: sqlite3.Connection, session_id: str | None = None) -> list[dict]:
+def pending_deliveries(conn: sqlite3.Connection, session_id: str | None = None) -> list[DeliveryRecord]:
     """Replies stored but not confirmed sent, and streamed replies their turn never finished
     (``streaming``), oldest first (``sent_ids`` decoded); of ``session_id`` only, when given."""
     if session_id is not None:
@@ -216,23 +214,23 @@ def pending_deliveries(conn: sqlite3.Connection, session_id: str | None = None) 
             "SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
             "WHERE d.session_id = ? AND d.status IN ('pending', 'streaming') ORDER BY d.created_at, d.id",
             (session_id,))
-        return [_decode_delivery(r) for r in rows]
+        return [DeliveryRecord.of(dict(r)) for r in rows]
     rows = conn.execute(  # each half on its partial index: the record keeps every reply ever sent
         "SELECT * FROM (SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
         "WHERE d.status = 'pending' UNION ALL "
         "SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
         "WHERE d.status = 'streaming') AS open_deliveries ORDER BY created_at, id")
-    return [_decode_delivery(r) for r in rows]
+    return [DeliveryRecord.of(dict(r)) for r in rows]
 
 
-def get_delivery(conn: sqlite3.Connection, delivery_id: str) -> dict | None:
+def get_delivery(conn: sqlite3.Connection, delivery_id: str) -> DeliveryRecord | None:
     row = conn.execute("SELECT * FROM deliveries WHERE id = ?", (delivery_id,)).fetchone()
-    return _decode_delivery(row) if row else None
+    return DeliveryRecord.of(dict(row)) if row else None
 
 
-def list_deliveries(conn: sqlite3.Connection, session_id: str) -> list[dict]:
+def list_deliveries(conn: sqlite3.Connection, session_id: str) -> list[DeliveryRecord]:
     rows = conn.execute("SELECT * FROM deliveries WHERE session_id = ? ORDER BY created_at, id", (session_id,))
-    return [_decode_delivery(r) for r in rows]
+    return [DeliveryRecord.of(dict(r)) for r in rows]
 
 
 def recovery_counts(conn: sqlite3.Connection) -> dict:
@@ -243,21 +241,12 @@ def recovery_counts(conn: sqlite3.Connection) -> dict:
     return {"unanswered": inbox, "deliveries_pending": pending, "dead_letters": dead}
 
 
-def _decode_delivery(row: sqlite3.Row) -> dict:
-    out = dict(row)
-    try:
-        out["sent_ids"] = json.loads(out.get("sent_ids") or "[]")
-    except (TypeError, json.JSONDecodeError):
-        out["sent_ids"] = []
-    return out
-
-
 class Recovery(Repository):
     """``db.recovery``: the inbox of messages no turn has answered yet, and the record of replies
     stored but not yet confirmed sent."""
 
     @writes
-    def settle_inbox(self, message_ids: Iterable[int], delivery: dict | None = None, *,
+    def settle_inbox(self, message_ids: Iterable[int], delivery: DeliveryRecord | None = None, *,
                      session_id: str | None = None, fence: Fence | None = None) -> None:
         """These messages got their answer (a line standing in for a reply): drop their inbox rows and,
         with ``delivery``, record the pending send of that line, in one transaction (fenced as
@@ -292,27 +281,28 @@ class Recovery(Repository):
         return self._engine.write(mark)
 
     @writes
-    def begin_streamed_delivery(self, delivery: dict, *, session_id: str, sent_ids: list[str]) -> None:
+    def begin_streamed_delivery(self, delivery: DeliveryRecord, *, session_id: str, sent_ids: list[str]) -> None:
         """Record that a streamed reply posted ``sent_ids`` before its text is known (kind ``stream``,
         status ``streaming``); the turn's transaction fills the text in."""
         return self._engine.write(begin_streamed_delivery, delivery, session_id=session_id,
                                   sent_ids=sent_ids)
 
     @reads
-    def pending_deliveries(self, session_id: str | None = None) -> list[dict]:
+    def pending_deliveries(self, session_id: str | None = None) -> list[DeliveryRecord]:
         """Replies stored but not yet confirmed sent (of ``session_id`` only, when given), oldest first."""
         return self._engine.read(pending_deliveries, session_id)
 
     @writes
     def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None) -> bool:
+        """Note how far sending ``delivery_id`` got: the parts confirmed (``sent_ids``) and its status."""
         return self._engine.write(update_delivery, delivery_id, sent_ids=sent_ids, status=status, error=error)
 
     @reads
-    def get_delivery(self, delivery_id: str) -> dict | None:
+    def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:
         return self._engine.read(get_delivery, delivery_id)
 
     @reads
-    def list_deliveries(self, session_id: str) -> list[dict]:
+    def list_deliveries(self, session_id: str) -> list[DeliveryRecord]:
         return self._engine.read(list_deliveries, session_id)
 
     @reads

@@ -634,14 +634,14 @@ class Sessions(Repository):
         return self._engine.read(session_count, source)
 
     @reads
-    def lineage(self, session_id: str) -> list[dict]:
+    def lineage(self, session_id: str) -> list[Session]:
         """Ancestors from the root down to the session itself."""
-        return self._engine.read(get_lineage, session_id)
+        return [Session.of(row) for row in self._engine.read(get_lineage, session_id)]
 
     @reads
-    def descendants(self, session_id: str) -> list[dict]:
+    def descendants(self, session_id: str) -> list[Session]:
         """Every session below this one, oldest first."""
-        return self._engine.read(get_descendants, session_id)
+        return [Session.of(row) for row in self._engine.read(get_descendants, session_id)]
 
     @reads
     def compression_tip(self, session_id: str) -> str:

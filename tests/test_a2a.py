@@ -95,7 +95,7 @@ async def test_a_message_is_answered_in_its_task_and_its_context_is_one_session(
             assert fetched.status.state == pb.TASK_STATE_COMPLETED and answer_of(fetched) == answer_of(task)
         key = f"agent:main:a2a:planner:{task.context_id}"
         session_id = await gw.db.routes.get(key)
-        stored = [(m["role"], m["content"]) for m in await gw.db.messages.get(session_id)]
+        stored = [(m.role, m.content) for m in await gw.db.messages.get(session_id)]
     assert stored == [("user", "plan the week"), ("assistant", answer_of(task)),
                       ("user", "and the weekend"), ("assistant", answer_of(second.task))]
 

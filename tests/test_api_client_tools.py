@@ -34,7 +34,7 @@ def offered(record) -> list[str]:
 
 
 async def stored(gw, session_id: str) -> list[tuple]:
-    return [(m["role"], m["content"], [c["id"] for c in m.get("tool_calls") or []] or m.get("tool_call_id"))
+    return [(m.role, m.content, [c["id"] for c in m.tool_calls or []] or m.tool_call_id)
             for m in await gw.db.messages.get(session_id)]
 
 

@@ -38,7 +38,7 @@ async def api_sessions(gw) -> list[dict]:
 
 
 async def conversation_of(gw, session_id: str) -> list[tuple[str, str]]:
-    return [(m["role"], m["content"]) for m in await gw.db.messages.get(session_id)]
+    return [(m.role, m.content) for m in await gw.db.messages.get(session_id)]
 
 
 async def test_the_sync_sdk_with_its_whole_history_continues_one_session_storing_nothing_twice(tmp_path, model):
@@ -372,7 +372,7 @@ async def test_a_regenerated_answer_branches_without_the_old_answers_tool_calls(
         model.script(Reply("we spoke of Oslo"))
         regenerated, child = await say([u1, {"role": "assistant", "content": a1}, u2])
         await client.close()
-        original = [m["role"] for m in await gw.db.messages.get(first)]
+        original = [m.role for m in await gw.db.messages.get(first)]
         branch = await conversation_of(gw, child)
     assert (a2, regenerated) == ("we spoke of Lyon", "we spoke of Oslo")
     assert original == ["user", "assistant", "user", "assistant", "tool", "assistant"]

@@ -32,7 +32,7 @@ def client_of(gw, **kwargs) -> openai.AsyncOpenAI:
 
 async def stored(gw) -> list[list[tuple[str, str | None]]]:
     sessions = await gw.db.sessions.list_rich(source="api", include_children=True, limit=10)
-    return [[(m["role"], m["content"]) for m in await gw.db.messages.get(s["id"])] for s in sessions]
+    return [[(m.role, m.content) for m in await gw.db.messages.get(s["id"])] for s in sessions]
 
 
 async def test_plain_responses_with_instructions_and_previous_response_id_continuing(tmp_path, model):

@@ -179,4 +179,4 @@ async def test_a_second_signal_while_draining_exits_at_once(tmp_path):
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     with state.SessionDB(tmp_path / "home" / "state.db") as db:
         stored = db.messages.get(db.routes.get("agent:main:api:dm:slow"))
-    assert [(m["role"], m["content"]) for m in stored] == [("user", "take forever")]
+    assert [(m.role, m.content) for m in stored] == [("user", "take forever")]

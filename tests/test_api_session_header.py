@@ -53,7 +53,7 @@ async def test_the_returned_session_is_continued_with_only_the_new_message_or_th
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
         await alice.close()
-        stored = [(m["role"], m["content"]) for m in await gw.db.messages.get(session)]
+        stored = [(m.role, m.content) for m in await gw.db.messages.get(session)]
         api_sessions = await gw.db.sessions.list_rich(source="api", include_children=True)
     assert same == still == session and len(api_sessions) == 1
     assert second == echo("what is my name?", 2, "my name is Alice")  # the model saw the first turn
@@ -86,7 +86,7 @@ async def test_another_callers_session_is_not_found_and_tells_nothing(tmp_path, 
             refusals.append(refused.value.body)
         await alice.close()
         await bob.close()
-        stored = [m["content"] for m in await gw.db.messages.get(session)]
+        stored = [m.content for m in await gw.db.messages.get(session)]
     assert [(r["code"], r["param"]) for r in refusals] == [("session_not_found", HEADER)] * 3
     # the same words for another's session and for none at all, apart from the id named
     assert refusals[0]["message"].replace(session, "ID") == refusals[1]["message"].replace("20990101_000000_nosuch", "ID")

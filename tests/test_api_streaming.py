@@ -68,7 +68,7 @@ async def test_a_streamed_answer_comes_in_chunks_as_the_model_writes_with_usage_
     assert last.choices == []
     assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (
         321, completion_tokens(LONG), 321 + completion_tokens(LONG))
-    assert [(m["role"], m["content"]) for m in stored] == [("user", "tell me about streaming"), ("assistant", LONG)]
+    assert [(m.role, m.content) for m in stored] == [("user", "tell me about streaming"), ("assistant", LONG)]
 
 
 async def test_without_include_usage_no_usage_chunk_and_a_conversation_goes_on(tmp_path, model):
@@ -161,7 +161,7 @@ async def test_a_client_that_leaves_mid_stream_does_not_stop_the_turn(tmp_path, 
 
         async def answered() -> bool:
             stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
-            return [(m["role"], m["content"]) for m in stored] == [("user", "long one"), ("assistant", LONG)]
+            return [(m.role, m.content) for m in stored] == [("user", "long one"), ("assistant", LONG)]
 
         await eventually(answered, what="the whole answer stored")
         assert await api.say("k", "next") == "echo: next | turns: 2 | first: long one"
@@ -217,7 +217,7 @@ async def test_a_model_failure_after_the_stream_began_is_an_error_event_the_sdk_
         await api.close()
         stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert failed.value.message.startswith("The model is unavailable right now (HTTP 503)")
-    assert [(m["role"], m["content"]) for m in stored] == [("user", "first question")]  # kept, unanswered
+    assert [(m.role, m.content) for m in stored] == [("user", "first question")]  # kept, unanswered
 
 
 async def test_a_stream_cut_off_by_shutdown_ends_with_an_error_the_sdk_raises(tmp_path, model):

@@ -143,9 +143,9 @@ async def test_restore_drill_the_newest_automatic_backup_opens_every_session(tmp
     result = await asyncio.to_thread(CliRunner().invoke, restore_cmd, [str(newest), "--home", str(fresh)])
     assert result.exit_code == 0, result.output
     with state.SessionDB(daemon.db_path) as live, state.SessionDB(fresh / "state.db") as restored:
-        originals = {s["id"]: [(m["role"], m["content"]) for m in live.messages.get(s["id"])]
+        originals = {s["id"]: [(m.role, m.content) for m in live.messages.get(s["id"])]
                      for s in live.sessions.list_rich(limit=100)}
-        opened = {s["id"]: [(m["role"], m["content"]) for m in restored.messages.get(s["id"])]
+        opened = {s["id"]: [(m.role, m.content) for m in restored.messages.get(s["id"])]
                   for s in restored.sessions.list_rich(limit=100)}
     assert len(opened) == 4
     assert opened == originals

@@ -93,7 +93,7 @@ async def test_a_user_is_told_at_80_and_at_100_percent_and_their_messages_are_ke
         await eventually(held, 10, "both messages held back, the lane idle")
         assert to(tg, 111) == [line], "told once"
         assert len(model.requests) == calls, "no model call over budget"
-        stored = [m["content"] for m in await gw.db.messages.get(await gw.db.routes.get(key)) if m["role"] == "user"]
+        stored = [m.content for m in await gw.db.messages.get(await gw.db.routes.get(key)) if m.role == "user"]
         assert stored == ["over budget one", "over budget two"], "a budget never blocks storing a message"
 
         await tg.wait_for(lambda: len(to(tg, OPERATOR_CHAT)) == 1, what="the operator's notice")
@@ -178,7 +178,7 @@ async def test_a_local_api_request_over_budget_gets_429_saying_when_and_is_store
             assert text.startswith("The api platform's monthly budget is used up; it resets on ")
             assert not model.requests
             stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
-            assert [m["content"] for m in stored if m["role"] == "user"] == ["anything left?"]
+            assert [m.content for m in stored if m.role == "user"] == ["anything left?"]
         finally:
             await api.close()
 

@@ -38,7 +38,7 @@ def stored(config, key: str | None = None) -> list[tuple[str, str]]:
             if not routes:
                 return []
             [key] = routes
-        return [(m["role"], m["content"]) for m in db.messages.get(routes[key])] if key in routes else []
+        return [(m.role, m.content) for m in db.messages.get(routes[key])] if key in routes else []
 
 
 def roles(prompt: list[dict]) -> list[str]:

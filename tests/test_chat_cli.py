@@ -10,6 +10,7 @@ import pytest
 import yaml
 from rich.console import Console
 
+import state
 from gateway.cli.chat import recap, run_chat
 from gateway.errors import SwitchboardError
 from state import SessionDB
@@ -54,7 +55,7 @@ async def test_chat_then_continue_shows_the_recap(tmp_path):
 
 
 def test_recap_truncates_and_collapses_tool_calls():
-    messages = [
+    messages = [state.StoredMessage(i, "s1", **fields) for i, fields in enumerate([
         {"role": "system", "content": "hidden system note"},
         {"role": "user", "content": "u" * 400},
         {"role": "assistant", "content": None, "tool_calls": [
@@ -62,7 +63,7 @@ def test_recap_truncates_and_collapses_tool_calls():
             {"id": "2", "function": {"name": "terminal", "arguments": "{}"}}]},
         {"role": "tool", "content": "tool output hidden", "tool_call_id": "1"},
         {"role": "assistant", "content": "line1\nline2\nline3\nline4"},
-    ]
+    ], 1)]
     text = recap(messages).plain
     assert "hidden system note" not in text and "tool output hidden" not in text
     assert "u" * 300 + " …" in text and "u" * 301 not in text
@@ -207,7 +208,7 @@ def _env(tmp_path) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "user"), "LANG": "C.UTF-8", "USER": "tester"}
 
 
-def _stored(tmp_path) -> tuple[str, list[dict]]:
+def _stored(tmp_path) -> tuple[str, list[state.StoredMessage]]:
     with SessionDB(tmp_path / "home" / "state.db") as db:
         session = db.sessions.list_rich(source="cli", limit=1)[0]["id"]
         return session, db.messages.get(session)
@@ -230,9 +231,9 @@ async def test_ctrl_c_stops_the_answer_marked_stopped_and_a_second_ctrl_c_leaves
             assert "word0 word1 word2" in shown and "word299" not in shown
             session, messages = _stored(tmp_path)
             last = messages[-1]
-            assert (last["role"], last["finish_reason"]) == ("assistant", "stopped")
-            partial = last["content"].removesuffix("\n\n_(stopped)_")
-            assert last["content"].endswith("\n\n_(stopped)_") and partial.startswith("word0 word1 word2")
+            assert (last.role, last.finish_reason) == ("assistant", "stopped")
+            partial = last.content.removesuffix("\n\n_(stopped)_")
+            assert last.content.endswith("\n\n_(stopped)_") and partial.startswith("word0 word1 word2")
             assert LONG_ANSWER.startswith(partial) and len(partial) < len(LONG_ANSWER)  # as far as it got
             assert partial in shown.replace("\n", " ")  # what was shown is what is stored
 
@@ -261,7 +262,7 @@ async def test_ctrl_c_before_the_first_words_stops_and_keeps_the_message(tmp_pat
             await eventually(lambda: term.text().rstrip().endswith("›"), timeout=10, what=term.text)
             assert term.proc.poll() is None
             _, messages = _stored(tmp_path)
-            assert [(m["role"], m["content"]) for m in messages] == [("user", "a hard question")]
+            assert [(m.role, m.content) for m in messages] == [("user", "a hard question")]
             term.type(CTRL_D)
             assert await asyncio.to_thread(term.wait) == 0
         finally:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from dataclasses import replace
 
 import psycopg
 import pytest
 
-from state import Fence, SessionDB
+from state import DeliveryRecord, Fence, SessionDB
 from state.cluster import LeaseLost, claim_next, get_lease, release
 from tests.clusterdaemons import health as _health, instance_dir as _dir, instance_settings, stored as _stored
 from tests.crashkit import Daemon, DiscordSide, Outcome, Plan, SlackSide, TelegramSide, UserMessage
@@ -72,21 +73,21 @@ def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
         release(conn, first)  # as if it had expired while its holder was stopped
         second = claim_next(conn, "other", 15)
         assert second is not None and second.token > first.token
-        reply = {"id": "d-stale", "platform": "telegram", "chat_id": "42", "reply_to": "7", "text": "late"}
+        reply = DeliveryRecord("d-stale", "telegram", "42", reply_to="7", text="late")
         with pytest.raises(LeaseLost) as lost:
             db.messages.record_turn("s1", [{"role": "assistant", "content": "late"}], answered=[asked.id], delivery=reply,
                            fence=Fence("s1", first.token))
         assert lost.value.holder == "other"
         with pytest.raises(LeaseLost):
-            db.recovery.settle_inbox([asked.id], {**reply, "id": "d-line", "kind": "notice"}, session_id="s1",
+            db.recovery.settle_inbox([asked.id], replace(reply, id="d-line", kind="notice"), session_id="s1",
                             fence=Fence("s1", first.token))
-        assert [m["role"] for m in db.messages.get("s1")] == ["user"]
+        assert [m.role for m in db.messages.get("s1")] == ["user"]
         assert [m["message_id"] for m in db.recovery.unanswered("s1")] == [asked.id]
         assert db.recovery.pending_deliveries() == [] and db.recovery.list_deliveries("s1") == []
         # the current holder's write goes through
         db.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[asked.id],
-                       delivery={**reply, "id": "d-ok", "text": "hi"}, fence=Fence("s1", second.token))
-        assert [m["content"] for m in db.messages.get("s1")] == ["hello", "hi"]
+                       delivery=replace(reply, id="d-ok", text="hi"), fence=Fence("s1", second.token))
+        assert [m.content for m in db.messages.get("s1")] == ["hello", "hi"]
         assert get_lease(conn, "s1").holder == "other"
 
 

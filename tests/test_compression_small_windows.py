@@ -74,10 +74,10 @@ async def test_a_4000_token_window_with_260_word_turns_is_split_into_a_titled_ch
     assert parent.end_reason == "compression" and row.parent_session_id == root
     assert row.title == "migration #2"
     assert notices[split_at].startswith("Compressed: ") and 'Continuing as "migration #2".' in notices[split_at]
-    summaries = [m for m in stored if compression.is_summary(m)]
-    assert len(summaries) == 1 and "SUMMARY: the migration needs a rollback plan" in summaries[0]["content"]
+    summaries = [m for m in stored if compression.is_summary(m.as_dict())]
+    assert len(summaries) == 1 and "SUMMARY: the migration needs a rollback plan" in summaries[0].content
     assert answer.startswith("echo: and what next?")  # the next turn is answered in the child
-    assert [m["content"] for m in stored[-2:]] == ["and what next?", answer]
+    assert [m.content for m in stored[-2:]] == ["and what next?", answer]
     assert not any("left out of this reply" in n for n in notices)  # split, never cut oldest-first first
 
 
@@ -115,7 +115,7 @@ async def test_a_window_smaller_than_one_message_is_said_once(tmp_path, model):
     cut = [n for n in notices if "more than the model can read at once" in n]
     assert len(cut) == 1 and turns[0][1] == cut[0]  # said with the message it is about
     assert len([n for n in notices if "/new" in n]) <= 1, notices
-    assert stored[0]["content"] == f"paste: {words(900)}"  # the store keeps it whole
+    assert stored[0].content == f"paste: {words(900)}"  # the store keeps it whole
 
 
 # --- the property: a split leaves the child under the threshold, or the user is told -------------

@@ -103,7 +103,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
         assert getattr(child, field) == getattr(root, field)
     assert await adb.routes.get(KEY) == first.new_session_id
     # The parent keeps its full history, untouched.
-    assert [(m["role"], m["content"]) for m in await adb.messages.get("root")] == [
+    assert [(m.role, m.content) for m in await adb.messages.get("root")] == [
         (m["role"], m["content"]) for m in original
     ]
     # The child: head, the marked summary, the tail.
@@ -130,7 +130,7 @@ async def test_a_chain_root_to_2_to_3_keeps_lineage_titles_routes_and_history(ad
     assert await adb.routes.get(KEY) == second.new_session_id
     assert await adb.sessions.compression_tip("root") == second.new_session_id
     assert await adb.titles.resolve("my project") == second.new_session_id
-    assert [s["id"] for s in await adb.sessions.lineage(second.new_session_id)] == [
+    assert [s.id for s in await adb.sessions.lineage(second.new_session_id)] == [
         "root", first.new_session_id, second.new_session_id]
     listed = await adb.sessions.list_rich()
     assert [(s["id"], s.get("lineage_root")) for s in listed] == [(second.new_session_id, "root")]

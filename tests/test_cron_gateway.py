@@ -67,7 +67,7 @@ async def test_a_run_is_a_cron_session_delivered_to_the_chat(tmp_path, model, tg
     assert session.end_reason == "cron_complete"
     berlin = dt.datetime.fromtimestamp(run["started_at"], dt.timezone.utc).astimezone(ZoneInfo("Europe/Berlin"))
     assert session.title == f"Morning briefing {berlin:%Y-%m-%d %H:%M}"  # in the configured timezone
-    assert [(m["role"], m["content"]) for m in messages] == [("user", "What is on today?"), ("assistant", "Sunny, 3 meetings.")]
+    assert [(m.role, m.content) for m in messages] == [("user", "What is on today?"), ("assistant", "Sunny, 3 meetings.")]
     [request] = model.requests
     assert "tools" not in request.body  # jobs cannot create jobs: no tools offered
     notes = [m["content"] for m in request.messages if m["role"] == "system"]
@@ -342,7 +342,7 @@ async def test_a_run_cannot_use_a_tool_even_when_the_model_asks_for_one(tmp_path
         run = await gw.cron.run_job("morning")
         messages = await gw.db.messages.get(run["session_id"])
     assert "tools" not in model.requests[0].body  # none offered: jobs cannot create jobs
-    [tool_result] = [m for m in messages if m["role"] == "tool"]
-    assert tool_result["content"] == "error: no tool is available now, not 'memory'"
+    [tool_result] = [m for m in messages if m.role == "tool"]
+    assert tool_result.content == "error: no tool is available now, not 'memory'"
     assert not list((tmp_path / "memory").rglob("USER.md"))  # the memory tool never ran
     assert run["output"] == "Sunny."

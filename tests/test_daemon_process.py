@@ -59,7 +59,7 @@ async def test_sigterm_during_a_slow_turn_finishes_it_and_exits_cleanly(tmp_path
     assert "sk-daemon-test-secret-123456" not in stderr  # secrets never reach the logs
     with state.SessionDB(tmp_path / "home" / "state.db") as db:
         sid = db.routes.get("agent:main:api:dm:slow")
-        assert [m["role"] for m in db.messages.get(sid)] == ["user", "assistant"]
+        assert [m.role for m in db.messages.get(sid)] == ["user", "assistant"]
 
 
 async def test_a_second_daemon_on_the_same_home_refuses_to_start(tmp_path):

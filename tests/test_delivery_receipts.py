@@ -13,6 +13,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+import state
 from gateway.cli.main import main
 from gateway.runtime.daemon import Gateway
 from tests.fakes.model_server import FakeModel
@@ -163,8 +164,8 @@ async def test_a_status_the_store_cannot_keep_is_not_acknowledged_so_meta_sends_
 @pytest.fixture
 def db(store):
     store.sessions.create("s1", "whatsapp")
-    store.recovery.settle_inbox([], {"id": "d1", "platform": "whatsapp", "chat_id": ANN, "text": "two parts",
-                                     "kind": "notice"}, session_id="s1")
+    store.recovery.settle_inbox([], state.DeliveryRecord("d1", "whatsapp", ANN, text="two parts", kind="notice"),
+                                session_id="s1")
     store.recovery.update_delivery("d1", sent_ids=["wamid.A", "wamid.B"], status="sent")
     return store
 

@@ -65,8 +65,8 @@ async def test_prefetched_facts_reach_the_model_call_but_never_the_store(tmp_pat
     assert "Emacs" not in json.dumps(sent.messages)  # another user's facts never come along
     assert "## Fact memory" in sent.messages[0]["content"]
     assert reply == "noted"
-    assert [m["content"] for m in stored if m["role"] == "user"] == ["which editor should I configure?"]
-    assert "memory-context" not in json.dumps(stored)
+    assert [m.content for m in stored if m.role == "user"] == ["which editor should I configure?"]
+    assert "memory-context" not in json.dumps([m.as_dict() for m in stored])
     assert off.messages[-1] == {"role": "user", "content": "which editor again?"}
     assert "</memory-context>" not in json.dumps(off.messages)
     assert status.startswith("1 fact(s) stored about you. Recall before each message is off in this chat (/facts on")

@@ -28,7 +28,7 @@ async def test_a_conversation_is_remembered_across_turns(tmp_path, model):
         await api.close()
         sid = await gw.db.routes.get("agent:main:api:dm:alice")
         stored = await gw.db.messages.get(sid)
-    assert [(m["role"], m["content"]) for m in stored] == [
+    assert [(m.role, m.content) for m in stored] == [
         ("user", "my name is Alice"),
         ("assistant", "echo: my name is Alice | turns: 1 | first: my name is Alice"),
         ("user", "what is my name?"),
@@ -103,7 +103,7 @@ async def test_429_then_success_is_answered_once(tmp_path, model):
         stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert len(model.requests) == 2
     assert model.requests[1].at - model.requests[0].at >= 0.2  # Retry-After honoured
-    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert [m.role for m in stored] == ["user", "assistant"]
 
 
 async def test_total_model_failure_is_a_503_and_the_message_is_kept_then_a_normal_turn(tmp_path, model):
@@ -118,7 +118,7 @@ async def test_total_model_failure_is_a_503_and_the_message_is_kept_then_a_norma
         assert await api.say("k", "second question") == "echo: second question | turns: 2 | first: first question"
         await api.close()
         stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
-    assert [(m["role"], m["content"]) for m in stored][:2] == [("user", "first question"), ("user", "second question")]
+    assert [(m.role, m.content) for m in stored][:2] == [("user", "first question"), ("user", "second question")]
     assert len(stored) == 3
 
 
@@ -150,7 +150,7 @@ async def test_messages_sent_during_a_turn_are_answered_after_it(tmp_path):
             stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     # two and three waited for the first turn; each request got a turn and an answer of its own, in order
     assert replies == [f"echo: {word} | turns: {n} | first: one" for n, word in enumerate(["one", "two", "three"], 1)]
-    assert [(m["role"], m["content"]) for m in stored] == [
+    assert [(m.role, m.content) for m in stored] == [
         pair for n, word in enumerate(["one", "two", "three"], 1)
         for pair in (("user", word), ("assistant", f"echo: {word} | turns: {n} | first: one"))]
     # no prompt ended with an answer: each ended with its own request
@@ -210,7 +210,7 @@ async def test_an_idempotency_key_stores_and_answers_once_and_a_retry_gets_the_s
         stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:k"))
     assert again["choices"][0]["message"]["content"] == "echo: once | turns: 1 | first: once"
     assert (again["id"], again["session_id"]) == (first["id"], first["session_id"])
-    assert [m["content"] for m in stored if m["role"] == "user"] == ["once"]
+    assert [m.content for m in stored if m.role == "user"] == ["once"]
     assert len(model.requests) == 1
 
 
@@ -386,7 +386,7 @@ async def test_a_turn_cut_off_by_shutdown_is_a_503_with_retry_after_and_keeps_th
     assert "stopped before answering; your message is saved" in cut.value.message
     with state.SessionDB(tmp_path / "state.db") as store:
         stored = store.messages.get(store.routes.get("agent:main:api:dm:k"))
-    assert [(m["role"], m["content"]) for m in stored] == [("user", "a very long question")]
+    assert [(m.role, m.content) for m in stored] == [("user", "a very long question")]
 
 
 async def test_a_message_queued_behind_a_turn_cut_off_by_shutdown_gets_its_503_within_the_grace(tmp_path, model):

@@ -77,7 +77,7 @@ async def test_the_threshold_splits_into_a_titled_child_and_the_chain_continues(
         # the parent keeps its whole history
         assert len(await gw.db.messages.get(root)) == 2 * 7 + 1
         child_messages = await gw.db.messages.get(third)
-        assert any(compression.is_summary(m) for m in child_messages)
+        assert any(compression.is_summary(m.as_dict()) for m in child_messages)
     # the second summary request carried the first summary forward
     requests = summary_requests(model)
     assert len(requests) == 2
@@ -170,7 +170,7 @@ async def test_the_api_names_the_session_the_answer_was_stored_in(tmp_path, mode
         await api.close()
         child = await gw.db.routes.get(KEY)
         assert child != root and "after the split" in text
-        assert (await gw.db.messages.get(child))[-1]["content"] == "after the split"
+        assert (await gw.db.messages.get(child))[-1].content == "after the split"
         assert named == child
 
 
@@ -223,7 +223,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
         await api.close()
         child = await gw.db.routes.get(KEY)
         parent = await gw.db.sessions.get(root)
-        in_child = [(m["role"], m["content"]) for m in await gw.db.messages.get(child)]
+        in_child = [(m.role, m.content) for m in await gw.db.messages.get(child)]
         in_parent = await gw.db.messages.get(root)
     assert child != root and parent.end_reason == "compression"
     assert meanwhile.choices[0].message.content.startswith("echo: arrived meanwhile")
@@ -233,7 +233,7 @@ async def test_a_message_that_arrives_while_the_summary_is_written_is_answered_i
     # then) and answered there
     assert ("user", "arrived meanwhile") in in_child
     assert in_child[-1] == ("assistant", meanwhile.choices[0].message.content)
-    assert [m for m in in_parent if m["role"] == "assistant" and m["timestamp"] > parent.ended_at] == []
+    assert [m for m in in_parent if m.role == "assistant" and m.timestamp > parent.ended_at] == []
 
 
 async def test_a_chat_on_a_named_model_is_compressed_for_that_models_window(tmp_path, model):

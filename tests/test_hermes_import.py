@@ -58,11 +58,11 @@ def test_a_hermes_store_is_imported_whole_and_left_unchanged(tmp_path, home, run
         assert root.system_prompt == "You are Hermes." and cli.system_prompt is None
         assert (root.title, child.title) == (("Trip to Lisbon", "Trip to Lisbon #2") if titled else (None, None))
         messages = db.messages.get(ROOT)
-        assert [(m["role"], m["content"]) for m in messages] == [
+        assert [(m.role, m.content) for m in messages] == [
             ("user", "plan three days in Lisbon"), ("assistant", None), ("tool", "Lisbon: trams, Alfama, pastéis")]
-        assert messages[1]["tool_calls"][0]["function"]["name"] == "web_search"
-        assert messages[2]["tool_call_id"] == "call_1"
-        assert [m["content"] for m in db.messages.get(CLI)] == ["我们讨论了记忆断裂的问题", "好的。"]  # v30: rewound one left out
+        assert messages[1].tool_calls[0]["function"]["name"] == "web_search"
+        assert messages[2].tool_call_id == "call_1"
+        assert [m.content for m in db.messages.get(CLI)] == ["我们讨论了记忆断裂的问题", "好的。"]  # v30: rewound one left out
         assert db.transfer.stats()["messages"] == 7
         assert [r["session_id"] for r in db.search.messages("Sintra")] == [CHILD]
     listed = json.loads(run("list", "--json").output)
@@ -139,4 +139,4 @@ def test_the_import_on_both_engines(tmp_path, store):
     assert store.titles.get(ROOT) == "Trip to Lisbon (Hermes)"
     assert store.sessions.get(CHILD).parent_session_id == ROOT
     assert store.sessions.get(ROOT).system_prompt == "You are Hermes."
-    assert [m["content"] for m in store.messages.get(CHILD)] == ["and a day trip to Sintra?", "Take the train from Rossio."]
+    assert [m.content for m in store.messages.get(CHILD)] == ["and a day trip to Sintra?", "Take the train from Rossio."]

@@ -82,7 +82,7 @@ def test_a_refused_store_still_reads_and_every_write_says_what_to_do(tmp_path):
         db.refuse_writes(["messages: database disk image is malformed"])
         with pytest.raises(state.StoreCorrupt, match="switchboard restore"):
             db.messages.append(keep, "user", "one more")
-        assert [m["content"] for m in db.messages.get(keep)] == [KEPT, "noted"]
+        assert [m.content for m in db.messages.get(keep)] == [KEPT, "noted"]
 
 
 async def test_the_daemon_started_on_a_damaged_store_refuses_writes_and_says_so(tmp_path):

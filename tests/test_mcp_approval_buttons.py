@@ -327,9 +327,9 @@ async def test_an_approved_call_cut_off_by_a_kill_9_is_never_run_again(tmp_path)
 
         with state.SessionDB(daemon.db_path) as db:
             row = db.approvals.get(approve.split()[1])
-            tool_rows = [m for m in db.messages.get(row["session_id"]) if m["role"] == "tool"]
+            tool_rows = [m for m in db.messages.get(row["session_id"]) if m.role == "tool"]
     assert row["status"] == "interrupted" and lines(target) == ["half"]
-    assert [m["content"] for m in tool_rows] == [
+    assert [m.content for m in tool_rows] == [
         "error: this call to ledger__append_slowly was approved, but the gateway stopped before its result came "
         "back; it may or may not have taken effect and it was not run again. Check before calling it again."]
     assert len(model.requests) == 1  # nobody asked the model to go on by itself

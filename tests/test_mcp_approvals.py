@@ -78,7 +78,7 @@ async def test_a_call_runs_only_after_approve_with_exactly_the_arguments_shown(t
                                                                                         "api:ann")
     # the model got the result as the call's tool message, right after its call, and went on from there
     assert [m["content"] for m in model.requests[-1].messages if m["role"] == "tool"] == ["appended 'pay 10 EUR'"]
-    assert [(m["role"], m["content"] if m["role"] != "assistant" or not m.get("tool_calls") else "call")
+    assert [(m.role, m.content if m.role != "assistant" or not m.tool_calls else "call")
             for m in stored] == [("user", "note the payment"), ("assistant", "call"),
                                  ("tool", "appended 'pay 10 EUR'"), ("assistant", "appended it")]
 

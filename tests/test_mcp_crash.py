@@ -55,7 +55,7 @@ async def test_a_call_cut_off_by_a_kill_is_not_run_again_and_the_model_is_told(t
     with state.SessionDB(daemon.db_path) as db:
         [(_, session_id)] = db.routes.list()
         messages = db.messages.get(session_id)
-        stored = [(m["role"], m["content"]) for m in messages if m["role"] == "tool"]
-        journal = db.tool_journal.newest([m["id"] for m in messages if m["role"] == "user"])
+        stored = [(m.role, m.content) for m in messages if m.role == "tool"]
+        journal = db.tool_journal.newest([m.id for m in messages if m.role == "user"])
     assert stored == [("tool", INTERRUPTED), ("tool", "echo: still here")]  # the session shows what happened
     assert journal is None  # the stored turn took its journal with it

@@ -107,7 +107,7 @@ async def test_a_cron_job_gets_only_the_tools_it_names(tmp_path, model):
     morning, _, evening = model.requests[-3:]
     assert [t["function"]["name"] for t in morning.body["tools"]] == ["echo__pid"]
     assert "tools" not in evening.body  # a job that names none gets none, whatever the chats may use
-    [result] = [m["content"] for m in messages if m["role"] == "tool"]
+    [result] = [m.content for m in messages if m.role == "tool"]
     assert result == "error: only the echo__pid tool is available now, not 'echo__echo'"
 
 

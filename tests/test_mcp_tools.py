@@ -64,8 +64,8 @@ async def test_the_model_calls_an_allowed_tool_and_its_result_is_stored_once_as_
     assert "echo__echo" in offered and "echo__die" not in offered  # denied: never offered
     assert [m["content"] for m in _tool_messages(second)] == ["echo: ping"]
     assert reply == "the server said ping back"
-    tool_rows = [m for m in stored if m["role"] == "tool"]
-    assert [(m["content"], m["tool_name"]) for m in tool_rows] == [("echo: ping", "echo__echo")]
+    tool_rows = [m for m in stored if m.role == "tool"]
+    assert [(m.content, m.tool_name) for m in tool_rows] == [("echo: ping", "echo__echo")]
 
 
 async def test_a_stdio_server_gets_only_its_env_plus_path_and_home(tmp_path, model, monkeypatch):
@@ -95,7 +95,7 @@ async def test_a_ten_megabyte_result_reaches_the_model_and_the_store_cut_at_the_
     sent = _tool_messages(model.requests[-1])[0]["content"]
     assert sent.startswith("x" * 32768) and not sent.startswith("x" * 32769)
     assert sent.endswith("[cut: the result was 10,000,000 bytes; only the first 32,768 are shown]")
-    assert [m["content"] for m in stored if m["role"] == "tool"] == [sent]
+    assert [m.content for m in stored if m.role == "tool"] == [sent]
 
 
 async def test_a_slow_tool_times_out_a_failing_one_says_why_and_the_server_goes_on(tmp_path, caplog):

@@ -210,7 +210,7 @@ async def test_before_a_reset_the_agent_keeps_what_matters(tmp_path, model):
     # the next session's prompt has what was kept; the flush added nothing to the old session
     assert "Lee lives in Lyon\n§\nLee's daughter Ada turns 7 in May" in system_prompt(model.requests[-1])
     assert reply.startswith("echo: what do you know about my family?")
-    assert [m["role"] for m in old_messages] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert [m.role for m in old_messages] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
 
 
 async def test_no_memory_turn_for_short_sessions_or_cron(tmp_path, model):

@@ -105,7 +105,7 @@ async def test_an_api_stream_split_anywhere_shows_and_stores_the_sanitised_answe
     assert all("<" not in p for p in pieces), pieces
     assert content(chunks) == strip_memory_fence(text)
     stored = await gw.db.messages.get(await gw.db.routes.get(f"agent:main:api:dm:{key}"))
-    assert [m["content"] for m in stored if m["role"] == "assistant"] == [strip_memory_fence(text)]
+    assert [m.content for m in stored if m.role == "assistant"] == [strip_memory_fence(text)]
 
 
 async def test_a_plain_answer_that_echoes_the_block_is_sent_and_stored_without_it(gateway, model):
@@ -113,7 +113,7 @@ async def test_a_plain_answer_that_echoes_the_block_is_sent_and_stored_without_i
     model.script(Reply(f"{BLOCK}\n\nYour editor is Helix."))
     assert await api.say("plain", "which editor?") == "Your editor is Helix."
     stored = await gw.db.messages.get(await gw.db.routes.get("agent:main:api:dm:plain"))
-    assert stored[-1]["content"] == "Your editor is Helix."
+    assert stored[-1].content == "Your editor is Helix."
 
 
 async def test_a_telegram_stream_never_shows_a_tag_split_across_chunks(tmp_path):
@@ -147,7 +147,7 @@ async def test_a_telegram_stream_never_shows_a_tag_split_across_chunks(tmp_path)
                 assert call.get("parse_mode") or "<" not in text, text  # a preview is plain text: no tag
             with SessionDB(gw.config.db_path) as db:
                 [(_, session_id)] = list(db.routes.list())
-                assert db.messages.get(session_id)[-1]["content"] == expected
+                assert db.messages.get(session_id)[-1].content == expected
         finally:
             await gw.stop(grace_seconds=5)
 

@@ -48,7 +48,7 @@ def test_the_limit_is_off_unless_set_and_must_be_positive(tmp_path):
 
 async def _stored_user_texts(gw: Gateway, key: str) -> list[str]:
     messages = await gw.db.messages.get(await gw.db.routes.get(key))
-    return [m["content"] for m in messages if m["role"] == "user"]
+    return [m.content for m in messages if m.role == "user"]
 
 
 async def test_api_requests_past_the_limit_get_429_and_are_stored_and_seen_by_the_next_turn(tmp_path):

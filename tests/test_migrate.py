@@ -45,7 +45,7 @@ def _fill_every_table(home: Path) -> Path:
         db.messages.append("other", "user", "记忆系统 的设计 notes about zeppelins")
         for i in range(30):
             db.messages.append("other", "user", f"filler message number {i} about gardening")
-        db.recovery.begin_streamed_delivery({"id": "d1", "platform": "telegram", "chat_id": "c1"}, session_id="child",
+        db.recovery.begin_streamed_delivery(state.DeliveryRecord("d1", "telegram", "c1"), session_id="child",
                                    sent_ids=["m1"])
         db.receipts.record("telegram", "m1", "delivered", at=NOW)
         db.dead_letters.add(platform="telegram", event_id="e1", payload="{}", message=None, error="boom")

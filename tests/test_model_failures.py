@@ -50,7 +50,7 @@ async def test_a_message_larger_than_the_window_is_answered_and_the_session_keep
     # the next message is answered, the big one still cut down in its prompt, and the user is not told again
     assert second == "read 31 characters"
     assert any("left out here" in m["content"] for m in model.requests[1].messages if m["role"] == "user")
-    assert [(m["role"], len(m["content"])) for m in stored][0] == ("user", len(huge))  # stored whole
+    assert [(m.role, len(m.content)) for m in stored][0] == ("user", len(huge))  # stored whole
 
 
 async def test_a_context_length_refusal_that_names_no_window_suggests_compress_or_new_and_is_not_retried(

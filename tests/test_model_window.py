@@ -26,7 +26,7 @@ LOG_LINE = "2026-12-01 10:00:01 INFO worker-3 processed job 48213 in 120 ms, que
 PASTED = (LOG_LINE * 220)[:19_000]  # a pasted log of 19,000 characters: ~5,400 tokens, over a 2,048 window
 
 
-def stored(gw: Gateway) -> list[dict]:
+def stored(gw: Gateway) -> list[state.StoredMessage]:
     with state.SessionDB(gw.config.db_path) as db:
         routes = db.routes.list()
         return db.messages.get(routes[0][1]) if routes else []
@@ -68,8 +68,8 @@ async def test_a_long_paste_on_an_unknown_2048_token_window_is_answered_and_the_
         await eventually(lambda: len(stored(gw)) >= 2, timeout=20, what="the answer stored")
         for i in range(3):
             tg.dm(ANN, f"short question {i}")
-            await eventually(lambda i=i: any(m["content"] == f"short question {i}" for m in stored(gw))
-                             and stored(gw)[-1]["role"] == "assistant", timeout=20, what=f"answer {i}")
+            await eventually(lambda i=i: any(m.content == f"short question {i}" for m in stored(gw))
+                             and stored(gw)[-1].role == "assistant", timeout=20, what=f"answer {i}")
         health = gw.health()
         tg.dm(ANN, "/new")
         await eventually(lambda: any("new" in (s.visible_text or "").lower() and "session" in
@@ -78,10 +78,10 @@ async def test_a_long_paste_on_an_unknown_2048_token_window_is_answered_and_the_
         refused_before_new = len(model.refused)
         await eventually(lambda: any("about to" in str(r.messages[-1].get("content")) for r in model.requests),
                          timeout=20, what="the memory flush before /new")
-    messages = [m for m in stored_all(gw) if m["role"] == "assistant"]
+    messages = [m for m in stored_all(gw) if m.role == "assistant"]
     texts = [s.visible_text for s in tg.sent]
-    assert EMPTY_ANSWER not in texts and not any(m["content"] in ("", None) for m in messages)
-    assert all(m["content"].startswith("echo: ") for m in messages), [m["content"][:60] for m in messages]
+    assert EMPTY_ANSWER not in texts and not any(m.content in ("", None) for m in messages)
+    assert all(m.content.startswith("echo: ") for m in messages), [m.content[:60] for m in messages]
     # the first request learned the window; after it nothing was sent over it again, the flush included
     assert refused_before_new <= 2 and len(model.refused) == refused_before_new
     window = health["models"]["default"]
@@ -89,7 +89,7 @@ async def test_a_long_paste_on_an_unknown_2048_token_window_is_answered_and_the_
     assert window["fix"] == "set model.context_length: 2048 in the config (the server said so)"
 
 
-def stored_all(gw: Gateway) -> list[dict]:
+def stored_all(gw: Gateway) -> list[state.StoredMessage]:
     with state.SessionDB(gw.config.db_path) as db:
         sessions = db.sessions.list_rich(include_children=True, limit=100)
         return [m for s in sessions for m in db.messages.get(s["id"])]
@@ -113,7 +113,7 @@ async def test_an_empty_stream_is_asked_again_unstreamed_and_nothing_empty_is_st
         model.script(EmptyStream(), Reply("the answer, unstreamed"))
         tg.dm(ANN, "hello?")
         await eventually(lambda: len(stored(gw)) >= 2, timeout=20, what="the answer stored")
-        assert stored(gw)[-1]["content"] == "the answer, unstreamed"
+        assert stored(gw)[-1].content == "the answer, unstreamed"
         assert [r.body.get("stream") for r in model.requests] == [True, None]
         # empty streamed and empty unstreamed: a failed call, said so; nothing stored as the answer
         model.script(EmptyStream(), EmptyStream())
@@ -121,7 +121,7 @@ async def test_an_empty_stream_is_asked_again_unstreamed_and_nothing_empty_is_st
         await eventually(lambda: any("empty answer" in (s.visible_text or "") for s in tg.sent), timeout=20,
                          what="the failure line")
         messages = stored(gw)
-    assert messages[-1] == {**messages[-1], "role": "user", "content": "and again?"}
+    assert (messages[-1].role, messages[-1].content) == ("user", "and again?")
     assert EMPTY_ANSWER not in [s.visible_text for s in tg.sent]
 
 

@@ -25,7 +25,7 @@ async def test_writes_of_many_sessions_sent_at_once_keep_each_sessions_order(sto
         writes = [db.messages.append(sid, "user", f"{sid} #{n}") for n in range(40) for sid in sessions]
         await asyncio.gather(*writes)
         for sid in sessions:
-            assert [m["content"] for m in await db.messages.get(sid)] == [f"{sid} #{n}" for n in range(40)]
+            assert [m.content for m in await db.messages.get(sid)] == [f"{sid} #{n}" for n in range(40)]
         writers = {t.name for t in threading.enumerate() if t.name.startswith("state-writer")}
         assert len(writers) == (1 if backend == "sqlite" else PG_WRITERS) and PG_WRITERS > 1
     finally:

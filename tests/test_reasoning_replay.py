@@ -42,7 +42,7 @@ def test_reasoning_content_is_stored_as_the_reasoning(tmp_path):
         db.sessions.create("s", "cli")
         db.messages.record_turn("s", [{"role": "assistant", "content": "a", "reasoning_content": "deepseek style"}])
         (message,) = db.messages.as_conversation("s")
-        stored = db.messages.get("s")[0]["reasoning"]
+        stored = db.messages.get("s")[0].reasoning
     assert message["reasoning_content"] == message["reasoning"] == stored == "deepseek style"
 
 
@@ -70,8 +70,8 @@ async def test_the_tool_loop_sends_the_reasoning_back_and_later_turns_do_not(tmp
     loop_request, next_turn = model.requests[1], model.requests[2]
     assert {k: _assistant_with_call(loop_request).get(k) for k in reasoning} == reasoning
     # stored with the tool call...
-    call_row = next(m for m in stored if m["role"] == "assistant" and m["tool_calls"])
-    assert (call_row["reasoning"], call_row["reasoning_details"]) == (reasoning["reasoning"], reasoning["reasoning_details"])
+    call_row = next(m for m in stored if m.role == "assistant" and m.tool_calls)
+    assert (call_row.reasoning, call_row.reasoning_details) == (reasoning["reasoning"], reasoning["reasoning_details"])
     # ... but not replayed in the next turn (model.replay_reasoning: tool_loop)
     replayed = _assistant_with_call(next_turn)
     assert not {"reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items"} & set(replayed)

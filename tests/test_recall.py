@@ -82,8 +82,8 @@ async def test_the_model_recalls_an_older_session_through_the_tool(tmp_path, mod
     assert "raise the memory limit to 2g in compose.yaml" in req.last_user_text
     assert "past tense" in req.last_user_text and "file paths" in req.last_user_text
     # the loop: tool call, tool result, final answer, all stored in the session
-    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
-    assert stored[1]["tool_calls"][0]["function"]["name"] == "session_search"
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1].tool_calls[0]["function"]["name"] == "session_search"
 
 
 async def test_the_current_lineage_is_excluded(tmp_path, model, store_config):

@@ -130,7 +130,7 @@ async def test_a_long_reply_goes_on_from_the_first_part_not_confirmed(tmp_path, 
     assert "paragraph 0" not in second_part.visible_text and "paragraph 7" in second_part.visible_text
     with state.SessionDB(config.db_path) as db:
         [record] = db.recovery.list_deliveries(_session_id(config))
-    assert record["status"] == "sent" and record["sent_ids"] == ["9001", str(second_part.message_id)]
+    assert record.status == "sent" and record.sent_ids == ("9001", str(second_part.message_id))
 
 
 async def test_an_old_unanswered_message_gets_one_line_instead_of_a_blind_answer(tmp_path, fakes):
@@ -196,8 +196,8 @@ def crashed_after_the_answer(config, question: str, answer: str, *, confirmed: l
     with state.SessionDB(config.db_path) as db:
         sid = db.routes.get(ANN_KEY)
         delivery_id = uuid.uuid4().hex
-        db.messages.record_turn(sid, [{"role": "assistant", "content": answer}], answered=[message_id], delivery={
-            "id": delivery_id, "platform": "telegram", "chat_id": "111", "reply_to": "500", "text": answer})
+        db.messages.record_turn(sid, [{"role": "assistant", "content": answer}], answered=[message_id],
+                                delivery=state.DeliveryRecord(delivery_id, "telegram", "111", reply_to="500", text=answer))
         if confirmed:
             db.recovery.update_delivery(delivery_id, sent_ids=list(confirmed), status="pending")
 
@@ -219,7 +219,7 @@ def _unanswered(config) -> int:
 
 def _stored_user_texts(config) -> int:
     with state.SessionDB(config.db_path) as db:
-        return sum(1 for s in db.sessions.list_rich() for m in db.messages.get(s["id"]) if m["role"] == "user")
+        return sum(1 for s in db.sessions.list_rich() for m in db.messages.get(s["id"]) if m.role == "user")
 
 
 async def test_healthz_and_metrics_show_a_session_awaiting_its_answer_and_for_how_long(tmp_path, fakes):

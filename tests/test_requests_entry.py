@@ -48,7 +48,7 @@ async def test_a_request_the_gateway_keeps_is_answered_with_a_plain_reply_stream
         sink = Collected()
         reply = await requests.submit(key, Request(msg, sink=sink))
         routed = await gw.db.routes.get(key)
-        stored = [(m["role"], m["content"]) for m in await gw.db.messages.get(routed)]
+        stored = [(m.role, m.content) for m in await gw.db.messages.get(routed)]
     assert isinstance(reply, Reply)
     assert (reply.text, reply.session_key, reply.session_id, reply.message_id) == \
         ("echo: hello | turns: 1 | first: hello", key, routed, "m1")

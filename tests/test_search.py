@@ -221,7 +221,7 @@ def test_cjk_two_and_one_character_queries(store):
 def test_cjk_in_tool_call_arguments_escaped_as_ascii_json(store):
     s = store.session("s1")
     hit = store.add(s, "assistant", None, tool_calls=json.dumps(call("search", q="查询记忆断裂日志")))
-    assert "\\u" in store.db.messages.get(s)[0]["tool_calls"][0]["function"]["arguments"]
+    assert "\\u" in store.db.messages.get(s)[0].tool_calls[0]["function"]["arguments"]
     assert store.ids("记忆断裂") == [hit]
     assert store.ids("日志") == [hit]
 

@@ -136,7 +136,7 @@ WORKLOAD = textwrap.dedent(
     with SessionDB(home / "state.db") as db:
         sid = db.sessions.create(new_session_id(), "telegram")
         db.messages.append(sid, "user", "hello from the sandbox")
-        report["sqlite"] = [m["content"] for m in db.messages.get(sid)] == ["hello from the sandbox"]
+        report["sqlite"] = [m.content for m in db.messages.get(sid)] == ["hello from the sandbox"]
         report["fts5"] = len(db.search.messages("sandbox")) == 1
 
     async def network():

@@ -21,7 +21,7 @@ def _request(store, approval_id: str = "0a1b2c3d", **extra) -> int:
 
 
 def _roles(store) -> list[tuple[str, str | None]]:
-    return [(m["role"], m["content"]) for m in store.messages.get("s1")]
+    return [(m.role, m.content) for m in store.messages.get("s1")]
 
 
 def test_a_request_is_decided_once_and_its_result_follows_the_call(store):

@@ -123,7 +123,7 @@ async def test_a_locked_database_does_not_block_the_loop(store_target, backend):
         assert not write.done()
         holder.rollback()  # both connections' way of letting go
         assert isinstance(await asyncio.wait_for(write, 10), int)
-        assert [m["content"] for m in await adb.messages.get("s")] == ["waits for the lock"]
+        assert [m.content for m in await adb.messages.get("s")] == ["waits for the lock"]
     finally:
         ticking.cancel()
         holder.close()

@@ -57,7 +57,7 @@ def test_four_writers_and_a_lock_holder_lose_nothing(home):
     with SessionDB(path) as db:
         assert db.messages.count() == 1000
         for worker in range(4):
-            contents = [m["content"] for m in db.messages.get(f"s{worker}")]
+            contents = [m.content for m in db.messages.get(f"s{worker}")]
             assert contents == [f"worker {worker} message {i}" for i in range(250)]
             assert db.sessions.get(f"s{worker}").message_count == 250
 
@@ -150,16 +150,16 @@ def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
             for i in range(30):
                 db.messages.append("polite", "user", f"polite {i}")
             assert greedy.poll() is None  # all 30 stored while the greedy writer was still writing
-            last_polite = db.messages.get("polite")[-1]["id"]
+            last_polite = db.messages.get("polite")[-1].id
             # and it goes on writing after our last one (however slowly a loaded machine schedules it)
             deadline = time.monotonic() + 30
-            while not any(m["id"] > last_polite for m in db.messages.get("greedy")):
+            while not any(m.id > last_polite for m in db.messages.get("greedy")):
                 assert time.monotonic() < deadline, "the greedy writer stopped writing"
                 time.sleep(0.01)
             stop.touch()
             stored = int(greedy.communicate(timeout=30)[0].strip())
-            polite_ids = [m["id"] for m in db.messages.get("polite")]
-            greedy_ids = [m["id"] for m in db.messages.get("greedy")]
+            polite_ids = [m.id for m in db.messages.get("polite")]
+            greedy_ids = [m.id for m in db.messages.get("greedy")]
         assert len(polite_ids) == 30 and len(greedy_ids) == stored
     finally:
         greedy.kill()

@@ -25,7 +25,7 @@ TELEGRAM = {"session_key": "agent:main:telegram:dm:1", "platform": "telegram", "
 
 
 def _said(db: SessionDB, sid: str) -> list[str]:
-    return [f"{m['role'][0]}:{m['content']}" for m in db.messages.get(sid)]
+    return [f"{m.role[0]}:{m.content}" for m in db.messages.get(sid)]
 
 
 def _burst(db: SessionDB, sid: str) -> tuple[int, int, int]:
@@ -70,7 +70,7 @@ def test_a_reply_with_nothing_after_what_it_answered_stays_where_it_arrived(stor
     sid = store.sessions.create(new_session_id(), "api")
     asked = store.messages.append(sid, "user", "hello")
     [reply] = store.messages.record_turn(sid, [{"role": "assistant", "content": "hi"}], answered=[asked])
-    assert store.messages.get(sid)[-1]["pos"] is None  # nothing moved: no write beyond the insert
+    assert store.messages.get(sid)[-1].pos is None  # nothing moved: no write beyond the insert
     assert _said(store, sid) == ["u:hello", "a:hi"] and reply > asked
 
 
@@ -105,7 +105,7 @@ def test_an_export_imports_in_its_order_whether_or_not_its_ids_are_free(store, t
     assert _said(store, sid) == ["u:d1", "a:r1", "u:d2", "u:d3"]
     store.transfer.import_sessions([(1, {**record, "id": "copy"})])  # ids taken: new ones, in the file's order
     assert _said(store, "copy") == ["u:d1", "a:r1", "u:d2", "u:d3"]
-    assert {m["id"] for m in store.messages.get("copy")}.isdisjoint(m["id"] for m in record["messages"])
+    assert {m.id for m in store.messages.get("copy")}.isdisjoint(m["id"] for m in record["messages"])
 
 
 def test_a_turn_that_compression_moved_into_a_child_follows_the_copy_of_what_it_answered(store):
@@ -114,7 +114,7 @@ def test_a_turn_that_compression_moved_into_a_child_follows_the_copy_of_what_it_
     # compression copies the messages into a child (new ids, same role, time and text), then the turn
     # that answered d1 in the parent stores its reply in the child
     child = store.sessions.create(new_session_id(), "telegram", parent_session_id=parent)
-    store.messages.append_many(child, [{k: m[k] for k in ("role", "content", "timestamp")}
+    store.messages.append_many(child, [{k: getattr(m, k) for k in ("role", "content", "timestamp")}
                                   for m in store.messages.get(parent)])
     store.messages.record_turn(child, [{"role": "assistant", "content": "r1"}], answered=[d1])
     assert _said(store, child) == ["u:d1", "a:r1", "u:d2", "u:d3"]

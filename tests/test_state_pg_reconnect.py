@@ -74,7 +74,7 @@ def test_the_first_read_and_write_after_a_server_restart_succeed_and_the_write_i
         sessions = [s["id"] for s in db.sessions.list_rich()]  # the very next call: a read
         own_cluster.restart()
         db.messages.append("s1", "user", "after the restart")  # the very next call: a write
-        history = [m["content"] for m in db.messages.get("s1")]
+        history = [m.content for m in db.messages.get("s1")]
     finally:
         db.close()
     assert sessions == ["s1"]
@@ -97,7 +97,7 @@ def test_while_the_server_is_down_a_call_fails_at_once_saying_what_to_check_and_
             took.append(time.monotonic() - started)
         own_cluster.start_server()
         db.messages.append("s1", "user", "back")
-        history = [m["content"] for m in db.messages.get("s1")]
+        history = [m.content for m in db.messages.get("s1")]
     finally:
         db.close()
     message = str(caught.value)

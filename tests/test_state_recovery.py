@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+
+from state import DeliveryRecord
 
 WHERE = {"session_key": "agent:main:telegram:dm:42", "platform": "telegram", "chat_id": "42", "chat_type": "dm",
          "user_id": "42", "platform_message_id": "7"}
@@ -18,11 +22,13 @@ def db(store):
 def test_a_stored_message_waits_in_the_inbox_until_a_turn_answers_it(db):
     first = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
     assert [(m["message_id"], m["text"], m["chat_id"]) for m in db.recovery.unanswered()] == [(first.id, "hello", "42")]
-    db.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[first.id],
-                   delivery={"id": "d1", "platform": "telegram", "chat_id": "42", "reply_to": "7", "text": "hi"})
+    [reply_id] = db.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[first.id],
+                                         delivery=DeliveryRecord("d1", "telegram", "42", reply_to="7", text="hi"))
     assert db.recovery.unanswered() == []
     [pending] = db.recovery.pending_deliveries()
-    assert (pending["id"], pending["text"], pending["sent_ids"], pending["status"]) == ("d1", "hi", [], "pending")
+    assert (pending.id, pending.text, pending.sent_ids, pending.status) == ("d1", "hi", (), "pending")
+    assert pending == DeliveryRecord("d1", "telegram", "42", reply_to="7", text="hi", session_id="s1",
+                                     message_id=reply_id, created_at=pending.created_at, updated_at=pending.updated_at)
 
 
 def test_a_redelivered_event_is_not_put_in_the_inbox_again(db):
@@ -41,17 +47,25 @@ def test_a_message_that_arrived_during_a_turn_stays_unanswered_after_it(db):
 
 
 def test_a_confirmed_delivery_is_no_longer_pending(db):
-    db.recovery.settle_inbox([], {"id": "d2", "platform": "telegram", "chat_id": "42", "text": "line", "kind": "notice"},
-                    session_id="s1")
+    db.recovery.settle_inbox([], DeliveryRecord("d2", "telegram", "42", text="line", kind="notice"), session_id="s1")
+    stored = db.recovery.get_delivery("d2")
     assert db.recovery.update_delivery("d2", sent_ids=["100"], status="sent")
     assert db.recovery.pending_deliveries() == []
-    assert db.recovery.get_delivery("d2")["sent_ids"] == ["100"]
+    assert db.recovery.get_delivery("d2").sent_ids == ("100",)
+    sent = db.recovery.get_delivery("d2")
+    assert sent == dataclasses.replace(stored, sent_ids=("100",), status="sent", attempts=1, updated_at=sent.updated_at)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sent.status = "pending"  # type: ignore[misc]
+    # a column a newer schema adds is left out, never an error; an unreadable sent_ids reads as none confirmed
+    row = {**dataclasses.asdict(sent), "sent_ids": '["100"]', "added_later": 1}
+    assert DeliveryRecord.of(row) == sent
+    assert DeliveryRecord.of({**row, "sent_ids": "not json"}).sent_ids == ()
     assert db.recovery.counts() == {"unanswered": 0, "deliveries_pending": 0, "dead_letters": 0}
 
 
 def test_deleting_a_session_takes_its_inbox_and_deliveries_along(db):
     first = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
-    db.recovery.settle_inbox([], {"id": "d3", "platform": "telegram", "chat_id": "42", "text": "x"}, session_id="s1")
+    db.recovery.settle_inbox([], DeliveryRecord("d3", "telegram", "42", text="x"), session_id="s1")
     assert first.new
     db.sessions.delete("s1")
     assert db.recovery.counts()["unanswered"] == 0

@@ -59,7 +59,7 @@ def test_appends_to_one_session_from_two_instances_keep_every_message_and_its_or
             db.messages.append("s1", "user", f"w{n} {i:02d}")
 
     assert race(THREADS, write) == [None] * THREADS
-    contents = [m["content"] for m in b.messages.get("s1")]
+    contents = [m.content for m in b.messages.get("s1")]
     assert len(contents) == THREADS * per_writer
     for n in range(THREADS):  # each writer's messages in the order it wrote them
         own = [c for c in contents if c.startswith(f"w{n} ")]
@@ -79,7 +79,7 @@ def test_turns_recorded_from_two_instances_follow_what_each_answered(two):
 
     results = race(THREADS, answer)
     assert all(isinstance(r, list) for r in results), results
-    contents = [m["content"] for m in a.messages.get("s1")]
+    contents = [m.content for m in a.messages.get("s1")]
     assert contents == [text for n in range(THREADS) for text in (f"q{n}", f"a{n}")]
     row = b.sessions.get("s1")
     assert (row.message_count, row.input_tokens, row.output_tokens) == (2 * THREADS, 10 * THREADS, THREADS)

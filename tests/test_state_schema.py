@@ -72,7 +72,7 @@ def test_migrates_a_database_created_with_the_earliest_schema(home):
         assert (old.message_count, old.title, old.session_key, old.input_tokens) == (3, None, None, 0)
         assert old.preview == "how do I deploy the kubernetes cluster"
         assert old.last_active == pytest.approx(time.time() - 20, abs=5)
-        assert [m["role"] for m in db.messages.get("old")] == ["user", "assistant", "assistant"]
+        assert [m.role for m in db.messages.get("old")] == ["user", "assistant", "assistant"]
         # the old messages are searchable in the new indexes, CJK and tool arguments included
         assert [r["id"] for r in db.search.messages("kubernetes")] == [1]
         assert [r["id"] for r in db.search.messages("记忆断裂")] == [2]
@@ -96,7 +96,7 @@ def test_every_step_is_idempotent(db):
     conn.execute("BEGIN IMMEDIATE")
     schema.migrate(conn, 0)  # re-run the whole chain over the current schema
     conn.execute("COMMIT")
-    assert [m["content"] for m in db.messages.get("s")] == ["kept"]
+    assert [m.content for m in db.messages.get("s")] == ["kept"]
     assert db.titles.get("s") == "t"
     assert [r["session_id"] for r in db.search.messages("kept")] == ["s"]
 

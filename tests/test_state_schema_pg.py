@@ -120,7 +120,7 @@ def test_concurrent_redeliveries_store_the_message_once(store):
         t.join()
     assert sorted(r.new for r in results) == [False] * 5 + [True]
     assert len({r.id for r in results}) == 1
-    assert [m["content"] for m in store.messages.get("s1")] == ["hello"]
+    assert [m.content for m in store.messages.get("s1")] == ["hello"]
     assert store.sessions.get("s1").message_count == 1
 
 

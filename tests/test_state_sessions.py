@@ -104,10 +104,10 @@ def test_messages_round_trip_and_counters(db):
     session = db.sessions.get("s1")
     assert (session.message_count, session.tool_call_count, session.last_active) == (4, 2, t + 4)
     messages = db.messages.get("s1")
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
-    assert messages[2]["tool_calls"] == calls
-    assert messages[2]["reasoning_details"] == [{"type": "summary"}]
-    assert (messages[2]["finish_reason"], messages[2]["reasoning"]) == ("tool_calls", "need ls")
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[2].tool_calls == calls
+    assert messages[2].reasoning_details == [{"type": "summary"}]
+    assert (messages[2].finish_reason, messages[2].reasoning) == ("tool_calls", "need ls")
     assert db.messages.as_conversation("s1") == [
         {"role": "system", "content": "you are helpful"},
         {"role": "user", "content": "list files"},
@@ -134,7 +134,7 @@ def test_a_redelivered_platform_event_is_stored_once(db):
     assert fresh.new is True and fresh.id > first
     # the same platform id in another session is another message
     assert db.messages.append_inbound("s2", "hello", platform_message_id="42").new is True
-    assert [m["content"] for m in db.messages.get("s1")] == ["hello", "next"]
+    assert [m.content for m in db.messages.get("s1")] == ["hello", "next"]
     assert db.sessions.get("s1").message_count == 2
 
 
@@ -146,7 +146,7 @@ def test_batch_append_is_all_or_nothing(db):
         db.messages.append_many("s1", [{"role": "assistant", "content": "partial"}, {"content": "no role"}])
     with pytest.raises(TypeError):
         db.messages.append_many("s1", [{"role": "assistant", "content": "x"}, {"role": "user", "bogus": 1}])
-    assert [m["content"] for m in db.messages.get("s1")] == ["q", "a"]
+    assert [m.content for m in db.messages.get("s1")] == ["q", "a"]
     assert db.sessions.get("s1").message_count == 2
 
 
@@ -230,10 +230,12 @@ def _chain(db, now):
 
 def test_lineage_descendants_and_compression_tip(db):
     _chain(db, time.time())
-    assert [s["id"] for s in db.sessions.lineage("tip")] == ["root", "mid", "tip"]
-    assert [s["id"] for s in db.sessions.lineage("root")] == ["root"]
+    assert [s.id for s in db.sessions.lineage("tip")] == ["root", "mid", "tip"]
+    assert [s.id for s in db.sessions.lineage("root")] == ["root"]
     assert db.sessions.lineage("ghost") == []
-    assert [s["id"] for s in db.sessions.descendants("root")] == ["helper", "mid", "tip"]
+    assert [s.id for s in db.sessions.descendants("root")] == ["helper", "mid", "tip"]
+    assert db.sessions.lineage("tip") == [db.sessions.get(i) for i in ("root", "mid", "tip")]  # the same values
+    assert db.sessions.descendants("mid") == [db.sessions.get("tip")]
     assert db.sessions.compression_tip("root") == "tip"
     assert db.sessions.compression_tip("mid") == "tip"
     assert db.sessions.compression_tip("helper") == "helper"
@@ -331,7 +333,7 @@ def test_prune_a_chain_whose_old_part_ended(db):
     assert db.sessions.get("A") is None and db.sessions.get("B") is None
     assert db.sessions.get("C").parent_session_id is None
     assert db.sessions.get("never_ended") is not None
-    assert [m["content"] for m in db.messages.get("C")] == ["recent"]
+    assert [m.content for m in db.messages.get("C")] == ["recent"]
     assert db.sessions.prune(older_than_days=90) == 0
 
 
@@ -391,7 +393,7 @@ def test_threads_share_one_store(db):
         t.join()
     assert errors == []
     assert db.sessions.get("s").message_count == 200
-    assert len({m["content"] for m in db.messages.get("s")}) == 200
+    assert len({m.content for m in db.messages.get("s")}) == 200
 
 
 def test_exports_redact_secrets_in_model_config(db):
@@ -457,3 +459,24 @@ def test_a_session_crosses_the_store_boundary_as_a_frozen_value(db):
                                                          end_reason="user_exit")
     # a column a newer schema adds is left out, never an error
     assert Session.of({**session.as_dict(), "added_later": 1}) == session
+
+
+def test_a_stored_message_crosses_the_store_boundary_as_a_frozen_value_its_json_decoded(db):
+    import dataclasses
+
+    from state import StoredMessage
+
+    db.sessions.create("s1", "telegram")
+    calls = [{"id": "c1", "type": "function", "function": {"name": "web_search", "arguments": "{}"}}]
+    asked = db.messages.append("s1", "user", "what is new?", platform_message_id="7", timestamp=100.0)
+    called = db.messages.append("s1", "assistant", None, tool_calls=calls, reasoning="look it up",
+                                reasoning_details="a string, kept as one", timestamp=101.0)
+    question, call = db.messages.get("s1")
+    assert question == StoredMessage(asked, "s1", "user", "what is new?", 100.0, platform_message_id="7")
+    assert call == StoredMessage(called, "s1", "assistant", None, 101.0, tool_calls=calls, reasoning="look it up",
+                                 reasoning_details="a string, kept as one")
+    assert db.messages.get("s1") == [question, call]  # read again: the same values
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        question.content = "changed"  # type: ignore[misc]
+    # a column a newer schema adds is left out, never an error
+    assert StoredMessage.of({**question.as_dict(), "added_later": 1}) == question

@@ -34,8 +34,8 @@ def kept(db, sid: str = "p") -> list[dict]:
     """What a planner would keep: the first two messages, a summary, the last two."""
     stored = db.messages.get(sid)
     copy = ("role", "content", "platform_message_id", "timestamp")
-    head = [{k: m[k] for k in copy if m[k] is not None} for m in stored[:2]]
-    tail = [{k: m[k] for k in copy if m[k] is not None} for m in stored[-2:]]
+    head = [{k: getattr(m, k) for k in copy if getattr(m, k) is not None} for m in stored[:2]]
+    tail = [{k: getattr(m, k) for k in copy if getattr(m, k) is not None} for m in stored[-2:]]
     return [*head, {"role": "user", "content": "[Summary of earlier conversation]\nGoals: v2", "timestamp": 101.0},
             *tail]
 
@@ -55,9 +55,9 @@ def test_a_split_writes_the_child_its_messages_the_route_and_the_parents_end(sto
         assert getattr(child, field) == getattr(parent, field), field
     assert store.routes.get(KEY) == split.child_id
     assert store.sessions.compression_tip("p") == split.child_id
-    assert [m["content"] for m in store.messages.get(split.child_id)] == [
+    assert [m.content for m in store.messages.get(split.child_id)] == [
         "question 0", "answer 0", "[Summary of earlier conversation]\nGoals: v2", "question 3", "answer 3"]
-    assert [m["id"] for m in store.messages.get(split.child_id)] == list(split.message_ids)
+    assert [m.id for m in store.messages.get(split.child_id)] == list(split.message_ids)
     assert store.messages.get("p") == before  # the parent keeps every message, untouched
     # a redelivered platform event is still recognised in the child
     assert store.messages.append_inbound(split.child_id, "question 3", platform_message_id="m3").new is False
@@ -78,7 +78,7 @@ def test_a_chain_of_splits_numbers_on(store):
     first = store.compression.split("p", kept(store), expected_message_ids=ids)
     store.messages.append(first.child_id, "user", "more")
     second = store.compression.split(first.child_id, kept(store, first.child_id),
-                                 expected_message_ids=[m["id"] for m in store.messages.get(first.child_id)])
+                                 expected_message_ids=[m.id for m in store.messages.get(first.child_id)])
     assert (first.title, second.title) == ("my project #2", "my project #3")
     assert store.routes.get(KEY) == second.child_id and store.sessions.compression_tip("p") == second.child_id
     assert store.titles.resolve("my project") == second.child_id
@@ -144,7 +144,7 @@ def test_a_conversation_continues_where_compression_moved_it(store):
     assert store.compression.continued_conversation("p") == ("p", store.messages.as_conversation("p"))
     first = store.compression.split("p", kept(store), expected_message_ids=ids)
     second = store.compression.split(first.child_id, kept(store, first.child_id),
-                                 expected_message_ids=[m["id"] for m in store.messages.get(first.child_id)])
+                                 expected_message_ids=[m.id for m in store.messages.get(first.child_id)])
     # a message left unanswered in "p" (stored while its summary was written, or before a kill) is
     # answered in the live end of the chain, with that session's history
     assert store.compression.continued_conversation("p") == (second.child_id, store.messages.as_conversation(second.child_id))

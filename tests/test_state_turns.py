@@ -42,4 +42,4 @@ def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):
         db.sessions.end(sid, "user_exit")
         session, appended = db.messages.append_inbound_to_route("k", "after the end", platform_message_id="m3")
         assert session["ended_at"] is not None and appended is None
-        assert [m["content"] for m in db.messages.get(sid)] == ["hi"]
+        assert [m.content for m in db.messages.get(sid)] == ["hi"]

@@ -52,7 +52,7 @@ async def test_the_daemon_stores_and_answers_on_postgresql(tmp_path, model, pg_u
     assert not (tmp_path / "state.db").exists()  # nothing written to SQLite
     with SessionDB(pg_url) as db:
         [session] = db.sessions.list_rich()
-        stored = [(m["role"], m["content"]) for m in db.messages.get(session["id"])]
+        stored = [(m.role, m.content) for m in db.messages.get(session["id"])]
     assert stored == [("user", "hello over postgres"), ("assistant", reply)]
 
 

@@ -42,7 +42,7 @@ async def stopped_at_the_end(daemon: Daemon):
             await daemon.stop()
 
 
-def deliveries(daemon: Daemon) -> list[dict]:
+def deliveries(daemon: Daemon) -> list[state.DeliveryRecord]:
     with state.SessionDB(daemon.db_path) as db:
         [(_, session_id)] = list(db.routes.list())
         return db.recovery.list_deliveries(session_id)
@@ -57,7 +57,7 @@ async def test_a_kill_mid_stream_is_answered_after_the_restart_in_the_message_th
             await side.ready(await daemon.start(), 30)
             tg.dm(FakeTelegram.user(10_000, "Ann"), "what is the plan?")
             [draft] = await tg.wait_for_sent(1, timeout=15)
-            await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["streaming"], timeout=10,
+            await eventually(lambda: [d.status for d in deliveries(daemon)] == ["streaming"], timeout=10,
                              what="the streamed reply recorded")
             await daemon.kill()
             partial = draft.visible_text
@@ -71,7 +71,7 @@ async def test_a_kill_mid_stream_is_answered_after_the_restart_in_the_message_th
             assert tg.sent[0].visible_text != check_html(markdown_to_html(CUT_SHORT))
             assert len(model.requests) == 2  # the answer was never stored: asked again, shown in place
             # the same delivery record, marked sent once the platform's answer is back
-            await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["sent"], timeout=10,
+            await eventually(lambda: [d.status for d in deliveries(daemon)] == ["sent"], timeout=10,
                              what="the streamed reply recorded sent")
 
 
@@ -84,7 +84,7 @@ async def test_a_kill_after_the_answer_was_stored_finishes_the_streamed_message_
             tg.hang_next("editMessageText", 1)  # the stream's edit never comes back: the answer is stored, not shown
             tg.dm(FakeTelegram.user(10_000, "Ann"), "what is the plan?")
             [draft] = await tg.wait_for_sent(1, timeout=15)
-            await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["pending"], timeout=10,
+            await eventually(lambda: [d.status for d in deliveries(daemon)] == ["pending"], timeout=10,
                              what="the answer stored with its pending delivery")
             await daemon.kill()
             assert draft.visible_text != ANSWER or draft.parse_mode is None
@@ -94,6 +94,6 @@ async def test_a_kill_after_the_answer_was_stored_finishes_the_streamed_message_
             assert [m.visible_text for m in tg.sent] == [ANSWER], "finished in its own message, nothing sent twice"
             assert len(model.requests) == 1, "no second model call"
             # as above: marked sent once the platform's answer is back, a moment after the message shows
-            await eventually(lambda: [d["status"] for d in deliveries(daemon)] == ["sent"], timeout=10,
+            await eventually(lambda: [d.status for d in deliveries(daemon)] == ["sent"], timeout=10,
                              what="the delivery recorded sent")
 

@@ -56,7 +56,7 @@ def gateway_on(world, **platform):
     return _Running()
 
 
-def stored(gw: Gateway) -> tuple[list[dict], list[dict]]:
+def stored(gw: Gateway) -> tuple[list[state.StoredMessage], list[state.DeliveryRecord]]:
     """The DM session's messages and deliveries, read from state.db."""
     with state.SessionDB(gw.config.db_path) as db:
         [(_, session_id)] = [(k, s) for k, s in db.routes.list()]
@@ -74,11 +74,11 @@ async def test_a_dm_answer_shows_while_it_is_written_and_is_stored_once(running)
     assert len(tg.sent) == 1 and tg.sent[0].visible_text == LONG
     assert len(tg.calls("editMessageText")) >= 2, "edited in place as it grew"
     # the router notes the delivery just after the platform took the final edit
-    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
+    await eventually(lambda: [d.status for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
     messages, deliveries = stored(gw)
-    assert [(m["role"], m["content"]) for m in messages] == [("user", "what runs where?"), ("assistant", LONG)]
+    assert [(m.role, m.content) for m in messages] == [("user", "what runs where?"), ("assistant", LONG)]
     [delivery] = deliveries
-    assert delivery["status"] == "sent" and delivery["sent_ids"] == [str(first.message_id)]
+    assert delivery.status == "sent" and delivery.sent_ids == (str(first.message_id),)
 
 
 async def test_a_tool_shows_one_status_line_that_the_answer_replaces(running):
@@ -103,8 +103,8 @@ async def test_stop_mid_stream_leaves_the_partial_marked_stopped_and_stores_it(r
     shown = tg.sent[0].visible_text
     assert len(shown) < len(LONG) and LONG.startswith(shown.removesuffix("(stopped)").strip())
     messages, _ = stored(gw)
-    answer = [m for m in messages if m["role"] == "assistant"]
-    assert [m["content"].endswith(STOPPED_MARK) for m in answer] == [True]
+    answer = [m for m in messages if m.role == "assistant"]
+    assert [m.content.endswith(STOPPED_MARK) for m in answer] == [True]
     assert all("Stopped. Your message is saved" not in m.visible_text for m in tg.sent)
 
 
@@ -115,11 +115,11 @@ async def test_an_answer_that_breaks_off_keeps_the_partial_and_says_so(running):
     await eventually(lambda: tg.sent and "cut off" in tg.sent[0].visible_text, timeout=15, what="the cut-off note")
     [message] = tg.sent
     assert message.visible_text.startswith(LONG[:120].strip())
-    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
+    await eventually(lambda: [d.status for d in stored(gw)[1]] == ["sent"], what="the delivery noted as sent")
     messages, deliveries = stored(gw)
-    [answer] = [m for m in messages if m["role"] == "assistant"]
-    assert answer["content"] == LONG[:120] and answer["finish_reason"] == "incomplete"
-    assert [d["status"] for d in deliveries] == ["sent"]
+    [answer] = [m for m in messages if m.role == "assistant"]
+    assert answer.content == LONG[:120] and answer.finish_reason == "incomplete"
+    assert [d.status for d in deliveries] == ["sent"]
     assert CUT_OFF_NOTE.strip("_") in message.visible_text
 
 
@@ -180,4 +180,4 @@ async def test_a_stream_that_could_not_post_at_all_is_sent_whole_once_the_platfo
     tg.dm(ANN, "what runs where?")
     [sent] = await tg.wait_for_sent(1, timeout=60)
     assert sent.visible_text == LONG and len(tg.sent) == 1
-    await eventually(lambda: [d["status"] for d in stored(gw)[1]] == ["sent"], timeout=10, what="the delivery noted")
+    await eventually(lambda: [d.status for d in stored(gw)[1]] == ["sent"], timeout=10, what="the delivery noted")

@@ -320,9 +320,9 @@ def test_a_step_gives_way_to_a_write_that_comes_while_it_runs(tmp_path):
         assert started.wait(10)
         db.messages.append("s", "user", "a live message")  # waits for the step to give way, not to finish
         thread.join(10)
-        contents = [m["content"] for m in db.messages.get("s")]
+        contents = [m.content for m in db.messages.get("s")]
         db.messages.append("s", "user", "and the next one")  # the store writes on as usual
-        assert [m["content"] for m in db.messages.get("s")] == ["a live message", "and the next one"]
+        assert [m.content for m in db.messages.get("s")] == ["a live message", "and the next one"]
     assert outcome == {"upkeep": "gave way"}
     assert contents == ["a live message"]  # the step's own insert was rolled back
 
@@ -346,7 +346,7 @@ def test_a_write_never_gives_way_to_another(tmp_path):
         assert started.wait(10)
         db.messages.append("s", "user", "second")
         thread.join(10)
-        contents = [m["content"] for m in db.messages.get("s")]
+        contents = [m.content for m in db.messages.get("s")]
     assert outcome == {"first": "finished"} and contents == ["first", "second"]
 
 
@@ -376,7 +376,7 @@ async def test_upkeep_under_a_steady_stream_of_writes_loses_nothing(tmp_path):
         hits = await db.search.messages("restarted", limit=10_000)
     assert report.gave_way > 0  # steps of about 2 ms, a write every millisecond or so: some came mid-step
     assert remaining == kept | {"live"} and report.sessions_pruned == len(expired)
-    assert [m["content"].split()[1] for m in live] == [str(i) for i in written]
+    assert [m.content.split()[1] for m in live] == [str(i) for i in written]
     assert {h["session_id"] for h in hits} == kept | {"live"}
     assert len([h for h in hits if h["session_id"] == "live"]) == len(written)
     with sqlite3.connect(path) as conn:

@@ -125,7 +125,7 @@ def test_a_voice_messages_text_is_set_once_known_and_recall_finds_it(store):
     assert store.voice.set_text(waiting, "[voice message, transcribed]\nthe zucchini harvest") is True
     assert store.voice.set_text(answer, "not a user message") is False  # only a user's message is ever rewritten
     assert store.voice.set_text(999_999, "nothing") is False
-    assert [m["content"] for m in store.messages.get("s1")] == [
+    assert [m.content for m in store.messages.get("s1")] == [
         "[voice message, transcribed]\nthe zucchini harvest", "an answer"]
     assert [m["id"] for m in store.search.messages("zucchini")] == [waiting]
     assert store.search.messages("transcript") == []  # the placeholder's words are gone from the index

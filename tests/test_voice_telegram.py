@@ -52,7 +52,7 @@ def _user_messages(config) -> list[str]:
     with state.SessionDB(config.db_path) as db:
         session = db.routes.session(KEY)
         assert session is not None
-        return [m["content"] for m in db.messages.get(session["id"]) if m["role"] == "user"]
+        return [m.content for m in db.messages.get(session["id"]) if m.role == "user"]
 
 
 def _voice(tg: FakeTelegram, file_id: str, seconds: float, *, duration: int | None = None, **kw) -> dict:

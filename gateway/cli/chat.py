@@ -101,28 +101,28 @@ def _cut(text: str, chars: int, lines: int | None = None) -> str:
     return text if len(text) <= chars else text[:chars].rstrip() + " …"
 
 
-def recap(messages: list[dict]) -> Text:
+def recap(messages: list[state.StoredMessage]) -> Text:
     """The recap panel's body: the last exchanges, user in gold, assistant in green, tool calls collapsed."""
-    shown = [m for m in messages if m["role"] in ("user", "assistant")]
-    user_turns = [i for i, m in enumerate(shown) if m["role"] == "user"]
+    shown = [m for m in messages if m.role in ("user", "assistant")]
+    user_turns = [i for i, m in enumerate(shown) if m.role == "user"]
     start = user_turns[-RECAP_EXCHANGES] if len(user_turns) > RECAP_EXCHANGES else 0
     body = Text(style="dim")
     if start:
         body.append(f"... {start} earlier messages ...\n\n", style="dim italic")
     for m in shown[start:]:
-        if m["role"] == "user":
+        if m.role == "user":
             body.append("● You: ", style="bold gold1")
-            body.append(_cut(m.get("content") or "", USER_CHARS) + "\n")
+            body.append(_cut(m.content or "", USER_CHARS) + "\n")
             continue
-        calls = m.get("tool_calls") or []
+        calls = m.tool_calls or []
         if isinstance(calls, str):
             calls = json.loads(calls)
         if calls:
             names = ", ".join(c.get("function", {}).get("name", "?") for c in calls)
             body.append(f"  [{len(calls)} tool call{'s' if len(calls) != 1 else ''}: {names}]\n", style="dim")
-        if m.get("content"):
+        if m.content:
             body.append("◆ Agent: ", style="bold green")
-            body.append(_cut(m["content"], ASSISTANT_CHARS, ASSISTANT_LINES) + "\n")
+            body.append(_cut(m.content, ASSISTANT_CHARS, ASSISTANT_LINES) + "\n")
     return body
 
 

@@ -16,7 +16,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 import state
@@ -47,7 +47,7 @@ from .lanes import (
     Work,
     settle_future,
 )
-from .outbox import DeliveryPlan, Outbox
+from .outbox import Outbox, reply_record
 from .shared import (
     STOPPED_BEFORE_ANSWERING,
     RouterState,
@@ -81,7 +81,7 @@ class Plan:
     recorded) and its stream (None: sent whole)."""
 
     batch: list[Ticket]
-    delivery: DeliveryPlan | None
+    delivery: state.DeliveryRecord | None  # no text yet: the reply's is added when it is settled
     stream: ReplyStream | None = None
     answered: tuple[int, ...] = field(default=())  # the stored messages the reply follows
     inbox: tuple[int, ...] = field(default=())  # their inbox rows, settled by the reply
@@ -238,7 +238,7 @@ class Answer:
     async def _plan(self, lane: Lane, batch: list[Ticket], claim: TurnGuard) -> Plan:
         """Where the reply goes: recorded for a platform chat (or a resumed turn), streamed where it may."""
         last = batch[-1]
-        plan = Plan(batch, DeliveryPlan.to(last.msg) if any(t.inbox_id is not None for t in batch)
+        plan = Plan(batch, reply_record(last.msg) if any(t.inbox_id is not None for t in batch)
                     or last.records_reply else None,
                     answered=tuple(t.message_id for t in batch if t.message_id is not None),
                     inbox=tuple(t.inbox_id for t in batch if t.inbox_id is not None))
@@ -258,17 +258,17 @@ class Answer:
         if out is None:
             return None
         adopted: list[str] = []
-        if lane.adopt is not None and (lane.adopt["platform"], str(lane.adopt["chat_id"])) == \
+        if lane.adopt is not None and (lane.adopt.platform, str(lane.adopt.chat_id)) == \
                 (msg.platform, str(msg.chat_id)):
             record, lane.adopt = lane.adopt, None
-            delivery, adopted = delivery.with_id(record["id"]), list(record["sent_ids"])  # its messages edited
+            delivery, adopted = replace(delivery, id=record.id), list(record.sent_ids)  # its messages edited
             log.info("continuing the streamed reply %s in its %d message(s) posted before a stop",
-                     record["id"], len(adopted))
+                     record.id, len(adopted))
         plan.delivery = delivery
         session_id, db = plan.last.session_id, self._shared.db
 
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
-            await db.recovery.begin_streamed_delivery(delivery.as_row("stream"), session_id=session_id,
+            await db.recovery.begin_streamed_delivery(delivery, session_id=session_id,
                                                       sent_ids=list(message_ids))
 
         drafts: DraftOutput = TrustedDrafts(out.drafts, claim)
@@ -301,8 +301,8 @@ class Answer:
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=plan.answered,
-            delivery=plan.delivery.as_row("stream" if plan.stream is not None else None)
-            if plan.delivery is not None else None,
+            delivery=replace(plan.delivery, kind="stream") if plan.delivery is not None and plan.stream is not None
+            else plan.delivery,
             on_notice=tell,
             stream=plan.stream if plan.stream is not None else last.sink, fence=claim.fence,
             system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
@@ -375,20 +375,20 @@ class Answer:
                      spoken=bool(result.reply) and not result.client_calls and not result.buttons,
                      buttons=result.buttons)
 
-    async def _settle(self, plan: Plan, reply: Reply, claim: TurnGuard) -> dict | None:
+    async def _settle(self, plan: Plan, reply: Reply, claim: TurnGuard) -> state.DeliveryRecord | None:
         """The reply's delivery record, stored with the answer (the turn stored it) or as the line that
         settles the messages; None when there is nothing more to send from here."""
         last = plan.last
         if plan.delivery is None:
             await self._outbox.deliver(last.msg.chat, reply.text, last.msg.message_id, buttons=reply.buttons)
             return None
-        record = plan.delivery.record(reply.text, "stream" if plan.stream is not None else None, reply.buttons)
+        record = replace(plan.delivery, text=reply.text, kind="stream" if plan.stream is not None else "reply")
         recorded = reply.recorded
         if reply.stopped_partial:
             recorded = await self._store_stopped(last.session_id, plan.answered, record, claim)
         if not recorded:
             # the line that stands in for an answer settles the messages, so a restart does not retry them
-            record["kind"] = "notice"
+            record = replace(record, kind="notice")
             if not await self._outbox.settle(plan.inbox, record, last.session_id, claim):
                 if not claim.lost():
                     await self._outbox.deliver(last.msg.chat, reply.text, last.msg.message_id)
@@ -406,13 +406,13 @@ class Answer:
             await self._outbox.deliver(msg.chat, text, msg.message_id)
         lane.outage_told = True
 
-    async def _send(self, lane: Lane, plan: Plan, reply: Reply, record: dict) -> None:
+    async def _send(self, lane: Lane, plan: Plan, reply: Reply, record: state.DeliveryRecord) -> None:
         """The stored reply sent (its stream finished), then spoken with /voice on."""
         msg = plan.last.msg
         if plan.stream is not None:
-            await self._outbox.finish_stream(plan.stream, record)  # an approval request's buttons come with its final edit
+            await self._outbox.finish_stream(plan.stream, record, reply.buttons)  # an approval request's: in its final edit
         else:
-            await self._outbox.send_recorded(record)
+            await self._outbox.send_recorded(record, reply.buttons)
         if reply.spoken and not reply.stopped_partial and await self._choices.choice(lane, "voice") == "on":
             await self._outbox.speak(self._shared.voice, msg.chat, reply.text, msg.message_id)
 
@@ -481,7 +481,7 @@ class Answer:
         if plan.delivery is None:
             await self._outbox.deliver(last.msg.chat, text, last.msg.message_id)
             return
-        record = plan.delivery.record(text, "notice")
+        record = replace(plan.delivery, text=text, kind="notice")
         if not await self._outbox.settle(plan.inbox, record, last.session_id, claim):
             if not claim.lost():
                 await self._outbox.deliver(last.msg.chat, text, last.msg.message_id)
@@ -497,12 +497,12 @@ class Answer:
         """Shutdown: no held message is answered at a budget's reset by this process."""
         self._admission.cancel_wakes()
 
-    async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: dict,
+    async def _store_stopped(self, session_id: str, answered: tuple[int, ...], record: state.DeliveryRecord,
                              claim: TurnGuard = SINGLE_INSTANCE) -> bool:
         """Store a streamed answer /stop cut short as the reply, as far as it was shown; False if the store failed."""
         try:
             await self._shared.db.messages.record_turn(
-                session_id, [{"role": "assistant", "content": record["text"], "finish_reason": "stopped",
+                session_id, [{"role": "assistant", "content": record.text, "finish_reason": "stopped",
                               "trace_id": tracing.current_trace_id()}],
                 answered=answered, delivery=record, fence=claim.fence)
             return True
@@ -523,7 +523,7 @@ class Answer:
             what = f"your {len(tickets)} messages from {when} to {self._local_time(last.received_at)}"
         text = f"I restarted and did not answer {what}. Send it again if it still matters."
         answered = tuple(t.inbox_id for t in tickets if t.inbox_id is not None)
-        record = DeliveryPlan.to(last).record(text, "notice")
+        record = replace(reply_record(last), text=text, kind="notice")
         for t in tickets:
             t.resolve(text)
         if await self._outbox.settle(answered, record, tickets[-1].session_id, claim) and \

@@ -304,8 +304,8 @@ class Intake:
         text = stored_text(msg, self._shared.hears)
         if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
             messages = await db.messages.get(ticket.session_id)
-            if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == text:
-                ticket.message_id = messages[-1]["id"]
+            if messages and messages[-1].role == "user" and messages[-1].content == text:
+                ticket.message_id = messages[-1].id
                 return ticket.session_id
         appended = await db.messages.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
         ticket.message_id = appended.id  # the answering turn's reply is placed right after it
@@ -313,8 +313,8 @@ class Intake:
             await self.keep_media(ticket)
             return ticket.session_id
         messages = await db.messages.get(ticket.session_id)
-        at = next((i for i, m in enumerate(messages) if m["id"] == appended.id), len(messages))
-        answered = any(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")
+        at = next((i for i, m in enumerate(messages) if m.id == appended.id), len(messages))
+        answered = any(m.role == "assistant" and m.content and not m.tool_calls
                        for m in messages[at + 1:])
         return None if answered else ticket.session_id  # stored, unanswered (its turn failed): answer it now
 

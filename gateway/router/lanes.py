@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterator
 from gateway import tracing
 from gateway.errors import GatewayClosing
 from gateway.tasks import spawn
+from state import DeliveryRecord
 
 from .guard import TurnClaim
 from .shared import STOPPED_BEFORE_ANSWERING, Ticket
@@ -77,7 +78,7 @@ class ClaimedWork:
 class SendWork:
     """A reply stored (before a restart, or under an earlier lease) and not yet confirmed sent."""
 
-    record: dict
+    record: DeliveryRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ class Lane:
     outage_told: bool = False  # the chat was told the model is down (once per outage: a turn answered resets it)
     # a streamed reply whose turn never finished (its instance died): the next turn here edits its messages
     # into its own answer instead of posting new ones (one answer in the chat, not a cut-short one and another)
-    adopt: dict | None = None
+    adopt: DeliveryRecord | None = None
 
     @property
     def busy(self) -> bool:

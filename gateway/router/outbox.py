@@ -1,7 +1,7 @@
 """The outbox: where replies go, how they are sent, and the delivery record that keeps each one.
 
-A reply to a platform chat is first recorded (its ``DeliveryPlan``: where it goes; the text is added
-once known) with the answer it carries, then sent from its first unconfirmed part, each part the
+A reply to a platform chat is first recorded (its ``state.DeliveryRecord``, made by :func:`reply_record`
+before the answer is known: where it goes; the text is added once known) with the answer it carries, then sent from its first unconfirmed part, each part the
 platform confirms noted, so a restart sends what a crash left unsent, once.  A streamed reply's
 messages are recorded as they are posted, and finished (or marked cut short) from the record.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import state
@@ -20,6 +19,7 @@ from gateway.errors import ModelUnavailable
 from gateway.streaming import DraftOutput, ReplyStream, finish_streamed, mark_cut_short
 from gateway.types import Button, ChatRef, ChatType, Delivery, InboundMessage, SendProgress
 from gateway.voice import Voice
+from state import DeliveryRecord
 
 from .guard import SINGLE_INSTANCE, TurnGuard, dropped
 from .shared import ButtonSender, Sender, StreamedOutput, Typing, VoiceSender, status_of
@@ -32,44 +32,10 @@ TYPING_EVERY_SECONDS = 4.0
 TYPING_AFTER_SECONDS = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryPlan:
-    """Where a reply goes, as its delivery record keeps it: made before the answer is known."""
-
-    id: str
-    platform: str
-    chat_id: str
-    thread_id: str | None
-    reply_to: str | None
-
-    @classmethod
-    def to(cls, msg: InboundMessage) -> DeliveryPlan:
-        """Where the reply to ``msg`` goes, under a new record id."""
-        return cls(uuid.uuid4().hex, msg.platform, msg.chat_id, msg.thread_id, msg.message_id)
-
-    def with_id(self, record_id: str) -> DeliveryPlan:
-        """The same place under an existing record (a streamed reply adopted after a stop)."""
-        return DeliveryPlan(record_id, self.platform, self.chat_id, self.thread_id, self.reply_to)
-
-    def record(self, text: str, kind: str | None = None, buttons: tuple[Button, ...] = ()) -> dict:
-        """The delivery record the store keeps (``state._recovery``): the plan, the text, its kind
-        (``stream``, ``notice``; None: a whole reply) and, while it is being sent, its buttons
-        (not stored: a reply re-sent after a restart says how to answer by command)."""
-        row: dict[str, Any] = {"id": self.id, "platform": self.platform, "chat_id": self.chat_id,
-                               "thread_id": self.thread_id, "reply_to": self.reply_to, "text": text}
-        if kind is not None:
-            row["kind"] = kind
-        if buttons:
-            row["buttons"] = buttons
-        return row
-
-    def as_row(self, kind: str | None = None) -> dict:
-        """The plan as the store's record before the text is known (a stream's first posted message)."""
-        row: dict[str, Any] = {"id": self.id, "platform": self.platform, "chat_id": self.chat_id,
-                               "thread_id": self.thread_id, "reply_to": self.reply_to}
-        if kind is not None:
-            row["kind"] = kind
-        return row
+def reply_record(msg: InboundMessage) -> DeliveryRecord:
+    """The delivery record of the reply to ``msg``, under a new id: where it goes, before its text is
+    known (added with :func:`dataclasses.replace`, as its kind is: ``stream``, ``notice``)."""
+    return DeliveryRecord(uuid.uuid4().hex, msg.platform, msg.chat_id, msg.thread_id, msg.message_id)
 
 
 class Outbox:
@@ -137,11 +103,11 @@ class Outbox:
             return f"{platform} cannot send voice messages from here"
         return None
 
-    def adoptable(self, record: dict) -> bool:
+    def adoptable(self, record: DeliveryRecord) -> bool:
         """Whether a recorded streamed reply can be continued by the next turn: its turn never finished,
         it posted messages, and its platform can edit them."""
-        return (record.get("kind") == "stream" and record.get("status") == "streaming"
-                and bool(record.get("sent_ids")) and record["platform"] in self._drafts)
+        return (record.kind == "stream" and record.status == "streaming"
+                and bool(record.sent_ids) and record.platform in self._drafts)
 
     # -- sending -------------------------------------------------------------------------
     async def deliver(self, chat: ChatRef, text: str, reply_to: str | None, *,
@@ -170,14 +136,16 @@ class Outbox:
         if self.metrics:
             (self.metrics.messages_out if delivery.ok else self.metrics.delivery_failures).labels(platform).inc()
 
-    async def send_recorded(self, record: dict) -> None:
+    async def send_recorded(self, record: DeliveryRecord, buttons: tuple[Button, ...] = ()) -> None:
         """Send a reply held in the delivery record, from its first unconfirmed part, noting each part
-        the platform confirms; the record ends ``sent``, ``failed`` or (adapter not running) ``pending``."""
-        drafts = self._drafts.get(record["platform"])
-        if record.get("kind") == "stream" and record.get("sent_ids") and drafts is not None:
+        the platform confirms; the record ends ``sent``, ``failed`` or (adapter not running) ``pending``.
+        ``buttons`` (an approval request's) are not stored: a reply re-sent after a restart says how to
+        answer by command."""
+        drafts = self._drafts.get(record.platform)
+        if record.kind == "stream" and record.sent_ids and drafts is not None:
             await self._settle_stopped_stream(drafts, record)
             return
-        delivery_id = record["id"]
+        delivery_id = record.id
         finished = False
 
         async def note(sent_ids: list[str], last: bool) -> None:
@@ -185,10 +153,9 @@ class Outbox:
             await self.db.recovery.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending")
             finished = last
 
-        chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
-        progress = SendProgress(record.get("sent_ids") or (), note, notice=record.get("kind") == "notice")
-        delivery = await self.deliver(chat, record["text"], record.get("reply_to"), progress=progress,
-                                      buttons=tuple(record.get("buttons") or ()))
+        chat = ChatRef(record.platform, record.chat_id, record.thread_id)
+        progress = SendProgress(record.sent_ids, note, notice=record.kind == "notice")
+        delivery = await self.deliver(chat, record.text, record.reply_to, progress=progress, buttons=buttons)
         if not finished:
             await self._note(delivery_id, list(progress.sent_ids), status_of(delivery), delivery.error)
 
@@ -198,34 +165,35 @@ class Outbox:
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", delivery_id, exc)
 
-    async def _settle_stopped_stream(self, drafts: DraftOutput, record: dict) -> None:
+    async def _settle_stopped_stream(self, drafts: DraftOutput, record: DeliveryRecord) -> None:
         """After a restart, a streamed reply a stop cut short: finished in its own messages from the stored
         text, or, when its turn never finished, marked as cut short (the message is answered anew)."""
-        chat = ChatRef(record["platform"], record["chat_id"], record.get("thread_id"))
+        chat = ChatRef(record.platform, record.chat_id, record.thread_id)
         error: str | None
-        if record.get("status") == "streaming":
-            delivery = await mark_cut_short(drafts, chat, record["sent_ids"])
+        if record.status == "streaming":
+            delivery = await mark_cut_short(drafts, chat, record.sent_ids)
             status, error = "failed", delivery.error or "cut short by a restart; answered again"
         else:
-            delivery = await finish_streamed(drafts, chat, record["sent_ids"], record["text"])
+            delivery = await finish_streamed(drafts, chat, record.sent_ids, record.text)
             status, error = status_of(delivery), delivery.error
-        await self._note(record["id"], list(delivery.message_ids) or record["sent_ids"], status, error)
+        await self._note(record.id, list(delivery.message_ids or record.sent_ids), status, error)
 
-    async def finish_stream(self, stream: ReplyStream, record: dict) -> None:
-        """Show the recorded text as the streamed reply's final form, once, and note the delivery."""
-        buttons = tuple(record.get("buttons") or ()) if record["platform"] in self._button_senders else ()
-        delivery = await stream.finish(record["text"], buttons=buttons)
+    async def finish_stream(self, stream: ReplyStream, record: DeliveryRecord, buttons: tuple[Button, ...] = ()) -> None:
+        """Show the recorded text as the streamed reply's final form, once, and note the delivery;
+        ``buttons`` come with its final edit."""
+        buttons = buttons if record.platform in self._button_senders else ()
+        delivery = await stream.finish(record.text, buttons=buttons)
         if not delivery.ok and delivery.retry_later and not delivery.message_ids:
             # nothing of it was shown: it goes the way a whole reply does (waits for a restarting adapter,
             # stays pending for the next start), so a stream that could not start never loses the answer
-            await self.send_recorded(record)
+            await self.send_recorded(record, buttons)
             return
-        self._count(record["platform"], delivery)
+        self._count(record.platform, delivery)
         if not delivery.ok:
-            log.error("streamed reply to %s:%s not delivered: %s", record["platform"], record["chat_id"], delivery.error)
-        await self._note(record["id"], list(delivery.message_ids), status_of(delivery), delivery.error)
+            log.error("streamed reply to %s:%s not delivered: %s", record.platform, record.chat_id, delivery.error)
+        await self._note(record.id, list(delivery.message_ids), status_of(delivery), delivery.error)
 
-    async def settle(self, answered: tuple[int, ...], delivery: dict, session_id: str,
+    async def settle(self, answered: tuple[int, ...], delivery: DeliveryRecord, session_id: str,
                      claim: TurnGuard = SINGLE_INSTANCE) -> bool:
         """Store that ``answered`` got their answer (and ``delivery``, its pending send); False if the store
         failed (or, under ``claim``, its lease was lost: then nothing may be sent either)."""

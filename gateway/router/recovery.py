@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from state import DeliveryRecord
+
 from .guard import TurnClaim
 from .lanes import ChatWork, ClaimedWork, ExpiredWork, Lanes, SendWork
 from .outbox import Outbox
@@ -23,15 +25,15 @@ class Recovery:
         """The session keys whose claimed work runs in this instance now: key -> session id."""
         return dict(self._claim_keys)
 
-    def recover(self, pending: list[dict], unanswered: list[dict]) -> dict[str, int]:
+    def recover(self, pending: list[DeliveryRecord], unanswered: list[dict]) -> dict[str, int]:
         """See :meth:`gateway.router.SessionRouter.recover`."""
         counts = {"replies": 0, "sessions": 0, "expired": 0}
         sends = self._outbox.has_output
         waiting = {row["session_key"] for row in unanswered if sends(row["platform"])}
         for record in pending:
-            if not sends(record["platform"]):
+            if not sends(record.platform):
                 continue
-            key = record.get("session_key")
+            key = record.session_key
             if key is not None and key in waiting and self._outbox.adoptable(record):
                 lane = self._lanes.lane(key)
                 if lane.adopt is not None:  # an older one: said cut short, as before
@@ -39,7 +41,7 @@ class Recovery:
                 lane.adopt = record  # the turn answering the session's messages continues it
                 counts["replies"] += 1
                 continue
-            lane = self._lanes.lane(record.get("session_key") or f"delivery:{record['id']}")
+            lane = self._lanes.lane(record.session_key or f"delivery:{record.id}")
             lane.queue.append(SendWork(record))
             counts["replies"] += 1
             self._lanes.wake(lane)
@@ -67,9 +69,8 @@ class Recovery:
         rows = [row for row in await db.recovery.unanswered(claim.session_id) if sends(row["platform"])]
         # replies stored under an earlier lease whose holder stopped before confirming the send
         records = [record for record in await db.recovery.pending_deliveries(claim.session_id)
-                   if sends(record["platform"])]
-        key = rows[-1]["session_key"] if rows else next((r["session_key"] for r in records if r.get("session_key")),
-                                                         None)
+                   if sends(record.platform)]
+        key = rows[-1]["session_key"] if rows else next((r.session_key for r in records if r.session_key), None)
         if key is None:
             return True
         lane = self._lanes.lane(key)

@@ -167,7 +167,7 @@ class SessionRouter:
         return self._lanes.stop_turn(key)
 
     # -- after a restart, and clustered -------------------------------------------
-    def recover(self, pending: list[dict], unanswered: list[dict]) -> dict[str, int]:
+    def recover(self, pending: list[state.DeliveryRecord], unanswered: list[dict]) -> dict[str, int]:
         """Queue what a stop left undone, before any new message is taken: replies stored but not
         confirmed sent (sent again without a model call), then the messages no turn answered (one
         turn per session, as a batch; older than ``resume_within``: one line instead of an answer).

@@ -235,17 +235,17 @@ class Replies:
         session_id = await db.routes.get(replayed.session_key)
         messages = await db.messages.get(session_id) if session_id else []
         at = next((i for i, m in enumerate(messages)
-                   if m["role"] == "user" and m.get("platform_message_id") == replayed.message_id), None)
+                   if m.role == "user" and m.platform_message_id == replayed.message_id), None)
         if session_id is None or at is None:
             return error(409, "the message with this Idempotency-Key is stored elsewhere; retry later",
                          "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        if messages[at]["content"] != call.stored:
+        if messages[at].content != call.stored:
             return mismatch()
         reply = next((m for m in messages[at + 1:]
-                      if m["role"] == "assistant" and m.get("content") and not m.get("tool_calls")), None)
+                      if m.role == "assistant" and m.content and not m.tool_calls), None)
         if reply is None:
             return error(409, "the message with this Idempotency-Key is stored but not answered yet; retry later "
                               "to get its reply", "conflict", code="conflict", retry_after=RETRY_AFTER_RUNNING_SECONDS)
-        answer = Answer(reply["content"], session_id, replayed.session_key, replayed.message_id,
-                        reply.get("timestamp") or time.time())
+        answer = Answer(reply.content or "", session_id, replayed.session_key, replayed.message_id,
+                        reply.timestamp or time.time())
         return await self.whole(answer, call)

@@ -128,8 +128,8 @@ class Conversations:
         if session is None or not session.get("session_key"):
             return ConversationId("fingerprint", None, fingerprint)
         if first_reply is None:  # a retry of a first message is the conversation it started
-            first = next((m for m in await self.db.messages.get(session["id"]) if m["role"] == "user"), None)
-            if first is None or first.get("platform_message_id") != idempotency_key:
+            first = next((m for m in await self.db.messages.get(session["id"]) if m.role == "user"), None)
+            if first is None or first.platform_message_id != idempotency_key:
                 return ConversationId("fingerprint", None, fingerprint)
         return ConversationId("fingerprint", session["session_key"], fingerprint)
 
@@ -151,8 +151,8 @@ class Conversations:
             return session_id
         rows = await self._lineage_rows(routed["id"], routed.get("parent_session_id"))
         if idempotency_key is not None:
-            at = next((i for i, row in enumerate(rows) if row["role"] == "user"
-                       and row.get("platform_message_id") == idempotency_key), None)
+            at = next((i for i, row in enumerate(rows) if row.role == "user"
+                       and row.platform_message_id == idempotency_key), None)
             if at is not None:
                 return None if _answered(rows, at) else routed["id"]
         stored = [(i, row) for i, row in enumerate(rows) if _in_transcript(row)]
@@ -201,8 +201,8 @@ class Conversations:
             return None
         rows = await self._lineage_rows(routed["id"], routed.get("parent_session_id"))
         if idempotency_key is not None:
-            at = next((i for i, row in enumerate(rows) if row["role"] == "user"
-                       and row.get("platform_message_id") == idempotency_key), None)
+            at = next((i for i, row in enumerate(rows) if row.role == "user"
+                       and row.platform_message_id == idempotency_key), None)
             if at is not None:
                 return None if _answered(rows, at) else routed["id"]
         stored = [row for row in rows if _in_transcript(row)]
@@ -229,9 +229,9 @@ class Conversations:
             await self.db.routes.set(key, session_id)
         return session_id
 
-    async def _append(self, session_id: str, copied: list[dict], new: list[ClientMessage],
+    async def _append(self, session_id: str, copied: list[state.StoredMessage], new: list[ClientMessage],
                       idempotency_key: str | None) -> None:
-        messages = [{k: row[k] for k in _COPIED_FIELDS if row.get(k) is not None} for row in copied]
+        messages = [{k: getattr(row, k) for k in _COPIED_FIELDS if getattr(row, k) is not None} for row in copied]
         for i, message in enumerate(new):
             entry: dict = {"role": message.role, "content": message.stored}
             if i == len(new) - 1 and idempotency_key is not None:
@@ -244,7 +244,7 @@ class Conversations:
                     if any(a.data for a in message.images):
                         await self.keep_media(message_id, message.images)
 
-    async def _lineage_rows(self, session_id: str, parent_id: str | None) -> list[dict]:
+    async def _lineage_rows(self, session_id: str, parent_id: str | None) -> list[state.StoredMessage]:
         """The stored messages of the session as the client saw them: a compressed parent's own, then
         the messages added after the compression (not its summary and copies)."""
         rows = await self.db.messages.get(session_id)
@@ -252,7 +252,7 @@ class Conversations:
         if parent is None or parent.end_reason != "compression" or parent.ended_at is None:
             return rows
         ended_at = parent.ended_at
-        own = [row for row in rows if row["timestamp"] > ended_at]
+        own = [row for row in rows if row.timestamp > ended_at]
         return await self._lineage_rows(parent.id, parent.parent_session_id) + own
 
 
@@ -270,28 +270,28 @@ def _first_reply(request: ChatRequest) -> str | None:
     return None
 
 
-def _in_transcript(row: dict) -> bool:
+def _in_transcript(row: state.StoredMessage) -> bool:
     """Whether a stored message is one the client sees: a user message or an answer (not a tool call,
     a tool result, a note for the model)."""
-    if row["role"] == "user":
+    if row.role == "user":
         return True
-    return row["role"] == "assistant" and not row.get("tool_calls")
+    return row.role == "assistant" and not row.tool_calls
 
 
-def _same(row: dict, message: ClientMessage) -> bool:
+def _same(row: state.StoredMessage, message: ClientMessage) -> bool:
     """Whether a stored message is the client's: the same role and text (an answer as it was sent: an
     empty one as the line standing for it, one that broke off with the note saying so)."""
-    if row["role"] != message.role:
+    if row.role != message.role:
         return False
-    stored, sent = (row.get("content") or "").strip(), message.stored.strip()
-    if row["role"] == "assistant":
+    stored, sent = (row.content or "").strip(), message.stored.strip()
+    if row.role == "assistant":
         if not stored:
             return sent in ("", EMPTY_ANSWER)
-        if row.get("finish_reason") == "incomplete":
+        if row.finish_reason == "incomplete":
             return sent in (stored, f"{stored}\n\n{CUT_OFF_NOTE}")
     return stored == sent
 
 
-def _answered(rows: list[dict], at: int) -> bool:
-    return any(row["role"] == "assistant" and row.get("content") and not row.get("tool_calls")
+def _answered(rows: list[state.StoredMessage], at: int) -> bool:
+    return any(row.role == "assistant" and row.content and not row.tool_calls
                for row in rows[at + 1:])

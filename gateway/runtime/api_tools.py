@@ -38,11 +38,12 @@ async def store_results(db: AsyncSessionDB, session_id: str, continued: tuple[di
     results are all stored and already answered is refused (409), so a resent request never makes
     the model answer twice."""
     rows = await db.messages.get(session_id)
-    calls = {call["id"]: at for at, row in enumerate(rows) if row["role"] == "assistant"
-             for call in row.get("tool_calls") or []}
-    results = {row["tool_call_id"]: at for at, row in enumerate(rows) if row["role"] == "tool"}
-    names = {call["id"]: call["function"]["name"] for row in [*rows, *continued] if row["role"] == "assistant"
-             for call in row.get("tool_calls") or []}
+    calls = {call["id"]: at for at, row in enumerate(rows) if row.role == "assistant" for call in row.tool_calls or []}
+    results = {row.tool_call_id: at for at, row in enumerate(rows) if row.role == "tool"}
+    names = {call["id"]: call["function"]["name"]
+             for calls_made in [*(row.tool_calls for row in rows if row.role == "assistant"),
+                                *(m.get("tool_calls") for m in continued if m["role"] == "assistant")]
+             for call in calls_made or []}
     new: list[dict] = []
     for message in continued:
         if message["role"] == "assistant":
@@ -65,7 +66,7 @@ async def store_results(db: AsyncSessionDB, session_id: str, continued: tuple[di
         await db.messages.append_many(session_id, new)
         return
     last = max(results[m["tool_call_id"]] for m in continued if m["role"] == "tool")
-    if any(row["role"] == "assistant" for row in rows[last + 1:]):
+    if any(row.role == "assistant" for row in rows[last + 1:]):
         raise ApiError(409, "these tool results were answered already; send the next message (or your history "
                             "from before that answer, to have it answered again in a branch)", "conflict",
                        code="conflict")

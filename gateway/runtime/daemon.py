@@ -294,13 +294,15 @@ class Gateway:
         self._start_platforms()
         opened.push_async_callback(self._stop_platforms)
         if undone is not None:
-            claimed = {row["session_id"] for rows in undone for row in rows
-                       if self.router.outbox.claims_turns(row["platform"]) and row.get("session_id")}
+            records, rows = undone
+            claims = self.router.outbox.claims_turns
+            claimed = {r.session_id for r in records if claims(r.platform) and r.session_id} | \
+                {row["session_id"] for row in rows if claims(row["platform"]) and row.get("session_id")}
             if claimed:  # answered (or sent) by whichever instance claims the session, this one included
                 await self.db.recovery.mark_pending(claimed)
             # an owned connection's platform is resumed by whichever instance comes to own it
-            pending, unanswered = ([row for row in rows if row["platform"] not in self.owned
-                                    and not self.router.outbox.claims_turns(row["platform"])] for rows in undone)
+            pending = [r for r in records if r.platform not in self.owned and not claims(r.platform)]
+            unanswered = [row for row in rows if row["platform"] not in self.owned and not claims(row["platform"])]
             counts = self.router.recover(pending, unanswered)
             if any(counts.values()):
                 log.info("resuming after a stop: %d stored replies to send, %d sessions to answer, "
@@ -360,7 +362,7 @@ class Gateway:
         self.backlog.start()
         opened.push_async_callback(self.backlog.stop)
 
-    async def _undone_work(self) -> tuple[list[dict], list[dict]] | None:
+    async def _undone_work(self) -> tuple[list[state.DeliveryRecord], list[dict]] | None:
         """Replies stored but not confirmed sent, and messages no turn answered; None where this
         process serves no platform (``switchboard chat``, ``cron run``: the daemon resumes them)."""
         if not self.serve_api:
@@ -485,7 +487,7 @@ class Gateway:
         claimed = self.router.outbox.claims_turns(name)
         pending = [] if claimed else [
             row for row in await self.db.recovery.pending_deliveries()
-            if row["platform"] == name and not self.router.working_on(row.get("session_key"))]
+            if row.platform == name and not self.router.working_on(row.session_key)]
         unanswered = [] if claimed else [
             row for row in await self.db.recovery.unanswered()
             if row["platform"] == name and not self.router.working_on(row["session_key"])]

@@ -226,7 +226,7 @@ class Pages:
         record = await self._record(request)
         db = self.src.db
         parent = await db.sessions.get(record["parent_session_id"]) if record.get("parent_session_id") else None
-        children = [s for s in await db.sessions.descendants(record["id"]) if s["parent_session_id"] == record["id"]]
+        children = [s for s in await db.sessions.descendants(record["id"]) if s.parent_session_id == record["id"]]
         lineage = transcript.Lineage(parent=parent, children=children, tip=await db.sessions.compression_tip(record["id"]))
         # Markdown takes CPU (0.1-1.5 ms a message): a long transcript renders off the event loop
         messages = await asyncio.to_thread(lambda: [transcript.shown(m) for m in record["messages"]])

@@ -33,7 +33,7 @@ class Lineage:
     """Where a session sits among compression chains: its parent and its children (``#N`` titles)."""
 
     parent: state.Session | None
-    children: list[dict]
+    children: list[state.Session]
     tip: str  # the live end of its chain (the session itself when it was not compressed)
 
 
