@@ -192,17 +192,21 @@ class AgentTurn:
     async def _context(self, req: TurnRequest, *, conversation: bool) -> TurnContext:
         """What the turn reads before its model call, in one store call (one snapshot, and on PostgreSQL
         one transaction): its conversation (unless the caller read it), when its session started (unless
-        remembered), its media, its tool journal and the chat's facts choice."""
+        remembered), its media, its tool journal, the chat's facts choice and (``req.model_of_choice``) its
+        ``/model`` choice."""
         prefetch = self.hooks.prefetch
         query = ContextQuery(req.session_id, conversation=conversation,
                              upto=max(req.answered) if req.answered else None,
                              started=req.session_id not in self._started, media=self.hooks.media is not None,
-                             journal=req.answered, facts=prefetch.owner(req) if prefetch is not None else None)
+                             journal=req.answered, facts=prefetch.owner(req) if prefetch is not None else None,
+                             prefs=(req.session_key, ("model",)) if req.model_of_choice is not None else None)
         if query == ContextQuery(req.session_id):
             return TurnContext()  # nothing to read
         context = await self.db.turns.context(query)
         if query.started:
             self._remember_start(req.session_id, context.started_at)
+        if req.model_of_choice is not None:
+            req.model = req.model_of_choice(context.pref("model"))
         return context
 
     async def _system_messages(self, req: TurnRequest) -> list[dict]:

@@ -76,6 +76,9 @@ class TurnRequest:
     # compression), so it reaches the chat before the reply, streamed or not; they are in
     # ``TurnResult.notices`` too.  None: only there.
     on_notice: Callable[[str], Awaitable[None]] | None = None
+    # Set (with ``model`` None) when the router's copy of the chat's ``/model`` choice is stale: the turn
+    # reads the choice with its context and runs on the model this gives for it (None: no choice made).
+    model_of_choice: Callable[[str | None], str] | None = None
 
 
 @dataclass(slots=True)

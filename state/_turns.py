@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from . import _facts
 from ._media import media_of_lineage
 from ._messages import get_messages_as_conversation
+from ._prefs import chat_pref
 from ._repo import Repository, reads
 from ._sessions import get_session
 from ._toolcalls import tool_journal
@@ -51,6 +52,7 @@ class ContextQuery:
     media: bool = False  # the media of the session's lineage (``Media.of_lineage``)
     journal: tuple[int, ...] = ()  # the newest tool journal of these answered messages (``ToolJournal.newest``)
     facts: FactsOwner | None = None  # the chat's facts choice and whether the user has facts
+    prefs: tuple[str, tuple[str, ...]] | None = None  # (session key, names): the chat's choices (``ChatPrefs.get``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,11 @@ class TurnContext:
     media: tuple[dict, ...] | None = None
     journal: dict | None = None
     facts: FactsChoice | None = None
+    prefs: tuple[tuple[str, str | None], ...] | None = None  # (name, value: None when never chosen), as asked
+
+    def pref(self, name: str) -> str | None:
+        """The chat's choice ``name`` as read (None: never made, or not asked for)."""
+        return dict(self.prefs or ()).get(name)
 
 
 def read_turn_context(conn, query: ContextQuery) -> TurnContext:
@@ -79,7 +86,11 @@ def read_turn_context(conn, query: ContextQuery) -> TurnContext:
         owner = query.facts
         facts = FactsChoice(_facts.facts_prefetch_enabled(conn, owner.session_key),
                             _facts.owner_has_facts(conn, owner.agent, owner.user_scope))
-    return TurnContext(conversation, started_at, media, journal, facts)
+    prefs = None
+    if query.prefs is not None:
+        key, names = query.prefs
+        prefs = tuple((name, chat_pref(conn, key, name)) for name in names)
+    return TurnContext(conversation, started_at, media, journal, facts, prefs)
 
 
 class Turns(Repository):

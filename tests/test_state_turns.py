@@ -61,18 +61,21 @@ def test_a_turns_context_is_read_in_one_call_as_each_part_reads_alone(store):
         db.messages.append(sid, "user", "stored after the turn's message")
         db.tool_journal.save(asked, sid, "[]", "call-1", now=5.0)
         db.facts.set_prefetch("k", False, now=6.0)
+        db.prefs.set("k", "model", "fast", now=6.0)
 
         everything = db.turns.context(ContextQuery(sid, conversation=True, upto=asked, started=True, media=True,
-                                                   journal=(asked,), facts=FactsOwner("k", "main", "telegram:u1")))
+                                                   journal=(asked,), facts=FactsOwner("k", "main", "telegram:u1"),
+                                                   prefs=("k", ("model", "stream"))))
         assert list(everything.conversation) == db.messages.as_conversation(sid, upto=asked)
         assert [m["content"] for m in everything.conversation] == ["look at this", "a cat", "and now?"]
         assert everything.started_at == db.sessions.get(sid).started_at
         assert list(everything.media) == db.media.of_lineage(sid) and everything.media[0]["name"] == "cat.jpg"
         assert everything.journal == db.tool_journal.newest([asked]) and everything.journal["running"] == "call-1"
         assert everything.facts == FactsChoice(prefetch=False, any_facts=False)
+        assert everything.prefs == (("model", "fast"), ("stream", None)) and everything.pref("model") == "fast"
 
         db.facts.add("main", "telegram:u1", "likes cats", ["cats"], session_id=sid, trust=0.5, now=7.0, hrr=None)
         assert db.turns.context(ContextQuery(sid, facts=FactsOwner("k", "main", "telegram:u1"))).facts.any_facts
         nothing = db.turns.context(ContextQuery(sid))
-        assert (nothing.conversation, nothing.started_at, nothing.media, nothing.journal, nothing.facts) == \
-            (None, None, None, None, None)
+        assert (nothing.conversation, nothing.started_at, nothing.media, nothing.journal, nothing.facts,
+                nothing.prefs) == (None, None, None, None, None, None)

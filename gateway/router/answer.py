@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -310,6 +311,7 @@ class Answer:
             last.notices.append(line)
             await self._outbox.deliver(msg.chat, line, None)
 
+        model = last.extras.model or self._choices.known_model(lane, msg)
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=plan.answered,
@@ -318,7 +320,8 @@ class Answer:
             on_notice=tell,
             stream=plan.stream if plan.stream is not None else last.sink, fence=claim.fence,
             system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
-            model=last.extras.model or await self._choices.chat_model(lane, msg),
+            # the chat's /model choice from the lane's copy, else read with the turn's context (one store call)
+            model=model, model_of_choice=None if model else functools.partial(self._choices.model_of, lane, msg),
             chat=msg.chat, chat_type=msg.chat_type.value,
         )
         typing = spawn(self._outbox.keep_typing(msg.chat, msg.message_id, plan.stream, claim), name=f"typing:{lane.key}")
