@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 from state import AsyncSessionDB
 
@@ -45,8 +45,7 @@ class TurnJournal:
         """What a run of this turn cut off by a crash produced, each call in it answered: the one that was
         running with :data:`INTERRUPTED`, any after it in the same step with :data:`NOT_RUN`.  ``newest``:
         the journal's entry as read with the turn's context (None: there is none); by default read now."""
-        entry = await self.db.tool_journal.newest(self.answered) if newest is READ_NOW else newest
-        assert entry is None or isinstance(entry, dict)
+        entry = await self.db.tool_journal.newest(self.answered) if newest is READ_NOW else cast("dict | None", newest)
         if entry is None:
             return []
         self.written = True
