@@ -131,13 +131,15 @@ class MediaService:
         return tuple(out)
 
     # -- what a turn sends -------------------------------------------------------------------
-    async def expand(self, session_id: str, history: list[dict], *, vision: bool) -> list[dict]:
+    async def expand(self, session_id: str, history: list[dict], *, vision: bool,
+                     rows: tuple[dict, ...] | None = None) -> list[dict]:
         """``history`` (the session as stored) with each user message's media in it: documents' text,
-        images' descriptions, and the last ``images_in_context`` images as pictures when ``vision``."""
-        rows = await self.db.media.of_lineage(session_id)
-        if not rows:
+        images' descriptions, and the last ``images_in_context`` images as pictures when ``vision``.
+        ``rows``: the media of the session's lineage, read already with the turn's context (None: read now)."""
+        found = list(rows) if rows is not None else await self.db.media.of_lineage(session_id)
+        if not found:
             return history
-        matched = _align(history, _by_message(rows))
+        matched = _align(history, _by_message(found))
         if not matched:
             return history
         if not vision and self.describer is not None:

@@ -59,7 +59,7 @@ from gateway.turn_types import (
 )
 from gateway.types import Attachment
 from gateway.usage import CallContext, for_session
-from state import AsyncSessionDB
+from state import AsyncSessionDB, ContextQuery, FactsChoice, TurnContext
 from state.memory_fence import FenceScrubber, strip_memory_fence
 
 # The turn's plain data and protocols live in gateway.turn_types; they are named here too, where callers
@@ -144,11 +144,14 @@ class AgentTurn:
         if started is None:
             row = await self.db.sessions.get(session_id)
             started = row.started_at if row else None
-            if started is not None:
-                self._started[session_id] = started
-                if len(self._started) > MAX_REMEMBERED_SESSIONS:
-                    self._started.pop(next(iter(self._started)))
+            self._remember_start(session_id, started)
         return started
+
+    def _remember_start(self, session_id: str, started: float | None) -> None:
+        if started is not None:
+            self._started[session_id] = started
+            if len(self._started) > MAX_REMEMBERED_SESSIONS:
+                self._started.pop(next(iter(self._started)))
 
     def _with_attachments(self, history: list[dict], attachments: tuple[Attachment, ...]) -> list[dict]:
         """The last user message with this turn's pictures that are not in the media store: all of them
@@ -179,12 +182,32 @@ class AgentTurn:
 
     async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
         """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
+        context = await self._context(req, conversation=history is None)
         if history is None:
-            history = await self.db.messages.as_conversation(
-                req.session_id, upto=max(req.answered) if req.answered else None)
-        plan = await self._plan(req, history)
-        loop, refused = await self._loop_or_without_pictures(req, plan)
+            history = list(context.conversation or ())
+        plan = await self._plan(req, history, context)
+        loop, refused = await self._loop_or_without_pictures(req, plan, context)
         return await self._settle(req, plan, loop, [*plan.notices, *refused])
+
+    async def _context(self, req: TurnRequest, *, conversation: bool) -> TurnContext:
+        """What the turn reads before its model call, in one store call (one snapshot, and on PostgreSQL
+        one transaction): its conversation (unless the caller read it), when its session started (unless
+        remembered), its media, its tool journal, the chat's facts choice and (``req.model_of_choice``) its
+        ``/model`` choice."""
+        prefetch = self.hooks.prefetch
+        query = ContextQuery(req.session_id, conversation=conversation,
+                             upto=max(req.answered) if req.answered else None,
+                             started=req.session_id not in self._started, media=self.hooks.media is not None,
+                             journal=req.answered, facts=prefetch.owner(req) if prefetch is not None else None,
+                             prefs=(req.session_key, ("model",)) if req.model_of_choice is not None else None)
+        if query == ContextQuery(req.session_id):
+            return TurnContext()  # nothing to read
+        context = await self.db.turns.context(query)
+        if query.started:
+            self._remember_start(req.session_id, context.started_at)
+        if req.model_of_choice is not None:
+            req.model = req.model_of_choice(context.pref("model"))
+        return context
 
     async def _system_messages(self, req: TurnRequest) -> list[dict]:
         """The system prompt (the persona, then the features' blocks) and the request's one-off notes after it."""
@@ -197,16 +220,18 @@ class AgentTurn:
         system += [{"role": "system", "content": note} for note in req.system_notes]  # after the persona
         return system
 
-    async def _history_as_sent(self, req: TurnRequest, history: list[dict], system: list[dict]) -> _SentHistory:
-        """The stored ``history`` as the model gets it: media expanded, oversized messages cut down, and
-        compressed by the prompt hook (which may move the conversation on to a child session)."""
+    async def _history_as_sent(self, req: TurnRequest, history: list[dict], system: list[dict],
+                               media_rows: tuple[dict, ...] | None) -> _SentHistory:
+        """The stored ``history`` as the model gets it: media expanded (``media_rows``: the session's, read
+        with the turn's context), oversized messages cut down, and compressed by the prompt hook (which may
+        move the conversation on to a child session)."""
         session_id = req.session_id
         notices: list[str] = []
         media = self.hooks.media
         vision = media.vision_of(req.model) if media is not None else self.settings.vision
         expanded = (session_id, history)  # what the pictures came from, should the model refuse one
         if media is not None:  # documents' text, pictures' descriptions, the last pictures themselves
-            history = await media.expand(session_id, history, vision=vision)
+            history = await media.expand(session_id, history, vision=vision, rows=media_rows)
         shortened = self._as_sent(history)
         history = shortened.messages
         prompt_hook = self.hooks.prompt_hook
@@ -220,18 +245,18 @@ class AgentTurn:
                 history = self._as_sent(history).messages
         return _SentHistory(session_id, history, [*shortened.notices, *notices], expanded)
 
-    async def _plan(self, req: TurnRequest, history: list[dict]) -> _TurnPlan:
+    async def _plan(self, req: TurnRequest, history: list[dict], context: TurnContext) -> _TurnPlan:
         """Everything the tool loop of ``req`` is given: its prompt, the tools' context, its journal and
         what its usage is recorded as; the notices for the user are told first (``req.on_notice``)."""
         system = await self._system_messages(req)
-        sent = await self._history_as_sent(req, history, system)
+        sent = await self._history_as_sent(req, history, system, context.media)
         session_id = sent.session_id
         if req.on_notice is not None:
             for notice in sent.notices:
                 await req.on_notice(notice)
         prompt = system + self._with_attachments(sent.history, req.attachments)
         if self.hooks.prefetch is not None and prompt[-1].get("role") == "user":
-            prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1])
+            prompt[-1] = await _with_prefetch(self.hooks.prefetch, req, prompt[-1], context.facts)
         ctx = ToolContext(session_id=session_id, session_key=req.session_key, platform=req.platform, user_id=req.user_id,
                           agent=self.settings.agent, extra={"chat": req.chat, "chat_type": req.chat_type})
         journal = TurnJournal(self.db, req.answered, session_id, self._clock) if req.answered else None
@@ -239,10 +264,11 @@ class AgentTurn:
                               platform=req.platform, user_id=req.user_id, agent=self.settings.agent)
         return _TurnPlan(session_id, prompt, ctx, journal, purpose, sent.notices, sent.expanded, len(sent.history))
 
-    async def _loop_or_without_pictures(self, req: TurnRequest, plan: _TurnPlan) -> tuple[ToolLoop, list[str]]:
+    async def _loop_or_without_pictures(self, req: TurnRequest, plan: _TurnPlan,
+                                        context: TurnContext) -> tuple[ToolLoop, list[str]]:
         """The tool loop of ``plan``; should the model refuse the pictures, once more without them (the
         refused ones are never sent again).  Returns the loop and the line the user is told of that."""
-        resumed = await plan.journal.resumed() if plan.journal is not None else []
+        resumed = await plan.journal.resumed(context.journal) if plan.journal is not None else []
         try:
             return await self._tool_loop_of(req, plan, plan.prompt, resumed), []
         except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
@@ -482,12 +508,13 @@ def _refused_line(names: tuple[str, ...], reason: str) -> str:
             f"{them} will not be sent to the model again.")
 
 
-async def _with_prefetch(prefetch, req: TurnRequest, message: dict) -> dict:
-    """``message`` (the user's last) with the prefetch block appended, for the model call only."""
+async def _with_prefetch(prefetch: Prefetch, req: TurnRequest, message: dict, known: FactsChoice | None) -> dict:
+    """``message`` (the user's last) with the prefetch block appended, for the model call only (``known``:
+    the chat's facts choice, read with the turn's context)."""
     content = message.get("content")
     text = content if isinstance(content, str) else " ".join(
         p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text")
-    block = await prefetch(req, text or "")
+    block = await prefetch(req, text or "", known)
     if not block:
         return message
     if isinstance(content, list):

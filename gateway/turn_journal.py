@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 from state import AsyncSessionDB
 
@@ -21,6 +21,8 @@ INTERRUPTED = ("error: this call was cut off: the gateway stopped while it ran, 
                "unknown, and it was not run again. Call the tool again if it is still needed.")
 NOT_RUN = ("error: this call was not run: the gateway stopped during an earlier call of the same step. "
            "Call the tool again if it is still needed.")
+#: :meth:`TurnJournal.resumed`'s default: the journal is read from the store then.
+READ_NOW = object()
 
 
 class ToolJournal(Protocol):
@@ -39,10 +41,11 @@ class TurnJournal:
         self._clock = clock or time.time
         self.written = False
 
-    async def resumed(self) -> list[dict]:
+    async def resumed(self, newest: dict | None | object = READ_NOW) -> list[dict]:
         """What a run of this turn cut off by a crash produced, each call in it answered: the one that was
-        running with :data:`INTERRUPTED`, any after it in the same step with :data:`NOT_RUN`."""
-        entry = await self.db.tool_journal.newest(self.answered)
+        running with :data:`INTERRUPTED`, any after it in the same step with :data:`NOT_RUN`.  ``newest``:
+        the journal's entry as read with the turn's context (None: there is none); by default read now."""
+        entry = await self.db.tool_journal.newest(self.answered) if newest is READ_NOW else cast("dict | None", newest)
         if entry is None:
             return []
         self.written = True

@@ -9,7 +9,7 @@ from typing import Awaitable, Callable, Protocol
 from gateway.model import Completion
 from gateway.tools import ToolContext
 from gateway.types import Attachment, Button, ChatRef
-from state import DeliveryRecord, Fence
+from state import DeliveryRecord, FactsChoice, FactsOwner, Fence
 
 
 class ReplySink(Protocol):
@@ -76,6 +76,9 @@ class TurnRequest:
     # compression), so it reaches the chat before the reply, streamed or not; they are in
     # ``TurnResult.notices`` too.  None: only there.
     on_notice: Callable[[str], Awaitable[None]] | None = None
+    # Set (with ``model`` None) when the router's copy of the chat's ``/model`` choice is stale: the turn
+    # reads the choice with its context and runs on the model this gives for it (None: no choice made).
+    model_of_choice: Callable[[str | None], str] | None = None
 
 
 @dataclass(slots=True)
@@ -139,9 +142,17 @@ class ToolLoop:
 
 # Given (request, session id): a block for the system prompt, or None.
 PromptBlock = Callable[[TurnRequest, str], Awaitable[str | None]]
-# Given (request, the user's message text): a block appended to that message for this turn's model
-# calls only (never stored), or None.
-Prefetch = Callable[[TurnRequest, str], Awaitable[str | None]]
+class Prefetch(Protocol):
+    """Facts recalled for the user's message (``gateway.memory.facts.FactPrefetch``)."""
+
+    def owner(self, req: TurnRequest) -> FactsOwner | None:
+        """Whose facts the prefetch for ``req`` would recall, read with the turn's context (its
+        :class:`state.ContextQuery`); None: no prefetch runs for ``req``."""
+
+    async def __call__(self, req: TurnRequest, user_text: str, known: FactsChoice | None = None) -> str | None:
+        """A block appended to the user's message for this turn's model calls only (never stored), or
+        None; ``known``: the chat's choice and whether the user has facts, read with the turn's context
+        (None: read now)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +172,10 @@ class MediaInContext(Protocol):
     def vision_of(self, model: str | None) -> bool:
         """Whether the model a turn runs on (None: the default) sees pictures."""
 
-    async def expand(self, session_id: str, history: list[dict], *, vision: bool) -> list[dict]:
-        """``history`` with its messages' documents, descriptions and recent pictures in it."""
+    async def expand(self, session_id: str, history: list[dict], *, vision: bool,
+                     rows: tuple[dict, ...] | None = None) -> list[dict]:
+        """``history`` with its messages' documents, descriptions and recent pictures in it; ``rows``: the
+        media of the session's lineage, read with the turn's context (None: read now)."""
 
     async def refused(self, session_id: str, history: list[dict], reason: str) -> tuple[str, ...]:
         """The model refused the pictures ``expand`` put in ``history``: note them, never to be sent

@@ -17,6 +17,7 @@ from ._pg import mask_url, probe as probe_store
 from ._split import Split
 from ._storage import ObjectSize, SessionSize, StorageReport, TextSize
 from ._transfer import parse_jsonl
+from ._turns import ContextQuery, FactsChoice, FactsOwner, TurnContext
 from ._upkeep import WAL_LIMIT_BYTES, StoreSize, UpkeepReport, run_upkeep, vacuum_database
 from .aio import AsyncSessionDB
 from .db import SessionDB
@@ -47,12 +48,15 @@ from .records import DeliveryRecord, Session, StoredMessage
 __all__ = [
     "AmbiguousSession",
     "Appended",
+    "ContextQuery",
     "AsyncSessionDB",
     "CronJobExists",
     "CronJobNotFound",
     "DatabaseReport",
     "DatabaseRefused",
     "DeliveryRecord",
+    "FactsChoice",
+    "FactsOwner",
     "Fence",
     "ImportFileError",
     "IntegrityChecker",
@@ -78,6 +82,7 @@ __all__ = [
     "UpkeepReport",
     "TextSize",
     "TitleConflict",
+    "TurnContext",
     "WriteTimeout",
     "default_db_path",
     "default_home",

@@ -10,6 +10,7 @@ from ._fence import Fence
 from ._messages import Appended
 from ._split import Split
 from ._storage import StorageReport
+from ._turns import ContextQuery, TurnContext
 from ._upkeep import PruneStep, Timed
 from .records import DeliveryRecord, Session, StoredMessage
 from .search import MergeStep
@@ -714,6 +715,12 @@ class AsyncMcpAuthStore:
     async def take_flow(self, state_hash: str, *, now: float) -> dict | None: ...
 
 
+class AsyncTurns:
+    """Turns's marked methods (``adb.turns``), each a coroutine."""
+
+    async def context(self, query: ContextQuery) -> TurnContext: ...
+
+
 class AsyncFace:
     """SessionDB's marked methods, each a coroutine with the same parameters and result, and its
     repositories, whose marked methods are coroutines too."""
@@ -745,5 +752,6 @@ class AsyncFace:
     media: AsyncMedia
     a2a: AsyncA2aTasks
     mcp_auth: AsyncMcpAuthStore
+    turns: AsyncTurns
 
     async def checkpoint_aside(self, mode: str = ...) -> tuple[int, int, int]: ...

@@ -180,11 +180,17 @@ def fact_candidates(conn: sqlite3.Connection, agent: str, user_scope: str, terms
     words = list(dict.fromkeys(t for t in terms if t and t.strip()))[:MAX_TERMS]
     if not words or limit <= 0:
         return []
-    owner = owner_token(agent, user_scope)
-    if conn.execute("SELECT 1 FROM facts WHERE owner = ? LIMIT 1", (owner,)).fetchone() is None:
+    if not owner_has_facts(conn, agent, user_scope):
         return []  # most users have no facts yet: one index probe instead of three full-text queries
+    owner = owner_token(agent, user_scope)
     return _ranked(search_index(conn).fact_candidates(conn, owner, words, limit=limit,
                                                       include_superseded=include_superseded, window=window))
+
+
+def owner_has_facts(conn: sqlite3.Connection, agent: str, user_scope: str) -> bool:
+    """Whether the scope has any fact at all (one index probe)."""
+    return conn.execute("SELECT 1 FROM facts WHERE owner = ? LIMIT 1",
+                        (owner_token(agent, user_scope),)).fetchone() is not None
 
 
 def _ranked(rows: list) -> list[dict]:

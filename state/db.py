@@ -44,6 +44,7 @@ from ._storage import Storage
 from ._titles import Titles
 from ._toolcalls import ToolJournal
 from ._transfer import Transfer
+from ._turns import Turns
 from ._upkeep import Upkeep
 from ._usage import UsageLedger
 from ._voice import VoiceMessages
@@ -97,6 +98,7 @@ class SessionDB:
         "media": Media,
         "a2a": A2aTasks,
         "mcp_auth": McpAuthStore,
+        "turns": Turns,
     }
     sessions: Sessions
     messages: Messages
@@ -125,6 +127,7 @@ class SessionDB:
     media: Media
     a2a: A2aTasks
     mcp_auth: McpAuthStore
+    turns: Turns
 
     def __init__(self, db_path: Path | str | None = None, *, write_timeout: float = 10.0):
         self._engine: Engine | PgEngine

@@ -43,3 +43,39 @@ def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):
         session, appended = db.messages.append_inbound_to_route("k", "after the end", platform_message_id="m3")
         assert session["ended_at"] is not None and appended is None
         assert [m.content for m in db.messages.get(sid)] == ["hi"]
+
+
+def test_a_turns_context_is_read_in_one_call_as_each_part_reads_alone(store):
+    """db.turns.context: the conversation (as far as a message), the session's start, its media, the
+    tool journal and the chat's facts choice, each as the feature's own read gives it; a part not asked
+    for is None."""
+    from state import ContextQuery, FactsChoice, FactsOwner
+
+    with store as db:
+        sid = db.sessions.create(new_session_id(), "telegram", session_key="k")
+        first = db.messages.append(sid, "user", "look at this")
+        db.media.attach(first, [{"sha256": "ab" * 32, "name": "cat.jpg", "mime": "image/jpeg", "size": 3,
+                                 "kind": "image", "text": None, "note": None}])
+        db.messages.append(sid, "assistant", "a cat")
+        asked = db.messages.append(sid, "user", "and now?")
+        db.messages.append(sid, "user", "stored after the turn's message")
+        db.tool_journal.save(asked, sid, "[]", "call-1", now=5.0)
+        db.facts.set_prefetch("k", False, now=6.0)
+        db.prefs.set("k", "model", "fast", now=6.0)
+
+        everything = db.turns.context(ContextQuery(sid, conversation=True, upto=asked, started=True, media=True,
+                                                   journal=(asked,), facts=FactsOwner("k", "main", "telegram:u1"),
+                                                   prefs=("k", ("model", "stream"))))
+        assert list(everything.conversation) == db.messages.as_conversation(sid, upto=asked)
+        assert [m["content"] for m in everything.conversation] == ["look at this", "a cat", "and now?"]
+        assert everything.started_at == db.sessions.get(sid).started_at
+        assert list(everything.media) == db.media.of_lineage(sid) and everything.media[0]["name"] == "cat.jpg"
+        assert everything.journal == db.tool_journal.newest([asked]) and everything.journal["running"] == "call-1"
+        assert everything.facts == FactsChoice(prefetch=False, any_facts=False)
+        assert everything.prefs == (("model", "fast"), ("stream", None)) and everything.pref("model") == "fast"
+
+        db.facts.add("main", "telegram:u1", "likes cats", ["cats"], session_id=sid, trust=0.5, now=7.0, hrr=None)
+        assert db.turns.context(ContextQuery(sid, facts=FactsOwner("k", "main", "telegram:u1"))).facts.any_facts
+        nothing = db.turns.context(ContextQuery(sid))
+        assert (nothing.conversation, nothing.started_at, nothing.media, nothing.journal, nothing.facts,
+                nothing.prefs) == (None, None, None, None, None, None)

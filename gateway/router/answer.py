@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -151,10 +152,11 @@ class Answer:
             ticket.resolve("")
             return None
         ticket.session_id = session_id
-        history = await self._shared.db.messages.as_conversation(session_id)
-        return lambda: self._turn_then_unadopted(lane, [ticket], history)
+        # its conversation is read by the turn, with the rest of its context (one store call): a request's
+        # lane stores nothing else meanwhile, and the turn reads as far as the request's message
+        return lambda: self._turn_then_unadopted(lane, [ticket], None)
 
-    async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict]) -> None:
+    async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None) -> None:
         await self.run_turn(lane, batch, history)
         await self.unadopted(lane)
 
@@ -202,16 +204,21 @@ class Answer:
         await self.run_turn(lane, [ticket], history)
 
     # -- a turn ----------------------------------------------------------------------------
-    async def run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict],
+    async def run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
                        claim: TurnGuard = SINGLE_INSTANCE) -> None:
+        """Answer ``batch`` from ``history`` (None: the turn reads the session as far as the batch's last
+        message)."""
         with tracing.turn([t.trace for t in batch], platform=batch[-1].msg.platform):
             await self._answer(lane, batch, history, claim)
 
-    async def _answer(self, lane: Lane, batch: list[Ticket], history: list[dict], claim: TurnGuard) -> None:
+    async def _answer(self, lane: Lane, batch: list[Ticket], history: list[dict] | None, claim: TurnGuard) -> None:
         if claim is SINGLE_INSTANCE and not await self._admit(lane, batch):
             return
         started = time.monotonic()
         plan = await self._plan(lane, batch, claim)
+        if history is None and self._to_hear(plan):  # the transcripts go into the history: read it now
+            history = await self._shared.db.messages.as_conversation(
+                plan.last.session_id, upto=max(plan.answered) if plan.answered else None)
         heard = await self._heard(lane, plan, history, claim)
         if heard is not None:  # nothing to answer but voice messages without a transcript: the line says so
             lane.starting = lane.stop_asked = False
@@ -275,19 +282,24 @@ class Answer:
         return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted,
                            adopt=adopted)
 
-    async def _heard(self, lane: Lane, plan: Plan, history: list[dict], claim: TurnGuard) -> str | None:
+    def _to_hear(self, plan: Plan) -> bool:
+        """Whether a voice message of the batch waits for its transcript."""
+        return self._shared.hears and any(t.message_id is not None and is_pending(stored_text(t.msg, True))
+                                          for t in plan.batch)
+
+    async def _heard(self, lane: Lane, plan: Plan, history: list[dict] | None, claim: TurnGuard) -> str | None:
         """The batch's voice messages transcribed (when any waits for it); the line answering instead of a
         turn when nothing else is left to answer."""
-        if not self._shared.hears or not any(t.message_id is not None and is_pending(stored_text(t.msg, True))
-                                             for t in plan.batch):
+        if not self._to_hear(plan):
             return None
+        assert history is not None  # read by _answer when there is something to hear
         try:
             return await self._hear(lane, plan.batch, history, plan.stream, claim)
         except Exception:  # the turn still answers, its voice messages described
             log.exception("transcribing the voice messages for %s failed", lane.key)
             return None
 
-    async def _run(self, lane: Lane, plan: Plan, history: list[dict], claim: TurnGuard) -> Reply | None:
+    async def _run(self, lane: Lane, plan: Plan, history: list[dict] | None, claim: TurnGuard) -> Reply | None:
         """The model's turn, stoppable, with the typing indicator; its reply or the line standing in for it
         (None: nothing more to do)."""
         batch, last, msg = plan.batch, plan.last, plan.last.msg
@@ -298,6 +310,7 @@ class Answer:
             last.notices.append(line)
             await self._outbox.deliver(msg.chat, line, None)
 
+        model = last.extras.model or self._choices.known_model(lane, msg)
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=plan.answered,
@@ -306,7 +319,8 @@ class Answer:
             on_notice=tell,
             stream=plan.stream if plan.stream is not None else last.sink, fence=claim.fence,
             system_notes=last.extras.system_notes, params=last.extras.params, client_tools=last.extras.client_tools,
-            model=last.extras.model or await self._choices.chat_model(lane, msg),
+            # the chat's /model choice from the lane's copy, else read with the turn's context (one store call)
+            model=model, model_of_choice=None if model else functools.partial(self._choices.model_of, lane, msg),
             chat=msg.chat, chat_type=msg.chat_type.value,
         )
         typing = spawn(self._outbox.keep_typing(msg.chat, msg.message_id, plan.stream, claim), name=f"typing:{lane.key}")

@@ -46,7 +46,22 @@ class ChatChoices:
     async def chat_model(self, lane: Lane, msg: InboundMessage) -> str:
         """The model this chat's turn for ``msg`` starts on: its /model choice while the sender may still use
         it, else ``default``."""
-        choice = await self.choice(lane, "model")
+        return self._allowed(lane, msg, await self.choice(lane, "model"))
+
+    def known_model(self, lane: Lane, msg: InboundMessage) -> str | None:
+        """:meth:`chat_model` from the lane's copy of the choice; None when that is stale (or was never read):
+        then a turn reads the choice with its context and gives it to :meth:`model_of`."""
+        cached = lane.choices.get("model")
+        if cached is None or self._stale(cached[1]):
+            return None
+        return self._allowed(lane, msg, cached[0])
+
+    def model_of(self, lane: Lane, msg: InboundMessage, choice: str | None) -> str:
+        """:meth:`chat_model` for the choice as just read from the store (kept as the lane's copy)."""
+        lane.choices["model"] = (choice, time.monotonic())
+        return self._allowed(lane, msg, choice)
+
+    def _allowed(self, lane: Lane, msg: InboundMessage, choice: str | None) -> str:
         if choice and self._shared.settings.models.allowed(choice, msg.platform, msg.user_id, lane.key):
             return choice
         return "default"

@@ -44,9 +44,10 @@ class Sessions:
         self._shared = shared
         self._persona = persona  # the agent's system prompt a new session starts with (it may change on reload)
 
-    def keeps(self, msg: InboundMessage, lane: Lane):
-        """Whether the routed session goes on, as a predicate of its row (pure: the store runs it)."""
-        if lane.busy:
+    def keeps(self, msg: InboundMessage, lane: Lane, *, turn_starting: bool = False):
+        """Whether the routed session goes on, as a predicate of its row (pure: the store runs it).
+        ``turn_starting``: the lane's work is the turn the message starts (a request's), nothing else runs."""
+        if lane.busy and not turn_starting:
             return _always  # a session with work still running is never reset
         policy = self._shared.settings.reset_policy_for(msg.platform, msg.chat_type.value)
         now, tz = self._shared.clock(), self._shared.tz
@@ -56,15 +57,16 @@ class Sessions:
         """The key's session after applying the reset policy; creates one when needed.  Lane lock held."""
         return await self.apply_policy(key, msg, lane, await self._shared.db.routes.session(key))
 
-    async def apply_policy(self, key: str, msg: InboundMessage, lane: Lane,
-                           session: dict | None) -> tuple[str, str | None]:
+    async def apply_policy(self, key: str, msg: InboundMessage, lane: Lane, session: dict | None, *,
+                           turn_starting: bool = False) -> tuple[str, str | None]:
         """``session`` (the key's routed session row, None: no route) or, when the reset policy ends it
-        or it ended elsewhere, a new one; with the line telling the user why, if any."""
+        or it ended elsewhere, a new one; with the line telling the user why, if any (``turn_starting``:
+        as for :meth:`keeps`)."""
         shared = self._shared
         previous = None
         if session is not None and session.get("ended_at") is None:
             session_id: str = session["id"]
-            if lane.busy:
+            if lane.busy and not turn_starting:
                 return session_id, None
             policy = shared.settings.reset_policy_for(msg.platform, msg.chat_type.value)
             reason = reset_reason(policy, _last_active(session), shared.clock(), shared.tz)
@@ -211,8 +213,11 @@ class Intake:
         claimed = inbox is not None and command is None and self._outbox.claims_turns(msg.platform)
         async with lane.lock:
             appended = None
-            if command is not None or inbox is None:
-                # a request/response source's message is stored when its own turn starts (store_request)
+            if command is None and inbox is None:
+                # a request/response source's message is stored when its own turn starts, in the session
+                # the route points to then (store_request): nothing to read now
+                session_id, notice = "", None
+            elif command is not None:
                 session_id, notice = await self._sessions.active(key, msg, lane)
             else:
                 # the common case in one store call: the routed session is open and fresh, so the
@@ -295,19 +300,29 @@ class Intake:
         return ticket
 
     async def store_request(self, ticket: Ticket) -> str | None:
-        """Store a request's message in its session when its turn starts; None when a retry finds it
-        stored and answered already (same ``message_id``, the Idempotency-Key)."""
-        db, msg = self._shared.db, ticket.msg
-        routed = await db.routes.session(ticket.session_key)
-        if routed is not None and routed.get("ended_at") is None:
-            ticket.session_id = routed["id"]  # a command queued ahead (/new, /resume) moved the chat on
+        """Store a request's message when its turn starts (lane lock held), in the session its route points
+        to then (the reset policy applied; one store call when that session goes on); None when a retry finds
+        it stored and answered already (same ``message_id``, the Idempotency-Key)."""
+        db, msg, key = self._shared.db, ticket.msg, ticket.session_key
+        lane = self._lanes.lane(key)
         text = stored_text(msg, self._shared.hears)
-        if msg.message_id is None and ticket.extras.retry:  # a retry of what a failed turn left unanswered
-            messages = await db.messages.get(ticket.session_id)
-            if messages and messages[-1].role == "user" and messages[-1].content == text:
-                ticket.message_id = messages[-1].id
-                return ticket.session_id
-        appended = await db.messages.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
+        retry = msg.message_id is None and ticket.extras.retry  # of what a failed turn left unanswered
+        session, appended = (await db.routes.session(key), None) if retry else await db.messages.append_inbound_to_route(
+            key, text, platform_message_id=msg.message_id, keep=self._sessions.keeps(msg, lane, turn_starting=True))
+        if appended is not None:
+            assert session is not None
+            ticket.session_id = session["id"]
+        else:
+            ticket.session_id, notice = await self._sessions.apply_policy(key, msg, lane, session, turn_starting=True)
+            if notice:
+                ticket.notices.append(notice)
+                await self._outbox.deliver(msg.chat, notice, None)
+            if retry:
+                messages = await db.messages.get(ticket.session_id)
+                if messages and messages[-1].role == "user" and messages[-1].content == text:
+                    ticket.message_id = messages[-1].id
+                    return ticket.session_id
+            appended = await db.messages.append_inbound(ticket.session_id, text, platform_message_id=msg.message_id)
         ticket.message_id = appended.id  # the answering turn's reply is placed right after it
         if appended.new:
             await self.keep_media(ticket)

@@ -50,6 +50,11 @@ _COPIED_FIELDS = (
 LIBRECHAT_UNSET = ("", "new")  # what LibreChat's templated header holds before the conversation has an id
 
 
+#: Owner keys a process remembers having stored (:meth:`Conversations.remember_owner`); past this, the oldest
+#: is forgotten (and read once again after its session's next answer).
+MAX_OWNERS_REMEMBERED = 20_000
+
+
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who sends a request: a hash of its bearer token (never the token), and its user scope."""
@@ -103,6 +108,9 @@ class Conversations:
         self.agent = agent
         self.model_name = model_name
         self.persona = persona
+        # owner keys seen stored by this process (remember_owner): such a route never changes (it names
+        # the one session whose id it is made of) and goes only with that session
+        self._owners_stored: dict[str, None] = {}
 
     def fingerprint_key(self, caller: Caller, request: ChatRequest, first_reply: str | None) -> str:
         """The routing key of a conversation's fingerprint: the caller, the model named, the first user
@@ -178,10 +186,16 @@ class Conversations:
         return api_conversation_key(self.agent, _hash(caller.token_hash, caller.user or "", session_id), kind="own")
 
     async def remember_owner(self, caller: Caller, session_id: str) -> None:
-        """After an answer in ``session_id``: the caller may name it in ``X-Switchboard-Session``."""
+        """After an answer in ``session_id``: the caller may name it in ``X-Switchboard-Session``.  Read
+        (and written) once per caller and session in this process, not after every answer."""
         key = self.owner_key(caller, session_id)
+        if key in self._owners_stored:
+            return
         if await self.db.routes.get(key) != session_id:
             await self.db.routes.set(key, session_id)
+        if len(self._owners_stored) >= MAX_OWNERS_REMEMBERED:
+            self._owners_stored.pop(next(iter(self._owners_stored)))
+        self._owners_stored[key] = None
 
     async def owned(self, caller: Caller, session_id: str) -> state.Session | None:
         """The session ``session_id`` when ``caller`` (its token and user) was answered in it; None

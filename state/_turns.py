@@ -1,0 +1,102 @@
+"""What a turn reads before its model call, read in one store call: :class:`TurnContext`.
+
+A turn used to read its conversation, its session's start, its media, its tool journal and the
+chat's facts prefetch choice one store call at a time, each a transaction of its own (and on
+PostgreSQL a commit of its own).  :meth:`Turns.context` reads whatever a :class:`ContextQuery` asks
+for in one read: one snapshot, so the parts agree with each other.  Each part is read by the very
+function of the feature module that reads it alone (no second copy of any SQL); a part not asked
+for is None in the answer, and the turn reads it the old way if it needs it later.
+
+No table of its own, and no write: nothing to lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _facts
+from ._media import media_of_lineage
+from ._messages import get_messages_as_conversation
+from ._prefs import chat_pref
+from ._repo import Repository, reads
+from ._sessions import get_session
+from ._toolcalls import tool_journal
+
+
+@dataclass(frozen=True, slots=True)
+class FactsOwner:
+    """Whose facts a turn's prefetch would recall: the chat (its ``/facts on|off``), the agent and the user."""
+
+    session_key: str
+    agent: str
+    user_scope: str
+
+
+@dataclass(frozen=True, slots=True)
+class FactsChoice:
+    """The chat's ``/facts`` choice (None: never made, the config's default applies) and whether the
+    user has any fact at all (most have none: then no candidate read is needed)."""
+
+    prefetch: bool | None
+    any_facts: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ContextQuery:
+    """What to read for a turn in ``session_id``."""
+
+    session_id: str
+    conversation: bool = False  # the session as chat messages...
+    upto: int | None = None  # ...as far as this message (None: all of it)
+    started: bool = False  # the session's row (when it started: its system prompt's date)
+    media: bool = False  # the media of the session's lineage (``Media.of_lineage``)
+    journal: tuple[int, ...] = ()  # the newest tool journal of these answered messages (``ToolJournal.newest``)
+    facts: FactsOwner | None = None  # the chat's facts choice and whether the user has facts
+    prefs: tuple[str, tuple[str, ...]] | None = None  # (session key, names): the chat's choices (``ChatPrefs.get``)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnContext:
+    """What :meth:`Turns.context` read; a part the query did not ask for is None (``journal``: also
+    None when there is none; ``started_at``: also when the session is gone)."""
+
+    conversation: tuple[dict, ...] | None = None
+    started_at: float | None = None
+    media: tuple[dict, ...] | None = None
+    journal: dict | None = None
+    facts: FactsChoice | None = None
+    prefs: tuple[tuple[str, str | None], ...] | None = None  # (name, value: None when never chosen), as asked
+
+    def pref(self, name: str) -> str | None:
+        """The chat's choice ``name`` as read (None: never made, or not asked for)."""
+        return dict(self.prefs or ()).get(name)
+
+
+def read_turn_context(conn, query: ContextQuery) -> TurnContext:
+    sid = query.session_id
+    conversation = tuple(get_messages_as_conversation(conn, sid, query.upto)) if query.conversation else None
+    started_at = None
+    if query.started:
+        row = get_session(conn, sid)
+        started_at = row["started_at"] if row is not None else None
+    media = tuple(media_of_lineage(conn, sid)) if query.media else None
+    journal = tool_journal(conn, list(query.journal)) if query.journal else None
+    facts = None
+    if query.facts is not None:
+        owner = query.facts
+        facts = FactsChoice(_facts.facts_prefetch_enabled(conn, owner.session_key),
+                            _facts.owner_has_facts(conn, owner.agent, owner.user_scope))
+    prefs = None
+    if query.prefs is not None:
+        key, names = query.prefs
+        prefs = tuple((name, chat_pref(conn, key, name)) for name in names)
+    return TurnContext(conversation, started_at, media, journal, facts, prefs)
+
+
+class Turns(Repository):
+    """``db.turns``: what a turn reads before its model call, in one store call."""
+
+    @reads
+    def context(self, query: ContextQuery) -> TurnContext:
+        """The parts of a turn's context ``query`` asks for, read together (one snapshot)."""
+        return self._engine.read(read_turn_context, query)
