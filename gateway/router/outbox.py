@@ -177,6 +177,10 @@ class Outbox:
         if record.get("kind") == "stream" and record.get("sent_ids") and drafts is not None:
             await self._settle_stopped_stream(drafts, record)
             return
+        if record.get("status") == "streaming":  # its turn never finished, and none of its messages can be edited
+            await self._note(record["id"], list(record.get("sent_ids") or ()), "failed",
+                             "a stop came while it was being posted; answered again")
+            return
         delivery_id = record["id"]
         finished = False
 
