@@ -87,6 +87,7 @@ class ReplyStream:
     def __init__(self, out: DraftOutput, chat: ChatRef, *, reply_to: str | None = None,
                  pacing: StreamPacing = StreamPacing(), clock: Callable[[], float] = time.monotonic,
                  on_posted: Callable[[tuple[str, ...]], Awaitable[object]] | None = None,
+                 on_posting: Callable[[str], Awaitable[object]] | None = None,
                  adopt: Sequence[str] = ()):
         self._out = out
         # messages an earlier attempt at this reply posted before its instance died: edited into this
@@ -94,6 +95,8 @@ class ReplyStream:
         # emptied at the end)
         self._adopted = list(adopt)
         self._on_posted = on_posted  # told every message id so far, each time a message is posted
+        # told the text of a draft message just before it is posted (its id is known only once it is)
+        self._on_posting = on_posting
         self._chat = chat
         self._reply_to = reply_to
         self._pacing = pacing
@@ -261,6 +264,11 @@ class ReplyStream:
     async def _put(self, text: str, *, final: bool) -> None:
         if self._live is None:
             reply_to = self._reply_to if not self._frozen else None
+            if not self._adopted and self._on_posting is not None:
+                try:  # a stop between the platform taking it and its id coming back leaves this on record
+                    await self._on_posting(text)
+                except Exception:  # the reply goes on; only a restart's accounting would miss it
+                    log.exception("could not record the message a streamed reply to %s posts", self._chat.chat_id)
             self._live = _Shown(await self._new_message(text, reply_to=reply_to, final=final), text)
             await self._posted()
         else:

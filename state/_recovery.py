@@ -15,12 +15,15 @@ start, pending rows are sent again from the first unconfirmed part, so a crash
 between the model's answer and the send costs neither the answer nor a second
 model call.
 
-**A streamed reply** (kind ``stream``) is recorded as soon as its first message
-is posted, ``streaming`` with no text yet and the posted message ids; the turn's
-transaction then fills the text in and makes it ``pending``.  At start, a
-``pending`` one is finished by editing the messages it posted, and a
-``streaming`` one (its turn never finished) has its messages marked as cut
-short, so a partial is never left looking like an answer nor sent again.
+**A streamed reply** (kind ``stream``) is recorded ``streaming`` just before it
+posts a message, with the text of that message (a stop after the platform took
+it and before its id came back leaves this record of a post in flight: the
+platform cannot be asked for the message, so it stays as posted), then with the
+posted message ids; the turn's transaction then fills the answer in and makes it
+``pending``.  At start, a ``pending`` one is finished by editing the messages it
+posted, and a ``streaming`` one (its turn never finished) has its messages marked
+as cut short, so a partial is never left looking like an answer nor sent again
+(one with no message noted is only marked ``failed``: its draft text is never sent).
 
 **Dead letters** (table only here, see ``state._deadletters``): platform events
 whose handling failed again and again, set aside so the chat moves on.
@@ -181,6 +184,21 @@ def add_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord, *, session_
     )
 
 
+def post_streamed_message(conn: sqlite3.Connection, delivery: DeliveryRecord, *, session_id: str, text: str) -> None:
+    """A streamed reply is about to post a message reading ``text``: its row (``streaming``, created now
+    for the first one) keeps that text until the message's id is noted, so a stop meanwhile leaves a
+    record of the post in flight.  Nothing changes once the turn stored the answer (the row is ``pending``)."""
+    now = time.time()
+    conn.execute(
+        "INSERT INTO deliveries (id, session_id, kind, platform, chat_id, thread_id, reply_to, text, "
+        "status, created_at, updated_at) VALUES (?, ?, 'stream', ?, ?, ?, ?, ?, 'streaming', ?, ?) "
+        "ON CONFLICT(id) DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at "
+        "WHERE deliveries.status = 'streaming'",
+        (delivery.id, session_id, delivery.platform, delivery.chat_id, delivery.thread_id, delivery.reply_to,
+         text, now, now),
+    )
+
+
 def begin_streamed_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord, *, session_id: str,
                             sent_ids: list[str]) -> None:
     """A streamed reply posted its messages ``sent_ids`` (its text is not known yet): recorded ``streaming``."""
@@ -286,6 +304,13 @@ class Recovery(Repository):
         status ``streaming``); the turn's transaction fills the text in."""
         return self._engine.write(begin_streamed_delivery, delivery, session_id=session_id,
                                   sent_ids=sent_ids)
+
+    @writes
+    def post_streamed_message(self, delivery: DeliveryRecord, *, session_id: str, text: str) -> None:
+        """Record that a streamed reply is about to post a message reading ``text`` (kind ``stream``,
+        status ``streaming``), before the platform is asked: a stop before its id is noted leaves the
+        post on record as in flight."""
+        return self._engine.write(post_streamed_message, delivery, session_id=session_id, text=text)
 
     @reads
     def pending_deliveries(self, session_id: str | None = None) -> list[DeliveryRecord]:

@@ -27,7 +27,9 @@ What is counted (from what the fake platform accepted, and from state.db once no
   is a problem);
 * duplicated: copies of a reply (same chat, same text) beyond the first;
 * in flight at a kill: deliveries pending in state.db at the kill whose text the platform had
-  already accepted: the only replies a restart may send twice;
+  already accepted, and streamed messages being posted then (``streaming``, with the text of the
+  message being posted) that the platform had accepted under an id state.db never noted: the only
+  replies a restart may send twice;
 * resumed answer: after a restart, the first reply to a message written before the kill, in
   seconds from READY=1 (a reply stored before the kill and sent again counts; the first answer
   from a resumed turn, which calls the model, is counted apart).
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
 import random
 import re
@@ -451,7 +454,10 @@ class Kill:
     pending: list[tuple[str, str]]  # deliveries pending in state.db then: (chat, text)
     unanswered: int  # inbox rows then: messages stored and not answered
     integrity: str  # PRAGMA integrity_check of the killed daemon's state.db
-    in_flight: int = 0  # of ``pending``, those the platform had already accepted before the restart
+    in_flight: int = 0  # of ``pending`` and ``posting``, those the platform had already accepted before the restart
+    # streamed replies whose turn never finished: (chat, the text of the message each was posting, or posted
+    # last, the ids it noted); one the platform accepted under an id never noted was in flight
+    posting: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
 
 
 @dataclass
@@ -658,8 +664,9 @@ class ChaosRun:
                 await self._kill_moment()
                 await self.daemon.kill()
                 self._cycle = cycle + 1  # some chats go quiet for good, fresh ones write even while it is down
-                self.kills.append(Kill(time.monotonic(), *await asyncio.to_thread(
-                    _after_kill, self.daemon.db_path, getattr(self.side, "delivery_chat", None))))
+                pending, unanswered, integrity, posting = await asyncio.to_thread(
+                    _after_kill, self.daemon.db_path, getattr(self.side, "delivery_chat", None))
+                self.kills.append(Kill(time.monotonic(), pending, unanswered, integrity, posting=posting))
             await self._start()
             if load is not None:
                 await _cancel(load)
@@ -687,9 +694,8 @@ class ChaosRun:
 
     async def _start(self) -> None:
         if self.kills:  # what the platform accepted from the killed daemon is all in by now
-            accepted = {(r.chat, r.text.strip()) for r in self.side.replies()}
             kill = self.kills[-1]
-            kill.in_flight = sum(1 for chat, text in kill.pending if (chat, text.strip()) in accepted)
+            kill.in_flight = count_in_flight(kill, self.side.replies())
         start = await self.daemon.start()
         await self.side.ready(start, 30.0)
 
@@ -726,17 +732,35 @@ class ChaosRun:
             await asyncio.sleep(0.2)
 
 
+def count_in_flight(kill: Kill, replies: list[BotReply]) -> int:
+    """Of the deliveries pending at ``kill``, how many the platform had accepted, and of the streamed
+    messages being posted then, how many it had accepted under an id the store never noted (from the
+    killed daemon, when ``replies`` are read before the restart sends anything)."""
+    accepted = {(r.chat, r.text.strip()) for r in replies}
+    posted = sum(1 for chat, text, noted in kill.posting
+                 if any((r.chat, r.text.strip()) == (chat, text.strip()) and r.message_id not in noted for r in replies))
+    return posted + sum(1 for chat, text in kill.pending if (chat, text.strip()) in accepted)
+
+
 def _after_kill(db_path: Path, chat_of: Callable[[str, str | None], str] | None = None
-                ) -> tuple[list[tuple[str, str]], int, str]:
-    """Deliveries pending, inbox rows and integrity_check of a killed daemon's state.db; ``chat_of(chat_id,
-    thread_id)`` names a delivery's chat as the side's replies do (default: the chat id)."""
+                ) -> tuple[list[tuple[str, str]], int, str, list[tuple[str, str, tuple[str, ...]]]]:
+    """Deliveries pending, inbox rows, integrity_check and streamed replies unfinished (Kill.posting) of a
+    killed daemon's state.db; ``chat_of(chat_id, thread_id)`` names a delivery's chat as the side's replies
+    do (default: the chat id)."""
     con = sqlite3.connect(db_path)
+
+    def named(chat, thread) -> str:
+        return chat_of(str(chat), thread) if chat_of else str(chat)
+
     try:
         integrity = "; ".join(row[0] for row in con.execute("PRAGMA integrity_check"))
-        pending = [(chat_of(str(chat), thread) if chat_of else str(chat), text) for chat, thread, text in
+        pending = [(named(chat, thread), text) for chat, thread, text in
                    con.execute("SELECT chat_id, thread_id, text FROM deliveries WHERE status = 'pending'")]
+        posting = [(named(chat, thread), text, tuple(str(i) for i in json.loads(ids or "[]")))
+                   for chat, thread, text, ids in con.execute(
+                       "SELECT chat_id, thread_id, text, sent_ids FROM deliveries WHERE status = 'streaming'")]
         unanswered = con.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
-        return pending, unanswered, integrity
+        return pending, unanswered, integrity, posting
     finally:
         con.close()
 

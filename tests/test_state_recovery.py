@@ -63,6 +63,22 @@ def test_a_confirmed_delivery_is_no_longer_pending(db):
     assert db.recovery.counts() == {"unanswered": 0, "deliveries_pending": 0, "dead_letters": 0}
 
 
+def test_a_streamed_message_is_on_record_before_it_is_posted_and_the_answer_replaces_it(db):
+    where = DeliveryRecord("d4", "telegram", "42", reply_to="7", kind="stream")
+    db.recovery.post_streamed_message(where, session_id="s1", text="The answer so f")  # a stop now: a post in flight
+    [posting] = db.recovery.pending_deliveries()
+    assert (posting.status, posting.kind, posting.text, posting.sent_ids) == ("streaming", "stream", "The answer so f", ())
+    db.recovery.begin_streamed_delivery(where, session_id="s1", sent_ids=["100"])  # its id came back
+    db.recovery.post_streamed_message(where, session_id="s1", text="ar, and its second message")
+    assert [(d.text, d.sent_ids) for d in db.recovery.pending_deliveries()] == \
+        [("ar, and its second message", ("100",))]
+    db.messages.record_turn("s1", [{"role": "assistant", "content": "The whole answer"}],
+                            delivery=dataclasses.replace(where, text="The whole answer"))
+    db.recovery.post_streamed_message(where, session_id="s1", text="a late draft")  # once stored: nothing changes
+    [stored] = db.recovery.pending_deliveries()
+    assert (stored.status, stored.text, stored.sent_ids) == ("pending", "The whole answer", ("100",))
+
+
 def test_deleting_a_session_takes_its_inbox_and_deliveries_along(db):
     first = db.messages.append_inbound("s1", "hello", platform_message_id="7", inbox=WHERE)
     db.recovery.settle_inbox([], DeliveryRecord("d3", "telegram", "42", text="x"), session_id="s1")

@@ -274,13 +274,16 @@ class Answer:
         plan.delivery = delivery
         session_id, db = plan.last.session_id, self._shared.db
 
+        async def posting(text: str) -> None:  # recorded before the platform is asked: a post in flight at a stop
+            await db.recovery.post_streamed_message(delivery, session_id=session_id, text=text)
+
         async def posted(message_ids: tuple[str, ...]) -> None:  # so a restart can finish or mark them
             await db.recovery.begin_streamed_delivery(delivery, session_id=session_id,
                                                       sent_ids=list(message_ids))
 
         drafts: DraftOutput = TrustedDrafts(out.drafts, claim)
         return ReplyStream(drafts, msg.chat, reply_to=msg.message_id, pacing=out.pacing, on_posted=posted,
-                           adopt=adopted)
+                           on_posting=posting, adopt=adopted)
 
     def _to_hear(self, plan: Plan) -> bool:
         """Whether a voice message of the batch waits for its transcript."""

@@ -145,6 +145,10 @@ class Outbox:
         if record.kind == "stream" and record.sent_ids and drafts is not None:
             await self._settle_stopped_stream(drafts, record)
             return
+        if record.status == "streaming":  # its turn never finished, and none of its messages can be edited
+            await self._note(record.id, list(record.sent_ids), "failed",
+                             "a stop came while it was being posted; answered again")
+            return
         delivery_id = record.id
         finished = False
 
