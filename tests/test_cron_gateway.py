@@ -129,7 +129,7 @@ async def _delivered(gw, run_id):
 
 @pytest.mark.slow  # 10 s measured under load: `make test-fast` leaves it out
 async def test_a_delivery_that_keeps_failing_is_given_up_as_failed(tmp_path, model, tg):
-    clock = Clock()
+    clock = far_from_the_morning_run()  # its three hours of retries must not reach the job's own 08:00 run
     tg.fail_next("sendMessage", 20, status=502, description="Bad Gateway")
     async with telegram_gateway(tmp_path, model, tg, clock=clock) as gw:
         await connected(gw)
@@ -148,6 +148,15 @@ async def test_a_delivery_that_keeps_failing_is_given_up_as_failed(tmp_path, mod
     assert (final["status"], final["delivery"], final["delivery_attempts"]) == ("delivery_failed", "failed", 3)
     assert "Bad Gateway" in final["delivery_error"] and final["delivered_at"] is None
     assert tg.sent == [] and len(tg.calls("sendMessage")) == 3 * 4  # 3 deliveries, each tried 4 times by the adapter
+
+
+def far_from_the_morning_run() -> Clock:
+    """A clock at the next noon (UTC, the default timezone): MORNING's schedule, 08:00, is 20 hours away."""
+    clock = Clock()
+    now = dt.datetime.fromtimestamp(clock(), dt.timezone.utc)
+    noon = now.replace(hour=12, minute=0, second=0, microsecond=0)
+    clock.advance(((noon if noon > now else noon + dt.timedelta(days=1)) - now).total_seconds())
+    return clock
 
 
 async def _attempts(gw, run_id, n):
