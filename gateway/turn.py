@@ -22,7 +22,7 @@ import base64
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 from zoneinfo import ZoneInfo
 
@@ -242,7 +242,7 @@ class AgentTurn:
     async def _loop_or_without_pictures(self, req: TurnRequest, plan: _TurnPlan) -> tuple[ToolLoop, list[str]]:
         """The tool loop of ``plan``; should the model refuse the pictures, once more without them (the
         refused ones are never sent again).  Returns the loop and the line the user is told of that."""
-        resumed = await plan.journal.resumed() if plan.journal is not None else []
+        resumed = await self._resumed(req, plan)
         try:
             return await self._tool_loop_of(req, plan, plan.prompt, resumed), []
         except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
@@ -256,8 +256,17 @@ class AgentTurn:
             log.warning("the model refused the pictures of a turn in %s (%s); answering without them",
                         plan.session_id, exc)
             # what the first try's tool calls produced is journaled: the second goes on from there
-            resumed = await plan.journal.resumed() if plan.journal is not None else []
+            resumed = await self._resumed(req, plan)
             return await self._tool_loop_of(req, plan, prompt, resumed), refused
+
+    async def _resumed(self, req: TurnRequest, plan: _TurnPlan) -> list[dict]:
+        """What an earlier run of this turn cut off by a stop produced (gateway.turn_journal)."""
+        if plan.journal is None:
+            return []
+        hook = self.hooks.resume_call
+        if hook is None:
+            return await plan.journal.resumed()
+        return await plan.journal.resumed(lambda call: hook(plan.ctx, call, req.tool_names))
 
     async def _tool_loop_of(self, req: TurnRequest, plan: _TurnPlan, prompt: list[dict], resumed: list[dict]) -> ToolLoop:
         return await self.tool_loop(prompt, plan.ctx, tool_names=req.tool_names, resumed=resumed, journal=plan.journal,
@@ -412,8 +421,9 @@ class AgentTurn:
                 else:
                     if journal is not None:
                         await journal.write(produced, call.get("id"))
+                    call_ctx = replace(ctx, extra={**ctx.extra, "tool_call_id": call.get("id")})  # a question's call
                     with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
-                        result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
+                        result = await self.run_tool_call(name, fn.get("arguments"), call_ctx, offered)
                         span.result(result)
             answered += 1
             produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})
