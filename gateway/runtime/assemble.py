@@ -72,6 +72,7 @@ from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
 from gateway.tools_mcp.questions import ToolQuestions
 from gateway.tools_mcp.resume import CallResumer
+from gateway.tools_mcp.signedin import SignedInCalls
 from gateway.tools_mcp.signin import SignIns, oauth_settings
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import ChatRef, InboundMessage, PlatformStatus
@@ -192,6 +193,8 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
                    resend=questions.resent)
     # tools marked approval: always | once_per_session run only once a person approved the exact call
     approvals = ToolApprovals(db, cfg.tools, tools, identities=cfg.identities, agent=cfg.agent, clock=clock)
+    # once signed in, the call that waited for the sign-in runs again for the same person, and the turn goes on
+    signins.signed_in = SignedInCalls(db, tools, approvals, mcp, agent=cfg.agent)
 
     turn: AgentTurn | None = None  # made below; the memory turns run on it
 
