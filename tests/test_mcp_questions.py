@@ -215,3 +215,30 @@ async def test_a_legacy_question_pending_across_a_restart_is_closed_and_a_late_p
                                                 "restart"), 10, "the late press told")
         finally:
             await gw.stop(grace_seconds=5)
+
+
+@needs_legacy
+async def test_a_link_to_open_goes_to_the_asker_alone_and_its_completion_is_reported(tmp_path):
+    """URL-mode elicitation: from a group the link goes to the asker in a direct message (with the server's
+    message and the host it goes to), the group is told to look there, and the server's completion is told."""
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("legacy__connect", {}), Reply("your calendar is connected"))
+        gw = await _started(_config(tmp_path, tg, model, {"legacy": legacy_server()}), tg, "legacy")
+        try:
+            tg.in_group(TEAM, ANN, "@switchboard_bot connect my calendar")
+            link = await tg.wait_for(lambda: _said(tg, "https://calendar.example/connect?session=e1"), 20,
+                                     lambda: f"the link ({[s.visible_text for s in tg.sent]})")
+            assert int(link.chat_id) == ANN["id"]  # to Ann alone
+            assert "legacy__connect asks you to open a link: Connect your calendar so I can read it." in link.visible_text
+            assert "it goes to calendar.example" in link.visible_text
+            await tg.wait_for(lambda: _said(tg, "legacy__connect needs you to open a link: I sent it to you in a direct "
+                                                "message."), 10, "the group told")
+            done = await tg.wait_for(lambda: _said(tg, "legacy__connect: the step at the link is done."), 20,
+                                     "the completion told")
+            assert int(done.chat_id) == ANN["id"]
+            await tg.wait_for(lambda: _said(tg, "your calendar is connected"), 20, "the model's answer")
+            assert not [s for s in tg.sent if "calendar.example" in s.visible_text and int(s.chat_id) == TEAM["id"]]
+        finally:
+            await gw.stop(grace_seconds=5)
+    tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+    assert tool_messages[-1]["content"] == "calendar connected"

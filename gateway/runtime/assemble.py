@@ -190,7 +190,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
     # servers with auth: operator | per_user: the sign-in links sent in the chat, the callback on the local API
     signins = SignIns(db, cfg.home, oauth_settings(cfg), approvers=lambda: approvals.approvers, clock=clock)
     mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call, elicit=questions.ask, signins=signins,
-                   resend=questions.resent)
+                   resend=questions.resent, link_done=questions.link_done)
     # tools marked approval: always | once_per_session run only once a person approved the exact call
     approvals = ToolApprovals(db, cfg.tools, tools, identities=cfg.identities, agent=cfg.agent, clock=clock)
     # once signed in, the call that waited for the sign-in runs again for the same person, and the turn goes on

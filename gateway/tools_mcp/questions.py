@@ -28,7 +28,8 @@ server's question was a request on a connection that died with the gateway: at t
 is closed as interrupted and its chat told so, a late press says the same, and the model is told by
 the crash journal that the call was cut off.
 
-Where nobody can answer (a scheduled job, the local API, the terminal) the server is told the user declined.
+A link to open (URL mode) goes to the asker alone (gateway.tools_mcp.links).  Where nobody can answer
+(a scheduled job, the local API, the terminal) the server is told the user declined.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import state
 from gateway.approvals import buttoned
 from gateway.config import ToolsConfig
 from gateway.tools_mcp.elicit import Question, Value, form_content, form_questions
+from gateway.tools_mcp.links import ToolLinks
 from gateway.tools_mcp.rounds import Round
 from gateway.tools_mcp.server import Asking
 from gateway.types import Button, ChatRef, InboundMessage
@@ -101,6 +103,7 @@ class ToolQuestions:
         self.router: ChatControl | None = None  # given at start(): where the questions are posted
         self._waiting: dict[str, _Waiting] = {}
         self._started = asyncio.Event()  # start() was called: questions can be posted
+        self.links = ToolLinks()  # a server's links to open (URL mode)
         self.configure(cfg)
 
     def configure(self, cfg: ToolsConfig) -> None:
@@ -118,10 +121,9 @@ class ToolQuestions:
                 or not router.has_output(chat.platform)):
             log.info("%s asked the user something where nobody can answer; declined", asking.tool)
             return types.ElicitResult(action="decline")
+        if isinstance(params, types.ElicitRequestURLParams):  # a link to open: to the asker alone
+            return await self.links.ask(asking, params, router, chat)
         if not isinstance(params, types.ElicitRequestFormParams):
-            # URL mode (a link to open, e.g. to authorise): not asked yet; the server is told no
-            log.info("%s asked the user to open a link (URL elicitation), which is not supported yet; declined",
-                     asking.tool)
             return types.ElicitResult(action="decline")
         try:
             questions = form_questions(params.requested_schema)
@@ -134,7 +136,7 @@ class ToolQuestions:
         answers: dict[str, Value] = {}
         intro = f"**{asking.tool}** asks: {params.message.strip()[:1500]}"
         retry = None if asking.round is None else json.dumps(
-            {"round": json.loads(asking.round.to_json()), "key": asking.key, "message": params.message,
+            {"round": asking.round.as_dict(), "key": asking.key, "message": params.message,
              "schema": params.requested_schema}, ensure_ascii=False)
         for n, question in enumerate(questions, 1):
             got = await self._ask_one(asking, chat, question, intro if n == 1 else None, n, len(questions),
@@ -182,7 +184,10 @@ class ToolQuestions:
                     await router.deliver(chat, f"Question {qid} ({tool}) was not answered within "
                                                     f"{_duration(self.timeout)}; the server was told no.", None)
                     return EXPIRED
-                return await waiting.answer  # answered in the same moment: that answer stands
+                if waiting.answer.done():  # answered in the same moment: that answer stands
+                    return waiting.answer.result()
+                # decided where this call does not wait (another instance): as the store says
+                return _ended(await self.db.questions.get(qid) or {**waiting.row, "status": "expired"})
         finally:
             self._waiting.pop(qid, None)
 
@@ -207,6 +212,10 @@ class ToolQuestions:
                               f"/answer {qid} skip"))
         out.append(Button("Decline", f"/answer {qid} decline", "danger"))
         return tuple(out)
+
+    async def link_done(self, server: str, elicitation_id: str) -> None:
+        """A server's ``notifications/elicitation/complete``: the asker is told the step at the link is done."""
+        await self.links.done(server, elicitation_id, self.router)
 
     # -- answered: /answer, a button, or a plain reply ----------------------------------------
     async def answer_command(self, ctx: CommandContext) -> str:
@@ -259,7 +268,7 @@ class ToolQuestions:
         if word.lower() == "decline":
             if not await self.db.questions.close(qid, "declined", by=by, now=self.clock()):
                 return _closed(await self.db.questions.get(qid) or row)
-            waiting.answer.set_result(DECLINE)
+            self._settle(qid, waiting, DECLINE)
             return f"Declined: {row['tool']} was told no (question {qid})."
         question = waiting.question
         if word.lower() == "skip":
@@ -274,11 +283,18 @@ class ToolQuestions:
         stored = None if isinstance(value, _End) else json.dumps(value)
         if not await self.db.questions.close(qid, "answered", answer=stored, by=by, now=self.clock()):
             return _closed(await self.db.questions.get(qid) or row)
-        waiting.answer.set_result(value)
+        self._settle(qid, waiting, value)
         log.info("question %s of %s answered by %s", qid, row["tool"], by)
         shown = "left at its default" if value is SKIP else _shown(value)  # type: ignore[arg-type]
         later = "; the call goes on once the gateway has resumed it" if kept else ""
         return f"Noted for {row['tool']}: {question.title} = {shown} (question {qid}){later}."
+
+    def _settle(self, qid: str, waiting: _Waiting, value: Value | _End) -> None:
+        """Hand the decided answer to the call waiting for it: the one this answer found, and the one a
+        turn resumed after a restart may have re-attached while the answer was being stored."""
+        for target in (waiting, self._waiting.get(qid)):
+            if target is not None and not target.answer.done():
+                target.answer.set_result(value)
 
     # -- a call sent again after a restart (gateway.tools_mcp.resume) -------------------------
     async def resumed_answer(self, asking: Asking, rows: list[dict]) -> types.ElicitResult:
@@ -320,9 +336,7 @@ class ToolQuestions:
                 return await self._wait(waiting, tool, chat)
             self._waiting.pop(row["id"], None)
             row = fresh or row
-        if row["status"] == "answered":
-            return SKIP if row["answer"] is None else json.loads(row["answer"])
-        return DECLINE if row["status"] == "declined" else EXPIRED
+        return _ended(row)
 
     async def cut_off(self, rows: list[dict]) -> None:
         """The call of ``rows`` cannot be sent again: its open questions are closed as interrupted, and said so."""
@@ -369,6 +383,13 @@ def _by_number(question: Question, word: str) -> str:
         if 0 <= index < len(question.choices):
             return question.choices[index][0]
     return word
+
+
+def _ended(row: dict) -> Value | _End:
+    """What a closed question's row says its answer was."""
+    if row["status"] == "answered":
+        return SKIP if row["answer"] is None else json.loads(row["answer"])
+    return DECLINE if row["status"] == "declined" else EXPIRED
 
 
 def _stored_question(row: dict) -> Question | None:

@@ -51,7 +51,7 @@ class CallResumer:
         if not rows or rows[0]["retry"] is None or rows[0]["resent_at"] is not None:
             return None  # no question, a legacy server's, or one whose answers were sent already
         stored = json.loads(rows[0]["retry"])
-        round_ = Round.from_json(json.dumps(stored["round"]))
+        round_ = Round.from_dict(stored["round"])
         server = self.mcp.servers.get(name.partition(SEPARATOR)[0])
         if server is None or not _same_call(round_, stored, rows, name, fn.get("arguments")):
             log.warning("a call cut off while its question waited (%s) is not the one stored; not sent again", name)

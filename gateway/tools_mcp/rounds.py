@@ -15,7 +15,6 @@ its own requests to the client, answered by the same callbacks): its call is one
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from dataclasses import asdict, dataclass
@@ -39,12 +38,11 @@ class Round:
     request_state: str | None
     keys: tuple[str, ...]  # the input requests the server made in this round
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
-    def from_json(cls, text: str) -> Round:
-        data = json.loads(text)
+    def from_dict(cls, data: dict[str, Any]) -> Round:
         return cls(data["round_id"], data["tool"], dict(data["arguments"]), data["request_state"],
                    tuple(data["keys"]))
 

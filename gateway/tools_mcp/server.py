@@ -26,7 +26,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine
 
 import anyio
 
@@ -101,6 +101,14 @@ async def no_resend(round_: Round) -> None:
     return None
 
 
+# The server says a link it gave the user is done with (notifications/elicitation/complete): (server, id).
+LinkDone = Callable[[str, str], Coroutine[Any, Any, None]]
+
+
+async def no_link_done(server: str, elicitation_id: str) -> None:
+    return None
+
+
 _asking: contextvars.ContextVar[Asking | None] = contextvars.ContextVar("mcp_asking", default=None)
 _round: contextvars.ContextVar[Round | None] = contextvars.ContextVar("mcp_round", default=None)
 
@@ -134,7 +142,8 @@ class McpServer:
     def __init__(self, name: str, cfg: McpServerConfig, *, on_change: Callable[[], None] = lambda: None,
                  backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS,
                  on_call: OnCall = lambda name, outcome, seconds: None, elicit: Elicit = decline_all,
-                 auth: ServerAuth | None = None, sign_in: SignIn = no_sign_in, resend: Resend = no_resend) -> None:
+                 auth: ServerAuth | None = None, sign_in: SignIn = no_sign_in, resend: Resend = no_resend,
+                 link_done: LinkDone = no_link_done) -> None:
         self.name = name
         self.auth = auth  # OAuth (cfg.auth: operator | per_user), or None: the configured headers alone
         self._sign_in = sign_in
@@ -145,6 +154,7 @@ class McpServer:
         self._on_call = on_call
         self._elicit = elicit
         self._resend = resend  # a round's answers are about to be sent (gateway.tools_mcp.rounds)
+        self._link_done = link_done
         self._asking: set[Asking] = set()  # the calls running now (a legacy question names none of them)
         self._backoff = backoff
         self._ping_seconds = ping_seconds
@@ -296,6 +306,7 @@ class McpServer:
 
         bearer = BearerAuth(self.auth, lambda: principal)
         client = Client(_http(str(self.cfg.url), dict(self.cfg.headers), bearer), mode="auto",
+                        message_handler=self._on_message,
                         elicitation_callback=self._on_elicit, client_info=_client_info(),
                         read_timeout_seconds=CONNECT_SECONDS, cache=None)
         async with self._calls:
@@ -519,6 +530,8 @@ class McpServer:
 
         if isinstance(message, types.ToolListChangedNotification):  # the legacy revision's notice
             self._refresh.set()
+        elif isinstance(message, types.ElicitCompleteNotification):  # told off this loop: a chat may be slow
+            spawn(self._link_done(self.name, message.params.elicitation_id), name=f"mcp-link-done:{self.name}")
         elif isinstance(message, Exception):
             log.debug("MCP server %s sent something unreadable: %s", self.name, message)
 
