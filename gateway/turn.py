@@ -41,7 +41,7 @@ from gateway.turn_history import (
     without_pictures,
     without_reasoning,
 )
-from gateway.turn_journal import ToolJournal, TurnJournal
+from gateway.turn_journal import READ_NOW, ToolJournal, TurnJournal
 from gateway.turn_types import (
     DEFAULT_PERSONA,
     ApprovalGate,
@@ -268,7 +268,7 @@ class AgentTurn:
                                         context: TurnContext) -> tuple[ToolLoop, list[str]]:
         """The tool loop of ``plan``; should the model refuse the pictures, once more without them (the
         refused ones are never sent again).  Returns the loop and the line the user is told of that."""
-        resumed = await plan.journal.resumed(context.journal) if plan.journal is not None else []
+        resumed = await self._resumed(req, plan, context.journal)
         try:
             return await self._tool_loop_of(req, plan, plan.prompt, resumed), []
         except AttachmentRefused as exc:  # once more without the pictures; the refused ones are never sent again
@@ -282,8 +282,18 @@ class AgentTurn:
             log.warning("the model refused the pictures of a turn in %s (%s); answering without them",
                         plan.session_id, exc)
             # what the first try's tool calls produced is journaled: the second goes on from there
-            resumed = await plan.journal.resumed() if plan.journal is not None else []
+            resumed = await self._resumed(req, plan)
             return await self._tool_loop_of(req, plan, prompt, resumed), refused
+
+    async def _resumed(self, req: TurnRequest, plan: _TurnPlan, newest: dict | None | object = READ_NOW) -> list[dict]:
+        """What an earlier run of this turn cut off by a stop produced (gateway.turn_journal); ``newest``, the
+        journal's entry as the turn's context read it (by default read now)."""
+        if plan.journal is None:
+            return []
+        hook = self.hooks.resume_call
+        if hook is None:
+            return await plan.journal.resumed(newest)
+        return await plan.journal.resumed(newest, lambda call: hook(plan.ctx, call, req.tool_names))
 
     async def _tool_loop_of(self, req: TurnRequest, plan: _TurnPlan, prompt: list[dict], resumed: list[dict]) -> ToolLoop:
         return await self.tool_loop(prompt, plan.ctx, tool_names=req.tool_names, resumed=resumed, journal=plan.journal,
@@ -438,8 +448,9 @@ class AgentTurn:
                 else:
                     if journal is not None:
                         await journal.write(produced, call.get("id"))
+                    call_ctx = replace(ctx, extra={**ctx.extra, "tool_call_id": call.get("id")})  # a question's call
                     with tracing.tool_call(name, call.get("id"), fn.get("arguments")) as span:
-                        result = await self.run_tool_call(name, fn.get("arguments"), ctx, offered)
+                        result = await self.run_tool_call(name, fn.get("arguments"), call_ctx, offered)
                         span.result(result)
             answered += 1
             produced.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn.get("name"), "content": result})

@@ -164,6 +164,9 @@ class TurnHooks:
     prefetch: Prefetch | None = None  # facts recalled for the user's message
     approvals: ApprovalGate | None = None  # tools that run only once a person approves the exact call
     media: MediaInContext | None = None  # the session's pictures and documents (``gateway.media``)
+    # a tool call a restart cut off while its server's question waited, sent again with the answer
+    # (gateway.tools_mcp.resume): its result, or None (it stays cut off)
+    resume_call: Callable[[ToolContext, dict, set[str] | None], Awaitable[str | None]] | None = None
 
 
 class MediaInContext(Protocol):

@@ -10,6 +10,14 @@ A row is written ``pending`` when the question is posted.  It moves once, and on
 answered in time: the server is told the user declined) or ``interrupted`` (the gateway stopped while
 it waited: the call ended with it, and a late answer is told so).
 
+**A call that can be sent again (schema v38).**  A question of a 2026-07-28 server belongs to a retried
+request: the server answered ``InputRequiredResult`` and the answers go with the original call sent
+again.  Its rows carry the turn's ``call_id`` (the model's tool call), the ``round_id`` of that
+server's request and ``retry`` (JSON: what sending it again needs: the call, the request's key and
+state, the form).  Such a question outlives a restart: answered while no call waits, the answer is
+kept, and the turn resumed after the restart sends the call again with it.  ``resent_at`` is set,
+once, when a round's call is sent with its answers, so a crash after that never sends it twice.
+
 **Locks (PostgreSQL, writes at READ COMMITTED).**  A question is written by one INSERT of a new id and
 closed by one ``UPDATE ... WHERE status = 'pending'``: a second close waits for the first's row lock and
 then re-reads the row as committed, finds it no longer pending and changes nothing, so a question ends
@@ -48,15 +56,28 @@ TABLES = (
     "CREATE INDEX IF NOT EXISTS idx_tool_questions_chat ON tool_questions(platform, chat_id, status)",
     "CREATE INDEX IF NOT EXISTS idx_tool_questions_pending ON tool_questions(status, expires_at)",
 )
+#: Schema v38: the columns of a question whose call can be sent again (see the module's docstring).
+RESUME_COLUMNS = (("call_id", "TEXT"), ("round_id", "TEXT"), ("retry", "TEXT"), ("resent_at", "{REAL}"))
 
 COLUMNS = ("id", "session_id", "session_key", "platform", "chat_id", "thread_id", "user_id", "tool", "field", "kind",
-           "choices", "status", "answer", "asked_at", "expires_at", "answered_at", "answered_by")
+           "choices", "status", "answer", "asked_at", "expires_at", "answered_at", "answered_by", "call_id", "round_id",
+           "retry", "resent_at")
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM tool_questions"
 ENDS = ("answered", "declined", "expired", "interrupted")
 
 
 def create_tables(conn: sqlite3.Connection) -> None:
     dialect_of(conn).create(conn, TABLES)
+
+
+def add_resume_columns(conn: sqlite3.Connection) -> None:
+    """Schema v38: :data:`RESUME_COLUMNS` (each only where it is missing) and their index."""
+    dialect = dialect_of(conn)
+    have = dialect.columns(conn, "tool_questions")
+    for name, kind in RESUME_COLUMNS:
+        if name not in have:
+            conn.execute(dialect.ddl(f"ALTER TABLE tool_questions ADD COLUMN {name} {kind}"))
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_tool_questions_round ON tool_questions(round_id)")
 
 
 def _row(row: Any) -> dict:
@@ -76,6 +97,24 @@ def get_question(conn: sqlite3.Connection, question_id: str) -> dict | None:
 
 def pending_questions(conn: sqlite3.Connection) -> list[dict]:
     return [_row(r) for r in conn.execute(f"{_SELECT} WHERE status = 'pending' ORDER BY asked_at, id").fetchall()]
+
+
+def round_questions(conn: sqlite3.Connection, round_id: str) -> list[dict]:
+    return [_row(r) for r in conn.execute(f"{_SELECT} WHERE round_id = ? ORDER BY asked_at, id", (round_id,))]
+
+
+def call_rounds(conn: sqlite3.Connection, session_id: str, call_id: str) -> list[str]:
+    """The rounds asked for the model's call ``call_id`` in ``session_id``, oldest first."""
+    rows = conn.execute("SELECT round_id, MIN(asked_at) FROM tool_questions WHERE session_id = ? AND call_id = ? "
+                        "AND round_id IS NOT NULL GROUP BY round_id ORDER BY 2", (session_id, call_id)).fetchall()
+    return [r[0] for r in rows]
+
+
+def resend_round(conn: sqlite3.Connection, round_id: str, now: float) -> bool:
+    """Mark ``round_id`` sent with its answers, once: False when it was already (or has no question)."""
+    cur = conn.execute("UPDATE tool_questions SET resent_at = ? WHERE round_id = ? AND resent_at IS NULL",
+                       (now, round_id))
+    return cur.rowcount > 0
 
 
 def close_question(conn: sqlite3.Connection, question_id: str, status: str, answer: str | None, by: str | None,
@@ -104,6 +143,21 @@ class Questions(Repository):
     def pending(self) -> list[dict]:
         """Every unanswered question, oldest first (what a restart finds)."""
         return self._engine.read(pending_questions)
+
+    @reads
+    def of_round(self, round_id: str) -> list[dict]:
+        """Every question asked for one request of a server (a form's fields), oldest first."""
+        return self._engine.read(round_questions, round_id)
+
+    @reads
+    def rounds_of_call(self, session_id: str, call_id: str) -> list[str]:
+        """The requests of a server asked of the user for the model's call ``call_id``, oldest first."""
+        return self._engine.read(call_rounds, session_id, call_id)
+
+    @writes
+    def resend(self, round_id: str, *, now: float) -> bool:
+        """Claim the sending of ``round_id``'s call with its answers: True once, False ever after."""
+        return self._engine.write(resend_round, round_id, now)
 
     @writes
     def close(self, question_id: str, status: str, *, answer: str | None = None, by: str | None = None,

@@ -66,6 +66,11 @@ def tool_journal(conn: sqlite3.Connection, message_ids: list[int]) -> dict | Non
     return dict(zip(("message_id", "session_id", "produced", "running", "updated_at"), row, strict=True))
 
 
+def running_tool_calls(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT running FROM tool_journal WHERE session_id = ? AND running IS NOT NULL",
+                                       (session_id,)).fetchall()]
+
+
 def drop_tool_journal(conn: sqlite3.Connection, message_ids: list[int]) -> None:
     if message_ids:
         conn.execute(f"DELETE FROM tool_journal WHERE message_id IN ({', '.join('?' * len(message_ids))})",
@@ -85,6 +90,11 @@ class ToolJournal(Repository):
     def newest(self, message_ids: list[int]) -> dict | None:
         """The newest journal a turn answering any of ``message_ids`` left (a crash cut it off), or None."""
         return self._engine.read(tool_journal, list(message_ids))
+
+    @reads
+    def running(self, session_id: str) -> list[str]:
+        """The tool calls of ``session_id``'s turns that a stop cut off (their journals' running calls)."""
+        return self._engine.read(running_tool_calls, session_id)
 
     @writes
     def drop(self, message_ids: list[int]) -> None:

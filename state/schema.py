@@ -437,6 +437,13 @@ def _v37_mcp_auth(conn):
     _mcp_auth.create_tables(conn)
 
 
+def _v38_resumable_questions(conn):
+    """Both engines: a question's call can be sent again after a restart (:data:`state._questions.RESUME_COLUMNS`)."""
+    from . import _questions
+
+    _questions.add_resume_columns(conn)
+
+
 def _v36_delivery_receipts(conn):
     """Both engines: :data:`state._receipts.TABLES` (what a platform reported of the messages we sent)."""
     from . import _receipts
@@ -562,6 +569,8 @@ for _step in [
               _v36_delivery_receipts, _v36_delivery_receipts),
     Migration(37, "OAuth sign-ins to remote MCP servers: tokens and registrations (sealed), flows under way",
               _v37_mcp_auth, _v37_mcp_auth),
+    Migration(38, "questions of a call that is sent again with the answers, after a restart too",
+              _v38_resumable_questions, _v38_resumable_questions),
 ]:
     register(_step)
 

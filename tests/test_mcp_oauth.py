@@ -29,6 +29,9 @@ BOB = FakeTelegram.user(222, "Bob")
 TEAM = FakeTelegram.group_chat(-1001234567890, "Team")
 LINK = re.compile(r"(http://127\.0\.0\.1:\d+/authorize\?\S+)")
 MUST = "error: the user must authorise docs first. A sign-in link was sent to them; once they have signed in, call the tool again."
+# a real call (not docs__authorise): it runs again by itself once the asker has signed in
+MUST_RERUN = ("error: the user must authorise docs first. A sign-in link was sent to them; once they have signed in, "
+              "this call runs again by itself and you are given its result.")
 
 
 def _config(tmp_path, tg, model, url, *, auth="per_user", **tools):
@@ -71,7 +74,7 @@ async def test_each_person_signs_in_through_a_link_and_their_calls_carry_their_o
         model.script(ToolCall("docs__authorise", {}), Reply("I sent you a sign-in link"),
                      ToolCall("docs__whoami", {}), Reply("done, Ann"),
                      ToolCall("docs__whoami", {}), Reply("Bob must sign in"),
-                     ToolCall("docs__whoami", {}), Reply("done, Bob"),
+                     Reply("done, Bob"),  # the turn going on once Bob signed in: his call ran again
                      ToolCall("docs__whoami", {}), Reply("Ann again"))
         gw = await _started(_config(tmp_path, tg, model, servers.mcp_url), tg)
         try:
@@ -105,12 +108,16 @@ async def test_each_person_signs_in_through_a_link_and_their_calls_carry_their_o
             tg.dm(BOB, "who am I there?")
             bobs_link = await _link_to(tg, 222, sent_before)
             await _answered(tg, model, 3)
-            assert _tool_results(model)[2] == MUST
+            assert _tool_results(model)[2] == MUST_RERUN
             assert not any(LINK.search(s.visible_text) for s in tg.sent[sent_before:] if int(s.chat_id) == 111)
             assert (await servers.browser(bobs_link, account="bob")).status_code == 200
-            tg.dm(BOB, "and now?")
+            # the callback resumes Bob's call: run again with his own account, answered in his chat
             await _answered(tg, model, 4)
             assert _tool_results(model)[3] == "you are bob"
+            await tg.wait_for(lambda: any("done, Bob" in s.visible_text for s in tg.sent if int(s.chat_id) == 222),
+                              20, "the turn's answer in Bob's chat")
+            assert any("Signed in to docs. Running the call that waited for it." in s.visible_text
+                       for s in tg.sent if int(s.chat_id) == 222)
             tg.dm(ANN, "and me?")
             await _answered(tg, model, 5)
             assert _tool_results(model)[4] == "you are ann"
@@ -166,7 +173,7 @@ async def test_a_token_near_its_expiry_is_refreshed_and_logout_revokes_it(tmp_pa
             tg.dm(ANN, "find dogs")
             await _link_to(tg, 111, sent_before + 1)
             await _answered(tg, model, 3)
-            assert _tool_results(model)[2] == MUST
+            assert _tool_results(model)[2] == MUST_RERUN
         finally:
             await gw.stop(grace_seconds=5)
 
@@ -203,6 +210,42 @@ async def test_in_a_group_the_link_goes_to_the_asker_alone(tmp_path):
             assert await gw.db.mcp_auth.principals("docs") == []
         finally:
             await gw.stop(grace_seconds=5)
+
+
+async def test_in_a_group_the_call_that_waited_for_a_sign_in_runs_once_signed_in_and_the_turn_answers_there(tmp_path):
+    async with oauth_servers() as servers, FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("docs__authorise", {}), Reply("link sent"),
+                     ToolCall("docs__whoami", {}), Reply("Bob must sign in first"),
+                     Reply("Bob, you are bob there"))
+        gw = await _started(_config(tmp_path, tg, model, servers.mcp_url), tg)
+        try:
+            server = gw.mcp.servers["docs"]
+            await eventually(lambda: server.state == "unauthorised", 20, "unauthorised")
+            tg.dm(ANN, "sign me in")  # someone signed in: the server's tools are read and offered
+            assert (await servers.browser(await _link_to(tg, 111), account="ann")).status_code == 200
+            await eventually(lambda: server.available and "whoami" in server.tools, 20, "docs ready")
+
+            sent_before = len(tg.sent)
+            tg.in_group(TEAM, BOB, "@switchboard_bot who am I in the docs?")
+            link = await _link_to(tg, 222, sent_before)  # to Bob alone
+            await _answered(tg, model, 2)
+            assert _tool_results(model)[1] == MUST_RERUN
+            assert not any(LINK.search(s.visible_text) for s in tg.sent if int(s.chat_id) == TEAM["id"])
+            assert (await servers.browser(link, account="bob")).status_code == 200
+            answer = await tg.wait_for(lambda: next((s for s in tg.sent if "Bob, you are bob there" in s.visible_text),
+                                                    None), 20, lambda: f"the answer ({[s.visible_text for s in tg.sent]})")
+            assert int(answer.chat_id) == TEAM["id"]  # where the turn was asked
+            assert _tool_results(model)[2] == "you are bob"  # with Bob's own token, never Ann's
+            again = await servers.browser(link, account="bob")  # the link again: used up, nothing runs twice
+            assert again.status_code == 400
+            assert len(_tool_results(model)) == 3
+            with_call = model.requests[-1].messages
+            assert with_call[-2]["tool_calls"][0]["function"]["name"] == "docs__whoami"
+        finally:
+            await gw.stop(grace_seconds=5)
+        with sqlite3.connect(tmp_path / "home" / "state.db") as conn:
+            tools = [r[0] for r in conn.execute("SELECT content FROM messages WHERE role = 'tool' ORDER BY id")]
+        assert tools[-1] == "you are bob"  # the session keeps the call run again and its result
 
 
 async def test_an_operator_server_signs_in_once_for_everyone_and_only_an_approver_gets_the_link(tmp_path):

@@ -121,11 +121,82 @@ async def test_an_unanswered_question_is_declined_and_the_server_told(tmp_path):
     assert tool_messages[-1]["content"] == "not booked (decline)"
 
 
-async def test_a_question_pending_across_a_restart_is_closed_and_a_late_press_says_so(tmp_path):
+async def test_a_question_pending_across_a_restart_is_answered_after_it_and_the_call_goes_on(tmp_path):
+    """2026-07-28: the question is of a retried request, so the restarted gateway sends the call again
+    with the answer; the server seals its request_state under a key of its own (a deployed server's)."""
+    calls = tmp_path / "calls.log"
+    keyed = {"echo": {**ECHO_SERVER["echo"], "env": {**ECHO_SERVER["echo"]["env"], "CALL_LOG": str(calls),
+                                                      "REQUEST_STATE_KEY": "k" * 32}}}
     async with FakeTelegram() as tg, FakeModel() as model:
-        model.script(ToolCall("echo__book", {}), Reply("sorry, that was cut off"), Reply("sorry, that was cut off"))
+        model.script(ToolCall("echo__book", {}), Reply("your trip is booked"))
+        config = _config(tmp_path, tg, model, keyed)
+        gw = await _started(config, tg, "echo", daemon=True)
+        try:
+            tg.dm(ANN, "book me a trip")
+            city = await _asked(tg, "City: Where to")
+            qid = city.visible_text.split("(question ")[1].split(")")[0]
+        finally:
+            await gw.stop(grace_seconds=2)
+        gw = await _started(config, tg, "echo", daemon=True)
+        try:
+            _, rome, _, _ = city.button_data()
+            tg.press(city, ANN, rome)  # the question asked before the restart
+            await tg.wait_for(lambda: _said(tg, f"Noted for echo__book: City = Rome (question {qid})"), 20,
+                              lambda: f"noted ({[s.visible_text for s in tg.sent]})")
+            confirm = await _asked(tg, "Confirm: Book it now?")
+            yes, _no, _ = confirm.button_data()
+            tg.press(confirm, ANN, yes)
+            note = await _asked(tg, "Note: Anything to tell the hotel")
+            tg.press(note, ANN, note.button_data()[0])  # skip
+            await tg.wait_for(lambda: _said(tg, "your trip is booked"), 30,
+                              lambda: f"the model's answer ({[s.visible_text for s in tg.sent]})")
+            assert not _said(tg, "was cut off")
+            assert (await gw.db.questions.get(qid))["status"] == "answered"
+        finally:
+            await gw.stop(grace_seconds=5)
+    tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+    assert tool_messages[-1]["content"] == "booked Rome (note: none)"
+    assert calls.read_text().count("book ") == 1
+
+
+async def test_a_round_the_restarted_server_refuses_is_asked_again(tmp_path):
+    """A server whose request_state key died with it (the SDK's default) refuses the round from before
+    the restart: the call is sent afresh and its question asked again, never answered with a guess."""
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("echo__book", {}), Reply("declined, as you said"))
         config = _config(tmp_path, tg, model, ECHO_SERVER)
         gw = await _started(config, tg, "echo", daemon=True)
+        try:
+            tg.dm(ANN, "book me a trip")
+            city = await _asked(tg, "City: Where to")
+        finally:
+            await gw.stop(grace_seconds=2)
+        gw = await _started(config, tg, "echo", daemon=True)
+        try:
+            _, rome, _, decline = city.button_data()
+            tg.press(city, ANN, rome)
+            confirm = await _asked(tg, "Confirm: Book it now?")
+            tg.press(confirm, ANN, confirm.button_data()[0])
+            note = await _asked(tg, "Note: Anything to tell the hotel")
+            tg.press(note, ANN, note.button_data()[0])
+            again = await tg.wait_for(lambda: (lambda q: q if q is not None and q.message_id != city.message_id
+                                               else None)(_question(tg, "City: Where to")), 30,
+                                      lambda: f"asked again ({[s.visible_text for s in tg.sent]})")
+            tg.press(again, ANN, again.button_data()[-1])  # Decline
+            await tg.wait_for(lambda: _said(tg, "declined, as you said"), 30, "the model's answer")
+        finally:
+            await gw.stop(grace_seconds=5)
+    tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+    assert tool_messages[-1]["content"] == "not booked (decline)"
+
+
+@needs_legacy
+async def test_a_legacy_question_pending_across_a_restart_is_closed_and_a_late_press_says_so(tmp_path):
+    """Legacy: the question was the server's request on a connection that died with the gateway."""
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("legacy__book", {}), Reply("sorry, that was cut off"), Reply("sorry, that was cut off"))
+        config = _config(tmp_path, tg, model, {"legacy": legacy_server()})
+        gw = await _started(config, tg, "legacy", daemon=True)
         try:
             tg.dm(ANN, "book me a trip")
             city = await _asked(tg, "City: Where to")
@@ -133,14 +204,41 @@ async def test_a_question_pending_across_a_restart_is_closed_and_a_late_press_sa
             assert (await gw.db.questions.get(qid))["status"] == "pending"
         finally:
             await gw.stop(grace_seconds=2)
-        gw = await _started(config, tg, "echo", daemon=True)
+        gw = await _started(config, tg, "legacy", daemon=True)
         try:
-            await tg.wait_for(lambda: _said(tg, f"Question {qid} (echo__book) was cut off: the gateway restarted"),
+            await tg.wait_for(lambda: _said(tg, f"Question {qid} (legacy__book) was cut off: the gateway restarted"),
                               20, lambda: f"the chat told ({[s.visible_text for s in tg.sent]})")
             assert (await gw.db.questions.get(qid))["status"] == "interrupted"
             _, rome, _, _ = city.button_data()
             tg.press(city, ANN, rome)
-            await tg.wait_for(lambda: _said(tg, f"Question {qid} (echo__book) is already closed: cut off by a restart"),
-                              10, "the late press told")
+            await tg.wait_for(lambda: _said(tg, f"Question {qid} (legacy__book) is already closed: cut off by a "
+                                                "restart"), 10, "the late press told")
         finally:
             await gw.stop(grace_seconds=5)
+
+
+@needs_legacy
+async def test_a_link_to_open_goes_to_the_asker_alone_and_its_completion_is_reported(tmp_path):
+    """URL-mode elicitation: from a group the link goes to the asker in a direct message (with the server's
+    message and the host it goes to), the group is told to look there, and the server's completion is told."""
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("legacy__connect", {}), Reply("your calendar is connected"))
+        gw = await _started(_config(tmp_path, tg, model, {"legacy": legacy_server()}), tg, "legacy")
+        try:
+            tg.in_group(TEAM, ANN, "@switchboard_bot connect my calendar")
+            link = await tg.wait_for(lambda: _said(tg, "https://calendar.example/connect?session=e1"), 20,
+                                     lambda: f"the link ({[s.visible_text for s in tg.sent]})")
+            assert int(link.chat_id) == ANN["id"]  # to Ann alone
+            assert "legacy__connect asks you to open a link: Connect your calendar so I can read it." in link.visible_text
+            assert "it goes to calendar.example" in link.visible_text
+            await tg.wait_for(lambda: _said(tg, "legacy__connect needs you to open a link: I sent it to you in a direct "
+                                                "message."), 10, "the group told")
+            done = await tg.wait_for(lambda: _said(tg, "legacy__connect: the step at the link is done."), 20,
+                                     "the completion told")
+            assert int(done.chat_id) == ANN["id"]
+            await tg.wait_for(lambda: _said(tg, "your calendar is connected"), 20, "the model's answer")
+            assert not [s for s in tg.sent if "calendar.example" in s.visible_text and int(s.chat_id) == TEAM["id"]]
+        finally:
+            await gw.stop(grace_seconds=5)
+    tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+    assert tool_messages[-1]["content"] == "calendar connected"

@@ -165,6 +165,23 @@ def test_a_question_answered_from_two_instances_at_once_ends_once_with_one_answe
             "answered" if winner else "expired", f'"{winner}"', f"u{winner}")
 
 
+def test_a_round_sent_again_from_two_instances_at_once_is_sent_once(two):
+    """A call cut off mid-question is sent again with its answers by one run only (db.questions.resend)."""
+    a, b = two
+    for n in range(3):
+        a.questions.add({"id": f"r{n}", "platform": "telegram", "chat_id": "42", "tool": "echo__book", "field": "city",
+                         "kind": "choice", "choices": "[]", "asked_at": 1000.0 + n, "expires_at": 2000.0,
+                         "session_id": "s", "call_id": "call_1", "round_id": "round-a" if n < 2 else "round-b",
+                         "retry": "{}"})
+    assert b.questions.rounds_of_call("s", "call_1") == ["round-a", "round-b"]
+    assert b.questions.rounds_of_call("s", "call_2") == []
+    results = race(THREADS, lambda n: (a, b)[n % 2].questions.resend("round-a", now=1500.0))
+    assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
+    assert [r["resent_at"] for r in b.questions.of_round("round-a")] == [1500.0, 1500.0]
+    assert b.questions.of_round("round-b")[0]["resent_at"] is None
+    assert not a.questions.resend("no-such-round", now=1500.0)
+
+
 def test_a_read_of_several_statements_sees_one_moment_while_another_instance_writes(two):
     """Reads of one statement run without a transaction on PostgreSQL (state/_pg.py); one that runs a
     second statement must still see a single snapshot, even when its first try began without one."""

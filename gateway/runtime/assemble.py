@@ -71,6 +71,8 @@ from gateway.tasks import spawn
 from gateway.tools import ToolRegistry
 from gateway.tools_mcp import McpTools
 from gateway.tools_mcp.questions import ToolQuestions
+from gateway.tools_mcp.resume import CallResumer
+from gateway.tools_mcp.signedin import SignedInCalls
 from gateway.tools_mcp.signin import SignIns, oauth_settings
 from gateway.turn import DEFAULT_PERSONA, AgentTurn, TurnHooks, TurnSettings
 from gateway.types import ChatRef, InboundMessage, PlatformStatus
@@ -187,9 +189,12 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
     questions = ToolQuestions(db, cfg.tools, clock=clock)
     # servers with auth: operator | per_user: the sign-in links sent in the chat, the callback on the local API
     signins = SignIns(db, cfg.home, oauth_settings(cfg), approvers=lambda: approvals.approvers, clock=clock)
-    mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call, elicit=questions.ask, signins=signins)
+    mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call, elicit=questions.ask, signins=signins,
+                   resend=questions.resent, link_done=questions.link_done)
     # tools marked approval: always | once_per_session run only once a person approved the exact call
     approvals = ToolApprovals(db, cfg.tools, tools, identities=cfg.identities, agent=cfg.agent, clock=clock)
+    # once signed in, the call that waited for the sign-in runs again for the same person, and the turn goes on
+    signins.signed_in = SignedInCalls(db, tools, approvals, mcp, agent=cfg.agent)
 
     turn: AgentTurn | None = None  # made below; the memory turns run on it
 
@@ -238,6 +243,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
         prompt_blocks=(memory.prompt_block, facts.prompt_block) if cfg.facts.enabled else (memory.prompt_block,),
         prefetch=facts.prefetch if cfg.facts.enabled else None, media=media,
         approvals=approvals,
+        resume_call=CallResumer(questions, mcp, clock=clock),  # a call a restart cut off mid-question goes on
     ), max_message_tokens=max_message_tokens(context_length, cfg.model.max_message_share), clock=clock)
     on_session_end = facts.on_session_end(flush_memory) if cfg.facts.enabled else flush_memory
     router = SessionRouter(

@@ -243,8 +243,10 @@ class ServerAuth:
         await self._forget(principal)
 
     # -- signing in ---------------------------------------------------------------------------
-    async def begin(self, principal: str, chat: tuple[str, str, str | None] | None = None) -> str:
-        """The link that signs ``principal`` in (the flow kept, sealed, for the callback)."""
+    async def begin(self, principal: str, chat: tuple[str, str, str | None] | None = None, *,
+                    waiting: dict | None = None) -> str:
+        """The link that signs ``principal`` in (the flow kept, sealed, for the callback, with ``waiting``:
+        the tool call that needed it, run again once signed in, gateway.tools_mcp.signedin)."""
         from mcp.client.auth.utils import extract_field_from_www_auth, get_client_metadata_scopes
 
         async with self._http() as http:
@@ -264,7 +266,8 @@ class ServerAuth:
         sealed = self.vault.seal({"verifier": verifier, "client": client, "token_endpoint": str(asm.token_endpoint),
                                   "revocation_endpoint": str(asm.revocation_endpoint) if asm.revocation_endpoint else None,
                                   "issuer": str(asm.issuer), "resource": resource, "scope": scope,
-                                  "iss_required": bool(asm.authorization_response_iss_parameter_supported)})
+                                  "iss_required": bool(asm.authorization_response_iss_parameter_supported),
+                                  "waiting": waiting})
         platform, chat_id, thread_id = chat or (None, None, None)
         await self.db.mcp_auth.add_flow({"state_hash": state_hash(state), "server": self.server, "principal": principal,
                                          "platform": platform, "chat_id": chat_id, "thread_id": thread_id,
@@ -272,8 +275,9 @@ class ServerAuth:
         log.info("MCP server %s: a sign-in link was made for %s", self.server, principal)
         return f"{asm.authorization_endpoint}?{urlencode(params)}"
 
-    async def complete(self, flow: dict, code: str, iss: str | None) -> None:
-        """Exchange the callback's ``code`` for tokens with the flow's verifier; stored for its principal."""
+    async def complete(self, flow: dict, code: str, iss: str | None) -> dict | None:
+        """Exchange the callback's ``code`` for tokens with the flow's verifier; stored for its principal.
+        Returns the call that waited for this sign-in (``begin``'s ``waiting``), if one did."""
         from mcp.shared.auth import OAuthToken
 
         try:
@@ -305,6 +309,7 @@ class ServerAuth:
         await self._store(flow["principal"], record)
         log.info("MCP server %s: %s signed in", self.server, flow["principal"])
         self.changed.set()
+        return secret.get("waiting")
 
     async def logout(self, principal: str | None) -> int:
         """Delete ``principal``'s tokens (None: everyone's), revoking each where the server offers it."""

@@ -16,16 +16,26 @@ that does not fit says why and the question goes on waiting.
 
 Every question is stored (``db.questions``) when it is posted, and moves once from ``pending``: a
 second press finds it answered.  Unanswered within ``tools.approval_timeout`` the server is told the
-user declined.  A question still pending when the gateway stopped belonged to a call that ended with
-it: at the next start it is closed as interrupted and its chat told so, and a late press says the
-same; the model is told by the crash journal that the call was cut off.
+user declined.
 
-Where nobody can answer (a scheduled job, the local API, the terminal) the server is told the user declined.
+A restart (a kill -9 too) while a question waits: a 2026-07-28 server's question is of a retried
+request (gateway.tools_mcp.rounds), stored with what sending it again needs, so it stays open.  The
+turn answering the same message after the restart re-attaches to it (:meth:`ToolQuestions.resumed_answer`,
+driven by gateway.tools_mcp.resume): the user answers the question already in the chat (an answer
+given before the turn re-attached is kept), the form's other fields are asked, and the call is sent
+again with the answers, its result going on to the model as if nothing had happened.  A legacy
+server's question was a request on a connection that died with the gateway: at the next start it
+is closed as interrupted and its chat told so, a late press says the same, and the model is told by
+the crash journal that the call was cut off.
+
+A link to open (URL mode) goes to the asker alone (gateway.tools_mcp.links).  Where nobody can answer
+(a scheduled job, the local API, the terminal) the server is told the user declined.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -37,6 +47,8 @@ import state
 from gateway.approvals import buttoned
 from gateway.config import ToolsConfig
 from gateway.tools_mcp.elicit import Question, Value, form_content, form_questions
+from gateway.tools_mcp.links import ToolLinks
+from gateway.tools_mcp.rounds import Round
 from gateway.tools_mcp.server import Asking
 from gateway.types import Button, ChatRef, InboundMessage
 
@@ -49,6 +61,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 NO_CHAT_PLATFORMS = frozenset({"cron", "api", "cli"})  # nobody reads a posted question there
+START_SECONDS = 60.0  # a turn resumed after a restart waits at most this for the questions to be postable
 
 
 class _End:
@@ -89,6 +102,8 @@ class ToolQuestions:
         self.clock = clock
         self.router: ChatControl | None = None  # given at start(): where the questions are posted
         self._waiting: dict[str, _Waiting] = {}
+        self._started = asyncio.Event()  # start() was called: questions can be posted
+        self.links = ToolLinks()  # a server's links to open (URL mode)
         self.configure(cfg)
 
     def configure(self, cfg: ToolsConfig) -> None:
@@ -106,10 +121,9 @@ class ToolQuestions:
                 or not router.has_output(chat.platform)):
             log.info("%s asked the user something where nobody can answer; declined", asking.tool)
             return types.ElicitResult(action="decline")
+        if isinstance(params, types.ElicitRequestURLParams):  # a link to open: to the asker alone
+            return await self.links.ask(asking, params, router, chat)
         if not isinstance(params, types.ElicitRequestFormParams):
-            # URL mode (a link to open, e.g. to authorise): not asked yet; the server is told no
-            log.info("%s asked the user to open a link (URL elicitation), which is not supported yet; declined",
-                     asking.tool)
             return types.ElicitResult(action="decline")
         try:
             questions = form_questions(params.requested_schema)
@@ -121,40 +135,59 @@ class ToolQuestions:
         deadline = self.clock() + self.timeout
         answers: dict[str, Value] = {}
         intro = f"**{asking.tool}** asks: {params.message.strip()[:1500]}"
+        retry = None if asking.round is None else json.dumps(
+            {"round": asking.round.as_dict(), "key": asking.key, "message": params.message,
+             "schema": params.requested_schema}, ensure_ascii=False)
         for n, question in enumerate(questions, 1):
-            got = await self._ask_one(asking, ctx, chat, question, intro if n == 1 else None, n, len(questions),
-                                      deadline)
+            got = await self._ask_one(asking, chat, question, intro if n == 1 else None, n, len(questions),
+                                      deadline, retry)
             if got is DECLINE or got is EXPIRED:
                 return types.ElicitResult(action="decline")
             if not isinstance(got, _End):
                 answers[question.name] = got
         return types.ElicitResult(action="accept", content=form_content(questions, answers))
 
-    async def _ask_one(self, asking: Asking, ctx, chat: ChatRef, question: Question, intro: str | None, n: int,
-                       total: int, deadline: float) -> Value | _End:
+    async def _ask_one(self, asking: Asking, chat: ChatRef, question: Question, intro: str | None, n: int,
+                       total: int, deadline: float, retry: str | None) -> Value | _End:
+        ctx = asking.context
         qid = secrets.token_hex(4)
         row = {"id": qid, "session_id": ctx.session_id, "session_key": ctx.session_key, "platform": chat.platform,
                "chat_id": chat.chat_id, "thread_id": chat.thread_id, "user_id": ctx.user_id, "tool": asking.tool,
                "field": question.name, "kind": question.kind, "choices": json.dumps(question.choices),
-               "asked_at": self.clock(), "expires_at": deadline}
+               "asked_at": self.clock(), "expires_at": deadline, "call_id": (ctx.extra or {}).get("tool_call_id"),
+               "round_id": asking.round.round_id if asking.round is not None else None, "retry": retry}
         await self.db.questions.add(row)
         waiting = _Waiting(question, row, asyncio.get_running_loop().create_future())
         self._waiting[qid] = waiting
         router = self.router
         assert router is not None  # ask() declines before a question when there is none
+        buttons = self._buttons(qid, question) if buttoned(chat.platform) else ()
         try:
-            buttons = self._buttons(qid, question) if buttoned(chat.platform) else ()
             await router.deliver(chat, self._text(qid, question, intro, n, total, deadline, bool(buttons)),
-                                      None, buttons=buttons)
+                                 None, buttons=buttons)
+        except BaseException:
+            self._waiting.pop(qid, None)
+            raise
+        return await self._wait(waiting, asking.tool, chat)
+
+    async def _wait(self, waiting: _Waiting, tool: str, chat: ChatRef) -> Value | _End:
+        """The answer to a posted question, or EXPIRED once its time is up (the chat is told)."""
+        qid, deadline = waiting.row["id"], waiting.row["expires_at"]
+        router = self.router
+        assert router is not None
+        try:
             try:
                 return await asyncio.wait_for(asyncio.shield(waiting.answer), max(deadline - self.clock(), 0.01))
             except asyncio.TimeoutError:
                 if await self.db.questions.close(qid, "expired", now=self.clock()):
-                    log.info("question %s of %s ran out unanswered; declined", qid, asking.tool)
-                    await router.deliver(chat, f"Question {qid} ({asking.tool}) was not answered within "
+                    log.info("question %s of %s ran out unanswered; declined", qid, tool)
+                    await router.deliver(chat, f"Question {qid} ({tool}) was not answered within "
                                                     f"{_duration(self.timeout)}; the server was told no.", None)
                     return EXPIRED
-                return await waiting.answer  # answered in the same moment: that answer stands
+                if waiting.answer.done():  # answered in the same moment: that answer stands
+                    return waiting.answer.result()
+                # decided where this call does not wait (another instance): as the store says
+                return _ended(await self.db.questions.get(qid) or {**waiting.row, "status": "expired"})
         finally:
             self._waiting.pop(qid, None)
 
@@ -179,6 +212,10 @@ class ToolQuestions:
                               f"/answer {qid} skip"))
         out.append(Button("Decline", f"/answer {qid} decline", "danger"))
         return tuple(out)
+
+    async def link_done(self, server: str, elicitation_id: str) -> None:
+        """A server's ``notifications/elicitation/complete``: the asker is told the step at the link is done."""
+        await self.links.done(server, elicitation_id, self.router)
 
     # -- answered: /answer, a button, or a plain reply ----------------------------------------
     async def answer_command(self, ctx: CommandContext) -> str:
@@ -219,14 +256,19 @@ class ToolQuestions:
             return (f"Only the person whose call it is can answer question {qid} ({row['tool']}); nothing changed.")
         waiting = self._waiting.get(qid)
         by = f"{msg.platform}:{msg.user_id}"
-        if waiting is None:  # its call is not running here any more (it ended with a restart)
-            await self.db.questions.close(qid, "interrupted", now=self.clock())
-            return _closed({**row, "status": "interrupted"})
+        kept = waiting is None
+        if waiting is None:
+            question = _stored_question(row)
+            if question is None:  # its call is not running here any more (it ended with a restart)
+                await self.db.questions.close(qid, "interrupted", now=self.clock())
+                return _closed({**row, "status": "interrupted"})
+            # a call sent again after a restart: the answer is kept for the turn that resumes it
+            waiting = _Waiting(question, row, asyncio.get_running_loop().create_future())
         word = text.strip()
         if word.lower() == "decline":
             if not await self.db.questions.close(qid, "declined", by=by, now=self.clock()):
                 return _closed(await self.db.questions.get(qid) or row)
-            waiting.answer.set_result(DECLINE)
+            self._settle(qid, waiting, DECLINE)
             return f"Declined: {row['tool']} was told no (question {qid})."
         question = waiting.question
         if word.lower() == "skip":
@@ -241,19 +283,67 @@ class ToolQuestions:
         stored = None if isinstance(value, _End) else json.dumps(value)
         if not await self.db.questions.close(qid, "answered", answer=stored, by=by, now=self.clock()):
             return _closed(await self.db.questions.get(qid) or row)
-        waiting.answer.set_result(value)
+        self._settle(qid, waiting, value)
         log.info("question %s of %s answered by %s", qid, row["tool"], by)
         shown = "left at its default" if value is SKIP else _shown(value)  # type: ignore[arg-type]
-        return f"Noted for {row['tool']}: {question.title} = {shown} (question {qid})."
+        later = "; the call goes on once the gateway has resumed it" if kept else ""
+        return f"Noted for {row['tool']}: {question.title} = {shown} (question {qid}){later}."
 
-    # -- after a restart -----------------------------------------------------------------------
-    async def start(self, control: ChatControl, *, settle: bool = True) -> None:
-        """Post questions through ``control`` from now on; close the questions a stop left pending (their
-        calls ended with it) and tell their chats."""
-        self.router = control
-        if not settle:
-            return
-        for row in await self.db.questions.pending():
+    def _settle(self, qid: str, waiting: _Waiting, value: Value | _End) -> None:
+        """Hand the decided answer to the call waiting for it: the one this answer found, and the one a
+        turn resumed after a restart may have re-attached while the answer was being stored."""
+        for target in (waiting, self._waiting.get(qid)):
+            if target is not None and not target.answer.done():
+                target.answer.set_result(value)
+
+    # -- a call sent again after a restart (gateway.tools_mcp.resume) -------------------------
+    async def resumed_answer(self, asking: Asking, rows: list[dict]) -> types.ElicitResult:
+        """The answer to a server's form asked before a restart (``rows``: its questions, in the order
+        asked): the questions answered are taken as they were, the one still open waits again for its
+        answer, and the fields not asked yet are asked now, by the same deadline."""
+        from mcp import types
+
+        with contextlib.suppress(asyncio.TimeoutError):  # a turn resumed at start may come before start()
+            await asyncio.wait_for(self._started.wait(), START_SECONDS)
+        first = rows[0]
+        stored = json.loads(first["retry"])
+        questions = form_questions(stored["schema"])
+        chat = ChatRef(first["platform"], first["chat_id"], first["thread_id"])
+        by_field = {r["field"]: r for r in rows}
+        answers: dict[str, Value] = {}
+        for n, question in enumerate(questions, 1):
+            row = by_field.get(question.name)
+            if row is not None:
+                got = await self._reattached(row, question, asking.tool, chat)
+            elif self.router is None:
+                got = DECLINE
+            else:
+                got = await self._ask_one(asking, chat, question, None, n, len(questions), first["expires_at"],
+                                          first["retry"])
+            if got is DECLINE or got is EXPIRED:
+                return types.ElicitResult(action="decline")
+            if not isinstance(got, _End):
+                answers[question.name] = got
+        return types.ElicitResult(action="accept", content=form_content(questions, answers))
+
+    async def _reattached(self, row: dict, question: Question, tool: str, chat: ChatRef) -> Value | _End:
+        if row["status"] == "pending" and self.router is not None:
+            waiting = _Waiting(question, row, asyncio.get_running_loop().create_future())
+            self._waiting[row["id"]] = waiting  # first, then read again: an answer in between is not missed
+            fresh = await self.db.questions.get(row["id"])
+            if fresh is not None and fresh["status"] == "pending":
+                log.info("question %s of %s waits again for its answer after a restart", row["id"], tool)
+                return await self._wait(waiting, tool, chat)
+            self._waiting.pop(row["id"], None)
+            row = fresh or row
+        return _ended(row)
+
+    async def cut_off(self, rows: list[dict]) -> None:
+        """The call of ``rows`` cannot be sent again: its open questions are closed as interrupted, and said so."""
+        await self._interrupted([r for r in rows if r["status"] == "pending"])
+
+    async def _interrupted(self, rows: list[dict]) -> None:
+        for row in rows:
             if row["id"] in self._waiting or not await self.db.questions.close(row["id"], "interrupted",
                                                                                 now=self.clock()):
                 continue
@@ -263,6 +353,28 @@ class ToolQuestions:
                                           f"Question {row['id']} ({row['tool']}) was cut off: the gateway restarted "
                                           "while it waited, and the call it belonged to ended.", None)
 
+    async def resent(self, round_: Round) -> None:
+        """A round's answers are about to be sent (live): a turn resumed after a crash never sends them again."""
+        await self.db.questions.resend(round_.round_id, now=self.clock())
+
+    # -- after a restart -----------------------------------------------------------------------
+    async def start(self, control: ChatControl, *, settle: bool = True) -> None:
+        """Post questions through ``control`` from now on; close the questions a stop left pending (their
+        calls ended with it) and tell their chats."""
+        self.router = control
+        self._started.set()
+        if not settle:
+            return
+        # a question whose call can be sent again stays open for the turn resumed after the restart
+        await self._interrupted([r for r in await self.db.questions.pending() if not await self._resumable(r)])
+
+    async def _resumable(self, row: dict) -> bool:
+        """Whether the turn resumed after a restart takes ``row`` up: a call that can be sent again, cut
+        off in a turn whose journal says it was running (past its deadline too: it then declines)."""
+        if row["retry"] is None or row["call_id"] is None or row["session_id"] is None:
+            return False
+        return row["call_id"] in await self.db.tool_journal.running(row["session_id"])
+
 
 def _by_number(question: Question, word: str) -> str:
     """``#n`` (what a choice's button sends) as that choice's value."""
@@ -271,6 +383,24 @@ def _by_number(question: Question, word: str) -> str:
         if 0 <= index < len(question.choices):
             return question.choices[index][0]
     return word
+
+
+def _ended(row: dict) -> Value | _End:
+    """What a closed question's row says its answer was."""
+    if row["status"] == "answered":
+        return SKIP if row["answer"] is None else json.loads(row["answer"])
+    return DECLINE if row["status"] == "declined" else EXPIRED
+
+
+def _stored_question(row: dict) -> Question | None:
+    """The question of a row whose call can be sent again (as asked: from the stored form), else None."""
+    if row.get("retry") is None:
+        return None
+    try:
+        questions = form_questions(json.loads(row["retry"])["schema"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return next((q for q in questions if q.name == row["field"]), None)
 
 
 def _closed(row: dict) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import fnmatch
 import functools
 import importlib
@@ -25,7 +26,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine
 
 import anyio
 
@@ -35,6 +36,7 @@ from gateway.tasks import spawn
 from gateway.tools_mcp.environment import server_environment
 from gateway.tools_mcp.oauth import OPERATOR, BearerAuth, ServerAuth
 from gateway.tools_mcp.results import capped, result_text
+from gateway.tools_mcp.rounds import Resend, Round, Seed, TooManyRounds, call_in_rounds
 
 if TYPE_CHECKING:  # the SDK is imported when a server first connects, never by a daemon with none configured
     from mcp import Client, types
@@ -71,6 +73,8 @@ class Asking:
     tool: str
     arguments: dict[str, Any]
     context: Any
+    round: Round | None = None  # 2026-07-28: the InputRequiredResult the question is of (it can be resumed)
+    key: str | None = None  # that round's input request
 
 
 # Answers a server's question (an elicitation) for the call it belongs to; never raises.
@@ -93,7 +97,20 @@ async def no_sign_in(server: McpServer, asking: Asking, principal: str) -> str:
             f"(run `switchboard tools login {server.name}`)")
 
 
+async def no_resend(round_: Round) -> None:
+    return None
+
+
+# The server says a link it gave the user is done with (notifications/elicitation/complete): (server, id).
+LinkDone = Callable[[str, str], Coroutine[Any, Any, None]]
+
+
+async def no_link_done(server: str, elicitation_id: str) -> None:
+    return None
+
+
 _asking: contextvars.ContextVar[Asking | None] = contextvars.ContextVar("mcp_asking", default=None)
+_round: contextvars.ContextVar[Round | None] = contextvars.ContextVar("mcp_round", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +142,8 @@ class McpServer:
     def __init__(self, name: str, cfg: McpServerConfig, *, on_change: Callable[[], None] = lambda: None,
                  backoff: Backoff = RESTART_BACKOFF, ping_seconds: float = PING_SECONDS,
                  on_call: OnCall = lambda name, outcome, seconds: None, elicit: Elicit = decline_all,
-                 auth: ServerAuth | None = None, sign_in: SignIn = no_sign_in) -> None:
+                 auth: ServerAuth | None = None, sign_in: SignIn = no_sign_in, resend: Resend = no_resend,
+                 link_done: LinkDone = no_link_done) -> None:
         self.name = name
         self.auth = auth  # OAuth (cfg.auth: operator | per_user), or None: the configured headers alone
         self._sign_in = sign_in
@@ -135,6 +153,8 @@ class McpServer:
         self._on_change = on_change
         self._on_call = on_call
         self._elicit = elicit
+        self._resend = resend  # a round's answers are about to be sent (gateway.tools_mcp.rounds)
+        self._link_done = link_done
         self._asking: set[Asking] = set()  # the calls running now (a legacy question names none of them)
         self._backoff = backoff
         self._ping_seconds = ping_seconds
@@ -170,9 +190,10 @@ class McpServer:
         return self.state == "ready" and self._session is not None
 
     # -- calls ------------------------------------------------------------
-    async def call(self, tool: str, arguments: dict[str, Any], context: Any = None) -> str:
+    async def call(self, tool: str, arguments: dict[str, Any], context: Any = None, *, seed: Seed | None = None) -> str:
         """Run ``tool`` with ``arguments`` for ``context`` (the turn's ToolContext: who a question the server
-        asks mid-call goes to): its result, or why there is none, as text cut at the cap.
+        asks mid-call goes to): its result, or why there is none, as text cut at the cap.  ``seed``: the
+        answers to a round of it asked before a restart, sent with the call (gateway.tools_mcp.rounds).
         Each call is reported to ``on_call`` (its name, outcome and seconds: the metrics)."""
         full = f"{self.name}{SEPARATOR}{tool}"
         began = time.monotonic()
@@ -182,16 +203,16 @@ class McpServer:
         self._asking.add(asking)
         try:
             if self.auth is not None:
-                outcome, text = await self._authorised_call(full, tool, arguments, asking)
+                outcome, text = await self._authorised_call(full, tool, arguments, asking, seed)
             else:
-                outcome, text = await self._call(full, tool, arguments)
+                outcome, text = await self._call(full, tool, arguments, seed)
         finally:
             self._asking.discard(asking)
             _asking.reset(token)
             self._on_call(full, outcome, time.monotonic() - began)
         return text
 
-    async def _call(self, full: str, tool: str, arguments: dict[str, Any]) -> tuple[str, str]:
+    async def _call(self, full: str, tool: str, arguments: dict[str, Any], seed: Seed | None = None) -> tuple[str, str]:
         """(outcome, text): ok | error | timeout | unavailable, and what the model reads.
 
         A call given up on (``/stop``, the gateway stopping, no answer within ``timeout_seconds``) is
@@ -203,15 +224,28 @@ class McpServer:
                                    f"{'restarting' if self.state != 'stopped' else 'stopped'}); try again later "
                                    f"or do without it")
         async with self._calls:
-            return await self._call_on(session, full, tool, arguments, lost=self._lost)
+            return await self._call_on(session, full, tool, arguments, lost=self._lost, seed=seed)
 
     async def _call_on(self, session: Client, full: str, tool: str, arguments: dict[str, Any], *,
-                       lost: Callable[[Client], None]) -> tuple[str, str]:
+                       lost: Callable[[Client], None], seed: Seed | None = None) -> tuple[str, str]:
         from mcp import MCPError
+        from mcp.client.session import ClientRequestContext
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+        async def dispatch(round_: Round, key: str, request: types.InputRequest) -> Any:
+            token = _round.set(round_)
+            try:
+                meta = request.params.meta if request.params else None
+                return await session.session.dispatch_input_request(
+                    ClientRequestContext(session=session.session, request_id=key, meta=meta), request)
+            finally:
+                _round.reset(token)
+
         try:
-            result = await session.call_tool(tool, arguments, read_timeout_seconds=self.cfg.timeout_seconds)
+            result = await call_in_rounds(session, tool, arguments, timeout=self.cfg.timeout_seconds,
+                                          dispatch=dispatch, resend=self._resend, seed=seed)
+        except TooManyRounds as exc:
+            return "error", f"error: {full} failed: {exc}"
         except MCPError as exc:
             if exc.error.code == CONNECTION_CLOSED:
                 lost(session)
@@ -247,7 +281,7 @@ class McpServer:
         return await self._sign_in(self, asking, principal)
 
     async def _authorised_call(self, full: str, tool: str, arguments: dict[str, Any],
-                               asking: Asking) -> tuple[str, str]:
+                               asking: Asking, seed: Seed | None = None) -> tuple[str, str]:
         """A call with the asker's sign-in (``per_user``: a connection of their own, carrying their token
         alone, for this call) or the operator's (the server's own connection).  Not signed in: the model
         is told the user must authorise the server first, and the asker is sent the link."""
@@ -261,7 +295,7 @@ class McpServer:
         if self.auth.mode == "operator":
             bearer = self._bearer
             before = bearer.refusals if bearer is not None else 0
-            outcome, text = await self._call(full, tool, arguments)
+            outcome, text = await self._call(full, tool, arguments, seed)
             if bearer is not None and bearer.refusals > before:
                 await self.auth.refused(principal)
                 return "unauthorised", await self._sign_in(self, asking, principal)
@@ -272,13 +306,15 @@ class McpServer:
 
         bearer = BearerAuth(self.auth, lambda: principal)
         client = Client(_http(str(self.cfg.url), dict(self.cfg.headers), bearer), mode="auto",
+                        message_handler=self._on_message,
                         elicitation_callback=self._on_elicit, client_info=_client_info(),
                         read_timeout_seconds=CONNECT_SECONDS, cache=None)
         async with self._calls:
             try:
                 with _deadline(CONNECT_SECONDS + self.cfg.timeout_seconds):
                     async with client:
-                        outcome, text = await self._call_on(client, full, tool, arguments, lost=lambda c: None)
+                        outcome, text = await self._call_on(client, full, tool, arguments, lost=lambda c: None,
+                                                            seed=seed)
             except Exception as exc:  # noqa: BLE001 - the connection failed; the model reads it as the result
                 if not bearer.refused:
                     log.warning("MCP call %s for a signed-in user failed: %s", full, _describe(exc))
@@ -305,6 +341,8 @@ class McpServer:
                             "so it is declined", self.name, len(running))
                 return types.ElicitResult(action="decline")
             asking = running[0]
+        elif _round.get() is not None:  # a 2026-07-28 round: its question can be resumed after a restart
+            asking = dataclasses.replace(asking, round=_round.get(), key=str(context.request_id))
         try:
             return await self._elicit(asking, params)
         except Exception:  # a failed question is a declined one, never a broken call
@@ -492,6 +530,8 @@ class McpServer:
 
         if isinstance(message, types.ToolListChangedNotification):  # the legacy revision's notice
             self._refresh.set()
+        elif isinstance(message, types.ElicitCompleteNotification):  # told off this loop: a chat may be slow
+            spawn(self._link_done(self.name, message.params.elicitation_id), name=f"mcp-link-done:{self.name}")
         elif isinstance(message, Exception):
             log.debug("MCP server %s sent something unreadable: %s", self.name, message)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import state
 from gateway.config import McpServerConfig
+from gateway.errors import GatewayClosing
 from gateway.tools_mcp.oauth import FLOW_SECONDS, OPERATOR, AuthError, OAuthSettings, ServerAuth, state_hash
 from gateway.tools_mcp.server import Asking, McpServer
 from gateway.tools_mcp.vault import Vault
@@ -34,6 +35,7 @@ from gateway.types import ChatRef
 
 if TYPE_CHECKING:  # pragma: no cover
     from gateway.control import ChatControl
+    from gateway.tools_mcp.signedin import SignedInCalls
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class SignIns:
         self.clock = clock
         self.router: ChatControl | None = None
         self.auths: dict[str, ServerAuth] = {}
+        self.signed_in: SignedInCalls | None = None  # runs the call that waited for a sign-in (assemble)
 
     def auth_for(self, name: str, cfg: McpServerConfig) -> ServerAuth | None:
         """The sign-ins of server ``name`` (None: ``auth: none``); the same one while its settings stay."""
@@ -107,7 +110,8 @@ class SignIns:
             return (f"error: the operator must authorise {name} first (one sign-in for everyone); the user was "
                     "told to ask them")
         try:
-            link = await auth.begin(principal, (chat.platform, chat.chat_id, chat.thread_id))
+            waiting = self.signed_in.waiting(asking) if self.signed_in is not None else None
+            link = await auth.begin(principal, (chat.platform, chat.chat_id, chat.thread_id), waiting=waiting)
         except AuthError as exc:
             log.warning("MCP server %s: a sign-in could not be started: %s", name, exc)
             await _tell(router, chat, f"{name} needs you to sign in, but the sign-in could not be started: {exc}")
@@ -125,6 +129,9 @@ class SignIns:
                                          "I could not message you directly; write to me there and ask again."))
         if not sent:
             return f"error: the user must authorise {name} first, and the sign-in link could not be sent to them"
+        if waiting is not None:
+            return (f"error: the user must authorise {name} first. A sign-in link was sent to them; once they have "
+                    f"signed in, this call runs again by itself and you are given its result.")
         return (f"error: the user must authorise {name} first. A sign-in link was sent to them; once they have "
                 f"signed in, call the tool again.")
 
@@ -148,15 +155,32 @@ class SignIns:
             await self._notify(chat, f"Signing in to {flow['server']} was refused ({why}).")
             return 400, _page("Not signed in", f"The authorisation server said: {html.escape(why)}.")
         try:
-            await auth.complete(flow, query.get("code", ""), query.get("iss"))
+            waiting = await auth.complete(flow, query.get("code", ""), query.get("iss"))
         except AuthError as exc:
             log.warning("MCP server %s: a sign-in could not be finished: %s", flow["server"], exc)
             await self._notify(chat, f"Signing in to {flow['server']} failed: {exc}. Ask again for a new link.")
             return 502, _page("Not signed in", html.escape(str(exc)))
-        await self._notify(chat, f"Signed in to {flow['server']}. Ask me again and I will use it.")
+        go = await self._waiting_call(waiting, flow["principal"])
+        await self._notify(chat, f"Signed in to {flow['server']}. " + (
+            "Running the call that waited for it." if go is not None else "Ask me again and I will use it."))
+        if go is not None and self.router is not None:
+            try:
+                await go(self.router)
+            except GatewayClosing:
+                log.info("MCP server %s: signed in during shutdown; the call that waited is not run", flow["server"])
         return 200, _page("Signed in", f"Switchboard may now use {html.escape(flow['server'])}"
                                        f"{' for everyone' if flow['principal'] == OPERATOR else ' as you'}. "
                                        "You can close this tab.")
+
+    async def _waiting_call(self, waiting: dict | None, principal: str) -> Any:
+        """What runs the call that waited for this sign-in (gateway.tools_mcp.signedin), or None."""
+        if waiting is None or self.signed_in is None or self.router is None:
+            return None
+        try:
+            return await self.signed_in.prepared(waiting, principal)
+        except Exception:  # the sign-in stands; the user asks again
+            log.exception("the call that waited for a sign-in could not be run again")
+            return None
 
     def client_document(self) -> dict[str, Any]:
         """The Client ID Metadata Document (served at CLIENT_DOCUMENT_PATH)."""

@@ -7,7 +7,9 @@ Its tools: ``echo``, ``pid``, ``environment`` (its whole os.environ, as JSON), `
 that ran at once, and ``calls``: how many started and how many the client cancelled), ``fail``, ``big`` (a
 result of N bytes), ``die`` (the process exits in the middle of the call) and ``grow`` (adds the tool
 ``late`` and tells the client its list changed) and ``book`` (asks the user, through elicitation, for a city
-and whether to go ahead).
+and whether to go ahead).  With ``REQUEST_STATE_KEY`` set, the ``request_state`` of its InputRequiredResult is
+sealed under that key instead of one made at start, so a call's round outlives this process (as a deployed
+server's does); without it, a request_state from before a restart is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Annotated, Literal
 
 from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.request_state import RequestStateSecurity
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field
 
@@ -34,7 +37,8 @@ def ask_trip() -> Elicit[Trip]:
 
 
 def build(name: str = "echo") -> MCPServer:
-    server = MCPServer(name)
+    key = os.environ.get("REQUEST_STATE_KEY")
+    server = MCPServer(name, request_state_security=RequestStateSecurity(keys=[key]) if key else None)
 
     @server.tool()
     def echo(text: str) -> str:
@@ -117,6 +121,9 @@ def build(name: str = "echo") -> MCPServer:
         if not isinstance(trip, AcceptedElicitation):
             return f"not booked ({trip.action})"
         got = trip.data
+        if os.environ.get("CALL_LOG"):  # a record that outlives this process (the crash tests read it)
+            with open(os.environ["CALL_LOG"], "a", encoding="utf-8") as log:
+                log.write(f"book {got.city} {got.confirm} in {os.getpid()}\n")
         return f"booked {got.city} (note: {got.note or 'none'})" if got.confirm else f"not booked: {got.city} unconfirmed"
 
     return server

@@ -10,7 +10,8 @@ ours: only the 1.x SDK and the standard library.
 
 Its tools: ``echo``, ``slow`` and ``calls`` (as in echo_server.py: started, running now, cancelled by
 the client), ``grow`` (adds ``late`` and sends list_changed), ``big`` (N bytes), ``die`` (exits mid-call)
-and ``book`` (asks the user, through elicitation, for a city and whether to go ahead).
+``book`` (asks the user, through elicitation, for a city and whether to go ahead) and ``connect`` (gives
+the user a link to open, URL-mode elicitation, then says that step is done: notifications/elicitation/complete).
 """
 
 from __future__ import annotations
@@ -87,6 +88,16 @@ def build() -> FastMCP:
             return f"not booked ({answer.action})"
         trip = answer.data
         return f"booked {trip.city} (note: {trip.note or 'none'})" if trip.confirm else f"not booked: {trip.city} unconfirmed"
+
+    @server.tool()
+    async def connect(ctx: Context) -> str:
+        """Connect the user's calendar: they open a link (URL elicitation); then the step is reported done."""
+        answer = await ctx.elicit_url("Connect your calendar so I can read it.",
+                                      "https://calendar.example/connect?session=e1", "e1")
+        if answer.action != "accept":
+            return f"not connected ({answer.action})"
+        await ctx.session.send_elicit_complete("e1")
+        return "calendar connected"
 
     return server
 
