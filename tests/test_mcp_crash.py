@@ -105,7 +105,7 @@ async def test_a_question_pending_at_a_kill_is_answered_after_the_restart_and_th
     assert not [m for m in tg.sent if "was cut off" in m.visible_text]
     with state.SessionDB(daemon.db_path) as db:
         [(_, session_id)] = db.routes.list()
-        stored = [m["content"] for m in db.messages.get(session_id) if m["role"] == "tool"]
+        stored = [m.content for m in db.messages.get(session_id) if m.role == "tool"]
         question = db.questions.get(qid)
     assert stored == ["booked Rome (note: none)"]
     assert question is not None and question["status"] == "answered" and question["resent_at"] is not None
