@@ -47,14 +47,16 @@
     │                                started or finished; the person (or the model) is told why
     ├── VaultError                   gateway/tools_mcp/vault.py: a sealed sign-in cannot be opened with
     │                                the home's key; that sign-in is asked again
+    ├── TooManyRounds                gateway/tools_mcp/rounds.py: an MCP server asked for input more
+    │                                than MAX_ROUNDS times in one call; the model reads it as the error
     └── AttachError                  gateway/cli/chat.py: a file ``/attach`` cannot send (missing, too
                                      large); the terminal chat prints it and goes on
 
 Every class is defined in this module and exported from ``gateway``, except
 ``KeyedError``, which is internal to the config loader
 (``gateway/_config_load.py``), ``ApiError``, internal to the local API, ``RpcError``, internal to the A2A
-endpoint, ``AttachError``, internal to the terminal chat, and ``AuthError`` and ``VaultError``, internal
-to the MCP servers' sign-ins.  The modules that raise them import them from
+endpoint, ``AttachError``, internal to the terminal chat, ``AuthError`` and ``VaultError``, internal
+to the MCP servers' sign-ins, and ``TooManyRounds``, internal to an MCP call's input rounds.  The modules that raise them import them from
 here, and the old names still work: ``gateway.router.GatewayClosing``,
 ``gateway.runtime.systemd.ServiceError``, ``gateway.runtime.backup.BackupError``,
 ``gateway.runtime.deadletters.NotReplayable``, ``gateway.cron.schedule.InvalidJob``,

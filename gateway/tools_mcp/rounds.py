@@ -20,6 +20,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from gateway.errors import SwitchboardError
+
 if TYPE_CHECKING:  # pragma: no cover
     from mcp import Client, types
 
@@ -53,7 +55,9 @@ Dispatch = Callable[[Round, str, "types.InputRequest"], Awaitable["types.InputRe
 Resend = Callable[[Round], Awaitable[None]]
 
 
-class TooManyRounds(RuntimeError):
+class TooManyRounds(SwitchboardError):
+    """A server kept asking for input past MAX_ROUNDS in one call: the call ends with this as its error."""
+
     def __init__(self) -> None:
         super().__init__(f"the server asked for input more than {MAX_ROUNDS} times in one call")
 
