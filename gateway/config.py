@@ -860,6 +860,8 @@ class McpServerConfig(_Model):
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     timeout_seconds: Seconds = 60.0  # per call
+    # starting, connecting and signing in to the server (a per_user call's own connection too), at most
+    connect_timeout_seconds: Seconds = 30.0
     max_output_bytes: int = Field(32768, ge=256)  # a longer result is cut here and marked
     max_concurrent_calls: int = Field(4, ge=1)
     # who must say yes before a tool runs: never | always (each call) | once_per_session (the first call)

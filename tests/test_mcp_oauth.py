@@ -7,6 +7,7 @@ the server first, the next call answered with their own account, never another's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -34,10 +35,10 @@ MUST_RERUN = ("error: the user must authorise docs first. A sign-in link was sen
               "this call runs again by itself and you are given its result.")
 
 
-def _config(tmp_path, tg, model, url, *, auth="per_user", **tools):
+def _config(tmp_path, tg, model, url, *, auth="per_user", server=None, **tools):
+    docs = {"url": url, "auth": auth, "allow": ["docs__*"], **(server or {})}
     return gateway_config(tmp_path / "home", model.base_url,
-                          tools={"mcp_servers": {"docs": {"url": url, "auth": auth, "allow": ["docs__*"]}},
-                                 "approvers": ["telegram:111"], **tools},
+                          tools={"mcp_servers": {"docs": docs}, "approvers": ["telegram:111"], **tools},
                           auth={"allowed_users": ["telegram:111", "telegram:222"]}, streaming={"enabled": False},
                           platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}})
 
@@ -174,6 +175,36 @@ async def test_a_token_near_its_expiry_is_refreshed_and_logout_revokes_it(tmp_pa
             await _link_to(tg, 111, sent_before + 1)
             await _answered(tg, model, 3)
             assert _tool_results(model)[2] == MUST_RERUN
+        finally:
+            await gw.stop(grace_seconds=5)
+
+
+async def test_a_per_user_servers_question_waits_its_own_deadline_not_the_connections(tmp_path):
+    """The connection's deadline (connect_timeout_seconds) covers connecting and signing in; a question the
+    server asks mid-call waits for the user as on any server (approval_timeout), then the call goes on."""
+    async with oauth_servers() as servers, FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("docs__authorise", {}), Reply("link sent"),
+                     ToolCall("docs__share", {}), Reply("shared, as you said"))
+        config = _config(tmp_path, tg, model, servers.mcp_url, approval_timeout=120,
+                         server={"connect_timeout_seconds": 2, "timeout_seconds": 2})
+        gw = await _started(config, tg)
+        try:
+            server = gw.mcp.servers["docs"]
+            await eventually(lambda: server.state == "unauthorised", 20, "unauthorised")
+            tg.dm(ANN, "sign me in")
+            assert (await servers.browser(await _link_to(tg, 111), account="ann")).status_code == 200
+            await eventually(lambda: server.available and "share" in server.tools, 20,
+                             lambda: f"ready ({server.state}: {server.last_error})")
+            tg.dm(ANN, "share my document")
+            asked = await tg.wait_for(lambda: next((s for s in tg.sent if "(question " in s.visible_text), None), 20,
+                                      lambda: f"the question ({[s.visible_text for s in tg.sent]})")
+            assert "docs__share asks: May I share the document?" in asked.visible_text
+            await asyncio.sleep(5)  # past the connection's 2 s and the call's 2 s together: the old cut-off
+            yes, _no, _decline = asked.button_data()
+            tg.press(asked, ANN, yes)
+            await _answered(tg, model, 2)
+            assert _tool_results(model)[1] == "ann's document shared"
+            await tg.wait_for(lambda: any("shared, as you said" in s.visible_text for s in tg.sent), 20, "the answer")
         finally:
             await gw.stop(grace_seconds=5)
 

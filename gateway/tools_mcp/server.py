@@ -22,11 +22,12 @@ import fnmatch
 import functools
 import importlib
 import logging
+import math
 import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 
 import anyio
 
@@ -48,7 +49,6 @@ MAX_NAME = 64  # what OpenAI-style function names allow
 MAX_DESCRIPTION = 1024  # a server's description of a tool, as offered to the model
 PING_SECONDS = 10.0  # a quiet connection is checked this often
 PING_ANSWER_SECONDS = 10.0  # a server that does not answer a ping within this is restarted
-CONNECT_SECONDS = 30.0  # starting and initializing a server, at most
 HEALTHY_SECONDS = 60.0  # a connection that lasted this long starts the backoff again from the beginning
 RESTART_BACKOFF = Backoff(base=0.5, factor=2.0, cap=60.0)
 RELISTEN_SECONDS = 1.0  # a subscriptions/listen stream that ended is opened again after this
@@ -305,16 +305,23 @@ class McpServer:
         from mcp import Client
 
         bearer = BearerAuth(self.auth, lambda: principal)
+        connect = self.cfg.connect_timeout_seconds
         client = Client(_http(str(self.cfg.url), dict(self.cfg.headers), bearer), mode="auto",
                         message_handler=self._on_message,
                         elicitation_callback=self._on_elicit, client_info=_client_info(),
-                        read_timeout_seconds=CONNECT_SECONDS, cache=None)
+                        read_timeout_seconds=connect, cache=None)
         async with self._calls:
             try:
-                with _deadline(CONNECT_SECONDS + self.cfg.timeout_seconds):
+                # the connection's deadline covers connecting (and signing in) and closing, not the call:
+                # that is bounded as on every server (each request its timeout, a question its own deadline)
+                with _deadline(connect) as connecting:
                     async with client:
-                        outcome, text = await self._call_on(client, full, tool, arguments, lost=lambda c: None,
-                                                            seed=seed)
+                        connecting.deadline = math.inf
+                        try:
+                            outcome, text = await self._call_on(client, full, tool, arguments,
+                                                                lost=lambda c: None, seed=seed)
+                        finally:
+                            connecting.deadline = anyio.current_time() + connect
             except Exception as exc:  # noqa: BLE001 - the connection failed; the model reads it as the result
                 if not bearer.refused:
                     log.warning("MCP call %s for a signed-in user failed: %s", full, _describe(exc))
@@ -411,10 +418,10 @@ class McpServer:
             await self._signed_in()
         client = Client(self._transport(), mode="auto", message_handler=self._on_message,
                         elicitation_callback=self._on_elicit, client_info=_client_info(),
-                        read_timeout_seconds=CONNECT_SECONDS,  # each call passes its own
+                        read_timeout_seconds=self.cfg.connect_timeout_seconds,  # each call passes its own
                         cache=None)  # the tool list is read again when it changes, never served stale
         async with client, anyio.create_task_group() as tg:
-            with _deadline(CONNECT_SECONDS):
+            with _deadline(self.cfg.connect_timeout_seconds):
                 await self._read_tools(client)
             if self._broken.is_set():  # it died while starting
                 return
@@ -624,10 +631,10 @@ async def _still_there(client: Client, modern: bool) -> None:
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float):
-    """A deadline for awaits inside the SDK's anyio scopes."""
-    with anyio.fail_after(seconds):
-        yield
+def _deadline(seconds: float) -> Iterator[anyio.CancelScope]:
+    """A deadline for awaits inside the SDK's anyio scopes (the scope: its ``deadline`` can be moved)."""
+    with anyio.fail_after(seconds) as scope:
+        yield scope
 
 
 def _describe(exc: BaseException) -> str:

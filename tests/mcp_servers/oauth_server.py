@@ -13,7 +13,7 @@ and must list the redirect URI), the code is used once, by the client it was iss
 time; refresh tokens rotate; the resource indicator binds each token to the MCP server.  The MCP
 server is the SDK's ``MCPServer`` with ``AuthSettings`` (it serves its protected-resource metadata and
 answers 401 with ``WWW-Authenticate: Bearer resource_metadata=...``); its tool ``whoami`` says whose
-token the call carried.
+token the call carried; ``share`` asks the user first (elicitation: an InputRequiredResult on 2026-07-28).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import socket
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Annotated, AsyncIterator
 
 import httpx
 import uvicorn
@@ -40,9 +40,9 @@ from mcp.server.auth.provider import (
 )
 from mcp.server.auth.routes import create_auth_routes
 from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import AcceptedElicitation, Elicit, ElicitationResult, MCPServer, Resolve
 from mcp.shared.auth import OAuthClientInformationFull
-from pydantic import AnyHttpUrl
+from pydantic import AnyHttpUrl, BaseModel, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -201,6 +201,14 @@ class OAuthServers:
             return await http.get(answer.headers["location"])
 
 
+class Consent(BaseModel):
+    share: bool = Field(description="Share it with the team?")
+
+
+def _ask_consent() -> Elicit[Consent]:
+    return Elicit("May I share the document?", Consent)
+
+
 def _mcp_app(resource: str, issuer: str, provider: Provider):
     server = MCPServer("docs", auth=AuthSettings(issuer_url=AnyHttpUrl(issuer), resource_server_url=AnyHttpUrl(resource),
                                                  required_scopes=["docs.read"], validate_token_resource=True),
@@ -217,6 +225,15 @@ def _mcp_app(resource: str, issuer: str, provider: Provider):
         """Search the documents."""
         token = get_access_token()
         return f"{token.subject if token else 'nobody'}'s documents about {words}: 3 found"
+
+    @server.tool()
+    def share(consent: Annotated[ElicitationResult[Consent], Resolve(_ask_consent)]) -> str:
+        """Share a document: asks the user first."""
+        token = get_access_token()
+        who = token.subject if token else "nobody"
+        if not isinstance(consent, AcceptedElicitation):
+            return f"{who}'s document not shared ({consent.action})"
+        return f"{who}'s document {'shared' if consent.data.share else 'kept private'}"
 
     return server.streamable_http_app()
 
