@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from gateway.commands import Command, CommandContext
 from gateway.runtime.daemon import Gateway
+from gateway.tools_mcp.questions import ToolQuestions
+from gateway.types import ChatType, InboundMessage
+from state import AsyncSessionDB
 from tests.fakes.model_server import FakeModel, Reply, ToolCall
 from tests.fakes.telegram import FakeTelegram
 from tests.harness import eventually, gateway_config
@@ -242,3 +247,39 @@ async def test_a_link_to_open_goes_to_the_asker_alone_and_its_completion_is_repo
             await gw.stop(grace_seconds=5)
     tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
     assert tool_messages[-1]["content"] == "calendar connected"
+
+
+async def test_an_answer_given_on_another_instance_reaches_the_waiting_call_within_seconds(tmp_path, pg_url):
+    """Two instances on one PostgreSQL store: the call waits on this gateway; Ann's /answer is run by
+    another instance (its own store handle and questions), which stores the answer. The waiting call
+    reads it from the store and goes on long before the question's two-minute deadline."""
+    async with FakeTelegram() as tg, FakeModel() as model:
+        model.script(ToolCall("echo__book", {}), Reply("your trip is booked"))
+        config = gateway_config(tmp_path / "home", model.base_url,
+                                tools={"mcp_servers": ECHO_SERVER, "approval_timeout": 120},
+                                auth={"allowed_users": ["telegram:111"]}, streaming={"enabled": False},
+                                platforms={"telegram": {"token": tg.token, "base_url": tg.base_url}},
+                                store={"url": pg_url}, cluster={"instance_id": "a"})
+        gw = await _started(config, tg, "echo")
+        other_db = await AsyncSessionDB.open(pg_url)
+        try:
+            tg.dm(ANN, "book me a trip")
+            city = await _asked(tg, "City: Where to")
+            qid = city.visible_text.split("(question ")[1].split(")")[0]
+            other = ToolQuestions(other_db, config.tools)  # instance b: nothing of this call waits there
+            press = InboundMessage("telegram", ChatType.DM, "111", "111", f"/answer {qid} #2")
+            said = await other.answer_command(CommandContext(Command("answer", f"{qid} #2", True),
+                                                             SimpleNamespace(msg=press, session_id=None),
+                                                             None, None, None))  # /answer reads the message alone
+            assert said.startswith(f"Noted for echo__book: City = Rome (question {qid})"), said
+            confirm = await _asked(tg, "Confirm: Book it now?", timeout=20)  # asked by the waiting call
+            yes, _no, _ = confirm.button_data()
+            tg.press(confirm, ANN, yes)
+            note = await _asked(tg, "Note: Anything to tell the hotel")
+            tg.press(note, ANN, note.button_data()[0])  # skip
+            await tg.wait_for(lambda: _said(tg, "your trip is booked"), 20, "the model's answer")
+        finally:
+            await other_db.close()
+            await gw.stop(grace_seconds=5)
+    tool_messages = [m for r in model.requests for m in r.body["messages"] if m.get("role") == "tool"]
+    assert tool_messages[-1]["content"] == "booked Rome (note: none)"

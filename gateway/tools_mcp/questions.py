@@ -16,7 +16,8 @@ that does not fit says why and the question goes on waiting.
 
 Every question is stored (``db.questions``) when it is posted, and moves once from ``pending``: a
 second press finds it answered.  Unanswered within ``tools.approval_timeout`` the server is told the
-user declined.
+user declined.  In a cluster the answer may be given on another instance: the waiting call reads its
+question's row every second, so it goes on within about a second of the answer being stored.
 
 A restart (a kill -9 too) while a question waits: a 2026-07-28 server's question is of a retried
 request (gateway.tools_mcp.rounds), stored with what sending it again needs, so it stays open.  The
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 
 NO_CHAT_PLATFORMS = frozenset({"cron", "api", "cli"})  # nobody reads a posted question there
 START_SECONDS = 60.0  # a turn resumed after a restart waits at most this for the questions to be postable
+ANSWER_POLL_SECONDS = 1.0  # a waiting question's row is read this often: an answer given on another instance
 
 
 class _End:
@@ -177,7 +179,7 @@ class ToolQuestions:
         assert router is not None
         try:
             try:
-                return await asyncio.wait_for(asyncio.shield(waiting.answer), max(deadline - self.clock(), 0.01))
+                return await self._answered(waiting, max(deadline - self.clock(), 0.01))
             except asyncio.TimeoutError:
                 if await self.db.questions.close(qid, "expired", now=self.clock()):
                     log.info("question %s of %s ran out unanswered; declined", qid, tool)
@@ -190,6 +192,23 @@ class ToolQuestions:
                 return _ended(await self.db.questions.get(qid) or {**waiting.row, "status": "expired"})
         finally:
             self._waiting.pop(qid, None)
+
+    async def _answered(self, waiting: _Waiting, seconds: float) -> Value | _End:
+        """The answer given within ``seconds``: here (the future), or on another instance of a cluster
+        (its row, read every ANSWER_POLL_SECONDS); asyncio.TimeoutError when none came."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while True:
+            left = end - loop.time()
+            if left <= 0:
+                raise asyncio.TimeoutError
+            with contextlib.suppress(asyncio.TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(waiting.answer), min(left, ANSWER_POLL_SECONDS))
+            row = await self.db.questions.get(waiting.row["id"])
+            if waiting.answer.done():  # answered here while the row was read
+                return waiting.answer.result()
+            if row is not None and row["status"] != "pending":
+                return _ended(row)
 
     def _text(self, qid: str, q: Question, intro: str | None, n: int, total: int, deadline: float,
               buttoned: bool) -> str:
