@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Protocol, runtime_checkable
+from typing import Awaitable, Callable, Literal, Protocol, runtime_checkable
 
 from gateway.errors import InvalidMessage
 
@@ -364,10 +364,18 @@ class HttpResponse:
 
 class ReplayLedger(Protocol):
     """The store's record of signed requests already accepted (``state`` ``db.replays``), shared by every
-    instance on it: a replay taken by one instance is refused by all."""
+    instance on it: a replay taken by one instance is refused by all.  A claim is held until its request
+    is stored (:meth:`stored`) or released; one whose process died first lapses at ``held_until``, and
+    the sender's resend of the same bytes is then taken (never lost to a crash)."""
 
-    async def claim(self, scope: str, signature: str, *, keep_until: float, now: float) -> bool:
-        """True the first time ``signature`` is claimed in ``scope``; False for a replay."""
+    async def claim(self, scope: str, signature: str, *, keep_until: float, held_until: float,
+                    now: float) -> Literal["taken", "replay", "in_flight"]:
+        """``taken`` the first time ``signature`` is claimed in ``scope`` (or its holder let ``held_until``
+        pass without storing the request); ``replay`` once its request was stored; ``in_flight`` while
+        another request with it is on its way into the store."""
+
+    async def stored(self, scope: str, signature: str) -> None:
+        """The claim's request is stored (or deliberately dropped): the same bytes are a replay from now."""
 
     async def release(self, scope: str, signature: str) -> None:
         """Forget a claim whose request was not stored (the sender's retry of the same bytes is taken)."""

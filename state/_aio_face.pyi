@@ -8,6 +8,7 @@ from typing import IO, Any, Callable, Iterable
 from ._dialect import StoreSize
 from ._fence import Fence
 from ._messages import Appended
+from ._replays import Claim
 from ._split import Split
 from ._storage import StorageReport
 from ._turns import ContextQuery, TurnContext
@@ -639,7 +640,8 @@ class AsyncQuestions:
 class AsyncReplays:
     """Replays's marked methods (``adb.replays``), each a coroutine."""
 
-    async def claim(self, scope: str, signature: str, *, keep_until: float, now: float) -> bool: ...
+    async def claim(self, scope: str, signature: str, *, keep_until: float, held_until: float, now: float) -> Claim: ...
+    async def stored(self, scope: str, signature: str) -> None: ...
     async def release(self, scope: str, signature: str) -> None: ...
 
 

@@ -129,6 +129,8 @@ def _where_names_come_from(tree: ast.Module, module: str, package: str = "state"
                 where[alias.asname or alias.name] = source
         elif isinstance(node, ast.ClassDef):
             where[node.name] = module
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Subscript):  # ``Claim = Literal[...]``
+            where.update((target.id, module) for target in node.targets if isinstance(target, ast.Name))
     return where
 
 

@@ -444,6 +444,13 @@ def _v38_resumable_questions(conn):
     _questions.add_resume_columns(conn)
 
 
+def _v39_signature_holds(conn):
+    """Both engines: ``signatures_seen.held_until`` (a claim whose request is not stored yet)."""
+    from . import _replays
+
+    _replays.add_held_column(conn)
+
+
 def _v36_delivery_receipts(conn):
     """Both engines: :data:`state._receipts.TABLES` (what a platform reported of the messages we sent)."""
     from . import _receipts
@@ -571,6 +578,8 @@ for _step in [
               _v37_mcp_auth, _v37_mcp_auth),
     Migration(38, "questions of a call that is sent again with the answers, after a restart too",
               _v38_resumable_questions, _v38_resumable_questions),
+    Migration(39, "a webhook signature is held until its request is stored, so a resend after a crash is taken",
+              _v39_signature_holds, _v39_signature_holds),
 ]:
     register(_step)
 

@@ -73,7 +73,8 @@ def _fill_every_table(home: Path) -> Path:
                           "expires_at": NOW + 600})
         db.a2a.add({"id": "task-1", "caller": "planner", "context_id": "ctx-1",
                     "session_key": "agent:main:a2a:planner:ctx-1", "request": "hello", "created_at": NOW})
-        assert db.replays.claim("webhook:n8n", "sha256=ab12", keep_until=NOW + 600, now=NOW)
+        assert db.replays.claim("webhook:n8n", "sha256=ab12", keep_until=NOW + 600, held_until=NOW + 30,
+                                now=NOW) == "taken"
         db.mcp_auth.put("docs", "telegram:u1", "tokens", "sealed-tokens", expires_at=NOW + 3600, now=NOW)
         db.mcp_auth.add_flow({"state_hash": "ab" * 32, "server": "docs", "principal": "telegram:u1",
                               "platform": "telegram", "chat_id": "c1", "data": "sealed-flow", "created_at": NOW,

@@ -215,5 +215,5 @@ def test_one_signed_request_claimed_by_two_instances_at_once_is_taken_once(two):
     a, b = two
     for round_ in range(4):
         results = race(THREADS, lambda n, r=round_: (a, b)[n % 2].replays.claim(
-            "webhook:hook", f"sig{r}", keep_until=2000.0, now=1000.0))
-        assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
+            "webhook:hook", f"sig{r}", keep_until=2000.0, held_until=1030.0, now=1000.0))
+        assert results.count("taken") == 1 and results.count("in_flight") == THREADS - 1, results

@@ -1,8 +1,9 @@
 """Webhooks (``platforms.webhook``) end to end: the real gateway serves ``POST /webhooks/<name>`` on its
 local API; tests/fakes/webhook.py signs the requests and receives the callbacks, checking their
 signatures.  The kit (tests/test_platform_kit.py) runs the shared checks; these are the webhook's own:
-signatures both ways, field paths, waiting for the answer, allowed senders per hook, retries and dead
-letters of the callback, a cron job delivering to a hook, and the config's errors."""
+signatures both ways (a resend after a crash between claim and store is taken), field paths, waiting
+for the answer, allowed senders per hook, retries and dead letters of the callback, a cron job
+delivering to a hook, and the config's errors."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 import aiohttp
 import pytest
 
+from adapters.webhook.signing import MemoryLedger
 from gateway.config import config_from_dict
 from gateway.errors import ConfigError
 from gateway.runtime.daemon import Gateway
@@ -70,6 +72,52 @@ async def test_signatures_are_checked_and_stale_replayed_or_forged_requests_refu
     assert stored_routes(config) == ["agent:main:webhook:ci:builder:builder"]
     assert len(model.requests) == 1
 
+
+
+async def test_a_resend_after_the_process_died_between_claim_and_store_is_taken_and_answered_once(tmp_path, side):
+    # the killed process had claimed the signature in the store's ledger, then died (kill -9) before
+    # the message was stored: its claim was neither marked stored nor released
+    async with FakeModel() as model:
+        gw = await running(tmp_path, model, side, {"ci": hook(side, allowed_senders=["builder"])})
+        try:
+            body = json.dumps({"sender": "builder", "text": "build 41 failed", "id": "b41"}).encode()
+            died_at = time.time() - 40  # the restart and the sender's retry took longer than the claim is held
+            signed = side.headers(body, timestamp=died_at)
+            assert await gw.db.replays.claim("webhook:ci", signed["X-Switchboard-Signature"],
+                                             keep_until=died_at + 300, held_until=died_at + 30,
+                                             now=died_at) == "taken"
+            resent = await side.post_raw("ci", body, signed)
+            [reply] = await side.wait_for_replies(1)
+            replayed = await side.post_raw("ci", body, signed)  # now that it is stored: a replay
+
+            # a twin still held (its process alive, or dead only a moment ago) is told to retry, not refused
+            held = json.dumps({"sender": "builder", "text": "build 42 failed", "id": "b42"}).encode()
+            held_signed = side.headers(held)
+            now = time.time()
+            await gw.db.replays.claim("webhook:ci", held_signed["X-Switchboard-Signature"], keep_until=now + 300,
+                                      held_until=now + 600, now=now)
+            busy = await side.post_raw("ci", held, held_signed)
+            config = gw.config
+        finally:
+            await gw.stop(grace_seconds=5)
+    assert resent == (202, {"accepted": True, "id": "b41"})
+    assert reply.body["text"] == "echo: build 41 failed | turns: 1 | first: build 41 failed"
+    assert replayed[0] == 401 and replayed[1]["error"].startswith("replayed"), replayed
+    assert busy == (503, {"error": "the same signed request is being stored right now; retry shortly"})
+    assert len(model.requests) == 1 and len(side.replies) == 1  # answered once
+    assert stored_routes(config) == ["agent:main:webhook:ci:builder:builder"]
+
+
+async def test_an_adapter_on_its_own_holds_a_claim_in_memory_until_its_request_is_stored():
+    ledger = MemoryLedger()
+    claim = ledger.claim
+    assert await claim("webhook:ci", "sha256=aa", keep_until=1300.0, held_until=1015.0, now=1000.0) == "taken"
+    assert await claim("webhook:ci", "sha256=aa", keep_until=1300.0, held_until=1016.0, now=1001.0) == "in_flight"
+    assert await claim("webhook:ci", "sha256=aa", keep_until=1300.0, held_until=1031.0, now=1016.0) == "taken"
+    await ledger.stored("webhook:ci", "sha256=aa")
+    assert await claim("webhook:ci", "sha256=aa", keep_until=1300.0, held_until=1100.0, now=1085.0) == "replay"
+    await ledger.release("webhook:ci", "sha256=aa")
+    assert await claim("webhook:ci", "sha256=aa", keep_until=1300.0, held_until=1101.0, now=1086.0) == "taken"
 
 async def test_field_paths_name_the_sender_conversation_text_and_key_for_a_payload_that_cannot_change(tmp_path, side):
     fields = {"sender": "user.id", "conversation": "thread.0.id", "text": "message.text", "idempotency_key": "event_id"}

@@ -13,9 +13,13 @@ import asyncio
 import json
 from contextlib import AsyncExitStack
 
+import psycopg
 import pytest
+import yaml
 
 from gateway.runtime.daemon import Gateway
+from tests.clusterdaemons import instance_dir, instance_settings
+from tests.crashkit import Daemon
 from tests.fakes.model_server import FakeModel
 from tests.fakes.webhook import FakeHookSide
 from tests.harness import eventually, gateway_config
@@ -81,3 +85,48 @@ async def test_a_delivery_replayed_to_another_instance_is_refused_there(tmp_path
     assert retried == (200, {"accepted": True, "id": "b41", "duplicate": True})
     assert not any("| turns: 4 |" in t for t in texts), texts  # nothing stored twice
     assert all(t.endswith("| first: build 41 failed") for t in texts), texts  # one session on both instances
+
+
+async def test_a_request_whose_instance_was_killed_between_taking_and_storing_it_is_taken_when_resent(
+        tmp_path, pg_url):
+    # kill -9 of a real daemon in the gap: its claim on the signature is written, its message is not
+    # (the test holds the messages table), so the same bytes resent to the other instance must be taken
+    async with FakeModel() as model, FakeHookSide() as side:
+        hooks = {"webhook": {"hooks": {"ci": {"secret": side.secret, "callback_url": side.callback_url}}}}
+        daemons = [Daemon(instance_dir(tmp_path, name), instance_settings(pg_url, name, model.base_url,
+                                                                          platforms=hooks))
+                   for name in ("a", "b")]
+        urls = [f"http://127.0.0.1:{yaml.safe_load(d.config.read_text())['api']['port']}" for d in daemons]
+        await asyncio.gather(*(d.start() for d in daemons))
+        try:
+            body = json.dumps({"sender": "builder", "text": "build 41 failed", "id": "b41"}).encode()
+            signed = side.headers(body)
+            with psycopg.connect(pg_url) as holder:
+                holder.execute("LOCK TABLE messages IN SHARE MODE")  # an INSERT into it waits
+                side.gateway_url = urls[0]
+                cut_off = asyncio.ensure_future(side.post_raw("ci", body, signed))
+                await eventually(lambda: _held(pg_url), 20, "the killed instance's claim on the signature")
+                await daemons[0].kill()
+                holder.rollback()
+            await asyncio.gather(cut_off, return_exceptions=True)
+            side.gateway_url = urls[1]
+            answers = []
+            while not answers or answers[-1][0] == 503:  # its twin is held: retry, as the answer says
+                answers.append(await side.post_raw("ci", body, signed))
+                assert len(answers) < 30, answers
+            await eventually(lambda: len(side.replies) >= 1, 30, "the reply to the resent request")
+            replayed = await side.post_raw("ci", body, signed)
+        finally:
+            await asyncio.gather(*(d.stop() for d in daemons if d.proc is not None and d.proc.returncode is None))
+    with psycopg.connect(pg_url) as conn:
+        stored = conn.execute("SELECT content FROM messages WHERE role = 'user'").fetchall()
+    assert answers[-1] == (202, {"accepted": True, "id": "b41"}), answers
+    assert {status for status, _ in answers[:-1]} <= {503}, answers
+    assert replayed[0] == 401 and replayed[1]["error"].startswith("replayed"), replayed
+    assert stored == [("build 41 failed",)]  # stored once
+    assert side.texts("builder") == ["echo: build 41 failed | turns: 1 | first: build 41 failed"]  # answered once
+
+
+def _held(url: str) -> bool:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM signatures_seen WHERE held_until IS NOT NULL").fetchone()[0] == 1

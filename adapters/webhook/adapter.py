@@ -4,9 +4,10 @@ Inbound, ``POST /webhooks/<name>`` (mounted on the local API by ``gateway.runtim
 this adapter never sees that server, only a :class:`gateway.types.HttpRequest`):
 
 1. the hook must exist, the request must be signed with its secret, fresh and not a replay
-   (:mod:`.signing`: a signature accepted by any instance on the store is refused by all; one whose
-   request could not be stored is released for the retry), and its body must name a sender and a
-   text (:mod:`.payload`); else 401/400;
+   (:mod:`.signing`: a signature whose request was stored by any instance on the store is refused by
+   all; one whose request could not be stored is released for the retry, and one whose process died
+   before storing it lapses, so the resend is taken), and its body must name a sender and a text
+   (:mod:`.payload`); else 401/400;
 2. it becomes an :class:`InboundMessage` from the user ``<hook>/<sender>`` (what ``auth`` and pairing
    see; a hook's ``allowed_senders`` are those users) keyed ``agent:main:webhook:<hook>:<conversation>:<sender>``,
    with the idempotency key as its message id, so a retry is stored and answered once;
@@ -148,7 +149,7 @@ class WebhookAdapter:
             await self._guard.claim(scope, timestamp, signature)
         except Refused as exc:
             log.info("webhook %s: refused a request from %s: %s", name, request.remote, exc)
-            return HttpResponse(exc.status, {"error": str(exc)})
+            return HttpResponse(exc.status, {"error": str(exc)}, {"Retry-After": "2"} if exc.status == 503 else {})
         except Exception as exc:  # noqa: BLE001 - the store is away: nothing could be stored either
             log.warning("webhook %s: could not check the request against the replay ledger (%s: %s)", name,
                         type(exc).__name__, exc)
@@ -170,9 +171,10 @@ class WebhookAdapter:
                 raise
             except Exception as exc:  # noqa: BLE001 - not stored: the sender retries, or it is set aside
                 answer_not_stored = await self._not_stored(name, parsed.key, request, msg, exc)
-                if answer_not_stored.status == 503:  # its retry, the same bytes, is taken then
-                    await self._release(scope, signature)
+                # its retry, the same bytes, is taken then; a dead letter was stored, as a dead letter
+                await self._settle(scope, signature, stored=answer_not_stored.status != 503)
                 return answer_not_stored
+            await self._settle(scope, signature, stored=True)
             self._failed.forget(f"{name}:{parsed.key}")
             answer = {"accepted": True, "id": parsed.key}
             if taken is False:
@@ -188,11 +190,13 @@ class WebhookAdapter:
             if future is not None:
                 self._waiting.pop(slot, None)
 
-    async def _release(self, scope: str, signature: str) -> None:
+    async def _settle(self, scope: str, signature: str, *, stored: bool) -> None:
+        """Tell the replay ledger the claimed request is stored (its bytes are a replay from now on) or
+        not (released: the sender's retry of them is taken)."""
         try:
-            await self._guard.release(scope, signature)
-        except Exception as exc:  # noqa: BLE001 - the sender's retry signed afresh is taken all the same
-            log.warning("webhook: could not release a claim on the replay ledger (%s: %s)", type(exc).__name__, exc)
+            await (self._guard.stored if stored else self._guard.release)(scope, signature)
+        except Exception as exc:  # noqa: BLE001 - the claim lapses: a retry is taken, the intake's dedup answers once
+            log.warning("webhook: could not settle a claim on the replay ledger (%s: %s)", type(exc).__name__, exc)
 
     def use_replay_ledger(self, ledger: ReplayLedger) -> None:
         """Refuse replays through ``ledger`` (the store's, shared by every instance) instead of memory."""

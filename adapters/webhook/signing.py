@@ -8,22 +8,36 @@ the hook's ``callback_url``.  A request whose timestamp is further than ``max_sk
 now is stale; one whose signature was already accepted within that window is a replay; both are
 refused: by every instance on the store, whose ledger of accepted signatures
 (``db.replays``) the gateway hands to the adapter.
+
+A signature is a replay only once its request is stored: until then its claim is held (for at most
+:data:`HOLD_SECONDS`).  The same bytes arriving meanwhile wait a moment for the verdict (the twin sent
+to another instance at the same time is refused as a replay once the first is stored); a claim whose
+process died (kill -9) before storing its request lapses, and the sender's resend is then taken.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import time
 from collections import OrderedDict
+from typing import Literal
 
 from gateway.errors import AdapterError
 from gateway.types import ReplayLedger
 
-__all__ = ["SIGNATURE", "TIMESTAMP", "MemoryLedger", "Refused", "ReplayGuard", "sign", "signed_headers"]
+__all__ = ["HOLD_SECONDS", "SIGNATURE", "TIMESTAMP", "MemoryLedger", "Refused", "ReplayGuard", "sign",
+           "signed_headers"]
 
 TIMESTAMP = "X-Switchboard-Timestamp"
 SIGNATURE = "X-Switchboard-Signature"
+
+#: The longest a claim is held for a request on its way into the store (storing takes milliseconds;
+#: a claim still held after this was its process's last act), and how long the same bytes arriving
+#: meanwhile wait for the verdict before they are told to retry.
+HOLD_SECONDS = 15.0
+TWIN_WAIT_SECONDS = 5.0
 
 
 class Refused(AdapterError):
@@ -77,10 +91,26 @@ class ReplayGuard:
         return timestamp, given
 
     async def claim(self, scope: str, timestamp: str, signature: str) -> None:
-        """Take a verified request's signature once; :class:`Refused` (401) for a replay."""
-        if not await self.ledger.claim(scope, signature, keep_until=float(timestamp) + self.max_skew,
-                                       now=self._clock()):
-            raise Refused(401, "replayed: this signature was already accepted; sign each request afresh")
+        """Take a verified request's signature once; :class:`Refused`: 401 for a replay (its request was
+        stored), 503 when another request with it is still on its way into the store after a wait."""
+        hold = min(HOLD_SECONDS, self.max_skew / 2)
+        waited, pause = 0.0, 0.02
+        while True:
+            now = self._clock()
+            verdict = await self.ledger.claim(scope, signature, keep_until=float(timestamp) + self.max_skew,
+                                              held_until=now + hold, now=now)
+            if verdict == "taken":
+                return
+            if verdict == "replay":
+                raise Refused(401, "replayed: this signature was already accepted and its request stored")
+            if waited >= TWIN_WAIT_SECONDS:
+                raise Refused(503, "the same signed request is being stored right now; retry shortly")
+            await asyncio.sleep(pause)
+            waited, pause = waited + pause, min(pause * 2, 0.5)
+
+    async def stored(self, scope: str, signature: str) -> None:
+        """The claimed request is stored: the same bytes are a replay from now on."""
+        await self.ledger.stored(scope, signature)
 
     async def release(self, scope: str, signature: str) -> None:
         await self.ledger.release(scope, signature)
@@ -91,17 +121,27 @@ class MemoryLedger:
 
     def __init__(self, memory: int = 100_000):
         self._memory = memory
-        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # (scope, signature) -> (keep_until, held_until: None once its request is stored)
+        self._seen: OrderedDict[tuple[str, str], tuple[float, float | None]] = OrderedDict()
 
-    async def claim(self, scope: str, signature: str, *, keep_until: float, now: float) -> bool:
-        while self._seen and next(iter(self._seen.values())) < now:
+    async def claim(self, scope: str, signature: str, *, keep_until: float, held_until: float,
+                    now: float) -> Literal["taken", "replay", "in_flight"]:
+        while self._seen and next(iter(self._seen.values()))[0] < now:
             self._seen.popitem(last=False)
-        if (scope, signature) in self._seen:
-            return False
-        self._seen[(scope, signature)] = keep_until
+        seen = self._seen.get((scope, signature))
+        if seen is not None and seen[1] is None:
+            return "replay"
+        if seen is not None and seen[1] > now:
+            return "in_flight"
+        self._seen[(scope, signature)] = (keep_until, held_until)
         while len(self._seen) > self._memory:
             self._seen.popitem(last=False)
-        return True
+        return "taken"
+
+    async def stored(self, scope: str, signature: str) -> None:
+        seen = self._seen.get((scope, signature))
+        if seen is not None:
+            self._seen[(scope, signature)] = (seen[0], None)
 
     async def release(self, scope: str, signature: str) -> None:
         self._seen.pop((scope, signature), None)
