@@ -20,6 +20,7 @@ so a route move or an end committed meanwhile is seen, not overwritten.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import time
@@ -199,18 +200,53 @@ def _copied_key(conn: sqlite3.Connection, session_id: str, answered: list[int]) 
 def _decode(row: sqlite3.Row) -> dict:
     message = dict(row)
     for key in _JSON_COLUMNS:
-        value = message.get(key)
-        if value:
-            try:
-                message[key] = json.loads(value)
-            except (json.JSONDecodeError, TypeError):
-                pass
+        if key in message:
+            message[key] = _decoded(message[key])
     return message
 
 
 def get_messages(conn: sqlite3.Connection, session_id: str) -> list[dict]:
     rows = conn.execute(f"SELECT * FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}", (session_id,))
     return [_decode(r) for r in rows]
+
+
+#: The columns :func:`get_stored` reads: :class:`StoredMessage`'s fields, in order (a row is its arguments).
+_STORED_FIELDS = tuple(field.name for field in dataclasses.fields(StoredMessage))
+_STORED_COLUMNS = ", ".join(_STORED_FIELDS)
+_STORED_JSON_AT = tuple(_STORED_FIELDS.index(key) for key in _JSON_COLUMNS)
+
+
+def _decoded(value: Any) -> Any:
+    """A JSON column's value as :func:`_decode` reads it: decoded, or kept as stored when empty or not JSON."""
+    if value:
+        try:
+            return json.loads(value)
+        except (json.JSONDecodeError, TypeError):
+            pass
+    return value
+
+
+def get_stored(conn: sqlite3.Connection, session_id: str) -> list[StoredMessage]:
+    """The session's messages in order, each built from its row (no dict per message: a session's every
+    message is read on every API request that continues it, so this is kept quick; ``bench/messages_read.py``)."""
+    sql = f"SELECT {_STORED_COLUMNS} FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}"
+    if isinstance(conn, sqlite3.Connection):  # plain tuples: no sqlite3.Row per message
+        cursor = conn.cursor()
+        cursor.row_factory = None
+        rows = cursor.execute(sql, (session_id,))
+    else:
+        rows = conn.execute(sql, (session_id,))
+    tool_calls, details, items = _STORED_JSON_AT
+    messages = []
+    for row in rows:
+        if row[tool_calls] is None and row[details] is None and row[items] is None:  # most messages
+            messages.append(StoredMessage(*row))
+            continue
+        values = list(row)
+        for at in _STORED_JSON_AT:
+            values[at] = _decoded(values[at])
+        messages.append(StoredMessage(*values))
+    return messages
 
 
 def _loads(value: str) -> Any:
@@ -433,7 +469,7 @@ class Messages(Repository):
     @reads
     def get(self, session_id: str) -> list[StoredMessage]:
         """The session's messages in order (its JSON columns decoded)."""
-        return [StoredMessage.of(row) for row in self._engine.read(get_messages, session_id)]
+        return self._engine.read(get_stored, session_id)
 
     @reads
     def as_conversation(self, session_id: str, upto: int | None = None) -> list[dict]:

@@ -480,3 +480,23 @@ def test_a_stored_message_crosses_the_store_boundary_as_a_frozen_value_its_json_
         question.content = "changed"  # type: ignore[misc]
     # a column a newer schema adds is left out, never an error
     assert StoredMessage.of({**question.as_dict(), "added_later": 1}) == question
+
+
+def test_every_column_of_a_stored_message_reads_back_in_its_own_field(db):
+    from state import StoredMessage
+
+    db.sessions.create("s1", "api")
+    calls = [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{}"}}]
+    full = {"role": "assistant", "content": "done", "tool_call_id": "c0", "tool_calls": calls, "tool_name": "terminal",
+            "token_count": 12, "finish_reason": "stop", "reasoning": "thought", "reasoning_details": [{"k": 1}],
+            "codex_reasoning_items": {"id": "r1"}, "platform_message_id": "p9", "timestamp": 5.5,
+            "trace_id": "ab" * 16}
+    older = [{"role": "assistant", "tool_calls": text, "timestamp": 6.0} for text in ("not json", "", "[1]")]
+    ids = db.messages.append_many("s1", [full, *older])
+    assert db.messages.get("s1") == [
+        StoredMessage(ids[0], "s1", **full),
+        # tool calls an older version stored as text stay that text; text that is JSON is decoded
+        StoredMessage(ids[1], "s1", "assistant", timestamp=6.0, tool_calls="not json"),
+        StoredMessage(ids[2], "s1", "assistant", timestamp=6.0, tool_calls=""),
+        StoredMessage(ids[3], "s1", "assistant", timestamp=6.0, tool_calls=[1]),
+    ]
