@@ -312,7 +312,7 @@ class AgentTurn:
         delivery = replace(req.delivery, text=reply or EMPTY_ANSWER) if req.delivery is not None else None
         stored = await self.db.messages.record_turn(plan.session_id, to_store, input_tokens=loop.prompt_tokens,
                                                     output_tokens=loop.completion_tokens, answered=req.answered,
-                                                    delivery=delivery, fence=req.fence)
+                                                    inbox=req.inbox, delivery=delivery, fence=req.fence)
         if plan.journal is not None and plan.journal.written:
             await plan.journal.drop()
         if loop.pending is not None and self.hooks.approvals is not None:

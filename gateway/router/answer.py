@@ -317,6 +317,7 @@ class Answer:
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=plan.answered,
+            inbox=plan.inbox,  # a request's message never entered the inbox: its reply deletes nothing there
             delivery=replace(plan.delivery, kind="stream") if plan.delivery is not None and plan.stream is not None
             else plan.delivery,
             on_notice=tell,
