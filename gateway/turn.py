@@ -180,30 +180,42 @@ class AgentTurn:
         replayed = with_unanswered_calls(replayed_history(history, self.settings.replay_reasoning))
         return shorten_oversized(replayed, self.max_message_tokens)
 
-    async def run(self, req: TurnRequest, *, history: list[dict] | None = None) -> TurnResult:
-        """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it."""
-        context = await self._context(req, conversation=history is None)
+    async def run(self, req: TurnRequest, *, history: list[dict] | None = None,
+                  context: TurnContext | None = None) -> TurnResult:
+        """Answer ``req``; ``history`` is the session's stored conversation when the caller already read it,
+        ``context`` what it read of the turn's context with it (:meth:`context_query`): only what that
+        lacks is read."""
+        context = await self._context(req, conversation=history is None, known=context)
         if history is None:
             history = list(context.conversation or ())
         plan = await self._plan(req, history, context)
         loop, refused = await self._loop_or_without_pictures(req, plan, context)
         return await self._settle(req, plan, loop, [*plan.notices, *refused])
 
-    async def _context(self, req: TurnRequest, *, conversation: bool) -> TurnContext:
+    def context_query(self, req: TurnRequest, *, conversation: bool) -> ContextQuery:
         """What the turn reads before its model call, in one store call (one snapshot, and on PostgreSQL
         one transaction): its conversation (unless the caller read it), when its session started (unless
         remembered), its media, its tool journal, the chat's facts choice and (``req.model_of_choice``) its
         ``/model`` choice."""
         prefetch = self.hooks.prefetch
-        query = ContextQuery(req.session_id, conversation=conversation,
-                             upto=max(req.answered) if req.answered else None,
-                             started=req.session_id not in self._started, media=self.hooks.media is not None,
-                             journal=req.answered, facts=prefetch.owner(req) if prefetch is not None else None,
-                             prefs=(req.session_key, ("model",)) if req.model_of_choice is not None else None)
+        return ContextQuery(req.session_id, conversation=conversation,
+                            upto=max(req.answered) if req.answered else None,
+                            started=req.session_id not in self._started, media=self.hooks.media is not None,
+                            journal=req.answered, facts=prefetch.owner(req) if prefetch is not None else None,
+                            prefs=(req.session_key, ("model",)) if req.model_of_choice is not None else None)
+
+    async def _context(self, req: TurnRequest, *, conversation: bool, known: TurnContext | None) -> TurnContext:
+        """:meth:`context_query` read, less what ``known`` (the caller's read of it) has already."""
+        query = self.context_query(req, conversation=conversation)
+        if known is not None:
+            query = known.lacking(query)
         if query == ContextQuery(req.session_id):
-            return TurnContext()  # nothing to read
-        context = await self.db.turns.context(query)
-        if query.started:
+            context = known or TurnContext()  # nothing (more) to read
+        else:
+            context = await self.db.turns.context(query)
+            context = known.merged(context) if known is not None else context
+        if query.started or (known is not None and known.session_id == req.session_id
+                             and known.asked is not None and known.asked.started):
             self._remember_start(req.session_id, context.started_at)
         if req.model_of_choice is not None:
             req.model = req.model_of_choice(context.pref("model"))
@@ -312,7 +324,7 @@ class AgentTurn:
         delivery = replace(req.delivery, text=reply or EMPTY_ANSWER) if req.delivery is not None else None
         stored = await self.db.messages.record_turn(plan.session_id, to_store, input_tokens=loop.prompt_tokens,
                                                     output_tokens=loop.completion_tokens, answered=req.answered,
-                                                    delivery=delivery, fence=req.fence)
+                                                    inbox=req.inbox, delivery=delivery, fence=req.fence)
         if plan.journal is not None and plan.journal.written:
             await plan.journal.drop()
         if loop.pending is not None and self.hooks.approvals is not None:

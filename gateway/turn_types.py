@@ -56,6 +56,9 @@ class TurnRequest:
     # as far as the last of them, its messages are stored right after it (before what arrived since),
     # and their inbox rows go with the reply.  Empty: the whole session, the reply stored last.
     answered: tuple[int, ...] = ()
+    # Which of them wait in the store's inbox (a platform chat's messages): their rows go with the reply.
+    # None: all of ``answered`` may (the store deletes whatever rows they have); ``()``: none does, no delete.
+    inbox: tuple[int, ...] | None = None
     # Crash safety: where the reply will be sent (its delivery record, no text yet), recorded as a
     # pending delivery in the same transaction as the reply.  None for cron and local callers.
     delivery: DeliveryRecord | None = None

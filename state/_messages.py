@@ -321,7 +321,8 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
 
 
 def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int, output_tokens: int,
-                 answered: list[int], delivery: DeliveryRecord | None, fence: Fence | None = None) -> list[int]:
+                 answered: list[int], delivery: DeliveryRecord | None, fence: Fence | None = None,
+                 inbox: list[int] | None = None) -> list[int]:
     fenced(conn, fence)
     tokens = (int(input_tokens or 0), int(output_tokens or 0))
     if messages and messages[0].get("platform_message_id") is None:  # the tokens go with its counters
@@ -332,8 +333,9 @@ def _record_turn(conn, session_id: str, messages: list[dict], input_tokens: int,
         if any(tokens):
             _sessions.update_token_counts(conn, session_id, input_tokens=tokens[0], output_tokens=tokens[1])
     place_after(conn, session_id, ids, answered)
-    if answered or delivery is not None:
-        _recovery.settle(conn, answered, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)
+    settled = answered if inbox is None else inbox
+    if settled or delivery is not None:
+        _recovery.settle(conn, settled, delivery, session_id=session_id, reply_message_id=ids[-1] if ids else None)
     return ids
 
 
@@ -455,16 +457,17 @@ class Messages(Repository):
     @writes
     def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,
                     output_tokens: int = 0, answered: Iterable[int] = (), delivery: DeliveryRecord | None = None,
-                    fence: Fence | None = None) -> list[int]:
+                    fence: Fence | None = None, inbox: Iterable[int] | None = None) -> list[int]:
         """A turn's messages and its token usage in one transaction: all of it or, on any error, none.
 
         ``answered`` are the ids of the user messages this turn answers: its messages are placed right
         after the last of them, before any message that arrived after those (see ``state._messages``),
-        and their inbox rows go.  ``delivery`` (a :class:`state.DeliveryRecord`) records the pending
+        and their inbox rows go (``inbox``, when given, names the rows that go instead: a caller that
+        knows its messages never entered the inbox passes ``()`` and no delete runs).  ``delivery`` (a :class:`state.DeliveryRecord`) records the pending
         send of the reply, tied to the last message stored.  With ``fence`` (PostgreSQL) nothing is
         written unless its lease is still the session's current one (``LeaseLost`` otherwise)."""
         return self._engine.write(_record_turn, session_id, list(messages), input_tokens, output_tokens,
-                                  list(answered), delivery, fence)
+                                  list(answered), delivery, fence, None if inbox is None else list(inbox))
 
     @reads
     def get(self, session_id: str) -> list[StoredMessage]:

@@ -7,19 +7,23 @@ for in one read: one snapshot, so the parts agree with each other.  Each part is
 function of the feature module that reads it alone (no second copy of any SQL); a part not asked
 for is None in the answer, and the turn reads it the old way if it needs it later.
 
+A platform chat's lane reads its batch's context under the lane lock, with ``continued`` (where a
+compression moved the conversation), and hands it to the turn, which reads only what that context
+:meth:`~TurnContext.lacking` says it lacks (usually nothing): a chat turn's history costs no call of its own.
+
 No table of its own, and no write: nothing to lock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import _facts
 from ._media import media_of_lineage
 from ._messages import get_messages_as_conversation
 from ._prefs import chat_pref
 from ._repo import Repository, reads
-from ._sessions import get_session
+from ._sessions import get_compression_tip, get_session
 from ._toolcalls import tool_journal
 
 
@@ -53,6 +57,9 @@ class ContextQuery:
     journal: tuple[int, ...] = ()  # the newest tool journal of these answered messages (``ToolJournal.newest``)
     facts: FactsOwner | None = None  # the chat's facts choice and whether the user has facts
     prefs: tuple[str, tuple[str, ...]] | None = None  # (session key, names): the chat's choices (``ChatPrefs.get``)
+    # follow a compression to where the conversation goes on (``Compression.continued_conversation``):
+    # every part is then read for that session, and ``upto`` holds only when it is ``session_id`` itself
+    continued: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +73,45 @@ class TurnContext:
     journal: dict | None = None
     facts: FactsChoice | None = None
     prefs: tuple[tuple[str, str | None], ...] | None = None  # (name, value: None when never chosen), as asked
+    session_id: str | None = None  # the session read (with ``continued``: where the conversation goes on)
+    asked: ContextQuery | None = None  # what was read
 
     def pref(self, name: str) -> str | None:
         """The chat's choice ``name`` as read (None: never made, or not asked for)."""
         return dict(self.prefs or ()).get(name)
 
+    def lacking(self, query: ContextQuery) -> ContextQuery:
+        """The parts of ``query`` this context was not read with (all of them for another session)."""
+        asked = self.asked
+        if asked is None or self.session_id != query.session_id:
+            return query
+        prefs = query.prefs
+        if prefs is not None and asked.prefs is not None and asked.prefs[0] == prefs[0] \
+                and set(prefs[1]) <= set(asked.prefs[1]):
+            prefs = None
+        conversation = query.conversation and not (
+            asked.conversation and asked.upto == query.upto and not asked.continued)
+        return ContextQuery(query.session_id, conversation=conversation,
+                            upto=query.upto if conversation else None, started=query.started and not asked.started,
+                            media=query.media and not asked.media,
+                            journal=() if query.journal == asked.journal else query.journal,
+                            facts=None if query.facts == asked.facts else query.facts, prefs=prefs)
+
+    def merged(self, more: TurnContext) -> TurnContext:
+        """This context with the parts ``more`` was read for (a read of what :meth:`lacking` said)."""
+        asked = more.asked
+        if asked is None:
+            return self
+        return replace(self, **{name: getattr(more, name) for name, wanted in (
+            ("conversation", asked.conversation), ("started_at", asked.started), ("media", asked.media),
+            ("journal", bool(asked.journal)), ("facts", asked.facts is not None), ("prefs", asked.prefs is not None))
+            if wanted})
+
 
 def read_turn_context(conn, query: ContextQuery) -> TurnContext:
-    sid = query.session_id
-    conversation = tuple(get_messages_as_conversation(conn, sid, query.upto)) if query.conversation else None
+    sid = get_compression_tip(conn, query.session_id) if query.continued else query.session_id
+    upto = query.upto if sid == query.session_id else None
+    conversation = tuple(get_messages_as_conversation(conn, sid, upto)) if query.conversation else None
     started_at = None
     if query.started:
         row = get_session(conn, sid)
@@ -90,7 +127,7 @@ def read_turn_context(conn, query: ContextQuery) -> TurnContext:
     if query.prefs is not None:
         key, names = query.prefs
         prefs = tuple((name, chat_pref(conn, key, name)) for name in names)
-    return TurnContext(conversation, started_at, media, journal, facts, prefs)
+    return TurnContext(conversation, started_at, media, journal, facts, prefs, sid, query)
 
 
 class Turns(Repository):

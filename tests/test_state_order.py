@@ -84,6 +84,18 @@ def test_the_inbox_read_for_a_claimed_turn_ends_with_the_last_unanswered_message
     assert [m["content"] for m in history] == ["d1", "r1", "d2", "d3"]
 
 
+def test_a_reply_settles_the_inbox_rows_it_is_told_of_and_is_placed_after_all_it_answered(store):
+    sid = store.sessions.create(new_session_id(), "telegram")
+    ids = [store.messages.append_inbound(sid, f"d{i}", platform_message_id=str(i),
+                                inbox={**TELEGRAM, "platform_message_id": str(i)}).id for i in (1, 2)]
+    later = store.messages.append_inbound(sid, "d3", platform_message_id="3").id
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=ids, inbox=ids[:1])
+    store.messages.record_turn(sid, [{"role": "assistant", "content": "r3"}], answered=[later], inbox=())
+    rows, _ = store.messages.unanswered_with_history(sid)
+    assert [r["text"] for r in rows] == ["d2"]  # only the row it named went
+    assert [m["content"] for m in store.messages.as_conversation(sid)] == ["d1", "d2", "r1", "d3", "r3"]
+
+
 def test_export_search_context_and_recall_read_in_the_same_order(store):
     sid = store.sessions.create(new_session_id(), "telegram")
     d1, _, _ = _burst(store, sid)

@@ -79,3 +79,47 @@ def test_a_turns_context_is_read_in_one_call_as_each_part_reads_alone(store):
         nothing = db.turns.context(ContextQuery(sid))
         assert (nothing.conversation, nothing.started_at, nothing.media, nothing.journal, nothing.facts,
                 nothing.prefs) == (None, None, None, None, None, None)
+
+
+def test_a_chat_turns_context_is_read_where_a_compression_moved_its_conversation(store):
+    """``continued``: the lane of a platform chat reads its batch's context with the conversation where it
+    goes on: the session itself as far as the batch's last message, or the child a compression moved it
+    to (all of it: what the split copied and what came since), as ``continued_conversation`` reads it."""
+    from state import ContextQuery
+
+    with store as db:
+        sid = db.sessions.create(new_session_id(), "telegram", session_key="k")
+        db.routes.set("k", sid)
+        d1 = db.messages.append(sid, "user", "d1")
+        later = db.messages.append(sid, "user", "stored after the batch")
+        here = db.turns.context(ContextQuery(sid, conversation=True, upto=d1, started=True, continued=True))
+        assert here.session_id == sid and [m["content"] for m in here.conversation] == ["d1"]
+        assert here.started_at == db.sessions.get(sid).started_at
+
+        split = db.compression.split(sid, [{"role": "user", "content": "summary"}, {"role": "user", "content": "d1"},
+                                           {"role": "user", "content": "stored after the batch"}],
+                                     expected_message_ids=[d1, later])
+        moved = db.turns.context(ContextQuery(sid, conversation=True, upto=d1, started=True, continued=True))
+        assert (moved.session_id, list(moved.conversation)) == db.compression.continued_conversation(sid, upto=d1)
+        assert moved.session_id == split.child_id and moved.started_at == db.sessions.get(split.child_id).started_at
+        assert [m["content"] for m in moved.conversation] == ["summary", "d1", "stored after the batch"]
+        unmoved = db.turns.context(ContextQuery(sid, conversation=True, upto=d1))  # not asked to follow it
+        assert unmoved.session_id == sid and [m["content"] for m in unmoved.conversation] == ["d1"]
+
+
+def test_a_turn_reads_only_what_its_callers_read_of_its_context_lacks():
+    """``TurnContext.lacking``/``merged``: what the lane read with the history is not read again; what the
+    turn needs beyond it (here: a /model choice the lane's copy no longer had fresh) is, and joins it."""
+    from state import ContextQuery, FactsOwner, TurnContext
+
+    owner = FactsOwner("k", "main", "telegram:u1")
+    read = TurnContext(conversation=({"role": "user", "content": "d1"},), started_at=1.0, media=(), journal=None,
+                       session_id="s", asked=ContextQuery("s", conversation=True, upto=7, started=True, media=True,
+                                                          journal=(7,), facts=owner, continued=True))
+    same = ContextQuery("s", upto=7, started=True, media=True, journal=(7,), facts=owner)
+    assert read.lacking(same) == ContextQuery("s")
+    more = read.lacking(ContextQuery("s", upto=7, media=True, journal=(7,), facts=owner, prefs=("k", ("model",))))
+    assert more == ContextQuery("s", prefs=("k", ("model",)))
+    joined = read.merged(TurnContext(prefs=(("model", "fast"),), session_id="s", asked=more))
+    assert (joined.pref("model"), joined.started_at, joined.conversation) == ("fast", 1.0, read.conversation)
+    assert read.lacking(ContextQuery("elsewhere", media=True)) == ContextQuery("elsewhere", media=True)

@@ -116,12 +116,13 @@ class Answer:
             # messages a rate limit held back in this session are answered with these
             batch = [t for t in lane.held if t.session_id == work.ticket.session_id] + [work.ticket, *lane.take_chats()]
             lane.held = []
-            # a compression may have moved the conversation to a child since these were stored
-            session_id, history = await db.compression.continued_conversation(batch[-1].session_id,
-                                                                              upto=batch[-1].message_id)
+            # the turn's whole context with its history, in one store call (a compression may have moved
+            # the conversation to a child since these were stored: it is read there)
+            context = await db.turns.context(self._chat_context_query(lane, batch))
             for t in batch:
-                t.session_id = session_id
-            return lambda: self._turn_then_unadopted(lane, batch, history)
+                t.session_id = context.session_id or t.session_id
+            history = list(context.conversation or ())
+            return lambda: self._turn_then_unadopted(lane, batch, history, context)
         if isinstance(work, RequestWork):  # one request, one turn: stored now, answered from what precedes it
             return await self._request(lane, work.ticket)
         if isinstance(work, ClaimedWork):
@@ -156,8 +157,20 @@ class Answer:
         # lane stores nothing else meanwhile, and the turn reads as far as the request's message
         return lambda: self._turn_then_unadopted(lane, [ticket], None)
 
-    async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None) -> None:
-        await self.run_turn(lane, batch, history)
+    def _chat_context_query(self, lane: Lane, batch: list[Ticket]) -> state.ContextQuery:
+        """What the turn answering ``batch`` reads before its model call (``AgentTurn.context_query``, for
+        the request :meth:`_run` makes), with the conversation where it goes on, as far as the batch's
+        last message: read under the lane lock, so a message stored after it waits for the next turn."""
+        last, msg = batch[-1], batch[-1].msg
+        model = last.extras.model or self._choices.known_model(lane, msg)
+        req = TurnRequest(session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
+                          answered=tuple(t.message_id for t in batch if t.message_id is not None),
+                          model_of_choice=None if model else functools.partial(self._choices.model_of, lane, msg))
+        return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True)
+
+    async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
+                                   context: state.TurnContext | None = None) -> None:
+        await self.run_turn(lane, batch, history, context=context)
         await self.unadopted(lane)
 
     async def _expired_then_unadopted(self, lane: Lane, tickets: list[Ticket]) -> None:
@@ -205,13 +218,14 @@ class Answer:
 
     # -- a turn ----------------------------------------------------------------------------
     async def run_turn(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
-                       claim: TurnGuard = SINGLE_INSTANCE) -> None:
+                       claim: TurnGuard = SINGLE_INSTANCE, *, context: state.TurnContext | None = None) -> None:
         """Answer ``batch`` from ``history`` (None: the turn reads the session as far as the batch's last
-        message)."""
+        message); ``context``: the turn's context, read with ``history`` (None: the turn reads it)."""
         with tracing.turn([t.trace for t in batch], platform=batch[-1].msg.platform):
-            await self._answer(lane, batch, history, claim)
+            await self._answer(lane, batch, history, claim, context)
 
-    async def _answer(self, lane: Lane, batch: list[Ticket], history: list[dict] | None, claim: TurnGuard) -> None:
+    async def _answer(self, lane: Lane, batch: list[Ticket], history: list[dict] | None, claim: TurnGuard,
+                      context: state.TurnContext | None = None) -> None:
         if claim is SINGLE_INSTANCE and not await self._admit(lane, batch):
             return
         started = time.monotonic()
@@ -224,7 +238,7 @@ class Answer:
             lane.starting = lane.stop_asked = False
             await self.answer_with_line(plan, heard, claim)
             return
-        reply = await self._run(lane, plan, history, claim)
+        reply = await self._run(lane, plan, history, claim, context)
         if reply is None:
             return  # dropped (the lease was lost), or held back by a budget a call of the turn ran into
         if self._shared.metrics:
@@ -302,7 +316,8 @@ class Answer:
             log.exception("transcribing the voice messages for %s failed", lane.key)
             return None
 
-    async def _run(self, lane: Lane, plan: Plan, history: list[dict] | None, claim: TurnGuard) -> Reply | None:
+    async def _run(self, lane: Lane, plan: Plan, history: list[dict] | None, claim: TurnGuard,
+                   context: state.TurnContext | None = None) -> Reply | None:
         """The model's turn, stoppable, with the typing indicator; its reply or the line standing in for it
         (None: nothing more to do)."""
         batch, last, msg = plan.batch, plan.last, plan.last.msg
@@ -317,6 +332,7 @@ class Answer:
         req = TurnRequest(
             session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
             attachments=tuple(a for t in batch for a in t.msg.attachments), answered=plan.answered,
+            inbox=plan.inbox,  # a request's message never entered the inbox: its reply deletes nothing there
             delivery=replace(plan.delivery, kind="stream") if plan.delivery is not None and plan.stream is not None
             else plan.delivery,
             on_notice=tell,
@@ -327,7 +343,7 @@ class Answer:
             chat=msg.chat, chat_type=msg.chat_type.value,
         )
         typing = spawn(self._outbox.keep_typing(msg.chat, msg.message_id, plan.stream, claim), name=f"typing:{lane.key}")
-        turn = asyncio.create_task(self.turn.run(req, history=history))
+        turn = asyncio.create_task(self.turn.run(req, history=history, context=context))
         claim.attach(turn)
         lane.current = turn
         if lane.stop_asked:  # stopped while it was being set up
