@@ -47,7 +47,7 @@ test: check systemd-tools postgresql-server browser mail-servers mcp-legacy mcp-
 	$(BIN)/python -m pytest -q -n $(WORKERS)
 
 # The fast loop: what runs in-process (tests/marks.py marks the rest slow from what it uses).  Its tests
-# wait on timers and fakes more than they compute, so twice the workers: 3 min 41 s at 4, 2 min 56 s at 8.
+# wait on timers and fakes more than they compute, so twice the workers: 3 min 41 s at 4, under 3 min at 8.
 FAST_WORKERS ?= 8
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(FAST_WORKERS)

@@ -122,6 +122,7 @@ async def test_total_model_failure_is_a_503_and_the_message_is_kept_then_a_norma
     assert len(stored) == 3
 
 
+@pytest.mark.slow  # 50 sessions of 10 turns (about 10 s): make test runs it, make test-fast leaves it out
 async def test_fifty_sessions_at_once_answer_in_order(tmp_path):
     async with FakeModel(delay=0.05) as model:
         async with running_gateway(tmp_path, model, model={"max_concurrent_calls": 16}) as gw:

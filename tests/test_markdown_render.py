@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from adapters.discord.format import to_discord, to_plain
@@ -146,6 +147,7 @@ def test_telegram_takes_every_message_shows_every_word_and_no_more_than_was_writ
     assert utf16_len(visible.strip()) <= utf16_len(md)
 
 
+@pytest.mark.slow  # 400 examples, each split and rendered (about 10 s): make test runs it, make test-fast leaves it out
 @PROPERTY
 @given(markdown)
 def test_each_telegram_part_of_a_long_reply_is_whole_and_within_the_limit(md):

@@ -59,6 +59,7 @@ class _Telegram:
         await self.gw.stop(grace_seconds=5)
 
 
+@pytest.mark.slow  # a daemon answering a long paste, then three turns and /new (about 12 s): make test runs it, make test-fast leaves it out
 async def test_a_long_paste_on_an_unknown_2048_token_window_is_answered_and_the_window_learned(world):
     """The issue's llama.cpp case: the window is unknown (8,192 assumed), the real one 2,048."""
     tg, model, _ = world

@@ -39,6 +39,7 @@ def test_placeholders_outside_quotes_become_psycopg_ones_and_nothing_else_change
     assert translate(sql) == "SELECT 1" + "".join(expected for _, expected in pieces)
 
 
+@pytest.mark.slow  # 300 examples (about 9 s): make test runs it, make test-fast leaves it out
 @settings(max_examples=300, deadline=None)
 @given(st.lists(SAFE_PIECES, max_size=6), REFUSED, st.lists(SAFE_PIECES, max_size=6))
 def test_what_the_scanner_cannot_read_safely_is_refused(before, refused, after):
