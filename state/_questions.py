@@ -17,6 +17,9 @@ server's request and ``retry`` (JSON: what sending it again needs: the call, the
 state, the form).  Such a question outlives a restart: answered while no call waits, the answer is
 kept, and the turn resumed after the restart sends the call again with it.  ``resent_at`` is set,
 once, when a round's call is sent with its answers, so a crash after that never sends it twice.
+A legacy server's question has no ``round_id`` and cannot be sent again, but its ``retry`` holds the
+form as asked (``message``, ``schema``): an instance of a cluster where its call does not wait checks
+an answer against it and stores it, and the call waiting on its own instance reads it from there.
 
 **Locks (PostgreSQL, writes at READ COMMITTED).**  A question is written by one INSERT of a new id and
 closed by one ``UPDATE ... WHERE status = 'pending'``: a second close waits for the first's row lock and

@@ -16,8 +16,9 @@ that does not fit says why and the question goes on waiting.
 
 Every question is stored (``db.questions``) when it is posted, and moves once from ``pending``: a
 second press finds it answered.  Unanswered within ``tools.approval_timeout`` the server is told the
-user declined.  In a cluster the answer may be given on another instance: the waiting call reads its
-question's row every second, so it goes on within about a second of the answer being stored.
+user declined.  In a cluster the answer may be given on another instance: each question is stored
+with its form, so that instance checks the answer and stores it, and the waiting call reads its
+question's row every second, going on within about a second of the answer being stored.
 
 A restart (a kill -9 too) while a question waits: a 2026-07-28 server's question is of a retried
 request (gateway.tools_mcp.rounds), stored with what sending it again needs, so it stays open.  The
@@ -137,9 +138,11 @@ class ToolQuestions:
         deadline = self.clock() + self.timeout
         answers: dict[str, Value] = {}
         intro = f"**{asking.tool}** asks: {params.message.strip()[:1500]}"
-        retry = None if asking.round is None else json.dumps(
-            {"round": asking.round.as_dict(), "key": asking.key, "message": params.message,
-             "schema": params.requested_schema}, ensure_ascii=False)
+        # the form is stored for every question (an answer given on another instance is checked against
+        # it there); a 2026-07-28 question also with what sending its call again needs
+        form = {"message": params.message, "schema": params.requested_schema}
+        retry = json.dumps(form if asking.round is None else
+                           {"round": asking.round.as_dict(), "key": asking.key, **form}, ensure_ascii=False)
         for n, question in enumerate(questions, 1):
             got = await self._ask_one(asking, chat, question, intro if n == 1 else None, n, len(questions),
                                       deadline, retry)
@@ -278,10 +281,14 @@ class ToolQuestions:
         kept = waiting is None
         if waiting is None:
             question = _stored_question(row)
-            if question is None:  # its call is not running here any more (it ended with a restart)
+            if question is None:  # a question stored without its form, whose call is not here: it ended
                 await self.db.questions.close(qid, "interrupted", now=self.clock())
                 return _closed({**row, "status": "interrupted"})
-            # a call sent again after a restart: the answer is kept for the turn that resumes it
+            if row["round_id"] is None and self.clock() >= row["expires_at"]:  # no call waits for it any more
+                await self.db.questions.close(qid, "expired", now=self.clock())
+                return _closed(await self.db.questions.get(qid) or {**row, "status": "expired"})
+            # its call waits on another instance (which reads the stored answer), or, of a 2026-07-28
+            # server, is sent again after a restart by the turn that resumes it
             waiting = _Waiting(question, row, asyncio.get_running_loop().create_future())
         word = text.strip()
         if word.lower() == "decline":
@@ -305,7 +312,8 @@ class ToolQuestions:
         self._settle(qid, waiting, value)
         log.info("question %s of %s answered by %s", qid, row["tool"], by)
         shown = "left at its default" if value is SKIP else _shown(value)  # type: ignore[arg-type]
-        later = "; the call goes on once the gateway has resumed it" if kept else ""
+        later = "" if not kept else ("; the call goes on" if row["round_id"] is None else
+                                     "; the call goes on (after a restart: once the gateway has resumed it)")
         return f"Noted for {row['tool']}: {question.title} = {shown} (question {qid}){later}."
 
     def _settle(self, qid: str, waiting: _Waiting, value: Value | _End) -> None:
@@ -390,7 +398,7 @@ class ToolQuestions:
     async def _resumable(self, row: dict) -> bool:
         """Whether the turn resumed after a restart takes ``row`` up: a call that can be sent again, cut
         off in a turn whose journal says it was running (past its deadline too: it then declines)."""
-        if row["retry"] is None or row["call_id"] is None or row["session_id"] is None:
+        if row["round_id"] is None or row["retry"] is None or row["call_id"] is None or row["session_id"] is None:
             return False
         return row["call_id"] in await self.db.tool_journal.running(row["session_id"])
 
@@ -412,7 +420,8 @@ def _ended(row: dict) -> Value | _End:
 
 
 def _stored_question(row: dict) -> Question | None:
-    """The question of a row whose call can be sent again (as asked: from the stored form), else None."""
+    """The question of a row as asked (from its stored form), else None (a legacy server's question
+    stored by a version that kept no form)."""
     if row.get("retry") is None:
         return None
     try:
