@@ -393,6 +393,12 @@ class EmailSide:
     def chat_of(self, index: int) -> str:
         return f"user{index}@example.com"
 
+    @staticmethod
+    def delivery_chat(chat_id: str, thread_id: str | None) -> str:
+        """A delivery record's chat as replies() names it: the address its mail goes to (the record's chat
+        is ``address <thread root>``); without this no pending mail ever counted as in flight at a kill."""
+        return chat_id.partition(" ")[0]
+
     async def ready(self, start: Start, timeout: float) -> None:
         self._logins += 1
         await eventually(lambda: self.imap.logins() >= self._logins, timeout, "the daemon's IMAP login")
