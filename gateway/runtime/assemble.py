@@ -186,7 +186,7 @@ def _build(cfg: Config, wiring: Wiring, db: state.AsyncSessionDB, outbox: Outbox
         tools.register(facts.tool())
     # MCP servers: nothing runs until Gateway.start(); their allowed tools join the registry as they come up
     # a server's question mid-call (elicitation) goes to the chat of the person whose call it is
-    questions = ToolQuestions(db, cfg.tools, clock=clock)
+    questions = ToolQuestions(db, cfg.tools, clock=clock, shared=cfg.clustered)
     # servers with auth: operator | per_user: the sign-in links sent in the chat, the callback on the local API
     signins = SignIns(db, cfg.home, oauth_settings(cfg), approvers=lambda: approvals.approvers, clock=clock)
     mcp = McpTools(cfg.tools, tools, on_call=wiring.metrics.tool_call, elicit=questions.ask, signins=signins,

@@ -100,9 +100,11 @@ class ToolQuestions:
     """The MCP servers' ``elicit`` callback, the ``/answer`` command, plain replies to a question, and the
     settling of questions a restart cut off."""
 
-    def __init__(self, db: state.AsyncSessionDB, cfg: ToolsConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: state.AsyncSessionDB, cfg: ToolsConfig, *, clock: Callable[[], float] = time.time,
+                 shared: bool = False) -> None:
         self.db = db
         self.clock = clock
+        self.shared = shared  # a cluster's store: an answer may be given on another instance (read its row)
         self.router: ChatControl | None = None  # given at start(): where the questions are posted
         self._waiting: dict[str, _Waiting] = {}
         self._started = asyncio.Event()  # start() was called: questions can be posted
@@ -197,8 +199,10 @@ class ToolQuestions:
             self._waiting.pop(qid, None)
 
     async def _answered(self, waiting: _Waiting, seconds: float) -> Value | _End:
-        """The answer given within ``seconds``: here (the future), or on another instance of a cluster
-        (its row, read every ANSWER_POLL_SECONDS); asyncio.TimeoutError when none came."""
+        """The answer given within ``seconds``: here (the future), or, on a cluster's store, on another
+        instance (its row, read every ANSWER_POLL_SECONDS); asyncio.TimeoutError when none came."""
+        if not self.shared:  # one instance: every answer comes through this process
+            return await asyncio.wait_for(asyncio.shield(waiting.answer), max(seconds, 0))
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
         while True:
