@@ -6,8 +6,10 @@ position or by name.  :class:`PgConnection` gives them exactly that over psycopg
 
 * ``?`` becomes ``%s`` and a literal ``%`` becomes ``%%`` (outside quoted strings and
   identifiers only ``?`` counts); ``:name`` becomes ``%(name)s`` when the parameters
-  are a dict.  Parameters are bound on the client (psycopg's ``ClientCursor``), so a
-  value is typed by where it stands, as SQLite does, not by its Python type.  What the
+  are a dict.  Parameters are bound on the server (psycopg's own ``Cursor``): a text is
+  sent untyped, so PostgreSQL types it by where it stands, as SQLite does, and a statement
+  a connection has run five times is prepared there, so the server parses and plans it
+  once per connection instead of at every run.  What the
   translation cannot read safely (a comment, a ``$$`` body, an ``E'...'`` string, jsonb's
   ``?`` operator) it refuses with :class:`UnsafeSql` instead of guessing.
 * A Python ``bool`` is sent as 0 or 1 (the store's flags are integer columns); a NUL
@@ -192,6 +194,11 @@ def translate(sql: str, named: bool = False) -> str:
     return "".join(out)
 
 
+def _stale_plan(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL refusing a prepared statement whose table changed shape since."""
+    return "cached plan must not change result type" in str(exc)
+
+
 def _param(value: Any) -> Any:
     if isinstance(value, bool):
         return int(value)
@@ -366,7 +373,7 @@ class PgEngine:
         self._multi_statement_reads: set[Any] = set()  # the code of reads that ran more than one statement
 
         def configure(conn: Any) -> None:
-            conn.cursor_factory = psycopg.ClientCursor
+            conn.cursor_factory = psycopg.Cursor  # server-side binding: statements run often are prepared
             conn.row_factory = row_factory
 
         self._pool = ConnectionPool(
@@ -490,6 +497,7 @@ class PgEngine:
         start = time.monotonic()
         delay = 0.002
         reconnected = False
+        replanned = False
         while True:
             raw = None
             committing = False
@@ -497,26 +505,37 @@ class PgEngine:
                 with self._connection(deadline) as raw:
                     raw.isolation_level = getattr(psycopg.IsolationLevel, isolation.replace(" ", "_"))
                     raw.read_only = read_only
-                    if one_statement:
-                        raw.autocommit = True
-                        try:
-                            result = fn(PgConnection(raw, one_statement=True), *args, **kwargs)
-                        finally:
-                            if not raw.closed and not raw.broken:
-                                raw.autocommit = False
-                        self._server_down = False
-                        return result
-                    conn = PgConnection(raw)
                     try:
-                        result = fn(conn, *args, **kwargs)
-                        committing = True
+                        if one_statement:
+                            raw.autocommit = True
+                            try:
+                                result = fn(PgConnection(raw, one_statement=True), *args, **kwargs)
+                            finally:
+                                if not raw.closed and not raw.broken:
+                                    raw.autocommit = False
+                            self._server_down = False
+                            return result
+                        conn = PgConnection(raw)
+                        try:
+                            result = fn(conn, *args, **kwargs)
+                            committing = True
+                            raw.commit()
+                            self._server_down = False
+                            return result
+                        except BaseException:
+                            if not raw.closed:
+                                raw.rollback()
+                            raise
+                    except pgerrors.FeatureNotSupported as exc:
+                        if replanned or not _stale_plan(exc) or raw.closed:
+                            raise
+                        # A statement this connection prepared before another process changed a table's
+                        # columns (a newer instance migrating the schema): forget its prepared
+                        # statements and run the call again, once; nothing was committed.
+                        raw.execute("DEALLOCATE ALL")
                         raw.commit()
-                        self._server_down = False
-                        return result
-                    except BaseException:
-                        if not raw.closed:
-                            raw.rollback()
-                        raise
+                        replanned = True
+                        continue
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as exc:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -596,8 +615,7 @@ def probe(url: str, *, timeout: float = 5.0) -> tuple[int | None, str]:
     psycopg = _require_psycopg()
     masked = mask_url(url)
     try:
-        with psycopg.connect(url, connect_timeout=max(1, int(timeout)), cursor_factory=psycopg.ClientCursor,
-                             row_factory=row_factory) as raw:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout)), row_factory=row_factory) as raw:
             conn = PgConnection(raw)
             version = schema.read_version_pg(conn, masked)
             server = raw.info.server_version
