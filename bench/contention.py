@@ -7,8 +7,9 @@ Each writer process appends single messages (one transaction each) to its own
 session as fast as it can for ``--seconds``, timing every append; all writers
 start at the same instant.  Prints the aggregate messages/s (appends finished
 inside that window of ``--seconds``, per second), p50/p99/max write latency, errors surfaced to the caller
-(a failed append is a lost message) and rows lost (appends reported as stored
-but missing from the database afterwards).
+(a failed append is a lost message), rows lost (appends reported as stored
+but missing from the database afterwards) and ``fewest``: in the round where it was worst, the
+appends of the writer that made the fewest, as a share of the writers' average (100 % is fair).
 
 * ``seed``: the original design's contention handling: a 1 s SQLite busy timeout, then up
   to 15 application retries sleeping 20-150 ms at random, ``BEGIN IMMEDIATE``,
@@ -210,6 +211,7 @@ def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int)
     setup.close()
     return {"stored": sum(o[1] for o in outcomes), "errors": sum(o[2] for o in outcomes), "lost": lost,
             "in_window": sum(o[4] for o in outcomes), "seconds": seconds,
+            "fewest": min(o[4] for o in outcomes) / (sum(o[4] for o in outcomes) / writers or 1),
             "latencies": [x for o in outcomes for x in o[3]]}
 
 
@@ -221,6 +223,7 @@ def summarize(runs: list[dict]) -> dict:
         "rate": sum(r["in_window"] for r in runs) / sum(r["seconds"] for r in runs),
         "p50": q[49] * 1000, "p99": q[98] * 1000, "max": lat[-1] * 1000,
         "errors": sum(r["errors"] for r in runs), "lost": sum(r["lost"] for r in runs),
+        "fewest": min(r.get("fewest", 1.0) for r in runs),
     }
 
 
@@ -368,14 +371,14 @@ def main() -> None:
                     for suffix in ("", "-wal", "-shm", "-lock"):
                         Path(tmp, f"{design}-{writers}-{round_no}.db{suffix}").unlink(missing_ok=True)
     print(f"{'design':<6} {'writers':>7} {'msg/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6} {'lost':>5} "
-          f"{'vs 1 writer':>11}")
+          f"{'vs 1 writer':>11} {'fewest':>6}")
     for writers in args.writers:
         for design in args.designs:
             r = summarize(runs[(design, writers)])
             single = summarize(runs[(design, 1)])["rate"] if (design, 1) in runs else None
             share = f"{r['rate'] / single * 100:.0f} %" if single else "-"
             print(f"{design:<6} {writers:>7} {r['rate']:>8.0f} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} "
-                  f"{r['errors']:>6} {r['lost']:>5} {share:>11}")
+                  f"{r['errors']:>6} {r['lost']:>5} {share:>11} {r['fewest'] * 100:>5.0f}%")
     print(f"load average {os.getloadavg()[0]:.1f} after (other processes on this machine share its CPUs)")
 
 
