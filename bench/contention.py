@@ -7,16 +7,23 @@ Each writer process appends single messages (one transaction each) to its own
 session as fast as it can for ``--seconds``, timing every append; all writers
 start at the same instant.  Prints the aggregate messages/s (appends finished
 inside that window of ``--seconds``, per second), p50/p99/max write latency, errors surfaced to the caller
-(a failed append is a lost message) and rows lost (appends reported as stored
-but missing from the database afterwards).
+(a failed append is a lost message), rows lost (appends reported as stored
+but missing from the database afterwards) and ``fewest``: in the round where it was worst, the
+appends of the writer that made the fewest, as a share of the writers' average (100 % is fair).
 
 * ``seed``: the original design's contention handling: a 1 s SQLite busy timeout, then up
   to 15 application retries sleeping 20-150 ms at random, ``BEGIN IMMEDIATE``,
   a PASSIVE checkpoint every 50 writes; over the seed's tables with both FTS5
   tables (unicode61 and trigram over every message), ``synchronous=NORMAL``.
-* ``ours``: ``db.messages.append`` (writers queue on a kernel
-  lock in front of SQLite's, patience 10 s measured in time; the search
-  design of ``state.search.fts5``).
+* ``ours``: ``db.messages.append`` (SQLite's lock, no busy timeout, a retry every 0.5-1.5 ms; a
+  writer that has found the lock held 8 times raises a flag that holds the others back until it is
+  in, ``state._lock``; patience 10 s measured in time; the search design of ``state.search.fts5``).
+* ``retry``: ours without that flag, to show what it is for.
+
+``--load product`` runs the product's own load instead: one daemon (turns of 20 chats), a CLI
+command every 50 ms (a process of its own opening the store for one rename) and cron (a run every
+100 ms), each write timed by its kind; lost counts the messages and titles reported as stored but
+missing afterwards.
 
 Databases live in a temporary directory that is removed afterwards; nothing
 touches ``~/.switchboard``.
@@ -126,29 +133,17 @@ class OurStore:
 
 
 class RetryStore(OurStore):
-    """Ours without the writer queue (``state._lock``): SQLite's own lock, a busy timeout of
-    ``BUSY_MS`` on the write connection, then the engine's jittered retries (``Engine._retry_busy``:
-    1 ms doubling to 50 ms, each 0.5-1.5 times that, until the write timeout)."""
-
-    BUSY_MS = 0
+    """Ours without the starving writer's flag (``state._lock``): SQLite's lock and the engine's
+    jittered retries alone (``Engine._begin_immediate``), to show what the flag is for."""
 
     def __init__(self, path: Path):
-        from state import db
-
-        real = db.Engine
-        db.Engine = lambda *a, **k: real(*a, process_lock=False, **k)  # type: ignore[misc]  # bench-only switch
-        try:
-            self.db = SessionDB(path)
-        finally:
-            db.Engine = real  # type: ignore[misc]
-        self.db._engine._wconn.execute(f"PRAGMA busy_timeout = {self.BUSY_MS}")  # type: ignore[union-attr]
+        super().__init__(path)
+        engine = self.db._engine
+        engine._flag.close()  # type: ignore[union-attr]  # bench-only switch
+        engine._flag = None  # type: ignore[union-attr]
 
 
-class RetryBusy5Store(RetryStore):
-    BUSY_MS = 5
-
-
-STORES = {"seed": SeedStore, "ours": OurStore, "retry": RetryStore, "retry5": RetryBusy5Store}
+STORES = {"seed": SeedStore, "ours": OurStore, "retry": RetryStore}
 
 
 def _texts(worker: int, n: int = 2000) -> list[tuple[str, str]]:
@@ -216,17 +211,19 @@ def run(design: str, writers: int, seconds: float, workdir: Path, round_no: int)
     setup.close()
     return {"stored": sum(o[1] for o in outcomes), "errors": sum(o[2] for o in outcomes), "lost": lost,
             "in_window": sum(o[4] for o in outcomes), "seconds": seconds,
+            "fewest": min(o[4] for o in outcomes) / (sum(o[4] for o in outcomes) / writers or 1),
             "latencies": [x for o in outcomes for x in o[3]]}
 
 
 def summarize(runs: list[dict]) -> dict:
     """Pool the rounds: total messages over total time, percentiles over every write."""
     lat = sorted(x for r in runs for x in r["latencies"])
-    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [lat[0]] * 99
     return {
         "rate": sum(r["in_window"] for r in runs) / sum(r["seconds"] for r in runs),
         "p50": q[49] * 1000, "p99": q[98] * 1000, "max": lat[-1] * 1000,
         "errors": sum(r["errors"] for r in runs), "lost": sum(r["lost"] for r in runs),
+        "fewest": min(r.get("fewest", 1.0) for r in runs),
     }
 
 
@@ -246,8 +243,11 @@ def _cli_command(design: str, path: str, n: int, done) -> None:
 
 
 def _product_role(design: str, path: str, role: str, begin: float, seconds: float, barrier, results) -> None:
-    """One process of the product's load, timing each of its writes (see :func:`product`)."""
+    """One process of the product's load, timing each of its writes (see :func:`product`); also says
+    what it stored (messages per session; the last title it gave each chat) for the count of lost writes."""
     latencies: list[float] = []
+    messages: dict[str, int] = {}
+    titles: dict[str, str] = {}
     errors = stored = 0
     texts = _texts(hash(role) % 100, 200)
     barrier.wait()
@@ -274,8 +274,10 @@ def _product_role(design: str, path: str, role: str, begin: float, seconds: floa
             chat = f"chat{i % 20}"
             content = texts[i % len(texts)][1]
             got = timed(store.db.messages.append_inbound, chat, content, platform_message_id=f"p{i}")
+            stored_before = stored
             timed(store.db.messages.record_turn, chat, [{"role": "assistant", "content": content}],
                   input_tokens=100, output_tokens=20, answered=[got.id] if got else [])
+            messages[chat] = messages.get(chat, 0) + (got is not None) + (stored - stored_before)
             i += 1
             time.sleep(0.005)  # the model's answer, the platform's round trips: ~100 turns/s at most
         store.close()
@@ -290,6 +292,8 @@ def _product_role(design: str, path: str, role: str, begin: float, seconds: floa
             latencies.append(took)
             errors += failed
             stored += 1 - failed
+            if not failed:
+                titles[f"chat{i % 20}"] = f"renamed {i}"
             i += 1
             time.sleep(0.05)
     else:  # cron: a job's run begun and finished every 100 ms, its answer stored in its own session
@@ -300,13 +304,15 @@ def _product_role(design: str, path: str, role: str, begin: float, seconds: floa
         while time.perf_counter() < end:
             run = timed(store.db.cron.begin_run, "job", holder="bench", now=time.time(), lease_seconds=60,
                         trigger="schedule", scheduled_at=None, deliver=None)
+            stored_before = stored
             timed(store.db.messages.append, "cron", "assistant", texts[i % len(texts)][1])
+            messages["cron"] = messages.get("cron", 0) + (stored - stored_before)
             if run and run["status"] == "running":
                 timed(store.db.cron.finish_run, run["run"]["id"], holder="bench", now=time.time(), status="ok")
             i += 1
             time.sleep(0.1)
         store.close()
-    results.put((role, stored, errors, latencies))
+    results.put((role, stored, errors, latencies, messages, titles))
 
 
 def product(design: str, seconds: float, workdir: Path, round_no: int) -> dict[str, dict]:
@@ -330,8 +336,11 @@ def product(design: str, seconds: float, workdir: Path, round_no: int) -> dict[s
     outcomes = {o[0]: o for o in (results.get() for _ in procs)}
     for proc in procs:
         proc.join()
+    lost = {role: sum(max(0, n - setup.count(session)) for session, n in o[4].items())
+            + sum(setup.db.titles.get(chat) != title for chat, title in o[5].items())
+            for role, o in outcomes.items()}
     setup.close()
-    return {role: {"stored": o[1], "errors": o[2], "lost": 0, "in_window": o[1], "seconds": seconds,
+    return {role: {"stored": o[1], "errors": o[2], "lost": lost[role], "in_window": o[1], "seconds": seconds,
                    "latencies": o[3]} for role, o in outcomes.items()}
 
 
@@ -362,14 +371,14 @@ def main() -> None:
                     for suffix in ("", "-wal", "-shm", "-lock"):
                         Path(tmp, f"{design}-{writers}-{round_no}.db{suffix}").unlink(missing_ok=True)
     print(f"{'design':<6} {'writers':>7} {'msg/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6} {'lost':>5} "
-          f"{'vs 1 writer':>11}")
+          f"{'vs 1 writer':>11} {'fewest':>6}")
     for writers in args.writers:
         for design in args.designs:
             r = summarize(runs[(design, writers)])
             single = summarize(runs[(design, 1)])["rate"] if (design, 1) in runs else None
             share = f"{r['rate'] / single * 100:.0f} %" if single else "-"
             print(f"{design:<6} {writers:>7} {r['rate']:>8.0f} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} "
-                  f"{r['errors']:>6} {r['lost']:>5} {share:>11}")
+                  f"{r['errors']:>6} {r['lost']:>5} {share:>11} {r['fewest'] * 100:>5.0f}%")
     print(f"load average {os.getloadavg()[0]:.1f} after (other processes on this machine share its CPUs)")
 
 
@@ -384,7 +393,7 @@ def main_product(args: argparse.Namespace) -> None:
             for design in designs:
                 for role, run_ in product(design, args.seconds, Path(tmp), round_no).items():
                     runs.setdefault((design, role), []).append(run_)
-    print(f"{'design':<6} {'role':<7} {'writes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6}")
+    print(f"{'design':<6} {'role':<7} {'writes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'errors':>6} {'lost':>5}")
     for role in ("daemon", "cli", "cron"):
         for design in designs:
             if not any(x["latencies"] for x in runs[(design, role)]):
@@ -392,7 +401,8 @@ def main_product(args: argparse.Namespace) -> None:
                 continue
             r = summarize(runs[(design, role)])
             writes = sum(x["stored"] for x in runs[(design, role)])
-            print(f"{design:<6} {role:<7} {writes:>7} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} {r['errors']:>6}")
+            print(f"{design:<6} {role:<7} {writes:>7} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.1f} {r['errors']:>6} "
+                  f"{r['lost']:>5}")
     print(f"load average {os.getloadavg()[0]:.1f} after (other processes on this machine share its CPUs)")
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, TypeVar
 
 from . import _ownership, schema
 from ._integrity import is_corruption
-from ._lock import GaveWay, LockTimeout, ProcessWriteLock
+from ._lock import HELD_BACK_AT_MOST, STARVING_AFTER_TRIES, GaveWay, StarvingFlag
 from .errors import NotADatabase, StateError, StoreCorrupt, WriteTimeout
 from .paths import prepare_db_file
 
@@ -36,6 +36,9 @@ CHECKPOINT_EVERY = 50  # writes between PASSIVE checkpoints (run by a background
 WAL_AUTOCHECKPOINT_PAGES = 4000
 _BUSY = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
 _INTERRUPT = 9  # SQLITE_INTERRUPT
+# a busy write tries again after 0.5-1.5 times this: a free lock is found within about a millisecond
+# (a waiting writer costs about 2 % of a core)
+RETRY_SECONDS = 0.001
 GIVE_WAY_CHECK_OPS = 1000  # virtual-machine steps between two looks for a waiting writer (tens of µs; each look takes the GIL)
 
 
@@ -54,7 +57,7 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 class Engine:
     """Owns the write connection, the per-thread read connections and the write lock."""
 
-    def __init__(self, path: Path, *, write_timeout: float = 10.0, process_lock: bool = True):
+    def __init__(self, path: Path, *, write_timeout: float = 10.0):
         self.path = Path(path)
         self.write_timeout = float(write_timeout)
         self._write_mutex = threading.Lock()
@@ -64,7 +67,7 @@ class Engine:
         self._writes = 0
         self._closed = False
         self._wconn: sqlite3.Connection | None = None
-        self._plock: ProcessWriteLock | None = None
+        self._flag: StarvingFlag | None = None
         self._checkpoint_due = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self._aside: sqlite3.Connection | None = None  # for checkpoint_aside()
@@ -81,11 +84,11 @@ class Engine:
             self._wconn.close()
             self._wconn = None
             raise
-        if process_lock:
-            try:
-                self._plock = ProcessWriteLock(self.path)
-            except OSError as exc:  # read-only directory: SQLite's lock alone still keeps writes safe
-                log.warning("no writer queue file next to %s (%s); writes still work, slower under contention", self.path, exc)
+        try:
+            self._flag = StarvingFlag(self.path)
+        except OSError as exc:  # read-only directory: SQLite's lock alone still keeps writes safe
+            log.warning("no lock file next to %s (%s); writes still work, a writer may wait longer under contention",
+                        self.path, exc)
 
     # --- connections -------------------------------------------------------
 
@@ -217,13 +220,7 @@ class Engine:
                     raise
 
             try:
-                if self._plock is None:
-                    result = transaction()
-                else:
-                    try:
-                        result = self._plock.run(deadline, transaction)
-                    except LockTimeout:
-                        raise WriteTimeout(str(self.path), time.monotonic() - start) from None
+                result = transaction()
             except sqlite3.DatabaseError as exc:
                 if not is_corruption(exc):
                     raise
@@ -252,14 +249,37 @@ class Engine:
         return self._waiting
 
     def _begin_immediate(self, conn: sqlite3.Connection, deadline: float, start: float) -> None:
+        """Take SQLite's write lock, trying again after short random sleeps while it is busy, until ``deadline``.
+
+        A write that has found the lock held :data:`STARVING_AFTER_TRIES` times raises its flag
+        (``state/_lock.py``), which holds back the other writers until it is in: none cuts in before it
+        again and again.
+        """
+        flag = self._flag
+        lost = 0  # tries that found SQLite's lock held
         try:
-            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), deadline)
-        except WriteTimeout:
-            raise WriteTimeout(str(self.path), time.monotonic() - start) from None
+            while True:
+                if flag is None or flag.raised or time.monotonic() - start >= HELD_BACK_AT_MOST \
+                        or not flag.up_elsewhere():
+                    try:
+                        conn.execute("BEGIN IMMEDIATE")
+                        return
+                    except sqlite3.OperationalError as exc:
+                        if not _is_busy(exc):
+                            raise
+                    lost += 1
+                now = time.monotonic()
+                if now >= deadline:
+                    raise WriteTimeout(str(self.path), now - start)
+                if flag is not None and not flag.raised and lost >= STARVING_AFTER_TRIES:
+                    flag.raise_()
+                time.sleep(min(deadline - now, random.uniform(0.5, 1.5) * RETRY_SECONDS))  # jitter: no lock-step
+        finally:
+            if flag is not None:
+                flag.lower()
 
     def _retry_busy(self, op: Callable[[], Any], deadline: float) -> Any:
         """Retry ``op`` while the database is busy, with random jitter, until ``deadline``."""
-        delay = 0.001
         while True:
             try:
                 return op()
@@ -269,9 +289,7 @@ class Engine:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise WriteTimeout(str(self.path), self.write_timeout) from exc
-                # jitter breaks the lock-step retries of competing processes
-                time.sleep(min(remaining, random.uniform(0.5, 1.5) * delay))
-                delay = min(delay * 2, 0.05)
+                time.sleep(min(remaining, random.uniform(0.5, 1.5) * RETRY_SECONDS))
 
     # --- maintenance -------------------------------------------------------
 
@@ -348,8 +366,8 @@ class Engine:
                     pass
                 self._wconn.close()
                 self._wconn = None
-            if self._plock is not None:
-                self._plock.close()
+            if self._flag is not None:
+                self._flag.close()
         with self._readers_mutex:
             for conn in self._readers:
                 conn.close()

@@ -20,8 +20,6 @@
     ├── PairingNotFound              no pending pairing request has that code (or it expired)
     ├── CronJobNotFound              no scheduled job has that id (.job_id)
     ├── CronJobExists                a scheduled job with that id exists already (.job_id)
-    ├── LockTimeout                  (state/_lock.py, internal) a writer's turn did not come in time;
-    │                                never leaves the store: the engine raises WriteTimeout instead
     ├── GaveWay                      (state/_lock.py, internal) an upkeep step was interrupted by a
     │                                live write and rolled back; the upkeep pass tries it again
     ├── BadHash (ValueError)         (state/media_files.py) a media file asked for by something that
@@ -35,8 +33,8 @@
         └── NotInTransaction         a fenced write outside the transaction it guards
 
 Every class above is defined in this module and exported from ``state``,
-except ``LockTimeout`` and ``GaveWay``, which stay next to the write lock
-they are about, ``BadHash``, next to the media folder, ``UnsafeSql``, next to the translation that raises it, and
+except ``GaveWay``, which stays next to the write lock
+it is about, ``BadHash``, next to the media folder, ``UnsafeSql``, next to the translation that raises it, and
 the cluster's, exported from ``state.cluster`` (which needs psycopg).
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says

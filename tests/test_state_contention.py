@@ -25,7 +25,7 @@ db.close()
 print("done")
 """
 
-# holds SQLite's write lock with a plain connection (not our writer queue) for 2 s
+# holds SQLite's write lock with a plain connection (which knows nothing of our flag) for 2 s
 HOLDER = """
 import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
@@ -77,7 +77,7 @@ print("done", flush=True)
 """
 
 
-def test_a_write_queued_behind_another_process_times_out_then_the_queue_moves_on(home):
+def test_a_write_waiting_for_another_process_times_out_and_a_patient_one_goes_in_after_it(home):
     path = home / "state.db"
     SessionDB(path).close()
     slow = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
@@ -86,7 +86,7 @@ def test_a_write_queued_behind_another_process_times_out_then_the_queue_moves_on
         assert slow.stdout.readline().strip() == "inside"
         with SessionDB(path, write_timeout=0.2) as db:
             with pytest.raises(WriteTimeout):
-                db.sessions.create("impatient", "cli")  # queued behind the slow writer, gives up
+                db.sessions.create("impatient", "cli")  # waits for the slow writer, gives up
             assert db.sessions.get("impatient") is None
             db.write_timeout = 30.0
             results = []
@@ -137,7 +137,8 @@ print(n, flush=True)
 
 
 def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
-    """Each writer keeps its turn only for a short lease: the other process's writes are interleaved."""
+    """The greedy writer tries again the moment it has committed; ours, once it has waited a little, raises
+    its flag, which holds the greedy one back until ours is in: its writes are interleaved."""
     path = home / "state.db"
     with SessionDB(path) as db:
         db.sessions.create("greedy", "cli")
@@ -165,29 +166,51 @@ def test_a_writer_that_never_pauses_does_not_keep_another_process_out(home):
         greedy.kill()
 
 
-# writes once, then keeps the store open without writing until told to leave
-QUIET = """
+# raises the flag of a starving writer and stays stopped with it up, as a writer stopped by Ctrl-Z
+# while it waits would
+STOPPED_STARVING = """
 import sys
-from state import SessionDB
-db = SessionDB(sys.argv[1])
-db.messages.append("quiet", "user", "one message")
-print("wrote", flush=True)
+from pathlib import Path
+from state._lock import StarvingFlag
+flag = StarvingFlag(Path(sys.argv[1]))
+flag.raise_()
+print("raised", flush=True)
 sys.stdin.readline()
-db.close()
 """
 
 
-def test_a_process_that_stops_writing_gives_its_turn_back(home):
+def test_a_process_stopped_with_its_flag_up_does_not_keep_writers_out(home):
     path = home / "state.db"
     with SessionDB(path) as db:
-        db.sessions.create("quiet", "cli")
-    quiet = subprocess.Popen([sys.executable, "-c", QUIET, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        db.sessions.create("s", "cli")
+    stopped = subprocess.Popen([sys.executable, "-c", STOPPED_STARVING, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert quiet.stdout.readline().strip() == "wrote"
+        assert stopped.stdout.readline().strip() == "raised"
         with SessionDB(path, write_timeout=5.0) as db:
-            db.sessions.create("after", "cli")  # would time out if the quiet process still held its turn
-            assert db.sessions.get("after") is not None
-        assert quiet.poll() is None
+            for i in range(20):  # each would time out if a raised flag held writers back for good
+                db.messages.append("s", "user", f"message {i}")
+            assert [m.content for m in db.messages.get("s")] == [f"message {i}" for i in range(20)]
+        assert stopped.poll() is None
     finally:
-        quiet.kill()
+        stopped.kill()
+
+
+def test_a_raised_flag_is_seen_by_every_other_writer_and_goes_with_its_writer(home):
+    from state._lock import StarvingFlag
+
+    path = home / "state.db"
+    SessionDB(path).close()
+    starving, other, third = (StarvingFlag(path) for _ in range(3))  # an open file each, like three processes
+    try:
+        assert not other.up_elsewhere()
+        starving.raise_()
+        third.raise_()  # two writers may starve at once
+        assert (starving.up_elsewhere(), other.up_elsewhere()) == (True, True)
+        third.lower()
+        assert (starving.up_elsewhere(), other.up_elsewhere(), third.up_elsewhere()) == (False, True, True)
+        starving.close()  # a writer that ends (or dies) takes its flag with it
+        assert not other.up_elsewhere()
+    finally:
+        other.close()
+        third.close()
