@@ -151,13 +151,17 @@ def _tool_calls_tokens(tool_calls: Any) -> int:
 
 def estimate_message_tokens(message: Mapping[str, Any]) -> int:
     """Tokens one chat message adds to a prompt (content, tool calls, ids, overhead)."""
-    return (
-        MESSAGE_OVERHEAD
-        + _content_tokens(message.get("content"))
-        + _tool_calls_tokens(message.get("tool_calls"))
-        + estimate_text_tokens(str(message.get("tool_call_id") or ""))
-        + estimate_text_tokens(str(message.get("name") or ""))
-    )
+    # a turn estimates its whole prompt more than once, and most messages are a role and a text: the
+    # fields a message lacks cost no call
+    tokens = MESSAGE_OVERHEAD + _content_tokens(message.get("content"))
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        tokens += _tool_calls_tokens(tool_calls)
+    for field in ("tool_call_id", "name"):
+        value = message.get(field)
+        if value:
+            tokens += estimate_text_tokens(str(value))
+    return tokens
 
 
 def estimate_tokens(messages: Iterable[Mapping[str, Any]]) -> int:

@@ -28,7 +28,7 @@ def reasoning_of(message: dict) -> dict:
 
 
 def without_reasoning(message: dict) -> dict:
-    if not any(key in message for key in REASONING_KEYS):
+    if message.keys().isdisjoint(REASONING_KEYS):  # most messages: no copy
         return message
     return {k: v for k, v in message.items() if k not in REASONING_KEYS}
 

@@ -269,35 +269,38 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, upto
     they were given.  An assistant message holds nothing of the memory fence
     (:mod:`state.memory_fence`), even one stored before answers were cleaned.
     """
-    rows = conn.execute(
-        "SELECT id, role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
-        f" codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}",
-        (session_id,),
-    )
+    sql = ("SELECT id, role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
+           f" codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}")
+    if isinstance(conn, sqlite3.Connection):  # plain tuples, as get_stored reads them: no sqlite3.Row per message
+        cursor = conn.cursor()
+        cursor.row_factory = None
+        rows = cursor.execute(sql, (session_id,))
+    else:
+        rows = conn.execute(sql, (session_id,))
     conversation: list[dict] = []
     upto_at = None
-    for row in rows:
-        if row["id"] == upto:
+    for message_id, role, content, tool_call_id, tool_calls, tool_name, reasoning, details, items in rows:
+        if message_id == upto:
             upto_at = len(conversation) + 1
-        message: dict[str, Any] = {"role": row["role"], "content": row["content"]}
-        if row["tool_call_id"]:
-            message["tool_call_id"] = row["tool_call_id"]
-        if row["tool_name"]:
-            message["tool_name"] = row["tool_name"]
-        if row["tool_calls"]:
+        message: dict[str, Any] = {"role": role, "content": content}
+        if tool_call_id:
+            message["tool_call_id"] = tool_call_id
+        if tool_name:
+            message["tool_name"] = tool_name
+        if tool_calls:
             try:
-                message["tool_calls"] = json.loads(row["tool_calls"])
+                message["tool_calls"] = json.loads(tool_calls)
             except (json.JSONDecodeError, TypeError):
                 pass
-        if row["role"] == "assistant":
-            if isinstance(message["content"], str) and has_memory_fence(message["content"]):
+        if role == "assistant":
+            if isinstance(content, str) and has_memory_fence(content):
                 # written before the gateway cleaned answers: the model echoed its memory fence
-                message["content"] = strip_memory_fence(message["content"])
-            if row["reasoning"] is not None:
-                message["reasoning"] = message["reasoning_content"] = row["reasoning"]
-            for key in _REASONING_JSON:
-                if row[key] is not None:
-                    message[key] = _loads(row[key])
+                message["content"] = strip_memory_fence(content)
+            if reasoning is not None:
+                message["reasoning"] = message["reasoning_content"] = reasoning
+            for key, value in zip(_REASONING_JSON, (details, items), strict=True):
+                if value is not None:
+                    message[key] = _loads(value)
         conversation.append(message)
     return conversation if upto_at is None else conversation[:upto_at]
 

@@ -294,7 +294,8 @@ class LocalApi:
 
         Which session answers it: the module docstring (and docs/api.md, "Which session answers an
         API request")."""
-        api_tools.check_names(chat, self.turn.tools.names())
+        if chat.tools:  # the client's own tools: none may take the name of one of ours
+            api_tools.check_names(chat, self.turn.tools.names())
         idempotency_key = request.headers.get("Idempotency-Key")
         if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY):
             raise ApiError(400, f"the Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters of text",
@@ -316,9 +317,9 @@ class LocalApi:
             msg = InboundMessage(platform="api", chat_type=ChatType.DM, chat_id=session_key, user_id=session_key,
                                  user_name=session_key, text=chat.last_user.text, message_id=idempotency_key,
                                  attachments=chat.last_user.images)
-            call.model = self.chosen_model(chat, msg.user_id, self.requests.key_for(msg))
-            return await self._once(self.requests.key_for(msg), idempotency_key, call.stored,
-                                    lambda: self._gateway_kept(msg, call))
+            key = self.requests.key_for(msg)
+            call.model = self.chosen_model(chat, msg.user_id, key)
+            return await self._once(key, idempotency_key, call.stored, lambda: self._gateway_kept(msg, call))
         if not chat.messages:  # tool results alone: nothing names the conversation they continue
             raise ApiError(400, "tool results alone need the conversation they continue: send the whole history "
                                 "(the user message, the assistant's tool calls, the results) or an X-Session-Key",
