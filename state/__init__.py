@@ -9,7 +9,7 @@ The daemon uses :class:`AsyncSessionDB` (same methods, as coroutines).
 ``state`` imports nothing from ``gateway``, ``adapters`` or ``compression``.
 """
 
-from ._fence import Fence
+from ._fence import Fence, Handback
 from ._hermes import HermesStore, read_hermes
 from ._integrity import IntegrityChecker
 from ._messages import Appended
@@ -58,6 +58,7 @@ __all__ = [
     "FactsChoice",
     "FactsOwner",
     "Fence",
+    "Handback",
     "ImportFileError",
     "IntegrityChecker",
     "InvalidTitle",

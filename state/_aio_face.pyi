@@ -6,7 +6,7 @@ Generated from the marked methods of ``state/db.py`` and its repositories: do no
 from typing import IO, Any, Callable, Iterable
 
 from ._dialect import StoreSize
-from ._fence import Fence
+from ._fence import Fence, Handback
 from ._messages import Appended
 from ._replays import Claim
 from ._split import Split
@@ -249,6 +249,7 @@ class AsyncRecovery:
         sent_ids: list[str],
         status: str,
         error: str | None = ...,
+        handback: Handback | None = ...,
     ) -> bool: ...
     async def get_delivery(self, delivery_id: str) -> DeliveryRecord | None: ...
     async def list_deliveries(self, session_id: str) -> list[DeliveryRecord]: ...

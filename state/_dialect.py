@@ -21,7 +21,8 @@ What a :class:`Dialect` carries:
 * :meth:`~Dialect.columns`, :meth:`~Dialect.store_size`, :meth:`~Dialect.database_bytes`,
   :meth:`~Dialect.object_sizes`: the catalogue and the sizes, which each engine keeps its own way;
 * :meth:`~Dialect.ids_restored`: after rows were inserted with the ids they had elsewhere;
-* :meth:`~Dialect.mark_pending` and :meth:`~Dialect.fence`: the cluster's leases (only PostgreSQL has them).
+* :meth:`~Dialect.mark_pending`, :meth:`~Dialect.fence` and :meth:`~Dialect.give_back`: the cluster's leases
+  (only PostgreSQL has them).
 
 Upserts (``ON CONFLICT ... DO UPDATE SET x = excluded.x``) and ``RETURNING`` of one row are written
 the same on both engines, so they need no entry here.  A leaf: it imports nothing of the store at
@@ -142,6 +143,11 @@ class Dialect:
     def fence(self, conn: Any, session_id: str, token: int) -> None:
         """First in a fenced write: raise ``LeaseLost`` (nothing written) unless the lease's ``token`` still
         holds.  SQLite has one instance per file and no leases: nothing to guard against."""
+
+    def give_back(self, conn: Any, session_id: str, token: int, seen: int) -> bool:
+        """In the transaction that marks a turn's reply sent: the lease ``token`` given back, its work finished
+        unless more arrived since ``seen`` (cluster); whether it was still held.  SQLite has no leases."""
+        return False
 
     #: Appended to a ``SELECT`` of one table in a write that goes on to change what it read: the rows
     #: found are locked until the transaction ends (PostgreSQL's writes run at ``READ COMMITTED``), and a
@@ -303,6 +309,11 @@ class _Postgres(Dialect):
         from .cluster.leases import fenced_write
 
         fenced_write(conn.raw, session_id, token)
+
+    def give_back(self, conn: Any, session_id: str, token: int, seen: int) -> bool:
+        from .cluster.leases import release_token
+
+        return release_token(conn.raw, session_id, token, seen, finished=True)
 
 
 SQLITE: Dialect = _Sqlite()

@@ -42,7 +42,7 @@ from typing import Iterable
 
 from ._deadletters import count_dead_letters
 from ._dialect import dialect_of
-from ._fence import Fence, fenced
+from ._fence import Fence, Handback, fenced, hand_back
 from ._repo import Repository, reads, writes
 from .records import DeliveryRecord
 
@@ -213,15 +213,18 @@ def begin_streamed_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord, 
 
 
 def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: list[str], status: str,
-                    error: str | None = None) -> bool:
-    """Record the parts confirmed so far (``sent_ids``) and the row's status."""
+                    error: str | None = None, handback: Handback | None = None) -> bool:
+    """Record the parts confirmed so far (``sent_ids``) and the row's status; with ``handback``, the
+    turn's lease goes back in the same transaction (``state._fence.hand_back``)."""
     if status not in DELIVERY_STATUSES:
         raise ValueError(f"delivery status must be one of {', '.join(DELIVERY_STATUSES)}, not {status!r}")
-    return conn.execute(
+    updated = conn.execute(
         "UPDATE deliveries SET sent_ids = ?, status = ?, error = ?, attempts = attempts + CASE WHEN ? = 'pending' THEN 0 ELSE 1 END, "
         "updated_at = ? WHERE id = ?",
         (json.dumps(list(sent_ids)), status, error, status, time.time(), delivery_id),
     ).rowcount > 0
+    hand_back(conn, handback)
+    return updated
 
 
 def pending_deliveries(conn: sqlite3.Connection, session_id: str | None = None) -> list[DeliveryRecord]:
@@ -318,9 +321,14 @@ class Recovery(Repository):
         return self._engine.read(pending_deliveries, session_id)
 
     @writes
-    def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None) -> bool:
-        """Note how far sending ``delivery_id`` got: the parts confirmed (``sent_ids``) and its status."""
-        return self._engine.write(update_delivery, delivery_id, sent_ids=sent_ids, status=status, error=error)
+    def update_delivery(self, delivery_id: str, *, sent_ids: list[str], status: str, error: str | None = None,
+                        handback: Handback | None = None) -> bool:
+        """Note how far sending ``delivery_id`` got: the parts confirmed (``sent_ids``) and its status.
+
+        With ``handback`` (a clustered turn's last send, PostgreSQL) its lease is given back in the same
+        transaction: once another instance can claim the session, the reply is on record as sent."""
+        return self._engine.write(update_delivery, delivery_id, sent_ids=sent_ids, status=status, error=error,
+                                  handback=handback)
 
     @reads
     def get_delivery(self, delivery_id: str) -> DeliveryRecord | None:

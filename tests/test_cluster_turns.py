@@ -17,7 +17,7 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from state import DeliveryRecord, Fence, SessionDB
+from state import DeliveryRecord, Fence, Handback, SessionDB
 from state.cluster import LeaseLost, claim_next, get_lease, release
 from tests.clusterdaemons import health as _health, instance_dir as _dir, instance_settings, stored as _stored
 from tests.crashkit import Daemon, DiscordSide, Outcome, Plan, SlackSide, TelegramSide, UserMessage
@@ -91,6 +91,50 @@ def test_a_turn_stored_under_a_stale_fencing_token_writes_nothing(pg_url):
         assert get_lease(conn, "s1").holder == "other"
 
 
+def test_the_lease_goes_back_in_the_transaction_that_marks_the_reply_sent(pg_url):
+    with SessionDB(pg_url) as db, psycopg.connect(pg_url, autocommit=True) as conn:
+        db.sessions.create("s1", "telegram")
+        asked = db.messages.append_inbound("s1", "hello", platform_message_id="7",
+                                           inbox={**WHERE, "platform_message_id": "7"}, pending=True)
+        lease = claim_next(conn, "i-1", 15)
+        assert lease is not None
+        reply = DeliveryRecord("d-1", "telegram", "42", reply_to="7", text="hi")
+        db.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}], answered=[asked.id], delivery=reply,
+                                fence=Fence("s1", lease.token))
+        assert get_lease(conn, "s1").holder == "i-1"  # stored, not yet sent: nobody else may claim it
+        assert claim_next(conn, "i-2", 15) is None
+        db.recovery.update_delivery("d-1", sent_ids=["m1"], status="sent",
+                                    handback=Handback("s1", lease.token, lease.pending_seq))
+        assert [(r.id, r.status) for r in db.recovery.list_deliveries("s1")] == [("d-1", "sent")]
+        assert get_lease(conn, "s1") is None  # given back with the sent mark, the session's work finished
+        assert claim_next(conn, "i-2", 15) is None
+
+
+def test_a_lease_given_back_with_the_sent_mark_leaves_later_work_pending_and_a_stale_one_changes_no_lease(pg_url):
+    with SessionDB(pg_url) as db, psycopg.connect(pg_url, autocommit=True) as conn:
+        db.sessions.create("s1", "telegram")
+        db.messages.append_inbound("s1", "one", platform_message_id="1", inbox={**WHERE, "platform_message_id": "1"},
+                                   pending=True)
+        lease = claim_next(conn, "i-1", 15)
+        db.messages.append_inbound("s1", "two", platform_message_id="2", inbox={**WHERE, "platform_message_id": "2"},
+                                   pending=True)  # arrives during the turn
+        db.recovery.update_delivery("d-gone", sent_ids=[], status="sent",
+                                    handback=Handback("s1", lease.token, lease.pending_seq))
+        again = claim_next(conn, "i-2", 15)  # the second message is claimed again
+        assert again is not None and again.session_id == "s1" and again.token > lease.token
+        db.recovery.update_delivery("d-gone", sent_ids=[], status="sent",
+                                    handback=Handback("s1", lease.token, lease.pending_seq))  # late: not its lease
+        assert get_lease(conn, "s1").holder == "i-2"
+
+
+def test_a_hand_back_on_one_instance_only_notes_the_delivery(store):
+    store.sessions.create("s1", "telegram")
+    store.messages.record_turn("s1", [{"role": "assistant", "content": "hi"}],
+                               delivery=DeliveryRecord("d-1", "telegram", "42", text="hi"))
+    assert store.recovery.update_delivery("d-1", sent_ids=["m1"], status="sent", handback=Handback("s1", 1, 0))
+    assert [(r.status, r.sent_ids) for r in store.recovery.list_deliveries("s1")] == [("sent", ("m1",))]
+
+
 # -- real daemons ---------------------------------------------------------------------------------
 
 
@@ -138,6 +182,8 @@ async def _spread_turns(tmp_path, pg_url: str, side, model: FakeModel) -> dict[s
             return shown if all(claims["turns"] == [] for claims in shown) else None
 
         claims = await eventually(released, 10.0, "every lease given back", every=0.1)
+        # given back with each reply's sent mark: no renewal found it gone and took it for lost
+        assert [shown["leases_lost"] for shown in claims] == [0, 0, 0]
         exit_codes = [await daemon.stop() for daemon in daemons]
     finally:
         await _stop_all(daemons)

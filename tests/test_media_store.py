@@ -99,6 +99,24 @@ def test_a_compressed_session_finds_the_media_of_the_messages_it_carries_over(st
     assert [(m["session_id"], m["name"]) for m in store.media.of_lineage("child")] == [("parent", "cat.png")]
 
 
+def test_a_lineage_gives_each_session_once_oldest_first_and_nine_sessions_at_most(store):
+    def chain(names: list[str]) -> None:  # the first the oldest; each message with an image named after it
+        for i, name in enumerate(names):
+            store.sessions.create(name, "telegram", parent_session_id=names[i - 1] if i else None)
+            sent = store.messages.append_inbound(name, f"[attached image: {name}.png]", platform_message_id=name)
+            store.media.attach(sent.id, [{"sha256": name[-1] * 64, "name": f"{name}.png", "mime": "image/png",
+                                          "size": 1, "kind": "image"}])
+
+    chain(["a", "b", "c"])
+    store._engine.write(lambda conn: conn.execute("UPDATE sessions SET parent_session_id = 'c' WHERE id = 'a'"))
+    assert [m["session_id"] for m in store.media.of_lineage("c")] == ["a", "b", "c"]  # the loop of parents ends
+    assert [m["session_id"] for m in store.media.of_lineage("a")] == ["b", "c", "a"]
+    names = [f"g{i}" for i in range(12)]
+    chain(names)
+    assert [m["session_id"] for m in store.media.of_lineage("g11")] == names[3:]
+    assert [m["session_id"] for m in store.media.of_lineage("no such session")] == []
+
+
 async def test_an_image_the_session_carries_over_goes_to_the_model_again(tmp_path):
     async with await AsyncSessionDB.open(tmp_path / "state.db") as db:
         media = MediaService(db, MediaFiles(tmp_path / "media"), images_in_context=1)

@@ -250,7 +250,7 @@ class Answer:
             return
         record = await self._settle(plan, reply, claim)
         if record is not None:
-            await self._send(lane, plan, reply, record)
+            await self._send(lane, plan, reply, record, claim)
 
     async def _admit(self, lane: Lane, batch: list[Ticket]) -> bool:
         """Whether the batch may be answered now: no rate limit and no spend budget holds it back."""
@@ -439,15 +439,29 @@ class Answer:
             await self._outbox.deliver(msg.chat, text, msg.message_id)
         lane.outage_told = True
 
-    async def _send(self, lane: Lane, plan: Plan, reply: Reply, record: state.DeliveryRecord) -> None:
-        """The stored reply sent (its stream finished), then spoken with /voice on."""
+    async def _send(self, lane: Lane, plan: Plan, reply: Reply, record: state.DeliveryRecord,
+                    claim: TurnGuard = SINGLE_INSTANCE) -> None:
+        """The stored reply sent (its stream finished), then spoken with /voice on.  Under a claim whose
+        turn does nothing after the send (no voice message, no adopted stream to settle), the lease goes
+        back with the reply's sent mark."""
         msg = plan.last.msg
-        if plan.stream is not None:
-            await self._outbox.finish_stream(plan.stream, record, reply.buttons)  # an approval request's: in its final edit
+        speak: bool | None = None  # read after the send, unless the lease's hand-back waits on it
+        hand_back: TurnGuard | None = None
+        if lane.adopt is None and claim.fence is not None:  # a claim, whose lease may go back with the send
+            speak = await self._speaks(lane, reply)
+            hand_back = None if speak else claim
+        if plan.stream is not None:  # an approval request's buttons come in its final edit
+            await self._outbox.finish_stream(plan.stream, record, reply.buttons, hand_back=hand_back)
         else:
-            await self._outbox.send_recorded(record, reply.buttons)
-        if reply.spoken and not reply.stopped_partial and await self._choices.choice(lane, "voice") == "on":
+            await self._outbox.send_recorded(record, reply.buttons, hand_back=hand_back)
+        if speak is None:
+            speak = await self._speaks(lane, reply)
+        if speak:
             await self._outbox.speak(self._shared.voice, msg.chat, reply.text, msg.message_id)
+
+    async def _speaks(self, lane: Lane, reply: Reply) -> bool:
+        """Whether the reply is sent again as a voice message (the chat said /voice on)."""
+        return reply.spoken and not reply.stopped_partial and await self._choices.choice(lane, "voice") == "on"
 
     async def _hear(self, lane: Lane, batch: list[Ticket], history: list[dict], stream: ReplyStream | None,
                     claim: TurnGuard) -> str | None:

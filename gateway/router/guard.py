@@ -47,6 +47,15 @@ class TurnGuard(Protocol):
     def keep_pending(self) -> None:
         """Work stays undone (a stored reply not sent): the session stays pending for the next claim."""
 
+    def handback(self) -> state.Handback | None:
+        """The lease, to give back in the transaction about to mark the turn's reply sent, that send being
+        the last thing done under it (None: nothing to give back, a single instance, or a lease lost).
+        From this call on, a renewal finding the lease gone does not stop the turn: it is at its end."""
+
+    def handed_back(self) -> None:
+        """The sent mark carrying :meth:`handback` committed: the lease is no longer this instance's, and
+        nothing more is sent, stored or renewed under it."""
+
 
 class TurnClaim(TurnGuard, Protocol):
     """A session's work this instance claimed under a lease (see :mod:`gateway.runtime.turn_claims`);
@@ -73,6 +82,12 @@ class _SingleInstance:
         pass
 
     def keep_pending(self) -> None:
+        pass
+
+    def handback(self) -> state.Handback | None:
+        return None
+
+    def handed_back(self) -> None:
         pass
 
 

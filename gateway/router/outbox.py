@@ -136,11 +136,13 @@ class Outbox:
         if self.metrics:
             (self.metrics.messages_out if delivery.ok else self.metrics.delivery_failures).labels(platform).inc()
 
-    async def send_recorded(self, record: DeliveryRecord, buttons: tuple[Button, ...] = ()) -> None:
+    async def send_recorded(self, record: DeliveryRecord, buttons: tuple[Button, ...] = (), *,
+                            hand_back: TurnGuard | None = None) -> None:
         """Send a reply held in the delivery record, from its first unconfirmed part, noting each part
         the platform confirms; the record ends ``sent``, ``failed`` or (adapter not running) ``pending``.
         ``buttons`` (an approval request's) are not stored: a reply re-sent after a restart says how to
-        answer by command."""
+        answer by command.  ``hand_back``: the claim whose lease goes back with the record's last note
+        (the turn does nothing more under it)."""
         drafts = self._drafts.get(record.platform)
         if record.kind == "stream" and record.sent_ids and drafts is not None:
             await self._settle_stopped_stream(drafts, record)
@@ -154,20 +156,30 @@ class Outbox:
 
         async def note(sent_ids: list[str], last: bool) -> None:
             nonlocal finished
-            await self.db.recovery.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending")
+            handback = hand_back.handback() if last and hand_back is not None else None
+            await self.db.recovery.update_delivery(delivery_id, sent_ids=sent_ids, status="sent" if last else "pending",
+                                                   handback=handback)
+            if handback is not None and hand_back is not None:
+                hand_back.handed_back()
             finished = last
 
         chat = ChatRef(record.platform, record.chat_id, record.thread_id)
         progress = SendProgress(record.sent_ids, note, notice=record.kind == "notice")
         delivery = await self.deliver(chat, record.text, record.reply_to, progress=progress, buttons=buttons)
         if not finished:
-            await self._note(delivery_id, list(progress.sent_ids), status_of(delivery), delivery.error)
+            await self._note(delivery_id, list(progress.sent_ids), status_of(delivery), delivery.error, hand_back)
 
-    async def _note(self, delivery_id: str, sent_ids: list[str], status: str, error: str | None) -> None:
+    async def _note(self, delivery_id: str, sent_ids: list[str], status: str, error: str | None,
+                    hand_back: TurnGuard | None = None) -> None:
+        handback = hand_back.handback() if hand_back is not None else None
         try:
-            await self.db.recovery.update_delivery(delivery_id, sent_ids=sent_ids, status=status, error=error)
+            await self.db.recovery.update_delivery(delivery_id, sent_ids=sent_ids, status=status, error=error,
+                                                   handback=handback)
         except state.StateError as exc:
             log.error("could not record the delivery of %s: %s", delivery_id, exc)
+            return
+        if handback is not None and hand_back is not None:
+            hand_back.handed_back()  # else the lease goes back after the turn, in a transaction of its own
 
     async def _settle_stopped_stream(self, drafts: DraftOutput, record: DeliveryRecord) -> None:
         """After a restart, a streamed reply a stop cut short: finished in its own messages from the stored
@@ -182,20 +194,21 @@ class Outbox:
             status, error = status_of(delivery), delivery.error
         await self._note(record.id, list(delivery.message_ids or record.sent_ids), status, error)
 
-    async def finish_stream(self, stream: ReplyStream, record: DeliveryRecord, buttons: tuple[Button, ...] = ()) -> None:
+    async def finish_stream(self, stream: ReplyStream, record: DeliveryRecord, buttons: tuple[Button, ...] = (), *,
+                            hand_back: TurnGuard | None = None) -> None:
         """Show the recorded text as the streamed reply's final form, once, and note the delivery;
-        ``buttons`` come with its final edit."""
+        ``buttons`` come with its final edit; ``hand_back`` as :meth:`send_recorded`'s."""
         buttons = buttons if record.platform in self._button_senders else ()
         delivery = await stream.finish(record.text, buttons=buttons)
         if not delivery.ok and delivery.retry_later and not delivery.message_ids:
             # nothing of it was shown: it goes the way a whole reply does (waits for a restarting adapter,
             # stays pending for the next start), so a stream that could not start never loses the answer
-            await self.send_recorded(record, buttons)
+            await self.send_recorded(record, buttons, hand_back=hand_back)
             return
         self._count(record.platform, delivery)
         if not delivery.ok:
             log.error("streamed reply to %s:%s not delivered: %s", record.platform, record.chat_id, delivery.error)
-        await self._note(record.id, list(delivery.message_ids), status_of(delivery), delivery.error)
+        await self._note(record.id, list(delivery.message_ids), status_of(delivery), delivery.error, hand_back)
 
     async def settle(self, answered: tuple[int, ...], delivery: DeliveryRecord, session_id: str,
                      claim: TurnGuard = SINGLE_INSTANCE) -> bool:

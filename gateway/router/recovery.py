@@ -19,11 +19,11 @@ class Recovery:
         self._shared = shared
         self._lanes = lanes
         self._outbox = outbox
-        self._claim_keys: dict[str, str] = {}  # clustered: session key -> the claimed session its lane runs
+        self._claim_keys: dict[str, TurnClaim] = {}  # clustered: session key -> the claim its lane runs
 
     def claimed_keys(self) -> dict[str, str]:
         """The session keys whose claimed work runs in this instance now: key -> session id."""
-        return dict(self._claim_keys)
+        return {key: claim.session_id for key, claim in self._claim_keys.items()}
 
     def recover(self, pending: list[DeliveryRecord], unanswered: list[dict]) -> dict[str, int]:
         """See :meth:`gateway.router.SessionRouter.recover`."""
@@ -83,9 +83,9 @@ class Recovery:
         lane.queue.extend(SendWork(record) for record in records)
         lane.queue.append(ClaimedWork(claim, done))
         self._lanes.wake(lane)
-        self._claim_keys[key] = claim.session_id  # a /stop written anywhere reaches it (turn_claims)
+        self._claim_keys[key] = claim  # a /stop written anywhere reaches it (turn_claims)
         try:
             return await done
         finally:
-            if self._claim_keys.get(key) == claim.session_id:
-                del self._claim_keys[key]
+            if self._claim_keys.get(key) is claim:  # the session may be claimed again already: its lease
+                del self._claim_keys[key]  # went back with the reply's sent mark

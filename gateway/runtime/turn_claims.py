@@ -22,7 +22,10 @@ stop once it is not.  When renewal fails for good (the lease expired or another 
 the session since), the turn is cancelled and nothing is stored or sent.  The answer itself is
 stored under ``fenced_write``: a holder that lost its lease writes nothing even if it never
 noticed.  Then the lease is released, ``finished``: the session stays pending when more messages
-arrived meanwhile, and is claimed again.
+arrived meanwhile, and is claimed again.  When the reply's send is the last thing the turn does,
+the lease goes back in the transaction that marks the reply sent (``Claim.handback``), not in one
+of its own after it; never earlier, since another instance claiming the session while its reply
+is stored but not marked sent would send it again.
 
 The lease calls run on the store's connection pool (``state.ClusterStore``), grown by one
 connection per thread of this module's own while the loop runs, so a renewal never waits for a
@@ -85,16 +88,18 @@ class Claim:
         self.lost_by: BaseException | None = None
         self._lost = False
         self.pending = False  # work left undone: released unfinished, so it is claimed again
+        self.given_back = False  # with the reply's sent mark: the lease is not this instance's any more
+        self._handing = False  # that sent mark is being written: a renewal finding the lease gone is its doing
         self._task: asyncio.Task | None = None
 
     def trusted(self) -> bool:
-        return not self._lost and time.monotonic() < self._trusted_until
+        return not self._lost and not self.given_back and time.monotonic() < self._trusted_until
 
     def trusted_for(self) -> float:
         return max(0.0, self._trusted_until - time.monotonic()) if not self._lost else 0.0
 
     def lost(self, exc: BaseException | None = None) -> bool:
-        if isinstance(exc, LeaseLost) and not self._lost:
+        if isinstance(exc, LeaseLost) and not (self._lost or self._handing or self.given_back):
             self._lost, self.lost_by = True, exc
         return self._lost
 
@@ -106,13 +111,23 @@ class Claim:
     def keep_pending(self) -> None:
         self.pending = True
 
+    def handback(self) -> state.Handback | None:
+        if self._lost or self.pending or self.given_back:
+            return None
+        self._handing = True
+        return state.Handback(self.session_id, self.lease.token, self.lease.pending_seq)
+
+    def handed_back(self) -> None:
+        self.given_back = True
+
     def renewed(self, lease: Lease, sent_at: float) -> None:
         self.lease = lease
         self._trusted_until = max(self._trusted_until, sent_at + self._trust_for)
 
     def give_up(self, why: BaseException) -> None:
-        """The lease is gone: stop the turn now; it stores and sends nothing."""
-        if self._lost:
+        """The lease is gone: stop the turn now; it stores and sends nothing (its last write, the reply's
+        sent mark giving the lease back, is under way or done: nothing to stop)."""
+        if self._lost or self._handing or self.given_back:
             return
         self._lost, self.lost_by = True, why
         if self._task is not None and not self._task.done():
@@ -302,11 +317,12 @@ class TurnClaims:
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
-            self._held.pop(claim.session_id, None)
+            if self._held.get(claim.session_id) is claim:  # else claimed again, its lease given back with the reply
+                del self._held[claim.session_id]
             try:
                 if claim.lost():
                     self.leases_lost += 1
-                else:
+                elif not claim.given_back:  # else it went back with the reply's sent mark
                     await self._call(functools.partial(self.cluster.release, claim.lease, finished=finished))
             except Exception as exc:  # noqa: BLE001 - it expires on its own; the session is claimed again then
                 log.warning("could not give the lease on session %s back (%s); it expires in %.0fs",
@@ -319,11 +335,13 @@ class TurnClaims:
         every = self.lease_seconds / 3
         while True:
             await asyncio.sleep(every if claim.trusted() else 0)
+            if claim.given_back:
+                return  # with the reply's sent mark
             sent_at = time.monotonic()
             try:
                 lease = await self._call(functools.partial(self.cluster.renew, claim.lease, self.lease_seconds))
             except LeaseLost as exc:
-                claim.give_up(exc)
+                claim.give_up(exc)  # nothing, when the lease went back with the reply meanwhile
                 return
             except Exception as exc:  # noqa: BLE001 - tried again until the lease can no longer be trusted
                 if not claim.trusted():

@@ -5,7 +5,10 @@
     with conn.transaction():
         fenced_write(conn, lease.session_id, lease.token)   # raises LeaseLost: nothing below is written
         ... store the reply, its messages and its delivery row ...
-        release(conn, lease, finished=True)
+    ... send the reply ...
+    with conn.transaction():
+        ... mark its delivery row sent ...
+        release(conn, lease, finished=True)                 # not before: another holder would send it again
 
 A lease is a row of ``work_leases`` (see :mod:`state.cluster.ddl`): a holder
 until ``expires_at``, under a **fencing token** taken from a sequence at every
@@ -175,12 +178,18 @@ def release(conn: psycopg.Connection, lease: Lease, *, finished: bool = False) -
 
     False when the lease was no longer ours (someone claimed the session since): nothing changed.
     """
+    return release_token(conn, lease.session_id, lease.token, lease.pending_seq, finished=finished)
+
+
+def release_token(conn: psycopg.Connection, session_id: str, token: int, seen: int, *, finished: bool) -> bool:
+    """:func:`release` by the lease's parts: its session, its fencing token and the arrivals its claim
+    saw (``pending_seq``), as a transaction that gives a turn's lease back with its sent mark holds them."""
     row = conn.execute(
         f"UPDATE work_leases SET holder = NULL, expires_at = {_NOW},"
         f"  pending_since = CASE WHEN %(finished)s AND pending_seq = %(seen)s THEN NULL ELSE pending_since END"
         f" WHERE session_id = %(sid)s AND fencing_token = %(token)s AND holder IS NOT NULL"
         f" RETURNING pending_since IS NOT NULL",
-        {"sid": lease.session_id, "token": lease.token, "finished": finished, "seen": lease.pending_seq},
+        {"sid": session_id, "token": token, "finished": finished, "seen": seen},
     ).fetchone()
     if row is not None and row[0]:
         notify(conn, WORK)  # work is left (it arrived during the turn, or the turn gave up): claim it now
