@@ -126,13 +126,17 @@ class Answer:
         if isinstance(work, RequestWork):  # one request, one turn: stored now, answered from what precedes it
             return await self._request(lane, work.ticket)
         if isinstance(work, ClaimedWork):
+            # the messages still waiting, read again with the history they are answered from and the rest of
+            # the turn's context, in one store call (one snapshot: a message another instance stores
+            # meanwhile is in all of them or in none)
             try:
-                rows, history = await db.messages.unanswered_with_history(work.claim.session_id)
+                context = await db.turns.context(self._claimed_context_query(lane, work))
             except BaseException as exc:
                 settle_future(work.done, exc)
                 raise
-            claimed = [resumed_ticket(row) for row in rows if self._outbox.has_output(row["platform"])]
-            return lambda: self._claimed(lane, claimed, history, work)
+            claimed = [resumed_ticket(row) for row in context.unanswered or () if self._outbox.has_output(row["platform"])]
+            history = list(context.conversation or ())
+            return lambda: self._claimed(lane, claimed, history, work, context)
         if isinstance(work, CommandWork):
             return lambda: self._run_command(work.ticket, work.command, lane, track=True)
         if isinstance(work, ResumeWork):  # an answered approval: its call's result, then the turn goes on
@@ -168,6 +172,17 @@ class Answer:
                           model_of_choice=None if model else functools.partial(self._choices.model_of, lane, msg))
         return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True)
 
+    def _claimed_context_query(self, lane: Lane, work: ClaimedWork) -> state.ContextQuery:
+        """What the turn answering a claimed session reads before its model call, with the messages
+        waiting in it (``unanswered``) and its conversation as far as the last of them: the query a chat
+        batch ending with ``work.seen`` would read (a message stored since by someone else, whose facts
+        or choice it lacks, has those read by the turn)."""
+        session_id = work.claim.session_id
+        if work.seen is None:
+            return state.ContextQuery(session_id, conversation=True, unanswered=True)
+        return replace(self._chat_context_query(lane, [work.seen]), session_id=session_id, continued=False,
+                       unanswered=True)
+
     async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
                                    context: state.TurnContext | None = None) -> None:
         await self.run_turn(lane, batch, history, context=context)
@@ -177,14 +192,15 @@ class Answer:
         await self.answer_expired(tickets)
         await self.unadopted(lane)
 
-    async def _claimed(self, lane: Lane, batch: list[Ticket], history: list[dict], work: ClaimedWork) -> None:
+    async def _claimed(self, lane: Lane, batch: list[Ticket], history: list[dict], work: ClaimedWork,
+                       context: state.TurnContext) -> None:
         finished = False
         try:
             if batch:  # else answered meanwhile (by the lease's previous holder, just before it ran out)
                 if batch[-1].msg.received_at < self._shared.clock() - self._shared.settings.resume_within:
                     await self.answer_expired(batch, work.claim)
                 else:
-                    await self.run_turn(lane, batch, history, work.claim)
+                    await self.run_turn(lane, batch, history, work.claim, context=context)
             await self.unadopted(lane, work.claim)
             finished = True
         finally:

@@ -81,7 +81,7 @@ class Recovery:
                 lane.adopt = streams[-1]
                 records = [record for record in records if record is not streams[-1]]
         lane.queue.extend(SendWork(record) for record in records)
-        lane.queue.append(ClaimedWork(claim, done))
+        lane.queue.append(ClaimedWork(claim, done, resumed_ticket(rows[-1]) if rows else None))
         self._lanes.wake(lane)
         self._claim_keys[key] = claim.session_id  # a /stop written anywhere reaches it (turn_claims)
         try:
