@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from . import _facts
 from ._media import media_of_lineage
 from ._messages import get_messages_as_conversation
-from ._prefs import chat_pref
+from ._prefs import chat_prefs_named
 from ._recovery import unanswered
 from ._repo import Repository, reads
 from ._sessions import get_compression_tip, get_session
@@ -137,8 +137,7 @@ def read_turn_context(conn, query: ContextQuery) -> TurnContext:
                             _facts.owner_has_facts(conn, owner.agent, owner.user_scope))
     prefs = None
     if query.prefs is not None:
-        key, names = query.prefs
-        prefs = tuple((name, chat_pref(conn, key, name)) for name in names)
+        prefs = chat_prefs_named(conn, *query.prefs)
     return TurnContext(conversation, started_at, media, journal, facts, prefs, sid, query, waiting)
 
 
