@@ -118,7 +118,9 @@ class Answer:
             lane.held = []
             # the turn's whole context with its history, in one store call (a compression may have moved
             # the conversation to a child since these were stored: it is read there)
+            read_at = time.monotonic()
             context = await db.turns.context(self._chat_context_query(lane, batch))
+            self._choices.learned(lane, context, read_at)
             for t in batch:
                 t.session_id = context.session_id or t.session_id
             history = list(context.conversation or ())
@@ -129,11 +131,13 @@ class Answer:
             # the messages still waiting, read again with the history they are answered from and the rest of
             # the turn's context, in one store call (one snapshot: a message another instance stores
             # meanwhile is in all of them or in none)
+            read_at = time.monotonic()
             try:
                 context = await db.turns.context(self._claimed_context_query(lane, work))
             except BaseException as exc:
                 settle_future(work.done, exc)
                 raise
+            self._choices.learned(lane, context, read_at)
             claimed = [resumed_ticket(row) for row in context.unanswered or () if self._outbox.has_output(row["platform"])]
             history = list(context.conversation or ())
             return lambda: self._claimed(lane, claimed, history, work, context)
@@ -164,13 +168,16 @@ class Answer:
     def _chat_context_query(self, lane: Lane, batch: list[Ticket]) -> state.ContextQuery:
         """What the turn answering ``batch`` reads before its model call (``AgentTurn.context_query``, for
         the request :meth:`_run` makes), with the conversation where it goes on, as far as the batch's
-        last message: read under the lane lock, so a message stored after it waits for the next turn."""
+        last message: read under the lane lock, so a message stored after it waits for the next turn.
+        With it the chat's choices the turn would read again (``/model``, ``/stream``, ``/voice``)."""
         last, msg = batch[-1], batch[-1].msg
-        model = last.extras.model or self._choices.known_model(lane, msg)
         req = TurnRequest(session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
-                          answered=tuple(t.message_id for t in batch if t.message_id is not None),
-                          model_of_choice=None if model else functools.partial(self._choices.model_of, lane, msg))
-        return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True)
+                          answered=tuple(t.message_id for t in batch if t.message_id is not None))
+        names = self._choices.to_read(lane)
+        if last.extras.model:  # the request named its model: no /model choice to read
+            names = tuple(name for name in names if name != "model")
+        return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True,
+                       prefs=(lane.key, names) if names else None)
 
     def _claimed_context_query(self, lane: Lane, work: ClaimedWork) -> state.ContextQuery:
         """What the turn answering a claimed session reads before its model call, with the messages
