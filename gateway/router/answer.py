@@ -173,11 +173,18 @@ class Answer:
         last, msg = batch[-1], batch[-1].msg
         req = TurnRequest(session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
                           answered=tuple(t.message_id for t in batch if t.message_id is not None))
-        names = self._choices.to_read(lane)
-        if last.extras.model:  # the request named its model: no /model choice to read
-            names = tuple(name for name in names if name != "model")
+        unused = {"model"} if last.extras.model else set()  # the request named its model: no choice to read
+        if not self._outbox.streams(msg.platform):
+            unused.add("stream")
+        if not self._speaks(msg.platform):
+            unused.add("voice")
+        names = tuple(name for name in self._choices.to_read(lane) if name not in unused)
         return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True,
                        prefs=(lane.key, names) if names else None)
+
+    def _speaks(self, platform: str) -> bool:
+        """Whether a reply on ``platform`` can be spoken here (else the chat's /voice choice changes nothing)."""
+        return self._outbox.speaks_on(platform, self._shared.voice) is None
 
     def _claimed_context_query(self, lane: Lane, work: ClaimedWork) -> state.ContextQuery:
         """What the turn answering a claimed session reads before its model call, with the messages
@@ -469,7 +476,8 @@ class Answer:
             await self._outbox.finish_stream(plan.stream, record, reply.buttons)  # an approval request's: in its final edit
         else:
             await self._outbox.send_recorded(record, reply.buttons)
-        if reply.spoken and not reply.stopped_partial and await self._choices.choice(lane, "voice") == "on":
+        if reply.spoken and not reply.stopped_partial and self._speaks(msg.platform) \
+                and await self._choices.choice(lane, "voice") == "on":
             await self._outbox.speak(self._shared.voice, msg.chat, reply.text, msg.message_id)
 
     async def _hear(self, lane: Lane, batch: list[Ticket], history: list[dict], stream: ReplyStream | None,
