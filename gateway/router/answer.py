@@ -111,16 +111,13 @@ class Answer:
     async def run(self, lane: Lane, work: Work) -> Job | None:
         """The job for ``work`` (lane lock held: the batch and the history it is answered from are taken
         together, and the turn's reply is stored right after the batch); None: nothing left to run."""
-        db = self._shared.db
         if isinstance(work, ChatWork):
             # messages a rate limit held back in this session are answered with these
             batch = [t for t in lane.held if t.session_id == work.ticket.session_id] + [work.ticket, *lane.take_chats()]
             lane.held = []
             # the turn's whole context with its history, in one store call (a compression may have moved
             # the conversation to a child since these were stored: it is read there)
-            read_at = time.monotonic()
-            context = await db.turns.context(self._chat_context_query(lane, batch))
-            self._choices.learned(lane, context, read_at)
+            context = await self._context(lane, self._chat_context_query(lane, batch))
             for t in batch:
                 t.session_id = context.session_id or t.session_id
             history = list(context.conversation or ())
@@ -128,19 +125,13 @@ class Answer:
         if isinstance(work, RequestWork):  # one request, one turn: stored now, answered from what precedes it
             return await self._request(lane, work.ticket)
         if isinstance(work, ClaimedWork):
-            # the messages still waiting, read again with the history they are answered from and the rest of
-            # the turn's context, in one store call (one snapshot: a message another instance stores
-            # meanwhile is in all of them or in none)
-            read_at = time.monotonic()
-            try:
-                context = await db.turns.context(self._claimed_context_query(lane, work))
+            try:  # the messages waiting, read again with their history and the turn's context (one snapshot)
+                context = await self._context(lane, self._claimed_context_query(lane, work))
             except BaseException as exc:
                 settle_future(work.done, exc)
                 raise
-            self._choices.learned(lane, context, read_at)
             claimed = [resumed_ticket(row) for row in context.unanswered or () if self._outbox.has_output(row["platform"])]
-            history = list(context.conversation or ())
-            return lambda: self._claimed(lane, claimed, history, work, context)
+            return lambda: self._claimed(lane, claimed, work, context)
         if isinstance(work, CommandWork):
             return lambda: self._run_command(work.ticket, work.command, lane, track=True)
         if isinstance(work, ResumeWork):  # an answered approval: its call's result, then the turn goes on
@@ -168,34 +159,30 @@ class Answer:
     def _chat_context_query(self, lane: Lane, batch: list[Ticket]) -> state.ContextQuery:
         """What the turn answering ``batch`` reads before its model call (``AgentTurn.context_query``, for
         the request :meth:`_run` makes), with the conversation where it goes on, as far as the batch's
-        last message: read under the lane lock, so a message stored after it waits for the next turn.
-        With it the chat's choices the turn would read again (``/model``, ``/stream``, ``/voice``)."""
+        last message: read under the lane lock, so a message stored after it waits for the next turn; and the
+        chat's choices its lane would read again."""
         last, msg = batch[-1], batch[-1].msg
         req = TurnRequest(session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
                           answered=tuple(t.message_id for t in batch if t.message_id is not None))
-        unused = {"model"} if last.extras.model else set()  # the request named its model: no choice to read
-        if not self._outbox.streams(msg.platform):
-            unused.add("stream")
-        if not self._speaks(msg.platform):
-            unused.add("voice")
-        names = tuple(name for name in self._choices.to_read(lane) if name not in unused)
+        names = self._choices.to_read(lane, model=not last.extras.model, stream=self._outbox.streams(msg.platform),
+                                      voice=self._outbox.speaks_on(msg.platform, self._shared.voice) is None)
         return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True,
                        prefs=(lane.key, names) if names else None)
 
-    def _speaks(self, platform: str) -> bool:
-        """Whether a reply on ``platform`` can be spoken here (else the chat's /voice choice changes nothing)."""
-        return self._outbox.speaks_on(platform, self._shared.voice) is None
-
     def _claimed_context_query(self, lane: Lane, work: ClaimedWork) -> state.ContextQuery:
-        """What the turn answering a claimed session reads before its model call, with the messages
-        waiting in it (``unanswered``) and its conversation as far as the last of them: the query a chat
-        batch ending with ``work.seen`` would read (a message stored since by someone else, whose facts
-        or choice it lacks, has those read by the turn)."""
-        session_id = work.claim.session_id
+        """:meth:`_chat_context_query` for a batch ending with ``work.seen``, with the messages waiting in the
+        claimed session (``unanswered``) and as far as the last of them (the turn reads what that lacks)."""
         if work.seen is None:
-            return state.ContextQuery(session_id, conversation=True, unanswered=True)
-        return replace(self._chat_context_query(lane, [work.seen]), session_id=session_id, continued=False,
-                       unanswered=True)
+            return state.ContextQuery(work.claim.session_id, conversation=True, unanswered=True)
+        return replace(self._chat_context_query(lane, [work.seen]), session_id=work.claim.session_id,
+                       continued=False, unanswered=True)
+
+    async def _context(self, lane: Lane, query: state.ContextQuery) -> state.TurnContext:
+        """``query`` read in one store call; the chat's choices it read kept as the lane's copies."""
+        read_at = time.monotonic()
+        context = await self._shared.db.turns.context(query)
+        self._choices.learned(lane, context, read_at)
+        return context
 
     async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
                                    context: state.TurnContext | None = None) -> None:
@@ -206,9 +193,8 @@ class Answer:
         await self.answer_expired(tickets)
         await self.unadopted(lane)
 
-    async def _claimed(self, lane: Lane, batch: list[Ticket], history: list[dict], work: ClaimedWork,
-                       context: state.TurnContext) -> None:
-        finished = False
+    async def _claimed(self, lane: Lane, batch: list[Ticket], work: ClaimedWork, context: state.TurnContext) -> None:
+        finished, history = False, list(context.conversation or ())
         try:
             if batch:  # else answered meanwhile (by the lease's previous holder, just before it ran out)
                 if batch[-1].msg.received_at < self._shared.clock() - self._shared.settings.resume_within:
@@ -476,8 +462,8 @@ class Answer:
             await self._outbox.finish_stream(plan.stream, record, reply.buttons)  # an approval request's: in its final edit
         else:
             await self._outbox.send_recorded(record, reply.buttons)
-        if reply.spoken and not reply.stopped_partial and self._speaks(msg.platform) \
-                and await self._choices.choice(lane, "voice") == "on":
+        if reply.spoken and not reply.stopped_partial and self._outbox.speaks_on(msg.platform, self._shared.voice) is None \
+                and await self._choices.choice(lane, "voice") == "on":  # (else the choice changes nothing)
             await self._outbox.speak(self._shared.voice, msg.chat, reply.text, msg.message_id)
 
     async def _hear(self, lane: Lane, batch: list[Ticket], history: list[dict], stream: ReplyStream | None,

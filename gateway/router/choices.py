@@ -42,9 +42,12 @@ class ChatChoices:
         assert cached is not None
         return cached[0]
 
-    def to_read(self, lane: Lane) -> tuple[str, ...]:
-        """The :data:`CHOICES` whose lane copy :meth:`choice` would read again now."""
-        return tuple(name for name in CHOICES if self._stale(lane.choices.get(name, (None, None))[1]))
+    def to_read(self, lane: Lane, *, model: bool = True, stream: bool = True, voice: bool = True) -> tuple[str, ...]:
+        """The :data:`CHOICES` whose lane copy :meth:`choice` would read again now, of those a turn uses
+        (``model``: False when the request named its model; ``stream``, ``voice``: False where the platform
+        does not stream, a reply cannot be spoken)."""
+        used = {"model": model, "stream": stream, "voice": voice}
+        return tuple(name for name in CHOICES if used[name] and self._stale(lane.choices.get(name, (None, None))[1]))
 
     def learned(self, lane: Lane, context: TurnContext, read_at: float) -> None:
         """The choices ``context`` read (the chat's: its lane's key) as the lane's copy, read at ``read_at``
