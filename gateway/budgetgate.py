@@ -185,13 +185,12 @@ class BudgetGate:
         (others' calls: other instances', the CLI's): ``every_spend`` that this instance keeps (and, the
         first time, every rule's), else those checked lately (the refresher's rounds between full ones)."""
         started = time.monotonic()
-        changed = await self.db.budgets.rules(self._stored_since)
+        changed, resets = await self.db.budgets.changes(self._stored_since, self._resets_since)
         for row in changed:
             self._stored[row["name"]] = row
             self._stored_since = max(self._stored_since, row["updated_at"])
         if changed:
             self._reindex()
-        resets = await self.db.budgets.resets(self._resets_since)
         for _, _, at in resets:
             self._resets_since = max(self._resets_since, at)
         for key in [key for key, at in self._used.items() if started - at >= ACTIVE_SECONDS]:

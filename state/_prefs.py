@@ -46,6 +46,15 @@ def chat_pref(conn: sqlite3.Connection, session_key: str, name: str) -> str | No
     return row[0] if row else None
 
 
+def chat_prefs_named(conn: sqlite3.Connection, session_key: str, names: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    """The chat's choices ``names`` (name, value: None when never made), in that order: one statement."""
+    if not names:
+        return ()
+    found = dict(conn.execute(f"SELECT name, value FROM chat_prefs WHERE session_key = ? AND name IN "
+                              f"({', '.join('?' * len(names))})", (session_key, *names)).fetchall())
+    return tuple((name, found.get(name)) for name in names)
+
+
 class ChatPrefs(Repository):
     """``db.prefs``: what each chat chose with a command."""
 

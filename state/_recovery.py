@@ -134,6 +134,18 @@ def unanswered(conn: sqlite3.Connection, session_id: str | None = None) -> list[
     return [dict(r) for r in rows]
 
 
+def unanswered_noting_replies(conn: sqlite3.Connection, session_id: str) -> tuple[list[dict], bool]:
+    """:func:`unanswered` of ``session_id``, and whether it has a reply :func:`pending_deliveries` would
+    find (False when no message waits: then it was not asked), in one statement."""
+    rows = [dict(r) for r in conn.execute(
+        "SELECT i.*, m.content AS text, EXISTS (SELECT 1 FROM deliveries d WHERE d.session_id = i.session_id"
+        " AND d.status IN ('pending', 'streaming')) AS replies_open"
+        " FROM inbox i JOIN messages m ON m.id = i.message_id WHERE i.session_id = ? ORDER BY i.message_id",
+        (session_id,))]
+    replies = [bool(row.pop("replies_open")) for row in rows]  # the same in every row
+    return rows, any(replies)
+
+
 def backlog(conn: sqlite3.Connection) -> tuple[int, float | None]:
     """How many sessions have a message waiting for an answer, and when the oldest of those arrived
     (None when none waits).  One read of the inbox, which holds only the backlog itself: no turn's
@@ -283,6 +295,14 @@ class Recovery(Repository):
         """Every stored platform message that no turn has answered yet (of ``session_id`` only, when
         given), oldest first."""
         return self._engine.read(unanswered, session_id)
+
+    @reads
+    def claimed(self, session_id: str) -> tuple[list[dict], list[DeliveryRecord]]:
+        """What waits in a session an instance claimed: :meth:`unanswered` and :meth:`pending_deliveries`
+        of ``session_id``.  One read (one statement) when messages wait and no reply of the session is
+        open, the usual case; the replies are read in a second only when one is, or no message waits."""
+        rows, replies = self._engine.read(unanswered_noting_replies, session_id)
+        return rows, self._engine.read(pending_deliveries, session_id) if replies or not rows else []
 
     @reads
     def backlog(self) -> tuple[int, float | None]:

@@ -10,6 +10,8 @@ for is None in the answer, and the turn reads it the old way if it needs it late
 A platform chat's lane reads its batch's context under the lane lock, with ``continued`` (where a
 compression moved the conversation), and hands it to the turn, which reads only what that context
 :meth:`~TurnContext.lacking` says it lacks (usually nothing): a chat turn's history costs no call of its own.
+A clustered instance's lane reads a claimed session's batch itself with its context (``unanswered``: the
+messages still waiting, and the conversation and journal as far as the last of them), in the same one read.
 
 No table of its own, and no write: nothing to lock.
 """
@@ -21,7 +23,8 @@ from dataclasses import dataclass, replace
 from . import _facts
 from ._media import media_of_lineage
 from ._messages import get_messages_as_conversation
-from ._prefs import chat_pref
+from ._prefs import chat_prefs_named
+from ._recovery import unanswered
 from ._repo import Repository, reads
 from ._sessions import get_compression_tip, get_session
 from ._toolcalls import tool_journal
@@ -60,6 +63,9 @@ class ContextQuery:
     # follow a compression to where the conversation goes on (``Compression.continued_conversation``):
     # every part is then read for that session, and ``upto`` holds only when it is ``session_id`` itself
     continued: bool = False
+    # the session's messages still awaiting an answer (``Recovery.unanswered``), read first: ``upto`` is then
+    # the last of them (all of the conversation when none waits) and ``journal``, when asked, theirs
+    unanswered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +80,8 @@ class TurnContext:
     facts: FactsChoice | None = None
     prefs: tuple[tuple[str, str | None], ...] | None = None  # (name, value: None when never chosen), as asked
     session_id: str | None = None  # the session read (with ``continued``: where the conversation goes on)
-    asked: ContextQuery | None = None  # what was read
+    asked: ContextQuery | None = None  # what was read (with ``unanswered``: the ``upto`` and ``journal`` it read)
+    unanswered: tuple[dict, ...] | None = None  # the messages awaiting an answer, oldest first, as asked
 
     def pref(self, name: str) -> str | None:
         """The chat's choice ``name`` as read (None: never made, or not asked for)."""
@@ -109,6 +116,11 @@ class TurnContext:
 
 
 def read_turn_context(conn, query: ContextQuery) -> TurnContext:
+    waiting = None
+    if query.unanswered:
+        waiting = tuple(unanswered(conn, query.session_id))
+        ids = tuple(row["message_id"] for row in waiting)
+        query = replace(query, upto=ids[-1] if ids else None, journal=ids if query.journal else ())
     sid = get_compression_tip(conn, query.session_id) if query.continued else query.session_id
     upto = query.upto if sid == query.session_id else None
     conversation = tuple(get_messages_as_conversation(conn, sid, upto)) if query.conversation else None
@@ -125,9 +137,8 @@ def read_turn_context(conn, query: ContextQuery) -> TurnContext:
                             _facts.owner_has_facts(conn, owner.agent, owner.user_scope))
     prefs = None
     if query.prefs is not None:
-        key, names = query.prefs
-        prefs = tuple((name, chat_pref(conn, key, name)) for name in names)
-    return TurnContext(conversation, started_at, media, journal, facts, prefs, sid, query)
+        prefs = chat_prefs_named(conn, *query.prefs)
+    return TurnContext(conversation, started_at, media, journal, facts, prefs, sid, query, waiting)
 
 
 class Turns(Repository):

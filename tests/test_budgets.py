@@ -218,6 +218,22 @@ def test_rules_set_from_the_cli_are_read_by_what_changed_since(store):
                                           "kind": "cost", "amount": 7.0, "updated_at": 30.0}]
 
 
+def test_a_refresh_reads_the_rules_and_the_resets_changed_since_in_one_read_as_each_reads_alone(store):
+    store.budgets.set_rule("user:ann/day/tokens", "user:ann", "day", "tokens", None, now=20.0)
+    store.budgets.set_rule("gateway/day/cost", "gateway", "day", "cost", 5.0, now=20.0)
+    store.budgets.set_rule("user:bob/day/cost", "user:bob", "day", "cost", 1.5, now=10.0)
+    store.budgets.reset("user:ann", "d:2026-11-28", now=40.0)
+    store.budgets.reset("user:ann", "d:2026-11-27", now=30.0)
+    for rules_since, resets_since in ((-1.0, -1.0), (10.0, 30.0), (20.0, -1.0), (-1.0, 40.0)):
+        assert store.budgets.changes(rules_since, resets_since) == (
+            store.budgets.rules(rules_since), store.budgets.resets(resets_since))
+    rules, resets = store.budgets.changes(-1.0, -1.0)
+    assert [r["name"] for r in rules] == ["user:bob/day/cost", "gateway/day/cost", "user:ann/day/tokens"]
+    assert rules[0] == {"name": "user:bob/day/cost", "scope": "user:bob", "period": "day", "kind": "cost",
+                        "amount": 1.5, "updated_at": 10.0}
+    assert resets == [("user:ann", "d:2026-11-27", 30.0), ("user:ann", "d:2026-11-28", 40.0)]
+
+
 async def test_three_instances_on_one_budget_overshoot_by_at_most_one_call_each(pg_url):
     """Three gates, each with its own store connection and model client (as three daemons would have),
     call concurrently until refused; together they pass the limit by at most one call each."""

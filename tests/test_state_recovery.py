@@ -101,3 +101,22 @@ def test_the_backlog_counts_sessions_awaiting_an_answer_and_the_oldest_arrival(d
     assert db.recovery.backlog() == (2, 1001.0)  # s1's second message still waits
     db.recovery.settle_inbox([other.id])
     assert db.recovery.backlog() == (1, 1002.0)
+
+
+def test_a_claimed_session_reads_what_waits_as_unanswered_and_pending_deliveries_read_it(db):
+    """``claimed``: the session's messages waiting and its replies not confirmed sent, as ``unanswered`` and
+    ``pending_deliveries`` give them (another session's left out), whether or not a reply is open."""
+    db.sessions.create("s2", "telegram")
+    other = db.messages.append_inbound("s2", "elsewhere", platform_message_id="9", inbox={**WHERE, "platform_message_id": "9"})
+    db.recovery.settle_inbox([], DeliveryRecord("d9", "telegram", "42", text="elsewhere"), session_id="s2")
+    assert db.recovery.claimed("s1") == ([], [])
+    first = db.messages.append_inbound("s1", "one", platform_message_id="7", inbox=WHERE)
+    assert db.recovery.claimed("s1") == (db.recovery.unanswered("s1"), []) and db.recovery.unanswered("s1")
+    db.recovery.settle_inbox([], DeliveryRecord("d1", "telegram", "42", text="cut short"), session_id="s1")
+    db.messages.append_inbound("s1", "two", platform_message_id="8", inbox={**WHERE, "platform_message_id": "8"})
+    rows, records = db.recovery.claimed("s1")
+    assert (rows, records) == (db.recovery.unanswered("s1"), db.recovery.pending_deliveries("s1"))
+    assert [r["text"] for r in rows] == ["one", "two"] and [r.id for r in records] == ["d1"]
+    db.messages.record_turn("s1", [{"role": "assistant", "content": "both"}], answered=[first.id, rows[1]["message_id"]])
+    assert db.recovery.claimed("s1") == ([], db.recovery.pending_deliveries("s1"))  # no message: the replies alone
+    assert db.recovery.claimed("s2")[0] == db.recovery.unanswered("s2") and other.new

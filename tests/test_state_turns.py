@@ -107,6 +107,39 @@ def test_a_chat_turns_context_is_read_where_a_compression_moved_its_conversation
         assert unmoved.session_id == sid and [m["content"] for m in unmoved.conversation] == ["d1"]
 
 
+def test_a_claimed_sessions_waiting_messages_are_read_with_its_turns_context(store):
+    """``unanswered``: the messages still waiting (as ``Recovery.unanswered`` gives them) and the turn's
+    context as far as the last of them, the conversation and the tool journal theirs, in one read; what
+    it read says so, so the turn asks for none of it again."""
+    from state import ContextQuery, FactsOwner
+
+    inbox = {"session_key": "k", "platform": "telegram", "chat_id": "1", "chat_type": "dm", "user_id": "1"}
+    owner = FactsOwner("k", "main", "telegram:1")
+    with store as db:
+        sid = db.sessions.create(new_session_id(), "telegram", session_key="k")
+        ids = [db.messages.append_inbound(sid, f"d{i}", platform_message_id=str(i),
+                                          inbox={**inbox, "platform_message_id": str(i)}).id for i in (1, 2, 3)]
+        db.messages.record_turn(sid, [{"role": "assistant", "content": "r1"}], answered=ids[:1])
+        db.tool_journal.save(ids[2], sid, "[]", "call-1", now=5.0)
+
+        read = db.turns.context(ContextQuery(sid, conversation=True, upto=ids[0], started=True, journal=(ids[0],),
+                                             facts=owner, unanswered=True))
+        assert list(read.unanswered) == db.recovery.unanswered(sid)
+        assert [row["text"] for row in read.unanswered] == ["d2", "d3"]
+        assert [m["content"] for m in read.conversation] == ["d1", "r1", "d2", "d3"]
+        assert read.journal == db.tool_journal.newest(ids[1:]) and read.journal["running"] == "call-1"
+        assert (read.asked.upto, read.asked.journal) == (ids[2], tuple(ids[1:]))
+        assert read.started_at == db.sessions.get(sid).started_at
+        the_turns = ContextQuery(sid, upto=ids[2], started=True, journal=tuple(ids[1:]), facts=owner)
+        assert read.lacking(the_turns) == ContextQuery(sid)
+
+        db.messages.record_turn(sid, [{"role": "assistant", "content": "r3"}], answered=ids[1:])
+        none = db.turns.context(ContextQuery(sid, conversation=True, journal=(ids[0],), unanswered=True))
+        assert none.unanswered == () and none.journal is None and none.asked.upto is None
+        assert [m["content"] for m in none.conversation] == ["d1", "r1", "d2", "d3", "r3"]
+        assert db.turns.context(ContextQuery(sid, conversation=True)).unanswered is None  # not asked for
+
+
 def test_a_turn_reads_only_what_its_callers_read_of_its_context_lacks():
     """``TurnContext.lacking``/``merged``: what the lane read with the history is not read again; what the
     turn needs beyond it (here: a /model choice the lane's copy no longer had fresh) is, and joins it."""

@@ -13,7 +13,6 @@ the work needs (the batch's history) and returns the job to run once the lock is
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import functools
 import logging
 import time
@@ -111,14 +110,13 @@ class Answer:
     async def run(self, lane: Lane, work: Work) -> Job | None:
         """The job for ``work`` (lane lock held: the batch and the history it is answered from are taken
         together, and the turn's reply is stored right after the batch); None: nothing left to run."""
-        db = self._shared.db
         if isinstance(work, ChatWork):
             # messages a rate limit held back in this session are answered with these
             batch = [t for t in lane.held if t.session_id == work.ticket.session_id] + [work.ticket, *lane.take_chats()]
             lane.held = []
             # the turn's whole context with its history, in one store call (a compression may have moved
             # the conversation to a child since these were stored: it is read there)
-            context = await db.turns.context(self._chat_context_query(lane, batch))
+            context = await self._context(lane, self._chat_context_query(lane, batch))
             for t in batch:
                 t.session_id = context.session_id or t.session_id
             history = list(context.conversation or ())
@@ -126,13 +124,13 @@ class Answer:
         if isinstance(work, RequestWork):  # one request, one turn: stored now, answered from what precedes it
             return await self._request(lane, work.ticket)
         if isinstance(work, ClaimedWork):
-            try:
-                rows, history = await db.messages.unanswered_with_history(work.claim.session_id)
+            try:  # the messages waiting, read again with their history and the turn's context (one snapshot)
+                context = await self._context(lane, self._claimed_context_query(lane, work))
             except BaseException as exc:
                 settle_future(work.done, exc)
                 raise
-            claimed = [resumed_ticket(row) for row in rows if self._outbox.has_output(row["platform"])]
-            return lambda: self._claimed(lane, claimed, history, work)
+            claimed = [resumed_ticket(row) for row in context.unanswered or () if self._outbox.has_output(row["platform"])]
+            return lambda: self._claimed(lane, claimed, work, context)
         if isinstance(work, CommandWork):
             return lambda: self._run_command(work.ticket, work.command, lane, track=True)
         if isinstance(work, ResumeWork):  # an answered approval: its call's result, then the turn goes on
@@ -160,13 +158,30 @@ class Answer:
     def _chat_context_query(self, lane: Lane, batch: list[Ticket]) -> state.ContextQuery:
         """What the turn answering ``batch`` reads before its model call (``AgentTurn.context_query``, for
         the request :meth:`_run` makes), with the conversation where it goes on, as far as the batch's
-        last message: read under the lane lock, so a message stored after it waits for the next turn."""
+        last message: read under the lane lock, so a message stored after it waits for the next turn; and the
+        chat's choices its lane would read again."""
         last, msg = batch[-1], batch[-1].msg
-        model = last.extras.model or self._choices.known_model(lane, msg)
         req = TurnRequest(session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
-                          answered=tuple(t.message_id for t in batch if t.message_id is not None),
-                          model_of_choice=None if model else functools.partial(self._choices.model_of, lane, msg))
-        return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True)
+                          answered=tuple(t.message_id for t in batch if t.message_id is not None))
+        names = self._choices.to_read(lane, model=not last.extras.model, stream=self._outbox.streams(msg.platform),
+                                      voice=self._outbox.speaks_on(msg.platform, self._shared.voice) is None)
+        return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True,
+                       prefs=(lane.key, names) if names else None)
+
+    def _claimed_context_query(self, lane: Lane, work: ClaimedWork) -> state.ContextQuery:
+        """:meth:`_chat_context_query` for a batch ending with ``work.seen``, with the messages waiting in the
+        claimed session (``unanswered``) and as far as the last of them (the turn reads what that lacks)."""
+        if work.seen is None:
+            return state.ContextQuery(work.claim.session_id, conversation=True, unanswered=True)
+        return replace(self._chat_context_query(lane, [work.seen]), session_id=work.claim.session_id,
+                       continued=False, unanswered=True)
+
+    async def _context(self, lane: Lane, query: state.ContextQuery) -> state.TurnContext:
+        """``query`` read in one store call; the chat's choices it read kept as the lane's copies."""
+        read_at = time.monotonic()
+        context = await self._shared.db.turns.context(query)
+        self._choices.learned(lane, context, read_at)
+        return context
 
     async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
                                    context: state.TurnContext | None = None) -> None:
@@ -177,14 +192,14 @@ class Answer:
         await self.answer_expired(tickets)
         await self.unadopted(lane)
 
-    async def _claimed(self, lane: Lane, batch: list[Ticket], history: list[dict], work: ClaimedWork) -> None:
-        finished = False
+    async def _claimed(self, lane: Lane, batch: list[Ticket], work: ClaimedWork, context: state.TurnContext) -> None:
+        finished, history = False, list(context.conversation or ())
         try:
             if batch:  # else answered meanwhile (by the lease's previous holder, just before it ran out)
                 if batch[-1].msg.received_at < self._shared.clock() - self._shared.settings.resume_within:
                     await self.answer_expired(batch, work.claim)
                 else:
-                    await self.run_turn(lane, batch, history, work.claim)
+                    await self.run_turn(lane, batch, history, work.claim, context=context)
             await self.unadopted(lane, work.claim)
             finished = True
         finally:
@@ -362,7 +377,7 @@ class Answer:
         try:
             result: TurnResult = await turn
         except asyncio.CancelledError:
-            if not turn.cancelled() or _current_cancelling():
+            if not turn.cancelled() or ((task := asyncio.current_task()) is not None and task.cancelling()):
                 turn.cancel()
                 for t in batch:  # shutdown ran out of grace: the messages stay stored, and in the inbox
                     t.fail(GatewayClosing(STOPPED_BEFORE_ANSWERING))
@@ -448,20 +463,22 @@ class Answer:
         speak: bool | None = None  # read after the send, unless the lease's hand-back waits on it
         hand_back: TurnGuard | None = None
         if lane.adopt is None and claim.fence is not None:  # a claim, whose lease may go back with the send
-            speak = await self._speaks(lane, reply)
+            speak = await self._speaks(lane, reply, msg.platform)
             hand_back = None if speak else claim
         if plan.stream is not None:  # an approval request's buttons come in its final edit
             await self._outbox.finish_stream(plan.stream, record, reply.buttons, hand_back=hand_back)
         else:
             await self._outbox.send_recorded(record, reply.buttons, hand_back=hand_back)
         if speak is None:
-            speak = await self._speaks(lane, reply)
+            speak = await self._speaks(lane, reply, msg.platform)
         if speak:
             await self._outbox.speak(self._shared.voice, msg.chat, reply.text, msg.message_id)
 
-    async def _speaks(self, lane: Lane, reply: Reply) -> bool:
-        """Whether the reply is sent again as a voice message (the chat said /voice on)."""
-        return reply.spoken and not reply.stopped_partial and await self._choices.choice(lane, "voice") == "on"
+    async def _speaks(self, lane: Lane, reply: Reply, platform: str) -> bool:
+        """Whether the reply is sent again as a voice message: the chat said /voice on, where a reply can be
+        spoken (a speech model, a platform that sends voice; elsewhere the choice changes nothing)."""
+        return (reply.spoken and not reply.stopped_partial and self._outbox.speaks_on(platform, self._shared.voice) is None
+                and await self._choices.choice(lane, "voice") == "on")
 
     async def _hear(self, lane: Lane, batch: list[Ticket], history: list[dict], stream: ReplyStream | None,
                     claim: TurnGuard) -> str | None:
@@ -563,11 +580,11 @@ class Answer:
     async def answer_expired(self, tickets: list[Ticket], claim: TurnGuard = SINGLE_INSTANCE) -> None:
         """One line for messages a restart found unanswered and too old to answer blindly."""
         first, last = tickets[0].msg, tickets[-1].msg
-        when = self._local_time(first.received_at)
+        when = self._shared.local_time(first.received_at)
         if len(tickets) == 1:
             what = f"your message from {when}"
         else:
-            what = f"your {len(tickets)} messages from {when} to {self._local_time(last.received_at)}"
+            what = f"your {len(tickets)} messages from {when} to {self._shared.local_time(last.received_at)}"
         text = f"I restarted and did not answer {what}. Send it again if it still matters."
         answered = tuple(t.inbox_id for t in tickets if t.inbox_id is not None)
         record = replace(reply_record(last), text=text, kind="notice")
@@ -576,18 +593,6 @@ class Answer:
         if await self._outbox.settle(answered, record, tickets[-1].session_id, claim) and \
                 may_send_stored(claim, tickets[-1].session_id):
             await self._outbox.send_recorded(record)
-
-    def _local_time(self, ts: float) -> str:
-        """``14:02`` today, ``Mon 21 Nov 14:02`` on another day, in the gateway's time zone."""
-        tz = self._shared.tz
-        at = dt.datetime.fromtimestamp(ts, tz)
-        today = dt.datetime.fromtimestamp(self._shared.clock(), tz).date()
-        return f"{at:%H:%M}" if at.date() == today else f"{at:%a %d %b %H:%M}"
-
-
-def _current_cancelling() -> int:
-    task = asyncio.current_task()
-    return task.cancelling() if task else 0
 
 
 __all__ = ["Answer", "ExpiredWork", "TurnClaim"]

@@ -1,7 +1,8 @@
 """A chat's choices: ``/stream``, ``/model`` and ``/voice``, kept in the store, read once per lane.
 
 Clustered, where another instance may change them, a choice is read again when older than
-``settings.prefs_fresh_for`` seconds.
+``settings.prefs_fresh_for`` seconds.  A chat turn's lane reads those it would read again
+(:meth:`ChatChoices.to_read`) with the turn's context, in the same store call (:meth:`ChatChoices.learned`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 import time
 
 from gateway.types import InboundMessage
+from state import TurnContext
 
 from .lanes import Lane
 from .shared import RouterState
+
+CHOICES = ("model", "stream", "voice")  # what a chat turn may read: its model, whether it streams, is spoken
 
 
 class ChatChoices:
@@ -37,6 +41,21 @@ class ChatChoices:
             return value
         assert cached is not None
         return cached[0]
+
+    def to_read(self, lane: Lane, *, model: bool = True, stream: bool = True, voice: bool = True) -> tuple[str, ...]:
+        """The :data:`CHOICES` whose lane copy :meth:`choice` would read again now, of those a turn uses
+        (``model``: False when the request named its model; ``stream``, ``voice``: False where the platform
+        does not stream, a reply cannot be spoken)."""
+        used = {"model": model, "stream": stream, "voice": voice}
+        return tuple(name for name in CHOICES if used[name] and self._stale(lane.choices.get(name, (None, None))[1]))
+
+    def learned(self, lane: Lane, context: TurnContext, read_at: float) -> None:
+        """The choices ``context`` read (the chat's: its lane's key) as the lane's copy, read at ``read_at``
+        (monotonic, when the read was sent: never fresher than it is)."""
+        asked = context.asked
+        if asked is not None and asked.prefs is not None and asked.prefs[0] == lane.key:
+            for name, value in context.prefs or ():
+                lane.choices[name] = (value, read_at)
 
     async def remember(self, lane: Lane, name: str, value: str) -> None:
         """The chat's ``/<name> <value>``: remembered in the store, used from its next turn or reply."""

@@ -68,10 +68,13 @@ class ResumeWork:
 
 @dataclass(frozen=True, slots=True)
 class ClaimedWork:
-    """Clustered: what waits in the store for a session this instance claimed; ``done`` is told how it ended."""
+    """Clustered: what waits in the store for a session this instance claimed; ``done`` is told how it ended.
+    ``seen``: the last message found waiting when it was claimed (whom the turn's context is read for; the
+    messages themselves are read again with it, under the lane lock)."""
 
     claim: TurnClaim
     done: asyncio.Future
+    seen: Ticket | None = None
 
 
 @dataclass(frozen=True, slots=True)

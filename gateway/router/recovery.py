@@ -66,10 +66,11 @@ class Recovery:
         if self._shared.closing:
             return False
         db, sends = self._shared.db, self._outbox.has_output
-        rows = [row for row in await db.recovery.unanswered(claim.session_id) if sends(row["platform"])]
-        # replies stored under an earlier lease whose holder stopped before confirming the send
-        records = [record for record in await db.recovery.pending_deliveries(claim.session_id)
-                   if sends(record.platform)]
+        # its messages waiting, and the replies stored under an earlier lease whose holder stopped before
+        # confirming the send (one store call when there are none)
+        waiting, open_replies = await db.recovery.claimed(claim.session_id)
+        rows = [row for row in waiting if sends(row["platform"])]
+        records = [record for record in open_replies if sends(record.platform)]
         key = rows[-1]["session_key"] if rows else next((r.session_key for r in records if r.session_key), None)
         if key is None:
             return True
@@ -81,7 +82,7 @@ class Recovery:
                 lane.adopt = streams[-1]
                 records = [record for record in records if record is not streams[-1]]
         lane.queue.extend(SendWork(record) for record in records)
-        lane.queue.append(ClaimedWork(claim, done))
+        lane.queue.append(ClaimedWork(claim, done, resumed_ticket(rows[-1]) if rows else None))
         self._lanes.wake(lane)
         self._claim_keys[key] = claim  # a /stop written anywhere reaches it (turn_claims)
         try:

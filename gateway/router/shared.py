@@ -8,6 +8,7 @@ part keeps a stale copy.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -158,6 +159,13 @@ class RouterState:
     @property
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.settings.timezone)
+
+    def local_time(self, ts: float) -> str:
+        """``14:02`` today, ``Mon 21 Nov 14:02`` on another day, in the gateway's time zone."""
+        tz = self.tz
+        at = dt.datetime.fromtimestamp(ts, tz)
+        today = dt.datetime.fromtimestamp(self.clock(), tz).date()
+        return f"{at:%H:%M}" if at.date() == today else f"{at:%a %d %b %H:%M}"
 
     @property
     def hears(self) -> bool:

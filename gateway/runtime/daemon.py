@@ -424,7 +424,8 @@ class Gateway:
         if not (self.serve_api or self.adapters):
             return
         welcomes = Welcomes(self.db, lambda chat, text: self.router.outbox.deliver(chat, text, None), self.router.take,
-                            serves=self._owns_connection)
+                            serves=self._owns_connection,
+                            serving=lambda: any(self._owns_connection(name) for name in self.adapters))
         self._welcomes = spawn(welcomes.run(), name="pairing:welcomes")
 
     def _owns_connection(self, platform: str) -> bool:

@@ -6,7 +6,9 @@ approval to the store, which moves the message that got the code (``pairing_requ
 for each: sends the user :data:`APPROVED_LINE`, hands the waiting message to the router's intake (``SessionRouter.take``)
 (stored and answered like any message: a command is not run again, the line says enough), then clears
 the row.  A crash between those steps sends the line again at the next start, and never answers the
-message twice (the store keeps a platform message once per session).
+message twice (the store keeps a platform message once per session).  An instance that serves no
+platform now (a cluster's standby, the connections owned elsewhere) reads nothing: the rows wait for
+the instance that does.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ class Welcomes:
 
     def __init__(self, db: AsyncSessionDB, deliver: Callable[[ChatRef, str], Awaitable[Any]],
                  inbound: Callable[[InboundMessage], Awaitable[Any]], *, serves: Callable[[str], bool],
-                 interval: float = WELCOME_EVERY_SECONDS):
+                 serving: Callable[[], bool] = lambda: True, interval: float = WELCOME_EVERY_SECONDS):
         self._db = db
         self._deliver = deliver
         self._inbound = inbound
         self._serves = serves  # whether a platform's adapter runs here (else its approval waits for one)
+        self._serving = serving  # whether any does now (else there is nothing to read)
         self.interval = interval
 
     async def run(self) -> None:
@@ -48,6 +51,8 @@ class Welcomes:
             await asyncio.sleep(self.interval)
 
     async def tick(self) -> None:
+        if not self._serving():
+            return
         for row in await self._db.pairing.welcomes():
             if self._serves(row["platform"]):
                 await self._welcome(row)
