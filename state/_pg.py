@@ -253,12 +253,27 @@ class Row:
         return f"Row({dict(zip(self._index, self._values, strict=False))!r})"
 
 
-def row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
-    """psycopg's row factory for :class:`Row` (column names as the query gave them)."""
-    names = [column.name for column in cursor.description or ()]
+@functools.lru_cache(maxsize=1024)
+def _column_index(names: tuple[bytes, ...]) -> dict[str, int]:
     index: dict[str, int] = {}
     for i, name in enumerate(names):
-        index.setdefault(name, i)
+        index.setdefault(name.decode("utf-8", "replace"), i)
+    return index
+
+
+def returns_rows(cursor: Any) -> bool:
+    """Whether the cursor's last statement gave rows (a SELECT, a RETURNING): ``description is not
+    None``, without psycopg building a ``Column`` for every column of it at each look."""
+    result = cursor.pgresult
+    return result is not None and result.nfields > 0
+
+
+def row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+    """psycopg's row factory for :class:`Row` (column names as the query gave them; read from the
+    result itself: ``cursor.description`` would make a ``Column`` of each, for every statement)."""
+    result = cursor.pgresult
+    count = result.nfields if result is not None else 0
+    index = _column_index(tuple(result.fname(i) for i in range(count)) if count else ())
 
     def make(values: Sequence[Any]) -> Row:
         return Row(tuple(_value(v) for v in values), index)
@@ -283,12 +298,12 @@ class PgCursor:
         return self._cursor.description
 
     def fetchone(self) -> Row | None:
-        if self._cursor.description is None:
+        if not returns_rows(self._cursor):
             return None
         return self._cursor.fetchone()
 
     def fetchall(self) -> list[Row]:
-        if self._cursor.description is None:
+        if not returns_rows(self._cursor):
             return []
         return self._cursor.fetchall()
 
