@@ -9,7 +9,8 @@ position or by name.  :class:`PgConnection` gives them exactly that over psycopg
   are a dict.  Parameters are bound on the server (psycopg's own ``Cursor``): a text is
   sent untyped, so PostgreSQL types it by where it stands, as SQLite does, and a statement
   a connection has run five times is prepared there, so the server parses and plans it
-  once per connection instead of at every run.  What the
+  once per connection instead of at every run.  A parameter whose place gives it no type
+  (``? IS NULL``, a ``CASE`` of parameters alone) is written with its ``CAST``.  What the
   translation cannot read safely (a comment, a ``$$`` body, an ``E'...'`` string, jsonb's
   ``?`` operator) it refuses with :class:`UnsafeSql` instead of guessing.
 * A Python ``bool`` is sent as 0 or 1 (the store's flags are integer columns); a NUL

@@ -327,7 +327,7 @@ def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | Non
     dialect = dialect_of(conn)
     raw = f"SELECT {_group(by, dialect)} AS grp, {_day(dialect)} AS day, {sums} FROM model_calls WHERE "
     if user_id is not None:  # one user's: their calls, by the ledger's index on the user
-        return (raw + "at >= ? AND (platform = ? OR (platform IS NULL AND ? IS NULL)) AND user_id = ? "
+        return (raw + "at >= ? AND (platform = ? OR (platform IS NULL AND CAST(? AS TEXT) IS NULL)) AND user_id = ? "
                 "GROUP BY grp, day", [since, platform, platform, user_id])
     first = math.ceil(since / DAY)  # the first whole day: the roll-ups'; the hours before it, the ledger's
     names = ", ".join(_SUM_NAMES)
