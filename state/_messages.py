@@ -226,16 +226,21 @@ def _decoded(value: Any) -> Any:
     return value
 
 
+def _tuples(conn: sqlite3.Connection, sql: str, params: tuple) -> Iterable[tuple]:
+    """``sql``'s rows as plain tuples on SQLite (no ``sqlite3.Row`` per row: what a whole session's read
+    spends most on); PostgreSQL's rows unpack as tuples already."""
+    if isinstance(conn, sqlite3.Connection):
+        cursor = conn.cursor()
+        cursor.row_factory = None
+        return cursor.execute(sql, params)
+    return conn.execute(sql, params)
+
+
 def get_stored(conn: sqlite3.Connection, session_id: str) -> list[StoredMessage]:
     """The session's messages in order, each built from its row (no dict per message: a session's every
     message is read on every API request that continues it, so this is kept quick; ``bench/messages_read.py``)."""
-    sql = f"SELECT {_STORED_COLUMNS} FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}"
-    if isinstance(conn, sqlite3.Connection):  # plain tuples: no sqlite3.Row per message
-        cursor = conn.cursor()
-        cursor.row_factory = None
-        rows = cursor.execute(sql, (session_id,))
-    else:
-        rows = conn.execute(sql, (session_id,))
+    rows = _tuples(conn, f"SELECT {_STORED_COLUMNS} FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}",
+                   (session_id,))
     tool_calls, details, items = _STORED_JSON_AT
     messages = []
     for row in rows:
@@ -269,14 +274,8 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, upto
     they were given.  An assistant message holds nothing of the memory fence
     (:mod:`state.memory_fence`), even one stored before answers were cleaned.
     """
-    sql = ("SELECT id, role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
-           f" codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}")
-    if isinstance(conn, sqlite3.Connection):  # plain tuples, as get_stored reads them: no sqlite3.Row per message
-        cursor = conn.cursor()
-        cursor.row_factory = None
-        rows = cursor.execute(sql, (session_id,))
-    else:
-        rows = conn.execute(sql, (session_id,))
+    rows = _tuples(conn, "SELECT id, role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
+                   f" codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}", (session_id,))
     conversation: list[dict] = []
     upto_at = None
     for message_id, role, content, tool_call_id, tool_calls, tool_name, reasoning, details, items in rows:
