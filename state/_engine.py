@@ -21,6 +21,7 @@ from typing import Any, Callable, TypeVar
 from . import _ownership, schema
 from ._integrity import is_corruption
 from ._lock import HELD_BACK_AT_MOST, STARVING_AFTER_TRIES, GaveWay, StarvingFlag
+from ._sql import NumberedConnection
 from .errors import NotADatabase, StateError, StoreCorrupt, WriteTimeout
 from .paths import prepare_db_file
 
@@ -94,7 +95,8 @@ class Engine:
 
     def _connect(self, *, timeout: float) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False,
+                                   factory=NumberedConnection)
         except sqlite3.Error as exc:
             raise NotADatabase(str(self.path), f"cannot be opened ({exc})") from exc
         conn.row_factory = sqlite3.Row

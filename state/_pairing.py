@@ -33,7 +33,7 @@ def create_tables(conn: sqlite3.Connection) -> None:
 
 def is_user_approved(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
     return conn.execute(
-        "SELECT 1 FROM approved_users WHERE platform = ? AND user_id = ?", (platform, user_id)
+        "SELECT 1 FROM approved_users WHERE platform = $1 AND user_id = $2", (platform, user_id)
     ).fetchone() is not None
 
 
@@ -48,19 +48,19 @@ def request_pairing(conn: sqlite3.Connection, platform: str, user_id: str, user_
     """The user's pending request (kept while valid) or a new one; None when ``max_pending`` are open.
     ``waiting`` (the message as JSON) is kept with a new request: answered once the user is approved."""
     _lock_platform(conn, platform)
-    conn.execute("DELETE FROM pairing_requests WHERE expires_at <= ?", (now,))
+    conn.execute("DELETE FROM pairing_requests WHERE expires_at <= $1", (now,))
     row = conn.execute(
         "SELECT platform, user_id, user_name, code, created_at, expires_at FROM pairing_requests"
-        " WHERE platform = ? AND user_id = ?", (platform, user_id),
+        " WHERE platform = $1 AND user_id = $2", (platform, user_id),
     ).fetchone()
     if row is not None:
         return dict(zip(("platform", "user_id", "user_name", "code", "created_at", "expires_at"), row, strict=True))
-    pending = conn.execute("SELECT COUNT(*) FROM pairing_requests WHERE platform = ?", (platform,)).fetchone()[0]
+    pending = conn.execute("SELECT COUNT(*) FROM pairing_requests WHERE platform = $1", (platform,)).fetchone()[0]
     if pending >= max_pending:
         return None
     conn.execute(
         "INSERT INTO pairing_requests (platform, user_id, user_name, code, created_at, expires_at, waiting)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
         (platform, user_id, user_name, code, now, now + ttl, waiting),
     )
     return {"platform": platform, "user_id": user_id, "user_name": user_name, "code": code,
@@ -71,7 +71,7 @@ def list_pairing(conn: sqlite3.Connection, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     pending = conn.execute(
         "SELECT platform, user_id, user_name, code, created_at, expires_at FROM pairing_requests"
-        " WHERE expires_at > ? ORDER BY created_at", (now,),
+        " WHERE expires_at > $1 ORDER BY created_at", (now,),
     ).fetchall()
     approved = conn.execute(
         "SELECT platform, user_id, user_name, approved_at FROM approved_users ORDER BY approved_at"
@@ -86,18 +86,18 @@ def approve_pairing(conn: sqlite3.Connection, platform: str, code: str, now: flo
     now = time.time() if now is None else now
     _lock_platform(conn, platform)
     row = conn.execute(
-        "SELECT user_id, user_name, waiting FROM pairing_requests WHERE platform = ? AND code = ? AND expires_at > ?",
+        "SELECT user_id, user_name, waiting FROM pairing_requests WHERE platform = $1 AND code = $2 AND expires_at > $3",
         (platform, code.strip().upper(), now),
     ).fetchone()
     if row is None:
         raise PairingNotFound(platform, code)
     conn.execute(
-        "INSERT INTO approved_users (platform, user_id, user_name, approved_at, waiting) VALUES (?, ?, ?, ?, ?) "
+        "INSERT INTO approved_users (platform, user_id, user_name, approved_at, waiting) VALUES ($1, $2, $3, $4, $5) "
         "ON CONFLICT (platform, user_id) DO UPDATE SET user_name = excluded.user_name, approved_at = excluded.approved_at,"
         " waiting = excluded.waiting",
         (platform, row[0], row[1], now, row[2]),
     )
-    conn.execute("DELETE FROM pairing_requests WHERE platform = ? AND user_id = ?", (platform, row[0]))
+    conn.execute("DELETE FROM pairing_requests WHERE platform = $1 AND user_id = $2", (platform, row[0]))
     return {"platform": platform, "user_id": row[0], "user_name": row[1]}
 
 
@@ -110,13 +110,13 @@ def waiting_welcomes(conn: sqlite3.Connection) -> list[dict]:
 
 def mark_welcomed(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
     """Claim one welcome: True for the one caller (of every instance) that cleared it."""
-    return conn.execute("UPDATE approved_users SET waiting = NULL WHERE platform = ? AND user_id = ?"
+    return conn.execute("UPDATE approved_users SET waiting = NULL WHERE platform = $1 AND user_id = $2"
                         " AND waiting IS NOT NULL", (platform, user_id)).rowcount > 0
 
 
 def revoke_user(conn: sqlite3.Connection, platform: str, user_id: str) -> bool:
-    removed = conn.execute("DELETE FROM approved_users WHERE platform = ? AND user_id = ?", (platform, user_id)).rowcount
-    conn.execute("DELETE FROM pairing_requests WHERE platform = ? AND user_id = ?", (platform, user_id))
+    removed = conn.execute("DELETE FROM approved_users WHERE platform = $1 AND user_id = $2", (platform, user_id)).rowcount
+    conn.execute("DELETE FROM pairing_requests WHERE platform = $1 AND user_id = $2", (platform, user_id))
     return removed > 0
 
 

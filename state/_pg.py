@@ -55,6 +55,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ._dialect import POSTGRES
 from ._liveness import connection_kwargs
+from ._sql import _is_numbered
 from .errors import StateError, StoreUnavailable, WriteTimeout
 
 if TYPE_CHECKING:
@@ -334,6 +335,12 @@ class PgConnection:
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> PgCursor:
         self._count()
+        if params and _is_numbered(sql):  # TRANSITION: the store's own '$n' SQL, sent as it is
+            from psycopg import RawCursor
+
+            cursor = RawCursor(self.raw)
+            cursor.execute(sql, [_param(v) for v in params])
+            return PgCursor(cursor)
         cursor = self.raw.cursor()
         if isinstance(params, dict):
             cursor.execute(translate(sql, True), {k: _param(v) for k, v in params.items()})
@@ -346,6 +353,12 @@ class PgConnection:
     def executemany(self, sql: str, rows: Any) -> PgCursor:
         rows = list(rows)
         self._count(len(rows))
+        if _is_numbered(sql):  # TRANSITION
+            from psycopg import RawCursor
+
+            cursor = RawCursor(self.raw)
+            cursor.executemany(sql, [[_param(v) for v in row] for row in rows])
+            return PgCursor(cursor)
         cursor = self.raw.cursor()
         cursor.executemany(translate(sql), [[_param(v) for v in row] for row in rows])
         return PgCursor(cursor)
