@@ -47,7 +47,9 @@ ALLOWED_UPDATES = ("message", "channel_post", "callback_query")  # callback_quer
 # A gated long poll ends this long before the gate's allowance runs out (the request's own round trip).
 GATE_MARGIN_SECONDS = 1.0
 GATE_RECHECK_SECONDS = 0.2  # how soon a poll the gate did not allow is asked for again
-POLL_END_SLACK_SECONDS = 0.2  # a long poll ends on Telegram's side this long after its timeout at most
+# A long poll ends on Telegram's side this long after its timeout at most: it reaches Telegram, and its
+# timeout starts there, up to a round trip after it was sent (the margin the gate keeps, above).
+POLL_END_SLACK_SECONDS = GATE_MARGIN_SECONDS
 CONFLICT_HINT = (
     "Telegram answered 409 Conflict: another process is polling this bot token (or a webhook is set). "
     "Stop the other bot instance or give this one its own token"
