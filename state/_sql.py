@@ -45,6 +45,15 @@ def numbered(count: int, start: int = 1) -> str:
     return ", ".join([f"${i}" for i in range(start, start + count)])
 
 
+def renumbered(sql: str, shift: int) -> str:
+    """``sql`` with each ``$n`` written ``$(n + shift)``: a row's parameters as the ``k``-th row of a
+    multi-row ``VALUES`` list (``shift = k * width``)."""
+    return _NUMBER_ANY.sub(lambda m: f"${int(m.group(1)) + shift}", sql) if shift else sql
+
+
+_NUMBER_ANY = re.compile(r"\$([1-9][0-9]*)")
+
+
 # --- SQLite: the numbers bound by name ------------------------------------------------------------
 
 #: ``"1"``, ``"2"``, ...: the names SQLite gives ``$1``, ``$2``, ... (sqlite3 looks a name up without its ``$``).
