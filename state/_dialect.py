@@ -4,7 +4,7 @@ The feature modules (``_usage``, ``_upkeep``, ``_transfer``, ``db``, ...) write 
 :func:`dialect_of` for the few parts that differ; they never ask which engine they run on.
 
     SQLITE     sqlite3 (a file, one writer process at a time)
-    POSTGRES   psycopg through ``state._pg.PgConnection`` (one server, any number of instances)
+    POSTGRES   psycopg, through ``state._pg_conn.StoreConnection`` (one server, any number of instances)
 
 What a :class:`Dialect` carries:
 
@@ -307,18 +307,18 @@ class _Postgres(Dialect):
     def mark_pending(self, conn: Any, session_id: str) -> bool:
         from .cluster.leases import mark_pending
 
-        mark_pending(conn.raw, session_id)
+        mark_pending(conn, session_id)
         return True
 
     def fence(self, conn: Any, session_id: str, token: int) -> None:
         from .cluster.leases import fenced_write
 
-        fenced_write(conn.raw, session_id, token)
+        fenced_write(conn, session_id, token)
 
     def give_back(self, conn: Any, session_id: str, token: int, seen: int) -> bool:
         from .cluster.leases import release_token
 
-        return release_token(conn.raw, session_id, token, seen, finished=True)
+        return release_token(conn, session_id, token, seen, finished=True)
 
 
 SQLITE: Dialect = _Sqlite()
@@ -343,7 +343,7 @@ def insert_rows(conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) 
 
 
 def dialect_of(conn: Any) -> Dialect:
-    """The dialect a store function's connection speaks: a ``state._pg.PgConnection`` carries POSTGRES,
+    """The dialect a store function's connection speaks: a ``state._pg_conn.StoreConnection`` carries POSTGRES,
     anything else is sqlite3."""
     return getattr(conn, "dialect", SQLITE)
 

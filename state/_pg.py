@@ -49,16 +49,15 @@ import random
 import re
 import time
 from contextlib import contextmanager
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ._dialect import POSTGRES
 from ._liveness import connection_kwargs
-from ._sql import _is_numbered
 from .errors import StateError, StoreUnavailable, WriteTimeout
 
 if TYPE_CHECKING:
+    from ._pg_conn import StoreConnection
     from .cluster.store import ClusterStore
 
 log = logging.getLogger(__name__)
@@ -201,175 +200,6 @@ def _stale_plan(exc: BaseException) -> bool:
     return "cached plan must not change result type" in str(exc)
 
 
-def _param(value: Any) -> Any:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, str) and "\x00" in value:
-        return value.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL; SQLite keeps it
-    return value
-
-
-def _value(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, memoryview):
-        return bytes(value)
-    return value
-
-
-class Row:
-    """A result row as the store's functions read ``sqlite3.Row``: ``row[0]``, ``row["id"]``,
-    ``dict(row)``, ``tuple(row)``, unpacking."""
-
-    __slots__ = ("_values", "_index")
-
-    def __init__(self, values: tuple, index: dict[str, int]):
-        self._values = values
-        self._index = index
-
-    def keys(self) -> list[str]:
-        return list(self._index)
-
-    def __getitem__(self, key: int | str | slice) -> Any:
-        if isinstance(key, str):
-            try:
-                return self._values[self._index[key]]
-            except KeyError:
-                raise IndexError(f"no such column: {key}") from None
-        return self._values[key]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Row):
-            return self._values == other._values
-        return self._values == other
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"Row({dict(zip(self._index, self._values, strict=False))!r})"
-
-
-@functools.lru_cache(maxsize=1024)
-def _column_index(names: tuple[bytes, ...]) -> dict[str, int]:
-    index: dict[str, int] = {}
-    for i, name in enumerate(names):
-        index.setdefault(name.decode("utf-8", "replace"), i)
-    return index
-
-
-def returns_rows(cursor: Any) -> bool:
-    """Whether the cursor's last statement gave rows (a SELECT, a RETURNING): ``description is not
-    None``, without psycopg building a ``Column`` for every column of it at each look."""
-    result = cursor.pgresult
-    return result is not None and result.nfields > 0
-
-
-def row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
-    """psycopg's row factory for :class:`Row` (column names as the query gave them; read from the
-    result itself: ``cursor.description`` would make a ``Column`` of each, for every statement)."""
-    result = cursor.pgresult
-    count = result.nfields if result is not None else 0
-    index = _column_index(tuple(result.fname(i) for i in range(count)) if count else ())
-
-    def make(values: Sequence[Any]) -> Row:
-        return Row(tuple(_value(v) for v in values), index)
-
-    return make
-
-
-class PgCursor:
-    """The part of ``sqlite3.Cursor`` the store uses; ``lastrowid`` is always None (use RETURNING)."""
-
-    lastrowid = None
-
-    def __init__(self, cursor: Any):
-        self._cursor = cursor
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    @property
-    def description(self) -> Any:
-        return self._cursor.description
-
-    def fetchone(self) -> Row | None:
-        if not returns_rows(self._cursor):
-            return None
-        return self._cursor.fetchone()
-
-    def fetchall(self) -> list[Row]:
-        if not returns_rows(self._cursor):
-            return []
-        return self._cursor.fetchall()
-
-    def __iter__(self) -> Iterator[Row]:
-        return iter(self.fetchall())
-
-
-class _NotOneStatement(BaseException):
-    """A read tried in one statement of its own runs a second: it needs its snapshot (see PgEngine.read).
-    A BaseException, so no ``except Exception`` of a store function can swallow it."""
-
-
-class PgConnection:
-    """A psycopg connection that takes the store's SQL as sqlite3 does (see the module docstring)."""
-
-    dialect = POSTGRES
-
-    def __init__(self, raw: Any, *, one_statement: bool = False):
-        self.raw = raw
-        self._one_statement = one_statement  # a read run without a transaction: a second statement stops it
-        self._ran = 0
-
-    def _count(self, statements: int = 1) -> None:
-        self._ran += statements
-        if self._one_statement and self._ran > 1:
-            raise _NotOneStatement
-
-    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> PgCursor:
-        self._count()
-        if params and _is_numbered(sql):  # TRANSITION: the store's own '$n' SQL, sent as it is
-            from psycopg import RawCursor
-
-            cursor = RawCursor(self.raw)
-            cursor.execute(sql, [_param(v) for v in params])
-            return PgCursor(cursor)
-        cursor = self.raw.cursor()
-        if isinstance(params, dict):
-            cursor.execute(translate(sql, True), {k: _param(v) for k, v in params.items()})
-        elif params:
-            cursor.execute(translate(sql), [_param(v) for v in params])
-        else:  # no parameters, so no placeholders: a '?' or '%' is the text's own (psycopg reads none)
-            cursor.execute(sql)
-        return PgCursor(cursor)
-
-    def executemany(self, sql: str, rows: Any) -> PgCursor:
-        rows = list(rows)
-        self._count(len(rows))
-        if _is_numbered(sql):  # TRANSITION
-            from psycopg import RawCursor
-
-            cursor = RawCursor(self.raw)
-            cursor.executemany(sql, [[_param(v) for v in row] for row in rows])
-            return PgCursor(cursor)
-        cursor = self.raw.cursor()
-        cursor.executemany(translate(sql), [[_param(v) for v in row] for row in rows])
-        return PgCursor(cursor)
-
-    @property
-    def in_transaction(self) -> bool:
-        from psycopg.pq import TransactionStatus
-
-        return self.raw.info.transaction_status != TransactionStatus.IDLE
-
-
 # --- the engine ---------------------------------------------------------------------------------
 
 
@@ -390,8 +220,10 @@ class PgEngine:
     dialect = POSTGRES
 
     def __init__(self, url: str, *, write_timeout: float = 10.0, pool_size: int = 8, connect_timeout: float = 10.0):
-        psycopg = _require_psycopg()
+        _require_psycopg()
         from psycopg_pool import ConnectionPool
+
+        from ._pg_conn import StoreConnection, configure
 
         self.url = url
         self.masked_url = mask_url(url)
@@ -401,12 +233,9 @@ class PgEngine:
         self._server_down = False  # the last direct try found the server unreachable (see _connection)
         self._multi_statement_reads: set[Any] = set()  # the code of reads that ran more than one statement
 
-        def configure(conn: Any) -> None:
-            conn.cursor_factory = psycopg.Cursor  # server-side binding: statements run often are prepared
-            conn.row_factory = row_factory
-
         self._pool = ConnectionPool(
-            url, min_size=1, max_size=max(1, int(pool_size)), open=False, configure=configure,
+            url, min_size=1, max_size=max(1, int(pool_size)), open=False,
+            connection_class=StoreConnection, configure=configure,
             # keepalives and a statement timeout: a partition fails a statement within seconds (state._liveness)
             kwargs={"autocommit": False, "connect_timeout": self.connect_timeout, **connection_kwargs(url)},
             name="switchboard-store", timeout=max(self.write_timeout, 1.0), reconnect_timeout=RECONNECT_GIVE_UP,
@@ -441,15 +270,15 @@ class PgEngine:
     def _open_schema(self) -> None:
         from . import schema
 
-        def check(conn: PgConnection) -> int:
+        def check(conn: StoreConnection) -> int:
             return schema.read_version_pg(conn, self.masked_url)
 
         if self.read(check) >= schema.current_version():
             return
 
-        def migrate(conn: PgConnection) -> None:
+        def migrate(conn: StoreConnection) -> None:
             conn.execute("SET LOCAL statement_timeout = 0")  # a step may rewrite a large table
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+            conn.execute("SELECT pg_advisory_xact_lock($1)", (MIGRATION_LOCK,))
             version = schema.read_version_pg(conn, self.masked_url)  # another process may have migrated meanwhile
             if version < schema.current_version():
                 log.info("migrating %s from schema %d to %d", self.masked_url, version, schema.current_version())
@@ -468,13 +297,15 @@ class PgEngine:
         is first run as a statement alone.  Should it run a second one, it is run again from the start
         in a ``REPEATABLE READ READ ONLY`` transaction, and is remembered (by its code) as needing one
         from then on.  Nothing is lost by the first try: a read changes nothing."""
+        from ._pg_conn import NotOneStatement
+
         deadline = time.monotonic() + self.write_timeout
         code = getattr(getattr(fn, "func", fn), "__code__", None)
         if code is not None and code not in self._multi_statement_reads:
             try:
                 return self._run(fn, args, kwargs, isolation="REPEATABLE READ", read_only=True, deadline=deadline,
                                  one_statement=True)
-            except _NotOneStatement:
+            except NotOneStatement:
                 self._multi_statement_reads.add(code)
         return self._run(fn, args, kwargs, isolation="REPEATABLE READ", read_only=True, deadline=deadline)
 
@@ -516,7 +347,7 @@ class PgEngine:
         """``fn`` in one transaction, run again on a serialization failure or a deadlock (until the deadline)
         and once on a connection found dead when nothing it did can have been committed: it failed before
         its COMMIT was sent, or it only read.  ``one_statement`` (a read): no transaction, and
-        :class:`_NotOneStatement` if ``fn`` runs a second statement."""
+        :class:`~state._pg_conn.NotOneStatement` if ``fn`` runs a second statement."""
         import psycopg
         from psycopg import errors as pgerrors
         from psycopg_pool import PoolTimeout
@@ -537,16 +368,17 @@ class PgEngine:
                     try:
                         if one_statement:
                             raw.autocommit = True
+                            raw.alone(True)
                             try:
-                                result = fn(PgConnection(raw, one_statement=True), *args, **kwargs)
+                                result = fn(raw, *args, **kwargs)
                             finally:
+                                raw.alone(False)
                                 if not raw.closed and not raw.broken:
                                     raw.autocommit = False
                             self._server_down = False
                             return result
-                        conn = PgConnection(raw)
                         try:
-                            result = fn(conn, *args, **kwargs)
+                            result = fn(raw, *args, **kwargs)
                             committing = True
                             raw.commit()
                             self._server_down = False
@@ -642,12 +474,14 @@ def probe(url: str, *, timeout: float = 5.0) -> tuple[int | None, str]:
     from . import schema
 
     psycopg = _require_psycopg()
+    from ._pg_conn import StoreConnection, configure
+
     masked = mask_url(url)
     try:
-        with psycopg.connect(url, connect_timeout=max(1, int(timeout)), row_factory=row_factory) as raw:
-            conn = PgConnection(raw)
+        with StoreConnection.connect(url, connect_timeout=max(1, int(timeout))) as conn:
+            configure(conn)
             version = schema.read_version_pg(conn, masked)
-            server = raw.info.server_version
+            server = conn.info.server_version
     except psycopg.Error as exc:
         return None, f"{masked}: {_without_secret(str(exc).strip(), url)}"
     except StateError as exc:

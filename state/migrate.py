@@ -208,19 +208,21 @@ def _select(conn: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> s
 
 
 def _connect(url: str) -> Any:
-    psycopg = _require_psycopg()
+    _require_psycopg()
+    from ._pg_conn import StoreConnection, configure
+
     try:
-        return psycopg.connect(url, connect_timeout=10, autocommit=True)
+        conn = StoreConnection.connect(url, connect_timeout=10, autocommit=True)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported the same way
         reason = _without_secret(str(exc).strip() or type(exc).__name__, url)
         raise MigrationRefused(f"cannot reach the target {mask_url(url)}: {reason}; check the --to URL (host, port, "
                                "user, password, database) and that the server accepts this user") from None
+    configure(conn)
+    return conn
 
 
 def _target_version(pg: Any, url: str) -> int:
-    from ._pg import PgConnection
-
-    return schema.read_version_pg(PgConnection(pg), mask_url(url))
+    return schema.read_version_pg(pg, mask_url(url))
 
 
 def _target_tables(pg: Any) -> dict[str, dict[str, str]]:
@@ -359,11 +361,11 @@ def _advance_sequences(conn: sqlite3.Connection, pg: Any, tables: list[str]) -> 
                 continue
             top = pg.execute(f"SELECT max({_q(column)}) FROM {_q(table)}").fetchone()[0] or 0
             top = max(int(top), marks.get(table, 0))
-            sequence = pg.execute("SELECT pg_get_serial_sequence(%s, %s)", (_q(table), column)).fetchone()[0]
+            sequence = pg.execute("SELECT pg_get_serial_sequence($1, $2)", (_q(table), column)).fetchone()[0]
             if top:
-                pg.execute("SELECT setval(%s, %s, true)", (sequence, top))
+                pg.execute("SELECT setval($1, $2, true)", (sequence, top))
             else:
-                pg.execute("SELECT setval(%s, 1, false)", (sequence,))
+                pg.execute("SELECT setval($1, 1, false)", (sequence,))
 
 
 # --- verifying ----------------------------------------------------------------------------------

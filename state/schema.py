@@ -43,7 +43,7 @@ class Migration:
     version: int
     name: str
     apply: Callable[[sqlite3.Connection], None]
-    #: The same step on PostgreSQL (a ``state._pg.PgConnection``); None: not written yet.
+    #: The same step on PostgreSQL (a ``state._pg_conn.StoreConnection``); None: not written yet.
     apply_pg: Callable[[Any], None] | None = None
 
 

@@ -20,7 +20,7 @@ import state.errors
 from gateway.cli.common import _JsonError
 from gateway.cli.config import ConfigFailure
 from gateway.cli.setup.ask import SetupFailed
-from state._pg import _NotOneStatement
+from state._pg_conn import NotOneStatement
 
 
 def _import_every_module(package) -> None:
@@ -68,7 +68,7 @@ CASES = [
 ]
 # drawn in gateway.errors' docstring as outside the tree: how the CLI exits with a ConfigError's line, and
 # how it prints an error under --json; in state.errors' docstring, the PostgreSQL engine's signal to itself
-OUTSIDE_THE_TREE = {ConfigFailure, _JsonError, SetupFailed, _NotOneStatement}
+OUTSIDE_THE_TREE = {ConfigFailure, _JsonError, SetupFailed, NotOneStatement}
 
 
 @pytest.mark.parametrize("package, errors, root", CASES, ids=lambda v: getattr(v, "__name__", ""))

@@ -33,7 +33,7 @@ def _liveness(raw) -> tuple[str, dict[str, str]]:
 def test_a_pooled_store_connection_has_keepalives_and_a_statement_timeout(pg_url):
     db = SessionDB(pg_url)
     try:
-        timeout, params = db._engine.read(lambda conn: _liveness(conn.raw))
+        timeout, params = db._engine.read(lambda conn: _liveness(conn))
     finally:
         db.close()
     assert timeout == f"{STATEMENT_TIMEOUT_MS // 1000}s"
@@ -44,7 +44,7 @@ def test_the_statement_timeout_keeps_the_options_the_url_already_has(pg_url):
     sep = "&" if "?" in pg_url else "?"
     db = SessionDB(f"{pg_url}{sep}options=-c%20search_path%3Dpublic%20-c%20lock_timeout%3D7000")
     try:
-        timeouts = db._engine.read(lambda conn: [conn.raw.execute(f"SHOW {name}").fetchone()[0]
+        timeouts = db._engine.read(lambda conn: [conn.execute(f"SHOW {name}").fetchone()[0]
                                                  for name in ("statement_timeout", "lock_timeout")])
     finally:
         db.close()

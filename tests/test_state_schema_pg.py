@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from state import NotADatabase, SessionDB, StoreUnavailable, schema
-from state._pg import MIGRATION_LOCK, Row, mask_url, translate
+from state._pg import MIGRATION_LOCK, mask_url, translate
+from state._pg_conn import Row, StoreConnection, configure
 from tests.harness import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,13 +167,19 @@ def test_placeholders_become_psycopg_ones_outside_quotes_only():
         "UPDATE t SET a = %(a)s WHERE b = %(b)s AND c::text = 'x:y'"
 
 
-def test_a_statement_without_parameters_keeps_its_percent_and_question_marks(pg_url):
-    from state._pg import PgConnection
-
-    with psycopg.connect(pg_url) as raw:
-        conn = PgConnection(raw)
+def test_the_store_sql_reaches_postgresql_as_written_and_its_values_come_back_as_on_sqlite(pg_url):
+    with StoreConnection.connect(pg_url) as conn:
+        configure(conn)
+        # sent as it is: a '%' or '?' is the text's own, with parameters or without
         assert tuple(conn.execute("SELECT 17 % 7, 'who?', '100%'").fetchone()) == (3, "who?", "100%")
-        assert tuple(conn.execute("SELECT 17 % ?, 'who?'", (5,)).fetchone()) == (2, "who?")
+        assert tuple(conn.execute("SELECT 17 % $1, 'who?', $2 || '%'", (5, "100")).fetchone()) == (2, "who?", "100%")
+        conn.execute("CREATE TEMP TABLE t (flag BIGINT, body TEXT, n BIGINT)")
+        conn.executemany("INSERT INTO t VALUES ($1, $2, $3)", [(True, "a\x00b", 2), (False, "c", 3)])
+        assert [tuple(r) for r in conn.execute("SELECT flag, body FROM t ORDER BY n")] == [(1, "a\ufffdb"), (0, "c")]
+        total, mean = conn.execute("SELECT SUM(n), AVG(n) FROM t").fetchone()  # numeric, as SQLite's numbers
+        assert (total, type(total), mean, type(mean)) == (5, int, 2.5, float)
+        assert dict(conn.execute("SELECT n AS count, body FROM t WHERE flag = $1", (1,)).fetchone()) == \
+            {"count": 2, "body": "a\ufffdb"}
 
 
 def test_rows_read_like_sqlite_rows():

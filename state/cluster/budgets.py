@@ -39,51 +39,54 @@ from typing import Any, Awaitable, Callable, TypeVar
 import psycopg
 
 from .._liveness import connection_kwargs
+from ._sql import execute_async
 
 _T = TypeVar("_T")
 
 _NOW = "extract(epoch FROM statement_timestamp())"
 # the earliest moment the next slot may have: the bucket's turn, its pause, the gap since the last slot
-_NEXT_SLOT = f"GREATEST({_NOW}, b.tat - %(tolerance)s, b.paused_until, b.last_slot + %(gap)s)"
+_NEXT_SLOT = f"GREATEST({_NOW}, b.tat - $3, b.paused_until, b.last_slot + $4)"
 
 _RESERVE = (
     f"INSERT INTO rate_buckets AS b (key, tat, last_slot, paused_until)"
-    f" VALUES (%(key)s, {_NOW} + %(interval)s, {_NOW}, 0)"
+    f" VALUES ($1, {_NOW} + $2, {_NOW}, 0)"
     f" ON CONFLICT (key) DO UPDATE SET"
     f"  last_slot = {_NEXT_SLOT},"
-    f"  tat = GREATEST(b.tat, {_NEXT_SLOT}) + %(interval)s"
+    f"  tat = GREATEST(b.tat, {_NEXT_SLOT}) + $2"
     f" RETURNING last_slot - {_NOW}"
 )
 _TAKE_IF_FREE = (
     f"INSERT INTO rate_buckets AS b (key, tat, last_slot, paused_until)"
-    f" VALUES (%(key)s, {_NOW} + %(interval)s, {_NOW}, 0)"
-    f" ON CONFLICT (key) DO UPDATE SET tat = GREATEST(b.tat, {_NOW}) + %(interval)s, last_slot = {_NOW}"
+    f" VALUES ($1, {_NOW} + $2, {_NOW}, 0)"
+    f" ON CONFLICT (key) DO UPDATE SET tat = GREATEST(b.tat, {_NOW}) + $2, last_slot = {_NOW}"
     f"  WHERE {_NEXT_SLOT} <= {_NOW}"
     f" RETURNING true"
 )
 _PAUSE = (
-    f"INSERT INTO rate_buckets AS b (key, tat, last_slot, paused_until) VALUES (%(key)s, 0, 0, {_NOW} + %(secs)s)"
+    f"INSERT INTO rate_buckets AS b (key, tat, last_slot, paused_until) VALUES ($1, 0, 0, {_NOW} + $2)"
     f" ON CONFLICT (key) DO UPDATE SET paused_until = GREATEST(b.paused_until, excluded.paused_until)"
 )
-_PAUSE_LEFT = f"SELECT GREATEST(paused_until - {_NOW}, 0) FROM rate_buckets WHERE key = %s"
-_PRUNE = f"DELETE FROM rate_buckets WHERE GREATEST(tat, last_slot, paused_until) < {_NOW} - %s"
+_PAUSE_LEFT = f"SELECT GREATEST(paused_until - {_NOW}, 0) FROM rate_buckets WHERE key = $1"
+_PRUNE = f"DELETE FROM rate_buckets WHERE GREATEST(tat, last_slot, paused_until) < {_NOW} - $1"
 
 IDLE_ROW_SECONDS = 3600.0  # a bucket unused this long is full, the same as no row: prune_idle deletes it
 _PRUNE_EVERY_SECONDS = 600.0
 
 
-def _shape(key: str, rate: float, burst: int, min_gap: float) -> dict:
+def _shape(key: str, rate: float, burst: int, min_gap: float) -> tuple[str, float, float, float]:
+    """The parameters of a bucket's statements: $1 its key, $2 the interval between slots, $3 the
+    tolerance its burst allows, $4 the least gap between two slots."""
     if not rate > 0 or burst < 1 or min_gap < 0:
         raise ValueError(f"bucket {key!r}: rate must be > 0, burst >= 1 and min_gap >= 0 "
                          f"(got rate={rate!r}, burst={burst!r}, min_gap={min_gap!r})")
     interval = 1.0 / rate
-    return {"key": key, "interval": interval, "tolerance": (burst - 1) * interval, "gap": float(min_gap)}
+    return (key, interval, (burst - 1) * interval, float(min_gap))
 
 
 async def reserve(conn: psycopg.AsyncConnection, key: str, rate: float, burst: int, min_gap: float = 0.0) -> float:
     """Take ``key``'s next slot (``rate`` a second, ``burst`` at once, ``min_gap`` apart): the seconds
     until it, 0 when it is now.  Run it in autocommit: the row stays locked until the commit."""
-    cur = await conn.execute(_RESERVE, _shape(key, rate, burst, min_gap))
+    cur = await execute_async(conn, _RESERVE, _shape(key, rate, burst, min_gap))
     row = await cur.fetchone()
     assert row is not None  # an upsert always returns its row
     return max(0.0, float(row[0]))
@@ -92,25 +95,25 @@ async def reserve(conn: psycopg.AsyncConnection, key: str, rate: float, burst: i
 async def take_if_free(conn: psycopg.AsyncConnection, key: str, rate: float, burst: int,
                        min_gap: float = 0.0) -> bool:
     """Take a slot of ``key`` only if one is free now (no pause, no wait); True when taken."""
-    cur = await conn.execute(_TAKE_IF_FREE, _shape(key, rate, burst, min_gap))
+    cur = await execute_async(conn, _TAKE_IF_FREE, _shape(key, rate, burst, min_gap))
     return await cur.fetchone() is not None
 
 
 async def pause(conn: psycopg.AsyncConnection, key: str, seconds: float) -> None:
     """No slot of ``key`` before ``seconds`` from now (a later pause already recorded stays)."""
-    await conn.execute(_PAUSE, {"key": key, "secs": max(0.0, float(seconds))})
+    await execute_async(conn, _PAUSE, (key, max(0.0, float(seconds))))
 
 
 async def pause_left(conn: psycopg.AsyncConnection, key: str) -> float:
     """The seconds left of ``key``'s pause; 0 when it has none."""
-    cur = await conn.execute(_PAUSE_LEFT, (key,))
+    cur = await execute_async(conn, _PAUSE_LEFT, (key,))
     row = await cur.fetchone()
     return float(row[0]) if row else 0.0
 
 
 async def prune_idle(conn: psycopg.AsyncConnection, idle_seconds: float = IDLE_ROW_SECONDS) -> int:
     """Delete the buckets unused for ``idle_seconds`` (full again, like no row); how many went."""
-    cur = await conn.execute(_PRUNE, (idle_seconds,))
+    cur = await execute_async(conn, _PRUNE, (idle_seconds,))
     return cur.rowcount
 
 

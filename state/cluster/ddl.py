@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import psycopg
 
+from ._sql import execute
+
 CLUSTER_TABLES_PG = """
 CREATE SEQUENCE IF NOT EXISTS work_lease_tokens;
 CREATE TABLE IF NOT EXISTS work_leases (
@@ -62,6 +64,6 @@ _CREATE_LOCK = 0x5377_6263_4C75_7374  # "SwbcLust"
 def create_cluster_tables(conn: psycopg.Connection) -> None:
     """Create the cluster tables if missing, in one transaction, one instance at a time."""
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
+        execute(conn, "SELECT pg_advisory_xact_lock($1)", (_CREATE_LOCK,))
         for statement in filter(str.strip, (CLUSTER_TABLES_PG + RATE_BUCKETS_PG).split(";")):
             conn.execute(statement)  # our own constant, never user input

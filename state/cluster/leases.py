@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from ._sql import execute
 from .errors import LeaseLost, NotInTransaction
 from .signals import WORK, notify
 
@@ -73,16 +74,17 @@ def claim(conn: psycopg.Connection, session_id: str, holder: str, lease_seconds:
     A holder that already holds it gets None too: it keeps its lease with :func:`renew`.
     """
     seconds = _check_seconds(lease_seconds)
-    row = conn.execute(
+    row = execute(
+        conn,
         f"INSERT INTO work_leases AS l (session_id, holder, fencing_token, expires_at)"
-        f" VALUES (%(sid)s, %(holder)s, nextval('work_lease_tokens'), {_NOW} + %(secs)s)"
+        f" VALUES ($1, $2, nextval('work_lease_tokens'), {_NOW} + $3)"
         f" ON CONFLICT (session_id) DO UPDATE"
         # the token is taken after the row lock, so tokens on one row rise in the order claims commit
         f"  SET holder = excluded.holder, fencing_token = nextval('work_lease_tokens'),"
-        f"      expires_at = {_NOW} + %(secs)s"
+        f"      expires_at = {_NOW} + $3"
         f"  WHERE l.holder IS NULL OR l.expires_at <= {_NOW}"
         f" RETURNING {_FIELDS}",
-        {"sid": session_id, "holder": holder, "secs": seconds},
+        (session_id, holder, seconds),
     ).fetchone()
     return _lease(row)
 
@@ -93,24 +95,26 @@ def claim_next(conn: psycopg.Connection, holder: str, lease_seconds: float) -> L
     Rows another worker is claiming are skipped, not waited for (``FOR UPDATE SKIP LOCKED``).
     """
     seconds = _check_seconds(lease_seconds)
-    row = conn.execute(
+    row = execute(
+        conn,
         f"WITH next AS ("
         f"  SELECT session_id FROM work_leases"
         f"   WHERE pending_since IS NOT NULL AND (holder IS NULL OR expires_at <= {_NOW})"
         f"   ORDER BY pending_since LIMIT 1 FOR UPDATE SKIP LOCKED)"
-        f" UPDATE work_leases AS l SET holder = %(holder)s, fencing_token = nextval('work_lease_tokens'),"
-        f"   expires_at = {_NOW} + %(secs)s"
+        f" UPDATE work_leases AS l SET holder = $1, fencing_token = nextval('work_lease_tokens'),"
+        f"   expires_at = {_NOW} + $2"
         f" FROM next WHERE l.session_id = next.session_id"
         f" RETURNING l.session_id, l.holder, l.fencing_token, l.expires_at, l.pending_seq",
-        {"holder": holder, "secs": seconds},
+        (holder, seconds),
     ).fetchone()
     return _lease(row)
 
 
 def mark_pending(conn: psycopg.Connection, session_id: str) -> None:
     """Record that inbound work waits for the session (in the transaction that stores it)."""
-    conn.execute(
-        f"INSERT INTO work_leases AS l (session_id, pending_seq, pending_since) VALUES (%s, 1, {_NOW})"
+    execute(
+        conn,
+        f"INSERT INTO work_leases AS l (session_id, pending_seq, pending_since) VALUES ($1, 1, {_NOW})"
         f" ON CONFLICT (session_id) DO UPDATE"
         f"  SET pending_seq = l.pending_seq + 1, pending_since = COALESCE(l.pending_since, excluded.pending_since)",
         (session_id,),
@@ -138,10 +142,11 @@ def sweep_stranded(conn: psycopg.Connection, platforms: list[str]) -> list[Stran
     """
     if not platforms:
         return []
-    rows = conn.execute(
+    rows = execute(
+        conn,
         f"WITH waiting AS ("
         f"  SELECT session_id, COUNT(*) AS n, MIN(received_at) AS oldest FROM inbox"
-        f"   WHERE platform = ANY(%(platforms)s) GROUP BY session_id),"
+        f"   WHERE platform = ANY($1) GROUP BY session_id),"
         f" marked AS ("
         f"  INSERT INTO work_leases AS l (session_id, pending_seq, pending_since)"
         f"   SELECT session_id, 1, {_NOW} FROM waiting"
@@ -151,7 +156,7 @@ def sweep_stranded(conn: psycopg.Connection, platforms: list[str]) -> list[Stran
         f"  RETURNING l.session_id)"
         f" SELECT m.session_id, w.n, {_NOW} - w.oldest FROM marked m JOIN waiting w USING (session_id)"
         f" ORDER BY w.oldest",
-        {"platforms": list(platforms)},
+        (list(platforms),),
     ).fetchall()
     if rows:
         notify(conn, WORK)
@@ -161,11 +166,12 @@ def sweep_stranded(conn: psycopg.Connection, platforms: list[str]) -> list[Stran
 def renew(conn: psycopg.Connection, lease: Lease, lease_seconds: float) -> Lease:
     """Extend an unexpired lease from now; raises :class:`LeaseLost` when it expired or was taken."""
     seconds = _check_seconds(lease_seconds)
-    row = conn.execute(
-        f"UPDATE work_leases SET expires_at = {_NOW} + %(secs)s"
-        f" WHERE session_id = %(sid)s AND fencing_token = %(token)s AND holder IS NOT NULL AND expires_at > {_NOW}"
+    row = execute(
+        conn,
+        f"UPDATE work_leases SET expires_at = {_NOW} + $3"
+        f" WHERE session_id = $1 AND fencing_token = $2 AND holder IS NOT NULL AND expires_at > {_NOW}"
         f" RETURNING {_FIELDS}",
-        {"sid": lease.session_id, "token": lease.token, "secs": seconds},
+        (lease.session_id, lease.token, seconds),
     ).fetchone()
     if row is None:
         raise _lost(conn, lease.session_id, lease.token)
@@ -184,12 +190,13 @@ def release(conn: psycopg.Connection, lease: Lease, *, finished: bool = False) -
 def release_token(conn: psycopg.Connection, session_id: str, token: int, seen: int, *, finished: bool) -> bool:
     """:func:`release` by the lease's parts: its session, its fencing token and the arrivals its claim
     saw (``pending_seq``), as a transaction that gives a turn's lease back with its sent mark holds them."""
-    row = conn.execute(
+    row = execute(
+        conn,
         f"UPDATE work_leases SET holder = NULL, expires_at = {_NOW},"
-        f"  pending_since = CASE WHEN %(finished)s AND pending_seq = %(seen)s THEN NULL ELSE pending_since END"
-        f" WHERE session_id = %(sid)s AND fencing_token = %(token)s AND holder IS NOT NULL"
+        f"  pending_since = CASE WHEN $3 = 1 AND pending_seq = $4 THEN NULL ELSE pending_since END"
+        f" WHERE session_id = $1 AND fencing_token = $2 AND holder IS NOT NULL"
         f" RETURNING pending_since IS NOT NULL",
-        {"sid": session_id, "token": token, "finished": finished, "seen": seen},
+        (session_id, token, 1 if finished else 0, seen),
     ).fetchone()
     if row is not None and row[0]:
         notify(conn, WORK)  # work is left (it arrived during the turn, or the turn gave up): claim it now
@@ -204,8 +211,9 @@ def fenced_write(conn: psycopg.Connection, session_id: str, token: int) -> None:
     before the writes commit.  Raises :class:`LeaseLost` (roll back: nothing is
     written) or :class:`NotInTransaction` (the lock would not cover the writes).
     """
-    row = conn.execute(
-        f"SELECT holder, fencing_token, expires_at > {_NOW} FROM work_leases WHERE session_id = %s FOR UPDATE",
+    row = execute(
+        conn,
+        f"SELECT holder, fencing_token, expires_at > {_NOW} FROM work_leases WHERE session_id = $1 FOR UPDATE",
         (session_id,),
     ).fetchone()
     if conn.info.transaction_status != TransactionStatus.INTRANS:
@@ -216,8 +224,9 @@ def fenced_write(conn: psycopg.Connection, session_id: str, token: int) -> None:
 
 
 def _lost(conn: psycopg.Connection, session_id: str, token: int) -> LeaseLost:
-    row = conn.execute(
-        f"SELECT holder, fencing_token, expires_at > {_NOW} FROM work_leases WHERE session_id = %s", (session_id,),
+    row = execute(
+        conn,
+        f"SELECT holder, fencing_token, expires_at > {_NOW} FROM work_leases WHERE session_id = $1", (session_id,),
     ).fetchone()
     return _refusal(session_id, token, row) or LeaseLost(
         session_id, token, current_token=token, holder=None, reason="it changed meanwhile")
@@ -243,7 +252,8 @@ def get_lease(conn: psycopg.Connection, session_id: str) -> Lease | None:
 
     An expired lease is still returned: compare ``expires_at`` with the database clock to tell.
     """
-    row = conn.execute(
-        f"SELECT {_FIELDS} FROM work_leases WHERE session_id = %s AND holder IS NOT NULL", (session_id,),
+    row = execute(
+        conn,
+        f"SELECT {_FIELDS} FROM work_leases WHERE session_id = $1 AND holder IS NOT NULL", (session_id,),
     ).fetchone()
     return _lease(row)

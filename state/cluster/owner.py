@@ -42,6 +42,7 @@ from typing import Awaitable, Literal, TypeVar
 
 import psycopg
 
+from ._sql import execute_async
 from .dsn import mask_dsn
 from .errors import OwnershipLost
 
@@ -233,10 +234,11 @@ class ConnectionOwner:
             keepalives_count=t.server_keepalive_count,
         )
         try:
-            await _within(conn.execute(
-                "SELECT set_config('tcp_keepalives_idle', %s, false), set_config('tcp_keepalives_interval', %s, false),"
-                " set_config('tcp_keepalives_count', %s, false), set_config('tcp_user_timeout', %s, false),"
-                " set_config('statement_timeout', %s, false)",
+            await _within(execute_async(
+                conn,
+                "SELECT set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', $2, false),"
+                " set_config('tcp_keepalives_count', $3, false), set_config('tcp_user_timeout', $4, false),"
+                " set_config('statement_timeout', $5, false)",
                 (str(t.server_keepalive_idle), str(t.server_keepalive_interval), str(t.server_keepalive_count),
                  str(t.server_gives_up_after * 1000), str(int(t.heartbeat_timeout * 1000))),
             ), t.heartbeat_timeout)
@@ -248,7 +250,7 @@ class ConnectionOwner:
     async def _take_lock(self, conn: psycopg.AsyncConnection) -> None:
         announced = False
         while True:
-            cur = await _within(conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_id,)),
+            cur = await _within(execute_async(conn, "SELECT pg_try_advisory_lock($1)", (self._lock_id,)),
                                          self.timing.heartbeat_timeout)
             row = await cur.fetchone()
             if row and row[0]:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import psycopg
 
 from .._liveness import connection_kwargs
+from ._sql import execute
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,15 @@ RECONNECT_SECONDS = (0.5, 1.0, 2.0, 5.0)
 
 def notify(conn: psycopg.Connection, signal: str) -> None:
     """Send ``signal`` to every listening instance when the caller's transaction commits."""
-    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, signal))
+    execute(conn, "SELECT pg_notify($1, $2)", (CHANNEL, signal))
 
 
 def ask_stop(conn: psycopg.Connection, session_key: str, session_id: str | None) -> bool:
     """Record the chat's ``/stop`` (with the database's time) and signal it; whether a turn of
     ``session_id`` runs or waits anywhere now (a live lease, or work pending)."""
-    conn.execute(
-        f"INSERT INTO chat_prefs (session_key, name, value, updated_at) VALUES (%s, 'stop', '', {_NOW})"
+    execute(
+        conn,
+        f"INSERT INTO chat_prefs (session_key, name, value, updated_at) VALUES ($1, 'stop', '', {_NOW})"
         f" ON CONFLICT (session_key, name) DO UPDATE SET updated_at = excluded.updated_at",
         (session_key,),
     )
@@ -62,9 +64,10 @@ def stops_asked(conn: psycopg.Connection, session_keys: list[str], since: float)
     """The ``/stop`` of each of ``session_keys`` asked after ``since`` (database time): (key, when)."""
     if not session_keys:
         return []
-    rows = conn.execute(
+    rows = execute(
+        conn,
         "SELECT session_key, updated_at FROM chat_prefs"
-        " WHERE name = 'stop' AND session_key = ANY(%s) AND updated_at > %s",
+        " WHERE name = 'stop' AND session_key = ANY($1) AND updated_at > $2",
         (list(session_keys), since),
     ).fetchall()
     return [(key, float(at)) for key, at in rows]
@@ -72,9 +75,10 @@ def stops_asked(conn: psycopg.Connection, session_keys: list[str], since: float)
 
 def work_waiting(conn: psycopg.Connection, session_id: str) -> bool:
     """Whether a turn of the session runs on some instance (a live lease) or waits to be claimed."""
-    row = conn.execute(
+    row = execute(
+        conn,
         f"SELECT (holder IS NOT NULL AND expires_at > {_NOW}) OR pending_since IS NOT NULL"
-        f" FROM work_leases WHERE session_id = %s",
+        f" FROM work_leases WHERE session_id = $1",
         (session_id,),
     ).fetchone()
     return bool(row and row[0])

@@ -16,7 +16,6 @@ and described where they are made: a connection owner's advisory lock, and the r
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Protocol, TypeVar
 
 from .budgets import PgBuckets
@@ -37,16 +36,6 @@ class _Engine(Protocol):
     def write_committed(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
 
     def reserve_connections(self, count: int) -> None: ...
-
-
-def _raw(fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` (a cluster function on a psycopg connection) as the engine calls it: on its wrapper's ``raw``."""
-
-    @functools.wraps(fn)
-    def call(conn: Any, *args: Any, **kwargs: Any) -> T:
-        return fn(conn.raw, *args, **kwargs)
-
-    return call
 
 
 class ClusterStore:
@@ -73,11 +62,11 @@ class ClusterStore:
 
     def claim_tick(self, job_id: str, scheduled_for: float, holder: str) -> bool:
         """True for the one instance that runs ``job_id``'s run at ``scheduled_for``; on a pooled connection."""
-        return self._engine.write_committed(_raw(claim_cron_tick), job_id, scheduled_for, holder)
+        return self._engine.write_committed(claim_cron_tick, job_id, scheduled_for, holder)
 
     def tick_holder(self, job_id: str, scheduled_for: float) -> str | None:
         """Which instance claimed ``job_id``'s run at ``scheduled_for``, or None."""
-        return self._engine.write_committed(_raw(cron_tick_holder), job_id, scheduled_for)
+        return self._engine.write_committed(cron_tick_holder, job_id, scheduled_for)
 
     # --- leases (blocking: call on a thread) ----------------------------------------------------
 
@@ -87,20 +76,20 @@ class ClusterStore:
         self._engine.reserve_connections(count)
 
     def claim_next(self, holder: str, lease_seconds: float) -> Lease | None:
-        return self._engine.write_committed(_raw(claim_next), holder, lease_seconds)
+        return self._engine.write_committed(claim_next, holder, lease_seconds)
 
     def renew(self, lease: Lease, lease_seconds: float) -> Lease:
-        return self._engine.write_committed(_raw(renew), lease, lease_seconds)
+        return self._engine.write_committed(renew, lease, lease_seconds)
 
     def release(self, lease: Lease, *, finished: bool = False) -> bool:
-        return self._engine.write_committed(_raw(release), lease, finished=finished)
+        return self._engine.write_committed(release, lease, finished=finished)
 
     def get_lease(self, session_id: str) -> Lease | None:
-        return self._engine.write_committed(_raw(get_lease), session_id)
+        return self._engine.write_committed(get_lease, session_id)
 
     def sweep_stranded(self, platforms: list[str]) -> list[Stranded]:
         """Mark pending the sessions with unanswered messages that nothing would claim (see ``leases``)."""
-        return self._engine.write_committed(_raw(sweep_stranded), platforms)
+        return self._engine.write_committed(sweep_stranded, platforms)
 
     # --- signals and /stop (blocking, but ``signals``: call on a thread) -------------------------
 
@@ -111,14 +100,14 @@ class ClusterStore:
 
     def ask_stop(self, session_key: str, session_id: str | None) -> bool:
         """Write the chat's /stop for whichever instance runs its turn; whether one runs or waits."""
-        return self._engine.write_committed(_raw(ask_stop), session_key, session_id)
+        return self._engine.write_committed(ask_stop, session_key, session_id)
 
     def stops_asked(self, session_keys: list[str], since: float) -> list[tuple[str, float]]:
-        return self._engine.write_committed(_raw(stops_asked), session_keys, since)
+        return self._engine.write_committed(stops_asked, session_keys, since)
 
     def work_waiting(self, session_id: str) -> bool:
         """Whether a turn of the session runs on some instance or waits to be claimed."""
-        return self._engine.write_committed(_raw(work_waiting), session_id)
+        return self._engine.write_committed(work_waiting, session_id)
 
     # --- rate budgets ----------------------------------------------------------------------------
 
