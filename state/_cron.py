@@ -33,6 +33,7 @@ from typing import Any, overload
 from . import _sessions
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import Params, numbered
 from .errors import CronJobExists, CronJobNotFound
 
 JOB_FIELDS = ("id", "name", "schedule", "prompt", "deliver", "model", "context", "grace_seconds", "source",
@@ -98,19 +99,19 @@ _RUN_SELECT = "SELECT " + ", ".join(RUN_FIELDS) + " FROM cron_runs"
 
 
 def add_cron_job(conn: sqlite3.Connection, job: dict, *, source: str, now: float, next_run_at: float | None) -> dict:
-    if conn.execute("SELECT 1 FROM cron_jobs WHERE id = ?", (job["id"],)).fetchone():
+    if conn.execute("SELECT 1 FROM cron_jobs WHERE id = $1", (job["id"],)).fetchone():
         raise CronJobExists(job["id"])
     row = {**{k: job.get(k) for k in EDITABLE}, "id": job["id"], "source": source, "paused": 0,
            "created_at": now, "updated_at": now, "next_run_at": next_run_at, "last_run_at": None}
     conn.execute(
-        f"INSERT INTO cron_jobs ({', '.join(JOB_FIELDS)}) VALUES ({', '.join('?' * len(JOB_FIELDS))})",
+        f"INSERT INTO cron_jobs ({', '.join(JOB_FIELDS)}) VALUES ({numbered(len(JOB_FIELDS))})",
         [row[k] for k in JOB_FIELDS],
     )
-    return _job(conn.execute(_JOB_SELECT + " WHERE id = ?", (job["id"],)).fetchone())
+    return _job(conn.execute(_JOB_SELECT + " WHERE id = $1", (job["id"],)).fetchone())
 
 
 def get_cron_job(conn: sqlite3.Connection, job_id: str) -> dict | None:
-    return _job(conn.execute(_JOB_SELECT + " WHERE id = ?", (job_id,)).fetchone())
+    return _job(conn.execute(_JOB_SELECT + " WHERE id = $1", (job_id,)).fetchone())
 
 
 def list_cron_jobs(conn: sqlite3.Connection) -> list[dict]:
@@ -131,7 +132,9 @@ def update_cron_job(conn: sqlite3.Connection, job_id: str, changes: dict, *, now
     if next_run_at != "keep":
         sets["next_run_at"] = next_run_at
     sets["updated_at"] = now
-    conn.execute(f"UPDATE cron_jobs SET {', '.join(f'{k} = ?' for k in sets)} WHERE id = ?", [*sets.values(), job_id])
+    p = Params()
+    assignments = ", ".join(f"{k} = {p(v)}" for k, v in sets.items())
+    conn.execute(f"UPDATE cron_jobs SET {assignments} WHERE id = {p(job_id)}", p.values)
     return _existing(get_cron_job(conn, job_id))
 
 
@@ -140,18 +143,18 @@ def set_cron_job_paused(conn: sqlite3.Connection, job_id: str, paused: bool, *, 
     if get_cron_job(conn, job_id) is None:
         raise CronJobNotFound(job_id)
     if next_run_at == "keep":
-        conn.execute("UPDATE cron_jobs SET paused = ?, updated_at = ? WHERE id = ?", (int(paused), now, job_id))
+        conn.execute("UPDATE cron_jobs SET paused = $1, updated_at = $2 WHERE id = $3", (int(paused), now, job_id))
     else:
-        conn.execute("UPDATE cron_jobs SET paused = ?, updated_at = ?, next_run_at = ? WHERE id = ?",
+        conn.execute("UPDATE cron_jobs SET paused = $1, updated_at = $2, next_run_at = $3 WHERE id = $4",
                      (int(paused), now, next_run_at, job_id))
     return _existing(get_cron_job(conn, job_id))
 
 
 def remove_cron_job(conn: sqlite3.Connection, job_id: str) -> bool:
     """Delete the job, its history and its lease (sessions of past runs stay)."""
-    removed = conn.execute("DELETE FROM cron_jobs WHERE id = ?", (job_id,)).rowcount > 0
-    conn.execute("DELETE FROM cron_runs WHERE job_id = ?", (job_id,))
-    conn.execute("DELETE FROM cron_leases WHERE job_id = ?", (job_id,))
+    removed = conn.execute("DELETE FROM cron_jobs WHERE id = $1", (job_id,)).rowcount > 0
+    conn.execute("DELETE FROM cron_runs WHERE job_id = $1", (job_id,))
+    conn.execute("DELETE FROM cron_leases WHERE job_id = $1", (job_id,))
     return removed
 
 
@@ -206,8 +209,8 @@ def begin_cron_run(conn: sqlite3.Connection, job_id: str, *, holder: str, now: f
     if expect_next_run_at != "any" and job["next_run_at"] != expect_next_run_at:
         return {"status": "stale", "job": job}
     if next_run_at != "keep":
-        conn.execute("UPDATE cron_jobs SET next_run_at = ?, last_run_at = ? WHERE id = ?", (next_run_at, now, job_id))
-    lease = conn.execute("SELECT holder, expires_at FROM cron_leases WHERE job_id = ?", (job_id,)).fetchone()
+        conn.execute("UPDATE cron_jobs SET next_run_at = $1, last_run_at = $2 WHERE id = $3", (next_run_at, now, job_id))
+    lease = conn.execute("SELECT holder, expires_at FROM cron_leases WHERE job_id = $1", (job_id,)).fetchone()
     if lease is not None and lease[1] > now and lease[0] != holder:
         run_id = _insert_run(conn, job_id, trigger, scheduled_at, now, "skipped", deliver, holder,
                              error=f"the previous run was still going (held by {lease[0]})", ended_at=now)
@@ -216,7 +219,7 @@ def begin_cron_run(conn: sqlite3.Connection, job_id: str, *, holder: str, now: f
         _interrupt_runs(conn, job_id, now)
     run_id = _insert_run(conn, job_id, trigger, scheduled_at, now, "running", deliver, holder, note=note)
     conn.execute(
-        "INSERT INTO cron_leases (job_id, holder, run_id, expires_at) VALUES (?, ?, ?, ?) "
+        "INSERT INTO cron_leases (job_id, holder, run_id, expires_at) VALUES ($1, $2, $3, $4) "
         "ON CONFLICT(job_id) DO UPDATE SET holder = excluded.holder, run_id = excluded.run_id,"
         " expires_at = excluded.expires_at",
         (job_id, holder, run_id, now + lease_seconds),
@@ -228,7 +231,7 @@ def _insert_run(conn, job_id, trigger, scheduled_at, now, status, deliver, holde
                 ended_at=None) -> int:
     cur = conn.execute(
         "INSERT INTO cron_runs (job_id, trigger, scheduled_at, started_at, ended_at, status, error, note, deliver, holder)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
         (job_id, trigger, scheduled_at, now, ended_at, status, error, note, deliver, holder),
     )
     return int(cur.fetchall()[0][0])
@@ -240,7 +243,7 @@ def skip_cron_run(conn: sqlite3.Connection, job_id: str, *, now: float, schedule
     job = get_cron_job(conn, job_id)
     if job is None or job["next_run_at"] != expect_next_run_at:
         return None
-    conn.execute("UPDATE cron_jobs SET next_run_at = ? WHERE id = ?", (next_run_at, job_id))
+    conn.execute("UPDATE cron_jobs SET next_run_at = $1 WHERE id = $2", (next_run_at, job_id))
     run_id = _insert_run(conn, job_id, "schedule", scheduled_at, now, "skipped", job["deliver"], None,
                          error=reason, ended_at=now)
     return get_cron_run(conn, run_id)
@@ -249,12 +252,12 @@ def skip_cron_run(conn: sqlite3.Connection, job_id: str, *, now: float, schedule
 def renew_cron_lease(conn: sqlite3.Connection, job_id: str, holder: str, *, now: float, lease_seconds: float) -> bool:
     """Extend our lease; False when it is no longer ours (it expired and someone took it)."""
     return conn.execute(
-        "UPDATE cron_leases SET expires_at = ? WHERE job_id = ? AND holder = ?", (now + lease_seconds, job_id, holder),
+        "UPDATE cron_leases SET expires_at = $1 WHERE job_id = $2 AND holder = $3", (now + lease_seconds, job_id, holder),
     ).rowcount > 0
 
 
 def get_cron_lease(conn: sqlite3.Connection, job_id: str) -> dict | None:
-    row = conn.execute("SELECT job_id, holder, run_id, expires_at FROM cron_leases WHERE job_id = ?", (job_id,)).fetchone()
+    row = conn.execute("SELECT job_id, holder, run_id, expires_at FROM cron_leases WHERE job_id = $1", (job_id,)).fetchone()
     return dict(zip(("job_id", "holder", "run_id", "expires_at"), row, strict=True)) if row else None
 
 
@@ -263,15 +266,15 @@ def finish_cron_run(conn: sqlite3.Connection, run_id: int, *, holder: str, now: 
                     delivery: str | None = None, next_delivery_at: float | None = None) -> dict | None:
     """Record how the run ended and release the lease (if still ours); None if the job was removed."""
     conn.execute(
-        "UPDATE cron_runs SET ended_at = ?, status = ?, session_id = COALESCE(?, session_id), output = ?, error = ?,"
-        " delivery = ?, next_delivery_at = ? WHERE id = ?",
+        "UPDATE cron_runs SET ended_at = $1, status = $2, session_id = COALESCE($3, session_id), output = $4, error = $5,"
+        " delivery = $6, next_delivery_at = $7 WHERE id = $8",
         (now, status, session_id, output, error, delivery, next_delivery_at, run_id),
     )
     run = get_cron_run(conn, run_id)
     if run is None:  # the job was removed while it ran (its history went with it)
-        conn.execute("DELETE FROM cron_leases WHERE run_id = ? AND holder = ?", (run_id, holder))
+        conn.execute("DELETE FROM cron_leases WHERE run_id = $1 AND holder = $2", (run_id, holder))
         return None
-    conn.execute("DELETE FROM cron_leases WHERE job_id = ? AND holder = ?", (run["job_id"], holder))
+    conn.execute("DELETE FROM cron_leases WHERE job_id = $1 AND holder = $2", (run["job_id"], holder))
     _prune_runs(conn, run["job_id"])
     return run
 
@@ -279,46 +282,45 @@ def finish_cron_run(conn: sqlite3.Connection, run_id: int, *, holder: str, now: 
 def _prune_runs(conn: sqlite3.Connection, job_id: str, keep: int = KEEP_RUNS) -> None:
     """Keep the newest ``keep`` runs of a job; older ones go unless a delivery still waits."""
     conn.execute(
-        "DELETE FROM cron_runs WHERE job_id = ? AND status != 'running' AND COALESCE(delivery, '') != 'pending'"
-        " AND id < (SELECT id FROM cron_runs WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+        "DELETE FROM cron_runs WHERE job_id = $1 AND status != 'running' AND COALESCE(delivery, '') != 'pending'"
+        " AND id < (SELECT id FROM cron_runs WHERE job_id = $2 ORDER BY id DESC LIMIT 1 OFFSET $3)",
         (job_id, job_id, keep - 1),
     )
 
 
 def set_cron_run_session(conn: sqlite3.Connection, run_id: int, session_id: str) -> None:
-    conn.execute("UPDATE cron_runs SET session_id = ? WHERE id = ?", (session_id, run_id))
+    conn.execute("UPDATE cron_runs SET session_id = $1 WHERE id = $2", (session_id, run_id))
 
 
 def get_cron_run(conn: sqlite3.Connection, run_id: int) -> dict | None:
-    return _run(conn.execute(_RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone())
+    return _run(conn.execute(_RUN_SELECT + " WHERE id = $1", (run_id,)).fetchone())
 
 
 def list_cron_runs(conn: sqlite3.Connection, job_id: str | None = None, limit: int = 20) -> list[dict]:
     if job_id is None:
-        rows = conn.execute(_RUN_SELECT + " ORDER BY id DESC LIMIT ?", (limit,))
+        rows = conn.execute(_RUN_SELECT + " ORDER BY id DESC LIMIT $1", (limit,))
     else:
-        rows = conn.execute(_RUN_SELECT + " WHERE job_id = ? ORDER BY id DESC LIMIT ?", (job_id, limit))
+        rows = conn.execute(_RUN_SELECT + " WHERE job_id = $1 ORDER BY id DESC LIMIT $2", (job_id, limit))
     return [_run(r) for r in rows]
 
 
 def _interrupt_runs(conn: sqlite3.Connection, job_id: str | None, now: float) -> list[dict]:
     """Runs left ``running`` by a process that is gone (its lease expired): error, session ended."""
     sql = (_RUN_SELECT + " WHERE status = 'running' AND NOT EXISTS (SELECT 1 FROM cron_leases l"
-           " WHERE l.job_id = cron_runs.job_id AND l.run_id = cron_runs.id AND l.expires_at > ?)")
-    args: list[Any] = [now]
+           " WHERE l.job_id = cron_runs.job_id AND l.run_id = cron_runs.id AND l.expires_at > $1)")
+    p = Params(now)
     if job_id is not None:
-        sql += " AND job_id = ?"
-        args.append(job_id)
-    runs = [_run(r) for r in conn.execute(sql, args)]
+        sql += f" AND job_id = {p(job_id)}"
+    runs = [_run(r) for r in conn.execute(sql, p.values)]
     for run in runs:
         conn.execute(
-            "UPDATE cron_runs SET status = 'error', ended_at = ?, error = ? WHERE id = ?",
+            "UPDATE cron_runs SET status = 'error', ended_at = $1, error = $2 WHERE id = $3",
             (now, "interrupted: the process running it stopped before it finished", run["id"]),
         )
         if run["session_id"]:
             _sessions.end_session(conn, run["session_id"], "cron_error")
     if job_id is None:
-        conn.execute("DELETE FROM cron_leases WHERE expires_at <= ?", (now,))
+        conn.execute("DELETE FROM cron_leases WHERE expires_at <= $1", (now,))
     return runs
 
 
@@ -332,7 +334,7 @@ def reap_cron_runs(conn: sqlite3.Connection, *, now: float) -> list[dict]:
 
 def due_cron_deliveries(conn: sqlite3.Connection, *, now: float, limit: int = 50) -> list[dict]:
     return [_run(r) for r in conn.execute(
-        _RUN_SELECT + " WHERE delivery = 'pending' AND next_delivery_at <= ? ORDER BY next_delivery_at LIMIT ?",
+        _RUN_SELECT + " WHERE delivery = 'pending' AND next_delivery_at <= $1 ORDER BY next_delivery_at LIMIT $2",
         (now, limit))]
 
 
@@ -340,7 +342,7 @@ def claim_cron_delivery(conn: sqlite3.Connection, run_id: int, *, now: float, ho
     """Take a due delivery for one attempt (it comes due again after ``hold_seconds`` if the
     process dies mid-send); None when it is not due or someone else took it."""
     cur = conn.execute(
-        "UPDATE cron_runs SET next_delivery_at = ? WHERE id = ? AND delivery = 'pending' AND next_delivery_at <= ?",
+        "UPDATE cron_runs SET next_delivery_at = $1 WHERE id = $2 AND delivery = 'pending' AND next_delivery_at <= $3",
         (now + hold_seconds, run_id, now),
     )
     return get_cron_run(conn, run_id) if cur.rowcount else None
@@ -353,12 +355,12 @@ def record_cron_delivery(conn: sqlite3.Connection, run_id: int, *, now: float, o
     was removed while it was being delivered."""
     if ok:
         conn.execute(
-            "UPDATE cron_runs SET delivery = 'delivered', delivered_at = ?, next_delivery_at = NULL, status = 'ok',"
-            " delivery_attempts = delivery_attempts + 1 WHERE id = ?", (now, run_id))
+            "UPDATE cron_runs SET delivery = 'delivered', delivered_at = $1, next_delivery_at = NULL, status = 'ok',"
+            " delivery_attempts = delivery_attempts + 1 WHERE id = $2", (now, run_id))
     else:
         conn.execute(
-            "UPDATE cron_runs SET delivery = ?, next_delivery_at = ?, status = 'delivery_failed', delivery_error = ?,"
-            " delivery_attempts = delivery_attempts + 1 WHERE id = ?",
+            "UPDATE cron_runs SET delivery = $1, next_delivery_at = $2, status = 'delivery_failed', delivery_error = $3,"
+            " delivery_attempts = delivery_attempts + 1 WHERE id = $4",
             ("pending" if retry_at is not None else "failed", retry_at, error, run_id))
     return get_cron_run(conn, run_id)
 

@@ -24,6 +24,7 @@ import time
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import Params, numbered
 
 STATUSES = ("held", "retry", "retried", "dropped")
 _OPEN = ("held", "retry")  # still waiting for an operator or a replay
@@ -37,19 +38,19 @@ def add_dead_letter(conn: sqlite3.Connection, *, platform: str, event_id: str | 
     if event_id is not None:
         dialect_of(conn).serialize(conn, "dead_letter", f"{platform}\n{event_id}")  # one open row per event
         row = conn.execute(
-            f"SELECT id FROM dead_letters WHERE platform = ? AND event_id = ? AND status IN ({_marks(_OPEN)}) "
-            "ORDER BY id DESC LIMIT 1", (platform, event_id, *_OPEN),
+            "SELECT id FROM dead_letters WHERE platform = $1 AND event_id = $2 "
+            f"AND status IN ({numbered(len(_OPEN), 3)}) ORDER BY id DESC LIMIT 1", (platform, event_id, *_OPEN),
         ).fetchone()
         if row is not None:
             conn.execute(
-                "UPDATE dead_letters SET payload = ?, message = COALESCE(?, message), error = ?, "
-                "attempts = attempts + ?, status = 'held', updated_at = ? WHERE id = ?",
+                "UPDATE dead_letters SET payload = $1, message = COALESCE($2, message), error = $3, "
+                "attempts = attempts + $4, status = 'held', updated_at = $5 WHERE id = $6",
                 (payload, message, error, attempts, now, row[0]),
             )
             return row[0]
     cur = conn.execute(
         "INSERT INTO dead_letters (platform, event_id, payload, message, error, attempts, status, created_at, "
-        "updated_at) VALUES (?, ?, ?, ?, ?, ?, 'held', ?, ?) RETURNING id",
+        "updated_at) VALUES ($1, $2, $3, $4, $5, $6, 'held', $7, $8) RETURNING id",
         (platform, event_id, payload, message, error, attempts, now, now),
     )
     return cur.fetchall()[0][0]
@@ -58,21 +59,21 @@ def add_dead_letter(conn: sqlite3.Connection, *, platform: str, event_id: str | 
 def list_dead_letters(conn: sqlite3.Connection, *, status: str | None = None, limit: int = 50) -> list[dict]:
     """Rows, newest first; only those in ``status`` when given."""
     if status is None:
-        rows = conn.execute("SELECT * FROM dead_letters ORDER BY id DESC LIMIT ?", (limit,))
+        rows = conn.execute("SELECT * FROM dead_letters ORDER BY id DESC LIMIT $1", (limit,))
     else:
         _check_status(status)
-        rows = conn.execute("SELECT * FROM dead_letters WHERE status = ? ORDER BY id DESC LIMIT ?", (status, limit))
+        rows = conn.execute("SELECT * FROM dead_letters WHERE status = $1 ORDER BY id DESC LIMIT $2", (status, limit))
     return [dict(r) for r in rows]
 
 
 def due_for_retry(conn: sqlite3.Connection, limit: int = 20) -> list[dict]:
     """Rows an operator marked for replay, oldest first."""
-    return [dict(r) for r in conn.execute("SELECT * FROM dead_letters WHERE status = 'retry' ORDER BY id LIMIT ?",
+    return [dict(r) for r in conn.execute("SELECT * FROM dead_letters WHERE status = 'retry' ORDER BY id LIMIT $1",
                                           (limit,))]
 
 
 def get_dead_letter(conn: sqlite3.Connection, dead_letter_id: int) -> dict | None:
-    row = conn.execute("SELECT * FROM dead_letters WHERE id = ?", (dead_letter_id,)).fetchone()
+    row = conn.execute("SELECT * FROM dead_letters WHERE id = $1", (dead_letter_id,)).fetchone()
     return dict(row) if row else None
 
 
@@ -82,29 +83,24 @@ def set_dead_letter_status(conn: sqlite3.Connection, dead_letter_id: int, status
     """Move a row to ``status`` (only from one of ``only_from`` when given); False when no row moved.
     ``error`` replaces the stored one; ``failed_attempt`` counts one more failed attempt."""
     _check_status(status)
-    sql = ("UPDATE dead_letters SET status = ?, error = COALESCE(?, error), attempts = attempts + ?, updated_at = ? "
-           "WHERE id = ?")
-    args: list = [status, error, int(failed_attempt), time.time() if now is None else now, dead_letter_id]
+    sql = ("UPDATE dead_letters SET status = $1, error = COALESCE($2, error), attempts = attempts + $3, "
+           "updated_at = $4 WHERE id = $5")
+    p = Params(status, error, int(failed_attempt), time.time() if now is None else now, dead_letter_id)
     if only_from:
         for s in only_from:
             _check_status(s)
-        sql += f" AND status IN ({_marks(only_from)})"
-        args += list(only_from)
-    return conn.execute(sql, args).rowcount > 0
+        sql += f" AND status IN ({p.each(only_from)})"
+    return conn.execute(sql, p.values).rowcount > 0
 
 
 def count_dead_letters(conn: sqlite3.Connection, status: str = "held") -> int:
     _check_status(status)
-    return conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = ?", (status,)).fetchone()[0]
+    return conn.execute("SELECT COUNT(*) FROM dead_letters WHERE status = $1", (status,)).fetchone()[0]
 
 
 def _check_status(status: str) -> None:
     if status not in STATUSES:
         raise ValueError(f"dead-letter status must be one of {', '.join(STATUSES)}, not {status!r}")
-
-
-def _marks(values: tuple) -> str:
-    return ", ".join("?" * len(values))
 
 
 class DeadLetters(Repository):

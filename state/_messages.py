@@ -31,6 +31,7 @@ from ._dialect import dialect_of
 from ._fence import Fence, fenced
 from ._repo import Repository, reads, writes
 from ._routes import get_routed_session
+from ._sql import Params, numbered
 from .errors import SessionNotFound
 from .memory_fence import has_memory_fence, strip_memory_fence
 from .records import DeliveryRecord, StoredMessage
@@ -93,10 +94,10 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
         platform_id = str(platform_id)
         dialect = dialect_of(conn)
         if dialect.for_update:  # the session's row first: a racing delivery of this id waits, then is found
-            if conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{dialect.for_update}", (session_id,)).fetchone() is None:
+            if conn.execute(f"SELECT 1 FROM sessions WHERE id = $1{dialect.for_update}", (session_id,)).fetchone() is None:
                 raise SessionNotFound(session_id)
         row = conn.execute(
-            "SELECT id FROM messages WHERE session_id = ? AND platform_message_id = ?", (session_id, platform_id)
+            "SELECT id FROM messages WHERE session_id = $1 AND platform_message_id = $2", (session_id, platform_id)
         ).fetchone()
         if row:
             return Appended(row[0], False)
@@ -111,15 +112,16 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
     preview = None
     if role == "user" and content:
         preview = str(content).replace("\r", " ").replace("\n", " ")[:PREVIEW_STORED]
-    added = ", input_tokens = COALESCE(input_tokens, 0) + ?, output_tokens = COALESCE(output_tokens, 0) + ?" \
-        if any(tokens) else ""
+    p = Params(calls, timestamp, preview, session_id)  # $1 ... $4
+    added = (f", input_tokens = COALESCE(input_tokens, 0) + {p(int(tokens[0]))}, "
+             f"output_tokens = COALESCE(output_tokens, 0) + {p(int(tokens[1]))}") if any(tokens) else ""
     cur = conn.execute(
         f"""UPDATE sessions SET message_count = message_count + 1,
-                               tool_call_count = tool_call_count + ?,
-                               last_active = MAX(COALESCE(last_active, started_at), ?),
-                               preview = COALESCE(preview, ?){added}
-           WHERE id = ?""",
-        (calls, timestamp, preview, *((int(tokens[0]), int(tokens[1])) if added else ()), session_id),
+                               tool_call_count = tool_call_count + $1,
+                               last_active = MAX(COALESCE(last_active, started_at), $2),
+                               preview = COALESCE(preview, $3){added}
+           WHERE id = $4""",
+        p.values,
     )
     if cur.rowcount == 0:
         raise SessionNotFound(session_id)
@@ -127,7 +129,7 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
         """INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp,
                                  token_count, finish_reason, reasoning, reasoning_details,
                                  codex_reasoning_items, platform_message_id, trace_id)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id""",
         (session_id, role, content, message.get("tool_call_id"), _json(tool_calls), message.get("tool_name"),
          timestamp, message.get("token_count"), message.get("finish_reason"), reasoning,
          _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id,
@@ -164,35 +166,35 @@ def place_after(conn: sqlite3.Connection, session_id: str, ids: list[int], answe
     first = min(ids)
     # one statement for the usual case: the last answered message's place, and whether any message
     # stored before this turn's came after it
+    p = Params(session_id, first, session_id)  # $1 ... $3
     anchor, later = conn.execute(
-        f"SELECT a.k, EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > a.k AND id < ?) "
-        f"FROM (SELECT MAX({ORDER_KEY}) AS k FROM messages WHERE session_id = ? AND id IN "
-        f"({', '.join('?' * len(answered))})) a", (session_id, first, session_id, *answered)).fetchone()
+        f"SELECT a.k, EXISTS (SELECT 1 FROM messages WHERE session_id = $1 AND {ORDER_KEY} > a.k AND id < $2) "
+        f"FROM (SELECT MAX({ORDER_KEY}) AS k FROM messages WHERE session_id = $3 AND id IN "
+        f"({p.each(answered)})) a", p.values).fetchone()
     if anchor is None:  # not in the session: their copies there, if any
         anchor = _copied_key(conn, session_id, answered)
         if anchor is None:
             return
-        later = conn.execute(f"SELECT 1 FROM messages WHERE session_id = ? AND {ORDER_KEY} > ? AND id < ? LIMIT 1",
+        later = conn.execute(f"SELECT 1 FROM messages WHERE session_id = $1 AND {ORDER_KEY} > $2 AND id < $3 LIMIT 1",
                              (session_id, anchor, first)).fetchone() is not None
     if not later:
         return  # nothing came after what the turn answered: the turn's messages are in place as stored
     end = (anchor // SLOT + 1) * SLOT  # the slot ends where the next message by arrival starts
-    start = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = ? AND {ORDER_KEY} >= ? "
-                         f"AND {ORDER_KEY} < ?", (session_id, anchor, end)).fetchone()[0]
+    start = conn.execute(f"SELECT MAX({ORDER_KEY}) FROM messages WHERE session_id = $1 AND {ORDER_KEY} >= $2 "
+                         f"AND {ORDER_KEY} < $3", (session_id, anchor, end)).fetchone()[0]
     if start + len(ids) >= end:
         raise ValueError(f"no room for {len(ids)} more messages after message {anchor // SLOT} of session "
                          f"{session_id}: at most {SLOT - 1} follow one message")
     for offset, message_id in enumerate(ids, 1):
-        conn.execute("UPDATE messages SET pos = ? WHERE id = ?", (start + offset, message_id))
+        conn.execute("UPDATE messages SET pos = $1 WHERE id = $2", (start + offset, message_id))
 
 
 def _copied_key(conn: sqlite3.Connection, session_id: str, answered: list[int]) -> int | None:
     """The place in ``session_id`` of the last copy of ``answered`` (messages of another session, which
     compression copied here); None: none is here."""
-    marks = ", ".join("?" * len(answered))
     row = conn.execute(
-        f"SELECT MAX({order_key('c')}) FROM messages o JOIN messages c ON c.session_id = ? AND c.role = o.role "
-        f"AND c.timestamp = o.timestamp AND c.content = o.content WHERE o.id IN ({marks})",
+        f"SELECT MAX({order_key('c')}) FROM messages o JOIN messages c ON c.session_id = $1 AND c.role = o.role "
+        f"AND c.timestamp = o.timestamp AND c.content = o.content WHERE o.id IN ({numbered(len(answered), 2)})",
         (session_id, *answered)).fetchone()
     return row[0]
 
@@ -206,7 +208,7 @@ def _decode(row: sqlite3.Row) -> dict:
 
 
 def get_messages(conn: sqlite3.Connection, session_id: str) -> list[dict]:
-    rows = conn.execute(f"SELECT * FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}", (session_id,))
+    rows = conn.execute(f"SELECT * FROM messages WHERE session_id = $1 ORDER BY {ORDER_KEY}", (session_id,))
     return [_decode(r) for r in rows]
 
 
@@ -239,7 +241,7 @@ def _tuples(conn: sqlite3.Connection, sql: str, params: tuple) -> Iterable[tuple
 def get_stored(conn: sqlite3.Connection, session_id: str) -> list[StoredMessage]:
     """The session's messages in order, each built from its row (no dict per message: a session's every
     message is read on every API request that continues it, so this is kept quick; ``bench/messages_read.py``)."""
-    rows = _tuples(conn, f"SELECT {_STORED_COLUMNS} FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}",
+    rows = _tuples(conn, f"SELECT {_STORED_COLUMNS} FROM messages WHERE session_id = $1 ORDER BY {ORDER_KEY}",
                    (session_id,))
     tool_calls, details, items = _STORED_JSON_AT
     messages = []
@@ -275,7 +277,7 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, upto
     (:mod:`state.memory_fence`), even one stored before answers were cleaned.
     """
     rows = _tuples(conn, "SELECT id, role, content, tool_call_id, tool_calls, tool_name, reasoning, reasoning_details,"
-                   f" codex_reasoning_items FROM messages WHERE session_id = ? ORDER BY {ORDER_KEY}", (session_id,))
+                   f" codex_reasoning_items FROM messages WHERE session_id = $1 ORDER BY {ORDER_KEY}", (session_id,))
     conversation: list[dict] = []
     upto_at = None
     for message_id, role, content, tool_call_id, tool_calls, tool_name, reasoning, details, items in rows:
@@ -306,11 +308,11 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, upto
 
 def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
     """Delete a session's messages and reset its counters; the session stays."""
-    deleted = conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,)).rowcount
+    deleted = conn.execute("DELETE FROM messages WHERE session_id = $1", (session_id,)).rowcount
     _recovery.forget_inbox(conn, session_id)
     conn.execute(
         "UPDATE sessions SET message_count = 0, tool_call_count = 0, preview = NULL, last_active = started_at "
-        "WHERE id = ?",
+        "WHERE id = $1",
         (session_id,),
     )
     return deleted
@@ -318,7 +320,7 @@ def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
 
 def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> int:
     if session_id:
-        return conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)).fetchone()[0]
+        return conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = $1", (session_id,)).fetchone()[0]
     return conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
 
 
@@ -348,10 +350,10 @@ def routed_session_locked(conn, session_key: str) -> dict | None:
     lock = dialect_of(conn).for_update
     if not lock:
         return get_routed_session(conn, session_key)
-    route = conn.execute(f"SELECT session_id FROM routes WHERE session_key = ?{lock}", (session_key,)).fetchone()
+    route = conn.execute(f"SELECT session_id FROM routes WHERE session_key = $1{lock}", (session_key,)).fetchone()
     if route is None:
         return None
-    row = conn.execute(f"SELECT * FROM sessions WHERE id = ?{lock}", (route[0],)).fetchone()
+    row = conn.execute(f"SELECT * FROM sessions WHERE id = $1{lock}", (route[0],)).fetchone()
     return dict(row) if row else None
 
 

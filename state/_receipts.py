@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import Params, numbered
 
 #: The table (schema v36), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -55,7 +56,7 @@ def record(conn: sqlite3.Connection, platform: str, message_id: str, status: str
     if status not in RANK:
         raise ValueError(f"a receipt's status is one of {', '.join(RANK)}, not {status!r}")
     return conn.execute(
-        "INSERT INTO delivery_receipts (platform, platform_message_id, status, error, at) VALUES (?, ?, ?, ?, ?) "
+        "INSERT INTO delivery_receipts (platform, platform_message_id, status, error, at) VALUES ($1, $2, $3, $4, $5) "
         "ON CONFLICT (platform, platform_message_id) DO UPDATE SET status = excluded.status, "
         "error = excluded.error, at = excluded.at "
         f"WHERE {_RANK_SQL.format(col='excluded.status')} > {_RANK_SQL.format(col='delivery_receipts.status')}",
@@ -70,7 +71,7 @@ def receipts_of(conn: sqlite3.Connection, platform: str, message_ids: Iterable[s
         chunk = ids[start:start + _CHUNK]
         rows = conn.execute(
             "SELECT platform_message_id, status, error, at FROM delivery_receipts "
-            f"WHERE platform = ? AND platform_message_id IN ({', '.join('?' * len(chunk))})", (platform, *chunk))
+            f"WHERE platform = $1 AND platform_message_id IN ({numbered(len(chunk), 2)})", (platform, *chunk))
         out.update({row[0]: {"status": row[1], "error": row[2], "at": row[3]} for row in rows})
     return out
 
@@ -92,19 +93,18 @@ def summary(parts: list[str], receipts: dict[str, dict]) -> tuple[str | None, st
 def recent_deliveries(conn: sqlite3.Connection, *, platform: str | None, session_id: str | None,
                       limit: int) -> list[dict]:
     """Replies newest first, each with its parts' ``receipts`` and their ``receipt`` summary."""
-    where, params = [], []
+    where, p = [], Params()
     if platform is not None:
-        where.append("d.platform = ?")
-        params.append(platform)
+        where.append(f"d.platform = {p(platform)}")
     if session_id is not None:
-        where.append("d.session_id = ?")
-        params.append(session_id)
+        where.append(f"d.session_id = {p(session_id)}")
     rows = conn.execute(
         "SELECT d.id, d.session_id, s.session_key, d.kind, d.platform, d.chat_id, d.thread_id, d.text, d.sent_ids, "
         "d.status, d.error, d.attempts, d.created_at, d.updated_at FROM deliveries d "
         "LEFT JOIN sessions s ON s.id = d.session_id"
-        + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY d.created_at DESC, d.id DESC LIMIT ?",
-        (*params, limit)).fetchall()
+        + (f" WHERE {' AND '.join(where)}" if where else "")
+        + f" ORDER BY d.created_at DESC, d.id DESC LIMIT {p(limit)}",
+        p.values).fetchall()
     columns = ("id", "session_id", "session_key", "kind", "platform", "chat_id", "thread_id", "text", "sent_ids",
                "status", "error", "attempts", "created_at", "updated_at")
     out = []
@@ -130,8 +130,8 @@ def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> N
             continue
         for start in range(0, len(ids), _CHUNK):
             part = ids[start:start + _CHUNK]
-            conn.execute(f"DELETE FROM delivery_receipts WHERE platform = ? AND platform_message_id IN "
-                         f"({', '.join('?' * len(part))})", (platform, *part))
+            conn.execute(f"DELETE FROM delivery_receipts WHERE platform = $1 AND platform_message_id IN "
+                         f"({numbered(len(part), 2)})", (platform, *part))
 
 
 class Receipts(Repository):

@@ -44,6 +44,7 @@ from ._deadletters import count_dead_letters
 from ._dialect import dialect_of
 from ._fence import Fence, Handback, fenced, hand_back
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 from .records import DeliveryRecord
 
 INBOX_FIELDS = ("session_key", "platform", "chat_id", "thread_id", "chat_type", "user_id", "user_name",
@@ -116,7 +117,7 @@ def add_to_inbox(conn: sqlite3.Connection, message_id: int, session_id: str, ent
         row["received_at"] = time.time()
     conn.execute(
         f"INSERT INTO inbox (message_id, session_id, {', '.join(INBOX_FIELDS)}) "
-        f"VALUES (?, ?, {', '.join('?' * len(INBOX_FIELDS))}) ON CONFLICT DO NOTHING",
+        f"VALUES ({numbered(2 + len(INBOX_FIELDS))}) ON CONFLICT DO NOTHING",
         (message_id, session_id, *(row[k] for k in INBOX_FIELDS)),
     )
 
@@ -130,7 +131,7 @@ def unanswered(conn: sqlite3.Connection, session_id: str | None = None) -> list[
     else:
         rows = conn.execute(
             "SELECT i.*, m.content AS text FROM inbox i JOIN messages m ON m.id = i.message_id"
-            " WHERE i.session_id = ? ORDER BY i.message_id", (session_id,))
+            " WHERE i.session_id = $1 ORDER BY i.message_id", (session_id,))
     return [dict(r) for r in rows]
 
 
@@ -140,7 +141,7 @@ def unanswered_noting_replies(conn: sqlite3.Connection, session_id: str) -> tupl
     rows = [dict(r) for r in conn.execute(
         "SELECT i.*, m.content AS text, EXISTS (SELECT 1 FROM deliveries d WHERE d.session_id = i.session_id"
         " AND d.status IN ('pending', 'streaming')) AS replies_open"
-        " FROM inbox i JOIN messages m ON m.id = i.message_id WHERE i.session_id = ? ORDER BY i.message_id",
+        " FROM inbox i JOIN messages m ON m.id = i.message_id WHERE i.session_id = $1 ORDER BY i.message_id",
         (session_id,))]
     replies = [bool(row.pop("replies_open")) for row in rows]  # the same in every row
     return rows, any(replies)
@@ -161,14 +162,14 @@ def settle(conn: sqlite3.Connection, message_ids: Iterable[int], delivery: Deliv
     ids = list(message_ids)
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
-        conn.execute(f"DELETE FROM inbox WHERE message_id IN ({', '.join('?' * len(chunk))})", chunk)
+        conn.execute(f"DELETE FROM inbox WHERE message_id IN ({numbered(len(chunk))})", chunk)
     if delivery is not None:
         add_delivery(conn, delivery, session_id=session_id, message_id=reply_message_id)
 
 
 def forget_inbox(conn: sqlite3.Connection, session_id: str) -> None:
     """Part of clearing a session's messages: none of them waits for an answer any more."""
-    conn.execute("DELETE FROM inbox WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM inbox WHERE session_id = $1", (session_id,))
 
 
 def forget_sessions(conn: sqlite3.Connection, marks: str, chunk: list[str]) -> None:
@@ -188,7 +189,7 @@ def add_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord, *, session_
     # A streamed reply's row exists already (begin_streamed_delivery): its text arrives, its posted ids stay.
     conn.execute(
         "INSERT INTO deliveries (id, session_id, message_id, kind, platform, chat_id, thread_id, reply_to, text, "
-        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
         "ON CONFLICT(id) DO UPDATE SET session_id = excluded.session_id, message_id = excluded.message_id, "
         "text = excluded.text, status = 'pending', updated_at = excluded.updated_at",
         (delivery.id, session_id, message_id, delivery.kind, delivery.platform, delivery.chat_id,
@@ -203,7 +204,7 @@ def post_streamed_message(conn: sqlite3.Connection, delivery: DeliveryRecord, *,
     now = time.time()
     conn.execute(
         "INSERT INTO deliveries (id, session_id, kind, platform, chat_id, thread_id, reply_to, text, "
-        "status, created_at, updated_at) VALUES (?, ?, 'stream', ?, ?, ?, ?, ?, 'streaming', ?, ?) "
+        "status, created_at, updated_at) VALUES ($1, $2, 'stream', $3, $4, $5, $6, $7, 'streaming', $8, $9) "
         "ON CONFLICT(id) DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at "
         "WHERE deliveries.status = 'streaming'",
         (delivery.id, session_id, delivery.platform, delivery.chat_id, delivery.thread_id, delivery.reply_to,
@@ -217,7 +218,7 @@ def begin_streamed_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord, 
     now = time.time()
     conn.execute(
         "INSERT INTO deliveries (id, session_id, kind, platform, chat_id, thread_id, reply_to, text, sent_ids, "
-        "status, created_at, updated_at) VALUES (?, ?, 'stream', ?, ?, ?, ?, '', ?, 'streaming', ?, ?) "
+        "status, created_at, updated_at) VALUES ($1, $2, 'stream', $3, $4, $5, $6, '', $7, 'streaming', $8, $9) "
         "ON CONFLICT(id) DO UPDATE SET sent_ids = excluded.sent_ids, updated_at = excluded.updated_at",
         (delivery.id, session_id, delivery.platform, delivery.chat_id, delivery.thread_id, delivery.reply_to,
          json.dumps(list(sent_ids)), now, now),
@@ -231,8 +232,8 @@ def update_delivery(conn: sqlite3.Connection, delivery_id: str, *, sent_ids: lis
     if status not in DELIVERY_STATUSES:
         raise ValueError(f"delivery status must be one of {', '.join(DELIVERY_STATUSES)}, not {status!r}")
     updated = conn.execute(
-        "UPDATE deliveries SET sent_ids = ?, status = ?, error = ?, attempts = attempts + CASE WHEN ? = 'pending' THEN 0 ELSE 1 END, "
-        "updated_at = ? WHERE id = ?",
+        "UPDATE deliveries SET sent_ids = $1, status = $2, error = $3, attempts = attempts + CASE WHEN $4 = 'pending' THEN 0 ELSE 1 END, "
+        "updated_at = $5 WHERE id = $6",
         (json.dumps(list(sent_ids)), status, error, status, time.time(), delivery_id),
     ).rowcount > 0
     hand_back(conn, handback)
@@ -245,7 +246,7 @@ def pending_deliveries(conn: sqlite3.Connection, session_id: str | None = None) 
     if session_id is not None:
         rows = conn.execute(
             "SELECT d.*, s.session_key FROM deliveries d LEFT JOIN sessions s ON s.id = d.session_id "
-            "WHERE d.session_id = ? AND d.status IN ('pending', 'streaming') ORDER BY d.created_at, d.id",
+            "WHERE d.session_id = $1 AND d.status IN ('pending', 'streaming') ORDER BY d.created_at, d.id",
             (session_id,))
         return [DeliveryRecord.of(dict(r)) for r in rows]
     rows = conn.execute(  # each half on its partial index: the record keeps every reply ever sent
@@ -257,12 +258,12 @@ def pending_deliveries(conn: sqlite3.Connection, session_id: str | None = None) 
 
 
 def get_delivery(conn: sqlite3.Connection, delivery_id: str) -> DeliveryRecord | None:
-    row = conn.execute("SELECT * FROM deliveries WHERE id = ?", (delivery_id,)).fetchone()
+    row = conn.execute("SELECT * FROM deliveries WHERE id = $1", (delivery_id,)).fetchone()
     return DeliveryRecord.of(dict(row)) if row else None
 
 
 def list_deliveries(conn: sqlite3.Connection, session_id: str) -> list[DeliveryRecord]:
-    rows = conn.execute("SELECT * FROM deliveries WHERE session_id = ? ORDER BY created_at, id", (session_id,))
+    rows = conn.execute("SELECT * FROM deliveries WHERE session_id = $1 ORDER BY created_at, id", (session_id,))
     return [DeliveryRecord.of(dict(r)) for r in rows]
 
 

@@ -54,26 +54,26 @@ def claim_signature(conn: sqlite3.Connection, scope: str, signature: str, keep_u
                     now: float) -> Claim:
     """``taken`` when ``signature`` was not seen in ``scope`` or its holder died before storing its
     request (now it is held for this caller, until ``held_until``, kept until ``keep_until``)."""
-    conn.execute("DELETE FROM signatures_seen WHERE keep_until < ?", (now,))
-    cur = conn.execute("INSERT INTO signatures_seen (scope, signature, keep_until, held_until) VALUES (?, ?, ?, ?) "
+    conn.execute("DELETE FROM signatures_seen WHERE keep_until < $1", (now,))
+    cur = conn.execute("INSERT INTO signatures_seen (scope, signature, keep_until, held_until) VALUES ($1, $2, $3, $4) "
                        "ON CONFLICT (scope, signature) DO NOTHING", (scope, signature, keep_until, held_until))
     if cur.rowcount == 1:
         return "taken"
-    cur = conn.execute("UPDATE signatures_seen SET held_until = ? WHERE scope = ? AND signature = ? "
-                       "AND held_until IS NOT NULL AND held_until <= ?", (held_until, scope, signature, now))
+    cur = conn.execute("UPDATE signatures_seen SET held_until = $1 WHERE scope = $2 AND signature = $3 "
+                       "AND held_until IS NOT NULL AND held_until <= $4", (held_until, scope, signature, now))
     if cur.rowcount == 1:
         return "taken"
-    row = conn.execute("SELECT held_until FROM signatures_seen WHERE scope = ? AND signature = ?",
+    row = conn.execute("SELECT held_until FROM signatures_seen WHERE scope = $1 AND signature = $2",
                        (scope, signature)).fetchone()
     return "in_flight" if row is not None and row[0] is not None else "replay"
 
 
 def mark_stored(conn: sqlite3.Connection, scope: str, signature: str) -> None:
-    conn.execute("UPDATE signatures_seen SET held_until = NULL WHERE scope = ? AND signature = ?", (scope, signature))
+    conn.execute("UPDATE signatures_seen SET held_until = NULL WHERE scope = $1 AND signature = $2", (scope, signature))
 
 
 def release_signature(conn: sqlite3.Connection, scope: str, signature: str) -> None:
-    conn.execute("DELETE FROM signatures_seen WHERE scope = ? AND signature = ?", (scope, signature))
+    conn.execute("DELETE FROM signatures_seen WHERE scope = $1 AND signature = $2", (scope, signature))
 
 
 class Replays(Repository):

@@ -21,6 +21,7 @@ import sqlite3
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 
 #: The table (schema v25), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -45,7 +46,7 @@ def create_tables(conn: sqlite3.Connection) -> None:
 def save_tool_journal(conn: sqlite3.Connection, message_id: int, session_id: str, produced: str,
                       running: str | None, *, now: float) -> None:
     conn.execute(
-        "INSERT INTO tool_journal (message_id, session_id, produced, running, updated_at) VALUES (?, ?, ?, ?, ?) "
+        "INSERT INTO tool_journal (message_id, session_id, produced, running, updated_at) VALUES ($1, $2, $3, $4, $5) "
         "ON CONFLICT(message_id) DO UPDATE SET session_id = excluded.session_id, produced = excluded.produced, "
         "running = excluded.running, updated_at = excluded.updated_at",
         (message_id, session_id, produced, running, now),
@@ -59,7 +60,7 @@ def tool_journal(conn: sqlite3.Connection, message_ids: list[int]) -> dict | Non
         return None
     row = conn.execute(
         f"SELECT message_id, session_id, produced, running, updated_at FROM tool_journal "
-        f"WHERE message_id IN ({', '.join('?' * len(message_ids))}) ORDER BY message_id DESC LIMIT 1",
+        f"WHERE message_id IN ({numbered(len(message_ids))}) ORDER BY message_id DESC LIMIT 1",
         list(message_ids)).fetchone()
     if row is None:
         return None
@@ -67,13 +68,13 @@ def tool_journal(conn: sqlite3.Connection, message_ids: list[int]) -> dict | Non
 
 
 def running_tool_calls(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT running FROM tool_journal WHERE session_id = ? AND running IS NOT NULL",
+    return [r[0] for r in conn.execute("SELECT running FROM tool_journal WHERE session_id = $1 AND running IS NOT NULL",
                                        (session_id,)).fetchall()]
 
 
 def drop_tool_journal(conn: sqlite3.Connection, message_ids: list[int]) -> None:
     if message_ids:
-        conn.execute(f"DELETE FROM tool_journal WHERE message_id IN ({', '.join('?' * len(message_ids))})",
+        conn.execute(f"DELETE FROM tool_journal WHERE message_id IN ({numbered(len(message_ids))})",
                      list(message_ids))
 
 

@@ -19,6 +19,7 @@ from ._dialect import dialect_of
 from ._messages import get_messages
 from ._repo import Repository, reads, writes
 from ._sessions import delete_sessions
+from ._sql import Params, numbered
 from ._titles import MAX_TITLE_LENGTH, lock_titles
 from .errors import ImportFileError
 
@@ -49,17 +50,16 @@ def _export_row(conn: sqlite3.Connection, row: sqlite3.Row) -> dict:
 
 def export_session(conn: sqlite3.Connection, session_id: str) -> dict | None:
     """One session and all its messages; secrets in ``model_config`` are redacted."""
-    row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    row = conn.execute("SELECT * FROM sessions WHERE id = $1", (session_id,)).fetchone()
     return _export_row(conn, row) if row else None
 
 
 def iter_export(conn: sqlite3.Connection, source: str | None = None) -> Iterator[dict]:
     sql = "SELECT * FROM sessions"
-    params: tuple = ()
+    p = Params()
     if source:
-        sql += " WHERE source = ?"
-        params = (source,)
-    for row in conn.execute(sql + " ORDER BY started_at DESC, id DESC", params).fetchall():
+        sql += f" WHERE source = {p(source)}"
+    for row in conn.execute(sql + " ORDER BY started_at DESC, id DESC", p.values).fetchall():
         yield _export_row(conn, row)
 
 
@@ -203,7 +203,7 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
     for line_no, record in _parents_first(records):
         sid = record["id"]
         dialect.serialize(conn, "session", sid)  # as state._sessions.create_session does
-        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+        if conn.execute("SELECT 1 FROM sessions WHERE id = $1", (sid,)).fetchone():
             skipped.append(sid)
             continue
         row = {k: v for k, v in record.items() if k in session_cols}
@@ -211,14 +211,14 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
             retitled = f"{row['title'][:MAX_TITLE_LENGTH - len(taken_title_suffix)]}{taken_title_suffix}"
             row["title"] = None if _title_taken(conn, retitled) else retitled
         parent = row.get("parent_session_id")
-        if parent and parent not in in_file and not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone():
+        if parent and parent not in in_file and not conn.execute("SELECT 1 FROM sessions WHERE id = $1", (parent,)).fetchone():
             row["parent_session_id"] = None
         for key, value in row.items():
             if isinstance(value, (dict, list)):
                 row[key] = json.dumps(value, ensure_ascii=False)
         try:
             conn.execute(
-                f"INSERT INTO sessions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
+                f"INSERT INTO sessions ({', '.join(row)}) VALUES ({numbered(len(row))})", list(row.values())
             )
             keep_ids = _ids_free(conn, record.get("messages", []))
             for message in record.get("messages", []):
@@ -231,7 +231,7 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
                         values[key] = json.dumps(value, ensure_ascii=False)
                 values["session_id"] = sid
                 conn.execute(
-                    f"INSERT INTO messages ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                    f"INSERT INTO messages ({', '.join(values)}) VALUES ({numbered(len(values))})",
                     list(values.values()),
                 )
                 messages += 1
@@ -242,10 +242,10 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
         conn.execute(
             """UPDATE sessions SET
                  last_active = COALESCE(last_active, (SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = sessions.id), started_at),
-                 preview = COALESCE(preview, (SELECT substr(replace(replace(m.content, ?, ' '), ?, ' '), 1, 100)
+                 preview = COALESCE(preview, (SELECT substr(replace(replace(m.content, $1, ' '), $2, ' '), 1, 100)
                             FROM messages m WHERE m.session_id = sessions.id AND m.role = 'user' AND m.content IS NOT NULL
                             ORDER BY m.timestamp, m.id LIMIT 1))
-               WHERE id = ?""",
+               WHERE id = $3""",
             ("\n", "\r", sid),
         )
         imported.append(sid)
@@ -255,7 +255,7 @@ def import_sessions(conn: sqlite3.Connection, records: Iterable[tuple[int, dict]
 
 
 def _title_taken(conn: sqlite3.Connection, title: str) -> bool:
-    return conn.execute("SELECT 1 FROM sessions WHERE title = ?", (title,)).fetchone() is not None
+    return conn.execute("SELECT 1 FROM sessions WHERE title = $1", (title,)).fetchone() is not None
 
 
 def _ids_free(conn: sqlite3.Connection, messages: list[dict]) -> bool:
@@ -266,7 +266,7 @@ def _ids_free(conn: sqlite3.Connection, messages: list[dict]) -> bool:
         return False
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
-        if conn.execute(f"SELECT 1 FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) LIMIT 1",
+        if conn.execute(f"SELECT 1 FROM messages WHERE id IN ({numbered(len(chunk))}) LIMIT 1",
                         chunk).fetchone():
             return False
     return True

@@ -119,10 +119,15 @@ class Timed(NamedTuple):
     commit: float = 0.0  # of which its COMMIT (and a checkpoint SQLite may run at commit)
 
 
+#: ``state._sessions.EXPIRED`` (ended, no activity since the cutoff) with the cutoff as ``$1``.
+#: TRANSITION: right for ``EXPIRED`` with its ``?`` as for ``EXPIRED`` with ``$1``; a plain alias once it has ``$1``.
+_EXPIRED = _sessions.EXPIRED.replace("?", "$1")
+
+
 def expired_sessions(conn: sqlite3.Connection, cutoff: float) -> list[tuple[str, int]]:
     """(id, message count) of the ended sessions with no activity since ``cutoff``, oldest first."""
     return [(r[0], r[1] or 0) for r in conn.execute(
-        f"SELECT id, message_count FROM sessions WHERE {_sessions.EXPIRED} ORDER BY started_at", (cutoff,))]
+        f"SELECT id, message_count FROM sessions WHERE {_EXPIRED} ORDER BY started_at", (cutoff,))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +144,12 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     deleting a message costs about as much as indexing it did), then the sessions left empty."""
     ids = json.dumps(list(session_ids))
     dialect = dialect_of(conn)
-    values, messages_ids = dialect.json_values(), dialect.json_values(integers=True)
+    values = dialect.json_values("$1")  # the JSON array of ids, as $1
     # locked as found (PostgreSQL): an append racing the prune waits, and a session reopened meanwhile is dropped
     still = [r[0] for r in conn.execute(
-        f"SELECT id FROM sessions WHERE id IN ({values}) AND {_sessions.EXPIRED} ORDER BY id{dialect.for_update}",
-        (ids, cutoff))]
+        f"SELECT id FROM sessions WHERE id IN ({dialect.json_values('$2')}) AND {_EXPIRED}"
+        f" ORDER BY id{dialect.for_update}",
+        (cutoff, ids))]
     dropped = sorted(set(session_ids) - set(still))
     if not still:
         return PruneStep([], dropped, 0)
@@ -152,7 +158,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     total = 0
     for msg_id, sid, size in conn.execute(
         f"SELECT id, session_id, {dialect.byte_length('content')} + {dialect.byte_length('tool_calls')}"
-        f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN ({values}) LIMIT ?",
+        f" + {MESSAGE_OVERHEAD} FROM messages WHERE session_id IN ({values}) LIMIT $2",
         (json.dumps(still), max_bytes // MESSAGE_OVERHEAD + 1),  # no more rows than could fit
     ):
         if doomed and total + size > max_bytes:
@@ -160,6 +166,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
         doomed.append(msg_id)
         by_session[sid] = by_session.get(sid, 0) + 1
         total += size
+    messages_ids = dialect.json_values("$1", integers=True)
     messages = conn.execute(f"DELETE FROM messages WHERE id IN ({messages_ids})", (json.dumps(doomed),)).rowcount
     left = f"SELECT j.value FROM ({values}) AS j WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = j.value)"
     empty = [r[0] for r in conn.execute(left, (json.dumps(still),))]
@@ -210,14 +217,14 @@ def store_size(conn: sqlite3.Connection, path: Path | None) -> StoreSize:
 
 def record(conn: sqlite3.Connection, key: str, value: dict) -> None:
     conn.execute(
-        "INSERT INTO meta (key, value, updated_at) VALUES (?, ?, ?)"
+        "INSERT INTO meta (key, value, updated_at) VALUES ($1, $2, $3)"
         " ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
         (key, json.dumps(value, sort_keys=True), time.time()),
     )
 
 
 def recorded(conn: sqlite3.Connection, key: str) -> dict | None:
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    row = conn.execute("SELECT value FROM meta WHERE key = $1", (key,)).fetchone()
     return json.loads(row[0]) if row else None
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ._deadletters import count_dead_letters
+from ._sql import NumberedConnection
 from ._upkeep import LAST_UPKEEP, recorded, store_size
 from .errors import DatabaseRefused
 from .schema import current_version, read_version
@@ -51,7 +52,7 @@ def inspect_database(path: Path | str) -> DatabaseReport:
     wal = path.with_name(path.name + "-wal")
     sizes: dict[str, Any] = {"size_bytes": path.stat().st_size, "wal_bytes": wal.stat().st_size if wal.exists() else 0}
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5, factory=NumberedConnection)  # the store's SQL
     except sqlite3.Error as exc:
         return DatabaseReport(path, True, refused=str(exc), supported_version=supported, **sizes)
     try:

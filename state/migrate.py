@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 
 from . import schema
 from ._pg import _require_psycopg, _without_secret, is_url, mask_url
+from ._sql import NumberedConnection
 from .errors import MigrationRefused, StateError
 from .search._query import CJK_RANGES
 
@@ -141,7 +142,8 @@ def is_target_url(url: str) -> bool:
 def _open_source(path: Path) -> sqlite3.Connection:
     if not Path(path).exists():
         raise MigrationRefused(f"no database at {path}: nothing to migrate (give the home with --home)")
-    conn = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    conn = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None,
+                           factory=NumberedConnection)  # a store connection: the store's SQL binds $n by number
     conn.row_factory = None
     return conn
 
@@ -385,7 +387,7 @@ def sample_queries(source: Path, *, words: int = 5, samples: int = 40) -> list[s
         found: list[str] = []
         step = max(1, (high - low) // samples)
         for start in range(low, high + 1, step):
-            row = conn.execute("SELECT content FROM messages WHERE id >= ? AND content IS NOT NULL ORDER BY id "
+            row = conn.execute("SELECT content FROM messages WHERE id >= $1 AND content IS NOT NULL ORDER BY id "
                                "LIMIT 1", (start,)).fetchone()
             candidates = sorted(set(_WORD.findall(row[0] if row else "")), key=lambda w: (-len(w), w))
             for word in candidates[:1]:
@@ -393,7 +395,7 @@ def sample_queries(source: Path, *, words: int = 5, samples: int = 40) -> list[s
                     found.append(word)
         queries = found[: words * 3]  # more than needed: a word too common to compare is passed over
         glob = "*[" + "".join(f"{lo}-{hi}" for lo, hi in CJK_RANGES) + "]*"
-        row = conn.execute("SELECT content FROM messages WHERE content GLOB ? ORDER BY id LIMIT 1", (glob,)).fetchone()
+        row = conn.execute("SELECT content FROM messages WHERE content GLOB $1 ORDER BY id LIMIT 1", (glob,)).fetchone()
         if row and (match := _CJK_RUN.search(row[0])):
             queries.append(match.group(0))
         return queries

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from . import _ownership
 from ._dialect import dialect_of
+from ._sql import NumberedConnection
 from .errors import NotADatabase, SchemaTooNew
 
 
@@ -470,7 +471,7 @@ def _pg(*statements: str) -> Callable[[Any], None]:
 
 
 # v1 on PostgreSQL also defines SQLite's scalar max() and min() of two or three numbers, so the store's
-# SQL (``MAX(started_at, last_active, ended_at)``, ``min(1.0, trust + ?)``) reads the same on both engines.
+# SQL (``MAX(started_at, last_active, ended_at)``, ``min(1.0, trust + $1)``) reads the same on both engines.
 _V1_PG = (
     """CREATE TABLE IF NOT EXISTS sessions (
         id TEXT PRIMARY KEY,
@@ -590,7 +591,7 @@ for _step in [
 @lru_cache(maxsize=1)
 def _core_columns_by_version() -> dict[int, dict[str, frozenset[str]]]:
     """The columns of ``sessions`` and ``messages`` after each step of the chain (built once, in memory)."""
-    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn = sqlite3.connect(":memory:", isolation_level=None, factory=NumberedConnection)  # the steps' SQL: $n
     try:
         conn.execute("BEGIN")
         shapes: dict[int, dict[str, frozenset[str]]] = {}
@@ -642,7 +643,7 @@ def migrate(conn: sqlite3.Connection, from_version: int) -> int:
         if step.version > from_version:
             step.apply(conn)
     conn.execute("DELETE FROM schema_version")
-    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (current_version(),))
+    conn.execute("INSERT INTO schema_version (version) VALUES ($1)", (current_version(),))
     conn.execute(f"PRAGMA application_id = {_ownership.APPLICATION_ID}")  # the file says whose it is
     return current_version()
 
@@ -684,5 +685,5 @@ def migrate_pg(conn: Any, from_version: int) -> int:
             assert step.apply_pg is not None
             step.apply_pg(conn)
     conn.execute("DELETE FROM schema_version")
-    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (current_version(),))
+    conn.execute("INSERT INTO schema_version (version) VALUES ($1)", (current_version(),))
     return current_version()
