@@ -157,7 +157,7 @@ def search_media_text(conn: sqlite3.Connection, query: str, *, session_ids: list
         return []
     where, args = "", []
     if session_ids is not None:
-        where, args = f" AND m.session_id IN ({dialect_of(conn).json_values()})", [json.dumps(list(session_ids))]
+        where, args = f" AND m.session_id IN ({dialect_of(conn).json_values('$1')})", [json.dumps(list(session_ids))]
     hits = search.media_hits(conn, tree, where, args, False, int(limit))
     out = []
     for hit in hits:
