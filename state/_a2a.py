@@ -24,6 +24,7 @@ from typing import Any
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 
 #: The table (schema v34), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -69,17 +70,17 @@ def add_task(conn: sqlite3.Connection, row: dict) -> bool:
               "updated_at": row["created_at"]}
     # one statement: of two instances adding one id at once (PostgreSQL, READ COMMITTED), the second
     # waits for the first and writes nothing, where a look first then an INSERT would fail on the key
-    return conn.execute(f"INSERT INTO a2a_tasks ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+    return conn.execute(f"INSERT INTO a2a_tasks ({', '.join(COLUMNS)}) VALUES ({numbered(len(COLUMNS))}) "
                         "ON CONFLICT (id) DO NOTHING", tuple(values[c] for c in COLUMNS)).rowcount == 1
 
 
 def get_task(conn: sqlite3.Connection, task_id: str) -> dict | None:
-    row = conn.execute(f"{_SELECT} WHERE id = ?", (task_id,)).fetchone()
+    row = conn.execute(f"{_SELECT} WHERE id = $1", (task_id,)).fetchone()
     return _row(row) if row else None
 
 
 def context_tasks(conn: sqlite3.Connection, caller: str, context_id: str, limit: int) -> list[dict]:
-    rows = conn.execute(f"{_SELECT} WHERE caller = ? AND context_id = ? ORDER BY created_at DESC, id LIMIT ?",
+    rows = conn.execute(f"{_SELECT} WHERE caller = $1 AND context_id = $2 ORDER BY created_at DESC, id LIMIT $3",
                         (caller, context_id, limit)).fetchall()
     return [_row(r) for r in reversed(rows)]
 
@@ -89,26 +90,26 @@ def end_task(conn: sqlite3.Connection, task_id: str, state: str, answer: str | N
     """Move a working task to ``state`` (one of :data:`ENDS`); False when it had ended before."""
     if state not in ENDS:
         raise ValueError(f"state must be one of {ENDS}, not {state!r}")
-    cur = conn.execute("UPDATE a2a_tasks SET state = ?, answer = ?, error = ?, updated_at = ?, "
-                       "push_due = CASE WHEN push_url IS NULL THEN NULL ELSE ? END "
-                       "WHERE id = ? AND state = 'working'", (state, answer, error, now, now, task_id))
+    cur = conn.execute("UPDATE a2a_tasks SET state = $1, answer = $2, error = $3, updated_at = $4, "
+                       "push_due = CASE WHEN push_url IS NULL THEN NULL ELSE $5 END "
+                       "WHERE id = $6 AND state = 'working'", (state, answer, error, now, now, task_id))
     return cur.rowcount == 1
 
 
 def working_before(conn: sqlite3.Connection, session_key: str, created_at: float) -> list[str]:
     """The working tasks of ``session_key`` asked no later than ``created_at`` (one turn answers a batch)."""
-    rows = conn.execute("SELECT id FROM a2a_tasks WHERE session_key = ? AND state = 'working' AND created_at <= ? "
+    rows = conn.execute("SELECT id FROM a2a_tasks WHERE session_key = $1 AND state = 'working' AND created_at <= $2 "
                         "ORDER BY created_at, id", (session_key, created_at)).fetchall()
     return [r[0] for r in rows]
 
 
 def forget_task(conn: sqlite3.Connection, task_id: str) -> None:
     """Delete a task that never started (its message could not be stored), so a retry starts it afresh."""
-    conn.execute("DELETE FROM a2a_tasks WHERE id = ? AND state = 'working'", (task_id,))
+    conn.execute("DELETE FROM a2a_tasks WHERE id = $1 AND state = 'working'", (task_id,))
 
 
 def due_pushes(conn: sqlite3.Connection, now: float, limit: int) -> list[dict]:
-    rows = conn.execute(f"{_SELECT} WHERE push_due IS NOT NULL AND push_due <= ? ORDER BY push_due, id LIMIT ?",
+    rows = conn.execute(f"{_SELECT} WHERE push_due IS NOT NULL AND push_due <= $1 ORDER BY push_due, id LIMIT $2",
                         (now, limit)).fetchall()
     return [_row(r) for r in rows]
 
@@ -116,14 +117,14 @@ def due_pushes(conn: sqlite3.Connection, now: float, limit: int) -> list[dict]:
 def take_push(conn: sqlite3.Connection, task_id: str, due: float, retry_at: float) -> bool:
     """Take a due push for one try (its next try set to ``retry_at`` meanwhile, so a sender that dies
     mid-try leaves it due again); False when another sender took it first."""
-    cur = conn.execute("UPDATE a2a_tasks SET push_due = ?, push_attempts = push_attempts + 1 "
-                       "WHERE id = ? AND push_due = ?", (retry_at, task_id, due))
+    cur = conn.execute("UPDATE a2a_tasks SET push_due = $1, push_attempts = push_attempts + 1 "
+                       "WHERE id = $2 AND push_due = $3", (retry_at, task_id, due))
     return cur.rowcount == 1
 
 
 def settle_push(conn: sqlite3.Connection, task_id: str, retry_at: float | None, error: str | None) -> None:
     """After a try: ``retry_at`` None ends the push (delivered, or given up with ``error``)."""
-    conn.execute("UPDATE a2a_tasks SET push_due = ?, push_error = ? WHERE id = ?", (retry_at, error, task_id))
+    conn.execute("UPDATE a2a_tasks SET push_due = $1, push_error = $2 WHERE id = $3", (retry_at, error, task_id))
 
 
 class A2aTasks(Repository):

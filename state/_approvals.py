@@ -25,6 +25,7 @@ from typing import Any
 from . import _messages
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 
 #: The table (schema v25), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -71,23 +72,23 @@ def _row(row: Any) -> dict:
 
 def add_approval(conn: sqlite3.Connection, row: dict) -> None:
     values = {**{c: None for c in COLUMNS}, **row, "status": "pending"}
-    conn.execute(f"INSERT INTO tool_approvals ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+    conn.execute(f"INSERT INTO tool_approvals ({', '.join(COLUMNS)}) VALUES ({numbered(len(COLUMNS))})",
                  tuple(values[c] for c in COLUMNS))
 
 
 def get_approval(conn: sqlite3.Connection, approval_id: str) -> dict | None:
-    row = conn.execute(f"{_SELECT} WHERE id = ?", (approval_id,)).fetchone()
+    row = conn.execute(f"{_SELECT} WHERE id = $1", (approval_id,)).fetchone()
     return _row(row) if row else None
 
 
 def pending_in_chat(conn: sqlite3.Connection, platform: str, chat_id: str) -> list[dict]:
-    rows = conn.execute(f"{_SELECT} WHERE platform = ? AND chat_id = ? AND status = 'pending' "
+    rows = conn.execute(f"{_SELECT} WHERE platform = $1 AND chat_id = $2 AND status = 'pending' "
                         "ORDER BY requested_at, id", (platform, chat_id)).fetchall()
     return [_row(r) for r in rows]
 
 
 def expired_approvals(conn: sqlite3.Connection, now: float, limit: int) -> list[dict]:
-    rows = conn.execute(f"{_SELECT} WHERE status = 'pending' AND expires_at <= ? ORDER BY expires_at, id LIMIT ?",
+    rows = conn.execute(f"{_SELECT} WHERE status = 'pending' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2",
                         (now, limit)).fetchall()
     return [_row(r) for r in rows]
 
@@ -98,14 +99,14 @@ def next_expiry(conn: sqlite3.Connection) -> float | None:
 
 
 def approved_once(conn: sqlite3.Connection, session_id: str, tool: str) -> bool:
-    row = conn.execute("SELECT 1 FROM tool_approvals WHERE session_id = ? AND tool = ? AND "
+    row = conn.execute("SELECT 1 FROM tool_approvals WHERE session_id = $1 AND tool = $2 AND "
                        "policy = 'once_per_session' AND status IN ('approved', 'done') LIMIT 1",
                        (session_id, tool)).fetchone()
     return row is not None
 
 
 def session_approvals(conn: sqlite3.Connection, session_id: str) -> list[dict]:
-    rows = conn.execute(f"{_SELECT} WHERE session_id = ? ORDER BY requested_at, id", (session_id,)).fetchall()
+    rows = conn.execute(f"{_SELECT} WHERE session_id = $1 ORDER BY requested_at, id", (session_id,)).fetchall()
     return [_row(r) for r in rows]
 
 
@@ -113,8 +114,8 @@ def decide(conn: sqlite3.Connection, approval_id: str, status: str, by: str | No
     """Move a pending request to ``status`` (approved | denied | expired); None when it was not pending."""
     if status not in DECISIONS:
         raise ValueError(f"status must be one of {DECISIONS}, not {status!r}")
-    cur = conn.execute("UPDATE tool_approvals SET status = ?, decided_at = ?, decided_by = ? "
-                       "WHERE id = ? AND status = 'pending'", (status, now, by, approval_id))
+    cur = conn.execute("UPDATE tool_approvals SET status = $1, decided_at = $2, decided_by = $3 "
+                       "WHERE id = $4 AND status = 'pending'", (status, now, by, approval_id))
     if cur.rowcount != 1:
         return None
     return get_approval(conn, approval_id)
@@ -127,11 +128,11 @@ def store_result(conn: sqlite3.Connection, approval_id: str, session_id: str, co
     written) when the request is no longer ``from_status``."""
     # the request's row locked before its status is read (PostgreSQL): two instances storing one result
     # take turns, and the second finds the status moved on
-    conn.execute(f"SELECT 1 FROM tool_approvals WHERE id = ?{dialect_of(conn).for_update}", (approval_id,)).fetchall()
+    conn.execute(f"SELECT 1 FROM tool_approvals WHERE id = $1{dialect_of(conn).for_update}", (approval_id,)).fetchall()
     row = get_approval(conn, approval_id)
     if row is None or row["status"] != from_status:
         return None
-    conn.execute("UPDATE tool_approvals SET status = ? WHERE id = ?", (to_status, approval_id))
+    conn.execute("UPDATE tool_approvals SET status = $1 WHERE id = $2", (to_status, approval_id))
     ids = _messages.append_messages(conn, session_id, [{"role": "tool", "content": content,
                                                         "tool_call_id": row["tool_call_id"],
                                                         "tool_name": row["tool"]}])
@@ -150,7 +151,7 @@ def deny(conn: sqlite3.Connection, approval_id: str, status: str, by: str | None
 
 
 def _session_of(conn: sqlite3.Connection, approval_id: str) -> str:
-    return conn.execute("SELECT session_id FROM tool_approvals WHERE id = ?", (approval_id,)).fetchone()[0]
+    return conn.execute("SELECT session_id FROM tool_approvals WHERE id = $1", (approval_id,)).fetchone()[0]
 
 
 def interrupted_approvals(conn: sqlite3.Connection) -> list[dict]:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable
 from . import _usage
 from ._dialect import dialect_of, insert_rows
 from ._repo import Repository, reads, writes
+from ._sql import Params, numbered
 
 #: Schema v25, written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -131,7 +132,7 @@ def release(conn: Any, ids: Iterable[int]) -> None:
     ids = list(ids)
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
-        conn.execute(f"DELETE FROM budget_reservations WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+        conn.execute(f"DELETE FROM budget_reservations WHERE id IN ({numbered(len(chunk))})", chunk)
 
 
 #: What :func:`admit` is told of the keys: (spent, reserved), each {(scope, period): (cost, tokens)}; it
@@ -151,26 +152,28 @@ def admit(conn: Any, keys: list[tuple[str, str]], judge: Judge, *, now: float) -
         return {}, {}, []
     # one statement: each key's row made if new and locked (the upsert's no-op update takes the row's
     # lock, in key order, and waits for an admission holding it), and what it holds returned
-    params = [part for key in keys for part in key]
+    p = Params()
     rows = conn.execute("INSERT INTO budget_spend (scope, period, cost, tokens, calls) VALUES "
-                        f"{', '.join('(?, ?, 0, 0, 0)' for _ in keys)} ON CONFLICT (scope, period) "
+                        f"{', '.join(f'({p.each(key)}, 0, 0, 0)' for key in keys)} ON CONFLICT (scope, period) "
                         "DO UPDATE SET calls = budget_spend.calls RETURNING scope, period, cost, tokens",
-                        params).fetchall()
+                        p.values).fetchall()
     spent = {(s, p): (float(c), int(t)) for s, p, c, t in rows}
     scopes, periods = sorted({s for s, _ in keys}), sorted({p for _, p in keys})
     wanted = set(keys)
+    q = Params()
     reserved = {(s, p): (float(c), int(t)) for s, p, c, t in conn.execute(
         f"SELECT scope, period, SUM(cost), SUM(tokens) FROM budget_reservations WHERE scope IN "
-        f"({', '.join('?' * len(scopes))}) AND period IN ({', '.join('?' * len(periods))}) AND at >= ? "
-        "GROUP BY scope, period", [*scopes, *periods, now - RESERVATION_SECONDS]).fetchall() if (s, p) in wanted}
+        f"({q.each(scopes)}) AND period IN ({q.each(periods)}) AND at >= {q(now - RESERVATION_SECONDS)} "
+        "GROUP BY scope, period", q.values).fetchall() if (s, p) in wanted}
     holds = judge(spent, reserved)
     if not holds:
         return spent, reserved, []
     held = sorted(holds.items())
+    p = Params()
     ids = [int(row[0]) for row in conn.execute(
         "INSERT INTO budget_reservations (scope, period, cost, tokens, at) VALUES "
-        f"{', '.join('(?, ?, ?, ?, ?)' for _ in held)} RETURNING id",
-        [part for (scope, period), (cost, tokens) in held for part in (scope, period, cost, tokens, now)]).fetchall()]
+        f"{', '.join(f'({p.each((scope, period, cost, tokens, now))})' for (scope, period), (cost, tokens) in held)} "
+        "RETURNING id", p.values).fetchall()]
     return spent, reserved, ids
 
 
@@ -178,9 +181,10 @@ def spent(conn: sqlite3.Connection, scopes: list[str], periods: list[str]) -> di
     """What each of ``scopes`` spent in each of ``periods`` (absent: nothing): one read down the key."""
     if not scopes or not periods:
         return {}
-    sql = (f"SELECT scope, period, cost, tokens FROM budget_spend WHERE scope IN ({', '.join('?' * len(scopes))}) "
-           f"AND period IN ({', '.join('?' * len(periods))})")
-    return {(s, p): (c, t) for s, p, c, t in conn.execute(sql, [*scopes, *periods])}
+    q = Params()
+    sql = (f"SELECT scope, period, cost, tokens FROM budget_spend WHERE scope IN ({q.each(scopes)}) "
+           f"AND period IN ({q.each(periods)})")
+    return {(s, p): (c, t) for s, p, c, t in conn.execute(sql, q.values)}
 
 
 def spent_in(conn: sqlite3.Connection, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[float, int]]:
@@ -200,15 +204,14 @@ def ledger_spent(conn: sqlite3.Connection, filters: list[tuple[str | None, str |
     """(cost, tokens) of the usage ledger's rows from ``since`` to before ``until`` that match any of
     ``filters`` ((platform, user_id, chat_id), None: any): what the ledger still holds of a scope's spend."""
     clauses: list[str] = []
-    params: list = [since, until]
+    p = Params(since, until)
     for platform, user_id, chat_id in filters:
-        parts = [f"{column} = ?" for column, value in (("platform", platform), ("user_id", user_id),
-                                                     ("chat_id", chat_id)) if value is not None]
+        parts = [f"{column} = {p(value)}" for column, value in (("platform", platform), ("user_id", user_id),
+                                                              ("chat_id", chat_id)) if value is not None]
         clauses.append(" AND ".join(parts) or "1 = 1")
-        params += [value for value in (platform, user_id, chat_id) if value is not None]
     where = " OR ".join(f"({c})" for c in clauses) or "1 = 0"
     cost, tokens = conn.execute("SELECT COALESCE(SUM(cost), 0.0), COALESCE(SUM(prompt_tokens + completion_tokens), 0) "
-                                f"FROM model_calls WHERE at >= ? AND at < ? AND ({where})", params).fetchone()
+                                f"FROM model_calls WHERE at >= $1 AND at < $2 AND ({where})", p.values).fetchone()
     return float(cost), int(tokens)
 
 
@@ -216,9 +219,9 @@ def reset_spend(conn: sqlite3.Connection, scope: str, period: str, now: float | 
     """Forget what ``scope`` spent in ``period`` (the ledger keeps its rows); whether there was any.
     The period's notices go too, so the next 80 % is told again; the reset is marked (``budget_resets``)
     for the instances that keep the spends in memory."""
-    gone = conn.execute("DELETE FROM budget_spend WHERE scope = ? AND period = ?", (scope, period)).rowcount
-    conn.execute("DELETE FROM budget_notices WHERE period = ? AND rule LIKE ?", (period, f"{scope}/%"))
-    conn.execute("INSERT INTO budget_resets (scope, period, at) VALUES (?, ?, ?) "
+    gone = conn.execute("DELETE FROM budget_spend WHERE scope = $1 AND period = $2", (scope, period)).rowcount
+    conn.execute("DELETE FROM budget_notices WHERE period = $1 AND rule LIKE $2", (period, f"{scope}/%"))
+    conn.execute("INSERT INTO budget_resets (scope, period, at) VALUES ($1, $2, $3) "
                  "ON CONFLICT (scope, period) DO UPDATE SET at = excluded.at",
                  (scope, period, time.time() if now is None else now))
     return gone > 0
@@ -227,13 +230,13 @@ def reset_spend(conn: sqlite3.Connection, scope: str, period: str, now: float | 
 def resets_since(conn: sqlite3.Connection, since: float) -> list[tuple[str, str, float]]:
     """The (scope, period, at) reset after ``since``, oldest first."""
     return [(s, p, float(a)) for s, p, a in conn.execute(
-        "SELECT scope, period, at FROM budget_resets WHERE at > ? ORDER BY at", (since,)).fetchall()]
+        "SELECT scope, period, at FROM budget_resets WHERE at > $1 ORDER BY at", (since,)).fetchall()]
 
 
 def set_rule(conn: sqlite3.Connection, name: str, scope: str, period: str, kind: str, amount: float | None, *,
              now: float) -> None:
     """Store a rule (``amount`` None: the rule is off, overriding the config's of the same name)."""
-    conn.execute("INSERT INTO budget_rules (name, scope, period, kind, amount, updated_at) VALUES (?, ?, ?, ?, ?, ?) "
+    conn.execute("INSERT INTO budget_rules (name, scope, period, kind, amount, updated_at) VALUES ($1, $2, $3, $4, $5, $6) "
                  "ON CONFLICT (name) DO UPDATE SET scope = excluded.scope, period = excluded.period, "
                  "kind = excluded.kind, amount = excluded.amount, updated_at = excluded.updated_at",
                  (name, scope, period, kind, amount, now))
@@ -241,7 +244,7 @@ def set_rule(conn: sqlite3.Connection, name: str, scope: str, period: str, kind:
 
 def stored_rules(conn: sqlite3.Connection, since: float = -1.0) -> list[dict]:
     """The rules set from the CLI and changed after ``since``, oldest change first."""
-    cur = conn.execute("SELECT name, scope, period, kind, amount, updated_at FROM budget_rules WHERE updated_at > ? "
+    cur = conn.execute("SELECT name, scope, period, kind, amount, updated_at FROM budget_rules WHERE updated_at > $1 "
                        "ORDER BY updated_at, name", (since,))
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur]
@@ -254,8 +257,8 @@ def changes_since(conn: sqlite3.Connection, rules_since: float,
     rules: list[dict] = []
     resets: list[tuple[str, str, float]] = []
     for what, name, scope, period, kind, amount, at in conn.execute(
-            "SELECT 'rule', name, scope, period, kind, amount, updated_at FROM budget_rules WHERE updated_at > ? "
-            "UNION ALL SELECT 'reset', NULL, scope, period, NULL, NULL, at FROM budget_resets WHERE at > ? "
+            "SELECT 'rule', name, scope, period, kind, amount, updated_at FROM budget_rules WHERE updated_at > $1 "
+            "UNION ALL SELECT 'reset', NULL, scope, period, NULL, NULL, at FROM budget_resets WHERE at > $2 "
             "ORDER BY 1, 7, 2", (rules_since, resets_since)).fetchall():
         if what == "rule":
             rules.append({"name": name, "scope": scope, "period": period, "kind": kind, "amount": amount,
@@ -268,7 +271,7 @@ def changes_since(conn: sqlite3.Connection, rules_since: float,
 def claim_notice(conn: sqlite3.Connection, rule: str, period: str, level: str, target: str, *, now: float) -> bool:
     """Whether this is the first time ``target`` is told ``level`` about ``rule`` in ``period`` (then
     it is marked told): once across instances and restarts."""
-    return conn.execute("INSERT INTO budget_notices (rule, period, level, target, at) VALUES (?, ?, ?, ?, ?) "
+    return conn.execute("INSERT INTO budget_notices (rule, period, level, target, at) VALUES ($1, $2, $3, $4, $5) "
                         "ON CONFLICT (rule, period, level, target) DO NOTHING",
                         (rule, period, level, target, now)).rowcount > 0
 
@@ -278,12 +281,12 @@ def prune_spend(conn: sqlite3.Connection, before_day: str, before_month: str) ->
     months before ``before_month`` (``m:YYYY-MM``): no rule reads them again; how many spend rows."""
     gone = 0
     for table in ("budget_spend", "budget_notices"):
-        count = conn.execute(f"DELETE FROM {table} WHERE (period LIKE 'd:%' AND period < ?) "
-                             "OR (period LIKE 'm:%' AND period < ?)", (before_day, before_month)).rowcount
+        count = conn.execute(f"DELETE FROM {table} WHERE (period LIKE 'd:%' AND period < $1) "
+                             "OR (period LIKE 'm:%' AND period < $2)", (before_day, before_month)).rowcount
         gone += count if table == "budget_spend" else 0
-    conn.execute("DELETE FROM budget_resets WHERE (period LIKE 'd:%' AND period < ?) "
-                 "OR (period LIKE 'm:%' AND period < ?)", (before_day, before_month))
-    conn.execute("DELETE FROM budget_reservations WHERE at < ?", (time.time() - RESERVATION_SECONDS,))
+    conn.execute("DELETE FROM budget_resets WHERE (period LIKE 'd:%' AND period < $1) "
+                 "OR (period LIKE 'm:%' AND period < $2)", (before_day, before_month))
+    conn.execute("DELETE FROM budget_reservations WHERE at < $1", (time.time() - RESERVATION_SECONDS,))
     return gone
 
 

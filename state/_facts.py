@@ -99,7 +99,7 @@ def add_fact(conn: sqlite3.Connection, agent: str, user_scope: str, content: str
              session_id: str | None, trust: float, now: float, hrr: bytes | None) -> int:
     cur = conn.execute(
         "INSERT INTO facts (agent, user_scope, owner, content, entities, session_id, trust, created_at, confirmed_at, hrr)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
         (agent, user_scope, owner_token(agent, user_scope), content, json.dumps(list(entities), ensure_ascii=False),
          session_id, float(trust), now, now, hrr),
     )
@@ -115,8 +115,8 @@ def add_facts(conn: sqlite3.Connection, agent: str, user_scope: str, rows: list[
 def confirm_fact(conn: sqlite3.Connection, fact_id: int, *, now: float, trust_step: float) -> dict | None:
     """A near-duplicate was seen again: trust up (at most 1), last-confirmed now."""
     conn.execute(
-        "UPDATE facts SET trust = min(1.0, trust + ?), confirmed_at = max(confirmed_at, ?), "
-        "confirmations = confirmations + 1 WHERE id = ?",
+        "UPDATE facts SET trust = min(1.0, trust + $1), confirmed_at = max(confirmed_at, $2), "
+        "confirmations = confirmations + 1 WHERE id = $3",
         (float(trust_step), now, fact_id),
     )
     return get_fact(conn, fact_id)
@@ -125,14 +125,14 @@ def confirm_fact(conn: sqlite3.Connection, fact_id: int, *, now: float, trust_st
 def contradict_fact(conn: sqlite3.Connection, fact_id: int, *, factor: float, superseded_by: int | None = None) -> dict | None:
     """The user said otherwise: trust multiplied by ``factor``; a correction points the old fact at the new one."""
     conn.execute(
-        "UPDATE facts SET trust = trust * ?, superseded_by = coalesce(?, superseded_by) WHERE id = ?",
+        "UPDATE facts SET trust = trust * $1, superseded_by = coalesce($2, superseded_by) WHERE id = $3",
         (float(factor), superseded_by, fact_id),
     )
     return get_fact(conn, fact_id)
 
 
 def delete_fact(conn: sqlite3.Connection, agent: str, user_scope: str, fact_id: int) -> bool:
-    return conn.execute("DELETE FROM facts WHERE id = ? AND owner = ?",
+    return conn.execute("DELETE FROM facts WHERE id = $1 AND owner = $2",
                         (fact_id, owner_token(agent, user_scope))).rowcount > 0
 
 
@@ -140,23 +140,23 @@ def claim_extraction(conn: sqlite3.Connection, session_id: str, *, now: float) -
     """True for the first caller only: it extracts the session's facts.  A claim left unfinished for
     ``STALE_CLAIM_SECONDS`` (its process died) may be taken again."""
     return conn.execute(
-        "INSERT INTO fact_extractions (session_id, claimed_at) VALUES (?, ?) ON CONFLICT(session_id) DO UPDATE "
-        "SET claimed_at = excluded.claimed_at WHERE fact_extractions.added IS NULL AND fact_extractions.claimed_at < ?",
+        "INSERT INTO fact_extractions (session_id, claimed_at) VALUES ($1, $2) ON CONFLICT(session_id) DO UPDATE "
+        "SET claimed_at = excluded.claimed_at WHERE fact_extractions.added IS NULL AND fact_extractions.claimed_at < $3",
         (session_id, now, now - STALE_CLAIM_SECONDS)).rowcount > 0
 
 
 def finish_extraction(conn: sqlite3.Connection, session_id: str, *, added: int, confirmed: int) -> None:
-    conn.execute("UPDATE fact_extractions SET added = ?, confirmed = ? WHERE session_id = ?", (added, confirmed, session_id))
+    conn.execute("UPDATE fact_extractions SET added = $1, confirmed = $2 WHERE session_id = $3", (added, confirmed, session_id))
 
 
 def release_extraction(conn: sqlite3.Connection, session_id: str) -> None:
     """Extraction failed (model down): let a later attempt claim the session again."""
-    conn.execute("DELETE FROM fact_extractions WHERE session_id = ? AND added IS NULL", (session_id,))
+    conn.execute("DELETE FROM fact_extractions WHERE session_id = $1 AND added IS NULL", (session_id,))
 
 
 def set_facts_prefetch(conn: sqlite3.Connection, session_key: str, on: bool, *, now: float) -> None:
     conn.execute(
-        "INSERT INTO fact_prefs (session_key, prefetch, updated_at) VALUES (?, ?, ?) "
+        "INSERT INTO fact_prefs (session_key, prefetch, updated_at) VALUES ($1, $2, $3) "
         "ON CONFLICT(session_key) DO UPDATE SET prefetch = excluded.prefetch, updated_at = excluded.updated_at",
         (session_key, 1 if on else 0, now),
     )
@@ -166,7 +166,7 @@ def set_facts_prefetch(conn: sqlite3.Connection, session_key: str, on: bool, *, 
 
 
 def get_fact(conn: sqlite3.Connection, fact_id: int, *, with_vector: bool = False) -> dict | None:
-    row = conn.execute("SELECT * FROM facts WHERE id = ?", (fact_id,)).fetchone()
+    row = conn.execute("SELECT * FROM facts WHERE id = $1", (fact_id,)).fetchone()
     return _row(row, with_vector=with_vector) if row else None
 
 
@@ -189,7 +189,7 @@ def fact_candidates(conn: sqlite3.Connection, agent: str, user_scope: str, terms
 
 def owner_has_facts(conn: sqlite3.Connection, agent: str, user_scope: str) -> bool:
     """Whether the scope has any fact at all (one index probe)."""
-    return conn.execute("SELECT 1 FROM facts WHERE owner = ? LIMIT 1",
+    return conn.execute("SELECT 1 FROM facts WHERE owner = $1 LIMIT 1",
                         (owner_token(agent, user_scope),)).fetchone() is not None
 
 
@@ -202,21 +202,21 @@ def list_facts(conn: sqlite3.Connection, agent: str, user_scope: str, *, limit: 
                include_superseded: bool = False) -> list[dict]:
     """The scope's facts, most recently confirmed first."""
     rows = conn.execute(
-        "SELECT * FROM facts WHERE owner = ? " + ("" if include_superseded else "AND superseded_by IS NULL ")
-        + "ORDER BY confirmed_at DESC, id DESC LIMIT ?",
+        "SELECT * FROM facts WHERE owner = $1 " + ("" if include_superseded else "AND superseded_by IS NULL ")
+        + "ORDER BY confirmed_at DESC, id DESC LIMIT $2",
         (owner_token(agent, user_scope), int(limit)),
     ).fetchall()
     return [_row(r) for r in rows]
 
 
 def fact_count(conn: sqlite3.Connection, agent: str, user_scope: str) -> int:
-    return conn.execute("SELECT count(*) FROM facts WHERE owner = ? AND superseded_by IS NULL",
+    return conn.execute("SELECT count(*) FROM facts WHERE owner = $1 AND superseded_by IS NULL",
                         (owner_token(agent, user_scope),)).fetchone()[0]
 
 
 def facts_prefetch_enabled(conn: sqlite3.Connection, session_key: str) -> bool | None:
     """The chat's choice (None: never set, the config's default applies)."""
-    row = conn.execute("SELECT prefetch FROM fact_prefs WHERE session_key = ?", (session_key,)).fetchone()
+    row = conn.execute("SELECT prefetch FROM fact_prefs WHERE session_key = $1", (session_key,)).fetchone()
     return None if row is None else bool(row[0])
 
 
@@ -235,16 +235,16 @@ def sessions_awaiting_facts(conn: sqlite3.Connection, *, since: float, now: floa
     extracted (nor claimed, or claimed by a process that died), oldest first; cron sessions left out."""
     rows = conn.execute(
         "SELECT s.id FROM sessions s LEFT JOIN fact_extractions x ON x.session_id = s.id "
-        "WHERE s.ended_at IS NOT NULL AND s.ended_at >= ? AND s.user_id IS NOT NULL AND s.source != 'cron' "
-        "AND (x.session_id IS NULL OR (x.added IS NULL AND x.claimed_at < ?)) "
-        "AND COALESCE(s.message_count, 0) >= ? ORDER BY s.ended_at LIMIT ?",
+        "WHERE s.ended_at IS NOT NULL AND s.ended_at >= $1 AND s.user_id IS NOT NULL AND s.source != 'cron' "
+        "AND (x.session_id IS NULL OR (x.added IS NULL AND x.claimed_at < $2)) "
+        "AND COALESCE(s.message_count, 0) >= $3 ORDER BY s.ended_at LIMIT $4",
         (since, now - STALE_CLAIM_SECONDS, min_messages, int(limit)),
     ).fetchall()
     return [r[0] for r in rows]
 
 
 def extraction_of(conn: sqlite3.Connection, session_id: str) -> dict | None:
-    row = conn.execute("SELECT * FROM fact_extractions WHERE session_id = ?", (session_id,)).fetchone()
+    row = conn.execute("SELECT * FROM fact_extractions WHERE session_id = $1", (session_id,)).fetchone()
     return dict(row) if row else None
 
 

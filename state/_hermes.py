@@ -111,8 +111,8 @@ def _read(conn: sqlite3.Connection, path: Path) -> HermesStore:
         session = _session(dict(row), prompts)
         if session is None:
             continue
-        total = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", (session["id"],)).fetchone()[0]
-        rows = conn.execute(f"SELECT {', '.join(picked)} FROM messages WHERE session_id = ?{live} ORDER BY id",
+        total = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = $1", (session["id"],)).fetchone()[0]
+        rows = conn.execute(f"SELECT {', '.join(picked)} FROM messages WHERE session_id = $1{live} ORDER BY id",
                             (session["id"],)).fetchall()
         session["messages"] = _messages([dict(r) for r in rows], session["started_at"])
         session["message_count"] = len(session["messages"])

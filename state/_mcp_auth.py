@@ -21,6 +21,7 @@ from typing import Any
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 
 #: The tables (schema v37), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -60,13 +61,13 @@ def put_secret(conn: sqlite3.Connection, server: str, principal: str, kind: str,
                expires_at: float | None, now: float) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    conn.execute("DELETE FROM mcp_auth WHERE server = ? AND principal = ? AND kind = ?", (server, principal, kind))
-    conn.execute("INSERT INTO mcp_auth (server, principal, kind, data, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+    conn.execute("DELETE FROM mcp_auth WHERE server = $1 AND principal = $2 AND kind = $3", (server, principal, kind))
+    conn.execute("INSERT INTO mcp_auth (server, principal, kind, data, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6)",
                  (server, principal, kind, data, expires_at, now))
 
 
 def get_secret(conn: sqlite3.Connection, server: str, principal: str, kind: str) -> str | None:
-    row = conn.execute("SELECT data FROM mcp_auth WHERE server = ? AND principal = ? AND kind = ?",
+    row = conn.execute("SELECT data FROM mcp_auth WHERE server = $1 AND principal = $2 AND kind = $3",
                        (server, principal, kind)).fetchone()
     return row[0] if row else None
 
@@ -74,34 +75,34 @@ def get_secret(conn: sqlite3.Connection, server: str, principal: str, kind: str)
 def drop_secrets(conn: sqlite3.Connection, server: str, principal: str | None, kind: str) -> int:
     """Delete ``kind`` rows of ``server`` for ``principal`` (None: every principal); how many went."""
     if principal is None:
-        cur = conn.execute("DELETE FROM mcp_auth WHERE server = ? AND kind = ?", (server, kind))
+        cur = conn.execute("DELETE FROM mcp_auth WHERE server = $1 AND kind = $2", (server, kind))
     else:
-        cur = conn.execute("DELETE FROM mcp_auth WHERE server = ? AND principal = ? AND kind = ?",
+        cur = conn.execute("DELETE FROM mcp_auth WHERE server = $1 AND principal = $2 AND kind = $3",
                            (server, principal, kind))
     return cur.rowcount
 
 
 def principals(conn: sqlite3.Connection, server: str) -> list[str]:
     """Who holds tokens for ``server``, the most recently signed in first."""
-    rows = conn.execute("SELECT principal FROM mcp_auth WHERE server = ? AND kind = 'tokens' "
+    rows = conn.execute("SELECT principal FROM mcp_auth WHERE server = $1 AND kind = 'tokens' "
                         "ORDER BY updated_at DESC, principal", (server,)).fetchall()
     return [r[0] for r in rows]
 
 
 def add_flow(conn: sqlite3.Connection, row: dict) -> None:
     values = {**{c: None for c in FLOW_COLUMNS}, **row}
-    conn.execute("DELETE FROM mcp_auth_flows WHERE expires_at < ?", (values["created_at"],))
-    conn.execute(f"INSERT INTO mcp_auth_flows ({', '.join(FLOW_COLUMNS)}) VALUES ({', '.join('?' * len(FLOW_COLUMNS))})",
+    conn.execute("DELETE FROM mcp_auth_flows WHERE expires_at < $1", (values["created_at"],))
+    conn.execute(f"INSERT INTO mcp_auth_flows ({', '.join(FLOW_COLUMNS)}) VALUES ({numbered(len(FLOW_COLUMNS))})",
                  tuple(values[c] for c in FLOW_COLUMNS))
 
 
 def take_flow(conn: sqlite3.Connection, state_hash: str, now: float) -> dict | None:
     """The flow of ``state_hash``, deleted as it is read (None: unknown, used already, or expired)."""
-    row = conn.execute(f"SELECT {', '.join(FLOW_COLUMNS)} FROM mcp_auth_flows WHERE state_hash = ?",
+    row = conn.execute(f"SELECT {', '.join(FLOW_COLUMNS)} FROM mcp_auth_flows WHERE state_hash = $1",
                        (state_hash,)).fetchone()
     if row is None:
         return None
-    cur = conn.execute("DELETE FROM mcp_auth_flows WHERE state_hash = ?", (state_hash,))
+    cur = conn.execute("DELETE FROM mcp_auth_flows WHERE state_hash = $1", (state_hash,))
     if cur.rowcount != 1:
         return None
     flow: dict[str, Any] = dict(zip(FLOW_COLUMNS, row, strict=True))

@@ -25,6 +25,7 @@ from typing import Iterable
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 
 #: The table (schema v25), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -61,14 +62,14 @@ def attach_media(conn: sqlite3.Connection, message_id: int, items: list[dict]) -
         return 0
     # the message's row locked first (PostgreSQL): two attaching to one message take turns, the second
     # finds the first's media
-    if conn.execute(f"SELECT 1 FROM messages WHERE id = ?{dialect_of(conn).for_update}", (message_id,)).fetchone() is None:
+    if conn.execute(f"SELECT 1 FROM messages WHERE id = $1{dialect_of(conn).for_update}", (message_id,)).fetchone() is None:
         return 0  # deleted meanwhile (its session with it): its files go with the next sweep
-    if conn.execute("SELECT 1 FROM message_media WHERE message_id = ? LIMIT 1", (message_id,)).fetchone():
+    if conn.execute("SELECT 1 FROM message_media WHERE message_id = $1 LIMIT 1", (message_id,)).fetchone():
         return 0
     for position, item in enumerate(items):
         conn.execute(
             "INSERT INTO message_media (message_id, position, sha256, name, mime, size, kind, text, note) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             (message_id, position, *(item.get(f) for f in _FIELDS)),
         )
     return len(items)
@@ -76,13 +77,13 @@ def attach_media(conn: sqlite3.Connection, message_id: int, items: list[dict]) -
 
 def set_media_text(conn: sqlite3.Connection, sha256: str, text: str) -> int:
     """Give every reference to ``sha256`` without a text this text (an image described once)."""
-    return conn.execute("UPDATE message_media SET text = ? WHERE sha256 = ? AND text IS NULL",
+    return conn.execute("UPDATE message_media SET text = $1 WHERE sha256 = $2 AND text IS NULL",
                         (text, sha256)).rowcount
 
 
 def set_media_note(conn: sqlite3.Connection, sha256: str, note: str) -> int:
     """Mark every reference to a file as unusable, saying why (a model refused it): it is never sent again."""
-    return conn.execute("UPDATE message_media SET note = ? WHERE sha256 = ? AND note IS NULL",
+    return conn.execute("UPDATE message_media SET note = $1 WHERE sha256 = $2 AND note IS NULL",
                         (note, sha256)).rowcount
 
 
@@ -96,14 +97,14 @@ def media_of_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict]:
     current: str | None = session_id
     while current is not None and current not in chain and len(chain) <= _ANCESTORS:
         chain.append(current)
-        row = conn.execute("SELECT parent_session_id FROM sessions WHERE id = ?", (current,)).fetchone()
+        row = conn.execute("SELECT parent_session_id FROM sessions WHERE id = $1", (current,)).fetchone()
         current = row[0] if row else None
     out: list[dict] = []
     for sid in reversed(chain):
         rows = conn.execute(
             "SELECT mm.message_id, mm.position, mm.sha256, mm.name, mm.mime, mm.size, mm.kind, mm.text, mm.note, "
             f"m.role, m.content FROM message_media mm JOIN messages m ON m.id = mm.message_id "
-            f"WHERE m.session_id = ? ORDER BY COALESCE(m.pos, m.id * {SLOT}), mm.position",  # _messages.ORDER_KEY
+            f"WHERE m.session_id = $1 ORDER BY COALESCE(m.pos, m.id * {SLOT}), mm.position",  # _messages.ORDER_KEY
             (sid,),
         ).fetchall()
         out += [{**dict(row), "session_id": sid} for row in rows]
@@ -112,7 +113,7 @@ def media_of_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict]:
 
 def media_of_message(conn: sqlite3.Connection, message_id: int) -> list[dict]:
     rows = conn.execute(
-        "SELECT sha256, name, mime, size, kind, text, note FROM message_media WHERE message_id = ? ORDER BY position",
+        "SELECT sha256, name, mime, size, kind, text, note FROM message_media WHERE message_id = $1 ORDER BY position",
         (message_id,),
     ).fetchall()
     return [dict(row) for row in rows]
@@ -125,14 +126,14 @@ def session_hashes(conn: sqlite3.Connection, session_ids: list[str]) -> set[str]
         chunk = session_ids[start:start + 500]
         found.update(row[0] for row in conn.execute(
             "SELECT DISTINCT mm.sha256 FROM message_media mm JOIN messages m ON m.id = mm.message_id "
-            f"WHERE m.session_id IN ({', '.join('?' for _ in chunk)})", chunk))
+            f"WHERE m.session_id IN ({numbered(len(chunk))})", chunk))
     return found
 
 
 def referenced_hashes(conn: sqlite3.Connection) -> set[str]:
     """Every hash a message or a dead letter still refers to: the media folder keeps these files."""
     found = {row[0] for row in conn.execute("SELECT DISTINCT sha256 FROM message_media")}
-    for (text,) in conn.execute("SELECT message FROM dead_letters WHERE message LIKE ?", ('%"sha256"%',)):
+    for (text,) in conn.execute("SELECT message FROM dead_letters WHERE message LIKE $1", ('%"sha256"%',)):
         found.update(_dead_letter_hashes(text))
     return found
 
@@ -156,11 +157,11 @@ def search_media_text(conn: sqlite3.Connection, query: str, *, session_ids: list
         return []
     where, args = "", []
     if session_ids is not None:
-        where, args = f" AND m.session_id IN ({dialect_of(conn).json_values()})", [json.dumps(list(session_ids))]
+        where, args = f" AND m.session_id IN ({dialect_of(conn).json_values('$1')})", [json.dumps(list(session_ids))]
     hits = search.media_hits(conn, tree, where, args, False, int(limit))
     out = []
     for hit in hits:
-        row = conn.execute("SELECT name, kind FROM message_media WHERE message_id = ? AND position = ?",
+        row = conn.execute("SELECT name, kind FROM message_media WHERE message_id = $1 AND position = $2",
                            (hit["id"], hit["position"])).fetchone()
         if row is not None:
             out.append({"message_id": hit["id"], "session_id": hit["session_id"], "timestamp": hit["timestamp"],

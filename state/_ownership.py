@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.request import pathname2url
 
+from ._sql import NumberedConnection
 from .errors import NotADatabase
 
 #: ``PRAGMA application_id`` of a Switchboard store: "SwBd" in ASCII
@@ -45,7 +46,7 @@ def read_only(path: Path | str) -> sqlite3.Connection:
     path = Path(path).absolute()
     mode = "mode=ro" if Path(f"{path}-wal").exists() else "mode=ro&immutable=1"
     return sqlite3.connect(f"file:{pathname2url(str(path))}?{mode}", uri=True, isolation_level=None,
-                           check_same_thread=False)
+                           check_same_thread=False, factory=NumberedConnection)  # $n parameters (state._hermes)
 
 
 #: the columns of ``sessions`` and ``messages`` our chain gives them at a schema version (None: unknown)

@@ -15,6 +15,7 @@ import sqlite3
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 
 #: The table (schema v19), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -34,14 +35,14 @@ def create_tables(conn: sqlite3.Connection) -> None:
 
 def set_chat_pref(conn: sqlite3.Connection, session_key: str, name: str, value: str, *, now: float) -> None:
     conn.execute(
-        "INSERT INTO chat_prefs (session_key, name, value, updated_at) VALUES (?, ?, ?, ?) "
+        "INSERT INTO chat_prefs (session_key, name, value, updated_at) VALUES ($1, $2, $3, $4) "
         "ON CONFLICT(session_key, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
         (session_key, name, value, now),
     )
 
 
 def chat_pref(conn: sqlite3.Connection, session_key: str, name: str) -> str | None:
-    row = conn.execute("SELECT value FROM chat_prefs WHERE session_key = ? AND name = ?",
+    row = conn.execute("SELECT value FROM chat_prefs WHERE session_key = $1 AND name = $2",
                        (session_key, name)).fetchone()
     return row[0] if row else None
 
@@ -50,8 +51,8 @@ def chat_prefs_named(conn: sqlite3.Connection, session_key: str, names: tuple[st
     """The chat's choices ``names`` (name, value: None when never made), in that order: one statement."""
     if not names:
         return ()
-    found = dict(conn.execute(f"SELECT name, value FROM chat_prefs WHERE session_key = ? AND name IN "
-                              f"({', '.join('?' * len(names))})", (session_key, *names)).fetchall())
+    found = dict(conn.execute(f"SELECT name, value FROM chat_prefs WHERE session_key = $1 AND name IN "
+                              f"({numbered(len(names), 2)})", (session_key, *names)).fetchall())
     return tuple((name, found.get(name)) for name in names)
 
 

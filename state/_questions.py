@@ -34,6 +34,7 @@ from typing import Any
 
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import numbered
 
 #: The table (schema v33), written once for both engines (``state._dialect``'s type tokens).
 TABLES = (
@@ -89,12 +90,12 @@ def _row(row: Any) -> dict:
 
 def add_question(conn: sqlite3.Connection, row: dict) -> None:
     values = {**{c: None for c in COLUMNS}, **row, "status": "pending"}
-    conn.execute(f"INSERT INTO tool_questions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+    conn.execute(f"INSERT INTO tool_questions ({', '.join(COLUMNS)}) VALUES ({numbered(len(COLUMNS))})",
                  tuple(values[c] for c in COLUMNS))
 
 
 def get_question(conn: sqlite3.Connection, question_id: str) -> dict | None:
-    row = conn.execute(f"{_SELECT} WHERE id = ?", (question_id,)).fetchone()
+    row = conn.execute(f"{_SELECT} WHERE id = $1", (question_id,)).fetchone()
     return _row(row) if row else None
 
 
@@ -103,19 +104,19 @@ def pending_questions(conn: sqlite3.Connection) -> list[dict]:
 
 
 def round_questions(conn: sqlite3.Connection, round_id: str) -> list[dict]:
-    return [_row(r) for r in conn.execute(f"{_SELECT} WHERE round_id = ? ORDER BY asked_at, id", (round_id,))]
+    return [_row(r) for r in conn.execute(f"{_SELECT} WHERE round_id = $1 ORDER BY asked_at, id", (round_id,))]
 
 
 def call_rounds(conn: sqlite3.Connection, session_id: str, call_id: str) -> list[str]:
     """The rounds asked for the model's call ``call_id`` in ``session_id``, oldest first."""
-    rows = conn.execute("SELECT round_id, MIN(asked_at) FROM tool_questions WHERE session_id = ? AND call_id = ? "
+    rows = conn.execute("SELECT round_id, MIN(asked_at) FROM tool_questions WHERE session_id = $1 AND call_id = $2 "
                         "AND round_id IS NOT NULL GROUP BY round_id ORDER BY 2", (session_id, call_id)).fetchall()
     return [r[0] for r in rows]
 
 
 def resend_round(conn: sqlite3.Connection, round_id: str, now: float) -> bool:
     """Mark ``round_id`` sent with its answers, once: False when it was already (or has no question)."""
-    cur = conn.execute("UPDATE tool_questions SET resent_at = ? WHERE round_id = ? AND resent_at IS NULL",
+    cur = conn.execute("UPDATE tool_questions SET resent_at = $1 WHERE round_id = $2 AND resent_at IS NULL",
                        (now, round_id))
     return cur.rowcount > 0
 
@@ -125,8 +126,8 @@ def close_question(conn: sqlite3.Connection, question_id: str, status: str, answ
     """Move a pending question to ``status`` (one of :data:`ENDS`); False when it was not pending."""
     if status not in ENDS:
         raise ValueError(f"status must be one of {ENDS}, not {status!r}")
-    cur = conn.execute("UPDATE tool_questions SET status = ?, answer = ?, answered_at = ?, answered_by = ? "
-                       "WHERE id = ? AND status = 'pending'", (status, answer, now, by, question_id))
+    cur = conn.execute("UPDATE tool_questions SET status = $1, answer = $2, answered_at = $3, answered_by = $4 "
+                       "WHERE id = $5 AND status = 'pending'", (status, answer, now, by, question_id))
     return cur.rowcount == 1
 
 

@@ -27,6 +27,7 @@ from ._dialect import dialect_of
 from ._messages import ORDER_KEY
 from ._repo import Repository, reads
 from ._sessions import get_descendants, get_lineage
+from ._sql import Params
 from .search._rank import first_snippet
 
 _META = ("id", "source", "user_id", "session_key", "title", "started_at", "last_active", "ended_at",
@@ -35,24 +36,23 @@ _META = ("id", "source", "user_id", "session_key", "title", "started_at", "last_
 
 def _scope_sql(conn: Any, agent_prefix: str | None, accounts: Iterable[str] | None, exclude: Iterable[str],
                roles: Iterable[str] | None, *, msg: str = "m.") -> tuple[str, list]:
-    """Conditions on ``s`` (sessions) and, when ``msg`` is set, on ``m`` (messages)."""
-    sql, args = [], []
-    values = dialect_of(conn).json_values()
+    """Conditions on ``s`` (sessions) and, when ``msg`` is set, on ``m`` (messages), and their values:
+    the conditions' parameters are ``$1 ... $n``, a statement's own follow them (``Params(*args)``)."""
+    sql, p = [], Params()
+    dialect = dialect_of(conn)
     if agent_prefix:
-        sql.append("substr(s.session_key, 1, ?) = ?")
-        args += [len(agent_prefix), agent_prefix]
+        sql.append(f"substr(s.session_key, 1, {p(len(agent_prefix))}) = {p(agent_prefix)}")
     if accounts is not None:
-        sql.append(f"(s.source || ':' || COALESCE(s.user_id, '')) IN ({values})")
-        args.append(json.dumps(sorted(set(accounts))))
+        wanted = p(json.dumps(sorted(set(accounts))))
+        sql.append(f"(s.source || ':' || COALESCE(s.user_id, '')) IN ({dialect.json_values(wanted)})")
     excluded = sorted(set(exclude))
     if excluded:
-        sql.append(f"{msg or 's.'}{'session_id' if msg else 'id'} NOT IN ({values})")
-        args.append(json.dumps(excluded))
+        left_out = p(json.dumps(excluded))
+        sql.append(f"{msg or 's.'}{'session_id' if msg else 'id'} NOT IN ({dialect.json_values(left_out)})")
     role_list = sorted(set(roles or ()))
     if role_list and msg:
-        sql.append(f"m.role IN ({','.join('?' * len(role_list))})")
-        args += role_list
-    return "".join(f" AND {c}" for c in sql), args
+        sql.append(f"m.role IN ({p.each(role_list)})")
+    return "".join(f" AND {c}" for c in sql), p.values
 
 
 def lineage_ids(conn: sqlite3.Connection, session_id: str | None) -> list[str]:
@@ -122,7 +122,7 @@ def _conversation_roots(conn, session_ids) -> dict[str, str]:
         current, seen = sid, {sid}
         while True:
             row = conn.execute(
-                "SELECT p.id, p.end_reason FROM sessions c JOIN sessions p ON p.id = c.parent_session_id WHERE c.id = ?",
+                "SELECT p.id, p.end_reason FROM sessions c JOIN sessions p ON p.id = c.parent_session_id WHERE c.id = $1",
                 (current,),
             ).fetchone()
             if row is None or row[1] != "compression" or row[0] in seen:
@@ -147,10 +147,11 @@ def _scope_message_ids(conn, agent_prefix, accounts, excluded, role_filter) -> l
     if not user_ids:
         return []
     where, args = _scope_sql(conn, agent_prefix, accounts, excluded, role_filter)
+    p = Params(*args)
     return [r[0] for r in conn.execute(
         "SELECT m.id FROM sessions s JOIN messages m ON m.session_id = s.id"
-        f" WHERE s.user_id IN ({dialect_of(conn).json_values()}){where}",
-        [json.dumps(user_ids), *args],
+        f" WHERE s.user_id IN ({dialect_of(conn).json_values(p(json.dumps(user_ids)))}){where}",
+        p.values,
     )]
 
 
@@ -170,7 +171,7 @@ def _details(conn, ids: list[int], terms: list[str]) -> list[dict]:
         return []
     rows = {r[0]: r for r in conn.execute(
         "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
-        f" FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({dialect_of(conn).json_values(integers=True)})",
+        f" FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN ({dialect_of(conn).json_values('$1', integers=True)})",
         (json.dumps(ids),))}
     texts = search.search_index(conn).texts(conn, ids)
     keys = ("id", "session_id", "role", "timestamp", "source", "model", "session_started")
@@ -194,14 +195,15 @@ def recent_sessions(
 ) -> list[dict]:
     """The scope's newest sessions (children of a compression chain folded away), newest first."""
     where, args = _scope_sql(conn, agent_prefix, accounts, lineage_ids(conn, exclude_lineage_of), None, msg="")
+    p = Params(*args)
     if accounts is not None:  # through the user_id index rather than a scan of every session
-        where += f" AND s.user_id IN ({dialect_of(conn).json_values()})"
-        args.append(json.dumps(sorted({a.split(":", 1)[1] for a in accounts if ":" in a})))
+        users = json.dumps(sorted({a.split(":", 1)[1] for a in accounts if ":" in a}))
+        where += f" AND s.user_id IN ({dialect_of(conn).json_values(p(users))})"
     rows = conn.execute(
         f"SELECT {', '.join('s.' + c for c in _META)} FROM sessions s"
         f" WHERE (s.end_reason IS NULL OR s.end_reason != 'compression'){where}"
-        " ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC LIMIT ?",
-        [*args, int(limit)],
+        f" ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC LIMIT {p(int(limit))}",
+        p.values,
     ).fetchall()
     return [dict(zip(_META, tuple(r), strict=True)) for r in rows]
 
@@ -210,21 +212,21 @@ def recall_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> list[di
     """Each session's row (the fields recall shows) plus ``messages`` in order, in the order asked."""
     out = []
     for sid in session_ids:
-        row = conn.execute(f"SELECT {', '.join(_META)} FROM sessions WHERE id = ?", (sid,)).fetchone()
+        row = conn.execute(f"SELECT {', '.join(_META)} FROM sessions WHERE id = $1", (sid,)).fetchone()
         if row is None:
             continue
         session = dict(zip(_META, tuple(row), strict=True))
         texts: dict[int, list[str]] = {}
         for message_id, name, text in conn.execute(  # what the message's files held: part of what was said
                 "SELECT mm.message_id, mm.name, mm.text FROM message_media mm JOIN messages m ON m.id = mm.message_id"
-                " WHERE m.session_id = ? AND mm.text IS NOT NULL ORDER BY mm.message_id, mm.position", (sid,)):
+                " WHERE m.session_id = $1 AND mm.text IS NOT NULL ORDER BY mm.message_id, mm.position", (sid,)):
             texts.setdefault(message_id, []).append(f"[{name}:]\n{text}")
         session["messages"] = [
             {"id": r[0], "role": r[1], "content": "\n".join([r[2] or "", *texts[r[0]]]) if r[0] in texts else r[2],
              "tool_calls": r[3], "tool_name": r[4], "timestamp": r[5]}
             for r in conn.execute(
                 "SELECT id, role, content, tool_calls, tool_name, timestamp FROM messages"
-                f" WHERE session_id = ? ORDER BY {ORDER_KEY}",
+                f" WHERE session_id = $1 ORDER BY {ORDER_KEY}",
                 (sid,),
             )
         ]

@@ -18,37 +18,37 @@ from .errors import SessionNotFound
 
 
 def get_route(conn: sqlite3.Connection, session_key: str) -> str | None:
-    row = conn.execute("SELECT session_id FROM routes WHERE session_key = ?", (session_key,)).fetchone()
+    row = conn.execute("SELECT session_id FROM routes WHERE session_key = $1", (session_key,)).fetchone()
     return row[0] if row else None
 
 
 def get_routed_session(conn: sqlite3.Connection, session_key: str) -> dict | None:
     """The session ``session_key`` routes to, as a row (one read instead of two)."""
     row = conn.execute(
-        "SELECT s.* FROM routes r JOIN sessions s ON s.id = r.session_id WHERE r.session_key = ?", (session_key,)
+        "SELECT s.* FROM routes r JOIN sessions s ON s.id = r.session_id WHERE r.session_key = $1", (session_key,)
     ).fetchone()
     return dict(row) if row else None
 
 
 def set_route(conn: sqlite3.Connection, session_key: str, session_id: str) -> None:
     lock = dialect_of(conn).for_key_share  # the session cannot go before the route to it is stored
-    if not conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{lock}", (session_id,)).fetchone():
+    if not conn.execute(f"SELECT 1 FROM sessions WHERE id = $1{lock}", (session_id,)).fetchone():
         raise SessionNotFound(session_id)
     conn.execute(
-        "INSERT INTO routes (session_key, session_id, updated_at) VALUES (?, ?, ?) "
+        "INSERT INTO routes (session_key, session_id, updated_at) VALUES ($1, $2, $3) "
         "ON CONFLICT(session_key) DO UPDATE SET session_id = excluded.session_id, updated_at = excluded.updated_at",
         (session_key, session_id, time.time()),
     )
 
 
 def delete_route(conn: sqlite3.Connection, session_key: str) -> bool:
-    return conn.execute("DELETE FROM routes WHERE session_key = ?", (session_key,)).rowcount > 0
+    return conn.execute("DELETE FROM routes WHERE session_key = $1", (session_key,)).rowcount > 0
 
 
 def list_routes(conn: sqlite3.Connection, prefix: str | None = None) -> list[tuple[str, str]]:
     if prefix:
         rows = conn.execute(
-            "SELECT session_key, session_id FROM routes WHERE session_key LIKE ? ESCAPE '\\' ORDER BY session_key",
+            "SELECT session_key, session_id FROM routes WHERE session_key LIKE $1 ESCAPE '\\' ORDER BY session_key",
             (like_escape(prefix) + "%",),
         )
     else:

@@ -21,6 +21,7 @@ from typing import Any, Iterable
 from . import _receipts, _recovery, _usage
 from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
+from ._sql import Params, numbered
 from ._titles import (
     CASE_HINT,
     check_free,
@@ -55,10 +56,10 @@ def create_session(
     """Insert a session; creating an id that exists already changes nothing."""
     dialect = dialect_of(conn)
     dialect.serialize(conn, "session", session_id)  # two creating one id at once: the second finds it
-    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+    if conn.execute("SELECT 1 FROM sessions WHERE id = $1", (session_id,)).fetchone():
         return session_id
     if parent_session_id is not None and not conn.execute(
-        f"SELECT 1 FROM sessions WHERE id = ?{dialect.for_key_share}", (parent_session_id,)
+        f"SELECT 1 FROM sessions WHERE id = $1{dialect.for_key_share}", (parent_session_id,)
     ).fetchone():
         raise SessionNotFound(parent_session_id)
     clean = sanitize_title(title)
@@ -70,7 +71,7 @@ def create_session(
     conn.execute(
         """INSERT INTO sessions (id, source, user_id, user_name, session_key, model, model_config,
                                  system_prompt, parent_session_id, started_at, last_active, title)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)""",
         (session_id, source, user_id, user_name, session_key, model, model_config,
          system_prompt, parent_session_id, now, now, clean),
     )
@@ -80,19 +81,19 @@ def create_session(
 def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str) -> bool:
     """Mark ended; the first end wins (ending twice keeps the first time and reason)."""
     cur = conn.execute(
-        "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
+        "UPDATE sessions SET ended_at = $1, end_reason = $2 WHERE id = $3 AND ended_at IS NULL",
         (time.time(), end_reason, session_id),
     )
     return cur.rowcount > 0
 
 
 def reopen_session(conn: sqlite3.Connection, session_id: str) -> bool:
-    cur = conn.execute("UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?", (session_id,))
+    cur = conn.execute("UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = $1", (session_id,))
     return cur.rowcount > 0
 
 
 def update_system_prompt(conn: sqlite3.Connection, session_id: str, system_prompt: str | None) -> bool:
-    return conn.execute("UPDATE sessions SET system_prompt = ? WHERE id = ?", (system_prompt, session_id)).rowcount > 0
+    return conn.execute("UPDATE sessions SET system_prompt = $1 WHERE id = $2", (system_prompt, session_id)).rowcount > 0
 
 
 _TOKEN_COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
@@ -110,28 +111,23 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, **values: Any
     unknown = set(values) - set(_TOKEN_COUNTERS) - set(_COSTS) - set(_BILLING_TEXT) - {"model"}
     if unknown:
         raise TypeError(f"update_token_counts() got unexpected arguments: {', '.join(sorted(unknown))}")
+    p = Params(session_id)
     sets: list[str] = []
-    params: list[Any] = []
     for name in _TOKEN_COUNTERS:
-        sets.append(f"{name} = COALESCE({name}, 0) + ?")
-        params.append(int(values.get(name) or 0))
+        sets.append(f"{name} = COALESCE({name}, 0) + {p(int(values.get(name) or 0))}")
     for name in _COSTS:
         if values.get(name) is not None:
-            sets.append(f"{name} = COALESCE({name}, 0) + ?")
-            params.append(float(values[name]))
+            sets.append(f"{name} = COALESCE({name}, 0) + {p(float(values[name]))}")
     for name in _BILLING_TEXT:
         if values.get(name) is not None:
-            sets.append(f"{name} = ?")
-            params.append(values[name])
+            sets.append(f"{name} = {p(values[name])}")
     if values.get("model") is not None:
-        sets.append("model = COALESCE(NULLIF(model, ''), ?)")
-        params.append(values["model"])
-    params.append(session_id)
-    return conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", params).rowcount > 0
+        sets.append(f"model = COALESCE(NULLIF(model, ''), {p(values['model'])})")
+    return conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = $1", p.values).rowcount > 0
 
 
 def get_session(conn: sqlite3.Connection, session_id: str) -> dict | None:
-    row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    row = conn.execute("SELECT * FROM sessions WHERE id = $1", (session_id,)).fetchone()
     return dict(row) if row else None
 
 
@@ -140,10 +136,10 @@ def _ids_matching(conn: sqlite3.Connection, ref: str) -> list[str]:
     raises SessionNotFound for an empty ``ref``."""
     if not ref:
         raise SessionNotFound(ref)
-    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
+    if conn.execute("SELECT 1 FROM sessions WHERE id = $1", (ref,)).fetchone():
         return [ref]
     rows = conn.execute(
-        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY started_at DESC LIMIT 51",
+        "SELECT id FROM sessions WHERE id LIKE $1 ESCAPE '\\' ORDER BY started_at DESC LIMIT 51",
         (like_escape(ref) + "%",),
     ).fetchall()
     return [r[0] for r in rows if r[0].startswith(ref)]  # LIKE ignores ASCII case; ids do not
@@ -173,11 +169,14 @@ def find_owned_session(conn: sqlite3.Connection, ref: str, *, source: str,
     ref, ids = (ref or "").strip(), list(user_ids)
     if not ref or not ids:
         return None, []
-    owned = f"source = ? AND user_id IN ({', '.join('?' * len(ids))})"
-    if conn.execute(f"SELECT 1 FROM sessions WHERE id = ? AND {owned}", (ref, source, *ids)).fetchone():
+
+    def owned(start: int) -> str:  # source and user ids as ``$start, $start+1, ...`` (after a statement's own)
+        return f"source = ${start} AND user_id IN ({numbered(len(ids), start + 1)})"
+
+    if conn.execute(f"SELECT 1 FROM sessions WHERE id = $1 AND {owned(2)}", (ref, source, *ids)).fetchone():
         return ref, []
     prefixed = [r[0] for r in conn.execute(
-        f"SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' AND {owned} "
+        f"SELECT id FROM sessions WHERE id LIKE $1 ESCAPE '\\' AND {owned(2)} "
         "ORDER BY COALESCE(last_active, started_at) DESC, id DESC LIMIT 51",
         (like_escape(ref) + "%", source, *ids)) if r[0].startswith(ref)]  # LIKE ignores ASCII case
     if len(prefixed) > 1:
@@ -192,11 +191,11 @@ def find_owned_session(conn: sqlite3.Connection, ref: str, *, source: str,
         return None, []
     lineage = re.compile(re.escape(title) + r"(?: #\d+)?")
     for row in conn.execute(
-            f"SELECT id, title FROM sessions WHERE (title = ? OR title LIKE ? ESCAPE '\\') AND {owned} "
+            f"SELECT id, title FROM sessions WHERE (title = $1 OR title LIKE $2 ESCAPE '\\') AND {owned(3)} "
             "ORDER BY started_at DESC, id DESC", (title, like_escape(title) + " #%", source, *ids)):
         if lineage.fullmatch(row[1]):
             return row[0], []
-    any_case = lineage_rows_any_case(conn, title, f" AND {owned}", (source, *ids))  # the title in another case
+    any_case = lineage_rows_any_case(conn, title, f" AND {owned(3)}", (source, *ids))  # the title in another case
     try:
         return newest_of_one_lineage(any_case, ref), []
     except AmbiguousSession as exc:
@@ -220,12 +219,12 @@ def resolve_session_exactly(conn: sqlite3.Connection, ref: str) -> str:
     except InvalidTitle:
         title = None
     if title:
-        by_title = conn.execute("SELECT id FROM sessions WHERE title = ?", (title,)).fetchone()
+        by_title = conn.execute("SELECT id FROM sessions WHERE title = $1", (title,)).fetchone()
         if by_title and by_title[0] not in found:
             found.insert(0, by_title[0])
     if not found and title:  # the title in another case: one session, or the candidates
         folded = title.casefold()
-        found = [r[0] for r in conn.execute("SELECT id, title FROM sessions WHERE lower(title) = lower(?) "
+        found = [r[0] for r in conn.execute("SELECT id, title FROM sessions WHERE lower(title) = lower($1) "
                                             "ORDER BY started_at DESC, id DESC", (title,))
                  if r[1].casefold() == folded]
         if len(found) > 1:
@@ -246,10 +245,10 @@ def get_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict]:
     """The chain of ancestors from the root down to ``session_id`` itself (empty if unknown)."""
     rows = conn.execute(
         """WITH RECURSIVE up(id, depth) AS (
-               SELECT id, 0 FROM sessions WHERE id = ?
+               SELECT id, 0 FROM sessions WHERE id = $1
                UNION ALL
                SELECT s.parent_session_id, up.depth + 1 FROM sessions s JOIN up ON s.id = up.id
-               WHERE s.parent_session_id IS NOT NULL AND up.depth < ?)
+               WHERE s.parent_session_id IS NOT NULL AND up.depth < $2)
            SELECT s.* FROM up JOIN sessions s ON s.id = up.id ORDER BY up.depth DESC""",
         (session_id, _MAX_DEPTH),
     ).fetchall()
@@ -260,10 +259,10 @@ def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict]:
     """Every session below ``session_id`` (children, their children ...), oldest first."""
     rows = conn.execute(
         """WITH RECURSIVE down(id, depth) AS (
-               SELECT id, 0 FROM sessions WHERE id = ?
+               SELECT id, 0 FROM sessions WHERE id = $1
                UNION
                SELECT s.id, down.depth + 1 FROM sessions s JOIN down ON s.parent_session_id = down.id
-               WHERE down.depth < ?)
+               WHERE down.depth < $2)
            SELECT s.* FROM down JOIN sessions s ON s.id = down.id WHERE down.depth > 0
            ORDER BY s.started_at, s.id""",
         (session_id, _MAX_DEPTH),
@@ -300,7 +299,7 @@ def get_compression_tip(conn: sqlite3.Connection, session_id: str) -> str:
     while True:
         row = conn.execute(
             f"""SELECT c.id FROM sessions p JOIN sessions c ON c.parent_session_id = p.id
-               WHERE p.id = ? AND {_CONTINUES.format(p="p", c="c")}
+               WHERE p.id = $1 AND {_CONTINUES.format(p="p", c="c")}
                ORDER BY (c.started_at >= COALESCE(p.ended_at, 0)) DESC, c.started_at DESC, c.id DESC LIMIT 1""",
             (current,),
         ).fetchone()
@@ -349,29 +348,23 @@ def list_sessions_rich(
     (``idx_sessions_active`` and its per-source twin walk exactly this expression).
     """
     where: list[str] = []
-    params: list[Any] = []
+    p = Params()
     if source:
-        where.append("s.source = ?")
-        params.append(source)
+        where.append(f"s.source = {p(source)}")
     if user_ids is not None:
         ids = list(user_ids)
-        where.append(f"s.user_id IN ({', '.join('?' * len(ids))})" if ids else "1 = 0")
-        params.extend(ids)
+        where.append(f"s.user_id IN ({p.each(ids)})" if ids else "1 = 0")
     if session_key is not None:
-        where.append("s.session_key = ?")
-        params.append(session_key)
+        where.append(f"s.session_key = {p(session_key)}")
     if user:
-        where.append("(s.user_id = ? OR s.user_name = ?)")
-        params.extend((user, user))
+        named = p(user)
+        where.append(f"(s.user_id = {named} OR s.user_name = {named})")
     if title_contains:
-        where.append("s.title LIKE ? ESCAPE '\\'")
-        params.append(f"%{like_escape(title_contains)}%")
+        where.append(f"s.title LIKE {p(f'%{like_escape(title_contains)}%')} ESCAPE '\\'")
     if active_since is not None:
-        where.append("COALESCE(s.last_active, s.started_at) >= ?")
-        params.append(active_since)
+        where.append(f"COALESCE(s.last_active, s.started_at) >= {p(active_since)}")
     if active_before is not None:
-        where.append("COALESCE(s.last_active, s.started_at) < ?")
-        params.append(active_before)
+        where.append(f"COALESCE(s.last_active, s.started_at) < {p(active_before)}")
     if not include_children:
         # one row per conversation: sessions without a parent and the tips of chains (a session ended
         # by compression, or a local-API conversation that branched, is shown as its continuation)
@@ -381,8 +374,9 @@ def list_sessions_rich(
                      f"WHERE c.parent_session_id = s.id AND {_CONTINUES.format(p='s', c='c')})")
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     # only ids go through the sort; the rows are read afterwards by primary key
+    params, n = p.values, len(p.values)
     ordered = (f"SELECT s.id, s.parent_session_id FROM sessions s {clause} "
-               "ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC LIMIT ? OFFSET ?")
+               f"ORDER BY COALESCE(s.last_active, s.started_at) DESC, s.id DESC LIMIT ${n + 1} OFFSET ${n + 2}")
     if include_children:
         return [_with_preview(get_session(conn, r[0]) or {"id": r[0]})
                 for r in conn.execute(ordered, (*params, int(limit), int(offset))).fetchall()]
@@ -446,7 +440,7 @@ def _chain_root(conn: sqlite3.Connection, session_id: str) -> dict | None:
 
 def session_count(conn: sqlite3.Connection, source: str | None = None) -> int:
     if source:
-        return conn.execute("SELECT COUNT(*) FROM sessions WHERE source = ?", (source,)).fetchone()[0]
+        return conn.execute("SELECT COUNT(*) FROM sessions WHERE source = $1", (source,)).fetchone()[0]
     return conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
 
 
@@ -458,7 +452,7 @@ def _delete_ids(conn: sqlite3.Connection, ids: list[str]) -> None:
     lock = dialect_of(conn).for_update
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
-        marks = ", ".join("?" * len(chunk))
+        marks = numbered(len(chunk))
         if lock:  # an append racing the delete lands before it (and goes with it) or finds no session
             conn.execute(f"SELECT id FROM sessions WHERE id IN ({marks}) ORDER BY id{lock}", chunk).fetchall()
         conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN ({marks})", chunk)
@@ -476,28 +470,27 @@ def delete_sessions(conn: sqlite3.Connection, session_ids: list[str]) -> None:
 
 def delete_session(conn: sqlite3.Connection, session_id: str) -> bool:
     """Delete a session and its messages; returns False if it did not exist."""
-    if not conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{dialect_of(conn).for_update}", (session_id,)).fetchone():
+    if not conn.execute(f"SELECT 1 FROM sessions WHERE id = $1{dialect_of(conn).for_update}", (session_id,)).fetchone():
         return False
     _delete_ids(conn, [session_id])
     return True
 
 
-# An ended session whose last activity (start, last message or end) is older than the cutoff (?):
-# what `sessions prune` and the daemon's retention delete.
-EXPIRED = "ended_at IS NOT NULL AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < ?"
+# An ended session whose last activity (start, last message or end) is older than the cutoff ($1, so
+# the cutoff is a statement's first value): what `sessions prune` and the daemon's retention delete.
+EXPIRED = "ended_at IS NOT NULL AND MAX(started_at, COALESCE(last_active, started_at), ended_at) < $1"
 
 
 def prune_candidates(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None,
                      lock: str = "") -> list[str]:
     """Ended sessions whose last activity (start, last message or end) is older than the cutoff."""
     cutoff = time.time() - older_than_days * 86400
+    p = Params(cutoff)  # $1 in EXPIRED
     sql = f"SELECT id FROM sessions WHERE {EXPIRED}"
-    params: list[Any] = [cutoff]
     if source:
-        sql += " AND source = ?"
-        params.append(source)
+        sql += f" AND source = {p(source)}"
     # ``lock`` (a prune): the rows locked as found, and one reopened meanwhile no longer matches
-    return [r[0] for r in conn.execute(sql + " ORDER BY started_at" + lock, params)]
+    return [r[0] for r in conn.execute(sql + " ORDER BY started_at" + lock, p.values)]
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: float = 90, source: str | None = None) -> int:

@@ -80,13 +80,13 @@ def split_session(
     # this split lands before it (and is seen: SessionChangedMeanwhile) or after it (and finds it ended)
     lock = dialect_of(conn).for_update
     if lock:
-        conn.execute(f"SELECT 1 FROM sessions WHERE id = ?{lock}", (parent_id,)).fetchall()
+        conn.execute(f"SELECT 1 FROM sessions WHERE id = $1{lock}", (parent_id,)).fetchall()
     parent = get_session(conn, parent_id)
     if parent is None:
         raise SessionNotFound(parent_id)
     if parent.get("ended_at") is not None:
         raise SessionChangedMeanwhile(parent_id, f"was ended ({parent.get('end_reason') or 'no reason'})")
-    stored = [row[0] for row in conn.execute("SELECT id FROM messages WHERE session_id = ? ORDER BY id", (parent_id,))]
+    stored = [row[0] for row in conn.execute("SELECT id FROM messages WHERE session_id = $1 ORDER BY id", (parent_id,))]
     expected = sorted(expected_message_ids)
     if stored != expected:
         missing = set(expected) - set(stored)
@@ -114,7 +114,7 @@ def split_session(
     ids = append_messages(conn, child, messages)
     if key is not None:
         set_route(conn, key, child)
-    conn.execute("UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
+    conn.execute("UPDATE sessions SET ended_at = $1, end_reason = $2 WHERE id = $3 AND ended_at IS NULL",
                  (now, end_reason, parent_id))
     return Split(parent_id, child, title, key, tuple(ids))
 

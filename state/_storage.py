@@ -82,7 +82,7 @@ def storage_report(conn: Any, path: Path | None, largest: int = LARGEST) -> Stor
     sessions = [SessionSize(r[0], r[1], r[2], int(r[3]), int(r[4] or 0), r[5]) for r in conn.execute(
         f"SELECT s.id, s.source, s.title, t.n, t.size, s.last_active FROM sessions s JOIN "
         f"(SELECT m.session_id, COUNT(*) AS n, SUM({text}) AS size FROM messages m GROUP BY m.session_id "
-        " ORDER BY size DESC, m.session_id LIMIT ?) t ON t.session_id = s.id ORDER BY t.size DESC, s.id",
+        " ORDER BY size DESC, m.session_id LIMIT $1) t ON t.session_id = s.id ORDER BY t.size DESC, s.id",
         (int(largest),))]
     return StorageReport(
         engine=dialect.name, db_bytes=size.db_bytes, wal_bytes=size.wal_bytes, free_bytes=size.free_bytes,

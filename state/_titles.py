@@ -55,7 +55,7 @@ def lock_titles(conn: sqlite3.Connection) -> None:
 def check_free(conn: sqlite3.Connection, title: str, session_id: str) -> None:
     """Raise :class:`TitleConflict` when another session holds ``title``; in a write, the titles locked first."""
     lock_titles(conn)
-    row = conn.execute("SELECT id FROM sessions WHERE title = ? AND id != ?", (title, session_id)).fetchone()
+    row = conn.execute("SELECT id FROM sessions WHERE title = $1 AND id != $2", (title, session_id)).fetchone()
     if row:
         raise TitleConflict(title, row[0])
 
@@ -64,23 +64,23 @@ def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | No
     clean = sanitize_title(title)
     if clean:
         check_free(conn, clean, session_id)
-    return conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, session_id)).rowcount > 0
+    return conn.execute("UPDATE sessions SET title = $1 WHERE id = $2", (clean, session_id)).rowcount > 0
 
 
 def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
-    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    row = conn.execute("SELECT title FROM sessions WHERE id = $1", (session_id,)).fetchone()
     return row[0] if row else None
 
 
 def get_session_by_title(conn: sqlite3.Connection, title: str) -> dict | None:
-    row = conn.execute("SELECT * FROM sessions WHERE title = ?", (title,)).fetchone()
+    row = conn.execute("SELECT * FROM sessions WHERE title = $1", (title,)).fetchone()
     return dict(row) if row else None
 
 
 def lineage_rows(conn: sqlite3.Connection, base: str) -> list[sqlite3.Row]:
     """The session titled ``base`` and those titled ``base #N``, newest first."""
     rows = conn.execute(
-        "SELECT id, title, started_at FROM sessions WHERE title = ? OR title LIKE ? ESCAPE '\\' "
+        "SELECT id, title, started_at FROM sessions WHERE title = $1 OR title LIKE $2 ESCAPE '\\' "
         "ORDER BY started_at DESC, id DESC",
         (base, like_escape(base) + " #%"),
     ).fetchall()
@@ -93,9 +93,10 @@ CASE_HINT = "give the id, or the title as it is written"
 
 def lineage_rows_any_case(conn: sqlite3.Connection, base: str, where: str = "", params: tuple = ()) -> list:
     """The sessions titled ``base`` or ``base #N`` in any case, newest first (``where``: more conditions,
-    ``AND ...``).  The database folds ASCII letters (SQLite's ``lower``); the check after it, Python's."""
+    ``AND ...``, their ``params`` numbered from ``$3``).  The database folds ASCII letters (SQLite's
+    ``lower``); the check after it, Python's."""
     rows = conn.execute(
-        "SELECT id, title, started_at FROM sessions WHERE (lower(title) = lower(?) OR lower(title) LIKE lower(?) "
+        "SELECT id, title, started_at FROM sessions WHERE (lower(title) = lower($1) OR lower(title) LIKE lower($2) "
         f"ESCAPE '\\'){where} ORDER BY started_at DESC, id DESC",
         (base, like_escape(base) + " #%", *params),
     ).fetchall()

@@ -51,6 +51,7 @@ from typing import Any
 
 from ._dialect import SQLITE, Dialect, dialect_of, insert_rows
 from ._repo import Repository, reads, writes
+from ._sql import Params, numbered
 
 _EPOCH = dt.date(1970, 1, 1)
 DAY = 86_400
@@ -210,28 +211,28 @@ def _unroll(conn: Any, where: str, params: tuple | list) -> None:
     weeks = sorted({day - day % 7 for day in days})
     for i in range(0, len(days), 500):
         chunk = days[i:i + 500]
-        marks = ", ".join("?" * len(chunk))
+        marks = numbered(len(chunk))
         conn.execute(f"DELETE FROM model_calls_daily WHERE day IN ({marks}) AND calls <= 0", chunk)
         conn.execute(f"DELETE FROM model_calls_daily_by WHERE dim IN ('user', 'chat') AND day IN ({marks}) "
                      "AND calls <= 0", chunk)
     for i in range(0, len(weeks), 500):
         chunk = weeks[i:i + 500]
         conn.execute(f"DELETE FROM model_calls_weekly_by WHERE dim IN ('user', 'chat') "
-                     f"AND week IN ({', '.join('?' * len(chunk))}) AND calls <= 0", chunk)
+                     f"AND week IN ({numbered(len(chunk))}) AND calls <= 0", chunk)
 
 
 def _values(conn: sqlite3.Connection, row: dict) -> list:
     """The row's values in :data:`COLUMNS` order; a missing platform or user is taken from its session."""
     values = {name: row[name] if row.get(name) is not None else _DEFAULTS.get(name) for name in COLUMNS}
     if values["session_id"] and (values["platform"] is None or values["user_id"] is None):
-        found = conn.execute("SELECT source, user_id FROM sessions WHERE id = ?", (values["session_id"],)).fetchone()
+        found = conn.execute("SELECT source, user_id FROM sessions WHERE id = $1", (values["session_id"],)).fetchone()
         if found is not None:
             values["platform"] = values["platform"] or found[0]
             values["user_id"] = values["user_id"] or found[1]
     return [values[name] for name in COLUMNS]
 
 
-_INSERT = f"INSERT INTO model_calls ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+_INSERT = f"INSERT INTO model_calls ({', '.join(COLUMNS)}) VALUES ({numbered(len(COLUMNS))})"
 
 
 def record_call(conn: sqlite3.Connection, row: dict) -> int:
@@ -310,7 +311,7 @@ def _key_order(key: tuple) -> tuple[str, ...]:
 
 def list_calls(conn: sqlite3.Connection, since: float, limit: int = 1000) -> list[dict]:
     """The calls since ``since``, oldest first."""
-    cur = conn.execute(f"SELECT id, {', '.join(COLUMNS)} FROM model_calls WHERE at >= ? ORDER BY at, id LIMIT ?",
+    cur = conn.execute(f"SELECT id, {', '.join(COLUMNS)} FROM model_calls WHERE at >= $1 ORDER BY at, id LIMIT $2",
                        (since, limit))
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r, strict=True)) for r in cur]
@@ -327,27 +328,26 @@ def _source(conn: sqlite3.Connection, since: float, by: str, platform: str | Non
     dialect = dialect_of(conn)
     raw = f"SELECT {_group(by, dialect)} AS grp, {_day(dialect)} AS day, {sums} FROM model_calls WHERE "
     if user_id is not None:  # one user's: their calls, by the ledger's index on the user
-        return (raw + "at >= ? AND (platform = ? OR (platform IS NULL AND CAST(? AS TEXT) IS NULL)) AND user_id = ? "
-                "GROUP BY grp, day", [since, platform, platform, user_id])
+        return (raw + "at >= $1 AND (platform = $2 OR (platform IS NULL AND CAST($3 AS TEXT) IS NULL)) "
+                "AND user_id = $4 GROUP BY grp, day", [since, platform, platform, user_id])
     first = math.ceil(since / DAY)  # the first whole day: the roll-ups'; the hours before it, the ledger's
     names = ", ".join(_SUM_NAMES)
     if by in _ROLLED_BY and keys is not None:  # each day of each key, looked up
         # two queries: each is one step down the primary key, where MIN and MAX together read every row
-        low = conn.execute(f"SELECT MIN(day) FROM {_ROLLED_BY[by]} WHERE dim = ?", (by,)).fetchone()[0]
-        high = conn.execute(f"SELECT MAX(day) FROM {_ROLLED_BY[by]} WHERE dim = ?", (by,)).fetchone()[0]
+        low = conn.execute(f"SELECT MIN(day) FROM {_ROLLED_BY[by]} WHERE dim = $1", (by,)).fetchone()[0]
+        high = conn.execute(f"SELECT MAX(day) FROM {_ROLLED_BY[by]} WHERE dim = $1", (by,)).fetchone()[0]
         days = list(range(max(first, low), high + 1)) if low is not None else []
-        sql = (f"SELECT key AS grp, day, {names} FROM {_ROLLED_BY[by]} WHERE dim = ? "
-               f"AND day IN ({', '.join('?' * len(days)) or 'NULL'}) AND key IN ({', '.join('?' * len(keys)) or 'NULL'})")
-        params = [by, *days, *keys]
+        p = Params(by)
+        sql = (f"SELECT key AS grp, day, {names} FROM {_ROLLED_BY[by]} WHERE dim = $1 "
+               f"AND day IN ({p.each(days) or 'NULL'}) AND key IN ({p.each(keys) or 'NULL'})")
     elif by in _ROLLED_BY:
-        sql, params = f"SELECT key AS grp, day, {names} FROM {_ROLLED_BY[by]} WHERE dim = ? AND day >= ?", [by, first]
+        sql, p = f"SELECT key AS grp, day, {names} FROM {_ROLLED_BY[by]} WHERE dim = $1 AND day >= $2", Params(by, first)
     else:
-        sql, params = f"SELECT {_CALLS_DAILY_COLUMN[by]} AS grp, day, {names} FROM model_calls_daily WHERE day >= ?", \
-            [first]
+        sql, p = (f"SELECT {_CALLS_DAILY_COLUMN[by]} AS grp, day, {names} FROM model_calls_daily WHERE day >= $1",
+                  Params(first))
     if first * DAY > since:
-        sql += f" UNION ALL {raw} at >= ? AND at < ? GROUP BY grp, day"
-        params += [since, first * DAY]
-    return sql, params
+        sql += f" UNION ALL {raw} at >= {p(since)} AND at < {p(first * DAY)} GROUP BY grp, day"
+    return sql, p.values
 
 
 def _ranking(since: float, by: str, source: str, params: list, dialect: Dialect) -> tuple[str, list]:
@@ -360,14 +360,13 @@ def _ranking(since: float, by: str, source: str, params: list, dialect: Dialect)
         return f"SELECT grp, {tokens} AS tokens FROM ({source}) AS src", params
     first = math.ceil(since / DAY)
     week = first + (-first) % 7  # the first week (days since 1970 that are multiples of 7) starting in the window
-    sql = ("SELECT key AS grp, tokens FROM model_calls_weekly_by WHERE dim = ? AND week >= ? UNION ALL "
-           f"SELECT key AS grp, {tokens} FROM model_calls_daily_by WHERE dim = ? AND day >= ? AND day < ?")
-    ranking_params: list = [by, week, by, first, week]
+    sql = ("SELECT key AS grp, tokens FROM model_calls_weekly_by WHERE dim = $1 AND week >= $2 UNION ALL "
+           f"SELECT key AS grp, {tokens} FROM model_calls_daily_by WHERE dim = $3 AND day >= $4 AND day < $5")
+    p = Params(by, week, by, first, week)
     if first * DAY > since:
         sql += (f" UNION ALL SELECT {_group(by, dialect)} AS grp, prompt_tokens + completion_tokens FROM model_calls "
-                "WHERE at >= ? AND at < ?")
-        ranking_params += [since, first * DAY]
-    return sql, ranking_params
+                f"WHERE at >= {p(since)} AND at < {p(first * DAY)}")
+    return sql, p.values
 
 
 def _dates(days: set[int]) -> dict[int, str]:
@@ -423,8 +422,8 @@ def usage_summary(conn: sqlite3.Connection, since: float, by: str, *, limit: int
         count = len(ranked)
         ranked.sort(key=lambda r: (-(r[1] or 0), str(r[0])))
         chosen = [grp for grp, _ in ranked[:limit]]
-        where = f" WHERE grp IN ({', '.join('?' * len(chosen))})"
         source, params = _source(conn, since, by, platform, user_id, keys=chosen)
+        where = f" WHERE grp IN ({numbered(len(chosen), len(params) + 1)})"  # after the source's parameters
     if limit is not None and not chosen:
         groups, daily = [], []
     else:
@@ -449,27 +448,30 @@ def reprice_calls(conn: sqlite3.Connection, model: str, price: dict[str, float] 
                   until: float | None = None) -> int:
     """Recompute the cost of ``model``'s calls from ``since`` to before ``until`` (None: on) with ``price``
     (None: no price); how many."""
-    where, params = "model = ? AND at >= ?", [model, since]
+    p = Params(model, since)
+    where = "model = $1 AND at >= $2"
     if until is not None:
-        where, params = where + " AND at < ?", [*params, until]
+        where += f" AND at < {p(until)}"
+    params = p.values
     _roll(conn, where, params, sign=-1)
     if price is None:
         count = conn.execute("UPDATE model_calls SET price_input = NULL, price_output = NULL, "
                              f"price_cached_input = NULL, cost = NULL WHERE {where}", params).rowcount
     else:
         cached = price.get("cached_input", price["input"])
+        q = Params(*params)  # the prices' numbers after the window's
         count = conn.execute(
-            "UPDATE model_calls SET price_input = ?, price_output = ?, price_cached_input = ?, "
-            "cost = ((prompt_tokens - cached_tokens) * ? + cached_tokens * ? + completion_tokens * ?) / 1e6 "
-            f"WHERE {where}", (price["input"], price["output"], cached, price["input"], cached, price["output"],
-                               *params)).rowcount
+            f"UPDATE model_calls SET price_input = {q(price['input'])}, price_output = {q(price['output'])}, "
+            f"price_cached_input = {q(cached)}, cost = ((prompt_tokens - cached_tokens) * {q(price['input'])} "
+            f"+ cached_tokens * {q(cached)} + completion_tokens * {q(price['output'])}) / 1e6 WHERE {where}",
+            q.values).rowcount
     _roll(conn, where, params)
     return count
 
 
 def called_models(conn: sqlite3.Connection, since: float = 0.0) -> dict[str, float]:
     """The models the ledger has calls of since ``since``, each with the time of its first (by name)."""
-    return dict(conn.execute("SELECT model, MIN(at) FROM model_calls WHERE at >= ? GROUP BY model ORDER BY model",
+    return dict(conn.execute("SELECT model, MIN(at) FROM model_calls WHERE at >= $1 GROUP BY model ORDER BY model",
                              (since,)).fetchall())
 
 
@@ -484,9 +486,9 @@ def prune_calls(conn: sqlite3.Connection, before: float, limit: int | None = Non
     """Delete the calls made before ``before`` (and from the roll-ups), the oldest ``limit`` of them
     when given (a bounded write: the caller repeats until fewer go); how many."""
     if limit is None:
-        where, params = "at < ?", [before]
+        where, params = "at < $1", [before]
     else:
-        where, params = "id IN (SELECT id FROM model_calls WHERE at < ? ORDER BY at LIMIT ?)", [before, limit]
+        where, params = "id IN (SELECT id FROM model_calls WHERE at < $1 ORDER BY at LIMIT $2)", [before, limit]
     _unroll(conn, where, params)
     return conn.execute(f"DELETE FROM model_calls WHERE {where}", params).rowcount
 

@@ -17,7 +17,7 @@ from ._repo import Repository, writes
 
 
 def set_user_text(conn: sqlite3.Connection, message_id: int, text: str) -> bool:
-    cur = conn.execute("UPDATE messages SET content = ? WHERE id = ? AND role = 'user'", (text, message_id))
+    cur = conn.execute("UPDATE messages SET content = $1 WHERE id = $2 AND role = 'user'", (text, message_id))
     return cur.rowcount > 0
 
 

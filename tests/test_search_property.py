@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from test_search import Store
 
 from state import search
+from state._sql import NumberedConnection, Params
 from state.search import tsvector
 
 # FTS5 syntax, operators, punctuation, CJK and ordinary words, mixed freely
@@ -63,9 +64,10 @@ def test_sanitized_queries_are_valid_fts5(store, query):
     if store.conn is None:  # PostgreSQL: the parsed tree is one valid condition on its indexes
         tree = search.parse(query)
         if tree is not None:
-            cond, args = tsvector.condition(tree)
+            p = Params()
+            cond = tsvector.condition(tree, p)
             store.db._engine.read(lambda conn: conn.execute(f"SELECT count(*) FROM messages_fts f WHERE {cond}",
-                                                            args).fetchone())
+                                                            p.values).fetchone())
         return
     match = search.sanitize_query(query)
     if match:
@@ -96,7 +98,7 @@ def test_search_on_a_read_only_sqlite_connection(tmp_path):
     s.add(sid, "user", "docker deploy failed")
     s.add(sid, "user", "我们讨论了记忆断裂的问题")
     s.close()
-    ro = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True)
+    ro = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True, factory=NumberedConnection)
     try:
         assert [h["id"] for h in search.search_messages(ro, "记忆断裂")] == [2]
     finally:

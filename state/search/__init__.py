@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from .._dialect import dialect_of
 from .._repo import Repository, reads
+from .._sql import Params
 from ._index import MergeStep, SearchIndex
 from ._query import MAX_TERMS, Node, Op, Term, index_of, indexes, is_cjk, parse, positive_terms, render, sanitize_query
 from .fts5 import FTS5
@@ -81,19 +82,17 @@ def _as_list(value: str | Iterable[str] | None) -> list[str]:
 
 
 def _filters(source_filter, exclude_sources, role_filter) -> tuple[str, list, bool]:
-    """SQL conditions on ``m`` (messages) and ``s`` (sessions), their args, whether ``s`` is needed."""
-    sql, args = [], []
+    """SQL conditions on ``m`` (messages) and ``s`` (sessions), their args (``$1 ... $n``: the index's
+    statements number their own after them), whether ``s`` is needed."""
+    sql, p = [], Params()
     sources, excluded, roles = _as_list(source_filter), _as_list(exclude_sources), _as_list(role_filter)
     if sources:
-        sql.append(f"s.source IN ({','.join('?' * len(sources))})")
-        args += sources
+        sql.append(f"s.source IN ({p.each(sources)})")
     if excluded:
-        sql.append(f"s.source NOT IN ({','.join('?' * len(excluded))})")
-        args += excluded
+        sql.append(f"s.source NOT IN ({p.each(excluded)})")
     if roles:
-        sql.append(f"m.role IN ({','.join('?' * len(roles))})")
-        args += roles
-    return "".join(f" AND {c}" for c in sql), args, bool(sources or excluded)
+        sql.append(f"m.role IN ({p.each(roles)})")
+    return "".join(f" AND {c}" for c in sql), p.values, bool(sources or excluded)
 
 
 def search_messages(
@@ -162,7 +161,8 @@ def merge_hits(hits: list[dict], media: list[dict], limit: int) -> list[dict]:
 def matching_ids(conn: Any, tree: Node, where: str = "", args: Sequence = (), need_s: bool = False,
                  limit: int = RANK_WINDOW) -> list[int]:
     """The newest ``limit`` messages (indexed or pending) that match a parsed query, newest first.
-    ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
+    ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions), their
+    parameters ``$1 ... $len(args)``."""
     return search_index(conn).matching_ids(conn, tree, where, list(args), need_s, limit)
 
 

@@ -22,7 +22,8 @@ class MergeStep:
 
 class SearchIndex(Protocol):
     """What the store asks of an engine's search index.  ``where``/``args``: extra conditions on ``m``
-    (messages) and, with ``need_s``, on ``s`` (sessions)."""
+    (messages) and, with ``need_s``, on ``s`` (sessions), their parameters ``$1 ... $len(args)`` (an
+    index numbers its statement's own parameters after them)."""
 
     name: str
 

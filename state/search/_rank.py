@@ -118,7 +118,7 @@ class Scorer:
         """Token counts of indexed messages, from the index's own size records."""
         out = {}
         for msg_id, blob in conn.execute(
-            f"SELECT id, sz FROM {self.table}_docsize WHERE id IN (SELECT value FROM json_each(?))",
+            f"SELECT id, sz FROM {self.table}_docsize WHERE id IN (SELECT value FROM json_each($1))",
             (json.dumps(ids),),
         ):
             buf, i, total = bytes(blob or b""), 0, 0
@@ -251,8 +251,8 @@ def _rest(toks: tuple[str, ...], prefix: bool) -> re.Pattern | None:
 def _sample(conn, table: str, term: Term) -> tuple[int, int]:
     """(matches among the newest DF_SAMPLE, the oldest rowid among them)."""
     n, oldest = conn.execute(
-        f"SELECT count(*), min(rowid) FROM (SELECT f.rowid FROM {table} f WHERE f.{table} MATCH ?"
-        " ORDER BY f.rowid DESC LIMIT ?)",
+        f"SELECT count(*), min(rowid) FROM (SELECT f.rowid FROM {table} f WHERE f.{table} MATCH $1"
+        " ORDER BY f.rowid DESC LIMIT $2)",
         (quote(term), DF_SAMPLE),
     ).fetchone()
     return n, oldest or 0

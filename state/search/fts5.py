@@ -78,6 +78,7 @@ from contextlib import contextmanager
 from typing import Any, Sequence
 
 from .._messages import ORDER_KEY
+from .._sql import NumberedConnection, Params
 from ._index import MergeStep
 from ._query import (
     CJK_GLOB,
@@ -261,7 +262,7 @@ def install(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
     conn.execute("INSERT INTO search_index_state (id, indexed_upto) VALUES (1, 0)")
     conn.execute("DELETE FROM search_index_version")
-    conn.execute("INSERT INTO search_index_version (version) VALUES (?)", (INDEX_VERSION,))
+    conn.execute("INSERT INTO search_index_version (version) VALUES ($1)", (INDEX_VERSION,))
     if conn.execute("SELECT 1 FROM messages LIMIT 1").fetchone():
         _rebuild(conn)
 
@@ -310,16 +311,16 @@ def flush(conn: sqlite3.Connection) -> int:
 
 def _flush(conn: sqlite3.Connection) -> int:
     upto = _indexed_upto(conn)
-    pending = conn.execute("SELECT count(*) FROM messages WHERE id > ?", (upto,)).fetchone()[0]
+    pending = conn.execute("SELECT count(*) FROM messages WHERE id > $1", (upto,)).fetchone()[0]
     if pending:
         top = conn.execute("SELECT max(id) FROM messages").fetchone()[0]
         for table, view in (("messages_fts", "messages_search_src"), ("messages_fts_trigram", "messages_search_cjk")):
             conn.execute(
                 f"INSERT INTO {table}(rowid, content, tool_name, tool_calls)"
-                f" SELECT id, content, tool_name, tool_calls FROM {view} WHERE id > ? AND id <= ?",
+                f" SELECT id, content, tool_name, tool_calls FROM {view} WHERE id > $1 AND id <= $2",
                 (upto, top),
             )
-        conn.execute("UPDATE search_index_state SET indexed_upto = ?", (top,))
+        conn.execute("UPDATE search_index_state SET indexed_upto = $1", (top,))
     return pending
 
 
@@ -342,10 +343,11 @@ def _like_arg(term: str) -> str:
     return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _like_cond(alias: str) -> str:
+def _like_cond(alias: str, param: str) -> str:
+    """``alias``'s text holds the ``LIKE`` pattern ``param`` (its ``$n``) in any of its three columns."""
     return (
-        f"(ifnull({alias}.content, '') LIKE ? ESCAPE '\\' OR ifnull({alias}.tool_name, '') LIKE ? ESCAPE '\\' "
-        f"OR ifnull({alias}.tool_calls, '') LIKE ? ESCAPE '\\')"
+        f"(ifnull({alias}.content, '') LIKE {param} ESCAPE '\\' OR ifnull({alias}.tool_name, '') LIKE {param} "
+        f"ESCAPE '\\' OR ifnull({alias}.tool_calls, '') LIKE {param} ESCAPE '\\')"
     )
 
 
@@ -395,11 +397,13 @@ def _search_fts(conn, trigram, match, terms, where, args, need_s, limit, window)
     tail = _load_tail(conn, upto, where, args, need_s)
     if tail is not None:
         mem, rows = tail
-        found = {r[0] for r in mem.execute(f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?", [match])}
+        found = {r[0] for r in mem.execute(f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH $1", [match])}
         texts.update((r[0], r[1:]) for r in rows if r[0] in found)
+    p = Params(*args)  # the caller's conditions are $1 ... $n
     ids = [r[0] for r in conn.execute(
-        f"SELECT f.rowid FROM {table} f{join} WHERE f.{table} MATCH ?{where} ORDER BY f.rowid DESC LIMIT ?",
-        [match, *args, window],
+        f"SELECT f.rowid FROM {table} f{join} WHERE f.{table} MATCH {p(match)}{where} ORDER BY f.rowid DESC"
+        f" LIMIT {p(window)}",
+        p.values,
     )]
     known = {}
     if len(terms) == 1 and not where and window == DF_SAMPLE:
@@ -427,7 +431,7 @@ def searched_texts(conn, ids: Sequence[int]) -> dict[int, tuple]:
     if not ids:
         return {}
     return {r[0]: r[1:] for r in conn.execute(
-        "SELECT id, content, tool_name, tool_calls FROM messages_search_src WHERE id IN (SELECT value FROM json_each(?))",
+        "SELECT id, content, tool_name, tool_calls FROM messages_search_src WHERE id IN (SELECT value FROM json_each($1))",
         (json.dumps(list(ids)),),
     )}
 
@@ -446,7 +450,7 @@ def _rank(conn, texts: dict[int, tuple], scorers: list[Scorer], upto: int, windo
     ranked = [-neg for _score, neg in sorted((scores[i], -i) for i in newest)[:limit]]
     details = {r[0]: r for r in conn.execute(
         "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
-        " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each(?))",
+        " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each($1))",
         (json.dumps(ranked),),
     )}
     hits = []
@@ -492,16 +496,16 @@ def _ids_in(conn, node: Node, tables: dict, lo: int, hi: int, within: set[int] |
         index, match = one
         table = tables[index]
         return {r[0] for r in conn.execute(
-            f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ?", (match, lo, hi))}
+            f"SELECT rowid FROM {table} WHERE {table} MATCH $1 AND rowid BETWEEN $2 AND $3", (match, lo, hi))}
     if isinstance(node, Term):  # one or two CJK characters: only CJK messages can hold them
-        like = [_like_arg(node.text.strip())] * 3
+        like = _like_arg(node.text.strip())
         if within is not None:
             return {r[0] for r in conn.execute(
-                f"SELECT v.id FROM {tables['src']} v WHERE v.id IN (SELECT value FROM json_each(?))"
-                f" AND {_like_cond('v')}", [json.dumps(sorted(within)), *like])}
+                f"SELECT v.id FROM {tables['src']} v WHERE v.id IN (SELECT value FROM json_each($1))"
+                f" AND {_like_cond('v', '$2')}", [json.dumps(sorted(within)), like])}
         return {r[0] for r in conn.execute(
             f"SELECT v.id FROM {tables['cjk']} d JOIN {tables['src']} v ON v.id = d.id"
-            f" WHERE d.id BETWEEN ? AND ? AND {_like_cond('v')}", [lo, hi, *like])}
+            f" WHERE d.id BETWEEN $1 AND $2 AND {_like_cond('v', '$3')}", [lo, hi, like])}
     if node.op == "OR":
         return _ids_in(conn, node.left, tables, lo, hi, within) | _ids_in(conn, node.right, tables, lo, hi, within)
     first, second = node.left, node.right
@@ -530,30 +534,33 @@ def matching_ids(conn: sqlite3.Connection, tree: Node, where: str, args: Sequenc
     return _matching_ids(conn, tree, _indexed_upto(conn), where, list(args), need_s, limit)
 
 
-def _like_expr(node: Node) -> tuple[str, list]:
-    """A query of one- or two-character CJK terms only, as one condition on ``v``."""
+def _like_expr(node: Node, p: Params) -> str:
+    """A query of one- or two-character CJK terms only, as one condition on ``v``, its values in ``p``."""
     if isinstance(node, Term):
-        return _like_cond("v"), [_like_arg(node.text.strip())] * 3
-    left, largs = _like_expr(node.left)
-    right, rargs = _like_expr(node.right)
+        return _like_cond("v", p(_like_arg(node.text.strip())))
+    left = _like_expr(node.left, p)
+    right = _like_expr(node.right, p)
     op = {"OR": "OR", "NOT": "AND NOT"}.get(node.op, "AND")
-    return f"({left} {op} {right})", largs + rargs
+    return f"({left} {op} {right})"
 
 
 def _matching_ids(conn, tree: Node, upto: int, where: str, args: list, need_s: bool, limit: int) -> list[int]:
     found: list[int] = []
     tail = _load_tail(conn, upto, where, args, need_s)  # the mark was read first: it only rises
     if indexes(tree) == {"like"}:  # no index to consult: scan the CJK messages newest first
-        cond, cargs = _like_expr(tree)
         if tail is not None:
+            p = Params()
+            cond = _like_expr(tree, p)
             found += [r[0] for r in tail[0].execute(
-                f"SELECT v.id FROM tail_src v WHERE {cond} ORDER BY v.id DESC LIMIT ?", [*cargs, limit])]
+                f"SELECT v.id FROM tail_src v WHERE {cond} ORDER BY v.id DESC LIMIT {p(limit)}", p.values)]
         join = " JOIN messages m ON m.id = v.id" + (" JOIN sessions s ON s.id = m.session_id" if need_s else "")
         if len(found) < limit:
+            p = Params(*args)  # the caller's conditions are $1 ... $n
+            cond = _like_expr(tree, p)
             found += [r[0] for r in conn.execute(
                 f"SELECT v.id FROM messages_fts_trigram_docsize d JOIN messages_search_src v ON v.id = d.id{join}"
-                f" WHERE d.id <= ? AND {cond}{where} ORDER BY d.id DESC LIMIT ?",
-                [upto, *cargs, *args, limit - len(found)])]
+                f" WHERE d.id <= {p(upto)} AND {cond}{where} ORDER BY d.id DESC LIMIT {p(limit - len(found))}",
+                p.values)]
         return found
     if tail is not None:
         found += sorted(_ids_in(tail[0], tree, _TAIL, upto + 1, _TOP), reverse=True)
@@ -564,9 +571,11 @@ def _matching_ids(conn, tree: Node, upto: int, where: str, args: list, need_s: b
         lo = max(lowest, hi - size + 1)
         ids = _ids_in(conn, tree, _MAIN, lo, hi)
         if ids and where:
+            p = Params(*args)  # the caller's conditions are $1 ... $n
+            among = p(json.dumps(sorted(ids)))
             ids = {r[0] for r in conn.execute(
-                f"SELECT m.id FROM messages m{join_s} WHERE m.id IN (SELECT value FROM json_each(?)){where}",
-                [json.dumps(sorted(ids)), *args])}
+                f"SELECT m.id FROM messages m{join_s} WHERE m.id IN (SELECT value FROM json_each({among})){where}",
+                p.values)}
         found += sorted(ids, reverse=True)
         hi, size = lo - 1, size * 2
     return found[:limit]
@@ -579,7 +588,7 @@ def _memory() -> sqlite3.Connection:
     """This thread's in-memory index for the pending tail (the store's readers are query-only)."""
     mem = getattr(_local, "mem", None)
     if mem is None:
-        mem = sqlite3.connect(":memory:", isolation_level=None)
+        mem = sqlite3.connect(":memory:", isolation_level=None, factory=NumberedConnection)
         mem.execute("CREATE TABLE tail_src (id INTEGER PRIMARY KEY, content, tool_name, tool_calls)")
         mem.execute("CREATE VIRTUAL TABLE tail_fts USING fts5(content, tool_name, tool_calls)")
         mem.execute("CREATE VIRTUAL TABLE tail_trigram USING fts5(content, tool_name, tool_calls, tokenize='trigram')")
@@ -590,10 +599,11 @@ def _memory() -> sqlite3.Connection:
 def _load_tail(conn, upto: int, where: str, args: list, need_s: bool):
     """Index the messages above the mark (about INDEX_BATCH at most) in memory: (connection, rows) or None."""
     join_s = " JOIN sessions s ON s.id = m.session_id" if need_s else ""
+    p = Params(*args)  # the caller's conditions are $1 ... $n
     rows = conn.execute(
         "SELECT v.id, v.content, v.tool_name, v.tool_calls FROM messages_search_src v"
-        f" JOIN messages m ON m.id = v.id{join_s} WHERE v.id > ?{where}",
-        [upto, *args],
+        f" JOIN messages m ON m.id = v.id{join_s} WHERE v.id > {p(upto)}{where}",
+        p.values,
     ).fetchall()
     if not rows:
         return None
@@ -601,10 +611,10 @@ def _load_tail(conn, upto: int, where: str, args: list, need_s: bool):
     mem.execute("BEGIN")
     for table in ("tail_src", "tail_fts", "tail_trigram"):
         mem.execute(f"DELETE FROM {table}")
-    mem.executemany("INSERT INTO tail_src (id, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)", rows)
-    mem.executemany("INSERT INTO tail_fts (rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)", rows)
+    mem.executemany("INSERT INTO tail_src (id, content, tool_name, tool_calls) VALUES ($1, $2, $3, $4)", rows)
+    mem.executemany("INSERT INTO tail_fts (rowid, content, tool_name, tool_calls) VALUES ($1, $2, $3, $4)", rows)
     mem.executemany(
-        "INSERT INTO tail_trigram (rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)",
+        "INSERT INTO tail_trigram (rowid, content, tool_name, tool_calls) VALUES ($1, $2, $3, $4)",
         [r for r in rows if is_cjk(" ".join(t for t in r[1:] if t))],
     )
     mem.execute("COMMIT")
@@ -618,14 +628,14 @@ def _row_dict(row) -> dict:
 
 def _add_context(conn: sqlite3.Connection, hit: dict, chars: int) -> None:
     """The messages before and after the hit in its session's order, as its ``context``."""
-    place = f"(SELECT {ORDER_KEY} FROM messages WHERE id = ?)"
+    place = f"(SELECT {ORDER_KEY} FROM messages WHERE id = $2)"
     before = conn.execute(
-        f"SELECT id, role, content FROM messages WHERE session_id = ? AND {ORDER_KEY} < {place} "
+        f"SELECT id, role, content FROM messages WHERE session_id = $1 AND {ORDER_KEY} < {place} "
         f"ORDER BY {ORDER_KEY} DESC LIMIT 1",
         (hit["session_id"], hit["id"]),
     ).fetchone()
     after = conn.execute(
-        f"SELECT id, role, content FROM messages WHERE session_id = ? AND {ORDER_KEY} > {place} "
+        f"SELECT id, role, content FROM messages WHERE session_id = $1 AND {ORDER_KEY} > {place} "
         f"ORDER BY {ORDER_KEY} LIMIT 1",
         (hit["session_id"], hit["id"]),
     ).fetchone()
@@ -682,9 +692,10 @@ def search_media(conn: sqlite3.Connection, tree: Node, where: str, args: list, n
     one = one_index_match(tree)
     scorer: Scorer | None = None
     if one is not None and one[0] == "unicode61":
+        p = Params(*args)  # the caller's conditions are $1 ... $n
         keys = [r[0] for r in conn.execute(
-            f"SELECT f.rowid FROM media_fts f{join} WHERE f.media_fts MATCH ?{where} ORDER BY f.rowid DESC LIMIT ?",
-            [one[1], *args, window])]
+            f"SELECT f.rowid FROM media_fts f{join} WHERE f.media_fts MATCH {p(one[1])}{where}"
+            f" ORDER BY f.rowid DESC LIMIT {p(window)}", p.values)]
         # scored with the messages' statistics (their BM25 weights and average length), so a file's
         # text and a message's are scored alike and rank in one list; its length is its own
         scorer = Scorer(conn, False, positive_terms(tree), _indexed_upto(conn))
@@ -693,15 +704,16 @@ def search_media(conn: sqlite3.Connection, tree: Node, where: str, args: list, n
         terms = [t.text.strip() for t in positive_terms(tree) if t.text.strip()][:8]
         if not terms:
             return []
-        like = " AND ".join("f.text LIKE ? ESCAPE '\\'" for _ in terms)
+        p = Params(*args)  # the caller's conditions are $1 ... $n
+        like = " AND ".join(f"f.text LIKE {p(_like_arg(term))} ESCAPE '\\'" for term in terms)
         keys = [r[0] for r in conn.execute(
             f"SELECT f.id FROM media_search_src f JOIN messages m ON m.id = f.id / {MEDIA_SLOT}"
             + (" JOIN sessions s ON s.id = m.session_id" if need_s else "")
-            + f" WHERE {like}{where} ORDER BY f.id DESC LIMIT ?", [*map(_like_arg, terms), *args, limit])]
+            + f" WHERE {like}{where} ORDER BY f.id DESC LIMIT {p(limit)}", p.values)]
     if not keys:
         return []
     files = {r[0] * MEDIA_SLOT + r[1]: r[2:] for r in conn.execute(
-        "SELECT message_id, position, name, text FROM message_media WHERE message_id IN (SELECT value FROM json_each(?))",
+        "SELECT message_id, position, name, text FROM message_media WHERE message_id IN (SELECT value FROM json_each($1))",
         (json.dumps(sorted({k // MEDIA_SLOT for k in keys})),))}
     best: dict[int, tuple[float, int]] = {}  # message -> (score, key of its best file)
     for key in keys:
@@ -713,7 +725,7 @@ def search_media(conn: sqlite3.Connection, tree: Node, where: str, args: list, n
     order = sorted(best, key=lambda i: (-best[i][0], -i))[:limit]
     details = {r[0]: r for r in conn.execute(
         "SELECT m.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at"
-        " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each(?))",
+        " FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.id IN (SELECT value FROM json_each($1))",
         (json.dumps(order),))}
     hits = []
     for message in order:
@@ -741,23 +753,23 @@ def newest_in(conn: sqlite3.Connection, tree: Node, ids: list[int], limit: int) 
     matches of the scope would first have to walk every other user's."""
     one = one_index_match(tree)
     if one is None:  # both indexes: combined as the query says
-        return matching_ids(conn, tree, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(ids)], False, limit)
+        return matching_ids(conn, tree, " AND m.id IN (SELECT value FROM json_each($1))", [json.dumps(ids)], False, limit)
     index, match = one
     table, tail_table = _TABLES[index == "trigram"]
     upto = _indexed_upto(conn)  # read first: the mark only rises, so nothing falls between index and tail
     found = [r[0] for r in conn.execute(
         # '+' keeps the scope a filter on the index scan (newest first) instead of one lookup per id
-        f"SELECT f.rowid FROM {table} f WHERE f.{table} MATCH ? AND +f.rowid IN (SELECT value FROM json_each(?))"
-        " ORDER BY f.rowid DESC LIMIT ?",
+        f"SELECT f.rowid FROM {table} f WHERE f.{table} MATCH $1 AND +f.rowid IN (SELECT value FROM json_each($2))"
+        " ORDER BY f.rowid DESC LIMIT $3",
         [match, json.dumps(ids), limit],
     )]
     pending = [i for i in ids if i > upto]
     if pending:  # appended since the last index batch: matched in memory, as a search does
-        tail = _load_tail(conn, upto, " AND m.id IN (SELECT value FROM json_each(?))", [json.dumps(pending)], False)
+        tail = _load_tail(conn, upto, " AND m.id IN (SELECT value FROM json_each($1))", [json.dumps(pending)], False)
         if tail is not None:
             mem, _rows = tail
             found += [r[0] for r in mem.execute(
-                f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH ?", [match],
+                f"SELECT f.rowid FROM {tail_table} f WHERE f.{tail_table} MATCH $1", [match],
             )]
     return sorted(set(found), reverse=True)[:limit]
 
@@ -781,15 +793,15 @@ def fact_candidates(conn: sqlite3.Connection, owner: str, words: list[str], *, l
     owner's token joins the MATCH instead, whose posting list is then short."""
     any_word = " OR ".join(_quote(w) for w in words)
     scoped = f"owner : {owner} AND ({any_word})"
-    newest = "SELECT rowid FROM facts_fts WHERE facts_fts MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
+    newest = "SELECT rowid FROM facts_fts WHERE facts_fts MATCH $1 ORDER BY rowid DESC LIMIT 1 OFFSET $2"
     edge_row = conn.execute(newest, (scoped, max(0, int(window) - 1))).fetchone()
     edge = edge_row[0] if edge_row else 0
     crowd_row = conn.execute(newest, (any_word, 4 * max(1, int(window)))).fetchone()
     crowded = crowd_row is not None and crowd_row[0] > edge  # over 4 x window rows of any owner to rank
     return conn.execute(
         "SELECT f.*, facts_fts.rank AS fts_rank FROM facts_fts JOIN facts f ON f.id = facts_fts.rowid "
-        "WHERE facts_fts MATCH ? AND facts_fts.rowid >= ? AND f.owner = ? "
-        + ("" if include_superseded else "AND f.superseded_by IS NULL ") + "ORDER BY facts_fts.rank LIMIT ?",
+        "WHERE facts_fts MATCH $1 AND facts_fts.rowid >= $2 AND f.owner = $3 "
+        + ("" if include_superseded else "AND f.superseded_by IS NULL ") + "ORDER BY facts_fts.rank LIMIT $4",
         (scoped if crowded else any_word, edge, owner, int(limit)),
     ).fetchall()
 
@@ -830,7 +842,7 @@ def segments(conn: sqlite3.Connection, table: str) -> list[int]:
 
 def _present(conn: sqlite3.Connection, table: str, segments: list[int]) -> list[int]:
     return [s for s in segments
-            if conn.execute(f"SELECT 1 FROM {table}_idx WHERE segid = ? LIMIT 1", (s,)).fetchone()]
+            if conn.execute(f"SELECT 1 FROM {table}_idx WHERE segid = $1 LIMIT 1", (s,)).fetchone()]
 
 
 def merge_step(conn: sqlite3.Connection, table: str, pages: int, segments: list[int] | None = None,
@@ -857,7 +869,7 @@ def merge_step(conn: sqlite3.Connection, table: str, pages: int, segments: list[
         return MergeStep(0, 0)
     before = conn.total_changes
     pages = max(1, int(pages))
-    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-pages if start else pages,))
+    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', $1)", (-pages if start else pages,))
     worked = conn.total_changes - before
     if worked < 2:  # FTS5 writes nothing (or only its structure) when there is nothing to merge
         worked = 0
@@ -874,7 +886,7 @@ def set_automerge(conn: sqlite3.Connection, on: bool) -> None:
     merging itself in small steps (:func:`merge_step`), then turns it back on.
     """
     for table in ("messages_fts", "messages_fts_trigram"):
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', ?)", (FTS_AUTOMERGE if on else 0,))
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', $1)", (FTS_AUTOMERGE if on else 0,))
 
 
 class Fts5Index:

@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 from .._dialect import POSTGRES
 from .._messages import ORDER_KEY, order_key
+from .._sql import Params
 from ..errors import StateError
 from ._index import MergeStep
 from ._query import CJK_RANGES, Node, Term, index_of, positive_terms
@@ -146,33 +147,33 @@ def _like_arg(text: str) -> str:
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def tsquery(term: Term) -> tuple[str, list]:
+def tsquery(term: Term, p: Params) -> str:
     """SQL for a word term's tsquery, its words cut as the messages' are: a phrase, or (``word*``) a
-    prefix on its last word."""
-    phrase = f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format('?')})"
+    prefix on its last word; its value goes to ``p``."""
+    phrase = f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format(p(term.text))})"
     if term.prefix and _WORD.search(term.text):
-        return f"CAST(CAST({phrase} AS TEXT) || ':*' AS tsquery)", [term.text]
-    return phrase, [term.text]
+        return f"CAST(CAST({phrase} AS TEXT) || ':*' AS tsquery)"
+    return phrase
 
 
-def condition(node: Node) -> tuple[str, list]:
-    """The tree as one condition on ``f`` (``messages_fts``)."""
+def condition(node: Node, p: Params) -> str:
+    """The tree as one condition on ``f`` (``messages_fts``), its values added to ``p`` in the order
+    of their numbers."""
     if isinstance(node, Term):
         if index_of(node) == "unicode61":
-            query, args = tsquery(node)
-            return f"f.words @@ {query}", args
+            return f"f.words @@ {tsquery(node, p)}"
         text = node.text.strip()
         # ILIKE folds the case of every row's whole text first; a term with no letter that has a case
         # (CJK, digits, punctuation) finds the same rows with LIKE, several times faster
         operator = "LIKE" if text.lower() == text.upper() else "ILIKE"
-        return f"f.cjk {operator} ? ESCAPE '\\'", [_like_arg(text)]
-    left, largs = condition(node.left)
-    right, rargs = condition(node.right)
+        return f"f.cjk {operator} {p(_like_arg(text))} ESCAPE '\\'"
+    left = condition(node.left, p)
+    right = condition(node.right, p)
     if node.op == "OR":
-        return f"({left} OR {right})", largs + rargs
+        return f"({left} OR {right})"
     if node.op == "NOT":  # a message without CJK has no cjk text: its NULL means "not there"
-        return f"({left} AND NOT COALESCE({right}, false))", largs + rargs
-    return f"({left} AND {right})", largs + rargs
+        return f"({left} AND NOT COALESCE({right}, false))"
+    return f"({left} AND {right})"
 
 
 def _joins(where: str, need_s: bool) -> str:
@@ -182,10 +183,11 @@ def _joins(where: str, need_s: bool) -> str:
 
 def matching_ids(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int) -> list[int]:
     """The newest ``limit`` messages matching the tree, newest first (``SearchIndex.matching_ids``)."""
-    cond, cargs = condition(tree)
+    p = Params(*args)  # the caller's conditions are $1 ... $n
+    cond = condition(tree, p)
     return [r[0] for r in conn.execute(
-        f"SELECT f.id FROM messages_fts f{_joins(where, need_s)} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?",
-        [*cargs, *args, limit])]
+        f"SELECT f.id FROM messages_fts f{_joins(where, need_s)} WHERE {cond}{where} ORDER BY f.id DESC"
+        f" LIMIT {p(limit)}", p.values)]
 
 
 def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: int, window: int,
@@ -193,8 +195,10 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
     """The best ``limit`` of the newest ``window`` matches, as ``SearchIndex.search`` hits, in one statement;
     with ``context_chars``, each with its ``context`` (the message before and after it in its session,
     content cut to that many characters).
-    ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions)."""
-    cond, cargs = condition(tree)
+    ``where``/``args``: conditions on ``m`` (messages) and, with ``need_s``, ``s`` (sessions), their
+    parameters ``$1 ... $len(args)`` (this statement's follow)."""
+    p = Params(*args)
+    cond = condition(tree, p)
     positive = positive_terms(tree)
     words = [t for t in positive if index_of(t) == "unicode61"]
     join = _joins(where, need_s)
@@ -203,19 +207,18 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         # carried through its sort); the best few then also by English stems (a text's stems cost its
         # parsing again, too slow for the whole window), unless the query has no English stem at all
         # (stop words only), which would add nothing to any score
-        parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
+        parts = [tsquery(t, p) for t in words]
         ranked = (
             "SELECT b.id, b.score + CASE WHEN numnode(e.q) = 0 THEN 0 ELSE ts_rank(to_tsvector('english'::regconfig, "
             "search_document(m.content, m.tool_name, m.tool_calls)), e.q) END AS rank "
             f"FROM (SELECT c.id, c.score FROM (SELECT f.id, ts_rank(f.words, {' || '.join(parts)}) AS score "
-            f"FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?) c "
-            "ORDER BY c.score DESC, c.id DESC LIMIT ?) b JOIN messages m ON m.id = b.id "
-            "CROSS JOIN (SELECT plainto_tsquery('english', ?) AS q) e ORDER BY rank DESC, b.id DESC LIMIT ?")
-        ranked_args = [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
-                       " ".join(t.text for t in words), limit]
+            f"FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT {p(window)}) c "
+            f"ORDER BY c.score DESC, c.id DESC LIMIT {p(max(3 * limit, 60))}) b JOIN messages m ON m.id = b.id "
+            f"CROSS JOIN (SELECT plainto_tsquery('english', {p(' '.join(t.text for t in words))}) AS q) e "
+            f"ORDER BY rank DESC, b.id DESC LIMIT {p(limit)}")
     else:  # nothing to score (CJK substrings only): newest first
-        ranked = f"SELECT f.id, 0 AS rank FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
-        ranked_args = [*cargs, *args, limit]
+        ranked = (f"SELECT f.id, 0 AS rank FROM messages_fts f{join} WHERE {cond}{where} ORDER BY f.id DESC"
+                  f" LIMIT {p(limit)}")
     around = (
         ", b.id, b.role, b.content, a.id, a.role, a.content",
         f" LEFT JOIN LATERAL (SELECT id, role, content FROM messages WHERE session_id = m.session_id AND {ORDER_KEY} "
@@ -225,7 +228,7 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
     rows = conn.execute(
         "SELECT r.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, m.content, m.tool_name, "
         f"search_tool_text(m.tool_calls){around[0]}, r.rank FROM ({ranked}) r JOIN messages m ON m.id = r.id "
-        f"JOIN sessions s ON s.id = m.session_id{around[1]} ORDER BY r.rank DESC, r.id DESC", ranked_args).fetchall()
+        f"JOIN sessions s ON s.id = m.session_id{around[1]} ORDER BY r.rank DESC, r.id DESC", p.values).fetchall()
     terms = [t.text.strip() for t in positive]
     unaccented: list[str] | None = None  # the terms as PostgreSQL's unaccent reads them, asked for once if needed
     hits = []
@@ -237,7 +240,7 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         if cut is None:
             # unaccent folds a few letters Python's fold keeps (Þ to TH, ø to o): mark the match as it found it
             if unaccented is None:
-                unaccented = [row[0] for row in conn.execute("SELECT unaccent(t) FROM unnest(?::text[]) AS t",
+                unaccented = [row[0] for row in conn.execute("SELECT unaccent(t) FROM unnest($1::text[]) AS t",
                                                              (terms,)).fetchall()]
             cut = marked_snippet(texts, terms + unaccented)
         hit["snippet"] = cut if cut is not None else _opening(texts)
@@ -272,31 +275,31 @@ def search_media(conn: Any, tree: Node, where: str, args: list, need_s: bool, li
     """Messages whose files' text matches, ranked as :func:`search` ranks messages (``ts_rank`` on the
     words of the newest ``window`` matches, plus English stems among the best), each message once
     with its best file; the snippet is led by the file's name."""
-    cond, cargs = condition(tree)
+    p = Params(*args)  # the caller's conditions are $1 ... $n
+    cond = condition(tree, p)
     positive = positive_terms(tree)
     words = [t for t in positive if index_of(t) == "unicode61"]
     join = " JOIN messages m ON m.id = f.id" + (" JOIN sessions s ON s.id = m.session_id" if need_s else "")
     if words:
-        parts, rank_args = zip(*(tsquery(t) for t in words), strict=True)
+        parts = [tsquery(t, p) for t in words]
         ranked = (
             "SELECT b.id, b.position, b.score + CASE WHEN numnode(e.q) = 0 THEN 0 ELSE "
             "ts_rank(to_tsvector('english'::regconfig, mm.text), e.q) END AS rank "
             f"FROM (SELECT c.id, c.position, c.score FROM (SELECT f.id, f.position, ts_rank(f.words, "
             f"{' || '.join(parts)}) AS score FROM {_MEDIA_SRC}{join} WHERE {cond}{where} "
-            "ORDER BY f.id DESC, f.position LIMIT ?) c ORDER BY c.score DESC, c.id DESC LIMIT ?) b "
+            f"ORDER BY f.id DESC, f.position LIMIT {p(window)}) c ORDER BY c.score DESC, c.id DESC "
+            f"LIMIT {p(max(3 * limit, 60))}) b "
             "JOIN message_media mm ON mm.message_id = b.id AND mm.position = b.position "
-            "CROSS JOIN (SELECT plainto_tsquery('english', ?) AS q) e")
-        ranked_args = [*[a for group in rank_args for a in group], *cargs, *args, window, max(3 * limit, 60),
-                       " ".join(t.text for t in words)]
+            f"CROSS JOIN (SELECT plainto_tsquery('english', {p(' '.join(t.text for t in words))}) AS q) e")
     else:  # CJK substrings only: newest first
-        ranked = f"SELECT f.id, f.position, 0 AS rank FROM {_MEDIA_SRC}{join} WHERE {cond}{where} ORDER BY f.id DESC LIMIT ?"
-        ranked_args = [*cargs, *args, limit]
+        ranked = (f"SELECT f.id, f.position, 0 AS rank FROM {_MEDIA_SRC}{join} WHERE {cond}{where} "
+                  f"ORDER BY f.id DESC LIMIT {p(limit)}")
     rows = conn.execute(
         "SELECT r.id, m.session_id, m.role, m.timestamp, s.source, s.model, s.started_at, mm.name, mm.text, r.rank, "
         "r.position "
         f"FROM ({ranked}) r JOIN message_media mm ON mm.message_id = r.id AND mm.position = r.position "
         "JOIN messages m ON m.id = r.id JOIN sessions s ON s.id = m.session_id ORDER BY r.rank DESC, r.id DESC",
-        ranked_args).fetchall()
+        p.values).fetchall()
     terms = [t.text.strip() for t in positive]
     hits: dict[int, dict] = {}
     for r in rows:
@@ -331,17 +334,18 @@ def _opening(texts: list[str | None]) -> str:
 FACT_WORDS = "search_words(f.content || ' ' || f.entities)"
 
 
-def any_phrase(words: list[str]) -> tuple[str, list]:
-    """A tsquery matching any of ``words`` (each a phrase, cut as the indexed text is)."""
-    return " || ".join(f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format('?')})" for _ in words), list(words)
+def any_phrase(words: list[str], p: Params) -> str:
+    """A tsquery matching any of ``words`` (each a phrase, cut as the indexed text is), their values in ``p``."""
+    return " || ".join(f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format(p(word))})" for word in words)
 
 
 def newest_in(conn: Any, tree: Node, ids: list[int], limit: int) -> list[int]:
     """The newest ``limit`` messages among ``ids`` that match, newest first: one condition on the index."""
-    cond, cargs = condition(tree)
+    p = Params(json.dumps(ids))
+    cond = condition(tree, p)
     return [r[0] for r in conn.execute(
-        f"SELECT f.id FROM messages_fts f WHERE f.id IN ({POSTGRES.json_values(integers=True)}) AND {cond}"
-        " ORDER BY f.id DESC LIMIT ?", [json.dumps(ids), *cargs, limit])]
+        f"SELECT f.id FROM messages_fts f WHERE f.id IN ({POSTGRES.json_values('$1', integers=True)}) AND {cond}"
+        f" ORDER BY f.id DESC LIMIT {p(limit)}", p.values)]
 
 
 def searched_texts(conn: Any, ids: Sequence[int]) -> dict[int, tuple]:
@@ -350,20 +354,21 @@ def searched_texts(conn: Any, ids: Sequence[int]) -> dict[int, tuple]:
         return {}
     return {r[0]: tuple(r[1:]) for r in conn.execute(
         "SELECT id, content, tool_name, search_tool_text(tool_calls) FROM messages"
-        f" WHERE id IN ({POSTGRES.json_values(integers=True)})", (json.dumps(list(ids)),))}
+        f" WHERE id IN ({POSTGRES.json_values('$1', integers=True)})", (json.dumps(list(ids)),))}
 
 
 def fact_candidates(conn: Any, owner: str, words: list[str], *, limit: int, include_superseded: bool,
                     window: int) -> list:
     """The owner's newest ``window`` facts matching any word (GIN index), best ``ts_rank`` first;
     ``fts_rank`` is the negated rank (lower is better, as FTS5's)."""
-    query, args = any_phrase(words)
+    p = Params()
+    query = any_phrase(words, p)  # its numbers twice: in the ranking and in the match
     return conn.execute(
         f"SELECT c.*, -ts_rank(c.words, ({query})) AS fts_rank FROM (SELECT f.*, {FACT_WORDS} AS words "
-        f"FROM facts f WHERE f.owner = ? AND {FACT_WORDS} @@ ({query}) "
+        f"FROM facts f WHERE f.owner = {p(owner)} AND {FACT_WORDS} @@ ({query}) "
         + ("" if include_superseded else "AND f.superseded_by IS NULL ")
-        + "ORDER BY f.id DESC LIMIT ?) c ORDER BY fts_rank, c.id DESC LIMIT ?",
-        [*args, owner, *args, max(1, int(window)), int(limit)],
+        + f"ORDER BY f.id DESC LIMIT {p(max(1, int(window)))}) c ORDER BY fts_rank, c.id DESC LIMIT {p(int(limit))}",
+        p.values,
     ).fetchall()
 
 
