@@ -1,26 +1,11 @@
-"""PostgreSQL: the engine and the small connection wrapper the store's SQL functions run on.
+"""PostgreSQL: the engine the store's SQL functions run on, one transaction per call.
 
-The store's functions (``state._sessions``, ``_messages``, ...) take a connection and
-call ``conn.execute(sql, params)`` with SQLite's ``?`` placeholders and read rows by
-position or by name.  :class:`PgConnection` gives them exactly that over psycopg 3:
-
-* ``?`` becomes ``%s`` and a literal ``%`` becomes ``%%`` (outside quoted strings and
-  identifiers only ``?`` counts); ``:name`` becomes ``%(name)s`` when the parameters
-  are a dict.  Parameters are bound on the server (psycopg's own ``Cursor``): a text is
-  sent untyped, so PostgreSQL types it by where it stands, as SQLite does, and a statement
-  a connection has run five times is prepared there, so the server parses and plans it
-  once per connection instead of at every run.  A parameter whose place gives it no type
-  (``? IS NULL``, a ``CASE`` of parameters alone) is written with its ``CAST``.  What the
-  translation cannot read safely (a comment, a ``$$`` body, an ``E'...'`` string, jsonb's
-  ``?`` operator) it refuses with :class:`UnsafeSql` instead of guessing.
-* A Python ``bool`` is sent as 0 or 1 (the store's flags are integer columns); a NUL
-  character in a string, which PostgreSQL's text cannot hold, is stored as U+FFFD.
-* Rows are :class:`Row`: by index, by column name, ``dict(row)``, unpacking.  A
-  ``numeric`` value (what ``SUM`` of integers gives) comes back as ``int`` when whole.
-* A cursor has ``rowcount``, ``fetchone``, ``fetchall``, iteration and ``description``.
-
-SQL that both engines accept is written once in the module that owns it; where the
-dialects truly differ the module asks its dialect (``state._dialect``).
+The store's functions (``state._sessions``, ``_messages``, ...) take a connection and call
+``conn.execute(sql, params)`` with the store's SQL, written once with ``$1, $2, ...`` parameters
+(``state._sql``) and run on both engines as written.  Here that connection is psycopg's own,
+set up by ``state._pg_conn`` (every cursor a ``RawCursor``, so the text goes to the server as it
+is; parameters bound there, statements run often prepared there).  Where the dialects truly
+differ the module asks its dialect (``state._dialect``).
 
 :class:`PgEngine` is :class:`state._engine.Engine` for PostgreSQL: a
 ``psycopg_pool.ConnectionPool``, one transaction per call (reads ``REPEATABLE READ``
@@ -46,7 +31,6 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import re
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
@@ -111,89 +95,6 @@ def _without_secret(text: str, url: str) -> str:
 
 
 # --- the connection wrapper -------------------------------------------------------------------
-
-_NAMED = re.compile(r"(?<!:):([A-Za-z_][A-Za-z0-9_]*)")
-_DOLLAR = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
-#: The words after which a value comes, so a ``?`` there is a placeholder.  After any other word (a
-#: column, a number), a ``)`` or a quoted string, a ``?`` is PostgreSQL's jsonb operator: refused.
-_BEFORE_A_VALUE = frozenset("""
-    ALL AND ANY AS BETWEEN BY CASE DEFAULT DISTINCT ELSE ESCAPE EXISTS FROM GLOB HAVING ILIKE IN INTO IS LIKE
-    LIMIT NOT OFFSET ON OR RETURNING SELECT SET SOME THEN TO USING VALUES WHEN WHERE WITH
-""".split())
-
-
-class UnsafeSql(StateError, ValueError):
-    """SQL that the placeholder translation would get wrong; a bug in the store's SQL, never the user's."""
-
-    def __init__(self, sql: str, what: str, at: int):
-        self.sql = sql
-        self.at = at
-        super().__init__(f"cannot run this SQL with parameters on PostgreSQL: {what} at character {at} of {sql[:200]!r}")
-
-
-def _refused(sql: str, i: int) -> str | None:
-    """What at ``sql[i]`` (outside quotes) the translation must not guess at, or None."""
-    ch = sql[i]
-    before = sql[i - 1] if i else " "
-    if sql.startswith("--", i):
-        return "a '--' comment (take it out of the SQL)"
-    if sql.startswith("/*", i):
-        return "a '/*' comment (take it out of the SQL)"
-    if ch == "$" and not (before.isalnum() or before == "_") and _DOLLAR.match(sql, i):
-        return "a dollar-quoted body (bind its text as a parameter instead)"
-    if ch in "Ee" and sql.startswith("'", i + 1) and not (before.isalnum() or before == "_"):
-        return "an E'...' string (bind its text as a parameter instead)"
-    if ch == "?":
-        end = i - 1
-        while end >= 0 and sql[end].isspace():
-            end -= 1
-        if end >= 0 and sql[end] in ")]'\"":
-            return "a '?' operator (for jsonb's, write jsonb_exists(); a placeholder stands where a value does)"
-        start = end
-        while start >= 0 and (sql[start].isalnum() or sql[start] == "_"):
-            start -= 1
-        if start < end and sql[start + 1:end + 1].upper() not in _BEFORE_A_VALUE:
-            return "a '?' operator (for jsonb's, write jsonb_exists(); a placeholder stands where a value does)"
-    return None
-
-
-@functools.lru_cache(maxsize=2048)
-def translate(sql: str, named: bool = False) -> str:
-    """SQLite's placeholders in psycopg's syntax: ``?`` -> ``%s`` (``:name`` -> ``%(name)s`` when
-    ``named``), every literal ``%`` doubled.  Quoted strings and identifiers are copied as they are
-    (but for their ``%``), so a ``?`` inside ``'...'`` stays a question mark.
-
-    What this scanner cannot read safely it refuses with :class:`UnsafeSql` rather than guessing:
-    a ``--`` or ``/* */`` comment, a ``$$`` (dollar-quoted) body, an ``E'...'`` string, and a ``?``
-    where an operator stands (after a column, a number, a ``)`` or a string: jsonb's ``?``).  The
-    store's SQL with parameters uses none of them; SQL without parameters is never translated."""
-    out: list[str] = []
-    quote = ""
-    i, n = 0, len(sql)
-    while i < n:
-        ch = sql[i]
-        if quote:
-            out.append("%%" if ch == "%" else ch)
-            if ch == quote:
-                quote = ""
-        elif ch in ("'", '"'):
-            quote = ch
-            out.append(ch)
-        elif ch in "-/$Ee?" and (what := _refused(sql, i)):
-            raise UnsafeSql(sql, what, i)
-        elif ch == "?":
-            out.append("%s")
-        elif ch == "%":
-            out.append("%%")
-        elif named and ch == ":" and (match := _NAMED.match(sql, i)) and not sql.startswith("::", i - 1):
-            out.append(f"%({match.group(1)})s")
-            i = match.end()
-            continue
-        else:
-            out.append(ch)
-        i += 1
-    return "".join(out)
-
 
 def _stale_plan(exc: BaseException) -> bool:
     """Whether ``exc`` is PostgreSQL refusing a prepared statement whose table changed shape since."""

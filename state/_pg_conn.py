@@ -31,7 +31,6 @@ from psycopg.types.numeric import Int2Dumper
 from psycopg.types.string import StrDumperUnknown
 
 from ._dialect import POSTGRES
-from ._sql import _is_numbered
 
 
 class Row:
@@ -154,29 +153,13 @@ class StoreConnection(psycopg.Connection):
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
                 binary: bool = False) -> Any:
         self._count(1)
-        if params and not _is_numbered(query):  # TRANSITION: a statement still written with '?'
-            return _translated(self, query, params)
         return super().execute(query, params or None, prepare=prepare, binary=binary)
 
     def executemany(self, query: str, params_seq: Any) -> Any:
         """``cursor.executemany`` on a new cursor of this connection (the store's functions call it here)."""
         rows = list(params_seq)
         self._count(len(rows))
-        if not _is_numbered(query):  # TRANSITION
-            from ._pg import translate
-
-            translated = psycopg.Cursor(self)
-            translated.executemany(translate(query), rows)
-            return translated
         cursor = self.cursor()
         cursor.executemany(query, rows)
         return cursor
 
-
-def _translated(conn: StoreConnection, query: str, params: Any) -> Any:
-    # TRANSITION: deleted with the last statement written with '?' (and state._pg.translate with it)
-    from ._pg import translate
-
-    cursor = psycopg.Cursor(conn)
-    cursor.execute(translate(query, isinstance(params, dict)), params)
-    return cursor

@@ -17,7 +17,6 @@ of any length) is composed with :class:`Params`, which hands out the next number
 
 from __future__ import annotations
 
-import functools
 import re
 import sqlite3
 from typing import Any, Iterable
@@ -60,19 +59,9 @@ _NUMBER_ANY = re.compile(r"\$([1-9][0-9]*)")
 _NAMES = tuple(str(i) for i in range(1, 32767))
 
 
-@functools.lru_cache(maxsize=4096)
-def _is_numbered(sql: str) -> bool:
-    # TRANSITION: while the store's modules move from '?' to '$n', a statement in the old form is bound as
-    # it was.  Deleted with the last '?' (then every statement is bound by number).
-    return _NUMBER.search(sql) is not None
-
-
-_NUMBER = re.compile(r"\$[1-9]")
-
-
-def by_number(sql: str, params: Any) -> Any:
+def by_number(params: Any) -> Any:
     """``params`` (a sequence of values for ``$1 ... $n``) as sqlite3 binds named parameters."""
-    if isinstance(params, (list, tuple)) and params and _is_numbered(sql):
+    if params and not isinstance(params, dict):  # a tuple, a list, a row of another statement
         return dict(zip(_NAMES, params, strict=False))  # _NAMES is the longer
     return params
 
@@ -81,10 +70,10 @@ class NumberedCursor(sqlite3.Cursor):
     """sqlite3's own cursor, its ``$n`` parameters bound by number (see the module docstring)."""
 
     def execute(self, sql: str, parameters: Any = (), /) -> NumberedCursor:
-        return super().execute(sql, by_number(sql, parameters))
+        return super().execute(sql, by_number(parameters))
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> NumberedCursor:
-        return super().executemany(sql, (by_number(sql, row) for row in seq_of_parameters))
+        return super().executemany(sql, (by_number(row) for row in seq_of_parameters))
 
 
 class NumberedConnection(sqlite3.Connection):
@@ -95,7 +84,7 @@ class NumberedConnection(sqlite3.Connection):
         return super().cursor(factory)
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        return super().execute(sql, by_number(sql, parameters))
+        return super().execute(sql, by_number(parameters))
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
-        return super().executemany(sql, (by_number(sql, row) for row in parameters))
+        return super().executemany(sql, (by_number(row) for row in parameters))

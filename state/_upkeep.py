@@ -119,15 +119,10 @@ class Timed(NamedTuple):
     commit: float = 0.0  # of which its COMMIT (and a checkpoint SQLite may run at commit)
 
 
-#: ``state._sessions.EXPIRED`` (ended, no activity since the cutoff) with the cutoff as ``$1``.
-#: TRANSITION: right for ``EXPIRED`` with its ``?`` as for ``EXPIRED`` with ``$1``; a plain alias once it has ``$1``.
-_EXPIRED = _sessions.EXPIRED.replace("?", "$1")
-
-
 def expired_sessions(conn: sqlite3.Connection, cutoff: float) -> list[tuple[str, int]]:
     """(id, message count) of the ended sessions with no activity since ``cutoff``, oldest first."""
     return [(r[0], r[1] or 0) for r in conn.execute(
-        f"SELECT id, message_count FROM sessions WHERE {_EXPIRED} ORDER BY started_at", (cutoff,))]
+        f"SELECT id, message_count FROM sessions WHERE {_sessions.EXPIRED} ORDER BY started_at", (cutoff,))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +142,7 @@ def prune_step(conn: sqlite3.Connection, session_ids: list[str], cutoff: float, 
     values = dialect.json_values("$1")  # the JSON array of ids, as $1
     # locked as found (PostgreSQL): an append racing the prune waits, and a session reopened meanwhile is dropped
     still = [r[0] for r in conn.execute(
-        f"SELECT id FROM sessions WHERE id IN ({dialect.json_values('$2')}) AND {_EXPIRED}"
+        f"SELECT id FROM sessions WHERE id IN ({dialect.json_values('$2')}) AND {_sessions.EXPIRED}"
         f" ORDER BY id{dialect.for_update}",
         (cutoff, ids))]
     dropped = sorted(set(session_ids) - set(still))

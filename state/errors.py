@@ -24,9 +24,6 @@
     │                                live write and rolled back; the upkeep pass tries it again
     ├── BadHash (ValueError)         (state/media_files.py) a media file asked for by something that
     │                                is not a SHA-256 in hex: a bug, never a path taken from outside
-    ├── UnsafeSql (ValueError)       (state/_pg.py, internal) SQL with parameters that PostgreSQL's
-    │                                placeholder translation refuses (a comment, a $$ body, an E'' string,
-    │                                jsonb's ? operator): a bug in the store's SQL
     └── ClusterError                 (state/cluster/errors.py) a PostgreSQL cluster primitive refused
         ├── OwnershipLost            this instance no longer owns a platform connection: stop it
         ├── LeaseLost                a session's lease is no longer ours; nothing was written
@@ -34,7 +31,7 @@
 
 Every class above is defined in this module and exported from ``state``,
 except ``GaveWay``, which stays next to the write lock
-it is about, ``BadHash``, next to the media folder, ``UnsafeSql``, next to the translation that raises it, and
+it is about, ``BadHash``, next to the media folder, and
 the cluster's, exported from ``state.cluster`` (which needs psycopg).
 ``TitleConflict`` and ``InvalidTitle`` are also ``ValueError`` so callers
 that catch ``ValueError`` for a bad title keep working.  Every message says

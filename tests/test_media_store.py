@@ -172,7 +172,7 @@ async def test_retention_deletes_the_references_and_the_upkeep_sweep_the_files(t
             await db.sessions.end(sid, "reset")
         with SessionDB(tmp_path / "state.db") as sync:
             sync._engine.write(lambda conn: conn.execute(
-                "UPDATE sessions SET started_at = ?, ended_at = ?, last_active = ? WHERE id = 'old'",
+                "UPDATE sessions SET started_at = $1, ended_at = $2, last_active = $3 WHERE id = 'old'",
                 (now - 10 * DAY, now - 10 * DAY, now - 10 * DAY)))
         _old(files)
         report = await state.run_upkeep(db, retention_days=1, now=now)
@@ -198,7 +198,7 @@ def test_a_dead_letter_refers_to_its_files_by_hash_and_keeps_them_while_it_is_ke
         assert files.sweep(db.media.referenced()).files == 0  # the dead letter still refers to it
         db.dead_letters.set_status(dl, "dropped")  # dropped is kept (and may be retried): so is its file
         assert files.sweep(db.media.referenced()).files == 0
-        db._engine.write(lambda conn: conn.execute("DELETE FROM dead_letters WHERE id = ?", (dl,)))
+        db._engine.write(lambda conn: conn.execute("DELETE FROM dead_letters WHERE id = $1", (dl,)))
         assert files.sweep(db.media.referenced()).files == 1
 
 

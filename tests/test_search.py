@@ -310,16 +310,16 @@ def test_ranking_only_looks_at_the_most_recent_window(store, monkeypatch):
 def test_update_and_delete_keep_both_indexes_in_sync(store):
     s = store.session("s1")
     mid = store.add(s, "user", "original words 原来的内容")
-    store.execute("UPDATE messages SET content = ? WHERE id = ?", ("replacement 新的内容文字", mid))
+    store.execute("UPDATE messages SET content = $1 WHERE id = $2", ("replacement 新的内容文字", mid))
     assert store.ids("original") == []
     assert store.ids("原来的") == []
     assert store.ids("replacement") == [mid]
     assert store.ids("新的内容") == [mid]
     # an English message that gains CJK moves into the trigram index, and back out
-    store.execute("UPDATE messages SET content = 'plain english' WHERE id = ?", (mid,))
+    store.execute("UPDATE messages SET content = 'plain english' WHERE id = $1", (mid,))
     assert store.ids("新的内容") == []
     store.assert_in_sync()
-    store.execute("DELETE FROM messages WHERE id = ?", (mid,))
+    store.execute("DELETE FROM messages WHERE id = $1", (mid,))
     assert store.ids("plain") == []
     store.assert_in_sync()
 
@@ -408,10 +408,10 @@ def test_edits_and_deletes_on_both_sides_of_the_mark(store):
     indexed, pending = ids[0], ids[-1]
     assert indexed <= upto < pending
     for mid in (indexed, pending):
-        store.conn.execute("UPDATE messages SET content = 'beaver 河狸的家' WHERE id = ?", (mid,))
+        store.conn.execute("UPDATE messages SET content = 'beaver 河狸的家' WHERE id = $1", (mid,))
     assert sorted(store.ids("beaver")) == [indexed, pending]
     assert sorted(store.ids("河狸的家")) == [indexed, pending]
-    store.conn.execute("DELETE FROM messages WHERE id IN (?, ?)", (ids[1], ids[-2]))
+    store.conn.execute("DELETE FROM messages WHERE id IN ($1, $2)", (ids[1], ids[-2]))
     assert len(store.ids("otter", limit=100)) == len(ids) - 4
     store.assert_in_sync()
     assert sorted(store.ids("beaver")) == [indexed, pending]
@@ -423,7 +423,7 @@ def test_an_explicit_old_id_is_indexed_at_once(store):
     for i in range(fts5.INDEX_BATCH + 2):
         store.add(s, "user", f"filler {i}")
     store.conn.execute("DELETE FROM messages WHERE id = 3")
-    store.conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) VALUES (3, ?, 'user', 'restored heron', 1)", (s,))
+    store.conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) VALUES (3, $1, 'user', 'restored heron', 1)", (s,))
     assert 3 in _indexed(store)
     assert store.ids("heron") == [3]
     store.assert_in_sync()
@@ -494,7 +494,7 @@ def test_ranking_is_fts5_bm25(store, query):
     trigram = search.is_cjk(query)
     table = "messages_fts_trigram" if trigram else "messages_fts"
     expected = [r[0] for r in store.conn.execute(
-        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}), rowid DESC",
+        f"SELECT rowid FROM {table} WHERE {table} MATCH $1 ORDER BY bm25({table}), rowid DESC",
         (search.sanitize_query(query),),
     )]
     assert len(expected) > 10

@@ -190,9 +190,9 @@ def test_a_read_of_several_statements_sees_one_moment_while_another_instance_wri
     written = iter(range(100))
 
     def counted_twice(conn) -> tuple[int, int]:
-        before = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", ("s1",)).fetchone()[0]
+        before = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = $1", ("s1",)).fetchone()[0]
         b.messages.append("s1", "user", f"meanwhile {next(written)}")  # committed by the other instance
-        after = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", ("s1",)).fetchone()[0]
+        after = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = $1", ("s1",)).fetchone()[0]
         return before, after
 
     for _ in range(3):  # the first time, and once the store knows this read runs two statements

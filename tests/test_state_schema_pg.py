@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from state import NotADatabase, SessionDB, StoreUnavailable, schema
-from state._pg import MIGRATION_LOCK, mask_url, translate
+from state._pg import MIGRATION_LOCK, mask_url
 from state._pg_conn import Row, StoreConnection, configure
 from tests.harness import eventually
 
@@ -157,14 +157,6 @@ def test_mask_url():
         "postgresql://bob:***@db.example:5433/sb?sslmode=require"
     assert mask_url("postgresql://bob@db/sb") == "postgresql://bob@db/sb"
     assert mask_url("postgresql:///sb?host=/run/postgresql") == "postgresql:///sb?host=/run/postgresql"
-
-
-def test_placeholders_become_psycopg_ones_outside_quotes_only():
-    assert translate("SELECT * FROM t WHERE a = ? AND b LIKE '%?%' AND c = ?") == \
-        "SELECT * FROM t WHERE a = %s AND b LIKE '%%?%%' AND c = %s"
-    assert translate("SELECT 5 % 2, \"odd?\" FROM t") == "SELECT 5 %% 2, \"odd?\" FROM t"
-    assert translate("UPDATE t SET a = :a WHERE b = :b AND c::text = 'x:y'", True) == \
-        "UPDATE t SET a = %(a)s WHERE b = %(b)s AND c::text = 'x:y'"
 
 
 def test_the_store_sql_reaches_postgresql_as_written_and_its_values_come_back_as_on_sqlite(pg_url):

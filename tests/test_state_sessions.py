@@ -263,7 +263,7 @@ def test_listing_shows_a_chain_as_its_tip(db):
 
 def _set_times(db, session_id, started_at, last_active):
     db._engine.write(lambda conn: conn.execute(
-        "UPDATE sessions SET started_at = ?, last_active = ? WHERE id = ?", (started_at, last_active, session_id)))
+        "UPDATE sessions SET started_at = $1, last_active = $2 WHERE id = $3", (started_at, last_active, session_id)))
 
 
 def test_listing_orders_by_last_activity_not_start(db):
@@ -313,8 +313,8 @@ def _age(db, session_id, days):
     """Backdate a session (the only way to make old data without waiting)."""
     past = time.time() - days * 86400
     db._engine.write(lambda conn: conn.execute(
-        "UPDATE sessions SET started_at = ?, last_active = ?, ended_at = CASE WHEN ended_at IS NULL "
-        "THEN NULL ELSE ? END WHERE id = ?", (past, past, past, session_id)))
+        "UPDATE sessions SET started_at = $1, last_active = $2, ended_at = CASE WHEN ended_at IS NULL "
+        "THEN NULL ELSE $3 END WHERE id = $4", (past, past, past, session_id)))
 
 
 def test_prune_a_chain_whose_old_part_ended(db):

@@ -27,14 +27,14 @@ def _session(db: SessionDB, sid: str, *, started: float, last: float, ended: flo
              parent: str | None = None) -> str:
     db.sessions.create(sid, "telegram", parent_session_id=parent)
     db._engine.write(lambda conn: conn.execute(  # the session started back then
-        "UPDATE sessions SET started_at = ?, last_active = NULL WHERE id = ?", (started, sid)))
+        "UPDATE sessions SET started_at = $1, last_active = NULL WHERE id = $2", (started, sid)))
     for i in range(messages):
         ts = started + (last - started) * (i + 1) / messages
         db.messages.append(sid, "user" if i % 2 == 0 else "assistant", f"{sid} {i} {TEXT}", timestamp=ts)
     if ended is not None:
         db.sessions.end(sid, "reset")
         db._engine.write(lambda conn: conn.execute(  # the session ended back then
-            "UPDATE sessions SET ended_at = ? WHERE id = ?", (ended, sid)))
+            "UPDATE sessions SET ended_at = $1 WHERE id = $2", (ended, sid)))
     return sid
 
 
@@ -126,7 +126,7 @@ async def test_a_large_prune_merges_the_pruned_messages_out_of_the_search_index(
         db.messages.append("new-cjk", "user", "记忆系统 断裂连接 容器重启了", timestamp=now - 60)
         db.sessions.end("old-cjk", "reset")
     with sqlite3.connect(path) as conn:  # ended back then; every message indexed
-        conn.execute("UPDATE sessions SET ended_at = ?, last_active = ? WHERE id = 'old-cjk'",
+        conn.execute("UPDATE sessions SET ended_at = $1, last_active = $2 WHERE id = 'old-cjk'",
                      (now - 6 * DAY, now - 6 * DAY))
         fts5.flush(conn)
     conn.close()
