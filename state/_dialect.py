@@ -330,12 +330,18 @@ ROWS_PER_STATEMENT = 200
 
 
 def insert_rows(conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
-    """``head VALUES ($1, ...), ($k, ...) tail`` for every :data:`ROWS_PER_STATEMENT` of ``rows``: one
-    statement (one round trip to PostgreSQL) where ``executemany`` runs one per row.  An upsert's rows
+    """``head VALUES ($1, ...), ($k, ...) tail`` for every :data:`ROWS_PER_STATEMENT` of ``rows`` on
+    PostgreSQL: one statement (one round trip) where ``executemany`` runs one per row; on SQLite the
+    one-row statement for each row.  An upsert's rows
     must have distinct keys (a statement may change a row once), and lock their rows in the order given."""
     if not rows:
         return
     width = len(rows[0])
+    if dialect_of(conn) is SQLITE:
+        # No round trips to save, and SQLite looks each named parameter up among those before it as it
+        # prepares a statement: 200 rows of $n would cost it more than the one-row statement run per row.
+        conn.executemany(f"{head} VALUES ({numbered(width)}) {tail}", rows)
+        return
     for i in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[i:i + ROWS_PER_STATEMENT]
         values = ", ".join([f"({numbered(width, 1 + k * width)})" for k in range(len(chunk))])

@@ -17,6 +17,7 @@ of any length) is composed with :class:`Params`, which hands out the next number
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 from typing import Any, Iterable
@@ -39,6 +40,7 @@ class Params:
         return ", ".join([self(v) for v in values])
 
 
+@functools.lru_cache(maxsize=512)
 def numbered(count: int, start: int = 1) -> str:
     """``$start, ..., $(start + count - 1)``: the parameters of a row of ``count`` values."""
     return ", ".join([f"${i}" for i in range(start, start + count)])
