@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from . import _usage
-from ._dialect import dialect_of, insert_rows
+from ._dialect import dialect_of
 from ._repo import Repository, reads, writes
 from ._sql import Params, numbered
 
@@ -89,7 +89,7 @@ RESERVATION_SECONDS = 900.0
 #: one spend: (scope, period, cost, tokens)
 Spend = tuple[str, str, float, int]
 
-#: An upsert adding to spends, as :func:`state._dialect.insert_rows`' head and tail.
+#: An upsert adding to spends, as :meth:`state._dialect.Dialect.insert_rows`' head and tail.
 _ADD = ("INSERT INTO budget_spend (scope, period, cost, tokens, calls)",
         "ON CONFLICT (scope, period) DO UPDATE SET cost = budget_spend.cost + excluded.cost, "
         "tokens = budget_spend.tokens + excluded.tokens, calls = budget_spend.calls + excluded.calls")
@@ -113,7 +113,7 @@ def add_spends(conn: Any, spends: Iterable[Spend]) -> None:
         known[1] += tokens
         known[2] += 1
     # one statement, in key order: an admission locks its keys in that order too (no deadlock between them)
-    insert_rows(conn, *_ADD, [(scope, period, *summed[(scope, period)]) for scope, period in sorted(summed)])
+    dialect_of(conn).insert_rows(conn, *_ADD, [(scope, period, *summed[(scope, period)]) for scope, period in sorted(summed)])
 
 
 def record_calls(conn: sqlite3.Connection, rows: list[dict], spends: list[Spend],

@@ -16,7 +16,8 @@ What a :class:`Dialect` carries:
 * :meth:`~Dialect.json_values`: a subquery over a JSON array bound as one parameter;
 * :meth:`~Dialect.byte_length`, :meth:`~Dialect.day` and :meth:`~Dialect.month`: a text's size in bytes, a
   time's UTC day and UTC month;
-* :meth:`~Dialect.insert_ids`: many rows inserted, their ids (the returning form);
+* :meth:`~Dialect.insert_rows` and :meth:`~Dialect.insert_ids`: many rows inserted in as few statements as the
+  engine gains from (with an upsert's tail; with the new rows' ids);
 * :meth:`~Dialect.is_integrity_error`: a constraint failed;
 * :meth:`~Dialect.columns`, :meth:`~Dialect.store_size`, :meth:`~Dialect.database_bytes`,
   :meth:`~Dialect.object_sizes`: the catalogue and the sizes, which each engine keeps its own way;
@@ -34,9 +35,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from ._sql import numbered, renumbered
+from ._sql import numbered
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +116,15 @@ class Dialect:
         and index, and a note when the engine cannot measure them one by one."""
         raise NotImplementedError
 
-    def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
-        """Run the ``INSERT`` ``sql`` (no ``RETURNING``) for each of ``rows``; the new rows' ids in order."""
+    def insert_rows(self, conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
+        """``head VALUES (...) tail`` for each of ``rows`` (``head``: ``INSERT INTO t (columns)``; ``tail``:
+        an ``ON CONFLICT`` clause or empty).  An upsert's rows must have distinct keys (a statement may
+        change a row once), and lock their rows in the order given."""
+        raise NotImplementedError
+
+    def insert_ids(self, conn: Any, head: str, rows: Sequence[Sequence[Any]]) -> list[int]:
+        """``head VALUES (...)`` (``head``: ``INSERT INTO t (columns)``) for each of ``rows``; the new rows'
+        ids in order."""
         raise NotImplementedError
 
     def is_integrity_error(self, exc: BaseException) -> bool:
@@ -203,9 +211,16 @@ class _Sqlite(Dialect):
         sizes["sqlite_schema"] = sizes.pop("sqlite_master", sizes.get("sqlite_schema", 0))
         return [(name, *catalogue.get(name, ("table", name)), size) for name, size in sizes.items()], None
 
-    def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
+    # No round trips to save: the one-row statement, prepared once, for each row.  (A multi-row VALUES
+    # list would cost more: SQLite looks each $n up among the names before it as it prepares.)
+    def insert_rows(self, conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            conn.executemany(f"{head} VALUES ({numbered(len(rows[0]))}) {tail}", rows)
+
+    def insert_ids(self, conn: Any, head: str, rows: Sequence[Sequence[Any]]) -> list[int]:
         if not rows:
             return []
+        sql = f"{head} VALUES ({numbered(len(rows[0]))})"
         first = int(conn.execute(sql, rows[0]).lastrowid or 0)
         conn.executemany(sql, rows[1:])  # each the next rowid: this transaction holds the write lock
         return list(range(first, first + len(rows)))
@@ -266,19 +281,18 @@ class _Postgres(Dialect):
             "JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = current_schema()").fetchall()
         return [(r[0], r[1], r[2], int(r[3])) for r in rows], None
 
-    def insert_ids(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> list[int]:
-        # one multi-row statement per ROWS_PER_STATEMENT rows, each row's id from the sequence other
-        # instances share.  RETURNING's order is not promised, but the sequence is drawn as the VALUES
-        # list is read, one row after the other: the ids in ascending order are the rows' in order.
-        head, _, one = sql.partition(" VALUES ")
-        width = len(rows[0]) if rows else 0
+    # One multi-row statement (one round trip) per ROWS_PER_STATEMENT rows.
+    def insert_rows(self, conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
+        for values, chunk in _multi_row(rows):
+            conn.execute(f"{head} VALUES {values} {tail}", chunk)
+
+    def insert_ids(self, conn: Any, head: str, rows: Sequence[Sequence[Any]]) -> list[int]:
+        # each row's id from the sequence other instances share.  RETURNING's order is not promised, but
+        # the sequence is drawn as the VALUES list is read, one row after the other: the ids in ascending
+        # order are the rows' in order.
         ids: list[int] = []
-        for i in range(0, len(rows), ROWS_PER_STATEMENT):
-            chunk = rows[i:i + ROWS_PER_STATEMENT]
-            values = ", ".join([renumbered(one, k * width) for k in range(len(chunk))])
-            found = conn.execute(f"{head} VALUES {values} RETURNING id",
-                                 [v for row in chunk for v in row]).fetchall()
-            ids += sorted(int(row[0]) for row in found)
+        for values, chunk in _multi_row(rows):
+            ids += sorted(int(row[0]) for row in conn.execute(f"{head} VALUES {values} RETURNING id", chunk))
         return ids
 
     def columns(self, conn: Any, table: str) -> set[str]:
@@ -325,27 +339,17 @@ SQLITE: Dialect = _Sqlite()
 POSTGRES: Dialect = _Postgres()
 
 
-#: Rows one multi-row statement of :func:`insert_rows` takes at most (SQLite allows 32,766 parameters).
+#: Rows one multi-row statement on PostgreSQL takes at most.
 ROWS_PER_STATEMENT = 200
 
 
-def insert_rows(conn: Any, head: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
-    """``head VALUES ($1, ...), ($k, ...) tail`` for every :data:`ROWS_PER_STATEMENT` of ``rows`` on
-    PostgreSQL: one statement (one round trip) where ``executemany`` runs one per row; on SQLite the
-    one-row statement for each row.  An upsert's rows
-    must have distinct keys (a statement may change a row once), and lock their rows in the order given."""
-    if not rows:
-        return
-    width = len(rows[0])
-    if dialect_of(conn) is SQLITE:
-        # No round trips to save, and SQLite looks each named parameter up among those before it as it
-        # prepares a statement: 200 rows of $n would cost it more than the one-row statement run per row.
-        conn.executemany(f"{head} VALUES ({numbered(width)}) {tail}", rows)
-        return
+def _multi_row(rows: Sequence[Sequence[Any]]) -> Iterator[tuple[str, list[Any]]]:
+    """``($1, ...), ($k, ...)`` and its values, for every :data:`ROWS_PER_STATEMENT` of ``rows``."""
+    width = len(rows[0]) if rows else 0
     for i in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[i:i + ROWS_PER_STATEMENT]
-        values = ", ".join([f"({numbered(width, 1 + k * width)})" for k in range(len(chunk))])
-        conn.execute(f"{head} VALUES {values} {tail}", [v for row in chunk for v in row])
+        yield (", ".join([f"({numbered(width, 1 + k * width)})" for k in range(len(chunk))]),
+               [v for row in chunk for v in row])
 
 
 def dialect_of(conn: Any) -> Dialect:

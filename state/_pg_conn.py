@@ -92,12 +92,6 @@ def row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
     return make
 
 
-def returns_rows(cursor: Any) -> bool:
-    """Whether the cursor's last statement gave rows (a SELECT, a RETURNING)."""
-    result = cursor.pgresult
-    return result is not None and result.nfields > 0
-
-
 class _FlagDumper(Int2Dumper):
     """``True``/``False`` as the integers 1/0 (an ``int2`` PostgreSQL widens to the column's type)."""
 

@@ -18,7 +18,6 @@ of any length) is composed with :class:`Params`, which hands out the next number
 from __future__ import annotations
 
 import functools
-import re
 import sqlite3
 from typing import Any, Iterable
 
@@ -44,15 +43,6 @@ class Params:
 def numbered(count: int, start: int = 1) -> str:
     """``$start, ..., $(start + count - 1)``: the parameters of a row of ``count`` values."""
     return ", ".join([f"${i}" for i in range(start, start + count)])
-
-
-def renumbered(sql: str, shift: int) -> str:
-    """``sql`` with each ``$n`` written ``$(n + shift)``: a row's parameters as the ``k``-th row of a
-    multi-row ``VALUES`` list (``shift = k * width``)."""
-    return _NUMBER_ANY.sub(lambda m: f"${int(m.group(1)) + shift}", sql) if shift else sql
-
-
-_NUMBER_ANY = re.compile(r"\$([1-9][0-9]*)")
 
 
 # --- SQLite: the numbers bound by name ------------------------------------------------------------

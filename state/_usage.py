@@ -49,7 +49,7 @@ import math
 import sqlite3
 from typing import Any
 
-from ._dialect import SQLITE, Dialect, dialect_of, insert_rows
+from ._dialect import SQLITE, Dialect, dialect_of
 from ._repo import Repository, reads, writes
 from ._sql import Params, numbered
 
@@ -232,7 +232,7 @@ def _values(conn: sqlite3.Connection, row: dict) -> list:
     return [values[name] for name in COLUMNS]
 
 
-_INSERT = f"INSERT INTO model_calls ({', '.join(COLUMNS)}) VALUES ({numbered(len(COLUMNS))})"
+_INSERT = f"INSERT INTO model_calls ({', '.join(COLUMNS)})"  # insert_ids adds the VALUES
 
 
 def record_call(conn: sqlite3.Connection, row: dict) -> int:
@@ -257,7 +257,7 @@ _AT, _PLATFORM, _CHAT, _USER, _PURPOSE, _MODEL, _PROMPT, _COMPLETION, _CACHED, _
 
 
 def _upsert(table: str, keys: tuple[str, ...], names: tuple[str, ...]) -> tuple[str, str]:
-    """An upsert that adds to a roll-up's row, as :func:`state._dialect.insert_rows`' head and tail."""
+    """An upsert that adds to a roll-up's row, as :meth:`state._dialect.Dialect.insert_rows`' head and tail."""
     return (f"INSERT INTO {table} ({', '.join(keys + names)})",
             f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {_added(table, names)}")
 
@@ -300,8 +300,9 @@ def _add_new(conn: sqlite3.Connection, values: list[list]) -> None:
                 known[0] += 1
                 known[1] += tokens
     # one statement per roll-up (rows in key order: two writers lock shared rows in one order)
+    dialect = dialect_of(conn)
     for (head, tail), sums_by_key in ((_UPSERT_CALLS, calls), (_UPSERT_BY, people), (_UPSERT_WEEKLY, weekly)):
-        insert_rows(conn, head, tail, [(*key, *sums_by_key[key]) for key in sorted(sums_by_key, key=_key_order)])
+        dialect.insert_rows(conn, head, tail, [(*key, *sums_by_key[key]) for key in sorted(sums_by_key, key=_key_order)])
 
 
 def _key_order(key: tuple) -> tuple[str, ...]:
