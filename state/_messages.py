@@ -166,10 +166,10 @@ def place_after(conn: sqlite3.Connection, session_id: str, ids: list[int], answe
     first = min(ids)
     # one statement for the usual case: the last answered message's place, and whether any message
     # stored before this turn's came after it
-    p = Params(session_id, first, session_id)  # $1 ... $3
+    p = Params(session_id, first)  # $1, $2
     anchor, later = conn.execute(
         f"SELECT a.k, EXISTS (SELECT 1 FROM messages WHERE session_id = $1 AND {ORDER_KEY} > a.k AND id < $2) "
-        f"FROM (SELECT MAX({ORDER_KEY}) AS k FROM messages WHERE session_id = $3 AND id IN "
+        f"FROM (SELECT MAX({ORDER_KEY}) AS k FROM messages WHERE session_id = $1 AND id IN "
         f"({p.each(answered)})) a", p.values).fetchone()
     if anchor is None:  # not in the session: their copies there, if any
         anchor = _copied_key(conn, session_id, answered)
