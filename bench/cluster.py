@@ -23,7 +23,8 @@ Printed per number of instances:
   of the server), the fake model, this process (the fake Telegram and the users),
   and the whole machine (both cores, other users of the machine included);
 * the load average at the end, PostgreSQL commits and rollbacks (retried conflicts) per turn
-  (``pg_stat_database``'s ``xact_commit`` and ``xact_rollback`` over the window), round trips per
+  (``pg_stat_database``'s ``xact_commit`` and ``xact_rollback`` over the window; the sampler runs its
+  queries from the server's ``postgres`` database, so its own transactions are not counted), round trips per
   turn (``pg_stat_statements``' calls over the window, ``BEGIN`` and ``COMMIT`` included, the
   sampler's own queries left out; the server is started with the module preloaded, the
   extension created in its ``postgres`` database), and its backends as sampled every 0.1 s:
@@ -175,15 +176,19 @@ class DbSampler:
     round_trips: int | None = None  # statements the daemons ran (pg_stat_statements), None when unavailable
     statements: dict[str, int] = field(default_factory=dict)  # each statement's text -> times it ran in the window
 
+    @property
+    def _database(self) -> str:
+        return self.url.rsplit("/", 1)[1]
+
     async def run(self, stop: asyncio.Event) -> None:
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn, \
-                await psycopg.AsyncConnection.connect(self.admin_url, autocommit=True) as admin:
-            first, first_rollbacks = await self._commits(conn), await self._rollbacks(conn)
+        # every query of the sampler's runs in the server's ``postgres`` database: its own transactions
+        # (one per sample, autocommitted) are not counted among the bench database's commits
+        async with await psycopg.AsyncConnection.connect(self.admin_url, autocommit=True) as admin:
+            first, first_rollbacks = await self._commits(admin), await self._rollbacks(admin)
             first_calls, first_each = await self._calls(admin), await self._each(admin)
             while not stop.is_set():
-                cur = await conn.execute(
-                    "SELECT state, wait_event_type FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                cur = await admin.execute(
+                    "SELECT state, wait_event_type FROM pg_stat_activity WHERE datname = %s", (self._database,))
                 for state, wait in await cur.fetchall():
                     self.in_transaction += state in ("active", "idle in transaction")
                     if state == "active":
@@ -195,8 +200,8 @@ class DbSampler:
                     await asyncio.wait_for(stop.wait(), 0.1)
                 except asyncio.TimeoutError:
                     pass
-            self.commits = await self._commits(conn) - first
-            self.rollbacks = await self._rollbacks(conn) - first_rollbacks
+            self.commits = await self._commits(admin) - first
+            self.rollbacks = await self._rollbacks(admin) - first_rollbacks
             calls = await self._calls(admin)
             self.round_trips = None if calls is None or first_calls is None else calls - first_calls
             for query, count in (await self._each(admin)).items():
@@ -209,7 +214,7 @@ class DbSampler:
             cur = await admin.execute(
                 "SELECT query, sum(calls) FROM pg_stat_statements"
                 " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND query NOT LIKE %s GROUP BY query",
-                (self.url.rsplit("/", 1)[1], "%pg_stat_%"))
+                (self._database, "%pg_stat_%"))
         except psycopg.Error:
             return {}
         return {query: int(calls) for query, calls in await cur.fetchall()}
@@ -220,19 +225,17 @@ class DbSampler:
             cur = await admin.execute(
                 "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
                 " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND query NOT LIKE %s",
-                (self.url.rsplit("/", 1)[1], "%pg_stat_%"))
+                (self._database, "%pg_stat_%"))
         except psycopg.Error:
             return None
         return int((await cur.fetchone())[0])
 
-    @staticmethod
-    async def _commits(conn: psycopg.AsyncConnection) -> int:
-        cur = await conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+    async def _commits(self, admin: psycopg.AsyncConnection) -> int:
+        cur = await admin.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (self._database,))
         return (await cur.fetchone())[0]
 
-    @staticmethod
-    async def _rollbacks(conn: psycopg.AsyncConnection) -> int:
-        cur = await conn.execute("SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+    async def _rollbacks(self, admin: psycopg.AsyncConnection) -> int:
+        cur = await admin.execute("SELECT xact_rollback FROM pg_stat_database WHERE datname = %s", (self._database,))
         return (await cur.fetchone())[0]
 
 

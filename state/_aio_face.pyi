@@ -733,6 +733,17 @@ class AsyncMcpAuthStore:
 class AsyncTurns:
     """Turns's marked methods (``adb.turns``), each a coroutine."""
 
+    async def store_then_context(
+        self,
+        session_key: str,
+        content: str | None,
+        query: ContextQuery,
+        *,
+        platform_message_id: str | None,
+        keep: Callable[[dict], bool] = ...,
+        role: str = ...,
+        **fields: Any,
+    ) -> tuple[dict | None, Appended | None, TurnContext | None]: ...
     async def context(self, query: ContextQuery) -> TurnContext: ...
 
 

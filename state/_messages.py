@@ -357,6 +357,15 @@ def routed_session_locked(conn, session_key: str) -> dict | None:
     return dict(row) if row else None
 
 
+def append_inbound_to_route(conn, session_key: str, keep: Callable[[dict], bool], inbox: dict | None, pending: bool,
+                            **message: Any) -> tuple[dict | None, Appended | None]:
+    """:meth:`Messages.append_inbound_to_route` in the caller's transaction."""
+    session = routed_session_locked(conn, session_key)
+    if session is None or session.get("ended_at") is not None or not keep(session):
+        return session, None
+    return session, _append_inbound(conn, session["id"], inbox, pending, **message)
+
+
 def _append_inbound(conn, session_id: str, inbox: dict | None, pending: bool, **message: Any) -> Appended:
     appended = append_inbound(conn, session_id, **message)
     if inbox is not None and appended.new:
@@ -447,16 +456,9 @@ class Messages(Repository):
         Returns ``(session row or None, Appended or None)``; nothing is written when the second is
         None (no route, an ended session, or one ``keep`` turned down: the caller decides what next).
         """
-        def route_and_append(conn):
-            session = routed_session_locked(conn, session_key)
-            if session is None or session.get("ended_at") is not None or not keep(session):
-                return session, None
-            appended = _append_inbound(
-                conn, session["id"], inbox, pending, role=role, content=content, platform_message_id=platform_message_id,
-                timestamp=timestamp, **fields)
-            return session, appended
-
-        return self._engine.write(route_and_append)
+        return self._engine.write(append_inbound_to_route, session_key, keep, inbox, pending, role=role,
+                                  content=content, platform_message_id=platform_message_id, timestamp=timestamp,
+                                  **fields)
 
     @writes
     def record_turn(self, session_id: str, messages: list[dict], *, input_tokens: int = 0,

@@ -13,19 +13,27 @@ compression moved the conversation), and hands it to the turn, which reads only 
 A clustered instance's lane reads a claimed session's batch itself with its context (``unanswered``: the
 messages still waiting, and the conversation and journal as far as the last of them), in the same one read.
 
-No table of its own, and no write: nothing to lock.
+A request (local API, terminal) stores its message when its turn starts, under the lane lock:
+:meth:`Turns.store_then_context` stores it where the route points and reads the turn's context right
+after, in the same transaction (one commit where two were).  What the query says of the message's
+session and id is filled in there (:meth:`ContextQuery.for_stored`); the message is new, so its tool
+journal is known to be empty without a read, and the session's start comes from the row the store
+locked to append.
+
+No table of its own: what it writes is the messages' own write.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 from . import _facts
 from ._media import media_of_lineage
-from ._messages import get_messages_as_conversation
+from ._messages import Appended, append_inbound_to_route, get_messages_as_conversation
 from ._prefs import chat_prefs_named
 from ._recovery import unanswered
-from ._repo import Repository, reads
+from ._repo import Repository, reads, writes
 from ._sessions import get_compression_tip, get_session
 from ._toolcalls import tool_journal
 
@@ -66,6 +74,12 @@ class ContextQuery:
     # the session's messages still awaiting an answer (``Recovery.unanswered``), read first: ``upto`` is then
     # the last of them (all of the conversation when none waits) and ``journal``, when asked, theirs
     unanswered: bool = False
+
+
+    def for_stored(self, session_id: str, message_id: int) -> ContextQuery:
+        """This query for the message just stored as ``message_id`` in ``session_id`` (whatever it said of
+        either): read as far as that message, and with its tool journal (which a new message lacks)."""
+        return replace(self, session_id=session_id, upto=message_id, journal=(message_id,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +129,11 @@ class TurnContext:
             if wanted})
 
 
-def read_turn_context(conn, query: ContextQuery) -> TurnContext:
+def read_turn_context(conn, query: ContextQuery, *, session: dict | None = None,
+                      new_message: bool = False) -> TurnContext:
+    """``query`` read on ``conn``; ``session``: the session's row, read in this transaction (its start is
+    taken from it); ``new_message``: ``query.journal`` names only a message stored in this transaction,
+    which has no journal yet (none is read)."""
     waiting = None
     if query.unanswered:
         waiting = tuple(unanswered(conn, query.session_id))
@@ -126,10 +144,10 @@ def read_turn_context(conn, query: ContextQuery) -> TurnContext:
     conversation = tuple(get_messages_as_conversation(conn, sid, upto)) if query.conversation else None
     started_at = None
     if query.started:
-        row = get_session(conn, sid)
+        row = session if session is not None and session["id"] == sid else get_session(conn, sid)
         started_at = row["started_at"] if row is not None else None
     media = tuple(media_of_lineage(conn, sid)) if query.media else None
-    journal = tool_journal(conn, list(query.journal)) if query.journal else None
+    journal = tool_journal(conn, list(query.journal)) if query.journal and not new_message else None
     facts = None
     if query.facts is not None:
         owner = query.facts
@@ -141,8 +159,30 @@ def read_turn_context(conn, query: ContextQuery) -> TurnContext:
     return TurnContext(conversation, started_at, media, journal, facts, prefs, sid, query, waiting)
 
 
+def store_then_context(conn, session_key: str, keep: Callable[[dict], bool], query: ContextQuery,
+                       **message: Any) -> tuple[dict | None, Appended | None, TurnContext | None]:
+    """:meth:`Turns.store_then_context` in the caller's transaction."""
+    session, appended = append_inbound_to_route(conn, session_key, keep, None, False, **message)
+    if session is None or appended is None or not appended.new:
+        return session, appended, None
+    return session, appended, read_turn_context(conn, query.for_stored(session["id"], appended.id),
+                                                session=session, new_message=True)
+
+
 class Turns(Repository):
     """``db.turns``: what a turn reads before its model call, in one store call."""
+
+    @writes
+    def store_then_context(self, session_key: str, content: str | None, query: ContextQuery, *,
+                           platform_message_id: str | None, keep: Callable[[dict], bool] = lambda session: True,
+                           role: str = "user", **fields: Any) -> tuple[dict | None, Appended | None, TurnContext | None]:
+        """In one transaction: a request's message stored as :meth:`state.Messages.append_inbound_to_route`
+        stores it, then, when it was stored now, ``query`` read for it (:meth:`ContextQuery.for_stored`).
+
+        Returns ``(session row or None, Appended or None, TurnContext or None)``; the context is None when
+        nothing new was stored (the caller goes on as after ``append_inbound_to_route``)."""
+        return self._engine.write(store_then_context, session_key, keep, query, role=role, content=content,
+                                  platform_message_id=platform_message_id, **fields)
 
     @reads
     def context(self, query: ContextQuery) -> TurnContext:

@@ -45,6 +45,41 @@ def test_an_inbound_message_is_stored_in_the_routed_session_in_one_call(store):
         assert [m.content for m in db.messages.get(sid)] == ["hi"]
 
 
+def test_a_requests_message_is_stored_and_its_turns_context_read_in_one_call(store):
+    """db.turns.store_then_context: the message stored where the route points, then the turn's context read
+    for it in the same transaction, as db.turns.context reads it after the store; nothing read when nothing
+    new was stored."""
+    from state import ContextQuery, FactsOwner
+
+    with store as db:
+        query = ContextQuery("", conversation=True, started=True, media=True, journal=(0,),
+                             facts=FactsOwner("k", "main", "api:u1"), prefs=("k", ("model",)))
+        assert db.turns.store_then_context("k", "hello?", query, platform_message_id=None) == (None, None, None)
+        sid = db.sessions.create(new_session_id(), "api", session_key="k")
+        db.routes.set("k", sid)
+        db.messages.append(sid, "user", "earlier")
+        db.messages.append(sid, "assistant", "an answer")
+        db.prefs.set("k", "model", "fast", now=6.0)
+
+        session, appended, context = db.turns.store_then_context("k", "and now?", query, platform_message_id="m1")
+        assert session["id"] == sid and appended.new
+        assert [m["content"] for m in context.conversation] == ["earlier", "an answer", "and now?"]
+        after = db.turns.context(query.for_stored(sid, appended.id))  # the same query, read on its own
+        assert (context.conversation, context.started_at, context.media, context.journal, context.facts,
+                context.prefs) == (after.conversation, after.started_at, after.media, after.journal, after.facts,
+                                   after.prefs)
+        assert context.started_at == db.sessions.get(sid).started_at and context.pref("model") == "fast"
+        assert (context.session_id, context.asked.upto, context.asked.journal) == (sid, appended.id, (appended.id,))
+
+        # the platform (an Idempotency-Key) sends it again: stored once, nothing read
+        again = db.turns.store_then_context("k", "and now?", query, platform_message_id="m1")
+        assert (again[1], again[2]) == ((appended.id, False), None)
+        turned_down = db.turns.store_then_context("k", "stale?", query, platform_message_id="m2",
+                                                  keep=lambda row: False)
+        assert turned_down[1:] == (None, None)
+        assert [m.content for m in db.messages.get(sid)] == ["earlier", "an answer", "and now?"]
+
+
 def test_a_turns_context_is_read_in_one_call_as_each_part_reads_alone(store):
     """db.turns.context: the conversation (as far as a message), the session's start, its media, the
     tool journal and the chat's facts choice, each as the feature's own read gives it; a part not asked

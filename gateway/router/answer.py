@@ -33,6 +33,7 @@ from gateway.voice import TRANSCRIBING, is_pending, transcribe_stored
 
 from .admit import Admission
 from .choices import ChatChoices
+from .contexts import TurnContexts
 from .guard import SINGLE_INSTANCE, TrustedDrafts, TurnClaim, TurnGuard, dropped, may_send_stored
 from .lanes import (
     ChatWork,
@@ -102,6 +103,7 @@ class Answer:
         self.turn = turn
         self._outbox = outbox
         self._choices = choices
+        self._contexts = TurnContexts(shared, turn, outbox, choices)
         self._run_command = run_command
         self._wake = wake
         self._admission = Admission(shared, outbox, wake=wake, budgets=budgets, model_back=model_back)  # limits and budgets, before a turn
@@ -116,7 +118,7 @@ class Answer:
             lane.held = []
             # the turn's whole context with its history, in one store call (a compression may have moved
             # the conversation to a child since these were stored: it is read there)
-            context = await self._context(lane, self._chat_context_query(lane, batch))
+            context = await self._contexts.read(lane, self._contexts.for_chat(lane, batch))
             for t in batch:
                 t.session_id = context.session_id or t.session_id
             history = list(context.conversation or ())
@@ -125,7 +127,7 @@ class Answer:
             return await self._request(lane, work.ticket)
         if isinstance(work, ClaimedWork):
             try:  # the messages waiting, read again with their history and the turn's context (one snapshot)
-                context = await self._context(lane, self._claimed_context_query(lane, work))
+                context = await self._contexts.read(lane, self._contexts.for_claimed(lane, work))
             except BaseException as exc:
                 settle_future(work.done, exc)
                 raise
@@ -141,6 +143,7 @@ class Answer:
 
     async def _request(self, lane: Lane, ticket: Ticket) -> Job | None:
         assert ticket.prepare is not None
+        ticket.context_query, read_at = self._contexts.for_request(lane, ticket), time.monotonic()
         try:
             session_id = await ticket.prepare()
         except Exception as exc:  # noqa: BLE001 - the request's caller gets it; the lane lives on
@@ -151,37 +154,12 @@ class Answer:
             ticket.resolve("")
             return None
         ticket.session_id = session_id
-        # its conversation is read by the turn, with the rest of its context (one store call): a request's
-        # lane stores nothing else meanwhile, and the turn reads as far as the request's message
-        return lambda: self._turn_then_unadopted(lane, [ticket], None)
-
-    def _chat_context_query(self, lane: Lane, batch: list[Ticket]) -> state.ContextQuery:
-        """What the turn answering ``batch`` reads before its model call (``AgentTurn.context_query``, for
-        the request :meth:`_run` makes), with the conversation where it goes on, as far as the batch's
-        last message: read under the lane lock, so a message stored after it waits for the next turn; and the
-        chat's choices its lane would read again."""
-        last, msg = batch[-1], batch[-1].msg
-        req = TurnRequest(session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
-                          answered=tuple(t.message_id for t in batch if t.message_id is not None))
-        names = self._choices.to_read(lane, model=not last.extras.model, stream=self._outbox.streams(msg.platform),
-                                      voice=self._outbox.speaks_on(msg.platform, self._shared.voice) is None)
-        return replace(self.turn.context_query(req, conversation=True), upto=last.message_id, continued=True,
-                       prefs=(lane.key, names) if names else None)
-
-    def _claimed_context_query(self, lane: Lane, work: ClaimedWork) -> state.ContextQuery:
-        """:meth:`_chat_context_query` for a batch ending with ``work.seen``, with the messages waiting in the
-        claimed session (``unanswered``) and as far as the last of them (the turn reads what that lacks)."""
-        if work.seen is None:
-            return state.ContextQuery(work.claim.session_id, conversation=True, unanswered=True)
-        return replace(self._chat_context_query(lane, [work.seen]), session_id=work.claim.session_id,
-                       continued=False, unanswered=True)
-
-    async def _context(self, lane: Lane, query: state.ContextQuery) -> state.TurnContext:
-        """``query`` read in one store call; the chat's choices it read kept as the lane's copies."""
-        read_at = time.monotonic()
-        context = await self._shared.db.turns.context(query)
-        self._choices.learned(lane, context, read_at)
-        return context
+        if ticket.context is not None:
+            self._choices.learned(lane, ticket.context, read_at)
+        # its conversation is read with the rest of its context, by ``prepare`` as it stored the message or
+        # else by the turn (one store call): a request's lane stores nothing else meanwhile, and either reads
+        # as far as the request's message
+        return lambda: self._turn_then_unadopted(lane, [ticket], None, ticket.context)
 
     async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
                                    context: state.TurnContext | None = None) -> None:

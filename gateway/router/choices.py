@@ -24,12 +24,12 @@ class ChatChoices:
     def __init__(self, shared: RouterState) -> None:
         self._shared = shared
 
-    def _stale(self, read_at: float | None) -> bool:
-        """Whether a chat choice read at ``read_at`` (monotonic; None: never) must be read again:
-        never read, or (clustered, where another instance may change it) read over
-        ``settings.prefs_fresh_for`` seconds ago."""
+    def _stale(self, read_at: float | None, ahead: float = 0.0) -> bool:
+        """Whether a chat choice read at ``read_at`` (monotonic; None: never) must be read again (``ahead``:
+        ``ahead`` seconds from now): never read, or (clustered, where another instance may change it) read
+        over ``settings.prefs_fresh_for`` seconds before."""
         fresh_for = self._shared.settings.prefs_fresh_for
-        return read_at is None or (fresh_for is not None and time.monotonic() - read_at > fresh_for)
+        return read_at is None or (fresh_for is not None and time.monotonic() + ahead - read_at > fresh_for)
 
     async def choice(self, lane: Lane, name: str) -> str | None:
         """The chat's choice ``name`` (``stream``, ``model``, ``voice``) as stored, None when it made none;
@@ -42,12 +42,14 @@ class ChatChoices:
         assert cached is not None
         return cached[0]
 
-    def to_read(self, lane: Lane, *, model: bool = True, stream: bool = True, voice: bool = True) -> tuple[str, ...]:
-        """The :data:`CHOICES` whose lane copy :meth:`choice` would read again now, of those a turn uses
-        (``model``: False when the request named its model; ``stream``, ``voice``: False where the platform
-        does not stream, a reply cannot be spoken)."""
+    def to_read(self, lane: Lane, *, model: bool = True, stream: bool = True, voice: bool = True,
+                ahead: float = 0.0) -> tuple[str, ...]:
+        """The :data:`CHOICES` whose lane copy :meth:`choice` would read again now (``ahead``: ``ahead``
+        seconds from now), of those a turn uses (``model``: False when the request named its model;
+        ``stream``, ``voice``: False where the platform does not stream, a reply cannot be spoken)."""
         used = {"model": model, "stream": stream, "voice": voice}
-        return tuple(name for name in CHOICES if used[name] and self._stale(lane.choices.get(name, (None, None))[1]))
+        return tuple(name for name in CHOICES
+                     if used[name] and self._stale(lane.choices.get(name, (None, None))[1], ahead))
 
     def learned(self, lane: Lane, context: TurnContext, read_at: float) -> None:
         """The choices ``context`` read (the chat's: its lane's key) as the lane's copy, read at ``read_at``

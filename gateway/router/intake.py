@@ -307,8 +307,16 @@ class Intake:
         lane = self._lanes.lane(key)
         text = stored_text(msg, self._shared.hears)
         retry = msg.message_id is None and ticket.extras.retry  # of what a failed turn left unanswered
-        session, appended = (await db.routes.session(key), None) if retry else await db.messages.append_inbound_to_route(
-            key, text, platform_message_id=msg.message_id, keep=self._sessions.keeps(msg, lane, turn_starting=True))
+        keep = self._sessions.keeps(msg, lane, turn_starting=True)
+        if retry:
+            session, appended = await db.routes.session(key), None
+        elif ticket.context_query is not None and not any(a.data for a in msg.attachments):
+            # its turn's context read right after it, in its transaction (its files, kept after it, would be missed)
+            session, appended, ticket.context = await db.turns.store_then_context(
+                key, text, ticket.context_query, platform_message_id=msg.message_id, keep=keep)
+        else:
+            session, appended = await db.messages.append_inbound_to_route(
+                key, text, platform_message_id=msg.message_id, keep=keep)
         if appended is not None:
             assert session is not None
             ticket.session_id = session["id"]
