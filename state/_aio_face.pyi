@@ -741,6 +741,7 @@ class AsyncTurns:
         *,
         platform_message_id: str | None,
         keep: Callable[[dict], bool] = ...,
+        inbox: dict | None = ...,
         role: str = ...,
         **fields: Any,
     ) -> tuple[dict | None, Appended | None, TurnContext | None]: ...

@@ -13,9 +13,10 @@ compression moved the conversation), and hands it to the turn, which reads only 
 A clustered instance's lane reads a claimed session's batch itself with its context (``unanswered``: the
 messages still waiting, and the conversation and journal as far as the last of them), in the same one read.
 
-A request (local API, terminal) stores its message when its turn starts, under the lane lock:
-:meth:`Turns.store_then_context` stores it where the route points and reads the turn's context right
-after, in the same transaction (one commit where two were).  What the query says of the message's
+A request (local API, terminal) stores its message when its turn starts, under the lane lock, and a
+platform chat's message coming into an idle lane is answered next by a turn of its own:
+:meth:`Turns.store_then_context` stores either where the route points and reads the turn's context
+right after, in the same transaction (one commit where two were).  What the query says of the message's
 session and id is filled in there (:meth:`ContextQuery.for_stored`); the message is new, so its tool
 journal is known to be empty without a read, and the session's start comes from the row the store
 locked to append.
@@ -160,9 +161,9 @@ def read_turn_context(conn, query: ContextQuery, *, session: dict | None = None,
 
 
 def store_then_context(conn, session_key: str, keep: Callable[[dict], bool], query: ContextQuery,
-                       **message: Any) -> tuple[dict | None, Appended | None, TurnContext | None]:
+                       inbox: dict | None, **message: Any) -> tuple[dict | None, Appended | None, TurnContext | None]:
     """:meth:`Turns.store_then_context` in the caller's transaction."""
-    session, appended = append_inbound_to_route(conn, session_key, keep, None, False, **message)
+    session, appended = append_inbound_to_route(conn, session_key, keep, inbox, False, **message)
     if session is None or appended is None or not appended.new:
         return session, appended, None
     return session, appended, read_turn_context(conn, query.for_stored(session["id"], appended.id),
@@ -175,13 +176,16 @@ class Turns(Repository):
     @writes
     def store_then_context(self, session_key: str, content: str | None, query: ContextQuery, *,
                            platform_message_id: str | None, keep: Callable[[dict], bool] = lambda session: True,
-                           role: str = "user", **fields: Any) -> tuple[dict | None, Appended | None, TurnContext | None]:
-        """In one transaction: a request's message stored as :meth:`state.Messages.append_inbound_to_route`
-        stores it, then, when it was stored now, ``query`` read for it (:meth:`ContextQuery.for_stored`).
+                           inbox: dict | None = None, role: str = "user",
+                           **fields: Any) -> tuple[dict | None, Appended | None, TurnContext | None]:
+        """In one transaction: a message stored as :meth:`state.Messages.append_inbound_to_route` stores it
+        (with ``inbox``, put in the inbox too; never marked pending for a cluster's instances, whose turns
+        read their context when they claim it), then, when it was stored now, ``query`` read for it
+        (:meth:`ContextQuery.for_stored`).
 
         Returns ``(session row or None, Appended or None, TurnContext or None)``; the context is None when
         nothing new was stored (the caller goes on as after ``append_inbound_to_route``)."""
-        return self._engine.write(store_then_context, session_key, keep, query, role=role, content=content,
+        return self._engine.write(store_then_context, session_key, keep, query, inbox, role=role, content=content,
                                   platform_message_id=platform_message_id, **fields)
 
     @reads

@@ -95,7 +95,8 @@ class Plan:
 class Answer:
     """The lanes' work run: turns, resumed turns, claimed work, stored replies and expired messages."""
 
-    def __init__(self, shared: RouterState, turn: AgentTurn, outbox: Outbox, choices: ChatChoices, *,
+    def __init__(self, shared: RouterState, turn: AgentTurn, outbox: Outbox, choices: ChatChoices,
+                 contexts: TurnContexts, *,
                  run_command: Callable[..., Awaitable[None]], wake: Callable[[Lane], None],
                  budgets: BudgetGate | None = None,
                  model_back: Callable[[], Awaitable[bool]] | None = None) -> None:
@@ -103,7 +104,7 @@ class Answer:
         self.turn = turn
         self._outbox = outbox
         self._choices = choices
-        self._contexts = TurnContexts(shared, turn, outbox, choices)
+        self._contexts = contexts
         self._run_command = run_command
         self._wake = wake
         self._admission = Admission(shared, outbox, wake=wake, budgets=budgets, model_back=model_back)  # limits and budgets, before a turn
@@ -117,8 +118,12 @@ class Answer:
             batch = [t for t in lane.held if t.session_id == work.ticket.session_id] + [work.ticket, *lane.take_chats()]
             lane.held = []
             # the turn's whole context with its history, in one store call (a compression may have moved
-            # the conversation to a child since these were stored: it is read there)
-            context = await self._contexts.read(lane, self._contexts.for_chat(lane, batch))
+            # the conversation to a child since these were stored: it is read there), unless it was read as
+            # the message was stored into an idle lane: nothing has run here since, for the first turn to
+            # take it (a message held back and taken again later has its context read again)
+            known, work.ticket.context = work.ticket.context, None
+            context = known if known is not None and batch == [work.ticket] \
+                else await self._contexts.read(lane, self._contexts.for_chat(lane, batch))
             for t in batch:
                 t.session_id = context.session_id or t.session_id
             history = list(context.conversation or ())
@@ -143,7 +148,6 @@ class Answer:
 
     async def _request(self, lane: Lane, ticket: Ticket) -> Job | None:
         assert ticket.prepare is not None
-        ticket.context_query, read_at = self._contexts.for_request(lane, ticket), time.monotonic()
         try:
             session_id = await ticket.prepare()
         except Exception as exc:  # noqa: BLE001 - the request's caller gets it; the lane lives on
@@ -154,12 +158,11 @@ class Answer:
             ticket.resolve("")
             return None
         ticket.session_id = session_id
-        if ticket.context is not None:
-            self._choices.learned(lane, ticket.context, read_at)
         # its conversation is read with the rest of its context, by ``prepare`` as it stored the message or
         # else by the turn (one store call): a request's lane stores nothing else meanwhile, and either reads
         # as far as the request's message
-        return lambda: self._turn_then_unadopted(lane, [ticket], None, ticket.context)
+        context, ticket.context = ticket.context, None  # for this turn only: one held back reads it again
+        return lambda: self._turn_then_unadopted(lane, [ticket], None, context)
 
     async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,
                                    context: state.TurnContext | None = None) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 import state
+from gateway.control import RequestExtras
 from gateway.turn import AgentTurn, TurnRequest
+from gateway.types import InboundMessage
 
 from .choices import ChatChoices
 from .lanes import ClaimedWork, Lane
@@ -33,18 +36,30 @@ class TurnContexts:
         self._outbox = outbox
         self._choices = choices
 
-    def for_chat(self, lane: Lane, batch: list[Ticket], *, ahead: float = 0.0) -> state.ContextQuery:
+    def for_chat(self, lane: Lane, batch: list[Ticket]) -> state.ContextQuery:
         """What the turn answering ``batch`` reads before its model call (``AgentTurn.context_query``, for
         the request ``Answer`` makes), with the conversation where it goes on, as far as the batch's
         last message: read under the lane lock, so a message stored after it waits for the next turn; and the
-        chat's choices its lane would read again (``ahead``: that many seconds from now)."""
-        last, msg = batch[-1], batch[-1].msg
-        req = TurnRequest(session_id=last.session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
-                          answered=tuple(t.message_id for t in batch if t.message_id is not None))
-        names = self._choices.to_read(lane, model=not last.extras.model, stream=self._outbox.streams(msg.platform),
+        chat's choices its lane would read again."""
+        last = batch[-1]
+        return self._query(lane, last.msg, last.extras, last.session_id, last.message_id,
+                           tuple(t.message_id for t in batch if t.message_id is not None))
+
+    def for_message(self, lane: Lane, msg: InboundMessage, extras: RequestExtras) -> state.ContextQuery:
+        """:meth:`for_chat` for a batch of ``msg`` alone, about to be stored into ``lane``, idle (its session
+        and id are filled in as it is stored, by ``ContextQuery.for_stored``), the session's start
+        included; the chat's choices read with it are those that go stale before its turn would use them
+        (:data:`CHOICES_AHEAD`)."""
+        return replace(self._query(lane, msg, extras, "", None, (), ahead=CHOICES_AHEAD), started=True)
+
+    def _query(self, lane: Lane, msg: InboundMessage, extras: RequestExtras, session_id: str, upto: int | None,
+               answered: tuple[int, ...], *, ahead: float = 0.0) -> state.ContextQuery:
+        req = TurnRequest(session_id=session_id, session_key=lane.key, platform=msg.platform, user_id=msg.user_id,
+                          answered=answered)
+        names = self._choices.to_read(lane, model=not extras.model, stream=self._outbox.streams(msg.platform),
                                       voice=self._outbox.speaks_on(msg.platform, self._shared.voice) is None,
                                       ahead=ahead)
-        return replace(self._turn.context_query(req, conversation=True), upto=last.message_id, continued=True,
+        return replace(self._turn.context_query(req, conversation=True), upto=upto, continued=True,
                        prefs=(lane.key, names) if names else None)
 
     def for_claimed(self, lane: Lane, work: ClaimedWork) -> state.ContextQuery:
@@ -56,11 +71,20 @@ class TurnContexts:
                        continued=False, unanswered=True)
 
     def for_request(self, lane: Lane, ticket: Ticket) -> state.ContextQuery:
-        """What the turn answering the request ``ticket`` reads before its model call (as :meth:`for_chat`,
-        for the session where it is stored, when it is: its session and message are filled in then, by
-        ``ContextQuery.for_stored``), the session's start included; the chat's choices read with it are
-        those that go stale before the turn would use them (:data:`CHOICES_AHEAD`)."""
-        return replace(self.for_chat(lane, [ticket], ahead=CHOICES_AHEAD), continued=False, started=True)
+        """:meth:`for_message` for the request ``ticket``, stored when its turn starts, which reads its
+        conversation in the session the request was stored in (not where a compression moved it)."""
+        return replace(self.for_message(lane, ticket.msg, ticket.extras), continued=False)
+
+    async def stored_with_context(self, lane: Lane, query: state.ContextQuery, key: str, text: str,
+                                  **store: Any) -> tuple[dict | None, state.Appended | None, state.TurnContext | None]:
+        """The message stored as ``db.messages.append_inbound_to_route`` stores it, and ``query`` read for
+        it in the same transaction (``db.turns.store_then_context``); the chat's choices read kept as the
+        lane's copies."""
+        read_at = time.monotonic()
+        session, appended, context = await self._shared.db.turns.store_then_context(key, text, query, **store)
+        if context is not None:
+            self._choices.learned(lane, context, read_at)
+        return session, appended, context
 
     async def read(self, lane: Lane, query: state.ContextQuery) -> state.TurnContext:
         """``query`` read in one store call; the chat's choices it read kept as the lane's copies."""

@@ -30,6 +30,7 @@ from gateway.tasks import spawn
 from gateway.turn import ReplySink
 from gateway.types import InboundMessage
 
+from .contexts import TurnContexts
 from .lanes import ChatWork, CommandWork, Lane, Lanes, RequestWork
 from .outbox import Outbox
 from .shared import NO_EXTRAS, STORE_DAMAGED_LINE, RequestExtras, RouterState, Ticket, inbox_entry, stored_text
@@ -133,12 +134,13 @@ class Sessions:
 class Intake:
     """Authorisation, the session key, the reset policy, storing the message, queueing it on its lane."""
 
-    def __init__(self, shared: RouterState, lanes: Lanes, outbox: Outbox, sessions: Sessions, *,
-                 authorizer, commands, control: Any) -> None:
+    def __init__(self, shared: RouterState, lanes: Lanes, outbox: Outbox, sessions: Sessions,
+                 contexts: TurnContexts, *, authorizer, commands, control: Any) -> None:
         self._shared = shared
         self._lanes = lanes
         self._outbox = outbox
         self._sessions = sessions
+        self._contexts = contexts  # what a turn reads before its model call, read as its message is stored
         self.authorizer = authorizer
         self.commands = commands
         self._control = control  # what commands may do to the chat (gateway.control.ChatControl)
@@ -212,7 +214,7 @@ class Intake:
         # clustered: a chat message waits in the store for whichever instance claims its session
         claimed = inbox is not None and command is None and self._outbox.claims_turns(msg.platform)
         async with lane.lock:
-            appended = None
+            appended = context = None
             if command is None and inbox is None:
                 # a request/response source's message is stored when its own turn starts, in the session
                 # the route points to then (store_request): nothing to read now
@@ -222,14 +224,21 @@ class Intake:
             else:
                 # the common case in one store call: the routed session is open and fresh, so the
                 # message is stored in it at once; otherwise nothing was written and the policy decides
-                session, appended = await self._shared.db.messages.append_inbound_to_route(
-                    key, stored_text(msg, self._shared.hears), platform_message_id=msg.message_id,
-                    keep=self._sessions.keeps(msg, lane), inbox=inbox, pending=claimed)
+                text, keep = stored_text(msg, self._shared.hears), self._sessions.keeps(msg, lane)
+                if not claimed and _idle(lane) and not _has_files(msg):
+                    # nothing runs here before its turn, which answers it alone: that turn's context is read
+                    # now, with it, in its transaction
+                    session, appended, context = await self._contexts.stored_with_context(
+                        lane, self._contexts.for_message(lane, msg, extras), key, text,
+                        platform_message_id=msg.message_id, keep=keep, inbox=inbox)
+                else:
+                    session, appended = await self._shared.db.messages.append_inbound_to_route(
+                        key, text, platform_message_id=msg.message_id, keep=keep, inbox=inbox, pending=claimed)
                 if appended is not None and session is not None:  # stored: the session is the routed one
                     session_id, notice = session["id"], None
                 else:
                     session_id, notice = await self._sessions.apply_policy(key, msg, lane, session)
-            ticket = Ticket(msg, key, session_id, sink=sink, extras=extras)
+            ticket = Ticket(msg, key, session_id, sink=sink, extras=extras, context=context)
             if notice:
                 ticket.notices.append(notice)
                 await self._outbox.deliver(msg.chat, notice, None)
@@ -310,10 +319,10 @@ class Intake:
         keep = self._sessions.keeps(msg, lane, turn_starting=True)
         if retry:
             session, appended = await db.routes.session(key), None
-        elif ticket.context_query is not None and not any(a.data for a in msg.attachments):
-            # its turn's context read right after it, in its transaction (its files, kept after it, would be missed)
-            session, appended, ticket.context = await db.turns.store_then_context(
-                key, text, ticket.context_query, platform_message_id=msg.message_id, keep=keep)
+        elif not _has_files(msg):  # its turn's context read right after it, in its transaction
+            session, appended, ticket.context = await self._contexts.stored_with_context(
+                lane, self._contexts.for_request(lane, ticket), key, text, platform_message_id=msg.message_id,
+                keep=keep)
         else:
             session, appended = await db.messages.append_inbound_to_route(
                 key, text, platform_message_id=msg.message_id, keep=keep)
@@ -371,6 +380,17 @@ class Intake:
         ticket.resolve(text)
         if text:  # "": the command sent its own answer (an approval's continued turn)
             await self._outbox.deliver(ticket.msg.chat, text, ticket.msg.message_id)
+
+
+def _idle(lane: Lane) -> bool:
+    """Whether nothing runs, waits or is held back in ``lane`` (its lock held): a message stored now is
+    answered next, by a turn of its own."""
+    return not lane.busy and not lane.queue and not lane.held
+
+
+def _has_files(msg: InboundMessage) -> bool:
+    """Whether ``msg`` brings files, which are kept after it is stored (so a context read with it lacks them)."""
+    return any(a.data for a in msg.attachments)
 
 
 def _always(session: dict) -> bool:

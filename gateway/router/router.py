@@ -38,6 +38,7 @@ from gateway.voice import Voice
 
 from .answer import Answer
 from .choices import ChatChoices
+from .contexts import TurnContexts
 from .guard import TurnClaim
 from .intake import Intake, Sessions
 from .lanes import Lane, Lanes, ResumeWork
@@ -74,9 +75,10 @@ class SessionRouter:
         self._lanes = Lanes(self._run, on_forget=self._forget_limits)
         self.sessions = Sessions(shared, lambda: turn.settings.persona)
         self.control = RouterControl(self, budgets)
-        self.intake = Intake(shared, self._lanes, self.outbox, self.sessions, authorizer=authorizer,
+        contexts = TurnContexts(shared, turn, self.outbox, self.choices)  # what a turn reads before its model call
+        self.intake = Intake(shared, self._lanes, self.outbox, self.sessions, contexts, authorizer=authorizer,
                              commands=commands, control=self.control)
-        self.answer = Answer(shared, turn, self.outbox, self.choices, run_command=self.intake.run_command,
+        self.answer = Answer(shared, turn, self.outbox, self.choices, contexts, run_command=self.intake.run_command,
                              wake=self._lanes.wake, budgets=budgets, model_back=model_back)
         self.recovery = Recovery(shared, self._lanes, self.outbox)
         # the local API's and the terminal's one entry (gateway.control.Requests): a Request in, a Reply out

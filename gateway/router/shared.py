@@ -71,9 +71,8 @@ class Ticket:
     # stored when that turn starts, under the lane lock, by ``prepare``: it returns the session to answer
     # in, or None when the request was answered before (a retry: ``replayed`` is set, the caller replays).
     prepare: Callable[[], Awaitable[str | None]] | None = None
-    # what of its turn's context ``prepare`` reads with the message it stores, in the same transaction
-    # (``state.Turns.store_then_context``), and what it read (None: not asked, or nothing was read then)
-    context_query: state.ContextQuery | None = None
+    # its turn's context, read in the transaction that stored the message (``state.Turns.store_then_context``;
+    # None: read when the turn starts)
     context: state.TurnContext | None = None
     replayed: bool = False
     extras: RequestExtras = field(default_factory=lambda: NO_EXTRAS)  # what a local API client adds to its request
