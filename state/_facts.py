@@ -214,6 +214,15 @@ def fact_count(conn: sqlite3.Connection, agent: str, user_scope: str) -> int:
                         (owner_token(agent, user_scope),)).fetchone()[0]
 
 
+def facts_choice(conn: sqlite3.Connection, session_key: str, agent: str, user_scope: str) -> tuple[bool | None, bool]:
+    """:func:`facts_prefetch_enabled` for the chat and :func:`owner_has_facts` for the scope, in one statement."""
+    prefetch, any_facts = conn.execute(
+        "SELECT (SELECT prefetch FROM fact_prefs WHERE session_key = $1),"
+        " EXISTS (SELECT 1 FROM facts WHERE owner = $2)",
+        (session_key, owner_token(agent, user_scope))).fetchone()
+    return None if prefetch is None else bool(prefetch), bool(any_facts)
+
+
 def facts_prefetch_enabled(conn: sqlite3.Connection, session_key: str) -> bool | None:
     """The chat's choice (None: never set, the config's default applies)."""
     row = conn.execute("SELECT prefetch FROM fact_prefs WHERE session_key = $1", (session_key,)).fetchone()

@@ -87,16 +87,20 @@ def set_media_note(conn: sqlite3.Connection, sha256: str, note: str) -> int:
                         (note, sha256)).rowcount
 
 
-def media_of_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict]:
+def media_of_lineage(conn: sqlite3.Connection, session_id: str, *, session: dict | None = None) -> list[dict]:
     """The media of ``session_id``'s messages and of its ancestors' (the sessions compression moved
     on from), oldest session first, each in the session's order, with the message's role and stored
-    content (what a turn's history matches them by)."""
+    content (what a turn's history matches them by).  ``session``: a session's row the caller read in
+    this transaction (its parent is not read again)."""
     from ._messages import SLOT
 
     chain: list[str] = []
     current: str | None = session_id
     while current is not None and current not in chain and len(chain) <= _ANCESTORS:
         chain.append(current)
+        if session is not None and session["id"] == current:
+            current = session["parent_session_id"]
+            continue
         row = conn.execute("SELECT parent_session_id FROM sessions WHERE id = $1", (current,)).fetchone()
         current = row[0] if row else None
     out: list[dict] = []

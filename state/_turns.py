@@ -147,13 +147,12 @@ def read_turn_context(conn, query: ContextQuery, *, session: dict | None = None,
     if query.started:
         row = session if session is not None and session["id"] == sid else get_session(conn, sid)
         started_at = row["started_at"] if row is not None else None
-    media = tuple(media_of_lineage(conn, sid)) if query.media else None
+    media = tuple(media_of_lineage(conn, sid, session=session)) if query.media else None
     journal = tool_journal(conn, list(query.journal)) if query.journal and not new_message else None
     facts = None
     if query.facts is not None:
         owner = query.facts
-        facts = FactsChoice(_facts.facts_prefetch_enabled(conn, owner.session_key),
-                            _facts.owner_has_facts(conn, owner.agent, owner.user_scope))
+        facts = FactsChoice(*_facts.facts_choice(conn, owner.session_key, owner.agent, owner.user_scope))
     prefs = None
     if query.prefs is not None:
         prefs = chat_prefs_named(conn, *query.prefs)
