@@ -115,27 +115,36 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
     p = Params(calls, timestamp, preview, session_id)  # $1 ... $4
     added = (f", input_tokens = COALESCE(input_tokens, 0) + {p(int(tokens[0]))}, "
              f"output_tokens = COALESCE(output_tokens, 0) + {p(int(tokens[1]))}") if any(tokens) else ""
-    cur = conn.execute(
-        f"""UPDATE sessions SET message_count = message_count + 1,
+    counted = f"""UPDATE sessions SET message_count = message_count + 1,
                                tool_call_count = tool_call_count + $1,
                                last_active = MAX(COALESCE(last_active, started_at), $2),
                                preview = COALESCE(preview, $3){added}
-           WHERE id = $4""",
-        p.values,
-    )
-    if cur.rowcount == 0:
+           WHERE id = $4"""
+    row = (session_id, role, content, message.get("tool_call_id"), _json(tool_calls), message.get("tool_name"),
+           timestamp, message.get("token_count"), message.get("finish_reason"), reasoning,
+           _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id,
+           message.get("trace_id"))
+    if dialect_of(conn).name == "postgresql":
+        # one statement (one round trip): the counters, then the row, inserted only where the session's row
+        # was counted (none: no such session); each value typed as its column, as a VALUES list would be
+        values = ", ".join(f"{p(value)}::{kind}" for value, kind in zip(row, _PG_KINDS))
+        ids = conn.execute(f"WITH counted AS ({counted} RETURNING 1) INSERT INTO messages ({_INSERTED}) "
+                           f"SELECT {values} FROM counted RETURNING id", p.values).fetchall()
+        if not ids:
+            raise SessionNotFound(session_id)
+        return Appended(ids[0][0], True)
+    if conn.execute(counted, p.values).rowcount == 0:
         raise SessionNotFound(session_id)
-    cur = conn.execute(
-        """INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp,
-                                 token_count, finish_reason, reasoning, reasoning_details,
-                                 codex_reasoning_items, platform_message_id, trace_id)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id""",
-        (session_id, role, content, message.get("tool_call_id"), _json(tool_calls), message.get("tool_name"),
-         timestamp, message.get("token_count"), message.get("finish_reason"), reasoning,
-         _exact_json(message.get("reasoning_details")), _exact_json(message.get("codex_reasoning_items")), platform_id,
-         message.get("trace_id")),
-    )
+    cur = conn.execute(f"INSERT INTO messages ({_INSERTED}) VALUES ({', '.join(f'${n}' for n in range(1, 15))})"
+                       " RETURNING id", row)
     return Appended(cur.fetchall()[0][0], True)
+
+
+# the columns a message is stored in, and their PostgreSQL types (the one-statement append casts to them)
+_INSERTED = ("session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp, token_count, finish_reason,"
+             " reasoning, reasoning_details, codex_reasoning_items, platform_message_id, trace_id")
+_PG_KINDS = ("text", "text", "text", "text", "text", "text", "double precision", "bigint", "text", "text", "text",
+             "text", "text", "text")
 
 
 def append_message(conn: sqlite3.Connection, session_id: str, **message: Any) -> int:
