@@ -359,6 +359,13 @@ def routed_session_locked(conn, session_key: str) -> dict | None:
     lock = dialect_of(conn).for_update
     if not lock:
         return get_routed_session(conn, session_key)
+    # the usual case in one statement: both rows, locked route first (they are locked in the FROM's order)
+    row = conn.execute("SELECT s.* FROM routes r JOIN sessions s ON s.id = r.session_id"
+                       f" WHERE r.session_key = $1{lock}", (session_key,)).fetchone()
+    if row is not None:
+        return dict(row)
+    # no route, or it moved while this waited for its lock: the moved route's row no longer joins the session
+    # row read before the wait, so the join finds nothing; read again, one row at a time
     route = conn.execute(f"SELECT session_id FROM routes WHERE session_key = $1{lock}", (session_key,)).fetchone()
     if route is None:
         return None

@@ -9,11 +9,13 @@ writes always take turns.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 import pytest
 
 from state import SessionDB, TitleConflict
+from state._routes import set_route
 
 THREADS = 4
 
@@ -217,3 +219,26 @@ def test_one_signed_request_claimed_by_two_instances_at_once_is_taken_once(two):
         results = race(THREADS, lambda n, r=round_: (a, b)[n % 2].replays.claim(
             "webhook:hook", f"sig{r}", keep_until=2000.0, held_until=1030.0, now=1000.0))
         assert results.count("taken") == 1 and results.count("in_flight") == THREADS - 1, results
+
+
+def test_a_message_coming_while_its_route_moves_goes_where_the_route_points_once_moved(two):
+    """The routed append locks the route's row and its session's (state._messages.routed_session_locked): one
+    that waits for a move of the route to commit stores the message in the session moved to."""
+    a, b = two
+    for sid in ("old", "new"):
+        a.sessions.create(sid, "telegram", session_key="chat")
+    a.routes.set("chat", "old")
+    stored: dict[str, Any] = {}
+
+    def move_while_a_message_comes(conn) -> threading.Thread:
+        set_route(conn, "chat", "new")
+        coming = threading.Thread(target=lambda: stored.update(
+            result=b.messages.append_inbound_to_route("chat", "hi", platform_message_id="m1")))
+        coming.start()
+        time.sleep(0.5)  # the other instance's append waits for this move to commit
+        return coming
+
+    a._engine.write(move_while_a_message_comes).join(30)
+    session, appended = stored["result"]
+    assert session["id"] == "new" and appended.new
+    assert [m.content for m in a.messages.get("new")] == ["hi"] and a.messages.get("old") == []
