@@ -127,7 +127,7 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
     if dialect_of(conn).name == "postgresql":
         # one statement (one round trip): the counters, then the row, inserted only where the session's row
         # was counted (none: no such session); each value typed as its column, as a VALUES list would be
-        values = ", ".join(f"{p(value)}::{kind}" for value, kind in zip(row, _PG_KINDS))
+        values = ", ".join(f"{p(value)}::{kind}" for value, kind in zip(row, _PG_KINDS, strict=True))
         ids = conn.execute(f"WITH counted AS ({counted} RETURNING 1) INSERT INTO messages ({_INSERTED}) "
                            f"SELECT {values} FROM counted RETURNING id", p.values).fetchall()
         if not ids:
