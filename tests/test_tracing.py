@@ -133,7 +133,10 @@ async def test_one_platform_turn_with_a_tool_call_is_one_trace(tmp_path, monkeyp
 
     (turn,) = [s for s in children(root) if s["name"] == "turn"]
     # the store's writes, each an event on the span it happened in (a span only when slow or failed)
-    assert "store Messages.append_inbound_to_route" in root["events"] + [s["name"] for s in children(root)]  # the message stored
+    # the message stored: tried where the route points, with its turn's context (its chat's lane is idle), then,
+    # the chat having no session yet, in the one started for it
+    writes = root["events"] + [s["name"] for s in children(root)]
+    assert "store Turns.store_then_context" in writes and "store Messages.append_inbound" in writes
     steps = [s["name"] for s in children(turn) if not s["name"].startswith("store ")]
     # the tool loop as it happened: a model call asking for the tool, the tool, the answering call;
     # the sends to Telegram between them (streamed: the tool's status line as a draft) and after
