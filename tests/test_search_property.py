@@ -49,6 +49,8 @@ def store(request, tmp_path_factory):
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=QUERIES)
 @example(query="ÞE")  # PostgreSQL's unaccent reads it as THE; the match it finds is marked too
+@example(query="¼*")  # a word for Python, none for PostgreSQL's parser: no prefix of nothing
+@example(query="1¼*")  # the word 1 for PostgreSQL, whose prefix matches are marked as it found them
 def test_any_query_returns_a_list_and_never_raises(store, query, caplog):
     with caplog.at_level(logging.WARNING, logger="state.search"):
         hits = store.search(query)

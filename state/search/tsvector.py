@@ -152,7 +152,8 @@ def tsquery(term: Term, p: Params) -> str:
     prefix on its last word; its value goes to ``p``."""
     phrase = f"phraseto_tsquery('{CONFIG}', {_NORMALISE.format(p(term.text))})"
     if term.prefix and _WORD.search(term.text):
-        return f"CAST(CAST({phrase} AS TEXT) || ':*' AS tsquery)"
+        # a word Python counts as one and PostgreSQL's parser drops (¼) leaves no lexeme: no prefix to add
+        return f"CASE WHEN numnode({phrase}) = 0 THEN {phrase} ELSE CAST(CAST({phrase} AS TEXT) || ':*' AS tsquery) END"
     return phrase
 
 
@@ -238,10 +239,12 @@ def search(conn: Any, tree: Node, where: str, args: list, need_s: bool, limit: i
         texts = [r[7], r[8], r[9]]
         cut = marked_snippet(texts, terms)
         if cut is None:
-            # unaccent folds a few letters Python's fold keeps (Þ to TH, ø to o): mark the match as it found it
+            # unaccent folds a few letters Python's fold keeps (Þ to TH, ø to o), and PostgreSQL's words leave
+            # out a few characters Python's keep (1¼ is the word 1 there): mark the match as it found it
             if unaccented is None:
-                unaccented = [row[0] for row in conn.execute("SELECT unaccent(t) FROM unnest($1::text[]) AS t",
-                                                             (terms,)).fetchall()]
+                unaccented = [word for row in conn.execute(
+                    f"SELECT unaccent(t), {_NORMALISE.format('t')} FROM unnest($1::text[]) AS t", (terms,)).fetchall()
+                    for word in (row[0], *row[1].split()) if word]
             cut = marked_snippet(texts, terms + unaccented)
         hit["snippet"] = cut if cut is not None else _opening(texts)
         hit["score"] = float(r[-1])  # higher is better, as the documents' (search_media)
