@@ -127,7 +127,7 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
     if dialect_of(conn).name == "postgresql":
         # one statement (one round trip): the counters, then the row, inserted only where the session's row
         # was counted (none: no such session); each value typed as its column, as a VALUES list would be
-        values = ", ".join(f"{p(value)}::{kind}" for value, kind in zip(row, _PG_KINDS, strict=True))
+        values = ", ".join(f"{p(value)}::{kind}" for value, (_, kind) in zip(row, _STORED, strict=True))
         ids = conn.execute(f"WITH counted AS ({counted} RETURNING 1) INSERT INTO messages ({_INSERTED}) "
                            f"SELECT {values} FROM counted RETURNING id", p.values).fetchall()
         if not ids:
@@ -135,16 +135,19 @@ def insert_message(conn: sqlite3.Connection, session_id: str, message: dict,
         return Appended(ids[0][0], True)
     if conn.execute(counted, p.values).rowcount == 0:
         raise SessionNotFound(session_id)
-    cur = conn.execute(f"INSERT INTO messages ({_INSERTED}) VALUES ({', '.join(f'${n}' for n in range(1, 15))})"
-                       " RETURNING id", row)
+    cur = conn.execute(_INSERT_ONE, row)
     return Appended(cur.fetchall()[0][0], True)
 
 
-# the columns a message is stored in, and their PostgreSQL types (the one-statement append casts to them)
-_INSERTED = ("session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp, token_count, finish_reason,"
-             " reasoning, reasoning_details, codex_reasoning_items, platform_message_id, trace_id")
-_PG_KINDS = ("text", "text", "text", "text", "text", "text", "double precision", "bigint", "text", "text", "text",
-             "text", "text", "text")
+# the columns a message is stored in, in the order of insert_message's values, with their PostgreSQL types
+# (the one-statement append casts to them)
+_STORED = (("session_id", "text"), ("role", "text"), ("content", "text"), ("tool_call_id", "text"),
+           ("tool_calls", "text"), ("tool_name", "text"), ("timestamp", "double precision"), ("token_count", "bigint"),
+           ("finish_reason", "text"), ("reasoning", "text"), ("reasoning_details", "text"),
+           ("codex_reasoning_items", "text"), ("platform_message_id", "text"), ("trace_id", "text"))
+_INSERTED = ", ".join(name for name, _ in _STORED)
+_INSERT_ONE = (f"INSERT INTO messages ({_INSERTED}) VALUES ({', '.join(f'${n}' for n in range(1, len(_STORED) + 1))})"
+               " RETURNING id")
 
 
 def append_message(conn: sqlite3.Connection, session_id: str, **message: Any) -> int:

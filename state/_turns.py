@@ -76,7 +76,6 @@ class ContextQuery:
     # the last of them (all of the conversation when none waits) and ``journal``, when asked, theirs
     unanswered: bool = False
 
-
     def for_stored(self, session_id: str, message_id: int) -> ContextQuery:
         """This query for the message just stored as ``message_id`` in ``session_id`` (whatever it said of
         either): read as far as that message, and with its tool journal (which a new message lacks)."""

@@ -119,9 +119,8 @@ class Answer:
             lane.held = []
             # the turn's whole context with its history, in one store call (a compression may have moved
             # the conversation to a child since these were stored: it is read there), unless it was read as
-            # the message was stored into an idle lane: nothing has run here since, for the first turn to
-            # take it (a message held back and taken again later has its context read again)
-            known, work.ticket.context = work.ticket.context, None
+            # the message was stored into an idle lane: nothing has run here since (``Ticket.take_context``)
+            known = work.ticket.take_context()
             context = known if known is not None and batch == [work.ticket] \
                 else await self._contexts.read(lane, self._contexts.for_chat(lane, batch))
             for t in batch:
@@ -161,7 +160,7 @@ class Answer:
         # its conversation is read with the rest of its context, by ``prepare`` as it stored the message or
         # else by the turn (one store call): a request's lane stores nothing else meanwhile, and either reads
         # as far as the request's message
-        context, ticket.context = ticket.context, None  # for this turn only: one held back reads it again
+        context = ticket.take_context()
         return lambda: self._turn_then_unadopted(lane, [ticket], None, context)
 
     async def _turn_then_unadopted(self, lane: Lane, batch: list[Ticket], history: list[dict] | None,

@@ -225,7 +225,7 @@ class Intake:
                 # the common case in one store call: the routed session is open and fresh, so the
                 # message is stored in it at once; otherwise nothing was written and the policy decides
                 text, keep = stored_text(msg, self._shared.hears), self._sessions.keeps(msg, lane)
-                if not claimed and _idle(lane) and not _has_files(msg):
+                if not claimed and lane.idle and not _has_files(msg):
                     # nothing runs here before its turn, which answers it alone: that turn's context is read
                     # now, with it, in its transaction
                     session, appended, context = await self._contexts.stored_with_context(
@@ -354,7 +354,7 @@ class Intake:
         """The stored message's downloaded files into the media store; a line for each that is unusable."""
         attachments = ticket.msg.attachments
         keep = self._shared.hooks.keep_media
-        if keep is None or ticket.message_id is None or not any(a.data for a in attachments):
+        if keep is None or ticket.message_id is None or not _has_files(ticket.msg):
             return
         try:
             notes = await keep(ticket.message_id, attachments)
@@ -380,12 +380,6 @@ class Intake:
         ticket.resolve(text)
         if text:  # "": the command sent its own answer (an approval's continued turn)
             await self._outbox.deliver(ticket.msg.chat, text, ticket.msg.message_id)
-
-
-def _idle(lane: Lane) -> bool:
-    """Whether nothing runs, waits or is held back in ``lane`` (its lock held): a message stored now is
-    answered next, by a turn of its own."""
-    return not lane.busy and not lane.queue and not lane.held
 
 
 def _has_files(msg: InboundMessage) -> bool:

@@ -125,6 +125,11 @@ class Lane:
     def busy(self) -> bool:
         return self.worker is not None and not self.worker.done()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing runs, waits or is held back here: a message stored now is answered next, by a turn of its own."""
+        return not self.busy and not self.queue and not self.held
+
     def take_chats(self) -> list[Ticket]:
         """The chat messages queued right behind the one just taken: answered in the same turn."""
         batch: list[Ticket] = []
@@ -181,8 +186,7 @@ class Lanes:
         Safe without awaiting: a handle() that holds a lane either acquired its free lock at
         once (so it is locked) or waits behind whoever holds it (locked too)."""
         for key in [k for k, lane in self._lanes.items()
-                    if not lane.lock.locked() and not lane.busy and not lane.queue and lane.current is None
-                    and not lane.held]:
+                    if not lane.lock.locked() and lane.idle and lane.current is None]:
             del self._lanes[key]
         self._on_forget()
 

@@ -86,6 +86,12 @@ class Ticket:
     # as a pending delivery, so a crash before the send does not lose it
     records_reply: bool = False
 
+    def take_context(self) -> state.TurnContext | None:
+        """:attr:`context`, cleared: it is good for the first turn that takes this message only (one held
+        back and taken again later reads its context afresh)."""
+        context, self.context = self.context, None
+        return context
+
     def resolve(self, text: str) -> None:
         if not self.reply.done():
             self.reply.set_result(text)
